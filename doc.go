@@ -1,0 +1,16 @@
+// Package inflight caps how many requests are in flight to a rate-limited
+// upstream, with RAII-style slots: an admission returns a *slots.Slot that
+// holds its capacity until it is released, and a streamed response keeps its
+// slot until its body is closed.
+//
+// The root package holds no code; pick the package for the job:
+//
+//	need                                            package
+//	one cap for a server or an upstream             slots    (Limiter)
+//	a cap per key: tenant, model, API key           registry (Registry)
+//	several caps at once, all or nothing            registry (AcquireAll)
+//
+// Every package counts live holders, never a counter that can drift: time
+// never frees a slot, a key with a live holder is never removed, and releasing
+// a slot twice does nothing.
+package inflight

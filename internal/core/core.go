@@ -1,0 +1,151 @@
+// Package core holds what the slots and registry packages share: the record
+// of one admission (Hold), a waiter, a lane of capacity, and the wait loop.
+//
+// Locking: a Lane and the Waiters queued on it belong to their owner's lock
+// (the Limiter's mutex, a registry shard's mutex). Nothing here locks.
+package core
+
+import (
+	"context"
+	"sync/atomic"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/ilist"
+)
+
+// An Owner frees the capacity a Hold took. Methods may be called from any
+// goroutine, without the owner's lock held.
+type Owner interface {
+	// Release frees h's capacity. It is called exactly once per Hold.
+	Release(h *Hold)
+	// Misuse counts a Release call on a Hold that was already released.
+	Misuse(h *Hold)
+	// Time converts an acquire time (owner clock nanoseconds) to a time.Time.
+	Time(at int64) time.Time
+}
+
+// Hold is the record of one admission: the holder that a lane counts.
+// It lives inside the user's *slots.Slot, so admission allocates once.
+type Hold struct {
+	released atomic.Bool
+
+	Owner    Owner
+	ID       uint64
+	At       int64 // acquire (grant) time, owner clock nanoseconds
+	Bypassed bool  // admitted by fail-open; holds no capacity
+	Ref      any   // owner data: the lane or lanes this hold is counted in
+
+	// Elem links the hold into its lane's Holders (its first lane for a
+	// multi-lane hold). Guarded by the owner's lock.
+	Elem ilist.Elem[*Hold]
+}
+
+// Release frees the hold's capacity once and reports whether this call did.
+func (h *Hold) Release() bool {
+	if !h.released.CompareAndSwap(false, true) {
+		h.Owner.Misuse(h)
+		return false
+	}
+	h.Owner.Release(h)
+	return true
+}
+
+// Released reports whether Release has been called.
+func (h *Hold) Released() bool { return h.released.Load() }
+
+// NewSlot returns a new *slots.Slot (as any) and the Hold inside it. It is set
+// by package slots when it is initialised, so every package that can name
+// *slots.Slot can mint one; users cannot reach it.
+var NewSlot func() (slot any, h *Hold)
+
+// Lane is one pool of capacity: its holders and its waiters, in order.
+type Lane struct {
+	Limit   int
+	Holders ilist.List[*Hold]
+	Waiters ilist.List[*Waiter]
+	// Multi counts the waiters in Waiters that need other lanes too.
+	Multi int
+}
+
+// HasRoom reports whether one more holder fits under the limit.
+func (ln *Lane) HasRoom() bool { return ln.Holders.Len() < ln.Limit }
+
+// Waiter states; guarded by the owner's lock.
+const (
+	Waiting uint8 = iota
+	Granted
+	Gone // cancelled or timed out before a grant
+)
+
+// Waiter is one caller blocked in Acquire.
+type Waiter struct {
+	ready chan struct{} // buffered 1: the grant's signal
+
+	State uint8
+	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
+	Seq   uint64
+	Ref   any // owner data (the lanes of a multi-lane waiter)
+
+	// Elem links the waiter into its lane's Waiters.
+	Elem ilist.Elem[*Waiter]
+}
+
+// NewWaiter returns a waiter for h in state Waiting. Waiters are not pooled:
+// a channel belongs to the testing/synctest bubble that made it, and a pooled
+// one would cross from one test's bubble into another.
+func NewWaiter(h *Hold) *Waiter {
+	w := &Waiter{ready: make(chan struct{}, 1), Hold: h}
+	w.Elem.Value = w
+	return w
+}
+
+// Grant marks w granted and wakes it. Call under the owner's lock, after the
+// hold has been counted.
+func (w *Waiter) Grant() {
+	w.State = Granted
+	w.ready <- struct{}{}
+}
+
+// Outcome is how a wait ended.
+type Outcome uint8
+
+const (
+	OutGranted  Outcome = iota // the caller holds capacity
+	OutCanceled                // ctx ended first; the caller holds nothing
+	OutExpired                 // the max wait passed first; the caller holds nothing
+)
+
+// Await blocks until w is granted, ctx ends or expire fires (nil: never).
+// withdraw must, under the owner's lock, unlink w if it is still Waiting, mark
+// it Gone and report true; it reports false when w was granted already.
+//
+// A grant that races ctx's end is given back (released, so the capacity
+// passes to the next waiter) and the outcome is OutCanceled: a caller whose
+// context has ended never leaves with capacity. A grant that races expiry is
+// kept: the caller asked to wait that long and got in.
+func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw func(*Waiter) bool) Outcome {
+	done := ctx.Done()
+	select {
+	case <-w.ready:
+		select {
+		case <-done:
+			w.Hold.Release()
+			return OutCanceled
+		default:
+			return OutGranted
+		}
+	case <-done:
+		if withdraw(w) {
+			return OutCanceled
+		}
+		<-w.ready
+		w.Hold.Release()
+		return OutCanceled
+	case <-expire:
+		if withdraw(w) {
+			return OutExpired
+		}
+		<-w.ready
+		return OutGranted
+	}
+}

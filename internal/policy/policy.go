@@ -1,0 +1,87 @@
+// Package policy holds the wait policy that the Limiter, the Registry and the
+// pacing gate share: how long and how many may wait, what happens on timeout,
+// the clock and the logger, and the estimate behind Retry-After.
+package policy
+
+import (
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	"github.com/benbjohnson/clock"
+)
+
+// Wait is the wait policy. The zero value waits without bound, queues without
+// bound, fails closed, uses the real clock and slog.Default.
+type Wait struct {
+	MaxWait    time.Duration // <= 0: wait until the context ends
+	MaxQueue   int           // with BoundQueue: at most this many waiters
+	BoundQueue bool          // false: the queue is unbounded
+	FailOpen   bool          // on MaxWait, admit a bypassed slot instead of failing
+	Clock      clock.Clock   // nil: the real clock
+	Logger     *slog.Logger  // nil: slog.Default() at the time of logging
+}
+
+// QueueFull reports whether a caller finding waiting callers ahead must be
+// rejected instead of queued.
+func (w *Wait) QueueFull(waiting int) bool { return w.BoundQueue && waiting >= w.MaxQueue }
+
+// Log returns the logger to use now.
+func (w *Wait) Log() *slog.Logger {
+	if w.Logger != nil {
+		return w.Logger
+	}
+	return slog.Default()
+}
+
+// Every lets an event through at most once per interval; for log lines that
+// must not flood under saturation. The zero value lets the first one through.
+type Every struct{ next atomic.Int64 }
+
+// Allow reports whether the event at now (nanoseconds, any monotonic origin)
+// may be logged, and if so suppresses the following ones for interval.
+func (e *Every) Allow(now int64, interval time.Duration) bool {
+	next := e.next.Load()
+	if now < next && next != 0 {
+		return false
+	}
+	return e.next.CompareAndSwap(next, now+int64(interval))
+}
+
+// HoldTime is a running estimate of how long holders keep their capacity,
+// fed by a sample of releases. Lock-free; the zero value has no estimate.
+type HoldTime struct{ ewma atomic.Int64 }
+
+// SampleMask picks the releases that feed the estimate (IDs with these bits
+// clear), so that most releases do not read the clock.
+const SampleMask = 15
+
+// Observe folds one hold duration (nanoseconds) into the estimate.
+func (t *HoldTime) Observe(d int64) {
+	if d < 0 {
+		return
+	}
+	old := t.ewma.Load()
+	if old == 0 {
+		t.ewma.Store(d)
+		return
+	}
+	// A lost update under a race only drops one sample.
+	t.ewma.Store(old + (d-old)/8)
+}
+
+// RetryAfter estimates when a caller rejected now might be admitted: the
+// queue ahead of it drains at about limit holders per mean hold time. Never
+// less than one second, which is also the answer when nothing is known.
+func (t *HoldTime) RetryAfter(queued, limit int) time.Duration {
+	const floor = time.Second
+	mean := time.Duration(t.ewma.Load())
+	if mean <= 0 || limit <= 0 {
+		return floor
+	}
+	d := mean * time.Duration(queued+1) / time.Duration(limit)
+	if d < floor {
+		return floor
+	}
+	return d.Round(time.Second)
+}

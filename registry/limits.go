@@ -1,0 +1,280 @@
+package registry
+
+import (
+	"context"
+	"log/slog"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// SetLimit sets key's limit, overriding the default and WithLimitFunc, and
+// applies it at once to a live key. Raising it admits waiters at once;
+// lowering it never takes capacity from a holder: admissions resume when
+// enough holders have released. A negative n is ignored (and logged). The
+// override is kept until ClearLimit, also while the key is idle.
+func (r *Registry[K]) SetLimit(key K, n int) {
+	if n < 0 {
+		r.cfg.wait.Log().Warn("registry: SetLimit with a negative limit ignored",
+			slog.String("key", keyString(key)), slog.Int("limit", n))
+		return
+	}
+	if r.checkKey(key) != nil {
+		return
+	}
+	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
+		if sh.overrides == nil {
+			sh.overrides = make(map[K]int)
+		}
+		sh.overrides[key] = n
+		return n, true
+	})
+}
+
+// ClearLimit removes key's SetLimit override: the key goes back to
+// WithLimitFunc's limit or the default, at once if it is live.
+func (r *Registry[K]) ClearLimit(key K) {
+	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
+		delete(sh.overrides, key)
+		return r.limitLocked(sh, key), true
+	})
+}
+
+// applyLimit runs set under the key's shard lock (with multiMu held, so that
+// a raise can serve multi-key waiters) and applies the limit it returns to
+// the key's lane, if the key is live and set reports a change.
+func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
+	sh := r.shardFor(key)
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	sh.mu.Lock()
+	n, ok := set(sh)
+	e := sh.lanes[key]
+	if !ok || e == nil {
+		sh.mu.Unlock()
+		return
+	}
+	raised := n > e.lane.Limit
+	e.lane.Limit = n
+	if !raised || e.lane.Multi == 0 {
+		if raised {
+			r.grantLocked([]*entry[K]{e})
+		}
+		sh.mu.Unlock()
+		return
+	}
+	sh.mu.Unlock()
+	// e has multi-key waiters, which only leave under multiMu (held), so e
+	// stays live while the shards those waiters need are locked.
+	entries := []*entry[K]{e}
+	locked := r.lockForGrant(entries)
+	r.grantLocked(entries)
+	r.unlockShards(locked)
+}
+
+// refreshLimit fetches key's limit from the LimitFunc if it is due. At most
+// one fetch per key runs at a time; other callers use the last known limit.
+func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) {
+	now := r.clk.Nanos()
+	sh.mu.Lock()
+	_, overridden := sh.overrides[key]
+	rv, known := sh.resolved[key]
+	fresh := rv.ok && (r.cfg.refresh <= 0 || now-rv.at < int64(r.cfg.refresh))
+	if overridden || fresh || rv.fetching {
+		sh.mu.Unlock()
+		return
+	}
+	if sh.resolved == nil {
+		sh.resolved = make(map[K]resolved)
+	}
+	rv.fetching = true
+	sh.resolved[key] = rv
+	if !known {
+		r.pruneResolvedLocked(sh, now)
+	}
+	sh.mu.Unlock()
+
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	n, err := r.callLimitFunc(ctx, key)
+	if err != nil || n < 0 {
+		sh.mu.Lock()
+		rv := sh.resolved[key]
+		rv.fetching = false
+		sh.resolved[key] = rv
+		sh.mu.Unlock()
+		if r.limitLog.Allow(now, 10*time.Second) {
+			r.cfg.wait.Log().Warn("registry: limit lookup failed; keeping the last known limit",
+				slog.String("key", keyString(key)), slog.Int("limit", n), slog.Any("error", err),
+				slog.Bool("known", rv.ok))
+		}
+		return
+	}
+	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
+		sh.resolved[key] = resolved{n: n, at: now, ok: true}
+		if _, overridden := sh.overrides[key]; overridden {
+			return 0, false
+		}
+		return n, true
+	})
+}
+
+// callLimitFunc calls the LimitFunc, turning a panic into an error so that a
+// bad lookup cannot leave the key marked as being fetched forever.
+func (r *Registry[K]) callLimitFunc(ctx context.Context, key K) (n int, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			n, err = -1, panicError{p}
+		}
+	}()
+	return r.limitFunc(ctx, key)
+}
+
+type panicError struct{ v any }
+
+func (p panicError) Error() string { return "registry: LimitFunc panicked: " + keyString(p.v) }
+
+// pruneResolvedLocked drops cached limits of idle keys once the cache has
+// doubled since the last prune, so the cache follows the live keys.
+func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
+	if len(sh.resolved) < sh.pruneAt {
+		return
+	}
+	for k, rv := range sh.resolved {
+		if _, live := sh.lanes[k]; live || rv.fetching {
+			continue
+		}
+		if r.cfg.refresh <= 0 || now-rv.at >= int64(r.cfg.refresh) || !rv.ok {
+			delete(sh.resolved, k)
+		}
+	}
+	sh.pruneAt = 2*len(sh.resolved) + 64
+}
+
+// Limit returns the limit key has now, or would start with.
+func (r *Registry[K]) Limit(key K) int {
+	sh := r.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.lanes[key]; e != nil {
+		return e.lane.Limit
+	}
+	return r.limitLocked(sh, key)
+}
+
+// InFlight returns the number of live holders of key.
+func (r *Registry[K]) InFlight(key K) int {
+	return r.laneCount(key, func(ln *core.Lane) int { return ln.Holders.Len() })
+}
+
+// Waiting returns the number of callers waiting on key.
+func (r *Registry[K]) Waiting(key K) int {
+	return r.laneCount(key, func(ln *core.Lane) int { return ln.Waiters.Len() })
+}
+
+func (r *Registry[K]) laneCount(key K, f func(*core.Lane) int) int {
+	sh := r.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.lanes[key]; e != nil {
+		return f(&e.lane)
+	}
+	return 0
+}
+
+// Keys returns the number of keys tracked now: those with a live holder or a
+// waiter. Idle keys are not tracked.
+func (r *Registry[K]) Keys() int {
+	n := 0
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		n += len(sh.lanes)
+		sh.mu.Unlock()
+	}
+	return n
+}
+
+// Stats are a Registry's counts: the current state and totals since creation.
+// A slot admitted under several keys counts once in the totals and once per
+// key in InFlight.
+type Stats struct {
+	InFlight int // live holders, summed over keys
+	Waiting  int // waiters, summed over keys
+	Keys     int // tracked keys
+
+	Acquired       uint64 // admissions that took capacity
+	Waited         uint64 // of Acquired, those that had to wait
+	Released       uint64
+	Bypassed       uint64 // fail-open admissions without capacity
+	LimitReached   uint64 // TryAcquire rejections
+	QueueFull      uint64
+	WaitTimeouts   uint64
+	Canceled       uint64
+	InvalidKeys    uint64
+	DoubleReleases uint64
+}
+
+// Stats returns the current counts and totals. It locks one shard at a time,
+// so the sums are not one instant's, but each shard's part is.
+func (r *Registry[K]) Stats() Stats {
+	var st Stats
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		st.Keys += len(sh.lanes)
+		for _, e := range sh.lanes {
+			st.InFlight += e.lane.Holders.Len()
+			st.Waiting += e.lane.Waiters.Len()
+		}
+		c := sh.st
+		sh.mu.Unlock()
+		st.Acquired += c.acquired
+		st.Waited += c.waited
+		st.Released += c.released
+		st.Bypassed += c.bypassed
+		st.LimitReached += c.limitReached
+		st.QueueFull += c.queueFull
+		st.WaitTimeouts += c.waitTimeouts
+		st.Canceled += c.canceled
+	}
+	st.InvalidKeys = r.invalidKeys.Load()
+	st.DoubleReleases = r.doubleReleases.Load()
+	return st
+}
+
+// Holder describes one live holder of one key. A slot admitted under several
+// keys appears once per key, with the same ID.
+type Holder[K comparable] struct {
+	Key        K
+	ID         uint64
+	AcquiredAt time.Time
+}
+
+// Shards returns the number of lock shards, for walking with HoldersInShard.
+func (r *Registry[K]) Shards() int { return len(r.shards) }
+
+// HoldersInShard appends the live holders of shard i (0 <= i < Shards()) to
+// dst and returns it. It holds only that shard's lock, for a time that grows
+// with the shard's holders: a sweep that walks shard by shard never stops the
+// whole registry.
+func (r *Registry[K]) HoldersInShard(i int, dst []Holder[K]) []Holder[K] {
+	sh := &r.shards[i]
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	for k, e := range sh.lanes {
+		for el := e.lane.Holders.Front(); el != nil; el = el.Next() {
+			dst = append(dst, Holder[K]{Key: k, ID: el.Value.ID, AcquiredAt: r.clk.Time(el.Value.At)})
+		}
+	}
+	return dst
+}
+
+// Holders appends every live holder to dst, one shard at a time.
+func (r *Registry[K]) Holders(dst []Holder[K]) []Holder[K] {
+	for i := range r.shards {
+		dst = r.HoldersInShard(i, dst)
+	}
+	return dst
+}

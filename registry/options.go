@@ -1,0 +1,103 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/inflight-go/inflight/internal/policy"
+)
+
+// An Option configures a Registry.
+type Option interface{ apply(*config) }
+
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
+
+type config struct {
+	wait        policy.Wait
+	shards      int
+	maxKeyBytes int
+	limitFunc   any // func(context.Context, K) (int, error), checked by New
+	refresh     time.Duration
+}
+
+// DefaultShards is the number of lock shards unless WithShards says otherwise.
+const DefaultShards = 64
+
+// DefaultMaxKeyBytes bounds string keys unless WithMaxKeyBytes says otherwise.
+const DefaultMaxKeyBytes = 4096
+
+// WithMaxWait bounds how long Acquire and AcquireAll wait. When d passes they
+// fail with slots.ErrWaitTimeout, or with WithFailOpen admit a Bypassed slot.
+// d <= 0 (the default) waits until the context ends.
+func WithMaxWait(d time.Duration) Option {
+	return optionFunc(func(c *config) { c.wait.MaxWait = d })
+}
+
+// WithMaxQueue bounds how many callers may wait on one key at once; when n are
+// waiting, the newest is rejected at once with slots.ErrQueueFull. n = 0 means
+// never wait. The default is no bound; a negative n restores it.
+func WithMaxQueue(n int) Option {
+	return optionFunc(func(c *config) { c.wait.MaxQueue, c.wait.BoundQueue = n, n >= 0 })
+}
+
+// WithFailOpen makes a wait that reaches WithMaxWait proceed with a Bypassed
+// slot (no capacity held) instead of failing; counted in Stats and logged as
+// saturation at most once every 10 seconds.
+func WithFailOpen() Option {
+	return optionFunc(func(c *config) { c.wait.FailOpen = true })
+}
+
+// WithClock sets the clock for acquire times, the maximum wait and limit
+// refreshes; for tests. The default is the real clock.
+func WithClock(clk clock.Clock) Option {
+	return optionFunc(func(c *config) { c.wait.Clock = clk })
+}
+
+// WithLogger sets the logger for warnings. nil (the default) means
+// slog.Default(), looked up each time a line is logged. Warnings name keys and
+// slot ids only.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(c *config) { c.wait.Logger = l })
+}
+
+// WithShards sets the number of lock shards, rounded up to a power of two.
+// More shards let unrelated keys contend less; each costs about 200 bytes.
+// It panics if n < 1.
+func WithShards(n int) Option {
+	if n < 1 {
+		panic(fmt.Sprintf("registry: WithShards(%d): need at least one shard", n))
+	}
+	return optionFunc(func(c *config) { c.shards = n })
+}
+
+// WithMaxKeyBytes bounds the length of keys whose type is a string type:
+// longer keys are rejected with ErrInvalidKey and insert nothing. The default
+// is DefaultMaxKeyBytes; n <= 0 removes the bound. Other key types are hashed
+// and compared as Go map keys are, at a cost that grows with their size.
+func WithMaxKeyBytes(n int) Option {
+	return optionFunc(func(c *config) { c.maxKeyBytes = n })
+}
+
+// LimitFunc resolves a key's limit, for example an organisation's limit from a
+// database. It is called without any registry lock held, with the caller's
+// context (context.Background for TryAcquire), and may be called concurrently.
+type LimitFunc[K comparable] func(ctx context.Context, key K) (int, error)
+
+// WithLimitFunc resolves limits of keys that SetLimit has not set: a key's
+// limit is fetched when it is first needed and again once it is older than
+// refresh (refresh <= 0: fetched once while cached). When fn fails, the last
+// limit it returned for the key stays in force and the fetch is retried on a
+// later acquire; a key never fetched successfully gets the default limit for
+// that call only, so a fallback is never cached. Negative results count as
+// failures. The cache holds keys that are live, plus recently used ones, and
+// is pruned as keys go idle.
+//
+// New panics if fn's key type is not the registry's key type.
+func WithLimitFunc[K comparable](fn LimitFunc[K], refresh time.Duration) Option {
+	return optionFunc(func(c *config) { c.limitFunc, c.refresh = fn, refresh })
+}

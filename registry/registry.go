@@ -1,0 +1,805 @@
+// Package registry caps how many holders each key may have at once: per
+// tenant, per model, per API key, or several of these together.
+//
+// A Registry counts live holders, never a counter: a key's in-flight count is
+// the number of Slots admitted under it and not yet released. There is no TTL
+// and no eviction: a key with a live holder or waiter is never removed, and a
+// key is removed by the release (or withdrawal) that leaves it with neither,
+// so memory follows what is live. Rejections insert nothing.
+//
+//	reg := registry.New[string](64) // default limit per key
+//	reg.SetLimit("org-a", 4)
+//	s, err := reg.TryAcquire("org-a/glm-5")
+//	if err != nil {
+//		return err // *slots.LimitError with Key, InFlight, Limit, RetryAfter
+//	}
+//	defer s.Release()
+//
+// AcquireAll admits under several keys at once (a provider cap and a model
+// cap, say): the returned Slot holds every key's capacity or the call fails
+// holding none. A waiting AcquireAll holds nothing while it waits, never
+// blocks callers whose keys are free, and cannot deadlock whatever the order
+// of keys.
+//
+// Waiters on one key are served in arrival order among those that can be
+// served: a waiter that also needs a full key does not hold back one behind it
+// whose keys are all free. TryAcquire never passes a waiter that could be
+// served.
+//
+// Keys are spread over lock shards by hash, so unrelated keys rarely contend.
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/maphash"
+	"log/slog"
+	"math/bits"
+	"reflect"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/ilist"
+	"github.com/inflight-go/inflight/internal/policy"
+	"github.com/inflight-go/inflight/slots"
+)
+
+var (
+	// ErrInvalidKey: the key is over the WithMaxKeyBytes bound.
+	ErrInvalidKey = errors.New("registry: invalid key")
+	// ErrNoKeys: AcquireAll or TryAcquireAll was given no key.
+	ErrNoKeys = errors.New("registry: no keys")
+)
+
+const saturationLogEvery = 10 * time.Second
+
+// Registry caps holders per key. Create it with New; the zero value is not
+// usable.
+type Registry[K comparable] struct {
+	cfg          config
+	defaultLimit int
+	clk          *clockx.Clock
+	seed         maphash.Seed
+	shards       []shard[K]
+	shardBits    uint
+	keyLen       func(K) int // nil: keys are not length-checked
+	limitFunc    LimitFunc[K]
+
+	// multiMu serialises everything that involves a waiter needing several
+	// keys: AcquireAll, the release or limit change of a key such waiters
+	// queue on, and their withdrawal. It is taken before any shard lock;
+	// shard locks are taken in ascending index order.
+	multiMu sync.Mutex
+
+	waitSeq        atomic.Uint64 // arrival order of waiters
+	invalidKeys    atomic.Uint64
+	doubleReleases atomic.Uint64
+	hold           policy.HoldTime
+	satLog         policy.Every
+	limitLog       policy.Every
+}
+
+type shard[K comparable] struct {
+	mu        sync.Mutex // protects the fields below and the lanes of its entries
+	idx       int
+	lanes     map[K]*entry[K]
+	peak      int         // largest len(lanes) since lanes was last rebuilt
+	free      []*entry[K] // idle entries kept for reuse
+	overrides map[K]int   // SetLimit
+	resolved  map[K]resolved
+	pruneAt   int
+	seq       uint64
+	st        counters
+	_         [64]byte // keep neighbouring shards off this cache line
+}
+
+type counters struct {
+	acquired, waited, released, bypassed  uint64
+	limitReached, queueFull, waitTimeouts uint64
+	canceled                              uint64
+}
+
+type resolved struct {
+	n        int
+	at       int64 // clock nanos of the last successful fetch
+	ok       bool  // n came from a successful fetch
+	fetching bool
+}
+
+type entry[K comparable] struct {
+	key   K
+	shard *shard[K]
+	lane  core.Lane
+}
+
+// multi records the keys of a multi-key admission or waiter. The first key's
+// links are the Hold's and Waiter's own Elems; the others are here.
+type multi[K comparable] struct {
+	entries []*entry[K] // deduplicated, in the caller's order
+	holds   []ilist.Elem[*core.Hold]
+	waits   []ilist.Elem[*core.Waiter]
+	shards  []int // sorted, unique
+}
+
+const maxFreeEntries = 32
+
+// New returns a Registry in which every key may have defaultLimit holders
+// at once unless SetLimit or WithLimitFunc says otherwise. slots.Unlimited is
+// a default that never binds. It panics if defaultLimit is negative.
+func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
+	if defaultLimit < 0 {
+		panic(fmt.Sprintf("registry: negative default limit %d", defaultLimit))
+	}
+	cfg := config{shards: DefaultShards, maxKeyBytes: DefaultMaxKeyBytes}
+	for _, o := range opts {
+		o.apply(&cfg)
+	}
+	n := 1 << bits.Len(uint(cfg.shards-1))
+	r := &Registry[K]{
+		cfg:          cfg,
+		defaultLimit: defaultLimit,
+		clk:          clockx.New(cfg.wait.Clock),
+		seed:         maphash.MakeSeed(),
+		shards:       make([]shard[K], n),
+		shardBits:    uint(bits.Len(uint(n - 1))),
+	}
+	for i := range r.shards {
+		r.shards[i].idx = i
+		r.shards[i].lanes = make(map[K]*entry[K])
+	}
+	if cfg.limitFunc != nil {
+		fn, ok := cfg.limitFunc.(LimitFunc[K])
+		if !ok {
+			panic(fmt.Sprintf("registry: WithLimitFunc got %T, want registry.LimitFunc[%v]", cfg.limitFunc, reflect.TypeFor[K]()))
+		}
+		r.limitFunc = fn
+	}
+	if cfg.maxKeyBytes > 0 && reflect.TypeFor[K]().Kind() == reflect.String {
+		// K's underlying type is string, so it has a string's layout.
+		r.keyLen = func(k K) int { return len(*(*string)(unsafe.Pointer(&k))) }
+	}
+	return r
+}
+
+func (r *Registry[K]) shardFor(key K) *shard[K] {
+	h := maphash.Comparable(r.seed, key)
+	return &r.shards[h&uint64(len(r.shards)-1)]
+}
+
+func (r *Registry[K]) checkKey(key K) error {
+	if r.keyLen == nil {
+		return nil
+	}
+	if n := r.keyLen(key); n > r.cfg.maxKeyBytes {
+		r.invalidKeys.Add(1)
+		return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.cfg.maxKeyBytes)
+	}
+	return nil
+}
+
+// limitLocked returns the limit a key without a lane would start with.
+func (r *Registry[K]) limitLocked(sh *shard[K], key K) int {
+	if n, ok := sh.overrides[key]; ok {
+		return n
+	}
+	if rv, ok := sh.resolved[key]; ok && rv.ok {
+		return rv.n
+	}
+	return r.defaultLimit
+}
+
+// TryAcquire admits a Slot under key if the key has room, without waiting.
+// Otherwise it returns a *slots.LimitError wrapping slots.ErrLimitReached
+// and inserts nothing. Keys over the WithMaxKeyBytes bound fail with
+// ErrInvalidKey.
+func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
+	return r.acquireOne(nil, key)
+}
+
+// Acquire admits a Slot under key, waiting in arrival order while the key is
+// full. It fails like slots.Limiter.Acquire: *slots.LimitError (queue full,
+// wait timeout), an error wrapping ctx.Err(), or slots.ErrNilContext; with
+// WithFailOpen a wait that reaches the maximum returns a Bypassed slot.
+// A key whose limit is 0 waits until SetLimit raises it.
+func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
+	return r.acquireOne(ctx, key)
+}
+
+func checkContext(ctx context.Context) error {
+	if ctx == nil {
+		return slots.ErrNilContext
+	}
+	if done := ctx.Done(); done != nil {
+		select {
+		case <-done:
+			return fmt.Errorf("registry: acquire: %w", ctx.Err())
+		default:
+		}
+	}
+	return nil
+}
+
+func newHold(r core.Owner) (*slots.Slot, *core.Hold) {
+	v, h := core.NewSlot()
+	h.Owner = r
+	return v.(*slots.Slot), h
+}
+
+// acquireOne admits under one key; ctx == nil means do not wait.
+func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error) {
+	if err := r.checkKey(key); err != nil {
+		return nil, err
+	}
+	sh := r.shardFor(key)
+	if r.limitFunc != nil {
+		r.refreshLimit(ctx, sh, key)
+	}
+	s, h := newHold(r)
+	h.At = r.clk.Nanos()
+
+	sh.mu.Lock()
+	e := sh.lanes[key]
+	limit := 0
+	var room bool
+	if e != nil {
+		// Waiters that also need other keys may be queued while this key
+		// has room; only a waiter for this key alone would be passed.
+		room = e.lane.HasRoom() && e.lane.Waiters.Len() == e.lane.Multi
+	} else {
+		limit = r.limitLocked(sh, key)
+		room = limit > 0
+	}
+	if room {
+		if e == nil {
+			e = sh.addLocked(key, limit)
+		}
+		sh.holdLocked(r, e, h, &h.Elem)
+		h.Ref = e
+		sh.mu.Unlock()
+		return s, nil
+	}
+	if ctx == nil {
+		sh.st.limitReached++
+		err := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
+		sh.mu.Unlock()
+		return nil, err
+	}
+	waiting := 0
+	if e != nil {
+		waiting = e.lane.Waiters.Len()
+	}
+	if r.cfg.wait.QueueFull(waiting) {
+		sh.st.queueFull++
+		err := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
+		sh.mu.Unlock()
+		return nil, err
+	}
+	if e == nil {
+		e = sh.addLocked(key, limit)
+	}
+	return r.waitOne(ctx, s, h, e, key)
+}
+
+// waitOne queues s's hold on e and waits. Called with e's shard locked; it
+// unlocks it. (Kept apart from acquireOne so that the closure below does not
+// move acquireOne's variables to the heap on the fast path.)
+func (r *Registry[K]) waitOne(ctx context.Context, s *slots.Slot, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
+	h.Ref = e
+	w := core.NewWaiter(h)
+	w.Seq = r.waitSeq.Add(1)
+	e.lane.Waiters.PushBack(&w.Elem)
+	e.shard.mu.Unlock()
+	return r.await(ctx, s, w, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
+}
+
+// TryAcquireAll is AcquireAll without waiting: it admits under every key if
+// all have room, or fails with a *slots.LimitError naming the first full key.
+func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
+	return r.acquireAll(nil, keys)
+}
+
+// AcquireAll admits one Slot under every key, all or nothing: the Slot holds
+// a unit of each key's capacity, and releasing it frees them all. While any
+// key is full it waits holding nothing, in arrival order among the callers
+// that can be served, so it never blocks a caller whose keys are free. A key
+// listed twice counts once; with no keys it fails with ErrNoKeys. Failures are
+// those of Acquire; a *slots.LimitError names the first key that was full.
+func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
+	if err := checkContext(ctx); err != nil {
+		return nil, err
+	}
+	return r.acquireAll(ctx, keys)
+}
+
+func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, error) {
+	switch len(keys) {
+	case 0:
+		return nil, ErrNoKeys
+	case 1:
+		return r.acquireOne(ctx, keys[0])
+	}
+	uniq := make([]K, 0, len(keys))
+	for _, k := range keys {
+		if err := r.checkKey(k); err != nil {
+			return nil, err
+		}
+		if !slices.Contains(uniq, k) {
+			uniq = append(uniq, k)
+		}
+	}
+	if len(uniq) == 1 {
+		return r.acquireOne(ctx, uniq[0])
+	}
+	shs := make([]*shard[K], len(uniq))
+	for i, k := range uniq {
+		shs[i] = r.shardFor(k)
+		if r.limitFunc != nil {
+			r.refreshLimit(ctx, shs[i], k)
+		}
+	}
+	m := &multi[K]{
+		entries: make([]*entry[K], len(uniq)),
+		holds:   make([]ilist.Elem[*core.Hold], len(uniq)-1),
+		waits:   make([]ilist.Elem[*core.Waiter], len(uniq)-1),
+	}
+	for _, sh := range shs {
+		if !slices.Contains(m.shards, sh.idx) {
+			m.shards = append(m.shards, sh.idx)
+		}
+	}
+	slices.Sort(m.shards)
+	s, h := newHold(r)
+	h.At = r.clk.Nanos()
+	h.Ref = m
+
+	r.multiMu.Lock()
+	r.lockShards(m.shards)
+	unlock := func() {
+		r.unlockShards(m.shards)
+		r.multiMu.Unlock()
+	}
+	// Decide before inserting anything: a rejection leaves no trace.
+	full, fullLimit := -1, 0
+	for i, k := range uniq {
+		e := shs[i].lanes[k]
+		if e != nil {
+			if !e.lane.HasRoom() || e.lane.Waiters.Len() > e.lane.Multi {
+				full = i
+				break
+			}
+		} else if lim := r.limitLocked(shs[i], k); lim <= 0 {
+			full, fullLimit = i, lim
+			break
+		}
+	}
+	first := shs[0]
+	if full < 0 {
+		r.entriesLocked(m, shs, uniq)
+		r.holdMultiLocked(h, m)
+		unlock()
+		return s, nil
+	}
+	fullKey, fullEntry := uniq[full], shs[full].lanes[uniq[full]]
+	if ctx == nil {
+		first.st.limitReached++
+		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
+		unlock()
+		return nil, err
+	}
+	for i, k := range uniq {
+		waiting := 0
+		if e := shs[i].lanes[k]; e != nil {
+			waiting = e.lane.Waiters.Len()
+		}
+		if r.cfg.wait.QueueFull(waiting) {
+			first.st.queueFull++
+			err := r.rejectLocked(slots.ErrQueueFull, k, shs[i].lanes[k], r.limitLocked(shs[i], k))
+			unlock()
+			return nil, err
+		}
+	}
+	r.entriesLocked(m, shs, uniq)
+	w := core.NewWaiter(h)
+	w.Ref = m
+	w.Seq = r.waitSeq.Add(1)
+	for i, e := range m.entries {
+		el := &w.Elem
+		if i > 0 {
+			el = &m.waits[i-1]
+			el.Value = w
+		}
+		e.lane.Waiters.PushBack(el)
+		e.lane.Multi++
+	}
+	unlock()
+	return r.await(ctx, s, w, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+}
+
+// entriesLocked fills m.entries, creating the lanes that do not exist yet.
+func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K) {
+	for i, k := range keys {
+		e := shs[i].lanes[k]
+		if e == nil {
+			e = shs[i].addLocked(k, r.limitLocked(shs[i], k))
+		}
+		m.entries[i] = e
+	}
+}
+
+func (r *Registry[K]) holdMultiLocked(h *core.Hold, m *multi[K]) {
+	for i, e := range m.entries {
+		el := &h.Elem
+		if i > 0 {
+			el = &m.holds[i-1]
+		}
+		if i == 0 {
+			e.shard.holdLocked(r, e, h, el)
+		} else {
+			el.Value = h
+			e.lane.Holders.PushBack(el)
+		}
+	}
+}
+
+func (r *Registry[K]) lockShards(idx []int) {
+	for _, i := range idx {
+		r.shards[i].mu.Lock()
+	}
+}
+
+func (r *Registry[K]) unlockShards(idx []int) {
+	for _, i := range idx {
+		r.shards[i].mu.Unlock()
+	}
+}
+
+// await waits for w and turns the outcome into Acquire's result.
+func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
+	var expire <-chan time.Time
+	if r.cfg.wait.MaxWait > 0 {
+		c, stop := r.clk.Timer(r.cfg.wait.MaxWait)
+		defer stop()
+		expire = c
+	}
+	h := w.Hold
+	out := core.Await(ctx, w, expire, withdraw)
+	switch out {
+	case core.OutGranted:
+		return s, nil
+	case core.OutCanceled:
+		sh.mu.Lock()
+		sh.st.canceled++
+		sh.mu.Unlock()
+		return nil, fmt.Errorf("registry: acquire: %w", ctx.Err())
+	}
+	if r.cfg.wait.FailOpen {
+		h.Bypassed = true
+		h.At = r.clk.Nanos()
+		sh.mu.Lock()
+		sh.st.bypassed++
+		sh.seq++
+		h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
+		sh.mu.Unlock()
+		if r.satLog.Allow(h.At, saturationLogEvery) {
+			r.cfg.wait.Log().Warn("registry: key saturated; admitting without a slot (fail-open)",
+				slog.String("key", keyString(key)), slog.Uint64("slot_id", h.ID),
+				slog.Duration("max_wait", r.cfg.wait.MaxWait))
+		}
+		return s, nil
+	}
+	ksh := r.shardFor(key)
+	if ksh != sh {
+		sh.mu.Lock()
+		sh.st.waitTimeouts++
+		sh.mu.Unlock()
+	}
+	ksh.mu.Lock()
+	if ksh == sh {
+		sh.st.waitTimeouts++
+	}
+	err := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lanes[key], r.limitLocked(ksh, key))
+	ksh.mu.Unlock()
+	return nil, err
+}
+
+func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
+	sh := e.shard
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if w.State != core.Waiting {
+		return false
+	}
+	e.lane.Waiters.Remove(&w.Elem)
+	w.State = core.Gone
+	sh.dropIfIdleLocked(e)
+	return true
+}
+
+func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	r.lockShards(m.shards)
+	defer r.unlockShards(m.shards)
+	if w.State != core.Waiting {
+		return false
+	}
+	r.unlinkWaiterLocked(w, m)
+	w.State = core.Gone
+	for _, e := range m.entries {
+		e.shard.dropIfIdleLocked(e)
+	}
+	return true
+}
+
+func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K]) {
+	for i, e := range m.entries {
+		el := &w.Elem
+		if i > 0 {
+			el = &m.waits[i-1]
+		}
+		e.lane.Waiters.Remove(el)
+		e.lane.Multi--
+	}
+}
+
+func (sh *shard[K]) addLocked(key K, limit int) *entry[K] {
+	var e *entry[K]
+	if n := len(sh.free); n > 0 {
+		e = sh.free[n-1]
+		sh.free[n-1] = nil
+		sh.free = sh.free[:n-1]
+	} else {
+		e = &entry[K]{shard: sh}
+	}
+	e.key = key
+	e.lane.Limit = limit
+	sh.lanes[key] = e
+	if n := len(sh.lanes); n > sh.peak {
+		sh.peak = n
+	}
+	return e
+}
+
+// holdLocked counts h as a holder of e, linked by el.
+func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, el *ilist.Elem[*core.Hold]) {
+	sh.seq++
+	h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
+	el.Value = h
+	e.lane.Holders.PushBack(el)
+	sh.st.acquired++
+}
+
+// dropIfIdleLocked removes e once it has neither holders nor waiters, and
+// rebuilds the map once it has shrunk well below its peak: Go maps never
+// give back their buckets on delete.
+func (sh *shard[K]) dropIfIdleLocked(e *entry[K]) {
+	if e.lane.Holders.Len() > 0 || e.lane.Waiters.Len() > 0 {
+		return
+	}
+	delete(sh.lanes, e.key)
+	var zero K
+	e.key = zero
+	e.lane = core.Lane{}
+	if len(sh.free) < maxFreeEntries {
+		sh.free = append(sh.free, e)
+	}
+	const minRebuild = 64
+	if n := len(sh.lanes); sh.peak >= minRebuild && n < sh.peak/4 {
+		m := make(map[K]*entry[K], n)
+		for k, v := range sh.lanes {
+			m[k] = v
+		}
+		sh.lanes = m
+		sh.peak = n
+	}
+}
+
+// Release implements core.Owner; called once per admitted hold.
+func (r *Registry[K]) Release(h *core.Hold) {
+	if h.Bypassed {
+		return
+	}
+	switch ref := h.Ref.(type) {
+	case *entry[K]:
+		sh := ref.shard
+		sh.mu.Lock()
+		if ref.lane.Multi == 0 {
+			ref.lane.Holders.Remove(&h.Elem)
+			sh.st.released++
+			r.grantLocked([]*entry[K]{ref})
+			sh.dropIfIdleLocked(ref)
+			sh.mu.Unlock()
+		} else {
+			sh.mu.Unlock()
+			r.releaseSlow(h, []*entry[K]{ref}, nil)
+		}
+	case *multi[K]:
+		r.releaseSlow(h, ref.entries, ref)
+	}
+	if h.ID&policy.SampleMask == 0 {
+		r.hold.Observe(r.clk.Nanos() - h.At)
+	}
+}
+
+// releaseSlow frees h's capacity on entries (m describes a multi-key hold)
+// and serves the waiters that can now be served, multi-key ones included.
+func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) {
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	set := r.lockForGrant(entries)
+	defer r.unlockShards(set)
+	for i, e := range entries {
+		el := &h.Elem
+		if i > 0 {
+			el = &m.holds[i-1]
+		}
+		e.lane.Holders.Remove(el)
+	}
+	entries[0].shard.st.released++
+	r.grantLocked(entries)
+	for _, e := range entries {
+		e.shard.dropIfIdleLocked(e)
+	}
+}
+
+// lockForGrant locks, in ascending order, the shards of entries and of every
+// multi-key waiter queued on them, and returns the locked set. Call with
+// multiMu held: it freezes the multi-key waiters, so the set stays right.
+func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
+	set := make([]int, 0, 4)
+	for _, e := range entries {
+		set = append(set, e.shard.idx)
+	}
+	slices.Sort(set)
+	set = slices.Compact(set)
+	r.lockShards(set)
+	need := slices.Clone(set)
+	for _, e := range entries {
+		if e.lane.Multi == 0 {
+			continue
+		}
+		for el := e.lane.Waiters.Front(); el != nil; el = el.Next() {
+			if m, ok := el.Value.Ref.(*multi[K]); ok {
+				need = append(need, m.shards...)
+			}
+		}
+	}
+	slices.Sort(need)
+	need = slices.Compact(need)
+	if len(need) == len(set) {
+		return set
+	}
+	r.unlockShards(set)
+	r.lockShards(need)
+	return need
+}
+
+// grantLocked serves the waiters of entries that can be served now, oldest
+// first across all of them. A multi-key waiter is served only when every key
+// it needs has room. Call with the shards of entries locked and, if any of
+// them has multi-key waiters, multiMu and their shards too (lockForGrant).
+func (r *Registry[K]) grantLocked(entries []*entry[K]) {
+	if len(entries) == 1 && entries[0].lane.Multi == 0 {
+		e := entries[0]
+		var now int64
+		for e.lane.HasRoom() {
+			el := e.lane.Waiters.Front()
+			if el == nil {
+				return
+			}
+			if now == 0 {
+				now = r.clk.Nanos()
+			}
+			r.grantOneLocked(e, el.Value, now)
+		}
+		return
+	}
+	type cursor struct {
+		e  *entry[K]
+		el *ilist.Elem[*core.Waiter]
+	}
+	curs := make([]cursor, len(entries))
+	for i, e := range entries {
+		curs[i] = cursor{e, e.lane.Waiters.Front()}
+	}
+	var now int64
+	for {
+		best := -1
+		for i, c := range curs {
+			if c.el == nil || !c.e.lane.HasRoom() {
+				continue
+			}
+			if best < 0 || c.el.Value.Seq < curs[best].el.Value.Seq {
+				best = i
+			}
+		}
+		if best < 0 {
+			return
+		}
+		c := &curs[best]
+		w := c.el.Value
+		c.el = c.el.Next()
+		if now == 0 {
+			now = r.clk.Nanos()
+		}
+		m, ok := w.Ref.(*multi[K])
+		if !ok {
+			r.grantOneLocked(c.e, w, now)
+			continue
+		}
+		if !m.allRoom() {
+			continue
+		}
+		for j := range curs {
+			if curs[j].el != nil && curs[j].el.Value == w {
+				curs[j].el = curs[j].el.Next()
+			}
+		}
+		r.unlinkWaiterLocked(w, m)
+		w.Hold.At = now
+		r.holdMultiLocked(w.Hold, m)
+		m.entries[0].shard.st.waited++
+		w.Grant()
+	}
+}
+
+func (m *multi[K]) allRoom() bool {
+	for _, e := range m.entries {
+		if !e.lane.HasRoom() {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64) {
+	e.lane.Waiters.Remove(&w.Elem)
+	w.Hold.At = now
+	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Elem)
+	e.shard.st.waited++
+	w.Grant()
+}
+
+// Misuse implements core.Owner: a second Release of the same slot.
+func (r *Registry[K]) Misuse(h *core.Hold) {
+	r.doubleReleases.Add(1)
+	r.cfg.wait.Log().Debug("registry: slot released twice", slog.Uint64("slot_id", h.ID))
+}
+
+// Time implements core.Owner.
+func (r *Registry[K]) Time(at int64) time.Time { return r.clk.Time(at) }
+
+func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) error {
+	le := &slots.LimitError{Err: reason, Key: keyString(key), Limit: limit}
+	if e != nil {
+		le.InFlight = e.lane.Holders.Len()
+		le.Queued = e.lane.Waiters.Len()
+		le.Limit = e.lane.Limit
+	}
+	le.RetryAfter = r.hold.RetryAfter(le.Queued, le.Limit)
+	return le
+}
+
+// keyString formats a key for errors and logs, cut to a readable length.
+func keyString[K comparable](key K) string {
+	const max = 256
+	var s string
+	if ks, ok := any(key).(string); ok {
+		s = ks
+	} else {
+		s = fmt.Sprint(key)
+	}
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return s
+}

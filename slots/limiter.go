@@ -1,0 +1,320 @@
+package slots
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/policy"
+)
+
+// realClock serves every Limiter built without WithClock (and the zero value).
+var realClock = clockx.New(nil)
+
+// saturationLogEvery spaces the fail-open saturation warnings.
+const saturationLogEvery = 10 * time.Second
+
+// Limiter caps how many Slots are held at once from one pool. Waiters are
+// admitted in arrival order; TryAcquire does not pass them.
+//
+// The zero value is a Limiter with limit 0 and the default policy: it admits
+// nothing until SetLimit raises the limit.
+type Limiter struct {
+	wait policy.Wait
+	clk  *clockx.Clock
+
+	mu    sync.Mutex // protects the fields below
+	limit int
+	lane  core.Lane // lane.Limit is unused; limit is the limit
+	seq   uint64    // last holder id
+	stats Stats     // outcome totals; InFlight and Waiting are filled on read
+
+	doubleReleases atomic.Uint64
+	hold           policy.HoldTime
+	satLog         policy.Every
+}
+
+// Stats are a Limiter's counts: the current state and totals since creation.
+type Stats struct {
+	InFlight int // slots held now
+	Waiting  int // callers waiting now
+	Limit    int
+
+	Acquired       uint64 // admissions that took capacity (immediate or after waiting)
+	Waited         uint64 // of Acquired, those that had to wait
+	Released       uint64 // capacity given back (including grants returned by a cancelled waiter)
+	Bypassed       uint64 // fail-open admissions without capacity
+	LimitReached   uint64 // TryAcquire rejections
+	QueueFull      uint64 // rejections by WithMaxQueue
+	WaitTimeouts   uint64 // fail-closed rejections by WithMaxWait
+	Canceled       uint64 // waits ended by the context
+	DoubleReleases uint64 // Release calls on a slot already released
+}
+
+// NewLimiter returns a Limiter that admits at most limit holders at once.
+// Use Unlimited for a limiter that never binds. It panics if limit is
+// negative.
+func NewLimiter(limit int, opts ...Option) *Limiter {
+	if limit < 0 {
+		panic(fmt.Sprintf("slots: negative limit %d", limit))
+	}
+	l := &Limiter{limit: limit}
+	for _, o := range opts {
+		o.apply(&l.wait)
+	}
+	if l.wait.Clock != nil {
+		l.clk = clockx.New(l.wait.Clock)
+	}
+	return l
+}
+
+func (l *Limiter) clock() *clockx.Clock {
+	if l.clk == nil {
+		return realClock
+	}
+	return l.clk
+}
+
+// TryAcquire admits a Slot if one is free and nobody is waiting, without
+// waiting. Otherwise it returns a *LimitError wrapping ErrLimitReached.
+func (l *Limiter) TryAcquire() (*Slot, error) {
+	s := newSlot()
+	h := s.h
+	h.Owner = l
+	h.At = l.clock().Nanos()
+
+	l.mu.Lock()
+	if l.lane.Holders.Len() >= l.limit || l.lane.Waiters.Len() > 0 {
+		l.stats.LimitReached++
+		err := l.rejectLocked(ErrLimitReached)
+		l.mu.Unlock()
+		return nil, err
+	}
+	l.admitLocked(h)
+	l.mu.Unlock()
+	return s, nil
+}
+
+// Acquire admits a Slot, waiting in arrival order while the limiter is full.
+// It fails with a *LimitError wrapping ErrQueueFull (too many waiting) or
+// ErrWaitTimeout (WithMaxWait passed), or with an error wrapping ctx.Err().
+// A context that is already done fails even if a slot is free. With
+// WithFailOpen, a wait that reaches the maximum returns a Bypassed slot.
+// A nil ctx fails with ErrNilContext.
+func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
+	if ctx == nil {
+		return nil, ErrNilContext
+	}
+	done := ctx.Done()
+	if done != nil {
+		select {
+		case <-done:
+			return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
+		default:
+		}
+	}
+	clk := l.clock()
+	s := newSlot()
+	h := s.h
+	h.Owner = l
+	h.At = clk.Nanos()
+
+	l.mu.Lock()
+	if l.lane.Holders.Len() < l.limit && l.lane.Waiters.Len() == 0 {
+		l.admitLocked(h)
+		l.mu.Unlock()
+		return s, nil
+	}
+	if l.wait.QueueFull(l.lane.Waiters.Len()) {
+		l.stats.QueueFull++
+		err := l.rejectLocked(ErrQueueFull)
+		l.mu.Unlock()
+		return nil, err
+	}
+	w := core.NewWaiter(h)
+	l.lane.Waiters.PushBack(&w.Elem)
+	l.mu.Unlock()
+
+	var expire <-chan time.Time
+	if l.wait.MaxWait > 0 {
+		c, stop := clk.Timer(l.wait.MaxWait)
+		defer stop()
+		expire = c
+	}
+	out := core.Await(ctx, w, expire, l.withdraw)
+	switch out {
+	case core.OutGranted:
+		return s, nil
+	case core.OutCanceled:
+		l.mu.Lock()
+		l.stats.Canceled++
+		l.mu.Unlock()
+		return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
+	}
+	// Expired.
+	l.mu.Lock()
+	if l.wait.FailOpen {
+		l.stats.Bypassed++
+		l.seq++
+		h.ID = l.seq
+		inFlight, limit, queued := l.lane.Holders.Len(), l.limit, l.lane.Waiters.Len()
+		l.mu.Unlock()
+		h.Bypassed = true
+		h.At = clk.Nanos()
+		if l.satLog.Allow(h.At, saturationLogEvery) {
+			l.wait.Log().Warn("slots: limiter saturated; admitting without a slot (fail-open)",
+				slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued),
+				slog.Duration("max_wait", l.wait.MaxWait), slog.Uint64("slot_id", h.ID))
+		}
+		return s, nil
+	}
+	l.stats.WaitTimeouts++
+	err := l.rejectLocked(ErrWaitTimeout)
+	l.mu.Unlock()
+	return nil, err
+}
+
+// withdraw takes w out of the queue if it is still waiting.
+func (l *Limiter) withdraw(w *core.Waiter) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if w.State != core.Waiting {
+		return false
+	}
+	l.lane.Waiters.Remove(&w.Elem)
+	w.State = core.Gone
+	// Nothing to pass on: a Limiter's waiters all need the same unit, so the
+	// one leaving never held back the ones behind it.
+	return true
+}
+
+func (l *Limiter) admitLocked(h *core.Hold) {
+	l.seq++
+	h.ID = l.seq
+	h.Elem.Value = h
+	l.lane.Holders.PushBack(&h.Elem)
+	l.stats.Acquired++
+}
+
+// grantLocked admits waiters in order while there is room.
+func (l *Limiter) grantLocked() {
+	var now int64
+	for l.lane.Holders.Len() < l.limit {
+		e := l.lane.Waiters.Front()
+		if e == nil {
+			return
+		}
+		w := e.Value
+		l.lane.Waiters.Remove(e)
+		if now == 0 {
+			now = l.clock().Nanos()
+		}
+		w.Hold.At = now
+		l.admitLocked(w.Hold)
+		l.stats.Waited++
+		w.Grant()
+	}
+}
+
+func (l *Limiter) rejectLocked(reason error) error {
+	queued := l.lane.Waiters.Len()
+	return &LimitError{
+		Err:        reason,
+		InFlight:   l.lane.Holders.Len(),
+		Limit:      l.limit,
+		Queued:     queued,
+		RetryAfter: l.hold.RetryAfter(queued, l.limit),
+	}
+}
+
+// Release implements core.Owner; called once per admitted hold.
+func (l *Limiter) Release(h *core.Hold) {
+	if h.Bypassed {
+		return
+	}
+	l.mu.Lock()
+	l.lane.Holders.Remove(&h.Elem)
+	l.stats.Released++
+	l.grantLocked()
+	l.mu.Unlock()
+	if h.ID&policy.SampleMask == 0 {
+		l.hold.Observe(l.clock().Nanos() - h.At)
+	}
+}
+
+// Misuse implements core.Owner: a second Release of the same slot.
+func (l *Limiter) Misuse(h *core.Hold) {
+	l.doubleReleases.Add(1)
+	l.wait.Log().Debug("slots: slot released twice", slog.Uint64("slot_id", h.ID))
+}
+
+// Time implements core.Owner.
+func (l *Limiter) Time(at int64) time.Time { return l.clock().Time(at) }
+
+// SetLimit changes the limit. Raising it admits waiters in arrival order at
+// once; lowering it never takes a slot from a holder: admissions resume when
+// enough holders have released. A negative n is ignored (and logged).
+func (l *Limiter) SetLimit(n int) {
+	if n < 0 {
+		l.wait.Log().Warn("slots: SetLimit with a negative limit ignored", slog.Int("limit", n))
+		return
+	}
+	l.mu.Lock()
+	l.limit = n
+	l.grantLocked()
+	l.mu.Unlock()
+}
+
+// Limit returns the current limit.
+func (l *Limiter) Limit() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.limit
+}
+
+// InFlight returns the number of slots held now (bypassed slots excluded).
+func (l *Limiter) InFlight() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lane.Holders.Len()
+}
+
+// Waiting returns the number of callers waiting in Acquire now.
+func (l *Limiter) Waiting() int {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.lane.Waiters.Len()
+}
+
+// Stats returns the current counts and the totals since creation.
+func (l *Limiter) Stats() Stats {
+	l.mu.Lock()
+	st := l.stats
+	st.InFlight = l.lane.Holders.Len()
+	st.Waiting = l.lane.Waiters.Len()
+	st.Limit = l.limit
+	l.mu.Unlock()
+	st.DoubleReleases = l.doubleReleases.Load()
+	return st
+}
+
+// Holder describes one live holder, for sweeps and debugging.
+type Holder struct {
+	ID         uint64
+	AcquiredAt time.Time
+}
+
+// Holders appends the live holders, in admission order, to dst and returns it.
+func (l *Limiter) Holders(dst []Holder) []Holder {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for e := l.lane.Holders.Front(); e != nil; e = e.Next() {
+		dst = append(dst, Holder{ID: e.Value.ID, AcquiredAt: l.clock().Time(e.Value.At)})
+	}
+	return dst
+}

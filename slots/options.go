@@ -1,0 +1,52 @@
+package slots
+
+import (
+	"log/slog"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/inflight-go/inflight/internal/policy"
+)
+
+// An Option configures a Limiter.
+type Option interface{ apply(*policy.Wait) }
+
+type optionFunc func(*policy.Wait)
+
+func (f optionFunc) apply(w *policy.Wait) { f(w) }
+
+// WithMaxWait bounds how long Acquire waits. When d passes, Acquire fails with
+// ErrWaitTimeout, or with WithFailOpen admits a Bypassed slot. d <= 0 (the
+// default) waits until the context ends.
+func WithMaxWait(d time.Duration) Option {
+	return optionFunc(func(w *policy.Wait) { w.MaxWait = d })
+}
+
+// WithMaxQueue bounds how many callers may wait at once; when n are waiting,
+// the newest caller is rejected at once with ErrQueueFull. n = 0 means Acquire
+// never waits. The default is no bound; a negative n restores it.
+func WithMaxQueue(n int) Option {
+	return optionFunc(func(w *policy.Wait) { w.MaxQueue, w.BoundQueue = n, n >= 0 })
+}
+
+// WithFailOpen makes Acquire proceed after the maximum wait with a Bypassed
+// slot that holds no capacity, instead of failing: a hung upstream then
+// cannot stall every caller behind the limiter. Each bypass is counted in
+// Stats and logged as saturation at most once every 10 seconds. Without
+// WithMaxWait it has no effect.
+func WithFailOpen() Option {
+	return optionFunc(func(w *policy.Wait) { w.FailOpen = true })
+}
+
+// WithClock sets the clock used for acquire times and the maximum wait; for
+// tests. The default is the real clock.
+func WithClock(c clock.Clock) Option {
+	return optionFunc(func(w *policy.Wait) { w.Clock = c })
+}
+
+// WithLogger sets the logger for saturation and misuse warnings. nil (the
+// default) means slog.Default(), looked up each time a line is logged. Warnings
+// name slot ids only; nothing per request is logged above Debug.
+func WithLogger(l *slog.Logger) Option {
+	return optionFunc(func(w *policy.Wait) { w.Logger = l })
+}

@@ -1,0 +1,144 @@
+// Package slots caps how many operations are in flight at once, with
+// RAII-style handles.
+//
+// A Limiter is one pool of capacity. Acquire blocks until a Slot is free (in
+// arrival order), TryAcquire never waits. Each admission returns a *Slot that
+// holds one unit of capacity until it is released:
+//
+//	s, err := lim.Acquire(ctx)
+//	if err != nil {
+//		return err // *LimitError, or the context's error
+//	}
+//	defer s.Release()
+//
+// A Slot must not be copied; always pass *Slot. Release may be called from any
+// goroutine; calls after the first do nothing and report false (they are
+// counted as misuse in Stats, never turned into extra capacity). Time never
+// frees a slot: a Slot held for an hour still counts against the limit.
+//
+// Rejections are *LimitError values that wrap one of ErrLimitReached,
+// ErrQueueFull or ErrWaitTimeout, so errors.Is works; they carry the counts
+// at the moment of the decision and a RetryAfter estimate for an HTTP layer.
+// A context that ends while waiting yields an error that wraps the context's
+// error.
+//
+// For caps per key (per tenant, per model) see package registry, which hands
+// out the same *Slot.
+package slots
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// Unlimited is a limit that never binds.
+const Unlimited = math.MaxInt
+
+var (
+	// ErrLimitReached: TryAcquire found no free capacity.
+	ErrLimitReached = errors.New("slots: limit reached")
+	// ErrQueueFull: more callers were already waiting than the queue allows;
+	// the newest is rejected at once.
+	ErrQueueFull = errors.New("slots: queue full")
+	// ErrWaitTimeout: the maximum wait passed without admission (fail-closed).
+	ErrWaitTimeout = errors.New("slots: wait timeout")
+	// ErrNilContext: Acquire was called with a nil context.
+	ErrNilContext = errors.New("slots: nil context")
+)
+
+// LimitError is a rejection with the numbers behind it.
+type LimitError struct {
+	Err        error         // ErrLimitReached, ErrQueueFull, ErrWaitTimeout or another package's reason
+	Key        string        // the key that was at its limit; empty for a Limiter
+	InFlight   int           // holders at the decision
+	Limit      int           // the limit at the decision
+	Queued     int           // waiters at the decision
+	RetryAfter time.Duration // estimate of when to try again; at least one second
+}
+
+func (e *LimitError) Error() string {
+	var key string
+	if e.Key != "" {
+		key = fmt.Sprintf("key %q: ", e.Key)
+	}
+	limit := fmt.Sprint(e.Limit)
+	if e.Limit == Unlimited {
+		limit = "unlimited"
+	}
+	return fmt.Sprintf("%v (%s%d in flight, limit %s, %d queued; retry after %v)",
+		e.Err, key, e.InFlight, limit, e.Queued, e.RetryAfter)
+}
+
+func (e *LimitError) Unwrap() error { return e.Err }
+
+// noCopy lets go vet's copylocks check flag copies of a Slot.
+type noCopy struct{}
+
+func (*noCopy) Lock()   {}
+func (*noCopy) Unlock() {}
+
+// Slot is one admission: it holds one unit of capacity (of every key it was
+// admitted under) until Release. The zero value and a nil *Slot hold nothing;
+// their methods are no-ops.
+type Slot struct {
+	_      noCopy
+	h      *core.Hold
+	inline core.Hold
+}
+
+func init() {
+	core.NewSlot = func() (any, *core.Hold) {
+		s := newSlot()
+		return s, s.h
+	}
+}
+
+func newSlot() *Slot {
+	s := &Slot{}
+	s.h = &s.inline
+	return s
+}
+
+// Release frees the slot's capacity. It is safe to call from any goroutine and
+// any number of times; it reports true only for the call that freed it.
+func (s *Slot) Release() bool {
+	if s == nil || s.h == nil {
+		return false
+	}
+	return s.h.Release()
+}
+
+// Released reports whether Release has been called (or, for a slot whose
+// holder's context ended as it was granted, whether it was given back).
+func (s *Slot) Released() bool {
+	if s == nil || s.h == nil {
+		return true
+	}
+	return s.h.Released()
+}
+
+// Bypassed reports whether the slot was admitted by fail-open after the
+// maximum wait: it holds no capacity, and the limit was saturated.
+func (s *Slot) Bypassed() bool { return s != nil && s.h != nil && s.h.Bypassed }
+
+// AcquiredAt returns when the slot was admitted (granted, for a caller that
+// waited), on the owner's clock.
+func (s *Slot) AcquiredAt() time.Time {
+	if s == nil || s.h == nil {
+		return time.Time{}
+	}
+	return s.h.Owner.Time(s.h.At)
+}
+
+// ID returns the slot's holder id, unique within its Limiter or Registry; it
+// is what leak and long-held reports name.
+func (s *Slot) ID() uint64 {
+	if s == nil || s.h == nil {
+		return 0
+	}
+	return s.h.ID
+}

@@ -1,0 +1,5 @@
+package slots_test
+
+import "runtime"
+
+func runtimeGosched() { runtime.Gosched() }
