@@ -1,0 +1,71 @@
+package core_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+type owner struct{ released, misused atomic.Int32 }
+
+func (o *owner) Release(*core.Hold)   { o.released.Add(1) }
+func (o *owner) Misuse(*core.Hold)    { o.misused.Add(1) }
+func (o *owner) Time(int64) time.Time { return time.Time{} }
+
+func TestHoldReleasesOnce(t *testing.T) {
+	o := &owner{}
+	h := &core.Hold{Owner: o}
+	assert.True(t, h.Release())
+	assert.False(t, h.Release())
+	assert.True(t, h.Released())
+	assert.Equal(t, int32(1), o.released.Load())
+	assert.Equal(t, int32(1), o.misused.Load())
+}
+
+func TestAwait(t *testing.T) {
+	withdrawn := func(w *core.Waiter) bool { w.State = core.Gone; return true }
+	granted := func(*core.Waiter) bool { return false }
+
+	t.Run("granted", func(t *testing.T) {
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+		w.Grant()
+		assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, nil, withdrawn))
+	})
+	t.Run("cancelled while waiting", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, withdrawn))
+		assert.Equal(t, core.Gone, w.State)
+	})
+	t.Run("a grant that races cancellation is given back", func(t *testing.T) {
+		o := &owner{}
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		w := core.NewWaiter(&core.Hold{Owner: o})
+		w.Grant()
+		// Whichever case select picks, the caller leaves with nothing.
+		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, granted))
+		assert.Equal(t, int32(1), o.released.Load())
+	})
+	t.Run("expired, and a grant that races expiry is kept", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+			assert.Equal(t, core.OutExpired, core.Await(context.Background(), w, time.After(time.Second), withdrawn))
+
+			o := &owner{}
+			w = core.NewWaiter(&core.Hold{Owner: o})
+			expire := make(chan time.Time, 1)
+			expire <- time.Now()
+			grantOnWithdraw := func(w *core.Waiter) bool { w.Grant(); return false }
+			assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, expire, grantOnWithdraw))
+			assert.Equal(t, int32(0), o.released.Load())
+		})
+	})
+}
