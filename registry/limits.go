@@ -2,6 +2,8 @@ package registry
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -34,60 +36,79 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 // ClearLimit removes key's SetLimit override: the key goes back to
 // WithLimitFunc's limit or the default, at once if it is live.
 func (r *Registry[K]) ClearLimit(key K) {
+	if r.checkKey(key) != nil {
+		return
+	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		delete(sh.overrides, key)
 		return r.limitLocked(sh, key), true
 	})
 }
 
-// applyLimit runs set under the key's shard lock (with multiMu held, so that
-// a raise can serve multi-key waiters) and applies the limit it returns to
-// the key's lane, if the key is live and set reports a change.
+// applyLimit runs set with the key's shard locked and applies the limit it
+// returns to the key's lane, if the key is live and set reports a change.
+// Every lock a raise needs to serve multi-key waiters (multiMu, their shards)
+// is taken before anything changes, so no caller can take the new room ahead
+// of a waiter that could be served.
 func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	sh := r.shardFor(key)
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
 	sh.mu.Lock()
+	locked := []int{sh.idx}
+	if e := sh.lanes[key]; e != nil && e.lane.Multi > 0 {
+		sh.mu.Unlock()
+		// e's multi-key waiters leave only under multiMu (held), so e stays
+		// live and they stay queued while the shards they need are locked.
+		locked = r.lockForGrant([]*entry[K]{e})
+	}
+	defer r.unlockShards(locked)
 	n, ok := set(sh)
 	e := sh.lanes[key]
 	if !ok || e == nil {
-		sh.mu.Unlock()
 		return
 	}
 	raised := n > e.lane.Limit
 	e.lane.Limit = n
-	if !raised || e.lane.Multi == 0 {
-		if raised {
-			r.grantLocked([]*entry[K]{e})
-		}
-		sh.mu.Unlock()
-		return
+	if raised {
+		r.grantLocked([]*entry[K]{e})
 	}
-	sh.mu.Unlock()
-	// e has multi-key waiters, which only leave under multiMu (held), so e
-	// stays live while the shards those waiters need are locked.
-	entries := []*entry[K]{e}
-	locked := r.lockForGrant(entries)
-	r.grantLocked(entries)
-	r.unlockShards(locked)
 }
 
-// refreshLimit fetches key's limit from the LimitFunc if it is due. At most
-// one fetch per key runs at a time; other callers use the last known limit.
-func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) {
+// refreshLimit fetches key's limit from the LimitFunc if it is due (see
+// WithLimitFunc). It fails only when ctx ends while it waits for another
+// caller's first fetch of the key.
+func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
 	now := r.clk.Nanos()
 	sh.mu.Lock()
 	_, overridden := sh.overrides[key]
 	rv, known := sh.resolved[key]
-	fresh := rv.ok && (r.cfg.refresh <= 0 || now-rv.at < int64(r.cfg.refresh))
-	if overridden || fresh || rv.fetching {
+	if overridden || rv.ok && r.fresh(rv, now) {
 		sh.mu.Unlock()
-		return
+		return nil
+	}
+	if rv.fetch != nil {
+		fetch, stale := rv.fetch, rv.ok
+		sh.mu.Unlock()
+		if stale {
+			return nil // keep using the last known limit meanwhile
+		}
+		var done <-chan struct{}
+		if ctx != nil {
+			done = ctx.Done()
+		}
+		select {
+		case <-fetch:
+			return nil
+		case <-done:
+			return fmt.Errorf("registry: acquire: %w", ctx.Err())
+		}
 	}
 	if sh.resolved == nil {
 		sh.resolved = make(map[K]resolved)
 	}
-	rv.fetching = true
+	fetch := make(chan struct{})
+	rv.fetch = fetch
 	sh.resolved[key] = rv
 	if !known {
 		r.pruneResolvedLocked(sh, now)
@@ -97,27 +118,54 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	n, err := r.callLimitFunc(ctx, key)
-	if err != nil || n < 0 {
-		sh.mu.Lock()
-		rv := sh.resolved[key]
-		rv.fetching = false
-		sh.resolved[key] = rv
-		sh.mu.Unlock()
+	n, err := r.fetchLimit(ctx, sh, key, now, fetch)
+	if err != nil {
 		if r.limitLog.Allow(now, 10*time.Second) {
 			r.cfg.wait.Log().Warn("registry: limit lookup failed; keeping the last known limit",
-				slog.String("key", keyString(key)), slog.Int("limit", n), slog.Any("error", err),
-				slog.Bool("known", rv.ok))
+				slog.String("key", keyString(key)), slog.Any("error", err), slog.Bool("known", rv.ok))
 		}
-		return
+		return nil
 	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
-		sh.resolved[key] = resolved{n: n, at: now, ok: true}
 		if _, overridden := sh.overrides[key]; overridden {
 			return 0, false
 		}
 		return n, true
 	})
+	return nil
+}
+
+func (r *Registry[K]) fresh(rv resolved, now int64) bool {
+	return now-rv.at < int64(r.cfg.refresh)
+}
+
+// retained reports whether an idle key's cached limit is still worth keeping.
+func (r *Registry[K]) retained(rv resolved, now int64) bool {
+	return rv.ok && now-rv.at < LimitRetention*int64(r.cfg.refresh)
+}
+
+// fetchLimit calls the LimitFunc and records the outcome. The record is made
+// in a deferred call, so that even a LimitFunc that exits its goroutine
+// (runtime.Goexit, as t.FailNow does) cannot leave the fetch marked as under
+// way and its waiters blocked.
+func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now int64, fetch chan struct{}) (n int, err error) {
+	n, err = -1, errors.New("registry: LimitFunc did not return")
+	defer func() {
+		sh.mu.Lock()
+		rv := sh.resolved[key]
+		rv.fetch = nil
+		if err == nil {
+			rv.n, rv.at, rv.ok = n, now, true
+		}
+		sh.resolved[key] = rv
+		sh.mu.Unlock()
+		close(fetch)
+	}()
+	n, err = r.callLimitFunc(ctx, key)
+	if err == nil && n < 0 {
+		err = fmt.Errorf("registry: LimitFunc returned a negative limit %d", n)
+	}
+	return n, err
 }
 
 // callLimitFunc calls the LimitFunc, turning a panic into an error so that a
@@ -135,17 +183,27 @@ type panicError struct{ v any }
 
 func (p panicError) Error() string { return "registry: LimitFunc panicked: " + keyString(p.v) }
 
-// pruneResolvedLocked drops cached limits of idle keys once the cache has
-// doubled since the last prune, so the cache follows the live keys.
+// forgetLimitLocked drops key's cached limit as the key goes idle, unless it
+// is being fetched or still retained.
+func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
+	rv, ok := sh.resolved[key]
+	if ok && rv.fetch == nil && !r.retained(rv, r.clk.Nanos()) {
+		delete(sh.resolved, key)
+	}
+}
+
+// pruneResolvedLocked drops the limits of idle keys that are no longer
+// retained, once the cache has doubled since the last prune: keys that went
+// idle while their limit was retained are forgotten here.
 func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 	if len(sh.resolved) < sh.pruneAt {
 		return
 	}
 	for k, rv := range sh.resolved {
-		if _, live := sh.lanes[k]; live || rv.fetching {
+		if _, live := sh.lanes[k]; live || rv.fetch != nil {
 			continue
 		}
-		if r.cfg.refresh <= 0 || now-rv.at >= int64(r.cfg.refresh) || !rv.ok {
+		if !r.retained(rv, now) {
 			delete(sh.resolved, k)
 		}
 	}

@@ -65,9 +65,12 @@ func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(c *config) { c.wait.Logger = l })
 }
 
-// WithShards sets the number of lock shards, rounded up to a power of two.
-// More shards let unrelated keys contend less; each costs about 200 bytes.
-// It panics if n < 1.
+// MaxShards bounds WithShards.
+const MaxShards = 1 << 16
+
+// WithShards sets the number of lock shards, rounded up to a power of two and
+// at most MaxShards. More shards let unrelated keys contend less; each costs
+// about 200 bytes. It panics if n < 1.
 func WithShards(n int) Option {
 	if n < 1 {
 		panic(fmt.Sprintf("registry: WithShards(%d): need at least one shard", n))
@@ -83,21 +86,34 @@ func WithMaxKeyBytes(n int) Option {
 	return optionFunc(func(c *config) { c.maxKeyBytes = n })
 }
 
+// LimitRetention is how many refresh intervals an idle key's fetched limit is
+// kept (see WithLimitFunc).
+const LimitRetention = 10
+
 // LimitFunc resolves a key's limit, for example an organisation's limit from a
 // database. It is called without any registry lock held, with the caller's
 // context (context.Background for TryAcquire), and may be called concurrently.
 type LimitFunc[K comparable] func(ctx context.Context, key K) (int, error)
 
 // WithLimitFunc resolves limits of keys that SetLimit has not set: a key's
-// limit is fetched when it is first needed and again once it is older than
-// refresh (refresh <= 0: fetched once while cached). When fn fails, the last
-// limit it returned for the key stays in force and the fetch is retried on a
-// later acquire; a key never fetched successfully gets the default limit for
-// that call only, so a fallback is never cached. Negative results count as
-// failures. The cache holds keys that are live, plus recently used ones, and
-// is pruned as keys go idle.
+// limit is fetched when it is first needed and again, on a later acquire,
+// once it is older than refresh.
 //
-// New panics if fn's key type is not the registry's key type.
+// One fetch per key runs at a time. Callers that find the key's first fetch
+// under way wait for it (or for their context), so a burst on a new key is
+// capped by the fetched limit, not the default; callers that find a refresh
+// under way use the last known limit. TryAcquire and TryAcquireAll may
+// therefore wait for fn. When fn fails, returns a negative limit, or panics,
+// the last limit it returned for the key stays in force and the fetch is
+// retried on a later acquire; a key never fetched successfully gets the
+// default limit for that call only, so a fallback is never cached.
+//
+// A key's last fetched limit is kept while the key is live and until it is
+// LimitRetention refresh intervals old, so an idle tenant that comes back
+// while the source is down keeps its own limit; after that it is forgotten,
+// and the cache holds only keys used recently.
+//
+// New panics if refresh <= 0 or fn's key type is not the registry's.
 func WithLimitFunc[K comparable](fn LimitFunc[K], refresh time.Duration) Option {
 	return optionFunc(func(c *config) { c.limitFunc, c.refresh = fn, refresh })
 }

@@ -69,6 +69,7 @@ type Registry[K comparable] struct {
 	shards       []shard[K]
 	shardBits    uint
 	keyLen       func(K) int // nil: keys are not length-checked
+	selfCheck    bool        // K may hold a NaN or an uncomparable dynamic value
 	limitFunc    LimitFunc[K]
 
 	// multiMu serialises everything that involves a waiter needing several
@@ -106,10 +107,10 @@ type counters struct {
 }
 
 type resolved struct {
-	n        int
-	at       int64 // clock nanos of the last successful fetch
-	ok       bool  // n came from a successful fetch
-	fetching bool
+	n     int
+	at    int64         // clock nanos of the last successful fetch
+	ok    bool          // n came from a successful fetch
+	fetch chan struct{} // non-nil while a fetch runs; closed when it ends
 }
 
 type entry[K comparable] struct {
@@ -140,7 +141,7 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 	for _, o := range opts {
 		o.apply(&cfg)
 	}
-	n := 1 << bits.Len(uint(cfg.shards-1))
+	n := 1 << bits.Len(uint(min(cfg.shards, MaxShards)-1))
 	r := &Registry[K]{
 		cfg:          cfg,
 		defaultLimit: defaultLimit,
@@ -158,13 +159,46 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 		if !ok {
 			panic(fmt.Sprintf("registry: WithLimitFunc got %T, want registry.LimitFunc[%v]", cfg.limitFunc, reflect.TypeFor[K]()))
 		}
+		if cfg.refresh <= 0 {
+			panic(fmt.Sprintf("registry: WithLimitFunc needs a positive refresh interval, got %v", cfg.refresh))
+		}
 		r.limitFunc = fn
 	}
 	if cfg.maxKeyBytes > 0 && reflect.TypeFor[K]().Kind() == reflect.String {
 		// K's underlying type is string, so it has a string's layout.
 		r.keyLen = func(k K) int { return len(*(*string)(unsafe.Pointer(&k))) }
 	}
+	r.selfCheck = mayBeUnequal(reflect.TypeFor[K]())
 	return r
+}
+
+// mayBeUnequal reports whether values of t can be unequal to themselves (a
+// NaN) or panic when compared (an interface holding a slice).
+func mayBeUnequal(t reflect.Type) bool {
+	switch t.Kind() {
+	case reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.Interface:
+		return true
+	case reflect.Array:
+		return mayBeUnequal(t.Elem())
+	case reflect.Struct:
+		for i := range t.NumField() {
+			if mayBeUnequal(t.Field(i).Type) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// equalsItself is false for a key that no map lookup could find again (it
+// holds a NaN) or that cannot be hashed (it holds an uncomparable value).
+func equalsItself[K comparable](k K) (ok bool) {
+	defer func() {
+		if recover() != nil {
+			ok = false
+		}
+	}()
+	return k == k
 }
 
 func (r *Registry[K]) shardFor(key K) *shard[K] {
@@ -172,13 +206,19 @@ func (r *Registry[K]) shardFor(key K) *shard[K] {
 	return &r.shards[h&uint64(len(r.shards)-1)]
 }
 
+// checkKey rejects keys over the length bound, and keys that a map could
+// never find again: a NaN (or a struct or interface holding one) is unequal to
+// itself, and an interface holding a slice cannot be hashed at all.
 func (r *Registry[K]) checkKey(key K) error {
-	if r.keyLen == nil {
-		return nil
+	if r.keyLen != nil {
+		if n := r.keyLen(key); n > r.cfg.maxKeyBytes {
+			r.invalidKeys.Add(1)
+			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.cfg.maxKeyBytes)
+		}
 	}
-	if n := r.keyLen(key); n > r.cfg.maxKeyBytes {
+	if r.selfCheck && !equalsItself(key) {
 		r.invalidKeys.Add(1)
-		return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.cfg.maxKeyBytes)
+		return fmt.Errorf("%w: the key is not equal to itself (NaN) or not comparable", ErrInvalidKey)
 	}
 	return nil
 }
@@ -241,7 +281,9 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	sh := r.shardFor(key)
 	if r.limitFunc != nil {
-		r.refreshLimit(ctx, sh, key)
+		if err := r.refreshLimit(ctx, sh, key); err != nil {
+			return nil, err
+		}
 	}
 	s, h := newHold(r)
 	h.At = r.clk.Nanos()
@@ -327,15 +369,12 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	case 1:
 		return r.acquireOne(ctx, keys[0])
 	}
-	uniq := make([]K, 0, len(keys))
 	for _, k := range keys {
 		if err := r.checkKey(k); err != nil {
 			return nil, err
 		}
-		if !slices.Contains(uniq, k) {
-			uniq = append(uniq, k)
-		}
 	}
+	uniq := dedupe(keys)
 	if len(uniq) == 1 {
 		return r.acquireOne(ctx, uniq[0])
 	}
@@ -343,7 +382,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	for i, k := range uniq {
 		shs[i] = r.shardFor(k)
 		if r.limitFunc != nil {
-			r.refreshLimit(ctx, shs[i], k)
+			if err := r.refreshLimit(ctx, shs[i], k); err != nil {
+				return nil, err
+			}
 		}
 	}
 	m := &multi[K]{
@@ -422,6 +463,27 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	unlock()
 	return r.await(ctx, s, w, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+}
+
+// dedupe returns keys without repeats, in first-seen order.
+func dedupe[K comparable](keys []K) []K {
+	uniq := make([]K, 0, len(keys))
+	if len(keys) <= 8 {
+		for _, k := range keys {
+			if !slices.Contains(uniq, k) {
+				uniq = append(uniq, k)
+			}
+		}
+		return uniq
+	}
+	seen := make(map[K]struct{}, len(keys))
+	for _, k := range keys {
+		if _, dup := seen[k]; !dup {
+			seen[k] = struct{}{}
+			uniq = append(uniq, k)
+		}
+	}
+	return uniq
 }
 
 // entriesLocked fills m.entries, creating the lanes that do not exist yet.
@@ -520,7 +582,7 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 	}
 	e.lane.Waiters.Remove(&w.Elem)
 	w.State = core.Gone
-	sh.dropIfIdleLocked(e)
+	sh.dropIfIdleLocked(r, e)
 	return true
 }
 
@@ -535,7 +597,7 @@ func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
 	r.unlinkWaiterLocked(w, m)
 	w.State = core.Gone
 	for _, e := range m.entries {
-		e.shard.dropIfIdleLocked(e)
+		e.shard.dropIfIdleLocked(r, e)
 	}
 	return true
 }
@@ -581,11 +643,14 @@ func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, el *il
 // dropIfIdleLocked removes e once it has neither holders nor waiters, and
 // rebuilds the map once it has shrunk well below its peak: Go maps never
 // give back their buckets on delete.
-func (sh *shard[K]) dropIfIdleLocked(e *entry[K]) {
+func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	if e.lane.Holders.Len() > 0 || e.lane.Waiters.Len() > 0 {
 		return
 	}
 	delete(sh.lanes, e.key)
+	if sh.resolved != nil {
+		r.forgetLimitLocked(sh, e.key)
+	}
 	var zero K
 	e.key = zero
 	e.lane = core.Lane{}
@@ -616,7 +681,7 @@ func (r *Registry[K]) Release(h *core.Hold) {
 			ref.lane.Holders.Remove(&h.Elem)
 			sh.st.released++
 			r.grantLocked([]*entry[K]{ref})
-			sh.dropIfIdleLocked(ref)
+			sh.dropIfIdleLocked(r, ref)
 			sh.mu.Unlock()
 		} else {
 			sh.mu.Unlock()
@@ -647,7 +712,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	entries[0].shard.st.released++
 	r.grantLocked(entries)
 	for _, e := range entries {
-		e.shard.dropIfIdleLocked(e)
+		e.shard.dropIfIdleLocked(r, e)
 	}
 }
 

@@ -375,7 +375,10 @@ func TestRegistryBadInput(t *testing.T) {
 		fn := registry.LimitFunc[int](func(context.Context, int) (int, error) { return 1, nil })
 		assert.PanicsWithValue(t,
 			"registry: WithLimitFunc got registry.LimitFunc[int], want registry.LimitFunc[string]",
-			func() { registry.New[string](1, registry.WithLimitFunc(fn, 0)) })
+			func() { registry.New[string](1, registry.WithLimitFunc(fn, time.Minute)) })
+		assert.PanicsWithValue(t,
+			"registry: WithLimitFunc needs a positive refresh interval, got 0s",
+			func() { registry.New[int](1, registry.WithLimitFunc(fn, 0)) })
 	})
 }
 

@@ -119,33 +119,41 @@ const (
 // withdraw must, under the owner's lock, unlink w if it is still Waiting, mark
 // it Gone and report true; it reports false when w was granted already.
 //
-// A grant that races ctx's end is given back (released, so the capacity
-// passes to the next waiter) and the outcome is OutCanceled: a caller whose
-// context has ended never leaves with capacity. A grant that races expiry is
-// kept: the caller asked to wait that long and got in.
+// A caller whose context has ended never leaves with capacity: a grant that
+// races ctx's end is given back (released, so the capacity passes to the next
+// waiter) and the outcome is OutCanceled, whichever case select saw first. A
+// grant that races expiry alone is kept: the caller asked to wait that long
+// and got in.
 func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw func(*Waiter) bool) Outcome {
 	done := ctx.Done()
 	select {
 	case <-w.ready:
-		select {
-		case <-done:
-			w.Hold.Release()
-			return OutCanceled
-		default:
-			return OutGranted
-		}
 	case <-done:
 		if withdraw(w) {
 			return OutCanceled
 		}
 		<-w.ready
-		w.Hold.Release()
-		return OutCanceled
 	case <-expire:
 		if withdraw(w) {
+			if isDone(done) {
+				return OutCanceled
+			}
 			return OutExpired
 		}
 		<-w.ready
-		return OutGranted
+	}
+	if isDone(done) {
+		w.Hold.Release()
+		return OutCanceled
+	}
+	return OutGranted
+}
+
+func isDone(done <-chan struct{}) bool {
+	select {
+	case <-done:
+		return true
+	default:
+		return false
 	}
 }

@@ -69,3 +69,26 @@ func TestAwait(t *testing.T) {
 		})
 	})
 }
+
+// TestAwaitEndedContextWins: when the context has ended, the caller leaves
+// with nothing, even if the max wait fired or a grant landed at the same time.
+func TestAwaitEndedContextWins(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	fired := func() <-chan time.Time {
+		c := make(chan time.Time, 1)
+		c <- time.Time{}
+		return c
+	}
+	for range 100 { // select picks among ready cases at random
+		o := &owner{}
+		w := core.NewWaiter(&core.Hold{Owner: o})
+		w.Grant()
+		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(*core.Waiter) bool { return false }))
+		assert.Equal(t, int32(1), o.released.Load(), "the grant is given back")
+
+		w = core.NewWaiter(&core.Hold{Owner: &owner{}})
+		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(w *core.Waiter) bool { w.State = core.Gone; return true }),
+			"not OutExpired: fail-open must not hand a bypassed slot to a caller whose context ended")
+	}
+}

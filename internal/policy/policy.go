@@ -70,18 +70,20 @@ func (t *HoldTime) Observe(d int64) {
 	t.ewma.Store(old + (d-old)/8)
 }
 
+// MaxRetryAfter caps the estimate: past an hour it says nothing useful.
+const MaxRetryAfter = time.Hour
+
 // RetryAfter estimates when a caller rejected now might be admitted: the
 // queue ahead of it drains at about limit holders per mean hold time. Never
-// less than one second, which is also the answer when nothing is known.
+// less than one second, which is also the answer when nothing is known, and
+// never more than MaxRetryAfter.
 func (t *HoldTime) RetryAfter(queued, limit int) time.Duration {
 	const floor = time.Second
-	mean := time.Duration(t.ewma.Load())
+	mean := t.ewma.Load()
 	if mean <= 0 || limit <= 0 {
 		return floor
 	}
-	d := mean * time.Duration(queued+1) / time.Duration(limit)
-	if d < floor {
-		return floor
-	}
-	return d.Round(time.Second)
+	d := float64(mean) * float64(queued+1) / float64(limit) // float: no overflow
+	d = min(max(d, float64(floor)), float64(MaxRetryAfter))
+	return time.Duration(d).Round(time.Second)
 }

@@ -41,3 +41,9 @@ func TestQueueFull(t *testing.T) {
 	w.MaxQueue = 0
 	assert.True(t, w.QueueFull(0), "a bound of zero never queues")
 }
+
+func TestRetryAfterBounded(t *testing.T) {
+	var h policy.HoldTime
+	h.Observe(int64(10 * time.Hour))
+	assert.Equal(t, policy.MaxRetryAfter, h.RetryAfter(1<<40, 1), "no overflow, capped")
+}

@@ -1,0 +1,227 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Keys that a map can never find again must be refused: a NaN admitted as a
+// key would get a fresh lane on every acquire, and the cap would not hold.
+func TestRegistryKeysUnequalToThemselves(t *testing.T) {
+	t.Run("NaN", func(t *testing.T) {
+		reg := registry.New[float64](1)
+		_, err := reg.TryAcquire(math.NaN())
+		assert.ErrorIs(t, err, registry.ErrInvalidKey)
+		_, err = reg.AcquireAll(context.Background(), 1.5, math.NaN())
+		assert.ErrorIs(t, err, registry.ErrInvalidKey)
+		reg.SetLimit(math.NaN(), 5)
+		reg.ClearLimit(math.NaN())
+		assert.Equal(t, 0, reg.Keys())
+		s, err := reg.TryAcquire(1.5)
+		require.NoError(t, err, "ordinary floats are fine")
+		s.Release()
+	})
+	t.Run("a struct holding a NaN", func(t *testing.T) {
+		type key struct {
+			org    string
+			weight float64
+		}
+		reg := registry.New[key](1)
+		_, err := reg.TryAcquire(key{"a", math.NaN()})
+		assert.ErrorIs(t, err, registry.ErrInvalidKey)
+	})
+	t.Run("an interface holding an uncomparable value", func(t *testing.T) {
+		reg := registry.New[any](1)
+		_, err := reg.TryAcquire([]int{1})
+		assert.ErrorIs(t, err, registry.ErrInvalidKey, "no panic deep inside")
+		s, err := reg.TryAcquire("fine")
+		require.NoError(t, err)
+		s.Release()
+		assert.Equal(t, 0, reg.Keys())
+	})
+}
+
+// TestRegistrySetLimitDoesNotLetCallersPass: raising a key's limit must not
+// make room that a newcomer can take ahead of a multi-key waiter that the
+// raise makes servable.
+func TestRegistrySetLimitDoesNotLetCallersPass(t *testing.T) {
+	reg := registry.New[string](5)
+	var a, b string
+	for i := 0; ; i++ { // b's shard must lock before a's
+		a, b = fmt.Sprint("a", i), fmt.Sprint("b", i)
+		if reg.ShardOf(b) < reg.ShardOf(a) {
+			break
+		}
+	}
+	reg.SetLimit(a, 0)
+	got := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := reg.AcquireAll(context.Background(), a, b)
+		if assert.NoError(t, err) {
+			got <- s
+		}
+	}()
+	for reg.Waiting(a) != 1 {
+		runtime.Gosched()
+	}
+	// Hold b's shard, as if the goroutine raising the limit were descheduled
+	// just before it could serve the waiter.
+	unlock := reg.LockShard(reg.ShardOf(b))
+	raised := make(chan struct{})
+	go func() { reg.SetLimit(a, 1); close(raised) }()
+	for !reg.MultiBusy() {
+		runtime.Gosched()
+	}
+	for range 1000 { // let the raise get as far as it can
+		runtime.Gosched()
+	}
+	s, err := reg.TryAcquire(a)
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "the newcomer must not pass the waiter")
+	if s != nil {
+		s.Release()
+	}
+	unlock()
+	<-raised
+	w := <-got
+	assert.Equal(t, 1, reg.InFlight(a))
+	w.Release()
+	assert.Equal(t, 0, reg.Keys())
+}
+
+func TestRegistryLimitFuncColdBurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		proceed := make(chan struct{})
+		var calls atomic.Int32
+		fn := func(ctx context.Context, org string) (int, error) {
+			calls.Add(1)
+			<-proceed
+			return 1, nil
+		}
+		reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute))
+		var admitted atomic.Int32
+		var held sync.Map
+		var wg sync.WaitGroup
+		for i := range 10 {
+			wg.Go(func() {
+				if s, err := reg.TryAcquire("new-org"); err == nil {
+					admitted.Add(1)
+					held.Store(i, s)
+				}
+			})
+		}
+		synctest.Wait()
+		assert.Equal(t, int32(1), calls.Load(), "one fetch for the burst")
+		close(proceed)
+		wg.Wait()
+		assert.Equal(t, int32(1), admitted.Load(), "the burst is capped by the fetched limit, not the default")
+		held.Range(func(_, s any) bool { s.(*slots.Slot).Release(); return true })
+	})
+	t.Run("a waiting caller's context ends", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			proceed := make(chan struct{})
+			fn := func(ctx context.Context, org string) (int, error) { <-proceed; return 1, nil }
+			reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute))
+			go func() {
+				s, err := reg.TryAcquire("org")
+				if assert.NoError(t, err) {
+					s.Release()
+				}
+			}()
+			synctest.Wait()
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			_, err := reg.Acquire(ctx, "org")
+			assert.ErrorIs(t, err, context.DeadlineExceeded)
+			close(proceed)
+		})
+	})
+}
+
+func TestRegistryLimitFuncGoexit(t *testing.T) {
+	var calls atomic.Int32
+	fn := func(ctx context.Context, org string) (int, error) {
+		if calls.Add(1) == 1 {
+			runtime.Goexit() // as t.FailNow would inside a lookup
+		}
+		return 2, nil
+	}
+	reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute))
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = reg.TryAcquire("org")
+	}()
+	<-done
+	s, err := reg.TryAcquire("org")
+	require.NoError(t, err, "the next caller fetches again instead of waiting forever")
+	assert.Equal(t, 2, reg.Limit("org"))
+	assert.Equal(t, int32(2), calls.Load())
+	s.Release()
+}
+
+func TestRegistryLimitFuncPanicsAndNegatives(t *testing.T) {
+	results := []func() (int, error){
+		func() (int, error) { return 3, nil },
+		func() (int, error) { panic("lookup bug") },
+		func() (int, error) { return -1, nil },
+	}
+	var call atomic.Int32
+	mock := clock.NewMock()
+	fn := func(context.Context, string) (int, error) { return results[min(int(call.Add(1))-1, 2)]() }
+	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+	for range 3 {
+		s, err := reg.TryAcquire("org")
+		require.NoError(t, err)
+		assert.Equal(t, 3, reg.Limit("org"), "a panic or a negative limit keeps the last good one")
+		s.Release()
+		mock.Add(2 * time.Minute)
+	}
+}
+
+func TestRegistryLimitCacheFollowsLiveKeys(t *testing.T) {
+	mock := clock.NewMock()
+	fn := func(context.Context, int) (int, error) { return 1, nil }
+	reg := registry.New[int](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+	const n = 20_000
+	held := make([]*slots.Slot, n)
+	for i := range n {
+		s, err := reg.TryAcquire(i)
+		require.NoError(t, err)
+		held[i] = s
+	}
+	assert.Equal(t, n, reg.CachedLimits())
+	mock.Add(registry.LimitRetention * time.Minute) // past the retention of every cached limit
+	for _, s := range held {
+		s.Release()
+	}
+	assert.Equal(t, 0, reg.Keys())
+	assert.Equal(t, 0, reg.CachedLimits(), "old limits of idle keys are forgotten")
+
+	t.Run("an idle key's limit is kept until it is old, then pruned", func(t *testing.T) {
+		mock := clock.NewMock()
+		reg := registry.New[int](1, registry.WithShards(1), registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+		s, _ := reg.TryAcquire(-1)
+		s.Release()
+		assert.Equal(t, 1, reg.CachedLimits(), "a recent limit outlives its key")
+		mock.Add(registry.LimitRetention * time.Minute)
+		for i := range 100 { // new keys grow the cache until it prunes
+			s, _ := reg.TryAcquire(i)
+			s.Release()
+		}
+		assert.Equal(t, 100, reg.CachedLimits(), "the prune dropped the old idle limit and kept the recent ones")
+	})
+}
