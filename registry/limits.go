@@ -79,7 +79,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 // WithLimitFunc). It fails only when ctx ends while it waits for another
 // caller's first fetch of the key.
 func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
-	now := r.clk.Nanos()
+	now := r.clk.Coarse()
 	sh.mu.Lock()
 	_, overridden := sh.overrides[key]
 	rv, known := sh.resolved[key]
@@ -187,7 +187,7 @@ func (p panicError) Error() string { return "registry: LimitFunc panicked: " + k
 // is being fetched or still retained.
 func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
 	rv, ok := sh.resolved[key]
-	if ok && rv.fetch == nil && !r.retained(rv, r.clk.Nanos()) {
+	if ok && rv.fetch == nil && !r.retained(rv, r.clk.Coarse()) {
 		delete(sh.resolved, key)
 	}
 }
@@ -322,8 +322,9 @@ func (r *Registry[K]) HoldersInShard(i int, dst []Holder[K]) []Holder[K] {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	for k, e := range sh.lanes {
-		for el := e.lane.Holders.Front(); el != nil; el = el.Next() {
-			dst = append(dst, Holder[K]{Key: k, ID: el.Value.ID, AcquiredAt: r.clk.Time(el.Value.At)})
+		for j := range e.lane.Holders.Len() {
+			h := e.lane.Holders.At(j)
+			dst = append(dst, Holder[K]{Key: k, ID: h.ID, AcquiredAt: r.clk.Time(h.At)})
 		}
 	}
 	return dst

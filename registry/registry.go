@@ -113,17 +113,22 @@ type resolved struct {
 	fetch chan struct{} // non-nil while a fetch runs; closed when it ends
 }
 
+// entry is one live key: its lane of capacity. It is the Owner of the holds
+// admitted under that key alone.
 type entry[K comparable] struct {
-	key   K
+	r     *Registry[K]
 	shard *shard[K]
+	key   K
 	lane  core.Lane
 }
 
-// multi records the keys of a multi-key admission or waiter. The first key's
-// links are the Hold's and Waiter's own Elems; the others are here.
+// multi records the keys of a multi-key admission or waiter, and is the
+// Owner of its hold. The waiter's link in the first key's queue is its own
+// Elem; the others are here.
 type multi[K comparable] struct {
+	r       *Registry[K]
 	entries []*entry[K] // deduplicated, in the caller's order
-	holds   []ilist.Elem[*core.Hold]
+	idx     []int32     // the hold's place in each entry's HolderSet
 	waits   []ilist.Elem[*core.Waiter]
 	shards  []int // sorted, unique
 }
@@ -268,9 +273,8 @@ func checkContext(ctx context.Context) error {
 	return nil
 }
 
-func newHold(r core.Owner) (*slots.Slot, *core.Hold) {
+func newHold() (*slots.Slot, *core.Hold) {
 	v, h := core.NewSlot()
-	h.Owner = r
 	return v.(*slots.Slot), h
 }
 
@@ -285,8 +289,8 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 			return nil, err
 		}
 	}
-	s, h := newHold(r)
-	h.At = r.clk.Nanos()
+	s, h := newHold()
+	h.At = r.clk.Coarse()
 
 	sh.mu.Lock()
 	e := sh.lanes[key]
@@ -302,10 +306,10 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	if room {
 		if e == nil {
-			e = sh.addLocked(key, limit)
+			e = sh.addLocked(r, key, limit)
 		}
-		sh.holdLocked(r, e, h, &h.Elem)
-		h.Ref = e
+		h.Owner = e
+		sh.holdLocked(r, e, h, &h.Idx)
 		sh.mu.Unlock()
 		return s, nil
 	}
@@ -326,7 +330,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		return nil, err
 	}
 	if e == nil {
-		e = sh.addLocked(key, limit)
+		e = sh.addLocked(r, key, limit)
 	}
 	return r.waitOne(ctx, s, h, e, key)
 }
@@ -335,7 +339,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 // unlocks it. (Kept apart from acquireOne so that the closure below does not
 // move acquireOne's variables to the heap on the fast path.)
 func (r *Registry[K]) waitOne(ctx context.Context, s *slots.Slot, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
-	h.Ref = e
+	h.Owner = e
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	e.lane.Waiters.PushBack(&w.Elem)
@@ -388,9 +392,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 	}
 	m := &multi[K]{
+		r:       r,
 		entries: make([]*entry[K], len(uniq)),
-		holds:   make([]ilist.Elem[*core.Hold], len(uniq)-1),
-		waits:   make([]ilist.Elem[*core.Waiter], len(uniq)-1),
+		idx:     make([]int32, len(uniq)),
 	}
 	for _, sh := range shs {
 		if !slices.Contains(m.shards, sh.idx) {
@@ -398,9 +402,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 	}
 	slices.Sort(m.shards)
-	s, h := newHold(r)
-	h.At = r.clk.Nanos()
-	h.Ref = m
+	s, h := newHold()
+	h.At = r.clk.Coarse()
+	h.Owner = m
 
 	r.multiMu.Lock()
 	r.lockShards(m.shards)
@@ -450,8 +454,8 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	r.entriesLocked(m, shs, uniq)
 	w := core.NewWaiter(h)
-	w.Ref = m
 	w.Seq = r.waitSeq.Add(1)
+	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
 	for i, e := range m.entries {
 		el := &w.Elem
 		if i > 0 {
@@ -491,7 +495,7 @@ func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K) {
 	for i, k := range keys {
 		e := shs[i].lanes[k]
 		if e == nil {
-			e = shs[i].addLocked(k, r.limitLocked(shs[i], k))
+			e = shs[i].addLocked(r, k, r.limitLocked(shs[i], k))
 		}
 		m.entries[i] = e
 	}
@@ -499,15 +503,10 @@ func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K) {
 
 func (r *Registry[K]) holdMultiLocked(h *core.Hold, m *multi[K]) {
 	for i, e := range m.entries {
-		el := &h.Elem
-		if i > 0 {
-			el = &m.holds[i-1]
-		}
 		if i == 0 {
-			e.shard.holdLocked(r, e, h, el)
+			e.shard.holdLocked(r, e, h, &m.idx[0])
 		} else {
-			el.Value = h
-			e.lane.Holders.PushBack(el)
+			e.lane.Holders.Add(h, &m.idx[i])
 		}
 	}
 }
@@ -613,14 +612,14 @@ func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K]) {
 	}
 }
 
-func (sh *shard[K]) addLocked(key K, limit int) *entry[K] {
+func (sh *shard[K]) addLocked(r *Registry[K], key K, limit int) *entry[K] {
 	var e *entry[K]
 	if n := len(sh.free); n > 0 {
 		e = sh.free[n-1]
 		sh.free[n-1] = nil
 		sh.free = sh.free[:n-1]
 	} else {
-		e = &entry[K]{shard: sh}
+		e = &entry[K]{r: r, shard: sh}
 	}
 	e.key = key
 	e.lane.Limit = limit
@@ -631,12 +630,11 @@ func (sh *shard[K]) addLocked(key K, limit int) *entry[K] {
 	return e
 }
 
-// holdLocked counts h as a holder of e, linked by el.
-func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, el *ilist.Elem[*core.Hold]) {
+// holdLocked counts h as a holder of e, keeping its place in *idx.
+func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, idx *int32) {
 	sh.seq++
 	h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
-	el.Value = h
-	e.lane.Holders.PushBack(el)
+	e.lane.Holders.Add(h, idx)
 	sh.st.acquired++
 }
 
@@ -653,7 +651,8 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	}
 	var zero K
 	e.key = zero
-	e.lane = core.Lane{}
+	holders := e.lane.Holders // empty; keeps its capacity for reuse
+	e.lane = core.Lane{Holders: holders}
 	if len(sh.free) < maxFreeEntries {
 		sh.free = append(sh.free, e)
 	}
@@ -668,28 +667,40 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	}
 }
 
-// Release implements core.Owner; called once per admitted hold.
-func (r *Registry[K]) Release(h *core.Hold) {
+// Release implements core.Owner for holds of this key alone; called once
+// per hold.
+func (e *entry[K]) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
-	switch ref := h.Ref.(type) {
-	case *entry[K]:
-		sh := ref.shard
-		sh.mu.Lock()
-		if ref.lane.Multi == 0 {
-			ref.lane.Holders.Remove(&h.Elem)
-			sh.st.released++
-			r.grantLocked([]*entry[K]{ref})
-			sh.dropIfIdleLocked(r, ref)
-			sh.mu.Unlock()
-		} else {
-			sh.mu.Unlock()
-			r.releaseSlow(h, []*entry[K]{ref}, nil)
-		}
-	case *multi[K]:
-		r.releaseSlow(h, ref.entries, ref)
+	r, sh := e.r, e.shard
+	sh.mu.Lock()
+	if e.lane.Multi == 0 {
+		e.lane.Holders.Remove(&h.Idx)
+		sh.st.released++
+		r.grantLocked([]*entry[K]{e})
+		sh.dropIfIdleLocked(r, e)
+		sh.mu.Unlock()
+	} else {
+		// Multi-key waiters queue here: serving them needs multiMu, which
+		// comes before this lock. The hold stays counted meanwhile, so no
+		// room shows before they can be served.
+		sh.mu.Unlock()
+		r.releaseSlow(h, []*entry[K]{e}, nil)
 	}
+	r.sampleHold(h)
+}
+
+// Release implements core.Owner for multi-key holds.
+func (m *multi[K]) Release(h *core.Hold) {
+	if h.Bypassed {
+		return
+	}
+	m.r.releaseSlow(h, m.entries, m)
+	m.r.sampleHold(h)
+}
+
+func (r *Registry[K]) sampleHold(h *core.Hold) {
 	if h.ID&policy.SampleMask == 0 {
 		r.hold.Observe(r.clk.Nanos() - h.At)
 	}
@@ -703,11 +714,11 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	set := r.lockForGrant(entries)
 	defer r.unlockShards(set)
 	for i, e := range entries {
-		el := &h.Elem
-		if i > 0 {
-			el = &m.holds[i-1]
+		idx := &h.Idx
+		if m != nil {
+			idx = &m.idx[i]
 		}
-		e.lane.Holders.Remove(el)
+		e.lane.Holders.Remove(idx)
 	}
 	entries[0].shard.st.released++
 	r.grantLocked(entries)
@@ -733,7 +744,7 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
 			continue
 		}
 		for el := e.lane.Waiters.Front(); el != nil; el = el.Next() {
-			if m, ok := el.Value.Ref.(*multi[K]); ok {
+			if m, ok := el.Value.Hold.Owner.(*multi[K]); ok {
 				need = append(need, m.shards...)
 			}
 		}
@@ -762,7 +773,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K]) {
 				return
 			}
 			if now == 0 {
-				now = r.clk.Nanos()
+				now = r.clk.Coarse()
 			}
 			r.grantOneLocked(e, el.Value, now)
 		}
@@ -794,9 +805,9 @@ func (r *Registry[K]) grantLocked(entries []*entry[K]) {
 		w := c.el.Value
 		c.el = c.el.Next()
 		if now == 0 {
-			now = r.clk.Nanos()
+			now = r.clk.Coarse()
 		}
-		m, ok := w.Ref.(*multi[K])
+		m, ok := w.Hold.Owner.(*multi[K])
 		if !ok {
 			r.grantOneLocked(c.e, w, now)
 			continue
@@ -829,19 +840,27 @@ func (m *multi[K]) allRoom() bool {
 func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64) {
 	e.lane.Waiters.Remove(&w.Elem)
 	w.Hold.At = now
-	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Elem)
+	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Idx)
 	e.shard.st.waited++
 	w.Grant()
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.
-func (r *Registry[K]) Misuse(h *core.Hold) {
+func (e *entry[K]) Misuse(h *core.Hold) { e.r.misuse(h) }
+
+// Misuse implements core.Owner.
+func (m *multi[K]) Misuse(h *core.Hold) { m.r.misuse(h) }
+
+// Time implements core.Owner.
+func (e *entry[K]) Time(at int64) time.Time { return e.r.clk.Time(at) }
+
+// Time implements core.Owner.
+func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
+
+func (r *Registry[K]) misuse(h *core.Hold) {
 	r.doubleReleases.Add(1)
 	r.cfg.wait.Log().Debug("registry: slot released twice", slog.Uint64("slot_id", h.ID))
 }
-
-// Time implements core.Owner.
-func (r *Registry[K]) Time(at int64) time.Time { return r.clk.Time(at) }
 
 func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) error {
 	le := &slots.LimitError{Err: reason, Key: keyString(key), Limit: limit}

@@ -13,8 +13,8 @@ import (
 	"github.com/inflight-go/inflight/internal/policy"
 )
 
-// realClock serves every Limiter built without WithClock (and the zero value).
-var realClock = clockx.New(nil)
+// zeroClock serves zero-value Limiters; NewLimiter gives each its own.
+var zeroClock = clockx.New(nil)
 
 // saturationLogEvery spaces the fail-open saturation warnings.
 const saturationLogEvery = 10 * time.Second
@@ -67,15 +67,13 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 	for _, o := range opts {
 		o.apply(&l.wait)
 	}
-	if l.wait.Clock != nil {
-		l.clk = clockx.New(l.wait.Clock)
-	}
+	l.clk = clockx.New(l.wait.Clock)
 	return l
 }
 
 func (l *Limiter) clock() *clockx.Clock {
 	if l.clk == nil {
-		return realClock
+		return zeroClock
 	}
 	return l.clk
 }
@@ -83,10 +81,10 @@ func (l *Limiter) clock() *clockx.Clock {
 // TryAcquire admits a Slot if one is free and nobody is waiting, without
 // waiting. Otherwise it returns a *LimitError wrapping ErrLimitReached.
 func (l *Limiter) TryAcquire() (*Slot, error) {
-	s := newSlot()
-	h := s.h
+	s := new(Slot)
+	h := &s.h
 	h.Owner = l
-	h.At = l.clock().Nanos()
+	h.At = l.clock().Coarse()
 
 	l.mu.Lock()
 	if l.lane.Holders.Len() >= l.limit || l.lane.Waiters.Len() > 0 {
@@ -119,10 +117,10 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		}
 	}
 	clk := l.clock()
-	s := newSlot()
-	h := s.h
+	s := new(Slot)
+	h := &s.h
 	h.Owner = l
-	h.At = clk.Nanos()
+	h.At = clk.Coarse()
 
 	l.mu.Lock()
 	if l.lane.Holders.Len() < l.limit && l.lane.Waiters.Len() == 0 {
@@ -196,8 +194,7 @@ func (l *Limiter) withdraw(w *core.Waiter) bool {
 func (l *Limiter) admitLocked(h *core.Hold) {
 	l.seq++
 	h.ID = l.seq
-	h.Elem.Value = h
-	l.lane.Holders.PushBack(&h.Elem)
+	l.lane.Holders.Add(h, &h.Idx)
 	l.stats.Acquired++
 }
 
@@ -212,7 +209,7 @@ func (l *Limiter) grantLocked() {
 		w := e.Value
 		l.lane.Waiters.Remove(e)
 		if now == 0 {
-			now = l.clock().Nanos()
+			now = l.clock().Coarse()
 		}
 		w.Hold.At = now
 		l.admitLocked(w.Hold)
@@ -238,7 +235,7 @@ func (l *Limiter) Release(h *core.Hold) {
 		return
 	}
 	l.mu.Lock()
-	l.lane.Holders.Remove(&h.Elem)
+	l.lane.Holders.Remove(&h.Idx)
 	l.stats.Released++
 	l.grantLocked()
 	l.mu.Unlock()
@@ -309,12 +306,14 @@ type Holder struct {
 	AcquiredAt time.Time
 }
 
-// Holders appends the live holders, in admission order, to dst and returns it.
+// Holders appends the live holders, in no particular order, to dst and
+// returns it.
 func (l *Limiter) Holders(dst []Holder) []Holder {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	for e := l.lane.Holders.Front(); e != nil; e = e.Next() {
-		dst = append(dst, Holder{ID: e.Value.ID, AcquiredAt: l.clock().Time(e.Value.At)})
+	for i := range l.lane.Holders.Len() {
+		h := l.lane.Holders.At(i)
+		dst = append(dst, Holder{ID: h.ID, AcquiredAt: l.clock().Time(h.At)})
 	}
 	return dst
 }

@@ -85,28 +85,24 @@ func (*noCopy) Unlock() {}
 // admitted under) until Release. The zero value and a nil *Slot hold nothing;
 // their methods are no-ops.
 type Slot struct {
-	_      noCopy
-	h      *core.Hold
-	inline core.Hold
+	_ noCopy
+	h core.Hold
 }
 
 func init() {
 	core.NewSlot = func() (any, *core.Hold) {
-		s := newSlot()
-		return s, s.h
+		s := new(Slot)
+		return s, &s.h
 	}
 }
 
-func newSlot() *Slot {
-	s := &Slot{}
-	s.h = &s.inline
-	return s
-}
+// holds reports whether s came from an admission.
+func (s *Slot) holds() bool { return s != nil && s.h.Owner != nil }
 
 // Release frees the slot's capacity. It is safe to call from any goroutine and
 // any number of times; it reports true only for the call that freed it.
 func (s *Slot) Release() bool {
-	if s == nil || s.h == nil {
+	if !s.holds() {
 		return false
 	}
 	return s.h.Release()
@@ -115,7 +111,7 @@ func (s *Slot) Release() bool {
 // Released reports whether Release has been called (or, for a slot whose
 // holder's context ended as it was granted, whether it was given back).
 func (s *Slot) Released() bool {
-	if s == nil || s.h == nil {
+	if !s.holds() {
 		return true
 	}
 	return s.h.Released()
@@ -123,12 +119,14 @@ func (s *Slot) Released() bool {
 
 // Bypassed reports whether the slot was admitted by fail-open after the
 // maximum wait: it holds no capacity, and the limit was saturated.
-func (s *Slot) Bypassed() bool { return s != nil && s.h != nil && s.h.Bypassed }
+func (s *Slot) Bypassed() bool { return s.holds() && s.h.Bypassed }
 
 // AcquiredAt returns when the slot was admitted (granted, for a caller that
-// waited), on the owner's clock.
+// waited), on the owner's clock. On the real clock it is accurate to about
+// 10 ms: admissions share a coarse clock reading, since reading the clock
+// costs about as much as the rest of an admission.
 func (s *Slot) AcquiredAt() time.Time {
-	if s == nil || s.h == nil {
+	if !s.holds() {
 		return time.Time{}
 	}
 	return s.h.Owner.Time(s.h.At)
@@ -137,7 +135,7 @@ func (s *Slot) AcquiredAt() time.Time {
 // ID returns the slot's holder id, unique within its Limiter or Registry; it
 // is what leak and long-held reports name.
 func (s *Slot) ID() uint64 {
-	if s == nil || s.h == nil {
+	if !s.holds() {
 		return 0
 	}
 	return s.h.ID

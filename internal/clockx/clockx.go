@@ -1,19 +1,34 @@
-// Package clockx is the time seam of the module: acquire times are kept as
-// nanoseconds since an epoch so that the hot path reads one monotonic clock
-// (about half the cost of time.Now) and never builds a time.Time.
+// Package clockx is the time seam of the module. Acquire times are kept as
+// nanoseconds since an epoch, so no time.Time is built on the hot path, and
+// are read from a coarse clock: one real clock read costs about as much as
+// the rest of an admission, so admissions share the reading of a ticker that
+// runs only while admissions happen.
 package clockx
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
 )
 
-// Clock reads either the real monotonic clock or an injected clock.Clock.
+const (
+	// CoarseTick is how often the coarse clock is refreshed while in use:
+	// acquire times on the real clock are accurate to about this much.
+	CoarseTick = 10 * time.Millisecond
+	// coarseIdleTicks is how many ticks without a reading stop the ticker.
+	coarseIdleTicks = 10
+)
+
+// Clock reads either the real clock or an injected clock.Clock.
 // The zero value is not usable; call New.
 type Clock struct {
 	c     clock.Clock // nil means the real clock
 	epoch time.Time
+
+	coarse  atomic.Int64 // last tick's reading, valid while running
+	running atomic.Bool  // a ticker goroutine is refreshing coarse
+	used    atomic.Bool  // Coarse was read since the last tick
 }
 
 // New returns a Clock over c; a nil c means the real clock.
@@ -24,8 +39,8 @@ func New(c clock.Clock) *Clock {
 	return &Clock{c: c, epoch: c.Now()}
 }
 
-// Nanos returns the time elapsed since the epoch. On the real clock this is
-// time.Since on a monotonic reading, which skips the wall-clock read.
+// Nanos returns the time elapsed since the epoch, exactly. On the real clock
+// this is time.Since on a monotonic reading, which skips the wall-clock read.
 func (c *Clock) Nanos() int64 {
 	if c.c == nil {
 		return int64(time.Since(c.epoch))
@@ -33,10 +48,68 @@ func (c *Clock) Nanos() int64 {
 	return int64(c.c.Now().Sub(c.epoch))
 }
 
+// Coarse returns Nanos to within about CoarseTick on the real clock, and
+// exactly on an injected one or inside a testing/synctest bubble. The first
+// reading after a quiet spell starts a ticker goroutine that refreshes the
+// value every CoarseTick and ends by itself after coarseIdleTicks ticks in
+// which nobody read it, so an idle owner leaves no goroutine behind (within
+// about 100 ms, well inside goleak's retry window).
+func (c *Clock) Coarse() int64 {
+	if c.c != nil {
+		return c.Nanos()
+	}
+	if c.running.Load() {
+		// Write only when needed: every reader storing would bounce the
+		// cache line between cores.
+		if !c.used.Load() {
+			c.used.Store(true)
+		}
+		return c.coarse.Load()
+	}
+	return c.startTicker()
+}
+
+// bubbleEnd: testing/synctest bubbles run on a fake clock that starts at
+// 2000-01-01 UTC. A ticker started there would be a goroutine of the bubble,
+// and synctest.Test fails when the test returns while one still sleeps, so
+// inside a bubble every reading is exact and no ticker starts.
+var bubbleEnd = time.Date(2001, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func (c *Clock) startTicker() int64 {
+	if time.Now().Before(bubbleEnd) {
+		return c.Nanos()
+	}
+	now := c.Nanos()
+	c.coarse.Store(now)
+	c.used.Store(true)
+	if c.running.CompareAndSwap(false, true) {
+		go c.tick()
+	}
+	return now
+}
+
+func (c *Clock) tick() {
+	idle := 0
+	for {
+		time.Sleep(CoarseTick)
+		c.coarse.Store(c.Nanos())
+		if c.used.Swap(false) {
+			idle = 0
+			continue
+		}
+		if idle++; idle >= coarseIdleTicks {
+			// A reader that saw running just before this store reads the
+			// value of the last tick: still at most one tick old.
+			c.running.Store(false)
+			return
+		}
+	}
+}
+
 // Time converts a Nanos reading back to a time.Time.
 func (c *Clock) Time(nanos int64) time.Time { return c.epoch.Add(time.Duration(nanos)) }
 
-// Now returns the current time.
+// Now returns the current time, exactly.
 func (c *Clock) Now() time.Time { return c.Time(c.Nanos()) }
 
 // Timer returns a timer on this clock.

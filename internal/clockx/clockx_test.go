@@ -2,6 +2,7 @@ package clockx_test
 
 import (
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -38,4 +39,35 @@ func TestRealClock(t *testing.T) {
 	assert.WithinDuration(t, time.Now(), c.Now(), time.Second)
 	_, stop := c.Timer(time.Hour)
 	assert.True(t, stop())
+}
+
+func TestCoarse(t *testing.T) {
+	t.Run("an injected clock is read exactly", func(t *testing.T) {
+		mock := clock.NewMock()
+		c := clockx.New(mock)
+		mock.Add(1234 * time.Nanosecond)
+		assert.Equal(t, int64(1234), c.Coarse())
+	})
+	t.Run("inside a synctest bubble: exact, and no ticker", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := clockx.New(nil)
+			start := time.Now()
+			for range 5 {
+				time.Sleep(3 * time.Millisecond)
+				assert.Equal(t, time.Since(start), time.Duration(c.Coarse()))
+			}
+			// Returning now would panic if a ticker goroutine were asleep.
+		})
+	})
+	t.Run("the real clock: at most one tick behind, and the ticker ends when unused", func(t *testing.T) {
+		c := clockx.New(nil)
+		for range 20 {
+			got := c.Coarse()
+			now := c.Nanos()
+			assert.LessOrEqual(t, got, now)
+			assert.Less(t, time.Duration(now-got), clockx.CoarseTick+50*time.Millisecond, "about one tick behind (with room for a busy machine)")
+		}
+		// goleak in TestMain checks that the ticker has ended: it retries
+		// for longer than the ticker's idle spell.
+	})
 }

@@ -25,19 +25,21 @@ type Owner interface {
 }
 
 // Hold is the record of one admission: the holder that a lane counts.
-// It lives inside the user's *slots.Slot, so admission allocates once.
+// It is the whole of the user's *slots.Slot, so admission allocates once;
+// it is kept small and nearly pointer-free (48 bytes, one interface) because
+// its allocation and the GC work after it are most of an admission's cost.
 type Hold struct {
 	released atomic.Bool
+	// Idx is the hold's place in its lane's HolderSet (its first lane's, for
+	// a multi-lane hold). Guarded by the owner's lock.
+	Idx int32
 
+	// Owner frees the capacity: the lane the hold was admitted in, or a
+	// record of its lanes.
 	Owner    Owner
 	ID       uint64
 	At       int64 // acquire (grant) time, owner clock nanoseconds
 	Bypassed bool  // admitted by fail-open; holds no capacity
-	Ref      any   // owner data: the lane or lanes this hold is counted in
-
-	// Elem links the hold into its lane's Holders (its first lane for a
-	// multi-lane hold). Guarded by the owner's lock.
-	Elem ilist.Elem[*Hold]
 }
 
 // Release frees the hold's capacity once and reports whether this call did.
@@ -58,10 +60,51 @@ func (h *Hold) Released() bool { return h.released.Load() }
 // *slots.Slot can mint one; users cannot reach it.
 var NewSlot func() (slot any, h *Hold)
 
+// HolderSet is the set of a lane's holders: a slice with swap-remove, each
+// holder knowing its place through an index it owns (Hold.Idx, or an entry
+// of a multi-lane record). The zero value is empty.
+type HolderSet struct {
+	recs []holderRec
+}
+
+type holderRec struct {
+	h   *Hold
+	idx *int32 // where h's place in this set is kept
+}
+
+// maxKeptHolders bounds the capacity a set keeps once it has drained.
+const maxKeptHolders = 64
+
+// Len returns the number of holders.
+func (s *HolderSet) Len() int { return len(s.recs) }
+
+// Add adds h, recording its place in *idx.
+func (s *HolderSet) Add(h *Hold, idx *int32) {
+	*idx = int32(len(s.recs))
+	s.recs = append(s.recs, holderRec{h, idx})
+}
+
+// Remove removes the holder whose place is kept in *idx.
+func (s *HolderSet) Remove(idx *int32) {
+	i, last := *idx, len(s.recs)-1
+	if int(i) != last {
+		s.recs[i] = s.recs[last]
+		*s.recs[i].idx = i
+	}
+	s.recs[last] = holderRec{}
+	s.recs = s.recs[:last]
+	if last == 0 && cap(s.recs) > maxKeptHolders {
+		s.recs = nil // a burst's capacity is not kept by an idle lane
+	}
+}
+
+// At returns the i-th holder, 0 <= i < Len(), in no particular order.
+func (s *HolderSet) At(i int) *Hold { return s.recs[i].h }
+
 // Lane is one pool of capacity: its holders and its waiters, in order.
 type Lane struct {
 	Limit   int
-	Holders ilist.List[*Hold]
+	Holders HolderSet
 	Waiters ilist.List[*Waiter]
 	// Multi counts the waiters in Waiters that need other lanes too.
 	Multi int
@@ -84,7 +127,6 @@ type Waiter struct {
 	State uint8
 	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
 	Seq   uint64
-	Ref   any // owner data (the lanes of a multi-lane waiter)
 
 	// Elem links the waiter into its lane's Waiters.
 	Elem ilist.Elem[*Waiter]
