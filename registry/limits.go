@@ -52,6 +52,8 @@ func (r *Registry[K]) ClearLimit(key K) {
 // of a waiter that could be served.
 func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	sh := r.shardFor(key)
+	var wk core.Wakes
+	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
 	sh.mu.Lock()
@@ -71,7 +73,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	raised := n > e.lane.Limit
 	e.lane.Limit = n
 	if raised {
-		r.grantLocked([]*entry[K]{e})
+		r.grantLocked([]*entry[K]{e}, &wk)
 	}
 }
 

@@ -676,11 +676,13 @@ func (e *entry[K]) Release(h *core.Hold) {
 	r, sh := e.r, e.shard
 	sh.mu.Lock()
 	if e.lane.Multi == 0 {
+		var wk core.Wakes
 		e.lane.Holders.Remove(&h.Idx)
 		sh.st.released++
-		r.grantLocked([]*entry[K]{e})
+		r.grantLocked([]*entry[K]{e}, &wk)
 		sh.dropIfIdleLocked(r, e)
 		sh.mu.Unlock()
+		wk.Wake()
 	} else {
 		// Multi-key waiters queue here: serving them needs multiMu, which
 		// comes before this lock. The hold stays counted meanwhile, so no
@@ -709,6 +711,8 @@ func (r *Registry[K]) sampleHold(h *core.Hold) {
 // releaseSlow frees h's capacity on entries (m describes a multi-key hold)
 // and serves the waiters that can now be served, multi-key ones included.
 func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) {
+	var wk core.Wakes
+	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
 	set := r.lockForGrant(entries)
@@ -721,7 +725,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 		e.lane.Holders.Remove(idx)
 	}
 	entries[0].shard.st.released++
-	r.grantLocked(entries)
+	r.grantLocked(entries, &wk)
 	for _, e := range entries {
 		e.shard.dropIfIdleLocked(r, e)
 	}
@@ -760,10 +764,10 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
 }
 
 // grantLocked serves the waiters of entries that can be served now, oldest
-// first across all of them. A multi-key waiter is served only when every key
+// first across all of them, leaving them in wk to be woken after unlocking. A multi-key waiter is served only when every key
 // it needs has room. Call with the shards of entries locked and, if any of
 // them has multi-key waiters, multiMu and their shards too (lockForGrant).
-func (r *Registry[K]) grantLocked(entries []*entry[K]) {
+func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 	if len(entries) == 1 && entries[0].lane.Multi == 0 {
 		e := entries[0]
 		var now int64
@@ -775,7 +779,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K]) {
 			if now == 0 {
 				now = r.clk.Coarse()
 			}
-			r.grantOneLocked(e, el.Value, now)
+			r.grantOneLocked(e, el.Value, now, wk)
 		}
 		return
 	}
@@ -809,7 +813,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K]) {
 		}
 		m, ok := w.Hold.Owner.(*multi[K])
 		if !ok {
-			r.grantOneLocked(c.e, w, now)
+			r.grantOneLocked(c.e, w, now, wk)
 			continue
 		}
 		if !m.allRoom() {
@@ -824,7 +828,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K]) {
 		w.Hold.At = now
 		r.holdMultiLocked(w.Hold, m)
 		m.entries[0].shard.st.waited++
-		w.Grant()
+		wk.Grant(w)
 	}
 }
 
@@ -837,12 +841,12 @@ func (m *multi[K]) allRoom() bool {
 	return true
 }
 
-func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64) {
+func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64, wk *core.Wakes) {
 	e.lane.Waiters.Remove(&w.Elem)
 	w.Hold.At = now
 	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Idx)
 	e.shard.st.waited++
-	w.Grant()
+	wk.Grant(w)
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.

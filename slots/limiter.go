@@ -198,8 +198,8 @@ func (l *Limiter) admitLocked(h *core.Hold) {
 	l.stats.Acquired++
 }
 
-// grantLocked admits waiters in order while there is room.
-func (l *Limiter) grantLocked() {
+// grantLocked admits waiters in order while there is room; wk wakes them.
+func (l *Limiter) grantLocked(wk *core.Wakes) {
 	var now int64
 	for l.lane.Holders.Len() < l.limit {
 		e := l.lane.Waiters.Front()
@@ -214,7 +214,7 @@ func (l *Limiter) grantLocked() {
 		w.Hold.At = now
 		l.admitLocked(w.Hold)
 		l.stats.Waited++
-		w.Grant()
+		wk.Grant(w)
 	}
 }
 
@@ -234,11 +234,13 @@ func (l *Limiter) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
+	var wk core.Wakes
 	l.mu.Lock()
 	l.lane.Holders.Remove(&h.Idx)
 	l.stats.Released++
-	l.grantLocked()
+	l.grantLocked(&wk)
 	l.mu.Unlock()
+	wk.Wake()
 	if h.ID&policy.SampleMask == 0 {
 		l.hold.Observe(l.clock().Nanos() - h.At)
 	}
@@ -261,10 +263,12 @@ func (l *Limiter) SetLimit(n int) {
 		l.wait.Log().Warn("slots: SetLimit with a negative limit ignored", slog.Int("limit", n))
 		return
 	}
+	var wk core.Wakes
 	l.mu.Lock()
 	l.limit = n
-	l.grantLocked()
+	l.grantLocked(&wk)
 	l.mu.Unlock()
+	wk.Wake()
 }
 
 // Limit returns the current limit.

@@ -141,11 +141,37 @@ func NewWaiter(h *Hold) *Waiter {
 	return w
 }
 
-// Grant marks w granted and wakes it. Call under the owner's lock, after the
-// hold has been counted.
-func (w *Waiter) Grant() {
+// Wakes collects the waiters granted under an owner's lock, to be woken once
+// the lock is released: a goroutine woken under the lock would first contend
+// for it. The zero value is empty; keep it on the stack.
+type Wakes struct {
+	n    int
+	ws   [4]*Waiter
+	more []*Waiter
+}
+
+// Grant marks w granted; call under the owner's lock, after w's hold has
+// been counted. w is woken by Wake.
+func (k *Wakes) Grant(w *Waiter) {
 	w.State = Granted
-	w.ready <- struct{}{}
+	if k.n < len(k.ws) {
+		k.ws[k.n] = w
+		k.n++
+		return
+	}
+	k.more = append(k.more, w)
+}
+
+// Wake wakes the granted waiters; call after releasing the owner's lock.
+// A waiter whose context ended meanwhile finds State == Granted and waits for
+// this signal before giving the grant back.
+func (k *Wakes) Wake() {
+	for _, w := range k.ws[:k.n] {
+		w.ready <- struct{}{}
+	}
+	for _, w := range k.more {
+		w.ready <- struct{}{}
+	}
 }
 
 // Outcome is how a wait ended.
@@ -168,6 +194,10 @@ const (
 // and got in.
 func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw func(*Waiter) bool) Outcome {
 	done := ctx.Done()
+	if done == nil && expire == nil {
+		<-w.ready // nothing else can end the wait; a plain receive is cheaper
+		return OutGranted
+	}
 	select {
 	case <-w.ready:
 	case <-done:

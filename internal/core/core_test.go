@@ -34,7 +34,7 @@ func TestAwait(t *testing.T) {
 
 	t.Run("granted", func(t *testing.T) {
 		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
-		w.Grant()
+		grant(w)
 		assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, nil, withdrawn))
 	})
 	t.Run("cancelled while waiting", func(t *testing.T) {
@@ -49,7 +49,7 @@ func TestAwait(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
 		w := core.NewWaiter(&core.Hold{Owner: o})
-		w.Grant()
+		grant(w)
 		// Whichever case select picks, the caller leaves with nothing.
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, granted))
 		assert.Equal(t, int32(1), o.released.Load())
@@ -63,7 +63,7 @@ func TestAwait(t *testing.T) {
 			w = core.NewWaiter(&core.Hold{Owner: o})
 			expire := make(chan time.Time, 1)
 			expire <- time.Now()
-			grantOnWithdraw := func(w *core.Waiter) bool { w.Grant(); return false }
+			grantOnWithdraw := func(w *core.Waiter) bool { grant(w); return false }
 			assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, expire, grantOnWithdraw))
 			assert.Equal(t, int32(0), o.released.Load())
 		})
@@ -83,12 +83,32 @@ func TestAwaitEndedContextWins(t *testing.T) {
 	for range 100 { // select picks among ready cases at random
 		o := &owner{}
 		w := core.NewWaiter(&core.Hold{Owner: o})
-		w.Grant()
+		grant(w)
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(*core.Waiter) bool { return false }))
 		assert.Equal(t, int32(1), o.released.Load(), "the grant is given back")
 
 		w = core.NewWaiter(&core.Hold{Owner: &owner{}})
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(w *core.Waiter) bool { w.State = core.Gone; return true }),
 			"not OutExpired: fail-open must not hand a bypassed slot to a caller whose context ended")
+	}
+}
+
+func grant(w *core.Waiter) {
+	var wk core.Wakes
+	wk.Grant(w)
+	wk.Wake()
+}
+
+func TestWakesManyAtOnce(t *testing.T) {
+	var wk core.Wakes
+	ws := make([]*core.Waiter, 9)
+	for i := range ws {
+		ws[i] = core.NewWaiter(&core.Hold{Owner: &owner{}})
+		wk.Grant(ws[i])
+		assert.Equal(t, core.Granted, ws[i].State)
+	}
+	wk.Wake()
+	for _, w := range ws {
+		assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, nil, nil))
 	}
 }
