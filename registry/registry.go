@@ -340,7 +340,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 // move acquireOne's variables to the heap on the fast path.)
 func (r *Registry[K]) waitOne(ctx context.Context, s *slots.Slot, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
 	h.Owner = e
-	w := core.NewWaiter(h)
+	w := core.NewWaiter(h, r.cancellable(ctx))
 	w.Seq = r.waitSeq.Add(1)
 	e.lane.Waiters.PushBack(&w.Elem)
 	e.shard.mu.Unlock()
@@ -453,7 +453,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 	}
 	r.entriesLocked(m, shs, uniq)
-	w := core.NewWaiter(h)
+	w := core.NewWaiter(h, r.cancellable(ctx))
 	w.Seq = r.waitSeq.Add(1)
 	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
 	for i, e := range m.entries {
@@ -890,4 +890,9 @@ func keyString[K comparable](key K) string {
 		s = s[:max] + "…"
 	}
 	return s
+}
+
+// cancellable reports whether something besides a grant can end a wait.
+func (r *Registry[K]) cancellable(ctx context.Context) bool {
+	return ctx.Done() != nil || r.cfg.wait.MaxWait > 0
 }

@@ -134,7 +134,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.mu.Unlock()
 		return nil, err
 	}
-	w := core.NewWaiter(h)
+	w := core.NewWaiter(h, done != nil || l.wait.MaxWait > 0)
 	l.lane.Waiters.PushBack(&w.Elem)
 	l.mu.Unlock()
 

@@ -7,6 +7,7 @@ package core
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -122,7 +123,12 @@ const (
 
 // Waiter is one caller blocked in Acquire.
 type Waiter struct {
-	ready chan struct{} // buffered 1: the grant's signal
+	// The grant's signal: ready (buffered 1) for a wait that a context or a
+	// timer can end, and granted, which needs no allocation of its own, for
+	// one that nothing but a grant can end. Both count as durably blocked
+	// inside a testing/synctest bubble.
+	ready   chan struct{}
+	granted sync.WaitGroup
 
 	State uint8
 	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
@@ -132,13 +138,28 @@ type Waiter struct {
 	Elem ilist.Elem[*Waiter]
 }
 
-// NewWaiter returns a waiter for h in state Waiting. Waiters are not pooled:
-// a channel belongs to the testing/synctest bubble that made it, and a pooled
-// one would cross from one test's bubble into another.
-func NewWaiter(h *Hold) *Waiter {
-	w := &Waiter{ready: make(chan struct{}, 1), Hold: h}
+// NewWaiter returns a waiter for h in state Waiting. cancellable says
+// whether something besides a grant (a context, a timer) can end the wait.
+// Waiters are not pooled: a channel belongs to the testing/synctest bubble
+// that made it, and a pooled one would cross from one test's bubble into
+// another.
+func NewWaiter(h *Hold, cancellable bool) *Waiter {
+	w := &Waiter{Hold: h}
+	if cancellable {
+		w.ready = make(chan struct{}, 1)
+	} else {
+		w.granted.Add(1)
+	}
 	w.Elem.Value = w
 	return w
+}
+
+func (w *Waiter) wake() {
+	if w.ready != nil {
+		w.ready <- struct{}{}
+	} else {
+		w.granted.Done()
+	}
 }
 
 // Wakes collects the waiters granted under an owner's lock, to be woken once
@@ -167,10 +188,10 @@ func (k *Wakes) Grant(w *Waiter) {
 // this signal before giving the grant back.
 func (k *Wakes) Wake() {
 	for _, w := range k.ws[:k.n] {
-		w.ready <- struct{}{}
+		w.wake()
 	}
 	for _, w := range k.more {
-		w.ready <- struct{}{}
+		w.wake()
 	}
 }
 
@@ -184,6 +205,8 @@ const (
 )
 
 // Await blocks until w is granted, ctx ends or expire fires (nil: never).
+// A waiter made not cancellable must come with a ctx that has no Done
+// channel and a nil expire.
 // withdraw must, under the owner's lock, unlink w if it is still Waiting, mark
 // it Gone and report true; it reports false when w was granted already.
 //
@@ -194,8 +217,8 @@ const (
 // and got in.
 func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw func(*Waiter) bool) Outcome {
 	done := ctx.Done()
-	if done == nil && expire == nil {
-		<-w.ready // nothing else can end the wait; a plain receive is cheaper
+	if w.ready == nil {
+		w.granted.Wait() // nothing but a grant can end this wait
 		return OutGranted
 	}
 	select {
