@@ -13,7 +13,10 @@ func (r *Registry[K]) CachedLimits() int {
 }
 
 // ShardOf returns the index of key's lock shard.
-func (r *Registry[K]) ShardOf(key K) int { return r.shardFor(key).idx }
+func (r *Registry[K]) ShardOf(key K) int {
+	sh, _ := r.shardFor(key)
+	return sh.idx
+}
 
 // LockShard locks shard i and returns its unlock; it stands in for a
 // goroutine that is descheduled while it holds the lock.

@@ -51,14 +51,14 @@ func (r *Registry[K]) ClearLimit(key K) {
 // is taken before anything changes, so no caller can take the new room ahead
 // of a waiter that could be served.
 func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
-	sh := r.shardFor(key)
+	sh, hash := r.shardFor(key)
 	var wk core.Wakes
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
 	sh.mu.Lock()
 	locked := []int{sh.idx}
-	if e := sh.lanes[key]; e != nil && e.lane.Multi > 0 {
+	if e := sh.lookup(key, hash); e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
 		// e's multi-key waiters leave only under multiMu (held), so e stays
 		// live and they stay queued while the shards they need are locked.
@@ -66,7 +66,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	}
 	defer r.unlockShards(locked)
 	n, ok := set(sh)
-	e := sh.lanes[key]
+	e := sh.lookup(key, hash)
 	if !ok || e == nil {
 		return
 	}
@@ -202,7 +202,7 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 		return
 	}
 	for k, rv := range sh.resolved {
-		if _, live := sh.lanes[k]; live || rv.fetch != nil {
+		if _, h := r.shardFor(k); sh.lookup(k, h) != nil || rv.fetch != nil {
 			continue
 		}
 		if !r.retained(rv, now) {
@@ -214,10 +214,10 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 
 // Limit returns the limit key has now, or would start with.
 func (r *Registry[K]) Limit(key K) int {
-	sh := r.shardFor(key)
+	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.lanes[key]; e != nil {
+	if e := sh.lookup(key, hash); e != nil {
 		return e.lane.Limit
 	}
 	return r.limitLocked(sh, key)
@@ -234,10 +234,10 @@ func (r *Registry[K]) Waiting(key K) int {
 }
 
 func (r *Registry[K]) laneCount(key K, f func(*core.Lane) int) int {
-	sh := r.shardFor(key)
+	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.lanes[key]; e != nil {
+	if e := sh.lookup(key, hash); e != nil {
 		return f(&e.lane)
 	}
 	return 0
@@ -250,7 +250,7 @@ func (r *Registry[K]) Keys() int {
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
-		n += len(sh.lanes)
+		n += sh.lanes.n
 		sh.mu.Unlock()
 	}
 	return n
@@ -283,11 +283,11 @@ func (r *Registry[K]) Stats() Stats {
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
-		st.Keys += len(sh.lanes)
-		for _, e := range sh.lanes {
+		st.Keys += sh.lanes.n
+		sh.lanes.each(func(e *entry[K]) {
 			st.InFlight += e.lane.Holders.Len()
 			st.Waiting += e.lane.Waiters.Len()
-		}
+		})
 		c := sh.st
 		sh.mu.Unlock()
 		st.Acquired += c.acquired
@@ -323,12 +323,12 @@ func (r *Registry[K]) HoldersInShard(i int, dst []Holder[K]) []Holder[K] {
 	sh := &r.shards[i]
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	for k, e := range sh.lanes {
+	sh.lanes.each(func(e *entry[K]) {
 		for j := range e.lane.Holders.Len() {
 			h := e.lane.Holders.At(j)
-			dst = append(dst, Holder[K]{Key: k, ID: h.ID, AcquiredAt: r.clk.Time(h.At)})
+			dst = append(dst, Holder[K]{Key: e.key, ID: h.ID, AcquiredAt: r.clk.Time(h.At)})
 		}
-	}
+	})
 	return dst
 }
 

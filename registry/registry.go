@@ -78,6 +78,10 @@ type Registry[K comparable] struct {
 	// shard locks are taken in ascending index order.
 	multiMu sync.Mutex
 
+	// Written now and then (every 16th release samples the hold time); kept
+	// off the cache line of the read-mostly fields above, which every
+	// admission on every core reads.
+	_              [64]byte
 	waitSeq        atomic.Uint64 // arrival order of waiters
 	invalidKeys    atomic.Uint64
 	doubleReleases atomic.Uint64
@@ -89,8 +93,7 @@ type Registry[K comparable] struct {
 type shard[K comparable] struct {
 	mu        sync.Mutex // protects the fields below and the lanes of its entries
 	idx       int
-	lanes     map[K]*entry[K]
-	peak      int         // largest len(lanes) since lanes was last rebuilt
+	lanes     table[K]
 	free      []*entry[K] // idle entries kept for reuse
 	overrides map[K]int   // SetLimit
 	resolved  map[K]resolved
@@ -119,6 +122,7 @@ type entry[K comparable] struct {
 	r     *Registry[K]
 	shard *shard[K]
 	key   K
+	hash  uint64
 	lane  core.Lane
 }
 
@@ -157,7 +161,7 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 	}
 	for i := range r.shards {
 		r.shards[i].idx = i
-		r.shards[i].lanes = make(map[K]*entry[K])
+		r.shards[i].lanes.shift = r.shardBits
 	}
 	if cfg.limitFunc != nil {
 		fn, ok := cfg.limitFunc.(LimitFunc[K])
@@ -206,10 +210,15 @@ func equalsItself[K comparable](k K) (ok bool) {
 	return k == k
 }
 
-func (r *Registry[K]) shardFor(key K) *shard[K] {
+// shardFor returns key's shard and hash; the hash also indexes the shard's
+// table, so a key is hashed once per operation.
+func (r *Registry[K]) shardFor(key K) (*shard[K], uint64) {
 	h := maphash.Comparable(r.seed, key)
-	return &r.shards[h&uint64(len(r.shards)-1)]
+	return &r.shards[h&uint64(len(r.shards)-1)], h
 }
+
+// lookup returns key's live entry in sh, or nil.
+func (sh *shard[K]) lookup(key K, h uint64) *entry[K] { return sh.lanes.get(key, h) }
 
 // checkKey rejects keys over the length bound, and keys that a map could
 // never find again: a NaN (or a struct or interface holding one) is unequal to
@@ -283,7 +292,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if err := r.checkKey(key); err != nil {
 		return nil, err
 	}
-	sh := r.shardFor(key)
+	sh, hash := r.shardFor(key)
 	if r.limitFunc != nil {
 		if err := r.refreshLimit(ctx, sh, key); err != nil {
 			return nil, err
@@ -293,7 +302,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	h.At = r.clk.Coarse()
 
 	sh.mu.Lock()
-	e := sh.lanes[key]
+	e := sh.lookup(key, hash)
 	limit := 0
 	var room bool
 	if e != nil {
@@ -306,7 +315,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	if room {
 		if e == nil {
-			e = sh.addLocked(r, key, limit)
+			e = sh.addLocked(r, key, hash, limit)
 		}
 		h.Owner = e
 		sh.holdLocked(r, e, h, &h.Idx)
@@ -330,7 +339,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		return nil, err
 	}
 	if e == nil {
-		e = sh.addLocked(r, key, limit)
+		e = sh.addLocked(r, key, hash, limit)
 	}
 	return r.waitOne(ctx, s, h, e, key)
 }
@@ -383,8 +392,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return r.acquireOne(ctx, uniq[0])
 	}
 	shs := make([]*shard[K], len(uniq))
+	hashes := make([]uint64, len(uniq))
 	for i, k := range uniq {
-		shs[i] = r.shardFor(k)
+		shs[i], hashes[i] = r.shardFor(k)
 		if r.limitFunc != nil {
 			if err := r.refreshLimit(ctx, shs[i], k); err != nil {
 				return nil, err
@@ -415,7 +425,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	// Decide before inserting anything: a rejection leaves no trace.
 	full, fullLimit := -1, 0
 	for i, k := range uniq {
-		e := shs[i].lanes[k]
+		e := shs[i].lookup(k, hashes[i])
 		if e != nil {
 			if !e.lane.HasRoom() || e.lane.Waiters.Len() > e.lane.Multi {
 				full = i
@@ -428,12 +438,12 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	first := shs[0]
 	if full < 0 {
-		r.entriesLocked(m, shs, uniq)
+		r.entriesLocked(m, shs, uniq, hashes)
 		r.holdMultiLocked(h, m)
 		unlock()
 		return s, nil
 	}
-	fullKey, fullEntry := uniq[full], shs[full].lanes[uniq[full]]
+	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
 	if ctx == nil {
 		first.st.limitReached++
 		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
@@ -442,17 +452,18 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	for i, k := range uniq {
 		waiting := 0
-		if e := shs[i].lanes[k]; e != nil {
+		e := shs[i].lookup(k, hashes[i])
+		if e != nil {
 			waiting = e.lane.Waiters.Len()
 		}
 		if r.cfg.wait.QueueFull(waiting) {
 			first.st.queueFull++
-			err := r.rejectLocked(slots.ErrQueueFull, k, shs[i].lanes[k], r.limitLocked(shs[i], k))
+			err := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
 			unlock()
 			return nil, err
 		}
 	}
-	r.entriesLocked(m, shs, uniq)
+	r.entriesLocked(m, shs, uniq, hashes)
 	w := core.NewWaiter(h, r.cancellable(ctx))
 	w.Seq = r.waitSeq.Add(1)
 	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
@@ -491,11 +502,11 @@ func dedupe[K comparable](keys []K) []K {
 }
 
 // entriesLocked fills m.entries, creating the lanes that do not exist yet.
-func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K) {
+func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K, hashes []uint64) {
 	for i, k := range keys {
-		e := shs[i].lanes[k]
+		e := shs[i].lookup(k, hashes[i])
 		if e == nil {
-			e = shs[i].addLocked(r, k, r.limitLocked(shs[i], k))
+			e = shs[i].addLocked(r, k, hashes[i], r.limitLocked(shs[i], k))
 		}
 		m.entries[i] = e
 	}
@@ -557,7 +568,7 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 		}
 		return s, nil
 	}
-	ksh := r.shardFor(key)
+	ksh, khash := r.shardFor(key)
 	if ksh != sh {
 		sh.mu.Lock()
 		sh.st.waitTimeouts++
@@ -567,7 +578,7 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 	if ksh == sh {
 		sh.st.waitTimeouts++
 	}
-	err := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lanes[key], r.limitLocked(ksh, key))
+	err := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lookup(key, khash), r.limitLocked(ksh, key))
 	ksh.mu.Unlock()
 	return nil, err
 }
@@ -612,7 +623,7 @@ func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K]) {
 	}
 }
 
-func (sh *shard[K]) addLocked(r *Registry[K], key K, limit int) *entry[K] {
+func (sh *shard[K]) addLocked(r *Registry[K], key K, hash uint64, limit int) *entry[K] {
 	var e *entry[K]
 	if n := len(sh.free); n > 0 {
 		e = sh.free[n-1]
@@ -622,11 +633,9 @@ func (sh *shard[K]) addLocked(r *Registry[K], key K, limit int) *entry[K] {
 		e = &entry[K]{r: r, shard: sh}
 	}
 	e.key = key
+	e.hash = hash
 	e.lane.Limit = limit
-	sh.lanes[key] = e
-	if n := len(sh.lanes); n > sh.peak {
-		sh.peak = n
-	}
+	sh.lanes.put(e, hash)
 	return e
 }
 
@@ -638,14 +647,12 @@ func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, idx *i
 	sh.st.acquired++
 }
 
-// dropIfIdleLocked removes e once it has neither holders nor waiters, and
-// rebuilds the map once it has shrunk well below its peak: Go maps never
-// give back their buckets on delete.
+// dropIfIdleLocked removes e once it has neither holders nor waiters.
 func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	if e.lane.Holders.Len() > 0 || e.lane.Waiters.Len() > 0 {
 		return
 	}
-	delete(sh.lanes, e.key)
+	sh.lanes.remove(e, e.hash)
 	if sh.resolved != nil {
 		r.forgetLimitLocked(sh, e.key)
 	}
@@ -655,15 +662,6 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	e.lane = core.Lane{Holders: holders}
 	if len(sh.free) < maxFreeEntries {
 		sh.free = append(sh.free, e)
-	}
-	const minRebuild = 64
-	if n := len(sh.lanes); sh.peak >= minRebuild && n < sh.peak/4 {
-		m := make(map[K]*entry[K], n)
-		for k, v := range sh.lanes {
-			m[k] = v
-		}
-		sh.lanes = m
-		sh.peak = n
 	}
 }
 

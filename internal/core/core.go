@@ -187,6 +187,9 @@ func (k *Wakes) Grant(w *Waiter) {
 // A waiter whose context ended meanwhile finds State == Granted and waits for
 // this signal before giving the grant back.
 func (k *Wakes) Wake() {
+	if k.n == 0 {
+		return
+	}
 	for _, w := range k.ws[:k.n] {
 		w.wake()
 	}
