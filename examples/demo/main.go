@@ -12,8 +12,10 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"slices"
@@ -74,7 +76,7 @@ type result struct {
 // needs before calling the provider.
 type admitFunc func(ctx context.Context, r request) (release func(), err error)
 
-func run(name string, reqs []request, limit int64, admit admitFunc) result {
+func run1(name string, reqs []request, limit int64, admit admitFunc) result {
 	p := &provider{limit: limit}
 	var (
 		mu        sync.Mutex
@@ -129,17 +131,38 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 }
 
 func main() {
+	if err := run(os.Args[1:], os.Stdout); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		var usage usageError
+		if errors.As(err, &usage) {
+			os.Exit(2)
+		}
+		os.Exit(1)
+	}
+}
+
+type usageError struct{ error }
+
+// outcome is what the demo measured, for its test.
+type outcome struct{ direct, capped result }
+
+var lastOutcome outcome
+
+func run(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
 	var (
-		batch        = flag.Int("batch", 40, "long batch turns on the heavy model")
-		interactive  = flag.Int("interactive", 40, "short interactive turns on the light model")
-		accountLimit = flag.Int("account-limit", 5, "requests the provider allows in flight per account")
-		modelCap     = flag.Int("model-cap", 3, "cap on the heavy model within the provider cap")
-		seed         = flag.Uint64("seed", 1, "workload seed")
+		batch        = fs.Int("batch", 40, "long batch turns on the heavy model")
+		interactive  = fs.Int("interactive", 40, "short interactive turns on the light model")
+		accountLimit = fs.Int("account-limit", 5, "requests the provider allows in flight per account")
+		modelCap     = fs.Int("model-cap", 3, "cap on the heavy model within the provider cap")
+		seed         = fs.Uint64("seed", 1, "workload seed")
 	)
-	flag.Parse()
+	if err := fs.Parse(args); err != nil {
+		return usageError{err}
+	}
 	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 {
-		fmt.Fprintln(os.Stderr, "demo: -batch and -interactive must be >= 0, -account-limit and -model-cap >= 1")
-		os.Exit(2)
+		return usageError{errors.New("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1")}
 	}
 
 	rng := rand.New(rand.NewPCG(*seed, 0))
@@ -151,39 +174,39 @@ func main() {
 		reqs = append(reqs, request{interactive: true, model: "glm-4-air", start: jitter(rng, 1500), turn: 40*time.Millisecond + jitter(rng, 80)})
 	}
 
-	fmt.Printf("provider allows %d in flight per account; %d batch turns (300-800 ms) and %d interactive turns (40-120 ms)\n\n",
+	fmt.Fprintf(stdout, "provider allows %d in flight per account; %d batch turns (300-800 ms) and %d interactive turns (40-120 ms)\n\n",
 		*accountLimit, *batch, *interactive)
 
-	direct := run("direct", reqs, int64(*accountLimit), func(context.Context, request) (func(), error) {
+	direct := run1("direct", reqs, int64(*accountLimit), func(context.Context, request) (func(), error) {
 		return func() {}, nil
 	})
 
 	reg := registry.New[string](slots.Unlimited)
 	reg.SetLimit("provider", *accountLimit)
 	reg.SetLimit("provider/glm-5", min(*modelCap, *accountLimit))
-	capped := run("through inflight", reqs, int64(*accountLimit), func(ctx context.Context, r request) (func(), error) {
+	capped := run1("through inflight", reqs, int64(*accountLimit), func(ctx context.Context, r request) (func(), error) {
 		s, err := reg.AcquireAll(ctx, "provider", "provider/"+r.model)
 		if err != nil {
 			return nil, err
 		}
 		return func() { s.Release() }, nil
 	})
+	lastOutcome = outcome{direct, capped}
 
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\trequests\tcompleted\tupstream 429s\tpeak in flight\tinteractive p50\tinteractive p95\twall time\t")
 	for _, r := range []result{direct, capped} {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t\n", r.name, r.requests, r.completed, r.refused, r.peak,
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
-	if reg.Keys() != 0 {
-		fmt.Fprintln(os.Stderr, "demo: slots left held:", reg.Keys())
-		os.Exit(1)
+	if n := reg.Keys(); n != 0 {
+		return fmt.Errorf("%d keys still held after the run", n)
 	}
 	if capped.refused != 0 || capped.completed != capped.requests {
-		fmt.Fprintln(os.Stderr, "demo: the capped run should see no 429s and complete every request")
-		os.Exit(1)
+		return errors.New("the capped run should see no 429s and complete every request")
 	}
+	return nil
 }
 
 func jitter(rng *rand.Rand, ms int) time.Duration {
