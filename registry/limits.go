@@ -120,7 +120,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	if ctx == nil {
 		ctx = context.Background()
 	}
-	n, err := r.fetchLimit(ctx, sh, key, now, fetch)
+	n, gen, err := r.fetchLimit(ctx, sh, key, now, fetch)
 	if err != nil {
 		if r.limitLog.Allow(now, 10*time.Second) {
 			r.cfg.wait.Log().Warn("registry: limit lookup failed; keeping the last known limit",
@@ -131,6 +131,9 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		if _, overridden := sh.overrides[key]; overridden {
 			return 0, false
+		}
+		if sh.resolved[key].gen != gen {
+			return 0, false // a later fetch has recorded (and applies) its own
 		}
 		return n, true
 	})
@@ -150,7 +153,7 @@ func (r *Registry[K]) retained(rv resolved, now int64) bool {
 // in a deferred call, so that even a LimitFunc that exits its goroutine
 // (runtime.Goexit, as t.FailNow does) cannot leave the fetch marked as under
 // way and its waiters blocked.
-func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now int64, fetch chan struct{}) (n int, err error) {
+func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now int64, fetch chan struct{}) (n int, gen uint64, err error) {
 	n, err = -1, errors.New("registry: LimitFunc did not return")
 	defer func() {
 		sh.mu.Lock()
@@ -158,6 +161,8 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		rv.fetch = nil
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true
+			rv.gen++
+			gen = rv.gen
 		}
 		sh.resolved[key] = rv
 		sh.mu.Unlock()
@@ -167,7 +172,7 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 	if err == nil && n < 0 {
 		err = fmt.Errorf("registry: LimitFunc returned a negative limit %d", n)
 	}
-	return n, err
+	return n, 0, err
 }
 
 // callLimitFunc calls the LimitFunc, turning a panic into an error so that a

@@ -114,6 +114,7 @@ type resolved struct {
 	at    int64         // clock nanos of the last successful fetch
 	ok    bool          // n came from a successful fetch
 	fetch chan struct{} // non-nil while a fetch runs; closed when it ends
+	gen   uint64        // counts successful fetches, so a late one yields
 }
 
 // entry is one live key: its lane of capacity. It is the Owner of the holds
@@ -349,7 +350,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 // move acquireOne's variables to the heap on the fast path.)
 func (r *Registry[K]) waitOne(ctx context.Context, s *slots.Slot, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
 	h.Owner = e
-	w := core.NewWaiter(h, r.cancellable(ctx))
+	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	e.lane.Waiters.PushBack(&w.Elem)
 	e.shard.mu.Unlock()
@@ -464,7 +465,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 	}
 	r.entriesLocked(m, shs, uniq, hashes)
-	w := core.NewWaiter(h, r.cancellable(ctx))
+	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
 	for i, e := range m.entries {
@@ -675,7 +676,11 @@ func (e *entry[K]) Release(h *core.Hold) {
 	sh.mu.Lock()
 	if e.lane.Multi == 0 {
 		var wk core.Wakes
-		e.lane.Holders.Remove(&h.Idx)
+		if !e.lane.Holders.Remove(h, &h.Idx) {
+			sh.mu.Unlock()
+			r.misuse(h) // a copied Slot: it holds nothing
+			return
+		}
 		sh.st.released++
 		r.grantLocked([]*entry[K]{e}, &wk)
 		sh.dropIfIdleLocked(r, e)
@@ -720,7 +725,12 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 		if m != nil {
 			idx = &m.idx[i]
 		}
-		e.lane.Holders.Remove(idx)
+		if !e.lane.Holders.Remove(h, idx) {
+			// A copied Slot holds nothing; its first key shows it, and
+			// nothing has been removed yet.
+			r.misuse(h)
+			return
+		}
 	}
 	entries[0].shard.st.released++
 	r.grantLocked(entries, &wk)
@@ -888,9 +898,4 @@ func keyString[K comparable](key K) string {
 		s = s[:max] + "…"
 	}
 	return s
-}
-
-// cancellable reports whether something besides a grant can end a wait.
-func (r *Registry[K]) cancellable(ctx context.Context) bool {
-	return ctx.Done() != nil || r.cfg.wait.MaxWait > 0
 }

@@ -134,7 +134,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.mu.Unlock()
 		return nil, err
 	}
-	w := core.NewWaiter(h, done != nil || l.wait.MaxWait > 0)
+	w := core.NewWaiter(h)
 	l.lane.Waiters.PushBack(&w.Elem)
 	l.mu.Unlock()
 
@@ -236,7 +236,11 @@ func (l *Limiter) Release(h *core.Hold) {
 	}
 	var wk core.Wakes
 	l.mu.Lock()
-	l.lane.Holders.Remove(&h.Idx)
+	if !l.lane.Holders.Remove(h, &h.Idx) {
+		l.mu.Unlock()
+		l.Misuse(h) // a copied Slot: it holds nothing
+		return
+	}
 	l.stats.Released++
 	l.grantLocked(&wk)
 	l.mu.Unlock()

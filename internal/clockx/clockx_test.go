@@ -59,6 +59,15 @@ func TestCoarse(t *testing.T) {
 			// Returning now would panic if a ticker goroutine were asleep.
 		})
 	})
+	t.Run("inside a bubble whose clock has run for years", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			time.Sleep(3 * 366 * 24 * time.Hour) // past 2001 on the fake clock
+			c := clockx.New(nil)
+			start := c.Nanos()
+			time.Sleep(time.Millisecond)
+			assert.Equal(t, start+int64(time.Millisecond), c.Coarse(), "still exact: no ticker")
+		})
+	})
 	t.Run("the real clock: at most one tick behind, and the ticker ends when unused", func(t *testing.T) {
 		c := clockx.New(nil)
 		for range 20 {

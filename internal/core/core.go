@@ -7,7 +7,6 @@ package core
 
 import (
 	"context"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,8 +30,9 @@ type Owner interface {
 // its allocation and the GC work after it are most of an admission's cost.
 type Hold struct {
 	released atomic.Bool
-	// Idx is the hold's place in its lane's HolderSet (its first lane's, for
-	// a multi-lane hold). Guarded by the owner's lock.
+	// Idx is the hold's place in its lane's HolderSet; a multi-lane hold
+	// keeps its places in its owner's record instead. Guarded by the owner's
+	// lock.
 	Idx int32
 
 	// Owner frees the capacity: the lane the hold was admitted in, or a
@@ -85,9 +85,14 @@ func (s *HolderSet) Add(h *Hold, idx *int32) {
 	s.recs = append(s.recs, holderRec{h, idx})
 }
 
-// Remove removes the holder whose place is kept in *idx.
-func (s *HolderSet) Remove(idx *int32) {
+// Remove removes h, whose place is kept in *idx, and reports whether it was
+// there. A copy of a Slot (which go vet flags) is another Hold with a stale
+// index: it is refused instead of removing someone else.
+func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
 	i, last := *idx, len(s.recs)-1
+	if i < 0 || int(i) > last || s.recs[i].h != h || s.recs[i].idx != idx {
+		return false
+	}
 	if int(i) != last {
 		s.recs[i] = s.recs[last]
 		*s.recs[i].idx = i
@@ -97,6 +102,7 @@ func (s *HolderSet) Remove(idx *int32) {
 	if last == 0 && cap(s.recs) > maxKeptHolders {
 		s.recs = nil // a burst's capacity is not kept by an idle lane
 	}
+	return true
 }
 
 // At returns the i-th holder, 0 <= i < Len(), in no particular order.
@@ -123,12 +129,11 @@ const (
 
 // Waiter is one caller blocked in Acquire.
 type Waiter struct {
-	// The grant's signal: ready (buffered 1) for a wait that a context or a
-	// timer can end, and granted, which needs no allocation of its own, for
-	// one that nothing but a grant can end. Both count as durably blocked
-	// inside a testing/synctest bubble.
-	ready   chan struct{}
-	granted sync.WaitGroup
+	// ready (buffered 1) carries the grant. A channel, not a WaitGroup or a
+	// Cond: a grant may come from a goroutine inside a testing/synctest
+	// bubble for a waiter outside it, which a channel allows and a
+	// WaitGroup turns into a fatal error.
+	ready chan struct{}
 
 	State uint8
 	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
@@ -138,29 +143,16 @@ type Waiter struct {
 	Elem ilist.Elem[*Waiter]
 }
 
-// NewWaiter returns a waiter for h in state Waiting. cancellable says
-// whether something besides a grant (a context, a timer) can end the wait.
-// Waiters are not pooled: a channel belongs to the testing/synctest bubble
-// that made it, and a pooled one would cross from one test's bubble into
-// another.
-func NewWaiter(h *Hold, cancellable bool) *Waiter {
-	w := &Waiter{Hold: h}
-	if cancellable {
-		w.ready = make(chan struct{}, 1)
-	} else {
-		w.granted.Add(1)
-	}
+// NewWaiter returns a waiter for h in state Waiting. Waiters are not
+// pooled: a channel belongs to the testing/synctest bubble that made it, and
+// a pooled one would cross from one test's bubble into another.
+func NewWaiter(h *Hold) *Waiter {
+	w := &Waiter{ready: make(chan struct{}, 1), Hold: h}
 	w.Elem.Value = w
 	return w
 }
 
-func (w *Waiter) wake() {
-	if w.ready != nil {
-		w.ready <- struct{}{}
-	} else {
-		w.granted.Done()
-	}
-}
+func (w *Waiter) wake() { w.ready <- struct{}{} }
 
 // Wakes collects the waiters granted under an owner's lock, to be woken once
 // the lock is released: a goroutine woken under the lock would first contend
@@ -208,8 +200,6 @@ const (
 )
 
 // Await blocks until w is granted, ctx ends or expire fires (nil: never).
-// A waiter made not cancellable must come with a ctx that has no Done
-// channel and a nil expire.
 // withdraw must, under the owner's lock, unlink w if it is still Waiting, mark
 // it Gone and report true; it reports false when w was granted already.
 //
@@ -220,8 +210,8 @@ const (
 // and got in.
 func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw func(*Waiter) bool) Outcome {
 	done := ctx.Done()
-	if w.ready == nil {
-		w.granted.Wait() // nothing but a grant can end this wait
+	if done == nil && expire == nil {
+		<-w.ready // nothing else can end this wait; a plain receive is cheaper
 		return OutGranted
 	}
 	select {

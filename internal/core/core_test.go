@@ -33,14 +33,14 @@ func TestAwait(t *testing.T) {
 	granted := func(*core.Waiter) bool { return false }
 
 	t.Run("granted", func(t *testing.T) {
-		w := core.NewWaiter(&core.Hold{Owner: &owner{}}, true)
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
 		grant(w)
 		assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, nil, withdrawn))
 	})
 	t.Run("cancelled while waiting", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		w := core.NewWaiter(&core.Hold{Owner: &owner{}}, true)
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, withdrawn))
 		assert.Equal(t, core.Gone, w.State)
 	})
@@ -48,7 +48,7 @@ func TestAwait(t *testing.T) {
 		o := &owner{}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		w := core.NewWaiter(&core.Hold{Owner: o}, true)
+		w := core.NewWaiter(&core.Hold{Owner: o})
 		grant(w)
 		// Whichever case select picks, the caller leaves with nothing.
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, granted))
@@ -56,11 +56,11 @@ func TestAwait(t *testing.T) {
 	})
 	t.Run("expired, and a grant that races expiry is kept", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			w := core.NewWaiter(&core.Hold{Owner: &owner{}}, true)
+			w := core.NewWaiter(&core.Hold{Owner: &owner{}})
 			assert.Equal(t, core.OutExpired, core.Await(context.Background(), w, time.After(time.Second), withdrawn))
 
 			o := &owner{}
-			w = core.NewWaiter(&core.Hold{Owner: o}, true)
+			w = core.NewWaiter(&core.Hold{Owner: o})
 			expire := make(chan time.Time, 1)
 			expire <- time.Now()
 			grantOnWithdraw := func(w *core.Waiter) bool { grant(w); return false }
@@ -82,12 +82,12 @@ func TestAwaitEndedContextWins(t *testing.T) {
 	}
 	for range 100 { // select picks among ready cases at random
 		o := &owner{}
-		w := core.NewWaiter(&core.Hold{Owner: o}, true)
+		w := core.NewWaiter(&core.Hold{Owner: o})
 		grant(w)
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(*core.Waiter) bool { return false }))
 		assert.Equal(t, int32(1), o.released.Load(), "the grant is given back")
 
-		w = core.NewWaiter(&core.Hold{Owner: &owner{}}, true)
+		w = core.NewWaiter(&core.Hold{Owner: &owner{}})
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(w *core.Waiter) bool { w.State = core.Gone; return true }),
 			"not OutExpired: fail-open must not hand a bypassed slot to a caller whose context ended")
 	}
@@ -103,7 +103,7 @@ func TestWakesManyAtOnce(t *testing.T) {
 	var wk core.Wakes
 	ws := make([]*core.Waiter, 9)
 	for i := range ws {
-		ws[i] = core.NewWaiter(&core.Hold{Owner: &owner{}}, true)
+		ws[i] = core.NewWaiter(&core.Hold{Owner: &owner{}})
 		wk.Grant(ws[i])
 		assert.Equal(t, core.Granted, ws[i].State)
 	}
@@ -113,9 +113,9 @@ func TestWakesManyAtOnce(t *testing.T) {
 	}
 }
 
-func TestAwaitNotCancellable(t *testing.T) {
+func TestAwaitWithNothingElseToEndIt(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w := core.NewWaiter(&core.Hold{Owner: &owner{}}, false)
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
 		out := make(chan core.Outcome)
 		go func() { out <- core.Await(context.Background(), w, nil, nil) }()
 		synctest.Wait() // the waiter is durably blocked in the bubble
@@ -124,4 +124,19 @@ func TestAwaitNotCancellable(t *testing.T) {
 		wk.Wake()
 		assert.Equal(t, core.OutGranted, <-out)
 	})
+}
+
+func TestHolderSetRefusesStrangers(t *testing.T) {
+	var set core.HolderSet
+	a, b := &core.Hold{}, &core.Hold{}
+	set.Add(a, &a.Idx)
+	set.Add(b, &b.Idx)
+	copied := &core.Hold{Idx: a.Idx} // what a copy of a's Slot would carry
+	assert.False(t, set.Remove(copied, &copied.Idx), "a copy is not a holder")
+	assert.False(t, set.Remove(copied, &a.Idx), "not even with the original's index")
+	assert.Equal(t, 2, set.Len())
+	assert.True(t, set.Remove(a, &a.Idx))
+	assert.False(t, set.Remove(a, &a.Idx), "twice")
+	assert.Same(t, b, set.At(0))
+	assert.Equal(t, int32(0), b.Idx, "the moved holder learns its new place")
 }
