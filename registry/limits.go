@@ -255,7 +255,7 @@ func (r *Registry[K]) Keys() int {
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
-		n += sh.lanes.n
+		n += int(sh.lanes.n)
 		sh.mu.Unlock()
 	}
 	return n
@@ -288,16 +288,16 @@ func (r *Registry[K]) Stats() Stats {
 	for i := range r.shards {
 		sh := &r.shards[i]
 		sh.mu.Lock()
-		st.Keys += sh.lanes.n
+		st.Keys += int(sh.lanes.n)
 		sh.lanes.each(func(e *entry[K]) {
 			st.InFlight += e.lane.Holders.Len()
 			st.Waiting += e.lane.Waiters.Len()
 		})
-		c := sh.st
+		c, seq, released := sh.st, sh.seq, sh.released
 		sh.mu.Unlock()
-		st.Acquired += c.acquired
+		st.Acquired += seq - c.bypassed
 		st.Waited += c.waited
-		st.Released += c.released
+		st.Released += released
 		st.Bypassed += c.bypassed
 		st.LimitReached += c.limitReached
 		st.QueueFull += c.queueFull

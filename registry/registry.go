@@ -91,20 +91,27 @@ type Registry[K comparable] struct {
 }
 
 type shard[K comparable] struct {
-	mu        sync.Mutex // protects the fields below and the lanes of its entries
+	// What an admission and a release write, in one cache line: the cores
+	// hand each shard's lines back and forth, so every line counts.
+	mu       sync.Mutex // protects the shard and the lanes of its entries
+	lanes    table[K]
+	seq      uint64    // holder ids handed out: admissions and bypasses
+	released uint64    // holds given back
+	spare    *entry[K] // an idle entry kept for reuse, tried before free
+
+	r         *Registry[K]
 	idx       int
-	lanes     table[K]
-	free      []*entry[K] // idle entries kept for reuse
+	free      []*entry[K] // more idle entries kept for reuse
 	overrides map[K]int   // SetLimit
 	resolved  map[K]resolved
 	pruneAt   int
-	seq       uint64
 	st        counters
 	_         [64]byte // keep neighbouring shards off this cache line
 }
 
+// counters are a shard's rarer outcomes; admissions are seq - bypassed.
 type counters struct {
-	acquired, waited, released, bypassed  uint64
+	waited, bypassed                      uint64
 	limitReached, queueFull, waitTimeouts uint64
 	canceled                              uint64
 }
@@ -120,10 +127,11 @@ type resolved struct {
 // entry is one live key: its lane of capacity. It is the Owner of the holds
 // admitted under that key alone.
 type entry[K comparable] struct {
-	r     *Registry[K]
+	// In the order an admission reads and writes them: for string keys,
+	// everything up to the lane's holders fits one cache line.
 	shard *shard[K]
-	key   K
 	hash  uint64
+	key   K
 	lane  core.Lane
 }
 
@@ -162,7 +170,8 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 	}
 	for i := range r.shards {
 		r.shards[i].idx = i
-		r.shards[i].lanes.shift = r.shardBits
+		r.shards[i].lanes.shift = uint32(r.shardBits)
+		r.shards[i].r = r
 	}
 	if cfg.limitFunc != nil {
 		fn, ok := cfg.limitFunc.(LimitFunc[K])
@@ -626,12 +635,14 @@ func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K]) {
 
 func (sh *shard[K]) addLocked(r *Registry[K], key K, hash uint64, limit int) *entry[K] {
 	var e *entry[K]
-	if n := len(sh.free); n > 0 {
+	if sh.spare != nil {
+		e, sh.spare = sh.spare, nil
+	} else if n := len(sh.free); n > 0 {
 		e = sh.free[n-1]
 		sh.free[n-1] = nil
 		sh.free = sh.free[:n-1]
 	} else {
-		e = &entry[K]{r: r, shard: sh}
+		e = &entry[K]{shard: sh}
 	}
 	e.key = key
 	e.hash = hash
@@ -645,7 +656,6 @@ func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, idx *i
 	sh.seq++
 	h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
 	e.lane.Holders.Add(h, idx)
-	sh.st.acquired++
 }
 
 // dropIfIdleLocked removes e once it has neither holders nor waiters.
@@ -657,11 +667,13 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	if sh.resolved != nil {
 		r.forgetLimitLocked(sh, e.key)
 	}
+	// The lane is empty as it stands (its holder set keeps its capacity for
+	// reuse); only the key goes, so that it can be collected.
 	var zero K
 	e.key = zero
-	holders := e.lane.Holders // empty; keeps its capacity for reuse
-	e.lane = core.Lane{Holders: holders}
-	if len(sh.free) < maxFreeEntries {
+	if sh.spare == nil {
+		sh.spare = e
+	} else if len(sh.free) < maxFreeEntries {
 		sh.free = append(sh.free, e)
 	}
 }
@@ -672,7 +684,8 @@ func (e *entry[K]) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
-	r, sh := e.r, e.shard
+	sh := e.shard
+	r := sh.r
 	sh.mu.Lock()
 	if e.lane.Multi == 0 {
 		var wk core.Wakes
@@ -681,7 +694,7 @@ func (e *entry[K]) Release(h *core.Hold) {
 			r.misuse(h) // a copied Slot: it holds nothing
 			return
 		}
-		sh.st.released++
+		sh.released++
 		r.grantLocked([]*entry[K]{e}, &wk)
 		sh.dropIfIdleLocked(r, e)
 		sh.mu.Unlock()
@@ -732,7 +745,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 			return
 		}
 	}
-	entries[0].shard.st.released++
+	entries[0].shard.released++
 	r.grantLocked(entries, &wk)
 	for _, e := range entries {
 		e.shard.dropIfIdleLocked(r, e)
@@ -858,13 +871,13 @@ func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64, wk 
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.
-func (e *entry[K]) Misuse(h *core.Hold) { e.r.misuse(h) }
+func (e *entry[K]) Misuse(h *core.Hold) { e.shard.r.misuse(h) }
 
 // Misuse implements core.Owner.
 func (m *multi[K]) Misuse(h *core.Hold) { m.r.misuse(h) }
 
 // Time implements core.Owner.
-func (e *entry[K]) Time(at int64) time.Time { return e.r.clk.Time(at) }
+func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.clk.Time(at) }
 
 // Time implements core.Owner.
 func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }

@@ -12,8 +12,8 @@ package registry
 // probe ends at the first empty slot and nothing decays with churn.
 type table[K comparable] struct {
 	slots []tslot[K] // length 0 or a power of two
-	n     int        // occupied slots
-	shift uint       // hash bits taken by the shard index
+	n     int32      // occupied slots
+	shift uint32     // hash bits taken by the shard index
 }
 
 type tslot[K comparable] struct {
@@ -51,7 +51,7 @@ func (t *table[K]) get(key K, h uint64) *entry[K] {
 
 // put adds e, whose key must not be in t.
 func (t *table[K]) put(e *entry[K], h uint64) {
-	if (t.n+1)*2 > len(t.slots) { // keep the load at most one half
+	if int(t.n+1)*2 > len(t.slots) { // keep the load at most one half
 		t.resize(max(minTableSize, len(t.slots)*2))
 	}
 	t.insert(e, h|occupiedBit)
@@ -86,7 +86,7 @@ func (t *table[K]) remove(e *entry[K], h uint64) {
 	}
 	t.slots[i] = tslot[K]{}
 	t.n--
-	if len(t.slots) > minTableSize && t.n*8 < len(t.slots) {
+	if len(t.slots) > minTableSize && int(t.n)*8 < len(t.slots) {
 		t.resize(len(t.slots) / 4)
 	}
 }

@@ -14,7 +14,7 @@ import (
 func TestTableAgainstMap(t *testing.T) {
 	for _, shardBits := range []uint{0, 3} {
 		rng := rand.New(rand.NewPCG(1, uint64(shardBits)))
-		tb := table[int]{shift: shardBits}
+		tb := table[int]{shift: uint32(shardBits)}
 		model := map[int]*entry[int]{}
 		hash := func(k int) uint64 { return uint64(k%7) << shardBits * 0x9e3779b97f4a7c15 >> 60 << shardBits }
 		for step := range 20_000 {
@@ -27,7 +27,7 @@ func TestTableAgainstMap(t *testing.T) {
 				tb.put(e, hash(k))
 				model[k] = e
 			}
-			require.Equal(t, len(model), tb.n, "step %d", step)
+			require.Equal(t, len(model), int(tb.n), "step %d", step)
 			if step%97 == 0 {
 				for k := range 300 {
 					assert.Same(t, model[k], tb.get(k, hash(k)), "key %d at step %d", k, step)
@@ -40,7 +40,7 @@ func TestTableAgainstMap(t *testing.T) {
 		for k, e := range model {
 			tb.remove(e, hash(k))
 		}
-		assert.Equal(t, 0, tb.n)
+		assert.Equal(t, int32(0), tb.n)
 		assert.Equal(t, minTableSize, len(tb.slots), "the table shrinks back as it empties")
 	}
 }

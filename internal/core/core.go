@@ -79,8 +79,16 @@ const maxKeptHolders = 64
 // Len returns the number of holders.
 func (s *HolderSet) Len() int { return len(s.recs) }
 
+// minHolders is the first capacity of a set: four records fill one cache
+// line, so sets of different lanes, written on every admission from
+// different cores, never share one.
+const minHolders = 4
+
 // Add adds h, recording its place in *idx.
 func (s *HolderSet) Add(h *Hold, idx *int32) {
+	if s.recs == nil {
+		s.recs = make([]holderRec, 0, minHolders)
+	}
 	*idx = int32(len(s.recs))
 	s.recs = append(s.recs, holderRec{h, idx})
 }
@@ -110,11 +118,13 @@ func (s *HolderSet) At(i int) *Hold { return s.recs[i].h }
 
 // Lane is one pool of capacity: its holders and its waiters, in order.
 type Lane struct {
+	// Admissions read Limit and write Holders; the waiter fields after them
+	// change only when someone waits.
 	Limit   int
 	Holders HolderSet
-	Waiters ilist.List[*Waiter]
 	// Multi counts the waiters in Waiters that need other lanes too.
-	Multi int
+	Multi   int
+	Waiters ilist.List[*Waiter]
 }
 
 // HasRoom reports whether one more holder fits under the limit.
