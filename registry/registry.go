@@ -9,7 +9,7 @@
 //
 //	reg := registry.New[string](64) // default limit per key
 //	reg.SetLimit("org-a", 4)
-//	s, err := reg.TryAcquire("org-a/glm-5")
+//	s, err := reg.TryAcquire("org-a")
 //	if err != nil {
 //		return err // *slots.LimitError with Key, InFlight, Limit, RetryAfter
 //	}

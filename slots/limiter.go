@@ -83,7 +83,7 @@ func (l *Limiter) clock() *clockx.Clock {
 func (l *Limiter) TryAcquire() (*Slot, error) {
 	s := new(Slot)
 	h := &s.h
-	h.Owner = l
+	h.Owner = l.owner()
 	h.At = l.clock().Coarse()
 
 	l.mu.Lock()
@@ -119,7 +119,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	clk := l.clock()
 	s := new(Slot)
 	h := &s.h
-	h.Owner = l
+	h.Owner = l.owner()
 	h.At = clk.Coarse()
 
 	l.mu.Lock()
@@ -229,8 +229,15 @@ func (l *Limiter) rejectLocked(reason error) error {
 	}
 }
 
+// owner is the Limiter as the core.Owner of its holds: a defined type, so
+// that these methods stay off the Limiter's public method set.
+type owner Limiter
+
+func (l *Limiter) owner() *owner { return (*owner)(l) }
+
 // Release implements core.Owner; called once per admitted hold.
-func (l *Limiter) Release(h *core.Hold) {
+func (o *owner) Release(h *core.Hold) {
+	l := (*Limiter)(o)
 	if h.Bypassed {
 		return
 	}
@@ -238,7 +245,7 @@ func (l *Limiter) Release(h *core.Hold) {
 	l.mu.Lock()
 	if !l.lane.Holders.Remove(h, &h.Idx) {
 		l.mu.Unlock()
-		l.Misuse(h) // a copied Slot: it holds nothing
+		o.Misuse(h) // a copied Slot: it holds nothing
 		return
 	}
 	l.stats.Released++
@@ -251,13 +258,14 @@ func (l *Limiter) Release(h *core.Hold) {
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.
-func (l *Limiter) Misuse(h *core.Hold) {
+func (o *owner) Misuse(h *core.Hold) {
+	l := (*Limiter)(o)
 	l.doubleReleases.Add(1)
 	l.wait.Log().Debug("slots: slot released twice", slog.Uint64("slot_id", h.ID))
 }
 
 // Time implements core.Owner.
-func (l *Limiter) Time(at int64) time.Time { return l.clock().Time(at) }
+func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).clock().Time(at) }
 
 // SetLimit changes the limit. Raising it admits waiters in arrival order at
 // once; lowering it never takes a slot from a holder: admissions resume when
