@@ -597,11 +597,9 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 	sh := e.shard
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if w.State != core.Waiting {
+	if !e.lane.Withdraw(w) {
 		return false
 	}
-	e.lane.Waiters.Remove(&w.Elem)
-	w.State = core.Gone
 	sh.dropIfIdleLocked(r, e)
 	return true
 }

@@ -181,14 +181,9 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 func (l *Limiter) withdraw(w *core.Waiter) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if w.State != core.Waiting {
-		return false
-	}
-	l.lane.Waiters.Remove(&w.Elem)
-	w.State = core.Gone
 	// Nothing to pass on: a Limiter's waiters all need the same unit, so the
 	// one leaving never held back the ones behind it.
-	return true
+	return l.lane.Withdraw(w)
 }
 
 func (l *Limiter) admitLocked(h *core.Hold) {

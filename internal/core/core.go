@@ -130,6 +130,18 @@ type Lane struct {
 // HasRoom reports whether one more holder fits under the limit.
 func (ln *Lane) HasRoom() bool { return ln.Holders.Len() < ln.Limit }
 
+// Withdraw unlinks w from the lane's queue if it is still waiting, marks it
+// Gone and reports true; it reports false when w was granted already. Only
+// for a waiter of this lane alone; call under the owner's lock.
+func (ln *Lane) Withdraw(w *Waiter) bool {
+	if w.State != Waiting {
+		return false
+	}
+	ln.Waiters.Remove(&w.Elem)
+	w.State = Gone
+	return true
+}
+
 // Waiter states; guarded by the owner's lock.
 const (
 	Waiting uint8 = iota
