@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"math/rand/v2"
 	"runtime"
 	"strings"
@@ -265,7 +266,8 @@ func TestRegistryAcquireAll(t *testing.T) {
 
 func TestRegistrySetLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reg := registry.New[string](1)
+		var warned atomic.Int32
+		reg := registry.New[string](1, registry.WithLogger(slog.New(countingHandler{&warned})))
 		a, _ := reg.TryAcquire("k")
 		got := make(chan *slots.Slot, 2)
 		for range 2 {
@@ -294,6 +296,7 @@ func TestRegistrySetLimit(t *testing.T) {
 
 		reg.SetLimit("k", -5)
 		assert.Equal(t, 1, reg.Limit("k"), "a negative limit is ignored")
+		assert.Equal(t, int32(1), warned.Load(), "and logged")
 	})
 	t.Run("limit 0: Acquire waits until raised, or times out", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
@@ -397,7 +400,7 @@ func TestRegistryLimitFunc(t *testing.T) {
 		}
 		return 0, fmt.Errorf("no org %q", org)
 	}
-	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 
 	a1, err := reg.TryAcquire("org-a")
 	require.NoError(t, err)
@@ -647,3 +650,17 @@ func TestRegistryHolders(t *testing.T) {
 	m.Release()
 	assert.Empty(t, reg.Holders(nil))
 }
+
+// quiet discards the warnings that a test provokes on purpose.
+var quiet = slog.New(slog.DiscardHandler)
+
+// countingHandler counts the records logged at Warn or above.
+type countingHandler struct{ n *atomic.Int32 }
+
+func (h countingHandler) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelWarn }
+func (h countingHandler) Handle(context.Context, slog.Record) error {
+	h.n.Add(1)
+	return nil
+}
+func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h countingHandler) WithGroup(string) slog.Handler      { return h }

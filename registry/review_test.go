@@ -111,7 +111,7 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 			<-proceed
 			return 1, nil
 		}
-		reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute))
+		reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 		var admitted atomic.Int32
 		var held sync.Map
 		var wg sync.WaitGroup
@@ -134,7 +134,7 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			proceed := make(chan struct{})
 			fn := func(ctx context.Context, org string) (int, error) { <-proceed; return 1, nil }
-			reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute))
+			reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 			go func() {
 				s, err := reg.TryAcquire("org")
 				if assert.NoError(t, err) {
@@ -159,7 +159,7 @@ func TestRegistryLimitFuncGoexit(t *testing.T) {
 		}
 		return 2, nil
 	}
-	reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute))
+	reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -182,7 +182,7 @@ func TestRegistryLimitFuncPanicsAndNegatives(t *testing.T) {
 	var call atomic.Int32
 	mock := clock.NewMock()
 	fn := func(context.Context, string) (int, error) { return results[min(int(call.Add(1))-1, 2)]() }
-	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 	for range 3 {
 		s, err := reg.TryAcquire("org")
 		require.NoError(t, err)
@@ -195,7 +195,7 @@ func TestRegistryLimitFuncPanicsAndNegatives(t *testing.T) {
 func TestRegistryLimitCacheFollowsLiveKeys(t *testing.T) {
 	mock := clock.NewMock()
 	fn := func(context.Context, int) (int, error) { return 1, nil }
-	reg := registry.New[int](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+	reg := registry.New[int](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 	const n = 20_000
 	held := make([]*slots.Slot, n)
 	for i := range n {
@@ -213,7 +213,7 @@ func TestRegistryLimitCacheFollowsLiveKeys(t *testing.T) {
 
 	t.Run("an idle key's limit is kept until it is old, then pruned", func(t *testing.T) {
 		mock := clock.NewMock()
-		reg := registry.New[int](1, registry.WithShards(1), registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute))
+		reg := registry.New[int](1, registry.WithShards(1), registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
 		s, _ := reg.TryAcquire(-1)
 		s.Release()
 		assert.Equal(t, 1, reg.CachedLimits(), "a recent limit outlives its key")

@@ -234,7 +234,8 @@ func TestLimiterMaxWait(t *testing.T) {
 
 func TestLimiterSetLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		l := slots.NewLimiter(0)
+		var logs logSink
+		l := slots.NewLimiter(0, slots.WithLogger(logs.logger()))
 		_, err := l.TryAcquire()
 		assert.ErrorIs(t, err, slots.ErrLimitReached, "limit 0 admits nothing")
 
@@ -267,6 +268,7 @@ func TestLimiterSetLimit(t *testing.T) {
 
 		l.SetLimit(-1)
 		assert.Equal(t, 1, l.Limit(), "a negative limit is ignored")
+		assert.Equal(t, 1, logs.count("negative"), "and logged")
 	})
 }
 
