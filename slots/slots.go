@@ -108,6 +108,15 @@ func (s *Slot) Release() bool {
 	return s.h.Release()
 }
 
+// releaseQuietly frees the slot if it is still held, without counting a
+// repeat as misuse; for the HTTP seams, where a body's EOF, its Close and
+// its request's end may each be the last.
+func (s *Slot) releaseQuietly() {
+	if s.holds() {
+		s.h.ReleaseQuietly()
+	}
+}
+
 // Released reports whether Release has been called (or, for a slot whose
 // holder's context ended as it was granted, whether it was given back).
 func (s *Slot) Released() bool {

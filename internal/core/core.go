@@ -56,6 +56,17 @@ func (h *Hold) Release() bool {
 // Released reports whether Release has been called.
 func (h *Hold) Released() bool { return h.released.Load() }
 
+// ReleaseQuietly is Release for the seams that may see several ends of one
+// use (a body's EOF, then its Close, then its context's end): a call after
+// the first is expected there, not misuse, and is not counted.
+func (h *Hold) ReleaseQuietly() bool {
+	if !h.released.CompareAndSwap(false, true) {
+		return false
+	}
+	h.Owner.Release(h)
+	return true
+}
+
 // NewSlot returns a new *slots.Slot (as any) and the Hold inside it. It is set
 // by package slots when it is initialised, so every package that can name
 // *slots.Slot can mint one; users cannot reach it.

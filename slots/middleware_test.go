@@ -1,0 +1,241 @@
+package slots_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+func TestHTTPStatus(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		err        error
+		status     int
+		retryAfter time.Duration
+	}{
+		{"no error", nil, 200, 0},
+		{"limit reached", &slots.LimitError{Err: slots.ErrLimitReached, RetryAfter: 1500 * time.Millisecond}, 429, 2 * time.Second},
+		{"queue full, wrapped", fmt.Errorf("gateway: %w", &slots.LimitError{Err: slots.ErrQueueFull, RetryAfter: 30 * time.Second}), 429, 30 * time.Second},
+		{"an estimate under a second", &slots.LimitError{Err: slots.ErrWaitTimeout}, 429, time.Second},
+		{"server deadline while waiting", fmt.Errorf("slots: acquire: %w", context.DeadlineExceeded), 503, time.Second},
+		{"client went away", fmt.Errorf("slots: acquire: %w", context.Canceled), 499, 0},
+		{"something else", errors.New("boom"), 500, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, ra := slots.HTTPStatus(tc.err)
+			assert.Equal(t, tc.status, status)
+			assert.Equal(t, tc.retryAfter, ra)
+		})
+	}
+}
+
+func TestMiddleware(t *testing.T) {
+	t.Run("the handler runs holding a slot; a rejection is a JSON 429 with Retry-After", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		inHandler, leave := make(chan struct{}), make(chan struct{})
+		h := slots.Middleware(func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() })(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				close(inHandler)
+				<-leave
+				fmt.Fprint(w, "done")
+			}))
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil))
+			assert.Equal(t, "done", rec.Body.String())
+		})
+		<-inHandler
+		assert.Equal(t, 1, lim.InFlight())
+
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil))
+		assert.Equal(t, http.StatusTooManyRequests, rec.Code)
+		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+		assert.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+		assert.JSONEq(t, `{"error":{"type":"rate_limit_error","message":"too many requests in flight: 1 of 1, 0 queued (slots: limit reached)"}}`, rec.Body.String())
+
+		close(leave)
+		wg.Wait()
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("503 when configured", func(t *testing.T) {
+		lim := slots.NewLimiter(0)
+		h := slots.Middleware(func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }, slots.WithRejectStatus(http.StatusServiceUnavailable))(
+			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler must not run") }))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+	})
+	t.Run("a panicking handler frees its slot and the panic goes on", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		h := slots.Middleware(func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })(
+			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { panic("handler bug") }))
+		assert.PanicsWithValue(t, "handler bug", func() {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+		})
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("a streaming handler holds its slot for the whole stream, over a real server", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		next := make(chan struct{})
+		srv := httptest.NewServer(slots.Middleware(func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })(
+			http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				for i := range 3 {
+					<-next
+					fmt.Fprintf(w, "data: %d\n\n", i)
+					w.(http.Flusher).Flush()
+				}
+			})))
+		t.Cleanup(srv.Close)
+		client := newClient(t)
+		got := make(chan string, 1)
+		go func() {
+			resp, err := client.Get(srv.URL)
+			if assert.NoError(t, err) {
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				got <- string(b)
+			}
+		}()
+		next <- struct{}{}
+		waitFor(t, "the stream holds the slot", func() bool { return lim.InFlight() == 1 })
+		next <- struct{}{}
+		assert.Equal(t, 1, lim.InFlight())
+		next <- struct{}{}
+		assert.Equal(t, "data: 0\n\ndata: 1\n\ndata: 2\n\n", <-got)
+		waitFor(t, "released with the stream's end", func() bool { return lim.InFlight() == 0 })
+	})
+	t.Run("nil admit panics with the package prefix", func(t *testing.T) {
+		assert.PanicsWithValue(t, "slots: Middleware needs an admit function", func() { slots.Middleware(nil) })
+	})
+}
+
+func TestWriteError(t *testing.T) {
+	rec := httptest.NewRecorder()
+	slots.WriteError(rec, &slots.LimitError{Err: slots.ErrQueueFull, Key: "sk-secret-key", InFlight: 8, Limit: 8, Queued: 256, RetryAfter: 40 * time.Second})
+	assert.Equal(t, http.StatusTooManyRequests, rec.Code)
+	assert.Equal(t, "40", rec.Header().Get("Retry-After"))
+	assert.NotContains(t, rec.Body.String(), "sk-secret-key", "keys may be credentials: never in a response")
+	assert.Contains(t, rec.Body.String(), `"type":"rate_limit_error"`)
+}
+
+type eofReader struct{ data string }
+
+func (r *eofReader) Read(p []byte) (int, error) {
+	if r.data == "" {
+		return 0, io.EOF
+	}
+	n := copy(p, r.data)
+	r.data = r.data[n:]
+	return n, nil
+}
+
+type failingReader struct{}
+
+func (failingReader) Read([]byte) (int, error) { return 0, errors.New("connection reset") }
+
+type writerToBody struct{ *strings.Reader }
+
+func (writerToBody) Close() error { return nil }
+
+type rwBody struct {
+	io.Reader
+	written strings.Builder
+}
+
+func (b *rwBody) Write(p []byte) (int, error) { return b.written.Write(p) }
+func (b *rwBody) Close() error                { return nil }
+
+func TestWrapBody(t *testing.T) {
+	acquire := func(t *testing.T) (*slots.Limiter, *slots.Slot) {
+		lim := slots.NewLimiter(1)
+		s, err := lim.TryAcquire()
+		require.NoError(t, err)
+		return lim, s
+	}
+	t.Run("released by the Read that returns io.EOF", func(t *testing.T) {
+		lim, s := acquire(t)
+		b := slots.WrapBody(io.NopCloser(&eofReader{data: "abc"}), s)
+		got, err := io.ReadAll(b)
+		require.NoError(t, err)
+		assert.Equal(t, "abc", string(got))
+		assert.Equal(t, 0, lim.InFlight())
+		assert.NoError(t, b.Close())
+		assert.Equal(t, uint64(0), lim.Stats().DoubleReleases, "EOF then Close is not misuse")
+	})
+	t.Run("released by a Read error", func(t *testing.T) {
+		lim, s := acquire(t)
+		_, err := slots.WrapBody(io.NopCloser(failingReader{}), s).Read(make([]byte, 8))
+		assert.Error(t, err)
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("released by Close midway", func(t *testing.T) {
+		lim, s := acquire(t)
+		b := slots.WrapBody(io.NopCloser(strings.NewReader("abcdef")), s)
+		_, _ = b.Read(make([]byte, 2))
+		assert.Equal(t, 1, lim.InFlight())
+		require.NoError(t, b.Close())
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("nil and http.NoBody release at once and are returned as they are", func(t *testing.T) {
+		lim, s := acquire(t)
+		assert.Nil(t, slots.WrapBody(nil, s))
+		assert.Equal(t, 0, lim.InFlight())
+		lim, s = acquire(t)
+		assert.Equal(t, http.NoBody, slots.WrapBody(http.NoBody, s))
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("keeps io.WriterTo, released when it reaches the end", func(t *testing.T) {
+		lim, s := acquire(t)
+		b := slots.WrapBody(writerToBody{strings.NewReader("stream")}, s)
+		wt, ok := b.(io.WriterTo)
+		require.True(t, ok)
+		var sb strings.Builder
+		_, err := wt.WriteTo(&sb)
+		require.NoError(t, err)
+		assert.Equal(t, "stream", sb.String())
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("keeps Write, for an upgraded connection", func(t *testing.T) {
+		lim, s := acquire(t)
+		inner := &rwBody{Reader: strings.NewReader("")}
+		b := slots.WrapBody(inner, s)
+		rw, ok := b.(io.ReadWriteCloser)
+		require.True(t, ok)
+		_, err := rw.Write([]byte("ping"))
+		require.NoError(t, err)
+		assert.Equal(t, "ping", inner.written.String())
+		assert.Equal(t, 1, lim.InFlight(), "writing does not end the body")
+		rw.Close()
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	t.Run("concurrent Read and Close release exactly once", func(t *testing.T) {
+		for range 200 {
+			lim, s := acquire(t)
+			b := slots.WrapBody(io.NopCloser(&eofReader{data: strings.Repeat("x", 64)}), s)
+			var wg sync.WaitGroup
+			wg.Go(func() { _, _ = io.Copy(io.Discard, b) })
+			wg.Go(func() { _ = b.Close() })
+			wg.Wait()
+			require.Equal(t, 0, lim.InFlight())
+			require.Equal(t, uint64(0), lim.Stats().DoubleReleases)
+			_, err := lim.TryAcquire()
+			require.NoError(t, err, "exactly one unit came back")
+		}
+	})
+}

@@ -1,0 +1,80 @@
+package slots
+
+import (
+	"context"
+	"net/http"
+)
+
+// AdmitFunc admits one request: it picks the cap (a Limiter, a registry key
+// from a header, the path or the body's "model") and returns the Slot, or a
+// rejection. It may read r's body only if it leaves it readable again.
+type AdmitFunc func(r *http.Request) (*Slot, error)
+
+// Transport is an http.RoundTripper that holds a Slot for each request from
+// before it is sent until its response body is done: read to the end, closed,
+// or cut off by the end of the request's context. A streamed response keeps
+// its slot for the whole stream, not just until RoundTrip returns.
+//
+// A request whose context was marked by WithoutSlot takes no slot. The
+// zero value is not usable; use NewTransport.
+type Transport struct {
+	base  http.RoundTripper
+	admit AdmitFunc
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// NewTransport returns a Transport that admits each request with admit and
+// sends it with base (nil: http.DefaultTransport). It panics if admit is nil.
+func NewTransport(base http.RoundTripper, admit AdmitFunc) *Transport {
+	if admit == nil {
+		panic("slots: NewTransport needs an admit function")
+	}
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	return &Transport{base: base, admit: admit}
+}
+
+// RoundTrip admits req, sends it, and ties the slot to the response body.
+// When admission fails it returns the error (a *LimitError, or the context's
+// error while waiting) and closes req.Body, as a RoundTripper must when it
+// does not send. A failed round trip releases the slot at once. It never
+// modifies req.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
+	if withoutSlot(ctx) {
+		return t.base.RoundTrip(req)
+	}
+	s, err := t.admit(req)
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	resp, err := t.base.RoundTrip(req)
+	if err != nil {
+		s.releaseQuietly()
+		return nil, err
+	}
+	// The connection is torn down when the request's context ends, whether
+	// or not anyone reads or closes the body; the slot goes with it.
+	stop := context.AfterFunc(ctx, s.releaseQuietly)
+	resp.Body = wrapBody(resp.Body, s, stop)
+	return resp, nil
+}
+
+type noSlotKey struct{}
+
+// WithoutSlot returns a context under which Transport sends requests without
+// taking a slot: for requests that put no load on the capped upstream, such
+// as replay-cache hits, tool calls and model listings.
+func WithoutSlot(parent context.Context) context.Context {
+	return context.WithValue(parent, noSlotKey{}, true)
+}
+
+func withoutSlot(ctx context.Context) bool {
+	v, _ := ctx.Value(noSlotKey{}).(bool)
+	return v
+}
