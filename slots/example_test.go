@@ -4,6 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/slots"
@@ -63,4 +67,75 @@ func ExampleLimiter_SetLimit() {
 	// Output:
 	// 1 0
 	// <nil>
+}
+
+func ExampleNewTransport() {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"delta\":\"hi\"}\n\ndata: [DONE]\n\n")
+	}))
+	defer upstream.Close()
+
+	// At most 8 requests in flight to the provider; a streamed answer keeps
+	// its slot until its body is read to the end or closed.
+	lim := slots.NewLimiter(8)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+		return lim.Acquire(r.Context())
+	})}
+
+	resp, err := client.Get(upstream.URL + "/v1/chat/completions")
+	if err != nil {
+		return
+	}
+	fmt.Println("while streaming:", lim.InFlight())
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	fmt.Println("after the stream:", lim.InFlight())
+
+	// A model listing puts no load on the provider: it takes no slot.
+	ctx := slots.WithoutSlot(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, upstream.URL+"/v1/models", nil)
+	if resp, err := client.Do(req); err == nil {
+		resp.Body.Close()
+	}
+	fmt.Println("admitted in all:", lim.Stats().Acquired)
+	// Output:
+	// while streaming: 1
+	// after the stream: 0
+	// admitted in all: 1
+}
+
+func ExampleMiddleware() {
+	lim := slots.NewLimiter(0) // full: every request is turned away
+	handler := slots.Middleware(func(r *http.Request) (*slots.Slot, error) {
+		return lim.TryAcquire()
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fmt.Fprint(w, "served")
+	}))
+
+	rec := httptest.NewRecorder()
+	handler.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil))
+	fmt.Println(rec.Code, rec.Header().Get("Retry-After"))
+	fmt.Print(rec.Body.String())
+	// Output:
+	// 429 1
+	// {"error":{"type":"rate_limit_error","message":"too many requests in flight: 0 of 0, 0 queued (slots: limit reached)"}}
+}
+
+func ExampleWrapBody() {
+	lim := slots.NewLimiter(1)
+	s, _ := lim.TryAcquire()
+
+	// The slot lives as long as the body: it is released by the read that
+	// reaches the end (or by Close, or by a read error).
+	body := slots.WrapBody(io.NopCloser(strings.NewReader("a long answer")), s)
+	fmt.Println(lim.InFlight())
+	io.Copy(io.Discard, body)
+	fmt.Println(lim.InFlight())
+	body.Close() // closing as well is fine
+	// Output:
+	// 1
+	// 0
 }
