@@ -7,6 +7,7 @@
 //
 //	need                                            package
 //	one cap for a server or an upstream             slots    (Limiter)
+//	a slot that lives as long as a response body    slots    (WrapBody, Transport, Middleware)
 //	a cap per key: tenant, model, API key           registry (Registry)
 //	several caps at once, all or nothing            registry (AcquireAll)
 //

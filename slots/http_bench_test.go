@@ -1,15 +1,14 @@
 package slots_test
 
 import (
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
-
-	"io"
-	"runtime"
 
 	"github.com/inflight-go/inflight/slots"
 )
