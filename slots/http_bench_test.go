@@ -1,6 +1,7 @@
 package slots_test
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -70,7 +71,11 @@ func benchSetStreamers(b *testing.B) {
 // request (Do, read the body to its end, Close). Besides ns/op (wall time
 // per request across all streams) it reports latency-ns: the mean time one
 // request took from Do to Close, as a caller sees it.
-func benchStream(b *testing.B, client *http.Client, url string) {
+//
+// With withCancel each request carries a context of its own that can end, as
+// a proxied request does (the server's request context); without, it carries
+// context.Background, which never ends.
+func benchStream(b *testing.B, client *http.Client, url string, withCancel bool) {
 	var totalNanos, totalReqs atomic.Int64
 	b.ReportAllocs()
 	benchSetStreamers(b)
@@ -79,26 +84,13 @@ func benchStream(b *testing.B, client *http.Client, url string) {
 		var nanos, reqs int64
 		for pb.Next() {
 			start := time.Now()
-			req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(benchRequestBody))
-			if err != nil {
-				b.Error(err)
-				return
+			ctx, cancel := context.Background(), context.CancelFunc(func() {})
+			if withCancel {
+				ctx, cancel = context.WithCancel(ctx)
 			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Accept", "text/event-stream")
-			resp, err := client.Do(req)
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			_, err = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if err != nil {
-				b.Error(err)
-				return
-			}
-			if resp.StatusCode != http.StatusOK {
-				b.Errorf("status %d", resp.StatusCode)
+			ok := benchOne(b, client, ctx, url)
+			cancel()
+			if !ok {
 				return
 			}
 			nanos += int64(time.Since(start))
@@ -113,6 +105,34 @@ func benchStream(b *testing.B, client *http.Client, url string) {
 	}
 }
 
+// benchOne runs one streamed request to its end and reports whether it went
+// well.
+func benchOne(b *testing.B, client *http.Client, ctx context.Context, url string) bool {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, strings.NewReader(benchRequestBody))
+	if err != nil {
+		b.Error(err)
+		return false
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "text/event-stream")
+	resp, err := client.Do(req)
+	if err != nil {
+		b.Error(err)
+		return false
+	}
+	_, err = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		b.Error(err)
+		return false
+	}
+	if resp.StatusCode != http.StatusOK {
+		b.Errorf("status %d", resp.StatusCode)
+		return false
+	}
+	return true
+}
+
 // BenchmarkTransportStreaming compares a Transport-wrapped round trip with
 // the bare http.Transport under it, over loopback, with benchStreamers
 // streaming (SSE) requests in flight at once. The target: inflight within
@@ -121,32 +141,35 @@ func BenchmarkTransportStreaming(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(benchSSEHandler))
 	defer srv.Close()
 
-	b.Run("bare", func(b *testing.B) {
-		tr := benchBaseTransport()
-		defer tr.CloseIdleConnections()
-		benchStream(b, &http.Client{Transport: tr}, srv.URL)
-	})
-
-	b.Run("inflight", func(b *testing.B) {
-		base := benchBaseTransport()
-		defer base.CloseIdleConnections()
-		lim := slots.NewLimiter(benchStreamers)
-		tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
-			return lim.Acquire(r.Context())
+	for _, ctxName := range []string{"background", "cancellable"} {
+		withCancel := ctxName == "cancellable"
+		b.Run(ctxName+"/bare", func(b *testing.B) {
+			tr := benchBaseTransport()
+			defer tr.CloseIdleConnections()
+			benchStream(b, &http.Client{Transport: tr}, srv.URL, withCancel)
 		})
-		benchStream(b, &http.Client{Transport: tr}, srv.URL)
 
-		// The cap must have been real but never binding, and every slot
-		// must have come back with its stream.
-		st := lim.Stats()
-		if st.Waited != 0 {
-			b.Errorf("%d requests waited for a slot; the limit bound", st.Waited)
-		}
-		if st.InFlight != 0 {
-			b.Errorf("%d slots still held after all streams ended", st.InFlight)
-		}
-		if st.Acquired != st.Released {
-			b.Errorf("acquired %d slots, released %d", st.Acquired, st.Released)
-		}
-	})
+		b.Run(ctxName+"/inflight", func(b *testing.B) {
+			base := benchBaseTransport()
+			defer base.CloseIdleConnections()
+			lim := slots.NewLimiter(benchStreamers)
+			tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+				return lim.Acquire(r.Context())
+			})
+			benchStream(b, &http.Client{Transport: tr}, srv.URL, withCancel)
+
+			// The cap must have been real but never binding, and every
+			// slot must have come back with its stream.
+			st := lim.Stats()
+			if st.Waited != 0 {
+				b.Errorf("%d requests waited for a slot; the limit bound", st.Waited)
+			}
+			if st.InFlight != 0 {
+				b.Errorf("%d slots still held after all streams ended", st.InFlight)
+			}
+			if st.Acquired != st.Released {
+				b.Errorf("acquired %d slots, released %d", st.Acquired, st.Released)
+			}
+		})
+	}
 }

@@ -59,8 +59,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	// The connection is torn down when the request's context ends, whether
-	// or not anyone reads or closes the body; the slot goes with it.
-	stop := context.AfterFunc(ctx, s.releaseQuietly)
+	// or not anyone reads or closes the body; the slot goes with it. (A
+	// context that can never end needs no watch, which costs three
+	// allocations.)
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, s.releaseQuietly)
+	}
 	resp.Body = wrapBody(resp.Body, s, stop)
 	return resp, nil
 }
