@@ -34,10 +34,14 @@ func wrapBody(body io.ReadCloser, s *Slot, done func() bool) io.ReadCloser {
 		return body
 	}
 	b := slotBody{rc: body, s: s, done: done}
-	switch body.(type) {
-	case io.ReadWriteCloser:
+	_, writable := body.(io.Writer)
+	_, writerTo := body.(io.WriterTo)
+	switch {
+	case writable && writerTo:
+		return &writableWriterToBody{writerToBody{b}}
+	case writable:
 		return &writableBody{b}
-	case io.WriterTo:
+	case writerTo:
 		return &writerToBody{b}
 	}
 	return &b
@@ -87,6 +91,9 @@ func (b *writerToBody) WriteTo(w io.Writer) (int64, error) {
 // writableBody keeps Write, for the connection of an upgraded response.
 type writableBody struct{ slotBody }
 
-func (b *writableBody) Write(p []byte) (int, error) {
-	return b.rc.(io.Writer).Write(p)
-}
+func (b *writableBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }
+
+// writableWriterToBody keeps both, as for a raw network connection.
+type writableWriterToBody struct{ writerToBody }
+
+func (b *writableWriterToBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"time"
@@ -42,6 +43,9 @@ func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 func wholeSeconds(d time.Duration) time.Duration {
 	if d < time.Second {
 		return time.Second
+	}
+	if d > math.MaxInt64-time.Second { // rounding up would overflow
+		return math.MaxInt64 / time.Second * time.Second
 	}
 	return (d + time.Second - 1).Truncate(time.Second)
 }
@@ -99,8 +103,12 @@ type middlewareConfig struct {
 
 // WithRejectStatus sets the status of a rejection (*LimitError): 429 by
 // default; 503 suits a server that sheds load rather than rate-limits.
-// Other errors keep the status HTTPStatus gives them.
+// Other errors keep the status HTTPStatus gives them. It panics unless code
+// is a 4xx or 5xx status.
 func WithRejectStatus(code int) MiddlewareOption {
+	if code < 400 || code > 599 {
+		panic(fmt.Sprintf("slots: WithRejectStatus(%d): a rejection needs a 4xx or 5xx status", code))
+	}
 	return func(c *middlewareConfig) { c.rejectStatus = code }
 }
 
@@ -122,6 +130,7 @@ func Middleware(admit AdmitFunc, opts ...MiddlewareOption) func(http.Handler) ht
 		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			s, err := admit(r)
 			if err != nil {
+				s.releaseQuietly() // a slot returned along with an error
 				status, retryAfter := HTTPStatus(err)
 				var le *LimitError
 				if errors.As(err, &le) {

@@ -2,12 +2,15 @@ package slots
 
 import (
 	"context"
+	"errors"
 	"net/http"
 )
 
 // AdmitFunc admits one request: it picks the cap (a Limiter, a registry key
 // from a header, the path or the body's "model") and returns the Slot, or a
-// rejection. It may read r's body only if it leaves it readable again.
+// rejection. A nil Slot with a nil error admits the request without a slot.
+// A Slot returned along with an error is released. An admit function used
+// by a Transport must not replace the request's body (see RequestModel).
 type AdmitFunc func(r *http.Request) (*Slot, error)
 
 // Transport is an http.RoundTripper that holds a Slot for each request from
@@ -15,8 +18,10 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // or cut off by the end of the request's context. A streamed response keeps
 // its slot for the whole stream, not just until RoundTrip returns.
 //
-// A request whose context was marked by WithoutSlot takes no slot. The
-// zero value is not usable; use NewTransport.
+// An upgraded connection (101 Switching Protocols) keeps its slot until it is
+// closed or fails, even after the request's context ends: net/http leaves
+// that connection open for the caller. A request whose context was marked by
+// WithoutSlot takes no slot. The zero value is not usable; use NewTransport.
 type Transport struct {
 	base  http.RoundTripper
 	admit AdmitFunc
@@ -48,15 +53,32 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	s, err := t.admit(req)
 	if err != nil {
+		s.releaseQuietly() // an admit that returned a slot along with its error
 		if req.Body != nil {
 			req.Body.Close()
 		}
 		return nil, err
 	}
 	resp, err := t.base.RoundTrip(req)
-	if err != nil {
+	if err != nil || resp == nil {
 		s.releaseQuietly()
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close() // a response that came with an error is dropped
+		}
+		if err == nil {
+			err = errNilResponse
+		}
 		return nil, err
+	}
+	if !s.holds() {
+		return resp, nil // admit chose to take no slot
+	}
+	if resp.StatusCode == http.StatusSwitchingProtocols {
+		// The caller owns the upgraded connection: net/http does not close
+		// it when the request's context ends, so the slot stays with it
+		// until it is closed or fails.
+		resp.Body = wrapBody(resp.Body, s, nil)
+		return resp, nil
 	}
 	// The connection is torn down when the request's context ends, whether
 	// or not anyone reads or closes the body; the slot goes with it. (A
@@ -69,6 +91,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	resp.Body = wrapBody(resp.Body, s, stop)
 	return resp, nil
 }
+
+var errNilResponse = errors.New("slots: RoundTripper returned a nil *Response with a nil error")
 
 type noSlotKey struct{}
 
