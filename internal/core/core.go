@@ -72,11 +72,16 @@ func (h *Hold) ReleaseQuietly() bool {
 // *slots.Slot can mint one; users cannot reach it.
 var NewSlot func() (slot any, h *Hold)
 
-// HolderSet is the set of a lane's holders: a slice with swap-remove, each
-// holder knowing its place through an index it owns (Hold.Idx, or an entry
-// of a multi-lane record). The zero value is empty.
+// HolderSet is the set of a lane's holders, each knowing its place through
+// an index it owns (Hold.Idx, or an entry of a multi-lane record): removal
+// moves the last holder into the freed place. The first holder is kept in
+// the set itself, beside the count, so that a lane with one holder, the
+// common case for a key, writes no other cache line. The zero value is
+// empty.
 type HolderSet struct {
-	recs []holderRec
+	n    int
+	one  holderRec   // place 0
+	more []holderRec // places 1..n-1
 }
 
 type holderRec struct {
@@ -84,48 +89,69 @@ type holderRec struct {
 	idx *int32 // where h's place in this set is kept
 }
 
-// maxKeptHolders bounds the capacity a set keeps once it has drained.
-const maxKeptHolders = 64
+// minMore is the first capacity of the overflow: four records fill one cache
+// line, so sets of different lanes, written from different cores, never
+// share one. maxKeptMore bounds what a drained set keeps.
+const (
+	minMore     = 4
+	maxKeptMore = 64
+)
 
 // Len returns the number of holders.
-func (s *HolderSet) Len() int { return len(s.recs) }
+func (s *HolderSet) Len() int { return s.n }
 
-// minHolders is the first capacity of a set: four records fill one cache
-// line, so sets of different lanes, written on every admission from
-// different cores, never share one.
-const minHolders = 4
+func (s *HolderSet) rec(i int) *holderRec {
+	if i == 0 {
+		return &s.one
+	}
+	return &s.more[i-1]
+}
 
 // Add adds h, recording its place in *idx.
 func (s *HolderSet) Add(h *Hold, idx *int32) {
-	if s.recs == nil {
-		s.recs = make([]holderRec, 0, minHolders)
+	*idx = int32(s.n)
+	if s.n == 0 {
+		s.one = holderRec{h, idx}
+	} else {
+		if s.more == nil {
+			s.more = make([]holderRec, 0, minMore)
+		}
+		s.more = append(s.more, holderRec{h, idx})
 	}
-	*idx = int32(len(s.recs))
-	s.recs = append(s.recs, holderRec{h, idx})
+	s.n++
 }
 
 // Remove removes h, whose place is kept in *idx, and reports whether it was
 // there. A copy of a Slot (which go vet flags) is another Hold with a stale
 // index: it is refused instead of removing someone else.
 func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
-	i, last := *idx, len(s.recs)-1
-	if i < 0 || int(i) > last || s.recs[i].h != h || s.recs[i].idx != idx {
+	i, last := int(*idx), s.n-1
+	if i < 0 || i > last {
 		return false
 	}
-	if int(i) != last {
-		s.recs[i] = s.recs[last]
-		*s.recs[i].idx = i
+	if r := s.rec(i); r.h != h || r.idx != idx {
+		return false
 	}
-	s.recs[last] = holderRec{}
-	s.recs = s.recs[:last]
-	if last == 0 && cap(s.recs) > maxKeptHolders {
-		s.recs = nil // a burst's capacity is not kept by an idle lane
+	if i != last {
+		moved := *s.rec(last)
+		*s.rec(i) = moved
+		*moved.idx = int32(i)
 	}
+	if last == 0 {
+		s.one = holderRec{}
+	} else {
+		s.more[last-1] = holderRec{}
+		s.more = s.more[:last-1]
+		if last == 1 && cap(s.more) > maxKeptMore {
+			s.more = nil // a burst's capacity is not kept by a quiet lane
+		}
+	}
+	s.n--
 	return true
 }
 
 // At returns the i-th holder, 0 <= i < Len(), in no particular order.
-func (s *HolderSet) At(i int) *Hold { return s.recs[i].h }
+func (s *HolderSet) At(i int) *Hold { return s.rec(i).h }
 
 // Lane is one pool of capacity: its holders and its waiters, in order.
 type Lane struct {

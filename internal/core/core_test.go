@@ -140,3 +140,36 @@ func TestHolderSetRefusesStrangers(t *testing.T) {
 	assert.Same(t, b, set.At(0))
 	assert.Equal(t, int32(0), b.Idx, "the moved holder learns its new place")
 }
+
+// TestHolderSetAgainstModel adds and removes holders at random and checks
+// that every holder's index points at its own record.
+func TestHolderSetAgainstModel(t *testing.T) {
+	var set core.HolderSet
+	live := map[*core.Hold]bool{}
+	var order []*core.Hold
+	for step := range 5000 {
+		if len(order) > 0 && (step%3 == 0 || len(order) > 80) {
+			i := (step * 7919) % len(order)
+			h := order[i]
+			order = append(order[:i], order[i+1:]...)
+			delete(live, h)
+			if !assert.True(t, set.Remove(h, &h.Idx), "step %d", step) {
+				return
+			}
+		} else {
+			h := &core.Hold{}
+			set.Add(h, &h.Idx)
+			live[h] = true
+			order = append(order, h)
+		}
+		if !assert.Equal(t, len(live), set.Len()) {
+			return
+		}
+		for i := range set.Len() {
+			h := set.At(i)
+			if !assert.True(t, live[h]) || !assert.Equal(t, int32(i), h.Idx, "step %d", step) {
+				return
+			}
+		}
+	}
+}
