@@ -10,6 +10,7 @@
 //	a slot that lives as long as a response body    slots    (WrapBody, Transport, Middleware)
 //	a cap per key: tenant, model, API key           registry (Registry)
 //	several caps at once, all or nothing            registry (AcquireAll)
+//	what holds the caps, long-held reports          sweep    (Monitor)
 //
 // Every package counts live holders, never a counter that can drift: time
 // never frees a slot, a key with a live holder is never removed, and releasing
