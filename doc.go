@@ -11,6 +11,7 @@
 //	a cap per key: tenant, model, API key           registry (Registry)
 //	several caps at once, all or nothing            registry (AcquireAll)
 //	what holds the caps, long-held reports          sweep    (Monitor)
+//	"nothing left held" at the end of a test        slotstest
 //
 // Every package counts live holders, never a counter that can drift: time
 // never frees a slot, a key with a live holder is never removed, and releasing

@@ -1,0 +1,86 @@
+// Package slotstest checks, at the end of a test, that nothing is left
+// holding or waiting for a slot: the goleak of slots.
+//
+//	func TestProxy(t *testing.T) {
+//		reg := registry.New[string](8)
+//		defer slotstest.VerifyRegistry(t, reg)
+//		...
+//	}
+//
+// A release may still be on its way when the test body returns (a response
+// body closed by another goroutine, a context's end seen by a watcher), so
+// the checks retry for a short while, as goleak does, before they fail.
+package slotstest
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// TB is the part of testing.TB the checks use.
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// Patience is how long the checks wait for stragglers before they fail.
+const Patience = 2 * time.Second
+
+// VerifyLimiter fails t, listing what remains, unless l has no holder and no
+// waiter (within Patience).
+func VerifyLimiter(t TB, l *slots.Limiter) {
+	t.Helper()
+	if msg := settle(func() string {
+		st := l.Stats()
+		if st.InFlight == 0 && st.Waiting == 0 {
+			return ""
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "slotstest: limiter has %d held and %d waiting", st.InFlight, st.Waiting)
+		now := time.Now()
+		for _, h := range l.Holders(nil) {
+			fmt.Fprintf(&b, "\n\tslot %d held for %v", h.ID, now.Sub(h.AcquiredAt).Round(time.Millisecond))
+		}
+		return b.String()
+	}); msg != "" {
+		t.Errorf("%s", msg)
+	}
+}
+
+// VerifyRegistry fails t, listing what remains, unless r tracks no key: no
+// holder and no waiter on any key (within Patience).
+func VerifyRegistry[K comparable](t TB, r *registry.Registry[K]) {
+	t.Helper()
+	if msg := settle(func() string {
+		st := r.Stats()
+		if st.Keys == 0 {
+			return ""
+		}
+		var b strings.Builder
+		fmt.Fprintf(&b, "slotstest: registry tracks %d keys: %d held, %d waiting", st.Keys, st.InFlight, st.Waiting)
+		now := time.Now()
+		for _, h := range r.Holders(nil) {
+			fmt.Fprintf(&b, "\n\tkey %v: slot %d held for %v", h.Key, h.ID, now.Sub(h.AcquiredAt).Round(time.Millisecond))
+		}
+		return b.String()
+	}); msg != "" {
+		t.Errorf("%s", msg)
+	}
+}
+
+// settle calls check until it reports nothing or Patience has passed, and
+// returns its last report.
+func settle(check func() string) string {
+	deadline := time.Now().Add(Patience)
+	for wait := time.Microsecond; ; wait = min(2*wait, 50*time.Millisecond) {
+		msg := check()
+		if msg == "" || time.Now().After(deadline) {
+			return msg
+		}
+		time.Sleep(wait) // like goleak: stragglers are other goroutines' work
+	}
+}
