@@ -8,6 +8,7 @@ import (
 
 	"github.com/benbjohnson/clock"
 	"github.com/inflight-go/inflight/internal/policy"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // An Option configures a Registry.
@@ -116,4 +117,15 @@ type LimitFunc[K comparable] func(ctx context.Context, key K) (int, error)
 // New panics if refresh <= 0 or fn's key type is not the registry's.
 func WithLimitFunc[K comparable](fn LimitFunc[K], refresh time.Duration) Option {
 	return optionFunc(func(c *config) { c.limitFunc, c.refresh = fn, refresh })
+}
+
+// WithObserver sets an Observer of admissions, rejections and releases, for
+// metrics (see slots.Observer): events name no key. The default is none,
+// which costs nothing.
+func WithObserver(o slots.Observer) Option {
+	return optionFunc(func(c *config) {
+		if o != nil {
+			c.wait.Observer = o
+		}
+	})
 }

@@ -71,6 +71,7 @@ type Registry[K comparable] struct {
 	keyLen       func(K) int // nil: keys are not length-checked
 	selfCheck    bool        // K may hold a NaN or an uncomparable dynamic value
 	limitFunc    LimitFunc[K]
+	obs          slots.Observer // nil: no events
 
 	// multiMu serialises everything that involves a waiter needing several
 	// keys: AcquireAll, the release or limit change of a key such waiters
@@ -188,6 +189,7 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 		r.keyLen = func(k K) int { return len(*(*string)(unsafe.Pointer(&k))) }
 	}
 	r.selfCheck = mayBeUnequal(reflect.TypeFor[K]())
+	r.obs, _ = cfg.wait.Observer.(slots.Observer)
 	return r
 }
 
@@ -237,11 +239,13 @@ func (r *Registry[K]) checkKey(key K) error {
 	if r.keyLen != nil {
 		if n := r.keyLen(key); n > r.cfg.maxKeyBytes {
 			r.invalidKeys.Add(1)
+			r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrInvalidKey})
 			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.cfg.maxKeyBytes)
 		}
 	}
 	if r.selfCheck && !equalsItself(key) {
 		r.invalidKeys.Add(1)
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrInvalidKey})
 		return fmt.Errorf("%w: the key is not equal to itself (NaN) or not comparable", ErrInvalidKey)
 	}
 	return nil
@@ -330,12 +334,14 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		h.Owner = e
 		sh.holdLocked(r, e, h, &h.Idx)
 		sh.mu.Unlock()
+		r.emit(slots.Event{Kind: slots.EventAcquired})
 		return s, nil
 	}
 	if ctx == nil {
 		sh.st.limitReached++
 		err := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
 		sh.mu.Unlock()
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
 		return nil, err
 	}
 	waiting := 0
@@ -346,6 +352,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		sh.st.queueFull++
 		err := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
 		sh.mu.Unlock()
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrQueueFull})
 		return nil, err
 	}
 	if e == nil {
@@ -359,11 +366,12 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 // move acquireOne's variables to the heap on the fast path.)
 func (r *Registry[K]) waitOne(ctx context.Context, s *slots.Slot, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
 	h.Owner = e
+	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	e.lane.Waiters.PushBack(&w.Elem)
 	e.shard.mu.Unlock()
-	return r.await(ctx, s, w, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
+	return r.await(ctx, s, w, start, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
 }
 
 // TryAcquireAll is AcquireAll without waiting: it admits under every key if
@@ -451,6 +459,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		r.entriesLocked(m, shs, uniq, hashes)
 		r.holdMultiLocked(h, m)
 		unlock()
+		r.emit(slots.Event{Kind: slots.EventAcquired})
 		return s, nil
 	}
 	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
@@ -458,6 +467,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		first.st.limitReached++
 		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
 		unlock()
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
 		return nil, err
 	}
 	for i, k := range uniq {
@@ -470,10 +480,12 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 			first.st.queueFull++
 			err := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
 			unlock()
+			r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrQueueFull})
 			return nil, err
 		}
 	}
 	r.entriesLocked(m, shs, uniq, hashes)
+	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
@@ -487,7 +499,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		e.lane.Multi++
 	}
 	unlock()
-	return r.await(ctx, s, w, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+	return r.await(ctx, s, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
 }
 
 // dedupe returns keys without repeats, in first-seen order.
@@ -545,7 +557,10 @@ func (r *Registry[K]) unlockShards(idx []int) {
 }
 
 // await waits for w and turns the outcome into Acquire's result.
-func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
+//
+// start is the hold's acquire time as it was before w was queued: once
+// queued, a grant may overwrite it at any moment.
+func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, start int64, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
 	var expire <-chan time.Time
 	if r.cfg.wait.MaxWait > 0 {
 		c, stop := r.clk.Timer(r.cfg.wait.MaxWait)
@@ -556,11 +571,13 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 	out := core.Await(ctx, w, expire, withdraw)
 	switch out {
 	case core.OutGranted:
+		r.emit(slots.Event{Kind: slots.EventAcquired, Wait: time.Duration(h.At - start)})
 		return s, nil
 	case core.OutCanceled:
 		sh.mu.Lock()
 		sh.st.canceled++
 		sh.mu.Unlock()
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: ctx.Err()})
 		return nil, fmt.Errorf("registry: acquire: %w", ctx.Err())
 	}
 	if r.cfg.wait.FailOpen {
@@ -576,6 +593,7 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 				slog.String("key", keyString(key)), slog.Uint64("slot_id", h.ID),
 				slog.Duration("max_wait", r.cfg.wait.MaxWait))
 		}
+		r.emit(slots.Event{Kind: slots.EventBypassed, Wait: time.Duration(h.At - start)})
 		return s, nil
 	}
 	ksh, khash := r.shardFor(key)
@@ -590,7 +608,15 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 	}
 	err := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lookup(key, khash), r.limitLocked(ksh, key))
 	ksh.mu.Unlock()
+	r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrWaitTimeout})
 	return nil, err
+}
+
+// emit hands e to the Observer, if there is one. Call without locks.
+func (r *Registry[K]) emit(e slots.Event) {
+	if r.obs != nil {
+		r.obs.Observe(e)
+	}
 }
 
 func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
@@ -702,9 +728,11 @@ func (e *entry[K]) Release(h *core.Hold) {
 		// comes before this lock. The hold stays counted meanwhile, so no
 		// room shows before they can be served.
 		sh.mu.Unlock()
-		r.releaseSlow(h, []*entry[K]{e}, nil)
+		if !r.releaseSlow(h, []*entry[K]{e}, nil) {
+			return
+		}
 	}
-	r.sampleHold(h)
+	r.released(h)
 }
 
 // Release implements core.Owner for multi-key holds.
@@ -712,19 +740,25 @@ func (m *multi[K]) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
-	m.r.releaseSlow(h, m.entries, m)
-	m.r.sampleHold(h)
+	if m.r.releaseSlow(h, m.entries, m) {
+		m.r.released(h)
+	}
 }
 
-func (r *Registry[K]) sampleHold(h *core.Hold) {
+// released samples the hold time and reports the release.
+func (r *Registry[K]) released(h *core.Hold) {
 	if h.ID&policy.SampleMask == 0 {
 		r.hold.Observe(r.clk.Nanos() - h.At)
+	}
+	if r.obs != nil && !h.GivenBack {
+		r.obs.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(r.clk.Coarse() - h.At)})
 	}
 }
 
 // releaseSlow frees h's capacity on entries (m describes a multi-key hold)
 // and serves the waiters that can now be served, multi-key ones included.
-func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) {
+// It reports false for a copied Slot, which holds nothing.
+func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) bool {
 	var wk core.Wakes
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
@@ -740,7 +774,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 			// A copied Slot holds nothing; its first key shows it, and
 			// nothing has been removed yet.
 			r.misuse(h)
-			return
+			return false
 		}
 	}
 	entries[0].shard.released++
@@ -748,6 +782,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	for _, e := range entries {
 		e.shard.dropIfIdleLocked(r, e)
 	}
+	return true
 }
 
 // lockForGrant locks, in ascending order, the shards of entries and of every
@@ -882,6 +917,7 @@ func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
 
 func (r *Registry[K]) misuse(h *core.Hold) {
 	r.doubleReleases.Add(1)
+	r.emit(slots.Event{Kind: slots.EventDoubleRelease})
 	r.cfg.wait.Log().Debug("registry: slot released twice", slog.Uint64("slot_id", h.ID))
 }
 

@@ -664,3 +664,31 @@ func (h countingHandler) Handle(context.Context, slog.Record) error {
 }
 func (h countingHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h countingHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestRegistryEvents: the registry reports the same events as a Limiter, a
+// multi-key slot once.
+func TestRegistryEvents(t *testing.T) {
+	var acquired, released, rejected atomic.Int32
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		switch e.Kind {
+		case slots.EventAcquired:
+			acquired.Add(1)
+		case slots.EventReleased:
+			released.Add(1)
+		case slots.EventRejected:
+			rejected.Add(1)
+		}
+	})
+	reg := registry.New[string](1, registry.WithObserver(obs))
+	a, _ := reg.TryAcquire("k")
+	_, err := reg.TryAcquire("k")
+	assert.Error(t, err)
+	m, _ := reg.TryAcquireAll("p", "q")
+	_, err = reg.TryAcquire(strings.Repeat("x", registry.DefaultMaxKeyBytes+1))
+	assert.ErrorIs(t, err, registry.ErrInvalidKey)
+	a.Release()
+	m.Release()
+	assert.Equal(t, int32(2), acquired.Load())
+	assert.Equal(t, int32(2), released.Load())
+	assert.Equal(t, int32(2), rejected.Load())
+}

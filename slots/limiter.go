@@ -27,6 +27,7 @@ const saturationLogEvery = 10 * time.Second
 type Limiter struct {
 	wait policy.Wait
 	clk  *clockx.Clock
+	obs  Observer // nil: no events
 
 	mu    sync.Mutex // protects the fields below
 	limit int
@@ -68,6 +69,7 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 		o.apply(&l.wait)
 	}
 	l.clk = clockx.New(l.wait.Clock)
+	l.obs, _ = l.wait.Observer.(Observer)
 	return l
 }
 
@@ -91,11 +93,20 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 		l.stats.LimitReached++
 		err := l.rejectLocked(ErrLimitReached)
 		l.mu.Unlock()
+		l.emit(Event{Kind: EventRejected, Err: ErrLimitReached})
 		return nil, err
 	}
 	l.admitLocked(h)
 	l.mu.Unlock()
+	l.emit(Event{Kind: EventAcquired})
 	return s, nil
+}
+
+// emit hands e to the Observer, if there is one. Call without the lock.
+func (l *Limiter) emit(e Event) {
+	if l.obs != nil {
+		l.obs.Observe(e)
+	}
 }
 
 // Acquire admits a Slot, waiting in arrival order while the limiter is full.
@@ -126,14 +137,17 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	if l.lane.Holders.Len() < l.limit && l.lane.Waiters.Len() == 0 {
 		l.admitLocked(h)
 		l.mu.Unlock()
+		l.emit(Event{Kind: EventAcquired})
 		return s, nil
 	}
 	if l.wait.QueueFull(l.lane.Waiters.Len()) {
 		l.stats.QueueFull++
 		err := l.rejectLocked(ErrQueueFull)
 		l.mu.Unlock()
+		l.emit(Event{Kind: EventRejected, Err: ErrQueueFull})
 		return nil, err
 	}
+	start := h.At
 	w := core.NewWaiter(h)
 	l.lane.Waiters.PushBack(&w.Elem)
 	l.mu.Unlock()
@@ -147,11 +161,13 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	out := core.Await(ctx, w, expire, l.withdraw)
 	switch out {
 	case core.OutGranted:
+		l.emit(Event{Kind: EventAcquired, Wait: time.Duration(h.At - start)})
 		return s, nil
 	case core.OutCanceled:
 		l.mu.Lock()
 		l.stats.Canceled++
 		l.mu.Unlock()
+		l.emit(Event{Kind: EventRejected, Err: ctx.Err()})
 		return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
 	}
 	// Expired.
@@ -169,11 +185,13 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 				slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued),
 				slog.Duration("max_wait", l.wait.MaxWait), slog.Uint64("slot_id", h.ID))
 		}
+		l.emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start)})
 		return s, nil
 	}
 	l.stats.WaitTimeouts++
 	err := l.rejectLocked(ErrWaitTimeout)
 	l.mu.Unlock()
+	l.emit(Event{Kind: EventRejected, Err: ErrWaitTimeout})
 	return nil, err
 }
 
@@ -250,12 +268,16 @@ func (o *owner) Release(h *core.Hold) {
 	if h.ID&policy.SampleMask == 0 {
 		l.hold.Observe(l.clock().Nanos() - h.At)
 	}
+	if l.obs != nil && !h.GivenBack {
+		l.obs.Observe(Event{Kind: EventReleased, Hold: time.Duration(l.clock().Coarse() - h.At)})
+	}
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.
 func (o *owner) Misuse(h *core.Hold) {
 	l := (*Limiter)(o)
 	l.doubleReleases.Add(1)
+	l.emit(Event{Kind: EventDoubleRelease})
 	l.wait.Log().Debug("slots: slot released twice", slog.Uint64("slot_id", h.ID))
 }
 

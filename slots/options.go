@@ -50,3 +50,13 @@ func WithClock(c clock.Clock) Option {
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(w *policy.Wait) { w.Logger = l })
 }
+
+// WithObserver sets an Observer of admissions, rejections and releases, for
+// metrics (see Observer). The default is none, which costs nothing.
+func WithObserver(o Observer) Option {
+	return optionFunc(func(w *policy.Wait) {
+		if o != nil {
+			w.Observer = o
+		}
+	})
+}

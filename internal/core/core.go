@@ -41,6 +41,9 @@ type Hold struct {
 	ID       uint64
 	At       int64 // acquire (grant) time, owner clock nanoseconds
 	Bypassed bool  // admitted by fail-open; holds no capacity
+	// GivenBack marks a grant returned because its caller's context ended
+	// as it came: the owner frees it like any other but reports no release.
+	GivenBack bool
 }
 
 // Release frees the hold's capacity once and reports whether this call did.
@@ -290,6 +293,7 @@ func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw fun
 		<-w.ready
 	}
 	if isDone(done) {
+		w.Hold.GivenBack = true
 		w.Hold.Release()
 		return OutCanceled
 	}

@@ -20,6 +20,7 @@ type Wait struct {
 	FailOpen   bool          // on MaxWait, admit a bypassed slot instead of failing
 	Clock      clock.Clock   // nil: the real clock
 	Logger     *slog.Logger  // nil: slog.Default() at the time of logging
+	Observer   any           // nil, or the owner package's observer type
 }
 
 // QueueFull reports whether a caller finding waiting callers ahead must be

@@ -1,0 +1,46 @@
+package slots
+
+import "time"
+
+// EventKind says what happened to an admission.
+type EventKind uint8
+
+const (
+	// EventAcquired: a slot was admitted; Wait is how long the caller
+	// queued for it (0 when it got in at once).
+	EventAcquired EventKind = iota + 1
+	// EventRejected: no slot; Err says why (ErrLimitReached, ErrQueueFull,
+	// ErrWaitTimeout, or the context's error for a caller that gave up).
+	EventRejected
+	// EventBypassed: fail-open let the caller through without a slot after
+	// waiting Wait.
+	EventBypassed
+	// EventReleased: a slot's capacity came back after Hold.
+	EventReleased
+	// EventDoubleRelease: Release was called on a slot already released.
+	EventDoubleRelease
+)
+
+// Event is one thing that happened to an admission, for metrics. It names
+// no key: metrics built from it have no per-key labels.
+type Event struct {
+	Kind EventKind
+	Err  error         // EventRejected
+	Wait time.Duration // EventAcquired, EventBypassed
+	Hold time.Duration // EventReleased; accurate to about 10 ms on the real clock
+}
+
+// An Observer receives Events from a Limiter or a Registry. Observe is
+// called without any lock held, possibly from many goroutines at once, on
+// the admission path: it must be quick and must not block. An admission
+// whose grant is given back because its caller's context ended reports
+// EventRejected only, so acquired and released events stay paired.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(Event)
+
+// Observe calls f.
+func (f ObserverFunc) Observe(e Event) { f(e) }

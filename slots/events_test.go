@@ -1,0 +1,123 @@
+package slots_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// eventCounts tallies events by kind, and rejections by reason.
+type eventCounts struct {
+	acquired, rejected, bypassed, released, doubles atomic.Int64
+	mu                                              sync.Mutex
+	reasons                                         map[string]int
+	waits, holds                                    []time.Duration
+}
+
+func (c *eventCounts) Observe(e slots.Event) {
+	switch e.Kind {
+	case slots.EventAcquired:
+		c.acquired.Add(1)
+		c.mu.Lock()
+		c.waits = append(c.waits, e.Wait)
+		c.mu.Unlock()
+	case slots.EventRejected:
+		c.rejected.Add(1)
+		c.mu.Lock()
+		if c.reasons == nil {
+			c.reasons = map[string]int{}
+		}
+		c.reasons[e.Err.Error()]++
+		c.mu.Unlock()
+	case slots.EventBypassed:
+		c.bypassed.Add(1)
+	case slots.EventReleased:
+		c.released.Add(1)
+		c.mu.Lock()
+		c.holds = append(c.holds, e.Hold)
+		c.mu.Unlock()
+	case slots.EventDoubleRelease:
+		c.doubles.Add(1)
+	}
+}
+
+func TestLimiterEvents(t *testing.T) {
+	mock := clock.NewMock()
+	var ev eventCounts
+	l := slots.NewLimiter(1, slots.WithClock(mock), slots.WithObserver(&ev), slots.WithMaxQueue(1))
+	a, err := l.TryAcquire()
+	require.NoError(t, err)
+	_, err = l.TryAcquire()
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+
+	got := make(chan *slots.Slot)
+	go func() {
+		s, err := l.Acquire(context.Background())
+		if assert.NoError(t, err) {
+			got <- s
+		}
+	}()
+	for l.Waiting() == 0 {
+		runtimeGosched()
+	}
+	_, err = l.Acquire(context.Background())
+	assert.ErrorIs(t, err, slots.ErrQueueFull)
+
+	mock.Add(3 * time.Second)
+	a.Release()
+	b := <-got
+	mock.Add(2 * time.Second)
+	b.Release()
+	b.Release()
+
+	assert.Equal(t, int64(2), ev.acquired.Load())
+	assert.Equal(t, int64(2), ev.released.Load())
+	assert.Equal(t, int64(2), ev.rejected.Load())
+	assert.Equal(t, int64(1), ev.doubles.Load())
+	assert.Equal(t, map[string]int{slots.ErrLimitReached.Error(): 1, slots.ErrQueueFull.Error(): 1}, ev.reasons)
+	assert.Equal(t, []time.Duration{0, 3 * time.Second}, ev.waits, "the second caller queued 3 s")
+	assert.Equal(t, []time.Duration{3 * time.Second, 2 * time.Second}, ev.holds)
+}
+
+// TestLimiterEventsUnderLoad: with cancellations racing grants, every
+// acquired event has its released event, and every attempt ends in exactly
+// one acquired or rejected event.
+func TestLimiterEventsUnderLoad(t *testing.T) {
+	var ev eventCounts
+	l := slots.NewLimiter(2, slots.WithObserver(&ev))
+	var attempts atomic.Int64
+	var wg sync.WaitGroup
+	for g := range 16 {
+		wg.Go(func() {
+			for i := range 200 {
+				attempts.Add(1)
+				ctx, cancel := context.WithCancel(context.Background())
+				if (g+i)%3 == 0 {
+					go cancel()
+				}
+				s, err := l.Acquire(ctx)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, context.Canceled) {
+						t.Errorf("unexpected: %v", err)
+					}
+					continue
+				}
+				s.Release()
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, attempts.Load(), ev.acquired.Load()+ev.rejected.Load())
+	assert.Equal(t, ev.acquired.Load(), ev.released.Load(), "given-back grants report no release")
+	assert.Equal(t, 0, l.InFlight())
+}
