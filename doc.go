@@ -12,6 +12,7 @@
 //	several caps at once, all or nothing            registry (AcquireAll)
 //	what holds the caps, long-held reports          sweep    (Monitor)
 //	"nothing left held" at the end of a test        slotstest
+//	Prometheus metrics (its own package)            inflightprom
 //
 // Every package counts live holders, never a counter that can drift: time
 // never frees a slot, a key with a live holder is never removed, and releasing
