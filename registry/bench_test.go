@@ -131,6 +131,21 @@ func BenchmarkRegistryTryAcquireRelease(b *testing.B) {
 		}
 	})
 
+	// The same with leak detection: a tracked hold and a cleanup per slot.
+	b.Run("inflight-leakcheck", func(b *testing.B) {
+		reg := registry.New[string](benchLimit, registry.WithLeakDetection())
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			s, err := reg.TryAcquire(keys[i%benchKeys])
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Release()
+			i++
+		}
+	})
+
 	b.Run("mutexmap", func(b *testing.B) {
 		g := newMutexMap(benchLimit)
 		b.ReportAllocs()

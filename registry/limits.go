@@ -279,6 +279,7 @@ type Stats struct {
 	Canceled       uint64
 	InvalidKeys    uint64
 	DoubleReleases uint64
+	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)
 }
 
 // Stats returns the current counts and totals. It locks one shard at a time,
@@ -306,6 +307,7 @@ func (r *Registry[K]) Stats() Stats {
 	}
 	st.InvalidKeys = r.invalidKeys.Load()
 	st.DoubleReleases = r.doubleReleases.Load()
+	st.Leaked = r.leaks.Load()
 	return st
 }
 

@@ -129,3 +129,14 @@ func WithObserver(o slots.Observer) Option {
 		}
 	})
 }
+
+// WithLeakDetection makes a Slot that is dropped without Release, and
+// collected while still held, give its capacity back; the leak is logged
+// (key, slot id, how long it was held) and reported as slots.EventLeaked.
+// A safety net for a missed Release, not a way to release: the collector
+// runs when it will. It costs one more allocation and a cleanup registration
+// per admission, so it is off by default; turn it on in tests and where
+// leaks are suspected.
+func WithLeakDetection() Option {
+	return optionFunc(func(c *config) { c.wait.LeakCheck = true })
+}

@@ -86,6 +86,7 @@ type Registry[K comparable] struct {
 	waitSeq        atomic.Uint64 // arrival order of waiters
 	invalidKeys    atomic.Uint64
 	doubleReleases atomic.Uint64
+	leaks          atomic.Uint64
 	hold           policy.HoldTime
 	satLog         policy.Every
 	limitLog       policy.Every
@@ -296,9 +297,32 @@ func checkContext(ctx context.Context) error {
 	return nil
 }
 
-func newHold() (*slots.Slot, *core.Hold) {
-	v, h := core.NewSlot()
-	return v.(*slots.Slot), h
+// pending is a Slot on its way to the caller. Without leak detection the
+// hold admitted is the Slot's own; with it, a tracked hold apart from the
+// Slot (see core.Tracked), for which the Slot becomes a stand-in.
+type pending struct {
+	s       *slots.Slot
+	standIn *core.Hold // the hold inside s
+	t       *core.Tracked
+}
+
+// newHold returns a pending Slot and the hold to admit for it.
+func (r *Registry[K]) newHold() (pending, *core.Hold) {
+	v, own := core.NewSlot()
+	p := pending{s: v.(*slots.Slot), standIn: own}
+	if !r.cfg.wait.LeakCheck {
+		return p, own
+	}
+	p.t = new(core.Tracked)
+	return p, &p.t.Hold
+}
+
+// handOut finishes an admission and returns the Slot.
+func (p pending) handOut() *slots.Slot {
+	if p.t != nil {
+		core.AttachTo(p.t, p.s, p.standIn)
+	}
+	return p.s
 }
 
 // acquireOne admits under one key; ctx == nil means do not wait.
@@ -312,7 +336,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 			return nil, err
 		}
 	}
-	s, h := newHold()
+	p, h := r.newHold()
 	h.At = r.clk.Coarse()
 
 	sh.mu.Lock()
@@ -335,7 +359,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		sh.holdLocked(r, e, h, &h.Idx)
 		sh.mu.Unlock()
 		r.emit(slots.Event{Kind: slots.EventAcquired})
-		return s, nil
+		return p.handOut(), nil
 	}
 	if ctx == nil {
 		sh.st.limitReached++
@@ -358,20 +382,20 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if e == nil {
 		e = sh.addLocked(r, key, hash, limit)
 	}
-	return r.waitOne(ctx, s, h, e, key)
+	return r.waitOne(ctx, p, h, e, key)
 }
 
 // waitOne queues s's hold on e and waits. Called with e's shard locked; it
 // unlocks it. (Kept apart from acquireOne so that the closure below does not
 // move acquireOne's variables to the heap on the fast path.)
-func (r *Registry[K]) waitOne(ctx context.Context, s *slots.Slot, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
+func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
 	h.Owner = e
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	e.lane.Waiters.PushBack(&w.Elem)
 	e.shard.mu.Unlock()
-	return r.await(ctx, s, w, start, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
+	return r.await(ctx, p, w, start, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
 }
 
 // TryAcquireAll is AcquireAll without waiting: it admits under every key if
@@ -430,7 +454,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 	}
 	slices.Sort(m.shards)
-	s, h := newHold()
+	p, h := r.newHold()
 	h.At = r.clk.Coarse()
 	h.Owner = m
 
@@ -460,7 +484,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		r.holdMultiLocked(h, m)
 		unlock()
 		r.emit(slots.Event{Kind: slots.EventAcquired})
-		return s, nil
+		return p.handOut(), nil
 	}
 	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
 	if ctx == nil {
@@ -499,7 +523,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		e.lane.Multi++
 	}
 	unlock()
-	return r.await(ctx, s, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+	return r.await(ctx, p, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
 }
 
 // dedupe returns keys without repeats, in first-seen order.
@@ -560,7 +584,7 @@ func (r *Registry[K]) unlockShards(idx []int) {
 //
 // start is the hold's acquire time as it was before w was queued: once
 // queued, a grant may overwrite it at any moment.
-func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, start int64, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
+func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, start int64, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
 	var expire <-chan time.Time
 	if r.cfg.wait.MaxWait > 0 {
 		c, stop := r.clk.Timer(r.cfg.wait.MaxWait)
@@ -572,7 +596,7 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 	switch out {
 	case core.OutGranted:
 		r.emit(slots.Event{Kind: slots.EventAcquired, Wait: time.Duration(h.At - start)})
-		return s, nil
+		return p.handOut(), nil
 	case core.OutCanceled:
 		sh.mu.Lock()
 		sh.st.canceled++
@@ -594,7 +618,7 @@ func (r *Registry[K]) await(ctx context.Context, s *slots.Slot, w *core.Waiter, 
 				slog.Duration("max_wait", r.cfg.wait.MaxWait))
 		}
 		r.emit(slots.Event{Kind: slots.EventBypassed, Wait: time.Duration(h.At - start)})
-		return s, nil
+		return p.handOut(), nil
 	}
 	ksh, khash := r.shardFor(key)
 	if ksh != sh {
@@ -914,6 +938,22 @@ func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.clk.Time(at) }
 
 // Time implements core.Owner.
 func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
+
+// Leaked implements core.Leaker: a Slot of key was dropped while held, and
+// its capacity has just been reclaimed.
+func (e *entry[K]) Leaked(h *core.Hold) { e.shard.r.leaked(h, e.key) }
+
+// Leaked implements core.Leaker, naming the multi-key slot's first key.
+func (m *multi[K]) Leaked(h *core.Hold) { m.r.leaked(h, m.entries[0].key) }
+
+func (r *Registry[K]) leaked(h *core.Hold, key K) {
+	held := time.Duration(r.clk.Coarse() - h.At)
+	r.leaks.Add(1)
+	r.cfg.wait.Log().Warn("registry: slot dropped without Release; capacity reclaimed",
+		slog.String("key", keyString(key)), slog.Uint64("slot_id", h.ID),
+		slog.Duration("held_for", held.Round(time.Millisecond)))
+	r.emit(slots.Event{Kind: slots.EventLeaked, Hold: held})
+}
 
 func (r *Registry[K]) misuse(h *core.Hold) {
 	r.doubleReleases.Add(1)

@@ -692,3 +692,36 @@ func TestRegistryEvents(t *testing.T) {
 	assert.Equal(t, int32(2), released.Load())
 	assert.Equal(t, int32(2), rejected.Load())
 }
+
+func TestRegistryLeakDetection(t *testing.T) {
+	var leaked atomic.Int32
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventLeaked {
+			leaked.Add(1)
+		}
+	})
+	reg := registry.New[string](1, registry.WithLeakDetection(), registry.WithObserver(obs), registry.WithLogger(quiet))
+	func() {
+		a, err := reg.TryAcquire("org-a")
+		require.NoError(t, err)
+		m, err := reg.AcquireAll(context.Background(), "zai", "zai/glm-5")
+		require.NoError(t, err)
+		_, _ = a, m // both dropped while held
+	}()
+	for i := 0; reg.Keys() != 0; i++ {
+		require.Less(t, i, 500, "the dropped slots were never reclaimed")
+		runtime.GC()
+		runtime.Gosched()
+	}
+	assert.Equal(t, uint64(2), reg.Stats().Leaked)
+	assert.Equal(t, int32(2), leaked.Load(), "each leak reported once")
+
+	kept, err := reg.TryAcquire("org-a")
+	require.NoError(t, err)
+	for range 5 {
+		runtime.GC()
+	}
+	assert.Equal(t, 1, reg.InFlight("org-a"), "a slot still referenced stays")
+	assert.True(t, kept.Release())
+	assert.Equal(t, 0, reg.Keys())
+}

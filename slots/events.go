@@ -19,6 +19,9 @@ const (
 	EventReleased
 	// EventDoubleRelease: Release was called on a slot already released.
 	EventDoubleRelease
+	// EventLeaked: a slot was dropped without Release and reclaimed (with
+	// leak detection on); its EventReleased came just before, with Hold.
+	EventLeaked
 )
 
 // Event is one thing that happened to an admission, for metrics. It names
@@ -27,7 +30,7 @@ type Event struct {
 	Kind EventKind
 	Err  error         // EventRejected
 	Wait time.Duration // EventAcquired, EventBypassed
-	Hold time.Duration // EventReleased; accurate to about 10 ms on the real clock
+	Hold time.Duration // EventReleased, EventLeaked; accurate to about 10 ms on the real clock
 }
 
 // An Observer receives Events from a Limiter or a Registry. Observe is

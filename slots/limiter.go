@@ -36,6 +36,7 @@ type Limiter struct {
 	stats Stats     // outcome totals; InFlight and Waiting are filled on read
 
 	doubleReleases atomic.Uint64
+	leaks          atomic.Uint64
 	hold           policy.HoldTime
 	satLog         policy.Every
 }
@@ -55,6 +56,7 @@ type Stats struct {
 	WaitTimeouts   uint64 // fail-closed rejections by WithMaxWait
 	Canceled       uint64 // waits ended by the context
 	DoubleReleases uint64 // Release calls on a slot already released
+	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)
 }
 
 // NewLimiter returns a Limiter that admits at most limit holders at once.
@@ -83,9 +85,7 @@ func (l *Limiter) clock() *clockx.Clock {
 // TryAcquire admits a Slot if one is free and nobody is waiting, without
 // waiting. Otherwise it returns a *LimitError wrapping ErrLimitReached.
 func (l *Limiter) TryAcquire() (*Slot, error) {
-	s := new(Slot)
-	h := &s.h
-	h.Owner = l.owner()
+	s, h, t := l.newHold()
 	h.At = l.clock().Coarse()
 
 	l.mu.Lock()
@@ -99,7 +99,29 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 	l.admitLocked(h)
 	l.mu.Unlock()
 	l.emit(Event{Kind: EventAcquired})
-	return s, nil
+	return handOut(s, t), nil
+}
+
+// newHold returns a new Slot and the hold to admit for it: the Slot's own,
+// or with leak detection a tracked one apart from it (see core.Tracked).
+func (l *Limiter) newHold() (*Slot, *core.Hold, *core.Tracked) {
+	s := new(Slot)
+	if !l.wait.LeakCheck {
+		s.h.Owner = l.owner()
+		return s, &s.h, nil
+	}
+	t := new(core.Tracked)
+	t.Owner = l.owner()
+	return s, &t.Hold, t
+}
+
+// handOut finishes an admission: with leak detection, s becomes the stand-in
+// of its tracked hold t.
+func handOut(s *Slot, t *core.Tracked) *Slot {
+	if t != nil {
+		core.AttachTo(t, s, &s.h)
+	}
+	return s
 }
 
 // emit hands e to the Observer, if there is one. Call without the lock.
@@ -128,9 +150,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		}
 	}
 	clk := l.clock()
-	s := new(Slot)
-	h := &s.h
-	h.Owner = l.owner()
+	s, h, t := l.newHold()
 	h.At = clk.Coarse()
 
 	l.mu.Lock()
@@ -138,7 +158,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.admitLocked(h)
 		l.mu.Unlock()
 		l.emit(Event{Kind: EventAcquired})
-		return s, nil
+		return handOut(s, t), nil
 	}
 	if l.wait.QueueFull(l.lane.Waiters.Len()) {
 		l.stats.QueueFull++
@@ -162,7 +182,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	switch out {
 	case core.OutGranted:
 		l.emit(Event{Kind: EventAcquired, Wait: time.Duration(h.At - start)})
-		return s, nil
+		return handOut(s, t), nil
 	case core.OutCanceled:
 		l.mu.Lock()
 		l.stats.Canceled++
@@ -186,7 +206,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 				slog.Duration("max_wait", l.wait.MaxWait), slog.Uint64("slot_id", h.ID))
 		}
 		l.emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start)})
-		return s, nil
+		return handOut(s, t), nil
 	}
 	l.stats.WaitTimeouts++
 	err := l.rejectLocked(ErrWaitTimeout)
@@ -284,6 +304,17 @@ func (o *owner) Misuse(h *core.Hold) {
 // Time implements core.Owner.
 func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).clock().Time(at) }
 
+// Leaked implements core.Leaker: a Slot was dropped while held, and its
+// capacity has just been reclaimed.
+func (o *owner) Leaked(h *core.Hold) {
+	l := (*Limiter)(o)
+	held := time.Duration(l.clock().Coarse() - h.At)
+	l.leaks.Add(1)
+	l.wait.Log().Warn("slots: slot dropped without Release; capacity reclaimed",
+		slog.Uint64("slot_id", h.ID), slog.Duration("held_for", held.Round(time.Millisecond)))
+	l.emit(Event{Kind: EventLeaked, Hold: held})
+}
+
 // SetLimit changes the limit. Raising it admits waiters in arrival order at
 // once; lowering it never takes a slot from a holder: admissions resume when
 // enough holders have released. A negative n is ignored (and logged).
@@ -330,6 +361,7 @@ func (l *Limiter) Stats() Stats {
 	st.Limit = l.limit
 	l.mu.Unlock()
 	st.DoubleReleases = l.doubleReleases.Load()
+	st.Leaked = l.leaks.Load()
 	return st
 }
 

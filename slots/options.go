@@ -60,3 +60,14 @@ func WithObserver(o Observer) Option {
 		}
 	})
 }
+
+// WithLeakDetection makes a Slot that is dropped without Release, and
+// collected by the garbage collector while still held, give its capacity
+// back; the leak is logged (slot id, how long it was held) and reported as
+// EventLeaked. It is a safety net for a missed Release, not a way to
+// release: the collector runs when it will. It costs one more allocation
+// and a cleanup registration per admission (see the benchmarks), so it is
+// off by default; turn it on in tests and where leaks are suspected.
+func WithLeakDetection() Option {
+	return optionFunc(func(w *policy.Wait) { w.LeakCheck = true })
+}

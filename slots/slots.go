@@ -30,6 +30,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -105,7 +106,11 @@ func (s *Slot) Release() bool {
 	if !s.holds() {
 		return false
 	}
-	return s.h.Release()
+	ok := s.h.Release()
+	// With leak detection, s must stay reachable until its cleanup has been
+	// stopped, or a collection midway would report a leak that is not one.
+	runtime.KeepAlive(s)
+	return ok
 }
 
 // releaseQuietly frees the slot if it is still held, without counting a
@@ -114,6 +119,7 @@ func (s *Slot) Release() bool {
 func (s *Slot) releaseQuietly() {
 	if s.holds() {
 		s.h.ReleaseQuietly()
+		runtime.KeepAlive(s) // see Release
 	}
 }
 

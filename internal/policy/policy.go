@@ -21,6 +21,7 @@ type Wait struct {
 	Clock      clock.Clock   // nil: the real clock
 	Logger     *slog.Logger  // nil: slog.Default() at the time of logging
 	Observer   any           // nil, or the owner package's observer type
+	LeakCheck  bool          // reclaim and report Slots dropped while held
 }
 
 // QueueFull reports whether a caller finding waiting callers ahead must be

@@ -1,0 +1,81 @@
+package slots_test
+
+import (
+	"context"
+	"runtime"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// collectUntil runs the collector until cond holds (cleanups run on their
+// own goroutine after a collection), with a bound instead of a hang.
+func collectUntil(t *testing.T, cond func() bool) {
+	t.Helper()
+	for i := 0; !cond(); i++ {
+		require.Less(t, i, 500, "the condition never held")
+		runtime.GC()
+		runtime.Gosched()
+	}
+}
+
+func TestLimiterLeakDetection(t *testing.T) {
+	var logs logSink
+	var ev eventCounts
+	l := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(logs.logger()), slots.WithObserver(&ev))
+
+	func() {
+		s, err := l.Acquire(context.Background())
+		require.NoError(t, err)
+		_ = s // dropped here without Release
+	}()
+	collectUntil(t, func() bool { return l.InFlight() == 0 })
+	assert.Equal(t, uint64(1), l.Stats().Leaked)
+	assert.Equal(t, 1, logs.count("dropped without Release"))
+	assert.Equal(t, int64(1), ev.released.Load(), "capacity came back")
+
+	kept, err := l.TryAcquire()
+	require.NoError(t, err, "the reclaimed capacity is usable")
+	for range 5 {
+		runtime.GC()
+	}
+	assert.Equal(t, 1, l.InFlight(), "a slot still referenced is never reclaimed")
+	assert.True(t, kept.Release())
+	assert.False(t, kept.Release(), "the stand-in counts a double release")
+	assert.Equal(t, uint64(1), l.Stats().DoubleReleases)
+
+	func() {
+		s, _ := l.TryAcquire()
+		s.Release() // released, then dropped: no leak
+	}()
+	for range 5 {
+		runtime.GC()
+		runtime.Gosched()
+	}
+	assert.Equal(t, uint64(1), l.Stats().Leaked, "still only the one leak")
+	assert.Equal(t, 0, l.InFlight())
+}
+
+func TestLimiterLeakDetectionForWaiters(t *testing.T) {
+	l := slots.NewLimiter(1, slots.WithLeakDetection())
+	first, _ := l.TryAcquire()
+	got := make(chan struct{})
+	go func() {
+		s, err := l.Acquire(context.Background())
+		if assert.NoError(t, err) {
+			assert.False(t, s.AcquiredAt().IsZero())
+			assert.NotZero(t, s.ID())
+		}
+		close(got) // s is dropped while held
+	}()
+	for l.Waiting() == 0 {
+		runtime.Gosched()
+	}
+	first.Release()
+	<-got
+	collectUntil(t, func() bool { return l.InFlight() == 0 })
+	assert.Equal(t, uint64(1), l.Stats().Leaked)
+}
