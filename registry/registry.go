@@ -314,6 +314,9 @@ func (r *Registry[K]) newHold() (pending, *core.Hold) {
 		return p, own
 	}
 	p.t = new(core.Tracked)
+	if r.cfg.wait.LeakSites {
+		p.t.RecordSite(3) // above newHold, acquireOne or acquireAll, and the exported method
+	}
 	return p, &p.t.Hold
 }
 
@@ -941,17 +944,20 @@ func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
 
 // Leaked implements core.Leaker: a Slot of key was dropped while held, and
 // its capacity has just been reclaimed.
-func (e *entry[K]) Leaked(h *core.Hold) { e.shard.r.leaked(h, e.key) }
+func (e *entry[K]) Leaked(t *core.Tracked) { e.shard.r.leaked(t, e.key) }
 
 // Leaked implements core.Leaker, naming the multi-key slot's first key.
-func (m *multi[K]) Leaked(h *core.Hold) { m.r.leaked(h, m.entries[0].key) }
+func (m *multi[K]) Leaked(t *core.Tracked) { m.r.leaked(t, m.entries[0].key) }
 
-func (r *Registry[K]) leaked(h *core.Hold, key K) {
-	held := time.Duration(r.clk.Coarse() - h.At)
+func (r *Registry[K]) leaked(t *core.Tracked, key K) {
+	held := time.Duration(r.clk.Coarse() - t.At)
 	r.leaks.Add(1)
-	r.cfg.wait.Log().Warn("registry: slot dropped without Release; capacity reclaimed",
-		slog.String("key", keyString(key)), slog.Uint64("slot_id", h.ID),
-		slog.Duration("held_for", held.Round(time.Millisecond)))
+	attrs := []any{slog.String("key", keyString(key)), slog.Uint64("slot_id", t.ID),
+		slog.Duration("held_for", held.Round(time.Millisecond))}
+	if site := t.Site(); site != "" {
+		attrs = append(attrs, slog.String("acquired_at", site))
+	}
+	r.cfg.wait.Log().Warn("registry: slot dropped without Release; capacity reclaimed", attrs...)
 	r.emit(slots.Event{Kind: slots.EventLeaked, Hold: held})
 }
 

@@ -2,7 +2,9 @@ package slots_test
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
+	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -79,3 +81,39 @@ func TestLimiterLeakDetectionForWaiters(t *testing.T) {
 	collectUntil(t, func() bool { return l.InFlight() == 0 })
 	assert.Equal(t, uint64(1), l.Stats().Leaked)
 }
+
+func TestLimiterLeakSites(t *testing.T) {
+	var logs siteSink
+	l := slots.NewLimiter(1, slots.WithLeakSites(), slots.WithLogger(slog.New(&logs)))
+	func() {
+		s, _ := l.TryAcquire() // this line is the site
+		_ = s
+	}()
+	collectUntil(t, func() bool { return l.InFlight() == 0 })
+	site := logs.site()
+	assert.Contains(t, site, "slots_test.TestLimiterLeakSites")
+	assert.Contains(t, site, "leak_test.go:")
+	assert.NotContains(t, site, "slots.(*Limiter)", "the library's own frames are skipped")
+}
+
+// siteSink keeps the acquired_at attribute of the last record.
+type siteSink struct {
+	mu sync.Mutex
+	at string
+}
+
+func (s *siteSink) site() string                             { s.mu.Lock(); defer s.mu.Unlock(); return s.at }
+func (s *siteSink) Enabled(context.Context, slog.Level) bool { return true }
+func (s *siteSink) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "acquired_at" {
+			s.mu.Lock()
+			s.at = a.Value.String()
+			s.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+func (s *siteSink) WithAttrs([]slog.Attr) slog.Handler { return s }
+func (s *siteSink) WithGroup(string) slog.Handler      { return s }

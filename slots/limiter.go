@@ -112,6 +112,9 @@ func (l *Limiter) newHold() (*Slot, *core.Hold, *core.Tracked) {
 	}
 	t := new(core.Tracked)
 	t.Owner = l.owner()
+	if l.wait.LeakSites {
+		t.RecordSite(2) // above newHold and TryAcquire or Acquire
+	}
 	return s, &t.Hold, t
 }
 
@@ -306,12 +309,15 @@ func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).clock().Time(at)
 
 // Leaked implements core.Leaker: a Slot was dropped while held, and its
 // capacity has just been reclaimed.
-func (o *owner) Leaked(h *core.Hold) {
+func (o *owner) Leaked(t *core.Tracked) {
 	l := (*Limiter)(o)
-	held := time.Duration(l.clock().Coarse() - h.At)
+	held := time.Duration(l.clock().Coarse() - t.At)
 	l.leaks.Add(1)
-	l.wait.Log().Warn("slots: slot dropped without Release; capacity reclaimed",
-		slog.Uint64("slot_id", h.ID), slog.Duration("held_for", held.Round(time.Millisecond)))
+	attrs := []any{slog.Uint64("slot_id", t.ID), slog.Duration("held_for", held.Round(time.Millisecond))}
+	if site := t.Site(); site != "" {
+		attrs = append(attrs, slog.String("acquired_at", site))
+	}
+	l.wait.Log().Warn("slots: slot dropped without Release; capacity reclaimed", attrs...)
 	l.emit(Event{Kind: EventLeaked, Hold: held})
 }
 

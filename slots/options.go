@@ -71,3 +71,10 @@ func WithObserver(o Observer) Option {
 func WithLeakDetection() Option {
 	return optionFunc(func(w *policy.Wait) { w.LeakCheck = true })
 }
+
+// WithLeakSites is WithLeakDetection that also records where each slot was
+// acquired (the caller's stack, about a microsecond per admission), and names
+// that place in the leak warning.
+func WithLeakSites() Option {
+	return optionFunc(func(w *policy.Wait) { w.LeakCheck, w.LeakSites = true, true })
+}

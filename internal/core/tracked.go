@@ -1,7 +1,9 @@
 package core
 
 import (
+	"fmt"
 	"runtime"
+	"strings"
 	"time"
 )
 
@@ -14,12 +16,48 @@ import (
 type Tracked struct {
 	Hold    // what the lane counts; its Owner is the lane
 	cleanup runtime.Cleanup
+	site    []uintptr // where it was acquired, when recorded (RecordSite)
 }
 
 // A Leaker is told when a Tracked hold is reclaimed from a dropped Slot,
 // after its capacity has been freed. Owners implement it optionally.
 type Leaker interface {
-	Leaked(h *Hold)
+	Leaked(t *Tracked)
+}
+
+// modulePrefix marks this module's frames, which a site report skips.
+const modulePrefix = "github.com/inflight-go/inflight/"
+
+// RecordSite records the caller's stack, skipping skip frames above
+// RecordSite's caller, for Site. It costs about a microsecond.
+func (t *Tracked) RecordSite(skip int) {
+	var pcs [16]uintptr
+	n := runtime.Callers(skip+2, pcs[:])
+	t.site = append([]uintptr(nil), pcs[:n]...)
+}
+
+// Site describes where the hold was acquired: the first frames outside this
+// module, innermost first, as "function (file:line)"; "" when no site was
+// recorded.
+func (t *Tracked) Site() string {
+	if len(t.site) == 0 {
+		return ""
+	}
+	var out []string
+	frames := runtime.CallersFrames(t.site)
+	for {
+		f, more := frames.Next()
+		if pkg := packageOf(f.Function); !strings.HasPrefix(pkg, modulePrefix) || strings.HasSuffix(pkg, "_test") {
+			out = append(out, fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line))
+			if len(out) == 3 {
+				break
+			}
+		}
+		if !more {
+			break
+		}
+	}
+	return strings.Join(out, " <- ")
 }
 
 // AttachTo makes stand-in (the Hold inside the user's Slot, which must be
@@ -39,7 +77,7 @@ func reclaim(t *Tracked) {
 		return
 	}
 	if l, ok := t.Hold.Owner.(Leaker); ok {
-		l.Leaked(&t.Hold)
+		l.Leaked(t)
 	}
 }
 
@@ -55,3 +93,13 @@ func (t *Tracked) Misuse(*Hold) { t.Hold.Owner.Misuse(&t.Hold) }
 
 // Time implements Owner for the stand-in.
 func (t *Tracked) Time(at int64) time.Time { return t.Hold.Owner.Time(at) }
+
+// packageOf returns the import path of a function's package, from a name
+// such as "github.com/x/y.(*T).M.func1".
+func packageOf(function string) string {
+	slash := strings.LastIndex(function, "/")
+	if dot := strings.Index(function[slash+1:], "."); dot >= 0 {
+		return function[:slash+1+dot]
+	}
+	return function
+}

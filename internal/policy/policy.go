@@ -22,6 +22,7 @@ type Wait struct {
 	Logger     *slog.Logger  // nil: slog.Default() at the time of logging
 	Observer   any           // nil, or the owner package's observer type
 	LeakCheck  bool          // reclaim and report Slots dropped while held
+	LeakSites  bool          // with LeakCheck: record where each slot was acquired
 }
 
 // QueueFull reports whether a caller finding waiting callers ahead must be
