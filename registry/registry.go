@@ -278,6 +278,7 @@ func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 // A key whose limit is 0 waits until SetLimit raises it.
 func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 	if err := checkContext(ctx); err != nil {
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: err})
 		return nil, err
 	}
 	return r.acquireOne(ctx, key)
@@ -415,6 +416,7 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // those of Acquire; a *slots.LimitError names the first key that was full.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	if err := checkContext(ctx); err != nil {
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: err})
 		return nil, err
 	}
 	return r.acquireAll(ctx, keys)
@@ -944,10 +946,22 @@ func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
 
 // Leaked implements core.Leaker: a Slot of key was dropped while held, and
 // its capacity has just been reclaimed.
-func (e *entry[K]) Leaked(t *core.Tracked) { e.shard.r.leaked(t, e.key) }
+func (e *entry[K]) Reclaim(t *core.Tracked) { e.shard.r.reclaim(t, e) }
 
-// Leaked implements core.Leaker, naming the multi-key slot's first key.
-func (m *multi[K]) Leaked(t *core.Tracked) { m.r.leaked(t, m.entries[0].key) }
+// Reclaim implements core.Leaker, naming the multi-key slot's first key.
+func (m *multi[K]) Reclaim(t *core.Tracked) { m.r.reclaim(t, m.entries[0]) }
+
+// reclaim frees a dropped Slot's hold and reports the leak. The key is read
+// first, under its shard's lock: the hold still counts then, so e is still
+// the key's entry; once freed, e may go idle and serve another key.
+func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
+	e.shard.mu.Lock()
+	key := e.key
+	e.shard.mu.Unlock()
+	if t.ReleaseQuietly() {
+		r.leaked(t, key)
+	}
+}
 
 func (r *Registry[K]) leaked(t *core.Tracked, key K) {
 	held := time.Duration(r.clk.Coarse() - t.At)

@@ -700,7 +700,8 @@ func TestRegistryLeakDetection(t *testing.T) {
 			leaked.Add(1)
 		}
 	})
-	reg := registry.New[string](1, registry.WithLeakDetection(), registry.WithObserver(obs), registry.WithLogger(quiet))
+	var keysLogged keyLog
+	reg := registry.New[string](1, registry.WithLeakDetection(), registry.WithObserver(obs), registry.WithLogger(slog.New(&keysLogged)))
 	func() {
 		a, err := reg.TryAcquire("org-a")
 		require.NoError(t, err)
@@ -708,13 +709,16 @@ func TestRegistryLeakDetection(t *testing.T) {
 		require.NoError(t, err)
 		_, _ = a, m // both dropped while held
 	}()
-	for i := 0; reg.Keys() != 0; i++ {
+	// The reports come after the capacity: wait for the reports.
+	for i := 0; leaked.Load() < 2; i++ {
 		require.Less(t, i, 500, "the dropped slots were never reclaimed")
 		runtime.GC()
 		runtime.Gosched()
 	}
+	assert.Equal(t, 0, reg.Keys())
 	assert.Equal(t, uint64(2), reg.Stats().Leaked)
 	assert.Equal(t, int32(2), leaked.Load(), "each leak reported once")
+	assert.ElementsMatch(t, []string{"org-a", "zai"}, keysLogged.list(), "the log names the key, read before it went idle")
 
 	kept, err := reg.TryAcquire("org-a")
 	require.NoError(t, err)
@@ -725,3 +729,29 @@ func TestRegistryLeakDetection(t *testing.T) {
 	assert.True(t, kept.Release())
 	assert.Equal(t, 0, reg.Keys())
 }
+
+// keyLog keeps the "key" attribute of each record.
+type keyLog struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (k *keyLog) list() []string {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return append([]string(nil), k.keys...)
+}
+func (k *keyLog) Enabled(context.Context, slog.Level) bool { return true }
+func (k *keyLog) Handle(_ context.Context, r slog.Record) error {
+	r.Attrs(func(a slog.Attr) bool {
+		if a.Key == "key" {
+			k.mu.Lock()
+			k.keys = append(k.keys, a.Value.String())
+			k.mu.Unlock()
+		}
+		return true
+	})
+	return nil
+}
+func (k *keyLog) WithAttrs([]slog.Attr) slog.Handler { return k }
+func (k *keyLog) WithGroup(string) slog.Handler      { return k }

@@ -18,6 +18,7 @@ import (
 // eventCounts tallies events by kind, and rejections by reason.
 type eventCounts struct {
 	acquired, rejected, bypassed, released, doubles atomic.Int64
+	leaked                                          atomic.Int64
 	mu                                              sync.Mutex
 	reasons                                         map[string]int
 	waits, holds                                    []time.Duration
@@ -47,6 +48,8 @@ func (c *eventCounts) Observe(e slots.Event) {
 		c.mu.Unlock()
 	case slots.EventDoubleRelease:
 		c.doubles.Add(1)
+	case slots.EventLeaked:
+		c.leaked.Add(1)
 	}
 }
 

@@ -142,12 +142,14 @@ func (l *Limiter) emit(e Event) {
 // A nil ctx fails with ErrNilContext.
 func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	if ctx == nil {
+		l.emit(Event{Kind: EventRejected, Err: ErrNilContext})
 		return nil, ErrNilContext
 	}
 	done := ctx.Done()
 	if done != nil {
 		select {
 		case <-done:
+			l.emit(Event{Kind: EventRejected, Err: ctx.Err()})
 			return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
 		default:
 		}
@@ -307,9 +309,11 @@ func (o *owner) Misuse(h *core.Hold) {
 // Time implements core.Owner.
 func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).clock().Time(at) }
 
-// Leaked implements core.Leaker: a Slot was dropped while held, and its
-// capacity has just been reclaimed.
-func (o *owner) Leaked(t *core.Tracked) {
+// Reclaim implements core.Leaker: a Slot was dropped while held.
+func (o *owner) Reclaim(t *core.Tracked) {
+	if !t.ReleaseQuietly() {
+		return
+	}
 	l := (*Limiter)(o)
 	held := time.Duration(l.clock().Coarse() - t.At)
 	l.leaks.Add(1)

@@ -97,6 +97,13 @@ func init() {
 	}
 }
 
+// tracked reports whether s stands in for a hold kept apart from it
+// (leak detection); such a Slot must not be kept reachable by the library.
+func (s *Slot) tracked() bool {
+	_, ok := s.h.Owner.(*core.Tracked)
+	return ok
+}
+
 // holds reports whether s came from an admission.
 func (s *Slot) holds() bool { return s != nil && s.h.Owner != nil }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"net/http"
+	"weak"
 )
 
 // AdmitFunc admits one request: it picks the cap (a Limiter, a registry key
@@ -86,7 +87,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// allocations.)
 	var stop func() bool
 	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, s.releaseQuietly)
+		release := s.releaseQuietly
+		if s.tracked() {
+			// With leak detection the watch must not keep s reachable:
+			// a dropped body would then never be found.
+			wp := weak.Make(s)
+			release = func() {
+				if s := wp.Value(); s != nil {
+					s.releaseQuietly()
+				}
+			}
+		}
+		stop = context.AfterFunc(ctx, release)
 	}
 	resp.Body = wrapBody(resp.Body, s, stop)
 	return resp, nil

@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"context"
+	"runtime"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -172,4 +173,21 @@ func TestHolderSetAgainstModel(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestTrackedRefusesACopy: with leak detection, Release through a copy of
+// the stand-in (what a copied Slot carries) frees nothing.
+func TestTrackedRefusesACopy(t *testing.T) {
+	o := &owner{}
+	type slot struct{ h core.Hold }
+	s := &slot{}
+	tr := &core.Tracked{Hold: core.Hold{Owner: o}}
+	core.AttachTo(tr, s, &s.h)
+	copied := &core.Hold{Owner: s.h.Owner} // another Hold with the same owner
+	assert.True(t, copied.Release(), "its own flag flips")
+	assert.Equal(t, int32(0), o.released.Load(), "but nothing is freed")
+	assert.Equal(t, int32(1), o.misused.Load())
+	assert.True(t, s.h.Release())
+	assert.Equal(t, int32(1), o.released.Load())
+	runtime.KeepAlive(s)
 }

@@ -5,6 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"time"
+	"unsafe"
 )
 
 // Tracked keeps the hold that a lane counts apart from the user's Slot, for
@@ -17,12 +18,16 @@ type Tracked struct {
 	Hold    // what the lane counts; its Owner is the lane
 	cleanup runtime.Cleanup
 	site    []uintptr // where it was acquired, when recorded (RecordSite)
+	// standIn is the address of the stand-in Hold. An address, not a
+	// pointer: it must not keep the Slot alive. Go's heap does not move.
+	standIn uintptr
 }
 
-// A Leaker is told when a Tracked hold is reclaimed from a dropped Slot,
-// after its capacity has been freed. Owners implement it optionally.
+// A Leaker reclaims a Tracked hold whose Slot was dropped: it reads what it
+// will report (the key) while the hold is still counted, frees the hold with
+// ReleaseQuietly, and reports the leak. Owners without it are freed silently.
 type Leaker interface {
-	Leaked(t *Tracked)
+	Reclaim(t *Tracked)
 }
 
 // modulePrefix marks this module's frames, which a site report skips.
@@ -66,26 +71,31 @@ func (t *Tracked) Site() string {
 func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 	standIn.Owner = t
 	standIn.ID, standIn.At, standIn.Bypassed = t.ID, t.At, t.Bypassed
+	t.standIn = uintptr(unsafe.Pointer(standIn))
 	// The cleanup's argument is t, which does not reach slot: the lane
 	// refers to t, never to the Slot.
 	t.cleanup = runtime.AddCleanup(slot, reclaim, t)
 }
 
 // reclaim runs when a Slot was dropped without Release: it frees the hold.
+// It runs on a runtime goroutine, outside any testing/synctest bubble.
 func reclaim(t *Tracked) {
-	if !t.Hold.ReleaseQuietly() || t.Hold.Bypassed {
+	if l, ok := t.Hold.Owner.(Leaker); ok && !t.Hold.Bypassed {
+		l.Reclaim(t)
 		return
 	}
-	if l, ok := t.Hold.Owner.(Leaker); ok {
-		l.Leaked(t)
-	}
+	t.Hold.ReleaseQuietly() // a bypassed hold holds no capacity: nothing to report
 }
 
-// Release implements Owner for the stand-in: it frees the tracked hold.
-func (t *Tracked) Release(*Hold) {
+// Release implements Owner for the stand-in: it frees the tracked hold. A
+// copy of the Slot (which go vet flags) is another Hold: refused as misuse.
+func (t *Tracked) Release(h *Hold) {
+	if uintptr(unsafe.Pointer(h)) != t.standIn {
+		t.Hold.Owner.Misuse(&t.Hold)
+		return
+	}
 	t.cleanup.Stop()
 	t.Hold.Release()
-	runtime.KeepAlive(t)
 }
 
 // Misuse implements Owner for the stand-in.
