@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // SetLimit sets key's limit, overriding the default and WithLimitFunc, and
@@ -21,7 +22,7 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 			slog.String("key", keyString(key)), slog.Int("limit", n))
 		return
 	}
-	if r.checkKey(key) != nil {
+	if r.validKey(key) != nil {
 		return
 	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
@@ -36,7 +37,7 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 // ClearLimit removes key's SetLimit override: the key goes back to
 // WithLimitFunc's limit or the default, at once if it is live.
 func (r *Registry[K]) ClearLimit(key K) {
-	if r.checkKey(key) != nil {
+	if r.validKey(key) != nil {
 		return
 	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
@@ -103,6 +104,11 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		case <-fetch:
 			return nil
 		case <-done:
+			// The caller gave up while queued behind the first fetch.
+			sh.mu.Lock()
+			sh.st.canceled++
+			sh.mu.Unlock()
+			r.emit(slots.Event{Kind: slots.EventRejected, Err: ctx.Err()})
 			return fmt.Errorf("registry: acquire: %w", ctx.Err())
 		}
 	}

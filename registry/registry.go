@@ -233,20 +233,26 @@ func (r *Registry[K]) shardFor(key K) (*shard[K], uint64) {
 // lookup returns key's live entry in sh, or nil.
 func (sh *shard[K]) lookup(key K, h uint64) *entry[K] { return sh.lanes.get(key, h) }
 
-// checkKey rejects keys over the length bound, and keys that a map could
+// checkKey is validKey for an admission: a bad key is a counted rejection.
+func (r *Registry[K]) checkKey(key K) error {
+	err := r.validKey(key)
+	if err != nil {
+		r.invalidKeys.Add(1)
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrInvalidKey})
+	}
+	return err
+}
+
+// validKey rejects keys over the length bound, and keys that a map could
 // never find again: a NaN (or a struct or interface holding one) is unequal to
 // itself, and an interface holding a slice cannot be hashed at all.
-func (r *Registry[K]) checkKey(key K) error {
+func (r *Registry[K]) validKey(key K) error {
 	if r.keyLen != nil {
 		if n := r.keyLen(key); n > r.cfg.maxKeyBytes {
-			r.invalidKeys.Add(1)
-			r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrInvalidKey})
 			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.cfg.maxKeyBytes)
 		}
 	}
 	if r.selfCheck && !equalsItself(key) {
-		r.invalidKeys.Add(1)
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrInvalidKey})
 		return fmt.Errorf("%w: the key is not equal to itself (NaN) or not comparable", ErrInvalidKey)
 	}
 	return nil
@@ -425,6 +431,7 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, error) {
 	switch len(keys) {
 	case 0:
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrNoKeys})
 		return nil, ErrNoKeys
 	case 1:
 		return r.acquireOne(ctx, keys[0])
@@ -611,7 +618,7 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 	}
 	if r.cfg.wait.FailOpen {
 		h.Bypassed = true
-		h.At = r.clk.Nanos()
+		h.At = r.clk.Coarse() // the clock start was read on
 		sh.mu.Lock()
 		sh.st.bypassed++
 		sh.seq++
@@ -758,6 +765,7 @@ func (e *entry[K]) Release(h *core.Hold) {
 		// room shows before they can be served.
 		sh.mu.Unlock()
 		if !r.releaseSlow(h, []*entry[K]{e}, nil) {
+			r.misuse(h) // a copied Slot: it holds nothing
 			return
 		}
 	}
@@ -769,9 +777,11 @@ func (m *multi[K]) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
-	if m.r.releaseSlow(h, m.entries, m) {
-		m.r.released(h)
+	if !m.r.releaseSlow(h, m.entries, m) {
+		m.r.misuse(h) // a copied Slot: it holds nothing
+		return
 	}
+	m.r.released(h)
 }
 
 // released samples the hold time and reports the release.
@@ -801,8 +811,8 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 		}
 		if !e.lane.Holders.Remove(h, idx) {
 			// A copied Slot holds nothing; its first key shows it, and
-			// nothing has been removed yet.
-			r.misuse(h)
+			// nothing has been removed yet. The caller counts the misuse
+			// once the locks are released.
 			return false
 		}
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"math"
+	"reflect"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -224,4 +226,62 @@ func TestRegistryLimitCacheFollowsLiveKeys(t *testing.T) {
 		}
 		assert.Equal(t, 100, reg.CachedLimits(), "the prune dropped the old idle limit and kept the recent ones")
 	})
+}
+
+// copySlot copies a Slot the way careless code would (go vet flags a plain
+// copy, so reflection stands in for it).
+func copySlot(s *slots.Slot) *slots.Slot {
+	c := new(slots.Slot)
+	reflect.ValueOf(c).Elem().Set(reflect.ValueOf(s).Elem())
+	return c
+}
+
+// TestObserverNeverUnderLock: releasing a copied multi-key slot is misuse;
+// the Observer hears of it with no registry lock held, so it may call back.
+func TestObserverNeverUnderLock(t *testing.T) {
+	var reg *registry.Registry[string]
+	var calledBack atomic.Int32
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind != slots.EventDoubleRelease {
+			return
+		}
+		done := make(chan struct{})
+		go func() { reg.Stats(); close(done) }()
+		select {
+		case <-done:
+			calledBack.Add(1)
+		case <-time.After(5 * time.Second):
+			t.Error("the Observer was called with registry locks held")
+		}
+	})
+	reg = registry.New[string](1, registry.WithObserver(obs), registry.WithLogger(quiet))
+	m, err := reg.TryAcquireAll("p", "q")
+	require.NoError(t, err)
+	copySlot(m).Release()
+	assert.Equal(t, int32(1), calledBack.Load())
+	assert.Equal(t, 1, reg.InFlight("p"), "the copy freed nothing")
+	m.Release()
+	assert.Equal(t, 0, reg.Keys())
+}
+
+func TestEveryAttemptEndsInOneEvent(t *testing.T) {
+	var rejected atomic.Int32
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventRejected {
+			rejected.Add(1)
+		}
+	})
+	reg := registry.New[string](1, registry.WithObserver(obs))
+	_, err := reg.AcquireAll(context.Background())
+	assert.ErrorIs(t, err, registry.ErrNoKeys)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = reg.Acquire(ctx, "k")
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.Equal(t, int32(2), rejected.Load())
+
+	reg.SetLimit(strings.Repeat("x", registry.DefaultMaxKeyBytes+1), 3)
+	reg.ClearLimit(strings.Repeat("x", registry.DefaultMaxKeyBytes+1))
+	assert.Equal(t, int32(2), rejected.Load(), "limits set on a bad key are no rejections")
+	assert.Equal(t, uint64(0), reg.Stats().InvalidKeys)
 }

@@ -204,7 +204,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		inFlight, limit, queued := l.lane.Holders.Len(), l.limit, l.lane.Waiters.Len()
 		l.mu.Unlock()
 		h.Bypassed = true
-		h.At = clk.Nanos()
+		h.At = clk.Coarse() // the clock start was read on
 		if l.satLog.Allow(h.At, saturationLogEvery) {
 			l.wait.Log().Warn("slots: limiter saturated; admitting without a slot (fail-open)",
 				slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued),

@@ -55,6 +55,8 @@ type Report[K comparable] struct {
 	// per slot.
 	LongHeld      []Held[K]
 	NewlyLongHeld []Held[K]
+
+	over int // distinct slots in LongHeld
 }
 
 // Tick is the part of a Report that metrics want: totals, no key labels.
@@ -62,7 +64,7 @@ type Tick struct {
 	InUse         int
 	Keys          int
 	MaxPerKey     int
-	OverThreshold int // holders over the threshold now
+	OverThreshold int // slots held over the threshold now (a multi-key slot once)
 	NewlyOver     int // of them, those seen over it for the first time
 }
 
@@ -185,7 +187,8 @@ func start[K comparable](walk func(func([]registry.Holder[K])) bool, opts []Opti
 }
 
 // Stop ends the Monitor's goroutine and waits for it. It is safe to call
-// more than once and after the Monitor has ended by itself.
+// more than once and after the Monitor has ended by itself, but not from the
+// Observer, which runs on that goroutine.
 func (m *Monitor[K]) Stop() {
 	m.stopOnce.Do(func() { close(m.stop) })
 	<-m.done
@@ -230,20 +233,30 @@ func (m *Monitor[K]) sweep(now time.Time) (Report[K], bool) {
 	rep := Report[K]{At: now}
 	perKey := make(map[K]int)
 	stillLong := make(map[uint64]struct{}, len(m.reported))
+	over := 0 // distinct slots over the threshold
 	ok := m.walk(func(hs []registry.Holder[K]) {
 		for _, h := range hs {
 			rep.InUse++
 			perKey[h.Key]++
 			held := now.Sub(h.AcquiredAt)
 			if held < m.cfg.threshold {
+				if _, before := m.reported[h.ID]; before {
+					// Reported by a sweep whose now was later (a manual
+					// Sweep between a tick and its sweep): keep it
+					// reported.
+					stillLong[h.ID] = struct{}{}
+				}
 				continue
 			}
 			lh := Held[K]{Key: h.Key, ID: h.ID, AcquiredAt: h.AcquiredAt, HeldFor: held}
 			rep.LongHeld = append(rep.LongHeld, lh)
 			_, before := m.reported[h.ID]
 			_, metAlready := stillLong[h.ID] // a multi-key slot is met once per key
-			if !before && !metAlready {
-				rep.NewlyLongHeld = append(rep.NewlyLongHeld, lh)
+			if !metAlready {
+				over++
+				if !before {
+					rep.NewlyLongHeld = append(rep.NewlyLongHeld, lh)
+				}
 			}
 			stillLong[h.ID] = struct{}{}
 		}
@@ -251,9 +264,10 @@ func (m *Monitor[K]) sweep(now time.Time) (Report[K], bool) {
 	if !ok {
 		return Report[K]{At: now}, false
 	}
-	// Only the holders still over the threshold are remembered, so the set
-	// stays as small as what is held.
+	// Only reported holders still held are remembered, so the set stays as
+	// small as what is held.
 	m.reported = stillLong
+	rep.over = over
 	rep.Keys = len(perKey)
 	for k, n := range perKey {
 		if n > rep.MaxPerKey {
@@ -290,6 +304,6 @@ func (m *Monitor[K]) observe(rep Report[K]) {
 	}()
 	m.cfg.observer.ObserveSweep(Tick{
 		InUse: rep.InUse, Keys: rep.Keys, MaxPerKey: rep.MaxPerKey,
-		OverThreshold: len(rep.LongHeld), NewlyOver: len(rep.NewlyLongHeld),
+		OverThreshold: rep.over, NewlyOver: len(rep.NewlyLongHeld),
 	})
 }

@@ -176,3 +176,21 @@ func waitUntil(t *testing.T, cond func() bool) {
 		runtime.Gosched()
 	}
 }
+
+// TestSweepTimesOutOfOrder: a manual Sweep may run between a tick and that
+// tick's sweep, so sweeps can see their times out of order; a slot is still
+// reported once.
+func TestSweepTimesOutOfOrder(t *testing.T) {
+	mock := clock.NewMock()
+	reg := registry.New[string](1, registry.WithClock(mock))
+	m := sweep.New(reg, sweep.WithClock(mock), sweep.WithThreshold(time.Minute), sweep.WithInterval(time.Hour))
+	defer m.Stop()
+	s, _ := reg.TryAcquire("k")
+	t0 := mock.Now()
+	var newly []int
+	for _, at := range []time.Duration{2 * time.Minute, 30 * time.Second, 3 * time.Minute} {
+		newly = append(newly, len(m.Sweep(t0.Add(at)).NewlyLongHeld))
+	}
+	assert.Equal(t, []int{1, 0, 0}, newly)
+	s.Release()
+}
