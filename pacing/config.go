@@ -1,0 +1,184 @@
+// Package pacing holds a provider's admission policy: how many requests may
+// be in flight to it (per provider, per model, per API key) and how far apart
+// their starts must be (requests per minute, a minimum interval).
+//
+// Config is the policy as a gateway's configuration file states it; Parse
+// and Load read it and say which field is wrong when one is.
+package pacing
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"time"
+)
+
+// Defaults for the fields left out.
+const (
+	DefaultMaxQueue     = 256
+	DefaultMaxQueueWait = 60 * time.Second
+	// MaxRequestsPerMinute bounds requests_per_minute: 1000 a second.
+	MaxRequestsPerMinute = 60_000
+)
+
+// On-wait-timeout policies.
+const (
+	Reject  = "reject"  // a request queued past max_queue_wait_ms is rejected (the default)
+	Proceed = "proceed" // it goes ahead without a slot (fail-open), counted
+)
+
+// Config is one provider's policy. Every field is optional, and a field left
+// out (or zero) switches its control off, except the queue bounds, which
+// default to DefaultMaxQueue and DefaultMaxQueueWait.
+type Config struct {
+	// MaxConcurrentRequests caps the provider's requests in flight.
+	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty"`
+	// RequestsPerMinute spaces starts evenly: 60 s / rpm apart, in (0, 60000].
+	RequestsPerMinute int `json:"requests_per_minute,omitempty"`
+	// MinIntervalMS is a floor on the spacing of starts, in milliseconds.
+	MinIntervalMS int64 `json:"min_interval_ms,omitempty"`
+	// MaxQueue bounds the requests waiting; the newest over it is rejected.
+	MaxQueue int `json:"max_queue,omitempty"`
+	// MaxQueueWaitMS bounds how long a request waits, in milliseconds.
+	MaxQueueWaitMS int64 `json:"max_queue_wait_ms,omitempty"`
+	// OnWaitTimeout is Reject (the default) or Proceed.
+	OnWaitTimeout string `json:"on_wait_timeout,omitempty"`
+	// APIKeys is a pool of keys, each with its own cap; a request is given
+	// the key with the most free capacity.
+	APIKeys []KeyConfig `json:"api_keys,omitempty"`
+	// Models adds per-model caps and spacing, by upstream model id. A model
+	// cap tightens the provider cap; a model's spacing only adds delay.
+	Models map[string]ModelConfig `json:"models,omitempty"`
+}
+
+// KeyConfig is one API key of a pool.
+type KeyConfig struct {
+	ID                    string `json:"id"`
+	MaxConcurrentRequests int    `json:"max_concurrent_requests,omitempty"`
+}
+
+// ModelConfig is a model's own policy within its provider's.
+type ModelConfig struct {
+	MaxConcurrentRequests int   `json:"max_concurrent_requests,omitempty"`
+	RequestsPerMinute     int   `json:"requests_per_minute,omitempty"`
+	MinIntervalMS         int64 `json:"min_interval_ms,omitempty"`
+}
+
+// Parse reads a Config from JSON and validates it. Unknown fields are
+// errors, so a misspelt limit does not silently switch a control off.
+func Parse(data []byte) (Config, error) {
+	var c Config
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&c); err != nil {
+		return Config{}, fmt.Errorf("pacing: %w", err)
+	}
+	if dec.More() {
+		return Config{}, errors.New("pacing: more than one JSON value")
+	}
+	return c, c.Validate()
+}
+
+// Load reads and validates the Config in the file at path.
+func Load(path string) (Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("pacing: %w", err)
+	}
+	c, err := Parse(data)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return c, nil
+}
+
+// Validate reports the first field that is out of range, by its JSON path.
+func (c Config) Validate() error {
+	bad := func(field string, v any, why string) error {
+		return fmt.Errorf("pacing: %s: %v %s", field, v, why)
+	}
+	switch {
+	case c.MaxConcurrentRequests < 0:
+		return bad("max_concurrent_requests", c.MaxConcurrentRequests, "is negative")
+	case c.RequestsPerMinute < 0 || c.RequestsPerMinute > MaxRequestsPerMinute:
+		return bad("requests_per_minute", c.RequestsPerMinute, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
+	case c.MinIntervalMS < 0:
+		return bad("min_interval_ms", c.MinIntervalMS, "is negative")
+	case c.MaxQueue < 0:
+		return bad("max_queue", c.MaxQueue, "is negative")
+	case c.MaxQueueWaitMS < 0:
+		return bad("max_queue_wait_ms", c.MaxQueueWaitMS, "is negative")
+	case c.OnWaitTimeout != "" && c.OnWaitTimeout != Reject && c.OnWaitTimeout != Proceed:
+		return bad("on_wait_timeout", fmt.Sprintf("%q", c.OnWaitTimeout), `is neither "reject" nor "proceed"`)
+	}
+	seen := make(map[string]bool, len(c.APIKeys))
+	for i, k := range c.APIKeys {
+		field := fmt.Sprintf("api_keys[%d]", i)
+		switch {
+		case k.ID == "":
+			return bad(field+".id", `""`, "is empty")
+		case seen[k.ID]:
+			return bad(field+".id", fmt.Sprintf("%q", k.ID), "appears twice")
+		case k.MaxConcurrentRequests < 0:
+			return bad(field+".max_concurrent_requests", k.MaxConcurrentRequests, "is negative")
+		}
+		seen[k.ID] = true
+	}
+	for name, m := range c.Models {
+		field := fmt.Sprintf("models[%q]", name)
+		switch {
+		case m.MaxConcurrentRequests < 0:
+			return bad(field+".max_concurrent_requests", m.MaxConcurrentRequests, "is negative")
+		case m.RequestsPerMinute < 0 || m.RequestsPerMinute > MaxRequestsPerMinute:
+			return bad(field+".requests_per_minute", m.RequestsPerMinute, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
+		case m.MinIntervalMS < 0:
+			return bad(field+".min_interval_ms", m.MinIntervalMS, "is negative")
+		}
+	}
+	return nil
+}
+
+// interval is the spacing that rpm and a minimum interval ask for together:
+// the larger of 60 s / rpm and the minimum; 0 when neither is set.
+func interval(rpm int, minMS int64) time.Duration {
+	d := time.Duration(minMS) * time.Millisecond
+	if rpm > 0 {
+		d = max(d, time.Minute/time.Duration(rpm))
+	}
+	return d
+}
+
+// Interval is the provider's spacing between granted starts.
+func (c Config) Interval() time.Duration { return interval(c.RequestsPerMinute, c.MinIntervalMS) }
+
+// ModelInterval is the spacing between granted starts of model's requests:
+// the model's own spacing, or 0 when it has none. A request for the model
+// must also respect the provider's Interval, so a model can only add delay.
+func (c Config) ModelInterval(model string) time.Duration {
+	m, ok := c.Models[model]
+	if !ok {
+		return 0
+	}
+	return interval(m.RequestsPerMinute, m.MinIntervalMS)
+}
+
+// QueueLimit is MaxQueue, or DefaultMaxQueue when it is left out.
+func (c Config) QueueLimit() int {
+	if c.MaxQueue == 0 {
+		return DefaultMaxQueue
+	}
+	return c.MaxQueue
+}
+
+// QueueWait is MaxQueueWaitMS, or DefaultMaxQueueWait when it is left out.
+func (c Config) QueueWait() time.Duration {
+	if c.MaxQueueWaitMS == 0 {
+		return DefaultMaxQueueWait
+	}
+	return time.Duration(c.MaxQueueWaitMS) * time.Millisecond
+}
+
+// FailOpen reports whether a request queued past QueueWait proceeds.
+func (c Config) FailOpen() bool { return c.OnWaitTimeout == Proceed }
