@@ -139,3 +139,19 @@ func ExampleWrapBody() {
 	// 1
 	// 0
 }
+
+func ExampleWithObserver() {
+	var acquired, released int
+	lim := slots.NewLimiter(2, slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
+		switch e.Kind {
+		case slots.EventAcquired:
+			acquired++
+		case slots.EventReleased:
+			released++
+		}
+	})))
+	s, _ := lim.TryAcquire()
+	s.Release()
+	fmt.Println(acquired, released)
+	// Output: 1 1
+}
