@@ -1,0 +1,410 @@
+package pacing
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/ilist"
+	"github.com/inflight-go/inflight/internal/policy"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Gate admits one provider's upstream requests under its Config, all
+// controls at once: it grants a request when the provider has a free slot,
+// the request's model has one, some API key of the pool has one, and the
+// provider's and the model's next start times have come, and takes all of
+// them in that one decision. Starts are spaced from the moment of grant.
+//
+// Waiters are served in arrival order among those that can be served: a
+// request for a model whose lane is full or not yet due does not hold back a
+// later one for a model that is free. A waiter that gives up takes nothing:
+// no slot, and no start.
+//
+// The Slot of a grant holds the provider, model and key slots together until
+// it is released (wrap the response body with slots.WrapBody, or use a
+// slots.Transport). Create a Gate with NewGate; the zero value is not usable.
+type Gate struct {
+	name string
+	clk  clock.Clock // timers for the next start
+	cx   *clockx.Clock
+	log  *slog.Logger
+
+	mu       sync.Mutex // protects the fields below and the lanes
+	cfg      Config
+	interval time.Duration // the provider's spacing
+	provider core.Lane
+	models   map[string]*modelLane
+	keys     []*keyLane
+	next     int64 // provider's next allowed start, clock nanos
+	last     int64 // provider's last start, clock nanos; 0 before any
+	started  bool
+	queue    ilist.List[*core.Waiter]
+	timer    *clock.Timer // a pending dispatch at timerAt, or nil
+	timerAt  int64
+	seq      uint64
+	hold     policy.HoldTime
+	rejected uint64
+}
+
+type modelLane struct {
+	name       string
+	lane       core.Lane // lane.Waiters unused: the Gate has one queue
+	waiting    int
+	interval   time.Duration
+	next, last int64
+	started    bool // a start has been granted (last is meaningful)
+	configured bool // kept while idle, so its spacing holds
+}
+
+type keyLane struct {
+	id   string
+	lane core.Lane
+}
+
+// grant is the Owner of one admission's hold: its model and key, and its
+// places in the provider's, model's and key's holder sets.
+type grant struct {
+	g     *Gate
+	model *modelLane
+	key   *keyLane
+	idx   [3]int32
+}
+
+// Grant is an admission: the Slot that holds its capacity and the API key to
+// send the request with ("" without a key pool, or for a bypass).
+type Grant struct {
+	Slot *slots.Slot
+	Key  string
+}
+
+// A GateOption configures a Gate.
+type GateOption func(*Gate)
+
+// WithClock sets the Gate's clock; for tests. The default is the real clock.
+func WithClock(c clock.Clock) GateOption {
+	return func(g *Gate) { g.clk, g.cx = c, clockx.New(c) }
+}
+
+// WithLogger sets the logger (nil, the default: slog.Default()).
+func WithLogger(l *slog.Logger) GateOption { return func(g *Gate) { g.log = l } }
+
+// NewGate returns a Gate for the provider name under cfg, or cfg's
+// validation error.
+func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	g := &Gate{name: name, clk: clock.New(), cx: clockx.New(nil), models: map[string]*modelLane{}}
+	for _, o := range opts {
+		o(g)
+	}
+	g.applyLocked(cfg)
+	return g, nil
+}
+
+func limitOf(n int) int {
+	if n == 0 {
+		return slots.Unlimited
+	}
+	return n
+}
+
+// applyLocked installs cfg's limits and spacing; lanes keep their holders.
+func (g *Gate) applyLocked(cfg Config) {
+	g.cfg = cfg
+	g.interval = cfg.Interval()
+	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
+	for name, m := range cfg.Models {
+		ml := g.models[name]
+		if ml == nil {
+			ml = &modelLane{name: name}
+			g.models[name] = ml
+		}
+		ml.configured = true
+		ml.lane.Limit = limitOf(m.MaxConcurrentRequests)
+		ml.interval = cfg.ModelInterval(name)
+	}
+	g.keys = g.keys[:0]
+	for _, k := range cfg.APIKeys {
+		g.keys = append(g.keys, &keyLane{id: k.ID, lane: core.Lane{Limit: limitOf(k.MaxConcurrentRequests)}})
+	}
+}
+
+func (g *Gate) logger() *slog.Logger {
+	if g.log != nil {
+		return g.log
+	}
+	return slog.Default()
+}
+
+// modelLocked returns model's lane, creating an unconfigured one (no cap,
+// no spacing) on demand.
+func (g *Gate) modelLocked(model string) *modelLane {
+	ml := g.models[model]
+	if ml == nil {
+		ml = &modelLane{name: model, lane: core.Lane{Limit: slots.Unlimited}}
+		g.models[model] = ml
+	}
+	return ml
+}
+
+// dropIfIdleLocked forgets an unconfigured model's lane once nothing uses it.
+func (g *Gate) dropIfIdleLocked(ml *modelLane) {
+	if !ml.configured && ml.lane.Holders.Len() == 0 && ml.waiting == 0 {
+		delete(g.models, ml.name)
+	}
+}
+
+// pickKeyLocked returns the key with the most free capacity, first in the
+// pool's order on a tie; nil when the pool is empty or full.
+func (g *Gate) pickKeyLocked() *keyLane {
+	var best *keyLane
+	bestFree := 0
+	for _, k := range g.keys {
+		if free := k.lane.Limit - k.lane.Holders.Len(); free > bestFree {
+			best, bestFree = k, free
+		}
+	}
+	return best
+}
+
+// Acquire waits until model's request may start, then grants it. It fails
+// with a *slots.LimitError wrapping slots.ErrQueueFull (MaxQueue waiting
+// already) or slots.ErrWaitTimeout (waited MaxQueueWait, with on_wait_timeout
+// "reject"), or with an error wrapping ctx.Err(). With "proceed", a wait
+// that times out returns a Grant whose Slot is Bypassed.
+func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
+	if ctx == nil {
+		return Grant{}, slots.ErrNilContext
+	}
+	if err := ctx.Err(); err != nil {
+		return Grant{}, fmt.Errorf("pacing: acquire: %w", err)
+	}
+	v, h := core.NewSlot()
+	s := v.(*slots.Slot)
+	gr := &grant{g: g}
+	h.Owner = gr
+	w := core.NewWaiter(h)
+
+	var wk core.Wakes
+	g.mu.Lock()
+	now := g.cx.Nanos()
+	h.At = now
+	gr.model = g.modelLocked(model)
+	if g.queue.Len() >= g.cfg.QueueLimit() {
+		err := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
+		g.dropIfIdleLocked(gr.model)
+		g.mu.Unlock()
+		return Grant{}, err
+	}
+	g.queue.PushBack(&w.Elem)
+	gr.model.waiting++
+	g.dispatchLocked(now, &wk)
+	granted := w.State == core.Granted
+	g.mu.Unlock()
+	wk.Wake()
+	if granted { // served at once; its (buffered) signal is left unread
+		return g.handOut(s, gr), nil
+	}
+
+	expire, stop := g.cx.Timer(g.cfg.QueueWait())
+	defer stop()
+	switch core.Await(ctx, w, expire, g.withdraw) {
+	case core.OutGranted:
+		return g.handOut(s, gr), nil
+	case core.OutCanceled:
+		return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
+	}
+	if g.cfg.FailOpen() {
+		h.Bypassed = true
+		g.logger().Warn("pacing: provider saturated; proceeding without a slot",
+			slog.String("provider", g.name), slog.String("model", model))
+		return Grant{Slot: s}, nil
+	}
+	g.mu.Lock()
+	err := g.rejectLocked(slots.ErrWaitTimeout, gr.model, g.cx.Nanos())
+	g.mu.Unlock()
+	return Grant{}, err
+}
+
+func (g *Gate) handOut(s *slots.Slot, gr *grant) Grant {
+	gt := Grant{Slot: s}
+	if gr.key != nil {
+		gt.Key = gr.key.id
+	}
+	return gt
+}
+
+// withdraw takes w out of the queue if it is still waiting: it took nothing.
+func (g *Gate) withdraw(w *core.Waiter) bool {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if w.State != core.Waiting {
+		return false
+	}
+	g.queue.Remove(&w.Elem)
+	w.State = core.Gone
+	ml := w.Hold.Owner.(*grant).model
+	ml.waiting--
+	g.dropIfIdleLocked(ml)
+	return true
+}
+
+// dispatchLocked grants, in arrival order, every waiter that can start now,
+// and arms a timer for the earliest start still to come.
+func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
+	var wakeAt int64
+	for el := g.queue.Front(); el != nil; {
+		next := el.Next()
+		if !g.provider.HasRoom() {
+			break // a release will dispatch again
+		}
+		if g.started && g.next > now {
+			wakeAt = g.next
+			break
+		}
+		var key *keyLane
+		if len(g.keys) > 0 {
+			if key = g.pickKeyLocked(); key == nil {
+				break
+			}
+		}
+		w := el.Value
+		gr := w.Hold.Owner.(*grant)
+		ml := gr.model
+		if !ml.lane.HasRoom() {
+			el = next
+			continue
+		}
+		if ml.interval > 0 && ml.started && ml.next > now {
+			if wakeAt == 0 || ml.next < wakeAt {
+				wakeAt = ml.next
+			}
+			el = next
+			continue
+		}
+		g.queue.Remove(el)
+		ml.waiting--
+		gr.key = key
+		w.Hold.At = now
+		g.seq++
+		w.Hold.ID = g.seq
+		g.provider.Holders.Add(w.Hold, &gr.idx[0])
+		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
+		if key != nil {
+			key.lane.Holders.Add(w.Hold, &gr.idx[2])
+		}
+		g.started, g.last, g.next = true, now, now+int64(g.interval)
+		ml.started, ml.last, ml.next = true, now, now+int64(ml.interval)
+		wk.Grant(w)
+		el = next
+	}
+	g.armLocked(wakeAt, now)
+}
+
+// armLocked makes a dispatch run at the clock time at (0: none needed).
+func (g *Gate) armLocked(at, now int64) {
+	if g.timer != nil && (at == 0 || at != g.timerAt) {
+		g.timer.Stop()
+		g.timer = nil
+	}
+	if at == 0 || g.timer != nil {
+		return
+	}
+	g.timerAt = at
+	g.timer = g.clk.AfterFunc(time.Duration(at-now), func() {
+		var wk core.Wakes
+		g.mu.Lock()
+		g.timer = nil
+		g.dispatchLocked(g.cx.Nanos(), &wk)
+		g.mu.Unlock()
+		wk.Wake()
+	})
+}
+
+// rejectLocked builds a rejection with a Retry-After from when a slot or a
+// start is next expected.
+func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) error {
+	g.rejected++
+	le := &slots.LimitError{
+		Err: reason, Key: g.name + "/" + ml.name,
+		InFlight: g.provider.Holders.Len(), Limit: g.provider.Limit, Queued: g.queue.Len(),
+	}
+	ra := g.hold.RetryAfter(le.Queued, min(g.provider.Limit, ml.lane.Limit))
+	if g.started && g.next > now {
+		ra = max(ra, time.Duration(g.next-now).Round(time.Second))
+	}
+	le.RetryAfter = max(ra, time.Second)
+	return le
+}
+
+// Release implements core.Owner: it frees the provider, model and key slots.
+func (gr *grant) Release(h *core.Hold) {
+	if h.Bypassed {
+		return
+	}
+	g := gr.g
+	var wk core.Wakes
+	g.mu.Lock()
+	g.provider.Holders.Remove(h, &gr.idx[0])
+	gr.model.lane.Holders.Remove(h, &gr.idx[1])
+	if gr.key != nil {
+		gr.key.lane.Holders.Remove(h, &gr.idx[2])
+	}
+	g.dispatchLocked(g.cx.Nanos(), &wk)
+	g.dropIfIdleLocked(gr.model)
+	g.mu.Unlock()
+	wk.Wake()
+	if h.ID&policy.SampleMask == 0 {
+		g.hold.Observe(g.cx.Nanos() - h.At)
+	}
+}
+
+// Misuse implements core.Owner.
+func (gr *grant) Misuse(h *core.Hold) {
+	gr.g.logger().Debug("pacing: slot released twice", slog.Uint64("slot_id", h.ID))
+}
+
+// Time implements core.Owner.
+func (gr *grant) Time(at int64) time.Time { return gr.g.cx.Time(at) }
+
+// Status is a Gate's state now.
+type Status struct {
+	InFlight    int
+	Queued      int
+	ByModel     map[string]int // in flight per model with any
+	ByKey       map[string]int // in flight per API key
+	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
+	LastStart   time.Time      // the provider's last granted start (zero: none yet)
+	Rejected    uint64
+}
+
+// Status returns the Gate's state now.
+func (g *Gate) Status() Status {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.cx.Nanos()
+	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.queue.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected}
+	for name, ml := range g.models {
+		if n := ml.lane.Holders.Len(); n > 0 {
+			st.ByModel[name] = n
+		}
+	}
+	for _, k := range g.keys {
+		st.ByKey[k.id] = k.lane.Holders.Len()
+	}
+	if g.started {
+		st.LastStart = g.cx.Time(g.last)
+		if g.next > now {
+			st.NextStartIn = time.Duration(g.next - now)
+		}
+	}
+	return st
+}
