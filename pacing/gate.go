@@ -2,6 +2,7 @@ package pacing
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -36,12 +37,18 @@ type Gate struct {
 	cx   *clockx.Clock
 	log  *slog.Logger
 
+	// closed ends with ErrGateClosed when the provider is removed; waiters
+	// watch it.
+	closed context.Context
+	close  context.CancelCauseFunc
+
 	mu       sync.Mutex // protects the fields below and the lanes
 	cfg      Config
 	interval time.Duration // the provider's spacing
 	provider core.Lane
 	models   map[string]*modelLane
-	keys     []*keyLane
+	keys     []*keyLane // the pool, in the configured order
+	keyByID  map[string]*keyLane
 	next     int64 // provider's next allowed start, clock nanos
 	last     int64 // provider's last start, clock nanos; 0 before any
 	started  bool
@@ -101,12 +108,47 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{name: name, clk: clock.New(), cx: clockx.New(nil), models: map[string]*modelLane{}}
+	g := &Gate{name: name, clk: clock.New(), cx: clockx.New(nil), models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
 	for _, o := range opts {
 		o(g)
 	}
+	g.closed, g.close = context.WithCancelCause(context.Background())
 	g.applyLocked(cfg)
 	return g, nil
+}
+
+// ErrGateClosed: the provider was removed (Close) while the request waited,
+// or before it came.
+var ErrGateClosed = errors.New("pacing: provider removed")
+
+// Reconfigure applies cfg to the live Gate: caps and spacing change at once,
+// no holder loses its slot (a lowered cap admits again once enough holders
+// have released), and raised caps admit waiters at once. A key dropped from
+// the pool gets no new requests; its holders keep it until they release. It
+// returns cfg's validation error and changes nothing then.
+func (g *Gate) Reconfigure(cfg Config) error {
+	if err := cfg.Validate(); err != nil {
+		return err
+	}
+	var wk core.Wakes
+	g.mu.Lock()
+	g.applyLocked(cfg)
+	g.dispatchLocked(g.cx.Nanos(), &wk)
+	g.mu.Unlock()
+	wk.Wake()
+	return nil
+}
+
+// Close removes the provider: every waiter fails with ErrGateClosed, and so
+// does every later Acquire. Holders keep their slots until they release.
+func (g *Gate) Close() {
+	g.close(ErrGateClosed)
+	g.mu.Lock()
+	if g.timer != nil {
+		g.timer.Stop()
+		g.timer = nil
+	}
+	g.mu.Unlock()
 }
 
 func limitOf(n int) int {
@@ -121,6 +163,13 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.cfg = cfg
 	g.interval = cfg.Interval()
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
+	for name, ml := range g.models {
+		if _, still := cfg.Models[name]; !still && ml.configured {
+			ml.configured = false
+			ml.lane.Limit, ml.interval = slots.Unlimited, 0
+			g.dropIfIdleLocked(ml)
+		}
+	}
 	for name, m := range cfg.Models {
 		ml := g.models[name]
 		if ml == nil {
@@ -131,10 +180,20 @@ func (g *Gate) applyLocked(cfg Config) {
 		ml.lane.Limit = limitOf(m.MaxConcurrentRequests)
 		ml.interval = cfg.ModelInterval(name)
 	}
+	// Keys keep their lanes (and so their holders) by id; a key no longer
+	// in the pool leaves the pick list and drains.
 	g.keys = g.keys[:0]
+	pool := make(map[string]*keyLane, len(cfg.APIKeys))
 	for _, k := range cfg.APIKeys {
-		g.keys = append(g.keys, &keyLane{id: k.ID, lane: core.Lane{Limit: limitOf(k.MaxConcurrentRequests)}})
+		kl := g.keyByID[k.ID]
+		if kl == nil {
+			kl = &keyLane{id: k.ID}
+		}
+		kl.lane.Limit = limitOf(k.MaxConcurrentRequests)
+		g.keys = append(g.keys, kl)
+		pool[k.ID] = kl
 	}
+	g.keyByID = pool
 }
 
 func (g *Gate) logger() *slog.Logger {
@@ -187,6 +246,9 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	if err := ctx.Err(); err != nil {
 		return Grant{}, fmt.Errorf("pacing: acquire: %w", err)
 	}
+	if context.Cause(g.closed) != nil {
+		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
+	}
 	v, h := core.NewSlot()
 	s := v.(*slots.Slot)
 	gr := &grant{g: g}
@@ -216,10 +278,18 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 
 	expire, stop := g.cx.Timer(g.cfg.QueueWait())
 	defer stop()
-	switch core.Await(ctx, w, expire, g.withdraw) {
+	// The wait ends too when the provider is removed.
+	wctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	unwatch := context.AfterFunc(g.closed, func() { cancel(ErrGateClosed) })
+	defer unwatch()
+	switch core.Await(wctx, w, expire, g.withdraw) {
 	case core.OutGranted:
 		return g.handOut(s, gr), nil
 	case core.OutCanceled:
+		if errors.Is(context.Cause(wctx), ErrGateClosed) && ctx.Err() == nil {
+			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
+		}
 		return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
 	}
 	if g.cfg.FailOpen() {

@@ -267,3 +267,52 @@ func TestGateHammer(t *testing.T) {
 	assert.Zero(t, st.InFlight)
 	assert.Zero(t, st.Queued)
 }
+
+func TestGateReconfigure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, APIKeys: []pacing.KeyConfig{{ID: "k1"}, {ID: "k2"}}})
+		a, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		waiting := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		assert.Len(t, waiting, 0)
+
+		require.Error(t, g.Reconfigure(pacing.Config{MaxConcurrentRequests: -1}), "a bad config changes nothing")
+		require.NoError(t, g.Reconfigure(pacing.Config{MaxConcurrentRequests: 2, APIKeys: []pacing.KeyConfig{{ID: "k3"}}}))
+		r := <-waiting
+		require.NoError(t, r.err, "raising the cap admits the waiter at once")
+		assert.Equal(t, "k3", r.g.Key, "the dropped keys get no new requests")
+
+		require.NoError(t, g.Reconfigure(pacing.Config{MaxConcurrentRequests: 1}))
+		st := g.Status()
+		assert.Equal(t, 2, st.InFlight, "lowering the cap evicts nobody")
+		_, err = g.Acquire(ctxWithTimeout(t, time.Second), "m")
+		assert.Error(t, err, "and admits nobody until holders release")
+		a.Slot.Release()
+		r.g.Slot.Release()
+		assert.Zero(t, g.Status().InFlight)
+	})
+}
+
+func TestGateClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1})
+		held, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		waiting := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		g.Close()
+		assert.ErrorIs(t, (<-waiting).err, pacing.ErrGateClosed)
+		_, err = g.Acquire(context.Background(), "m")
+		assert.ErrorIs(t, err, pacing.ErrGateClosed)
+		assert.Equal(t, 1, g.Status().InFlight, "a holder keeps its slot")
+		assert.True(t, held.Slot.Release())
+		assert.Zero(t, g.Status().InFlight)
+	})
+}
+
+func ctxWithTimeout(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
