@@ -58,6 +58,7 @@ type Gate struct {
 	seq      uint64
 	hold     policy.HoldTime
 	rejected uint64
+	bypassed uint64
 }
 
 type modelLane struct {
@@ -294,6 +295,9 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	}
 	if g.cfg.FailOpen() {
 		h.Bypassed = true
+		g.mu.Lock()
+		g.bypassed++
+		g.mu.Unlock()
 		g.logger().Warn("pacing: provider saturated; proceeding without a slot",
 			slog.String("provider", g.name), slog.String("model", model))
 		return Grant{Slot: s}, nil
@@ -453,7 +457,8 @@ type Status struct {
 	ByKey       map[string]int // in flight per API key
 	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
 	LastStart   time.Time      // the provider's last granted start (zero: none yet)
-	Rejected    uint64
+	Rejected    uint64         // queue full or wait timeout
+	Bypassed    uint64         // proceeded without a slot after the queue wait ("proceed")
 }
 
 // Status returns the Gate's state now.
@@ -461,7 +466,7 @@ func (g *Gate) Status() Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.cx.Nanos()
-	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.queue.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected}
+	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.queue.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected, Bypassed: g.bypassed}
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n

@@ -3,7 +3,9 @@ package pacing_test
 import (
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -61,7 +63,8 @@ func TestGateModelCapWithinProviderCap(t *testing.T) {
 		synctest.Wait()
 		assert.Len(t, fourth, 0, "the provider cap binds")
 
-		held[0].Slot.Release() // a glm-5.3 body closes
+		body := slots.WrapBody(io.NopCloser(strings.NewReader("data: [DONE]\n\n")), held[0].Slot)
+		require.NoError(t, body.Close()) // a glm-5.3 response body closes
 		synctest.Wait()
 		r := <-third
 		require.NoError(t, r.err, "the glm-5.3 waiter, first in line, is admitted")
@@ -171,6 +174,7 @@ func TestGateQueueBounds(t *testing.T) {
 				} else {
 					require.NoError(t, err)
 					assert.True(t, gt.Slot.Bypassed())
+					assert.Equal(t, uint64(1), g.Status().Bypassed, "a proceed is counted")
 					gt.Slot.Release()
 				}
 				held.Slot.Release()
