@@ -55,6 +55,7 @@ type Gate struct {
 	queue    ilist.List[*core.Waiter]
 	timer    *clock.Timer // a pending dispatch at timerAt, or nil
 	timerAt  int64
+	timerGen uint64 // tells a stale timer's callback from the current one's
 	seq      uint64
 	hold     policy.HoldTime
 	rejected uint64
@@ -67,8 +68,9 @@ type modelLane struct {
 	waiting    int
 	interval   time.Duration
 	next, last int64
-	started    bool // a start has been granted (last is meaningful)
-	configured bool // kept while idle, so its spacing holds
+	started    bool   // a start has been granted (last is meaningful)
+	lastID     uint64 // the hold that made the last start
+	configured bool   // kept while idle, so its spacing holds
 }
 
 type keyLane struct {
@@ -83,6 +85,15 @@ type grant struct {
 	model *modelLane
 	key   *keyLane
 	idx   [3]int32
+	// The start times as they were before this grant, put back if the grant
+	// is given back (its caller's context ended as it came) and no later
+	// grant has moved them: a start that never happened takes no interval.
+	prev, modelPrev starts
+}
+
+type starts struct {
+	started    bool
+	last, next int64
 }
 
 // Grant is an admission: the Slot that holds its capacity and the API key to
@@ -261,19 +272,30 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	now := g.cx.Nanos()
 	h.At = now
 	gr.model = g.modelLocked(model)
-	if g.queue.Len() >= g.cfg.QueueLimit() {
-		err := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
-		g.dropIfIdleLocked(gr.model)
-		g.mu.Unlock()
-		return Grant{}, err
-	}
 	g.queue.PushBack(&w.Elem)
 	gr.model.waiting++
 	g.dispatchLocked(now, &wk)
 	granted := w.State == core.Granted
+	if !granted && g.queue.Len() > g.cfg.QueueLimit() {
+		// The queue was full and this request cannot start now: the
+		// newest is turned away (one that can start is never queued).
+		g.queue.Remove(&w.Elem)
+		w.State = core.Gone
+		gr.model.waiting--
+		err := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
+		g.dropIfIdleLocked(gr.model)
+		g.mu.Unlock()
+		wk.Wake()
+		return Grant{}, err
+	}
 	g.mu.Unlock()
 	wk.Wake()
 	if granted { // served at once; its (buffered) signal is left unread
+		if ctx.Err() != nil { // the context ended meanwhile: give it back
+			h.GivenBack = true
+			h.Release()
+			return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
+		}
 		return g.handOut(s, gr), nil
 	}
 
@@ -375,8 +397,10 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 		}
+		gr.prev = starts{g.started, g.last, g.next}
+		gr.modelPrev = starts{ml.started, ml.last, ml.next}
 		g.started, g.last, g.next = true, now, now+int64(g.interval)
-		ml.started, ml.last, ml.next = true, now, now+int64(ml.interval)
+		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
 		wk.Grant(w)
 		el = next
 	}
@@ -393,10 +417,14 @@ func (g *Gate) armLocked(at, now int64) {
 		return
 	}
 	g.timerAt = at
+	g.timerGen++
+	gen := g.timerGen
 	g.timer = g.clk.AfterFunc(time.Duration(at-now), func() {
 		var wk core.Wakes
 		g.mu.Lock()
-		g.timer = nil
+		if g.timerGen == gen { // not replaced meanwhile
+			g.timer = nil
+		}
 		g.dispatchLocked(g.cx.Nanos(), &wk)
 		g.mu.Unlock()
 		wk.Wake()
@@ -412,8 +440,16 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) error {
 		InFlight: g.provider.Holders.Len(), Limit: g.provider.Limit, Queued: g.queue.Len(),
 	}
 	ra := g.hold.RetryAfter(le.Queued, min(g.provider.Limit, ml.lane.Limit))
-	if g.started && g.next > now {
-		ra = max(ra, time.Duration(g.next-now).Round(time.Second))
+	next := int64(0)
+	if g.started {
+		next = g.next
+	}
+	if ml.interval > 0 && ml.started {
+		next = max(next, ml.next)
+	}
+	if next > now {
+		// Rounded up: a client that honours it does not come back early.
+		ra = max(ra, (time.Duration(next-now) + time.Second - 1).Truncate(time.Second))
 	}
 	le.RetryAfter = max(ra, time.Second)
 	return le
@@ -427,16 +463,28 @@ func (gr *grant) Release(h *core.Hold) {
 	g := gr.g
 	var wk core.Wakes
 	g.mu.Lock()
-	g.provider.Holders.Remove(h, &gr.idx[0])
+	if !g.provider.Holders.Remove(h, &gr.idx[0]) {
+		g.mu.Unlock()
+		gr.Misuse(h) // a copied Slot: it holds nothing
+		return
+	}
 	gr.model.lane.Holders.Remove(h, &gr.idx[1])
 	if gr.key != nil {
 		gr.key.lane.Holders.Remove(h, &gr.idx[2])
+	}
+	if h.GivenBack {
+		if g.seq == h.ID { // no grant since: the provider's start is undone
+			g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
+		}
+		if ml := gr.model; ml.lastID == h.ID {
+			ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
+		}
 	}
 	g.dispatchLocked(g.cx.Nanos(), &wk)
 	g.dropIfIdleLocked(gr.model)
 	g.mu.Unlock()
 	wk.Wake()
-	if h.ID&policy.SampleMask == 0 {
+	if h.ID&policy.SampleMask == 0 && !h.GivenBack {
 		g.hold.Observe(g.cx.Nanos() - h.At)
 	}
 }

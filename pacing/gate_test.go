@@ -320,3 +320,76 @@ func ctxWithTimeout(t *testing.T, d time.Duration) context.Context {
 	t.Cleanup(cancel)
 	return ctx
 }
+
+// TestGateGivenBackTakesNoStart: a waiter whose context ends at the very
+// instant it is granted gives the grant back, and its start with it.
+func TestGateGivenBackTakesNoStart(t *testing.T) {
+	for range 20 { // which of the grant and the deadline comes first varies
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{RequestsPerMinute: 6}) // 10 s apart
+			first, err := g.Acquire(context.Background(), "m")
+			require.NoError(t, err)
+			t0 := first.Slot.AcquiredAt()
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second) // ends when its start comes
+			defer cancel()
+			if late, err := g.Acquire(ctx, "m"); err == nil {
+				// Granted before the deadline this time: nothing given back.
+				first.Slot.Release()
+				late.Slot.Release()
+				return
+			}
+			next, err := g.Acquire(context.Background(), "m")
+			require.NoError(t, err)
+			assert.Equal(t, 10*time.Second, next.Slot.AcquiredAt().Sub(t0), "the start given back is the next one's")
+			first.Slot.Release()
+			next.Slot.Release()
+		})
+	}
+}
+
+func TestGateFullQueueStillAdmitsWhatCanStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxQueue: 1, Models: map[string]pacing.ModelConfig{"a": {MaxConcurrentRequests: 1}}})
+		a, _ := g.Acquire(context.Background(), "a")
+		ctx, cancel := context.WithCancel(context.Background())
+		queued := acquireAsync(ctx, g, "a")
+		synctest.Wait()
+		b, err := g.Acquire(context.Background(), "b")
+		require.NoError(t, err, "a request whose lanes are free is not turned away by a full queue")
+		_, err = g.Acquire(context.Background(), "a")
+		assert.ErrorIs(t, err, slots.ErrQueueFull, "one that would have to queue is")
+		cancel()
+		<-queued
+		a.Slot.Release()
+		b.Slot.Release()
+	})
+}
+
+func TestGateRetryAfterCoversTheNextStart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxQueue: 1, MinIntervalMS: 2400})
+		first, _ := g.Acquire(context.Background(), "m")
+		ctx, cancel := context.WithCancel(context.Background())
+		queued := acquireAsync(ctx, g, "m")
+		synctest.Wait()
+		_, err := g.Acquire(context.Background(), "m")
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, 3*time.Second, le.RetryAfter, "2.4 s to the next start, rounded up")
+		cancel()
+		<-queued
+		first.Slot.Release()
+
+		g2 := newGate(t, pacing.Config{MaxQueue: 1, Models: map[string]pacing.ModelConfig{"slow": {MinIntervalMS: 60_000}}})
+		s1, _ := g2.Acquire(context.Background(), "slow")
+		ctx2, cancel2 := context.WithCancel(context.Background())
+		q2 := acquireAsync(ctx2, g2, "slow")
+		synctest.Wait()
+		_, err = g2.Acquire(context.Background(), "slow")
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, time.Minute, le.RetryAfter, "the model's next start counts too")
+		cancel2()
+		<-q2
+		s1.Slot.Release()
+	})
+}

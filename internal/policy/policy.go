@@ -5,6 +5,7 @@ package policy
 
 import (
 	"log/slog"
+	"math"
 	"sync/atomic"
 	"time"
 
@@ -88,5 +89,6 @@ func (t *HoldTime) RetryAfter(queued, limit int) time.Duration {
 	}
 	d := float64(mean) * float64(queued+1) / float64(limit) // float: no overflow
 	d = min(max(d, float64(floor)), float64(MaxRetryAfter))
-	return time.Duration(d).Round(time.Second)
+	// Rounded up: a client that honours it does not come back early.
+	return time.Duration(math.Ceil(d/float64(time.Second))) * time.Second
 }
