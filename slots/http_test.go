@@ -82,16 +82,19 @@ func (u *upstream) serve(w http.ResponseWriter, r *http.Request) {
 // proxyTo returns a gateway: a ReverseProxy to u whose transport holds a slot
 // of lim per upstream request.
 func proxyTo(t *testing.T, u *upstream, lim *slots.Limiter) (*httptest.Server, *http.Transport) {
-	target, err := url.Parse(u.srv.URL)
+	return proxyToURL(t, u.srv.URL, lim)
+}
+
+// proxyToURL is proxyTo for any upstream server.
+func proxyToURL(t *testing.T, upstreamURL string, lim *slots.Limiter) (*httptest.Server, *http.Transport) {
+	target, err := url.Parse(upstreamURL)
 	require.NoError(t, err)
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
-	rp := &httputil.ReverseProxy{
+	gw := httptest.NewServer(&httputil.ReverseProxy{
 		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }),
-		ErrorLog:  nil,
-	}
-	gw := httptest.NewServer(rp)
+	})
 	t.Cleanup(gw.Close)
 	return gw, base
 }
@@ -289,15 +292,8 @@ func TestTransportUpstreamFailures(t *testing.T) {
 			fmt.Fprint(w, `{"error":{"code":"1302","message":"Rate limit reached for requests"}}`)
 		}))
 		t.Cleanup(up.Close)
-		target, _ := url.Parse(up.URL)
 		lim := slots.NewLimiter(1)
-		base := &http.Transport{}
-		t.Cleanup(base.CloseIdleConnections)
-		gw := httptest.NewServer(&httputil.ReverseProxy{
-			Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-			Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }),
-		})
-		t.Cleanup(gw.Close)
+		gw, _ := proxyToURL(t, up.URL, lim)
 		resp, err := newClient(t).Post(gw.URL+"/v1/chat/completions", "application/json", strings.NewReader(`{}`))
 		require.NoError(t, err)
 		body, _ := io.ReadAll(resp.Body)
@@ -377,15 +373,8 @@ func TestTransportUpgrade(t *testing.T) {
 		io.Copy(conn, brw) // echo until the client closes
 	}))
 	t.Cleanup(up.Close)
-	target, _ := url.Parse(up.URL)
 	lim := slots.NewLimiter(1)
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	gw := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }),
-	})
-	t.Cleanup(gw.Close)
+	gw, _ := proxyToURL(t, up.URL, lim)
 
 	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
 	require.NoError(t, err)
