@@ -1,0 +1,232 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/inflight-go/inflight/inflightprom"
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep"
+)
+
+// tenant is the key of the per-organisation cap: an org's requests to one model.
+type tenant struct{ Org, Model string }
+
+func (t tenant) String() string { return t.Org + "/" + t.Model }
+
+// gateway is an OpenAI-compatible reverse proxy with a tenant cap per
+// (org, model), checked at once, and the provider's caps and pacing, waited
+// for. A streamed answer holds every slot until the upstream body closes.
+type gateway struct {
+	tenants *registry.Registry[tenant]
+	gate    *pacing.Gate
+	monitor *sweep.Monitor[tenant]
+	proxy   *httputil.ReverseProxy
+	mux     *http.ServeMux
+	metrics *prometheus.Registry
+
+	mu         sync.RWMutex // protects the fields below; serialises PATCHes
+	orgLimits  map[string]int
+	defLimit   int
+	overridden map[string]map[tenant]bool // keys given a limit by a PATCH, per org
+}
+
+// grantKey carries the provider grant from the handler to the transport.
+type grantKey struct{}
+
+type pendingGrant struct {
+	grant pacing.Grant
+	taken bool // the transport tied the slot to the upstream exchange
+}
+
+func newGateway(cfg Config, base http.RoundTripper) (*gateway, error) {
+	target, err := url.Parse(cfg.Upstream)
+	if err != nil {
+		return nil, err
+	}
+	gate, err := pacing.NewGate("provider", cfg.Provider)
+	if err != nil {
+		return nil, err
+	}
+	g := &gateway{gate: gate, orgLimits: map[string]int{}, overridden: map[string]map[tenant]bool{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
+	for org, n := range cfg.Orgs.Limits {
+		g.orgLimits[org] = n
+	}
+	collector := inflightprom.New("tenant")
+	// An org's limit applies to each of its models.
+	g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit,
+		registry.WithObserver(collector),
+		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Second))
+	inflightprom.WatchRegistry(collector, g.tenants)
+	g.metrics.MustRegister(collector)
+	g.monitor = sweep.New(g.tenants)
+
+	g.proxy = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+			pr.Out.Host = target.Host
+		},
+		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+			p, _ := r.Context().Value(grantKey{}).(*pendingGrant)
+			if p == nil {
+				return nil, nil // a request that takes no provider slot
+			}
+			p.taken = true
+			return p.grant.Slot, nil
+		}),
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			slog.Warn("gateway: upstream error", slog.String("path", r.URL.Path), slog.Any("error", err))
+			writeJSONError(w, http.StatusBadGateway, "api_error", "the upstream could not be reached")
+		},
+	}
+	g.mux = http.NewServeMux()
+	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
+		g.mux.HandleFunc("POST "+p, g.model)
+	}
+	g.mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+		g.proxy.ServeHTTP(w, r.WithContext(slots.WithoutSlot(r.Context())))
+	})
+	g.mux.HandleFunc("PATCH /admin/orgs/{org}/concurrent-limit", g.setOrgLimit)
+	g.mux.HandleFunc("GET /debug/slots", g.debugSlots)
+	g.mux.Handle("GET /metrics", promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{}))
+	return g, nil
+}
+
+func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+
+// Close stops the gateway's background work.
+func (g *gateway) Close() {
+	g.monitor.Stop()
+	g.gate.Close()
+}
+
+func (g *gateway) orgLimit(org string) int {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	if n, ok := g.orgLimits[org]; ok {
+		return n
+	}
+	return g.defLimit
+}
+
+// model handles a model request: the tenant cap at once, then the provider's
+// caps and pacing (waiting), then the upstream, holding both until done.
+func (g *gateway) model(w http.ResponseWriter, r *http.Request) {
+	model, err := slots.RequestModel(r, 8<<20)
+	if err != nil {
+		writeJSONError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		return
+	}
+	org := r.Header.Get("X-Org-ID")
+	if org == "" {
+		org = "default"
+	}
+	// The tenant's own cap: over it is the tenant's doing, answered at once.
+	ts, err := g.tenants.TryAcquire(tenant{org, model})
+	if err != nil {
+		slots.WriteError(w, err)
+		return
+	}
+	defer ts.Release() // the handler runs until the stream has been relayed
+	// The provider's caps and pacing: waited for, to smooth the load.
+	grant, err := g.gate.Acquire(r.Context(), model)
+	if err != nil {
+		slots.WriteError(w, err)
+		return
+	}
+	p := &pendingGrant{grant: grant}
+	defer func() {
+		if !p.taken { // the proxy failed before sending: free it here
+			grant.Slot.Release()
+		}
+	}()
+	out := r.WithContext(context.WithValue(r.Context(), grantKey{}, p))
+	if grant.Key != "" {
+		out.Header.Set("Authorization", "Bearer "+grant.Key)
+	}
+	g.proxy.ServeHTTP(w, out)
+}
+
+func (g *gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
+	var body struct {
+		Limit *int `json:"limit"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<10)).Decode(&body); err != nil || body.Limit == nil || *body.Limit < 0 {
+		writeJSONError(w, http.StatusBadRequest, "invalid_request_error", `want {"limit": N} with N >= 0`)
+		return
+	}
+	org := r.PathValue("org")
+	n := *body.Limit
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.orgLimits[org] = n
+	// Keys of the org in flight now get the new limit at once (raising it
+	// admits their waiters; lowering it evicts nobody); later keys look it up.
+	if g.overridden[org] == nil {
+		g.overridden[org] = map[tenant]bool{}
+	}
+	for _, h := range g.tenants.Holders(nil) {
+		if h.Key.Org == org {
+			g.overridden[org][h.Key] = true
+		}
+	}
+	for k := range g.overridden[org] {
+		g.tenants.SetLimit(k, n)
+	}
+	w.Header().Set("Content-Type", "application/json")
+	fmt.Fprintf(w, `{"org":%q,"limit":%d}`+"\n", org, *body.Limit)
+}
+
+func (g *gateway) debugSlots(w http.ResponseWriter, r *http.Request) {
+	type holder struct {
+		Key    string `json:"key"`
+		SlotID uint64 `json:"slot_id"`
+		AgeMS  int64  `json:"age_ms"`
+	}
+	now := time.Now()
+	var out struct {
+		Holders  []holder      `json:"holders"`
+		Provider pacing.Status `json:"provider"`
+		Sweep    struct {
+			InUse, Keys, MaxPerKey int
+			BusiestKey             string
+			LongHeld               int
+		} `json:"sweep"`
+	}
+	out.Holders = []holder{}
+	for _, h := range g.tenants.Holders(nil) {
+		out.Holders = append(out.Holders, holder{h.Key.String(), h.ID, now.Sub(h.AcquiredAt).Milliseconds()})
+	}
+	out.Provider = g.gate.Status()
+	rep := g.monitor.Sweep(now)
+	out.Sweep.InUse, out.Sweep.Keys, out.Sweep.MaxPerKey = rep.InUse, rep.Keys, rep.MaxPerKey
+	out.Sweep.BusiestKey, out.Sweep.LongHeld = rep.BusiestKey.String(), len(rep.LongHeld)
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(out)
+}
+
+func writeJSONError(w http.ResponseWriter, status int, kind, msg string) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	var body struct {
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	body.Error.Type, body.Error.Message = kind, msg
+	_ = json.NewEncoder(w).Encode(body)
+}
