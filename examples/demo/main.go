@@ -1,134 +1,38 @@
-// Command demo shows the problem inflight solves, in one process.
+// Command demo shows the problem inflight solves, over real HTTP, in one
+// process.
 //
-// A simulated provider lets an account have a few requests in flight at once
-// and answers 429 beyond that, as LLM providers with concurrency-limited plans
-// do. A mixed workload (long batch turns on a heavy model, short interactive
-// turns on a light one) runs twice: straight at the provider, then through a
-// registry.AcquireAll over a provider cap and a model cap. The table compares
-// the runs.
+// A simulated provider streams chat completions as server-sent events and,
+// like providers with concurrency-limited plans, answers 429 (code 1302) once
+// an account has more requests in flight than its limit. A mixed workload
+// (long batch turns on a heavy model, short interactive turns on a light one)
+// runs twice: straight at the provider, then through the example gateway,
+// which caps the provider and the heavy model and queues the rest. A table
+// compares the two runs.
 //
-//	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5]
+//	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3]
 package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
+	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
-	"github.com/inflight-go/inflight/registry"
-	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/examples/internal/gateway"
+	"github.com/inflight-go/inflight/pacing"
 )
-
-// provider is the simulated upstream: an account-wide cap on requests in
-// flight, enforced by refusing, like a provider's 429 (code 1302).
-type provider struct {
-	limit    int64
-	inFlight atomic.Int64
-	peak     atomic.Int64
-	refused  atomic.Int64
-}
-
-// call holds the account for d, or refuses at once when the account is full.
-func (p *provider) call(ctx context.Context, d time.Duration) bool {
-	n := p.inFlight.Add(1)
-	defer p.inFlight.Add(-1)
-	for {
-		pk := p.peak.Load()
-		if n <= pk || p.peak.CompareAndSwap(pk, n) {
-			break
-		}
-	}
-	if n > p.limit {
-		p.refused.Add(1)
-		return false
-	}
-	select {
-	case <-time.After(d): // the streamed turn
-	case <-ctx.Done():
-	}
-	return true
-}
-
-type request struct {
-	interactive bool
-	model       string
-	start       time.Duration // offset from the run's start
-	turn        time.Duration // how long the provider streams
-}
-
-type result struct {
-	name                string
-	requests, completed int
-	refused, peak       int64
-	p50, p95, wall      time.Duration
-}
-
-// admit returns a function that takes (and later frees) whatever the run
-// needs before calling the provider.
-type admitFunc func(ctx context.Context, r request) (release func(), err error)
-
-func run1(name string, reqs []request, limit int64, admit admitFunc) result {
-	p := &provider{limit: limit}
-	var (
-		mu        sync.Mutex
-		latencies []time.Duration
-		completed int
-		wg        sync.WaitGroup
-	)
-	start := time.Now()
-	for _, r := range reqs {
-		wg.Go(func() {
-			time.Sleep(r.start)
-			began := time.Now()
-			ok := false
-			// A client retries a 429 after a short back-off, as SDKs do.
-			for attempt := 0; attempt < 3 && !ok; attempt++ {
-				release, err := admit(context.Background(), r)
-				if err != nil {
-					break
-				}
-				ok = p.call(context.Background(), r.turn)
-				release()
-				if !ok {
-					time.Sleep(50 * time.Millisecond)
-				}
-			}
-			took := time.Since(began)
-			mu.Lock()
-			defer mu.Unlock()
-			if ok {
-				completed++
-			}
-			if r.interactive {
-				latencies = append(latencies, took)
-			}
-		})
-	}
-	wg.Wait()
-	slices.Sort(latencies)
-	return result{
-		name: name, requests: len(reqs), completed: completed,
-		refused: p.refused.Load(), peak: p.peak.Load(),
-		p50: percentile(latencies, 50), p95: percentile(latencies, 95),
-		wall: time.Since(start),
-	}
-}
-
-func percentile(sorted []time.Duration, p int) time.Duration {
-	if len(sorted) == 0 {
-		return 0
-	}
-	return sorted[(len(sorted)-1)*p/100]
-}
 
 func main() {
 	if err := run(os.Args[1:], os.Stdout); err != nil {
@@ -143,6 +47,151 @@ func main() {
 
 type usageError struct{ error }
 
+// provider is the simulated upstream: it streams each turn for the time the
+// request asks, and refuses with 429/1302 past its account's in-flight limit.
+type provider struct {
+	limit    int64
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	refused  atomic.Int64
+}
+
+func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	var req struct {
+		Model  string `json:"model"`
+		TurnMS int    `json:"turn_ms"`
+	}
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	n := p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	for pk := p.peak.Load(); n > pk && !p.peak.CompareAndSwap(pk, n); pk = p.peak.Load() {
+	}
+	if n > p.limit {
+		p.refused.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":{"code":"1302","message":"Rate limit reached for requests"}}`)
+		return
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	deadline := time.Now().Add(time.Duration(req.TurnMS) * time.Millisecond)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-tick.C:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+}
+
+type request struct {
+	interactive bool
+	org, model  string
+	start, turn time.Duration
+}
+
+type result struct {
+	name                string
+	requests, completed int
+	refused, peak       int64
+	p50, p95, wall      time.Duration
+}
+
+// runWorkload sends every request to baseURL (retrying a 429 twice after a
+// short back-off, as SDKs do) and measures what the provider saw.
+func runWorkload(name, baseURL string, p *provider, reqs []request, progress io.Writer) result {
+	p.refused.Store(0)
+	p.peak.Store(0)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
+	defer client.Transport.(*http.Transport).CloseIdleConnections()
+	var (
+		mu        sync.Mutex
+		latencies []time.Duration
+		completed int
+		done      atomic.Int64
+		wg        sync.WaitGroup
+	)
+	start := time.Now()
+	stop := make(chan struct{})
+	if progress != nil {
+		go func() {
+			t := time.NewTicker(200 * time.Millisecond)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					fmt.Fprintf(progress, "\r%-20s %d/%d done   \n", name, len(reqs), len(reqs))
+					return
+				case <-t.C:
+					fmt.Fprintf(progress, "\r%-20s %d/%d done", name, done.Load(), len(reqs))
+				}
+			}
+		}()
+	}
+	for _, r := range reqs {
+		wg.Go(func() {
+			time.Sleep(r.start) // the workload's own schedule
+			began := time.Now()
+			ok := false
+			for attempt := 0; attempt < 3 && !ok; attempt++ {
+				ok = send(client, baseURL, r)
+				if !ok {
+					time.Sleep(50 * time.Millisecond)
+				}
+			}
+			took := time.Since(began)
+			done.Add(1)
+			mu.Lock()
+			defer mu.Unlock()
+			if ok {
+				completed++
+			}
+			if r.interactive {
+				latencies = append(latencies, took)
+			}
+		})
+	}
+	wg.Wait()
+	close(stop)
+	slices.Sort(latencies)
+	return result{
+		name: name, requests: len(reqs), completed: completed,
+		refused: p.refused.Load(), peak: p.peak.Load(),
+		p50: percentile(latencies, 50), p95: percentile(latencies, 95),
+		wall: time.Since(start),
+	}
+}
+
+// send streams one turn to its end and reports whether it completed.
+func send(client *http.Client, baseURL string, r request) bool {
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"turn_ms":%d}`, r.model, r.turn.Milliseconds())
+	req, err := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
+	if err != nil {
+		return false
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("X-Org-ID", r.org)
+	resp, err := client.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(resp.Body)
+	return err == nil && resp.StatusCode == http.StatusOK && strings.HasSuffix(string(data), "data: [DONE]\n\n")
+}
+
+func percentile(sorted []time.Duration, p int) time.Duration {
+	if len(sorted) == 0 {
+		return 0
+	}
+	return sorted[(len(sorted)-1)*p/100]
+}
+
 // outcome is what the demo measured, for its test.
 type outcome struct{ direct, capped result }
 
@@ -155,42 +204,61 @@ func run(args []string, stdout io.Writer) error {
 		batch        = fs.Int("batch", 40, "long batch turns on the heavy model")
 		interactive  = fs.Int("interactive", 40, "short interactive turns on the light model")
 		accountLimit = fs.Int("account-limit", 5, "requests the provider allows in flight per account")
-		modelCap     = fs.Int("model-cap", 3, "cap on the heavy model within the provider cap")
+		modelCap     = fs.Int("model-cap", 3, "the gateway's cap on the heavy model, within the account limit")
+		scale        = fs.Float64("scale", 1, "multiplies every duration of the workload")
 		seed         = fs.Uint64("seed", 1, "workload seed")
 	)
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
-	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 {
-		return usageError{errors.New("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1")}
+	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || *scale <= 0 {
+		return usageError{errors.New("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale > 0")}
 	}
-
+	d := func(ms int) time.Duration { return time.Duration(float64(ms) * *scale * float64(time.Millisecond)) }
 	rng := rand.New(rand.NewPCG(*seed, 0))
 	var reqs []request
 	for range *batch {
-		reqs = append(reqs, request{model: "glm-5", start: jitter(rng, 400), turn: 300*time.Millisecond + jitter(rng, 500)})
+		reqs = append(reqs, request{org: "batch-jobs", model: "glm-5", start: d(rng.IntN(400)), turn: d(300 + rng.IntN(500))})
 	}
 	for range *interactive {
-		reqs = append(reqs, request{interactive: true, model: "glm-4-air", start: jitter(rng, 1500), turn: 40*time.Millisecond + jitter(rng, 80)})
+		reqs = append(reqs, request{interactive: true, org: "interactive", model: "glm-4-air", start: d(rng.IntN(1500)), turn: d(40 + rng.IntN(80))})
 	}
 
-	fmt.Fprintf(stdout, "provider allows %d in flight per account; %d batch turns (300-800 ms) and %d interactive turns (40-120 ms)\n\n",
-		*accountLimit, *batch, *interactive)
+	prov := &provider{limit: int64(*accountLimit)}
+	provURL, stopProv, err := serve(prov)
+	if err != nil {
+		return err
+	}
+	defer stopProv()
+	gw, err := gateway.New(gateway.Config{
+		Upstream: provURL,
+		Orgs:     gateway.OrgsConfig{DefaultLimit: 64},
+		Provider: pacing.Config{
+			MaxConcurrentRequests: *accountLimit,
+			MaxQueue:              len(reqs),
+			Models:                map[string]pacing.ModelConfig{"glm-5": {MaxConcurrentRequests: min(*modelCap, *accountLimit)}},
+		},
+	}, &http.Transport{MaxIdleConnsPerHost: 256})
+	if err != nil {
+		return err
+	}
+	defer gw.Close()
+	gwURL, stopGW, err := serve(gw)
+	if err != nil {
+		return err
+	}
+	defer stopGW()
 
-	direct := run1("direct", reqs, int64(*accountLimit), func(context.Context, request) (func(), error) {
-		return func() {}, nil
-	})
-
-	reg := registry.New[string](slots.Unlimited)
-	reg.SetLimit("provider", *accountLimit)
-	reg.SetLimit("provider/glm-5", min(*modelCap, *accountLimit))
-	capped := run1("through inflight", reqs, int64(*accountLimit), func(ctx context.Context, r request) (func(), error) {
-		s, err := reg.AcquireAll(ctx, "provider", "provider/"+r.model)
-		if err != nil {
-			return nil, err
+	var progress io.Writer
+	if f, ok := stdout.(*os.File); ok {
+		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
+			progress = f // a terminal: show a progress line
 		}
-		return func() { s.Release() }, nil
-	})
+	}
+	fmt.Fprintf(stdout, "provider allows %d in flight per account; %d batch turns (%v-%v) and %d interactive turns (%v-%v)\n\n",
+		*accountLimit, *batch, d(300), d(800), *interactive, d(40), d(120))
+	direct := runWorkload("direct", provURL, prov, reqs, progress)
+	capped := runWorkload("through the gateway", gwURL, prov, reqs, progress)
 	lastOutcome = outcome{direct, capped}
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
@@ -200,15 +268,26 @@ func run(args []string, stdout io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
-	if n := reg.Keys(); n != 0 {
-		return fmt.Errorf("%d keys still held after the run", n)
+	if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
+		return errors.New("slots still held after the run")
 	}
 	if capped.refused != 0 || capped.completed != capped.requests {
-		return errors.New("the capped run should see no 429s and complete every request")
+		return errors.New("the run through the gateway should see no 429s and complete every request")
 	}
 	return nil
 }
 
-func jitter(rng *rand.Rand, ms int) time.Duration {
-	return time.Duration(rng.IntN(ms)) * time.Millisecond
+// serve runs h on a loopback port and returns its URL and a stop function.
+func serve(h http.Handler) (string, func(), error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	srv := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+	go srv.Serve(ln)
+	return "http://" + ln.Addr().String(), func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(ctx)
+	}, nil
 }

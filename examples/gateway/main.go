@@ -30,6 +30,8 @@ import (
 	"os/signal"
 	"syscall"
 	"time"
+
+	"github.com/inflight-go/inflight/examples/internal/gateway"
 )
 
 func main() {
@@ -56,12 +58,12 @@ func run(args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "gateway:", err)
 		return 2
 	}
-	cfg, err := parseConfig(patchConfig(data, *listen, *upstream))
+	cfg, err := gateway.ParseConfig(patchConfig(data, *listen, *upstream))
 	if err != nil {
 		fmt.Fprintln(stderr, "gateway:", err)
 		return 2
 	}
-	gw, err := newGateway(cfg, http.DefaultTransport)
+	gw, err := gateway.New(cfg, http.DefaultTransport)
 	if err != nil {
 		fmt.Fprintln(stderr, "gateway:", err)
 		return 2
@@ -91,7 +93,7 @@ func patchConfig(data []byte, listen, upstream string) []byte {
 	}
 	var m map[string]any
 	if err := json.Unmarshal(data, &m); err != nil {
-		return data // parseConfig reports it
+		return data // ParseConfig reports it
 	}
 	if listen != "" {
 		m["listen"] = listen

@@ -1,4 +1,8 @@
-package main
+// Package gateway is the OpenAI-compatible proxy shared by the example
+// programs: a tenant cap per (org, model) answered at once, the provider's
+// caps and pacing waited for, every slot of a streamed answer held until the
+// upstream body closes.
+package gateway
 
 import (
 	"context"
@@ -27,10 +31,10 @@ type tenant struct{ Org, Model string }
 
 func (t tenant) String() string { return t.Org + "/" + t.Model }
 
-// gateway is an OpenAI-compatible reverse proxy with a tenant cap per
+// Gateway is an OpenAI-compatible reverse proxy with a tenant cap per
 // (org, model), checked at once, and the provider's caps and pacing, waited
 // for. A streamed answer holds every slot until the upstream body closes.
-type gateway struct {
+type Gateway struct {
 	tenants *registry.Registry[tenant]
 	gate    *pacing.Gate
 	monitor *sweep.Monitor[tenant]
@@ -52,7 +56,8 @@ type pendingGrant struct {
 	taken bool // the transport tied the slot to the upstream exchange
 }
 
-func newGateway(cfg Config, base http.RoundTripper) (*gateway, error) {
+// New returns a Gateway for cfg that sends upstream through base.
+func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	target, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, err
@@ -61,7 +66,7 @@ func newGateway(cfg Config, base http.RoundTripper) (*gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &gateway{gate: gate, orgLimits: map[string]int{}, overridden: map[string]map[tenant]bool{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
+	g := &Gateway{gate: gate, orgLimits: map[string]int{}, overridden: map[string]map[tenant]bool{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
 	for org, n := range cfg.Orgs.Limits {
 		g.orgLimits[org] = n
 	}
@@ -105,15 +110,22 @@ func newGateway(cfg Config, base http.RoundTripper) (*gateway, error) {
 	return g, nil
 }
 
-func (g *gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+
+// Provider returns the provider gate's status.
+func (g *Gateway) Provider() pacing.Status { return g.gate.Status() }
+
+// TenantKeys returns the number of (org, model) keys holding or waiting.
+func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
 
 // Close stops the gateway's background work.
-func (g *gateway) Close() {
+func (g *Gateway) Close() {
 	g.monitor.Stop()
 	g.gate.Close()
 }
 
-func (g *gateway) orgLimit(org string) int {
+func (g *Gateway) orgLimit(org string) int {
 	g.mu.RLock()
 	defer g.mu.RUnlock()
 	if n, ok := g.orgLimits[org]; ok {
@@ -124,7 +136,7 @@ func (g *gateway) orgLimit(org string) int {
 
 // model handles a model request: the tenant cap at once, then the provider's
 // caps and pacing (waiting), then the upstream, holding both until done.
-func (g *gateway) model(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	model, err := slots.RequestModel(r, 8<<20)
 	if err != nil {
 		writeJSONError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
@@ -160,7 +172,7 @@ func (g *gateway) model(w http.ResponseWriter, r *http.Request) {
 	g.proxy.ServeHTTP(w, out)
 }
 
-func (g *gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Limit *int `json:"limit"`
 	}
@@ -190,7 +202,7 @@ func (g *gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 	fmt.Fprintf(w, `{"org":%q,"limit":%d}`+"\n", org, *body.Limit)
 }
 
-func (g *gateway) debugSlots(w http.ResponseWriter, r *http.Request) {
+func (g *Gateway) debugSlots(w http.ResponseWriter, r *http.Request) {
 	type holder struct {
 		Key    string `json:"key"`
 		SlotID uint64 `json:"slot_id"`

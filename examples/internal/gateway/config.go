@@ -1,4 +1,4 @@
-package main
+package gateway
 
 import (
 	"bytes"
@@ -25,16 +25,17 @@ type OrgsConfig struct {
 	Limits       map[string]int `json:"limits"`
 }
 
-// loadConfig reads and checks the file at path; errors name the bad field.
-func loadConfig(path string) (Config, error) {
+// LoadConfig reads and checks the file at path; errors name the bad field.
+func LoadConfig(path string) (Config, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
 		return Config{}, err
 	}
-	return parseConfig(data)
+	return ParseConfig(data)
 }
 
-func parseConfig(data []byte) (Config, error) {
+// ParseConfig reads and checks a configuration; errors name the bad field.
+func ParseConfig(data []byte) (Config, error) {
 	c := Config{Listen: "127.0.0.1:8080", Orgs: OrgsConfig{DefaultLimit: 64}}
 	dec := json.NewDecoder(bytes.NewReader(data))
 	dec.DisallowUnknownFields()

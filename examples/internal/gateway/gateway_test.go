@@ -1,0 +1,258 @@
+package gateway
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// upstream is a gated SSE model server that counts what it serves, in total,
+// per model and per org, and the peaks.
+type upstream struct {
+	srv  *httptest.Server
+	gate chan struct{}
+	mu   sync.Mutex
+	cur  map[string]int
+	peak map[string]int
+}
+
+func newUpstream(t *testing.T) *upstream {
+	u := &upstream{gate: make(chan struct{}), cur: map[string]int{}, peak: map[string]int{}}
+	u.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/models" {
+			io.WriteString(w, `{"data":[{"id":"glm-5.3"}]}`)
+			return
+		}
+		var body struct{ Model string }
+		_ = json.NewDecoder(r.Body).Decode(&body)
+		names := []string{"all", "model:" + body.Model, "org:" + r.Header.Get("X-Org-ID")}
+		u.enter(names)
+		defer u.leave(names)
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"delta\":\"a\"}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-u.gate:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *upstream) enter(names []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, n := range names {
+		u.cur[n]++
+		u.peak[n] = max(u.peak[n], u.cur[n])
+	}
+}
+
+func (u *upstream) leave(names []string) {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	for _, n := range names {
+		u.cur[n]--
+	}
+}
+
+func (u *upstream) get(m map[string]int, name string) int {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return m[name]
+}
+
+const testConfig = `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 3, "limits": {"org-a": 2}},
+	"provider": {"max_concurrent_requests": 4, "models": {"glm-5.3": {"max_concurrent_requests": 2}}}
+}`
+
+func startGateway(t *testing.T, u *upstream) (*httptest.Server, *Gateway) {
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(testConfig, u.srv.URL)))
+	require.NoError(t, err)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	gw, err := New(cfg, base)
+	require.NoError(t, err)
+	t.Cleanup(gw.Close)
+	srv := httptest.NewServer(gw)
+	t.Cleanup(srv.Close)
+	return srv, gw
+}
+
+func post(ctx context.Context, t *testing.T, client *http.Client, url, org, model string) (*http.Response, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, url+"/v1/chat/completions",
+		strings.NewReader(`{"model":"`+model+`","stream":true}`))
+	req.Header.Set("X-Org-ID", org)
+	return client.Do(req)
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		require.False(t, time.Now().After(deadline), "timed out waiting until %s", what)
+		runtime.Gosched()
+	}
+}
+
+func TestGatewayCapsUnderABurst(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGateway(t, u)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+
+	var wg sync.WaitGroup
+	codes := make(chan int, 10)
+	for i := range 10 {
+		org, model := "org-a", "glm-5.3"
+		if i%2 == 1 {
+			org, model = "org-b", "glm-4"
+		}
+		wg.Go(func() {
+			resp, err := post(context.Background(), t, client, srv.URL, org, model)
+			if !assert.NoError(t, err) {
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	// org-a/glm-5.3 may have 2, org-b/glm-4 3: five admitted, five turned
+	// away at once; the provider takes 4 and queues the fifth.
+	waitFor(t, "the provider is full", func() bool { return u.get(u.cur, "all") == 4 && gw.gate.Status().Queued == 1 })
+	close(u.gate)
+	wg.Wait()
+	close(codes)
+	count := map[int]int{}
+	for c := range codes {
+		count[c]++
+	}
+	assert.Equal(t, map[int]int{200: 5, 429: 5}, count)
+	// Which four the provider took first depends on arrival; the caps hold
+	// whatever it was.
+	assert.Equal(t, 4, u.get(u.peak, "all"), "provider cap, reached")
+	assert.LessOrEqual(t, u.get(u.peak, "model:glm-5.3"), 2, "model cap")
+	assert.LessOrEqual(t, u.get(u.peak, "org:org-a"), 2, "org-a's cap")
+	assert.LessOrEqual(t, u.get(u.peak, "org:org-b"), 3, "the default org cap")
+	assert.Positive(t, u.get(u.peak, "org:org-a"))
+	waitFor(t, "all released", func() bool { return gw.tenants.Keys() == 0 && gw.gate.Status().InFlight == 0 })
+}
+
+func TestGatewayStreamsHoldSlotsUntilTheClientLeaves(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGateway(t, u)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := post(ctx, t, client, srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "data: {\"delta\":\"a\"}\n", line)
+
+	dbg, err := client.Get(srv.URL + "/debug/slots")
+	require.NoError(t, err)
+	var slotsSeen struct {
+		Holders []struct {
+			Key    string `json:"key"`
+			SlotID uint64 `json:"slot_id"`
+		} `json:"holders"`
+	}
+	require.NoError(t, json.NewDecoder(dbg.Body).Decode(&slotsSeen))
+	dbg.Body.Close()
+	require.Len(t, slotsSeen.Holders, 1, "/debug/slots lists the held slot")
+	assert.Equal(t, "org-a/glm-5.3", slotsSeen.Holders[0].Key)
+	assert.Equal(t, 1, gw.gate.Status().InFlight)
+
+	cancel() // the client goes away mid-stream
+	resp.Body.Close()
+	waitFor(t, "both slots are freed", func() bool { return gw.tenants.Keys() == 0 && gw.gate.Status().InFlight == 0 })
+	waitFor(t, "the upstream sees it", func() bool { return u.get(u.cur, "all") == 0 })
+}
+
+func TestGatewayAdminPatch(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGateway(t, u)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var open []*http.Response
+	for range 2 {
+		resp, err := post(ctx, t, client, srv.URL, "org-a", "glm-4")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		open = append(open, resp)
+	}
+	resp, err := post(ctx, t, client, srv.URL, "org-a", "glm-4")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "org-a is at 2")
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+	resp.Body.Close()
+
+	req, _ := http.NewRequest(http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", strings.NewReader(`{"limit":3}`))
+	patched, err := client.Do(req)
+	require.NoError(t, err)
+	patched.Body.Close()
+	require.Equal(t, http.StatusOK, patched.StatusCode)
+
+	third, err := post(ctx, t, client, srv.URL, "org-a", "glm-4")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, third.StatusCode, "the new limit applies without a restart")
+	cancel()
+	for _, r := range append(open, third) {
+		r.Body.Close()
+	}
+	waitFor(t, "all released", func() bool { return gw.tenants.Keys() == 0 && gw.gate.Status().InFlight == 0 })
+}
+
+func TestGatewayModelsTakeNoSlot(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGateway(t, u)
+	resp, err := http.Get(srv.URL + "/v1/models")
+	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Contains(t, string(body), "glm-5.3")
+	assert.Zero(t, gw.gate.Status().InFlight)
+	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
+}
+
+func TestGatewayUpstreamDown(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close() // nothing listens there now
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(testConfig, deadURL)))
+	require.NoError(t, err)
+	gw, err := New(cfg, &http.Transport{})
+	require.NoError(t, err)
+	defer gw.Close()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"glm-4"}`))
+	gw.ServeHTTP(rec, req)
+	assert.Equal(t, http.StatusBadGateway, rec.Code)
+	assert.JSONEq(t, `{"error":{"type":"api_error","message":"the upstream could not be reached"}}`, rec.Body.String())
+	assert.Zero(t, gw.tenants.Keys(), "the failed exchange frees its slots")
+	assert.Zero(t, gw.gate.Status().InFlight)
+}
