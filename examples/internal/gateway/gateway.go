@@ -74,7 +74,8 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	// An org's limit applies to each of its models.
 	g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit,
 		registry.WithObserver(collector),
-		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Second))
+		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Second),
+		registry.WithLogger(slog.Default()))
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
 	g.monitor = sweep.New(g.tenants)
@@ -186,7 +187,9 @@ func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 	defer g.mu.Unlock()
 	g.orgLimits[org] = n
 	// Keys of the org in flight now get the new limit at once (raising it
-	// admits their waiters; lowering it evicts nobody); later keys look it up.
+	// admits their waiters; lowering it evicts nobody); other keys look it
+	// up, at most a second late for one whose limit was fetched just before
+	// (the registry's refresh interval).
 	if g.overridden[org] == nil {
 		g.overridden[org] = map[tenant]bool{}
 	}
