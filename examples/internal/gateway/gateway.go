@@ -74,8 +74,7 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	// An org's limit applies to each of its models.
 	g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit,
 		registry.WithObserver(collector),
-		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Second),
-		registry.WithLogger(slog.Default()))
+		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Second))
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
 	g.monitor = sweep.New(g.tenants)
