@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -45,6 +46,33 @@ func (r *Registry[K]) ClearLimit(key K) {
 		return r.limitLocked(sh, key), true
 	})
 }
+
+// RefreshLimits makes the next admission of every key that match accepts
+// fetch its limit from the LimitFunc again, instead of using the one cached:
+// for a source of limits that has just changed (an organisation's limit
+// edited by an operator, say). Until then the cached limit stays in force.
+// It walks the cache one shard at a time. Without WithLimitFunc it does
+// nothing.
+func (r *Registry[K]) RefreshLimits(match func(K) bool) {
+	if r.limitFunc == nil {
+		return
+	}
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		for k, rv := range sh.resolved {
+			if match(k) {
+				rv.at = staleAt
+				sh.resolved[k] = rv
+			}
+		}
+		sh.mu.Unlock()
+	}
+}
+
+// staleAt is a fetch time that no refresh interval counts as fresh. The limit
+// stays the last known one (a failed fetch keeps it) while its key is live.
+const staleAt = math.MinInt64 / 2
 
 // applyLimit runs set with the key's shard locked and applies the limit it
 // returns to the key's lane, if the key is live and set reports a change.
@@ -150,9 +178,10 @@ func (r *Registry[K]) fresh(rv resolved, now int64) bool {
 	return now-rv.at < int64(r.cfg.refresh)
 }
 
-// retained reports whether an idle key's cached limit is still worth keeping.
+// retained reports whether an idle key's cached limit is still worth keeping
+// (one marked stale by RefreshLimits is dropped with the key going idle).
 func (r *Registry[K]) retained(rv resolved, now int64) bool {
-	return rv.ok && now-rv.at < LimitRetention*int64(r.cfg.refresh)
+	return rv.ok && rv.at != staleAt && now-rv.at < LimitRetention*int64(r.cfg.refresh)
 }
 
 // fetchLimit calls the LimitFunc and records the outcome. The record is made

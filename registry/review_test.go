@@ -285,3 +285,29 @@ func TestEveryAttemptEndsInOneEvent(t *testing.T) {
 	assert.Equal(t, int32(2), rejected.Load(), "limits set on a bad key are no rejections")
 	assert.Equal(t, uint64(0), reg.Stats().InvalidKeys)
 }
+
+func TestRegistryRefreshLimits(t *testing.T) {
+	mock := clock.NewMock()
+	var mu sync.Mutex
+	limits := map[string]int{"a": 1, "b": 1}
+	fn := func(_ context.Context, k string) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return limits[k], nil
+	}
+	reg := registry.New[string](5, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Hour))
+	for _, k := range []string{"a", "b"} {
+		s, err := reg.TryAcquire(k)
+		require.NoError(t, err)
+		s.Release()
+	}
+	mu.Lock()
+	limits["a"], limits["b"] = 0, 0
+	mu.Unlock()
+	reg.RefreshLimits(func(k string) bool { return k == "a" })
+	_, err := reg.TryAcquire("a")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "a fetches its new limit at once")
+	s, err := reg.TryAcquire("b")
+	require.NoError(t, err, "b keeps its cached limit until its refresh")
+	s.Release()
+}

@@ -148,3 +148,13 @@ func TestWithRejectStatusChecksTheCode(t *testing.T) {
 	assert.PanicsWithValue(t, "slots: WithRejectStatus(0): a rejection needs a 4xx or 5xx status", func() { slots.WithRejectStatus(0) })
 	assert.NotPanics(t, func() { slots.WithRejectStatus(http.StatusServiceUnavailable) })
 }
+
+func TestTransportBasePanicFreesTheSlot(t *testing.T) {
+	lim := slots.NewLimiter(1)
+	tr := slots.NewTransport(roundTripFunc(func(*http.Request) (*http.Response, error) { panic("base bug") }),
+		func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+	assert.PanicsWithValue(t, "base bug", func() {
+		_, _ = tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+	})
+	assert.Equal(t, 0, lim.InFlight())
+}

@@ -60,7 +60,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, err
 	}
-	resp, err := t.base.RoundTrip(req)
+	resp, err := t.sendHolding(req, s)
 	if err != nil || resp == nil {
 		s.releaseQuietly()
 		if resp != nil && resp.Body != nil {
@@ -102,6 +102,20 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp.Body = wrapBody(resp.Body, s, stop)
 	return resp, nil
+}
+
+// sendHolding sends req with the base transport; if the base panics, s is
+// released before the panic goes on (no recover: the panic keeps its stack).
+func (t *Transport) sendHolding(req *http.Request, s *Slot) (*http.Response, error) {
+	sent := false
+	defer func() {
+		if !sent {
+			s.releaseQuietly()
+		}
+	}()
+	resp, err := t.base.RoundTrip(req)
+	sent = true
+	return resp, err
 }
 
 var errNilResponse = errors.New("slots: RoundTripper returned a nil *Response with a nil error")

@@ -7,6 +7,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -42,11 +43,12 @@ type Gateway struct {
 	mux     *http.ServeMux
 	metrics *prometheus.Registry
 
-	mu         sync.RWMutex // protects the fields below; serialises PATCHes
-	orgLimits  map[string]int
-	defLimit   int
-	overridden map[string]map[tenant]bool // keys given a limit by a PATCH, per org
+	mu        sync.RWMutex // protects the fields below
+	orgLimits map[string]int
+	defLimit  int
 }
+
+var errUnexpectedUpgrade = errors.New("gateway: the upstream switched protocols")
 
 // grantKey carries the provider grant from the handler to the transport.
 type grantKey struct{}
@@ -66,15 +68,16 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{gate: gate, orgLimits: map[string]int{}, overridden: map[string]map[tenant]bool{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
+	g := &Gateway{gate: gate, orgLimits: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
 	for org, n := range cfg.Orgs.Limits {
 		g.orgLimits[org] = n
 	}
 	collector := inflightprom.New("tenant")
-	// An org's limit applies to each of its models.
+	// An org's limit applies to each of its models, looked up per key; a
+	// PATCH marks the org's cached limits due (RefreshLimits).
 	g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit,
 		registry.WithObserver(collector),
-		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Second))
+		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Minute))
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
 	g.monitor = sweep.New(g.tenants)
@@ -92,7 +95,19 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 			p.taken = true
 			return p.grant.Slot, nil
 		}),
+		// The model API never switches protocols; httputil.ReverseProxy
+		// would leave an unasked-for 101's connection (and so its slot)
+		// open, so such an answer is an error, whose body the proxy closes.
+		ModifyResponse: func(resp *http.Response) error {
+			if resp.StatusCode == http.StatusSwitchingProtocols {
+				return errUnexpectedUpgrade
+			}
+			return nil
+		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			if r.Context().Err() != nil {
+				return // the client has gone: nobody to answer
+			}
 			slog.Warn("gateway: upstream error", slog.String("path", r.URL.Path), slog.Any("error", err))
 			writeJSONError(w, http.StatusBadGateway, "api_error", "the upstream could not be reached")
 		},
@@ -183,23 +198,11 @@ func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 	org := r.PathValue("org")
 	n := *body.Limit
 	g.mu.Lock()
-	defer g.mu.Unlock()
 	g.orgLimits[org] = n
-	// Keys of the org in flight now get the new limit at once (raising it
-	// admits their waiters; lowering it evicts nobody); other keys look it
-	// up, at most a second late for one whose limit was fetched just before
-	// (the registry's refresh interval).
-	if g.overridden[org] == nil {
-		g.overridden[org] = map[tenant]bool{}
-	}
-	for _, h := range g.tenants.Holders(nil) {
-		if h.Key.Org == org {
-			g.overridden[org][h.Key] = true
-		}
-	}
-	for k := range g.overridden[org] {
-		g.tenants.SetLimit(k, n)
-	}
+	g.mu.Unlock()
+	// Every key of the org, live or idle, fetches the new limit at its next
+	// admission.
+	g.tenants.RefreshLimits(func(k tenant) bool { return k.Org == org })
 	w.Header().Set("Content-Type", "application/json")
 	fmt.Fprintf(w, `{"org":%q,"limit":%d}`+"\n", org, *body.Limit)
 }

@@ -256,3 +256,53 @@ func TestGatewayUpstreamDown(t *testing.T) {
 	assert.Zero(t, gw.tenants.Keys(), "the failed exchange frees its slots")
 	assert.Zero(t, gw.gate.Status().InFlight)
 }
+
+// TestGatewayPatchReachesIdleKeys: a key used a moment ago and idle now gets
+// the new limit too.
+func TestGatewayPatchReachesIdleKeys(t *testing.T) {
+	u := newUpstream(t)
+	close(u.gate)
+	srv, _ := startGateway(t, u)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	resp, err := post(context.Background(), t, client, srv.URL, "org-a", "glm-4")
+	require.NoError(t, err)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+
+	req, _ := http.NewRequest(http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", strings.NewReader(`{"limit":0}`))
+	patched, err := client.Do(req)
+	require.NoError(t, err)
+	patched.Body.Close()
+	resp, err = post(context.Background(), t, client, srv.URL, "org-a", "glm-4")
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "limit 0 applies at once")
+}
+
+// TestGatewayRefusesUnaskedUpgrades: an upstream that switches protocols on
+// a model request gets a 502, and the slots come back.
+func TestGatewayRefusesUnaskedUpgrades(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: h2c\r\n\r\n")
+		brw.Flush()
+	}))
+	t.Cleanup(up.Close)
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(testConfig, up.URL)))
+	require.NoError(t, err)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	gw, err := New(cfg, base)
+	require.NoError(t, err)
+	defer gw.Close()
+	rec := httptest.NewRecorder()
+	gw.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"glm-4"}`)))
+	assert.Equal(t, http.StatusBadGateway, rec.Code)
+	waitFor(t, "the grant comes back", func() bool { return gw.Provider().InFlight == 0 })
+	assert.Zero(t, gw.TenantKeys())
+}
