@@ -117,34 +117,23 @@ func (g *mutexMap) release(key string, e *mmEntry) {
 func BenchmarkRegistryTryAcquireRelease(b *testing.B) {
 	keys := benchKeyList()
 
-	b.Run("inflight", func(b *testing.B) {
-		reg := registry.New[string](benchLimit)
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			s, err := reg.TryAcquire(keys[i%benchKeys])
-			if err != nil {
-				b.Fatal(err)
+	run := func(reg *registry.Registry[string]) func(*testing.B) {
+		return func(b *testing.B) {
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				s, err := reg.TryAcquire(keys[i%benchKeys])
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Release()
+				i++
 			}
-			s.Release()
-			i++
 		}
-	})
-
+	}
+	b.Run("inflight", run(registry.New[string](benchLimit)))
 	// The same with leak detection: a tracked hold and a cleanup per slot.
-	b.Run("inflight-leakcheck", func(b *testing.B) {
-		reg := registry.New[string](benchLimit, registry.WithLeakDetection())
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			s, err := reg.TryAcquire(keys[i%benchKeys])
-			if err != nil {
-				b.Fatal(err)
-			}
-			s.Release()
-			i++
-		}
-	})
+	b.Run("inflight-leakcheck", run(registry.New[string](benchLimit, registry.WithLeakDetection())))
 
 	b.Run("mutexmap", func(b *testing.B) {
 		g := newMutexMap(benchLimit)

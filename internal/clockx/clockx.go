@@ -116,9 +116,6 @@ func (c *Clock) tick() {
 // Time converts a Nanos reading back to a time.Time.
 func (c *Clock) Time(nanos int64) time.Time { return c.epoch.Add(time.Duration(nanos)) }
 
-// Now returns the current time, exactly.
-func (c *Clock) Now() time.Time { return c.Time(c.Nanos()) }
-
 // Timer returns a timer on this clock.
 func (c *Clock) Timer(d time.Duration) (<-chan time.Time, func() bool) {
 	if c.c == nil {

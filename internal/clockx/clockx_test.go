@@ -36,7 +36,7 @@ func TestRealClock(t *testing.T) {
 	a := c.Nanos()
 	b := c.Nanos()
 	assert.LessOrEqual(t, a, b, "monotonic")
-	assert.WithinDuration(t, time.Now(), c.Now(), time.Second)
+	assert.WithinDuration(t, time.Now(), c.Time(c.Nanos()), time.Second)
 	_, stop := c.Timer(time.Hour)
 	assert.True(t, stop())
 }

@@ -12,9 +12,6 @@ type Elem[T any] struct {
 	list       *List[T]
 }
 
-// InList reports whether e is linked into a list.
-func (e *Elem[T]) InList() bool { return e.list != nil }
-
 // Next returns the element after e, or nil at the end.
 func (e *Elem[T]) Next() *Elem[T] {
 	if n := e.next; e.list != nil && n != &e.list.root {

@@ -23,7 +23,6 @@ func TestList(t *testing.T) {
 	for i := range es {
 		es[i].Value = i
 		l.PushBack(&es[i])
-		assert.True(t, es[i].InList())
 	}
 	assert.Equal(t, []int{0, 1, 2, 3}, values(&l))
 	assert.Equal(t, 4, l.Len())
@@ -32,7 +31,6 @@ func TestList(t *testing.T) {
 	assert.True(t, l.Remove(&es[0]), "from the front")
 	assert.True(t, l.Remove(&es[3]), "from the back")
 	assert.False(t, l.Remove(&es[3]), "twice is a no-op")
-	assert.False(t, es[3].InList())
 	assert.Nil(t, es[3].Next())
 	assert.Equal(t, []int{2}, values(&l))
 
