@@ -273,6 +273,18 @@ func (r *Registry[K]) Waiting(key K) int {
 	return r.laneCount(key, func(ln *core.Lane) int { return ln.Waiters.Len() })
 }
 
+// Queue describes the callers waiting on key now: per priority class, and
+// the flows with the most waiters.
+func (r *Registry[K]) Queue(key K) slots.QueueStats {
+	sh, hash := r.shardFor(key)
+	sh.mu.Lock()
+	defer sh.mu.Unlock()
+	if e := sh.lookup(key, hash); e != nil {
+		return core.QueueStats(&e.lane.Waiters).(slots.QueueStats)
+	}
+	return slots.QueueStats{}
+}
+
 func (r *Registry[K]) laneCount(key K, f func(*core.Lane) int) int {
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()

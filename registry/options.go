@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/policy"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -151,4 +152,29 @@ func WithLeakDetection() Option {
 // that place in the leak warning.
 func WithLeakSites() Option {
 	return optionFunc(func(c *config) { c.wait.LeakCheck, c.wait.LeakSites = true, true })
+}
+
+// WithShare guarantees priority class p the share s of every key's limit
+// (see slots.Share and slots.WithShare). With shares, Acquire and
+// AcquireAll read the priority from the context on every call; TryAcquire
+// and TryAcquireAll admit as slots.PriorityDefault. It panics if a count is
+// negative.
+func WithShare(p slots.Priority, s slots.Share) Option {
+	if s.Min < 0 || s.Reserved < 0 {
+		panic(fmt.Sprintf("registry: negative share %+v", s))
+	}
+	return optionFunc(func(c *config) { c.wait.SetShare(classOf(p), s.Min, s.Reserved) })
+}
+
+// WithMaxQueuePerFlow bounds how many callers of one flow (slots.WithFlow)
+// may wait on one key at once: the flow's newest caller beyond n is rejected
+// with slots.ErrQueueFull while other flows still queue. Callers without a
+// flow form the flow "". The default is no bound; a negative n restores it.
+func WithMaxQueuePerFlow(n int) Option {
+	return optionFunc(func(c *config) { c.wait.MaxFlowQueue, c.wait.BoundFlowQueue = n, n >= 0 })
+}
+
+// classOf maps a priority to its class the way package slots does.
+func classOf(p slots.Priority) uint8 {
+	return core.PlaceOf(slots.WithPriority(context.Background(), p)).Class
 }

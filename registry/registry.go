@@ -72,6 +72,7 @@ type Registry[K comparable] struct {
 	selfCheck    bool        // K may hold a NaN or an uncomparable dynamic value
 	limitFunc    LimitFunc[K]
 	obs          slots.Observer // nil: no events
+	shares       *core.Shares   // nil: classes have no guaranteed share
 
 	// multiMu serialises everything that involves a waiter needing several
 	// keys: AcquireAll, the release or limit change of a key such waiters
@@ -191,6 +192,7 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 	}
 	r.selfCheck = mayBeUnequal(reflect.TypeFor[K]())
 	r.obs, _ = cfg.wait.Observer.(slots.Observer)
+	r.shares = cfg.wait.Shares
 	return r
 }
 
@@ -348,6 +350,13 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	p, h := r.newHold()
 	h.At = r.clk.Coarse()
+	// The caller's place matters to an admission only with shares; without
+	// them it is read once the caller has to wait.
+	var place core.Place
+	if ctx != nil && r.shares != nil {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
 
 	sh.mu.Lock()
 	e := sh.lookup(key, hash)
@@ -356,10 +365,10 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if e != nil {
 		// Waiters that also need other keys may be queued while this key
 		// has room; only a waiter for this key alone would be passed.
-		room = e.lane.HasRoom() && e.lane.Waiters.Len() == e.lane.Multi
+		room = e.lane.Admits(h.Class)
 	} else {
 		limit = r.limitLocked(sh, key)
-		room = limit > 0
+		room = r.freshAdmits(limit, h.Class)
 	}
 	if room {
 		if e == nil {
@@ -378,11 +387,11 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
 		return nil, err
 	}
-	waiting := 0
-	if e != nil {
-		waiting = e.lane.Waiters.Len()
+	if r.shares == nil {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
 	}
-	if r.cfg.wait.QueueFull(waiting) {
+	if r.queueFullLocked(e, place.Flow) {
 		sh.st.queueFull++
 		err := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
 		sh.mu.Unlock()
@@ -392,18 +401,40 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if e == nil {
 		e = sh.addLocked(r, key, hash, limit)
 	}
-	return r.waitOne(ctx, p, h, e, key)
+	return r.waitOne(ctx, p, h, e, key, place)
+}
+
+// freshAdmits reports whether a key that is not live, with limit, admits a
+// newcomer of class c.
+func (r *Registry[K]) freshAdmits(limit int, c uint8) bool {
+	if r.shares == nil || limit <= 0 {
+		return limit > 0
+	}
+	ln := core.Lane{Limit: limit, Shares: r.shares}
+	return ln.CanTake(c)
+}
+
+// queueFullLocked reports whether a caller of flow must be turned away from
+// e's queue (nil: the key is not live, nobody waits).
+func (r *Registry[K]) queueFullLocked(e *entry[K], flow string) bool {
+	if e == nil {
+		return r.cfg.wait.QueueFull(0) || r.cfg.wait.FlowQueueFull(0)
+	}
+	q := &e.lane.Waiters
+	return r.cfg.wait.QueueFull(q.Len()) ||
+		r.cfg.wait.BoundFlowQueue && r.cfg.wait.FlowQueueFull(q.FlowLen(flow))
 }
 
 // waitOne queues s's hold on e and waits. Called with e's shard locked; it
 // unlocks it. (Kept apart from acquireOne so that the closure below does not
 // move acquireOne's variables to the heap on the fast path.)
-func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K) (*slots.Slot, error) {
+func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K, place core.Place) (*slots.Slot, error) {
 	h.Owner = e
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
-	e.lane.Waiters.PushBack(&w.Elem)
+	w.Place(place)
+	e.lane.Waiters.Push(&w.Elem)
 	e.shard.mu.Unlock()
 	return r.await(ctx, p, w, start, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
 }
@@ -469,6 +500,11 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	p, h := r.newHold()
 	h.At = r.clk.Coarse()
 	h.Owner = m
+	var place core.Place
+	if ctx != nil {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
 
 	r.multiMu.Lock()
 	r.lockShards(m.shards)
@@ -481,11 +517,11 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	for i, k := range uniq {
 		e := shs[i].lookup(k, hashes[i])
 		if e != nil {
-			if !e.lane.HasRoom() || e.lane.Waiters.Len() > e.lane.Multi {
+			if !e.lane.Admits(h.Class) {
 				full = i
 				break
 			}
-		} else if lim := r.limitLocked(shs[i], k); lim <= 0 {
+		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, h.Class) {
 			full, fullLimit = i, lim
 			break
 		}
@@ -507,12 +543,8 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return nil, err
 	}
 	for i, k := range uniq {
-		waiting := 0
 		e := shs[i].lookup(k, hashes[i])
-		if e != nil {
-			waiting = e.lane.Waiters.Len()
-		}
-		if r.cfg.wait.QueueFull(waiting) {
+		if r.queueFullLocked(e, place.Flow) {
 			first.st.queueFull++
 			err := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
 			unlock()
@@ -524,6 +556,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
+	w.Place(place)
 	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
 	for i, e := range m.entries {
 		el := &w.Elem
@@ -531,7 +564,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 			el = &m.waits[i-1]
 			el.Value = w
 		}
-		e.lane.Waiters.PushBack(el)
+		e.lane.Waiters.Push(el)
 		e.lane.Multi++
 	}
 	unlock()
@@ -656,6 +689,9 @@ func (r *Registry[K]) emit(e slots.Event) {
 }
 
 func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
+	if r.shares != nil {
+		return r.withdrawShared([]*entry[K]{e}, w, nil)
+	}
 	sh := e.shard
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -667,6 +703,9 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 }
 
 func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
+	if r.shares != nil {
+		return r.withdrawShared(m.entries, w, m)
+	}
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
 	r.lockShards(m.shards)
@@ -674,7 +713,7 @@ func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
 	if w.State != core.Waiting {
 		return false
 	}
-	r.unlinkWaiterLocked(w, m)
+	r.unlinkWaiterLocked(w, m, false)
 	w.State = core.Gone
 	for _, e := range m.entries {
 		e.shard.dropIfIdleLocked(r, e)
@@ -682,13 +721,47 @@ func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
 	return true
 }
 
-func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K]) {
+// withdrawShared withdraws w from entries (m describes a multi-key waiter)
+// when classes have shares: a class that stops waiting stops keeping its
+// minimum from the others, which may then be served at once. The entries
+// are live while w is queued or holds them, and w leaves only under
+// multiMu, held here from the start.
+func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *multi[K]) bool {
+	var wk core.Wakes
+	defer wk.Wake() // deferred first, so it runs after every unlock
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	set := r.lockForGrant(entries)
+	defer r.unlockShards(set)
+	if w.State != core.Waiting {
+		return false
+	}
+	if m != nil {
+		r.unlinkWaiterLocked(w, m, false)
+	} else {
+		entries[0].lane.Waiters.Remove(&w.Elem)
+	}
+	w.State = core.Gone
+	r.grantLocked(entries, &wk)
+	for _, e := range entries {
+		e.shard.dropIfIdleLocked(r, e)
+	}
+	return true
+}
+
+// unlinkWaiterLocked takes a multi-key waiter out of its keys' queues:
+// served (granted now) or not (it leaves).
+func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K], served bool) {
 	for i, e := range m.entries {
 		el := &w.Elem
 		if i > 0 {
 			el = &m.waits[i-1]
 		}
-		e.lane.Waiters.Remove(el)
+		if served {
+			e.lane.Waiters.Served(el)
+		} else {
+			e.lane.Waiters.Remove(el)
+		}
 		e.lane.Multi--
 	}
 }
@@ -707,6 +780,7 @@ func (sh *shard[K]) addLocked(r *Registry[K], key K, hash uint64, limit int) *en
 	e.key = key
 	e.hash = hash
 	e.lane.Limit = limit
+	e.lane.Shares = r.shares
 	sh.lanes.put(e, hash)
 	return e
 }
@@ -840,9 +914,11 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
 		if e.lane.Multi == 0 {
 			continue
 		}
-		for el := e.lane.Waiters.Front(); el != nil; el = el.Next() {
-			if m, ok := el.Value.Hold.Owner.(*multi[K]); ok {
-				need = append(need, m.shards...)
+		for c := range core.NumClasses {
+			for el := range e.lane.Waiters.Class(c) {
+				if m, ok := el.Value.Hold.Owner.(*multi[K]); ok {
+					need = append(need, m.shards...)
+				}
 			}
 		}
 	}
@@ -856,16 +932,20 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
 	return need
 }
 
-// grantLocked serves the waiters of entries that can be served now, oldest
-// first across all of them, leaving them in wk to be woken after unlocking. A multi-key waiter is served only when every key
-// it needs has room. Call with the shards of entries locked and, if any of
-// them has multi-key waiters, multiMu and their shards too (lockForGrant).
+// grantLocked serves the waiters of entries that can be served now,
+// leaving them in wk to be woken after unlocking. Each key's queue gives its
+// candidate: the first waiter, in the key's order (class, then flow turns,
+// then arrival), that may take a slot of this key and, for a multi-key
+// waiter, of every other key it needs. The best candidate over the keys (the
+// highest class, then the earliest arrival) is served, and so on while any
+// is left. Call with the shards of entries locked and, if any of them has
+// multi-key waiters, multiMu and their shards too (lockForGrant).
 func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
+	var now int64
 	if len(entries) == 1 && entries[0].lane.Multi == 0 {
 		e := entries[0]
-		var now int64
-		for e.lane.HasRoom() {
-			el := e.lane.Waiters.Front()
+		for {
+			el := e.lane.Next()
 			if el == nil {
 				return
 			}
@@ -874,60 +954,56 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 			}
 			r.grantOneLocked(e, el.Value, now, wk)
 		}
-		return
 	}
-	type cursor struct {
-		e  *entry[K]
-		el *ilist.Elem[*core.Waiter]
-	}
-	curs := make([]cursor, len(entries))
-	for i, e := range entries {
-		curs[i] = cursor{e, e.lane.Waiters.Front()}
-	}
-	var now int64
 	for {
-		best := -1
-		for i, c := range curs {
-			if c.el == nil || !c.e.lane.HasRoom() {
-				continue
-			}
-			if best < 0 || c.el.Value.Seq < curs[best].el.Value.Seq {
-				best = i
+		var best *core.Waiter
+		var from *entry[K]
+		for _, e := range entries {
+			w := r.candidateLocked(e)
+			if w != nil && (best == nil || core.Rank(w.Class) < core.Rank(best.Class) ||
+				w.Class == best.Class && w.Seq < best.Seq) {
+				best, from = w, e
 			}
 		}
-		if best < 0 {
+		if best == nil {
 			return
 		}
-		c := &curs[best]
-		w := c.el.Value
-		c.el = c.el.Next()
 		if now == 0 {
 			now = r.clk.Coarse()
 		}
-		m, ok := w.Hold.Owner.(*multi[K])
+		m, ok := best.Hold.Owner.(*multi[K])
 		if !ok {
-			r.grantOneLocked(c.e, w, now, wk)
+			r.grantOneLocked(from, best, now, wk)
 			continue
 		}
-		if !m.allRoom() {
-			continue
-		}
-		for j := range curs {
-			if curs[j].el != nil && curs[j].el.Value == w {
-				curs[j].el = curs[j].el.Next()
-			}
-		}
-		r.unlinkWaiterLocked(w, m)
-		w.Hold.At = now
-		r.holdMultiLocked(w.Hold, m)
+		r.unlinkWaiterLocked(best, m, true)
+		best.Hold.At = now
+		r.holdMultiLocked(best.Hold, m)
 		m.entries[0].shard.st.waited++
-		wk.Grant(w)
+		wk.Grant(best)
 	}
 }
 
-func (m *multi[K]) allRoom() bool {
+// candidateLocked returns the waiter of e to serve next, or nil.
+func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
+	for _, c := range core.Order {
+		if e.lane.Waiters.ClassLen(c) == 0 || !e.lane.CanTake(c) {
+			continue
+		}
+		for el := range e.lane.Waiters.Class(c) {
+			w := el.Value
+			if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c) {
+				continue
+			}
+			return w
+		}
+	}
+	return nil
+}
+
+func (m *multi[K]) canTake(c uint8) bool {
 	for _, e := range m.entries {
-		if !e.lane.HasRoom() {
+		if !e.lane.CanTake(c) {
 			return false
 		}
 	}
@@ -935,7 +1011,7 @@ func (m *multi[K]) allRoom() bool {
 }
 
 func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64, wk *core.Wakes) {
-	e.lane.Waiters.Remove(&w.Elem)
+	e.lane.Serve(w)
 	w.Hold.At = now
 	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Idx)
 	e.shard.st.waited++

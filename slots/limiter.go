@@ -22,6 +22,13 @@ const saturationLogEvery = 10 * time.Second
 // Limiter caps how many Slots are held at once from one pool. Waiters are
 // admitted in arrival order; TryAcquire does not pass them.
 //
+// Callers may be given a priority class (WithPriority) and a flow
+// (WithFlow): then the highest class that may take a freed slot goes first,
+// flows within a class take turns, and each flow is served in arrival
+// order. WithShare guarantees classes a part of the limit so that none
+// starves. Without them every caller is in one class and one flow, and the
+// queue is plain FIFO.
+//
 // The zero value is a Limiter with limit 0 and the default policy: it admits
 // nothing until SetLimit raises the limit.
 type Limiter struct {
@@ -30,10 +37,9 @@ type Limiter struct {
 	obs  Observer // nil: no events
 
 	mu    sync.Mutex // protects the fields below
-	limit int
-	lane  core.Lane // lane.Limit is unused; limit is the limit
-	seq   uint64    // last holder id
-	stats Stats     // outcome totals; InFlight and Waiting are filled on read
+	lane  core.Lane  // lane.Limit is the limit
+	seq   uint64     // last holder id
+	stats Stats      // outcome totals; InFlight and Waiting are filled on read
 
 	doubleReleases atomic.Uint64
 	leaks          atomic.Uint64
@@ -66,10 +72,12 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 	if limit < 0 {
 		panic(fmt.Sprintf("slots: negative limit %d", limit))
 	}
-	l := &Limiter{limit: limit}
+	l := &Limiter{}
+	l.lane.Limit = limit
 	for _, o := range opts {
 		o.apply(&l.wait)
 	}
+	l.lane.Shares = l.wait.Shares
 	l.clk = clockx.New(l.wait.Clock)
 	l.obs, _ = l.wait.Observer.(Observer)
 	return l
@@ -89,7 +97,7 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 	h.At = l.clock().Coarse()
 
 	l.mu.Lock()
-	if l.lane.Holders.Len() >= l.limit || l.lane.Waiters.Len() > 0 {
+	if !l.lane.Admits(core.ClassDefault) {
 		l.stats.LimitReached++
 		err := l.rejectLocked(ErrLimitReached)
 		l.mu.Unlock()
@@ -157,15 +165,28 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	clk := l.clock()
 	s, h, t := l.newHold()
 	h.At = clk.Coarse()
+	// The caller's place matters to an admission only with shares; without
+	// them it is read once the caller has to wait.
+	var place core.Place
+	placed := l.lane.Shares != nil
+	if placed {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
 
 	l.mu.Lock()
-	if l.lane.Holders.Len() < l.limit && l.lane.Waiters.Len() == 0 {
+	if l.lane.Admits(h.Class) {
 		l.admitLocked(h)
 		l.mu.Unlock()
 		l.emit(Event{Kind: EventAcquired})
 		return handOut(s, t), nil
 	}
-	if l.wait.QueueFull(l.lane.Waiters.Len()) {
+	if !placed {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
+	if l.wait.QueueFull(l.lane.Waiters.Len()) ||
+		l.wait.BoundFlowQueue && l.wait.FlowQueueFull(l.lane.Waiters.FlowLen(place.Flow)) {
 		l.stats.QueueFull++
 		err := l.rejectLocked(ErrQueueFull)
 		l.mu.Unlock()
@@ -174,7 +195,8 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	}
 	start := h.At
 	w := core.NewWaiter(h)
-	l.lane.Waiters.PushBack(&w.Elem)
+	w.Place(place)
+	l.lane.Waiters.Push(&w.Elem)
 	l.mu.Unlock()
 
 	var expire <-chan time.Time
@@ -201,7 +223,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.stats.Bypassed++
 		l.seq++
 		h.ID = l.seq
-		inFlight, limit, queued := l.lane.Holders.Len(), l.limit, l.lane.Waiters.Len()
+		inFlight, limit, queued := l.lane.Holders.Len(), l.lane.Limit, l.lane.Waiters.Len()
 		l.mu.Unlock()
 		h.Bypassed = true
 		h.At = clk.Coarse() // the clock start was read on
@@ -222,11 +244,17 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 
 // withdraw takes w out of the queue if it is still waiting.
 func (l *Limiter) withdraw(w *core.Waiter) bool {
+	var wk core.Wakes
 	l.mu.Lock()
-	defer l.mu.Unlock()
-	// Nothing to pass on: a Limiter's waiters all need the same unit, so the
-	// one leaving never held back the ones behind it.
-	return l.lane.Withdraw(w)
+	ok := l.lane.Withdraw(w)
+	if ok && l.lane.Shares != nil {
+		// A class that stops waiting stops keeping its minimum share from
+		// the others, which may now take it.
+		l.grantLocked(&wk)
+	}
+	l.mu.Unlock()
+	wk.Wake()
+	return ok
 }
 
 func (l *Limiter) admitLocked(h *core.Hold) {
@@ -239,13 +267,13 @@ func (l *Limiter) admitLocked(h *core.Hold) {
 // grantLocked admits waiters in order while there is room; wk wakes them.
 func (l *Limiter) grantLocked(wk *core.Wakes) {
 	var now int64
-	for l.lane.Holders.Len() < l.limit {
-		e := l.lane.Waiters.Front()
+	for {
+		e := l.lane.Next()
 		if e == nil {
 			return
 		}
 		w := e.Value
-		l.lane.Waiters.Remove(e)
+		l.lane.Waiters.Served(e)
 		if now == 0 {
 			now = l.clock().Coarse()
 		}
@@ -261,9 +289,9 @@ func (l *Limiter) rejectLocked(reason error) error {
 	return &LimitError{
 		Err:        reason,
 		InFlight:   l.lane.Holders.Len(),
-		Limit:      l.limit,
+		Limit:      l.lane.Limit,
 		Queued:     queued,
-		RetryAfter: l.hold.RetryAfter(queued, l.limit),
+		RetryAfter: l.hold.RetryAfter(queued, l.lane.Limit),
 	}
 }
 
@@ -335,7 +363,7 @@ func (l *Limiter) SetLimit(n int) {
 	}
 	var wk core.Wakes
 	l.mu.Lock()
-	l.limit = n
+	l.lane.Limit = n
 	l.grantLocked(&wk)
 	l.mu.Unlock()
 	wk.Wake()
@@ -345,7 +373,7 @@ func (l *Limiter) SetLimit(n int) {
 func (l *Limiter) Limit() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.limit
+	return l.lane.Limit
 }
 
 // InFlight returns the number of slots held now (bypassed slots excluded).
@@ -368,11 +396,19 @@ func (l *Limiter) Stats() Stats {
 	st := l.stats
 	st.InFlight = l.lane.Holders.Len()
 	st.Waiting = l.lane.Waiters.Len()
-	st.Limit = l.limit
+	st.Limit = l.lane.Limit
 	l.mu.Unlock()
 	st.DoubleReleases = l.doubleReleases.Load()
 	st.Leaked = l.leaks.Load()
 	return st
+}
+
+// Queue describes the callers waiting now: per priority class, and the
+// flows with the most waiters.
+func (l *Limiter) Queue() QueueStats {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return queueStats(&l.lane.Waiters)
 }
 
 // Holder describes one live holder, for sweeps and debugging.

@@ -41,6 +41,7 @@ type Hold struct {
 	ID       uint64
 	At       int64 // acquire (grant) time, owner clock nanoseconds
 	Bypassed bool  // admitted by fail-open; holds no capacity
+	Class    uint8 // priority class (ClassDefault unless the owner has shares)
 	// GivenBack marks a grant returned because its caller's context ended
 	// as it came: the owner frees it like any other but reports no release.
 	GivenBack bool
@@ -83,8 +84,9 @@ var NewSlot func() (slot any, h *Hold)
 // empty.
 type HolderSet struct {
 	n    int
-	one  holderRec   // place 0
-	more []holderRec // places 1..n-1
+	one  holderRec             // place 0
+	more []holderRec           // places 1..n-1
+	by   [NumClasses - 1]int32 // holders per class other than the default
 }
 
 type holderRec struct {
@@ -102,6 +104,14 @@ const (
 
 // Len returns the number of holders.
 func (s *HolderSet) Len() int { return s.n }
+
+// ClassLen returns the number of holders of class c.
+func (s *HolderSet) ClassLen(c uint8) int {
+	if c == ClassDefault {
+		return s.n - int(s.by[0]) - int(s.by[1])
+	}
+	return int(s.by[c-1])
+}
 
 func (s *HolderSet) rec(i int) *holderRec {
 	if i == 0 {
@@ -122,6 +132,9 @@ func (s *HolderSet) Add(h *Hold, idx *int32) {
 		s.more = append(s.more, holderRec{h, idx})
 	}
 	s.n++
+	if h.Class != ClassDefault {
+		s.by[h.Class-1]++
+	}
 }
 
 // Remove removes h, whose place is kept in *idx, and reports whether it was
@@ -150,6 +163,9 @@ func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
 		}
 	}
 	s.n--
+	if h.Class != ClassDefault {
+		s.by[h.Class-1]--
+	}
 	return true
 }
 
@@ -164,7 +180,9 @@ type Lane struct {
 	Holders HolderSet
 	// Multi counts the waiters in Waiters that need other lanes too.
 	Multi   int
-	Waiters ilist.List[*Waiter]
+	Waiters Queue
+	// Shares, if not nil, guarantees parts of Limit to classes (CanTake).
+	Shares *Shares
 }
 
 // HasRoom reports whether one more holder fits under the limit.
@@ -182,6 +200,9 @@ func (ln *Lane) Withdraw(w *Waiter) bool {
 	return true
 }
 
+// Serve unlinks w, which is being granted, from the lane's queue.
+func (ln *Lane) Serve(w *Waiter) { ln.Waiters.Served(&w.Elem) }
+
 // Waiter states; guarded by the owner's lock.
 const (
 	Waiting uint8 = iota
@@ -198,8 +219,12 @@ type Waiter struct {
 	ready chan struct{}
 
 	State uint8
+	Class uint8 // the hold's class, copied here for the queue
 	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
 	Seq   uint64
+	// Flow and Weight place the waiter among the flows of its class.
+	Flow   string
+	Weight int32
 
 	// Elem links the waiter into its lane's Waiters.
 	Elem ilist.Elem[*Waiter]
@@ -209,7 +234,7 @@ type Waiter struct {
 // pooled: a channel belongs to the testing/synctest bubble that made it, and
 // a pooled one would cross from one test's bubble into another.
 func NewWaiter(h *Hold) *Waiter {
-	w := &Waiter{ready: make(chan struct{}, 1), Hold: h}
+	w := &Waiter{ready: make(chan struct{}, 1), Hold: h, Class: h.Class}
 	w.Elem.Value = w
 	return w
 }

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 // Wait is the wait policy. The zero value waits without bound, queues without
@@ -24,6 +26,24 @@ type Wait struct {
 	Observer   any           // nil, or the owner package's observer type
 	LeakCheck  bool          // reclaim and report Slots dropped while held
 	LeakSites  bool          // with LeakCheck: record where each slot was acquired
+
+	MaxFlowQueue   int          // with BoundFlowQueue: at most this many waiters per flow
+	BoundFlowQueue bool         // false: flows are not bounded apart from the queue
+	Shares         *core.Shares // nil: no class has a guaranteed share
+}
+
+// SetShare sets class c's guaranteed share.
+func (w *Wait) SetShare(c uint8, minimum, reserved int) {
+	if w.Shares == nil {
+		w.Shares = new(core.Shares)
+	}
+	w.Shares.Min[c], w.Shares.Reserved[c] = minimum, reserved
+}
+
+// FlowQueueFull reports whether a caller whose flow has waiting callers
+// must be rejected instead of queued.
+func (w *Wait) FlowQueueFull(waiting int) bool {
+	return w.BoundFlowQueue && waiting >= w.MaxFlowQueue
 }
 
 // QueueFull reports whether a caller finding waiting callers ahead must be

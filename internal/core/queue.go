@@ -1,0 +1,404 @@
+package core
+
+import (
+	"cmp"
+	"context"
+	"iter"
+	"slices"
+
+	"github.com/inflight-go/inflight/internal/ilist"
+)
+
+// Classes of waiters. The zero class is the default, so that a Hold or a
+// Waiter nobody classified is in it; Order lists them highest first.
+const (
+	ClassDefault uint8 = iota
+	ClassHigh          // interactive
+	ClassLow           // batch
+	NumClasses
+)
+
+// Order is the classes from highest to lowest priority.
+var Order = [NumClasses]uint8{ClassHigh, ClassDefault, ClassLow}
+
+// rank is a class's place in Order: lower is served first.
+var rank = [NumClasses]uint8{ClassHigh: 0, ClassDefault: 1, ClassLow: 2}
+
+// Rank returns c's place in Order: a lower rank is served first.
+func Rank(c uint8) uint8 { return rank[c] }
+
+// Queue holds a lane's waiters in the order they are to be served: the
+// highest class first; within a class, flows take turns (deficit round
+// robin over each flow's weight); within a flow, arrival order.
+//
+// While every waiter is of the default class and the default flow, which is
+// the common case, it is one FIFO list and costs what a list costs; the
+// first other waiter turns the turn-taking on until the queue is empty again.
+// The zero value is empty. Use it under its owner's lock.
+type Queue struct {
+	n     int
+	mixed bool // a waiter outside the default flow came since the queue was last empty
+	def   flow // the default class's default flow
+	x     *sched
+}
+
+type flow struct {
+	waiters ilist.List[*Waiter]
+	link    ilist.Elem[*flow] // in its class's ring while it has waiters
+	key     flowKey
+	weight  int32 // grants per turn
+	credit  int32 // grants left in the current turn
+}
+
+type flowKey struct {
+	class uint8
+	id    string
+}
+
+// sched is the turn-taking state, allocated the first time a queue mixes.
+type sched struct {
+	rings [NumClasses]ilist.List[*flow] // flows with waiters, in turn order
+	count [NumClasses]int               // waiters per class
+	flows map[flowKey]*flow             // flows other than def, while they have waiters
+	spare []*flow
+}
+
+const maxSpareFlows = 16
+
+// Len returns the number of waiters.
+func (q *Queue) Len() int { return q.n }
+
+// ClassLen returns the number of waiters of class c.
+func (q *Queue) ClassLen(c uint8) int {
+	if !q.mixed {
+		if c == ClassDefault {
+			return q.n
+		}
+		return 0
+	}
+	return q.x.count[c]
+}
+
+// FlowLen returns the number of waiters of flow id, over all classes.
+func (q *Queue) FlowLen(id string) int {
+	if !q.mixed {
+		if id == "" {
+			return q.n
+		}
+		return 0
+	}
+	n := 0
+	for c := range NumClasses {
+		if f := q.lookup(flowKey{c, id}); f != nil {
+			n += f.waiters.Len()
+		}
+	}
+	return n
+}
+
+func (q *Queue) lookup(k flowKey) *flow {
+	if k == (flowKey{}) {
+		return &q.def
+	}
+	return q.x.flows[k]
+}
+
+// Push queues el's waiter at the back of its flow, by its Class, Flow and
+// Weight.
+func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
+	w := el.Value
+	q.n++
+	if !q.mixed {
+		if w.Class == ClassDefault && w.Flow == "" {
+			q.def.waiters.PushBack(el)
+			return
+		}
+		q.mix()
+	}
+	k := flowKey{w.Class, w.Flow}
+	f := q.lookup(k)
+	if f == nil {
+		f = q.newFlow(k)
+	}
+	if k != (flowKey{}) {
+		f.weight = max(w.Weight, 1) // the latest arrival's weight
+	}
+	if f.waiters.Len() == 0 {
+		f.credit = 0
+		q.x.rings[k.class].PushBack(&f.link)
+	}
+	f.waiters.PushBack(el)
+	q.x.count[k.class]++
+}
+
+// mix turns turn-taking on: the default flow's waiters become one flow
+// among others.
+func (q *Queue) mix() {
+	if q.x == nil {
+		q.x = &sched{flows: map[flowKey]*flow{}}
+		q.def.link.Value = &q.def
+	}
+	q.mixed = true
+	q.def.weight, q.def.credit = 1, 0
+	if n := q.def.waiters.Len(); n > 0 {
+		q.x.rings[ClassDefault].PushBack(&q.def.link)
+		q.x.count[ClassDefault] = n
+	}
+}
+
+func (q *Queue) newFlow(k flowKey) *flow {
+	var f *flow
+	if n := len(q.x.spare); n > 0 {
+		f = q.x.spare[n-1]
+		q.x.spare = q.x.spare[:n-1]
+	} else {
+		f = new(flow)
+		f.link.Value = f
+	}
+	f.key = k
+	q.x.flows[k] = f
+	return f
+}
+
+// Remove unlinks el (a waiter leaving without a grant) and reports whether
+// it was queued here.
+func (q *Queue) Remove(el *ilist.Elem[*Waiter]) bool { return q.take(el, false) }
+
+// Served unlinks el, a waiter granted now, charging its flow's turn.
+func (q *Queue) Served(el *ilist.Elem[*Waiter]) bool { return q.take(el, true) }
+
+func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
+	if !q.mixed {
+		if !q.def.waiters.Remove(el) {
+			return false
+		}
+		q.n--
+		return true
+	}
+	w := el.Value
+	f := q.lookup(flowKey{w.Class, w.Flow})
+	if f == nil || !f.waiters.Remove(el) {
+		return false
+	}
+	q.n--
+	c := f.key.class
+	q.x.count[c]--
+	ring := &q.x.rings[c]
+	switch {
+	case f.waiters.Len() == 0:
+		ring.Remove(&f.link)
+		f.credit = 0
+		if f != &q.def {
+			delete(q.x.flows, f.key)
+			f.key = flowKey{}
+			if len(q.x.spare) < maxSpareFlows {
+				q.x.spare = append(q.x.spare, f)
+			}
+		}
+	case charge:
+		if f.credit <= 0 {
+			f.credit = f.weight // its turn starts
+		}
+		if f.credit--; f.credit == 0 { // its turn is over
+			ring.Remove(&f.link)
+			ring.PushBack(&f.link)
+		}
+	}
+	if q.n == 0 {
+		q.mixed = false
+	}
+	return true
+}
+
+// Head returns the waiter of class c to serve next, or nil.
+func (q *Queue) Head(c uint8) *ilist.Elem[*Waiter] {
+	if !q.mixed {
+		if c != ClassDefault {
+			return nil
+		}
+		return q.def.waiters.Front()
+	}
+	fe := q.x.rings[c].Front()
+	if fe == nil {
+		return nil
+	}
+	return fe.Value.waiters.Front()
+}
+
+// Class yields the waiters of class c in the order they are to be served
+// when any may be passed over (one that cannot be served yet does not hold
+// back the ones after it): flows in turn order, each flow's waiters in
+// arrival order. The queue must not change during the iteration.
+func (q *Queue) Class(c uint8) iter.Seq[*ilist.Elem[*Waiter]] {
+	return func(yield func(*ilist.Elem[*Waiter]) bool) {
+		if !q.mixed {
+			if c != ClassDefault {
+				return
+			}
+			for el := q.def.waiters.Front(); el != nil; el = el.Next() {
+				if !yield(el) {
+					return
+				}
+			}
+			return
+		}
+		for fe := q.x.rings[c].Front(); fe != nil; fe = fe.Next() {
+			for el := fe.Value.waiters.Front(); el != nil; el = el.Next() {
+				if !yield(el) {
+					return
+				}
+			}
+		}
+	}
+}
+
+// FlowCount is one flow's number of waiters.
+type FlowCount struct {
+	ID      string
+	Waiting int
+}
+
+// Top returns, most waiters first, at most n flows (over all classes) and
+// the number of waiters per class.
+func (q *Queue) Top(n int) (byClass [NumClasses]int, top []FlowCount) {
+	if !q.mixed {
+		byClass[ClassDefault] = q.n
+		if q.n > 0 && n > 0 {
+			top = []FlowCount{{"", q.n}}
+		}
+		return byClass, top
+	}
+	byClass = q.x.count
+	per := map[string]int{}
+	for c := range NumClasses {
+		for fe := q.x.rings[c].Front(); fe != nil; fe = fe.Next() {
+			per[fe.Value.key.id] += fe.Value.waiters.Len()
+		}
+	}
+	for id, k := range per {
+		top = append(top, FlowCount{id, k})
+	}
+	slices.SortFunc(top, func(a, b FlowCount) int {
+		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(a.ID, b.ID))
+	})
+	if len(top) > n {
+		top = top[:n]
+	}
+	return byClass, top
+}
+
+// Shares are the guaranteed parts of a lane's limit, per class (see
+// Lane.CanTake). Set once, before use; shared read-only by an owner's lanes.
+type Shares struct {
+	Min      [NumClasses]int // kept from other classes while the class has waiters
+	Reserved [NumClasses]int // kept from other classes even while it is idle
+}
+
+// CanTake reports whether a holder of class c may be admitted now.
+//
+// Without shares: whenever the lane has room. With shares, each class d has a
+// guarantee g(d) = max(Min, Reserved), cut, from the highest class down, to
+// what the limit leaves after the guarantees of the classes above it. Its
+// protected part is what it holds short of g(d) if it has waiters, or short
+// of its (cut) Reserved part if not. c may take a slot only if that leaves
+// the protected parts of the classes above it free and, unless c itself
+// holds less than its own guarantee, those of the classes below it too.
+// So a class short of its guarantee is served before higher classes, higher
+// classes first among such; a reserve is never lent.
+func (ln *Lane) CanTake(c uint8) bool {
+	free := ln.Limit - ln.Holders.Len()
+	if free <= 0 {
+		return false
+	}
+	s := ln.Shares
+	if s == nil {
+		return true
+	}
+	var g, res [NumClasses]int
+	left := ln.Limit
+	for _, d := range Order {
+		g[d] = min(max(s.Min[d], s.Reserved[d]), left)
+		res[d] = min(s.Reserved[d], g[d])
+		left -= g[d]
+	}
+	short := ln.Holders.ClassLen(c) < g[c]
+	need := 0
+	for d := range NumClasses {
+		if d == c {
+			continue
+		}
+		keep := res[d]
+		if ln.Waiters.ClassLen(d) > 0 {
+			keep = g[d]
+		}
+		p := keep - ln.Holders.ClassLen(d)
+		if p > 0 && (rank[d] < rank[c] || !short) {
+			need += p
+		}
+	}
+	return free > need
+}
+
+// Next returns the waiter to serve now when every waiter needs this lane
+// alone, or nil: the head of the highest class that may take a slot.
+func (ln *Lane) Next() *ilist.Elem[*Waiter] {
+	q := &ln.Waiters
+	if !q.mixed {
+		if q.n > 0 && ln.CanTake(ClassDefault) {
+			return q.def.waiters.Front()
+		}
+		return nil
+	}
+	for _, c := range Order {
+		if q.x.count[c] > 0 && ln.CanTake(c) {
+			return q.Head(c)
+		}
+	}
+	return nil
+}
+
+// Admits reports whether a newcomer of class c, needing this lane alone, is
+// admitted at once. Waiters that need other lanes too may be passed (they
+// are blocked elsewhere); waiters for this lane alone are not. With shares
+// that rests on the owner serving every waiter that can be served whenever
+// anything changes (a release, a limit change, a withdrawal): then a waiter
+// of this lane alone is one that cannot take a slot, and neither can a
+// newcomer of its class.
+func (ln *Lane) Admits(c uint8) bool {
+	if ln.Shares == nil {
+		return ln.HasRoom() && ln.Waiters.Len() == ln.Multi
+	}
+	return ln.CanTake(c)
+}
+
+// Place is where a caller queues: its class, and its flow within the class
+// with the flow's weight. The zero Place is the default class's default
+// flow.
+type Place struct {
+	Class  uint8
+	Flow   string
+	Weight int32
+}
+
+type placeKey struct{}
+
+// WithPlace returns a copy of ctx carrying p.
+func WithPlace(ctx context.Context, p Place) context.Context {
+	return context.WithValue(ctx, placeKey{}, p)
+}
+
+// PlaceOf returns the Place ctx carries, or the zero Place.
+func PlaceOf(ctx context.Context) Place {
+	p, _ := ctx.Value(placeKey{}).(Place)
+	return p
+}
+
+// Place sets w's flow and weight (its class comes from its hold); call
+// before w is queued.
+func (w *Waiter) Place(p Place) {
+	w.Flow, w.Weight = p.Flow, p.Weight
+}
+
+// QueueStats returns a *slots.QueueStats (as any) describing q. It is set by
+// package slots when it is initialised, like NewSlot.
+var QueueStats func(q *Queue) any

@@ -1,0 +1,287 @@
+package core_test
+
+import (
+	"math/rand/v2"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// waiter returns a waiter of class c in flow id with weight wt.
+func waiter(c uint8, id string, wt int32) *core.Waiter {
+	w := core.NewWaiter(&core.Hold{Class: c})
+	w.Place(core.Place{Flow: id, Weight: wt})
+	return w
+}
+
+// serve grants the lane's next waiter into its holders and returns it.
+func serve(ln *core.Lane) *core.Waiter {
+	el := ln.Next()
+	if el == nil {
+		return nil
+	}
+	w := el.Value
+	ln.Waiters.Served(el)
+	ln.Holders.Add(w.Hold, &w.Hold.Idx)
+	return w
+}
+
+func release(ln *core.Lane, w *core.Waiter) {
+	if !ln.Holders.Remove(w.Hold, &w.Hold.Idx) {
+		panic("not a holder")
+	}
+}
+
+func TestQueueFIFOInOneFlow(t *testing.T) {
+	var q core.Queue
+	ws := make([]*core.Waiter, 5)
+	for i := range ws {
+		ws[i] = waiter(core.ClassDefault, "", 0)
+		q.Push(&ws[i].Elem)
+	}
+	assert.True(t, q.Remove(&ws[2].Elem))
+	assert.False(t, q.Remove(&ws[2].Elem), "removed twice")
+	var got []*core.Waiter
+	for el := q.Head(core.ClassDefault); el != nil; el = q.Head(core.ClassDefault) {
+		got = append(got, el.Value)
+		q.Served(el)
+	}
+	assert.Equal(t, []*core.Waiter{ws[0], ws[1], ws[3], ws[4]}, got)
+	assert.Zero(t, q.Len())
+}
+
+// Flow A queues 200, then flow B queues one: B is served within the next two
+// grants.
+func TestQueueFlowsTakeTurns(t *testing.T) {
+	ln := core.Lane{Limit: 0}
+	for range 200 {
+		ln.Waiters.Push(&waiter(core.ClassDefault, "A", 1).Elem)
+	}
+	b := waiter(core.ClassDefault, "B", 1)
+	ln.Waiters.Push(&b.Elem)
+	ln.Limit = 2
+	first, second := serve(&ln), serve(&ln)
+	assert.Contains(t, []*core.Waiter{first, second}, b)
+	assert.Equal(t, 199, ln.Waiters.FlowLen("A"))
+	assert.Zero(t, ln.Waiters.FlowLen("B"))
+}
+
+// The default flow, queued before any other flow appeared, takes turns too.
+func TestQueueDefaultFlowJoinsTurns(t *testing.T) {
+	ln := core.Lane{}
+	for range 10 {
+		ln.Waiters.Push(&waiter(core.ClassDefault, "", 0).Elem)
+	}
+	o := waiter(core.ClassDefault, "org", 1)
+	ln.Waiters.Push(&o.Elem)
+	ln.Limit = 2
+	assert.Equal(t, "", serve(&ln).Flow)
+	assert.Same(t, o, serve(&ln))
+	assert.Equal(t, 9, ln.Waiters.FlowLen(""))
+}
+
+// Weights 3:1 with both flows backlogged: the admitted ratio over 400 grants
+// is within 5% of 3:1.
+func TestQueueWeights(t *testing.T) {
+	ln := core.Lane{}
+	for range 400 {
+		ln.Waiters.Push(&waiter(core.ClassDefault, "A", 3).Elem)
+		ln.Waiters.Push(&waiter(core.ClassDefault, "B", 1).Elem)
+	}
+	ln.Limit = 1
+	n := map[string]int{}
+	for range 400 {
+		w := serve(&ln)
+		require.NotNil(t, w)
+		n[w.Flow]++
+		release(&ln, w)
+	}
+	ratio := float64(n["A"]) / float64(n["B"])
+	assert.InEpsilon(t, 3.0, ratio, 0.05, "A=%d B=%d", n["A"], n["B"])
+}
+
+// With classes and no shares: the highest class with waiters goes first,
+// FIFO within it.
+func TestQueueClassesStrict(t *testing.T) {
+	ln := core.Lane{}
+	var batch []*core.Waiter
+	for range 100 {
+		w := waiter(core.ClassLow, "", 0)
+		batch = append(batch, w)
+		ln.Waiters.Push(&w.Elem)
+	}
+	def := waiter(core.ClassDefault, "", 0)
+	ln.Waiters.Push(&def.Elem)
+	hi1, hi2 := waiter(core.ClassHigh, "", 0), waiter(core.ClassHigh, "", 0)
+	ln.Waiters.Push(&hi1.Elem)
+	ln.Waiters.Push(&hi2.Elem)
+	ln.Limit = 4
+	assert.Equal(t, []*core.Waiter{hi1, hi2, def, batch[0]}, []*core.Waiter{serve(&ln), serve(&ln), serve(&ln), serve(&ln)})
+	assert.Nil(t, serve(&ln), "full")
+	by, top := ln.Waiters.Top(3)
+	assert.Equal(t, [core.NumClasses]int{core.ClassLow: 99}, by)
+	assert.Equal(t, []core.FlowCount{{"", 99}}, top)
+}
+
+func TestQueueTop(t *testing.T) {
+	var q core.Queue
+	for i, id := range []string{"a", "b", "b", "c", "c", "c"} {
+		c := core.ClassDefault
+		if i%2 == 1 {
+			c = core.ClassHigh
+		}
+		q.Push(&waiter(c, id, 1).Elem)
+	}
+	by, top := q.Top(2)
+	assert.Equal(t, 3, by[core.ClassDefault])
+	assert.Equal(t, 3, by[core.ClassHigh])
+	assert.Equal(t, []core.FlowCount{{"c", 3}, {"b", 2}}, top)
+}
+
+// A minimum share: batch keeps one slot of four under sustained interactive
+// load, and gets the next free slot whenever it holds none.
+func TestCanTakeMinShare(t *testing.T) {
+	sh := &core.Shares{}
+	sh.Min[core.ClassLow] = 1
+	ln := core.Lane{Limit: 4, Shares: sh}
+	var held []*core.Waiter
+	for range 4 { // interactive fills the lane while batch is idle: lent
+		w := waiter(core.ClassHigh, "", 0)
+		ln.Waiters.Push(&w.Elem)
+		held = append(held, serve(&ln))
+	}
+	for range 50 {
+		ln.Waiters.Push(&waiter(core.ClassLow, "", 0).Elem)
+	}
+	for range 50 {
+		ln.Waiters.Push(&waiter(core.ClassHigh, "", 0).Elem)
+	}
+	assert.False(t, ln.CanTake(core.ClassHigh))
+	// Release the oldest holder each time: grants alternate as the rule says.
+	var classes []uint8
+	for range 12 {
+		release(&ln, held[0])
+		held = held[1:]
+		w := serve(&ln)
+		require.NotNil(t, w)
+		classes = append(classes, w.Class)
+		held = append(held, w)
+	}
+	hi, lo := core.ClassHigh, core.ClassLow
+	// The first free slot goes to batch (it holds none, short of its 1);
+	// then interactive until batch's holder releases, then batch again.
+	assert.Equal(t, []uint8{lo, hi, hi, hi, lo, hi, hi, hi, lo, hi, hi, hi}, classes)
+}
+
+// A reserve: one of five kept for interactive even when it is idle.
+func TestCanTakeReserve(t *testing.T) {
+	sh := &core.Shares{}
+	sh.Reserved[core.ClassHigh] = 1
+	ln := core.Lane{Limit: 5, Shares: sh}
+	for range 4 {
+		require.True(t, ln.Admits(core.ClassLow))
+		ln.Holders.Add(&core.Hold{Class: core.ClassLow}, new(int32))
+	}
+	assert.False(t, ln.Admits(core.ClassLow), "the fifth is reserved")
+	assert.False(t, ln.Admits(core.ClassDefault))
+	assert.True(t, ln.Admits(core.ClassHigh))
+}
+
+// Guarantees beyond the limit are cut from the top, and a class short of its
+// guarantee is served before higher ones only within what is left: nothing
+// is stuck while capacity is free and a waiter could use it.
+func TestCanTakeOverCommitted(t *testing.T) {
+	sh := &core.Shares{}
+	sh.Reserved[core.ClassHigh] = 1
+	sh.Min[core.ClassLow] = 1
+	ln := core.Lane{Limit: 4, Shares: sh}
+	var def []*core.Hold
+	for range 3 {
+		require.True(t, ln.Admits(core.ClassDefault))
+		h := &core.Hold{}
+		def = append(def, h)
+		ln.Holders.Add(h, &h.Idx)
+	}
+	assert.False(t, ln.Admits(core.ClassDefault), "the last is reserved")
+	hi, lo := waiter(core.ClassHigh, "", 0), waiter(core.ClassLow, "", 0)
+	ln.Waiters.Push(&lo.Elem)
+	ln.Waiters.Push(&hi.Elem)
+	assert.Same(t, hi, serve(&ln), "both short; the higher first")
+	assert.Nil(t, serve(&ln))
+	ln.Holders.Remove(def[0], &def[0].Idx)
+	assert.Same(t, lo, serve(&ln))
+
+	// A limit of one: the reserve takes it all; batch's minimum is cut to 0.
+	ln2 := core.Lane{Limit: 1, Shares: sh}
+	assert.False(t, ln2.Admits(core.ClassLow))
+	assert.True(t, ln2.Admits(core.ClassHigh))
+}
+
+// A random mix of pushes, removals and grants keeps the counts consistent
+// and serves every class in order of rank when nothing holds it back.
+func TestQueueRandomOps(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	var q core.Queue
+	var live []*core.Waiter
+	flows := []string{"", "a", "b", "c"}
+	for range 20000 {
+		switch op := rng.IntN(3); {
+		case op == 0 || len(live) == 0:
+			w := waiter(uint8(rng.IntN(int(core.NumClasses))), flows[rng.IntN(len(flows))], int32(rng.IntN(4)))
+			q.Push(&w.Elem)
+			live = append(live, w)
+		case op == 1:
+			i := rng.IntN(len(live))
+			require.True(t, q.Remove(&live[i].Elem))
+			live = append(live[:i], live[i+1:]...)
+		default:
+			var el = q.Head(core.ClassHigh)
+			for _, c := range core.Order {
+				if el = q.Head(c); el != nil {
+					break
+				}
+			}
+			require.NotNil(t, el)
+			for _, w := range live { // nothing of a higher class is left behind
+				require.LessOrEqual(t, rank(el.Value.Class), rank(w.Class))
+			}
+			require.True(t, q.Served(el))
+			for i, w := range live {
+				if w == el.Value {
+					live = append(live[:i], live[i+1:]...)
+					break
+				}
+			}
+		}
+		require.Equal(t, len(live), q.Len())
+		var by [core.NumClasses]int
+		per := map[string]int{}
+		for _, w := range live {
+			by[w.Class]++
+			per[w.Flow]++
+		}
+		for c := range core.NumClasses {
+			require.Equal(t, by[c], q.ClassLen(c))
+			n := 0
+			for range q.Class(c) {
+				n++
+			}
+			require.Equal(t, by[c], n)
+		}
+		for _, id := range flows {
+			require.Equal(t, per[id], q.FlowLen(id))
+		}
+	}
+}
+
+func rank(c uint8) int {
+	for i, d := range core.Order {
+		if d == c {
+			return i
+		}
+	}
+	panic("no such class")
+}

@@ -1,0 +1,353 @@
+package slots_test
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// rig queues callers one at a time (each is queued before the next starts)
+// and records the order in which they are granted. Use it inside a
+// synctest bubble.
+type rig struct {
+	t       *testing.T
+	acquire func(context.Context) (*slots.Slot, error)
+	mu      sync.Mutex
+	granted []string      // labels, in grant order
+	held    []*slots.Slot // in grant order; released oldest first
+	errs    []error
+}
+
+func newRig(t *testing.T, acquire func(context.Context) (*slots.Slot, error)) *rig {
+	return &rig{t: t, acquire: acquire}
+}
+
+// add starts a caller with ctx, labelled label, and waits until it is
+// granted or queued.
+func (r *rig) add(ctx context.Context, label string) {
+	go func() {
+		s, err := r.acquire(ctx)
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		if err != nil {
+			r.errs = append(r.errs, err)
+			return
+		}
+		r.granted = append(r.granted, label)
+		r.held = append(r.held, s)
+	}()
+	synctest.Wait()
+}
+
+// releaseOldest releases the longest-held slot and lets the grant it makes
+// land.
+func (r *rig) releaseOldest() {
+	r.mu.Lock()
+	require.NotEmpty(r.t, r.held)
+	s := r.held[0]
+	r.held = r.held[1:]
+	r.mu.Unlock()
+	s.Release()
+	synctest.Wait()
+}
+
+func (r *rig) order() []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]string(nil), r.granted...)
+}
+
+func (r *rig) releaseAll() {
+	for {
+		r.mu.Lock()
+		n := len(r.held)
+		r.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		r.releaseOldest()
+	}
+}
+
+var (
+	interactive = slots.WithPriority(context.Background(), slots.PriorityInteractive)
+	batch       = slots.WithPriority(context.Background(), slots.PriorityBatch)
+)
+
+// Cap 4 saturated by batch with 100 batch waiters queued: an interactive
+// request is admitted at the next release, not after the 100.
+func TestLimiterInteractiveJumpsBatch(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(4)
+		r := newRig(t, l.Acquire)
+		for range 104 {
+			r.add(batch, "batch")
+		}
+		r.add(interactive, "interactive")
+		require.Equal(t, 4, l.InFlight())
+		q := l.Queue()
+		assert.Equal(t, 101, q.Waiting)
+		assert.Equal(t, 100, q.Batch)
+		assert.Equal(t, 1, q.Interactive)
+
+		r.releaseOldest()
+		assert.Equal(t, "interactive", r.order()[4], "admitted at the next release")
+		r.releaseAll()
+		assert.Zero(t, l.Waiting())
+		assert.Zero(t, l.InFlight())
+	})
+}
+
+// With a batch minimum share of 1, sustained interactive load still admits
+// batch: whenever batch holds less than its share, the next free slot is
+// batch's. With holds of equal length that is one grant in four.
+func TestLimiterBatchMinShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(4, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+		r := newRig(t, l.Acquire)
+		for range 4 { // batch is idle: its share is lent
+			r.add(interactive, "i")
+		}
+		for range 30 {
+			r.add(batch, "b")
+		}
+		for range 120 {
+			r.add(interactive, "i")
+		}
+		for range 100 {
+			r.releaseOldest()
+		}
+		got := r.order()[4:]
+		require.Len(t, got, 100)
+		batchGrants := 0
+		for i, c := range got {
+			if c == "b" {
+				batchGrants++
+			}
+			if i%4 == 0 {
+				assert.Equal(t, "b", c, "grant %d", i)
+			}
+		}
+		assert.Equal(t, 25, batchGrants)
+		r.releaseAll()
+		assert.Zero(t, l.InFlight())
+	})
+}
+
+// Without a share, sustained interactive load holds batch back entirely:
+// the share is what makes the difference above.
+func TestLimiterStrictPriorityWithoutShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(4)
+		r := newRig(t, l.Acquire)
+		for range 4 {
+			r.add(interactive, "i")
+		}
+		for range 5 {
+			r.add(batch, "b")
+		}
+		for range 40 {
+			r.add(interactive, "i")
+		}
+		for range 40 {
+			r.releaseOldest()
+		}
+		assert.NotContains(t, r.order(), "b")
+		r.releaseAll()
+		assert.Equal(t, "b", r.order()[len(r.order())-1])
+	})
+}
+
+// A reserve: one of five kept for interactive callers even while none is
+// waiting.
+func TestLimiterReserve(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(5, slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}))
+		var held []*slots.Slot
+		for range 4 {
+			s, err := l.TryAcquire()
+			require.NoError(t, err)
+			held = append(held, s)
+		}
+		_, err := l.TryAcquire()
+		assert.ErrorIs(t, err, slots.ErrLimitReached, "the fifth is reserved")
+		ctx, cancel := context.WithTimeout(batch, time.Minute)
+		defer cancel()
+		_, err = l.Acquire(ctx)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "batch may not take the reserve")
+
+		s, err := l.Acquire(interactive)
+		require.NoError(t, err)
+		held = append(held, s)
+		for _, s := range held {
+			s.Release()
+		}
+	})
+}
+
+// Flow A queues 200, then flow B one: B is admitted within the next two
+// grants.
+func TestLimiterFlowsTakeTurns(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(1)
+		r := newRig(t, l.Acquire)
+		a := slots.WithFlow(context.Background(), "A")
+		r.add(a, "A")
+		for range 200 {
+			r.add(a, "A")
+		}
+		r.add(slots.WithFlow(context.Background(), "B"), "B")
+		q := l.Queue()
+		assert.Equal(t, []slots.FlowStat{{Flow: "A", Waiting: 200}, {Flow: "B", Waiting: 1}}, q.TopFlows)
+		r.releaseOldest()
+		r.releaseOldest()
+		assert.Contains(t, r.order()[1:3], "B")
+		r.releaseAll()
+	})
+}
+
+// Weights 3:1, both flows backlogged: over 400 grants the admitted ratio is
+// within 5% of 3:1.
+func TestLimiterFlowWeights(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(1)
+		r := newRig(t, l.Acquire)
+		a := slots.WithFlowWeight(context.Background(), "A", 3)
+		b := slots.WithFlowWeight(context.Background(), "B", 1)
+		r.add(a, "A")
+		for range 400 {
+			r.add(a, "A")
+			r.add(b, "B")
+		}
+		for range 400 {
+			r.releaseOldest()
+		}
+		n := map[string]int{}
+		for _, f := range r.order()[1:401] {
+			n[f]++
+		}
+		assert.InEpsilon(t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "%v", n)
+		r.releaseAll()
+	})
+}
+
+// A flow over its queue depth is turned away while other flows still queue.
+func TestLimiterMaxQueuePerFlow(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(1, slots.WithMaxQueuePerFlow(2))
+		r := newRig(t, l.Acquire)
+		a := slots.WithFlow(context.Background(), "A")
+		r.add(a, "A")
+		r.add(a, "A")
+		r.add(a, "A")
+		r.add(a, "A") // a third waiter of A
+		r.add(slots.WithFlow(context.Background(), "B"), "B")
+		require.Len(t, r.errs, 1)
+		assert.ErrorIs(t, r.errs[0], slots.ErrQueueFull)
+		assert.Equal(t, 3, l.Waiting())
+		r.releaseAll()
+		assert.Equal(t, []string{"A", "A", "B", "A"}, r.order())
+	})
+}
+
+func TestPriorityParse(t *testing.T) {
+	for in, want := range map[string]slots.Priority{
+		"interactive": slots.PriorityInteractive, " Batch ": slots.PriorityBatch,
+		"": slots.PriorityDefault, "default": slots.PriorityDefault,
+	} {
+		got, err := slots.ParsePriority(in)
+		require.NoError(t, err, in)
+		assert.Equal(t, want, got, in)
+		assert.Equal(t, want, slots.PriorityFrom(slots.WithPriority(context.Background(), got)))
+	}
+	_, err := slots.ParsePriority("urgent")
+	assert.Error(t, err)
+	assert.Equal(t, "interactive", slots.Priority(7).String(), "above the set counts as interactive")
+	assert.Equal(t, slots.PriorityBatch, slots.PriorityFrom(slots.WithPriority(context.Background(), -9)))
+
+	ctx := slots.WithFlowWeight(slots.WithPriority(context.Background(), slots.PriorityBatch), "org", 0)
+	id, w := slots.FlowFrom(ctx)
+	assert.Equal(t, "org", id)
+	assert.Equal(t, 1, w, "a weight below 1 counts as 1")
+	assert.Equal(t, slots.PriorityBatch, slots.PriorityFrom(ctx), "a flow keeps the priority")
+	assert.Panics(t, func() { slots.WithShare(slots.PriorityBatch, slots.Share{Min: -1}) })
+}
+
+// Random classes, flows, cancellations and limit changes on a limiter with
+// shares: the cap holds at every instant, every caller ends admitted or
+// cancelled, and nothing is left.
+func TestLimiterPriorityHammer(t *testing.T) {
+	l := slots.NewLimiter(4,
+		slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}),
+		slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}))
+	hammerClasses(t, l.Acquire, l.SetLimit)
+	assert.Zero(t, l.InFlight())
+	assert.Zero(t, l.Waiting())
+}
+
+// hammerClasses runs 32 goroutines x 60 acquisitions with random classes,
+// flows, weights and cancellations while one goroutine changes the limit
+// between 2 and 6, counting holders on its own.
+func hammerClasses(t *testing.T, acquire func(context.Context) (*slots.Slot, error), setLimit func(int)) {
+	t.Helper()
+	var mu sync.Mutex
+	inFlight, maxLimit := 0, 4
+	var admitted, failed int
+	var wg sync.WaitGroup
+	prios := []slots.Priority{slots.PriorityInteractive, slots.PriorityDefault, slots.PriorityBatch}
+	for g := range 32 {
+		wg.Go(func() {
+			for i := range 60 {
+				ctx := slots.WithPriority(context.Background(), prios[(g+i)%3])
+				ctx = slots.WithFlowWeight(ctx, []string{"a", "b", "c", ""}[(g*7+i)%4], 1+i%3)
+				var cancel context.CancelFunc = func() {}
+				if i%4 == 0 {
+					ctx, cancel = context.WithCancel(ctx)
+					go cancel()
+				}
+				if g == 0 && i%10 == 0 {
+					n := 2 + i%5
+					mu.Lock()
+					maxLimit = max(maxLimit, n)
+					mu.Unlock()
+					setLimit(n)
+				}
+				s, err := acquire(ctx)
+				cancel()
+				if err != nil {
+					if !errors.Is(err, context.Canceled) {
+						t.Errorf("unexpected error: %v", err)
+					}
+					mu.Lock()
+					failed++
+					mu.Unlock()
+					continue
+				}
+				mu.Lock()
+				inFlight++
+				if inFlight > maxLimit {
+					t.Errorf("in flight %d over every limit set (max %d)", inFlight, maxLimit)
+				}
+				admitted++
+				mu.Unlock()
+				runtime.Gosched() // hold it a moment
+				mu.Lock()
+				inFlight--
+				mu.Unlock()
+				s.Release()
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, 32*60, admitted+failed)
+	assert.NotZero(t, admitted)
+}
