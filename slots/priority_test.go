@@ -12,71 +12,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
-
-// rig queues callers one at a time (each is queued before the next starts)
-// and records the order in which they are granted. Use it inside a
-// synctest bubble.
-type rig struct {
-	t       *testing.T
-	acquire func(context.Context) (*slots.Slot, error)
-	mu      sync.Mutex
-	granted []string      // labels, in grant order
-	held    []*slots.Slot // in grant order; released oldest first
-	errs    []error
-}
-
-func newRig(t *testing.T, acquire func(context.Context) (*slots.Slot, error)) *rig {
-	return &rig{t: t, acquire: acquire}
-}
-
-// add starts a caller with ctx, labelled label, and waits until it is
-// granted or queued.
-func (r *rig) add(ctx context.Context, label string) {
-	go func() {
-		s, err := r.acquire(ctx)
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		if err != nil {
-			r.errs = append(r.errs, err)
-			return
-		}
-		r.granted = append(r.granted, label)
-		r.held = append(r.held, s)
-	}()
-	synctest.Wait()
-}
-
-// releaseOldest releases the longest-held slot and lets the grant it makes
-// land.
-func (r *rig) releaseOldest() {
-	r.mu.Lock()
-	require.NotEmpty(r.t, r.held)
-	s := r.held[0]
-	r.held = r.held[1:]
-	r.mu.Unlock()
-	s.Release()
-	synctest.Wait()
-}
-
-func (r *rig) order() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]string(nil), r.granted...)
-}
-
-func (r *rig) releaseAll() {
-	for {
-		r.mu.Lock()
-		n := len(r.held)
-		r.mu.Unlock()
-		if n == 0 {
-			return
-		}
-		r.releaseOldest()
-	}
-}
 
 var (
 	interactive = slots.WithPriority(context.Background(), slots.PriorityInteractive)
@@ -88,20 +26,20 @@ var (
 func TestLimiterInteractiveJumpsBatch(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(4)
-		r := newRig(t, l.Acquire)
+		r := testrig.New(t, l.Acquire)
 		for range 104 {
-			r.add(batch, "batch")
+			r.Add(batch, "batch")
 		}
-		r.add(interactive, "interactive")
+		r.Add(interactive, "interactive")
 		require.Equal(t, 4, l.InFlight())
 		q := l.Queue()
 		assert.Equal(t, 101, q.Waiting)
 		assert.Equal(t, 100, q.Batch)
 		assert.Equal(t, 1, q.Interactive)
 
-		r.releaseOldest()
-		assert.Equal(t, "interactive", r.order()[4], "admitted at the next release")
-		r.releaseAll()
+		r.ReleaseOldest()
+		assert.Equal(t, "interactive", r.Order()[4], "admitted at the next release")
+		r.ReleaseAll()
 		assert.Zero(t, l.Waiting())
 		assert.Zero(t, l.InFlight())
 	})
@@ -113,20 +51,20 @@ func TestLimiterInteractiveJumpsBatch(t *testing.T) {
 func TestLimiterBatchMinShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(4, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
-		r := newRig(t, l.Acquire)
+		r := testrig.New(t, l.Acquire)
 		for range 4 { // batch is idle: its share is lent
-			r.add(interactive, "i")
+			r.Add(interactive, "i")
 		}
 		for range 30 {
-			r.add(batch, "b")
+			r.Add(batch, "b")
 		}
 		for range 120 {
-			r.add(interactive, "i")
+			r.Add(interactive, "i")
 		}
 		for range 100 {
-			r.releaseOldest()
+			r.ReleaseOldest()
 		}
-		got := r.order()[4:]
+		got := r.Order()[4:]
 		require.Len(t, got, 100)
 		batchGrants := 0
 		for i, c := range got {
@@ -138,7 +76,7 @@ func TestLimiterBatchMinShare(t *testing.T) {
 			}
 		}
 		assert.Equal(t, 25, batchGrants)
-		r.releaseAll()
+		r.ReleaseAll()
 		assert.Zero(t, l.InFlight())
 	})
 }
@@ -148,22 +86,22 @@ func TestLimiterBatchMinShare(t *testing.T) {
 func TestLimiterStrictPriorityWithoutShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(4)
-		r := newRig(t, l.Acquire)
+		r := testrig.New(t, l.Acquire)
 		for range 4 {
-			r.add(interactive, "i")
+			r.Add(interactive, "i")
 		}
 		for range 5 {
-			r.add(batch, "b")
+			r.Add(batch, "b")
 		}
 		for range 40 {
-			r.add(interactive, "i")
+			r.Add(interactive, "i")
 		}
 		for range 40 {
-			r.releaseOldest()
+			r.ReleaseOldest()
 		}
-		assert.NotContains(t, r.order(), "b")
-		r.releaseAll()
-		assert.Equal(t, "b", r.order()[len(r.order())-1])
+		assert.NotContains(t, r.Order(), "b")
+		r.ReleaseAll()
+		assert.Equal(t, "b", r.Order()[len(r.Order())-1])
 	})
 }
 
@@ -199,19 +137,19 @@ func TestLimiterReserve(t *testing.T) {
 func TestLimiterFlowsTakeTurns(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(1)
-		r := newRig(t, l.Acquire)
+		r := testrig.New(t, l.Acquire)
 		a := slots.WithFlow(context.Background(), "A")
-		r.add(a, "A")
+		r.Add(a, "A")
 		for range 200 {
-			r.add(a, "A")
+			r.Add(a, "A")
 		}
-		r.add(slots.WithFlow(context.Background(), "B"), "B")
+		r.Add(slots.WithFlow(context.Background(), "B"), "B")
 		q := l.Queue()
 		assert.Equal(t, []slots.FlowStat{{Flow: "A", Waiting: 200}, {Flow: "B", Waiting: 1}}, q.TopFlows)
-		r.releaseOldest()
-		r.releaseOldest()
-		assert.Contains(t, r.order()[1:3], "B")
-		r.releaseAll()
+		r.ReleaseOldest()
+		r.ReleaseOldest()
+		assert.Contains(t, r.Order()[1:3], "B")
+		r.ReleaseAll()
 	})
 }
 
@@ -220,23 +158,23 @@ func TestLimiterFlowsTakeTurns(t *testing.T) {
 func TestLimiterFlowWeights(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(1)
-		r := newRig(t, l.Acquire)
+		r := testrig.New(t, l.Acquire)
 		a := slots.WithFlowWeight(context.Background(), "A", 3)
 		b := slots.WithFlowWeight(context.Background(), "B", 1)
-		r.add(a, "A")
+		r.Add(a, "A")
 		for range 400 {
-			r.add(a, "A")
-			r.add(b, "B")
+			r.Add(a, "A")
+			r.Add(b, "B")
 		}
 		for range 400 {
-			r.releaseOldest()
+			r.ReleaseOldest()
 		}
 		n := map[string]int{}
-		for _, f := range r.order()[1:401] {
+		for _, f := range r.Order()[1:401] {
 			n[f]++
 		}
 		assert.InEpsilon(t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "%v", n)
-		r.releaseAll()
+		r.ReleaseAll()
 	})
 }
 
@@ -244,18 +182,18 @@ func TestLimiterFlowWeights(t *testing.T) {
 func TestLimiterMaxQueuePerFlow(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(1, slots.WithMaxQueuePerFlow(2))
-		r := newRig(t, l.Acquire)
+		r := testrig.New(t, l.Acquire)
 		a := slots.WithFlow(context.Background(), "A")
-		r.add(a, "A")
-		r.add(a, "A")
-		r.add(a, "A")
-		r.add(a, "A") // a third waiter of A
-		r.add(slots.WithFlow(context.Background(), "B"), "B")
-		require.Len(t, r.errs, 1)
-		assert.ErrorIs(t, r.errs[0], slots.ErrQueueFull)
+		r.Add(a, "A")
+		r.Add(a, "A")
+		r.Add(a, "A")
+		r.Add(a, "A") // a third waiter of A
+		r.Add(slots.WithFlow(context.Background(), "B"), "B")
+		require.Len(t, r.Errs(), 1)
+		assert.ErrorIs(t, r.Errs()[0], slots.ErrQueueFull)
 		assert.Equal(t, 3, l.Waiting())
-		r.releaseAll()
-		assert.Equal(t, []string{"A", "A", "B", "A"}, r.order())
+		r.ReleaseAll()
+		assert.Equal(t, []string{"A", "A", "B", "A"}, r.Order())
 	})
 }
 

@@ -176,8 +176,13 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 		return true
 	}
 	w := el.Value
-	f := q.lookup(flowKey{w.Class, w.Flow})
-	if f == nil || !f.waiters.Remove(el) {
+	var f *flow
+	if fe := q.x.rings[w.Class].Front(); fe != nil && fe.Value.waiters.Front() == el {
+		f = fe.Value // the usual case: the waiter Head returned
+	} else if f = q.lookup(flowKey{w.Class, w.Flow}); f == nil {
+		return false
+	}
+	if !f.waiters.Remove(el) {
 		return false
 	}
 	q.n--
