@@ -13,6 +13,9 @@ import (
 	"fmt"
 	"os"
 	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Defaults for the fields left out.
@@ -51,6 +54,20 @@ type Config struct {
 	// Models adds per-model caps and spacing, by upstream model id. A model
 	// cap tightens the provider cap; a model's spacing only adds delay.
 	Models map[string]ModelConfig `json:"models,omitempty"`
+	// Shares guarantees priority classes ("interactive", "default",
+	// "batch") a part of the provider cap; see slots.Share.
+	Shares map[string]ShareConfig `json:"shares,omitempty"`
+	// MaxQueuePerFlow bounds the requests of one flow (slots.WithFlow, for
+	// example an org) waiting at once; 0 means only MaxQueue applies.
+	MaxQueuePerFlow int `json:"max_queue_per_flow,omitempty"`
+}
+
+// ShareConfig is a class's guaranteed part of the provider cap: Min slots
+// kept from other classes while it has waiters, Reserved slots kept even
+// while it is idle.
+type ShareConfig struct {
+	Min      int `json:"min,omitempty"`
+	Reserved int `json:"reserved,omitempty"`
 }
 
 // KeyConfig is one API key of a pool.
@@ -112,6 +129,19 @@ func (c Config) Validate() error {
 		return bad("max_queue_wait_ms", c.MaxQueueWaitMS, "is negative")
 	case c.OnWaitTimeout != "" && c.OnWaitTimeout != Reject && c.OnWaitTimeout != Proceed:
 		return bad("on_wait_timeout", fmt.Sprintf("%q", c.OnWaitTimeout), `is neither "reject" nor "proceed"`)
+	case c.MaxQueuePerFlow < 0:
+		return bad("max_queue_per_flow", c.MaxQueuePerFlow, "is negative")
+	}
+	for class, sh := range c.Shares {
+		field := fmt.Sprintf("shares[%q]", class)
+		switch {
+		case class != "interactive" && class != "default" && class != "batch":
+			return bad(field, fmt.Sprintf("%q", class), `is not "interactive", "default" or "batch"`)
+		case sh.Min < 0:
+			return bad(field+".min", sh.Min, "is negative")
+		case sh.Reserved < 0:
+			return bad(field+".reserved", sh.Reserved, "is negative")
+		}
 	}
 	seen := make(map[string]bool, len(c.APIKeys))
 	for i, k := range c.APIKeys {
@@ -182,3 +212,20 @@ func (c Config) QueueWait() time.Duration {
 
 // FailOpen reports whether a request queued past QueueWait proceeds.
 func (c Config) FailOpen() bool { return c.OnWaitTimeout == Proceed }
+
+// shares returns the provider lane's shares, or nil when none is set.
+func (c Config) shares() *core.Shares {
+	var sh *core.Shares
+	for class, s := range c.Shares {
+		if s == (ShareConfig{}) {
+			continue
+		}
+		if sh == nil {
+			sh = new(core.Shares)
+		}
+		p, _ := slots.ParsePriority(class) // checked by Validate
+		cl := core.ClassOf(int8(p))
+		sh.Min[cl], sh.Reserved[cl] = s.Min, s.Reserved
+	}
+	return sh
+}

@@ -28,6 +28,12 @@ import (
 // later one for a model that is free. A waiter that gives up takes nothing:
 // no slot, and no start.
 //
+// A request's context may carry a priority class (slots.WithPriority) and a
+// flow (slots.WithFlow): then, among the requests that can start, the
+// highest class goes first, flows within a class take turns, and each flow
+// is served in arrival order. Config.Shares guarantees classes a part of the
+// provider cap.
+//
 // The Slot of a grant holds the provider, model and key slots together until
 // it is released (wrap the response body with slots.WrapBody, or use a
 // slots.Transport). Create a Gate with NewGate; the zero value is not usable.
@@ -52,7 +58,7 @@ type Gate struct {
 	next     int64 // provider's next allowed start, clock nanos
 	last     int64 // provider's last start, clock nanos; 0 before any
 	started  bool
-	queue    ilist.List[*core.Waiter]
+	queue    core.Queue
 	timer    *clock.Timer // a pending dispatch at timerAt, or nil
 	timerAt  int64
 	timerGen uint64 // tells a stale timer's callback from the current one's
@@ -175,6 +181,7 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.cfg = cfg
 	g.interval = cfg.Interval()
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
+	g.provider.Shares = cfg.shares()
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
@@ -265,20 +272,25 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	s := v.(*slots.Slot)
 	gr := &grant{g: g}
 	h.Owner = gr
+	place := core.PlaceOf(ctx)
+	h.Class = place.Class
 	w := core.NewWaiter(h)
+	w.Place(place)
 
 	var wk core.Wakes
 	g.mu.Lock()
 	now := g.cx.Nanos()
 	h.At = now
 	gr.model = g.modelLocked(model)
-	g.queue.PushBack(&w.Elem)
+	g.queue.Push(&w.Elem)
 	gr.model.waiting++
 	g.dispatchLocked(now, &wk)
 	granted := w.State == core.Granted
-	if !granted && g.queue.Len() > g.cfg.QueueLimit() {
-		// The queue was full and this request cannot start now: the
-		// newest is turned away (one that can start is never queued).
+	if !granted && (g.queue.Len() > g.cfg.QueueLimit() ||
+		g.cfg.MaxQueuePerFlow > 0 && g.queue.FlowLen(place.Flow) > g.cfg.MaxQueuePerFlow) {
+		// The queue (or the caller's flow) was full and this request
+		// cannot start now: the newest is turned away (one that can start
+		// is never queued).
 		g.queue.Remove(&w.Elem)
 		w.State = core.Gone
 		gr.model.waiting--
@@ -340,7 +352,9 @@ func (g *Gate) handOut(s *slots.Slot, gr *grant) Grant {
 
 // withdraw takes w out of the queue if it is still waiting: it took nothing.
 func (g *Gate) withdraw(w *core.Waiter) bool {
+	var wk core.Wakes
 	g.mu.Lock()
+	defer wk.Wake() // deferred first, so it runs after the unlock
 	defer g.mu.Unlock()
 	if w.State != core.Waiting {
 		return false
@@ -350,18 +364,19 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	ml := w.Hold.Owner.(*grant).model
 	ml.waiting--
 	g.dropIfIdleLocked(ml)
+	if g.provider.Shares != nil {
+		// A class that stops waiting stops keeping its minimum share from
+		// the others, which may now start.
+		g.dispatchLocked(g.cx.Nanos(), &wk)
+	}
 	return true
 }
 
-// dispatchLocked grants, in arrival order, every waiter that can start now,
-// and arms a timer for the earliest start still to come.
+// dispatchLocked grants every waiter that can start now, in the queue's
+// order, and arms a timer for the earliest start still to come.
 func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 	var wakeAt int64
-	for el := g.queue.Front(); el != nil; {
-		next := el.Next()
-		if !g.provider.HasRoom() {
-			break // a release will dispatch again
-		}
+	for g.queue.Len() > 0 {
 		if g.started && g.next > now {
 			wakeAt = g.next
 			break
@@ -369,24 +384,17 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		var key *keyLane
 		if len(g.keys) > 0 {
 			if key = g.pickKeyLocked(); key == nil {
-				break
+				break // a release will dispatch again
 			}
+		}
+		el := g.nextLocked(now, &wakeAt)
+		if el == nil {
+			break // a release, a start time or a config change will dispatch again
 		}
 		w := el.Value
 		gr := w.Hold.Owner.(*grant)
 		ml := gr.model
-		if !ml.lane.HasRoom() {
-			el = next
-			continue
-		}
-		if ml.interval > 0 && ml.started && ml.next > now {
-			if wakeAt == 0 || ml.next < wakeAt {
-				wakeAt = ml.next
-			}
-			el = next
-			continue
-		}
-		g.queue.Remove(el)
+		g.queue.Served(el)
 		ml.waiting--
 		gr.key = key
 		w.Hold.At = now
@@ -402,9 +410,34 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		g.started, g.last, g.next = true, now, now+int64(g.interval)
 		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
 		wk.Grant(w)
-		el = next
 	}
 	g.armLocked(wakeAt, now)
+}
+
+// nextLocked returns the waiter to start now, or nil: in the queue's order
+// (class, flow turns, arrival), the first whose class may take a provider
+// slot and whose model has room and is due. It lowers *wakeAt to the
+// earliest start of a model that is not due yet.
+func (g *Gate) nextLocked(now int64, wakeAt *int64) *ilist.Elem[*core.Waiter] {
+	for _, c := range core.Order {
+		if g.queue.ClassLen(c) == 0 || !g.provider.CanTake(c) {
+			continue
+		}
+		for el := range g.queue.Class(c) {
+			ml := el.Value.Hold.Owner.(*grant).model
+			if !ml.lane.HasRoom() {
+				continue
+			}
+			if ml.interval > 0 && ml.started && ml.next > now {
+				if *wakeAt == 0 || ml.next < *wakeAt {
+					*wakeAt = ml.next
+				}
+				continue
+			}
+			return el
+		}
+	}
+	return nil
 }
 
 // armLocked makes a dispatch run at the clock time at (0: none needed).
@@ -501,12 +534,13 @@ func (gr *grant) Time(at int64) time.Time { return gr.g.cx.Time(at) }
 type Status struct {
 	InFlight    int
 	Queued      int
-	ByModel     map[string]int // in flight per model with any
-	ByKey       map[string]int // in flight per API key
-	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
-	LastStart   time.Time      // the provider's last granted start (zero: none yet)
-	Rejected    uint64         // queue full or wait timeout
-	Bypassed    uint64         // proceeded without a slot after the queue wait ("proceed")
+	ByModel     map[string]int   // in flight per model with any
+	ByKey       map[string]int   // in flight per API key
+	NextStartIn time.Duration    // until the provider's next start is allowed (0: now)
+	LastStart   time.Time        // the provider's last granted start (zero: none yet)
+	Rejected    uint64           // queue full or wait timeout
+	Bypassed    uint64           // proceeded without a slot after the queue wait ("proceed")
+	Queue       slots.QueueStats // who waits: per class, and the flows with the most waiters
 }
 
 // Status returns the Gate's state now.
@@ -515,6 +549,7 @@ func (g *Gate) Status() Status {
 	defer g.mu.Unlock()
 	now := g.cx.Nanos()
 	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.queue.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected, Bypassed: g.bypassed}
+	st.Queue = core.QueueStats(&g.queue).(slots.QueueStats)
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n

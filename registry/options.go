@@ -163,7 +163,7 @@ func WithShare(p slots.Priority, s slots.Share) Option {
 	if s.Min < 0 || s.Reserved < 0 {
 		panic(fmt.Sprintf("registry: negative share %+v", s))
 	}
-	return optionFunc(func(c *config) { c.wait.SetShare(classOf(p), s.Min, s.Reserved) })
+	return optionFunc(func(c *config) { c.wait.SetShare(core.ClassOf(int8(p)), s.Min, s.Reserved) })
 }
 
 // WithMaxQueuePerFlow bounds how many callers of one flow (slots.WithFlow)
@@ -172,9 +172,4 @@ func WithShare(p slots.Priority, s slots.Share) Option {
 // flow form the flow "". The default is no bound; a negative n restores it.
 func WithMaxQueuePerFlow(n int) Option {
 	return optionFunc(func(c *config) { c.wait.MaxFlowQueue, c.wait.BoundFlowQueue = n, n >= 0 })
-}
-
-// classOf maps a priority to its class the way package slots does.
-func classOf(p slots.Priority) uint8 {
-	return core.PlaceOf(slots.WithPriority(context.Background(), p)).Class
 }

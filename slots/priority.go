@@ -26,15 +26,7 @@ const (
 	PriorityInteractive Priority = 1 // a person is waiting for the answer
 )
 
-func (p Priority) class() uint8 {
-	switch {
-	case p > 0:
-		return core.ClassHigh
-	case p < 0:
-		return core.ClassLow
-	}
-	return core.ClassDefault
-}
+func (p Priority) class() uint8 { return core.ClassOf(int8(p)) }
 
 // String returns "interactive", "default" or "batch".
 func (p Priority) String() string {

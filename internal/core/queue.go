@@ -24,6 +24,18 @@ var Order = [NumClasses]uint8{ClassHigh, ClassDefault, ClassLow}
 // rank is a class's place in Order: lower is served first.
 var rank = [NumClasses]uint8{ClassHigh: 0, ClassDefault: 1, ClassLow: 2}
 
+// ClassOf maps a priority (slots.Priority: above 0 interactive, below 0
+// batch) to its class.
+func ClassOf(p int8) uint8 {
+	switch {
+	case p > 0:
+		return ClassHigh
+	case p < 0:
+		return ClassLow
+	}
+	return ClassDefault
+}
+
 // Rank returns c's place in Order: a lower rank is served first.
 func Rank(c uint8) uint8 { return rank[c] }
 
