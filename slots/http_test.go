@@ -392,3 +392,93 @@ func TestTransportUpgrade(t *testing.T) {
 	<-upstreamClosed
 	waitFor(t, "the slot is freed with the connection", func() bool { return lim.InFlight() == 0 })
 }
+
+// Priority and flow from request headers, through a ReverseProxy whose
+// Transport admits with PlaceFromHeaders: an interactive request queued
+// after five batch requests reaches the upstream first, and a bad
+// X-Priority is answered 400 without reaching it.
+func TestTransportPriorityFromHeaders(t *testing.T) {
+	arrivals := make(chan string, 16)
+	next := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrivals <- r.Header.Get("X-Label")
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-next:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	target, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	lim := slots.NewLimiter(1)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	gw := httptest.NewServer(&httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+			ctx, err := slots.PlaceFromHeaders(r.Context(), r.Header)
+			if err != nil {
+				return nil, err
+			}
+			return lim.Acquire(ctx)
+		}),
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) { slots.WriteError(w, err) },
+	})
+	t.Cleanup(gw.Close)
+	client := newClient(t)
+
+	post := func(label, priority string) *http.Response {
+		req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(`{"model":"glm-5"}`))
+		require.NoError(t, err)
+		req.Header.Set("X-Label", label)
+		req.Header.Set(slots.HeaderPriority, priority)
+		req.Header.Set(slots.HeaderFlow, "org-"+label)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		return resp
+	}
+	var wg sync.WaitGroup
+	send := func(label, priority string) {
+		wg.Go(func() {
+			resp := post(label, priority)
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode)
+			assert.True(t, strings.HasSuffix(string(b), "data: [DONE]\n\n"), label)
+		})
+	}
+	send("b0", "batch")
+	assert.Equal(t, "b0", <-arrivals)
+	for i := 1; i <= 5; i++ {
+		send(fmt.Sprint("b", i), "batch")
+		waitFor(t, "the batch request queues", func() bool { return lim.Waiting() == i })
+	}
+	send("i", "Interactive")
+	waitFor(t, "the interactive request queues", func() bool { return lim.Waiting() == 6 })
+	assert.Equal(t, 5, lim.Queue().Batch)
+
+	resp := post("bad", "urgent")
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	assert.Contains(t, string(b), "invalid_request_error")
+
+	next <- struct{}{} // b0's stream ends: its slot passes on
+	assert.Equal(t, "i", <-arrivals, "the interactive request goes first")
+	var order []string
+	for range 6 {
+		next <- struct{}{}
+		if len(order) < 5 {
+			order = append(order, <-arrivals)
+		}
+	}
+	assert.Equal(t, []string{"b1", "b2", "b3", "b4", "b5"}, order)
+	wg.Wait()
+	waitFor(t, "every slot is released", func() bool { return lim.InFlight() == 0 })
+}

@@ -21,6 +21,7 @@ const StatusClientClosedRequest = 499
 //	*LimitError (any reason)              429, its RetryAfter in whole seconds (at least 1 s)
 //	wraps context.DeadlineExceeded        503, 1 s (the server's own deadline passed while waiting)
 //	wraps context.Canceled                499, 0 (the client went away)
+//	wraps ErrBadPriority                  400, 0 (PlaceFromHeaders met a bad X-Priority)
 //	anything else                         500, 0
 //
 // Retry-After is rounded up, so a client that honours it does not come back
@@ -36,6 +37,8 @@ func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 		return http.StatusServiceUnavailable, time.Second
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest, 0
+	case errors.Is(err, ErrBadPriority):
+		return http.StatusBadRequest, 0
 	}
 	return http.StatusInternalServerError, 0
 }
@@ -76,6 +79,8 @@ func writeError(w http.ResponseWriter, err error, status int, retryAfter time.Du
 		kind, msg = "overloaded_error", "timed out waiting for capacity"
 	case errors.Is(err, context.Canceled):
 		msg = "the request was cancelled while waiting for capacity"
+	case errors.Is(err, ErrBadPriority):
+		kind, msg = "invalid_request_error", err.Error()
 	}
 	h := w.Header()
 	if retryAfter > 0 {

@@ -2,7 +2,9 @@ package slots
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"net/http"
 	"strings"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -39,8 +41,13 @@ func (p Priority) String() string {
 	return "default"
 }
 
+// ErrBadPriority: a priority name is not one of the set (ParsePriority).
+// HTTPStatus maps it to 400 Bad Request.
+var ErrBadPriority = errors.New("slots: unknown priority")
+
 // ParsePriority parses "interactive", "default" or "batch" (any case, and ""
-// for default), for example from an X-Priority header.
+// for default), for example from an X-Priority header. Anything else fails
+// with an error wrapping ErrBadPriority.
 func ParsePriority(s string) (Priority, error) {
 	switch strings.ToLower(strings.TrimSpace(s)) {
 	case "interactive":
@@ -50,7 +57,43 @@ func ParsePriority(s string) (Priority, error) {
 	case "batch":
 		return PriorityBatch, nil
 	}
-	return PriorityDefault, fmt.Errorf("slots: unknown priority %q (want interactive, default or batch)", s)
+	return PriorityDefault, fmt.Errorf("%w %q (want interactive, default or batch)", ErrBadPriority, s)
+}
+
+// The request headers PlaceFromHeaders reads.
+const (
+	HeaderPriority = "X-Priority" // interactive, default or batch
+	HeaderFlow     = "X-Org-ID"   // the flow: the org the request is for
+)
+
+// PlaceFromHeaders returns ctx carrying the priority and the flow that a
+// request's headers ask for: HeaderPriority (see ParsePriority) and
+// HeaderFlow (weight 1). A header that is absent leaves what ctx carries. A
+// priority that does not parse fails with an error wrapping ErrBadPriority.
+//
+// Clients choose these headers: trust them only from callers you have
+// authenticated, or set the place from your own records instead (WithFlow,
+// WithPriority). An AdmitFunc uses it like this:
+//
+//	admit := func(r *http.Request) (*slots.Slot, error) {
+//		ctx, err := slots.PlaceFromHeaders(r.Context(), r.Header)
+//		if err != nil {
+//			return nil, err
+//		}
+//		return lim.Acquire(ctx)
+//	}
+func PlaceFromHeaders(ctx context.Context, h http.Header) (context.Context, error) {
+	if v := h.Get(HeaderPriority); v != "" {
+		p, err := ParsePriority(v)
+		if err != nil {
+			return ctx, err
+		}
+		ctx = WithPriority(ctx, p)
+	}
+	if id := h.Get(HeaderFlow); id != "" {
+		ctx = WithFlow(ctx, id)
+	}
+	return ctx, nil
 }
 
 // WithPriority returns a copy of ctx whose waits are in class p. Acquire

@@ -9,6 +9,7 @@ import (
 	"os"
 
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Config is the gateway's configuration file.
@@ -19,10 +20,14 @@ type Config struct {
 	Provider pacing.Config `json:"provider"`
 }
 
-// OrgsConfig caps each organisation's requests in flight per model.
+// OrgsConfig caps each organisation's requests in flight per model, and
+// says how its requests queue for the provider: its priority class when a
+// request has no X-Priority header, and its weight among the orgs that wait.
 type OrgsConfig struct {
-	DefaultLimit int            `json:"default_limit"`
-	Limits       map[string]int `json:"limits"`
+	DefaultLimit int               `json:"default_limit"`
+	Limits       map[string]int    `json:"limits"`
+	Priorities   map[string]string `json:"priorities"` // org -> "interactive", "default" or "batch"
+	Weights      map[string]int    `json:"weights"`    // org -> turns taken while orgs wait (default 1)
 }
 
 // LoadConfig reads and checks the file at path; errors name the bad field.
@@ -54,6 +59,16 @@ func ParseConfig(data []byte) (Config, error) {
 	for org, n := range c.Orgs.Limits {
 		if n < 0 {
 			return Config{}, fmt.Errorf("config: orgs.limits[%q]: %d is negative", org, n)
+		}
+	}
+	for org, p := range c.Orgs.Priorities {
+		if _, err := slots.ParsePriority(p); err != nil || p == "" {
+			return Config{}, fmt.Errorf("config: orgs.priorities[%q]: %q is not interactive, default or batch", org, p)
+		}
+	}
+	for org, w := range c.Orgs.Weights {
+		if w < 1 {
+			return Config{}, fmt.Errorf("config: orgs.weights[%q]: %d is below 1", org, w)
 		}
 	}
 	if err := c.Provider.Validate(); err != nil {

@@ -2,6 +2,13 @@
 // programs: a tenant cap per (org, model) answered at once, the provider's
 // caps and pacing waited for, every slot of a streamed answer held until the
 // upstream body closes.
+//
+// Requests wait for the provider by priority class (the X-Priority header,
+// or the org's configured class) and, within a class, orgs take turns (the
+// X-Org-ID header; weighted by the config), so a batch backlog does not
+// delay interactive users and one org's backlog does not delay another's.
+// The example trusts both headers; a real gateway sets them from the
+// caller's authenticated identity.
 package gateway
 
 import (
@@ -46,6 +53,9 @@ type Gateway struct {
 	mu        sync.RWMutex // protects the fields below
 	orgLimits map[string]int
 	defLimit  int
+
+	priorities map[string]slots.Priority // read-only after New
+	weights    map[string]int            // read-only after New
 }
 
 var errUnexpectedUpgrade = errors.New("gateway: the upstream switched protocols")
@@ -72,6 +82,13 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	for org, n := range cfg.Orgs.Limits {
 		g.orgLimits[org] = n
 	}
+	g.priorities = make(map[string]slots.Priority, len(cfg.Orgs.Priorities))
+	for org, name := range cfg.Orgs.Priorities {
+		if g.priorities[org], err = slots.ParsePriority(name); err != nil {
+			return nil, err
+		}
+	}
+	g.weights = cfg.Orgs.Weights
 	collector := inflightprom.New("tenant")
 	// An org's limit applies to each of its models, looked up per key; a
 	// PATCH marks the org's cached limits due (RefreshLimits).
@@ -157,7 +174,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		writeJSONError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
 		return
 	}
-	org := r.Header.Get("X-Org-ID")
+	org := r.Header.Get(slots.HeaderFlow)
 	if org == "" {
 		org = "default"
 	}
@@ -168,8 +185,19 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ts.Release() // the handler runs until the stream has been relayed
-	// The provider's caps and pacing: waited for, to smooth the load.
-	grant, err := g.gate.Acquire(r.Context(), model)
+	// The provider's caps and pacing: waited for, to smooth the load, in
+	// the order of priority class, then org turns, then arrival.
+	prio, ok := g.priorities[org]
+	if h := r.Header.Get(slots.HeaderPriority); h != "" {
+		if prio, err = slots.ParsePriority(h); err != nil {
+			slots.WriteError(w, err)
+			return
+		}
+	} else if !ok {
+		prio = slots.PriorityDefault
+	}
+	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
+	grant, err := g.gate.Acquire(ctx, model)
 	if err != nil {
 		slots.WriteError(w, err)
 		return

@@ -24,11 +24,12 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // upstream is a gated SSE model server that counts what it serves, in total,
 // per model and per org, and the peaks.
 type upstream struct {
-	srv  *httptest.Server
-	gate chan struct{}
-	mu   sync.Mutex
-	cur  map[string]int
-	peak map[string]int
+	srv   *httptest.Server
+	gate  chan struct{}
+	mu    sync.Mutex
+	cur   map[string]int
+	peak  map[string]int
+	order []string // the orgs of the requests, in the order they arrived
 }
 
 func newUpstream(t *testing.T) *upstream {
@@ -64,6 +65,13 @@ func (u *upstream) enter(names []string) {
 		u.cur[n]++
 		u.peak[n] = max(u.peak[n], u.cur[n])
 	}
+	u.order = append(u.order, strings.TrimPrefix(names[2], "org:"))
+}
+
+func (u *upstream) arrived() []string {
+	u.mu.Lock()
+	defer u.mu.Unlock()
+	return append([]string(nil), u.order...)
 }
 
 func (u *upstream) leave(names []string) {
@@ -87,7 +95,13 @@ const testConfig = `{
 }`
 
 func startGateway(t *testing.T, u *upstream) (*httptest.Server, *Gateway) {
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(testConfig, u.srv.URL)))
+	return startGatewayWith(t, u, testConfig)
+}
+
+// startGatewayWith starts a gateway whose config is format with the
+// upstream's URL filled in.
+func startGatewayWith(t *testing.T, u *upstream, format string) (*httptest.Server, *Gateway) {
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(format, u.srv.URL)))
 	require.NoError(t, err)
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
@@ -305,4 +319,74 @@ func TestGatewayRefusesUnaskedUpgrades(t *testing.T) {
 	assert.Equal(t, http.StatusBadGateway, rec.Code)
 	waitFor(t, "the grant comes back", func() bool { return gw.Provider().InFlight == 0 })
 	assert.Zero(t, gw.TenantKeys())
+}
+
+// Priorities through the gateway: the org "batch-jobs" is batch by config;
+// with the provider's one slot taken and five of its requests queued, an
+// interactive request (X-Priority) from another org reaches the upstream
+// next. A bad X-Priority is answered 400.
+func TestGatewayPriorities(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u, `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10, "priorities": {"batch-jobs": "batch"}, "weights": {"batch-jobs": 2}},
+	"provider": {"max_concurrent_requests": 1, "shares": {"batch": {"min": 1}}}
+}`)
+	client := srv.Client()
+	var wg sync.WaitGroup
+	send := func(org, priority string) {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"glm-5.3","stream":true}`))
+			req.Header.Set("X-Org-ID", org)
+			if priority != "" {
+				req.Header.Set("X-Priority", priority)
+			}
+			resp, err := client.Do(req)
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			b, err := io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+			assert.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		})
+	}
+	send("batch-jobs", "")
+	waitFor(t, "the first batch request is upstream", func() bool { return u.get(u.cur, "all") == 1 })
+	for i := 1; i <= 5; i++ {
+		send("batch-jobs", "")
+		waitFor(t, "batch requests queue", func() bool { return gw.Provider().Queued == i })
+	}
+	send("alice", "interactive")
+	waitFor(t, "the interactive request queues", func() bool { return gw.Provider().Queued == 6 })
+	q := gw.Provider().Queue
+	assert.Equal(t, 5, q.Batch)
+	assert.Equal(t, 1, q.Interactive)
+	assert.Equal(t, "batch-jobs", q.TopFlows[0].Flow)
+
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"glm-5.3"}`))
+	req.Header.Set("X-Priority", "urgent")
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+
+	u.gate <- struct{}{} // the first batch stream ends
+	waitFor(t, "the next request is upstream", func() bool { return len(u.arrived()) == 2 })
+	assert.Equal(t, "alice", u.arrived()[1])
+	close(u.gate)
+	wg.Wait()
+	waitFor(t, "every slot is released", func() bool { return gw.Provider().InFlight == 0 && gw.TenantKeys() == 0 })
+	assert.Len(t, u.arrived(), 7)
+}
+
+func TestConfigPrioritiesAndWeights(t *testing.T) {
+	for _, bad := range []string{
+		`{"upstream":"http://x","orgs":{"priorities":{"a":"urgent"}}}`,
+		`{"upstream":"http://x","orgs":{"priorities":{"a":""}}}`,
+		`{"upstream":"http://x","orgs":{"weights":{"a":0}}}`,
+	} {
+		_, err := ParseConfig([]byte(bad))
+		assert.Error(t, err, bad)
+	}
 }
