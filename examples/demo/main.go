@@ -9,6 +9,13 @@
 // which caps the provider and the heavy model and queues the rest. A table
 // compares the two runs.
 //
+// Then the batch is let loose on the whole account (no model cap), so that
+// it saturates the provider cap, and the workload runs through the gateway
+// twice more: with one queue, and with priority classes (interactive
+// requests say X-Priority: interactive, the batch org is batch by config,
+// and batch keeps a minimum share of one slot). A second table compares the
+// interactive latencies.
+//
 //	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3]
 package main
 
@@ -102,11 +109,13 @@ type result struct {
 	requests, completed int
 	refused, peak       int64
 	p50, p95, wall      time.Duration
+	batchP95            time.Duration // of the batch turns, from start to end
 }
 
 // runWorkload sends every request to baseURL (retrying a 429 twice after a
-// short back-off, as SDKs do) and measures what the provider saw.
-func runWorkload(name, baseURL string, p *provider, reqs []request, progress io.Writer) result {
+// short back-off, as SDKs do) and measures what the provider saw. With
+// classes, interactive requests carry X-Priority: interactive.
+func runWorkload(name, baseURL string, p *provider, reqs []request, classes bool, progress io.Writer) result {
 	p.refused.Store(0)
 	p.peak.Store(0)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
@@ -114,6 +123,7 @@ func runWorkload(name, baseURL string, p *provider, reqs []request, progress io.
 	var (
 		mu        sync.Mutex
 		latencies []time.Duration
+		batchLat  []time.Duration
 		completed int
 		done      atomic.Int64
 		wg        sync.WaitGroup
@@ -141,7 +151,7 @@ func runWorkload(name, baseURL string, p *provider, reqs []request, progress io.
 			began := time.Now()
 			ok := false
 			for attempt := 0; attempt < 3 && !ok; attempt++ {
-				ok = send(client, baseURL, r)
+				ok = send(client, baseURL, r, classes)
 				if !ok {
 					time.Sleep(50 * time.Millisecond)
 				}
@@ -155,22 +165,25 @@ func runWorkload(name, baseURL string, p *provider, reqs []request, progress io.
 			}
 			if r.interactive {
 				latencies = append(latencies, took)
+			} else {
+				batchLat = append(batchLat, took)
 			}
 		})
 	}
 	wg.Wait()
 	close(stop)
 	slices.Sort(latencies)
+	slices.Sort(batchLat)
 	return result{
 		name: name, requests: len(reqs), completed: completed,
 		refused: p.refused.Load(), peak: p.peak.Load(),
 		p50: percentile(latencies, 50), p95: percentile(latencies, 95),
-		wall: time.Since(start),
+		wall: time.Since(start), batchP95: percentile(batchLat, 95),
 	}
 }
 
 // send streams one turn to its end and reports whether it completed.
-func send(client *http.Client, baseURL string, r request) bool {
+func send(client *http.Client, baseURL string, r request, classes bool) bool {
 	body := fmt.Sprintf(`{"model":%q,"stream":true,"turn_ms":%d}`, r.model, r.turn.Milliseconds())
 	req, err := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
@@ -178,6 +191,9 @@ func send(client *http.Client, baseURL string, r request) bool {
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("X-Org-ID", r.org)
+	if classes && r.interactive {
+		req.Header.Set("X-Priority", "interactive")
+	}
 	resp, err := client.Do(req)
 	if err != nil {
 		return false
@@ -195,7 +211,7 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 }
 
 // outcome is what the demo measured, for its test.
-type outcome struct{ direct, capped result }
+type outcome struct{ direct, capped, oneQueue, classes result }
 
 var lastOutcome outcome
 
@@ -232,24 +248,15 @@ func run(args []string, stdout io.Writer) error {
 		return err
 	}
 	defer stopProv()
-	gw, err := gateway.New(gateway.Config{
-		Upstream: provURL,
-		Orgs:     gateway.OrgsConfig{DefaultLimit: len(reqs)}, // the tenant cap is not what this shows
-		Provider: pacing.Config{
-			MaxConcurrentRequests: *accountLimit,
-			MaxQueue:              len(reqs),
-			Models:                map[string]pacing.ModelConfig{"glm-5": {MaxConcurrentRequests: min(*modelCap, *accountLimit)}},
-		},
-	}, &http.Transport{MaxIdleConnsPerHost: 256})
-	if err != nil {
-		return err
+	capped := pacing.Config{
+		MaxConcurrentRequests: *accountLimit,
+		MaxQueue:              len(reqs),
+		Models:                map[string]pacing.ModelConfig{"glm-5": {MaxConcurrentRequests: min(*modelCap, *accountLimit)}},
 	}
-	defer gw.Close()
-	gwURL, stopGW, err := serve(gw)
-	if err != nil {
-		return err
-	}
-	defer stopGW()
+	// The batch on the whole account: one queue, then priority classes.
+	loose := pacing.Config{MaxConcurrentRequests: *accountLimit, MaxQueue: len(reqs)}
+	withShares := loose
+	withShares.Shares = map[string]pacing.ShareConfig{"batch": {Min: 1}}
 
 	var progress io.Writer
 	if f, ok := stdout.(*os.File); ok {
@@ -259,24 +266,73 @@ func run(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "provider allows %d in flight per account; %d batch turns (%v-%v) and %d interactive turns (%v-%v)\n\n",
 		*accountLimit, *batch, d(300), d(800), *interactive, d(40), d(120))
-	direct := runWorkload("direct", provURL, prov, reqs, progress)
-	capped := runWorkload("through the gateway", gwURL, prov, reqs, progress)
-	lastOutcome = outcome{direct, capped}
+	var out outcome
+	out.direct = runWorkload("direct", provURL, prov, reqs, false, progress)
+	runs := []struct {
+		res     *result
+		name    string
+		cfg     pacing.Config
+		classes bool
+	}{
+		{&out.capped, "through the gateway", capped, false},
+		{&out.oneQueue, "one queue", loose, false},
+		{&out.classes, "priority classes", withShares, true},
+	}
+	for _, r := range runs {
+		orgs := gateway.OrgsConfig{DefaultLimit: len(reqs)} // the tenant cap is not what this shows
+		if r.classes {
+			orgs.Priorities = map[string]string{"batch-jobs": "batch"}
+		}
+		res, err := runGateway(gateway.Config{Upstream: provURL, Orgs: orgs, Provider: r.cfg},
+			func(gwURL string) result { return runWorkload(r.name, gwURL, prov, reqs, r.classes, progress) })
+		if err != nil {
+			return err
+		}
+		*r.res = res
+	}
+	lastOutcome = out
 
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\trequests\tcompleted\tupstream 429s\tpeak open at provider\tinteractive p50\tinteractive p95\twall time\t")
-	for _, r := range []result{direct, capped} {
+	for _, r := range []result{out.direct, out.capped} {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d\t%v\t%v\t%v\t\n", r.name, r.requests, r.completed, r.refused, r.peak,
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
-	if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
-		return errors.New("slots still held after the run")
+	fmt.Fprintf(stdout, "\nthe batch on the whole account (no model cap), through the gateway; with classes batch keeps a minimum of 1 slot\n\n")
+	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tcompleted\tupstream 429s\tpeak open at provider\tinteractive p50\tinteractive p95\tbatch p95\twall time\t")
+	for _, r := range []result{out.oneQueue, out.classes} {
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%d\t%v\t%v\t%v\t%v\t\n", r.name, r.completed, r.requests, r.refused, r.peak,
+			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
-	if capped.refused != 0 || capped.completed != capped.requests {
-		return errors.New("the run through the gateway should see no 429s and complete every request")
+	tw.Flush()
+	for _, r := range []result{out.capped, out.oneQueue, out.classes} {
+		if r.refused != 0 || r.completed != r.requests {
+			return fmt.Errorf("%s: the runs through the gateway should see no 429s and complete every request", r.name)
+		}
 	}
 	return nil
+}
+
+// runGateway starts a gateway for cfg, runs work against its URL, and checks
+// that it holds nothing afterwards.
+func runGateway(cfg gateway.Config, work func(gwURL string) result) (result, error) {
+	gw, err := gateway.New(cfg, &http.Transport{MaxIdleConnsPerHost: 256})
+	if err != nil {
+		return result{}, err
+	}
+	defer gw.Close()
+	gwURL, stopGW, err := serve(gw)
+	if err != nil {
+		return result{}, err
+	}
+	defer stopGW()
+	res := work(gwURL)
+	if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
+		return res, errors.New("slots still held after the run")
+	}
+	return res, nil
 }
 
 // serve runs h on a loopback port and returns its URL and a stop function.

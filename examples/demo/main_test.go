@@ -12,7 +12,9 @@ import (
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // TestDemo runs a smaller, faster workload over real HTTP: straight at the
-// provider it meets 429s; through the gateway it meets none and completes.
+// provider it meets 429s; through the gateway, with one queue or with
+// priority classes, it meets none and completes. (The latencies the demo
+// prints are not asserted: they depend on the machine.)
 func TestDemo(t *testing.T) {
 	var out strings.Builder
 	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2"}, &out))
@@ -22,6 +24,12 @@ func TestDemo(t *testing.T) {
 	assert.Equal(t, c.requests, c.completed)
 	assert.LessOrEqual(t, c.peak, int64(5), "never more than the account allows")
 	assert.Contains(t, out.String(), "through the gateway")
+	for _, r := range []result{lastOutcome.oneQueue, lastOutcome.classes} {
+		assert.Zero(t, r.refused, r.name)
+		assert.Equal(t, r.requests, r.completed, r.name)
+		assert.LessOrEqual(t, r.peak, int64(5), r.name)
+	}
+	assert.Contains(t, out.String(), "priority classes")
 }
 
 func TestDemoFlags(t *testing.T) {
