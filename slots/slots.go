@@ -22,6 +22,63 @@
 // A context that ends while waiting yields an error that wraps the context's
 // error.
 //
+// # Who goes next
+//
+// Every queue of the module (the Limiter's, each registry key's, the pacing
+// Gate's) serves its waiters by one rule. A caller's context may carry a
+// priority class (WithPriority: interactive, default or batch) and a flow
+// (WithFlow, WithFlowWeight: an org, an API key). When capacity frees:
+//
+//  1. Among the classes whose waiters may take it (below), the highest goes
+//     first.
+//  2. Within a class, the flows with waiters take turns, weight grants per
+//     turn (deficit round robin); a flow that arrives joins the end of the
+//     round.
+//  3. Within a flow, arrival order.
+//
+// A caller without a class or a flow is in the default class and the flow
+// "", so with neither the queue is plain FIFO, at the cost of plain FIFO;
+// choosing the next waiter costs the same with one flow queued or with a
+// hundred thousand.
+//
+// Without shares, classes are strict: batch waits while any interactive or
+// default caller waits. WithShare gives a class a guaranteed part of the
+// limit. Each class c has a guarantee g(c) = max(Min, Reserved), met from the
+// highest class down (a lower class gets what the limit leaves). A class
+// may take a free slot only if that leaves free what the higher classes are
+// owed and, unless it holds less than its own guarantee, what the lower
+// classes are owed too; a class is owed what it holds short of g(c) while it
+// has waiters, and short of Reserved while it has none. So:
+//
+//   - A class that holds less than its guarantee and waits gets the next
+//     free slot that no higher class is owed, ahead of higher classes. A
+//     class with Min m >= 1 therefore always has m slots working while it
+//     waits: under any load of higher classes, each release of one of its own
+//     slots passes that slot straight to its next waiter, and with holds of
+//     equal length it gets m of every limit grants (1 in 4 for Min 1 of 4).
+//   - A Reserved part is never lent: other classes leave it free even when
+//     its class is idle.
+//   - Idle Min is lent to whoever waits and is won back as lent slots are
+//     released; no holder is ever evicted.
+//
+// Bound: a waiter that is k-th in its flow, in a class whose queued flows
+// weigh W together (the sum of their weights, counting those that join
+// while it waits) and whose own flow weighs w, is served within
+// ceil(k/w)*(W-w) + k grants of its class: each turn of its flow is
+// preceded by at most one turn of every other flow. (The head of a weight-1
+// flow behind one other weight-1 flow: within 2 grants.) Grants of its class
+// come at least at every release of the class's own slots once it holds its
+// Min, or at every grant while it holds less; with Min 0 a lower class can
+// wait as long as higher classes keep waiting. The bound is exact for a
+// Limiter and for a registry key whose waiters need that key alone; where a
+// waiter cannot be served yet (another key of an AcquireAll is full, a
+// model of a Gate is not due) the ones after it are served meanwhile.
+//
+// WithMaxQueuePerFlow bounds one flow's waiters apart from the whole queue.
+// Limiter.Queue (and Registry.Queue, Gate.Status) report the waiters per
+// class and the flows with the most waiters. PlaceFromHeaders reads the
+// class and the flow from request headers.
+//
 // For caps per key (per tenant, per model) see package registry, which hands
 // out the same *Slot.
 package slots

@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"testing"
 
@@ -284,4 +285,58 @@ func rank(c uint8) int {
 		}
 	}
 	panic("no such class")
+}
+
+// The documented bound: the k-th waiter of a flow of weight w, among queued
+// flows of total weight W, is served within ceil(k/w)*(W-w) + k grants.
+func TestQueueTurnBound(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for trial := range 2000 {
+		ln := core.Lane{}
+		flows := 1 + rng.IntN(6)
+		weights := make([]int32, flows)
+		var all [][]*core.Waiter
+		W := 0
+		for f := range flows {
+			weights[f] = int32(1 + rng.IntN(4))
+			W += int(weights[f])
+			all = append(all, nil)
+		}
+		// Arrivals interleave the flows at random.
+		for range 5 + rng.IntN(60) {
+			f := rng.IntN(flows)
+			w := waiter(core.ClassDefault, fmt.Sprint("f", f), weights[f])
+			ln.Waiters.Push(&w.Elem)
+			all[f] = append(all[f], w)
+		}
+		// Some grants first, so the target's flow may be mid-turn.
+		ln.Limit = 1
+		for range rng.IntN(5) {
+			if w := serve(&ln); w != nil {
+				release(&ln, w)
+				for f := range all {
+					if len(all[f]) > 0 && all[f][0] == w {
+						all[f] = all[f][1:]
+					}
+				}
+			}
+		}
+		f := rng.IntN(flows)
+		if len(all[f]) == 0 {
+			continue
+		}
+		k := 1 + rng.IntN(len(all[f]))
+		target := all[f][k-1]
+		wf := int(weights[f])
+		bound := (k+wf-1)/wf*(W-wf) + k
+		for n := 1; ; n++ {
+			w := serve(&ln)
+			require.NotNil(t, w)
+			release(&ln, w)
+			if w == target {
+				require.LessOrEqual(t, n, bound, "trial %d: k=%d w=%d W=%d", trial, k, wf, W)
+				break
+			}
+		}
+	}
 }
