@@ -7,7 +7,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/inflight-go/inflight/slots"
@@ -154,4 +156,45 @@ func ExampleWithObserver() {
 	s.Release()
 	fmt.Println(acquired, released)
 	// Output: 1 1
+}
+
+// Interactive callers go before batch ones, and within a class flows (here
+// orgs) take turns. (WithShare would keep batch a minimum share.)
+func ExampleWithPriority() {
+	lim := slots.NewLimiter(1)
+	busy, _ := lim.TryAcquire() // the one slot is taken
+
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	queue := func(name string, p slots.Priority, org string) {
+		ctx := slots.WithFlow(slots.WithPriority(context.Background(), p), org)
+		waiting := lim.Waiting()
+		wg.Go(func() {
+			s, err := lim.Acquire(ctx)
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			s.Release()
+		})
+		for lim.Waiting() == waiting { // until it has queued
+			runtime.Gosched()
+		}
+	}
+	queue("batch a1", slots.PriorityBatch, "org-a")
+	queue("batch a2", slots.PriorityBatch, "org-a")
+	queue("batch b1", slots.PriorityBatch, "org-b")
+	queue("interactive c1", slots.PriorityInteractive, "org-c")
+	q := lim.Queue()
+	fmt.Println("waiting:", q.Waiting, "batch:", q.Batch, "interactive:", q.Interactive)
+
+	busy.Release()
+	wg.Wait()
+	fmt.Println(order)
+	// Output:
+	// waiting: 4 batch: 3 interactive: 1
+	// [interactive c1 batch a1 batch b1 batch a2]
 }

@@ -394,7 +394,7 @@ func TestTransportUpgrade(t *testing.T) {
 }
 
 // Priority and flow from request headers, through a ReverseProxy whose
-// Transport admits with PlaceFromHeaders: an interactive request queued
+// Transport admits with AdmitByHeaders: an interactive request queued
 // after five batch requests reaches the upstream first, and a bad
 // X-Priority is answered 400 without reaching it.
 func TestTransportPriorityFromHeaders(t *testing.T) {
@@ -419,14 +419,8 @@ func TestTransportPriorityFromHeaders(t *testing.T) {
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
 	gw := httptest.NewServer(&httputil.ReverseProxy{
-		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
-			ctx, err := slots.PlaceFromHeaders(r.Context(), r.Header)
-			if err != nil {
-				return nil, err
-			}
-			return lim.Acquire(ctx)
-		}),
+		Rewrite:      func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport:    slots.NewTransport(base, slots.AdmitByHeaders(lim.Acquire)),
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) { slots.WriteError(w, err) },
 	})
 	t.Cleanup(gw.Close)

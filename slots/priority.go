@@ -73,15 +73,7 @@ const (
 //
 // Clients choose these headers: trust them only from callers you have
 // authenticated, or set the place from your own records instead (WithFlow,
-// WithPriority). An AdmitFunc uses it like this:
-//
-//	admit := func(r *http.Request) (*slots.Slot, error) {
-//		ctx, err := slots.PlaceFromHeaders(r.Context(), r.Header)
-//		if err != nil {
-//			return nil, err
-//		}
-//		return lim.Acquire(ctx)
-//	}
+// WithPriority). AdmitByHeaders makes an AdmitFunc of it.
 func PlaceFromHeaders(ctx context.Context, h http.Header) (context.Context, error) {
 	if v := h.Get(HeaderPriority); v != "" {
 		p, err := ParsePriority(v)
@@ -139,6 +131,24 @@ func WithFlowWeight(ctx context.Context, id string, weight int) context.Context 
 func FlowFrom(ctx context.Context) (id string, weight int) {
 	pl := core.PlaceOf(ctx)
 	return pl.Flow, max(int(pl.Weight), 1)
+}
+
+// AdmitByHeaders returns an AdmitFunc that places each request by its
+// headers (PlaceFromHeaders) and admits it with acquire, for example a
+// Limiter's Acquire:
+//
+//	tr := slots.NewTransport(nil, slots.AdmitByHeaders(lim.Acquire))
+//
+// A request with a bad X-Priority is not sent; RoundTrip returns the error
+// (HTTPStatus maps it to 400).
+func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
+	return func(r *http.Request) (*Slot, error) {
+		ctx, err := PlaceFromHeaders(r.Context(), r.Header)
+		if err != nil {
+			return nil, err
+		}
+		return acquire(ctx)
+	}
 }
 
 // Share is the part of a limit guaranteed to one priority class.
