@@ -58,7 +58,9 @@ type Config struct {
 	// "batch") a part of the provider cap; see slots.Share.
 	Shares map[string]ShareConfig `json:"shares,omitempty"`
 	// MaxQueuePerFlow bounds the requests of one flow (slots.WithFlow, for
-	// example an org) waiting at once; 0 means only MaxQueue applies.
+	// example an org) waiting at once. Requests without a flow form the flow
+	// "", so without flows it bounds the whole queue. 0 (the default) means
+	// only MaxQueue applies.
 	MaxQueuePerFlow int `json:"max_queue_per_flow,omitempty"`
 }
 

@@ -51,14 +51,13 @@ type Gate struct {
 	mu       sync.Mutex // protects the fields below and the lanes
 	cfg      Config
 	interval time.Duration // the provider's spacing
-	provider core.Lane
+	provider core.Lane     // its Waiters are the Gate's one queue
 	models   map[string]*modelLane
 	keys     []*keyLane // the pool, in the configured order
 	keyByID  map[string]*keyLane
 	next     int64 // provider's next allowed start, clock nanos
 	last     int64 // provider's last start, clock nanos; 0 before any
 	started  bool
-	queue    core.Queue
 	timer    *clock.Timer // a pending dispatch at timerAt, or nil
 	timerAt  int64
 	timerGen uint64 // tells a stale timer's callback from the current one's
@@ -282,20 +281,25 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	now := g.cx.Nanos()
 	h.At = now
 	gr.model = g.modelLocked(model)
-	g.queue.Push(&w.Elem)
+	g.provider.Waiters.Push(&w.Elem)
 	gr.model.waiting++
 	g.dispatchLocked(now, &wk)
 	granted := w.State == core.Granted
-	if !granted && (g.queue.Len() > g.cfg.QueueLimit() ||
-		g.cfg.MaxQueuePerFlow > 0 && g.queue.FlowLen(place.Flow) > g.cfg.MaxQueuePerFlow) {
+	if !granted && (g.provider.Waiters.Len() > g.cfg.QueueLimit() ||
+		g.cfg.MaxQueuePerFlow > 0 && g.provider.Waiters.FlowLen(place.Flow) > g.cfg.MaxQueuePerFlow) {
 		// The queue (or the caller's flow) was full and this request
 		// cannot start now: the newest is turned away (one that can start
 		// is never queued).
-		g.queue.Remove(&w.Elem)
+		g.provider.Waiters.Remove(&w.Elem)
 		w.State = core.Gone
 		gr.model.waiting--
 		err := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
 		g.dropIfIdleLocked(gr.model)
+		if g.provider.Shares != nil {
+			// Its class may have stopped waiting, and stopped keeping its
+			// minimum share from the others.
+			g.dispatchLocked(now, &wk)
+		}
 		g.mu.Unlock()
 		wk.Wake()
 		return Grant{}, err
@@ -359,7 +363,7 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	if w.State != core.Waiting {
 		return false
 	}
-	g.queue.Remove(&w.Elem)
+	g.provider.Waiters.Remove(&w.Elem)
 	w.State = core.Gone
 	ml := w.Hold.Owner.(*grant).model
 	ml.waiting--
@@ -376,7 +380,7 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 // order, and arms a timer for the earliest start still to come.
 func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 	var wakeAt int64
-	for g.queue.Len() > 0 {
+	for g.provider.Waiters.Len() > 0 {
 		if g.started && g.next > now {
 			wakeAt = g.next
 			break
@@ -394,7 +398,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		w := el.Value
 		gr := w.Hold.Owner.(*grant)
 		ml := gr.model
-		g.queue.Served(el)
+		g.provider.Waiters.Served(el)
 		ml.waiting--
 		gr.key = key
 		w.Hold.At = now
@@ -420,10 +424,10 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 // earliest start of a model that is not due yet.
 func (g *Gate) nextLocked(now int64, wakeAt *int64) *ilist.Elem[*core.Waiter] {
 	for _, c := range core.Order {
-		if g.queue.ClassLen(c) == 0 || !g.provider.CanTake(c) {
+		if g.provider.Waiters.ClassLen(c) == 0 || !g.provider.CanTake(c) {
 			continue
 		}
-		for el := range g.queue.Class(c) {
+		for el := range g.provider.Waiters.Class(c) {
 			ml := el.Value.Hold.Owner.(*grant).model
 			if !ml.lane.HasRoom() {
 				continue
@@ -470,7 +474,7 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) error {
 	g.rejected++
 	le := &slots.LimitError{
 		Err: reason, Key: g.name + "/" + ml.name,
-		InFlight: g.provider.Holders.Len(), Limit: g.provider.Limit, Queued: g.queue.Len(),
+		InFlight: g.provider.Holders.Len(), Limit: g.provider.Limit, Queued: g.provider.Waiters.Len(),
 	}
 	ra := g.hold.RetryAfter(le.Queued, min(g.provider.Limit, ml.lane.Limit))
 	next := int64(0)
@@ -548,8 +552,8 @@ func (g *Gate) Status() Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.cx.Nanos()
-	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.queue.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected, Bypassed: g.bypassed}
-	st.Queue = core.QueueStats(&g.queue).(slots.QueueStats)
+	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected, Bypassed: g.bypassed}
+	st.Queue = core.QueueStats(&g.provider.Waiters).(slots.QueueStats)
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n

@@ -107,3 +107,40 @@ func TestConfigSharesValidate(t *testing.T) {
 		assert.Error(t, err, bad)
 	}
 }
+
+// shares.batch.min = 1 under sustained interactive load: every fourth grant
+// is batch's, as on a Limiter and a Registry.
+func TestGateBatchMinShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg, err := pacing.Parse([]byte(`{"max_concurrent_requests":4,"max_queue":1000,
+			"shares":{"batch":{"min":1}}}`))
+		require.NoError(t, err)
+		g := newGate(t, cfg)
+		r := testrig.New(t, gateAcquirer(g, "m"))
+		for range 4 {
+			r.Add(interactive, "i")
+		}
+		for range 30 {
+			r.Add(batch, "b")
+		}
+		for range 120 {
+			r.Add(interactive, "i")
+		}
+		for range 100 {
+			r.ReleaseOldest()
+		}
+		got := r.Order()[4:]
+		n := 0
+		for i, c := range got {
+			if c == "b" {
+				n++
+			}
+			if i%4 == 0 {
+				assert.Equal(t, "b", c, "grant %d", i)
+			}
+		}
+		assert.Equal(t, 25, n, "batch grants out of 100")
+		g.Close()
+		r.ReleaseAll()
+	})
+}

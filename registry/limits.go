@@ -87,11 +87,12 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	defer r.multiMu.Unlock()
 	sh.mu.Lock()
 	locked := []int{sh.idx}
+	var serve []*entry[K]
 	if e := sh.lookup(key, hash); e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
 		// e's multi-key waiters leave only under multiMu (held), so e stays
 		// live and they stay queued while the shards they need are locked.
-		locked = r.lockForGrant([]*entry[K]{e})
+		locked, serve = r.lockForGrant([]*entry[K]{e})
 	}
 	defer r.unlockShards(locked)
 	n, ok := set(sh)
@@ -102,7 +103,10 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	raised := n > e.lane.Limit
 	e.lane.Limit = n
 	if raised {
-		r.grantLocked([]*entry[K]{e}, &wk)
+		if serve == nil {
+			serve = []*entry[K]{e}
+		}
+		r.grantLocked(serve, &wk)
 	}
 }
 

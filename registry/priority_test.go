@@ -252,3 +252,31 @@ func TestRegistryPriorityHammer(t *testing.T) {
 	assert.Zero(t, reg.Keys())
 	assert.Zero(t, reg.Stats().InFlight)
 }
+
+// A batch waiter on A and C granted through A's release leaves C's queue;
+// batch then stops keeping its Min on C, and the default waiter on C, which
+// could now take C's free slot, is served in the same pass (no newcomer
+// passes it).
+func TestRegistryMultiGrantServesTheOtherKeys(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		reg := registry.New[string](2, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 2}))
+		reg.SetLimit("A", 1)
+		a, err := reg.TryAcquire("A")
+		require.NoError(t, err)
+		w := testrig.New(t, acquirer(reg, "A", "C"))
+		w.Add(batch, "W") // A is full: W waits on A and C
+		d := testrig.New(t, acquirer(reg, "C"))
+		d.Add(context.Background(), "D") // C keeps batch's Min 2 while W waits
+		require.Equal(t, 2, reg.Waiting("C"))
+
+		a.Release()
+		synctest.Wait()
+		assert.Equal(t, []string{"W"}, w.Order())
+		assert.Equal(t, []string{"D"}, d.Order(), "D takes C's free slot")
+		_, err = reg.TryAcquire("C")
+		assert.ErrorIs(t, err, slots.ErrLimitReached)
+		w.ReleaseAll()
+		d.ReleaseAll()
+		assert.Zero(t, reg.Keys())
+	})
+}

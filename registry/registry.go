@@ -500,8 +500,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	p, h := r.newHold()
 	h.At = r.clk.Coarse()
 	h.Owner = m
+	// As in acquireOne: the place matters to an admission only with shares.
 	var place core.Place
-	if ctx != nil {
+	if ctx != nil && r.shares != nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
@@ -535,6 +536,10 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return p.handOut(), nil
 	}
 	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
+	if ctx != nil && r.shares == nil {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
 	if ctx == nil {
 		first.st.limitReached++
 		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
@@ -689,16 +694,27 @@ func (r *Registry[K]) emit(e slots.Event) {
 }
 
 func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
-	if r.shares != nil {
-		return r.withdrawShared([]*entry[K]{e}, w, nil)
-	}
+	var wk core.Wakes
 	sh := e.shard
 	sh.mu.Lock()
-	defer sh.mu.Unlock()
+	if r.shares != nil && e.lane.Multi > 0 {
+		// Serving the waiters a withdrawal may unblock takes multiMu.
+		sh.mu.Unlock()
+		return r.withdrawShared([]*entry[K]{e}, w, nil)
+	}
 	if !e.lane.Withdraw(w) {
+		sh.mu.Unlock()
 		return false
 	}
+	if r.shares != nil {
+		// Its class may have stopped waiting here, and stopped keeping its
+		// minimum share from the others; with no multi-key waiter (Multi
+		// stays 0 under this lock) they are all served here.
+		r.grantLocked([]*entry[K]{e}, &wk)
+	}
 	sh.dropIfIdleLocked(r, e)
+	sh.mu.Unlock()
+	wk.Wake()
 	return true
 }
 
@@ -731,7 +747,7 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	set := r.lockForGrant(entries)
+	set, serve := r.lockForGrant(entries)
 	defer r.unlockShards(set)
 	if w.State != core.Waiting {
 		return false
@@ -742,7 +758,7 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 		entries[0].lane.Waiters.Remove(&w.Elem)
 	}
 	w.State = core.Gone
-	r.grantLocked(entries, &wk)
+	r.grantLocked(serve, &wk)
 	for _, e := range entries {
 		e.shard.dropIfIdleLocked(r, e)
 	}
@@ -876,7 +892,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	set := r.lockForGrant(entries)
+	set, serve := r.lockForGrant(entries)
 	defer r.unlockShards(set)
 	for i, e := range entries {
 		idx := &h.Idx
@@ -891,7 +907,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 		}
 	}
 	entries[0].shard.released++
-	r.grantLocked(entries, &wk)
+	r.grantLocked(serve, &wk)
 	for _, e := range entries {
 		e.shard.dropIfIdleLocked(r, e)
 	}
@@ -899,9 +915,16 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 }
 
 // lockForGrant locks, in ascending order, the shards of entries and of every
-// multi-key waiter queued on them, and returns the locked set. Call with
-// multiMu held: it freezes the multi-key waiters, so the set stays right.
-func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
+// multi-key waiter queued on them, and returns the locked set and the
+// entries to serve. Call with multiMu held: it freezes the multi-key
+// waiters, so the set stays right.
+//
+// Without shares the entries to serve are entries. With shares they are
+// every key linked to them through multi-key waiters, transitively: a
+// multi-key waiter granted through one key leaves the queues of its other
+// keys, where its class may then stop keeping its minimum share, and the
+// waiters there must be served in the same pass.
+func (r *Registry[K]) lockForGrant(entries []*entry[K]) ([]int, []*entry[K]) {
 	set := make([]int, 0, 4)
 	for _, e := range entries {
 		set = append(set, e.shard.idx)
@@ -909,27 +932,46 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) []int {
 	slices.Sort(set)
 	set = slices.Compact(set)
 	r.lockShards(set)
-	need := slices.Clone(set)
-	for _, e := range entries {
-		if e.lane.Multi == 0 {
-			continue
-		}
-		for c := range core.NumClasses {
-			for el := range e.lane.Waiters.Class(c) {
-				if m, ok := el.Value.Hold.Owner.(*multi[K]); ok {
+	serve := entries
+	for {
+		need := slices.Clone(set)
+		var more []*entry[K]
+		for _, e := range serve {
+			if e.lane.Multi == 0 {
+				continue
+			}
+			for c := range core.NumClasses {
+				for el := range e.lane.Waiters.Class(c) {
+					m, ok := el.Value.Hold.Owner.(*multi[K])
+					if !ok {
+						continue
+					}
 					need = append(need, m.shards...)
+					if r.shares == nil {
+						continue
+					}
+					for _, me := range m.entries {
+						if !slices.Contains(serve, me) && !slices.Contains(more, me) {
+							more = append(more, me)
+						}
+					}
 				}
 			}
 		}
+		slices.Sort(need)
+		need = slices.Compact(need)
+		if len(need) != len(set) {
+			r.unlockShards(set)
+			r.lockShards(need)
+			set = need
+		}
+		if len(more) == 0 {
+			return set, serve
+		}
+		// The new keys' shards are in need (a waiter's shards cover all its
+		// keys), so they are locked: look at their waiters in turn.
+		serve = append(slices.Clip(serve), more...)
 	}
-	slices.Sort(need)
-	need = slices.Compact(need)
-	if len(need) == len(set) {
-		return set
-	}
-	r.unlockShards(set)
-	r.lockShards(need)
-	return need
 }
 
 // grantLocked serves the waiters of entries that can be served now,

@@ -160,7 +160,13 @@ func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
 // the class is idle: they are never lent.
 //
 // When the guarantees add up to more than the limit, they are met from the
-// highest class down and the lower ones get what is left.
+// highest class down and the lower ones get what is left; an idle class's
+// Min takes no part in that.
+//
+// A caller counts as waiting in every queue it is in for as long as it
+// waits, also while it cannot be served yet (another key of a registry's
+// AcquireAll is full, or a pacing Gate's model is not due): its class keeps
+// its Min in the other queues meanwhile.
 type Share struct {
 	Min      int
 	Reserved int
@@ -185,8 +191,9 @@ func shareCheck(pkg string, s Share) {
 
 // WithMaxQueuePerFlow bounds how many callers of one flow (WithFlow) may wait
 // at once: the flow's newest caller beyond n is rejected with ErrQueueFull
-// while other flows still queue. Callers without a flow form the flow "".
-// The default is no bound; a negative n restores it.
+// while other flows still queue. Callers without a flow form the flow "", so
+// without flows it bounds the whole queue. As with WithMaxQueue, n = 0 means
+// no caller waits; the default is no bound, and a negative n restores it.
 func WithMaxQueuePerFlow(n int) Option {
 	return optionFunc(func(w *policy.Wait) { w.MaxFlowQueue, w.BoundFlowQueue = n, n >= 0 })
 }

@@ -289,3 +289,62 @@ func hammerClasses(t *testing.T, acquire func(context.Context) (*slots.Slot, err
 	assert.Equal(t, 32*60, admitted+failed)
 	assert.NotZero(t, admitted)
 }
+
+// The flow "" takes its weight like any other flow, in every class.
+func TestLimiterDefaultFlowWeight(t *testing.T) {
+	for _, p := range []slots.Priority{slots.PriorityDefault, slots.PriorityBatch} {
+		synctest.Test(t, func(t *testing.T) {
+			l := slots.NewLimiter(1)
+			r := testrig.New(t, l.Acquire)
+			base := slots.WithPriority(context.Background(), p)
+			a := slots.WithFlowWeight(base, "", 3)
+			b := slots.WithFlowWeight(base, "B", 1)
+			r.Add(a, "A")
+			for range 400 {
+				r.Add(a, "A")
+				r.Add(b, "B")
+			}
+			for range 400 {
+				r.ReleaseOldest()
+			}
+			n := map[string]int{}
+			for _, f := range r.Order()[1:401] {
+				n[f]++
+			}
+			assert.InEpsilon(t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "%v: %v", p, n)
+			r.ReleaseAll()
+		})
+	}
+}
+
+// An idle class's Min is lent, and does not cut the guarantees of the
+// classes below it: with interactive Min 2 on a limit of 2 and no
+// interactive caller, batch's Min 1 still keeps batch moving under default
+// load (one grant in two with equal holds).
+func TestLimiterIdleMinDoesNotCutLowerShare(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		l := slots.NewLimiter(2,
+			slots.WithShare(slots.PriorityInteractive, slots.Share{Min: 2}),
+			slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+		r := testrig.New(t, l.Acquire)
+		r.Add(context.Background(), "d")
+		r.Add(context.Background(), "d")
+		for range 20 {
+			r.Add(batch, "b")
+		}
+		for range 40 {
+			r.Add(context.Background(), "d")
+		}
+		for range 40 {
+			r.ReleaseOldest()
+		}
+		n := 0
+		for _, c := range r.Order()[2:] {
+			if c == "b" {
+				n++
+			}
+		}
+		assert.Equal(t, 20, n, "batch grants out of 40")
+		r.ReleaseAll()
+	})
+}

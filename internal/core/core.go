@@ -41,7 +41,7 @@ type Hold struct {
 	ID       uint64
 	At       int64 // acquire (grant) time, owner clock nanoseconds
 	Bypassed bool  // admitted by fail-open; holds no capacity
-	Class    uint8 // priority class (ClassDefault unless the owner has shares)
+	Class    uint8 // priority class: ClassDefault for a fast admission without shares
 	// GivenBack marks a grant returned because its caller's context ended
 	// as it came: the owner frees it like any other but reports no release.
 	GivenBack bool

@@ -72,10 +72,17 @@ type sched struct {
 	rings [NumClasses]ilist.List[*flow] // flows with waiters, in turn order
 	count [NumClasses]int               // waiters per class
 	flows map[flowKey]*flow             // flows other than def, while they have waiters
+	peak  int                           // most flows at once since allocated
 	spare []*flow
 }
 
-const maxSpareFlows = 16
+// maxSpareFlows bounds the flow records kept for reuse; a queue that has had
+// more than maxKeptFlows flows at once drops its turn-taking state (and its
+// map) when it empties.
+const (
+	maxSpareFlows = 16
+	maxKeptFlows  = 64
+)
 
 // Len returns the number of waiters.
 func (q *Queue) Len() int { return q.n }
@@ -121,7 +128,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	w := el.Value
 	q.n++
 	if !q.mixed {
-		if w.Class == ClassDefault && w.Flow == "" {
+		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
 			q.def.waiters.PushBack(el)
 			return
 		}
@@ -132,9 +139,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	if f == nil {
 		f = q.newFlow(k)
 	}
-	if k != (flowKey{}) {
-		f.weight = max(w.Weight, 1) // the latest arrival's weight
-	}
+	f.weight = max(w.Weight, 1) // the latest arrival's weight
 	if f.waiters.Len() == 0 {
 		f.credit = 0
 		q.x.rings[k.class].PushBack(&f.link)
@@ -151,7 +156,7 @@ func (q *Queue) mix() {
 		q.def.link.Value = &q.def
 	}
 	q.mixed = true
-	q.def.weight, q.def.credit = 1, 0
+	q.def.weight, q.def.credit = 1, 0 // its waiters so far all weigh 1
 	if n := q.def.waiters.Len(); n > 0 {
 		q.x.rings[ClassDefault].PushBack(&q.def.link)
 		q.x.count[ClassDefault] = n
@@ -169,6 +174,7 @@ func (q *Queue) newFlow(k flowKey) *flow {
 	}
 	f.key = k
 	q.x.flows[k] = f
+	q.x.peak = max(q.x.peak, len(q.x.flows))
 	return f
 }
 
@@ -223,6 +229,9 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	}
 	if q.n == 0 {
 		q.mixed = false
+		if q.x.peak > maxKeptFlows {
+			q.x = nil // a burst of flows: its map is not kept by a quiet lane
+		}
 	}
 	return true
 }
@@ -313,15 +322,18 @@ type Shares struct {
 
 // CanTake reports whether a holder of class c may be admitted now.
 //
-// Without shares: whenever the lane has room. With shares, each class d has a
-// guarantee g(d) = max(Min, Reserved), cut, from the highest class down, to
-// what the limit leaves after the guarantees of the classes above it. Its
-// protected part is what it holds short of g(d) if it has waiters, or short
-// of its (cut) Reserved part if not. c may take a slot only if that leaves
-// the protected parts of the classes above it free and, unless c itself
-// holds less than its own guarantee, those of the classes below it too.
-// So a class short of its guarantee is served before higher classes, higher
-// classes first among such; a reserve is never lent.
+// Without shares: whenever the lane has room. With shares, each class d is
+// owed g(d): max(Min, Reserved) while it has waiters (c counts as waiting),
+// its Reserved while it is idle, cut from the highest class down to what
+// the limit leaves after the classes above it. c may take a slot only if
+// that leaves free what the classes above it hold short of their g and,
+// unless c itself holds less than its own g, what the classes below it hold
+// short of theirs too. So a class short of its guarantee is served before
+// higher classes, higher classes first among such; a reserve is never lent;
+// an idle class's Min neither keeps slots nor cuts the guarantees below it.
+//
+// A waiter counts as waiting on every lane it needs, also while another of
+// its lanes is full, so its class keeps its Min on this lane meanwhile.
 func (ln *Lane) CanTake(c uint8) bool {
 	free := ln.Limit - ln.Holders.Len()
 	if free <= 0 {
@@ -331,11 +343,17 @@ func (ln *Lane) CanTake(c uint8) bool {
 	if s == nil {
 		return true
 	}
-	var g, res [NumClasses]int
+	// g[d] is what class d is owed in all: max(Min, Reserved) while it
+	// waits (c counts as waiting), Reserved while it is idle; cut from the
+	// highest class down to what the limit leaves.
+	var g [NumClasses]int
 	left := ln.Limit
 	for _, d := range Order {
-		g[d] = min(max(s.Min[d], s.Reserved[d]), left)
-		res[d] = min(s.Reserved[d], g[d])
+		want := s.Reserved[d]
+		if d == c || ln.Waiters.ClassLen(d) > 0 {
+			want = max(s.Min[d], want)
+		}
+		g[d] = min(want, left)
 		left -= g[d]
 	}
 	short := ln.Holders.ClassLen(c) < g[c]
@@ -344,12 +362,7 @@ func (ln *Lane) CanTake(c uint8) bool {
 		if d == c {
 			continue
 		}
-		keep := res[d]
-		if ln.Waiters.ClassLen(d) > 0 {
-			keep = g[d]
-		}
-		p := keep - ln.Holders.ClassLen(d)
-		if p > 0 && (rank[d] < rank[c] || !short) {
+		if p := g[d] - ln.Holders.ClassLen(d); p > 0 && (rank[d] < rank[c] || !short) {
 			need += p
 		}
 	}
@@ -382,10 +395,10 @@ func (ln *Lane) Next() *ilist.Elem[*Waiter] {
 // of this lane alone is one that cannot take a slot, and neither can a
 // newcomer of its class.
 func (ln *Lane) Admits(c uint8) bool {
-	if ln.Shares == nil {
-		return ln.HasRoom() && ln.Waiters.Len() == ln.Multi
+	if ln.Shares != nil {
+		return ln.CanTake(c)
 	}
-	return ln.CanTake(c)
+	return ln.Holders.n < ln.Limit && ln.Waiters.n == ln.Multi
 }
 
 // Place is where a caller queues: its class, and its flow within the class

@@ -321,16 +321,17 @@ func TestGatewayRefusesUnaskedUpgrades(t *testing.T) {
 	assert.Zero(t, gw.TenantKeys())
 }
 
-// Priorities through the gateway: the org "batch-jobs" is batch by config;
-// with the provider's one slot taken and five of its requests queued, an
-// interactive request (X-Priority) from another org reaches the upstream
-// next. A bad X-Priority is answered 400.
+// Priorities through the gateway: the org "batch-jobs" is batch by config,
+// with a minimum share of one of the provider's two slots. With both slots
+// taken by batch and five more batch requests queued, an interactive
+// request (X-Priority) from another org reaches the upstream next (batch
+// still holds its minimum). A bad X-Priority is answered 400.
 func TestGatewayPriorities(t *testing.T) {
 	u := newUpstream(t)
 	srv, gw := startGatewayWith(t, u, `{
 	"upstream": "%s",
 	"orgs": {"default_limit": 10, "priorities": {"batch-jobs": "batch"}, "weights": {"batch-jobs": 2}},
-	"provider": {"max_concurrent_requests": 1, "shares": {"batch": {"min": 1}}}
+	"provider": {"max_concurrent_requests": 2, "shares": {"batch": {"min": 1}}}
 }`)
 	client := srv.Client()
 	var wg sync.WaitGroup
@@ -353,6 +354,8 @@ func TestGatewayPriorities(t *testing.T) {
 	}
 	send("batch-jobs", "")
 	waitFor(t, "the first batch request is upstream", func() bool { return u.get(u.cur, "all") == 1 })
+	send("batch-jobs", "")
+	waitFor(t, "the second batch request is upstream", func() bool { return u.get(u.cur, "all") == 2 })
 	for i := 1; i <= 5; i++ {
 		send("batch-jobs", "")
 		waitFor(t, "batch requests queue", func() bool { return gw.Provider().Queued == i })
@@ -371,13 +374,13 @@ func TestGatewayPriorities(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 
-	u.gate <- struct{}{} // the first batch stream ends
-	waitFor(t, "the next request is upstream", func() bool { return len(u.arrived()) == 2 })
-	assert.Equal(t, "alice", u.arrived()[1])
+	u.gate <- struct{}{} // a batch stream ends
+	waitFor(t, "the next request is upstream", func() bool { return len(u.arrived()) == 3 })
+	assert.Equal(t, "alice", u.arrived()[2])
 	close(u.gate)
 	wg.Wait()
 	waitFor(t, "every slot is released", func() bool { return gw.Provider().InFlight == 0 && gw.TenantKeys() == 0 })
-	assert.Len(t, u.arrived(), 7)
+	assert.Len(t, u.arrived(), 8)
 }
 
 func TestConfigPrioritiesAndWeights(t *testing.T) {

@@ -1,0 +1,125 @@
+package registry
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"sync"
+	"testing"
+	"testing/synctest"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// servableLocked describes a waiter that could be served now but is still
+// queued, or returns "". With every event dispatching what it may unblock,
+// there is none once the registry is quiet.
+func (r *Registry[K]) servableWaiter() string {
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	all := make([]int, len(r.shards))
+	for i := range all {
+		all[i] = i
+	}
+	r.lockShards(all)
+	defer r.unlockShards(all)
+	var msg string
+	for i := range r.shards {
+		r.shards[i].lanes.each(func(e *entry[K]) {
+			for c := range core.NumClasses {
+				if !e.lane.CanTake(c) {
+					continue
+				}
+				for el := range e.lane.Waiters.Class(c) {
+					w := el.Value
+					if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c) {
+						continue
+					}
+					msg += fmt.Sprintf("key %v: a class %d waiter could be served (limit %d, %d holders, %d waiting)\n",
+						e.key, c, e.lane.Limit, e.lane.Holders.Len(), e.lane.Waiters.Len())
+				}
+			}
+		})
+	}
+	return msg
+}
+
+// Random acquisitions (one key or two, random classes and flows), releases,
+// cancellations and limit changes, with shares, each step let to settle: no
+// waiter is ever left queued while it could be served.
+func TestNoServableWaiterLeft(t *testing.T) {
+	for seed := range uint64(100) {
+		synctest.Test(t, func(t *testing.T) {
+			rng := rand.New(rand.NewPCG(seed, 7))
+			reg := New[string](3, WithShards(4),
+				WithShare(slots.PriorityBatch, slots.Share{Min: 1 + rng.IntN(2)}),
+				WithShare(slots.PriorityInteractive, slots.Share{Reserved: rng.IntN(2)}))
+			keys := []string{"p", "m0", "m1", "m2"}
+			prios := []slots.Priority{slots.PriorityInteractive, slots.PriorityDefault, slots.PriorityBatch}
+			var mu sync.Mutex
+			var held []*slots.Slot
+			var cancels []context.CancelFunc
+			var trace []string
+			for step := range 80 {
+				switch op := rng.IntN(10); {
+				case op < 5:
+					ctx, cancel := context.WithCancel(slots.WithPriority(context.Background(), prios[rng.IntN(3)]))
+					ctx = slots.WithFlow(ctx, fmt.Sprint("f", rng.IntN(3)))
+					cancels = append(cancels, cancel)
+					ks := []string{keys[rng.IntN(len(keys))]}
+					if rng.IntN(2) == 0 {
+						ks = append(ks, keys[rng.IntN(len(keys))])
+					}
+					trace = append(trace, fmt.Sprintf("acquire %v %v", ks, slots.PriorityFrom(ctx)))
+					go func() {
+						if s, err := reg.AcquireAll(ctx, ks...); err == nil {
+							mu.Lock()
+							held = append(held, s)
+							mu.Unlock()
+						}
+					}()
+				case op < 8:
+					mu.Lock()
+					var s *slots.Slot
+					if len(held) > 0 {
+						i := rng.IntN(len(held))
+						s = held[i]
+						held = append(held[:i], held[i+1:]...)
+					}
+					mu.Unlock()
+					if s != nil {
+						trace = append(trace, "release")
+						s.Release()
+					}
+				case op < 9:
+					if len(cancels) > 0 {
+						trace = append(trace, "cancel")
+						cancels[rng.IntN(len(cancels))]()
+					}
+				default:
+					k, n := keys[rng.IntN(len(keys))], 1+rng.IntN(4)
+					trace = append(trace, fmt.Sprintf("SetLimit %s %d", k, n))
+					reg.SetLimit(k, n)
+				}
+				synctest.Wait()
+				if msg := reg.servableWaiter(); msg != "" {
+					t.Fatalf("seed %d, step %d:\n%s%v", seed, step, msg, trace)
+				}
+			}
+			for _, c := range cancels {
+				c()
+			}
+			synctest.Wait()
+			for _, s := range held {
+				s.Release()
+			}
+			for _, k := range keys {
+				reg.ClearLimit(k)
+			}
+			if reg.Keys() != 0 {
+				t.Fatalf("seed %d: %d keys left", seed, reg.Keys())
+			}
+		})
+	}
+}
