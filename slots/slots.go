@@ -200,6 +200,12 @@ func (s *Slot) Released() bool {
 // maximum wait: it holds no capacity, and the limit was saturated.
 func (s *Slot) Bypassed() bool { return s.holds() && s.h.Bypassed }
 
+// Degraded reports whether the slot was admitted without its fleet-wide
+// cap, because the store that keeps that cap could not be reached (see
+// package registry/fleet): it holds only this process's local cap, or, if it
+// is also Bypassed, nothing.
+func (s *Slot) Degraded() bool { return s.holds() && s.h.Degraded }
+
 // AcquiredAt returns when the slot was admitted (granted, for a caller that
 // waited), on the owner's clock. On the real clock it is accurate to about
 // 10 ms: admissions share a coarse clock reading, since reading the clock

@@ -41,6 +41,7 @@ type Hold struct {
 	ID       uint64
 	At       int64 // acquire (grant) time, owner clock nanoseconds
 	Bypassed bool  // admitted by fail-open; holds no capacity
+	Degraded bool  // admitted without its fleet-wide cap (its store was unreachable)
 	Class    uint8 // priority class: ClassDefault for a fast admission without shares
 	// GivenBack marks a grant returned because its caller's context ended
 	// as it came: the owner frees it like any other but reports no release.

@@ -1,0 +1,373 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// mini is a miniredis with its clock set, and clients for it.
+type mini struct {
+	t   *testing.T
+	srv *miniredis.Miniredis
+	now time.Time
+}
+
+func newMini(t *testing.T) *mini {
+	m := &mini{t: t, srv: miniredis.RunT(t), now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
+	m.srv.SetTime(m.now)
+	return m
+}
+
+// advance moves the server's clock (what TIME returns in the scripts).
+func (m *mini) advance(d time.Duration) {
+	m.now = m.now.Add(d)
+	m.srv.SetTime(m.now)
+}
+
+func (m *mini) client() *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: m.srv.Addr(), DialTimeout: 200 * time.Millisecond,
+		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
+	m.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// registry returns a fleet Registry on m named "t", closed at cleanup.
+func (m *mini) registry(limit int, opts ...Option) *Registry[string] {
+	r := New[string](m.client(), "t", limit, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
+	m.t.Cleanup(r.Close)
+	return r
+}
+
+// leases returns the members of key's sorted set.
+func (m *mini) leases(key string) []string {
+	if !m.srv.Exists("inflight:{t}:" + key) {
+		return nil
+	}
+	members, err := m.srv.ZMembers("inflight:{t}:" + key)
+	require.NoError(m.t, err)
+	return members
+}
+
+// eventually waits until cond holds (the releaser works in the
+// background), failing after a generous bound.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	require.Eventually(t, cond, 5*time.Second, time.Millisecond, what)
+}
+
+func TestAllOrNothingAcrossKeys(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(2)
+	r.SetLimit("m", 1)
+
+	s1, err := r.TryAcquireAll("p", "m")
+	require.NoError(t, err)
+	_, err = r.TryAcquireAll("p", "m")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	assert.Equal(t, "m", le.Key)
+	assert.Equal(t, 1, le.Limit)
+	assert.Len(t, m.leases("p"), 1, "a rejection takes nothing on p")
+
+	s2, err := r.TryAcquire("p") // p has room for a request without m
+	require.NoError(t, err)
+	_, err = r.TryAcquire("p")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	n, err := r.InFlight(context.Background(), "p")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n)
+	assert.Equal(t, 2, r.Local().InFlight("p"), "the local registry mirrors this process's holders")
+
+	assert.True(t, s1.Release())
+	assert.False(t, s1.Release(), "a second release does nothing")
+	s2.Release()
+	eventually(t, "the leases are removed", func() bool { return len(m.leases("p")) == 0 && len(m.leases("m")) == 0 })
+	st := r.Stats()
+	assert.Equal(t, uint64(1), st.DoubleReleases)
+	assert.Zero(t, st.Held)
+	assert.Zero(t, r.Local().Keys())
+}
+
+// The script is idempotent per lease id: a retried call holds one lease.
+func TestAcquireScriptIdempotent(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	ctx := context.Background()
+	keys := []string{"inflight:{t}:p", "inflight:{t}:m"}
+	for range 3 {
+		res, err := acquireScript.Run(ctx, c, keys, "lease-1", 3000, 1, 1).Int64Slice()
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), res[0], "the same lease is admitted again, not refused")
+	}
+	res, err := acquireScript.Run(ctx, c, keys, "lease-2", 3000, 1, 1).Int64Slice()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{0, 1, 1}, res[:3], "another lease is refused: key 1 is full with 1")
+	assert.Equal(t, []string{"lease-1"}, m.leases("p"))
+}
+
+// Renewal extends only leases that still exist: a released lease is never
+// put back.
+func TestRenewNeverResurrects(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	id := m.leases("k")[0]
+	m.advance(2 * time.Second)
+	r.renew()
+	score, err := m.srv.ZScore("inflight:{t}:k", id)
+	require.NoError(t, err)
+	assert.Equal(t, float64(m.now.Add(3*time.Second).UnixMilli()), score, "renewed to now + TTL")
+
+	s.Release()
+	eventually(t, "removed", func() bool { return len(m.leases("k")) == 0 })
+	r.renew()
+	assert.Empty(t, m.leases("k"), "a renewal after the release puts nothing back")
+
+	c := m.client()
+	gone, err := renewScript.Run(context.Background(), c, []string{"inflight:{t}:k"}, 3000, 0, id).Int64Slice()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{1}, gone)
+	assert.Empty(t, m.leases("k"), "the script itself does not add a missing lease without reassert")
+}
+
+// A lease released while a renewal that reasserts it is under way is
+// removed after it.
+func TestReleaseDuringReassert(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	m.srv.Del("inflight:{t}:k") // lost: the next renewal puts it back
+	r.mu.Lock()
+	var l *lease[string]
+	for x := range r.leases {
+		l = x
+	}
+	r.mu.Unlock()
+	s.Release() // released before the renewal's bookkeeping ran
+	r.renewBatch([]*lease[string]{l}, true)
+	eventually(t, "the reasserted lease is removed", func() bool { return len(m.leases("k")) == 0 })
+}
+
+func TestDoubleReleaseAndNoScript(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1)
+	require.NoError(t, m.client().ScriptFlush(context.Background()).Err())
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err, "NOSCRIPT after SCRIPT FLUSH falls back to sending the script")
+	require.NoError(t, m.client().ScriptFlush(context.Background()).Err())
+	_, err = r.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	assert.True(t, s.Release())
+	assert.False(t, s.Release())
+	eventually(t, "removed", func() bool { return len(m.leases("k")) == 0 })
+	s2, err := r.TryAcquire("k")
+	require.NoError(t, err, "the double release took nothing extra")
+	s2.Release()
+}
+
+// A holder that stops renewing (its process died) has its lease expire
+// after the TTL, and the cap frees up.
+func TestDeadHolderExpires(t *testing.T) {
+	m := newMini(t)
+	dead := New[string](m.client(), "t", 1, WithLeaseTTL(3*time.Second))
+	_, err := dead.TryAcquire("k")
+	require.NoError(t, err)
+	dead.Close() // no more renewals; the slot is never released
+
+	live := m.registry(1)
+	_, err = live.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	m.advance(2900 * time.Millisecond)
+	_, err = live.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "not before the TTL")
+	m.advance(200 * time.Millisecond)
+	s, err := live.TryAcquire("k")
+	require.NoError(t, err, "the dead holder's lease expired")
+	s.Release()
+}
+
+// A lease missing from Redis (a restart without persistence) is put back by
+// the next renewal, or only reported.
+func TestLostLease(t *testing.T) {
+	for _, tc := range []struct {
+		policy Lost
+		back   bool
+	}{{ReassertLost, true}, {ReportLost, false}} {
+		m := newMini(t)
+		r := m.registry(1, WithLostLeases(tc.policy))
+		s, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		m.srv.FlushAll()
+		r.renew()
+		assert.Equal(t, tc.back, len(m.leases("k")) == 1)
+		st := r.Stats()
+		assert.Equal(t, uint64(1), st.Lost)
+		assert.Equal(t, tc.back, st.Reasserted == 1)
+		s.Release()
+		eventually(t, "removed", func() bool { return len(m.leases("k")) == 0 })
+	}
+}
+
+// While Redis fails: the breaker opens after three failed calls, and each
+// mode answers as documented; when Redis is back the probe closes the
+// breaker and the degraded leases are put into Redis.
+func TestUnavailable(t *testing.T) {
+	t.Run("local", func(t *testing.T) {
+		m := newMini(t)
+		r := m.registry(2, WithBreaker(3, 5*time.Millisecond))
+		m.srv.SetError("LOADING down for the test")
+		var held []*slots.Slot
+		for range 2 {
+			s, err := r.TryAcquire("k")
+			require.NoError(t, err)
+			assert.True(t, s.Degraded())
+			assert.False(t, s.Bypassed())
+			held = append(held, s)
+		}
+		_, err := r.TryAcquire("k")
+		assert.ErrorIs(t, err, slots.ErrLimitReached, "the local cap holds")
+		assert.True(t, r.Stats().BreakerOpen)
+		assert.Equal(t, uint64(2), r.Stats().Degraded)
+
+		m.srv.SetError("")
+		eventually(t, "the breaker closes and the leases go into Redis", func() bool {
+			return !r.Stats().BreakerOpen && len(m.leases("k")) == 2 && r.Stats().Reasserted == 2
+		})
+		_, err = r.TryAcquire("k")
+		assert.ErrorIs(t, err, slots.ErrLimitReached, "the fleet counts them")
+		for _, s := range held {
+			s.Release()
+		}
+		eventually(t, "removed", func() bool { return len(m.leases("k")) == 0 })
+	})
+	t.Run("closed", func(t *testing.T) {
+		m := newMini(t)
+		r := m.registry(2, WithUnavailable(FailClosed))
+		m.srv.SetError("LOADING down for the test")
+		for range 4 {
+			_, err := r.TryAcquire("k")
+			assert.ErrorIs(t, err, ErrUnavailable)
+		}
+		assert.True(t, r.Stats().BreakerOpen)
+		assert.Equal(t, uint64(3), r.Stats().RedisErrors, "no call while the breaker is open")
+	})
+	t.Run("open", func(t *testing.T) {
+		m := newMini(t)
+		r := m.registry(2, WithUnavailable(FailOpen))
+		m.srv.SetError("LOADING down for the test")
+		s, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		assert.True(t, s.Bypassed())
+		assert.True(t, s.Degraded())
+		assert.Zero(t, r.Local().InFlight("k"), "a bypass holds nothing")
+		s.Release()
+	})
+}
+
+// A waiter is woken by a release in another process (pub/sub), long before
+// its next poll.
+func TestAcquireWokenByRelease(t *testing.T) {
+	m := newMini(t)
+	a := m.registry(1)
+	b := m.registry(1, WithPoll(time.Minute, time.Minute))
+	<-b.subscribed
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		s, err := b.Acquire(context.Background(), "k")
+		if err == nil {
+			s.Release()
+		}
+		got <- err
+	}()
+	eventually(t, "b waits", func() bool { return b.Stats().Waiting == 1 })
+	s.Release()
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the release did not wake the waiter")
+	}
+}
+
+// Waiters of one process on a full key are admitted in arrival order, and a
+// waiter on a full key does not hold back one on a free key.
+func TestAcquireFIFOInProcess(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1, WithPoll(time.Millisecond, 5*time.Millisecond))
+	first, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []int
+	var held []*slots.Slot
+	var wg sync.WaitGroup
+	for i := range 3 {
+		wg.Go(func() {
+			s, err := r.Acquire(context.Background(), "k")
+			if !assert.NoError(t, err) {
+				return
+			}
+			mu.Lock()
+			order = append(order, i)
+			held = append(held, s)
+			mu.Unlock()
+		})
+		eventually(t, "queued", func() bool { return r.Stats().Waiting == i+1 })
+	}
+	other, err := r.Acquire(context.Background(), "free")
+	require.NoError(t, err, "a free key is not held back")
+	other.Release()
+
+	first.Release()
+	for n := 1; n <= 3; n++ {
+		eventually(t, "the next is admitted", func() bool { mu.Lock(); defer mu.Unlock(); return len(order) == n })
+		mu.Lock()
+		s := held[n-1]
+		mu.Unlock()
+		s.Release()
+	}
+	wg.Wait()
+	assert.Equal(t, []int{0, 1, 2}, order)
+}
+
+func TestAcquireContextAndClose(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	_, err = r.Acquire(ctx, "k")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = r.AcquireAll(context.Background())
+	assert.Error(t, err, "no keys")
+	//nolint:staticcheck // a nil context is the point
+	_, err = r.Acquire(nil, "k")
+	assert.ErrorIs(t, err, slots.ErrNilContext)
+
+	done := make(chan error, 1)
+	go func() { _, err := r.Acquire(context.Background(), "k"); done <- err }()
+	eventually(t, "waiting", func() bool { return r.Stats().Waiting == 1 })
+	r.Close()
+	assert.True(t, errors.Is(<-done, ErrClosed))
+	s.Release() // after Close: released locally, the lease expires in Redis
+	_, err = r.TryAcquire("k")
+	assert.ErrorIs(t, err, ErrClosed)
+}

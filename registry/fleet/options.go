@@ -1,0 +1,155 @@
+package fleet
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/inflight-go/inflight/registry"
+)
+
+// Unavailable is what a Registry does while Redis cannot be reached.
+type Unavailable int
+
+const (
+	// FallbackLocal admits under this process's local registry alone, with
+	// the same limits; the Slot reports Degraded, and its lease is put into
+	// Redis once Redis is back. The default.
+	FallbackLocal Unavailable = iota
+	// FailClosed fails with ErrUnavailable (an HTTP layer answers 503).
+	FailClosed
+	// FailOpen admits a Bypassed, Degraded Slot that holds no capacity.
+	FailOpen
+)
+
+// ParseUnavailable parses "local", "closed" or "open".
+func ParseUnavailable(s string) (Unavailable, error) {
+	switch s {
+	case "", "local":
+		return FallbackLocal, nil
+	case "closed":
+		return FailClosed, nil
+	case "open":
+		return FailOpen, nil
+	}
+	return FallbackLocal, fmt.Errorf("fleet: %q is not local, closed or open", s)
+}
+
+// Lost is what the heartbeat does with a held lease it finds missing in
+// Redis (Redis restarted or failed over without it).
+type Lost int
+
+const (
+	// ReassertLost puts the lease back without a cap check: its holder is
+	// still working, and the cap may be exceeded until enough holders
+	// release. The default.
+	ReassertLost Lost = iota
+	// ReportLost only logs and counts it (Stats.Lost); the holder goes on
+	// holding its local slot, uncounted in Redis.
+	ReportLost
+)
+
+// DefaultLeaseTTL is the lease TTL unless WithLeaseTTL says otherwise.
+const DefaultLeaseTTL = 30 * time.Second
+
+// An Option configures a Registry.
+type Option func(*config)
+
+type config struct {
+	prefix        string
+	ttl           time.Duration
+	onUnavailable Unavailable
+	lost          Lost
+	breakAfter    int32
+	probeEvery    time.Duration
+	opTimeout     time.Duration
+	pollMin       time.Duration
+	pollMax       time.Duration
+	logger        *slog.Logger
+	keyName       any // func(K) string
+	local         []registry.Option
+}
+
+func defaults() config {
+	return config{
+		prefix:     "inflight:",
+		ttl:        DefaultLeaseTTL,
+		breakAfter: 3,
+		probeEvery: 250 * time.Millisecond,
+		opTimeout:  500 * time.Millisecond,
+		pollMin:    10 * time.Millisecond,
+		pollMax:    500 * time.Millisecond,
+	}
+}
+
+func (c *config) log() *slog.Logger {
+	if c.logger != nil {
+		return c.logger
+	}
+	return slog.Default()
+}
+
+// WithLeaseTTL sets how long a lease outlives its last renewal: how soon a
+// dead process's slots free up. The heartbeat renews every ttl/3. It panics
+// if ttl is under 30 ms.
+func WithLeaseTTL(ttl time.Duration) Option {
+	if ttl < 30*time.Millisecond {
+		panic(fmt.Sprintf("fleet: lease TTL %v under 30ms", ttl))
+	}
+	return func(c *config) { c.ttl = ttl }
+}
+
+// WithUnavailable sets what happens while Redis cannot be reached (default
+// FallbackLocal).
+func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavailable = u } }
+
+// WithLostLeases sets what the heartbeat does with a lease it finds missing
+// (default ReassertLost).
+func WithLostLeases(l Lost) Option { return func(c *config) { c.lost = l } }
+
+// WithBreaker opens the breaker after n consecutive failed calls (default
+// 3) and probes Redis every probe while it is open (default 250 ms). It
+// panics if n < 1 or probe <= 0.
+func WithBreaker(n int, probe time.Duration) Option {
+	if n < 1 || probe <= 0 {
+		panic(fmt.Sprintf("fleet: WithBreaker(%d, %v): need n >= 1 and probe > 0", n, probe))
+	}
+	return func(c *config) { c.breakAfter, c.probeEvery = int32(n), probe }
+}
+
+// WithTimeout bounds each call to Redis on the request path (default 500
+// ms; a context deadline that comes sooner wins). It panics if d <= 0.
+func WithTimeout(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("fleet: WithTimeout(%v)", d))
+	}
+	return func(c *config) { c.opTimeout = d }
+}
+
+// WithPoll sets the backoff of a waiting Acquire between tries: from min,
+// doubling to max, jittered (defaults 10 ms and 500 ms). A release anywhere
+// in the fleet wakes a waiter sooner. It panics unless 0 < min <= max.
+func WithPoll(minimum, maximum time.Duration) Option {
+	if minimum <= 0 || maximum < minimum {
+		panic(fmt.Sprintf("fleet: WithPoll(%v, %v)", minimum, maximum))
+	}
+	return func(c *config) { c.pollMin, c.pollMax = minimum, maximum }
+}
+
+// WithPrefix sets the prefix of the Registry's Redis keys (default
+// "inflight:"); keys are <prefix>{<name>}:<key>.
+func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
+
+// WithKeyName sets how a key is named in Redis (default fmt.Sprint); f must
+// be a func(K) string for the Registry's K, and give different keys
+// different names.
+func WithKeyName(f any) Option { return func(c *config) { c.keyName = f } }
+
+// WithLogger sets the logger (nil, the default: slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+
+// WithLocalOptions passes options to the local registry (an Observer for
+// metrics, leak detection, shards).
+func WithLocalOptions(opts ...registry.Option) Option {
+	return func(c *config) { c.local = append(c.local, opts...) }
+}

@@ -1,0 +1,94 @@
+package fleet
+
+import "github.com/redis/go-redis/v9"
+
+// The scripts run atomically on the Redis server and take every time from
+// its clock (TIME), never from a client's: the processes of a fleet need
+// not agree on the time.
+//
+// Each capped key is a sorted set: member = lease id, score = the lease's
+// expiry in server milliseconds. A key's own expiry follows its leases, so
+// keys whose holders all died go away by themselves.
+
+// acquireScript takes one lease on every key or on none.
+//
+//	KEYS: the capped keys
+//	ARGV: lease id, ttl ms, then each key's limit
+//
+// It drops expired leases, then: if the lease is already on every key (a
+// retried call), it renews it and admits; if any key is at its limit
+// without this lease, it admits nothing; otherwise it adds the lease to
+// every key. It returns {admitted (0/1), index of the full key (1-based, 0
+// if none), its lease count, its earliest lease expiry (0 if none), now},
+// times in server milliseconds.
+var acquireScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local id, ttl = ARGV[1], tonumber(ARGV[2])
+local held = 0
+for _, k in ipairs(KEYS) do
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  if redis.call('ZSCORE', k, id) then held = held + 1 end
+end
+if held < #KEYS then
+  for i, k in ipairs(KEYS) do
+    local n = redis.call('ZCARD', k)
+    if n >= tonumber(ARGV[2 + i]) and not redis.call('ZSCORE', k, id) then
+      local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+      local earliest = 0
+      if first[2] then earliest = tonumber(first[2]) end
+      return {0, i, n, earliest, now}
+    end
+  end
+end
+for _, k in ipairs(KEYS) do
+  redis.call('ZADD', k, now + ttl, id)
+  redis.call('PEXPIRE', k, ttl)
+end
+return {1, 0, 0, 0, now}
+`)
+
+// renewScript extends leases that still exist, in one call for many.
+//
+//	KEYS: capped keys, one per (key, lease) pair
+//	ARGV: ttl ms, reassert (0/1), then the lease id of each pair
+//
+// A lease that is gone (released, expired, or lost with a Redis restart) is
+// never extended; with reassert it is put back without a cap check. It
+// returns the 1-based indexes of the pairs whose lease was gone.
+var renewScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local ttl, reassert = tonumber(ARGV[1]), ARGV[2] == '1'
+local gone = {}
+for i, k in ipairs(KEYS) do
+  local id = ARGV[2 + i]
+  local score = redis.call('ZSCORE', k, id)
+  if score and tonumber(score) > now then
+    redis.call('ZADD', k, 'XX', now + ttl, id)
+    redis.call('PEXPIRE', k, ttl)
+  else
+    if score then redis.call('ZREM', k, id) end
+    gone[#gone + 1] = i
+    if reassert then
+      redis.call('ZADD', k, now + ttl, id)
+      redis.call('PEXPIRE', k, ttl)
+    end
+  end
+end
+return gone
+`)
+
+// releaseScript removes leases and publishes a wake-up per key that had
+// one.
+//
+//	KEYS: capped keys, one per (key, lease) pair
+//	ARGV: the wake-up channel, then the lease id of each pair
+var releaseScript = redis.NewScript(`
+for i, k in ipairs(KEYS) do
+  if redis.call('ZREM', k, ARGV[1 + i]) == 1 then
+    redis.call('PUBLISH', ARGV[1], k)
+  end
+end
+return 0
+`)
