@@ -222,9 +222,9 @@ func (r *Registry[K]) remove(leases []*lease[K]) {
 	var keys []string
 	args := []any{r.channel}
 	for _, l := range leases {
-		for _, name := range l.names {
+		for i, name := range l.names {
 			keys = append(keys, name)
-			args = append(args, l.id)
+			args = append(args, l.id, l.limits[i])
 		}
 	}
 	// Its own deadline, not the stopping context: a release during Close

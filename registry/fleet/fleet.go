@@ -312,6 +312,7 @@ type lease[K comparable] struct {
 	id       string
 	keys     []K
 	names    []string    // the Redis keys
+	limits   []int       // their limits at the admission
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
 	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
 }
@@ -394,8 +395,11 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) (*slots.Slot, er
 	}
 	args := make([]any, 2, 2+len(l.keys))
 	args[0], args[1] = l.id, r.cfg.ttl.Milliseconds()
+	l.limits = l.limits[:0]
 	for _, k := range l.keys {
-		args = append(args, r.limitLocked(k))
+		n := r.limitLocked(k)
+		l.limits = append(l.limits, n)
+		args = append(args, n)
 	}
 	r.mu.Unlock()
 

@@ -79,14 +79,16 @@ end
 return gone
 `)
 
-// releaseScript removes leases and publishes a wake-up per key that had
-// one.
+// releaseScript removes leases and publishes a wake-up for each key that
+// was full before (only then can anyone be waiting for it).
 //
 //	KEYS: capped keys, one per (key, lease) pair
-//	ARGV: the wake-up channel, then the lease id of each pair
+//	ARGV: the wake-up channel, then the lease id and the key's limit of
+//	each pair
 var releaseScript = redis.NewScript(`
 for i, k in ipairs(KEYS) do
-  if redis.call('ZREM', k, ARGV[1 + i]) == 1 then
+  if redis.call('ZREM', k, ARGV[2 * i]) == 1 and
+     redis.call('ZCARD', k) + 1 >= tonumber(ARGV[2 * i + 1]) then
     redis.call('PUBLISH', ARGV[1], k)
   end
 end
