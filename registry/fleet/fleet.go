@@ -95,13 +95,14 @@ var (
 // Registry caps holders per key across a fleet. Create it with New; the
 // zero value is not usable.
 type Registry[K comparable] struct {
-	rdb      redis.UniversalClient
-	local    *registry.Registry[K]
-	cfg      config
-	keyName  func(K) string
-	prefix   string // "<prefix>{<name>}:"
-	channel  string // wake-ups
-	defLimit int
+	rdb       redis.UniversalClient
+	local     *registry.Registry[K]
+	cfg       config
+	keyName   func(K) string
+	prefix    string // "<prefix>{<name>}:"
+	channel   string // wake-ups
+	defLimit  int
+	limitFunc func(K) int // nil: defLimit
 
 	mu       sync.Mutex // protects the fields below
 	limits   map[K]int  // SetLimit overrides
@@ -161,6 +162,11 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 		r.keyName = f
 	} else if cfg.keyName != nil {
 		panic(fmt.Sprintf("fleet: WithKeyName needs a func(%T) string", *new(K)))
+	}
+	if f, ok := cfg.limitFunc.(func(K) int); ok {
+		r.limitFunc = f
+	} else if cfg.limitFunc != nil {
+		panic(fmt.Sprintf("fleet: WithLimitFunc needs a func(%T) int", *new(K)))
 	}
 	r.channel = r.prefix + "released"
 	r.local = registry.New[K](defaultLimit, cfg.local...)
@@ -231,6 +237,9 @@ func (r *Registry[K]) Limit(key K) int {
 func (r *Registry[K]) limitLocked(key K) int {
 	if n, ok := r.limits[key]; ok {
 		return n
+	}
+	if r.limitFunc != nil {
+		return max(r.limitFunc(key), 0)
 	}
 	return r.defLimit
 }

@@ -371,3 +371,20 @@ func TestAcquireContextAndClose(t *testing.T) {
 	_, err = r.TryAcquire("k")
 	assert.ErrorIs(t, err, ErrClosed)
 }
+
+func TestLimitFunc(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(5, WithLimitFunc(func(k string) int { return len(k) }))
+	r.SetLimit("abc", 1)
+	assert.Equal(t, 2, r.Limit("ab"))
+	assert.Equal(t, 1, r.Limit("abc"), "SetLimit wins")
+	a, err := r.TryAcquire("ab")
+	require.NoError(t, err)
+	b, err := r.TryAcquire("ab")
+	require.NoError(t, err)
+	_, err = r.TryAcquire("ab")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	a.Release()
+	b.Release()
+	assert.Panics(t, func() { New[string](m.client(), "x", 1, WithLimitFunc(func(int) int { return 1 })) })
+}

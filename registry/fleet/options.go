@@ -67,6 +67,7 @@ type config struct {
 	pollMax       time.Duration
 	logger        *slog.Logger
 	keyName       any // func(K) string
+	limitFunc     any // func(K) int
 	local         []registry.Option
 }
 
@@ -153,3 +154,10 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 func WithLocalOptions(opts ...registry.Option) Option {
 	return func(c *config) { c.local = append(c.local, opts...) }
 }
+
+// WithLimitFunc sets the limit of every key that SetLimit has not set: f
+// (a func(K) int for the Registry's K) is called at each admission, under
+// the Registry's lock, so it must be quick and must not call the Registry.
+// Give the local registry the same limits (WithLocalOptions with
+// registry.WithLimitFunc), so that FallbackLocal caps alike.
+func WithLimitFunc(f any) Option { return func(c *config) { c.limitFunc = f } }

@@ -8,7 +8,10 @@ import (
 	"net/url"
 	"os"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -18,6 +21,16 @@ type Config struct {
 	Upstream string        `json:"upstream"`
 	Orgs     OrgsConfig    `json:"orgs"`
 	Provider pacing.Config `json:"provider"`
+	Fleet    *FleetConfig  `json:"fleet,omitempty"`
+}
+
+// FleetConfig makes the org caps and the provider and model caps hold
+// across every gateway process pointed at the same Redis (package
+// registry/fleet). Pacing and API-key caps stay per process.
+type FleetConfig struct {
+	RedisURL      string `json:"redis_url"`                // redis://host:port/db
+	LeaseTTLMS    int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
+	OnUnavailable string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
 }
 
 // OrgsConfig caps each organisation's requests in flight per model, and
@@ -69,6 +82,17 @@ func ParseConfig(data []byte) (Config, error) {
 	for org, w := range c.Orgs.Weights {
 		if w < 1 {
 			return Config{}, fmt.Errorf("config: orgs.weights[%q]: %d is below 1", org, w)
+		}
+	}
+	if f := c.Fleet; f != nil {
+		if _, err := redis.ParseURL(f.RedisURL); err != nil {
+			return Config{}, fmt.Errorf("config: fleet.redis_url: %w", err)
+		}
+		if f.LeaseTTLMS != 0 && f.LeaseTTLMS < 30 {
+			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is under 30", f.LeaseTTLMS)
+		}
+		if _, err := fleet.ParseUnavailable(f.OnUnavailable); err != nil {
+			return Config{}, fmt.Errorf("config: fleet.on_unavailable: %w", err)
 		}
 	}
 	if err := c.Provider.Validate(); err != nil {

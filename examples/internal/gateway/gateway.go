@@ -21,15 +21,18 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/inflightprom"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
 )
@@ -43,12 +46,18 @@ func (t tenant) String() string { return t.Org + "/" + t.Model }
 // (org, model), checked at once, and the provider's caps and pacing, waited
 // for. A streamed answer holds every slot until the upstream body closes.
 type Gateway struct {
-	tenants *registry.Registry[tenant]
-	gate    *pacing.Gate
-	monitor *sweep.Monitor[tenant]
-	proxy   *httputil.ReverseProxy
-	mux     *http.ServeMux
-	metrics *prometheus.Registry
+	// tenants holds this process's tenant slots: the only cap, or with a
+	// fleet the local mirror of fleetTenants (for sweeps and metrics).
+	tenants      *registry.Registry[tenant]
+	admitTenant  func(tenant) (*slots.Slot, error)
+	fleetTenants *fleet.Registry[tenant] // nil without a fleet
+	caps         *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
+	rdb          *redis.Client
+	gate         *pacing.Gate
+	monitor      *sweep.Monitor[tenant]
+	proxy        *httputil.ReverseProxy
+	mux          *http.ServeMux
+	metrics      *prometheus.Registry
 
 	mu        sync.RWMutex // protects the fields below
 	orgLimits map[string]int
@@ -65,7 +74,8 @@ type grantKey struct{}
 
 type pendingGrant struct {
 	grant pacing.Grant
-	taken bool // the transport tied the slot to the upstream exchange
+	slot  *slots.Slot // the grant's slot, with the fleet's caps if any
+	taken bool        // the transport tied the slot to the upstream exchange
 }
 
 // New returns a Gateway for cfg that sends upstream through base.
@@ -74,11 +84,7 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	gate, err := pacing.NewGate("provider", cfg.Provider)
-	if err != nil {
-		return nil, err
-	}
-	g := &Gateway{gate: gate, orgLimits: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
+	g := &Gateway{orgLimits: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
 	for org, n := range cfg.Orgs.Limits {
 		g.orgLimits[org] = n
 	}
@@ -92,9 +98,21 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	collector := inflightprom.New("tenant")
 	// An org's limit applies to each of its models, looked up per key; a
 	// PATCH marks the org's cached limits due (RefreshLimits).
-	g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit,
+	local := []registry.Option{
 		registry.WithObserver(collector),
-		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Minute))
+		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Minute),
+	}
+	provider := cfg.Provider
+	if cfg.Fleet != nil {
+		provider = g.startFleet(cfg, local)
+	} else {
+		g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit, local...)
+		g.admitTenant = g.tenants.TryAcquire
+	}
+	if g.gate, err = pacing.NewGate("provider", provider); err != nil {
+		g.Close()
+		return nil, err
+	}
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
 	g.monitor = sweep.New(g.tenants)
@@ -110,7 +128,7 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 				return nil, nil // a request that takes no provider slot
 			}
 			p.taken = true
-			return p.grant.Slot, nil
+			return p.slot, nil
 		}),
 		// The model API never switches protocols; httputil.ReverseProxy
 		// would leave an unasked-for 101's connection (and so its slot)
@@ -142,6 +160,54 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	return g, nil
 }
 
+// startFleet makes the org caps and the provider and model caps hold
+// across every gateway on cfg.Fleet's Redis, and returns the provider
+// config left to the Gate: its pacing and API-key caps, which stay per
+// process.
+func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config {
+	opt, _ := redis.ParseURL(cfg.Fleet.RedisURL) // checked by ParseConfig
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
+	opt.ContextTimeoutEnabled, opt.MaxRetries = true, 1
+	g.rdb = redis.NewClient(opt)
+	ttl := fleet.DefaultLeaseTTL
+	if cfg.Fleet.LeaseTTLMS > 0 {
+		ttl = time.Duration(cfg.Fleet.LeaseTTLMS) * time.Millisecond
+	}
+	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
+	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable)}
+
+	g.fleetTenants = fleet.New[tenant](g.rdb, "tenants", cfg.Orgs.DefaultLimit, append(common,
+		fleet.WithLimitFunc(func(k tenant) int { return g.orgLimit(k.Org) }),
+		fleet.WithKeyName(func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) }),
+		fleet.WithLocalOptions(local...))...)
+	g.tenants = g.fleetTenants.Local()
+	g.admitTenant = g.fleetTenants.TryAcquire
+
+	g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, common...)
+	provider := cfg.Provider
+	if n := provider.MaxConcurrentRequests; n > 0 {
+		g.caps.SetLimit("provider", n)
+	}
+	provider.MaxConcurrentRequests = 0
+	provider.Models = make(map[string]pacing.ModelConfig, len(cfg.Provider.Models))
+	for name, m := range cfg.Provider.Models {
+		if m.MaxConcurrentRequests > 0 {
+			g.caps.SetLimit("model:"+name, m.MaxConcurrentRequests)
+		}
+		m.MaxConcurrentRequests = 0
+		provider.Models[name] = m
+	}
+	return provider
+}
+
+// capKeys returns the fleet keys a request for model takes.
+func (g *Gateway) capKeys(model string) []string {
+	if g.caps.Limit("model:"+model) != slots.Unlimited {
+		return []string{"provider", "model:" + model}
+	}
+	return []string{"provider"}
+}
+
 // ServeHTTP implements http.Handler.
 func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
 
@@ -153,8 +219,17 @@ func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
 
 // Close stops the gateway's background work.
 func (g *Gateway) Close() {
-	g.monitor.Stop()
-	g.gate.Close()
+	if g.monitor != nil {
+		g.monitor.Stop()
+	}
+	if g.gate != nil {
+		g.gate.Close()
+	}
+	if g.fleetTenants != nil {
+		g.fleetTenants.Close()
+		g.caps.Close()
+		g.rdb.Close()
+	}
 }
 
 func (g *Gateway) orgLimit(org string) int {
@@ -179,9 +254,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		org = "default"
 	}
 	// The tenant's own cap: over it is the tenant's doing, answered at once.
-	ts, err := g.tenants.TryAcquire(tenant{org, model})
+	ts, err := g.admitTenant(tenant{org, model})
 	if err != nil {
-		slots.WriteError(w, err)
+		writeAdmissionError(w, err)
 		return
 	}
 	defer ts.Release() // the handler runs until the stream has been relayed
@@ -197,15 +272,23 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		prio = slots.PriorityDefault
 	}
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
+	var capSlot *slots.Slot // the fleet's provider and model caps
+	if g.caps != nil {
+		if capSlot, err = g.caps.AcquireAll(ctx, g.capKeys(model)...); err != nil {
+			writeAdmissionError(w, err)
+			return
+		}
+	}
 	grant, err := g.gate.Acquire(ctx, model)
 	if err != nil {
-		slots.WriteError(w, err)
+		capSlot.Release()
+		writeAdmissionError(w, err)
 		return
 	}
-	p := &pendingGrant{grant: grant}
+	p := &pendingGrant{grant: grant, slot: slots.Combine(grant.Slot, capSlot)}
 	defer func() {
 		if !p.taken { // the proxy failed before sending: free it here
-			grant.Slot.Release()
+			p.slot.Release()
 		}
 	}()
 	out := r.WithContext(context.WithValue(r.Context(), grantKey{}, p))
@@ -261,6 +344,16 @@ func (g *Gateway) debugSlots(w http.ResponseWriter, r *http.Request) {
 	out.Sweep.BusiestKey, out.Sweep.LongHeld = rep.BusiestKey.String(), len(rep.LongHeld)
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(out)
+}
+
+// writeAdmissionError answers an admission error; a fleet whose Redis is
+// unreachable (on_unavailable "closed") is a 503.
+func writeAdmissionError(w http.ResponseWriter, err error) {
+	if errors.Is(err, fleet.ErrUnavailable) {
+		writeJSONError(w, http.StatusServiceUnavailable, "overloaded_error", "the fleet's caps cannot be checked now")
+		return
+	}
+	slots.WriteError(w, err)
 }
 
 func writeJSONError(w http.ResponseWriter, status int, kind, msg string) {

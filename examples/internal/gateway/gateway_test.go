@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/inflight-go/inflight/internal/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -392,4 +394,68 @@ func TestConfigPrioritiesAndWeights(t *testing.T) {
 		_, err := ParseConfig([]byte(bad))
 		assert.Error(t, err, bad)
 	}
+}
+
+// Two gateways on one Redis (the fleet config): the provider cap of 2 and
+// org-a's cap of 1 hold across both; every request completes.
+func TestGatewayFleet(t *testing.T) {
+	srv := redistest.Start(t)
+	u := newUpstream(t)
+	format := `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10, "limits": {"org-a": 1}},
+	"provider": {"max_concurrent_requests": 2, "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
+	"fleet": {"redis_url": "redis://` + srv.Addr + `/0", "lease_ttl_ms": 3000}
+}`
+	gw1, g1 := startGatewayWith(t, u, format)
+	gw2, g2 := startGatewayWith(t, u, format)
+	client := gw1.Client()
+
+	// org-a holds its one slot through gateway 1; gateway 2 refuses a second.
+	resp, err := post(context.Background(), t, client, gw1.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	waitFor(t, "org-a's request is upstream", func() bool { return u.get(u.cur, "all") == 1 })
+	refused, err := post(context.Background(), t, client, gw2.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	refused.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, refused.StatusCode, "org-a's cap holds across gateways")
+
+	// Four more requests from other orgs, split over both gateways: the
+	// provider cap of 2 holds across them.
+	var wg sync.WaitGroup
+	for i := range 4 {
+		gw := []*httptest.Server{gw1, gw2}[i%2]
+		wg.Go(func() {
+			resp, err := post(context.Background(), t, client, gw.URL, fmt.Sprint("org-", i), "glm-5.3")
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			b, _ := io.ReadAll(resp.Body)
+			assert.Equal(t, http.StatusOK, resp.StatusCode, string(b))
+		})
+	}
+	waitFor(t, "the provider cap is full", func() bool { return u.get(u.cur, "all") == 2 })
+	waitFor(t, "three wait", func() bool { return g1.caps.Stats().Waiting+g2.caps.Stats().Waiting == 3 })
+	close(u.gate)
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	wg.Wait()
+	assert.Equal(t, 2, u.get(u.peak, "all"), "never more than the provider cap across both gateways")
+	waitFor(t, "everything released", func() bool {
+		return g1.TenantKeys() == 0 && g2.TenantKeys() == 0 && g1.caps.Stats().Held == 0 && g2.caps.Stats().Held == 0
+	})
+}
+
+func TestConfigFleet(t *testing.T) {
+	for _, bad := range []string{
+		`{"upstream":"http://x","fleet":{"redis_url":"http://x"}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","lease_ttl_ms":5}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","on_unavailable":"maybe"}}`,
+	} {
+		_, err := ParseConfig([]byte(bad))
+		assert.Error(t, err, bad)
+	}
+	_, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://127.0.0.1:6379/0","on_unavailable":"closed"}}`))
+	assert.NoError(t, err)
 }

@@ -1,0 +1,58 @@
+package slots
+
+import (
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// Combine returns one Slot that holds every part until it is released, and
+// then releases each part once: for an admission made of several, such as a
+// pacing grant and a fleet-wide slot that a Transport must hold together
+// until the response body is done. Nil parts are skipped; with none left it
+// returns nil. The combined Slot is Bypassed or Degraded if any part is, and
+// its AcquiredAt is the latest of the parts'. Release the combined Slot, not
+// the parts.
+func Combine(parts ...*Slot) *Slot {
+	var held []*Slot
+	for _, p := range parts {
+		if p.holds() {
+			held = append(held, p)
+		}
+	}
+	if len(held) == 0 {
+		return nil
+	}
+	c := &combined{parts: held}
+	s := new(Slot)
+	s.h.Owner = c
+	for _, p := range held {
+		s.h.Bypassed = s.h.Bypassed || p.h.Bypassed
+		s.h.Degraded = s.h.Degraded || p.h.Degraded
+		if at := p.AcquiredAt(); at.After(c.at) {
+			c.at = at
+		}
+	}
+	s.h.ID = held[0].ID()
+	return s
+}
+
+// combined is the Owner of a Combine slot's hold.
+type combined struct {
+	parts []*Slot
+	at    time.Time
+}
+
+// Release implements core.Owner.
+func (c *combined) Release(*core.Hold) {
+	for _, p := range c.parts {
+		p.releaseQuietly()
+	}
+}
+
+// Misuse implements core.Owner: the combined slot was released twice, which
+// releases nothing more.
+func (c *combined) Misuse(*core.Hold) {}
+
+// Time implements core.Owner.
+func (c *combined) Time(int64) time.Time { return c.at }
