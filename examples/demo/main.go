@@ -30,7 +30,9 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -116,6 +118,12 @@ type result struct {
 // short back-off, as SDKs do) and measures what the provider saw. With
 // classes, interactive requests carry X-Priority: interactive.
 func runWorkload(name, baseURL string, p *provider, reqs []request, classes bool, progress io.Writer) result {
+	return runSpread(name, []string{baseURL}, p, reqs, classes, progress)
+}
+
+// runSpread is runWorkload with the requests spread over several gateways,
+// in turn.
+func runSpread(name string, baseURLs []string, p *provider, reqs []request, classes bool, progress io.Writer) result {
 	p.refused.Store(0)
 	p.peak.Store(0)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
@@ -145,7 +153,8 @@ func runWorkload(name, baseURL string, p *provider, reqs []request, classes bool
 			}
 		}()
 	}
-	for _, r := range reqs {
+	for i, r := range reqs {
+		baseURL := baseURLs[i%len(baseURLs)]
 		wg.Go(func() {
 			time.Sleep(r.start) // the workload's own schedule
 			began := time.Now()
@@ -211,7 +220,7 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 }
 
 // outcome is what the demo measured, for its test.
-type outcome struct{ direct, capped, oneQueue, classes result }
+type outcome struct{ direct, capped, oneQueue, classes, perProcess, fleet result }
 
 var lastOutcome outcome
 
@@ -225,6 +234,7 @@ func run(args []string, stdout io.Writer) error {
 		modelCap     = fs.Int("model-cap", 3, "the gateway's cap on the heavy model, within the account limit")
 		scale        = fs.Float64("scale", 1, "multiplies every duration of the workload")
 		seed         = fs.Uint64("seed", 1, "workload seed")
+		fleetRun     = fs.Bool("fleet", false, "also run three gateways, first each with its own caps, then sharing them on a redis-server started here (needs the redis-server binary)")
 	)
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
@@ -307,6 +317,12 @@ func run(args []string, stdout io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
+	if *fleetRun {
+		if err := runFleet(stdout, provURL, prov, reqs, capped, progress, &out); err != nil {
+			return err
+		}
+		lastOutcome = out
+	}
 	for _, r := range []result{out.capped, out.oneQueue, out.classes} {
 		if r.refused != 0 || r.completed != r.requests {
 			return fmt.Errorf("%s: the runs through the gateway should see no 429s and complete every request", r.name)
@@ -348,4 +364,97 @@ func serve(h http.Handler) (string, func(), error) {
 		defer cancel()
 		_ = srv.Shutdown(ctx)
 	}, nil
+}
+
+// runFleet runs the workload over three gateways: each with its own caps
+// (the account sees up to three times the cap), then all three sharing
+// their caps on one redis-server.
+func runFleet(stdout io.Writer, provURL string, prov *provider, reqs []request, caps pacing.Config, progress io.Writer, out *outcome) error {
+	fmt.Fprintf(stdout, "\nthree gateways, the requests spread over them in turn\n\n")
+	addr, stopRedis, err := startRedis()
+	if err != nil {
+		fmt.Fprintf(stdout, "skipped: %v\n", err)
+		return nil
+	}
+	defer stopRedis()
+	orgs := gateway.OrgsConfig{DefaultLimit: len(reqs)}
+	for _, run := range []struct {
+		res   *result
+		name  string
+		fleet *gateway.FleetConfig
+	}{
+		{&out.perProcess, "caps per gateway", nil},
+		{&out.fleet, "caps on one Redis", &gateway.FleetConfig{RedisURL: "redis://" + addr + "/0"}},
+	} {
+		var urls []string
+		for range 3 {
+			gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: orgs, Provider: caps, Fleet: run.fleet},
+				&http.Transport{MaxIdleConnsPerHost: 256})
+			if err != nil {
+				return err
+			}
+			defer gw.Close()
+			u, stop, err := serve(gw)
+			if err != nil {
+				return err
+			}
+			defer stop()
+			urls = append(urls, u)
+		}
+		*run.res = runSpread(run.name, urls, prov, reqs, false, progress)
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "\tcompleted\tupstream 429s\tpeak open at provider\tinteractive p50\tinteractive p95\twall time\t")
+	for _, r := range []result{out.perProcess, out.fleet} {
+		fmt.Fprintf(tw, "%s\t%d/%d\t%d\t%d\t%v\t%v\t%v\t\n", r.name, r.completed, r.requests, r.refused, r.peak,
+			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
+	}
+	tw.Flush()
+	if out.fleet.refused != 0 || out.fleet.completed != out.fleet.requests {
+		return errors.New("the gateways sharing their caps should see no 429s and complete every request")
+	}
+	return nil
+}
+
+// startRedis runs a redis-server on a free loopback port, without
+// persistence, and returns its address and a stop function.
+func startRedis() (string, func(), error) {
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		return "", nil, errors.New("no redis-server binary (apt-get install redis-server)")
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", nil, err
+	}
+	port := ln.Addr().(*net.TCPAddr).Port
+	ln.Close()
+	dir, err := os.MkdirTemp("", "inflight-demo-redis")
+	if err != nil {
+		return "", nil, err
+	}
+	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
+	cmd.Dir = dir
+	if err := cmd.Start(); err != nil {
+		os.RemoveAll(dir)
+		return "", nil, err
+	}
+	stop := func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+		os.RemoveAll(dir)
+	}
+	addr := "127.0.0.1:" + strconv.Itoa(port)
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
+		if err == nil {
+			c.Close()
+			return addr, stop, nil
+		}
+		if time.Now().After(deadline) {
+			stop()
+			return "", nil, fmt.Errorf("redis-server at %s not answering: %w", addr, err)
+		}
+		time.Sleep(5 * time.Millisecond) // a process starting: poll its port
+	}
 }

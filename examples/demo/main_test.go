@@ -1,12 +1,16 @@
 package main
 
 import (
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/inflight-go/inflight/internal/redistest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -37,4 +41,23 @@ func TestDemoFlags(t *testing.T) {
 	assert.ErrorAs(t, run([]string{"-account-limit", "0"}, &strings.Builder{}), &usage)
 	assert.ErrorAs(t, run([]string{"-nope"}, &strings.Builder{}), &usage)
 	assert.ErrorAs(t, run([]string{"-scale", "0"}, &strings.Builder{}), &usage)
+}
+
+// TestDemoFleet runs the three-gateway part: sharing their caps on one
+// redis-server, the gateways see no 429s and never exceed the account.
+func TestDemoFleet(t *testing.T) {
+	if _, err := exec.LookPath("redis-server"); err != nil {
+		if os.Getenv(redistest.RequireEnv) != "" {
+			t.Fatalf("redis-server not found: %v", err)
+		}
+		t.Skip("no redis-server binary")
+	}
+	var out strings.Builder
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-fleet"}, &out))
+	f := lastOutcome.fleet
+	assert.Zero(t, f.refused)
+	assert.Equal(t, f.requests, f.completed)
+	assert.LessOrEqual(t, f.peak, int64(5), "never more than the account allows, across three gateways")
+	assert.Equal(t, f.requests, lastOutcome.perProcess.requests)
+	assert.Contains(t, out.String(), "caps on one Redis")
 }
