@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync/atomic"
 	"time"
 )
@@ -39,6 +40,19 @@ func (b *breaker) success() bool {
 	return b.isOpen.CompareAndSwap(true, false)
 }
 
+// ok counts a call that worked without closing the breaker: only the probe
+// closes it, after putting the degraded leases back.
+func (b *breaker) ok() { b.fails.Store(0) }
+
+// recovered tells the heartbeat that an admission call closed the breaker:
+// it puts the degraded leases back and wakes the waiters.
+func (r *Registry[K]) recovered() {
+	select {
+	case r.recovery <- struct{}{}:
+	default:
+	}
+}
+
 // heartbeat renews the held leases every TTL/3 and, while the breaker is
 // open, probes Redis to close it. It survives errors; if it ever stops
 // before Close, it says so.
@@ -63,20 +77,25 @@ func (r *Registry[K]) heartbeat() {
 			}
 		case <-probe.C:
 			if r.brk.open() && r.probe() {
-				r.renew() // puts back the leases taken meanwhile
 				r.wakeAll()
 			}
+		case <-r.recovery:
+			r.renew()
+			r.wakeAll()
 		}
 	}
 }
 
-// probe pings Redis and closes the breaker if it answers.
+// probe pings Redis and, if it answers, puts back the leases taken while
+// it was unreachable, then closes the breaker.
 func (r *Registry[K]) probe() bool {
 	ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
-	defer cancel()
-	if err := r.rdb.Ping(ctx).Err(); err != nil {
+	err := r.rdb.Ping(ctx).Err()
+	cancel()
+	if err != nil {
 		return false
 	}
+	r.renew()
 	if r.brk.success() {
 		r.cfg.log().Info("fleet: redis reachable again; breaker closed", slog.String("registry", r.prefix))
 	}
@@ -85,10 +104,10 @@ func (r *Registry[K]) probe() bool {
 
 // renew extends every held lease in Redis. A lease found missing is put
 // back (WithLostLeases(ReassertLost), and always one admitted while Redis
-// was unavailable) or only reported.
+// was unreachable) or only reported.
 func (r *Registry[K]) renew() {
+	var requeue []*lease[K]
 	r.redisMu.Lock()
-	defer r.redisMu.Unlock()
 	r.mu.Lock()
 	var held, degraded []*lease[K]
 	for l := range r.leases {
@@ -99,14 +118,21 @@ func (r *Registry[K]) renew() {
 		}
 	}
 	r.mu.Unlock()
-	r.renewBatch(held, r.cfg.lost == ReassertLost)
-	r.renewBatch(degraded, true)
+	requeue = r.renewBatch(held, r.cfg.lost == ReassertLost, requeue)
+	requeue = r.renewBatch(degraded, true, requeue)
+	r.redisMu.Unlock()
+	// Queued after the unlock: the releaser takes redisMu.
+	for _, l := range requeue {
+		r.queueRelease(l)
+	}
 }
 
-func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool) {
+// renewBatch renews leases in calls of up to batchSize pairs, and returns
+// requeue with the leases whose removal must be sent (again).
+func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool, requeue []*lease[K]) []*lease[K] {
 	for len(leases) > 0 {
 		var keys []string
-		var owner []*lease[K]
+		var owner, batch []*lease[K]
 		args := []any{r.cfg.ttl.Milliseconds(), 0}
 		if reassert {
 			args[1] = 1
@@ -114,6 +140,7 @@ func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool) {
 		for len(leases) > 0 && len(keys)+len(leases[0].names) <= max(batchSize, len(leases[0].names)) {
 			l := leases[0]
 			leases = leases[1:]
+			batch = append(batch, l)
 			for _, name := range l.names {
 				keys = append(keys, name)
 				owner = append(owner, l)
@@ -125,55 +152,79 @@ func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool) {
 		cancel()
 		if err != nil {
 			r.redisFailed(err)
-			return
+			// The call may have put leases back all the same.
+			return append(requeue, r.afterFailedRenew(batch, reassert)...)
 		}
-		r.brk.success()
-		r.afterRenew(owner, gone, reassert)
+		r.brk.ok()
+		requeue = append(requeue, r.afterRenew(batch, owner, gone, reassert)...)
 	}
+	return requeue
 }
 
-// afterRenew accounts for the leases a renewal found gone.
-func (r *Registry[K]) afterRenew(owner []*lease[K], gone []int64, reassert bool) {
-	seen := map[*lease[K]]bool{}
+// afterRenew accounts for a renewal that worked: with reassert every lease
+// of the batch is in Redis now (degraded ones stop being so), and those
+// released meanwhile must be removed again. It returns those.
+func (r *Registry[K]) afterRenew(batch, owner []*lease[K], gone []int64, reassert bool) []*lease[K] {
+	var requeue []*lease[K]
+	missing := map[*lease[K]]bool{}
 	for _, i := range gone {
-		l := owner[i-1]
-		if seen[l] {
-			continue
-		}
-		seen[l] = true
-		r.mu.Lock()
+		missing[owner[i-1]] = true
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range batch {
 		_, live := r.leases[l]
-		wasDegraded := l.degraded
-		if live {
-			l.degraded = false
-		}
-		r.mu.Unlock()
 		switch {
 		case !live:
-			// Released while this renewal ran: its release, queued or
-			// skipped, may not remove what was just put back.
 			if reassert {
-				r.queueRelease(l)
+				requeue = append(requeue, l)
 			}
-		case wasDegraded:
+		case l.degraded:
+			l.degraded, l.sent = false, false
 			r.stats.reasserted.Add(1)
-		default:
+		case missing[l] && !l.reported:
 			r.stats.lost.Add(1)
 			if reassert {
 				r.stats.reasserted.Add(1)
+			} else {
+				l.reported = true // once: it stays missing
 			}
 			r.cfg.log().Warn("fleet: lease missing in redis", slog.String("registry", r.prefix),
 				slog.String("keys", fmt.Sprint(l.keys)), slog.Bool("reasserted", reassert))
 		}
 	}
+	return requeue
 }
 
-// queueRelease hands l's removal from Redis to the releaser.
+// afterFailedRenew accounts for a renewal call that failed: with reassert
+// it may have put leases back. Those released meanwhile are returned for
+// removal; degraded ones still held are marked as maybe in Redis, so that
+// their release removes them.
+func (r *Registry[K]) afterFailedRenew(batch []*lease[K], reassert bool) []*lease[K] {
+	if !reassert {
+		return nil
+	}
+	var requeue []*lease[K]
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range batch {
+		if _, live := r.leases[l]; !live {
+			requeue = append(requeue, l)
+		} else if l.degraded {
+			l.sent = true
+		}
+	}
+	return requeue
+}
+
+// queueRelease hands l's removal from Redis to the releaser. It blocks
+// while the queue is full (Redis slower than the releases); after Close it
+// drops l, whose lease then expires after the TTL. Call it with neither
+// r.mu nor redisMu held.
 func (r *Registry[K]) queueRelease(l *lease[K]) {
 	select {
 	case r.released <- l:
-	default: // a full queue: this one goes on its own
-		go r.remove([]*lease[K]{l})
+	case <-r.stopping.Done():
 	}
 }
 
@@ -186,7 +237,7 @@ func (r *Registry[K]) releaser() {
 		case l := <-r.released:
 			r.remove(r.drain(l))
 		case <-r.stopping.Done():
-			for {
+			for r.brk.allow() { // Redis unreachable: the leases expire
 				select {
 				case l := <-r.released:
 					r.remove(r.drain(l))
@@ -194,6 +245,7 @@ func (r *Registry[K]) releaser() {
 					return
 				}
 			}
+			return
 		}
 	}
 }
@@ -219,18 +271,28 @@ func (r *Registry[K]) drain(first *lease[K]) []*lease[K] {
 func (r *Registry[K]) remove(leases []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
+	// Its own deadline, not the stopping context: a release during Close
+	// still reaches Redis.
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
 	var keys []string
 	args := []any{r.channel}
 	for _, l := range leases {
+		if l.abandoned {
+			err := abandonScript.Run(ctx, r.rdb, append(slices.Clip(l.names), r.tombstone(l.id)), l.id, r.cfg.ttl.Milliseconds()).Err()
+			if err != nil {
+				r.redisFailed(err)
+			}
+			continue
+		}
 		for i, name := range l.names {
 			keys = append(keys, name)
 			args = append(args, l.id, l.limits[i])
 		}
 	}
-	// Its own deadline, not the stopping context: a release during Close
-	// still reaches Redis.
-	ctx, cancel := context.WithTimeout(context.Background(), 4*r.cfg.opTimeout)
-	defer cancel()
+	if len(keys) == 0 {
+		return
+	}
 	if err := releaseScript.Run(ctx, r.rdb, keys, args...).Err(); err != nil {
 		r.redisFailed(err)
 	}

@@ -17,12 +17,27 @@
 // takes nothing twice. Limits are sent with each call, so they live in the
 // process: SetLimit takes effect at the next admission.
 //
-// A lease never expires under a live holder: one heartbeat goroutine per
-// Registry renews every held lease each LeaseTTL/3, in batched calls.
-// Renewal extends only leases that still exist. A lease found missing (Redis
-// restarted, or failed over without it) is put back without a cap check, or
-// with WithLostLeases(ReportLost) only reported. A process that dies
-// holding leases frees them when they expire, after at most LeaseTTL.
+// A lease does not expire under a live holder: one heartbeat goroutine per
+// Registry renews every held lease each LeaseTTL/3, in batched calls, each
+// bounded by the call timeout (at most LeaseTTL/3), so one renewal may fail
+// and the next still comes in time. Renewal extends only leases that still
+// exist. A lease found missing (Redis restarted, or failed over without it,
+// or two renewals in a row failed) is put back without a cap check, or with
+// WithLostLeases(ReportLost) only reported. A process that dies holding
+// leases frees them when they expire, after at most LeaseTTL.
+//
+// An acquire call that fails on the client's side (a timeout, the caller's
+// context) may still run on the server; its lease id is then abandoned: the
+// lease is removed and a tombstone keeps a late call from adding it.
+//
+// While Redis is healthy the cap is never exceeded: the script decides and
+// records atomically. It can be exceeded by design in two cases, both until
+// enough holders release: after Redis restarts without the leases, new
+// admissions fill the empty keys while the next renewal (within LeaseTTL/3)
+// puts the old leases back, up to about twice the cap; and with
+// FallbackLocal, during an outage each process admits up to the cap alone
+// (R processes: up to R times the cap), and those leases are put back when
+// Redis returns.
 //
 // Release removes the lease from every key and publishes a wake-up, off the
 // request path (a background goroutine, with its own timeout); a second
@@ -40,15 +55,18 @@
 // # When Redis is unreachable
 //
 // A breaker opens after consecutive failures (WithBreaker), so that while
-// Redis is down an admission costs no round trip; a background probe closes
-// it again. Meanwhile each Registry does what WithUnavailable says:
-// FallbackLocal (the default) admits under this process's local registry
-// alone, with the same limits, and the Slot reports Degraded; its lease is
-// put into Redis, without a cap check, once Redis is back. FailClosed fails
-// with ErrUnavailable. FailOpen admits a Bypassed, Degraded Slot that holds
-// nothing.
+// Redis is down an admission costs no round trip; a background probe puts
+// the leases taken meanwhile into Redis and closes it again. An admission
+// whose call fails, and every admission while the breaker is open, does
+// what WithUnavailable says: FallbackLocal (the default) admits under this
+// process's local registry alone, with the same limits, and the Slot
+// reports Degraded; its lease is put into Redis, without a cap check, once
+// Redis is back. FailClosed fails with ErrUnavailable. FailOpen admits a
+// Bypassed, Degraded Slot that holds nothing.
 //
-// Give the client short timeouts so that a dead Redis fails fast:
+// Give the client short timeouts so that a dead Redis fails fast, and let
+// it honour each call's deadline (ContextTimeoutEnabled; without it the
+// client's own timeouts bound the calls, not WithTimeout):
 //
 //	redis.NewClient(&redis.Options{
 //		Addr:                  "127.0.0.1:6379",
@@ -61,7 +79,9 @@
 //
 // Every key of a Registry shares one Redis Cluster hash tag, its name, so
 // any AcquireAll runs as one script on Redis Cluster; all of a Registry's
-// keys live on one node of the cluster.
+// keys live on one node of the cluster. Keys are named with fmt.Sprint
+// unless WithKeyName says otherwise: give struct keys a name function, so
+// that different keys cannot share a name.
 package fleet
 
 import (
@@ -73,6 +93,7 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -119,6 +140,7 @@ type Registry[K comparable] struct {
 	brk        breaker
 	stats      counters
 	subscribed chan struct{} // closed once Redis confirms the wake-up subscription
+	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
 	stop       context.CancelFunc
 	done       sync.WaitGroup
 	stopping   context.Context
@@ -139,8 +161,11 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	if defaultLimit < 0 {
 		panic(fmt.Sprintf("fleet: negative default limit %d", defaultLimit))
 	}
-	if name == "" {
-		panic("fleet: empty registry name")
+	if name == "" || strings.ContainsAny(name, "{}") {
+		panic(fmt.Sprintf("fleet: registry name %q: need a non-empty name without braces", name))
+	}
+	if rdb == nil {
+		panic("fleet: nil redis client")
 	}
 	cfg := defaults()
 	for _, o := range opts {
@@ -157,6 +182,7 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 		released: make(chan *lease[K], releaseQueue),
 
 		subscribed: make(chan struct{}),
+		recovery:   make(chan struct{}, 1),
 	}
 	if f, ok := cfg.keyName.(func(K) string); ok {
 		r.keyName = f
@@ -168,6 +194,9 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	} else if cfg.limitFunc != nil {
 		panic(fmt.Sprintf("fleet: WithLimitFunc needs a func(%T) int", *new(K)))
 	}
+	// A call must not outlast a third of the TTL: a lease then survives one
+	// renewal that fails.
+	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
 	r.channel = r.prefix + "released"
 	r.local = registry.New[K](defaultLimit, cfg.local...)
 	r.brk.threshold = cfg.breakAfter
@@ -324,6 +353,10 @@ type lease[K comparable] struct {
 	limits   []int       // their limits at the admission
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
 	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
+	reported bool        // found missing and reported (ReportLost); guarded by r.mu
+	sent     bool        // degraded, but a renewal that failed may have put it in Redis; guarded by r.mu
+
+	abandoned bool // a stand-in for a failed call's id, to be taken back (abandonScript)
 }
 
 func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.Slot, error) {
@@ -334,16 +367,26 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 		return nil, registry.ErrNoKeys
 	}
 	keys = dedupe(keys)
-	if err := ctx.Err(); err != nil {
-		r.stats.rejected.Add(1)
-		return nil, fmt.Errorf("fleet: acquire: %w", err)
-	}
 	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
 	for i, k := range keys {
 		l.names[i] = r.prefix + r.keyName(k)
 	}
+	s, err := r.admit(ctx, l, wait)
+	if err != nil {
+		r.stats.rejected.Add(1)
+	}
+	return s, err
+}
+
+// admit decides for l once, or with wait until it is admitted or fails for
+// good.
+func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots.Slot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("fleet: acquire: %w", err)
+	}
 	if !wait {
-		return r.attempt(ctx, l)
+		o := r.attempt(ctx, l)
+		return o.slot, o.err
 	}
 	w := &waiter{keys: l.names, wake: make(chan struct{}, 1)}
 	if err := r.enqueue(w); err != nil {
@@ -352,27 +395,25 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	defer r.dequeue(w)
 	backoff := r.cfg.pollMin
 	for {
-		if r.mayTry(w) {
-			s, err := r.attempt(ctx, l)
-			var le *slots.LimitError
-			if !errors.As(err, &le) || !errors.Is(err, slots.ErrLimitReached) {
-				return s, err // admitted, or failed for good
-			}
-			r.blockedOn(w, r.prefix+le.Key)
-			// Wait for a wake-up, at most the backoff (jittered) and never
-			// past the earliest expiry on the full key.
-			sleep := jitter(backoff)
-			var re *retryError
-			if errors.As(err, &re) && re.retryInMS > 0 {
-				sleep = min(sleep, time.Duration(re.retryInMS)*time.Millisecond)
-			}
-			backoff = min(2*backoff, r.cfg.pollMax)
-			if err := r.sleep(ctx, w, sleep); err != nil {
+		if !r.mayTry(w) {
+			if err := r.sleep(ctx, w, r.cfg.pollMax); err != nil {
 				return nil, err
 			}
 			continue
 		}
-		if err := r.sleep(ctx, w, r.cfg.pollMax); err != nil {
+		o := r.attempt(ctx, l)
+		if o.full < 0 {
+			return o.slot, o.err // admitted, or failed for good
+		}
+		r.blockedOn(w, l.names[o.full])
+		// Wait for a wake-up, at most the backoff (jittered) and never past
+		// the earliest expiry on the full key.
+		sleep := jitter(backoff)
+		if o.retryIn > 0 {
+			sleep = min(sleep, o.retryIn)
+		}
+		backoff = min(2*backoff, r.cfg.pollMax)
+		if err := r.sleep(ctx, w, sleep); err != nil {
 			return nil, err
 		}
 	}
@@ -385,23 +426,26 @@ func (r *Registry[K]) sleep(ctx context.Context, w *waiter, d time.Duration) err
 	case <-w.wake:
 	case <-t.C:
 	case <-ctx.Done():
-		r.stats.rejected.Add(1)
 		return fmt.Errorf("fleet: acquire: %w", ctx.Err())
 	case <-r.stopping.Done():
-		r.stats.rejected.Add(1)
 		return ErrClosed
 	}
 	return nil
 }
 
-// attempt makes one admission decision for l: in Redis, or while the
-// breaker is open, as WithUnavailable says.
-func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) (*slots.Slot, error) {
-	r.mu.Lock()
-	if r.closed {
-		r.mu.Unlock()
-		return nil, ErrClosed
-	}
+// outcome is one admission decision.
+type outcome struct {
+	slot    *slots.Slot
+	err     error
+	full    int           // with ErrLimitReached: the index of the full key; else -1
+	retryIn time.Duration // with full: until its earliest lease expires (0: unknown)
+}
+
+func failed(err error) outcome { return outcome{err: err, full: -1} }
+
+// limitsLocked records in l the current limits of its keys, and returns the
+// script's arguments.
+func (r *Registry[K]) limitsLocked(l *lease[K]) []any {
 	args := make([]any, 2, 2+len(l.keys))
 	args[0], args[1] = l.id, r.cfg.ttl.Milliseconds()
 	l.limits = l.limits[:0]
@@ -410,56 +454,84 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) (*slots.Slot, er
 		l.limits = append(l.limits, n)
 		args = append(args, n)
 	}
-	r.mu.Unlock()
+	return args
+}
 
+// scriptArgs returns the acquire script's arguments for l, or ErrClosed.
+func (r *Registry[K]) scriptArgs(l *lease[K]) ([]any, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
+	if r.closed {
+		return nil, ErrClosed
+	}
+	return r.limitsLocked(l), nil
+}
+
+// attempt makes one admission decision for l: in Redis, or, when Redis
+// cannot be reached (the breaker is open, or this call failed), as
+// WithUnavailable says.
+func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
+	args, err := r.scriptArgs(l)
+	if err != nil {
+		return failed(err)
+	}
 	if !r.brk.allow() {
 		return r.unavailable(l)
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
-	res, err := acquireScript.Run(cctx, r.rdb, l.names, args...).Int64Slice()
+	res, err := acquireScript.Run(cctx, r.rdb, append(l.names, r.tombstone(l.id)), args...).Int64Slice()
 	cancel()
 	if err != nil {
-		if ctx.Err() != nil { // the caller's context, not Redis
-			r.stats.rejected.Add(1)
-			return nil, fmt.Errorf("fleet: acquire: %w", ctx.Err())
+		// The call may still run on the server: take back what it adds,
+		// and go on under a new lease id.
+		r.abandon(l)
+		if ctx.Err() != nil { // the caller's context ended, not Redis
+			return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 		}
 		r.redisFailed(err)
 		return r.unavailable(l)
 	}
-	r.brk.success()
-	if len(res) != 5 {
-		return nil, fmt.Errorf("fleet: unexpected script reply %v", res)
+	if r.brk.success() {
+		r.recovered()
 	}
-	if res[0] != 1 {
+	if len(res) != 5 || res[0] < 0 {
+		r.abandon(l)
+		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
+	}
+	if res[0] == 0 {
 		i := int(res[1]) - 1
-		r.stats.rejected.Add(1)
-		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]), Limit: args[2+i].(int)}
-		le.RetryAfter = time.Second
+		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]), Limit: l.limits[i], RetryAfter: time.Second}
+		var retryIn time.Duration
 		if res[3] > res[4] {
-			le.RetryAfter = max(time.Second, time.Duration(res[3]-res[4])*time.Millisecond)
+			retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
+			le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
 		}
-		return nil, &retryError{LimitError: le, retryInMS: max(res[3]-res[4], 0)}
+		return outcome{err: le, full: i, retryIn: retryIn}
 	}
 	return r.hold(l, false)
 }
 
-// retryError is a fleet rejection that knows when the earliest lease on the
-// full key expires.
-type retryError struct {
-	*slots.LimitError
-	retryInMS int64
-}
+// tombstone is the key that marks lease id abandoned.
+func (r *Registry[K]) tombstone(id string) string { return r.prefix + "abandoned:" + id }
 
-func (e *retryError) Unwrap() error { return e.LimitError }
+// abandon queues the removal of whatever a failed call for l may have put
+// into Redis, and gives l a new id for what comes next.
+func (r *Registry[K]) abandon(l *lease[K]) {
+	r.queueRelease(&lease[K]{r: r, id: l.id, names: l.names, limits: slices.Clone(l.limits), abandoned: true})
+	l.id = newLeaseID()
+}
 
 // hold finishes an admission: the local mirror slot, the lease record, and
 // the Slot. With degraded, the lease is not in Redis (yet).
-func (r *Registry[K]) hold(l *lease[K], degraded bool) (*slots.Slot, error) {
+func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
 	local, err := r.local.TryAcquireAll(l.keys...)
 	if err != nil {
-		if degraded {
-			r.stats.rejected.Add(1)
-			return nil, err // the local cap is the cap now
+		if degraded { // the local cap is the cap now
+			o := outcome{err: err, full: -1}
+			if errors.Is(err, slots.ErrLimitReached) {
+				o.full = r.localFull(l)
+			}
+			return o
 		}
 		// This process holds more than Redis counts (degraded holders not
 		// yet put back): admit anyway; Redis has counted this one.
@@ -474,8 +546,10 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) (*slots.Slot, error) {
 	if r.closed {
 		r.mu.Unlock()
 		l.releaseLocal()
-		r.queueRelease(l)
-		return nil, ErrClosed
+		if !degraded {
+			r.abandon(l)
+		}
+		return failed(ErrClosed)
 	}
 	l.degraded = degraded
 	r.leases[l] = struct{}{}
@@ -485,22 +559,32 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) (*slots.Slot, error) {
 	} else {
 		r.stats.acquired.Add(1)
 	}
-	return v.(*slots.Slot), nil
+	return outcome{slot: v.(*slots.Slot), full: -1}
+}
+
+// localFull returns the index of a key of l that is full in the local
+// registry (0 if none is, any more).
+func (r *Registry[K]) localFull(l *lease[K]) int {
+	for i, k := range l.keys {
+		if r.local.InFlight(k) >= r.local.Limit(k) {
+			return i
+		}
+	}
+	return 0
 }
 
 // unavailable admits l, or not, while Redis cannot be reached.
-func (r *Registry[K]) unavailable(l *lease[K]) (*slots.Slot, error) {
+func (r *Registry[K]) unavailable(l *lease[K]) outcome {
 	switch r.cfg.onUnavailable {
 	case FailClosed:
-		r.stats.rejected.Add(1)
-		return nil, ErrUnavailable
+		return failed(ErrUnavailable)
 	case FailOpen:
 		v, h := core.NewSlot()
 		h.Owner = l
 		h.At = time.Now().UnixNano()
 		h.Bypassed, h.Degraded = true, true
 		r.stats.bypassed.Add(1)
-		return v.(*slots.Slot), nil
+		return outcome{slot: v.(*slots.Slot), full: -1}
 	}
 	return r.hold(l, true)
 }
@@ -521,10 +605,15 @@ func (l *lease[K]) Release(h *core.Hold) {
 	r := l.r
 	r.mu.Lock()
 	delete(r.leases, l)
-	degraded := l.degraded
+	// A degraded lease is not in Redis: nothing to remove. After Close
+	// nothing is sent: the lease expires after the TTL.
+	send := (!l.degraded || l.sent) && !r.closed
+	if send {
+		r.limitsLocked(l) // the wake-up is for a key full by its limit now
+	}
 	r.mu.Unlock()
 	l.releaseLocal()
-	if !degraded {
+	if send {
 		r.queueRelease(l)
 	}
 }

@@ -12,19 +12,22 @@ import "github.com/redis/go-redis/v9"
 
 // acquireScript takes one lease on every key or on none.
 //
-//	KEYS: the capped keys
-//	ARGV: lease id, ttl ms, then each key's limit
+//	KEYS: the capped keys, then the lease id's tombstone
+//	ARGV: lease id, ttl ms, then each capped key's limit
 //
-// It drops expired leases, then: if the lease is already on every key (a
-// retried call), it renews it and admits; if any key is at its limit
-// without this lease, it admits nothing; otherwise it adds the lease to
-// every key. It returns {admitted (0/1), index of the full key (1-based, 0
-// if none), its lease count, its earliest lease expiry (0 if none), now},
-// times in server milliseconds.
+// A lease id whose tombstone exists was abandoned (see abandonScript) and is
+// refused. Otherwise it drops expired leases, then: if the lease is already
+// on every key (a retried call), it renews it and admits; if any key is at
+// its limit without this lease, it admits nothing; otherwise it adds the
+// lease to every key. It returns {admitted (1, 0, or -1 for an abandoned
+// id), index of the full key (1-based, 0 if none), its lease count, its
+// earliest lease expiry (0 if none), now}, times in server milliseconds.
 var acquireScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local id, ttl = ARGV[1], tonumber(ARGV[2])
+local tomb = table.remove(KEYS)
+if redis.call('EXISTS', tomb) == 1 then return {-1, 0, 0, 0, now} end
 local held = 0
 for _, k in ipairs(KEYS) do
   redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
@@ -92,5 +95,19 @@ for i, k in ipairs(KEYS) do
     redis.call('PUBLISH', ARGV[1], k)
   end
 end
+return 0
+`)
+
+// abandonScript takes back what an acquire call that failed on the client's
+// side (a timeout, a cancelled context) may still do on the server: it
+// removes the lease id from the keys and leaves a tombstone, so that the
+// call, if it runs later, adds nothing.
+//
+//	KEYS: the capped keys, then the lease id's tombstone
+//	ARGV: lease id, ttl ms (how long the tombstone stays)
+var abandonScript = redis.NewScript(`
+local tomb = table.remove(KEYS)
+for _, k in ipairs(KEYS) do redis.call('ZREM', k, ARGV[1]) end
+redis.call('SET', tomb, '1', 'PX', ARGV[2])
 return 0
 `)

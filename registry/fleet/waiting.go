@@ -48,21 +48,30 @@ func (r *Registry[K]) dequeue(w *waiter) {
 }
 
 // mayTry reports whether w may ask Redis now: no earlier waiter of this
-// process holds back any of its keys.
+// process holds back any of its keys. If some do, w from then on holds back
+// later waiters on those keys alone, not on its others.
 func (r *Registry[K]) mayTry(w *waiter) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, v := range r.waiters {
-		if v == w {
-			return true
-		}
-		for _, k := range v.blocked {
-			if slices.Contains(w.keys, k) {
-				return false
+	var ahead []string // w's keys held back by earlier waiters
+	i := 0
+	for ; i < len(r.waiters) && r.waiters[i] != w; i++ {
+		for _, k := range r.waiters[i].blocked {
+			if slices.Contains(w.keys, k) && !slices.Contains(ahead, k) {
+				ahead = append(ahead, k)
 			}
 		}
 	}
-	return true
+	if len(ahead) == 0 {
+		return true
+	}
+	if !slices.Equal(ahead, w.blocked) {
+		w.blocked = ahead
+		for _, v := range r.waiters[min(i+1, len(r.waiters)):] {
+			v.signal()
+		}
+	}
+	return false
 }
 
 // blockedOn records that w found key full: from now on it holds back later
