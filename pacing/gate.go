@@ -61,6 +61,7 @@ type Gate struct {
 	timer    *clock.Timer // a pending dispatch at timerAt, or nil
 	timerAt  int64
 	timerGen uint64 // tells a stale timer's callback from the current one's
+	isClosed bool   // Close was called: no more grants
 	seq      uint64
 	hold     policy.HoldTime
 	rejected uint64
@@ -161,6 +162,7 @@ func (g *Gate) Reconfigure(cfg Config) error {
 func (g *Gate) Close() {
 	g.close(ErrGateClosed)
 	g.mu.Lock()
+	g.isClosed = true
 	if g.timer != nil {
 		g.timer.Stop()
 		g.timer = nil
@@ -379,6 +381,9 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 // dispatchLocked grants every waiter that can start now, in the queue's
 // order, and arms a timer for the earliest start still to come.
 func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
+	if g.isClosed {
+		return // its waiters fail with ErrGateClosed
+	}
 	var wakeAt int64
 	for g.provider.Waiters.Len() > 0 {
 		if g.started && g.next > now {

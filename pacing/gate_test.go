@@ -393,3 +393,20 @@ func TestGateRetryAfterCoversTheNextStart(t *testing.T) {
 		s1.Slot.Release()
 	})
 }
+
+// After Close no waiter is granted, even by a release that comes at once:
+// every waiter fails with ErrGateClosed.
+func TestGateNoGrantAfterClose(t *testing.T) {
+	for range 200 {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1})
+		held, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		waiting := acquireAsync(context.Background(), g, "m")
+		require.Eventually(t, func() bool { return g.Status().Queued == 1 }, 5*time.Second, time.Microsecond)
+		g.Close()
+		held.Slot.Release()
+		r := <-waiting
+		require.ErrorIs(t, r.err, pacing.ErrGateClosed)
+		assert.Zero(t, g.Status().InFlight)
+	}
+}

@@ -933,6 +933,7 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) ([]int, []*entry[K]) {
 	set = slices.Compact(set)
 	r.lockShards(set)
 	serve := entries
+	var in map[*entry[K]]bool // serve's members, once it grows (with shares)
 	for {
 		need := slices.Clone(set)
 		var more []*entry[K]
@@ -950,8 +951,15 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) ([]int, []*entry[K]) {
 					if r.shares == nil {
 						continue
 					}
+					if in == nil {
+						in = make(map[*entry[K]]bool, len(serve))
+						for _, e := range serve {
+							in[e] = true
+						}
+					}
 					for _, me := range m.entries {
-						if !slices.Contains(serve, me) && !slices.Contains(more, me) {
+						if !in[me] {
+							in[me] = true
 							more = append(more, me)
 						}
 					}

@@ -157,7 +157,8 @@ func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
 // when a slot frees and the class holds fewer than Min, the slot goes to it
 // before any higher class. While it has no waiters its Min is lent to
 // whoever waits. Reserved slots are kept from the other classes even while
-// the class is idle: they are never lent.
+// the class is idle: they are lent to nobody but a higher class that holds
+// less than its own guarantee.
 //
 // When the guarantees add up to more than the limit, they are met from the
 // highest class down and the lower ones get what is left; an idle class's
@@ -165,8 +166,8 @@ func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
 //
 // A caller counts as waiting in every queue it is in for as long as it
 // waits, also while it cannot be served yet (another key of a registry's
-// AcquireAll is full, or a pacing Gate's model is not due): its class keeps
-// its Min in the other queues meanwhile.
+// AcquireAll is full, or a pacing Gate's model is full or not due): its
+// class keeps its Min in the other queues meanwhile.
 type Share struct {
 	Min      int
 	Reserved int

@@ -56,8 +56,9 @@
 //     waits: under any load of higher classes, each release of one of its own
 //     slots passes that slot straight to its next waiter, and with holds of
 //     equal length it gets m of every limit grants (1 in 4 for Min 1 of 4).
-//   - A Reserved part is never lent: other classes leave it free even when
-//     its class is idle.
+//   - A Reserved part is not lent: other classes leave it free even when its
+//     class is idle, except a higher class that holds less than its own
+//     guarantee.
 //   - Idle Min is lent to whoever waits and is won back as lent slots are
 //     released; no holder is ever evicted.
 //

@@ -43,13 +43,14 @@ func Rank(c uint8) uint8 { return rank[c] }
 // highest class first; within a class, flows take turns (deficit round
 // robin over each flow's weight); within a flow, arrival order.
 //
-// While every waiter is of the default class and the default flow, which is
-// the common case, it is one FIFO list and costs what a list costs; the
-// first other waiter turns the turn-taking on until the queue is empty again.
+// While every waiter is of the default class and the default flow with
+// weight 1, which is the common case, it is one FIFO list and costs what a
+// list costs; the first other waiter turns the turn-taking on until the
+// queue is empty again.
 // The zero value is empty. Use it under its owner's lock.
 type Queue struct {
 	n     int
-	mixed bool // a waiter outside the default flow came since the queue was last empty
+	mixed bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
 	def   flow // the default class's default flow
 	x     *sched
 }
@@ -329,8 +330,9 @@ type Shares struct {
 // that leaves free what the classes above it hold short of their g and,
 // unless c itself holds less than its own g, what the classes below it hold
 // short of theirs too. So a class short of its guarantee is served before
-// higher classes, higher classes first among such; a reserve is never lent;
-// an idle class's Min neither keeps slots nor cuts the guarantees below it.
+// higher classes, higher classes first among such; a reserve is lent to
+// nobody but a higher class short of its own g; an idle class's Min neither
+// keeps slots nor cuts the guarantees below it.
 //
 // A waiter counts as waiting on every lane it needs, also while another of
 // its lanes is full, so its class keeps its Min on this lane meanwhile.
