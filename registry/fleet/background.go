@@ -189,6 +189,9 @@ func (r *Registry[K]) afterRenew(batch, owner []*lease[K], gone []int64, reasser
 			} else {
 				l.reported = true // once: it stays missing
 			}
+			if r.cfg.lost == CancelLost && l.cancel != nil {
+				l.cancel(ErrLeaseLost) // does not block, takes no lock
+			}
 			r.cfg.log().Warn("fleet: lease missing in redis", slog.String("registry", r.prefix),
 				slog.String("keys", fmt.Sprint(l.keys)), slog.Bool("reasserted", reassert))
 		}

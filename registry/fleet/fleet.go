@@ -22,8 +22,9 @@
 // bounded by the call timeout (at most LeaseTTL/3), so one renewal may fail
 // and the next still comes in time. Renewal extends only leases that still
 // exist. A lease found missing (Redis restarted, or failed over without it,
-// or two renewals in a row failed) is put back without a cap check, or with
-// WithLostLeases(ReportLost) only reported. A process that dies holding
+// or two renewals in a row failed) is put back without a cap check; with
+// WithLostLeases(ReportLost) it is only reported, and with CancelLost the
+// holder's context (WithCancelOnLost) is cancelled too. A process that dies holding
 // leases frees them when they expire, after at most LeaseTTL.
 //
 // An acquire call that fails on the client's side (a timeout, the caller's
@@ -111,7 +112,22 @@ var (
 	ErrUnavailable = errors.New("fleet: redis unavailable")
 	// ErrClosed: the Registry was closed.
 	ErrClosed = errors.New("fleet: registry closed")
+	// ErrLeaseLost: the cause of a context made by WithCancelOnLost, when
+	// its holder's lease went missing in Redis (with CancelLost).
+	ErrLeaseLost = errors.New("fleet: lease lost")
 )
+
+type cancelKey struct{}
+
+// WithCancelOnLost returns a context derived from ctx, to acquire with and
+// to do the held work under: with WithLostLeases(CancelLost), if the lease
+// of a Slot acquired with it goes missing in Redis, the context is
+// cancelled with the cause ErrLeaseLost (context.Cause tells). Call cancel
+// when the work is done, as with context.WithCancel.
+func WithCancelOnLost(ctx context.Context) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(ctx)
+	return context.WithValue(ctx, cancelKey{}, cancel), func() { cancel(context.Canceled) }
+}
 
 // Registry caps holders per key across a fleet. Create it with New; the
 // zero value is not usable.
@@ -356,7 +372,8 @@ type lease[K comparable] struct {
 	reported bool        // found missing and reported (ReportLost); guarded by r.mu
 	sent     bool        // degraded, but a renewal that failed may have put it in Redis; guarded by r.mu
 
-	abandoned bool // a stand-in for a failed call's id, to be taken back (abandonScript)
+	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
+	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without
 }
 
 func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.Slot, error) {
@@ -368,6 +385,7 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	}
 	keys = dedupe(keys)
 	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
+	l.cancel, _ = ctx.Value(cancelKey{}).(context.CancelCauseFunc)
 	for i, k := range keys {
 		l.names[i] = r.prefix + r.keyName(k)
 	}

@@ -395,3 +395,29 @@ func TestLimitFunc(t *testing.T) {
 	b.Release()
 	assert.Panics(t, func() { New[string](m.client(), "x", 1, WithLimitFunc(func(int) int { return 1 })) })
 }
+
+// With CancelLost, the holder's context from WithCancelOnLost is cancelled
+// with ErrLeaseLost when its lease goes missing; other holders' are not.
+func TestCancelLost(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(2, WithLostLeases(CancelLost))
+	ctx, cancel := WithCancelOnLost(context.Background())
+	defer cancel()
+	s, err := r.Acquire(ctx, "k")
+	require.NoError(t, err)
+	other, err := r.TryAcquire("other")
+	require.NoError(t, err)
+	m.srv.Del("inflight:{t}:k") // k's lease is lost; other's is not
+	r.renew()
+	select {
+	case <-ctx.Done():
+		assert.ErrorIs(t, context.Cause(ctx), ErrLeaseLost)
+	default:
+		t.Fatal("the holder's context was not cancelled")
+	}
+	assert.Equal(t, uint64(1), r.Stats().Lost)
+	assert.Empty(t, m.leases("k"), "not put back")
+	assert.Len(t, m.leases("other"), 1)
+	s.Release()
+	other.Release()
+}

@@ -47,6 +47,10 @@ const (
 	// ReportLost only logs and counts it (Stats.Lost); the holder goes on
 	// holding its local slot, uncounted in Redis.
 	ReportLost
+	// CancelLost does what ReportLost does and cancels the holder's context
+	// made by WithCancelOnLost, with the cause ErrLeaseLost: the holder
+	// stops its work (an upstream request, say) and releases.
+	CancelLost
 )
 
 // DefaultLeaseTTL is the lease TTL unless WithLeaseTTL says otherwise.
