@@ -116,6 +116,7 @@ func (s *Server) Client() *redis.Client {
 		ContextTimeoutEnabled: true,
 		MaxRetries:            1,
 		PoolSize:              64,
+		Protocol:              2, // RESP3 makes the client check for push notifications before each call
 	})
 	s.t.Cleanup(func() { c.Close() })
 	return c

@@ -76,6 +76,7 @@
 //		WriteTimeout:          250 * time.Millisecond,
 //		ContextTimeoutEnabled: true, // honour each call's context deadline
 //		MaxRetries:            1,
+//		Protocol:              2, // RESP3's push notifications cost a check per call
 //	})
 //
 // Every key of a Registry shares one Redis Cluster hash tag, its name, so

@@ -167,7 +167,7 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config {
 	opt, _ := redis.ParseURL(cfg.Fleet.RedisURL) // checked by ParseConfig
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
-	opt.ContextTimeoutEnabled, opt.MaxRetries = true, 1
+	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.Protocol = true, 1, 2
 	g.rdb = redis.NewClient(opt)
 	ttl := fleet.DefaultLeaseTTL
 	if cfg.Fleet.LeaseTTLMS > 0 {
