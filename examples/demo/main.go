@@ -334,7 +334,9 @@ func run(args []string, stdout io.Writer) error {
 // runGateway starts a gateway for cfg, runs work against its URL, and checks
 // that it holds nothing afterwards.
 func runGateway(cfg gateway.Config, work func(gwURL string) result) (result, error) {
-	gw, err := gateway.New(cfg, &http.Transport{MaxIdleConnsPerHost: 256})
+	upstream := &http.Transport{MaxIdleConnsPerHost: 256}
+	defer upstream.CloseIdleConnections()
+	gw, err := gateway.New(cfg, upstream)
 	if err != nil {
 		return result{}, err
 	}
@@ -388,8 +390,9 @@ func runFleet(stdout io.Writer, provURL string, prov *provider, reqs []request, 
 	} {
 		var urls []string
 		for range 3 {
-			gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: orgs, Provider: caps, Fleet: run.fleet},
-				&http.Transport{MaxIdleConnsPerHost: 256})
+			upstream := &http.Transport{MaxIdleConnsPerHost: 256}
+			defer upstream.CloseIdleConnections()
+			gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: orgs, Provider: caps, Fleet: run.fleet}, upstream)
 			if err != nil {
 				return err
 			}

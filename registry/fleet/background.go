@@ -74,6 +74,7 @@ func (r *Registry[K]) heartbeat() {
 		case <-renew.C:
 			if r.brk.allow() {
 				r.renew()
+				r.retryAbandons()
 			}
 		case <-probe.C:
 			if r.brk.open() && r.probe() {
@@ -95,17 +96,21 @@ func (r *Registry[K]) probe() bool {
 	if err != nil {
 		return false
 	}
-	r.renew()
+	if !r.renew() {
+		return false // Redis answers pings but not scripts yet
+	}
 	if r.brk.success() {
 		r.cfg.log().Info("fleet: redis reachable again; breaker closed", slog.String("registry", r.prefix))
 	}
+	// Leases admitted degraded since the renewal above go in at once.
+	r.recovered()
 	return true
 }
 
 // renew extends every held lease in Redis. A lease found missing is put
 // back (WithLostLeases(ReassertLost), and always one admitted while Redis
 // was unreachable) or only reported.
-func (r *Registry[K]) renew() {
+func (r *Registry[K]) renew() bool {
 	var requeue []*lease[K]
 	r.redisMu.Lock()
 	r.mu.Lock()
@@ -118,18 +123,22 @@ func (r *Registry[K]) renew() {
 		}
 	}
 	r.mu.Unlock()
-	requeue = r.renewBatch(held, r.cfg.lost == ReassertLost, requeue)
-	requeue = r.renewBatch(degraded, true, requeue)
+	requeue, ok1 := r.renewBatch(held, r.cfg.lost == ReassertLost, requeue)
+	requeue, ok2 := r.renewBatch(degraded, true, requeue)
 	r.redisMu.Unlock()
+	ok := ok1 && ok2
 	// Queued after the unlock: the releaser takes redisMu.
 	for _, l := range requeue {
 		r.queueRelease(l)
 	}
+	return ok
 }
 
-// renewBatch renews leases in calls of up to batchSize pairs, and returns
-// requeue with the leases whose removal must be sent (again).
-func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool, requeue []*lease[K]) []*lease[K] {
+// renewBatch renews leases in calls of up to batchSize pairs. It returns
+// requeue with the leases whose removal must be sent (again), and whether
+// every call worked.
+func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool, requeue []*lease[K]) ([]*lease[K], bool) {
+	ok := true
 	for len(leases) > 0 {
 		var keys []string
 		var owner, batch []*lease[K]
@@ -137,12 +146,12 @@ func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool, requeue []*l
 		if reassert {
 			args[1] = 1
 		}
-		for len(leases) > 0 && len(keys)+len(leases[0].names) <= max(batchSize, len(leases[0].names)) {
+		for len(leases) > 0 && len(owner)+len(leases[0].names) <= max(batchSize, len(leases[0].names)) {
 			l := leases[0]
 			leases = leases[1:]
 			batch = append(batch, l)
 			for _, name := range l.names {
-				keys = append(keys, name)
+				keys = append(keys, name, r.tombstone(l.id))
 				owner = append(owner, l)
 				args = append(args, l.id)
 			}
@@ -152,13 +161,15 @@ func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool, requeue []*l
 		cancel()
 		if err != nil {
 			r.redisFailed(err)
-			// The call may have put leases back all the same.
-			return append(requeue, r.afterFailedRenew(batch, reassert)...)
+			// The call may still run, and put leases back, later.
+			requeue = append(requeue, r.afterFailedRenew(batch, reassert)...)
+			ok = false
+			continue
 		}
 		r.brk.ok()
 		requeue = append(requeue, r.afterRenew(batch, owner, gone, reassert)...)
 	}
-	return requeue
+	return requeue, ok
 }
 
 // afterRenew accounts for a renewal that worked: with reassert every lease
@@ -200,9 +211,10 @@ func (r *Registry[K]) afterRenew(batch, owner []*lease[K], gone []int64, reasser
 }
 
 // afterFailedRenew accounts for a renewal call that failed: with reassert
-// it may have put leases back. Those released meanwhile are returned for
-// removal; degraded ones still held are marked as maybe in Redis, so that
-// their release removes them.
+// it may put leases back, now or later (it may still be on its way). Its
+// leases are marked so: released meanwhile or later, they are abandoned
+// (removed, with a tombstone the renewal checks) rather than just removed.
+// Those already released are returned for that.
 func (r *Registry[K]) afterFailedRenew(batch []*lease[K], reassert bool) []*lease[K] {
 	if !reassert {
 		return nil
@@ -212,8 +224,8 @@ func (r *Registry[K]) afterFailedRenew(batch []*lease[K], reassert bool) []*leas
 	defer r.mu.Unlock()
 	for _, l := range batch {
 		if _, live := r.leases[l]; !live {
-			requeue = append(requeue, l)
-		} else if l.degraded {
+			requeue = append(requeue, l.abandonment())
+		} else {
 			l.sent = true
 		}
 	}
@@ -274,17 +286,22 @@ func (r *Registry[K]) drain(first *lease[K]) []*lease[K] {
 func (r *Registry[K]) remove(leases []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
-	// Its own deadline, not the stopping context: a release during Close
-	// still reaches Redis.
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
-	defer cancel()
+	// Each call its own deadline, not the stopping context: a release
+	// during Close still reaches Redis.
+	call := func() (context.Context, context.CancelFunc) {
+		return context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	}
 	var keys []string
 	args := []any{r.channel}
+	var failedAbandons []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
+			ctx, cancel := call()
 			err := abandonScript.Run(ctx, r.rdb, append(slices.Clip(l.names), r.tombstone(l.id)), l.id, r.cfg.ttl.Milliseconds()).Err()
+			cancel()
 			if err != nil {
 				r.redisFailed(err)
+				failedAbandons = append(failedAbandons, l)
 			}
 			continue
 		}
@@ -293,11 +310,40 @@ func (r *Registry[K]) remove(leases []*lease[K]) {
 			args = append(args, l.id, l.limits[i])
 		}
 	}
+	if len(failedAbandons) > 0 {
+		// Retried by the heartbeat: the call they take back may have run.
+		r.mu.Lock()
+		r.retry = append(r.retry, failedAbandons...)
+		r.mu.Unlock()
+	}
 	if len(keys) == 0 {
 		return
 	}
+	ctx, cancel := call()
+	defer cancel()
 	if err := releaseScript.Run(ctx, r.rdb, keys, args...).Err(); err != nil {
 		r.redisFailed(err)
+	}
+}
+
+// retryAbandons sends again the abandons that failed, until they succeed
+// or a lease TTL has passed (whatever they take back has expired by then).
+func (r *Registry[K]) retryAbandons() {
+	r.mu.Lock()
+	var todo []*lease[K]
+	now := time.Now()
+	for _, l := range r.retry {
+		if l.since.IsZero() {
+			l.since = now
+		}
+		if now.Sub(l.since) < r.cfg.ttl {
+			todo = append(todo, l)
+		}
+	}
+	r.retry = nil
+	r.mu.Unlock()
+	if len(todo) > 0 {
+		r.remove(todo)
 	}
 }
 

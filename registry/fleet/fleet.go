@@ -146,6 +146,7 @@ type Registry[K comparable] struct {
 	limits   map[K]int  // SetLimit overrides
 	leases   map[*lease[K]]struct{}
 	waiters  []*waiter
+	retry    []*lease[K] // abandons that failed, for the heartbeat to send again
 	closed   bool
 	released chan *lease[K] // to the releaser
 
@@ -181,12 +182,16 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	if name == "" || strings.ContainsAny(name, "{}") {
 		panic(fmt.Sprintf("fleet: registry name %q: need a non-empty name without braces", name))
 	}
+
 	if rdb == nil {
 		panic("fleet: nil redis client")
 	}
 	cfg := defaults()
 	for _, o := range opts {
 		o(&cfg)
+	}
+	if strings.ContainsAny(cfg.prefix, "{}") {
+		panic(fmt.Sprintf("fleet: prefix %q: braces would change the keys' hash tag", cfg.prefix))
 	}
 	r := &Registry[K]{
 		rdb:      rdb,
@@ -371,9 +376,10 @@ type lease[K comparable] struct {
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
 	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
 	reported bool        // found missing and reported (ReportLost); guarded by r.mu
-	sent     bool        // degraded, but a renewal that failed may have put it in Redis; guarded by r.mu
+	sent     bool        // a renewal that failed may still put it (back) in Redis; guarded by r.mu
 
 	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
+	since     time.Time               // abandoned: when its first try failed
 	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without
 }
 
@@ -536,8 +542,14 @@ func (r *Registry[K]) tombstone(id string) string { return r.prefix + "abandoned
 // abandon queues the removal of whatever a failed call for l may have put
 // into Redis, and gives l a new id for what comes next.
 func (r *Registry[K]) abandon(l *lease[K]) {
-	r.queueRelease(&lease[K]{r: r, id: l.id, names: l.names, limits: slices.Clone(l.limits), abandoned: true})
+	r.queueRelease(l.abandonment())
 	l.id = newLeaseID()
+}
+
+// abandonment is a stand-in for l's current id, to be taken back with a
+// tombstone.
+func (l *lease[K]) abandonment() *lease[K] {
+	return &lease[K]{r: l.r, id: l.id, names: l.names, limits: slices.Clone(l.limits), abandoned: true}
 }
 
 // hold finishes an admission: the local mirror slot, the lease record, and
@@ -566,7 +578,7 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
 		r.mu.Unlock()
 		l.releaseLocal()
 		if !degraded {
-			r.abandon(l)
+			r.remove([]*lease[K]{l.abandonment()}) // the releaser may have stopped
 		}
 		return failed(ErrClosed)
 	}
@@ -609,6 +621,9 @@ func (r *Registry[K]) unavailable(l *lease[K]) outcome {
 }
 
 func (r *Registry[K]) redisFailed(err error) {
+	if r.stopping.Err() != nil {
+		return // Close cancelled it: not Redis's failure
+	}
 	r.stats.redisErrors.Add(1)
 	if r.brk.failure() {
 		r.cfg.log().Warn("fleet: redis unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
@@ -627,13 +642,17 @@ func (l *lease[K]) Release(h *core.Hold) {
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	send := (!l.degraded || l.sent) && !r.closed
+	out := l
 	if send {
 		r.limitsLocked(l) // the wake-up is for a key full by its limit now
+		if l.sent {
+			out = l.abandonment() // a renewal may still put it back
+		}
 	}
 	r.mu.Unlock()
 	l.releaseLocal()
 	if send {
-		r.queueRelease(l)
+		r.queueRelease(out)
 	}
 }
 

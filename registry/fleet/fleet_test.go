@@ -139,7 +139,7 @@ func TestRenewNeverResurrects(t *testing.T) {
 	assert.Empty(t, m.leases("k"), "a renewal after the release puts nothing back")
 
 	c := m.client()
-	gone, err := renewScript.Run(context.Background(), c, []string{"inflight:{t}:k"}, 3000, 0, id).Int64Slice()
+	gone, err := renewScript.Run(context.Background(), c, []string{"inflight:{t}:k", r.tombstone(id)}, 3000, 0, id).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1}, gone)
 	assert.Empty(t, m.leases("k"), "the script itself does not add a missing lease without reassert")
@@ -161,7 +161,8 @@ func TestReleaseDuringReassert(t *testing.T) {
 	r.mu.Unlock()
 	s.Release() // released before the renewal's bookkeeping ran
 	r.redisMu.Lock()
-	requeue := r.renewBatch([]*lease[string]{l}, true, nil)
+	requeue, ok := r.renewBatch([]*lease[string]{l}, true, nil)
+	require.True(t, ok)
 	r.redisMu.Unlock()
 	require.Len(t, requeue, 1, "the released lease is removed again")
 	r.queueRelease(requeue[0])
@@ -420,4 +421,31 @@ func TestCancelLost(t *testing.T) {
 	assert.Len(t, m.leases("other"), 1)
 	s.Release()
 	other.Release()
+}
+
+// A renewal that failed on the client's side may still run on the server
+// later: the lease, released meanwhile, is abandoned with a tombstone, so
+// the late renewal does not bring it back.
+func TestLateRenewalDoesNotResurrect(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	id := m.leases("k")[0]
+	var l *lease[string]
+	r.mu.Lock()
+	for x := range r.leases {
+		l = x
+	}
+	r.mu.Unlock()
+	assert.Empty(t, r.afterFailedRenew([]*lease[string]{l}, true), "as if a reassert call timed out; still held")
+	s.Release()
+	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(r.tombstone(id)) })
+	// The late renewal runs now.
+	_, err = renewScript.Run(context.Background(), m.client(), []string{"inflight:{t}:k", r.tombstone(id)}, 3000, 1, id).Int64Slice()
+	require.NoError(t, err)
+	assert.Empty(t, m.leases("k"), "not put back")
+	s2, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	s2.Release()
 }

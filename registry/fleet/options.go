@@ -49,7 +49,9 @@ const (
 	ReportLost
 	// CancelLost does what ReportLost does and cancels the holder's context
 	// made by WithCancelOnLost, with the cause ErrLeaseLost: the holder
-	// stops its work (an upstream request, say) and releases.
+	// stops its work (an upstream request, say) and releases. Only slots
+	// acquired with such a context (Acquire, AcquireAll) are cancelled;
+	// TryAcquire takes no context.
 	CancelLost
 )
 

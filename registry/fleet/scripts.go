@@ -53,19 +53,22 @@ return {1, 0, 0, 0, now}
 
 // renewScript extends leases that still exist, in one call for many.
 //
-//	KEYS: capped keys, one per (key, lease) pair
+//	KEYS: for each (key, lease) pair, the capped key and the lease id's
+//	      tombstone
 //	ARGV: ttl ms, reassert (0/1), then the lease id of each pair
 //
 // A lease that is gone (released, expired, or lost with a Redis restart) is
-// never extended; with reassert it is put back without a cap check. It
-// returns the 1-based indexes of the pairs whose lease was gone.
+// never extended; with reassert it is put back without a cap check, unless
+// its id was abandoned (a late renewal must not bring back a lease released
+// meanwhile). It returns the 1-based indexes of the pairs whose lease was
+// gone.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local ttl, reassert = tonumber(ARGV[1]), ARGV[2] == '1'
 local gone = {}
-for i, k in ipairs(KEYS) do
-  local id = ARGV[2 + i]
+for i = 1, #KEYS / 2 do
+  local k, tomb, id = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + i]
   local score = redis.call('ZSCORE', k, id)
   if score and tonumber(score) > now then
     redis.call('ZADD', k, 'XX', now + ttl, id)
@@ -73,7 +76,7 @@ for i, k in ipairs(KEYS) do
   else
     if score then redis.call('ZREM', k, id) end
     gone[#gone + 1] = i
-    if reassert then
+    if reassert and redis.call('EXISTS', tomb) == 0 then
       redis.call('ZADD', k, now + ttl, id)
       redis.call('PEXPIRE', k, ttl)
     end

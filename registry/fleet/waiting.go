@@ -61,6 +61,10 @@ func (r *Registry[K]) mayTry(w *waiter) bool {
 				ahead = append(ahead, k)
 			}
 		}
+		if len(ahead) == len(w.keys) { // all held back: no need to look further
+			i = slices.Index(r.waiters, w)
+			break
+		}
 	}
 	if len(ahead) == 0 {
 		return true
