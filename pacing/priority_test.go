@@ -117,29 +117,7 @@ func TestGateBatchMinShare(t *testing.T) {
 		require.NoError(t, err)
 		g := newGate(t, cfg)
 		r := testrig.New(t, gateAcquirer(g, "m"))
-		for range 4 {
-			r.Add(interactive, "i")
-		}
-		for range 30 {
-			r.Add(batch, "b")
-		}
-		for range 120 {
-			r.Add(interactive, "i")
-		}
-		for range 100 {
-			r.ReleaseOldest()
-		}
-		got := r.Order()[4:]
-		n := 0
-		for i, c := range got {
-			if c == "b" {
-				n++
-			}
-			if i%4 == 0 {
-				assert.Equal(t, "b", c, "grant %d", i)
-			}
-		}
-		assert.Equal(t, 25, n, "batch grants out of 100")
+		r.CheckMinShare(interactive, batch)
 		g.Close()
 		r.ReleaseAll()
 	})

@@ -85,21 +85,7 @@ func TestRegistryFlowWeights(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := registry.New[string](1)
 		r := testrig.New(t, acquirer(reg, "k"))
-		a := slots.WithFlowWeight(context.Background(), "A", 3)
-		b := slots.WithFlowWeight(context.Background(), "B", 1)
-		r.Add(a, "A")
-		for range 400 {
-			r.Add(a, "A")
-			r.Add(b, "B")
-		}
-		for range 400 {
-			r.ReleaseOldest()
-		}
-		n := map[string]int{}
-		for _, f := range r.Order()[1:401] {
-			n[f]++
-		}
-		assert.InEpsilon(t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "%v", n)
+		r.CheckWeights(slots.WithFlowWeight(context.Background(), "A", 3), slots.WithFlowWeight(context.Background(), "B", 1))
 		r.ReleaseAll()
 		assert.Zero(t, reg.Keys())
 	})
@@ -114,30 +100,7 @@ func TestRegistryBatchMinShare(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
 				reg := registry.New[string](4, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 				r := testrig.New(t, acquirer(reg, keys...))
-				for range 4 {
-					r.Add(interactive, "i")
-				}
-				for range 30 {
-					r.Add(batch, "b")
-				}
-				for range 120 {
-					r.Add(interactive, "i")
-				}
-				for range 100 {
-					r.ReleaseOldest()
-				}
-				got := r.Order()[4:]
-				require.Len(t, got, 100)
-				n := 0
-				for i, c := range got {
-					if c == "b" {
-						n++
-					}
-					if i%4 == 0 {
-						assert.Equal(t, "b", c, "grant %d", i)
-					}
-				}
-				assert.Equal(t, 25, n)
+				r.CheckMinShare(interactive, batch)
 				r.ReleaseAll()
 				assert.Zero(t, reg.Keys())
 			})

@@ -52,30 +52,7 @@ func TestLimiterBatchMinShare(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(4, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 		r := testrig.New(t, l.Acquire)
-		for range 4 { // batch is idle: its share is lent
-			r.Add(interactive, "i")
-		}
-		for range 30 {
-			r.Add(batch, "b")
-		}
-		for range 120 {
-			r.Add(interactive, "i")
-		}
-		for range 100 {
-			r.ReleaseOldest()
-		}
-		got := r.Order()[4:]
-		require.Len(t, got, 100)
-		batchGrants := 0
-		for i, c := range got {
-			if c == "b" {
-				batchGrants++
-			}
-			if i%4 == 0 {
-				assert.Equal(t, "b", c, "grant %d", i)
-			}
-		}
-		assert.Equal(t, 25, batchGrants)
+		r.CheckMinShare(interactive, batch)
 		r.ReleaseAll()
 		assert.Zero(t, l.InFlight())
 	})
@@ -159,21 +136,7 @@ func TestLimiterFlowWeights(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		l := slots.NewLimiter(1)
 		r := testrig.New(t, l.Acquire)
-		a := slots.WithFlowWeight(context.Background(), "A", 3)
-		b := slots.WithFlowWeight(context.Background(), "B", 1)
-		r.Add(a, "A")
-		for range 400 {
-			r.Add(a, "A")
-			r.Add(b, "B")
-		}
-		for range 400 {
-			r.ReleaseOldest()
-		}
-		n := map[string]int{}
-		for _, f := range r.Order()[1:401] {
-			n[f]++
-		}
-		assert.InEpsilon(t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "%v", n)
+		r.CheckWeights(slots.WithFlowWeight(context.Background(), "A", 3), slots.WithFlowWeight(context.Background(), "B", 1))
 		r.ReleaseAll()
 	})
 }
@@ -297,21 +260,7 @@ func TestLimiterDefaultFlowWeight(t *testing.T) {
 			l := slots.NewLimiter(1)
 			r := testrig.New(t, l.Acquire)
 			base := slots.WithPriority(context.Background(), p)
-			a := slots.WithFlowWeight(base, "", 3)
-			b := slots.WithFlowWeight(base, "B", 1)
-			r.Add(a, "A")
-			for range 400 {
-				r.Add(a, "A")
-				r.Add(b, "B")
-			}
-			for range 400 {
-				r.ReleaseOldest()
-			}
-			n := map[string]int{}
-			for _, f := range r.Order()[1:401] {
-				n[f]++
-			}
-			assert.InEpsilon(t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "%v: %v", p, n)
+			r.CheckWeights(slots.WithFlowWeight(base, "", 3), slots.WithFlowWeight(base, "B", 1))
 			r.ReleaseAll()
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"testing/synctest"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/slots"
@@ -86,4 +87,56 @@ func (r *Rig) Errs() []error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return append([]error(nil), r.errs...)
+}
+
+// CheckMinShare runs the sustained-load scenario of a minimum share of 1 on
+// a cap of 4: four holders of the high class (the low class idle, its share
+// lent), then 30 low and 120 high waiters, then 100 releases of the oldest
+// holder. Every fourth grant must go to the low class, 25 of the 100 in all.
+func (r *Rig) CheckMinShare(high, low context.Context) {
+	r.t.Helper()
+	for range 4 {
+		r.Add(high, "high")
+	}
+	for range 30 {
+		r.Add(low, "low")
+	}
+	for range 120 {
+		r.Add(high, "high")
+	}
+	for range 100 {
+		r.ReleaseOldest()
+	}
+	got := r.Order()[4:]
+	require.Len(r.t, got, 100)
+	n := 0
+	for i, c := range got {
+		if c == "low" {
+			n++
+		}
+		if i%4 == 0 {
+			assert.Equal(r.t, "low", c, "grant %d", i)
+		}
+	}
+	assert.Equal(r.t, 25, n, "low-class grants out of 100")
+}
+
+// CheckWeights queues one caller of a, then 400 each of a and b in turn,
+// with a cap of 1, and checks that over the next 400 grants a (weight 3) and
+// b (weight 1) are admitted 3:1, within 5%.
+func (r *Rig) CheckWeights(a, b context.Context) {
+	r.t.Helper()
+	r.Add(a, "A")
+	for range 400 {
+		r.Add(a, "A")
+		r.Add(b, "B")
+	}
+	for range 400 {
+		r.ReleaseOldest()
+	}
+	n := map[string]int{}
+	for _, f := range r.Order()[1:401] {
+		n[f]++
+	}
+	assert.InEpsilon(r.t, 3.0, float64(n["A"])/float64(n["B"]), 0.05, "grants: %v", n)
 }
