@@ -15,9 +15,7 @@
 // per admission drops expired leases, checks every key's limit and adds the
 // lease to all of them, or to none; a retried call with the same lease id
 // takes nothing twice. Limits are sent with each call, so they live in the
-// process: SetLimit takes effect at the next admission. The calls of
-// concurrent admissions are sent together, in pipelines (a few on their way
-// at once), so that many callers share round trips.
+// process: SetLimit takes effect at the next admission.
 //
 // A lease does not expire under a live holder: one heartbeat goroutine per
 // Registry renews every held lease each LeaseTTL/3, in batched calls, each
