@@ -148,8 +148,7 @@ type Registry[K comparable] struct {
 	waiters  []*waiter
 	retry    []*lease[K] // abandons that failed, for the heartbeat to send again
 	closed   bool
-	released chan *lease[K]   // to the releaser
-	calls    chan *scriptCall // to the dispatcher
+	released chan *lease[K] // to the releaser
 
 	// redisMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
@@ -203,7 +202,6 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 		limits:   map[K]int{},
 		leases:   map[*lease[K]]struct{}{},
 		released: make(chan *lease[K], releaseQueue),
-		calls:    make(chan *scriptCall, maxPipeline),
 
 		subscribed: make(chan struct{}),
 		recovery:   make(chan struct{}, 1),
@@ -225,10 +223,7 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	r.local = registry.New[K](defaultLimit, cfg.local...)
 	r.brk.threshold = cfg.breakAfter
 	r.stopping, r.stop = context.WithCancel(context.Background())
-	r.done.Add(3 + dispatchers)
-	for range dispatchers {
-		go r.dispatch()
-	}
+	r.done.Add(3)
 	go r.heartbeat()
 	go r.releaser()
 	go r.subscribe()
@@ -508,21 +503,14 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 	if !r.brk.allow() {
 		return r.unavailable(l)
 	}
-	res, err, sent := r.call(ctx, append(slices.Clip(l.names), r.tombstone(l.id)), args)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
+	res, err := acquireScript.Run(cctx, r.rdb, append(l.names, r.tombstone(l.id)), args...).Int64Slice()
+	cancel()
 	if err != nil {
-		if sent {
-			// The call may still run on the server: take back what it
-			// adds, and go on under a new lease id.
-			if errors.Is(err, ErrClosed) {
-				r.remove([]*lease[K]{l.abandonment()}) // the releaser may have stopped
-			} else {
-				r.abandon(l)
-			}
-		}
-		switch {
-		case errors.Is(err, ErrClosed):
-			return failed(ErrClosed)
-		case ctx.Err() != nil: // the caller's context ended, not Redis
+		// The call may still run on the server: take back what it adds,
+		// and go on under a new lease id.
+		r.abandon(l)
+		if ctx.Err() != nil { // the caller's context ended, not Redis
 			return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 		}
 		r.redisFailed(err)
