@@ -17,12 +17,14 @@ import (
 // lateCall is a client hook that makes the next acquire call fail on the
 // client's side (as a timeout would) while the script still runs on the
 // server: before the abandon that follows reaches Redis, or after it.
+// lateRes is what the late call returned.
 type lateCall struct {
 	c          *redis.Client
 	armed      atomic.Bool
 	afterTomb  bool          // run the late script once its tombstone exists
 	tombExists func() bool   // with afterTomb
 	ran        chan struct{} // closed once the late script has run
+	lateRes    []int64
 }
 
 func (h *lateCall) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -37,6 +39,7 @@ func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		late := redis.NewCmd(context.Background(), cmd.Args()...)
 		if !h.afterTomb {
 			_ = next(context.Background(), late) // the server runs it now...
+			h.lateRes, _ = late.Int64Slice()
 			close(h.ran)
 		} else {
 			go func() {
@@ -44,6 +47,7 @@ func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 					time.Sleep(time.Millisecond) // polling the server for the abandon
 				}
 				_ = h.c.Process(context.Background(), late) // ...or after the abandon
+				h.lateRes, _ = late.Int64Slice()
 				close(h.ran)
 			}()
 		}
@@ -71,6 +75,7 @@ func TestFailedCallTakesNothing(t *testing.T) {
 				}
 				return false
 			}
+			require.NoError(t, acquireScript.Load(context.Background(), c).Err()) // the late EVALSHA runs for real
 			c.AddHook(h)
 			r := New[string](c, "t", 1, WithLeaseTTL(3*time.Second), WithUnavailable(mode))
 			h.armed.Store(true)
@@ -82,6 +87,12 @@ func TestFailedCallTakesNothing(t *testing.T) {
 				assert.True(t, s.Degraded())
 			}
 			<-h.ran
+			require.Len(t, h.lateRes, 5)
+			if afterTomb {
+				assert.Equal(t, int64(-1), h.lateRes[0], "the tombstone refuses the late call")
+			} else {
+				assert.Equal(t, int64(1), h.lateRes[0], "the late call took a lease, for the abandon to take back")
+			}
 			eventually(t, "whatever the late call added is removed", func() bool {
 				return len(m.leases("k")) == 0 && len(r.released) == 0
 			})
