@@ -293,21 +293,35 @@ func (r *Registry[K]) remove(leases []*lease[K]) {
 	}
 	var keys []string
 	args := []any{r.channel}
-	var failedAbandons []*lease[K]
+	var abandons []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
-			ctx, cancel := call()
-			err := abandonScript.Run(ctx, r.rdb, append(slices.Clip(l.names), r.tombstone(l.id)), l.id, r.cfg.ttl.Milliseconds()).Err()
-			cancel()
-			if err != nil {
-				r.redisFailed(err)
-				failedAbandons = append(failedAbandons, l)
-			}
+			abandons = append(abandons, l)
 			continue
 		}
 		for i, name := range l.names {
 			keys = append(keys, name)
 			args = append(args, l.id, l.limits[i])
+		}
+	}
+	var failedAbandons []*lease[K]
+	if len(abandons) > 0 {
+		akeys, aargs := make([][]string, len(abandons)), make([][]any, len(abandons))
+		for i, l := range abandons {
+			akeys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
+			aargs[i] = []any{l.id, r.cfg.ttl.Milliseconds()}
+		}
+		ctx, cancel := call()
+		var failure error
+		for i, cmd := range evalAll(ctx, r.rdb, abandonScript, akeys, aargs) {
+			if err := cmd.Err(); err != nil {
+				failure = err
+				failedAbandons = append(failedAbandons, abandons[i])
+			}
+		}
+		cancel()
+		if failure != nil {
+			r.redisFailed(failure) // once for the pipeline
 		}
 	}
 	if len(failedAbandons) > 0 {

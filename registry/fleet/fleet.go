@@ -15,7 +15,11 @@
 // per admission drops expired leases, checks every key's limit and adds the
 // lease to all of them, or to none; a retried call with the same lease id
 // takes nothing twice. Limits are sent with each call, so they live in the
-// process: SetLimit takes effect at the next admission.
+// process: SetLimit takes effect at the next admission. Admissions made at
+// the same time share round trips: while calls are on their way to Redis,
+// later ones queue and then go together as one pipeline (one write and one
+// read for many), each still its own script call. An admission alone
+// sends its call at once.
 //
 // A lease does not expire under a live holder: one heartbeat goroutine per
 // Registry renews every held lease each LeaseTTL/3, in batched calls, each
@@ -149,6 +153,7 @@ type Registry[K comparable] struct {
 	retry    []*lease[K] // abandons that failed, for the heartbeat to send again
 	closed   bool
 	released chan *lease[K] // to the releaser
+	calls    calls          // acquire calls on their way or queued
 
 	// redisMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
@@ -205,6 +210,7 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 
 		subscribed: make(chan struct{}),
 		recovery:   make(chan struct{}, 1),
+		calls:      calls{max: maxSending},
 	}
 	if f, ok := cfg.keyName.(func(K) string); ok {
 		r.keyName = f
@@ -248,6 +254,7 @@ func (r *Registry[K]) Close() {
 	r.closed = true
 	waiters := slices.Clone(r.waiters)
 	r.mu.Unlock()
+	r.calls.close()
 	for _, w := range waiters {
 		w.signal()
 	}
@@ -503,21 +510,21 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 	if !r.brk.allow() {
 		return r.unavailable(l)
 	}
-	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
-	res, err := acquireScript.Run(cctx, r.rdb, append(l.names, r.tombstone(l.id)), args...).Int64Slice()
-	cancel()
-	if err != nil {
-		// The call may still run on the server: take back what it adds,
-		// and go on under a new lease id.
-		r.abandon(l)
-		if ctx.Err() != nil { // the caller's context ended, not Redis
+	rp := r.call(ctx, append(slices.Clip(l.names), r.tombstone(l.id)), args)
+	res := rp.res
+	if err := rp.err; err != nil {
+		if rp.sent {
+			// The call may still run on the server: take back what it
+			// adds, and go on under a new lease id.
+			r.abandon(l)
+		}
+		switch {
+		case errors.Is(err, ErrClosed):
+			return failed(ErrClosed)
+		case ctx.Err() != nil: // the caller's context ended, not Redis
 			return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 		}
-		r.redisFailed(err)
-		return r.unavailable(l)
-	}
-	if r.brk.success() {
-		r.recovered()
+		return r.unavailable(l) // a failure, or the breaker opened while it was queued
 	}
 	if len(res) != 5 || res[0] < 0 {
 		r.abandon(l)

@@ -1,0 +1,258 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Acquire calls that overlap share pipelines. While maxSending calls (or
+// pipelines of calls) are on their way to Redis, later calls queue; each
+// time one comes back, everything queued goes as one pipeline: one write
+// and one read for many calls. A caller alone sends its call at once, as a
+// plain EVALSHA.
+const (
+	maxSending  = 2
+	maxPipeline = 128
+)
+
+// errBreakerOpen: a queued call was not sent, because the breaker opened
+// while it waited.
+var errBreakerOpen = errors.New("fleet: breaker open")
+
+// calls is the Registry's queue of acquire calls.
+type calls struct {
+	mu      sync.Mutex // protects the fields below
+	sending int        // calls and pipelines on their way
+	max     int        // maxSending (tests lower it)
+	pending []*scriptCall
+	closed  bool
+}
+
+// scriptCall is a queued acquire call.
+type scriptCall struct {
+	keys     []string
+	args     []any
+	deadline time.Time // when it was queued, plus the call timeout
+	taken    bool      // put into a pipeline (guarded by calls.mu)
+	reply    reply
+	done     chan struct{} // closed once reply is set
+}
+
+// reply is how an acquire call went.
+type reply struct {
+	res []int64
+	err error
+	// sent: the call may have reached Redis. If it failed, whatever it
+	// added must be taken back (the lease id abandoned). The breaker has
+	// counted it already: a pipeline counts once for all its calls.
+	sent bool
+}
+
+// call runs the acquire script with keys and args: at once if fewer than
+// maxSending calls are on their way, else queued for the next pipeline.
+// The call ends within the call timeout from when it was made; a caller
+// whose ctx ends first stops waiting (and its call, if not sent yet, is not
+// sent).
+func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply {
+	q := &r.calls
+	q.mu.Lock()
+	if q.closed {
+		q.mu.Unlock()
+		return reply{err: ErrClosed}
+	}
+	if q.sending < q.max {
+		q.sending++
+		q.mu.Unlock()
+		rp := r.callAlone(ctx, keys, args)
+		r.doneSending()
+		return rp
+	}
+	c := &scriptCall{keys: keys, args: args, deadline: time.Now().Add(r.cfg.opTimeout), done: make(chan struct{})}
+	q.pending = append(q.pending, c)
+	q.mu.Unlock()
+	select {
+	case <-c.done:
+		return c.reply
+	case <-ctx.Done():
+	}
+	q.mu.Lock()
+	sent := c.taken
+	if !sent {
+		q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
+	}
+	q.mu.Unlock()
+	return reply{err: ctx.Err(), sent: sent}
+}
+
+// callAlone sends one call as a plain EVALSHA (EVAL if the server lacks the
+// script), and lets the breaker count how it went (unless the caller's ctx
+// ended: that is not Redis's failure). The breaker counts before any call
+// queued meanwhile is sent, so that those see it open.
+func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) reply {
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
+	res, err := acquireScript.Run(cctx, r.rdb, keys, args...).Int64Slice()
+	cancel()
+	switch {
+	case err == nil:
+		if r.brk.success() {
+			r.recovered()
+		}
+	case ctx.Err() == nil:
+		r.redisFailed(err)
+	}
+	return reply{res: res, err: err, sent: true}
+}
+
+// doneSending follows a call sent alone: if calls queued meanwhile, a
+// goroutine sends them in pipelines until the queue is empty.
+func (r *Registry[K]) doneSending() {
+	q := &r.calls
+	q.mu.Lock()
+	batch := q.takeLocked()
+	if batch == nil {
+		q.sending--
+		q.mu.Unlock()
+		return
+	}
+	r.done.Add(1) // before Close waits: Close sets q.closed first
+	q.mu.Unlock()
+	go r.sendPipelines(batch)
+}
+
+// takeLocked takes the queued calls, up to a pipeline, oldest first; nil if
+// none are queued or the Registry is closed.
+func (q *calls) takeLocked() []*scriptCall {
+	if q.closed || len(q.pending) == 0 {
+		return nil
+	}
+	n := min(len(q.pending), maxPipeline)
+	batch := slices.Clone(q.pending[:n])
+	q.pending = slices.Delete(q.pending, 0, n)
+	for _, c := range batch {
+		c.taken = true
+	}
+	return batch
+}
+
+// close fails the queued calls (never sent) and keeps new ones from
+// queueing: Close calls it before it waits for the goroutines.
+func (q *calls) close() {
+	q.mu.Lock()
+	q.closed = true
+	pending := q.pending
+	q.pending = nil
+	q.mu.Unlock()
+	for _, c := range pending {
+		c.reply = reply{err: ErrClosed}
+		close(c.done)
+	}
+}
+
+// sendPipelines sends batch, then whatever queued meanwhile, until nothing
+// is queued.
+func (r *Registry[K]) sendPipelines(batch []*scriptCall) {
+	defer r.done.Done()
+	q := &r.calls
+	for batch != nil {
+		r.sendPipeline(batch)
+		q.mu.Lock()
+		batch = q.takeLocked()
+		if batch == nil {
+			q.sending--
+		}
+		q.mu.Unlock()
+	}
+}
+
+// sendPipeline sends batch as one pipeline, ending by its oldest call's
+// deadline (or at Close), and hands each call its reply. The breaker counts
+// the pipeline once, as one success or one failure. If Close cut the
+// pipeline short, its calls are abandoned here, in one call, and fail with
+// ErrClosed.
+func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
+	if !r.brk.allow() {
+		for _, c := range batch {
+			c.reply = reply{err: errBreakerOpen}
+			close(c.done)
+		}
+		return
+	}
+	ctx, cancel := context.WithDeadline(r.stopping, batch[0].deadline)
+	defer cancel()
+	keys, args := make([][]string, len(batch)), make([][]any, len(batch))
+	for i, c := range batch {
+		keys[i], args[i] = c.keys, c.args
+	}
+	cmds := evalAll(ctx, r.rdb, acquireScript, keys, args)
+	if r.stopping.Err() != nil {
+		r.abandonCalls(batch)
+		for _, c := range batch {
+			c.reply = reply{err: ErrClosed}
+			close(c.done)
+		}
+		return
+	}
+	var failure error
+	for i, c := range batch {
+		c.reply.res, c.reply.err = cmds[i].Int64Slice()
+		c.reply.sent = true
+		if failure == nil {
+			failure = c.reply.err
+		}
+	}
+	switch {
+	case failure != nil:
+		r.redisFailed(failure)
+	case r.brk.success():
+		r.recovered()
+	}
+	for _, c := range batch {
+		close(c.done)
+	}
+}
+
+// abandonCalls takes back what the calls may have added (see abandon),
+// unless Redis is unreachable: then the leases expire after the TTL.
+func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
+	if !r.brk.allow() {
+		return
+	}
+	leases := make([]*lease[K], len(batch))
+	for i, c := range batch {
+		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[:len(c.keys)-1], abandoned: true}
+	}
+	r.remove(leases)
+}
+
+// evalAll runs script once for each (keys[i], args[i]) in one pipeline, as
+// EVALSHA, then sends again as EVAL (which loads the script) the calls the
+// server had no script for (NOSCRIPT: after a restart or SCRIPT FLUSH). It
+// returns each call's command, with its own reply or error.
+func evalAll(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(keys))
+	pipe := rdb.Pipeline()
+	for i := range keys {
+		cmds[i] = script.EvalSha(ctx, pipe, keys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx) // the first error; each command has its own
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return cmds
+	}
+	pipe = rdb.Pipeline()
+	for _, i := range again {
+		cmds[i] = script.Eval(ctx, pipe, keys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx)
+	return cmds
+}

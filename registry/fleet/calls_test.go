@@ -1,0 +1,328 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// callHook watches and steers the acquire calls of a client: it can hold
+// the next call sent alone, hold the pipelines, or make the pipelines run
+// on the server and then fail on the client's side (as a timeout would).
+type callHook struct {
+	holdAlone atomic.Bool   // the next call sent alone waits for openAlone
+	openAlone chan struct{} // closed to let it go
+	holdPipes chan struct{} // not nil: pipelines wait for it to close, or for their context
+	late      atomic.Bool   // pipelines run on the server, then fail on the client's side
+
+	mu        sync.Mutex
+	pipes     []int       // the size of each acquire pipeline sent
+	deadlines []time.Time // each one's context deadline
+}
+
+func newCallHook() *callHook { return &callHook{openAlone: make(chan struct{})} }
+
+func isAcquire(cmd redis.Cmder) bool {
+	args := cmd.Args()
+	return len(args) > 1 && (cmd.Name() == "evalsha" && args[1] == acquireScript.Hash() ||
+		cmd.Name() == "eval" && strings.Contains(args[1].(string), "ZRANGE"))
+}
+
+func (h *callHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *callHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isAcquire(cmd) && h.holdAlone.CompareAndSwap(true, false) {
+			<-h.openAlone
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *callHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if !isAcquire(cmds[0]) {
+			return next(ctx, cmds)
+		}
+		d, _ := ctx.Deadline()
+		h.mu.Lock()
+		h.pipes = append(h.pipes, len(cmds))
+		h.deadlines = append(h.deadlines, d)
+		h.mu.Unlock()
+		if h.holdPipes != nil {
+			select {
+			case <-h.holdPipes:
+			case <-ctx.Done():
+				for _, c := range cmds {
+					c.SetErr(ctx.Err())
+				}
+				return ctx.Err()
+			}
+		}
+		if h.late.Load() {
+			_ = next(context.Background(), cmds) // the server runs them...
+			for _, c := range cmds {
+				c.SetErr(context.DeadlineExceeded) // ...but the client gives up
+			}
+			return context.DeadlineExceeded
+		}
+		return next(ctx, cmds)
+	}
+}
+
+func (h *callHook) sent() []int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]int(nil), h.pipes...)
+}
+
+// queued returns how many acquire calls wait for a pipeline.
+func (r *Registry[K]) queued() int {
+	r.calls.mu.Lock()
+	defer r.calls.mu.Unlock()
+	return len(r.calls.pending)
+}
+
+// pipelined sets up a Registry on m whose next call sent alone is held by
+// the returned hook, with one call on its way at most: the calls made
+// after it queue for a pipeline.
+func pipelined(t *testing.T, m *mini, limit int, opts ...Option) (*Registry[string], *callHook) {
+	c := m.client()
+	h := newCallHook()
+	c.AddHook(h)
+	r := New[string](c, "t", limit, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
+	t.Cleanup(r.Close)
+	r.calls.max = 1
+	return r, h
+}
+
+// holdAlone starts a TryAcquire on key whose call is held, and returns its
+// result once the hook lets it go.
+func holdAlone(t *testing.T, r *Registry[string], h *callHook, key string) <-chan *slots.Slot {
+	h.holdAlone.Store(true)
+	out := make(chan *slots.Slot, 1)
+	go func() {
+		s, _ := r.TryAcquire(key)
+		out <- s
+	}()
+	eventually(t, "the call sent alone is held", func() bool { return !h.holdAlone.Load() })
+	return out
+}
+
+type result struct {
+	s   *slots.Slot
+	err error
+}
+
+// queue starts n TryAcquire calls on key and waits until all have queued.
+func queue(t *testing.T, r *Registry[string], n int, key string) <-chan result {
+	out := make(chan result, n)
+	before := r.queued()
+	for range n {
+		go func() {
+			s, err := r.TryAcquire(key)
+			out <- result{s, err}
+		}()
+	}
+	eventually(t, "the calls queue", func() bool { return r.queued() == before+n })
+	return out
+}
+
+// Calls made while one is on its way go together, as one pipeline, and
+// the script decides each in turn: with room for 5, the held call and 4
+// of the 8 queued ones are admitted.
+func TestOverlappingCallsSharePipeline(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 5)
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 8, "k")
+	close(h.openAlone)
+	held := []*slots.Slot{<-first}
+	require.NotNil(t, held[0])
+	rejected := 0
+	for range 8 {
+		res := <-results
+		if res.err != nil {
+			require.ErrorIs(t, res.err, slots.ErrLimitReached)
+			rejected++
+			continue
+		}
+		held = append(held, res.s)
+	}
+	assert.Equal(t, []int{8}, h.sent(), "one pipeline of all 8")
+	assert.Equal(t, 4, rejected)
+	assert.Len(t, m.leases("k"), 5)
+	assert.Equal(t, 5, r.Local().InFlight("k"))
+	for _, s := range held {
+		s.Release()
+	}
+	eventually(t, "all released", func() bool { return len(m.leases("k")) == 0 })
+	assert.Zero(t, r.Stats().RedisErrors)
+}
+
+// A queued call whose caller gives up is not sent, and leaves nothing to
+// take back.
+func TestQueuedCallCancelledIsNotSent(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 10)
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 2, "k")
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := make(chan error, 1)
+	go func() {
+		_, err := r.Acquire(ctx, "k")
+		gone <- err
+	}()
+	eventually(t, "queued", func() bool { return r.queued() == 3 })
+	cancel()
+	require.ErrorIs(t, <-gone, context.Canceled)
+	assert.Equal(t, 2, r.queued())
+	close(h.openAlone)
+	(<-first).Release()
+	for range 2 {
+		res := <-results
+		require.NoError(t, res.err)
+		res.s.Release()
+	}
+	assert.Equal(t, []int{2}, h.sent())
+	eventually(t, "all released", func() bool { return len(m.leases("k")) == 0 && len(r.released) == 0 })
+	assert.Empty(t, m.srv.Keys(), "no tombstone: nothing was abandoned")
+}
+
+// A pipeline that fails counts as one failure for the breaker, not one
+// per call; its calls, which ran on the server, are taken back.
+func TestFailedPipelineCountsOnce(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100, WithBreaker(3, time.Hour), WithUnavailable(FailClosed))
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 10, "k")
+	h.late.Store(true)
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	for range 10 {
+		res := <-results
+		require.ErrorIs(t, res.err, ErrUnavailable)
+	}
+	st := r.Stats()
+	assert.Equal(t, uint64(1), st.RedisErrors)
+	assert.False(t, st.BreakerOpen, "one failed pipeline does not open a breaker of 3")
+	eventually(t, "what the late calls took is taken back", func() bool { return len(m.leases("k")) == 1 })
+	s.Release()
+	eventually(t, "released", func() bool { return len(m.leases("k")) == 0 })
+}
+
+// Calls queued when the breaker opens are not sent: they are decided as
+// WithUnavailable says (here, under the local registry).
+func TestBreakerOpenWhileQueued(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100, WithBreaker(1, time.Hour))
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 3, "k")
+	m.srv.SetError("LOADING down") // the held call fails and opens the breaker
+	close(h.openAlone)
+	held := []*slots.Slot{<-first}
+	for range 3 {
+		res := <-results
+		require.NoError(t, res.err)
+		held = append(held, res.s)
+	}
+	for _, s := range held {
+		assert.True(t, s.Degraded())
+	}
+	assert.Empty(t, h.sent(), "no pipeline sent")
+	assert.Equal(t, uint64(1), r.Stats().RedisErrors)
+	m.srv.SetError("")
+	for _, s := range held {
+		s.Release()
+	}
+}
+
+// A pipeline ends by its oldest call's deadline: queued at t, it ends at
+// t + WithTimeout at the latest, however long it queued.
+func TestPipelineDeadline(t *testing.T) {
+	m := newMini(t)
+	const timeout = 2 * time.Second
+	r, h := pipelined(t, m, 100, WithTimeout(timeout), WithLeaseTTL(time.Minute))
+	first := holdAlone(t, r, h, "k")
+	before := time.Now()
+	results := queue(t, r, 3, "k")
+	after := time.Now()
+	close(h.openAlone)
+	(<-first).Release()
+	for range 3 {
+		res := <-results
+		require.NoError(t, res.err)
+		res.s.Release()
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	require.Len(t, h.deadlines, 1)
+	d := h.deadlines[0]
+	assert.False(t, d.Before(before.Add(timeout)), "deadline %v, queued after %v", d, before)
+	assert.False(t, d.After(after.Add(timeout)), "deadline %v, queued before %v", d, after)
+}
+
+// NOSCRIPT in a pipeline (after SCRIPT FLUSH): the calls are sent again as
+// EVAL, and admitted.
+func TestPipelineNoScript(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100)
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 3, "k")
+	require.NoError(t, m.client().ScriptFlush(context.Background()).Err())
+	close(h.openAlone)
+	(<-first).Release()
+	for range 3 {
+		res := <-results
+		require.NoError(t, res.err)
+		assert.False(t, res.s.Degraded())
+		res.s.Release()
+	}
+	assert.Equal(t, []int{3}, h.sent())
+	assert.Zero(t, r.Stats().RedisErrors)
+}
+
+// Close fails the queued calls at once and cuts short a pipeline on its
+// way: its calls fail with ErrClosed and are taken back (tombstoned), and
+// Close does not wait for the call timeout.
+func TestCloseCutsPipeline(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
+	h.holdPipes = make(chan struct{})
+	first := holdAlone(t, r, h, "k")
+	inPipe := queue(t, r, 3, "k")
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	stillQueued := queue(t, r, 2, "k")
+	start := time.Now()
+	r.Close()
+	assert.Less(t, time.Since(start), 10*time.Second, "Close does not wait for the pipeline")
+	for range 3 {
+		assert.ErrorIs(t, (<-inPipe).err, ErrClosed)
+	}
+	for range 2 {
+		assert.ErrorIs(t, (<-stillQueued).err, ErrClosed)
+	}
+	tombs := 0
+	for _, k := range m.srv.Keys() {
+		if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
+			tombs++
+		}
+	}
+	assert.Equal(t, 3, tombs, "the cut pipeline's calls are abandoned")
+	assert.Equal(t, []int{3}, h.sent())
+	s.Release()
+	_, err := r.TryAcquire("k")
+	assert.True(t, errors.Is(err, ErrClosed))
+}
