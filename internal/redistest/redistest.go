@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -27,12 +28,18 @@ type Server struct {
 	t    testing.TB
 	bin  string
 	port int
+	args []string // beyond the defaults
 	cmd  *exec.Cmd
 	exit chan struct{}
 }
 
 // Start starts a redis-server, stopped at the test's cleanup.
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return start(t)
+}
+
+func start(t testing.TB, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -41,7 +48,7 @@ func Start(t testing.TB) *Server {
 		}
 		t.Skipf("redis-server not found (install it, e.g. apt-get install redis-server): %v", err)
 	}
-	s := &Server{t: t, bin: bin, port: freePort(t)}
+	s := &Server{t: t, bin: bin, port: freePort(t), args: args}
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
 	s.Restart()
 	t.Cleanup(s.Kill)
@@ -63,6 +70,7 @@ func (s *Server) Restart() {
 	s.t.Helper()
 	s.cmd = exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning")
+	s.cmd.Args = append(s.cmd.Args, s.args...)
 	s.cmd.Dir = s.t.TempDir()
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
@@ -124,3 +132,75 @@ func (s *Server) Client() *redis.Client {
 
 // String returns the server's address.
 func (s *Server) String() string { return fmt.Sprintf("redis-server at %s", s.Addr) }
+
+// Cluster is a Redis Cluster of redis-servers, one master per shard and no
+// replicas, its hash slots split evenly between them.
+type Cluster struct {
+	Nodes []*Server
+	t     testing.TB
+}
+
+// StartCluster starts a cluster of n masters (at least 1), stopped at the
+// test's cleanup, and returns once every node reports the cluster healthy.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	cl := &Cluster{t: t}
+	for range n {
+		// The node's config file goes in its working directory, a fresh
+		// temporary one.
+		cl.Nodes = append(cl.Nodes, start(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+	}
+	ctx := context.Background()
+	const slots = 16384
+	for i, s := range cl.Nodes {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		lo, hi := i*slots/n, (i+1)*slots/n-1
+		if err := c.ClusterAddSlotsRange(ctx, lo, hi).Err(); err != nil {
+			t.Fatalf("redistest: cluster addslotsrange %d-%d on %s: %v", lo, hi, s.Addr, err)
+		}
+		if i > 0 {
+			if err := c.ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(cl.Nodes[0].port)).Err(); err != nil {
+				t.Fatalf("redistest: cluster meet: %v", err)
+			}
+		}
+		c.Close()
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range cl.Nodes {
+		c := redis.NewClient(&redis.Options{Addr: s.Addr})
+		for {
+			info, err := c.ClusterInfo(ctx).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("redistest: cluster not healthy on %s: %v %s", s.Addr, err, info)
+			}
+			time.Sleep(20 * time.Millisecond) // nodes gossiping: poll their state
+		}
+		c.Close()
+	}
+	return cl
+}
+
+// Client returns a cluster client with the timeouts the fleet package
+// recommends, closed at the test's cleanup.
+func (cl *Cluster) Client() *redis.ClusterClient {
+	addrs := make([]string, len(cl.Nodes))
+	for i, s := range cl.Nodes {
+		addrs[i] = s.Addr
+	}
+	c := redis.NewClusterClient(&redis.ClusterOptions{
+		Addrs:                 addrs,
+		DialTimeout:           250 * time.Millisecond,
+		ReadTimeout:           250 * time.Millisecond,
+		WriteTimeout:          250 * time.Millisecond,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            1,
+		Protocol:              2,
+	})
+	cl.t.Cleanup(func() { c.Close() })
+	return c
+}

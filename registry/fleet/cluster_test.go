@@ -1,0 +1,108 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/redistest"
+)
+
+// On a Redis Cluster of three masters, two Registries whose keys live on
+// different nodes hold their caps under concurrent load (pipelines and
+// multi-key scripts included): each key's script runs on the node of its
+// Registry's hash tag. Leases are renewed past their TTL, and all are
+// removed at the end.
+func TestCluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	c := cl.Client()
+	// "{providers}" and "{tenants}" hash to slots served by different nodes.
+	nodeOf := func(tag string) string {
+		slot, err := c.ClusterKeySlot(ctx, "{"+tag+"}").Result()
+		require.NoError(t, err)
+		return cl.Nodes[int(slot)*len(cl.Nodes)/16384].Addr
+	}
+	require.NotEqual(t, nodeOf("providers"), nodeOf("tenants"))
+
+	const ttl = 300 * time.Millisecond
+	providers := New[string](cl.Client(), "providers", 4, WithLeaseTTL(ttl))
+	defer providers.Close()
+	providers.SetLimit("zai/glm-5", 2)
+	orgs := New[string](cl.Client(), "tenants", 3, WithLeaseTTL(ttl))
+	defer orgs.Close()
+
+	var provider, model, org, peakProvider, peakModel, peakOrg atomic.Int64
+	up := func(n, peak *atomic.Int64) {
+		v := n.Add(1)
+		for p := peak.Load(); v > p && !peak.CompareAndSwap(p, v); p = peak.Load() {
+		}
+	}
+	var wg sync.WaitGroup
+	var failures atomic.Int64
+	for range 32 {
+		wg.Go(func() {
+			wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			for range 20 {
+				p, err := providers.AcquireAll(wctx, "zai", "zai/glm-5")
+				if err != nil {
+					failures.Add(1)
+					return
+				}
+				up(&provider, &peakProvider)
+				up(&model, &peakModel)
+				assert.False(t, p.Degraded(), "Redis is healthy")
+				time.Sleep(500 * time.Microsecond) // the request's work
+				model.Add(-1)
+				provider.Add(-1)
+				p.Release()
+
+				o, err := orgs.Acquire(wctx, "acme")
+				if err != nil {
+					failures.Add(1)
+					return
+				}
+				up(&org, &peakOrg)
+				time.Sleep(500 * time.Microsecond)
+				org.Add(-1)
+				o.Release()
+			}
+		})
+	}
+	wg.Wait()
+	require.Zero(t, failures.Load())
+	assert.LessOrEqual(t, peakOrg.Load(), int64(3))
+	assert.LessOrEqual(t, peakProvider.Load(), int64(4))
+	assert.LessOrEqual(t, peakModel.Load(), int64(2))
+	assert.Equal(t, int64(2), peakModel.Load(), "the model cap was reached")
+	assert.Equal(t, int64(3), peakOrg.Load(), "the org cap was reached")
+
+	// A lease held for several TTLs is renewed on its node.
+	s, err := providers.TryAcquire("zai")
+	require.NoError(t, err)
+	deadline := time.Now().Add(4 * ttl)
+	for time.Now().Before(deadline) {
+		n, err := providers.InFlight(ctx, "zai")
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "renewed, never expired")
+		time.Sleep(ttl / 10) // watching the lease over time
+	}
+	s.Release()
+
+	for _, k := range []struct {
+		r   *Registry[string]
+		key string
+	}{{providers, "zai"}, {providers, "zai/glm-5"}, {orgs, "acme"}} {
+		require.Eventually(t, func() bool {
+			n, err := k.r.InFlight(ctx, k.key)
+			return err == nil && n == 0
+		}, 5*time.Second, time.Millisecond, "every lease of %s removed", k.key)
+	}
+	assert.Zero(t, providers.Stats().RedisErrors+orgs.Stats().RedisErrors)
+}
