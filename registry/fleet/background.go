@@ -286,11 +286,6 @@ func (r *Registry[K]) drain(first *lease[K]) []*lease[K] {
 func (r *Registry[K]) remove(leases []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
-	// Each call its own deadline, not the stopping context: a release
-	// during Close still reaches Redis.
-	call := func() (context.Context, context.CancelFunc) {
-		return context.WithTimeout(context.Background(), r.cfg.opTimeout)
-	}
 	var keys []string
 	args := []any{r.channel}
 	var abandons []*lease[K]
@@ -305,24 +300,12 @@ func (r *Registry[K]) remove(leases []*lease[K]) {
 		}
 	}
 	var failedAbandons []*lease[K]
-	if len(abandons) > 0 {
-		akeys, aargs := make([][]string, len(abandons)), make([][]any, len(abandons))
-		for i, l := range abandons {
-			akeys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
-			aargs[i] = []any{l.id, r.cfg.ttl.Milliseconds()}
+	for chunk := range slices.Chunk(abandons, batchSize) {
+		if !r.brk.allow() { // Redis unreachable: the heartbeat retries them
+			failedAbandons = append(failedAbandons, chunk...)
+			continue
 		}
-		ctx, cancel := call()
-		var failure error
-		for i, cmd := range evalAll(ctx, r.rdb, abandonScript, akeys, aargs) {
-			if err := cmd.Err(); err != nil {
-				failure = err
-				failedAbandons = append(failedAbandons, abandons[i])
-			}
-		}
-		cancel()
-		if failure != nil {
-			r.redisFailed(failure) // once for the pipeline
-		}
+		failedAbandons = append(failedAbandons, r.abandonAll(chunk)...)
 	}
 	if len(failedAbandons) > 0 {
 		// Retried by the heartbeat: the call they take back may have run.
@@ -333,11 +316,37 @@ func (r *Registry[K]) remove(leases []*lease[K]) {
 	if len(keys) == 0 {
 		return
 	}
-	ctx, cancel := call()
+	// Each call its own deadline, not the stopping context: a release
+	// during Close still reaches Redis.
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()
 	if err := releaseScript.Run(ctx, r.rdb, keys, args...).Err(); err != nil {
 		r.redisFailed(err)
 	}
+}
+
+// abandonAll sends the abandons of leases in one pipeline, and returns
+// those that failed.
+func (r *Registry[K]) abandonAll(leases []*lease[K]) []*lease[K] {
+	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
+	for i, l := range leases {
+		keys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
+		args[i] = []any{l.id, r.cfg.ttl.Milliseconds()}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
+	var failed []*lease[K]
+	var failure error
+	for i, cmd := range evalAll(ctx, r.rdb, abandonScript, keys, args) {
+		if err := cmd.Err(); err != nil {
+			failure = err
+			failed = append(failed, leases[i])
+		}
+	}
+	if failure != nil {
+		r.redisFailed(failure) // once for the pipeline
+	}
+	return failed
 }
 
 // retryAbandons sends again the abandons that failed, until they succeed

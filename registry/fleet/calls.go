@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"time"
@@ -68,17 +69,23 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply
 	if q.sending < q.max {
 		q.sending++
 		q.mu.Unlock()
-		rp := r.callAlone(ctx, keys, args)
-		r.doneSending()
-		return rp
+		defer r.doneSending() // even if the call panics: the queue must go on
+		return r.callAlone(ctx, keys, args)
 	}
-	c := &scriptCall{keys: keys, args: args, deadline: time.Now().Add(r.cfg.opTimeout), done: make(chan struct{})}
+	deadline := time.Now().Add(r.cfg.opTimeout)
+	c := &scriptCall{keys: keys, args: args, deadline: deadline, done: make(chan struct{})}
 	q.pending = append(q.pending, c)
 	q.mu.Unlock()
+	timer := time.NewTimer(time.Until(deadline)) // its own bound, whatever its pipeline's
+	defer timer.Stop()
+	var err error
 	select {
 	case <-c.done:
 		return c.reply
 	case <-ctx.Done():
+		err = ctx.Err()
+	case <-timer.C:
+		err = context.DeadlineExceeded
 	}
 	q.mu.Lock()
 	sent := c.taken
@@ -86,7 +93,7 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply
 		q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
 	}
 	q.mu.Unlock()
-	return reply{err: ctx.Err(), sent: sent}
+	return reply{err: err, sent: sent}
 }
 
 // callAlone sends one call as a plain EVALSHA (EVAL if the server lacks the
@@ -95,8 +102,8 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply
 // queued meanwhile is sent, so that those see it open.
 func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) reply {
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
+	defer cancel()
 	res, err := acquireScript.Run(cctx, r.rdb, keys, args...).Int64Slice()
-	cancel()
 	switch {
 	case err == nil:
 		if r.brk.success() {
@@ -182,13 +189,23 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 		}
 		return
 	}
-	ctx, cancel := context.WithDeadline(r.stopping, batch[0].deadline)
+	// Until its newest call's deadline: each caller stops waiting at its own
+	// (and abandons its call), so a fresh call does not share an old one's fate.
+	ctx, cancel := context.WithDeadline(r.stopping, batch[len(batch)-1].deadline)
 	defer cancel()
 	keys, args := make([][]string, len(batch)), make([][]any, len(batch))
 	for i, c := range batch {
 		keys[i], args[i] = c.keys, c.args
 	}
-	cmds := evalAll(ctx, r.rdb, acquireScript, keys, args)
+	cmds, perr := safeEvalAll(ctx, r.rdb, acquireScript, keys, args)
+	if perr != nil { // a panic in the client or a hook: fail the calls, keep the process
+		r.redisFailed(perr)
+		for _, c := range batch {
+			c.reply = reply{err: perr, sent: true}
+			close(c.done)
+		}
+		return
+	}
 	if r.stopping.Err() != nil {
 		r.abandonCalls(batch)
 		for _, c := range batch {
@@ -227,6 +244,16 @@ func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[:len(c.keys)-1], abandoned: true}
 	}
 	r.remove(leases)
+}
+
+// safeEvalAll is evalAll, with a panic turned into an error.
+func safeEvalAll(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys [][]string, args [][]any) (cmds []*redis.Cmd, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			cmds, err = nil, fmt.Errorf("fleet: panic in pipeline: %v", p)
+		}
+	}()
+	return evalAll(ctx, rdb, script, keys, args), nil
 }
 
 // evalAll runs script once for each (keys[i], args[i]) in one pipeline, as

@@ -239,6 +239,14 @@ func TestBreakerOpenWhileQueued(t *testing.T) {
 		assert.True(t, s.Degraded())
 	}
 	assert.Empty(t, h.sent(), "no pipeline sent")
+	// The held call failed and opened the breaker; it was sent, so the
+	// releaser abandons it, or rather leaves its abandon to the heartbeat
+	// while the breaker is open. The queued calls were never sent.
+	eventually(t, "the held call's abandon is left for later", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.retry) == 1
+	})
 	assert.Equal(t, uint64(1), r.Stats().RedisErrors)
 	m.srv.SetError("")
 	for _, s := range held {
@@ -325,4 +333,160 @@ func TestCloseCutsPipeline(t *testing.T) {
 	s.Release()
 	_, err := r.TryAcquire("k")
 	assert.True(t, errors.Is(err, ErrClosed))
+}
+
+// panicHook panics in the next acquire call sent alone, or in the next
+// pipeline of them, as a faulty client hook would.
+type panicHook struct{ alone, pipe atomic.Bool }
+
+func (h *panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isAcquire(cmd) && h.alone.CompareAndSwap(true, false) {
+			panic("hook panics")
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if isAcquire(cmds[0]) && h.pipe.CompareAndSwap(true, false) {
+			panic("pipeline hook panics")
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A call sent alone that panics (recovered by the caller, as net/http does
+// for a handler) gives back its place: later calls are still sent.
+func TestPanicInCallAloneFreesItsPlace(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicHook{}
+	c.AddHook(h)
+	r := New[string](c, "t", 10, WithLeaseTTL(3*time.Second))
+	t.Cleanup(r.Close)
+	for range maxSending {
+		h.alone.Store(true)
+		func() {
+			defer func() { _ = recover() }()
+			_, _ = r.TryAcquire("k")
+		}()
+	}
+	r.calls.mu.Lock()
+	sending := r.calls.sending
+	r.calls.mu.Unlock()
+	assert.Zero(t, sending, "no call is on its way")
+	done := make(chan error, 1)
+	go func() {
+		s, err := r.TryAcquire("k")
+		if err == nil {
+			s.Release()
+		}
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second): // a bound on a hang, not a wait
+		t.Fatalf("TryAcquire hangs: %d call(s) queued, none on its way", r.queued())
+	}
+}
+
+// A pipeline that panics does not take the process down: its calls fail
+// as a failed call does (here, admitted under the local registry), and the
+// breaker counts it once.
+func TestPanicInPipeline(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 10)
+	p := &panicHook{}
+	r.rdb.(*redis.Client).AddHook(p)
+	p.pipe.Store(true)
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 2, "k")
+	close(h.openAlone)
+	(<-first).Release()
+	for range 2 {
+		res := <-results
+		require.NoError(t, res.err)
+		assert.True(t, res.s.Degraded())
+		res.s.Release()
+	}
+	assert.Equal(t, uint64(1), r.Stats().RedisErrors)
+}
+
+// A LimitFunc that panics in Release (the wake-up needs the limit) leaves
+// the Registry usable: its lock is not held, and the local mirror is freed.
+func TestLimitFuncPanicInRelease(t *testing.T) {
+	m := newMini(t)
+	var boom atomic.Bool
+	r := New[string](m.client(), "t", 10, WithLeaseTTL(3*time.Second), WithLimitFunc(func(string) int {
+		if boom.Load() {
+			panic("limit source gone")
+		}
+		return 10
+	}))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	boom.Store(true)
+	assert.Panics(t, func() { s.Release() })
+	require.True(t, r.mu.TryLock(), "the Registry's lock is free")
+	r.mu.Unlock()
+	assert.Zero(t, r.Local().InFlight("k"))
+	assert.Zero(t, r.Stats().Held)
+	r.Close()
+}
+
+// A caller that gives up while its call is in a pipeline on its way
+// abandons it: the call, arriving after the tombstone, adds nothing.
+func TestTakenThenCancelledAddsNothing(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 10)
+	h.holdPipes = make(chan struct{})
+	first := holdAlone(t, r, h, "k")
+	ctx, cancel := context.WithCancel(context.Background())
+	gone := make(chan error, 1)
+	go func() { _, err := r.Acquire(ctx, "k"); gone <- err }()
+	eventually(t, "queued", func() bool { return r.queued() == 1 })
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	cancel()
+	require.ErrorIs(t, <-gone, context.Canceled)
+	eventually(t, "the abandon's tombstone is set", func() bool {
+		for _, k := range m.srv.Keys() {
+			if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
+				return true
+			}
+		}
+		return false
+	})
+	close(h.holdPipes) // the late call runs now
+	s.Release()
+	eventually(t, "nothing left", func() bool { return len(m.leases("k")) == 0 && len(r.released) == 0 })
+}
+
+// A call queued just now is not cut short by an older call in the same
+// pipeline whose time is up: each caller keeps its own deadline.
+func TestFreshCallKeepsItsDeadline(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100, WithTimeout(time.Second), WithLeaseTTL(time.Minute))
+	first := holdAlone(t, r, h, "k")
+	old := queue(t, r, 1, "k")
+	r.calls.mu.Lock()
+	r.calls.pending[0].deadline = time.Now().Add(-time.Millisecond) // as if it queued for WithTimeout
+	r.calls.mu.Unlock()
+	fresh := queue(t, r, 1, "k")
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	o, f := <-old, <-fresh
+	require.NoError(t, o.err)
+	require.NoError(t, f.err)
+	assert.False(t, f.s.Degraded(), "the fresh call is admitted under the fleet cap")
+	assert.Zero(t, r.Stats().RedisErrors, "Redis did not fail")
+	for _, x := range []*slots.Slot{s, o.s, f.s} {
+		x.Release()
+	}
 }

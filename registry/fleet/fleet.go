@@ -643,24 +643,38 @@ func (l *lease[K]) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
+	ok := false
+	defer func() {
+		if !ok { // a LimitFunc panicked: free the local mirror all the same
+			l.releaseLocal()
+		}
+	}()
+	out := l.releasing()
+	ok = true
+	l.releaseLocal()
+	if out != nil {
+		l.r.queueRelease(out)
+	}
+}
+
+// releasing drops l from the held leases and returns what to remove from
+// Redis, or nil.
+func (l *lease[K]) releasing() *lease[K] {
 	r := l.r
 	r.mu.Lock()
+	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
 	delete(r.leases, l)
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
-	send := (!l.degraded || l.sent) && !r.closed
-	out := l
-	if send {
-		r.limitsLocked(l) // the wake-up is for a key full by its limit now
-		if l.sent {
-			out = l.abandonment() // a renewal may still put it back
-		}
+	if (l.degraded && !l.sent) || r.closed {
+		return nil
 	}
-	r.mu.Unlock()
-	l.releaseLocal()
-	if send {
-		r.queueRelease(out)
+	if l.sent {
+		r.limitsLocked(l)
+		return l.abandonment() // a renewal may still put it back
 	}
+	r.limitsLocked(l) // the wake-up is for a key full by its limit now
+	return l
 }
 
 func (l *lease[K]) releaseLocal() {
