@@ -82,6 +82,7 @@ func (r *Registry[K]) heartbeat() {
 			}
 		case <-r.recovery:
 			r.renew()
+			r.retryAbandons() // those left while the breaker was open
 			r.wakeAll()
 		}
 	}
@@ -335,9 +336,14 @@ func (r *Registry[K]) abandonAll(leases []*lease[K]) []*lease[K] {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()
+	cmds, perr := safeEvalAll(ctx, r.rdb, abandonScript, keys, args)
+	if perr != nil {
+		r.redisFailed(perr)
+		return leases
+	}
 	var failed []*lease[K]
 	var failure error
-	for i, cmd := range evalAll(ctx, r.rdb, abandonScript, keys, args) {
+	for i, cmd := range cmds {
 		if err := cmd.Err(); err != nil {
 			failure = err
 			failed = append(failed, leases[i])

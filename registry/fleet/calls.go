@@ -21,9 +21,14 @@ const (
 	maxPipeline = 128
 )
 
-// errBreakerOpen: a queued call was not sent, because the breaker opened
-// while it waited.
-var errBreakerOpen = errors.New("fleet: breaker open")
+var (
+	// errBreakerOpen: a queued call was not sent, because the breaker
+	// opened while it waited.
+	errBreakerOpen = errors.New("fleet: breaker open")
+	// errQueueTimeout: a call queued for a pipeline for the whole call
+	// timeout was not sent.
+	errQueueTimeout = errors.New("fleet: acquire call queued for the whole call timeout")
+)
 
 // calls is the Registry's queue of acquire calls.
 type calls struct {
@@ -55,10 +60,11 @@ type reply struct {
 }
 
 // call runs the acquire script with keys and args: at once if fewer than
-// maxSending calls are on their way, else queued for the next pipeline.
-// The call ends within the call timeout from when it was made; a caller
-// whose ctx ends first stops waiting (and its call, if not sent yet, is not
-// sent).
+// maxSending calls are on their way, else queued for the next pipeline. A
+// call sent at once ends within the call timeout d; a queued one is sent
+// within d or dropped, and its pipeline ends by d after its newest call was
+// made: within 2d in all. A caller whose ctx ends first stops waiting (and
+// its call, if not sent yet, is never sent).
 func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply {
 	q := &r.calls
 	q.mu.Lock()
@@ -76,24 +82,45 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply
 	c := &scriptCall{keys: keys, args: args, deadline: deadline, done: make(chan struct{})}
 	q.pending = append(q.pending, c)
 	q.mu.Unlock()
-	timer := time.NewTimer(time.Until(deadline)) // its own bound, whatever its pipeline's
+	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
-	var err error
 	select {
 	case <-c.done:
 		return c.reply
 	case <-ctx.Done():
-		err = ctx.Err()
+		return q.giveUp(c, ctx.Err())
 	case <-timer.C:
-		err = context.DeadlineExceeded
 	}
+	// Its time is up. Still queued, it is dropped: Redis is too slow to
+	// take it, which counts as a failure. On its way, it waits for its
+	// pipeline, which ends by the newest deadline of its calls: a caller
+	// that gave up now would be decided without Redis's answer.
 	q.mu.Lock()
-	sent := c.taken
-	if !sent {
+	if !c.taken {
 		q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
+		q.mu.Unlock()
+		r.redisFailed(errQueueTimeout)
+		return reply{err: errQueueTimeout}
 	}
 	q.mu.Unlock()
-	return reply{err: err, sent: sent}
+	select {
+	case <-c.done:
+		return c.reply
+	case <-ctx.Done():
+		return reply{err: ctx.Err(), sent: true}
+	}
+}
+
+// giveUp takes c back for a caller that stops waiting with err: out of the
+// queue if it is still there (then it is never sent).
+func (q *calls) giveUp(c *scriptCall, err error) reply {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if c.taken {
+		return reply{err: err, sent: true}
+	}
+	q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
+	return reply{err: err}
 }
 
 // callAlone sends one call as a plain EVALSHA (EVAL if the server lacks the

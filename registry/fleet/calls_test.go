@@ -254,8 +254,8 @@ func TestBreakerOpenWhileQueued(t *testing.T) {
 	}
 }
 
-// A pipeline ends by its oldest call's deadline: queued at t, it ends at
-// t + WithTimeout at the latest, however long it queued.
+// A pipeline ends by its newest call's deadline: WithTimeout after that
+// call was made.
 func TestPipelineDeadline(t *testing.T) {
 	m := newMini(t)
 	const timeout = 2 * time.Second
@@ -463,6 +463,11 @@ func TestTakenThenCancelledAddsNothing(t *testing.T) {
 		return false
 	})
 	close(h.holdPipes) // the late call runs now
+	eventually(t, "the pipeline is done", func() bool {
+		r.calls.mu.Lock()
+		defer r.calls.mu.Unlock()
+		return r.calls.sending == 0
+	})
 	s.Release()
 	eventually(t, "nothing left", func() bool { return len(m.leases("k")) == 0 && len(r.released) == 0 })
 }
@@ -489,4 +494,107 @@ func TestFreshCallKeepsItsDeadline(t *testing.T) {
 	for _, x := range []*slots.Slot{s, o.s, f.s} {
 		x.Release()
 	}
+}
+
+// A queued call whose own deadline passes while its pipeline is on its way
+// waits for Redis's answer, rather than being decided without it: here,
+// on a key full across the fleet, it is refused, not admitted under the
+// local registry alone (which would put the key over its cap once the
+// lease is put back). The calls' latencies are modelled with sleeps, each
+// with a margin of a quarter of the call timeout.
+func TestQueuedCallWaitsForItsPipeline(t *testing.T) {
+	m := newMini(t)
+	const timeout = time.Second
+	other := m.registry(1) // another process of the fleet
+	x, err := other.TryAcquire("k")
+	require.NoError(t, err) // k (cap 1) is full fleet-wide
+	defer x.Release()
+
+	r, h := pipelined(t, m, 1, WithTimeout(timeout), WithLeaseTTL(time.Minute))
+	h.holdPipes = make(chan struct{})
+	a := holdAlone(t, r, h, "a")
+	cAt := time.Now()
+	c := queue(t, r, 1, "k")
+	time.Sleep(timeout / 2) // D comes half a timeout after C
+	d := queue(t, r, 1, "k")
+	close(h.openAlone)
+	sa := <-a
+	require.NotNil(t, sa)
+	defer sa.Release()
+	eventually(t, "C and D go as one pipeline", func() bool { return len(h.sent()) == 1 })
+	// Redis answers after C's deadline, before D's (the pipeline's).
+	time.Sleep(time.Until(cAt.Add(timeout + timeout/4)))
+	close(h.holdPipes)
+	cr, dr := <-c, <-d
+	require.Equal(t, []int{2}, h.sent())
+	require.ErrorIs(t, dr.err, slots.ErrLimitReached)
+	require.ErrorIs(t, cr.err, slots.ErrLimitReached, "C is decided by Redis, not admitted alone")
+	st := r.Stats()
+	assert.Zero(t, st.RedisErrors)
+	assert.Zero(t, st.Degraded)
+	r.renew()
+	assert.Len(t, m.leases("k"), 1)
+}
+
+// everyPipePanics panics in every pipeline of script calls, whichever
+// script, as a faulty hook (tracing EVALSHA arguments, say) would.
+type everyPipePanics struct{ on atomic.Bool }
+
+func (h *everyPipePanics) DialHook(next redis.DialHook) redis.DialHook          { return next }
+func (h *everyPipePanics) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+func (h *everyPipePanics) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if name := cmds[0].Name(); h.on.Load() && (name == "evalsha" || name == "eval") {
+			panic("pipeline hook panics")
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// A hook that panics in every pipeline, the abandons' included (on the
+// releaser's goroutine), does not take the process down: the calls fail,
+// and their abandons are left for the heartbeat to send again.
+func TestEveryPipelinePanics(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 10)
+	p := &everyPipePanics{}
+	r.rdb.(*redis.Client).AddHook(p)
+	p.on.Store(true)
+	first := holdAlone(t, r, h, "k")
+	results := queue(t, r, 2, "k")
+	close(h.openAlone)
+	(<-first).Release()
+	for range 2 {
+		res := <-results
+		require.NoError(t, res.err)
+		require.True(t, res.s.Degraded())
+		res.s.Release()
+	}
+	eventually(t, "the abandons were tried, and left for the heartbeat", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		return len(r.retry) == 2
+	})
+	p.on.Store(false)
+}
+
+// A LimitFunc that panics in Release still lets the lease be removed from
+// Redis (by the limits of its admission), so the cap frees fleet-wide.
+func TestLimitFuncPanicInReleaseRemovesLease(t *testing.T) {
+	m := newMini(t)
+	var boom atomic.Bool
+	r := New[string](m.client(), "t", 10, WithLeaseTTL(3*time.Second), WithLimitFunc(func(string) int {
+		if boom.Load() {
+			panic("limit source gone")
+		}
+		return 10
+	}))
+	defer r.Close()
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.Len(t, m.leases("k"), 1)
+	boom.Store(true)
+	assert.Panics(t, func() { s.Release() })
+	boom.Store(false)
+	eventually(t, "the lease is removed from Redis", func() bool { return len(m.leases("k")) == 0 })
 }

@@ -55,7 +55,10 @@
 // on a release anywhere in the fleet (Redis pub/sub; a hint only, the polling
 // stays). Within one process, waiters are served in arrival order per key: a
 // waiter blocked on a full key goes before later waiters on that key, and
-// holds back no waiter on other keys.
+// holds back no waiter on other keys. Priority classes and flows
+// (slots.WithPriority, slots.WithFlow) do not reorder these waits: they
+// order a local queue (a slots.Limiter, a registry.Registry, a pacing.Gate)
+// that a request waits in after or instead of the fleet's.
 //
 // # When Redis is unreachable
 //
@@ -386,7 +389,7 @@ type lease[K comparable] struct {
 	sent     bool        // a renewal that failed may still put it (back) in Redis; guarded by r.mu
 
 	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
-	since     time.Time               // abandoned: when its first try failed
+	since     time.Time               // abandoned: when the heartbeat first sent it again
 	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without
 }
 
@@ -649,17 +652,20 @@ func (l *lease[K]) Release(h *core.Hold) {
 			l.releaseLocal()
 		}
 	}()
-	out := l.releasing()
+	out, p := l.releasing()
 	ok = true
 	l.releaseLocal()
 	if out != nil {
 		l.r.queueRelease(out)
 	}
+	if p != nil {
+		panic(p) // the LimitFunc's, once the lease is on its way out
+	}
 }
 
 // releasing drops l from the held leases and returns what to remove from
 // Redis, or nil.
-func (l *lease[K]) releasing() *lease[K] {
+func (l *lease[K]) releasing() (out *lease[K], p any) {
 	r := l.r
 	r.mu.Lock()
 	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
@@ -667,14 +673,23 @@ func (l *lease[K]) releasing() *lease[K] {
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	if (l.degraded && !l.sent) || r.closed {
-		return nil
+		return nil, nil
 	}
 	if l.sent {
-		r.limitsLocked(l)
-		return l.abandonment() // a renewal may still put it back
+		return l.abandonment(), nil // a renewal may still put it back; an abandon needs no limits
 	}
-	r.limitsLocked(l) // the wake-up is for a key full by its limit now
-	return l
+	// The wake-up is for a key full by its limit now; if the LimitFunc
+	// panics, by its limit at the admission.
+	old := slices.Clone(l.limits)
+	func() {
+		defer func() {
+			if p = recover(); p != nil {
+				l.limits = old
+			}
+		}()
+		r.limitsLocked(l)
+	}()
+	return l, p
 }
 
 func (l *lease[K]) releaseLocal() {

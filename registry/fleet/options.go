@@ -124,10 +124,11 @@ func WithBreaker(n int, probe time.Duration) Option {
 	return func(c *config) { c.breakAfter, c.probeEvery = int32(n), probe }
 }
 
-// WithTimeout bounds each call to Redis on the request path, from when the
-// admission makes it, time queued for a pipeline included (default 500
+// WithTimeout bounds each call to Redis on the request path (default 500
 // ms, and at most a third of the lease TTL; a context deadline that comes
-// sooner wins). It panics if d <= 0.
+// sooner wins). A call that queues behind others for a pipeline is sent
+// within d or given up (counted as a failure), and then has d more: an
+// admission's call ends within 2d. It panics if d <= 0.
 func WithTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("fleet: WithTimeout(%v)", d))

@@ -7,6 +7,9 @@
 // or the org's configured class) and, within a class, orgs take turns (the
 // X-Org-ID header; weighted by the config), so a batch backlog does not
 // delay interactive users and one org's backlog does not delay another's.
+// With a fleet, the provider and model caps shared on Redis are waited for
+// first, in arrival order within each gateway; the classes then order the
+// wait for this gateway's pacing.
 // The example trusts both headers; a real gateway sets them from the
 // caller's authenticated identity.
 package gateway
