@@ -335,9 +335,9 @@ func TestCloseCutsPipeline(t *testing.T) {
 	assert.True(t, errors.Is(err, ErrClosed))
 }
 
-// panicHook panics in the next acquire call sent alone, or in the next
-// pipeline of them, as a faulty client hook would.
-type panicHook struct{ alone, pipe atomic.Bool }
+// panicHook panics in the next acquire call sent alone, as a faulty client
+// hook would.
+type panicHook struct{ alone atomic.Bool }
 
 func (h *panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
@@ -349,12 +349,7 @@ func (h *panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if isAcquire(cmds[0]) && h.pipe.CompareAndSwap(true, false) {
-			panic("pipeline hook panics")
-		}
-		return next(ctx, cmds)
-	}
+	return next
 }
 
 // A call sent alone that panics (recovered by the caller, as net/http does
@@ -391,28 +386,6 @@ func TestPanicInCallAloneFreesItsPlace(t *testing.T) {
 	case <-time.After(5 * time.Second): // a bound on a hang, not a wait
 		t.Fatalf("TryAcquire hangs: %d call(s) queued, none on its way", r.queued())
 	}
-}
-
-// A pipeline that panics does not take the process down: its calls fail
-// as a failed call does (here, admitted under the local registry), and the
-// breaker counts it once.
-func TestPanicInPipeline(t *testing.T) {
-	m := newMini(t)
-	r, h := pipelined(t, m, 10)
-	p := &panicHook{}
-	r.rdb.(*redis.Client).AddHook(p)
-	p.pipe.Store(true)
-	first := holdAlone(t, r, h, "k")
-	results := queue(t, r, 2, "k")
-	close(h.openAlone)
-	(<-first).Release()
-	for range 2 {
-		res := <-results
-		require.NoError(t, res.err)
-		assert.True(t, res.s.Degraded())
-		res.s.Release()
-	}
-	assert.Equal(t, uint64(1), r.Stats().RedisErrors)
 }
 
 // A LimitFunc that panics in Release (the wake-up needs the limit) leaves
@@ -552,8 +525,9 @@ func (h *everyPipePanics) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 }
 
 // A hook that panics in every pipeline, the abandons' included (on the
-// releaser's goroutine), does not take the process down: the calls fail,
-// and their abandons are left for the heartbeat to send again.
+// releaser's goroutine), does not take the process down: the calls fail
+// as failed calls do (here, admitted under the local registry), each
+// pipeline counts once, and the abandons are left for the heartbeat.
 func TestEveryPipelinePanics(t *testing.T) {
 	m := newMini(t)
 	r, h := pipelined(t, m, 10)
@@ -575,6 +549,10 @@ func TestEveryPipelinePanics(t *testing.T) {
 		defer r.mu.Unlock()
 		return len(r.retry) == 2
 	})
+	// One failure for the acquire pipeline, and one for each abandon
+	// pipeline (the releaser may send the two abandons together or not).
+	errs := r.Stats().RedisErrors
+	assert.True(t, errs == 2 || errs == 3, "%d failures counted", errs)
 	p.on.Store(false)
 }
 
