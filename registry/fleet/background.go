@@ -332,7 +332,12 @@ func (r *Registry[K]) abandonAll(leases []*lease[K]) []*lease[K] {
 	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
 	for i, l := range leases {
 		keys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
-		args[i] = []any{l.id, r.cfg.ttl.Milliseconds()}
+		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), r.channel}
+		if len(l.limits) == len(l.names) { // the wake-ups need them
+			for _, n := range l.limits {
+				args[i] = append(args[i], n)
+			}
+		}
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()

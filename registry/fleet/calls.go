@@ -96,6 +96,10 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply
 	// pipeline, which ends by the newest deadline of its calls: a caller
 	// that gave up now would be decided without Redis's answer.
 	q.mu.Lock()
+	if q.closed && !c.taken { // Close failed it as the timer fired
+		q.mu.Unlock()
+		return reply{err: ErrClosed}
+	}
 	if !c.taken {
 		q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
 		q.mu.Unlock()
@@ -234,11 +238,13 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 		return
 	}
 	if r.stopping.Err() != nil {
-		r.abandonCalls(batch)
+		// The callers learn at once; Close waits for this goroutine, so
+		// the abandon still comes before Close returns.
 		for _, c := range batch {
 			c.reply = reply{err: ErrClosed}
 			close(c.done)
 		}
+		r.abandonCalls(batch)
 		return
 	}
 	var failure error
@@ -268,7 +274,11 @@ func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	}
 	leases := make([]*lease[K], len(batch))
 	for i, c := range batch {
-		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[:len(c.keys)-1], abandoned: true}
+		limits := make([]int, 0, len(c.args)-2)
+		for _, a := range c.args[2:] {
+			limits = append(limits, a.(int))
+		}
+		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[:len(c.keys)-1], limits: limits, abandoned: true}
 	}
 	r.remove(leases)
 }

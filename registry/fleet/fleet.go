@@ -646,50 +646,48 @@ func (l *lease[K]) Release(h *core.Hold) {
 	if h.Bypassed {
 		return
 	}
-	ok := false
-	defer func() {
-		if !ok { // a LimitFunc panicked: free the local mirror all the same
-			l.releaseLocal()
+	out, limitPanic := l.releasing()
+	func() {
+		if out != nil { // even if the local release panics (an Observer)
+			defer l.r.queueRelease(out)
 		}
+		l.releaseLocal()
 	}()
-	out, p := l.releasing()
-	ok = true
-	l.releaseLocal()
-	if out != nil {
-		l.r.queueRelease(out)
-	}
-	if p != nil {
-		panic(p) // the LimitFunc's, once the lease is on its way out
+	if limitPanic != nil {
+		panic(limitPanic) // the LimitFunc's, once the lease is on its way out
 	}
 }
 
 // releasing drops l from the held leases and returns what to remove from
-// Redis, or nil.
-func (l *lease[K]) releasing() (out *lease[K], p any) {
+// Redis (nil: nothing), and what the LimitFunc panicked with, if it did.
+func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	r := l.r
 	r.mu.Lock()
-	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
+	defer r.mu.Unlock()
 	delete(r.leases, l)
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	if (l.degraded && !l.sent) || r.closed {
 		return nil, nil
 	}
-	if l.sent {
-		return l.abandonment(), nil // a renewal may still put it back; an abandon needs no limits
-	}
-	// The wake-up is for a key full by its limit now; if the LimitFunc
+	// The wake-up is for a key full by its limit now or, if the LimitFunc
 	// panics, by its limit at the admission.
 	old := slices.Clone(l.limits)
 	func() {
+		done := false
 		defer func() {
-			if p = recover(); p != nil {
+			if !done {
+				limitPanic = recover()
 				l.limits = old
 			}
 		}()
 		r.limitsLocked(l)
+		done = true
 	}()
-	return l, p
+	if l.sent {
+		return l.abandonment(), limitPanic // a renewal may still put it back
+	}
+	return l, limitPanic
 }
 
 func (l *lease[K]) releaseLocal() {

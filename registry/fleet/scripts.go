@@ -106,11 +106,20 @@ return 0
 // removes the lease id from the keys and leaves a tombstone, so that the
 // call, if it runs later, adds nothing.
 //
+// A lease it removes from a key that was full publishes a wake-up, as a
+// release does.
+//
 //	KEYS: the capped keys, then the lease id's tombstone
-//	ARGV: lease id, ttl ms (how long the tombstone stays)
+//	ARGV: lease id, ttl ms (how long the tombstone stays), the wake-up
+//	      channel, then each key's limit (none: no wake-ups)
 var abandonScript = redis.NewScript(`
 local tomb = table.remove(KEYS)
-for _, k in ipairs(KEYS) do redis.call('ZREM', k, ARGV[1]) end
+for i, k in ipairs(KEYS) do
+  if redis.call('ZREM', k, ARGV[1]) == 1 and ARGV[3 + i] and
+     redis.call('ZCARD', k) + 1 >= tonumber(ARGV[3 + i]) then
+    redis.call('PUBLISH', ARGV[3], k)
+  end
+end
 redis.call('SET', tomb, '1', 'PX', ARGV[2])
 return 0
 `)

@@ -1,0 +1,107 @@
+package fleet
+
+import (
+	"context"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Close cuts a pipeline short: its callers are told ErrClosed at once, not
+// after the pipeline's abandon, which waits for redisMu (held here as a
+// removal or renewal under way on a slow Redis would hold it) and then has
+// a call timeout of its own.
+func TestCloseAnswersCutPipelineAtOnce(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
+	h.holdPipes = make(chan struct{})
+	first := holdAlone(t, r, h, "k")
+	inPipe := queue(t, r, 1, "k")
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	r.redisMu.Lock() // a removal under way
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	select {
+	case res := <-inPipe:
+		assert.ErrorIs(t, res.err, ErrClosed)
+	case <-time.After(3 * time.Second):
+		t.Error("the cut pipeline's caller waits for its abandon (redisMu, then a call timeout)")
+	}
+	r.redisMu.Unlock()
+	<-closed
+	tombs := 0
+	for _, k := range m.srv.Keys() {
+		if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
+			tombs++
+		}
+	}
+	assert.Equal(t, 1, tombs, "the cut call is still abandoned before Close returns")
+	s.Release()
+}
+
+// An Observer of the local registry that panics on the release event (a
+// metrics bug) must not keep the lease in Redis: the removal is queued
+// all the same, as for a LimitFunc that panics.
+func TestObserverPanicInReleaseRemovesLease(t *testing.T) {
+	m := newMini(t)
+	var boom atomic.Bool
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventReleased && boom.Load() {
+			panic("metrics gone")
+		}
+	})
+	r := m.registry(10, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.Len(t, m.leases("k"), 1)
+	boom.Store(true)
+	assert.Panics(t, func() { s.Release() })
+	boom.Store(false)
+	eventually(t, "the lease is removed from Redis", func() bool { return len(m.leases("k")) == 0 })
+}
+
+// A lease whose renewal failed once (l.sent, kept for good) is released by
+// an abandon: it must still wake a waiter elsewhere in the fleet on the
+// full key, not leave it to its next poll (here a minute away).
+func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
+	m := newMini(t)
+	a := m.registry(1, WithLeaseTTL(time.Minute))
+	b := m.registry(1, WithLeaseTTL(time.Minute), WithPoll(time.Minute, time.Minute))
+	<-b.subscribed
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	m.srv.SetError("LOADING down for one renewal")
+	a.renew() // fails: the lease is marked sent
+	m.srv.SetError("")
+	require.True(t, a.renew(), "Redis is back; the lease is renewed")
+	got := make(chan error, 1)
+	go func() {
+		s, err := b.AcquireAll(context.Background(), "k", "x")
+		if err == nil {
+			s.Release()
+		}
+		got <- err
+	}()
+	eventually(t, "b found k full", func() bool {
+		b.mu.Lock()
+		defer b.mu.Unlock()
+		return len(b.waiters) == 1 && len(b.waiters[0].blocked) == 1
+	})
+	s.Release()
+	select {
+	case err := <-got:
+		require.NoError(t, err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("the release did not wake the waiter: no wake-up published")
+	}
+}
