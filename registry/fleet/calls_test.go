@@ -322,12 +322,7 @@ func TestCloseCutsPipeline(t *testing.T) {
 	for range 2 {
 		assert.ErrorIs(t, (<-stillQueued).err, ErrClosed)
 	}
-	tombs := 0
-	for _, k := range m.srv.Keys() {
-		if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
-			tombs++
-		}
-	}
+	tombs := tombstones(m)
 	assert.Equal(t, 3, tombs, "the cut pipeline's calls are abandoned")
 	assert.Equal(t, []int{3}, h.sent())
 	s.Release()

@@ -252,6 +252,10 @@ func (r *Registry[K]) Close() {
 	r.mu.Lock()
 	if r.closed {
 		r.mu.Unlock()
+		// A Close under way: return once it is done. A cut pipeline's
+		// caller, told ErrClosed before its call is abandoned, may call
+		// Close itself.
+		r.done.Wait()
 		return
 	}
 	r.closed = true
@@ -565,7 +569,7 @@ func (l *lease[K]) abandonment() *lease[K] {
 // hold finishes an admission: the local mirror slot, the lease record, and
 // the Slot. With degraded, the lease is not in Redis (yet).
 func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
-	local, err := r.local.TryAcquireAll(l.keys...)
+	local, err := r.localAcquire(l, degraded)
 	if err != nil {
 		if degraded { // the local cap is the cap now
 			o := outcome{err: err, full: -1}
@@ -601,6 +605,21 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
 		r.stats.acquired.Add(1)
 	}
 	return outcome{slot: v.(*slots.Slot), full: -1}
+}
+
+// localAcquire takes l's mirror in the local registry. If that panics (an
+// Observer, a local LimitFunc), a lease Redis admitted is taken back, as in
+// Release: it is not held, so nothing would renew or remove it.
+func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, error) {
+	ok := false
+	defer func() {
+		if !ok && !degraded {
+			r.queueRelease(l.abandonment())
+		}
+	}()
+	s, err := r.local.TryAcquireAll(l.keys...)
+	ok = true
+	return s, err
 }
 
 // localFull returns the index of a key of l that is full in the local

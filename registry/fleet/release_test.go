@@ -39,12 +39,7 @@ func TestCloseAnswersCutPipelineAtOnce(t *testing.T) {
 	}
 	r.redisMu.Unlock()
 	<-closed
-	tombs := 0
-	for _, k := range m.srv.Keys() {
-		if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
-			tombs++
-		}
-	}
+	tombs := tombstones(m)
 	assert.Equal(t, 1, tombs, "the cut call is still abandoned before Close returns")
 	s.Release()
 }
@@ -104,4 +99,66 @@ func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the release did not wake the waiter: no wake-up published")
 	}
+}
+
+// tombstones counts the abandoned lease ids in m.
+func tombstones(m *mini) int {
+	n := 0
+	for _, k := range m.srv.Keys() {
+		if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
+			n++
+		}
+	}
+	return n
+}
+
+// A cut pipeline's caller is told ErrClosed before its call is abandoned.
+// If it then calls Close itself (a deferred Close, a shutdown path), that
+// Close must not return before the first is done: the abandon is still
+// under way (here it waits for redisMu, held as a removal under way would).
+func TestSecondCloseWaitsForCutPipeline(t *testing.T) {
+	m := newMini(t)
+	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
+	h.holdPipes = make(chan struct{})
+	first := holdAlone(t, r, h, "k")
+	inPipe := queue(t, r, 1, "k")
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	r.redisMu.Lock() // the abandon cannot run until this is unlocked
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	require.ErrorIs(t, (<-inPipe).err, ErrClosed)
+	again := make(chan struct{})
+	go func() { r.Close(); close(again) }() // the caller's own Close
+	select {
+	case <-again:
+		t.Errorf("a second Close returned before the cut call was abandoned (%d tombstones)", tombstones(m))
+	case <-time.After(500 * time.Millisecond): // a bound on a wait that must not end
+	}
+	r.redisMu.Unlock()
+	<-again
+	<-closed
+	assert.Equal(t, 1, tombstones(m), "abandoned once every Close has returned")
+	s.Release()
+}
+
+// An Observer of the local registry that panics on the admission event
+// (the local mirror is taken after Redis admitted) must not keep the lease
+// in Redis for a TTL: as with a panic in Release, it is taken back.
+func TestObserverPanicInAcquireRemovesLease(t *testing.T) {
+	m := newMini(t)
+	var boom atomic.Bool
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventAcquired && boom.Load() {
+			panic("metrics gone")
+		}
+	})
+	r := m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
+	boom.Store(true)
+	assert.Panics(t, func() { _, _ = r.TryAcquire("k") })
+	boom.Store(false)
+	eventually(t, "the lease is taken back from Redis", func() bool { return len(m.leases("k")) == 0 })
+	assert.Zero(t, r.Stats().Held)
 }
