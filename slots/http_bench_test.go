@@ -136,7 +136,10 @@ func benchOne(b *testing.B, client *http.Client, ctx context.Context, url string
 // BenchmarkTransportStreaming compares a Transport-wrapped round trip with
 // the bare http.Transport under it, over loopback, with benchStreamers
 // streaming (SSE) requests in flight at once. The target: inflight within
-// 1.05x of bare in time and at most 3 more allocs per request.
+// 1.05x of bare in time and at most 3 more allocs per request. The
+// sub-benchmarks run one after the other, so the machine's drift between
+// them shows in the latency; BenchmarkTransportStreamingInterleaved
+// compares the latencies within one run.
 func BenchmarkTransportStreaming(b *testing.B) {
 	srv := httptest.NewServer(http.HandlerFunc(benchSSEHandler))
 	defer srv.Close()
@@ -169,6 +172,71 @@ func BenchmarkTransportStreaming(b *testing.B) {
 			}
 			if st.Acquired != st.Released {
 				b.Errorf("acquired %d slots, released %d", st.Acquired, st.Released)
+			}
+		})
+	}
+}
+
+// BenchmarkTransportStreamingInterleaved measures the latency target of
+// BenchmarkTransportStreaming with the two clients interleaved: each of the
+// benchStreamers goroutines alternates a request through the bare transport
+// and one through the Transport, so that both see the same load and the
+// same drift of the machine. It reports each mean latency and their ratio
+// (latency-ratio, inflight over bare). Allocations are for the pair.
+func BenchmarkTransportStreamingInterleaved(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(benchSSEHandler))
+	defer srv.Close()
+
+	for _, ctxName := range []string{"background", "cancellable"} {
+		withCancel := ctxName == "cancellable"
+		b.Run(ctxName, func(b *testing.B) {
+			bareBase, base := benchBaseTransport(), benchBaseTransport()
+			defer bareBase.CloseIdleConnections()
+			defer base.CloseIdleConnections()
+			lim := slots.NewLimiter(benchStreamers)
+			clients := [2]*http.Client{
+				{Transport: bareBase},
+				{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+					return lim.Acquire(r.Context())
+				})},
+			}
+			var nanos, reqs [2]atomic.Int64
+			b.ReportAllocs()
+			benchSetStreamers(b)
+			b.ResetTimer()
+			b.RunParallel(func(pb *testing.PB) {
+				var n, k [2]int64
+				for i := 0; pb.Next(); i++ {
+					which := i % 2
+					start := time.Now()
+					ctx, cancel := context.Background(), context.CancelFunc(func() {})
+					if withCancel {
+						ctx, cancel = context.WithCancel(ctx)
+					}
+					ok := benchOne(b, clients[which], ctx, srv.URL)
+					cancel()
+					if !ok {
+						return
+					}
+					n[which] += int64(time.Since(start))
+					k[which]++
+				}
+				for i := range 2 {
+					nanos[i].Add(n[i])
+					reqs[i].Add(k[i])
+				}
+			})
+			b.StopTimer()
+			if reqs[0].Load() == 0 || reqs[1].Load() == 0 {
+				return
+			}
+			bare := float64(nanos[0].Load()) / float64(reqs[0].Load())
+			inflight := float64(nanos[1].Load()) / float64(reqs[1].Load())
+			b.ReportMetric(bare, "bare-latency-ns")
+			b.ReportMetric(inflight, "inflight-latency-ns")
+			b.ReportMetric(inflight/bare, "latency-ratio")
+			if st := lim.Stats(); st.InFlight != 0 || st.Waited != 0 {
+				b.Errorf("limiter: %d in flight at the end, %d waited", st.InFlight, st.Waited)
 			}
 		})
 	}
