@@ -11,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -29,6 +30,7 @@ type Server struct {
 	bin  string
 	port int
 	args []string // beyond the defaults
+	conf string   // a config file to start with, if any
 	cmd  *exec.Cmd
 	exit chan struct{}
 }
@@ -36,10 +38,12 @@ type Server struct {
 // Start starts a redis-server, stopped at the test's cleanup.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	return start(t)
+	return start(t, 0)
 }
 
-func start(t testing.TB, args ...string) *Server {
+// start starts a redis-server on port (0: a free one) with args beyond the
+// defaults.
+func start(t testing.TB, port int, args ...string) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -48,11 +52,34 @@ func start(t testing.TB, args ...string) *Server {
 		}
 		t.Skipf("redis-server not found (install it, e.g. apt-get install redis-server): %v", err)
 	}
-	s := &Server{t: t, bin: bin, port: freePort(t), args: args}
+	if port == 0 {
+		port = freePort(t)
+	}
+	s := &Server{t: t, bin: bin, port: port, args: args}
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
 	s.Restart()
 	t.Cleanup(s.Kill)
 	return s
+}
+
+// freeClusterPort returns a free port for a cluster node: its cluster bus
+// listens 10000 above it, so that port must be free too, and both must be
+// valid (redis-server refuses a port above 55535 in cluster mode).
+func freeClusterPort(t testing.TB) int {
+	for range 100 {
+		p := freePort(t)
+		if p > 55535 {
+			continue
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p+10000))
+		if err != nil {
+			continue
+		}
+		ln.Close()
+		return p
+	}
+	t.Fatalf("redistest: no free port pair for a cluster node")
+	return 0
 }
 
 func freePort(t testing.TB) int {
@@ -68,9 +95,13 @@ func freePort(t testing.TB) int {
 // returns once the server answers.
 func (s *Server) Restart() {
 	s.t.Helper()
-	s.cmd = exec.Command(s.bin, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
+	var args []string
+	if s.conf != "" {
+		args = append(args, s.conf) // a config file goes first
+	}
+	args = append(args, "--port", strconv.Itoa(s.port), "--bind", "127.0.0.1",
 		"--save", "", "--appendonly", "no", "--protected-mode", "yes", "--loglevel", "warning")
-	s.cmd.Args = append(s.cmd.Args, s.args...)
+	s.cmd = exec.Command(s.bin, append(args, s.args...)...)
 	s.cmd.Dir = s.t.TempDir()
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("redistest: start redis-server: %v", err)
@@ -148,7 +179,7 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for range n {
 		// The node's config file goes in its working directory, a fresh
 		// temporary one.
-		cl.Nodes = append(cl.Nodes, start(t, "--cluster-enabled", "yes",
+		cl.Nodes = append(cl.Nodes, start(t, freeClusterPort(t), "--cluster-enabled", "yes",
 			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
 	}
 	ctx := context.Background()
@@ -166,20 +197,13 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		}
 		c.Close()
 	}
-	deadline := time.Now().Add(20 * time.Second)
 	for _, s := range cl.Nodes {
 		c := redis.NewClient(&redis.Options{Addr: s.Addr})
-		for {
+		waitFor(t, "the cluster to be healthy on "+s.Addr, func() (bool, error) {
 			info, err := c.ClusterInfo(ctx).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") &&
-				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r") {
-				break
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("redistest: cluster not healthy on %s: %v %s", s.Addr, err, info)
-			}
-			time.Sleep(20 * time.Millisecond) // nodes gossiping: poll their state
-		}
+			return strings.Contains(info, "cluster_state:ok") &&
+				strings.Contains(info, "cluster_known_nodes:"+strconv.Itoa(n)+"\r"), err
+		})
 		c.Close()
 	}
 	return cl
@@ -203,4 +227,106 @@ func (cl *Cluster) Client() *redis.ClusterClient {
 	})
 	cl.t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// Sentinel is a master, one replica of it, and one Sentinel watching them
+// (quorum 1), under the master name SentinelMaster: killing the master
+// makes the Sentinel promote the replica within a few seconds.
+type Sentinel struct {
+	Master, Replica, Sentinel *Server
+	t                         testing.TB
+}
+
+// SentinelMaster is the master name a Sentinel started by StartSentinel
+// watches.
+const SentinelMaster = "inflight-test"
+
+// StartSentinel starts a master, a replica and a Sentinel, stopped at the
+// test's cleanup, and returns once the Sentinel knows the replica.
+func StartSentinel(t testing.TB) *Sentinel {
+	t.Helper()
+	st := &Sentinel{t: t, Master: start(t, 0)}
+	st.Replica = start(t, 0, "--replicaof", "127.0.0.1", strconv.Itoa(st.Master.port))
+	ctx := context.Background()
+	waitFor(t, "the replica's link to the master", func() (bool, error) {
+		c := redis.NewClient(&redis.Options{Addr: st.Replica.Addr})
+		defer c.Close()
+		info, err := c.Info(ctx, "replication").Result()
+		return strings.Contains(info, "master_link_status:up"), err
+	})
+	// Sentinel rewrites its config file: it gets one of its own, writable.
+	dir := t.TempDir()
+	conf := filepath.Join(dir, "sentinel.conf")
+	text := fmt.Sprintf("sentinel monitor %s 127.0.0.1 %d 1\n"+
+		"sentinel down-after-milliseconds %[1]s 500\n"+
+		"sentinel failover-timeout %[1]s 3000\n", SentinelMaster, st.Master.port)
+	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
+		t.Fatalf("redistest: %v", err)
+	}
+	st.Sentinel = startWithConf(t, conf, "--sentinel")
+	waitFor(t, "the sentinel to know the replica", func() (bool, error) {
+		c := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr})
+		defer c.Close()
+		replicas, err := c.Replicas(ctx, SentinelMaster).Result()
+		return len(replicas) == 1, err
+	})
+	return st
+}
+
+// MasterAddr returns the master's address as the Sentinel reports it.
+func (st *Sentinel) MasterAddr() (string, error) {
+	c := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr})
+	defer c.Close()
+	addr, err := c.GetMasterAddrByName(context.Background(), SentinelMaster).Result()
+	if err != nil {
+		return "", err
+	}
+	return net.JoinHostPort(addr[0], addr[1]), nil
+}
+
+// Client returns a failover client (Sentinel-aware) with the timeouts the
+// fleet package recommends, closed at the test's cleanup.
+func (st *Sentinel) Client() *redis.Client {
+	c := redis.NewFailoverClient(&redis.FailoverOptions{
+		MasterName:            SentinelMaster,
+		SentinelAddrs:         []string{st.Sentinel.Addr},
+		DialTimeout:           250 * time.Millisecond,
+		ReadTimeout:           250 * time.Millisecond,
+		WriteTimeout:          250 * time.Millisecond,
+		ContextTimeoutEnabled: true,
+		MaxRetries:            1,
+		Protocol:              2,
+	})
+	st.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+func startWithConf(t testing.TB, conf string, args ...string) *Server {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		t.Fatalf("redistest: %v", err) // start found it a moment ago
+	}
+	s := &Server{t: t, bin: bin, port: freePort(t), args: args, conf: conf}
+	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
+	s.Restart()
+	t.Cleanup(s.Kill)
+	return s
+}
+
+// waitFor polls cond until it holds, failing the test after 20 s: for
+// redis-server processes that reach a state on their own.
+func waitFor(t testing.TB, what string, cond func() (bool, error)) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		ok, err := cond()
+		if ok {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("redistest: waiting for %s: %v", what, err)
+		}
+		time.Sleep(20 * time.Millisecond) // another process's progress: poll it
+	}
 }

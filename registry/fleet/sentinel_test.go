@@ -1,0 +1,63 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Through Sentinel, with a failover: the master dies while a slot is held;
+// the Sentinel promotes the replica; admission resumes on the new master,
+// the held lease is there (replicated, or put back by the heartbeat), and
+// it counts toward the cap.
+func TestSentinelFailover(t *testing.T) {
+	st := redistest.StartSentinel(t)
+	ctx := context.Background()
+	const ttl = 900 * time.Millisecond // renewals every 300 ms
+	r := New[string](st.Client(), "t", 2, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))
+	defer r.Close()
+
+	held, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.False(t, held.Degraded())
+	before, err := st.MasterAddr()
+	require.NoError(t, err)
+	require.Equal(t, st.Master.Addr, before)
+
+	st.Master.Kill()
+	require.Eventually(t, func() bool {
+		addr, err := st.MasterAddr()
+		return err == nil && addr == st.Replica.Addr
+	}, 20*time.Second, 20*time.Millisecond, "the Sentinel promotes the replica")
+
+	require.Eventually(t, func() bool {
+		n, err := r.InFlight(ctx, "k")
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "the held lease is on the new master")
+	var s *slots.Slot
+	require.Eventually(t, func() bool {
+		if s, err = r.TryAcquire("k"); err != nil {
+			return false
+		}
+		if s.Degraded() { // admitted during the switch, under the local registry
+			s.Release()
+			return false
+		}
+		return true
+	}, 10*time.Second, 10*time.Millisecond, "admission resumes on the new master")
+	_, err = r.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "the held lease counts toward the cap of 2")
+
+	held.Release()
+	s.Release()
+	require.Eventually(t, func() bool {
+		n, err := r.InFlight(ctx, "k")
+		return err == nil && n == 0
+	}, 10*time.Second, 10*time.Millisecond, "both leases removed")
+}
