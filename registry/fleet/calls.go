@@ -207,11 +207,11 @@ func (r *Registry[K]) sendPipelines(batch []*scriptCall) {
 	}
 }
 
-// sendPipeline sends batch as one pipeline, ending by its oldest call's
+// sendPipeline sends batch as one pipeline, ending by its newest call's
 // deadline (or at Close), and hands each call its reply. The breaker counts
 // the pipeline once, as one success or one failure. If Close cut the
-// pipeline short, its calls are abandoned here, in one call, and fail with
-// ErrClosed.
+// pipeline short, its calls fail with ErrClosed and are then abandoned
+// here, in one call.
 func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	if !r.brk.allow() {
 		for _, c := range batch {
@@ -220,8 +220,9 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 		}
 		return
 	}
-	// Until its newest call's deadline: each caller stops waiting at its own
-	// (and abandons its call), so a fresh call does not share an old one's fate.
+	// Until its newest call's deadline, so that no call is cut short by an
+	// older one's; a caller whose own deadline passes meanwhile waits for
+	// this reply (see call).
 	ctx, cancel := context.WithDeadline(r.stopping, batch[len(batch)-1].deadline)
 	defer cancel()
 	keys, args := make([][]string, len(batch)), make([][]any, len(batch))
