@@ -38,12 +38,12 @@ type Server struct {
 // Start starts a redis-server, stopped at the test's cleanup.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	return start(t, 0)
+	return start(t, Server{})
 }
 
-// start starts a redis-server on port (0: a free one) with args beyond the
-// defaults.
-func start(t testing.TB, port int, args ...string) *Server {
+// start starts a redis-server as like says: on like.port (0: a free one),
+// with like.conf (if any) and like.args beyond the defaults.
+func start(t testing.TB, like Server) *Server {
 	t.Helper()
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
@@ -52,10 +52,10 @@ func start(t testing.TB, port int, args ...string) *Server {
 		}
 		t.Skipf("redis-server not found (install it, e.g. apt-get install redis-server): %v", err)
 	}
-	if port == 0 {
-		port = freePort(t)
+	s := &Server{t: t, bin: bin, port: like.port, args: like.args, conf: like.conf}
+	if s.port == 0 {
+		s.port = freePort(t)
 	}
-	s := &Server{t: t, bin: bin, port: port, args: args}
 	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
 	s.Restart()
 	t.Cleanup(s.Kill)
@@ -147,18 +147,25 @@ func (s *Server) Kill() {
 // Client returns a client for the server with the timeouts the fleet
 // package recommends, closed at the test's cleanup.
 func (s *Server) Client() *redis.Client {
-	c := redis.NewClient(&redis.Options{
-		Addr:                  s.Addr,
+	o := recommended(s.Addr).Simple()
+	o.PoolSize = 64
+	c := redis.NewClient(o)
+	s.t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// recommended returns client options for addrs with the settings the fleet
+// package recommends.
+func recommended(addrs ...string) *redis.UniversalOptions {
+	return &redis.UniversalOptions{
+		Addrs:                 addrs,
 		DialTimeout:           250 * time.Millisecond,
 		ReadTimeout:           250 * time.Millisecond,
 		WriteTimeout:          250 * time.Millisecond,
 		ContextTimeoutEnabled: true,
 		MaxRetries:            1,
-		PoolSize:              64,
 		Protocol:              2, // RESP3 makes the client check for push notifications before each call
-	})
-	s.t.Cleanup(func() { c.Close() })
-	return c
+	}
 }
 
 // String returns the server's address.
@@ -179,8 +186,8 @@ func StartCluster(t testing.TB, n int) *Cluster {
 	for range n {
 		// The node's config file goes in its working directory, a fresh
 		// temporary one.
-		cl.Nodes = append(cl.Nodes, start(t, freeClusterPort(t), "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"))
+		cl.Nodes = append(cl.Nodes, start(t, Server{port: freeClusterPort(t), args: []string{"--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000"}}))
 	}
 	ctx := context.Background()
 	const slots = 16384
@@ -216,15 +223,7 @@ func (cl *Cluster) Client() *redis.ClusterClient {
 	for i, s := range cl.Nodes {
 		addrs[i] = s.Addr
 	}
-	c := redis.NewClusterClient(&redis.ClusterOptions{
-		Addrs:                 addrs,
-		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
-		ContextTimeoutEnabled: true,
-		MaxRetries:            1,
-		Protocol:              2,
-	})
+	c := redis.NewClusterClient(recommended(addrs...).Cluster())
 	cl.t.Cleanup(func() { c.Close() })
 	return c
 }
@@ -245,8 +244,8 @@ const SentinelMaster = "inflight-test"
 // test's cleanup, and returns once the Sentinel knows the replica.
 func StartSentinel(t testing.TB) *Sentinel {
 	t.Helper()
-	st := &Sentinel{t: t, Master: start(t, 0)}
-	st.Replica = start(t, 0, "--replicaof", "127.0.0.1", strconv.Itoa(st.Master.port))
+	st := &Sentinel{t: t, Master: start(t, Server{})}
+	st.Replica = start(t, Server{args: []string{"--replicaof", "127.0.0.1", strconv.Itoa(st.Master.port)}})
 	ctx := context.Background()
 	waitFor(t, "the replica's link to the master", func() (bool, error) {
 		c := redis.NewClient(&redis.Options{Addr: st.Replica.Addr})
@@ -263,7 +262,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
 		t.Fatalf("redistest: %v", err)
 	}
-	st.Sentinel = startWithConf(t, conf, "--sentinel")
+	st.Sentinel = start(t, Server{conf: conf, args: []string{"--sentinel"}})
 	waitFor(t, "the sentinel to know the replica", func() (bool, error) {
 		c := redis.NewSentinelClient(&redis.Options{Addr: st.Sentinel.Addr})
 		defer c.Close()
@@ -287,31 +286,11 @@ func (st *Sentinel) MasterAddr() (string, error) {
 // Client returns a failover client (Sentinel-aware) with the timeouts the
 // fleet package recommends, closed at the test's cleanup.
 func (st *Sentinel) Client() *redis.Client {
-	c := redis.NewFailoverClient(&redis.FailoverOptions{
-		MasterName:            SentinelMaster,
-		SentinelAddrs:         []string{st.Sentinel.Addr},
-		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
-		ContextTimeoutEnabled: true,
-		MaxRetries:            1,
-		Protocol:              2,
-	})
+	o := recommended(st.Sentinel.Addr)
+	o.MasterName = SentinelMaster
+	c := redis.NewFailoverClient(o.Failover())
 	st.t.Cleanup(func() { c.Close() })
 	return c
-}
-
-func startWithConf(t testing.TB, conf string, args ...string) *Server {
-	t.Helper()
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		t.Fatalf("redistest: %v", err) // start found it a moment ago
-	}
-	s := &Server{t: t, bin: bin, port: freePort(t), args: args, conf: conf}
-	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
-	s.Restart()
-	t.Cleanup(s.Kill)
-	return s
 }
 
 // waitFor polls cond until it holds, failing the test after 20 s: for

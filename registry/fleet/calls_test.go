@@ -136,6 +136,22 @@ func queue(t *testing.T, r *Registry[string], n int, key string) <-chan result {
 	return out
 }
 
+// pipelineOnItsWay sets up a Registry on m (call timeout 15 s) with n calls
+// on key "k" in a pipeline that h holds until its context ends, behind a
+// first call, admitted, whose Slot it returns.
+func pipelineOnItsWay(t *testing.T, m *mini, n int) (*Registry[string], *callHook, *slots.Slot, <-chan result) {
+	t.Helper()
+	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
+	h.holdPipes = make(chan struct{})
+	first := holdAlone(t, r, h, "k")
+	inPipe := queue(t, r, n, "k")
+	close(h.openAlone)
+	s := <-first
+	require.NotNil(t, s)
+	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	return r, h, s, inPipe
+}
+
 // Calls made while one is on its way go together, as one pipeline, and
 // the script decides each in turn: with room for 5, the held call and 4
 // of the 8 queued ones are admitted.
@@ -304,14 +320,7 @@ func TestPipelineNoScript(t *testing.T) {
 // Close does not wait for the call timeout.
 func TestCloseCutsPipeline(t *testing.T) {
 	m := newMini(t)
-	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
-	h.holdPipes = make(chan struct{})
-	first := holdAlone(t, r, h, "k")
-	inPipe := queue(t, r, 3, "k")
-	close(h.openAlone)
-	s := <-first
-	require.NotNil(t, s)
-	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	r, h, s, inPipe := pipelineOnItsWay(t, m, 3)
 	stillQueued := queue(t, r, 2, "k")
 	start := time.Now()
 	r.Close()

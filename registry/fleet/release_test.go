@@ -20,14 +20,7 @@ import (
 // a call timeout of its own.
 func TestCloseAnswersCutPipelineAtOnce(t *testing.T) {
 	m := newMini(t)
-	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
-	h.holdPipes = make(chan struct{})
-	first := holdAlone(t, r, h, "k")
-	inPipe := queue(t, r, 1, "k")
-	close(h.openAlone)
-	s := <-first
-	require.NotNil(t, s)
-	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	r, _, s, inPipe := pipelineOnItsWay(t, m, 1)
 	r.redisMu.Lock() // a removal under way
 	closed := make(chan struct{})
 	go func() { r.Close(); close(closed) }()
@@ -118,14 +111,7 @@ func tombstones(m *mini) int {
 // under way (here it waits for redisMu, held as a removal under way would).
 func TestSecondCloseWaitsForCutPipeline(t *testing.T) {
 	m := newMini(t)
-	r, h := pipelined(t, m, 100, WithTimeout(time.Minute/4), WithLeaseTTL(time.Minute))
-	h.holdPipes = make(chan struct{})
-	first := holdAlone(t, r, h, "k")
-	inPipe := queue(t, r, 1, "k")
-	close(h.openAlone)
-	s := <-first
-	require.NotNil(t, s)
-	eventually(t, "the pipeline is on its way", func() bool { return len(h.sent()) == 1 })
+	r, _, s, inPipe := pipelineOnItsWay(t, m, 1)
 	r.redisMu.Lock() // the abandon cannot run until this is unlocked
 	closed := make(chan struct{})
 	go func() { r.Close(); close(closed) }()
