@@ -481,7 +481,7 @@ func TestFreshCallKeepsItsDeadline(t *testing.T) {
 // with a margin of a quarter of the call timeout.
 func TestQueuedCallWaitsForItsPipeline(t *testing.T) {
 	m := newMini(t)
-	const timeout = time.Second
+	const timeout = 2 * time.Second
 	other := m.registry(1) // another process of the fleet
 	x, err := other.TryAcquire("k")
 	require.NoError(t, err) // k (cap 1) is full fleet-wide
