@@ -112,6 +112,34 @@ func BenchmarkLimiterContended(b *testing.B) {
 			sink.Add(x)
 		})
 	})
+
+	b.Run("chan-counted", func(b *testing.B) {
+		// The channel semaphore with the least bookkeeping a limiter that
+		// reports its in-flight count must do: one atomic add on each side
+		// of the hold. Not a target, a probe: it shows how much of the
+		// channel's lead goes as soon as any work lengthens the hold, since
+		// a longer hold makes more contenders block and wake.
+		ch := make(chan struct{}, benchLimit)
+		var inFlight atomic.Int64
+		b.ReportAllocs()
+		setContenders(b)
+		b.RunParallel(func(pb *testing.PB) {
+			x := uint64(1)
+			for pb.Next() {
+				select {
+				case ch <- struct{}{}:
+				case <-ctx.Done():
+					b.Error(ctx.Err())
+					return
+				}
+				inFlight.Add(1)
+				x = holdWork(x)
+				inFlight.Add(-1)
+				<-ch
+			}
+			sink.Add(x)
+		})
+	})
 }
 
 // BenchmarkLimiterTryAcquireRelease measures the uncontended fast path: one
