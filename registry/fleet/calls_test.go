@@ -341,12 +341,18 @@ func TestCloseCutsPipeline(t *testing.T) {
 
 // panicHook panics in the next acquire call sent alone, as a faulty client
 // hook would.
-type panicHook struct{ alone atomic.Bool }
+type panicHook struct {
+	alone atomic.Bool
+	after bool // panic once the call has run on the server
+}
 
 func (h *panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		if isAcquire(cmd) && h.alone.CompareAndSwap(true, false) {
+			if h.after {
+				_ = next(ctx, cmd)
+			}
 			panic("hook panics")
 		}
 		return next(ctx, cmd)
@@ -526,6 +532,22 @@ func (h *everyPipePanics) ProcessPipelineHook(next redis.ProcessPipelineHook) re
 		}
 		return next(ctx, cmds)
 	}
+}
+
+// A call sent alone whose hook panics after the call ran on the server
+// leaves no lease behind: the panic goes on to the caller, and the lease
+// id is abandoned.
+func TestPanicInCallAloneTakesBackItsLease(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicHook{after: true}
+	c.AddHook(h)
+	r := New[string](c, "t", 10, WithLeaseTTL(time.Minute))
+	t.Cleanup(r.Close)
+	h.alone.Store(true)
+	assert.Panics(t, func() { _, _ = r.TryAcquire("k") })
+	eventually(t, "the lease is taken back", func() bool { return len(m.leases("k")) == 0 && tombstones(m) == 1 })
+	assert.Zero(t, r.Stats().Held)
 }
 
 // A hook that panics in every pipeline, the abandons' included (on the

@@ -517,7 +517,7 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 	if !r.brk.allow() {
 		return r.unavailable(l)
 	}
-	rp := r.call(ctx, append(slices.Clip(l.names), r.tombstone(l.id)), args)
+	rp := r.callOrAbandon(ctx, l, args)
 	res := rp.res
 	if err := rp.err; err != nil {
 		if rp.sent {
@@ -548,6 +548,21 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		return outcome{err: le, full: i, retryIn: retryIn}
 	}
 	return r.hold(l, false)
+}
+
+// callOrAbandon makes l's acquire call. If the call panics (a client hook),
+// whatever it may have added is taken back before the panic goes on: l is
+// not held, so nothing else would renew or remove it.
+func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], args []any) reply {
+	ok := false
+	defer func() {
+		if !ok {
+			r.queueRelease(l.abandonment())
+		}
+	}()
+	rp := r.call(ctx, append(slices.Clip(l.names), r.tombstone(l.id)), args)
+	ok = true
+	return rp
 }
 
 // tombstone is the key that marks lease id abandoned.
