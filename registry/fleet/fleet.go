@@ -53,12 +53,14 @@
 // Acquire polls with jittered backoff, never sleeping past the earliest
 // lease expiry the script reported or the context's deadline, and wakes early
 // on a release anywhere in the fleet (Redis pub/sub; a hint only, the polling
-// stays). Within one process, waiters are served in arrival order per key: a
-// waiter blocked on a full key goes before later waiters on that key, and
-// holds back no waiter on other keys. Priority classes and flows
-// (slots.WithPriority, slots.WithFlow) do not reorder these waits: they
-// order a local queue (a slots.Limiter, a registry.Registry, a pacing.Gate)
-// that a request waits in after or instead of the fleet's.
+// stays). Within one process, waiters go by priority class
+// (slots.WithPriority), then in arrival order, per key: a waiter blocked on
+// a full key goes before the waiters behind it on that key, and holds back
+// no waiter on other keys. The order is strict: while a higher class keeps
+// waiters on a key in this process, a lower one there waits. Flows and
+// shares (slots.WithFlow, WithShare) do not apply to these waits, and
+// processes do not order their waiters among each other: each tries when
+// its turn in its own process comes.
 //
 // # When Redis is unreachable
 //
@@ -427,7 +429,7 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 		o := r.attempt(ctx, l)
 		return o.slot, o.err
 	}
-	w := &waiter{keys: l.names, wake: make(chan struct{}, 1)}
+	w := &waiter{rank: core.Rank(core.PlaceOf(ctx).Class), keys: l.names, wake: make(chan struct{}, 1)}
 	if err := r.enqueue(w); err != nil {
 		return nil, err
 	}

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -286,4 +287,60 @@ func TestReleaseAfterClose(t *testing.T) {
 	}
 	assert.Zero(t, len(r.released))
 	assert.Zero(t, r.Local().InFlight("k"), "the local mirror is released")
+}
+
+// Within a process, fleet waiters go by priority class, then arrival: an
+// interactive request that comes after three batch ones waiting on a full
+// key is admitted first.
+func TestWaitersByClass(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1, WithPoll(5*time.Millisecond, 50*time.Millisecond))
+	hold, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	allBlocked := func(n int) func() bool {
+		return func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if len(r.waiters) != n {
+				return false
+			}
+			for _, w := range r.waiters {
+				if len(w.blocked) != 1 {
+					return false // not told yet that k is full
+				}
+			}
+			return true
+		}
+	}
+	type admitted struct {
+		prio slots.Priority
+		s    *slots.Slot
+	}
+	got := make(chan admitted, 4)
+	acquire := func(p slots.Priority) {
+		go func() {
+			s, err := r.Acquire(slots.WithPriority(context.Background(), p), "k")
+			assert.NoError(t, err)
+			got <- admitted{p, s}
+		}()
+	}
+	for range 3 {
+		acquire(slots.PriorityBatch)
+	}
+	eventually(t, "three batch waiters find k full", allBlocked(3))
+	acquire(slots.PriorityInteractive)
+	eventually(t, "and the interactive one, ahead of them", allBlocked(4))
+	r.mu.Lock()
+	assert.Equal(t, core.Rank(core.ClassHigh), r.waiters[0].rank)
+	r.mu.Unlock()
+
+	hold.Release()
+	first := <-got
+	assert.Equal(t, slots.PriorityInteractive, first.prio, "the interactive request goes first")
+	first.s.Release()
+	for range 3 {
+		a := <-got
+		assert.Equal(t, slots.PriorityBatch, a.prio)
+		a.s.Release()
+	}
 }

@@ -8,6 +8,7 @@ import (
 
 // waiter is one caller of this process waiting in Acquire.
 type waiter struct {
+	rank uint8    // its priority class's rank (core.Rank): lower goes first
 	keys []string // its Redis keys
 	// blocked are the keys on which it holds back later waiters: all of its
 	// keys until it has been told one is full, then that key alone.
@@ -29,7 +30,13 @@ func (r *Registry[K]) enqueue(w *waiter) error {
 		return ErrClosed
 	}
 	w.blocked = w.keys
-	r.waiters = append(r.waiters, w)
+	// After every waiter of its class or a higher one: by class, then in
+	// arrival order.
+	i := len(r.waiters)
+	for i > 0 && r.waiters[i-1].rank > w.rank {
+		i--
+	}
+	r.waiters = slices.Insert(r.waiters, i, w)
 	return nil
 }
 

@@ -8,8 +8,9 @@
 // X-Org-ID header; weighted by the config), so a batch backlog does not
 // delay interactive users and one org's backlog does not delay another's.
 // With a fleet, the provider and model caps shared on Redis are waited for
-// first, in arrival order within each gateway; the classes then order the
-// wait for this gateway's pacing.
+// first, by class and then arrival within each gateway (strictly: shares
+// and org turns do not apply there); the wait for this gateway's pacing
+// follows, with all of them.
 // The example trusts both headers; a real gateway sets them from the
 // caller's authenticated identity.
 package gateway
