@@ -56,11 +56,13 @@
 // stays). Within one process, waiters go by priority class
 // (slots.WithPriority), then in arrival order, per key: a waiter blocked on
 // a full key goes before the waiters behind it on that key, and holds back
-// no waiter on other keys. The order is strict: while a higher class keeps
-// waiters on a key in this process, a lower one there waits. Flows and
-// shares (slots.WithFlow, WithShare) do not apply to these waits, and
-// processes do not order their waiters among each other: each tries when
-// its turn in its own process comes.
+// no waiter on other keys. The order is strict, per key and from a
+// waiter's arrival on: while a higher class keeps waiters held up by a key
+// in this process, a lower one does not try for it (a call already on its
+// way to Redis is not called back). Flows and shares (slots.WithFlow,
+// WithShare) do not apply to these waits, and processes do not order their
+// waiters among each other: each tries when its turn in its own process
+// comes.
 //
 // # When Redis is unreachable
 //

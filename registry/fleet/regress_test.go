@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -292,9 +293,16 @@ func TestReleaseAfterClose(t *testing.T) {
 // Within a process, fleet waiters go by priority class, then arrival: an
 // interactive request that comes after three batch ones waiting on a full
 // key is admitted first.
+//
+// Each waits on k and a free key of its own, so that blocked narrows to k
+// only once it has been told k is full (or is held back on it): a waiter
+// still on its way to Redis could otherwise be admitted after the release,
+// ahead of the interactive one. No polls (a minute away): the release's
+// wake-up moves the first waiter, and each dequeue the next.
 func TestWaitersByClass(t *testing.T) {
 	m := newMini(t)
-	r := m.registry(1, WithPoll(5*time.Millisecond, 50*time.Millisecond))
+	r := m.registry(1, WithLeaseTTL(time.Minute), WithPoll(time.Minute, time.Minute))
+	<-r.subscribed
 	hold, err := r.TryAcquire("k")
 	require.NoError(t, err)
 	allBlocked := func(n int) func() bool {
@@ -317,9 +325,12 @@ func TestWaitersByClass(t *testing.T) {
 		s    *slots.Slot
 	}
 	got := make(chan admitted, 4)
+	n := 0
 	acquire := func(p slots.Priority) {
+		n++
+		own := fmt.Sprint("free", n)
 		go func() {
-			s, err := r.Acquire(slots.WithPriority(context.Background(), p), "k")
+			s, err := r.AcquireAll(slots.WithPriority(context.Background(), p), "k", own)
 			assert.NoError(t, err)
 			got <- admitted{p, s}
 		}()
@@ -335,11 +346,20 @@ func TestWaitersByClass(t *testing.T) {
 	r.mu.Unlock()
 
 	hold.Release()
-	first := <-got
+	next := func() admitted {
+		select {
+		case a := <-got:
+			return a
+		case <-time.After(5 * time.Second):
+			t.Fatal("no waiter admitted: a wake-up lost")
+			return admitted{}
+		}
+	}
+	first := next()
 	assert.Equal(t, slots.PriorityInteractive, first.prio, "the interactive request goes first")
 	first.s.Release()
 	for range 3 {
-		a := <-got
+		a := next()
 		assert.Equal(t, slots.PriorityBatch, a.prio)
 		a.s.Release()
 	}
