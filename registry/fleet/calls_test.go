@@ -339,11 +339,13 @@ func TestCloseCutsPipeline(t *testing.T) {
 	assert.True(t, errors.Is(err, ErrClosed))
 }
 
-// panicHook panics in the next acquire call sent alone, as a faulty client
-// hook would.
+// panicHook panics as a faulty client hook would: in the next acquire call
+// sent alone (alone; with after, once the call has run on the server), or
+// in every pipeline of script calls, whichever script (pipes).
 type panicHook struct {
 	alone atomic.Bool
-	after bool // panic once the call has run on the server
+	after bool
+	pipes atomic.Bool
 }
 
 func (h *panicHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -359,7 +361,12 @@ func (h *panicHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	}
 }
 func (h *panicHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if name := cmds[0].Name(); h.pipes.Load() && (name == "evalsha" || name == "eval") {
+			panic("pipeline hook panics")
+		}
+		return next(ctx, cmds)
+	}
 }
 
 // A call sent alone that panics (recovered by the caller, as net/http does
@@ -396,28 +403,6 @@ func TestPanicInCallAloneFreesItsPlace(t *testing.T) {
 	case <-time.After(5 * time.Second): // a bound on a hang, not a wait
 		t.Fatalf("TryAcquire hangs: %d call(s) queued, none on its way", r.queued())
 	}
-}
-
-// A LimitFunc that panics in Release (the wake-up needs the limit) leaves
-// the Registry usable: its lock is not held, and the local mirror is freed.
-func TestLimitFuncPanicInRelease(t *testing.T) {
-	m := newMini(t)
-	var boom atomic.Bool
-	r := New[string](m.client(), "t", 10, WithLeaseTTL(3*time.Second), WithLimitFunc(func(string) int {
-		if boom.Load() {
-			panic("limit source gone")
-		}
-		return 10
-	}))
-	s, err := r.TryAcquire("k")
-	require.NoError(t, err)
-	boom.Store(true)
-	assert.Panics(t, func() { s.Release() })
-	require.True(t, r.mu.TryLock(), "the Registry's lock is free")
-	r.mu.Unlock()
-	assert.Zero(t, r.Local().InFlight("k"))
-	assert.Zero(t, r.Stats().Held)
-	r.Close()
 }
 
 // A caller that gives up while its call is in a pipeline on its way
@@ -519,21 +504,6 @@ func TestQueuedCallWaitsForItsPipeline(t *testing.T) {
 	assert.Len(t, m.leases("k"), 1)
 }
 
-// everyPipePanics panics in every pipeline of script calls, whichever
-// script, as a faulty hook (tracing EVALSHA arguments, say) would.
-type everyPipePanics struct{ on atomic.Bool }
-
-func (h *everyPipePanics) DialHook(next redis.DialHook) redis.DialHook          { return next }
-func (h *everyPipePanics) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
-func (h *everyPipePanics) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if name := cmds[0].Name(); h.on.Load() && (name == "evalsha" || name == "eval") {
-			panic("pipeline hook panics")
-		}
-		return next(ctx, cmds)
-	}
-}
-
 // A call sent alone whose hook panics after the call ran on the server
 // leaves no lease behind: the panic goes on to the caller, and the lease
 // id is abandoned.
@@ -557,9 +527,9 @@ func TestPanicInCallAloneTakesBackItsLease(t *testing.T) {
 func TestEveryPipelinePanics(t *testing.T) {
 	m := newMini(t)
 	r, h := pipelined(t, m, 10)
-	p := &everyPipePanics{}
+	p := &panicHook{}
 	r.rdb.(*redis.Client).AddHook(p)
-	p.on.Store(true)
+	p.pipes.Store(true)
 	first := holdAlone(t, r, h, "k")
 	results := queue(t, r, 2, "k")
 	close(h.openAlone)
@@ -579,12 +549,14 @@ func TestEveryPipelinePanics(t *testing.T) {
 	// pipeline (the releaser may send the two abandons together or not).
 	errs := r.Stats().RedisErrors
 	assert.True(t, errs == 2 || errs == 3, "%d failures counted", errs)
-	p.on.Store(false)
+	p.pipes.Store(false)
 }
 
-// A LimitFunc that panics in Release still lets the lease be removed from
-// Redis (by the limits of its admission), so the cap frees fleet-wide.
-func TestLimitFuncPanicInReleaseRemovesLease(t *testing.T) {
+// A LimitFunc that panics in Release (the wake-up needs the limit) leaves
+// the Registry usable: its lock is not held, the local mirror is freed, and
+// the lease is still removed from Redis (by the limits of its admission),
+// so the cap frees fleet-wide.
+func TestLimitFuncPanicInRelease(t *testing.T) {
 	m := newMini(t)
 	var boom atomic.Bool
 	r := New[string](m.client(), "t", 10, WithLeaseTTL(3*time.Second), WithLimitFunc(func(string) int {
@@ -600,5 +572,9 @@ func TestLimitFuncPanicInReleaseRemovesLease(t *testing.T) {
 	boom.Store(true)
 	assert.Panics(t, func() { s.Release() })
 	boom.Store(false)
+	require.True(t, r.mu.TryLock(), "the Registry's lock is free")
+	r.mu.Unlock()
+	assert.Zero(t, r.Local().InFlight("k"))
+	assert.Zero(t, r.Stats().Held)
 	eventually(t, "the lease is removed from Redis", func() bool { return len(m.leases("k")) == 0 })
 }
