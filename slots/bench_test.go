@@ -140,6 +140,47 @@ func BenchmarkLimiterContended(b *testing.B) {
 			sink.Add(x)
 		})
 	})
+
+	b.Run("chan-handle", func(b *testing.B) {
+		// The channel semaphore handing out the least a Slot is: a fresh
+		// handle per admission (the size of a Slot, with a pointer in it)
+		// whose Release is guarded against a second call. Not a target, a
+		// probe, like chan-counted: the handle's allocation and check alone,
+		// with no holder list and no counts, against the bare channel.
+		ch := make(chan struct{}, benchLimit)
+		b.ReportAllocs()
+		setContenders(b)
+		b.RunParallel(func(pb *testing.PB) {
+			x := uint64(1)
+			kept := make([]*probeHandle, 1) // on the heap: a handle stored here escapes
+			for pb.Next() {
+				select {
+				case ch <- struct{}{}:
+				case <-ctx.Done():
+					b.Error(ctx.Err())
+					return
+				}
+				h := &probeHandle{sem: ch}
+				kept[0] = h
+				x = holdWork(x)
+				h.release()
+			}
+			sink.Add(x)
+		})
+	})
+}
+
+// probeHandle is the chan-handle probe's Slot: 48 bytes, like a Slot.
+type probeHandle struct {
+	released atomic.Bool
+	sem      chan struct{}
+	_        [4]uint64
+}
+
+func (h *probeHandle) release() {
+	if h.released.CompareAndSwap(false, true) {
+		<-h.sem
+	}
 }
 
 // BenchmarkLimiterTryAcquireRelease measures the uncontended fast path: one

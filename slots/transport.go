@@ -23,6 +23,12 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // closed or fails, even after the request's context ends: net/http leaves
 // that connection open for the caller. A request whose context was marked by
 // WithoutSlot takes no slot. The zero value is not usable; use NewTransport.
+//
+// Cost: over its base, a request allocates the Slot (in admit) and the body
+// wrapper. A request whose context can end (a proxied request's always can)
+// also pays the three allocations of the context.AfterFunc that frees the
+// slot when the context ends: AfterFunc's context, its stop func, and the
+// func it runs.
 type Transport struct {
 	base  http.RoundTripper
 	admit AdmitFunc

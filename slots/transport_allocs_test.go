@@ -1,0 +1,78 @@
+package slots_test
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// eofBody is a response body that is already at its end. It has no state,
+// so putting it in an io.ReadCloser allocates nothing.
+type eofBody struct{}
+
+func (eofBody) Read([]byte) (int, error) { return 0, io.EOF }
+func (eofBody) Close() error             { return nil }
+
+// stubRoundTripper answers every request at once with an empty 200, without
+// a network, so that what a wrapper adds can be counted exactly.
+type stubRoundTripper struct{}
+
+func (stubRoundTripper) RoundTrip(*http.Request) (*http.Response, error) {
+	return &http.Response{StatusCode: http.StatusOK, Body: eofBody{}}, nil
+}
+
+// roundTripAllocs counts the allocations of one complete use of rt: the
+// round trip, reading the body to its end, and closing it.
+func roundTripAllocs(t *testing.T, rt http.RoundTripper, req *http.Request) float64 {
+	t.Helper()
+	var buf [16]byte
+	return testing.AllocsPerRun(1000, func() {
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			panic(err)
+		}
+		for {
+			if _, err := resp.Body.Read(buf[:]); err != nil {
+				break
+			}
+		}
+		resp.Body.Close()
+	})
+}
+
+// TestTransportAllocs guards what the Transport adds per request over its
+// base: the Slot and the body wrapper; and, when the request's context can
+// end, the three allocations of the context.AfterFunc that frees the slot at
+// that end (AfterFunc's context and stop func, and the func it is given).
+func TestTransportAllocs(t *testing.T) {
+	lim := slots.NewLimiter(8)
+	tr := slots.NewTransport(stubRoundTripper{}, func(r *http.Request) (*slots.Slot, error) {
+		return lim.Acquire(r.Context())
+	})
+
+	cancelable, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for _, tc := range []struct {
+		name  string
+		ctx   context.Context
+		extra float64
+	}{
+		{"context that cannot end", context.Background(), 2},
+		{"context that can end", cancelable, 5},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, err := http.NewRequestWithContext(tc.ctx, http.MethodGet, "http://upstream.invalid/v1/models", nil)
+			require.NoError(t, err)
+			bare := roundTripAllocs(t, stubRoundTripper{}, req)
+			wrapped := roundTripAllocs(t, tr, req)
+			assert.LessOrEqual(t, wrapped-bare, tc.extra, "bare %v, through the Transport %v", bare, wrapped)
+			assert.Equal(t, 0, lim.InFlight(), "every slot was freed")
+		})
+	}
+}
