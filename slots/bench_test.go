@@ -48,8 +48,9 @@ func setContenders(b *testing.B) {
 // BenchmarkLimiterContended measures blocking Acquire and Release under
 // contention: contenders goroutines share a pool of benchLimit, so the queue
 // and the hand-off to waiters are on the hot path. The baselines are
-// x/sync/semaphore (also FIFO) and a buffered channel (not FIFO: the runtime
-// wakes one blocked sender, and a new arrival may take the slot first).
+// x/sync/semaphore and a buffered channel. Both are FIFO too: a receive from
+// the full channel moves the first blocked sender's value into the buffer,
+// so the freed slot goes to that sender and a newcomer cannot take it.
 func BenchmarkLimiterContended(b *testing.B) {
 	ctx := context.Background()
 
@@ -90,84 +91,62 @@ func BenchmarkLimiterContended(b *testing.B) {
 		})
 	})
 
-	b.Run("chan", func(b *testing.B) {
-		// A send takes a slot, a receive gives it back. Acquire also
-		// watches ctx.Done(), as a real caller would; for Background it is
-		// nil, and a nil channel case costs next to nothing.
-		ch := make(chan struct{}, benchLimit)
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			for pb.Next() {
-				select {
-				case ch <- struct{}{}:
-				case <-ctx.Done():
-					b.Error(ctx.Err())
-					return
+	// The channel semaphore and two probes built on it, in one loop so that
+	// they differ only where they mean to. A send takes a slot, a receive
+	// gives it back. Acquire also watches ctx.Done(), as a real caller would;
+	// for Background it is nil, and a nil channel case costs next to nothing.
+	//
+	// The probes are not targets: they show what the channel's lead is made
+	// of. chan-counted adds the least bookkeeping a limiter that reports its
+	// in-flight count must do, one atomic add on each side of the hold.
+	// chan-handle adds the least a Slot is: a fresh handle per admission (the
+	// size of a Slot, with a pointer in it) whose release is guarded against
+	// a second call, with no holder list and no counts.
+	for _, probe := range []struct {
+		name          string
+		count, handle bool
+	}{
+		{"chan", false, false},
+		{"chan-counted", true, false},
+		{"chan-handle", false, true},
+	} {
+		b.Run(probe.name, func(b *testing.B) {
+			ch := make(chan struct{}, benchLimit)
+			var inFlight atomic.Int64
+			b.ReportAllocs()
+			setContenders(b)
+			b.RunParallel(func(pb *testing.PB) {
+				x := uint64(1)
+				kept := make([]*probeHandle, 1) // on the heap: a handle stored here escapes
+				for pb.Next() {
+					select {
+					case ch <- struct{}{}:
+					case <-ctx.Done():
+						b.Error(ctx.Err())
+						return
+					}
+					var h *probeHandle
+					if probe.handle {
+						h = &probeHandle{sem: ch}
+						kept[0] = h
+					}
+					if probe.count {
+						inFlight.Add(1)
+					}
+					x = holdWork(x)
+					if probe.count {
+						inFlight.Add(-1)
+					}
+					if h != nil {
+						h.release()
+					} else {
+						<-ch
+					}
 				}
-				x = holdWork(x)
-				<-ch
-			}
-			sink.Add(x)
+				sink.Add(x)
+			})
 		})
-	})
-
-	b.Run("chan-counted", func(b *testing.B) {
-		// The channel semaphore with the least bookkeeping a limiter that
-		// reports its in-flight count must do: one atomic add on each side
-		// of the hold. Not a target, a probe: it shows how much of the
-		// channel's lead goes as soon as any work lengthens the hold, since
-		// a longer hold makes more contenders block and wake.
-		ch := make(chan struct{}, benchLimit)
-		var inFlight atomic.Int64
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			for pb.Next() {
-				select {
-				case ch <- struct{}{}:
-				case <-ctx.Done():
-					b.Error(ctx.Err())
-					return
-				}
-				inFlight.Add(1)
-				x = holdWork(x)
-				inFlight.Add(-1)
-				<-ch
-			}
-			sink.Add(x)
-		})
-	})
-
-	b.Run("chan-handle", func(b *testing.B) {
-		// The channel semaphore handing out the least a Slot is: a fresh
-		// handle per admission (the size of a Slot, with a pointer in it)
-		// whose Release is guarded against a second call. Not a target, a
-		// probe, like chan-counted: the handle's allocation and check alone,
-		// with no holder list and no counts, against the bare channel.
-		ch := make(chan struct{}, benchLimit)
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			kept := make([]*probeHandle, 1) // on the heap: a handle stored here escapes
-			for pb.Next() {
-				select {
-				case ch <- struct{}{}:
-				case <-ctx.Done():
-					b.Error(ctx.Err())
-					return
-				}
-				h := &probeHandle{sem: ch}
-				kept[0] = h
-				x = holdWork(x)
-				h.release()
-			}
-			sink.Add(x)
-		})
-	})
+	}
 }
 
 // probeHandle is the chan-handle probe's Slot: 48 bytes, like a Slot.
