@@ -42,12 +42,7 @@ func TestCloseAnswersCutPipelineAtOnce(t *testing.T) {
 // all the same, as for a LimitFunc that panics.
 func TestObserverPanicInReleaseRemovesLease(t *testing.T) {
 	m := newMini(t)
-	var boom atomic.Bool
-	obs := slots.ObserverFunc(func(e slots.Event) {
-		if e.Kind == slots.EventReleased && boom.Load() {
-			panic("metrics gone")
-		}
-	})
+	obs, boom := panickingObserver(slots.EventReleased)
 	r := m.registry(10, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -135,16 +130,22 @@ func TestSecondCloseWaitsForCutPipeline(t *testing.T) {
 // in Redis for a TTL: as with a panic in Release, it is taken back.
 func TestObserverPanicInAcquireRemovesLease(t *testing.T) {
 	m := newMini(t)
-	var boom atomic.Bool
-	obs := slots.ObserverFunc(func(e slots.Event) {
-		if e.Kind == slots.EventAcquired && boom.Load() {
-			panic("metrics gone")
-		}
-	})
+	obs, boom := panickingObserver(slots.EventAcquired)
 	r := m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
 	boom.Store(true)
 	assert.Panics(t, func() { _, _ = r.TryAcquire("k") })
 	boom.Store(false)
 	eventually(t, "the lease is taken back from Redis", func() bool { return len(m.leases("k")) == 0 })
 	assert.Zero(t, r.Stats().Held)
+}
+
+// panickingObserver returns an Observer that panics on events of kind
+// while boom is set, as a broken metrics hook would.
+func panickingObserver(kind slots.EventKind) (slots.Observer, *atomic.Bool) {
+	boom := new(atomic.Bool)
+	return slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == kind && boom.Load() {
+			panic("metrics gone")
+		}
+	}), boom
 }
