@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -64,8 +65,12 @@ type Gate struct {
 	isClosed bool   // Close was called: no more grants
 	seq      uint64
 	hold     policy.HoldTime
-	rejected uint64
-	bypassed uint64
+	satLog   policy.Every
+	// doubleReleases counts Release calls on a slot already released (or
+	// on a copy of one); atomic, as Misuse runs without the lock.
+	doubleReleases atomic.Uint64
+	rejected       uint64
+	bypassed       uint64
 }
 
 type modelLane struct {
@@ -263,9 +268,6 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	if ctx == nil {
 		return Grant{}, slots.ErrNilContext
 	}
-	if err := ctx.Err(); err != nil {
-		return Grant{}, fmt.Errorf("pacing: acquire: %w", err)
-	}
 	if context.Cause(g.closed) != nil {
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
@@ -280,6 +282,15 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 
 	var wk core.Wakes
 	g.mu.Lock()
+	// Whether the context has ended is decided under the lock, with the
+	// admission (see slots.Limiter.Acquire).
+	if core.Ended(ctx) {
+		g.mu.Unlock()
+		return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
+	}
+	// Read under the lock: Reconfigure may change g.cfg while this caller
+	// waits without it.
+	queueWait := g.cfg.QueueWait()
 	now := g.cx.Nanos()
 	h.At = now
 	gr.model = g.modelLocked(model)
@@ -317,7 +328,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		return g.handOut(s, gr), nil
 	}
 
-	expire, stop := g.cx.Timer(g.cfg.QueueWait())
+	expire, stop := g.cx.Timer(queueWait)
 	defer stop()
 	// The wait ends too when the provider is removed.
 	wctx, cancel := context.WithCancelCause(ctx)
@@ -333,20 +344,26 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		}
 		return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
 	}
-	if g.cfg.FailOpen() {
-		h.Bypassed = true
-		g.mu.Lock()
-		g.bypassed++
+	g.mu.Lock()
+	now = g.cx.Nanos()
+	if !g.cfg.FailOpen() { // as configured now, not when the wait began
+		err := g.rejectLocked(slots.ErrWaitTimeout, gr.model, now)
 		g.mu.Unlock()
+		return Grant{}, err
+	}
+	g.bypassed++
+	g.mu.Unlock()
+	core.Bypass(h)
+	if g.satLog.Allow(now, saturationLogEvery) {
 		g.logger().Warn("pacing: provider saturated; proceeding without a slot",
 			slog.String("provider", g.name), slog.String("model", model))
-		return Grant{Slot: s}, nil
 	}
-	g.mu.Lock()
-	err := g.rejectLocked(slots.ErrWaitTimeout, gr.model, g.cx.Nanos())
-	g.mu.Unlock()
-	return Grant{}, err
+	return Grant{Slot: s}, nil
 }
+
+// saturationLogEvery spaces the fail-open saturation warnings, as the
+// Limiter's and the Registry's are.
+const saturationLogEvery = 10 * time.Second
 
 func (g *Gate) handOut(s *slots.Slot, gr *grant) Grant {
 	gt := Grant{Slot: s}
@@ -498,17 +515,14 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) error {
 }
 
 // Release implements core.Owner: it frees the provider, model and key slots.
-func (gr *grant) Release(h *core.Hold) {
-	if h.Bypassed {
-		return
-	}
+func (gr *grant) Release(h *core.Hold) bool {
 	g := gr.g
 	var wk core.Wakes
 	g.mu.Lock()
 	if !g.provider.Holders.Remove(h, &gr.idx[0]) {
 		g.mu.Unlock()
 		gr.Misuse(h) // a copied Slot: it holds nothing
-		return
+		return false
 	}
 	gr.model.lane.Holders.Remove(h, &gr.idx[1])
 	if gr.key != nil {
@@ -529,10 +543,12 @@ func (gr *grant) Release(h *core.Hold) {
 	if h.ID&policy.SampleMask == 0 && !h.GivenBack {
 		g.hold.Observe(g.cx.Nanos() - h.At)
 	}
+	return true
 }
 
 // Misuse implements core.Owner.
 func (gr *grant) Misuse(h *core.Hold) {
+	gr.g.doubleReleases.Add(1)
 	gr.g.logger().Debug("pacing: slot released twice", slog.Uint64("slot_id", h.ID))
 }
 
@@ -543,13 +559,16 @@ func (gr *grant) Time(at int64) time.Time { return gr.g.cx.Time(at) }
 type Status struct {
 	InFlight    int
 	Queued      int
-	ByModel     map[string]int   // in flight per model with any
-	ByKey       map[string]int   // in flight per API key
-	NextStartIn time.Duration    // until the provider's next start is allowed (0: now)
-	LastStart   time.Time        // the provider's last granted start (zero: none yet)
-	Rejected    uint64           // queue full or wait timeout
-	Bypassed    uint64           // proceeded without a slot after the queue wait ("proceed")
-	Queue       slots.QueueStats // who waits: per class, and the flows with the most waiters
+	ByModel     map[string]int // in flight per model with any
+	ByKey       map[string]int // in flight per API key
+	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
+	LastStart   time.Time      // the provider's last granted start (zero: none yet)
+	Rejected    uint64         // queue full or wait timeout
+	Bypassed    uint64         // proceeded without a slot after the queue wait ("proceed")
+	// DoubleReleases counts Release calls on a slot already released, or
+	// on a copy of a Slot: misuse, which frees nothing.
+	DoubleReleases uint64
+	Queue          slots.QueueStats // who waits: per class, and the flows with the most waiters
 }
 
 // Status returns the Gate's state now.
@@ -557,7 +576,8 @@ func (g *Gate) Status() Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.cx.Nanos()
-	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{}, Rejected: g.rejected, Bypassed: g.bypassed}
+	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{},
+		Rejected: g.rejected, Bypassed: g.bypassed, DoubleReleases: g.doubleReleases.Load()}
 	st.Queue = core.QueueStats(&g.provider.Waiters).(slots.QueueStats)
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {

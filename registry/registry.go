@@ -285,25 +285,23 @@ func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 // WithFailOpen a wait that reaches the maximum returns a Bypassed slot.
 // A key whose limit is 0 waits until SetLimit raises it.
 func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
-	if err := checkContext(ctx); err != nil {
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: err})
-		return nil, err
+	if ctx == nil {
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
+		return nil, slots.ErrNilContext
 	}
 	return r.acquireOne(ctx, key)
 }
 
-func checkContext(ctx context.Context) error {
-	if ctx == nil {
-		return slots.ErrNilContext
-	}
-	if done := ctx.Done(); done != nil {
-		select {
-		case <-done:
-			return fmt.Errorf("registry: acquire: %w", ctx.Err())
-		default:
-		}
-	}
-	return nil
+// endedLocked reports whether ctx (nil: a call that does not wait) has
+// ended. Admissions ask it under their locks, as the last check before they
+// decide: asked before, a context that ends and a slot that frees in between
+// would admit a caller that has given up.
+func endedLocked(ctx context.Context) bool { return ctx != nil && core.Ended(ctx) }
+
+// canceled reports a caller whose context ended before it was admitted.
+func (r *Registry[K]) canceled(ctx context.Context) error {
+	r.emit(slots.Event{Kind: slots.EventRejected, Err: ctx.Err()})
+	return fmt.Errorf("registry: acquire: %w", ctx.Err())
 }
 
 // pending is a Slot on its way to the caller. Without leak detection the
@@ -359,6 +357,10 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 
 	sh.mu.Lock()
+	if endedLocked(ctx) {
+		sh.mu.Unlock()
+		return nil, r.canceled(ctx)
+	}
 	e := sh.lookup(key, hash)
 	limit := 0
 	var room bool
@@ -452,9 +454,9 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // listed twice counts once; with no keys it fails with ErrNoKeys. Failures are
 // those of Acquire; a *slots.LimitError names the first key that was full.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
-	if err := checkContext(ctx); err != nil {
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: err})
-		return nil, err
+	if ctx == nil {
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
+		return nil, slots.ErrNilContext
 	}
 	return r.acquireAll(ctx, keys)
 }
@@ -512,6 +514,10 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	unlock := func() {
 		r.unlockShards(m.shards)
 		r.multiMu.Unlock()
+	}
+	if endedLocked(ctx) {
+		unlock()
+		return nil, r.canceled(ctx)
 	}
 	// Decide before inserting anything: a rejection leaves no trace.
 	full, fullLimit := -1, 0
@@ -655,7 +661,7 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 		return nil, fmt.Errorf("registry: acquire: %w", ctx.Err())
 	}
 	if r.cfg.wait.FailOpen {
-		h.Bypassed = true
+		core.Bypass(h)
 		h.At = r.clk.Coarse() // the clock start was read on
 		sh.mu.Lock()
 		sh.st.bypassed++
@@ -830,10 +836,7 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 
 // Release implements core.Owner for holds of this key alone; called once
 // per hold.
-func (e *entry[K]) Release(h *core.Hold) {
-	if h.Bypassed {
-		return
-	}
+func (e *entry[K]) Release(h *core.Hold) bool {
 	sh := e.shard
 	r := sh.r
 	sh.mu.Lock()
@@ -842,7 +845,7 @@ func (e *entry[K]) Release(h *core.Hold) {
 		if !e.lane.Holders.Remove(h, &h.Idx) {
 			sh.mu.Unlock()
 			r.misuse(h) // a copied Slot: it holds nothing
-			return
+			return false
 		}
 		sh.released++
 		r.grantLocked([]*entry[K]{e}, &wk)
@@ -856,22 +859,21 @@ func (e *entry[K]) Release(h *core.Hold) {
 		sh.mu.Unlock()
 		if !r.releaseSlow(h, []*entry[K]{e}, nil) {
 			r.misuse(h) // a copied Slot: it holds nothing
-			return
+			return false
 		}
 	}
 	r.released(h)
+	return true
 }
 
 // Release implements core.Owner for multi-key holds.
-func (m *multi[K]) Release(h *core.Hold) {
-	if h.Bypassed {
-		return
-	}
+func (m *multi[K]) Release(h *core.Hold) bool {
 	if !m.r.releaseSlow(h, m.entries, m) {
 		m.r.misuse(h) // a copied Slot: it holds nothing
-		return
+		return false
 	}
 	m.r.released(h)
+	return true
 }
 
 // released samples the hold time and reports the release.

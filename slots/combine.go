@@ -23,8 +23,8 @@ func Combine(parts ...*Slot) *Slot {
 	if len(held) == 0 {
 		return nil
 	}
-	c := &combined{parts: held}
 	s := new(Slot)
+	c := &combined{parts: held, hold: &s.h}
 	s.h.Owner = c
 	for _, p := range held {
 		s.h.Bypassed = s.h.Bypassed || p.h.Bypassed
@@ -40,18 +40,24 @@ func Combine(parts ...*Slot) *Slot {
 // combined is the Owner of a Combine slot's hold.
 type combined struct {
 	parts []*Slot
+	hold  *core.Hold // the combined Slot's own: a copy of it frees nothing
 	at    time.Time
 }
 
 // Release implements core.Owner.
-func (c *combined) Release(*core.Hold) {
+func (c *combined) Release(h *core.Hold) bool {
+	if h != c.hold {
+		c.Misuse(h)
+		return false
+	}
 	for _, p := range c.parts {
 		p.releaseQuietly()
 	}
+	return true
 }
 
-// Misuse implements core.Owner: the combined slot was released twice, which
-// releases nothing more.
+// Misuse implements core.Owner: the combined slot was released twice, or a
+// copy of it was released; that releases nothing more.
 func (c *combined) Misuse(*core.Hold) {}
 
 // Time implements core.Owner.

@@ -153,15 +153,6 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.emit(Event{Kind: EventRejected, Err: ErrNilContext})
 		return nil, ErrNilContext
 	}
-	done := ctx.Done()
-	if done != nil {
-		select {
-		case <-done:
-			l.emit(Event{Kind: EventRejected, Err: ctx.Err()})
-			return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
-		default:
-		}
-	}
 	clk := l.clock()
 	s, h, t := l.newHold()
 	h.At = clk.Coarse()
@@ -175,6 +166,14 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	}
 
 	l.mu.Lock()
+	// Whether the context has ended is decided under the lock, with the
+	// admission: checked before it, a context that ends and a slot that
+	// frees in between would admit a caller that has given up.
+	if core.Ended(ctx) {
+		l.mu.Unlock()
+		l.emit(Event{Kind: EventRejected, Err: ctx.Err()})
+		return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
+	}
 	if l.lane.Admits(h.Class) {
 		l.admitLocked(h)
 		l.mu.Unlock()
@@ -225,7 +224,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		h.ID = l.seq
 		inFlight, limit, queued := l.lane.Holders.Len(), l.lane.Limit, l.lane.Waiters.Len()
 		l.mu.Unlock()
-		h.Bypassed = true
+		core.Bypass(h)
 		h.At = clk.Coarse() // the clock start was read on
 		if l.satLog.Allow(h.At, saturationLogEvery) {
 			l.wait.Log().Warn("slots: limiter saturated; admitting without a slot (fail-open)",
@@ -302,17 +301,14 @@ type owner Limiter
 func (l *Limiter) owner() *owner { return (*owner)(l) }
 
 // Release implements core.Owner; called once per admitted hold.
-func (o *owner) Release(h *core.Hold) {
+func (o *owner) Release(h *core.Hold) bool {
 	l := (*Limiter)(o)
-	if h.Bypassed {
-		return
-	}
 	var wk core.Wakes
 	l.mu.Lock()
 	if !l.lane.Holders.Remove(h, &h.Idx) {
 		l.mu.Unlock()
 		o.Misuse(h) // a copied Slot: it holds nothing
-		return
+		return false
 	}
 	l.stats.Released++
 	l.grantLocked(&wk)
@@ -324,6 +320,7 @@ func (o *owner) Release(h *core.Hold) {
 	if l.obs != nil && !h.GivenBack {
 		l.obs.Observe(Event{Kind: EventReleased, Hold: time.Duration(l.clock().Coarse() - h.At)})
 	}
+	return true
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.

@@ -16,8 +16,10 @@ import (
 // An Owner frees the capacity a Hold took. Methods may be called from any
 // goroutine, without the owner's lock held.
 type Owner interface {
-	// Release frees h's capacity. It is called exactly once per Hold.
-	Release(h *Hold)
+	// Release frees h's capacity and reports whether it did. It is called
+	// at most once per Hold; it reports false (and counts the misuse) for a
+	// copy of a Slot, which is another Hold that holds nothing.
+	Release(h *Hold) bool
 	// Misuse counts a Release call on a Hold that was already released.
 	Misuse(h *Hold)
 	// Time converts an acquire time (owner clock nanoseconds) to a time.Time.
@@ -54,8 +56,7 @@ func (h *Hold) Release() bool {
 		h.Owner.Misuse(h)
 		return false
 	}
-	h.Owner.Release(h)
-	return true
+	return h.Owner.Release(h)
 }
 
 // Released reports whether Release has been called.
@@ -68,9 +69,34 @@ func (h *Hold) ReleaseQuietly() bool {
 	if !h.released.CompareAndSwap(false, true) {
 		return false
 	}
-	h.Owner.Release(h)
+	return h.Owner.Release(h)
+}
+
+// Bypass marks h as admitted by fail-open: it holds no capacity, so its
+// release frees nothing, but a copy of its Slot must still be told from it.
+// Its owner from then on is a small record of h (fail-open is the rare
+// path, so the allocation is paid only there).
+func Bypass(h *Hold) {
+	h.Bypassed = true
+	h.Owner = &bypassed{owner: h.Owner, hold: h}
+}
+
+// bypassed is the Owner of a fail-open hold.
+type bypassed struct {
+	owner Owner // counts misuse and converts times
+	hold  *Hold
+}
+
+func (b *bypassed) Release(h *Hold) bool {
+	if h != b.hold {
+		b.owner.Misuse(h)
+		return false
+	}
 	return true
 }
+
+func (b *bypassed) Misuse(h *Hold)          { b.owner.Misuse(h) }
+func (b *bypassed) Time(at int64) time.Time { return b.owner.Time(at) }
 
 // NewSlot returns a new *slots.Slot (as any) and the Hold inside it. It is set
 // by package slots when it is initialised, so every package that can name
@@ -325,6 +351,10 @@ func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw fun
 	}
 	return OutGranted
 }
+
+// Ended reports whether ctx has ended. Admissions call it under their
+// owner's lock, as the last check before they decide.
+func Ended(ctx context.Context) bool { return isDone(ctx.Done()) }
 
 func isDone(done <-chan struct{}) bool {
 	select {

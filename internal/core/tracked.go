@@ -89,13 +89,13 @@ func reclaim(t *Tracked) {
 
 // Release implements Owner for the stand-in: it frees the tracked hold. A
 // copy of the Slot (which go vet flags) is another Hold: refused as misuse.
-func (t *Tracked) Release(h *Hold) {
+func (t *Tracked) Release(h *Hold) bool {
 	if uintptr(unsafe.Pointer(h)) != t.standIn {
 		t.Hold.Owner.Misuse(&t.Hold)
-		return
+		return false
 	}
 	t.cleanup.Stop()
-	t.Hold.Release()
+	return t.Hold.Release()
 }
 
 // Misuse implements Owner for the stand-in.

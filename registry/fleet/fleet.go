@@ -392,6 +392,7 @@ type lease[K comparable] struct {
 	names    []string    // the Redis keys
 	limits   []int       // their limits at the admission
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
+	hold     *core.Hold  // the Slot's own hold: a copy of the Slot frees nothing
 	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
 	reported bool        // found missing and reported (ReportLost); guarded by r.mu
 	sent     bool        // a renewal that failed may still put it (back) in Redis; guarded by r.mu
@@ -603,7 +604,7 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
 	}
 	l.local = local
 	v, h := core.NewSlot()
-	h.Owner = l
+	h.Owner, l.hold = l, h
 	h.At = time.Now().UnixNano()
 	h.Degraded = degraded
 	r.mu.Lock()
@@ -659,7 +660,7 @@ func (r *Registry[K]) unavailable(l *lease[K]) outcome {
 		return failed(ErrUnavailable)
 	case FailOpen:
 		v, h := core.NewSlot()
-		h.Owner = l
+		h.Owner, l.hold = l, h
 		h.At = time.Now().UnixNano()
 		h.Bypassed, h.Degraded = true, true
 		r.stats.bypassed.Add(1)
@@ -680,9 +681,13 @@ func (r *Registry[K]) redisFailed(err error) {
 
 // Release implements core.Owner: it frees the local mirror at once and
 // queues the removal from Redis.
-func (l *lease[K]) Release(h *core.Hold) {
+func (l *lease[K]) Release(h *core.Hold) bool {
+	if h != l.hold {
+		l.Misuse(h) // a copied Slot: it holds nothing
+		return false
+	}
 	if h.Bypassed {
-		return
+		return true
 	}
 	out, limitPanic := l.releasing()
 	func() {
@@ -694,6 +699,7 @@ func (l *lease[K]) Release(h *core.Hold) {
 	if limitPanic != nil {
 		panic(limitPanic) // the LimitFunc's, once the lease is on its way out
 	}
+	return true
 }
 
 // releasing drops l from the held leases and returns what to remove from

@@ -1,0 +1,61 @@
+package registry_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// endsOnLookup is a context that ends the first time a value is looked up
+// in it. With shares, an admission reads the caller's class from its context
+// before it decides, so the context ends after any check made earlier and
+// before the decision: the window of golang/go#63615.
+type endsOnLookup struct {
+	context.Context
+	cancel context.CancelFunc
+}
+
+func (c endsOnLookup) Value(key any) any {
+	c.cancel()
+	return c.Context.Value(key)
+}
+
+func TestRegistryNeverAdmitsAnEndedContext(t *testing.T) {
+	acquire := map[string]func(*registry.Registry[string], context.Context) (*slots.Slot, error){
+		"Acquire": func(r *registry.Registry[string], ctx context.Context) (*slots.Slot, error) {
+			return r.Acquire(ctx, "a")
+		},
+		"AcquireAll": func(r *registry.Registry[string], ctx context.Context) (*slots.Slot, error) {
+			return r.AcquireAll(ctx, "a", "b")
+		},
+	}
+	for name, acquire := range acquire {
+		t.Run(name+": the context ends while the key's limit is looked up", func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			fetch := func(context.Context, string) (int, error) {
+				cancel()
+				return 1, nil
+			}
+			reg := registry.New[string](1, registry.WithLimitFunc(fetch, time.Minute))
+			s, err := acquire(reg, ctx)
+			assert.ErrorIs(t, err, context.Canceled, "a free slot is not given to a caller that has given up")
+			assert.Nil(t, s)
+			assert.Zero(t, reg.InFlight("a"))
+			assert.Zero(t, reg.Keys())
+		})
+		t.Run(name+": the context ends as its class is read", func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			reg := registry.New[string](1, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+			s, err := acquire(reg, endsOnLookup{ctx, cancel})
+			assert.ErrorIs(t, err, context.Canceled)
+			assert.Nil(t, s)
+			assert.Zero(t, reg.Keys())
+			assert.Equal(t, uint64(0), reg.Stats().Acquired)
+		})
+	}
+}
