@@ -16,8 +16,8 @@ import (
 type owner struct{ released, misused atomic.Int32 }
 
 func (o *owner) Release(*core.Hold) bool { o.released.Add(1); return true }
-func (o *owner) Misuse(*core.Hold)    { o.misused.Add(1) }
-func (o *owner) Time(int64) time.Time { return time.Time{} }
+func (o *owner) Misuse(*core.Hold)       { o.misused.Add(1) }
+func (o *owner) Time(int64) time.Time    { return time.Time{} }
 
 func TestHoldReleasesOnce(t *testing.T) {
 	o := &owner{}
