@@ -137,12 +137,12 @@ func WithObserver(o slots.Observer) Option {
 // A safety net for a missed Release, not a way to release: the collector
 // runs when it will. It costs one more allocation and a cleanup registration
 // per admission, so it is off by default; turn it on in tests and where
+// leaks are suspected.
 //
 // Do not use it with testing/synctest bubbles in which callers wait for
 // slots: the runtime runs cleanups outside every bubble, and a reclaimed slot
 // granted to a waiter inside one wakes that waiter from outside, which the
 // runtime treats as a fatal error.
-// leaks are suspected.
 func WithLeakDetection() Option {
 	return optionFunc(func(c *config) { c.wait.LeakCheck = true })
 }

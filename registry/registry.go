@@ -553,7 +553,11 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
 		return nil, err
 	}
-	for i, k := range uniq {
+	// From the key that was full on, so that a bound that every queue
+	// meets (WithMaxQueue(0)) names that key, not the first one listed.
+	for j := range uniq {
+		i := (full + j) % len(uniq)
+		k := uniq[i]
 		e := shs[i].lookup(k, hashes[i])
 		if r.queueFullLocked(e, place.Flow) {
 			first.st.queueFull++
