@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 )
 
@@ -23,12 +24,18 @@ var ErrBodyTooLarge = errors.New("slots: request body too large")
 // request it is handed (a RoundTripper does not modify its request), so pass
 // the model on in the context instead. A body over maxBytes fails with
 // ErrBodyTooLarge and is left whole as well; a body that is not JSON fails
-// with the decoding error.
+// with the decoding error. math.MaxInt64 bounds nothing; a negative
+// maxBytes is taken as 0.
 func RequestModel(r *http.Request, maxBytes int64) (string, error) {
 	if r.Body == nil || r.Body == http.NoBody {
 		return "", nil
 	}
-	buf, err := io.ReadAll(io.LimitReader(r.Body, maxBytes+1))
+	maxBytes = max(maxBytes, 0)
+	limit := maxBytes // one byte over the bound tells a body over it
+	if limit < math.MaxInt64 {
+		limit++
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, limit))
 	if err != nil {
 		// What was read is put back in front of the rest.
 		r.Body = readCloser{io.MultiReader(bytes.NewReader(buf), r.Body), r.Body}

@@ -3,6 +3,7 @@ package slots_test
 import (
 	"context"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -27,6 +28,9 @@ func TestRequestModel(t *testing.T) {
 		{"a model", `{"model":"glm-5","stream":true}`, "glm-5", 1 << 10, nil},
 		{"no model", `{"messages":[]}`, "", 1 << 10, nil},
 		{"too large", `{"model":"glm-5","pad":"` + strings.Repeat("x", 100) + `"}`, "", 64, slots.ErrBodyTooLarge},
+		{"no bound (math.MaxInt64)", `{"model":"glm-5"}`, "glm-5", math.MaxInt64, nil},
+		{"exactly at the bound", `{"model":"glm-5"}`, "glm-5", int64(len(`{"model":"glm-5"}`)), nil},
+		{"a negative bound is 0", `{"model":"glm-5"}`, "", -1, slots.ErrBodyTooLarge},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(tc.body))
