@@ -1,78 +1,162 @@
 package slots
 
 import (
+	"context"
 	"io"
 	"net/http"
+	"sync"
+	"sync/atomic"
 )
 
 // WrapBody returns a body that reads from body and releases s on the first
 // of: Close, a Read that returns io.EOF or any other error, or (for a body
 // with WriteTo) a WriteTo that reaches the end. The slot is released once,
 // whichever comes first and from whichever goroutine; Read and Close may
-// run concurrently as far as body allows.
+// run concurrently as far as body allows. Close releases s only after
+// body's Close has returned, and a Read that fails with an error other than
+// io.EOF closes body before it releases s: the slot does not go back while
+// what body reads from may still be open. A Read, WriteTo or Close of body
+// that panics releases s too, and the panic goes on.
 //
 // The wrapper keeps body's io.WriterTo, and keeps io.Writer for a body that
 // has it: the body of a 101 Switching Protocols response is the upgraded
 // connection, and httputil.ReverseProxy refuses one that is not writable.
 // A nil body and http.NoBody release s at once and are returned as they are.
-// A nil s wraps nothing: body is returned as it is.
+// A nil s wraps nothing: body is returned as it is. Close closes body once;
+// a later Close returns the first one's error.
 func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
-	return wrapBody(body, s, nil)
-}
-
-// wrapBody is WrapBody that also calls done (if not nil) once the body is
-// finished with: Transport uses it to stop watching the request's context.
-func wrapBody(body io.ReadCloser, s *Slot, done func() bool) io.ReadCloser {
 	if s == nil {
 		return body
 	}
 	if body == nil || body == http.NoBody {
 		s.releaseQuietly()
-		if done != nil {
-			done()
-		}
 		return body
 	}
-	b := slotBody{rc: body, s: s, done: done}
+	rc, _ := newSlotBody(body, s, nil)
+	return rc
+}
+
+// newSlotBody wraps body, keeping its io.Writer and io.WriterTo, and returns
+// the wrapper along with its slotBody. t is the Transport whose response
+// body it is, or nil for WrapBody.
+func newSlotBody(body io.ReadCloser, s *Slot, t *Transport) (io.ReadCloser, *slotBody) {
 	_, writable := body.(io.Writer)
 	_, writerTo := body.(io.WriterTo)
 	switch {
 	case writable && writerTo:
-		return &writableWriterToBody{writerToBody{b}}
+		w := &writableWriterToBody{writerToBody{slotBody{rc: body, s: s, t: t}}}
+		return w, &w.slotBody
 	case writable:
-		return &writableBody{b}
+		w := &writableBody{slotBody{rc: body, s: s, t: t}}
+		return w, &w.slotBody
 	case writerTo:
-		return &writerToBody{b}
+		w := &writerToBody{slotBody{rc: body, s: s, t: t}}
+		return w, &w.slotBody
 	}
-	return &b
+	b := &slotBody{rc: body, s: s, t: t}
+	return b, b
 }
+
+// An ending says how a body ended, which decides when its slot goes.
+type ending uint8
+
+const (
+	endClean ending = iota // read to its end: the upstream has finished the answer
+	endCut                 // closed before its end, its context ended, or a read failed
+	endPanic               // a method of the wrapped body panicked
+)
 
 type slotBody struct {
-	rc   io.ReadCloser
-	s    *Slot
-	done func() bool // may be nil
+	rc io.ReadCloser
+	s  *Slot
+	// t is the Transport that sent the request, or nil (WrapBody). With a
+	// Transport, a cut keeps the slot for the Transport's linger.
+	t *Transport
+	// stop ends the Transport's watch of the request's context; nil when
+	// there is none. It is set before the body is handed out, but the watch
+	// itself may already run while it is being set, so the watch never
+	// reads it.
+	stop func() bool
+	// ctx is the request's context, when the Transport watches it.
+	ctx context.Context
+
+	watchCut  atomic.Bool // the watch closed rc because ctx ended
+	ended     atomic.Bool // the slot's release has been decided
+	closeOnce sync.Once   // rc is closed once, and a second closer waits for the first
+	closeErr  error       // rc's Close error, written inside closeOnce
 }
 
-func (b *slotBody) finish() {
-	b.s.releaseQuietly()
-	if b.done != nil {
-		b.done()
+// end decides, once, that the body is over, and gives the slot back: at
+// once, or after the Transport's linger for a cut. fromWatch says the call
+// comes from the context watch.
+func (b *slotBody) end(e ending, fromWatch bool) {
+	if !b.ended.CompareAndSwap(false, true) {
+		return
 	}
+	if b.stop != nil && !fromWatch {
+		b.stop()
+	}
+	if b.t == nil {
+		b.s.releaseQuietly()
+		return
+	}
+	b.t.free(b.s, e == endCut)
 }
 
-func (b *slotBody) Read(p []byte) (int, error) {
-	n, err := b.rc.Read(p)
-	if err != nil {
-		b.finish()
+// closeBody closes rc once; a concurrent caller returns only when rc's
+// Close has.
+func (b *slotBody) closeBody() error {
+	b.closeOnce.Do(func() { b.closeErr = b.rc.Close() })
+	return b.closeErr
+}
+
+// cut closes rc and then ends the body: the slot never goes back while the
+// connection it stands for may still be open on this side.
+func (b *slotBody) cut(fromWatch bool) error {
+	returned := false
+	defer func() {
+		if !returned {
+			b.end(endPanic, fromWatch)
+		}
+	}()
+	err := b.closeBody()
+	returned = true
+	b.end(endCut, fromWatch)
+	return err
+}
+
+// watch is the Transport's reaction to the end of the request's context.
+func (b *slotBody) watch() {
+	b.watchCut.Store(true)
+	_ = b.cut(true)
+}
+
+func (b *slotBody) Read(p []byte) (n int, err error) {
+	returned := false
+	defer func() {
+		if !returned {
+			b.end(endPanic, false)
+		}
+	}()
+	n, err = b.rc.Read(p)
+	returned = true
+	if err != nil && err != io.EOF && b.watchCut.Load() {
+		// A read that met the watch's Close fails as net/http fails one
+		// cut by the context, with the context's cause: a reader such as
+		// httputil.ReverseProxy then knows the client went away, and does
+		// not log the closed body as a read error.
+		err = context.Cause(b.ctx)
+	}
+	switch {
+	case err == io.EOF:
+		b.end(endClean, false)
+	case err != nil:
+		_ = b.cut(false) // the exchange is broken: let the connection go first
 	}
 	return n, err
 }
 
-func (b *slotBody) Close() error {
-	err := b.rc.Close()
-	b.finish()
-	return err
-}
+func (b *slotBody) Close() error { return b.cut(false) }
 
 // writerToBody keeps the body's WriteTo, which io.Copy prefers.
 type writerToBody struct{ slotBody }
@@ -80,10 +164,17 @@ type writerToBody struct{ slotBody }
 // WriteTo copies the body to w. It releases the slot when the body has been
 // read to its end; when it stops early (w failed) the slot stays held until
 // Close, as the body may still be open.
-func (b *writerToBody) WriteTo(w io.Writer) (int64, error) {
-	n, err := b.rc.(io.WriterTo).WriteTo(w)
+func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
+	returned := false
+	defer func() {
+		if !returned {
+			b.end(endPanic, false)
+		}
+	}()
+	n, err = b.rc.(io.WriterTo).WriteTo(w)
+	returned = true
 	if err == nil {
-		b.finish()
+		b.end(endClean, false)
 	}
 	return n, err
 }

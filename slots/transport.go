@@ -3,8 +3,12 @@ package slots
 import (
 	"context"
 	"errors"
+	"net"
 	"net/http"
+	"time"
 	"weak"
+
+	"github.com/benbjohnson/clock"
 )
 
 // AdmitFunc admits one request: it picks the cap (a Limiter, a registry key
@@ -19,6 +23,20 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // or cut off by the end of the request's context. A streamed response keeps
 // its slot for the whole stream, not just until RoundTrip returns.
 //
+// A slot goes back only once this side has let go of the upstream
+// exchange: when the request's context ends, the Transport closes the
+// response body itself before it releases the slot, and a failed Read
+// closes the body before its slot goes as well. What "let go" can mean is
+// what the base transport's Body.Close gives. net/http's HTTP/1 transport
+// returns from an early Close once its read loop has given the connection
+// up, and the loop closes the socket on its own goroutine an instant later,
+// so the socket may still be closing when the slot goes. Its HTTP/2
+// transport returns once the stream's reset has been sent, except after
+// the request's context has ended, when the reset is sent concurrently.
+// The upstream learns of the cut later still, when the close reaches it and
+// its server notices, and until then it counts the request: WithLinger
+// keeps the slot of a cut exchange for that time.
+//
 // An upgraded connection (101 Switching Protocols) keeps its slot until it is
 // closed or fails, even after the request's context ends: net/http leaves
 // that connection open for the caller. A request whose context was marked by
@@ -28,31 +46,71 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // wrapper. A request whose context can end (a proxied request's always can)
 // also pays the three allocations of the context.AfterFunc that frees the
 // slot when the context ends: AfterFunc's context, its stop func, and the
-// func it runs.
+// func it runs. A cut exchange with a linger pays for its timer.
 type Transport struct {
-	base  http.RoundTripper
-	admit AdmitFunc
+	base   http.RoundTripper
+	admit  AdmitFunc
+	linger time.Duration
+	clock  clock.Clock
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
 
+// A TransportOption configures a Transport.
+type TransportOption func(*Transport)
+
+// WithLinger keeps the slot of a cut exchange for d more after this side
+// has let go of it, for an upstream that notices a cut late: one behind a
+// load balancer that holds its side of the connection open, or one that
+// counts a request until its next write fails. Without it the next request
+// can reach the upstream while the upstream still counts the cut one, and
+// an upstream whose own limit equals the cap answers it 429.
+//
+// A cut is an exchange that ends before its response does: the request's
+// context ends, the body is closed before its end or a Read of it fails,
+// or the round trip fails after the request may have been sent (any error
+// but a failed dial). A response read to its end, and a response without a
+// body, free their slot at once. A body whose Read, WriteTo or Close panics
+// frees it at once too. d <= 0 (the default) lingers not at all.
+func WithLinger(d time.Duration) TransportOption {
+	return func(t *Transport) { t.linger = d }
+}
+
+// WithLingerClock sets the clock that times WithLinger; for tests. The
+// default is the real clock.
+func WithLingerClock(c clock.Clock) TransportOption {
+	return func(t *Transport) {
+		if c != nil {
+			t.clock = c
+		}
+	}
+}
+
 // NewTransport returns a Transport that admits each request with admit and
-// sends it with base (nil: http.DefaultTransport). It panics if admit is nil.
-func NewTransport(base http.RoundTripper, admit AdmitFunc) *Transport {
+// sends it with base (nil: http.DefaultTransport), configured by opts (see
+// WithLinger). It panics if admit is nil.
+func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOption) *Transport {
 	if admit == nil {
 		panic("slots: NewTransport needs an admit function")
 	}
 	if base == nil {
 		base = http.DefaultTransport
 	}
-	return &Transport{base: base, admit: admit}
+	t := &Transport{base: base, admit: admit}
+	for _, o := range opts {
+		o(t)
+	}
+	if t.clock == nil {
+		t.clock = clock.New()
+	}
+	return t
 }
 
 // RoundTrip admits req, sends it, and ties the slot to the response body.
 // When admission fails it returns the error (a *LimitError, or the context's
 // error while waiting) and closes req.Body, as a RoundTripper must when it
-// does not send. A failed round trip releases the slot at once. It never
-// modifies req.
+// does not send. A failed round trip releases the slot at once (after the
+// linger, if it may have reached the upstream). It never modifies req.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	if withoutSlot(ctx) {
@@ -68,46 +126,68 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	resp, err := t.sendHolding(req, s)
 	if err != nil || resp == nil {
-		s.releaseQuietly()
-		if resp != nil && resp.Body != nil {
-			resp.Body.Close() // a response that came with an error is dropped
-		}
 		if err == nil {
 			err = errNilResponse
+		}
+		defer t.free(s, mayHaveBeenSent(err)) // also if Close panics
+		if resp != nil && resp.Body != nil {
+			resp.Body.Close() // a response that came with an error is dropped
 		}
 		return nil, err
 	}
 	if !s.holds() {
 		return resp, nil // admit chose to take no slot
 	}
+	if resp.Body == nil || resp.Body == http.NoBody {
+		s.releaseQuietly() // the answer is complete
+		return resp, nil
+	}
+	body, b := newSlotBody(resp.Body, s, t)
+	resp.Body = body
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The caller owns the upgraded connection: net/http does not close
 		// it when the request's context ends, so the slot stays with it
 		// until it is closed or fails.
-		resp.Body = wrapBody(resp.Body, s, nil)
 		return resp, nil
 	}
-	// The connection is torn down when the request's context ends, whether
-	// or not anyone reads or closes the body; the slot goes with it. (A
-	// context that can never end needs no watch, which costs three
-	// allocations.)
-	var stop func() bool
+	// net/http tears the connection down when the request's context ends,
+	// whether or not anyone reads or closes the body. The watch closes the
+	// body itself, so that the slot goes only once net/http has given the
+	// connection up. A context that can never end needs no watch, which
+	// costs three allocations.
 	if ctx.Done() != nil {
-		release := s.releaseQuietly
+		b.ctx = ctx
 		if s.tracked() {
-			// With leak detection the watch must not keep s reachable:
-			// a dropped body would then never be found.
-			wp := weak.Make(s)
-			release = func() {
-				if s := wp.Value(); s != nil {
-					s.releaseQuietly()
+			// With leak detection the watch must not keep the body (and so
+			// s) reachable: a dropped body would then never be found.
+			wp := weak.Make(b)
+			b.stop = context.AfterFunc(ctx, func() {
+				if b := wp.Value(); b != nil {
+					b.watch()
 				}
-			}
+			})
+		} else {
+			b.stop = context.AfterFunc(ctx, b.watch)
 		}
-		stop = context.AfterFunc(ctx, release)
 	}
-	resp.Body = wrapBody(resp.Body, s, stop)
 	return resp, nil
+}
+
+// free releases s: at once, or after the linger when cut says the upstream
+// may still be counting the exchange.
+func (t *Transport) free(s *Slot, cut bool) {
+	if cut && t.linger > 0 {
+		t.clock.AfterFunc(t.linger, s.releaseQuietly)
+		return
+	}
+	s.releaseQuietly()
+}
+
+// mayHaveBeenSent reports whether a round trip that failed with err may
+// have reached the upstream: every failure but a dial error may have.
+func mayHaveBeenSent(err error) bool {
+	var op *net.OpError
+	return !errors.As(err, &op) || op.Op != "dial"
 }
 
 // sendHolding sends req with the base transport; if the base panics, s is

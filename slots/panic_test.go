@@ -1,0 +1,79 @@
+package slots_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// panickyBody panics in the method named by in.
+type panickyBody struct{ in string }
+
+func (b panickyBody) Read([]byte) (int, error) {
+	if b.in == "Read" {
+		panic("body bug in Read")
+	}
+	return 0, nil
+}
+
+func (b panickyBody) WriteTo(io.Writer) (int64, error) {
+	if b.in == "WriteTo" {
+		panic("body bug in WriteTo")
+	}
+	return 0, nil
+}
+
+func (b panickyBody) Close() error {
+	if b.in == "Close" {
+		panic("body bug in Close")
+	}
+	return nil
+}
+
+// TestBodiesThatPanic: a body whose Read, WriteTo or Close panics gives
+// its slot back, and the panic goes on up unchanged.
+func TestBodiesThatPanic(t *testing.T) {
+	use := map[string]func(io.ReadCloser){
+		"Read":    func(b io.ReadCloser) { _, _ = b.Read(make([]byte, 8)) },
+		"WriteTo": func(b io.ReadCloser) { _, _ = b.(io.WriterTo).WriteTo(io.Discard) },
+		"Close":   func(b io.ReadCloser) { _ = b.Close() },
+	}
+	for _, method := range []string{"Read", "WriteTo", "Close"} {
+		t.Run("WrapBody, in "+method, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			b := slots.WrapBody(panickyBody{method}, s)
+			assert.PanicsWithValue(t, "body bug in "+method, func() { use[method](b) })
+			assert.Equal(t, 0, lim.InFlight())
+		})
+		t.Run("a Transport's body, in "+method, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			tr := slots.NewTransport(answering(panickyBody{method}), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+			require.NoError(t, err)
+			assert.PanicsWithValue(t, "body bug in "+method, func() { use[method](resp.Body) })
+			assert.Equal(t, 0, lim.InFlight())
+		})
+	}
+	t.Run("a Transport's response that comes with an error, in Close", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		tr := slots.NewTransport(roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: http.StatusOK, Body: panickyBody{"Close"}}, errors.New("broken")
+		}), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+		assert.PanicsWithValue(t, "body bug in Close", func() {
+			_, _ = tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+		})
+		assert.Equal(t, 0, lim.InFlight())
+	})
+}

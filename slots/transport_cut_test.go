@@ -1,0 +1,323 @@
+package slots_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// heldBody is a response body whose Close takes until the test lets it
+// finish, as net/http's does while its read loop gives the connection up.
+// A Read waits until the body is closed, then fails as a read on a closed
+// connection does.
+type heldBody struct {
+	closing  chan struct{} // closed when Close starts
+	proceed  chan struct{} // Close returns once this is closed
+	closed   chan struct{}
+	failRead bool // Read fails at once instead of waiting for Close
+}
+
+func newHeldBody() *heldBody {
+	return &heldBody{closing: make(chan struct{}), proceed: make(chan struct{}), closed: make(chan struct{})}
+}
+
+func (b *heldBody) Read([]byte) (int, error) {
+	if !b.failRead {
+		<-b.closed
+	}
+	return 0, errors.New("read tcp: use of closed network connection")
+}
+
+func (b *heldBody) Close() error {
+	close(b.closing)
+	<-b.proceed
+	close(b.closed)
+	return nil
+}
+
+func (b *heldBody) closeStarted() bool {
+	select {
+	case <-b.closing:
+		return true
+	default:
+		return false
+	}
+}
+
+// answering returns a base RoundTripper that answers 200 with body.
+func answering(body io.ReadCloser) http.RoundTripper {
+	return roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Body: body}, nil
+	})
+}
+
+// TestTransportCutClosesBeforeItFrees: a cut exchange gives its slot back
+// only once this side has let go of the upstream: the body's Close has
+// returned. Otherwise the next request reaches the upstream while the cut
+// one still holds its connection there.
+func TestTransportCutClosesBeforeItFrees(t *testing.T) {
+	t.Run("the request's context ends: the body is closed, then the slot freed", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			body := newHeldBody()
+			tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+			ctx, cancel := context.WithCancel(context.Background())
+			resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+			require.NoError(t, err)
+
+			cancel() // nobody reads or closes the body
+			synctest.Wait()
+			assert.True(t, body.closeStarted(), "the end of the context closes the body")
+			assert.Equal(t, 1, lim.InFlight(), "the slot is held while the body closes")
+			close(body.proceed)
+			synctest.Wait()
+			assert.Equal(t, 0, lim.InFlight(), "freed once the body is closed")
+			assert.NoError(t, resp.Body.Close())
+			assert.Equal(t, uint64(0), lim.Stats().DoubleReleases)
+		})
+	})
+	t.Run("a failed Read closes the body, then frees the slot", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			body := newHeldBody()
+			body.failRead = true
+			tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+			resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+			require.NoError(t, err)
+
+			readErr := make(chan error, 1)
+			go func() {
+				_, err := resp.Body.Read(make([]byte, 8))
+				readErr <- err
+			}()
+			synctest.Wait()
+			assert.True(t, body.closeStarted(), "a broken exchange is closed")
+			assert.Equal(t, 1, lim.InFlight(), "the slot is held while the body closes")
+			close(body.proceed)
+			synctest.Wait()
+			assert.Error(t, <-readErr)
+			assert.Equal(t, 0, lim.InFlight())
+		})
+	})
+	t.Run("a Read that meets the context's end fails with the context's error", func(t *testing.T) {
+		// httputil.ReverseProxy logs every read error but context.Canceled.
+		synctest.Test(t, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			body := newHeldBody()
+			close(body.proceed)
+			tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+			ctx, cancel := context.WithCancel(context.Background())
+			resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+			require.NoError(t, err)
+			readErr := make(chan error, 1)
+			go func() {
+				_, err := resp.Body.Read(make([]byte, 8))
+				readErr <- err
+			}()
+			synctest.Wait()
+			cancel()
+			synctest.Wait()
+			select {
+			case err := <-readErr:
+				assert.Equal(t, context.Canceled, err)
+			default:
+				assert.Fail(t, "the Read still waits after the context ended")
+				resp.Body.Close()
+				<-readErr
+			}
+			assert.Equal(t, 0, lim.InFlight())
+		})
+	})
+	t.Run("a response that comes with an error is closed before its slot goes", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		heldDuringClose := -1
+		body := closeFunc(func() error { heldDuringClose = lim.InFlight(); return nil })
+		tr := slots.NewTransport(roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: http.StatusOK, Body: body}, errors.New("broken")
+		}), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+		_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+		assert.Error(t, err)
+		assert.Equal(t, 1, heldDuringClose)
+		assert.Equal(t, 0, lim.InFlight())
+	})
+}
+
+// closeFunc is an empty body whose Close calls the function.
+type closeFunc func() error
+
+func (closeFunc) Read([]byte) (int, error) { return 0, io.EOF }
+func (f closeFunc) Close() error           { return f() }
+
+// TestTransportLinger: WithLinger keeps a cut exchange's slot for its
+// duration after the body is closed, on the Transport's clock; a response
+// read to its end, one without a body and a failed dial free at once.
+func TestTransportLinger(t *testing.T) {
+	const linger = 250 * time.Millisecond
+	// rig runs f in a bubble with a Transport over base that lingers on a
+	// mock clock.
+	rig := func(t *testing.T, base http.RoundTripper, f func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport)) {
+		synctest.Test(t, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			clk := clock.NewMock()
+			tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
+				slots.WithLinger(linger), slots.WithLingerClock(clk))
+			f(t, lim, clk, tr)
+		})
+	}
+	// heldForTheLinger checks that the slot is freed exactly when the
+	// linger has passed on clk.
+	heldForTheLinger := func(t *testing.T, lim *slots.Limiter, clk *clock.Mock) {
+		t.Helper()
+		synctest.Wait()
+		assert.Equal(t, 1, lim.InFlight(), "held after the cut")
+		clk.Add(linger - time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, 1, lim.InFlight(), "held until the linger has passed")
+		clk.Add(time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, 0, lim.InFlight(), "freed when it has")
+	}
+	stream := func() http.RoundTripper {
+		return answering(io.NopCloser(strings.NewReader("data: {}\n\ndata: [DONE]\n\n")))
+	}
+	get := func(ctx context.Context) *http.Request {
+		return httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx)
+	}
+
+	t.Run("a stream cut by the end of its context", func(t *testing.T) {
+		rig(t, stream(), func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			ctx, cancel := context.WithCancel(context.Background())
+			resp, err := tr.RoundTrip(get(ctx))
+			require.NoError(t, err)
+			cancel()
+			heldForTheLinger(t, lim, clk)
+			resp.Body.Close()
+		})
+	})
+	t.Run("a body closed before its end", func(t *testing.T) {
+		rig(t, stream(), func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			resp, err := tr.RoundTrip(get(context.Background()))
+			require.NoError(t, err)
+			_, _ = resp.Body.Read(make([]byte, 4))
+			require.NoError(t, resp.Body.Close())
+			heldForTheLinger(t, lim, clk)
+		})
+	})
+	t.Run("a body whose Read fails", func(t *testing.T) {
+		body := newHeldBody()
+		body.failRead = true
+		close(body.proceed)
+		rig(t, answering(body), func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			resp, err := tr.RoundTrip(get(context.Background()))
+			require.NoError(t, err)
+			_, err = resp.Body.Read(make([]byte, 4))
+			require.Error(t, err)
+			heldForTheLinger(t, lim, clk)
+		})
+	})
+	t.Run("a round trip that fails after the request may have gone", func(t *testing.T) {
+		failing := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, errors.New("net/http: timeout awaiting response headers")
+		})
+		rig(t, failing, func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			_, err := tr.RoundTrip(get(context.Background()))
+			require.Error(t, err)
+			heldForTheLinger(t, lim, clk)
+		})
+	})
+	t.Run("a failed dial frees at once", func(t *testing.T) {
+		refused := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, &net.OpError{Op: "dial", Net: "tcp", Err: errors.New("connection refused")}
+		})
+		rig(t, refused, func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			_, err := tr.RoundTrip(get(context.Background()))
+			require.Error(t, err)
+			assert.Equal(t, 0, lim.InFlight())
+		})
+	})
+	t.Run("a body read to its end frees at once", func(t *testing.T) {
+		rig(t, stream(), func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			resp, err := tr.RoundTrip(get(ctx))
+			require.NoError(t, err)
+			_, err = io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, 0, lim.InFlight())
+			cancel()
+			require.NoError(t, resp.Body.Close())
+			synctest.Wait()
+			assert.Equal(t, 0, lim.InFlight())
+			assert.Equal(t, uint64(0), lim.Stats().DoubleReleases)
+		})
+	})
+	t.Run("a response without a body frees at once", func(t *testing.T) {
+		rig(t, answering(http.NoBody), func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			resp, err := tr.RoundTrip(get(context.Background()))
+			require.NoError(t, err)
+			assert.Equal(t, http.NoBody, resp.Body)
+			assert.Equal(t, 0, lim.InFlight())
+		})
+	})
+	t.Run("without WithLinger a cut frees as soon as the body is closed", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		tr := slots.NewTransport(stream(), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+		resp, err := tr.RoundTrip(get(context.Background()))
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, 0, lim.InFlight())
+	})
+}
+
+func ExampleWithLinger() {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"delta\":\"a long answer\"}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // streams until the client goes away
+	}))
+	defer upstream.Close()
+
+	// A cut stream keeps its slot for a second after the gateway has closed
+	// its connection: the upstream counts it until it notices. (The mock
+	// clock stands in for time here.)
+	released := make(chan struct{}, 1)
+	lim := slots.NewLimiter(4, slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventReleased {
+			released <- struct{}{}
+		}
+	})))
+	clk := clock.NewMock()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+		return lim.Acquire(r.Context())
+	}, slots.WithLinger(time.Second), slots.WithLingerClock(clk))}
+
+	resp, err := client.Get(upstream.URL + "/v1/chat/completions")
+	if err != nil {
+		return
+	}
+	resp.Body.Close() // the client goes away midway
+	fmt.Println("after the cut:", lim.InFlight())
+	clk.Add(time.Second)
+	<-released
+	fmt.Println("a second later:", lim.InFlight())
+	// Output:
+	// after the cut: 1
+	// a second later: 0
+}
