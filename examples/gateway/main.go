@@ -10,7 +10,12 @@
 //	{"listen": "127.0.0.1:8080", "upstream": "http://127.0.0.1:9000",
 //	 "orgs": {"default_limit": 64, "limits": {"org-a": 4}},
 //	 "provider": {"max_concurrent_requests": 5, "requests_per_minute": 40,
-//	              "models": {"glm-5.3": {"max_concurrent_requests": 2}}}}
+//	              "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
+//	 "cut_linger_ms": 250}
+//
+// cut_linger_ms (default 250, negative for none) keeps the provider's slots
+// of a stream the client cut for that long after the upstream connection is
+// closed, while the upstream may still count it.
 //
 // Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings;
 // GET /v1/models (no slot); PATCH /admin/orgs/{org}/concurrent-limit with

@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"net/url"
 	"os"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -22,6 +24,47 @@ type Config struct {
 	Orgs     OrgsConfig    `json:"orgs"`
 	Provider pacing.Config `json:"provider"`
 	Fleet    *FleetConfig  `json:"fleet,omitempty"`
+	// CutLingerMS keeps the provider's slots of a stream that was cut (the
+	// client went away, or the upstream exchange failed midway) for this
+	// many milliseconds after the gateway has closed its upstream
+	// connection: the upstream counts the request until it notices the
+	// close, and a request let in before that would meet its 429 at a cap
+	// equal to the upstream's own limit. 0 means DefaultCutLingerMS; a
+	// negative value turns the linger off; at most MaxCutLingerMS. A stream
+	// read to its end frees its slots at once.
+	CutLingerMS int64 `json:"cut_linger_ms,omitempty"`
+}
+
+// MaxCutLingerMS bounds cut_linger_ms: an upstream that has not noticed a
+// cut within a minute is not noticing it, and each cut would hold a slot
+// that long.
+const MaxCutLingerMS = 60_000
+
+// DefaultCutLingerMS is the linger after a cut when the config does not
+// set one: a round trip to a provider and the time its server takes to see
+// a closed connection (a streaming server sees it at its next token) are
+// well within it, and a slot held that much longer is a small part of a
+// streamed turn, which takes seconds.
+const DefaultCutLingerMS = 250
+
+// cutLinger returns the linger after a cut.
+func (c Config) cutLinger() time.Duration {
+	switch {
+	case c.CutLingerMS < 0:
+		return 0
+	case c.CutLingerMS == 0:
+		return DefaultCutLingerMS * time.Millisecond
+	}
+	return millis(c.CutLingerMS)
+}
+
+// millis converts a count of milliseconds from the config, saturating
+// where time.Duration would overflow.
+func millis(ms int64) time.Duration {
+	if ms > int64(math.MaxInt64/time.Millisecond) {
+		return math.MaxInt64
+	}
+	return time.Duration(ms) * time.Millisecond
 }
 
 // FleetConfig makes the org caps and the provider and model caps hold
@@ -65,6 +108,9 @@ func ParseConfig(data []byte) (Config, error) {
 	}
 	if u, err := url.Parse(c.Upstream); err != nil || u.Scheme == "" || u.Host == "" {
 		return Config{}, fmt.Errorf("config: upstream: %q is not an absolute URL", c.Upstream)
+	}
+	if c.CutLingerMS > MaxCutLingerMS {
+		return Config{}, fmt.Errorf("config: cut_linger_ms: %d is over %d", c.CutLingerMS, MaxCutLingerMS)
 	}
 	if c.Orgs.DefaultLimit < 0 {
 		return Config{}, fmt.Errorf("config: orgs.default_limit: %d is negative", c.Orgs.DefaultLimit)

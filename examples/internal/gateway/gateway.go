@@ -1,7 +1,9 @@
 // Package gateway is the OpenAI-compatible proxy shared by the example
 // programs: a tenant cap per (org, model) answered at once, the provider's
 // caps and pacing waited for, every slot of a streamed answer held until the
-// upstream body closes.
+// upstream body closes. The provider's slots of a stream cut midway stay
+// held a little longer (Config.CutLingerMS), until the upstream has
+// noticed the cut.
 //
 // Requests wait for the provider by priority class (the X-Priority header,
 // or the org's configured class) and, within a class, orgs take turns (the
@@ -133,7 +135,7 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 			}
 			p.taken = true
 			return p.slot, nil
-		}),
+		}, slots.WithLinger(cfg.cutLinger())),
 		// The model API never switches protocols; httputil.ReverseProxy
 		// would leave an unasked-for 101's connection (and so its slot)
 		// open, so such an answer is an error, whose body the proxy closes.
@@ -175,7 +177,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 	g.rdb = redis.NewClient(opt)
 	ttl := fleet.DefaultLeaseTTL
 	if cfg.Fleet.LeaseTTLMS > 0 {
-		ttl = time.Duration(cfg.Fleet.LeaseTTLMS) * time.Millisecond
+		ttl = millis(cfg.Fleet.LeaseTTLMS)
 	}
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable)}

@@ -97,13 +97,13 @@ const testConfig = `{
 }`
 
 func startGateway(t *testing.T, u *upstream) (*httptest.Server, *Gateway) {
-	return startGatewayWith(t, u, testConfig)
+	return startGatewayWith(t, u.srv.URL, testConfig)
 }
 
 // startGatewayWith starts a gateway whose config is format with the
 // upstream's URL filled in.
-func startGatewayWith(t *testing.T, u *upstream, format string) (*httptest.Server, *Gateway) {
-	cfg, err := ParseConfig([]byte(fmt.Sprintf(format, u.srv.URL)))
+func startGatewayWith(t *testing.T, upstreamURL, format string) (*httptest.Server, *Gateway) {
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(format, upstreamURL)))
 	require.NoError(t, err)
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
@@ -330,7 +330,7 @@ func TestGatewayRefusesUnaskedUpgrades(t *testing.T) {
 // still holds its minimum). A bad X-Priority is answered 400.
 func TestGatewayPriorities(t *testing.T) {
 	u := newUpstream(t)
-	srv, gw := startGatewayWith(t, u, `{
+	srv, gw := startGatewayWith(t, u.srv.URL, `{
 	"upstream": "%s",
 	"orgs": {"default_limit": 10, "priorities": {"batch-jobs": "batch"}, "weights": {"batch-jobs": 2}},
 	"provider": {"max_concurrent_requests": 2, "shares": {"batch": {"min": 1}}}
@@ -407,8 +407,8 @@ func TestGatewayFleet(t *testing.T) {
 	"provider": {"max_concurrent_requests": 2, "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
 	"fleet": {"redis_url": "redis://` + srv.Addr + `/0", "lease_ttl_ms": 3000}
 }`
-	gw1, g1 := startGatewayWith(t, u, format)
-	gw2, g2 := startGatewayWith(t, u, format)
+	gw1, g1 := startGatewayWith(t, u.srv.URL, format)
+	gw2, g2 := startGatewayWith(t, u.srv.URL, format)
 	client := gw1.Client()
 
 	// org-a holds its one slot through gateway 1; gateway 2 refuses a second.
