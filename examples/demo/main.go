@@ -60,6 +60,9 @@ type usageError struct{ error }
 // request asks, and refuses with 429/1302 past its account's in-flight limit.
 // Its peak counts every request open at once, the refused ones too: that is
 // the burst the account sees.
+// maxTurnMS bounds the turn a request asks the provider for.
+const maxTurnMS = 10 * 60 * 1000
+
 type provider struct {
 	limit    int64
 	inFlight atomic.Int64
@@ -85,7 +88,8 @@ func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
-	deadline := time.Now().Add(time.Duration(req.TurnMS) * time.Millisecond)
+	turnMS := min(max(req.TurnMS, 0), maxTurnMS) // a time.Duration must not overflow
+	deadline := time.Now().Add(time.Duration(turnMS) * time.Millisecond)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for time.Now().Before(deadline) {
@@ -224,6 +228,10 @@ type outcome struct{ direct, capped, oneQueue, classes, perProcess, fleet result
 
 var lastOutcome outcome
 
+// maxScale bounds -scale: the workload's longest duration, 1.5 s, scaled,
+// stays far inside a time.Duration.
+const maxScale = 1000
+
 func run(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -239,8 +247,8 @@ func run(args []string, stdout io.Writer) error {
 	if err := fs.Parse(args); err != nil {
 		return usageError{err}
 	}
-	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || *scale <= 0 {
-		return usageError{errors.New("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale > 0")}
+	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) {
+		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d]", maxScale)}
 	}
 	d := func(ms int) time.Duration { return time.Duration(float64(ms) * *scale * float64(time.Millisecond)) }
 	rng := rand.New(rand.NewPCG(*seed, 0))

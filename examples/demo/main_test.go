@@ -1,6 +1,10 @@
 package main
 
 import (
+	"bufio"
+	"context"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"strings"
@@ -41,6 +45,27 @@ func TestDemoFlags(t *testing.T) {
 	assert.ErrorAs(t, run([]string{"-account-limit", "0"}, &strings.Builder{}), &usage)
 	assert.ErrorAs(t, run([]string{"-nope"}, &strings.Builder{}), &usage)
 	assert.ErrorAs(t, run([]string{"-scale", "0"}, &strings.Builder{}), &usage)
+	assert.ErrorAs(t, run([]string{"-scale", "1e300"}, &strings.Builder{}), &usage)
+	assert.ErrorAs(t, run([]string{"-scale", "NaN"}, &strings.Builder{}), &usage)
+}
+
+// TestProviderHugeTurn: a turn too long for a time.Duration is a long
+// turn, not one that has already ended.
+func TestProviderHugeTurn(t *testing.T) {
+	srv := httptest.NewServer(&provider{limit: 1})
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"model":"glm-5","turn_ms":9223372036854775807}`))
+	require.NoError(t, err)
+	client := srv.Client()
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	line, err := bufio.NewReader(resp.Body).ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n", line)
+	cancel()
 }
 
 // TestDemoFleet runs the three-gateway part: sharing their caps on one
