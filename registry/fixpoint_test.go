@@ -33,7 +33,10 @@ func (r *Registry[K]) servableWaiter() string {
 				}
 				for el := range e.lane.Waiters.Class(c) {
 					w := el.Value
-					if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c) {
+					if blockedLocked(e, c, w.Seq) {
+						continue // held back for an older multi-key waiter
+					}
+					if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c, w.Seq) {
 						continue
 					}
 					msg += fmt.Sprintf("key %v: a class %d waiter could be served (limit %d, %d holders, %d waiting)\n",

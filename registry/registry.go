@@ -18,8 +18,10 @@
 // AcquireAll admits under several keys at once (a provider cap and a model
 // cap, say): the returned Slot holds every key's capacity or the call fails
 // holding none. A waiting AcquireAll holds nothing while it waits, never
-// blocks callers whose keys are free, and cannot deadlock whatever the order
-// of keys.
+// delays callers of keys it does not need, and cannot deadlock whatever the
+// order of keys. It is passed over at most MaxPassed times: after that many
+// admissions on its keys have gone to callers that came after it, its keys
+// keep what frees for it (see AcquireAll).
 //
 // Waiters on one key are served in arrival order among those that can be
 // served: a waiter that also needs a full key does not hold back one behind it
@@ -35,6 +37,7 @@ import (
 	"fmt"
 	"hash/maphash"
 	"log/slog"
+	"math"
 	"math/bits"
 	"reflect"
 	"slices"
@@ -136,6 +139,9 @@ type entry[K comparable] struct {
 	hash  uint64
 	key   K
 	lane  core.Lane
+	// multis links the multi-key waiters queued on the key (lane.Multi of
+	// them), so that finding them does not walk the whole queue.
+	multis ilist.List[*core.Waiter]
 }
 
 // multi records the keys of a multi-key admission or waiter, and is the
@@ -146,7 +152,65 @@ type multi[K comparable] struct {
 	entries []*entry[K] // deduplicated, in the caller's order
 	idx     []int32     // the hold's place in each entry's HolderSet
 	waits   []ilist.Elem[*core.Waiter]
-	shards  []int // sorted, unique
+	links   []ilist.Elem[*core.Waiter] // in each entry's multis
+	shards  []int                      // sorted, unique
+	// passed counts, while it waits, the admissions on its keys that went
+	// to callers that came after it, of its class or a lower one (one per
+	// admission, however many of its keys it took). At MaxPassed its keys
+	// stop admitting such callers (see blockedLocked).
+	passed atomic.Int32
+}
+
+// MaxPassed bounds how often a waiting AcquireAll is passed over: once
+// MaxPassed admissions on its keys have gone to callers that came after it
+// (of its priority class or a lower one), its keys admit no more such
+// callers, so their capacity gathers until it can be served.
+const MaxPassed = 8
+
+// newcomer is the arrival order of a caller that has not queued: after
+// every waiter.
+const newcomer = math.MaxUint64
+
+// urgent reports whether m has been passed over MaxPassed times.
+func (m *multi[K]) urgent() bool { return m.passed.Load() >= MaxPassed }
+
+// blockedLocked reports whether a caller of class c that arrived at seq
+// must leave e's capacity to an older multi-key waiter that has been passed
+// over MaxPassed times and is of c's class or a higher one. A slot that c is
+// owed by its share (Lane.Short) is never held back: the waiter would
+// otherwise wait for capacity that the blocked class's guarantee keeps
+// from it. Call with e's shard locked.
+func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
+	if e.lane.Multi == 0 || e.lane.Short(c) {
+		return false
+	}
+	for el := e.multis.Front(); el != nil; el = el.Next() {
+		w := el.Value
+		if w.Seq < seq && core.Rank(w.Class) <= core.Rank(c) && w.Hold.Owner.(*multi[K]).urgent() {
+			return true
+		}
+	}
+	return false
+}
+
+// passLocked counts an admission on e, of a caller of class c that arrived
+// at seq, against the multi-key waiters on e that it passes over; a slot c
+// is owed by its share passes nobody. counted holds the waiters this
+// admission has counted already, on its other keys; it returns counted with
+// those of e added. Call with e's shard locked, before the admission is
+// recorded.
+func passLocked[K comparable](e *entry[K], c uint8, seq uint64, counted []*core.Waiter) []*core.Waiter {
+	if e.lane.Multi == 0 || e.lane.Short(c) {
+		return counted
+	}
+	for el := e.multis.Front(); el != nil; el = el.Next() {
+		w := el.Value
+		if w.Seq < seq && core.Rank(w.Class) <= core.Rank(c) && !slices.Contains(counted, w) {
+			w.Hold.Owner.(*multi[K]).passed.Add(1)
+			counted = append(counted, w)
+		}
+	}
+	return counted
 }
 
 const maxFreeEntries = 32
@@ -366,8 +430,16 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	var room bool
 	if e != nil {
 		// Waiters that also need other keys may be queued while this key
-		// has room; only a waiter for this key alone would be passed.
+		// has room; only a waiter for this key alone would be passed, or
+		// one of them that has been passed over too often.
 		room = e.lane.Admits(h.Class)
+		if room && e.lane.Multi > 0 {
+			if ctx != nil && r.shares == nil {
+				place = core.PlaceOf(ctx)
+				h.Class = place.Class
+			}
+			room = !blockedLocked(e, h.Class, newcomer)
+		}
 	} else {
 		limit = r.limitLocked(sh, key)
 		room = r.freshAdmits(limit, h.Class)
@@ -377,6 +449,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 			e = sh.addLocked(r, key, hash, limit)
 		}
 		h.Owner = e
+		passLocked(e, h.Class, newcomer, nil)
 		sh.holdLocked(r, e, h, &h.Idx)
 		sh.mu.Unlock()
 		r.emit(slots.Event{Kind: slots.EventAcquired})
@@ -450,9 +523,23 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // AcquireAll admits one Slot under every key, all or nothing: the Slot holds
 // a unit of each key's capacity, and releasing it frees them all. While any
 // key is full it waits holding nothing, in arrival order among the callers
-// that can be served, so it never blocks a caller whose keys are free. A key
-// listed twice counts once; with no keys it fails with ErrNoKeys. Failures are
-// those of Acquire; a *slots.LimitError names the first key that was full.
+// that can be served: callers whose keys are free go ahead of it meanwhile.
+// A key listed twice counts once; with no keys it fails with ErrNoKeys.
+// Failures are those of Acquire; a *slots.LimitError names the key that was
+// full.
+//
+// Bound: while it waits, at most MaxPassed admissions on its keys go to
+// callers that came after it, of its priority class or a lower one (an
+// admission that takes several of its keys counts once; a slot that a
+// class's share (WithShare) owes it passes nobody). From then on its keys
+// admit no such caller, so their capacity gathers for it, and it is served
+// as soon as the holders of its keys that were there have released (and
+// the older waiters on them, who go first as always, have been served).
+// Keys it does not need are never held back. Callers of a higher class
+// still go first, as everywhere; so do waiters that came before it. Of
+// several such waiters on one key, the oldest is served first, so none
+// deadlocks. A TryAcquire on a key held for it fails with
+// slots.ErrLimitReached although the key shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	if ctx == nil {
 		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
@@ -502,9 +589,10 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	p, h := r.newHold()
 	h.At = r.clk.Coarse()
 	h.Owner = m
-	// As in acquireOne: the place matters to an admission only with shares.
+	// The class matters to this admission if any key has shares or
+	// multi-key waiters; read it here, before the locks.
 	var place core.Place
-	if ctx != nil && r.shares != nil {
+	if ctx != nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
@@ -524,7 +612,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	for i, k := range uniq {
 		e := shs[i].lookup(k, hashes[i])
 		if e != nil {
-			if !e.lane.Admits(h.Class) {
+			if !e.lane.Admits(h.Class) || blockedLocked(e, h.Class, newcomer) {
 				full = i
 				break
 			}
@@ -536,16 +624,16 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	first := shs[0]
 	if full < 0 {
 		r.entriesLocked(m, shs, uniq, hashes)
+		var counted []*core.Waiter
+		for _, e := range m.entries {
+			counted = passLocked(e, h.Class, newcomer, counted)
+		}
 		r.holdMultiLocked(h, m)
 		unlock()
 		r.emit(slots.Event{Kind: slots.EventAcquired})
 		return p.handOut(), nil
 	}
 	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
-	if ctx != nil && r.shares == nil {
-		place = core.PlaceOf(ctx)
-		h.Class = place.Class
-	}
 	if ctx == nil {
 		first.st.limitReached++
 		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
@@ -572,7 +660,8 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
-	m.waits = make([]ilist.Elem[*core.Waiter], len(m.entries)-1)
+	links := make([]ilist.Elem[*core.Waiter], 2*len(m.entries)-1)
+	m.waits, m.links = links[:len(m.entries)-1], links[len(m.entries)-1:]
 	for i, e := range m.entries {
 		el := &w.Elem
 		if i > 0 {
@@ -581,6 +670,8 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 		e.lane.Waiters.Push(el)
 		e.lane.Multi++
+		m.links[i].Value = w
+		e.multis.PushBack(&m.links[i])
 	}
 	unlock()
 	return r.await(ctx, p, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
@@ -728,30 +819,18 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 	return true
 }
 
+// withdrawMulti withdraws a multi-key waiter. Its keys may then serve
+// others at once: callers it held back once it had been passed over too
+// often, and, with shares, those its class kept a minimum from.
 func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
-	if r.shares != nil {
-		return r.withdrawShared(m.entries, w, m)
-	}
-	r.multiMu.Lock()
-	defer r.multiMu.Unlock()
-	r.lockShards(m.shards)
-	defer r.unlockShards(m.shards)
-	if w.State != core.Waiting {
-		return false
-	}
-	r.unlinkWaiterLocked(w, m, false)
-	w.State = core.Gone
-	for _, e := range m.entries {
-		e.shard.dropIfIdleLocked(r, e)
-	}
-	return true
+	return r.withdrawShared(m.entries, w, m)
 }
 
 // withdrawShared withdraws w from entries (m describes a multi-key waiter)
-// when classes have shares: a class that stops waiting stops keeping its
-// minimum from the others, which may then be served at once. The entries
-// are live while w is queued or holds them, and w leaves only under
-// multiMu, held here from the start.
+// and serves what that unblocks: with shares, a class that stops waiting
+// stops keeping its minimum from the others; a multi-key waiter stops
+// holding back callers. The entries are live while w is queued or holds
+// them, and w leaves only under multiMu, held here from the start.
 func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *multi[K]) bool {
 	var wk core.Wakes
 	defer wk.Wake() // deferred first, so it runs after every unlock
@@ -789,6 +868,7 @@ func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K], served boo
 			e.lane.Waiters.Remove(el)
 		}
 		e.lane.Multi--
+		e.multis.Remove(&m.links[i])
 	}
 }
 
@@ -925,10 +1005,12 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 // entries to serve. Call with multiMu held: it freezes the multi-key
 // waiters, so the set stays right.
 //
-// Without shares the entries to serve are entries. With shares they are
-// every key linked to them through multi-key waiters, transitively: a
-// multi-key waiter granted through one key leaves the queues of its other
-// keys, where its class may then stop keeping its minimum share, and the
+// The entries to serve are entries, and every key linked to them through
+// multi-key waiters that may hold back the callers of their other keys,
+// transitively: with shares, every multi-key waiter (granted through one
+// key, it leaves the queues of its other keys, where its class may then stop
+// keeping its minimum share); without, those passed over MaxPassed times
+// (granted, they stop holding back the callers of their other keys). The
 // waiters there must be served in the same pass.
 func (r *Registry[K]) lockForGrant(entries []*entry[K]) ([]int, []*entry[K]) {
 	set := make([]int, 0, 4)
@@ -944,30 +1026,22 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K]) ([]int, []*entry[K]) {
 		need := slices.Clone(set)
 		var more []*entry[K]
 		for _, e := range serve {
-			if e.lane.Multi == 0 {
-				continue
-			}
-			for c := range core.NumClasses {
-				for el := range e.lane.Waiters.Class(c) {
-					m, ok := el.Value.Hold.Owner.(*multi[K])
-					if !ok {
-						continue
+			for el := e.multis.Front(); el != nil; el = el.Next() {
+				m := el.Value.Hold.Owner.(*multi[K])
+				need = append(need, m.shards...)
+				if r.shares == nil && !m.urgent() {
+					continue
+				}
+				if in == nil {
+					in = make(map[*entry[K]]bool, len(serve))
+					for _, e := range serve {
+						in[e] = true
 					}
-					need = append(need, m.shards...)
-					if r.shares == nil {
-						continue
-					}
-					if in == nil {
-						in = make(map[*entry[K]]bool, len(serve))
-						for _, e := range serve {
-							in[e] = true
-						}
-					}
-					for _, me := range m.entries {
-						if !in[me] {
-							in[me] = true
-							more = append(more, me)
-						}
+				}
+				for _, me := range m.entries {
+					if !in[me] {
+						in[me] = true
+						more = append(more, me)
 					}
 				}
 			}
@@ -1029,10 +1103,15 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 		}
 		m, ok := best.Hold.Owner.(*multi[K])
 		if !ok {
+			passLocked(from, best.Class, best.Seq, nil)
 			r.grantOneLocked(from, best, now, wk)
 			continue
 		}
 		r.unlinkWaiterLocked(best, m, true)
+		var counted []*core.Waiter
+		for _, e := range m.entries {
+			counted = passLocked(e, best.Class, best.Seq, counted)
+		}
 		best.Hold.At = now
 		r.holdMultiLocked(best.Hold, m)
 		m.entries[0].shard.st.waited++
@@ -1048,7 +1127,10 @@ func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
 		}
 		for el := range e.lane.Waiters.Class(c) {
 			w := el.Value
-			if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c) {
+			if blockedLocked(e, c, w.Seq) {
+				continue
+			}
+			if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c, w.Seq) {
 				continue
 			}
 			return w
@@ -1057,9 +1139,11 @@ func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
 	return nil
 }
 
-func (m *multi[K]) canTake(c uint8) bool {
+// canTake reports whether m's waiter, of class c and arrival seq, may take
+// a slot of every key it needs now.
+func (m *multi[K]) canTake(c uint8, seq uint64) bool {
 	for _, e := range m.entries {
-		if !e.lane.CanTake(c) {
+		if !e.lane.CanTake(c) || blockedLocked(e, c, seq) {
 			return false
 		}
 	}

@@ -73,7 +73,8 @@
 // wait as long as higher classes keep waiting. The bound is exact for a
 // Limiter and for a registry key whose waiters need that key alone; where a
 // waiter cannot be served yet (another key of an AcquireAll is full, a
-// model of a Gate is not due) the ones after it are served meanwhile.
+// model of a Gate is not due) the ones after it are served meanwhile; an
+// AcquireAll is passed over that way at most registry.MaxPassed times.
 //
 // WithMaxQueuePerFlow bounds one flow's waiters apart from the whole queue.
 // Limiter.Queue (and Registry.Queue, Gate.Status) report the waiters per

@@ -345,19 +345,7 @@ func (ln *Lane) CanTake(c uint8) bool {
 	if s == nil {
 		return true
 	}
-	// g[d] is what class d is owed in all: max(Min, Reserved) while it
-	// waits (c counts as waiting), Reserved while it is idle; cut from the
-	// highest class down to what the limit leaves.
-	var g [NumClasses]int
-	left := ln.Limit
-	for _, d := range Order {
-		want := s.Reserved[d]
-		if d == c || ln.Waiters.ClassLen(d) > 0 {
-			want = max(s.Min[d], want)
-		}
-		g[d] = min(want, left)
-		left -= g[d]
-	}
+	g := ln.guarantees(c)
 	short := ln.Holders.ClassLen(c) < g[c]
 	need := 0
 	for d := range NumClasses {
@@ -369,6 +357,33 @@ func (ln *Lane) CanTake(c uint8) bool {
 		}
 	}
 	return free > need
+}
+
+// guarantees returns g(d) for every class d, with c counted as waiting:
+// max(Min, Reserved) while d waits, Reserved while it is idle; cut from the
+// highest class down to what the limit leaves. Only with shares.
+func (ln *Lane) guarantees(c uint8) [NumClasses]int {
+	var g [NumClasses]int
+	left := ln.Limit
+	for _, d := range Order {
+		want := ln.Shares.Reserved[d]
+		if d == c || ln.Waiters.ClassLen(d) > 0 {
+			want = max(ln.Shares.Min[d], want)
+		}
+		g[d] = min(want, left)
+		left -= g[d]
+	}
+	return g
+}
+
+// Short reports whether class c holds less than its guarantee (counting c
+// as waiting): a slot it takes then is one it is owed. Always false without
+// shares.
+func (ln *Lane) Short(c uint8) bool {
+	if ln.Shares == nil {
+		return false
+	}
+	return ln.Holders.ClassLen(c) < ln.guarantees(c)[c]
 }
 
 // Next returns the waiter to serve now when every waiter needs this lane
@@ -391,7 +406,8 @@ func (ln *Lane) Next() *ilist.Elem[*Waiter] {
 
 // Admits reports whether a newcomer of class c, needing this lane alone, is
 // admitted at once. Waiters that need other lanes too may be passed (they
-// are blocked elsewhere); waiters for this lane alone are not. With shares
+// are blocked elsewhere; their owner bounds how often); waiters for this
+// lane alone are not. With shares
 // that rests on the owner serving every waiter that can be served whenever
 // anything changes (a release, a limit change, a withdrawal): then a waiter
 // of this lane alone is one that cannot take a slot, and neither can a
