@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"time"
 
@@ -116,6 +117,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
 	now := r.clk.Coarse()
 	sh.mu.Lock()
+	r.pruneResolvedLocked(sh, now)
 	_, overridden := sh.overrides[key]
 	rv, known := sh.resolved[key]
 	if overridden || rv.ok && r.fresh(rv, now) {
@@ -151,7 +153,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	rv.fetch = fetch
 	sh.resolved[key] = rv
 	if !known {
-		r.pruneResolvedLocked(sh, now)
+		sh.resolvedPeak = max(sh.resolvedPeak, len(sh.resolved))
 	}
 	sh.mu.Unlock()
 
@@ -239,10 +241,12 @@ func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
 }
 
 // pruneResolvedLocked drops the limits of idle keys that are no longer
-// retained, once the cache has doubled since the last prune: keys that went
-// idle while their limit was retained are forgotten here.
+// retained: keys that went idle while their limit was retained are
+// forgotten here. It runs on an acquire of the shard once a refresh
+// interval has passed since the last prune, or once the cache has doubled
+// since then, so it costs O(1) per acquire amortised.
 func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
-	if len(sh.resolved) < sh.pruneAt {
+	if len(sh.resolved) < sh.pruneAt && now-sh.prunedAt < int64(r.cfg.refresh) {
 		return
 	}
 	for k, rv := range sh.resolved {
@@ -253,7 +257,20 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 			delete(sh.resolved, k)
 		}
 	}
+	sh.prunedAt = now
 	sh.pruneAt = 2*len(sh.resolved) + 64
+	// A Go map keeps its buckets when entries are deleted: one that has
+	// shrunk to a quarter of its peak is made anew, so that the memory of a
+	// burst of keys goes with them.
+	if len(sh.resolved)*4 <= sh.resolvedPeak {
+		var fresh map[K]resolved
+		if len(sh.resolved) > 0 {
+			fresh = make(map[K]resolved, len(sh.resolved))
+			maps.Copy(fresh, sh.resolved)
+		}
+		sh.resolved = fresh
+		sh.resolvedPeak = len(fresh)
+	}
 }
 
 // Limit returns the limit key has now, or would start with.

@@ -112,8 +112,10 @@ type LimitFunc[K comparable] func(ctx context.Context, key K) (int, error)
 //
 // A key's last fetched limit is kept while the key is live and until it is
 // LimitRetention refresh intervals old, so an idle tenant that comes back
-// while the source is down keeps its own limit; after that it is forgotten,
-// and the cache holds only keys used recently.
+// while the source is down keeps its own limit; after that it is forgotten
+// (by the first acquire on its lock shard a refresh interval after the last
+// prune, at most), and the memory goes with it: the cache holds only keys
+// used recently.
 //
 // New panics if refresh <= 0 or fn's key type is not the registry's.
 func WithLimitFunc[K comparable](fn LimitFunc[K], refresh time.Duration) Option {

@@ -110,9 +110,14 @@ type shard[K comparable] struct {
 	free      []*entry[K] // more idle entries kept for reuse
 	overrides map[K]int   // SetLimit
 	resolved  map[K]resolved
-	pruneAt   int
-	st        counters
-	_         [64]byte // keep neighbouring shards off this cache line
+	// The cache of fetched limits is pruned when it reaches pruneAt
+	// entries or a refresh interval after prunedAt (clock nanos), and made
+	// anew when it has shrunk well below resolvedPeak (pruneResolvedLocked).
+	pruneAt      int
+	prunedAt     int64
+	resolvedPeak int
+	st           counters
+	_            [64]byte // keep neighbouring shards off this cache line
 }
 
 // counters are a shard's rarer outcomes; admissions are seq - bypassed.

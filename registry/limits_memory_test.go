@@ -1,0 +1,59 @@
+package registry_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry"
+)
+
+func heapAfterGC() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// 10^5 keys used once, then idle: their cached limits go once they are
+// LimitRetention refresh intervals old, and the memory with them, as the
+// registry goes on being used (a few new keys arriving).
+func TestIdleKeysCachedLimitsAreDropped(t *testing.T) {
+	mock := clock.NewMock()
+	fetch := func(context.Context, string) (int, error) { return 2, nil }
+	const refresh = time.Minute
+	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fetch, refresh))
+	use := func(key string) {
+		s, err := reg.TryAcquire(key)
+		require.NoError(t, err)
+		s.Release()
+	}
+	before := heapAfterGC()
+	const n = 100_000
+	for i := range n {
+		use(fmt.Sprintf("tenant-%08d", i))
+	}
+	require.Equal(t, n, reg.CachedLimits(), "recent limits outlive their keys")
+	burst := heapAfterGC()
+	t.Logf("heap: %.1f MiB before, %.1f MiB after the burst", mib(before), mib(burst))
+
+	// Fifteen refresh intervals with a trickle of new keys.
+	for i := range 15 * 60 {
+		mock.Add(time.Second)
+		use(fmt.Sprintf("late-%d", i))
+	}
+	after := heapAfterGC()
+	t.Logf("heap: %.1f MiB fifteen intervals later, %d limits cached", mib(after), reg.CachedLimits())
+	assert.Less(t, reg.CachedLimits(), 15*60, "only recent keys' limits are kept")
+	assert.Less(t, after, before+2<<20, "the memory of the burst is given back (within 2 MiB)")
+	runtime.KeepAlive(reg)
+}
+
+func mib(b uint64) float64 { return float64(b) / (1 << 20) }
