@@ -24,6 +24,10 @@ const (
 	DefaultMaxQueueWait = 60 * time.Second
 	// MaxRequestsPerMinute bounds requests_per_minute: 1000 a second.
 	MaxRequestsPerMinute = 60_000
+	// MaxMS bounds the fields in milliseconds (min_interval_ms,
+	// max_queue_wait_ms): a day. More is surely a mistake, and far more
+	// would overflow a time.Duration.
+	MaxMS = 24 * 60 * 60 * 1000
 )
 
 // On-wait-timeout policies.
@@ -125,10 +129,14 @@ func (c Config) Validate() error {
 		return bad("requests_per_minute", c.RequestsPerMinute, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
 	case c.MinIntervalMS < 0:
 		return bad("min_interval_ms", c.MinIntervalMS, "is negative")
+	case c.MinIntervalMS > MaxMS:
+		return bad("min_interval_ms", c.MinIntervalMS, fmt.Sprintf("is over %d (a day)", MaxMS))
 	case c.MaxQueue < 0:
 		return bad("max_queue", c.MaxQueue, "is negative")
 	case c.MaxQueueWaitMS < 0:
 		return bad("max_queue_wait_ms", c.MaxQueueWaitMS, "is negative")
+	case c.MaxQueueWaitMS > MaxMS:
+		return bad("max_queue_wait_ms", c.MaxQueueWaitMS, fmt.Sprintf("is over %d (a day)", MaxMS))
 	case c.OnWaitTimeout != "" && c.OnWaitTimeout != Reject && c.OnWaitTimeout != Proceed:
 		return bad("on_wait_timeout", fmt.Sprintf("%q", c.OnWaitTimeout), `is neither "reject" nor "proceed"`)
 	case c.MaxQueuePerFlow < 0:
@@ -167,6 +175,8 @@ func (c Config) Validate() error {
 			return bad(field+".requests_per_minute", m.RequestsPerMinute, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
 		case m.MinIntervalMS < 0:
 			return bad(field+".min_interval_ms", m.MinIntervalMS, "is negative")
+		case m.MinIntervalMS > MaxMS:
+			return bad(field+".min_interval_ms", m.MinIntervalMS, fmt.Sprintf("is over %d (a day)", MaxMS))
 		}
 	}
 	return nil

@@ -57,6 +57,11 @@ func TestValidateNamesTheField(t *testing.T) {
 		{`{"models": {"glm-5.3": {"max_concurrent_requests": -1}}}`, `models["glm-5.3"].max_concurrent_requests: -1 is negative`},
 		{`{"models": {"glm-5.3": {"requests_per_minute": 70000}}}`, `models["glm-5.3"].requests_per_minute: 70000 is outside`},
 		{`{"models": {"glm-5.3": {"min_interval_ms": -1}}}`, `models["glm-5.3"].min_interval_ms: -1 is negative`},
+		// Past a day, and far past what a time.Duration holds: no overflow
+		// into a negative wait or interval.
+		{`{"min_interval_ms": 86400001}`, "min_interval_ms: 86400001 is over 86400000 (a day)"},
+		{`{"max_queue_wait_ms": 9223372036854775807}`, "max_queue_wait_ms: 9223372036854775807 is over 86400000"},
+		{`{"models": {"m": {"min_interval_ms": 9223372036854}}}`, `models["m"].min_interval_ms: 9223372036854 is over`},
 	} {
 		t.Run(tc.field, func(t *testing.T) {
 			_, err := pacing.Parse([]byte(tc.json))
