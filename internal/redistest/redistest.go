@@ -1,5 +1,7 @@
 // Package redistest runs a real redis-server for a test, on a random
-// 127.0.0.1 port, with no persistence.
+// 127.0.0.1 port, with no persistence; and the faults a test needs from it:
+// a crash (Kill, then Restart, empty), a hang (Stop and Cont, SIGSTOP and
+// SIGCONT), and a network cut between a client and the server (a Proxy).
 //
 // Without a redis-server binary on PATH the test is skipped with a message,
 // unless INFLIGHT_REQUIRE_REDIS is set (as CI sets it), when it fails.
@@ -8,12 +10,15 @@ package redistest
 import (
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -144,14 +149,141 @@ func (s *Server) Kill() {
 	s.cmd = nil
 }
 
+// Stop stops the server with SIGSTOP, as a host that hangs would: its
+// connections stay open and calls to it wait, until Cont. Kill ends a
+// stopped server too.
+func (s *Server) Stop() { s.signal(syscall.SIGSTOP) }
+
+// Cont resumes a server stopped by Stop (SIGCONT); it answers the calls
+// that waited.
+func (s *Server) Cont() { s.signal(syscall.SIGCONT) }
+
+func (s *Server) signal(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatalf("redistest: %v to a server that is not running", sig)
+	}
+	if err := s.cmd.Process.Signal(sig); err != nil {
+		s.t.Fatalf("redistest: %v: %v", sig, err)
+	}
+}
+
 // Client returns a client for the server with the timeouts the fleet
 // package recommends, closed at the test's cleanup.
-func (s *Server) Client() *redis.Client {
-	o := recommended(s.Addr).Simple()
+func (s *Server) Client() *redis.Client { return client(s.t, s.Addr) }
+
+func client(t testing.TB, addr string) *redis.Client {
+	o := recommended(addr).Simple()
 	o.PoolSize = 64
 	c := redis.NewClient(o)
-	s.t.Cleanup(func() { c.Close() })
+	t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// Proxy forwards TCP connections from a loopback port of its own to a
+// server, so that a test can cut the network between a client and the
+// server: Cut closes every connection and, until Heal, closes each new one
+// as soon as it is accepted, as a peer that resets them would. Both ends
+// see their connections fail at once; the server runs on.
+type Proxy struct {
+	Addr string
+	t    testing.TB
+	to   string
+	ln   net.Listener
+	wg   sync.WaitGroup
+
+	mu    sync.Mutex // protects the fields below
+	cut   bool
+	conns map[net.Conn]struct{} // both ends of every forwarded connection
+}
+
+// StartProxy starts a Proxy to s, stopped at the test's cleanup.
+func StartProxy(t testing.TB, s *Server) *Proxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("redistest: proxy: %v", err)
+	}
+	p := &Proxy{Addr: ln.Addr().String(), t: t, to: s.Addr, ln: ln, conns: map[net.Conn]struct{}{}}
+	p.wg.Add(1)
+	go p.accept()
+	t.Cleanup(p.close)
+	return p
+}
+
+// Client returns a client that reaches the server through the proxy, with
+// the timeouts the fleet package recommends, closed at the test's cleanup.
+func (p *Proxy) Client() *redis.Client { return client(p.t, p.Addr) }
+
+// Cut closes every forwarded connection, and every new one until Heal.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	p.cut = true
+	conns := p.conns
+	p.conns = map[net.Conn]struct{}{}
+	p.mu.Unlock()
+	for c := range conns {
+		c.Close()
+	}
+}
+
+// Heal forwards new connections again.
+func (p *Proxy) Heal() {
+	p.mu.Lock()
+	p.cut = false
+	p.mu.Unlock()
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		in, err := p.ln.Accept()
+		if err != nil {
+			return // closed
+		}
+		p.mu.Lock()
+		cut := p.cut
+		p.mu.Unlock()
+		if cut {
+			in.Close()
+			continue
+		}
+		out, err := net.DialTimeout("tcp", p.to, time.Second)
+		if err != nil {
+			in.Close()
+			continue
+		}
+		p.mu.Lock()
+		if p.cut { // cut while dialling
+			p.mu.Unlock()
+			in.Close()
+			out.Close()
+			continue
+		}
+		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
+		p.mu.Unlock()
+		p.wg.Add(2)
+		go p.pipe(in, out)
+		go p.pipe(out, in)
+	}
+}
+
+// pipe copies from src to dst until either fails, then closes both.
+func (p *Proxy) pipe(dst, src net.Conn) {
+	defer p.wg.Done()
+	_, _ = io.Copy(dst, src)
+	dst.Close()
+	src.Close()
+	p.mu.Lock()
+	delete(p.conns, dst)
+	delete(p.conns, src)
+	p.mu.Unlock()
+}
+
+func (p *Proxy) close() {
+	p.ln.Close()
+	p.Cut()
+	p.wg.Wait()
 }
 
 // recommended returns client options for addrs with the settings the fleet
