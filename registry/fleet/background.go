@@ -9,9 +9,10 @@ import (
 	"time"
 )
 
-// releaseQueue bounds the releases waiting for the releaser; beyond it a
-// release is sent on its own.
-const releaseQueue = 4096
+// maxRemovals bounds the removals from Redis waiting to be sent (a lease
+// each, which its holder had in memory already); beyond it the oldest is
+// dropped, and its lease expires in Redis after the TTL.
+const maxRemovals = 1 << 16
 
 // batchSize bounds the (key, lease) pairs of one renewal or release call.
 const batchSize = 256
@@ -44,18 +45,25 @@ func (b *breaker) success() bool {
 // closes it, after putting the degraded leases back.
 func (b *breaker) ok() { b.fails.Store(0) }
 
-// recovered tells the heartbeat that an admission call closed the breaker:
-// it puts the degraded leases back and wakes the waiters.
+// recovered is called when Redis answers again (a call closed the breaker)
+// or degraded leases wait to go in: it wakes the heartbeat, which puts the
+// degraded leases into Redis and wakes the waiters, and the releaser, which
+// sends the removals it kept.
 func (r *Registry[K]) recovered() {
 	select {
 	case r.recovery <- struct{}{}:
 	default:
 	}
+	select {
+	case r.resume <- struct{}{}:
+	default:
+	}
 }
 
 // heartbeat renews the held leases every TTL/3 and, while the breaker is
-// open, probes Redis to close it. It survives errors; if it ever stops
-// before Close, it says so.
+// open, probes Redis to close it; with the breaker closed, it puts in
+// degraded leases (admitted while one call failed) at the probe interval.
+// It survives errors; if it ever stops before Close, it says so.
 func (r *Registry[K]) heartbeat() {
 	defer r.done.Done()
 	defer func() {
@@ -74,18 +82,27 @@ func (r *Registry[K]) heartbeat() {
 		case <-renew.C:
 			if r.brk.allow() {
 				r.renew()
-				r.retryAbandons()
 			}
 		case <-probe.C:
-			if r.brk.open() && r.probe() {
-				r.wakeAll()
+			switch {
+			case r.brk.open():
+				if r.probe() {
+					r.wakeAll()
+				}
+			case r.hasDegraded():
+				r.renew()
 			}
 		case <-r.recovery:
 			r.renew()
-			r.retryAbandons() // those left while the breaker was open
 			r.wakeAll()
 		}
 	}
+}
+
+func (r *Registry[K]) hasDegraded() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.degraded > 0
 }
 
 // probe pings Redis and, if it answers, puts back the leases taken while
@@ -108,26 +125,34 @@ func (r *Registry[K]) probe() bool {
 	return true
 }
 
+// renewal is a lease as a renewal call sends it.
+type renewal[K comparable] struct {
+	l      *lease[K]
+	mode   int   // renewOnly, reassert or putBack (see renewScript)
+	epoch  int64 // l.epoch
+	limits []int // l.limits
+}
+
 // renew extends every held lease in Redis. A lease found missing is put
-// back (WithLostLeases(ReassertLost), and always one admitted while Redis
-// was unreachable) or only reported.
+// back or reported (see Lost); one admitted while Redis was unreachable is
+// put back.
 func (r *Registry[K]) renew() bool {
-	var requeue []*lease[K]
 	r.redisMu.Lock()
 	r.mu.Lock()
-	var held, degraded []*lease[K]
+	batch := make([]renewal[K], 0, len(r.leases))
 	for l := range r.leases {
-		if l.degraded {
-			degraded = append(degraded, l)
-		} else {
-			held = append(held, l)
+		x := renewal[K]{l: l, mode: renewOnly, epoch: l.epoch, limits: slices.Clone(l.limits)}
+		switch {
+		case l.degraded:
+			x.mode = putBack
+		case r.cfg.lost == ReassertLost:
+			x.mode = reassert
 		}
+		batch = append(batch, x)
 	}
 	r.mu.Unlock()
-	requeue, ok1 := r.renewBatch(held, r.cfg.lost == ReassertLost, requeue)
-	requeue, ok2 := r.renewBatch(degraded, true, requeue)
+	requeue, ok := r.renewBatch(batch, nil)
 	r.redisMu.Unlock()
-	ok := ok1 && ok2
 	// Queued after the unlock: the releaser takes redisMu.
 	for _, l := range requeue {
 		r.queueRelease(l)
@@ -138,197 +163,296 @@ func (r *Registry[K]) renew() bool {
 // renewBatch renews leases in calls of up to batchSize pairs. It returns
 // requeue with the leases whose removal must be sent (again), and whether
 // every call worked.
-func (r *Registry[K]) renewBatch(leases []*lease[K], reassert bool, requeue []*lease[K]) ([]*lease[K], bool) {
+func (r *Registry[K]) renewBatch(leases []renewal[K], requeue []*lease[K]) ([]*lease[K], bool) {
 	ok := true
 	for len(leases) > 0 {
-		var keys []string
-		var owner, batch []*lease[K]
-		args := []any{r.cfg.ttl.Milliseconds(), 0}
-		if reassert {
-			args[1] = 1
-		}
-		for len(leases) > 0 && len(owner)+len(leases[0].names) <= max(batchSize, len(leases[0].names)) {
-			l := leases[0]
+		keys := []string{r.epochKey}
+		args := []any{r.cfg.ttl.Milliseconds()}
+		var batch []renewal[K]
+		pairs := 0
+		for len(leases) > 0 && pairs+len(leases[0].l.names) <= max(batchSize, len(leases[0].l.names)) {
+			x := leases[0]
 			leases = leases[1:]
-			batch = append(batch, l)
-			for _, name := range l.names {
-				keys = append(keys, name, r.tombstone(l.id))
-				owner = append(owner, l)
-				args = append(args, l.id)
+			batch = append(batch, x)
+			pairs += len(x.l.names)
+			keys = append(keys, x.l.names...)
+			keys = append(keys, r.tombstone(x.l.id))
+			args = append(args, x.l.id, x.mode, x.epoch, len(x.l.names))
+			for _, n := range x.limits {
+				args = append(args, n)
 			}
 		}
 		ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
-		gone, err := renewScript.Run(ctx, r.rdb, keys, args...).Int64Slice()
+		res, err := renewScript.Run(ctx, r.rdb, keys, args...).Int64Slice()
 		cancel()
+		if err == nil && len(res) != 1+len(batch) {
+			err = fmt.Errorf("fleet: unexpected renewal reply %v", res)
+		}
 		if err != nil {
 			r.redisFailed(err)
 			// The call may still run, and put leases back, later.
-			requeue = append(requeue, r.afterFailedRenew(batch, reassert)...)
+			requeue = append(requeue, r.afterFailedRenew(batch)...)
 			ok = false
 			continue
 		}
 		r.brk.ok()
-		requeue = append(requeue, r.afterRenew(batch, owner, gone, reassert)...)
+		requeue = append(requeue, r.afterRenew(batch, res[0], res[1:])...)
 	}
 	return requeue, ok
 }
 
-// afterRenew accounts for a renewal that worked: with reassert every lease
-// of the batch is in Redis now (degraded ones stop being so), and those
-// released meanwhile must be removed again. It returns those.
-func (r *Registry[K]) afterRenew(batch, owner []*lease[K], gone []int64, reassert bool) []*lease[K] {
+// afterRenew accounts for a renewal that worked, under epoch, with each
+// lease's status. A lease released meanwhile that the call put back must be
+// removed again: it returns those.
+func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []int64) []*lease[K] {
 	var requeue []*lease[K]
-	missing := map[*lease[K]]bool{}
-	for _, i := range gone {
-		missing[owner[i-1]] = true
-	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, l := range batch {
-		_, live := r.leases[l]
-		switch {
-		case !live:
-			if reassert {
+	for i, x := range batch {
+		l, st := x.l, status[i]
+		if _, live := r.leases[l]; !live {
+			if st == leasePutBack || st == leaseRoom {
 				requeue = append(requeue, l)
 			}
-		case l.degraded:
-			l.degraded, l.sent = false, false
-			r.stats.reasserted.Add(1)
-		case missing[l] && !l.reported:
-			r.stats.lost.Add(1)
-			if reassert {
+			continue
+		}
+		switch {
+		case st == leaseRenewed:
+			if l.degraded { // an admission's call carried it in meanwhile
 				r.stats.reasserted.Add(1)
-			} else {
-				l.reported = true // once: it stays missing
 			}
-			if r.cfg.lost == CancelLost && l.cancel != nil {
+			r.inRedisLocked(l, epoch)
+		case l.degraded:
+			if st == leasePutBack {
+				r.inRedisLocked(l, epoch)
+				r.stats.reasserted.Add(1)
+			}
+		case st == leasePutBack || st == leaseRoom:
+			if !l.reported {
+				r.stats.lost.Add(1)
+			}
+			r.stats.reasserted.Add(1)
+			r.inRedisLocked(l, epoch)
+			why := "redis lost it"
+			if st == leaseRoom {
+				why = "expired; put back, there was room"
+			}
+			r.cfg.log().Warn("fleet: lease missing in redis, put back", slog.String("registry", r.prefix),
+				slog.String("keys", fmt.Sprint(l.keys)), slog.String("why", why))
+		default: // leaseGone
+			l.epoch = 0
+			if l.reported {
+				break // once: it stays missing
+			}
+			l.reported = true
+			r.stats.lost.Add(1)
+			if r.cfg.lost != ReportLost && l.cancel != nil {
 				l.cancel(ErrLeaseLost) // does not block, takes no lock
 			}
-			r.cfg.log().Warn("fleet: lease missing in redis", slog.String("registry", r.prefix),
-				slog.String("keys", fmt.Sprint(l.keys)), slog.Bool("reasserted", reassert))
+			r.cfg.log().Warn("fleet: lease lost in redis", slog.String("registry", r.prefix),
+				slog.String("keys", fmt.Sprint(l.keys)), slog.Bool("reassert", x.mode == reassert))
 		}
 	}
 	return requeue
 }
 
-// afterFailedRenew accounts for a renewal call that failed: with reassert
-// it may put leases back, now or later (it may still be on its way). Its
-// leases are marked so: released meanwhile or later, they are abandoned
+// afterFailedRenew accounts for a renewal call that failed: it may put
+// leases back, now or later (it may still be on its way). Those it may put
+// back are marked so: released meanwhile or later, they are abandoned
 // (removed, with a tombstone the renewal checks) rather than just removed.
 // Those already released are returned for that.
-func (r *Registry[K]) afterFailedRenew(batch []*lease[K], reassert bool) []*lease[K] {
-	if !reassert {
-		return nil
-	}
+func (r *Registry[K]) afterFailedRenew(batch []renewal[K]) []*lease[K] {
 	var requeue []*lease[K]
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, l := range batch {
-		if _, live := r.leases[l]; !live {
-			requeue = append(requeue, l.abandonment())
+	for _, x := range batch {
+		if x.mode == renewOnly {
+			continue
+		}
+		if _, live := r.leases[x.l]; !live {
+			requeue = append(requeue, x.l.abandonment())
 		} else {
-			l.sent = true
+			x.l.sent = true
 		}
 	}
 	return requeue
 }
 
-// queueRelease hands l's removal from Redis to the releaser. It blocks
-// while the queue is full (Redis slower than the releases); after Close it
-// drops l, whose lease then expires after the TTL. Call it with neither
-// r.mu nor redisMu held.
+// queueRelease hands l's removal from Redis to the releaser. It never
+// waits: past maxRemovals pending, the oldest is dropped (its lease expires
+// after the TTL); after Close l is dropped. Call it with neither r.mu nor
+// redisMu held.
 func (r *Registry[K]) queueRelease(l *lease[K]) {
+	if r.stopping.Err() != nil {
+		return
+	}
+	now := time.Now()
+	r.remMu.Lock()
+	if l.since.IsZero() {
+		l.since = now
+	}
+	r.removals = append(r.removals, l)
+	r.dropOverLocked()
+	r.remMu.Unlock()
 	select {
-	case r.released <- l:
-	case <-r.stopping.Done():
+	case r.kick <- struct{}{}:
+	default:
 	}
 }
 
-// releaser removes released leases from Redis, a batch at a time. On Close
-// it removes what is queued, then stops.
-func (r *Registry[K]) releaser() {
-	defer r.done.Done()
-	for {
-		select {
-		case l := <-r.released:
-			r.remove(r.drain(l))
-		case <-r.stopping.Done():
-			for r.brk.allow() { // Redis unreachable: the leases expire
-				select {
-				case l := <-r.released:
-					r.remove(r.drain(l))
-				default:
-					return
-				}
-			}
-			return
-		}
+// dropOverLocked drops the oldest removals past the bound.
+func (r *Registry[K]) dropOverLocked() {
+	for len(r.removals) > r.maxPending {
+		r.removals[0] = nil
+		r.removals = r.removals[1:]
+		r.stats.removalsDropped.Add(1)
 	}
 }
 
-// drain returns first and the releases queued behind it, up to a batch.
-func (r *Registry[K]) drain(first *lease[K]) []*lease[K] {
-	batch := []*lease[K]{first}
-	n := len(first.names)
-	for n < batchSize {
-		select {
-		case l := <-r.released:
-			batch = append(batch, l)
-			n += len(l.names)
-		default:
-			return batch
+// nextRemovals takes the oldest pending removals, up to a batch of pairs.
+// Those queued a lease TTL ago or more are dropped: their leases have
+// expired by now (a lease is not renewed once released).
+func (r *Registry[K]) nextRemovals() []*lease[K] {
+	now := time.Now()
+	r.remMu.Lock()
+	defer r.remMu.Unlock()
+	var batch []*lease[K]
+	pairs, i := 0, 0
+	for ; i < len(r.removals) && pairs < batchSize; i++ {
+		l := r.removals[i]
+		r.removals[i] = nil
+		if now.Sub(l.since) >= r.cfg.ttl {
+			r.stats.removalsDropped.Add(1)
+			continue
 		}
+		batch = append(batch, l)
+		pairs += len(l.names)
+	}
+	r.removals = r.removals[i:]
+	if len(r.removals) == 0 {
+		r.removals = nil // let the array go
 	}
 	return batch
 }
 
-// remove deletes leases from Redis and publishes the wake-ups. A failure
-// leaves them to expire after the lease TTL: they are no longer renewed.
-func (r *Registry[K]) remove(leases []*lease[K]) {
+// putBackRemovals returns removals that failed to the front of the queue.
+func (r *Registry[K]) putBackRemovals(failed []*lease[K]) {
+	r.remMu.Lock()
+	defer r.remMu.Unlock()
+	r.removals = append(slices.Clip(failed), r.removals...)
+	r.dropOverLocked()
+}
+
+// releaser removes released leases (and abandoned calls' lease ids) from
+// Redis, a batch at a time. A removal that fails, or that waits while the
+// breaker is open, is sent again, with backoff (WithPoll's: from its
+// minimum, doubling to its maximum) or as soon as the breaker closes, until
+// it succeeds or its lease has expired. On Close it sends what is queued,
+// within one call timeout, then stops.
+func (r *Registry[K]) releaser() {
+	defer r.done.Done()
+	wait := time.NewTimer(time.Hour)
+	wait.Stop()
+	var backoff time.Duration
+	for {
+		if backoff == 0 {
+			select {
+			case <-r.kick:
+			case <-r.stopping.Done():
+				r.flushRemovals()
+				return
+			}
+		} else {
+			wait.Reset(jitter(backoff))
+			select {
+			case <-wait.C:
+			case <-r.resume:
+				wait.Stop()
+			case <-r.stopping.Done():
+				wait.Stop()
+				r.flushRemovals()
+				return
+			}
+		}
+		if r.sendRemovals(context.Background()) {
+			backoff = 0
+		} else {
+			backoff = min(max(2*backoff, r.cfg.pollMin), r.cfg.pollMax)
+		}
+	}
+}
+
+// sendRemovals sends the pending removals until none are left (true), or
+// until one fails or the breaker is open (false): those wait in the queue.
+func (r *Registry[K]) sendRemovals(ctx context.Context) bool {
+	for ctx.Err() == nil {
+		batch := r.nextRemovals()
+		if batch == nil {
+			return true
+		}
+		if !r.brk.allow() {
+			r.putBackRemovals(batch)
+			return false
+		}
+		if failed := r.remove(ctx, batch); len(failed) > 0 {
+			r.putBackRemovals(failed)
+			return false
+		}
+	}
+	return false
+}
+
+// flushRemovals sends what is queued at Close, within one call timeout in
+// all: Redis unreachable or slow, the leases expire.
+func (r *Registry[K]) flushRemovals() {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
+	r.sendRemovals(ctx)
+}
+
+// remove deletes leases from Redis and publishes the wake-ups, each call
+// within the call timeout (and ctx). It returns those it could not remove.
+func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
 	var keys []string
 	args := []any{r.channel}
-	var abandons []*lease[K]
+	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
 			abandons = append(abandons, l)
 			continue
 		}
+		plain = append(plain, l)
 		for i, name := range l.names {
 			keys = append(keys, name)
 			args = append(args, l.id, l.limits[i])
 		}
 	}
-	var failedAbandons []*lease[K]
 	for chunk := range slices.Chunk(abandons, batchSize) {
-		if !r.brk.allow() { // Redis unreachable: the heartbeat retries them
-			failedAbandons = append(failedAbandons, chunk...)
+		if !r.brk.allow() { // Redis unreachable: sent again later
+			failed = append(failed, chunk...)
 			continue
 		}
-		failedAbandons = append(failedAbandons, r.abandonAll(chunk)...)
-	}
-	if len(failedAbandons) > 0 {
-		// Retried by the heartbeat: the call they take back may have run.
-		r.mu.Lock()
-		r.retry = append(r.retry, failedAbandons...)
-		r.mu.Unlock()
+		failed = append(failed, r.abandonAll(ctx, chunk)...)
 	}
 	if len(keys) == 0 {
-		return
+		return failed
 	}
 	// Each call its own deadline, not the stopping context: a release
 	// during Close still reaches Redis.
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
-	if err := releaseScript.Run(ctx, r.rdb, keys, args...).Err(); err != nil {
+	if err := releaseScript.Run(cctx, r.rdb, keys, args...).Err(); err != nil {
 		r.redisFailed(err)
+		failed = append(failed, plain...)
 	}
+	return failed
 }
 
 // abandonAll sends the abandons of leases in one pipeline, and returns
 // those that failed.
-func (r *Registry[K]) abandonAll(leases []*lease[K]) []*lease[K] {
+func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lease[K] {
 	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
 	for i, l := range leases {
 		keys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
@@ -339,9 +463,9 @@ func (r *Registry[K]) abandonAll(leases []*lease[K]) []*lease[K] {
 			}
 		}
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
-	cmds, perr := safeEvalAll(ctx, r.rdb, abandonScript, keys, args)
+	cmds, perr := safeEvalAll(cctx, r.rdb, abandonScript, keys, args)
 	if perr != nil {
 		r.redisFailed(perr)
 		return leases
@@ -358,27 +482,6 @@ func (r *Registry[K]) abandonAll(leases []*lease[K]) []*lease[K] {
 		r.redisFailed(failure) // once for the pipeline
 	}
 	return failed
-}
-
-// retryAbandons sends again the abandons that failed, until they succeed
-// or a lease TTL has passed (whatever they take back has expired by then).
-func (r *Registry[K]) retryAbandons() {
-	r.mu.Lock()
-	var todo []*lease[K]
-	now := time.Now()
-	for _, l := range r.retry {
-		if l.since.IsZero() {
-			l.since = now
-		}
-		if now.Sub(l.since) < r.cfg.ttl {
-			todo = append(todo, l)
-		}
-	}
-	r.retry = nil
-	r.mu.Unlock()
-	if len(todo) > 0 {
-		r.remove(todo)
-	}
 }
 
 // subscribe listens for releases anywhere in the fleet and wakes a waiter

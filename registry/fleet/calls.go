@@ -43,6 +43,7 @@ type calls struct {
 type scriptCall struct {
 	keys     []string
 	args     []any
+	n        int       // capped keys (see acquireScript)
 	deadline time.Time // when it was queued, plus the call timeout
 	taken    bool      // put into a pipeline (guarded by calls.mu)
 	reply    reply
@@ -59,13 +60,13 @@ type reply struct {
 	sent bool
 }
 
-// call runs the acquire script with keys and args: at once if fewer than
-// maxSending calls are on their way, else queued for the next pipeline. A
-// call sent at once ends within the call timeout d; a queued one is sent
-// within d or dropped, and its pipeline ends by d after its newest call was
-// made: within 2d in all. A caller whose ctx ends first stops waiting (and
+// call runs the acquire script with keys and args, for n capped keys: at
+// once if fewer than maxSending calls are on their way, else queued for the
+// next pipeline. A call sent at once ends within the call timeout d; a
+// queued one is sent within d or dropped, and its pipeline ends by d after
+// its newest call was made: within 2d in all. A caller whose ctx ends first stops waiting (and
 // its call, if not sent yet, is never sent).
-func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply {
+func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int) reply {
 	q := &r.calls
 	q.mu.Lock()
 	if q.closed {
@@ -79,7 +80,7 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any) reply
 		return r.callAlone(ctx, keys, args)
 	}
 	deadline := time.Now().Add(r.cfg.opTimeout)
-	c := &scriptCall{keys: keys, args: args, deadline: deadline, done: make(chan struct{})}
+	c := &scriptCall{keys: keys, args: args, n: n, deadline: deadline, done: make(chan struct{})}
 	q.pending = append(q.pending, c)
 	q.mu.Unlock()
 	timer := time.NewTimer(time.Until(deadline))
@@ -275,13 +276,13 @@ func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	}
 	leases := make([]*lease[K], len(batch))
 	for i, c := range batch {
-		limits := make([]int, 0, len(c.args)-2)
-		for _, a := range c.args[2:] {
+		limits := make([]int, 0, c.n)
+		for _, a := range c.args[3 : 3+c.n] {
 			limits = append(limits, a.(int))
 		}
-		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[:len(c.keys)-1], limits: limits, abandoned: true}
+		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[2 : 2+c.n], limits: limits, abandoned: true}
 	}
-	r.remove(leases)
+	r.remove(context.Background(), leases)
 }
 
 // safeEvalAll is evalAll, with a panic turned into an error.

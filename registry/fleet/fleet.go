@@ -25,11 +25,16 @@
 // Registry renews every held lease each LeaseTTL/3, in batched calls, each
 // bounded by the call timeout (at most LeaseTTL/3), so one renewal may fail
 // and the next still comes in time. Renewal extends only leases that still
-// exist. A lease found missing (Redis restarted, or failed over without it,
-// or two renewals in a row failed) is put back without a cap check; with
-// WithLostLeases(ReportLost) it is only reported, and with CancelLost the
-// holder's context (WithCancelOnLost) is cancelled too. A process that dies holding
-// leases frees them when they expire, after at most LeaseTTL.
+// exist; what it does with a lease found missing is told below (Lost
+// leases). A process that dies holding leases frees them when they expire,
+// after at most LeaseTTL.
+//
+// Keys are checked before anything goes to Redis, by the local registry's
+// rule (WithMaxKeyBytes): a key refused with registry.ErrInvalidKey is
+// refused whether Redis is reachable or not. A caller whose context ends
+// before its admission is recorded is not admitted, even if Redis admitted
+// its lease: the lease is given back, and the caller gets the context's
+// error.
 //
 // An acquire call that fails on the client's side (a timeout, the caller's
 // context) may still run on the server; its lease id is then abandoned: the
@@ -37,16 +42,42 @@
 //
 // While Redis is healthy the cap is never exceeded: the script decides and
 // records atomically. It can be exceeded by design in two cases, both until
-// enough holders release: after Redis restarts without the leases, new
-// admissions fill the empty keys while the next renewal (within LeaseTTL/3)
-// puts the old leases back, up to about twice the cap; and with
-// FallbackLocal, during an outage each process admits up to the cap alone
-// (R processes: up to R times the cap), and those leases are put back when
-// Redis returns.
+// enough holders release: after Redis loses its data (a restart without
+// persistence), new admissions fill the empty keys while the next renewal
+// (within LeaseTTL/3) puts the old leases back, up to about twice the cap;
+// and with FallbackLocal, during an outage each process admits up to the
+// cap alone (R processes: up to R times the cap), and those leases are put
+// back when Redis returns (see When Redis is unreachable).
 //
-// Release removes the lease from every key and publishes a wake-up, off the
-// request path (a background goroutine, with its own timeout); a second
-// Release does nothing.
+// Release frees the local mirror and queues the removal of the lease from
+// every key (with a wake-up published) for a background goroutine: it never
+// waits for Redis, even while Redis hangs. A removal that fails is sent
+// again with backoff (and as soon as the breaker closes) until it succeeds
+// or its lease has expired. At most 65,536 removals wait at once; past that
+// the oldest is dropped (Stats.RemovalsDropped) and its lease expires after
+// at most LeaseTTL. A second Release does nothing.
+//
+// # Lost leases
+//
+// A held lease can go missing from Redis in two ways, told apart by an
+// epoch: a key per Registry name (<prefix>{<name>}#epoch, never a key
+// name's) with no expiry, set by the first script that finds it missing to
+// the server's time. A Registry records with each lease the epoch under
+// which it last saw the lease in Redis. If the epoch is another now, Redis
+// lost its data since (a restart without persistence, a failover to a
+// replica without it, FLUSHALL): the holder is still working, so the lease
+// is put back without a cap check (WithLostLeases(ReassertLost), the
+// default). If the epoch is the same, the lease expired: its holder did
+// not renew it in time (a process stopped or starved for longer than the
+// TTL, renewals that kept failing) and others may have taken its place, so
+// it goes back only if every key it is missing from has room; if one has
+// not, it is lost: counted (Stats.Lost), logged, and the holder's context
+// made by WithCancelOnLost is cancelled with the cause ErrLeaseLost, while
+// later renewals try again, with the same check. A failover to a replica
+// that had the epoch but not the lease, or a restart from a snapshot taken
+// before the lease, looks like an expiry. With ReportLost a missing lease
+// is only reported, and with CancelLost the holder's context is cancelled
+// too; neither puts it back.
 //
 // # Waiting
 //
@@ -72,9 +103,16 @@
 // whose call fails, and every admission while the breaker is open, does
 // what WithUnavailable says: FallbackLocal (the default) admits under this
 // process's local registry alone, with the same limits, and the Slot
-// reports Degraded; its lease is put into Redis, without a cap check, once
-// Redis is back. FailClosed fails with ErrUnavailable. FailOpen admits a
+// reports Degraded. FailClosed fails with ErrUnavailable. FailOpen admits a
 // Bypassed, Degraded Slot that holds nothing.
+//
+// A Degraded lease is put into Redis, without a cap check, once Redis
+// answers, and counts against this process's admissions from then on: the
+// next admission's script call carries in the Degraded leases that share a
+// key with it (up to 256 (key, lease) pairs; the heartbeat takes the rest
+// moments later) before it decides, and the heartbeat puts them all in
+// within the probe interval (WithBreaker), also when the breaker never
+// opened. Until then, other processes do not count them.
 //
 // Give the client short timeouts so that a dead Redis fails fast, and let
 // it honour each call's deadline (ContextTimeoutEnabled; without it the
@@ -132,8 +170,9 @@ var (
 type cancelKey struct{}
 
 // WithCancelOnLost returns a context derived from ctx, to acquire with and
-// to do the held work under: with WithLostLeases(CancelLost), if the lease
-// of a Slot acquired with it goes missing in Redis, the context is
+// to do the held work under: if the lease of a Slot acquired with it is
+// lost (with ReassertLost, the default: it expired and there is no room to
+// put it back; with CancelLost: it went missing in Redis), the context is
 // cancelled with the cause ErrLeaseLost (context.Cause tells). Call cancel
 // when the work is done, as with context.WithCancel.
 func WithCancelOnLost(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -153,14 +192,23 @@ type Registry[K comparable] struct {
 	defLimit  int
 	limitFunc func(K) int // nil: defLimit
 
+	epochKey  string      // see scripts.go
+	keyLen    func(K) int // a string key's length; nil: no bound
+	selfCheck bool        // K's values may be unequal to themselves
+
 	mu       sync.Mutex // protects the fields below
 	limits   map[K]int  // SetLimit overrides
 	leases   map[*lease[K]]struct{}
+	degraded int // leases in leases with degraded set
 	waiters  []*waiter
-	retry    []*lease[K] // abandons that failed, for the heartbeat to send again
 	closed   bool
-	released chan *lease[K] // to the releaser
-	calls    calls          // acquire calls on their way or queued
+	calls    calls // acquire calls on their way or queued
+
+	remMu      sync.Mutex    // protects the fields below
+	removals   []*lease[K]   // removals from Redis to send, oldest first
+	maxPending int           // bound of removals (maxRemovals; tests lower it)
+	kick       chan struct{} // buffered 1: removals queued
+	resume     chan struct{} // buffered 1: the breaker closed, send the removals again
 
 	// redisMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
@@ -179,7 +227,7 @@ type Registry[K comparable] struct {
 type counters struct {
 	acquired, rejected, degraded, bypassed atomic.Uint64
 	lost, reasserted, redisErrors          atomic.Uint64
-	doubleReleases                         atomic.Uint64
+	doubleReleases, removalsDropped        atomic.Uint64
 }
 
 // New returns a Registry of keys capped at defaultLimit holders each, fleet
@@ -213,8 +261,10 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 		defLimit: defaultLimit,
 		limits:   map[K]int{},
 		leases:   map[*lease[K]]struct{}{},
-		released: make(chan *lease[K], releaseQueue),
 
+		maxPending: maxRemovals,
+		kick:       make(chan struct{}, 1),
+		resume:     make(chan struct{}, 1),
 		subscribed: make(chan struct{}),
 		recovery:   make(chan struct{}, 1),
 		calls:      calls{max: maxSending},
@@ -233,7 +283,12 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	// renewal that fails.
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
 	r.channel = r.prefix + "released"
-	r.local = registry.New[K](defaultLimit, cfg.local...)
+	r.epochKey = cfg.prefix + "{" + name + "}#epoch"
+	r.keyLen, r.selfCheck = keyRule[K](cfg.maxKeyBytes)
+	// The same key rule on both paths: the fleet's bound goes last, so it
+	// overrides one among the local options.
+	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
+	r.local = registry.New[K](defaultLimit, local...)
 	r.brk.threshold = cfg.breakAfter
 	r.stopping, r.stop = context.WithCancel(context.Background())
 	r.done.Add(3)
@@ -274,10 +329,15 @@ func (r *Registry[K]) Close() {
 }
 
 // SetLimit sets key's fleet-wide limit (and its local one). Every process
-// must set the same limits; each admission sends its process's limits.
+// must set the same limits; each admission sends its process's limits. An
+// invalid key (see WithMaxKeyBytes) is ignored, as the local registry
+// ignores it.
 func (r *Registry[K]) SetLimit(key K, n int) {
 	if n < 0 {
 		r.cfg.log().Warn("fleet: SetLimit with a negative limit ignored", slog.Int("limit", n))
+		return
+	}
+	if r.validKey(key) != nil {
 		return
 	}
 	r.mu.Lock()
@@ -289,6 +349,9 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 
 // ClearLimit returns key to the default limit.
 func (r *Registry[K]) ClearLimit(key K) {
+	if r.validKey(key) != nil {
+		return
+	}
 	r.mu.Lock()
 	delete(r.limits, key)
 	r.mu.Unlock()
@@ -321,11 +384,18 @@ type Stats struct {
 	Rejected       uint64 // admissions refused (limit reached, unavailable, context ended)
 	Degraded       uint64 // admissions under the local registry alone (Redis unavailable)
 	Bypassed       uint64 // fail-open admissions (Redis unavailable)
-	Lost           uint64 // leases found missing in Redis by the heartbeat
-	Reasserted     uint64 // leases put back into Redis (lost, or degraded and Redis back)
+	Lost           uint64 // leases found missing in Redis by the heartbeat (each once until put back)
+	Reasserted     uint64 // leases put back into Redis (found missing, or degraded and Redis back)
 	RedisErrors    uint64 // failed calls to Redis
 	DoubleReleases uint64
-	BreakerOpen    bool // Redis is considered unavailable now
+	// RemovalsPending are removals from Redis (of released leases, and of
+	// abandoned calls' lease ids) waiting to be sent now, or sent again.
+	RemovalsPending int
+	// RemovalsDropped are removals given up: over the bound of pending
+	// ones, or still failing once their lease had expired. Their leases
+	// expire in Redis after at most the lease TTL.
+	RemovalsDropped uint64
+	BreakerOpen     bool // Redis is considered unavailable now
 }
 
 // Stats returns the counts.
@@ -333,6 +403,10 @@ func (r *Registry[K]) Stats() Stats {
 	r.mu.Lock()
 	st := Stats{Held: len(r.leases), Waiting: len(r.waiters)}
 	r.mu.Unlock()
+	r.remMu.Lock()
+	st.RemovalsPending = len(r.removals)
+	r.remMu.Unlock()
+	st.RemovalsDropped = r.stats.removalsDropped.Load()
 	st.Acquired = r.stats.acquired.Load()
 	st.Rejected = r.stats.rejected.Load()
 	st.Degraded = r.stats.degraded.Load()
@@ -359,7 +433,8 @@ func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
 
 // TryAcquire admits under key if it has room across the fleet, without
 // waiting. It fails with a *slots.LimitError wrapping slots.ErrLimitReached,
-// or ErrUnavailable (FailClosed, Redis unreachable).
+// ErrUnavailable (FailClosed, Redis unreachable), or an error wrapping
+// registry.ErrInvalidKey (see WithMaxKeyBytes).
 func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 	return r.acquire(context.Background(), []K{key}, false)
 }
@@ -378,7 +453,9 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 
 // AcquireAll admits under every key at once, all or nothing, waiting while
 // any is full. A key listed twice counts once; no keys fail with
-// registry.ErrNoKeys.
+// registry.ErrNoKeys. A *slots.LimitError names a key that was full, by its
+// name in Redis (WithKeyName), whether Redis or the local registry alone
+// decided.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	return r.acquire(ctx, keys, true)
 }
@@ -394,11 +471,18 @@ type lease[K comparable] struct {
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
 	hold     *core.Hold  // the Slot's own hold: a copy of the Slot frees nothing
 	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
-	reported bool        // found missing and reported (ReportLost); guarded by r.mu
-	sent     bool        // a renewal that failed may still put it (back) in Redis; guarded by r.mu
+	reported bool        // found missing and reported lost; guarded by r.mu
+	// sent: a call that may put it (back) into Redis was made, and may still
+	// run: a release abandons it (with a tombstone) rather than just
+	// removing it. Guarded by r.mu; never cleared.
+	sent bool
+	// epoch is the epoch under which it was last seen in Redis (0: not
+	// known to be there), for the renewal to tell a lease Redis lost from
+	// one that expired (see scripts.go). Guarded by r.mu.
+	epoch int64
 
 	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
-	since     time.Time               // abandoned: when the heartbeat first sent it again
+	since     time.Time               // when its removal was first queued (guarded by r.remMu)
 	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without
 }
 
@@ -408,6 +492,15 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	}
 	if len(keys) == 0 {
 		return nil, registry.ErrNoKeys
+	}
+	// Before anything goes to Redis, and before dedupe compares them: the
+	// local registry's rule, so that the key is refused whether or not
+	// Redis is reachable.
+	for _, k := range keys {
+		if err := r.validKey(k); err != nil {
+			r.stats.rejected.Add(1)
+			return nil, err
+		}
 	}
 	keys = dedupe(keys)
 	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
@@ -487,42 +580,112 @@ type outcome struct {
 
 func failed(err error) outcome { return outcome{err: err, full: -1} }
 
-// limitsLocked records in l the current limits of its keys, and returns the
-// script's arguments.
-func (r *Registry[K]) limitsLocked(l *lease[K]) []any {
-	args := make([]any, 2, 2+len(l.keys))
-	args[0], args[1] = l.id, r.cfg.ttl.Milliseconds()
+// limitsLocked records in l the current limits of its keys.
+func (r *Registry[K]) limitsLocked(l *lease[K]) {
 	l.limits = l.limits[:0]
 	for _, k := range l.keys {
-		n := r.limitLocked(k)
-		l.limits = append(l.limits, n)
-		args = append(args, n)
+		l.limits = append(l.limits, r.limitLocked(k))
 	}
-	return args
 }
 
-// scriptArgs returns the acquire script's arguments for l, or ErrClosed.
-func (r *Registry[K]) scriptArgs(l *lease[K]) ([]any, error) {
+// maxCarried bounds the (key, lease) pairs of degraded leases that one
+// admission carries into Redis (see carryLocked).
+const maxCarried = batchSize
+
+// acquireCall is an acquire script call: its keys and arguments (see
+// acquireScript), and the degraded leases it carries.
+type acquireCall[K comparable] struct {
+	keys    []string
+	args    []any
+	carried []*lease[K]
+}
+
+// scriptArgs returns the acquire call for l, or ErrClosed.
+func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
 	if r.closed {
-		return nil, ErrClosed
+		return acquireCall[K]{}, ErrClosed
 	}
-	return r.limitsLocked(l), nil
+	r.limitsLocked(l)
+	c := acquireCall[K]{
+		keys: make([]string, 0, 2+len(l.names)),
+		args: make([]any, 0, 3+len(l.names)),
+	}
+	c.keys = append(c.keys, r.epochKey, r.tombstone(l.id))
+	c.keys = append(c.keys, l.names...)
+	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names))
+	for _, n := range l.limits {
+		c.args = append(c.args, n)
+	}
+	if r.degraded > 0 {
+		r.carryLocked(l, &c)
+	}
+	return c, nil
+}
+
+// carryLocked adds to c the leases this process admitted while Redis was
+// unreachable and that share a key with l: c's script puts them into Redis
+// before it decides, so that they count against l. Past maxCarried pairs
+// the rest are left to the heartbeat, woken for them.
+func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
+	pairs := 0
+	for d := range r.leases {
+		if !d.degraded || !slices.ContainsFunc(d.names, func(n string) bool { return slices.Contains(l.names, n) }) {
+			continue
+		}
+		if pairs+len(d.names) > maxCarried {
+			r.recovered()
+			return
+		}
+		d.sent = true // the call may run after d is released: abandon d then
+		for _, name := range d.names {
+			c.keys = append(c.keys, name, r.tombstone(d.id))
+			c.args = append(c.args, d.id)
+		}
+		c.carried = append(c.carried, d)
+		pairs += len(d.names)
+	}
+}
+
+// carriedIn records that the carried leases are in Redis, under epoch. One
+// released meanwhile was abandoned (it was marked sent): its tombstone kept
+// it out, or its removal takes it out.
+func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
+	if len(carried) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range carried {
+		if _, live := r.leases[d]; live && d.degraded {
+			r.inRedisLocked(d, epoch)
+			r.stats.reasserted.Add(1)
+		}
+	}
+}
+
+// inRedisLocked records that l is in Redis under epoch.
+func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
+	if l.degraded {
+		l.degraded = false
+		r.degraded--
+	}
+	l.epoch, l.reported = epoch, false
 }
 
 // attempt makes one admission decision for l: in Redis, or, when Redis
 // cannot be reached (the breaker is open, or this call failed), as
 // WithUnavailable says.
 func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
-	args, err := r.scriptArgs(l)
+	c, err := r.scriptArgs(l)
 	if err != nil {
 		return failed(err)
 	}
 	if !r.brk.allow() {
-		return r.unavailable(l)
+		return r.unavailable(ctx, l)
 	}
-	rp := r.callOrAbandon(ctx, l, args)
+	rp := r.callOrAbandon(ctx, l, c)
 	res := rp.res
 	if err := rp.err; err != nil {
 		if rp.sent {
@@ -536,12 +699,14 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		case ctx.Err() != nil: // the caller's context ended, not Redis
 			return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 		}
-		return r.unavailable(l) // a failure, or the breaker opened while it was queued
+		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
-	if len(res) != 5 || res[0] < 0 {
+	if len(res) != 6 || res[0] < 0 {
 		r.abandon(l)
 		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
 	}
+	epoch := res[5]
+	r.carriedIn(c.carried, epoch)
 	if res[0] == 0 {
 		i := int(res[1]) - 1
 		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]), Limit: l.limits[i], RetryAfter: time.Second}
@@ -552,20 +717,20 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		}
 		return outcome{err: le, full: i, retryIn: retryIn}
 	}
-	return r.hold(l, false)
+	return r.hold(ctx, l, false, epoch)
 }
 
 // callOrAbandon makes l's acquire call. If the call panics (a client hook),
 // whatever it may have added is taken back before the panic goes on: l is
 // not held, so nothing else would renew or remove it.
-func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], args []any) reply {
+func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireCall[K]) reply {
 	ok := false
 	defer func() {
 		if !ok {
 			r.queueRelease(l.abandonment())
 		}
 	}()
-	rp := r.call(ctx, append(slices.Clip(l.names), r.tombstone(l.id)), args)
+	rp := r.call(ctx, c.keys, c.args, len(l.names))
 	ok = true
 	return rp
 }
@@ -587,20 +752,36 @@ func (l *lease[K]) abandonment() *lease[K] {
 }
 
 // hold finishes an admission: the local mirror slot, the lease record, and
-// the Slot. With degraded, the lease is not in Redis (yet).
-func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
-	local, err := r.localAcquire(l, degraded)
-	if err != nil {
-		if degraded { // the local cap is the cap now
-			o := outcome{err: err, full: -1}
-			if errors.Is(err, slots.ErrLimitReached) {
-				o.full = r.localFull(l)
-			}
+// the Slot. With degraded, the lease is not in Redis (yet); else Redis
+// admitted it under epoch. A caller whose context has ended by the time the
+// lease is recorded is not admitted: the lease is given back.
+func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoch int64) outcome {
+	if ctx.Err() != nil {
+		return r.giveBack(ctx, l, degraded, false)
+	}
+	var local *slots.Slot
+	for try := 0; ; try++ {
+		var err error
+		local, err = r.localAcquire(l, degraded)
+		if err == nil {
+			break
+		}
+		if !degraded {
+			// This process holds more than Redis counts (leases lost and
+			// not put back, or local limits other than the fleet's):
+			// admit anyway; Redis has counted this one.
+			local = nil
+			break
+		}
+		// The local cap is the cap now.
+		var le *slots.LimitError
+		if !errors.As(err, &le) {
+			return failed(err)
+		}
+		if o, ok := r.localFull(l, le); ok || try == 2 {
 			return o
 		}
-		// This process holds more than Redis counts (degraded holders not
-		// yet put back): admit anyway; Redis has counted this one.
-		local = nil
+		// No key is full any more: a release came in between. Try again.
 	}
 	l.local = local
 	v, h := core.NewSlot()
@@ -608,15 +789,15 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
 	h.At = time.Now().UnixNano()
 	h.Degraded = degraded
 	r.mu.Lock()
-	if r.closed {
+	if r.closed || ctx.Err() != nil {
+		closed := r.closed
 		r.mu.Unlock()
-		l.releaseLocal()
-		if !degraded {
-			r.remove([]*lease[K]{l.abandonment()}) // the releaser may have stopped
-		}
-		return failed(ErrClosed)
+		return r.giveBack(ctx, l, degraded, closed)
 	}
-	l.degraded = degraded
+	l.degraded, l.epoch = degraded, epoch
+	if degraded {
+		r.degraded++
+	}
 	r.leases[l] = struct{}{}
 	r.mu.Unlock()
 	if degraded {
@@ -625,6 +806,24 @@ func (r *Registry[K]) hold(l *lease[K], degraded bool) outcome {
 		r.stats.acquired.Add(1)
 	}
 	return outcome{slot: v.(*slots.Slot), full: -1}
+}
+
+// giveBack undoes an admission of l that is not to be: its local mirror,
+// and, if Redis admitted it, its lease (with a wake-up, as a release). It
+// returns ErrClosed, or the error of ctx, which has ended.
+func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, closed bool) outcome {
+	l.releaseLocal()
+	switch {
+	case degraded:
+	case closed:
+		r.remove(context.Background(), []*lease[K]{l.abandonment()}) // the releaser may have stopped
+	default:
+		r.queueRelease(l)
+	}
+	if closed {
+		return failed(ErrClosed)
+	}
+	return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 }
 
 // localAcquire takes l's mirror in the local registry. If that panics (an
@@ -642,23 +841,29 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 	return s, err
 }
 
-// localFull returns the index of a key of l that is full in the local
-// registry (0 if none is, any more).
-func (r *Registry[K]) localFull(l *lease[K]) int {
+// localFull tells the local registry's refusal le of l again, naming the
+// first of l's keys that is full there by its name in Redis, as a refusal
+// by Redis names it. It reports false if none is full any more.
+func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, bool) {
 	for i, k := range l.keys {
-		if r.local.InFlight(k) >= r.local.Limit(k) {
-			return i
+		n, limit := r.local.InFlight(k), r.local.Limit(k)
+		if n >= limit {
+			err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: limit, RetryAfter: le.RetryAfter}
+			return outcome{err: err, full: i}, true
 		}
 	}
-	return 0
+	return outcome{err: le, full: 0}, false
 }
 
 // unavailable admits l, or not, while Redis cannot be reached.
-func (r *Registry[K]) unavailable(l *lease[K]) outcome {
+func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 	switch r.cfg.onUnavailable {
 	case FailClosed:
 		return failed(ErrUnavailable)
 	case FailOpen:
+		if err := ctx.Err(); err != nil {
+			return failed(fmt.Errorf("fleet: acquire: %w", err))
+		}
 		v, h := core.NewSlot()
 		h.Owner, l.hold = l, h
 		h.At = time.Now().UnixNano()
@@ -666,7 +871,7 @@ func (r *Registry[K]) unavailable(l *lease[K]) outcome {
 		r.stats.bypassed.Add(1)
 		return outcome{slot: v.(*slots.Slot), full: -1}
 	}
-	return r.hold(l, true)
+	return r.hold(ctx, l, true, 0)
 }
 
 func (r *Registry[K]) redisFailed(err error) {
@@ -680,7 +885,7 @@ func (r *Registry[K]) redisFailed(err error) {
 }
 
 // Release implements core.Owner: it frees the local mirror at once and
-// queues the removal from Redis.
+// queues the removal from Redis. It never waits for Redis.
 func (l *lease[K]) Release(h *core.Hold) bool {
 	if h != l.hold {
 		l.Misuse(h) // a copied Slot: it holds nothing
@@ -709,6 +914,9 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.leases, l)
+	if l.degraded {
+		r.degraded--
+	}
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	if (l.degraded && !l.sent) || r.closed {

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -109,16 +110,41 @@ func TestAcquireScriptIdempotent(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
 	ctx := context.Background()
-	keys := []string{"inflight:{t}:p", "inflight:{t}:m"}
+	keys := func(id string) []string {
+		return []string{"inflight:{t}#epoch", "inflight:{t}:abandoned:" + id, "inflight:{t}:p", "inflight:{t}:m"}
+	}
 	for range 3 {
-		res, err := acquireScript.Run(ctx, c, keys, "lease-1", 3000, 1, 1).Int64Slice()
+		res, err := acquireScript.Run(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 1, 1).Int64Slice()
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), res[0], "the same lease is admitted again, not refused")
 	}
-	res, err := acquireScript.Run(ctx, c, keys, "lease-2", 3000, 1, 1).Int64Slice()
+	res, err := acquireScript.Run(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 1}, res[:3], "another lease is refused: key 1 is full with 1")
 	assert.Equal(t, []string{"lease-1"}, m.leases("p"))
+}
+
+// The acquire script puts in the leases it carries (admitted while Redis
+// was unreachable) before it decides, so that they count against this
+// admission; not one whose tombstone exists (released meanwhile).
+func TestAcquireScriptCarries(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	ctx := context.Background()
+	const epoch, tomb = "inflight:{t}#epoch", "inflight:{t}:abandoned:"
+	m.srv.Set(tomb+"released", "1")
+	keys := []string{epoch, tomb + "new", "inflight:{t}:k",
+		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
+	res, err := acquireScript.Run(ctx, c, keys, "new", 3000, 1, 2, "degraded", "released").Int64Slice()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{1, 0, 0}, res[:3], "admitted: the carried lease and this one fill the cap of 2")
+	assert.ElementsMatch(t, []string{"degraded", "new"}, m.leases("k"))
+	res, err = acquireScript.Run(ctx, c, keys[:3], "another", 3000, 1, 2).Int64Slice()
+	require.NoError(t, err)
+	assert.Equal(t, []int64{0, 1, 2}, res[:3], "full")
+	e, err := m.srv.Get(epoch)
+	require.NoError(t, err)
+	assert.Equal(t, e, fmt.Sprint(res[5]), "the epoch is set, and returned")
 }
 
 // Renewal extends only leases that still exist: a released lease is never
@@ -141,9 +167,11 @@ func TestRenewNeverResurrects(t *testing.T) {
 	assert.Empty(t, m.leases("k"), "a renewal after the release puts nothing back")
 
 	c := m.client()
-	gone, err := renewScript.Run(context.Background(), c, []string{"inflight:{t}:k", r.tombstone(id)}, 3000, 0, id).Int64Slice()
+	res, err := renewScript.Run(context.Background(), c, []string{r.epochKey, "inflight:{t}:k", r.tombstone(id)},
+		3000, id, renewOnly, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
-	assert.Equal(t, []int64{1}, gone)
+	require.Len(t, res, 2)
+	assert.Equal(t, int64(leaseGone), res[1])
 	assert.Empty(t, m.leases("k"), "the script itself does not add a missing lease without reassert")
 }
 
@@ -163,7 +191,7 @@ func TestReleaseDuringReassert(t *testing.T) {
 	r.mu.Unlock()
 	s.Release() // released before the renewal's bookkeeping ran
 	r.redisMu.Lock()
-	requeue, ok := r.renewBatch([]*lease[string]{l}, true, nil)
+	requeue, ok := r.renewBatch([]renewal[string]{{l: l, mode: putBack, limits: []int{1}}}, nil)
 	require.True(t, ok)
 	r.redisMu.Unlock()
 	require.Len(t, requeue, 1, "the released lease is removed again")
@@ -440,11 +468,12 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 		l = x
 	}
 	r.mu.Unlock()
-	assert.Empty(t, r.afterFailedRenew([]*lease[string]{l}, true), "as if a reassert call timed out; still held")
+	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: reassert}}), "as if a reassert call timed out; still held")
 	s.Release()
 	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(r.tombstone(id)) })
 	// The late renewal runs now.
-	_, err = renewScript.Run(context.Background(), m.client(), []string{"inflight:{t}:k", r.tombstone(id)}, 3000, 1, id).Int64Slice()
+	_, err = renewScript.Run(context.Background(), m.client(), []string{r.epochKey, "inflight:{t}:k", r.tombstone(id)},
+		3000, id, putBack, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Empty(t, m.leases("k"), "not put back")
 	s2, err := r.TryAcquire("k")

@@ -14,7 +14,8 @@ type Unavailable int
 const (
 	// FallbackLocal admits under this process's local registry alone, with
 	// the same limits; the Slot reports Degraded, and its lease is put into
-	// Redis once Redis is back. The default.
+	// Redis once Redis answers again, before this process's next admission
+	// is decided. The default.
 	FallbackLocal Unavailable = iota
 	// FailClosed fails with ErrUnavailable (an HTTP layer answers 503).
 	FailClosed
@@ -36,13 +37,22 @@ func ParseUnavailable(s string) (Unavailable, error) {
 }
 
 // Lost is what the heartbeat does with a held lease it finds missing in
-// Redis (Redis restarted or failed over without it).
+// Redis: Redis lost its data (a restart without persistence, a failover to
+// a replica that never had it), or the lease expired because its holder
+// did not renew it in time (a process stopped or starved for longer than
+// the lease TTL). The package documentation tells how the two are told
+// apart.
 type Lost int
 
 const (
-	// ReassertLost puts the lease back without a cap check: its holder is
-	// still working, and the cap may be exceeded until enough holders
-	// release. The default.
+	// ReassertLost puts back without a cap check a lease that Redis lost
+	// with its data: its holder is still working, and the cap may be
+	// exceeded until enough holders release. A lease that expired goes
+	// back only if every key it is missing from has room; if one has not,
+	// it is lost: counted (Stats.Lost), logged, its holder's context made
+	// by WithCancelOnLost is cancelled with the cause ErrLeaseLost, and the
+	// next renewals try again to put it back, with the same check. The
+	// default.
 	ReassertLost Lost = iota
 	// ReportLost only logs and counts it (Stats.Lost); the holder goes on
 	// holding its local slot, uncounted in Redis.
@@ -74,6 +84,7 @@ type config struct {
 	logger        *slog.Logger
 	keyName       any // func(K) string
 	limitFunc     any // func(K) int
+	maxKeyBytes   int
 	local         []registry.Option
 }
 
@@ -86,6 +97,8 @@ func defaults() config {
 		opTimeout:  500 * time.Millisecond,
 		pollMin:    10 * time.Millisecond,
 		pollMax:    500 * time.Millisecond,
+
+		maxKeyBytes: registry.DefaultMaxKeyBytes,
 	}
 }
 
@@ -115,7 +128,9 @@ func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavai
 func WithLostLeases(l Lost) Option { return func(c *config) { c.lost = l } }
 
 // WithBreaker opens the breaker after n consecutive failed calls (default
-// 3) and probes Redis every probe while it is open (default 250 ms). It
+// 3) and probes Redis every probe while it is open (default 250 ms); at
+// the same interval, while the breaker is closed, it puts into Redis the
+// leases admitted under the local registry alone when a call failed. It
 // panics if n < 1 or probe <= 0.
 func WithBreaker(n int, probe time.Duration) Option {
 	if n < 1 || probe <= 0 {
@@ -138,7 +153,8 @@ func WithTimeout(d time.Duration) Option {
 
 // WithPoll sets the backoff of a waiting Acquire between tries: from min,
 // doubling to max, jittered (defaults 10 ms and 500 ms). A release anywhere
-// in the fleet wakes a waiter sooner. It panics unless 0 < min <= max.
+// in the fleet wakes a waiter sooner. Removals from Redis that fail are
+// sent again with the same backoff. It panics unless 0 < min <= max.
 func WithPoll(minimum, maximum time.Duration) Option {
 	if minimum <= 0 || maximum < minimum {
 		panic(fmt.Sprintf("fleet: WithPoll(%v, %v)", minimum, maximum))
@@ -170,3 +186,11 @@ func WithLocalOptions(opts ...registry.Option) Option {
 // Give the local registry the same limits (WithLocalOptions with
 // registry.WithLimitFunc), so that FallbackLocal caps alike.
 func WithLimitFunc(f any) Option { return func(c *config) { c.limitFunc = f } }
+
+// WithMaxKeyBytes bounds the length of keys whose type is a string type, as
+// registry.WithMaxKeyBytes does (default registry.DefaultMaxKeyBytes; n <= 0
+// removes the bound): a longer key fails with registry.ErrInvalidKey before
+// anything is sent to Redis. The local registry gets the same bound (it
+// overrides one given through WithLocalOptions), so that an admission under
+// the local registry alone, while Redis is unreachable, takes the same keys.
+func WithMaxKeyBytes(n int) Option { return func(c *config) { c.maxKeyBytes = n } }

@@ -10,79 +10,160 @@ import "github.com/redis/go-redis/v9"
 // expiry in server milliseconds. A key's own expiry follows its leases, so
 // keys whose holders all died go away by themselves.
 
+// The epoch: a key per Registry name, <prefix>{<name>}#epoch (no key name
+// can be it: capped keys have a ':' after the brace), holding the server's
+// time, in microseconds, when a script first found it missing. It has no
+// expiry, so it goes only when Redis loses its data (a restart without
+// persistence, a failover to a replica without it, FLUSHALL): a new value
+// tells a lease missing since it was last seen in Redis under the old one
+// that Redis lost it, while a lease missing under the same epoch expired.
+// The acquire and renew scripts set it when it is missing and return it.
+
 // acquireScript takes one lease on every key or on none.
 //
-//	KEYS: the capped keys, then the lease id's tombstone
-//	ARGV: lease id, ttl ms, then each capped key's limit
+//	KEYS: the epoch key, the lease id's tombstone, the n capped keys, then
+//	      for each carried (key, lease) pair the key and the lease id's
+//	      tombstone
+//	ARGV: lease id, ttl ms, n, each capped key's limit, then the lease id
+//	      of each carried pair
 //
-// A lease id whose tombstone exists was abandoned (see abandonScript) and is
-// refused. Otherwise it drops expired leases, then: if the lease is already
-// on every key (a retried call), it renews it and admits; if any key is at
-// its limit without this lease, it admits nothing; otherwise it adds the
-// lease to every key. It returns {admitted (1, 0, or -1 for an abandoned
-// id), index of the full key (1-based, 0 if none), its lease count, its
-// earliest lease expiry (0 if none), now}, times in server milliseconds.
+// It first puts in the carried pairs, without a cap check, unless their
+// tombstone exists: leases this process admitted while Redis was
+// unreachable and that share a key with this admission, so that they count
+// against it. A lease id whose tombstone exists was abandoned (see
+// abandonScript) and is refused. Otherwise it drops expired leases, then:
+// if the lease is already on every key (a retried call), it renews it and
+// admits; if any key is at its limit without this lease, it admits
+// nothing; otherwise it adds the lease to every key. It returns {admitted
+// (1, 0, or -1 for an abandoned id), index of the full key (1-based, 0 if
+// none), its lease count, its earliest lease expiry (0 if none), now,
+// epoch}, times in server milliseconds.
 var acquireScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local id, ttl = ARGV[1], tonumber(ARGV[2])
-local tomb = table.remove(KEYS)
-if redis.call('EXISTS', tomb) == 1 then return {-1, 0, 0, 0, now} end
+local epoch = tonumber(redis.call('GET', KEYS[1]))
+if not epoch then
+  epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[1], string.format('%.0f', epoch))
+end
+local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+for j = 1, (#KEYS - 2 - n) / 2 do
+  local k, tomb = KEYS[1 + n + 2 * j], KEYS[2 + n + 2 * j]
+  if redis.call('EXISTS', tomb) == 0 then
+    redis.call('ZADD', k, now + ttl, ARGV[3 + n + j])
+    redis.call('PEXPIRE', k, ttl)
+  end
+end
+if redis.call('EXISTS', KEYS[2]) == 1 then return {-1, 0, 0, 0, now, epoch} end
 local held = 0
-for _, k in ipairs(KEYS) do
+for i = 1, n do
+  local k = KEYS[2 + i]
   redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
   if redis.call('ZSCORE', k, id) then held = held + 1 end
 end
-if held < #KEYS then
-  for i, k in ipairs(KEYS) do
-    local n = redis.call('ZCARD', k)
-    if n >= tonumber(ARGV[2 + i]) and not redis.call('ZSCORE', k, id) then
+if held < n then
+  for i = 1, n do
+    local k = KEYS[2 + i]
+    local c = redis.call('ZCARD', k)
+    if c >= tonumber(ARGV[3 + i]) and not redis.call('ZSCORE', k, id) then
       local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
       local earliest = 0
       if first[2] then earliest = tonumber(first[2]) end
-      return {0, i, n, earliest, now}
+      return {0, i, c, earliest, now, epoch}
     end
   end
 end
-for _, k in ipairs(KEYS) do
+for i = 1, n do
+  local k = KEYS[2 + i]
   redis.call('ZADD', k, now + ttl, id)
   redis.call('PEXPIRE', k, ttl)
 end
-return {1, 0, 0, 0, now}
+return {1, 0, 0, 0, now, epoch}
 `)
+
+// What renewScript does with a lease it finds missing (a mode), and what
+// became of each lease (a status).
+const (
+	renewOnly = iota // report it
+	reassert         // put it back: without a check if the epoch changed, else if there is room
+	putBack          // put it back without a check (admitted while Redis was unreachable)
+
+	leaseRenewed = 0 // it was there, and was extended
+	leasePutBack = 1 // missing, put back without a check
+	leaseRoom    = 2 // missing under the same epoch (expired), put back: there was room
+	leaseGone    = 3 // missing, and not put back
+)
 
 // renewScript extends leases that still exist, in one call for many.
 //
-//	KEYS: for each (key, lease) pair, the capped key and the lease id's
+//	KEYS: the epoch key, then for each lease its capped keys and its
 //	      tombstone
-//	ARGV: ttl ms, reassert (0/1), then the lease id of each pair
+//	ARGV: ttl ms, then for each lease: its id, its mode, the epoch under
+//	      which it was last known to be in Redis (0: not known to be),
+//	      its number of keys n, and each key's limit
 //
-// A lease that is gone (released, expired, or lost with a Redis restart) is
-// never extended; with reassert it is put back without a cap check, unless
-// its id was abandoned (a late renewal must not bring back a lease released
-// meanwhile). It returns the 1-based indexes of the pairs whose lease was
-// gone.
+// A lease that is gone from a key (released, expired, or lost with Redis's
+// data) is never extended there. With the mode putBack it is put back
+// without a cap check, and with reassert too if the epoch is not the one it
+// was last seen under (Redis lost it); with reassert under the same epoch
+// (it expired), or if it was not known to be in Redis (it was lost before),
+// it is put back only if every key it is missing from has room by its
+// limit, else on none. Nothing is put back whose tombstone exists (a
+// late renewal must not bring back a lease released meanwhile). It returns
+// the epoch, then each lease's status.
 var renewScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl, reassert = tonumber(ARGV[1]), ARGV[2] == '1'
-local gone = {}
-for i = 1, #KEYS / 2 do
-  local k, tomb, id = KEYS[2 * i - 1], KEYS[2 * i], ARGV[2 + i]
-  local score = redis.call('ZSCORE', k, id)
-  if score and tonumber(score) > now then
-    redis.call('ZADD', k, 'XX', now + ttl, id)
-    redis.call('PEXPIRE', k, ttl)
-  else
-    if score then redis.call('ZREM', k, id) end
-    gone[#gone + 1] = i
-    if reassert and redis.call('EXISTS', tomb) == 0 then
-      redis.call('ZADD', k, now + ttl, id)
-      redis.call('PEXPIRE', k, ttl)
+local epoch = tonumber(redis.call('GET', KEYS[1]))
+if not epoch then
+  epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+  redis.call('SET', KEYS[1], string.format('%.0f', epoch))
+end
+local ttl = tonumber(ARGV[1])
+local out = {epoch}
+local a, k = 2, 2
+while a <= #ARGV do
+  local id, mode, known, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local missing = {}
+  for i = 0, n - 1 do
+    local key = KEYS[k + i]
+    local score = redis.call('ZSCORE', key, id)
+    if score and tonumber(score) > now then
+      redis.call('ZADD', key, 'XX', now + ttl, id)
+      redis.call('PEXPIRE', key, ttl)
+    else
+      if score then redis.call('ZREM', key, id) end
+      missing[#missing + 1] = i
     end
   end
+  local status = 0
+  if #missing > 0 then
+    status = 3
+    if mode > 0 and redis.call('EXISTS', KEYS[k + n]) == 0 then
+      local checked = mode == 1 and (known == 0 or known == epoch)
+      local room = true
+      if checked then
+        for _, i in ipairs(missing) do
+          local key = KEYS[k + i]
+          redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
+          if redis.call('ZCARD', key) >= tonumber(ARGV[a + 4 + i]) then room = false end
+        end
+      end
+      if room then
+        for _, i in ipairs(missing) do
+          redis.call('ZADD', KEYS[k + i], now + ttl, id)
+          redis.call('PEXPIRE', KEYS[k + i], ttl)
+        end
+        status = 1
+        if checked then status = 2 end
+      end
+    end
+  end
+  out[#out + 1] = status
+  a = a + 4 + n
+  k = k + n + 1
 end
-return gone
+return out
 `)
 
 // releaseScript removes leases and publishes a wake-up for each key that

@@ -1,0 +1,97 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// reachable waits until c gets answers through a network that was cut: the
+// connections the cut broke are dropped from its pool on the way.
+func reachable(t *testing.T, c *redis.Client) {
+	t.Helper()
+	require.Eventually(t, func() bool { return c.Ping(context.Background()).Err() == nil },
+		10*time.Second, time.Millisecond, "redis-server reachable through the proxy")
+}
+
+// A brief network cut makes one admission degraded (admitted under the
+// local registry alone, while its call failed). Once the network is back,
+// that holder counts against the cap before this process's next admission
+// is decided: with a cap of 2, one more is admitted, not two, and Redis
+// counts both holders. The breaker never opens here, and its probe is an
+// hour away: no background call puts the degraded lease in first.
+func TestDegradedLeaseCountsOnceRedisIsBack(t *testing.T) {
+	srv := redistest.Start(t)
+	px := redistest.StartProxy(t, srv)
+	c := px.Client()
+	r := New[string](c, "d", 2, WithBreaker(1000, time.Hour))
+	defer r.Close()
+	ctx := context.Background()
+
+	px.Cut()
+	first, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.True(t, first.Degraded(), "admitted under the local registry alone")
+	px.Heal()
+	reachable(t, c)
+
+	second, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	assert.False(t, second.Degraded())
+	third, err := r.TryAcquire("k")
+	if !assert.ErrorIs(t, err, slots.ErrLimitReached, "the degraded holder counts: the cap of 2 is full") {
+		third.Release()
+	}
+	assert.Equal(t, 2, r.Local().InFlight("k"), "this process holds 2")
+	r.renew() // as the heartbeat does
+	n, err := r.InFlight(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "Redis counts 2 for the cap of 2")
+
+	first.Release()
+	second.Release()
+	require.Eventually(t, func() bool {
+		n, err := r.InFlight(ctx, "k")
+		return err == nil && n == 0
+	}, 10*time.Second, time.Millisecond, "both leases removed")
+}
+
+// The same cut seen from the rest of the fleet: the degraded lease goes
+// into Redis within the probe interval once Redis answers, with no
+// admission in this process to carry it and with the breaker closed all
+// along, so that another process's admissions count it.
+func TestDegradedLeaseGoesInWithoutAnAdmission(t *testing.T) {
+	srv := redistest.Start(t)
+	px := redistest.StartProxy(t, srv)
+	c := px.Client()
+	a := New[string](c, "d", 2, WithBreaker(1000, 20*time.Millisecond))
+	defer a.Close()
+	b := New[string](srv.Client(), "d", 2) // another process, its own path to Redis
+	defer b.Close()
+	ctx := context.Background()
+
+	px.Cut()
+	held, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	require.True(t, held.Degraded())
+	px.Heal()
+	// Well within the renewal interval (a third of 30 s): put in by the
+	// probe tick, not by a renewal.
+	require.Eventually(t, func() bool {
+		n, err := b.InFlight(ctx, "k")
+		return err == nil && n == 1
+	}, 5*time.Second, time.Millisecond, "the degraded lease is put into Redis")
+	s, err := b.TryAcquire("k")
+	require.NoError(t, err)
+	_, err = b.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "the other process counts the degraded holder")
+	s.Release()
+	held.Release()
+}
