@@ -93,7 +93,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 		sh.mu.Unlock()
 		// e's multi-key waiters leave only under multiMu (held), so e stays
 		// live and they stay queued while the shards they need are locked.
-		locked, serve = r.lockForGrant([]*entry[K]{e})
+		locked, serve = r.lockForGrant([]*entry[K]{e}, nil)
 	}
 	defer r.unlockShards(locked)
 	n, ok := set(sh)

@@ -20,8 +20,8 @@
 // holding none. A waiting AcquireAll holds nothing while it waits, never
 // delays callers of keys it does not need, and cannot deadlock whatever the
 // order of keys. It is passed over at most MaxPassed times: after that many
-// admissions on its keys have gone to callers that came after it, its keys
-// keep what frees for it (see AcquireAll).
+// admissions on its keys have gone to callers that came after it, each of
+// its keys keeps a slot for it (see AcquireAll).
 //
 // Waiters on one key are served in arrival order among those that can be
 // served: a waiter that also needs a full key does not hold back one behind it
@@ -160,62 +160,85 @@ type multi[K comparable] struct {
 	links   []ilist.Elem[*core.Waiter] // in each entry's multis
 	shards  []int                      // sorted, unique
 	// passed counts, while it waits, the admissions on its keys that went
-	// to callers that came after it, of its class or a lower one (one per
-	// admission, however many of its keys it took). At MaxPassed its keys
-	// stop admitting such callers (see blockedLocked).
-	passed atomic.Int32
+	// to callers that came after it (see passLocked), one per admission
+	// however many of its keys it took. At MaxPassed each of its keys keeps
+	// a slot for it (see blockedLocked). Guarded by multiMu: every
+	// admission on a key with multi-key waiters is decided under it.
+	passed int
 }
 
 // MaxPassed bounds how often a waiting AcquireAll is passed over: once
 // MaxPassed admissions on its keys have gone to callers that came after it
-// (of its priority class or a lower one), its keys admit no more such
-// callers, so their capacity gathers until it can be served.
+// (of its priority class or a lower one), each of its keys keeps a slot for
+// it from such callers, so that it is served once all its keys have one.
 const MaxPassed = 8
 
 // newcomer is the arrival order of a caller that has not queued: after
 // every waiter.
 const newcomer = math.MaxUint64
 
-// urgent reports whether m has been passed over MaxPassed times.
-func (m *multi[K]) urgent() bool { return m.passed.Load() >= MaxPassed }
+// urgent reports whether m has been passed over MaxPassed times. Call
+// with multiMu held.
+func (m *multi[K]) urgent() bool { return m.passed >= MaxPassed }
+
+// outranks reports whether a multi-key waiter w, on a lane where class c
+// is short of its share (WithShare) or not, goes before a later caller of
+// class c: if it is of c's class, or of a higher one and the slot is not
+// one that c's share owes c.
+func outranks(w *core.Waiter, c uint8, short bool) bool {
+	return core.Rank(w.Class) == core.Rank(c) || core.Rank(w.Class) < core.Rank(c) && !short
+}
 
 // blockedLocked reports whether a caller of class c that arrived at seq
-// must leave e's capacity to an older multi-key waiter that has been passed
-// over MaxPassed times and is of c's class or a higher one. A slot that c is
-// owed by its share (Lane.Short) is never held back: the waiter would
-// otherwise wait for capacity that the blocked class's guarantee keeps
-// from it. Call with e's shard locked.
+// must leave a free slot of e to older multi-key waiters: each one that
+// outranks it and has been passed over MaxPassed times keeps one slot of e,
+// so the caller may take one only if more are free. Call with multiMu and
+// e's shard held.
 func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
-	if e.lane.Multi == 0 || e.lane.Short(c) {
+	if e.lane.Multi == 0 {
 		return false
 	}
+	short, kept := e.lane.Short(c), 0
 	for el := e.multis.Front(); el != nil; el = el.Next() {
 		w := el.Value
-		if w.Seq < seq && core.Rank(w.Class) <= core.Rank(c) && w.Hold.Owner.(*multi[K]).urgent() {
-			return true
+		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).urgent() {
+			kept++
 		}
 	}
-	return false
+	return kept > 0 && e.lane.Limit-e.lane.Holders.Len() <= kept
 }
 
 // passLocked counts an admission on e, of a caller of class c that arrived
-// at seq, against the multi-key waiters on e that it passes over; a slot c
-// is owed by its share passes nobody. counted holds the waiters this
-// admission has counted already, on its other keys; it returns counted with
-// those of e added. Call with e's shard locked, before the admission is
+// at seq, against the multi-key waiters on e that it passes over (older
+// ones that outrank it). counted holds the waiters this admission has
+// counted already, on its other keys; it returns counted with those of e
+// added. Call with multiMu and e's shard held, before the admission is
 // recorded.
 func passLocked[K comparable](e *entry[K], c uint8, seq uint64, counted []*core.Waiter) []*core.Waiter {
-	if e.lane.Multi == 0 || e.lane.Short(c) {
+	if e.lane.Multi == 0 {
 		return counted
 	}
+	short := e.lane.Short(c)
 	for el := e.multis.Front(); el != nil; el = el.Next() {
 		w := el.Value
-		if w.Seq < seq && core.Rank(w.Class) <= core.Rank(c) && !slices.Contains(counted, w) {
-			w.Hold.Owner.(*multi[K]).passed.Add(1)
+		if w.Seq < seq && outranks(w, c, short) && !slices.Contains(counted, w) {
+			w.Hold.Owner.(*multi[K]).passed++
 			counted = append(counted, w)
 		}
 	}
 	return counted
+}
+
+// admitsLocked reports whether a newcomer of class c may take a slot of e
+// now. Beside multi-key waiters it must be called under multiMu, with the
+// shards of those waiters held and every waiter that can be served served
+// (lockBeside): a single-key waiter then queued on e cannot take a slot,
+// and neither can a newcomer of its class or a lower one.
+func admitsLocked[K comparable](e *entry[K], c uint8) bool {
+	if e.lane.Multi == 0 {
+		return e.lane.Admits(c)
+	}
+	return e.lane.CanTake(c) && !blockedLocked(e, c, newcomer)
 }
 
 const maxFreeEntries = 32
@@ -426,25 +449,30 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 
 	sh.mu.Lock()
-	if endedLocked(ctx) {
+	var wk core.Wakes
+	// set is nil while sh.mu alone is held; beside multi-key waiters it is
+	// the shards held, with multiMu (lockBeside).
+	var set []int
+	e := sh.lookup(key, hash)
+	if e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
+		e, set = r.lockBeside(sh, key, hash, &wk)
+		if ctx != nil && r.shares == nil {
+			place = core.PlaceOf(ctx) // the class matters beside them
+			h.Class = place.Class
+		}
+	}
+	if endedLocked(ctx) {
+		r.unlockOne(sh, set, &wk)
 		return nil, r.canceled(ctx)
 	}
-	e := sh.lookup(key, hash)
 	limit := 0
 	var room bool
 	if e != nil {
 		// Waiters that also need other keys may be queued while this key
 		// has room; only a waiter for this key alone would be passed, or
-		// one of them that has been passed over too often.
-		room = e.lane.Admits(h.Class)
-		if room && e.lane.Multi > 0 {
-			if ctx != nil && r.shares == nil {
-				place = core.PlaceOf(ctx)
-				h.Class = place.Class
-			}
-			room = !blockedLocked(e, h.Class, newcomer)
-		}
+		// the slot kept for one of them (admitsLocked).
+		room = admitsLocked(e, h.Class)
 	} else {
 		limit = r.limitLocked(sh, key)
 		room = r.freshAdmits(limit, h.Class)
@@ -454,16 +482,17 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 			e = sh.addLocked(r, key, hash, limit)
 		}
 		h.Owner = e
-		passLocked(e, h.Class, newcomer, nil)
+		if set != nil {
+			passLocked(e, h.Class, newcomer, nil)
+		}
 		sh.holdLocked(r, e, h, &h.Idx)
-		sh.mu.Unlock()
-		r.emit(slots.Event{Kind: slots.EventAcquired})
-		return p.handOut(), nil
+		r.unlockOne(sh, set, &wk)
+		return r.acquired(p, 0), nil
 	}
 	if ctx == nil {
 		sh.st.limitReached++
 		err := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
-		sh.mu.Unlock()
+		r.unlockOne(sh, set, &wk)
 		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
 		return nil, err
 	}
@@ -474,14 +503,63 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if r.queueFullLocked(e, place.Flow) {
 		sh.st.queueFull++
 		err := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
-		sh.mu.Unlock()
+		r.unlockOne(sh, set, &wk)
 		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrQueueFull})
 		return nil, err
 	}
 	if e == nil {
 		e = sh.addLocked(r, key, hash, limit)
 	}
-	return r.waitOne(ctx, p, h, e, key, place)
+	return r.waitOne(ctx, p, h, e, key, place, set, &wk)
+}
+
+// lockBeside takes the locks to decide an admission under key, on which
+// multi-key waiters queue: multiMu and, while such waiters are still there,
+// their shards; and it serves what they can take now, so that a newcomer
+// neither passes one that could be served nor takes a slot kept for one
+// (admitsLocked). It returns key's entry (nil if it went meanwhile) and the
+// shards it locked.
+func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64, wk *core.Wakes) (*entry[K], []int) {
+	r.multiMu.Lock()
+	sh.mu.Lock()
+	e := sh.lookup(key, hash)
+	if e == nil || e.lane.Multi == 0 {
+		return e, []int{sh.idx}
+	}
+	// Its multi-key waiters leave only under multiMu, so e stays live.
+	sh.mu.Unlock()
+	set, serve := r.lockForGrant([]*entry[K]{e}, nil)
+	r.grantLocked(serve, wk)
+	return e, set
+}
+
+// unlockOne releases what acquireOne holds (see set there) and wakes the
+// waiters granted meanwhile.
+func (r *Registry[K]) unlockOne(sh *shard[K], set []int, wk *core.Wakes) {
+	if set == nil {
+		sh.mu.Unlock()
+	} else {
+		r.unlockShards(set)
+		r.multiMu.Unlock()
+	}
+	wk.Wake()
+}
+
+// acquired hands out an admitted Slot and reports it. If the Observer
+// panics the Slot is released, since it never reaches its caller.
+func (r *Registry[K]) acquired(p pending, wait time.Duration) *slots.Slot {
+	s := p.handOut()
+	if r.obs != nil {
+		ok := false
+		defer func() {
+			if !ok {
+				s.Release()
+			}
+		}()
+		r.obs.Observe(slots.Event{Kind: slots.EventAcquired, Wait: wait})
+		ok = true
+	}
+	return s
 }
 
 // freshAdmits reports whether a key that is not live, with limit, admits a
@@ -505,17 +583,17 @@ func (r *Registry[K]) queueFullLocked(e *entry[K], flow string) bool {
 		r.cfg.wait.BoundFlowQueue && r.cfg.wait.FlowQueueFull(q.FlowLen(flow))
 }
 
-// waitOne queues s's hold on e and waits. Called with e's shard locked; it
-// unlocks it. (Kept apart from acquireOne so that the closure below does not
+// waitOne queues s's hold on e and waits. Called with acquireOne's locks
+// held (e's shard, or set and multiMu); it unlocks them. (Kept apart from acquireOne so that the closure below does not
 // move acquireOne's variables to the heap on the fast path.)
-func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K, place core.Place) (*slots.Slot, error) {
+func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K, place core.Place, set []int, wk *core.Wakes) (*slots.Slot, error) {
 	h.Owner = e
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
 	e.lane.Waiters.Push(&w.Elem)
-	e.shard.mu.Unlock()
+	r.unlockOne(e.shard, set, wk)
 	return r.await(ctx, p, w, start, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
 }
 
@@ -533,18 +611,18 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // Failures are those of Acquire; a *slots.LimitError names the key that was
 // full.
 //
-// Bound: while it waits, at most MaxPassed admissions on its keys go to
-// callers that came after it, of its priority class or a lower one (an
-// admission that takes several of its keys counts once; a slot that a
-// class's share (WithShare) owes it passes nobody). From then on its keys
-// admit no such caller, so their capacity gathers for it, and it is served
-// as soon as the holders of its keys that were there have released (and
-// the older waiters on them, who go first as always, have been served).
-// Keys it does not need are never held back. Callers of a higher class
-// still go first, as everywhere; so do waiters that came before it. Of
-// several such waiters on one key, the oldest is served first, so none
-// deadlocks. A TryAcquire on a key held for it fails with
-// slots.ErrLimitReached although the key shows room.
+// Bound: while it waits, callers that came after it, of its priority class
+// or a lower one, are admitted on its keys ahead of it at most MaxPassed
+// times (an admission that takes several of its keys counts once). From
+// then on each of its keys keeps one slot for it: such callers may still
+// take a key's other free slots, never the last one, so it is served once
+// every key it needs has had a slot free. Waiters that came before it, and
+// callers of a higher class, go first as everywhere; a slot that a lower
+// class's share (WithShare) owes that class still goes to it. Keys it does
+// not need are never held back. Several such waiters on one key each keep
+// a slot, the oldest served first, so none deadlocks. A TryAcquire that
+// finds only a kept slot fails with slots.ErrLimitReached although the key
+// shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	if ctx == nil {
 		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
@@ -602,11 +680,13 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		h.Class = place.Class
 	}
 
+	var wk core.Wakes
 	r.multiMu.Lock()
-	r.lockShards(m.shards)
+	set := r.lockBesideAll(m.shards, shs, uniq, hashes, &wk)
 	unlock := func() {
-		r.unlockShards(m.shards)
+		r.unlockShards(set)
 		r.multiMu.Unlock()
+		wk.Wake()
 	}
 	if endedLocked(ctx) {
 		unlock()
@@ -617,7 +697,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	for i, k := range uniq {
 		e := shs[i].lookup(k, hashes[i])
 		if e != nil {
-			if !e.lane.Admits(h.Class) || blockedLocked(e, h.Class, newcomer) {
+			if !admitsLocked(e, h.Class) {
 				full = i
 				break
 			}
@@ -635,8 +715,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 		r.holdMultiLocked(h, m)
 		unlock()
-		r.emit(slots.Event{Kind: slots.EventAcquired})
-		return p.handOut(), nil
+		return r.acquired(p, 0), nil
 	}
 	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
 	if ctx == nil {
@@ -680,6 +759,28 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	unlock()
 	return r.await(ctx, p, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+}
+
+// lockBesideAll locks the shards of a multi-key admission (under multiMu)
+// and, if multi-key waiters queue on any of its keys, theirs too, and
+// serves what they can take now, as lockBeside does for one key. It
+// returns the shards it locked.
+func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, hashes []uint64, wk *core.Wakes) []int {
+	r.lockShards(shards)
+	var beside []*entry[K]
+	for i, k := range keys {
+		if e := shs[i].lookup(k, hashes[i]); e != nil && e.lane.Multi > 0 {
+			beside = append(beside, e)
+		}
+	}
+	if beside == nil {
+		return shards
+	}
+	// Their multi-key waiters leave only under multiMu: they stay live.
+	r.unlockShards(shards)
+	set, serve := r.lockForGrant(beside, shards)
+	r.grantLocked(serve, wk)
+	return set
 }
 
 // dedupe returns keys without repeats, in first-seen order.
@@ -751,8 +852,7 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 	out := core.Await(ctx, w, expire, withdraw)
 	switch out {
 	case core.OutGranted:
-		r.emit(slots.Event{Kind: slots.EventAcquired, Wait: time.Duration(h.At - start)})
-		return p.handOut(), nil
+		return r.acquired(p, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		sh.mu.Lock()
 		sh.st.canceled++
@@ -841,7 +941,7 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	set, serve := r.lockForGrant(entries)
+	set, serve := r.lockForGrant(entries, nil)
 	defer r.unlockShards(set)
 	if w.State != core.Waiting {
 		return false
@@ -983,7 +1083,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	set, serve := r.lockForGrant(entries)
+	set, serve := r.lockForGrant(entries, nil)
 	defer r.unlockShards(set)
 	for i, e := range entries {
 		idx := &h.Idx
@@ -1005,10 +1105,11 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	return true
 }
 
-// lockForGrant locks, in ascending order, the shards of entries and of every
-// multi-key waiter queued on them, and returns the locked set and the
-// entries to serve. Call with multiMu held: it freezes the multi-key
-// waiters, so the set stays right.
+// lockForGrant locks, in ascending order, the shards also, those of entries
+// and of every multi-key waiter queued on them, and returns the locked set
+// and the entries to serve. Call with multiMu held: it freezes the
+// multi-key waiters and how often each has been passed over, so the set
+// stays right.
 //
 // The entries to serve are entries, and every key linked to them through
 // multi-key waiters that may hold back the callers of their other keys,
@@ -1017,8 +1118,8 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 // keeping its minimum share); without, those passed over MaxPassed times
 // (granted, they stop holding back the callers of their other keys). The
 // waiters there must be served in the same pass.
-func (r *Registry[K]) lockForGrant(entries []*entry[K]) ([]int, []*entry[K]) {
-	set := make([]int, 0, 4)
+func (r *Registry[K]) lockForGrant(entries []*entry[K], also []int) ([]int, []*entry[K]) {
+	set := append(make([]int, 0, 4), also...)
 	for _, e := range entries {
 		set = append(set, e.shard.idx)
 	}

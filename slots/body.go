@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // WrapBody returns a body that reads from body and releases s on the first
@@ -74,8 +75,8 @@ type slotBody struct {
 	t *Transport
 	// stop ends the Transport's watch of the request's context; nil when
 	// there is none. It is set before the body is handed out, but the watch
-	// itself may already run while it is being set, so the watch never
-	// reads it.
+	// itself may already run while it is being set, so the watch's end
+	// never reads it (end checks fromWatch first).
 	stop func() bool
 	// ctx is the request's context, when the Transport watches it.
 	ctx context.Context
@@ -93,7 +94,7 @@ func (b *slotBody) end(e ending, fromWatch bool) {
 	if !b.ended.CompareAndSwap(false, true) {
 		return
 	}
-	if b.stop != nil && !fromWatch {
+	if !fromWatch && b.stop != nil {
 		b.stop()
 	}
 	if b.t == nil {
@@ -126,10 +127,19 @@ func (b *slotBody) cut(fromWatch bool) error {
 }
 
 // watch is the Transport's reaction to the end of the request's context.
+// The end of the context frees the slot whatever the body does: if its
+// Close has not returned within cutCloseWait (it waits for a Read stuck
+// on a silent upstream, say), the slot goes all the same.
 func (b *slotBody) watch() {
 	b.watchCut.Store(true)
+	late := b.t.clock.AfterFunc(cutCloseWait, func() { b.end(endCut, true) })
+	defer late.Stop()
 	_ = b.cut(true)
 }
+
+// cutCloseWait bounds how long the end of a request's context waits for
+// the response body's Close before the slot goes back anyway.
+const cutCloseWait = 5 * time.Second
 
 func (b *slotBody) Read(p []byte) (n int, err error) {
 	returned := false

@@ -124,3 +124,23 @@ func TestLimiterEventsUnderLoad(t *testing.T) {
 	assert.Equal(t, ev.acquired.Load(), ev.released.Load(), "given-back grants report no release")
 	assert.Equal(t, 0, l.InFlight())
 }
+
+// An Observer that panics on an admission does not keep the capacity: the
+// Slot never reaches its caller, so it is released.
+func TestObserverPanicOnAdmissionKeepsNothing(t *testing.T) {
+	var armed atomic.Bool
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if armed.Load() && e.Kind == slots.EventAcquired {
+			panic("observer")
+		}
+	})
+	lim := slots.NewLimiter(1, slots.WithObserver(obs))
+	armed.Store(true)
+	for _, acquire := range []func() (*slots.Slot, error){
+		lim.TryAcquire,
+		func() (*slots.Slot, error) { return lim.Acquire(context.Background()) },
+	} {
+		assert.PanicsWithValue(t, "observer", func() { _, _ = acquire() })
+		assert.Zero(t, lim.InFlight())
+	}
+}

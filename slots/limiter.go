@@ -106,8 +106,24 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 	}
 	l.admitLocked(h)
 	l.mu.Unlock()
-	l.emit(Event{Kind: EventAcquired})
-	return handOut(s, t), nil
+	return l.acquired(s, t, 0), nil
+}
+
+// acquired hands out an admitted Slot and reports it. If the Observer
+// panics the Slot is released, since it never reaches its caller.
+func (l *Limiter) acquired(s *Slot, t *core.Tracked, wait time.Duration) *Slot {
+	s = handOut(s, t)
+	if l.obs != nil {
+		ok := false
+		defer func() {
+			if !ok {
+				s.Release()
+			}
+		}()
+		l.obs.Observe(Event{Kind: EventAcquired, Wait: wait})
+		ok = true
+	}
+	return s
 }
 
 // newHold returns a new Slot and the hold to admit for it: the Slot's own,
@@ -177,8 +193,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	if l.lane.Admits(h.Class) {
 		l.admitLocked(h)
 		l.mu.Unlock()
-		l.emit(Event{Kind: EventAcquired})
-		return handOut(s, t), nil
+		return l.acquired(s, t, 0), nil
 	}
 	if !placed {
 		place = core.PlaceOf(ctx)
@@ -207,8 +222,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	out := core.Await(ctx, w, expire, l.withdraw)
 	switch out {
 	case core.OutGranted:
-		l.emit(Event{Kind: EventAcquired, Wait: time.Duration(h.At - start)})
-		return handOut(s, t), nil
+		return l.acquired(s, t, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		l.mu.Lock()
 		l.stats.Canceled++

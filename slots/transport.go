@@ -35,7 +35,9 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // the request's context has ended, when the reset is sent concurrently.
 // The upstream learns of the cut later still, when the close reaches it and
 // its server notices, and until then it counts the request: WithLinger
-// keeps the slot of a cut exchange for that time.
+// keeps the slot of a cut exchange for that time. The end of the context
+// frees the slot even if the body's Close does not return: 5 s after it
+// ended at the latest.
 //
 // An upgraded connection (101 Switching Protocols) keeps its slot until it is
 // closed or fails, even after the request's context ends: net/http leaves

@@ -321,3 +321,49 @@ func ExampleWithLinger() {
 	// after the cut: 1
 	// a second later: 0
 }
+
+// The end of the request's context frees the slot even when the body's
+// Close does not return (it waits for a Read stuck on a silent upstream):
+// cutCloseWait (5 s) after the context ended at the latest.
+func TestTransportContextEndFreesDespiteAStuckClose(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		body := newHeldBody()
+		tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+		ctx, cancel := context.WithCancel(context.Background())
+		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+		require.NoError(t, err)
+		cancel()
+		synctest.Wait()
+		require.True(t, body.closeStarted())
+		assert.Equal(t, 1, lim.InFlight(), "held while Close may still return")
+		time.Sleep(5*time.Second - time.Nanosecond)
+		synctest.Wait()
+		assert.Equal(t, 1, lim.InFlight())
+		time.Sleep(time.Nanosecond)
+		synctest.Wait()
+		assert.Zero(t, lim.InFlight(), "freed 5 s after the context ended, Close or not")
+		close(body.proceed)
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, uint64(1), lim.Stats().Released, "released once")
+	})
+}
+
+// A base that returns as the request's context ends: the watch may start
+// while RoundTrip is still setting the body up (under -race this was a data
+// race on the watch's stop func).
+func TestTransportContextEndsAsTheResponseComes(t *testing.T) {
+	lim := slots.NewLimiter(1)
+	for range 200 {
+		ctx, cancel := context.WithCancel(context.Background())
+		base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			cancel()
+			return &http.Response{StatusCode: http.StatusOK, Body: io.NopCloser(strings.NewReader("x"))}, nil
+		})
+		tr := slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.Acquire(context.Background()) })
+		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+	}
+	assert.Zero(t, lim.InFlight())
+}

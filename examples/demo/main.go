@@ -56,13 +56,13 @@ func main() {
 
 type usageError struct{ error }
 
+// maxTurnMS bounds the turn a request asks the provider for.
+const maxTurnMS = 10 * 60 * 1000
+
 // provider is the simulated upstream: it streams each turn for the time the
 // request asks, and refuses with 429/1302 past its account's in-flight limit.
 // Its peak counts every request open at once, the refused ones too: that is
 // the burst the account sees.
-// maxTurnMS bounds the turn a request asks the provider for.
-const maxTurnMS = 10 * 60 * 1000
-
 type provider struct {
 	limit    int64
 	inFlight atomic.Int64

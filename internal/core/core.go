@@ -17,8 +17,8 @@ import (
 // goroutine, without the owner's lock held.
 type Owner interface {
 	// Release frees h's capacity and reports whether it did. It is called
-	// at most once per Hold; it reports false (and counts the misuse) for a
-	// copy of a Slot, which is another Hold that holds nothing.
+	// at most once per Hold; it reports false (and reports the misuse to
+	// Misuse) for a copy of a Slot, which is another Hold that holds nothing.
 	Release(h *Hold) bool
 	// Misuse counts a Release call on a Hold that was already released.
 	Misuse(h *Hold)
