@@ -116,6 +116,9 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 // caller's first fetch of the key.
 func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
 	now := r.clk.Coarse()
+	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.cfg.refresh)) {
+		r.pruneIdleShards(now)
+	}
 	sh.mu.Lock()
 	r.pruneResolvedLocked(sh, now)
 	_, overridden := sh.overrides[key]
@@ -237,6 +240,19 @@ func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
 	rv, ok := sh.resolved[key]
 	if ok && rv.fetch == nil && !r.retained(rv, r.clk.Coarse()) {
 		delete(sh.resolved, key)
+	}
+}
+
+// pruneIdleShards prunes the caches of the shards that no acquire has
+// pruned for a refresh interval: a shard whose keys have all gone quiet
+// would otherwise keep their limits. One acquire a refresh interval does
+// it, one shard at a time.
+func (r *Registry[K]) pruneIdleShards(now int64) {
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		r.pruneResolvedLocked(sh, now)
+		sh.mu.Unlock()
 	}
 }
 

@@ -89,6 +89,7 @@ type Registry[K comparable] struct {
 	_              [64]byte
 	waitSeq        atomic.Uint64 // arrival order of waiters
 	invalidKeys    atomic.Uint64
+	sweepAt        atomic.Int64 // when the next acquire prunes idle shards' caches (pruneIdleShards)
 	doubleReleases atomic.Uint64
 	leaks          atomic.Uint64
 	hold           policy.HoldTime
@@ -351,6 +352,13 @@ func (r *Registry[K]) validKey(key K) error {
 	}
 	return nil
 }
+
+// CheckKey returns an error wrapping ErrInvalidKey if admissions would
+// refuse key: over the WithMaxKeyBytes bound, or unequal to itself (it
+// holds a NaN) or not comparable; nil otherwise. Admissions check it
+// themselves; it is for a layer that must refuse a key before it passes the
+// key on (as package registry/fleet does before it goes to Redis).
+func (r *Registry[K]) CheckKey(key K) error { return r.validKey(key) }
 
 // limitLocked returns the limit a key without a lane would start with.
 func (r *Registry[K]) limitLocked(sh *shard[K], key K) int {

@@ -142,6 +142,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -192,17 +193,18 @@ type Registry[K comparable] struct {
 	defLimit  int
 	limitFunc func(K) int // nil: defLimit
 
-	epochKey  string      // see scripts.go
-	keyLen    func(K) int // a string key's length; nil: no bound
-	selfCheck bool        // K's values may be unequal to themselves
+	epochKey string // see scripts.go
 
-	mu       sync.Mutex // protects the fields below
-	limits   map[K]int  // SetLimit overrides
-	leases   map[*lease[K]]struct{}
-	degraded int // leases in leases with degraded set
-	waiters  []*waiter
-	closed   bool
-	calls    calls // acquire calls on their way or queued
+	mu     sync.Mutex // protects the fields below
+	limits map[K]int  // SetLimit overrides
+	leases map[*lease[K]]struct{}
+	// leasesPeak is the most leases held since the map was last made (see
+	// releasing).
+	leasesPeak int
+	degraded   int // leases in leases with degraded set
+	waiters    []*waiter
+	closed     bool
+	calls      calls // acquire calls on their way or queued
 
 	remMu      sync.Mutex    // protects the fields below
 	removals   []*lease[K]   // removals from Redis to send, oldest first
@@ -284,7 +286,6 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
 	r.channel = r.prefix + "released"
 	r.epochKey = cfg.prefix + "{" + name + "}#epoch"
-	r.keyLen, r.selfCheck = keyRule[K](cfg.maxKeyBytes)
 	// The same key rule on both paths: the fleet's bound goes last, so it
 	// overrides one among the local options.
 	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
@@ -799,6 +800,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 		r.degraded++
 	}
 	r.leases[l] = struct{}{}
+	r.leasesPeak = max(r.leasesPeak, len(r.leases))
 	r.mu.Unlock()
 	if degraded {
 		r.stats.degraded.Add(1)
@@ -907,6 +909,10 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	return true
 }
 
+// minRemade is the peak below which a shrunk map of leases is kept as it
+// is: remaking a small one gains little.
+const minRemade = 1024
+
 // releasing drops l from the held leases and returns what to remove from
 // Redis (nil: nothing), and what the LimitFunc panicked with, if it did.
 func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
@@ -914,6 +920,14 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.leases, l)
+	if n := len(r.leases); r.leasesPeak >= minRemade && n*4 <= r.leasesPeak {
+		// A Go map keeps its buckets when entries are deleted: one that has
+		// shrunk to a quarter of its peak is made anew, so that memory
+		// follows the live holders after a burst.
+		fresh := make(map[*lease[K]]struct{}, n)
+		maps.Copy(fresh, r.leases)
+		r.leases, r.leasesPeak = fresh, n
+	}
 	if l.degraded {
 		r.degraded--
 	}
