@@ -13,7 +13,7 @@
 //	one cap across a fleet of processes, on Redis   registry/fleet (its own package)
 //	a provider's caps and start pacing together     pacing   (Config, Gate)
 //	what holds the caps, long-held reports          sweep    (Monitor)
-//	"nothing left held" at the end of a test        slotstest
+//	"nothing left held" at the end of a test        slots/slotstest
 //	Prometheus metrics (its own package)            inflightprom
 //
 // Every package counts live holders, never a counter that can drift: time

@@ -4,7 +4,7 @@ import (
 	"fmt"
 
 	"github.com/inflight-go/inflight/registry"
-	"github.com/inflight-go/inflight/slotstest"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
 
 // printingTB stands in for a *testing.T in this example.

@@ -9,7 +9,7 @@ import (
 
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
-	"github.com/inflight-go/inflight/slotstest"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
 
 // recorder is a TB that records failures instead of failing.
