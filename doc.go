@@ -14,7 +14,7 @@
 //	a provider's caps and start pacing together     pacing   (Config, Gate)
 //	what holds the caps, long-held reports          sweep    (Monitor)
 //	"nothing left held" at the end of a test        slots/slotstest
-//	Prometheus metrics (its own package)            inflightprom
+//	Prometheus metrics (its own module)             sweep/inflightprom
 //
 // Every package counts live holders, never a counter that can drift: time
 // never frees a slot, a key with a live holder is never removed, and releasing

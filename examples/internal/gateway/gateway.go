@@ -35,12 +35,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/inflight-go/inflight/inflightprom"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
+	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 // tenant is the key of the per-organisation cap: an org's requests to one model.

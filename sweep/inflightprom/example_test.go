@@ -7,8 +7,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
-	"github.com/inflight-go/inflight/inflightprom"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 func ExampleNew() {

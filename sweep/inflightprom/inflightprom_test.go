@@ -10,9 +10,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/inflightprom"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 func TestRegistryMetrics(t *testing.T) {
