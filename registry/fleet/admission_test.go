@@ -69,6 +69,23 @@ func TestMaxKeyBytes(t *testing.T) {
 	}
 }
 
+// InFlight refuses a key that admission refuses, and asks Redis nothing.
+func TestInFlightRefusesInvalidKey(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicOnce{match: func(redis.Cmder) bool { return true }}
+	c.AddHook(h)
+	r := New[string](c, "t", 1, WithMaxKeyBytes(8))
+	defer r.Close()
+	n := h.calls.Load()
+	_, err := r.InFlight(context.Background(), "123456789")
+	assert.ErrorIs(t, err, registry.ErrInvalidKey)
+	assert.Equal(t, n, h.calls.Load(), "nothing sent to Redis")
+	got, err := r.InFlight(context.Background(), "12345678")
+	require.NoError(t, err)
+	assert.Zero(t, got)
+}
+
 // A key unequal to itself (a NaN) can never be found again in the local
 // registry: it is refused on both paths too.
 func TestNaNKeyRefused(t *testing.T) {
@@ -198,4 +215,19 @@ func TestLimitErrorNamesTheFullKey(t *testing.T) {
 		m.srv.SetError("")
 		s.Release()
 	}
+}
+
+// A caller whose context ends before its call is sent sends nothing: no
+// lease id is abandoned, so no tombstone is written for it. The context
+// ends here while the call is being made ready (in the LimitFunc).
+func TestContextEndedBeforeSendingSendsNothing(t *testing.T) {
+	m := newMini(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r := m.registry(1, WithLimitFunc(func(string) int { cancel(); return 1 }))
+	_, err := r.Acquire(ctx, "k")
+	require.ErrorIs(t, err, context.Canceled)
+	closeWithin(t, r) // sends what the releaser has queued
+	assert.Zero(t, tombstones(m), "no abandon")
+	assert.Empty(t, m.leases("k"))
 }

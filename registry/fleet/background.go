@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -63,14 +64,10 @@ func (r *Registry[K]) recovered() {
 // heartbeat renews the held leases every TTL/3 and, while the breaker is
 // open, probes Redis to close it; with the breaker closed, it puts in
 // degraded leases (admitted while one call failed) at the probe interval.
-// It survives errors; if it ever stops before Close, it says so.
+// It survives errors, and panics (a client hook's, a log handler's): one
+// tick's panic is logged and the next tick comes as usual.
 func (r *Registry[K]) heartbeat() {
 	defer r.done.Done()
-	defer func() {
-		if p := recover(); p != nil {
-			r.cfg.log().Error("fleet: heartbeat stopped; leases will expire", slog.String("registry", r.prefix), slog.Any("panic", p))
-		}
-	}()
 	renew := time.NewTicker(r.cfg.ttl / 3)
 	defer renew.Stop()
 	probe := time.NewTicker(r.cfg.probeEvery)
@@ -80,29 +77,61 @@ func (r *Registry[K]) heartbeat() {
 		case <-r.stopping.Done():
 			return
 		case <-renew.C:
-			if r.brk.allow() {
-				r.renew()
-			}
-		case <-probe.C:
-			switch {
-			case r.brk.open():
-				if r.probe() {
-					r.wakeAll()
+			r.survive("renewal", func() {
+				if r.brk.allow() {
+					r.renew()
 				}
-			case r.hasDegraded():
-				r.renew()
-			}
+			})
+		case <-probe.C:
+			r.survive("probe", func() {
+				switch {
+				case r.brk.open():
+					if r.probe() {
+						r.wakeAll()
+					}
+				case r.hasDegraded():
+					r.renew()
+				}
+			})
 		case <-r.recovery:
-			r.renew()
-			r.wakeAll()
+			r.survive("renewal", func() {
+				r.renew()
+				r.wakeAll()
+			})
 		}
 	}
+}
+
+// panicLogEvery is how often at most a background goroutine logs a panic
+// it survived.
+const panicLogEvery = time.Minute
+
+// survive runs f, one step of a background goroutine (what names it), and
+// logs a panic in it rather than let it end the goroutine, or the process:
+// at most once a panicLogEvery, with the count so far.
+func (r *Registry[K]) survive(what string, f func()) {
+	defer func() {
+		p := recover()
+		if p == nil {
+			return
+		}
+		n := r.panics.Add(1)
+		now := time.Now().UnixNano()
+		last := r.panicLogged.Load()
+		if last != 0 && now-last < int64(panicLogEvery) || !r.panicLogged.CompareAndSwap(last, now) {
+			return
+		}
+		defer func() { _ = recover() }() // the logger may be what panics
+		r.cfg.log().Error("fleet: panic in the background, survived", slog.String("registry", r.prefix),
+			slog.String("in", what), slog.Any("panic", p), slog.Uint64("panics", n))
+	}()
+	f()
 }
 
 func (r *Registry[K]) hasDegraded() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.degraded > 0
+	return len(r.degraded) > 0
 }
 
 // probe pings Redis and, if it answers, puts back the leases taken while
@@ -135,9 +164,18 @@ type renewal[K comparable] struct {
 
 // renew extends every held lease in Redis. A lease found missing is put
 // back or reported (see Lost); one admitted while Redis was unreachable is
-// put back.
+// put back. It reports whether every call worked.
 func (r *Registry[K]) renew() bool {
+	var requeue []*lease[K]
+	// Queued once redisMu is unlocked (the releaser takes it), even if a
+	// renewal panics.
+	defer func() {
+		for _, l := range requeue {
+			r.queueRelease(l)
+		}
+	}()
 	r.redisMu.Lock()
+	defer r.redisMu.Unlock()
 	r.mu.Lock()
 	batch := make([]renewal[K], 0, len(r.leases))
 	for l := range r.leases {
@@ -151,23 +189,17 @@ func (r *Registry[K]) renew() bool {
 		batch = append(batch, x)
 	}
 	r.mu.Unlock()
-	requeue, ok := r.renewBatch(batch, nil)
-	r.redisMu.Unlock()
-	// Queued after the unlock: the releaser takes redisMu.
-	for _, l := range requeue {
-		r.queueRelease(l)
-	}
-	return ok
+	return r.renewBatch(batch, &requeue)
 }
 
-// renewBatch renews leases in calls of up to batchSize pairs. It returns
-// requeue with the leases whose removal must be sent (again), and whether
-// every call worked.
-func (r *Registry[K]) renewBatch(leases []renewal[K], requeue []*lease[K]) ([]*lease[K], bool) {
-	ok := true
+// renewBatch renews leases in calls of up to batchSize pairs, and adds to
+// requeue the leases whose removal must be sent (again). It reports whether
+// every call worked; once a call has failed and the breaker is open, it
+// sends no more. Call it with redisMu held.
+func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool {
 	for len(leases) > 0 {
 		keys := []string{r.epochKey}
-		args := []any{r.cfg.ttl.Milliseconds()}
+		args := []any{r.cfg.ttl.Milliseconds(), 0} // the not-after time goes in at each try
 		var batch []renewal[K]
 		pairs := 0
 		for len(leases) > 0 && pairs+len(leases[0].l.names) <= max(batchSize, len(leases[0].l.names)) {
@@ -182,30 +214,66 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue []*lease[K]) ([]*l
 				args = append(args, n)
 			}
 		}
-		ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
-		res, err := renewScript.Run(ctx, r.rdb, keys, args...).Int64Slice()
-		cancel()
-		if err == nil && len(res) != 1+len(batch) {
+		res, until, err := r.renewCall(keys, args)
+		if err == nil && len(res) != 2+len(batch) {
 			err = fmt.Errorf("fleet: unexpected renewal reply %v", res)
 		}
 		if err != nil {
 			r.redisFailed(err)
 			// The call may still run, and put leases back, later.
-			requeue = append(requeue, r.afterFailedRenew(batch)...)
-			ok = false
+			*requeue = append(*requeue, r.afterFailedRenew(batch, until)...)
+			if r.brk.open() {
+				return false // Redis is unreachable: the rest waits for the probe
+			}
 			continue
 		}
 		r.brk.ok()
-		requeue = append(requeue, r.afterRenew(batch, res[0], res[1:])...)
+		again, lost := r.afterRenew(batch, res[0], res[2:])
+		*requeue = append(*requeue, again...)
+		r.reportMissing(lost)
 	}
-	return requeue, ok
+	return true
+}
+
+// renewCall makes a renewal call with keys and args (args[1] is for its
+// not-after time), and returns its reply and the not-after time of the
+// call, which may still run if it failed. A call refused as late (see
+// attempt) is made once more.
+func (r *Registry[K]) renewCall(keys []string, args []any) (res []int64, until int64, err error) {
+	for try := 0; ; try++ {
+		until = r.clock.notAfter(r.lateSpan())
+		args[1] = scriptUntil(until)
+		ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
+		sent := r.clock.local()
+		res, err = safeRun(ctx, r.rdb, renewScript, keys, args...).Int64Slice()
+		cancel()
+		if err != nil || len(res) < 2 {
+			return res, until, err
+		}
+		r.clock.seen(res[1], sent, r.clock.local())
+		if res[0] != tooLate {
+			return res, until, nil
+		}
+		if try > 0 {
+			return nil, until, errors.New("fleet: renewal refused as late twice")
+		}
+	}
+}
+
+// missing is a held lease that a renewal found missing in Redis: put back
+// (why says why), or lost (why is empty).
+type missing[K comparable] struct {
+	l      *lease[K]
+	why    string
+	mode   int
+	cancel context.CancelCauseFunc // with CancelLost or ReassertLost: cancel its holder
 }
 
 // afterRenew accounts for a renewal that worked, under epoch, with each
-// lease's status. A lease released meanwhile that the call put back must be
-// removed again: it returns those.
-func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []int64) []*lease[K] {
-	var requeue []*lease[K]
+// lease's status. It returns the leases released meanwhile that the call put
+// back, to be removed again, and the held leases found missing, to be
+// reported once r.mu is unlocked.
+func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []int64) (requeue []*lease[K], found []missing[K]) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, x := range batch {
@@ -237,8 +305,7 @@ func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []int64
 			if st == leaseRoom {
 				why = "expired; put back, there was room"
 			}
-			r.cfg.log().Warn("fleet: lease missing in redis, put back", slog.String("registry", r.prefix),
-				slog.String("keys", fmt.Sprint(l.keys)), slog.String("why", why))
+			found = append(found, missing[K]{l: l, why: why})
 		default: // leaseGone
 			l.epoch = 0
 			if l.reported {
@@ -246,22 +313,43 @@ func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []int64
 			}
 			l.reported = true
 			r.stats.lost.Add(1)
-			if r.cfg.lost != ReportLost && l.cancel != nil {
-				l.cancel(ErrLeaseLost) // does not block, takes no lock
+			m := missing[K]{l: l, mode: x.mode}
+			if r.cfg.lost != ReportLost {
+				m.cancel = l.cancel
 			}
-			r.cfg.log().Warn("fleet: lease lost in redis", slog.String("registry", r.prefix),
-				slog.String("keys", fmt.Sprint(l.keys)), slog.Bool("reassert", x.mode == reassert))
+			found = append(found, m)
 		}
 	}
-	return requeue
+	return requeue, found
 }
 
-// afterFailedRenew accounts for a renewal call that failed: it may put
-// leases back, now or later (it may still be on its way). Those it may put
-// back are marked so: released meanwhile or later, they are abandoned
-// (removed, with a tombstone the renewal checks) rather than just removed.
-// Those already released are returned for that.
-func (r *Registry[K]) afterFailedRenew(batch []renewal[K]) []*lease[K] {
+// reportMissing cancels the holders of the leases lost in found, then logs
+// every lease of found. Call it with no lock held: a log handler may block,
+// or panic.
+func (r *Registry[K]) reportMissing(found []missing[K]) {
+	for _, m := range found {
+		if m.cancel != nil {
+			m.cancel(ErrLeaseLost)
+		}
+	}
+	for _, m := range found {
+		if m.why != "" {
+			r.cfg.log().Warn("fleet: lease missing in redis, put back", slog.String("registry", r.prefix),
+				slog.String("keys", fmt.Sprint(m.l.keys)), slog.String("why", m.why))
+			continue
+		}
+		r.cfg.log().Warn("fleet: lease lost in redis", slog.String("registry", r.prefix),
+			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == reassert))
+	}
+}
+
+// afterFailedRenew accounts for a renewal call that failed, with the
+// not-after time until: it may put leases back, now or later (it may still
+// be on its way). Those it may put back are marked so: released meanwhile
+// or later, they are abandoned (removed, with a tombstone the renewal
+// checks) rather than just removed. Those already released are returned
+// for that.
+func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease[K] {
 	var requeue []*lease[K]
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -269,6 +357,7 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K]) []*lease[K] {
 		if x.mode == renewOnly {
 			continue
 		}
+		x.l.until = max(x.l.until, until)
 		if _, live := r.leases[x.l]; !live {
 			requeue = append(requeue, x.l.abandonment())
 		} else {
@@ -279,8 +368,8 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K]) []*lease[K] {
 }
 
 // queueRelease hands l's removal from Redis to the releaser. It never
-// waits: past maxRemovals pending, the oldest is dropped (its lease expires
-// after the TTL); after Close l is dropped. Call it with neither r.mu nor
+// waits: past maxRemovals pending, the oldest that may go is dropped (see
+// droppable); after Close l is dropped. Call it with neither r.mu nor
 // redisMu held.
 func (r *Registry[K]) queueRelease(l *lease[K]) {
 	if r.stopping.Err() != nil {
@@ -300,18 +389,38 @@ func (r *Registry[K]) queueRelease(l *lease[K]) {
 	}
 }
 
-// dropOverLocked drops the oldest removals past the bound.
+// droppable reports whether the removal l may be given up: a released
+// lease's may (it expires after the TTL, as it is not renewed), but an
+// abandon's only once no call that may add its lease id can run any more
+// (see clock.go): a call still on its way would add a lease nobody holds,
+// for a whole TTL. Over the bound of pending removals, an abandon of calls
+// made before the server's clock was known (unknownUntil) may go too: they
+// are never given up otherwise, and would have no bound.
+func (r *Registry[K]) droppable(l *lease[K], overBound bool) bool {
+	return !l.abandoned || r.clock.past(l.until) || overBound && l.until == unknownUntil
+}
+
+// dropOverLocked drops the oldest removals past the bound that may be
+// given up.
 func (r *Registry[K]) dropOverLocked() {
-	for len(r.removals) > r.maxPending {
-		r.removals[0] = nil
-		r.removals = r.removals[1:]
+	for i := 0; len(r.removals) > r.maxPending && i < len(r.removals); {
+		if !r.droppable(r.removals[i], true) {
+			i++
+			continue
+		}
+		if i == 0 {
+			r.removals[0] = nil
+			r.removals = r.removals[1:]
+		} else {
+			r.removals = slices.Delete(r.removals, i, i+1)
+		}
 		r.stats.removalsDropped.Add(1)
 	}
 }
 
 // nextRemovals takes the oldest pending removals, up to a batch of pairs.
-// Those queued a lease TTL ago or more are dropped: their leases have
-// expired by now (a lease is not renewed once released).
+// Those queued a lease TTL ago or more are dropped if they may be (see
+// droppable): their leases have expired by now.
 func (r *Registry[K]) nextRemovals() []*lease[K] {
 	now := time.Now()
 	r.remMu.Lock()
@@ -321,7 +430,7 @@ func (r *Registry[K]) nextRemovals() []*lease[K] {
 	for ; i < len(r.removals) && pairs < batchSize; i++ {
 		l := r.removals[i]
 		r.removals[i] = nil
-		if now.Sub(l.since) >= r.cfg.ttl {
+		if now.Sub(l.since) >= r.cfg.ttl && r.droppable(l, false) {
 			r.stats.removalsDropped.Add(1)
 			continue
 		}
@@ -344,11 +453,12 @@ func (r *Registry[K]) putBackRemovals(failed []*lease[K]) {
 }
 
 // releaser removes released leases (and abandoned calls' lease ids) from
-// Redis, a batch at a time. A removal that fails, or that waits while the
-// breaker is open, is sent again, with backoff (WithPoll's: from its
-// minimum, doubling to its maximum) or as soon as the breaker closes, until
-// it succeeds or its lease has expired. On Close it sends what is queued,
-// within one call timeout, then stops.
+// Redis, a batch at a time. A removal that fails (or panics, in a client
+// hook), or that waits while the breaker is open, is sent again, with
+// backoff (WithPoll's: from its minimum, doubling to its maximum) or as soon
+// as the breaker closes, until it succeeds or it may be given up (see
+// droppable). On Close it sends what is queued, within one call timeout,
+// then stops.
 func (r *Registry[K]) releaser() {
 	defer r.done.Done()
 	wait := time.NewTimer(time.Hour)
@@ -374,7 +484,9 @@ func (r *Registry[K]) releaser() {
 				return
 			}
 		}
-		if r.sendRemovals(context.Background()) {
+		sent := false
+		r.survive("removal", func() { sent = r.sendRemovals(context.Background()) })
+		if sent {
 			backoff = 0
 		} else {
 			backoff = min(max(2*backoff, r.cfg.pollMin), r.cfg.pollMax)
@@ -407,7 +519,7 @@ func (r *Registry[K]) sendRemovals(ctx context.Context) bool {
 func (r *Registry[K]) flushRemovals() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()
-	r.sendRemovals(ctx)
+	r.survive("removal", func() { r.sendRemovals(ctx) })
 }
 
 // remove deletes leases from Redis and publishes the wake-ups, each call
@@ -443,7 +555,7 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 	// during Close still reaches Redis.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
-	if err := releaseScript.Run(cctx, r.rdb, keys, args...).Err(); err != nil {
+	if err := safeRun(cctx, r.rdb, releaseScript, keys, args...).Err(); err != nil {
 		r.redisFailed(err)
 		failed = append(failed, plain...)
 	}
@@ -456,7 +568,7 @@ func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lea
 	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
 	for i, l := range leases {
 		keys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
-		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), r.channel}
+		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), scriptUntil(l.until), r.channel}
 		if len(l.limits) == len(l.names) { // the wake-ups need them
 			for _, n := range l.limits {
 				args[i] = append(args[i], n)

@@ -44,6 +44,7 @@ type scriptCall struct {
 	keys     []string
 	args     []any
 	n        int       // capped keys (see acquireScript)
+	until    int64     // its not-after time (see clock.go)
 	deadline time.Time // when it was queued, plus the call timeout
 	taken    bool      // put into a pipeline (guarded by calls.mu)
 	reply    reply
@@ -64,9 +65,10 @@ type reply struct {
 // once if fewer than maxSending calls are on their way, else queued for the
 // next pipeline. A call sent at once ends within the call timeout d; a
 // queued one is sent within d or dropped, and its pipeline ends by d after
-// its newest call was made: within 2d in all. A caller whose ctx ends first stops waiting (and
-// its call, if not sent yet, is never sent).
-func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int) reply {
+// its newest call was made: within 2d in all. A caller whose ctx ends first
+// stops waiting (and its call, if not sent yet, is never sent). until is
+// the call's not-after time (see clock.go).
+func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int, until int64) reply {
 	q := &r.calls
 	q.mu.Lock()
 	if q.closed {
@@ -80,7 +82,7 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int
 		return r.callAlone(ctx, keys, args)
 	}
 	deadline := time.Now().Add(r.cfg.opTimeout)
-	c := &scriptCall{keys: keys, args: args, n: n, deadline: deadline, done: make(chan struct{})}
+	c := &scriptCall{keys: keys, args: args, n: n, until: until, deadline: deadline, done: make(chan struct{})}
 	q.pending = append(q.pending, c)
 	q.mu.Unlock()
 	timer := time.NewTimer(time.Until(deadline))
@@ -102,7 +104,7 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int
 		return reply{err: ErrClosed}
 	}
 	if !c.taken {
-		q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
+		q.removeLocked(c)
 		q.mu.Unlock()
 		r.redisFailed(errQueueTimeout)
 		return reply{err: errQueueTimeout}
@@ -124,8 +126,25 @@ func (q *calls) giveUp(c *scriptCall, err error) reply {
 	if c.taken {
 		return reply{err: err, sent: true}
 	}
-	q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
+	q.removeLocked(c)
 	return reply{err: err}
+}
+
+// removeLocked takes c, not sent, out of the queue.
+func (q *calls) removeLocked(c *scriptCall) {
+	q.pending = slices.DeleteFunc(q.pending, func(p *scriptCall) bool { return p == c })
+	q.trimLocked()
+}
+
+// trimLocked lets the array of the queue go once a burst has passed:
+// slices.Delete keeps a slice's capacity.
+func (q *calls) trimLocked() {
+	switch {
+	case len(q.pending) == 0:
+		q.pending = nil
+	case cap(q.pending) >= minRemade && len(q.pending)*4 <= cap(q.pending):
+		q.pending = slices.Clone(q.pending)
+	}
 }
 
 // callAlone sends one call as a plain EVALSHA (EVAL if the server lacks the
@@ -133,11 +152,16 @@ func (q *calls) giveUp(c *scriptCall, err error) reply {
 // ended: that is not Redis's failure). The breaker counts before any call
 // queued meanwhile is sent, so that those see it open.
 func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) reply {
+	if err := ctx.Err(); err != nil {
+		return reply{err: err} // not sent: nothing to take back
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
+	sent := r.clock.local()
 	res, err := acquireScript.Run(cctx, r.rdb, keys, args...).Int64Slice()
 	switch {
 	case err == nil:
+		r.sawClock(res, sent)
 		if r.brk.success() {
 			r.recovered()
 		}
@@ -145,6 +169,14 @@ func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) 
 		r.redisFailed(err)
 	}
 	return reply{res: res, err: err, sent: true}
+}
+
+// sawClock records the server time of an acquire call's reply res, to a
+// call sent at the local reading sent.
+func (r *Registry[K]) sawClock(res []int64, sent int64) {
+	if len(res) == 6 {
+		r.clock.seen(res[4], sent, r.clock.local())
+	}
 }
 
 // doneSending follows a call sent alone: if calls queued meanwhile, a
@@ -171,7 +203,9 @@ func (q *calls) takeLocked() []*scriptCall {
 	}
 	n := min(len(q.pending), maxPipeline)
 	batch := slices.Clone(q.pending[:n])
-	q.pending = slices.Delete(q.pending, 0, n)
+	clear(q.pending[:n])
+	q.pending = q.pending[n:] // without moving the rest
+	q.trimLocked()
 	for _, c := range batch {
 		c.taken = true
 	}
@@ -230,6 +264,7 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	for i, c := range batch {
 		keys[i], args[i] = c.keys, c.args
 	}
+	sent := r.clock.local()
 	cmds, perr := safeEvalAll(ctx, r.rdb, acquireScript, keys, args)
 	if perr != nil { // a panic in the client or a hook: fail the calls, keep the process
 		r.redisFailed(perr)
@@ -257,6 +292,9 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 			failure = c.reply.err
 		}
 	}
+	if failure == nil {
+		r.sawClock(batch[len(batch)-1].reply.res, sent)
+	}
 	switch {
 	case failure != nil:
 		r.redisFailed(failure)
@@ -277,12 +315,24 @@ func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	leases := make([]*lease[K], len(batch))
 	for i, c := range batch {
 		limits := make([]int, 0, c.n)
-		for _, a := range c.args[3 : 3+c.n] {
+		for _, a := range c.args[4 : 4+c.n] {
 			limits = append(limits, a.(int))
 		}
-		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[2 : 2+c.n], limits: limits, abandoned: true}
+		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[2 : 2+c.n], limits: limits, until: c.until, abandoned: true}
 	}
 	r.remove(context.Background(), leases)
+}
+
+// safeRun is script.Run, with a panic (in the client or a hook) turned
+// into the command's error.
+func safeRun(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys []string, args ...any) (cmd *redis.Cmd) {
+	defer func() {
+		if p := recover(); p != nil {
+			cmd = redis.NewCmd(ctx)
+			cmd.SetErr(fmt.Errorf("fleet: panic in a call: %v", p))
+		}
+	}()
+	return script.Run(ctx, rdb, keys, args...)
 }
 
 // safeEvalAll is evalAll, with a panic turned into an error.

@@ -27,18 +27,27 @@
 // and the next still comes in time. Renewal extends only leases that still
 // exist; what it does with a lease found missing is told below (Lost
 // leases). A process that dies holding leases frees them when they expire,
-// after at most LeaseTTL.
+// after at most LeaseTTL. A key expires in Redis with its latest lease, so
+// processes with different LeaseTTLs (a rolling deploy that changes it) may
+// share keys. The heartbeat and the releaser survive a panic in a client
+// hook or a log handler: it is logged (at most once a minute), and they go
+// on as after a failed call.
 //
 // Keys are checked before anything goes to Redis, by the local registry's
 // rule (WithMaxKeyBytes): a key refused with registry.ErrInvalidKey is
-// refused whether Redis is reachable or not. A caller whose context ends
-// before its admission is recorded is not admitted, even if Redis admitted
-// its lease: the lease is given back, and the caller gets the context's
-// error.
+// refused whether Redis is reachable or not, and by InFlight too. A caller
+// whose context ends before its admission is recorded is not admitted, even
+// if Redis admitted its lease: the lease is given back, and the caller gets
+// the context's error.
 //
 // An acquire call that fails on the client's side (a timeout, the caller's
-// context) may still run on the server; its lease id is then abandoned: the
-// lease is removed and a tombstone keeps a late call from adding it.
+// context) may still run on the server, however late (a stalled server
+// runs the calls waiting in its sockets when it resumes); its lease id is
+// then abandoned: the lease is removed and a tombstone keeps a late call
+// from adding it. So that no call runs very late, each call that may add a
+// lease carries a deadline on the server's clock, which the client
+// estimates from earlier replies: twice the call timeout after it is made.
+// Past it the script refuses to run, and changes nothing.
 //
 // While Redis is healthy the cap is never exceeded: the script decides and
 // records atomically. It can be exceeded by design in two cases, both until
@@ -55,7 +64,10 @@
 // again with backoff (and as soon as the breaker closes) until it succeeds
 // or its lease has expired. At most 65,536 removals wait at once; past that
 // the oldest is dropped (Stats.RemovalsDropped) and its lease expires after
-// at most LeaseTTL. A second Release does nothing.
+// at most LeaseTTL. An abandon is given up only once the calls that may add
+// its lease id are past their deadlines (and, past the bound, if they were
+// made before any reply told the server's clock). A second Release does
+// nothing.
 //
 // # Lost leases
 //
@@ -198,11 +210,15 @@ type Registry[K comparable] struct {
 	mu     sync.Mutex // protects the fields below
 	limits map[K]int  // SetLimit overrides
 	leases map[*lease[K]]struct{}
-	// leasesPeak is the most leases held since the map was last made (see
-	// releasing).
-	leasesPeak int
-	degraded   int // leases in leases with degraded set
-	waiters    []*waiter
+	// degraded are the leases in leases with degraded set.
+	degraded map[*lease[K]]struct{}
+	// The most entries of each map since it was last made (see remade).
+	leasesPeak, limitsPeak, degradedPeak int
+	// queues are the waiters of each Redis key, in order (see waiting.go);
+	// queuesPeak is the most keys waited on since the map was last made.
+	queues     map[string][]*waiter
+	queuesPeak int
+	waiting    int // callers in the queues
 	closed     bool
 	calls      calls // acquire calls on their way or queued
 
@@ -218,12 +234,18 @@ type Registry[K comparable] struct {
 	redisMu sync.Mutex
 
 	brk        breaker
+	clock      serverClock // the Redis server's, as replies tell it
 	stats      counters
 	subscribed chan struct{} // closed once Redis confirms the wake-up subscription
 	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
 	stop       context.CancelFunc
 	done       sync.WaitGroup
 	stopping   context.Context
+
+	// panics counts the panics the background goroutines survived, and
+	// panicLogged is when one was last logged (Unix ns; see survive).
+	panics      atomic.Uint64
+	panicLogged atomic.Int64
 }
 
 type counters struct {
@@ -263,6 +285,7 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 		defLimit: defaultLimit,
 		limits:   map[K]int{},
 		leases:   map[*lease[K]]struct{}{},
+		degraded: map[*lease[K]]struct{}{},
 
 		maxPending: maxRemovals,
 		kick:       make(chan struct{}, 1),
@@ -291,6 +314,7 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
 	r.local = registry.New[K](defaultLimit, local...)
 	r.brk.threshold = cfg.breakAfter
+	r.clock.base = time.Now()
 	r.stopping, r.stop = context.WithCancel(context.Background())
 	r.done.Add(3)
 	go r.heartbeat()
@@ -319,12 +343,9 @@ func (r *Registry[K]) Close() {
 		return
 	}
 	r.closed = true
-	waiters := slices.Clone(r.waiters)
 	r.mu.Unlock()
 	r.calls.close()
-	for _, w := range waiters {
-		w.signal()
-	}
+	r.wakeAll()
 	r.stop()
 	r.done.Wait()
 }
@@ -343,6 +364,7 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 	}
 	r.mu.Lock()
 	r.limits[key] = n
+	r.limitsPeak = max(r.limitsPeak, len(r.limits))
 	r.mu.Unlock()
 	r.local.SetLimit(key, n)
 	r.wakeAll()
@@ -355,6 +377,7 @@ func (r *Registry[K]) ClearLimit(key K) {
 	}
 	r.mu.Lock()
 	delete(r.limits, key)
+	r.limits = remade(r.limits, &r.limitsPeak)
 	r.mu.Unlock()
 	r.local.ClearLimit(key)
 	r.wakeAll()
@@ -393,8 +416,9 @@ type Stats struct {
 	// abandoned calls' lease ids) waiting to be sent now, or sent again.
 	RemovalsPending int
 	// RemovalsDropped are removals given up: over the bound of pending
-	// ones, or still failing once their lease had expired. Their leases
-	// expire in Redis after at most the lease TTL.
+	// ones, or still failing once their lease had expired (for an
+	// abandoned lease id, once the calls that may add it are past their
+	// deadlines). Their leases expire in Redis after at most the lease TTL.
 	RemovalsDropped uint64
 	BreakerOpen     bool // Redis is considered unavailable now
 }
@@ -402,7 +426,7 @@ type Stats struct {
 // Stats returns the counts.
 func (r *Registry[K]) Stats() Stats {
 	r.mu.Lock()
-	st := Stats{Held: len(r.leases), Waiting: len(r.waiters)}
+	st := Stats{Held: len(r.leases), Waiting: r.waiting}
 	r.mu.Unlock()
 	r.remMu.Lock()
 	st.RemovalsPending = len(r.removals)
@@ -421,8 +445,13 @@ func (r *Registry[K]) Stats() Stats {
 }
 
 // InFlight returns key's holders across the fleet, as Redis counts them now
-// (expired leases excluded), or an error if Redis cannot be asked.
+// (expired leases excluded), or an error: one wrapping
+// registry.ErrInvalidKey for a key that admission refuses (nothing is
+// sent), or Redis's.
 func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
+	if err := r.validKey(key); err != nil {
+		return 0, err
+	}
 	k := r.prefix + r.keyName(key)
 	now, err := r.rdb.Time(ctx).Result()
 	if err != nil {
@@ -481,6 +510,11 @@ type lease[K comparable] struct {
 	// known to be there), for the renewal to tell a lease Redis lost from
 	// one that expired (see scripts.go). Guarded by r.mu.
 	epoch int64
+
+	// until is the latest not-after time (see clock.go) of the calls made
+	// that may add it to Redis under its id: before it, a call that failed
+	// may still run. Guarded by r.mu once the lease is held.
+	until int64
 
 	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
 	since     time.Time               // when its removal was first queued (guarded by r.remMu)
@@ -594,12 +628,18 @@ func (r *Registry[K]) limitsLocked(l *lease[K]) {
 const maxCarried = batchSize
 
 // acquireCall is an acquire script call: its keys and arguments (see
-// acquireScript), and the degraded leases it carries.
+// acquireScript), its not-after time, and the degraded leases it carries.
 type acquireCall[K comparable] struct {
 	keys    []string
 	args    []any
+	until   int64
 	carried []*lease[K]
 }
+
+// lateSpan is how long after it is made a call may still be running as a
+// caller waits for it: the call timeout, twice for a call queued for a
+// pipeline.
+func (r *Registry[K]) lateSpan() time.Duration { return 2 * r.cfg.opTimeout }
 
 // scriptArgs returns the acquire call for l, or ErrClosed.
 func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
@@ -610,16 +650,17 @@ func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
 	}
 	r.limitsLocked(l)
 	c := acquireCall[K]{
-		keys: make([]string, 0, 2+len(l.names)),
-		args: make([]any, 0, 3+len(l.names)),
+		keys:  make([]string, 0, 2+len(l.names)),
+		args:  make([]any, 0, 4+len(l.names)),
+		until: r.clock.notAfter(r.lateSpan()),
 	}
 	c.keys = append(c.keys, r.epochKey, r.tombstone(l.id))
 	c.keys = append(c.keys, l.names...)
-	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names))
+	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until))
 	for _, n := range l.limits {
 		c.args = append(c.args, n)
 	}
-	if r.degraded > 0 {
+	if len(r.degraded) > 0 {
 		r.carryLocked(l, &c)
 	}
 	return c, nil
@@ -631,8 +672,8 @@ func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
 // the rest are left to the heartbeat, woken for them.
 func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 	pairs := 0
-	for d := range r.leases {
-		if !d.degraded || !slices.ContainsFunc(d.names, func(n string) bool { return slices.Contains(l.names, n) }) {
+	for d := range r.degraded {
+		if !slices.ContainsFunc(d.names, func(n string) bool { return slices.Contains(l.names, n) }) {
 			continue
 		}
 		if pairs+len(d.names) > maxCarried {
@@ -640,6 +681,7 @@ func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 			return
 		}
 		d.sent = true // the call may run after d is released: abandon d then
+		d.until = max(d.until, c.until)
 		for _, name := range d.names {
 			c.keys = append(c.keys, name, r.tombstone(d.id))
 			c.args = append(c.args, d.id)
@@ -670,7 +712,8 @@ func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
 func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
 	if l.degraded {
 		l.degraded = false
-		r.degraded--
+		delete(r.degraded, l)
+		r.degraded = remade(r.degraded, &r.degradedPeak)
 	}
 	l.epoch, l.reported = epoch, false
 }
@@ -679,14 +722,26 @@ func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
 // cannot be reached (the breaker is open, or this call failed), as
 // WithUnavailable says.
 func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
-	c, err := r.scriptArgs(l)
-	if err != nil {
-		return failed(err)
+	var c acquireCall[K]
+	var rp reply
+	for try := 0; ; try++ {
+		var err error
+		c, err = r.scriptArgs(l)
+		if err != nil {
+			return failed(err)
+		}
+		if !r.brk.allow() {
+			return r.unavailable(ctx, l)
+		}
+		rp = r.callOrAbandon(ctx, l, c)
+		// Refused as late, with nothing done: the server's clock is ahead
+		// of what earlier replies told (it jumped, or a client timeout
+		// longer than the call timeout let the call run on). The reply
+		// told it anew: once more.
+		if rp.err != nil || len(rp.res) != 6 || rp.res[0] != tooLate || try > 0 {
+			break
+		}
 	}
-	if !r.brk.allow() {
-		return r.unavailable(ctx, l)
-	}
-	rp := r.callOrAbandon(ctx, l, c)
 	res := rp.res
 	if err := rp.err; err != nil {
 		if rp.sent {
@@ -725,13 +780,14 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 // whatever it may have added is taken back before the panic goes on: l is
 // not held, so nothing else would renew or remove it.
 func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireCall[K]) reply {
+	l.until = max(l.until, c.until) // l is not shared yet
 	ok := false
 	defer func() {
 		if !ok {
 			r.queueRelease(l.abandonment())
 		}
 	}()
-	rp := r.call(ctx, c.keys, c.args, len(l.names))
+	rp := r.call(ctx, c.keys, c.args, len(l.names), c.until)
 	ok = true
 	return rp
 }
@@ -749,7 +805,7 @@ func (r *Registry[K]) abandon(l *lease[K]) {
 // abandonment is a stand-in for l's current id, to be taken back with a
 // tombstone.
 func (l *lease[K]) abandonment() *lease[K] {
-	return &lease[K]{r: l.r, id: l.id, names: l.names, limits: slices.Clone(l.limits), abandoned: true}
+	return &lease[K]{r: l.r, id: l.id, names: l.names, limits: slices.Clone(l.limits), until: l.until, abandoned: true}
 }
 
 // hold finishes an admission: the local mirror slot, the lease record, and
@@ -797,7 +853,8 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	l.degraded, l.epoch = degraded, epoch
 	if degraded {
-		r.degraded++
+		r.degraded[l] = struct{}{}
+		r.degradedPeak = max(r.degradedPeak, len(r.degraded))
 	}
 	r.leases[l] = struct{}{}
 	r.leasesPeak = max(r.leasesPeak, len(r.leases))
@@ -814,14 +871,18 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 // and, if Redis admitted it, its lease (with a wake-up, as a release). It
 // returns ErrClosed, or the error of ctx, which has ended.
 func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, closed bool) outcome {
-	l.releaseLocal()
-	switch {
-	case degraded:
-	case closed:
-		r.remove(context.Background(), []*lease[K]{l.abandonment()}) // the releaser may have stopped
-	default:
-		r.queueRelease(l)
-	}
+	func() {
+		// Deferred, so that the lease leaves Redis even if the local
+		// release panics (an Observer), as in Release.
+		switch {
+		case degraded:
+		case closed:
+			defer r.remove(context.Background(), []*lease[K]{l.abandonment()}) // the releaser may have stopped
+		default:
+			defer r.queueRelease(l)
+		}
+		l.releaseLocal()
+	}()
 	if closed {
 		return failed(ErrClosed)
 	}
@@ -909,9 +970,24 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	return true
 }
 
-// minRemade is the peak below which a shrunk map of leases is kept as it
+// minRemade is the peak below which a shrunk map (or queue) is kept as it
 // is: remaking a small one gains little.
 const minRemade = 1024
+
+// remade returns m, or, if it has shrunk to a quarter of its peak (of
+// minRemade entries or more), a copy of it made anew, with the peak
+// reset. A Go map keeps its buckets when entries are deleted: so memory
+// follows what is live after a burst.
+func remade[M ~map[K]V, K comparable, V any](m M, peak *int) M {
+	n := len(m)
+	if *peak < minRemade || n*4 > *peak {
+		return m
+	}
+	fresh := make(M, n)
+	maps.Copy(fresh, m)
+	*peak = n
+	return fresh
+}
 
 // releasing drops l from the held leases and returns what to remove from
 // Redis (nil: nothing), and what the LimitFunc panicked with, if it did.
@@ -920,16 +996,10 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.leases, l)
-	if n := len(r.leases); r.leasesPeak >= minRemade && n*4 <= r.leasesPeak {
-		// A Go map keeps its buckets when entries are deleted: one that has
-		// shrunk to a quarter of its peak is made anew, so that memory
-		// follows the live holders after a burst.
-		fresh := make(map[*lease[K]]struct{}, n)
-		maps.Copy(fresh, r.leases)
-		r.leases, r.leasesPeak = fresh, n
-	}
+	r.leases = remade(r.leases, &r.leasesPeak)
 	if l.degraded {
-		r.degraded--
+		delete(r.degraded, l)
+		r.degraded = remade(r.degraded, &r.degradedPeak)
 	}
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.

@@ -114,11 +114,11 @@ func TestAcquireScriptIdempotent(t *testing.T) {
 		return []string{"inflight:{t}#epoch", "inflight:{t}:abandoned:" + id, "inflight:{t}:p", "inflight:{t}:m"}
 	}
 	for range 3 {
-		res, err := acquireScript.Run(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 1, 1).Int64Slice()
+		res, err := acquireScript.Run(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 0, 1, 1).Int64Slice()
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), res[0], "the same lease is admitted again, not refused")
 	}
-	res, err := acquireScript.Run(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 1, 1).Int64Slice()
+	res, err := acquireScript.Run(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 1}, res[:3], "another lease is refused: key 1 is full with 1")
 	assert.Equal(t, []string{"lease-1"}, m.leases("p"))
@@ -135,11 +135,11 @@ func TestAcquireScriptCarries(t *testing.T) {
 	m.srv.Set(tomb+"released", "1")
 	keys := []string{epoch, tomb + "new", "inflight:{t}:k",
 		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
-	res, err := acquireScript.Run(ctx, c, keys, "new", 3000, 1, 2, "degraded", "released").Int64Slice()
+	res, err := acquireScript.Run(ctx, c, keys, "new", 3000, 1, 0, 2, "degraded", "released").Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 0, 0}, res[:3], "admitted: the carried lease and this one fill the cap of 2")
 	assert.ElementsMatch(t, []string{"degraded", "new"}, m.leases("k"))
-	res, err = acquireScript.Run(ctx, c, keys[:3], "another", 3000, 1, 2).Int64Slice()
+	res, err = acquireScript.Run(ctx, c, keys[:3], "another", 3000, 1, 0, 2).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 2}, res[:3], "full")
 	e, err := m.srv.Get(epoch)
@@ -168,10 +168,10 @@ func TestRenewNeverResurrects(t *testing.T) {
 
 	c := m.client()
 	res, err := renewScript.Run(context.Background(), c, []string{r.epochKey, "inflight:{t}:k", r.tombstone(id)},
-		3000, id, renewOnly, 0, 1, 1).Int64Slice()
+		3000, 0, id, renewOnly, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
-	require.Len(t, res, 2)
-	assert.Equal(t, int64(leaseGone), res[1])
+	require.Len(t, res, 3)
+	assert.Equal(t, int64(leaseGone), res[2])
 	assert.Empty(t, m.leases("k"), "the script itself does not add a missing lease without reassert")
 }
 
@@ -191,8 +191,8 @@ func TestReleaseDuringReassert(t *testing.T) {
 	r.mu.Unlock()
 	s.Release() // released before the renewal's bookkeeping ran
 	r.redisMu.Lock()
-	requeue, ok := r.renewBatch([]renewal[string]{{l: l, mode: putBack, limits: []int{1}}}, nil)
-	require.True(t, ok)
+	var requeue []*lease[string]
+	require.True(t, r.renewBatch([]renewal[string]{{l: l, mode: putBack, limits: []int{1}}}, &requeue))
 	r.redisMu.Unlock()
 	require.Len(t, requeue, 1, "the released lease is removed again")
 	r.queueRelease(requeue[0])
@@ -468,12 +468,12 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 		l = x
 	}
 	r.mu.Unlock()
-	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: reassert}}), "as if a reassert call timed out; still held")
+	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: reassert}}, unknownUntil), "as if a reassert call timed out; still held")
 	s.Release()
 	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(r.tombstone(id)) })
 	// The late renewal runs now.
 	_, err = renewScript.Run(context.Background(), m.client(), []string{r.epochKey, "inflight:{t}:k", r.tombstone(id)},
-		3000, id, putBack, 0, 1, 1).Int64Slice()
+		3000, 0, id, putBack, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Empty(t, m.leases("k"), "not put back")
 	s2, err := r.TryAcquire("k")

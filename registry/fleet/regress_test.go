@@ -131,7 +131,7 @@ func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
 	eventually(t, "both wait on model:x alone", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		for _, w := range r.waiters {
+		for _, w := range r.allWaiters() {
 			if len(w.blocked) != 1 || w.blocked[0] != "inflight:{t}:model:x" {
 				return false
 			}
@@ -306,10 +306,10 @@ func TestWaitersByClass(t *testing.T) {
 		return func() bool {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			if len(r.waiters) != n {
+			if r.waiting != n {
 				return false
 			}
-			for _, w := range r.waiters {
+			for _, w := range r.allWaiters() {
 				if len(w.blocked) != 1 {
 					return false // not told yet that k is full
 				}
@@ -339,7 +339,7 @@ func TestWaitersByClass(t *testing.T) {
 	acquire(slots.PriorityInteractive)
 	eventually(t, "and the interactive one, ahead of them", allBlocked(4))
 	r.mu.Lock()
-	assert.Equal(t, core.Rank(core.ClassHigh), r.waiters[0].rank)
+	assert.Equal(t, core.Rank(core.ClassHigh), r.queues["inflight:{t}:k"][0].rank)
 	r.mu.Unlock()
 
 	hold.Release()

@@ -78,7 +78,8 @@ func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
 	eventually(t, "b found k full", func() bool {
 		b.mu.Lock()
 		defer b.mu.Unlock()
-		return len(b.waiters) == 1 && len(b.waiters[0].blocked) == 1
+		w := b.allWaiters()
+		return len(w) == 1 && len(w[0].blocked) == 1
 	})
 	s.Release()
 	select {
@@ -148,4 +149,46 @@ func panickingObserver(kind slots.EventKind) (slots.Observer, *atomic.Bool) {
 			panic("metrics gone")
 		}
 	}), boom
+}
+
+// A caller not admitted after Redis admitted its lease (its context ended,
+// or the Registry closed, as the local mirror was taken) has the lease
+// given back: an Observer that panics on the release of the mirror must not
+// keep the lease in Redis for a TTL.
+func TestObserverPanicInGiveBackRemovesLease(t *testing.T) {
+	for _, closing := range []bool{false, true} {
+		name := "the caller's context ended"
+		if closing {
+			name = "the registry closed"
+		}
+		t.Run(name, func(t *testing.T) {
+			m := newMini(t)
+			var r *Registry[string]
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			var boom atomic.Bool
+			obs := slots.ObserverFunc(func(e slots.Event) {
+				switch {
+				case !boom.Load():
+				case e.Kind == slots.EventAcquired && closing:
+					r.Close()
+				case e.Kind == slots.EventAcquired:
+					cancel()
+				case e.Kind == slots.EventReleased:
+					panic("metrics gone")
+				}
+			})
+			r = m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
+			boom.Store(true)
+			assert.Panics(t, func() { _, _ = r.Acquire(ctx, "k") })
+			boom.Store(false)
+			eventually(t, "the lease is taken back from Redis", func() bool { return len(m.leases("k")) == 0 })
+			assert.Zero(t, r.Stats().Held)
+			if !closing {
+				s, err := r.TryAcquire("k")
+				require.NoError(t, err, "the cap has room")
+				s.Release()
+			}
+		})
+	}
 }

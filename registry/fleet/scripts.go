@@ -7,8 +7,10 @@ import "github.com/redis/go-redis/v9"
 // not agree on the time.
 //
 // Each capped key is a sorted set: member = lease id, score = the lease's
-// expiry in server milliseconds. A key's own expiry follows its leases, so
-// keys whose holders all died go away by themselves.
+// expiry in server milliseconds. A key's own expiry is its latest lease's:
+// a lease added or extended sets it only if it would come later (processes
+// with different TTLs share keys). Keys whose holders all died go away by
+// themselves.
 
 // The epoch: a key per Registry name, <prefix>{<name>}#epoch (no key name
 // can be it: capped keys have a ':' after the brace), holding the server's
@@ -24,23 +26,32 @@ import "github.com/redis/go-redis/v9"
 //	KEYS: the epoch key, the lease id's tombstone, the n capped keys, then
 //	      for each carried (key, lease) pair the key and the lease id's
 //	      tombstone
-//	ARGV: lease id, ttl ms, n, each capped key's limit, then the lease id
-//	      of each carried pair
+//	ARGV: lease id, ttl ms, n, the call's not-after time (0: none), each
+//	      capped key's limit, then the lease id of each carried pair
 //
-// It first puts in the carried pairs, without a cap check, unless their
-// tombstone exists: leases this process admitted while Redis was
-// unreachable and that share a key with this admission, so that they count
-// against it. A lease id whose tombstone exists was abandoned (see
-// abandonScript) and is refused. Otherwise it drops expired leases, then:
-// if the lease is already on every key (a retried call), it renews it and
-// admits; if any key is at its limit without this lease, it admits
+// Past its not-after time (see clock.go) it refuses to run, and changes
+// nothing. Otherwise it first puts in the carried pairs, without a cap
+// check, unless their tombstone exists: leases this process admitted while
+// Redis was unreachable and that share a key with this admission, so that
+// they count against it. A lease id whose tombstone exists was abandoned
+// (see abandonScript) and is refused. Otherwise it drops expired leases,
+// then: if the lease is already on every key (a retried call), it renews it
+// and admits; if any key is at its limit without this lease, it admits
 // nothing; otherwise it adds the lease to every key. It returns {admitted
-// (1, 0, or -1 for an abandoned id), index of the full key (1-based, 0 if
-// none), its lease count, its earliest lease expiry (0 if none), now,
-// epoch}, times in server milliseconds.
+// (1, 0, -1 for an abandoned id, or tooLate), index of the full key
+// (1-based, 0 if none), its lease count, its earliest lease expiry (0 if
+// none), now, epoch (0 if too late)}, times in server milliseconds.
 var acquireScript = redis.NewScript(`
+-- A key expires with its latest lease, never sooner: a lease of a
+-- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
+-- may be in it.
+local function cover(k, ttl)
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local notAfter = tonumber(ARGV[4])
+if notAfter > 0 and now > notAfter then return {-2, 0, 0, 0, now, 0} end
 local epoch = tonumber(redis.call('GET', KEYS[1]))
 if not epoch then
   epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -50,8 +61,8 @@ local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 for j = 1, (#KEYS - 2 - n) / 2 do
   local k, tomb = KEYS[1 + n + 2 * j], KEYS[2 + n + 2 * j]
   if redis.call('EXISTS', tomb) == 0 then
-    redis.call('ZADD', k, now + ttl, ARGV[3 + n + j])
-    redis.call('PEXPIRE', k, ttl)
+    redis.call('ZADD', k, now + ttl, ARGV[4 + n + j])
+    cover(k, ttl)
   end
 end
 if redis.call('EXISTS', KEYS[2]) == 1 then return {-1, 0, 0, 0, now, epoch} end
@@ -65,7 +76,7 @@ if held < n then
   for i = 1, n do
     local k = KEYS[2 + i]
     local c = redis.call('ZCARD', k)
-    if c >= tonumber(ARGV[3 + i]) and not redis.call('ZSCORE', k, id) then
+    if c >= tonumber(ARGV[4 + i]) and not redis.call('ZSCORE', k, id) then
       local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
       local earliest = 0
       if first[2] then earliest = tonumber(first[2]) end
@@ -76,10 +87,14 @@ end
 for i = 1, n do
   local k = KEYS[2 + i]
   redis.call('ZADD', k, now + ttl, id)
-  redis.call('PEXPIRE', k, ttl)
+  cover(k, ttl)
 end
 return {1, 0, 0, 0, now, epoch}
 `)
+
+// tooLate is what the acquire and renew scripts return, first, when they
+// refuse to run past their not-after time.
+const tooLate = -2
 
 // What renewScript does with a lease it finds missing (a mode), and what
 // became of each lease (a status).
@@ -98,9 +113,13 @@ const (
 //
 //	KEYS: the epoch key, then for each lease its capped keys and its
 //	      tombstone
-//	ARGV: ttl ms, then for each lease: its id, its mode, the epoch under
-//	      which it was last known to be in Redis (0: not known to be),
-//	      its number of keys n, and each key's limit
+//	ARGV: ttl ms, the call's not-after time (0: none), then for each
+//	      lease: its id, its mode, the epoch under which it was last known
+//	      to be in Redis (0: not known to be), its number of keys n, and
+//	      each key's limit
+//
+// Past its not-after time (see clock.go) it refuses to run, changes
+// nothing and returns {tooLate, now}. Otherwise:
 //
 // A lease that is gone from a key (released, expired, or lost with Redis's
 // data) is never extended there. With the mode putBack it is put back
@@ -110,18 +129,26 @@ const (
 // it is put back only if every key it is missing from has room by its
 // limit, else on none. Nothing is put back whose tombstone exists (a
 // late renewal must not bring back a lease released meanwhile). It returns
-// the epoch, then each lease's status.
+// the epoch, now (server milliseconds), then each lease's status.
 var renewScript = redis.NewScript(`
+-- A key expires with its latest lease, never sooner: a lease of a
+-- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
+-- may be in it.
+local function cover(k, ttl)
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local notAfter = tonumber(ARGV[2])
+if notAfter > 0 and now > notAfter then return {-2, now} end
 local epoch = tonumber(redis.call('GET', KEYS[1]))
 if not epoch then
   epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
   redis.call('SET', KEYS[1], string.format('%.0f', epoch))
 end
 local ttl = tonumber(ARGV[1])
-local out = {epoch}
-local a, k = 2, 2
+local out = {epoch, now}
+local a, k = 3, 2
 while a <= #ARGV do
   local id, mode, known, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local missing = {}
@@ -130,7 +157,7 @@ while a <= #ARGV do
     local score = redis.call('ZSCORE', key, id)
     if score and tonumber(score) > now then
       redis.call('ZADD', key, 'XX', now + ttl, id)
-      redis.call('PEXPIRE', key, ttl)
+      cover(key, ttl)
     else
       if score then redis.call('ZREM', key, id) end
       missing[#missing + 1] = i
@@ -152,7 +179,7 @@ while a <= #ARGV do
       if room then
         for _, i in ipairs(missing) do
           redis.call('ZADD', KEYS[k + i], now + ttl, id)
-          redis.call('PEXPIRE', KEYS[k + i], ttl)
+          cover(KEYS[k + i], ttl)
         end
         status = 1
         if checked then status = 2 end
@@ -187,20 +214,28 @@ return 0
 // removes the lease id from the keys and leaves a tombstone, so that the
 // call, if it runs later, adds nothing.
 //
-// A lease it removes from a key that was full publishes a wake-up, as a
-// release does.
+// The tombstone stays for the TTL, and at least until the latest not-after
+// time of the calls that may add the lease. A lease it removes from a key
+// that was full publishes a wake-up, as a release does.
 //
 //	KEYS: the capped keys, then the lease id's tombstone
-//	ARGV: lease id, ttl ms (how long the tombstone stays), the wake-up
-//	      channel, then each key's limit (none: no wake-ups)
+//	ARGV: lease id, ttl ms, the calls' latest not-after time (0: none), the
+//	      wake-up channel, then each key's limit (none: no wake-ups)
 var abandonScript = redis.NewScript(`
 local tomb = table.remove(KEYS)
 for i, k in ipairs(KEYS) do
-  if redis.call('ZREM', k, ARGV[1]) == 1 and ARGV[3 + i] and
-     redis.call('ZCARD', k) + 1 >= tonumber(ARGV[3 + i]) then
-    redis.call('PUBLISH', ARGV[3], k)
+  if redis.call('ZREM', k, ARGV[1]) == 1 and ARGV[4 + i] and
+     redis.call('ZCARD', k) + 1 >= tonumber(ARGV[4 + i]) then
+    redis.call('PUBLISH', ARGV[4], k)
   end
 end
-redis.call('SET', tomb, '1', 'PX', ARGV[2])
+local stay = tonumber(ARGV[2])
+local latest = tonumber(ARGV[3])
+if latest > 0 then
+  local t = redis.call('TIME')
+  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+  stay = math.max(stay, latest - now + 1)
+end
+redis.call('SET', tomb, '1', 'PX', string.format('%.0f', stay))
 return 0
 `)

@@ -38,7 +38,7 @@ func simWaiters(seed uint64, steps int) string {
 	room := func(k string) bool { return held[k] < capOf[k] }
 	fail := func(f string, a ...any) string {
 		var b strings.Builder
-		for _, w := range r.waiters {
+		for _, w := range r.allWaiters() {
 			fmt.Fprintf(&b, " [rank %d keys %v blocked %v wake %d]", w.rank, w.keys, w.blocked, len(w.wake))
 		}
 		return fmt.Sprintf(f, a...) + "\nwaiters:" + b.String() + "\nheld: " + fmt.Sprint(held) + "\nlog:\n" + strings.Join(log, "\n")
@@ -134,7 +134,7 @@ func simWaiters(seed uint64, steps int) string {
 		default: // quiescence: nobody may be left asleep who could go
 			for move() {
 			}
-			for _, w := range r.waiters {
+			for _, w := range r.allWaiters() {
 				for _, k := range w.blocked {
 					if room(k) {
 						return fail("asleep for good: %v blocks %s, which has room", w.keys, k)
@@ -147,4 +147,17 @@ func simWaiters(seed uint64, steps int) string {
 		}
 	}
 	return ""
+}
+
+// allWaiters returns r's waiters, each once, in no set order.
+func (r *Registry[K]) allWaiters() []*waiter {
+	var all []*waiter
+	for _, q := range r.queues {
+		for _, w := range q {
+			if !slices.Contains(all, w) {
+				all = append(all, w)
+			}
+		}
+	}
+	return all
 }

@@ -13,6 +13,7 @@ type waiter struct {
 	// blocked are the keys on which it holds back later waiters: all of its
 	// keys until it has been told one is full, then that key alone.
 	blocked []string
+	queued  bool          // in r.queues (guarded by r.mu)
 	wake    chan struct{} // buffered 1
 }
 
@@ -23,34 +24,103 @@ func (w *waiter) signal() {
 	}
 }
 
+// The waiters are kept in a queue per key (r.queues), each in the one
+// order of the process: by class, then arrival. Every decision about a
+// waiter looks only at the queues of its own keys, and a change wakes only
+// the waiters it may let go, so that a burst of waiters leaving in order
+// (as they are admitted) costs time in proportion to its size, not its
+// square: the next waiter on a key is at the front of that key's queue,
+// and the first waiter there that holds the key back ends a search.
+
 func (r *Registry[K]) enqueue(w *waiter) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
-	w.blocked = w.keys
-	// After every waiter of its class or a higher one: by class, then in
-	// arrival order.
-	i := len(r.waiters)
-	for i > 0 && r.waiters[i-1].rank > w.rank {
-		i--
+	if r.queues == nil {
+		r.queues = map[string][]*waiter{}
 	}
-	r.waiters = slices.Insert(r.waiters, i, w)
+	w.blocked, w.queued = w.keys, true
+	for _, k := range w.keys {
+		// After every waiter of its class or a higher one: by class, then
+		// in arrival order.
+		q := r.queues[k]
+		i := len(q)
+		for i > 0 && q[i-1].rank > w.rank {
+			i--
+		}
+		r.queues[k] = slices.Insert(q, i, w)
+	}
+	r.waiting++
+	r.queuesPeak = max(r.queuesPeak, len(r.queues))
 	return nil
 }
 
-// dequeue removes w and lets the waiters after it look again.
+// dequeue removes w and lets the waiters it held back look again.
 func (r *Registry[K]) dequeue(w *waiter) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	i := slices.Index(r.waiters, w)
-	if i < 0 {
+	if !w.queued {
 		return
 	}
-	r.waiters = slices.Delete(r.waiters, i, i+1)
-	for _, v := range r.waiters[i:] {
+	w.queued = false
+	r.waiting--
+	for _, k := range w.keys {
+		q := r.queues[k]
+		i := slices.Index(q, w)
+		if i < 0 {
+			continue
+		}
+		if i == 0 { // the usual case: without moving the rest
+			q[0] = nil
+			q = q[1:]
+		} else {
+			q = slices.Delete(q, i, i+1)
+		}
+		switch {
+		case len(q) == 0:
+			delete(r.queues, k)
+			continue
+		case cap(q) >= minRemade && len(q)*4 <= cap(q):
+			q = slices.Clone(q) // let a burst's array go
+		}
+		r.queues[k] = q
+		if slices.Contains(w.blocked, k) {
+			freeLocked(q, i, k)
+		}
+	}
+	r.queues = remade(r.queues, &r.queuesPeak)
+}
+
+// freeLocked wakes the waiters of q, key's queue, that no longer find key
+// held back by a waiter at position i (that has left q, or no longer holds
+// key back): those from i on, up to the first that holds key back itself.
+// None is woken if a waiter before i holds key back.
+func freeLocked(q []*waiter, i int, key string) {
+	for _, v := range q[:i] {
+		if slices.Contains(v.blocked, key) {
+			return
+		}
+	}
+	for _, v := range q[i:] {
 		v.signal()
+		if slices.Contains(v.blocked, key) {
+			return
+		}
+	}
+}
+
+// reblockLocked makes blocked the keys on which w holds back later waiters,
+// and wakes those it no longer holds back.
+func (r *Registry[K]) reblockLocked(w *waiter, blocked []string) {
+	old := w.blocked
+	w.blocked = blocked
+	for _, k := range old {
+		if !slices.Contains(blocked, k) {
+			q := r.queues[k]
+			freeLocked(q, slices.Index(q, w)+1, k)
+		}
 	}
 }
 
@@ -60,27 +130,23 @@ func (r *Registry[K]) dequeue(w *waiter) {
 func (r *Registry[K]) mayTry(w *waiter) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	var ahead []string // w's keys held back by earlier waiters
-	i := 0
-	for ; i < len(r.waiters) && r.waiters[i] != w; i++ {
-		for _, k := range r.waiters[i].blocked {
-			if slices.Contains(w.keys, k) && !slices.Contains(ahead, k) {
-				ahead = append(ahead, k)
+	var ahead []string // w's keys held back by earlier waiters, in w's order
+	for _, k := range w.keys {
+		for _, v := range r.queues[k] {
+			if v == w {
+				break
 			}
-		}
-		if len(ahead) == len(w.keys) { // all held back: no need to look further
-			i = slices.Index(r.waiters, w)
-			break
+			if slices.Contains(v.blocked, k) {
+				ahead = append(ahead, k)
+				break
+			}
 		}
 	}
 	if len(ahead) == 0 {
 		return true
 	}
 	if !slices.Equal(ahead, w.blocked) {
-		w.blocked = ahead
-		for _, v := range r.waiters[min(i+1, len(r.waiters)):] {
-			v.signal()
-		}
+		r.reblockLocked(w, ahead)
 	}
 	return false
 }
@@ -93,14 +159,7 @@ func (r *Registry[K]) blockedOn(w *waiter, key string) {
 	if len(w.blocked) == 1 && w.blocked[0] == key {
 		return
 	}
-	w.blocked = []string{key}
-	after := false
-	for _, v := range r.waiters {
-		if after {
-			v.signal()
-		}
-		after = after || v == w
-	}
+	r.reblockLocked(w, []string{key})
 }
 
 // wokenBy wakes the first waiter held up by key: a lease on it was released
@@ -108,7 +167,7 @@ func (r *Registry[K]) blockedOn(w *waiter, key string) {
 func (r *Registry[K]) wokenBy(key string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, v := range r.waiters {
+	for _, v := range r.queues[key] {
 		if slices.Contains(v.blocked, key) {
 			v.signal()
 			return
@@ -116,12 +175,15 @@ func (r *Registry[K]) wokenBy(key string) {
 	}
 }
 
-// wakeAll lets every waiter look again (a limit changed, Redis came back).
+// wakeAll lets every waiter look again (a limit changed, Redis came back,
+// the Registry closed).
 func (r *Registry[K]) wakeAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, v := range r.waiters {
-		v.signal()
+	for _, q := range r.queues {
+		for _, v := range q {
+			v.signal()
+		}
 	}
 }
 

@@ -1,0 +1,157 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// panicOnce is a client hook that, armed, panics in the next command match
+// picks, as a faulty client hook (tracing, metrics) would; calls counts the
+// commands match picks.
+type panicOnce struct {
+	match        func(redis.Cmder) bool
+	armed, fired atomic.Bool
+	calls        atomic.Int64
+}
+
+func (h *panicOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *panicOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if h.match(cmd) {
+			h.calls.Add(1)
+			if h.armed.CompareAndSwap(true, false) {
+				h.fired.Store(true)
+				panic("hook panics")
+			}
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *panicOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// isScript picks the calls of s sent as EVALSHA.
+func isScript(s *redis.Script) func(redis.Cmder) bool {
+	return func(cmd redis.Cmder) bool {
+		a := cmd.Args()
+		return len(a) > 1 && strings.EqualFold(fmt.Sprint(a[0]), "evalsha") && a[1] == s.Hash()
+	}
+}
+
+// quiet is a logger for tests that make the Registry log on purpose.
+func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
+
+// closeWithin closes r, failing the test if Close has not returned within
+// a generous bound.
+func closeWithin(t *testing.T, r *Registry[string]) {
+	t.Helper()
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second): // a bound on a hang
+		t.Fatal("Close hangs")
+	}
+}
+
+// A renewal that panics (a client hook) leaves nothing locked and stops
+// nothing: the heartbeat goes on renewing, a release is removed from Redis,
+// and Close returns. The server's clock stands still, so the lease would
+// stay in Redis for good if its removal never went.
+func TestRenewalPanicKeepsTheHeartbeat(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicOnce{match: isScript(renewScript)}
+	c.AddHook(h)
+	r := New[string](c, "t", 1, WithLeaseTTL(90*time.Millisecond), WithLogger(quiet()))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	other, err := r.TryAcquire("other")
+	require.NoError(t, err)
+	h.armed.Store(true)
+	eventually(t, "a renewal panics", h.fired.Load)
+	s.Release()
+	eventually(t, "the lease is removed from Redis", func() bool { return len(m.leases("k")) == 0 })
+	n := h.calls.Load()
+	eventually(t, "the heartbeat renews again", func() bool { return h.calls.Load() > n })
+	other.Release()
+	closeWithin(t, r)
+}
+
+// A probe that panics (a client hook, on PING) does not end the probing:
+// once Redis answers, the breaker closes and admissions go to Redis again.
+func TestProbePanicKeepsProbing(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicOnce{match: func(cmd redis.Cmder) bool { return cmd.Name() == "ping" }}
+	c.AddHook(h)
+	r := New[string](c, "t", 2, WithBreaker(1, 10*time.Millisecond), WithLogger(quiet()))
+	defer closeWithin(t, r)
+	m.srv.SetError("LOADING down")
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.True(t, s.Degraded())
+	require.True(t, r.Stats().BreakerOpen)
+	h.armed.Store(true)
+	eventually(t, "a probe panics", h.fired.Load)
+	m.srv.SetError("")
+	eventually(t, "the breaker closes", func() bool { return !r.Stats().BreakerOpen })
+	s2, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	assert.False(t, s2.Degraded(), "admitted by Redis")
+	s.Release()
+	s2.Release()
+}
+
+// A removal that panics (a client hook) does not crash the process: it
+// counts as a failed call, and the removal is sent again.
+func TestRemovalPanicIsSentAgain(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicOnce{match: isScript(releaseScript)}
+	c.AddHook(h)
+	r := New[string](c, "t", 1, WithLeaseTTL(time.Minute), WithLogger(quiet()))
+	defer closeWithin(t, r)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	h.armed.Store(true)
+	s.Release()
+	eventually(t, "the removal panics", h.fired.Load)
+	eventually(t, "and is sent again", func() bool { return len(m.leases("k")) == 0 })
+	assert.Equal(t, uint64(1), r.Stats().RedisErrors, "counted as a failed call")
+	assert.Zero(t, r.Stats().RemovalsDropped)
+}
+
+// A renewal of many leases goes in several calls; once one has failed and
+// the breaker is open, the rest are not sent: each would wait for its own
+// call timeout, holding up the removals (redisMu) all along.
+func TestRenewalStopsOnceTheBreakerOpens(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicOnce{match: isScript(renewScript)}
+	c.AddHook(h)
+	r := New[string](c, "t", 1, WithLeaseTTL(time.Minute), WithBreaker(1, time.Hour))
+	defer closeWithin(t, r)
+	for i := range 3 * batchSize {
+		s, err := r.TryAcquire(fmt.Sprint("k", i))
+		require.NoError(t, err)
+		defer s.Release()
+	}
+	m.srv.SetError("LOADING down")
+	n := h.calls.Load()
+	assert.False(t, r.renew())
+	assert.True(t, r.Stats().BreakerOpen)
+	assert.Equal(t, int64(1), h.calls.Load()-n, "renewal calls sent")
+	m.srv.SetError("")
+}

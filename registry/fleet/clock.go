@@ -1,0 +1,79 @@
+package fleet
+
+import (
+	"math"
+	"sync"
+	"time"
+)
+
+// A call that fails on the client's side (a timeout) may still run on the
+// server, however late: its bytes wait in a stalled server's socket, or in
+// the network. So that such a late call cannot add a lease nobody holds,
+// every call that may add one carries a deadline on the server's clock,
+// its not-after time, past which the script refuses to run it (and changes
+// nothing). The client does not know the server's clock; it estimates it
+// from the server times that replies carry, and it gives each call twice
+// the call timeout (a call queued for a pipeline may take that long). The
+// removal of what a failed call may add (an abandon) is then given up only
+// once the server's clock has certainly passed the call's not-after time.
+
+// unknownUntil stands for a not-after time not known: a call made before
+// any reply told the server's clock runs unbounded, and the removal of what
+// it may add is never given up.
+const unknownUntil = math.MaxInt64
+
+// serverClock estimates the Redis server's clock (what TIME returns in the
+// scripts), in milliseconds, from replies that carry it. The zero value
+// knows nothing, and its local readings count from the zero time.
+type serverClock struct {
+	base time.Time // the origin of local readings, with a monotonic one
+
+	mu    sync.Mutex // protects the fields below
+	known bool
+	// low and high bound the server's clock minus the local one: the
+	// server read its clock somewhere between a call's sending and its
+	// reply.
+	low, high int64
+}
+
+// local returns the local clock's reading, in milliseconds since c.base.
+func (c *serverClock) local() int64 { return time.Since(c.base).Milliseconds() }
+
+// seen records a reply with the server time now, to a call sent at the
+// local reading sent and answered at back. The latest reply is the one
+// kept: a server clock that jumped is followed from its next reply.
+func (c *serverClock) seen(now, sent, back int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.known, c.low, c.high = true, now-back, now-sent
+}
+
+// notAfter returns the not-after time of a call made now that may last
+// span: the latest server time it may still be running at, estimated
+// generously; unknownUntil if the server's clock is not known yet.
+func (c *serverClock) notAfter(span time.Duration) int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.known {
+		return unknownUntil
+	}
+	return c.local() + c.high + span.Milliseconds()
+}
+
+// past reports whether the server's clock has certainly passed t.
+func (c *serverClock) past(t int64) bool {
+	if t == unknownUntil {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.known && c.local()+c.low > t
+}
+
+// scriptUntil is t as the scripts take it: 0 for no bound.
+func scriptUntil(t int64) int64 {
+	if t == unknownUntil {
+		return 0
+	}
+	return t
+}
