@@ -325,7 +325,7 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 
 // Local returns the in-process registry that mirrors this process's holders
 // (and caps alone while Redis is unavailable, with FallbackLocal): watch it
-// with sweep and inflightprom. Acquire through the fleet Registry, not
+// with sweep and sweep/inflightprom. Acquire through the fleet Registry, not
 // through it.
 func (r *Registry[K]) Local() *registry.Registry[K] { return r.local }
 
