@@ -43,7 +43,14 @@ func TestRegistryProbe(t *testing.T) {
 						if !assert.NoError(t, err) {
 							return
 						}
-						peak.Store(max(peak.Load(), cur.Add(1)))
+						// A CAS loop: a Load and a Store apart could let
+						// a lower count overwrite a higher one.
+						for n := cur.Add(1); ; {
+							old := peak.Load()
+							if n <= old || peak.CompareAndSwap(old, n) {
+								break
+							}
+						}
 						<-release
 						cur.Add(-1)
 						s.Release()

@@ -128,6 +128,14 @@ func (r *Registry[K]) survive(what string, f func()) {
 	f()
 }
 
+// logSafely logs, surviving a log handler that panics: the fleet logs in
+// the middle of its bookkeeping (a batch of removals taken off its queue, a
+// breaker just opened), which a panic must not cut short.
+func (r *Registry[K]) logSafely(level slog.Level, msg string, attrs ...slog.Attr) {
+	defer func() { _ = recover() }()
+	r.cfg.log().LogAttrs(context.Background(), level, msg, attrs...)
+}
+
 func (r *Registry[K]) hasDegraded() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -147,7 +155,7 @@ func (r *Registry[K]) probe() bool {
 		return false // Redis answers pings but not scripts yet
 	}
 	if r.brk.success() {
-		r.cfg.log().Info("fleet: redis reachable again; breaker closed", slog.String("registry", r.prefix))
+		r.logSafely(slog.LevelInfo, "fleet: redis reachable again; breaker closed", slog.String("registry", r.prefix))
 	}
 	// Leases admitted degraded since the renewal above go in at once.
 	r.recovered()
@@ -334,11 +342,11 @@ func (r *Registry[K]) reportMissing(found []missing[K]) {
 	}
 	for _, m := range found {
 		if m.why != "" {
-			r.cfg.log().Warn("fleet: lease missing in redis, put back", slog.String("registry", r.prefix),
+			r.logSafely(slog.LevelWarn, "fleet: lease missing in redis, put back", slog.String("registry", r.prefix),
 				slog.String("keys", fmt.Sprint(m.l.keys)), slog.String("why", m.why))
 			continue
 		}
-		r.cfg.log().Warn("fleet: lease lost in redis", slog.String("registry", r.prefix),
+		r.logSafely(slog.LevelWarn, "fleet: lease lost in redis", slog.String("registry", r.prefix),
 			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == reassert))
 	}
 }

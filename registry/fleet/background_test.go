@@ -155,3 +155,43 @@ func TestRenewalStopsOnceTheBreakerOpens(t *testing.T) {
 	assert.Equal(t, int64(1), h.calls.Load()-n, "renewal calls sent")
 	m.srv.SetError("")
 }
+
+// panicHandler is a log handler that panics on records whose message
+// contains match.
+type panicHandler struct {
+	match string
+	fired *atomic.Bool
+}
+
+func (h panicHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h panicHandler) Handle(_ context.Context, rec slog.Record) error {
+	if strings.Contains(rec.Message, h.match) {
+		h.fired.Store(true)
+		panic("log handler panics")
+	}
+	return nil
+}
+func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h panicHandler) WithGroup(string) slog.Handler      { return h }
+
+// A removal that fails and opens the breaker, with a log handler that
+// panics on the breaker's warning: the batch the releaser took off its
+// queue is still sent again, so the released lease leaves Redis.
+func TestRemovalSurvivesALogHandlerThatPanics(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	h := &panicOnce{match: isScript(releaseScript)}
+	c.AddHook(h)
+	var logged atomic.Bool
+	r := New[string](c, "t", 1, WithLeaseTTL(time.Minute), WithBreaker(1, 10*time.Millisecond),
+		WithLogger(slog.New(panicHandler{match: "breaker open", fired: &logged})))
+	defer closeWithin(t, r)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	h.armed.Store(true)
+	s.Release()
+	eventually(t, "the removal fails", h.fired.Load)
+	eventually(t, "the breaker-open warning panics", logged.Load)
+	eventually(t, "the released lease leaves Redis", func() bool { return len(m.leases("k")) == 0 })
+	assert.Zero(t, r.Stats().RemovalsDropped)
+}

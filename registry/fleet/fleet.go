@@ -943,7 +943,7 @@ func (r *Registry[K]) redisFailed(err error) {
 	}
 	r.stats.redisErrors.Add(1)
 	if r.brk.failure() {
-		r.cfg.log().Warn("fleet: redis unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
+		r.logSafely(slog.LevelWarn, "fleet: redis unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
 	}
 }
 
