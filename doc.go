@@ -10,7 +10,7 @@
 //	a slot that lives as long as a response body    slots    (WrapBody, Transport, Middleware)
 //	a cap per key: tenant, model, API key           registry (Registry)
 //	several caps at once, all or nothing            registry (AcquireAll)
-//	one cap across a fleet of processes, on Redis   registry/fleet (its own package)
+//	one cap across a fleet of processes, on Redis   registry/fleet (its own module)
 //	a provider's caps and start pacing together     pacing   (Config, Gate)
 //	what holds the caps, long-held reports          sweep    (Monitor)
 //	"nothing left held" at the end of a test        slots/slotstest

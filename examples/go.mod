@@ -4,6 +4,7 @@ go 1.25.0
 
 require (
 	github.com/inflight-go/inflight v0.0.0-00010101000000-000000000000
+	github.com/inflight-go/inflight/registry/fleet v0.0.0-00010101000000-000000000000
 	github.com/inflight-go/inflight/sweep/inflightprom v0.0.0-00010101000000-000000000000
 	github.com/prometheus/client_golang v1.24.1
 	github.com/redis/go-redis/v9 v9.22.0
@@ -28,5 +29,6 @@ require (
 // The repository's own modules: the examples are developed with them.
 replace (
 	github.com/inflight-go/inflight => ..
+	github.com/inflight-go/inflight/registry/fleet => ../registry/fleet
 	github.com/inflight-go/inflight/sweep/inflightprom => ../sweep/inflightprom
 )

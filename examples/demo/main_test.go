@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -72,7 +72,7 @@ func TestProviderHugeTurn(t *testing.T) {
 // redis-server, the gateways see no 429s and never exceed the account.
 func TestDemoFleet(t *testing.T) {
 	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv(redistest.RequireEnv) != "" {
+		if os.Getenv(fleettest.RequireEnv) != "" {
 			t.Fatalf("redis-server not found: %v", err)
 		}
 		t.Skip("no redis-server binary")

@@ -9,7 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 // BenchmarkFleetAcquireRelease measures TryAcquireAll + Release against a
@@ -18,7 +18,7 @@ import (
 // call; the removals, batched in the background, are waited for before the
 // clock stops, so ops/s counts them. It reports the p99 of the acquire call.
 func BenchmarkFleetAcquireRelease(b *testing.B) {
-	srv := redistest.Start(b)
+	srv := fleettest.Start(b)
 	for _, levels := range []int{1, 2} {
 		for _, callers := range []int{1, 16, 64} {
 			b.Run(fmt.Sprintf("levels=%d/callers=%d", levels, callers), func(b *testing.B) {

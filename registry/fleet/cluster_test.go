@@ -10,7 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 // On a Redis Cluster of three masters, two Registries whose keys live on
@@ -19,7 +19,7 @@ import (
 // Registry's hash tag. Leases are renewed past their TTL, and all are
 // removed at the end.
 func TestCluster(t *testing.T) {
-	cl := redistest.StartCluster(t, 3)
+	cl := fleettest.StartCluster(t, 3)
 	ctx := context.Background()
 	c := cl.Client()
 	// "{providers}" and "{tenants}" hash to slots served by different nodes.

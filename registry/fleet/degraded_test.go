@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -28,8 +28,8 @@ func reachable(t *testing.T, c *redis.Client) {
 // counts both holders. The breaker never opens here, and its probe is an
 // hour away: no background call puts the degraded lease in first.
 func TestDegradedLeaseCountsOnceRedisIsBack(t *testing.T) {
-	srv := redistest.Start(t)
-	px := redistest.StartProxy(t, srv)
+	srv := fleettest.Start(t)
+	px := fleettest.StartProxy(t, srv)
 	c := px.Client()
 	r := New[string](c, "d", 2, WithBreaker(1000, time.Hour))
 	defer r.Close()
@@ -68,8 +68,8 @@ func TestDegradedLeaseCountsOnceRedisIsBack(t *testing.T) {
 // admission in this process to carry it and with the breaker closed all
 // along, so that another process's admissions count it.
 func TestDegradedLeaseGoesInWithoutAnAdmission(t *testing.T) {
-	srv := redistest.Start(t)
-	px := redistest.StartProxy(t, srv)
+	srv := fleettest.Start(t)
+	px := fleettest.StartProxy(t, srv)
 	c := px.Client()
 	a := New[string](c, "d", 2, WithBreaker(1000, 20*time.Millisecond))
 	defer a.Close()

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -67,7 +67,7 @@ func callThrough(url string, n int, acquire func(context.Context) (*slots.Slot, 
 // provider (and 3 per model) under 64 concurrent workers: the fake
 // upstream never sees more than 8 at once, and every request completes.
 func TestFleetThreeReplicas(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	up := &upstream{hold: 2 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
@@ -119,7 +119,7 @@ func TestFleetThreeProcesses(t *testing.T) {
 	if os.Getenv("FLEET_CHILD") != "" {
 		t.Skip("in a child process")
 	}
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	up := &upstream{hold: 3 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
@@ -174,7 +174,7 @@ func TestFleetChild(t *testing.T) {
 // breaker closes within about a second, every held lease is put back, and
 // fleet admission resumes.
 func TestFleetRedisRestart(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	opts := []Option{WithLeaseTTL(time.Second), WithBreaker(2, 50*time.Millisecond), WithTimeout(100 * time.Millisecond)}
 	local := New[string](srv.Client(), "p", 4, opts...)
 	defer local.Close()
@@ -233,7 +233,7 @@ func TestFleetRedisRestart(t *testing.T) {
 
 // A holder that stops renewing has its lease reclaimed after the TTL.
 func TestFleetDeadHolderRealRedis(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	dead := New[string](srv.Client(), "p", 1, WithLeaseTTL(300*time.Millisecond))
 	_, err := dead.TryAcquire("k")
 	require.NoError(t, err)

@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -24,7 +24,7 @@ func TestKilledHolderProcess(t *testing.T) {
 	if os.Getenv("FLEET_KILLED_CHILD") != "" {
 		t.Skip("in a child process")
 	}
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	const ttl = 300 * time.Millisecond
 	live := New[string](srv.Client(), "killed", 2, WithLeaseTTL(ttl))
 	defer live.Close()

@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 // countingConn counts the script calls (EVALSHA, EVAL) written through it:
@@ -70,7 +70,7 @@ func scriptsRun(c *redis.Client) (int64, error) {
 // heartbeat's renewal that puts the degraded leases in, if it came before
 // the breaker opened. None of them may add a lease that nobody holds.
 func TestLateCallsAfterAStallAddNothing(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	o := &redis.Options{Addr: srv.Addr, DialTimeout: 250 * time.Millisecond, ReadTimeout: 250 * time.Millisecond,
 		WriteTimeout: 250 * time.Millisecond, ContextTimeoutEnabled: true, MaxRetries: -1, Protocol: 2}
 	var written atomic.Int64

@@ -17,7 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -80,7 +80,7 @@ func TestExpiredLeaseGoesBackOnlyIfRoom(t *testing.T) {
 // their holders are still working. The epoch, gone with the data, tells
 // this from leases that expired.
 func TestLeasesLostInRestartGoBack(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	holder := New[string](srv.Client(), "r", 2, WithLeaseTTL(time.Minute))
 	defer holder.Close()
 	ctx, cancel := WithCancelOnLost(context.Background())
@@ -121,7 +121,7 @@ func TestPausedHolderProcess(t *testing.T) {
 	if os.Getenv("FLEET_PAUSED_CHILD") != "" {
 		t.Skip("in a child process")
 	}
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	const ttl = 300 * time.Millisecond
 	live := New[string](srv.Client(), "paused", 2, WithLeaseTTL(ttl))
 	defer live.Close()

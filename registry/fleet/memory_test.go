@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -29,7 +29,7 @@ func TestMemoryFollowsHoldersAfterABurst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a burst of 50,000 leases")
 	}
-	srv := redistest.Start(t) // a server of its own, so that the heap is this process's alone
+	srv := fleettest.Start(t) // a server of its own, so that the heap is this process's alone
 	c := srv.Client()
 	r := New[string](c, "mem", 1)
 	t.Cleanup(r.Close)

@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -246,7 +246,7 @@ func TestReleaseWhileDownRemovedWhenBack(t *testing.T) {
 // slots.Unlimited (math.MaxInt) is a valid limit for the script, keys with
 // braces or empty keys work, and limit 0 rejects.
 func TestUnlimitedZeroAndOddKeys(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	r := New[string](srv.Client(), "u", slots.Unlimited)
 	defer r.Close()
 	r.SetLimit("zero", 0)

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -19,8 +19,8 @@ import (
 // network is back: the capacity frees at once for the rest of the fleet,
 // not when the lease expires (a minute here).
 func TestReleaseDuringCutIsSentAgain(t *testing.T) {
-	srv := redistest.Start(t)
-	px := redistest.StartProxy(t, srv)
+	srv := fleettest.Start(t)
+	px := fleettest.StartProxy(t, srv)
 	r := New[string](px.Client(), "c", 1, WithLeaseTTL(time.Minute), WithBreaker(3, 20*time.Millisecond))
 	defer r.Close()
 	other := New[string](srv.Client(), "c", 1, WithLeaseTTL(time.Minute)) // another process, its own path to Redis
@@ -54,7 +54,7 @@ func TestReleaseDuringCutIsSentAgain(t *testing.T) {
 // releases at once must all return while the server is still stopped,
 // their removals queued. Once it resumes, every lease is removed.
 func TestReleaseDoesNotWaitForRedis(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 2 * time.Minute, WriteTimeout: 2 * time.Minute,
 		ContextTimeoutEnabled: true, PoolSize: 64, Protocol: 2})
 	t.Cleanup(func() { c.Close() })

@@ -8,7 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -17,7 +17,7 @@ import (
 // the held lease is there (replicated, or put back by the heartbeat), and
 // it counts toward the cap.
 func TestSentinelFailover(t *testing.T) {
-	st := redistest.StartSentinel(t)
+	st := fleettest.StartSentinel(t)
 	ctx := context.Background()
 	const ttl = 900 * time.Millisecond // renewals every 300 ms
 	r := New[string](st.Client(), "t", 2, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))

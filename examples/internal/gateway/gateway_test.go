@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/inflight-go/inflight/internal/redistest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -399,7 +399,7 @@ func TestConfigPrioritiesAndWeights(t *testing.T) {
 // Two gateways on one Redis (the fleet config): the provider cap of 2 and
 // org-a's cap of 1 hold across both; every request completes.
 func TestGatewayFleet(t *testing.T) {
-	srv := redistest.Start(t)
+	srv := fleettest.Start(t)
 	u := newUpstream(t)
 	format := `{
 	"upstream": "%s",
