@@ -10,26 +10,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
 )
 
-// endsOnLookup is a context that ends the first time a value is looked up
-// in it: the Gate reads the caller's class from it before it decides.
-type endsOnLookup struct {
-	context.Context
-	cancel context.CancelFunc
-}
-
-func (c endsOnLookup) Value(key any) any {
-	c.cancel()
-	return c.Context.Value(key)
-}
-
 func TestGateNeverAdmitsAnEndedContext(t *testing.T) {
 	g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, RequestsPerMinute: 60})
-	ctx, cancel := context.WithCancel(context.Background())
-	_, err := g.Acquire(endsOnLookup{ctx, cancel}, "m")
+	_, err := g.Acquire(testrig.EndsOnLookup(), "m")
 	assert.ErrorIs(t, err, context.Canceled)
 	st := g.Status()
 	assert.Zero(t, st.InFlight)

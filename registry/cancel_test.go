@@ -7,23 +7,10 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
-
-// endsOnLookup is a context that ends the first time a value is looked up
-// in it. With shares, an admission reads the caller's class from its context
-// before it decides, so the context ends after any check made earlier and
-// before the decision: the window of golang/go#63615.
-type endsOnLookup struct {
-	context.Context
-	cancel context.CancelFunc
-}
-
-func (c endsOnLookup) Value(key any) any {
-	c.cancel()
-	return c.Context.Value(key)
-}
 
 func TestRegistryNeverAdmitsAnEndedContext(t *testing.T) {
 	acquire := map[string]func(*registry.Registry[string], context.Context) (*slots.Slot, error){
@@ -49,9 +36,8 @@ func TestRegistryNeverAdmitsAnEndedContext(t *testing.T) {
 			assert.Zero(t, reg.Keys())
 		})
 		t.Run(name+": the context ends as its class is read", func(t *testing.T) {
-			ctx, cancel := context.WithCancel(context.Background())
 			reg := registry.New[string](1, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
-			s, err := acquire(reg, endsOnLookup{ctx, cancel})
+			s, err := acquire(reg, testrig.EndsOnLookup())
 			assert.ErrorIs(t, err, context.Canceled)
 			assert.Nil(t, s)
 			assert.Zero(t, reg.Keys())

@@ -1,4 +1,4 @@
-package inflight_test
+package doccheck_test
 
 import (
 	"go/ast"
@@ -16,11 +16,12 @@ import (
 // declaration's documentation stops mid-sentence, as one did when a later
 // paragraph was pasted into the middle of it.
 func TestDocCommentsAreWhole(t *testing.T) {
-	err := filepath.WalkDir(".", func(path string, d fs.DirEntry, err error) error {
+	root := filepath.Join("..", "..") // the repository, every module of it
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil || !d.IsDir() {
 			return err
 		}
-		if name := d.Name(); path != "." && (strings.HasPrefix(name, ".") || name == "testdata") {
+		if name := d.Name(); path != root && (strings.HasPrefix(name, ".") || name == "testdata") {
 			return filepath.SkipDir
 		}
 		fset := token.NewFileSet()

@@ -1,4 +1,4 @@
-package inflight_test
+package doccheck_test
 
 import (
 	"testing"
