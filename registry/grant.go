@@ -1,0 +1,178 @@
+package registry
+
+import (
+	"slices"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+func (r *Registry[K]) lockShards(idx []int) {
+	for _, i := range idx {
+		r.shards[i].mu.Lock()
+	}
+}
+
+func (r *Registry[K]) unlockShards(idx []int) {
+	for _, i := range idx {
+		r.shards[i].mu.Unlock()
+	}
+}
+
+// lockForGrant locks, in ascending order, the shards also, those of entries
+// and of every multi-key waiter queued on them, and returns the locked set
+// and the entries to serve. Call with multiMu held: it freezes the
+// multi-key waiters and how often each has been passed over, so the set
+// stays right.
+//
+// The entries to serve are entries, and every key linked to them through
+// multi-key waiters that may hold back the callers of their other keys,
+// transitively: with shares, every multi-key waiter (granted through one
+// key, it leaves the queues of its other keys, where its class may then stop
+// keeping its minimum share); without, those passed over MaxPassed times
+// (granted, they stop holding back the callers of their other keys). The
+// waiters there must be served in the same pass.
+func (r *Registry[K]) lockForGrant(entries []*entry[K], also []int) ([]int, []*entry[K]) {
+	set := append(make([]int, 0, 4), also...)
+	for _, e := range entries {
+		set = append(set, e.shard.idx)
+	}
+	slices.Sort(set)
+	set = slices.Compact(set)
+	r.lockShards(set)
+	serve := entries
+	var in map[*entry[K]]bool // serve's members, once it grows (with shares)
+	for {
+		need := slices.Clone(set)
+		var more []*entry[K]
+		for _, e := range serve {
+			for el := e.multis.Front(); el != nil; el = el.Next() {
+				m := el.Value.Hold.Owner.(*multi[K])
+				need = append(need, m.shards...)
+				if r.shares == nil && !m.urgent() {
+					continue
+				}
+				if in == nil {
+					in = make(map[*entry[K]]bool, len(serve))
+					for _, e := range serve {
+						in[e] = true
+					}
+				}
+				for _, me := range m.entries {
+					if !in[me] {
+						in[me] = true
+						more = append(more, me)
+					}
+				}
+			}
+		}
+		slices.Sort(need)
+		need = slices.Compact(need)
+		if len(need) != len(set) {
+			r.unlockShards(set)
+			r.lockShards(need)
+			set = need
+		}
+		if len(more) == 0 {
+			return set, serve
+		}
+		// The new keys' shards are in need (a waiter's shards cover all its
+		// keys), so they are locked: look at their waiters in turn.
+		serve = append(slices.Clip(serve), more...)
+	}
+}
+
+// grantLocked serves the waiters of entries that can be served now,
+// leaving them in wk to be woken after unlocking. Each key's queue gives its
+// candidate: the first waiter, in the key's order (class, then flow turns,
+// then arrival), that may take a slot of this key and, for a multi-key
+// waiter, of every other key it needs. The best candidate over the keys (the
+// highest class, then the earliest arrival) is served, and so on while any
+// is left. Call with the shards of entries locked and, if any of them has
+// multi-key waiters, multiMu and their shards too (lockForGrant).
+func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
+	var now int64
+	if len(entries) == 1 && entries[0].lane.Multi == 0 {
+		e := entries[0]
+		for {
+			el := e.lane.Next()
+			if el == nil {
+				return
+			}
+			if now == 0 {
+				now = r.clk.Coarse()
+			}
+			r.grantOneLocked(e, el.Value, now, wk)
+		}
+	}
+	for {
+		var best *core.Waiter
+		var from *entry[K]
+		for _, e := range entries {
+			w := r.candidateLocked(e)
+			if w != nil && (best == nil || core.Rank(w.Class) < core.Rank(best.Class) ||
+				w.Class == best.Class && w.Seq < best.Seq) {
+				best, from = w, e
+			}
+		}
+		if best == nil {
+			return
+		}
+		if now == 0 {
+			now = r.clk.Coarse()
+		}
+		m, ok := best.Hold.Owner.(*multi[K])
+		if !ok {
+			passLocked(from, best.Class, best.Seq, nil)
+			r.grantOneLocked(from, best, now, wk)
+			continue
+		}
+		r.unlinkWaiterLocked(best, m, true)
+		var counted []*core.Waiter
+		for _, e := range m.entries {
+			counted = passLocked(e, best.Class, best.Seq, counted)
+		}
+		best.Hold.At = now
+		r.holdMultiLocked(best.Hold, m)
+		m.entries[0].shard.st.waited++
+		wk.Grant(best)
+	}
+}
+
+// candidateLocked returns the waiter of e to serve next, or nil.
+func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
+	for _, c := range core.Order {
+		if e.lane.Waiters.ClassLen(c) == 0 || !e.lane.CanTake(c) {
+			continue
+		}
+		for el := range e.lane.Waiters.Class(c) {
+			w := el.Value
+			if blockedLocked(e, c, w.Seq) {
+				continue
+			}
+			if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c, w.Seq) {
+				continue
+			}
+			return w
+		}
+	}
+	return nil
+}
+
+// canTake reports whether m's waiter, of class c and arrival seq, may take
+// a slot of every key it needs now.
+func (m *multi[K]) canTake(c uint8, seq uint64) bool {
+	for _, e := range m.entries {
+		if !e.lane.CanTake(c) || blockedLocked(e, c, seq) {
+			return false
+		}
+	}
+	return true
+}
+
+func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64, wk *core.Wakes) {
+	e.lane.Serve(w)
+	w.Hold.At = now
+	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Idx)
+	e.shard.st.waited++
+	wk.Grant(w)
+}

@@ -1,0 +1,384 @@
+package registry
+
+import (
+	"context"
+	"math"
+	"slices"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/ilist"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// multi records the keys of a multi-key admission or waiter, and is the
+// Owner of its hold. The waiter's link in the first key's queue is its own
+// Elem; the others are here.
+type multi[K comparable] struct {
+	r       *Registry[K]
+	entries []*entry[K] // deduplicated, in the caller's order
+	idx     []int32     // the hold's place in each entry's HolderSet
+	waits   []ilist.Elem[*core.Waiter]
+	links   []ilist.Elem[*core.Waiter] // in each entry's multis
+	shards  []int                      // sorted, unique
+	// passed counts, while it waits, the admissions on its keys that went
+	// to callers that came after it (see passLocked), one per admission
+	// however many of its keys it took. At MaxPassed each of its keys keeps
+	// a slot for it (see blockedLocked). Guarded by multiMu: every
+	// admission on a key with multi-key waiters is decided under it.
+	passed int
+}
+
+// MaxPassed bounds how often a waiting AcquireAll is passed over: once
+// MaxPassed admissions on its keys have gone to callers that came after it
+// (of its priority class or a lower one), each of its keys keeps a slot for
+// it from such callers, so that it is served once all its keys have one.
+const MaxPassed = 8
+
+// newcomer is the arrival order of a caller that has not queued: after
+// every waiter.
+const newcomer = math.MaxUint64
+
+// urgent reports whether m has been passed over MaxPassed times. Call
+// with multiMu held.
+func (m *multi[K]) urgent() bool { return m.passed >= MaxPassed }
+
+// outranks reports whether a multi-key waiter w, on a lane where class c
+// is short of its share (WithShare) or not, goes before a later caller of
+// class c: if it is of c's class, or of a higher one and the slot is not
+// one that c's share owes c.
+func outranks(w *core.Waiter, c uint8, short bool) bool {
+	return core.Rank(w.Class) == core.Rank(c) || core.Rank(w.Class) < core.Rank(c) && !short
+}
+
+// blockedLocked reports whether a caller of class c that arrived at seq
+// must leave a free slot of e to older multi-key waiters: each one that
+// outranks it and has been passed over MaxPassed times keeps one slot of e,
+// so the caller may take one only if more are free. Call with multiMu and
+// e's shard held.
+func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
+	if e.lane.Multi == 0 {
+		return false
+	}
+	short, kept := e.lane.Short(c), 0
+	for el := e.multis.Front(); el != nil; el = el.Next() {
+		w := el.Value
+		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).urgent() {
+			kept++
+		}
+	}
+	return kept > 0 && e.lane.Limit-e.lane.Holders.Len() <= kept
+}
+
+// passLocked counts an admission on e, of a caller of class c that arrived
+// at seq, against the multi-key waiters on e that it passes over (older
+// ones that outrank it). counted holds the waiters this admission has
+// counted already, on its other keys; it returns counted with those of e
+// added. Call with multiMu and e's shard held, before the admission is
+// recorded.
+func passLocked[K comparable](e *entry[K], c uint8, seq uint64, counted []*core.Waiter) []*core.Waiter {
+	if e.lane.Multi == 0 {
+		return counted
+	}
+	short := e.lane.Short(c)
+	for el := e.multis.Front(); el != nil; el = el.Next() {
+		w := el.Value
+		if w.Seq < seq && outranks(w, c, short) && !slices.Contains(counted, w) {
+			w.Hold.Owner.(*multi[K]).passed++
+			counted = append(counted, w)
+		}
+	}
+	return counted
+}
+
+// admitsLocked reports whether a newcomer of class c may take a slot of e
+// now. Beside multi-key waiters it must be called under multiMu, with the
+// shards of those waiters held and every waiter that can be served served
+// (lockBeside): a single-key waiter then queued on e cannot take a slot,
+// and neither can a newcomer of its class or a lower one.
+func admitsLocked[K comparable](e *entry[K], c uint8) bool {
+	if e.lane.Multi == 0 {
+		return e.lane.Admits(c)
+	}
+	return e.lane.CanTake(c) && !blockedLocked(e, c, newcomer)
+}
+
+// TryAcquireAll is AcquireAll without waiting: it admits under every key if
+// all have room, or fails with a *slots.LimitError naming the first full key.
+func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
+	return r.acquireAll(nil, keys)
+}
+
+// AcquireAll admits one Slot under every key, all or nothing: the Slot holds
+// a unit of each key's capacity, and releasing it frees them all. While any
+// key is full it waits holding nothing, in arrival order among the callers
+// that can be served: callers whose keys are free go ahead of it meanwhile.
+// A key listed twice counts once; with no keys it fails with ErrNoKeys.
+// Failures are those of Acquire; a *slots.LimitError names the key that was
+// full.
+//
+// Bound: while it waits, callers that came after it, of its priority class
+// or a lower one, are admitted on its keys ahead of it at most MaxPassed
+// times (an admission that takes several of its keys counts once). From
+// then on each of its keys keeps one slot for it: such callers may still
+// take a key's other free slots, never the last one, so it is served once
+// every key it needs has had a slot free. Waiters that came before it, and
+// callers of a higher class, go first as everywhere; a slot that a lower
+// class's share (WithShare) owes that class still goes to it. Keys it does
+// not need are never held back. Several such waiters on one key each keep
+// a slot, the oldest served first, so none deadlocks. A TryAcquire that
+// finds only a kept slot fails with slots.ErrLimitReached although the key
+// shows room.
+func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
+	if ctx == nil {
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
+		return nil, slots.ErrNilContext
+	}
+	return r.acquireAll(ctx, keys)
+}
+
+func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, error) {
+	switch len(keys) {
+	case 0:
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrNoKeys})
+		return nil, ErrNoKeys
+	case 1:
+		return r.acquireOne(ctx, keys[0])
+	}
+	for _, k := range keys {
+		if err := r.checkKey(k); err != nil {
+			return nil, err
+		}
+	}
+	uniq := dedupe(keys)
+	if len(uniq) == 1 {
+		return r.acquireOne(ctx, uniq[0])
+	}
+	shs := make([]*shard[K], len(uniq))
+	hashes := make([]uint64, len(uniq))
+	for i, k := range uniq {
+		shs[i], hashes[i] = r.shardFor(k)
+		if r.limitFunc != nil {
+			if err := r.refreshLimit(ctx, shs[i], k); err != nil {
+				return nil, err
+			}
+		}
+	}
+	m := &multi[K]{
+		r:       r,
+		entries: make([]*entry[K], len(uniq)),
+		idx:     make([]int32, len(uniq)),
+	}
+	for _, sh := range shs {
+		if !slices.Contains(m.shards, sh.idx) {
+			m.shards = append(m.shards, sh.idx)
+		}
+	}
+	slices.Sort(m.shards)
+	p, h := r.newHold()
+	h.At = r.clk.Coarse()
+	h.Owner = m
+	// The class matters to this admission if any key has shares or
+	// multi-key waiters; read it here, before the locks.
+	var place core.Place
+	if ctx != nil {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
+
+	var wk core.Wakes
+	r.multiMu.Lock()
+	set := r.lockBesideAll(m.shards, shs, uniq, hashes, &wk)
+	unlock := func() {
+		r.unlockShards(set)
+		r.multiMu.Unlock()
+		wk.Wake()
+	}
+	if endedLocked(ctx) {
+		unlock()
+		return nil, r.canceled(ctx)
+	}
+	// Decide before inserting anything: a rejection leaves no trace.
+	full, fullLimit := -1, 0
+	for i, k := range uniq {
+		e := shs[i].lookup(k, hashes[i])
+		if e != nil {
+			if !admitsLocked(e, h.Class) {
+				full = i
+				break
+			}
+		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, h.Class) {
+			full, fullLimit = i, lim
+			break
+		}
+	}
+	first := shs[0]
+	if full < 0 {
+		r.entriesLocked(m, shs, uniq, hashes)
+		var counted []*core.Waiter
+		for _, e := range m.entries {
+			counted = passLocked(e, h.Class, newcomer, counted)
+		}
+		r.holdMultiLocked(h, m)
+		unlock()
+		return r.acquired(p, 0), nil
+	}
+	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
+	if ctx == nil {
+		first.st.limitReached++
+		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
+		unlock()
+		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
+		return nil, err
+	}
+	// From the key that was full on, so that a bound that every queue
+	// meets (WithMaxQueue(0)) names that key, not the first one listed.
+	for j := range uniq {
+		i := (full + j) % len(uniq)
+		k := uniq[i]
+		e := shs[i].lookup(k, hashes[i])
+		if r.queueFullLocked(e, place.Flow) {
+			first.st.queueFull++
+			err := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
+			unlock()
+			r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrQueueFull})
+			return nil, err
+		}
+	}
+	r.entriesLocked(m, shs, uniq, hashes)
+	start := h.At
+	w := core.NewWaiter(h)
+	w.Seq = r.waitSeq.Add(1)
+	w.Place(place)
+	links := make([]ilist.Elem[*core.Waiter], 2*len(m.entries)-1)
+	m.waits, m.links = links[:len(m.entries)-1], links[len(m.entries)-1:]
+	for i, e := range m.entries {
+		el := &w.Elem
+		if i > 0 {
+			el = &m.waits[i-1]
+			el.Value = w
+		}
+		e.lane.Waiters.Push(el)
+		e.lane.Multi++
+		m.links[i].Value = w
+		e.multis.PushBack(&m.links[i])
+	}
+	unlock()
+	return r.await(ctx, p, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+}
+
+// lockBesideAll locks the shards of a multi-key admission (under multiMu)
+// and, if multi-key waiters queue on any of its keys, theirs too, and
+// serves what they can take now, as lockBeside does for one key. It
+// returns the shards it locked.
+func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, hashes []uint64, wk *core.Wakes) []int {
+	r.lockShards(shards)
+	var beside []*entry[K]
+	for i, k := range keys {
+		if e := shs[i].lookup(k, hashes[i]); e != nil && e.lane.Multi > 0 {
+			beside = append(beside, e)
+		}
+	}
+	if beside == nil {
+		return shards
+	}
+	// Their multi-key waiters leave only under multiMu: they stay live.
+	r.unlockShards(shards)
+	set, serve := r.lockForGrant(beside, shards)
+	r.grantLocked(serve, wk)
+	return set
+}
+
+// dedupe returns keys without repeats, in first-seen order.
+func dedupe[K comparable](keys []K) []K {
+	uniq := make([]K, 0, len(keys))
+	if len(keys) <= 8 {
+		for _, k := range keys {
+			if !slices.Contains(uniq, k) {
+				uniq = append(uniq, k)
+			}
+		}
+		return uniq
+	}
+	seen := make(map[K]struct{}, len(keys))
+	for _, k := range keys {
+		if _, dup := seen[k]; !dup {
+			seen[k] = struct{}{}
+			uniq = append(uniq, k)
+		}
+	}
+	return uniq
+}
+
+// entriesLocked fills m.entries, creating the lanes that do not exist yet.
+func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K, hashes []uint64) {
+	for i, k := range keys {
+		e := shs[i].lookup(k, hashes[i])
+		if e == nil {
+			e = shs[i].addLocked(r, k, hashes[i], r.limitLocked(shs[i], k))
+		}
+		m.entries[i] = e
+	}
+}
+
+func (r *Registry[K]) holdMultiLocked(h *core.Hold, m *multi[K]) {
+	for i, e := range m.entries {
+		if i == 0 {
+			e.shard.holdLocked(r, e, h, &m.idx[0])
+		} else {
+			e.lane.Holders.Add(h, &m.idx[i])
+		}
+	}
+}
+
+// withdrawMulti withdraws a multi-key waiter. Its keys may then serve
+// others at once: callers it held back once it had been passed over too
+// often, and, with shares, those its class kept a minimum from.
+func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
+	return r.withdrawShared(m.entries, w, m)
+}
+
+// withdrawShared withdraws w from entries (m describes a multi-key waiter)
+// and serves what that unblocks: with shares, a class that stops waiting
+// stops keeping its minimum from the others; a multi-key waiter stops
+// holding back callers. The entries are live while w is queued or holds
+// them, and w leaves only under multiMu, held here from the start.
+func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *multi[K]) bool {
+	var wk core.Wakes
+	defer wk.Wake() // deferred first, so it runs after every unlock
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	set, serve := r.lockForGrant(entries, nil)
+	defer r.unlockShards(set)
+	if w.State != core.Waiting {
+		return false
+	}
+	if m != nil {
+		r.unlinkWaiterLocked(w, m, false)
+	} else {
+		entries[0].lane.Waiters.Remove(&w.Elem)
+	}
+	w.State = core.Gone
+	r.grantLocked(serve, &wk)
+	for _, e := range entries {
+		e.shard.dropIfIdleLocked(r, e)
+	}
+	return true
+}
+
+// unlinkWaiterLocked takes a multi-key waiter out of its keys' queues:
+// served (granted now) or not (it leaves).
+func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K], served bool) {
+	for i, e := range m.entries {
+		el := &w.Elem
+		if i > 0 {
+			el = &m.waits[i-1]
+		}
+		if served {
+			e.lane.Waiters.Served(el)
+		} else {
+			e.lane.Waiters.Remove(el)
+		}
+		e.lane.Multi--
+		e.multis.Remove(&m.links[i])
+	}
+}

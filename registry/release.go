@@ -1,0 +1,239 @@
+package registry
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/policy"
+	"github.com/inflight-go/inflight/slots"
+)
+
+func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
+	var wk core.Wakes
+	sh := e.shard
+	sh.mu.Lock()
+	if r.shares != nil && e.lane.Multi > 0 {
+		// Serving the waiters a withdrawal may unblock takes multiMu.
+		sh.mu.Unlock()
+		return r.withdrawShared([]*entry[K]{e}, w, nil)
+	}
+	if !e.lane.Withdraw(w) {
+		sh.mu.Unlock()
+		return false
+	}
+	if r.shares != nil {
+		// Its class may have stopped waiting here, and stopped keeping its
+		// minimum share from the others; with no multi-key waiter (Multi
+		// stays 0 under this lock) they are all served here.
+		r.grantLocked([]*entry[K]{e}, &wk)
+	}
+	sh.dropIfIdleLocked(r, e)
+	sh.mu.Unlock()
+	wk.Wake()
+	return true
+}
+
+func (sh *shard[K]) addLocked(r *Registry[K], key K, hash uint64, limit int) *entry[K] {
+	var e *entry[K]
+	if sh.spare != nil {
+		e, sh.spare = sh.spare, nil
+	} else if n := len(sh.free); n > 0 {
+		e = sh.free[n-1]
+		sh.free[n-1] = nil
+		sh.free = sh.free[:n-1]
+	} else {
+		e = &entry[K]{shard: sh}
+	}
+	e.key = key
+	e.hash = hash
+	e.lane.Limit = limit
+	e.lane.Shares = r.shares
+	sh.lanes.put(e, hash)
+	return e
+}
+
+// holdLocked counts h as a holder of e, keeping its place in *idx.
+func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, idx *int32) {
+	sh.seq++
+	h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
+	e.lane.Holders.Add(h, idx)
+}
+
+// dropIfIdleLocked removes e once it has neither holders nor waiters.
+func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
+	if e.lane.Holders.Len() > 0 || e.lane.Waiters.Len() > 0 {
+		return
+	}
+	sh.lanes.remove(e, e.hash)
+	if sh.resolved != nil {
+		r.forgetLimitLocked(sh, e.key)
+	}
+	// The lane is empty as it stands (its holder set keeps its capacity for
+	// reuse); only the key goes, so that it can be collected.
+	var zero K
+	e.key = zero
+	if sh.spare == nil {
+		sh.spare = e
+	} else if len(sh.free) < maxFreeEntries {
+		sh.free = append(sh.free, e)
+	}
+}
+
+// Release implements core.Owner for holds of this key alone; called once
+// per hold.
+func (e *entry[K]) Release(h *core.Hold) bool {
+	sh := e.shard
+	r := sh.r
+	sh.mu.Lock()
+	if e.lane.Multi == 0 {
+		var wk core.Wakes
+		if !e.lane.Holders.Remove(h, &h.Idx) {
+			sh.mu.Unlock()
+			r.misuse(h) // a copied Slot: it holds nothing
+			return false
+		}
+		sh.released++
+		r.grantLocked([]*entry[K]{e}, &wk)
+		sh.dropIfIdleLocked(r, e)
+		sh.mu.Unlock()
+		wk.Wake()
+	} else {
+		// Multi-key waiters queue here: serving them needs multiMu, which
+		// comes before this lock. The hold stays counted meanwhile, so no
+		// room shows before they can be served.
+		sh.mu.Unlock()
+		if !r.releaseSlow(h, []*entry[K]{e}, nil) {
+			r.misuse(h) // a copied Slot: it holds nothing
+			return false
+		}
+	}
+	r.released(h)
+	return true
+}
+
+// Release implements core.Owner for multi-key holds.
+func (m *multi[K]) Release(h *core.Hold) bool {
+	if !m.r.releaseSlow(h, m.entries, m) {
+		m.r.misuse(h) // a copied Slot: it holds nothing
+		return false
+	}
+	m.r.released(h)
+	return true
+}
+
+// released samples the hold time and reports the release.
+func (r *Registry[K]) released(h *core.Hold) {
+	if h.ID&policy.SampleMask == 0 {
+		r.hold.Observe(r.clk.Nanos() - h.At)
+	}
+	if r.obs != nil && !h.GivenBack {
+		r.obs.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(r.clk.Coarse() - h.At)})
+	}
+}
+
+// releaseSlow frees h's capacity on entries (m describes a multi-key hold)
+// and serves the waiters that can now be served, multi-key ones included.
+// It reports false for a copied Slot, which holds nothing.
+func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) bool {
+	var wk core.Wakes
+	defer wk.Wake() // deferred first, so it runs after every unlock
+	r.multiMu.Lock()
+	defer r.multiMu.Unlock()
+	set, serve := r.lockForGrant(entries, nil)
+	defer r.unlockShards(set)
+	for i, e := range entries {
+		idx := &h.Idx
+		if m != nil {
+			idx = &m.idx[i]
+		}
+		if !e.lane.Holders.Remove(h, idx) {
+			// A copied Slot holds nothing; its first key shows it, and
+			// nothing has been removed yet. The caller counts the misuse
+			// once the locks are released.
+			return false
+		}
+	}
+	entries[0].shard.released++
+	r.grantLocked(serve, &wk)
+	for _, e := range entries {
+		e.shard.dropIfIdleLocked(r, e)
+	}
+	return true
+}
+
+// Misuse implements core.Owner: a second Release of the same slot.
+func (e *entry[K]) Misuse(h *core.Hold) { e.shard.r.misuse(h) }
+
+// Misuse implements core.Owner.
+func (m *multi[K]) Misuse(h *core.Hold) { m.r.misuse(h) }
+
+// Time implements core.Owner.
+func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.clk.Time(at) }
+
+// Time implements core.Owner.
+func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
+
+// Leaked implements core.Leaker: a Slot of key was dropped while held, and
+// its capacity has just been reclaimed.
+func (e *entry[K]) Reclaim(t *core.Tracked) { e.shard.r.reclaim(t, e) }
+
+// Reclaim implements core.Leaker, naming the multi-key slot's first key.
+func (m *multi[K]) Reclaim(t *core.Tracked) { m.r.reclaim(t, m.entries[0]) }
+
+// reclaim frees a dropped Slot's hold and reports the leak. The key is read
+// first, under its shard's lock: the hold still counts then, so e is still
+// the key's entry; once freed, e may go idle and serve another key.
+func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
+	e.shard.mu.Lock()
+	key := e.key
+	e.shard.mu.Unlock()
+	if t.ReleaseQuietly() {
+		r.leaked(t, key)
+	}
+}
+
+func (r *Registry[K]) leaked(t *core.Tracked, key K) {
+	held := time.Duration(r.clk.Coarse() - t.At)
+	r.leaks.Add(1)
+	attrs := []any{slog.String("key", keyString(key)), slog.Uint64("slot_id", t.ID),
+		slog.Duration("held_for", held.Round(time.Millisecond))}
+	if site := t.Site(); site != "" {
+		attrs = append(attrs, slog.String("acquired_at", site))
+	}
+	r.cfg.wait.Log().Warn("registry: slot dropped without Release; capacity reclaimed", attrs...)
+	r.emit(slots.Event{Kind: slots.EventLeaked, Hold: held})
+}
+
+func (r *Registry[K]) misuse(h *core.Hold) {
+	r.doubleReleases.Add(1)
+	r.emit(slots.Event{Kind: slots.EventDoubleRelease})
+	r.cfg.wait.Log().Debug("registry: slot released twice", slog.Uint64("slot_id", h.ID))
+}
+
+func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) error {
+	le := &slots.LimitError{Err: reason, Key: keyString(key), Limit: limit}
+	if e != nil {
+		le.InFlight = e.lane.Holders.Len()
+		le.Queued = e.lane.Waiters.Len()
+		le.Limit = e.lane.Limit
+	}
+	le.RetryAfter = r.hold.RetryAfter(le.Queued, le.Limit)
+	return le
+}
+
+// keyString formats a key for errors and logs, cut to a readable length.
+func keyString[K comparable](key K) string {
+	const max = 256
+	var s string
+	if ks, ok := any(key).(string); ok {
+		s = ks
+	} else {
+		s = fmt.Sprint(key)
+	}
+	if len(s) > max {
+		s = s[:max] + "…"
+	}
+	return s
+}
