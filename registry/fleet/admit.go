@@ -1,0 +1,463 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// TryAcquire admits under key if it has room across the fleet, without
+// waiting. It fails with a *slots.LimitError wrapping slots.ErrLimitReached,
+// ErrUnavailable (FailClosed, Redis unreachable), or an error wrapping
+// registry.ErrInvalidKey (see WithMaxKeyBytes).
+func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
+	return r.acquire(context.Background(), []K{key}, false)
+}
+
+// TryAcquireAll admits under every key at once, all or nothing, without
+// waiting.
+func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
+	return r.acquire(context.Background(), keys, false)
+}
+
+// Acquire admits under key, waiting while it is full across the fleet (see
+// the package documentation), until ctx ends.
+func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
+	return r.acquire(ctx, []K{key}, true)
+}
+
+// AcquireAll admits under every key at once, all or nothing, waiting while
+// any is full. A key listed twice counts once; no keys fail with
+// registry.ErrNoKeys. A *slots.LimitError names a key that was full, by its
+// name in Redis (WithKeyName), whether Redis or the local registry alone
+// decided.
+func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
+	return r.acquire(ctx, keys, true)
+}
+
+func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.Slot, error) {
+	if ctx == nil {
+		return nil, slots.ErrNilContext
+	}
+	if len(keys) == 0 {
+		return nil, registry.ErrNoKeys
+	}
+	// Before anything goes to Redis, and before dedupe compares them: the
+	// local registry's rule, so that the key is refused whether or not
+	// Redis is reachable.
+	for _, k := range keys {
+		if err := r.validKey(k); err != nil {
+			r.stats.rejected.Add(1)
+			return nil, err
+		}
+	}
+	keys = dedupe(keys)
+	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
+	l.cancel, _ = ctx.Value(cancelKey{}).(context.CancelCauseFunc)
+	for i, k := range keys {
+		l.names[i] = r.prefix + r.keyName(k)
+	}
+	s, err := r.admit(ctx, l, wait)
+	if err != nil {
+		r.stats.rejected.Add(1)
+	}
+	return s, err
+}
+
+// admit decides for l once, or with wait until it is admitted or fails for
+// good.
+func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots.Slot, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, fmt.Errorf("fleet: acquire: %w", err)
+	}
+	if !wait {
+		o := r.attempt(ctx, l)
+		return o.slot, o.err
+	}
+	w := &waiter{rank: core.Rank(core.PlaceOf(ctx).Class), keys: l.names, wake: make(chan struct{}, 1)}
+	if err := r.enqueue(w); err != nil {
+		return nil, err
+	}
+	defer r.dequeue(w)
+	backoff := r.cfg.pollMin
+	for {
+		if !r.mayTry(w) {
+			if err := r.sleep(ctx, w, r.cfg.pollMax); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		o := r.attempt(ctx, l)
+		if o.full < 0 {
+			return o.slot, o.err // admitted, or failed for good
+		}
+		r.blockedOn(w, l.names[o.full])
+		// Wait for a wake-up, at most the backoff (jittered) and never past
+		// the earliest expiry on the full key.
+		sleep := jitter(backoff)
+		if o.retryIn > 0 {
+			sleep = min(sleep, o.retryIn)
+		}
+		backoff = min(2*backoff, r.cfg.pollMax)
+		if err := r.sleep(ctx, w, sleep); err != nil {
+			return nil, err
+		}
+	}
+}
+
+func (r *Registry[K]) sleep(ctx context.Context, w *waiter, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-w.wake:
+	case <-t.C:
+	case <-ctx.Done():
+		return fmt.Errorf("fleet: acquire: %w", ctx.Err())
+	case <-r.stopping.Done():
+		return ErrClosed
+	}
+	return nil
+}
+
+// outcome is one admission decision.
+type outcome struct {
+	slot    *slots.Slot
+	err     error
+	full    int           // with ErrLimitReached: the index of the full key; else -1
+	retryIn time.Duration // with full: until its earliest lease expires (0: unknown)
+}
+
+func failed(err error) outcome { return outcome{err: err, full: -1} }
+
+// limitsLocked records in l the current limits of its keys.
+func (r *Registry[K]) limitsLocked(l *lease[K]) {
+	l.limits = l.limits[:0]
+	for _, k := range l.keys {
+		l.limits = append(l.limits, r.limitLocked(k))
+	}
+}
+
+// maxCarried bounds the (key, lease) pairs of degraded leases that one
+// admission carries into Redis (see carryLocked).
+const maxCarried = batchSize
+
+// acquireCall is an acquire script call: its keys and arguments (see
+// acquireScript), its not-after time, and the degraded leases it carries.
+type acquireCall[K comparable] struct {
+	keys    []string
+	args    []any
+	until   int64
+	carried []*lease[K]
+}
+
+// lateSpan is how long after it is made a call may still be running as a
+// caller waits for it: the call timeout, twice for a call queued for a
+// pipeline.
+func (r *Registry[K]) lateSpan() time.Duration { return 2 * r.cfg.opTimeout }
+
+// scriptArgs returns the acquire call for l, or ErrClosed.
+func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
+	r.mu.Lock()
+	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
+	if r.closed {
+		return acquireCall[K]{}, ErrClosed
+	}
+	r.limitsLocked(l)
+	c := acquireCall[K]{
+		keys:  make([]string, 0, 2+len(l.names)),
+		args:  make([]any, 0, 4+len(l.names)),
+		until: r.clock.notAfter(r.lateSpan()),
+	}
+	c.keys = append(c.keys, r.epochKey, r.tombstone(l.id))
+	c.keys = append(c.keys, l.names...)
+	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until))
+	for _, n := range l.limits {
+		c.args = append(c.args, n)
+	}
+	if len(r.degraded) > 0 {
+		r.carryLocked(l, &c)
+	}
+	return c, nil
+}
+
+// carryLocked adds to c the leases this process admitted while Redis was
+// unreachable and that share a key with l: c's script puts them into Redis
+// before it decides, so that they count against l. Past maxCarried pairs
+// the rest are left to the heartbeat, woken for them.
+func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
+	pairs := 0
+	for d := range r.degraded {
+		if !slices.ContainsFunc(d.names, func(n string) bool { return slices.Contains(l.names, n) }) {
+			continue
+		}
+		if pairs+len(d.names) > maxCarried {
+			r.recovered()
+			return
+		}
+		d.sent = true // the call may run after d is released: abandon d then
+		d.until = max(d.until, c.until)
+		for _, name := range d.names {
+			c.keys = append(c.keys, name, r.tombstone(d.id))
+			c.args = append(c.args, d.id)
+		}
+		c.carried = append(c.carried, d)
+		pairs += len(d.names)
+	}
+}
+
+// carriedIn records that the carried leases are in Redis, under epoch. One
+// released meanwhile was abandoned (it was marked sent): its tombstone kept
+// it out, or its removal takes it out.
+func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
+	if len(carried) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range carried {
+		if _, live := r.leases[d]; live && d.degraded {
+			r.inRedisLocked(d, epoch)
+			r.stats.reasserted.Add(1)
+		}
+	}
+}
+
+// inRedisLocked records that l is in Redis under epoch.
+func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
+	if l.degraded {
+		l.degraded = false
+		delete(r.degraded, l)
+		r.degraded = remade(r.degraded, &r.degradedPeak)
+	}
+	l.epoch, l.reported = epoch, false
+}
+
+// attempt makes one admission decision for l: in Redis, or, when Redis
+// cannot be reached (the breaker is open, or this call failed), as
+// WithUnavailable says.
+func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
+	var c acquireCall[K]
+	var rp reply
+	for try := 0; ; try++ {
+		var err error
+		c, err = r.scriptArgs(l)
+		if err != nil {
+			return failed(err)
+		}
+		if !r.brk.allow() {
+			return r.unavailable(ctx, l)
+		}
+		rp = r.callOrAbandon(ctx, l, c)
+		// Refused as late, with nothing done: the server's clock is ahead
+		// of what earlier replies told (it jumped, or a client timeout
+		// longer than the call timeout let the call run on). The reply
+		// told it anew: once more.
+		if rp.err != nil || len(rp.res) != 6 || rp.res[0] != tooLate || try > 0 {
+			break
+		}
+	}
+	res := rp.res
+	if err := rp.err; err != nil {
+		if rp.sent {
+			// The call may still run on the server: take back what it
+			// adds, and go on under a new lease id.
+			r.abandon(l)
+		}
+		switch {
+		case errors.Is(err, ErrClosed):
+			return failed(ErrClosed)
+		case ctx.Err() != nil: // the caller's context ended, not Redis
+			return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
+		}
+		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
+	}
+	if len(res) != 6 || res[0] < 0 {
+		r.abandon(l)
+		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
+	}
+	epoch := res[5]
+	r.carriedIn(c.carried, epoch)
+	if res[0] == 0 {
+		i := int(res[1]) - 1
+		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]), Limit: l.limits[i], RetryAfter: time.Second}
+		var retryIn time.Duration
+		if res[3] > res[4] {
+			retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
+			le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
+		}
+		return outcome{err: le, full: i, retryIn: retryIn}
+	}
+	return r.hold(ctx, l, false, epoch)
+}
+
+// callOrAbandon makes l's acquire call. If the call panics (a client hook),
+// whatever it may have added is taken back before the panic goes on: l is
+// not held, so nothing else would renew or remove it.
+func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireCall[K]) reply {
+	l.until = max(l.until, c.until) // l is not shared yet
+	ok := false
+	defer func() {
+		if !ok {
+			r.queueRelease(l.abandonment())
+		}
+	}()
+	rp := r.call(ctx, c.keys, c.args, len(l.names), c.until)
+	ok = true
+	return rp
+}
+
+// tombstone is the key that marks lease id abandoned.
+func (r *Registry[K]) tombstone(id string) string { return r.prefix + "abandoned:" + id }
+
+// abandon queues the removal of whatever a failed call for l may have put
+// into Redis, and gives l a new id for what comes next.
+func (r *Registry[K]) abandon(l *lease[K]) {
+	r.queueRelease(l.abandonment())
+	l.id = newLeaseID()
+}
+
+// hold finishes an admission: the local mirror slot, the lease record, and
+// the Slot. With degraded, the lease is not in Redis (yet); else Redis
+// admitted it under epoch. A caller whose context has ended by the time the
+// lease is recorded is not admitted: the lease is given back.
+func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoch int64) outcome {
+	if ctx.Err() != nil {
+		return r.giveBack(ctx, l, degraded, false)
+	}
+	var local *slots.Slot
+	for try := 0; ; try++ {
+		var err error
+		local, err = r.localAcquire(l, degraded)
+		if err == nil {
+			break
+		}
+		if !degraded {
+			// This process holds more than Redis counts (leases lost and
+			// not put back, or local limits other than the fleet's):
+			// admit anyway; Redis has counted this one.
+			local = nil
+			break
+		}
+		// The local cap is the cap now.
+		var le *slots.LimitError
+		if !errors.As(err, &le) {
+			return failed(err)
+		}
+		if o, ok := r.localFull(l, le); ok || try == 2 {
+			return o
+		}
+		// No key is full any more: a release came in between. Try again.
+	}
+	l.local = local
+	v, h := core.NewSlot()
+	h.Owner, l.hold = l, h
+	h.At = time.Now().UnixNano()
+	h.Degraded = degraded
+	r.mu.Lock()
+	if r.closed || ctx.Err() != nil {
+		closed := r.closed
+		r.mu.Unlock()
+		return r.giveBack(ctx, l, degraded, closed)
+	}
+	l.degraded, l.epoch = degraded, epoch
+	if degraded {
+		r.degraded[l] = struct{}{}
+		r.degradedPeak = max(r.degradedPeak, len(r.degraded))
+	}
+	r.leases[l] = struct{}{}
+	r.leasesPeak = max(r.leasesPeak, len(r.leases))
+	r.mu.Unlock()
+	if degraded {
+		r.stats.degraded.Add(1)
+	} else {
+		r.stats.acquired.Add(1)
+	}
+	return outcome{slot: v.(*slots.Slot), full: -1}
+}
+
+// giveBack undoes an admission of l that is not to be: its local mirror,
+// and, if Redis admitted it, its lease (with a wake-up, as a release). It
+// returns ErrClosed, or the error of ctx, which has ended.
+func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, closed bool) outcome {
+	func() {
+		// Deferred, so that the lease leaves Redis even if the local
+		// release panics (an Observer), as in Release.
+		switch {
+		case degraded:
+		case closed:
+			defer r.remove(context.Background(), []*lease[K]{l.abandonment()}) // the releaser may have stopped
+		default:
+			defer r.queueRelease(l)
+		}
+		l.releaseLocal()
+	}()
+	if closed {
+		return failed(ErrClosed)
+	}
+	return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
+}
+
+// localAcquire takes l's mirror in the local registry. If that panics (an
+// Observer, a local LimitFunc), a lease Redis admitted is taken back, as in
+// Release: it is not held, so nothing would renew or remove it.
+func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, error) {
+	ok := false
+	defer func() {
+		if !ok && !degraded {
+			r.queueRelease(l.abandonment())
+		}
+	}()
+	s, err := r.local.TryAcquireAll(l.keys...)
+	ok = true
+	return s, err
+}
+
+// localFull tells the local registry's refusal le of l again, naming the
+// first of l's keys that is full there by its name in Redis, as a refusal
+// by Redis names it. It reports false if none is full any more.
+func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, bool) {
+	for i, k := range l.keys {
+		n, limit := r.local.InFlight(k), r.local.Limit(k)
+		if n >= limit {
+			err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: limit, RetryAfter: le.RetryAfter}
+			return outcome{err: err, full: i}, true
+		}
+	}
+	return outcome{err: le, full: 0}, false
+}
+
+// unavailable admits l, or not, while Redis cannot be reached.
+func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
+	switch r.cfg.onUnavailable {
+	case FailClosed:
+		return failed(ErrUnavailable)
+	case FailOpen:
+		if err := ctx.Err(); err != nil {
+			return failed(fmt.Errorf("fleet: acquire: %w", err))
+		}
+		v, h := core.NewSlot()
+		h.Owner, l.hold = l, h
+		h.At = time.Now().UnixNano()
+		h.Bypassed, h.Degraded = true, true
+		r.stats.bypassed.Add(1)
+		return outcome{slot: v.(*slots.Slot), full: -1}
+	}
+	return r.hold(ctx, l, true, 0)
+}
+
+func (r *Registry[K]) redisFailed(err error) {
+	if r.stopping.Err() != nil {
+		return // Close cancelled it: not Redis's failure
+	}
+	r.stats.redisErrors.Add(1)
+	if r.brk.failure() {
+		r.logSafely(slog.LevelWarn, "fleet: redis unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
+	}
+}

@@ -1,0 +1,157 @@
+package fleet
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"maps"
+	"slices"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// lease is one admission's record: its Redis keys and id, and the Owner of
+// its Slot's hold.
+type lease[K comparable] struct {
+	r        *Registry[K]
+	id       string
+	keys     []K
+	names    []string    // the Redis keys
+	limits   []int       // their limits at the admission
+	local    *slots.Slot // the mirror in the local registry; nil for a bypass
+	hold     *core.Hold  // the Slot's own hold: a copy of the Slot frees nothing
+	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
+	reported bool        // found missing and reported lost; guarded by r.mu
+	// sent: a call that may put it (back) into Redis was made, and may still
+	// run: a release abandons it (with a tombstone) rather than just
+	// removing it. Guarded by r.mu; never cleared.
+	sent bool
+	// epoch is the epoch under which it was last seen in Redis (0: not
+	// known to be there), for the renewal to tell a lease Redis lost from
+	// one that expired (see scripts.go). Guarded by r.mu.
+	epoch int64
+
+	// until is the latest not-after time (see clock.go) of the calls made
+	// that may add it to Redis under its id: before it, a call that failed
+	// may still run. Guarded by r.mu once the lease is held.
+	until int64
+
+	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
+	since     time.Time               // when its removal was first queued (guarded by r.remMu)
+	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without
+}
+
+// abandonment is a stand-in for l's current id, to be taken back with a
+// tombstone.
+func (l *lease[K]) abandonment() *lease[K] {
+	return &lease[K]{r: l.r, id: l.id, names: l.names, limits: slices.Clone(l.limits), until: l.until, abandoned: true}
+}
+
+// Release implements core.Owner: it frees the local mirror at once and
+// queues the removal from Redis. It never waits for Redis.
+func (l *lease[K]) Release(h *core.Hold) bool {
+	if h != l.hold {
+		l.Misuse(h) // a copied Slot: it holds nothing
+		return false
+	}
+	if h.Bypassed {
+		return true
+	}
+	out, limitPanic := l.releasing()
+	func() {
+		if out != nil { // even if the local release panics (an Observer)
+			defer l.r.queueRelease(out)
+		}
+		l.releaseLocal()
+	}()
+	if limitPanic != nil {
+		panic(limitPanic) // the LimitFunc's, once the lease is on its way out
+	}
+	return true
+}
+
+// minRemade is the peak below which a shrunk map (or queue) is kept as it
+// is: remaking a small one gains little.
+const minRemade = 1024
+
+// remade returns m, or, if it has shrunk to a quarter of its peak (of
+// minRemade entries or more), a copy of it made anew, with the peak
+// reset. A Go map keeps its buckets when entries are deleted: so memory
+// follows what is live after a burst.
+func remade[M ~map[K]V, K comparable, V any](m M, peak *int) M {
+	n := len(m)
+	if *peak < minRemade || n*4 > *peak {
+		return m
+	}
+	fresh := make(M, n)
+	maps.Copy(fresh, m)
+	*peak = n
+	return fresh
+}
+
+// releasing drops l from the held leases and returns what to remove from
+// Redis (nil: nothing), and what the LimitFunc panicked with, if it did.
+func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
+	r := l.r
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.leases, l)
+	r.leases = remade(r.leases, &r.leasesPeak)
+	if l.degraded {
+		delete(r.degraded, l)
+		r.degraded = remade(r.degraded, &r.degradedPeak)
+	}
+	// A degraded lease is not in Redis: nothing to remove. After Close
+	// nothing is sent: the lease expires after the TTL.
+	if (l.degraded && !l.sent) || r.closed {
+		return nil, nil
+	}
+	// The wake-up is for a key full by its limit now or, if the LimitFunc
+	// panics, by its limit at the admission.
+	old := slices.Clone(l.limits)
+	func() {
+		done := false
+		defer func() {
+			if !done {
+				limitPanic = recover()
+				l.limits = old
+			}
+		}()
+		r.limitsLocked(l)
+		done = true
+	}()
+	if l.sent {
+		return l.abandonment(), limitPanic // a renewal may still put it back
+	}
+	return l, limitPanic
+}
+
+func (l *lease[K]) releaseLocal() {
+	if l.local != nil {
+		l.local.Release()
+	}
+}
+
+// Misuse implements core.Owner.
+func (l *lease[K]) Misuse(*core.Hold) { l.r.stats.doubleReleases.Add(1) }
+
+// Time implements core.Owner.
+func (l *lease[K]) Time(at int64) time.Time { return time.Unix(0, at) }
+
+func newLeaseID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
+	return hex.EncodeToString(b[:])
+}
+
+func dedupe[K comparable](keys []K) []K {
+	uniq := make([]K, 0, len(keys))
+	for _, k := range keys {
+		if !slices.Contains(uniq, k) {
+			uniq = append(uniq, k)
+		}
+	}
+	return uniq
+}

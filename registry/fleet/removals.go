@@ -1,0 +1,241 @@
+package fleet
+
+import (
+	"context"
+	"slices"
+	"time"
+)
+
+// maxRemovals bounds the removals from Redis waiting to be sent (a lease
+// each, which its holder had in memory already); beyond it the oldest is
+// dropped, and its lease expires in Redis after the TTL.
+const maxRemovals = 1 << 16
+
+// queueRelease hands l's removal from Redis to the releaser. It never
+// waits: past maxRemovals pending, the oldest that may go is dropped (see
+// droppable); after Close l is dropped. Call it with neither r.mu nor
+// redisMu held.
+func (r *Registry[K]) queueRelease(l *lease[K]) {
+	if r.stopping.Err() != nil {
+		return
+	}
+	now := time.Now()
+	r.remMu.Lock()
+	if l.since.IsZero() {
+		l.since = now
+	}
+	r.removals = append(r.removals, l)
+	r.dropOverLocked()
+	r.remMu.Unlock()
+	select {
+	case r.kick <- struct{}{}:
+	default:
+	}
+}
+
+// droppable reports whether the removal l may be given up: a released
+// lease's may (it expires after the TTL, as it is not renewed), but an
+// abandon's only once no call that may add its lease id can run any more
+// (see clock.go): a call still on its way would add a lease nobody holds,
+// for a whole TTL. Over the bound of pending removals, an abandon of calls
+// made before the server's clock was known (unknownUntil) may go too: they
+// are never given up otherwise, and would have no bound.
+func (r *Registry[K]) droppable(l *lease[K], overBound bool) bool {
+	return !l.abandoned || r.clock.past(l.until) || overBound && l.until == unknownUntil
+}
+
+// dropOverLocked drops the oldest removals past the bound that may be
+// given up.
+func (r *Registry[K]) dropOverLocked() {
+	for i := 0; len(r.removals) > r.maxPending && i < len(r.removals); {
+		if !r.droppable(r.removals[i], true) {
+			i++
+			continue
+		}
+		if i == 0 {
+			r.removals[0] = nil
+			r.removals = r.removals[1:]
+		} else {
+			r.removals = slices.Delete(r.removals, i, i+1)
+		}
+		r.stats.removalsDropped.Add(1)
+	}
+}
+
+// nextRemovals takes the oldest pending removals, up to a batch of pairs.
+// Those queued a lease TTL ago or more are dropped if they may be (see
+// droppable): their leases have expired by now.
+func (r *Registry[K]) nextRemovals() []*lease[K] {
+	now := time.Now()
+	r.remMu.Lock()
+	defer r.remMu.Unlock()
+	var batch []*lease[K]
+	pairs, i := 0, 0
+	for ; i < len(r.removals) && pairs < batchSize; i++ {
+		l := r.removals[i]
+		r.removals[i] = nil
+		if now.Sub(l.since) >= r.cfg.ttl && r.droppable(l, false) {
+			r.stats.removalsDropped.Add(1)
+			continue
+		}
+		batch = append(batch, l)
+		pairs += len(l.names)
+	}
+	r.removals = r.removals[i:]
+	if len(r.removals) == 0 {
+		r.removals = nil // let the array go
+	}
+	return batch
+}
+
+// putBackRemovals returns removals that failed to the front of the queue.
+func (r *Registry[K]) putBackRemovals(failed []*lease[K]) {
+	r.remMu.Lock()
+	defer r.remMu.Unlock()
+	r.removals = append(slices.Clip(failed), r.removals...)
+	r.dropOverLocked()
+}
+
+// releaser removes released leases (and abandoned calls' lease ids) from
+// Redis, a batch at a time. A removal that fails (or panics, in a client
+// hook), or that waits while the breaker is open, is sent again, with
+// backoff (WithPoll's: from its minimum, doubling to its maximum) or as soon
+// as the breaker closes, until it succeeds or it may be given up (see
+// droppable). On Close it sends what is queued, within one call timeout,
+// then stops.
+func (r *Registry[K]) releaser() {
+	defer r.done.Done()
+	wait := time.NewTimer(time.Hour)
+	wait.Stop()
+	var backoff time.Duration
+	for {
+		if backoff == 0 {
+			select {
+			case <-r.kick:
+			case <-r.stopping.Done():
+				r.flushRemovals()
+				return
+			}
+		} else {
+			wait.Reset(jitter(backoff))
+			select {
+			case <-wait.C:
+			case <-r.resume:
+				wait.Stop()
+			case <-r.stopping.Done():
+				wait.Stop()
+				r.flushRemovals()
+				return
+			}
+		}
+		sent := false
+		r.survive("removal", func() { sent = r.sendRemovals(context.Background()) })
+		if sent {
+			backoff = 0
+		} else {
+			backoff = min(max(2*backoff, r.cfg.pollMin), r.cfg.pollMax)
+		}
+	}
+}
+
+// sendRemovals sends the pending removals until none are left (true), or
+// until one fails or the breaker is open (false): those wait in the queue.
+func (r *Registry[K]) sendRemovals(ctx context.Context) bool {
+	for ctx.Err() == nil {
+		batch := r.nextRemovals()
+		if batch == nil {
+			return true
+		}
+		if !r.brk.allow() {
+			r.putBackRemovals(batch)
+			return false
+		}
+		if failed := r.remove(ctx, batch); len(failed) > 0 {
+			r.putBackRemovals(failed)
+			return false
+		}
+	}
+	return false
+}
+
+// flushRemovals sends what is queued at Close, within one call timeout in
+// all: Redis unreachable or slow, the leases expire.
+func (r *Registry[K]) flushRemovals() {
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
+	r.survive("removal", func() { r.sendRemovals(ctx) })
+}
+
+// remove deletes leases from Redis and publishes the wake-ups, each call
+// within the call timeout (and ctx). It returns those it could not remove.
+func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
+	r.redisMu.Lock()
+	defer r.redisMu.Unlock()
+	var keys []string
+	args := []any{r.channel}
+	var abandons, plain []*lease[K]
+	for _, l := range leases {
+		if l.abandoned {
+			abandons = append(abandons, l)
+			continue
+		}
+		plain = append(plain, l)
+		for i, name := range l.names {
+			keys = append(keys, name)
+			args = append(args, l.id, l.limits[i])
+		}
+	}
+	for chunk := range slices.Chunk(abandons, batchSize) {
+		if !r.brk.allow() { // Redis unreachable: sent again later
+			failed = append(failed, chunk...)
+			continue
+		}
+		failed = append(failed, r.abandonAll(ctx, chunk)...)
+	}
+	if len(keys) == 0 {
+		return failed
+	}
+	// Each call its own deadline, not the stopping context: a release
+	// during Close still reaches Redis.
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
+	defer cancel()
+	if err := safeRun(cctx, r.rdb, releaseScript, keys, args...).Err(); err != nil {
+		r.redisFailed(err)
+		failed = append(failed, plain...)
+	}
+	return failed
+}
+
+// abandonAll sends the abandons of leases in one pipeline, and returns
+// those that failed.
+func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lease[K] {
+	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
+	for i, l := range leases {
+		keys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
+		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), scriptUntil(l.until), r.channel}
+		if len(l.limits) == len(l.names) { // the wake-ups need them
+			for _, n := range l.limits {
+				args[i] = append(args[i], n)
+			}
+		}
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
+	defer cancel()
+	cmds, perr := safeEvalAll(cctx, r.rdb, abandonScript, keys, args)
+	if perr != nil {
+		r.redisFailed(perr)
+		return leases
+	}
+	var failed []*lease[K]
+	var failure error
+	for i, cmd := range cmds {
+		if err := cmd.Err(); err != nil {
+			failure = err
+			failed = append(failed, leases[i])
+		}
+	}
+	if failure != nil {
+		r.redisFailed(failure) // once for the pipeline
+	}
+	return failed
+}
