@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/policy"
 	"github.com/inflight-go/inflight/slots"
