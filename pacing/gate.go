@@ -73,22 +73,6 @@ type Gate struct {
 	bypassed       uint64
 }
 
-type modelLane struct {
-	name       string
-	lane       core.Lane // lane.Waiters unused: the Gate has one queue
-	waiting    int
-	interval   time.Duration
-	next, last int64
-	started    bool   // a start has been granted (last is meaningful)
-	lastID     uint64 // the hold that made the last start
-	configured bool   // kept while idle, so its spacing holds
-}
-
-type keyLane struct {
-	id   string
-	lane core.Lane
-}
-
 // grant is the Owner of one admission's hold: its model and key, and its
 // places in the provider's, model's and key's holder sets.
 type grant struct {
@@ -175,88 +159,11 @@ func (g *Gate) Close() {
 	g.mu.Unlock()
 }
 
-func limitOf(n int) int {
-	if n == 0 {
-		return slots.Unlimited
-	}
-	return n
-}
-
-// applyLocked installs cfg's limits and spacing; lanes keep their holders.
-func (g *Gate) applyLocked(cfg Config) {
-	g.cfg = cfg
-	g.interval = cfg.Interval()
-	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
-	g.provider.Shares = cfg.shares()
-	for name, ml := range g.models {
-		if _, still := cfg.Models[name]; !still && ml.configured {
-			ml.configured = false
-			ml.lane.Limit, ml.interval = slots.Unlimited, 0
-			g.dropIfIdleLocked(ml)
-		}
-	}
-	for name, m := range cfg.Models {
-		ml := g.models[name]
-		if ml == nil {
-			ml = &modelLane{name: name}
-			g.models[name] = ml
-		}
-		ml.configured = true
-		ml.lane.Limit = limitOf(m.MaxConcurrentRequests)
-		ml.interval = cfg.ModelInterval(name)
-	}
-	// Keys keep their lanes (and so their holders) by id; a key no longer
-	// in the pool leaves the pick list and drains.
-	g.keys = g.keys[:0]
-	pool := make(map[string]*keyLane, len(cfg.APIKeys))
-	for _, k := range cfg.APIKeys {
-		kl := g.keyByID[k.ID]
-		if kl == nil {
-			kl = &keyLane{id: k.ID}
-		}
-		kl.lane.Limit = limitOf(k.MaxConcurrentRequests)
-		g.keys = append(g.keys, kl)
-		pool[k.ID] = kl
-	}
-	g.keyByID = pool
-}
-
 func (g *Gate) logger() *slog.Logger {
 	if g.log != nil {
 		return g.log
 	}
 	return slog.Default()
-}
-
-// modelLocked returns model's lane, creating an unconfigured one (no cap,
-// no spacing) on demand.
-func (g *Gate) modelLocked(model string) *modelLane {
-	ml := g.models[model]
-	if ml == nil {
-		ml = &modelLane{name: model, lane: core.Lane{Limit: slots.Unlimited}}
-		g.models[model] = ml
-	}
-	return ml
-}
-
-// dropIfIdleLocked forgets an unconfigured model's lane once nothing uses it.
-func (g *Gate) dropIfIdleLocked(ml *modelLane) {
-	if !ml.configured && ml.lane.Holders.Len() == 0 && ml.waiting == 0 {
-		delete(g.models, ml.name)
-	}
-}
-
-// pickKeyLocked returns the key with the most free capacity, first in the
-// pool's order on a tie; nil when the pool is empty or full.
-func (g *Gate) pickKeyLocked() *keyLane {
-	var best *keyLane
-	bestFree := 0
-	for _, k := range g.keys {
-		if free := k.lane.Limit - k.lane.Holders.Len(); free > bestFree {
-			best, bestFree = k, free
-		}
-	}
-	return best
 }
 
 // Acquire waits until model's request may start, then grants it. It fails
@@ -554,44 +461,3 @@ func (gr *grant) Misuse(h *core.Hold) {
 
 // Time implements core.Owner.
 func (gr *grant) Time(at int64) time.Time { return gr.g.cx.Time(at) }
-
-// Status is a Gate's state now.
-type Status struct {
-	InFlight    int
-	Queued      int
-	ByModel     map[string]int // in flight per model with any
-	ByKey       map[string]int // in flight per API key
-	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
-	LastStart   time.Time      // the provider's last granted start (zero: none yet)
-	Rejected    uint64         // queue full or wait timeout
-	Bypassed    uint64         // proceeded without a slot after the queue wait ("proceed")
-	// DoubleReleases counts Release calls on a slot already released, or
-	// on a copy of a Slot: misuse, which frees nothing.
-	DoubleReleases uint64
-	Queue          slots.QueueStats // who waits: per class, and the flows with the most waiters
-}
-
-// Status returns the Gate's state now.
-func (g *Gate) Status() Status {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	now := g.cx.Nanos()
-	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{},
-		Rejected: g.rejected, Bypassed: g.bypassed, DoubleReleases: g.doubleReleases.Load()}
-	st.Queue = core.QueueStats(&g.provider.Waiters).(slots.QueueStats)
-	for name, ml := range g.models {
-		if n := ml.lane.Holders.Len(); n > 0 {
-			st.ByModel[name] = n
-		}
-	}
-	for _, k := range g.keys {
-		st.ByKey[k.id] = k.lane.Holders.Len()
-	}
-	if g.started {
-		st.LastStart = g.cx.Time(g.last)
-		if g.next > now {
-			st.NextStartIn = time.Duration(g.next - now)
-		}
-	}
-	return st
-}

@@ -1,0 +1,101 @@
+package pacing
+
+import (
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+type modelLane struct {
+	name       string
+	lane       core.Lane // lane.Waiters unused: the Gate has one queue
+	waiting    int
+	interval   time.Duration
+	next, last int64
+	started    bool   // a start has been granted (last is meaningful)
+	lastID     uint64 // the hold that made the last start
+	configured bool   // kept while idle, so its spacing holds
+}
+
+type keyLane struct {
+	id   string
+	lane core.Lane
+}
+
+func limitOf(n int) int {
+	if n == 0 {
+		return slots.Unlimited
+	}
+	return n
+}
+
+// applyLocked installs cfg's limits and spacing; lanes keep their holders.
+func (g *Gate) applyLocked(cfg Config) {
+	g.cfg = cfg
+	g.interval = cfg.Interval()
+	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
+	g.provider.Shares = cfg.shares()
+	for name, ml := range g.models {
+		if _, still := cfg.Models[name]; !still && ml.configured {
+			ml.configured = false
+			ml.lane.Limit, ml.interval = slots.Unlimited, 0
+			g.dropIfIdleLocked(ml)
+		}
+	}
+	for name, m := range cfg.Models {
+		ml := g.models[name]
+		if ml == nil {
+			ml = &modelLane{name: name}
+			g.models[name] = ml
+		}
+		ml.configured = true
+		ml.lane.Limit = limitOf(m.MaxConcurrentRequests)
+		ml.interval = cfg.ModelInterval(name)
+	}
+	// Keys keep their lanes (and so their holders) by id; a key no longer
+	// in the pool leaves the pick list and drains.
+	g.keys = g.keys[:0]
+	pool := make(map[string]*keyLane, len(cfg.APIKeys))
+	for _, k := range cfg.APIKeys {
+		kl := g.keyByID[k.ID]
+		if kl == nil {
+			kl = &keyLane{id: k.ID}
+		}
+		kl.lane.Limit = limitOf(k.MaxConcurrentRequests)
+		g.keys = append(g.keys, kl)
+		pool[k.ID] = kl
+	}
+	g.keyByID = pool
+}
+
+// modelLocked returns model's lane, creating an unconfigured one (no cap,
+// no spacing) on demand.
+func (g *Gate) modelLocked(model string) *modelLane {
+	ml := g.models[model]
+	if ml == nil {
+		ml = &modelLane{name: model, lane: core.Lane{Limit: slots.Unlimited}}
+		g.models[model] = ml
+	}
+	return ml
+}
+
+// dropIfIdleLocked forgets an unconfigured model's lane once nothing uses it.
+func (g *Gate) dropIfIdleLocked(ml *modelLane) {
+	if !ml.configured && ml.lane.Holders.Len() == 0 && ml.waiting == 0 {
+		delete(g.models, ml.name)
+	}
+}
+
+// pickKeyLocked returns the key with the most free capacity, first in the
+// pool's order on a tie; nil when the pool is empty or full.
+func (g *Gate) pickKeyLocked() *keyLane {
+	var best *keyLane
+	bestFree := 0
+	for _, k := range g.keys {
+		if free := k.lane.Limit - k.lane.Holders.Len(); free > bestFree {
+			best, bestFree = k, free
+		}
+	}
+	return best
+}

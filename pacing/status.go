@@ -1,0 +1,49 @@
+package pacing
+
+import (
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Status is a Gate's state now.
+type Status struct {
+	InFlight    int
+	Queued      int
+	ByModel     map[string]int // in flight per model with any
+	ByKey       map[string]int // in flight per API key
+	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
+	LastStart   time.Time      // the provider's last granted start (zero: none yet)
+	Rejected    uint64         // queue full or wait timeout
+	Bypassed    uint64         // proceeded without a slot after the queue wait ("proceed")
+	// DoubleReleases counts Release calls on a slot already released, or
+	// on a copy of a Slot: misuse, which frees nothing.
+	DoubleReleases uint64
+	Queue          slots.QueueStats // who waits: per class, and the flows with the most waiters
+}
+
+// Status returns the Gate's state now.
+func (g *Gate) Status() Status {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	now := g.cx.Nanos()
+	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{},
+		Rejected: g.rejected, Bypassed: g.bypassed, DoubleReleases: g.doubleReleases.Load()}
+	st.Queue = core.QueueStats(&g.provider.Waiters).(slots.QueueStats)
+	for name, ml := range g.models {
+		if n := ml.lane.Holders.Len(); n > 0 {
+			st.ByModel[name] = n
+		}
+	}
+	for _, k := range g.keys {
+		st.ByKey[k.id] = k.lane.Holders.Len()
+	}
+	if g.started {
+		st.LastStart = g.cx.Time(g.last)
+		if g.next > now {
+			st.NextStartIn = time.Duration(g.next - now)
+		}
+	}
+	return st
+}
