@@ -6,15 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/benbjohnson/clock"
 
-	"github.com/inflight-go/inflight/internal/clockx"
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/internal/ilist"
-	"github.com/inflight-go/inflight/internal/policy"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -40,9 +36,8 @@ import (
 // slots.Transport). Create a Gate with NewGate; the zero value is not usable.
 type Gate struct {
 	name string
+	eng  core.Engine
 	clk  clock.Clock // timers for the next start
-	cx   *clockx.Clock
-	log  *slog.Logger
 
 	// closed ends with ErrGateClosed when the provider is removed; waiters
 	// watch it.
@@ -64,13 +59,8 @@ type Gate struct {
 	timerGen uint64 // tells a stale timer's callback from the current one's
 	isClosed bool   // Close was called: no more grants
 	seq      uint64
-	hold     policy.HoldTime
-	satLog   policy.Every
-	// doubleReleases counts Release calls on a slot already released (or
-	// on a copy of one); atomic, as Misuse runs without the lock.
-	doubleReleases atomic.Uint64
-	rejected       uint64
-	bypassed       uint64
+	rejects  uint64
+	bypassed uint64
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -102,12 +92,10 @@ type Grant struct {
 type GateOption func(*Gate)
 
 // WithClock sets the Gate's clock; for tests. The default is the real clock.
-func WithClock(c clock.Clock) GateOption {
-	return func(g *Gate) { g.clk, g.cx = c, clockx.New(c) }
-}
+func WithClock(c clock.Clock) GateOption { return func(g *Gate) { g.eng.Policy.Clock = c } }
 
 // WithLogger sets the logger (nil, the default: slog.Default()).
-func WithLogger(l *slog.Logger) GateOption { return func(g *Gate) { g.log = l } }
+func WithLogger(l *slog.Logger) GateOption { return func(g *Gate) { g.eng.Logger = l } }
 
 // NewGate returns a Gate for the provider name under cfg, or cfg's
 // validation error.
@@ -115,9 +103,14 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{name: name, clk: clock.New(), cx: clockx.New(nil), models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
+	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
 	for _, o := range opts {
 		o(g)
+	}
+	g.eng.Init("pacing")
+	g.clk = g.eng.Policy.Clock
+	if g.clk == nil {
+		g.clk = clock.New()
 	}
 	g.closed, g.close = context.WithCancelCause(context.Background())
 	g.applyLocked(cfg)
@@ -140,7 +133,7 @@ func (g *Gate) Reconfigure(cfg Config) error {
 	var wk core.Wakes
 	g.mu.Lock()
 	g.applyLocked(cfg)
-	g.dispatchLocked(g.cx.Nanos(), &wk)
+	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	g.mu.Unlock()
 	wk.Wake()
 	return nil
@@ -159,13 +152,6 @@ func (g *Gate) Close() {
 	g.mu.Unlock()
 }
 
-func (g *Gate) logger() *slog.Logger {
-	if g.log != nil {
-		return g.log
-	}
-	return slog.Default()
-}
-
 // Acquire waits until model's request may start, then grants it. It fails
 // with a *slots.LimitError wrapping slots.ErrQueueFull (MaxQueue waiting
 // already) or slots.ErrWaitTimeout (waited MaxQueueWait, with on_wait_timeout
@@ -178,8 +164,8 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	if context.Cause(g.closed) != nil {
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
-	v, h := core.NewSlot()
-	s := v.(*slots.Slot)
+	x := new(core.Handle)
+	s, h := (*slots.Slot)(x), x.Hold()
 	gr := &grant{g: g}
 	h.Owner = gr
 	place := core.PlaceOf(ctx)
@@ -193,13 +179,14 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	// admission (see slots.Limiter.Acquire).
 	if core.Ended(ctx) {
 		g.mu.Unlock()
-		return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
+		return Grant{}, g.eng.Canceled(ctx)
 	}
 	// Read under the lock: Reconfigure may change g.cfg while this caller
 	// waits without it.
 	queueWait := g.cfg.QueueWait()
-	now := g.cx.Nanos()
+	now := g.eng.Clock.Nanos()
 	h.At = now
+	start := now // h.At is the grant's once queued
 	gr.model = g.modelLocked(model)
 	g.provider.Waiters.Push(&w.Elem)
 	gr.model.waiting++
@@ -213,7 +200,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		g.provider.Waiters.Remove(&w.Elem)
 		w.State = core.Gone
 		gr.model.waiting--
-		err := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
+		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
 		g.dropIfIdleLocked(gr.model)
 		if g.provider.Shares != nil {
 			// Its class may have stopped waiting, and stopped keeping its
@@ -222,7 +209,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		}
 		g.mu.Unlock()
 		wk.Wake()
-		return Grant{}, err
+		return Grant{}, g.rejected(rej)
 	}
 	g.mu.Unlock()
 	wk.Wake()
@@ -230,47 +217,37 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		if ctx.Err() != nil { // the context ended meanwhile: give it back
 			h.GivenBack = true
 			h.Release()
-			return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
+			return Grant{}, g.eng.Canceled(ctx)
 		}
 		return g.handOut(s, gr), nil
 	}
 
-	expire, stop := g.cx.Timer(queueWait)
-	defer stop()
 	// The wait ends too when the provider is removed.
 	wctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
 	unwatch := context.AfterFunc(g.closed, func() { cancel(ErrGateClosed) })
 	defer unwatch()
-	switch core.Await(wctx, w, expire, g.withdraw) {
+	switch g.eng.Wait(wctx, w, queueWait, g.withdraw) {
 	case core.OutGranted:
 		return g.handOut(s, gr), nil
 	case core.OutCanceled:
 		if errors.Is(context.Cause(wctx), ErrGateClosed) && ctx.Err() == nil {
 			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 		}
-		return Grant{}, fmt.Errorf("pacing: acquire: %w", ctx.Err())
+		return Grant{}, g.eng.Canceled(ctx)
 	}
+	// The wait expired.
 	g.mu.Lock()
-	now = g.cx.Nanos()
 	if !g.cfg.FailOpen() { // as configured now, not when the wait began
-		err := g.rejectLocked(slots.ErrWaitTimeout, gr.model, now)
+		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, g.eng.Clock.Nanos())
 		g.mu.Unlock()
-		return Grant{}, err
+		return Grant{}, g.rejected(rej)
 	}
 	g.bypassed++
 	g.mu.Unlock()
-	core.Bypass(h)
-	if g.satLog.Allow(now, saturationLogEvery) {
-		g.logger().Warn("pacing: provider saturated; proceeding without a slot",
-			slog.String("provider", g.name), slog.String("model", model))
-	}
+	g.eng.Bypass(h, start, queueWait, "provider", slog.String("provider", g.name), slog.String("model", model))
 	return Grant{Slot: s}, nil
 }
-
-// saturationLogEvery spaces the fail-open saturation warnings, as the
-// Limiter's and the Registry's are.
-const saturationLogEvery = 10 * time.Second
 
 func (g *Gate) handOut(s *slots.Slot, gr *grant) Grant {
 	gt := Grant{Slot: s}
@@ -297,7 +274,7 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	if g.provider.Shares != nil {
 		// A class that stops waiting stops keeping its minimum share from
 		// the others, which may now start.
-		g.dispatchLocked(g.cx.Nanos(), &wk)
+		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	}
 	return true
 }
@@ -320,14 +297,13 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 				break // a release will dispatch again
 			}
 		}
-		el := g.nextLocked(now, &wakeAt)
-		if el == nil {
+		w := g.nextLocked(now, &wakeAt)
+		if w == nil {
 			break // a release, a start time or a config change will dispatch again
 		}
-		w := el.Value
 		gr := w.Hold.Owner.(*grant)
 		ml := gr.model
-		g.provider.Waiters.Served(el)
+		g.provider.Serve(w)
 		ml.waiting--
 		gr.key = key
 		w.Hold.At = now
@@ -351,26 +327,20 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 // (class, flow turns, arrival), the first whose class may take a provider
 // slot and whose model has room and is due. It lowers *wakeAt to the
 // earliest start of a model that is not due yet.
-func (g *Gate) nextLocked(now int64, wakeAt *int64) *ilist.Elem[*core.Waiter] {
-	for _, c := range core.Order {
-		if g.provider.Waiters.ClassLen(c) == 0 || !g.provider.CanTake(c) {
-			continue
+func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
+	return g.provider.Candidate(func(w *core.Waiter) bool {
+		ml := w.Hold.Owner.(*grant).model
+		if !ml.lane.HasRoom() {
+			return false
 		}
-		for el := range g.provider.Waiters.Class(c) {
-			ml := el.Value.Hold.Owner.(*grant).model
-			if !ml.lane.HasRoom() {
-				continue
+		if ml.interval > 0 && ml.started && ml.next > now {
+			if *wakeAt == 0 || ml.next < *wakeAt {
+				*wakeAt = ml.next
 			}
-			if ml.interval > 0 && ml.started && ml.next > now {
-				if *wakeAt == 0 || ml.next < *wakeAt {
-					*wakeAt = ml.next
-				}
-				continue
-			}
-			return el
+			return false
 		}
-	}
-	return nil
+		return true
+	})
 }
 
 // armLocked makes a dispatch run at the clock time at (0: none needed).
@@ -391,21 +361,18 @@ func (g *Gate) armLocked(at, now int64) {
 		if g.timerGen == gen { // not replaced meanwhile
 			g.timer = nil
 		}
-		g.dispatchLocked(g.cx.Nanos(), &wk)
+		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 		g.mu.Unlock()
 		wk.Wake()
 	})
 }
 
 // rejectLocked builds a rejection with a Retry-After from when a slot or a
-// start is next expected.
-func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) error {
-	g.rejected++
-	le := &slots.LimitError{
-		Err: reason, Key: g.name + "/" + ml.name,
-		InFlight: g.provider.Holders.Len(), Limit: g.provider.Limit, Queued: g.provider.Waiters.Len(),
-	}
-	ra := g.hold.RetryAfter(le.Queued, min(g.provider.Limit, ml.lane.Limit))
+// start is next expected; report it with rejected once unlocked.
+func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) *core.Rejection {
+	g.rejects++
+	rej := g.eng.RejectLane(reason, g.name+"/"+ml.name, &g.provider)
+	ra := g.eng.RetryAfter(rej.Queued, min(g.provider.Limit, ml.lane.Limit))
 	next := int64(0)
 	if g.started {
 		next = g.next
@@ -417,8 +384,14 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) error {
 		// Rounded up: a client that honours it does not come back early.
 		ra = max(ra, (time.Duration(next-now) + time.Second - 1).Truncate(time.Second))
 	}
-	le.RetryAfter = max(ra, time.Second)
-	return le
+	rej.RetryAfter = max(ra, time.Second)
+	return rej
+}
+
+// rejected reports a rejection decided under the lock, now released.
+func (g *Gate) rejected(rej *core.Rejection) error {
+	g.eng.Rejected(rej.Err)
+	return (*slots.LimitError)(rej)
 }
 
 // Release implements core.Owner: it frees the provider, model and key slots.
@@ -443,21 +416,16 @@ func (gr *grant) Release(h *core.Hold) bool {
 			ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
 		}
 	}
-	g.dispatchLocked(g.cx.Nanos(), &wk)
+	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	g.dropIfIdleLocked(gr.model)
 	g.mu.Unlock()
 	wk.Wake()
-	if h.ID&policy.SampleMask == 0 && !h.GivenBack {
-		g.hold.Observe(g.cx.Nanos() - h.At)
-	}
+	g.eng.Released(h)
 	return true
 }
 
 // Misuse implements core.Owner.
-func (gr *grant) Misuse(h *core.Hold) {
-	gr.g.doubleReleases.Add(1)
-	gr.g.logger().Debug("pacing: slot released twice", slog.Uint64("slot_id", h.ID))
-}
+func (gr *grant) Misuse(h *core.Hold) { gr.g.eng.Misuse(h) }
 
 // Time implements core.Owner.
-func (gr *grant) Time(at int64) time.Time { return gr.g.cx.Time(at) }
+func (gr *grant) Time(at int64) time.Time { return gr.g.eng.Clock.Time(at) }

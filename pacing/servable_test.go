@@ -18,7 +18,7 @@ import (
 func (g *Gate) startable() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	now := g.cx.Nanos()
+	now := g.eng.Clock.Nanos()
 	if g.started && g.next > now || len(g.keys) > 0 && g.pickKeyLocked() == nil {
 		return ""
 	}

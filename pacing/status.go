@@ -27,10 +27,14 @@ type Status struct {
 func (g *Gate) Status() Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	now := g.cx.Nanos()
+	now := g.eng.Clock.Nanos()
 	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{},
-		Rejected: g.rejected, Bypassed: g.bypassed, DoubleReleases: g.doubleReleases.Load()}
-	st.Queue = core.QueueStats(&g.provider.Waiters).(slots.QueueStats)
+		Rejected: g.rejects, Bypassed: g.bypassed, DoubleReleases: g.eng.Misuses()}
+	by, top := g.provider.Waiters.Top(slots.TopFlowsMax)
+	st.Queue = slots.QueueStats{Waiting: st.Queued, Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
+	for _, f := range top {
+		st.Queue.TopFlows = append(st.Queue.TopFlows, slots.FlowStat(f))
+	}
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n
@@ -40,7 +44,7 @@ func (g *Gate) Status() Status {
 		st.ByKey[k.id] = k.lane.Holders.Len()
 	}
 	if g.started {
-		st.LastStart = g.cx.Time(g.last)
+		st.LastStart = g.eng.Clock.Time(g.last)
 		if g.next > now {
 			st.NextStartIn = time.Duration(g.next - now)
 		}

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -25,7 +24,7 @@ func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 // A key whose limit is 0 waits until SetLimit raises it.
 func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 	if ctx == nil {
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
+		r.eng.Rejected(slots.ErrNilContext)
 		return nil, slots.ErrNilContext
 	}
 	return r.acquireOne(ctx, key)
@@ -37,41 +36,29 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 // would admit a caller that has given up.
 func endedLocked(ctx context.Context) bool { return ctx != nil && core.Ended(ctx) }
 
-// canceled reports a caller whose context ended before it was admitted.
-func (r *Registry[K]) canceled(ctx context.Context) error {
-	r.emit(slots.Event{Kind: slots.EventRejected, Err: ctx.Err()})
-	return fmt.Errorf("registry: acquire: %w", ctx.Err())
-}
-
-// pending is a Slot on its way to the caller. Without leak detection the
-// hold admitted is the Slot's own; with it, a tracked hold apart from the
-// Slot (see core.Tracked), for which the Slot becomes a stand-in.
+// pending is a Slot on its way to the caller: its record, and with leak
+// detection the tracked hold admitted for it (see core.Tracked).
 type pending struct {
-	s       *slots.Slot
-	standIn *core.Hold // the hold inside s
-	t       *core.Tracked
+	x *core.Handle
+	t *core.Tracked
 }
 
-// newHold returns a pending Slot and the hold to admit for it.
+// newHold returns a pending Slot and the hold to admit for it; its Owner is
+// set by the caller, once the key's entry is known.
 func (r *Registry[K]) newHold() (pending, *core.Hold) {
-	v, own := core.NewSlot()
-	p := pending{s: v.(*slots.Slot), standIn: own}
-	if !r.cfg.wait.LeakCheck {
-		return p, own
-	}
-	p.t = new(core.Tracked)
-	if r.cfg.wait.LeakSites {
-		p.t.RecordSite(3) // above newHold, acquireOne or acquireAll, and the exported method
-	}
-	return p, &p.t.Hold
+	x, h, t := r.eng.NewSlot(nil, 2) // above acquireOne or acquireAll, and the exported method
+	return pending{x, t}, h
 }
 
-// handOut finishes an admission and returns the Slot.
-func (p pending) handOut() *slots.Slot {
-	if p.t != nil {
-		core.AttachTo(p.t, p.s, p.standIn)
-	}
-	return p.s
+// acquired hands out an admitted Slot and reports it.
+func (r *Registry[K]) acquired(p pending, wait time.Duration) *slots.Slot {
+	return (*slots.Slot)(r.eng.Acquired(p.x, p.t, wait))
+}
+
+// rejected reports a rejection decided under locks now released.
+func (r *Registry[K]) rejected(rej *core.Rejection) error {
+	r.eng.Rejected(rej.Err)
+	return (*slots.LimitError)(rej)
 }
 
 // acquireOne admits under one key; ctx == nil means do not wait.
@@ -86,11 +73,11 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		}
 	}
 	p, h := r.newHold()
-	h.At = r.clk.Coarse()
+	h.At = r.eng.Clock.Coarse()
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
-	if ctx != nil && r.shares != nil {
+	if ctx != nil && r.eng.Shares != nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
@@ -104,14 +91,14 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
 		e, set = r.lockBeside(sh, key, hash, &wk)
-		if ctx != nil && r.shares == nil {
+		if ctx != nil && r.eng.Shares == nil {
 			place = core.PlaceOf(ctx) // the class matters beside them
 			h.Class = place.Class
 		}
 	}
 	if endedLocked(ctx) {
 		r.unlockOne(sh, set, &wk)
-		return nil, r.canceled(ctx)
+		return nil, r.eng.Canceled(ctx)
 	}
 	limit := 0
 	var room bool
@@ -138,21 +125,19 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	if ctx == nil {
 		sh.st.limitReached++
-		err := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
+		rej := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
 		r.unlockOne(sh, set, &wk)
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
-		return nil, err
+		return nil, r.rejected(rej)
 	}
-	if r.shares == nil {
+	if r.eng.Shares == nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	if r.queueFullLocked(e, place.Flow) {
+	if r.eng.Full(e.queue(), place.Flow) {
 		sh.st.queueFull++
-		err := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
+		rej := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
 		r.unlockOne(sh, set, &wk)
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrQueueFull})
-		return nil, err
+		return nil, r.rejected(rej)
 	}
 	if e == nil {
 		e = sh.addLocked(r, key, hash, limit)
@@ -192,42 +177,22 @@ func (r *Registry[K]) unlockOne(sh *shard[K], set []int, wk *core.Wakes) {
 	wk.Wake()
 }
 
-// acquired hands out an admitted Slot and reports it. If the Observer
-// panics the Slot is released, since it never reaches its caller.
-func (r *Registry[K]) acquired(p pending, wait time.Duration) *slots.Slot {
-	s := p.handOut()
-	if r.obs != nil {
-		ok := false
-		defer func() {
-			if !ok {
-				s.Release()
-			}
-		}()
-		r.obs.Observe(slots.Event{Kind: slots.EventAcquired, Wait: wait})
-		ok = true
-	}
-	return s
-}
-
 // freshAdmits reports whether a key that is not live, with limit, admits a
 // newcomer of class c.
 func (r *Registry[K]) freshAdmits(limit int, c uint8) bool {
-	if r.shares == nil || limit <= 0 {
+	if r.eng.Shares == nil || limit <= 0 {
 		return limit > 0
 	}
-	ln := core.Lane{Limit: limit, Shares: r.shares}
+	ln := core.Lane{Limit: limit, Shares: r.eng.Shares}
 	return ln.CanTake(c)
 }
 
-// queueFullLocked reports whether a caller of flow must be turned away from
-// e's queue (nil: the key is not live, nobody waits).
-func (r *Registry[K]) queueFullLocked(e *entry[K], flow string) bool {
+// queue returns e's queue, or nil for a key that is not live.
+func (e *entry[K]) queue() *core.Queue {
 	if e == nil {
-		return r.cfg.wait.QueueFull(0) || r.cfg.wait.FlowQueueFull(0)
+		return nil
 	}
-	q := &e.lane.Waiters
-	return r.cfg.wait.QueueFull(q.Len()) ||
-		r.cfg.wait.BoundFlowQueue && r.cfg.wait.FlowQueueFull(q.FlowLen(flow))
+	return &e.lane.Waiters
 }
 
 // waitOne queues s's hold on e and waits. Called with acquireOne's locks
@@ -249,39 +214,25 @@ func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *e
 // start is the hold's acquire time as it was before w was queued: once
 // queued, a grant may overwrite it at any moment.
 func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, start int64, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
-	var expire <-chan time.Time
-	if r.cfg.wait.MaxWait > 0 {
-		c, stop := r.clk.Timer(r.cfg.wait.MaxWait)
-		defer stop()
-		expire = c
-	}
 	h := w.Hold
-	out := core.Await(ctx, w, expire, withdraw)
-	switch out {
+	switch r.eng.Wait(ctx, w, r.eng.MaxWait, withdraw) {
 	case core.OutGranted:
 		return r.acquired(p, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		sh.mu.Lock()
 		sh.st.canceled++
 		sh.mu.Unlock()
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: ctx.Err()})
-		return nil, fmt.Errorf("registry: acquire: %w", ctx.Err())
+		return nil, r.eng.Canceled(ctx)
 	}
-	if r.cfg.wait.FailOpen {
-		core.Bypass(h)
-		h.At = r.clk.Coarse() // the clock start was read on
+	// The wait expired.
+	if r.eng.FailOpen {
 		sh.mu.Lock()
 		sh.st.bypassed++
 		sh.seq++
 		h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
 		sh.mu.Unlock()
-		if r.satLog.Allow(h.At, saturationLogEvery) {
-			r.cfg.wait.Log().Warn("registry: key saturated; admitting without a slot (fail-open)",
-				slog.String("key", keyString(key)), slog.Uint64("slot_id", h.ID),
-				slog.Duration("max_wait", r.cfg.wait.MaxWait))
-		}
-		r.emit(slots.Event{Kind: slots.EventBypassed, Wait: time.Duration(h.At - start)})
-		return p.handOut(), nil
+		r.eng.Bypass(h, start, r.eng.MaxWait, "key", slog.String("key", keyString(key)))
+		return (*slots.Slot)(r.eng.HandOut(p.x, p.t)), nil
 	}
 	ksh, khash := r.shardFor(key)
 	if ksh != sh {
@@ -293,15 +244,7 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 	if ksh == sh {
 		sh.st.waitTimeouts++
 	}
-	err := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lookup(key, khash), r.limitLocked(ksh, key))
+	rej := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lookup(key, khash), r.limitLocked(ksh, key))
 	ksh.mu.Unlock()
-	r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrWaitTimeout})
-	return nil, err
-}
-
-// emit hands e to the Observer, if there is one. Call without locks.
-func (r *Registry[K]) emit(e slots.Event) {
-	if r.obs != nil {
-		r.obs.Observe(e)
-	}
+	return nil, r.rejected(rej)
 }

@@ -48,7 +48,7 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K], also []int) ([]int, []*e
 			for el := e.multis.Front(); el != nil; el = el.Next() {
 				m := el.Value.Hold.Owner.(*multi[K])
 				need = append(need, m.shards...)
-				if r.shares == nil && !m.urgent() {
+				if r.eng.Shares == nil && !m.urgent() {
 					continue
 				}
 				if in == nil {
@@ -93,16 +93,13 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 	var now int64
 	if len(entries) == 1 && entries[0].lane.Multi == 0 {
 		e := entries[0]
-		for {
-			el := e.lane.Next()
-			if el == nil {
-				return
-			}
+		for w := e.lane.Candidate(nil); w != nil; w = e.lane.Candidate(nil) {
 			if now == 0 {
-				now = r.clk.Coarse()
+				now = r.eng.Clock.Coarse()
 			}
-			r.grantOneLocked(e, el.Value, now, wk)
+			r.grantOneLocked(e, w, now, wk)
 		}
+		return
 	}
 	for {
 		var best *core.Waiter
@@ -118,7 +115,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 			return
 		}
 		if now == 0 {
-			now = r.clk.Coarse()
+			now = r.eng.Clock.Coarse()
 		}
 		m, ok := best.Hold.Owner.(*multi[K])
 		if !ok {
@@ -138,24 +135,17 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 	}
 }
 
-// candidateLocked returns the waiter of e to serve next, or nil.
+// candidateLocked returns the waiter of e to serve next, or nil: the
+// first in e's order that no older multi-key waiter keeps the slot from
+// and that, if it needs other keys too, may take a slot of each.
 func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
-	for _, c := range core.Order {
-		if e.lane.Waiters.ClassLen(c) == 0 || !e.lane.CanTake(c) {
-			continue
+	return e.lane.Candidate(func(w *core.Waiter) bool {
+		if blockedLocked(e, w.Class, w.Seq) {
+			return false
 		}
-		for el := range e.lane.Waiters.Class(c) {
-			w := el.Value
-			if blockedLocked(e, c, w.Seq) {
-				continue
-			}
-			if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c, w.Seq) {
-				continue
-			}
-			return w
-		}
-	}
-	return nil
+		m, ok := w.Hold.Owner.(*multi[K])
+		return !ok || m.canTake(w.Class, w.Seq)
+	})
 }
 
 // canTake reports whether m's waiter, of class c and arrival seq, may take

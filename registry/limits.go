@@ -20,7 +20,7 @@ import (
 // override is kept until ClearLimit, also while the key is idle.
 func (r *Registry[K]) SetLimit(key K, n int) {
 	if n < 0 {
-		r.cfg.wait.Log().Warn("registry: SetLimit with a negative limit ignored",
+		r.eng.Log().Warn("registry: SetLimit with a negative limit ignored",
 			slog.String("key", keyString(key)), slog.Int("limit", n))
 		return
 	}
@@ -115,8 +115,8 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 // WithLimitFunc). It fails only when ctx ends while it waits for another
 // caller's first fetch of the key.
 func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
-	now := r.clk.Coarse()
-	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.cfg.refresh)) {
+	now := r.eng.Clock.Coarse()
+	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.refresh)) {
 		r.pruneIdleShards(now)
 	}
 	sh.mu.Lock()
@@ -145,8 +145,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Lock()
 			sh.st.canceled++
 			sh.mu.Unlock()
-			r.emit(slots.Event{Kind: slots.EventRejected, Err: ctx.Err()})
-			return fmt.Errorf("registry: acquire: %w", ctx.Err())
+			return r.eng.Canceled(ctx)
 		}
 	}
 	if sh.resolved == nil {
@@ -166,7 +165,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	n, gen, err := r.fetchLimit(ctx, sh, key, now, fetch)
 	if err != nil {
 		if r.limitLog.Allow(now, 10*time.Second) {
-			r.cfg.wait.Log().Warn("registry: limit lookup failed; keeping the last known limit",
+			r.eng.Log().Warn("registry: limit lookup failed; keeping the last known limit",
 				slog.String("key", keyString(key)), slog.Any("error", err), slog.Bool("known", rv.ok))
 		}
 		return nil
@@ -184,13 +183,13 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 }
 
 func (r *Registry[K]) fresh(rv resolved, now int64) bool {
-	return now-rv.at < int64(r.cfg.refresh)
+	return now-rv.at < int64(r.refresh)
 }
 
 // retained reports whether an idle key's cached limit is still worth keeping
 // (one marked stale by RefreshLimits is dropped with the key going idle).
 func (r *Registry[K]) retained(rv resolved, now int64) bool {
-	return rv.ok && rv.at != staleAt && now-rv.at < LimitRetention*int64(r.cfg.refresh)
+	return rv.ok && rv.at != staleAt && now-rv.at < LimitRetention*int64(r.refresh)
 }
 
 // fetchLimit calls the LimitFunc and records the outcome. The record is made
@@ -238,7 +237,7 @@ func (p panicError) Error() string { return "registry: LimitFunc panicked: " + k
 // is being fetched or still retained.
 func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
 	rv, ok := sh.resolved[key]
-	if ok && rv.fetch == nil && !r.retained(rv, r.clk.Coarse()) {
+	if ok && rv.fetch == nil && !r.retained(rv, r.eng.Clock.Coarse()) {
 		delete(sh.resolved, key)
 	}
 }
@@ -262,7 +261,7 @@ func (r *Registry[K]) pruneIdleShards(now int64) {
 // interval has passed since the last prune, or once the cache has doubled
 // since then, so it costs O(1) per acquire amortised.
 func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
-	if len(sh.resolved) < sh.pruneAt && now-sh.prunedAt < int64(r.cfg.refresh) {
+	if len(sh.resolved) < sh.pruneAt && now-sh.prunedAt < int64(r.refresh) {
 		return
 	}
 	for k, rv := range sh.resolved {
@@ -317,9 +316,19 @@ func (r *Registry[K]) Queue(key K) slots.QueueStats {
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.lookup(key, hash); e != nil {
-		return core.QueueStats(&e.lane.Waiters).(slots.QueueStats)
+		return queueStats(&e.lane.Waiters)
 	}
 	return slots.QueueStats{}
+}
+
+// queueStats describes q as slots.Limiter.Queue does.
+func queueStats(q *core.Queue) slots.QueueStats {
+	by, top := q.Top(slots.TopFlowsMax)
+	st := slots.QueueStats{Waiting: q.Len(), Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
+	for _, f := range top {
+		st.TopFlows = append(st.TopFlows, slots.FlowStat(f))
+	}
+	return st
 }
 
 func (r *Registry[K]) laneCount(key K, f func(*core.Lane) int) int {
@@ -390,8 +399,8 @@ func (r *Registry[K]) Stats() Stats {
 		st.Canceled += c.canceled
 	}
 	st.InvalidKeys = r.invalidKeys.Load()
-	st.DoubleReleases = r.doubleReleases.Load()
-	st.Leaked = r.leaks.Load()
+	st.DoubleReleases = r.eng.Misuses()
+	st.Leaked = r.eng.Leaks()
 	return st
 }
 
@@ -425,7 +434,7 @@ func (r *Registry[K]) HoldersInShard(i int, dst []Holder[K]) []Holder[K] {
 	})
 	sh.mu.Unlock()
 	for j, at := range ats {
-		dst[start+j].AcquiredAt = r.clk.Time(at)
+		dst[start+j].AcquiredAt = r.eng.Clock.Time(at)
 	}
 	return dst
 }

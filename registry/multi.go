@@ -130,7 +130,7 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	if ctx == nil {
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrNilContext})
+		r.eng.Rejected(slots.ErrNilContext)
 		return nil, slots.ErrNilContext
 	}
 	return r.acquireAll(ctx, keys)
@@ -139,7 +139,7 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, error) {
 	switch len(keys) {
 	case 0:
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrNoKeys})
+		r.eng.Rejected(ErrNoKeys)
 		return nil, ErrNoKeys
 	case 1:
 		return r.acquireOne(ctx, keys[0])
@@ -175,7 +175,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	slices.Sort(m.shards)
 	p, h := r.newHold()
-	h.At = r.clk.Coarse()
+	h.At = r.eng.Clock.Coarse()
 	h.Owner = m
 	// The class matters to this admission if any key has shares or
 	// multi-key waiters; read it here, before the locks.
@@ -195,7 +195,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	if endedLocked(ctx) {
 		unlock()
-		return nil, r.canceled(ctx)
+		return nil, r.eng.Canceled(ctx)
 	}
 	// Decide before inserting anything: a rejection leaves no trace.
 	full, fullLimit := -1, 0
@@ -225,10 +225,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
 	if ctx == nil {
 		first.st.limitReached++
-		err := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
+		rej := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
 		unlock()
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached})
-		return nil, err
+		return nil, r.rejected(rej)
 	}
 	// From the key that was full on, so that a bound that every queue
 	// meets (WithMaxQueue(0)) names that key, not the first one listed.
@@ -236,12 +235,11 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		i := (full + j) % len(uniq)
 		k := uniq[i]
 		e := shs[i].lookup(k, hashes[i])
-		if r.queueFullLocked(e, place.Flow) {
+		if r.eng.Full(e.queue(), place.Flow) {
 			first.st.queueFull++
-			err := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
+			rej := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
 			unlock()
-			r.emit(slots.Event{Kind: slots.EventRejected, Err: slots.ErrQueueFull})
-			return nil, err
+			return nil, r.rejected(rej)
 		}
 	}
 	r.entriesLocked(m, shs, uniq, hashes)

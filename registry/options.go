@@ -9,23 +9,27 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/internal/policy"
 	"github.com/inflight-go/inflight/slots"
 )
 
-// An Option configures a Registry.
-type Option interface{ apply(*config) }
+// An Option configures a Registry: the wait options of package slots
+// (slots.WithMaxWait, slots.WithObserver, ...), which a Registry takes as a
+// Limiter does, or this package's own (WithShards, WithMaxKeyBytes,
+// WithLimitFunc), which a Limiter refuses.
+type Option = slots.Option
 
-type optionFunc func(*config)
+// registryOption is an option of a Registry alone, named for the panic of a
+// Limiter given it.
+type registryOption struct {
+	name string
+	set  func(*core.Settings)
+}
 
-func (f optionFunc) apply(c *config) { f(c) }
-
-type config struct {
-	wait        policy.Wait
-	shards      int
-	maxKeyBytes int
-	limitFunc   any // func(context.Context, K) (int, error), checked by New
-	refresh     time.Duration
+func (o registryOption) Apply(s *core.Settings) {
+	if s.RegistryOnly == "" {
+		s.RegistryOnly = o.name
+	}
+	o.set(s)
 }
 
 // DefaultShards is the number of lock shards unless WithShards says otherwise.
@@ -37,36 +41,26 @@ const DefaultMaxKeyBytes = 4096
 // WithMaxWait bounds how long Acquire and AcquireAll wait. When d passes they
 // fail with slots.ErrWaitTimeout, or with WithFailOpen admit a Bypassed slot.
 // d <= 0 (the default) waits until the context ends.
-func WithMaxWait(d time.Duration) Option {
-	return optionFunc(func(c *config) { c.wait.MaxWait = d })
-}
+func WithMaxWait(d time.Duration) Option { return slots.WithMaxWait(d) }
 
 // WithMaxQueue bounds how many callers may wait on one key at once; when n are
 // waiting, the newest is rejected at once with slots.ErrQueueFull. n = 0 means
 // never wait. The default is no bound; a negative n restores it.
-func WithMaxQueue(n int) Option {
-	return optionFunc(func(c *config) { c.wait.MaxQueue, c.wait.BoundQueue = n, n >= 0 })
-}
+func WithMaxQueue(n int) Option { return slots.WithMaxQueue(n) }
 
 // WithFailOpen makes a wait that reaches WithMaxWait proceed with a Bypassed
 // slot (no capacity held) instead of failing; counted in Stats and logged as
 // saturation at most once every 10 seconds.
-func WithFailOpen() Option {
-	return optionFunc(func(c *config) { c.wait.FailOpen = true })
-}
+func WithFailOpen() Option { return slots.WithFailOpen() }
 
 // WithClock sets the clock for acquire times, the maximum wait and limit
 // refreshes; for tests. The default is the real clock.
-func WithClock(clk clock.Clock) Option {
-	return optionFunc(func(c *config) { c.wait.Clock = clk })
-}
+func WithClock(clk clock.Clock) Option { return slots.WithClock(clk) }
 
 // WithLogger sets the logger for warnings. nil (the default) means
 // slog.Default(), looked up each time a line is logged. Warnings name keys and
 // slot ids only.
-func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(c *config) { c.wait.Logger = l })
-}
+func WithLogger(l *slog.Logger) Option { return slots.WithLogger(l) }
 
 // MaxShards bounds WithShards.
 const MaxShards = 1 << 16
@@ -78,7 +72,7 @@ func WithShards(n int) Option {
 	if n < 1 {
 		panic(fmt.Sprintf("registry: WithShards(%d): need at least one shard", n))
 	}
-	return optionFunc(func(c *config) { c.shards = n })
+	return registryOption{"registry.WithShards", func(s *core.Settings) { s.Shards = n }}
 }
 
 // WithMaxKeyBytes bounds the length of keys whose type is a string type:
@@ -86,7 +80,7 @@ func WithShards(n int) Option {
 // is DefaultMaxKeyBytes; n <= 0 removes the bound. Other key types are hashed
 // and compared as Go map keys are, at a cost that grows with their size.
 func WithMaxKeyBytes(n int) Option {
-	return optionFunc(func(c *config) { c.maxKeyBytes = n })
+	return registryOption{"registry.WithMaxKeyBytes", func(s *core.Settings) { s.MaxKeyBytes = n }}
 }
 
 // LimitRetention is how many refresh intervals an idle key's fetched limit is
@@ -120,19 +114,13 @@ type LimitFunc[K comparable] func(ctx context.Context, key K) (int, error)
 //
 // New panics if refresh <= 0 or fn's key type is not the registry's.
 func WithLimitFunc[K comparable](fn LimitFunc[K], refresh time.Duration) Option {
-	return optionFunc(func(c *config) { c.limitFunc, c.refresh = fn, refresh })
+	return registryOption{"registry.WithLimitFunc", func(s *core.Settings) { s.LimitFunc, s.Refresh = fn, refresh }}
 }
 
 // WithObserver sets an Observer of admissions, rejections and releases, for
 // metrics (see slots.Observer): events name no key. The default is none,
 // which costs nothing.
-func WithObserver(o slots.Observer) Option {
-	return optionFunc(func(c *config) {
-		if o != nil {
-			c.wait.Observer = o
-		}
-	})
-}
+func WithObserver(o slots.Observer) Option { return slots.WithObserver(o) }
 
 // WithLeakDetection makes a Slot that is dropped without Release, and
 // collected while still held, give its capacity back; the leak is logged
@@ -146,33 +134,22 @@ func WithObserver(o slots.Observer) Option {
 // slots: the runtime runs cleanups outside every bubble, and a reclaimed slot
 // granted to a waiter inside one wakes that waiter from outside, which the
 // runtime treats as a fatal error.
-func WithLeakDetection() Option {
-	return optionFunc(func(c *config) { c.wait.LeakCheck = true })
-}
+func WithLeakDetection() Option { return slots.WithLeakDetection() }
 
 // WithLeakSites is WithLeakDetection that also records where each slot was
 // acquired (the caller's stack, about a microsecond per admission), and names
 // that place in the leak warning.
-func WithLeakSites() Option {
-	return optionFunc(func(c *config) { c.wait.LeakCheck, c.wait.LeakSites = true, true })
-}
+func WithLeakSites() Option { return slots.WithLeakSites() }
 
 // WithShare guarantees priority class p the share s of every key's limit
 // (see slots.Share and slots.WithShare). With shares, Acquire and
 // AcquireAll read the priority from the context on every call; TryAcquire
 // and TryAcquireAll admit as slots.PriorityDefault. It panics if a count is
 // negative.
-func WithShare(p slots.Priority, s slots.Share) Option {
-	if s.Min < 0 || s.Reserved < 0 {
-		panic(fmt.Sprintf("registry: negative share %+v", s))
-	}
-	return optionFunc(func(c *config) { c.wait.SetShare(core.ClassOf(int8(p)), s.Min, s.Reserved) })
-}
+func WithShare(p slots.Priority, s slots.Share) Option { return slots.WithShare(p, s) }
 
 // WithMaxQueuePerFlow bounds how many callers of one flow (slots.WithFlow)
 // may wait on one key at once: the flow's newest caller beyond n is rejected
 // with slots.ErrQueueFull while other flows still queue. Callers without a
 // flow form the flow "". The default is no bound; a negative n restores it.
-func WithMaxQueuePerFlow(n int) Option {
-	return optionFunc(func(c *config) { c.wait.MaxFlowQueue, c.wait.BoundFlowQueue = n, n >= 0 })
-}
+func WithMaxQueuePerFlow(n int) Option { return slots.WithMaxQueuePerFlow(n) }

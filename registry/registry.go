@@ -42,11 +42,8 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/inflight-go/inflight/internal/clockx"
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/ilist"
-	"github.com/inflight-go/inflight/internal/policy"
-	"github.com/inflight-go/inflight/slots"
 )
 
 var (
@@ -56,22 +53,19 @@ var (
 	ErrNoKeys = errors.New("registry: no keys")
 )
 
-const saturationLogEvery = 10 * time.Second
-
 // Registry caps holders per key. Create it with New; the zero value is not
 // usable.
 type Registry[K comparable] struct {
-	cfg          config
+	eng          core.Engine
 	defaultLimit int
-	clk          *clockx.Clock
+	maxKeyBytes  int
 	seed         maphash.Seed
 	shards       []shard[K]
 	shardBits    uint
 	keyLen       func(K) int // nil: keys are not length-checked
 	selfCheck    bool        // K may hold a NaN or an uncomparable dynamic value
 	limitFunc    LimitFunc[K]
-	obs          slots.Observer // nil: no events
-	shares       *core.Shares   // nil: classes have no guaranteed share
+	refresh      time.Duration // of limitFunc's limits
 
 	// multiMu serialises everything that involves a waiter needing several
 	// keys: AcquireAll, the release or limit change of a key such waiters
@@ -79,18 +73,13 @@ type Registry[K comparable] struct {
 	// shard locks are taken in ascending index order.
 	multiMu sync.Mutex
 
-	// Written now and then (every 16th release samples the hold time); kept
-	// off the cache line of the read-mostly fields above, which every
-	// admission on every core reads.
-	_              [64]byte
-	waitSeq        atomic.Uint64 // arrival order of waiters
-	invalidKeys    atomic.Uint64
-	sweepAt        atomic.Int64 // when the next acquire prunes idle shards' caches (pruneIdleShards)
-	doubleReleases atomic.Uint64
-	leaks          atomic.Uint64
-	hold           policy.HoldTime
-	satLog         policy.Every
-	limitLog       policy.Every
+	// Written now and then; kept off the cache line of the read-mostly
+	// fields above, which every admission on every core reads.
+	_           [64]byte
+	waitSeq     atomic.Uint64 // arrival order of waiters
+	invalidKeys atomic.Uint64
+	sweepAt     atomic.Int64 // when the next acquire prunes idle shards' caches (pruneIdleShards)
+	limitLog    core.Every
 }
 
 type shard[K comparable] struct {
@@ -155,41 +144,40 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 	if defaultLimit < 0 {
 		panic(fmt.Sprintf("registry: negative default limit %d", defaultLimit))
 	}
-	cfg := config{shards: DefaultShards, maxKeyBytes: DefaultMaxKeyBytes}
+	st := core.Settings{Shards: DefaultShards, MaxKeyBytes: DefaultMaxKeyBytes}
 	for _, o := range opts {
-		o.apply(&cfg)
+		o.Apply(&st)
 	}
-	n := 1 << bits.Len(uint(min(cfg.shards, MaxShards)-1))
+	n := 1 << bits.Len(uint(min(st.Shards, MaxShards)-1))
 	r := &Registry[K]{
-		cfg:          cfg,
 		defaultLimit: defaultLimit,
-		clk:          clockx.New(cfg.wait.Clock),
+		maxKeyBytes:  st.MaxKeyBytes,
 		seed:         maphash.MakeSeed(),
 		shards:       make([]shard[K], n),
 		shardBits:    uint(bits.Len(uint(n - 1))),
 	}
+	r.eng.Policy = st.Policy
+	r.eng.Init("registry")
 	for i := range r.shards {
 		r.shards[i].idx = i
 		r.shards[i].lanes.shift = uint32(r.shardBits)
 		r.shards[i].r = r
 	}
-	if cfg.limitFunc != nil {
-		fn, ok := cfg.limitFunc.(LimitFunc[K])
+	if st.LimitFunc != nil {
+		fn, ok := st.LimitFunc.(LimitFunc[K])
 		if !ok {
-			panic(fmt.Sprintf("registry: WithLimitFunc got %T, want registry.LimitFunc[%v]", cfg.limitFunc, reflect.TypeFor[K]()))
+			panic(fmt.Sprintf("registry: WithLimitFunc got %T, want registry.LimitFunc[%v]", st.LimitFunc, reflect.TypeFor[K]()))
 		}
-		if cfg.refresh <= 0 {
-			panic(fmt.Sprintf("registry: WithLimitFunc needs a positive refresh interval, got %v", cfg.refresh))
+		if st.Refresh <= 0 {
+			panic(fmt.Sprintf("registry: WithLimitFunc needs a positive refresh interval, got %v", st.Refresh))
 		}
-		r.limitFunc = fn
+		r.limitFunc, r.refresh = fn, st.Refresh
 	}
-	if cfg.maxKeyBytes > 0 && reflect.TypeFor[K]().Kind() == reflect.String {
+	if r.maxKeyBytes > 0 && reflect.TypeFor[K]().Kind() == reflect.String {
 		// K's underlying type is string, so it has a string's layout.
 		r.keyLen = func(k K) int { return len(*(*string)(unsafe.Pointer(&k))) }
 	}
 	r.selfCheck = mayBeUnequal(reflect.TypeFor[K]())
-	r.obs, _ = cfg.wait.Observer.(slots.Observer)
-	r.shares = cfg.wait.Shares
 	return r
 }
 
@@ -237,7 +225,7 @@ func (r *Registry[K]) checkKey(key K) error {
 	err := r.validKey(key)
 	if err != nil {
 		r.invalidKeys.Add(1)
-		r.emit(slots.Event{Kind: slots.EventRejected, Err: ErrInvalidKey})
+		r.eng.Rejected(ErrInvalidKey)
 	}
 	return err
 }
@@ -247,8 +235,8 @@ func (r *Registry[K]) checkKey(key K) error {
 // itself, and an interface holding a slice cannot be hashed at all.
 func (r *Registry[K]) validKey(key K) error {
 	if r.keyLen != nil {
-		if n := r.keyLen(key); n > r.cfg.maxKeyBytes {
-			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.cfg.maxKeyBytes)
+		if n := r.keyLen(key); n > r.maxKeyBytes {
+			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.maxKeyBytes)
 		}
 	}
 	if r.selfCheck && !equalsItself(key) {

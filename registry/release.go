@@ -2,19 +2,16 @@ package registry
 
 import (
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/internal/policy"
-	"github.com/inflight-go/inflight/slots"
 )
 
 func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 	var wk core.Wakes
 	sh := e.shard
 	sh.mu.Lock()
-	if r.shares != nil && e.lane.Multi > 0 {
+	if r.eng.Shares != nil && e.lane.Multi > 0 {
 		// Serving the waiters a withdrawal may unblock takes multiMu.
 		sh.mu.Unlock()
 		return r.withdrawShared([]*entry[K]{e}, w, nil)
@@ -23,7 +20,7 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 		sh.mu.Unlock()
 		return false
 	}
-	if r.shares != nil {
+	if r.eng.Shares != nil {
 		// Its class may have stopped waiting here, and stopped keeping its
 		// minimum share from the others; with no multi-key waiter (Multi
 		// stays 0 under this lock) they are all served here.
@@ -49,7 +46,7 @@ func (sh *shard[K]) addLocked(r *Registry[K], key K, hash uint64, limit int) *en
 	e.key = key
 	e.hash = hash
 	e.lane.Limit = limit
-	e.lane.Shares = r.shares
+	e.lane.Shares = r.eng.Shares
 	sh.lanes.put(e, hash)
 	return e
 }
@@ -123,15 +120,8 @@ func (m *multi[K]) Release(h *core.Hold) bool {
 	return true
 }
 
-// released samples the hold time and reports the release.
-func (r *Registry[K]) released(h *core.Hold) {
-	if h.ID&policy.SampleMask == 0 {
-		r.hold.Observe(r.clk.Nanos() - h.At)
-	}
-	if r.obs != nil && !h.GivenBack {
-		r.obs.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(r.clk.Coarse() - h.At)})
-	}
-}
+// released reports the release of h, whose capacity has been freed.
+func (r *Registry[K]) released(h *core.Hold) { r.eng.Released(h) }
 
 // releaseSlow frees h's capacity on entries (m describes a multi-key hold)
 // and serves the waiters that can now be served, multi-key ones included.
@@ -170,10 +160,10 @@ func (e *entry[K]) Misuse(h *core.Hold) { e.shard.r.misuse(h) }
 func (m *multi[K]) Misuse(h *core.Hold) { m.r.misuse(h) }
 
 // Time implements core.Owner.
-func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.clk.Time(at) }
+func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.eng.Clock.Time(at) }
 
 // Time implements core.Owner.
-func (m *multi[K]) Time(at int64) time.Time { return m.r.clk.Time(at) }
+func (m *multi[K]) Time(at int64) time.Time { return m.r.eng.Clock.Time(at) }
 
 // Leaked implements core.Leaker: a Slot of key was dropped while held, and
 // its capacity has just been reclaimed.
@@ -189,38 +179,18 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 	e.shard.mu.Lock()
 	key := e.key
 	e.shard.mu.Unlock()
-	if t.ReleaseQuietly() {
-		r.leaked(t, key)
-	}
+	r.eng.Reclaim(t, keyString(key))
 }
 
-func (r *Registry[K]) leaked(t *core.Tracked, key K) {
-	held := time.Duration(r.clk.Coarse() - t.At)
-	r.leaks.Add(1)
-	attrs := []any{slog.String("key", keyString(key)), slog.Uint64("slot_id", t.ID),
-		slog.Duration("held_for", held.Round(time.Millisecond))}
-	if site := t.Site(); site != "" {
-		attrs = append(attrs, slog.String("acquired_at", site))
-	}
-	r.cfg.wait.Log().Warn("registry: slot dropped without Release; capacity reclaimed", attrs...)
-	r.emit(slots.Event{Kind: slots.EventLeaked, Hold: held})
-}
+func (r *Registry[K]) misuse(h *core.Hold) { r.eng.Misuse(h) }
 
-func (r *Registry[K]) misuse(h *core.Hold) {
-	r.doubleReleases.Add(1)
-	r.emit(slots.Event{Kind: slots.EventDoubleRelease})
-	r.cfg.wait.Log().Debug("registry: slot released twice", slog.Uint64("slot_id", h.ID))
-}
-
-func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) error {
-	le := &slots.LimitError{Err: reason, Key: keyString(key), Limit: limit}
+// rejectLocked builds a rejection for key, from its entry e or, for a key
+// that is not live, its limit.
+func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) *core.Rejection {
 	if e != nil {
-		le.InFlight = e.lane.Holders.Len()
-		le.Queued = e.lane.Waiters.Len()
-		le.Limit = e.lane.Limit
+		return r.eng.RejectLane(reason, keyString(key), &e.lane)
 	}
-	le.RetryAfter = r.hold.RetryAfter(le.Queued, le.Limit)
-	return le
+	return r.eng.Reject(reason, keyString(key), 0, limit, 0)
 }
 
 // keyString formats a key for errors and logs, cut to a readable length.

@@ -24,16 +24,17 @@ func Combine(parts ...*Slot) *Slot {
 		return nil
 	}
 	s := new(Slot)
-	c := &combined{parts: held, hold: &s.h}
-	s.h.Owner = c
+	h := s.hold()
+	c := &combined{parts: held, hold: h}
+	h.Owner = c
 	for _, p := range held {
-		s.h.Bypassed = s.h.Bypassed || p.h.Bypassed
-		s.h.Degraded = s.h.Degraded || p.h.Degraded
+		h.Bypassed = h.Bypassed || p.hold().Bypassed
+		h.Degraded = h.Degraded || p.hold().Degraded
 		if at := p.AcquiredAt(); at.After(c.at) {
 			c.at = at
 		}
 	}
-	s.h.ID = held[0].ID()
+	h.ID = held[0].ID()
 	return s
 }
 

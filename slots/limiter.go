@@ -5,19 +5,20 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/inflight-go/inflight/internal/clockx"
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/internal/policy"
 )
 
-// zeroClock serves zero-value Limiters; NewLimiter gives each its own.
-var zeroClock = clockx.New(nil)
+// zeroEngine serves zero-value Limiters, which have the default policy;
+// NewLimiter gives each Limiter its own.
+var zeroEngine = newEngine(core.Settings{})
 
-// saturationLogEvery spaces the fail-open saturation warnings.
-const saturationLogEvery = 10 * time.Second
+func newEngine(st core.Settings) *core.Engine {
+	e := &core.Engine{Policy: st.Policy}
+	e.Init("slots")
+	return e
+}
 
 // Limiter caps how many Slots are held at once from one pool. Waiters are
 // admitted in arrival order; TryAcquire does not pass them.
@@ -32,19 +33,12 @@ const saturationLogEvery = 10 * time.Second
 // The zero value is a Limiter with limit 0 and the default policy: it admits
 // nothing until SetLimit raises the limit.
 type Limiter struct {
-	wait policy.Wait
-	clk  *clockx.Clock
-	obs  Observer // nil: no events
+	eng *core.Engine // nil in a zero Limiter: zeroEngine
 
 	mu    sync.Mutex // protects the fields below
 	lane  core.Lane  // lane.Limit is the limit
 	seq   uint64     // last holder id
 	stats Stats      // outcome totals; InFlight and Waiting are filled on read
-
-	doubleReleases atomic.Uint64
-	leaks          atomic.Uint64
-	hold           policy.HoldTime
-	satLog         policy.Every
 }
 
 // Stats are a Limiter's counts: the current state and totals since creation.
@@ -67,95 +61,49 @@ type Stats struct {
 
 // NewLimiter returns a Limiter that admits at most limit holders at once.
 // Use Unlimited for a limiter that never binds. It panics if limit is
-// negative.
+// negative, or if an option is one that only a registry takes.
 func NewLimiter(limit int, opts ...Option) *Limiter {
 	if limit < 0 {
 		panic(fmt.Sprintf("slots: negative limit %d", limit))
 	}
-	l := &Limiter{}
-	l.lane.Limit = limit
+	var st core.Settings
 	for _, o := range opts {
-		o.apply(&l.wait)
+		o.Apply(&st)
 	}
-	l.lane.Shares = l.wait.Shares
-	l.clk = clockx.New(l.wait.Clock)
-	l.obs, _ = l.wait.Observer.(Observer)
+	if st.RegistryOnly != "" {
+		panic(fmt.Sprintf("slots: %s is an option of a registry, not of a Limiter", st.RegistryOnly))
+	}
+	l := &Limiter{eng: newEngine(st)}
+	l.lane.Limit = limit
+	l.lane.Shares = st.Shares
 	return l
 }
 
-func (l *Limiter) clock() *clockx.Clock {
-	if l.clk == nil {
-		return zeroClock
+func (l *Limiter) engine() *core.Engine {
+	if l.eng == nil {
+		return zeroEngine
 	}
-	return l.clk
+	return l.eng
 }
 
 // TryAcquire admits a Slot if one is free and nobody is waiting, without
 // waiting. Otherwise it returns a *LimitError wrapping ErrLimitReached.
 func (l *Limiter) TryAcquire() (*Slot, error) {
-	s, h, t := l.newHold()
-	h.At = l.clock().Coarse()
+	e := l.engine()
+	x, h, t := e.NewSlot(l.owner(), 0)
+	h.At = e.Clock.Coarse()
 
 	l.mu.Lock()
 	if !l.lane.Admits(core.ClassDefault) {
 		l.stats.LimitReached++
-		err := l.rejectLocked(ErrLimitReached)
+		rej := e.RejectLane(ErrLimitReached, "", &l.lane)
 		l.mu.Unlock()
-		l.emit(Event{Kind: EventRejected, Err: ErrLimitReached})
-		return nil, err
+		e.Rejected(ErrLimitReached)
+		return nil, (*LimitError)(rej)
 	}
 	l.admitLocked(h)
 	l.mu.Unlock()
-	return l.acquired(s, t, 0), nil
-}
-
-// acquired hands out an admitted Slot and reports it. If the Observer
-// panics the Slot is released, since it never reaches its caller.
-func (l *Limiter) acquired(s *Slot, t *core.Tracked, wait time.Duration) *Slot {
-	s = handOut(s, t)
-	if l.obs != nil {
-		ok := false
-		defer func() {
-			if !ok {
-				s.Release()
-			}
-		}()
-		l.obs.Observe(Event{Kind: EventAcquired, Wait: wait})
-		ok = true
-	}
-	return s
-}
-
-// newHold returns a new Slot and the hold to admit for it: the Slot's own,
-// or with leak detection a tracked one apart from it (see core.Tracked).
-func (l *Limiter) newHold() (*Slot, *core.Hold, *core.Tracked) {
-	s := new(Slot)
-	if !l.wait.LeakCheck {
-		s.h.Owner = l.owner()
-		return s, &s.h, nil
-	}
-	t := new(core.Tracked)
-	t.Owner = l.owner()
-	if l.wait.LeakSites {
-		t.RecordSite(2) // above newHold and TryAcquire or Acquire
-	}
-	return s, &t.Hold, t
-}
-
-// handOut finishes an admission: with leak detection, s becomes the stand-in
-// of its tracked hold t.
-func handOut(s *Slot, t *core.Tracked) *Slot {
-	if t != nil {
-		core.AttachTo(t, s, &s.h)
-	}
-	return s
-}
-
-// emit hands e to the Observer, if there is one. Call without the lock.
-func (l *Limiter) emit(e Event) {
-	if l.obs != nil {
-		l.obs.Observe(e)
-	}
+	return (*Slot)(e.Acquired(x, t, 0)), nil
 }
 
 // Acquire admits a Slot, waiting in arrival order while the limiter is full.
@@ -165,13 +113,13 @@ func (l *Limiter) emit(e Event) {
 // WithFailOpen, a wait that reaches the maximum returns a Bypassed slot.
 // A nil ctx fails with ErrNilContext.
 func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
+	e := l.engine()
 	if ctx == nil {
-		l.emit(Event{Kind: EventRejected, Err: ErrNilContext})
+		e.Rejected(ErrNilContext)
 		return nil, ErrNilContext
 	}
-	clk := l.clock()
-	s, h, t := l.newHold()
-	h.At = clk.Coarse()
+	x, h, t := e.NewSlot(l.owner(), 0)
+	h.At = e.Clock.Coarse()
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
@@ -187,25 +135,23 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	// frees in between would admit a caller that has given up.
 	if core.Ended(ctx) {
 		l.mu.Unlock()
-		l.emit(Event{Kind: EventRejected, Err: ctx.Err()})
-		return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
+		return nil, e.Canceled(ctx)
 	}
 	if l.lane.Admits(h.Class) {
 		l.admitLocked(h)
 		l.mu.Unlock()
-		return l.acquired(s, t, 0), nil
+		return (*Slot)(e.Acquired(x, t, 0)), nil
 	}
 	if !placed {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	if l.wait.QueueFull(l.lane.Waiters.Len()) ||
-		l.wait.BoundFlowQueue && l.wait.FlowQueueFull(l.lane.Waiters.FlowLen(place.Flow)) {
+	if e.Full(&l.lane.Waiters, place.Flow) {
 		l.stats.QueueFull++
-		err := l.rejectLocked(ErrQueueFull)
+		rej := e.RejectLane(ErrQueueFull, "", &l.lane)
 		l.mu.Unlock()
-		l.emit(Event{Kind: EventRejected, Err: ErrQueueFull})
-		return nil, err
+		e.Rejected(ErrQueueFull)
+		return nil, (*LimitError)(rej)
 	}
 	start := h.At
 	w := core.NewWaiter(h)
@@ -213,46 +159,32 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	l.lane.Waiters.Push(&w.Elem)
 	l.mu.Unlock()
 
-	var expire <-chan time.Time
-	if l.wait.MaxWait > 0 {
-		c, stop := clk.Timer(l.wait.MaxWait)
-		defer stop()
-		expire = c
-	}
-	out := core.Await(ctx, w, expire, l.withdraw)
-	switch out {
+	switch e.Wait(ctx, w, e.MaxWait, l.withdraw) {
 	case core.OutGranted:
-		return l.acquired(s, t, time.Duration(h.At-start)), nil
+		return (*Slot)(e.Acquired(x, t, time.Duration(h.At-start))), nil
 	case core.OutCanceled:
 		l.mu.Lock()
 		l.stats.Canceled++
 		l.mu.Unlock()
-		l.emit(Event{Kind: EventRejected, Err: ctx.Err()})
-		return nil, fmt.Errorf("slots: acquire: %w", ctx.Err())
+		return nil, e.Canceled(ctx)
 	}
-	// Expired.
+	// The wait expired.
 	l.mu.Lock()
-	if l.wait.FailOpen {
+	if e.FailOpen {
 		l.stats.Bypassed++
 		l.seq++
 		h.ID = l.seq
 		inFlight, limit, queued := l.lane.Holders.Len(), l.lane.Limit, l.lane.Waiters.Len()
 		l.mu.Unlock()
-		core.Bypass(h)
-		h.At = clk.Coarse() // the clock start was read on
-		if l.satLog.Allow(h.At, saturationLogEvery) {
-			l.wait.Log().Warn("slots: limiter saturated; admitting without a slot (fail-open)",
-				slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued),
-				slog.Duration("max_wait", l.wait.MaxWait), slog.Uint64("slot_id", h.ID))
-		}
-		l.emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start)})
-		return handOut(s, t), nil
+		e.Bypass(h, start, e.MaxWait, "limiter",
+			slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued))
+		return (*Slot)(e.HandOut(x, t)), nil
 	}
 	l.stats.WaitTimeouts++
-	err := l.rejectLocked(ErrWaitTimeout)
+	rej := e.RejectLane(ErrWaitTimeout, "", &l.lane)
 	l.mu.Unlock()
-	l.emit(Event{Kind: EventRejected, Err: ErrWaitTimeout})
-	return nil, err
+	e.Rejected(ErrWaitTimeout)
+	return nil, (*LimitError)(rej)
 }
 
 // withdraw takes w out of the queue if it is still waiting.
@@ -280,31 +212,15 @@ func (l *Limiter) admitLocked(h *core.Hold) {
 // grantLocked admits waiters in order while there is room; wk wakes them.
 func (l *Limiter) grantLocked(wk *core.Wakes) {
 	var now int64
-	for {
-		e := l.lane.Next()
-		if e == nil {
-			return
-		}
-		w := e.Value
-		l.lane.Waiters.Served(e)
+	for w := l.lane.Candidate(nil); w != nil; w = l.lane.Candidate(nil) {
+		l.lane.Serve(w)
 		if now == 0 {
-			now = l.clock().Coarse()
+			now = l.engine().Clock.Coarse()
 		}
 		w.Hold.At = now
 		l.admitLocked(w.Hold)
 		l.stats.Waited++
 		wk.Grant(w)
-	}
-}
-
-func (l *Limiter) rejectLocked(reason error) error {
-	queued := l.lane.Waiters.Len()
-	return &LimitError{
-		Err:        reason,
-		InFlight:   l.lane.Holders.Len(),
-		Limit:      l.lane.Limit,
-		Queued:     queued,
-		RetryAfter: l.hold.RetryAfter(queued, l.lane.Limit),
 	}
 }
 
@@ -328,48 +244,25 @@ func (o *owner) Release(h *core.Hold) bool {
 	l.grantLocked(&wk)
 	l.mu.Unlock()
 	wk.Wake()
-	if h.ID&policy.SampleMask == 0 {
-		l.hold.Observe(l.clock().Nanos() - h.At)
-	}
-	if l.obs != nil && !h.GivenBack {
-		l.obs.Observe(Event{Kind: EventReleased, Hold: time.Duration(l.clock().Coarse() - h.At)})
-	}
+	l.engine().Released(h)
 	return true
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.
-func (o *owner) Misuse(h *core.Hold) {
-	l := (*Limiter)(o)
-	l.doubleReleases.Add(1)
-	l.emit(Event{Kind: EventDoubleRelease})
-	l.wait.Log().Debug("slots: slot released twice", slog.Uint64("slot_id", h.ID))
-}
+func (o *owner) Misuse(h *core.Hold) { (*Limiter)(o).engine().Misuse(h) }
 
 // Time implements core.Owner.
-func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).clock().Time(at) }
+func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).engine().Clock.Time(at) }
 
 // Reclaim implements core.Leaker: a Slot was dropped while held.
-func (o *owner) Reclaim(t *core.Tracked) {
-	if !t.ReleaseQuietly() {
-		return
-	}
-	l := (*Limiter)(o)
-	held := time.Duration(l.clock().Coarse() - t.At)
-	l.leaks.Add(1)
-	attrs := []any{slog.Uint64("slot_id", t.ID), slog.Duration("held_for", held.Round(time.Millisecond))}
-	if site := t.Site(); site != "" {
-		attrs = append(attrs, slog.String("acquired_at", site))
-	}
-	l.wait.Log().Warn("slots: slot dropped without Release; capacity reclaimed", attrs...)
-	l.emit(Event{Kind: EventLeaked, Hold: held})
-}
+func (o *owner) Reclaim(t *core.Tracked) { (*Limiter)(o).engine().Reclaim(t, "") }
 
 // SetLimit changes the limit. Raising it admits waiters in arrival order at
 // once; lowering it never takes a slot from a holder: admissions resume when
 // enough holders have released. A negative n is ignored (and logged).
 func (l *Limiter) SetLimit(n int) {
 	if n < 0 {
-		l.wait.Log().Warn("slots: SetLimit with a negative limit ignored", slog.Int("limit", n))
+		l.engine().Log().Warn("slots: SetLimit with a negative limit ignored", slog.Int("limit", n))
 		return
 	}
 	var wk core.Wakes
@@ -409,8 +302,8 @@ func (l *Limiter) Stats() Stats {
 	st.Waiting = l.lane.Waiters.Len()
 	st.Limit = l.lane.Limit
 	l.mu.Unlock()
-	st.DoubleReleases = l.doubleReleases.Load()
-	st.Leaked = l.leaks.Load()
+	st.DoubleReleases = l.engine().Misuses()
+	st.Leaked = l.engine().Leaks()
 	return st
 }
 
@@ -435,7 +328,7 @@ func (l *Limiter) Holders(dst []Holder) []Holder {
 	defer l.mu.Unlock()
 	for i := range l.lane.Holders.Len() {
 		h := l.lane.Holders.At(i)
-		dst = append(dst, Holder{ID: h.ID, AcquiredAt: l.clock().Time(h.At)})
+		dst = append(dst, Holder{ID: h.ID, AcquiredAt: l.engine().Clock.Time(h.At)})
 	}
 	return dst
 }

@@ -5,28 +5,36 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
-	"github.com/inflight-go/inflight/internal/policy"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
-// An Option configures a Limiter.
-type Option interface{ apply(*policy.Wait) }
+// An Option configures a Limiter. The same options configure the waits of
+// a registry.Registry and of a fleet Registry's local side, which accept
+// them beside their own (registry.WithShards, say, which a Limiter refuses).
+type Option interface {
+	// Apply sets the option. It is for this module's packages: its
+	// argument cannot be named outside them, so an Option comes from one
+	// of the With functions.
+	Apply(*core.Settings)
+}
 
-type optionFunc func(*policy.Wait)
+type optionFunc func(*core.Policy)
 
-func (f optionFunc) apply(w *policy.Wait) { f(w) }
+func (f optionFunc) Apply(s *core.Settings) { f(&s.Policy) }
 
 // WithMaxWait bounds how long Acquire waits. When d passes, Acquire fails with
 // ErrWaitTimeout, or with WithFailOpen admits a Bypassed slot. d <= 0 (the
 // default) waits until the context ends.
 func WithMaxWait(d time.Duration) Option {
-	return optionFunc(func(w *policy.Wait) { w.MaxWait = d })
+	return optionFunc(func(w *core.Policy) { w.MaxWait = d })
 }
 
 // WithMaxQueue bounds how many callers may wait at once; when n are waiting,
 // the newest caller is rejected at once with ErrQueueFull. n = 0 means Acquire
 // never waits. The default is no bound; a negative n restores it.
 func WithMaxQueue(n int) Option {
-	return optionFunc(func(w *policy.Wait) { w.MaxQueue, w.BoundQueue = n, n >= 0 })
+	return optionFunc(func(w *core.Policy) { w.MaxQueue, w.BoundQueue = n, n >= 0 })
 }
 
 // WithFailOpen makes Acquire proceed after the maximum wait with a Bypassed
@@ -35,28 +43,30 @@ func WithMaxQueue(n int) Option {
 // Stats and logged as saturation at most once every 10 seconds. Without
 // WithMaxWait it has no effect.
 func WithFailOpen() Option {
-	return optionFunc(func(w *policy.Wait) { w.FailOpen = true })
+	return optionFunc(func(w *core.Policy) { w.FailOpen = true })
 }
 
 // WithClock sets the clock used for acquire times and the maximum wait; for
 // tests. The default is the real clock.
 func WithClock(c clock.Clock) Option {
-	return optionFunc(func(w *policy.Wait) { w.Clock = c })
+	return optionFunc(func(w *core.Policy) { w.Clock = c })
 }
 
 // WithLogger sets the logger for saturation and misuse warnings. nil (the
 // default) means slog.Default(), looked up each time a line is logged. Warnings
 // name slot ids only; nothing per request is logged above Debug.
 func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(w *policy.Wait) { w.Logger = l })
+	return optionFunc(func(w *core.Policy) { w.Logger = l })
 }
 
 // WithObserver sets an Observer of admissions, rejections and releases, for
 // metrics (see Observer). The default is none, which costs nothing.
 func WithObserver(o Observer) Option {
-	return optionFunc(func(w *policy.Wait) {
+	return optionFunc(func(w *core.Policy) {
 		if o != nil {
-			w.Observer = o
+			w.Observer = func(e core.Event) {
+				o.Observe(Event{Kind: EventKind(e.Kind), Err: e.Err, Wait: e.Wait, Hold: e.Hold})
+			}
 		}
 	})
 }
@@ -74,12 +84,12 @@ func WithObserver(o Observer) Option {
 // granted to a waiter inside one wakes that waiter from outside, which the
 // runtime treats as a fatal error.
 func WithLeakDetection() Option {
-	return optionFunc(func(w *policy.Wait) { w.LeakCheck = true })
+	return optionFunc(func(w *core.Policy) { w.LeakCheck = true })
 }
 
 // WithLeakSites is WithLeakDetection that also records where each slot was
 // acquired (the caller's stack, about a microsecond per admission), and names
 // that place in the leak warning.
 func WithLeakSites() Option {
-	return optionFunc(func(w *policy.Wait) { w.LeakCheck, w.LeakSites = true, true })
+	return optionFunc(func(w *core.Policy) { w.LeakCheck, w.LeakSites = true, true })
 }

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/internal/policy"
 )
 
 // Priority is a waiter's class. When capacity frees, the waiters of the
@@ -181,7 +180,7 @@ type Share struct {
 // admits as PriorityDefault). It panics if a count is negative.
 func WithShare(p Priority, s Share) Option {
 	shareCheck("slots", s)
-	return optionFunc(func(w *policy.Wait) { w.SetShare(p.class(), s.Min, s.Reserved) })
+	return optionFunc(func(w *core.Policy) { w.SetShare(p.class(), s.Min, s.Reserved) })
 }
 
 func shareCheck(pkg string, s Share) {
@@ -196,7 +195,7 @@ func shareCheck(pkg string, s Share) {
 // without flows it bounds the whole queue. As with WithMaxQueue, n = 0 means
 // no caller waits; the default is no bound, and a negative n restores it.
 func WithMaxQueuePerFlow(n int) Option {
-	return optionFunc(func(w *policy.Wait) { w.MaxFlowQueue, w.BoundFlowQueue = n, n >= 0 })
+	return optionFunc(func(w *core.Policy) { w.MaxFlowQueue, w.BoundFlowQueue = n, n >= 0 })
 }
 
 // QueueStats describes who waits, bounded: the waiters per class and the
@@ -216,17 +215,12 @@ type FlowStat struct {
 // TopFlowsMax bounds QueueStats.TopFlows.
 const TopFlowsMax = 10
 
-// queueStats builds QueueStats from a queue. The registry and pacing
-// packages reach it through core.QueueStats.
+// queueStats builds QueueStats from a queue.
 func queueStats(q *core.Queue) QueueStats {
 	by, top := q.Top(TopFlowsMax)
 	st := QueueStats{Waiting: q.Len(), Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
 	for _, f := range top {
-		st.TopFlows = append(st.TopFlows, FlowStat{f.ID, f.Waiting})
+		st.TopFlows = append(st.TopFlows, FlowStat(f))
 	}
 	return st
-}
-
-func init() {
-	core.QueueStats = func(q *core.Queue) any { return queueStats(q) }
 }

@@ -135,36 +135,27 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
-// noCopy lets go vet's copylocks check flag copies of a Slot.
-type noCopy struct{}
-
-func (*noCopy) Lock()   {}
-func (*noCopy) Unlock() {}
-
 // Slot is one admission: it holds one unit of capacity (of every key it was
 // admitted under) until Release. The zero value and a nil *Slot hold nothing;
-// their methods are no-ops.
-type Slot struct {
-	_ noCopy
-	h core.Hold
-}
+// their methods are no-ops. A Slot must not be copied (go vet's copylocks
+// check reports copies); pass *Slot.
+//
+// Its fields belong to the package that admitted it: a Slot is declared
+// over the record that every admission of this module fills in.
+type Slot core.Handle
 
-func init() {
-	core.NewSlot = func() (any, *core.Hold) {
-		s := new(Slot)
-		return s, &s.h
-	}
-}
+// hold returns the record of the admission inside s.
+func (s *Slot) hold() *core.Hold { return (*core.Handle)(s).Hold() }
 
 // tracked reports whether s stands in for a hold kept apart from it
 // (leak detection); such a Slot must not be kept reachable by the library.
 func (s *Slot) tracked() bool {
-	_, ok := s.h.Owner.(*core.Tracked)
+	_, ok := s.hold().Owner.(*core.Tracked)
 	return ok
 }
 
 // holds reports whether s came from an admission.
-func (s *Slot) holds() bool { return s != nil && s.h.Owner != nil }
+func (s *Slot) holds() bool { return s != nil && s.hold().Owner != nil }
 
 // Release frees the slot's capacity. It is safe to call from any goroutine and
 // any number of times; it reports true only for the call that freed it.
@@ -172,7 +163,7 @@ func (s *Slot) Release() bool {
 	if !s.holds() {
 		return false
 	}
-	ok := s.h.Release()
+	ok := s.hold().Release()
 	// With leak detection, s must stay reachable until its cleanup has been
 	// stopped, or a collection midway would report a leak that is not one.
 	runtime.KeepAlive(s)
@@ -184,7 +175,7 @@ func (s *Slot) Release() bool {
 // its request's end may each be the last.
 func (s *Slot) releaseQuietly() {
 	if s.holds() {
-		s.h.ReleaseQuietly()
+		s.hold().ReleaseQuietly()
 		runtime.KeepAlive(s) // see Release
 	}
 }
@@ -195,18 +186,18 @@ func (s *Slot) Released() bool {
 	if !s.holds() {
 		return true
 	}
-	return s.h.Released()
+	return s.hold().Released()
 }
 
 // Bypassed reports whether the slot was admitted by fail-open after the
 // maximum wait: it holds no capacity, and the limit was saturated.
-func (s *Slot) Bypassed() bool { return s.holds() && s.h.Bypassed }
+func (s *Slot) Bypassed() bool { return s.holds() && s.hold().Bypassed }
 
 // Degraded reports whether the slot was admitted without its fleet-wide
 // cap, because the store that keeps that cap could not be reached (see
 // package registry/fleet): it holds only this process's local cap, or, if it
 // is also Bypassed, nothing.
-func (s *Slot) Degraded() bool { return s.holds() && s.h.Degraded }
+func (s *Slot) Degraded() bool { return s.holds() && s.hold().Degraded }
 
 // AcquiredAt returns when the slot was admitted (granted, for a caller that
 // waited), on the owner's clock. On the real clock it is accurate to about
@@ -216,7 +207,7 @@ func (s *Slot) AcquiredAt() time.Time {
 	if !s.holds() {
 		return time.Time{}
 	}
-	return s.h.Owner.Time(s.h.At)
+	return s.hold().Owner.Time(s.hold().At)
 }
 
 // ID returns the slot's holder id, unique within its Limiter or Registry; it
@@ -225,5 +216,5 @@ func (s *Slot) ID() uint64 {
 	if !s.holds() {
 		return 0
 	}
-	return s.h.ID
+	return s.hold().ID
 }

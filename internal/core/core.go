@@ -98,10 +98,14 @@ func (b *bypassed) Release(h *Hold) bool {
 func (b *bypassed) Misuse(h *Hold)          { b.owner.Misuse(h) }
 func (b *bypassed) Time(at int64) time.Time { return b.owner.Time(at) }
 
-// NewSlot returns a new *slots.Slot (as any) and the Hold inside it. It is set
-// by package slots when it is initialised, so every package that can name
-// *slots.Slot can mint one; users cannot reach it.
-var NewSlot func() (slot any, h *Hold)
+// Handle is the record behind a user's *slots.Slot, which package slots
+// declares as a Handle (type Slot core.Handle): every package of the module
+// can make a Slot with new(core.Handle) and a conversion, and reach its hold
+// through Hold, while users can reach neither.
+type Handle struct{ h Hold }
+
+// Hold returns the hold inside x.
+func (x *Handle) Hold() *Hold { return &x.h }
 
 // HolderSet is the set of a lane's holders, each knowing its place through
 // an index it owns (Hold.Idx, or an entry of a multi-lane record): removal

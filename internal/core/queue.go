@@ -281,7 +281,7 @@ func (q *Queue) Class(c uint8) iter.Seq[*ilist.Elem[*Waiter]] {
 
 // FlowCount is one flow's number of waiters.
 type FlowCount struct {
-	ID      string
+	Flow    string
 	Waiting int
 }
 
@@ -291,7 +291,7 @@ func (q *Queue) Top(n int) (byClass [NumClasses]int, top []FlowCount) {
 	if !q.mixed {
 		byClass[ClassDefault] = q.n
 		if q.n > 0 && n > 0 {
-			top = []FlowCount{{"", q.n}}
+			top = []FlowCount{{Flow: "", Waiting: q.n}}
 		}
 		return byClass, top
 	}
@@ -303,10 +303,10 @@ func (q *Queue) Top(n int) (byClass [NumClasses]int, top []FlowCount) {
 		}
 	}
 	for id, k := range per {
-		top = append(top, FlowCount{id, k})
+		top = append(top, FlowCount{Flow: id, Waiting: k})
 	}
 	slices.SortFunc(top, func(a, b FlowCount) int {
-		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(a.ID, b.ID))
+		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(a.Flow, b.Flow))
 	})
 	if len(top) > n {
 		top = top[:n]
@@ -386,19 +386,30 @@ func (ln *Lane) Short(c uint8) bool {
 	return ln.Holders.ClassLen(c) < ln.guarantees(c)[c]
 }
 
-// Next returns the waiter to serve now when every waiter needs this lane
-// alone, or nil: the head of the highest class that may take a slot.
-func (ln *Lane) Next() *ilist.Elem[*Waiter] {
+// Candidate returns the waiter of ln to serve next among those for which
+// ok holds (nil: every waiter), or nil: in the queue's order (the highest
+// class that may take a slot of ln, then the flows' turns, then arrival),
+// the first such waiter. This is the choice every grant loop of the module
+// makes: a Limiter's with ok nil, a registry key's with ok checking the
+// other keys a waiter needs, a pacing Gate's with ok checking the waiter's
+// model and start time. A waiter for which ok fails does not hold back the
+// ones after it.
+func (ln *Lane) Candidate(ok func(*Waiter) bool) *Waiter {
 	q := &ln.Waiters
-	if !q.mixed {
+	if !q.mixed && ok == nil {
 		if q.n > 0 && ln.CanTake(ClassDefault) {
-			return q.def.waiters.Front()
+			return q.def.waiters.Front().Value
 		}
 		return nil
 	}
 	for _, c := range Order {
-		if q.x.count[c] > 0 && ln.CanTake(c) {
-			return q.Head(c)
+		if q.ClassLen(c) == 0 || !ln.CanTake(c) {
+			continue
+		}
+		for el := range q.Class(c) {
+			if ok == nil || ok(el.Value) {
+				return el.Value
+			}
 		}
 	}
 	return nil
@@ -446,7 +457,3 @@ func PlaceOf(ctx context.Context) Place {
 func (w *Waiter) Place(p Place) {
 	w.Flow, w.Weight = p.Flow, p.Weight
 }
-
-// QueueStats returns a *slots.QueueStats (as any) describing q. It is set by
-// package slots when it is initialised, like NewSlot.
-var QueueStats func(q *Queue) any

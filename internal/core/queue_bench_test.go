@@ -27,9 +27,9 @@ func BenchmarkQueueNext(b *testing.B) {
 			}
 			b.ResetTimer()
 			for b.Loop() {
-				el := ln.Next()
-				ln.Waiters.Served(el)
-				ln.Waiters.Push(el)
+				w := ln.Candidate(nil)
+				ln.Serve(w)
+				ln.Waiters.Push(&w.Elem)
 			}
 		})
 	}

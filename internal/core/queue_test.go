@@ -20,12 +20,11 @@ func waiter(c uint8, id string, wt int32) *core.Waiter {
 
 // serve grants the lane's next waiter into its holders and returns it.
 func serve(ln *core.Lane) *core.Waiter {
-	el := ln.Next()
-	if el == nil {
+	w := ln.Candidate(nil)
+	if w == nil {
 		return nil
 	}
-	w := el.Value
-	ln.Waiters.Served(el)
+	ln.Serve(w)
 	ln.Holders.Add(w.Hold, &w.Hold.Idx)
 	return w
 }
@@ -124,7 +123,7 @@ func TestQueueClassesStrict(t *testing.T) {
 	assert.Nil(t, serve(&ln), "full")
 	by, top := ln.Waiters.Top(3)
 	assert.Equal(t, [core.NumClasses]int{core.ClassLow: 99}, by)
-	assert.Equal(t, []core.FlowCount{{"", 99}}, top)
+	assert.Equal(t, []core.FlowCount{{Flow: "", Waiting: 99}}, top)
 }
 
 func TestQueueTop(t *testing.T) {
@@ -139,7 +138,7 @@ func TestQueueTop(t *testing.T) {
 	by, top := q.Top(2)
 	assert.Equal(t, 3, by[core.ClassDefault])
 	assert.Equal(t, 3, by[core.ClassHigh])
-	assert.Equal(t, []core.FlowCount{{"c", 3}, {"b", 2}}, top)
+	assert.Equal(t, []core.FlowCount{{Flow: "c", Waiting: 3}, {Flow: "b", Waiting: 2}}, top)
 }
 
 // A minimum share: batch keeps one slot of four under sustained interactive

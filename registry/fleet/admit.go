@@ -356,7 +356,8 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 		// No key is full any more: a release came in between. Try again.
 	}
 	l.local = local
-	v, h := core.NewSlot()
+	x := new(core.Handle)
+	h := x.Hold()
 	h.Owner, l.hold = l, h
 	h.At = time.Now().UnixNano()
 	h.Degraded = degraded
@@ -379,7 +380,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	} else {
 		r.stats.acquired.Add(1)
 	}
-	return outcome{slot: v.(*slots.Slot), full: -1}
+	return outcome{slot: (*slots.Slot)(x), full: -1}
 }
 
 // giveBack undoes an admission of l that is not to be: its local mirror,
@@ -442,12 +443,13 @@ func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 		if err := ctx.Err(); err != nil {
 			return failed(fmt.Errorf("fleet: acquire: %w", err))
 		}
-		v, h := core.NewSlot()
+		x := new(core.Handle)
+		h := x.Hold()
 		h.Owner, l.hold = l, h
 		h.At = time.Now().UnixNano()
 		h.Bypassed, h.Degraded = true, true
 		r.stats.bypassed.Add(1)
-		return outcome{slot: v.(*slots.Slot), full: -1}
+		return outcome{slot: (*slots.Slot)(x), full: -1}
 	}
 	return r.hold(ctx, l, true, 0)
 }

@@ -1,7 +1,4 @@
-// Package policy holds the wait policy that the Limiter, the Registry and the
-// pacing gate share: how long and how many may wait, what happens on timeout,
-// the clock and the logger, and the estimate behind Retry-After.
-package policy
+package core
 
 import (
 	"log/slog"
@@ -10,48 +7,48 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
-
-	"github.com/inflight-go/inflight/internal/core"
 )
 
-// Wait is the wait policy. The zero value waits without bound, queues without
-// bound, fails closed, uses the real clock and slog.Default.
-type Wait struct {
+// Policy is how an owner's callers wait, and what it reports: set by
+// options before the owner is used, read-only after. The zero value waits
+// without bound, queues without bound, fails closed, uses the real clock
+// and slog.Default, and reports to no one.
+type Policy struct {
 	MaxWait    time.Duration // <= 0: wait until the context ends
 	MaxQueue   int           // with BoundQueue: at most this many waiters
 	BoundQueue bool          // false: the queue is unbounded
 	FailOpen   bool          // on MaxWait, admit a bypassed slot instead of failing
 	Clock      clock.Clock   // nil: the real clock
 	Logger     *slog.Logger  // nil: slog.Default() at the time of logging
-	Observer   any           // nil, or the owner package's observer type
+	Observer   func(Event)   // nil: no events
 	LeakCheck  bool          // reclaim and report Slots dropped while held
 	LeakSites  bool          // with LeakCheck: record where each slot was acquired
 
-	MaxFlowQueue   int          // with BoundFlowQueue: at most this many waiters per flow
-	BoundFlowQueue bool         // false: flows are not bounded apart from the queue
-	Shares         *core.Shares // nil: no class has a guaranteed share
+	MaxFlowQueue   int     // with BoundFlowQueue: at most this many waiters per flow
+	BoundFlowQueue bool    // false: flows are not bounded apart from the queue
+	Shares         *Shares // nil: no class has a guaranteed share
 }
 
 // SetShare sets class c's guaranteed share.
-func (w *Wait) SetShare(c uint8, minimum, reserved int) {
+func (w *Policy) SetShare(c uint8, minimum, reserved int) {
 	if w.Shares == nil {
-		w.Shares = new(core.Shares)
+		w.Shares = new(Shares)
 	}
 	w.Shares.Min[c], w.Shares.Reserved[c] = minimum, reserved
 }
 
 // FlowQueueFull reports whether a caller whose flow has waiting callers
 // must be rejected instead of queued.
-func (w *Wait) FlowQueueFull(waiting int) bool {
+func (w *Policy) FlowQueueFull(waiting int) bool {
 	return w.BoundFlowQueue && waiting >= w.MaxFlowQueue
 }
 
 // QueueFull reports whether a caller finding waiting callers ahead must be
 // rejected instead of queued.
-func (w *Wait) QueueFull(waiting int) bool { return w.BoundQueue && waiting >= w.MaxQueue }
+func (w *Policy) QueueFull(waiting int) bool { return w.BoundQueue && waiting >= w.MaxQueue }
 
 // Log returns the logger to use now.
-func (w *Wait) Log() *slog.Logger {
+func (w *Policy) Log() *slog.Logger {
 	if w.Logger != nil {
 		return w.Logger
 	}
@@ -111,4 +108,18 @@ func (t *HoldTime) RetryAfter(queued, limit int) time.Duration {
 	d = min(max(d, float64(floor)), float64(MaxRetryAfter))
 	// Rounded up: a client that honours it does not come back early.
 	return time.Duration(math.Ceil(d/float64(time.Second))) * time.Second
+}
+
+// Settings is what the module's options set: the Policy, which every owner
+// reads, and what a Registry alone reads, which other owners refuse
+// (RegistryOnly names the first option that set it).
+type Settings struct {
+	Policy
+	Shards       int
+	MaxKeyBytes  int
+	RegistryOnly string
+	// LimitFunc (a registry.LimitFunc) and Refresh are set by
+	// registry.WithLimitFunc.
+	LimitFunc any
+	Refresh   time.Duration
 }

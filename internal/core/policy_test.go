@@ -1,4 +1,4 @@
-package policy_test
+package core_test
 
 import (
 	"testing"
@@ -6,11 +6,11 @@ import (
 
 	"github.com/stretchr/testify/assert"
 
-	"github.com/inflight-go/inflight/internal/policy"
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 func TestEvery(t *testing.T) {
-	var e policy.Every
+	var e core.Every
 	sec := int64(time.Second)
 	assert.True(t, e.Allow(5*sec, 10*time.Second), "the first event passes")
 	assert.False(t, e.Allow(6*sec, 10*time.Second))
@@ -20,7 +20,7 @@ func TestEvery(t *testing.T) {
 }
 
 func TestRetryAfter(t *testing.T) {
-	var h policy.HoldTime
+	var h core.HoldTime
 	assert.Equal(t, time.Second, h.RetryAfter(10, 2), "nothing known: one second")
 	h.Observe(int64(20 * time.Second))
 	assert.Equal(t, 20*time.Second, h.RetryAfter(1, 2), "2 ahead, 2 slots of 20 s each")
@@ -33,7 +33,7 @@ func TestRetryAfter(t *testing.T) {
 }
 
 func TestQueueFull(t *testing.T) {
-	w := policy.Wait{}
+	w := core.Policy{}
 	assert.False(t, w.QueueFull(1_000_000), "unbounded by default")
 	w.MaxQueue, w.BoundQueue = 2, true
 	assert.False(t, w.QueueFull(1))
@@ -43,7 +43,7 @@ func TestQueueFull(t *testing.T) {
 }
 
 func TestRetryAfterBounded(t *testing.T) {
-	var h policy.HoldTime
+	var h core.HoldTime
 	h.Observe(int64(10 * time.Hour))
-	assert.Equal(t, policy.MaxRetryAfter, h.RetryAfter(1<<40, 1), "no overflow, capped")
+	assert.Equal(t, core.MaxRetryAfter, h.RetryAfter(1<<40, 1), "no overflow, capped")
 }

@@ -1,0 +1,211 @@
+package core
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"sync/atomic"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/clockx"
+)
+
+// Engine is the admission machinery that every owner of lanes runs (the
+// Limiter, the Registry, the pacing Gate, and through its local Registry a
+// fleet Registry): the wait policy, making and handing out Slots, the
+// wait, rejections, fail-open, releases, misuse and leaks, and the events
+// and logs of each. An owner keeps its lanes and its lock and decides under
+// that lock; the Engine does everything around the decision, the same way
+// for all of them.
+//
+// Set Policy and call Init before use; the methods may then be called from
+// any goroutine, without the owner's lock unless they say otherwise.
+type Engine struct {
+	Policy
+	Clock *clockx.Clock
+	name  string // the owner's package, in errors and logs
+
+	// Written now and then; kept off the cache line of the read-mostly
+	// fields above, which every admission on every core reads.
+	_       [64]byte
+	hold    HoldTime
+	satLog  Every
+	misuses atomic.Uint64
+	leaks   atomic.Uint64
+}
+
+// saturationLogEvery spaces the fail-open saturation warnings.
+const saturationLogEvery = 10 * time.Second
+
+// Init readies e for an owner of package name ("slots", "registry",
+// "pacing"), after its Policy has been set.
+func (e *Engine) Init(name string) {
+	e.name = name
+	e.Clock = clockx.New(e.Policy.Clock)
+}
+
+// Emit hands ev to the Observer, if there is one. Call without locks.
+func (e *Engine) Emit(ev Event) {
+	if e.Observer != nil {
+		e.Observer(ev)
+	}
+}
+
+// NewSlot returns a new Slot's record and the hold to admit for it, owned
+// by owner: the record's own hold or, with leak detection, a tracked one
+// apart from it (see Tracked), which HandOut then attaches. skip is the
+// number of frames between the caller and the user's code (0 when the
+// caller is what the user called), for leak sites.
+func (e *Engine) NewSlot(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
+	x := new(Handle)
+	if !e.LeakCheck {
+		x.h.Owner = owner
+		return x, &x.h, nil
+	}
+	t := new(Tracked)
+	t.Owner = owner
+	if e.LeakSites {
+		t.RecordSite(skip + 2) // above NewSlot, its caller and skip more
+	}
+	return x, &t.Hold, t
+}
+
+// HandOut finishes an admission without reporting it (a bypass): with leak
+// detection, x becomes the stand-in of its tracked hold t.
+func (e *Engine) HandOut(x *Handle, t *Tracked) *Handle {
+	if t != nil {
+		AttachTo(t, x, &x.h)
+	}
+	return x
+}
+
+// Acquired hands out an admitted Slot and reports it after waiting wait.
+// If the Observer panics the Slot is released, since it never reaches its
+// caller, and the panic goes on up.
+func (e *Engine) Acquired(x *Handle, t *Tracked, wait time.Duration) *Handle {
+	e.HandOut(x, t)
+	if e.Observer != nil {
+		ok := false
+		defer func() {
+			if !ok {
+				x.h.Release()
+				runtime.KeepAlive(x) // see Tracked
+			}
+		}()
+		e.Observer(Event{Kind: EventAcquired, Wait: wait})
+		ok = true
+	}
+	return x
+}
+
+// Full reports whether a caller of flow must be turned away from q instead
+// of queued, by the queue bound and the per-flow bound. A nil q is empty.
+// Call under the owner's lock.
+func (e *Engine) Full(q *Queue, flow string) bool {
+	if q == nil {
+		return e.QueueFull(0) || e.FlowQueueFull(0)
+	}
+	return e.QueueFull(q.Len()) || e.BoundFlowQueue && e.FlowQueueFull(q.FlowLen(flow))
+}
+
+// Reject builds the rejection for reason with the counts at the decision
+// (call under the owner's lock) and a Retry-After estimated from them.
+// Report it with Rejected once the lock is released.
+func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *Rejection {
+	return &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued,
+		RetryAfter: e.hold.RetryAfter(queued, limit)}
+}
+
+// RejectLane is Reject with ln's counts.
+func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
+	return e.Reject(reason, key, ln.Holders.Len(), ln.Limit, ln.Waiters.Len())
+}
+
+// RetryAfter estimates when a caller rejected with queued waiting ahead
+// of it on limit slots might be admitted (see HoldTime.RetryAfter).
+func (e *Engine) RetryAfter(queued, limit int) time.Duration { return e.hold.RetryAfter(queued, limit) }
+
+// Rejected reports a rejection for reason; call without locks.
+func (e *Engine) Rejected(reason error) { e.Emit(Event{Kind: EventRejected, Err: reason}) }
+
+// Canceled reports a caller whose context ended before it was admitted, and
+// returns its error. Call without locks.
+func (e *Engine) Canceled(ctx context.Context) error {
+	e.Rejected(ctx.Err())
+	return fmt.Errorf("%s: acquire: %w", e.name, ctx.Err())
+}
+
+// Wait blocks until w is granted, ctx ends or maxWait passes (<= 0: no
+// bound); see Await.
+func (e *Engine) Wait(ctx context.Context, w *Waiter, maxWait time.Duration, withdraw func(*Waiter) bool) Outcome {
+	var expire <-chan time.Time
+	if maxWait > 0 {
+		c, stop := e.Clock.Timer(maxWait)
+		defer stop()
+		expire = c
+	}
+	return Await(ctx, w, expire, withdraw)
+}
+
+// Bypass admits h by fail-open after its wait of at most maxWait, which
+// began at start: it holds no capacity. The saturation of what ("limiter",
+// "key", "provider") is logged at most once every 10 seconds, with attrs,
+// and reported. Call without locks, after the owner has counted the bypass
+// and given h its ID.
+func (e *Engine) Bypass(h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
+	Bypass(h)
+	h.At = e.Clock.Coarse() // the clock start was read on
+	if e.satLog.Allow(h.At, saturationLogEvery) {
+		attrs = append(attrs, slog.Uint64("slot_id", h.ID), slog.Duration("max_wait", maxWait))
+		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
+			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
+	}
+	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start)})
+}
+
+// Released samples h's hold time for Retry-After and reports the release.
+// Call without locks, once h's capacity has been freed.
+func (e *Engine) Released(h *Hold) {
+	if h.ID&SampleMask == 0 && !h.GivenBack {
+		e.hold.Observe(e.Clock.Nanos() - h.At)
+	}
+	if e.Observer != nil && !h.GivenBack {
+		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(e.Clock.Coarse() - h.At)})
+	}
+}
+
+// Misuse counts and reports a Release of a slot already released, or of a
+// copy of a Slot: it frees nothing.
+func (e *Engine) Misuse(h *Hold) {
+	e.misuses.Add(1)
+	e.Emit(Event{Kind: EventDoubleRelease})
+	e.Log().Debug(e.name+": slot released twice", slog.Uint64("slot_id", h.ID))
+}
+
+// Misuses returns the number of Misuse calls.
+func (e *Engine) Misuses() uint64 { return e.misuses.Load() }
+
+// Reclaim frees a dropped Slot's hold t, if it is still held, and reports
+// the leak; key names what it held ("" for a Limiter). The owner reads key
+// before, while t still counts.
+func (e *Engine) Reclaim(t *Tracked, key string) {
+	if !t.ReleaseQuietly() {
+		return
+	}
+	held := time.Duration(e.Clock.Coarse() - t.At)
+	e.leaks.Add(1)
+	var attrs []slog.Attr
+	if key != "" {
+		attrs = append(attrs, slog.String("key", key))
+	}
+	attrs = append(attrs, slog.Uint64("slot_id", t.ID), slog.Duration("held_for", held.Round(time.Millisecond)))
+	if site := t.Site(); site != "" {
+		attrs = append(attrs, slog.String("acquired_at", site))
+	}
+	e.Log().LogAttrs(context.Background(), slog.LevelWarn, e.name+": slot dropped without Release; capacity reclaimed", attrs...)
+	e.Emit(Event{Kind: EventLeaked, Hold: held})
+}
+
+// Leaks returns the number of leaks reclaimed.
+func (e *Engine) Leaks() uint64 { return e.leaks.Load() }

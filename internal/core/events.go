@@ -1,0 +1,37 @@
+package core
+
+import "time"
+
+// EventKind is what happened to an admission; the values are those of
+// slots.EventKind, which converts from it.
+type EventKind uint8
+
+// The kinds of Event, as package slots documents them.
+const (
+	EventAcquired EventKind = iota + 1
+	EventRejected
+	EventBypassed
+	EventReleased
+	EventDoubleRelease
+	EventLeaked
+)
+
+// Event is one thing that happened to an admission (see slots.Event).
+type Event struct {
+	Kind EventKind
+	Err  error
+	Wait time.Duration
+	Hold time.Duration
+}
+
+// Rejection is a rejection with the numbers behind it. Its fields are
+// those of slots.LimitError, in the same order, so that a *Rejection
+// converts to a *slots.LimitError.
+type Rejection struct {
+	Err        error
+	Key        string
+	InFlight   int
+	Limit      int
+	Queued     int
+	RetryAfter time.Duration
+}
