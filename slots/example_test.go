@@ -123,7 +123,7 @@ func ExampleMiddleware() {
 	fmt.Print(rec.Body.String())
 	// Output:
 	// 429 1
-	// {"error":{"type":"rate_limit_error","message":"too many requests in flight: 0 of 0, 0 queued (slots: limit reached)"}}
+	// too many requests in flight: 0 of 0, 0 queued (limit reached)
 }
 
 func ExampleWrapBody() {

@@ -421,7 +421,7 @@ func TestTransportPriorityFromHeaders(t *testing.T) {
 	gw := httptest.NewServer(&httputil.ReverseProxy{
 		Rewrite:      func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
 		Transport:    slots.NewTransport(base, slots.AdmitByHeaders(lim.Acquire)),
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) { slots.WriteError(w, err) },
+		ErrorHandler: slots.ProxyErrorHandler(),
 	})
 	t.Cleanup(gw.Close)
 	client := newClient(t)
@@ -461,7 +461,7 @@ func TestTransportPriorityFromHeaders(t *testing.T) {
 	b, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
-	assert.Contains(t, string(b), "invalid_request_error")
+	assert.Contains(t, string(b), "unknown priority")
 
 	next <- struct{}{} // b0's stream ends: its slot passes on
 	assert.Equal(t, "i", <-arrivals, "the interactive request goes first")

@@ -42,7 +42,7 @@ func TestHTTPStatus(t *testing.T) {
 }
 
 func TestMiddleware(t *testing.T) {
-	t.Run("the handler runs holding a slot; a rejection is a JSON 429 with Retry-After", func(t *testing.T) {
+	t.Run("the handler runs holding a slot; a rejection is a 429 with Retry-After and a plain message", func(t *testing.T) {
 		lim := slots.NewLimiter(1)
 		inHandler, leave := make(chan struct{}), make(chan struct{})
 		h := slots.Middleware(func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() })(
@@ -64,8 +64,8 @@ func TestMiddleware(t *testing.T) {
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil))
 		assert.Equal(t, http.StatusTooManyRequests, rec.Code)
 		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
-		assert.Equal(t, "application/json", rec.Header().Get("Content-Type"))
-		assert.JSONEq(t, `{"error":{"type":"rate_limit_error","message":"too many requests in flight: 1 of 1, 0 queued (slots: limit reached)"}}`, rec.Body.String())
+		assert.Equal(t, "text/plain; charset=utf-8", rec.Header().Get("Content-Type"))
+		assert.Equal(t, "too many requests in flight: 1 of 1, 0 queued (limit reached)\n", rec.Body.String())
 
 		close(leave)
 		wg.Wait()
@@ -79,6 +79,23 @@ func TestMiddleware(t *testing.T) {
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
 		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
+	})
+	t.Run("an error writer sets the body's format", func(t *testing.T) {
+		lim := slots.NewLimiter(0)
+		var gotStatus int
+		h := slots.Middleware(func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() },
+			slots.WithErrorWriter(func(w http.ResponseWriter, status int, msg string) {
+				gotStatus = status
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(status)
+				fmt.Fprintf(w, `{"message":%q}`, msg)
+			}))(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler must not run") }))
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, http.StatusTooManyRequests, gotStatus)
+		assert.Equal(t, http.StatusTooManyRequests, rec.Code)
+		assert.Equal(t, "1", rec.Header().Get("Retry-After"), "set before the writer runs")
+		assert.JSONEq(t, `{"message":"too many requests in flight: 0 of 0, 0 queued (limit reached)"}`, rec.Body.String())
 	})
 	t.Run("a panicking handler frees its slot and the panic goes on", func(t *testing.T) {
 		lim := slots.NewLimiter(1)
@@ -131,7 +148,29 @@ func TestWriteError(t *testing.T) {
 	assert.Equal(t, http.StatusTooManyRequests, rec.Code)
 	assert.Equal(t, "40", rec.Header().Get("Retry-After"))
 	assert.NotContains(t, rec.Body.String(), "sk-secret-key", "keys may be credentials: never in a response")
-	assert.Contains(t, rec.Body.String(), `"type":"rate_limit_error"`)
+	assert.Equal(t, "too many requests in flight: 8 of 8, 256 queued (queue full)\n", rec.Body.String())
+}
+
+func TestErrorMessageHasNoPackagePrefixes(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"limit reached", &slots.LimitError{Err: slots.ErrLimitReached, InFlight: 2, Limit: 2}, "too many requests in flight: 2 of 2, 0 queued (limit reached)"},
+		{"wait timeout, wrapped", fmt.Errorf("gateway: %w", &slots.LimitError{Err: slots.ErrWaitTimeout, InFlight: 5, Limit: 5, Queued: 3}), "too many requests in flight: 5 of 5, 3 queued (timed out waiting)"},
+		{"no limit to show", &slots.LimitError{Err: slots.ErrQueueFull, Limit: slots.Unlimited}, "too many requests in flight (queue full)"},
+		{"server deadline", fmt.Errorf("slots: acquire: %w", context.DeadlineExceeded), "timed out waiting for capacity"},
+		{"client gone", context.Canceled, "the request was cancelled while waiting for capacity"},
+		{"bad priority", fmt.Errorf("%w %q", slots.ErrBadPriority, "urgent"), "unknown priority (want interactive, default or batch)"},
+		{"anything else says nothing of itself", errors.New("dial tcp 10.0.0.7:443: secret-host"), "the request could not be admitted"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := slots.ErrorMessage(tc.err)
+			assert.Equal(t, tc.want, msg)
+			assert.NotContains(t, msg, "slots:")
+		})
+	}
 }
 
 type eofReader struct{ data string }

@@ -15,7 +15,9 @@ import (
 // from a header, the path or the body's "model") and returns the Slot, or a
 // rejection. A nil Slot with a nil error admits the request without a slot.
 // A Slot returned along with an error is released. An admit function used
-// by a Transport must not replace the request's body (see RequestModel).
+// by a Transport must not replace the request's body: a RoundTripper does
+// not modify its request, so a handler that reads the body (for a "model",
+// say) passes what it found on in the request's context.
 type AdmitFunc func(r *http.Request) (*Slot, error)
 
 // Transport is an http.RoundTripper that holds a Slot for each request from

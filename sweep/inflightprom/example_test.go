@@ -22,10 +22,10 @@ func ExampleNew() {
 	s, _ := reg.TryAcquire("org-a")
 	defer s.Release()
 	err := testutil.GatherAndCompare(registerer, strings.NewReader(`
-# HELP inflight_tenant_in_flight Slots held now; a slot held under several keys counts once per key.
-# TYPE inflight_tenant_in_flight gauge
-inflight_tenant_in_flight 1
-`), "inflight_tenant_in_flight")
+# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# TYPE inflight_in_flight gauge
+inflight_in_flight{cap="tenant"} 1
+`), "inflight_in_flight")
 	fmt.Println(err)
 	// Output: <nil>
 }

@@ -1,35 +1,40 @@
-// Package inflightprom exports a Limiter's or a Registry's counts to
-// Prometheus. It lives apart from the core packages so that a program that
-// does not use Prometheus never compiles its client.
+// Package inflightprom exports the counts of a program's caps to
+// Prometheus: each cap (a Limiter, a Registry, or any other source) is one
+// Collector, and every cap's series belong to the same metric families,
+// told apart by the label cap. It lives apart from the core packages so
+// that a program that does not use Prometheus never compiles its client.
 //
-//	c := inflightprom.New("tenant")
-//	reg := registry.New[string](64, registry.WithObserver(c))
-//	inflightprom.WatchRegistry(c, reg)
-//	prometheus.MustRegister(c)
+//	tenants := inflightprom.New("tenant")
+//	reg := registry.New[string](64, registry.WithObserver(tenants))
+//	inflightprom.WatchRegistry(tenants, reg)
+//	prometheus.MustRegister(tenants)
 //
-// Every metric is named inflight_<name>_<metric> and carries no key label
-// (keys are tenants, models, API keys: too many, and sometimes sensitive):
+// The families, each with the label cap and no key label (keys are
+// tenants, models, API keys: too many, and sometimes sensitive):
 //
-//	in_flight             gauge     slots held now (a multi-key slot counts per key)
-//	waiting               gauge     callers waiting now
-//	keys                  gauge     keys tracked now (registry only)
-//	limit                 gauge     the limit (limiter only)
-//	acquired_total        counter   admissions that took capacity
-//	rejected_total        counter   rejections, by reason: limit_reached, queue_full,
-//	                                wait_timeout, canceled, invalid_key
-//	bypassed_total        counter   fail-open admissions without a slot
-//	released_total        counter   capacity given back
-//	double_releases_total counter   Release calls on a slot already released
-//	wait_seconds          histogram how long admitted callers queued (0 for most)
-//	hold_seconds          histogram how long slots were held
+//	inflight_in_flight             gauge     slots held now (a multi-key slot counts per key)
+//	inflight_waiting               gauge     callers waiting now
+//	inflight_keys                  gauge     keys tracked now (registries)
+//	inflight_limit                 gauge     the limit (one-pool caps; +Inf when unlimited)
+//	inflight_acquired_total        counter   admissions that took capacity
+//	inflight_rejected_total        counter   rejections, by reason: limit_reached, queue_full,
+//	                                         wait_timeout, canceled, invalid_key
+//	inflight_bypassed_total        counter   fail-open admissions without a slot
+//	inflight_released_total        counter   capacity given back
+//	inflight_double_releases_total counter   Release calls on a slot already released
+//	inflight_wait_seconds          histogram how long admitted callers queued (0 for most)
+//	inflight_hold_seconds          histogram how long slots were held
 //
-// The gauges and counters are read from Stats at each scrape; the histograms
-// are fed by the Collector's Observe, which the limiter or registry calls
-// when the Collector is its Observer.
+// The gauges and counters are read from the source at each scrape; the
+// histograms are fed by the Collector's Observe, which a limiter or registry
+// calls when the Collector is its Observer, or by ObserveWait and
+// ObserveHold for a source without one.
 package inflightprom
 
 import (
+	"math"
 	"sync/atomic"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -37,10 +42,29 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// Collector is a prometheus.Collector and a slots.Observer. Create it with
-// New; the zero value is not usable.
+// Snapshot is what a scrape reads from a source. A negative Waiting, Keys
+// or Limit is not known for the source, and its series is left out; a
+// Limit of slots.Unlimited is exported as +Inf.
+type Snapshot struct {
+	InFlight int
+	Waiting  int
+	Keys     int
+	Limit    int
+	// Counts are the totals since the source was made; nil leaves the
+	// counter series out.
+	Counts *Counts
+}
+
+// Counts are a source's totals.
+type Counts struct {
+	Acquired, Bypassed, Released, DoubleReleases uint64
+	Rejected                                     map[string]uint64 // by reason
+}
+
+// Collector is a prometheus.Collector and a slots.Observer for one cap.
+// Create it with New; the zero value is not usable.
 type Collector struct {
-	stats atomic.Pointer[func() snapshot]
+	source atomic.Pointer[func() Snapshot]
 
 	inFlight, waiting, keys, limit *prometheus.Desc
 	acquired, rejected, bypassed   *prometheus.Desc
@@ -53,83 +77,96 @@ var (
 	_ slots.Observer       = (*Collector)(nil)
 )
 
-// snapshot is what a scrape reads; hasKeys and hasLimit say which of the
-// two source-specific gauges apply.
-type snapshot struct {
-	inFlight, waiting, keys, limit                  int
-	hasKeys, hasLimit                               bool
-	acquired, bypassed, released, doubles           uint64
-	limitReached, queueFull, waitTimeouts, canceled uint64
-	invalidKeys                                     uint64
-}
-
-// New returns a Collector whose metrics are named inflight_<name>_*. Point
-// it at its source with WatchLimiter or WatchRegistry, and make it the
-// source's Observer for the wait and hold histograms.
-func New(name string) *Collector {
-	fq := func(m string) string { return prometheus.BuildFQName("inflight", name, m) }
-	desc := func(m, help string, labels ...string) *prometheus.Desc {
-		return prometheus.NewDesc(fq(m), help, labels, nil)
+// New returns a Collector whose series carry the label cap=capName, for
+// example "tenant", "provider", "model:glm-5". Collectors of different caps
+// are registered side by side in one registry. Point it at its source with
+// WatchLimiter, WatchRegistry or Watch.
+func New(capName string) *Collector {
+	labels := prometheus.Labels{"cap": capName}
+	desc := func(m, help string, variable ...string) *prometheus.Desc {
+		return prometheus.NewDesc(prometheus.BuildFQName("inflight", "", m), help, variable, labels)
 	}
 	return &Collector{
 		inFlight:       desc("in_flight", "Slots held now; a slot held under several keys counts once per key."),
 		waiting:        desc("waiting", "Callers waiting for a slot now."),
 		keys:           desc("keys", "Keys tracked now: with a holder or a waiter."),
-		limit:          desc("limit", "The limit."),
+		limit:          desc("limit", "The limit; +Inf when unlimited."),
 		acquired:       desc("acquired_total", "Admissions that took capacity."),
 		rejected:       desc("rejected_total", "Rejections, by reason.", "reason"),
 		bypassed:       desc("bypassed_total", "Fail-open admissions without a slot."),
 		released:       desc("released_total", "Capacity given back."),
 		doubleReleases: desc("double_releases_total", "Release calls on a slot already released."),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    fq("wait_seconds"),
-			Help:    "How long admitted callers queued for their slot.",
-			Buckets: prometheus.ExponentialBuckets(0.005, 2, 14), // 5 ms to 41 s
+			Name:        "inflight_wait_seconds",
+			Help:        "How long admitted callers queued for their slot.",
+			ConstLabels: labels,
+			Buckets:     prometheus.ExponentialBuckets(0.005, 2, 14), // 5 ms to 41 s
 		}),
 		holdSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
-			Name:    fq("hold_seconds"),
-			Help:    "How long slots were held.",
-			Buckets: prometheus.ExponentialBuckets(0.05, 2, 16), // 50 ms to 27 min
+			Name:        "inflight_hold_seconds",
+			Help:        "How long slots were held.",
+			ConstLabels: labels,
+			Buckets:     prometheus.ExponentialBuckets(0.05, 2, 16), // 50 ms to 27 min
 		}),
 	}
 }
+
+// Watch makes c report what f returns at each scrape. f is called from the
+// scraping goroutine and may run concurrently with itself.
+func Watch(c *Collector, f func() Snapshot) { c.source.Store(&f) }
 
 // WatchLimiter makes c report l's counts.
 func WatchLimiter(c *Collector, l *slots.Limiter) {
-	f := func() snapshot {
+	Watch(c, func() Snapshot {
 		st := l.Stats()
-		return snapshot{
-			inFlight: st.InFlight, waiting: st.Waiting, limit: st.Limit, hasLimit: true,
-			acquired: st.Acquired, bypassed: st.Bypassed, released: st.Released, doubles: st.DoubleReleases,
-			limitReached: st.LimitReached, queueFull: st.QueueFull, waitTimeouts: st.WaitTimeouts, canceled: st.Canceled,
+		return Snapshot{
+			InFlight: st.InFlight, Waiting: st.Waiting, Keys: -1, Limit: st.Limit,
+			Counts: &Counts{
+				Acquired: st.Acquired, Bypassed: st.Bypassed, Released: st.Released, DoubleReleases: st.DoubleReleases,
+				Rejected: map[string]uint64{
+					"limit_reached": st.LimitReached, "queue_full": st.QueueFull,
+					"wait_timeout": st.WaitTimeouts, "canceled": st.Canceled,
+				},
+			},
 		}
-	}
-	c.stats.Store(&f)
+	})
 }
 
-// WatchRegistry makes c report r's counts.
+// WatchRegistry makes c report r's counts. A registry's limits are per key,
+// so it has no limit series.
 func WatchRegistry[K comparable](c *Collector, r *registry.Registry[K]) {
-	f := func() snapshot {
+	Watch(c, func() Snapshot {
 		st := r.Stats()
-		return snapshot{
-			inFlight: st.InFlight, waiting: st.Waiting, keys: st.Keys, hasKeys: true,
-			acquired: st.Acquired, bypassed: st.Bypassed, released: st.Released, doubles: st.DoubleReleases,
-			limitReached: st.LimitReached, queueFull: st.QueueFull, waitTimeouts: st.WaitTimeouts, canceled: st.Canceled,
-			invalidKeys: st.InvalidKeys,
+		return Snapshot{
+			InFlight: st.InFlight, Waiting: st.Waiting, Keys: st.Keys, Limit: -1,
+			Counts: &Counts{
+				Acquired: st.Acquired, Bypassed: st.Bypassed, Released: st.Released, DoubleReleases: st.DoubleReleases,
+				Rejected: map[string]uint64{
+					"limit_reached": st.LimitReached, "queue_full": st.QueueFull,
+					"wait_timeout": st.WaitTimeouts, "canceled": st.Canceled, "invalid_key": st.InvalidKeys,
+				},
+			},
 		}
-	}
-	c.stats.Store(&f)
+	})
 }
 
 // Observe implements slots.Observer: it feeds the wait and hold histograms.
 func (c *Collector) Observe(e slots.Event) {
 	switch e.Kind {
 	case slots.EventAcquired:
-		c.waitSeconds.Observe(e.Wait.Seconds())
+		c.ObserveWait(e.Wait)
 	case slots.EventReleased:
-		c.holdSeconds.Observe(e.Hold.Seconds())
+		c.ObserveHold(e.Hold)
 	}
 }
+
+// ObserveWait records how long an admitted caller queued, for a source
+// that has no Observer of its own.
+func (c *Collector) ObserveWait(d time.Duration) { c.waitSeconds.Observe(d.Seconds()) }
+
+// ObserveHold records how long a slot was held, for a source that has no
+// Observer of its own.
+func (c *Collector) ObserveHold(d time.Duration) { c.holdSeconds.Observe(d.Seconds()) }
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -144,34 +181,34 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	c.waitSeconds.Collect(ch)
 	c.holdSeconds.Collect(ch)
-	f := c.stats.Load()
+	f := c.source.Load()
 	if f == nil {
 		return // not watching anything yet
 	}
 	s := (*f)()
 	gauge := func(d *prometheus.Desc, v int) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+		if v >= 0 {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+		}
 	}
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
-	gauge(c.inFlight, s.inFlight)
-	gauge(c.waiting, s.waiting)
-	if s.hasKeys {
-		gauge(c.keys, s.keys)
+	gauge(c.inFlight, s.InFlight)
+	gauge(c.waiting, s.Waiting)
+	gauge(c.keys, s.Keys)
+	if s.Limit == slots.Unlimited {
+		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, math.Inf(1))
+	} else {
+		gauge(c.limit, s.Limit)
 	}
-	if s.hasLimit {
-		gauge(c.limit, s.limit)
+	if n := s.Counts; n != nil {
+		counter(c.acquired, n.Acquired)
+		for reason, v := range n.Rejected {
+			counter(c.rejected, v, reason)
+		}
+		counter(c.bypassed, n.Bypassed)
+		counter(c.released, n.Released)
+		counter(c.doubleReleases, n.DoubleReleases)
 	}
-	counter(c.acquired, s.acquired)
-	counter(c.rejected, s.limitReached, "limit_reached")
-	counter(c.rejected, s.queueFull, "queue_full")
-	counter(c.rejected, s.waitTimeouts, "wait_timeout")
-	counter(c.rejected, s.canceled, "canceled")
-	if s.hasKeys {
-		counter(c.rejected, s.invalidKeys, "invalid_key")
-	}
-	counter(c.bypassed, s.bypassed)
-	counter(c.released, s.released)
-	counter(c.doubleReleases, s.doubles)
 }

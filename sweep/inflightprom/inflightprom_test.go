@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,59 +33,59 @@ func TestRegistryMetrics(t *testing.T) {
 	b.Release()
 
 	const want = `
-# HELP inflight_tenant_acquired_total Admissions that took capacity.
-# TYPE inflight_tenant_acquired_total counter
-inflight_tenant_acquired_total 2
-# HELP inflight_tenant_double_releases_total Release calls on a slot already released.
-# TYPE inflight_tenant_double_releases_total counter
-inflight_tenant_double_releases_total 1
-# HELP inflight_tenant_in_flight Slots held now; a slot held under several keys counts once per key.
-# TYPE inflight_tenant_in_flight gauge
-inflight_tenant_in_flight 1
-# HELP inflight_tenant_keys Keys tracked now: with a holder or a waiter.
-# TYPE inflight_tenant_keys gauge
-inflight_tenant_keys 1
-# HELP inflight_tenant_rejected_total Rejections, by reason.
-# TYPE inflight_tenant_rejected_total counter
-inflight_tenant_rejected_total{reason="canceled"} 0
-inflight_tenant_rejected_total{reason="invalid_key"} 0
-inflight_tenant_rejected_total{reason="limit_reached"} 1
-inflight_tenant_rejected_total{reason="queue_full"} 0
-inflight_tenant_rejected_total{reason="wait_timeout"} 0
-# HELP inflight_tenant_released_total Capacity given back.
-# TYPE inflight_tenant_released_total counter
-inflight_tenant_released_total 1
+# HELP inflight_acquired_total Admissions that took capacity.
+# TYPE inflight_acquired_total counter
+inflight_acquired_total{cap="tenant"} 2
+# HELP inflight_double_releases_total Release calls on a slot already released.
+# TYPE inflight_double_releases_total counter
+inflight_double_releases_total{cap="tenant"} 1
+# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# TYPE inflight_in_flight gauge
+inflight_in_flight{cap="tenant"} 1
+# HELP inflight_keys Keys tracked now: with a holder or a waiter.
+# TYPE inflight_keys gauge
+inflight_keys{cap="tenant"} 1
+# HELP inflight_rejected_total Rejections, by reason.
+# TYPE inflight_rejected_total counter
+inflight_rejected_total{cap="tenant",reason="canceled"} 0
+inflight_rejected_total{cap="tenant",reason="invalid_key"} 0
+inflight_rejected_total{cap="tenant",reason="limit_reached"} 1
+inflight_rejected_total{cap="tenant",reason="queue_full"} 0
+inflight_rejected_total{cap="tenant",reason="wait_timeout"} 0
+# HELP inflight_released_total Capacity given back.
+# TYPE inflight_released_total counter
+inflight_released_total{cap="tenant"} 1
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want),
-		"inflight_tenant_acquired_total", "inflight_tenant_double_releases_total", "inflight_tenant_in_flight",
-		"inflight_tenant_keys", "inflight_tenant_rejected_total", "inflight_tenant_released_total"))
+		"inflight_acquired_total", "inflight_double_releases_total", "inflight_in_flight",
+		"inflight_keys", "inflight_rejected_total", "inflight_released_total"))
 
 	hold := `
-# HELP inflight_tenant_hold_seconds How long slots were held.
-# TYPE inflight_tenant_hold_seconds histogram
-inflight_tenant_hold_seconds_bucket{le="0.05"} 0
-inflight_tenant_hold_seconds_bucket{le="0.1"} 0
-inflight_tenant_hold_seconds_bucket{le="0.2"} 0
-inflight_tenant_hold_seconds_bucket{le="0.4"} 0
-inflight_tenant_hold_seconds_bucket{le="0.8"} 0
-inflight_tenant_hold_seconds_bucket{le="1.6"} 0
-inflight_tenant_hold_seconds_bucket{le="3.2"} 1
-inflight_tenant_hold_seconds_bucket{le="6.4"} 1
-inflight_tenant_hold_seconds_bucket{le="12.8"} 1
-inflight_tenant_hold_seconds_bucket{le="25.6"} 1
-inflight_tenant_hold_seconds_bucket{le="51.2"} 1
-inflight_tenant_hold_seconds_bucket{le="102.4"} 1
-inflight_tenant_hold_seconds_bucket{le="204.8"} 1
-inflight_tenant_hold_seconds_bucket{le="409.6"} 1
-inflight_tenant_hold_seconds_bucket{le="819.2"} 1
-inflight_tenant_hold_seconds_bucket{le="1638.4"} 1
-inflight_tenant_hold_seconds_bucket{le="+Inf"} 1
-inflight_tenant_hold_seconds_sum 3
-inflight_tenant_hold_seconds_count 1
+# HELP inflight_hold_seconds How long slots were held.
+# TYPE inflight_hold_seconds histogram
+inflight_hold_seconds_bucket{cap="tenant",le="0.05"} 0
+inflight_hold_seconds_bucket{cap="tenant",le="0.1"} 0
+inflight_hold_seconds_bucket{cap="tenant",le="0.2"} 0
+inflight_hold_seconds_bucket{cap="tenant",le="0.4"} 0
+inflight_hold_seconds_bucket{cap="tenant",le="0.8"} 0
+inflight_hold_seconds_bucket{cap="tenant",le="1.6"} 0
+inflight_hold_seconds_bucket{cap="tenant",le="3.2"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="6.4"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="12.8"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="25.6"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="51.2"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="102.4"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="204.8"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="409.6"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="819.2"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="1638.4"} 1
+inflight_hold_seconds_bucket{cap="tenant",le="+Inf"} 1
+inflight_hold_seconds_sum{cap="tenant"} 3
+inflight_hold_seconds_count{cap="tenant"} 1
 `
-	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(hold), "inflight_tenant_hold_seconds"))
+	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(hold), "inflight_hold_seconds"))
 	a.Release()
-	assert.Equal(t, 2, testutil.CollectAndCount(c, "inflight_tenant_wait_seconds", "inflight_tenant_hold_seconds"))
+	assert.Equal(t, 2, testutil.CollectAndCount(c, "inflight_wait_seconds", "inflight_hold_seconds"))
 }
 
 func TestLimiterMetrics(t *testing.T) {
@@ -93,11 +94,50 @@ func TestLimiterMetrics(t *testing.T) {
 	lim := slots.NewLimiter(8, slots.WithObserver(c))
 	inflightprom.WatchLimiter(c, lim)
 	s, _ := lim.TryAcquire()
-	assert.Equal(t, 8.0, testutil.ToFloat64(collectorFor(c, "inflight_upstream_limit")))
-	assert.Equal(t, 1.0, testutil.ToFloat64(collectorFor(c, "inflight_upstream_in_flight")))
+	assert.Equal(t, 8.0, testutil.ToFloat64(collectorFor(c, "inflight_limit")))
+	assert.Equal(t, 1.0, testutil.ToFloat64(collectorFor(c, "inflight_in_flight")))
 	s.Release()
-	assert.Zero(t, testutil.CollectAndCount(c, "inflight_upstream_keys"), "a limiter has no keys gauge")
+	assert.Zero(t, testutil.CollectAndCount(c, "inflight_keys"), "a limiter has no keys gauge")
 	problems, err := testutil.CollectAndLint(c)
+	require.NoError(t, err)
+	assert.Empty(t, problems)
+}
+
+func TestCapsShareFamilies(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	tenants := inflightprom.New("tenant")
+	inflightprom.WatchRegistry(tenants, registry.New[string](4))
+	provider := inflightprom.New("provider")
+	inflightprom.Watch(provider, func() inflightprom.Snapshot {
+		return inflightprom.Snapshot{InFlight: 5, Waiting: 8, Keys: -1, Limit: 5,
+			Counts: &inflightprom.Counts{Acquired: 9, Rejected: map[string]uint64{"queue_full": 2}}}
+	})
+	model := inflightprom.New("model:glm-5")
+	inflightprom.Watch(model, func() inflightprom.Snapshot {
+		return inflightprom.Snapshot{InFlight: 2, Waiting: -1, Keys: -1, Limit: slots.Unlimited}
+	})
+	provider.ObserveWait(1500 * time.Millisecond)
+	reg.MustRegister(tenants, provider, model)
+
+	const want = `
+# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# TYPE inflight_in_flight gauge
+inflight_in_flight{cap="model:glm-5"} 2
+inflight_in_flight{cap="provider"} 5
+inflight_in_flight{cap="tenant"} 0
+# HELP inflight_limit The limit; +Inf when unlimited.
+# TYPE inflight_limit gauge
+inflight_limit{cap="model:glm-5"} +Inf
+inflight_limit{cap="provider"} 5
+# HELP inflight_waiting Callers waiting for a slot now.
+# TYPE inflight_waiting gauge
+inflight_waiting{cap="provider"} 8
+inflight_waiting{cap="tenant"} 0
+`
+	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "inflight_in_flight", "inflight_limit", "inflight_waiting"))
+	assert.Equal(t, 1, testutil.CollectAndCount(model, "inflight_in_flight"), "no counters without Counts")
+	assert.Zero(t, testutil.CollectAndCount(model, "inflight_acquired_total"))
+	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
 }

@@ -33,6 +33,87 @@ type Config struct {
 	// negative value turns the linger off; at most MaxCutLingerMS. A stream
 	// read to its end frees its slots at once.
 	CutLingerMS int64 `json:"cut_linger_ms,omitempty"`
+	// ShutdownTimeoutMS bounds the drain on SIGTERM or SIGINT: requests
+	// and streams in flight get this long to finish before they are cut.
+	// 0 means DefaultShutdownTimeoutMS.
+	ShutdownTimeoutMS int64 `json:"shutdown_timeout_ms,omitempty"`
+	// Admin serves the admin and debug endpoints, behind a bearer token;
+	// without it they are not served at all.
+	Admin *AdminConfig `json:"admin,omitempty"`
+}
+
+// DefaultShutdownTimeoutMS is the drain's bound when the config does not
+// set one: a long streamed turn takes minutes, most take seconds.
+const DefaultShutdownTimeoutMS = 30_000
+
+// ShutdownTimeout returns how long the drain may take.
+func (c Config) ShutdownTimeout() time.Duration {
+	if c.ShutdownTimeoutMS == 0 {
+		return DefaultShutdownTimeoutMS * time.Millisecond
+	}
+	return millis(c.ShutdownTimeoutMS)
+}
+
+// AdminConfig guards the admin endpoints (PATCH and DELETE
+// /admin/orgs/{org}/concurrent-limit) and the debug ones (/debug/slots,
+// /debug/provider): each request needs "Authorization: Bearer <token>".
+// The token is Token, or the value of the environment variable TokenEnv
+// (which keeps it out of the file); exactly one of them is set.
+type AdminConfig struct {
+	Token    string `json:"token,omitempty"`
+	TokenEnv string `json:"token_env,omitempty"`
+	// Listen serves the admin and debug endpoints on an address of their
+	// own (say, one that only the operators' network reaches) instead of
+	// beside the model API.
+	Listen string `json:"listen,omitempty"`
+}
+
+// minTokenBytes keeps a guessable token out of the config.
+const minTokenBytes = 16
+
+// token returns the admin token, read from the environment for TokenEnv.
+func (a *AdminConfig) token() (string, error) {
+	switch {
+	case a.Token != "" && a.TokenEnv != "":
+		return "", errors.New("token: set token or token_env, not both")
+	case a.TokenEnv != "":
+		t, ok := os.LookupEnv(a.TokenEnv)
+		if !ok || t == "" {
+			return "", fmt.Errorf("token_env: the environment variable %s is not set", a.TokenEnv)
+		}
+		if len(t) < minTokenBytes {
+			return "", fmt.Errorf("token_env: the token in %s is under %d bytes", a.TokenEnv, minTokenBytes)
+		}
+		return t, nil
+	case a.Token != "":
+		if len(a.Token) < minTokenBytes {
+			return "", fmt.Errorf("token: under %d bytes", minTokenBytes)
+		}
+		return a.Token, nil
+	}
+	return "", errors.New("token or token_env: missing")
+}
+
+// Redacted returns the config as it may be logged: the admin token and a
+// password in the Redis URL replaced.
+func (c Config) Redacted() Config {
+	if c.Admin != nil {
+		a := *c.Admin
+		if a.Token != "" {
+			a.Token = "[redacted]"
+		}
+		c.Admin = &a
+	}
+	if c.Fleet != nil {
+		f := *c.Fleet
+		if u, err := url.Parse(f.RedisURL); err == nil {
+			f.RedisURL = u.Redacted()
+		} else {
+			f.RedisURL = "[unparsable]"
+		}
+		c.Fleet = &f
+	}
+	return c
 }
 
 // MaxCutLingerMS bounds cut_linger_ms: an upstream that has not noticed a
@@ -111,6 +192,14 @@ func ParseConfig(data []byte) (Config, error) {
 	}
 	if c.CutLingerMS > MaxCutLingerMS {
 		return Config{}, fmt.Errorf("config: cut_linger_ms: %d is over %d", c.CutLingerMS, MaxCutLingerMS)
+	}
+	if c.ShutdownTimeoutMS < 0 || c.ShutdownTimeoutMS > pacing.MaxMS {
+		return Config{}, fmt.Errorf("config: shutdown_timeout_ms: %d is not between 0 and %d", c.ShutdownTimeoutMS, pacing.MaxMS)
+	}
+	if c.Admin != nil {
+		if _, err := c.Admin.token(); err != nil {
+			return Config{}, fmt.Errorf("config: admin.%w", err)
+		}
 	}
 	if c.Orgs.DefaultLimit < 0 {
 		return Config{}, fmt.Errorf("config: orgs.default_limit: %d is negative", c.Orgs.DefaultLimit)

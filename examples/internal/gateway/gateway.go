@@ -19,16 +19,14 @@ package gateway
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
-	"fmt"
-	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httputil"
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -62,8 +60,14 @@ type Gateway struct {
 	gate         *pacing.Gate
 	monitor      *sweep.Monitor[tenant]
 	proxy        *httputil.ReverseProxy
-	mux          *http.ServeMux
+	public       http.Handler // the model API and /metrics (and admin without its own listener)
+	admin        http.Handler // the admin and debug endpoints behind the token; nil without admin
+	adminApart   bool         // admin is served on its own listener
 	metrics      *prometheus.Registry
+	provider     *capMetrics // the provider cap's counts, kept here: the Gate has no Observer
+	log          *slog.Logger
+	rejections   rejectLog
+	active       atomic.Int64 // model requests being served
 
 	mu        sync.RWMutex // protects the fields below
 	orgLimits map[string]int
@@ -84,13 +88,23 @@ type pendingGrant struct {
 	taken bool        // the transport tied the slot to the upstream exchange
 }
 
+// An Option configures a Gateway.
+type Option func(*Gateway)
+
+// WithLogger sets the logger (default slog.Default()).
+func WithLogger(l *slog.Logger) Option { return func(g *Gateway) { g.log = l } }
+
 // New returns a Gateway for cfg that sends upstream through base.
-func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
+func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	target, err := url.Parse(cfg.Upstream)
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{orgLimits: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry()}
+	g := &Gateway{orgLimits: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry(), log: slog.Default()}
+	for _, o := range opts {
+		o(g)
+	}
+	g.rejections.every = time.Second
 	for org, n := range cfg.Orgs.Limits {
 		g.orgLimits[org] = n
 	}
@@ -121,7 +135,8 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 	}
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
-	g.monitor = sweep.New(g.tenants)
+	g.registerMetrics(cfg)
+	g.monitor = sweep.New(g.tenants, sweep.WithLogger(g.log))
 
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -149,20 +164,28 @@ func New(cfg Config, base http.RoundTripper) (*Gateway, error) {
 			if r.Context().Err() != nil {
 				return // the client has gone: nobody to answer
 			}
-			slog.Warn("gateway: upstream error", slog.String("path", r.URL.Path), slog.Any("error", err))
-			writeJSONError(w, http.StatusBadGateway, "api_error", "the upstream could not be reached")
+			g.log.Warn("gateway: upstream error", slog.String("path", r.URL.Path), slog.Any("error", err))
+			writeOpenAIError(w, http.StatusBadGateway, "the upstream could not be reached")
 		},
 	}
-	g.mux = http.NewServeMux()
+	public := http.NewServeMux()
 	for _, p := range []string{"/v1/chat/completions", "/v1/completions", "/v1/embeddings"} {
-		g.mux.HandleFunc("POST "+p, g.model)
+		public.HandleFunc("POST "+p, g.model)
 	}
-	g.mux.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
+	public.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
 		g.proxy.ServeHTTP(w, r.WithContext(slots.WithoutSlot(r.Context())))
 	})
-	g.mux.HandleFunc("PATCH /admin/orgs/{org}/concurrent-limit", g.setOrgLimit)
-	g.mux.HandleFunc("GET /debug/slots", g.debugSlots)
-	g.mux.Handle("GET /metrics", promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{}))
+	public.Handle("GET /metrics", promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{}))
+	if cfg.Admin != nil {
+		token, _ := cfg.Admin.token() // checked by ParseConfig
+		g.admin = requireToken(token, g.adminMux())
+		g.adminApart = cfg.Admin.Listen != ""
+		if !g.adminApart {
+			public.Handle("/admin/", g.admin)
+			public.Handle("/debug/", g.admin)
+		}
+	}
+	g.public = g.logRequests(public)
 	return g, nil
 }
 
@@ -214,8 +237,31 @@ func (g *Gateway) capKeys(model string) []string {
 	return []string{"provider"}
 }
 
-// ServeHTTP implements http.Handler.
-func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.mux.ServeHTTP(w, r) }
+// ServeHTTP implements http.Handler: the model API, /metrics, and the
+// admin and debug endpoints unless they have a listener of their own.
+func (g *Gateway) ServeHTTP(w http.ResponseWriter, r *http.Request) { g.public.ServeHTTP(w, r) }
+
+// AdminHandler returns the admin and debug endpoints, behind the token, when
+// the config gives them a listener of their own (admin.listen); nil
+// otherwise.
+func (g *Gateway) AdminHandler() http.Handler {
+	if !g.adminApart {
+		return nil
+	}
+	return g.logRequests(g.admin)
+}
+
+// Active returns the number of model requests being served now (a stream
+// counts until it has been relayed to its end).
+func (g *Gateway) Active() int { return int(g.active.Load()) }
+
+// Ping checks that the fleet's Redis answers; nil without a fleet.
+func (g *Gateway) Ping(ctx context.Context) error {
+	if g.rdb == nil {
+		return nil
+	}
+	return g.rdb.Ping(ctx).Err()
+}
 
 // Provider returns the provider gate's status.
 func (g *Gateway) Provider() pacing.Status { return g.gate.Status() }
@@ -250,19 +296,27 @@ func (g *Gateway) orgLimit(org string) int {
 // model handles a model request: the tenant cap at once, then the provider's
 // caps and pacing (waiting), then the upstream, holding both until done.
 func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
-	model, err := slots.RequestModel(r, 8<<20)
+	g.active.Add(1)
+	defer g.active.Add(-1)
+	info := requestInfoFrom(r.Context())
+	model, err := requestModel(r, maxBodyBytes)
 	if err != nil {
-		writeJSONError(w, http.StatusBadRequest, "invalid_request_error", err.Error())
+		status := http.StatusBadRequest
+		if errors.Is(err, errBodyTooLarge) {
+			status = http.StatusRequestEntityTooLarge
+		}
+		writeOpenAIError(w, status, err.Error())
 		return
 	}
 	org := r.Header.Get(slots.HeaderFlow)
 	if org == "" {
 		org = "default"
 	}
+	info.org, info.model = org, model
 	// The tenant's own cap: over it is the tenant's doing, answered at once.
 	ts, err := g.admitTenant(tenant{org, model})
 	if err != nil {
-		writeAdmissionError(w, err)
+		g.reject(w, r, "tenant", model, err)
 		return
 	}
 	defer ts.Release() // the handler runs until the stream has been relayed
@@ -271,106 +325,43 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	prio, ok := g.priorities[org]
 	if h := r.Header.Get(slots.HeaderPriority); h != "" {
 		if prio, err = slots.ParsePriority(h); err != nil {
-			slots.WriteError(w, err)
+			writeOpenAIError(w, http.StatusBadRequest, "X-Priority: want interactive, default or batch")
 			return
 		}
 	} else if !ok {
 		prio = slots.PriorityDefault
 	}
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
+	waitStart := time.Now()
 	var capSlot *slots.Slot // the fleet's provider and model caps
 	if g.caps != nil {
 		if capSlot, err = g.caps.AcquireAll(ctx, g.capKeys(model)...); err != nil {
-			writeAdmissionError(w, err)
+			g.provider.rejected(err)
+			g.reject(w, r, "provider", model, err)
 			return
 		}
 	}
 	grant, err := g.gate.Acquire(ctx, model)
 	if err != nil {
 		capSlot.Release()
-		writeAdmissionError(w, err)
+		g.provider.rejected(err)
+		g.reject(w, r, "provider", model, err)
 		return
 	}
+	granted := time.Now()
+	g.provider.acquired(granted.Sub(waitStart))
 	p := &pendingGrant{grant: grant, slot: slots.Combine(grant.Slot, capSlot)}
 	defer func() {
 		if !p.taken { // the proxy failed before sending: free it here
 			p.slot.Release()
 		}
+		// The proxy has closed the upstream body by now, which released
+		// the slot (a cut stream's linger aside).
+		g.provider.released(time.Since(granted))
 	}()
 	out := r.WithContext(context.WithValue(r.Context(), grantKey{}, p))
 	if grant.Key != "" {
 		out.Header.Set("Authorization", "Bearer "+grant.Key)
 	}
 	g.proxy.ServeHTTP(w, out)
-}
-
-func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
-	var body struct {
-		Limit *int `json:"limit"`
-	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<10)).Decode(&body); err != nil || body.Limit == nil || *body.Limit < 0 {
-		writeJSONError(w, http.StatusBadRequest, "invalid_request_error", `want {"limit": N} with N >= 0`)
-		return
-	}
-	org := r.PathValue("org")
-	n := *body.Limit
-	g.mu.Lock()
-	g.orgLimits[org] = n
-	g.mu.Unlock()
-	// Every key of the org, live or idle, fetches the new limit at its next
-	// admission.
-	g.tenants.RefreshLimits(func(k tenant) bool { return k.Org == org })
-	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"org":%q,"limit":%d}`+"\n", org, *body.Limit)
-}
-
-func (g *Gateway) debugSlots(w http.ResponseWriter, r *http.Request) {
-	type holder struct {
-		Key    string `json:"key"`
-		SlotID uint64 `json:"slot_id"`
-		AgeMS  int64  `json:"age_ms"`
-	}
-	now := time.Now()
-	var out struct {
-		Holders  []holder      `json:"holders"`
-		Provider pacing.Status `json:"provider"`
-		Sweep    struct {
-			InUse, Keys, MaxPerKey int
-			BusiestKey             string
-			LongHeld               int
-		} `json:"sweep"`
-	}
-	out.Holders = []holder{}
-	for _, h := range g.tenants.Holders(nil) {
-		out.Holders = append(out.Holders, holder{h.Key.String(), h.ID, now.Sub(h.AcquiredAt).Milliseconds()})
-	}
-	out.Provider = g.gate.Status()
-	rep := g.monitor.Sweep(now)
-	out.Sweep.InUse, out.Sweep.Keys, out.Sweep.MaxPerKey = rep.InUse, rep.Keys, rep.MaxPerKey
-	out.Sweep.BusiestKey, out.Sweep.LongHeld = rep.BusiestKey.String(), len(rep.LongHeld)
-	w.Header().Set("Content-Type", "application/json")
-	_ = json.NewEncoder(w).Encode(out)
-}
-
-// writeAdmissionError answers an admission error; a fleet whose Redis is
-// unreachable (on_unavailable "closed") is a 503.
-func writeAdmissionError(w http.ResponseWriter, err error) {
-	if errors.Is(err, fleet.ErrUnavailable) {
-		writeJSONError(w, http.StatusServiceUnavailable, "overloaded_error", "the fleet's caps cannot be checked now")
-		return
-	}
-	slots.WriteError(w, err)
-}
-
-func writeJSONError(w http.ResponseWriter, status int, kind, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	var body struct {
-		Error struct {
-			Type    string `json:"type"`
-			Message string `json:"message"`
-		} `json:"error"`
-	}
-	body.Error.Type, body.Error.Message = kind, msg
-	_ = json.NewEncoder(w).Encode(body)
 }

@@ -90,8 +90,12 @@ func (u *upstream) get(m map[string]int, name string) int {
 	return m[name]
 }
 
+// testAdminToken is the admin token of testConfig.
+const testAdminToken = "test-admin-token-0123456789"
+
 const testConfig = `{
 	"upstream": "%s",
+	"admin": {"token": "` + testAdminToken + `"},
 	"orgs": {"default_limit": 3, "limits": {"org-a": 2}},
 	"provider": {"max_concurrent_requests": 4, "models": {"glm-5.3": {"max_concurrent_requests": 2}}}
 }`
@@ -102,12 +106,12 @@ func startGateway(t *testing.T, u *upstream) (*httptest.Server, *Gateway) {
 
 // startGatewayWith starts a gateway whose config is format with the
 // upstream's URL filled in.
-func startGatewayWith(t *testing.T, upstreamURL, format string) (*httptest.Server, *Gateway) {
+func startGatewayWith(t *testing.T, upstreamURL, format string, opts ...Option) (*httptest.Server, *Gateway) {
 	cfg, err := ParseConfig([]byte(fmt.Sprintf(format, upstreamURL)))
 	require.NoError(t, err)
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
-	gw, err := New(cfg, base)
+	gw, err := New(cfg, base, opts...)
 	require.NoError(t, err)
 	t.Cleanup(gw.Close)
 	srv := httptest.NewServer(gw)
@@ -120,6 +124,15 @@ func post(ctx context.Context, t *testing.T, client *http.Client, url, org, mode
 		strings.NewReader(`{"model":"`+model+`","stream":true}`))
 	req.Header.Set("X-Org-ID", org)
 	return client.Do(req)
+}
+
+// adminRequest makes an admin or debug request carrying the admin token.
+func adminRequest(t *testing.T, method, url, body string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequest(method, url, strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("Authorization", "Bearer "+testAdminToken)
+	return req
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -187,7 +200,7 @@ func TestGatewayStreamsHoldSlotsUntilTheClientLeaves(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "data: {\"delta\":\"a\"}\n", line)
 
-	dbg, err := client.Get(srv.URL + "/debug/slots")
+	dbg, err := client.Do(adminRequest(t, http.MethodGet, srv.URL+"/debug/slots", ""))
 	require.NoError(t, err)
 	var slotsSeen struct {
 		Holders []struct {
@@ -227,8 +240,7 @@ func TestGatewayAdminPatch(t *testing.T) {
 	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
 	resp.Body.Close()
 
-	req, _ := http.NewRequest(http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", strings.NewReader(`{"limit":3}`))
-	patched, err := client.Do(req)
+	patched, err := client.Do(adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":3}`))
 	require.NoError(t, err)
 	patched.Body.Close()
 	require.Equal(t, http.StatusOK, patched.StatusCode)
@@ -268,7 +280,7 @@ func TestGatewayUpstreamDown(t *testing.T) {
 	req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"glm-4"}`))
 	gw.ServeHTTP(rec, req)
 	assert.Equal(t, http.StatusBadGateway, rec.Code)
-	assert.JSONEq(t, `{"error":{"type":"api_error","message":"the upstream could not be reached"}}`, rec.Body.String())
+	assert.JSONEq(t, `{"error":{"type":"api_error","message":"the upstream could not be reached","code":null}}`, rec.Body.String())
 	assert.Zero(t, gw.tenants.Keys(), "the failed exchange frees its slots")
 	assert.Zero(t, gw.gate.Status().InFlight)
 }
@@ -286,14 +298,15 @@ func TestGatewayPatchReachesIdleKeys(t *testing.T) {
 	io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 
-	req, _ := http.NewRequest(http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", strings.NewReader(`{"limit":0}`))
-	patched, err := client.Do(req)
+	patched, err := client.Do(adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":0}`))
 	require.NoError(t, err)
 	patched.Body.Close()
 	resp, err = post(context.Background(), t, client, srv.URL, "org-a", "glm-4")
 	require.NoError(t, err)
+	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "limit 0 applies at once")
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, "limit 0 applies at once, and is not retryable")
+	assert.Contains(t, string(body), "disabled")
 }
 
 // TestGatewayRefusesUnaskedUpgrades: an upstream that switches protocols on

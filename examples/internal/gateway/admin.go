@@ -1,0 +1,113 @@
+package gateway
+
+import (
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+
+	"github.com/inflight-go/inflight/sweep"
+)
+
+// maxOrgBytes bounds an org name in an admin path: it becomes a key of the
+// limits map and of the tenant registry.
+const maxOrgBytes = 256
+
+// adminMux serves the admin and debug endpoints; requireToken guards it.
+func (g *Gateway) adminMux() *http.ServeMux {
+	mux := http.NewServeMux()
+	mux.HandleFunc("PATCH /admin/orgs/{org}/concurrent-limit", g.setOrgLimit)
+	mux.HandleFunc("DELETE /admin/orgs/{org}/concurrent-limit", g.deleteOrgLimit)
+	mux.Handle("GET /debug/slots", sweep.Handler(g.tenants))
+	mux.HandleFunc("GET /debug/provider", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, g.gate.Status())
+	})
+	return mux
+}
+
+// requireToken answers 401 unless the request carries "Authorization:
+// Bearer <token>". Both sides are hashed first, so the comparison takes the
+// same time whatever the length or content of what was sent.
+func requireToken(token string, next http.Handler) http.Handler {
+	want := sha256.Sum256([]byte("Bearer " + token))
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="gateway admin"`)
+			writeOpenAIError(w, http.StatusUnauthorized, "this endpoint needs the admin bearer token")
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// orgFromPath returns the path's org, or answers 400 and returns "".
+func orgFromPath(w http.ResponseWriter, r *http.Request) string {
+	org := r.PathValue("org")
+	if org == "" || len(org) > maxOrgBytes {
+		writeOpenAIError(w, http.StatusBadRequest, "org: want a name of 1 to 256 bytes")
+		return ""
+	}
+	return org
+}
+
+func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
+	org := orgFromPath(w, r)
+	if org == "" {
+		return
+	}
+	var body struct {
+		Limit *int `json:"limit"`
+	}
+	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<10)).Decode(&body); err != nil || body.Limit == nil || *body.Limit < 0 {
+		writeOpenAIError(w, http.StatusBadRequest, `want {"limit": N} with N >= 0`)
+		return
+	}
+	n := *body.Limit
+	g.mu.Lock()
+	old, had := g.orgLimits[org]
+	if !had {
+		old = g.defLimit
+	}
+	g.orgLimits[org] = n
+	g.mu.Unlock()
+	g.refreshOrg(org)
+	g.log.Info("gateway: org limit set", slog.String("org", org), slog.Int("old", old), slog.Int("new", n),
+		slog.Bool("was_default", !had), slog.String("remote", r.RemoteAddr))
+	writeJSON(w, map[string]any{"org": org, "limit": n})
+}
+
+// deleteOrgLimit removes an org's override: the default limit applies again.
+func (g *Gateway) deleteOrgLimit(w http.ResponseWriter, r *http.Request) {
+	org := orgFromPath(w, r)
+	if org == "" {
+		return
+	}
+	g.mu.Lock()
+	old, had := g.orgLimits[org]
+	delete(g.orgLimits, org)
+	def := g.defLimit
+	g.mu.Unlock()
+	if !had {
+		writeOpenAIError(w, http.StatusNotFound, "this org has no limit of its own")
+		return
+	}
+	g.refreshOrg(org)
+	g.log.Info("gateway: org limit removed", slog.String("org", org), slog.Int("old", old), slog.Int("new", def),
+		slog.String("remote", r.RemoteAddr))
+	writeJSON(w, map[string]any{"org": org, "limit": def})
+}
+
+// refreshOrg makes every key of the org, live or idle, fetch its limit at
+// its next admission.
+func (g *Gateway) refreshOrg(org string) {
+	g.tenants.RefreshLimits(func(k tenant) bool { return k.Org == org })
+}
+
+func writeJSON(w http.ResponseWriter, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,158 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// logBuffer collects a logger's lines, for tests.
+type logBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *logBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *logBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func newTestLogger(level slog.Level) (*slog.Logger, *logBuffer) {
+	b := new(logBuffer)
+	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: level})), b
+}
+
+func do(t *testing.T, client *http.Client, req *http.Request) (int, string) {
+	t.Helper()
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
+}
+
+func TestAdminNeedsTheToken(t *testing.T) {
+	u := newUpstream(t)
+	log, logs := newTestLogger(slog.LevelInfo)
+	srv, gw := startGatewayWith(t, u.srv.URL, testConfig, WithLogger(log))
+	client := srv.Client()
+	for _, tc := range []struct{ name, header string }{
+		{"no header", ""},
+		{"a wrong token", "Bearer not-the-admin-token-at-all"},
+		{"the token without Bearer", testAdminToken},
+		{"a prefix of the token", "Bearer " + testAdminToken[:10]},
+	} {
+		t.Run("401 with "+tc.name, func(t *testing.T) {
+			for _, req := range []*http.Request{
+				httptest.NewRequest(http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", strings.NewReader(`{"limit":0}`)),
+				httptest.NewRequest(http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", nil),
+				httptest.NewRequest(http.MethodGet, srv.URL+"/debug/slots", nil),
+				httptest.NewRequest(http.MethodGet, srv.URL+"/debug/provider", nil),
+			} {
+				req.RequestURI = ""
+				if tc.header != "" {
+					req.Header.Set("Authorization", tc.header)
+				}
+				status, body := do(t, client, req)
+				assert.Equal(t, http.StatusUnauthorized, status, req.URL.Path)
+				assert.Contains(t, body, `"type":"authentication_error"`)
+			}
+		})
+	}
+	assert.Equal(t, 2, gw.orgLimit("org-a"), "no change went through")
+	assert.NotContains(t, logs.String(), "org limit")
+
+	t.Run("with the token: PATCH logs org, old and new; DELETE goes back to the default", func(t *testing.T) {
+		status, body := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":7}`))
+		require.Equal(t, http.StatusOK, status, body)
+		assert.JSONEq(t, `{"org":"org-a","limit":7}`, body)
+		assert.Equal(t, 7, gw.orgLimit("org-a"))
+		assert.Contains(t, logs.String(), `msg="gateway: org limit set" org=org-a old=2 new=7`)
+
+		status, body = do(t, client, adminRequest(t, http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", ""))
+		require.Equal(t, http.StatusOK, status, body)
+		assert.JSONEq(t, `{"org":"org-a","limit":3}`, body, "the default limit")
+		assert.Equal(t, 3, gw.orgLimit("org-a"))
+		assert.Contains(t, logs.String(), `msg="gateway: org limit removed" org=org-a old=7 new=3`)
+
+		status, _ = do(t, client, adminRequest(t, http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", ""))
+		assert.Equal(t, http.StatusNotFound, status, "nothing left to remove")
+		status, _ = do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/"+strings.Repeat("o", 300)+"/concurrent-limit", `{"limit":1}`))
+		assert.Equal(t, http.StatusBadRequest, status, "an absurd org name")
+		status, body = do(t, client, adminRequest(t, http.MethodGet, srv.URL+"/debug/provider", ""))
+		assert.Equal(t, http.StatusOK, status)
+		assert.Contains(t, body, `"InFlight":0`)
+	})
+}
+
+func TestAdminWithoutAnAdminSectionIsNotServed(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"limits": {"org-a": 2}}}`)
+	for _, req := range []*http.Request{
+		adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":0}`),
+		adminRequest(t, http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", ""),
+		adminRequest(t, http.MethodGet, srv.URL+"/debug/slots", ""),
+	} {
+		status, _ := do(t, srv.Client(), req)
+		assert.Equal(t, http.StatusNotFound, status, req.URL.Path)
+	}
+	assert.Equal(t, 2, gw.orgLimit("org-a"))
+	assert.Nil(t, gw.AdminHandler())
+}
+
+func TestAdminOnItsOwnListener(t *testing.T) {
+	u := newUpstream(t)
+	t.Setenv("GATEWAY_TEST_ADMIN_TOKEN", testAdminToken)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "admin": {"token_env": "GATEWAY_TEST_ADMIN_TOKEN", "listen": "127.0.0.1:0"}}`)
+	require.NotNil(t, gw.AdminHandler())
+	admin := httptest.NewServer(gw.AdminHandler())
+	t.Cleanup(admin.Close)
+
+	status, _ := do(t, srv.Client(), adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":1}`))
+	assert.Equal(t, http.StatusNotFound, status, "not beside the model API")
+	status, _ = do(t, admin.Client(), adminRequest(t, http.MethodPatch, admin.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":1}`))
+	assert.Equal(t, http.StatusOK, status)
+	req := adminRequest(t, http.MethodGet, admin.URL+"/debug/slots", "")
+	req.Header.Del("Authorization")
+	status, _ = do(t, admin.Client(), req)
+	assert.Equal(t, http.StatusUnauthorized, status, "its own listener still needs the token")
+	assert.Equal(t, 1, gw.orgLimit("org-a"))
+}
+
+func TestConfigAdmin(t *testing.T) {
+	t.Setenv("GATEWAY_TEST_SHORT_TOKEN", "short")
+	for _, tc := range []struct{ admin, want string }{
+		{`{}`, "config: admin.token or token_env: missing"},
+		{`{"token":"short"}`, "config: admin.token: under 16 bytes"},
+		{`{"token":"` + testAdminToken + `","token_env":"X"}`, "config: admin.token: set token or token_env, not both"},
+		{`{"token_env":"GATEWAY_TEST_NO_SUCH_VARIABLE"}`, "config: admin.token_env: the environment variable GATEWAY_TEST_NO_SUCH_VARIABLE is not set"},
+		{`{"token_env":"GATEWAY_TEST_SHORT_TOKEN"}`, "config: admin.token_env: the token in GATEWAY_TEST_SHORT_TOKEN is under 16 bytes"},
+	} {
+		_, err := ParseConfig([]byte(`{"upstream":"http://x","admin":` + tc.admin + `}`))
+		assert.EqualError(t, err, tc.want)
+	}
+	cfg, err := ParseConfig([]byte(`{"upstream":"http://x","admin":{"token":"` + testAdminToken + `"},"fleet":{"redis_url":"redis://user:hunter2@127.0.0.1:6379/0"}}`))
+	require.NoError(t, err)
+	shown, err := json.Marshal(cfg.Redacted())
+	require.NoError(t, err)
+	assert.NotContains(t, string(shown), testAdminToken)
+	assert.NotContains(t, string(shown), "hunter2")
+	assert.Equal(t, testAdminToken, cfg.Admin.Token, "Redacted leaves the config itself alone")
+}

@@ -1,0 +1,129 @@
+package gateway
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// requestInfo is what the model handler learns about a request, for its
+// log line.
+type requestInfo struct{ org, model string }
+
+type requestInfoKey struct{}
+
+// requestInfoFrom returns the request's info to fill in; a request that
+// did not pass through logRequests gets one nobody reads.
+func requestInfoFrom(ctx context.Context) *requestInfo {
+	if info, ok := ctx.Value(requestInfoKey{}).(*requestInfo); ok {
+		return info
+	}
+	return new(requestInfo)
+}
+
+// logRequests logs each request at debug level once it has been answered.
+func (g *Gateway) logRequests(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !g.log.Enabled(r.Context(), slog.LevelDebug) {
+			next.ServeHTTP(w, r)
+			return
+		}
+		info := new(requestInfo)
+		rec := &statusRecorder{ResponseWriter: w}
+		start := time.Now()
+		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
+		if rec.status == 0 {
+			rec.status = http.StatusOK
+		}
+		g.log.Debug("gateway: request", slog.String("method", r.Method), slog.String("path", r.URL.Path),
+			slog.String("org", info.org), slog.String("model", info.model), slog.Int("status", rec.status),
+			slog.Duration("took", time.Since(start)))
+	})
+}
+
+// statusRecorder notes the status a handler answered with. Unwrap lets
+// http.ResponseController reach the connection's Flush.
+type statusRecorder struct {
+	http.ResponseWriter
+	status int
+}
+
+func (s *statusRecorder) WriteHeader(code int) {
+	if s.status == 0 && code >= 200 {
+		s.status = code
+	}
+	s.ResponseWriter.WriteHeader(code)
+}
+
+func (s *statusRecorder) Write(b []byte) (int, error) {
+	if s.status == 0 {
+		s.status = http.StatusOK
+	}
+	return s.ResponseWriter.Write(b)
+}
+
+func (s *statusRecorder) Flush() { _ = http.NewResponseController(s.ResponseWriter).Flush() }
+
+func (s *statusRecorder) Unwrap() http.ResponseWriter { return s.ResponseWriter }
+
+// rejectLog lets one warning about rejections through per interval and
+// counts the ones it held back, so a flood of 429s is one line a second.
+type rejectLog struct {
+	every time.Duration
+
+	mu         sync.Mutex // protects the fields below
+	last       time.Time
+	suppressed int
+}
+
+// allow reports whether a line may be logged now, and how many were held
+// back since the last one.
+func (l *rejectLog) allow(now time.Time) (bool, int) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		return false, 0
+	}
+	n := l.suppressed
+	l.last, l.suppressed = now, 0
+	return true, n
+}
+
+// reject answers an admission error and logs it (rate-limited). The client
+// gone while waiting is not a rejection: nothing is written to nobody.
+func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
+	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
+		return
+	}
+	status, _, msg := admissionAnswer(err)
+	writeAdmissionError(w, err)
+	if ok, suppressed := g.rejections.allow(time.Now()); ok {
+		g.log.Warn("gateway: request rejected", slog.String("cap", capName), slog.Int("status", status),
+			slog.String("reason", rejectReason(err)), slog.String("org", r.Header.Get(slots.HeaderFlow)),
+			slog.String("model", model), slog.String("detail", msg), slog.Int("suppressed_since_last", suppressed))
+	}
+}
+
+// rejectReason names an admission error as the metrics do.
+func rejectReason(err error) string {
+	switch {
+	case errors.Is(err, slots.ErrLimitReached):
+		return "limit_reached"
+	case errors.Is(err, slots.ErrQueueFull):
+		return "queue_full"
+	case errors.Is(err, slots.ErrWaitTimeout):
+		return "wait_timeout"
+	case errors.Is(err, fleet.ErrUnavailable):
+		return "unavailable"
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return "canceled"
+	}
+	return "other"
+}

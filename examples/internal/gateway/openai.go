@@ -1,0 +1,112 @@
+package gateway
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// maxBodyBytes bounds a model request's body, which the gateway reads
+// whole to find its model.
+const maxBodyBytes = 8 << 20
+
+// errBodyTooLarge: a request body over maxBodyBytes.
+var errBodyTooLarge = errors.New("request body too large")
+
+// requestModel returns the "model" field of r's JSON body ("" when it has
+// none) and puts back an equivalent body (and GetBody) for the proxy to
+// send. A body over maxBytes fails with errBodyTooLarge.
+func requestModel(r *http.Request, maxBytes int64) (string, error) {
+	if r.Body == nil || r.Body == http.NoBody {
+		return "", nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(r.Body, maxBytes+1)) // one byte more tells a body over the bound
+	r.Body.Close()
+	if err != nil {
+		return "", fmt.Errorf("reading the request body: %w", err)
+	}
+	if int64(len(buf)) > maxBytes {
+		return "", fmt.Errorf("%w: over %d bytes", errBodyTooLarge, maxBytes)
+	}
+	r.Body = io.NopCloser(bytes.NewReader(buf))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+	r.ContentLength = int64(len(buf))
+	var v struct {
+		Model string `json:"model"`
+	}
+	if err := json.Unmarshal(buf, &v); err != nil {
+		return "", errors.New("the request body is not a JSON object")
+	}
+	return v.Model, nil
+}
+
+// writeOpenAIError is a slots.ErrorWriter that answers in OpenAI's error
+// shape, {"error":{"message":...,"type":...,"code":...}}, the type named
+// after the status.
+func writeOpenAIError(w http.ResponseWriter, status int, message string) {
+	kind := "api_error"
+	switch {
+	case status == http.StatusUnauthorized:
+		kind = "authentication_error"
+	case status == http.StatusForbidden:
+		kind = "permission_error"
+	case status == http.StatusNotFound:
+		kind = "not_found_error"
+	case status == http.StatusTooManyRequests:
+		kind = "rate_limit_error"
+	case status == http.StatusServiceUnavailable:
+		kind = "overloaded_error"
+	case status >= 400 && status < 500:
+		kind = "invalid_request_error"
+	}
+	var body struct {
+		Error struct {
+			Message string  `json:"message"`
+			Type    string  `json:"type"`
+			Code    *string `json:"code"`
+		} `json:"error"`
+	}
+	body.Error.Message, body.Error.Type = message, kind
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(body)
+}
+
+// unavailableRetryAfter is the Retry-After of a 503 for a fleet store that
+// cannot be reached: about when the fleet's breaker probes Redis again.
+const unavailableRetryAfter = 5 * time.Second
+
+// admissionAnswer is the status, Retry-After and message for an admission
+// error: as slots.HTTPStatus maps it, but a cap of 0 (an org switched off)
+// is a 403, which clients do not retry, and a fleet store that cannot be
+// reached (on_unavailable "closed") is a 503.
+func admissionAnswer(err error) (status int, retryAfter time.Duration, msg string) {
+	var le *slots.LimitError
+	switch {
+	case errors.As(err, &le) && le.Limit == 0:
+		return http.StatusForbidden, 0, "this organisation is disabled: its concurrency limit is 0"
+	case errors.Is(err, fleet.ErrUnavailable):
+		return http.StatusServiceUnavailable, unavailableRetryAfter, "the shared concurrency caps cannot be checked now"
+	}
+	status, retryAfter = slots.HTTPStatus(err)
+	return status, retryAfter, slots.ErrorMessage(err)
+}
+
+// writeAdmissionError answers an admission error in OpenAI's shape.
+func writeAdmissionError(w http.ResponseWriter, err error) {
+	status, retryAfter, msg := admissionAnswer(err)
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
+	}
+	writeOpenAIError(w, status, msg)
+}

@@ -1,0 +1,133 @@
+package gateway
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// openAIError is the body of an error answer.
+type openAIError struct {
+	Error struct {
+		Message string  `json:"message"`
+		Type    string  `json:"type"`
+		Code    *string `json:"code"`
+	} `json:"error"`
+}
+
+func postBody(t *testing.T, client *http.Client, url, org, body string, header ...string) (*http.Response, openAIError) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	require.NoError(t, err)
+	req.Header.Set("X-Org-ID", org)
+	for i := 0; i+1 < len(header); i += 2 {
+		req.Header.Set(header[i], header[i+1])
+	}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	var e openAIError
+	if resp.StatusCode == http.StatusOK {
+		// Read to the end: the answer ends after the handler has returned.
+		_, err = io.ReadAll(resp.Body)
+		require.NoError(t, err)
+	} else {
+		assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+		assert.NotContains(t, e.Error.Message, "slots:")
+		assert.NotContains(t, e.Error.Message, "fleet:")
+		assert.NotContains(t, e.Error.Message, "gateway:")
+	}
+	return resp, e
+}
+
+func TestGatewayStatuses(t *testing.T) {
+	u := newUpstream(t)
+	close(u.gate)
+	log, logs := newTestLogger(slog.LevelDebug)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"default_limit": 4, "limits": {"switched-off": 0}}}`, WithLogger(log))
+	client := srv.Client()
+
+	t.Run("a body over 8 MiB is a 413", func(t *testing.T) {
+		big := `{"model":"glm-5","pad":"` + strings.Repeat("x", maxBodyBytes) + `"}`
+		resp, e := postBody(t, client, srv.URL, "org-a", big)
+		assert.Equal(t, http.StatusRequestEntityTooLarge, resp.StatusCode)
+		assert.Equal(t, "invalid_request_error", e.Error.Type)
+		assert.Equal(t, "request body too large: over 8388608 bytes", e.Error.Message)
+	})
+	t.Run("a body that is not JSON is a 400", func(t *testing.T) {
+		resp, e := postBody(t, client, srv.URL, "org-a", "model=glm-5")
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, "the request body is not a JSON object", e.Error.Message)
+	})
+	t.Run("an org whose cap is 0 is a 403 without Retry-After, and the rejection is logged", func(t *testing.T) {
+		resp, e := postBody(t, client, srv.URL, "switched-off", `{"model":"glm-5"}`)
+		assert.Equal(t, http.StatusForbidden, resp.StatusCode)
+		assert.Empty(t, resp.Header.Get("Retry-After"))
+		assert.Equal(t, "permission_error", e.Error.Type)
+		assert.Contains(t, e.Error.Message, "disabled")
+		assert.Contains(t, logs.String(), `msg="gateway: request rejected" cap=tenant status=403 reason=limit_reached org=switched-off model=glm-5`)
+	})
+	t.Run("a bad X-Priority is a 400", func(t *testing.T) {
+		resp, e := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5"}`, "X-Priority", "urgent")
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, "X-Priority: want interactive, default or batch", e.Error.Message)
+	})
+	t.Run("a request is logged at debug level", func(t *testing.T) {
+		resp, _ := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5"}`)
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Contains(t, logs.String(), `msg="gateway: request" method=POST path=/v1/chat/completions org=org-a model=glm-5 status=200`)
+	})
+}
+
+// With on_unavailable "closed", a Redis that cannot be reached answers 503
+// with Retry-After, not 500.
+func TestGatewayFleetClosedWithoutRedis(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	u := newUpstream(t)
+	close(u.gate)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
+		"fleet": {"redis_url": "redis://`+addr+`/0", "on_unavailable": "closed"}}`)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	assert.Error(t, gw.Ping(ctx), "Ping tells an unreachable Redis")
+	resp, e := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-5"}`)
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, "5", resp.Header.Get("Retry-After"))
+	assert.Equal(t, "overloaded_error", e.Error.Type)
+	assert.Equal(t, "the shared concurrency caps cannot be checked now", e.Error.Message)
+	text := scrape(t, srv.Client(), srv.URL)
+	assert.Contains(t, text, `inflight_fleet_degraded{fleet="tenants"}`)
+	assert.Contains(t, text, `inflight_fleet_degraded{fleet="provider"}`)
+	assert.NotContains(t, text, `inflight_fleet_redis_errors_total{fleet="tenants"} 0`, "the failed calls are counted")
+}
+
+func TestRejectLogLetsOneLineAPeriodThrough(t *testing.T) {
+	l := rejectLog{every: time.Second}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	ok, n := l.allow(t0)
+	assert.True(t, ok)
+	assert.Zero(t, n)
+	for i := range 5 {
+		ok, _ = l.allow(t0.Add(time.Duration(i+1) * 100 * time.Millisecond))
+		assert.False(t, ok, "within the second")
+	}
+	ok, n = l.allow(t0.Add(time.Second))
+	assert.True(t, ok)
+	assert.Equal(t, 5, n, "the line says how many were held back")
+	ok, n = l.allow(t0.Add(3 * time.Second))
+	assert.True(t, ok)
+	assert.Zero(t, n)
+}

@@ -1,0 +1,146 @@
+package slots
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// StatusClientClosedRequest is the status HTTPStatus gives a wait cut short
+// because the client went away (the nginx convention; nobody reads it).
+const StatusClientClosedRequest = 499
+
+// HTTPStatus maps an admission error to the answer an HTTP layer gives:
+//
+//	nil                                   200, 0
+//	*LimitError (any reason)              429, its RetryAfter in whole seconds (at least 1 s)
+//	wraps context.DeadlineExceeded        503, 1 s (the server's own deadline passed while waiting)
+//	wraps context.Canceled                499, 0 (the client went away)
+//	wraps ErrBadPriority                  400, 0 (PlaceFromHeaders met a bad X-Priority)
+//	anything else                         500, 0
+//
+// Retry-After is rounded up, so a client that honours it does not come back
+// early.
+func HTTPStatus(err error) (status int, retryAfter time.Duration) {
+	var le *LimitError
+	switch {
+	case err == nil:
+		return http.StatusOK, 0
+	case errors.As(err, &le):
+		return http.StatusTooManyRequests, wholeSeconds(le.RetryAfter)
+	case errors.Is(err, context.DeadlineExceeded):
+		return http.StatusServiceUnavailable, time.Second
+	case errors.Is(err, context.Canceled):
+		return StatusClientClosedRequest, 0
+	case errors.Is(err, ErrBadPriority):
+		return http.StatusBadRequest, 0
+	}
+	return http.StatusInternalServerError, 0
+}
+
+func wholeSeconds(d time.Duration) time.Duration {
+	if d < time.Second {
+		return time.Second
+	}
+	if d > math.MaxInt64-time.Second { // rounding up would overflow
+		return math.MaxInt64 / time.Second * time.Second
+	}
+	return (d + time.Second - 1).Truncate(time.Second)
+}
+
+// ErrorMessage returns what a client may be told about an admission error:
+// the numbers of a rejection and its reason, without package prefixes and
+// without its key, which may name a tenant or an API key. An error it does
+// not know gets a generic message, since its text may carry anything.
+func ErrorMessage(err error) string {
+	var le *LimitError
+	switch {
+	case err == nil:
+		return ""
+	case errors.As(err, &le):
+		reason := "limit reached"
+		switch {
+		case errors.Is(le.Err, ErrQueueFull):
+			reason = "queue full"
+		case errors.Is(le.Err, ErrWaitTimeout):
+			reason = "timed out waiting"
+		}
+		if le.Limit == Unlimited {
+			return "too many requests in flight (" + reason + ")"
+		}
+		return fmt.Sprintf("too many requests in flight: %d of %d, %d queued (%s)", le.InFlight, le.Limit, le.Queued, reason)
+	case errors.Is(err, context.DeadlineExceeded):
+		return "timed out waiting for capacity"
+	case errors.Is(err, context.Canceled):
+		return "the request was cancelled while waiting for capacity"
+	case errors.Is(err, ErrBadPriority):
+		return "unknown priority (want interactive, default or batch)"
+	}
+	return "the request could not be admitted"
+}
+
+// An ErrorWriter writes the answer to a request that was not served: it sets
+// the Content-Type it writes, calls WriteHeader(status) and writes a body
+// carrying message (from ErrorMessage, or the seam's own for an upstream
+// failure). A Retry-After header, when there is one, is already set. Use it
+// to answer in the format an API's clients expect (WithErrorWriter).
+type ErrorWriter func(w http.ResponseWriter, status int, message string)
+
+// WritePlainError is the default ErrorWriter: message as text/plain, with
+// X-Content-Type-Options: nosniff.
+func WritePlainError(w http.ResponseWriter, status int, message string) {
+	h := w.Header()
+	h.Set("Content-Type", "text/plain; charset=utf-8")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	fmt.Fprintln(w, message)
+}
+
+// WriteError answers an admission error as HTTPStatus maps it, with a
+// Retry-After header when there is one, and ErrorMessage's text as
+// WritePlainError writes it. Middleware and ProxyErrorHandler do the same
+// in any format (WithErrorWriter).
+func WriteError(w http.ResponseWriter, err error) {
+	status, retryAfter := HTTPStatus(err)
+	writeError(w, WritePlainError, status, retryAfter, ErrorMessage(err))
+}
+
+func writeError(w http.ResponseWriter, ew ErrorWriter, status int, retryAfter time.Duration, msg string) {
+	if retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
+	}
+	ew(w, status, msg)
+}
+
+// ProxyErrorHandler returns a function for httputil.ReverseProxy's
+// ErrorHandler when the proxy's Transport is a slots Transport, whose
+// RoundTrip returns its admit function's error as it is. An admission error
+// (a *LimitError, ErrBadPriority, or a wait cut by the server's deadline)
+// is answered as Middleware answers it: 429 (or WithRejectStatus's status)
+// with Retry-After. Any other error is the upstream's: 502 Bad Gateway.
+// When the client has gone, nothing is written. Without it, ReverseProxy
+// answers every rejection with an empty 502.
+//
+// An admit function with errors of its own (a fleet store that cannot be
+// reached, say) wraps the proxy's ErrorHandler to answer those first.
+func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http.Request, error) {
+	cfg := newMiddlewareConfig(opts)
+	return func(w http.ResponseWriter, r *http.Request, err error) {
+		if errors.Is(r.Context().Err(), context.Canceled) {
+			return // the client has gone: nobody to answer
+		}
+		status, retryAfter := cfg.status(err)
+		switch status {
+		case StatusClientClosedRequest:
+			return
+		case http.StatusInternalServerError:
+			writeError(w, cfg.writeError, http.StatusBadGateway, 0, "the upstream could not be reached")
+			return
+		}
+		writeError(w, cfg.writeError, status, retryAfter, ErrorMessage(err))
+	}
+}

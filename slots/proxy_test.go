@@ -1,0 +1,160 @@
+package slots_test
+
+import (
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+)
+
+type modelKey struct{}
+
+// TestRegistryBehindReverseProxy caps per model with a registry: the
+// handler puts the model in the context, the Transport admits under
+// "provider" and "provider/<model>", and the upstream gets the body intact.
+func TestRegistryBehindReverseProxy(t *testing.T) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		mu.Lock()
+		seen = append(seen, string(b))
+		mu.Unlock()
+		io.WriteString(w, `{"ok":true}`)
+	}))
+	t.Cleanup(up.Close)
+	target, _ := url.Parse(up.URL)
+
+	reg := registry.New[string](slots.Unlimited)
+	reg.SetLimit("provider", 4)
+	reg.SetLimit("provider/glm-5", 1)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+			model, _ := r.Context().Value(modelKey{}).(string)
+			return reg.AcquireAll(r.Context(), "provider", "provider/"+model)
+		}),
+		ErrorHandler: slots.ProxyErrorHandler(),
+	}
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := context.WithValue(r.Context(), modelKey{}, r.Header.Get("X-Model"))
+		proxy.ServeHTTP(w, r.WithContext(ctx))
+	}))
+	t.Cleanup(gw.Close)
+
+	client := newClient(t)
+	body := `{"model":"glm-5","messages":[{"role":"user","content":"hi"}]}`
+	for range 3 {
+		req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("X-Model", "glm-5")
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		assert.Equal(t, http.StatusOK, resp.StatusCode)
+	}
+	mu.Lock()
+	assert.Equal(t, []string{body, body, body}, seen, "the upstream gets the body intact")
+	mu.Unlock()
+	waitFor(t, "all released", func() bool { return reg.Keys() == 0 })
+	assert.Equal(t, uint64(3), reg.Stats().Acquired)
+}
+
+// TestProxyErrorHandler runs a real ReverseProxy whose Transport admits
+// with TryAcquire, so a second request meets the cap while the first one's
+// stream is held.
+func TestProxyErrorHandler(t *testing.T) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		io.WriteString(w, "data: {}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	// A port nobody listens on: the upstream that is down.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	down := "http://" + ln.Addr().String()
+	ln.Close()
+
+	newProxy := func(upstream string, opts ...slots.MiddlewareOption) (*slots.Limiter, string) {
+		target, err := url.Parse(upstream)
+		require.NoError(t, err)
+		lim := slots.NewLimiter(1)
+		base := &http.Transport{}
+		t.Cleanup(base.CloseIdleConnections)
+		gw := httptest.NewServer(&httputil.ReverseProxy{
+			Rewrite:      func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+			Transport:    slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }),
+			ErrorHandler: slots.ProxyErrorHandler(opts...),
+		})
+		t.Cleanup(gw.Close)
+		return lim, gw.URL
+	}
+	client := newClient(t)
+	get := func(u string) (*http.Response, string) {
+		resp, err := client.Get(u)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+
+	t.Run("a rejection is a 429 with Retry-After, not an empty 502", func(t *testing.T) {
+		lim, gw := newProxy(up.URL)
+		held, err := client.Get(gw)
+		require.NoError(t, err)
+		defer held.Body.Close()
+		require.Equal(t, 1, lim.InFlight(), "the first stream holds the only slot")
+
+		resp, body := get(gw)
+		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+		assert.Equal(t, "too many requests in flight: 1 of 1, 0 queued (limit reached)\n", body)
+	})
+	t.Run("WithRejectStatus and WithErrorWriter apply", func(t *testing.T) {
+		lim, gw := newProxy(up.URL, slots.WithRejectStatus(http.StatusServiceUnavailable),
+			slots.WithErrorWriter(func(w http.ResponseWriter, status int, msg string) {
+				w.WriteHeader(status)
+				io.WriteString(w, "custom: "+msg)
+			}))
+		held, err := client.Get(gw)
+		require.NoError(t, err)
+		defer held.Body.Close()
+		require.Equal(t, 1, lim.InFlight())
+
+		resp, body := get(gw)
+		assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+		assert.Equal(t, "custom: too many requests in flight: 1 of 1, 0 queued (limit reached)", body)
+	})
+	t.Run("an upstream that cannot be reached is a 502, and frees its slot", func(t *testing.T) {
+		lim, gw := newProxy(down)
+		resp, body := get(gw)
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+		assert.Empty(t, resp.Header.Get("Retry-After"))
+		assert.Equal(t, "the upstream could not be reached\n", body)
+		assert.NotContains(t, body, ln.Addr().String(), "the upstream's address is not the client's business")
+		assert.Equal(t, 0, lim.InFlight())
+	})
+	close(release)
+}
