@@ -3,7 +3,7 @@
 // and per provider, model and API key with start pacing (waited for), and
 // holds every slot of a streamed answer until the upstream body closes.
 //
-//	go run ./examples/gateway -config gateway.json [-listen ADDR] [-upstream URL]
+//	go run ./examples/gateway -config gateway.json [-listen ADDR] [-upstream URL] [-log-level debug]
 //
 // The configuration file:
 //
@@ -11,15 +11,19 @@
 //	 "orgs": {"default_limit": 64, "limits": {"org-a": 4}},
 //	 "provider": {"max_concurrent_requests": 5, "requests_per_minute": 40,
 //	              "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
-//	 "cut_linger_ms": 250}
+//	 "admin": {"token_env": "GATEWAY_ADMIN_TOKEN"},
+//	 "shutdown_timeout_ms": 30000, "cut_linger_ms": 250}
 //
-// cut_linger_ms (default 250, negative for none) keeps the provider's slots
-// of a stream the client cut for that long after the upstream connection is
-// closed, while the upstream may still count it.
+// On SIGTERM or SIGINT the gateway stops accepting connections and lets the
+// requests and streams in flight finish, for up to shutdown_timeout_ms
+// (default 30 s); then it logs what it drained and exits 0. A second signal,
+// or the timeout, cuts what is left and exits 1.
 //
 // Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings;
-// GET /v1/models (no slot); PATCH /admin/orgs/{org}/concurrent-limit with
-// {"limit": N}; GET /debug/slots; GET /metrics.
+// GET /v1/models (no slot); GET /metrics. With an admin section, behind
+// "Authorization: Bearer <token>": PATCH and DELETE
+// /admin/orgs/{org}/concurrent-limit, GET /debug/slots, GET /debug/provider
+// (on admin.listen when set).
 package main
 
 import (
@@ -30,65 +34,193 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/examples/internal/gateway"
 )
 
 func main() {
-	os.Exit(run(os.Args[1:], os.Stderr))
+	signals := make(chan os.Signal, 2)
+	signal.Notify(signals, os.Interrupt, syscall.SIGTERM)
+	os.Exit(run(os.Args[1:], os.Stderr, signals))
 }
 
-// run starts the gateway and returns the process's exit code: 2 for bad
-// flags or configuration.
-func run(args []string, stderr io.Writer) int {
+// run starts the gateway, serves until the first of signals, drains, and
+// returns the process's exit code: 0 after a full drain, 1 when it was cut
+// short or the gateway could not start, 2 for bad flags or configuration.
+func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 	fs := flag.NewFlagSet("gateway", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	configPath := fs.String("config", "", "configuration file (JSON)")
 	listen := fs.String("listen", "", "address to listen on (overrides the file)")
 	upstream := fs.String("upstream", "", "upstream base URL (overrides the file)")
+	level := fs.String("log-level", "info", "debug (one line per request), info, warn or error")
+	format := fs.String("log-format", "text", "text or json")
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
+	log, err := newLogger(stderr, *level, *format)
+	if err != nil {
+		fmt.Fprintln(stderr, "gateway:", err)
+		return 2
+	}
+	redis.SetLogger(redisLogger{log})
 	if *configPath == "" {
-		fmt.Fprintln(stderr, "gateway: -config is required")
+		log.Error("gateway: -config is required")
 		return 2
 	}
 	data, err := os.ReadFile(*configPath)
 	if err != nil {
-		fmt.Fprintln(stderr, "gateway:", err)
+		log.Error("gateway: cannot read the configuration", slog.Any("error", err))
 		return 2
 	}
 	cfg, err := gateway.ParseConfig(patchConfig(data, *listen, *upstream))
 	if err != nil {
-		fmt.Fprintln(stderr, "gateway:", err)
+		log.Error("gateway: bad configuration", slog.Any("error", err))
 		return 2
 	}
-	gw, err := gateway.New(cfg, http.DefaultTransport)
+	gw, err := gateway.New(cfg, http.DefaultTransport, gateway.WithLogger(log))
 	if err != nil {
-		fmt.Fprintln(stderr, "gateway:", err)
+		log.Error("gateway: cannot start", slog.Any("error", err))
 		return 2
 	}
 	defer gw.Close()
-	srv := &http.Server{Addr: cfg.Listen, Handler: gw, ReadHeaderTimeout: 10 * time.Second}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+
+	errorLog := slog.NewLogLogger(log.Handler(), slog.LevelWarn)
+	servers := []*http.Server{{Handler: gw, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errorLog}}
+	addrs := []string{cfg.Listen}
+	if h := gw.AdminHandler(); h != nil {
+		servers = append(servers, &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second, ErrorLog: errorLog})
+		addrs = append(addrs, cfg.Admin.Listen)
+	}
+	var listeners []net.Listener
+	for _, a := range addrs {
+		ln, err := net.Listen("tcp", a)
+		if err != nil {
+			log.Error("gateway: cannot listen", slog.String("addr", a), slog.Any("error", err))
+			for _, l := range listeners {
+				l.Close()
+			}
+			return 1
+		}
+		listeners = append(listeners, ln)
+	}
+	shown, _ := json.Marshal(cfg.Redacted())
+	attrs := []any{slog.String("addr", listeners[0].Addr().String()), slog.String("upstream", cfg.Upstream)}
+	if len(listeners) > 1 {
+		attrs = append(attrs, slog.String("admin_addr", listeners[1].Addr().String()))
+	}
+	log.Info("gateway: listening", append(attrs, slog.String("config", string(shown)))...)
+	if cfg.Fleet != nil {
+		checkRedis(log, gw, cfg.Fleet)
+	}
+
+	served := make(chan error, len(servers))
+	for i, srv := range servers {
+		go func() { served <- srv.Serve(listeners[i]) }()
+	}
+	var sig os.Signal
+	select {
+	case err := <-served:
+		log.Error("gateway: serving failed", slog.Any("error", err))
+		return 1
+	case sig = <-signals:
+	}
+	return drain(log, gw, servers, sig, cfg.ShutdownTimeout(), signals)
+}
+
+// drain stops accepting, waits for the requests in flight until timeout or
+// a second signal, and returns the exit code.
+func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os.Signal, timeout time.Duration, signals <-chan os.Signal) int {
+	inFlight := gw.Active()
+	// Logged once Shutdown has closed the listeners, so that a reader of the
+	// line knows no new connection gets in.
+	logged := make(chan struct{})
+	servers[0].RegisterOnShutdown(func() {
+		defer close(logged)
+		log.Info("gateway: draining", slog.String("signal", sig.String()), slog.Int("in_flight", inFlight),
+			slog.Duration("timeout", timeout))
+	})
+	start := time.Now()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
 	go func() {
-		<-ctx.Done()
-		shutdown, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		defer cancel()
-		_ = srv.Shutdown(shutdown)
+		select {
+		case s := <-signals:
+			log.Warn("gateway: second signal, exiting now", slog.String("signal", s.String()))
+			cancel()
+		case <-ctx.Done():
+		}
 	}()
-	slog.Info("gateway: listening", slog.String("addr", cfg.Listen), slog.String("upstream", cfg.Upstream))
-	if err := srv.ListenAndServe(); err != nil && !errors.Is(err, http.ErrServerClosed) {
-		fmt.Fprintln(stderr, "gateway:", err)
+	var err error
+	for _, srv := range servers {
+		err = errors.Join(err, srv.Shutdown(ctx))
+	}
+	<-logged
+	if err != nil {
+		cut := gw.Active()
+		for _, srv := range servers {
+			srv.Close()
+		}
+		log.Warn("gateway: drain cut short", slog.Int("drained", max(inFlight-cut, 0)), slog.Int("cut", cut),
+			slog.Duration("took", time.Since(start)), slog.Any("error", err))
 		return 1
 	}
+	log.Info("gateway: drained", slog.Int("requests", inFlight), slog.Duration("took", time.Since(start)),
+		slog.Int("tenant_keys_held", gw.TenantKeys()), slog.Int("provider_in_flight", gw.Provider().InFlight))
 	return 0
+}
+
+// checkRedis pings the fleet's Redis once at startup, so that an
+// unreachable one is named before the first request meets it.
+func checkRedis(log *slog.Logger, gw *gateway.Gateway, f *gateway.FleetConfig) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := gw.Ping(ctx); err != nil {
+		mode := f.OnUnavailable
+		if mode == "" {
+			mode = "local"
+		}
+		log.Warn("gateway: redis is unreachable at startup; until it answers, the fleet caps follow on_unavailable",
+			slog.String("on_unavailable", mode), slog.Any("error", err))
+		return
+	}
+	log.Info("gateway: redis answers")
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("-log-level: %q is not debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lv}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("-log-format: %q is not text or json", format)
+}
+
+// redisLogger routes go-redis's own messages (dial failures, pool
+// trouble) to slog.
+type redisLogger struct{ log *slog.Logger }
+
+func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
+	l.log.WarnContext(ctx, "gateway: redis client", slog.String("detail", msg))
 }
 
 // patchConfig applies the flag overrides to the file's JSON.

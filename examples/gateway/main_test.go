@@ -1,34 +1,242 @@
 package main
 
 import (
+	"bufio"
+	"errors"
+	"fmt"
 	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
+	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+// runMainEnv makes the test binary run the gateway's main instead of the
+// tests, so that the tests can signal a real gateway process.
+const runMainEnv = "GATEWAY_TEST_RUN_MAIN"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(runMainEnv) == "1" {
+		main()
+		return
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func TestGatewayBadConfigExits2(t *testing.T) {
 	dir := t.TempDir()
 	for name, cfg := range map[string]string{
-		"negative org limit": `{"upstream":"http://127.0.0.1:1","orgs":{"default_limit":-1}}`,
-		"bad provider":       `{"upstream":"http://127.0.0.1:1","provider":{"requests_per_minute":-5}}`,
-		"no upstream":        `{}`,
-		"unknown field":      `{"upstream":"http://127.0.0.1:1","orgz":{}}`,
+		"negative org limit":  `{"upstream":"http://127.0.0.1:1","orgs":{"default_limit":-1}}`,
+		"bad provider":        `{"upstream":"http://127.0.0.1:1","provider":{"requests_per_minute":-5}}`,
+		"no upstream":         `{}`,
+		"unknown field":       `{"upstream":"http://127.0.0.1:1","orgz":{}}`,
+		"admin without token": `{"upstream":"http://127.0.0.1:1","admin":{}}`,
 	} {
 		t.Run(name, func(t *testing.T) {
 			path := filepath.Join(dir, strings.ReplaceAll(name, " ", "_")+".json")
 			require.NoError(t, os.WriteFile(path, []byte(cfg), 0o600))
 			var stderr strings.Builder
-			assert.Equal(t, 2, run([]string{"-config", path}, &stderr))
-			assert.Contains(t, stderr.String(), "config:")
+			assert.Equal(t, 2, run([]string{"-config", path}, &stderr, nil))
+			assert.Contains(t, stderr.String(), `msg="gateway: bad configuration" error="config:`)
 		})
 	}
-	assert.Equal(t, 2, run(nil, io.Discard), "-config is required")
+	assert.Equal(t, 2, run(nil, io.Discard, nil), "-config is required")
+	var usage strings.Builder
+	assert.Equal(t, 0, run([]string{"-h"}, &usage, nil))
+	assert.Contains(t, usage.String(), "-log-level")
+}
+
+// process is a gateway started from the test binary.
+type process struct {
+	cmd   *exec.Cmd
+	addr  string
+	lines chan string // stderr, line by line; closed at EOF
+	mu    sync.Mutex
+	log   strings.Builder // every line read so far
+	done  chan error
+}
+
+var listeningAddr = regexp.MustCompile(`msg="gateway: listening" addr=(\S+)`)
+
+// startProcess runs the gateway with config (a JSON text) and waits until
+// it has logged that it listens.
+func startProcess(t *testing.T, config string, args ...string) *process {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "gateway.json")
+	require.NoError(t, os.WriteFile(path, []byte(config), 0o600))
+	cmd := exec.Command(os.Args[0], append([]string{"-config", path}, args...)...)
+	cmd.Env = append(os.Environ(), runMainEnv+"=1")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	p := &process{cmd: cmd, lines: make(chan string, 256), done: make(chan error, 1)}
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			p.mu.Lock()
+			p.log.WriteString(sc.Text() + "\n")
+			p.mu.Unlock()
+			p.lines <- sc.Text()
+		}
+		close(p.lines)
+		p.done <- cmd.Wait()
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		for range p.lines {
+		}
+	})
+	m := listeningAddr.FindStringSubmatch(p.waitLine(t, `msg="gateway: listening"`))
+	require.NotNil(t, m)
+	p.addr = m[1]
+	return p
+}
+
+// waitLine returns the first line from now on that contains s.
+func (p *process) waitLine(t *testing.T, s string) string {
+	t.Helper()
+	timeout := time.After(30 * time.Second)
+	for {
+		select {
+		case line, ok := <-p.lines:
+			require.True(t, ok, "the gateway exited before logging %q:\n%s", s, p.logged())
+			if strings.Contains(line, s) {
+				return line
+			}
+		case <-timeout:
+			t.Fatalf("no line with %q in 30 s:\n%s", s, p.logged())
+		}
+	}
+}
+
+func (p *process) logged() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.log.String()
+}
+
+// exitCode waits for the process to end, reading the rest of its log.
+func (p *process) exitCode(t *testing.T) int {
+	t.Helper()
+	for range p.lines {
+	}
+	err := <-p.done
+	var exit *exec.ExitError
+	if errors.As(err, &exit) {
+		return exit.ExitCode()
+	}
+	require.NoError(t, err)
+	return 0
+}
+
+// streamingUpstream sends one event, waits for release, then sends the
+// last event and [DONE].
+func streamingUpstream(t *testing.T) (*httptest.Server, chan struct{}) {
+	release := make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: first\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: last\n\ndata: [DONE]\n\n")
+	}))
+	t.Cleanup(up.Close)
+	return up, release
+}
+
+// openStream posts a streamed request and returns once its first event has
+// arrived.
+func openStream(t *testing.T, addr string) (*http.Response, *bufio.Reader) {
+	t.Helper()
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	req, err := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"glm-5","stream":true}`))
+	require.NoError(t, err)
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	t.Cleanup(func() { resp.Body.Close() })
+	br := bufio.NewReader(resp.Body)
+	line, err := br.ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "data: first\n", line)
+	return resp, br
+}
+
+func TestDrainOnSIGTERM(t *testing.T) {
+	up, release := streamingUpstream(t)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`","shutdown_timeout_ms":20000}`)
+	_, stream := openStream(t, p.addr)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	assert.Contains(t, p.waitLine(t, `msg="gateway: draining"`), "signal=terminated in_flight=1")
+	_, err := net.DialTimeout("tcp", p.addr, time.Second)
+	assert.Error(t, err, "no new connections while draining")
+
+	close(release) // the stream in flight goes on to its end
+	rest, err := io.ReadAll(stream)
+	require.NoError(t, err)
+	assert.Equal(t, "\ndata: last\n\ndata: [DONE]\n\n", string(rest), "the stream completes with its last event")
+	assert.Equal(t, 0, p.exitCode(t))
+	assert.Regexp(t, `msg="gateway: drained" requests=1 took=\S+ tenant_keys_held=0 provider_in_flight=0`, p.logged())
+}
+
+func TestSecondSignalExitsAtOnce(t *testing.T) {
+	up, release := streamingUpstream(t)
+	defer close(release)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`"}`)
+	_, stream := openStream(t, p.addr)
+
+	start := time.Now()
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.waitLine(t, `msg="gateway: draining"`)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	assert.Equal(t, 1, p.exitCode(t))
+	assert.Less(t, time.Since(start), 10*time.Second, "well within the 30 s drain")
+	assert.Contains(t, p.logged(), `msg="gateway: second signal, exiting now" signal=interrupt`)
+	assert.Contains(t, p.logged(), `msg="gateway: drain cut short" drained=0 cut=1`)
+	rest, _ := io.ReadAll(stream)
+	assert.NotContains(t, string(rest), "[DONE]", "the stream was cut")
+}
+
+// At startup: the line after the bind names the address and the effective
+// config without its secrets; an unreachable Redis is named at once; and
+// go-redis's own messages come through slog.
+func TestStartupLogs(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	deadRedis := ln.Addr().String()
+	ln.Close()
+	const token = "startup-admin-token-0123456789"
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"http://127.0.0.1:9",
+		"admin":{"token":"`+token+`"},
+		"fleet":{"redis_url":"redis://:hunter2@`+deadRedis+`/0"}}`)
+	warn := p.waitLine(t, `msg="gateway: redis is unreachable at startup`)
+	assert.Contains(t, warn, "on_unavailable=local")
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	assert.Equal(t, 0, p.exitCode(t))
+	logged := p.logged()
+	assert.Contains(t, logged, `config="{\"listen\":\"127.0.0.1:0\"`)
+	assert.Contains(t, logged, `\"admin\":{\"token\":\"[redacted]\"}`)
+	assert.NotContains(t, logged, token)
+	assert.NotContains(t, logged, "hunter2")
+	for _, line := range strings.Split(strings.TrimSpace(logged), "\n") {
+		assert.True(t, strings.HasPrefix(line, "time="), "every line through slog: %q", line)
+	}
 }
