@@ -88,25 +88,30 @@ type Grant struct {
 	Key  string
 }
 
-// A GateOption configures a Gate.
-type GateOption func(*Gate)
-
-// WithClock sets the Gate's clock; for tests. The default is the real clock.
-func WithClock(c clock.Clock) GateOption { return func(g *Gate) { g.eng.Policy.Clock = c } }
-
-// WithLogger sets the logger (nil, the default: slog.Default()).
-func WithLogger(l *slog.Logger) GateOption { return func(g *Gate) { g.eng.Logger = l } }
+// A GateOption configures a Gate: slots.WithClock (for tests),
+// slots.WithLogger and slots.WithObserver (events for metrics, as a
+// Limiter's). How long and how many wait is the Config's (MaxQueue,
+// MaxQueueWait, OnWaitTimeout), so the other options of package slots are
+// refused.
+type GateOption = slots.Option
 
 // NewGate returns a Gate for the provider name under cfg, or cfg's
-// validation error.
+// validation error. It panics if an option is one that Config sets or a
+// Gate does not take (see GateOption).
 func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
+	var st core.Settings
 	for _, o := range opts {
-		o(g)
+		o.Apply(&st)
 	}
+	p := st.Policy
+	if st.RegistryOnly != "" || p.MaxWait != 0 || p.BoundQueue || p.FailOpen || p.BoundFlowQueue || p.Shares != nil || p.LeakCheck {
+		panic("pacing: NewGate takes slots.WithClock, slots.WithLogger and slots.WithObserver; the waits are set in Config")
+	}
+	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
+	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer}
 	g.eng.Init("pacing")
 	g.clk = g.eng.Policy.Clock
 	if g.clk == nil {
@@ -164,10 +169,8 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	if context.Cause(g.closed) != nil {
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
-	x := new(core.Handle)
-	s, h := (*slots.Slot)(x), x.Hold()
 	gr := &grant{g: g}
-	h.Owner = gr
+	x, h, _ := g.eng.NewSlot(gr, 0) // no leak detection: never a tracked hold
 	place := core.PlaceOf(ctx)
 	h.Class = place.Class
 	w := core.NewWaiter(h)
@@ -219,7 +222,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 			h.Release()
 			return Grant{}, g.eng.Canceled(ctx)
 		}
-		return g.handOut(s, gr), nil
+		return g.handOut(x, gr, 0), nil
 	}
 
 	// The wait ends too when the provider is removed.
@@ -229,7 +232,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	defer unwatch()
 	switch g.eng.Wait(wctx, w, queueWait, g.withdraw) {
 	case core.OutGranted:
-		return g.handOut(s, gr), nil
+		return g.handOut(x, gr, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		if errors.Is(context.Cause(wctx), ErrGateClosed) && ctx.Err() == nil {
 			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
@@ -246,14 +249,17 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	g.bypassed++
 	g.mu.Unlock()
 	g.eng.Bypass(h, start, queueWait, "provider", slog.String("provider", g.name), slog.String("model", model))
-	return Grant{Slot: s}, nil
+	return Grant{Slot: (*slots.Slot)(g.eng.HandOut(x, nil))}, nil
 }
 
-func (g *Gate) handOut(s *slots.Slot, gr *grant) Grant {
-	gt := Grant{Slot: s}
+// handOut hands out a grant whose caller waited wait, and reports it. Its
+// key is read first: once reported, the slot may be released at any time.
+func (g *Gate) handOut(x *core.Handle, gr *grant, wait time.Duration) Grant {
+	var gt Grant
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
+	gt.Slot = (*slots.Slot)(g.eng.Acquired(x, nil, wait))
 	return gt
 }
 

@@ -142,7 +142,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	if e == nil {
 		e = sh.addLocked(r, key, hash, limit)
 	}
-	return r.waitOne(ctx, p, h, e, key, place, set, &wk)
+	return r.waitOneLocked(ctx, p, h, e, key, place, set, &wk)
 }
 
 // lockBeside takes the locks to decide an admission under key, on which
@@ -195,10 +195,11 @@ func (e *entry[K]) queue() *core.Queue {
 	return &e.lane.Waiters
 }
 
-// waitOne queues s's hold on e and waits. Called with acquireOne's locks
-// held (e's shard, or set and multiMu); it unlocks them. (Kept apart from acquireOne so that the closure below does not
-// move acquireOne's variables to the heap on the fast path.)
-func (r *Registry[K]) waitOne(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K, place core.Place, set []int, wk *core.Wakes) (*slots.Slot, error) {
+// waitOneLocked queues p's hold h on e and waits. It is called with
+// acquireOne's locks held (e's shard, or set and multiMu) and unlocks them.
+// It is apart from acquireOne so that the closure below does not move
+// acquireOne's variables to the heap on the fast path.
+func (r *Registry[K]) waitOneLocked(ctx context.Context, p pending, h *core.Hold, e *entry[K], key K, place core.Place, set []int, wk *core.Wakes) (*slots.Slot, error) {
 	h.Owner = e
 	start := h.At
 	w := core.NewWaiter(h)

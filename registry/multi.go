@@ -163,17 +163,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 			}
 		}
 	}
-	m := &multi[K]{
-		r:       r,
-		entries: make([]*entry[K], len(uniq)),
-		idx:     make([]int32, len(uniq)),
-	}
-	for _, sh := range shs {
-		if !slices.Contains(m.shards, sh.idx) {
-			m.shards = append(m.shards, sh.idx)
-		}
-	}
-	slices.Sort(m.shards)
+	m := r.newMulti(shs)
 	p, h := r.newHold()
 	h.At = r.eng.Clock.Coarse()
 	h.Owner = m
@@ -198,20 +188,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return nil, r.eng.Canceled(ctx)
 	}
 	// Decide before inserting anything: a rejection leaves no trace.
-	full, fullLimit := -1, 0
-	for i, k := range uniq {
-		e := shs[i].lookup(k, hashes[i])
-		if e != nil {
-			if !admitsLocked(e, h.Class) {
-				full = i
-				break
-			}
-		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, h.Class) {
-			full, fullLimit = i, lim
-			break
-		}
-	}
-	first := shs[0]
+	full, fullLimit := r.fullKeyLocked(shs, uniq, hashes, h.Class)
 	if full < 0 {
 		r.entriesLocked(m, shs, uniq, hashes)
 		var counted []*core.Waiter
@@ -222,31 +199,78 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		unlock()
 		return r.acquired(p, 0), nil
 	}
-	fullKey, fullEntry := uniq[full], shs[full].lookup(uniq[full], hashes[full])
+	first := shs[0]
 	if ctx == nil {
 		first.st.limitReached++
-		rej := r.rejectLocked(slots.ErrLimitReached, fullKey, fullEntry, fullLimit)
+		rej := r.rejectLocked(slots.ErrLimitReached, uniq[full], shs[full].lookup(uniq[full], hashes[full]), fullLimit)
 		unlock()
 		return nil, r.rejected(rej)
 	}
-	// From the key that was full on, so that a bound that every queue
-	// meets (WithMaxQueue(0)) names that key, not the first one listed.
-	for j := range uniq {
-		i := (full + j) % len(uniq)
-		k := uniq[i]
-		e := shs[i].lookup(k, hashes[i])
-		if r.eng.Full(e.queue(), place.Flow) {
-			first.st.queueFull++
-			rej := r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
-			unlock()
-			return nil, r.rejected(rej)
-		}
+	if rej := r.queueFullAllLocked(shs, uniq, hashes, full, place.Flow); rej != nil {
+		first.st.queueFull++
+		unlock()
+		return nil, r.rejected(rej)
 	}
 	r.entriesLocked(m, shs, uniq, hashes)
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
+	queueMultiLocked(m, w)
+	unlock()
+	return r.await(ctx, p, w, start, first, uniq[full], func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+}
+
+// newMulti returns the record of a multi-key admission on keys of shs.
+func (r *Registry[K]) newMulti(shs []*shard[K]) *multi[K] {
+	m := &multi[K]{
+		r:       r,
+		entries: make([]*entry[K], len(shs)),
+		idx:     make([]int32, len(shs)),
+	}
+	for _, sh := range shs {
+		if !slices.Contains(m.shards, sh.idx) {
+			m.shards = append(m.shards, sh.idx)
+		}
+	}
+	slices.Sort(m.shards)
+	return m
+}
+
+// fullKeyLocked returns the index of the first key that does not admit a
+// newcomer of class c now, and for a key that is not live its limit; -1
+// when every key admits it. Call with lockBesideAll's locks held.
+func (r *Registry[K]) fullKeyLocked(shs []*shard[K], keys []K, hashes []uint64, c uint8) (full, limit int) {
+	for i, k := range keys {
+		if e := shs[i].lookup(k, hashes[i]); e != nil {
+			if !admitsLocked(e, c) {
+				return i, 0
+			}
+		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, c) {
+			return i, lim
+		}
+	}
+	return -1, 0
+}
+
+// queueFullAllLocked returns the rejection of a caller of flow that may not
+// queue on one of keys, or nil. It looks from the key that was full on, so
+// that a bound that every queue meets (WithMaxQueue(0)) names that key,
+// not the first one listed.
+func (r *Registry[K]) queueFullAllLocked(shs []*shard[K], keys []K, hashes []uint64, full int, flow string) *core.Rejection {
+	for j := range keys {
+		i := (full + j) % len(keys)
+		k := keys[i]
+		e := shs[i].lookup(k, hashes[i])
+		if r.eng.Full(e.queue(), flow) {
+			return r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
+		}
+	}
+	return nil
+}
+
+// queueMultiLocked queues w, a multi-key waiter, on every key of m.
+func queueMultiLocked[K comparable](m *multi[K], w *core.Waiter) {
 	links := make([]ilist.Elem[*core.Waiter], 2*len(m.entries)-1)
 	m.waits, m.links = links[:len(m.entries)-1], links[len(m.entries)-1:]
 	for i, e := range m.entries {
@@ -260,8 +284,6 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		m.links[i].Value = w
 		e.multis.PushBack(&m.links[i])
 	}
-	unlock()
-	return r.await(ctx, p, w, start, first, fullKey, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
 }
 
 // lockBesideAll locks the shards of a multi-key admission (under multiMu)

@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -498,3 +499,13 @@ func (h sinkHandler) Handle(_ context.Context, r slog.Record) error {
 }
 func (h sinkHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h sinkHandler) WithGroup(string) slog.Handler      { return h }
+
+// TestLimiterRefusesRegistryOptions: the options are one set, shared with
+// package registry; one that only a Registry reads is a mistake on a
+// Limiter, answered at once and by name.
+func TestLimiterRefusesRegistryOptions(t *testing.T) {
+	assert.PanicsWithValue(t, "slots: registry.WithShards is an option of a registry, not of a Limiter",
+		func() { slots.NewLimiter(1, registry.WithShards(4)) })
+	assert.PanicsWithValue(t, "slots: registry.WithMaxKeyBytes is an option of a registry, not of a Limiter",
+		func() { slots.NewLimiter(1, slots.WithMaxWait(time.Second), registry.WithMaxKeyBytes(8)) })
+}

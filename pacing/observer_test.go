@@ -1,0 +1,87 @@
+package pacing_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// events records what an Observer is told.
+type events struct {
+	mu   sync.Mutex
+	seen []slots.Event
+}
+
+func (e *events) Observe(ev slots.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.seen = append(e.seen, ev)
+}
+
+func (e *events) kinds() []slots.EventKind {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	var ks []slots.EventKind
+	for _, ev := range e.seen {
+		ks = append(ks, ev.Kind)
+	}
+	return ks
+}
+
+// TestGateReportsToItsObserver: a Gate reports what a Limiter reports, so
+// that a provider's queue can be measured like any other cap.
+func TestGateReportsToItsObserver(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &events{}
+		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1}, slots.WithObserver(obs))
+		require.NoError(t, err)
+		first, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+
+		waiter := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		_, err = g.Acquire(context.Background(), "m") // the queue of one is full
+		require.ErrorIs(t, err, slots.ErrQueueFull)
+
+		time.Sleep(3 * time.Second) // the first holds for 3 s of fake time
+		first.Slot.Release()
+		second := <-waiter
+		require.NoError(t, second.err)
+		second.g.Slot.Release()
+		assert.False(t, second.g.Slot.Release(), "a second release frees nothing")
+
+		assert.Equal(t, []slots.EventKind{
+			slots.EventAcquired, slots.EventRejected, slots.EventReleased,
+			slots.EventAcquired, slots.EventReleased, slots.EventDoubleRelease,
+		}, obs.kinds())
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		assert.Equal(t, 3*time.Second, obs.seen[2].Hold, "the first held for 3 s")
+		assert.Equal(t, 3*time.Second, obs.seen[3].Wait, "the second waited 3 s")
+		assert.True(t, errors.Is(obs.seen[1].Err, slots.ErrQueueFull))
+		assert.Equal(t, uint64(1), g.Status().DoubleReleases)
+	})
+}
+
+// TestNewGateRefusesWaitOptions: the waits of a Gate are its Config's, so
+// a wait option of package slots is a mistake, answered at once.
+func TestNewGateRefusesWaitOptions(t *testing.T) {
+	for name, o := range map[string]slots.Option{
+		"max wait":  slots.WithMaxWait(time.Second),
+		"max queue": slots.WithMaxQueue(3),
+		"fail open": slots.WithFailOpen(),
+		"share":     slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}),
+		"leaks":     slots.WithLeakDetection(),
+	} {
+		assert.Panics(t, func() { _, _ = pacing.NewGate("zai", pacing.Config{}, o) }, name)
+	}
+}
