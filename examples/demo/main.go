@@ -16,12 +16,17 @@
 // and batch keeps a minimum share of one slot). A second table compares the
 // interactive latencies.
 //
-//	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3]
+// While each phase runs, a progress line on stderr shows the requests done,
+// those open at the provider and the upstream 429s so far. The simulated
+// provider is examples/internal/upstream, which ./examples/upstream runs on
+// its own for the gateway.
+//
+//	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3] [-fleet]
+//	go run ./examples/demo -h    # every flag
 package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -40,11 +45,12 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/examples/internal/gateway"
+	"github.com/inflight-go/inflight/examples/internal/upstream"
 	"github.com/inflight-go/inflight/pacing"
 )
 
 func main() {
-	if err := run(os.Args[1:], os.Stdout); err != nil {
+	if err := run(os.Args[1:], os.Stdout, os.Stderr); err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		var usage usageError
 		if errors.As(err, &usage) {
@@ -55,54 +61,6 @@ func main() {
 }
 
 type usageError struct{ error }
-
-// maxTurnMS bounds the turn a request asks the provider for.
-const maxTurnMS = 10 * 60 * 1000
-
-// provider is the simulated upstream: it streams each turn for the time the
-// request asks, and refuses with 429/1302 past its account's in-flight limit.
-// Its peak counts every request open at once, the refused ones too: that is
-// the burst the account sees.
-type provider struct {
-	limit    int64
-	inFlight atomic.Int64
-	peak     atomic.Int64
-	refused  atomic.Int64
-}
-
-func (p *provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	var req struct {
-		Model  string `json:"model"`
-		TurnMS int    `json:"turn_ms"`
-	}
-	_ = json.NewDecoder(r.Body).Decode(&req)
-	n := p.inFlight.Add(1)
-	defer p.inFlight.Add(-1)
-	for pk := p.peak.Load(); n > pk && !p.peak.CompareAndSwap(pk, n); pk = p.peak.Load() {
-	}
-	if n > p.limit {
-		p.refused.Add(1)
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusTooManyRequests)
-		io.WriteString(w, `{"error":{"code":"1302","message":"Rate limit reached for requests"}}`)
-		return
-	}
-	w.Header().Set("Content-Type", "text/event-stream")
-	turnMS := min(max(req.TurnMS, 0), maxTurnMS) // a time.Duration must not overflow
-	deadline := time.Now().Add(time.Duration(turnMS) * time.Millisecond)
-	tick := time.NewTicker(20 * time.Millisecond)
-	defer tick.Stop()
-	for time.Now().Before(deadline) {
-		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
-		w.(http.Flusher).Flush()
-		select {
-		case <-tick.C:
-		case <-r.Context().Done():
-			return
-		}
-	}
-	fmt.Fprint(w, "data: [DONE]\n\n")
-}
 
 type request struct {
 	interactive bool
@@ -121,15 +79,14 @@ type result struct {
 // runWorkload sends every request to baseURL (retrying a 429 twice after a
 // short back-off, as SDKs do) and measures what the provider saw. With
 // classes, interactive requests carry X-Priority: interactive.
-func runWorkload(name, baseURL string, p *provider, reqs []request, classes bool, progress io.Writer) result {
+func runWorkload(name, baseURL string, p *upstream.Provider, reqs []request, classes bool, progress *progress) result {
 	return runSpread(name, []string{baseURL}, p, reqs, classes, progress)
 }
 
 // runSpread is runWorkload with the requests spread over several gateways,
 // in turn.
-func runSpread(name string, baseURLs []string, p *provider, reqs []request, classes bool, progress io.Writer) result {
-	p.refused.Store(0)
-	p.peak.Store(0)
+func runSpread(name string, baseURLs []string, p *upstream.Provider, reqs []request, classes bool, progress *progress) result {
+	p.ResetCounts()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	defer client.Transport.(*http.Transport).CloseIdleConnections()
 	var (
@@ -141,22 +98,7 @@ func runSpread(name string, baseURLs []string, p *provider, reqs []request, clas
 		wg        sync.WaitGroup
 	)
 	start := time.Now()
-	stop := make(chan struct{})
-	if progress != nil {
-		go func() {
-			t := time.NewTicker(200 * time.Millisecond)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					fmt.Fprintf(progress, "\r%-20s %d/%d done   \n", name, len(reqs), len(reqs))
-					return
-				case <-t.C:
-					fmt.Fprintf(progress, "\r%-20s %d/%d done", name, done.Load(), len(reqs))
-				}
-			}
-		}()
-	}
+	stopProgress := progress.start(name, len(reqs), &done, p)
 	for i, r := range reqs {
 		baseURL := baseURLs[i%len(baseURLs)]
 		wg.Go(func() {
@@ -184,12 +126,13 @@ func runSpread(name string, baseURLs []string, p *provider, reqs []request, clas
 		})
 	}
 	wg.Wait()
-	close(stop)
+	stopProgress()
 	slices.Sort(latencies)
 	slices.Sort(batchLat)
+	counts := p.Counts()
 	return result{
 		name: name, requests: len(reqs), completed: completed,
-		refused: p.refused.Load(), peak: p.peak.Load(),
+		refused: counts.Refused, peak: counts.Peak,
 		p50: percentile(latencies, 50), p95: percentile(latencies, 95),
 		wall: time.Since(start), batchP95: percentile(batchLat, 95),
 	}
@@ -232,9 +175,15 @@ var lastOutcome outcome
 // stays far inside a time.Duration.
 const maxScale = 1000
 
-func run(args []string, stdout io.Writer) error {
+// run runs the demo: tables on stdout; usage and a progress line per phase
+// on stderr.
+func run(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("demo", flag.ContinueOnError)
-	fs.SetOutput(io.Discard)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(stderr, "usage: go run ./examples/demo [flags]\n\nThe problem and the fix, side by side, over real HTTP in one process.\n\n")
+		fs.PrintDefaults()
+	}
 	var (
 		batch        = fs.Int("batch", 40, "long batch turns on the heavy model")
 		interactive  = fs.Int("interactive", 40, "short interactive turns on the light model")
@@ -245,6 +194,9 @@ func run(args []string, stdout io.Writer) error {
 		fleetRun     = fs.Bool("fleet", false, "also run three gateways, first each with its own caps, then sharing them on a redis-server started here (needs the redis-server binary)")
 	)
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil
+		}
 		return usageError{err}
 	}
 	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) {
@@ -260,7 +212,7 @@ func run(args []string, stdout io.Writer) error {
 		reqs = append(reqs, request{interactive: true, org: "interactive", model: "glm-4-air", start: d(rng.IntN(1500)), turn: d(40 + rng.IntN(80))})
 	}
 
-	prov := &provider{limit: int64(*accountLimit)}
+	prov := upstream.New(*accountLimit)
 	provURL, stopProv, err := serve(prov)
 	if err != nil {
 		return err
@@ -276,12 +228,7 @@ func run(args []string, stdout io.Writer) error {
 	withShares := loose
 	withShares.Shares = map[string]pacing.ShareConfig{"batch": {Min: 1}}
 
-	var progress io.Writer
-	if f, ok := stdout.(*os.File); ok {
-		if st, err := f.Stat(); err == nil && st.Mode()&os.ModeCharDevice != 0 {
-			progress = f // a terminal: show a progress line
-		}
-	}
+	progress := newProgress(stderr)
 	fmt.Fprintf(stdout, "provider allows %d in flight per account; %d batch turns (%v-%v) and %d interactive turns (%v-%v)\n\n",
 		*accountLimit, *batch, d(300), d(800), *interactive, d(40), d(120))
 	var out outcome
@@ -379,7 +326,7 @@ func serve(h http.Handler) (string, func(), error) {
 // runFleet runs the workload over three gateways: each with its own caps
 // (the account sees up to three times the cap), then all three sharing
 // their caps on one redis-server.
-func runFleet(stdout io.Writer, provURL string, prov *provider, reqs []request, caps pacing.Config, progress io.Writer, out *outcome) error {
+func runFleet(stdout io.Writer, provURL string, prov *upstream.Provider, reqs []request, caps pacing.Config, progress *progress, out *outcome) error {
 	fmt.Fprintf(stdout, "\nthree gateways, the requests spread over them in turn\n\n")
 	addr, stopRedis, err := startRedis()
 	if err != nil {

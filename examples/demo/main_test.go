@@ -1,10 +1,7 @@
 package main
 
 import (
-	"bufio"
-	"context"
-	"net/http"
-	"net/http/httptest"
+	"io"
 	"os"
 	"os/exec"
 	"strings"
@@ -25,7 +22,7 @@ func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 // prints are not asserted: they depend on the machine.)
 func TestDemo(t *testing.T) {
 	var out strings.Builder
-	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2"}, &out))
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2"}, &out, io.Discard))
 	d, c := lastOutcome.direct, lastOutcome.capped
 	assert.Positive(t, d.refused, "the provider refuses some direct requests")
 	assert.Zero(t, c.refused)
@@ -42,30 +39,29 @@ func TestDemo(t *testing.T) {
 
 func TestDemoFlags(t *testing.T) {
 	var usage usageError
-	assert.ErrorAs(t, run([]string{"-account-limit", "0"}, &strings.Builder{}), &usage)
-	assert.ErrorAs(t, run([]string{"-nope"}, &strings.Builder{}), &usage)
-	assert.ErrorAs(t, run([]string{"-scale", "0"}, &strings.Builder{}), &usage)
-	assert.ErrorAs(t, run([]string{"-scale", "1e300"}, &strings.Builder{}), &usage)
-	assert.ErrorAs(t, run([]string{"-scale", "NaN"}, &strings.Builder{}), &usage)
+	assert.ErrorAs(t, run([]string{"-account-limit", "0"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-nope"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-scale", "0"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-scale", "1e300"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-scale", "NaN"}, &strings.Builder{}, io.Discard), &usage)
 }
 
-// TestProviderHugeTurn: a turn too long for a time.Duration is a long
-// turn, not one that has already ended.
-func TestProviderHugeTurn(t *testing.T) {
-	srv := httptest.NewServer(&provider{limit: 1})
-	t.Cleanup(srv.Close)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"model":"glm-5","turn_ms":9223372036854775807}`))
-	require.NoError(t, err)
-	client := srv.Client()
-	resp, err := client.Do(req)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	line, err := bufio.NewReader(resp.Body).ReadString('\n')
-	require.NoError(t, err)
-	assert.Equal(t, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n", line)
-	cancel()
+func TestDemoHelpListsTheFlags(t *testing.T) {
+	var stderr strings.Builder
+	require.NoError(t, run([]string{"-h"}, io.Discard, &stderr))
+	for _, f := range []string{"-batch", "-interactive", "-account-limit", "-model-cap", "-scale", "-seed", "-fleet"} {
+		assert.Contains(t, stderr.String(), f)
+	}
+}
+
+// TestDemoShowsProgress: away from a terminal, each phase prints progress
+// lines (requests done, open at the provider, 429s so far) as it runs.
+func TestDemoShowsProgress(t *testing.T) {
+	var stderr strings.Builder
+	require.NoError(t, run([]string{"-batch", "4", "-interactive", "4", "-scale", "0.1"}, io.Discard, &stderr))
+	for _, phase := range []string{"direct", "through the gateway", "one queue", "priority classes"} {
+		assert.Regexp(t, phase+` +8/8 done, +\d+ open at the provider, +\d+ upstream 429s so far`, stderr.String())
+	}
 }
 
 // TestDemoFleet runs the three-gateway part: sharing their caps on one
@@ -78,7 +74,7 @@ func TestDemoFleet(t *testing.T) {
 		t.Skip("no redis-server binary")
 	}
 	var out strings.Builder
-	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-fleet"}, &out))
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-fleet"}, &out, io.Discard))
 	f := lastOutcome.fleet
 	assert.Zero(t, f.refused)
 	assert.Equal(t, f.requests, f.completed)

@@ -1,0 +1,95 @@
+// Package upstream is the simulated model provider of the example programs:
+// it streams chat completions as server-sent events for as long as each
+// request asks, and, like providers with concurrency-limited plans, answers
+// 429 (code 1302) once more requests are open than its limit.
+package upstream
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// MaxTurnMS bounds the turn a request asks for.
+const MaxTurnMS = 10 * 60 * 1000
+
+// DefaultTurnMS is the turn of a request that does not ask for one.
+const DefaultTurnMS = 1000
+
+// Provider is the simulated upstream. A request's JSON body may carry
+// "turn_ms", how long its answer streams (a token every 20 ms). Create it
+// with New.
+type Provider struct {
+	limit    int64
+	inFlight atomic.Int64
+	peak     atomic.Int64
+	refused  atomic.Int64
+	served   atomic.Int64
+}
+
+// New returns a Provider that allows limit requests open at once.
+func New(limit int) *Provider { return &Provider{limit: int64(limit)} }
+
+// Counts is what a Provider has seen. Peak counts every request open at
+// once, the refused ones too: that is the burst the account sees.
+type Counts struct {
+	InFlight, Peak, Refused, Served int64
+}
+
+// Counts returns the counts now.
+func (p *Provider) Counts() Counts {
+	return Counts{InFlight: p.inFlight.Load(), Peak: p.peak.Load(), Refused: p.refused.Load(), Served: p.served.Load()}
+}
+
+// ResetCounts starts the peak and the refusals afresh, between runs.
+func (p *Provider) ResetCounts() {
+	p.peak.Store(0)
+	p.refused.Store(0)
+	p.served.Store(0)
+}
+
+func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v1/models" {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"object":"list","data":[{"id":"glm-5","object":"model"},{"id":"glm-4-air","object":"model"}]}`+"\n")
+		return
+	}
+	req := struct {
+		Model  string `json:"model"`
+		TurnMS *int   `json:"turn_ms"`
+	}{}
+	_ = json.NewDecoder(r.Body).Decode(&req)
+	n := p.inFlight.Add(1)
+	defer p.inFlight.Add(-1)
+	for pk := p.peak.Load(); n > pk && !p.peak.CompareAndSwap(pk, n); pk = p.peak.Load() {
+	}
+	if n > p.limit {
+		p.refused.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":{"code":"1302","message":"Rate limit reached for requests"}}`)
+		return
+	}
+	turnMS := DefaultTurnMS
+	if req.TurnMS != nil {
+		turnMS = min(max(*req.TurnMS, 0), MaxTurnMS) // a time.Duration must not overflow
+	}
+	w.Header().Set("Content-Type", "text/event-stream")
+	deadline := time.Now().Add(time.Duration(turnMS) * time.Millisecond)
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for time.Now().Before(deadline) {
+		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-tick.C:
+		case <-r.Context().Done():
+			return
+		}
+	}
+	fmt.Fprint(w, "data: [DONE]\n\n")
+	p.served.Add(1)
+}

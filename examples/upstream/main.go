@@ -1,0 +1,70 @@
+// Command upstream runs the simulated model provider that the demo uses, so
+// that the example gateway has something to proxy to: it streams chat
+// completions as server-sent events (a token every 20 ms, for "turn_ms" of
+// the request's JSON body, 1000 by default) and answers 429 (code 1302) past
+// -limit requests in flight.
+//
+//	go run ./examples/upstream -listen 127.0.0.1:9000 -limit 5
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/signal"
+	"syscall"
+	"time"
+
+	"github.com/inflight-go/inflight/examples/internal/upstream"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	os.Exit(run(ctx, os.Args[1:], os.Stderr))
+}
+
+func run(ctx context.Context, args []string, stderr io.Writer) int {
+	fs := flag.NewFlagSet("upstream", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	listen := fs.String("listen", "127.0.0.1:9000", "address to listen on")
+	limit := fs.Int("limit", 5, "requests in flight allowed before 429s")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	if *limit < 1 {
+		fmt.Fprintln(stderr, "upstream: -limit must be at least 1")
+		return 2
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		log.Error("upstream: cannot listen", slog.Any("error", err))
+		return 1
+	}
+	p := upstream.New(*limit)
+	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
+	log.Info("upstream: listening", slog.String("addr", ln.Addr().String()), slog.Int("limit", *limit))
+	go func() {
+		<-ctx.Done()
+		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdown)
+	}()
+	if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+		log.Error("upstream: serving failed", slog.Any("error", err))
+		return 1
+	}
+	c := p.Counts()
+	log.Info("upstream: stopped", slog.Int64("served", c.Served), slog.Int64("refused", c.Refused), slog.Int64("peak_in_flight", c.Peak))
+	return 0
+}
