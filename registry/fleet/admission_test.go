@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -230,4 +231,29 @@ func TestContextEndedBeforeSendingSendsNothing(t *testing.T) {
 	closeWithin(t, r) // sends what the releaser has queued
 	assert.Zero(t, tombstones(m), "no abandon")
 	assert.Empty(t, m.leases("k"))
+}
+
+// slots.Unlimited (math.MaxInt) is a valid limit for the script, keys with
+// braces or empty keys work, and limit 0 rejects.
+func TestUnlimitedZeroAndOddKeys(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "u", slots.Unlimited)
+	defer r.Close()
+	r.SetLimit("zero", 0)
+	var held []*slots.Slot
+	for range 50 {
+		s, err := r.TryAcquireAll("a", "b{x}", "")
+		require.NoError(t, err)
+		assert.False(t, s.Degraded())
+		held = append(held, s)
+	}
+	_, err := r.TryAcquire("zero")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	for _, s := range held {
+		s.Release()
+	}
+	require.Eventually(t, func() bool { n, _ := r.InFlight(context.Background(), "a"); return n == 0 }, 5*time.Second, time.Millisecond)
+	assert.Zero(t, r.Stats().RedisErrors)
+	assert.Panics(t, func() { New[string](srv.Client(), "a{b", 1) })
+	assert.Panics(t, func() { New[string](nil, "a", 1) })
 }

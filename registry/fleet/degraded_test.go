@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -94,4 +95,85 @@ func TestDegradedLeaseGoesInWithoutAnAdmission(t *testing.T) {
 	assert.ErrorIs(t, err, slots.ErrLimitReached, "the other process counts the degraded holder")
 	s.Release()
 	held.Release()
+}
+
+// holdCall is a client hook that holds the next script call until released.
+type holdCall struct {
+	armed atomic.Bool
+	open  chan struct{}
+}
+
+func (h *holdCall) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *holdCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *holdCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() == "evalsha" && h.armed.CompareAndSwap(true, false) {
+			<-h.open
+		}
+		return next(ctx, cmd)
+	}
+}
+
+// An admission call under way when the breaker opened, which succeeds once
+// Redis is back, closes the breaker: the degraded leases taken meanwhile
+// still go into Redis at once (not at the next renewal).
+func TestBreakerClosedByAnAdmission(t *testing.T) {
+	m := newMini(t)
+	h := &holdCall{open: make(chan struct{})}
+	c := m.client()
+	c.AddHook(h)
+	r := New[string](c, "t", 10, WithLeaseTTL(30*time.Second), WithBreaker(3, time.Hour), WithTimeout(5*time.Second))
+	defer r.Close()
+	h.armed.Store(true)
+	inflight := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := r.TryAcquire("other")
+		assert.NoError(t, err)
+		inflight <- s
+	}()
+	eventually(t, "the call is held", func() bool { return !h.armed.Load() })
+	m.srv.SetError("LOADING down")
+	var held []*slots.Slot
+	for range 3 {
+		s, err := r.TryAcquire("k2")
+		require.NoError(t, err)
+		require.True(t, s.Degraded())
+		held = append(held, s)
+	}
+	require.True(t, r.Stats().BreakerOpen)
+	m.srv.SetError("")
+	close(h.open) // the call under way reaches Redis, now back; the probe is hours away
+	(<-inflight).Release()
+	eventually(t, "the degraded leases go into Redis", func() bool { return len(m.leases("k2")) == 3 })
+	for _, s := range held {
+		s.Release()
+	}
+	eventually(t, "and are removed on release", func() bool { return len(m.leases("k2")) == 0 })
+}
+
+// A lease released while Redis fails (its removal fails) is not renewed,
+// and its removal is sent again once Redis is back: the capacity frees at
+// once, not when the lease expires (the server's clock stands still here).
+func TestReleaseWhileDownRemovedWhenBack(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1, WithLeaseTTL(time.Minute), WithBreaker(1, 5*time.Millisecond))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	m.srv.SetError("LOADING down")
+	s.Release()
+	eventually(t, "the removal failed, and waits", func() bool {
+		st := r.Stats()
+		return st.RedisErrors >= 1 && st.RemovalsPending == 1
+	})
+	require.Len(t, m.leases("k"), 1)
+	m.srv.SetError("")
+	eventually(t, "the removal is sent again", func() bool { return len(m.leases("k")) == 0 })
+	s2, err := r.TryAcquire("k")
+	require.NoError(t, err, "the fleet has room again")
+	s2.Release()
+	assert.Zero(t, r.Stats().RemovalsDropped)
 }

@@ -211,3 +211,99 @@ func TestBoundKeepsAbandonsOfCallsStillOnTheirWay(t *testing.T) {
 	assert.Equal(t, []*lease[string]{onItsWay, released}, kept)
 	assert.Equal(t, uint64(3), r.Stats().RemovalsDropped)
 }
+
+// lateCall is a client hook that makes the next acquire call fail on the
+// client's side (as a timeout would) while the script still runs on the
+// server: before the abandon that follows reaches Redis, or after it.
+// lateRes is what the late call returned.
+type lateCall struct {
+	c          *redis.Client
+	armed      atomic.Bool
+	afterTomb  bool          // run the late script once its tombstone exists
+	tombExists func() bool   // with afterTomb
+	ran        chan struct{} // closed once the late script has run
+	lateRes    []int64
+}
+
+func (h *lateCall) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *lateCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if !(cmd.Name() == "evalsha" || cmd.Name() == "eval") || !h.armed.CompareAndSwap(true, false) {
+			return next(ctx, cmd)
+		}
+		late := redis.NewCmd(context.Background(), cmd.Args()...)
+		if !h.afterTomb {
+			_ = next(context.Background(), late) // the server runs it now...
+			h.lateRes, _ = late.Int64Slice()
+			close(h.ran)
+		} else {
+			go func() {
+				for deadline := time.Now().Add(3 * time.Second); !h.tombExists() && time.Now().Before(deadline); {
+					time.Sleep(time.Millisecond) // polling the server for the abandon
+				}
+				_ = h.c.Process(context.Background(), late) // ...or after the abandon
+				h.lateRes, _ = late.Int64Slice()
+				close(h.ran)
+			}()
+		}
+		cmd.SetErr(context.DeadlineExceeded) // ...but the client gives up
+		return context.DeadlineExceeded
+	}
+}
+
+// An acquire call that fails on the client's side but runs on the server
+// takes nothing: whether it runs before or after the abandon that follows,
+// no lease is left behind, and a FallbackLocal admission made meanwhile is
+// not in Redis either (its release leaves nothing).
+func TestFailedCallTakesNothing(t *testing.T) {
+	for _, afterTomb := range []bool{false, true} {
+		for _, mode := range []Unavailable{FailClosed, FallbackLocal} {
+			m := newMini(t)
+			c := m.client()
+			h := &lateCall{c: c, afterTomb: afterTomb, ran: make(chan struct{})}
+			h.tombExists = func() bool {
+				keys := m.srv.Keys()
+				for _, k := range keys {
+					if len(k) > len("inflight:{t}:abandoned:") && k[:len("inflight:{t}:abandoned:")] == "inflight:{t}:abandoned:" {
+						return true
+					}
+				}
+				return false
+			}
+			require.NoError(t, acquireScript.Load(context.Background(), c).Err()) // the late EVALSHA runs for real
+			c.AddHook(h)
+			r := New[string](c, "t", 1, WithLeaseTTL(3*time.Second), WithUnavailable(mode))
+			h.armed.Store(true)
+			s, err := r.TryAcquire("k")
+			if mode == FailClosed {
+				require.ErrorIs(t, err, ErrUnavailable)
+			} else {
+				require.NoError(t, err)
+				assert.True(t, s.Degraded())
+			}
+			<-h.ran
+			require.Len(t, h.lateRes, 6)
+			if afterTomb {
+				assert.Equal(t, int64(-1), h.lateRes[0], "the tombstone refuses the late call")
+			} else {
+				assert.Equal(t, int64(1), h.lateRes[0], "the late call took a lease, for the abandon to take back")
+			}
+			eventually(t, "whatever the late call added is removed", func() bool {
+				return len(m.leases("k")) == 0 && r.Stats().RemovalsPending == 0
+			})
+			if s != nil {
+				s.Release()
+			}
+			eventually(t, "the breaker closes", func() bool { return !r.Stats().BreakerOpen })
+			s2, err := r.TryAcquire("k")
+			require.NoError(t, err, "after tombstone %v, mode %v: the fleet has room", afterTomb, mode)
+			s2.Release()
+			r.Close()
+		}
+	}
+}

@@ -233,3 +233,18 @@ func TestPausedHolderChild(t *testing.T) {
 	st := r.Stats()
 	fmt.Printf("result lost=%d reasserted=%d cancelled=%d\n", st.Lost, st.Reasserted, cancelled)
 }
+
+// With ReportLost a lost lease is counted and logged once, not at every
+// renewal.
+func TestReportLostCountedOnce(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1, WithLostLeases(ReportLost))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	m.srv.FlushAll()
+	for range 3 {
+		r.renew()
+	}
+	assert.Equal(t, uint64(1), r.Stats().Lost)
+	s.Release()
+}

@@ -192,3 +192,22 @@ func TestObserverPanicInGiveBackRemovesLease(t *testing.T) {
 		})
 	}
 }
+
+// Releases after Close send nothing, start nothing and do not block: the
+// leases expire after the TTL (goleak checks the goroutines at the end).
+func TestReleaseAfterClose(t *testing.T) {
+	m := newMini(t)
+	r := New[string](m.client(), "t", 10000, WithLeaseTTL(3*time.Second))
+	var held []*slots.Slot
+	for range 50 {
+		s, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	r.Close()
+	for _, s := range held {
+		s.Release()
+	}
+	assert.Zero(t, r.Stats().RemovalsPending)
+	assert.Zero(t, r.Local().InFlight("k"), "the local mirror is released")
+}

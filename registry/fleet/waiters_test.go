@@ -1,0 +1,128 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A waiter blocked on a full key holds back later waiters on that key only:
+// a request whose keys are free is admitted at once, while two earlier ones
+// wait for model:x.
+func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(100, WithPoll(5*time.Millisecond, 50*time.Millisecond))
+	r.SetLimit("model:x", 1)
+	hold, err := r.TryAcquire("model:x")
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	errs := make(chan error, 2)
+	for i := range 2 {
+		go func() {
+			_, err := r.AcquireAll(ctx, "provider", "model:x")
+			errs <- err
+		}()
+		eventually(t, "queued", func() bool { return r.Stats().Waiting == i+1 })
+	}
+	eventually(t, "both wait on model:x alone", func() bool {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		for _, w := range r.allWaiters() {
+			if len(w.blocked) != 1 || w.blocked[0] != "inflight:{t}:model:x" {
+				return false
+			}
+		}
+		return true
+	})
+	yctx, ycancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer ycancel()
+	s, err := r.AcquireAll(yctx, "provider", "model:y")
+	require.NoError(t, err, "free keys are not held back")
+	s.Release()
+	cancel()
+	<-errs
+	<-errs
+	hold.Release()
+}
+
+// Within a process, fleet waiters go by priority class, then arrival: an
+// interactive request that comes after three batch ones waiting on a full
+// key is admitted first.
+//
+// Each waits on k and a free key of its own, so that blocked narrows to k
+// only once it has been told k is full (or is held back on it): a waiter
+// still on its way to Redis could otherwise be admitted after the release,
+// ahead of the interactive one. No polls (a minute away): the release's
+// wake-up moves the first waiter, and each dequeue the next.
+func TestWaitersByClass(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1, WithLeaseTTL(time.Minute), WithPoll(time.Minute, time.Minute))
+	<-r.subscribed
+	hold, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	allBlocked := func(n int) func() bool {
+		return func() bool {
+			r.mu.Lock()
+			defer r.mu.Unlock()
+			if r.waiting != n {
+				return false
+			}
+			for _, w := range r.allWaiters() {
+				if len(w.blocked) != 1 {
+					return false // not told yet that k is full
+				}
+			}
+			return true
+		}
+	}
+	type admitted struct {
+		prio slots.Priority
+		s    *slots.Slot
+	}
+	got := make(chan admitted, 4)
+	n := 0
+	acquire := func(p slots.Priority) {
+		n++
+		own := fmt.Sprint("free", n)
+		go func() {
+			s, err := r.AcquireAll(slots.WithPriority(context.Background(), p), "k", own)
+			assert.NoError(t, err)
+			got <- admitted{p, s}
+		}()
+	}
+	for range 3 {
+		acquire(slots.PriorityBatch)
+	}
+	eventually(t, "three batch waiters find k full", allBlocked(3))
+	acquire(slots.PriorityInteractive)
+	eventually(t, "and the interactive one, ahead of them", allBlocked(4))
+	r.mu.Lock()
+	assert.Equal(t, core.Rank(core.ClassHigh), r.queues["inflight:{t}:k"][0].rank)
+	r.mu.Unlock()
+
+	hold.Release()
+	next := func() admitted {
+		select {
+		case a := <-got:
+			return a
+		case <-time.After(5 * time.Second):
+			t.Fatal("no waiter admitted: a wake-up lost")
+			return admitted{}
+		}
+	}
+	first := next()
+	assert.Equal(t, slots.PriorityInteractive, first.prio, "the interactive request goes first")
+	first.s.Release()
+	for range 3 {
+		a := next()
+		assert.Equal(t, slots.PriorityBatch, a.prio)
+		a.s.Release()
+	}
+}
