@@ -1,9 +1,19 @@
-// Package pacing holds a provider's admission policy: how many requests may
-// be in flight to it (per provider, per model, per API key) and how far apart
-// their starts must be (requests per minute, a minimum interval).
+// Package pacing admits one provider's requests under its policy: how many
+// may be in flight to it (per provider, per model, per API key) and how far
+// apart their starts must be (requests per minute, a minimum interval).
 //
-// Config is the policy as a gateway's configuration file states it; Parse
-// and Load read it and say which field is wrong when one is.
+//	cfg, err := pacing.Load("provider.json") // names the field that is wrong
+//	gate, err := pacing.NewGate("zai", cfg)
+//	grant, err := gate.Acquire(ctx, "glm-5")
+//	if err != nil {
+//		return err // *slots.LimitError (queue full, wait timeout), or the context's error
+//	}
+//	req.Header.Set("Authorization", "Bearer "+secrets[grant.Key]) // the API key it was given
+//	resp, err := client.Do(req)
+//	resp.Body = slots.WrapBody(resp.Body, grant.Slot) // held until the body is done
+//
+// Config is the policy as a gateway's configuration file states it; a Gate
+// applies it, and Reconfigure changes it live.
 package pacing
 
 import (

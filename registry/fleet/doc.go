@@ -1,0 +1,162 @@
+// Package fleet caps how many requests are in flight per key across every
+// process of a fleet, with leases in Redis.
+//
+// An upstream's concurrency limit is per account, not per process: with R
+// gateway replicas each capping at N, the provider sees up to R×N. A fleet
+// Registry holds one cap per key for all of them. It offers the registry
+// admission contract (TryAcquire, Acquire, AcquireAll, TryAcquireAll, each
+// returning a *slots.Slot) and keeps a local registry.Registry beside it that
+// mirrors this process's holders, for sweeps, metrics and Stats.
+//
+//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
+//	caps := fleet.New[string](rdb, "zai", slots.Unlimited) // one name per set of caps
+//	defer caps.Close()
+//	caps.SetLimit("zai", 5) // every gateway sets the same limits
+//	s, err := caps.AcquireAll(ctx, "zai", "zai/glm-5")
+//	if err != nil {
+//		return err // *slots.LimitError, ErrUnavailable (FailClosed), or the context's error
+//	}
+//	defer s.Release() // or hand s to slots.WrapBody, as any Slot
+//
+// The sections below say how the cap holds: leases and their renewal, lost
+// leases, waiting, and what happens while Redis cannot be reached (with the
+// client settings that suit it).
+//
+// # Leases
+//
+// Each capped key is a Redis sorted set of leases: member = a random 128-bit
+// lease id, score = its expiry on the Redis server's clock. One script call
+// per admission drops expired leases, checks every key's limit and adds the
+// lease to all of them, or to none; a retried call with the same lease id
+// takes nothing twice. Limits are sent with each call, so they live in the
+// process: SetLimit takes effect at the next admission. Admissions made at
+// the same time share round trips: while calls are on their way to Redis,
+// later ones queue and then go together as one pipeline (one write and one
+// read for many), each still its own script call. An admission alone
+// sends its call at once.
+//
+// A lease does not expire under a live holder: one heartbeat goroutine per
+// Registry renews every held lease each LeaseTTL/3, in batched calls, each
+// bounded by the call timeout (at most LeaseTTL/3), so one renewal may fail
+// and the next still comes in time. Renewal extends only leases that still
+// exist; what it does with a lease found missing is told below (Lost
+// leases). A process that dies holding leases frees them when they expire,
+// after at most LeaseTTL. A key expires in Redis with its latest lease, so
+// processes with different LeaseTTLs (a rolling deploy that changes it) may
+// share keys. The heartbeat and the releaser survive a panic in a client
+// hook or a log handler: it is logged (at most once a minute), and they go
+// on as after a failed call.
+//
+// Keys are checked before anything goes to Redis, by the local registry's
+// rule (WithMaxKeyBytes): a key refused with registry.ErrInvalidKey is
+// refused whether Redis is reachable or not, and by InFlight too. A caller
+// whose context ends before its admission is recorded is not admitted, even
+// if Redis admitted its lease: the lease is given back, and the caller gets
+// the context's error.
+//
+// An acquire call that fails on the client's side (a timeout, the caller's
+// context) may still run on the server, however late (a stalled server
+// runs the calls waiting in its sockets when it resumes); its lease id is
+// then abandoned: the lease is removed and a tombstone keeps a late call
+// from adding it. So that no call runs very late, each call that may add a
+// lease carries a deadline on the server's clock, which the client
+// estimates from earlier replies: twice the call timeout after it is made.
+// Past it the script refuses to run, and changes nothing.
+//
+// While Redis is healthy the cap is never exceeded: the script decides and
+// records atomically. It can be exceeded by design in two cases, both until
+// enough holders release: after Redis loses its data (a restart without
+// persistence), new admissions fill the empty keys while the next renewal
+// (within LeaseTTL/3) puts the old leases back, up to about twice the cap;
+// and with FallbackLocal, during an outage each process admits up to the
+// cap alone (R processes: up to R times the cap), and those leases are put
+// back when Redis returns (see When Redis is unreachable).
+//
+// Release frees the local mirror and queues the removal of the lease from
+// every key (with a wake-up published) for a background goroutine: it never
+// waits for Redis, even while Redis hangs. A removal that fails is sent
+// again with backoff (and as soon as the breaker closes) until it succeeds
+// or its lease has expired. At most 65,536 removals wait at once; past that
+// the oldest is dropped (Stats.RemovalsDropped) and its lease expires after
+// at most LeaseTTL. An abandon is given up only once the calls that may add
+// its lease id are past their deadlines (and, past the bound, if they were
+// made before any reply told the server's clock). A second Release does
+// nothing.
+//
+// # Lost leases
+//
+// A held lease can go missing from Redis in two ways, told apart by an
+// epoch: a key per Registry name (<prefix>{<name>}#epoch, never a key
+// name's) with no expiry, set by the first script that finds it missing to
+// the server's time. A Registry records with each lease the epoch under
+// which it last saw the lease in Redis. If the epoch is another now, Redis
+// lost its data since (a restart without persistence, a failover to a
+// replica without it, FLUSHALL): the holder is still working, so the lease
+// is put back without a cap check (WithLostLeases(ReassertLost), the
+// default). If the epoch is the same, the lease expired: its holder did
+// not renew it in time (a process stopped or starved for longer than the
+// TTL, renewals that kept failing) and others may have taken its place, so
+// it goes back only if every key it is missing from has room; if one has
+// not, it is lost: counted (Stats.Lost), logged, and the holder's context
+// made by WithCancelOnLost is cancelled with the cause ErrLeaseLost, while
+// later renewals try again, with the same check. A failover to a replica
+// that had the epoch but not the lease, or a restart from a snapshot taken
+// before the lease, looks like an expiry. With ReportLost a missing lease
+// is only reported, and with CancelLost the holder's context is cancelled
+// too; neither puts it back.
+//
+// # Waiting
+//
+// Acquire polls with jittered backoff, never sleeping past the earliest
+// lease expiry the script reported or the context's deadline, and wakes early
+// on a release anywhere in the fleet (Redis pub/sub; a hint only, the polling
+// stays). Within one process, waiters go by priority class
+// (slots.WithPriority), then in arrival order, per key: a waiter blocked on
+// a full key goes before the waiters behind it on that key, and holds back
+// no waiter on other keys. The order is strict, per key and from a
+// waiter's arrival on: while a higher class keeps waiters held up by a key
+// in this process, a lower one does not try for it (a call already on its
+// way to Redis is not called back). Flows and shares (slots.WithFlow,
+// WithShare) do not apply to these waits, and processes do not order their
+// waiters among each other: each tries when its turn in its own process
+// comes.
+//
+// # When Redis is unreachable
+//
+// A breaker opens after consecutive failures (WithBreaker), so that while
+// Redis is down an admission costs no round trip; a background probe puts
+// the leases taken meanwhile into Redis and closes it again. An admission
+// whose call fails, and every admission while the breaker is open, does
+// what WithUnavailable says: FallbackLocal (the default) admits under this
+// process's local registry alone, with the same limits, and the Slot
+// reports Degraded. FailClosed fails with ErrUnavailable. FailOpen admits a
+// Bypassed, Degraded Slot that holds nothing.
+//
+// A Degraded lease is put into Redis, without a cap check, once Redis
+// answers, and counts against this process's admissions from then on: the
+// next admission's script call carries in the Degraded leases that share a
+// key with it (up to 256 (key, lease) pairs; the heartbeat takes the rest
+// moments later) before it decides, and the heartbeat puts them all in
+// within the probe interval (WithBreaker), also when the breaker never
+// opened. Until then, other processes do not count them.
+//
+// Give the client short timeouts so that a dead Redis fails fast, and let
+// it honour each call's deadline (ContextTimeoutEnabled; without it the
+// client's own timeouts bound the calls, not WithTimeout):
+//
+//	redis.NewClient(&redis.Options{
+//		Addr:                  "127.0.0.1:6379",
+//		DialTimeout:           250 * time.Millisecond,
+//		ReadTimeout:           250 * time.Millisecond,
+//		WriteTimeout:          250 * time.Millisecond,
+//		ContextTimeoutEnabled: true, // honour each call's context deadline
+//		MaxRetries:            1,
+//		Protocol:              2, // RESP3's push notifications cost a check per call
+//	})
+//
+// Every key of a Registry shares one Redis Cluster hash tag, its name, so
+// any AcquireAll runs as one script on Redis Cluster; all of a Registry's
+// keys live on one node of the cluster. Keys are named with fmt.Sprint
+// unless WithKeyName says otherwise: give struct keys a name function, so
+// that different keys cannot share a name.
+package fleet
