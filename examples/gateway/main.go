@@ -39,6 +39,7 @@ import (
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -75,7 +76,7 @@ func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 		fmt.Fprintln(stderr, "gateway:", err)
 		return 2
 	}
-	redis.SetLogger(redisLogger{log})
+	redis.SetLogger(&redisLogger{log: log, every: 5 * time.Second})
 	if *configPath == "" {
 		log.Error("gateway: -config is required")
 		return 2
@@ -215,12 +216,30 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 }
 
 // redisLogger routes go-redis's own messages (dial failures, pool
-// trouble) to slog.
-type redisLogger struct{ log *slog.Logger }
+// trouble) to slog, one line per interval at most: an unreachable Redis
+// makes one per connection attempt.
+type redisLogger struct {
+	log   *slog.Logger
+	every time.Duration
 
-func (l redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	mu         sync.Mutex // protects the fields below
+	last       time.Time
+	suppressed int
+}
+
+func (l *redisLogger) Printf(ctx context.Context, format string, v ...any) {
+	l.mu.Lock()
+	now := time.Now()
+	if !l.last.IsZero() && now.Sub(l.last) < l.every {
+		l.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	suppressed := l.suppressed
+	l.last, l.suppressed = now, 0
+	l.mu.Unlock()
 	msg := strings.TrimPrefix(fmt.Sprintf(format, v...), "redis: ")
-	l.log.WarnContext(ctx, "gateway: redis client", slog.String("detail", msg))
+	l.log.WarnContext(ctx, "gateway: redis client", slog.String("detail", msg), slog.Int("suppressed_since_last", suppressed))
 }
 
 // patchConfig applies the flag overrides to the file's JSON.

@@ -236,6 +236,7 @@ func TestStartupLogs(t *testing.T) {
 	assert.Contains(t, logged, `\"admin\":{\"token\":\"[redacted]\"}`)
 	assert.NotContains(t, logged, token)
 	assert.NotContains(t, logged, "hunter2")
+	assert.Contains(t, logged, `msg="gateway: redis client" detail="connection pool: failed to dial`, "go-redis's own messages")
 	for _, line := range strings.Split(strings.TrimSpace(logged), "\n") {
 		assert.True(t, strings.HasPrefix(line, "time="), "every line through slog: %q", line)
 	}

@@ -5,7 +5,7 @@
 // that a program that does not use Prometheus never compiles its client.
 //
 //	tenants := inflightprom.New("tenant")
-//	reg := registry.New[string](64, registry.WithObserver(tenants))
+//	reg := registry.New[string](64, slots.WithObserver(tenants))
 //	inflightprom.WatchRegistry(tenants, reg)
 //	prometheus.MustRegister(tenants)
 //
@@ -28,7 +28,8 @@
 // The gauges and counters are read from the source at each scrape; the
 // histograms are fed by the Collector's Observe, which a limiter or registry
 // calls when the Collector is its Observer, or by ObserveWait and
-// ObserveHold for a source without one.
+// ObserveHold for a source without one, and appear from their first
+// observation on.
 package inflightprom
 
 import (
@@ -65,6 +66,7 @@ type Counts struct {
 // Create it with New; the zero value is not usable.
 type Collector struct {
 	source atomic.Pointer[func() Snapshot]
+	fed    atomic.Bool // the histograms have had an observation
 
 	inFlight, waiting, keys, limit *prometheus.Desc
 	acquired, rejected, bypassed   *prometheus.Desc
@@ -162,11 +164,17 @@ func (c *Collector) Observe(e slots.Event) {
 
 // ObserveWait records how long an admitted caller queued, for a source
 // that has no Observer of its own.
-func (c *Collector) ObserveWait(d time.Duration) { c.waitSeconds.Observe(d.Seconds()) }
+func (c *Collector) ObserveWait(d time.Duration) {
+	c.waitSeconds.Observe(d.Seconds())
+	c.fed.Store(true)
+}
 
 // ObserveHold records how long a slot was held, for a source that has no
 // Observer of its own.
-func (c *Collector) ObserveHold(d time.Duration) { c.holdSeconds.Observe(d.Seconds()) }
+func (c *Collector) ObserveHold(d time.Duration) {
+	c.holdSeconds.Observe(d.Seconds())
+	c.fed.Store(true)
+}
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
@@ -177,10 +185,14 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	c.holdSeconds.Describe(ch)
 }
 
-// Collect implements prometheus.Collector.
+// Collect implements prometheus.Collector. The histograms appear once they
+// have had an observation, so that a cap whose source does not feed them
+// shows none rather than empty ones that read as "nothing waited".
 func (c *Collector) Collect(ch chan<- prometheus.Metric) {
-	c.waitSeconds.Collect(ch)
-	c.holdSeconds.Collect(ch)
+	if c.fed.Load() {
+		c.waitSeconds.Collect(ch)
+		c.holdSeconds.Collect(ch)
+	}
 	f := c.source.Load()
 	if f == nil {
 		return // not watching anything yet

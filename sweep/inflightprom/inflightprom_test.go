@@ -90,7 +90,7 @@ inflight_hold_seconds_count{cap="tenant"} 1
 
 func TestLimiterMetrics(t *testing.T) {
 	c := inflightprom.New("upstream")
-	assert.Equal(t, 2, testutil.CollectAndCount(c), "before Watch: only the histograms")
+	assert.Equal(t, 0, testutil.CollectAndCount(c), "before Watch and before any observation: nothing")
 	lim := slots.NewLimiter(8, slots.WithObserver(c))
 	inflightprom.WatchLimiter(c, lim)
 	s, _ := lim.TryAcquire()
@@ -137,6 +137,8 @@ inflight_waiting{cap="tenant"} 0
 	require.NoError(t, testutil.GatherAndCompare(reg, strings.NewReader(want), "inflight_in_flight", "inflight_limit", "inflight_waiting"))
 	assert.Equal(t, 1, testutil.CollectAndCount(model, "inflight_in_flight"), "no counters without Counts")
 	assert.Zero(t, testutil.CollectAndCount(model, "inflight_acquired_total"))
+	assert.Zero(t, testutil.CollectAndCount(model, "inflight_wait_seconds", "inflight_hold_seconds"), "no empty histograms for a cap nobody feeds")
+	assert.Equal(t, 2, testutil.CollectAndCount(provider, "inflight_wait_seconds", "inflight_hold_seconds"), "fed once: both appear")
 	problems, err := testutil.GatherAndLint(reg)
 	require.NoError(t, err)
 	assert.Empty(t, problems)

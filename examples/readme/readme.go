@@ -1,0 +1,84 @@
+// Package readme holds the Go code of the repository's README.md, so that
+// it compiles; readme_test.go checks that every Go block of the README is
+// here, verbatim, and runs the recipes against real servers.
+package readme
+
+import (
+	"context"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep"
+)
+
+// NewCappedClient returns an HTTP client that has at most 8 requests in
+// flight to its upstreams. A streamed answer keeps its slot until its body
+// is read to the end or closed, or its request's context ends: not just
+// until RoundTrip returns. A request that waits 30 s goes ahead without a
+// slot (WithFailOpen), so a hung upstream cannot stall every caller.
+func NewCappedClient() (*http.Client, *slots.Limiter) {
+	lim := slots.NewLimiter(8, slots.WithMaxWait(30*time.Second), slots.WithFailOpen())
+	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }
+	return &http.Client{Transport: slots.NewTransport(nil, admit)}, lim
+}
+
+type modelKey struct{}
+
+// NewProxy is a reverse proxy to upstream with two caps taken together, all
+// or nothing: 5 requests in flight to the provider, 2 of them at most for
+// the model glm-5. A request waits up to maxWait for both; then it gets a
+// 429 with Retry-After. The handler finds the model (here in a header; the
+// example gateway reads the JSON body) and hands it to the Transport in the
+// context, since a Transport must not read the body it sends.
+// ProxyErrorHandler answers admission errors as 429 or 503 and upstream
+// errors as 502; without it ReverseProxy answers every rejection with an
+// empty 502.
+func NewProxy(upstream *url.URL, maxWait time.Duration) (http.Handler, *registry.Registry[string]) {
+	reg := registry.New[string](slots.Unlimited, slots.WithMaxWait(maxWait))
+	reg.SetLimit("provider", 5)
+	reg.SetLimit("model:glm-5", 2)
+	proxy := &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(upstream) },
+		Transport: slots.NewTransport(nil, func(r *http.Request) (*slots.Slot, error) {
+			model, _ := r.Context().Value(modelKey{}).(string)
+			return reg.AcquireAll(r.Context(), "provider", "model:"+model)
+		}),
+		ErrorHandler: slots.ProxyErrorHandler(),
+	}
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx := context.WithValue(r.Context(), modelKey{}, r.Header.Get("X-Model"))
+		proxy.ServeHTTP(w, r.WithContext(ctx))
+	})
+	return handler, reg
+}
+
+// Prioritised admits a caller of org to lim as interactive: interactive
+// callers go before batch ones, and orgs take turns within a class.
+func Prioritised(ctx context.Context, lim *slots.Limiter, org string) (*slots.Slot, error) {
+	ctx = slots.WithFlow(slots.WithPriority(ctx, slots.PriorityInteractive), org)
+	return lim.Acquire(ctx)
+}
+
+// NewSharedLimiter has 5 slots, of which batch work always keeps one while
+// it waits, so it never starves behind interactive work.
+func NewSharedLimiter() *slots.Limiter {
+	return slots.NewLimiter(5, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+}
+
+// NewServer caps a server's own handlers at 100 in flight (a streaming
+// handler holds its slot for the whole stream), with 50 waiting at most;
+// a rejection is a 429 with Retry-After and a plain-text reason, or any
+// format WithErrorWriter writes. /debug/slots lists what holds the cap:
+// serve it behind your operators' access control.
+func NewServer(app http.Handler) http.Handler {
+	lim := slots.NewLimiter(100, slots.WithMaxQueue(50))
+	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }
+	mux := http.NewServeMux()
+	mux.Handle("/", slots.Middleware(admit)(app))
+	mux.Handle("GET /debug/slots", sweep.LimiterHandler(lim))
+	return mux
+}
