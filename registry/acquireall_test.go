@@ -29,11 +29,11 @@ func TestAcquireAllNamesTheFullKey(t *testing.T) {
 			_, err := r.TryAcquireAll("a", "b", "c")
 			return err
 		}, slots.ErrLimitReached},
-		{"AcquireAll with no queue", []registry.Option{registry.WithMaxQueue(0)}, func(r *registry.Registry[string]) error {
+		{"AcquireAll with no queue", []registry.Option{slots.WithMaxQueue(0)}, func(r *registry.Registry[string]) error {
 			_, err := r.AcquireAll(context.Background(), "a", "b", "c")
 			return err
 		}, slots.ErrQueueFull},
-		{"AcquireAll past its maximum wait", []registry.Option{registry.WithMaxWait(time.Millisecond)}, func(r *registry.Registry[string]) error {
+		{"AcquireAll past its maximum wait", []registry.Option{slots.WithMaxWait(time.Millisecond)}, func(r *registry.Registry[string]) error {
 			_, err := r.AcquireAll(context.Background(), "a", "b", "c")
 			return err
 		}, slots.ErrWaitTimeout},

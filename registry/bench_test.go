@@ -10,6 +10,7 @@ import (
 	"golang.org/x/sync/semaphore"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
 )
 
 const (
@@ -133,7 +134,7 @@ func BenchmarkRegistryTryAcquireRelease(b *testing.B) {
 	}
 	b.Run("inflight", run(registry.New[string](benchLimit)))
 	// The same with leak detection: a tracked hold and a cleanup per slot.
-	b.Run("inflight-leakcheck", run(registry.New[string](benchLimit, registry.WithLeakDetection())))
+	b.Run("inflight-leakcheck", run(registry.New[string](benchLimit, slots.WithLeakDetection())))
 
 	b.Run("mutexmap", func(b *testing.B) {
 		g := newMutexMap(benchLimit)

@@ -28,7 +28,7 @@ func TestRegistryNeverAdmitsAnEndedContext(t *testing.T) {
 				cancel()
 				return 1, nil
 			}
-			reg := registry.New[string](1, registry.WithLimitFunc(fetch, time.Minute))
+			reg := registry.NewWithLimitFunc[string](1, fetch, time.Minute)
 			s, err := acquire(reg, ctx)
 			assert.ErrorIs(t, err, context.Canceled, "a free slot is not given to a caller that has given up")
 			assert.Nil(t, s)
@@ -36,7 +36,7 @@ func TestRegistryNeverAdmitsAnEndedContext(t *testing.T) {
 			assert.Zero(t, reg.Keys())
 		})
 		t.Run(name+": the context ends as its class is read", func(t *testing.T) {
-			reg := registry.New[string](1, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+			reg := registry.New[string](1, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 			s, err := acquire(reg, testrig.EndsOnLookup())
 			assert.ErrorIs(t, err, context.Canceled)
 			assert.Nil(t, s)

@@ -14,7 +14,7 @@ import (
 // A copy of a Slot is misuse: releasing it frees nothing and reports false.
 func TestReleasingACopyFreesNothing(t *testing.T) {
 	for _, keys := range [][]string{{"a"}, {"a", "b"}} {
-		reg := registry.New[string](1, registry.WithLogger(quiet))
+		reg := registry.New[string](1, slots.WithLogger(quiet))
 		s, err := reg.TryAcquireAll(keys...)
 		require.NoError(t, err)
 		assert.False(t, copySlot(s).Release(), "%d key(s): the copy freed nothing", len(keys))

@@ -13,7 +13,7 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// SetLimit sets key's limit, overriding the default and WithLimitFunc, and
+// SetLimit sets key's limit, overriding the default and the LimitFunc, and
 // applies it at once to a live key. Raising it admits waiters at once;
 // lowering it never takes capacity from a holder: admissions resume when
 // enough holders have released. A negative n is ignored (and logged). The
@@ -37,7 +37,7 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 }
 
 // ClearLimit removes key's SetLimit override: the key goes back to
-// WithLimitFunc's limit or the default, at once if it is live.
+// its LimitFunc's limit or the default, at once if it is live.
 func (r *Registry[K]) ClearLimit(key K) {
 	if r.validKey(key) != nil {
 		return
@@ -52,8 +52,8 @@ func (r *Registry[K]) ClearLimit(key K) {
 // fetch its limit from the LimitFunc again, instead of using the one cached:
 // for a source of limits that has just changed (an organisation's limit
 // edited by an operator, say). Until then the cached limit stays in force.
-// It walks the cache one shard at a time. Without WithLimitFunc it does
-// nothing.
+// It walks the cache one shard at a time. Without a LimitFunc
+// (NewWithLimitFunc) it does nothing.
 func (r *Registry[K]) RefreshLimits(match func(K) bool) {
 	if r.limitFunc == nil {
 		return
@@ -112,7 +112,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 }
 
 // refreshLimit fetches key's limit from the LimitFunc if it is due (see
-// WithLimitFunc). It fails only when ctx ends while it waits for another
+// NewWithLimitFunc). It fails only when ctx ends while it waits for another
 // caller's first fetch of the key.
 func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
 	now := r.eng.Clock.Coarse()

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
 )
 
 func heapAfterGC() uint64 {
@@ -29,7 +30,7 @@ func TestIdleKeysCachedLimitsAreDropped(t *testing.T) {
 	mock := clock.NewMock()
 	fetch := func(context.Context, string) (int, error) { return 2, nil }
 	const refresh = time.Minute
-	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fetch, refresh))
+	reg := registry.NewWithLimitFunc[string](1, fetch, refresh, slots.WithClock(mock))
 	use := func(key string) {
 		s, err := reg.TryAcquire(key)
 		require.NoError(t, err)

@@ -83,7 +83,7 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 			<-proceed
 			return 1, nil
 		}
-		reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+		reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
 		var admitted atomic.Int32
 		var held sync.Map
 		var wg sync.WaitGroup
@@ -106,7 +106,7 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			proceed := make(chan struct{})
 			fn := func(ctx context.Context, org string) (int, error) { <-proceed; return 1, nil }
-			reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+			reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
 			go func() {
 				s, err := reg.TryAcquire("org")
 				if assert.NoError(t, err) {
@@ -131,7 +131,7 @@ func TestRegistryLimitFuncGoexit(t *testing.T) {
 		}
 		return 2, nil
 	}
-	reg := registry.New[string](64, registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+	reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -154,7 +154,7 @@ func TestRegistryLimitFuncPanicsAndNegatives(t *testing.T) {
 	var call atomic.Int32
 	mock := clock.NewMock()
 	fn := func(context.Context, string) (int, error) { return results[min(int(call.Add(1))-1, 2)]() }
-	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+	reg := registry.NewWithLimitFunc[string](1, fn, time.Minute, slots.WithClock(mock), slots.WithLogger(quiet))
 	for range 3 {
 		s, err := reg.TryAcquire("org")
 		require.NoError(t, err)
@@ -167,7 +167,7 @@ func TestRegistryLimitFuncPanicsAndNegatives(t *testing.T) {
 func TestRegistryLimitCacheFollowsLiveKeys(t *testing.T) {
 	mock := clock.NewMock()
 	fn := func(context.Context, int) (int, error) { return 1, nil }
-	reg := registry.New[int](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+	reg := registry.NewWithLimitFunc[int](1, fn, time.Minute, slots.WithClock(mock), slots.WithLogger(quiet))
 	const n = 20_000
 	held := make([]*slots.Slot, n)
 	for i := range n {
@@ -185,7 +185,7 @@ func TestRegistryLimitCacheFollowsLiveKeys(t *testing.T) {
 
 	t.Run("an idle key's limit is kept until it is old, then pruned", func(t *testing.T) {
 		mock := clock.NewMock()
-		reg := registry.New[int](1, registry.WithShards(1), registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+		reg := registry.NewWithLimitFunc[int](1, fn, time.Minute, registry.WithShards(1), slots.WithClock(mock), slots.WithLogger(quiet))
 		s, _ := reg.TryAcquire(-1)
 		s.Release()
 		assert.Equal(t, 1, reg.CachedLimits(), "a recent limit outlives its key")
@@ -207,7 +207,7 @@ func TestRegistryRefreshLimits(t *testing.T) {
 		defer mu.Unlock()
 		return limits[k], nil
 	}
-	reg := registry.New[string](5, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Hour))
+	reg := registry.NewWithLimitFunc[string](5, fn, time.Hour, slots.WithClock(mock))
 	for _, k := range []string{"a", "b"} {
 		s, err := reg.TryAcquire(k)
 		require.NoError(t, err)

@@ -109,7 +109,7 @@ func TestPassedOverWaiterKeepsOneSlotOfASharedKey(t *testing.T) {
 // share owes it go to its own passed-over AcquireAll first.
 func TestShareMinDoesNotStarveAcquireAll(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reg := New[string](1, WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+		reg := New[string](1, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 		batch := slots.WithPriority(context.Background(), slots.PriorityBatch)
 		a, err := reg.Acquire(batch, "a")
 		require.NoError(t, err)

@@ -23,7 +23,7 @@ func TestObserverPanicOnAdmissionKeepsNothing(t *testing.T) {
 			panic("observer")
 		}
 	})
-	reg := registry.New[string](1, registry.WithObserver(obs))
+	reg := registry.New[string](1, slots.WithObserver(obs))
 	armed.Store(true)
 	for _, acquire := range []func() (*slots.Slot, error){
 		func() (*slots.Slot, error) { return reg.TryAcquire("a") },
@@ -53,7 +53,7 @@ func TestObserverNeverUnderLock(t *testing.T) {
 			t.Error("the Observer was called with registry locks held")
 		}
 	})
-	reg = registry.New[string](1, registry.WithObserver(obs), registry.WithLogger(quiet))
+	reg = registry.New[string](1, slots.WithObserver(obs), slots.WithLogger(quiet))
 	m, err := reg.TryAcquireAll("p", "q")
 	require.NoError(t, err)
 	copySlot(m).Release()
@@ -70,7 +70,7 @@ func TestEveryAttemptEndsInOneEvent(t *testing.T) {
 			rejected.Add(1)
 		}
 	})
-	reg := registry.New[string](1, registry.WithObserver(obs))
+	reg := registry.New[string](1, slots.WithObserver(obs))
 	_, err := reg.AcquireAll(context.Background())
 	assert.ErrorIs(t, err, registry.ErrNoKeys)
 	ctx, cancel := context.WithCancel(context.Background())

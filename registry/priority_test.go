@@ -98,7 +98,7 @@ func TestRegistryBatchMinShare(t *testing.T) {
 	for name, keys := range map[string][]string{"one key": {"p"}, "AcquireAll": {"p", "m"}} {
 		t.Run(name, func(t *testing.T) {
 			synctest.Test(t, func(t *testing.T) {
-				reg := registry.New[string](4, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+				reg := registry.New[string](4, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 				r := testrig.New(t, acquirer(reg, keys...))
 				r.CheckMinShare(interactive, batch)
 				r.ReleaseAll()
@@ -111,8 +111,8 @@ func TestRegistryBatchMinShare(t *testing.T) {
 func TestRegistryReserveAndFlowQueue(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		reg := registry.New[string](3,
-			registry.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}),
-			registry.WithMaxQueuePerFlow(1))
+			slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}),
+			slots.WithMaxQueuePerFlow(1))
 		var held []*slots.Slot
 		for range 2 {
 			s, err := reg.TryAcquire("k")
@@ -150,8 +150,8 @@ func TestRegistryReserveAndFlowQueue(t *testing.T) {
 // caller ends admitted or cancelled, and no key is left.
 func TestRegistryPriorityHammer(t *testing.T) {
 	reg := registry.New[string](3,
-		registry.WithShare(slots.PriorityBatch, slots.Share{Min: 1}),
-		registry.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}))
+		slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}),
+		slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}))
 	var mu sync.Mutex
 	inFlight := map[string]int{}
 	maxLimit := map[string]int{"p": 3, "m0": 3, "m1": 3}
@@ -222,7 +222,7 @@ func TestRegistryPriorityHammer(t *testing.T) {
 // passes it).
 func TestRegistryMultiGrantServesTheOtherKeys(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		reg := registry.New[string](2, registry.WithShare(slots.PriorityBatch, slots.Share{Min: 2}))
+		reg := registry.New[string](2, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 2}))
 		reg.SetLimit("A", 1)
 		a, err := reg.TryAcquire("A")
 		require.NoError(t, err)

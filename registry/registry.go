@@ -138,9 +138,49 @@ type entry[K comparable] struct {
 const maxFreeEntries = 32
 
 // New returns a Registry in which every key may have defaultLimit holders
-// at once unless SetLimit or WithLimitFunc says otherwise. slots.Unlimited is
-// a default that never binds. It panics if defaultLimit is negative.
+// at once unless SetLimit says otherwise. slots.Unlimited is a default that
+// never binds. It takes the wait options of package slots (slots.WithMaxWait,
+// slots.WithObserver, ...) and this package's own. It panics if
+// defaultLimit is negative.
 func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
+	return newRegistry[K](defaultLimit, opts)
+}
+
+// NewWithLimitFunc is New for keys whose limits come from fn, for example an
+// organisation's limit from a database, unless SetLimit sets one: a key's
+// limit is fetched when it is first needed and again, on a later acquire,
+// once it is older than refresh.
+//
+// One fetch per key runs at a time. Callers that find the key's first fetch
+// under way wait for it (or for their context), so a burst on a new key is
+// capped by the fetched limit, not the default; callers that find a refresh
+// under way use the last known limit. TryAcquire and TryAcquireAll may
+// therefore wait for fn. When fn fails, returns a negative limit, or panics,
+// the last limit it returned for the key stays in force and the fetch is
+// retried on a later acquire; a key never fetched successfully gets
+// defaultLimit for that call only, so a fallback is never cached.
+//
+// A key's last fetched limit is kept while the key is live and until it is
+// LimitRetention refresh intervals old, so an idle tenant that comes back
+// while the source is down keeps its own limit; after that it is forgotten
+// (by the first acquire on its lock shard a refresh interval after the last
+// prune, at most), and the memory goes with it: the cache holds only keys
+// used recently. RefreshLimits makes chosen keys fetch again at once.
+//
+// It panics if defaultLimit is negative, fn is nil or refresh <= 0.
+func NewWithLimitFunc[K comparable](defaultLimit int, fn LimitFunc[K], refresh time.Duration, opts ...Option) *Registry[K] {
+	if fn == nil {
+		panic("registry: NewWithLimitFunc needs a LimitFunc")
+	}
+	if refresh <= 0 {
+		panic(fmt.Sprintf("registry: NewWithLimitFunc needs a positive refresh interval, got %v", refresh))
+	}
+	r := newRegistry[K](defaultLimit, opts)
+	r.limitFunc, r.refresh = fn, refresh
+	return r
+}
+
+func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 	if defaultLimit < 0 {
 		panic(fmt.Sprintf("registry: negative default limit %d", defaultLimit))
 	}
@@ -162,16 +202,6 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 		r.shards[i].idx = i
 		r.shards[i].lanes.shift = uint32(r.shardBits)
 		r.shards[i].r = r
-	}
-	if st.LimitFunc != nil {
-		fn, ok := st.LimitFunc.(LimitFunc[K])
-		if !ok {
-			panic(fmt.Sprintf("registry: WithLimitFunc got %T, want registry.LimitFunc[%v]", st.LimitFunc, reflect.TypeFor[K]()))
-		}
-		if st.Refresh <= 0 {
-			panic(fmt.Sprintf("registry: WithLimitFunc needs a positive refresh interval, got %v", st.Refresh))
-		}
-		r.limitFunc, r.refresh = fn, st.Refresh
 	}
 	if r.maxKeyBytes > 0 && reflect.TypeFor[K]().Kind() == reflect.String {
 		// K's underlying type is string, so it has a string's layout.

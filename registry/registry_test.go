@@ -113,7 +113,7 @@ func TestRegistryRejectionInsertsNothing(t *testing.T) {
 
 func TestRegistryHoldsPastAnyTimeout(t *testing.T) {
 	mock := clock.NewMock()
-	reg := registry.New[string](2, registry.WithClock(mock))
+	reg := registry.New[string](2, slots.WithClock(mock))
 	held := make([]*slots.Slot, 2)
 	for i := range held {
 		s, err := reg.TryAcquire("org/model")
@@ -274,7 +274,7 @@ func TestRegistryAcquireAll(t *testing.T) {
 func TestRegistrySetLimit(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		var warned atomic.Int32
-		reg := registry.New[string](1, registry.WithLogger(slog.New(countingHandler{&warned})))
+		reg := registry.New[string](1, slots.WithLogger(slog.New(countingHandler{&warned})))
 		a, _ := reg.TryAcquire("k")
 		got := make(chan *slots.Slot, 2)
 		for range 2 {
@@ -307,7 +307,7 @@ func TestRegistrySetLimit(t *testing.T) {
 	})
 	t.Run("limit 0: Acquire waits until raised, or times out", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
-			reg := registry.New[string](0, registry.WithMaxWait(time.Minute))
+			reg := registry.New[string](0, slots.WithMaxWait(time.Minute))
 			got := make(chan error, 1)
 			go func() {
 				s, err := reg.Acquire(context.Background(), "k")
@@ -381,14 +381,13 @@ func TestRegistryBadInput(t *testing.T) {
 		assert.True(t, <-done)
 		assert.Equal(t, 0, reg.Keys())
 	})
-	t.Run("a LimitFunc of another key type panics at New", func(t *testing.T) {
+	t.Run("NewWithLimitFunc without a function or a refresh panics", func(t *testing.T) {
 		fn := registry.LimitFunc[int](func(context.Context, int) (int, error) { return 1, nil })
+		assert.PanicsWithValue(t, "registry: NewWithLimitFunc needs a LimitFunc",
+			func() { registry.NewWithLimitFunc[string](1, nil, time.Minute) })
 		assert.PanicsWithValue(t,
-			"registry: WithLimitFunc got registry.LimitFunc[int], want registry.LimitFunc[string]",
-			func() { registry.New[string](1, registry.WithLimitFunc(fn, time.Minute)) })
-		assert.PanicsWithValue(t,
-			"registry: WithLimitFunc needs a positive refresh interval, got 0s",
-			func() { registry.New[int](1, registry.WithLimitFunc(fn, 0)) })
+			"registry: NewWithLimitFunc needs a positive refresh interval, got 0s",
+			func() { registry.NewWithLimitFunc(1, fn, 0) })
 	})
 }
 
@@ -407,7 +406,7 @@ func TestRegistryLimitFunc(t *testing.T) {
 		}
 		return 0, fmt.Errorf("no org %q", org)
 	}
-	reg := registry.New[string](1, registry.WithClock(mock), registry.WithLimitFunc(fn, time.Minute), registry.WithLogger(quiet))
+	reg := registry.NewWithLimitFunc[string](1, fn, time.Minute, slots.WithClock(mock), slots.WithLogger(quiet))
 
 	a1, err := reg.TryAcquire("org-a")
 	require.NoError(t, err)
@@ -471,7 +470,7 @@ func TestRegistryStress(t *testing.T) {
 func hammer(t *testing.T, goroutines, iters int) {
 	const maxLimit = 8
 	keys := []string{"provider", "model-a", "model-b", "org-1", "org-2"}
-	reg := registry.New[string](maxLimit, registry.WithShards(4), registry.WithMaxWait(time.Millisecond))
+	reg := registry.New[string](maxLimit, registry.WithShards(4), slots.WithMaxWait(time.Millisecond))
 	counters := make(map[string]*atomic.Int64)
 	for _, k := range keys {
 		counters[k] = new(atomic.Int64)
@@ -634,7 +633,7 @@ func TestRegistryAllocs(t *testing.T) {
 
 func TestRegistryHolders(t *testing.T) {
 	mock := clock.NewMock()
-	reg := registry.New[string](4, registry.WithClock(mock))
+	reg := registry.New[string](4, slots.WithClock(mock))
 	a, _ := reg.TryAcquire("a")
 	mock.Add(time.Minute)
 	m, _ := reg.TryAcquireAll("a", "b")
@@ -686,7 +685,7 @@ func TestRegistryEvents(t *testing.T) {
 			rejected.Add(1)
 		}
 	})
-	reg := registry.New[string](1, registry.WithObserver(obs))
+	reg := registry.New[string](1, slots.WithObserver(obs))
 	a, _ := reg.TryAcquire("k")
 	_, err := reg.TryAcquire("k")
 	assert.Error(t, err)
@@ -708,7 +707,7 @@ func TestRegistryLeakDetection(t *testing.T) {
 		}
 	})
 	var keysLogged keyLog
-	reg := registry.New[string](1, registry.WithLeakDetection(), registry.WithObserver(obs), registry.WithLogger(slog.New(&keysLogged)))
+	reg := registry.New[string](1, slots.WithLeakDetection(), slots.WithObserver(obs), slots.WithLogger(slog.New(&keysLogged)))
 	func() {
 		a, err := reg.TryAcquire("org-a")
 		require.NoError(t, err)

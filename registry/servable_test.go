@@ -56,8 +56,8 @@ func TestNoServableWaiterLeft(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			reg := New[string](3, WithShards(4),
-				WithShare(slots.PriorityBatch, slots.Share{Min: 1 + rng.IntN(2)}),
-				WithShare(slots.PriorityInteractive, slots.Share{Reserved: rng.IntN(2)}))
+				slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1 + rng.IntN(2)}),
+				slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: rng.IntN(2)}))
 			keys := []string{"p", "m0", "m1", "m2"}
 			prios := []slots.Priority{slots.PriorityInteractive, slots.PriorityDefault, slots.PriorityBatch}
 			var mu sync.Mutex

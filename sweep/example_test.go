@@ -7,12 +7,13 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
 )
 
 func ExampleMonitor_Sweep() {
 	mock := clock.NewMock()
-	reg := registry.New[string](64, registry.WithClock(mock))
+	reg := registry.New[string](64, slots.WithClock(mock))
 	m := sweep.New(reg, sweep.WithClock(mock), sweep.WithThreshold(30*time.Minute), sweep.WithInterval(time.Hour))
 	defer m.Stop()
 

@@ -38,7 +38,7 @@ func getHolders(t *testing.T, url string) (int, sweep.HoldersJSON, map[string]an
 
 func TestHandler(t *testing.T) {
 	mock := clock.NewMock()
-	reg := registry.New[string](8, registry.WithClock(mock))
+	reg := registry.New[string](8, slots.WithClock(mock))
 	srv := httptest.NewServer(sweep.Handler(reg, sweep.WithClock(mock), sweep.WithThreshold(time.Minute)))
 	t.Cleanup(srv.Close)
 

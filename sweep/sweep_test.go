@@ -41,7 +41,7 @@ func (w *warnings) count() int {
 
 func TestSweepReportsLongHoldsOnce(t *testing.T) {
 	mock := clock.NewMock()
-	reg := registry.New[string](8, registry.WithClock(mock))
+	reg := registry.New[string](8, slots.WithClock(mock))
 	m := sweep.New(reg, sweep.WithClock(mock), sweep.WithThreshold(30*time.Minute), sweep.WithInterval(time.Hour))
 	defer m.Stop()
 
@@ -182,7 +182,7 @@ func waitUntil(t *testing.T, cond func() bool) {
 // reported once.
 func TestSweepTimesOutOfOrder(t *testing.T) {
 	mock := clock.NewMock()
-	reg := registry.New[string](1, registry.WithClock(mock))
+	reg := registry.New[string](1, slots.WithClock(mock))
 	m := sweep.New(reg, sweep.WithClock(mock), sweep.WithThreshold(time.Minute), sweep.WithInterval(time.Hour))
 	defer m.Stop()
 	s, _ := reg.TryAcquire("k")

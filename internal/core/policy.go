@@ -118,8 +118,4 @@ type Settings struct {
 	Shards       int
 	MaxKeyBytes  int
 	RegistryOnly string
-	// LimitFunc (a registry.LimitFunc) and Refresh are set by
-	// registry.WithLimitFunc.
-	LimitFunc any
-	Refresh   time.Duration
 }

@@ -199,7 +199,7 @@ func assertGivenBack(t *testing.T, m *mini, r *Registry[string]) {
 func TestLimitErrorNamesTheFullKey(t *testing.T) {
 	for _, down := range []bool{false, true} {
 		m := newMini(t)
-		r := m.registry(5, WithKeyName(func(k string) string { return "name-" + k }), WithBreaker(1, time.Hour))
+		r := m.keyed(5, Keys[string]{Name: func(k string) string { return "name-" + k }}, WithBreaker(1, time.Hour))
 		r.SetLimit("b", 1)
 		s, err := r.TryAcquire("b")
 		require.NoError(t, err)
@@ -225,7 +225,7 @@ func TestContextEndedBeforeSendingSendsNothing(t *testing.T) {
 	m := newMini(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r := m.registry(1, WithLimitFunc(func(string) int { cancel(); return 1 }))
+	r := m.keyed(1, Keys[string]{Limit: func(string) int { cancel(); return 1 }})
 	_, err := r.Acquire(ctx, "k")
 	require.ErrorIs(t, err, context.Canceled)
 	closeWithin(t, r) // sends what the releaser has queued

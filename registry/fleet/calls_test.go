@@ -557,12 +557,12 @@ func TestEveryPipelinePanics(t *testing.T) {
 func TestLimitFuncPanicInRelease(t *testing.T) {
 	m := newMini(t)
 	var boom atomic.Bool
-	r := New[string](m.client(), "t", 10, WithLeaseTTL(3*time.Second), WithLimitFunc(func(string) int {
+	r := NewWithKeys(m.client(), "t", 10, Keys[string]{Limit: func(string) int {
 		if boom.Load() {
 			panic("limit source gone")
 		}
 		return 10
-	}))
+	}}, WithLeaseTTL(3*time.Second))
 	defer r.Close()
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)

@@ -105,9 +105,34 @@ type counters struct {
 // New returns a Registry of keys capped at defaultLimit holders each, fleet
 // wide, unless SetLimit says otherwise; name tells this Registry's keys from
 // others' in the same Redis (every process of a fleet uses the same name).
-// It starts the heartbeat, the releaser and the wake-up subscription; Close
-// stops them. It panics if defaultLimit is negative or name is empty.
+// Keys are named in Redis with fmt.Sprint (see NewWithKeys). It starts the
+// heartbeat, the releaser and the wake-up subscription; Close stops them.
+// It panics if defaultLimit is negative or name is empty.
 func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int, opts ...Option) *Registry[K] {
+	return NewWithKeys(rdb, name, defaultLimit, Keys[K]{}, opts...)
+}
+
+// Keys are what a Registry needs to know of its key type beyond equality.
+// A nil field takes its default.
+type Keys[K comparable] struct {
+	// Name names a key in Redis (default fmt.Sprint). Different keys must
+	// get different names: give struct keys a Name.
+	Name func(K) string
+	// Limit gives the limit of every key that SetLimit has not set
+	// (default: the default limit). It is called at each admission, under
+	// the Registry's lock, so it must be quick and must not call the
+	// Registry. The local registry gets the same limits, asked again at
+	// most once a LocalLimitRefresh per key, so that FallbackLocal caps
+	// alike.
+	Limit func(K) int
+}
+
+// LocalLimitRefresh is how often at most the local registry asks
+// Keys.Limit again for a key's limit.
+const LocalLimitRefresh = time.Second
+
+// NewWithKeys is New with keys' names and limits from keys.
+func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
 	if defaultLimit < 0 {
 		panic(fmt.Sprintf("fleet: negative default limit %d", defaultLimit))
 	}
@@ -142,16 +167,10 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 		recovery:   make(chan struct{}, 1),
 		calls:      calls{max: maxSending},
 	}
-	if f, ok := cfg.keyName.(func(K) string); ok {
-		r.keyName = f
-	} else if cfg.keyName != nil {
-		panic(fmt.Sprintf("fleet: WithKeyName needs a func(%T) string", *new(K)))
+	if keys.Name != nil {
+		r.keyName = keys.Name
 	}
-	if f, ok := cfg.limitFunc.(func(K) int); ok {
-		r.limitFunc = f
-	} else if cfg.limitFunc != nil {
-		panic(fmt.Sprintf("fleet: WithLimitFunc needs a func(%T) int", *new(K)))
-	}
+	r.limitFunc = keys.Limit
 	// A call must not outlast a third of the TTL: a lease then survives one
 	// renewal that fails.
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
@@ -160,7 +179,12 @@ func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int,
 	// The same key rule on both paths: the fleet's bound goes last, so it
 	// overrides one among the local options.
 	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
-	r.local = registry.New[K](defaultLimit, local...)
+	if keys.Limit == nil {
+		r.local = registry.New[K](defaultLimit, local...)
+	} else {
+		limit := func(_ context.Context, k K) (int, error) { return keys.Limit(k), nil }
+		r.local = registry.NewWithLimitFunc(defaultLimit, limit, LocalLimitRefresh, local...)
+	}
 	r.brk.threshold = cfg.breakAfter
 	r.clock.base = time.Now()
 	r.stopping, r.stop = context.WithCancel(context.Background())

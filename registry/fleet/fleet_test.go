@@ -47,7 +47,12 @@ func (m *mini) client() *redis.Client {
 
 // registry returns a fleet Registry on m named "t", closed at cleanup.
 func (m *mini) registry(limit int, opts ...Option) *Registry[string] {
-	r := New[string](m.client(), "t", limit, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
+	return m.keyed(limit, Keys[string]{}, opts...)
+}
+
+// keyed is registry with keys' names and limits from keys.
+func (m *mini) keyed(limit int, keys Keys[string], opts ...Option) *Registry[string] {
+	r := NewWithKeys(m.client(), "t", limit, keys, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
 	m.t.Cleanup(r.Close)
 	return r
 }
@@ -412,7 +417,7 @@ func TestAcquireContextAndClose(t *testing.T) {
 
 func TestLimitFunc(t *testing.T) {
 	m := newMini(t)
-	r := m.registry(5, WithLimitFunc(func(k string) int { return len(k) }))
+	r := m.keyed(5, Keys[string]{Limit: func(k string) int { return len(k) }})
 	r.SetLimit("abc", 1)
 	assert.Equal(t, 2, r.Limit("ab"))
 	assert.Equal(t, 1, r.Limit("abc"), "SetLimit wins")
@@ -422,9 +427,9 @@ func TestLimitFunc(t *testing.T) {
 	require.NoError(t, err)
 	_, err = r.TryAcquire("ab")
 	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	assert.Equal(t, 2, r.Local().Limit("ab"), "the local registry has the same limit, so FallbackLocal caps alike")
 	a.Release()
 	b.Release()
-	assert.Panics(t, func() { New[string](m.client(), "x", 1, WithLimitFunc(func(int) int { return 1 })) })
 }
 
 // With CancelLost, the holder's context from WithCancelOnLost is cancelled

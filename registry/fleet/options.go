@@ -82,8 +82,6 @@ type config struct {
 	pollMin       time.Duration
 	pollMax       time.Duration
 	logger        *slog.Logger
-	keyName       any // func(K) string
-	limitFunc     any // func(K) int
 	maxKeyBytes   int
 	local         []registry.Option
 }
@@ -166,26 +164,15 @@ func WithPoll(minimum, maximum time.Duration) Option {
 // "inflight:"); keys are <prefix>{<name>}:<key>.
 func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
-// WithKeyName sets how a key is named in Redis (default fmt.Sprint); f must
-// be a func(K) string for the Registry's K, and give different keys
-// different names.
-func WithKeyName(f any) Option { return func(c *config) { c.keyName = f } }
-
 // WithLogger sets the logger (nil, the default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
-// WithLocalOptions passes options to the local registry (an Observer for
-// metrics, leak detection, shards).
+// WithLocalOptions passes options to the local registry: the wait options
+// of package slots (an Observer for metrics, leak detection) and
+// registry's own (shards).
 func WithLocalOptions(opts ...registry.Option) Option {
 	return func(c *config) { c.local = append(c.local, opts...) }
 }
-
-// WithLimitFunc sets the limit of every key that SetLimit has not set: f
-// (a func(K) int for the Registry's K) is called at each admission, under
-// the Registry's lock, so it must be quick and must not call the Registry.
-// Give the local registry the same limits (WithLocalOptions with
-// registry.WithLimitFunc), so that FallbackLocal caps alike.
-func WithLimitFunc(f any) Option { return func(c *config) { c.limitFunc = f } }
 
 // WithMaxKeyBytes bounds the length of keys whose type is a string type, as
 // registry.WithMaxKeyBytes does (default registry.DefaultMaxKeyBytes; n <= 0

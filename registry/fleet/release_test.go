@@ -10,7 +10,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -43,7 +42,7 @@ func TestCloseAnswersCutPipelineAtOnce(t *testing.T) {
 func TestObserverPanicInReleaseRemovesLease(t *testing.T) {
 	m := newMini(t)
 	obs, boom := panickingObserver(slots.EventReleased)
-	r := m.registry(10, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
+	r := m.registry(10, WithLeaseTTL(time.Minute), WithLocalOptions(slots.WithObserver(obs)))
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
 	require.Len(t, m.leases("k"), 1)
@@ -132,7 +131,7 @@ func TestSecondCloseWaitsForCutPipeline(t *testing.T) {
 func TestObserverPanicInAcquireRemovesLease(t *testing.T) {
 	m := newMini(t)
 	obs, boom := panickingObserver(slots.EventAcquired)
-	r := m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
+	r := m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(slots.WithObserver(obs)))
 	boom.Store(true)
 	assert.Panics(t, func() { _, _ = r.TryAcquire("k") })
 	boom.Store(false)
@@ -178,7 +177,7 @@ func TestObserverPanicInGiveBackRemovesLease(t *testing.T) {
 					panic("metrics gone")
 				}
 			})
-			r = m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(registry.WithObserver(obs)))
+			r = m.registry(1, WithLeaseTTL(time.Minute), WithLocalOptions(slots.WithObserver(obs)))
 			boom.Store(true)
 			assert.Panics(t, func() { _, _ = r.Acquire(ctx, "k") })
 			boom.Store(false)

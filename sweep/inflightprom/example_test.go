@@ -8,12 +8,13 @@ import (
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 func ExampleNew() {
 	c := inflightprom.New("tenant")
-	reg := registry.New[string](64, registry.WithObserver(c))
+	reg := registry.New[string](64, slots.WithObserver(c))
 	inflightprom.WatchRegistry(c, reg)
 
 	registerer := prometheus.NewRegistry() // prometheus.MustRegister(c) in a program

@@ -19,7 +19,7 @@ import (
 func TestRegistryMetrics(t *testing.T) {
 	mock := clock.NewMock()
 	c := inflightprom.New("tenant")
-	reg := registry.New[string](1, registry.WithObserver(c), registry.WithClock(mock))
+	reg := registry.New[string](1, slots.WithObserver(c), slots.WithClock(mock))
 	inflightprom.WatchRegistry(c, reg)
 
 	a, err := reg.TryAcquire("org-a")

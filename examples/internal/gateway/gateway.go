@@ -118,15 +118,13 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	collector := inflightprom.New("tenant")
 	// An org's limit applies to each of its models, looked up per key; a
 	// PATCH marks the org's cached limits due (RefreshLimits).
-	local := []registry.Option{
-		registry.WithObserver(collector),
-		registry.WithLimitFunc(func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }, time.Minute),
-	}
+	local := []registry.Option{slots.WithObserver(collector)}
 	provider := cfg.Provider
 	if cfg.Fleet != nil {
 		provider = g.startFleet(cfg, local)
 	} else {
-		g.tenants = registry.New[tenant](cfg.Orgs.DefaultLimit, local...)
+		orgLimit := func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }
+		g.tenants = registry.NewWithLimitFunc(cfg.Orgs.DefaultLimit, orgLimit, time.Minute, local...)
 		g.admitTenant = g.tenants.TryAcquire
 	}
 	if g.gate, err = pacing.NewGate("provider", provider); err != nil {
@@ -205,10 +203,10 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable)}
 
-	g.fleetTenants = fleet.New[tenant](g.rdb, "tenants", cfg.Orgs.DefaultLimit, append(common,
-		fleet.WithLimitFunc(func(k tenant) int { return g.orgLimit(k.Org) }),
-		fleet.WithKeyName(func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) }),
-		fleet.WithLocalOptions(local...))...)
+	g.fleetTenants = fleet.NewWithKeys(g.rdb, "tenants", cfg.Orgs.DefaultLimit, fleet.Keys[tenant]{
+		Name:  func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) },
+		Limit: func(k tenant) int { return g.orgLimit(k.Org) },
+	}, append(common, fleet.WithLocalOptions(local...))...)
 	g.tenants = g.fleetTenants.Local()
 	g.admitTenant = g.fleetTenants.TryAcquire
 
