@@ -3,7 +3,6 @@ package main
 import (
 	"io"
 	"os"
-	"os/exec"
 	"strings"
 	"testing"
 
@@ -14,7 +13,12 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		fleettest.ReportSkips("examples/demo")
+		os.Exit(code)
+	}))
+}
 
 // TestDemo runs a smaller, faster workload over real HTTP: straight at the
 // provider it meets 429s; through the gateway, with one queue or with
@@ -67,12 +71,7 @@ func TestDemoShowsProgress(t *testing.T) {
 // TestDemoFleet runs the three-gateway part: sharing their caps on one
 // redis-server, the gateways see no 429s and never exceed the account.
 func TestDemoFleet(t *testing.T) {
-	if _, err := exec.LookPath("redis-server"); err != nil {
-		if os.Getenv(fleettest.RequireEnv) != "" {
-			t.Fatalf("redis-server not found: %v", err)
-		}
-		t.Skip("no redis-server binary")
-	}
+	fleettest.SkipWithoutRedis(t)
 	var out strings.Builder
 	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-fleet"}, &out, io.Discard))
 	f := lastOutcome.fleet

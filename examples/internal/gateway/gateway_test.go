@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"runtime"
 	"strings"
 	"sync"
@@ -21,7 +22,12 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		fleettest.ReportSkips("examples/internal/gateway")
+		os.Exit(code)
+	}))
+}
 
 // upstream is a gated SSE model server that counts what it serves, in total,
 // per model and per org, and the peaks.

@@ -5,7 +5,8 @@
 // SIGCONT), and a network cut between a client and the server (a Proxy).
 //
 // Without a redis-server binary on PATH the test is skipped with a message,
-// unless INFLIGHT_REQUIRE_REDIS is set (as CI sets it), when it fails.
+// unless INFLIGHT_REQUIRE_REDIS is set (as CI sets it), when it fails; a
+// TestMain that calls ReportSkips says in one line which tests it skipped.
 package fleettest
 
 import (
@@ -51,12 +52,10 @@ func Start(t testing.TB) *Server {
 // with like.conf (if any) and like.args beyond the defaults.
 func start(t testing.TB, like Server) *Server {
 	t.Helper()
+	SkipWithoutRedis(t)
 	bin, err := exec.LookPath("redis-server")
 	if err != nil {
-		if os.Getenv(RequireEnv) != "" {
-			t.Fatalf("redis-server not found, and %s is set: %v", RequireEnv, err)
-		}
-		t.Skipf("redis-server not found (install it, e.g. apt-get install redis-server): %v", err)
+		t.Fatalf("redis-server: %v", err)
 	}
 	s := &Server{t: t, bin: bin, port: like.port, args: like.args, conf: like.conf}
 	if s.port == 0 {
