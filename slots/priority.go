@@ -59,10 +59,12 @@ func ParsePriority(s string) (Priority, error) {
 	return PriorityDefault, fmt.Errorf("%w %q (want interactive, default or batch)", ErrBadPriority, s)
 }
 
-// The request headers PlaceFromHeaders reads.
+// The request headers PlaceFromHeaders reads. A server that names the flow
+// otherwise (an org or API-key header of its own) places requests with
+// WithFlow instead.
 const (
 	HeaderPriority = "X-Priority" // interactive, default or batch
-	HeaderFlow     = "X-Org-ID"   // the flow: the org the request is for
+	HeaderFlow     = "X-Flow"     // the flow: the tenant, org or API key the request is for
 )
 
 // PlaceFromHeaders returns ctx carrying the priority and the flow that a

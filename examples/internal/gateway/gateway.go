@@ -77,6 +77,11 @@ type Gateway struct {
 	weights    map[string]int            // read-only after New
 }
 
+// OrgHeader names the org a request is for: its tenant cap, and its flow
+// in the provider's queue. The example trusts it; a real gateway derives
+// the org from the caller's credentials.
+const OrgHeader = "X-Org-ID"
+
 var errUnexpectedUpgrade = errors.New("gateway: the upstream switched protocols")
 
 // grantKey carries the provider grant from the handler to the transport.
@@ -306,7 +311,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		writeOpenAIError(w, status, err.Error())
 		return
 	}
-	org := r.Header.Get(slots.HeaderFlow)
+	org := r.Header.Get(OrgHeader)
 	if org == "" {
 		org = "default"
 	}

@@ -106,7 +106,7 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model 
 	writeAdmissionError(w, err)
 	if ok, suppressed := g.rejections.allow(time.Now()); ok {
 		g.log.Warn("gateway: request rejected", slog.String("cap", capName), slog.Int("status", status),
-			slog.String("reason", rejectReason(err)), slog.String("org", r.Header.Get(slots.HeaderFlow)),
+			slog.String("reason", rejectReason(err)), slog.String("org", r.Header.Get(OrgHeader)),
 			slog.String("model", model), slog.String("detail", msg), slog.Int("suppressed_since_last", suppressed))
 	}
 }
