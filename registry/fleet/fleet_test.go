@@ -12,12 +12,9 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/slots"
 )
-
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
 // mini is a miniredis with its clock set, and clients for it.
 type mini struct {
