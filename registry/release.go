@@ -88,7 +88,7 @@ func (e *entry[K]) Release(h *core.Hold) bool {
 		var wk core.Wakes
 		if !e.lane.Holders.Remove(h, &h.Idx) {
 			sh.mu.Unlock()
-			r.misuse(h) // a copied Slot: it holds nothing
+			r.eng.Misuse(h) // a copied Slot: it holds nothing
 			return false
 		}
 		sh.released++
@@ -102,26 +102,23 @@ func (e *entry[K]) Release(h *core.Hold) bool {
 		// room shows before they can be served.
 		sh.mu.Unlock()
 		if !r.releaseSlow(h, []*entry[K]{e}, nil) {
-			r.misuse(h) // a copied Slot: it holds nothing
+			r.eng.Misuse(h) // a copied Slot: it holds nothing
 			return false
 		}
 	}
-	r.released(h)
+	r.eng.Released(h)
 	return true
 }
 
 // Release implements core.Owner for multi-key holds.
 func (m *multi[K]) Release(h *core.Hold) bool {
 	if !m.r.releaseSlow(h, m.entries, m) {
-		m.r.misuse(h) // a copied Slot: it holds nothing
+		m.r.eng.Misuse(h) // a copied Slot: it holds nothing
 		return false
 	}
-	m.r.released(h)
+	m.r.eng.Released(h)
 	return true
 }
-
-// released reports the release of h, whose capacity has been freed.
-func (r *Registry[K]) released(h *core.Hold) { r.eng.Released(h) }
 
 // releaseSlow frees h's capacity on entries (m describes a multi-key hold)
 // and serves the waiters that can now be served, multi-key ones included.
@@ -154,10 +151,10 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 }
 
 // Misuse implements core.Owner: a second Release of the same slot.
-func (e *entry[K]) Misuse(h *core.Hold) { e.shard.r.misuse(h) }
+func (e *entry[K]) Misuse(h *core.Hold) { e.shard.r.eng.Misuse(h) }
 
 // Misuse implements core.Owner.
-func (m *multi[K]) Misuse(h *core.Hold) { m.r.misuse(h) }
+func (m *multi[K]) Misuse(h *core.Hold) { m.r.eng.Misuse(h) }
 
 // Time implements core.Owner.
 func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.eng.Clock.Time(at) }
@@ -181,8 +178,6 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 	e.shard.mu.Unlock()
 	r.eng.Reclaim(t, keyString(key))
 }
-
-func (r *Registry[K]) misuse(h *core.Hold) { r.eng.Misuse(h) }
 
 // rejectLocked builds a rejection for key, from its entry e or, for a key
 // that is not live, its limit.

@@ -1,6 +1,10 @@
 package slots
 
-import "time"
+import (
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
 
 // EventKind says what happened to an admission.
 type EventKind uint8
@@ -8,20 +12,20 @@ type EventKind uint8
 const (
 	// EventAcquired: a slot was admitted; Wait is how long the caller
 	// queued for it (0 when it got in at once).
-	EventAcquired EventKind = iota + 1
+	EventAcquired = EventKind(core.EventAcquired)
 	// EventRejected: no slot; Err says why (ErrLimitReached, ErrQueueFull,
 	// ErrWaitTimeout, or the context's error for a caller that gave up).
-	EventRejected
+	EventRejected = EventKind(core.EventRejected)
 	// EventBypassed: fail-open let the caller through without a slot after
 	// waiting Wait.
-	EventBypassed
+	EventBypassed = EventKind(core.EventBypassed)
 	// EventReleased: a slot's capacity came back after Hold.
-	EventReleased
+	EventReleased = EventKind(core.EventReleased)
 	// EventDoubleRelease: Release was called on a slot already released.
-	EventDoubleRelease
+	EventDoubleRelease = EventKind(core.EventDoubleRelease)
 	// EventLeaked: a slot was dropped without Release and reclaimed (with
 	// leak detection on); its EventReleased came just before, with Hold.
-	EventLeaked
+	EventLeaked = EventKind(core.EventLeaked)
 )
 
 // Event is one thing that happened to an admission, for metrics. It names

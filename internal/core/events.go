@@ -2,8 +2,8 @@ package core
 
 import "time"
 
-// EventKind is what happened to an admission; the values are those of
-// slots.EventKind, which converts from it.
+// EventKind is what happened to an admission; slots.EventKind takes its
+// values from these.
 type EventKind uint8
 
 // The kinds of Event, as package slots documents them.
