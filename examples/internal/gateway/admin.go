@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"time"
 
 	"github.com/inflight-go/inflight/sweep"
 )
@@ -21,10 +22,32 @@ func (g *Gateway) adminMux() *http.ServeMux {
 	mux.HandleFunc("PATCH /admin/orgs/{org}/concurrent-limit", g.setOrgLimit)
 	mux.HandleFunc("DELETE /admin/orgs/{org}/concurrent-limit", g.deleteOrgLimit)
 	mux.Handle("GET /debug/slots", sweep.Handler(g.tenants))
-	mux.HandleFunc("GET /debug/provider", func(w http.ResponseWriter, r *http.Request) {
-		writeJSON(w, g.gate.Status())
-	})
+	mux.HandleFunc("GET /debug/provider", g.debugProvider)
 	return mux
+}
+
+// debugProvider serves the provider gate's state in the naming style of
+// /debug/slots: snake_case, durations in seconds.
+func (g *Gateway) debugProvider(w http.ResponseWriter, _ *http.Request) {
+	st := g.gate.Status()
+	out := struct {
+		InFlight           int            `json:"in_flight"`
+		Queued             int            `json:"queued"`
+		InFlightByModel    map[string]int `json:"in_flight_by_model"`
+		InFlightByKey      map[string]int `json:"in_flight_by_api_key"`
+		NextStartInSeconds float64        `json:"next_start_in_seconds"`
+		LastStart          *time.Time     `json:"last_start"` // null before the first
+		Rejected           uint64         `json:"rejected"`
+		Bypassed           uint64         `json:"bypassed"`
+	}{
+		InFlight: st.InFlight, Queued: st.Queued, InFlightByModel: st.ByModel, InFlightByKey: st.ByKey,
+		NextStartInSeconds: st.NextStartIn.Seconds(), Rejected: st.Rejected, Bypassed: st.Bypassed,
+	}
+	if !st.LastStart.IsZero() {
+		t := st.LastStart.UTC()
+		out.LastStart = &t
+	}
+	writeJSON(w, out)
 }
 
 // requireToken answers 401 unless the request carries "Authorization:

@@ -98,7 +98,8 @@ func TestAdminNeedsTheToken(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, status, "an absurd org name")
 		status, body = do(t, client, adminRequest(t, http.MethodGet, srv.URL+"/debug/provider", ""))
 		assert.Equal(t, http.StatusOK, status)
-		assert.Contains(t, body, `"InFlight":0`)
+		assert.Contains(t, body, `"in_flight":0`)
+		assert.Contains(t, body, `"last_start":null`)
 	})
 }
 
