@@ -241,3 +241,33 @@ func TestStartupLogs(t *testing.T) {
 		assert.True(t, strings.HasPrefix(line, "time="), "every line through slog: %q", line)
 	}
 }
+
+// With admin.listen, the admin and debug endpoints are served on their own
+// address, behind the token, and not beside the model API.
+func TestAdminListener(t *testing.T) {
+	const token = "listener-admin-token-0123456789"
+	t.Setenv("GATEWAY_TEST_ADMIN_TOKEN", token)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"http://127.0.0.1:9",
+		"admin":{"token_env":"GATEWAY_TEST_ADMIN_TOKEN","listen":"127.0.0.1:0"}}`)
+	m := regexp.MustCompile(`admin_addr=(\S+)`).FindStringSubmatch(p.logged())
+	require.NotNil(t, m, "the listening line names the admin address:\n%s", p.logged())
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	get := func(addr, auth string) int {
+		req, err := http.NewRequest(http.MethodGet, "http://"+addr+"/debug/slots", nil)
+		require.NoError(t, err)
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	assert.Equal(t, http.StatusOK, get(m[1], "Bearer "+token))
+	assert.Equal(t, http.StatusUnauthorized, get(m[1], ""))
+	assert.Equal(t, http.StatusNotFound, get(p.addr, "Bearer "+token), "not on the model API's address")
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	assert.Equal(t, 0, p.exitCode(t))
+}
