@@ -85,3 +85,33 @@ func TestNewGateRefusesWaitOptions(t *testing.T) {
 		assert.Panics(t, func() { _, _ = pacing.NewGate("zai", pacing.Config{}, o) }, name)
 	}
 }
+
+// TestGateEventDurationsAreNeverNegative: on the real clock, a hold's and a
+// bypass's durations are measured from the Gate's exact readings to
+// exact ones, never to a coarser reading that may lag them.
+func TestGateEventDurationsAreNeverNegative(t *testing.T) {
+	var mu sync.Mutex
+	var bad []slots.Event
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Hold < 0 || e.Wait < 0 {
+			mu.Lock()
+			bad = append(bad, e)
+			mu.Unlock()
+		}
+	})
+	g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueueWaitMS: 1, OnWaitTimeout: pacing.Proceed},
+		slots.WithObserver(obs))
+	require.NoError(t, err)
+	for range 200 {
+		gt, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		bypass, err := g.Acquire(context.Background(), "m") // waits 1 ms, then proceeds
+		require.NoError(t, err)
+		require.True(t, bypass.Slot.Bypassed())
+		bypass.Slot.Release()
+		gt.Slot.Release()
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Zero(t, len(bad), "events with a negative duration; the first: %v", bad[:min(len(bad), 3)])
+}

@@ -713,18 +713,20 @@ func TestRegistryLeakDetection(t *testing.T) {
 		require.NoError(t, err)
 		m, err := reg.AcquireAll(context.Background(), "zai", "zai/glm-5")
 		require.NoError(t, err)
-		_, _ = a, m // both dropped while held
+		e, err := reg.TryAcquire("") // the empty key is a key too, and named
+		require.NoError(t, err)
+		_, _, _ = a, m, e // all dropped while held
 	}()
 	// The reports come after the capacity: wait for the reports.
-	for i := 0; leaked.Load() < 2; i++ {
+	for i := 0; leaked.Load() < 3; i++ {
 		require.Less(t, i, 500, "the dropped slots were never reclaimed")
 		runtime.GC()
 		runtime.Gosched()
 	}
 	assert.Equal(t, 0, reg.Keys())
-	assert.Equal(t, uint64(2), reg.Stats().Leaked)
-	assert.Equal(t, int32(2), leaked.Load(), "each leak reported once")
-	assert.ElementsMatch(t, []string{"org-a", "zai"}, keysLogged.list(), "the log names the key, read before it went idle")
+	assert.Equal(t, uint64(3), reg.Stats().Leaked)
+	assert.Equal(t, int32(3), leaked.Load(), "each leak reported once")
+	assert.ElementsMatch(t, []string{"org-a", "zai", ""}, keysLogged.list(), "the log names the key, read before it went idle")
 
 	kept, err := reg.TryAcquire("org-a")
 	require.NoError(t, err)

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -176,7 +177,7 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 	e.shard.mu.Lock()
 	key := e.key
 	e.shard.mu.Unlock()
-	r.eng.Reclaim(t, keyString(key))
+	r.eng.Reclaim(t, slog.String("key", keyString(key)))
 }
 
 // rejectLocked builds a rejection for key, from its entry e or, for a key

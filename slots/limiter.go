@@ -10,16 +10,6 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// zeroEngine serves zero-value Limiters, which have the default policy;
-// NewLimiter gives each Limiter its own.
-var zeroEngine = newEngine(core.Settings{})
-
-func newEngine(st core.Settings) *core.Engine {
-	e := &core.Engine{Policy: st.Policy}
-	e.Init("slots")
-	return e
-}
-
 // Limiter caps how many Slots are held at once from one pool. Waiters are
 // admitted in arrival order; TryAcquire does not pass them.
 //
@@ -33,7 +23,8 @@ func newEngine(st core.Settings) *core.Engine {
 // The zero value is a Limiter with limit 0 and the default policy: it admits
 // nothing until SetLimit raises the limit.
 type Limiter struct {
-	eng *core.Engine // nil in a zero Limiter: zeroEngine
+	eng     core.Engine
+	engInit sync.Once // readies eng: in NewLimiter, or at first use of a zero Limiter
 
 	mu    sync.Mutex // protects the fields below
 	lane  core.Lane  // lane.Limit is the limit
@@ -73,17 +64,18 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 	if st.RegistryOnly != "" {
 		panic(fmt.Sprintf("slots: %s is an option of a registry, not of a Limiter", st.RegistryOnly))
 	}
-	l := &Limiter{eng: newEngine(st)}
+	l := &Limiter{}
+	l.eng.Policy = st.Policy
+	l.engine()
 	l.lane.Limit = limit
 	l.lane.Shares = st.Shares
 	return l
 }
 
+// engine returns l's engine, readied once.
 func (l *Limiter) engine() *core.Engine {
-	if l.eng == nil {
-		return zeroEngine
-	}
-	return l.eng
+	l.engInit.Do(func() { l.eng.Init("slots") })
+	return &l.eng
 }
 
 // TryAcquire admits a Slot if one is free and nobody is waiting, without
@@ -255,7 +247,7 @@ func (o *owner) Misuse(h *core.Hold) { (*Limiter)(o).engine().Misuse(h) }
 func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).engine().Clock.Time(at) }
 
 // Reclaim implements core.Leaker: a Slot was dropped while held.
-func (o *owner) Reclaim(t *core.Tracked) { (*Limiter)(o).engine().Reclaim(t, "") }
+func (o *owner) Reclaim(t *core.Tracked) { (*Limiter)(o).engine().Reclaim(t) }
 
 // SetLimit changes the limit. Raising it admits waiters in arrival order at
 // once; lowering it never takes a slot from a holder: admissions resume when

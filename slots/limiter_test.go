@@ -509,3 +509,17 @@ func TestLimiterRefusesRegistryOptions(t *testing.T) {
 	assert.PanicsWithValue(t, "slots: registry.WithMaxKeyBytes is an option of a registry, not of a Limiter",
 		func() { slots.NewLimiter(1, slots.WithMaxWait(time.Second), registry.WithMaxKeyBytes(8)) })
 }
+
+// TestZeroLimitersKeepTheirOwnCounts: zero-value Limiters are apart, as
+// made ones are: misuse on one is not counted on another.
+func TestZeroLimitersKeepTheirOwnCounts(t *testing.T) {
+	var a, b slots.Limiter
+	a.SetLimit(1)
+	b.SetLimit(1)
+	s, err := a.TryAcquire()
+	require.NoError(t, err)
+	s.Release()
+	s.Release()
+	assert.Equal(t, uint64(1), a.Stats().DoubleReleases)
+	assert.Equal(t, uint64(0), b.Stats().DoubleReleases, "b saw no misuse")
+}

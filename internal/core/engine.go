@@ -152,12 +152,15 @@ func (e *Engine) Wait(ctx context.Context, w *Waiter, maxWait time.Duration, wit
 // began at start: it holds no capacity. The saturation of what ("limiter",
 // "key", "provider") is logged at most once every 10 seconds, with attrs,
 // and reported. Call without locks, after the owner has counted the bypass
-// and given h its ID.
+// (and given h an ID, if its owner numbers bypasses).
 func (e *Engine) Bypass(h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
 	Bypass(h)
-	h.At = e.Clock.Coarse() // the clock start was read on
+	h.At = e.Clock.Nanos() // exact: start may be an exact reading too
 	if e.satLog.Allow(h.At, saturationLogEvery) {
-		attrs = append(attrs, slog.Uint64("slot_id", h.ID), slog.Duration("max_wait", maxWait))
+		if h.ID != 0 {
+			attrs = append(attrs, slog.Uint64("slot_id", h.ID))
+		}
+		attrs = append(attrs, slog.Duration("max_wait", maxWait))
 		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
 			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
 	}
@@ -165,13 +168,22 @@ func (e *Engine) Bypass(h *Hold, start int64, maxWait time.Duration, what string
 }
 
 // Released samples h's hold time for Retry-After and reports the release.
-// Call without locks, once h's capacity has been freed.
+// A grant given back (its caller's context ended as it came) was held for
+// no time: it is neither sampled nor reported. Call without locks, once
+// h's capacity has been freed.
+//
+// Durations end on an exact reading: h.At may be exact (the Gate's) or a
+// coarse one, which is never later than the time it stands for, so a
+// duration is never negative.
 func (e *Engine) Released(h *Hold) {
-	if h.ID&SampleMask == 0 && !h.GivenBack {
+	if h.GivenBack {
+		return
+	}
+	if h.ID&SampleMask == 0 {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
-	if e.Observer != nil && !h.GivenBack {
-		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(e.Clock.Coarse() - h.At)})
+	if e.Observer != nil {
+		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(e.Clock.Nanos() - h.At)})
 	}
 }
 
@@ -187,18 +199,14 @@ func (e *Engine) Misuse(h *Hold) {
 func (e *Engine) Misuses() uint64 { return e.misuses.Load() }
 
 // Reclaim frees a dropped Slot's hold t, if it is still held, and reports
-// the leak; key names what it held ("" for a Limiter). The owner reads key
-// before, while t still counts.
-func (e *Engine) Reclaim(t *Tracked, key string) {
+// the leak, with attrs naming what it held (a Registry's key). The owner
+// reads them before, while t still counts.
+func (e *Engine) Reclaim(t *Tracked, attrs ...slog.Attr) {
 	if !t.ReleaseQuietly() {
 		return
 	}
-	held := time.Duration(e.Clock.Coarse() - t.At)
+	held := time.Duration(e.Clock.Nanos() - t.At)
 	e.leaks.Add(1)
-	var attrs []slog.Attr
-	if key != "" {
-		attrs = append(attrs, slog.String("key", key))
-	}
 	attrs = append(attrs, slog.Uint64("slot_id", t.ID), slog.Duration("held_for", held.Round(time.Millisecond)))
 	if site := t.Site(); site != "" {
 		attrs = append(attrs, slog.String("acquired_at", site))

@@ -182,7 +182,7 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	if keys.Limit == nil {
 		r.local = registry.New[K](defaultLimit, local...)
 	} else {
-		limit := func(_ context.Context, k K) (int, error) { return keys.Limit(k), nil }
+		limit := func(_ context.Context, k K) (int, error) { return max(keys.Limit(k), 0), nil }
 		r.local = registry.NewWithLimitFunc(defaultLimit, limit, LocalLimitRefresh, local...)
 	}
 	r.brk.threshold = cfg.breakAfter

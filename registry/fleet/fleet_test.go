@@ -429,6 +429,26 @@ func TestLimitFunc(t *testing.T) {
 	b.Release()
 }
 
+// A key that Keys.Limit closes (a negative limit counts as 0) admits
+// nothing under the local registry either, while Redis is down.
+func TestClosedKeyStaysClosedWhileDown(t *testing.T) {
+	m := newMini(t)
+	r := m.keyed(5, Keys[string]{Limit: func(k string) int {
+		if k == "closed" {
+			return -1
+		}
+		return 5
+	}})
+	assert.Equal(t, 0, r.Limit("closed"))
+	m.srv.SetError("LOADING down for the test")
+	_, err := r.TryAcquire("closed")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "FallbackLocal caps alike")
+	s, err := r.TryAcquire("open")
+	require.NoError(t, err)
+	assert.True(t, s.Degraded())
+	s.Release()
+}
+
 // With CancelLost, the holder's context from WithCancelOnLost is cancelled
 // with ErrLeaseLost when its lease goes missing; other holders' are not.
 func TestCancelLost(t *testing.T) {
