@@ -123,7 +123,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	collector := inflightprom.New("tenant")
 	// An org's limit applies to each of its models, looked up per key; a
 	// PATCH marks the org's cached limits due (RefreshLimits).
-	local := []registry.Option{slots.WithObserver(collector)}
+	local := []registry.Option{slots.WithObserver(collector), slots.WithLogger(g.log)}
 	provider := cfg.Provider
 	if cfg.Fleet != nil {
 		provider = g.startFleet(cfg, local)
@@ -132,7 +132,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		g.tenants = registry.NewWithLimitFunc(cfg.Orgs.DefaultLimit, orgLimit, time.Minute, local...)
 		g.admitTenant = g.tenants.TryAcquire
 	}
-	if g.gate, err = pacing.NewGate("provider", provider); err != nil {
+	if g.gate, err = pacing.NewGate("provider", provider, slots.WithLogger(g.log)); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -206,7 +206,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 		ttl = millis(cfg.Fleet.LeaseTTLMS)
 	}
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
-	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable)}
+	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable), fleet.WithLogger(g.log)}
 
 	g.fleetTenants = fleet.NewWithKeys(g.rdb, "tenants", cfg.Orgs.DefaultLimit, fleet.Keys[tenant]{
 		Name:  func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) },
