@@ -15,6 +15,13 @@
 // follows, with all of them.
 // The example trusts both headers; a real gateway sets them from the
 // caller's authenticated identity.
+//
+// For operators: the admin and debug endpoints are served only with
+// Config.Admin, behind its bearer token (admin.go); /metrics exports every
+// cap as inflight_* series told apart by the label cap (metrics.go); errors
+// are answered in OpenAI's shape, a cap of 0 with 403 rather than 429
+// (openai.go); rejections are logged at most once a second, each request at
+// debug level (logging.go).
 package gateway
 
 import (
