@@ -55,9 +55,15 @@ func TestMemoryFollowsHoldersAfterABurst(t *testing.T) {
 	burst(5000)
 	before := heapAfterGC()
 	burst(n)
+	// Goroutines of the tests before this one may still be winding down
+	// (closing clients, a last renewal) and allocating meanwhile: what this
+	// burst kept is in every reading, their garbage goes by a later one.
 	after := heapAfterGC()
+	assert.Eventually(t, func() bool {
+		after = min(after, heapAfterGC())
+		return after < before+512<<10
+	}, 5*time.Second, 20*time.Millisecond, "within 512 KiB of where it was")
 	t.Logf("heap: %.2f MiB before the burst, %.2f MiB after it", float64(before)/(1<<20), float64(after)/(1<<20))
-	assert.Less(t, after, before+512<<10, "within 512 KiB of where it was")
 	assert.Zero(t, r.Stats().Held)
 }
 
