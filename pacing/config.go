@@ -76,6 +76,10 @@ type Config struct {
 	// "", so without flows it bounds the whole queue. 0 (the default) means
 	// only MaxQueue applies.
 	MaxQueuePerFlow int `json:"max_queue_per_flow,omitempty"`
+	// Adaptive, if present, learns the provider's cap from the upstream's
+	// answers (see AdaptiveConfig); MaxConcurrentRequests is then its
+	// ceiling and may be left out.
+	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 }
 
 // ShareConfig is a class's guaranteed part of the provider cap: Min slots
@@ -151,6 +155,11 @@ func (c Config) Validate() error {
 		return bad("on_wait_timeout", fmt.Sprintf("%q", c.OnWaitTimeout), `is neither "reject" nor "proceed"`)
 	case c.MaxQueuePerFlow < 0:
 		return bad("max_queue_per_flow", c.MaxQueuePerFlow, "is negative")
+	}
+	if c.Adaptive != nil {
+		if err := c.Adaptive.validate(c.MaxConcurrentRequests); err != nil {
+			return err
+		}
 	}
 	for class, sh := range c.Shares {
 		field := fmt.Sprintf("shares[%q]", class)

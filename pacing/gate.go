@@ -61,6 +61,7 @@ type Gate struct {
 	seq      uint64
 	rejects  uint64
 	bypassed uint64
+	ad       adaptive // the learned cap and the upstream's pauses (learn.go)
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -70,6 +71,7 @@ type grant struct {
 	model *modelLane
 	key   *keyLane
 	idx   [3]int32
+	n     int // the provider's requests in flight at the start, this one included
 	// The start times as they were before this grant, put back if the grant
 	// is given back (its caller's context ended as it came) and no later
 	// grant has moved them: a start that never happened takes no interval.
@@ -86,6 +88,12 @@ type starts struct {
 type Grant struct {
 	Slot *slots.Slot
 	Key  string
+	// InFlight is how many of the provider's requests were in flight when
+	// this one started, itself included (0 for a bypass): the evidence that
+	// Report gives the learned cap.
+	InFlight int
+	at       int64  // the start, clock nanos
+	id       uint64 // the start's number
 }
 
 // A GateOption configures a Gate: slots.WithClock (for tests),
@@ -154,6 +162,7 @@ func (g *Gate) Close() {
 		g.timer.Stop()
 		g.timer = nil
 	}
+	g.ad.stop()
 	g.mu.Unlock()
 }
 
@@ -259,6 +268,7 @@ func (g *Gate) handOut(x *core.Handle, gr *grant, wait time.Duration) Grant {
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
+	gt.InFlight, gt.at, gt.id = gr.n, x.Hold().At, x.Hold().ID
 	gt.Slot = (*slots.Slot)(g.eng.Acquired(x, nil, wait))
 	return gt
 }
@@ -297,10 +307,15 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			wakeAt = g.next
 			break
 		}
+		if g.ad.pauseUntil > now { // the upstream asked for a pause
+			wakeAt = g.ad.pauseUntil
+			break
+		}
 		var key *keyLane
 		if len(g.keys) > 0 {
-			if key = g.pickKeyLocked(); key == nil {
-				break // a release will dispatch again
+			if key = g.pickKeyLocked(now); key == nil {
+				wakeAt = g.keyBackAtLocked(now) // or a release will dispatch again
+				break
 			}
 		}
 		w := g.nextLocked(now, &wakeAt)
@@ -316,6 +331,10 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		g.seq++
 		w.Hold.ID = g.seq
 		g.provider.Holders.Add(w.Hold, &gr.idx[0])
+		gr.n = g.provider.Holders.Len()
+		if g.ad.l != nil {
+			g.ad.l.started(gr.n, now)
+		}
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
@@ -326,6 +345,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
 		wk.Grant(w)
 	}
+	g.learnedLocked(now, Evidence{}) // a probe that started arms its timer
 	g.armLocked(wakeAt, now)
 }
 
@@ -420,6 +440,9 @@ func (gr *grant) Release(h *core.Hold) bool {
 		}
 		if ml := gr.model; ml.lastID == h.ID {
 			ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
+		}
+		if g.ad.l != nil { // a probe that was never sent proves nothing
+			g.ad.l.givenBack(gr.n, h.At)
 		}
 	}
 	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)

@@ -19,8 +19,9 @@ type modelLane struct {
 }
 
 type keyLane struct {
-	id   string
-	lane core.Lane
+	id       string
+	lane     core.Lane
+	outUntil int64 // out of quota: no grants before it, clock nanos
 }
 
 func limitOf(n int) int {
@@ -67,6 +68,7 @@ func (g *Gate) applyLocked(cfg Config) {
 		pool[k.ID] = kl
 	}
 	g.keyByID = pool
+	g.adaptLocked()
 }
 
 // modelLocked returns model's lane, creating an unconfigured one (no cap,
@@ -88,11 +90,15 @@ func (g *Gate) dropIfIdleLocked(ml *modelLane) {
 }
 
 // pickKeyLocked returns the key with the most free capacity, first in the
-// pool's order on a tie; nil when the pool is empty or full.
-func (g *Gate) pickKeyLocked() *keyLane {
+// pool's order on a tie; nil when the pool is empty or full. A key out of
+// quota until after now is passed over.
+func (g *Gate) pickKeyLocked(now int64) *keyLane {
 	var best *keyLane
 	bestFree := 0
 	for _, k := range g.keys {
+		if k.outUntil > now {
+			continue
+		}
 		if free := k.lane.Limit - k.lane.Holders.Len(); free > bestFree {
 			best, bestFree = k, free
 		}

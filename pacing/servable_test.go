@@ -19,7 +19,7 @@ func (g *Gate) startable() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.eng.Clock.Nanos()
-	if g.started && g.next > now || len(g.keys) > 0 && g.pickKeyLocked() == nil {
+	if g.started && g.next > now || len(g.keys) > 0 && g.pickKeyLocked(now) == nil || g.ad.pauseUntil > now {
 		return ""
 	}
 	msg := ""

@@ -1,0 +1,194 @@
+package pacing
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Kind is what an upstream's answer says about its limits.
+type Kind uint8
+
+const (
+	// Other: an answer that says nothing about limits (a 400, a 500).
+	Other Kind = iota
+	// Admitted: the upstream took the request (a 2xx or 3xx).
+	Admitted
+	// Concurrency: refused because too many requests were open at once.
+	// Only this kind moves a learned cap.
+	Concurrency
+	// Rate: refused for requests or tokens per unit of time. It pauses new
+	// starts for its Retry-After; the cap is left as it is.
+	Rate
+	// Overload: the provider as a whole is busy (Anthropic's 529, a 503).
+	// It pauses starts and lowers a learned cap a little.
+	Overload
+	// Quota: the account or key has used its allowance. With a key pool,
+	// the key leaves the pool until its Retry-After (or QuotaPause).
+	Quota
+)
+
+var kindNames = [...]string{"other", "admitted", "concurrency", "rate", "overload", "quota"}
+
+func (k Kind) String() string {
+	if int(k) < len(kindNames) {
+		return kindNames[k]
+	}
+	return "kind(" + strconv.Itoa(int(k)) + ")"
+}
+
+// Verdict is a classified answer: its Kind and how long the upstream asked
+// to wait (0: it did not say).
+type Verdict struct {
+	Kind       Kind
+	RetryAfter time.Duration
+}
+
+// A Classifier classifies an answer from its status, headers and the first
+// bytes of its body (at most MaxClassifyBody; nil for a 2xx or 3xx).
+// DefaultClassifier knows the OpenAI, Anthropic and Z.ai shapes; a
+// Classifier for another provider may fall back to it.
+type Classifier func(status int, h http.Header, body []byte) Verdict
+
+// MaxClassifyBody is how much of an error body Classify reads.
+const MaxClassifyBody = 4 << 10
+
+// Classify classifies resp with c (nil: DefaultClassifier). For a status of
+// 400 or more it reads at most MaxClassifyBody bytes of the body and puts
+// them back: the caller, and its client, still read the whole body, and
+// closing resp.Body still closes the upstream's. A 2xx or 3xx body is not
+// touched.
+func Classify(resp *http.Response, c Classifier) Verdict {
+	if c == nil {
+		c = DefaultClassifier
+	}
+	if resp.StatusCode < 400 {
+		return c(resp.StatusCode, resp.Header, nil)
+	}
+	var prefix []byte
+	if resp.Body != nil && resp.Body != http.NoBody {
+		buf := make([]byte, MaxClassifyBody)
+		n, _ := io.ReadFull(resp.Body, buf)
+		// A read error other than the end comes again from the body
+		// itself, to the reader that gets the rest.
+		prefix = buf[:n]
+		resp.Body = &prefixed{Reader: io.MultiReader(bytes.NewReader(prefix), resp.Body), body: resp.Body}
+	}
+	return c(resp.StatusCode, resp.Header, prefix)
+}
+
+// prefixed is a body whose first bytes were read and put back.
+type prefixed struct {
+	io.Reader
+	body io.ReadCloser
+}
+
+func (p *prefixed) Close() error { return p.body.Close() }
+
+// errorBody is the part of the providers' error bodies a Classifier reads:
+// OpenAI {"error":{"type","code","message"}}, Anthropic
+// {"type":"error","error":{"type","message"}}, Z.ai {"error":{"code","message"}}
+// (its code is a string of digits, sometimes a number).
+type errorBody struct {
+	Error struct {
+		Type    string          `json:"type"`
+		Code    json.RawMessage `json:"code"`
+		Message string          `json:"message"`
+	} `json:"error"`
+}
+
+// DefaultClassifier classifies the answers of OpenAI, Anthropic, Z.ai and
+// servers that copy their shapes:
+//
+//   - 429 with OpenAI's insufficient_quota, or Z.ai's 1113 (arrears), 1304
+//     (daily limit) or 1308 (usage limit of a period): Quota.
+//   - 429 with Z.ai's 1303 (request frequency): Rate; its 1305: Overload.
+//   - 429 whose rate-limit headers (x-ratelimit-remaining-*,
+//     anthropic-ratelimit-*-remaining) show an allowance at 0: Rate.
+//     OpenAI's rate_limit_exceeded and Anthropic's rate_limit_error are Rate
+//     too, since neither provider caps concurrency on its public plans.
+//   - Any other 429, Z.ai's 1302 among them: Concurrency. Z.ai answers an
+//     account over its concurrency with 1302 whatever the message says
+//     ("Rate limit reached for requests" as well), so without a header
+//     saying a rate ran out, a 429 is taken as the concurrency it most often
+//     is on the plans that learn a cap.
+//   - 529, 503, and Anthropic's overloaded_error: Overload.
+//   - under 400: Admitted; anything else: Other.
+//
+// RetryAfter is read from Retry-After (seconds or an HTTP date) or
+// retry-after-ms.
+func DefaultClassifier(status int, h http.Header, body []byte) Verdict {
+	v := Verdict{RetryAfter: retryAfter(h)}
+	if status < 400 {
+		v.Kind = Admitted
+		return v
+	}
+	var eb errorBody
+	_ = json.Unmarshal(body, &eb) // a body that is not JSON, or cut short, says nothing
+	code := strings.Trim(string(eb.Error.Code), `"`)
+	switch {
+	case status == 529 || status == http.StatusServiceUnavailable || eb.Error.Type == "overloaded_error":
+		v.Kind = Overload
+	case status != http.StatusTooManyRequests:
+		v.Kind = Other
+	case code == "insufficient_quota" || eb.Error.Type == "insufficient_quota" ||
+		code == "1113" || code == "1304" || code == "1308":
+		v.Kind = Quota
+	case code == "1303":
+		v.Kind = Rate
+	case code == "1305":
+		v.Kind = Overload
+	case rateSpent(h):
+		v.Kind = Rate
+	case code == "rate_limit_exceeded" || eb.Error.Type == "rate_limit_error" || eb.Error.Type == "requests" || eb.Error.Type == "tokens":
+		v.Kind = Rate
+	default:
+		v.Kind = Concurrency
+	}
+	return v
+}
+
+// rateSpent reports whether a rate-limit header shows an allowance at 0.
+func rateSpent(h http.Header) bool {
+	for name, vals := range h {
+		n := strings.ToLower(name)
+		if (strings.HasPrefix(n, "x-ratelimit-remaining") ||
+			strings.HasPrefix(n, "anthropic-ratelimit-") && strings.HasSuffix(n, "-remaining")) &&
+			len(vals) > 0 && strings.TrimSpace(vals[0]) == "0" {
+			return true
+		}
+	}
+	return false
+}
+
+// maxRetryAfter bounds what an upstream may ask for: more is a mistake or
+// a quota reset, which QuotaPause handles.
+const maxRetryAfter = 24 * time.Hour
+
+func retryAfter(h http.Header) time.Duration {
+	if ms := h.Get("Retry-After-Ms"); ms != "" {
+		if f, err := strconv.ParseFloat(ms, 64); err == nil && f > 0 {
+			return min(time.Duration(f*float64(time.Millisecond)), maxRetryAfter)
+		}
+	}
+	ra := h.Get("Retry-After")
+	if ra == "" {
+		return 0
+	}
+	if f, err := strconv.ParseFloat(ra, 64); err == nil {
+		if f <= 0 {
+			return 0
+		}
+		return min(time.Duration(f*float64(time.Second)), maxRetryAfter)
+	}
+	if t, err := http.ParseTime(ra); err == nil {
+		if d := time.Until(t); d > 0 {
+			return min(d, maxRetryAfter)
+		}
+	}
+	return 0
+}

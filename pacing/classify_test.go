@@ -1,0 +1,86 @@
+package pacing_test
+
+import (
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+)
+
+func TestDefaultClassifier(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		header http.Header
+		body   string
+		want   pacing.Verdict
+	}{
+		{"a 200 is admitted", 200, nil, "", pacing.Verdict{Kind: pacing.Admitted}},
+		{"Z.ai's 1302 is concurrency, whatever its message", 429, http.Header{"Retry-After": {"1"}},
+			`{"error":{"code":"1302","message":"Rate limit reached for requests"}}`, pacing.Verdict{Kind: pacing.Concurrency, RetryAfter: time.Second}},
+		{"Z.ai's 1302 with a rate header at 0 is rate", 429, http.Header{"X-Ratelimit-Remaining-Requests": {"0"}},
+			`{"error":{"code":"1302","message":"Rate limit reached for requests"}}`, pacing.Verdict{Kind: pacing.Rate}},
+		{"Z.ai's 1303 is rate", 429, nil, `{"error":{"code":"1303","message":"High frequency"}}`, pacing.Verdict{Kind: pacing.Rate}},
+		{"Z.ai's 1308 is quota", 429, nil, `{"error":{"code":1308,"message":"Usage limit reached"}}`, pacing.Verdict{Kind: pacing.Quota}},
+		{"OpenAI's insufficient_quota is quota", 429, nil,
+			`{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`, pacing.Verdict{Kind: pacing.Quota}},
+		{"OpenAI's rate_limit_exceeded is rate", 429, http.Header{"Retry-After-Ms": {"1500"}},
+			`{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 1500 * time.Millisecond}},
+		{"Anthropic's rate_limit_error is rate", 429, http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"0"}},
+			`{"type":"error","error":{"type":"rate_limit_error","message":"Number of requests has exceeded your rate limit"}}`, pacing.Verdict{Kind: pacing.Rate}},
+		{"Anthropic's 529 is overload", 529, nil, `{"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}}`, pacing.Verdict{Kind: pacing.Overload}},
+		{"a 503 is overload", 503, http.Header{"Retry-After": {"3"}}, "busy", pacing.Verdict{Kind: pacing.Overload, RetryAfter: 3 * time.Second}},
+		{"a 429 without a body is concurrency", 429, nil, "", pacing.Verdict{Kind: pacing.Concurrency}},
+		{"a 400 says nothing about limits", 400, nil, `{"error":{"code":"1302"}}`, pacing.Verdict{Kind: pacing.Other}},
+		{"a 500 says nothing about limits", 500, nil, "", pacing.Verdict{Kind: pacing.Other}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			assert.Equal(t, tc.want, pacing.DefaultClassifier(tc.status, tc.header, []byte(tc.body)))
+		})
+	}
+}
+
+type closeCounter struct {
+	io.Reader
+	closed int
+}
+
+func (c *closeCounter) Close() error { c.closed++; return nil }
+
+func TestClassifyLeavesTheBodyIntact(t *testing.T) {
+	t.Run("an error body reads in full after classification, and closes the original", func(t *testing.T) {
+		body := `{"error":{"code":"1302","message":"Rate limit reached for requests"}}` + strings.Repeat(" ", 3*pacing.MaxClassifyBody)
+		orig := &closeCounter{Reader: strings.NewReader(body)}
+		resp := &http.Response{StatusCode: 429, Header: http.Header{}, Body: orig}
+		assert.Equal(t, pacing.Concurrency, pacing.Classify(resp, nil).Kind)
+		got, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, body, string(got))
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, 1, orig.closed)
+	})
+	t.Run("reads at most MaxClassifyBody of an error body", func(t *testing.T) {
+		var seen int
+		c := func(status int, h http.Header, b []byte) pacing.Verdict { seen = len(b); return pacing.Verdict{} }
+		resp := &http.Response{StatusCode: 500, Body: io.NopCloser(strings.NewReader(strings.Repeat("x", 10*pacing.MaxClassifyBody)))}
+		pacing.Classify(resp, c)
+		assert.Equal(t, pacing.MaxClassifyBody, seen)
+	})
+	t.Run("a success's body is not touched", func(t *testing.T) {
+		orig := &closeCounter{Reader: strings.NewReader("data: ...")}
+		resp := &http.Response{StatusCode: 200, Body: orig}
+		assert.Equal(t, pacing.Admitted, pacing.Classify(resp, nil).Kind)
+		assert.Same(t, orig, resp.Body)
+	})
+	t.Run("a nil body is left nil", func(t *testing.T) {
+		resp := &http.Response{StatusCode: 429}
+		assert.Equal(t, pacing.Concurrency, pacing.Classify(resp, nil).Kind)
+		assert.Nil(t, resp.Body)
+	})
+}

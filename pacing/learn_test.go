@@ -1,0 +1,256 @@
+package pacing_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+)
+
+var (
+	admitted = pacing.Verdict{Kind: pacing.Admitted}
+	refused  = pacing.Verdict{Kind: pacing.Concurrency, RetryAfter: time.Second}
+)
+
+// acquireN takes n grants at once, failing the test if one waits.
+func acquireN(t *testing.T, g *pacing.Gate, n int) []pacing.Grant {
+	t.Helper()
+	var out []pacing.Grant
+	for range n {
+		c := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		require.Len(t, c, 1, "admitted at once")
+		r := <-c
+		require.NoError(t, r.err)
+		out = append(out, r.g)
+	}
+	return out
+}
+
+func TestLearnedCapClimbs(t *testing.T) {
+	t.Run("a probe the upstream admits raises the limit by one", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
+			assert.Equal(t, 3, g.Learned().Limit, "one start over the floor may test it")
+			held := acquireN(t, g, 3)
+			assert.Equal(t, 3, held[2].InFlight)
+			fourth := acquireAsync(context.Background(), g, "m")
+			synctest.Wait()
+			assert.Len(t, fourth, 0, "one probe at a time")
+			g.Report(held[2], admitted)
+			synctest.Wait()
+			require.Len(t, fourth, 1, "the admitted probe let the next one go")
+			l := g.Learned()
+			assert.Equal(t, 3, l.Floor)
+			assert.Equal(t, 4, l.Limit)
+		})
+	})
+	t.Run("a probe not refused within the gap is taken as admitted", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
+			acquireN(t, g, 3)
+			time.Sleep(time.Second)
+			assert.Equal(t, 3, g.Learned().Floor)
+		})
+	})
+	t.Run("demand that does not fill the limit raises nothing", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
+			for range 50 {
+				gt := acquireN(t, g, 2)
+				g.Report(gt[0], admitted)
+				g.Report(gt[1], admitted)
+				gt[0].Slot.Release()
+				gt[1].Slot.Release()
+				time.Sleep(time.Second)
+			}
+			assert.Equal(t, 2, g.Learned().Floor)
+		})
+	})
+	t.Run("a configured max_concurrent_requests stays the ceiling", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{MaxConcurrentRequests: 3, Adaptive: &pacing.AdaptiveConfig{Initial: 10}})
+			assert.Equal(t, 3, g.Learned().Limit)
+			held := acquireN(t, g, 3)
+			g.Report(held[2], admitted)
+			time.Sleep(time.Minute)
+			l := g.Learned()
+			assert.Equal(t, 3, l.Limit)
+			assert.Equal(t, 3, l.Ceiling)
+		})
+	})
+}
+
+func TestLearnedCapFalls(t *testing.T) {
+	t.Run("a refused probe sets the ceiling, and the next test waits retest_ms", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 5000}})
+			held := acquireN(t, g, 5)
+			g.Report(held[4], refused)
+			l := g.Learned()
+			assert.Equal(t, 4, l.Floor)
+			assert.Equal(t, 4, l.Ceiling)
+			assert.Equal(t, 4, l.Limit)
+			held[4].Slot.Release()
+			time.Sleep(4900 * time.Millisecond)
+			assert.Equal(t, 4, g.Learned().Limit)
+			time.Sleep(200 * time.Millisecond)
+			assert.Equal(t, 5, g.Learned().Limit, "one start may test the ceiling again")
+		})
+	})
+	t.Run("a refusal at a count proven since the last cut halves the cap; more refusals step down", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 8, RetestMS: 60_000}})
+			held := acquireN(t, g, 8)
+			for _, h := range held {
+				g.Report(h, admitted)
+			}
+			held[7].Slot.Release()
+			next := acquireN(t, g, 1)[0]
+			require.Equal(t, 8, next.InFlight)
+			g.Report(next, refused)
+			next.Slot.Release()
+			l := g.Learned()
+			assert.Equal(t, 4, l.Floor, "halved")
+			assert.Equal(t, 7, l.Ceiling)
+			for _, h := range held[3:7] {
+				h.Slot.Release()
+			}
+			next = acquireN(t, g, 1)[0]
+			require.Equal(t, 4, next.InFlight)
+			g.Report(next, refused)
+			assert.Equal(t, 3, g.Learned().Floor, "a second refusal steps down by one")
+		})
+	})
+	t.Run("evidence from before a cut is stale", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 6, RetestMS: 60_000}})
+			held := acquireN(t, g, 6)
+			g.Report(held[5], refused) // not proven: the floor falls to 5
+			assert.Equal(t, 5, g.Learned().Floor)
+			g.Report(held[4], admitted)
+			g.Report(held[3], refused)
+			assert.Equal(t, 5, g.Learned().Floor, "both started before the cut")
+		})
+	})
+	t.Run("the floor holds", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: 2, Initial: 2}})
+			held := acquireN(t, g, 2)
+			g.Report(held[1], refused)
+			assert.Equal(t, 2, g.Learned().Floor)
+		})
+	})
+}
+
+func TestReportPausesAndQuota(t *testing.T) {
+	t.Run("Retry-After of a rate refusal pauses new starts and leaves the cap", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
+			gt := acquireN(t, g, 1)[0]
+			g.Report(gt, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 2 * time.Second})
+			assert.Equal(t, 4, g.Learned().Floor)
+			start := time.Now()
+			c := acquireAsync(context.Background(), g, "m")
+			synctest.Wait()
+			assert.Len(t, c, 0, "paused")
+			r := <-c
+			require.NoError(t, r.err)
+			assert.Equal(t, 2*time.Second, time.Since(start))
+		})
+	})
+	t.Run("without learning too", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{MaxConcurrentRequests: 4})
+			gt := acquireN(t, g, 1)[0]
+			g.Report(gt, pacing.Verdict{Kind: pacing.Overload})
+			assert.Equal(t, time.Second, g.Learned().PausedFor)
+			assert.False(t, g.Learned().Enabled)
+		})
+	})
+	t.Run("a key out of quota leaves the pool until its reset", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 1}, {ID: "k2", MaxConcurrentRequests: 1}}})
+			gt := acquireN(t, g, 1)[0]
+			require.Equal(t, "k1", gt.Key)
+			g.Report(gt, pacing.Verdict{Kind: pacing.Quota, RetryAfter: 30 * time.Second})
+			gt.Slot.Release()
+			second := acquireN(t, g, 1)[0]
+			assert.Equal(t, "k2", second.Key)
+			third := acquireAsync(context.Background(), g, "m")
+			synctest.Wait()
+			assert.Len(t, third, 0, "k1 is out, k2 is full")
+			start := time.Now()
+			r := <-third
+			require.NoError(t, r.err)
+			assert.Equal(t, "k1", r.g.Key)
+			assert.Equal(t, 30*time.Second, time.Since(start))
+		})
+	})
+}
+
+func TestAdaptiveConfig(t *testing.T) {
+	c, err := pacing.Parse([]byte(`{"adaptive": {"min": 1, "max": 64, "initial": 4}}`))
+	require.NoError(t, err)
+	assert.Equal(t, &pacing.AdaptiveConfig{Min: 1, Max: 64, Initial: 4}, c.Adaptive)
+	_, err = pacing.Parse([]byte(`{"max_concurrent_requests": 5, "adaptive": {"min": 8}}`))
+	assert.EqualError(t, err, "pacing: adaptive.min: 8 is over the ceiling 5")
+	_, err = pacing.Parse([]byte(`{"adaptive": {"initial": -1}}`))
+	assert.EqualError(t, err, "pacing: adaptive.initial: -1 is negative")
+
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 7, Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
+		require.NoError(t, g.Reconfigure(pacing.Config{MaxConcurrentRequests: 7}))
+		assert.False(t, g.Learned().Enabled)
+		held := acquireN(t, g, 7)
+		assert.Equal(t, 7, held[6].InFlight, "without learning the configured cap applies")
+	})
+}
+
+// Many callers acquire, report random answers and release while the
+// learned limit moves: never more in flight than the ceiling, every call
+// returns, and nothing is left held.
+func TestLearnedCapHammer(t *testing.T) {
+	const ceiling = 12
+	g := newGate(t, pacing.Config{MaxConcurrentRequests: ceiling, MaxQueue: 1000,
+		Adaptive: &pacing.AdaptiveConfig{Initial: 3, RetestMS: 1}})
+	var inFlight, peak atomic.Int64
+	var wg sync.WaitGroup
+	kinds := []pacing.Kind{pacing.Admitted, pacing.Admitted, pacing.Admitted, pacing.Concurrency, pacing.Other}
+	for w := range 16 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			for range 300 {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(3))*time.Millisecond)
+				gt, err := g.Acquire(ctx, "m")
+				cancel()
+				if err != nil {
+					continue
+				}
+				n := inFlight.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+				g.Report(gt, pacing.Verdict{Kind: kinds[rng.IntN(len(kinds))]})
+				inFlight.Add(-1)
+				gt.Slot.Release()
+			}
+		}()
+	}
+	wg.Wait()
+	assert.LessOrEqual(t, peak.Load(), int64(ceiling))
+	assert.Zero(t, g.Status().InFlight)
+	l := g.Learned()
+	assert.GreaterOrEqual(t, l.Limit, 1)
+	assert.LessOrEqual(t, l.Limit, ceiling)
+	g.Close()
+}
