@@ -89,11 +89,13 @@ func (a *AdaptiveConfig) bounds(configured int) (floor, ceiling int) {
 // its Gate's lock; the Gate applies limit() to the lane after each change.
 //
 // The cap it keeps, lo, is the count that starts may reach without a test.
-// A start at lo+1 is a probe: one at a time, and only when demand fills lo
-// (a start at lo+1 happens only then), so an app-limited lane never grows.
-// A probe that the upstream admits, or that has not been refused within gap
-// (twice the time a refusal takes), raises lo by one; so the climb takes a
-// step per round trip of a refusal and overshoots by at most one.
+// A start over lo is a probe, and happens only when demand fills lo, so an
+// app-limited lane never grows. Probes go in batches: up to lo+1 at first,
+// then up to lo+2 and lo+4 while no ceiling is known (maxStep), one at a
+// time up to a known ceiling and over it. A batch that the upstream admits,
+// or that has not been refused within gap (twice the time a refusal takes),
+// raises lo to its top; so the climb takes a batch per round trip of a
+// refusal and overshoots by less than a batch.
 //
 // A refusal of a probe sets the ceiling hi to the count below it; the next
 // probe above hi waits retest, so holding a steady cap costs one 429 per
@@ -101,6 +103,9 @@ func (a *AdaptiveConfig) bounds(configured int) (floor, ceiling int) {
 // means the cap fell: lo halves at once (a drop is usually large, and each
 // start over the new cap is a 429 until enough holders finish), and
 // further refusals before any admission step down by 1, 1, 2, 4, ...
+// After a cut, starts go one at a time until one is admitted: a refusal
+// takes a round trip to arrive, and starts in that time would meet the same
+// fallen cap.
 type learner struct {
 	floor, ceil int
 	retest      time.Duration
@@ -112,10 +117,12 @@ type learner struct {
 	cutSeq uint64 // starts numbered up to it came before the last cut: stale evidence
 	streak int    // refusals since the last admission after a cut
 
-	probeN  int   // a start at lo+1 awaiting an answer; 0: none
-	probeAt int64 //
-	gap     time.Duration
-	refusal time.Duration // moving average of how long a refusal takes; 0: none seen
+	probeN   int   // the highest start of the batch out; 0: none
+	probeAt  int64 // when its last start went
+	probeTop int   // the limit while the batch is out
+	step     int   // the next batch's width
+	gap      time.Duration
+	refusal  time.Duration // moving average of how long a refusal takes; 0: none seen
 
 	timer    *clock.Timer
 	timerAt  int64
@@ -133,8 +140,8 @@ type Evidence struct {
 // Learned is the state of a Gate's learned cap.
 type Learned struct {
 	Enabled bool
-	Limit   int // the limit admissions run under now
-	Floor   int // proven: starts up to it go without a test
+	Limit   int // the limit admissions run under now (0 while the test of a cut is out)
+	Cap     int // the learned cap: starts up to it go without a test
 	Ceiling int // the cap is at most this, as last seen (the configured ceiling when unknown)
 	Changes uint64
 	// ByKind counts the answers reported, by Kind.
@@ -143,7 +150,7 @@ type Learned struct {
 }
 
 func newLearner(a *AdaptiveConfig, configured int) *learner {
-	l := &learner{gap: 500 * time.Millisecond}
+	l := &learner{gap: 500 * time.Millisecond, step: 1}
 	l.configure(a, configured)
 	init := a.Initial
 	if init == 0 {
@@ -164,19 +171,37 @@ func (l *learner) configure(a *AdaptiveConfig, configured int) {
 	l.hi = min(max(l.hi, l.lo), l.ceil)
 }
 
-// mayProbe reports whether a start at lo+1 may go now.
+// maxStep bounds the width of a batch of probes, and so the 429s of an
+// overshoot when the climb meets the ceiling.
+const maxStep = 4
+
+// width is the width of the next batch of probes.
+func (l *learner) width() int {
+	w := max(l.step, 1)
+	if l.lo < l.hi && l.hi < l.ceil {
+		w = min(w, l.hi-l.lo) // up to the known ceiling
+	} else if l.hi < l.ceil {
+		w = 1 // a retest
+	}
+	return min(w, l.ceil-l.lo)
+}
+
+// mayProbe reports whether a batch of probes may start now.
 func (l *learner) mayProbe(now int64) bool {
-	if l.probeN != 0 || l.lo >= l.ceil {
+	if l.probeN != 0 || l.streak > 0 || l.lo >= l.ceil {
 		return false
 	}
 	return l.lo < l.hi || now >= l.hiAt+int64(l.retest)
 }
 
-// limit is the lane's limit now: lo, and one more while a probe may go or
-// is out.
+// limit is the lane's limit now: lo, and the batch's top while a batch of
+// probes may go or is out (0 while the test of a cut is out).
 func (l *learner) limit(now int64) int {
-	if l.probeN != 0 || l.mayProbe(now) {
-		return l.lo + 1
+	switch {
+	case l.probeN != 0:
+		return l.probeTop
+	case l.mayProbe(now):
+		return l.lo + l.width()
 	}
 	return l.lo
 }
@@ -194,9 +219,18 @@ func (l *learner) wakeAt(now int64) int64 {
 
 // started notes a start with n in flight.
 func (l *learner) started(n int, now int64) {
-	if n > l.lo && l.probeN == 0 {
-		l.probeN, l.probeAt = n, now
+	switch {
+	case l.streak > 0 && l.probeN == 0:
+		// Since the last cut nothing has been admitted: this start tests
+		// the cut, and no other starts until it is answered (probeTop 0).
+		l.probeN, l.probeAt, l.probeTop = n, now, 0
+		return
+	case n <= l.lo || l.streak > 0:
+		return
+	case l.probeN == 0:
+		l.probeTop = l.lo + l.width()
 	}
+	l.probeN, l.probeAt = max(l.probeN, n), now
 }
 
 // givenBack notes that the start with n in flight at was given back unsent.
@@ -209,8 +243,7 @@ func (l *learner) givenBack(n int, at int64) {
 // tick presumes an unanswered probe admitted once gap has passed.
 func (l *learner) tick(now int64) {
 	if l.probeN != 0 && now >= l.probeAt+int64(l.gap) {
-		l.raise(l.probeN)
-		l.probeN = 0
+		l.batchDone(l.probeN)
 	}
 }
 
@@ -229,11 +262,23 @@ func (l *learner) admitted(n int, id uint64) {
 	if id <= l.cutSeq {
 		return // started before the last cut: proves what the cut undid
 	}
+	if l.probeN != 0 && n >= l.probeN {
+		l.batchDone(n)
+		return
+	}
 	l.streak = 0
 	l.proven = max(l.proven, n)
-	if l.probeN != 0 && n >= l.probeN {
-		l.probeN = 0
+	l.raise(n)
+}
+
+// batchDone takes the batch of probes up to n as admitted; the next one may
+// be wider.
+func (l *learner) batchDone(n int) {
+	if n > l.lo {
+		l.step = min(2*max(l.step, 1), maxStep)
 	}
+	l.probeN, l.streak = 0, 0
+	l.proven = max(l.proven, n)
 	l.raise(n)
 }
 
@@ -251,6 +296,18 @@ func (l *learner) refused(m int, id uint64, at, now int64, seq uint64) {
 	if id <= l.cutSeq {
 		return // counted by the cut that followed its start
 	}
+	if m > l.lo || l.probeN != 0 && m > 2*l.lo-l.probeN {
+		// A probe refused: the cap kept stands, and is the ceiling now.
+		// While a batch of probes is out, a start within its width below
+		// lo counts as one of them: it may have reached the upstream
+		// after a probe and lost its place to it.
+		l.lo = min(max(m-1, l.lo, l.floor), l.ceil)
+		l.hi = l.lo
+		l.hiAt, l.cutSeq = now, seq
+		l.proven = min(l.proven, l.lo)
+		l.probeN, l.step = 0, 1
+		return
+	}
 	l.streak++
 	switch {
 	case l.streak == 1 && m <= l.proven:
@@ -266,13 +323,13 @@ func (l *learner) refused(m int, id uint64, at, now int64, seq uint64) {
 	l.hi = max(min(m-1, l.ceil), l.lo)
 	l.hiAt, l.cutSeq = now, seq
 	l.proven = 0
-	l.probeN = 0
+	l.probeN, l.step = 0, 1
 }
 
 // overloaded lowers lo by a tenth (at least one), leaving the ceiling.
 func (l *learner) overloaded() {
 	l.lo = max(l.lo-max(1, l.lo/10), l.floor)
-	l.probeN = 0
+	l.probeN, l.step = 0, 1
 }
 
 // adaptive is a Gate's learning and its pauses; under the Gate's lock.
@@ -310,7 +367,7 @@ func (g *Gate) learnedLocked(now int64, ev Evidence) {
 		g.provider.Limit = n
 		l.changes++
 		g.eng.Policy.Log().Debug("pacing: learned limit", slog.String("provider", g.name),
-			slog.Int("old", old), slog.Int("new", n), slog.Int("floor", l.lo), slog.Int("ceiling", l.hi),
+			slog.Int("old", old), slog.Int("new", n), slog.Int("cap", l.lo), slog.Int("ceiling", l.hi),
 			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
 	}
 	at := l.wakeAt(now)
@@ -428,7 +485,7 @@ func (g *Gate) Learned() Learned {
 	if l := g.ad.l; l != nil {
 		st.Enabled = true
 		st.Limit = g.provider.Limit
-		st.Floor, st.Ceiling, st.Changes = l.lo, l.hi, l.changes
+		st.Cap, st.Ceiling, st.Changes = l.lo, l.hi, l.changes
 	}
 	return st
 }

@@ -36,7 +36,7 @@ func acquireN(t *testing.T, g *pacing.Gate, n int) []pacing.Grant {
 }
 
 func TestLearnedCapClimbs(t *testing.T) {
-	t.Run("a probe the upstream admits raises the limit by one", func(t *testing.T) {
+	t.Run("a probe the upstream admits raises the limit", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 			assert.Equal(t, 3, g.Learned().Limit, "one start over the floor may test it")
@@ -49,8 +49,8 @@ func TestLearnedCapClimbs(t *testing.T) {
 			synctest.Wait()
 			require.Len(t, fourth, 1, "the admitted probe let the next one go")
 			l := g.Learned()
-			assert.Equal(t, 3, l.Floor)
-			assert.Equal(t, 4, l.Limit)
+			assert.Equal(t, 3, l.Cap)
+			assert.Equal(t, 5, l.Limit, "no ceiling is known: the next batch is two wide")
 		})
 	})
 	t.Run("a probe not refused within the gap is taken as admitted", func(t *testing.T) {
@@ -58,7 +58,7 @@ func TestLearnedCapClimbs(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 			acquireN(t, g, 3)
 			time.Sleep(time.Second)
-			assert.Equal(t, 3, g.Learned().Floor)
+			assert.Equal(t, 3, g.Learned().Cap)
 		})
 	})
 	t.Run("demand that does not fill the limit raises nothing", func(t *testing.T) {
@@ -72,7 +72,7 @@ func TestLearnedCapClimbs(t *testing.T) {
 				gt[1].Slot.Release()
 				time.Sleep(time.Second)
 			}
-			assert.Equal(t, 2, g.Learned().Floor)
+			assert.Equal(t, 2, g.Learned().Cap)
 		})
 	})
 	t.Run("a configured max_concurrent_requests stays the ceiling", func(t *testing.T) {
@@ -96,7 +96,7 @@ func TestLearnedCapFalls(t *testing.T) {
 			held := acquireN(t, g, 5)
 			g.Report(held[4], refused)
 			l := g.Learned()
-			assert.Equal(t, 4, l.Floor)
+			assert.Equal(t, 4, l.Cap)
 			assert.Equal(t, 4, l.Ceiling)
 			assert.Equal(t, 4, l.Limit)
 			held[4].Slot.Release()
@@ -119,7 +119,7 @@ func TestLearnedCapFalls(t *testing.T) {
 			g.Report(next, refused)
 			next.Slot.Release()
 			l := g.Learned()
-			assert.Equal(t, 4, l.Floor, "halved")
+			assert.Equal(t, 4, l.Cap, "halved")
 			assert.Equal(t, 7, l.Ceiling)
 			for _, h := range held[3:7] {
 				h.Slot.Release()
@@ -127,7 +127,7 @@ func TestLearnedCapFalls(t *testing.T) {
 			next = acquireN(t, g, 1)[0]
 			require.Equal(t, 4, next.InFlight)
 			g.Report(next, refused)
-			assert.Equal(t, 3, g.Learned().Floor, "a second refusal steps down by one")
+			assert.Equal(t, 3, g.Learned().Cap, "a second refusal steps down by one")
 		})
 	})
 	t.Run("evidence from before a cut is stale", func(t *testing.T) {
@@ -135,10 +135,10 @@ func TestLearnedCapFalls(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 6, RetestMS: 60_000}})
 			held := acquireN(t, g, 6)
 			g.Report(held[5], refused) // not proven: the floor falls to 5
-			assert.Equal(t, 5, g.Learned().Floor)
+			assert.Equal(t, 5, g.Learned().Cap)
 			g.Report(held[4], admitted)
 			g.Report(held[3], refused)
-			assert.Equal(t, 5, g.Learned().Floor, "both started before the cut")
+			assert.Equal(t, 5, g.Learned().Cap, "both started before the cut")
 		})
 	})
 	t.Run("the floor holds", func(t *testing.T) {
@@ -146,7 +146,7 @@ func TestLearnedCapFalls(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: 2, Initial: 2}})
 			held := acquireN(t, g, 2)
 			g.Report(held[1], refused)
-			assert.Equal(t, 2, g.Learned().Floor)
+			assert.Equal(t, 2, g.Learned().Cap)
 		})
 	})
 }
@@ -157,7 +157,7 @@ func TestReportPausesAndQuota(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
 			gt := acquireN(t, g, 1)[0]
 			g.Report(gt, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 2 * time.Second})
-			assert.Equal(t, 4, g.Learned().Floor)
+			assert.Equal(t, 4, g.Learned().Cap)
 			start := time.Now()
 			c := acquireAsync(context.Background(), g, "m")
 			synctest.Wait()
@@ -250,7 +250,8 @@ func TestLearnedCapHammer(t *testing.T) {
 	assert.LessOrEqual(t, peak.Load(), int64(ceiling))
 	assert.Zero(t, g.Status().InFlight)
 	l := g.Learned()
-	assert.GreaterOrEqual(t, l.Limit, 1)
+	assert.GreaterOrEqual(t, l.Cap, 1)
+	assert.LessOrEqual(t, l.Cap, ceiling)
 	assert.LessOrEqual(t, l.Limit, ceiling)
 	g.Close()
 }
