@@ -14,6 +14,11 @@
 //
 // Config is the policy as a gateway's configuration file states it; a Gate
 // applies it, and Reconfigure changes it live.
+//
+// With an "adaptive" section the provider's cap is learned from the
+// upstream's answers instead of configured: report each one, before its
+// body is handed on, with gate.Report(grant, pacing.Classify(resp, nil)).
+// Package pacingtest scores settings against a simulated upstream.
 package pacing
 
 import (

@@ -143,12 +143,9 @@ func (g *Gate) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
-	var wk core.Wakes
 	g.mu.Lock()
 	g.applyLocked(cfg)
-	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
-	g.mu.Unlock()
-	wk.Wake()
+	g.redispatchLocked(g.eng.Clock.Nanos())
 	return nil
 }
 

@@ -129,6 +129,7 @@ type learner struct {
 	timerGen uint64
 
 	changes uint64
+	told    LimitChange // the cap and ceiling last reported
 }
 
 // Evidence is one answer as the learner saw it, for Learned and the logs.
@@ -337,6 +338,8 @@ type adaptive struct {
 	l          *learner // nil: not learning
 	pauseUntil int64    // no start before it (a Retry-After), clock nanos
 	byKind     [len(kindNames)]uint64
+	onChange   func(LimitChange)
+	pending    []LimitChange // made under the lock, reported after it
 }
 
 // adaptLocked starts, reconfigures or stops learning under g.cfg.
@@ -362,13 +365,17 @@ func (g *Gate) learnedLocked(now int64, ev Evidence) {
 	if l == nil {
 		return
 	}
-	if n := l.limit(now); n != g.provider.Limit {
-		old := g.provider.Limit
-		g.provider.Limit = n
+	g.provider.Limit = l.limit(now)
+	if l.lo != l.told.Cap || l.hi != l.told.Ceiling {
+		c := LimitChange{Provider: g.name, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
+		l.told.Cap, l.told.Ceiling = l.lo, l.hi
 		l.changes++
-		g.eng.Policy.Log().Debug("pacing: learned limit", slog.String("provider", g.name),
-			slog.Int("old", old), slog.Int("new", n), slog.Int("cap", l.lo), slog.Int("ceiling", l.hi),
+		g.eng.Policy.Log().Debug("pacing: learned cap", slog.String("provider", g.name),
+			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
 			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
+		if g.ad.onChange != nil {
+			g.ad.pending = append(g.ad.pending, c)
+		}
 	}
 	at := l.wakeAt(now)
 	if l.timer != nil && at != l.timerAt {
@@ -395,12 +402,54 @@ func (g *Gate) learnedLocked(now int64, ev Evidence) {
 	})
 }
 
-// redispatchLocked dispatches after a change of limits and unlocks.
+// redispatchLocked dispatches after a change of limits, unlocks, and reports
+// the changes.
 func (g *Gate) redispatchLocked(now int64) {
 	var wk core.Wakes
 	g.dispatchLocked(now, &wk)
+	notify := g.ad.takeLocked()
 	g.mu.Unlock()
 	wk.Wake()
+	notify()
+}
+
+// takeLocked returns a function that reports the changes made so far to
+// the hook, to be called once the Gate is unlocked.
+func (a *adaptive) takeLocked() func() {
+	if len(a.pending) == 0 {
+		return func() {}
+	}
+	f, cs := a.onChange, a.pending
+	a.pending = nil
+	return func() {
+		for _, c := range cs {
+			f(c)
+		}
+	}
+}
+
+// LimitChange is a change of a Gate's learned cap or of its ceiling, with
+// the evidence behind it. An Evidence of Kind Other and InFlight 0 is the
+// passing of time (probes taken as admitted, a retest due) or a
+// Reconfigure.
+type LimitChange struct {
+	Provider            string
+	OldCap, Cap         int
+	OldCeiling, Ceiling int
+	Evidence            Evidence
+}
+
+// OnLimitChange sets f to be called with each change of the learned cap or
+// ceiling (nil: none), for events and metrics. f is called after the Gate's
+// lock is released, possibly from several goroutines at once, and should
+// return quickly: it delays the request whose answer made the change.
+func (g *Gate) OnLimitChange(f func(LimitChange)) {
+	g.mu.Lock()
+	g.ad.onChange = f
+	if f == nil {
+		g.ad.pending = nil
+	}
+	g.mu.Unlock()
 }
 
 // stop stops the learner's timer.

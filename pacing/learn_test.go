@@ -255,3 +255,25 @@ func TestLearnedCapHammer(t *testing.T) {
 	assert.LessOrEqual(t, l.Limit, ceiling)
 	g.Close()
 }
+
+func TestOnLimitChange(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
+		var got []pacing.LimitChange
+		g.OnLimitChange(func(c pacing.LimitChange) {
+			got = append(got, c)
+			_ = g.Learned() // called outside the Gate's lock
+		})
+		held := acquireN(t, g, 5)
+		g.Report(held[4], refused)
+		g.Report(held[0], admitted) // changes nothing: no event
+		require.Len(t, got, 1)
+		assert.Equal(t, pacing.LimitChange{Provider: "zai", OldCap: 4, Cap: 4, OldCeiling: pacing.DefaultAdaptiveMax, Ceiling: 4,
+			Evidence: pacing.Evidence{Kind: pacing.Concurrency, InFlight: 5}}, got[0])
+
+		require.NoError(t, g.Reconfigure(pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, Max: 3}}))
+		require.Len(t, got, 2, "a lower max is a change too")
+		assert.Equal(t, 3, got[1].Cap)
+		g.OnLimitChange(nil)
+	})
+}
