@@ -277,3 +277,16 @@ func TestOnLimitChange(t *testing.T) {
 		g.OnLimitChange(nil)
 	})
 }
+
+func TestOverloadBacksOffGently(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 20}})
+		gt := acquireN(t, g, 1)[0]
+		g.Report(gt, pacing.Verdict{Kind: pacing.Overload, RetryAfter: 30 * time.Second})
+		l := g.Learned()
+		assert.Equal(t, 18, l.Cap, "a tenth off")
+		assert.Equal(t, pacing.DefaultAdaptiveMax, l.Ceiling, "the ceiling is left")
+		assert.Equal(t, 10*time.Second, l.PausedFor, "a long Retry-After pauses at most 10 s")
+		assert.Equal(t, uint64(1), l.ByKind[pacing.Overload])
+	})
+}
