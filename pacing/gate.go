@@ -72,6 +72,7 @@ type grant struct {
 	key   *keyLane
 	idx   [3]int32
 	n     int // the provider's requests in flight at the start, this one included
+	keyN  int // the same for its key
 	// The start times as they were before this grant, put back if the grant
 	// is given back (its caller's context ended as it came) and no later
 	// grant has moved them: a start that never happened takes no interval.
@@ -94,6 +95,7 @@ type Grant struct {
 	InFlight int
 	at       int64  // the start, clock nanos
 	id       uint64 // the start's number
+	keyN     int    // its key's requests in flight at the start, itself included
 }
 
 // A GateOption configures a Gate: slots.WithClock (for tests),
@@ -159,7 +161,7 @@ func (g *Gate) Close() {
 		g.timer.Stop()
 		g.timer = nil
 	}
-	g.ad.stop()
+	g.stopTimersLocked()
 	g.mu.Unlock()
 }
 
@@ -265,7 +267,7 @@ func (g *Gate) handOut(x *core.Handle, gr *grant, wait time.Duration) Grant {
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
-	gt.InFlight, gt.at, gt.id = gr.n, x.Hold().At, x.Hold().ID
+	gt.InFlight, gt.at, gt.id, gt.keyN = gr.n, x.Hold().At, x.Hold().ID, gr.keyN
 	gt.Slot = (*slots.Slot)(g.eng.Acquired(x, nil, wait))
 	return gt
 }
@@ -335,6 +337,10 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
+			gr.keyN = key.lane.Holders.Len()
+			if key.l != nil {
+				key.l.started(gr.keyN, now)
+			}
 		}
 		gr.prev = starts{g.started, g.last, g.next}
 		gr.modelPrev = starts{ml.started, ml.last, ml.next}
@@ -342,7 +348,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
 		wk.Grant(w)
 	}
-	g.learnedLocked(now, Evidence{}) // a probe that started arms its timer
+	g.learnedLocked(now, nil, Evidence{}) // a probe that started arms its timer
 	g.armLocked(wakeAt, now)
 }
 
@@ -440,6 +446,9 @@ func (gr *grant) Release(h *core.Hold) bool {
 		}
 		if g.ad.l != nil { // a probe that was never sent proves nothing
 			g.ad.l.givenBack(gr.n, h.At)
+		}
+		if gr.key != nil && gr.key.l != nil {
+			gr.key.l.givenBack(gr.keyN, h.At)
 		}
 	}
 	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)

@@ -19,9 +19,11 @@ type modelLane struct {
 }
 
 type keyLane struct {
-	id       string
-	lane     core.Lane
-	outUntil int64 // out of quota: no grants before it, clock nanos
+	id         string
+	lane       core.Lane
+	configured int      // its max_concurrent_requests (0: none)
+	l          *learner // its learned cap, with Config.Adaptive; else nil
+	outUntil   int64    // out of quota: no grants before it, clock nanos
 }
 
 func limitOf(n int) int {
@@ -63,7 +65,7 @@ func (g *Gate) applyLocked(cfg Config) {
 		if kl == nil {
 			kl = &keyLane{id: k.ID}
 		}
-		kl.lane.Limit = limitOf(k.MaxConcurrentRequests)
+		kl.lane.Limit, kl.configured = limitOf(k.MaxConcurrentRequests), k.MaxConcurrentRequests
 		g.keys = append(g.keys, kl)
 		pool[k.ID] = kl
 	}

@@ -98,46 +98,78 @@ type Learned struct {
 	// ByKind counts the answers reported, by Kind.
 	ByKind    [len(kindNames)]uint64
 	PausedFor time.Duration // new starts wait this long for a Retry-After
+	// Keys is each API key's learned cap when a key pool learns (the
+	// fields above are then the provider's configured ones, and zero).
+	Keys map[string]Learned
 }
 
 // adaptive is a Gate's learning and its pauses; under the Gate's lock.
 type adaptive struct {
-	l          *learner // nil: not learning
+	l          *learner // the provider's cap; nil: not learning, or a key pool learns
 	pauseUntil int64    // no start before it (a Retry-After), clock nanos
 	byKind     [len(kindNames)]uint64
 	onChange   func(LimitChange)
 	pending    []LimitChange // made under the lock, reported after it
 }
 
-// adaptLocked starts, reconfigures or stops learning under g.cfg.
+// adaptLocked starts, reconfigures or stops learning under g.cfg: the
+// provider's cap, or with a key pool each key's (a key is usually an
+// account of its own, with a cap of its own).
 func (g *Gate) adaptLocked() {
 	a := g.cfg.Adaptive
-	switch {
-	case a == nil:
+	if a == nil || len(g.keys) > 0 {
 		g.ad.stop()
 		g.ad.l = nil
-		return
-	case g.ad.l == nil:
-		g.ad.l = newLearner(a, g.cfg.MaxConcurrentRequests)
-	default:
-		g.ad.l.configure(a, g.cfg.MaxConcurrentRequests)
 	}
-	g.learnedLocked(g.eng.Clock.Nanos(), Evidence{})
+	for _, kl := range g.keys {
+		switch {
+		case a == nil:
+			kl.stopLearning()
+		case kl.l == nil:
+			kl.l = newLearner(a, kl.configured)
+			kl.l.lane, kl.l.key = &kl.lane, kl.id
+		default:
+			kl.l.configure(a, kl.configured)
+		}
+	}
+	if a == nil {
+		return
+	}
+	if len(g.keys) == 0 {
+		if g.ad.l == nil {
+			g.ad.l = newLearner(a, g.cfg.MaxConcurrentRequests)
+		} else {
+			g.ad.l.configure(a, g.cfg.MaxConcurrentRequests)
+		}
+		g.ad.l.lane = &g.provider
+	}
+	g.learnedLocked(g.eng.Clock.Nanos(), nil, Evidence{})
 }
 
-// learnedLocked applies the learner's limit to the provider lane, logs a
-// change with the evidence behind it, and arms the learner's timer.
-func (g *Gate) learnedLocked(now int64, ev Evidence) {
-	l := g.ad.l
-	if l == nil {
-		return
+// learnedLocked applies each learner's limit to its lane, logs and queues
+// the changes of a cap (from ev if it was by, else from time), and arms the
+// learners' timers.
+func (g *Gate) learnedLocked(now int64, by *learner, ev Evidence) {
+	if g.ad.l != nil {
+		g.syncLocked(g.ad.l, now, by, ev)
 	}
-	g.provider.Limit = l.limit(now)
+	for _, kl := range g.keys {
+		if kl.l != nil {
+			g.syncLocked(kl.l, now, by, ev)
+		}
+	}
+}
+
+func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
+	l.lane.Limit = l.limit(now)
 	if l.lo != l.told.Cap || l.hi != l.told.Ceiling {
-		c := LimitChange{Provider: g.name, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
+		if l != by {
+			ev = Evidence{}
+		}
+		c := LimitChange{Provider: g.name, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
 		l.told.Cap, l.told.Ceiling = l.lo, l.hi
 		l.changes++
-		g.eng.Policy.Log().Debug("pacing: learned cap", slog.String("provider", g.name),
+		g.eng.Policy.Log().Debug("pacing: learned cap", slog.String("provider", g.name), slog.String("key", l.key),
 			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
 			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
 		if g.ad.onChange != nil {
@@ -157,16 +189,25 @@ func (g *Gate) learnedLocked(now int64, ev Evidence) {
 	gen := l.timerGen
 	l.timer = g.clk.AfterFunc(time.Duration(max(at-now, 0)), func() {
 		g.mu.Lock()
-		if g.ad.l != l || l.timerGen != gen {
+		if !g.learningLocked(l) || l.timerGen != gen {
 			g.mu.Unlock()
 			return
 		}
 		l.timer = nil
 		now := g.eng.Clock.Nanos()
 		l.tick(now)
-		g.learnedLocked(now, Evidence{})
+		g.learnedLocked(now, nil, Evidence{})
 		g.redispatchLocked(now)
 	})
+}
+
+// learningLocked reports whether l is still one of the Gate's learners.
+func (g *Gate) learningLocked(l *learner) bool {
+	if l.key == "" {
+		return g.ad.l == l
+	}
+	kl := g.keyByID[l.key]
+	return kl != nil && kl.l == l
 }
 
 // redispatchLocked dispatches after a change of limits, unlocks, and reports
@@ -201,6 +242,7 @@ func (a *adaptive) takeLocked() func() {
 // Reconfigure.
 type LimitChange struct {
 	Provider            string
+	Key                 string // the API key whose cap it is; "" for the provider's
 	OldCap, Cap         int
 	OldCeiling, Ceiling int
 	Evidence            Evidence
@@ -219,12 +261,20 @@ func (g *Gate) OnLimitChange(f func(LimitChange)) {
 	g.mu.Unlock()
 }
 
-// stop stops the learner's timer.
-func (a *adaptive) stop() {
-	if a.l != nil && a.l.timer != nil {
-		a.l.timer.Stop()
-		a.l.timer = nil
+// stopTimersLocked stops the learners' timers, for Close.
+func (g *Gate) stopTimersLocked() {
+	g.ad.stop()
+	for _, kl := range g.keys {
+		kl.l.stop()
 	}
+}
+
+func (a *adaptive) stop() { a.l.stop() }
+
+func (kl *keyLane) stopLearning() {
+	kl.l.stop()
+	kl.l = nil
+	kl.lane.Limit = limitOf(kl.configured)
 }
 
 // keyBackAtLocked returns when the first key out of quota after now comes
@@ -257,15 +307,18 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	if int(v.Kind) < len(g.ad.byKind) {
 		g.ad.byKind[v.Kind]++
 	}
-	l := g.ad.l
+	l, n := g.ad.l, gr.InFlight
+	if kl := g.keyByID[gr.Key]; kl != nil && kl.l != nil {
+		l, n = kl.l, gr.keyN
+	}
 	switch v.Kind {
 	case Admitted:
 		if l != nil {
-			l.admitted(gr.InFlight, gr.id)
+			l.admitted(n, gr.id)
 		}
 	case Concurrency:
 		if l != nil {
-			l.refused(gr.InFlight, gr.id, gr.at, now, g.seq)
+			l.refused(n, gr.id, gr.at, now, g.seq)
 		}
 	case Rate, Overload:
 		d := v.RetryAfter
@@ -285,7 +338,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			kl.outUntil = max(kl.outUntil, now+int64(d))
 		}
 	}
-	g.learnedLocked(now, Evidence{Kind: v.Kind, InFlight: gr.InFlight})
+	g.learnedLocked(now, l, Evidence{Kind: v.Kind, InFlight: n})
 	g.redispatchLocked(now)
 }
 
@@ -300,8 +353,16 @@ func (g *Gate) Learned() Learned {
 	}
 	if l := g.ad.l; l != nil {
 		st.Enabled = true
-		st.Limit = g.provider.Limit
-		st.Cap, st.Ceiling, st.Changes = l.lo, l.hi, l.changes
+		st.Limit, st.Cap, st.Ceiling, st.Changes = l.lane.Limit, l.lo, l.hi, l.changes
+	}
+	for _, kl := range g.keys {
+		if l := kl.l; l != nil {
+			if st.Keys == nil {
+				st.Keys = make(map[string]Learned, len(g.keys))
+			}
+			st.Enabled = true
+			st.Keys[kl.id] = Learned{Enabled: true, Limit: l.lane.Limit, Cap: l.lo, Ceiling: l.hi, Changes: l.changes}
+		}
 	}
 	return st
 }

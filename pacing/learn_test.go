@@ -290,3 +290,43 @@ func TestOverloadBacksOffGently(t *testing.T) {
 		assert.Equal(t, uint64(1), l.ByKind[pacing.Overload])
 	})
 }
+
+func TestEachKeyLearnsItsCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000},
+			APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 10}, {ID: "k2"}}})
+		var got []pacing.LimitChange
+		g.OnLimitChange(func(c pacing.LimitChange) { got = append(got, c) })
+		l := g.Learned()
+		assert.Zero(t, l.Cap, "the keys learn, not the provider")
+		assert.Equal(t, map[string]pacing.Learned{
+			"k1": {Enabled: true, Limit: 3, Cap: 2, Ceiling: 10, Changes: 1},
+			"k2": {Enabled: true, Limit: 3, Cap: 2, Ceiling: pacing.DefaultAdaptiveMax, Changes: 1},
+		}, l.Keys)
+		held := acquireN(t, g, 6)
+		byKey := map[string][]pacing.Grant{}
+		for _, h := range held {
+			byKey[h.Key] = append(byKey[h.Key], h)
+		}
+		require.Len(t, byKey["k1"], 3)
+		require.Len(t, byKey["k2"], 3)
+		g.Report(byKey["k1"][2], refused)
+		g.Report(byKey["k2"][2], admitted)
+		l = g.Learned()
+		assert.Equal(t, 2, l.Keys["k1"].Cap)
+		assert.Equal(t, 2, l.Keys["k1"].Ceiling, "k1 refused its third")
+		assert.Equal(t, 3, l.Keys["k2"].Cap, "k2 admitted its third")
+		require.Len(t, got, 2)
+		assert.Equal(t, pacing.LimitChange{Provider: "zai", Key: "k1", OldCap: 2, Cap: 2, OldCeiling: 10, Ceiling: 2,
+			Evidence: pacing.Evidence{Kind: pacing.Concurrency, InFlight: 3}}, got[0])
+		assert.Equal(t, "k2", got[1].Key)
+
+		next := acquireN(t, g, 1)[0]
+		assert.Equal(t, "k2", next.Key, "k1 is at its learned cap")
+
+		require.NoError(t, g.Reconfigure(pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 10}, {ID: "k2", MaxConcurrentRequests: 4}}}))
+		assert.False(t, g.Learned().Enabled)
+		next = acquireN(t, g, 1)[0]
+		assert.Equal(t, "k1", next.Key, "without learning k1 has its configured cap again")
+	})
+}

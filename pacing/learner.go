@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 // learner learns one lane's cap from evidence: a start with n in flight that
@@ -30,6 +32,8 @@ import (
 // takes a round trip to arrive, and starts in that time would meet the same
 // fallen cap.
 type learner struct {
+	lane        *core.Lane // whose Limit it drives
+	key         string     // the API key of lane; "" for the provider
 	floor, ceil int
 	retest      time.Duration
 
@@ -75,6 +79,14 @@ func (l *learner) configure(a *AdaptiveConfig, configured int) {
 	}
 	l.lo = min(max(l.lo, l.floor), l.ceil)
 	l.hi = min(max(l.hi, l.lo), l.ceil)
+}
+
+// stop stops the timer; a nil learner has none.
+func (l *learner) stop() {
+	if l != nil && l.timer != nil {
+		l.timer.Stop()
+		l.timer = nil
+	}
 }
 
 // maxStep bounds the width of a batch of probes, and so the 429s of an

@@ -52,6 +52,9 @@ func TestNoStartableRequestLeft(t *testing.T) {
 					Models:  map[string]ModelConfig{"m0": {MaxConcurrentRequests: 1 + rng.IntN(2)}},
 					APIKeys: []KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}, {ID: "k2", MaxConcurrentRequests: 1 + rng.IntN(2)}}[:rng.IntN(3)],
 					Shares:  map[string]ShareConfig{"interactive": {Reserved: rng.IntN(2)}, "batch": {Min: rng.IntN(3)}},
+					// Learning moves the provider's (or each key's) limit as
+					// time passes, from its own timers.
+					Adaptive: []*AdaptiveConfig{nil, {Initial: 1 + rng.IntN(2), RetestMS: 100}}[rng.IntN(2)],
 				}
 			}
 			g, err := NewGate("p", config())
