@@ -106,6 +106,8 @@ type ModelConfig struct {
 	MaxConcurrentRequests int   `json:"max_concurrent_requests,omitempty"`
 	RequestsPerMinute     int   `json:"requests_per_minute,omitempty"`
 	MinIntervalMS         int64 `json:"min_interval_ms,omitempty"`
+	// Adaptive, if present, learns the model's own cap (see Config.Adaptive).
+	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 }
 
 // Parse reads a Config from JSON and validates it. Unknown fields are
@@ -162,7 +164,7 @@ func (c Config) Validate() error {
 		return bad("max_queue_per_flow", c.MaxQueuePerFlow, "is negative")
 	}
 	if c.Adaptive != nil {
-		if err := c.Adaptive.validate(c.MaxConcurrentRequests); err != nil {
+		if err := c.Adaptive.validate("adaptive", c.MaxConcurrentRequests); err != nil {
 			return err
 		}
 	}
@@ -201,6 +203,11 @@ func (c Config) Validate() error {
 			return bad(field+".min_interval_ms", m.MinIntervalMS, "is negative")
 		case m.MinIntervalMS > MaxMS:
 			return bad(field+".min_interval_ms", m.MinIntervalMS, fmt.Sprintf("is over %d (a day)", MaxMS))
+		}
+		if m.Adaptive != nil {
+			if err := m.Adaptive.validate(field+".adaptive", m.MaxConcurrentRequests); err != nil {
+				return err
+			}
 		}
 	}
 	return nil

@@ -73,6 +73,7 @@ type grant struct {
 	idx   [3]int32
 	n     int // the provider's requests in flight at the start, this one included
 	keyN  int // the same for its key
+	mN    int // the same for its model
 	// The start times as they were before this grant, put back if the grant
 	// is given back (its caller's context ended as it came) and no later
 	// grant has moved them: a start that never happened takes no interval.
@@ -96,6 +97,8 @@ type Grant struct {
 	at       int64  // the start, clock nanos
 	id       uint64 // the start's number
 	keyN     int    // its key's requests in flight at the start, itself included
+	model    string
+	modelN   int // its model's requests in flight at the start, itself included
 }
 
 // A GateOption configures a Gate: slots.WithClock (for tests),
@@ -268,6 +271,7 @@ func (g *Gate) handOut(x *core.Handle, gr *grant, wait time.Duration) Grant {
 		gt.Key = gr.key.id
 	}
 	gt.InFlight, gt.at, gt.id, gt.keyN = gr.n, x.Hold().At, x.Hold().ID, gr.keyN
+	gt.model, gt.modelN = gr.model.name, gr.mN
 	gt.Slot = (*slots.Slot)(g.eng.Acquired(x, nil, wait))
 	return gt
 }
@@ -335,6 +339,10 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			g.ad.l.started(gr.n, now)
 		}
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
+		gr.mN = ml.lane.Holders.Len()
+		if ml.l != nil {
+			ml.l.started(gr.mN, now)
+		}
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 			gr.keyN = key.lane.Holders.Len()
@@ -449,6 +457,9 @@ func (gr *grant) Release(h *core.Hold) bool {
 		}
 		if gr.key != nil && gr.key.l != nil {
 			gr.key.l.givenBack(gr.keyN, h.At)
+		}
+		if gr.model.l != nil {
+			gr.model.l.givenBack(gr.mN, h.At)
 		}
 	}
 	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)

@@ -13,9 +13,11 @@ type modelLane struct {
 	waiting    int
 	interval   time.Duration
 	next, last int64
-	started    bool   // a start has been granted (last is meaningful)
-	lastID     uint64 // the hold that made the last start
-	configured bool   // kept while idle, so its spacing holds
+	started    bool     // a start has been granted (last is meaningful)
+	lastID     uint64   // the hold that made the last start
+	configured bool     // kept while idle, so its spacing holds
+	capCfg     int      // its max_concurrent_requests (0: none)
+	l          *learner // its learned cap, with ModelConfig.Adaptive; else nil
 }
 
 type keyLane struct {
@@ -42,7 +44,7 @@ func (g *Gate) applyLocked(cfg Config) {
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
-			ml.lane.Limit, ml.interval = slots.Unlimited, 0
+			ml.lane.Limit, ml.interval, ml.capCfg = slots.Unlimited, 0, 0
 			g.dropIfIdleLocked(ml)
 		}
 	}
@@ -53,7 +55,7 @@ func (g *Gate) applyLocked(cfg Config) {
 			g.models[name] = ml
 		}
 		ml.configured = true
-		ml.lane.Limit = limitOf(m.MaxConcurrentRequests)
+		ml.lane.Limit, ml.capCfg = limitOf(m.MaxConcurrentRequests), m.MaxConcurrentRequests
 		ml.interval = cfg.ModelInterval(name)
 	}
 	// Keys keep their lanes (and so their holders) by id; a key no longer

@@ -41,9 +41,9 @@ const (
 	maxPause = 10 * time.Second
 )
 
-func (a *AdaptiveConfig) validate(ceiling int) error {
+func (a *AdaptiveConfig) validate(path string, ceiling int) error {
 	bad := func(field string, v any, why string) error {
-		return fmt.Errorf("pacing: adaptive.%s: %v %s", field, v, why)
+		return fmt.Errorf("pacing: %s.%s: %v %s", path, field, v, why)
 	}
 	switch {
 	case a.Min < 0:
@@ -101,6 +101,8 @@ type Learned struct {
 	// Keys is each API key's learned cap when a key pool learns (the
 	// fields above are then the provider's configured ones, and zero).
 	Keys map[string]Learned
+	// Models is the learned cap of each model with an adaptive section.
+	Models map[string]Learned
 }
 
 // adaptive is a Gate's learning and its pauses; under the Gate's lock.
@@ -121,6 +123,19 @@ func (g *Gate) adaptLocked() {
 		g.ad.stop()
 		g.ad.l = nil
 	}
+	for name, ml := range g.models {
+		m := g.cfg.Models[name].Adaptive
+		switch {
+		case m == nil:
+			ml.l.stop()
+			ml.l = nil
+		case ml.l == nil:
+			ml.l = newLearner(m, ml.capCfg)
+			ml.l.lane, ml.l.model = &ml.lane, name
+		default:
+			ml.l.configure(m, ml.capCfg)
+		}
+	}
 	for _, kl := range g.keys {
 		switch {
 		case a == nil:
@@ -132,10 +147,7 @@ func (g *Gate) adaptLocked() {
 			kl.l.configure(a, kl.configured)
 		}
 	}
-	if a == nil {
-		return
-	}
-	if len(g.keys) == 0 {
+	if a != nil && len(g.keys) == 0 {
 		if g.ad.l == nil {
 			g.ad.l = newLearner(a, g.cfg.MaxConcurrentRequests)
 		} else {
@@ -158,6 +170,11 @@ func (g *Gate) learnedLocked(now int64, by *learner, ev Evidence) {
 			g.syncLocked(kl.l, now, by, ev)
 		}
 	}
+	for _, ml := range g.models {
+		if ml.l != nil {
+			g.syncLocked(ml.l, now, by, ev)
+		}
+	}
 }
 
 func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
@@ -166,10 +183,10 @@ func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
 		if l != by {
 			ev = Evidence{}
 		}
-		c := LimitChange{Provider: g.name, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
+		c := LimitChange{Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
 		l.told.Cap, l.told.Ceiling = l.lo, l.hi
 		l.changes++
-		g.eng.Policy.Log().Debug("pacing: learned cap", slog.String("provider", g.name), slog.String("key", l.key),
+		g.eng.Policy.Log().Debug("pacing: learned cap", slog.String("provider", g.name), slog.String("model", l.model), slog.String("key", l.key),
 			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
 			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
 		if g.ad.onChange != nil {
@@ -203,11 +220,15 @@ func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
 
 // learningLocked reports whether l is still one of the Gate's learners.
 func (g *Gate) learningLocked(l *learner) bool {
-	if l.key == "" {
-		return g.ad.l == l
+	switch {
+	case l.model != "":
+		ml := g.models[l.model]
+		return ml != nil && ml.l == l
+	case l.key != "":
+		kl := g.keyByID[l.key]
+		return kl != nil && kl.l == l
 	}
-	kl := g.keyByID[l.key]
-	return kl != nil && kl.l == l
+	return g.ad.l == l
 }
 
 // redispatchLocked dispatches after a change of limits, unlocks, and reports
@@ -242,7 +263,8 @@ func (a *adaptive) takeLocked() func() {
 // Reconfigure.
 type LimitChange struct {
 	Provider            string
-	Key                 string // the API key whose cap it is; "" for the provider's
+	Model               string // the model whose cap it is, if a model's
+	Key                 string // the API key whose cap it is, if a key's
 	OldCap, Cap         int
 	OldCeiling, Ceiling int
 	Evidence            Evidence
@@ -266,6 +288,9 @@ func (g *Gate) stopTimersLocked() {
 	g.ad.stop()
 	for _, kl := range g.keys {
 		kl.l.stop()
+	}
+	for _, ml := range g.models {
+		ml.l.stop()
 	}
 }
 
@@ -292,8 +317,9 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // Report tells the Gate how the upstream answered the request of gr: call
 // it once per grant, as soon as the answer's status is known (before its
 // body is read), and before the grant's Slot is released, with the verdict
-// of Classify. With learning on (Config.Adaptive), Admitted and Concurrency
-// move the learned cap. A Rate or Overload verdict pauses new starts for its
+// of Classify. With learning on, Admitted and Concurrency move a learned
+// cap: the model's if it learns (ModelConfig.Adaptive), else the key's if a
+// key pool learns, else the provider's (Config.Adaptive). A Rate or Overload verdict pauses new starts for its
 // RetryAfter (at most 10 s; 1 s when it gives none); Overload also lowers a
 // learned cap a little. A Quota verdict takes the grant's API key out of the
 // pool for its RetryAfter (QuotaPause when it gives none). A bypassed grant
@@ -307,8 +333,12 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	if int(v.Kind) < len(g.ad.byKind) {
 		g.ad.byKind[v.Kind]++
 	}
+	// The evidence goes to the most specific lane on the request's path
+	// that learns: its model's, its key's, or the provider's.
 	l, n := g.ad.l, gr.InFlight
-	if kl := g.keyByID[gr.Key]; kl != nil && kl.l != nil {
+	if ml := g.models[gr.model]; ml != nil && ml.l != nil {
+		l, n = ml.l, gr.modelN
+	} else if kl := g.keyByID[gr.Key]; kl != nil && kl.l != nil {
 		l, n = kl.l, gr.keyN
 	}
 	switch v.Kind {
@@ -362,6 +392,15 @@ func (g *Gate) Learned() Learned {
 			}
 			st.Enabled = true
 			st.Keys[kl.id] = Learned{Enabled: true, Limit: l.lane.Limit, Cap: l.lo, Ceiling: l.hi, Changes: l.changes}
+		}
+	}
+	for name, ml := range g.models {
+		if l := ml.l; l != nil {
+			if st.Models == nil {
+				st.Models = map[string]Learned{}
+			}
+			st.Enabled = true
+			st.Models[name] = Learned{Enabled: true, Limit: l.lane.Limit, Cap: l.lo, Ceiling: l.hi, Changes: l.changes}
 		}
 	}
 	return st

@@ -330,3 +330,44 @@ func TestEachKeyLearnsItsCap(t *testing.T) {
 		assert.Equal(t, "k1", next.Key, "without learning k1 has its configured cap again")
 	})
 }
+
+func TestAModelLearnsItsCap(t *testing.T) {
+	_, err := pacing.Parse([]byte(`{"models": {"glm-5": {"max_concurrent_requests": 2, "adaptive": {"min": 5}}}}`))
+	assert.EqualError(t, err, `pacing: models["glm-5"].adaptive.min: 5 is over the ceiling 2`)
+
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 10,
+			Models: map[string]pacing.ModelConfig{"glm-5": {Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000}}}})
+		var got []pacing.LimitChange
+		g.OnLimitChange(func(c pacing.LimitChange) { got = append(got, c) })
+		var held []pacing.Grant
+		for range 3 {
+			c := acquireAsync(context.Background(), g, "glm-5")
+			synctest.Wait()
+			require.Len(t, c, 1)
+			r := <-c
+			require.NoError(t, r.err)
+			held = append(held, r.g)
+		}
+		blocked := acquireAsync(context.Background(), g, "glm-5")
+		synctest.Wait()
+		assert.Len(t, blocked, 0, "a fourth waits for the third's answer")
+		g.Report(held[2], refused)
+		l := g.Learned()
+		assert.Zero(t, l.Cap, "the provider's cap is configured")
+		assert.Equal(t, pacing.Learned{Enabled: true, Limit: 2, Cap: 2, Ceiling: 2, Changes: 2}, l.Models["glm-5"])
+		require.Len(t, got, 1)
+		assert.Equal(t, "glm-5", got[0].Model)
+		for range 7 {
+			c := acquireAsync(context.Background(), g, "glm-4")
+			synctest.Wait()
+			require.Len(t, c, 1, "another model is not held back")
+		}
+		require.NoError(t, g.Reconfigure(pacing.Config{MaxConcurrentRequests: 10}))
+		assert.Nil(t, g.Learned().Models)
+		held[2].Slot.Release()
+		synctest.Wait()
+		require.Len(t, blocked, 1, "without learning glm-5 has no cap of its own")
+		g.Close()
+	})
+}

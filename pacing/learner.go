@@ -33,7 +33,7 @@ import (
 // fallen cap.
 type learner struct {
 	lane        *core.Lane // whose Limit it drives
-	key         string     // the API key of lane; "" for the provider
+	model, key  string     // the model or the API key of lane; neither for the provider
 	floor, ceil int
 	retest      time.Duration
 

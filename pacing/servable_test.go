@@ -49,7 +49,7 @@ func TestNoStartableRequestLeft(t *testing.T) {
 			config := func() Config {
 				return Config{
 					MaxConcurrentRequests: 2 + rng.IntN(3), MaxQueue: 100, RequestsPerMinute: []int{0, 600}[rng.IntN(2)],
-					Models:  map[string]ModelConfig{"m0": {MaxConcurrentRequests: 1 + rng.IntN(2)}},
+					Models:  map[string]ModelConfig{"m0": {MaxConcurrentRequests: 1 + rng.IntN(2), Adaptive: []*AdaptiveConfig{nil, {RetestMS: 100}}[rng.IntN(2)]}},
 					APIKeys: []KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}, {ID: "k2", MaxConcurrentRequests: 1 + rng.IntN(2)}}[:rng.IntN(3)],
 					Shares:  map[string]ShareConfig{"interactive": {Reserved: rng.IntN(2)}, "batch": {Min: rng.IntN(3)}},
 					// Learning moves the provider's (or each key's) limit as
