@@ -111,7 +111,7 @@ func TestLearnedCapScore(t *testing.T) {
 			// the same instant reach the upstream in the order the
 			// scheduler runs them.
 			assert.LessOrEqual(t, w.refused, 0.03, "429s / attempts")
-			assert.GreaterOrEqual(t, w.goodput, 0.95, "goodput against a static cap at the true value")
+			assert.GreaterOrEqual(t, w.goodput, 0.94, "goodput against a static cap at the true value")
 			for what, d := range map[string]time.Duration{"the start": w.start, "the drop": w.drop, "the rise": w.rise} {
 				assert.True(t, d >= 0 && d <= 25*time.Second, "settles within 25 s of %s: %v", what, d)
 			}
