@@ -22,12 +22,13 @@ import (
 // raises lo to its top; so the climb takes a batch per round trip of a
 // refusal and overshoots by less than a batch.
 //
-// A refusal of a probe sets the ceiling hi to the count below it; the next
-// probe above hi waits retest, so holding a steady cap costs one 429 per
-// retest. A refusal at a count that had been proven since the last cut
-// means the cap fell: lo halves at once (a drop is usually large, and each
-// start over the new cap is a 429 until enough holders finish), and
-// further refusals before any admission step down by 1, 1, 2, 4, ...
+// A refusal of a probe sets the ceiling hi to the count below it (or keeps
+// lo, for a start that a probe passed on its way); the next probe above hi
+// waits retest, so holding a steady cap costs one 429 per retest. A
+// refusal at a count that had been proven since the last cut means the cap
+// fell: lo halves at once (a drop is usually large, and each start over the
+// new cap is a 429 until enough holders finish), and further refusals
+// before any admission step down by 1, 2, 4, ...
 // After a cut, starts go one at a time until one is admitted: a refusal
 // takes a round trip to arrive, and starts in that time would meet the same
 // fallen cap.
@@ -48,7 +49,7 @@ type learner struct {
 	probeAt  int64 // when its last start went
 	probeTop int   // the limit while the batch is out
 	step     int   // the next batch's width
-	gap      time.Duration
+	gap      time.Duration // how long a probe goes unanswered before it counts as admitted
 	refusal  time.Duration // moving average of how long a refusal takes; 0: none seen
 
 	timer    *clock.Timer
