@@ -45,10 +45,10 @@ type learner struct {
 	cutSeq uint64 // starts numbered up to it came before the last cut: stale evidence
 	streak int    // refusals since the last admission after a cut
 
-	probeN   int   // the highest start of the batch out; 0: none
-	probeAt  int64 // when its last start went
-	probeTop int   // the limit while the batch is out
-	step     int   // the next batch's width
+	probeN   int           // the highest start of the batch out; 0: none
+	probeAt  int64         // when its last start went
+	probeTop int           // the limit while the batch is out
+	step     int           // the next batch's width
 	gap      time.Duration // how long a probe goes unanswered before it counts as admitted
 	refusal  time.Duration // moving average of how long a refusal takes; 0: none seen
 
