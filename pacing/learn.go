@@ -319,11 +319,12 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // body is read), and before the grant's Slot is released, with the verdict
 // of Classify. With learning on, Admitted and Concurrency move a learned
 // cap: the model's if it learns (ModelConfig.Adaptive), else the key's if a
-// key pool learns, else the provider's (Config.Adaptive). A Rate or Overload verdict pauses new starts for its
-// RetryAfter (at most 10 s; 1 s when it gives none); Overload also lowers a
-// learned cap a little. A Quota verdict takes the grant's API key out of the
-// pool for its RetryAfter (QuotaPause when it gives none). A bypassed grant
-// reports nothing.
+// key pool learns, else the provider's (Config.Adaptive). A Rate or
+// Overload verdict pauses new starts for its RetryAfter (at most 10 s; 1 s
+// when it gives none): with a key pool the key's starts, else all of the
+// provider's; Overload also lowers a learned cap a little. A Quota verdict
+// takes the grant's API key out of the pool for its RetryAfter (QuotaPause
+// when it gives none). A bypassed grant reports nothing.
 func (g *Gate) Report(gr Grant, v Verdict) {
 	if gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
 		return
@@ -355,7 +356,12 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		if d <= 0 {
 			d = time.Second
 		}
-		g.ad.pauseUntil = max(g.ad.pauseUntil, now+int64(min(d, maxPause)))
+		until := now + int64(min(d, maxPause))
+		if kl := g.keyByID[gr.Key]; kl != nil {
+			kl.outUntil = max(kl.outUntil, until) // the key's allowance, not the others'
+		} else {
+			g.ad.pauseUntil = max(g.ad.pauseUntil, until)
+		}
 		if v.Kind == Overload && l != nil {
 			l.overloaded()
 		}

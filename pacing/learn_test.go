@@ -371,3 +371,20 @@ func TestAModelLearnsItsCap(t *testing.T) {
 		g.Close()
 	})
 }
+
+func TestRetryAfterPausesOnlyItsKey(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}, {ID: "k2", MaxConcurrentRequests: 1}}})
+		gt := acquireN(t, g, 1)[0]
+		require.Equal(t, "k1", gt.Key)
+		g.Report(gt, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 3 * time.Second})
+		assert.Zero(t, g.Learned().PausedFor, "the provider is not paused")
+		other := acquireN(t, g, 1)[0]
+		assert.Equal(t, "k2", other.Key, "k1 is paused, k2 is not")
+		start := time.Now()
+		r := <-acquireAsync(context.Background(), g, "m")
+		require.NoError(t, r.err)
+		assert.Equal(t, "k1", r.g.Key)
+		assert.Equal(t, 3*time.Second, time.Since(start))
+	})
+}
