@@ -40,7 +40,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-	"unsafe"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/ilist"
@@ -62,8 +61,7 @@ type Registry[K comparable] struct {
 	seed         maphash.Seed
 	shards       []shard[K]
 	shardBits    uint
-	keyLen       func(K) int // nil: keys are not length-checked
-	selfCheck    bool        // K may hold a NaN or an uncomparable dynamic value
+	stringKeys   bool // K is a string type, bounded by maxKeyBytes
 	limitFunc    LimitFunc[K]
 	refresh      time.Duration // of limitFunc's limits
 
@@ -192,6 +190,7 @@ func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 	r := &Registry[K]{
 		defaultLimit: defaultLimit,
 		maxKeyBytes:  st.MaxKeyBytes,
+		stringKeys:   reflect.TypeFor[K]().Kind() == reflect.String,
 		seed:         maphash.MakeSeed(),
 		shards:       make([]shard[K], n),
 		shardBits:    uint(bits.Len(uint(n - 1))),
@@ -203,30 +202,7 @@ func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 		r.shards[i].lanes.shift = uint32(r.shardBits)
 		r.shards[i].r = r
 	}
-	if r.maxKeyBytes > 0 && reflect.TypeFor[K]().Kind() == reflect.String {
-		// K's underlying type is string, so it has a string's layout.
-		r.keyLen = func(k K) int { return len(*(*string)(unsafe.Pointer(&k))) }
-	}
-	r.selfCheck = mayBeUnequal(reflect.TypeFor[K]())
 	return r
-}
-
-// mayBeUnequal reports whether values of t can be unequal to themselves (a
-// NaN) or panic when compared (an interface holding a slice).
-func mayBeUnequal(t reflect.Type) bool {
-	switch t.Kind() {
-	case reflect.Float32, reflect.Float64, reflect.Complex64, reflect.Complex128, reflect.Interface:
-		return true
-	case reflect.Array:
-		return mayBeUnequal(t.Elem())
-	case reflect.Struct:
-		for i := range t.NumField() {
-			if mayBeUnequal(t.Field(i).Type) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // equalsItself is false for a key that no map lookup could find again (it
@@ -264,12 +240,12 @@ func (r *Registry[K]) checkKey(key K) error {
 // never find again: a NaN (or a struct or interface holding one) is unequal to
 // itself, and an interface holding a slice cannot be hashed at all.
 func (r *Registry[K]) validKey(key K) error {
-	if r.keyLen != nil {
-		if n := r.keyLen(key); n > r.maxKeyBytes {
+	if r.stringKeys && r.maxKeyBytes > 0 {
+		if n := reflect.ValueOf(key).Len(); n > r.maxKeyBytes {
 			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.maxKeyBytes)
 		}
 	}
-	if r.selfCheck && !equalsItself(key) {
+	if !equalsItself(key) {
 		return fmt.Errorf("%w: the key is not equal to itself (NaN) or not comparable", ErrInvalidKey)
 	}
 	return nil

@@ -75,9 +75,11 @@ func WithObserver(o Observer) Option {
 // collected by the garbage collector while still held, give its capacity
 // back; the leak is logged (slot id, how long it was held) and reported as
 // EventLeaked. It is a safety net for a missed Release, not a way to
-// release: the collector runs when it will. It costs one more allocation
-// and a cleanup registration per admission (see the benchmarks), so it is
-// off by default; turn it on in tests and where leaks are suspected.
+// release: the collector runs when it will. It costs two more allocations
+// (the tracked hold and a weak pointer to the Slot) and a cleanup
+// registration per admission, several times an admission's cost (see
+// BenchmarkRegistryTryAcquireRelease/inflight-leakcheck), so it is off by
+// default; turn it on in tests and where leaks are suspected.
 //
 // Do not use it with testing/synctest bubbles in which callers wait for
 // slots: the runtime runs cleanups outside every bubble, and a reclaimed slot

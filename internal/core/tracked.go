@@ -5,7 +5,7 @@ import (
 	"runtime"
 	"strings"
 	"time"
-	"unsafe"
+	"weak"
 )
 
 // Tracked keeps the hold that a lane counts apart from the user's Slot, for
@@ -18,9 +18,10 @@ type Tracked struct {
 	Hold    // what the lane counts; its Owner is the lane
 	cleanup runtime.Cleanup
 	site    []uintptr // where it was acquired, when recorded (RecordSite)
-	// standIn is the address of the stand-in Hold. An address, not a
-	// pointer: it must not keep the Slot alive. Go's heap does not move.
-	standIn uintptr
+	// standIn is the stand-in Hold, the one Release must come through. A
+	// strong pointer would keep the Slot alive, and its cleanup would never
+	// run.
+	standIn weak.Pointer[Hold]
 }
 
 // A Leaker reclaims a Tracked hold whose Slot was dropped: it reads what it
@@ -71,7 +72,7 @@ func (t *Tracked) Site() string {
 func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 	standIn.Owner = t
 	standIn.ID, standIn.At, standIn.Bypassed = t.ID, t.At, t.Bypassed
-	t.standIn = uintptr(unsafe.Pointer(standIn))
+	t.standIn = weak.Make(standIn)
 	// The cleanup's argument is t, which does not reach slot: the lane
 	// refers to t, never to the Slot.
 	t.cleanup = runtime.AddCleanup(slot, reclaim, t)
@@ -90,7 +91,7 @@ func reclaim(t *Tracked) {
 // Release implements Owner for the stand-in: it frees the tracked hold. A
 // copy of the Slot (which go vet flags) is another Hold: refused as misuse.
 func (t *Tracked) Release(h *Hold) bool {
-	if uintptr(unsafe.Pointer(h)) != t.standIn {
+	if t.standIn.Value() != h {
 		t.Hold.Owner.Misuse(&t.Hold)
 		return false
 	}
