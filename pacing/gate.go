@@ -356,7 +356,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
 		wk.Grant(w)
 	}
-	g.learnedLocked(now, nil, Evidence{}) // a probe that started arms its timer
+	g.learnedLocked(now) // a probe that started arms its timer
 	g.armLocked(wakeAt, now)
 }
 

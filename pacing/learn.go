@@ -155,34 +155,32 @@ func (g *Gate) adaptLocked() {
 		}
 		g.ad.l.lane = &g.provider
 	}
-	g.learnedLocked(g.eng.Clock.Nanos(), nil, Evidence{})
+	g.learnedLocked(g.eng.Clock.Nanos())
 }
 
 // learnedLocked applies each learner's limit to its lane, logs and queues
 // the changes of a cap (from ev if it was by, else from time), and arms the
 // learners' timers.
-func (g *Gate) learnedLocked(now int64, by *learner, ev Evidence) {
+func (g *Gate) learnedLocked(now int64) {
 	if g.ad.l != nil {
-		g.syncLocked(g.ad.l, now, by, ev)
+		g.syncLocked(g.ad.l, now)
 	}
 	for _, kl := range g.keys {
 		if kl.l != nil {
-			g.syncLocked(kl.l, now, by, ev)
+			g.syncLocked(kl.l, now)
 		}
 	}
 	for _, ml := range g.models {
 		if ml.l != nil {
-			g.syncLocked(ml.l, now, by, ev)
+			g.syncLocked(ml.l, now)
 		}
 	}
 }
 
-func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
+func (g *Gate) syncLocked(l *learner, now int64) {
 	l.lane.Limit = l.limit(now)
 	if l.lo != l.told.Cap || l.hi != l.told.Ceiling {
-		if l != by {
-			ev = Evidence{}
-		}
+		ev := l.ev
 		c := LimitChange{Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
 		l.told.Cap, l.told.Ceiling = l.lo, l.hi
 		l.changes++
@@ -193,6 +191,7 @@ func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
 			g.ad.pending = append(g.ad.pending, c)
 		}
 	}
+	l.ev = Evidence{}
 	at := l.wakeAt(now)
 	if l.timer != nil && at != l.timerAt {
 		l.timer.Stop()
@@ -213,7 +212,7 @@ func (g *Gate) syncLocked(l *learner, now int64, by *learner, ev Evidence) {
 		l.timer = nil
 		now := g.eng.Clock.Nanos()
 		l.tick(now)
-		g.learnedLocked(now, nil, Evidence{})
+		g.learnedLocked(now)
 		g.redispatchLocked(now)
 	})
 }
@@ -334,22 +333,41 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	if int(v.Kind) < len(g.ad.byKind) {
 		g.ad.byKind[v.Kind]++
 	}
-	// The evidence goes to the most specific lane on the request's path
-	// that learns: its model's, its key's, or the provider's.
-	l, n := g.ad.l, gr.InFlight
-	if ml := g.models[gr.model]; ml != nil && ml.l != nil {
-		l, n = ml.l, gr.modelN
-	} else if kl := g.keyByID[gr.Key]; kl != nil && kl.l != nil {
-		l, n = kl.l, gr.keyN
+	// The learning lanes on the request's path, the most specific first:
+	// its model's, its key's, the provider's. An admission proves each of
+	// their caps; a refusal is laid to the most specific one, and tells the
+	// others nothing.
+	var path [3]struct {
+		l *learner
+		n int
 	}
+	np := 0
+	if ml := g.models[gr.model]; ml != nil && ml.l != nil {
+		path[np].l, path[np].n = ml.l, gr.modelN
+		np++
+	}
+	if kl := g.keyByID[gr.Key]; kl != nil && kl.l != nil {
+		path[np].l, path[np].n = kl.l, gr.keyN
+		np++
+	}
+	if g.ad.l != nil {
+		path[np].l, path[np].n = g.ad.l, gr.InFlight
+		np++
+	}
+	l, n := path[0].l, path[0].n
 	switch v.Kind {
 	case Admitted:
-		if l != nil {
-			l.admitted(n, gr.id)
+		for _, p := range path[:np] {
+			p.l.admitted(p.n, gr.id)
+			p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}
 		}
 	case Concurrency:
 		if l != nil {
 			l.refused(n, gr.id, gr.at, now, g.seq)
+			l.ev = Evidence{Kind: v.Kind, InFlight: n}
+		}
+		for i := 1; i < np; i++ {
+			path[i].l.inconclusive(path[i].n)
 		}
 	case Rate, Overload:
 		d := v.RetryAfter
@@ -364,6 +382,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		}
 		if v.Kind == Overload && l != nil {
 			l.overloaded()
+			l.ev = Evidence{Kind: v.Kind, InFlight: n}
 		}
 	case Quota:
 		if kl := g.keyByID[gr.Key]; kl != nil {
@@ -374,7 +393,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			kl.outUntil = max(kl.outUntil, now+int64(d))
 		}
 	}
-	g.learnedLocked(now, l, Evidence{Kind: v.Kind, InFlight: n})
+	g.learnedLocked(now)
 	g.redispatchLocked(now)
 }
 

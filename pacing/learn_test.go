@@ -174,6 +174,11 @@ func TestReportPausesAndQuota(t *testing.T) {
 			g.Report(gt, pacing.Verdict{Kind: pacing.Overload})
 			assert.Equal(t, time.Second, g.Learned().PausedFor)
 			assert.False(t, g.Learned().Enabled)
+			g.Report(gt, refused) // counted, and nothing to learn
+			g.Report(gt, admitted)
+			l := g.Learned()
+			assert.Equal(t, uint64(1), l.ByKind[pacing.Concurrency])
+			assert.Equal(t, uint64(1), l.ByKind[pacing.Admitted])
 		})
 	})
 	t.Run("a key out of quota leaves the pool until its reset", func(t *testing.T) {
@@ -386,5 +391,43 @@ func TestRetryAfterPausesOnlyItsKey(t *testing.T) {
 		require.NoError(t, r.err)
 		assert.Equal(t, "k1", r.g.Key)
 		assert.Equal(t, 3*time.Second, time.Since(start))
+	})
+}
+
+func TestAnAdmissionProvesEveryLaneOnItsPath(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000},
+			Models: map[string]pacing.ModelConfig{"glm-5": {Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000}}}})
+		held := acquireN(t, g, 3) // model "m": the provider's probe is the third
+		g.Report(held[2], admitted)
+		assert.Equal(t, 3, g.Learned().Cap)
+		for _, h := range held {
+			h.Slot.Release()
+		}
+
+		var glm []pacing.Grant
+		for range 3 {
+			c := acquireAsync(context.Background(), g, "glm-5")
+			synctest.Wait()
+			require.Len(t, c, 1)
+			glm = append(glm, (<-c).g)
+		}
+		g.Report(glm[2], admitted)
+		l := g.Learned()
+		assert.Equal(t, 3, l.Models["glm-5"].Cap, "the model's cap is proven")
+		assert.Equal(t, 3, l.Cap, "and the provider's holds")
+
+		c := acquireAsync(context.Background(), g, "glm-5")
+		synctest.Wait()
+		require.Len(t, c, 1)
+		fourth := (<-c).g
+		require.Equal(t, 4, fourth.InFlight, "a probe of both caps")
+		g.Report(fourth, refused)
+		l = g.Learned()
+		assert.Equal(t, 3, l.Models["glm-5"].Ceiling, "the refusal is the model's")
+		assert.Equal(t, pacing.DefaultAdaptiveMax, l.Ceiling, "and tells the provider nothing")
+		time.Sleep(time.Second)
+		assert.Equal(t, 3, g.Learned().Cap, "the provider's withdrawn probe is not taken as admitted")
+		g.Close()
 	})
 }

@@ -58,6 +58,7 @@ type learner struct {
 
 	changes uint64
 	told    LimitChange // the cap and ceiling last reported
+	ev      Evidence    // the answer behind the change not yet reported, if any
 }
 
 func newLearner(a *AdaptiveConfig, configured int) *learner {
@@ -243,6 +244,15 @@ func (l *learner) refused(m int, id uint64, at, now int64, seq uint64) {
 	l.hiAt, l.cutSeq = now, seq
 	l.proven = 0
 	l.probeN, l.step = 0, 1
+}
+
+// inconclusive notes that a start with n in flight was refused for another
+// lane's cap: if it was a probe of this one, its batch proves nothing and
+// is withdrawn.
+func (l *learner) inconclusive(n int) {
+	if l.probeN != 0 && n > l.lo {
+		l.probeN = 0
+	}
 }
 
 // overloaded lowers lo by a tenth (at least one), leaving the ceiling.
