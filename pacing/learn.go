@@ -316,9 +316,11 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // Report tells the Gate how the upstream answered the request of gr: call
 // it once per grant, as soon as the answer's status is known (before its
 // body is read), and before the grant's Slot is released, with the verdict
-// of Classify. With learning on, Admitted and Concurrency move a learned
-// cap: the model's if it learns (ModelConfig.Adaptive), else the key's if a
-// key pool learns, else the provider's (Config.Adaptive). A Rate or
+// of Classify. With learning on, Admitted and Concurrency move the learned
+// caps on the request's path (its model's, with ModelConfig.Adaptive; its
+// key's, when a key pool learns; the provider's, with Config.Adaptive): an
+// admission proves each of them, a refusal counts against the most specific
+// one. A Rate or
 // Overload verdict pauses new starts for its RetryAfter (at most 10 s; 1 s
 // when it gives none): with a key pool the key's starts, else all of the
 // provider's; Overload also lowers a learned cap a little. A Quota verdict
