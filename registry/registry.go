@@ -240,6 +240,12 @@ func (r *Registry[K]) checkKey(key K) error {
 // never find again: a NaN (or a struct or interface holding one) is unequal to
 // itself, and an interface holding a slice cannot be hashed at all.
 func (r *Registry[K]) validKey(key K) error {
+	if s, ok := any(key).(string); ok { // the common key type: no NaN, only a length
+		if r.maxKeyBytes > 0 && len(s) > r.maxKeyBytes {
+			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, len(s), r.maxKeyBytes)
+		}
+		return nil
+	}
 	if r.stringKeys && r.maxKeyBytes > 0 {
 		if n := reflect.ValueOf(key).Len(); n > r.maxKeyBytes {
 			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.maxKeyBytes)

@@ -58,17 +58,22 @@ func (e *Engine) Emit(ev Event) {
 // number of frames between the caller and the user's code (0 when the
 // caller is what the user called), for leak sites.
 func (e *Engine) NewSlot(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
-	x := new(Handle)
-	if !e.LeakCheck {
-		x.h.Owner = owner
-		return x, &x.h, nil
+	if e.LeakCheck {
+		return e.newTracked(owner, skip+1)
 	}
+	x := new(Handle)
+	x.h.Owner = owner
+	return x, &x.h, nil
+}
+
+// newTracked is NewSlot with leak detection.
+func (e *Engine) newTracked(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
 	t := new(Tracked)
 	t.Owner = owner
 	if e.LeakSites {
-		t.RecordSite(skip + 2) // above NewSlot, its caller and skip more
+		t.RecordSite(skip + 2) // above newTracked, its caller and skip more
 	}
-	return x, &t.Hold, t
+	return new(Handle), &t.Hold, t
 }
 
 // HandOut finishes an admission without reporting it (a bypass): with leak
@@ -84,6 +89,13 @@ func (e *Engine) HandOut(x *Handle, t *Tracked) *Handle {
 // If the Observer panics the Slot is released, since it never reaches its
 // caller, and the panic goes on up.
 func (e *Engine) Acquired(x *Handle, t *Tracked, wait time.Duration) *Handle {
+	if t == nil && e.Observer == nil {
+		return x // small enough to inline: the common admission
+	}
+	return e.acquiredSlow(x, t, wait)
+}
+
+func (e *Engine) acquiredSlow(x *Handle, t *Tracked, wait time.Duration) *Handle {
 	e.HandOut(x, t)
 	if e.Observer != nil {
 		ok := false
