@@ -175,9 +175,11 @@ func (g *Gate) Close() {
 // that times out returns a Grant whose Slot is Bypassed.
 func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	if ctx == nil {
+		g.eng.Rejected(slots.ErrNilContext)
 		return Grant{}, slots.ErrNilContext
 	}
 	if context.Cause(g.closed) != nil {
+		g.eng.Rejected(ErrGateClosed)
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
 	gr := &grant{g: g}
@@ -246,6 +248,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		return g.handOut(x, gr, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		if errors.Is(context.Cause(wctx), ErrGateClosed) && ctx.Err() == nil {
+			g.eng.Rejected(ErrGateClosed)
 			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 		}
 		return Grant{}, g.eng.Canceled(ctx)

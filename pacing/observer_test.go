@@ -115,3 +115,28 @@ func TestGateEventDurationsAreNeverNegative(t *testing.T) {
 	defer mu.Unlock()
 	assert.Zero(t, len(bad), "events with a negative duration; the first: %v", bad[:min(len(bad), 3)])
 }
+
+// TestGateReportsEveryFailure: every attempt is reported once, as acquired,
+// rejected or bypassed, whatever ends it: a nil context, a Gate closed
+// before the attempt or while it waits.
+func TestGateReportsEveryFailure(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &events{}
+		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1}, slots.WithObserver(obs))
+		require.NoError(t, err)
+		held, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		_, err = g.Acquire(nil, "m") //nolint:staticcheck
+		require.ErrorIs(t, err, slots.ErrNilContext)
+		waiting := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		g.Close()
+		require.ErrorIs(t, (<-waiting).err, pacing.ErrGateClosed)
+		_, err = g.Acquire(context.Background(), "m")
+		require.ErrorIs(t, err, pacing.ErrGateClosed)
+		held.Slot.Release()
+		assert.Equal(t, []slots.EventKind{
+			slots.EventAcquired, slots.EventRejected, slots.EventRejected, slots.EventRejected, slots.EventReleased,
+		}, obs.kinds())
+	})
+}
