@@ -9,14 +9,19 @@ import (
 
 // Status is a Gate's state now.
 type Status struct {
-	InFlight    int
-	Queued      int
-	ByModel     map[string]int // in flight per model with any
-	ByKey       map[string]int // in flight per API key
-	NextStartIn time.Duration  // until the provider's next start is allowed (0: now)
-	LastStart   time.Time      // the provider's last granted start (zero: none yet)
-	Rejected    uint64         // queue full or wait timeout
-	Bypassed    uint64         // proceeded without a slot after the queue wait ("proceed")
+	InFlight int
+	Queued   int
+	ByModel  map[string]int // in flight per model with any
+	// WaitingByModel counts the queued requests per model with any. The
+	// Gate has one queue, the provider's, so these sum to Queued; a
+	// request waits for its model's cap, its model's spacing or the
+	// provider's, whichever binds.
+	WaitingByModel map[string]int
+	ByKey          map[string]int // in flight per API key
+	NextStartIn    time.Duration  // until the provider's next start is allowed (0: now)
+	LastStart      time.Time      // the provider's last granted start (zero: none yet)
+	Rejected       uint64         // queue full or wait timeout
+	Bypassed       uint64         // proceeded without a slot after the queue wait ("proceed")
 	// DoubleReleases counts Release calls on a slot already released, or
 	// on a copy of a Slot: misuse, which frees nothing.
 	DoubleReleases uint64
@@ -28,7 +33,7 @@ func (g *Gate) Status() Status {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.eng.Clock.Nanos()
-	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, ByKey: map[string]int{},
+	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, WaitingByModel: map[string]int{}, ByKey: map[string]int{},
 		Rejected: g.rejects, Bypassed: g.bypassed, DoubleReleases: g.eng.Misuses()}
 	by, top := g.provider.Waiters.Top(slots.TopFlowsMax)
 	st.Queue = slots.QueueStats{Waiting: st.Queued, Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
@@ -38,6 +43,9 @@ func (g *Gate) Status() Status {
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n
+		}
+		if ml.waiting > 0 {
+			st.WaitingByModel[name] = ml.waiting
 		}
 	}
 	for _, k := range g.keys {
