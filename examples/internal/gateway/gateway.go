@@ -71,7 +71,10 @@ type Gateway struct {
 	admin        http.Handler // the admin and debug endpoints behind the token; nil without admin
 	adminApart   bool         // admin is served on its own listener
 	metrics      *prometheus.Registry
-	provider     *capMetrics // the provider cap's counts, kept here: the Gate has no Observer
+	provider     *capMetrics            // the provider cap's counts, kept here: the Gate has no Observer
+	models       map[string]*capMetrics // the counts of each model the config names; read-only after New
+	otherModels  *capMetrics            // the counts of every other model, together
+	keys         map[string]*capMetrics // the counts of each API key, by id; read-only after New
 	log          *slog.Logger
 	rejections   rejectLog
 	active       atomic.Int64 // model requests being served
@@ -342,11 +345,16 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		prio = slots.PriorityDefault
 	}
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
+	mm := g.modelMetrics(model)
 	waitStart := time.Now()
 	var capSlot *slots.Slot // the fleet's provider and model caps
 	if g.caps != nil {
-		if capSlot, err = g.caps.AcquireAll(ctx, g.capKeys(model)...); err != nil {
+		mm.fleetWaiting.Add(1)
+		capSlot, err = g.caps.AcquireAll(ctx, g.capKeys(model)...)
+		mm.fleetWaiting.Add(-1)
+		if err != nil {
 			g.provider.rejected(err)
+			mm.rejected(err)
 			g.reject(w, r, "provider", model, err)
 			return
 		}
@@ -355,19 +363,35 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		capSlot.Release()
 		g.provider.rejected(err)
+		mm.rejected(err)
 		g.reject(w, r, "provider", model, err)
 		return
 	}
 	granted := time.Now()
-	g.provider.acquired(granted.Sub(waitStart))
+	// The caps this grant holds, for their metrics: the provider, its
+	// model, and its API key when it was given one (a bypass is not).
+	held := []*capMetrics{g.provider, mm}
+	if km := g.keys[grant.Key]; km != nil {
+		held = append(held, km)
+	}
+	bypassed := grant.Slot.Bypassed()
+	for _, m := range held {
+		m.admitted(granted.Sub(waitStart), bypassed)
+	}
 	p := &pendingGrant{grant: grant, slot: slots.Combine(grant.Slot, capSlot)}
 	defer func() {
 		if !p.taken { // the proxy failed before sending: free it here
 			p.slot.Release()
 		}
+		if bypassed {
+			return // it held nothing
+		}
 		// The proxy has closed the upstream body by now, which released
 		// the slot (a cut stream's linger aside).
-		g.provider.released(time.Since(granted))
+		hold := time.Since(granted)
+		for _, m := range held {
+			m.released(hold)
+		}
 	}()
 	out := r.WithContext(context.WithValue(r.Context(), grantKey{}, p))
 	if grant.Key != "" {

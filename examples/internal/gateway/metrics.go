@@ -15,24 +15,37 @@ import (
 // rejectReasons are the reasons a provider wait can end without a slot.
 var rejectReasons = []string{"limit_reached", "queue_full", "wait_timeout", "unavailable", "canceled", "other"}
 
-// capMetrics counts the provider cap's admissions, which the Gate does not
-// report to an Observer: acquisitions with their wait, releases with their
-// hold, rejections by reason.
+// capMetrics counts one cap's admissions through the provider's wait, which
+// the Gate does not report to an Observer: acquisitions with their wait,
+// bypasses, releases with their hold, rejections by reason, and the
+// requests waiting for the fleet's caps.
 type capMetrics struct {
-	c                  *inflightprom.Collector
-	acquires, releases atomic.Uint64
-	rejects            map[string]*atomic.Uint64 // by reason; read-only after New
+	c                            *inflightprom.Collector
+	acquires, bypasses, releases atomic.Uint64
+	rejects                      map[string]*atomic.Uint64 // by reason; read-only after New; nil: none counted
+	fleetWaiting                 atomic.Int64              // requests waiting for the fleet's caps now
 }
 
-func newCapMetrics(c *inflightprom.Collector) *capMetrics {
-	m := &capMetrics{c: c, rejects: make(map[string]*atomic.Uint64, len(rejectReasons))}
-	for _, r := range rejectReasons {
-		m.rejects[r] = new(atomic.Uint64)
+// newCapMetrics returns a cap's counts; with countsRejections false it
+// counts no rejections and exports none (a cap that never sees them).
+func newCapMetrics(c *inflightprom.Collector, countsRejections bool) *capMetrics {
+	m := &capMetrics{c: c}
+	if countsRejections {
+		m.rejects = make(map[string]*atomic.Uint64, len(rejectReasons))
+		for _, r := range rejectReasons {
+			m.rejects[r] = new(atomic.Uint64)
+		}
 	}
 	return m
 }
 
-func (m *capMetrics) acquired(wait time.Duration) {
+// admitted counts a grant: a bypass (fail-open, no slot) has neither a
+// wait for capacity nor a hold to observe.
+func (m *capMetrics) admitted(wait time.Duration, bypassed bool) {
+	if bypassed {
+		m.bypasses.Add(1)
+		return
+	}
 	m.acquires.Add(1)
 	m.c.ObserveWait(wait)
 }
@@ -45,11 +58,24 @@ func (m *capMetrics) released(hold time.Duration) {
 func (m *capMetrics) rejected(err error) { m.rejects[rejectReason(err)].Add(1) }
 
 func (m *capMetrics) counts() *inflightprom.Counts {
-	n := &inflightprom.Counts{Acquired: m.acquires.Load(), Released: m.releases.Load(), Rejected: make(map[string]uint64, len(m.rejects))}
-	for r, v := range m.rejects {
-		n.Rejected[r] = v.Load()
+	n := &inflightprom.Counts{Acquired: m.acquires.Load(), Bypassed: m.bypasses.Load(), Released: m.releases.Load()}
+	if m.rejects != nil {
+		n.Rejected = make(map[string]uint64, len(m.rejects))
+		for r, v := range m.rejects {
+			n.Rejected[r] = v.Load()
+		}
 	}
 	return n
+}
+
+// modelMetrics returns the counts of model's cap: its own when the config
+// names it, else the one that all unnamed models share, so that model
+// names taken from request bodies cannot multiply the series.
+func (g *Gateway) modelMetrics(model string) *capMetrics {
+	if m, ok := g.models[model]; ok {
+		return m
+	}
+	return g.otherModels
 }
 
 // limitOrUnlimited turns a config's cap (0: none) into a limit.
@@ -62,14 +88,23 @@ func limitOrUnlimited(n int) int {
 
 // registerMetrics exports every cap as series of the inflight_* families,
 // told apart by the label cap: "tenant" (registered by New), "provider",
-// "model:<name>" for each capped model and "api_key:<id>" for each key of
-// the pool; the fleet's state when there is one; and the Go runtime's and
-// the process's collectors.
+// "model:<name>" for each model the config names, "model:other" for all
+// other models together (model names come from request bodies: one series
+// each would let clients add series at will), and "api_key:<id>" for each
+// key of the pool; the fleet's state when there is one; and the Go
+// runtime's and the process's collectors.
+//
+// What each cap counts: a model's waiting are the requests for it in the
+// provider's queue (and, with a fleet, waiting for the shared caps), its
+// rejections those of its requests refused while waiting, whichever cap
+// bound. An API key is chosen when a request starts, never while it waits,
+// so a key's caps have no waiting and no rejected series: its waiters and
+// refusals are the provider's.
 func (g *Gateway) registerMetrics(cfg Config) {
 	g.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
 	pc := inflightprom.New("provider")
-	g.provider = newCapMetrics(pc)
+	g.provider = newCapMetrics(pc, true)
 	providerLimit := limitOrUnlimited(cfg.Provider.MaxConcurrentRequests)
 	inflightprom.Watch(pc, func() inflightprom.Snapshot {
 		st := g.gate.Status()
@@ -81,47 +116,84 @@ func (g *Gateway) registerMetrics(cfg Config) {
 	})
 	g.metrics.MustRegister(pc)
 
-	// Models and API keys: in flight and limit; their waiters are counted
-	// in the provider's.
-	for name, m := range cfg.Provider.Models {
-		if m.MaxConcurrentRequests <= 0 {
-			continue
-		}
-		c := inflightprom.New("model:" + name)
-		limit := m.MaxConcurrentRequests
-		inflightprom.Watch(c, func() inflightprom.Snapshot {
-			return inflightprom.Snapshot{InFlight: g.gate.Status().ByModel[name], Waiting: -1, Keys: -1, Limit: limit}
+	// Models: the Gate's counts per model, summed for the unnamed ones.
+	g.models = make(map[string]*capMetrics, len(cfg.Provider.Models))
+	watchModels := func(m *capMetrics, limit int, mine func(model string) bool) {
+		inflightprom.Watch(m.c, func() inflightprom.Snapshot {
+			st := g.gate.Status()
+			s := inflightprom.Snapshot{Waiting: int(m.fleetWaiting.Load()), Keys: -1, Limit: limit, Counts: m.counts()}
+			for model, n := range st.ByModel {
+				if mine(model) {
+					s.InFlight += n
+				}
+			}
+			for model, n := range st.WaitingByModel {
+				if mine(model) {
+					s.Waiting += n
+				}
+			}
+			return s
 		})
-		g.metrics.MustRegister(c)
+		g.metrics.MustRegister(m.c)
 	}
+	for name, mc := range cfg.Provider.Models {
+		m := newCapMetrics(inflightprom.New("model:"+name), true)
+		g.models[name] = m
+		watchModels(m, limitOrUnlimited(mc.MaxConcurrentRequests), func(model string) bool { return model == name })
+	}
+	other := "model:other"
+	if _, named := cfg.Provider.Models["other"]; named {
+		other = "model:other (unnamed)" // a model called "other" keeps "model:other"
+	}
+	g.otherModels = newCapMetrics(inflightprom.New(other), true)
+	watchModels(g.otherModels, slots.Unlimited, func(model string) bool { _, named := g.models[model]; return !named })
+
+	g.keys = make(map[string]*capMetrics, len(cfg.Provider.APIKeys))
 	for _, k := range cfg.Provider.APIKeys {
-		c := inflightprom.New("api_key:" + k.ID)
+		m := newCapMetrics(inflightprom.New("api_key:"+k.ID), false)
+		g.keys[k.ID] = m
 		limit := limitOrUnlimited(k.MaxConcurrentRequests)
-		inflightprom.Watch(c, func() inflightprom.Snapshot {
-			return inflightprom.Snapshot{InFlight: g.gate.Status().ByKey[k.ID], Waiting: -1, Keys: -1, Limit: limit}
+		inflightprom.Watch(m.c, func() inflightprom.Snapshot {
+			return inflightprom.Snapshot{InFlight: g.gate.Status().ByKey[k.ID], Waiting: -1, Keys: -1, Limit: limit, Counts: m.counts()}
 		})
-		g.metrics.MustRegister(c)
+		g.metrics.MustRegister(m.c)
 	}
 
 	if g.fleetTenants != nil {
-		registerFleet(g.metrics, "tenants", g.fleetTenants.Stats)
-		registerFleet(g.metrics, "provider", g.caps.Stats)
+		onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
+		registerFleet(g.metrics, "tenants", g.fleetTenants.Stats, onUnavailable)
+		registerFleet(g.metrics, "provider", g.caps.Stats, onUnavailable)
 	}
 }
 
-// registerFleet exports a fleet registry's state under the label fleet.
-func registerFleet(reg *prometheus.Registry, name string, stats func() fleet.Stats) {
+// registerFleet exports a fleet registry's state under the label fleet;
+// onUnavailable is what its admissions do while Redis is unavailable.
+func registerFleet(reg *prometheus.Registry, name string, stats func() fleet.Stats, onUnavailable fleet.Unavailable) {
 	labels := prometheus.Labels{"fleet": name}
+	unavailable := func() float64 {
+		if stats().BreakerOpen {
+			return 1
+		}
+		return 0
+	}
+	degraded := unavailable
+	if onUnavailable == fleet.FailClosed {
+		degraded = func() float64 { return 0 } // it refuses instead
+	}
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "inflight_fleet_redis_unavailable", ConstLabels: labels,
+			Help: "1 while Redis is held to be unavailable: from 3 failed calls in a row until a probe " +
+				"(one every 250 ms) is answered, admissions do not call it; else 0.",
+		}, unavailable),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "inflight_fleet_degraded", ConstLabels: labels,
-			Help: "1 while Redis is considered unreachable and admissions follow on_unavailable, else 0.",
-		}, func() float64 {
-			if stats().BreakerOpen {
-				return 1
-			}
-			return 0
-		}),
+			Help: "1 while every admission is degraded: Redis is unavailable and on_unavailable admits without it " +
+				"(local: under this process's caps alone; open: without a slot); else 0, and always 0 with " +
+				"on_unavailable closed, which refuses admissions instead (answered 503). " +
+				"Before that, an admission whose own call fails is degraded alone " +
+				"(with local, counted by inflight_fleet_degraded_admissions_total).",
+		}, degraded),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "inflight_fleet_degraded_admissions_total", ConstLabels: labels,
 			Help: "Admissions under this process's local caps alone, Redis being unreachable.",

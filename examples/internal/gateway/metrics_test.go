@@ -2,14 +2,21 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"io"
+	"maps"
+	"net"
 	"net/http"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 func scrape(t *testing.T, client *http.Client, url string) string {
@@ -23,65 +30,221 @@ func scrape(t *testing.T, client *http.Client, url string) string {
 	return string(b)
 }
 
-// TestMetricsUnderLoad scrapes /metrics while requests wait for the
-// provider: every cap is a series of the same families, labelled by cap.
-func TestMetricsUnderLoad(t *testing.T) {
-	u := newUpstream(t)
-	srv, gw := startGatewayWith(t, u.srv.URL, `{
-	"upstream": "%s",
-	"orgs": {"default_limit": 10},
-	"provider": {"max_concurrent_requests": 2, "models": {"glm-5.3": {"max_concurrent_requests": 2}},
-	             "api_keys": [{"id": "k1", "max_concurrent_requests": 2}]}
-}`)
-	client := srv.Client()
-	var wg sync.WaitGroup
-	for i := range 5 {
+// streamAll posts n streamed requests for model at once, each from one of
+// two orgs, and reports each one that has been relayed to its end on done.
+func streamAll(t *testing.T, wg *sync.WaitGroup, client *http.Client, url, model string, n int, done chan<- struct{}) {
+	for i := range n {
 		wg.Go(func() {
-			resp, err := post(context.Background(), t, client, srv.URL, []string{"org-a", "org-b"}[i%2], "glm-5.3")
+			resp, err := post(context.Background(), t, client, url, []string{"org-a", "org-b"}[i%2], model)
 			if !assert.NoError(t, err) {
 				return
 			}
 			defer resp.Body.Close()
 			b, _ := io.ReadAll(resp.Body)
 			assert.True(t, strings.HasSuffix(string(b), "data: [DONE]\n\n"))
+			done <- struct{}{}
 		})
 	}
-	waitFor(t, "two stream and three wait for the provider", func() bool {
+}
+
+// TestMetricsUnderLoad scrapes /metrics while requests stream and wait:
+// every cap is a series of the same families, labelled by cap, and the
+// provider's, a model's and an API key's series move with the load.
+func TestMetricsUnderLoad(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10},
+	"provider": {"max_concurrent_requests": 4, "max_queue": 3, "models": {"glm-5.3": {"max_concurrent_requests": 2}},
+	             "api_keys": [{"id": "k1", "max_concurrent_requests": 4}]}
+}`)
+	client := srv.Client()
+	var wg sync.WaitGroup
+	done := make(chan struct{}, 5)
+	streamAll(t, &wg, client, srv.URL, "glm-5.3", 5, done)
+	waitFor(t, "two stream and three wait for the model's cap", func() bool {
 		st := gw.gate.Status()
 		return st.InFlight == 2 && st.Queued == 3
 	})
+	resp, e := postBody(t, client, srv.URL, "org-c", `{"model":"glm-5.3","stream":true}`)
+	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "the queue is full: %v", e)
+
 	text := scrape(t, client, srv.URL)
 	for _, want := range []string{
 		`inflight_waiting{cap="provider"} 3`,
 		`inflight_in_flight{cap="provider"} 2`,
-		`inflight_limit{cap="provider"} 2`,
+		`inflight_limit{cap="provider"} 4`,
+		`inflight_wait_seconds_count{cap="provider"} 2`,
+		`inflight_rejected_total{cap="provider",reason="queue_full"} 1`,
+		`inflight_waiting{cap="model:glm-5.3"} 3`,
 		`inflight_in_flight{cap="model:glm-5.3"} 2`,
 		`inflight_limit{cap="model:glm-5.3"} 2`,
+		`inflight_wait_seconds_count{cap="model:glm-5.3"} 2`,
+		`inflight_rejected_total{cap="model:glm-5.3",reason="queue_full"} 1`,
+		`inflight_rejected_total{cap="model:glm-5.3",reason="wait_timeout"} 0`,
+		`inflight_in_flight{cap="model:other"} 0`,
+		`inflight_waiting{cap="model:other"} 0`,
+		`inflight_limit{cap="model:other"} +Inf`,
+		`inflight_rejected_total{cap="model:other",reason="queue_full"} 0`,
 		`inflight_in_flight{cap="api_key:k1"} 2`,
+		`inflight_limit{cap="api_key:k1"} 4`,
+		`inflight_wait_seconds_count{cap="api_key:k1"} 2`,
 		`inflight_in_flight{cap="tenant"} 5`,
 		`inflight_keys{cap="tenant"} 2`,
 		`inflight_rejected_total{cap="tenant",reason="limit_reached"} 0`,
-		`inflight_rejected_total{cap="provider",reason="queue_full"} 0`,
 		"go_goroutines ",
 		"process_open_fds ",
 	} {
-		assert.Contains(t, text, want+"")
+		assert.Contains(t, text, want)
 	}
+	// A key is chosen when a request starts: it has no waiters and refuses
+	// nobody, and its series do not pretend otherwise.
+	assert.NotContains(t, text, `inflight_waiting{cap="api_key:k1"}`)
+	assert.NotContains(t, text, `inflight_rejected_total{cap="api_key:k1"`)
 	assert.NotContains(t, text, "inflight_tenant_", "one family per metric, not one per cap")
 	assert.NotContains(t, text, "org-a", "no tenant names in the metrics")
+
+	u.gate <- struct{}{} // one stream ends; a waiter takes its place
+	<-done
+	waitFor(t, "the first waiter streams", func() bool { return gw.gate.Status().Queued == 2 })
+	text = scrape(t, client, srv.URL)
+	for _, cap := range []string{"provider", "model:glm-5.3", "api_key:k1"} {
+		assert.Contains(t, text, `inflight_hold_seconds_count{cap="`+cap+`"} 1`)
+		assert.Contains(t, text, `inflight_wait_seconds_count{cap="`+cap+`"} 3`)
+		assert.Contains(t, text, `inflight_in_flight{cap="`+cap+`"} 2`)
+	}
+	assert.Contains(t, text, `inflight_waiting{cap="model:glm-5.3"} 2`)
 
 	close(u.gate)
 	wg.Wait()
 	waitFor(t, "all released", func() bool { return gw.tenants.Keys() == 0 && gw.gate.Status().InFlight == 0 })
 	text = scrape(t, client, srv.URL)
-	for _, want := range []string{
-		`inflight_acquired_total{cap="provider"} 5`,
-		`inflight_released_total{cap="provider"} 5`,
-		`inflight_wait_seconds_count{cap="provider"} 5`,
-		`inflight_hold_seconds_count{cap="provider"} 5`,
-		`inflight_hold_seconds_count{cap="tenant"} 5`,
-		`inflight_waiting{cap="provider"} 0`,
-	} {
-		assert.Contains(t, text, want)
+	for _, cap := range []string{"provider", "model:glm-5.3", "api_key:k1"} {
+		assert.Contains(t, text, `inflight_acquired_total{cap="`+cap+`"} 5`)
+		assert.Contains(t, text, `inflight_released_total{cap="`+cap+`"} 5`)
+		assert.Contains(t, text, `inflight_wait_seconds_count{cap="`+cap+`"} 5`)
+		assert.Contains(t, text, `inflight_hold_seconds_count{cap="`+cap+`"} 5`)
+		assert.Contains(t, text, `inflight_in_flight{cap="`+cap+`"} 0`)
 	}
+	assert.Contains(t, text, `inflight_hold_seconds_count{cap="tenant"} 6`, "the request turned away held its tenant slot too")
+	assert.Contains(t, text, `inflight_waiting{cap="provider"} 0`)
+	assert.Contains(t, text, `inflight_waiting{cap="model:glm-5.3"} 0`)
+	assert.NotContains(t, text, `cap="model:other"} 1`, "nothing was asked of other models")
+}
+
+// capLabels returns the values of the label cap in a scrape.
+func capLabels(text string) []string {
+	seen := map[string]bool{}
+	for _, m := range regexp.MustCompile(`cap="([^"]*)"`).FindAllStringSubmatch(text, -1) {
+		seen[m[1]] = true
+	}
+	return slices.Sorted(maps.Keys(seen))
+}
+
+// Model names come from request bodies: the ones the config does not name
+// share one series, however many a client makes up.
+func TestMetricsFoldUnnamedModels(t *testing.T) {
+	u := newUpstream(t)
+	close(u.gate)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10},
+	"provider": {"max_concurrent_requests": 4, "models": {"glm-5.3": {"max_concurrent_requests": 2}}}
+}`)
+	client := srv.Client()
+	const n = 40
+	for i := range n {
+		resp, e := postBody(t, client, srv.URL, "org-a", fmt.Sprintf(`{"model":"made-up-%d","stream":true}`, i))
+		require.Equal(t, http.StatusOK, resp.StatusCode, "%v", e)
+	}
+	waitFor(t, "all released", func() bool { return gw.gate.Status().InFlight == 0 })
+	text := scrape(t, client, srv.URL)
+	assert.Equal(t, []string{"model:glm-5.3", "model:other", "provider", "tenant"}, capLabels(text))
+	assert.NotContains(t, text, "made-up")
+	assert.Contains(t, text, fmt.Sprintf(`inflight_acquired_total{cap="model:other"} %d`, n))
+	assert.Contains(t, text, fmt.Sprintf(`inflight_hold_seconds_count{cap="model:other"} %d`, n))
+	assert.Contains(t, text, `inflight_acquired_total{cap="model:glm-5.3"} 0`)
+}
+
+// A model that is called "other" keeps a series of its own, apart from
+// the unnamed models'.
+func TestMetricsModelNamedOther(t *testing.T) {
+	u := newUpstream(t)
+	close(u.gate)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"provider": {"models": {"other": {"max_concurrent_requests": 3}}}
+}`)
+	resp, e := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-4","stream":true}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", e)
+	text := scrape(t, srv.Client(), srv.URL)
+	assert.Contains(t, text, `inflight_limit{cap="model:other"} 3`)
+	assert.Contains(t, text, `inflight_acquired_total{cap="model:other"} 0`)
+	assert.Contains(t, text, `inflight_acquired_total{cap="model:other (unnamed)"} 1`)
+}
+
+// inflight_fleet_degraded is 1 exactly while Redis is held unavailable and
+// admissions go on without it, and back to 0 once it answers again.
+func TestMetricsFleetDegraded(t *testing.T) {
+	redisSrv := fleettest.Start(t)
+	proxy := fleettest.StartProxy(t, redisSrv)
+	u := newUpstream(t)
+	close(u.gate)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
+	"orgs": {"default_limit": 10},
+	"provider": {"max_concurrent_requests": 4},
+	"fleet": {"redis_url": "redis://`+proxy.Addr+`/0", "on_unavailable": "local"}}`)
+	client := srv.Client()
+	resp, e := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5.3","stream":true}`)
+	require.Equal(t, http.StatusOK, resp.StatusCode, "%v", e)
+	text := scrape(t, client, srv.URL)
+	for _, fl := range []string{"tenants", "provider"} {
+		assert.Contains(t, text, `inflight_fleet_degraded{fleet="`+fl+`"} 0`)
+		assert.Contains(t, text, `inflight_fleet_redis_unavailable{fleet="`+fl+`"} 0`)
+	}
+
+	proxy.Cut()
+	unavailable := func() bool { return gw.fleetTenants.Stats().BreakerOpen && gw.caps.Stats().BreakerOpen }
+	for i := 0; i < 20 && !unavailable(); i++ {
+		resp, e := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5.3","stream":true}`)
+		require.Equal(t, http.StatusOK, resp.StatusCode, "admitted under the local caps: %v", e)
+	}
+	require.True(t, unavailable(), "failed calls open the breakers")
+	text = scrape(t, client, srv.URL)
+	for _, fl := range []string{"tenants", "provider"} {
+		assert.Contains(t, text, `inflight_fleet_degraded{fleet="`+fl+`"} 1`)
+		assert.Contains(t, text, `inflight_fleet_redis_unavailable{fleet="`+fl+`"} 1`)
+		assert.NotContains(t, text, `inflight_fleet_degraded_admissions_total{fleet="`+fl+`"} 0`)
+	}
+
+	proxy.Heal()
+	waitFor(t, "a probe closes the breakers", func() bool {
+		return !gw.fleetTenants.Stats().BreakerOpen && !gw.caps.Stats().BreakerOpen
+	})
+	text = scrape(t, client, srv.URL)
+	for _, fl := range []string{"tenants", "provider"} {
+		assert.Contains(t, text, `inflight_fleet_degraded{fleet="`+fl+`"} 0`)
+		assert.Contains(t, text, `inflight_fleet_redis_unavailable{fleet="`+fl+`"} 0`)
+	}
+}
+
+// With on_unavailable "closed" an unavailable Redis refuses admissions:
+// they are not degraded, and the gauges tell the two apart.
+func TestMetricsFleetClosedIsNotDegraded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	u := newUpstream(t)
+	close(u.gate)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
+		"fleet": {"redis_url": "redis://`+addr+`/0", "on_unavailable": "closed"}}`)
+	for i := 0; i < 20 && !gw.fleetTenants.Stats().BreakerOpen; i++ {
+		resp, _ := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-5"}`)
+		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	}
+	require.True(t, gw.fleetTenants.Stats().BreakerOpen, "failed calls open the breaker")
+	text := scrape(t, srv.Client(), srv.URL)
+	assert.Contains(t, text, `inflight_fleet_redis_unavailable{fleet="tenants"} 1`)
+	assert.Contains(t, text, `inflight_fleet_degraded{fleet="tenants"} 0`)
 }
