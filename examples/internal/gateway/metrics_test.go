@@ -248,3 +248,37 @@ func TestMetricsFleetClosedIsNotDegraded(t *testing.T) {
 	assert.Contains(t, text, `inflight_fleet_redis_unavailable{fleet="tenants"} 1`)
 	assert.Contains(t, text, `inflight_fleet_degraded{fleet="tenants"} 0`)
 }
+
+// With a fleet, the model caps are shared on Redis and waited for before
+// the Gate: a model's waiting counts those waits too.
+func TestMetricsFleetModelWaiting(t *testing.T) {
+	redisSrv := fleettest.Start(t)
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
+	"orgs": {"default_limit": 10},
+	"provider": {"max_concurrent_requests": 4, "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
+	"fleet": {"redis_url": "redis://`+redisSrv.Addr+`/0"}}`)
+	client := srv.Client()
+	var wg sync.WaitGroup
+	done := make(chan struct{}, 4)
+	streamAll(t, &wg, client, srv.URL, "glm-5.3", 4, done)
+	waitFor(t, "two stream and two wait for the shared model cap", func() bool {
+		return u.get(u.cur, "all") == 2 && gw.caps.Stats().Waiting == 2
+	})
+	text := scrape(t, client, srv.URL)
+	for _, want := range []string{
+		`inflight_waiting{cap="provider"} 2`,
+		`inflight_waiting{cap="model:glm-5.3"} 2`,
+		`inflight_in_flight{cap="model:glm-5.3"} 2`,
+		`inflight_limit{cap="model:glm-5.3"} 2`,
+		`inflight_wait_seconds_count{cap="model:glm-5.3"} 2`,
+	} {
+		assert.Contains(t, text, want)
+	}
+	close(u.gate)
+	wg.Wait()
+	waitFor(t, "all released", func() bool { return gw.caps.Stats().Held == 0 && gw.TenantKeys() == 0 })
+	text = scrape(t, client, srv.URL)
+	assert.Contains(t, text, `inflight_waiting{cap="model:glm-5.3"} 0`)
+	assert.Contains(t, text, `inflight_hold_seconds_count{cap="model:glm-5.3"} 4`)
+}
