@@ -88,6 +88,11 @@ func ErrorMessage(err error) string {
 // carrying message (from ErrorMessage, or the seam's own for an upstream
 // failure). A Retry-After header, when there is one, is already set. Use it
 // to answer in the format an API's clients expect (WithErrorWriter).
+//
+// The status is kept even if the writer forgets it: a body written without
+// WriteHeader goes out with status, and when the writer returns without
+// writing anything, status (and Retry-After) is written for it. A writer
+// may still choose another status by calling WriteHeader itself.
 type ErrorWriter func(w http.ResponseWriter, status int, message string)
 
 // WritePlainError is the default ErrorWriter: message as text/plain, with
@@ -109,38 +114,82 @@ func WriteError(w http.ResponseWriter, err error) {
 	writeError(w, WritePlainError, status, retryAfter, ErrorMessage(err))
 }
 
+// writeError runs ew, making sure the answer goes out with status: a
+// writer that writes nothing would otherwise let the server answer 200.
 func writeError(w http.ResponseWriter, ew ErrorWriter, status int, retryAfter time.Duration, msg string) {
+	sw := &statusWriter{ResponseWriter: w, status: status}
 	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
+		sw.retryAfter = strconv.FormatInt(int64(retryAfter/time.Second), 10)
+		w.Header().Set("Retry-After", sw.retryAfter)
 	}
-	ew(w, status, msg)
+	ew(sw, status, msg)
+	if !sw.wroteHeader {
+		sw.writeStatus()
+	}
 }
 
+// statusWriter holds an ErrorWriter to the status it was given.
+type statusWriter struct {
+	http.ResponseWriter
+	status      int
+	retryAfter  string // "" for none
+	wroteHeader bool   // a final (non-1xx) status has gone out
+}
+
+func (w *statusWriter) WriteHeader(code int) {
+	if code >= 200 {
+		w.wroteHeader = true
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+func (w *statusWriter) Write(p []byte) (int, error) {
+	if !w.wroteHeader {
+		w.writeStatus()
+	}
+	return w.ResponseWriter.Write(p)
+}
+
+func (w *statusWriter) writeStatus() {
+	w.wroteHeader = true
+	if w.retryAfter != "" && w.Header().Get("Retry-After") == "" {
+		w.Header().Set("Retry-After", w.retryAfter)
+	}
+	w.ResponseWriter.WriteHeader(w.status)
+}
+
+// Unwrap lets http.ResponseController reach the server's writer.
+func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
 // ProxyErrorHandler returns a function for httputil.ReverseProxy's
-// ErrorHandler when the proxy's Transport is a slots Transport, whose
-// RoundTrip returns its admit function's error as it is. An admission error
-// (a *LimitError, ErrBadPriority, or a wait cut by the server's deadline)
-// is answered as Middleware answers it: 429 (or WithRejectStatus's status)
-// with Retry-After. Any other error is the upstream's: 502 Bad Gateway.
-// When the client has gone, nothing is written. Without it, ReverseProxy
-// answers every rejection with an empty 502.
+// ErrorHandler when the proxy's Transport is a slots Transport, which marks
+// the errors of its admit function. A refusal is answered as Middleware
+// answers it: a *LimitError with 429 (or WithRejectStatus's status) and
+// Retry-After, a wait cut by the server's deadline with 503 and
+// Retry-After, and any other admission error with HTTPStatus's status.
+// Every other error is the upstream's: 504 Gateway Timeout when the
+// request's deadline passed while the upstream had it, else 502 Bad
+// Gateway. When the client has gone, nothing is written. Without it,
+// ReverseProxy answers every rejection with an empty 502.
 //
 // An admit function with errors of its own (a fleet store that cannot be
-// reached, say) wraps the proxy's ErrorHandler to answer those first.
+// reached, say) wraps the proxy's ErrorHandler to answer those first; left
+// to this one they are 500s.
 func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http.Request, error) {
 	cfg := newMiddlewareConfig(opts)
 	return func(w http.ResponseWriter, r *http.Request, err error) {
 		if errors.Is(r.Context().Err(), context.Canceled) {
 			return // the client has gone: nobody to answer
 		}
-		status, retryAfter := cfg.status(err)
-		switch status {
-		case StatusClientClosedRequest:
-			return
-		case http.StatusInternalServerError:
+		var refused *admitError
+		switch {
+		case errors.As(err, &refused):
+			status, retryAfter := cfg.status(refused.err)
+			writeError(w, cfg.writeError, status, retryAfter, ErrorMessage(refused.err))
+		case errors.Is(err, context.DeadlineExceeded):
+			writeError(w, cfg.writeError, http.StatusGatewayTimeout, 0, "the upstream did not answer in time")
+		default:
 			writeError(w, cfg.writeError, http.StatusBadGateway, 0, "the upstream could not be reached")
-			return
 		}
-		writeError(w, cfg.writeError, status, retryAfter, ErrorMessage(err))
 	}
 }

@@ -35,8 +35,10 @@ func (c middlewareConfig) status(err error) (int, time.Duration) {
 
 // WithRejectStatus sets the status of a rejection (*LimitError): 429 by
 // default; 503 suits a server that sheds load rather than rate-limits.
-// Other errors keep the status HTTPStatus gives them. It panics unless code
-// is a 4xx or 5xx status.
+// Other errors keep the status HTTPStatus gives them. ProxyErrorHandler
+// answers a rejection with code as Middleware does, whatever it is: a 5xx
+// is not taken for an upstream failure, nor 499 for a client gone. It
+// panics unless code is a 4xx or 5xx status.
 func WithRejectStatus(code int) MiddlewareOption {
 	if code < 400 || code > 599 {
 		panic(fmt.Sprintf("slots: WithRejectStatus(%d): a rejection needs a 4xx or 5xx status", code))

@@ -7,6 +7,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync"
 	"testing"
@@ -276,5 +278,74 @@ func TestWrapBody(t *testing.T) {
 			_, err := lim.TryAcquire()
 			require.NoError(t, err, "exactly one unit came back")
 		}
+	})
+}
+
+// TestErrorWriterStatusIsEnforced: an ErrorWriter that forgets the status
+// must not turn a rejection into a 200, whether it writes nothing or only a
+// body; the answer goes over a real server, as a client sees it.
+func TestErrorWriterStatusIsEnforced(t *testing.T) {
+	writers := []struct {
+		name string
+		ew   slots.ErrorWriter
+		body string
+	}{
+		{"a writer that writes nothing", func(http.ResponseWriter, int, string) {}, ""},
+		{"a writer that writes a body without WriteHeader", func(w http.ResponseWriter, _ int, msg string) {
+			io.WriteString(w, "busy: "+msg)
+		}, "busy: too many requests in flight: 0 of 0, 0 queued (limit reached)"},
+	}
+	full := func(*http.Request) (*slots.Slot, error) { return slots.NewLimiter(0).TryAcquire() }
+	for _, tc := range writers {
+		t.Run("Middleware: "+tc.name+" still answers 429 with Retry-After", func(t *testing.T) {
+			srv := httptest.NewServer(slots.Middleware(full, slots.WithErrorWriter(tc.ew))(
+				http.HandlerFunc(func(http.ResponseWriter, *http.Request) { t.Error("the handler must not run") })))
+			t.Cleanup(srv.Close)
+			resp, err := newClient(t).Get(srv.URL)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+			assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+			assert.Equal(t, tc.body, string(body))
+		})
+		t.Run("ProxyErrorHandler: "+tc.name+" still answers 429 with Retry-After", func(t *testing.T) {
+			srv := httptest.NewServer(&httputil.ReverseProxy{
+				Rewrite:      func(pr *httputil.ProxyRequest) { pr.SetURL(&url.URL{Scheme: "http", Host: "upstream.invalid"}) },
+				Transport:    slots.NewTransport(nil, full),
+				ErrorHandler: slots.ProxyErrorHandler(slots.WithErrorWriter(tc.ew)),
+			})
+			t.Cleanup(srv.Close)
+			resp, err := newClient(t).Get(srv.URL)
+			require.NoError(t, err)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+			assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+			assert.Equal(t, tc.body, string(body))
+		})
+	}
+	t.Run("a writer's own status is kept", func(t *testing.T) {
+		h := slots.Middleware(full, slots.WithErrorWriter(func(w http.ResponseWriter, _ int, _ string) {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}))(http.NotFoundHandler())
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+		assert.Equal(t, http.StatusServiceUnavailable, rec.Code)
+	})
+	t.Run("a writer that panics leaks no slot, and the panic goes on", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		admit := func(*http.Request) (*slots.Slot, error) {
+			s, _ := lim.TryAcquire()
+			return s, &slots.LimitError{Err: slots.ErrLimitReached}
+		}
+		h := slots.Middleware(admit, slots.WithErrorWriter(func(http.ResponseWriter, int, string) {
+			assert.Equal(t, 0, lim.InFlight(), "released before the writer runs")
+			panic("writer bug")
+		}))(http.NotFoundHandler())
+		assert.PanicsWithValue(t, "writer bug", func() {
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest(http.MethodGet, "/", nil))
+		})
+		assert.Equal(t, 0, lim.InFlight())
 	})
 }

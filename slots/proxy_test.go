@@ -2,6 +2,8 @@ package slots_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -11,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -157,4 +160,86 @@ func TestProxyErrorHandler(t *testing.T) {
 		assert.Equal(t, 0, lim.InFlight())
 	})
 	close(release)
+}
+
+// TestProxyErrorHandlerTellsAdmissionFromUpstream: ReverseProxy hands the
+// ErrorHandler the Transport's refusals and the upstream's failures alike;
+// only a refusal is answered as an admission error.
+func TestProxyErrorHandlerTellsAdmissionFromUpstream(t *testing.T) {
+	release := make(chan struct{})
+	t.Cleanup(func() { close(release) })
+	slow := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		select { // never answers in time
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(slow.Close)
+	target, err := url.Parse(slow.URL)
+	require.NoError(t, err)
+
+	// serve runs a ReverseProxy to the slow upstream whose Transport admits
+	// with admit, behind a handler that gives each request 100 ms.
+	serve := func(t *testing.T, admit slots.AdmitFunc, opts ...slots.MiddlewareOption) (status int, retryAfter, body string) {
+		base := &http.Transport{}
+		t.Cleanup(base.CloseIdleConnections)
+		proxy := &httputil.ReverseProxy{
+			Rewrite:      func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+			Transport:    slots.NewTransport(base, admit),
+			ErrorHandler: slots.ProxyErrorHandler(opts...),
+		}
+		gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx, cancel := context.WithTimeout(r.Context(), 100*time.Millisecond)
+			defer cancel()
+			proxy.ServeHTTP(w, r.WithContext(ctx))
+		}))
+		t.Cleanup(gw.Close)
+		resp, err := newClient(t).Get(gw.URL)
+		require.NoError(t, err)
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, resp.Header.Get("Retry-After"), string(b)
+	}
+
+	t.Run("an upstream slow after the slot was granted is a 504, not a wait for capacity", func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		status, ra, body := serve(t, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+		assert.Equal(t, http.StatusGatewayTimeout, status)
+		assert.Empty(t, ra)
+		assert.Equal(t, "the upstream did not answer in time\n", body)
+		waitFor(t, "the slot is freed", func() bool { return lim.InFlight() == 0 })
+	})
+	t.Run("a wait for capacity cut by the deadline is a 503 with Retry-After", func(t *testing.T) {
+		lim := slots.NewLimiter(0)
+		status, ra, body := serve(t, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+		assert.Equal(t, http.StatusServiceUnavailable, status)
+		assert.Equal(t, "1", ra)
+		assert.Equal(t, "timed out waiting for capacity\n", body)
+	})
+	t.Run("an admit function's unknown error is a 500, not the upstream's 502", func(t *testing.T) {
+		status, _, body := serve(t, func(*http.Request) (*slots.Slot, error) { return nil, errors.New("store down") })
+		assert.Equal(t, http.StatusInternalServerError, status)
+		assert.Equal(t, "the request could not be admitted\n", body)
+	})
+	full := func(*http.Request) (*slots.Slot, error) { return slots.NewLimiter(0).TryAcquire() }
+	for _, code := range []int{slots.StatusClientClosedRequest, http.StatusInternalServerError, http.StatusBadGateway} {
+		t.Run(fmt.Sprintf("WithRejectStatus(%d) answers a rejection with %[1]d and its reason", code), func(t *testing.T) {
+			status, ra, body := serve(t, full, slots.WithRejectStatus(code))
+			assert.Equal(t, code, status)
+			assert.Equal(t, "1", ra)
+			assert.Equal(t, "too many requests in flight: 0 of 0, 0 queued (limit reached)\n", body)
+		})
+	}
+	t.Run("HTTPStatus still reads a Transport's refusal through the client's error", func(t *testing.T) {
+		client := &http.Client{Transport: slots.NewTransport(nil, full)}
+		_, err := client.Get(slow.URL)
+		require.Error(t, err)
+		var le *slots.LimitError
+		assert.ErrorAs(t, err, &le)
+		assert.ErrorIs(t, err, slots.ErrLimitReached)
+		status, ra := slots.HTTPStatus(err)
+		assert.Equal(t, http.StatusTooManyRequests, status)
+		assert.Equal(t, time.Second, ra)
+		assert.Contains(t, err.Error(), slots.ErrLimitReached.Error(), "the text is the admit function's")
+	})
 }

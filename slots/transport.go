@@ -111,9 +111,11 @@ func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOpti
 }
 
 // RoundTrip admits req, sends it, and ties the slot to the response body.
-// When admission fails it returns the error (a *LimitError, or the context's
-// error while waiting) and closes req.Body, as a RoundTripper must when it
-// does not send. A failed round trip releases the slot at once (after the
+// When admission fails it closes req.Body, as a RoundTripper must when it
+// does not send, and returns the admit function's error (a *LimitError, or
+// the context's error while waiting) marked as a refusal: its text is the
+// same and errors.Is, errors.As and HTTPStatus see through the mark, which
+// lets ProxyErrorHandler tell it from an upstream's failure. A failed round trip releases the slot at once (after the
 // linger, if it may have reached the upstream). It never modifies req.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
@@ -126,7 +128,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		return nil, err
+		return nil, &admitError{err}
 	}
 	resp, err := t.sendHolding(req, s)
 	if err != nil || resp == nil {
@@ -207,6 +209,14 @@ func (t *Transport) sendHolding(req *http.Request, s *Slot) (*http.Response, err
 	sent = true
 	return resp, err
 }
+
+// admitError marks an error of a Transport's admit function. ReverseProxy
+// hands its ErrorHandler the Transport's refusals and the upstream's
+// failures alike, and both may wrap context.DeadlineExceeded.
+type admitError struct{ err error }
+
+func (e *admitError) Error() string { return e.err.Error() }
+func (e *admitError) Unwrap() error { return e.err }
 
 var errNilResponse = errors.New("slots: RoundTripper returned a nil *Response with a nil error")
 
