@@ -2,6 +2,8 @@ package sweep_test
 
 import (
 	"fmt"
+	"net/http"
+	"net/http/httptest"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -91,5 +93,35 @@ func BenchmarkSweep100k(b *testing.B) {
 	}
 	for _, s := range holders {
 		s.Release()
+	}
+}
+
+// BenchmarkHandler serves ?limit=1 and the default limit over a registry of
+// 1,000,000 holders on 10,000 keys.
+func BenchmarkHandler(b *testing.B) {
+	const held, keys = 1_000_000, 10_000
+	reg := registry.New[string](slots.Unlimited)
+	holders := make([]*slots.Slot, 0, held)
+	for i := range held {
+		s, err := reg.TryAcquire(fmt.Sprintf("tenant-%d/model", i%keys))
+		if err != nil {
+			b.Fatal(err)
+		}
+		holders = append(holders, s)
+	}
+	defer func() {
+		for _, s := range holders {
+			s.Release()
+		}
+	}()
+	h := sweep.Handler(reg)
+	for _, q := range []string{"limit=1", "limit=1000"} {
+		b.Run(q, func(b *testing.B) {
+			b.ReportAllocs()
+			req := httptest.NewRequest(http.MethodGet, "/debug/slots?"+q, nil)
+			for b.Loop() {
+				h.ServeHTTP(httptest.NewRecorder(), req)
+			}
+		})
 	}
 }

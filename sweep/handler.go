@@ -2,7 +2,9 @@ package sweep
 
 import (
 	"cmp"
+	"container/heap"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -18,6 +20,9 @@ import (
 // DefaultHandlerLimit is how many holders a Handler lists when the request
 // does not say (?limit=N).
 const DefaultHandlerLimit = 1000
+
+// MaxHandlerLimit bounds ?limit=: a larger value lists this many.
+const MaxHandlerLimit = 10_000
 
 // HolderJSON is one holder as a Handler serves it. Every field name is
 // snake_case; durations are in seconds, as fractions.
@@ -41,12 +46,18 @@ type HoldersJSON struct {
 }
 
 // Handler returns an http.Handler that serves what holds reg's capacity
-// now, as HoldersJSON: every holder with its age, oldest first, at most
-// ?limit=N of them (DefaultHandlerLimit). It is for a debug endpoint:
-// mount it behind the same access control as other operator endpoints,
-// since keys name tenants. Of the options, WithClock and WithThreshold
-// apply (the threshold marks long_held); the others are ignored. A walk
-// takes one lock shard at a time, as a sweep does.
+// now, as HoldersJSON: every holder counted, the oldest listed with their
+// ages, oldest first, at most ?limit=N of them (DefaultHandlerLimit; a
+// value over MaxHandlerLimit lists MaxHandlerLimit). A limit that is not a
+// whole number >= 0 is a 400 with a JSON body {"error": "..."}. It is for a
+// debug endpoint: mount it behind the same access control as other
+// operator endpoints, since keys name tenants. Of the options, WithClock
+// and WithThreshold apply (the threshold marks long_held); the others are
+// ignored.
+//
+// A request walks one lock shard at a time, as a sweep does, keeping only
+// the oldest N holders as it goes: what it holds in memory is N holders
+// and one shard's copy, however many holders there are.
 func Handler[K comparable](reg *registry.Registry[K], opts ...Option) http.Handler {
 	return newHolderHandler(func(visit func([]registry.Holder[K])) {
 		var buf []registry.Holder[K]
@@ -85,42 +96,97 @@ func newHolderHandler[K comparable](walk func(func([]registry.Holder[K])), keyed
 }
 
 func (h *holderHandler[K]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	limit := DefaultHandlerLimit
-	if s := r.URL.Query().Get("limit"); s != "" {
-		n, err := strconv.Atoi(s)
-		if err != nil || n < 0 {
-			http.Error(w, "limit: want a whole number >= 0", http.StatusBadRequest)
-			return
-		}
-		limit = n
+	limit, ok := parseLimit(r.URL.Query().Get("limit"))
+	if !ok {
+		writeJSON(w, http.StatusBadRequest, struct {
+			Error string `json:"error"`
+		}{fmt.Sprintf("limit must be a whole number, 0 or more; at most %d holders are listed", MaxHandlerLimit)})
+		return
 	}
 	now := h.clock.Now()
 	out := HoldersJSON{Now: now.UTC(), ThresholdSeconds: h.threshold.Seconds(), Holders: []HolderJSON{}}
+	oldest := &youngestFirst[K]{limit: limit}
+	// A key's holders are all in one shard, so the keys are counted per
+	// shard and the set is emptied between shards.
 	keys := make(map[K]struct{})
 	h.walk(func(hs []registry.Holder[K]) {
 		for _, hd := range hs {
-			age := now.Sub(hd.AcquiredAt)
 			out.InUse++
-			keys[hd.Key] = struct{}{}
-			if age >= h.threshold {
+			if now.Sub(hd.AcquiredAt) >= h.threshold {
 				out.LongHeld++
 			}
-			out.Holders = append(out.Holders, HolderJSON{
-				Key: fmt.Sprint(hd.Key), SlotID: hd.ID, AcquiredAt: hd.AcquiredAt.UTC(),
-				AgeSeconds: age.Seconds(), LongHeld: age >= h.threshold,
-			})
+			if h.keyed {
+				keys[hd.Key] = struct{}{}
+			}
+			oldest.offer(hd)
 		}
+		out.Keys += len(keys)
+		clear(keys)
 	})
-	if h.keyed {
-		out.Keys = len(keys)
+	slices.SortFunc(oldest.hs, func(a, b registry.Holder[K]) int { return compareAge(b, a) })
+	for _, hd := range oldest.hs {
+		age := now.Sub(hd.AcquiredAt)
+		out.Holders = append(out.Holders, HolderJSON{
+			Key: fmt.Sprint(hd.Key), SlotID: hd.ID, AcquiredAt: hd.AcquiredAt.UTC(),
+			AgeSeconds: age.Seconds(), LongHeld: age >= h.threshold,
+		})
 	}
-	slices.SortFunc(out.Holders, func(a, b HolderJSON) int {
-		return cmp.Or(a.AcquiredAt.Compare(b.AcquiredAt), cmp.Compare(a.SlotID, b.SlotID))
-	})
-	if len(out.Holders) > limit {
-		out.Holders, out.Truncated = out.Holders[:limit], true
+	out.Truncated = out.InUse > len(out.Holders)
+	writeJSON(w, http.StatusOK, out)
+}
+
+// parseLimit reads ?limit=: "" is the default, a value over
+// MaxHandlerLimit (however large) is MaxHandlerLimit, and anything but
+// digits is refused.
+func parseLimit(s string) (int, bool) {
+	if s == "" {
+		return DefaultHandlerLimit, true
 	}
+	n, err := strconv.ParseUint(s, 10, 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return 0, false
+	}
+	if err != nil || n > MaxHandlerLimit {
+		return MaxHandlerLimit, true
+	}
+	return int(n), true
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(out)
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// compareAge orders holders youngest first: by acquire time, then slot id.
+func compareAge[K comparable](a, b registry.Holder[K]) int {
+	return cmp.Or(b.AcquiredAt.Compare(a.AcquiredAt), cmp.Compare(b.ID, a.ID))
+}
+
+// youngestFirst keeps the limit oldest holders offered to it, as a heap
+// whose root is the youngest kept, the first to give way to an older one.
+type youngestFirst[K comparable] struct {
+	limit int
+	hs    []registry.Holder[K]
+}
+
+func (q *youngestFirst[K]) offer(h registry.Holder[K]) {
+	switch {
+	case len(q.hs) < q.limit:
+		heap.Push(q, h)
+	case len(q.hs) > 0 && compareAge(h, q.hs[0]) > 0: // older than the youngest kept
+		q.hs[0] = h
+		heap.Fix(q, 0)
+	}
+}
+
+func (q *youngestFirst[K]) Len() int           { return len(q.hs) }
+func (q *youngestFirst[K]) Less(i, j int) bool { return compareAge(q.hs[i], q.hs[j]) < 0 }
+func (q *youngestFirst[K]) Swap(i, j int)      { q.hs[i], q.hs[j] = q.hs[j], q.hs[i] }
+func (q *youngestFirst[K]) Push(x any)         { q.hs = append(q.hs, x.(registry.Holder[K])) }
+func (q *youngestFirst[K]) Pop() any {
+	h := q.hs[len(q.hs)-1]
+	q.hs = q.hs[:len(q.hs)-1]
+	return h
 }

@@ -1,10 +1,14 @@
 package sweep_test
 
 import (
+	"cmp"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"testing"
 	"time"
 
@@ -116,4 +120,109 @@ func keysOf(m map[string]any) []string {
 		ks = append(ks, k)
 	}
 	return ks
+}
+
+// TestHandlerWorkIsBoundedByTheLimit: what a request allocates depends on
+// ?limit=, not on how many holders there are (a walk copies one shard at a
+// time, and only the listed holders are formatted).
+func TestHandlerWorkIsBoundedByTheLimit(t *testing.T) {
+	allocs := func(held int) float64 {
+		reg := registry.New[string](slots.Unlimited)
+		for i := range held {
+			s, err := reg.TryAcquire(fmt.Sprintf("org-%d/model", i%1000))
+			require.NoError(t, err)
+			t.Cleanup(func() { s.Release() })
+		}
+		h := sweep.Handler(reg)
+		req := httptest.NewRequest(http.MethodGet, "/debug/slots?limit=1", nil)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var out sweep.HoldersJSON
+		require.NoError(t, json.Unmarshal(rec.Body.Bytes(), &out))
+		require.Equal(t, held, out.InUse)
+		require.Equal(t, min(held, 1000), out.Keys)
+		require.Len(t, out.Holders, 1)
+		return testing.AllocsPerRun(5, func() { h.ServeHTTP(httptest.NewRecorder(), req) })
+	}
+	small, large := allocs(2_000), allocs(50_000)
+	t.Logf("allocations per request with ?limit=1: %.0f for 2,000 holders, %.0f for 50,000", small, large)
+	// What is left grows with the size of a shard's copy, not per holder.
+	assert.Less(t, large, 50_000/50.0, "fewer than one allocation per 50 holders")
+}
+
+func TestHandlerLimit(t *testing.T) {
+	reg := registry.New[string](slots.Unlimited)
+	for i := range sweep.MaxHandlerLimit + 1 {
+		s, err := reg.TryAcquire(fmt.Sprint("org-", i%7))
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Release() })
+	}
+	srv := httptest.NewServer(sweep.Handler(reg))
+	t.Cleanup(srv.Close)
+
+	for _, q := range []string{"20000", "99999999999999999999999"} {
+		t.Run("a limit of "+q+" lists MaxHandlerLimit holders, oldest first", func(t *testing.T) {
+			status, out, _ := getHolders(t, srv.URL+"?limit="+q)
+			require.Equal(t, http.StatusOK, status)
+			assert.Equal(t, sweep.MaxHandlerLimit+1, out.InUse)
+			assert.Equal(t, 7, out.Keys)
+			assert.True(t, out.Truncated)
+			require.Len(t, out.Holders, sweep.MaxHandlerLimit)
+			assert.True(t, slices.IsSortedFunc(out.Holders, func(a, b sweep.HolderJSON) int {
+				return cmp.Or(a.AcquiredAt.Compare(b.AcquiredAt), cmp.Compare(a.SlotID, b.SlotID))
+			}))
+		})
+	}
+	t.Run("limit=0 lists none and says so", func(t *testing.T) {
+		status, out, loose := getHolders(t, srv.URL+"?limit=0")
+		require.Equal(t, http.StatusOK, status)
+		assert.Equal(t, sweep.MaxHandlerLimit+1, out.InUse)
+		assert.True(t, out.Truncated)
+		assert.Equal(t, []any{}, loose["holders"])
+	})
+	for _, q := range []string{"-1", "ten", "1.5", "+3"} {
+		t.Run("limit="+q+" is a 400 in JSON that says what is allowed", func(t *testing.T) {
+			client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true}}
+			resp, err := client.Get(srv.URL + "?limit=" + url.QueryEscape(q))
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+			assert.Equal(t, "application/json", resp.Header.Get("Content-Type"))
+			var body struct {
+				Error string `json:"error"`
+			}
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+			assert.Equal(t, "limit must be a whole number, 0 or more; at most 10000 holders are listed", body.Error)
+		})
+	}
+}
+
+// TestHandlerListsTheOldest checks the kept holders against a sort of all
+// of them, over many shards and ages.
+func TestHandlerListsTheOldest(t *testing.T) {
+	mock := clock.NewMock()
+	reg := registry.New[int](slots.Unlimited, slots.WithClock(mock))
+	for i := range 500 {
+		mock.Add(time.Duration(i*7919%500) * time.Millisecond) // ages out of key order
+		s, err := reg.TryAcquire(i % 97)
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Release() })
+	}
+	all := reg.Holders(nil)
+	slices.SortFunc(all, func(a, b registry.Holder[int]) int {
+		return cmp.Or(a.AcquiredAt.Compare(b.AcquiredAt), cmp.Compare(a.ID, b.ID))
+	})
+	srv := httptest.NewServer(sweep.Handler(reg, sweep.WithClock(mock)))
+	t.Cleanup(srv.Close)
+	for _, limit := range []int{1, 37, 499, 500, 501} {
+		status, out, _ := getHolders(t, fmt.Sprint(srv.URL, "?limit=", limit))
+		require.Equal(t, http.StatusOK, status)
+		assert.Equal(t, 97, out.Keys)
+		want := all[:min(limit, len(all))]
+		require.Len(t, out.Holders, len(want), "limit %d", limit)
+		for i, h := range out.Holders {
+			assert.Equal(t, want[i].ID, h.SlotID, "limit %d, holder %d", limit, i)
+		}
+		assert.Equal(t, limit < len(all), out.Truncated)
+	}
 }
