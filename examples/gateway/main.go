@@ -10,14 +10,21 @@
 //	{"listen": "127.0.0.1:8080", "upstream": "http://127.0.0.1:9000",
 //	 "orgs": {"default_limit": 64, "limits": {"org-a": 4}},
 //	 "provider": {"max_concurrent_requests": 5, "requests_per_minute": 40,
+//	              "api_keys": [{"id": "k1", "max_concurrent_requests": 3}],
 //	              "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
+//	 "api_key_env": {"k1": "PROVIDER_KEY_1"},
 //	 "admin": {"token_env": "GATEWAY_ADMIN_TOKEN"},
 //	 "shutdown_timeout_ms": 30000, "cut_linger_ms": 250}
 //
 // On SIGTERM or SIGINT the gateway stops accepting connections and lets the
 // requests and streams in flight finish, for up to shutdown_timeout_ms
-// (default 30 s); then it logs what it drained and exits 0. A second signal,
-// or the timeout, cuts what is left and exits 1.
+// (default 30 s); then it logs what it drained and exits 0. Requests still
+// waiting for the provider are answered 503 at once. A second signal, or the
+// timeout, cuts what is left and exits 1, once the cut requests have
+// released their slots (for 2 s at most).
+//
+// An API key's id is a name; its secret is read from the environment
+// variable api_key_env names for it, and never logged or exported.
 //
 // Endpoints: POST /v1/chat/completions, /v1/completions, /v1/embeddings;
 // GET /v1/models (no slot); GET /metrics. With an admin section, behind
@@ -118,7 +125,7 @@ func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 		listeners = append(listeners, ln)
 	}
 	shown, _ := json.Marshal(cfg.Redacted())
-	attrs := []any{slog.String("addr", listeners[0].Addr().String()), slog.String("upstream", cfg.Upstream)}
+	attrs := []any{slog.String("addr", listeners[0].Addr().String()), slog.String("upstream", cfg.Redacted().Upstream)}
 	if len(listeners) > 1 {
 		attrs = append(attrs, slog.String("admin_addr", listeners[1].Addr().String()))
 	}
@@ -141,18 +148,26 @@ func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 	return drain(log, gw, servers, sig, cfg.ShutdownTimeout(), signals)
 }
 
-// drain stops accepting, waits for the requests in flight until timeout or
-// a second signal, and returns the exit code.
+// drain stops accepting, turns away the requests still waiting for the
+// provider, waits for the requests in flight until timeout or a second
+// signal, and returns the exit code.
 func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os.Signal, timeout time.Duration, signals <-chan os.Signal) int {
 	inFlight := gw.Active()
-	// Logged once Shutdown has closed the listeners, so that a reader of the
-	// line knows no new connection gets in.
+	gw.Drain()
+	// Logged once every Shutdown has closed its listeners, so that a reader
+	// of the line knows no new connection gets in.
+	var closed sync.WaitGroup
+	for _, srv := range servers {
+		closed.Add(1)
+		srv.RegisterOnShutdown(closed.Done)
+	}
 	logged := make(chan struct{})
-	servers[0].RegisterOnShutdown(func() {
+	go func() {
 		defer close(logged)
+		closed.Wait()
 		log.Info("gateway: draining", slog.String("signal", sig.String()), slog.Int("in_flight", inFlight),
 			slog.Duration("timeout", timeout))
-	})
+	}()
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -164,24 +179,39 @@ func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os
 		case <-ctx.Done():
 		}
 	}()
-	var err error
-	for _, srv := range servers {
-		err = errors.Join(err, srv.Shutdown(ctx))
+	// All at once: a server shut down after another would accept
+	// connections for as long as the first one drains.
+	errs := make([]error, len(servers))
+	var wg sync.WaitGroup
+	for i, srv := range servers {
+		wg.Go(func() { errs[i] = srv.Shutdown(ctx) })
 	}
+	wg.Wait()
 	<-logged
-	if err != nil {
+	if err := errors.Join(errs...); err != nil {
 		cut := gw.Active()
 		for _, srv := range servers {
 			srv.Close()
 		}
+		// Close has cut the connections, not waited for their handlers:
+		// let them release their slots (and the fleet's leases) before the
+		// gateway closes, for a moment at most.
+		idleCtx, cancelIdle := context.WithTimeout(context.Background(), cutUnwindTimeout)
+		idle := gw.WaitIdle(idleCtx)
+		cancelIdle()
 		log.Warn("gateway: drain cut short", slog.Int("drained", max(inFlight-cut, 0)), slog.Int("cut", cut),
-			slog.Duration("took", time.Since(start)), slog.Any("error", err))
+			slog.Duration("took", time.Since(start)), slog.Bool("released", idle), slog.Any("error", err))
 		return 1
 	}
 	log.Info("gateway: drained", slog.Int("requests", inFlight), slog.Duration("took", time.Since(start)),
 		slog.Int("tenant_keys_held", gw.TenantKeys()), slog.Int("provider_in_flight", gw.Provider().InFlight))
 	return 0
 }
+
+// cutUnwindTimeout bounds the wait, after a drain was cut short, for the
+// cut requests to release what they hold: a cut stream's handler returns
+// at once, its provider slot after cut_linger_ms (250 ms by default).
+const cutUnwindTimeout = 2 * time.Second
 
 // checkRedis pings the fleet's Redis once at startup, so that an
 // unreachable one is named before the first request meets it.

@@ -21,6 +21,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
+
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 // runMainEnv makes the test binary run the gateway's main instead of the
@@ -32,7 +34,10 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m)
+	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
+		fleettest.ReportSkips("examples/gateway")
+		os.Exit(code)
+	}))
 }
 
 func TestGatewayBadConfigExits2(t *testing.T) {
@@ -52,6 +57,23 @@ func TestGatewayBadConfigExits2(t *testing.T) {
 			assert.Contains(t, stderr.String(), `msg="gateway: bad configuration" error="config:`)
 		})
 	}
+	t.Run("an unset api_key_env variable", func(t *testing.T) {
+		path := filepath.Join(dir, "api_key_env.json")
+		require.NoError(t, os.WriteFile(path, []byte(`{"upstream":"http://127.0.0.1:1",
+			"provider":{"api_keys":[{"id":"k1"}]},"api_key_env":{"k1":"GATEWAY_TEST_NO_SUCH_KEY"}}`), 0o600))
+		var stderr strings.Builder
+		assert.Equal(t, 2, run([]string{"-config", path}, &stderr, nil))
+		assert.Contains(t, stderr.String(), `config: api_key_env[\"k1\"]: the environment variable GATEWAY_TEST_NO_SUCH_KEY is not set`)
+	})
+	t.Run("a redis_url that does not parse, without its password", func(t *testing.T) {
+		path := filepath.Join(dir, "redis_url.json")
+		require.NoError(t, os.WriteFile(path, []byte(`{"upstream":"http://127.0.0.1:1",
+			"fleet":{"redis_url":"redis://:hunter2@127.0.0.1:notaport/0"}}`), 0o600))
+		var stderr strings.Builder
+		assert.Equal(t, 2, run([]string{"-config", path}, &stderr, nil))
+		assert.Contains(t, stderr.String(), "config: fleet.redis_url: not a valid redis URL")
+		assert.NotContains(t, stderr.String(), "hunter2")
+	})
 	assert.Equal(t, 2, run(nil, io.Discard, nil), "-config is required")
 	var usage strings.Builder
 	assert.Equal(t, 0, run([]string{"-h"}, &usage, nil))
@@ -224,9 +246,22 @@ func TestStartupLogs(t *testing.T) {
 	deadRedis := ln.Addr().String()
 	ln.Close()
 	const token = "startup-admin-token-0123456789"
-	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"http://127.0.0.1:9",
+	const apiKey = "sk-startup-secret-0123456789"
+	t.Setenv("GATEWAY_TEST_API_KEY", apiKey)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"http://gw:upstream-pass@127.0.0.1:9",
 		"admin":{"token":"`+token+`"},
+		"provider":{"api_keys":[{"id":"k1"}]},"api_key_env":{"k1":"GATEWAY_TEST_API_KEY"},
 		"fleet":{"redis_url":"redis://:hunter2@`+deadRedis+`/0"}}`)
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	status, body := get(t, &http.Client{Transport: tr}, "http://"+p.addr+"/metrics", "")
+	require.Equal(t, http.StatusOK, status)
+	assert.Contains(t, body, `cap="api_key:k1"`)
+	assert.NotContains(t, body, apiKey)
+	status, body = get(t, &http.Client{Transport: tr}, "http://"+p.addr+"/debug/provider", "Bearer "+token)
+	require.Equal(t, http.StatusOK, status)
+	assert.Contains(t, body, `"in_flight_by_api_key"`)
+	assert.NotContains(t, body, apiKey)
 	warn := p.waitLine(t, `msg="gateway: redis is unreachable at startup`)
 	assert.Contains(t, warn, "on_unavailable=local")
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
@@ -236,6 +271,10 @@ func TestStartupLogs(t *testing.T) {
 	assert.Contains(t, logged, `\"admin\":{\"token\":\"[redacted]\"}`)
 	assert.NotContains(t, logged, token)
 	assert.NotContains(t, logged, "hunter2")
+	assert.NotContains(t, logged, "upstream-pass")
+	assert.NotContains(t, logged, apiKey)
+	assert.Contains(t, logged, "upstream=http://gw:xxxxx@127.0.0.1:9 ")
+	assert.Contains(t, logged, `\"api_key_env\":{\"k1\":\"GATEWAY_TEST_API_KEY\"}`)
 	assert.Contains(t, logged, `msg="gateway: redis client" detail="connection pool: failed to dial`, "go-redis's own messages")
 	for _, line := range strings.Split(strings.TrimSpace(logged), "\n") {
 		assert.True(t, strings.HasPrefix(line, "time="), "every line through slog: %q", line)
@@ -270,4 +309,21 @@ func TestAdminListener(t *testing.T) {
 	assert.Equal(t, http.StatusNotFound, get(p.addr, "Bearer "+token), "not on the model API's address")
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
 	assert.Equal(t, 0, p.exitCode(t))
+}
+
+// get makes a GET with an optional Authorization header and returns the
+// status and the body.
+func get(t *testing.T, client *http.Client, url, auth string) (int, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodGet, url, nil)
+	require.NoError(t, err)
+	if auth != "" {
+		req.Header.Set("Authorization", auth)
+	}
+	resp, err := client.Do(req)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return resp.StatusCode, string(b)
 }

@@ -4,9 +4,11 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/sweep"
@@ -51,13 +53,15 @@ func (g *Gateway) debugProvider(w http.ResponseWriter, _ *http.Request) {
 }
 
 // requireToken answers 401 unless the request carries "Authorization:
-// Bearer <token>". Both sides are hashed first, so the comparison takes the
-// same time whatever the length or content of what was sent.
+// Bearer <token>", the scheme in any case (RFC 7235). Both tokens are hashed
+// first, so the comparison takes the same time whatever the length or
+// content of what was sent.
 func requireToken(token string, next http.Handler) http.Handler {
-	want := sha256.Sum256([]byte("Bearer " + token))
+	want := sha256.Sum256([]byte(token))
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		got := sha256.Sum256([]byte(r.Header.Get("Authorization")))
-		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 {
+		scheme, credentials, _ := strings.Cut(r.Header.Get("Authorization"), " ")
+		got := sha256.Sum256([]byte(credentials))
+		if subtle.ConstantTimeCompare(got[:], want[:]) != 1 || !strings.EqualFold(scheme, "Bearer") {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="gateway admin"`)
 			writeOpenAIError(w, http.StatusUnauthorized, "this endpoint needs the admin bearer token")
 			return
@@ -84,8 +88,14 @@ func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 	var body struct {
 		Limit *int `json:"limit"`
 	}
-	if err := json.NewDecoder(io.LimitReader(r.Body, 1<<10)).Decode(&body); err != nil || body.Limit == nil || *body.Limit < 0 {
-		writeOpenAIError(w, http.StatusBadRequest, `want {"limit": N} with N >= 0`)
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<10))
+	dec.DisallowUnknownFields()
+	err := dec.Decode(&body)
+	if err == nil && dec.Decode(new(json.RawMessage)) != io.EOF {
+		err = errors.New("data after the object")
+	}
+	if err != nil || body.Limit == nil || *body.Limit < 0 {
+		writeOpenAIError(w, http.StatusBadRequest, `want one JSON object, {"limit": N} with N >= 0`)
 		return
 	}
 	n := *body.Limit

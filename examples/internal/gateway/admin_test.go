@@ -101,6 +101,34 @@ func TestAdminNeedsTheToken(t *testing.T) {
 		assert.Contains(t, body, `"in_flight":0`)
 		assert.Contains(t, body, `"last_start":null`)
 	})
+	t.Run("the scheme Bearer in any case", func(t *testing.T) {
+		for _, scheme := range []string{"bearer", "BEARER", "beaRer"} {
+			req := adminRequest(t, http.MethodGet, srv.URL+"/debug/provider", "")
+			req.Header.Set("Authorization", scheme+" "+testAdminToken)
+			status, _ := do(t, client, req)
+			assert.Equal(t, http.StatusOK, status, scheme)
+		}
+		req := adminRequest(t, http.MethodGet, srv.URL+"/debug/provider", "")
+		req.Header.Set("Authorization", "Basic "+testAdminToken)
+		status, _ := do(t, client, req)
+		assert.Equal(t, http.StatusUnauthorized, status, "another scheme")
+	})
+	t.Run("a PATCH body is one object with only the limit", func(t *testing.T) {
+		for _, body := range []string{
+			`{"limit":5} {"limit":0}`,
+			`{"limit":5}x`,
+			`{"limit":5,"limits":0}`,
+			`{"limit":5,"org":"org-b"}`,
+			`[{"limit":5}]`,
+		} {
+			status, answer := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", body))
+			assert.Equal(t, http.StatusBadRequest, status, body)
+			assert.Contains(t, answer, `want one JSON object, {\"limit\": N} with N \u003e= 0`, body)
+		}
+		assert.Equal(t, 3, gw.orgLimit("org-a"), "none went through")
+		status, _ := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", "{\"limit\":5}\n"))
+		assert.Equal(t, http.StatusOK, status, "a final newline is fine")
+	})
 }
 
 func TestAdminWithoutAnAdminSectionIsNotServed(t *testing.T) {
@@ -139,12 +167,17 @@ func TestAdminOnItsOwnListener(t *testing.T) {
 
 func TestConfigAdmin(t *testing.T) {
 	t.Setenv("GATEWAY_TEST_SHORT_TOKEN", "short")
+	t.Setenv("GATEWAY_TEST_SPACED_TOKEN", "admin-token 0123456789")
+	t.Setenv("GATEWAY_TEST_CONTROL_TOKEN", "admin-token\x010123456789")
 	for _, tc := range []struct{ admin, want string }{
 		{`{}`, "config: admin.token or token_env: missing"},
 		{`{"token":"short"}`, "config: admin.token: under 16 bytes"},
 		{`{"token":"` + testAdminToken + `","token_env":"X"}`, "config: admin.token: set token or token_env, not both"},
 		{`{"token_env":"GATEWAY_TEST_NO_SUCH_VARIABLE"}`, "config: admin.token_env: the environment variable GATEWAY_TEST_NO_SUCH_VARIABLE is not set"},
 		{`{"token_env":"GATEWAY_TEST_SHORT_TOKEN"}`, "config: admin.token_env: the token in GATEWAY_TEST_SHORT_TOKEN is under 16 bytes"},
+		{`{"token_env":"GATEWAY_TEST_SPACED_TOKEN"}`, "config: admin.token_env: the value of GATEWAY_TEST_SPACED_TOKEN: contains whitespace or control characters"},
+		{`{"token_env":"GATEWAY_TEST_CONTROL_TOKEN"}`, "config: admin.token_env: the value of GATEWAY_TEST_CONTROL_TOKEN: contains whitespace or control characters"},
+		{`{"token":"admin-token 0123456789"}`, "config: admin.token: contains whitespace or control characters"},
 	} {
 		_, err := ParseConfig([]byte(`{"upstream":"http://x","admin":` + tc.admin + `}`))
 		assert.EqualError(t, err, tc.want)
@@ -156,4 +189,14 @@ func TestConfigAdmin(t *testing.T) {
 	assert.NotContains(t, string(shown), testAdminToken)
 	assert.NotContains(t, string(shown), "hunter2")
 	assert.Equal(t, testAdminToken, cfg.Admin.Token, "Redacted leaves the config itself alone")
+}
+
+// A token written to a file and read into the variable ends in a newline:
+// the token is what is around it.
+func TestAdminTokenFromTheEnvironmentIsTrimmed(t *testing.T) {
+	t.Setenv("GATEWAY_TEST_FILE_TOKEN", "\t"+testAdminToken+"\n")
+	u := newUpstream(t)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "admin": {"token_env": "GATEWAY_TEST_FILE_TOKEN"}}`)
+	status, _ := do(t, srv.Client(), adminRequest(t, http.MethodGet, srv.URL+"/debug/provider", ""))
+	assert.Equal(t, http.StatusOK, status)
 }

@@ -8,7 +8,9 @@ import (
 	"math"
 	"net/url"
 	"os"
+	"strings"
 	"time"
+	"unicode"
 
 	"github.com/redis/go-redis/v9"
 
@@ -40,6 +42,16 @@ type Config struct {
 	// Admin serves the admin and debug endpoints, behind a bearer token;
 	// without it they are not served at all.
 	Admin *AdminConfig `json:"admin,omitempty"`
+	// APIKeyEnv names, for each id of provider.api_keys, the environment
+	// variable holding that key's secret, sent upstream as "Authorization:
+	// Bearer <secret>". An id is a name, safe to log and to export as a
+	// label; the secret stays out of the file, the logs and the metrics. A
+	// key without an entry sends no Authorization header.
+	APIKeyEnv map[string]string `json:"api_key_env,omitempty"`
+
+	// apiKeys holds the secrets read from APIKeyEnv, by key id. Unexported,
+	// so that a marshalled config never carries them.
+	apiKeys map[string]string
 }
 
 // DefaultShutdownTimeoutMS is the drain's bound when the config does not
@@ -77,15 +89,18 @@ func (a *AdminConfig) token() (string, error) {
 	case a.Token != "" && a.TokenEnv != "":
 		return "", errors.New("token: set token or token_env, not both")
 	case a.TokenEnv != "":
-		t, ok := os.LookupEnv(a.TokenEnv)
-		if !ok || t == "" {
-			return "", fmt.Errorf("token_env: the environment variable %s is not set", a.TokenEnv)
+		t, err := secretFromEnv(a.TokenEnv)
+		if err != nil {
+			return "", fmt.Errorf("token_env: %w", err)
 		}
 		if len(t) < minTokenBytes {
 			return "", fmt.Errorf("token_env: the token in %s is under %d bytes", a.TokenEnv, minTokenBytes)
 		}
 		return t, nil
 	case a.Token != "":
+		if err := checkSecret(a.Token); err != nil {
+			return "", fmt.Errorf("token: %w", err)
+		}
 		if len(a.Token) < minTokenBytes {
 			return "", fmt.Errorf("token: under %d bytes", minTokenBytes)
 		}
@@ -94,9 +109,34 @@ func (a *AdminConfig) token() (string, error) {
 	return "", errors.New("token or token_env: missing")
 }
 
-// Redacted returns the config as it may be logged: the admin token and a
-// password in the Redis URL replaced.
+// secretFromEnv returns the value of the environment variable name, without
+// the whitespace around it (a file read into a variable ends in a newline,
+// which would never match); errors name the variable, never its value.
+func secretFromEnv(name string) (string, error) {
+	v := strings.TrimSpace(os.Getenv(name))
+	if v == "" {
+		return "", fmt.Errorf("the environment variable %s is not set", name)
+	}
+	if err := checkSecret(v); err != nil {
+		return "", fmt.Errorf("the value of %s: %w", name, err)
+	}
+	return v, nil
+}
+
+// checkSecret refuses a secret that cannot travel as a bearer credential:
+// one with whitespace or control characters in it.
+func checkSecret(s string) error {
+	if strings.IndexFunc(s, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+		return errors.New("contains whitespace or control characters")
+	}
+	return nil
+}
+
+// Redacted returns the config as it may be logged: the admin token and the
+// passwords in the upstream and Redis URLs replaced. The API keys' secrets
+// are never in it.
 func (c Config) Redacted() Config {
+	c.Upstream = redactURL(c.Upstream)
 	if c.Admin != nil {
 		a := *c.Admin
 		if a.Token != "" {
@@ -106,14 +146,19 @@ func (c Config) Redacted() Config {
 	}
 	if c.Fleet != nil {
 		f := *c.Fleet
-		if u, err := url.Parse(f.RedisURL); err == nil {
-			f.RedisURL = u.Redacted()
-		} else {
-			f.RedisURL = "[unparsable]"
-		}
+		f.RedisURL = redactURL(f.RedisURL)
 		c.Fleet = &f
 	}
 	return c
+}
+
+// redactURL returns raw with its password replaced, for a log line.
+func redactURL(raw string) string {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return "[unparsable]"
+	}
+	return u.Redacted()
 }
 
 // MaxCutLingerMS bounds cut_linger_ms: an upstream that has not noticed a
@@ -188,7 +233,7 @@ func ParseConfig(data []byte) (Config, error) {
 		return Config{}, errors.New("config: upstream: missing")
 	}
 	if u, err := url.Parse(c.Upstream); err != nil || u.Scheme == "" || u.Host == "" {
-		return Config{}, fmt.Errorf("config: upstream: %q is not an absolute URL", c.Upstream)
+		return Config{}, fmt.Errorf("config: upstream: %q is not an absolute URL", redactURL(c.Upstream))
 	}
 	if c.CutLingerMS > MaxCutLingerMS {
 		return Config{}, fmt.Errorf("config: cut_linger_ms: %d is over %d", c.CutLingerMS, MaxCutLingerMS)
@@ -220,8 +265,10 @@ func ParseConfig(data []byte) (Config, error) {
 		}
 	}
 	if f := c.Fleet; f != nil {
+		// Not wrapped: redis.ParseURL's errors quote the URL, password
+		// and all.
 		if _, err := redis.ParseURL(f.RedisURL); err != nil {
-			return Config{}, fmt.Errorf("config: fleet.redis_url: %w", err)
+			return Config{}, errors.New("config: fleet.redis_url: not a valid redis URL (redis://[user:password@]host:port/db)")
 		}
 		if f.LeaseTTLMS != 0 && f.LeaseTTLMS < 30 {
 			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is under 30", f.LeaseTTLMS)
@@ -233,5 +280,31 @@ func ParseConfig(data []byte) (Config, error) {
 	if err := c.Provider.Validate(); err != nil {
 		return Config{}, fmt.Errorf("config: provider: %w", err)
 	}
+	if err := c.readAPIKeys(); err != nil {
+		return Config{}, err
+	}
 	return c, nil
+}
+
+// readAPIKeys reads each API key's secret from the variable APIKeyEnv names.
+func (c *Config) readAPIKeys() error {
+	ids := make(map[string]bool, len(c.Provider.APIKeys))
+	for _, k := range c.Provider.APIKeys {
+		ids[k.ID] = true
+	}
+	c.apiKeys = make(map[string]string, len(c.APIKeyEnv))
+	for id, name := range c.APIKeyEnv {
+		if !ids[id] {
+			return fmt.Errorf("config: api_key_env[%q]: no key with this id in provider.api_keys", id)
+		}
+		if name == "" {
+			return fmt.Errorf("config: api_key_env[%q]: missing the variable's name", id)
+		}
+		secret, err := secretFromEnv(name)
+		if err != nil {
+			return fmt.Errorf("config: api_key_env[%q]: %w", id, err)
+		}
+		c.apiKeys[id] = secret
+	}
+	return nil
 }

@@ -33,7 +33,6 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -75,9 +74,17 @@ type Gateway struct {
 	models       map[string]*capMetrics // the counts of each model the config names; read-only after New
 	otherModels  *capMetrics            // the counts of every other model, together
 	keys         map[string]*capMetrics // the counts of each API key, by id; read-only after New
+	apiKeys      map[string]string      // each API key's secret, by id; read-only after New
 	log          *slog.Logger
 	rejections   rejectLog
-	active       atomic.Int64 // model requests being served
+
+	// draining is done once Drain is called: it ends the provider waits.
+	draining context.Context
+	drain    context.CancelFunc
+
+	activeMu sync.Mutex    // protects the fields below
+	active   int           // model requests being served
+	idle     chan struct{} // closed when active drops to 0; nil when nobody waits
 
 	mu        sync.RWMutex // protects the fields below
 	orgLimits map[string]int
@@ -120,6 +127,8 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		o(g)
 	}
 	g.rejections.every = time.Second
+	g.apiKeys = cfg.apiKeys
+	g.draining, g.drain = context.WithCancel(context.Background())
 	for org, n := range cfg.Orgs.Limits {
 		g.orgLimits[org] = n
 	}
@@ -266,7 +275,77 @@ func (g *Gateway) AdminHandler() http.Handler {
 
 // Active returns the number of model requests being served now (a stream
 // counts until it has been relayed to its end).
-func (g *Gateway) Active() int { return int(g.active.Load()) }
+func (g *Gateway) Active() int {
+	g.activeMu.Lock()
+	defer g.activeMu.Unlock()
+	return g.active
+}
+
+func (g *Gateway) enter() {
+	g.activeMu.Lock()
+	g.active++
+	g.activeMu.Unlock()
+}
+
+func (g *Gateway) leave() {
+	g.activeMu.Lock()
+	defer g.activeMu.Unlock()
+	g.active--
+	if g.active == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// Drain ends the waits for the provider: the requests waiting, and any
+// that arrive from now on, are answered 503 with Retry-After and
+// "Connection: close", so that their clients retry on another gateway
+// instead of starting a stream this one would cut. Requests already
+// upstream go on. Call it as the server's shutdown starts.
+func (g *Gateway) Drain() { g.drain() }
+
+// drainRetryAfter is the Retry-After of a request turned away by Drain:
+// another gateway, or this one restarted, can take it at once.
+const drainRetryAfter = time.Second
+
+// WaitIdle waits until no model request is being served and, with a fleet,
+// until this process holds no lease, or until ctx is done; it reports
+// whether that point was reached. After the servers have been closed, it
+// lets the handlers that were cut release their slots before Close, so
+// that no lease is left in Redis until it expires.
+func (g *Gateway) WaitIdle(ctx context.Context) bool {
+	g.activeMu.Lock()
+	var idle chan struct{}
+	if g.active > 0 {
+		if g.idle == nil {
+			g.idle = make(chan struct{})
+		}
+		idle = g.idle
+	}
+	g.activeMu.Unlock()
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if g.fleetTenants == nil {
+		return true
+	}
+	// A cut stream's provider slot lingers (cut_linger_ms) after its
+	// handler has returned, on a timer that tells nobody: look now and then.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for g.fleetTenants.Stats().Held+g.caps.Stats().Held > 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
 
 // Ping checks that the fleet's Redis answers; nil without a fleet.
 func (g *Gateway) Ping(ctx context.Context) error {
@@ -284,6 +363,9 @@ func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
 
 // Close stops the gateway's background work.
 func (g *Gateway) Close() {
+	if g.drain != nil {
+		g.drain()
+	}
 	if g.monitor != nil {
 		g.monitor.Stop()
 	}
@@ -309,8 +391,8 @@ func (g *Gateway) orgLimit(org string) int {
 // model handles a model request: the tenant cap at once, then the provider's
 // caps and pacing (waiting), then the upstream, holding both until done.
 func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
-	g.active.Add(1)
-	defer g.active.Add(-1)
+	g.enter()
+	defer g.leave()
 	info := requestInfoFrom(r.Context())
 	model, err := requestModel(r, maxBodyBytes)
 	if err != nil {
@@ -325,7 +407,22 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	if org == "" {
 		org = "default"
 	}
+	// Both become keys in memory and in Redis, and labels of log lines.
+	if len(org) > maxNameBytes {
+		writeOpenAIError(w, http.StatusBadRequest, OrgHeader+": want a name of at most 256 bytes")
+		return
+	}
+	if len(model) > maxNameBytes {
+		writeOpenAIError(w, http.StatusBadRequest, "model: want a name of at most 256 bytes")
+		return
+	}
 	info.org, info.model = org, model
+	// An org switched off is refused here, before any admission: the
+	// answer is then the same whether the fleet's Redis is reachable or not.
+	if g.orgLimit(org) == 0 {
+		g.reject(w, r, "tenant", model, &slots.LimitError{Err: slots.ErrLimitReached, Key: tenant{org, model}.String()})
+		return
+	}
 	// The tenant's own cap: over it is the tenant's doing, answered at once.
 	ts, err := g.admitTenant(tenant{org, model})
 	if err != nil {
@@ -345,6 +442,10 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		prio = slots.PriorityDefault
 	}
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
+	// The waits end at Drain as well; the upstream exchange does not.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.draining, cancel)()
 	mm := g.modelMetrics(model)
 	waitStart := time.Now()
 	var capSlot *slots.Slot // the fleet's provider and model caps
@@ -355,7 +456,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		if err != nil {
 			g.provider.rejected(err)
 			mm.rejected(err)
-			g.reject(w, r, "provider", model, err)
+			g.rejectWait(w, r, model, err)
 			return
 		}
 	}
@@ -364,7 +465,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		capSlot.Release()
 		g.provider.rejected(err)
 		mm.rejected(err)
-		g.reject(w, r, "provider", model, err)
+		g.rejectWait(w, r, model, err)
 		return
 	}
 	granted := time.Now()
@@ -395,7 +496,29 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}()
 	out := r.WithContext(context.WithValue(r.Context(), grantKey{}, p))
 	if grant.Key != "" {
-		out.Header.Set("Authorization", "Bearer "+grant.Key)
+		// The key's id is a name; its secret, if it has one, is the credential.
+		if secret := g.apiKeys[grant.Key]; secret != "" {
+			out.Header.Set("Authorization", "Bearer "+secret)
+		} else {
+			out.Header.Del("Authorization")
+		}
 	}
 	g.proxy.ServeHTTP(w, out)
+}
+
+// maxNameBytes bounds an org or model name: each is part of a key in
+// memory and, with a fleet, in Redis.
+const maxNameBytes = maxOrgBytes
+
+// rejectWait answers a provider wait that ended without a grant: with 503
+// and "Connection: close" when Drain ended it (the client is still there),
+// else as reject does.
+func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model string, err error) {
+	if g.draining.Err() != nil && r.Context().Err() == nil {
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Retry-After", strconv.Itoa(int(drainRetryAfter/time.Second)))
+		writeOpenAIError(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request")
+		return
+	}
+	g.reject(w, r, "provider", model, err)
 }

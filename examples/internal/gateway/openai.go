@@ -40,12 +40,21 @@ func requestModel(r *http.Request, maxBytes int64) (string, error) {
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
 	r.ContentLength = int64(len(buf))
 	var v struct {
-		Model string `json:"model"`
+		Model json.RawMessage `json:"model"`
 	}
 	if err := json.Unmarshal(buf, &v); err != nil {
 		return "", errors.New("the request body is not a JSON object")
 	}
-	return v.Model, nil
+	var model *string
+	if len(v.Model) > 0 {
+		if err := json.Unmarshal(v.Model, &model); err != nil {
+			return "", errors.New("model: want a string")
+		}
+	}
+	if model == nil { // absent or null
+		return "", nil
+	}
+	return *model, nil
 }
 
 // writeOpenAIError is a slots.ErrorWriter that answers in OpenAI's error

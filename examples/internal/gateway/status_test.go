@@ -77,6 +77,23 @@ func TestGatewayStatuses(t *testing.T) {
 		assert.Contains(t, e.Error.Message, "disabled")
 		assert.Contains(t, logs.String(), `msg="gateway: request rejected" cap=tenant status=403 reason=limit_reached org=switched-off model=glm-5`)
 	})
+	t.Run("a model that is not a string is a 400 that says so", func(t *testing.T) {
+		resp, e := postBody(t, client, srv.URL, "org-a", `{"model":5}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, "model: want a string", e.Error.Message)
+	})
+	t.Run("an org or a model over 256 bytes is a 400, before any admission", func(t *testing.T) {
+		long := strings.Repeat("o", 257)
+		resp, e := postBody(t, client, srv.URL, long, `{"model":"glm-5"}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, "X-Org-ID: want a name of at most 256 bytes", e.Error.Message)
+		resp, e = postBody(t, client, srv.URL, "org-a", `{"model":"`+long+`"}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, "model: want a name of at most 256 bytes", e.Error.Message)
+		resp, _ = postBody(t, client, srv.URL, strings.Repeat("o", 256), `{"model":"`+strings.Repeat("m", 256)+`"}`)
+		assert.Equal(t, http.StatusOK, resp.StatusCode, "256 bytes are fine")
+		assert.NotContains(t, logs.String(), long, "neither was admitted, so neither is in a log line")
+	})
 	t.Run("a bad X-Priority is a 400", func(t *testing.T) {
 		resp, e := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5"}`, "X-Priority", "urgent")
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
@@ -90,7 +107,7 @@ func TestGatewayStatuses(t *testing.T) {
 }
 
 // With on_unavailable "closed", a Redis that cannot be reached answers 503
-// with Retry-After, not 500.
+// with Retry-After, not 500; an org switched off is a 403 all the same.
 func TestGatewayFleetClosedWithoutRedis(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
@@ -99,6 +116,7 @@ func TestGatewayFleetClosedWithoutRedis(t *testing.T) {
 	u := newUpstream(t)
 	close(u.gate)
 	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
+		"orgs": {"limits": {"switched-off": 0}},
 		"fleet": {"redis_url": "redis://`+addr+`/0", "on_unavailable": "closed"}}`)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -108,6 +126,10 @@ func TestGatewayFleetClosedWithoutRedis(t *testing.T) {
 	assert.Equal(t, "5", resp.Header.Get("Retry-After"))
 	assert.Equal(t, "overloaded_error", e.Error.Type)
 	assert.Equal(t, "the shared concurrency caps cannot be checked now", e.Error.Message)
+	resp, e = postBody(t, srv.Client(), srv.URL, "switched-off", `{"model":"glm-5"}`)
+	assert.Equal(t, http.StatusForbidden, resp.StatusCode, "a zero limit is checked before Redis")
+	assert.Empty(t, resp.Header.Get("Retry-After"))
+	assert.Equal(t, "permission_error", e.Error.Type)
 	text := scrape(t, srv.Client(), srv.URL)
 	assert.Contains(t, text, `inflight_fleet_degraded{fleet="tenants"}`)
 	assert.Contains(t, text, `inflight_fleet_degraded{fleet="provider"}`)

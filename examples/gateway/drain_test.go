@@ -1,0 +1,138 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"regexp"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+)
+
+// waitMetric scrapes addr's /metrics until it has the line want.
+func waitMetric(t *testing.T, client *http.Client, addr, want string) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		_, body := get(t, client, "http://"+addr+"/metrics", "")
+		if strings.Contains(body, want+"\n") {
+			return
+		}
+		require.False(t, time.Now().After(deadline), "no %q in /metrics within 10 s", want)
+		runtime.Gosched()
+	}
+}
+
+// A request waiting for the provider at SIGTERM is answered 503 at once,
+// so that its client retries elsewhere, while the stream already upstream
+// goes on to its end.
+func TestDrainTurnsAwayTheProviderQueue(t *testing.T) {
+	up, release := streamingUpstream(t)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`",
+		"provider":{"max_concurrent_requests":1},"shutdown_timeout_ms":20000}`)
+	_, stream := openStream(t, p.addr)
+
+	tr := &http.Transport{}
+	t.Cleanup(tr.CloseIdleConnections)
+	client := &http.Client{Transport: tr}
+	queued := make(chan *http.Response, 1)
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, "http://"+p.addr+"/v1/chat/completions", strings.NewReader(`{"model":"glm-5","stream":true}`))
+		resp, err := client.Do(req)
+		if !assert.NoError(t, err) {
+			close(queued)
+			return
+		}
+		queued <- resp
+	}()
+	waitMetric(t, client, p.addr, `inflight_waiting{cap="provider"} 1`)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	resp, ok := <-queued // before the stream in flight is let go
+	require.True(t, ok)
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.True(t, resp.Close, "Connection: close")
+	var e struct {
+		Error struct{ Message, Type string }
+	}
+	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
+	assert.Equal(t, "overloaded_error", e.Error.Type)
+	assert.Equal(t, "the gateway is shutting down; retry the request", e.Error.Message)
+
+	close(release)
+	rest, err := io.ReadAll(stream)
+	require.NoError(t, err)
+	assert.Equal(t, "\ndata: last\n\ndata: [DONE]\n\n", string(rest), "the stream completes with its last event")
+	assert.Equal(t, 0, p.exitCode(t))
+}
+
+// With admin.listen, the admin address stops accepting as the drain
+// starts, as the model API's does, not once the model API has drained.
+func TestDrainClosesTheAdminListenerToo(t *testing.T) {
+	t.Setenv("GATEWAY_TEST_ADMIN_TOKEN", "drain-admin-token-0123456789")
+	up, release := streamingUpstream(t)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`","shutdown_timeout_ms":20000,
+		"admin":{"token_env":"GATEWAY_TEST_ADMIN_TOKEN","listen":"127.0.0.1:0"}}`)
+	m := regexp.MustCompile(`admin_addr=(\S+)`).FindStringSubmatch(p.logged())
+	require.NotNil(t, m, "the listening line names the admin address:\n%s", p.logged())
+	_, stream := openStream(t, p.addr)
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.waitLine(t, `msg="gateway: draining"`)
+	for _, addr := range []string{p.addr, m[1]} {
+		_, err := net.DialTimeout("tcp", addr, time.Second)
+		assert.Error(t, err, "no new connections to %s while draining", addr)
+	}
+	close(release)
+	_, err := io.ReadAll(stream)
+	require.NoError(t, err)
+	assert.Equal(t, 0, p.exitCode(t))
+}
+
+// A drain cut short lets the cut requests release their fleet leases
+// before the gateway closes: none is left in Redis to expire a lease TTL
+// later.
+func TestCutDrainLeavesNoLeaseInRedis(t *testing.T) {
+	redisSrv := fleettest.Start(t)
+	up, release := streamingUpstream(t)
+	defer close(release)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`",
+		"provider":{"max_concurrent_requests":2},
+		"fleet":{"redis_url":"redis://`+redisSrv.Addr+`/0","lease_ttl_ms":60000}}`)
+	rdb := redisSrv.Client()
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	leases := func() []string {
+		keys, err := rdb.Keys(ctx, "*").Result()
+		require.NoError(t, err)
+		var held []string
+		for _, k := range keys {
+			if typ, err := rdb.Type(ctx, k).Result(); err == nil && typ == "zset" {
+				held = append(held, k)
+			}
+		}
+		return held
+	}
+	_, stream := openStream(t, p.addr)
+	require.NotEmpty(t, leases(), "the stream holds leases")
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.waitLine(t, `msg="gateway: draining"`)
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGINT))
+	assert.Equal(t, 1, p.exitCode(t))
+	assert.Contains(t, p.logged(), `msg="gateway: drain cut short" drained=0 cut=1`)
+	_, _ = io.ReadAll(stream)
+	assert.Empty(t, leases(), "no lease left behind")
+}

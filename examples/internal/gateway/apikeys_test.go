@@ -1,0 +1,108 @@
+package gateway
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// authUpstream answers at once and records the Authorization header of
+// each request it is sent.
+func authUpstream(t *testing.T) (*httptest.Server, func() []string) {
+	var mu sync.Mutex
+	var seen []string
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		mu.Unlock()
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	return up, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]string(nil), seen...)
+	}
+}
+
+func TestAPIKeySecretsComeFromTheEnvironment(t *testing.T) {
+	const secret = "sk-test-secret-0123456789"
+	t.Setenv("GATEWAY_TEST_KEY_1", secret+"\n")
+
+	t.Run("a key's secret is sent upstream and shown nowhere", func(t *testing.T) {
+		up, seen := authUpstream(t)
+		srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
+			"admin": {"token": "`+testAdminToken+`"},
+			"provider": {"api_keys": [{"id": "k1", "max_concurrent_requests": 2}]},
+			"api_key_env": {"k1": "GATEWAY_TEST_KEY_1"}}`)
+		client := srv.Client()
+		resp, _ := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5"}`, "Authorization", "Bearer client-credential")
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, []string{"Bearer " + secret}, seen(), "the secret, trimmed, in place of the client's credential")
+
+		assert.Contains(t, scrape(t, client, srv.URL), `cap="api_key:k1"`)
+		assert.NotContains(t, scrape(t, client, srv.URL), secret)
+		for _, path := range []string{"/debug/provider", "/debug/slots"} {
+			status, body := do(t, client, adminRequest(t, http.MethodGet, srv.URL+path, ""))
+			require.Equal(t, http.StatusOK, status)
+			assert.NotContains(t, body, secret, path)
+		}
+	})
+	t.Run("a key without a variable sends no Authorization header", func(t *testing.T) {
+		up, seen := authUpstream(t)
+		srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
+			"provider": {"api_keys": [{"id": "k2"}]}}`)
+		resp, _ := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-5"}`, "Authorization", "Bearer client-credential")
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		assert.Equal(t, []string{""}, seen())
+	})
+	t.Run("the logged config carries no secret", func(t *testing.T) {
+		cfg, err := ParseConfig([]byte(`{"upstream": "http://x",
+			"provider": {"api_keys": [{"id": "k1"}]}, "api_key_env": {"k1": "GATEWAY_TEST_KEY_1"}}`))
+		require.NoError(t, err)
+		shown, err := json.Marshal(cfg.Redacted())
+		require.NoError(t, err)
+		assert.NotContains(t, string(shown), secret)
+		assert.Contains(t, string(shown), `"api_key_env":{"k1":"GATEWAY_TEST_KEY_1"}`)
+	})
+}
+
+func TestConfigAPIKeyEnv(t *testing.T) {
+	t.Setenv("GATEWAY_TEST_EMPTY_KEY", "")
+	t.Setenv("GATEWAY_TEST_SPACED_KEY", "sk-one two")
+	for _, tc := range []struct{ env, want string }{
+		{`{"k1": "GATEWAY_TEST_NO_SUCH_VARIABLE"}`, `config: api_key_env["k1"]: the environment variable GATEWAY_TEST_NO_SUCH_VARIABLE is not set`},
+		{`{"k1": "GATEWAY_TEST_EMPTY_KEY"}`, `config: api_key_env["k1"]: the environment variable GATEWAY_TEST_EMPTY_KEY is not set`},
+		{`{"k1": "GATEWAY_TEST_SPACED_KEY"}`, `config: api_key_env["k1"]: the value of GATEWAY_TEST_SPACED_KEY: contains whitespace or control characters`},
+		{`{"k9": "GATEWAY_TEST_SPACED_KEY"}`, `config: api_key_env["k9"]: no key with this id in provider.api_keys`},
+		{`{"k1": ""}`, `config: api_key_env["k1"]: missing the variable's name`},
+	} {
+		_, err := ParseConfig([]byte(`{"upstream": "http://x", "provider": {"api_keys": [{"id": "k1"}]}, "api_key_env": ` + tc.env + `}`))
+		assert.EqualError(t, err, tc.want)
+		if err != nil {
+			assert.False(t, strings.Contains(err.Error(), "sk-one"), "no secret in the error")
+		}
+	}
+}
+
+func TestConfigRedactsURLs(t *testing.T) {
+	_, err := ParseConfig([]byte(`{"upstream": "http://x", "fleet": {"redis_url": "redis://:hunter2@127.0.0.1:notaport/0"}}`))
+	require.Error(t, err)
+	assert.NotContains(t, err.Error(), "hunter2")
+	assert.Contains(t, err.Error(), "config: fleet.redis_url: not a valid redis URL")
+
+	cfg, err := ParseConfig([]byte(`{"upstream": "https://user:upstream-pass@api.example.com/v1"}`))
+	require.NoError(t, err)
+	shown, err := json.Marshal(cfg.Redacted())
+	require.NoError(t, err)
+	assert.NotContains(t, string(shown), "upstream-pass")
+	assert.Contains(t, string(shown), `"upstream":"https://user:xxxxx@api.example.com/v1"`)
+	assert.Equal(t, "https://user:upstream-pass@api.example.com/v1", cfg.Upstream, "Redacted leaves the config itself alone")
+}
