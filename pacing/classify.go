@@ -63,6 +63,9 @@ const MaxClassifyBody = 4 << 10
 // closing resp.Body still closes the upstream's. A 2xx or 3xx body is not
 // touched.
 func Classify(resp *http.Response, c Classifier) Verdict {
+	if resp == nil {
+		return Verdict{Kind: Other}
+	}
 	if c == nil {
 		c = DefaultClassifier
 	}
@@ -169,10 +172,23 @@ func rateSpent(h http.Header) bool {
 // a quota reset, which QuotaPause handles.
 const maxRetryAfter = 24 * time.Hour
 
+// secondsUpToMax converts f seconds to a duration in [0, maxRetryAfter],
+// compared before the conversion so that a huge value cannot overflow; NaN
+// is 0.
+func secondsUpToMax(f float64) time.Duration {
+	switch {
+	case !(f > 0): // also NaN
+		return 0
+	case f >= maxRetryAfter.Seconds():
+		return maxRetryAfter
+	}
+	return time.Duration(f * float64(time.Second))
+}
+
 func retryAfter(h http.Header) time.Duration {
 	if ms := h.Get("Retry-After-Ms"); ms != "" {
-		if f, err := strconv.ParseFloat(ms, 64); err == nil && f > 0 {
-			return min(time.Duration(f*float64(time.Millisecond)), maxRetryAfter)
+		if f, err := strconv.ParseFloat(ms, 64); err == nil {
+			return secondsUpToMax(f / 1000)
 		}
 	}
 	ra := h.Get("Retry-After")
@@ -180,10 +196,7 @@ func retryAfter(h http.Header) time.Duration {
 		return 0
 	}
 	if f, err := strconv.ParseFloat(ra, 64); err == nil {
-		if f <= 0 {
-			return 0
-		}
-		return min(time.Duration(f*float64(time.Second)), maxRetryAfter)
+		return secondsUpToMax(f)
 	}
 	if t, err := http.ParseTime(ra); err == nil {
 		if d := time.Until(t); d > 0 {

@@ -331,6 +331,10 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		return
 	}
 	g.mu.Lock()
+	if g.isClosed { // nothing more to learn, and no timer to arm
+		g.mu.Unlock()
+		return
+	}
 	now := g.eng.Clock.Nanos()
 	if int(v.Kind) < len(g.ad.byKind) {
 		g.ad.byKind[v.Kind]++
@@ -377,11 +381,11 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			d = time.Second
 		}
 		until := now + int64(min(d, maxPause))
-		if kl := g.keyByID[gr.Key]; kl != nil {
-			kl.outUntil = max(kl.outUntil, until) // the key's allowance, not the others'
-		} else {
+		if gr.Key == "" {
 			g.ad.pauseUntil = max(g.ad.pauseUntil, until)
-		}
+		} else if kl := g.keyByID[gr.Key]; kl != nil {
+			kl.outUntil = max(kl.outUntil, until) // the key's allowance, not the others'
+		} // a key no longer in the pool gets no more starts to pause
 		if v.Kind == Overload && l != nil {
 			l.overloaded()
 			l.ev = Evidence{Kind: v.Kind, InFlight: n}
@@ -392,7 +396,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			if d <= 0 {
 				d = QuotaPause
 			}
-			kl.outUntil = max(kl.outUntil, now+int64(d))
+			kl.outUntil = max(kl.outUntil, now+int64(min(d, maxRetryAfter)))
 		}
 	}
 	g.learnedLocked(now)

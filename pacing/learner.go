@@ -81,6 +81,9 @@ func (l *learner) configure(a *AdaptiveConfig, configured int) {
 	}
 	l.lo = min(max(l.lo, l.floor), l.ceil)
 	l.hi = min(max(l.hi, l.lo), l.ceil)
+	// A batch of probes out when the ceiling falls keeps its evidence, but
+	// its top must not pass the new ceiling: the limit is read from it.
+	l.probeTop = min(l.probeTop, l.ceil)
 }
 
 // stop stops the timer; a nil learner has none.

@@ -1,0 +1,134 @@
+package pacing_test
+
+import (
+	"context"
+	"math"
+	"net/http"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+)
+
+// TestLoweredCapBindsAProbeBatch: a configured cap lowered while a batch of
+// probes is out binds at once; the batch's top does not keep more starts
+// going than the new cap.
+func TestLoweredCapBindsAProbeBatch(t *testing.T) {
+	for name, cfg := range map[string]func(n int) pacing.Config{
+		"provider": func(n int) pacing.Config {
+			return pacing.Config{MaxConcurrentRequests: n, Adaptive: &pacing.AdaptiveConfig{Initial: 2}}
+		},
+		"model": func(n int) pacing.Config {
+			return pacing.Config{Models: map[string]pacing.ModelConfig{
+				"m": {MaxConcurrentRequests: n, Adaptive: &pacing.AdaptiveConfig{Initial: 2}}}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate(t, cfg(20))
+				held := acquireN(t, g, 3)
+				g.Report(held[2], admitted) // the first probe proved 3: a batch of 2 may go
+				held = append(held, acquireN(t, g, 2)...)
+				require.NoError(t, g.Reconfigure(cfg(2)))
+				for _, h := range held {
+					h.Slot.Release()
+				}
+				var got []pacing.Grant
+				for range 5 {
+					c := acquireAsync(context.Background(), g, "m")
+					synctest.Wait()
+					if len(c) == 0 {
+						g.Close()
+						require.ErrorIs(t, (<-c).err, pacing.ErrGateClosed)
+						break
+					}
+					r := <-c
+					require.NoError(t, r.err)
+					got = append(got, r.g)
+				}
+				assert.Len(t, got, 2, "in flight under the lowered cap of 2")
+				for _, h := range got {
+					h.Slot.Release()
+				}
+				g.Close()
+			})
+		})
+	}
+}
+
+// TestReportAfterCloseChangesNothing: a closed Gate learns nothing more and
+// arms no timer.
+func TestReportAfterCloseChangesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 1000}})
+		held := acquireN(t, g, 5)
+		g.Close()
+		g.Report(held[4], refused)
+		before := g.Learned()
+		time.Sleep(2 * time.Second) // past the retest a report could have armed
+		assert.Equal(t, before.Limit, g.Learned().Limit)
+		assert.Equal(t, before.Cap, g.Learned().Cap)
+		for _, h := range held {
+			h.Slot.Release()
+		}
+	})
+}
+
+// TestRateOfADroppedKeyPausesNothingElse: a rate answer for a key that has
+// left the pool pauses neither the provider nor the other keys.
+func TestRateOfADroppedKeyPausesNothingElse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "a"}, {ID: "b"}}})
+		gt := acquireN(t, g, 1)[0]
+		require.Equal(t, "a", gt.Key)
+		require.NoError(t, g.Reconfigure(pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "b"}}}))
+		g.Report(gt, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 5 * time.Second})
+		next := acquireN(t, g, 1)[0] // at once, on key b
+		assert.Equal(t, "b", next.Key)
+		next.Slot.Release()
+		gt.Slot.Release()
+		g.Close()
+	})
+}
+
+// TestQuotaOfAHugeRetryAfterKeepsTheKeyOut: a verdict from a classifier of
+// one's own with a RetryAfter near the largest duration keeps the key out
+// (for a day at most), instead of overflowing the clock.
+func TestQuotaOfAHugeRetryAfterKeepsTheKeyOut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "a"}}})
+		time.Sleep(time.Second)
+		gt := acquireN(t, g, 1)[0]
+		g.Report(gt, pacing.Verdict{Kind: pacing.Quota, RetryAfter: math.MaxInt64})
+		gt.Slot.Release()
+		c := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		assert.Empty(t, c, "the only key is out of quota")
+		g.Close()
+		<-c
+	})
+}
+
+// TestRetryAfterIsNeverNegative: huge, infinite and malformed Retry-After
+// values are at most a day and never negative.
+func TestRetryAfterIsNeverNegative(t *testing.T) {
+	for _, hv := range [][2]string{
+		{"Retry-After", "10000000000"}, {"Retry-After", "1e300"}, {"Retry-After", "NaN"},
+		{"Retry-After", "Inf"}, {"Retry-After", "-5"}, {"Retry-After-Ms", "1e300"}, {"Retry-After-Ms", "NaN"},
+	} {
+		h := http.Header{}
+		h.Set(hv[0], hv[1])
+		v := pacing.DefaultClassifier(http.StatusTooManyRequests, h, []byte(`{"error":{"code":"insufficient_quota"}}`))
+		assert.GreaterOrEqual(t, v.RetryAfter, time.Duration(0), "%s: %s", hv[0], hv[1])
+		assert.LessOrEqual(t, v.RetryAfter, 24*time.Hour, "%s: %s", hv[0], hv[1])
+	}
+}
+
+// TestClassifyNilResponse: no response is no evidence, not a panic.
+func TestClassifyNilResponse(t *testing.T) {
+	assert.Equal(t, pacing.Other, pacing.Classify(nil, nil).Kind)
+}
