@@ -3,6 +3,7 @@ package readme
 import (
 	"bufio"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"go/ast"
@@ -14,6 +15,7 @@ import (
 	"net/http/httptest"
 	"net/url"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"sync"
@@ -24,49 +26,134 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/inflight-go/inflight/examples/internal/gateway"
 	"github.com/inflight-go/inflight/slots"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-var goBlock = regexp.MustCompile("(?s)```go\n(.*?)```")
+// fenced returns the bodies of the README's code blocks in lang.
+func fenced(readme []byte, lang string) []string {
+	var out []string
+	for _, m := range regexp.MustCompile("(?s)```"+lang+"\n(.*?)```").FindAllSubmatch(readme, -1) {
+		out = append(out, string(m[1]))
+	}
+	return out
+}
 
-// TestREADMECodeIsThisPackage keeps the README's Go code compiling: each
-// Go block of README.md is a part of readme.go, verbatim, and each function
-// of readme.go is shown in the README.
-func TestREADMECodeIsThisPackage(t *testing.T) {
+func readREADME(t *testing.T) []byte {
+	t.Helper()
 	readme, err := os.ReadFile("../../README.md")
 	require.NoError(t, err)
+	return readme
+}
+
+// TestREADMECodeIsThisPackage keeps the README's Go code compiling: each
+// Go block of README.md is whole declarations of readme.go, verbatim, and
+// each top-level declaration of readme.go (with its doc comment) is shown
+// in the README.
+func TestREADMECodeIsThisPackage(t *testing.T) {
 	src, err := os.ReadFile("readme.go")
 	require.NoError(t, err)
-	blocks := goBlock.FindAllStringSubmatch(string(readme), -1)
+	blocks := fenced(readREADME(t), "go")
 	require.NotEmpty(t, blocks, "the README shows Go code")
-	all := ""
-	for _, b := range blocks {
-		assert.Contains(t, string(src), b[1], "a Go block of README.md that readme.go does not have: edit readme.go, then copy it")
-		all += b[1]
+	for i, b := range blocks {
+		_, err := parser.ParseFile(token.NewFileSet(), "block.go", "package readme\n"+b, 0)
+		assert.NoError(t, err, "Go block %d of README.md is not whole declarations", i+1)
+		assert.Contains(t, string(src), b, "Go block %d of README.md is not in readme.go: edit readme.go, then copy it", i+1)
 	}
+	all := strings.Join(blocks, "\n")
 	fset := token.NewFileSet()
 	f, err := parser.ParseFile(fset, "readme.go", src, parser.ParseComments)
 	require.NoError(t, err)
+	text := func(from, to token.Pos) string {
+		return string(src[fset.Position(from).Offset:fset.Position(to).Offset])
+	}
 	for _, d := range f.Decls {
-		if fn, ok := d.(*ast.FuncDecl); ok {
-			text := string(src[fset.Position(fn.Pos()).Offset:fset.Position(fn.End()).Offset])
-			assert.Contains(t, all, text, "readme.go's %s is not in README.md", fn.Name.Name)
+		var name string
+		from := d.Pos()
+		switch d := d.(type) {
+		case *ast.FuncDecl:
+			name = d.Name.Name
+			if d.Doc != nil {
+				from = d.Doc.Pos()
+			}
+		case *ast.GenDecl:
+			if d.Tok == token.IMPORT {
+				continue
+			}
+			name = d.Tok.String() + " " + declNames(d)
+			if d.Doc != nil {
+				from = d.Doc.Pos()
+			}
 		}
+		assert.Contains(t, all, text(from, d.End()), "readme.go's %s is not in README.md as it is", name)
 	}
 }
 
+func declNames(d *ast.GenDecl) string {
+	var names []string
+	for _, s := range d.Specs {
+		switch s := s.(type) {
+		case *ast.TypeSpec:
+			names = append(names, s.Name.Name)
+		case *ast.ValueSpec:
+			for _, n := range s.Names {
+				names = append(names, n.Name)
+			}
+		}
+	}
+	return strings.Join(names, ", ")
+}
+
+// TestREADMEGatewayConfigParses reads the README's gateway.json with the
+// gateway's own parser, which refuses unknown fields and bad values.
+func TestREADMEGatewayConfigParses(t *testing.T) {
+	readme := readREADME(t)
+	blocks := fenced(readme, "json")
+	require.Len(t, blocks, 1, "the README shows one gateway.json")
+	// The environment is what the README's commands export, each variable
+	// a secret such as they make: a config that names another variable
+	// stops a gateway started as the README says.
+	export := regexp.MustCompile(`(?m)^export ([A-Za-z_][A-Za-z0-9_]*)=`)
+	for _, b := range fenced(readme, "sh") {
+		for _, m := range export.FindAllStringSubmatch(b, -1) {
+			t.Setenv(m[1], base64.StdEncoding.EncodeToString([]byte("twenty-four random bytes")))
+		}
+	}
+	cfg, err := gateway.ParseConfig([]byte(blocks[0]))
+	require.NoError(t, err)
+	assert.NotEmpty(t, cfg.Upstream)
+}
+
+// TestREADMEPathsExist: every ./examples/... path in the README's shell
+// blocks is in the repository.
+func TestREADMEPathsExist(t *testing.T) {
+	path := regexp.MustCompile(`\./examples/[A-Za-z0-9_./-]*[A-Za-z0-9_]`)
+	seen := 0
+	for _, b := range fenced(readREADME(t), "sh") {
+		for _, p := range path.FindAllString(b, -1) {
+			seen++
+			_, err := os.Stat(filepath.Join("../..", p))
+			assert.NoError(t, err, "README.md runs %s, which is not in the repository", p)
+		}
+	}
+	assert.NotZero(t, seen, "the README's commands name the examples")
+}
+
 // sseUpstream streams one event, then waits for release or the client's
-// end before the last one.
-func sseUpstream(t *testing.T) (*httptest.Server, chan struct{}) {
-	release := make(chan struct{})
+// end before the last one. A test registers release as a cleanup after its
+// servers' Close, so that a failure midway does not leave Close waiting
+// for a stream that nothing ends.
+func sseUpstream(t *testing.T) (*httptest.Server, func()) {
+	ch := make(chan struct{})
+	release := sync.OnceFunc(func() { close(ch) })
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "text/event-stream")
 		fmt.Fprint(w, "data: first\n\n")
 		w.(http.Flusher).Flush()
 		select {
-		case <-release:
+		case <-ch:
 		case <-r.Context().Done():
 			return
 		}
@@ -105,13 +192,14 @@ func TestNewProxy(t *testing.T) {
 	handler, reg := NewProxy(target, 50*time.Millisecond)
 	gw := httptest.NewServer(handler)
 	t.Cleanup(gw.Close)
+	t.Cleanup(release)
 	client := newTestClient(t)
 
 	var held []*http.Response
 	for range 2 {
 		held = append(held, openStream(t, client, gw.URL, "glm-5"))
 	}
-	require.Equal(t, 2, reg.InFlight("model:glm-5"))
+	require.Equal(t, 2, reg.InFlight("model:glm-5"), "the two streams hold the model's slots")
 
 	t.Run("over the model cap: a 429 with Retry-After once the wait is over", func(t *testing.T) {
 		req, _ := http.NewRequest(http.MethodPost, gw.URL, strings.NewReader(`{}`))
@@ -128,7 +216,7 @@ func TestNewProxy(t *testing.T) {
 		resp := openStream(t, client, gw.URL, "glm-4-air")
 		resp.Body.Close()
 	})
-	close(release)
+	release()
 	for _, resp := range held {
 		rest, err := io.ReadAll(resp.Body)
 		require.NoError(t, err)
@@ -155,6 +243,7 @@ func TestNewProxy(t *testing.T) {
 
 func TestNewCappedClient(t *testing.T) {
 	up, release := sseUpstream(t)
+	t.Cleanup(release)
 	client, lim := NewCappedClient()
 	defer client.CloseIdleConnections()
 	resp, err := client.Get(up.URL)
@@ -162,7 +251,7 @@ func TestNewCappedClient(t *testing.T) {
 	_, err = bufio.NewReader(resp.Body).ReadString('\n')
 	require.NoError(t, err)
 	assert.Equal(t, 1, lim.InFlight(), "the stream holds its slot after RoundTrip has returned")
-	close(release)
+	release()
 	_, err = io.ReadAll(resp.Body)
 	require.NoError(t, err)
 	resp.Body.Close()
