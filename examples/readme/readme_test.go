@@ -202,7 +202,11 @@ func TestNewProxy(t *testing.T) {
 	require.Equal(t, 2, reg.InFlight("model:glm-5"), "the two streams hold the model's slots")
 
 	t.Run("over the model cap: a 429 with Retry-After once the wait is over", func(t *testing.T) {
-		req, _ := http.NewRequest(http.MethodPost, gw.URL, strings.NewReader(`{}`))
+		// Bounded, so that a request let in by mistake fails the test
+		// instead of streaming until the upstream is released.
+		ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, gw.URL, strings.NewReader(`{}`))
 		req.Header.Set("X-Model", "glm-5")
 		resp, err := client.Do(req)
 		require.NoError(t, err)
