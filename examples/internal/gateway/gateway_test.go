@@ -174,8 +174,13 @@ func TestGatewayCapsUnderABurst(t *testing.T) {
 		})
 	}
 	// org-a/glm-5.3 may have 2, org-b/glm-4 3: five admitted, five turned
-	// away at once; the provider takes 4 and queues the fifth.
-	waitFor(t, "the provider is full", func() bool { return u.get(u.cur, "all") == 4 && gw.gate.Status().Queued == 1 })
+	// away at once; the provider takes 4 and queues the fifth. The five
+	// answers that have come are the rejections (the admitted wait for the
+	// upstream): only then has every request arrived, and none can come
+	// after the upstream lets the others go.
+	waitFor(t, "the provider is full and the rest turned away", func() bool {
+		return u.get(u.cur, "all") == 4 && gw.gate.Status().Queued == 1 && len(codes) == 5
+	})
 	close(u.gate)
 	wg.Wait()
 	close(codes)
