@@ -36,7 +36,7 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 // AcquireAll admits under every key at once, all or nothing, waiting while
 // any is full. A key listed twice counts once; no keys fail with
 // registry.ErrNoKeys. A *slots.LimitError names a key that was full, by its
-// name in Redis (WithKeyName), whether Redis or the local registry alone
+// name in Redis (Keys.Name), whether Redis or the local registry alone
 // decided.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	return r.acquire(ctx, keys, true)

@@ -157,6 +157,6 @@
 // Every key of a Registry shares one Redis Cluster hash tag, its name, so
 // any AcquireAll runs as one script on Redis Cluster; all of a Registry's
 // keys live on one node of the cluster. Keys are named with fmt.Sprint
-// unless WithKeyName says otherwise: give struct keys a name function, so
+// unless Keys.Name says otherwise (NewWithKeys): give struct keys a name, so
 // that different keys cannot share a name.
 package fleet
