@@ -94,6 +94,7 @@ type Grant struct {
 	// this one started, itself included (0 for a bypass): the evidence that
 	// Report gives the learned cap.
 	InFlight int
+	gate     *Gate  // the Gate that granted it; Report ignores another's
 	at       int64  // the start, clock nanos
 	id       uint64 // the start's number
 	keyN     int    // its key's requests in flight at the start, itself included
@@ -273,7 +274,7 @@ func (g *Gate) handOut(x *core.Handle, gr *grant, wait time.Duration) Grant {
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
-	gt.InFlight, gt.at, gt.id, gt.keyN = gr.n, x.Hold().At, x.Hold().ID, gr.keyN
+	gt.gate, gt.InFlight, gt.at, gt.id, gt.keyN = g, gr.n, x.Hold().At, x.Hold().ID, gr.keyN
 	gt.model, gt.modelN = gr.model.name, gr.mN
 	gt.Slot = (*slots.Slot)(g.eng.Acquired(x, nil, wait))
 	return gt

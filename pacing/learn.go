@@ -327,8 +327,8 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // takes the grant's API key out of the pool for its RetryAfter (QuotaPause
 // when it gives none). A bypassed grant reports nothing.
 func (g *Gate) Report(gr Grant, v Verdict) {
-	if gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
-		return
+	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
+		return // another Gate's grant, or no grant: no evidence here
 	}
 	g.mu.Lock()
 	if g.isClosed { // nothing more to learn, and no timer to arm
@@ -387,7 +387,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			kl.outUntil = max(kl.outUntil, until) // the key's allowance, not the others'
 		} // a key no longer in the pool gets no more starts to pause
 		if v.Kind == Overload && l != nil {
-			l.overloaded()
+			l.overloaded(gr.id, g.seq)
 			l.ev = Evidence{Kind: v.Kind, InFlight: n}
 		}
 	case Quota:

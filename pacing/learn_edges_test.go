@@ -132,3 +132,44 @@ func TestRetryAfterIsNeverNegative(t *testing.T) {
 func TestClassifyNilResponse(t *testing.T) {
 	assert.Equal(t, pacing.Other, pacing.Classify(nil, nil).Kind)
 }
+
+// TestOverloadCutsOncePerBurst: the answers of one overload burst, and a
+// grant reported twice, lower the learned cap once.
+func TestOverloadCutsOncePerBurst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 20, Max: 40}})
+		held := acquireN(t, g, 10)
+		overload := pacing.Verdict{Kind: pacing.Overload}
+		before := g.Learned().Cap
+		g.Report(held[0], overload)
+		once := g.Learned().Cap
+		assert.Less(t, once, before, "an overload lowers the cap")
+		g.Report(held[0], overload) // the same grant again
+		for _, h := range held[1:] {
+			g.Report(h, overload) // the rest of the burst
+		}
+		assert.Equal(t, once, g.Learned().Cap, "one burst, one cut")
+		for _, h := range held {
+			h.Slot.Release()
+		}
+		g.Close()
+	})
+}
+
+// TestForeignGrantIsNoEvidence: a grant of another Gate moves nothing here.
+func TestForeignGrantIsNoEvidence(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		a := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
+		b := newGate(t, pacing.Config{})
+		held := acquireN(t, b, 50)
+		before := a.Learned()
+		a.Report(held[49], admitted)
+		assert.Equal(t, before.Cap, a.Learned().Cap)
+		assert.Equal(t, before.Limit, a.Learned().Limit)
+		for _, h := range held {
+			h.Slot.Release()
+		}
+		a.Close()
+		b.Close()
+	})
+}

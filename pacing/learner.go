@@ -258,8 +258,14 @@ func (l *learner) inconclusive(n int) {
 	}
 }
 
-// overloaded lowers lo by a tenth (at least one), leaving the ceiling.
-func (l *learner) overloaded() {
+// overloaded lowers lo by a tenth (at least one), leaving the ceiling, once
+// per burst: an answer to a start numbered id, made before the last cut
+// (seq is the last start's number now), is of a burst already counted.
+func (l *learner) overloaded(id, seq uint64) {
+	if id <= l.cutSeq {
+		return // the burst it belongs to has cut the cap already
+	}
 	l.lo = max(l.lo-max(1, l.lo/10), l.floor)
 	l.probeN, l.step = 0, 1
+	l.cutSeq = seq
 }
