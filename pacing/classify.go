@@ -75,11 +75,15 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 	var prefix []byte
 	if resp.Body != nil && resp.Body != http.NoBody {
 		buf := make([]byte, MaxClassifyBody)
-		n, _ := io.ReadFull(resp.Body, buf)
-		// A read error other than the end comes again from the body
-		// itself, to the reader that gets the rest.
+		n, err := io.ReadFull(resp.Body, buf)
 		prefix = buf[:n]
-		resp.Body = &prefixed{Reader: io.MultiReader(bytes.NewReader(prefix), resp.Body), body: resp.Body}
+		rest := resp.Body // the rest, after the prefix
+		if err != nil && err != io.EOF && err != io.ErrUnexpectedEOF {
+			// A body need not give its error twice: the reader that
+			// gets the prefix gets the error after it, not an end.
+			rest = io.NopCloser(errReader{err})
+		}
+		resp.Body = &prefixed{Reader: io.MultiReader(bytes.NewReader(prefix), rest), body: resp.Body}
 	}
 	return c(resp.StatusCode, resp.Header, prefix)
 }
@@ -91,6 +95,11 @@ type prefixed struct {
 }
 
 func (p *prefixed) Close() error { return p.body.Close() }
+
+// errReader gives err to every read.
+type errReader struct{ err error }
+
+func (e errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // errorBody is the part of the providers' error bodies a Classifier reads:
 // OpenAI {"error":{"type","code","message"}}, Anthropic

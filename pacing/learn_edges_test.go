@@ -2,8 +2,11 @@ package pacing_test
 
 import (
 	"context"
+	"errors"
+	"io"
 	"math"
 	"net/http"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -172,4 +175,39 @@ func TestForeignGrantIsNoEvidence(t *testing.T) {
 		a.Close()
 		b.Close()
 	})
+}
+
+// onceFailing is a body that fails once after its data, then ends.
+type onceFailing struct {
+	data   []byte
+	failed bool
+}
+
+var errCutMidway = errors.New("connection reset midway")
+
+func (b *onceFailing) Read(p []byte) (int, error) {
+	if len(b.data) > 0 {
+		n := copy(p, b.data)
+		b.data = b.data[n:]
+		return n, nil
+	}
+	if !b.failed {
+		b.failed = true
+		return 0, errCutMidway
+	}
+	return 0, io.EOF
+}
+
+func (b *onceFailing) Close() error { return nil }
+
+// TestClassifyKeepsABodysError: a body that fails within the prefix
+// Classify reads gives its reader the bytes and then the error, not a
+// clean end, even if it does not repeat the error itself.
+func TestClassifyKeepsABodysError(t *testing.T) {
+	resp := &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{},
+		Body: &onceFailing{data: []byte(strings.Repeat("x", 100))}}
+	pacing.Classify(resp, nil)
+	got, err := io.ReadAll(resp.Body)
+	assert.Len(t, got, 100)
+	assert.ErrorIs(t, err, errCutMidway)
 }
