@@ -1,0 +1,108 @@
+// The gateway's life beside its requests: how many it serves, the drain,
+// and closing.
+package gateway
+
+import (
+	"context"
+	"time"
+)
+
+// Active returns the number of model requests being served now (a stream
+// counts until it has been relayed to its end).
+func (g *Gateway) Active() int {
+	g.activeMu.Lock()
+	defer g.activeMu.Unlock()
+	return g.active
+}
+
+func (g *Gateway) enter() {
+	g.activeMu.Lock()
+	g.active++
+	g.activeMu.Unlock()
+}
+
+func (g *Gateway) leave() {
+	g.activeMu.Lock()
+	defer g.activeMu.Unlock()
+	g.active--
+	if g.active == 0 && g.idle != nil {
+		close(g.idle)
+		g.idle = nil
+	}
+}
+
+// Drain ends the waits for the provider: the requests waiting, and any
+// that arrive from now on, are answered 503 with Retry-After and
+// "Connection: close", so that their clients retry on another gateway
+// instead of starting a stream this one would cut. Requests already
+// upstream go on. Call it as the server's shutdown starts.
+func (g *Gateway) Drain() { g.drain() }
+
+// drainRetryAfter is the Retry-After of a request turned away by Drain:
+// another gateway, or this one restarted, can take it at once.
+const drainRetryAfter = time.Second
+
+// WaitIdle waits until no model request is being served and, with a fleet,
+// until this process holds no lease, or until ctx is done; it reports
+// whether that point was reached. After the servers have been closed, it
+// lets the handlers that were cut release their slots before Close, so
+// that no lease is left in Redis until it expires.
+func (g *Gateway) WaitIdle(ctx context.Context) bool {
+	g.activeMu.Lock()
+	var idle chan struct{}
+	if g.active > 0 {
+		if g.idle == nil {
+			g.idle = make(chan struct{})
+		}
+		idle = g.idle
+	}
+	g.activeMu.Unlock()
+	if idle != nil {
+		select {
+		case <-idle:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	if g.fleetTenants == nil {
+		return true
+	}
+	// A cut stream's provider slot lingers (cut_linger_ms) after its
+	// handler has returned, on a timer that tells nobody: look now and then.
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for g.fleetTenants.Stats().Held+g.caps.Stats().Held > 0 {
+		select {
+		case <-tick.C:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	return true
+}
+
+// Ping checks that the fleet's Redis answers; nil without a fleet.
+func (g *Gateway) Ping(ctx context.Context) error {
+	if g.rdb == nil {
+		return nil
+	}
+	return g.rdb.Ping(ctx).Err()
+}
+
+// Close stops the gateway's background work.
+func (g *Gateway) Close() {
+	if g.drain != nil {
+		g.drain()
+	}
+	if g.monitor != nil {
+		g.monitor.Stop()
+	}
+	if g.gate != nil {
+		g.gate.Close()
+	}
+	if g.fleetTenants != nil {
+		g.fleetTenants.Close()
+		g.caps.Close()
+		g.rdb.Close()
+	}
+}
