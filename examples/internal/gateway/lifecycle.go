@@ -1,5 +1,6 @@
 // The gateway's life beside its requests: how many it serves, the drain,
 // and closing.
+
 package gateway
 
 import (
