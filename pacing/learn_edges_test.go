@@ -3,6 +3,7 @@ package pacing_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"math"
 	"net/http"
@@ -210,4 +211,47 @@ func TestClassifyKeepsABodysError(t *testing.T) {
 	got, err := io.ReadAll(resp.Body)
 	assert.Len(t, got, 100)
 	assert.ErrorIs(t, err, errCutMidway)
+}
+
+// TestTheTestOfACutKeepsTheFloor: after a cut, starts go one at a time
+// until one is admitted, but the limit in force never goes below Min: the
+// operator's floor is a count known to work.
+func TestTheTestOfACutKeepsTheFloor(t *testing.T) {
+	for _, floor := range []int{1, 3} {
+		t.Run(fmt.Sprint("min ", floor), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: floor, Initial: 8, RetestMS: 60_000}})
+				held := acquireN(t, g, 8)
+				for _, h := range held {
+					g.Report(h, admitted)
+				}
+				held[7].Slot.Release()
+				next := acquireN(t, g, 1)[0]
+				g.Report(next, refused) // 8 was proven: the cap fell
+				next.Slot.Release()
+				for _, h := range held[:7] {
+					h.Slot.Release()
+				}
+				cut := g.Learned().Cap
+				require.Less(t, cut, 8)
+
+				test := acquireN(t, g, 1)[0] // the test of the cut
+				l := g.Learned()
+				assert.Equal(t, floor, l.Limit, "the limit while the test is out is the floor (Min %d)", floor)
+				assert.GreaterOrEqual(t, l.Limit, floor)
+				more := acquireN(t, g, floor-1) // up to the floor still start
+				c := acquireAsync(context.Background(), g, "")
+				synctest.Wait()
+				assert.Empty(t, c, "nothing past the floor starts before the test is answered")
+				g.Report(test, admitted)
+				synctest.Wait()
+				r := <-c
+				require.NoError(t, r.err)
+				for _, h := range append(more, test, r.g) {
+					h.Slot.Release()
+				}
+				g.Close()
+			})
+		})
+	}
 }

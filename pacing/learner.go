@@ -118,7 +118,7 @@ func (l *learner) mayProbe(now int64) bool {
 }
 
 // limit is the lane's limit now: lo, and the batch's top while a batch of
-// probes may go or is out (0 while the test of a cut is out).
+// probes may go or is out (the floor while the test of a cut is out).
 func (l *learner) limit(now int64) int {
 	switch {
 	case l.probeN != 0:
@@ -145,8 +145,10 @@ func (l *learner) started(n int, now int64) {
 	switch {
 	case l.streak > 0 && l.probeN == 0:
 		// Since the last cut nothing has been admitted: this start tests
-		// the cut, and no other starts until it is answered (probeTop 0).
-		l.probeN, l.probeAt, l.probeTop = n, now, 0
+		// the cut, and no other starts until it is answered, but for the
+		// floor, a count known to work (with the default floor of 1, the
+		// test itself).
+		l.probeN, l.probeAt, l.probeTop = n, now, l.floor
 		return
 	case n <= l.lo || l.streak > 0:
 		return
