@@ -132,7 +132,9 @@ type errorBody struct {
 //   - under 400: Admitted; anything else: Other.
 //
 // RetryAfter is read from Retry-After (seconds or an HTTP date) or
-// retry-after-ms.
+// retry-after-ms; without either, from the reset header of each allowance
+// at 0 (x-ratelimit-reset-*, anthropic-ratelimit-*-reset), the latest of
+// them.
 func DefaultClassifier(status int, h http.Header, body []byte) Verdict {
 	v := Verdict{RetryAfter: retryAfter(h)}
 	if status < 400 {
@@ -142,6 +144,10 @@ func DefaultClassifier(status int, h http.Header, body []byte) Verdict {
 	var eb errorBody
 	_ = json.Unmarshal(body, &eb) // a body that is not JSON, or cut short, says nothing
 	code := strings.Trim(string(eb.Error.Code), `"`)
+	spent, reset := spentAllowances(h)
+	if v.RetryAfter == 0 {
+		v.RetryAfter = reset
+	}
 	switch {
 	case status == 529 || status == http.StatusServiceUnavailable || eb.Error.Type == "overloaded_error":
 		v.Kind = Overload
@@ -154,7 +160,7 @@ func DefaultClassifier(status int, h http.Header, body []byte) Verdict {
 		v.Kind = Rate
 	case code == "1305":
 		v.Kind = Overload
-	case rateSpent(h):
+	case spent:
 		v.Kind = Rate
 	case code == "rate_limit_exceeded" || eb.Error.Type == "rate_limit_error" || eb.Error.Type == "requests" || eb.Error.Type == "tokens":
 		v.Kind = Rate
@@ -164,17 +170,49 @@ func DefaultClassifier(status int, h http.Header, body []byte) Verdict {
 	return v
 }
 
-// rateSpent reports whether a rate-limit header shows an allowance at 0.
-func rateSpent(h http.Header) bool {
+// spentAllowances reports whether a rate-limit header shows an allowance
+// at 0 (x-ratelimit-remaining-*, anthropic-ratelimit-*-remaining) and how
+// long until the latest of the spent ones resets, by the matching reset
+// header (x-ratelimit-reset-*, a duration such as "6m0s";
+// anthropic-ratelimit-*-reset, an RFC 3339 time); 0 when none says.
+func spentAllowances(h http.Header) (spent bool, reset time.Duration) {
 	for name, vals := range h {
-		n := strings.ToLower(name)
-		if (strings.HasPrefix(n, "x-ratelimit-remaining") ||
-			strings.HasPrefix(n, "anthropic-ratelimit-") && strings.HasSuffix(n, "-remaining")) &&
-			len(vals) > 0 && strings.TrimSpace(vals[0]) == "0" {
-			return true
+		if len(vals) == 0 || strings.TrimSpace(vals[0]) != "0" {
+			continue
 		}
+		n := strings.ToLower(name)
+		var resetName string
+		switch {
+		case strings.HasPrefix(n, "x-ratelimit-remaining"):
+			resetName = "x-ratelimit-reset" + strings.TrimPrefix(n, "x-ratelimit-remaining")
+		case strings.HasPrefix(n, "anthropic-ratelimit-") && strings.HasSuffix(n, "-remaining"):
+			resetName = strings.TrimSuffix(n, "-remaining") + "-reset"
+		default:
+			continue
+		}
+		spent = true
+		reset = max(reset, resetIn(h.Get(resetName)))
 	}
-	return false
+	return spent, reset
+}
+
+// resetIn reads a reset header: a duration ("1.5s", "6m0s"), a number of
+// seconds, or a time (RFC 3339); 0 when it cannot be read or is past.
+func resetIn(v string) time.Duration {
+	v = strings.TrimSpace(v)
+	if v == "" {
+		return 0
+	}
+	if d, err := time.ParseDuration(v); err == nil {
+		return secondsUpToMax(d.Seconds())
+	}
+	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		return secondsUpToMax(f)
+	}
+	if t, err := time.Parse(time.RFC3339, v); err == nil {
+		return secondsUpToMax(time.Until(t).Seconds())
+	}
+	return 0
 }
 
 // maxRetryAfter bounds what an upstream may ask for: more is a mistake or

@@ -84,3 +84,42 @@ func TestClassifyLeavesTheBodyIntact(t *testing.T) {
 		assert.Nil(t, resp.Body)
 	})
 }
+
+// TestResetHeadersGiveTheWait: without a Retry-After, a rate refusal waits
+// for the reset of the allowance that ran out (OpenAI's x-ratelimit-reset-*
+// durations, Anthropic's anthropic-ratelimit-*-reset times); an allowance
+// with room left, a reset that cannot be read, or a reset in the past says
+// nothing, and a Retry-After, when given, wins.
+func TestResetHeadersGiveTheWait(t *testing.T) {
+	rate := `{"error":{"message":"Rate limit reached","type":"requests","code":"rate_limit_exceeded"}}`
+	future := time.Now().Add(30 * time.Second).UTC().Format(time.RFC3339)
+	past := time.Now().Add(-time.Minute).UTC().Format(time.RFC3339)
+	for _, tc := range []struct {
+		name     string
+		header   http.Header
+		min, max time.Duration
+	}{
+		{"OpenAI's requests allowance", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"1.5s"},
+			"X-Ratelimit-Remaining-Tokens": {"900"}, "X-Ratelimit-Reset-Tokens": {"6m0s"}}, 1500 * time.Millisecond, 1500 * time.Millisecond},
+		{"OpenAI's tokens allowance", http.Header{"X-Ratelimit-Remaining-Requests": {"10"}, "X-Ratelimit-Reset-Requests": {"1s"},
+			"X-Ratelimit-Remaining-Tokens": {"0"}, "X-Ratelimit-Reset-Tokens": {"2m59.5s"}}, 179500 * time.Millisecond, 179500 * time.Millisecond},
+		{"both spent: the later reset", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"20ms"},
+			"X-Ratelimit-Remaining-Tokens": {"0"}, "X-Ratelimit-Reset-Tokens": {"3s"}}, 3 * time.Second, 3 * time.Second},
+		{"Anthropic's requests allowance", http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"0"}, "Anthropic-Ratelimit-Requests-Reset": {future}},
+			28 * time.Second, 30 * time.Second},
+		{"a reset in the past", http.Header{"Anthropic-Ratelimit-Requests-Remaining": {"0"}, "Anthropic-Ratelimit-Requests-Reset": {past}}, 0, 0},
+		{"an unreadable reset", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"soon"}}, 0, 0},
+		{"an allowance with room says nothing", http.Header{"X-Ratelimit-Remaining-Requests": {"3"}, "X-Ratelimit-Reset-Requests": {"5s"}}, 0, 0},
+		{"Retry-After wins", http.Header{"Retry-After": {"2"}, "X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"9s"}},
+			2 * time.Second, 2 * time.Second},
+		{"a reset over a day is a day", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"100000h"}},
+			24 * time.Hour, 24 * time.Hour},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v := pacing.DefaultClassifier(429, tc.header, []byte(rate))
+			assert.Equal(t, pacing.Rate, v.Kind)
+			assert.GreaterOrEqual(t, v.RetryAfter, tc.min)
+			assert.LessOrEqual(t, v.RetryAfter, tc.max)
+		})
+	}
+}
