@@ -111,7 +111,9 @@ type adaptive struct {
 	pauseUntil int64    // no start before it (a Retry-After), clock nanos
 	byKind     [len(kindNames)]uint64
 	onChange   func(LimitChange)
-	pending    []LimitChange // made under the lock, reported after it
+	seq        uint64        // the number of the last change made
+	pending    []LimitChange // made under the lock, delivered after it, oldest first
+	delivering bool          // a caller is delivering pending to onChange
 }
 
 // adaptLocked starts, reconfigures or stops learning under g.cfg: the
@@ -181,10 +183,11 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 	l.lane.Limit = l.limit(now)
 	if l.lo != l.told.Cap || l.hi != l.told.Ceiling {
 		ev := l.ev
-		c := LimitChange{Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
+		g.ad.seq++
+		c := LimitChange{Seq: g.ad.seq, Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
 		l.told.Cap, l.told.Ceiling = l.lo, l.hi
 		l.changes++
-		g.eng.Policy.Log().Debug("pacing: learned cap", slog.String("provider", g.name), slog.String("model", l.model), slog.String("key", l.key),
+		g.eng.Policy.Log().Debug("pacing: learned cap", slog.Uint64("seq", c.Seq), slog.String("provider", g.name), slog.String("model", l.model), slog.String("key", l.key),
 			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
 			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
 		if g.ad.onChange != nil {
@@ -230,29 +233,51 @@ func (g *Gate) learningLocked(l *learner) bool {
 	return g.ad.l == l
 }
 
-// redispatchLocked dispatches after a change of limits, unlocks, and reports
-// the changes.
+// redispatchLocked dispatches after a change of limits, unlocks, and
+// delivers the changes made (unless another caller is delivering them).
 func (g *Gate) redispatchLocked(now int64) {
 	var wk core.Wakes
 	g.dispatchLocked(now, &wk)
-	notify := g.ad.takeLocked()
+	deliver := len(g.ad.pending) > 0 && !g.ad.delivering
+	if deliver {
+		g.ad.delivering = true
+	}
 	g.mu.Unlock()
 	wk.Wake()
-	notify()
+	if deliver {
+		g.deliver()
+	}
 }
 
-// takeLocked returns a function that reports the changes made so far to
-// the hook, to be called once the Gate is unlocked.
-func (a *adaptive) takeLocked() func() {
-	if len(a.pending) == 0 {
-		return func() {}
-	}
-	f, cs := a.onChange, a.pending
-	a.pending = nil
-	return func() {
-		for _, c := range cs {
-			f(c)
+// deliver calls the hook with the pending changes, oldest first, until
+// none is left. Only the caller that set g.ad.delivering runs it, so the
+// hook sees the changes in the order they were made, one call at a time;
+// changes made meanwhile, by the hook too, join the queue and are
+// delivered by this loop. If the hook panics, the next change made
+// delivers the rest.
+func (g *Gate) deliver() {
+	done := false
+	defer func() {
+		if !done {
+			g.mu.Lock()
+			g.ad.delivering = false
+			g.mu.Unlock()
 		}
+	}()
+	for {
+		g.mu.Lock()
+		f := g.ad.onChange
+		if len(g.ad.pending) == 0 || f == nil {
+			g.ad.pending = nil
+			g.ad.delivering = false
+			g.mu.Unlock()
+			done = true
+			return
+		}
+		c := g.ad.pending[0]
+		g.ad.pending = g.ad.pending[1:]
+		g.mu.Unlock()
+		f(c)
 	}
 }
 
@@ -261,6 +286,10 @@ func (a *adaptive) takeLocked() func() {
 // passing of time (probes taken as admitted, a retest due) or a
 // Reconfigure.
 type LimitChange struct {
+	// Seq numbers the Gate's changes in the order they were made, from 1,
+	// over all of its learned caps; changes made while no hook was set
+	// take their numbers too.
+	Seq                 uint64
 	Provider            string
 	Model               string // the model whose cap it is, if a model's
 	Key                 string // the API key whose cap it is, if a key's
@@ -269,10 +298,18 @@ type LimitChange struct {
 	Evidence            Evidence
 }
 
-// OnLimitChange sets f to be called with each change of the learned cap or
-// ceiling (nil: none), for events and metrics. f is called after the Gate's
-// lock is released, possibly from several goroutines at once, and should
-// return quickly: it delays the request whose answer made the change.
+// OnLimitChange sets f to be called with each change of a learned cap or
+// ceiling made from then on (nil: none), for events and metrics.
+//
+// f is called after the Gate's lock is released, so it may call the Gate's
+// methods, and one call at a time, in the order of LimitChange.Seq. The
+// calls run on the goroutine of a call that made a change (a Report, a
+// Reconfigure, a timer of the Gate's); while one goroutine delivers, the
+// changes that others make are queued for it, and they return without
+// waiting for f. So f should return quickly: it delays the request whose
+// answer is being delivered, and a call of f that blocks holds back every
+// later change. After OnLimitChange returns, a call of the previous hook
+// may still be under way, but none starts.
 func (g *Gate) OnLimitChange(f func(LimitChange)) {
 	g.mu.Lock()
 	g.ad.onChange = f

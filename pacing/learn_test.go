@@ -273,12 +273,13 @@ func TestOnLimitChange(t *testing.T) {
 		g.Report(held[4], refused)
 		g.Report(held[0], admitted) // changes nothing: no event
 		require.Len(t, got, 1)
-		assert.Equal(t, pacing.LimitChange{Provider: "zai", OldCap: 4, Cap: 4, OldCeiling: pacing.DefaultAdaptiveMax, Ceiling: 4,
-			Evidence: pacing.Evidence{Kind: pacing.Concurrency, InFlight: 5}}, got[0])
+		assert.Equal(t, pacing.LimitChange{Seq: 2, Provider: "zai", OldCap: 4, Cap: 4, OldCeiling: pacing.DefaultAdaptiveMax, Ceiling: 4,
+			Evidence: pacing.Evidence{Kind: pacing.Concurrency, InFlight: 5}}, got[0], "the first change was the initial cap")
 
 		require.NoError(t, g.Reconfigure(pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, Max: 3}}))
 		require.Len(t, got, 2, "a lower max is a change too")
 		assert.Equal(t, 3, got[1].Cap)
+		assert.Equal(t, uint64(3), got[1].Seq)
 		g.OnLimitChange(nil)
 	})
 }
@@ -322,7 +323,7 @@ func TestEachKeyLearnsItsCap(t *testing.T) {
 		assert.Equal(t, 2, l.Keys["k1"].Ceiling, "k1 refused its third")
 		assert.Equal(t, 3, l.Keys["k2"].Cap, "k2 admitted its third")
 		require.Len(t, got, 2)
-		assert.Equal(t, pacing.LimitChange{Provider: "zai", Key: "k1", OldCap: 2, Cap: 2, OldCeiling: 10, Ceiling: 2,
+		assert.Equal(t, pacing.LimitChange{Seq: 3, Provider: "zai", Key: "k1", OldCap: 2, Cap: 2, OldCeiling: 10, Ceiling: 2,
 			Evidence: pacing.Evidence{Kind: pacing.Concurrency, InFlight: 3}}, got[0])
 		assert.Equal(t, "k2", got[1].Key)
 

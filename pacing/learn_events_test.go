@@ -1,0 +1,202 @@
+package pacing_test
+
+import (
+	"context"
+	"math/rand/v2"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+)
+
+// hookLog records what an OnLimitChange hook was called with, as each
+// call returns, and whether a call began while another was running.
+type hookLog struct {
+	running atomic.Int32
+	overlap atomic.Bool
+
+	mu  sync.Mutex // protects got
+	got []pacing.LimitChange
+}
+
+func (h *hookLog) enter() {
+	if h.running.Add(1) > 1 {
+		h.overlap.Store(true)
+	}
+}
+
+func (h *hookLog) leave(c pacing.LimitChange) {
+	h.mu.Lock()
+	h.got = append(h.got, c)
+	h.mu.Unlock()
+	h.running.Add(-1)
+}
+
+func (h *hookLog) changes() []pacing.LimitChange {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return append([]pacing.LimitChange(nil), h.got...)
+}
+
+func seqs(cs []pacing.LimitChange) []uint64 {
+	var out []uint64
+	for _, c := range cs {
+		out = append(out, c.Seq)
+	}
+	return out
+}
+
+// lowered is the config of these tests with a lower ceiling: a change of
+// the learned cap that a Reconfigure makes.
+func lowered(ceiling int) pacing.Config {
+	return pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, Max: ceiling, RetestMS: 60_000}}
+}
+
+func TestLimitChangesAreDeliveredInOrder(t *testing.T) {
+	t.Run("a change made while the hook runs is delivered after it returns, and its maker does not wait", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, lowered(0))
+			var h hookLog
+			var first atomic.Bool
+			unblock := make(chan struct{})
+			g.OnLimitChange(func(c pacing.LimitChange) {
+				h.enter()
+				if first.CompareAndSwap(false, true) {
+					<-unblock
+				}
+				h.leave(c)
+			})
+			held := acquireN(t, g, 5)
+			go g.Report(held[4], refused) // the ceiling falls to 4; the hook holds its delivery
+			synctest.Wait()
+			require.NoError(t, g.Reconfigure(lowered(3)), "returns while the hook is held")
+			assert.Empty(t, h.changes(), "the second change waits for the first call to return")
+			close(unblock)
+			synctest.Wait()
+			got := h.changes()
+			require.Len(t, got, 2)
+			assert.Equal(t, 4, got[0].Ceiling, "the refusal's change first")
+			assert.Equal(t, 3, got[1].Cap, "the Reconfigure's second")
+			assert.False(t, h.overlap.Load(), "one call at a time")
+			assert.Equal(t, []uint64{2, 3}, seqs(got), "numbered as made, after the initial cap's 1")
+			g.Close()
+		})
+	})
+	t.Run("a change the hook makes itself is delivered after the call that made it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, lowered(0))
+			var h hookLog
+			var first atomic.Bool
+			g.OnLimitChange(func(c pacing.LimitChange) {
+				h.enter()
+				if first.CompareAndSwap(false, true) {
+					assert.NoError(t, g.Reconfigure(lowered(3)), "the Gate is not locked")
+				}
+				h.leave(c)
+			})
+			held := acquireN(t, g, 5)
+			g.Report(held[4], refused)
+			got := h.changes()
+			require.Len(t, got, 2, "both delivered before Report returned")
+			assert.Equal(t, 4, got[0].Ceiling)
+			assert.Equal(t, 3, got[1].Cap)
+			assert.False(t, h.overlap.Load(), "not called within itself")
+			assert.Equal(t, []uint64{2, 3}, seqs(got))
+			g.Close()
+		})
+	})
+	t.Run("a hook that panicked once gets the later changes", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, lowered(0))
+			var got []pacing.LimitChange
+			g.OnLimitChange(func(c pacing.LimitChange) {
+				if c.Seq == 2 {
+					panic("the hook failed")
+				}
+				got = append(got, c)
+			})
+			held := acquireN(t, g, 5)
+			assert.Panics(t, func() { g.Report(held[4], refused) }, "the panic reaches the caller")
+			require.NoError(t, g.Reconfigure(lowered(3)))
+			assert.Equal(t, []uint64{3}, seqs(got))
+			g.Close()
+		})
+	})
+	t.Run("changes made with no hook set are numbered but not delivered", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, lowered(0))
+			held := acquireN(t, g, 5)
+			g.Report(held[4], refused) // change 2, with no hook
+			var got []pacing.LimitChange
+			g.OnLimitChange(func(c pacing.LimitChange) { got = append(got, c) })
+			require.NoError(t, g.Reconfigure(lowered(3)))
+			assert.Equal(t, []uint64{3}, seqs(got), "a gap tells the reader a change was missed")
+			g.OnLimitChange(nil)
+			require.NoError(t, g.Reconfigure(lowered(2)))
+			assert.Len(t, got, 1, "none after the hook is removed")
+			g.Close()
+		})
+	})
+}
+
+// Many callers acquire, report random answers and release while the
+// learned cap moves and the config changes: the hook is called one call at
+// a time, with every change, numbered one after the other, and each
+// change starts where the one before it ended.
+func TestLimitChangesHammer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := func(ceiling int) pacing.Config {
+			return pacing.Config{MaxQueue: 1000, Adaptive: &pacing.AdaptiveConfig{Initial: 3, Max: ceiling, RetestMS: 5}}
+		}
+		g := newGate(t, cfg(12))
+		var h hookLog
+		g.OnLimitChange(func(c pacing.LimitChange) {
+			h.enter()
+			runtime.Gosched() // a hook takes a while: time for another to begin
+			h.leave(c)
+		})
+		kinds := []pacing.Kind{pacing.Admitted, pacing.Admitted, pacing.Admitted, pacing.Concurrency, pacing.Overload, pacing.Other}
+		var wg sync.WaitGroup
+		for w := range 16 {
+			wg.Go(func() {
+				rng := rand.New(rand.NewPCG(uint64(w), 2))
+				for i := range 200 {
+					if w == 0 && i%20 == 0 {
+						assert.NoError(t, g.Reconfigure(cfg(8+rng.IntN(8))))
+					}
+					gt, err := g.Acquire(context.Background(), "m")
+					if !assert.NoError(t, err) {
+						return
+					}
+					time.Sleep(time.Duration(rng.IntN(5)) * time.Millisecond) // the upstream's answer takes a while
+					g.Report(gt, pacing.Verdict{Kind: kinds[rng.IntN(len(kinds))]})
+					gt.Slot.Release()
+				}
+			})
+		}
+		wg.Wait()
+		g.Close()
+		synctest.Wait() // a timer's delivery under way ends
+
+		got := h.changes()
+		require.Greater(t, len(got), 50, "the cap moved")
+		assert.False(t, h.overlap.Load(), "one call at a time")
+		assert.Equal(t, g.Learned().Changes, got[len(got)-1].Seq, "every change delivered, the last one last")
+		for i, c := range got {
+			if !assert.Equal(t, uint64(i+2), c.Seq, "in the order made, after the initial cap's 1") {
+				break
+			}
+			if i > 0 && !assert.Equal(t, [2]int{got[i-1].Cap, got[i-1].Ceiling}, [2]int{c.OldCap, c.OldCeiling},
+				"change %d starts where change %d ended", c.Seq, got[i-1].Seq) {
+				break
+			}
+		}
+	})
+}
