@@ -78,6 +78,7 @@ type grant struct {
 	// is given back (its caller's context ended as it came) and no later
 	// grant has moved them: a start that never happened takes no interval.
 	prev, modelPrev starts
+	reported        bool // Report has taken its verdict
 }
 
 type starts struct {

@@ -95,7 +95,7 @@ type Learned struct {
 	Cap     int // the learned cap: starts up to it go without a test
 	Ceiling int // the cap is at most this, as last seen (the configured ceiling when unknown)
 	Changes uint64
-	// ByKind counts the answers reported, by Kind.
+	// ByKind counts the grants reported, by the Kind of their verdict.
 	ByKind    [len(kindNames)]uint64
 	PausedFor time.Duration // new starts wait this long for a Retry-After
 	// Keys is each API key's learned cap when a key pool learns (the
@@ -363,14 +363,27 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // provider's; Overload also lowers a learned cap a little. A Quota verdict
 // takes the grant's API key out of the pool for its RetryAfter (QuotaPause
 // when it gives none). A bypassed grant reports nothing.
+//
+// Only the first call for a grant counts: a later one, with whatever
+// verdict, changes nothing and is not counted in Learned.ByKind.
 func (g *Gate) Report(gr Grant, v Verdict) {
 	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
 		return // another Gate's grant, or no grant: no evidence here
 	}
+	// The record behind the grant's Slot; one Grant copied, or its Slot,
+	// share it.
+	own, _ := (*core.Handle)(gr.Slot).Hold().Owner.(*grant)
 	g.mu.Lock()
 	if g.isClosed { // nothing more to learn, and no timer to arm
 		g.mu.Unlock()
 		return
+	}
+	if own != nil {
+		if own.reported {
+			g.mu.Unlock()
+			return
+		}
+		own.reported = true
 	}
 	now := g.eng.Clock.Nanos()
 	if int(v.Kind) < len(g.ad.byKind) {

@@ -170,13 +170,14 @@ func TestReportPausesAndQuota(t *testing.T) {
 	t.Run("without learning too", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{MaxConcurrentRequests: 4})
-			gt := acquireN(t, g, 1)[0]
-			g.Report(gt, pacing.Verdict{Kind: pacing.Overload})
+			gt := acquireN(t, g, 3)
+			g.Report(gt[0], pacing.Verdict{Kind: pacing.Overload})
 			assert.Equal(t, time.Second, g.Learned().PausedFor)
 			assert.False(t, g.Learned().Enabled)
-			g.Report(gt, refused) // counted, and nothing to learn
-			g.Report(gt, admitted)
+			g.Report(gt[1], refused) // counted, and nothing to learn
+			g.Report(gt[2], admitted)
 			l := g.Learned()
+			assert.Equal(t, uint64(1), l.ByKind[pacing.Overload])
 			assert.Equal(t, uint64(1), l.ByKind[pacing.Concurrency])
 			assert.Equal(t, uint64(1), l.ByKind[pacing.Admitted])
 		})
@@ -199,6 +200,31 @@ func TestReportPausesAndQuota(t *testing.T) {
 			assert.Equal(t, "k1", r.g.Key)
 			assert.Equal(t, 30*time.Second, time.Since(start))
 		})
+	})
+}
+
+// TestReportTakesEachGrantOnce: Report is for once per grant; a grant
+// reported again, with the same verdict or another, is neither counted nor
+// evidence.
+func TestReportTakesEachGrantOnce(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 60_000}})
+		held := acquireN(t, g, 2)
+		g.Report(held[0], admitted)
+		g.Report(held[0], admitted)
+		again := held[0] // a copy of the Grant is the same grant
+		g.Report(again, refused)
+		g.Report(held[0], pacing.Verdict{Kind: pacing.Rate, RetryAfter: 5 * time.Second})
+		held[1].Slot.Release()
+		g.Report(held[1], admitted) // late, after its release: counted, once
+		g.Report(held[1], admitted)
+
+		l := g.Learned()
+		assert.Equal(t, [6]uint64{pacing.Admitted: 2}, l.ByKind, "one answer per grant")
+		assert.Equal(t, pacing.DefaultAdaptiveMax, l.Ceiling, "the second verdict is no refusal")
+		assert.Equal(t, 4, l.Cap)
+		assert.Zero(t, l.PausedFor, "nor a pause")
+		g.Close()
 	})
 }
 
