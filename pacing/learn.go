@@ -93,8 +93,12 @@ type Learned struct {
 	Enabled bool
 	Limit   int // the limit admissions run under now (0 while the test of a cut is out)
 	Cap     int // the learned cap: starts up to it go without a test
-	Ceiling int // the cap is at most this, as last seen (the configured ceiling when unknown)
-	Changes uint64
+	Ceiling int // the cap is at most this, as last seen (Max when unknown)
+	// Floor and Max are the bounds the cap moves within: AdaptiveConfig's
+	// Min and Max with their defaults, Max no higher than a configured
+	// max_concurrent_requests. Both are 0 when this cap is not learned.
+	Floor, Max int
+	Changes    uint64 // changes of Cap or Ceiling, the setting of the first included
 	// ByKind counts the grants reported, by the Kind of their verdict.
 	ByKind    [len(kindNames)]uint64
 	PausedFor time.Duration // new starts wait this long for a Retry-After
@@ -464,7 +468,7 @@ func (g *Gate) Learned() Learned {
 	}
 	if l := g.ad.l; l != nil {
 		st.Enabled = true
-		st.Limit, st.Cap, st.Ceiling, st.Changes = l.lane.Limit, l.lo, l.hi, l.changes
+		l.learned(&st)
 	}
 	for _, kl := range g.keys {
 		if l := kl.l; l != nil {
@@ -472,7 +476,9 @@ func (g *Gate) Learned() Learned {
 				st.Keys = make(map[string]Learned, len(g.keys))
 			}
 			st.Enabled = true
-			st.Keys[kl.id] = Learned{Enabled: true, Limit: l.lane.Limit, Cap: l.lo, Ceiling: l.hi, Changes: l.changes}
+			k := Learned{Enabled: true}
+			l.learned(&k)
+			st.Keys[kl.id] = k
 		}
 	}
 	for name, ml := range g.models {
@@ -481,8 +487,16 @@ func (g *Gate) Learned() Learned {
 				st.Models = map[string]Learned{}
 			}
 			st.Enabled = true
-			st.Models[name] = Learned{Enabled: true, Limit: l.lane.Limit, Cap: l.lo, Ceiling: l.hi, Changes: l.changes}
+			m := Learned{Enabled: true}
+			l.learned(&m)
+			st.Models[name] = m
 		}
 	}
 	return st
+}
+
+// learned fills in st's fields of l's cap.
+func (l *learner) learned(st *Learned) {
+	st.Limit, st.Cap, st.Ceiling, st.Changes = l.lane.Limit, l.lo, l.hi, l.changes
+	st.Floor, st.Max = l.floor, l.ceil
 }

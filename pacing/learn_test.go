@@ -180,6 +180,7 @@ func TestReportPausesAndQuota(t *testing.T) {
 			assert.Equal(t, uint64(1), l.ByKind[pacing.Overload])
 			assert.Equal(t, uint64(1), l.ByKind[pacing.Concurrency])
 			assert.Equal(t, uint64(1), l.ByKind[pacing.Admitted])
+			assert.Zero(t, l.Floor, "no cap learned: no bounds")
 		})
 	})
 	t.Run("a key out of quota leaves the pool until its reset", func(t *testing.T) {
@@ -244,6 +245,26 @@ func TestAdaptiveConfig(t *testing.T) {
 		held := acquireN(t, g, 7)
 		assert.Equal(t, 7, held[6].InFlight, "without learning the configured cap applies")
 	})
+}
+
+// TestLearnedBounds: Learned says within which bounds each cap moves, as
+// configured and defaulted.
+func TestLearnedBounds(t *testing.T) {
+	for _, c := range []struct {
+		name       string
+		cfg        pacing.Config
+		floor, max int
+	}{
+		{"defaults", pacing.Config{Adaptive: &pacing.AdaptiveConfig{}}, pacing.DefaultAdaptiveMin, pacing.DefaultAdaptiveMax},
+		{"max_concurrent_requests is the ceiling", pacing.Config{MaxConcurrentRequests: 7, Adaptive: &pacing.AdaptiveConfig{Min: 2}}, 2, 7},
+		{"or a lower max", pacing.Config{MaxConcurrentRequests: 100, Adaptive: &pacing.AdaptiveConfig{Max: 64}}, 1, 64},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			l := newGate(t, c.cfg).Learned()
+			assert.Equal(t, c.floor, l.Floor)
+			assert.Equal(t, c.max, l.Max)
+		})
+	}
 }
 
 // Many callers acquire, report random answers and release while the
@@ -332,8 +353,8 @@ func TestEachKeyLearnsItsCap(t *testing.T) {
 		l := g.Learned()
 		assert.Zero(t, l.Cap, "the keys learn, not the provider")
 		assert.Equal(t, map[string]pacing.Learned{
-			"k1": {Enabled: true, Limit: 3, Cap: 2, Ceiling: 10, Changes: 1},
-			"k2": {Enabled: true, Limit: 3, Cap: 2, Ceiling: pacing.DefaultAdaptiveMax, Changes: 1},
+			"k1": {Enabled: true, Limit: 3, Cap: 2, Ceiling: 10, Floor: 1, Max: 10, Changes: 1},
+			"k2": {Enabled: true, Limit: 3, Cap: 2, Ceiling: pacing.DefaultAdaptiveMax, Floor: 1, Max: pacing.DefaultAdaptiveMax, Changes: 1},
 		}, l.Keys)
 		held := acquireN(t, g, 6)
 		byKey := map[string][]pacing.Grant{}
@@ -387,7 +408,7 @@ func TestAModelLearnsItsCap(t *testing.T) {
 		g.Report(held[2], refused)
 		l := g.Learned()
 		assert.Zero(t, l.Cap, "the provider's cap is configured")
-		assert.Equal(t, pacing.Learned{Enabled: true, Limit: 2, Cap: 2, Ceiling: 2, Changes: 2}, l.Models["glm-5"])
+		assert.Equal(t, pacing.Learned{Enabled: true, Limit: 2, Cap: 2, Ceiling: 2, Floor: 1, Max: pacing.DefaultAdaptiveMax, Changes: 2}, l.Models["glm-5"])
 		require.Len(t, got, 1)
 		assert.Equal(t, "glm-5", got[0].Model)
 		for range 7 {
