@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep/inflightprom"
@@ -27,6 +28,24 @@ func ExampleNew() {
 # TYPE inflight_in_flight gauge
 inflight_in_flight{cap="tenant"} 1
 `), "inflight_in_flight")
+	fmt.Println(err)
+	// Output: <nil>
+}
+
+func ExampleNewLearnedCaps() {
+	gate, _ := pacing.NewGate("zai", pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 8, Max: 32}})
+	defer gate.Close()
+	registerer := prometheus.NewRegistry() // prometheus.MustRegister in a program
+	registerer.MustRegister(inflightprom.NewLearnedCaps("zai", gate))
+
+	err := testutil.GatherAndCompare(registerer, strings.NewReader(`
+# HELP inflight_learned_cap The learned cap: starts up to it go without a test.
+# TYPE inflight_learned_cap gauge
+inflight_learned_cap{cap="provider",provider="zai"} 8
+# HELP inflight_learned_max The highest the learned cap may go, as configured.
+# TYPE inflight_learned_max gauge
+inflight_learned_max{cap="provider",provider="zai"} 32
+`), "inflight_learned_cap", "inflight_learned_max")
 	fmt.Println(err)
 	// Output: <nil>
 }

@@ -30,6 +30,30 @@
 // calls when the Collector is its Observer, or by ObserveWait and
 // ObserveHold for a source without one, and appear from their first
 // observation on.
+//
+// # Learned caps
+//
+// A pacing.Gate that learns its upstream's concurrency caps is exported by
+// a LearnedCaps, read from Gate.Learned at each scrape:
+//
+//	gate.Report(grant, pacing.Classify(resp, nil)) // for each answer, as the Gate's docs say
+//	prometheus.MustRegister(inflightprom.NewLearnedCaps("zai", gate))
+//
+// Its families carry the label provider; those of a cap the label cap as
+// well ("provider" for the provider's own, "model:<name>", "api_key:<id>"),
+// one per cap that the Gate's config makes learn:
+//
+//	inflight_learned_limit          gauge   the limit admissions run under now (0 while a cut is tested)
+//	inflight_learned_cap            gauge   the learned cap
+//	inflight_learned_ceiling        gauge   the cap is at most this, as last seen
+//	inflight_learned_floor          gauge   the lowest the cap may go, as configured
+//	inflight_learned_max            gauge   the highest the cap may go, as configured
+//	inflight_learned_changes_total  counter changes of the cap or its ceiling
+//	inflight_upstream_answers_total counter answers reported, one per grant, by kind: admitted,
+//	                                        concurrency, rate, overload, quota, other (no cap label)
+//
+// Each change of a cap, with its evidence, is an event for
+// Gate.OnLimitChange, which this adapter leaves to the program.
 package inflightprom
 
 import (
