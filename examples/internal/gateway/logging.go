@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -109,6 +110,18 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model 
 			slog.String("reason", rejectReason(err)), slog.String("org", r.Header.Get(OrgHeader)),
 			slog.String("model", model), slog.String("detail", msg), slog.Int("suppressed_since_last", suppressed))
 	}
+}
+
+// logLimitChanges logs each change of the provider's learned caps at info
+// level, with the evidence behind it: a line per move of a cap, none while
+// the caps hold.
+func (g *Gateway) logLimitChanges() {
+	g.gate.OnLimitChange(func(c pacing.LimitChange) {
+		g.log.Info("gateway: learned cap changed", slog.Uint64("seq", c.Seq), slog.String("provider", c.Provider),
+			slog.String("model", c.Model), slog.String("api_key", c.Key),
+			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
+			slog.String("evidence", c.Evidence.Kind.String()), slog.Int("in_flight_at_start", c.Evidence.InFlight))
+	})
 }
 
 // rejectReason names an admission error as the metrics do.

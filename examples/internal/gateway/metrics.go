@@ -92,7 +92,11 @@ func limitOrUnlimited(n int) int {
 // other models together (model names come from request bodies: one series
 // each would let clients add series at will), and "api_key:<id>" for each
 // key of the pool; the fleet's state when there is one; and the Go
-// runtime's and the process's collectors.
+// runtime's and the process's collectors. The provider's learned caps, with
+// provider.adaptive or a model's adaptive section, are inflight_learned_*
+// series labelled provider="provider" and cap as above, beside the
+// upstream's answers by kind (inflight_upstream_answers_total); each change
+// of a learned cap is also logged (logging.go).
 //
 // What each cap counts: a model's waiting are the requests for it in the
 // provider's queue (and, with a fleet, waiting for the shared caps), its
@@ -115,6 +119,10 @@ func (g *Gateway) registerMetrics(cfg Config) {
 		return inflightprom.Snapshot{InFlight: st.InFlight, Waiting: waiting, Keys: -1, Limit: providerLimit, Counts: g.provider.counts()}
 	})
 	g.metrics.MustRegister(pc)
+	// Read from the Gate at each scrape: the Gate's one change hook is left
+	// to the log.
+	g.metrics.MustRegister(inflightprom.NewLearnedCaps("provider", g.gate))
+	g.logLimitChanges()
 
 	// Models: the Gate's counts per model, summed for the unnamed ones.
 	g.models = make(map[string]*capMetrics, len(cfg.Provider.Models))

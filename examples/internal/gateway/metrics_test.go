@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"maps"
 	"net"
 	"net/http"
@@ -281,4 +282,47 @@ func TestMetricsFleetModelWaiting(t *testing.T) {
 	text = scrape(t, client, srv.URL)
 	assert.Contains(t, text, `inflight_waiting{cap="model:glm-5.3"} 0`)
 	assert.Contains(t, text, `inflight_hold_seconds_count{cap="model:glm-5.3"} 4`)
+}
+
+// With provider.adaptive the provider's learned cap is exported, read from
+// the Gate at each scrape, and each of its changes is logged: a probe over
+// the cap that is not refused raises it.
+func TestMetricsLearnedCap(t *testing.T) {
+	u := newUpstream(t)
+	log, logs := newTestLogger(slog.LevelInfo)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10},
+	"provider": {"max_concurrent_requests": 8, "adaptive": {"initial": 1, "retest_ms": 60000}}
+}`, WithLogger(log))
+	client := srv.Client()
+	text := scrape(t, client, srv.URL)
+	for _, want := range []string{
+		`inflight_learned_cap{cap="provider",provider="provider"} 1`,
+		`inflight_learned_limit{cap="provider",provider="provider"} 2`, // a probe may go
+		`inflight_learned_ceiling{cap="provider",provider="provider"} 8`,
+		`inflight_learned_floor{cap="provider",provider="provider"} 1`,
+		`inflight_learned_max{cap="provider",provider="provider"} 8`,
+		`inflight_learned_changes_total{cap="provider",provider="provider"} 1`,
+		`inflight_upstream_answers_total{kind="concurrency",provider="provider"} 0`,
+	} {
+		assert.Contains(t, text, want)
+	}
+
+	var wg sync.WaitGroup
+	done := make(chan struct{}, 2)
+	streamAll(t, &wg, client, srv.URL, "glm-5.3", 2, done) // the second is the probe
+	waitFor(t, "the probe raises the cap", func() bool { return gw.gate.Learned().Cap == 2 })
+	text = scrape(t, client, srv.URL)
+	assert.Contains(t, text, `inflight_learned_cap{cap="provider",provider="provider"} 2`)
+	assert.Contains(t, text, `inflight_learned_changes_total{cap="provider",provider="provider"} 2`)
+	for _, kind := range []string{"admitted", "concurrency", "rate", "overload", "quota", "other"} {
+		assert.Regexp(t, `inflight_upstream_answers_total\{kind="`+kind+`",provider="provider"\} \d+`, text)
+	}
+	waitFor(t, "the change is logged", func() bool { return strings.Contains(logs.String(), "learned cap changed") })
+	assert.Regexp(t, `level=INFO msg="gateway: learned cap changed" seq=2 provider=provider model="" api_key="" old=1 new=2 `+
+		`old_ceiling=8 ceiling=8 evidence=\w+ in_flight_at_start=\d`, logs.String())
+
+	close(u.gate)
+	wg.Wait()
 }
