@@ -1,7 +1,9 @@
 // Package upstream is the simulated model provider of the example programs:
 // it streams chat completions as server-sent events for as long as each
 // request asks, and, like providers with concurrency-limited plans, answers
-// 429 (code 1302) once more requests are open than its limit.
+// 429 (code 1302) once more requests are open than its limit. Hidden serves
+// pacing/pacingtest's provider instead, whose cap is hidden and moves, for
+// the learned cap.
 package upstream
 
 import (
