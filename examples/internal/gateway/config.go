@@ -21,9 +21,15 @@ import (
 
 // Config is the gateway's configuration file.
 type Config struct {
-	Listen   string        `json:"listen"`
-	Upstream string        `json:"upstream"`
-	Orgs     OrgsConfig    `json:"orgs"`
+	Listen   string     `json:"listen"`
+	Upstream string     `json:"upstream"`
+	Orgs     OrgsConfig `json:"orgs"`
+	// Provider is the provider's policy (package pacing). With an
+	// "adaptive" section its concurrency cap is learned from the
+	// upstream's answers, and max_concurrent_requests may be left out (if
+	// set, it is the ceiling); a model's own "adaptive" section learns that
+	// model's cap. With a fleet, the caps shared on Redis stay as
+	// configured and each gateway learns its own from what it sees.
 	Provider pacing.Config `json:"provider"`
 	Fleet    *FleetConfig  `json:"fleet,omitempty"`
 	// CutLingerMS keeps the provider's slots of a stream that was cut (the

@@ -22,6 +22,13 @@
 // are answered in OpenAI's shape, a cap of 0 with 403 rather than 429
 // (openai.go); rejections are logged at most once a second, each request at
 // debug level (logging.go).
+//
+// Every answer of the upstream to a request that holds a provider grant is
+// reported to the provider's Gate, before the grant's slots can be freed
+// (see reporter): with provider.adaptive (or a model's adaptive section) the
+// Gate learns the upstream's hidden concurrency cap from them, and in any
+// case a rate or overload answer's Retry-After pauses new starts (at most
+// 10 s) and a quota answer takes its API key out of the pool for a while.
 package gateway
 
 import (
@@ -165,7 +172,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 			pr.SetURL(target)
 			pr.Out.Host = target.Host
 		},
-		Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+		Transport: slots.NewTransport(reporter{base, g.gate}, func(r *http.Request) (*slots.Slot, error) {
 			p, _ := r.Context().Value(grantKey{}).(*pendingGrant)
 			if p == nil {
 				return nil, nil // a request that takes no provider slot
@@ -275,6 +282,10 @@ func (g *Gateway) AdminHandler() http.Handler {
 
 // Provider returns the provider gate's status.
 func (g *Gateway) Provider() pacing.Status { return g.gate.Status() }
+
+// Learned returns the state of the provider's learned caps (its own and its
+// models'), and how many of the upstream's answers were of each kind.
+func (g *Gateway) Learned() pacing.Learned { return g.gate.Learned() }
 
 // TenantKeys returns the number of (org, model) keys holding or waiting.
 func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
@@ -421,4 +432,33 @@ func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model strin
 		return
 	}
 	g.reject(w, r, "provider", model, err)
+}
+
+// reporter is the RoundTripper under the slots Transport: it tells the Gate
+// how the upstream answered each request that holds a provider grant. It
+// runs before the Transport ties the slot to the answer's body or frees it
+// after an error, so a refusal lowers the learned cap before its slot can
+// let the next request start; and the proxy makes one round trip per
+// request, so each grant is reported once. A request that could not be
+// sent, or got no answer, is reported as Classify reads a nil answer: no
+// evidence about the cap.
+type reporter struct {
+	base http.RoundTripper
+	gate *pacing.Gate
+}
+
+func (t reporter) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := t.base.RoundTrip(r)
+	p, _ := r.Context().Value(grantKey{}).(*pendingGrant)
+	if p == nil || p.grant.Slot.Bypassed() {
+		return resp, err // no grant, or one that holds nothing: no evidence
+	}
+	answer := resp
+	if err != nil {
+		answer = nil // a response that comes with an error is dropped
+	}
+	// Classify reads at most a bounded prefix of an error body and puts it
+	// back, so the client still gets the upstream's whole answer.
+	t.gate.Report(p.grant, pacing.Classify(answer, nil))
+	return resp, err
 }
