@@ -91,7 +91,7 @@ type Evidence struct {
 // Learned is the state of a Gate's learned cap.
 type Learned struct {
 	Enabled bool
-	Limit   int // the limit admissions run under now (0 while the test of a cut is out)
+	Limit   int // the limit admissions run under now (the floor while the test of a cut is out)
 	Cap     int // the learned cap: starts up to it go without a test
 	Ceiling int // the cap is at most this, as last seen (Max when unknown)
 	// Floor and Max are the bounds the cap moves within: AdaptiveConfig's
