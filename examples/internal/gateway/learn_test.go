@@ -64,7 +64,7 @@ func TestGatewayLearnsTheUpstreamsCap(t *testing.T) {
 	const hidden = 8
 	up, upSrv := hiddenUpstream(t, pacingtest.Step{Cap: hidden})
 	srv, gw := startGatewayWith(t, upSrv.URL, `{"upstream": "%s",
-		"provider": {"adaptive": {"initial": 2, "retest_ms": 500}, "max_queue": 100}}`)
+		"provider": {"adaptive": {"initial": 2, "retest_ms": 500}, "max_queue": 100}}`, quiet)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
 

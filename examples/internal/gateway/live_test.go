@@ -1,0 +1,291 @@
+package gateway
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/pacingtest"
+)
+
+var live = flag.Bool("live", false, "play pacingtest's Drop scenario in full (360 s) through the gateway over loopback, beside its virtual-time figures")
+
+// The learned cap through the gateway, over real sockets and in real time,
+// scored as pacingtest scores the Gate in virtual time: the share of 429s,
+// the work served against a gateway whose static cap follows the hidden one,
+// and how long the cap takes to settle after each change. The same run is
+// played in process in virtual time beside it, so that what sockets and
+// real time change can be told apart from what the scenario does.
+//
+// In CI, a shortened Drop (20→8→30, phases of 30 s) with every time a
+// tenth as long: 9 s. The full scenario takes six minutes:
+//
+//	go test ./examples/internal/gateway -run LiveDrop -live -v
+func TestGatewayLiveDrop(t *testing.T) {
+	sc, scale := pacingtest.Drop, 0.1
+	if *live {
+		scale = 1
+	} else {
+		sc.Schedule = []pacingtest.Step{{At: 0, Cap: 20}, {At: 30 * time.Second, Cap: 8}, {At: 60 * time.Second, Cap: 30}}
+		sc.Duration = 90 * time.Second
+	}
+	var learned, static pacingtest.Result
+	var wg sync.WaitGroup
+	wg.Go(func() { learned = playLive(t, sc, scale, true) })
+	wg.Go(func() { static = playLive(t, sc, scale, false) })
+	wg.Wait()
+	var vLearned, vStatic pacingtest.Result
+	synctest.Test(t, func(t *testing.T) { vLearned = playInProcess(t, sc, scale, true) })
+	synctest.Test(t, func(t *testing.T) { vStatic = playInProcess(t, sc, scale, false) })
+
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s, times ×%g (settling in the scenario's time)\n", sc.Name, scale)
+	fmt.Fprintf(&b, "  over sockets, real time:    %s\n", figures(learned, static))
+	fmt.Fprintf(&b, "  in process, virtual time:   %s\n", figures(vLearned, vStatic))
+	if *live {
+		// The Gate alone, as pacing's own score runs it.
+		var gLearned, gStatic pacingtest.Result
+		cfg := pacing.Config{MaxQueue: 200, MaxQueueWaitMS: 30_000}
+		synctest.Test(t, func(t *testing.T) {
+			c := cfg
+			c.Adaptive = &pacing.AdaptiveConfig{}
+			gLearned = pacingtest.Score(sc, c)
+		})
+		synctest.Test(t, func(t *testing.T) {
+			gStatic = pacingtest.ScoreFollowing(sc, cfg, func(c int) int { return c - sc.Foreign })
+		})
+		fmt.Fprintf(&b, "  the Gate alone, virtual:    %s\n", figures(gLearned, gStatic))
+	}
+	t.Log("\n" + b.String())
+
+	// Loose bounds: real time on a loaded machine moves these figures (the
+	// virtual-time ones are bounded in pacing's own score).
+	assert.Less(t, static.RefusedShare(), 0.01, "the static cap that follows the hidden one sees hardly any 429s")
+	assert.LessOrEqual(t, learned.RefusedShare(), 0.08, "429s / attempts, learned")
+	assert.GreaterOrEqual(t, goodput(learned, static), 0.80, "work served against the static cap at the true value")
+}
+
+// figures is a run's line as pacing's score prints it.
+func figures(learned, static pacingtest.Result) string {
+	d := func(d time.Duration) string {
+		if d < 0 {
+			return "never"
+		}
+		return d.Round(100 * time.Millisecond).String()
+	}
+	var settle []string
+	for _, s := range learned.Settle {
+		settle = append(settle, d(s))
+	}
+	return fmt.Sprintf("%5.2f%% 429s (static %.2f%%) | goodput %5.1f%% | %d attempts | settles from the start, after each change: %s",
+		100*learned.RefusedShare(), 100*static.RefusedShare(), 100*goodput(learned, static), learned.Upstream.Attempts, strings.Join(settle, ", "))
+}
+
+func goodput(learned, static pacingtest.Result) float64 {
+	if static.Upstream.Work == 0 {
+		return 0
+	}
+	return float64(learned.Upstream.Work) / float64(static.Upstream.Work)
+}
+
+// quiet drops the gateway's log lines: a run makes thousands (each change
+// of the learned cap, the queue overflowing), and its figures say the rest.
+var quiet = WithLogger(slog.New(slog.DiscardHandler))
+
+// times multiplies the durations of a scenario's run.
+type times float64
+
+func (k times) of(d time.Duration) time.Duration { return time.Duration(float64(d) * float64(k)) }
+
+// player plays a scenario through a gateway: send sends one request that
+// streams for service and returns its status once its answer has ended.
+type player struct {
+	sc    pacingtest.Scenario
+	k     times
+	learn bool
+	u     *pacingtest.Upstream
+	gw    *Gateway
+	send  func(service time.Duration) int
+
+	provider pacing.Config // the gateway's
+	limit    atomic.Int64  // the static cap now
+}
+
+// setup makes the upstream and the gateway's config, as pacing's score
+// does: a queue of 200 that waits up to 30 s; learning from the start, or a
+// static cap at the hidden one.
+func setup(sc pacingtest.Scenario, k times, learn bool) (*pacingtest.Upstream, Config) {
+	u := &pacingtest.Upstream{Foreign: sc.Foreign, RefusalDelay: k.of(50 * time.Millisecond), HeaderDelay: k.of(300 * time.Millisecond)}
+	for _, s := range sc.Schedule {
+		u.Schedule = append(u.Schedule, pacingtest.Step{At: k.of(s.At), Cap: s.Cap})
+	}
+	p := pacing.Config{MaxQueue: 200, MaxQueueWaitMS: k.of(30 * time.Second).Milliseconds()}
+	if learn {
+		p.Adaptive = &pacing.AdaptiveConfig{RetestMS: k.of(pacing.DefaultRetest).Milliseconds()}
+	} else {
+		p.MaxConcurrentRequests = sc.Schedule[0].Cap - sc.Foreign
+	}
+	return u, Config{Upstream: "http://upstream.invalid", Orgs: OrgsConfig{DefaultLimit: 1 << 20}, Provider: p}
+}
+
+// playLive plays sc, its times multiplied by k, through a gateway over
+// loopback sockets, in real time.
+func playLive(t *testing.T, sc pacingtest.Scenario, k float64, learn bool) pacingtest.Result {
+	u, cfg := setup(sc, times(k), learn)
+	upSrv := httptest.NewServer(simulated.NewHidden(u))
+	defer upSrv.Close()
+	cfg.Upstream = upSrv.URL
+	base := &http.Transport{MaxIdleConnsPerHost: 1024}
+	defer base.CloseIdleConnections()
+	gw, err := New(cfg, base, quiet)
+	require.NoError(t, err)
+	defer gw.Close()
+	gwSrv := httptest.NewServer(gw)
+	defer gwSrv.Close()
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+	defer client.Transport.(*http.Transport).CloseIdleConnections()
+	p := &player{sc: sc, k: times(k), learn: learn, u: u, gw: gw, provider: cfg.Provider, send: func(service time.Duration) int {
+		a, err := ask(context.Background(), client, gwSrv.URL, service)
+		if err != nil {
+			return 0
+		}
+		return a.status
+	}}
+	return p.play()
+}
+
+// playInProcess plays the same through a gateway called in process, its
+// upstream a RoundTripper: no sockets, so that it runs in a synctest bubble.
+func playInProcess(t *testing.T, sc pacingtest.Scenario, k float64, learn bool) pacingtest.Result {
+	u, cfg := setup(sc, times(k), learn)
+	gw, err := New(cfg, u, quiet)
+	require.NoError(t, err)
+	defer gw.Close()
+	p := &player{sc: sc, k: times(k), learn: learn, u: u, gw: gw, provider: cfg.Provider, send: func(service time.Duration) int {
+		req := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(`{"model":"glm-5","stream":true}`))
+		req.Header.Set(pacingtest.ServiceHeader, service.String())
+		rec := httptest.NewRecorder()
+		gw.ServeHTTP(rec, req)
+		_, _ = io.Copy(io.Discard, rec.Result().Body)
+		return rec.Code
+	}}
+	return p.play()
+}
+
+// play runs the scenario as pacingtest's score does (the same arrivals and
+// service times for a seed), samples the learned cap, and returns what the
+// upstream saw, with settling in the scenario's own time.
+func (p *player) play() pacingtest.Result {
+	sc, k := p.sc, p.k
+	p.u.Start()
+	t0 := time.Now()
+	var wg sync.WaitGroup
+	done := make(chan struct{})
+	p.limit.Store(int64(p.provider.MaxConcurrentRequests))
+	if !p.learn {
+		wg.Go(func() { // the static cap follows the hidden one
+			for _, s := range sc.Schedule[1:] {
+				select {
+				case <-time.After(time.Until(t0.Add(k.of(s.At)))):
+				case <-done:
+					return
+				}
+				c := p.provider
+				c.MaxConcurrentRequests = s.Cap - sc.Foreign
+				if err := p.gw.gate.Reconfigure(c); err != nil {
+					panic(err)
+				}
+				p.limit.Store(int64(c.MaxConcurrentRequests))
+			}
+		})
+	}
+	var samples []pacingtest.Sample
+	wg.Go(func() {
+		tick := time.NewTicker(k.of(pacingtest.SampleEvery))
+		defer tick.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+			limit := int(p.limit.Load())
+			if l := p.gw.Learned(); l.Enabled {
+				limit = l.Cap
+			}
+			samples = append(samples, pacingtest.Sample{At: time.Since(t0), Limit: limit, Cap: p.u.Cap() - sc.Foreign,
+				InFlight: p.gw.Provider().InFlight, Refused: p.u.Counts().Refused})
+		}
+	})
+	rng := rand.New(rand.NewPCG(sc.Seed, 0x9e3779b97f4a7c15))
+	sigma := sc.Sigma
+	if sigma == 0 {
+		sigma = 1
+	}
+	var requests sync.WaitGroup
+	var next time.Duration // arrivals on their own clock: a late wake-up does not delay the next one
+	for {
+		next += k.of(time.Duration(rng.ExpFloat64() / sc.Rate * float64(time.Second)))
+		time.Sleep(time.Until(t0.Add(next)))
+		if next >= k.of(sc.Duration) {
+			break
+		}
+		service := k.of(time.Duration(float64(sc.Median) * math.Exp(sigma*rng.NormFloat64())))
+		requests.Go(func() { p.send(service) })
+	}
+	close(done)
+	wg.Wait()
+	requests.Wait()
+	res := pacingtest.Result{Scenario: sc.Name, Upstream: p.u.Counts(), Turned: int(p.gw.Provider().Rejected), Samples: samples}
+	res.Settle = settle(sc, k, samples)
+	return res
+}
+
+// settle is pacingtest's measure, on samples taken k times as fast: per
+// phase of the schedule, how long from its start the limit took to stay
+// within one of the room, in the scenario's time; -1 if it never did.
+func settle(sc pacingtest.Scenario, k times, samples []pacingtest.Sample) []time.Duration {
+	out := make([]time.Duration, len(sc.Schedule))
+	for i, st := range sc.Schedule {
+		end := sc.Duration
+		if i+1 < len(sc.Schedule) {
+			end = sc.Schedule[i+1].At
+		}
+		out[i] = -1
+		since := time.Duration(-1)
+		for _, s := range samples {
+			at := time.Duration(float64(s.At) / float64(k))
+			if at < st.At || at >= end {
+				continue
+			}
+			if d := s.Limit - (st.Cap - sc.Foreign); d >= -1 && d <= 1 {
+				if since < 0 {
+					since = at
+				}
+			} else {
+				since = -1
+			}
+		}
+		if since >= 0 {
+			out[i] = since - st.At
+		}
+	}
+	return out
+}
