@@ -3,6 +3,7 @@ package slots
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"time"
@@ -50,7 +51,9 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // wrapper. A request whose context can end (a proxied request's always can)
 // also pays the three allocations of the context.AfterFunc that frees the
 // slot when the context ends: AfterFunc's context, its stop func, and the
-// func it runs. A cut exchange with a linger pays for its timer.
+// func it runs. A request with a body of known length pays two more: a
+// copy of the request and a wrapper of its body (see RoundTrip). A cut
+// exchange with a linger pays for its timer.
 type Transport struct {
 	base   http.RoundTripper
 	admit  AdmitFunc
@@ -111,6 +114,9 @@ func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOpti
 }
 
 // RoundTrip admits req, sends it, and ties the slot to the response body.
+// A request body of known length ends at that length (see sentBody), so
+// that a proxy's streamed answer is not cut when its server closes the
+// inbound body.
 // When admission fails it closes req.Body, as a RoundTripper must when it
 // does not send, and returns the admit function's error (a *LimitError, or
 // the context's error while waiting) marked as a refusal: its text is the
@@ -119,6 +125,7 @@ func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOpti
 // linger, if it may have reached the upstream). It never modifies req.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
+	req = withSentBody(req)
 	if withoutSlot(ctx) {
 		return t.base.RoundTrip(req)
 	}
@@ -232,4 +239,40 @@ func WithoutSlot(parent context.Context) context.Context {
 func withoutSlot(ctx context.Context) bool {
 	v, _ := ctx.Value(noSlotKey{}).(bool)
 	return v
+}
+
+// sentBody is the body of a request of known length, as the base
+// RoundTripper reads it. net/http's HTTP/1 transport reads such a body once
+// more after its last byte, to check that it is not longer than declared.
+// In a proxy the body is the server's inbound one, and net/http's server
+// reads the rest of it away and closes it as soon as the answer's header
+// goes to the client: a streaming answer can go before that extra read,
+// which then fails with http.ErrBodyReadAfterClose, and the transport drops
+// the upstream connection, cutting the stream it is answering
+// (golang/go#40747). A close found once the declared length has been read
+// is the body's end; one found before it is still an error.
+type sentBody struct {
+	io.ReadCloser
+	left int64 // bytes of the declared length not read yet
+}
+
+func (b *sentBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	b.left -= int64(n)
+	if b.left <= 0 && errors.Is(err, http.ErrBodyReadAfterClose) {
+		err = io.EOF
+	}
+	return n, err
+}
+
+// withSentBody returns req with its body read as a sentBody, if it has a
+// body of known length (a shallow copy: a RoundTripper must not modify the
+// request), else req.
+func withSentBody(req *http.Request) *http.Request {
+	if req.ContentLength <= 0 || req.Body == nil || req.Body == http.NoBody {
+		return req
+	}
+	r := *req
+	r.Body = &sentBody{ReadCloser: req.Body, left: req.ContentLength}
+	return &r
 }
