@@ -16,12 +16,17 @@
 // and batch keeps a minimum share of one slot). A second table compares the
 // interactive latencies.
 //
+// Last, a provider whose concurrency cap is hidden and moves (20, then 8,
+// then 30) is reached through gateways with a static cap of 5, 20 and 40
+// and through one that learns the cap from the provider's answers; a third
+// table compares the 429s, the work served and the latencies (moving.go).
+//
 // While each phase runs, a progress line on stderr shows the requests done,
 // those open at the provider and the upstream 429s so far. The simulated
 // provider is examples/internal/upstream, which ./examples/upstream runs on
 // its own for the gateway.
 //
-//	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3] [-fleet]
+//	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3] [-phase 6s] [-fleet]
 //	go run ./examples/demo -h    # every flag
 package main
 
@@ -167,9 +172,15 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 }
 
 // outcome is what the demo measured, for its test.
-type outcome struct{ direct, capped, oneQueue, classes, perProcess, fleet result }
+type outcome struct {
+	direct, capped, oneQueue, classes, perProcess, fleet result
+	moving                                               []movingResult // static caps of 5, 20, 40, then the learned one
+}
 
 var lastOutcome outcome
+
+// maxPhase bounds -phase: each phase's arrivals are made up front.
+const maxPhase = 10 * time.Minute
 
 // maxScale bounds -scale: the workload's longest duration, 1.5 s, scaled,
 // stays far inside a time.Duration.
@@ -191,6 +202,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		modelCap     = fs.Int("model-cap", 3, "the gateway's cap on the heavy model, within the account limit")
 		scale        = fs.Float64("scale", 1, "multiplies every duration of the workload")
 		seed         = fs.Uint64("seed", 1, "workload seed")
+		phase        = fs.Duration("phase", 6*time.Second, "how long the moving hidden cap stays at each of 20, 8 and 30 (0 skips that part)")
 		fleetRun     = fs.Bool("fleet", false, "also run three gateways, first each with its own caps, then sharing them on a redis-server started here (needs the redis-server binary)")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -199,8 +211,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{err}
 	}
-	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) {
-		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d]", maxScale)}
+	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) || *phase < 0 || *phase > maxPhase {
+		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d], -phase in [0, %v]", maxScale, maxPhase)}
 	}
 	d := func(ms int) time.Duration { return time.Duration(float64(ms) * *scale * float64(time.Millisecond)) }
 	rng := rand.New(rand.NewPCG(*seed, 0))
@@ -272,6 +284,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
+	if *phase > 0 {
+		if out.moving, err = runMoving(stdout, *phase, *seed, progress); err != nil {
+			return err
+		}
+		lastOutcome = out
+	}
 	if *fleetRun {
 		if err := runFleet(stdout, provURL, prov, reqs, capped, progress, &out); err != nil {
 			return err

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"fmt"
 	"io"
 	"os"
 	"strings"
@@ -26,7 +27,7 @@ func TestMain(m *testing.M) {
 // prints are not asserted: they depend on the machine.)
 func TestDemo(t *testing.T) {
 	var out strings.Builder
-	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2"}, &out, io.Discard))
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0"}, &out, io.Discard))
 	d, c := lastOutcome.direct, lastOutcome.capped
 	assert.Positive(t, d.refused, "the provider refuses some direct requests")
 	assert.Zero(t, c.refused)
@@ -48,12 +49,14 @@ func TestDemoFlags(t *testing.T) {
 	assert.ErrorAs(t, run([]string{"-scale", "0"}, &strings.Builder{}, io.Discard), &usage)
 	assert.ErrorAs(t, run([]string{"-scale", "1e300"}, &strings.Builder{}, io.Discard), &usage)
 	assert.ErrorAs(t, run([]string{"-scale", "NaN"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-phase", "-1s"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-phase", "1000h"}, &strings.Builder{}, io.Discard), &usage)
 }
 
 func TestDemoHelpListsTheFlags(t *testing.T) {
 	var stderr strings.Builder
 	require.NoError(t, run([]string{"-h"}, io.Discard, &stderr))
-	for _, f := range []string{"-batch", "-interactive", "-account-limit", "-model-cap", "-scale", "-seed", "-fleet"} {
+	for _, f := range []string{"-batch", "-interactive", "-account-limit", "-model-cap", "-scale", "-seed", "-phase", "-fleet"} {
 		assert.Contains(t, stderr.String(), f)
 	}
 }
@@ -62,10 +65,37 @@ func TestDemoHelpListsTheFlags(t *testing.T) {
 // lines (requests done, open at the provider, 429s so far) as it runs.
 func TestDemoShowsProgress(t *testing.T) {
 	var stderr strings.Builder
-	require.NoError(t, run([]string{"-batch", "4", "-interactive", "4", "-scale", "0.1"}, io.Discard, &stderr))
+	require.NoError(t, run([]string{"-batch", "4", "-interactive", "4", "-scale", "0.1", "-phase", "300ms"}, io.Discard, &stderr))
 	for _, phase := range []string{"direct", "through the gateway", "one queue", "priority classes"} {
 		assert.Regexp(t, phase+` +8/8 done, +\d+ open at the provider, +\d+ upstream 429s so far`, stderr.String())
 	}
+	n := 4 * lastOutcome.moving[0].requests
+	assert.Regexp(t, fmt.Sprintf(`hidden cap moving +%d/%d done, open at the providers \d+/\d+/\d+/\d+, upstream 429s so far \d+/\d+/\d+/\d+`, n, n), stderr.String())
+}
+
+// TestDemoMovingCap runs the moving cap's part with phases of 2 s: the
+// learned cap meets far fewer 429s than the static caps above the hidden
+// one, completes more turns than any static cap, and ends the phases near
+// the hidden caps. (Latencies and the capacity used are not asserted: they
+// depend on the machine.)
+func TestDemoMovingCap(t *testing.T) {
+	var out strings.Builder
+	require.NoError(t, run([]string{"-batch", "0", "-interactive", "0", "-phase", "2s"}, &out, io.Discard))
+	require.Len(t, lastOutcome.moving, 4)
+	low, mid, high, learned := lastOutcome.moving[0], lastOutcome.moving[1], lastOutcome.moving[2], lastOutcome.moving[3]
+	t.Log("\n" + out.String())
+	assert.Zero(t, low.refused, "a cap under every hidden one meets no 429s")
+	assert.Less(t, learned.refusedShare(), 0.08)
+	assert.Greater(t, mid.refusedShare(), 3*learned.refusedShare(), "20 is over the hidden cap of the middle phase")
+	assert.Greater(t, high.refusedShare(), 3*learned.refusedShare(), "40 is over every hidden cap")
+	for _, static := range []movingResult{low, mid, high} {
+		assert.Greater(t, learned.completed, static.completed, static.name)
+	}
+	require.Len(t, learned.learnedAt, 3)
+	for i, c := range movingCaps {
+		assert.InDelta(t, c, learned.learnedAt[i], float64(c)/4+1, "the learned cap near the end of phase %d", i+1)
+	}
+	assert.Contains(t, out.String(), "learned (adaptive)")
 }
 
 // TestDemoFleet runs the three-gateway part: sharing their caps on one
@@ -73,7 +103,7 @@ func TestDemoShowsProgress(t *testing.T) {
 func TestDemoFleet(t *testing.T) {
 	fleettest.SkipWithoutRedis(t)
 	var out strings.Builder
-	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-fleet"}, &out, io.Discard))
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0", "-fleet"}, &out, io.Discard))
 	f := lastOutcome.fleet
 	assert.Zero(t, f.refused)
 	assert.Equal(t, f.requests, f.completed)

@@ -31,14 +31,20 @@ func newProgress(w io.Writer) *progress {
 // start shows the run called name until the returned function is called,
 // which prints its last state.
 func (p *progress) start(name string, total int, done *atomic.Int64, prov *upstream.Provider) (stop func()) {
+	return p.startWith(name, total, done, func() string {
+		c := prov.Counts()
+		return fmt.Sprintf("%2d open at the provider, %3d upstream 429s so far", c.InFlight, c.Refused)
+	})
+}
+
+// startWith is start with the providers' state told by state.
+func (p *progress) startWith(name string, total int, done *atomic.Int64, state func() string) (stop func()) {
 	if p == nil || p.w == nil || p.w == io.Discard {
 		return func() {}
 	}
 	began := time.Now()
 	line := func() string {
-		c := prov.Counts()
-		return fmt.Sprintf("%-20s %3d/%d done, %2d open at the provider, %3d upstream 429s so far, %5.1fs",
-			name, done.Load(), total, c.InFlight, c.Refused, time.Since(began).Seconds())
+		return fmt.Sprintf("%-20s %3d/%d done, %s, %5.1fs", name, done.Load(), total, state(), time.Since(began).Seconds())
 	}
 	quit, finished := make(chan struct{}), make(chan struct{})
 	go func() {
