@@ -35,7 +35,8 @@ var live = flag.Bool("live", false, "play pacingtest's Drop scenario in full (36
 // real time change can be told apart from what the scenario does.
 //
 // In CI, a shortened Drop (20→8→30, phases of 30 s) with every time a
-// tenth as long: 9 s. The full scenario takes six minutes:
+// tenth as long: 9 s, and the queue's drain after it (13 s in all). The
+// full scenario takes six minutes:
 //
 //	go test ./examples/internal/gateway -run LiveDrop -live -v
 func TestGatewayLiveDrop(t *testing.T) {
