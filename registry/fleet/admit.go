@@ -99,13 +99,21 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 			return o.slot, o.err // admitted, or failed for good
 		}
 		r.blockedOn(w, l.names[o.full])
-		// Wait for a wake-up, at most the backoff (jittered) and never past
-		// the earliest expiry on the full key.
-		sleep := jitter(backoff)
-		if o.retryIn > 0 {
-			sleep = min(sleep, o.retryIn)
+		var sleep time.Duration
+		if o.paused {
+			// Nothing is admitted before the pause ends: wait for it (or
+			// a wake-up), jittered so that the fleet's waiters do not all
+			// ask at the same instant. Still waiting, not an error.
+			sleep = o.retryIn + jitter(r.cfg.pollMin)
+		} else {
+			// Wait for a wake-up, at most the backoff (jittered) and never
+			// past the earliest expiry on the full key.
+			sleep = jitter(backoff)
+			if o.retryIn > 0 {
+				sleep = min(sleep, o.retryIn)
+			}
+			backoff = min(2*backoff, r.cfg.pollMax)
 		}
-		backoff = min(2*backoff, r.cfg.pollMax)
 		if err := r.sleep(ctx, w, sleep); err != nil {
 			return nil, err
 		}
@@ -131,7 +139,8 @@ type outcome struct {
 	slot    *slots.Slot
 	err     error
 	full    int           // with ErrLimitReached: the index of the full key; else -1
-	retryIn time.Duration // with full: until its earliest lease expires (0: unknown)
+	retryIn time.Duration // with full: until its earliest lease expires (0: unknown), or the pause ends
+	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
 }
 
 func failed(err error) outcome { return outcome{err: err, full: -1} }
@@ -171,13 +180,14 @@ func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
 	}
 	r.limitsLocked(l)
 	c := acquireCall[K]{
-		keys:  make([]string, 0, 2+len(l.names)),
-		args:  make([]any, 0, 4+len(l.names)),
+		keys:  make([]string, 0, acquireKeys+len(l.names)),
+		args:  make([]any, 0, acquireArgs+len(l.names)),
 		until: r.clock.notAfter(r.lateSpan()),
 	}
-	c.keys = append(c.keys, r.epochKey, r.tombstone(l.id))
+	c.keys = append(c.keys, r.epochKey, r.pauseKey, r.tombstone(l.id))
 	c.keys = append(c.keys, l.names...)
-	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until))
+	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until),
+		r.epoch.Load(), r.pause.Milliseconds())
 	for _, n := range l.limits {
 		c.args = append(c.args, n)
 	}
@@ -283,7 +293,13 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
 	}
 	epoch := res[5]
+	if r.sawEpoch(epoch) {
+		r.lostData()
+	}
 	r.carriedIn(c.carried, epoch)
+	if res[0] == acquirePaused {
+		return r.pausedOutcome(l, res[2], res[3], res[4])
+	}
 	if res[0] == 0 {
 		i := int(res[1]) - 1
 		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]), Limit: l.limits[i], RetryAfter: time.Second}

@@ -58,16 +58,24 @@ func (r *Registry[K]) recovered() {
 }
 
 // heartbeat renews the held leases every TTL/3 and, while the breaker is
-// open, probes Redis to close it; with the breaker closed, it puts in
-// degraded leases (admitted while one call failed) at the probe interval.
-// It survives errors, and panics (a client hook's, a log handler's): one
-// tick's panic is logged and the next tick comes as usual.
+// open, probes Redis to close it (at the probe interval, and at each
+// renewal's time too); with the breaker closed, it puts in degraded leases
+// (admitted while one call failed) at the probe interval, and every held
+// lease at once when an admission's reply tells that Redis lost its data.
+// A renewal that failed is made again at the probe interval, not a whole
+// TTL/3 later. After Redis lost its data the held leases must go back
+// within the renewal round that new admissions wait for (see pause.go): a
+// long probe interval, or a first call after a restart that fails, must
+// not put them off to the next round. It survives errors, and panics (a
+// client hook's, a log handler's): one tick's panic is logged and the next
+// tick comes as usual.
 func (r *Registry[K]) heartbeat() {
 	defer r.done.Done()
 	renew := time.NewTicker(r.cfg.ttl / 3)
 	defer renew.Stop()
 	probe := time.NewTicker(r.cfg.probeEvery)
 	defer probe.Stop()
+	failed := false // the latest renewal failed, with the breaker closed
 	for {
 		select {
 		case <-r.stopping.Done():
@@ -75,23 +83,32 @@ func (r *Registry[K]) heartbeat() {
 		case <-renew.C:
 			r.survive("renewal", func() {
 				if r.brk.allow() {
-					r.renew()
+					failed = !r.renew()
+				} else if r.probe() {
+					r.wakeAll()
+				}
+			})
+		case <-r.reassert:
+			r.survive("renewal", func() {
+				if r.brk.allow() {
+					failed = !r.renew()
 				}
 			})
 		case <-probe.C:
 			r.survive("probe", func() {
 				switch {
 				case r.brk.open():
+					failed = false // the probe renews, once Redis answers
 					if r.probe() {
 						r.wakeAll()
 					}
-				case r.hasDegraded():
-					r.renew()
+				case failed || r.hasDegraded():
+					failed = !r.renew()
 				}
 			})
 		case <-r.recovery:
 			r.survive("renewal", func() {
-				r.renew()
+				failed = !r.renew()
 				r.wakeAll()
 			})
 		}
@@ -201,9 +218,11 @@ func (r *Registry[K]) renew() bool {
 // every call worked; once a call has failed and the breaker is open, it
 // sends no more. Call it with redisMu held.
 func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool {
+	ok := true
 	for len(leases) > 0 {
-		keys := []string{r.epochKey}
-		args := []any{r.cfg.ttl.Milliseconds(), 0} // the not-after time goes in at each try
+		keys := []string{r.epochKey, r.pauseKey}
+		// The not-after time goes in at each try.
+		args := []any{r.cfg.ttl.Milliseconds(), 0, r.epoch.Load(), r.pause.Milliseconds()}
 		var batch []renewal[K]
 		pairs := 0
 		for len(leases) > 0 && pairs+len(leases[0].l.names) <= max(batchSize, len(leases[0].l.names)) {
@@ -229,14 +248,20 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 			if r.brk.open() {
 				return false // Redis is unreachable: the rest waits for the probe
 			}
+			ok = false
 			continue
 		}
 		r.brk.ok()
+		if r.sawEpoch(res[0]) {
+			// Leases of this renewal's earlier calls, renewed before the
+			// loss, are missing now: once more, right after.
+			r.lostData()
+		}
 		again, lost := r.afterRenew(batch, res[0], res[2:])
 		*requeue = append(*requeue, again...)
 		r.reportMissing(lost)
 	}
-	return true
+	return ok
 }
 
 // renewCall makes a renewal call with keys and args (args[1] is for its

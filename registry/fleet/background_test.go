@@ -195,3 +195,23 @@ func TestRemovalSurvivesALogHandlerThatPanics(t *testing.T) {
 	eventually(t, "the released lease leaves Redis", func() bool { return len(m.leases("k")) == 0 })
 	assert.Zero(t, r.Stats().RemovalsDropped)
 }
+
+// A renewal that fails, with the breaker closed, is made again at the
+// probe interval, not a renewal round later: after Redis lost its data,
+// the held leases must go back within the round that new admissions wait
+// for. The renewal round here is 20 s; the lease, gone from Redis while
+// the renewal failed, is back at the probe interval.
+func TestFailedRenewalIsMadeAgainSoon(t *testing.T) {
+	m := newMini(t)
+	r := m.registry(1, WithLeaseTTL(time.Minute), WithBreaker(1000, 5*time.Millisecond), WithLogger(quiet()))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	defer s.Release()
+	m.srv.SetError("LOADING down")
+	r.lostData() // the heartbeat renews at once, and fails
+	eventually(t, "a renewal fails", func() bool { return r.Stats().RedisErrors > 0 })
+	m.srv.Del("inflight:{t}:k")
+	m.srv.SetError("")
+	eventually(t, "the lease is back", func() bool { return len(m.leases("k")) == 1 })
+	assert.False(t, r.Stats().BreakerOpen)
+}

@@ -315,10 +315,11 @@ func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	leases := make([]*lease[K], len(batch))
 	for i, c := range batch {
 		limits := make([]int, 0, c.n)
-		for _, a := range c.args[4 : 4+c.n] {
+		for _, a := range c.args[acquireArgs : acquireArgs+c.n] {
 			limits = append(limits, a.(int))
 		}
-		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: c.keys[2 : 2+c.n], limits: limits, until: c.until, abandoned: true}
+		names := c.keys[acquireKeys : acquireKeys+c.n]
+		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: names, limits: limits, until: c.until, abandoned: true}
 	}
 	r.remove(context.Background(), leases)
 }

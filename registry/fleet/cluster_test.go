@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -105,4 +106,21 @@ func TestCluster(t *testing.T) {
 		}, 5*time.Second, time.Millisecond, "every lease of %s removed", k.key)
 	}
 	assert.Zero(t, providers.Stats().RedisErrors+orgs.Stats().RedisErrors)
+
+	// The node of {providers} loses its data: the pause is that name's,
+	// its key on that node with the name's other keys; {tenants}, on
+	// another node, goes on.
+	node := redis.NewClient(&redis.Options{Addr: nodeOf("providers")})
+	defer node.Close()
+	require.NoError(t, node.FlushAll(ctx).Err())
+	_, err = providers.TryAcquire("zai")
+	assert.ErrorIs(t, err, ErrPaused)
+	o, err := orgs.TryAcquire("acme")
+	require.NoError(t, err)
+	o.Release()
+	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	p, err := providers.AcquireAll(wctx, "zai", "zai/glm-5")
+	require.NoError(t, err, "admissions resume after the pause")
+	p.Release()
 }

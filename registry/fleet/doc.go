@@ -38,7 +38,8 @@
 // A lease does not expire under a live holder: one heartbeat goroutine per
 // Registry renews every held lease each LeaseTTL/3, in batched calls, each
 // bounded by the call timeout (at most LeaseTTL/3), so one renewal may fail
-// and the next still comes in time. Renewal extends only leases that still
+// and the next still comes in time; one that failed is made again at the
+// probe interval (WithBreaker). Renewal extends only leases that still
 // exist; what it does with a lease found missing is told below (Lost
 // leases). A process that dies holding leases frees them when they expire,
 // after at most LeaseTTL. A key expires in Redis with its latest lease, so
@@ -64,13 +65,14 @@
 // Past it the script refuses to run, and changes nothing.
 //
 // While Redis is healthy the cap is never exceeded: the script decides and
-// records atomically. It can be exceeded by design in two cases, both until
-// enough holders release: after Redis loses its data (a restart without
-// persistence), new admissions fill the empty keys while the next renewal
-// (within LeaseTTL/3) puts the old leases back, up to about twice the cap;
-// and with FallbackLocal, during an outage each process admits up to the
-// cap alone (R processes: up to R times the cap), and those leases are put
-// back when Redis returns (see When Redis is unreachable).
+// records atomically. It holds across a loss of Redis's data too (a
+// restart without persistence), at a cost: new admissions pause for up to
+// one renewal round while live holders put their leases back (see Lost
+// leases, for the conditions). It can be exceeded by design with
+// FallbackLocal, until enough holders release: during an outage each
+// process admits up to the cap alone (R processes: up to R times the cap),
+// and those leases are put back when Redis returns (see When Redis is
+// unreachable).
 //
 // Release frees the local mirror and queues the removal of the lease from
 // every key (with a wake-up published) for a background goroutine: it never
@@ -104,6 +106,44 @@
 // before the lease, looks like an expiry. With ReportLost a missing lease
 // is only reported, and with CancelLost the holder's context is cancelled
 // too; neither puts it back.
+//
+// While the lost leases are missing, new admissions would fill the empty
+// keys on top of their holders. So once a loss is found, new admissions
+// across the fleet wait for one renewal round: until the new epoch's
+// birth plus LeaseTTL/3 and twice the call timeout (for the renewal's
+// calls to end; at most LeaseTTL), on the server's clock. Meanwhile a
+// TryAcquire fails with a *slots.LimitError whose reason is ErrPaused
+// (errors.Is finds slots.ErrLimitReached in it too), naming the first key,
+// with a RetryAfter for the end of the pause; an Acquire goes on waiting,
+// until the pause ends or its context does; Stats.Paused counts the
+// refused tries. Renewals, and leases put back without a check, do not
+// wait: each live holder's heartbeat puts its leases back within the
+// round (at once in a process whose admission met the loss), so that
+// admissions resume against them. A process finds the loss when a reply
+// tells another epoch than the one it last saw; each call sends that
+// epoch, and the script that meets another one declares the pause.
+//
+// The cap then holds across the loss if every holder's process is alive
+// and renews within the round. The exceptions:
+//
+//   - A holder whose renewals are slow (its process stopped or starved,
+//     its calls failing for the whole round) finds its leases missing
+//     after the pause, and puts them back without a check, as Redis lost
+//     them: until enough holders release, the cap is exceeded by those
+//     leases.
+//   - A process that never reached Redis before the loss cannot tell it
+//     from a first start (both leave no key): what it admits before any
+//     process that saw the old epoch calls is not held back. The pause,
+//     counted from the new epoch's birth, still covers the rest of the
+//     round.
+//   - Processes must all honour the pause, and renew within the round of
+//     the process that declared it (a rolling deploy that lengthens
+//     WithLeaseTTL may not).
+//
+// A second loss inside the round makes a new epoch, and a new pause. A
+// pause is honoured at most one LeaseTTL (the asking process's) past the
+// epoch's birth, whatever Redis holds. A Registry that puts no lost lease
+// back (ReportLost, CancelLost) declares no pause, but honours one.
 //
 // # Waiting
 //
@@ -154,9 +194,9 @@
 //		Protocol:              2, // RESP3's push notifications cost a check per call
 //	})
 //
-// Every key of a Registry shares one Redis Cluster hash tag, its name, so
-// any AcquireAll runs as one script on Redis Cluster; all of a Registry's
-// keys live on one node of the cluster. Keys are named with fmt.Sprint
+// Every key of a Registry shares one Redis Cluster hash tag, its name (its
+// epoch and pause keys too), so any AcquireAll runs as one script on Redis
+// Cluster; all of a Registry's keys live on one node of the cluster. Keys are named with fmt.Sprint
 // unless Keys.Name says otherwise (NewWithKeys): give struct keys a name, so
 // that different keys cannot share a name.
 package fleet

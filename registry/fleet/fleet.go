@@ -54,6 +54,12 @@ type Registry[K comparable] struct {
 	limitFunc func(K) int // nil: defLimit
 
 	epochKey string // see scripts.go
+	pauseKey string // see scripts.go
+	// pause is how long new admissions wait after Redis lost its data,
+	// as this process declares it (see pause.go); 0: it declares none.
+	pause time.Duration
+	// epoch is the latest epoch a reply told (0: none yet); see pause.go.
+	epoch atomic.Int64
 
 	mu     sync.Mutex // protects the fields below
 	limits map[K]int  // SetLimit overrides
@@ -86,6 +92,7 @@ type Registry[K comparable] struct {
 	stats      counters
 	subscribed chan struct{} // closed once Redis confirms the wake-up subscription
 	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
+	reassert   chan struct{} // buffered 1: Redis lost its data: the heartbeat puts the leases back now
 	stop       context.CancelFunc
 	done       sync.WaitGroup
 	stopping   context.Context
@@ -98,7 +105,7 @@ type Registry[K comparable] struct {
 
 type counters struct {
 	acquired, rejected, degraded, bypassed atomic.Uint64
-	lost, reasserted, redisErrors          atomic.Uint64
+	lost, reasserted, redisErrors, paused  atomic.Uint64
 	doubleReleases, removalsDropped        atomic.Uint64
 }
 
@@ -165,6 +172,7 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 		resume:     make(chan struct{}, 1),
 		subscribed: make(chan struct{}),
 		recovery:   make(chan struct{}, 1),
+		reassert:   make(chan struct{}, 1),
 		calls:      calls{max: maxSending},
 	}
 	if keys.Name != nil {
@@ -176,6 +184,8 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
 	r.channel = r.prefix + "released"
 	r.epochKey = cfg.prefix + "{" + name + "}#epoch"
+	r.pauseKey = cfg.prefix + "{" + name + "}#pause"
+	r.pause = pauseFor(r.cfg)
 	// The same key rule on both paths: the fleet's bound goes last, so it
 	// overrides one among the local options.
 	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
@@ -282,6 +292,7 @@ type Stats struct {
 	Bypassed       uint64 // fail-open admissions (Redis unavailable)
 	Lost           uint64 // leases found missing in Redis by the heartbeat (each once until put back)
 	Reasserted     uint64 // leases put back into Redis (found missing, or degraded and Redis back)
+	Paused         uint64 // tries refused while new admissions waited after Redis lost its data (each try of a wait)
 	RedisErrors    uint64 // failed calls to Redis
 	DoubleReleases uint64
 	// RemovalsPending are removals from Redis (of released leases, and of
@@ -310,6 +321,7 @@ func (r *Registry[K]) Stats() Stats {
 	st.Bypassed = r.stats.bypassed.Load()
 	st.Lost = r.stats.lost.Load()
 	st.Reasserted = r.stats.reasserted.Load()
+	st.Paused = r.stats.paused.Load()
 	st.RedisErrors = r.stats.redisErrors.Load()
 	st.DoubleReleases = r.stats.doubleReleases.Load()
 	st.BreakerOpen = r.brk.open()

@@ -113,14 +113,14 @@ func TestAcquireScriptIdempotent(t *testing.T) {
 	c := m.client()
 	ctx := context.Background()
 	keys := func(id string) []string {
-		return []string{"inflight:{t}#epoch", "inflight:{t}:abandoned:" + id, "inflight:{t}:p", "inflight:{t}:m"}
+		return []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:abandoned:" + id, "inflight:{t}:p", "inflight:{t}:m"}
 	}
 	for range 3 {
-		res, err := acquireScript.Run(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 0, 1, 1).Int64Slice()
+		res, err := acquireScript.Run(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), res[0], "the same lease is admitted again, not refused")
 	}
-	res, err := acquireScript.Run(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 0, 1, 1).Int64Slice()
+	res, err := acquireScript.Run(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 1}, res[:3], "another lease is refused: key 1 is full with 1")
 	assert.Equal(t, []string{"lease-1"}, m.leases("p"))
@@ -135,13 +135,13 @@ func TestAcquireScriptCarries(t *testing.T) {
 	ctx := context.Background()
 	const epoch, tomb = "inflight:{t}#epoch", "inflight:{t}:abandoned:"
 	m.srv.Set(tomb+"released", "1")
-	keys := []string{epoch, tomb + "new", "inflight:{t}:k",
+	keys := []string{epoch, "inflight:{t}#pause", tomb + "new", "inflight:{t}:k",
 		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
-	res, err := acquireScript.Run(ctx, c, keys, "new", 3000, 1, 0, 2, "degraded", "released").Int64Slice()
+	res, err := acquireScript.Run(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", "released").Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 0, 0}, res[:3], "admitted: the carried lease and this one fill the cap of 2")
 	assert.ElementsMatch(t, []string{"degraded", "new"}, m.leases("k"))
-	res, err = acquireScript.Run(ctx, c, keys[:3], "another", 3000, 1, 0, 2).Int64Slice()
+	res, err = acquireScript.Run(ctx, c, keys[:4], "another", 3000, 1, 0, 0, 0, 2).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 2}, res[:3], "full")
 	e, err := m.srv.Get(epoch)
@@ -169,8 +169,8 @@ func TestRenewNeverResurrects(t *testing.T) {
 	assert.Empty(t, m.leases("k"), "a renewal after the release puts nothing back")
 
 	c := m.client()
-	res, err := renewScript.Run(context.Background(), c, []string{r.epochKey, "inflight:{t}:k", r.tombstone(id)},
-		3000, 0, id, renewOnly, 0, 1, 1).Int64Slice()
+	res, err := renewScript.Run(context.Background(), c, []string{r.epochKey, r.pauseKey, "inflight:{t}:k", r.tombstone(id)},
+		3000, 0, 0, 0, id, renewOnly, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	require.Len(t, res, 3)
 	assert.Equal(t, int64(leaseGone), res[2])
@@ -494,8 +494,8 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 	s.Release()
 	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(r.tombstone(id)) })
 	// The late renewal runs now.
-	_, err = renewScript.Run(context.Background(), m.client(), []string{r.epochKey, "inflight:{t}:k", r.tombstone(id)},
-		3000, 0, id, putBack, 0, 1, 1).Int64Slice()
+	_, err = renewScript.Run(context.Background(), m.client(), []string{r.epochKey, r.pauseKey, "inflight:{t}:k", r.tombstone(id)},
+		3000, 0, 0, 0, id, putBack, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Empty(t, m.leases("k"), "not put back")
 	s2, err := r.TryAcquire("k")

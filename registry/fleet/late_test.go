@@ -148,12 +148,12 @@ func TestScriptsRefuseToRunLate(t *testing.T) {
 	c := m.client()
 	ctx := context.Background()
 	late := m.now.UnixMilli() - 1
-	res, err := acquireScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}:abandoned:x", "inflight:{t}:k",
-		"inflight:{t}:k", "inflight:{t}:abandoned:y"}, "x", 3000, 1, late, 1, "y").Int64Slice()
+	res, err := acquireScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:abandoned:x", "inflight:{t}:k",
+		"inflight:{t}:k", "inflight:{t}:abandoned:y"}, "x", 3000, 1, late, 1, 1000, 1, "y").Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{tooLate, m.now.UnixMilli()}, []int64{res[0], res[4]})
-	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}:k", "inflight:{t}:abandoned:x"},
-		3000, late, "x", putBack, 0, 1, 1).Int64Slice()
+	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k", "inflight:{t}:abandoned:x"},
+		3000, late, 1, 1000, "x", putBack, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{tooLate, m.now.UnixMilli()}, res)
 	assert.Empty(t, m.srv.Keys(), "nothing written")

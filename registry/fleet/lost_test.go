@@ -78,7 +78,9 @@ func TestExpiredLeaseGoesBackOnlyIfRoom(t *testing.T) {
 // Leases that Redis lost with its data (killed and restarted empty) go back
 // without a check, even over the cap that new admissions filled meanwhile:
 // their holders are still working. The epoch, gone with the data, tells
-// this from leases that expired.
+// this from leases that expired. The admissions here come from a process
+// that never saw the old epoch, which cannot tell the loss from a first
+// start, so nothing pauses them (see pause_test.go for the pause).
 func TestLeasesLostInRestartGoBack(t *testing.T) {
 	srv := fleettest.Start(t)
 	holder := New[string](srv.Client(), "r", 2, WithLeaseTTL(time.Minute))

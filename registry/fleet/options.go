@@ -46,8 +46,9 @@ type Lost int
 
 const (
 	// ReassertLost puts back without a cap check a lease that Redis lost
-	// with its data: its holder is still working, and the cap may be
-	// exceeded until enough holders release. A lease that expired goes
+	// with its data: its holder is still working. New admissions wait
+	// meanwhile, for one renewal round, so that the cap holds (see Lost
+	// leases in the package documentation). A lease that expired goes
 	// back only if every key it is missing from has room; if one has not,
 	// it is lost: counted (Stats.Lost), logged, its holder's context made
 	// by WithCancelOnLost is cancelled with the cause ErrLeaseLost, and the
@@ -126,10 +127,11 @@ func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavai
 func WithLostLeases(l Lost) Option { return func(c *config) { c.lost = l } }
 
 // WithBreaker opens the breaker after n consecutive failed calls (default
-// 3) and probes Redis every probe while it is open (default 250 ms); at
-// the same interval, while the breaker is closed, it puts into Redis the
-// leases admitted under the local registry alone when a call failed. It
-// panics if n < 1 or probe <= 0.
+// 3) and probes Redis every probe while it is open (default 250 ms), and
+// at each renewal's time (LeaseTTL/3) if that comes sooner; at the probe
+// interval, while the breaker is closed, it puts into Redis the leases
+// admitted under the local registry alone when a call failed, and makes
+// again a renewal that failed. It panics if n < 1 or probe <= 0.
 func WithBreaker(n int, probe time.Duration) Option {
 	if n < 1 || probe <= 0 {
 		panic(fmt.Sprintf("fleet: WithBreaker(%d, %v): need n >= 1 and probe > 0", n, probe))

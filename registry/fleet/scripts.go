@@ -20,14 +20,76 @@ import "github.com/redis/go-redis/v9"
 // tells a lease missing since it was last seen in Redis under the old one
 // that Redis lost it, while a lease missing under the same epoch expired.
 // The acquire and renew scripts set it when it is missing and return it.
+//
+// The pause: when Redis has lost its data, the leases of live holders are
+// missing until each holder's next renewal puts its lease back (without a
+// cap check: the holder is still working). Admitting new leases into the
+// empty keys meanwhile would let in up to the cap again on top of them. So
+// new admissions wait for one renewal round: <prefix>{<name>}#pause holds
+// the server time (ms) before which the acquire script admits no new lease,
+// expiring then. Renewals, put-backs without a check and carried leases are
+// exempt: they are the live holders coming back.
+//
+// Redis cannot tell a loss from a first start: both leave no key. A caller
+// can: it sends the epoch it last saw (0: none yet), and a script that
+// finds another one declares the pause, unless declared already, until the
+// epoch's birth plus the pause the caller sends (its renewal interval plus
+// a margin; 0 from a caller that puts no lost lease back). Counted from
+// the birth, not from the call, so that a caller that learns of the loss
+// late (the epoch was made by a process that had not seen the old one)
+// pauses only what is left of the round, and one that learns of it after
+// the round pauses nothing. A second loss inside the round makes a new
+// epoch, and a new pause from its birth.
+//
+// A pause is honoured only up to the epoch's birth plus the caller's own
+// lease TTL (a lease not renewed for a TTL would have expired anyway), so
+// that no value in the key, however far ahead, holds a caller for long.
+
+// epochLua is the start the acquire and renew scripts share: it reads the
+// epoch, making it if missing, declares the pause if the caller saw
+// another epoch, and returns the epoch and the time until which new
+// admissions are paused (0: not paused). Call it after now is known.
+const epochLua = `
+-- A key expires with its latest lease, never sooner: a lease of a
+-- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
+-- may be in it.
+local function cover(k, ttl)
+  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+end
+local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl)
+  local epoch = tonumber(redis.call('GET', epochKey))
+  if not epoch then
+    epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', epochKey, string.format('%.0f', epoch))
+  end
+  local born = math.floor(epoch / 1000)
+  if known > 0 and known ~= epoch and pause > 0 and redis.call('EXISTS', pauseKey) == 0 then
+    local untilT = born + math.min(pause, ttl)
+    if untilT > now then
+      redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
+    end
+  end
+  local paused = tonumber(redis.call('GET', pauseKey))
+  if not paused then return epoch, 0 end
+  return epoch, math.min(paused, born + ttl)
+end
+`
+
+// The fixed keys and arguments of an acquire call, before its capped keys
+// and their limits.
+const (
+	acquireKeys = 3
+	acquireArgs = 6
+)
 
 // acquireScript takes one lease on every key or on none.
 //
-//	KEYS: the epoch key, the lease id's tombstone, the n capped keys, then
-//	      for each carried (key, lease) pair the key and the lease id's
-//	      tombstone
-//	ARGV: lease id, ttl ms, n, the call's not-after time (0: none), each
-//	      capped key's limit, then the lease id of each carried pair
+//	KEYS: the epoch key, the pause key, the lease id's tombstone, the n
+//	      capped keys, then for each carried (key, lease) pair the key and
+//	      the lease id's tombstone
+//	ARGV: lease id, ttl ms, n, the call's not-after time (0: none), the
+//	      epoch the caller last saw (0: none), the pause ms it declares,
+//	      each capped key's limit, then the lease id of each carried pair
 //
 // Past its not-after time (see clock.go) it refuses to run, and changes
 // nothing. Otherwise it first puts in the carried pairs, without a cap
@@ -36,47 +98,42 @@ import "github.com/redis/go-redis/v9"
 // they count against it. A lease id whose tombstone exists was abandoned
 // (see abandonScript) and is refused. Otherwise it drops expired leases,
 // then: if the lease is already on every key (a retried call), it renews it
-// and admits; if any key is at its limit without this lease, it admits
-// nothing; otherwise it adds the lease to every key. It returns {admitted
-// (1, 0, -1 for an abandoned id, or tooLate), index of the full key
-// (1-based, 0 if none), its lease count, its earliest lease expiry (0 if
-// none), now, epoch (0 if too late)}, times in server milliseconds.
-var acquireScript = redis.NewScript(`
--- A key expires with its latest lease, never sooner: a lease of a
--- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
--- may be in it.
-local function cover(k, ttl)
-  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
-end
+// and admits; while new admissions are paused, it admits nothing; if any
+// key is at its limit without this lease, it admits nothing; otherwise it
+// adds the lease to every key. It returns {admitted (1; 0 for a full key;
+// acquirePaused; -1 for an abandoned id; or tooLate), index of the full key
+// (1-based, 0 if none), its lease count (the first key's if paused), its
+// earliest lease expiry (the pause's end if paused; 0 if none), now, epoch
+// (0 if too late)}, times in server milliseconds.
+var acquireScript = redis.NewScript(epochLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local notAfter = tonumber(ARGV[4])
 if notAfter > 0 and now > notAfter then return {-2, 0, 0, 0, now, 0} end
-local epoch = tonumber(redis.call('GET', KEYS[1]))
-if not epoch then
-  epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[1], string.format('%.0f', epoch))
-end
 local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-for j = 1, (#KEYS - 2 - n) / 2 do
-  local k, tomb = KEYS[1 + n + 2 * j], KEYS[2 + n + 2 * j]
+local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), ttl)
+for j = 1, (#KEYS - 3 - n) / 2 do
+  local k, tomb = KEYS[2 + n + 2 * j], KEYS[3 + n + 2 * j]
   if redis.call('EXISTS', tomb) == 0 then
-    redis.call('ZADD', k, now + ttl, ARGV[4 + n + j])
+    redis.call('ZADD', k, now + ttl, ARGV[6 + n + j])
     cover(k, ttl)
   end
 end
-if redis.call('EXISTS', KEYS[2]) == 1 then return {-1, 0, 0, 0, now, epoch} end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0, 0, 0, now, epoch} end
 local held = 0
 for i = 1, n do
-  local k = KEYS[2 + i]
+  local k = KEYS[3 + i]
   redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
   if redis.call('ZSCORE', k, id) then held = held + 1 end
 end
+if held < n and paused > now then
+  return {2, 0, redis.call('ZCARD', KEYS[4]), paused, now, epoch}
+end
 if held < n then
   for i = 1, n do
-    local k = KEYS[2 + i]
+    local k = KEYS[3 + i]
     local c = redis.call('ZCARD', k)
-    if c >= tonumber(ARGV[4 + i]) and not redis.call('ZSCORE', k, id) then
+    if c >= tonumber(ARGV[6 + i]) and not redis.call('ZSCORE', k, id) then
       local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
       local earliest = 0
       if first[2] then earliest = tonumber(first[2]) end
@@ -85,16 +142,23 @@ if held < n then
   end
 end
 for i = 1, n do
-  local k = KEYS[2 + i]
+  local k = KEYS[3 + i]
   redis.call('ZADD', k, now + ttl, id)
   cover(k, ttl)
 end
 return {1, 0, 0, 0, now, epoch}
 `)
 
-// tooLate is what the acquire and renew scripts return, first, when they
-// refuse to run past their not-after time.
-const tooLate = -2
+// What the acquire script returns first, besides 1 (admitted) and 0 (a key
+// is full).
+const (
+	// acquirePaused: new admissions are paused after Redis lost its data,
+	// until the time it returns fourth.
+	acquirePaused = 2
+	// tooLate: it refused to run past its not-after time. The renew script
+	// returns it too.
+	tooLate = -2
+)
 
 // What renewScript does with a lease it finds missing (a mode), and what
 // became of each lease (a status).
@@ -111,9 +175,10 @@ const (
 
 // renewScript extends leases that still exist, in one call for many.
 //
-//	KEYS: the epoch key, then for each lease its capped keys and its
-//	      tombstone
-//	ARGV: ttl ms, the call's not-after time (0: none), then for each
+//	KEYS: the epoch key, the pause key, then for each lease its capped keys
+//	      and its tombstone
+//	ARGV: ttl ms, the call's not-after time (0: none), the epoch the caller
+//	      last saw (0: none), the pause ms it declares, then for each
 //	      lease: its id, its mode, the epoch under which it was last known
 //	      to be in Redis (0: not known to be), its number of keys n, and
 //	      each key's limit
@@ -127,28 +192,19 @@ const (
 // was last seen under (Redis lost it); with reassert under the same epoch
 // (it expired), or if it was not known to be in Redis (it was lost before),
 // it is put back only if every key it is missing from has room by its
-// limit, else on none. Nothing is put back whose tombstone exists (a
-// late renewal must not bring back a lease released meanwhile). It returns
-// the epoch, now (server milliseconds), then each lease's status.
-var renewScript = redis.NewScript(`
--- A key expires with its latest lease, never sooner: a lease of a
--- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
--- may be in it.
-local function cover(k, ttl)
-  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
-end
+// limit, and new admissions are not paused (it would be one), else on
+// none. Nothing is put back whose tombstone exists (a late renewal must not
+// bring back a lease released meanwhile). It returns the epoch, now (server
+// milliseconds), then each lease's status.
+var renewScript = redis.NewScript(epochLua + `
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local notAfter = tonumber(ARGV[2])
 if notAfter > 0 and now > notAfter then return {-2, now} end
-local epoch = tonumber(redis.call('GET', KEYS[1]))
-if not epoch then
-  epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
-  redis.call('SET', KEYS[1], string.format('%.0f', epoch))
-end
 local ttl = tonumber(ARGV[1])
+local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ttl)
 local out = {epoch, now}
-local a, k = 3, 2
+local a, k = 5, 3
 while a <= #ARGV do
   local id, mode, known, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
   local missing = {}
@@ -168,8 +224,8 @@ while a <= #ARGV do
     status = 3
     if mode > 0 and redis.call('EXISTS', KEYS[k + n]) == 0 then
       local checked = mode == 1 and (known == 0 or known == epoch)
-      local room = true
-      if checked then
+      local room = not (checked and paused > now)
+      if checked and room then
         for _, i in ipairs(missing) do
           local key = KEYS[k + i]
           redis.call('ZREMRANGEBYSCORE', key, '-inf', now)

@@ -1,0 +1,82 @@
+package fleet
+
+import (
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// ErrPaused is the reason of a *slots.LimitError given while new
+// admissions wait after Redis lost its data (see the package
+// documentation): errors.Is finds it, and slots.ErrLimitReached, which it
+// wraps, so that an HTTP layer answers it as any refusal at the cap, with a
+// Retry-After for the end of the pause.
+var ErrPaused = fmt.Errorf("fleet: admissions paused after redis lost its data: %w", slots.ErrLimitReached)
+
+// pauseFor returns how long new admissions wait after Redis lost its data,
+// as a Registry with cfg declares it (see scripts.go): until every live
+// holder has renewed once. The heartbeat renews every TTL/3, so each
+// holder's next renewal starts within TTL/3 of the loss being found; the
+// margin is for its calls to end: each is bounded by the call timeout, and
+// it may take two (a call refused as late is made once more, and an open
+// breaker's probe pings before it renews). At most the TTL, as the call
+// timeout is at most TTL/3.
+//
+// A Registry that puts no lost lease back (ReportLost, CancelLost) declares
+// none: its holders do not come back, so there is nothing to wait for. It
+// still honours a pause another process declared.
+func pauseFor(cfg config) time.Duration {
+	if cfg.lost != ReassertLost {
+		return 0
+	}
+	return min(cfg.ttl/3+2*cfg.opTimeout, cfg.ttl)
+}
+
+// sawEpoch records epoch, told by a reply, and reports whether it replaced
+// another one: Redis lost its data since this process last heard from it.
+// Only a later epoch replaces an earlier one (an epoch is the server's time
+// at its making), so that a reply that comes late, from before the loss,
+// does not make the loss seem to happen twice.
+func (r *Registry[K]) sawEpoch(epoch int64) bool {
+	for {
+		old := r.epoch.Load()
+		if epoch <= old {
+			return false
+		}
+		if r.epoch.CompareAndSwap(old, epoch) {
+			if old == 0 {
+				return false // the first this process hears of: not a loss
+			}
+			r.logSafely(slog.LevelWarn, "fleet: redis lost its data; held leases go back, and new admissions wait one renewal round",
+				slog.String("registry", r.prefix), slog.Duration("pause", r.pause))
+			return true
+		}
+	}
+}
+
+// lostData is called when a reply to an admission tells that Redis lost
+// its data: the heartbeat puts the held leases back at once, rather than
+// at its next renewal, so that they are in long before the pause ends.
+func (r *Registry[K]) lostData() {
+	select {
+	case r.reassert <- struct{}{}:
+	default:
+	}
+}
+
+// pausedOutcome is the refusal of l's admission while new admissions wait
+// until the server time until, told by a reply at the server time now, with
+// n leases on l's first key.
+func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
+	r.stats.paused.Add(1)
+	// A reply cannot hold a caller for longer than a TTL (the script bounds
+	// the pause so too): no value in Redis, however far ahead, makes a
+	// waiter sleep for long.
+	retryIn := min(time.Duration(max(until-now, 0))*time.Millisecond, r.cfg.ttl)
+	// Retry-After in whole seconds, not before the pause ends.
+	after := max(time.Second, (retryIn + time.Second - 1).Truncate(time.Second))
+	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0], RetryAfter: after}
+	return outcome{err: le, full: 0, retryIn: retryIn, paused: true}
+}

@@ -1,0 +1,284 @@
+package fleet
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A lease TTL of a minute keeps the heartbeats out of the way in these
+// tests: renewals come when the test calls renew. The pause is then 21 s
+// (a renewal round of 20 s, and twice the call timeout of 500 ms), on the
+// server's clock, which the tests move.
+const (
+	pauseTTL  = time.Minute
+	pauseWait = 21 * time.Second
+)
+
+// knowing returns a Registry on m that has seen the current epoch (it made
+// one admission), as every process of a running fleet has.
+func knowing(t *testing.T, m *mini, limit int, opts ...Option) *Registry[string] {
+	t.Helper()
+	r := m.registry(limit, append([]Option{WithLeaseTTL(pauseTTL)}, opts...)...)
+	r.SetLimit("warm-up", slots.Unlimited) // each Registry its own, whatever the others' release
+	s, err := r.TryAcquire("warm-up")
+	require.NoError(t, err)
+	s.Release()
+	require.NotZero(t, r.epoch.Load())
+	return r
+}
+
+// lose makes Redis lose its data, as a restart without persistence does,
+// a moment later (an epoch is the server's time at its making: on a clock
+// that stood still, the new one would be the old one).
+func lose(m *mini) {
+	m.advance(time.Millisecond)
+	m.srv.FlushAll()
+}
+
+// After Redis lost its data, new admissions wait one renewal round while
+// live holders put their leases back: a TryAcquire meanwhile gets the
+// usual limit error, with a Retry-After for the end of the pause; the
+// holder's renewal is not held back; at the end of the pause admissions
+// resume, against the holder's lease.
+func TestPauseAfterDataLoss(t *testing.T) {
+	m := newMini(t)
+	holder := knowing(t, m, 2)
+	other := knowing(t, m, 2)
+	require.Equal(t, pauseWait, other.pause)
+	held, err := holder.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+	id := m.leases("k")[0]
+
+	lose(m)
+	_, err = other.TryAcquire("k")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.ErrorIs(t, err, ErrPaused)
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "answered as any refusal at the cap")
+	assert.Equal(t, "k", le.Key)
+	assert.Equal(t, 2, le.Limit)
+	assert.Equal(t, pauseWait, le.RetryAfter)
+	assert.Subset(t, []string{id}, m.leases("k"), "nothing admitted but the holder's lease")
+	until, err := m.srv.Get("inflight:{t}#pause")
+	require.NoError(t, err)
+	assert.Equal(t, strconv.FormatInt(m.now.Add(pauseWait).UnixMilli(), 10), until, "the pause, on the server's clock")
+
+	require.True(t, holder.renew(), "the holder's renewal is not held back")
+	assert.Equal(t, []string{id}, m.leases("k"), "its lease is back")
+	st := holder.Stats()
+	assert.Equal(t, uint64(1), st.Lost)
+	assert.Equal(t, uint64(1), st.Reasserted)
+
+	m.advance(pauseWait - 1500*time.Millisecond)
+	_, err = other.TryAcquireAll("k", "m")
+	require.ErrorAs(t, err, &le)
+	assert.ErrorIs(t, err, ErrPaused, "still paused")
+	assert.Equal(t, "k", le.Key, "a paused refusal names the first key")
+	assert.Equal(t, 1, le.InFlight)
+	assert.Equal(t, 2*time.Second, le.RetryAfter, "1.5 s, in whole seconds")
+	m.advance(1500 * time.Millisecond)
+	s, err := other.TryAcquire("k")
+	require.NoError(t, err, "the pause is over")
+	assert.False(t, s.Degraded())
+	assert.Len(t, m.leases("k"), 2)
+	_, err = other.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "the holder's lease counts")
+	assert.NotErrorIs(t, err, ErrPaused)
+	s.Release()
+	assert.Equal(t, uint64(2), other.Stats().Paused, "each paused try")
+}
+
+// A waiting Acquire keeps waiting through the pause, and is admitted when
+// it ends; one whose context ends meanwhile gets the context's error, and
+// nothing stays in Redis.
+func TestAcquireWaitsThroughPause(t *testing.T) {
+	m := newMini(t)
+	r := knowing(t, m, 1)
+	lose(m)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancelled := make(chan error, 1)
+	go func() {
+		_, err := r.Acquire(ctx, "other")
+		cancelled <- err
+	}()
+	type result struct {
+		s   *slots.Slot
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		s, err := r.Acquire(context.Background(), "k")
+		got <- result{s, err}
+	}()
+	eventually(t, "both refused as paused", func() bool { return r.Stats().Paused >= 2 })
+	assert.Equal(t, 2, r.Stats().Waiting, "still waiting")
+	cancel()
+	select {
+	case err := <-cancelled:
+		assert.ErrorIs(t, err, context.Canceled)
+	case <-time.After(10 * time.Second):
+		t.Fatal("a waiter whose context ended went on waiting")
+	}
+	assert.Empty(t, m.leases("other"))
+
+	m.advance(pauseWait)
+	r.wakeAll() // rather than wait for the end of the pause on the test's clock
+	select {
+	case res := <-got:
+		require.NoError(t, res.err)
+		assert.Len(t, m.leases("k"), 1)
+		res.s.Release()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiter was not admitted after the pause")
+	}
+	eventually(t, "nothing left", func() bool { return len(m.leases("k")) == 0 && r.Stats().Waiting == 0 })
+	assert.Equal(t, uint64(1), r.Stats().Rejected, "the cancelled waiter alone")
+}
+
+// Redis cannot tell a loss from a first start; a process that has not
+// seen an epoch cannot either, and is not held back. A process that saw
+// the old epoch pauses admissions when it first calls, until the new
+// epoch's birth plus the pause: what is left of the round.
+func TestPauseCountsFromTheEpochsBirth(t *testing.T) {
+	m := newMini(t)
+	fresh := m.registry(2, WithLeaseTTL(pauseTTL))
+	s, err := fresh.TryAcquire("k")
+	require.NoError(t, err, "a first start is not paused")
+	s.Release()
+
+	old := knowing(t, m, 2)
+	lose(m)
+	newcomer := m.registry(2, WithLeaseTTL(pauseTTL))
+	s, err = newcomer.TryAcquire("k")
+	require.NoError(t, err, "a process that never saw the old epoch cannot tell the loss")
+	defer s.Release()
+
+	m.advance(5 * time.Second)
+	_, err = old.TryAcquire("k")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.ErrorIs(t, err, ErrPaused, "the loss told by a process that saw the old epoch")
+	assert.Equal(t, pauseWait-5*time.Second, le.RetryAfter, "counted from the epoch's birth")
+	_, err = newcomer.TryAcquire("k")
+	assert.ErrorIs(t, err, ErrPaused, "every process honours it")
+
+	m.advance(pauseWait - 5*time.Second)
+	late, err := old.TryAcquire("k")
+	require.NoError(t, err)
+	late.Release()
+}
+
+// Leases missing while the epoch stayed (they expired; a failover to a
+// replica that had the epoch but not the leases looks the same) pause
+// nothing.
+func TestMissingLeasesWithTheEpochPauseNothing(t *testing.T) {
+	m := newMini(t)
+	holder := knowing(t, m, 1)
+	other := knowing(t, m, 1)
+	held, err := holder.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+	m.srv.Del("inflight:{t}:k")
+	s, err := other.TryAcquire("k")
+	require.NoError(t, err)
+	s.Release()
+	assert.Zero(t, other.Stats().Paused)
+	assert.False(t, m.srv.Exists("inflight:{t}#pause"))
+}
+
+// A Registry that puts no lost lease back (ReportLost, CancelLost)
+// declares no pause, as its holders do not come back; it honours one that
+// another process declared.
+func TestReportLostDeclaresNoPause(t *testing.T) {
+	m := newMini(t)
+	report := knowing(t, m, 2, WithLostLeases(ReportLost))
+	assert.Zero(t, report.pause)
+	lose(m)
+	s, err := report.TryAcquire("k")
+	require.NoError(t, err)
+	s.Release()
+
+	reassert := knowing(t, m, 2)
+	lose(m)
+	_, err = reassert.TryAcquire("k")
+	require.ErrorIs(t, err, ErrPaused)
+	_, err = report.TryAcquire("k")
+	assert.ErrorIs(t, err, ErrPaused)
+}
+
+// The scripts: the pause is declared once per epoch, by a caller that saw
+// another epoch; a second loss inside the pause starts a new one from its
+// own epoch's birth; a pause is honoured at most a TTL (the caller's) from
+// the epoch's birth, whatever the key says; a renewal that would put a
+// lease back only if there is room (one that expired, or was lost before)
+// counts as a new admission, and waits too.
+func TestPauseScripts(t *testing.T) {
+	m := newMini(t)
+	c := m.client()
+	ctx := context.Background()
+	const epochKey, pauseKey, key = "inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k"
+	acquire := func(id string, known int64, pause, ttl int64) []int64 {
+		t.Helper()
+		res, err := acquireScript.Run(ctx, c, []string{epochKey, pauseKey, "inflight:{t}:abandoned:" + id, key},
+			id, ttl, 1, 0, known, pause, 5).Int64Slice()
+		require.NoError(t, err)
+		require.Len(t, res, 6)
+		return res
+	}
+	renew := func(id string, mode int, leaseEpoch, known int64) int64 {
+		t.Helper()
+		res, err := renewScript.Run(ctx, c, []string{epochKey, pauseKey, key, "inflight:{t}:abandoned:" + id},
+			60000, 0, known, 2000, id, mode, leaseEpoch, 1, 5).Int64Slice()
+		require.NoError(t, err)
+		require.Len(t, res, 3)
+		return res[2]
+	}
+	ms := func(d time.Duration) int64 { return m.now.Add(d).UnixMilli() }
+
+	res := acquire("a", 0, 2000, 60000)
+	require.Equal(t, int64(1), res[0])
+	e1 := res[5]
+	m.srv.FlushAll()
+	m.advance(time.Second)
+	res = acquire("b", e1, 2000, 60000)
+	assert.Equal(t, []int64{acquirePaused, 0, 0, ms(2 * time.Second)}, res[:4], "declared: paused until birth + 2 s")
+	e2 := res[5]
+	assert.NotEqual(t, e1, e2)
+	res = acquire("b", e1, 9000, 60000)
+	assert.Equal(t, ms(2*time.Second), res[3], "declared once: a later caller does not move it")
+	assert.Equal(t, int64(leasePutBack), renew("a", reassert, e1, e1), "a lease Redis lost goes back without a check")
+	assert.Equal(t, int64(leaseGone), renew("x", reassert, 0, e2), "one lost before would be a new admission: it waits")
+	assert.Equal(t, int64(leaseGone), renew("y", reassert, e2, e2), "as one that expired")
+
+	m.advance(time.Second)
+	m.srv.FlushAll() // a second loss inside the pause
+	res = acquire("c", e2, 2000, 60000)
+	assert.Equal(t, []int64{acquirePaused, ms(2 * time.Second)}, []int64{res[0], res[3]}, "a new pause from the new birth")
+	e3 := res[5]
+	m.advance(2 * time.Second)
+	res = acquire("c", e3, 2000, 60000)
+	assert.Equal(t, int64(1), res[0], "over")
+	assert.Equal(t, int64(leaseRoom), renew("x", reassert, 0, e3), "after the pause, with room")
+
+	m.srv.Set(pauseKey, strconv.FormatInt(ms(time.Hour), 10)) // far ahead
+	res = acquire("d", e3, 2000, 3000)
+	assert.Equal(t, int64(acquirePaused), res[0])
+	assert.Equal(t, e3/1000+3000, res[3], "honoured at most the caller's TTL from the birth")
+	m.advance(time.Second)
+	res = acquire("d", e3, 2000, 3000)
+	assert.Equal(t, int64(1), res[0], "not past it")
+
+	m.srv.FlushAll()
+	res = acquire("e", e3, 0, 60000)
+	assert.Equal(t, int64(1), res[0], "a caller that declares no pause")
+	assert.False(t, m.srv.Exists(pauseKey))
+}
