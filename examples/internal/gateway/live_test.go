@@ -79,7 +79,7 @@ func TestGatewayLiveDrop(t *testing.T) {
 	// Loose bounds: real time on a loaded machine moves these figures (the
 	// virtual-time ones are bounded in pacing's own score).
 	assert.Less(t, static.RefusedShare(), 0.01, "the static cap that follows the hidden one sees hardly any 429s")
-	assert.LessOrEqual(t, learned.RefusedShare(), 0.08, "429s / attempts, learned")
+	assert.LessOrEqual(t, learned.RefusedShare(), 0.10, "429s / attempts, learned")
 	assert.GreaterOrEqual(t, goodput(learned, static), 0.80, "work served against the static cap at the true value")
 }
 
