@@ -77,8 +77,9 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, progress *pro
 	fmt.Fprintf(stdout, "\na provider whose cap is hidden and moves: %s in flight, %v each; %d turns (%d a second, median %v), clients not retrying\n\n",
 		joinInts(movingCaps, " → "), phase, len(turns), movingRate, movingMedian)
 
-	// A turn waits at most half a phase for the gateway's cap (3 s in the
-	// default run: pacing's score waits 30 s, in times ten times as long).
+	// A turn waits at most half a phase for the gateway's cap: 3 s in the
+	// default run, as pacing's score waits 30 s with every time ten times
+	// as long.
 	queue := pacing.Config{MaxQueue: 200, MaxQueueWaitMS: max(phase.Milliseconds()/2, 1)}
 	runs := []struct {
 		name string
@@ -203,24 +204,26 @@ func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []t
 	)
 	u.Start()
 	t0 := time.Now()
-	for i := range movingCaps {
-		end := time.Duration(i+1) * phase
-		time.AfterFunc(end-min(100*time.Millisecond, phase/10), func() {
-			if l := gw.Learned(); l.Enabled {
-				mu.Lock()
-				res.learnedAt = append(res.learnedAt, l.Cap)
-				mu.Unlock()
-			}
-		})
-	}
-	// What the provider served within the phases: the last phase's figures
-	// are taken at its end, however long the queue takes to drain after it.
-	var counts pacingtest.Counts
+	// The learned cap just before each change, and what the provider
+	// served within the phases: the last phase's figures are taken at its
+	// end, however long the queue takes to drain after it.
+	var (
+		learnedAt []int
+		counts    pacingtest.Counts
+	)
 	windowEnd := make(chan struct{})
-	time.AfterFunc(time.Duration(len(movingCaps))*phase, func() {
+	go func() {
+		defer close(windowEnd)
+		for i := range movingCaps {
+			end := time.Duration(i+1) * phase
+			time.Sleep(time.Until(t0.Add(end - min(100*time.Millisecond, phase/10))))
+			if l := gw.Learned(); l.Enabled {
+				learnedAt = append(learnedAt, l.Cap)
+			}
+		}
+		time.Sleep(time.Until(t0.Add(time.Duration(len(movingCaps)) * phase)))
 		counts = u.Counts()
-		close(windowEnd)
-	})
+	}()
 	for _, tn := range turns {
 		time.Sleep(time.Until(t0.Add(tn.at))) // arrivals on their own clock
 		wg.Go(func() {
@@ -238,6 +241,7 @@ func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []t
 	}
 	wg.Wait()
 	<-windowEnd
+	res.learnedAt = learnedAt
 	res.attempts, res.refused, res.turned = counts.Attempts, counts.Refused, int(gw.Provider().Rejected)
 	slices.Sort(latencies)
 	res.p50, res.p95 = percentile(latencies, 50), percentile(latencies, 95)
