@@ -482,4 +482,15 @@ func TestConfigFleet(t *testing.T) {
 	}
 	_, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://127.0.0.1:6379/0","on_unavailable":"closed"}}`))
 	assert.NoError(t, err)
+
+	// A learned cap is not shared across gateways yet: each would learn
+	// from its own count what only the fleet's count tells.
+	for _, adaptive := range []string{
+		`"provider":{"adaptive":{}}`,
+		`"provider":{"models":{"m":{"adaptive":{"max":8}}}}`,
+	} {
+		_, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://x"},` + adaptive + `}`))
+		assert.ErrorContains(t, err, "adaptive", adaptive)
+		assert.ErrorContains(t, err, "fleet", adaptive)
+	}
 }
