@@ -51,8 +51,9 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // wrapper. A request whose context can end (a proxied request's always can)
 // also pays the three allocations of the context.AfterFunc that frees the
 // slot when the context ends: AfterFunc's context, its stop func, and the
-// func it runs. A request with a body of known length pays two more: a
-// copy of the request and a wrapper of its body (see RoundTrip). A cut
+// func it runs. A request with a body of known length that is not in
+// memory (a proxy's, whose body is its server's) pays two more: a copy of
+// the request and a wrapper of its body (see RoundTrip). A cut
 // exchange with a linger pays for its timer.
 type Transport struct {
 	base   http.RoundTripper
@@ -266,10 +267,12 @@ func (b *sentBody) Read(p []byte) (int, error) {
 }
 
 // withSentBody returns req with its body read as a sentBody, if it has a
-// body of known length (a shallow copy: a RoundTripper must not modify the
-// request), else req.
+// body of known length that may be a server's (a shallow copy: a
+// RoundTripper must not modify the request), else req. A body with GetBody
+// is the client's own, in memory: net/http sends it with the header in one
+// write, which it could not tell for a wrapped one.
 func withSentBody(req *http.Request) *http.Request {
-	if req.ContentLength <= 0 || req.Body == nil || req.Body == http.NoBody {
+	if req.ContentLength <= 0 || req.Body == nil || req.Body == http.NoBody || req.GetBody != nil {
 		return req
 	}
 	r := *req

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -61,18 +62,23 @@ func TestTransportAllocs(t *testing.T) {
 	for _, tc := range []struct {
 		name  string
 		ctx   context.Context
-		body  bool // a body of known length
+		body  string // "server": a body of known length, as a server hands it on; "memory": a client's own
 		extra float64
 	}{
-		{"context that cannot end", context.Background(), false, 2},
-		{"context that can end", cancelable, false, 5},
-		{"body of known length", context.Background(), true, 4},
+		{"context that cannot end", context.Background(), "", 2},
+		{"context that can end", cancelable, "", 5},
+		{"a server's body of known length", context.Background(), "server", 4},
+		{"a body in memory", context.Background(), "memory", 2},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequestWithContext(tc.ctx, http.MethodGet, "http://upstream.invalid/v1/models", nil)
 			require.NoError(t, err)
-			if tc.body { // never read: the stub answers without it
+			switch tc.body { // never read: the stub answers without it
+			case "server":
 				req.Method, req.Body, req.ContentLength = http.MethodPost, eofBody{}, 15
+			case "memory":
+				req, err = http.NewRequestWithContext(tc.ctx, http.MethodPost, "http://upstream.invalid/v1/chat/completions", strings.NewReader(`{"stream":true}`))
+				require.NoError(t, err)
 			}
 			bare := roundTripAllocs(t, stubRoundTripper{}, req)
 			wrapped := roundTripAllocs(t, tr, req)
