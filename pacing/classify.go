@@ -197,7 +197,9 @@ func spentAllowances(h http.Header) (spent bool, reset time.Duration) {
 }
 
 // resetIn reads a reset header: a duration ("1.5s", "6m0s"), a number of
-// seconds, or a time (RFC 3339); 0 when it cannot be read or is past.
+// seconds, a Unix time in seconds or milliseconds (a number past 1e9 or
+// 1e12: no allowance resets decades from now), or a time (RFC 3339); 0
+// when it cannot be read or is past.
 func resetIn(v string) time.Duration {
 	v = strings.TrimSpace(v)
 	if v == "" {
@@ -207,6 +209,13 @@ func resetIn(v string) time.Duration {
 		return secondsUpToMax(d.Seconds())
 	}
 	if f, err := strconv.ParseFloat(v, 64); err == nil {
+		now := float64(time.Now().UnixMilli()) / 1000
+		switch {
+		case f >= unixMillisFrom:
+			return secondsUpToMax(f/1000 - now)
+		case f >= unixSecondsFrom:
+			return secondsUpToMax(f - now)
+		}
 		return secondsUpToMax(f)
 	}
 	if t, err := time.Parse(time.RFC3339, v); err == nil {
@@ -214,6 +223,12 @@ func resetIn(v string) time.Duration {
 	}
 	return 0
 }
+
+// A bare number in a reset header past these is a Unix time.
+const (
+	unixSecondsFrom = 1e9  // 2001, in seconds
+	unixMillisFrom  = 1e12 // 2001, in milliseconds
+)
 
 // maxRetryAfter bounds what an upstream may ask for: more is a mistake or
 // a quota reset, which QuotaPause handles.

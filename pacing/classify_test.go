@@ -3,6 +3,7 @@ package pacing_test
 import (
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -114,6 +115,14 @@ func TestResetHeadersGiveTheWait(t *testing.T) {
 			2 * time.Second, 2 * time.Second},
 		{"a reset over a day is a day", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"100000h"}},
 			24 * time.Hour, 24 * time.Hour},
+		{"a bare number of seconds", http.Header{"X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"7"}},
+			7 * time.Second, 7 * time.Second},
+		{"a Unix time in seconds", http.Header{"X-Ratelimit-Remaining-Requests": {"0"},
+			"X-Ratelimit-Reset-Requests": {strconv.FormatInt(time.Now().Add(20*time.Second).Unix(), 10)}}, 18 * time.Second, 21 * time.Second},
+		{"a Unix time in milliseconds", http.Header{"X-Ratelimit-Remaining-Requests": {"0"},
+			"X-Ratelimit-Reset-Requests": {strconv.FormatInt(time.Now().Add(20*time.Second).UnixMilli(), 10)}}, 19 * time.Second, 21 * time.Second},
+		{"a Unix time past", http.Header{"X-Ratelimit-Remaining-Requests": {"0"},
+			"X-Ratelimit-Reset-Requests": {strconv.FormatInt(time.Now().Add(-time.Hour).Unix(), 10)}}, 0, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			v := pacing.DefaultClassifier(429, tc.header, []byte(rate))
