@@ -366,7 +366,10 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // when it gives none): with a key pool the key's starts, else all of the
 // provider's; Overload also lowers a learned cap a little. A Quota verdict
 // takes the grant's API key out of the pool for its RetryAfter (QuotaPause
-// when it gives none). A bypassed grant reports nothing.
+// when it gives none). Other (a failed exchange: report it too) proves
+// nothing: a probe it was is withdrawn. A grant never reported is taken as
+// admitted a moment after its start, as a probe that no refusal followed.
+// A bypassed grant reports nothing.
 //
 // Only the first call for a grant counts: a later one, with whatever
 // verdict, changes nothing and is not counted in Learned.ByKind.
@@ -443,6 +446,13 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		if v.Kind == Overload && l != nil {
 			l.overloaded(gr.id, g.seq)
 			l.ev = Evidence{Kind: v.Kind, InFlight: n}
+		}
+	case Other:
+		// A failed exchange, or an answer about something else: no
+		// evidence, and a probe it was is withdrawn, not presumed
+		// admitted once its gap has passed.
+		for _, p := range path[:np] {
+			p.l.inconclusive(p.n)
 		}
 	case Quota:
 		if kl := g.keyByID[gr.Key]; kl != nil {

@@ -255,3 +255,23 @@ func TestTheTestOfACutKeepsTheFloor(t *testing.T) {
 		})
 	}
 }
+
+// TestAFailedProbeProvesNothing: a probe whose exchange failed (Other: a
+// reset, a dial error, a client gone) is withdrawn; it is not taken as
+// admitted once its gap has passed, so an upstream that drops what is over
+// its cap does not walk the cap up.
+func TestAFailedProbeProvesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 60_000}})
+		held := acquireN(t, g, 5)
+		require.Equal(t, 5, held[4].InFlight, "the fifth is a probe")
+		g.Report(held[4], pacing.Verdict{Kind: pacing.Other})
+		held[4].Slot.Release()
+		time.Sleep(3 * time.Second) // past any gap
+		assert.Equal(t, 4, g.Learned().Cap)
+		for _, h := range held[:4] {
+			h.Slot.Release()
+		}
+		g.Close()
+	})
+}
