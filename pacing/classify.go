@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 )
 
@@ -86,6 +87,79 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 		resp.Body = &prefixed{Reader: io.MultiReader(bytes.NewReader(prefix), rest), body: resp.Body}
 	}
 	return c(resp.StatusCode, resp.Header, prefix)
+}
+
+// ClassifyAsRead is Classify for an answer that must not be held up: a
+// proxy's, whose error body may come slowly (a stream that says what went
+// wrong and stays open). It never reads the body itself. For a status of
+// 400 or more it wraps resp.Body, which passes every byte on as it comes,
+// and report gets the verdict from the first MaxClassifyBody bytes once, at
+// the first of: that many bytes read, the body's end or a read error, its
+// Close. An answer under 400, without a body, or nil (classified as Other)
+// is reported at once. report may be called on the goroutine that reads or
+// closes the body, before the Read or Close returns.
+func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
+	if c == nil {
+		c = DefaultClassifier
+	}
+	switch {
+	case resp == nil:
+		report(Verdict{Kind: Other})
+		return
+	case resp.StatusCode < 400:
+		report(c(resp.StatusCode, resp.Header, nil))
+		return
+	case resp.Body == nil || resp.Body == http.NoBody:
+		report(c(resp.StatusCode, resp.Header, nil))
+		return
+	}
+	resp.Body = &classifying{body: resp.Body, status: resp.StatusCode, header: resp.Header, c: c, report: report}
+}
+
+// classifying is a body whose first bytes are kept, as they pass, for its
+// answer's verdict.
+type classifying struct {
+	body   io.ReadCloser
+	status int
+	header http.Header
+	c      Classifier
+	report func(Verdict)
+
+	mu     sync.Mutex // guards prefix and done; never held across the body's calls
+	prefix []byte
+	done   bool
+}
+
+func (b *classifying) Read(p []byte) (int, error) {
+	n, err := b.body.Read(p)
+	b.mu.Lock()
+	if !b.done {
+		b.prefix = append(b.prefix, p[:min(n, MaxClassifyBody-len(b.prefix))]...)
+	}
+	full := len(b.prefix) == MaxClassifyBody
+	b.mu.Unlock()
+	if full || err != nil {
+		b.decide()
+	}
+	return n, err
+}
+
+func (b *classifying) Close() error {
+	b.decide() // before the body goes: a Slot may be released after it
+	return b.body.Close()
+}
+
+// decide reports the verdict from the bytes seen so far, the first time.
+func (b *classifying) decide() {
+	b.mu.Lock()
+	if b.done {
+		b.mu.Unlock()
+		return
+	}
+	b.done = true
+	prefix := b.prefix
+	b.mu.Unlock()
+	b.report(b.c(b.status, b.header, prefix))
 }
 
 // prefixed is a body whose first bytes were read and put back.

@@ -1,10 +1,13 @@
 package pacing_test
 
 import (
+	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -131,4 +134,97 @@ func TestResetHeadersGiveTheWait(t *testing.T) {
 			assert.LessOrEqual(t, v.RetryAfter, tc.max)
 		})
 	}
+}
+
+// stalling is an error body that gives its first bytes and then nothing
+// until released, as an upstream that sends an error and holds the stream.
+type stalling struct {
+	first   string
+	release chan struct{}
+	closed  chan struct{}
+}
+
+func (s *stalling) Read(p []byte) (int, error) {
+	if s.first != "" {
+		n := copy(p, s.first)
+		s.first = s.first[n:]
+		return n, nil
+	}
+	select {
+	case <-s.release:
+		return 0, io.EOF
+	case <-s.closed:
+		return 0, errors.New("read on closed body")
+	}
+}
+
+func (s *stalling) Close() error { close(s.closed); return nil }
+
+func TestClassifyAsRead(t *testing.T) {
+	const zai = `{"error":{"code":"1302","message":"Rate limit reached for requests"}}`
+	record := func() (func(pacing.Verdict), func() []pacing.Verdict) {
+		var mu sync.Mutex
+		var got []pacing.Verdict
+		return func(v pacing.Verdict) { mu.Lock(); got = append(got, v); mu.Unlock() },
+			func() []pacing.Verdict { mu.Lock(); defer mu.Unlock(); return slices.Clone(got) }
+	}
+
+	t.Run("a slow error body is passed on as it comes, and classified by its Close", func(t *testing.T) {
+		report, got := record()
+		body := &stalling{first: zai, release: make(chan struct{}), closed: make(chan struct{})}
+		resp := &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {"2"}}, Body: body}
+		pacing.ClassifyAsRead(resp, nil, report)
+		assert.Empty(t, got(), "nothing is read before the caller reads")
+		buf := make([]byte, 512)
+		n, err := resp.Body.Read(buf)
+		require.NoError(t, err)
+		assert.Equal(t, zai, string(buf[:n]), "the first bytes pass at once")
+		assert.Empty(t, got(), "the body has not ended")
+		require.NoError(t, resp.Body.Close())
+		assert.Equal(t, []pacing.Verdict{{Kind: pacing.Concurrency, RetryAfter: 2 * time.Second}}, got(), "decided at Close, from what passed")
+	})
+	t.Run("at its end", func(t *testing.T) {
+		report, got := record()
+		resp := &http.Response{StatusCode: 429, Body: io.NopCloser(strings.NewReader(`{"error":{"code":"1303"}}`))}
+		pacing.ClassifyAsRead(resp, nil, report)
+		all, err := io.ReadAll(resp.Body)
+		require.NoError(t, err)
+		assert.Equal(t, `{"error":{"code":"1303"}}`, string(all))
+		assert.Equal(t, []pacing.Verdict{{Kind: pacing.Rate}}, got())
+		resp.Body.Close()
+		assert.Len(t, got(), 1, "once")
+	})
+	t.Run("once MaxClassifyBody bytes have passed, before the rest", func(t *testing.T) {
+		report, got := record()
+		long := zai + strings.Repeat(" ", pacing.MaxClassifyBody)
+		body := &stalling{first: long, release: make(chan struct{}), closed: make(chan struct{})}
+		resp := &http.Response{StatusCode: 429, Body: body}
+		pacing.ClassifyAsRead(resp, nil, report)
+		_, err := io.ReadFull(resp.Body, make([]byte, len(long)))
+		require.NoError(t, err)
+		assert.Equal(t, []pacing.Verdict{{Kind: pacing.Concurrency}}, got(), "decided from the first 4 KiB, the body still open")
+		resp.Body.Close()
+		assert.Len(t, got(), 1)
+	})
+	t.Run("a success, a nil answer and an empty body at once", func(t *testing.T) {
+		report, got := record()
+		pacing.ClassifyAsRead(&http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("data"))}, nil, report)
+		pacing.ClassifyAsRead(nil, nil, report)
+		pacing.ClassifyAsRead(&http.Response{StatusCode: 529, Body: http.NoBody}, nil, report)
+		assert.Equal(t, []pacing.Verdict{{Kind: pacing.Admitted}, {Kind: pacing.Other}, {Kind: pacing.Overload}}, got())
+	})
+	t.Run("a Close racing a Read reports once", func(t *testing.T) {
+		report, got := record()
+		body := &stalling{first: zai, release: make(chan struct{}), closed: make(chan struct{})}
+		resp := &http.Response{StatusCode: 429, Body: body}
+		pacing.ClassifyAsRead(resp, nil, report)
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			_, _ = io.ReadAll(resp.Body)
+		}()
+		resp.Body.Close()
+		<-done
+		assert.Len(t, got(), 1)
+	})
 }

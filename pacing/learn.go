@@ -355,9 +355,10 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 }
 
 // Report tells the Gate how the upstream answered the request of gr: call
-// it once per grant, as soon as the answer's status is known (before its
-// body is read), and before the grant's Slot is released, with the verdict
-// of Classify. With learning on, Admitted and Concurrency move the learned
+// it once per grant, as soon as the answer is known, and before the
+// grant's Slot is released, with the verdict of Classify (or of
+// ClassifyAsRead, which gives it as the answer's body passes, before the
+// body's end can release the slot). With learning on, Admitted and Concurrency move the learned
 // caps on the request's path (its model's, with ModelConfig.Adaptive; its
 // key's, when a key pool learns; the provider's, with Config.Adaptive): an
 // admission proves each of them, a refusal counts against the most specific

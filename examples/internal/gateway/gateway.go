@@ -457,8 +457,10 @@ func (t reporter) RoundTrip(r *http.Request) (*http.Response, error) {
 	if err != nil {
 		answer = nil // a response that comes with an error is dropped
 	}
-	// Classify reads at most a bounded prefix of an error body and puts it
-	// back, so the client still gets the upstream's whole answer.
-	t.gate.Report(p.grant, pacing.Classify(answer, nil))
+	// An error answer is classified from its first bytes as the proxy
+	// passes them on, not held up for them: its body may come slowly. The
+	// verdict comes at the latest when the body ends or is closed, and so
+	// before the slots Transport, above, can free the slot.
+	pacing.ClassifyAsRead(answer, nil, func(v pacing.Verdict) { t.gate.Report(p.grant, v) })
 	return resp, err
 }

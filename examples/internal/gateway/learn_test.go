@@ -1,7 +1,9 @@
 package gateway
 
 import (
+	"bufio"
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -178,10 +180,53 @@ func TestGatewayRelaysTheWholeErrorBody(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, tc.status, a.status)
 			assert.Equal(t, tc.body, a.body, "the body as the upstream sent it")
-			assert.Equal(t, uint64(1), gw.Learned().ByKind[tc.kind], "the answer is reported as %v", tc.kind)
+			// Reported as the proxy reads the body's end, which may come
+			// just after the client has all of it.
+			waitFor(t, fmt.Sprint("the answer is reported as ", tc.kind), func() bool { return gw.Learned().ByKind[tc.kind] == 1 })
 			waitFor(t, "the slots come back", func() bool { return gw.Provider().InFlight == 0 && gw.TenantKeys() == 0 })
 		})
 	}
+}
+
+// TestGatewayPassesASlowErrorBodyOn: an error answer whose body stays open
+// (an upstream that streams why it refused) reaches the client as it
+// comes; the answer is classified from what has passed by the time the
+// body ends, before its slot is freed.
+func TestGatewayPassesASlowErrorBodyOn(t *testing.T) {
+	release := make(chan struct{})
+	const event = `data: {"error":{"code":"1302","message":"Rate limit reached for requests"}}` + "\n"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, event)
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(up.Close)
+	srv, gw := startGatewayWith(t, up.URL, `{"upstream": "%s", "provider": {"adaptive": {}}}`)
+	// Bounded: a gateway that waits for the body's end fails here instead
+	// of hanging.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	resp, err := post(ctx, t, srv.Client(), srv.URL, "org-a", "glm-5")
+	require.NoError(t, err, "the status comes while the body is still open")
+	defer resp.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+	r := bufio.NewReader(resp.Body)
+	line, err := r.ReadString('\n')
+	require.NoError(t, err)
+	assert.Equal(t, event, line)
+	assert.Equal(t, 1, gw.Provider().InFlight, "the answer still holds its slot")
+	assert.Zero(t, gw.Learned().ByKind[pacing.Concurrency], "not decided while the body is open")
+
+	close(release)
+	_, err = io.ReadAll(r)
+	require.NoError(t, err)
+	waitFor(t, "the 429 is reported", func() bool { return gw.Learned().ByKind[pacing.Concurrency] == 1 })
+	waitFor(t, "the slot comes back", func() bool { return gw.Provider().InFlight == 0 })
 }
 
 // TestGatewayReportsEachGrantOnce: every request that reaches the upstream
