@@ -195,6 +195,9 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
 			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
 		if g.ad.onChange != nil {
+			if len(g.ad.pending) >= MaxPendingChanges {
+				g.ad.pending = g.ad.pending[1:] // the oldest goes; Seq shows the gap
+			}
 			g.ad.pending = append(g.ad.pending, c)
 		}
 	}
@@ -220,9 +223,20 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		now := g.eng.Clock.Nanos()
 		l.tick(now)
 		g.learnedLocked(now)
+		// The hook runs on this goroutine, where a panic would end the
+		// process: it is logged instead.
+		defer func() {
+			if v := recover(); v != nil {
+				g.eng.Policy.Log().Error("pacing: OnLimitChange hook panicked", slog.String("provider", g.name), slog.Any("panic", v))
+			}
+		}()
 		g.redispatchLocked(now)
 	})
 }
+
+// MaxPendingChanges bounds the changes queued for an OnLimitChange hook
+// that has not returned: past it, the oldest queued is dropped.
+const MaxPendingChanges = 1024
 
 // learningLocked reports whether l is still one of the Gate's learners.
 func (g *Gate) learningLocked(l *learner) bool {
@@ -311,8 +325,11 @@ type LimitChange struct {
 // Reconfigure, a timer of the Gate's); while one goroutine delivers, the
 // changes that others make are queued for it, and they return without
 // waiting for f. So f should return quickly: it delays the request whose
-// answer is being delivered, and a call of f that blocks holds back every
-// later change. After OnLimitChange returns, a call of the previous hook
+// answer is being delivered (and that request's goroutine delivers what the
+// others queue meanwhile), and a call of f that blocks holds back every
+// later change; at most MaxPendingChanges wait, the newest, and the gaps in
+// Seq show what was dropped. A panic of f goes up to the caller that was
+// delivering, or, on a timer of the Gate's, is logged. After OnLimitChange returns, a call of the previous hook
 // may still be under way, but none starts.
 func (g *Gate) OnLimitChange(f func(LimitChange)) {
 	g.mu.Lock()

@@ -2,8 +2,10 @@ package pacing_test
 
 import (
 	"context"
+	"log/slog"
 	"math/rand/v2"
 	"runtime"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // hookLog records what an OnLimitChange hook was called with, as each
@@ -200,3 +203,83 @@ func TestLimitChangesHammer(t *testing.T) {
 		}
 	})
 }
+
+// TestLimitChangesWhileTheHookIsStuck: the changes queued for a hook that
+// does not return are bounded; the oldest go first, and the numbers of
+// those delivered show the gap.
+func TestLimitChangesWhileTheHookIsStuck(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, lowered(0))
+		var h hookLog
+		var first atomic.Bool
+		unblock := make(chan struct{})
+		g.OnLimitChange(func(c pacing.LimitChange) {
+			if first.CompareAndSwap(false, true) {
+				<-unblock
+			}
+			h.enter()
+			h.leave(c)
+		})
+		held := acquireN(t, g, 5)
+		go g.Report(held[4], refused) // its delivery is held by the hook
+		synctest.Wait()
+		// Each turn stops learning and starts it again at its initial cap
+		// of 4, under a ceiling of 2 or 3: a change each time.
+		const made = 3 * pacing.MaxPendingChanges
+		for i := range made {
+			require.NoError(t, g.Reconfigure(pacing.Config{}))
+			require.NoError(t, g.Reconfigure(lowered(2+i%2)))
+		}
+		close(unblock)
+		synctest.Wait()
+		got := h.changes()
+		require.Equal(t, pacing.MaxPendingChanges+1, len(got), "the stuck call's change, then as many as the bound keeps")
+		for i := 1; i < len(got); i++ {
+			assert.Greater(t, got[i].Seq, got[i-1].Seq, "in order")
+		}
+		assert.Greater(t, got[1].Seq-got[0].Seq, uint64(1), "the oldest queued were dropped: a gap")
+		assert.Equal(t, g.Learned().Cap, got[len(got)-1].Cap, "the newest are kept")
+		g.Close()
+	})
+}
+
+// TestAHookThatPanicsOnATimer: a change that a Gate's own timer makes (here
+// a probe taken as admitted once its gap has passed) is delivered on the
+// timer's goroutine, where a panic of the hook would end the process: it
+// is logged instead, and later changes are delivered.
+func TestAHookThatPanicsOnATimer(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs strings.Builder
+		var mu sync.Mutex
+		log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {
+			mu.Lock()
+			defer mu.Unlock()
+			return logs.Write(p)
+		}), nil))
+		g, err := pacing.NewGate("zai", lowered(0), slots.WithLogger(log))
+		require.NoError(t, err)
+		var calls atomic.Int32
+		g.OnLimitChange(func(c pacing.LimitChange) {
+			if calls.Add(1) == 1 {
+				panic("hook failed")
+			}
+		})
+		held := acquireN(t, g, 5)   // the fifth is a probe
+		time.Sleep(3 * time.Second) // past its gap: the timer takes it as admitted
+		synctest.Wait()
+		require.Equal(t, int32(1), calls.Load(), "the timer's change reached the hook")
+		mu.Lock()
+		assert.Contains(t, logs.String(), "hook failed")
+		mu.Unlock()
+		require.NoError(t, g.Reconfigure(lowered(3)))
+		assert.Equal(t, int32(2), calls.Load(), "later changes are delivered")
+		for _, h := range held {
+			h.Slot.Release()
+		}
+		g.Close()
+	})
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
