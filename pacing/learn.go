@@ -317,7 +317,8 @@ type LimitChange struct {
 }
 
 // OnLimitChange sets f to be called with each change of a learned cap or
-// ceiling made from then on (nil: none), for events and metrics.
+// ceiling made from then on (nil: none), for events and metrics; changes
+// made before it and not delivered yet go to f too.
 //
 // f is called after the Gate's lock is released, so it may call the Gate's
 // methods, and one call at a time, in the order of LimitChange.Seq. The
