@@ -166,8 +166,20 @@ func TestRestartUnderLoadKeepsTheCap(t *testing.T) {
 		}
 		return n
 	}
-	require.Eventually(t, func() bool { return up.inFlight() == limit && waiting() > 0 },
-		10*time.Second, time.Millisecond, "the cap full, and waiters queued")
+	// Every replica has heard from Redis, as every process of a running
+	// fleet has: one whose first calls are still on their way at the kill
+	// cannot tell the loss from a first start (see Lost leases), and what
+	// it admits before the others call is not held back.
+	knows := func() bool {
+		for _, r := range regs {
+			if r.epoch.Load() == 0 {
+				return false
+			}
+		}
+		return true
+	}
+	require.Eventually(t, func() bool { return up.inFlight() == limit && waiting() > 0 && knows() },
+		10*time.Second, time.Millisecond, "the cap full, waiters queued, every replica has heard from Redis")
 
 	killed := time.Now()
 	srv.Kill()
