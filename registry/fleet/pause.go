@@ -56,9 +56,11 @@ func (r *Registry[K]) sawEpoch(epoch int64) bool {
 	}
 }
 
-// lostData is called when a reply to an admission tells that Redis lost
-// its data: the heartbeat puts the held leases back at once, rather than
-// at its next renewal, so that they are in long before the pause ends.
+// lostData is called when a reply tells that Redis lost its data: the
+// heartbeat puts the held leases back at once, rather than at its next
+// renewal, so that they are in long before the pause ends. (A renewal
+// that meets the loss puts back its own batch; the leases of its earlier
+// batches, renewed before the loss, go back with the next.)
 func (r *Registry[K]) lostData() {
 	select {
 	case r.reassert <- struct{}{}:
