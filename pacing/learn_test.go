@@ -106,28 +106,57 @@ func TestLearnedCapFalls(t *testing.T) {
 			assert.Equal(t, 5, g.Learned().Limit, "one start may test the ceiling again")
 		})
 	})
-	t.Run("a refusal at a count proven since the last cut halves the cap; more refusals step down", func(t *testing.T) {
+	// refuseAt starts one request with n in flight (releasing holders down
+	// to n-1 first) and reports it refused.
+	refuseAt := func(t *testing.T, g *pacing.Gate, held *[]pacing.Grant, n int) {
+		t.Helper()
+		for len(*held) >= n {
+			(*held)[len(*held)-1].Slot.Release()
+			*held = (*held)[:len(*held)-1]
+		}
+		next := acquireN(t, g, 1)[0]
+		require.Equal(t, n, next.InFlight)
+		g.Report(next, refused)
+		next.Slot.Release()
+	}
+	t.Run("refusals at a proven count step down twice, then halve the cap; more refusals step down", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 12, RetestMS: 60_000}})
+			held := acquireN(t, g, 12)
+			for _, h := range held {
+				g.Report(h, admitted)
+			}
+			refuseAt(t, g, &held, 12)
+			l := g.Learned()
+			assert.Equal(t, 11, l.Cap, "one step: a single refusal may be noise")
+			assert.Equal(t, 11, l.Ceiling)
+			refuseAt(t, g, &held, 11)
+			assert.Equal(t, 9, g.Learned().Cap, "refused again before any admission: two steps")
+			refuseAt(t, g, &held, 9)
+			assert.Equal(t, 4, g.Learned().Cap, "a third time: the cap fell, halved")
+			refuseAt(t, g, &held, 4)
+			assert.Equal(t, 2, g.Learned().Cap, "then steps of 2, 4, 8, ...")
+			refuseAt(t, g, &held, 2)
+			assert.Equal(t, 1, g.Learned().Cap, "down to the floor")
+		})
+	})
+	t.Run("a refusal that an admission follows was noise: the cap stays one down", func(t *testing.T) {
 		synctest.Test(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 8, RetestMS: 60_000}})
 			held := acquireN(t, g, 8)
 			for _, h := range held {
 				g.Report(h, admitted)
 			}
-			held[7].Slot.Release()
-			next := acquireN(t, g, 1)[0]
-			require.Equal(t, 8, next.InFlight)
-			g.Report(next, refused)
-			next.Slot.Release()
-			l := g.Learned()
-			assert.Equal(t, 4, l.Cap, "halved")
-			assert.Equal(t, 7, l.Ceiling)
-			for _, h := range held[3:7] {
-				h.Slot.Release()
-			}
-			next = acquireN(t, g, 1)[0]
-			require.Equal(t, 4, next.InFlight)
-			g.Report(next, refused)
-			assert.Equal(t, 3, g.Learned().Cap, "a second refusal steps down by one")
+			refuseAt(t, g, &held, 8)
+			require.Equal(t, 7, g.Learned().Cap)
+			held[len(held)-1].Slot.Release()
+			held = held[:len(held)-1]
+			test := acquireN(t, g, 1)[0] // the test of the cut
+			require.Equal(t, 7, test.InFlight)
+			g.Report(test, admitted)
+			held = append(held, test)
+			refuseAt(t, g, &held, 7)
+			assert.Equal(t, 6, g.Learned().Cap, "a new streak: one step again, not a halving")
 		})
 	})
 	t.Run("evidence from before a cut is stale", func(t *testing.T) {

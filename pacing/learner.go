@@ -25,13 +25,16 @@ import (
 // A refusal of a probe sets the ceiling hi to the count below it (or keeps
 // lo, for a start that a probe passed on its way); the next probe above hi
 // waits retest, so holding a steady cap costs one 429 per retest. A
-// refusal at a count that had been proven since the last cut means the cap
-// fell: lo halves at once (a drop is usually large, and each start over the
-// new cap is a 429 until enough holders finish), and further refusals
-// before any admission step down by 1, 2, 4, ...
-// After a cut, starts go one at a time until one is admitted: a refusal
-// takes a round trip to arrive, and starts in that time would meet the same
-// fallen cap.
+// refusal at a count within lo means the cap fell, or is noise: over a
+// network a client sees an answer end a moment after its upstream let it
+// go, so a count seen admitted may be one or two over what the upstream
+// had. The first refusal since an admission takes lo one below its count,
+// a second two below; a third means the cap fell, and lo halves (a drop is
+// usually large, and each start over the new cap is a 429 until enough
+// holders finish); further refusals before any admission step down by 2,
+// 4, 8, ... After a cut, starts go one at a time until one is admitted: a
+// refusal takes a round trip to arrive, and starts in that time would meet
+// the same fallen cap.
 type learner struct {
 	lane        *core.Lane // whose Limit it drives
 	model, key  string     // the model or the API key of lane; neither for the provider
@@ -41,7 +44,6 @@ type learner struct {
 	lo     int    // starts up to lo go without a test
 	hi     int    // the cap is at most hi, as of hiAt (ceil: unknown)
 	hiAt   int64  // clock nanos
-	proven int    // the highest start admitted since the last cut
 	cutSeq uint64 // starts numbered up to it came before the last cut: stale evidence
 	streak int    // refusals since the last admission after a cut
 
@@ -192,7 +194,6 @@ func (l *learner) admitted(n int, id uint64) {
 		return
 	}
 	l.streak = 0
-	l.proven = max(l.proven, n)
 	l.raise(n)
 }
 
@@ -203,7 +204,6 @@ func (l *learner) batchDone(n int) {
 		l.step = min(2*max(l.step, 1), maxStep)
 	}
 	l.probeN, l.streak = 0, 0
-	l.proven = max(l.proven, n)
 	l.raise(n)
 }
 
@@ -229,25 +229,29 @@ func (l *learner) refused(m int, id uint64, at, now int64, seq uint64) {
 		l.lo = min(max(m-1, l.lo, l.floor), l.ceil)
 		l.hi = l.lo
 		l.hiAt, l.cutSeq = now, seq
-		l.proven = min(l.proven, l.lo)
 		l.probeN, l.step = 0, 1
 		return
 	}
 	l.streak++
 	switch {
-	case l.streak == 1 && m <= l.proven:
-		// A count admitted since the last cut is refused now: the cap
-		// fell, by how much is unknown.
-		l.lo = m / 2
 	case l.streak <= 2:
-		l.lo = m - 1
+		// The first refusals since an admission may be noise: over a
+		// network the upstream lets a request go a moment before its
+		// client sees the end, so a count the client saw admitted may
+		// have been one or two more than the upstream had. A step down,
+		// then two; the tests of the cut that follow tell a fall from
+		// noise.
+		l.lo = m - l.streak
+	case l.streak == 3:
+		// Refused a third time before any admission: the cap fell, by
+		// how much is unknown (a drop is usually large).
+		l.lo = m / 2
 	default:
-		l.lo = m - 1<<(l.streak-2)
+		l.lo = m - 1<<(l.streak-3)
 	}
 	l.lo = min(max(l.lo, l.floor), l.ceil)
 	l.hi = max(min(m-1, l.ceil), l.lo)
 	l.hiAt, l.cutSeq = now, seq
-	l.proven = 0
 	l.probeN, l.step = 0, 1
 }
 

@@ -24,8 +24,9 @@ type Scenario struct {
 	Duration time.Duration
 	Rate     float64 // arrivals a second
 	Median   time.Duration
-	Sigma    float64 // of the service time's logarithm; 1 when 0
-	Foreign  int     // the other client's requests always in flight
+	Sigma    float64       // of the service time's logarithm; 1 when 0
+	Foreign  int           // the other client's requests always in flight
+	EndDelay time.Duration // see Upstream.EndDelay
 	Seed     uint64
 }
 
@@ -40,6 +41,12 @@ var (
 	// Shared: Drop with 2 requests of another client always in flight.
 	Shared = Scenario{Name: "20→8→30, 2 foreign", Schedule: Drop.Schedule,
 		Duration: Drop.Duration, Rate: Drop.Rate, Median: Drop.Median, Sigma: 1, Foreign: 2, Seed: 1}
+	// Lagged: Drop over a network whose answers' ends reach the client
+	// 20 ms after the provider has let them go (see Upstream.EndDelay):
+	// a count the client saw admitted may be one or two over what the
+	// provider had.
+	Lagged = Scenario{Name: "20→8→30, ends 20 ms late", Schedule: Drop.Schedule,
+		Duration: Drop.Duration, Rate: Drop.Rate, Median: Drop.Median, Sigma: 1, EndDelay: 20 * time.Millisecond, Seed: 1}
 	// Fast: caps 50, 10, 60; 40 arrivals a second of median 1 s (about 66
 	// wanted in flight).
 	Fast = Scenario{Name: "fast 50→10→60", Schedule: []Step{{0, 50}, {120 * time.Second, 10}, {240 * time.Second, 60}},
@@ -105,7 +112,7 @@ func ScoreFollowing(sc Scenario, cfg pacing.Config, capOf func(hidden int) int) 
 }
 
 func run(sc Scenario, cfg pacing.Config, capOf func(int) int) Result {
-	u := &Upstream{Schedule: sc.Schedule, Foreign: sc.Foreign}
+	u := &Upstream{Schedule: sc.Schedule, Foreign: sc.Foreign, EndDelay: sc.EndDelay}
 	if capOf != nil && len(sc.Schedule) > 0 {
 		cfg.MaxConcurrentRequests = capOf(sc.Schedule[0].Cap)
 	}

@@ -61,7 +61,12 @@ type Upstream struct {
 	// HeaderDelay is how long an admitted request's headers take (the time
 	// to the first token), at most its service time; 300 ms when zero.
 	HeaderDelay time.Duration
-	Shape       Shape
+	// EndDelay is how long after the provider has let go of an answered
+	// request its client sees the end: the last bytes still on their way.
+	// Meanwhile the provider counts the request no longer, while the
+	// client still holds its slot, as over a real network; 0: none.
+	EndDelay time.Duration
+	Shape    Shape
 
 	mu     sync.Mutex // protects the fields below
 	t0     time.Time
@@ -190,6 +195,7 @@ func (s *stream) Read(p []byte) (int, error) {
 	}
 	s.done = true
 	s.finish(true)
+	sleep(s.req, s.u.EndDelay)
 	return 0, io.EOF
 }
 
