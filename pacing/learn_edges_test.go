@@ -275,3 +275,34 @@ func TestAFailedProbeProvesNothing(t *testing.T) {
 		g.Close()
 	})
 }
+
+// TestRaisingMinDuringTheTestOfACut: a floor raised while the test of a
+// cut is out binds at once.
+func TestRaisingMinDuringTheTestOfACut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := func(floor int) pacing.Config {
+			return pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: floor, Initial: 8, RetestMS: 60_000}}
+		}
+		g := newGate(t, cfg(1))
+		held := acquireN(t, g, 8)
+		for _, h := range held {
+			g.Report(h, admitted)
+		}
+		held[7].Slot.Release()
+		next := acquireN(t, g, 1)[0]
+		g.Report(next, refused)
+		next.Slot.Release()
+		for _, h := range held[:7] {
+			h.Slot.Release()
+		}
+		test := acquireN(t, g, 1)[0] // the test of the cut is out
+		require.Equal(t, 1, g.Learned().Limit)
+		require.NoError(t, g.Reconfigure(cfg(3)))
+		assert.Equal(t, 3, g.Learned().Limit, "the new floor")
+		more := acquireN(t, g, 2)
+		for _, h := range append(more, test) {
+			h.Slot.Release()
+		}
+		g.Close()
+	})
+}

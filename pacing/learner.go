@@ -83,9 +83,12 @@ func (l *learner) configure(a *AdaptiveConfig, configured int) {
 	}
 	l.lo = min(max(l.lo, l.floor), l.ceil)
 	l.hi = min(max(l.hi, l.lo), l.ceil)
-	// A batch of probes out when the ceiling falls keeps its evidence, but
-	// its top must not pass the new ceiling: the limit is read from it.
-	l.probeTop = min(l.probeTop, l.ceil)
+	// A batch of probes (or the test of a cut) out when the bounds change
+	// keeps its evidence, but its top must stay within them: the limit is
+	// read from it.
+	if l.probeN != 0 {
+		l.probeTop = min(max(l.probeTop, l.floor), l.ceil)
+	}
 }
 
 // stop stops the timer; a nil learner has none.
