@@ -137,13 +137,18 @@
 //     counted from the new epoch's birth, still covers the rest of the
 //     round.
 //   - Processes must all honour the pause, and renew within the round of
-//     the process that declared it (a rolling deploy that lengthens
-//     WithLeaseTTL may not).
+//     the process that declared it: a process whose LeaseTTL is longer
+//     (a rolling deploy that lengthens WithLeaseTTL) renews in a longer
+//     round, and its leases may come back after the pause.
 //
 // A second loss inside the round makes a new epoch, and a new pause. A
-// pause is honoured at most one LeaseTTL (the asking process's) past the
-// epoch's birth, whatever Redis holds. A Registry that puts no lost lease
-// back (ReportLost, CancelLost) declares no pause, but honours one.
+// pause is honoured to its end, whichever process's TTL set it; an end
+// more than the larger of the asking process's LeaseTTL and 5 minutes
+// past the epoch's birth, or past now (a server clock stepped back), is
+// not honoured at all, whatever Redis holds. Every Registry declares the
+// pause, whatever its WithLostLeases (its own holders may not come back,
+// but other processes' may). An admission whose keys are all at
+// slots.Unlimited is not paused.
 //
 // # Waiting
 //

@@ -25,12 +25,9 @@ var ErrPaused = fmt.Errorf("fleet: admissions paused after redis lost its data: 
 // timeout is at most TTL/3.
 //
 // A Registry that puts no lost lease back (ReportLost, CancelLost) declares
-// none: its holders do not come back, so there is nothing to wait for. It
-// still honours a pause another process declared.
+// the pause too: its own holders do not come back, but those of the
+// processes that do may be live, and it may be the first to find the loss.
 func pauseFor(cfg config) time.Duration {
-	if cfg.lost != ReassertLost {
-		return 0
-	}
 	return min(cfg.ttl/3+2*cfg.opTimeout, cfg.ttl)
 }
 

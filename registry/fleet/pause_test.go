@@ -196,23 +196,70 @@ func TestMissingLeasesWithTheEpochPauseNothing(t *testing.T) {
 }
 
 // A Registry that puts no lost lease back (ReportLost, CancelLost)
-// declares no pause, as its holders do not come back; it honours one that
-// another process declared.
-func TestReportLostDeclaresNoPause(t *testing.T) {
+// declares the pause all the same: the other processes' holders may be
+// live. First to find the loss, it would otherwise let new leases into
+// the emptied key before they came back.
+func TestReportLostDeclaresThePause(t *testing.T) {
+	for _, policy := range []Lost{ReportLost, CancelLost} {
+		m := newMini(t)
+		holder := knowing(t, m, 1)
+		other := knowing(t, m, 1, WithLostLeases(policy))
+		held, err := holder.TryAcquire("k")
+		require.NoError(t, err)
+		lose(m)
+		_, err = other.TryAcquire("k")
+		require.ErrorIs(t, err, ErrPaused, "the first to find the loss declares the pause")
+		require.True(t, holder.renew())
+		assert.Len(t, m.leases("k"), 1, "the holder's lease is back, and nothing else")
+		held.Release()
+	}
+}
+
+// An admission whose keys are all at slots.Unlimited takes no part in a
+// pause: there is no cap to keep.
+func TestUnlimitedKeysAreNotPaused(t *testing.T) {
 	m := newMini(t)
-	report := knowing(t, m, 2, WithLostLeases(ReportLost))
-	assert.Zero(t, report.pause)
+	r := knowing(t, m, 2) // "warm-up" is Unlimited
 	lose(m)
-	s, err := report.TryAcquire("k")
+	s, err := r.TryAcquire("warm-up")
 	require.NoError(t, err)
 	s.Release()
+	_, err = r.TryAcquireAll("warm-up", "k")
+	assert.ErrorIs(t, err, ErrPaused, "with a capped key, it waits")
+}
 
-	reassert := knowing(t, m, 2)
+// Processes with other TTLs wait alike: one whose TTL is shorter honours a
+// pause declared by one whose TTL is longer to its end.
+func TestAShorterTTLHonoursTheWholePause(t *testing.T) {
+	m := newMini(t)
+	long := knowing(t, m, 1, WithLeaseTTL(30*time.Second)) // renews every 10 s, pause 11 s
+	short := knowing(t, m, 1, WithLeaseTTL(9*time.Second))
+	held, err := long.TryAcquire("k")
+	require.NoError(t, err)
 	lose(m)
-	_, err = reassert.TryAcquire("k")
+	_, err = long.TryAcquire("other")
+	require.ErrorIs(t, err, ErrPaused) // declared: until the birth + 11 s
+	m.advance(9 * time.Second)
+	_, err = short.TryAcquire("k")
+	require.ErrorIs(t, err, ErrPaused, "past its own TTL, still the declared pause")
+	m.advance(time.Second) // the long process's renewal round
+	require.True(t, long.renew())
+	assert.Len(t, m.leases("k"), 1)
+	held.Release()
+}
+
+// A server clock that steps back (an NTP step, a failover to a replica
+// whose clock is behind) does not stretch a pause by the step.
+func TestAPauseAfterTheClockStepsBack(t *testing.T) {
+	m := newMini(t)
+	r := knowing(t, m, 2)
+	lose(m)
+	_, err := r.TryAcquire("k")
 	require.ErrorIs(t, err, ErrPaused)
-	_, err = report.TryAcquire("k")
-	assert.ErrorIs(t, err, ErrPaused)
+	m.advance(-time.Hour)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err, "a pause an hour ahead of now is not honoured")
+	s.Release()
 }
 
 // The scripts: the pause is declared once per epoch, by a caller that saw
@@ -269,13 +316,13 @@ func TestPauseScripts(t *testing.T) {
 	assert.Equal(t, int64(1), res[0], "over")
 	assert.Equal(t, int64(leaseRoom), renew("x", reassert, 0, e3), "after the pause, with room")
 
+	m.srv.Set(pauseKey, strconv.FormatInt(ms(4*time.Minute), 10)) // past the TTL, within 5 minutes
+	res = acquire("d", e3, 2000, 3000)
+	assert.Equal(t, int64(acquirePaused), res[0], "honoured: another process's TTL may be longer")
 	m.srv.Set(pauseKey, strconv.FormatInt(ms(time.Hour), 10)) // far ahead
 	res = acquire("d", e3, 2000, 3000)
-	assert.Equal(t, int64(acquirePaused), res[0])
-	assert.Equal(t, e3/1000+3000, res[3], "honoured at most the caller's TTL from the birth")
-	m.advance(time.Second)
-	res = acquire("d", e3, 2000, 3000)
-	assert.Equal(t, int64(1), res[0], "not past it")
+	assert.Equal(t, int64(1), res[0], "not honoured at all")
+	require.True(t, m.srv.Del(pauseKey))
 
 	m.srv.FlushAll()
 	res = acquire("e", e3, 0, 60000)

@@ -41,15 +41,21 @@ import "github.com/redis/go-redis/v9"
 // the round pauses nothing. A second loss inside the round makes a new
 // epoch, and a new pause from its birth.
 //
-// A pause is honoured only up to the epoch's birth plus the caller's own
-// lease TTL (a lease not renewed for a TTL would have expired anyway), so
-// that no value in the key, however far ahead, holds a caller for long.
+// A pause is honoured up to its end, which no declaration puts later than
+// the declarer's TTL after the epoch's birth (a lease not renewed for a
+// TTL would have expired anyway), so that processes with other TTLs wait
+// alike. An end more than the larger of the caller's TTL and 5 minutes
+// after the birth, or from now (a server clock stepped back), is not
+// honoured at all: no value in the key holds a caller for long. A call
+// whose keys are all at slots.Unlimited is not paused: there is no cap to
+// keep.
 
 // epochLua is the start the acquire and renew scripts share: it reads the
 // epoch, making it if missing, declares the pause if the caller saw
 // another epoch, and returns the epoch and the time until which new
 // admissions are paused (0: not paused). Call it after now is known.
 const epochLua = `
+local maxPauseMS, unlimited = 300000, 9e18
 -- A key expires with its latest lease, never sooner: a lease of a
 -- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
 -- may be in it.
@@ -71,7 +77,20 @@ local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl)
   end
   local paused = tonumber(redis.call('GET', pauseKey))
   if not paused then return epoch, 0 end
-  return epoch, math.min(paused, born + ttl)
+  -- No pause our scripts declare ends later than a TTL after the birth;
+  -- one that does, or that a server clock stepped back has moved far
+  -- ahead of now, is not honoured.
+  local bound = math.max(ttl, maxPauseMS)
+  if paused > born + bound or paused > now + bound then return epoch, 0 end
+  return epoch, paused
+end
+-- capped reports whether any of the n limits from ARGV[first] on binds:
+-- a key at slots.Unlimited takes no part in a pause.
+local function capped(first, n)
+  for i = 0, n - 1 do
+    if tonumber(ARGV[first + i]) < unlimited then return true end
+  end
+  return false
 end
 `
 
@@ -126,7 +145,7 @@ for i = 1, n do
   redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
   if redis.call('ZSCORE', k, id) then held = held + 1 end
 end
-if held < n and paused > now then
+if held < n and paused > now and capped(7, n) then
   return {2, 0, redis.call('ZCARD', KEYS[4]), paused, now, epoch}
 end
 if held < n then
@@ -224,7 +243,7 @@ while a <= #ARGV do
     status = 3
     if mode > 0 and redis.call('EXISTS', KEYS[k + n]) == 0 then
       local checked = mode == 1 and (known == 0 or known == epoch)
-      local room = not (checked and paused > now)
+      local room = not (checked and paused > now and capped(a + 4, n))
       if checked and room then
         for _, i in ipairs(missing) do
           local key = KEYS[k + i]
