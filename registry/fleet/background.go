@@ -62,8 +62,8 @@ func (r *Registry[K]) recovered() {
 // renewal's time too); with the breaker closed, it puts in degraded leases
 // (admitted while one call failed) at the probe interval, and every held
 // lease at once when an admission's reply tells that Redis lost its data.
-// A renewal that failed is made again at the probe interval, not a whole
-// TTL/3 later. After Redis lost its data the held leases must go back
+// A renewal that failed is made again at the next probe tick, not a whole
+// TTL/3 later, and while it keeps failing at longer gaps (retryTicks). After Redis lost its data the held leases must go back
 // within the renewal round that new admissions wait for (see pause.go): a
 // long probe interval, or a first call after a restart that fails, must
 // not put them off to the next round. It survives errors, and panics (a
@@ -75,7 +75,9 @@ func (r *Registry[K]) heartbeat() {
 	defer renew.Stop()
 	probe := time.NewTicker(r.cfg.probeEvery)
 	defer probe.Stop()
-	failed := false // the latest renewal failed, with the breaker closed
+	// retry spaces the renewals made again after a failed one.
+	retry := retryTicks{max: max(1, int((r.cfg.ttl/3)/r.cfg.probeEvery))}
+	renewNow := func() { retry.after(r.renew()) }
 	for {
 		select {
 		case <-r.stopping.Done():
@@ -83,7 +85,7 @@ func (r *Registry[K]) heartbeat() {
 		case <-renew.C:
 			r.survive("renewal", func() {
 				if r.brk.allow() {
-					failed = !r.renew()
+					renewNow()
 				} else if r.probe() {
 					r.wakeAll()
 				}
@@ -91,28 +93,61 @@ func (r *Registry[K]) heartbeat() {
 		case <-r.reassert:
 			r.survive("renewal", func() {
 				if r.brk.allow() {
-					failed = !r.renew()
+					renewNow()
 				}
 			})
 		case <-probe.C:
 			r.survive("probe", func() {
 				switch {
 				case r.brk.open():
-					failed = false // the probe renews, once Redis answers
+					retry.after(true) // the probe renews, once Redis answers
 					if r.probe() {
 						r.wakeAll()
 					}
-				case failed || r.hasDegraded():
-					failed = !r.renew()
+				case r.hasDegraded() || retry.due():
+					renewNow()
 				}
 			})
 		case <-r.recovery:
 			r.survive("renewal", func() {
-				failed = !r.renew()
+				renewNow()
 				r.wakeAll()
 			})
 		}
 	}
+}
+
+// retryTicks spaces the renewals a failed one makes again, in probe ticks:
+// the first at the next tick, each next one after twice as many, up to max
+// (a renewal round). A renewal fails if any of its calls does, so while
+// some calls keep failing (an overloaded Redis, one bad batch) the breaker
+// may stay closed; retrying all leases every tick would multiply the load
+// by up to a round's ticks. Its methods run on the heartbeat's goroutine.
+type retryTicks struct {
+	failed bool
+	gap    int // ticks between tries now
+	wait   int // ticks left before the next
+	max    int
+}
+
+// after notes how the latest renewal went.
+func (t *retryTicks) after(ok bool) {
+	if ok {
+		t.failed, t.gap, t.wait = false, 0, 0
+		return
+	}
+	t.gap = min(max(2*t.gap, 1), t.max)
+	t.failed, t.wait = true, t.gap
+}
+
+// due counts a probe tick and reports whether a failed renewal is to be
+// made again at it.
+func (t *retryTicks) due() bool {
+	if !t.failed {
+		return false
+	}
+	t.wait--
+	return t.wait <= 0
 }
 
 // panicLogEvery is how often at most a background goroutine logs a panic

@@ -215,3 +215,31 @@ func TestFailedRenewalIsMadeAgainSoon(t *testing.T) {
 	eventually(t, "the lease is back", func() bool { return len(m.leases("k")) == 1 })
 	assert.False(t, r.Stats().BreakerOpen)
 }
+
+// A renewal that keeps failing is made again at the next probe tick, then
+// after 2, 4, 8, ... ticks, up to a renewal round; one that works ends it.
+// (Retried at every tick, renewals that fail in part, with the breaker
+// closed by the calls that work, multiplied the load on a struggling Redis
+// by up to a round's ticks.)
+func TestRetryTicksBackOff(t *testing.T) {
+	rt := retryTicks{max: 10}
+	assert.False(t, rt.due(), "nothing failed")
+	var gaps []int
+	ticks := 0
+	rt.after(false)
+	for len(gaps) < 6 {
+		ticks++
+		if rt.due() {
+			gaps = append(gaps, ticks)
+			ticks = 0
+			rt.after(false)
+		}
+	}
+	assert.Equal(t, []int{1, 2, 4, 8, 10, 10}, gaps)
+	rt.after(true)
+	for range 20 {
+		assert.False(t, rt.due(), "a renewal that worked ends the retries")
+	}
+	rt.after(false)
+	assert.True(t, rt.due(), "a new failure: the next tick")
+}
