@@ -86,17 +86,23 @@ func (e *entry[K]) Release(h *core.Hold) bool {
 	r := sh.r
 	sh.mu.Lock()
 	if e.lane.Multi == 0 {
-		var wk core.Wakes
 		if !e.lane.Holders.Remove(h, &h.Idx) {
 			sh.mu.Unlock()
 			r.eng.Misuse(h) // a copied Slot: it holds nothing
 			return false
 		}
 		sh.released++
-		r.grantLocked([]*entry[K]{e}, &wk)
-		sh.dropIfIdleLocked(r, e)
-		sh.mu.Unlock()
-		wk.Wake()
+		if e.lane.Waiters.Len() == 0 {
+			// Nobody to serve (BenchmarkRegistryTryAcquireRelease).
+			sh.dropIfIdleLocked(r, e)
+			sh.mu.Unlock()
+		} else {
+			var wk core.Wakes
+			r.grantLocked([]*entry[K]{e}, &wk)
+			sh.dropIfIdleLocked(r, e)
+			sh.mu.Unlock()
+			wk.Wake()
+		}
 	} else {
 		// Multi-key waiters queue here: serving them needs multiMu, which
 		// comes before this lock. The hold stays counted meanwhile, so no
