@@ -225,7 +225,6 @@ func (l *Limiter) owner() *owner { return (*owner)(l) }
 // Release implements core.Owner; called once per admitted hold.
 func (o *owner) Release(h *core.Hold) bool {
 	l := (*Limiter)(o)
-	var wk core.Wakes
 	l.mu.Lock()
 	if !l.lane.Holders.Remove(h, &h.Idx) {
 		l.mu.Unlock()
@@ -233,9 +232,14 @@ func (o *owner) Release(h *core.Hold) bool {
 		return false
 	}
 	l.stats.Released++
-	l.grantLocked(&wk)
-	l.mu.Unlock()
-	wk.Wake()
+	if l.lane.Waiters.Len() == 0 {
+		l.mu.Unlock() // nobody to serve (BenchmarkLimiterTryAcquireRelease)
+	} else {
+		var wk core.Wakes
+		l.grantLocked(&wk)
+		l.mu.Unlock()
+		wk.Wake()
+	}
 	l.engine().Released(h)
 	return true
 }
