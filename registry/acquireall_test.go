@@ -219,7 +219,7 @@ func TestAcquireAllBoundIsReached(t *testing.T) {
 		b.Release()
 		synctest.Wait()
 		multi := <-got
-		s, err = reg.TryAcquire("a")
+		_, err = reg.TryAcquire("a")
 		assert.ErrorIs(t, err, slots.ErrLimitReached)
 		multi.Release()
 		s, err = reg.TryAcquire("a")
