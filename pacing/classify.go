@@ -95,8 +95,9 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 // 400 or more it wraps resp.Body, which passes every byte on as it comes,
 // and report gets the verdict from the first MaxClassifyBody bytes once, at
 // the first of: that many bytes read, the body's end or a read error, its
-// Close. An answer under 400, without a body, or nil (classified as Other)
-// is reported at once. report may be called on the goroutine that reads or
+// Close (a body cut short that would be a Concurrency refusal is Other: its
+// lost bytes might have said quota or rate). An answer under 400, without
+// a body, or nil (classified as Other) is reported at once. report may be called on the goroutine that reads or
 // closes the body, before the Read or Close returns.
 func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 	if c == nil {
@@ -125,8 +126,9 @@ type classifying struct {
 	c      Classifier
 	report func(Verdict)
 
-	mu     sync.Mutex // guards prefix and done; never held across the body's calls
+	mu     sync.Mutex // guards prefix, ended and done; never held across the body's calls
 	prefix []byte
+	ended  bool // the body's end was read
 	done   bool
 }
 
@@ -137,6 +139,7 @@ func (b *classifying) Read(p []byte) (int, error) {
 		b.prefix = append(b.prefix, p[:min(n, MaxClassifyBody-len(b.prefix))]...)
 	}
 	full := len(b.prefix) == MaxClassifyBody
+	b.ended = b.ended || err == io.EOF
 	b.mu.Unlock()
 	if full || err != nil {
 		b.decide()
@@ -150,6 +153,11 @@ func (b *classifying) Close() error {
 }
 
 // decide reports the verdict from the bytes seen so far, the first time.
+// A body cut short (closed, or failed, before its end and before
+// MaxClassifyBody bytes, with no whole JSON value read) may have lost what
+// would have told a quota or a rate from a concurrency refusal: a
+// Concurrency verdict from it, which is what a body that says nothing
+// gets, is Other instead.
 func (b *classifying) decide() {
 	b.mu.Lock()
 	if b.done {
@@ -158,8 +166,13 @@ func (b *classifying) decide() {
 	}
 	b.done = true
 	prefix := b.prefix
+	cut := !b.ended && len(prefix) < MaxClassifyBody && !json.Valid(prefix)
 	b.mu.Unlock()
-	b.report(b.c(b.status, b.header, prefix))
+	v := b.c(b.status, b.header, prefix)
+	if cut && v.Kind == Concurrency {
+		v.Kind = Other
+	}
+	b.report(v)
 }
 
 // prefixed is a body whose first bytes were read and put back.

@@ -206,6 +206,20 @@ func TestClassifyAsRead(t *testing.T) {
 		resp.Body.Close()
 		assert.Len(t, got(), 1)
 	})
+	t.Run("a body closed before what it would have said is no evidence", func(t *testing.T) {
+		for _, body := range []string{`{"error":{"code":"1113","message":"arrears"}}`, zai} {
+			report, got := record()
+			resp := &http.Response{StatusCode: 429, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(body))}
+			pacing.ClassifyAsRead(resp, nil, report)
+			resp.Body.Close() // unread: the client went away as it came
+			assert.Equal(t, []pacing.Verdict{{Kind: pacing.Other}}, got(), "not a concurrency refusal")
+		}
+		report, got := record()
+		resp := &http.Response{StatusCode: 529, Body: io.NopCloser(strings.NewReader("busy"))}
+		pacing.ClassifyAsRead(resp, nil, report)
+		resp.Body.Close()
+		assert.Equal(t, []pacing.Verdict{{Kind: pacing.Overload}}, got(), "the status alone says overload")
+	})
 	t.Run("a success, a nil answer and an empty body at once", func(t *testing.T) {
 		report, got := record()
 		pacing.ClassifyAsRead(&http.Response{StatusCode: 200, Body: io.NopCloser(strings.NewReader("data"))}, nil, report)
