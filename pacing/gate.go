@@ -340,19 +340,24 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		w.Hold.ID = g.seq
 		g.provider.Holders.Add(w.Hold, &gr.idx[0])
 		gr.n = g.provider.Holders.Len()
-		if g.ad.l != nil {
-			g.ad.l.started(gr.n, now)
+		// A learner's limit may change with each start (the test of a cut
+		// lets no other start go): the rest of this pass runs under it.
+		if l := g.ad.l; l != nil {
+			l.started(gr.n, now)
+			l.lane.Limit = l.limit(now)
 		}
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		gr.mN = ml.lane.Holders.Len()
-		if ml.l != nil {
-			ml.l.started(gr.mN, now)
+		if l := ml.l; l != nil {
+			l.started(gr.mN, now)
+			l.lane.Limit = l.limit(now)
 		}
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 			gr.keyN = key.lane.Holders.Len()
-			if key.l != nil {
-				key.l.started(gr.keyN, now)
+			if l := key.l; l != nil {
+				l.started(gr.keyN, now)
+				l.lane.Limit = l.limit(now)
 			}
 		}
 		gr.prev = starts{g.started, g.last, g.next}

@@ -348,7 +348,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			l.ev = Evidence{Kind: v.Kind, InFlight: n}
 		}
 		for i := 1; i < np; i++ {
-			path[i].l.inconclusive(path[i].n)
+			path[i].l.inconclusive(path[i].n, gr.id)
 		}
 	case Rate, Overload:
 		d := v.RetryAfter
@@ -370,7 +370,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		// evidence, and a probe it was is withdrawn, not presumed
 		// admitted once its gap has passed.
 		for _, p := range path[:np] {
-			p.l.inconclusive(p.n)
+			p.l.inconclusive(p.n, gr.id)
 		}
 	case Quota:
 		if kl := g.keyByID[gr.Key]; kl != nil {

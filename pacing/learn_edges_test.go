@@ -306,3 +306,89 @@ func TestRaisingMinDuringTheTestOfACut(t *testing.T) {
 		g.Close()
 	})
 }
+
+// TestAStaleFailureKeepsTheTestOfACut: a request started before a cut that
+// fails afterwards (Other) is not a probe of the cut: the test of the cut
+// stays out, and the limit with it.
+func TestAStaleFailureKeepsTheTestOfACut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 10, Max: 10, RetestMS: 60_000}})
+		held := acquireN(t, g, 10)
+		g.Report(held[5], refused) // a cut
+		for _, h := range held[:8] {
+			h.Slot.Release()
+		}
+		test := acquireN(t, g, 1)[0]
+		require.Equal(t, 1, g.Learned().Limit, "the test of the cut is out")
+		g.Report(held[9], pacing.Verdict{Kind: pacing.Other}) // started before the cut
+		assert.Equal(t, 1, g.Learned().Limit)
+		for _, h := range append(held[8:], test) {
+			h.Slot.Release()
+		}
+		g.Close()
+	})
+}
+
+// TestOneStartTestsACut: after a cut, one start tests it and no other goes
+// until it is answered, even when many waiters could start in one pass
+// (here they waited out a Retry-After pause while holders finished).
+func TestOneStartTestsACut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 10, Max: 10, RetestMS: 60_000}})
+		held := acquireN(t, g, 10)
+		for _, h := range held[:8] {
+			g.Report(h, admitted)
+		}
+		g.Report(held[8], pacing.Verdict{Kind: pacing.Rate, RetryAfter: time.Second})
+		var waiting []chan result
+		for range 8 {
+			waiting = append(waiting, acquireAsync(context.Background(), g, "m"))
+		}
+		synctest.Wait()
+		for _, h := range held[:8] {
+			h.Slot.Release()
+		}
+		g.Report(held[9], refused) // a cut, with 2 in flight and 8 waiting
+		time.Sleep(time.Second + time.Millisecond) // the pause ends
+		synctest.Wait()
+		started := 0
+		for _, c := range waiting {
+			if len(c) == 1 {
+				started++
+			}
+		}
+		assert.Equal(t, 1, started, "the test of the cut alone")
+		g.Close()
+		for _, c := range waiting {
+			if r := <-c; r.err == nil {
+				r.g.Slot.Release()
+			}
+		}
+		for _, h := range held[8:] {
+			h.Slot.Release()
+		}
+	})
+}
+
+// TestLoweringMinDuringTheTestOfACut: a floor lowered while the test of a
+// cut is out binds at once too.
+func TestLoweringMinDuringTheTestOfACut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		cfg := func(floor int) pacing.Config {
+			return pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: floor, Initial: 8, RetestMS: 60_000}}
+		}
+		g := newGate(t, cfg(3))
+		held := acquireN(t, g, 8)
+		g.Report(held[7], refused)
+		for _, h := range held[:7] {
+			h.Slot.Release()
+		}
+		test := acquireN(t, g, 1)[0]
+		require.Equal(t, 3, g.Learned().Limit)
+		require.NoError(t, g.Reconfigure(cfg(1)))
+		assert.Equal(t, 1, g.Learned().Limit, "the new floor")
+		test.Slot.Release()
+		held[7].Slot.Release()
+		g.Close()
+	})
+}

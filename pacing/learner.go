@@ -86,7 +86,10 @@ func (l *learner) configure(a *AdaptiveConfig, configured int) {
 	// A batch of probes (or the test of a cut) out when the bounds change
 	// keeps its evidence, but its top must stay within them: the limit is
 	// read from it.
-	if l.probeN != 0 {
+	switch {
+	case l.probeN != 0 && l.streak > 0:
+		l.probeTop = l.floor // the test of a cut: the floor, raised or lowered
+	case l.probeN != 0:
 		l.probeTop = min(max(l.probeTop, l.floor), l.ceil)
 	}
 }
@@ -258,10 +261,13 @@ func (l *learner) refused(m int, id uint64, at, now int64, seq uint64) {
 	l.probeN, l.step = 0, 1
 }
 
-// inconclusive notes that a start with n in flight was refused for another
-// lane's cap: if it was a probe of this one, its batch proves nothing and
-// is withdrawn.
-func (l *learner) inconclusive(n int) {
+// inconclusive notes that start number id, with n in flight, was refused
+// for another lane's cap or failed: if it was a probe of this one, its
+// batch proves nothing and is withdrawn.
+func (l *learner) inconclusive(n int, id uint64) {
+	if id <= l.cutSeq {
+		return // started before the last cut: not one of its probes, nor its test
+	}
 	if l.probeN != 0 && n > l.lo {
 		l.probeN = 0
 	}
