@@ -348,7 +348,7 @@ func TestOneStartTestsACut(t *testing.T) {
 		for _, h := range held[:8] {
 			h.Slot.Release()
 		}
-		g.Report(held[9], refused) // a cut, with 2 in flight and 8 waiting
+		g.Report(held[9], refused)                 // a cut, with 2 in flight and 8 waiting
 		time.Sleep(time.Second + time.Millisecond) // the pause ends
 		synctest.Wait()
 		started := 0
