@@ -77,7 +77,16 @@ func (r *Registry[K]) heartbeat() {
 	defer probe.Stop()
 	// retry spaces the renewals made again after a failed one.
 	retry := retryTicks{max: max(1, int((r.cfg.ttl/3)/r.cfg.probeEvery))}
-	renewNow := func() { retry.after(r.renew()) }
+	renewNow := func() {
+		ok := r.renew()
+		if !ok && r.lostRecently() {
+			// The held leases must be back before the pause ends: no
+			// backing off within a TTL of a loss.
+			retry.soon()
+			return
+		}
+		retry.after(ok)
+	}
 	for {
 		select {
 		case <-r.stopping.Done():
@@ -139,6 +148,9 @@ func (t *retryTicks) after(ok bool) {
 	t.gap = min(max(2*t.gap, 1), t.max)
 	t.failed, t.wait = true, t.gap
 }
+
+// soon makes a failed renewal again at the next tick, whatever the gap.
+func (t *retryTicks) soon() { t.failed, t.wait = true, 1 }
 
 // due counts a probe tick and reports whether a failed renewal is to be
 // made again at it.

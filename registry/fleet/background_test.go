@@ -243,3 +243,14 @@ func TestRetryTicksBackOff(t *testing.T) {
 	rt.after(false)
 	assert.True(t, rt.due(), "a new failure: the next tick")
 }
+
+// Within a TTL of a data loss a failed renewal is made again at every
+// tick: the held leases must be back before the pause ends.
+func TestRetryTicksSoon(t *testing.T) {
+	rt := retryTicks{max: 10}
+	for range 4 {
+		rt.after(false) // backed off to 8 ticks
+	}
+	rt.soon()
+	assert.True(t, rt.due(), "the next tick")
+}

@@ -56,10 +56,11 @@ type Registry[K comparable] struct {
 	epochKey string // see scripts.go
 	pauseKey string // see scripts.go
 	// pause is how long new admissions wait after Redis lost its data,
-	// as this process declares it (see pause.go); 0: it declares none.
+	// as this process declares it (see pause.go).
 	pause time.Duration
 	// epoch is the latest epoch a reply told (0: none yet); see pause.go.
-	epoch atomic.Int64
+	epoch  atomic.Int64
+	lostAt atomic.Int64 // when this process last found a data loss, unix nanoseconds (0: never)
 
 	mu     sync.Mutex // protects the fields below
 	limits map[K]int  // SetLimit overrides

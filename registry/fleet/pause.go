@@ -46,6 +46,7 @@ func (r *Registry[K]) sawEpoch(epoch int64) bool {
 			if old == 0 {
 				return false // the first this process hears of: not a loss
 			}
+			r.lostAt.Store(time.Now().UnixNano())
 			r.logSafely(slog.LevelWarn, "fleet: redis lost its data; held leases go back, and new admissions wait one renewal round",
 				slog.String("registry", r.prefix), slog.Duration("pause", r.pause))
 			return true
@@ -78,4 +79,12 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
 	after := max(time.Second, (retryIn + time.Second - 1).Truncate(time.Second))
 	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0], RetryAfter: after}
 	return outcome{err: le, full: 0, retryIn: retryIn, paused: true}
+}
+
+// lostRecently reports whether this process found a data loss within the
+// last TTL: its held leases are to go back within the pause, so failed
+// renewals are made again without backing off.
+func (r *Registry[K]) lostRecently() bool {
+	at := r.lostAt.Load()
+	return at != 0 && time.Since(time.Unix(0, at)) < r.cfg.ttl
 }
