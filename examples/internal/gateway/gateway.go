@@ -454,8 +454,10 @@ func (t reporter) RoundTrip(r *http.Request) (*http.Response, error) {
 		return resp, err // no grant, or one that holds nothing: no evidence
 	}
 	answer := resp
-	if err != nil {
-		answer = nil // a response that comes with an error is dropped
+	if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
+		// A response that comes with an error is dropped, and an upgrade
+		// is refused (see ModifyResponse): neither is an admission.
+		answer = nil
 	}
 	// An error answer is classified from its first bytes as the proxy
 	// passes them on, not held up for them: its body may come slowly. The

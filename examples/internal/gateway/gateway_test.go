@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
@@ -345,6 +346,8 @@ func TestGatewayRefusesUnaskedUpgrades(t *testing.T) {
 	assert.Equal(t, http.StatusBadGateway, rec.Code)
 	waitFor(t, "the grant comes back", func() bool { return gw.Provider().InFlight == 0 })
 	assert.Zero(t, gw.TenantKeys())
+	l := gw.Learned()
+	assert.Equal(t, [len(l.ByKind)]uint64{pacing.Other: 1}, l.ByKind, "a refused upgrade is not an admission")
 }
 
 // Priorities through the gateway: the org "batch-jobs" is batch by config,
