@@ -116,7 +116,11 @@ func (g *Gateway) registerMetrics(cfg Config) {
 		if g.caps != nil {
 			waiting += g.caps.Stats().Waiting // waiting for the fleet's provider and model caps
 		}
-		return inflightprom.Snapshot{InFlight: st.InFlight, Waiting: waiting, Keys: -1, Limit: providerLimit, Counts: g.provider.counts()}
+		limit := providerLimit
+		if l := g.gate.Learned(); l.Floor > 0 { // the provider's cap is learned: the limit in force
+			limit = l.Limit
+		}
+		return inflightprom.Snapshot{InFlight: st.InFlight, Waiting: waiting, Keys: -1, Limit: limit, Counts: g.provider.counts()}
 	})
 	g.metrics.MustRegister(pc)
 	// Read from the Gate at each scrape: the Gate's one change hook is left
@@ -126,10 +130,10 @@ func (g *Gateway) registerMetrics(cfg Config) {
 
 	// Models: the Gate's counts per model, summed for the unnamed ones.
 	g.models = make(map[string]*capMetrics, len(cfg.Provider.Models))
-	watchModels := func(m *capMetrics, limit int, mine func(model string) bool) {
+	watchModels := func(m *capMetrics, limit func() int, mine func(model string) bool) {
 		inflightprom.Watch(m.c, func() inflightprom.Snapshot {
 			st := g.gate.Status()
-			s := inflightprom.Snapshot{Waiting: int(m.fleetWaiting.Load()), Keys: -1, Limit: limit, Counts: m.counts()}
+			s := inflightprom.Snapshot{Waiting: int(m.fleetWaiting.Load()), Keys: -1, Limit: limit(), Counts: m.counts()}
 			for model, n := range st.ByModel {
 				if mine(model) {
 					s.InFlight += n
@@ -147,21 +151,32 @@ func (g *Gateway) registerMetrics(cfg Config) {
 	for name, mc := range cfg.Provider.Models {
 		m := newCapMetrics(inflightprom.New("model:"+name), true)
 		g.models[name] = m
-		watchModels(m, limitOrUnlimited(mc.MaxConcurrentRequests), func(model string) bool { return model == name })
+		configured := limitOrUnlimited(mc.MaxConcurrentRequests)
+		limit := func() int {
+			if l, learned := g.gate.Learned().Models[name]; learned {
+				return l.Limit
+			}
+			return configured
+		}
+		watchModels(m, limit, func(model string) bool { return model == name })
 	}
 	other := "model:other"
 	if _, named := cfg.Provider.Models["other"]; named {
 		other = "model:other (unnamed)" // a model called "other" keeps "model:other"
 	}
 	g.otherModels = newCapMetrics(inflightprom.New(other), true)
-	watchModels(g.otherModels, slots.Unlimited, func(model string) bool { _, named := g.models[model]; return !named })
+	watchModels(g.otherModels, func() int { return slots.Unlimited }, func(model string) bool { _, named := g.models[model]; return !named })
 
 	g.keys = make(map[string]*capMetrics, len(cfg.Provider.APIKeys))
 	for _, k := range cfg.Provider.APIKeys {
 		m := newCapMetrics(inflightprom.New("api_key:"+k.ID), false)
 		g.keys[k.ID] = m
-		limit := limitOrUnlimited(k.MaxConcurrentRequests)
+		configured := limitOrUnlimited(k.MaxConcurrentRequests)
 		inflightprom.Watch(m.c, func() inflightprom.Snapshot {
+			limit := configured
+			if l, learned := g.gate.Learned().Keys[k.ID]; learned {
+				limit = l.Limit
+			}
 			return inflightprom.Snapshot{InFlight: g.gate.Status().ByKey[k.ID], Waiting: -1, Keys: -1, Limit: limit, Counts: m.counts()}
 		})
 		g.metrics.MustRegister(m.c)

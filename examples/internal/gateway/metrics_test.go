@@ -305,6 +305,7 @@ func TestMetricsLearnedCap(t *testing.T) {
 		`inflight_learned_max{cap="provider",provider="provider"} 8`,
 		`inflight_learned_changes_total{cap="provider",provider="provider"} 1`,
 		`inflight_upstream_answers_total{kind="concurrency",provider="provider"} 0`,
+		`inflight_limit{cap="provider"} 2`, // the limit in force, not the configured ceiling
 	} {
 		assert.Contains(t, text, want)
 	}
