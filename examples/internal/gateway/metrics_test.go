@@ -67,6 +67,11 @@ func TestMetricsUnderLoad(t *testing.T) {
 		st := gw.gate.Status()
 		return st.InFlight == 2 && st.Queued == 3
 	})
+	// The handlers record a grant's wait after the Gate has counted it: the
+	// API key's last.
+	waitFor(t, "the two grants' waits are recorded", func() bool {
+		return strings.Contains(scrape(t, client, srv.URL), `inflight_wait_seconds_count{cap="api_key:k1"} 2`)
+	})
 	resp, e := postBody(t, client, srv.URL, "org-c", `{"model":"glm-5.3","stream":true}`)
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "the queue is full: %v", e)
 
