@@ -16,9 +16,13 @@
 // applies it, and Reconfigure changes it live.
 //
 // With an "adaptive" section the provider's cap is learned from the
-// upstream's answers instead of configured: report each one, before its
-// body is handed on, with gate.Report(grant, pacing.Classify(resp, nil)).
-// Package pacingtest scores settings against a simulated upstream.
+// upstream's answers instead of configured: report each one before its
+// slot can be freed, with gate.Report(grant, pacing.Classify(resp, nil)),
+// or, in a proxy that must not hold an error answer up while its body is
+// read, with pacing.ClassifyAsRead(resp, nil, func(v pacing.Verdict) {
+// gate.Report(grant, v) }). Gate.Learned and OnLimitChange tell what was
+// learned; package pacingtest scores settings against a simulated
+// upstream.
 package pacing
 
 import (
