@@ -191,7 +191,7 @@ func run(sc Scenario, cfg pacing.Config, capOf func(int) int) Result {
 	close(done)
 	<-sampled
 	wg.Wait()
-	return Result{Scenario: sc.Name, Upstream: u.Counts(), Turned: turned, Samples: samples, Settle: settle(sc, samples)}
+	return Result{Scenario: sc.Name, Upstream: u.Counts(), Turned: turned, Samples: samples, Settle: Settle(sc, samples)}
 }
 
 // request sends one request through gate, and reports whether the Gate
@@ -215,9 +215,10 @@ func request(gate *pacing.Gate, u *Upstream, service time.Duration) bool {
 	return true
 }
 
-// settle measures, per phase of the schedule, how long from its start the
-// limit took to stay within one of the room.
-func settle(sc Scenario, samples []Sample) []time.Duration {
+// Settle measures, per phase of sc's schedule, how long from its start the
+// limit in samples took to stay within one of the room there was up to the
+// next change; -1 if it never did (Result.Settle).
+func Settle(sc Scenario, samples []Sample) []time.Duration {
 	out := make([]time.Duration, len(sc.Schedule))
 	for i, st := range sc.Schedule {
 		end := sc.Duration

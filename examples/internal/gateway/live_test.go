@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -259,34 +260,12 @@ func (p *player) play() pacingtest.Result {
 	return res
 }
 
-// settle is pacingtest's measure, on samples taken k times as fast: per
-// phase of the schedule, how long from its start the limit took to stay
-// within one of the room, in the scenario's time; -1 if it never did.
+// settle is pacingtest's measure, on samples taken k times as fast: in the
+// scenario's time.
 func settle(sc pacingtest.Scenario, k times, samples []pacingtest.Sample) []time.Duration {
-	out := make([]time.Duration, len(sc.Schedule))
-	for i, st := range sc.Schedule {
-		end := sc.Duration
-		if i+1 < len(sc.Schedule) {
-			end = sc.Schedule[i+1].At
-		}
-		out[i] = -1
-		since := time.Duration(-1)
-		for _, s := range samples {
-			at := time.Duration(float64(s.At) / float64(k))
-			if at < st.At || at >= end {
-				continue
-			}
-			if d := s.Limit - (st.Cap - sc.Foreign); d >= -1 && d <= 1 {
-				if since < 0 {
-					since = at
-				}
-			} else {
-				since = -1
-			}
-		}
-		if since >= 0 {
-			out[i] = since - st.At
-		}
+	scaled := slices.Clone(samples)
+	for i := range scaled {
+		scaled[i].At = time.Duration(float64(scaled[i].At) / float64(k))
 	}
-	return out
+	return pacingtest.Settle(sc, scaled)
 }
