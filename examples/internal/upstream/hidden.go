@@ -40,8 +40,7 @@ func (h *Hidden) ResetPeak() { h.peak.Store(h.open.Load()) }
 
 func (h *Hidden) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := h.open.Add(1)
-	for pk := h.peak.Load(); n > pk && !h.peak.CompareAndSwap(pk, n); pk = h.peak.Load() {
-	}
+	raise(&h.peak, n)
 	closed := false
 	done := func() {
 		if !closed {

@@ -66,8 +66,7 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	_ = json.NewDecoder(r.Body).Decode(&req)
 	n := p.inFlight.Add(1)
 	defer p.inFlight.Add(-1)
-	for pk := p.peak.Load(); n > pk && !p.peak.CompareAndSwap(pk, n); pk = p.peak.Load() {
-	}
+	raise(&p.peak, n)
 	if n > p.limit {
 		p.refused.Add(1)
 		w.Header().Set("Content-Type", "application/json")
@@ -94,4 +93,10 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	p.served.Add(1)
+}
+
+// raise makes peak at least n.
+func raise(peak *atomic.Int64, n int64) {
+	for pk := peak.Load(); n > pk && !peak.CompareAndSwap(pk, n); pk = peak.Load() {
+	}
 }
