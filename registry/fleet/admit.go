@@ -72,50 +72,65 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 }
 
 // admit decides for l once, or with wait until it is admitted or fails for
-// good.
+// good. A waiter queues in the fleet's queue (see queue.go) and sleeps
+// until its grant's wake-up, asking again at least once a claim window in
+// case a wake-up was lost; one that gives up withdraws its place.
 func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots.Slot, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, fmt.Errorf("fleet: acquire: %w", err)
 	}
 	if !wait {
-		o := r.attempt(ctx, l)
+		o := r.attempt(ctx, l, nil)
 		return o.slot, o.err
 	}
-	w := &waiter{rank: core.Rank(core.PlaceOf(ctx).Class), keys: l.names, wake: make(chan struct{}, 1)}
+	place := core.PlaceOf(ctx)
+	w := &waiter{rank: core.Rank(place.Class), flow: place.Flow, weight: max(int(place.Weight), 1),
+		keys: l.names, wake: make(chan struct{}, 1)}
 	if err := r.enqueue(w); err != nil {
 		return nil, err
 	}
 	defer r.dequeue(w)
+	o := r.wait(ctx, l, w)
+	if o.slot == nil && w.queuedAs != "" && w.queuedAs == l.id {
+		r.queueRelease(l.abandonment()) // its place, or a grant it did not claim
+	}
+	return o.slot, o.err
+}
+
+// wait tries for l until it is admitted or fails for good.
+func (r *Registry[K]) wait(ctx context.Context, l *lease[K], w *waiter) outcome {
 	backoff := r.cfg.pollMin
 	for {
 		if !r.mayTry(w) {
 			if err := r.sleep(ctx, w, r.cfg.pollMax); err != nil {
-				return nil, err
+				return failed(err)
 			}
 			continue
 		}
-		o := r.attempt(ctx, l)
-		if o.full < 0 {
-			return o.slot, o.err // admitted, or failed for good
-		}
-		r.blockedOn(w, l.names[o.full])
+		r.expect(w, l.id)
+		o := r.attempt(ctx, l, w)
 		var sleep time.Duration
-		if o.paused {
+		switch {
+		case o.queued:
+			r.queuedIn(w, l.id)
+			sleep = jitter(r.claim)
+		case o.full < 0:
+			return o // admitted, or failed for good
+		case o.paused:
 			// Nothing is admitted before the pause ends: wait for it (or
 			// a wake-up), jittered so that the fleet's waiters do not all
 			// ask at the same instant. Still waiting, not an error.
+			r.blockedOn(w, l.names[o.full])
 			sleep = o.retryIn + jitter(r.cfg.pollMin)
-		} else {
-			// Wait for a wake-up, at most the backoff (jittered) and never
-			// past the earliest expiry on the full key.
+		default:
+			// Full under the local registry (Redis unreachable): wait for
+			// a wake-up, at most the backoff (jittered).
+			r.blockedOn(w, l.names[o.full])
 			sleep = jitter(backoff)
-			if o.retryIn > 0 {
-				sleep = min(sleep, o.retryIn)
-			}
 			backoff = min(2*backoff, r.cfg.pollMax)
 		}
 		if err := r.sleep(ctx, w, sleep); err != nil {
-			return nil, err
+			return failed(err)
 		}
 	}
 }
@@ -141,6 +156,7 @@ type outcome struct {
 	full    int           // with ErrLimitReached: the index of the full key; else -1
 	retryIn time.Duration // with full: until its earliest lease expires (0: unknown), or the pause ends
 	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
+	queued  bool          // waiting in the fleet's queue; full is the index of a full key
 }
 
 func failed(err error) outcome { return outcome{err: err, full: -1} }
@@ -171,8 +187,9 @@ type acquireCall[K comparable] struct {
 // pipeline.
 func (r *Registry[K]) lateSpan() time.Duration { return 2 * r.cfg.opTimeout }
 
-// scriptArgs returns the acquire call for l, or ErrClosed.
-func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
+// scriptArgs returns the acquire call for l, waiting as w if not nil, or
+// ErrClosed.
+func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
 	if r.closed {
@@ -184,10 +201,15 @@ func (r *Registry[K]) scriptArgs(l *lease[K]) (acquireCall[K], error) {
 		args:  make([]any, 0, acquireArgs+len(l.names)),
 		until: r.clock.notAfter(r.lateSpan()),
 	}
-	c.keys = append(c.keys, r.epochKey, r.pauseKey, r.tombstone(l.id))
+	c.keys = append(c.keys, r.epochKey, r.pauseKey, r.tombstone(l.id), r.procsKey)
 	c.keys = append(c.keys, l.names...)
+	wait, rank, flow, weight := 0, uint8(0), "", 1
+	if w != nil {
+		wait, rank, flow, weight = 1, w.rank, w.flow, w.weight
+	}
 	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until),
-		r.epoch.Load(), r.pause.Milliseconds())
+		r.epoch.Load(), r.pause.Milliseconds(), wait, r.claim.Milliseconds(), rank, flow, weight,
+		r.proc, r.wakePrefix, r.maxQueue, r.maxFlowQueue, r.live.Milliseconds())
 	for _, n := range l.limits {
 		c.args = append(c.args, n)
 	}
@@ -249,15 +271,15 @@ func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
 	l.epoch, l.reported = epoch, false
 }
 
-// attempt makes one admission decision for l: in Redis, or, when Redis
-// cannot be reached (the breaker is open, or this call failed), as
-// WithUnavailable says.
-func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
+// attempt makes one admission decision for l, waiting as w if not nil: in
+// Redis, or, when Redis cannot be reached (the breaker is open, or this
+// call failed), as WithUnavailable says.
+func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outcome {
 	var c acquireCall[K]
 	var rp reply
 	for try := 0; ; try++ {
 		var err error
-		c, err = r.scriptArgs(l)
+		c, err = r.scriptArgs(l, w)
 		if err != nil {
 			return failed(err)
 		}
@@ -269,7 +291,7 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		// of what earlier replies told (it jumped, or a client timeout
 		// longer than the call timeout let the call run on). The reply
 		// told it anew: once more.
-		if rp.err != nil || len(rp.res) != 6 || rp.res[0] != tooLate || try > 0 {
+		if rp.err != nil || len(rp.res) != replyLen || rp.res[0] != tooLate || try > 0 {
 			break
 		}
 	}
@@ -288,7 +310,7 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		}
 		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
-	if len(res) != 6 || res[0] < 0 {
+	if len(res) != replyLen || res[0] < 0 {
 		r.abandon(l)
 		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
 	}
@@ -297,20 +319,36 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K]) outcome {
 		r.lostData()
 	}
 	r.carriedIn(c.carried, epoch)
-	if res[0] == acquirePaused {
+	switch res[0] {
+	case acquirePaused:
 		return r.pausedOutcome(l, res[2], res[3], res[4])
-	}
-	if res[0] == 0 {
-		i := int(res[1]) - 1
-		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]), Limit: l.limits[i], RetryAfter: time.Second}
-		var retryIn time.Duration
-		if res[3] > res[4] {
-			retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
-			le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
-		}
-		return outcome{err: le, full: i, retryIn: retryIn}
+	case acquireQueued:
+		return outcome{queued: true, full: int(res[1]) - 1}
+	case acquireFull, acquireQueueMax, acquireFlowMax:
+		return r.refused(l, res)
 	}
 	return r.hold(ctx, l, false, epoch)
+}
+
+// replyLen is the length of the acquire script's reply.
+const replyLen = 7
+
+// refused tells the acquire script's refusal res of l: a full key, or a
+// queue at its bound.
+func (r *Registry[K]) refused(l *lease[K], res []int64) outcome {
+	i := int(res[1]) - 1
+	le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]),
+		Limit: l.limits[i], Queued: int(res[6]), RetryAfter: time.Second}
+	var retryIn time.Duration
+	if res[3] > res[4] {
+		retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
+		le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
+	}
+	if res[0] != acquireFull {
+		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(int(res[6]), l.limits[i])
+		return failed(le)
+	}
+	return outcome{err: le, full: i, retryIn: retryIn}
 }
 
 // callOrAbandon makes l's acquire call. If the call panics (a client hook),

@@ -8,6 +8,8 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // batchSize bounds the (key, lease) pairs of one renewal or release call.
@@ -443,25 +445,44 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 	return requeue
 }
 
-// subscribe listens for releases anywhere in the fleet and wakes a waiter
-// held up by the key released.
+// subscribe listens on this process's channel for the grants of its
+// waiters queued in Redis. After the subscription is made again (the
+// connection broke), every waiter asks again: a grant may have been
+// published meanwhile.
 func (r *Registry[K]) subscribe() {
 	defer r.done.Done()
-	ps := r.rdb.Subscribe(r.stopping, r.channel)
+	ps := r.rdb.Subscribe(r.stopping, r.wakeKey)
+	// Receive does not end with its context: closing ps ends it.
+	stop := context.AfterFunc(r.stopping, func() { ps.Close() })
+	defer stop()
 	defer ps.Close()
-	if _, err := ps.Receive(r.stopping); err == nil {
-		close(r.subscribed) // confirmed; if not, the client resubscribes later
-	}
-	ch := ps.Channel()
+	confirmed := false
 	for {
-		select {
-		case <-r.stopping.Done():
-			return
-		case m, ok := <-ch:
-			if !ok {
+		msg, err := ps.Receive(r.stopping)
+		if err != nil {
+			if r.stopping.Err() != nil {
 				return
 			}
-			r.wokenBy(m.Payload)
+			// Redis unreachable: the client dials again on the next call.
+			t := time.NewTimer(r.cfg.pollMax)
+			select {
+			case <-r.stopping.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if !confirmed {
+				confirmed = true
+				close(r.subscribed)
+			} else {
+				r.wakeAll()
+			}
+		case *redis.Message:
+			r.granted(m.Payload)
 		}
 	}
 }

@@ -35,7 +35,7 @@ func newCallHook() *callHook { return &callHook{openAlone: make(chan struct{})} 
 func isAcquire(cmd redis.Cmder) bool {
 	args := cmd.Args()
 	return len(args) > 1 && (cmd.Name() == "evalsha" && args[1] == acquireScript.Hash() ||
-		cmd.Name() == "eval" && strings.Contains(args[1].(string), "ZRANGE"))
+		cmd.Name() == "eval" && args[1] == acquireLua)
 }
 
 func (h *callHook) DialHook(next redis.DialHook) redis.DialHook { return next }

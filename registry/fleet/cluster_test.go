@@ -70,7 +70,9 @@ func TestCluster(t *testing.T) {
 					return
 				}
 				up(&org, &peakOrg)
-				time.Sleep(500 * time.Microsecond)
+				// Long enough for the hand-offs of the queue (a wake-up and
+				// a claim, a round trip each) to fill the cap.
+				time.Sleep(5 * time.Millisecond)
 				org.Add(-1)
 				o.Release()
 			}

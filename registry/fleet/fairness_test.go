@@ -22,7 +22,7 @@ import (
 // head). Until it does, the fleet-wide waiting goals below are measured and
 // logged, and a goal that is not met skips its test instead of failing it.
 // Set it to true once Acquire uses the queue: the goals are then asserted.
-var fleetQueueInAcquire = false
+var fleetQueueInAcquire = true
 
 // The tests in this file stand several gateway processes up as several
 // Registries of one name on one real redis-server (each Registry is its own

@@ -14,6 +14,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/registry"
 )
 
@@ -49,12 +50,23 @@ type Registry[K comparable] struct {
 	cfg       config
 	keyName   func(K) string
 	prefix    string // "<prefix>{<name>}:"
-	channel   string // wake-ups
 	defLimit  int
 	limitFunc func(K) int // nil: defLimit
 
 	epochKey string // see scripts.go
 	pauseKey string // see scripts.go
+
+	// The fleet's queue (see queue.go): this process's name in it, the
+	// liveness hash, the channel on which its tickets' grants arrive, the
+	// claim window, the liveness TTL, and the queue's bounds from the wait
+	// options (-1: none).
+	proc, procsKey, wakeKey string
+	wakePrefix              string
+	claim, live             time.Duration
+	maxQueue, maxFlowQueue  int
+	// holdTime estimates how long holders keep their leases, for the
+	// Retry-After of a full queue.
+	holdTime core.HoldTime
 	// pause is how long new admissions wait after Redis lost its data,
 	// as this process declares it (see pause.go).
 	pause time.Duration
@@ -73,9 +85,13 @@ type Registry[K comparable] struct {
 	// queuesPeak is the most keys waited on since the map was last made.
 	queues     map[string][]*waiter
 	queuesPeak int
-	waiting    int // callers in the queues
-	closed     bool
-	calls      calls // acquire calls on their way or queued
+	// tickets are the waiters queued in Redis, by lease id, for their
+	// grants' wake-ups.
+	tickets     map[string]*waiter
+	ticketsPeak int
+	waiting     int // callers in the queues
+	closed      bool
+	calls       calls // acquire calls on their way or queued
 
 	remMu      sync.Mutex    // protects the fields below
 	removals   []*lease[K]   // removals from Redis to send, oldest first
@@ -183,9 +199,15 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	// A call must not outlast a third of the TTL: a lease then survives one
 	// renewal that fails.
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
-	r.channel = r.prefix + "released"
 	r.epochKey = cfg.prefix + "{" + name + "}#epoch"
 	r.pauseKey = cfg.prefix + "{" + name + "}#pause"
+	r.proc = newLeaseID()[:16]
+	r.procsKey = cfg.prefix + "{" + name + "}#procs"
+	r.wakePrefix = cfg.prefix + "{" + name + "}#wake:"
+	r.wakeKey = r.wakePrefix + r.proc
+	r.claim = claimWindow(r.cfg)
+	r.live = min(r.cfg.ttl, 5*r.claim)
+	r.maxQueue, r.maxFlowQueue = queueBounds(cfg.local)
 	r.pause = pauseFor(r.cfg)
 	// The same key rule on both paths: the fleet's bound goes last, so it
 	// overrides one among the local options.

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -107,6 +109,19 @@ func TestAllOrNothingAcrossKeys(t *testing.T) {
 	assert.Zero(t, r.Local().Keys())
 }
 
+// runAcquire runs the acquire script for a caller that does not wait,
+// with keys and args as the script takes them less the queue's: keys
+// (epoch, pause, tombstone, capped keys, carried pairs) get the name's
+// #procs key after the tombstone, and args (id, ttl, n, not-after, known
+// epoch, pause, limits, carried ids) the queue's arguments after the
+// pause.
+func runAcquire(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
+	procs := strings.TrimSuffix(keys[0], "#epoch") + "#procs"
+	keys = slices.Insert(slices.Clone(keys), 3, procs)
+	args = slices.Insert(slices.Clone(args), 6, 0, 1000, 0, "", 1, "test", "wake:", -1, -1, 3000)
+	return acquireScript.Run(ctx, c, keys, args...)
+}
+
 // The script is idempotent per lease id: a retried call holds one lease.
 func TestAcquireScriptIdempotent(t *testing.T) {
 	m := newMini(t)
@@ -116,11 +131,11 @@ func TestAcquireScriptIdempotent(t *testing.T) {
 		return []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:abandoned:" + id, "inflight:{t}:p", "inflight:{t}:m"}
 	}
 	for range 3 {
-		res, err := acquireScript.Run(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
+		res, err := runAcquire(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), res[0], "the same lease is admitted again, not refused")
 	}
-	res, err := acquireScript.Run(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
+	res, err := runAcquire(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 1}, res[:3], "another lease is refused: key 1 is full with 1")
 	assert.Equal(t, []string{"lease-1"}, m.leases("p"))
@@ -137,11 +152,11 @@ func TestAcquireScriptCarries(t *testing.T) {
 	m.srv.Set(tomb+"released", "1")
 	keys := []string{epoch, "inflight:{t}#pause", tomb + "new", "inflight:{t}:k",
 		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
-	res, err := acquireScript.Run(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", "released").Int64Slice()
+	res, err := runAcquire(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", "released").Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 0, 0}, res[:3], "admitted: the carried lease and this one fill the cap of 2")
 	assert.ElementsMatch(t, []string{"degraded", "new"}, m.leases("k"))
-	res, err = acquireScript.Run(ctx, c, keys[:4], "another", 3000, 1, 0, 0, 0, 2).Int64Slice()
+	res, err = runAcquire(ctx, c, keys[:4], "another", 3000, 1, 0, 0, 0, 2).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 2}, res[:3], "full")
 	e, err := m.srv.Get(epoch)

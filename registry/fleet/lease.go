@@ -59,6 +59,7 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	if h.Bypassed {
 		return true
 	}
+	l.r.holdTime.Observe(time.Now().UnixNano() - h.At)
 	out, limitPanic := l.releasing()
 	func() {
 		if out != nil { // even if the local release panics (an Observer)
@@ -102,6 +103,9 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	if l.degraded {
 		delete(r.degraded, l)
 		r.degraded = remade(r.degraded, &r.degradedPeak)
+		for _, name := range l.names {
+			r.wokenByLocked(name)
+		}
 	}
 	// A degraded lease is not in Redis: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.

@@ -275,10 +275,10 @@ func TestPauseScripts(t *testing.T) {
 	const epochKey, pauseKey, key = "inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k"
 	acquire := func(id string, known int64, pause, ttl int64) []int64 {
 		t.Helper()
-		res, err := acquireScript.Run(ctx, c, []string{epochKey, pauseKey, "inflight:{t}:abandoned:" + id, key},
+		res, err := runAcquire(ctx, c, []string{epochKey, pauseKey, "inflight:{t}:abandoned:" + id, key},
 			id, ttl, 1, 0, known, pause, 5).Int64Slice()
 		require.NoError(t, err)
-		require.Len(t, res, 6)
+		require.Len(t, res, replyLen)
 		return res
 	}
 	renew := func(id string, mode int, leaseEpoch, known int64) int64 {

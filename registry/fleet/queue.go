@@ -1,243 +1,184 @@
 package fleet
 
-import (
-	"context"
-	"errors"
-	"fmt"
-	"math"
-
-	"github.com/redis/go-redis/v9"
-)
-
 // The fleet's queue: one order for the waiters of every process on a
 // capped key, kept in Redis beside the key's leases, and a hand-off of
-// freed capacity to its head. It is the part of fleet-wide waits that runs
-// on the server; Acquire does not use it yet (it polls, see Waiting in the
-// package documentation).
+// freed capacity to its head. The acquire, release and abandon scripts
+// share the Lua below.
 //
 // A waiter is a ticket: the lease id it will hold. Its place is a member of
 // <key>#q, a sorted set whose members all score 0 and so sort by their
 // bytes: the priority class's rank, then the start tag of start-time fair
 // queuing between flows, then an arrival number, then the ticket's process
 // and the ticket. So the head is the first waiter of the highest class,
-// flows take turns in proportion to their weights (a flow's next start tag
-// is its last one plus 1/weight, and no earlier than the virtual time, the
-// start tag of the last ticket granted), and a flow's waiters keep their
-// order. <key>#t maps each queued ticket to its member and its flow;
-// <key>#v holds the virtual time, each flow's last start tag and queued
-// count, and the arrival counter; it is deleted when the queue empties, so
-// tags start from 0 after every backlog.
+// the flows of a class take turns in proportion to their weights (a flow's
+// next start tag is its last one plus 1/weight, and no earlier than the
+// class's virtual time, the start tag of its last ticket granted), and a
+// flow's waiters keep their order. <key>#t maps each queued ticket to its
+// member, its flow, and, for a ticket of several keys, all of its keys and
+// their limits; <key>#v holds the virtual times, each flow's last start
+// tag and queued count, the arrival counter and the places kept (below).
+// Both go when the queue empties, so tags start from 0 after every
+// backlog.
 //
-// Every script that may free capacity on the key, or finds it free, serves
-// the queue first: it drops expired leases and, while the key has room,
-// grants the head a lease of the claim window's length and publishes its
-// ticket on its process's channel (<prefix>{<name>}#wake:<process>), so
-// that only that process wakes. The waiter claims its grant by running the
-// admit script again, which extends the lease to the full TTL. A waiter
-// that died or went slow costs the key at most the claim window; a head
-// whose process has missed its liveness deadline (<prefix>{<name>}#procs,
-// process to deadline in server milliseconds, renewed by each process's
-// heartbeat) is dropped, not granted, so a killed process's tickets delay
-// no one by more than the liveness TTL. A newcomer never passes a queued
-// waiter: the key can have room after serving only if nobody is queued.
+// A ticket of several keys (AcquireAll) is queued on each of them, holds
+// nothing while it waits, and is granted by whichever key's turn finds
+// room on all of its keys. A grant that passes it over is counted, per
+// key; at maxPassed that key keeps a place for it (#v's r counts them),
+// which only it may take: as a local AcquireAll, it is then served once
+// all of its keys have room.
+//
+// Every script that may free capacity on a key, or finds it free, serves
+// its queue first (serve): it drops expired leases and, while the key has
+// room, grants the first waiter that can take it a lease of the claim
+// window's length on each of its keys and publishes its ticket on its
+// process's channel (<prefix>{<name>}#wake:<process>), so that only that
+// process wakes. The waiter claims its grant by running the acquire script
+// again, which extends the lease to the full TTL. A waiter that died or
+// went slow costs the key at most the claim window; a waiter whose process
+// has missed its liveness deadline (<prefix>{<name>}#procs, process to
+// deadline in server milliseconds, renewed by each process's heartbeat
+// and by its waiters' calls) is dropped, not granted, so a killed
+// process's tickets delay no one by more than the liveness TTL. A newcomer
+// never passes a waiter that could take the room: it is served first.
+// While new admissions are paused (Redis lost its data) nothing is served.
 
-// queueLua is the part the queue's scripts share.
-const queueLua = `
-local function now_ms()
-  local t = redis.call('TIME')
+// baseLua is what every script with a time shares.
+const baseLua = `
+local function nowMS(t)
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 end
+-- A key expires with its latest lease, never sooner: a lease of a
+-- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
+-- may be in it.
 local function cover(k, ttl)
   if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
 end
--- unqueue takes ticket (member m) out of the queue, with its flow's count.
-local function unqueue(Q, T, V, m, ticket)
-  redis.call('ZREM', Q, m)
-  local flow = redis.call('HGET', T, 'f|' .. ticket)
-  redis.call('HDEL', T, ticket, 'f|' .. ticket)
-  if flow then redis.call('HINCRBY', V, 'n|' .. flow, -1) end
-end
--- serve grants the queue's heads while K has room under limit.
-local function serve(K, Q, T, V, P, limit, claim, now, chans)
-  redis.call('ZREMRANGEBYSCORE', K, '-inf', now)
-  while redis.call('ZCARD', K) < limit do
-    local head = redis.call('ZRANGE', Q, 0, 0)
-    if #head == 0 then break end
-    local m = head[1]
-    local tag, proc, ticket = string.match(m, '^%d+|([^|]+)|%d+|([^|]*)|(.+)$')
-    unqueue(Q, T, V, m, ticket)
-    local alive = tonumber(redis.call('HGET', P, proc))
-    if alive and alive > now then
-      redis.call('ZADD', K, now + claim, ticket)
-      cover(K, claim)
-      redis.call('HSET', V, 'V', tag)
-      redis.call('PUBLISH', chans .. proc, ticket)
-    end
-  end
-  if redis.call('ZCARD', Q) == 0 then redis.call('DEL', V) end
-end
-local K, Q, T, V, P = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 `
 
-// Statuses of the queue's admit script.
-const (
-	queueRefused  = 0 // full, and the caller does not wait
-	queueAdmitted = 1 // the ticket holds a lease of the full TTL
-	queueWaiting  = 2 // the ticket is queued
-	queueFull     = 3 // the queue is at its bound
-	queueFlowFull = 4 // the caller's flow is at its bound in the queue
-)
-
-// queueAdmitScript admits a ticket, claims its grant, or queues it.
-//
-//	KEYS: the capped key, its #q, #t and #v, the name's #procs
-//	ARGV: ticket, ttl ms, limit, claim ms, wait (0 or 1), class rank, flow,
-//	      flow weight, process, channel prefix, queue bound, flow bound
-//	      (bounds: 0 for none)
-//
-// It serves the queue, then: a ticket that holds a lease (its grant, or a
-// retried call) has it extended to the TTL and is admitted; a ticket still
-// queued is told so; a newcomer takes a lease if the key has room (then
-// nobody is queued), else is refused, or, if it waits, queued unless a
-// bound says no. It returns {status, the key's lease count, the queue's
-// length, the key's earliest lease expiry (0: none), now}, times in server
-// milliseconds.
-var queueAdmitScript = redis.NewScript(queueLua + `
-local ticket, ttl, limit, claim = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local now = now_ms()
-serve(K, Q, T, V, P, limit, claim, now, ARGV[10])
-if redis.call('ZSCORE', K, ticket) then
-  redis.call('ZADD', K, 'XX', now + ttl, ticket)
-  cover(K, ttl)
-  return {1, redis.call('ZCARD', K), redis.call('ZCARD', Q), 0, now}
-end
-local queued = redis.call('ZCARD', Q)
-local count = redis.call('ZCARD', K)
-if redis.call('HEXISTS', T, ticket) == 1 then return {2, count, queued, 0, now} end
-if count < limit then
-  redis.call('ZADD', K, now + ttl, ticket)
-  cover(K, ttl)
-  return {1, count + 1, queued, 0, now}
-end
-local first = redis.call('ZRANGE', K, 0, 0, 'WITHSCORES')
-local earliest = 0
-if first[2] then earliest = tonumber(first[2]) end
-if ARGV[5] ~= '1' then return {0, count, queued, earliest, now} end
-local maxQ, maxF, flow = tonumber(ARGV[11]), tonumber(ARGV[12]), ARGV[7]
-if maxQ > 0 and queued >= maxQ then return {3, count, queued, earliest, now} end
-if maxF > 0 and (tonumber(redis.call('HGET', V, 'n|' .. flow)) or 0) >= maxF then
-  return {4, count, queued, earliest, now}
-end
-local vt = tonumber(redis.call('HGET', V, 'V')) or 0
-local tag = math.max(vt, tonumber(redis.call('HGET', V, 'f|' .. flow)) or 0)
-redis.call('HSET', V, 'f|' .. flow, string.format('%.6f', tag + 1 / tonumber(ARGV[8])))
-local seq = redis.call('HINCRBY', V, 'seq', 1)
-local m = string.format('%d|%020.6f|%012d|%s|%s', tonumber(ARGV[6]), tag, seq, ARGV[9], ticket)
-redis.call('ZADD', Q, 0, m)
-redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow)
-redis.call('HINCRBY', V, 'n|' .. flow, 1)
-for _, k in ipairs({Q, T, V}) do cover(k, 3 * ttl) end
-return {2, count, queued + 1, earliest, now}
-`)
-
-// queueLeaveScript takes a ticket out: its place in the queue, or the
-// lease it was granted and has not claimed (or holds: the caller knows
-// which it is), and serves the queue.
-//
-//	KEYS: as queueAdmitScript
-//	ARGV: ticket, limit, claim ms, channel prefix
-//
-// It returns 1 if it removed a lease, else 0.
-var queueLeaveScript = redis.NewScript(queueLua + `
-local ticket, limit, claim = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
-local m = redis.call('HGET', T, ticket)
-if m then
-  unqueue(Q, T, V, m, ticket)
-  if redis.call('ZCARD', Q) == 0 then redis.call('DEL', V) end
+// queueLua is the queue's part of the scripts (after baseLua).
+const queueLua = `
+local maxPassed, scanMax = 8, 64
+local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
+local function earliestOf(k)
+  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
   return 0
 end
-local removed = redis.call('ZREM', K, ticket)
-serve(K, Q, T, V, P, limit, claim, now_ms(), ARGV[4])
-return removed
-`)
-
-// queueAliveScript renews a process's liveness deadline: now plus ttl ms.
-//
-//	KEYS: the name's #procs
-//	ARGV: process, ttl ms
-var queueAliveScript = redis.NewScript(`
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local ttl = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[1], now + ttl)
-if redis.call('PTTL', KEYS[1]) < 2 * ttl then redis.call('PEXPIRE', KEYS[1], 2 * ttl) end
-return now
-`)
-
-// queueKeys are the keys of one capped key's queue.
-type queueKeys struct {
-	key, procs string
-	wake       string // the prefix of the processes' channels
-}
-
-func (q queueKeys) list() []string {
-	return []string{q.key, q.key + "#q", q.key + "#t", q.key + "#v", q.procs}
-}
-
-// ticket is a waiter as the queue sees it.
-type ticket struct {
-	id      string // its lease id
-	proc    string // its process
-	rank    uint8  // its priority class's rank: lower goes first
-	flow    string
-	weight  float64 // its flow's weight, > 0
-	wait    bool    // queue it if the key is full
-	maxQ    int     // the queue's bound (0: none)
-	maxFlow int     // its flow's bound in the queue (0: none)
-}
-
-// queueReply is what the admit script found.
-type queueReply struct {
-	status   int
-	count    int   // the key's leases
-	queued   int   // the queue's length
-	earliest int64 // the key's earliest lease expiry, server ms (0: none)
-	now      int64 // server ms
-}
-
-var (
-	errQueueReply  = errors.New("fleet: unexpected queue script reply")
-	errQueueWeight = errors.New("fleet: a flow's weight must be a positive number")
-)
-
-// queueAdmit runs queueAdmitScript for t on q's key under limit, with
-// leases of ttl ms granted for claim ms.
-func queueAdmit(ctx context.Context, rdb redis.Scripter, q queueKeys, t ticket, ttl, claim int64, limit int) (queueReply, error) {
-	if !(t.weight > 0) || math.IsInf(t.weight, 1) {
-		return queueReply{}, fmt.Errorf("%w: %v", errQueueWeight, t.weight)
-	}
-	wait := 0
-	if t.wait {
-		wait = 1
-	}
-	res, err := queueAdmitScript.Run(ctx, rdb, q.list(), t.id, ttl, limit, claim, wait, t.rank, t.flow, t.weight, t.proc, q.wake, t.maxQ, t.maxFlow).Int64Slice()
-	if err != nil {
-		return queueReply{}, err
-	}
-	if len(res) != 5 {
-		return queueReply{}, fmt.Errorf("%w: %v", errQueueReply, res)
-	}
-	return queueReply{status: int(res[0]), count: int(res[1]), queued: int(res[2]), earliest: res[3], now: res[4]}, nil
-}
-
-// queueLeave runs queueLeaveScript for ticket id, and reports whether it
-// removed a lease.
-func queueLeave(ctx context.Context, rdb redis.Scripter, q queueKeys, id string, claim int64, limit int) (bool, error) {
-	n, err := queueLeaveScript.Run(ctx, rdb, q.list(), id, limit, claim, q.wake).Int64()
-	return n == 1, err
-}
-
-// queueAlive renews proc's liveness deadline to ttl ms from now.
-func queueAlive(ctx context.Context, rdb redis.Scripter, q queueKeys, proc string, ttl int64) error {
-	return queueAliveScript.Run(ctx, rdb, []string{q.procs}, proc, ttl).Err()
-}
+-- unqueue takes ticket out of k's queue, with its flow's count and the
+-- place kept for it, and returns its member there (nil: not queued).
+local function unqueue(k, ticket)
+  local Q, T, V = qkeys(k)
+  local m = redis.call('HGET', T, ticket)
+  if not m then return nil end
+  redis.call('ZREM', Q, m)
+  local flow = redis.call('HGET', T, 'f|' .. ticket)
+  if flow then redis.call('HINCRBY', V, 'n|' .. flow, -1) end
+  if redis.call('HDEL', V, 'u|' .. ticket) == 1 then redis.call('HINCRBY', V, 'r', -1) end
+  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket)
+  if redis.call('EXISTS', Q) == 0 then redis.call('DEL', T, V) end
+  return m
+end
+-- ticketKeys returns the {key, limit} pairs of a ticket queued on k.
+local function ticketKeys(T, ticket, k, limit)
+  local packed = redis.call('HGET', T, 'k|' .. ticket)
+  if packed then return cjson.decode(packed) end
+  return {{k, limit}}
+end
+-- roomFor returns the places k has for ticket (nil: a newcomer): its free
+-- capacity less the places kept for other tickets.
+local function roomFor(k, limit, ticket, now)
+  local _, _, V = qkeys(k)
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  local kept = tonumber(redis.call('HGET', V, 'r')) or 0
+  if ticket and redis.call('HEXISTS', V, 'u|' .. ticket) == 1 then kept = kept - 1 end
+  return limit - redis.call('ZCARD', k) - kept
+end
+-- passOver counts a grant on k that passed ticket over.
+local function passOver(k, ticket)
+  local _, T, V = qkeys(k)
+  if redis.call('HINCRBY', T, 'p|' .. ticket, 1) == maxPassed then
+    redis.call('HSET', V, 'u|' .. ticket, 1)
+    redis.call('HINCRBY', V, 'r', 1)
+  end
+end
+-- grant gives ticket a lease of the claim window on each of its keys
+-- (kl), takes it out of their queues, moving each class's virtual time to
+-- its start tag there, and wakes its process.
+local function grant(kl, ticket, proc, now, claim, chans)
+  for _, e in ipairs(kl) do
+    local Q, _, V = qkeys(e[1])
+    local m = unqueue(e[1], ticket)
+    if m and redis.call('EXISTS', Q) == 1 then
+      local rank, tag = string.match(m, '^(%d+)|([^|]+)|')
+      redis.call('HSET', V, 'V|' .. rank, tag)
+    end
+    -- GT: a lease the ticket holds already (put back after an outage) is
+    -- not shortened.
+    redis.call('ZADD', e[1], 'GT', now + claim, ticket)
+    cover(e[1], claim)
+  end
+  redis.call('PUBLISH', chans .. proc, ticket)
+end
+-- serve grants k's waiters in order while k has room: each that can take
+-- it on all of its keys; a waiter of a dead process is dropped.
+local function serve(k, limit, now, claim, chans, P)
+  local Q, T = k .. '#q', k .. '#t'
+  if redis.call('EXISTS', Q) == 0 then return end
+  local i, steps, passed = 0, 0, {}
+  while i < scanMax and steps < 4 * scanMax do
+    steps = steps + 1
+    redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+    if redis.call('ZCARD', k) >= limit then return end
+    local head = redis.call('ZRANGE', Q, i, i)
+    if #head == 0 then return end
+    local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
+    local kl = ticketKeys(T, ticket, k, limit)
+    local alive = tonumber(redis.call('HGET', P, proc))
+    if not alive or alive <= now then
+      for _, e in ipairs(kl) do unqueue(e[1], ticket) end
+    else
+      local ok = true
+      for _, e in ipairs(kl) do
+        if roomFor(e[1], e[2], ticket, now) <= 0 then ok = false break end
+      end
+      if ok then
+        grant(kl, ticket, proc, now, claim, chans)
+        for _, p in ipairs(passed) do passOver(k, p) end
+      else
+        if #kl > 1 then passed[#passed + 1] = ticket end
+        i = i + 1
+      end
+    end
+  end
+end
+-- enqueue queues ticket on each of its keys (kl).
+local function enqueue(kl, ticket, rank, flow, weight, proc, ttl)
+  local packed
+  if #kl > 1 then packed = cjson.encode(kl) end
+  for _, e in ipairs(kl) do
+    local Q, T, V = qkeys(e[1])
+    local fk = 'f|' .. rank .. '|' .. flow
+    local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
+    local tag = math.max(vt, tonumber(redis.call('HGET', V, fk)) or 0)
+    redis.call('HSET', V, fk, string.format('%.6f', tag + 1 / weight))
+    local seq = redis.call('HINCRBY', V, 'seq', 1)
+    local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
+    redis.call('ZADD', Q, 0, m)
+    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow)
+    if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
+    redis.call('HINCRBY', V, 'n|' .. flow, 1)
+  end
+end
+-- keepQueued keeps the queues of kl from expiring under their waiters.
+local function keepQueued(kl, ttl)
+  for _, e in ipairs(kl) do
+    local Q, T, V = qkeys(e[1])
+    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl)
+  end
+end
+-- alive renews proc's liveness deadline in P.
+local function alive(P, proc, now, ms)
+  redis.call('HSET', P, proc, now + ms)
+  cover(P, 2 * ms)
+end
+`

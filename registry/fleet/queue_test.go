@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"math"
 	"testing"
 	"time"
 
@@ -22,47 +21,113 @@ const (
 	qClaim = 2_000  // ms
 )
 
+// queueRig runs the scripts on a real redis-server, for keys of the
+// Registry name "n" under the prefix "q".
 type queueRig struct {
 	t   *testing.T
 	rdb *redis.Client
-	q   queueKeys
 }
+
+const (
+	qKey   = "q{n}:k"
+	qProcs = "q{n}#procs"
+	qWake  = "q{n}#wake:"
+)
 
 func newQueueRig(t *testing.T) *queueRig {
 	srv := fleettest.Start(t)
-	rig := &queueRig{t: t, rdb: srv.Client(), q: queueKeys{key: "q{n}:k", procs: "q{n}#procs", wake: "q{n}#wake:"}}
+	rig := &queueRig{t: t, rdb: srv.Client()}
 	rig.alive("p1")
 	return rig
 }
 
 func (rig *queueRig) alive(proc string) {
-	require.NoError(rig.t, queueAlive(context.Background(), rig.rdb, rig.q, proc, qTTL))
+	require.NoError(rig.t, aliveScript.Run(context.Background(), rig.rdb, []string{qProcs}, proc, qTTL).Err())
 }
 
-// admit runs the admit script for tk under limit.
+// ticket is a caller as the acquire script sees it.
+type ticket struct {
+	id, proc, flow string
+	rank           uint8
+	weight         int
+	wait           bool
+	maxQ, maxFlow  int      // 0: none
+	keys           []string // default: qKey
+	limits         []int    // default: the limit admit is given, for each key
+}
+
+// queueReply is what the acquire script found.
+type queueReply struct {
+	status, index, count int
+	earliest, now        int64
+	queued               int
+}
+
+// admit runs the acquire script for tk under limit.
 func (rig *queueRig) admit(tk ticket, limit int) queueReply {
 	rig.t.Helper()
 	if tk.proc == "" {
 		tk.proc = "p1"
 	}
-	if tk.weight == 0 {
-		tk.weight = 1
+	tk.weight = max(tk.weight, 1)
+	if tk.keys == nil {
+		tk.keys = []string{qKey}
 	}
-	rp, err := queueAdmit(context.Background(), rig.rdb, rig.q, tk, qTTL, qClaim, limit)
+	bound := func(n int) int {
+		if n == 0 {
+			return -1
+		}
+		return n
+	}
+	wait := 0
+	if tk.wait {
+		wait = 1
+	}
+	keys := append([]string{"q{n}#epoch", "q{n}#pause", "q{n}:abandoned:" + tk.id, qProcs}, tk.keys...)
+	args := []any{tk.id, qTTL, len(tk.keys), 0, 0, 0, wait, qClaim, tk.rank, tk.flow, tk.weight,
+		tk.proc, qWake, bound(tk.maxQ), bound(tk.maxFlow), qTTL}
+	for i := range tk.keys {
+		if tk.limits != nil {
+			args = append(args, tk.limits[i])
+		} else {
+			args = append(args, limit)
+		}
+	}
+	res, err := acquireScript.Run(context.Background(), rig.rdb, keys, args...).Int64Slice()
 	require.NoError(rig.t, err)
-	return rp
+	require.Len(rig.t, res, replyLen)
+	return queueReply{status: int(res[0]), index: int(res[1]), count: int(res[2]), earliest: res[3], now: res[4], queued: int(res[6])}
 }
 
-func (rig *queueRig) leave(id string, limit int) bool {
+// release removes lease id from qKey (limit) and serves the queue.
+func (rig *queueRig) release(id string, limit int) {
 	rig.t.Helper()
-	removed, err := queueLeave(context.Background(), rig.rdb, rig.q, id, qClaim, limit)
-	require.NoError(rig.t, err)
-	return removed
+	rig.releaseFrom(id, []string{qKey}, []int{limit}, qClaim)
+}
+
+func (rig *queueRig) releaseFrom(id string, keys []string, limits []int, claim int) {
+	rig.t.Helper()
+	args := []any{claim, qWake}
+	for i := range keys {
+		args = append(args, id, limits[i])
+	}
+	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append([]string{"q{n}#pause", qProcs}, keys...), args...).Err())
+}
+
+// withdraw takes ticket id back: its place, or its grant, on qKey.
+func (rig *queueRig) withdraw(id string, limit int) {
+	rig.t.Helper()
+	keys := []string{"q{n}#pause", qProcs, qKey, "q{n}:abandoned:" + id}
+	require.NoError(rig.t, abandonScript.Run(context.Background(), rig.rdb, keys, id, qTTL, 0, qClaim, qWake, limit).Err())
 }
 
 // holders returns the key's lease ids, by expiry.
 func (rig *queueRig) holders() []string {
-	ids, err := rig.rdb.ZRange(context.Background(), rig.q.key, 0, -1).Result()
+	return rig.holdersOf(qKey)
+}
+
+func (rig *queueRig) holdersOf(key string) []string {
+	ids, err := rig.rdb.ZRange(context.Background(), key, 0, -1).Result()
 	require.NoError(rig.t, err)
 	return ids
 }
@@ -75,7 +140,8 @@ func (rig *queueRig) handOff(held string, limit int) string {
 	for _, id := range rig.holders() {
 		before[id] = true
 	}
-	require.True(rig.t, rig.leave(held, limit), "%s held a lease", held)
+	require.True(rig.t, before[held], "%s held a lease", held)
+	rig.release(held, limit)
 	for _, id := range rig.holders() {
 		if !before[id] {
 			return id
@@ -87,52 +153,52 @@ func (rig *queueRig) handOff(held string, limit int) string {
 func TestQueueHandsOffInOrder(t *testing.T) {
 	rig := newQueueRig(t)
 	ctx := context.Background()
-	sub := rig.rdb.Subscribe(ctx, rig.q.wake+"p1")
+	sub := rig.rdb.Subscribe(ctx, qWake+"p1")
 	defer sub.Close()
 	_, err := sub.Receive(ctx) // subscribed
 	require.NoError(t, err)
 
-	assert.Equal(t, queueAdmitted, rig.admit(ticket{id: "a"}, 2).status)
-	assert.Equal(t, queueAdmitted, rig.admit(ticket{id: "b"}, 2).status)
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "a"}, 2).status)
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "b"}, 2).status)
 	rp := rig.admit(ticket{id: "c"}, 2)
-	assert.Equal(t, queueRefused, rp.status, "full, and c does not wait")
+	assert.Equal(t, acquireFull, rp.status, "full, and c does not wait")
 	assert.Equal(t, 2, rp.count)
 	assert.Greater(t, rp.earliest, rp.now, "the earliest expiry, for Retry-After")
 
-	assert.Equal(t, queueWaiting, rig.admit(ticket{id: "c", wait: true}, 2).status)
+	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "c", wait: true}, 2).status)
 	rp = rig.admit(ticket{id: "d", wait: true}, 2)
-	assert.Equal(t, queueWaiting, rp.status)
+	assert.Equal(t, acquireQueued, rp.status)
 	assert.Equal(t, 2, rp.queued)
-	assert.Equal(t, queueWaiting, rig.admit(ticket{id: "c", wait: true}, 2).status, "asked again: still queued")
-	assert.Equal(t, queueRefused, rig.admit(ticket{id: "e"}, 2).status, "a newcomer does not pass the queue")
+	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "c", wait: true}, 2).status, "asked again: still queued")
+	assert.Equal(t, acquireFull, rig.admit(ticket{id: "e"}, 2).status, "a newcomer does not pass the queue")
 
 	assert.Equal(t, "c", rig.handOff("a", 2), "the head takes the freed lease")
 	msg, err := sub.ReceiveMessage(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, "c", msg.Payload, "its process is told which ticket")
-	score, err := rig.rdb.ZScore(ctx, rig.q.key, "c").Result()
+	score, err := rig.rdb.ZScore(ctx, qKey, "c").Result()
 	require.NoError(t, err)
 	rp = rig.admit(ticket{id: "c", wait: true}, 2)
-	require.Equal(t, queueAdmitted, rp.status, "c claims its grant")
-	claimed, err := rig.rdb.ZScore(ctx, rig.q.key, "c").Result()
+	require.Equal(t, acquireAdmitted, rp.status, "c claims its grant")
+	claimed, err := rig.rdb.ZScore(ctx, qKey, "c").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, float64(rp.now+qTTL), claimed, 1000, "the claim extends the lease to the TTL")
 	assert.Less(t, score, claimed)
-	assert.Equal(t, queueWaiting, rig.admit(ticket{id: "d", wait: true}, 2).status)
+	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "d", wait: true}, 2).status)
 }
 
 func TestQueueOrderClassThenArrival(t *testing.T) {
 	rig := newQueueRig(t)
-	require.Equal(t, queueAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
 	for _, tk := range []ticket{{id: "b1", rank: 2}, {id: "b2", rank: 2}, {id: "i1", rank: 0}, {id: "s1", rank: 1}, {id: "i2", rank: 0}} {
 		tk.wait = true
-		require.Equal(t, queueWaiting, rig.admit(tk, 1).status)
+		require.Equal(t, acquireQueued, rig.admit(tk, 1).status)
 	}
 	var order []string
 	held := "x"
 	for range 5 {
 		held = rig.handOff(held, 1)
-		require.Equal(t, queueAdmitted, rig.admit(ticket{id: held, wait: true}, 1).status)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, wait: true}, 1).status)
 		order = append(order, held)
 	}
 	assert.Equal(t, []string{"i1", "i2", "s1", "b1", "b2"}, order, "by class, then in arrival order")
@@ -140,14 +206,14 @@ func TestQueueOrderClassThenArrival(t *testing.T) {
 
 func TestQueueFlowsShareByWeight(t *testing.T) {
 	rig := newQueueRig(t)
-	require.Equal(t, queueAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
 	// The heavy flow queues all its waiters first; the light one comes
 	// after, with three times its weight.
 	for i := range 40 {
-		require.Equal(t, queueWaiting, rig.admit(ticket{id: fmt.Sprint("a", i), flow: "a", weight: 1, wait: true}, 1).status)
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("a", i), flow: "a", weight: 1, wait: true}, 1).status)
 	}
 	for i := range 40 {
-		require.Equal(t, queueWaiting, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", weight: 3, wait: true}, 1).status)
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", weight: 3, wait: true}, 1).status)
 	}
 	got := map[byte]int{}
 	held := "x"
@@ -174,74 +240,65 @@ func TestQueueFlowsShareByWeight(t *testing.T) {
 func TestQueueSkipsADeadProcess(t *testing.T) {
 	rig := newQueueRig(t)
 	ctx := context.Background()
-	require.Equal(t, queueAdmitted, rig.admit(ticket{id: "x"}, 1).status)
-	require.NoError(t, rig.rdb.HSet(ctx, rig.q.procs, "p2", 1).Err()) // its deadline passed long ago
-	require.Equal(t, queueWaiting, rig.admit(ticket{id: "dead", proc: "p2", wait: true}, 1).status)
-	require.Equal(t, queueWaiting, rig.admit(ticket{id: "live", wait: true}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "dead", proc: "p2", wait: true}, 1).status)
+	require.NoError(t, rig.rdb.HSet(ctx, qProcs, "p2", 1).Err()) // then p2 died: its deadline passed long ago
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "live", wait: true}, 1).status)
 	assert.Equal(t, "live", rig.handOff("x", 1), "the dead process's ticket is dropped, not granted")
-	n, err := rig.rdb.ZCard(ctx, rig.q.key+"#q").Result()
+	n, err := rig.rdb.ZCard(ctx, qKey+"#q").Result()
 	require.NoError(t, err)
 	assert.Zero(t, n)
 }
 
 func TestQueueClaimWindow(t *testing.T) {
 	rig := newQueueRig(t)
-	ctx := context.Background()
-	require.Equal(t, queueAdmitted, rig.admit(ticket{id: "x"}, 1).status)
-	require.Equal(t, queueWaiting, rig.admit(ticket{id: "slow", wait: true}, 1).status)
-	require.Equal(t, queueWaiting, rig.admit(ticket{id: "next", wait: true}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "slow", wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "next", wait: true}, 1).status)
 	const claim = 50 // ms
-	removed, err := queueLeave(ctx, rig.rdb, rig.q, "x", claim, 1)
-	require.NoError(t, err)
-	require.True(t, removed)
+	rig.releaseFrom("x", []string{qKey}, []int{1}, claim)
 	assert.Equal(t, []string{"slow"}, rig.holders(), "granted for the claim window")
 	// slow never claims: once the window has passed, the next script call
 	// (here next's own, as it polls) hands the lease on.
 	var rp queueReply
 	require.Eventually(t, func() bool {
-		rp, err = queueAdmit(ctx, rig.rdb, rig.q, ticket{id: "next", proc: "p1", weight: 1, wait: true}, qTTL, qClaim, 1)
-		return err == nil && rp.status != queueWaiting
+		rp = rig.admit(ticket{id: "next", wait: true}, 1)
+		return rp.status != acquireQueued
 	}, 5*time.Second, 10*time.Millisecond)
-	assert.Equal(t, queueAdmitted, rp.status, "next is served and claims in one call")
+	assert.Equal(t, acquireAdmitted, rp.status, "next is served and claims in one call")
 	assert.Equal(t, []string{"next"}, rig.holders())
 }
 
 func TestQueueBounds(t *testing.T) {
 	rig := newQueueRig(t)
-	require.Equal(t, queueAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
 	tk := func(id, flow string) ticket {
 		return ticket{id: id, flow: flow, wait: true, maxQ: 3, maxFlow: 2}
 	}
-	assert.Equal(t, queueWaiting, rig.admit(tk("a1", "a"), 1).status)
-	assert.Equal(t, queueWaiting, rig.admit(tk("a2", "a"), 1).status)
-	assert.Equal(t, queueFlowFull, rig.admit(tk("a3", "a"), 1).status, "flow a has 2 queued")
-	assert.Equal(t, queueWaiting, rig.admit(tk("b1", "b"), 1).status)
+	assert.Equal(t, acquireQueued, rig.admit(tk("a1", "a"), 1).status)
+	assert.Equal(t, acquireQueued, rig.admit(tk("a2", "a"), 1).status)
+	assert.Equal(t, acquireFlowMax, rig.admit(tk("a3", "a"), 1).status, "flow a has 2 queued")
+	assert.Equal(t, acquireQueued, rig.admit(tk("b1", "b"), 1).status)
 	rp := rig.admit(tk("c1", "c"), 1)
-	assert.Equal(t, queueFull, rp.status, "3 queued")
+	assert.Equal(t, acquireQueueMax, rp.status, "3 queued")
 	assert.Equal(t, 3, rp.queued)
 
-	assert.False(t, rig.leave("a1", 1), "a queued ticket leaves without a lease")
-	assert.Equal(t, queueWaiting, rig.admit(tk("a3", "a"), 1).status, "flow a has room again")
-}
-
-func TestQueueRefusesABadWeight(t *testing.T) {
-	for _, w := range []float64{0, -1, math.NaN(), math.Inf(1)} {
-		_, err := queueAdmit(context.Background(), nil, queueKeys{}, ticket{id: "a", weight: w}, qTTL, qClaim, 1)
-		assert.ErrorIs(t, err, errQueueWeight, "weight %v", w)
-	}
+	rig.withdraw("a1", 1)
+	assert.Equal(t, acquireQueued, rig.admit(tk("a3", "a"), 1).status, "flow a has room again")
 }
 
 func TestQueueLeaveGrantedHandsOn(t *testing.T) {
 	rig := newQueueRig(t)
-	require.Equal(t, queueAdmitted, rig.admit(ticket{id: "x"}, 1).status)
-	require.Equal(t, queueWaiting, rig.admit(ticket{id: "w1", wait: true}, 1).status)
-	require.Equal(t, queueWaiting, rig.admit(ticket{id: "w2", wait: true}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "w1", wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "w2", wait: true}, 1).status)
 	require.Equal(t, "w1", rig.handOff("x", 1))
 	// w1's caller gave up before it claimed: its grant goes to w2.
-	assert.Equal(t, "w2", rig.handOff("w1", 1))
-	assert.Equal(t, queueAdmitted, rig.admit(ticket{id: "w2", wait: true}, 1).status)
+	rig.withdraw("w1", 1)
+	assert.Equal(t, []string{"w2"}, rig.holders())
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "w2", wait: true}, 1).status)
 	// The queue is empty: its keys are gone, tags start anew.
-	n, err := rig.rdb.Exists(context.Background(), rig.q.key+"#q", rig.q.key+"#t", rig.q.key+"#v").Result()
+	n, err := rig.rdb.Exists(context.Background(), qKey+"#q", qKey+"#t", qKey+"#v").Result()
 	require.NoError(t, err)
 	assert.Zero(t, n)
 }

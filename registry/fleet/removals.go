@@ -166,13 +166,13 @@ func (r *Registry[K]) flushRemovals() {
 	r.survive("removal", func() { r.sendRemovals(ctx) })
 }
 
-// remove deletes leases from Redis and publishes the wake-ups, each call
+// remove deletes leases from Redis and serves their keys' queues, each call
 // within the call timeout (and ctx). It returns those it could not remove.
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
-	var keys []string
-	args := []any{r.channel}
+	keys := []string{r.pauseKey, r.procsKey}
+	args := []any{r.claim.Milliseconds(), r.wakePrefix}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
@@ -192,7 +192,7 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 		}
 		failed = append(failed, r.abandonAll(ctx, chunk)...)
 	}
-	if len(keys) == 0 {
+	if len(plain) == 0 {
 		return failed
 	}
 	// Each call its own deadline, not the stopping context: a release
@@ -211,9 +211,9 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lease[K] {
 	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
 	for i, l := range leases {
-		keys[i] = append(slices.Clip(l.names), r.tombstone(l.id))
-		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), scriptUntil(l.until), r.channel}
-		if len(l.limits) == len(l.names) { // the wake-ups need them
+		keys[i] = append(append([]string{r.pauseKey, r.procsKey}, l.names...), r.tombstone(l.id))
+		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), scriptUntil(l.until), r.claim.Milliseconds(), r.wakePrefix}
+		if len(l.limits) == len(l.names) { // serving the queues needs them
 			for _, n := range l.limits {
 				args[i] = append(args[i], n)
 			}

@@ -53,15 +53,10 @@ import "github.com/redis/go-redis/v9"
 // epochLua is the start the acquire and renew scripts share: it reads the
 // epoch, making it if missing, declares the pause if the caller saw
 // another epoch, and returns the epoch and the time until which new
-// admissions are paused (0: not paused). Call it after now is known.
+// admissions are paused (0: not paused). It follows baseLua; call it after
+// now is known.
 const epochLua = `
 local maxPauseMS, unlimited = 300000, 9e18
--- A key expires with its latest lease, never sooner: a lease of a
--- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
--- may be in it.
-local function cover(k, ttl)
-  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
-end
 local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl)
   local epoch = tonumber(redis.call('GET', epochKey))
   if not epoch then
@@ -97,86 +92,132 @@ end
 // The fixed keys and arguments of an acquire call, before its capped keys
 // and their limits.
 const (
-	acquireKeys = 3
-	acquireArgs = 6
+	acquireKeys = 4
+	acquireArgs = 16
 )
 
-// acquireScript takes one lease on every key or on none.
+// acquireScript takes one lease on every key or on none, or queues for
+// them (see queue.go).
 //
-//	KEYS: the epoch key, the pause key, the lease id's tombstone, the n
-//	      capped keys, then for each carried (key, lease) pair the key and
-//	      the lease id's tombstone
-//	ARGV: lease id, ttl ms, n, the call's not-after time (0: none), the
-//	      epoch the caller last saw (0: none), the pause ms it declares,
-//	      each capped key's limit, then the lease id of each carried pair
+//	KEYS: the epoch key, the pause key, the lease id's tombstone, the
+//	      name's #procs, the n capped keys, then for each carried (key,
+//	      lease) pair the key and the lease id's tombstone
+//	ARGV: 1 lease id, 2 ttl ms, 3 n, 4 the call's not-after time (0:
+//	      none), 5 the epoch the caller last saw (0: none), 6 the pause ms
+//	      it declares, 7 wait (1: queue if full), 8 claim ms, 9 class rank,
+//	      10 flow, 11 flow weight, 12 process, 13 the channel prefix, 14
+//	      the queue's bound, 15 the flow's bound (-1: none), 16 liveness
+//	      ms, then each capped key's limit, then the lease id of each
+//	      carried pair
 //
 // Past its not-after time (see clock.go) it refuses to run, and changes
 // nothing. Otherwise it first puts in the carried pairs, without a cap
 // check, unless their tombstone exists: leases this process admitted while
 // Redis was unreachable and that share a key with this admission, so that
 // they count against it. A lease id whose tombstone exists was abandoned
-// (see abandonScript) and is refused. Otherwise it drops expired leases,
-// then: if the lease is already on every key (a retried call), it renews it
-// and admits; while new admissions are paused, it admits nothing; if any
-// key is at its limit without this lease, it admits nothing; otherwise it
-// adds the lease to every key. It returns {admitted (1; 0 for a full key;
-// acquirePaused; -1 for an abandoned id; or tooLate), index of the full key
-// (1-based, 0 if none), its lease count (the first key's if paused), its
-// earliest lease expiry (the pause's end if paused; 0 if none), now, epoch
-// (0 if too late)}, times in server milliseconds.
-var acquireScript = redis.NewScript(epochLua + `
+// (see abandonScript) and is refused. Unless new admissions are paused it
+// serves each key's queue. Then: if the lease is on every key (a granted
+// ticket claimed, or a retried call), it is extended to the TTL and
+// admitted (a part of a grant whose claim ran out is dropped); while new
+// admissions are paused, nothing is admitted; a ticket still queued is
+// told so; a newcomer is admitted if every key has room for it, else
+// refused, or, with wait, queued on every key unless a bound says no. It
+// returns {status (1 admitted; 0 a key is full; acquirePaused;
+// acquireQueued; acquireQueueMax; acquireFlowMax; -1 abandoned; tooLate),
+// index of the key that refused (1-based; 0 if none), its lease count (the
+// first key's if paused or queued),
+// its earliest lease expiry (the pause's end if paused; 0 if none), now,
+// epoch (0 if too late), the length of its queue (its flow's part for
+// acquireFlowMax)}, times in server milliseconds.
+var acquireScript = redis.NewScript(acquireLua)
+
+const acquireLua = baseLua + epochLua + queueLua + `
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = nowMS(t)
 local notAfter = tonumber(ARGV[4])
-if notAfter > 0 and now > notAfter then return {-2, 0, 0, 0, now, 0} end
+if notAfter > 0 and now > notAfter then return {-2, 0, 0, 0, now, 0, 0} end
 local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+local claim, P, chans = tonumber(ARGV[8]), KEYS[4], ARGV[13]
 local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), ttl)
-for j = 1, (#KEYS - 3 - n) / 2 do
-  local k, tomb = KEYS[2 + n + 2 * j], KEYS[3 + n + 2 * j]
+for j = 1, (#KEYS - 4 - n) / 2 do
+  local k, tomb = KEYS[3 + n + 2 * j], KEYS[4 + n + 2 * j]
   if redis.call('EXISTS', tomb) == 0 then
-    redis.call('ZADD', k, now + ttl, ARGV[6 + n + j])
+    redis.call('ZADD', k, now + ttl, ARGV[16 + n + j])
     cover(k, ttl)
   end
 end
-if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0, 0, 0, now, epoch} end
+if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0, 0, 0, now, epoch, 0} end
+local kl = {}
+for i = 1, n do kl[i] = {KEYS[4 + i], tonumber(ARGV[16 + i])} end
+local stopped = paused > now and capped(17, n)
 local held = 0
-for i = 1, n do
-  local k = KEYS[3 + i]
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  if redis.call('ZSCORE', k, id) then held = held + 1 end
+for _, e in ipairs(kl) do
+  -- e[3]: k has a queue (or had one before serving it)
+  e[3] = redis.call('EXISTS', e[1] .. '#q') == 1
+  if e[3] and not stopped then serve(e[1], e[2], now, claim, chans, P) end
+  redis.call('ZREMRANGEBYSCORE', e[1], '-inf', now)
+  if redis.call('ZSCORE', e[1], id) then held = held + 1 end
 end
-if held < n and paused > now and capped(7, n) then
-  return {2, 0, redis.call('ZCARD', KEYS[4]), paused, now, epoch}
-end
-if held < n then
-  for i = 1, n do
-    local k = KEYS[3 + i]
-    local c = redis.call('ZCARD', k)
-    if c >= tonumber(ARGV[6 + i]) and not redis.call('ZSCORE', k, id) then
-      local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-      local earliest = 0
-      if first[2] then earliest = tonumber(first[2]) end
-      return {0, i, c, earliest, now, epoch}
-    end
+if held == n then
+  for _, e in ipairs(kl) do
+    redis.call('ZADD', e[1], 'XX', now + ttl, id)
+    cover(e[1], ttl)
   end
+  return {1, 0, 0, 0, now, epoch, 0}
 end
-for i = 1, n do
-  local k = KEYS[3 + i]
-  redis.call('ZADD', k, now + ttl, id)
-  cover(k, ttl)
+if held > 0 then
+  for _, e in ipairs(kl) do redis.call('ZREM', e[1], id) end
 end
-return {1, 0, 0, 0, now, epoch}
-`)
+if stopped then
+  return {2, 0, redis.call('ZCARD', KEYS[5]), paused, now, epoch, 0}
+end
+local proc, live = ARGV[12], tonumber(ARGV[16])
+if kl[1][3] and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
+  alive(P, proc, now, live)
+  keepQueued(kl, ttl)
+  return {3, 1, redis.call('ZCARD', KEYS[5]), earliestOf(KEYS[5]), now, epoch, redis.call('ZCARD', KEYS[5] .. '#q')}
+end
+local full = 0
+for i, e in ipairs(kl) do
+  local room
+  if e[3] then room = roomFor(e[1], e[2], nil, now) else room = e[2] - redis.call('ZCARD', e[1]) end
+  if room <= 0 then full = i break end
+end
+if full == 0 then
+  for _, e in ipairs(kl) do
+    redis.call('ZADD', e[1], now + ttl, id)
+    cover(e[1], ttl)
+  end
+  return {1, 0, 0, 0, now, epoch, 0}
+end
+local k = kl[full][1]
+local count, earliest = redis.call('ZCARD', k), earliestOf(k)
+local queued = redis.call('ZCARD', k .. '#q')
+if ARGV[7] ~= '1' then return {0, full, count, earliest, now, epoch, queued} end
+local maxQ, maxF, flow = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[10]
+if maxQ >= 0 and queued >= maxQ then return {4, full, count, earliest, now, epoch, queued} end
+local flowQueued = tonumber(redis.call('HGET', k .. '#v', 'n|' .. flow)) or 0
+if maxF >= 0 and flowQueued >= maxF then return {5, full, count, earliest, now, epoch, flowQueued} end
+enqueue(kl, id, tonumber(ARGV[9]), flow, tonumber(ARGV[11]), proc, ttl)
+keepQueued(kl, ttl)
+alive(P, proc, now, live)
+return {3, full, count, earliest, now, epoch, queued + 1}
+`
 
-// What the acquire script returns first, besides 1 (admitted) and 0 (a key
-// is full).
+// What the acquire script returns first.
 const (
+	acquireFull     = 0 // a key is full, and the caller does not wait
+	acquireAdmitted = 1
 	// acquirePaused: new admissions are paused after Redis lost its data,
 	// until the time it returns fourth.
 	acquirePaused = 2
 	// tooLate: it refused to run past its not-after time. The renew script
 	// returns it too.
 	tooLate = -2
+
+	acquireQueued   = 3 // the lease id waits in the queue (see queue.go)
+	acquireQueueMax = 4 // the queue is at its bound (slots.WithMaxQueue)
+	acquireFlowMax  = 5 // the caller's flow is at its bound in the queue
 )
 
 // What renewScript does with a lease it finds missing (a mode), and what
@@ -215,9 +256,9 @@ const (
 // none. Nothing is put back whose tombstone exists (a late renewal must not
 // bring back a lease released meanwhile). It returns the epoch, now (server
 // milliseconds), then each lease's status.
-var renewScript = redis.NewScript(epochLua + `
+var renewScript = redis.NewScript(baseLua + epochLua + `
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = nowMS(t)
 local notAfter = tonumber(ARGV[2])
 if notAfter > 0 and now > notAfter then return {-2, now} end
 local ttl = tonumber(ARGV[1])
@@ -268,49 +309,67 @@ end
 return out
 `)
 
-// releaseScript removes leases and publishes a wake-up for each key that
-// was full before (only then can anyone be waiting for it).
+// releaseScript removes leases and serves the queue of each key (unless
+// new admissions are paused).
 //
-//	KEYS: capped keys, one per (key, lease) pair
-//	ARGV: the wake-up channel, then the lease id and the key's limit of
-//	each pair
-var releaseScript = redis.NewScript(`
-for i, k in ipairs(KEYS) do
-  if redis.call('ZREM', k, ARGV[2 * i]) == 1 and
-     redis.call('ZCARD', k) + 1 >= tonumber(ARGV[2 * i + 1]) then
-    redis.call('PUBLISH', ARGV[1], k)
-  end
+//	KEYS: the pause key, the name's #procs, then the capped keys, one per
+//	      (key, lease) pair
+//	ARGV: claim ms, the channel prefix, then the lease id and the key's
+//	      limit of each pair
+var releaseScript = redis.NewScript(baseLua + queueLua + `
+local now = nowMS(redis.call('TIME'))
+local serving = redis.call('EXISTS', KEYS[1]) == 0
+local claim, chans = tonumber(ARGV[1]), ARGV[2]
+for i = 3, #KEYS do
+  local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
+  redis.call('ZREM', k, ARGV[2 * i - 3])
+  if serving then serve(k, limit, now, claim, chans, KEYS[2]) end
 end
 return 0
 `)
 
 // abandonScript takes back what an acquire call that failed on the client's
-// side (a timeout, a cancelled context) may still do on the server: it
-// removes the lease id from the keys and leaves a tombstone, so that the
-// call, if it runs later, adds nothing.
+// side (a timeout, a cancelled context), or a waiter that gave up, may
+// still do on the server: it takes the lease id out of the keys' queues
+// and leases, and leaves a tombstone, so that the call, if it runs later,
+// adds nothing.
 //
 // The tombstone stays for the TTL, and at least until the latest not-after
-// time of the calls that may add the lease. A lease it removes from a key
-// that was full publishes a wake-up, as a release does.
+// time of the calls that may add the lease. With the keys' limits it then
+// serves their queues, as a release does (unless new admissions are
+// paused).
 //
-//	KEYS: the capped keys, then the lease id's tombstone
-//	ARGV: lease id, ttl ms, the calls' latest not-after time (0: none), the
-//	      wake-up channel, then each key's limit (none: no wake-ups)
-var abandonScript = redis.NewScript(`
+//	KEYS: the pause key, the name's #procs, the capped keys, then the lease
+//	      id's tombstone
+//	ARGV: lease id, ttl ms, the calls' latest not-after time (0: none),
+//	      claim ms, the channel prefix, then each key's limit (none: no
+//	      serving)
+var abandonScript = redis.NewScript(baseLua + queueLua + `
 local tomb = table.remove(KEYS)
-for i, k in ipairs(KEYS) do
-  if redis.call('ZREM', k, ARGV[1]) == 1 and ARGV[4 + i] and
-     redis.call('ZCARD', k) + 1 >= tonumber(ARGV[4 + i]) then
-    redis.call('PUBLISH', ARGV[4], k)
-  end
+local id = ARGV[1]
+local now = nowMS(redis.call('TIME'))
+local serving = redis.call('EXISTS', KEYS[1]) == 0
+for i = 3, #KEYS do
+  local k = KEYS[i]
+  unqueue(k, id)
+  redis.call('ZREM', k, id)
+  local limit = tonumber(ARGV[3 + i])
+  if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2]) end
 end
 local stay = tonumber(ARGV[2])
 local latest = tonumber(ARGV[3])
-if latest > 0 then
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  stay = math.max(stay, latest - now + 1)
-end
+if latest > 0 then stay = math.max(stay, latest - now + 1) end
 redis.call('SET', tomb, '1', 'PX', string.format('%.0f', stay))
+return 0
+`)
+
+// aliveScript renews a process's liveness deadline: now plus ms.
+//
+//	KEYS: the name's #procs
+//	ARGV: process, ms
+var aliveScript = redis.NewScript(baseLua + `
+local ms = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], nowMS(redis.call('TIME')) + ms)
+cover(KEYS[1], 2 * ms)
 return 0
 `)

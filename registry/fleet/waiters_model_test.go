@@ -8,10 +8,11 @@ import (
 	"testing"
 )
 
-// A model check of the waiter list (enqueue, mayTry, blockedOn, wokenBy,
-// dequeue) with no timers: a waiter left asleep while it could go is a
-// wake-up lost until its next poll. Caps are simulated; a release of a full
-// key delivers wokenBy later (pub/sub), interleaved with everything else.
+// A model check of this process's waiter list (enqueue, mayTry, blockedOn,
+// wokenByLocked, dequeue), as used while waiters cannot be queued in Redis,
+// with no timers: a waiter left asleep while it could go is a wake-up lost
+// until its next poll. Caps are simulated; a release of a full key
+// delivers its wake-up later, interleaved with everything else.
 func TestWaitersModel(t *testing.T) {
 	for seed := range uint64(100) {
 		if msg := simWaiters(seed, 400); msg != "" {
@@ -85,7 +86,9 @@ func simWaiters(seed uint64, steps int) string {
 			can = append(can, func() {
 				k := pubs[0]
 				pubs = pubs[1:]
-				r.wokenBy(k)
+				r.mu.Lock()
+				r.wokenByLocked(k)
+				r.mu.Unlock()
 				log = append(log, "wokenBy "+k)
 			})
 		}

@@ -13,9 +13,9 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// A waiter blocked on a full key holds back later waiters on that key only:
-// a request whose keys are free is admitted at once, while two earlier ones
-// wait for model:x.
+// Waiters queued on a full key hold back no one on other keys: a request
+// whose keys are free is admitted at once, while two earlier ones wait for
+// model:x (in the fleet's queue, on both of their keys).
 func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
 	m := newMini(t)
 	r := m.registry(100, WithPoll(5*time.Millisecond, 50*time.Millisecond))
@@ -31,15 +31,15 @@ func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
 		}()
 		eventually(t, "queued", func() bool { return r.Stats().Waiting == i+1 })
 	}
-	eventually(t, "both wait on model:x alone", func() bool {
+	eventually(t, "both queued in Redis, holding back no one here", func() bool {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		for _, w := range r.allWaiters() {
-			if len(w.blocked) != 1 || w.blocked[0] != "inflight:{t}:model:x" {
+			if w.ticket == "" || len(w.blocked) != 0 {
 				return false
 			}
 		}
-		return true
+		return len(r.tickets) == 2
 	})
 	yctx, ycancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer ycancel()
@@ -52,34 +52,22 @@ func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
 	hold.Release()
 }
 
-// Within a process, fleet waiters go by priority class, then arrival: an
-// interactive request that comes after three batch ones waiting on a full
-// key is admitted first.
-//
-// Each waits on k and a free key of its own, so that blocked narrows to k
-// only once it has been told k is full (or is held back on it): a waiter
-// still on its way to Redis could otherwise be admitted after the release,
-// ahead of the interactive one. No polls (a minute away): the release's
-// wake-up moves the first waiter, and each dequeue the next.
+// Fleet waiters go by priority class, then arrival: an interactive request
+// that comes after three batch ones waiting on a full key is admitted
+// first. Each waits on k and a free key of its own: a ticket of two keys,
+// granted when both have room. The release's hand-off and each next one
+// wake the waiters.
 func TestWaitersByClass(t *testing.T) {
 	m := newMini(t)
 	r := m.registry(1, WithLeaseTTL(time.Minute), WithPoll(time.Minute, time.Minute))
 	<-r.subscribed
 	hold, err := r.TryAcquire("k")
 	require.NoError(t, err)
-	allBlocked := func(n int) func() bool {
+	allQueued := func(n int) func() bool {
 		return func() bool {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			if r.waiting != n {
-				return false
-			}
-			for _, w := range r.allWaiters() {
-				if len(w.blocked) != 1 {
-					return false // not told yet that k is full
-				}
-			}
-			return true
+			return r.waiting == n && len(r.tickets) == n
 		}
 	}
 	type admitted struct {
@@ -100,9 +88,9 @@ func TestWaitersByClass(t *testing.T) {
 	for range 3 {
 		acquire(slots.PriorityBatch)
 	}
-	eventually(t, "three batch waiters find k full", allBlocked(3))
+	eventually(t, "three batch waiters queue for k", allQueued(3))
 	acquire(slots.PriorityInteractive)
-	eventually(t, "and the interactive one, ahead of them", allBlocked(4))
+	eventually(t, "and the interactive one, ahead of them", allQueued(4))
 	r.mu.Lock()
 	assert.Equal(t, core.Rank(core.ClassHigh), r.queues["inflight:{t}:k"][0].rank)
 	r.mu.Unlock()

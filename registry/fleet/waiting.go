@@ -4,12 +4,23 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/registry"
 )
 
 // waiter is one caller of this process waiting in Acquire.
 type waiter struct {
-	rank uint8    // its priority class's rank (core.Rank): lower goes first
-	keys []string // its Redis keys
+	rank   uint8 // its priority class's rank (core.Rank): lower goes first
+	flow   string
+	weight int      // its flow's weight, >= 1
+	keys   []string // its Redis keys
+	// ticket is the lease id under which it last asked Redis ("": never);
+	// guarded by r.mu.
+	ticket string
+	// queuedAs is the lease id under which a reply last told it queued
+	// ("": never); its own goroutine's.
+	queuedAs string
 	// blocked are the keys on which it holds back later waiters: all of its
 	// keys until it has been told one is full, then that key alone.
 	blocked []string
@@ -24,6 +35,11 @@ func (w *waiter) signal() {
 	}
 }
 
+// The fleet's queue in Redis orders the waiters of every process (see
+// queue.go). Before a waiter is queued there, and while it cannot be (new
+// admissions paused, Redis unreachable), it waits in this process's own
+// order, which the rest of this file keeps.
+//
 // The waiters are kept in a queue per key (r.queues), each in the one
 // order of the process: by class, then arrival. Every decision about a
 // waiter looks only at the queues of its own keys, and a change wakes only
@@ -66,6 +82,10 @@ func (r *Registry[K]) dequeue(w *waiter) {
 	}
 	w.queued = false
 	r.waiting--
+	if w.ticket != "" && r.tickets[w.ticket] == w {
+		delete(r.tickets, w.ticket)
+		r.tickets = remade(r.tickets, &r.ticketsPeak)
+	}
 	for _, k := range w.keys {
 		q := r.queues[k]
 		i := slices.Index(q, w)
@@ -162,16 +182,56 @@ func (r *Registry[K]) blockedOn(w *waiter, key string) {
 	r.reblockLocked(w, []string{key})
 }
 
-// wokenBy wakes the first waiter held up by key: a lease on it was released
-// somewhere in the fleet.
-func (r *Registry[K]) wokenBy(key string) {
+// expect records that w asks Redis as ticket, so that a grant published
+// as soon as its call queues it finds it; before the call, since the grant
+// may come before its reply.
+func (r *Registry[K]) expect(w *waiter, ticket string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if !w.queued || w.ticket == ticket {
+		return
+	}
+	if r.tickets[w.ticket] == w {
+		delete(r.tickets, w.ticket)
+	}
+	if r.tickets == nil {
+		r.tickets = map[string]*waiter{}
+	}
+	w.ticket = ticket
+	r.tickets[ticket] = w
+	r.ticketsPeak = max(r.ticketsPeak, len(r.tickets))
+}
+
+// queuedIn records that w waits in the fleet's queue as ticket: it holds
+// back no later waiter of this process, since the fleet's queue orders
+// them, and withdraws its place if it gives up.
+func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
+	w.queuedAs = ticket
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w.queued && len(w.blocked) > 0 {
+		r.reblockLocked(w, nil)
+	}
+}
+
+// wokenByLocked wakes the first waiter held up by key: a lease on it was
+// released that the fleet's queue does not see (one admitted under the
+// local registry alone while Redis was unreachable).
+func (r *Registry[K]) wokenByLocked(key string) {
 	for _, v := range r.queues[key] {
 		if slices.Contains(v.blocked, key) {
 			v.signal()
 			return
 		}
+	}
+}
+
+// granted wakes the waiter queued as ticket: the fleet's queue granted it.
+func (r *Registry[K]) granted(ticket string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w := r.tickets[ticket]; w != nil {
+		w.signal()
 	}
 }
 
@@ -185,6 +245,33 @@ func (r *Registry[K]) wakeAll() {
 			v.signal()
 		}
 	}
+}
+
+// claimWindow is how long a grant of the fleet's queue waits for its
+// waiter to claim it: long enough for a wake-up and a call, short enough
+// that a waiter that died costs little. A queued waiter asks again within
+// it in case its wake-up was lost, and so renews its process's liveness,
+// whose TTL is five claim windows (at most the lease TTL).
+func claimWindow(cfg config) time.Duration {
+	return max(min(time.Second, cfg.ttl/3), 10*time.Millisecond)
+}
+
+// queueBounds returns the bounds of the fleet's queue per key and per flow
+// (-1: none) that the wait options among opts set (slots.WithMaxQueue,
+// slots.WithMaxFlowQueue).
+func queueBounds(opts []registry.Option) (total, perFlow int) {
+	var s core.Settings
+	for _, o := range opts {
+		o.Apply(&s)
+	}
+	total, perFlow = -1, -1
+	if s.Policy.BoundQueue {
+		total = max(s.Policy.MaxQueue, 0)
+	}
+	if s.Policy.BoundFlowQueue {
+		perFlow = max(s.Policy.MaxFlowQueue, 0)
+	}
+	return total, perFlow
 }
 
 // jitter returns a duration in [d/2, d).
