@@ -16,14 +16,6 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// fleetQueueInAcquire says whether Acquire waits in the fleet-wide queue
-// (one order in Redis for every process's waiters: class, then weighted
-// turns between flows, then arrival, with freed capacity handed to the
-// head). Until it does, the fleet-wide waiting goals below are measured and
-// logged, and a goal that is not met skips its test instead of failing it.
-// Set it to true once Acquire uses the queue: the goals are then asserted.
-var fleetQueueInAcquire = true
-
 // The tests in this file stand several gateway processes up as several
 // Registries of one name on one real redis-server (each Registry is its own
 // process to the fleet), and measure how the fleet's waiters fare against
@@ -114,15 +106,11 @@ func fwAwaitFull(ctx context.Context, r *Registry[string], key string, limit int
 	return false
 }
 
-// fwGoal asserts ok (a fleet-wide waiting goal) once Acquire uses the
-// fleet queue; before that, a goal not met skips the test with the
-// figure, which the test has logged already.
+// fwGoal asserts ok, a fleet-wide waiting goal, failing with the figure
+// measured and the message.
 func fwGoal(t *testing.T, ok bool, figure string, msgAndArgs ...any) {
 	t.Helper()
-	if !ok && !fleetQueueInAcquire {
-		t.Skip("fleet-wide queue not in Acquire yet: " + figure)
-	}
-	assert.True(t, ok, msgAndArgs...)
+	assert.True(t, ok, append([]any{"%s: " + fmt.Sprint(msgAndArgs[0]), figure}, msgAndArgs[1:]...)...)
 }
 
 // A light tenant making one request at a time is not held back by a heavy

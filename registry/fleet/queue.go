@@ -35,10 +35,10 @@ package fleet
 // process wakes. The waiter claims its grant by running the acquire script
 // again, which extends the lease to the full TTL. A waiter that died or
 // went slow costs the key at most the claim window; a waiter whose process
-// has missed its liveness deadline (<prefix>{<name>}#procs, process to
-// deadline in server milliseconds, renewed by each process's heartbeat
-// and by its waiters' calls) is dropped, not granted, so a killed
-// process's tickets delay no one by more than the liveness TTL. A newcomer
+// is within a claim window of its liveness deadline (<prefix>{<name>}#procs,
+// process to deadline in server milliseconds, renewed by its waiters'
+// calls, each at least once a claim window) is dropped, not granted, so a
+// killed process's tickets delay no one by more than the liveness TTL. A newcomer
 // never passes a waiter that could take the room: it is served first.
 // While new admissions are paused (Redis lost its data) nothing is served.
 
@@ -133,8 +133,13 @@ local function serve(k, limit, now, claim, chans, P)
     if #head == 0 then return end
     local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
     local kl = ticketKeys(T, ticket, k, limit)
+    -- A process whose deadline is less than a claim window away has not
+    -- renewed for that long: its waiters, which ask at least once a claim
+    -- window, are gone or stalled. Dropped then, its waiters delay the
+    -- others at most its liveness TTL: the time left, and the claim
+    -- window until the next waiter asks.
     local alive = tonumber(redis.call('HGET', P, proc))
-    if not alive or alive <= now then
+    if not alive or alive <= now + claim then
       for _, e in ipairs(kl) do unqueue(e[1], ticket) end
     else
       local ok = true

@@ -30,8 +30,8 @@ const (
 // the dead process's waiters (a control run on another key, with the same
 // holder, waiters and hold times, but no child).
 //
-// A process's liveness deadline is taken to be renewed like its leases, so
-// the liveness TTL here is the lease TTL (fwKillTTL).
+// The liveness TTL is the smaller of the lease TTL and five claim windows
+// (a third of the lease TTL each): here the lease TTL (fwKillTTL).
 func TestFleetKilledWaitersProcess(t *testing.T) {
 	if os.Getenv(fwKillEnv) != "" {
 		t.Skip("in a child process")
@@ -47,13 +47,14 @@ func TestFleetKilledWaitersProcess(t *testing.T) {
 	parent := New[string](srv.Client(), fwKillName, 1, WithLeaseTTL(fwKillTTL))
 	defer parent.Close()
 
-	// run fills key from the holder, queues parentN waiters in the parent,
-	// one after another, calls beforeRelease, then releases the holder's
-	// lease; it returns each waiter's wait from that release, in arrival
-	// order. Each admitted waiter holds key for hold.
-	run := func(key string, beforeRelease func()) []time.Duration {
+	// run fills key from the holder, calls afterHeld, queues parentN
+	// waiters in the parent, one after another, calls beforeRelease, then
+	// releases the holder's lease; it returns each waiter's wait from that
+	// release, in arrival order. Each admitted waiter holds key for hold.
+	run := func(key string, afterHeld, beforeRelease func()) []time.Duration {
 		held, err := holder.TryAcquire(key)
 		require.NoError(t, err)
+		afterHeld()
 		ctx, cancel := context.WithTimeout(context.Background(), 8*time.Second)
 		defer cancel()
 		waits := make([]time.Duration, parentN)
@@ -93,27 +94,30 @@ func TestFleetKilledWaitersProcess(t *testing.T) {
 		return waits
 	}
 
-	control := run("ctl", func() {})
+	control := run("ctl", func() {}, func() {})
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestFleetKilledWaitersChild$", "-test.count=1")
-	cmd.Env = append(os.Environ(), fwKillEnv+"=1", "FLEET_REDIS="+srv.Addr)
-	stdout, err := cmd.StdoutPipe()
-	require.NoError(t, err)
-	require.NoError(t, cmd.Start())
-	t.Cleanup(func() { _ = cmd.Process.Kill() }) // if the test stops early
-	queued := make(chan struct{})
-	exited := make(chan error, 1)
-	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
-			if sc.Text() == "queued" {
-				close(queued)
+	// The child's waiters queue on the full key before the parent's, so
+	// that they are ahead of them when it is killed.
+	var exited chan error
+	var cmd *exec.Cmd
+	startChild := func() {
+		cmd = exec.Command(os.Args[0], "-test.run=^TestFleetKilledWaitersChild$", "-test.count=1")
+		cmd.Env = append(os.Environ(), fwKillEnv+"=1", "FLEET_REDIS="+srv.Addr)
+		stdout, err := cmd.StdoutPipe()
+		require.NoError(t, err)
+		require.NoError(t, cmd.Start())
+		t.Cleanup(func() { _ = cmd.Process.Kill() }) // if the test stops early
+		queued := make(chan struct{})
+		exited = make(chan error, 1)
+		go func() {
+			sc := bufio.NewScanner(stdout)
+			for sc.Scan() {
+				if sc.Text() == "queued" {
+					close(queued)
+				}
 			}
-		}
-		exited <- cmd.Wait()
-	}()
-
-	killed := run("k", func() {
+			exited <- cmd.Wait()
+		}()
 		select {
 		case <-queued:
 		case err := <-exited:
@@ -121,6 +125,8 @@ func TestFleetKilledWaitersProcess(t *testing.T) {
 		case <-time.After(30 * time.Second): // a bound on a hang
 			t.Fatal("the child's waiters never queued")
 		}
+	}
+	killed := run("k", startChild, func() {
 		require.NoError(t, cmd.Process.Kill()) // SIGKILL: its waiters vanish
 		<-exited
 	})
@@ -150,11 +156,10 @@ func TestFleetKilledWaitersChild(t *testing.T) {
 	for range fwKillWaiters {
 		go func() { _, _ = r.Acquire(context.Background(), "k") }()
 	}
-	fwUntil(t, "the child's waiters wait", func() bool { return r.Stats().Waiting >= fwKillWaiters })
-	// One more round trip: the waiters' first calls have gone out, and
-	// the key is full.
-	_, err := r.TryAcquire("k")
-	require.ErrorIs(t, err, slots.ErrLimitReached)
+	fwUntil(t, "the child's waiters queue in Redis", func() bool {
+		n, err := c.ZCard(context.Background(), "inflight:{"+fwKillName+"}:k#q").Result()
+		return err == nil && n >= fwKillWaiters
+	})
 	fmt.Println("queued")
 	select {} // until SIGKILL
 }
