@@ -75,7 +75,7 @@
 // unreachable).
 //
 // Release frees the local mirror and queues the removal of the lease from
-// every key (with a wake-up published) for a background goroutine: it never
+// every key (which hands it to the keys' waiters) for a background goroutine: it never
 // waits for Redis, even while Redis hangs. A removal that fails is sent
 // again with backoff (and as soon as the breaker closes) until it succeeds
 // or its lease has expired. At most 65,536 removals wait at once; past that
@@ -152,19 +152,50 @@
 //
 // # Waiting
 //
-// Acquire polls with jittered backoff, never sleeping past the earliest
-// lease expiry the script reported or the context's deadline, and wakes early
-// on a release anywhere in the fleet (Redis pub/sub; a hint only, the polling
-// stays). Within one process, waiters go by priority class
-// (slots.WithPriority), then in arrival order, per key: a waiter blocked on
-// a full key goes before the waiters behind it on that key, and holds back
-// no waiter on other keys. The order is strict, per key and from a
-// waiter's arrival on: while a higher class keeps waiters held up by a key
-// in this process, a lower one does not try for it (a call already on its
-// way to Redis is not called back). Flows and shares (slots.WithFlow,
-// WithShare) do not apply to these waits, and processes do not order their
-// waiters among each other: each tries when its turn in its own process
-// comes.
+// The waiters of every process queue in one order, kept in Redis beside the
+// key's leases: by priority class (slots.WithPriority), then in weighted
+// turns between flows (slots.WithFlow, WithFlowWeight: start-time fair
+// queuing, as in a local registry), then in arrival order within a flow. An
+// Acquire that finds a key full takes its place in that key's queue in the
+// same script call. Whatever frees capacity (a release, a withdrawn
+// waiter, a lease found expired) hands it to the first waiter that can
+// take it: the script grants it a lease for a claim window (the smaller of
+// a second and LeaseTTL/3) and publishes its ticket on its own process's
+// channel, so that only that waiter wakes; its claim, one more script
+// call, extends the lease to the TTL. A newcomer (TryAcquire too) never
+// passes a waiter that could take the room. Classes' shares (WithShare) do
+// not apply to these waits.
+//
+// An AcquireAll waits on each of its keys, holding nothing until all have
+// room for it, and never deadlocks, whatever the order of keys. Once a key
+// has passed it over registry.MaxPassed times, it is one of the key's
+// urgent waiters, for which the key keeps one place (one, however many
+// they are: each kept place idles until its waiter's other keys have
+// room), so that it is served once its other keys have room.
+//
+// A waiter asks again at least once a claim window, in case a wake-up was
+// lost (pub/sub delivers at most once; after its subscription is made
+// again, every waiter of the process asks at once), and these calls renew
+// its process's liveness, whose TTL is five claim windows (at most
+// LeaseTTL). A grant that nobody claims (its waiter died, or stalled for the
+// claim window) costs the key that window. A process whose waiters stopped
+// asking (it was killed) has its tickets dropped a claim window before its
+// liveness deadline, so that they delay the other waiters by at most the
+// liveness TTL. A waiter whose context ends, or whose Registry closes,
+// withdraws its place (or the grant it had not claimed yet) through the
+// releaser, without waiting for Redis.
+//
+// The queue's bounds are the wait options given to WithLocalOptions:
+// slots.WithMaxQueue bounds each key's queue and slots.WithMaxFlowQueue a
+// flow's part of it, fleet wide; a caller over a bound fails at once with
+// a *slots.LimitError wrapping slots.ErrQueueFull, with a RetryAfter
+// estimated from the queue's length and how long this process's holders
+// keep their leases.
+//
+// While new admissions are paused (Lost leases) nothing is granted, and
+// while Redis cannot be reached the waiters of each process wait in its own
+// order (class, then arrival, per key), polling with jittered backoff
+// (WithPoll) and woken by this process's releases.
 //
 // # When Redis is unreachable
 //

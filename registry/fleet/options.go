@@ -151,10 +151,11 @@ func WithTimeout(d time.Duration) Option {
 	return func(c *config) { c.opTimeout = d }
 }
 
-// WithPoll sets the backoff of a waiting Acquire between tries: from min,
-// doubling to max, jittered (defaults 10 ms and 500 ms). A release anywhere
-// in the fleet wakes a waiter sooner. Removals from Redis that fail are
-// sent again with the same backoff. It panics unless 0 < min <= max.
+// WithPoll sets the backoff of a waiting Acquire between tries while it
+// cannot wait in the fleet's queue (Redis unreachable): from min, doubling
+// to max, jittered (defaults 10 ms and 500 ms); a release in this process
+// wakes a waiter sooner. Removals from Redis that fail are sent again with
+// the same backoff. It panics unless 0 < min <= max.
 func WithPoll(minimum, maximum time.Duration) Option {
 	if minimum <= 0 || maximum < minimum {
 		panic(fmt.Sprintf("fleet: WithPoll(%v, %v)", minimum, maximum))

@@ -1,5 +1,11 @@
 package fleet
 
+import (
+	"strconv"
+
+	"github.com/inflight-go/inflight/registry"
+)
+
 // The fleet's queue: one order for the waiters of every process on a
 // capped key, kept in Redis beside the key's leases, and a hand-off of
 // freed capacity to its head. The acquire, release and abandon scripts
@@ -23,9 +29,12 @@ package fleet
 // A ticket of several keys (AcquireAll) is queued on each of them, holds
 // nothing while it waits, and is granted by whichever key's turn finds
 // room on all of its keys. A grant that passes it over is counted, per
-// key; at maxPassed that key keeps a place for it (#v's r counts them),
-// which only it may take: as a local AcquireAll, it is then served once
-// all of its keys have room.
+// key; at maxPassed it becomes one of the key's urgent tickets (#v's r
+// counts them), for which the key keeps one place that only they may
+// take, so that it is served once its other keys have room. One place,
+// however many: each kept place idles while its tickets wait for their
+// other keys, and a place per ticket would let a backlog on a second key
+// (a model cap) take the first (the provider's) from everyone else.
 //
 // Every script that may free capacity on a key, or finds it free, serves
 // its queue first (serve): it drops expired leases and, while the key has
@@ -56,8 +65,8 @@ end
 `
 
 // queueLua is the queue's part of the scripts (after baseLua).
-const queueLua = `
-local maxPassed, scanMax = 8, 64
+var queueLua = `
+local maxPassed, scanMax = ` + strconv.Itoa(registry.MaxPassed) + `, 64
 local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
 local function earliestOf(k)
   local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
@@ -85,12 +94,16 @@ local function ticketKeys(T, ticket, k, limit)
   return {{k, limit}}
 end
 -- roomFor returns the places k has for ticket (nil: a newcomer): its free
--- capacity less the places kept for other tickets.
+-- capacity less the place kept for tickets passed over too often, unless
+-- it is one of them.
 local function roomFor(k, limit, ticket, now)
   local _, _, V = qkeys(k)
   redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  local kept = tonumber(redis.call('HGET', V, 'r')) or 0
-  if ticket and redis.call('HEXISTS', V, 'u|' .. ticket) == 1 then kept = kept - 1 end
+  local kept = 0
+  if (tonumber(redis.call('HGET', V, 'r')) or 0) > 0 and
+     not (ticket and redis.call('HEXISTS', V, 'u|' .. ticket) == 1) then
+    kept = 1
+  end
   return limit - redis.call('ZCARD', k) - kept
 end
 -- passOver counts a grant on k that passed ticket over.

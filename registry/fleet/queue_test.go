@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
@@ -301,4 +302,71 @@ func TestQueueLeaveGrantedHandsOn(t *testing.T) {
 	n, err := rig.rdb.Exists(context.Background(), qKey+"#q", qKey+"#t", qKey+"#v").Result()
 	require.NoError(t, err)
 	assert.Zero(t, n)
+}
+
+// A ticket of two keys waits on both, holding nothing: grants of one key
+// pass it over while its other key is full, and after registry.MaxPassed
+// of them the key keeps one place for it, whatever else waits, until its
+// other key has room; then it is granted on both at once.
+func TestQueueTwoKeysKeepAPlaceAfterMaxPassed(t *testing.T) {
+	rig := newQueueRig(t)
+	const a, b = qKey, "q{n}:b"
+	both := []string{a, b}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "xa"}, 2).status) // a: 2 of 2
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "xa2"}, 2).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "xb", keys: []string{b}}, 1).status) // b: 1 of 1
+	m := rig.admit(ticket{id: "m", keys: both, limits: []int{2, 1}, wait: true}, 0)
+	require.Equal(t, acquireQueued, m.status)
+	assert.Equal(t, 1, m.index, "a is the first key without room")
+	for i := range registry.MaxPassed + 2 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("s", i), wait: true}, 2).status)
+	}
+	// Each release of a passes m over (b is full) and grants the next
+	// single-key waiter, until m has been passed MaxPassed times.
+	held := "xa"
+	for i := range registry.MaxPassed {
+		got := rig.handOff(held, 2)
+		require.Equal(t, fmt.Sprint("s", i), got, "pass %d", i+1)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: got, wait: true}, 2).status)
+		held = got
+	}
+	// Now a keeps its freed place for m: the next waiter does not get it,
+	// nor does a newcomer.
+	assert.Empty(t, rig.handOff(held, 2), "a keeps the place for m")
+	assert.Len(t, rig.holders(), 1)
+	assert.Equal(t, acquireFull, rig.admit(ticket{id: "new"}, 2).status, "the kept place is not a newcomer's")
+	// b frees: m takes both places at once.
+	rig.releaseFrom("xb", []string{b}, []int{1}, qClaim)
+	assert.Contains(t, rig.holders(), "m")
+	assert.Equal(t, []string{"m"}, rig.holdersOf(b))
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "m", keys: both, limits: []int{2, 1}, wait: true}, 0).status)
+	v, err := rig.rdb.HGet(context.Background(), a+"#v", "r").Int()
+	require.NoError(t, err)
+	assert.Zero(t, v, "no place kept once m is served")
+}
+
+// However many tickets a key has passed over too often, it keeps one place
+// for them, not one each: the rest of its capacity stays everyone's.
+func TestQueueKeepsOnePlaceForAllUrgentTickets(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const a, b = qKey, "q{n}:b"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "xb", keys: []string{b}}, 1).status) // b full
+	for i := range 3 {
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: fmt.Sprint("x", i)}, 3).status) // a full
+	}
+	for i := range 3 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("m", i), keys: []string{a, b}, limits: []int{3, 1}, wait: true}, 0).status)
+	}
+	// Mark all three urgent on a, as MaxPassed pass-overs would.
+	for i := range 3 {
+		id := fmt.Sprint("m", i)
+		require.NoError(t, rig.rdb.HSet(ctx, a+"#v", "u|"+id, 1).Err())
+	}
+	require.NoError(t, rig.rdb.HSet(ctx, a+"#v", "r", 3).Err())
+	rig.release("x0", 3)
+	rig.release("x1", 3)
+	// Two places free on a, one kept: a newcomer takes the other.
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "n1"}, 3).status)
+	assert.Equal(t, acquireFull, rig.admit(ticket{id: "n2"}, 3).status)
 }

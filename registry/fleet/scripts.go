@@ -131,7 +131,7 @@ const (
 // acquireFlowMax)}, times in server milliseconds.
 var acquireScript = redis.NewScript(acquireLua)
 
-const acquireLua = baseLua + epochLua + queueLua + `
+var acquireLua = baseLua + epochLua + queueLua + `
 local t = redis.call('TIME')
 local now = nowMS(t)
 local notAfter = tonumber(ARGV[4])
