@@ -186,7 +186,7 @@
 // releaser, without waiting for Redis.
 //
 // The queue's bounds are the wait options given to WithLocalOptions:
-// slots.WithMaxQueue bounds each key's queue and slots.WithMaxFlowQueue a
+// slots.WithMaxQueue bounds each key's queue and slots.WithMaxQueuePerFlow a
 // flow's part of it, fleet wide; a caller over a bound fails at once with
 // a *slots.LimitError wrapping slots.ErrQueueFull, with a RetryAfter
 // estimated from the queue's length and how long this process's holders

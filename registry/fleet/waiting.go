@@ -258,7 +258,7 @@ func claimWindow(cfg config) time.Duration {
 
 // queueBounds returns the bounds of the fleet's queue per key and per flow
 // (-1: none) that the wait options among opts set (slots.WithMaxQueue,
-// slots.WithMaxFlowQueue).
+// slots.WithMaxQueuePerFlow).
 func queueBounds(opts []registry.Option) (total, perFlow int) {
 	var s core.Settings
 	for _, o := range opts {
