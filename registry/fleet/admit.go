@@ -91,10 +91,28 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 	}
 	defer r.dequeue(w)
 	o := r.wait(ctx, l, w)
-	if o.slot == nil && w.queuedAs != "" && w.queuedAs == l.id {
-		r.queueRelease(l.abandonment()) // its place, or a grant it did not claim
+	if o.slot == nil {
+		r.leaveQueue(l, w)
 	}
 	return o.slot, o.err
+}
+
+// leaveQueue takes back w's place in the fleet's queue, or the grant it
+// has not claimed, if it was queued as l's current id; l takes a new id.
+// While the Registry runs this goes through the releaser, without waiting
+// for Redis; once it is closed, it is sent now (the releaser has stopped),
+// within the call timeout.
+func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) {
+	if w == nil || w.queuedAs == "" || w.queuedAs != l.id {
+		return
+	}
+	w.queuedAs = ""
+	if r.stopping.Err() != nil {
+		r.remove(context.Background(), []*lease[K]{l.abandonment()})
+		l.id = newLeaseID()
+		return
+	}
+	r.abandon(l)
 }
 
 // wait tries for l until it is admitted or fails for good.
@@ -284,6 +302,7 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outco
 			return failed(err)
 		}
 		if !r.brk.allow() {
+			r.leaveQueue(l, w) // it may be admitted outside Redis
 			return r.unavailable(ctx, l)
 		}
 		rp = r.callOrAbandon(ctx, l, c)

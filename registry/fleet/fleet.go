@@ -235,8 +235,9 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 func (r *Registry[K]) Local() *registry.Registry[K] { return r.local }
 
 // Close stops the heartbeat, the releaser and the subscription, after
-// removing from Redis the leases released so far. Leases still held expire
-// after LeaseTTL. Acquire fails with ErrClosed afterwards.
+// removing from Redis the leases released so far, and takes this process's
+// waiters out of the fleet's queue. Leases still held expire after
+// LeaseTTL. Acquire fails with ErrClosed afterwards.
 func (r *Registry[K]) Close() {
 	r.mu.Lock()
 	if r.closed {
@@ -253,6 +254,11 @@ func (r *Registry[K]) Close() {
 	r.wakeAll()
 	r.stop()
 	r.done.Wait()
+	// Its waiters' tickets left in the fleet's queue (their withdrawals
+	// failed) are dropped at once, not granted until its liveness lapses.
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
+	_ = r.rdb.HDel(ctx, r.procsKey, r.proc).Err() // best effort: else they lapse
 }
 
 // SetLimit sets key's fleet-wide limit (and its local one). Every process

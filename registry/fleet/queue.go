@@ -73,45 +73,54 @@ local function earliestOf(k)
   if first[2] then return tonumber(first[2]) end
   return 0
 end
--- unqueue takes ticket out of k's queue, with its flow's count and the
--- place kept for it, and returns its member there (nil: not queued).
+-- unqueue takes ticket out of k's queue, with its flow's count (and the
+-- flow's tags once it has no ticket left, so that an idle flow starts
+-- again from the virtual time) and its place among the urgent, and
+-- returns its member there (nil: not queued).
 local function unqueue(k, ticket)
   local Q, T, V = qkeys(k)
   local m = redis.call('HGET', T, ticket)
   if not m then return nil end
   redis.call('ZREM', Q, m)
+  redis.call('ZREM', k .. '#u', ticket)
   local flow = redis.call('HGET', T, 'f|' .. ticket)
-  if flow then redis.call('HINCRBY', V, 'n|' .. flow, -1) end
-  if redis.call('HDEL', V, 'u|' .. ticket) == 1 then redis.call('HINCRBY', V, 'r', -1) end
-  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket)
-  if redis.call('EXISTS', Q) == 0 then redis.call('DEL', T, V) end
+  if flow and redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then
+    redis.call('HDEL', V, 'n|' .. flow, 'f|0|' .. flow, 'f|1|' .. flow, 'f|2|' .. flow)
+  end
+  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket)
+  if redis.call('EXISTS', Q) == 0 then redis.call('DEL', T, V, k .. '#u') end
   return m
 end
--- ticketKeys returns the {key, limit} pairs of a ticket queued on k.
+-- ticketKeys returns the {key, limit} pairs of a ticket queued on k,
+-- whose limit there is at most limit.
 local function ticketKeys(T, ticket, k, limit)
   local packed = redis.call('HGET', T, 'k|' .. ticket)
-  if packed then return cjson.decode(packed) end
-  return {{k, limit}}
-end
--- roomFor returns the places k has for ticket (nil: a newcomer): its free
--- capacity less the place kept for tickets passed over too often, unless
--- it is one of them.
-local function roomFor(k, limit, ticket, now)
-  local _, _, V = qkeys(k)
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  local kept = 0
-  if (tonumber(redis.call('HGET', V, 'r')) or 0) > 0 and
-     not (ticket and redis.call('HEXISTS', V, 'u|' .. ticket) == 1) then
-    kept = 1
+  if not packed then return {{k, limit}} end
+  local kl = cjson.decode(packed)
+  for _, e in ipairs(kl) do
+    if e[1] == k then e[2] = math.min(e[2], limit) end
   end
-  return limit - redis.call('ZCARD', k) - kept
+  return kl
 end
--- passOver counts a grant on k that passed ticket over.
+-- roomFor returns the places k has, under limit, for ticket, which arrived
+-- at arrival (both nil: a newcomer): its free capacity, less the place
+-- kept for its oldest urgent ticket unless that is ticket or came later.
+local function roomFor(k, limit, ticket, arrival, now)
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  local free = limit - redis.call('ZCARD', k)
+  if free <= 0 then return free end
+  local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
+  if oldest[1] and oldest[1] ~= ticket and (not arrival or tonumber(oldest[2]) < arrival) then
+    free = free - 1
+  end
+  return free
+end
+-- passOver counts a grant on k that passed ticket over: at maxPassed it is
+-- one of k's urgent tickets, by arrival.
 local function passOver(k, ticket)
-  local _, T, V = qkeys(k)
+  local _, T = qkeys(k)
   if redis.call('HINCRBY', T, 'p|' .. ticket, 1) == maxPassed then
-    redis.call('HSET', V, 'u|' .. ticket, 1)
-    redis.call('HINCRBY', V, 'r', 1)
+    redis.call('ZADD', k .. '#u', tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, ticket)
   end
 end
 -- grant gives ticket a lease of the claim window on each of its keys
@@ -132,18 +141,30 @@ local function grant(kl, ticket, proc, now, claim, chans)
   end
   redis.call('PUBLISH', chans .. proc, ticket)
 end
--- serve grants k's waiters in order while k has room: each that can take
--- it on all of its keys; a waiter of a dead process is dropped.
+-- canTake reports whether ticket, queued on k, can take a place on each
+-- of its keys (kl) now.
+local function canTake(T, kl, ticket, now)
+  local arrival = tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0
+  for _, e in ipairs(kl) do
+    if roomFor(e[1], e[2], ticket, arrival, now) <= 0 then return false end
+  end
+  return true
+end
+-- serve grants k's waiters in order while k has room under limit: each
+-- that can take it on all of its keys; a waiter of a dead process is
+-- dropped. It returns true if it stopped at its bound on the waiters it
+-- looks at, with room left: waiters further back may take it.
 local function serve(k, limit, now, claim, chans, P)
   local Q, T = k .. '#q', k .. '#t'
-  if redis.call('EXISTS', Q) == 0 then return end
+  if redis.call('EXISTS', Q) == 0 then return false end
   local i, steps, passed = 0, 0, {}
-  while i < scanMax and steps < 4 * scanMax do
-    steps = steps + 1
+  while true do
     redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-    if redis.call('ZCARD', k) >= limit then return end
+    if redis.call('ZCARD', k) >= limit then return false end
+    if i >= scanMax or steps >= 4 * scanMax then return true end
+    steps = steps + 1
     local head = redis.call('ZRANGE', Q, i, i)
-    if #head == 0 then return end
+    if #head == 0 then return false end
     local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
     local kl = ticketKeys(T, ticket, k, limit)
     -- A process whose deadline is less than a claim window away has not
@@ -154,25 +175,22 @@ local function serve(k, limit, now, claim, chans, P)
     local alive = tonumber(redis.call('HGET', P, proc))
     if not alive or alive <= now + claim then
       for _, e in ipairs(kl) do unqueue(e[1], ticket) end
+      if alive and alive <= now then redis.call('HDEL', P, proc) end
+    elseif canTake(T, kl, ticket, now) then
+      grant(kl, ticket, proc, now, claim, chans)
+      for _, p in ipairs(passed) do passOver(k, p) end
     else
-      local ok = true
-      for _, e in ipairs(kl) do
-        if roomFor(e[1], e[2], ticket, now) <= 0 then ok = false break end
-      end
-      if ok then
-        grant(kl, ticket, proc, now, claim, chans)
-        for _, p in ipairs(passed) do passOver(k, p) end
-      else
-        if #kl > 1 then passed[#passed + 1] = ticket end
-        i = i + 1
-      end
+      if #kl > 1 then passed[#passed + 1] = ticket end
+      i = i + 1
     end
   end
 end
--- enqueue queues ticket on each of its keys (kl).
-local function enqueue(kl, ticket, rank, flow, weight, proc, ttl)
+-- enqueue queues ticket on each of its keys (kl), numbering its arrival
+-- in the fleet's order (P's counter).
+local function enqueue(kl, ticket, rank, flow, weight, proc, ttl, P)
   local packed
   if #kl > 1 then packed = cjson.encode(kl) end
+  local arrival = redis.call('HINCRBY', P, '#arrivals', 1)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
     local fk = 'f|' .. rank .. '|' .. flow
@@ -182,7 +200,7 @@ local function enqueue(kl, ticket, rank, flow, weight, proc, ttl)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
     redis.call('ZADD', Q, 0, m)
-    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow)
+    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival)
     if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
     redis.call('HINCRBY', V, 'n|' .. flow, 1)
   end
@@ -191,7 +209,7 @@ end
 local function keepQueued(kl, ttl)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
-    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl)
+    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl)
   end
 end
 -- alive renews proc's liveness deadline in P.

@@ -340,9 +340,9 @@ func TestQueueTwoKeysKeepAPlaceAfterMaxPassed(t *testing.T) {
 	assert.Contains(t, rig.holders(), "m")
 	assert.Equal(t, []string{"m"}, rig.holdersOf(b))
 	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "m", keys: both, limits: []int{2, 1}, wait: true}, 0).status)
-	v, err := rig.rdb.HGet(context.Background(), a+"#v", "r").Int()
+	n, err := rig.rdb.ZCard(context.Background(), a+"#u").Result()
 	require.NoError(t, err)
-	assert.Zero(t, v, "no place kept once m is served")
+	assert.Zero(t, n, "no place kept once m is served")
 }
 
 // However many tickets a key has passed over too often, it keeps one place
@@ -361,12 +361,129 @@ func TestQueueKeepsOnePlaceForAllUrgentTickets(t *testing.T) {
 	// Mark all three urgent on a, as MaxPassed pass-overs would.
 	for i := range 3 {
 		id := fmt.Sprint("m", i)
-		require.NoError(t, rig.rdb.HSet(ctx, a+"#v", "u|"+id, 1).Err())
+		arrival, err := rig.rdb.HGet(ctx, a+"#t", "a|"+id).Float64()
+		require.NoError(t, err)
+		require.NoError(t, rig.rdb.ZAdd(ctx, a+"#u", redis.Z{Score: arrival, Member: id}).Err())
 	}
-	require.NoError(t, rig.rdb.HSet(ctx, a+"#v", "r", 3).Err())
 	rig.release("x0", 3)
 	rig.release("x1", 3)
 	// Two places free on a, one kept: a newcomer takes the other.
 	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "n1"}, 3).status)
 	assert.Equal(t, acquireFull, rig.admit(ticket{id: "n2"}, 3).status)
+}
+
+// Two tickets of two keys, each urgent on one key and waiting for the
+// other, do not keep each other out: a kept place binds only the tickets
+// that came after its urgent one, so the older takes both places once both
+// keys are free. (Each key keeps its own order, so X can be urgent on a
+// while it waits for b, and Y urgent on b while it waits for a.)
+func TestQueueUrgentTicketsDoNotDeadlock(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const a, b = qKey, "q{n}:b"
+	ab := []string{a, b}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "X", keys: ab, limits: []int{1, 1}, wait: true}, 0).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "Y", keys: ab, limits: []int{1, 1}, wait: true}, 0).status)
+	// X urgent on a, Y on b, as MaxPassed pass-overs on each would make
+	// them.
+	for _, u := range []struct{ key, id string }{{a, "X"}, {b, "Y"}} {
+		arrival, err := rig.rdb.HGet(ctx, u.key+"#t", "a|"+u.id).Float64()
+		require.NoError(t, err)
+		require.NoError(t, rig.rdb.ZAdd(ctx, u.key+"#u", redis.Z{Score: arrival, Member: u.id}).Err())
+	}
+	rig.releaseFrom("ha", []string{a}, []int{1}, qClaim)
+	rig.releaseFrom("hb", []string{b}, []int{1}, qClaim)
+	assert.Equal(t, []string{"X"}, rig.holdersOf(a), "X came first: b's place kept for Y does not bind it")
+	assert.Equal(t, []string{"X"}, rig.holdersOf(b))
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "X", keys: ab, limits: []int{1, 1}, wait: true}, 0).status)
+}
+
+// A ticket queued under a limit that has dropped since is not admitted
+// over the new one: its claim gives the grant back. And one queued under
+// a limit raised since is served by the new one (its calls carry it).
+func TestQueueLimitChangesWhileQueued(t *testing.T) {
+	rig := newQueueRig(t)
+	const a, b = qKey, "q{n}:b"
+	ab := []string{a, b}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha", keys: []string{a}}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 5).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "X", keys: ab, limits: []int{1, 5}, wait: true}, 0).status)
+	// b's limit drops to 1 (it has one holder), and a frees: X's grant,
+	// under its old limit of b, is over the new one.
+	rig.releaseFrom("ha", []string{a}, []int{1}, qClaim)
+	rp := rig.admit(ticket{id: "X", keys: ab, limits: []int{1, 1}, wait: true}, 0)
+	assert.NotEqual(t, acquireAdmitted, rp.status)
+	assert.Equal(t, []string{"hb"}, rig.holdersOf(b), "b's limit of 1 holds")
+
+	// Raised: the queued ticket's next call takes the room.
+	rig2 := newQueueRig(t)
+	require.Equal(t, acquireAdmitted, rig2.admit(ticket{id: "ha", keys: []string{a}}, 1).status)
+	require.Equal(t, acquireAdmitted, rig2.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	require.Equal(t, acquireQueued, rig2.admit(ticket{id: "X", keys: ab, limits: []int{1, 1}, wait: true}, 0).status)
+	assert.Equal(t, acquireAdmitted, rig2.admit(ticket{id: "X", keys: ab, limits: []int{5, 5}, wait: true}, 0).status)
+}
+
+// A release made under a limit higher than the one in force now (another
+// process's, or its admission's) hands nothing on past the limit: the
+// waiter's claim, under the limit now, gives it back.
+func TestQueueGrantUnderAnOldLimitIsGivenBack(t *testing.T) {
+	rig := newQueueRig(t)
+	for _, id := range []string{"h1", "h2", "h3"} {
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id}, 3).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "W", wait: true}, 1).status)
+	rig.releaseFrom("h1", []string{qKey}, []int{3}, qClaim)
+	assert.NotEqual(t, acquireAdmitted, rig.admit(ticket{id: "W", wait: true}, 1).status)
+	assert.ElementsMatch(t, []string{"h2", "h3"}, rig.holders())
+}
+
+// Serving looks at a bounded number of waiters from the head. One further
+// back that can take the room takes it on its own next call, and a
+// newcomer does not pass it meanwhile.
+func TestQueueWaiterBeyondTheScanIsNotStranded(t *testing.T) {
+	rig := newQueueRig(t)
+	const a, b = qKey, "q{n}:b"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	for i := range 64 { // more than serve looks at, all waiting for b
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("x", i), keys: []string{a, b}, limits: []int{1, 1}, wait: true}, 0).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "S", wait: true}, 1).status)
+	rig.release("ha", 1)
+	assert.Equal(t, acquireFull, rig.admit(ticket{id: "newcomer"}, 1).status, "S could take the room")
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "S", wait: true}, 1).status)
+}
+
+// A flow whose waiters all left (withdrawn, timed out, dropped) starts
+// again from the virtual time, not behind the turns it never used; and
+// its fields in the queue's state go with its last waiter.
+func TestQueueIdleFlowStartsAfresh(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	for i := range 20 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", wait: true}, 1).status)
+	}
+	for i := range 20 {
+		id := fmt.Sprint("a", i)
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", wait: true}, 1).status)
+		rig.withdraw(id, 1)
+	}
+	fields, err := rig.rdb.HKeys(ctx, qKey+"#v").Result()
+	require.NoError(t, err)
+	for _, f := range fields {
+		assert.NotContains(t, f, "|a", "flow a's fields went with its last waiter")
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "anew", flow: "a", wait: true}, 1).status)
+	held := "x"
+	for i := range 3 {
+		held = rig.handOff(held, 1)
+		if held == "anew" {
+			return
+		}
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: "b", wait: true}, 1).status, "grant %d", i)
+	}
+	t.Fatal("flow a's new waiter waited behind flow b's backlog")
 }

@@ -100,3 +100,41 @@ func TestFleetWaiterGivesUp(t *testing.T) {
 		t.Fatal("the release was not handed to the next waiter")
 	}
 }
+
+// A Registry closed while its caller waits takes the caller out of the
+// fleet's queue: another process's waiter behind it gets the next release
+// at once, not after a grant nobody claims and its own poll (here 30 s
+// away).
+func TestFleetCloseLeavesTheQueue(t *testing.T) {
+	srv := fleettest.Start(t)
+	holder := New[string](srv.Client(), "qw", 1)
+	defer holder.Close()
+	closing := New[string](srv.Client(), "qw", 1)
+	other := New[string](srv.Client(), "qw", 1)
+	defer other.Close()
+	other.claim = time.Minute
+	held, err := holder.TryAcquire("k")
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() {
+		_, err := closing.Acquire(context.Background(), "k")
+		done <- err
+	}()
+	eventually(t, "queued", func() bool { return queuedIn(t, srv, "k") == 1 })
+	next := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := other.Acquire(context.Background(), "k")
+		assert.NoError(t, err)
+		next <- s
+	}()
+	eventually(t, "the other waiter queued behind", func() bool { return queuedIn(t, srv, "k") == 2 })
+	closing.Close()
+	require.ErrorIs(t, <-done, ErrClosed)
+	held.Release()
+	select {
+	case s := <-next:
+		s.Release()
+	case <-time.After(10 * time.Second): // a bound on a hang
+		t.Fatal("the release went to the closed Registry's waiter")
+	}
+}

@@ -150,20 +150,35 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0, 0, 0, now, epoch, 0} e
 local kl = {}
 for i = 1, n do kl[i] = {KEYS[4 + i], tonumber(ARGV[16 + i])} end
 local stopped = paused > now and capped(17, n)
-local held = 0
-for _, e in ipairs(kl) do
+if n > 1 and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
+  -- Queued: its keys' limits as the caller has them now, before serving.
+  local packed = cjson.encode(kl)
+  for _, e in ipairs(kl) do
+    if redis.call('HEXISTS', e[1] .. '#t', id) == 1 then redis.call('HSET', e[1] .. '#t', 'k|' .. id, packed) end
+  end
+end
+local held, cut = 0, 0
+for i, e in ipairs(kl) do
   -- e[3]: k has a queue (or had one before serving it)
   e[3] = redis.call('EXISTS', e[1] .. '#q') == 1
-  if e[3] and not stopped then serve(e[1], e[2], now, claim, chans, P) end
+  if e[3] and not stopped and serve(e[1], e[2], now, claim, chans, P) and cut == 0 then cut = i end
   redis.call('ZREMRANGEBYSCORE', e[1], '-inf', now)
   if redis.call('ZSCORE', e[1], id) then held = held + 1 end
 end
 if held == n then
+  -- A grant made under a limit that has dropped since (another
+  -- process's, or its own before a change) is given back.
+  local over = false
   for _, e in ipairs(kl) do
-    redis.call('ZADD', e[1], 'XX', now + ttl, id)
-    cover(e[1], ttl)
+    if redis.call('ZCARD', e[1]) > e[2] then over = true end
   end
-  return {1, 0, 0, 0, now, epoch, 0}
+  if not over then
+    for _, e in ipairs(kl) do
+      redis.call('ZADD', e[1], 'XX', now + ttl, id)
+      cover(e[1], ttl)
+    end
+    return {1, 0, 0, 0, now, epoch, 0}
+  end
 end
 if held > 0 then
   for _, e in ipairs(kl) do redis.call('ZREM', e[1], id) end
@@ -172,16 +187,29 @@ if stopped then
   return {2, 0, redis.call('ZCARD', KEYS[5]), paused, now, epoch, 0}
 end
 local proc, live = ARGV[12], tonumber(ARGV[16])
-if kl[1][3] and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
+local T1 = KEYS[5] .. '#t'
+if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   alive(P, proc, now, live)
   keepQueued(kl, ttl)
+  -- Serving stopped short of it: it takes the room if it can.
+  if cut > 0 and canTake(T1, kl, id, now) then
+    for _, e in ipairs(kl) do
+      unqueue(e[1], id)
+      redis.call('ZADD', e[1], now + ttl, id)
+      cover(e[1], ttl)
+    end
+    return {1, 0, 0, 0, now, epoch, 0}
+  end
   return {3, 1, redis.call('ZCARD', KEYS[5]), earliestOf(KEYS[5]), now, epoch, redis.call('ZCARD', KEYS[5] .. '#q')}
 end
-local full = 0
-for i, e in ipairs(kl) do
-  local room
-  if e[3] then room = roomFor(e[1], e[2], nil, now) else room = e[2] - redis.call('ZCARD', e[1]) end
-  if room <= 0 then full = i break end
+-- A newcomer: it takes the room only if no waiter it cannot see can.
+local full = cut
+if full == 0 then
+  for i, e in ipairs(kl) do
+    local room
+    if e[3] then room = roomFor(e[1], e[2], nil, nil, now) else room = e[2] - redis.call('ZCARD', e[1]) end
+    if room <= 0 then full = i break end
+  end
 end
 if full == 0 then
   for _, e in ipairs(kl) do
@@ -195,10 +223,13 @@ local count, earliest = redis.call('ZCARD', k), earliestOf(k)
 local queued = redis.call('ZCARD', k .. '#q')
 if ARGV[7] ~= '1' then return {0, full, count, earliest, now, epoch, queued} end
 local maxQ, maxF, flow = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[10]
-if maxQ >= 0 and queued >= maxQ then return {4, full, count, earliest, now, epoch, queued} end
-local flowQueued = tonumber(redis.call('HGET', k .. '#v', 'n|' .. flow)) or 0
-if maxF >= 0 and flowQueued >= maxF then return {5, full, count, earliest, now, epoch, flowQueued} end
-enqueue(kl, id, tonumber(ARGV[9]), flow, tonumber(ARGV[11]), proc, ttl)
+for i, e in ipairs(kl) do
+  local q = redis.call('ZCARD', e[1] .. '#q')
+  if maxQ >= 0 and q >= maxQ then return {4, i, redis.call('ZCARD', e[1]), earliestOf(e[1]), now, epoch, q} end
+  local f = tonumber(redis.call('HGET', e[1] .. '#v', 'n|' .. flow)) or 0
+  if maxF >= 0 and f >= maxF then return {5, i, redis.call('ZCARD', e[1]), earliestOf(e[1]), now, epoch, f} end
+end
+enqueue(kl, id, tonumber(ARGV[9]), flow, tonumber(ARGV[11]), proc, ttl, P)
 keepQueued(kl, ttl)
 alive(P, proc, now, live)
 return {3, full, count, earliest, now, epoch, queued + 1}
