@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -60,4 +61,55 @@ func TestSentinelFailover(t *testing.T) {
 		n, err := r.InFlight(ctx, "k")
 		return err == nil && n == 0
 	}, 10*time.Second, 10*time.Millisecond, "both leases removed")
+}
+
+// A caller waiting in the fleet's queue when the master dies is admitted
+// once the Sentinel has promoted the replica and a holder releases:
+// whether or not its place reached the replica, its own calls queue it
+// again on the new master, and the wake-up subscription follows the
+// failover.
+func TestSentinelFailoverWithAWaiter(t *testing.T) {
+	st := fleettest.StartSentinel(t)
+	const ttl = 900 * time.Millisecond
+	r := New[string](st.Client(), "t", 1, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))
+	defer r.Close()
+	held, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	other := New[string](st.Client(), "t", 1, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond),
+		WithUnavailable(FailClosed)) // a waiter that never admits outside Redis
+	defer other.Close()
+	got := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		for {
+			s, err := other.Acquire(ctx, "k")
+			if errors.Is(err, ErrUnavailable) && ctx.Err() == nil {
+				continue // during the switch: wait again
+			}
+			if err == nil {
+				s.Release()
+			}
+			got <- err
+			return
+		}
+	}()
+	require.Eventually(t, func() bool { return other.Stats().Waiting == 1 }, 10*time.Second, time.Millisecond)
+
+	st.Master.Kill()
+	require.Eventually(t, func() bool {
+		addr, err := st.MasterAddr()
+		return err == nil && addr == st.Replica.Addr
+	}, 20*time.Second, 20*time.Millisecond, "the Sentinel promotes the replica")
+	require.Eventually(t, func() bool {
+		n, err := r.InFlight(context.Background(), "k")
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "the held lease is on the new master")
+	held.Release()
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiter is admitted on the new master")
+	case <-time.After(20 * time.Second): // a bound on a hang
+		t.Fatal("the waiter was never admitted after the failover")
+	}
 }
