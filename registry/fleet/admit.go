@@ -107,7 +107,10 @@ func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) {
 		return
 	}
 	w.queuedAs = ""
-	if r.stopping.Err() != nil {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
 		r.remove(context.Background(), []*lease[K]{l.abandonment()})
 		l.id = newLeaseID()
 		return

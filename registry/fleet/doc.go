@@ -163,15 +163,17 @@
 // a second and LeaseTTL/3) and publishes its ticket on its own process's
 // channel, so that only that waiter wakes; its claim, one more script
 // call, extends the lease to the TTL. A newcomer (TryAcquire too) never
-// passes a waiter that could take the room. Classes' shares (WithShare) do
-// not apply to these waits.
+// passes a waiter that could take the room (among the first 128 in line;
+// one further back takes it on its own next call). Classes' shares
+// (WithShare) do not apply to these waits.
 //
 // An AcquireAll waits on each of its keys, holding nothing until all have
-// room for it, and never deadlocks, whatever the order of keys. Once a key
-// has passed it over registry.MaxPassed times, it is one of the key's
-// urgent waiters, for which the key keeps one place (one, however many
-// they are: each kept place idles until its waiter's other keys have
-// room), so that it is served once its other keys have room.
+// room for it. Once a key has passed it over registry.MaxPassed times, it
+// is one of the key's urgent waiters; the key keeps one place for the one
+// that came first, which binds only the callers that came after it (one
+// place, however many are urgent: each kept place idles until its
+// waiter's other keys have room). So it is served once its other keys
+// have room, and kept places never deadlock, whatever the order of keys.
 //
 // A waiter asks again at least once a claim window, in case a wake-up was
 // lost (pub/sub delivers at most once; after its subscription is made
@@ -181,9 +183,11 @@
 // claim window) costs the key that window. A process whose waiters stopped
 // asking (it was killed) has its tickets dropped a claim window before its
 // liveness deadline, so that they delay the other waiters by at most the
-// liveness TTL. A waiter whose context ends, or whose Registry closes,
-// withdraws its place (or the grant it had not claimed yet) through the
-// releaser, without waiting for Redis.
+// liveness TTL. A waiter whose context ends withdraws its place (or the
+// grant it had not claimed yet) through the releaser, without waiting for
+// Redis; Close takes its process's waiters out at once. A waiter granted
+// under a limit higher than its own now gives the grant back and waits
+// again.
 //
 // The queue's bounds are the wait options given to WithLocalOptions:
 // slots.WithMaxQueue bounds each key's queue and slots.WithMaxQueuePerFlow a

@@ -251,14 +251,17 @@ func (r *Registry[K]) Close() {
 	r.closed = true
 	r.mu.Unlock()
 	r.calls.close()
+	// Its waiters' tickets in the fleet's queue are dropped when next met,
+	// not granted to it until its liveness lapses (best effort: else they
+	// lapse); each waiter also withdraws its own as it returns ErrClosed.
+	if r.brk.allow() {
+		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+		_ = r.rdb.HDel(ctx, r.procsKey, r.proc).Err()
+		cancel()
+	}
 	r.wakeAll()
 	r.stop()
 	r.done.Wait()
-	// Its waiters' tickets left in the fleet's queue (their withdrawals
-	// failed) are dropped at once, not granted until its liveness lapses.
-	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
-	defer cancel()
-	_ = r.rdb.HDel(ctx, r.procsKey, r.proc).Err() // best effort: else they lapse
 }
 
 // SetLimit sets key's fleet-wide limit (and its local one). Every process

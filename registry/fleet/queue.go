@@ -14,26 +14,31 @@ import (
 // A waiter is a ticket: the lease id it will hold. Its place is a member of
 // <key>#q, a sorted set whose members all score 0 and so sort by their
 // bytes: the priority class's rank, then the start tag of start-time fair
-// queuing between flows, then an arrival number, then the ticket's process
+// queuing between flows, then a sequence number, then the ticket's process
 // and the ticket. So the head is the first waiter of the highest class,
-// the flows of a class take turns in proportion to their weights (a flow's
-// next start tag is its last one plus 1/weight, and no earlier than the
-// class's virtual time, the start tag of its last ticket granted), and a
-// flow's waiters keep their order. <key>#t maps each queued ticket to its
-// member, its flow, and, for a ticket of several keys, all of its keys and
-// their limits; <key>#v holds the virtual times, each flow's last start
-// tag and queued count, the arrival counter and the places kept (below).
-// Both go when the queue empties, so tags start from 0 after every
-// backlog.
+// the flows of a class take turns in proportion to their weights, and a
+// flow's waiters keep their order. A flow's next start tag in a class is
+// its finish tag there (its last start tag plus 1/weight, in the sorted
+// set <key>#f<rank>) or the class's virtual time (the start tag of its
+// last ticket granted), whichever is later; a flow whose waiters all left
+// without a grant forgets its finish tag, and finish tags the virtual
+// time has passed are dropped, as they no longer count. <key>#t maps each
+// queued ticket to its member, its flow, its arrival in the fleet (a
+// counter in the liveness hash) and, for a ticket of several keys, all of
+// its keys and their limits, which its calls keep up to date; <key>#v
+// holds the virtual times, each flow's queued count and the sequence. All
+// go when the queue empties, so tags start from 0 after every backlog.
 //
 // A ticket of several keys (AcquireAll) is queued on each of them, holds
 // nothing while it waits, and is granted by whichever key's turn finds
 // room on all of its keys. A grant that passes it over is counted, per
-// key; at maxPassed it becomes one of the key's urgent tickets (#v's r
-// counts them), for which the key keeps one place that only they may
-// take, so that it is served once its other keys have room. One place,
-// however many: each kept place idles while its tickets wait for their
-// other keys, and a place per ticket would let a backlog on a second key
+// key; at maxPassed it becomes one of the key's urgent tickets (<key>#u,
+// by arrival). The key keeps one place for its oldest urgent ticket, which
+// binds only tickets that came after it: so it is served once its other
+// keys have room, and the oldest urgent ticket of the fleet is never kept
+// out, which rules out a deadlock of kept places across keys. One place,
+// however many are urgent: each kept place idles while its ticket waits
+// for its other keys, and a place each would let a backlog on a second key
 // (a model cap) take the first (the provider's) from everyone else.
 //
 // Every script that may free capacity on a key, or finds it free, serves
@@ -42,14 +47,20 @@ import (
 // window's length on each of its keys and publishes its ticket on its
 // process's channel (<prefix>{<name>}#wake:<process>), so that only that
 // process wakes. The waiter claims its grant by running the acquire script
-// again, which extends the lease to the full TTL. A waiter that died or
-// went slow costs the key at most the claim window; a waiter whose process
-// is within a claim window of its liveness deadline (<prefix>{<name>}#procs,
-// process to deadline in server milliseconds, renewed by its waiters'
-// calls, each at least once a claim window) is dropped, not granted, so a
-// killed process's tickets delay no one by more than the liveness TTL. A newcomer
-// never passes a waiter that could take the room: it is served first.
-// While new admissions are paused (Redis lost its data) nothing is served.
+// again, which extends the lease to the full TTL, unless a key is over the
+// limit the waiter has now (the grant was made under a higher one): then
+// the grant is given back and served, and the waiter queues again. A
+// waiter that died or went slow costs the key at most the claim window; a
+// waiter whose process is within a claim window of its liveness deadline
+// (<prefix>{<name>}#procs, process to deadline in server milliseconds,
+// renewed by its waiters' calls, each at least once a claim window) is
+// dropped, not granted, so a killed process's tickets delay no one by more
+// than the liveness TTL. A newcomer never passes a waiter it has looked at
+// that could take the room: it is served first. Serving looks at 64
+// waiters from the head; where it stops short with room left, a newcomer
+// looks at 64 more, and a waiter further back takes the room on its own
+// next call. While new admissions are paused (Redis lost its data) nothing
+// is served.
 
 // baseLua is what every script with a time shares.
 const baseLua = `
@@ -73,11 +84,12 @@ local function earliestOf(k)
   if first[2] then return tonumber(first[2]) end
   return 0
 end
--- unqueue takes ticket out of k's queue, with its flow's count (and the
--- flow's tags once it has no ticket left, so that an idle flow starts
--- again from the virtual time) and its place among the urgent, and
--- returns its member there (nil: not queued).
-local function unqueue(k, ticket)
+-- unqueue takes ticket out of k's queue, with its flow's count and its
+-- place among the urgent, and returns its member there (nil: not queued).
+-- If it leaves without a grant (withdrawn, dropped) and was its flow's
+-- last, the flow's finish tag goes too: an idle flow starts again from the
+-- virtual time, not behind the turns it never used.
+local function unqueue(k, ticket, leaving)
   local Q, T, V = qkeys(k)
   local m = redis.call('HGET', T, ticket)
   if not m then return nil end
@@ -85,10 +97,13 @@ local function unqueue(k, ticket)
   redis.call('ZREM', k .. '#u', ticket)
   local flow = redis.call('HGET', T, 'f|' .. ticket)
   if flow and redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then
-    redis.call('HDEL', V, 'n|' .. flow, 'f|0|' .. flow, 'f|1|' .. flow, 'f|2|' .. flow)
+    redis.call('HDEL', V, 'n|' .. flow)
+    if leaving then redis.call('ZREM', k .. '#f' .. string.match(m, '^(%d+)|'), flow) end
   end
   redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket)
-  if redis.call('EXISTS', Q) == 0 then redis.call('DEL', T, V, k .. '#u') end
+  if redis.call('EXISTS', Q) == 0 then
+    redis.call('DEL', T, V, k .. '#u', k .. '#f0', k .. '#f1', k .. '#f2')
+  end
   return m
 end
 -- ticketKeys returns the {key, limit} pairs of a ticket queued on k,
@@ -102,37 +117,68 @@ local function ticketKeys(T, ticket, k, limit)
   end
   return kl
 end
+-- dead reports whether the process of a queued ticket (its member m) is
+-- gone: within a claim window of its liveness deadline, it has not
+-- renewed for that long (its waiters ask at least once a claim window).
+-- Dropped then, its waiters delay the others at most its liveness TTL:
+-- the time left, and the claim window until the next waiter asks.
+local function dead(P, m, now, claim)
+  local proc = string.match(m, '|([^|]*)|[^|]+$')
+  local alive = tonumber(redis.call('HGET', P, proc))
+  if alive and alive <= now then redis.call('HDEL', P, proc) end
+  return not alive or alive <= now + claim
+end
+-- drop takes ticket, queued on k with limit, out of all its keys' queues.
+local function drop(k, limit, ticket)
+  for _, e in ipairs(ticketKeys(k .. '#t', ticket, k, limit)) do unqueue(e[1], ticket, true) end
+end
 -- roomFor returns the places k has, under limit, for ticket, which arrived
 -- at arrival (both nil: a newcomer): its free capacity, less the place
--- kept for its oldest urgent ticket unless that is ticket or came later.
-local function roomFor(k, limit, ticket, arrival, now)
+-- kept for k's oldest urgent ticket unless that is ticket or came later.
+-- An urgent ticket no longer queued, or whose process is dead, is dropped
+-- first.
+local function roomFor(k, limit, ticket, arrival, now, P, claim)
   redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
   local free = limit - redis.call('ZCARD', k)
   if free <= 0 then return free end
-  local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
-  if oldest[1] and oldest[1] ~= ticket and (not arrival or tonumber(oldest[2]) < arrival) then
-    free = free - 1
+  for _ = 1, scanMax do
+    local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
+    if not oldest[1] then return free end
+    local m = redis.call('HGET', k .. '#t', oldest[1])
+    if not m then
+      redis.call('ZREM', k .. '#u', oldest[1])
+    elseif dead(P, m, now, claim) then
+      drop(k, limit, oldest[1])
+    else
+      if oldest[1] ~= ticket and (not arrival or tonumber(oldest[2]) < arrival) then free = free - 1 end
+      return free
+    end
   end
-  return free
+  return free - 1
 end
 -- passOver counts a grant on k that passed ticket over: at maxPassed it is
 -- one of k's urgent tickets, by arrival.
 local function passOver(k, ticket)
-  local _, T = qkeys(k)
+  local Q, T = qkeys(k)
   if redis.call('HINCRBY', T, 'p|' .. ticket, 1) == maxPassed then
-    redis.call('ZADD', k .. '#u', tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, ticket)
+    local U = k .. '#u'
+    redis.call('ZADD', U, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, ticket)
+    cover(U, redis.call('PTTL', Q))
   end
 end
 -- grant gives ticket a lease of the claim window on each of its keys
 -- (kl), takes it out of their queues, moving each class's virtual time to
--- its start tag there, and wakes its process.
+-- its start tag there (and forgetting the finish tags of flows it has
+-- passed: their next start is the virtual time anyway), and wakes its
+-- process.
 local function grant(kl, ticket, proc, now, claim, chans)
   for _, e in ipairs(kl) do
     local Q, _, V = qkeys(e[1])
-    local m = unqueue(e[1], ticket)
+    local m = unqueue(e[1], ticket, false)
     if m and redis.call('EXISTS', Q) == 1 then
       local rank, tag = string.match(m, '^(%d+)|([^|]+)|')
       redis.call('HSET', V, 'V|' .. rank, tag)
+      redis.call('ZREMRANGEBYSCORE', e[1] .. '#f' .. rank, '-inf', tag)
     end
     -- GT: a lease the ticket holds already (put back after an outage) is
     -- not shortened.
@@ -143,40 +189,34 @@ local function grant(kl, ticket, proc, now, claim, chans)
 end
 -- canTake reports whether ticket, queued on k, can take a place on each
 -- of its keys (kl) now.
-local function canTake(T, kl, ticket, now)
+local function canTake(T, kl, ticket, now, P, claim)
   local arrival = tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0
   for _, e in ipairs(kl) do
-    if roomFor(e[1], e[2], ticket, arrival, now) <= 0 then return false end
+    if roomFor(e[1], e[2], ticket, arrival, now, P, claim) <= 0 then return false end
   end
   return true
 end
--- serve grants k's waiters in order while k has room under limit: each
--- that can take it on all of its keys; a waiter of a dead process is
--- dropped. It returns true if it stopped at its bound on the waiters it
--- looks at, with room left: waiters further back may take it.
-local function serve(k, limit, now, claim, chans, P)
+-- serve grants k's waiters in order, from the one at index from (0: the
+-- head), while k has room under limit: each that can take it on all of
+-- its keys; a waiter of a dead process is dropped. It returns the index
+-- at which it stopped at its bound on the waiters it looks at, with room
+-- left and waiters further back, who may take it (0: it did not).
+local function serve(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
-  if redis.call('EXISTS', Q) == 0 then return false end
-  local i, steps, passed = 0, 0, {}
+  if redis.call('EXISTS', Q) == 0 then return 0 end
+  local i, steps, passed = from, 0, {}
   while true do
     redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-    if redis.call('ZCARD', k) >= limit then return false end
-    if i >= scanMax or steps >= 4 * scanMax then return true end
-    steps = steps + 1
+    if redis.call('ZCARD', k) >= limit then return 0 end
     local head = redis.call('ZRANGE', Q, i, i)
-    if #head == 0 then return false end
+    if #head == 0 then return 0 end
+    if i >= from + scanMax or steps >= 4 * scanMax then return i end
+    steps = steps + 1
     local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
     local kl = ticketKeys(T, ticket, k, limit)
-    -- A process whose deadline is less than a claim window away has not
-    -- renewed for that long: its waiters, which ask at least once a claim
-    -- window, are gone or stalled. Dropped then, its waiters delay the
-    -- others at most its liveness TTL: the time left, and the claim
-    -- window until the next waiter asks.
-    local alive = tonumber(redis.call('HGET', P, proc))
-    if not alive or alive <= now + claim then
-      for _, e in ipairs(kl) do unqueue(e[1], ticket) end
-      if alive and alive <= now then redis.call('HDEL', P, proc) end
-    elseif canTake(T, kl, ticket, now) then
+    if dead(P, head[1], now, claim) then
+      for _, e in ipairs(kl) do unqueue(e[1], ticket, true) end
+    elseif canTake(T, kl, ticket, now, P, claim) then
       grant(kl, ticket, proc, now, claim, chans)
       for _, p in ipairs(passed) do passOver(k, p) end
     else
@@ -186,17 +226,19 @@ local function serve(k, limit, now, claim, chans, P)
   end
 end
 -- enqueue queues ticket on each of its keys (kl), numbering its arrival
--- in the fleet's order (P's counter).
+-- in the fleet's order (P's counter). A flow's start tag in a class is
+-- its finish tag there (#f<rank>) or the class's virtual time, whichever
+-- is later.
 local function enqueue(kl, ticket, rank, flow, weight, proc, ttl, P)
   local packed
   if #kl > 1 then packed = cjson.encode(kl) end
   local arrival = redis.call('HINCRBY', P, '#arrivals', 1)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
-    local fk = 'f|' .. rank .. '|' .. flow
+    local F = e[1] .. '#f' .. rank
     local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
-    local tag = math.max(vt, tonumber(redis.call('HGET', V, fk)) or 0)
-    redis.call('HSET', V, fk, string.format('%.6f', tag + 1 / weight))
+    local tag = math.max(vt, tonumber(redis.call('ZSCORE', F, flow)) or 0)
+    redis.call('ZADD', F, tag + 1 / weight, flow)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
     redis.call('ZADD', Q, 0, m)
@@ -210,6 +252,7 @@ local function keepQueued(kl, ttl)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
     cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl)
+    for rank = 0, 2 do cover(e[1] .. '#f' .. rank, 3 * ttl) end
   end
 end
 -- alive renews proc's liveness deadline in P.

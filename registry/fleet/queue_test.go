@@ -487,3 +487,129 @@ func TestQueueIdleFlowStartsAfresh(t *testing.T) {
 	}
 	t.Fatal("flow a's new waiter waited behind flow b's backlog")
 }
+
+// Two flows of one weight, both always waiting, take turns, also when
+// one of them queues its next caller only as its last is granted (a
+// closed loop): a granted turn is paid for.
+func TestQueueClosedLoopFlowTakesTurns(t *testing.T) {
+	rig := newQueueRig(t)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	for i := range 10 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", wait: true}, 1).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a0", flow: "a", wait: true}, 1).status)
+	held, next := "x", 1
+	got := map[byte]int{}
+	var order []string
+	for range 10 {
+		held = rig.handOff(held, 1)
+		require.NotEmpty(t, held)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], wait: true}, 1).status)
+		got[held[0]]++
+		order = append(order, held)
+		if held[0] == 'a' { // flow a's next caller queues at once
+			require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("a", next), flow: "a", wait: true}, 1).status)
+			next++
+		}
+	}
+	assert.InDelta(t, 5, got['b'], 1, "%v", order)
+}
+
+// Where serving stops short, with room left that none of the waiters it
+// looked at can take, a newcomer looks further, and takes the room if
+// nobody there can.
+func TestQueueNewcomerTakesRoomNoWaiterCanTake(t *testing.T) {
+	rig := newQueueRig(t)
+	const a, b = qKey, "q{n}:b"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	for i := range 64 { // all waiting for b, which stays held
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("x", i), keys: []string{a, b}, limits: []int{1, 1}, wait: true}, 0).status)
+	}
+	rig.release("ha", 1)
+	require.Empty(t, rig.holdersOf(a))
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "try"}, 1).status)
+}
+
+// A grant given back by its claim (over a lowered limit) is served at
+// once: the next waiter gets the place.
+func TestQueueGivenBackGrantIsServed(t *testing.T) {
+	rig := newQueueRig(t)
+	const a, b = qKey, "q{n}:b"
+	ab := []string{a, b}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 5).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "X", keys: ab, limits: []int{1, 5}, wait: true}, 0).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "Y", wait: true}, 1).status)
+	rig.release("ha", 1)
+	require.Equal(t, []string{"X"}, rig.holdersOf(a))
+	rp := rig.admit(ticket{id: "X", keys: ab, limits: []int{1, 1}, wait: true}, 0)
+	require.Equal(t, acquireQueued, rp.status, "X's claim over b's limit gives the grant back; X waits again")
+	assert.Equal(t, []string{"Y"}, rig.holdersOf(a), "a's place goes to Y")
+}
+
+// A waiter whose grant is given back waits again even with the queue at
+// its bound: it was within it.
+func TestQueueGivenBackWaiterIsNotOverTheBound(t *testing.T) {
+	rig := newQueueRig(t)
+	for _, id := range []string{"h1", "h2", "h3"} {
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id}, 3).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "W", wait: true, maxQ: 2}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "V", wait: true, maxQ: 2}, 1).status)
+	rig.releaseFrom("h1", []string{qKey}, []int{3}, qClaim) // under the old limit: W is granted
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "Z", wait: true, maxQ: 2}, 1).status)
+	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "W", wait: true, maxQ: 2}, 1).status)
+}
+
+// A key's urgent set expires with its queue, and an entry left in it for
+// a ticket no longer queued (its queue expired) keeps no place.
+func TestQueueStaleUrgentEntryKeepsNoPlace(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const a, b = qKey, "q{n}:b"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "X", keys: []string{a, b}, limits: []int{1, 1}, wait: true}, 0).status)
+	for i := range registry.MaxPassed {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("s", i), wait: true}, 1).status)
+	}
+	held := "ha"
+	for range registry.MaxPassed { // each grant on a passes X over (b is full)
+		held = rig.handOff(held, 1)
+		require.NotEmpty(t, held)
+	}
+	require.Equal(t, []string{"X"}, rig.rdb.ZRange(ctx, a+"#u", 0, -1).Val())
+	pttl, err := rig.rdb.PTTL(ctx, a+"#u").Result()
+	require.NoError(t, err)
+	assert.Positive(t, pttl, "a#u expires with its queue")
+	// The queues' state lapses (as after 3 TTLs with nobody asking), all
+	// but the urgent set.
+	require.NoError(t, rig.rdb.Del(ctx, a+"#q", a+"#t", a+"#v", b+"#q", b+"#t", b+"#v").Err())
+	rig.release(held, 1)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "n1"}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "w1", wait: true}, 1).status)
+	rig.release("n1", 1)
+	assert.Equal(t, []string{"w1"}, rig.holdersOf(a), "w1, the only waiter, takes a's free place")
+}
+
+// A dead process's urgent ticket keeps no place, even where serving does
+// not reach it.
+func TestQueueDeadUrgentTicketKeepsNoPlace(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const a, b = qKey, "q{n}:b"
+	rig.alive("p2")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "ha"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "U", proc: "p2", rank: 1, keys: []string{a, b}, limits: []int{1, 1}, wait: true}, 0).status)
+	arrival, err := rig.rdb.HGet(ctx, a+"#t", "a|U").Float64()
+	require.NoError(t, err)
+	require.NoError(t, rig.rdb.ZAdd(ctx, a+"#u", redis.Z{Score: arrival, Member: "U"}).Err()) // as MaxPassed pass-overs would
+	for i := range 64 {                                                                       // later, and ahead of U (a higher class)
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("h", i), rank: 0, wait: true}, 1).status)
+	}
+	require.NoError(t, rig.rdb.HSet(ctx, qProcs, "p2", 1).Err()) // p2 died long ago
+	rig.release("ha", 1)
+	assert.Equal(t, []string{"h0"}, rig.holdersOf(a), "the first waiter gets the place")
+}

@@ -159,20 +159,24 @@ if n > 1 and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
 end
 local held, cut = 0, 0
 for i, e in ipairs(kl) do
-  -- e[3]: k has a queue (or had one before serving it)
+  -- e[3]: k has a queue (or had one before serving it); e[4]: where
+  -- serving it stopped short (see serve)
   e[3] = redis.call('EXISTS', e[1] .. '#q') == 1
-  if e[3] and not stopped and serve(e[1], e[2], now, claim, chans, P) and cut == 0 then cut = i end
+  e[4] = 0
+  if e[3] and not stopped then e[4] = serve(e[1], e[2], now, claim, chans, P, 0) end
+  if e[4] > 0 and cut == 0 then cut = i end
   redis.call('ZREMRANGEBYSCORE', e[1], '-inf', now)
   if redis.call('ZSCORE', e[1], id) then held = held + 1 end
 end
+-- givenBack: a grant made under a limit that has dropped since (another
+-- process's, or its own before a change) is given back, and its places
+-- served; its waiter queues again, past the bounds it was within.
+local givenBack = false
 if held == n then
-  -- A grant made under a limit that has dropped since (another
-  -- process's, or its own before a change) is given back.
-  local over = false
   for _, e in ipairs(kl) do
-    if redis.call('ZCARD', e[1]) > e[2] then over = true end
+    if redis.call('ZCARD', e[1]) > e[2] then givenBack = true end
   end
-  if not over then
+  if not givenBack then
     for _, e in ipairs(kl) do
       redis.call('ZADD', e[1], 'XX', now + ttl, id)
       cover(e[1], ttl)
@@ -181,7 +185,10 @@ if held == n then
   end
 end
 if held > 0 then
-  for _, e in ipairs(kl) do redis.call('ZREM', e[1], id) end
+  for _, e in ipairs(kl) do
+    redis.call('ZREM', e[1], id)
+    if e[3] and not stopped then serve(e[1], e[2], now, claim, chans, P, 0) end
+  end
 end
 if stopped then
   return {2, 0, redis.call('ZCARD', KEYS[5]), paused, now, epoch, 0}
@@ -192,9 +199,9 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   alive(P, proc, now, live)
   keepQueued(kl, ttl)
   -- Serving stopped short of it: it takes the room if it can.
-  if cut > 0 and canTake(T1, kl, id, now) then
+  if cut > 0 and canTake(T1, kl, id, now, P, claim) then
     for _, e in ipairs(kl) do
-      unqueue(e[1], id)
+      unqueue(e[1], id, false)
       redis.call('ZADD', e[1], now + ttl, id)
       cover(e[1], ttl)
     end
@@ -202,12 +209,16 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   end
   return {3, 1, redis.call('ZCARD', KEYS[5]), earliestOf(KEYS[5]), now, epoch, redis.call('ZCARD', KEYS[5] .. '#q')}
 end
--- A newcomer: it takes the room only if no waiter it cannot see can.
-local full = cut
+-- A newcomer: where serving stopped short, it looks further; it takes
+-- the room only if no waiter that it has looked at can.
+local full = 0
+for i, e in ipairs(kl) do
+  if e[4] > 0 and serve(e[1], e[2], now, claim, chans, P, e[4]) > 0 then full = i break end
+end
 if full == 0 then
   for i, e in ipairs(kl) do
     local room
-    if e[3] then room = roomFor(e[1], e[2], nil, nil, now) else room = e[2] - redis.call('ZCARD', e[1]) end
+    if e[3] then room = roomFor(e[1], e[2], nil, nil, now, P, claim) else room = e[2] - redis.call('ZCARD', e[1]) end
     if room <= 0 then full = i break end
   end
 end
@@ -224,6 +235,7 @@ local queued = redis.call('ZCARD', k .. '#q')
 if ARGV[7] ~= '1' then return {0, full, count, earliest, now, epoch, queued} end
 local maxQ, maxF, flow = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[10]
 for i, e in ipairs(kl) do
+  if givenBack then break end
   local q = redis.call('ZCARD', e[1] .. '#q')
   if maxQ >= 0 and q >= maxQ then return {4, i, redis.call('ZCARD', e[1]), earliestOf(e[1]), now, epoch, q} end
   local f = tonumber(redis.call('HGET', e[1] .. '#v', 'n|' .. flow)) or 0
@@ -354,7 +366,7 @@ local claim, chans = tonumber(ARGV[1]), ARGV[2]
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
   redis.call('ZREM', k, ARGV[2 * i - 3])
-  if serving then serve(k, limit, now, claim, chans, KEYS[2]) end
+  if serving then serve(k, limit, now, claim, chans, KEYS[2], 0) end
 end
 return 0
 `)
@@ -382,10 +394,10 @@ local now = nowMS(redis.call('TIME'))
 local serving = redis.call('EXISTS', KEYS[1]) == 0
 for i = 3, #KEYS do
   local k = KEYS[i]
-  unqueue(k, id)
+  unqueue(k, id, true)
   redis.call('ZREM', k, id)
   local limit = tonumber(ARGV[3 + i])
-  if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2]) end
+  if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2], 0) end
 end
 local stay = tonumber(ARGV[2])
 local latest = tonumber(ARGV[3])
