@@ -251,17 +251,25 @@ func (r *Registry[K]) Close() {
 	r.closed = true
 	r.mu.Unlock()
 	r.calls.close()
-	// Its waiters' tickets in the fleet's queue are dropped when next met,
-	// not granted to it until its liveness lapses (best effort: else they
-	// lapse); each waiter also withdraws its own as it returns ErrClosed.
-	if r.brk.allow() {
-		ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
-		_ = r.rdb.HDel(ctx, r.procsKey, r.proc).Err()
-		cancel()
-	}
+	r.leaveLiveness()
 	r.wakeAll()
 	r.stop()
 	r.done.Wait()
+	r.leaveLiveness() // again: a call on its way may have renewed it
+}
+
+// leaveLiveness takes this process out of the fleet's liveness hash: the
+// tickets of its waiters left in the queue are dropped when next met, not
+// granted to it until its liveness lapses (each waiter also withdraws its
+// own as it returns ErrClosed). Best effort, within the call timeout: else
+// they lapse.
+func (r *Registry[K]) leaveLiveness() {
+	if !r.brk.allow() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
+	_ = r.rdb.HDel(ctx, r.procsKey, r.proc).Err()
 }
 
 // SetLimit sets key's fleet-wide limit (and its local one). Every process

@@ -20,9 +20,12 @@ import (
 // flow's waiters keep their order. A flow's next start tag in a class is
 // its finish tag there (its last start tag plus 1/weight, in the sorted
 // set <key>#f<rank>) or the class's virtual time (the start tag of its
-// last ticket granted), whichever is later; a flow whose waiters all left
-// without a grant forgets its finish tag, and finish tags the virtual
-// time has passed are dropped, as they no longer count. <key>#t maps each
+// last ticket granted, which only moves forward), whichever is later. A
+// flow is charged for the turns it is granted: if its waiters in a class
+// all leave without a grant, its finish tag there goes back to the finish
+// of its last granted turn (or the start of the first of them), and
+// finish tags the virtual time has passed are dropped, as they no longer
+// count. <key>#t maps each
 // queued ticket to its member, its flow, its arrival in the fleet (a
 // counter in the liveness hash) and, for a ticket of several keys, all of
 // its keys and their limits, which its calls keep up to date; <key>#v
@@ -84,11 +87,13 @@ local function earliestOf(k)
   if first[2] then return tonumber(first[2]) end
   return 0
 end
--- unqueue takes ticket out of k's queue, with its flow's count and its
+-- unqueue takes ticket out of k's queue, with its flow's counts and its
 -- place among the urgent, and returns its member there (nil: not queued).
--- If it leaves without a grant (withdrawn, dropped) and was its flow's
--- last, the flow's finish tag goes too: an idle flow starts again from the
--- virtual time, not behind the turns it never used.
+-- A flow's turns in a class are charged from its first waiter queued
+-- while it had none there (b|, that waiter's start tag) and as each is
+-- granted (b| moves to the granted ticket's finish tag, e|): so if its
+-- last waiter there leaves without a grant (withdrawn, dropped), its
+-- finish tag goes back to b|, and the turns it never used are not charged.
 local function unqueue(k, ticket, leaving)
   local Q, T, V = qkeys(k)
   local m = redis.call('HGET', T, ticket)
@@ -96,11 +101,20 @@ local function unqueue(k, ticket, leaving)
   redis.call('ZREM', Q, m)
   redis.call('ZREM', k .. '#u', ticket)
   local flow = redis.call('HGET', T, 'f|' .. ticket)
-  if flow and redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then
-    redis.call('HDEL', V, 'n|' .. flow)
-    if leaving then redis.call('ZREM', k .. '#f' .. string.match(m, '^(%d+)|'), flow) end
+  if flow then
+    if redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then redis.call('HDEL', V, 'n|' .. flow) end
+    local cf = string.match(m, '^(%d+)|') .. '|' .. flow
+    local finish = redis.call('HGET', T, 'e|' .. ticket)
+    if not leaving and finish then redis.call('HSET', V, 'b|' .. cf, finish) end
+    if redis.call('HINCRBY', V, 'n|' .. cf, -1) <= 0 then
+      local base = redis.call('HGET', V, 'b|' .. cf)
+      if leaving and base then
+        redis.call('ZADD', k .. '#f' .. string.match(m, '^(%d+)|'), base, flow)
+      end
+      redis.call('HDEL', V, 'n|' .. cf, 'b|' .. cf)
+    end
   end
-  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket)
+  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket, 'e|' .. ticket)
   if redis.call('EXISTS', Q) == 0 then
     redis.call('DEL', T, V, k .. '#u', k .. '#f0', k .. '#f1', k .. '#f2')
   end
@@ -176,9 +190,13 @@ local function grant(kl, ticket, proc, now, claim, chans)
     local Q, _, V = qkeys(e[1])
     local m = unqueue(e[1], ticket, false)
     if m and redis.call('EXISTS', Q) == 1 then
+      -- The virtual time only moves forward: a ticket granted out of turn
+      -- (one of several keys, passed over before) does not set it back.
       local rank, tag = string.match(m, '^(%d+)|([^|]+)|')
-      redis.call('HSET', V, 'V|' .. rank, tag)
-      redis.call('ZREMRANGEBYSCORE', e[1] .. '#f' .. rank, '-inf', tag)
+      if tonumber(tag) > (tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0) then
+        redis.call('HSET', V, 'V|' .. rank, tag)
+        redis.call('ZREMRANGEBYSCORE', e[1] .. '#f' .. rank, '-inf', tag)
+      end
     end
     -- GT: a lease the ticket holds already (put back after an outage) is
     -- not shortened.
@@ -198,9 +216,10 @@ local function canTake(T, kl, ticket, now, P, claim)
 end
 -- serve grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take it on all of
--- its keys; a waiter of a dead process is dropped. It returns the index
--- at which it stopped at its bound on the waiters it looks at, with room
--- left and waiters further back, who may take it (0: it did not).
+-- its keys; a waiter of a dead process is dropped. If it stops at its
+-- bound on the waiters it looks at, with room left and waiters further
+-- back, who may take it, it returns one more than the index of the first
+-- of those; else 0.
 local function serve(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
@@ -210,7 +229,7 @@ local function serve(k, limit, now, claim, chans, P, from)
     if redis.call('ZCARD', k) >= limit then return 0 end
     local head = redis.call('ZRANGE', Q, i, i)
     if #head == 0 then return 0 end
-    if i >= from + scanMax or steps >= 4 * scanMax then return i end
+    if i >= from + scanMax or steps >= 4 * scanMax then return i + 1 end
     steps = steps + 1
     local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
     local kl = ticketKeys(T, ticket, k, limit)
@@ -238,13 +257,16 @@ local function enqueue(kl, ticket, rank, flow, weight, proc, ttl, P)
     local F = e[1] .. '#f' .. rank
     local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
     local tag = math.max(vt, tonumber(redis.call('ZSCORE', F, flow)) or 0)
-    redis.call('ZADD', F, tag + 1 / weight, flow)
+    local finish = tag + 1 / weight
+    redis.call('ZADD', F, finish, flow)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
     redis.call('ZADD', Q, 0, m)
-    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival)
+    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 'e|' .. ticket, finish)
     if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
     redis.call('HINCRBY', V, 'n|' .. flow, 1)
+    local cf = rank .. '|' .. flow
+    if redis.call('HINCRBY', V, 'n|' .. cf, 1) == 1 then redis.call('HSET', V, 'b|' .. cf, tag) end
   end
 end
 -- keepQueued keeps the queues of kl from expiring under their waiters.

@@ -613,3 +613,121 @@ func TestQueueDeadUrgentTicketKeepsNoPlace(t *testing.T) {
 	rig.release("ha", 1)
 	assert.Equal(t, []string{"h0"}, rig.holdersOf(a), "the first waiter gets the place")
 }
+
+// Serving that stops at its bound while dropping a dead process's
+// waiters at the head still says so: a newcomer does not pass the live
+// waiter behind them.
+func TestQueueStopAtTheHeadIsReported(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	rig.alive("p2")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	for i := range 512 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("d", i), proc: "p2", wait: true}, 1).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "S", wait: true}, 1).status)
+	require.NoError(t, rig.rdb.HSet(ctx, qProcs, "p2", 1).Err()) // p2 died
+	rig.release("x", 1)
+	require.Empty(t, rig.holders(), "serving stopped at its bound among the dead")
+	assert.NotEqual(t, acquireAdmitted, rig.admit(ticket{id: "N"}, 1).status, "the newcomer does not pass S")
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "S", wait: true}, 1).status)
+}
+
+// A flow with waiters in two classes whose waiters of one class all leave
+// without a grant is not charged there for the turns they never used.
+func TestQueueTwoClassFlowIsNotChargedForUnusedTurns(t *testing.T) {
+	rig := newQueueRig(t)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	for i := range 20 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", rank: 1, wait: true}, 1).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "hi", flow: "a", rank: 0, wait: true}, 1).status)
+	for i := range 20 {
+		id := fmt.Sprint("a", i)
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", rank: 1, wait: true}, 1).status)
+		rig.withdraw(id, 1)
+	}
+	require.Equal(t, "hi", rig.handOff("x", 1))
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hi", flow: "a", wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "anew", flow: "a", rank: 1, wait: true}, 1).status)
+	held := "hi"
+	for i := range 3 {
+		held = rig.handOff(held, 1)
+		if held == "anew" {
+			return
+		}
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: "b", rank: 1, wait: true}, 1).status, "grant %d", i)
+	}
+	t.Fatal("flow a's new waiter waited behind flow b's backlog")
+}
+
+// A flow that queues, gives up and queues again is charged for the turns
+// it was granted: it takes turns with a backlog, no more.
+func TestQueueRetryingFlowTakesTurns(t *testing.T) {
+	rig := newQueueRig(t)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	for i := range 10 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", wait: true}, 1).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a0", flow: "a", wait: true}, 1).status)
+	held, next := "x", 1
+	got := map[byte]int{}
+	var order []string
+	for range 10 {
+		held = rig.handOff(held, 1)
+		require.NotEmpty(t, held)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], wait: true}, 1).status)
+		got[held[0]]++
+		order = append(order, held)
+		if held[0] == 'a' { // flow a's next caller queues, gives up, queues again
+			id := fmt.Sprint("a", next)
+			require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", wait: true}, 1).status)
+			rig.withdraw(id, 1)
+			require.Equal(t, acquireQueued, rig.admit(ticket{id: id + "r", flow: "a", wait: true}, 1).status)
+			next++
+		}
+	}
+	assert.InDelta(t, 5, got['b'], 1, "%v", order)
+}
+
+// The virtual time does not go back when a ticket of two keys, passed
+// over while others were granted, is granted at last: a new flow does not
+// take turn after turn from a backlog.
+func TestQueueVirtualTimeOnlyMovesForward(t *testing.T) {
+	rig := newQueueRig(t)
+	const a, b = qKey, "q{n}:b"
+	ab := []string{a, b}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x1"}, 2).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x2"}, 2).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "X", flow: "x", keys: ab, limits: []int{2, 1}, wait: true}, 0).status)
+	for i := range 30 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", wait: true}, 2).status)
+	}
+	held := "x1"
+	for i := range 7 { // X is passed over: b is full
+		held = rig.handOff(held, 2)
+		require.Equal(t, fmt.Sprint("b", i), held)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: "b", wait: true}, 2).status)
+	}
+	rig.releaseFrom("hb", []string{b}, []int{1}, qClaim)
+	require.Equal(t, "X", rig.handOff(held, 2))
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "X", flow: "x", keys: ab, limits: []int{2, 1}, wait: true}, 0).status)
+	held = "X"
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "d0", flow: "d", wait: true}, 2).status)
+	got := map[byte]int{}
+	var order []string
+	next := 1
+	for range 6 {
+		held = rig.handOff(held, 2)
+		require.NotEmpty(t, held)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], wait: true}, 2).status)
+		got[held[0]]++
+		order = append(order, held)
+		if held[0] == 'd' { // a closed loop
+			require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("d", next), flow: "d", wait: true}, 2).status)
+			next++
+		}
+	}
+	assert.GreaterOrEqual(t, got['b'], 2, "the backlogged flow b takes turns with the new flow d: %v", order)
+}

@@ -213,7 +213,7 @@ end
 -- the room only if no waiter that it has looked at can.
 local full = 0
 for i, e in ipairs(kl) do
-  if e[4] > 0 and serve(e[1], e[2], now, claim, chans, P, e[4]) > 0 then full = i break end
+  if e[4] > 0 and serve(e[1], e[2], now, claim, chans, P, e[4] - 1) > 0 then full = i break end
 end
 if full == 0 then
   for i, e in ipairs(kl) do
