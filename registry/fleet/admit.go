@@ -98,13 +98,14 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 }
 
 // leaveQueue takes back w's place in the fleet's queue, or the grant it
-// has not claimed, if it was queued as l's current id; l takes a new id.
-// While the Registry runs this goes through the releaser, without waiting
-// for Redis; once it is closed, it is sent now (the releaser has stopped),
-// within the call timeout.
-func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) {
+// has not claimed, if it was queued as l's current id, and reports whether
+// it did. While the Registry runs this goes through the releaser, without
+// waiting for Redis; once it is closed, it is sent now (the releaser has
+// stopped), within the call timeout. It leaves l as it is: l may be on its
+// way out already (given back), read by the releaser.
+func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) bool {
 	if w == nil || w.queuedAs == "" || w.queuedAs != l.id {
-		return
+		return false
 	}
 	w.queuedAs = ""
 	r.mu.Lock()
@@ -112,10 +113,10 @@ func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) {
 	r.mu.Unlock()
 	if closed {
 		r.remove(context.Background(), []*lease[K]{l.abandonment()})
-		l.id = newLeaseID()
-		return
+	} else {
+		r.queueRelease(l.abandonment())
 	}
-	r.abandon(l)
+	return true
 }
 
 // wait tries for l until it is admitted or fails for good.
@@ -133,8 +134,15 @@ func (r *Registry[K]) wait(ctx context.Context, l *lease[K], w *waiter) outcome 
 		var sleep time.Duration
 		switch {
 		case o.queued:
+			// Its grant wakes it. It asks again within a claim window, in
+			// case a wake-up was lost, and when the key's earliest lease
+			// expires (a grant nobody claims, a holder that died): nothing
+			// else serves the queue then.
 			r.queuedIn(w, l.id)
 			sleep = jitter(r.claim)
+			if o.retryIn > 0 {
+				sleep = min(sleep, o.retryIn+jitter(r.cfg.pollMin))
+			}
 		case o.full < 0:
 			return o // admitted, or failed for good
 		case o.paused:
@@ -175,7 +183,7 @@ type outcome struct {
 	slot    *slots.Slot
 	err     error
 	full    int           // with ErrLimitReached: the index of the full key; else -1
-	retryIn time.Duration // with full: until its earliest lease expires (0: unknown), or the pause ends
+	retryIn time.Duration // with full or queued: until its earliest lease expires (0: unknown), or the pause ends
 	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
 	queued  bool          // waiting in the fleet's queue; full is the index of a full key
 }
@@ -305,7 +313,11 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outco
 			return failed(err)
 		}
 		if !r.brk.allow() {
-			r.leaveQueue(l, w) // it may be admitted outside Redis
+			// It may be admitted outside Redis: under a new id, which its
+			// ticket's tombstone does not keep out when it is put back.
+			if r.leaveQueue(l, w) {
+				l.id = newLeaseID() // l is not shared yet
+			}
 			return r.unavailable(ctx, l)
 		}
 		rp = r.callOrAbandon(ctx, l, c)
@@ -345,7 +357,11 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outco
 	case acquirePaused:
 		return r.pausedOutcome(l, res[2], res[3], res[4])
 	case acquireQueued:
-		return outcome{queued: true, full: int(res[1]) - 1}
+		o := outcome{queued: true, full: int(res[1]) - 1}
+		if res[3] > res[4] {
+			o.retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
+		}
+		return o
 	case acquireFull, acquireQueueMax, acquireFlowMax:
 		return r.refused(l, res)
 	}

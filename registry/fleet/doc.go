@@ -181,9 +181,9 @@
 // its process's liveness, whose TTL is five claim windows (at most
 // LeaseTTL). A grant that nobody claims (its waiter died, or stalled for the
 // claim window) costs the key that window. A process whose waiters stopped
-// asking (it was killed) has its tickets dropped a claim window before its
-// liveness deadline, so that they delay the other waiters by at most the
-// liveness TTL. A waiter whose context ends withdraws its place (or the
+// asking (it was killed) has its tickets dropped 1.5 claim windows before
+// its liveness deadline, so that they delay the other waiters by less than
+// the liveness TTL. A waiter whose context ends withdraws its place (or the
 // grant it had not claimed yet) through the releaser, without waiting for
 // Redis; Close takes its process's waiters out at once. A waiter granted
 // under a limit higher than its own now gives the grant back and waits

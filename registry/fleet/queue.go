@@ -54,7 +54,7 @@ import (
 // limit the waiter has now (the grant was made under a higher one): then
 // the grant is given back and served, and the waiter queues again. A
 // waiter that died or went slow costs the key at most the claim window; a
-// waiter whose process is within a claim window of its liveness deadline
+// waiter whose process is within 1.5 claim windows of its liveness deadline
 // (<prefix>{<name>}#procs, process to deadline in server milliseconds,
 // renewed by its waiters' calls, each at least once a claim window) is
 // dropped, not granted, so a killed process's tickets delay no one by more
@@ -132,15 +132,16 @@ local function ticketKeys(T, ticket, k, limit)
   return kl
 end
 -- dead reports whether the process of a queued ticket (its member m) is
--- gone: within a claim window of its liveness deadline, it has not
--- renewed for that long (its waiters ask at least once a claim window).
--- Dropped then, its waiters delay the others at most its liveness TTL:
--- the time left, and the claim window until the next waiter asks.
+-- gone: within one and a half claim windows of its liveness deadline, it
+-- has not renewed for that long (its waiters ask at least once a claim
+-- window). Dropped then, its waiters delay the others by less than its
+-- liveness TTL: the time left, and at most a claim window until the next
+-- waiter asks.
 local function dead(P, m, now, claim)
   local proc = string.match(m, '|([^|]*)|[^|]+$')
   local alive = tonumber(redis.call('HGET', P, proc))
   if alive and alive <= now then redis.call('HDEL', P, proc) end
-  return not alive or alive <= now + claim
+  return not alive or alive <= now + 1.5 * claim
 end
 -- drop takes ticket, queued on k with limit, out of all its keys' queues.
 local function drop(k, limit, ticket)
