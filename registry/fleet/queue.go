@@ -91,9 +91,11 @@ end
 -- place among the urgent, and returns its member there (nil: not queued).
 -- A flow's turns in a class are charged from its first waiter queued
 -- while it had none there (b|, that waiter's start tag) and as each is
--- granted (b| moves to the granted ticket's finish tag, e|): so if its
--- last waiter there leaves without a grant (withdrawn, dropped), its
--- finish tag goes back to b|, and the turns it never used are not charged.
+-- granted (b| moves forward to the granted ticket's finish tag, e|): so
+-- if its last waiter there leaves without a grant (withdrawn, dropped),
+-- its finish tag goes back to b|, and the turns it never used are not
+-- charged. A waiter that leaves while others of its flow wait gives its
+-- turn back if it was the newest (the flow's finish tag is its own).
 local function unqueue(k, ticket, leaving)
   local Q, T, V = qkeys(k)
   local m = redis.call('HGET', T, ticket)
@@ -104,17 +106,26 @@ local function unqueue(k, ticket, leaving)
   if flow then
     if redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then redis.call('HDEL', V, 'n|' .. flow) end
     local cf = string.match(m, '^(%d+)|') .. '|' .. flow
-    local finish = redis.call('HGET', T, 'e|' .. ticket)
-    if not leaving and finish then redis.call('HSET', V, 'b|' .. cf, finish) end
+    local rank = string.match(m, '^(%d+)|')
+    local finish = tonumber(redis.call('HGET', T, 'e|' .. ticket))
+    if finish and not leaving and finish > (tonumber(redis.call('HGET', V, 'b|' .. cf)) or 0) then
+      redis.call('HSET', V, 'b|' .. cf, finish)
+    end
+    if finish and leaving then
+      -- The flow's newest waiter there gives its turn back.
+      local F = k .. '#f' .. rank
+      local start = tonumber(redis.call('HGET', T, 's|' .. ticket))
+      if start and tonumber(redis.call('ZSCORE', F, flow)) == finish then redis.call('ZADD', F, start, flow) end
+    end
     if redis.call('HINCRBY', V, 'n|' .. cf, -1) <= 0 then
       local base = redis.call('HGET', V, 'b|' .. cf)
       if leaving and base then
-        redis.call('ZADD', k .. '#f' .. string.match(m, '^(%d+)|'), base, flow)
+        redis.call('ZADD', k .. '#f' .. rank, base, flow)
       end
       redis.call('HDEL', V, 'n|' .. cf, 'b|' .. cf)
     end
   end
-  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket, 'e|' .. ticket)
+  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket, 'e|' .. ticket, 's|' .. ticket)
   if redis.call('EXISTS', Q) == 0 then
     redis.call('DEL', T, V, k .. '#u', k .. '#f0', k .. '#f1', k .. '#f2')
   end
@@ -263,7 +274,7 @@ local function enqueue(kl, ticket, rank, flow, weight, proc, ttl, P)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
     redis.call('ZADD', Q, 0, m)
-    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 'e|' .. ticket, finish)
+    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish)
     if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
     redis.call('HINCRBY', V, 'n|' .. flow, 1)
     local cf = rank .. '|' .. flow

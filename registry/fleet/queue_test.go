@@ -731,3 +731,75 @@ func TestQueueVirtualTimeOnlyMovesForward(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, got['b'], 2, "the backlogged flow b takes turns with the new flow d: %v", order)
 }
+
+// A flow is charged for a turn granted out of order: a ticket of two keys,
+// passed over while a later ticket of its flow was granted, is granted
+// afterwards, and when the flow's last waiter then leaves, its finish tag
+// does not go back below the later grant's.
+func TestQueueGrantedTurnIsChargedOutOfOrder(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const a, b = qKey, "q{n}:b"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "h"}, 1).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hb", keys: []string{b}}, 1).status)
+	// flow f: X (a and b, tag 0), Y (a, tag 1), Z (a, tag 2)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "X", flow: "f", keys: []string{a, b}, wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "Y", flow: "f", wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "Z", flow: "f", wait: true}, 1).status)
+	// a waiter of a lower class keeps the queue from emptying
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "G", flow: "g", rank: 2, wait: true}, 1).status)
+	require.Equal(t, "Y", rig.handOff("h", 1), "X is passed over: b is full")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "Y", flow: "f", wait: true}, 1).status)
+	rig.releaseFrom("hb", []string{b}, []int{1}, qClaim)
+	require.Equal(t, "X", rig.handOff("Y", 1))
+	rig.withdraw("Z", 1) // flow f's last waiter on a leaves
+	f, err := rig.rdb.ZScore(ctx, a+"#f0", "f").Result()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, f, 2.0, "flow f was granted Y (start 1, finish 2): its finish tag must not go back below 2")
+}
+
+// Weighted turns hold when a flow's callers (one or two) queue, give up
+// and queue again, against a backlog: each give-up returns its own turn.
+func TestQueueWeightedSplitWithRetryingCallers(t *testing.T) {
+	for _, tc := range []struct {
+		name            string
+		wa, wb, callers int
+	}{{"a3-b1-1caller", 3, 1, 1}, {"a1-b3-1caller", 1, 3, 1}, {"a1-b1-2callers", 1, 1, 2}, {"a3-b1-2callers", 3, 1, 2}, {"a1-b3-2callers", 1, 3, 2}} {
+		t.Run(tc.name, func(t *testing.T) {
+			rig := newQueueRig(t)
+			require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+			w := map[byte]int{'a': tc.wa, 'b': tc.wb}
+			for i := range 80 {
+				require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", weight: tc.wb, wait: true}, 1).status)
+			}
+			// flow a: a closed loop of callers, each of whom, when it asks
+			// again, queues, gives up and queues again.
+			next := 0
+			queueA := func() {
+				id := fmt.Sprint("a", next)
+				next++
+				require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", weight: tc.wa, wait: true}, 1).status)
+				rig.withdraw(id, 1)
+				require.Equal(t, acquireQueued, rig.admit(ticket{id: id + "r", flow: "a", weight: tc.wa, wait: true}, 1).status)
+			}
+			for range tc.callers {
+				queueA()
+			}
+			held := "x"
+			got := map[byte]int{}
+			var order []string
+			for range 40 {
+				held = rig.handOff(held, 1)
+				require.NotEmpty(t, held)
+				require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], weight: w[held[0]], wait: true}, 1).status)
+				got[held[0]]++
+				order = append(order, held)
+				if held[0] == 'a' {
+					queueA()
+				}
+			}
+			wantA := 40 * float64(tc.wa) / float64(tc.wa+tc.wb)
+			assert.InDelta(t, wantA, got['a'], 2, "%v", order)
+		})
+	}
+}
