@@ -63,11 +63,10 @@ func TestWaitersByClass(t *testing.T) {
 	<-r.subscribed
 	hold, err := r.TryAcquire("k")
 	require.NoError(t, err)
-	allQueued := func(n int) func() bool {
+	allQueued := func(n int) func() bool { // in Redis, not only on their way
 		return func() bool {
-			r.mu.Lock()
-			defer r.mu.Unlock()
-			return r.waiting == n && len(r.tickets) == n
+			q, err := m.srv.ZMembers("inflight:{t}:k#q")
+			return err == nil && len(q) == n
 		}
 	}
 	type admitted struct {
