@@ -75,11 +75,9 @@ func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
 		}
 		got <- err
 	}()
-	eventually(t, "b queued for k", func() bool {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		w := b.allWaiters()
-		return len(w) == 1 && w[0].ticket != ""
+	eventually(t, "b queued for k, in Redis", func() bool {
+		q, err := m.srv.ZMembers("inflight:{t}:k#q")
+		return err == nil && len(q) == 1
 	})
 	s.Release()
 	select {
