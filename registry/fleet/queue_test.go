@@ -477,42 +477,8 @@ func TestQueueIdleFlowStartsAfresh(t *testing.T) {
 		assert.NotContains(t, f, "|a", "flow a's fields went with its last waiter")
 	}
 	require.Equal(t, acquireQueued, rig.admit(ticket{id: "anew", flow: "a", wait: true}, 1).status)
-	held := "x"
-	for i := range 3 {
-		held = rig.handOff(held, 1)
-		if held == "anew" {
-			return
-		}
-		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: "b", wait: true}, 1).status, "grant %d", i)
-	}
-	t.Fatal("flow a's new waiter waited behind flow b's backlog")
-}
-
-// Two flows of one weight, both always waiting, take turns, also when
-// one of them queues its next caller only as its last is granted (a
-// closed loop): a granted turn is paid for.
-func TestQueueClosedLoopFlowTakesTurns(t *testing.T) {
-	rig := newQueueRig(t)
-	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
-	for i := range 10 {
-		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", wait: true}, 1).status)
-	}
-	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a0", flow: "a", wait: true}, 1).status)
-	held, next := "x", 1
-	got := map[byte]int{}
-	var order []string
-	for range 10 {
-		held = rig.handOff(held, 1)
-		require.NotEmpty(t, held)
-		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], wait: true}, 1).status)
-		got[held[0]]++
-		order = append(order, held)
-		if held[0] == 'a' { // flow a's next caller queues at once
-			require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("a", next), flow: "a", wait: true}, 1).status)
-			next++
-		}
-	}
-	assert.InDelta(t, 5, got['b'], 1, "%v", order)
+	assert.True(t, rig.grantedWithin("x", "anew", 3, ticket{flow: "b", wait: true}),
+		"flow a's new waiter waited behind flow b's backlog")
 }
 
 // Where serving stops short, with room left that none of the waiters it
@@ -650,44 +616,8 @@ func TestQueueTwoClassFlowIsNotChargedForUnusedTurns(t *testing.T) {
 	require.Equal(t, "hi", rig.handOff("x", 1))
 	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "hi", flow: "a", wait: true}, 1).status)
 	require.Equal(t, acquireQueued, rig.admit(ticket{id: "anew", flow: "a", rank: 1, wait: true}, 1).status)
-	held := "hi"
-	for i := range 3 {
-		held = rig.handOff(held, 1)
-		if held == "anew" {
-			return
-		}
-		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: "b", rank: 1, wait: true}, 1).status, "grant %d", i)
-	}
-	t.Fatal("flow a's new waiter waited behind flow b's backlog")
-}
-
-// A flow that queues, gives up and queues again is charged for the turns
-// it was granted: it takes turns with a backlog, no more.
-func TestQueueRetryingFlowTakesTurns(t *testing.T) {
-	rig := newQueueRig(t)
-	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
-	for i := range 10 {
-		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", wait: true}, 1).status)
-	}
-	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a0", flow: "a", wait: true}, 1).status)
-	held, next := "x", 1
-	got := map[byte]int{}
-	var order []string
-	for range 10 {
-		held = rig.handOff(held, 1)
-		require.NotEmpty(t, held)
-		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], wait: true}, 1).status)
-		got[held[0]]++
-		order = append(order, held)
-		if held[0] == 'a' { // flow a's next caller queues, gives up, queues again
-			id := fmt.Sprint("a", next)
-			require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", wait: true}, 1).status)
-			rig.withdraw(id, 1)
-			require.Equal(t, acquireQueued, rig.admit(ticket{id: id + "r", flow: "a", wait: true}, 1).status)
-			next++
-		}
-	}
-	assert.InDelta(t, 5, got['b'], 1, "%v", order)
+	assert.True(t, rig.grantedWithin("hi", "anew", 3, ticket{flow: "b", rank: 1, wait: true}),
+		"flow a's new waiter waited behind flow b's backlog")
 }
 
 // The virtual time does not go back when a ticket of two keys, passed
@@ -758,48 +688,81 @@ func TestQueueGrantedTurnIsChargedOutOfOrder(t *testing.T) {
 	assert.GreaterOrEqual(t, f, 2.0, "flow f was granted Y (start 1, finish 2): its finish tag must not go back below 2")
 }
 
+// grantedWithin hands the key (capped at 1) on from held up to n times,
+// each granted waiter other than want claiming as a ticket like others,
+// and reports whether want was granted.
+func (rig *queueRig) grantedWithin(held, want string, n int, others ticket) bool {
+	rig.t.Helper()
+	for i := range n {
+		held = rig.handOff(held, 1)
+		if held == want {
+			return true
+		}
+		others.id = held
+		require.Equal(rig.t, acquireAdmitted, rig.admit(others, 1).status, "grant %d", i)
+	}
+	return false
+}
+
+// closedLoop makes n hand-offs of the key, capped at 1 and held by "x",
+// between a backlog of 80 waiters of flow b (weight wb) and flow a
+// (weight wa), whose callers (callers of them) each call again as their
+// last is granted, through again(id). It returns the grants per flow and
+// their order.
+func (rig *queueRig) closedLoop(wa, wb, callers, n int, again func(id string, weight int)) (map[byte]int, []string) {
+	rig.t.Helper()
+	require.Equal(rig.t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	for i := range 80 {
+		require.Equal(rig.t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", weight: wb, wait: true}, 1).status)
+	}
+	next := 0
+	call := func() {
+		again(fmt.Sprint("a", next), wa)
+		next++
+	}
+	for range callers {
+		call()
+	}
+	weight := map[byte]int{'a': wa, 'b': wb}
+	held, got := "x", map[byte]int{}
+	var order []string
+	for range n {
+		held = rig.handOff(held, 1)
+		require.NotEmpty(rig.t, held)
+		require.Equal(rig.t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], weight: weight[held[0]], wait: true}, 1).status)
+		got[held[0]]++
+		order = append(order, held)
+		if held[0] == 'a' {
+			call()
+		}
+	}
+	return got, order
+}
+
+// Two flows of one weight, both always waiting, take turns, also when
+// one of them queues its next caller only as its last is granted (a
+// closed loop): a granted turn is paid for.
+func TestQueueClosedLoopFlowTakesTurns(t *testing.T) {
+	rig := newQueueRig(t)
+	got, order := rig.closedLoop(1, 1, 1, 10, func(id string, weight int) {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", weight: weight, wait: true}, 1).status)
+	})
+	assert.InDelta(t, 5, got['b'], 1, "%v", order)
+}
+
 // Weighted turns hold when a flow's callers (one or two) queue, give up
-// and queue again, against a backlog: each give-up returns its own turn.
+// and queue again, against a backlog: a give-up returns its own turn, and
+// the turns granted stay charged.
 func TestQueueWeightedSplitWithRetryingCallers(t *testing.T) {
-	for _, tc := range []struct {
-		name            string
-		wa, wb, callers int
-	}{{"a3-b1-1caller", 3, 1, 1}, {"a1-b3-1caller", 1, 3, 1}, {"a1-b1-2callers", 1, 1, 2}, {"a3-b1-2callers", 3, 1, 2}, {"a1-b3-2callers", 1, 3, 2}} {
-		t.Run(tc.name, func(t *testing.T) {
+	for _, tc := range []struct{ wa, wb, callers int }{{1, 1, 1}, {3, 1, 1}, {1, 3, 1}, {1, 1, 2}, {3, 1, 2}, {1, 3, 2}} {
+		t.Run(fmt.Sprintf("a%d-b%d-%dcallers", tc.wa, tc.wb, tc.callers), func(t *testing.T) {
 			rig := newQueueRig(t)
-			require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
-			w := map[byte]int{'a': tc.wa, 'b': tc.wb}
-			for i := range 80 {
-				require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("b", i), flow: "b", weight: tc.wb, wait: true}, 1).status)
-			}
-			// flow a: a closed loop of callers, each of whom, when it asks
-			// again, queues, gives up and queues again.
-			next := 0
-			queueA := func() {
-				id := fmt.Sprint("a", next)
-				next++
-				require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", weight: tc.wa, wait: true}, 1).status)
+			got, order := rig.closedLoop(tc.wa, tc.wb, tc.callers, 40, func(id string, weight int) {
+				require.Equal(t, acquireQueued, rig.admit(ticket{id: id, flow: "a", weight: weight, wait: true}, 1).status)
 				rig.withdraw(id, 1)
-				require.Equal(t, acquireQueued, rig.admit(ticket{id: id + "r", flow: "a", weight: tc.wa, wait: true}, 1).status)
-			}
-			for range tc.callers {
-				queueA()
-			}
-			held := "x"
-			got := map[byte]int{}
-			var order []string
-			for range 40 {
-				held = rig.handOff(held, 1)
-				require.NotEmpty(t, held)
-				require.Equal(t, acquireAdmitted, rig.admit(ticket{id: held, flow: held[:1], weight: w[held[0]], wait: true}, 1).status)
-				got[held[0]]++
-				order = append(order, held)
-				if held[0] == 'a' {
-					queueA()
-				}
-			}
-			wantA := 40 * float64(tc.wa) / float64(tc.wa+tc.wb)
-			assert.InDelta(t, wantA, got['a'], 2, "%v", order)
+				require.Equal(t, acquireQueued, rig.admit(ticket{id: id + "r", flow: "a", weight: weight, wait: true}, 1).status)
+			})
+			assert.InDelta(t, 40*float64(tc.wa)/float64(tc.wa+tc.wb), got['a'], 2, "%v", order)
 		})
 	}
 }

@@ -31,16 +31,7 @@ func TestSentinelFailover(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, st.Master.Addr, before)
 
-	st.Master.Kill()
-	require.Eventually(t, func() bool {
-		addr, err := st.MasterAddr()
-		return err == nil && addr == st.Replica.Addr
-	}, 20*time.Second, 20*time.Millisecond, "the Sentinel promotes the replica")
-
-	require.Eventually(t, func() bool {
-		n, err := r.InFlight(ctx, "k")
-		return err == nil && n == 1
-	}, 10*time.Second, 10*time.Millisecond, "the held lease is on the new master")
+	failOver(t, st, r)
 	var s *slots.Slot
 	require.Eventually(t, func() bool {
 		if s, err = r.TryAcquire("k"); err != nil {
@@ -96,6 +87,20 @@ func TestSentinelFailoverWithAWaiter(t *testing.T) {
 	}()
 	require.Eventually(t, func() bool { return other.Stats().Waiting == 1 }, 10*time.Second, time.Millisecond)
 
+	failOver(t, st, r)
+	held.Release()
+	select {
+	case err := <-got:
+		require.NoError(t, err, "the waiter is admitted on the new master")
+	case <-time.After(20 * time.Second): // a bound on a hang
+		t.Fatal("the waiter was never admitted after the failover")
+	}
+}
+
+// failOver kills st's master and waits for the Sentinel to promote the
+// replica and for the one lease r holds on "k" to be on it.
+func failOver(t *testing.T, st *fleettest.Sentinel, r *Registry[string]) {
+	t.Helper()
 	st.Master.Kill()
 	require.Eventually(t, func() bool {
 		addr, err := st.MasterAddr()
@@ -105,11 +110,4 @@ func TestSentinelFailoverWithAWaiter(t *testing.T) {
 		n, err := r.InFlight(context.Background(), "k")
 		return err == nil && n == 1
 	}, 10*time.Second, 10*time.Millisecond, "the held lease is on the new master")
-	held.Release()
-	select {
-	case err := <-got:
-		require.NoError(t, err, "the waiter is admitted on the new master")
-	case <-time.After(20 * time.Second): // a bound on a hang
-		t.Fatal("the waiter was never admitted after the failover")
-	}
 }
