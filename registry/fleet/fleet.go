@@ -85,8 +85,9 @@ type Registry[K comparable] struct {
 	// queuesPeak is the most keys waited on since the map was last made.
 	queues     map[string][]*waiter
 	queuesPeak int
-	// tickets are the waiters queued in Redis, by lease id, for their
-	// grants' wake-ups.
+	// tickets are the waiters that have asked Redis (and may be queued
+	// there), by the lease id they asked under, for their grants'
+	// wake-ups; a waiter is in it from before its call.
 	tickets     map[string]*waiter
 	ticketsPeak int
 	waiting     int // callers in the queues
