@@ -90,11 +90,57 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 		return nil, err
 	}
 	defer r.dequeue(w)
-	o := r.wait(ctx, l, w)
+	wctx := ctx
+	if r.maxWait > 0 {
+		var cancel context.CancelFunc
+		wctx, cancel = context.WithTimeout(ctx, r.maxWait)
+		defer cancel()
+	}
+	o := r.wait(wctx, l, w)
 	if o.slot == nil {
 		r.leaveQueue(l, w)
+		if wctx.Err() != nil && ctx.Err() == nil && !errors.Is(o.err, ErrClosed) {
+			o = r.waitedTooLong(l, o)
+		}
 	}
 	return o.slot, o.err
+}
+
+// waitedTooLong answers a wait for l that ran past the longest wait
+// (slots.WithMaxWait), whose last try refused it with o: a Bypassed Slot
+// that holds nothing with slots.WithFailOpen, else a *slots.LimitError
+// wrapping slots.ErrWaitTimeout.
+func (r *Registry[K]) waitedTooLong(l *lease[K], o outcome) outcome {
+	if r.failOpen {
+		if r.bypassLog.Allow(time.Now().UnixNano(), 10*time.Second) {
+			r.logSafely(slog.LevelWarn, "fleet: saturated; admitting without a slot (fail-open)",
+				slog.String("registry", r.prefix), slog.Duration("max_wait", r.maxWait))
+		}
+		return r.bypass(l, false)
+	}
+	i := max(o.full, 0)
+	le := &slots.LimitError{Err: slots.ErrWaitTimeout, Key: r.keyName(l.keys[i])}
+	var refused *slots.LimitError
+	if errors.As(o.err, &refused) {
+		le.InFlight, le.Queued = refused.InFlight, refused.Queued
+	}
+	if len(l.limits) > i {
+		le.Limit = l.limits[i]
+	}
+	le.RetryAfter = r.holdTime.RetryAfter(le.Queued, le.Limit)
+	return failed(le)
+}
+
+// bypass admits l with a Bypassed Slot that holds nothing (Degraded too if
+// Redis is unavailable).
+func (r *Registry[K]) bypass(l *lease[K], degraded bool) outcome {
+	x := new(core.Handle)
+	h := x.Hold()
+	h.Owner, l.hold = l, h
+	h.At = time.Now().UnixNano()
+	h.Bypassed, h.Degraded = true, degraded
+	r.stats.bypassed.Add(1)
+	return outcome{slot: (*slots.Slot)(x), full: -1}
 }
 
 // leaveQueue takes back w's place in the fleet's queue, or the grant it
@@ -535,13 +581,7 @@ func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 		if err := ctx.Err(); err != nil {
 			return failed(fmt.Errorf("fleet: acquire: %w", err))
 		}
-		x := new(core.Handle)
-		h := x.Hold()
-		h.Owner, l.hold = l, h
-		h.At = time.Now().UnixNano()
-		h.Bypassed, h.Degraded = true, true
-		r.stats.bypassed.Add(1)
-		return outcome{slot: (*slots.Slot)(x), full: -1}
+		return r.bypass(l, true)
 	}
 	return r.hold(ctx, l, true, 0)
 }

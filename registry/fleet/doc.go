@@ -189,12 +189,16 @@
 // under a limit higher than its own now gives the grant back and waits
 // again.
 //
-// The queue's bounds are the wait options given to WithLocalOptions:
-// slots.WithMaxQueue bounds each key's queue and slots.WithMaxQueuePerFlow a
-// flow's part of it, fleet wide; a caller over a bound fails at once with
-// a *slots.LimitError wrapping slots.ErrQueueFull, with a RetryAfter
-// estimated from the queue's length and how long this process's holders
-// keep their leases.
+// The wait options given to WithLocalOptions bound these waits as they
+// bound a local registry's: slots.WithMaxQueue bounds each key's queue and
+// slots.WithMaxQueuePerFlow a flow's part of it, fleet wide, and a caller
+// over a bound fails at once with a *slots.LimitError wrapping
+// slots.ErrQueueFull, with a RetryAfter estimated from the queue's length
+// and how long this process's holders keep their leases; slots.WithMaxWait
+// bounds a wait, past which the caller leaves the queue and fails with a
+// *slots.LimitError wrapping slots.ErrWaitTimeout, or, with
+// slots.WithFailOpen, is admitted with a Bypassed Slot that holds nothing
+// (counted in Stats.Bypassed, logged at most once every 10 seconds).
 //
 // While new admissions are paused (Lost leases) nothing is granted, and
 // while Redis cannot be reached the waiters of each process wait in its own

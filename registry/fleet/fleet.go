@@ -58,12 +58,12 @@ type Registry[K comparable] struct {
 
 	// The fleet's queue (see queue.go): this process's name in it, the
 	// liveness hash, the channel on which its tickets' grants arrive, the
-	// claim window, the liveness TTL, and the queue's bounds from the wait
-	// options (-1: none).
+	// claim window, the liveness TTL, and what the wait options say.
 	proc, procsKey, wakeKey string
 	wakePrefix              string
 	claim, live             time.Duration
-	maxQueue, maxFlowQueue  int
+	waitPolicy
+	bypassLog core.Every // fail-open admissions after the longest wait
 	// holdTime estimates how long holders keep their leases, for the
 	// Retry-After of a full queue.
 	holdTime core.HoldTime
@@ -208,7 +208,7 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	r.wakeKey = r.wakePrefix + r.proc
 	r.claim = claimWindow(r.cfg)
 	r.live = min(r.cfg.ttl, 5*r.claim)
-	r.maxQueue, r.maxFlowQueue = queueBounds(cfg.local)
+	r.waitPolicy = waitPolicyOf(cfg.local)
 	r.pause = pauseFor(r.cfg)
 	// The same key rule on both paths: the fleet's bound goes last, so it
 	// overrides one among the local options.
@@ -330,7 +330,7 @@ type Stats struct {
 	Acquired       uint64 // admissions under the fleet caps
 	Rejected       uint64 // admissions refused (limit reached, unavailable, context ended)
 	Degraded       uint64 // admissions under the local registry alone (Redis unavailable)
-	Bypassed       uint64 // fail-open admissions (Redis unavailable)
+	Bypassed       uint64 // fail-open admissions (Redis unavailable, or the longest wait passed with slots.WithFailOpen)
 	Lost           uint64 // leases found missing in Redis by the heartbeat (each once until put back)
 	Reasserted     uint64 // leases put back into Redis (found missing, or degraded and Redis back)
 	Paused         uint64 // tries refused while new admissions waited after Redis lost its data (each try of a wait)

@@ -138,3 +138,39 @@ func TestFleetCloseLeavesTheQueue(t *testing.T) {
 		t.Fatal("the release went to the closed Registry's waiter")
 	}
 }
+
+// slots.WithMaxWait among the local options bounds a fleet wait: past it
+// the caller leaves the queue and fails with ErrWaitTimeout, or, with
+// slots.WithFailOpen, is admitted with a Bypassed Slot that holds nothing.
+func TestFleetMaxWait(t *testing.T) {
+	srv := fleettest.Start(t)
+	const wait = 100 * time.Millisecond
+	closed := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(wait)))
+	defer closed.Close()
+	open := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(wait), slots.WithFailOpen()))
+	defer open.Close()
+	held, err := closed.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+
+	start := time.Now()
+	_, err = closed.Acquire(context.Background(), "k")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.ErrorIs(t, err, slots.ErrWaitTimeout)
+	assert.Equal(t, "k", le.Key)
+	assert.Equal(t, 1, le.Limit)
+	assert.GreaterOrEqual(t, time.Since(start), wait)
+	eventually(t, "the waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 0 })
+
+	s, err := open.Acquire(context.Background(), "k")
+	require.NoError(t, err)
+	assert.True(t, s.Bypassed())
+	assert.False(t, s.Degraded(), "Redis is reachable")
+	assert.Equal(t, uint64(1), open.Stats().Bypassed)
+	n, err := open.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the bypass holds nothing")
+	s.Release()
+	eventually(t, "the waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 0 })
+}

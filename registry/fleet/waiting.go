@@ -256,22 +256,31 @@ func claimWindow(cfg config) time.Duration {
 	return max(min(time.Second, cfg.ttl/3), 10*time.Millisecond)
 }
 
-// queueBounds returns the bounds of the fleet's queue per key and per flow
-// (-1: none) that the wait options among opts set (slots.WithMaxQueue,
-// slots.WithMaxQueuePerFlow).
-func queueBounds(opts []registry.Option) (total, perFlow int) {
+// waitPolicy is what the wait options among a Registry's local options
+// (WithLocalOptions) say of its fleet waits: the bounds of the fleet's
+// queue per key and per flow (-1: none; slots.WithMaxQueue,
+// slots.WithMaxQueuePerFlow), the longest wait (0: none; slots.WithMaxWait)
+// and whether a wait that runs out admits a Bypassed Slot
+// (slots.WithFailOpen).
+type waitPolicy struct {
+	maxQueue, maxFlowQueue int
+	maxWait                time.Duration
+	failOpen               bool
+}
+
+func waitPolicyOf(opts []registry.Option) waitPolicy {
 	var s core.Settings
 	for _, o := range opts {
 		o.Apply(&s)
 	}
-	total, perFlow = -1, -1
+	p := waitPolicy{maxQueue: -1, maxFlowQueue: -1, maxWait: max(s.Policy.MaxWait, 0), failOpen: s.Policy.FailOpen}
 	if s.Policy.BoundQueue {
-		total = max(s.Policy.MaxQueue, 0)
+		p.maxQueue = max(s.Policy.MaxQueue, 0)
 	}
 	if s.Policy.BoundFlowQueue {
-		perFlow = max(s.Policy.MaxFlowQueue, 0)
+		p.maxFlowQueue = max(s.Policy.MaxFlowQueue, 0)
 	}
-	return total, perFlow
+	return p
 }
 
 // jitter returns a duration in [d/2, d).

@@ -10,9 +10,10 @@
 // X-Org-ID header; weighted by the config), so a batch backlog does not
 // delay interactive users and one org's backlog does not delay another's.
 // With a fleet, the provider and model caps shared on Redis are waited for
-// first, by class and then arrival within each gateway (strictly: shares
-// and org turns do not apply there); the wait for this gateway's pacing
-// follows, with all of them.
+// first, in one queue for the whole fleet: by class, then org turns, then
+// arrival (shares do not apply there), bounded by the provider's
+// max_queue, max_queue_per_flow and max_queue_wait_ms; the wait for this
+// gateway's pacing follows, with all of them.
 // The example trusts both headers; a real gateway sets them from the
 // caller's authenticated identity.
 //
@@ -241,7 +242,16 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 	g.tenants = g.fleetTenants.Local()
 	g.admitTenant = g.fleetTenants.TryAcquire
 
-	g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, common...)
+	// The provider's queue policy bounds the fleet's queue too: a request
+	// waits there first, then for this gateway's pacing.
+	wait := []registry.Option{slots.WithMaxQueue(cfg.Provider.QueueLimit()), slots.WithMaxWait(cfg.Provider.QueueWait())}
+	if n := cfg.Provider.MaxQueuePerFlow; n > 0 {
+		wait = append(wait, slots.WithMaxQueuePerFlow(n))
+	}
+	if cfg.Provider.FailOpen() {
+		wait = append(wait, slots.WithFailOpen())
+	}
+	g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, append(common, fleet.WithLocalOptions(wait...))...)
 	provider := cfg.Provider
 	if n := provider.MaxConcurrentRequests; n > 0 {
 		g.caps.SetLimit("provider", n)

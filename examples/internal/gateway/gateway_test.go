@@ -474,6 +474,54 @@ func TestGatewayFleet(t *testing.T) {
 	})
 }
 
+// With a fleet, the provider's queue policy bounds the fleet's queue: a
+// request over max_queue is refused at once, and one that waits past
+// max_queue_wait_ms gives up its place, both with 429.
+func TestGatewayFleetQueueBounds(t *testing.T) {
+	srv := fleettest.Start(t)
+	u := newUpstream(t)
+	gw, g := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"provider": {"max_concurrent_requests": 1, "max_queue": 1, "max_queue_wait_ms": 300},
+	"fleet": {"redis_url": "redis://`+srv.Addr+`/0"}
+}`)
+	client := gw.Client()
+	held, err := post(context.Background(), t, client, gw.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	defer held.Body.Close()
+	waitFor(t, "the first request is upstream", func() bool { return u.get(u.cur, "all") == 1 })
+	waited := make(chan *http.Response, 1)
+	go func() {
+		resp, err := post(context.Background(), t, client, gw.URL, "org-b", "glm-5.3")
+		if assert.NoError(t, err) {
+			resp.Body.Close()
+			waited <- resp
+		}
+	}()
+	waitFor(t, "the second request waits in the fleet's queue", func() bool { return g.caps.Stats().Waiting == 1 })
+	waitFor(t, "... in Redis", func() bool {
+		n, err := srv.Client().ZCard(context.Background(), "inflight:{provider}:provider#q").Result()
+		return err == nil && n == 1
+	})
+	bound, cancel := context.WithTimeout(context.Background(), 10*time.Second) // a bound on a hang
+	defer cancel()
+	over, err := post(bound, t, client, gw.URL, "org-c", "glm-5.3")
+	require.NoError(t, err, "refused at once, not queued")
+	body, _ := io.ReadAll(over.Body)
+	over.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, over.StatusCode, "over max_queue: %s", body)
+	assert.Contains(t, string(body), "queue full")
+	var resp *http.Response
+	select {
+	case resp = <-waited:
+	case <-time.After(10 * time.Second): // a bound on a hang
+		t.Fatal("the waiting request never gave up its place")
+	}
+	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "past max_queue_wait_ms")
+	assert.NotEmpty(t, resp.Header.Get("Retry-After"))
+	close(u.gate)
+}
+
 func TestConfigFleet(t *testing.T) {
 	for _, bad := range []string{
 		`{"upstream":"http://x","fleet":{"redis_url":"http://x"}}`,
