@@ -90,27 +90,39 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 		return nil, err
 	}
 	defer r.dequeue(w)
+	// The longest wait bounds the sleeps between tries, not a try: a lease
+	// Redis admits is held, not given back for a bypass.
 	wctx := ctx
 	if r.maxWait > 0 {
 		var cancel context.CancelFunc
 		wctx, cancel = context.WithTimeout(ctx, r.maxWait)
 		defer cancel()
 	}
-	o := r.wait(wctx, l, w)
-	if o.slot == nil {
-		r.leaveQueue(l, w)
-		if wctx.Err() != nil && ctx.Err() == nil && !errors.Is(o.err, ErrClosed) {
-			o = r.waitedTooLong(l, o)
-		}
+	o, last := r.wait(ctx, wctx, l, w)
+	if o.slot != nil {
+		return o.slot, nil
+	}
+	r.leaveQueue(l, w)
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	switch {
+	case errors.Is(o.err, ErrClosed) || closed:
+		return nil, ErrClosed
+	case ctx.Err() != nil:
+		return nil, fmt.Errorf("fleet: acquire: %w", ctx.Err())
+	case wctx.Err() != nil && errors.Is(o.err, context.DeadlineExceeded):
+		o = r.waitedTooLong(l, last)
 	}
 	return o.slot, o.err
 }
 
 // waitedTooLong answers a wait for l that ran past the longest wait
-// (slots.WithMaxWait), whose last try refused it with o: a Bypassed Slot
-// that holds nothing with slots.WithFailOpen, else a *slots.LimitError
-// wrapping slots.ErrWaitTimeout.
-func (r *Registry[K]) waitedTooLong(l *lease[K], o outcome) outcome {
+// (slots.WithMaxWait), whose last try found it waiting as last: a
+// Bypassed Slot that holds nothing with slots.WithFailOpen, else a
+// *slots.LimitError wrapping slots.ErrWaitTimeout that names the key it
+// waited for.
+func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 	if r.failOpen {
 		if r.bypassLog.Allow(time.Now().UnixNano(), 10*time.Second) {
 			r.logSafely(slog.LevelWarn, "fleet: saturated; admitting without a slot (fail-open)",
@@ -118,12 +130,8 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], o outcome) outcome {
 		}
 		return r.bypass(l, false)
 	}
-	i := max(o.full, 0)
-	le := &slots.LimitError{Err: slots.ErrWaitTimeout, Key: r.keyName(l.keys[i])}
-	var refused *slots.LimitError
-	if errors.As(o.err, &refused) {
-		le.InFlight, le.Queued = refused.InFlight, refused.Queued
-	}
+	i := max(last.full, 0)
+	le := &slots.LimitError{Err: slots.ErrWaitTimeout, Key: r.keyName(l.keys[i]), InFlight: last.inFlight, Queued: last.queuedN}
 	if len(l.limits) > i {
 		le.Limit = l.limits[i]
 	}
@@ -165,18 +173,24 @@ func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) bool {
 	return true
 }
 
-// wait tries for l until it is admitted or fails for good.
-func (r *Registry[K]) wait(ctx context.Context, l *lease[K], w *waiter) outcome {
+// wait tries for l until it is admitted or fails for good, trying under
+// ctx and sleeping between tries under wctx (ctx bounded by the longest
+// wait). It returns the outcome, and the last one that found l waiting.
+func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o, last outcome) {
 	backoff := r.cfg.pollMin
+	last = failed(nil)
 	for {
 		if !r.mayTry(w) {
-			if err := r.sleep(ctx, w, r.cfg.pollMax); err != nil {
-				return failed(err)
+			if err := r.sleep(wctx, w, r.cfg.pollMax); err != nil {
+				return failed(err), last
 			}
 			continue
 		}
 		r.expect(w, l.id)
-		o := r.attempt(ctx, l, w)
+		o = r.attempt(ctx, l, w)
+		if o.full >= 0 {
+			last = o
+		}
 		var sleep time.Duration
 		switch {
 		case o.queued:
@@ -190,7 +204,7 @@ func (r *Registry[K]) wait(ctx context.Context, l *lease[K], w *waiter) outcome 
 				sleep = min(sleep, o.retryIn+jitter(r.cfg.pollMin))
 			}
 		case o.full < 0:
-			return o // admitted, or failed for good
+			return o, last // admitted, or failed for good
 		case o.paused:
 			// Nothing is admitted before the pause ends: wait for it (or
 			// a wake-up), jittered so that the fleet's waiters do not all
@@ -204,8 +218,8 @@ func (r *Registry[K]) wait(ctx context.Context, l *lease[K], w *waiter) outcome 
 			sleep = jitter(backoff)
 			backoff = min(2*backoff, r.cfg.pollMax)
 		}
-		if err := r.sleep(ctx, w, sleep); err != nil {
-			return failed(err)
+		if err := r.sleep(wctx, w, sleep); err != nil {
+			return failed(err), last
 		}
 	}
 }
@@ -232,6 +246,9 @@ type outcome struct {
 	retryIn time.Duration // with full or queued: until its earliest lease expires (0: unknown), or the pause ends
 	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
 	queued  bool          // waiting in the fleet's queue; full is the index of a full key
+	// With full: that key's lease count and queue length, as the reply
+	// told them.
+	inFlight, queuedN int
 }
 
 func failed(err error) outcome { return outcome{err: err, full: -1} }
@@ -403,7 +420,7 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outco
 	case acquirePaused:
 		return r.pausedOutcome(l, res[2], res[3], res[4])
 	case acquireQueued:
-		o := outcome{queued: true, full: int(res[1]) - 1}
+		o := outcome{queued: true, full: int(res[1]) - 1, inFlight: int(res[2]), queuedN: int(res[6])}
 		if res[3] > res[4] {
 			o.retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
 		}
@@ -432,7 +449,7 @@ func (r *Registry[K]) refused(l *lease[K], res []int64) outcome {
 		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(int(res[6]), l.limits[i])
 		return failed(le)
 	}
-	return outcome{err: le, full: i, retryIn: retryIn}
+	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
 }
 
 // callOrAbandon makes l's acquire call. If the call panics (a client hook),

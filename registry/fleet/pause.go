@@ -78,7 +78,7 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
 	// Retry-After in whole seconds, not before the pause ends.
 	after := max(time.Second, (retryIn + time.Second - 1).Truncate(time.Second))
 	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0], RetryAfter: after}
-	return outcome{err: le, full: 0, retryIn: retryIn, paused: true}
+	return outcome{err: le, full: 0, retryIn: retryIn, paused: true, inFlight: int(n)}
 }
 
 // lostRecently reports whether this process found a data loss within the

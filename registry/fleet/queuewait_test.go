@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -173,4 +174,170 @@ func TestFleetMaxWait(t *testing.T) {
 	assert.Equal(t, 1, n, "the bypass holds nothing")
 	s.Release()
 	eventually(t, "the waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 0 })
+}
+
+// AcquireAll past the longest wait names the key that was full, with its
+// limit and count, not the first of its keys.
+func TestFleetMaxWaitNamesTheFullKey(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "qw", 5, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
+	defer r.Close()
+	r.SetLimit("b", 1)
+	held, err := r.TryAcquire("b")
+	require.NoError(t, err)
+	defer held.Release()
+	_, err = r.AcquireAll(context.Background(), "a", "b")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	require.ErrorIs(t, err, slots.ErrWaitTimeout)
+	assert.Equal(t, "b", le.Key, "names the full key")
+	assert.Equal(t, 1, le.Limit)
+	assert.Equal(t, 1, le.InFlight)
+}
+
+// A wait past the longest one tells the key's count and its queue.
+func TestFleetMaxWaitCounts(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
+	defer r.Close()
+	held, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+	_, err = r.Acquire(context.Background(), "k")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 1, le.InFlight, "the key is full: 1 in flight")
+	assert.Equal(t, 1, le.Queued, "it was queued")
+}
+
+// The longest wait runs out after Redis admitted the lease, while it is
+// recorded (here a slow Observer): the caller holds the lease. With
+// WithFailOpen it used to be given back for a Bypassed Slot, and the cap
+// of 1 then let a second caller in.
+func TestFleetMaxWaitDoesNotBypassAnAdmission(t *testing.T) {
+	srv := fleettest.Start(t)
+	var slow atomic.Bool
+	slow.Store(true)
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventAcquired && slow.CompareAndSwap(true, false) {
+			time.Sleep(300 * time.Millisecond) // a slow Observer
+		}
+	})
+	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond), slots.WithFailOpen(), slots.WithObserver(obs)))
+	defer r.Close()
+	s, err := r.Acquire(context.Background(), "k")
+	require.NoError(t, err)
+	defer s.Release()
+	assert.False(t, s.Bypassed(), "Redis admitted it: the caller should hold the lease, not a bypass")
+	_, err = r.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "the cap of 1 holds while the first caller runs")
+}
+
+// Close begins while a waiter's call is on its way (Redis stopped); the
+// longest wait runs out after. The caller gets ErrClosed, not a Bypassed
+// Slot from a closed Registry.
+func TestFleetMaxWaitAfterClose(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "qw", 1, WithTimeout(2*time.Second),
+		WithLocalOptions(slots.WithMaxWait(200*time.Millisecond), slots.WithFailOpen()))
+	// warm up: scripts loaded, connection made
+	s0, err := r.TryAcquire("warm")
+	require.NoError(t, err)
+	s0.Release()
+	srv.Stop()
+	type res struct {
+		s   *slots.Slot
+		err error
+	}
+	done := make(chan res, 1)
+	go func() {
+		s, err := r.Acquire(context.Background(), "k")
+		done <- res{s, err}
+	}()
+	eventually(t, "the waiter waits", func() bool { return r.Stats().Waiting == 1 })
+	closed := make(chan struct{})
+	go func() { r.Close(); close(closed) }()
+	got := <-done
+	srv.Cont()
+	<-closed
+	if got.s != nil {
+		t.Logf("slot bypassed=%v stats=%+v", got.s.Bypassed(), r.Stats())
+		got.s.Release()
+	}
+	t.Logf("err=%v", got.err)
+	assert.Nil(t, got.s, "a closed Registry admits nothing")
+	assert.ErrorIs(t, got.err, ErrClosed)
+}
+
+// The caller's context cancelled about when the longest wait runs out:
+// once it has ended, the error wraps its own (Canceled), not the bound's
+// DeadlineExceeded.
+func TestFleetMaxWaitParentCancelled(t *testing.T) {
+	srv := fleettest.Start(t)
+	const wait = 5 * time.Millisecond
+	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(wait)))
+	defer r.Close()
+	held, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+	var wrong, timeouts, canceled int
+	for i := 0; i < 300; i++ {
+		ctx, cancel := context.WithCancel(context.Background())
+		stop := time.AfterFunc(wait+time.Duration(i%5)*100*time.Microsecond, cancel)
+		_, err := r.Acquire(ctx, "k")
+		stop.Stop()
+		cancel()
+		switch {
+		case errors.Is(err, slots.ErrWaitTimeout):
+			timeouts++
+		case errors.Is(err, context.Canceled):
+			canceled++
+		case errors.Is(err, context.DeadlineExceeded):
+			wrong++
+		default:
+			t.Fatalf("unexpected %v", err)
+		}
+	}
+	t.Logf("timeouts=%d canceled=%d deadline-exceeded (parent was Canceled, no deadline)=%d", timeouts, canceled, wrong)
+	assert.Zero(t, wrong)
+}
+
+// A longest wait <= 0 is no bound, and TryAcquire does not wait.
+func TestFleetMaxWaitZeroIsNoBound(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(-time.Second), slots.WithFailOpen()))
+	defer r.Close()
+	held, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+	_, err = r.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	_, err = r.Acquire(ctx, "k")
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.NotErrorIs(t, err, slots.ErrWaitTimeout)
+	assert.Zero(t, r.Stats().Bypassed)
+}
+
+// A Bypassed Slot's Release sends nothing and counts nothing twice; a
+// second Release is a misuse.
+func TestFleetMaxWaitBypassRelease(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(50*time.Millisecond), slots.WithFailOpen()))
+	defer r.Close()
+	held, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	s, err := r.Acquire(context.Background(), "k")
+	require.NoError(t, err)
+	require.True(t, s.Bypassed())
+	s.Release()
+	s.Release()
+	assert.Equal(t, uint64(1), r.Stats().Bypassed)
+	assert.Equal(t, uint64(1), r.Stats().DoubleReleases)
+	n, err := r.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "held still counted")
+	held.Release()
+	eventually(t, "empty", func() bool { n, _ := r.InFlight(context.Background(), "k"); return n == 0 })
 }

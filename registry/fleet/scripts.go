@@ -207,7 +207,13 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
     end
     return {1, 0, 0, 0, now, epoch, 0}
   end
-  return {3, 1, redis.call('ZCARD', KEYS[5]), earliestOf(KEYS[5]), now, epoch, redis.call('ZCARD', KEYS[5] .. '#q')}
+  -- It names the first of its keys without room (the first if none).
+  local w = 1
+  for i, e in ipairs(kl) do
+    if redis.call('ZCARD', e[1]) >= e[2] then w = i break end
+  end
+  local k = kl[w][1]
+  return {3, w, redis.call('ZCARD', k), earliestOf(k), now, epoch, redis.call('ZCARD', k .. '#q')}
 end
 -- A newcomer: where serving stopped short, it looks further; it takes
 -- the room only if no waiter that it has looked at can.

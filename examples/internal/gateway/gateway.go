@@ -396,7 +396,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	if km := g.keys[grant.Key]; km != nil {
 		held = append(held, km)
 	}
-	bypassed := grant.Slot.Bypassed()
+	// A bypass of the fleet's caps (on_wait_timeout "proceed") holds them
+	// no more than a bypass of the Gate.
+	bypassed := grant.Slot.Bypassed() || capSlot != nil && capSlot.Bypassed()
 	for _, m := range held {
 		m.admitted(granted.Sub(waitStart), bypassed)
 	}
