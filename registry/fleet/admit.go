@@ -80,7 +80,7 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 		return nil, fmt.Errorf("fleet: acquire: %w", err)
 	}
 	if !wait {
-		o := r.attempt(ctx, l, nil)
+		o := r.attempt(ctx, ctx, l, nil)
 		return o.slot, o.err
 	}
 	place := core.PlaceOf(ctx)
@@ -98,7 +98,15 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 		wctx, cancel = context.WithTimeout(ctx, r.maxWait)
 		defer cancel()
 	}
+	// A panic (a Keys.Limit's, a client hook's) takes its place back too.
+	ok := false
+	defer func() {
+		if !ok {
+			r.leaveQueue(l, w)
+		}
+	}()
 	o, last := r.wait(ctx, wctx, l, w)
+	ok = true
 	if o.slot != nil {
 		return o.slot, nil
 	}
@@ -187,7 +195,7 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			continue
 		}
 		r.expect(w, l.id)
-		o = r.attempt(ctx, l, w)
+		o = r.attempt(ctx, wctx, l, w)
 		if o.full >= 0 {
 			last = o
 		}
@@ -365,8 +373,11 @@ func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
 
 // attempt makes one admission decision for l, waiting as w if not nil: in
 // Redis, or, when Redis cannot be reached (the breaker is open, or this
-// call failed), as WithUnavailable says.
-func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outcome {
+// call failed), as WithUnavailable says. Its call to Redis is made under
+// callCtx (ctx, or ctx bounded by the longest wait), and a lease admitted
+// is recorded under ctx: a caller whose longest wait runs out as Redis
+// admits it holds the lease.
+func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *waiter) outcome {
 	var c acquireCall[K]
 	var rp reply
 	for try := 0; ; try++ {
@@ -383,7 +394,7 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outco
 			}
 			return r.unavailable(ctx, l)
 		}
-		rp = r.callOrAbandon(ctx, l, c)
+		rp = r.callOrAbandon(callCtx, l, c)
 		// Refused as late, with nothing done: the server's clock is ahead
 		// of what earlier replies told (it jumped, or a client timeout
 		// longer than the call timeout let the call run on). The reply
@@ -402,8 +413,8 @@ func (r *Registry[K]) attempt(ctx context.Context, l *lease[K], w *waiter) outco
 		switch {
 		case errors.Is(err, ErrClosed):
 			return failed(ErrClosed)
-		case ctx.Err() != nil: // the caller's context ended, not Redis
-			return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
+		case callCtx.Err() != nil: // the caller's context or wait ended, not Redis
+			return failed(fmt.Errorf("fleet: acquire: %w", callCtx.Err()))
 		}
 		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
@@ -583,7 +594,7 @@ func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, boo
 		n, limit := r.local.InFlight(k), r.local.Limit(k)
 		if n >= limit {
 			err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: limit, RetryAfter: le.RetryAfter}
-			return outcome{err: err, full: i}, true
+			return outcome{err: err, full: i, inFlight: n}, true
 		}
 	}
 	return outcome{err: le, full: 0}, false
@@ -597,6 +608,12 @@ func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 	case FailOpen:
 		if err := ctx.Err(); err != nil {
 			return failed(fmt.Errorf("fleet: acquire: %w", err))
+		}
+		r.mu.Lock()
+		closed := r.closed
+		r.mu.Unlock()
+		if closed {
+			return failed(ErrClosed)
 		}
 		return r.bypass(l, true)
 	}

@@ -341,3 +341,71 @@ func TestFleetMaxWaitBypassRelease(t *testing.T) {
 	held.Release()
 	eventually(t, "empty", func() bool { n, _ := r.InFlight(context.Background(), "k"); return n == 0 })
 }
+
+// The longest wait bounds a call to Redis on its way too: with the server
+// stopped, a caller whose bound is 100 ms is answered about then, not when
+// its call gives up.
+func TestFleetMaxWaitBoundsACallOnItsWay(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "qw", 1, WithTimeout(2*time.Second),
+		WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
+	defer r.Close()
+	held, err := r.TryAcquire("k") // fills the key, and the local registry too
+	require.NoError(t, err)
+	defer held.Release()
+	srv.Stop()
+	defer srv.Cont()
+	start := time.Now()
+	_, err = r.Acquire(context.Background(), "k")
+	took := time.Since(start)
+	assert.ErrorIs(t, err, slots.ErrWaitTimeout)
+	// The client gives up on a stopped server after 550 ms (two reads of
+	// 250 ms); the call's own timeout is 2 s.
+	assert.Less(t, took, 400*time.Millisecond, "answered at its bound, not at the call's timeout")
+}
+
+// A waiter whose try panics (its Keys.Limit) takes its place in the
+// fleet's queue back: the next release goes to the waiter behind it, not
+// to a grant nobody claims.
+func TestFleetPanickingWaiterLeavesTheQueue(t *testing.T) {
+	srv := fleettest.Start(t)
+	var boom atomic.Bool
+	r := NewWithKeys(srv.Client(), "qw", 1, Keys[string]{Limit: func(string) int {
+		if boom.Load() {
+			panic("limit lookup failed")
+		}
+		return 1
+	}})
+	defer r.Close()
+	holder := New[string](srv.Client(), "qw", 1)
+	defer holder.Close()
+	other := New[string](srv.Client(), "qw", 1)
+	defer other.Close()
+	other.claim = time.Minute // its waiter asks again only after 30 s
+	held, err := holder.TryAcquire("k")
+	require.NoError(t, err)
+	panicked := make(chan any, 1)
+	go func() {
+		defer func() { panicked <- recover() }()
+		_, _ = r.Acquire(context.Background(), "k")
+	}()
+	eventually(t, "the first waiter queued", func() bool { return queuedIn(t, srv, "k") == 1 })
+	next := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := other.Acquire(context.Background(), "k")
+		assert.NoError(t, err)
+		next <- s
+	}()
+	eventually(t, "the second waiter queued", func() bool { return queuedIn(t, srv, "k") == 2 })
+	boom.Store(true)
+	r.SetLimit("other", 1) // wakes r's waiter: its next try panics
+	require.NotNil(t, <-panicked)
+	eventually(t, "the panicking waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 1 })
+	held.Release()
+	select {
+	case s := <-next:
+		s.Release()
+	case <-time.After(10 * time.Second): // a bound on a hang
+		t.Fatal("the release went to the panicking waiter's place")
+	}
+}
