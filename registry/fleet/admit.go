@@ -90,8 +90,9 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 		return nil, err
 	}
 	defer r.dequeue(w)
-	// The longest wait bounds the sleeps between tries, not a try: a lease
-	// Redis admits is held, not given back for a bypass.
+	// The longest wait bounds the sleeps between tries and the calls to
+	// Redis; a lease Redis has admitted is recorded under ctx and held,
+	// not given back for a bypass.
 	wctx := ctx
 	if r.maxWait > 0 {
 		var cancel context.CancelFunc
