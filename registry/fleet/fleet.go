@@ -81,7 +81,7 @@ type Registry[K comparable] struct {
 	degraded map[*lease[K]]struct{}
 	// The most entries of each map since it was last made (see remade).
 	leasesPeak, limitsPeak, degradedPeak int
-	// queues are the waiters of each Redis key, in order (see waiting.go);
+	// queues are the waiters of each Redis key, in order (see waiters.go);
 	// queuesPeak is the most keys waited on since the map was last made.
 	queues     map[string][]*waiter
 	queuesPeak int

@@ -105,8 +105,8 @@ local function unqueue(k, ticket, leaving)
   local flow = redis.call('HGET', T, 'f|' .. ticket)
   if flow then
     if redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then redis.call('HDEL', V, 'n|' .. flow) end
-    local cf = string.match(m, '^(%d+)|') .. '|' .. flow
     local rank = string.match(m, '^(%d+)|')
+    local cf = rank .. '|' .. flow
     local finish = tonumber(redis.call('HGET', T, 'e|' .. ticket))
     if finish and not leaving and finish > (tonumber(redis.call('HGET', V, 'b|' .. cf)) or 0) then
       redis.call('HSET', V, 'b|' .. cf, finish)

@@ -766,3 +766,15 @@ func TestQueueWeightedSplitWithRetryingCallers(t *testing.T) {
 		})
 	}
 }
+
+// aliveScript renews a process's liveness deadline, now plus ms, as a
+// waiter's call does.
+//
+//	KEYS: the name's #procs
+//	ARGV: process, ms
+var aliveScript = redis.NewScript(baseLua + `
+local ms = tonumber(ARGV[2])
+redis.call('HSET', KEYS[1], ARGV[1], nowMS(redis.call('TIME')) + ms)
+cover(KEYS[1], 2 * ms)
+return 0
+`)

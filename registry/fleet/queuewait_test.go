@@ -83,23 +83,12 @@ func TestFleetWaiterGivesUp(t *testing.T) {
 		gone <- err
 	}()
 	eventually(t, "the first waiter queued", func() bool { return queuedIn(t, srv, "k") == 1 })
-	next := make(chan *slots.Slot, 1)
-	go func() {
-		s, err := other.Acquire(context.Background(), "k")
-		assert.NoError(t, err)
-		next <- s
-	}()
-	eventually(t, "the second waiter queued", func() bool { return queuedIn(t, srv, "k") == 2 })
+	next := queueBehind(t, srv, other)
 	cancel()
 	require.True(t, errors.Is(<-gone, context.Canceled))
 	eventually(t, "the first waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 1 })
 	held.Release()
-	select {
-	case s := <-next:
-		s.Release()
-	case <-time.After(10 * time.Second): // a bound on a hang
-		t.Fatal("the release was not handed to the next waiter")
-	}
+	admittedNext(t, next, "the release was not handed to the next waiter")
 }
 
 // A Registry closed while its caller waits takes the caller out of the
@@ -122,22 +111,11 @@ func TestFleetCloseLeavesTheQueue(t *testing.T) {
 		done <- err
 	}()
 	eventually(t, "queued", func() bool { return queuedIn(t, srv, "k") == 1 })
-	next := make(chan *slots.Slot, 1)
-	go func() {
-		s, err := other.Acquire(context.Background(), "k")
-		assert.NoError(t, err)
-		next <- s
-	}()
-	eventually(t, "the other waiter queued behind", func() bool { return queuedIn(t, srv, "k") == 2 })
+	next := queueBehind(t, srv, other)
 	closing.Close()
 	require.ErrorIs(t, <-done, ErrClosed)
 	held.Release()
-	select {
-	case s := <-next:
-		s.Release()
-	case <-time.After(10 * time.Second): // a bound on a hang
-		t.Fatal("the release went to the closed Registry's waiter")
-	}
+	admittedNext(t, next, "the release went to the closed Registry's waiter")
 }
 
 // slots.WithMaxWait among the local options bounds a fleet wait: past it
@@ -390,6 +368,19 @@ func TestFleetPanickingWaiterLeavesTheQueue(t *testing.T) {
 		_, _ = r.Acquire(context.Background(), "k")
 	}()
 	eventually(t, "the first waiter queued", func() bool { return queuedIn(t, srv, "k") == 1 })
+	next := queueBehind(t, srv, other)
+	boom.Store(true)
+	r.SetLimit("other", 1) // wakes r's waiter: its next try panics
+	require.NotNil(t, <-panicked)
+	eventually(t, "the panicking waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 1 })
+	held.Release()
+	admittedNext(t, next, "the release went to the panicking waiter's place")
+}
+
+// queueBehind starts a waiter of other on "k" behind the one queued there
+// already, and returns the channel of its Slot once admitted.
+func queueBehind(t *testing.T, srv *fleettest.Server, other *Registry[string]) <-chan *slots.Slot {
+	t.Helper()
 	next := make(chan *slots.Slot, 1)
 	go func() {
 		s, err := other.Acquire(context.Background(), "k")
@@ -397,15 +388,17 @@ func TestFleetPanickingWaiterLeavesTheQueue(t *testing.T) {
 		next <- s
 	}()
 	eventually(t, "the second waiter queued", func() bool { return queuedIn(t, srv, "k") == 2 })
-	boom.Store(true)
-	r.SetLimit("other", 1) // wakes r's waiter: its next try panics
-	require.NotNil(t, <-panicked)
-	eventually(t, "the panicking waiter left the queue", func() bool { return queuedIn(t, srv, "k") == 1 })
-	held.Release()
+	return next
+}
+
+// admittedNext releases the Slot that next delivers, failing with why if
+// none comes within 10 s (a bound on a hang).
+func admittedNext(t *testing.T, next <-chan *slots.Slot, why string) {
+	t.Helper()
 	select {
 	case s := <-next:
 		s.Release()
-	case <-time.After(10 * time.Second): // a bound on a hang
-		t.Fatal("the release went to the panicking waiter's place")
+	case <-time.After(10 * time.Second):
+		t.Fatal(why)
 	}
 }

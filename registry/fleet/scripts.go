@@ -411,14 +411,3 @@ if latest > 0 then stay = math.max(stay, latest - now + 1) end
 redis.call('SET', tomb, '1', 'PX', string.format('%.0f', stay))
 return 0
 `)
-
-// aliveScript renews a process's liveness deadline: now plus ms.
-//
-//	KEYS: the name's #procs
-//	ARGV: process, ms
-var aliveScript = redis.NewScript(baseLua + `
-local ms = tonumber(ARGV[2])
-redis.call('HSET', KEYS[1], ARGV[1], nowMS(redis.call('TIME')) + ms)
-cover(KEYS[1], 2 * ms)
-return 0
-`)

@@ -4,9 +4,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
-
-	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/registry"
 )
 
 // waiter is one caller of this process waiting in Acquire.
@@ -245,42 +242,6 @@ func (r *Registry[K]) wakeAll() {
 			v.signal()
 		}
 	}
-}
-
-// claimWindow is how long a grant of the fleet's queue waits for its
-// waiter to claim it: long enough for a wake-up and a call, short enough
-// that a waiter that died costs little. A queued waiter asks again within
-// it in case its wake-up was lost, and so renews its process's liveness,
-// whose TTL is five claim windows (at most the lease TTL).
-func claimWindow(cfg config) time.Duration {
-	return max(min(time.Second, cfg.ttl/3), 10*time.Millisecond)
-}
-
-// waitPolicy is what the wait options among a Registry's local options
-// (WithLocalOptions) say of its fleet waits: the bounds of the fleet's
-// queue per key and per flow (-1: none; slots.WithMaxQueue,
-// slots.WithMaxQueuePerFlow), the longest wait (0: none; slots.WithMaxWait)
-// and whether a wait that runs out admits a Bypassed Slot
-// (slots.WithFailOpen).
-type waitPolicy struct {
-	maxQueue, maxFlowQueue int
-	maxWait                time.Duration
-	failOpen               bool
-}
-
-func waitPolicyOf(opts []registry.Option) waitPolicy {
-	var s core.Settings
-	for _, o := range opts {
-		o.Apply(&s)
-	}
-	p := waitPolicy{maxQueue: -1, maxFlowQueue: -1, maxWait: max(s.Policy.MaxWait, 0), failOpen: s.Policy.FailOpen}
-	if s.Policy.BoundQueue {
-		p.maxQueue = max(s.Policy.MaxQueue, 0)
-	}
-	if s.Policy.BoundFlowQueue {
-		p.maxFlowQueue = max(s.Policy.MaxFlowQueue, 0)
-	}
-	return p
 }
 
 // jitter returns a duration in [d/2, d).
