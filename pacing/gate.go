@@ -343,21 +343,21 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		// A learner's limit may change with each start (the test of a cut
 		// lets no other start go): the rest of this pass runs under it.
 		if l := g.ad.l; l != nil {
-			l.started(gr.n, now)
-			l.lane.Limit = l.limit(now)
+			l.Started(gr.n, now)
+			l.lane.Limit = l.Limit(now)
 		}
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		gr.mN = ml.lane.Holders.Len()
 		if l := ml.l; l != nil {
-			l.started(gr.mN, now)
-			l.lane.Limit = l.limit(now)
+			l.Started(gr.mN, now)
+			l.lane.Limit = l.Limit(now)
 		}
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 			gr.keyN = key.lane.Holders.Len()
 			if l := key.l; l != nil {
-				l.started(gr.keyN, now)
-				l.lane.Limit = l.limit(now)
+				l.Started(gr.keyN, now)
+				l.lane.Limit = l.Limit(now)
 			}
 		}
 		gr.prev = starts{g.started, g.last, g.next}
@@ -463,13 +463,13 @@ func (gr *grant) Release(h *core.Hold) bool {
 			ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
 		}
 		if g.ad.l != nil { // a probe that was never sent proves nothing
-			g.ad.l.givenBack(gr.n, h.At)
+			g.ad.l.GivenBack(gr.n, h.At)
 		}
 		if gr.key != nil && gr.key.l != nil {
-			gr.key.l.givenBack(gr.keyN, h.At)
+			gr.key.l.GivenBack(gr.keyN, h.At)
 		}
 		if gr.model.l != nil {
-			gr.model.l.givenBack(gr.mN, h.At)
+			gr.model.l.GivenBack(gr.mN, h.At)
 		}
 	}
 	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)

@@ -177,12 +177,12 @@ func (g *Gate) learnedLocked(now int64) {
 }
 
 func (g *Gate) syncLocked(l *learner, now int64) {
-	l.lane.Limit = l.limit(now)
-	if l.lo != l.told.Cap || l.hi != l.told.Ceiling {
+	l.lane.Limit = l.Limit(now)
+	if l.Lo != l.told.Cap || l.Hi != l.told.Ceiling {
 		ev := l.ev
 		g.ad.seq++
-		c := LimitChange{Seq: g.ad.seq, Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.lo, OldCeiling: l.told.Ceiling, Ceiling: l.hi, Evidence: ev}
-		l.told.Cap, l.told.Ceiling = l.lo, l.hi
+		c := LimitChange{Seq: g.ad.seq, Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.Lo, OldCeiling: l.told.Ceiling, Ceiling: l.Hi, Evidence: ev}
+		l.told.Cap, l.told.Ceiling = l.Lo, l.Hi
 		l.changes++
 		g.eng.Policy.Log().Debug("pacing: learned cap", slog.Uint64("seq", c.Seq), slog.String("provider", g.name), slog.String("model", l.model), slog.String("key", l.key),
 			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
@@ -195,7 +195,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		}
 	}
 	l.ev = Evidence{}
-	at := l.wakeAt(now)
+	at := l.WakeAt(now)
 	if l.timer != nil && at != l.timerAt {
 		l.timer.Stop()
 		l.timer = nil
@@ -214,7 +214,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		}
 		l.timer = nil
 		now := g.eng.Clock.Nanos()
-		l.tick(now)
+		l.Tick(now)
 		g.learnedLocked(now)
 		// The hook runs on this goroutine, where a panic would end the
 		// process: it is logged instead.
@@ -339,16 +339,16 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	switch v.Kind {
 	case Admitted:
 		for _, p := range path[:np] {
-			p.l.admitted(p.n, gr.id)
+			p.l.Admitted(p.n, gr.id)
 			p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}
 		}
 	case Concurrency:
 		if l != nil {
-			l.refused(n, gr.id, gr.at, now, g.seq)
+			l.Refused(n, gr.id, gr.at, now, g.seq)
 			l.ev = Evidence{Kind: v.Kind, InFlight: n}
 		}
 		for i := 1; i < np; i++ {
-			path[i].l.inconclusive(path[i].n, gr.id)
+			path[i].l.Inconclusive(path[i].n, gr.id)
 		}
 	case Rate, Overload:
 		d := v.RetryAfter
@@ -362,7 +362,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			kl.outUntil = max(kl.outUntil, until) // the key's allowance, not the others'
 		} // a key no longer in the pool gets no more starts to pause
 		if v.Kind == Overload && l != nil {
-			l.overloaded(gr.id, g.seq)
+			l.Overloaded(gr.id, g.seq)
 			l.ev = Evidence{Kind: v.Kind, InFlight: n}
 		}
 	case Other:
@@ -370,7 +370,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		// evidence, and a probe it was is withdrawn, not presumed
 		// admitted once its gap has passed.
 		for _, p := range path[:np] {
-			p.l.inconclusive(p.n, gr.id)
+			p.l.Inconclusive(p.n, gr.id)
 		}
 	case Quota:
 		if kl := g.keyByID[gr.Key]; kl != nil {
@@ -425,6 +425,6 @@ func (g *Gate) Learned() Learned {
 
 // learned fills in st's fields of l's cap.
 func (l *learner) learned(st *Learned) {
-	st.Limit, st.Cap, st.Ceiling, st.Changes = l.lane.Limit, l.lo, l.hi, l.changes
-	st.Floor, st.Max = l.floor, l.ceil
+	st.Limit, st.Cap, st.Ceiling, st.Changes = l.lane.Limit, l.Lo, l.Hi, l.changes
+	st.Floor, st.Max = l.Floor, l.Ceil
 }

@@ -1,0 +1,263 @@
+// Package learn learns a concurrency cap that an upstream keeps hidden,
+// from its answers: pacing's Gate learns a provider's, a model's or an API
+// key's cap with it, and the fleet's Redis registry learns one cap for all
+// of its processes, its state kept in Redis.
+package learn
+
+import "time"
+
+// Cap learns one concurrency cap from evidence: a start with n in flight that
+// the upstream admitted proves the cap is at least n; a concurrency 429 for
+// a start with m in flight proves it is below m. It is a state machine, not
+// safe for concurrent use; its owner applies Limit to what it caps after
+// each change.
+//
+// The cap it keeps, Lo, is the count that starts may reach without a test.
+// A start over Lo is a probe, and happens only when demand fills Lo, so an
+// app-limited client never grows. Probes go in batches: up to Lo+1 at first,
+// then up to Lo+2 and Lo+4 while no ceiling is known (maxStep), one at a
+// time up to a known ceiling and over it. A batch that the upstream admits,
+// or that has not been refused within Gap (twice the time a refusal takes),
+// raises Lo to its top; so the climb takes a batch per round trip of a
+// refusal and overshoots by less than a batch.
+//
+// A refusal of a probe sets the ceiling Hi to the count below it (or keeps
+// Lo, for a start that a probe passed on its way); the next probe above Hi
+// waits Retest, so holding a steady cap costs one 429 per retest. A
+// refusal at a count within Lo means the cap fell, or is noise: over a
+// network a client sees an answer end a moment after its upstream let it
+// go, so a count seen admitted may be one or two over what the upstream
+// had. The first refusal since an admission takes Lo one below its count,
+// a second two below; a third means the cap fell, and Lo halves (a drop is
+// usually large, and each start over the new cap is a 429 until enough
+// holders finish); further refusals before any admission step down by 2,
+// 4, 8, ... After a cut, starts go one at a time until one is admitted: a
+// refusal takes a round trip to arrive, and starts in that time would meet
+// the same fallen cap.
+type Cap struct {
+	Floor  int           `json:"floor"`
+	Ceil   int           `json:"ceil"`
+	Retest time.Duration `json:"retest"`
+
+	Lo     int    `json:"lo"`      // starts up to Lo go without a test
+	Hi     int    `json:"hi"`      // the cap is at most Hi, as of HiAt (Ceil: unknown)
+	HiAt   int64  `json:"hi_at"`   // clock nanos
+	CutSeq uint64 `json:"cut_seq"` // starts numbered up to it came before the last cut: stale evidence
+	Streak int    `json:"streak"`  // refusals since the last admission after a cut
+
+	ProbeN   int           `json:"probe_n"`   // the highest start of the batch out; 0: none
+	ProbeAt  int64         `json:"probe_at"`  // when its last start went
+	ProbeTop int           `json:"probe_top"` // the limit while the batch is out
+	Step     int           `json:"step"`      // the next batch's width
+	Gap      time.Duration `json:"gap"`       // how long a probe goes unanswered before it counts as admitted
+	Refusal  time.Duration `json:"refusal"`   // moving average of how long a refusal takes; 0: none seen
+}
+
+// New returns a Cap that starts at initial, within [floor, ceil], and
+// re-tests a ceiling found after retest.
+func New(floor, ceil, initial int, retest time.Duration) *Cap {
+	l := &Cap{Gap: 500 * time.Millisecond, Step: 1}
+	l.Configure(floor, ceil, retest)
+	l.Lo = min(max(initial, l.Floor), l.Ceil)
+	l.Hi = l.Ceil
+	return l
+}
+
+// Configure sets the bounds the cap moves within and the re-test interval.
+func (l *Cap) Configure(floor, ceil int, retest time.Duration) {
+	l.Floor, l.Ceil, l.Retest = floor, ceil, retest
+	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
+	l.Hi = min(max(l.Hi, l.Lo), l.Ceil)
+	// A batch of probes (or the test of a cut) out when the bounds change
+	// keeps its evidence, but its top must stay within them: the limit is
+	// read from it.
+	switch {
+	case l.ProbeN != 0 && l.Streak > 0:
+		l.ProbeTop = l.Floor // the test of a cut: the floor, raised or lowered
+	case l.ProbeN != 0:
+		l.ProbeTop = min(max(l.ProbeTop, l.Floor), l.Ceil)
+	}
+}
+
+// maxStep bounds the width of a batch of probes, and so the 429s of an
+// overshoot when the climb meets the ceiling.
+const maxStep = 4
+
+// width is the width of the next batch of probes.
+func (l *Cap) width() int {
+	w := max(l.Step, 1)
+	if l.Lo < l.Hi && l.Hi < l.Ceil {
+		w = min(w, l.Hi-l.Lo) // up to the known ceiling
+	} else if l.Hi < l.Ceil {
+		w = 1 // a retest
+	}
+	return min(w, l.Ceil-l.Lo)
+}
+
+// MayProbe reports whether a batch of probes may start now.
+func (l *Cap) MayProbe(now int64) bool {
+	if l.ProbeN != 0 || l.Streak > 0 || l.Lo >= l.Ceil {
+		return false
+	}
+	return l.Lo < l.Hi || now >= l.HiAt+int64(l.Retest)
+}
+
+// Limit is the limit now: Lo, and the batch's top while a batch of
+// probes may go or is out (the floor while the test of a cut is out).
+func (l *Cap) Limit(now int64) int {
+	switch {
+	case l.ProbeN != 0:
+		return l.ProbeTop
+	case l.MayProbe(now):
+		return l.Lo + l.width()
+	}
+	return l.Lo
+}
+
+// WakeAt is when the limit next changes by itself (0: only on evidence).
+func (l *Cap) WakeAt(now int64) int64 {
+	switch {
+	case l.ProbeN != 0:
+		return l.ProbeAt + int64(l.Gap)
+	case l.Lo >= l.Hi && l.Lo < l.Ceil && now < l.HiAt+int64(l.Retest):
+		return l.HiAt + int64(l.Retest)
+	}
+	return 0
+}
+
+// Started notes a start with n in flight.
+func (l *Cap) Started(n int, now int64) {
+	switch {
+	case l.Streak > 0 && l.ProbeN == 0:
+		// Since the last cut nothing has been admitted: this start tests
+		// the cut, and no other starts until it is answered, but for the
+		// floor, a count known to work (with the default floor of 1, the
+		// test itself).
+		l.ProbeN, l.ProbeAt, l.ProbeTop = n, now, l.Floor
+		return
+	case n <= l.Lo || l.Streak > 0:
+		return
+	case l.ProbeN == 0:
+		l.ProbeTop = l.Lo + l.width()
+	}
+	l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
+}
+
+// GivenBack notes that the start with n in flight at was given back unsent.
+func (l *Cap) GivenBack(n int, at int64) {
+	if l.ProbeN == n && l.ProbeAt == at {
+		l.ProbeN = 0
+	}
+}
+
+// Tick presumes an unanswered probe admitted once gap has passed.
+func (l *Cap) Tick(now int64) {
+	if l.ProbeN != 0 && now >= l.ProbeAt+int64(l.Gap) {
+		l.batchDone(l.ProbeN)
+	}
+}
+
+// raise takes n as a count the upstream admits now.
+func (l *Cap) raise(n int) {
+	if n > l.Lo {
+		l.Lo = min(n, l.Ceil)
+	}
+	if l.Lo > l.Hi { // the ceiling rose: it is unknown again
+		l.Hi = l.Ceil
+	}
+}
+
+// Admitted notes that start number id, with n in flight, was admitted.
+func (l *Cap) Admitted(n int, id uint64) {
+	if id <= l.CutSeq {
+		return // started before the last cut: proves what the cut undid
+	}
+	if l.ProbeN != 0 && n >= l.ProbeN {
+		l.batchDone(n)
+		return
+	}
+	l.Streak = 0
+	l.raise(n)
+}
+
+// batchDone takes the batch of probes up to n as admitted; the next one may
+// be wider.
+func (l *Cap) batchDone(n int) {
+	if n > l.Lo {
+		l.Step = min(2*max(l.Step, 1), maxStep)
+	}
+	l.ProbeN, l.Streak = 0, 0
+	l.raise(n)
+}
+
+// Refused notes a concurrency refusal of start number id, made at with m
+// in flight; seq numbers the last start so far.
+func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
+	if d := time.Duration(now - at); d >= 0 {
+		if l.Refusal == 0 {
+			l.Refusal = d
+		} else {
+			l.Refusal = (3*l.Refusal + d) / 4
+		}
+		l.Gap = min(max(2*l.Refusal, 20*time.Millisecond), 2*time.Second)
+	}
+	if id <= l.CutSeq {
+		return // counted by the cut that followed its start
+	}
+	if m > l.Lo || l.ProbeN != 0 && m > 2*l.Lo-l.ProbeN {
+		// A probe refused: the cap kept stands, and is the ceiling now.
+		// While a batch of probes is out, a start within its width below
+		// Lo counts as one of them: it may have reached the upstream
+		// after a probe and lost its place to it.
+		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Ceil)
+		l.Hi = l.Lo
+		l.HiAt, l.CutSeq = now, seq
+		l.ProbeN, l.Step = 0, 1
+		return
+	}
+	l.Streak++
+	switch {
+	case l.Streak <= 2:
+		// The first refusals since an admission may be noise: over a
+		// network the upstream lets a request go a moment before its
+		// client sees the end, so a count the client saw admitted may
+		// have been one or two more than the upstream had. A step down,
+		// then two; the tests of the cut that follow tell a fall from
+		// noise.
+		l.Lo = m - l.Streak
+	case l.Streak == 3:
+		// Refused a third time before any admission: the cap fell, by
+		// how much is unknown (a drop is usually large).
+		l.Lo = m / 2
+	default:
+		l.Lo = m - 1<<(l.Streak-3)
+	}
+	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
+	l.Hi = max(min(m-1, l.Ceil), l.Lo)
+	l.HiAt, l.CutSeq = now, seq
+	l.ProbeN, l.Step = 0, 1
+}
+
+// Inconclusive notes that start number id, with n in flight, was refused
+// for another cap or failed: if it was a probe of this one, its
+// batch proves nothing and is withdrawn.
+func (l *Cap) Inconclusive(n int, id uint64) {
+	if id <= l.CutSeq {
+		return // started before the last cut: not one of its probes, nor its test
+	}
+	if l.ProbeN != 0 && n > l.Lo {
+		l.ProbeN = 0
+	}
+}
+
+// Overloaded lowers Lo by a tenth (at least one), leaving the ceiling, once
+// per burst: an answer to a start numbered id, made before the last cut
+// (seq is the last start's number now), is of a burst already counted.
+func (l *Cap) Overloaded(id, seq uint64) {
+	if id <= l.CutSeq {
+		return // the burst it belongs to has cut the cap already
+	}
+	l.Lo = max(l.Lo-max(1, l.Lo/10), l.Floor)
+	l.ProbeN, l.Step = 0, 1
+	l.CutSeq = seq
+}
