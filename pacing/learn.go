@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/learn"
 )
 
 // AdaptiveConfig turns on the learned cap: the provider's concurrency cap is
@@ -30,10 +31,10 @@ type AdaptiveConfig struct {
 
 // Defaults of AdaptiveConfig.
 const (
-	DefaultAdaptiveMin     = 1
-	DefaultAdaptiveMax     = 1024
-	DefaultAdaptiveInitial = 4
-	DefaultRetest          = 10 * time.Second
+	DefaultAdaptiveMin     = learn.DefaultMin
+	DefaultAdaptiveMax     = learn.DefaultMax
+	DefaultAdaptiveInitial = learn.DefaultInitial
+	DefaultRetest          = learn.DefaultRetest
 	// QuotaPause is how long a key out of quota leaves the pool when the
 	// upstream does not say.
 	QuotaPause = time.Minute
@@ -65,21 +66,17 @@ func (a *AdaptiveConfig) validate(path string, ceiling int) error {
 // bounds returns the floor and the ceiling of the learned cap under a
 // configured cap (0: none).
 func (a *AdaptiveConfig) bounds(configured int) (floor, ceiling int) {
-	floor, ceiling = a.Min, a.Max
-	if floor == 0 {
-		floor = DefaultAdaptiveMin
-	}
-	if ceiling == 0 {
-		ceiling = DefaultAdaptiveMax
-		if configured > 0 {
-			ceiling = configured
-		}
-	}
-	if configured > 0 {
-		ceiling = min(ceiling, configured)
-	}
-	return floor, ceiling
+	return a.settings().Bounds(configured)
 }
+
+// settings returns a as the learner takes it.
+func (a *AdaptiveConfig) settings() learn.Settings {
+	return learn.Settings{Min: a.Min, Max: a.Max, Initial: a.Initial, Retest: time.Duration(a.RetestMS) * time.Millisecond}
+}
+
+// Validate reports whether a is a valid learning setup under a configured
+// cap (0: none), as Config.Validate reports it for a provider.
+func (a AdaptiveConfig) Validate(configured int) error { return a.validate("adaptive", configured) }
 
 // Learned is the state of a Gate's learned cap.
 type Learned struct {

@@ -1,8 +1,6 @@
 package pacing
 
 import (
-	"time"
-
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -26,27 +24,11 @@ type learner struct {
 }
 
 func newLearner(a *AdaptiveConfig, configured int) *learner {
-	floor, ceil, retest := a.settings(configured)
-	init := a.Initial
-	if init == 0 {
-		init = DefaultAdaptiveInitial
-	}
-	return &learner{Cap: *learn.New(floor, ceil, init, retest)}
+	return &learner{Cap: *a.settings().New(configured)}
 }
 
 func (l *learner) configure(a *AdaptiveConfig, configured int) {
-	l.Configure(a.settings(configured))
-}
-
-// settings returns the floor, the ceiling and the re-test interval of a
-// cap learned under a, with a configured cap (0: none).
-func (a *AdaptiveConfig) settings(configured int) (floor, ceil int, retest time.Duration) {
-	floor, ceil = a.bounds(configured)
-	retest = time.Duration(a.RetestMS) * time.Millisecond
-	if retest == 0 {
-		retest = DefaultRetest
-	}
-	return floor, ceil, retest
+	a.settings().Configure(&l.Cap, configured)
 }
 
 // stop stops the timer; a nil learner has none.

@@ -224,7 +224,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		// of what earlier replies told (it jumped, or a client timeout
 		// longer than the call timeout let the call run on). The reply
 		// told it anew: once more.
-		if rp.err != nil || len(rp.res) != replyLen || rp.res[0] != tooLate || try > 0 {
+		if rp.err != nil || len(rp.res) < replyLen || rp.res[0] != tooLate || try > 0 {
 			break
 		}
 	}
@@ -243,7 +243,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		}
 		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
-	if len(res) != replyLen || res[0] < 0 {
+	if len(res) < replyLen || res[0] < 0 || res[0] == acquireAdmitted && len(res) != replyLen+len(l.names) {
 		r.abandon(l)
 		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
 	}
@@ -264,10 +264,12 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 	case acquireFull, acquireQueueMax, acquireFlowMax:
 		return r.refused(l, res)
 	}
+	l.start = start{id: uint64(res[3]), at: res[3] * int64(time.Microsecond), counts: res[replyLen:]}
 	return r.hold(ctx, l, false, epoch)
 }
 
-// replyLen is the length of the acquire script's reply.
+// replyLen is the length of the acquire script's reply, but for an
+// admission's, which has each key's lease count after it.
 const replyLen = 7
 
 // refused tells the acquire script's refusal res of l: a full key, or a
@@ -365,7 +367,14 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	r.leases[l] = struct{}{}
 	r.leasesPeak = max(r.leasesPeak, len(r.leases))
+	learned := !degraded && r.learning != nil && r.startedLocked(l)
 	r.mu.Unlock()
+	if learned {
+		for _, k := range l.keys {
+			r.applyLearned(k)
+		}
+		r.kickLearner()
+	}
 	if degraded {
 		r.stats.degraded.Add(1)
 	} else {

@@ -451,7 +451,7 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 // published meanwhile.
 func (r *Registry[K]) subscribe() {
 	defer r.done.Done()
-	ps := r.rdb.Subscribe(r.stopping, r.wakeKey)
+	ps := r.rdb.Subscribe(r.stopping, r.wakeKey, r.learnChan)
 	// Receive does not end with its context: closing ps ends it.
 	stop := context.AfterFunc(r.stopping, func() { ps.Close() })
 	defer stop()
@@ -475,14 +475,21 @@ func (r *Registry[K]) subscribe() {
 		}
 		switch m := msg.(type) {
 		case *redis.Subscription:
-			if !confirmed {
+			switch {
+			case m.Channel != r.wakeKey:
+			case !confirmed:
 				confirmed = true
 				close(r.subscribed)
-			} else {
+			default:
 				r.wakeAll()
+				r.learnedStale()
 			}
 		case *redis.Message:
-			r.granted(m.Payload)
+			if m.Channel == r.learnChan {
+				r.learnedMessage(m.Payload)
+			} else {
+				r.granted(m.Payload)
+			}
 		}
 	}
 }

@@ -174,7 +174,7 @@ func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) 
 // sawClock records the server time of an acquire call's reply res, to a
 // call sent at the local reading sent.
 func (r *Registry[K]) sawClock(res []int64, sent int64) {
-	if len(res) == replyLen {
+	if len(res) >= replyLen {
 		r.clock.seen(res[4], sent, r.clock.local())
 	}
 }

@@ -77,3 +77,26 @@ func scriptUntil(t int64) int64 {
 	}
 	return t
 }
+
+// nanos returns the server's clock now as best estimated, in nanoseconds:
+// the local clock's while no reply has told it.
+func (c *serverClock) nanos() int64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.known {
+		return time.Now().UnixNano()
+	}
+	return (c.local() + (c.low+c.high)/2) * int64(time.Millisecond)
+}
+
+// startCeiling returns a number no start admitted by now can have been
+// given (see learn.go): the server's clock now, in microseconds, estimated
+// generously.
+func (c *serverClock) startCeiling() uint64 {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if !c.known {
+		return uint64(time.Now().UnixMicro())
+	}
+	return uint64(c.local()+c.high+1) * 1000
+}

@@ -92,6 +92,10 @@ type Registry[K comparable] struct {
 	ticketsPeak int
 	waiting     int // callers in the queues
 	closed      bool
+	// learning are the keys whose caps are learned (see learn.go), and
+	// learnedBy those keys by name.
+	learning  map[K]*learning
+	learnedBy map[string]K
 	calls       calls // acquire calls on their way or queued
 
 	remMu      sync.Mutex    // protects the fields below
@@ -104,6 +108,13 @@ type Registry[K comparable] struct {
 	// a lease released while a renewal of it is under way is removed after
 	// that renewal, so a renewal cannot put back a released lease.
 	redisMu sync.Mutex
+
+	// learnPrefix and learnChan name the learned states and their channel;
+	// learnKick wakes the learner goroutine; learnMu orders the settings
+	// of learned limits in the local registry.
+	learnPrefix, learnChan string
+	learnKick              chan struct{}
+	learnMu                sync.Mutex
 
 	brk        breaker
 	clock      serverClock // the Redis server's, as replies tell it
@@ -206,6 +217,9 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	r.procsKey = cfg.prefix + "{" + name + "}#procs"
 	r.wakePrefix = cfg.prefix + "{" + name + "}#wake:"
 	r.wakeKey = r.wakePrefix + r.proc
+	r.learnPrefix = cfg.prefix + "{" + name + "}#learn:"
+	r.learnChan = cfg.prefix + "{" + name + "}#learned"
+	r.learnKick = make(chan struct{}, 1)
 	r.claim = claimWindow(r.cfg)
 	r.live = min(r.cfg.ttl, 5*r.claim)
 	r.waitPolicy = waitPolicyOf(cfg.local)
@@ -222,10 +236,11 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	r.brk.threshold = cfg.breakAfter
 	r.clock.base = time.Now()
 	r.stopping, r.stop = context.WithCancel(context.Background())
-	r.done.Add(3)
+	r.done.Add(4)
 	go r.heartbeat()
 	go r.releaser()
 	go r.subscribe()
+	go r.learner()
 	return r
 }
 
@@ -288,7 +303,12 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 	r.mu.Lock()
 	r.limits[key] = n
 	r.limitsPeak = max(r.limitsPeak, len(r.limits))
+	learned := r.reconfigureLocked(key)
 	r.mu.Unlock()
+	if learned {
+		r.applyLearned(key)
+		return
+	}
 	r.local.SetLimit(key, n)
 	r.wakeAll()
 }
@@ -301,7 +321,12 @@ func (r *Registry[K]) ClearLimit(key K) {
 	r.mu.Lock()
 	delete(r.limits, key)
 	r.limits = remade(r.limits, &r.limitsPeak)
+	learned := r.reconfigureLocked(key)
 	r.mu.Unlock()
+	if learned {
+		r.applyLearned(key)
+		return
+	}
 	r.local.ClearLimit(key)
 	r.wakeAll()
 }
@@ -314,6 +339,17 @@ func (r *Registry[K]) Limit(key K) int {
 }
 
 func (r *Registry[K]) limitLocked(key K) int {
+	n := r.staticLimitLocked(key)
+	if r.learning != nil {
+		if l, ok := r.learnedLimitLocked(key); ok {
+			return min(n, l)
+		}
+	}
+	return n
+}
+
+// staticLimitLocked returns key's limit without learning.
+func (r *Registry[K]) staticLimitLocked(key K) int {
 	if n, ok := r.limits[key]; ok {
 		return n
 	}

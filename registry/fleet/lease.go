@@ -38,6 +38,12 @@ type lease[K comparable] struct {
 	// may still run. Guarded by r.mu once the lease is held.
 	until int64
 
+	// start is what Redis told of its admission, for learned caps (no
+	// counts: admitted outside Redis); answered: Report has been called
+	// for it (guarded by r.mu).
+	start    start
+	answered bool
+
 	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
 	since     time.Time               // when its removal was first queued (guarded by r.remMu)
 	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without

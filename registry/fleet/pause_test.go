@@ -278,7 +278,7 @@ func TestPauseScripts(t *testing.T) {
 		res, err := runAcquire(ctx, c, []string{epochKey, pauseKey, "inflight:{t}:abandoned:" + id, key},
 			id, ttl, 1, 0, known, pause, 5).Int64Slice()
 		require.NoError(t, err)
-		require.Len(t, res, replyLen)
+		requireReply(t, res, 1)
 		return res
 	}
 	renew := func(id string, mode int, leaseEpoch, known int64) int64 {

@@ -128,10 +128,20 @@ const (
 // first key's if paused or queued),
 // its earliest lease expiry (the pause's end if paused; 0 if none), now,
 // epoch (0 if too late), the length of its queue (its flow's part for
-// acquireFlowMax)}, times in server milliseconds.
+// acquireFlowMax)}, times in server milliseconds; an admission's reply has
+// the server time in microseconds in place of the expiry, and goes on with
+// each key's lease count after it.
 var acquireScript = redis.NewScript(acquireLua)
 
 var acquireLua = baseLua + epochLua + queueLua + `
+-- admitted is the reply to an admission: the server time in microseconds
+-- (the start's number, for a learned cap) and each key's lease count with
+-- it, after the fixed fields.
+local function admitted(kl, t, now, epoch)
+  local out = {1, 0, 0, tonumber(t[1]) * 1000000 + tonumber(t[2]), now, epoch, 0}
+  for i, e in ipairs(kl) do out[7 + i] = redis.call('ZCARD', e[1]) end
+  return out
+end
 local t = redis.call('TIME')
 local now = nowMS(t)
 local notAfter = tonumber(ARGV[4])
@@ -181,7 +191,7 @@ if held == n then
       redis.call('ZADD', e[1], 'XX', now + ttl, id)
       cover(e[1], ttl)
     end
-    return {1, 0, 0, 0, now, epoch, 0}
+    return admitted(kl, t, now, epoch)
   end
 end
 if held > 0 then
@@ -205,7 +215,7 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
       redis.call('ZADD', e[1], now + ttl, id)
       cover(e[1], ttl)
     end
-    return {1, 0, 0, 0, now, epoch, 0}
+    return admitted(kl, t, now, epoch)
   end
   -- It names the first of its keys without room (the first if none).
   local w = 1
@@ -233,7 +243,7 @@ if full == 0 then
     redis.call('ZADD', e[1], now + ttl, id)
     cover(e[1], ttl)
   end
-  return {1, 0, 0, 0, now, epoch, 0}
+  return admitted(kl, t, now, epoch)
 end
 local k = kl[full][1]
 local count, earliest = redis.call('ZCARD', k), earliestOf(k)

@@ -1,0 +1,277 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"math"
+	"math/rand/v2"
+	"net/http"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// learnFleet opens n Registries named name on srv, each learning key "p"
+// under a.
+func learnFleet(t *testing.T, srv *fleettest.Server, name string, n int, a pacing.AdaptiveConfig) []*Registry[string] {
+	t.Helper()
+	rs := fwFleet(t, srv, name, n, slots.Unlimited)
+	for _, r := range rs {
+		require.NoError(t, r.Learn("p", a))
+	}
+	return rs
+}
+
+// A concurrency refusal reported by one process lowers the cap of every
+// process; an admission one of them reports raises it for all.
+func TestLearnedCapIsTheFleets(t *testing.T) {
+	srv := fleettest.Start(t)
+	rs := learnFleet(t, srv, "learn-share", 3, pacing.AdaptiveConfig{Initial: 10, Max: 64})
+	for _, r := range rs {
+		assert.Equal(t, 10, r.Learned("p").Cap)
+	}
+
+	// Ten holders across the fleet; the tenth start is refused upstream.
+	var held []*slots.Slot
+	for i := range 10 {
+		s, err := rs[i%3].TryAcquire("p")
+		require.NoError(t, err, "start %d", i+1)
+		held = append(held, s)
+	}
+	rs[0].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
+	for i, r := range rs {
+		fwUntil(t, fmt.Sprintf("registry %d learns the cut", i), func() bool {
+			l := r.Learned("p")
+			return l.Cap == 9 && l.Ceiling == 9
+		})
+	}
+	releaseAll(t, rs[0], held)
+
+	// A test of the cut, admitted: the cut stands, and it is over for all.
+	s, err := rs[1].TryAcquire("p")
+	require.NoError(t, err)
+	rs[1].Report(s, pacing.Verdict{Kind: pacing.Admitted})
+	releaseAll(t, rs[1], []*slots.Slot{s})
+	// The ceiling is retested only after RetestMS (10 s by default): the
+	// limit stays at the cap meanwhile, in every process.
+	for i, r := range rs {
+		fwUntil(t, fmt.Sprintf("registry %d runs at the cap", i), func() bool { return r.Learned("p").Limit == 9 })
+	}
+	held = held[:0]
+	for range 9 {
+		s, err := rs[2].TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	_, err = rs[0].TryAcquire("p")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "nine are in flight across the fleet")
+	releaseAll(t, rs[0], held)
+	assert.Equal(t, uint64(1), rs[0].Learned("p").ByKind[pacing.Concurrency], "the refusal is counted where it was reported")
+	assert.Equal(t, uint64(1), rs[1].Learned("p").ByKind[pacing.Admitted])
+}
+
+// releaseAll releases held and waits until Redis counts none on "p" (a
+// release reaches Redis in the background).
+func releaseAll(t *testing.T, r *Registry[string], held []*slots.Slot) {
+	t.Helper()
+	for _, s := range held {
+		s.Release()
+	}
+	fwUntil(t, "the releases reach Redis", func() bool {
+		n, err := r.InFlight(context.Background(), "p")
+		return err == nil && n == 0
+	})
+}
+
+// While no ceiling is known, a probe one process makes and reports
+// admitted raises the cap of all.
+func TestLearnedCapRisesForAll(t *testing.T) {
+	srv := fleettest.Start(t)
+	rs := learnFleet(t, srv, "learn-rise", 3, pacing.AdaptiveConfig{Initial: 4, Max: 64})
+	require.Equal(t, 5, rs[0].Learned("p").Limit, "one probe over the cap may go")
+	var held []*slots.Slot
+	for i := range 5 {
+		s, err := rs[0].TryAcquire("p")
+		require.NoError(t, err, "start %d", i+1)
+		held = append(held, s)
+	}
+	rs[0].Report(held[4], pacing.Verdict{Kind: pacing.Admitted})
+	for i, r := range rs {
+		fwUntil(t, fmt.Sprintf("registry %d learns the probe", i), func() bool { return r.Learned("p").Cap == 5 })
+	}
+	for _, s := range held {
+		s.Release()
+	}
+}
+
+// Learn refuses what it cannot learn under, and bad reports change nothing.
+func TestLearnEdges(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "learn-edges", 3)
+	defer r.Close()
+	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Min: 5}), "a floor over the configured limit")
+	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Initial: -1}))
+	assert.False(t, r.Learned("p").Enabled)
+
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 8}))
+	l := r.Learned("p")
+	assert.Equal(t, 3, l.Max, "the configured limit is the ceiling")
+	assert.Equal(t, 3, l.Cap)
+
+	// Reports that are no evidence: nil, a Slot of another key's only,
+	// another Registry's, a second report.
+	r.Report(nil, pacing.Verdict{Kind: pacing.Concurrency})
+	s, err := r.TryAcquire("q")
+	require.NoError(t, err)
+	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	s.Release()
+	other := New[string](srv.Client(), "learn-edges-other", 3)
+	defer other.Close()
+	s, err = other.TryAcquire("p")
+	require.NoError(t, err)
+	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	s.Release()
+	s, err = r.TryAcquire("p")
+	require.NoError(t, err)
+	r.Report(s, pacing.Verdict{Kind: pacing.Admitted})
+	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	s.Release()
+	assert.Equal(t, 3, r.Learned("p").Cap)
+	assert.Equal(t, uint64(0), r.Learned("p").ByKind[pacing.Concurrency])
+
+	// SetLimit moves the ceiling; Forget returns the key to its limit.
+	r.SetLimit("p", 2)
+	assert.Equal(t, 2, r.Learned("p").Cap)
+	r.Forget("p")
+	assert.False(t, r.Learned("p").Enabled)
+	assert.Equal(t, 2, r.Limit("p"))
+
+	r.Close()
+	require.ErrorIs(t, r.Learn("p", pacing.AdaptiveConfig{}), ErrClosed)
+}
+
+// learnScenario is a run of a fleet learning a hidden cap that moves, in
+// real time, shortened: phases of a few seconds, services of a few hundred
+// milliseconds.
+type learnScenario struct {
+	schedule []pacingtest.Step
+	phase    time.Duration
+	rate     float64 // arrivals a second, across the fleet
+	median   time.Duration
+	retest   time.Duration
+}
+
+// learnResult is what a run saw.
+type learnResult struct {
+	u        pacingtest.Counts
+	turned   int64
+	caps     [][]int // per phase, each registry's Cap at its end
+	inFlight int64   // most in flight across the fleet by its own count
+}
+
+// runLearning drives rs (learning key "p") against a simulated upstream.
+func runLearning(t *testing.T, rs []*Registry[string], sc learnScenario) learnResult {
+	t.Helper()
+	u := &pacingtest.Upstream{Schedule: sc.schedule, RefusalDelay: 10 * time.Millisecond, HeaderDelay: 30 * time.Millisecond}
+	u.Start()
+	t0 := time.Now()
+	var (
+		wg     sync.WaitGroup
+		turned atomic.Int64
+		now    atomic.Int64 // in flight, by the callers' own count
+		most   atomic.Int64
+		res    learnResult
+	)
+	rng := rand.New(rand.NewPCG(7, 11))
+	end := time.Duration(len(sc.schedule)) * sc.phase
+	next := sc.phase
+	for i := 0; ; i++ {
+		time.Sleep(time.Duration(rng.ExpFloat64() / sc.rate * float64(time.Second))) // the arrivals' schedule
+		if time.Since(t0) >= next {
+			caps := make([]int, len(rs))
+			for j, r := range rs {
+				caps[j] = r.Learned("p").Cap
+			}
+			res.caps = append(res.caps, caps)
+			next += sc.phase
+		}
+		if time.Since(t0) >= end {
+			break
+		}
+		r := rs[i%len(rs)]
+		service := time.Duration(float64(sc.median) * math.Exp(rng.NormFloat64()))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			defer cancel()
+			s, err := r.Acquire(ctx, "p")
+			if err != nil {
+				turned.Add(1)
+				return
+			}
+			defer s.Release()
+			n := now.Add(1)
+			defer now.Add(-1)
+			for m := most.Load(); n > m && !most.CompareAndSwap(m, n); m = most.Load() {
+			}
+			req, _ := http.NewRequest(http.MethodPost, "http://upstream.invalid/v1/chat/completions", nil)
+			req.Header.Set(pacingtest.ServiceHeader, service.String())
+			resp, err := u.RoundTrip(req)
+			if err != nil {
+				r.Report(s, pacing.Verdict{Kind: pacing.Other})
+				return
+			}
+			r.Report(s, pacing.Classify(resp, nil))
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	wg.Wait()
+	res.u, res.turned, res.inFlight = u.Counts(), turned.Load(), most.Load()
+	return res
+}
+
+// Three processes learn one hidden cap that drops and rises, as one: the
+// share of 429s stays low, each phase ends with every process's cap near
+// the hidden one, and the fleet never holds more than its limit allows.
+func TestFleetLearnsAMovingCap(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a real-time run of 12 s")
+	}
+	srv := fleettest.Start(t)
+	sc := learnScenario{
+		schedule: []pacingtest.Step{{At: 0, Cap: 12}, {At: 4 * time.Second, Cap: 5}, {At: 8 * time.Second, Cap: 15}},
+		phase:    4 * time.Second, rate: 120, median: 200 * time.Millisecond, retest: time.Second,
+	}
+	for _, n := range []int{1, 3} {
+		t.Run(fmt.Sprintf("%d processes", n), func(t *testing.T) {
+			rs := learnFleet(t, srv, fmt.Sprintf("learn-run-%d", n), n, pacing.AdaptiveConfig{Max: 64, RetestMS: sc.retest.Milliseconds()})
+			res := runLearning(t, rs, sc)
+			share := float64(res.u.Refused) / float64(res.u.Attempts)
+			t.Logf("%d processes: %d attempts, %d answered 429 (%.2f%%), %d served, %d turned away, peak %d open upstream",
+				n, res.u.Attempts, res.u.Refused, 100*share, res.u.Served, res.turned, res.u.Peak)
+			for i, caps := range res.caps {
+				t.Logf("phase %d: hidden cap %d, learned caps %v", i+1, sc.schedule[i].Cap, caps)
+			}
+			require.Len(t, res.caps, len(sc.schedule))
+			assert.Less(t, share, 0.10, "429s of attempts")
+			for i, caps := range res.caps {
+				for j, c := range caps {
+					assert.InDelta(t, sc.schedule[i].Cap, c, 2, "phase %d, registry %d", i+1, j)
+				}
+			}
+			assert.Greater(t, res.u.Served, 200, "the fleet kept the upstream busy")
+		})
+	}
+}
