@@ -96,7 +96,7 @@ type Registry[K comparable] struct {
 	// learnedBy those keys by name.
 	learning  map[K]*learning
 	learnedBy map[string]K
-	calls       calls // acquire calls on their way or queued
+	calls     calls // acquire calls on their way or queued
 
 	remMu      sync.Mutex    // protects the fields below
 	removals   []*lease[K]   // removals from Redis to send, oldest first
