@@ -12,7 +12,7 @@ import (
 // for the program's own use. Create it with NewLearnedCaps; the zero value
 // is not usable.
 type LearnedCaps struct {
-	gate *pacing.Gate
+	gate Learner
 
 	limit, learned, ceiling, floor, max *prometheus.Desc
 	changes, answers                    *prometheus.Desc
@@ -20,13 +20,19 @@ type LearnedCaps struct {
 
 var _ prometheus.Collector = (*LearnedCaps)(nil)
 
+// Learner is what LearnedCaps reads: a *pacing.Gate, or a program's own
+// view that joins a Gate's answers to caps learned elsewhere (a fleet's).
+type Learner interface {
+	Learned() pacing.Learned
+}
+
 // NewLearnedCaps returns a Collector of gate's learned caps, whose series
 // carry the label provider=provider. Each learned cap is told apart by the
 // label cap, named as the caps of a gateway are: "provider" for the
 // provider's own, "model:<name>" for a model's, "api_key:<id>" for a key's
 // when a key pool learns. Models and keys are those of the Gate's config
 // that learn, so the series are as many as the config makes them.
-func NewLearnedCaps(provider string, gate *pacing.Gate) *LearnedCaps {
+func NewLearnedCaps(provider string, gate Learner) *LearnedCaps {
 	labels := prometheus.Labels{"provider": provider}
 	desc := func(m, help string, variable ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName("inflight", "", m), help, variable, labels)

@@ -28,8 +28,9 @@ type Config struct {
 	// "adaptive" section its concurrency cap is learned from the
 	// upstream's answers, and max_concurrent_requests may be left out (if
 	// set, it is the ceiling); a model's own "adaptive" section learns that
-	// model's cap. Learned caps are not shared across a fleet yet, so a
-	// config with a fleet refuses them.
+	// model's cap. With a fleet, the provider's and the models' learned
+	// caps are shared by every gateway on its Redis (a key pool's are not:
+	// a fleet refuses a key pool that learns).
 	Provider pacing.Config `json:"provider"`
 	Fleet    *FleetConfig  `json:"fleet,omitempty"`
 	// CutLingerMS keeps the provider's slots of a stream that was cut (the
@@ -282,15 +283,10 @@ func ParseConfig(data []byte) (Config, error) {
 		if _, err := fleet.ParseUnavailable(f.OnUnavailable); err != nil {
 			return Config{}, fmt.Errorf("config: fleet.on_unavailable: %w", err)
 		}
-		// Learned caps are not shared on Redis yet: each gateway would
-		// learn from its own count what only the fleet's count tells.
-		if c.Provider.Adaptive != nil {
-			return Config{}, errors.New("config: provider.adaptive: not supported with a fleet yet; set max_concurrent_requests")
-		}
-		for name, m := range c.Provider.Models {
-			if m.Adaptive != nil {
-				return Config{}, fmt.Errorf("config: provider.models[%q].adaptive: not supported with a fleet yet; set max_concurrent_requests", name)
-			}
+		// A key pool's caps stay per gateway, and a key's cap learned from
+		// one gateway's count would be wrong for the fleet.
+		if c.Provider.Adaptive != nil && len(c.Provider.APIKeys) > 0 {
+			return Config{}, errors.New("config: provider.adaptive: with api_keys, each key's cap is learned per gateway, which a fleet does not support; set each key's max_concurrent_requests")
 		}
 	}
 	if err := c.Provider.Validate(); err != nil {

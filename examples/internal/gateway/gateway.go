@@ -70,6 +70,8 @@ type Gateway struct {
 	admitTenant  func(tenant) (*slots.Slot, error)
 	fleetTenants *fleet.Registry[tenant] // nil without a fleet
 	caps         *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
+	fleetLearns  bool                    // some of caps are learned
+	fleetModels  []string                // the models whose caps the fleet learns
 	rdb          *redis.Client
 	gate         *pacing.Gate
 	monitor      *sweep.Monitor[tenant]
@@ -114,6 +116,7 @@ type grantKey struct{}
 
 type pendingGrant struct {
 	grant pacing.Grant
+	caps  *slots.Slot // the fleet's caps; nil without a fleet
 	slot  *slots.Slot // the grant's slot, with the fleet's caps if any
 	taken bool        // the transport tied the slot to the upstream exchange
 }
@@ -173,7 +176,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 			pr.SetURL(target)
 			pr.Out.Host = target.Host
 		},
-		Transport: slots.NewTransport(reporter{base, g.gate}, func(r *http.Request) (*slots.Slot, error) {
+		Transport: slots.NewTransport(reporter{base, g}, func(r *http.Request) (*slots.Slot, error) {
 			p, _ := r.Context().Value(grantKey{}).(*pendingGrant)
 			if p == nil {
 				return nil, nil // a request that takes no provider slot
@@ -252,17 +255,28 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 		wait = append(wait, slots.WithFailOpen())
 	}
 	g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, append(common, fleet.WithLocalOptions(wait...))...)
+	// The caps, configured or learned, are the fleet's: the Gate keeps
+	// the pacing.
 	provider := cfg.Provider
 	if n := provider.MaxConcurrentRequests; n > 0 {
 		g.caps.SetLimit("provider", n)
 	}
-	provider.MaxConcurrentRequests = 0
+	if a := provider.Adaptive; a != nil {
+		_ = g.caps.Learn("provider", *a) // checked by ParseConfig
+		g.fleetLearns = true
+	}
+	provider.MaxConcurrentRequests, provider.Adaptive = 0, nil
 	provider.Models = make(map[string]pacing.ModelConfig, len(cfg.Provider.Models))
 	for name, m := range cfg.Provider.Models {
 		if m.MaxConcurrentRequests > 0 {
 			g.caps.SetLimit("model:"+name, m.MaxConcurrentRequests)
 		}
-		m.MaxConcurrentRequests = 0
+		if m.Adaptive != nil {
+			_ = g.caps.Learn("model:"+name, *m.Adaptive) // checked by ParseConfig
+			g.fleetLearns = true
+			g.fleetModels = append(g.fleetModels, name)
+		}
+		m.MaxConcurrentRequests, m.Adaptive = 0, nil
 		provider.Models[name] = m
 	}
 	return provider
@@ -294,8 +308,29 @@ func (g *Gateway) AdminHandler() http.Handler {
 func (g *Gateway) Provider() pacing.Status { return g.gate.Status() }
 
 // Learned returns the state of the provider's learned caps (its own and its
-// models'), and how many of the upstream's answers were of each kind.
-func (g *Gateway) Learned() pacing.Learned { return g.gate.Learned() }
+// models', as the fleet has them when it learns them), and how many of the
+// upstream's answers were of each kind.
+func (g *Gateway) Learned() pacing.Learned {
+	l := g.gate.Learned()
+	if !g.fleetLearns {
+		return l
+	}
+	if p := g.caps.Learned("provider"); p.Enabled {
+		p.ByKind, p.PausedFor = l.ByKind, l.PausedFor // what the Gate saw of every answer
+		p.Models = l.Models
+		l = p
+	}
+	for _, name := range g.fleetModels {
+		if m := g.caps.Learned("model:" + name); m.Enabled {
+			if l.Models == nil {
+				l.Models = map[string]pacing.Learned{}
+			}
+			l.Enabled = true
+			l.Models[name] = m
+		}
+	}
+	return l
+}
 
 // TenantKeys returns the number of (org, model) keys holding or waiting.
 func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
@@ -402,7 +437,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	for _, m := range held {
 		m.admitted(granted.Sub(waitStart), bypassed)
 	}
-	p := &pendingGrant{grant: grant, slot: slots.Combine(grant.Slot, capSlot)}
+	p := &pendingGrant{grant: grant, caps: capSlot, slot: slots.Combine(grant.Slot, capSlot)}
 	defer func() {
 		if !p.taken { // the proxy failed before sending: free it here
 			p.slot.Release()
@@ -456,7 +491,7 @@ func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model strin
 // evidence about the cap.
 type reporter struct {
 	base http.RoundTripper
-	gate *pacing.Gate
+	g    *Gateway
 }
 
 func (t reporter) RoundTrip(r *http.Request) (*http.Response, error) {
@@ -475,6 +510,11 @@ func (t reporter) RoundTrip(r *http.Request) (*http.Response, error) {
 	// passes them on, not held up for them: its body may come slowly. The
 	// verdict comes at the latest when the body ends or is closed, and so
 	// before the slots Transport, above, can free the slot.
-	pacing.ClassifyAsRead(answer, nil, func(v pacing.Verdict) { t.gate.Report(p.grant, v) })
+	pacing.ClassifyAsRead(answer, nil, func(v pacing.Verdict) {
+		t.g.gate.Report(p.grant, v)
+		if t.g.fleetLearns {
+			t.g.caps.Report(p.caps, v) // the fleet's learned caps
+		}
+	})
 	return resp, err
 }

@@ -24,6 +24,7 @@ import (
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 )
 
 var live = flag.Bool("live", false, "play pacingtest's Drop scenario in full (360 s) through the gateway over loopback, beside its virtual-time figures")
@@ -123,7 +124,8 @@ type player struct {
 	k     times
 	learn bool
 	u     *pacingtest.Upstream
-	gw    *Gateway
+	gw    *Gateway   // the static cap's; the first of gws
+	gws   []*Gateway // a fleet's gateways, or gw alone
 	send  func(service time.Duration) int
 
 	provider pacing.Config // the gateway's
@@ -232,8 +234,12 @@ func (p *player) play() pacingtest.Result {
 			if l := p.gw.Learned(); l.Enabled {
 				limit = l.Cap
 			}
+			inFlight := 0
+			for _, gw := range p.fleet() {
+				inFlight += gw.Provider().InFlight
+			}
 			samples = append(samples, pacingtest.Sample{At: time.Since(t0), Limit: limit, Cap: p.u.Cap() - sc.Foreign,
-				InFlight: p.gw.Provider().InFlight, Refused: p.u.Counts().Refused})
+				InFlight: inFlight, Refused: p.u.Counts().Refused})
 		}
 	})
 	rng := rand.New(rand.NewPCG(sc.Seed, 0x9e3779b97f4a7c15))
@@ -255,9 +261,21 @@ func (p *player) play() pacingtest.Result {
 	close(done)
 	wg.Wait()
 	requests.Wait()
-	res := pacingtest.Result{Scenario: sc.Name, Upstream: p.u.Counts(), Turned: int(p.gw.Provider().Rejected), Samples: samples}
+	turned := 0
+	for _, gw := range p.fleet() {
+		turned += int(gw.Provider().Rejected)
+	}
+	res := pacingtest.Result{Scenario: sc.Name, Upstream: p.u.Counts(), Turned: turned, Samples: samples}
 	res.Settle = settle(sc, k, samples)
 	return res
+}
+
+// fleet returns the gateways the player sends to.
+func (p *player) fleet() []*Gateway {
+	if len(p.gws) == 0 {
+		return []*Gateway{p.gw}
+	}
+	return p.gws
 }
 
 // settle is pacingtest's measure, on samples taken k times as fast: in the
@@ -268,4 +286,71 @@ func settle(sc pacingtest.Scenario, k times, samples []pacingtest.Sample) []time
 		scaled[i].At = time.Duration(float64(scaled[i].At) / float64(k))
 	}
 	return pacingtest.Settle(sc, scaled)
+}
+
+// Three gateways on one Redis learn the upstream's cap as one: the same
+// shortened Drop as TestGatewayLiveDrop, over loopback sockets, its
+// arrivals spread over the gateways in turn, beside one gateway alone in
+// the same run. Both learn from the start, with no configured cap.
+func TestGatewayFleetLearnsLive(t *testing.T) {
+	sc, k := pacingtest.Drop, times(0.1)
+	sc.Schedule = []pacingtest.Step{{At: 0, Cap: 20}, {At: 30 * time.Second, Cap: 8}, {At: 60 * time.Second, Cap: 30}}
+	sc.Duration = 90 * time.Second
+	srv := fleettest.Start(t)
+	play := func(n int) pacingtest.Result {
+		u, cfg := setup(sc, k, true)
+		// Each run its own fleet: its own database in Redis.
+		cfg.Fleet = &FleetConfig{RedisURL: fmt.Sprintf("redis://%s/%d", srv.Addr, n), LeaseTTLMS: 3000}
+		cfg.Provider.Adaptive.RetestMS = k.of(pacing.DefaultRetest).Milliseconds()
+		upSrv := httptest.NewServer(simulated.NewHidden(u))
+		defer upSrv.Close()
+		cfg.Upstream = upSrv.URL
+		base := &http.Transport{MaxIdleConnsPerHost: 1024}
+		defer base.CloseIdleConnections()
+		var urls []string
+		p := &player{sc: sc, k: k, learn: true, u: u, provider: cfg.Provider}
+		for range n {
+			gw, err := New(cfg, base, quiet)
+			require.NoError(t, err)
+			defer gw.Close()
+			gwSrv := httptest.NewServer(gw)
+			defer gwSrv.Close()
+			p.gws = append(p.gws, gw)
+			urls = append(urls, gwSrv.URL)
+		}
+		p.gw = p.gws[0]
+		client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 1024}}
+		defer client.Transport.(*http.Transport).CloseIdleConnections()
+		var turn atomic.Int64
+		p.send = func(service time.Duration) int {
+			a, err := ask(context.Background(), client, urls[int(turn.Add(1))%n], service)
+			if err != nil {
+				return 0
+			}
+			return a.status
+		}
+		return p.play()
+	}
+	var one, three pacingtest.Result
+	var wg sync.WaitGroup
+	wg.Go(func() { one = play(1) })
+	wg.Go(func() { three = play(3) })
+	wg.Wait()
+	line := func(r pacingtest.Result) string {
+		var settle []string
+		for _, s := range r.Settle {
+			settle = append(settle, s.Round(100*time.Millisecond).String())
+		}
+		return fmt.Sprintf("%5.2f%% 429s | work %5.1f s | %d attempts | settles from the start, after each change: %s",
+			100*r.RefusedShare(), r.Upstream.Work.Seconds(), r.Upstream.Attempts, strings.Join(settle, ", "))
+	}
+	t.Logf("\n%s, times ×%g, learning on one Redis\n  one gateway:    %s\n  three gateways: %s", sc.Name, float64(k), line(one), line(three))
+
+	// Loose bounds, as TestGatewayLiveDrop's: real time on a loaded
+	// machine moves these figures.
+	assert.LessOrEqual(t, three.RefusedShare(), 0.10, "429s / attempts, three gateways")
+	assert.GreaterOrEqual(t, float64(three.Upstream.Work), 0.8*float64(one.Upstream.Work), "work served, three gateways against one")
+	for i, s := range three.Settle {
+		assert.GreaterOrEqual(t, s, time.Duration(0), "three gateways settle in phase %d", i+1)
+	}
 }

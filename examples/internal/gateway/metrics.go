@@ -117,7 +117,7 @@ func (g *Gateway) registerMetrics(cfg Config) {
 			waiting += g.caps.Stats().Waiting // waiting for the fleet's provider and model caps
 		}
 		limit := providerLimit
-		if l := g.gate.Learned(); l.Floor > 0 { // the provider's cap is learned: the limit in force
+		if l := g.Learned(); l.Floor > 0 { // the provider's cap is learned: the limit in force
 			limit = l.Limit
 		}
 		return inflightprom.Snapshot{InFlight: st.InFlight, Waiting: waiting, Keys: -1, Limit: limit, Counts: g.provider.counts()}
@@ -125,7 +125,7 @@ func (g *Gateway) registerMetrics(cfg Config) {
 	g.metrics.MustRegister(pc)
 	// Read from the Gate at each scrape: the Gate's one change hook is left
 	// to the log.
-	g.metrics.MustRegister(inflightprom.NewLearnedCaps("provider", g.gate))
+	g.metrics.MustRegister(inflightprom.NewLearnedCaps("provider", g))
 	g.logLimitChanges()
 
 	// Models: the Gate's counts per model, summed for the unnamed ones.
@@ -153,7 +153,7 @@ func (g *Gateway) registerMetrics(cfg Config) {
 		g.models[name] = m
 		configured := limitOrUnlimited(mc.MaxConcurrentRequests)
 		limit := func() int {
-			if l, learned := g.gate.Learned().Models[name]; learned {
+			if l, learned := g.Learned().Models[name]; learned {
 				return l.Limit
 			}
 			return configured
