@@ -54,6 +54,7 @@ type learning struct {
 	pending  []learnEvent // applied to cap, not yet to Redis; oldest first
 	queued   uint64       // the events ever queued: pending are the last of them
 	stale    bool         // Redis may have a newer state
+	known    bool         // base was read from or written to Redis
 	readAt   time.Time    // when the state was last read or written
 	applied  int          // the limit last set on the local registry (-1: none)
 	syncing  bool         // a write of pending is under way
@@ -75,6 +76,10 @@ const (
 	evOverloaded
 	evTick
 )
+
+var eventNames = [...]string{"a start", "an admission", "a refusal", "no evidence", "an overload", "a probe unanswered"}
+
+func (k eventKind) String() string { return eventNames[k] }
 
 // learnEvent is one piece of evidence about a learned cap.
 type learnEvent struct {
@@ -292,7 +297,7 @@ func (r *Registry[K]) noteLocked(lk *learning, e learnEvent) bool {
 	}
 	lk.pending = append(lk.pending, e)
 	lk.queued++
-	r.toldLocked(lk, "evidence")
+	r.toldLocked(lk, e.kind.String())
 	return true
 }
 
@@ -302,7 +307,7 @@ func (r *Registry[K]) toldLocked(lk *learning, by string) {
 		return
 	}
 	lk.changes++
-	r.cfg.log().Debug("fleet: learned cap", slog.String("key", lk.name), slog.Int("old", lk.told[0]), slog.Int("new", lk.cap.Lo),
+	r.cfg.log().Info("fleet: learned cap changed", slog.String("key", lk.name), slog.Int("old", lk.told[0]), slog.Int("new", lk.cap.Lo),
 		slog.Int("old_ceiling", lk.told[1]), slog.Int("ceiling", lk.cap.Hi), slog.String("by", by))
 	lk.told = [2]int{lk.cap.Lo, lk.cap.Hi}
 }
@@ -446,6 +451,14 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	evs := append([]learnEvent(nil), lk.pending...)
 	upto := lk.queued
 	s, configured := lk.settings, r.configuredLocked(key)
+	// Missing from Redis (it lost its data, or nobody has learned it for
+	// learnedStateTTL), a state this process knew goes back: it is the
+	// best knowledge there is.
+	start := *s.New(configured)
+	if lk.known {
+		start = lk.base
+		s.Configure(&start, configured)
+	}
 	r.mu.Unlock()
 	var fresh learn.Cap
 	ok := false
@@ -464,8 +477,8 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 		for _, e := range lk.pending {
 			e.apply(&lk.cap)
 		}
-		lk.stale, lk.readAt = false, time.Now()
-		r.toldLocked(lk, "fleet")
+		lk.stale, lk.readAt, lk.known = false, time.Now(), true
+		r.toldLocked(lk, "read from redis")
 	}()
 	if !r.brk.allow() {
 		return false
@@ -474,7 +487,7 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	defer cancel()
 	for try := 0; try < 8; try++ {
 		err := r.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			fresh = *s.New(configured)
+			fresh = start
 			raw, err := tx.Get(ctx, lk.stateKey).Bytes()
 			found := err == nil
 			switch {

@@ -275,3 +275,38 @@ func TestFleetLearnsAMovingCap(t *testing.T) {
 		})
 	}
 }
+
+// A learned cap outlives a Redis that loses its data (kill -9, restarted
+// empty): the processes write back what they knew, not the initial cap;
+// and while Redis is down each goes on under its copy.
+func TestLearnedCapAfterRedisLosesItsData(t *testing.T) {
+	srv := fleettest.Start(t)
+	rs := learnFleet(t, srv, "learn-loss", 2, pacing.AdaptiveConfig{Initial: 10, Max: 64})
+	var held []*slots.Slot
+	for i := range 10 {
+		s, err := rs[i%2].TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	rs[1].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
+	for i, r := range rs {
+		fwUntil(t, fmt.Sprintf("registry %d learns the cut", i), func() bool { return r.Learned("p").Cap == 9 })
+	}
+	for _, s := range held {
+		s.Release()
+	}
+
+	srv.Kill()
+	for _, r := range rs {
+		assert.Equal(t, 9, r.Learned("p").Cap, "the copy stands while Redis is down")
+	}
+	srv.Restart()
+	fwUntil(t, "the learned state is back in Redis", func() bool {
+		return srv.Client().Exists(context.Background(), "inflight:{learn-loss}#learn:p").Val() == 1
+	})
+	for _, r := range rs {
+		l := r.Learned("p")
+		assert.Equal(t, 9, l.Cap, "what the fleet knew, not the initial 10")
+		assert.Equal(t, 9, l.Ceiling)
+	}
+}
