@@ -205,6 +205,32 @@
 // order (class, then arrival, per key), polling with jittered backoff
 // (WithPoll) and woken by this process's releases.
 //
+// # Learned caps
+//
+// A key's limit may be learned from the upstream's answers rather than
+// configured, one cap for the whole fleet (Learn):
+//
+//	caps.Learn("zai", pacing.AdaptiveConfig{Max: 64}) // every gateway alike
+//	s, err := caps.Acquire(ctx, "zai")
+//	...
+//	resp, err := upstream.RoundTrip(req)
+//	caps.Report(s, pacing.Classify(resp, nil)) // before s is released
+//
+// The evidence is the fleet's: an admission's count is the key's lease
+// count in Redis with it, so a 429 reported by one gateway lowers the cap
+// of all of them, and a count one of them saw admitted raises it for all.
+// How the cap moves (probes, cuts, re-tests) is pacing's learned cap (see
+// pacing.AdaptiveConfig), with its state kept in Redis, one per key,
+// beside the key's leases; each process applies its own evidence to its
+// copy at once and writes it to Redis in the background, and the others
+// read the change within a message's delay. A configured limit (SetLimit,
+// the LimitFunc, the default) stays the ceiling. Learned reports the cap
+// as this process knows it; each change is logged at info.
+//
+// While Redis is unreachable each process goes on under the cap as it
+// last knew it, and evidence waits (the latest 256 per key) to be written.
+// A state Redis lost is written back as the processes knew it.
+//
 // # When Redis is unreachable
 //
 // A breaker opens after consecutive failures (WithBreaker), so that while
