@@ -284,14 +284,26 @@ func run(args []string, stdout, stderr io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
+	// With -fleet, one redis-server for the fleet's runs (the moving cap's
+	// and the three gateways').
+	redisAddr := ""
+	if *fleetRun {
+		addr, stopRedis, err := startRedis()
+		if err != nil {
+			fmt.Fprintf(stdout, "\nthe fleet's runs are skipped: %v\n", err)
+		} else {
+			defer stopRedis()
+			redisAddr = addr
+		}
+	}
 	if *phase > 0 {
-		if out.moving, err = runMoving(stdout, *phase, *seed, progress); err != nil {
+		if out.moving, err = runMoving(stdout, *phase, *seed, redisAddr, progress); err != nil {
 			return err
 		}
 		lastOutcome = out
 	}
-	if *fleetRun {
-		if err := runFleet(stdout, provURL, prov, reqs, withShares, progress, &out); err != nil {
+	if redisAddr != "" {
+		if err := runFleet(stdout, provURL, redisAddr, prov, reqs, withShares, progress, &out); err != nil {
 			return err
 		}
 		lastOutcome = out
@@ -345,14 +357,8 @@ func serve(h http.Handler) (string, func(), error) {
 // in the one-gateway run of caps (the batch org's turns are batch): each
 // with its own caps (the account sees up to three times the cap), then all
 // three sharing their caps on one redis-server.
-func runFleet(stdout io.Writer, provURL string, prov *upstream.Provider, reqs []request, caps pacing.Config, progress *progress, out *outcome) error {
+func runFleet(stdout io.Writer, provURL, addr string, prov *upstream.Provider, reqs []request, caps pacing.Config, progress *progress, out *outcome) error {
 	fmt.Fprintf(stdout, "\nthree gateways, the requests spread over them in turn\n\n")
-	addr, stopRedis, err := startRedis()
-	if err != nil {
-		fmt.Fprintf(stdout, "skipped: %v\n", err)
-		return nil
-	}
-	defer stopRedis()
 	orgs := gateway.OrgsConfig{DefaultLimit: len(reqs), Priorities: map[string]string{"batch-jobs": "batch"}}
 	for _, run := range []struct {
 		res   *result

@@ -108,3 +108,22 @@ func TestDemoFleet(t *testing.T) {
 	assert.Equal(t, f.requests, lastOutcome.perProcess.requests)
 	assert.Contains(t, out.String(), "caps on one Redis")
 }
+
+// TestDemoMovingCapFleet runs the moving cap's part with -fleet: three
+// gateways learning one cap on one redis-server fare as one gateway does,
+// a fraction of the 429s of the static caps over the hidden one, and
+// follow the drop.
+func TestDemoMovingCapFleet(t *testing.T) {
+	fleettest.SkipWithoutRedis(t)
+	var out strings.Builder
+	require.NoError(t, run([]string{"-batch", "0", "-interactive", "0", "-phase", "2s", "-fleet"}, &out, io.Discard))
+	require.Len(t, lastOutcome.moving, 5)
+	mid, fleet, one := lastOutcome.moving[1], lastOutcome.moving[3], lastOutcome.moving[4]
+	t.Log("\n" + out.String())
+	assert.Equal(t, "learned, 3 gateways, one Redis", fleet.name)
+	assert.Positive(t, fleet.attempts)
+	assert.Less(t, 3*fleet.refusedShare(), mid.refusedShare(), "20 is over the hidden cap of the middle phase")
+	assert.Greater(t, fleet.completed, one.completed*3/4, "about as many turns as one gateway learning alone")
+	require.Len(t, fleet.learnedAt, 3)
+	assert.LessOrEqual(t, fleet.learnedAt[1], movingCaps[1]+2, "the learned cap follows the drop")
+}

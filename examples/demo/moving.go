@@ -28,7 +28,9 @@ import (
 // that learns the cap from the provider's answers ("adaptive"). It is
 // pacing/pacingtest's Drop scenario with every time a tenth as long, and
 // each phase as long as -phase. The four runs go at once, each against a
-// provider of its own, with the same arrivals.
+// provider of its own, with the same arrivals. With -fleet a fifth run
+// learns the cap with three gateways sharing it on one Redis, the turns
+// spread over them in turn.
 
 // The moving cap's workload: Poisson arrivals of lognormal turns.
 const (
@@ -63,7 +65,7 @@ type turn struct {
 
 // runMoving runs the moving cap's part with phases of phase each, prints
 // its table, and returns its results, the learned cap's last.
-func runMoving(stdout io.Writer, phase time.Duration, seed uint64, progress *progress) ([]movingResult, error) {
+func runMoving(stdout io.Writer, phase time.Duration, seed uint64, redisAddr string, progress *progress) ([]movingResult, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	window := time.Duration(len(movingCaps)) * phase
 	var turns []turn
@@ -81,15 +83,21 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, progress *pro
 	// default run, as pacing's score waits 30 s with every time ten times
 	// as long.
 	queue := pacing.Config{MaxQueue: 200, MaxQueueWaitMS: max(phase.Milliseconds()/2, 1)}
-	runs := []struct {
-		name string
-		cfg  pacing.Config
-	}{
-		{"static cap 5", withCap(queue, 5)},
-		{"static cap 20", withCap(queue, 20)},
-		{"static cap 40", withCap(queue, 40)},
-		{"learned (adaptive)", withAdaptive(queue)},
+	type run struct {
+		name     string
+		cfg      pacing.Config
+		gateways int
+		fleet    *gateway.FleetConfig
 	}
+	runs := []run{
+		{"static cap 5", withCap(queue, 5), 1, nil},
+		{"static cap 20", withCap(queue, 20), 1, nil},
+		{"static cap 40", withCap(queue, 40), 1, nil},
+	}
+	if redisAddr != "" {
+		runs = append(runs, run{"learned, 3 gateways, one Redis", withAdaptive(queue), 3, &gateway.FleetConfig{RedisURL: "redis://" + redisAddr + "/1"}})
+	}
+	runs = append(runs, run{"learned (adaptive)", withAdaptive(queue), 1, nil})
 	results := make([]movingResult, len(runs))
 	hidden := make([]*upstream.Hidden, len(runs))
 	errs := make([]error, len(runs))
@@ -102,7 +110,7 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, progress *pro
 	began := make(chan struct{})
 	for i, r := range runs {
 		wg.Go(func() {
-			results[i], errs[i] = runMovingOne(r.name, r.cfg, phase, turns, &done, func(h *upstream.Hidden) {
+			results[i], errs[i] = runMovingOne(r.name, r.cfg, r.gateways, r.fleet, phase, turns, &done, func(h *upstream.Hidden) {
 				hidden[i] = h
 				start.Done()
 				<-began
@@ -134,9 +142,13 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, progress *pro
 			r.turned, 100*r.used, r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond))
 	}
 	tw.Flush()
-	learned := results[len(results)-1]
-	fmt.Fprintf(stdout, "\nthe learned cap at the end of each phase: %s (the hidden cap: %s)\n",
-		joinInts(learned.learnedAt, ", "), joinInts(movingCaps, ", "))
+	for _, r := range results {
+		if r.learnedAt != nil {
+			fmt.Fprintf(stdout, "\n%s: the learned cap at the end of each phase: %s (the hidden cap: %s)",
+				r.name, joinInts(r.learnedAt, ", "), joinInts(movingCaps, ", "))
+		}
+	}
+	fmt.Fprintln(stdout)
 	return results, nil
 }
 
@@ -160,10 +172,10 @@ func withAdaptive(c pacing.Config) pacing.Config {
 	return c
 }
 
-// runMovingOne plays turns through a gateway under cfg in front of a
-// provider of its own. ready is called with the provider once it serves,
-// and returns when the run may start.
-func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []turn, done *atomic.Int64, ready func(*upstream.Hidden)) (movingResult, error) {
+// runMovingOne plays turns through n gateways under cfg (and fleet, if not
+// nil), in turn, in front of a provider of their own. ready is called with
+// the provider once it serves, and returns when the run may start.
+func runMovingOne(name string, cfg pacing.Config, n int, fleet *gateway.FleetConfig, phase time.Duration, turns []turn, done *atomic.Int64, ready func(*upstream.Hidden)) (movingResult, error) {
 	u := &pacingtest.Upstream{RefusalDelay: 5 * time.Millisecond, HeaderDelay: 30 * time.Millisecond}
 	for i, c := range movingCaps {
 		u.Schedule = append(u.Schedule, pacingtest.Step{At: time.Duration(i) * phase, Cap: c})
@@ -180,18 +192,26 @@ func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []t
 	// The table says what happened; the gateway's log lines (each change
 	// of the learned cap, the queue overflowing) would drown it.
 	quiet := gateway.WithLogger(slog.New(slog.DiscardHandler))
-	gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: gateway.OrgsConfig{DefaultLimit: len(turns)}, Provider: cfg}, base, quiet)
-	if err != nil {
-		ready(h)
-		return movingResult{}, err
+	var (
+		gws   []*gateway.Gateway
+		gwURL []string
+	)
+	for range n {
+		gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: gateway.OrgsConfig{DefaultLimit: len(turns)}, Provider: cfg, Fleet: fleet}, base, quiet)
+		if err != nil {
+			ready(h)
+			return movingResult{}, err
+		}
+		defer gw.Close()
+		u, stopGW, err := serve(gw)
+		if err != nil {
+			ready(h)
+			return movingResult{}, err
+		}
+		defer stopGW()
+		gws, gwURL = append(gws, gw), append(gwURL, u)
 	}
-	defer gw.Close()
-	gwURL, stopGW, err := serve(gw)
-	if err != nil {
-		ready(h)
-		return movingResult{}, err
-	}
-	defer stopGW()
+	gw := gws[0]
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	defer client.Transport.(*http.Transport).CloseIdleConnections()
 	ready(h)
@@ -224,11 +244,11 @@ func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []t
 		time.Sleep(time.Until(t0.Add(time.Duration(len(movingCaps)) * phase)))
 		counts = u.Counts()
 	}()
-	for _, tn := range turns {
+	for i, tn := range turns {
 		time.Sleep(time.Until(t0.Add(tn.at))) // arrivals on their own clock
 		wg.Go(func() {
 			began := time.Now()
-			ok := sendTurn(client, gwURL, tn.service)
+			ok := sendTurn(client, gwURL[i%n], tn.service)
 			took := time.Since(began)
 			done.Add(1)
 			if ok {
@@ -242,7 +262,10 @@ func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []t
 	wg.Wait()
 	<-windowEnd
 	res.learnedAt = learnedAt
-	res.attempts, res.refused, res.turned = counts.Attempts, counts.Refused, int(gw.Provider().Rejected)
+	res.attempts, res.refused = counts.Attempts, counts.Refused
+	for _, gw := range gws {
+		res.turned += int(gw.TurnedAway())
+	}
 	slices.Sort(latencies)
 	res.p50, res.p95 = percentile(latencies, 50), percentile(latencies, 95)
 	capacity := time.Duration(0)
@@ -250,8 +273,10 @@ func runMovingOne(name string, cfg pacing.Config, phase time.Duration, turns []t
 		capacity += time.Duration(c) * phase
 	}
 	res.used = float64(counts.Work) / float64(capacity)
-	if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
-		return res, fmt.Errorf("%s: slots still held after the run", name)
+	for _, gw := range gws {
+		if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
+			return res, fmt.Errorf("%s: slots still held after the run", name)
+		}
 	}
 	return res, nil
 }

@@ -34,6 +34,11 @@ type serverClock struct {
 	// server read its clock somewhere between a call's sending and its
 	// reply.
 	low, high int64
+	// near and far bound it as every reply since the last jump does: the
+	// intersection of their bounds, which replies that came back at once
+	// narrow to a millisecond or two however slow the others were (see
+	// nanos).
+	near, far int64
 }
 
 // local returns the local clock's reading, in milliseconds since c.base.
@@ -45,7 +50,13 @@ func (c *serverClock) local() int64 { return time.Since(c.base).Milliseconds() }
 func (c *serverClock) seen(now, sent, back int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.known, c.low, c.high = true, now-back, now-sent
+	low, high := now-back, now-sent
+	if c.known && max(c.near, low) <= min(c.far, high) {
+		c.near, c.far = max(c.near, low), min(c.far, high)
+	} else { // the first reply, or the clocks have moved apart
+		c.near, c.far = low, high
+	}
+	c.known, c.low, c.high = true, low, high
 }
 
 // notAfter returns the not-after time of a call made now that may last
@@ -79,14 +90,17 @@ func scriptUntil(t int64) int64 {
 }
 
 // nanos returns the server's clock now as best estimated, in nanoseconds:
-// the local clock's while no reply has told it.
+// the local clock's while no reply has told it. A learned cap compares
+// times from several processes with it, some within tens of milliseconds,
+// so it reads the narrowest bounds, not the latest reply's, which a busy
+// process may have read late.
 func (c *serverClock) nanos() int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if !c.known {
 		return time.Now().UnixNano()
 	}
-	return (c.local() + (c.low+c.high)/2) * int64(time.Millisecond)
+	return (c.local() + (c.near+c.far)/2) * int64(time.Millisecond)
 }
 
 // startCeiling returns a number no start admitted by now can have been

@@ -310,3 +310,25 @@ func TestLearnedCapAfterRedisLosesItsData(t *testing.T) {
 		assert.Equal(t, 9, l.Ceiling)
 	}
 }
+
+// The learned cap's clock keeps the narrowest bounds the replies give: a
+// slow reply does not move it; a reply outside the bounds (the clocks moved
+// apart) starts them anew.
+func TestServerClockNanos(t *testing.T) {
+	var c serverClock
+	c.base = time.Now().Add(-time.Hour) // local readings about 3,600,000 ms
+	at := func(sent, back int64) (int64, int64) { l := c.local(); return l + sent, l + back }
+	mid := func() int64 { return c.nanos()/int64(time.Millisecond) - c.local() }
+
+	s, b := at(-10, 10) // a reply that took 20 ms; the server said 5,000,000
+	c.seen(5_000_000, s, b)
+	assert.InDelta(t, 5_000_000-(s+b)/2, mid(), 1)
+	fast := func(off int64) { s, b := at(-1, 0); c.seen(c.local()+off, s, b) }
+	fast(1_000) // the server is 1,000 ms ahead, told by a reply of 1 ms
+	assert.InDelta(t, 1_000, mid(), 2)
+	s, b = at(-200, 0) // a reply that took 200 ms, read late: within the bounds, it changes nothing
+	c.seen(c.local()+950, s, b)
+	assert.InDelta(t, 1_000, mid(), 2)
+	fast(5_000) // the server's clock jumped
+	assert.InDelta(t, 5_000, mid(), 2)
+}

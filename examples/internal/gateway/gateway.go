@@ -307,6 +307,17 @@ func (g *Gateway) AdminHandler() http.Handler {
 // Provider returns the provider gate's status.
 func (g *Gateway) Provider() pacing.Status { return g.gate.Status() }
 
+// TurnedAway returns how many requests the provider's caps turned away
+// (the queue full, a wait too long), waiting for the Gate or, with a fleet,
+// for the fleet's caps.
+func (g *Gateway) TurnedAway() uint64 {
+	var n uint64
+	for _, v := range g.provider.counts().Rejected {
+		n += v
+	}
+	return n
+}
+
 // Learned returns the state of the provider's learned caps (its own and its
 // models', as the fleet has them when it learns them), and how many of the
 // upstream's answers were of each kind.
