@@ -32,6 +32,15 @@ import (
 // microseconds, which orders starts across the fleet. Times are the
 // server's, as the replies tell it (see clock.go).
 
+// storedCap is a learned state as Redis keeps it, and as a message on the
+// learned channel carries it: its key's name, its version (each write adds
+// one), and the cap.
+type storedCap struct {
+	Key string    `json:"k"`
+	V   uint64    `json:"v"`
+	Cap learn.Cap `json:"cap"`
+}
+
 // learnedStateTTL is how long a learned state is kept in Redis unwritten:
 // a cap nobody has tested for this long is learned anew.
 const learnedStateTTL = 24 * time.Hour
@@ -55,6 +64,7 @@ type learning struct {
 	queued   uint64       // the events ever queued: pending are the last of them
 	stale    bool         // Redis may have a newer state
 	known    bool         // base was read from or written to Redis
+	version  uint64       // base's (see storedCap)
 	readAt   time.Time    // when the state was last read or written
 	applied  int          // the limit last set on the local registry (-1: none)
 	syncing  bool         // a write of pending is under way
@@ -199,7 +209,9 @@ func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
 // Report tells the Registry how the upstream answered the request that s
 // was admitted for, with the verdict of pacing.Classify (or of
 // pacing.ClassifyAsRead): call it once per Slot, as soon as the answer is
-// known and before s is released. On a learned key an admission proves
+// known and before s is released. A report that lowers a cap writes it to
+// Redis before it returns (within the call timeout), so that the fleet
+// knows of it before s's release lets another request start. On a learned key an admission proves
 // its cap; a concurrency refusal counts against the last learned key of
 // the admission (list keys from the broadest to the most specific, as a
 // provider before its model) and tells the others nothing; an overload
@@ -237,7 +249,7 @@ func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
 		}
 	}
 	var changed [len(path)]K
-	nc := 0
+	nc, cut := 0, false
 	ev := learnEvent{id: l.start.id, at: l.start.at, now: now, seq: seq}
 	for i := range np {
 		p := path[i]
@@ -262,15 +274,37 @@ func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
 		if r.noteLocked(p.lk, e) {
 			changed[nc] = r.learnedBy[p.lk.name]
 			nc++
+			cut = cut || e.kind == evRefused || e.kind == evOverloaded
 		}
 	}
 	r.mu.Unlock()
 	for _, k := range changed[:nc] {
 		r.applyLearned(k)
+		if cut {
+			// The fleet learns of a cut before this Slot's release lets
+			// another start in: the other processes would start it under
+			// the cap they knew.
+			r.flushLearned(k)
+		}
 	}
 	if nc > 0 {
 		r.kickLearner()
 	}
+}
+
+// flushLearned writes key's pending evidence to Redis now, on the caller's
+// goroutine, unless a write of it is under way already.
+func (r *Registry[K]) flushLearned(key K) {
+	r.mu.Lock()
+	lk := r.learning[key]
+	if lk == nil || lk.syncing || r.closed {
+		r.mu.Unlock()
+		return
+	}
+	lk.syncing = true
+	r.mu.Unlock()
+	r.syncLearned(key, lk)
+	r.applyLearned(key)
 }
 
 // startedLocked notes the admission of l in Redis on its learned keys.
@@ -454,13 +488,13 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	// Missing from Redis (it lost its data, or nobody has learned it for
 	// learnedStateTTL), a state this process knew goes back: it is the
 	// best knowledge there is.
-	start := *s.New(configured)
+	start, version := *s.New(configured), lk.version
 	if lk.known {
 		start = lk.base
 		s.Configure(&start, configured)
 	}
 	r.mu.Unlock()
-	var fresh learn.Cap
+	var fresh storedCap
 	ok := false
 	defer func() {
 		r.mu.Lock()
@@ -469,14 +503,16 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 		if !ok || r.learning[key] != lk {
 			return
 		}
-		// What came in meanwhile is applied on top of what Redis has.
-		lk.base, lk.cap = fresh, fresh
 		// pending holds the events numbered after queued-len(pending).
 		written := upto - (lk.queued - uint64(len(lk.pending)))
 		lk.pending = lk.pending[min(written, uint64(len(lk.pending))):]
-		for _, e := range lk.pending {
-			e.apply(&lk.cap)
+		// A message may have brought a later version meanwhile, with what
+		// was written here in it; else what Redis has is the state (after
+		// a data loss its version may be lower than the one known here).
+		if lk.version == version || fresh.V >= lk.version {
+			lk.base, lk.version = fresh.Cap, fresh.V
 		}
+		lk.rebaseLocked()
 		lk.stale, lk.readAt, lk.known = false, time.Now(), true
 		r.toldLocked(lk, "read from redis")
 	}()
@@ -487,7 +523,7 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	defer cancel()
 	for try := 0; try < 8; try++ {
 		err := r.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			fresh = start
+			fresh = storedCap{Key: lk.name, V: version, Cap: start}
 			raw, err := tx.Get(ctx, lk.stateKey).Bytes()
 			found := err == nil
 			switch {
@@ -495,25 +531,26 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 			case err != nil:
 				return err
 			default:
-				var c learn.Cap
-				if json.Unmarshal(raw, &c) == nil {
-					fresh = c
-					s.Configure(&fresh, configured)
+				var st storedCap
+				if json.Unmarshal(raw, &st) == nil && st.Key == lk.name {
+					fresh = st
+					s.Configure(&fresh.Cap, configured)
 				} else {
-					found = false
+					found = false // not a state of ours: written over
 				}
 			}
-			before := fresh
+			before := fresh.Cap
 			for _, e := range evs {
-				e.apply(&fresh)
+				e.apply(&fresh.Cap)
 			}
-			if found && fresh == before {
+			if found && fresh.Cap == before {
 				return nil
 			}
-			b, _ := json.Marshal(fresh) // plain numbers: cannot fail
+			fresh.V++
+			b, _ := json.Marshal(fresh) // plain numbers and a string: cannot fail
 			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 				p.Set(ctx, lk.stateKey, b, learnedStateTTL)
-				p.Publish(ctx, r.learnChan, lk.name)
+				p.Publish(ctx, r.learnChan, b)
 				return nil
 			})
 			return err
@@ -533,17 +570,42 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	return true // written over and over by others: Redis answers
 }
 
-// learnedMessage takes a message on the learned channel: the state of the
-// key it names changed.
-func (r *Registry[K]) learnedMessage(name string) {
+// learnedMessage takes a message on the learned channel: a state written,
+// which this process takes if it is later than the one it has (one that
+// cannot be read is read from Redis instead).
+func (r *Registry[K]) learnedMessage(payload string) {
+	var st storedCap
+	bad := json.Unmarshal([]byte(payload), &st) != nil
 	r.mu.Lock()
-	k, ok := r.learnedBy[name]
-	if ok {
-		r.learning[k].stale = true
+	k, ok := r.learnedBy[st.Key]
+	switch {
+	case bad:
+		for _, lk := range r.learning {
+			lk.stale = true
+		}
+	case ok:
+		lk := r.learning[k]
+		if st.V > lk.version {
+			lk.settings.Configure(&st.Cap, r.configuredLocked(k))
+			lk.base, lk.version, lk.known = st.Cap, st.V, true
+			lk.rebaseLocked()
+			r.toldLocked(lk, "another process")
+		}
 	}
 	r.mu.Unlock()
-	if ok {
+	switch {
+	case bad:
 		r.kickLearner()
+	case ok:
+		r.applyLearned(k)
+	}
+}
+
+// rebaseLocked makes lk's cap its base with the pending evidence on top.
+func (lk *learning) rebaseLocked() {
+	lk.cap = lk.base
+	for _, e := range lk.pending {
+		e.apply(&lk.cap)
 	}
 }
 

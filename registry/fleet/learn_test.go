@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math"
@@ -331,4 +332,38 @@ func TestServerClockNanos(t *testing.T) {
 	assert.InDelta(t, 1_000, mid(), 2)
 	fast(5_000) // the server's clock jumped
 	assert.InDelta(t, 5_000, mid(), 2)
+}
+
+// A report that cuts the cap has written it to Redis when it returns: the
+// Slot's release, which follows, cannot let another process start under
+// the cap it knew.
+func TestReportWritesACutBeforeItReturns(t *testing.T) {
+	srv := fleettest.Start(t)
+	rs := learnFleet(t, srv, "learn-flush", 1, pacing.AdaptiveConfig{Initial: 3, Max: 64})
+	var held []*slots.Slot
+	for range 3 {
+		s, err := rs[0].TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	rs[0].Report(held[2], pacing.Verdict{Kind: pacing.Concurrency})
+	raw, err := srv.Client().Get(context.Background(), "inflight:{learn-flush}#learn:p").Bytes()
+	require.NoError(t, err, "the state is in Redis")
+	var st storedCap
+	require.NoError(t, json.Unmarshal(raw, &st))
+	assert.Equal(t, "p", st.Key)
+	assert.Equal(t, 2, st.Cap.Lo, "the cut")
+	assert.Equal(t, 2, st.Cap.Hi)
+	for _, s := range held {
+		s.Release()
+	}
+
+	// A message that cannot be read makes the process read the state.
+	rs[0].learnedMessage("not json")
+	fwUntil(t, "read again", func() bool {
+		rs[0].mu.Lock()
+		defer rs[0].mu.Unlock()
+		return !rs[0].learning["p"].stale
+	})
+	assert.Equal(t, 2, rs[0].Learned("p").Cap)
 }
