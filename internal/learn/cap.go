@@ -261,3 +261,10 @@ func (l *Cap) Overloaded(id, seq uint64) {
 	l.ProbeN, l.Step = 0, 1
 	l.CutSeq = seq
 }
+
+// Valid reports whether l is a state a Cap can be in, its bounds aside
+// (Configure applies them): one decoded from elsewhere may not be.
+func (l *Cap) Valid() bool {
+	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Gap > 0 && l.Refusal >= 0 && l.Streak >= 0 &&
+		l.ProbeN >= 0 && l.ProbeTop >= 0 && l.Retest >= 0
+}

@@ -112,5 +112,13 @@ func (c *serverClock) startCeiling() uint64 {
 	if !c.known {
 		return uint64(time.Now().UnixMicro())
 	}
-	return uint64(c.local()+c.high+1) * 1000
+	// Both readings are whole milliseconds, rounded down: 2 ms over.
+	return uint64(c.local()+c.high+2) * 1000
+}
+
+// told reports whether a reply has told the server's clock.
+func (c *serverClock) told() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.known
 }

@@ -96,7 +96,8 @@ type Registry[K comparable] struct {
 	// learnedBy those keys by name.
 	learning  map[K]*learning
 	learnedBy map[string]K
-	calls     calls // acquire calls on their way or queued
+	learnLog  []learnChange // changes of learned caps to log (see toldLocked)
+	calls     calls         // acquire calls on their way or queued
 
 	remMu      sync.Mutex    // protects the fields below
 	removals   []*lease[K]   // removals from Redis to send, oldest first
@@ -115,6 +116,7 @@ type Registry[K comparable] struct {
 	learnPrefix, learnChan string
 	learnKick              chan struct{}
 	learnMu                sync.Mutex
+	learnErrLog            core.Every // a failed write of a learned state
 
 	brk        breaker
 	clock      serverClock // the Redis server's, as replies tell it
@@ -300,17 +302,7 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 	if r.validKey(key) != nil {
 		return
 	}
-	r.mu.Lock()
-	r.limits[key] = n
-	r.limitsPeak = max(r.limitsPeak, len(r.limits))
-	learned := r.reconfigureLocked(key)
-	r.mu.Unlock()
-	if learned {
-		r.applyLearned(key)
-		return
-	}
-	r.local.SetLimit(key, n)
-	r.wakeAll()
+	r.setLimit(key, n, true)
 }
 
 // ClearLimit returns key to the default limit.
@@ -318,17 +310,41 @@ func (r *Registry[K]) ClearLimit(key K) {
 	if r.validKey(key) != nil {
 		return
 	}
-	r.mu.Lock()
-	delete(r.limits, key)
-	r.limits = remade(r.limits, &r.limitsPeak)
-	learned := r.reconfigureLocked(key)
-	r.mu.Unlock()
+	r.setLimit(key, 0, false)
+}
+
+// setLimit sets key's limit to n, or clears it, here and in the local
+// registry (a learned key's, to its learned limit under the new ceiling).
+func (r *Registry[K]) setLimit(key K, n int, set bool) {
+	r.learnMu.Lock() // in order with a Learn's setting of it
+	learned := r.setLimitLocked(key, n, set)
+	switch {
+	case learned:
+	case set:
+		r.local.SetLimit(key, n)
+	default:
+		r.local.ClearLimit(key)
+	}
+	r.learnMu.Unlock()
 	if learned {
 		r.applyLearned(key)
 		return
 	}
-	r.local.ClearLimit(key)
 	r.wakeAll()
+}
+
+// setLimitLocked records key's limit, and reports whether key is learned.
+func (r *Registry[K]) setLimitLocked(key K, n int, set bool) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock() // the LimitFunc may panic
+	if set {
+		r.limits[key] = n
+		r.limitsPeak = max(r.limitsPeak, len(r.limits))
+	} else {
+		delete(r.limits, key)
+		r.limits = remade(r.limits, &r.limitsPeak)
+	}
+	return r.reconfigureLocked(key)
 }
 
 // Limit returns key's limit.

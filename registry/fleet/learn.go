@@ -1,14 +1,9 @@
 package fleet
 
 import (
-	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
@@ -17,37 +12,17 @@ import (
 )
 
 // A learned key's cap is one state for the whole fleet, kept in Redis at
-// <prefix>{<name>}#learn:<key name> as JSON: one decision, fed by every
-// process's evidence. Each process keeps a copy, applies its own evidence
-// to it at once (so its next admission runs under it), and writes the
-// evidence to Redis in the background: it reads the state under WATCH,
-// applies the evidence not yet written, and writes the result if it
-// changed, publishing the key's name on <prefix>{<name>}#learned so that
-// the other processes read it again. Most answers change nothing (an
-// admission within the cap), so writes are few: the tests of the cap, and
-// what they find.
+// <prefix>{<name>}#learn:<key name>: one decision, fed by every process's
+// evidence. Each process keeps a copy, applies its own evidence to it at
+// once (so that its next admission runs under it), and writes the
+// evidence to Redis in the background (see learnsync.go). Most answers
+// change nothing (an admission within the cap), so writes are few: the
+// tests of the cap, and what they find.
 //
 // The evidence is the fleet's: an admission's count is the key's lease
 // count in Redis with it, and its number is the server's time in
 // microseconds, which orders starts across the fleet. Times are the
 // server's, as the replies tell it (see clock.go).
-
-// storedCap is a learned state as Redis keeps it, and as a message on the
-// learned channel carries it: its key's name, its version (each write adds
-// one), and the cap.
-type storedCap struct {
-	Key string    `json:"k"`
-	V   uint64    `json:"v"`
-	Cap learn.Cap `json:"cap"`
-}
-
-// learnedStateTTL is how long a learned state is kept in Redis unwritten:
-// a cap nobody has tested for this long is learned anew.
-const learnedStateTTL = 24 * time.Hour
-
-// learnRefresh is how often at most a process reads a learned state that
-// no message told it had changed: a message can be lost.
-const learnRefresh = time.Second
 
 // maxLearnPending bounds the evidence waiting to be written per key, while
 // Redis is unreachable: the oldest goes first.
@@ -58,16 +33,22 @@ type learning struct {
 	name     string // the key's name (Keys.Name)
 	stateKey string
 	settings learn.Settings
-	cap      learn.Cap    // base with pending applied: the cap this process admits under
-	base     learn.Cap    // as last read from or written to Redis (or initial)
-	pending  []learnEvent // applied to cap, not yet to Redis; oldest first
-	queued   uint64       // the events ever queued: pending are the last of them
-	stale    bool         // Redis may have a newer state
-	known    bool         // base was read from or written to Redis
-	version  uint64       // base's (see storedCap)
-	readAt   time.Time    // when the state was last read or written
-	applied  int          // the limit last set on the local registry (-1: none)
-	syncing  bool         // a write of pending is under way
+	gen      uint64    // counts the settings and ceilings applied (see syncLearned)
+	cap      learn.Cap // base with pending applied: the cap this process admits under
+	base     learn.Cap // as last read from or written to Redis (or initial)
+	version  uint64    // base's (see storedCap)
+	known    bool      // base was read from or written to Redis
+	// pending is the evidence applied to cap and not yet written to
+	// Redis, oldest first; queued counts the events ever queued, of
+	// which pending are the last.
+	pending []learnEvent
+	queued  uint64
+	stale   bool   // Redis may have a newer state
+	staleN  uint64 // counts the times stale was set (see syncLearned)
+	readAt  time.Time
+	syncing bool          // a write or read of the state is under way
+	synced  chan struct{} // closed when it ends
+	applied int           // the limit last set on the local registry (-1: none)
 	// told is the cap and ceiling last logged; answers counts the
 	// answers reported, by kind.
 	told    [2]int
@@ -125,6 +106,13 @@ type start struct {
 	counts []int64 // per key of the lease
 }
 
+// learnChange is a change of a learned cap, to log once r.mu is unlocked.
+type learnChange struct {
+	key                        string
+	old, cap, oldCeiling, ceil int
+	by                         string
+}
+
 // Learn makes key's limit a cap learned from the upstream's answers, which
 // the callers tell with Report, and shared by every process of the fleet:
 // a refusal reported by one process lowers the cap for all, and what any
@@ -133,7 +121,8 @@ type start struct {
 // LimitFunc or the default limit, stays its ceiling. Every process must
 // learn the same keys with the same settings, as it sets the same limits.
 // Learn on a key learned already applies a's settings to it. While Redis
-// is unreachable each process goes on under the cap as it last knew it.
+// is unreachable each process goes on under the cap as it last knew it;
+// evidence not written to Redis by Close is dropped.
 //
 // It fails if a is not valid under the key's limit, if the key is not
 // valid (see WithMaxKeyBytes), or with ErrClosed.
@@ -141,14 +130,22 @@ func (r *Registry[K]) Learn(key K, a pacing.AdaptiveConfig) error {
 	if err := r.validKey(key); err != nil {
 		return err
 	}
+	if err := r.learnLocked(key, a); err != nil {
+		return err
+	}
+	r.applyLearned(key)
+	r.kickLearner()
+	return nil
+}
+
+func (r *Registry[K]) learnLocked(key K, a pacing.AdaptiveConfig) error {
 	r.mu.Lock()
+	defer r.mu.Unlock() // the LimitFunc may panic
 	if r.closed {
-		r.mu.Unlock()
 		return ErrClosed
 	}
 	configured := r.configuredLocked(key)
 	if err := a.Validate(configured); err != nil {
-		r.mu.Unlock()
 		return fmt.Errorf("fleet: Learn %s: %w", r.keyName(key), err)
 	}
 	s := learn.Settings{Min: a.Min, Max: a.Max, Initial: a.Initial, Retest: time.Duration(a.RetestMS) * time.Millisecond}
@@ -163,11 +160,8 @@ func (r *Registry[K]) Learn(key K, a pacing.AdaptiveConfig) error {
 		r.learning[key], r.learnedBy[name] = lk, key
 	}
 	lk.settings = s
-	s.Configure(&lk.cap, configured)
-	lk.stale = true
-	r.mu.Unlock()
-	r.applyLearned(key)
-	r.kickLearner()
+	r.reconfigureLocked(key)
+	lk.staleLocked()
 	return nil
 }
 
@@ -179,12 +173,33 @@ func (r *Registry[K]) Forget(key K) {
 		delete(r.learning, key)
 		delete(r.learnedBy, lk.name)
 	}
-	n := r.limitLocked(key)
+	n, set := r.limits[key]
 	r.mu.Unlock()
-	if lk != nil {
-		r.setLocalLimit(key, n)
-		r.wakeAll()
+	if lk == nil {
+		return
 	}
+	r.learnMu.Lock()
+	if set {
+		r.local.SetLimit(key, n)
+	} else {
+		r.local.ClearLimit(key) // the default or the LimitFunc again
+	}
+	r.learnMu.Unlock()
+	r.wakeAll()
+}
+
+// reconfigureLocked applies key's settings and its limit without learning
+// (its ceiling) to its learned cap; it reports whether key is learned.
+func (r *Registry[K]) reconfigureLocked(key K) bool {
+	lk := r.learning[key]
+	if lk == nil {
+		return false
+	}
+	c := r.configuredLocked(key)
+	lk.settings.Configure(&lk.cap, c)
+	lk.settings.Configure(&lk.base, c)
+	lk.gen++
+	return true
 }
 
 // configuredLocked returns key's limit without learning, as a learned
@@ -209,9 +224,7 @@ func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
 // Report tells the Registry how the upstream answered the request that s
 // was admitted for, with the verdict of pacing.Classify (or of
 // pacing.ClassifyAsRead): call it once per Slot, as soon as the answer is
-// known and before s is released. A report that lowers a cap writes it to
-// Redis before it returns (within the call timeout), so that the fleet
-// knows of it before s's release lets another request start. On a learned key an admission proves
+// known and before s is released. On a learned key an admission proves
 // its cap; a concurrency refusal counts against the last learned key of
 // the admission (list keys from the broadest to the most specific, as a
 // provider before its model) and tells the others nothing; an overload
@@ -220,6 +233,10 @@ func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
 // admitted a moment after its start. A Slot admitted while Redis was
 // unreachable, a bypass, another Registry's Slot or a second report
 // changes nothing.
+//
+// A report that lowers a cap writes it to Redis before it returns, within
+// the call timeout, so that the other processes know of it before s's
+// release lets one of them start another request.
 func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
 	if s == nil || s.Bypassed() {
 		return
@@ -229,82 +246,62 @@ func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
 	if l == nil || l.r != r || l.hold != h {
 		return
 	}
+	changed, cut := r.reportLocked(l, v)
+	for _, k := range changed {
+		r.applyLearned(k)
+		if cut {
+			r.flushLearned(k)
+		}
+	}
+	if len(changed) > 0 {
+		r.kickLearner()
+	}
+}
+
+// reportLocked applies the verdict v on l to its learned keys, and returns
+// the keys whose caps changed and whether one was cut.
+func (r *Registry[K]) reportLocked(l *lease[K], v pacing.Verdict) (changed []K, cut bool) {
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	if r.closed || l.answered || l.start.counts == nil || len(r.learning) == 0 {
-		r.mu.Unlock()
-		return
+		return nil, false
 	}
 	l.answered = true
-	now := r.clock.nanos()
-	seq := r.clock.startCeiling()
-	var path [4]struct {
-		lk *learning
-		n  int
-	}
-	np := 0
+	last := -1 // the last learned key: a refusal's
 	for i, k := range l.keys {
-		if lk := r.learning[k]; lk != nil && np < len(path) {
-			path[np].lk, path[np].n = lk, int(l.start.counts[i])
-			np++
+		if r.learning[k] != nil {
+			last = i
 		}
 	}
-	var changed [len(path)]K
-	nc, cut := 0, false
-	ev := learnEvent{id: l.start.id, at: l.start.at, now: now, seq: seq}
-	for i := range np {
-		p := path[i]
-		if int(v.Kind) < len(p.lk.answers.ByKind) {
-			p.lk.answers.ByKind[v.Kind]++
+	ev := learnEvent{id: l.start.id, at: l.start.at, now: r.clock.nanos(), seq: r.clock.startCeiling()}
+	for i, k := range l.keys {
+		lk := r.learning[k]
+		if lk == nil {
+			continue
+		}
+		if int(v.Kind) < len(lk.answers.ByKind) {
+			lk.answers.ByKind[v.Kind]++
 		}
 		e := ev
-		e.n = p.n
-		last := i == np-1
+		e.n = int(l.start.counts[i])
 		switch {
 		case v.Kind == pacing.Admitted:
 			e.kind = evAdmitted
-		case v.Kind == pacing.Concurrency && last:
+		case v.Kind == pacing.Concurrency && i == last:
 			e.kind = evRefused
-		case v.Kind == pacing.Overload && last:
+		case v.Kind == pacing.Overload && i == last:
 			e.kind = evOverloaded
 		case v.Kind == pacing.Concurrency, v.Kind == pacing.Other:
 			e.kind = evInconclusive
 		default:
 			continue // a rate limit, a quota: not about this cap (a Gate pauses for them)
 		}
-		if r.noteLocked(p.lk, e) {
-			changed[nc] = r.learnedBy[p.lk.name]
-			nc++
+		if r.noteLocked(lk, e) {
+			changed = append(changed, k)
 			cut = cut || e.kind == evRefused || e.kind == evOverloaded
 		}
 	}
-	r.mu.Unlock()
-	for _, k := range changed[:nc] {
-		r.applyLearned(k)
-		if cut {
-			// The fleet learns of a cut before this Slot's release lets
-			// another start in: the other processes would start it under
-			// the cap they knew.
-			r.flushLearned(k)
-		}
-	}
-	if nc > 0 {
-		r.kickLearner()
-	}
-}
-
-// flushLearned writes key's pending evidence to Redis now, on the caller's
-// goroutine, unless a write of it is under way already.
-func (r *Registry[K]) flushLearned(key K) {
-	r.mu.Lock()
-	lk := r.learning[key]
-	if lk == nil || lk.syncing || r.closed {
-		r.mu.Unlock()
-		return
-	}
-	lk.syncing = true
-	r.mu.Unlock()
-	r.syncLearned(key, lk)
-	r.applyLearned(key)
+	return changed, cut
 }
 
 // startedLocked notes the admission of l in Redis on its learned keys.
@@ -335,15 +332,29 @@ func (r *Registry[K]) noteLocked(lk *learning, e learnEvent) bool {
 	return true
 }
 
-// toldLocked logs a change of lk's cap or ceiling since the last one logged.
+// toldLocked queues a change of lk's cap or ceiling since the last one
+// told, to be logged after the lock (see applyLearned).
 func (r *Registry[K]) toldLocked(lk *learning, by string) {
 	if lk.cap.Lo == lk.told[0] && lk.cap.Hi == lk.told[1] {
 		return
 	}
 	lk.changes++
-	r.cfg.log().Info("fleet: learned cap changed", slog.String("key", lk.name), slog.Int("old", lk.told[0]), slog.Int("new", lk.cap.Lo),
-		slog.Int("old_ceiling", lk.told[1]), slog.Int("ceiling", lk.cap.Hi), slog.String("by", by))
+	if len(r.learnLog) < maxLearnPending {
+		r.learnLog = append(r.learnLog, learnChange{key: lk.name, old: lk.told[0], cap: lk.cap.Lo, oldCeiling: lk.told[1], ceil: lk.cap.Hi, by: by})
+	}
 	lk.told = [2]int{lk.cap.Lo, lk.cap.Hi}
+}
+
+// logLearned logs the changes queued by toldLocked.
+func (r *Registry[K]) logLearned() {
+	r.mu.Lock()
+	changes := r.learnLog
+	r.learnLog = nil
+	r.mu.Unlock()
+	for _, c := range changes {
+		r.logSafely(slog.LevelInfo, "fleet: learned cap changed", slog.String("registry", r.prefix), slog.String("key", c.key),
+			slog.Int("old", c.old), slog.Int("new", c.cap), slog.Int("old_ceiling", c.oldCeiling), slog.Int("ceiling", c.ceil), slog.String("by", c.by))
+	}
 }
 
 // Learned returns the state of key's learned cap (Enabled false if it is
@@ -357,30 +368,19 @@ func (r *Registry[K]) Learned(key K) pacing.Learned {
 	}
 	st := lk.answers
 	st.Enabled = true
-	st.Limit = lk.cap.Limit(r.clock.nanos())
-	if c := r.configuredLocked(key); c > 0 {
-		st.Limit = min(st.Limit, c)
-	}
+	st.Limit = r.limitLocked(key)
 	st.Cap, st.Ceiling, st.Floor, st.Max, st.Changes = lk.cap.Lo, lk.cap.Hi, lk.cap.Floor, lk.cap.Ceil, lk.changes
 	return st
 }
 
 // applyLearned sets key's limit in the local registry to its learned one,
-// and wakes the waiters if it rose.
+// wakes the waiters if it rose, and logs the changes made.
 func (r *Registry[K]) applyLearned(key K) {
+	defer r.logLearned()
 	r.learnMu.Lock()
 	defer r.learnMu.Unlock()
-	r.mu.Lock()
-	lk := r.learning[key]
-	if lk == nil {
-		r.mu.Unlock()
-		return
-	}
-	n := r.limitLocked(key)
-	old := lk.applied
-	lk.applied = n
-	r.mu.Unlock()
-	if n == old {
+	n, old, ok := r.learnedFor(key)
+	if !ok || n == old {
 		return
 	}
 	r.local.SetLimit(key, n)
@@ -389,249 +389,16 @@ func (r *Registry[K]) applyLearned(key K) {
 	}
 }
 
-// setLocalLimit sets key's limit in the local registry, in the order of
-// applyLearned's.
-func (r *Registry[K]) setLocalLimit(key K, n int) {
-	r.learnMu.Lock()
-	defer r.learnMu.Unlock()
-	r.local.SetLimit(key, n)
-}
-
-// kickLearner wakes the goroutine that writes and reads learned states.
-func (r *Registry[K]) kickLearner() {
-	select {
-	case r.learnKick <- struct{}{}:
-	default:
-	}
-}
-
-// learner writes this process's evidence to Redis and reads the others',
-// and moves the limits that change with time (a test of the cap that is
-// due, a probe that went unanswered).
-func (r *Registry[K]) learner() {
-	defer r.done.Done()
-	t := time.NewTimer(learnRefresh)
-	defer t.Stop()
-	for {
-		select {
-		case <-r.stopping.Done():
-			return
-		case <-r.learnKick:
-		case <-t.C:
-		}
-		var next time.Duration
-		r.survive("learning", func() { next = r.learnRound() })
-		if !t.Stop() {
-			select {
-			case <-t.C:
-			default:
-			}
-		}
-		t.Reset(next)
-	}
-}
-
-// learnRound does what is due for every learned key, and returns how long
-// until something is due again.
-func (r *Registry[K]) learnRound() time.Duration {
-	next := learnRefresh
-	type due struct {
-		key K
-		lk  *learning
-	}
-	var work []due
+// learnedFor returns key's limit now and the one last applied, and records
+// that it is applied; false if key is not learned.
+func (r *Registry[K]) learnedFor(key K) (n, old int, ok bool) {
 	r.mu.Lock()
-	now := r.clock.nanos()
-	for k, lk := range r.learning {
-		if at := lk.cap.WakeAt(now); at != 0 {
-			if at <= now {
-				r.noteLocked(lk, learnEvent{kind: evTick, now: now})
-			} else {
-				next = min(next, time.Duration(at-now))
-			}
-		}
-		if time.Since(lk.readAt) >= learnRefresh {
-			lk.stale = true
-		}
-		if (lk.stale || len(lk.pending) > 0) && !lk.syncing {
-			lk.syncing = true
-			work = append(work, due{k, lk})
-		}
-	}
-	r.mu.Unlock()
-	for _, d := range work {
-		if !r.syncLearned(d.key, d.lk) {
-			next = min(next, r.cfg.probeEvery)
-		}
-	}
-	// Each limit, which may have changed with time as well as evidence.
-	r.mu.Lock()
-	keys := make([]K, 0, len(r.learning))
-	for k := range r.learning {
-		keys = append(keys, k)
-	}
-	r.mu.Unlock()
-	for _, k := range keys {
-		r.applyLearned(k)
-	}
-	return max(next, time.Millisecond)
-}
-
-// syncLearned writes lk's pending evidence to Redis, or reads its state if
-// there is none, and takes the result as its base. It reports whether
-// Redis answered.
-func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
-	r.mu.Lock()
-	evs := append([]learnEvent(nil), lk.pending...)
-	upto := lk.queued
-	s, configured := lk.settings, r.configuredLocked(key)
-	// Missing from Redis (it lost its data, or nobody has learned it for
-	// learnedStateTTL), a state this process knew goes back: it is the
-	// best knowledge there is.
-	start, version := *s.New(configured), lk.version
-	if lk.known {
-		start = lk.base
-		s.Configure(&start, configured)
-	}
-	r.mu.Unlock()
-	var fresh storedCap
-	ok := false
-	defer func() {
-		r.mu.Lock()
-		defer r.mu.Unlock()
-		lk.syncing = false
-		if !ok || r.learning[key] != lk {
-			return
-		}
-		// pending holds the events numbered after queued-len(pending).
-		written := upto - (lk.queued - uint64(len(lk.pending)))
-		lk.pending = lk.pending[min(written, uint64(len(lk.pending))):]
-		// A message may have brought a later version meanwhile, with what
-		// was written here in it; else what Redis has is the state (after
-		// a data loss its version may be lower than the one known here).
-		if lk.version == version || fresh.V >= lk.version {
-			lk.base, lk.version = fresh.Cap, fresh.V
-		}
-		lk.rebaseLocked()
-		lk.stale, lk.readAt, lk.known = false, time.Now(), true
-		r.toldLocked(lk, "read from redis")
-	}()
-	if !r.brk.allow() {
-		return false
-	}
-	ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
-	defer cancel()
-	for try := 0; try < 8; try++ {
-		err := r.rdb.Watch(ctx, func(tx *redis.Tx) error {
-			fresh = storedCap{Key: lk.name, V: version, Cap: start}
-			raw, err := tx.Get(ctx, lk.stateKey).Bytes()
-			found := err == nil
-			switch {
-			case errors.Is(err, redis.Nil):
-			case err != nil:
-				return err
-			default:
-				var st storedCap
-				if json.Unmarshal(raw, &st) == nil && st.Key == lk.name {
-					fresh = st
-					s.Configure(&fresh.Cap, configured)
-				} else {
-					found = false // not a state of ours: written over
-				}
-			}
-			before := fresh.Cap
-			for _, e := range evs {
-				e.apply(&fresh.Cap)
-			}
-			if found && fresh.Cap == before {
-				return nil
-			}
-			fresh.V++
-			b, _ := json.Marshal(fresh) // plain numbers and a string: cannot fail
-			_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
-				p.Set(ctx, lk.stateKey, b, learnedStateTTL)
-				p.Publish(ctx, r.learnChan, b)
-				return nil
-			})
-			return err
-		}, lk.stateKey)
-		switch {
-		case err == nil:
-			ok = true
-			return true
-		case errors.Is(err, redis.TxFailedErr):
-			continue // another process wrote it meanwhile: again, on its state
-		}
-		if ctx.Err() == nil {
-			r.redisFailed(err)
-		}
-		return false
-	}
-	return true // written over and over by others: Redis answers
-}
-
-// learnedMessage takes a message on the learned channel: a state written,
-// which this process takes if it is later than the one it has (one that
-// cannot be read is read from Redis instead).
-func (r *Registry[K]) learnedMessage(payload string) {
-	var st storedCap
-	bad := json.Unmarshal([]byte(payload), &st) != nil
-	r.mu.Lock()
-	k, ok := r.learnedBy[st.Key]
-	switch {
-	case bad:
-		for _, lk := range r.learning {
-			lk.stale = true
-		}
-	case ok:
-		lk := r.learning[k]
-		if st.V > lk.version {
-			lk.settings.Configure(&st.Cap, r.configuredLocked(k))
-			lk.base, lk.version, lk.known = st.Cap, st.V, true
-			lk.rebaseLocked()
-			r.toldLocked(lk, "another process")
-		}
-	}
-	r.mu.Unlock()
-	switch {
-	case bad:
-		r.kickLearner()
-	case ok:
-		r.applyLearned(k)
-	}
-}
-
-// rebaseLocked makes lk's cap its base with the pending evidence on top.
-func (lk *learning) rebaseLocked() {
-	lk.cap = lk.base
-	for _, e := range lk.pending {
-		e.apply(&lk.cap)
-	}
-}
-
-// learnedStale marks every learned state to be read again (a subscription
-// made again may have missed messages).
-func (r *Registry[K]) learnedStale() {
-	r.mu.Lock()
-	for _, lk := range r.learning {
-		lk.stale = true
-	}
-	n := len(r.learning)
-	r.mu.Unlock()
-	if n > 0 {
-		r.kickLearner()
-	}
-}
-
-// reconfigureLocked applies key's limit without learning, as its ceiling,
-// to its learned cap; it reports whether key is learned.
-func (r *Registry[K]) reconfigureLocked(key K) bool {
+	defer r.mu.Unlock() // the LimitFunc may panic
 	lk := r.learning[key]
 	if lk == nil {
-		return false
+		return 0, 0, false
 	}
-	c := r.configuredLocked(key)
-	lk.settings.Configure(&lk.cap, c)
-	lk.settings.Configure(&lk.base, c)
-	return true
+	n, old = r.limitLocked(key), lk.applied
+	lk.applied = n
+	return n, old, true
 }

@@ -26,7 +26,7 @@ import (
 // under a.
 func learnFleet(t *testing.T, srv *fleettest.Server, name string, n int, a pacing.AdaptiveConfig) []*Registry[string] {
 	t.Helper()
-	rs := fwFleet(t, srv, name, n, slots.Unlimited)
+	rs := fwFleet(t, srv, name, n, slots.Unlimited, WithLogger(quiet()))
 	for _, r := range rs {
 		require.NoError(t, r.Learn("p", a))
 	}
@@ -64,9 +64,12 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 	rs[1].Report(s, pacing.Verdict{Kind: pacing.Admitted})
 	releaseAll(t, rs[1], []*slots.Slot{s})
 	// The ceiling is retested only after RetestMS (10 s by default): the
-	// limit stays at the cap meanwhile, in every process.
+	// limit stays at the cap meanwhile, in every process, once each knows
+	// the test of the cut is over.
 	for i, r := range rs {
-		fwUntil(t, fmt.Sprintf("registry %d runs at the cap", i), func() bool { return r.Learned("p").Limit == 9 })
+		fwUntil(t, fmt.Sprintf("registry %d runs at the cap", i), func() bool {
+			return learnOf(r, "p").cap.Streak == 0 && r.Learned("p").Limit == 9
+		})
 	}
 	held = held[:0]
 	for range 9 {

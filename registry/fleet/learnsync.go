@@ -1,0 +1,390 @@
+package fleet
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inflight-go/inflight/internal/learn"
+)
+
+// A process writes its evidence to Redis in the background (the learner
+// goroutine), or at once for a cut (Report): it reads the state under
+// WATCH, applies the evidence not yet written, and writes the result if it
+// changed, with its version one higher, publishing it on
+// <prefix>{<name>}#learned in the same transaction. The other processes
+// take a published state whose version is above theirs, without a read;
+// each also reads every state once a learnRefresh, since a message can be
+// lost, and that read keeps the state from expiring while it is in use.
+
+// storedCap is a learned state as Redis keeps it, and as a message on the
+// learned channel carries it: its key's name, its version (each write adds
+// one), and the cap.
+type storedCap struct {
+	Key string    `json:"k"`
+	V   uint64    `json:"v"`
+	Cap learn.Cap `json:"cap"`
+}
+
+// learnedStateTTL is how long a learned state is kept in Redis without a
+// process learning it.
+const learnedStateTTL = 24 * time.Hour
+
+// learnRefresh is how often a process reads a learned state that no
+// message told it had changed.
+const learnRefresh = time.Second
+
+// learnErrLogEvery is how often at most a failed write or read of a
+// learned state is logged.
+const learnErrLogEvery = 10 * time.Second
+
+// staleLocked marks lk's state to be read again.
+func (lk *learning) staleLocked() {
+	lk.stale = true
+	lk.staleN++
+}
+
+// rebaseLocked makes lk's cap its base with the pending evidence on top.
+func (lk *learning) rebaseLocked() {
+	lk.cap = lk.base
+	for _, e := range lk.pending {
+		e.apply(&lk.cap)
+	}
+}
+
+// kickLearner wakes the goroutine that writes and reads learned states.
+func (r *Registry[K]) kickLearner() {
+	select {
+	case r.learnKick <- struct{}{}:
+	default:
+	}
+}
+
+// learner writes this process's evidence to Redis and reads the others',
+// and moves the limits that change with time (a test of the cap that is
+// due, a probe that went unanswered).
+func (r *Registry[K]) learner() {
+	defer r.done.Done()
+	t := time.NewTimer(learnRefresh)
+	defer t.Stop()
+	for {
+		select {
+		case <-r.stopping.Done():
+			return
+		case <-r.learnKick:
+		case <-t.C:
+		}
+		next := learnRefresh
+		r.survive("learning", func() { next = r.learnRound() })
+		if !t.Stop() {
+			select {
+			case <-t.C:
+			default:
+			}
+		}
+		t.Reset(next)
+	}
+}
+
+// learnRound does what is due for every learned key, and returns how long
+// until something is due again.
+func (r *Registry[K]) learnRound() time.Duration {
+	next := learnRefresh
+	due, keys := r.dueLocked(&next)
+	for _, k := range due {
+		ok := false
+		r.survive("learning", func() { ok = r.syncLearned(k) })
+		if !ok {
+			next = min(next, r.cfg.probeEvery)
+		}
+	}
+	// Each limit, which may have changed with time as well as evidence.
+	for _, k := range keys {
+		r.applyLearned(k)
+	}
+	return max(next, time.Millisecond)
+}
+
+// dueLocked notes what time has proved (a probe gone unanswered), and
+// returns the keys to write or read now, marked syncing, and every learned
+// key; it lowers *next to when a key's limit next changes with time.
+func (r *Registry[K]) dueLocked(next *time.Duration) (due, keys []K) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := r.clock.nanos()
+	// Before a reply has told the server's clock, time proves nothing: a
+	// probe in a state read from Redis was timed by another clock.
+	timed := r.clock.told()
+	for k, lk := range r.learning {
+		keys = append(keys, k)
+		if at := lk.cap.WakeAt(now); at != 0 && timed {
+			if at <= now {
+				r.noteLocked(lk, learnEvent{kind: evTick, now: now})
+			} else {
+				*next = min(*next, time.Duration(at-now))
+			}
+		}
+		if time.Since(lk.readAt) >= learnRefresh {
+			lk.staleLocked()
+		}
+		if (lk.stale || len(lk.pending) > 0) && !lk.syncing {
+			lk.syncingLocked()
+			due = append(due, k)
+		}
+	}
+	return due, keys
+}
+
+// syncingLocked marks lk's state as being written or read.
+func (lk *learning) syncingLocked() {
+	lk.syncing = true
+	lk.synced = make(chan struct{})
+}
+
+// flushLearned writes key's pending evidence to Redis now, on the caller's
+// goroutine, after a write or read of it under way ends, within the call
+// timeout.
+func (r *Registry[K]) flushLearned(key K) {
+	timeout := time.NewTimer(r.cfg.opTimeout)
+	defer timeout.Stop()
+	for {
+		r.mu.Lock()
+		lk := r.learning[key]
+		if lk == nil || r.closed || len(lk.pending) == 0 {
+			r.mu.Unlock()
+			return
+		}
+		if !lk.syncing {
+			lk.syncingLocked()
+			r.mu.Unlock()
+			r.syncLearned(key)
+			r.applyLearned(key)
+			return
+		}
+		synced := lk.synced
+		r.mu.Unlock()
+		select {
+		case <-synced: // it may have written this evidence; if not, again
+		case <-timeout.C:
+			return
+		case <-r.stopping.Done():
+			return
+		}
+	}
+}
+
+// syncSnapshot is what a write or read of a learned state starts from.
+type syncSnapshot struct {
+	lk           *learning
+	evs          []learnEvent
+	upto         uint64 // lk.queued when evs were taken
+	gen, staleN  uint64
+	s            learn.Settings
+	configured   int
+	start        storedCap // the state to write if Redis has none
+	startIsKnown bool
+}
+
+// syncLearned writes key's pending evidence to Redis, or reads its state
+// if there is none, and takes the result as its base; the caller has
+// marked it syncing. It reports whether Redis answered.
+func (r *Registry[K]) syncLearned(key K) bool {
+	var (
+		snap  = syncSnapshot{lk: r.learningOf(key)}
+		fresh storedCap
+		done  bool
+	)
+	if snap.lk == nil {
+		return true
+	}
+	// Whatever happens (a LimitFunc or a client hook may panic), the sync
+	// ends.
+	defer func() { r.syncedLocked(key, snap, fresh, done) }()
+	snap = r.snapshotLocked(key, snap.lk)
+	if !r.brk.allow() {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
+	defer cancel()
+	for range 8 {
+		var err error
+		fresh, err = r.writeLearned(ctx, snap)
+		switch {
+		case err == nil:
+			done = true
+			return true
+		case errors.Is(err, redis.TxFailedErr):
+			continue // another process wrote it meanwhile: again, on its state
+		}
+		if ctx.Err() == nil && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
+			r.logSafely(slog.LevelWarn, "fleet: learned cap not written to redis; this process goes on with its own", slog.String("registry", r.prefix),
+				slog.String("key", snap.lk.name), slog.Any("error", err))
+		}
+		return false
+	}
+	return true // written over and over by others: Redis answers
+}
+
+// learningOf returns key's learning; nil if it is not learned.
+func (r *Registry[K]) learningOf(key K) *learning {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.learning[key]
+}
+
+// snapshotLocked takes what a sync of key, learned as lk, starts from.
+func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
+	r.mu.Lock()
+	defer r.mu.Unlock() // the LimitFunc may panic
+	snap := syncSnapshot{lk: lk, evs: append([]learnEvent(nil), lk.pending...), upto: lk.queued, gen: lk.gen, staleN: lk.staleN,
+		s: lk.settings, configured: r.configuredLocked(key)}
+	// Missing from Redis (it lost its data, or nobody has learned it for
+	// learnedStateTTL), a state this process knew goes back: it is the
+	// best knowledge there is.
+	snap.start = storedCap{Key: lk.name, V: lk.version, Cap: *snap.s.New(snap.configured)}
+	if lk.known {
+		snap.start.Cap = lk.base
+		snap.s.Configure(&snap.start.Cap, snap.configured)
+	}
+	return snap
+}
+
+// writeLearned makes one try at writing snap's evidence: it returns the
+// state Redis has once it is done.
+func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (storedCap, error) {
+	var fresh storedCap
+	err := r.rdb.Watch(ctx, func(tx *redis.Tx) error {
+		fresh = snap.start
+		raw, err := tx.Get(ctx, snap.lk.stateKey).Bytes()
+		found := err == nil
+		switch {
+		case errors.Is(err, redis.Nil):
+		case err != nil:
+			return err
+		default:
+			var st storedCap
+			if json.Unmarshal(raw, &st) == nil && st.Key == snap.lk.name && st.Cap.Valid() {
+				fresh = st
+				snap.s.Configure(&fresh.Cap, snap.configured)
+			} else {
+				found = false // not a state of ours: written over
+			}
+		}
+		before := fresh.Cap
+		for _, e := range snap.evs {
+			e.apply(&fresh.Cap)
+		}
+		if found && fresh.Cap == before {
+			// Nothing to write: a read, which keeps the state from
+			// expiring while it is in use.
+			if tx.PTTL(ctx, snap.lk.stateKey).Val() < learnedStateTTL/2 {
+				return tx.PExpire(ctx, snap.lk.stateKey, learnedStateTTL).Err()
+			}
+			return nil
+		}
+		fresh.V++
+		b, _ := json.Marshal(fresh) // numbers and a string: cannot fail
+		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
+			p.Set(ctx, snap.lk.stateKey, b, learnedStateTTL)
+			p.Publish(ctx, r.learnChan, b)
+			return nil
+		})
+		return err
+	}, snap.lk.stateKey)
+	return fresh, err
+}
+
+// syncedLocked ends a sync of key from snap: with done, Redis has fresh,
+// which becomes the base, with the evidence queued meanwhile on top.
+func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, done bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock() // the LimitFunc may panic
+	lk := snap.lk
+	if lk.syncing {
+		lk.syncing = false
+		close(lk.synced)
+	}
+	if !done || r.learning[key] != lk {
+		return
+	}
+	// pending holds the events numbered after queued-len(pending); those
+	// up to snap.upto are written.
+	first := lk.queued - uint64(len(lk.pending))
+	if snap.upto > first {
+		lk.pending = lk.pending[min(snap.upto-first, uint64(len(lk.pending))):]
+	}
+	// A message may have brought a later version meanwhile, with what was
+	// written here in it; else what Redis has is the state (after a data
+	// loss its version may be lower than the one known here).
+	if lk.version == snap.start.V || fresh.V >= lk.version {
+		lk.base, lk.version = fresh.Cap, fresh.V
+	}
+	if lk.gen != snap.gen { // configured anew meanwhile
+		c := r.configuredLocked(key)
+		lk.settings.Configure(&lk.base, c)
+		lk.staleLocked()
+	}
+	lk.rebaseLocked()
+	lk.known, lk.readAt = true, time.Now()
+	if lk.staleN == snap.staleN { // else a message (or Learn) came meanwhile: read again
+		lk.stale = false
+	}
+	r.toldLocked(lk, "the fleet's state")
+}
+
+// learnedMessage takes a message on the learned channel: a state written,
+// which this process takes if it is later than the one it has (one that
+// cannot be read makes it read every state).
+func (r *Registry[K]) learnedMessage(payload string) {
+	var st storedCap
+	bad := json.Unmarshal([]byte(payload), &st) != nil || !st.Cap.Valid()
+	k, ok := r.takeMessage(st, bad)
+	switch {
+	case bad:
+		r.kickLearner()
+	case ok:
+		r.applyLearned(k)
+	}
+}
+
+func (r *Registry[K]) takeMessage(st storedCap, bad bool) (K, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock() // the LimitFunc may panic
+	if bad {
+		for _, lk := range r.learning {
+			lk.staleLocked()
+		}
+		var none K
+		return none, false
+	}
+	k, ok := r.learnedBy[st.Key]
+	if !ok {
+		return k, false
+	}
+	lk := r.learning[k]
+	if st.V > lk.version {
+		lk.settings.Configure(&st.Cap, r.configuredLocked(k))
+		lk.base, lk.version, lk.known = st.Cap, st.V, true
+		lk.rebaseLocked()
+		r.toldLocked(lk, "another process")
+	}
+	return k, true
+}
+
+// learnedStale marks every learned state to be read again (a subscription
+// made again may have missed messages).
+func (r *Registry[K]) learnedStale() {
+	r.mu.Lock()
+	for _, lk := range r.learning {
+		lk.staleLocked()
+	}
+	n := len(r.learning)
+	r.mu.Unlock()
+	if n > 0 {
+		r.kickLearner()
+	}
+}
