@@ -12,6 +12,7 @@
 //	several caps at once, all or nothing            registry (AcquireAll)
 //	one cap across a fleet of processes, on Redis   registry/fleet (its own module)
 //	a provider's caps and start pacing together     pacing   (Config, Gate)
+//	a cap learned from the upstream's 429s          pacing   (AdaptiveConfig); a fleet's: registry/fleet (Learn)
 //	what holds the caps, long-held reports          sweep    (Monitor)
 //	"nothing left held" at the end of a test        slots/slotstest
 //	Prometheus metrics (its own module)             sweep/inflightprom

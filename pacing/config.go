@@ -22,7 +22,9 @@
 // read, with pacing.ClassifyAsRead(resp, nil, func(v pacing.Verdict) {
 // gate.Report(grant, v) }). Gate.Learned and OnLimitChange tell what was
 // learned; package pacingtest scores settings against a simulated
-// upstream.
+// upstream. A Gate learns from its own process's counts; for one cap
+// learned by a fleet of processes, from the fleet's counts, learn it on
+// the fleet's Redis (registry/fleet's Learn) with the same AdaptiveConfig.
 package pacing
 
 import (
