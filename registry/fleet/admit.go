@@ -105,6 +105,7 @@ type acquireCall[K comparable] struct {
 	args    []any
 	until   int64
 	carried []*lease[K]
+	learned bool // a key is learned: an admission's reply tells its start
 }
 
 // lateSpan is how long after it is made a call may still be running as a
@@ -131,6 +132,10 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 	wait, rank, flow, weight := 0, uint8(0), "", 1
 	if w != nil {
 		wait, rank, flow, weight = 1, w.rank, w.flow, w.weight
+	}
+	if r.learning != nil && slices.ContainsFunc(l.keys, func(k K) bool { return r.learning[k] != nil }) {
+		wait += 2 // the reply tells what a learned cap needs
+		c.learned = true
 	}
 	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until),
 		r.epoch.Load(), r.pause.Milliseconds(), wait, r.claim.Milliseconds(), rank, flow, weight,
@@ -243,7 +248,11 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		}
 		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
-	if len(res) < replyLen || res[0] < 0 || res[0] == acquireAdmitted && len(res) != replyLen+len(l.names) {
+	admittedLen := replyLen
+	if c.learned {
+		admittedLen += len(l.names)
+	}
+	if len(res) < replyLen || res[0] < 0 || res[0] == acquireAdmitted && len(res) != admittedLen {
 		r.abandon(l)
 		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
 	}
@@ -264,7 +273,9 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 	case acquireFull, acquireQueueMax, acquireFlowMax:
 		return r.refused(l, res)
 	}
-	l.start = start{id: uint64(res[3]), at: res[3] * int64(time.Microsecond), counts: res[replyLen:]}
+	if c.learned {
+		l.start = start{id: uint64(res[3]), at: res[3] * int64(time.Microsecond), counts: res[replyLen:]}
+	}
 	return r.hold(ctx, l, false, epoch)
 }
 
@@ -367,7 +378,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	r.leases[l] = struct{}{}
 	r.leasesPeak = max(r.leasesPeak, len(r.leases))
-	learned := !degraded && r.learning != nil && r.startedLocked(l)
+	learned := !degraded && l.start.counts != nil && r.startedLocked(l)
 	r.mu.Unlock()
 	if learned {
 		for _, k := range l.keys {

@@ -486,7 +486,7 @@ func (r *Registry[K]) subscribe() {
 			}
 		case *redis.Message:
 			if m.Channel == r.learnChan {
-				r.learnedMessage(m.Payload)
+				r.survive("learned message", func() { r.learnedMessage(m.Payload) })
 			} else {
 				r.granted(m.Payload)
 			}

@@ -39,6 +39,7 @@ type serverClock struct {
 	// narrow to a millisecond or two however slow the others were (see
 	// nanos).
 	near, far int64
+	seenAt    int64 // the local reading at the latest reply
 }
 
 // local returns the local clock's reading, in milliseconds since c.base.
@@ -56,7 +57,7 @@ func (c *serverClock) seen(now, sent, back int64) {
 	} else { // the first reply, or the clocks have moved apart
 		c.near, c.far = low, high
 	}
-	c.known, c.low, c.high = true, low, high
+	c.known, c.low, c.high, c.seenAt = true, low, high, back
 }
 
 // notAfter returns the not-after time of a call made now that may last
@@ -112,8 +113,10 @@ func (c *serverClock) startCeiling() uint64 {
 	if !c.known {
 		return uint64(time.Now().UnixMicro())
 	}
-	// Both readings are whole milliseconds, rounded down: 2 ms over.
-	return uint64(c.local()+c.high+2) * 1000
+	// Both readings are whole milliseconds, rounded down: 2 ms over; and
+	// the clocks may drift apart since the latest reply: 1 ms a 10 s more.
+	now := c.local()
+	return uint64(now+c.high+2+max(now-c.seenAt, 0)/10_000) * 1000
 }
 
 // told reports whether a reply has told the server's clock.

@@ -316,8 +316,20 @@ func (r *Registry[K]) ClearLimit(key K) {
 // setLimit sets key's limit to n, or clears it, here and in the local
 // registry (a learned key's, to its learned limit under the new ceiling).
 func (r *Registry[K]) setLimit(key K, n int, set bool) {
-	r.learnMu.Lock() // in order with a Learn's setting of it
-	learned := r.setLimitLocked(key, n, set)
+	if r.setLocal(key, n, set) {
+		r.applyLearned(key)
+		return
+	}
+	r.wakeAll()
+}
+
+// setLocal records key's limit and, unless it is learned (it reports
+// whether it is), sets it in the local registry, in order with a Learn's
+// setting of it.
+func (r *Registry[K]) setLocal(key K, n int, set bool) (learned bool) {
+	r.learnMu.Lock()
+	defer r.learnMu.Unlock() // the LimitFunc may panic
+	learned = r.setLimitLocked(key, n, set)
 	switch {
 	case learned:
 	case set:
@@ -325,12 +337,7 @@ func (r *Registry[K]) setLimit(key K, n int, set bool) {
 	default:
 		r.local.ClearLimit(key)
 	}
-	r.learnMu.Unlock()
-	if learned {
-		r.applyLearned(key)
-		return
-	}
-	r.wakeAll()
+	return learned
 }
 
 // setLimitLocked records key's limit, and reports whether key is learned.

@@ -84,7 +84,12 @@ type learnEvent struct {
 func (e learnEvent) apply(c *learn.Cap) {
 	switch e.kind {
 	case evStarted:
-		c.Started(e.n, e.now)
+		// A start from before the last cut is neither a probe nor the
+		// cut's test: written late (a cut is written at once, a start in
+		// the background), it would undo the cut.
+		if e.id > c.CutSeq {
+			c.Started(e.n, e.now)
+		}
 	case evAdmitted:
 		c.Admitted(e.n, e.id)
 	case evRefused:
@@ -173,19 +178,27 @@ func (r *Registry[K]) Forget(key K) {
 		delete(r.learning, key)
 		delete(r.learnedBy, lk.name)
 	}
-	n, set := r.limits[key]
 	r.mu.Unlock()
 	if lk == nil {
 		return
 	}
+	r.forgetLocal(key)
+	r.wakeAll()
+}
+
+// forgetLocal gives key in the local registry the limit it has without
+// learning, in order with SetLimit's settings of it.
+func (r *Registry[K]) forgetLocal(key K) {
 	r.learnMu.Lock()
+	defer r.learnMu.Unlock()
+	r.mu.Lock()
+	n, set := r.limits[key]
+	r.mu.Unlock()
 	if set {
 		r.local.SetLimit(key, n)
 	} else {
 		r.local.ClearLimit(key) // the default or the LimitFunc again
 	}
-	r.learnMu.Unlock()
-	r.wakeAll()
 }
 
 // reconfigureLocked applies key's settings and its limit without learning
@@ -235,8 +248,9 @@ func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
 // changes nothing.
 //
 // A report that lowers a cap writes it to Redis before it returns, within
-// the call timeout, so that the other processes know of it before s's
-// release lets one of them start another request.
+// the call timeout, and the other processes take it as its message
+// arrives: so s's release, which follows, lets few of them start another
+// request under the cap they knew.
 func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
 	if s == nil || s.Bypassed() {
 		return

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
+	"os"
+	"os/exec"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -15,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/learn"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/slots"
@@ -146,7 +149,8 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 		defer r.mu.Unlock()
 		lk := r.learning["p"]
 		for i := range 300 {
-			r.noteLocked(lk, learnEvent{kind: evStarted, n: lk.cap.Lo + 1, now: time.Now().Add(time.Hour).UnixNano() + int64(i)})
+			at := time.Now().Add(time.Hour)
+			r.noteLocked(lk, learnEvent{kind: evStarted, n: lk.cap.Lo + 1, id: uint64(at.UnixMicro()) + uint64(i), now: at.UnixNano() + int64(i)})
 		}
 	}
 	c.AddHook(h)
@@ -388,4 +392,257 @@ func TestLearnedCapWriteRefused(t *testing.T) {
 	}
 	assert.False(t, r.Stats().BreakerOpen)
 	assert.Zero(t, r.Stats().RedisErrors)
+}
+
+// within polls cond until it holds, failing the test after d.
+func within(t *testing.T, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("not within %v: %s", d, what)
+		}
+		time.Sleep(time.Millisecond) // polling a condition
+	}
+}
+
+// A start numbered before a cut, whose evidence reaches the state after
+// the cut (a cut is written at once, a start in the background), is
+// neither a probe nor the cut's test: it cannot undo the cut.
+func TestLearnedCapStartBeforeACut(t *testing.T) {
+	c := *learn.Settings{Initial: 4, Max: 64}.New(0)
+	at := int64(1_000_000_000_000)
+	learnEvent{kind: evRefused, n: 4, id: 100, at: at, now: at + int64(5*time.Millisecond), seq: 300}.apply(&c)
+	require.Equal(t, 3, c.Lo)
+	require.Equal(t, 3, c.Hi)
+	learnEvent{kind: evStarted, n: 5, id: 200, at: at + 1000, now: at + 1000}.apply(&c) // numbered before the cut
+	learnEvent{kind: evTick, now: at + int64(time.Second)}.apply(&c)
+	assert.Equal(t, 3, c.Lo, "the cut stands")
+	assert.Equal(t, 3, c.Hi, "and the ceiling it found")
+}
+
+// The same across two processes: A's probe starts before B's cut, and its
+// start is written after it.
+func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
+	srv := fleettest.Start(t)
+	ca := srv.Client()
+	cutDone := make(chan struct{})
+	h := &stateHook{before: true, fn: func() { <-cutDone }}
+	ca.AddHook(h)
+	a := New[string](ca, "le-stale-start", 100, WithLogger(quiet()))
+	defer a.Close()
+	b := New[string](srv.Client(), "le-stale-start", 100, WithLogger(quiet()))
+	defer b.Close()
+	cfg := pacing.AdaptiveConfig{Initial: 4, Max: 64}
+	require.NoError(t, a.Learn("p", cfg))
+	require.NoError(t, b.Learn("p", cfg))
+	settled(t, a, "p")
+	settled(t, b, "p")
+	var held []*slots.Slot
+	for range 4 {
+		s, err := b.TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	h.armed.Store(true)         // A's next write of p waits for B's cut
+	s, err := a.TryAcquire("p") // count 5: a probe
+	require.NoError(t, err)
+	b.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency}) // count 4: a cut, written now
+	require.Equal(t, 3, b.Learned("p").Cap)
+	close(cutDone)
+	for _, r := range []*Registry[string]{a, b} {
+		fwUntil(t, "no probe out, nothing to write", func() bool {
+			lk := learnOf(r, "p")
+			return lk.cap.ProbeN == 0 && len(lk.pending) == 0 && !lk.syncing && lk.version == learnOf(b, "p").version
+		})
+		l := r.Learned("p")
+		assert.Equal(t, 3, l.Cap, "the cut stands")
+		assert.Equal(t, 3, l.Ceiling, "and its ceiling")
+	}
+	s.Release()
+	for _, s := range held {
+		s.Release()
+	}
+}
+
+// A ClearLimit whose LimitFunc panics leaves nothing locked.
+func TestLearnedCapClearLimitPanics(t *testing.T) {
+	srv := fleettest.Start(t)
+	var armed atomic.Bool
+	r := NewWithKeys(srv.Client(), "le-clear", 100, Keys[string]{Limit: func(string) int {
+		if armed.Load() {
+			panic("limit func panics")
+		}
+		return 50
+	}}, WithLogger(quiet()))
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+	armed.Store(true)
+	func() {
+		defer func() { _ = recover() }()
+		r.ClearLimit("p")
+	}()
+	armed.Store(false)
+	done := make(chan struct{})
+	go func() { r.SetLimit("p", 7); close(done) }()
+	select {
+	case <-done:
+		r.Close() // not before: with a lock left held, Close would hang
+	case <-time.After(2 * time.Second):
+		t.Fatal("SetLimit blocked: a lock left held by the LimitFunc's panic")
+	}
+}
+
+// A LimitFunc that panics as a learned state's message is taken does not
+// end the process (the test runs in a child process).
+func TestLearnedCapMessageLimitFuncPanics(t *testing.T) {
+	if os.Getenv("FLEET_LEARN_CHILD") == "1" {
+		srv := fleettest.Start(t)
+		var armed, panicked atomic.Bool
+		a := New[string](srv.Client(), "le-sub", 100, WithLogger(quiet()))
+		defer a.Close()
+		b := NewWithKeys(srv.Client(), "le-sub", 100, Keys[string]{Limit: func(string) int {
+			if armed.Load() {
+				panicked.Store(true)
+				panic("limit func panics")
+			}
+			return 100
+		}}, WithLogger(quiet()))
+		defer b.Close()
+		cfg := pacing.AdaptiveConfig{Initial: 4}
+		require.NoError(t, a.Learn("p", cfg))
+		require.NoError(t, b.Learn("p", cfg))
+		settled(t, a, "p")
+		settled(t, b, "p")
+		s, err := a.TryAcquire("p")
+		require.NoError(t, err)
+		armed.Store(true)
+		a.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // published: b takes it
+		s.Release()
+		fwUntil(t, "b takes the message", panicked.Load)
+		armed.Store(false)
+		fwUntil(t, "b learns the cut", func() bool { return b.Learned("p").Cap < 4 })
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestLearnedCapMessageLimitFuncPanics$", "-test.count=1")
+	cmd.Env = append(os.Environ(), "FLEET_LEARN_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		i := max(strings.Index(string(out), "panic:"), 0)
+		t.Fatalf("the child process failed: %v\n%s", err, string(out)[i:min(i+1500, len(out))])
+	}
+}
+
+// blockHook blocks the first armed GET of a learned state until proceed is
+// closed, telling which state it is on inRound.
+type blockHook struct {
+	armed   atomic.Bool
+	inRound chan string
+	proceed chan struct{}
+}
+
+func (h *blockHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *blockHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		a := cmd.Args()
+		if cmd.Name() == "get" && len(a) > 1 && strings.Contains(fmt.Sprint(a[1]), "#learn:") && h.armed.CompareAndSwap(true, false) {
+			h.inRound <- fmt.Sprint(a[1])
+			<-h.proceed
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *blockHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A key forgotten while its sync waits its turn in a round still ends
+// that sync: a Report waiting for it is not left to its timeout.
+func TestLearnedCapForgottenInARound(t *testing.T) {
+	srv := fleettest.Start(t)
+	c := srv.Client()
+	h := &blockHook{inRound: make(chan string, 1), proceed: make(chan struct{})}
+	c.AddHook(h)
+	r := New[string](c, "le-forget-round", 100, WithLogger(quiet()))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+	require.NoError(t, r.Learn("q", pacing.AdaptiveConfig{}))
+	settled(t, r, "p")
+	settled(t, r, "q")
+	h.armed.Store(true)
+	r.learnedStale() // one round, both due and marked syncing
+	first := <-h.inRound
+	other := "q"
+	if strings.HasSuffix(first, ":q") {
+		other = "p"
+	}
+	r.mu.Lock()
+	lk := r.learning[other]
+	require.True(t, lk.syncing)
+	synced := lk.synced
+	r.mu.Unlock()
+	r.Forget(other)
+	close(h.proceed)
+	select {
+	case <-synced:
+	case <-time.After(2 * time.Second):
+		t.Fatal("the forgotten key's sync never ended")
+	}
+}
+
+// After Redis lost its data, a state written anew by a process that knew
+// none comes after the states before it: a process that knew one takes
+// the next cut from its message, not at its next read.
+func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
+	srv := fleettest.Start(t)
+	admin := srv.Client()
+	a := New[string](srv.Client(), "le-loss-version", 100, WithLogger(quiet()))
+	defer a.Close()
+	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
+	require.NoError(t, a.Learn("p", cfg))
+	settled(t, a, "p")
+	var held []*slots.Slot
+	for range 10 {
+		s, err := a.TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	a.Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
+	a.Report(held[0], pacing.Verdict{Kind: pacing.Concurrency})
+	for _, s := range held {
+		s.Release()
+	}
+	settled(t, a, "p")
+	at := learnOf(a, "p").readAt
+	fwUntil(t, "a reads", func() bool { return learnOf(a, "p").readAt.After(at) }) // its next read is a second away
+	require.NoError(t, admin.FlushAll(context.Background()).Err())
+	c := New[string](srv.Client(), "le-loss-version", 100, WithLogger(quiet()))
+	defer c.Close()
+	require.NoError(t, c.Learn("p", cfg))
+	settled(t, c, "p")
+	s, err := c.TryAcquire("p")
+	require.NoError(t, err)
+	c.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	s.Release()
+	cut := c.Learned("p").Cap
+	within(t, 300*time.Millisecond, "a takes c's cut from its message", func() bool { return a.Learned("p").Cap == cut })
+}
+
+// Forget and SetLimit racing leave the local registry at the fleet's limit.
+func TestForgetRacesSetLimit(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "le-forget-set", 100, WithLogger(quiet()))
+	defer r.Close()
+	bad := 0
+	for i := range 10000 {
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+		n := 10 + i%50
+		done := make(chan struct{})
+		go func() { r.SetLimit("p", n); close(done) }()
+		r.Forget("p")
+		<-done
+		if r.Local().Limit("p") != r.Limit("p") {
+			bad++
+		}
+	}
+	assert.Zero(t, bad, "the local limit other than the fleet's")
 }

@@ -22,8 +22,9 @@ import (
 // lost, and that read keeps the state from expiring while it is in use.
 
 // storedCap is a learned state as Redis keeps it, and as a message on the
-// learned channel carries it: its key's name, its version (each write adds
-// one), and the cap.
+// learned channel carries it: its key's name, its version (each write's is
+// over the one before and over the server's clock in microseconds), and
+// the cap.
 type storedCap struct {
 	Key string    `json:"k"`
 	V   uint64    `json:"v"`
@@ -95,9 +96,9 @@ func (r *Registry[K]) learner() {
 func (r *Registry[K]) learnRound() time.Duration {
 	next := learnRefresh
 	due, keys := r.dueLocked(&next)
-	for _, k := range due {
+	for _, d := range due {
 		ok := false
-		r.survive("learning", func() { ok = r.syncLearned(k) })
+		r.survive("learning", func() { ok = r.syncLearned(d.key, d.lk) })
 		if !ok {
 			next = min(next, r.cfg.probeEvery)
 		}
@@ -109,10 +110,16 @@ func (r *Registry[K]) learnRound() time.Duration {
 	return max(next, time.Millisecond)
 }
 
+// dueKey is a learned key marked syncing, to write or read.
+type dueKey[K comparable] struct {
+	key K
+	lk  *learning
+}
+
 // dueLocked notes what time has proved (a probe gone unanswered), and
 // returns the keys to write or read now, marked syncing, and every learned
 // key; it lowers *next to when a key's limit next changes with time.
-func (r *Registry[K]) dueLocked(next *time.Duration) (due, keys []K) {
+func (r *Registry[K]) dueLocked(next *time.Duration) (due []dueKey[K], keys []K) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	now := r.clock.nanos()
@@ -133,7 +140,7 @@ func (r *Registry[K]) dueLocked(next *time.Duration) (due, keys []K) {
 		}
 		if (lk.stale || len(lk.pending) > 0) && !lk.syncing {
 			lk.syncingLocked()
-			due = append(due, k)
+			due = append(due, dueKey[K]{k, lk})
 		}
 	}
 	return due, keys
@@ -161,7 +168,7 @@ func (r *Registry[K]) flushLearned(key K) {
 		if !lk.syncing {
 			lk.syncingLocked()
 			r.mu.Unlock()
-			r.syncLearned(key)
+			r.syncLearned(key, lk)
 			r.applyLearned(key)
 			return
 		}
@@ -189,22 +196,22 @@ type syncSnapshot struct {
 	startIsKnown bool
 }
 
-// syncLearned writes key's pending evidence to Redis, or reads its state
-// if there is none, and takes the result as its base; the caller has
-// marked it syncing. It reports whether Redis answered.
-func (r *Registry[K]) syncLearned(key K) bool {
+// syncLearned writes the pending evidence of key, learned as lk, to Redis,
+// or reads its state if there is none, and takes the result as its base;
+// the caller has marked lk syncing. It reports whether Redis answered.
+func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	var (
-		snap  = syncSnapshot{lk: r.learningOf(key)}
+		snap  = syncSnapshot{lk: lk}
 		fresh storedCap
 		done  bool
 	)
-	if snap.lk == nil {
-		return true
-	}
-	// Whatever happens (a LimitFunc or a client hook may panic), the sync
-	// ends.
+	// Whatever happens (a LimitFunc or a client hook may panic, the key be
+	// forgotten meanwhile), the sync ends.
 	defer func() { r.syncedLocked(key, snap, fresh, done) }()
-	snap = r.snapshotLocked(key, snap.lk)
+	if r.learningOf(key) != lk {
+		return true // forgotten
+	}
+	snap = r.snapshotLocked(key, lk)
 	if !r.brk.allow() {
 		return false
 	}
@@ -286,7 +293,9 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (stor
 			}
 			return nil
 		}
-		fresh.V++
+		// Versions follow the server's clock as well as each other: after a
+		// data loss, a state written anew still comes after those before.
+		fresh.V = max(fresh.V+1, r.clock.startCeiling())
 		b, _ := json.Marshal(fresh) // numbers and a string: cannot fail
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.Set(ctx, snap.lk.stateKey, b, learnedStateTTL)

@@ -104,7 +104,8 @@ const (
 //	      lease) pair the key and the lease id's tombstone
 //	ARGV: 1 lease id, 2 ttl ms, 3 n, 4 the call's not-after time (0:
 //	      none), 5 the epoch the caller last saw (0: none), 6 the pause ms
-//	      it declares, 7 wait (1: queue if full), 8 claim ms, 9 class rank,
+//	      it declares, 7 wait (1: queue if full) + 2 if a key is learned
+//	      (the reply tells the start's number and counts), 8 claim ms, 9 class rank,
 //	      10 flow, 11 flow weight, 12 process, 13 the channel prefix, 14
 //	      the queue's bound, 15 the flow's bound (-1: none), 16 liveness
 //	      ms, then each capped key's limit, then the lease id of each
@@ -128,16 +129,17 @@ const (
 // first key's if paused or queued),
 // its earliest lease expiry (the pause's end if paused; 0 if none), now,
 // epoch (0 if too late), the length of its queue (its flow's part for
-// acquireFlowMax)}, times in server milliseconds; an admission's reply has
-// the server time in microseconds in place of the expiry, and goes on with
-// each key's lease count after it.
+// acquireFlowMax)}, times in server milliseconds; with a learned key, an
+// admission's reply has the server time in microseconds in place of the
+// expiry, and goes on with each key's lease count after it.
 var acquireScript = redis.NewScript(acquireLua)
 
 var acquireLua = baseLua + epochLua + queueLua + `
--- admitted is the reply to an admission: the server time in microseconds
--- (the start's number, for a learned cap) and each key's lease count with
--- it, after the fixed fields.
+-- admitted is the reply to an admission; for a learned key's, with the
+-- server time in microseconds (the start's number) and each key's lease
+-- count with it, after the fixed fields.
 local function admitted(kl, t, now, epoch)
+  if tonumber(ARGV[7]) < 2 then return {1, 0, 0, 0, now, epoch, 0} end
   local out = {1, 0, 0, tonumber(t[1]) * 1000000 + tonumber(t[2]), now, epoch, 0}
   for i, e in ipairs(kl) do out[7 + i] = redis.call('ZCARD', e[1]) end
   return out
@@ -248,7 +250,7 @@ end
 local k = kl[full][1]
 local count, earliest = redis.call('ZCARD', k), earliestOf(k)
 local queued = redis.call('ZCARD', k .. '#q')
-if ARGV[7] ~= '1' then return {0, full, count, earliest, now, epoch, queued} end
+if tonumber(ARGV[7]) % 2 == 0 then return {0, full, count, earliest, now, epoch, queued} end
 local maxQ, maxF, flow = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[10]
 for i, e in ipairs(kl) do
   if givenBack then break end
