@@ -40,6 +40,7 @@ type serverClock struct {
 	// nanos).
 	near, far int64
 	seenAt    int64 // the local reading at the latest reply
+	farAt     int64 // the local reading at the reply that gave far
 }
 
 // local returns the local clock's reading, in milliseconds since c.base.
@@ -53,9 +54,12 @@ func (c *serverClock) seen(now, sent, back int64) {
 	defer c.mu.Unlock()
 	low, high := now-back, now-sent
 	if c.known && max(c.near, low) <= min(c.far, high) {
+		if high < c.far {
+			c.farAt = back
+		}
 		c.near, c.far = max(c.near, low), min(c.far, high)
 	} else { // the first reply, or the clocks have moved apart
-		c.near, c.far = low, high
+		c.near, c.far, c.farAt = low, high, back
 	}
 	c.known, c.low, c.high, c.seenAt = true, low, high, back
 }
@@ -116,7 +120,9 @@ func (c *serverClock) startCeiling() uint64 {
 	// Both readings are whole milliseconds, rounded down: 2 ms over; and
 	// the clocks may drift apart since the latest reply: 1 ms a 10 s more.
 	now := c.local()
-	return uint64(now+c.high+2+max(now-c.seenAt, 0)/10_000) * 1000
+	latest := c.high + max(now-c.seenAt, 0)/10_000
+	narrow := c.far + max(now-c.farAt, 0)/10_000
+	return uint64(now+min(latest, narrow)+2) * 1000
 }
 
 // told reports whether a reply has told the server's clock.

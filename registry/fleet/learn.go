@@ -193,7 +193,11 @@ func (r *Registry[K]) forgetLocal(key K) {
 	defer r.learnMu.Unlock()
 	r.mu.Lock()
 	n, set := r.limits[key]
+	relearned := r.learning[key] != nil
 	r.mu.Unlock()
+	if relearned {
+		return // learned again: its Learn applies the learned limit
+	}
 	if set {
 		r.local.SetLimit(key, n)
 	} else {

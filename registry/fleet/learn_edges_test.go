@@ -197,7 +197,7 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 	h := &stateHook{}
 	h.fn = func() {
 		lk := learnOf(r, "p")
-		st := storedCap{Key: "p", V: lk.version + 5, Cap: lk.cap}
+		st := storedCap{Key: "p", V: lk.version + 5, E: r.epoch.Load(), Cap: lk.cap}
 		st.Cap.Lo, st.Cap.Hi, st.Cap.HiAt = 2, 2, time.Now().UnixNano()
 		b, err := json.Marshal(st)
 		if err == nil {
@@ -209,7 +209,11 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 		if err != nil {
 			panic(err)
 		}
+		deadline := time.Now().Add(5 * time.Second)
 		for learnOf(r, "p").version != st.V { // the message taken, before this sync ends
+			if time.Now().After(deadline) {
+				panic("the message was not taken")
+			}
 			time.Sleep(time.Millisecond) // polling a condition
 		}
 	}
@@ -217,6 +221,9 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 	r = New[string](c, "le-stale", 100)
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	s, err := r.TryAcquire("q") // a reply tells r the epoch, which messages carry
+	require.NoError(t, err)
+	s.Release()
 	settled(t, r, "p")
 	h.armed.Store(true)
 	r.learnedStale()
@@ -292,6 +299,7 @@ func TestLearnedStateKeptWhileRead(t *testing.T) {
 func TestStartCeiling(t *testing.T) {
 	srv := fleettest.Start(t)
 	rs := fwFleet(t, srv, "le-ceiling", 2, 1000)
+	require.NoError(t, rs[1].Learn("k", pacing.AdaptiveConfig{Initial: 1000})) // starts of a learned key are numbered
 	s, err := rs[0].TryAcquire("warm")
 	require.NoError(t, err)
 	s.Release()
@@ -300,6 +308,7 @@ func TestStartCeiling(t *testing.T) {
 		s, err := rs[1].TryAcquire("k")
 		require.NoError(t, err)
 		id := (*core.Handle)(s).Hold().Owner.(*lease[string]).start.id
+		require.NotZero(t, id)
 		if ceil := rs[0].clock.startCeiling(); id > ceil {
 			bad++
 		}
@@ -645,4 +654,111 @@ func TestForgetRacesSetLimit(t *testing.T) {
 		}
 	}
 	assert.Zero(t, bad, "the local limit other than the fleet's")
+}
+
+// Channels are not per database: two fleets of one name in two databases
+// of one server do not take each other's learned states.
+func TestLearnedCapTwoDatabases(t *testing.T) {
+	srv := fleettest.Start(t)
+	c1 := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 1})
+	defer c1.Close()
+	c2 := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 2})
+	defer c2.Close()
+	a := New[string](c1, "le-dbs", 100, WithLogger(quiet()))
+	defer a.Close()
+	b := New[string](c2, "le-dbs", 100, WithLogger(quiet()))
+	defer b.Close()
+	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
+	require.NoError(t, a.Learn("p", cfg))
+	require.NoError(t, b.Learn("p", cfg))
+	var held []*slots.Slot
+	for range 10 {
+		s, err := a.TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	s, err := b.TryAcquire("p") // b's epoch known
+	require.NoError(t, err)
+	s.Release()
+	settled(t, b, "p")
+	readAt, changes := learnOf(b, "p").readAt, b.Learned("p").Changes
+	a.Report(held[9], pacing.Verdict{Kind: pacing.Concurrency}) // a's cut, published
+	require.Equal(t, 9, a.Learned("p").Cap)
+	for _, s := range held {
+		s.Release()
+	}
+	fwUntil(t, "b reads its own database again", func() bool { lk := learnOf(b, "p"); return !lk.syncing && lk.readAt.After(readAt) })
+	assert.Equal(t, 10, b.Learned("p").Cap, "a's cut is not b's")
+	assert.Equal(t, changes, b.Learned("p").Changes, "not even for a moment")
+}
+
+// Learn and Forget racing leave the local registry at the fleet's limit.
+func TestLearnRacesForget(t *testing.T) {
+	srv := fleettest.Start(t)
+	r := New[string](srv.Client(), "le-learn-forget", 100, WithLogger(quiet()))
+	defer r.Close()
+	cfg := pacing.AdaptiveConfig{Initial: 4}
+	bad := 0
+	for range 20000 {
+		require.NoError(t, r.Learn("p", cfg))
+		done := make(chan struct{})
+		go func() { _ = r.Learn("p", cfg); close(done) }()
+		r.Forget("p")
+		<-done
+		if r.Learned("p").Enabled && r.Local().Limit("p") != r.Limit("p") {
+			bad++
+		}
+		r.Forget("p")
+	}
+	assert.Zero(t, bad, "learned, with the local limit other than the fleet's")
+}
+
+// slowAcquire delays the next acquire call before it is sent, once armed.
+type slowAcquire struct {
+	armed atomic.Bool
+	d     time.Duration
+}
+
+func (h *slowAcquire) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *slowAcquire) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if isAcquire(cmd) && h.armed.CompareAndSwap(true, false) {
+			time.Sleep(h.d) // a slow call: its reply bounds the server's clock loosely
+		}
+		return next(ctx, cmd)
+	}
+}
+func (h *slowAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// A cut's number is not far ahead of the server's clock when the latest
+// reply came back slowly: the first start after the cut is its test.
+func TestLearnedCapCutAfterASlowReply(t *testing.T) {
+	srv := fleettest.Start(t)
+	c := srv.Client()
+	h := &slowAcquire{d: 150 * time.Millisecond}
+	c.AddHook(h)
+	r := New[string](c, "le-cutseq", 100, WithLogger(quiet()))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4, Max: 64}))
+	settled(t, r, "p")
+	var held []*slots.Slot
+	for i := range 4 {
+		h.armed.Store(i == 3)
+		s, err := r.TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	r.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency})
+	ahead := time.Duration(int64(learnOf(r, "p").cap.CutSeq)*1000 - r.clock.nanos())
+	for _, s := range held[1:] {
+		s.Release()
+	}
+	fwUntil(t, "the releases reach Redis", func() bool { n, err := r.InFlight(context.Background(), "p"); return err == nil && n == 1 })
+	s, err := r.TryAcquire("p")
+	require.NoError(t, err)
+	assert.NotZero(t, learnOf(r, "p").cap.ProbeN, "the first start after the cut is its test (the cut's number %v ahead)", ahead)
+	s.Release()
+	held[0].Release()
 }

@@ -24,10 +24,13 @@ import (
 // storedCap is a learned state as Redis keeps it, and as a message on the
 // learned channel carries it: its key's name, its version (each write's is
 // over the one before and over the server's clock in microseconds), and
-// the cap.
+// the cap. Channels are not per database: a message tells the epoch of
+// the data it was written in, and one of another epoch (another database,
+// or one written before a data loss) is only a reason to read the state.
 type storedCap struct {
 	Key string    `json:"k"`
 	V   uint64    `json:"v"`
+	E   int64     `json:"e,omitempty"` // the writer's epoch (see scripts.go); 0: not known
 	Cap learn.Cap `json:"cap"`
 }
 
@@ -296,6 +299,7 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (stor
 		// Versions follow the server's clock as well as each other: after a
 		// data loss, a state written anew still comes after those before.
 		fresh.V = max(fresh.V+1, r.clock.startCeiling())
+		fresh.E = r.epoch.Load()
 		b, _ := json.Marshal(fresh) // numbers and a string: cannot fail
 		_, err = tx.TxPipelined(ctx, func(p redis.Pipeliner) error {
 			p.Set(ctx, snap.lk.stateKey, b, learnedStateTTL)
@@ -351,37 +355,42 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 func (r *Registry[K]) learnedMessage(payload string) {
 	var st storedCap
 	bad := json.Unmarshal([]byte(payload), &st) != nil || !st.Cap.Valid()
-	k, ok := r.takeMessage(st, bad)
-	switch {
-	case bad:
+	k, taken, read := r.takeMessage(st, bad)
+	if read {
 		r.kickLearner()
-	case ok:
+	}
+	if taken {
 		r.applyLearned(k)
 	}
 }
 
-func (r *Registry[K]) takeMessage(st storedCap, bad bool) (K, bool) {
+// takeMessage takes st as the state of its key if it is later than the one
+// known (taken), or marks states to be read (read).
+func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
 	if bad {
 		for _, lk := range r.learning {
 			lk.staleLocked()
 		}
-		var none K
-		return none, false
+		return k, false, true
 	}
 	k, ok := r.learnedBy[st.Key]
 	if !ok {
-		return k, false
+		return k, false, false
 	}
 	lk := r.learning[k]
+	if st.E == 0 || st.E != r.epoch.Load() { // another database's, or data's
+		lk.staleLocked()
+		return k, false, true
+	}
 	if st.V > lk.version {
 		lk.settings.Configure(&st.Cap, r.configuredLocked(k))
 		lk.base, lk.version, lk.known = st.Cap, st.V, true
 		lk.rebaseLocked()
 		r.toldLocked(lk, "another process")
 	}
-	return k, true
+	return k, true, false
 }
 
 // learnedStale marks every learned state to be read again (a subscription

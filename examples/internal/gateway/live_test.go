@@ -347,10 +347,9 @@ func TestGatewayFleetLearnsLive(t *testing.T) {
 	t.Logf("\n%s, times ×%g, learning on one Redis\n  one gateway:    %s\n  three gateways: %s", sc.Name, float64(k), line(one), line(three))
 
 	// Loose bounds, as TestGatewayLiveDrop's: real time on a loaded
-	// machine moves these figures.
+	// machine moves these figures (settling too, which is logged only),
+	// for one gateway as for three; the two runs share the machine.
 	assert.LessOrEqual(t, three.RefusedShare(), 0.10, "429s / attempts, three gateways")
+	assert.LessOrEqual(t, three.RefusedShare(), one.RefusedShare()+0.03, "429s / attempts, three gateways against one")
 	assert.GreaterOrEqual(t, float64(three.Upstream.Work), 0.8*float64(one.Upstream.Work), "work served, three gateways against one")
-	for i, s := range three.Settle {
-		assert.GreaterOrEqual(t, s, time.Duration(0), "three gateways settle in phase %d", i+1)
-	}
 }
