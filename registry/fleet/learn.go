@@ -159,6 +159,7 @@ func (r *Registry[K]) learnLocked(key K, a pacing.AdaptiveConfig) error {
 		name := r.keyName(key)
 		lk = &learning{name: name, stateKey: r.learnPrefix + name, cap: *s.New(configured), applied: -1}
 		lk.base, lk.told = lk.cap, [2]int{lk.cap.Lo, lk.cap.Hi}
+		lk.changes = 1 // the first setting, as pacing.Learned counts it
 		if r.learning == nil {
 			r.learning, r.learnedBy = map[K]*learning{}, map[string]K{}
 		}

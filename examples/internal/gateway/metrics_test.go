@@ -332,3 +332,42 @@ func TestMetricsLearnedCap(t *testing.T) {
 	close(u.gate)
 	wg.Wait()
 }
+
+// With a fleet, provider.adaptive is learned on Redis, and exported as the
+// Gate's is: a probe over the cap that is not refused raises it, and the
+// change is logged.
+func TestMetricsLearnedCapFleet(t *testing.T) {
+	redisSrv := fleettest.Start(t)
+	u := newUpstream(t)
+	log, logs := newTestLogger(slog.LevelInfo)
+	srv, gw := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10},
+	"provider": {"max_concurrent_requests": 8, "adaptive": {"initial": 1, "retest_ms": 60000}},
+	"fleet": {"redis_url": "redis://`+redisSrv.Addr+`/0"}
+}`, WithLogger(log))
+	client := srv.Client()
+	text := scrape(t, client, srv.URL)
+	for _, want := range []string{
+		`inflight_learned_cap{cap="provider",provider="provider"} 1`,
+		`inflight_learned_limit{cap="provider",provider="provider"} 2`, // a probe may go
+		`inflight_learned_ceiling{cap="provider",provider="provider"} 8`,
+		`inflight_learned_max{cap="provider",provider="provider"} 8`,
+		`inflight_learned_changes_total{cap="provider",provider="provider"} 1`,
+		`inflight_limit{cap="provider"} 2`,
+	} {
+		assert.Contains(t, text, want)
+	}
+	var wg sync.WaitGroup
+	done := make(chan struct{}, 2)
+	streamAll(t, &wg, client, srv.URL, "glm-5.3", 2, done) // the second is the probe
+	waitFor(t, "the probe raises the cap", func() bool { return gw.Learned().Cap == 2 })
+	text = scrape(t, client, srv.URL)
+	assert.Contains(t, text, `inflight_learned_cap{cap="provider",provider="provider"} 2`)
+	assert.Contains(t, text, `inflight_learned_changes_total{cap="provider",provider="provider"} 2`)
+	assert.Regexp(t, `inflight_upstream_answers_total\{kind="admitted",provider="provider"\} [1-9]`, text)
+	waitFor(t, "the change is logged", func() bool { return strings.Contains(logs.String(), "fleet: learned cap changed") })
+	assert.Regexp(t, `msg="fleet: learned cap changed" registry=\S+ key=provider old=1 new=2 old_ceiling=8 ceiling=8 by=`, logs.String())
+	close(u.gate)
+	wg.Wait()
+}
