@@ -56,7 +56,11 @@ func (h *stateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // lockFree reports whether r.mu can be taken within a second.
 func lockFree(r *Registry[string]) bool {
 	done := make(chan struct{})
-	go func() { r.mu.Lock(); r.mu.Unlock(); close(done) }()
+	go func() {
+		r.mu.Lock()
+		defer r.mu.Unlock() // taken: that is all this asks
+		close(done)
+	}()
 	select {
 	case <-done:
 		return true

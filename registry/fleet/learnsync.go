@@ -189,14 +189,13 @@ func (r *Registry[K]) flushLearned(key K) {
 
 // syncSnapshot is what a write or read of a learned state starts from.
 type syncSnapshot struct {
-	lk           *learning
-	evs          []learnEvent
-	upto         uint64 // lk.queued when evs were taken
-	gen, staleN  uint64
-	s            learn.Settings
-	configured   int
-	start        storedCap // the state to write if Redis has none
-	startIsKnown bool
+	lk          *learning
+	evs         []learnEvent
+	upto        uint64 // lk.queued when evs were taken
+	gen, staleN uint64
+	s           learn.Settings
+	configured  int
+	start       storedCap // the state to write if Redis has none
 }
 
 // syncLearned writes the pending evidence of key, learned as lk, to Redis,
