@@ -53,13 +53,17 @@ func (c *serverClock) seen(now, sent, back int64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	low, high := now-back, now-sent
-	if c.known && max(c.near, low) <= min(c.far, high) {
-		if high < c.far {
+	// The readings are whole milliseconds, each rounded down: the offset
+	// itself is within a millisecond more on either side, which near and
+	// far keep, so that rounding does not make two replies disagree.
+	wl, wh := low-1, high+1
+	if c.known && max(c.near, wl) <= min(c.far, wh) {
+		if wh < c.far {
 			c.farAt = back
 		}
-		c.near, c.far = max(c.near, low), min(c.far, high)
+		c.near, c.far = max(c.near, wl), min(c.far, wh)
 	} else { // the first reply, or the clocks have moved apart
-		c.near, c.far, c.farAt = low, high, back
+		c.near, c.far, c.farAt = wl, wh, back
 	}
 	c.known, c.low, c.high, c.seenAt = true, low, high, back
 }
@@ -117,8 +121,9 @@ func (c *serverClock) startCeiling() uint64 {
 	if !c.known {
 		return uint64(time.Now().UnixMicro())
 	}
-	// Both readings are whole milliseconds, rounded down: 2 ms over; and
-	// the clocks may drift apart since the latest reply: 1 ms a 10 s more.
+	// The latest reply's high is of readings rounded down: 2 ms over (far
+	// has its millisecond already, and one more does no harm); and the
+	// clocks may drift apart since a reply: 1 ms a 10 s more.
 	now := c.local()
 	latest := c.high + max(now-c.seenAt, 0)/10_000
 	narrow := c.far + max(now-c.farAt, 0)/10_000

@@ -59,6 +59,10 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 	releaseAll(t, rs[0], held)
 
 	// A test of the cut, admitted: the cut stands, and it is over for all.
+	// (A start within the cut number's margin, a few milliseconds, would
+	// count as one from before the cut.)
+	cut := int64(learnOf(rs[0], "p").cap.CutSeq) * 1000
+	fwUntil(t, "the server's clock passes the cut's number", func() bool { return rs[1].clock.nanos() > cut+int64(2*time.Millisecond) })
 	s, err := rs[1].TryAcquire("p")
 	require.NoError(t, err)
 	rs[1].Report(s, pacing.Verdict{Kind: pacing.Admitted})
