@@ -354,6 +354,7 @@ func TestReportWritesACutBeforeItReturns(t *testing.T) {
 		held = append(held, s)
 	}
 	rs[0].Report(held[2], pacing.Verdict{Kind: pacing.Concurrency})
+	assert.Empty(t, learnOf(rs[0], "p").pending, "the cut is written when Report returns")
 	raw, err := srv.Client().Get(context.Background(), "inflight:{learn-flush}#learn:p").Bytes()
 	require.NoError(t, err, "the state is in Redis")
 	var st storedCap
