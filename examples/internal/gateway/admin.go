@@ -11,6 +11,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/sweep"
 )
 
@@ -28,8 +29,23 @@ func (g *Gateway) adminMux() *http.ServeMux {
 	return mux
 }
 
+// learnedCap is a learned cap in /debug/provider.
+type learnedCap struct {
+	Limit   int    `json:"limit"`   // the limit admissions run under now
+	Cap     int    `json:"cap"`     // starts up to it go without a test
+	Ceiling int    `json:"ceiling"` // the cap is at most this, as last seen
+	Floor   int    `json:"floor"`
+	Max     int    `json:"max"`
+	Changes uint64 `json:"changes"`
+}
+
+func learnedOf(l pacing.Learned) *learnedCap {
+	return &learnedCap{Limit: l.Limit, Cap: l.Cap, Ceiling: l.Ceiling, Floor: l.Floor, Max: l.Max, Changes: l.Changes}
+}
+
 // debugProvider serves the provider gate's state in the naming style of
-// /debug/slots: snake_case, durations in seconds.
+// /debug/slots: snake_case, durations in seconds; with learned caps, each
+// one (with a fleet, as the fleet has it) and the answers by kind.
 func (g *Gateway) debugProvider(w http.ResponseWriter, _ *http.Request) {
 	st := g.gate.Status()
 	out := struct {
@@ -41,6 +57,13 @@ func (g *Gateway) debugProvider(w http.ResponseWriter, _ *http.Request) {
 		LastStart          *time.Time     `json:"last_start"` // null before the first
 		Rejected           uint64         `json:"rejected"`
 		Bypassed           uint64         `json:"bypassed"`
+		// Learned is the provider's learned cap (null if not learned),
+		// LearnedModels and LearnedKeys those of models and API keys.
+		Learned          *learnedCap            `json:"learned,omitempty"`
+		LearnedModels    map[string]*learnedCap `json:"learned_models,omitempty"`
+		LearnedKeys      map[string]*learnedCap `json:"learned_api_keys,omitempty"`
+		PausedForSeconds float64                `json:"paused_for_seconds"` // new starts wait this long for a Retry-After
+		Answers          map[string]uint64      `json:"answers,omitempty"`  // the upstream's answers by kind
 	}{
 		InFlight: st.InFlight, Queued: st.Queued, InFlightByModel: st.ByModel, InFlightByKey: st.ByKey,
 		NextStartInSeconds: st.NextStartIn.Seconds(), Rejected: st.Rejected, Bypassed: st.Bypassed,
@@ -48,6 +71,29 @@ func (g *Gateway) debugProvider(w http.ResponseWriter, _ *http.Request) {
 	if !st.LastStart.IsZero() {
 		t := st.LastStart.UTC()
 		out.LastStart = &t
+	}
+	l := g.Learned()
+	out.PausedForSeconds = l.PausedFor.Seconds()
+	if l.Floor > 0 {
+		out.Learned = learnedOf(l)
+	}
+	for name, m := range l.Models {
+		if out.LearnedModels == nil {
+			out.LearnedModels = map[string]*learnedCap{}
+		}
+		out.LearnedModels[name] = learnedOf(m)
+	}
+	for id, k := range l.Keys {
+		if out.LearnedKeys == nil {
+			out.LearnedKeys = map[string]*learnedCap{}
+		}
+		out.LearnedKeys[id] = learnedOf(k)
+	}
+	if l.Enabled {
+		out.Answers = map[string]uint64{}
+		for kind, n := range l.ByKind {
+			out.Answers[pacing.Kind(kind).String()] = n
+		}
 	}
 	writeJSON(w, out)
 }

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
 	"slices"
 	"strings"
@@ -366,6 +367,11 @@ func TestMetricsLearnedCapFleet(t *testing.T) {
 	assert.Contains(t, text, `inflight_learned_cap{cap="provider",provider="provider"} 2`)
 	assert.Contains(t, text, `inflight_learned_changes_total{cap="provider",provider="provider"} 2`)
 	assert.Regexp(t, `inflight_upstream_answers_total\{kind="admitted",provider="provider"\} [1-9]`, text)
+	rec := httptest.NewRecorder()
+	gw.debugProvider(rec, httptest.NewRequest(http.MethodGet, "/debug/provider", nil)) // served behind an admin token
+	body := rec.Body.String()
+	assert.Contains(t, body, `"learned":{"limit":4,"cap":2,"ceiling":8,"floor":1,"max":8,"changes":2}`, "the fleet's cap: 2, and a batch of two probes may go")
+	assert.Regexp(t, `"answers":\{[^}]*"admitted":[1-9]`, body)
 	waitFor(t, "the change is logged", func() bool { return strings.Contains(logs.String(), "fleet: learned cap changed") })
 	assert.Regexp(t, `msg="fleet: learned cap changed" registry=\S+ key=provider old=1 new=2 old_ceiling=8 ceiling=8 by=`, logs.String())
 	close(u.gate)
