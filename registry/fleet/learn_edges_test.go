@@ -26,12 +26,12 @@ import (
 // The edges of a learned cap: panics in what it calls, syncs that race
 // with evidence, settings and messages, and states it cannot trust.
 
-// stateHook runs fn once, when armed, around a GET of a learned state:
-// before it if before, else after it.
+// stateHook runs fn once, when armed, around a GET of a learned state
+// (with its Redis key): before it if before, else after it.
 type stateHook struct {
 	armed  atomic.Bool
 	before bool
-	fn     func()
+	fn     func(key string)
 }
 
 func (h *stateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -40,11 +40,11 @@ func (h *stateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 		a := cmd.Args()
 		hit := cmd.Name() == "get" && len(a) > 1 && strings.Contains(fmt.Sprint(a[1]), "#learn:")
 		if hit && h.before && h.armed.CompareAndSwap(true, false) {
-			h.fn()
+			h.fn(fmt.Sprint(a[1]))
 		}
 		err := next(ctx, cmd)
 		if hit && !h.before && h.armed.CompareAndSwap(true, false) {
-			h.fn()
+			h.fn(fmt.Sprint(a[1]))
 		}
 		return err
 	}
@@ -124,7 +124,7 @@ func TestLearnedCapLimitFuncPanics(t *testing.T) {
 func TestLearnedCapSyncPanics(t *testing.T) {
 	srv := fleettest.Start(t)
 	c := srv.Client()
-	h := &stateHook{before: true, fn: func() { panic("hook panics") }}
+	h := &stateHook{before: true, fn: func(string) { panic("hook panics") }}
 	c.AddHook(h)
 	r := New[string](c, "le-strand", 100, WithLogger(quiet()))
 	defer r.Close()
@@ -148,7 +148,7 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 	c := srv.Client()
 	var r *Registry[string]
 	h := &stateHook{}
-	h.fn = func() {
+	h.fn = func(string) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		lk := r.learning["p"]
@@ -176,7 +176,7 @@ func TestLearnDuringASync(t *testing.T) {
 	c := srv.Client()
 	var r *Registry[string]
 	h := &stateHook{}
-	h.fn = func() { _ = r.Learn("p", pacing.AdaptiveConfig{Max: 8}) }
+	h.fn = func(string) { _ = r.Learn("p", pacing.AdaptiveConfig{Max: 8}) }
 	c.AddHook(h)
 	r = New[string](c, "le-relearn", 100)
 	defer r.Close()
@@ -199,7 +199,7 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 	other := srv.Client()
 	var r *Registry[string]
 	h := &stateHook{}
-	h.fn = func() {
+	h.fn = func(string) {
 		lk := learnOf(r, "p")
 		st := storedCap{Key: "p", V: lk.version + 5, E: r.epoch.Load(), Cap: lk.cap}
 		st.Cap.Lo, st.Cap.Hi, st.Cap.HiAt = 2, 2, time.Now().UnixNano()
@@ -440,7 +440,7 @@ func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
 	srv := fleettest.Start(t)
 	ca := srv.Client()
 	cutDone := make(chan struct{})
-	h := &stateHook{before: true, fn: func() { <-cutDone }}
+	h := &stateHook{before: true, fn: func(string) { <-cutDone }}
 	ca.AddHook(h)
 	a := New[string](ca, "le-stale-start", 100, WithLogger(quiet()))
 	defer a.Close()
@@ -545,35 +545,13 @@ func TestLearnedCapMessageLimitFuncPanics(t *testing.T) {
 	}
 }
 
-// blockHook blocks the first armed GET of a learned state until proceed is
-// closed, telling which state it is on inRound.
-type blockHook struct {
-	armed   atomic.Bool
-	inRound chan string
-	proceed chan struct{}
-}
-
-func (h *blockHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *blockHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		a := cmd.Args()
-		if cmd.Name() == "get" && len(a) > 1 && strings.Contains(fmt.Sprint(a[1]), "#learn:") && h.armed.CompareAndSwap(true, false) {
-			h.inRound <- fmt.Sprint(a[1])
-			<-h.proceed
-		}
-		return next(ctx, cmd)
-	}
-}
-func (h *blockHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
 // A key forgotten while its sync waits its turn in a round still ends
 // that sync: a Report waiting for it is not left to its timeout.
 func TestLearnedCapForgottenInARound(t *testing.T) {
 	srv := fleettest.Start(t)
 	c := srv.Client()
-	h := &blockHook{inRound: make(chan string, 1), proceed: make(chan struct{})}
+	inRound, proceed := make(chan string, 1), make(chan struct{})
+	h := &stateHook{before: true, fn: func(key string) { inRound <- key; <-proceed }}
 	c.AddHook(h)
 	r := New[string](c, "le-forget-round", 100, WithLogger(quiet()))
 	defer r.Close()
@@ -583,7 +561,7 @@ func TestLearnedCapForgottenInARound(t *testing.T) {
 	settled(t, r, "q")
 	h.armed.Store(true)
 	r.learnedStale() // one round, both due and marked syncing
-	first := <-h.inRound
+	first := <-inRound
 	other := "q"
 	if strings.HasSuffix(first, ":q") {
 		other = "p"
@@ -594,7 +572,7 @@ func TestLearnedCapForgottenInARound(t *testing.T) {
 	synced := lk.synced
 	r.mu.Unlock()
 	r.Forget(other)
-	close(h.proceed)
+	close(proceed)
 	select {
 	case <-synced:
 	case <-time.After(2 * time.Second):
