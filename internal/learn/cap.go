@@ -19,7 +19,10 @@ import "time"
 // time up to a known ceiling and over it. A batch that the upstream admits,
 // or that has not been refused within Gap (twice the time a refusal takes),
 // raises Lo to its top; so the climb takes a batch per round trip of a
-// refusal and overshoots by less than a batch.
+// refusal and overshoots by less than a batch. Silence counts only once an
+// answer to a later start has come (or after four times Gap): a client
+// that stalls (a pause of its process, a busy machine) hears nothing, and
+// would otherwise take its own deafness for admissions.
 //
 // A refusal of a probe sets the ceiling Hi to the count below it (or keeps
 // Lo, for a start that a probe passed on its way); the next probe above Hi
@@ -47,6 +50,8 @@ type Cap struct {
 
 	ProbeN   int           `json:"probe_n"`   // the highest start of the batch out; 0: none
 	ProbeAt  int64         `json:"probe_at"`  // when its last start went
+	ProbeID  uint64        `json:"probe_id"`  // its last start's number
+	Heard    bool          `json:"heard"`     // a later start has been answered
 	ProbeTop int           `json:"probe_top"` // the limit while the batch is out
 	Step     int           `json:"step"`      // the next batch's width
 	Gap      time.Duration `json:"gap"`       // how long a probe goes unanswered before it counts as admitted
@@ -114,33 +119,54 @@ func (l *Cap) Limit(now int64) int {
 	return l.Lo
 }
 
+// deafGaps is how many times Gap a batch of probes waits to count as
+// admitted when no later start has been answered either.
+const deafGaps = 4
+
+// silentAt is when the batch of probes out counts as admitted, if no
+// answer to it comes first.
+func (l *Cap) silentAt() int64 {
+	if l.Heard {
+		return l.ProbeAt + int64(l.Gap)
+	}
+	return l.ProbeAt + deafGaps*int64(l.Gap)
+}
+
 // WakeAt is when the limit next changes by itself (0: only on evidence).
 func (l *Cap) WakeAt(now int64) int64 {
 	switch {
 	case l.ProbeN != 0:
-		return l.ProbeAt + int64(l.Gap)
+		return l.silentAt()
 	case l.Lo >= l.Hi && l.Lo < l.Ceil && now < l.HiAt+int64(l.Retest):
 		return l.HiAt + int64(l.Retest)
 	}
 	return 0
 }
 
-// Started notes a start with n in flight.
-func (l *Cap) Started(n int, now int64) {
+// Started notes start number id, with n in flight.
+func (l *Cap) Started(n int, id uint64, now int64) {
 	switch {
 	case l.Streak > 0 && l.ProbeN == 0:
 		// Since the last cut nothing has been admitted: this start tests
 		// the cut, and no other starts until it is answered, but for the
 		// floor, a count known to work (with the default floor of 1, the
 		// test itself).
-		l.ProbeN, l.ProbeAt, l.ProbeTop = n, now, l.Floor
+		l.ProbeN, l.ProbeAt, l.ProbeID, l.Heard, l.ProbeTop = n, now, id, false, l.Floor
 		return
 	case n <= l.Lo || l.Streak > 0:
 		return
 	case l.ProbeN == 0:
 		l.ProbeTop = l.Lo + l.width()
 	}
-	l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
+	l.ProbeN, l.ProbeAt, l.ProbeID, l.Heard = max(l.ProbeN, n), now, id, false
+}
+
+// heard notes an answer to start number id: one to a start after the
+// batch's last shows that a refusal of the batch would have come by now.
+func (l *Cap) heard(id uint64) {
+	if l.ProbeN != 0 && id > l.ProbeID {
+		l.Heard = true
+	}
 }
 
 // GivenBack notes that the start with n in flight at was given back unsent.
@@ -150,9 +176,10 @@ func (l *Cap) GivenBack(n int, at int64) {
 	}
 }
 
-// Tick presumes an unanswered probe admitted once gap has passed.
+// Tick presumes a batch of probes admitted once it has gone unanswered
+// for Gap after an answer to a later start, or for four times Gap.
 func (l *Cap) Tick(now int64) {
-	if l.ProbeN != 0 && now >= l.ProbeAt+int64(l.Gap) {
+	if l.ProbeN != 0 && now >= l.silentAt() {
 		l.batchDone(l.ProbeN)
 	}
 }
@@ -176,6 +203,7 @@ func (l *Cap) Admitted(n int, id uint64) {
 		l.batchDone(n)
 		return
 	}
+	l.heard(id)
 	l.Streak = 0
 	l.raise(n)
 }
@@ -247,7 +275,9 @@ func (l *Cap) Inconclusive(n int, id uint64) {
 	}
 	if l.ProbeN != 0 && n > l.Lo {
 		l.ProbeN = 0
+		return
 	}
+	l.heard(id)
 }
 
 // Overloaded lowers Lo by a tenth (at least one), leaving the ceiling, once
