@@ -293,7 +293,7 @@ func settle(sc pacingtest.Scenario, k times, samples []pacingtest.Sample) []time
 // arrivals spread over the gateways in turn, beside one gateway alone in
 // the same run. Both learn from the start, with no configured cap.
 func TestGatewayFleetLearnsLive(t *testing.T) {
-	sc, k := pacingtest.Drop, times(0.1)
+	sc, k := pacingtest.Drop, times(0.2)
 	sc.Schedule = []pacingtest.Step{{At: 0, Cap: 20}, {At: 30 * time.Second, Cap: 8}, {At: 60 * time.Second, Cap: 30}}
 	sc.Duration = 90 * time.Second
 	srv := fleettest.Start(t)
@@ -347,11 +347,15 @@ func TestGatewayFleetLearnsLive(t *testing.T) {
 	t.Logf("\n%s, times ×%g, learning on one Redis\n  one gateway:    %s\n  three gateways: %s", sc.Name, float64(k), line(one), line(three))
 
 	// Loose bounds: real time on a loaded machine moves these figures
-	// (settling too, which is logged only), for one gateway as for three,
-	// and three more: a cut reaches the other gateways later when the
-	// machine is busy. Unloaded, three gateways saw 2.8% to one's 2.1%;
-	// under the race detector with other packages' tests beside it, 10.5%
-	// to 7.0%.
+	// (settling too, which is logged only), for one gateway as for three.
+	// Times go at a fifth: at a tenth, 100 releases a second each waiting
+	// for its removal from Redis on a machine busy with other packages'
+	// tests under the race detector left counts several over what the
+	// upstream had, and admissions at those counts took the learned cap
+	// over the hidden one (8.6% 429s to one gateway's 2.5%, in one run).
+	// At a fifth, under that load, five runs drew 2.1% to 7.3% 429s for
+	// three gateways, at most 2.4 points over one gateway's; unloaded,
+	// 2.4% to 2.1%.
 	assert.LessOrEqual(t, three.RefusedShare(), 0.15, "429s / attempts, three gateways")
 	assert.LessOrEqual(t, three.RefusedShare(), one.RefusedShare()+0.05, "429s / attempts, three gateways against one")
 	assert.GreaterOrEqual(t, float64(three.Upstream.Work), 0.8*float64(one.Upstream.Work), "work served, three gateways against one")
