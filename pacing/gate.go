@@ -343,20 +343,20 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		// A learner's limit may change with each start (the test of a cut
 		// lets no other start go): the rest of this pass runs under it.
 		if l := g.ad.l; l != nil {
-			l.Started(gr.n, g.seq, now)
+			l.Started(gr.n, now)
 			l.lane.Limit = l.Limit(now)
 		}
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		gr.mN = ml.lane.Holders.Len()
 		if l := ml.l; l != nil {
-			l.Started(gr.mN, g.seq, now)
+			l.Started(gr.mN, now)
 			l.lane.Limit = l.Limit(now)
 		}
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 			gr.keyN = key.lane.Holders.Len()
 			if l := key.l; l != nil {
-				l.Started(gr.keyN, g.seq, now)
+				l.Started(gr.keyN, now)
 				l.lane.Limit = l.Limit(now)
 			}
 		}

@@ -19,10 +19,10 @@ import "time"
 // time up to a known ceiling and over it. A batch that the upstream admits,
 // or that has not been refused within Gap (twice the time a refusal takes),
 // raises Lo to its top; so the climb takes a batch per round trip of a
-// refusal and overshoots by less than a batch. Silence counts only once an
-// answer to a later start has come (or after four times Gap): a client
-// that stalls (a pause of its process, a busy machine) hears nothing, and
-// would otherwise take its own deafness for admissions.
+// refusal and overshoots by less than a batch. Silence counts only while
+// the client listens: a check of it that comes more than half a Gap late
+// (its process paused, its machine busy) may have a refusal waiting unread
+// behind it, and counts the Gap again from then.
 //
 // A refusal of a probe sets the ceiling Hi to the count below it (or keeps
 // Lo, for a start that a probe passed on its way); the next probe above Hi
@@ -50,8 +50,7 @@ type Cap struct {
 
 	ProbeN   int           `json:"probe_n"`   // the highest start of the batch out; 0: none
 	ProbeAt  int64         `json:"probe_at"`  // when its last start went
-	ProbeID  uint64        `json:"probe_id"`  // its last start's number
-	Heard    bool          `json:"heard"`     // a later start has been answered
+	ListenAt int64         `json:"listen_at"` // a late check of its silence: it counts from then, if later
 	ProbeTop int           `json:"probe_top"` // the limit while the batch is out
 	Step     int           `json:"step"`      // the next batch's width
 	Gap      time.Duration `json:"gap"`       // how long a probe goes unanswered before it counts as admitted
@@ -119,17 +118,10 @@ func (l *Cap) Limit(now int64) int {
 	return l.Lo
 }
 
-// deafGaps is how many times Gap a batch of probes waits to count as
-// admitted when no later start has been answered either.
-const deafGaps = 4
-
 // silentAt is when the batch of probes out counts as admitted, if no
 // answer to it comes first.
 func (l *Cap) silentAt() int64 {
-	if l.Heard {
-		return l.ProbeAt + int64(l.Gap)
-	}
-	return l.ProbeAt + deafGaps*int64(l.Gap)
+	return max(l.ProbeAt, l.ListenAt) + int64(l.Gap)
 }
 
 // WakeAt is when the limit next changes by itself (0: only on evidence).
@@ -143,30 +135,22 @@ func (l *Cap) WakeAt(now int64) int64 {
 	return 0
 }
 
-// Started notes start number id, with n in flight.
-func (l *Cap) Started(n int, id uint64, now int64) {
+// Started notes a start with n in flight.
+func (l *Cap) Started(n int, now int64) {
 	switch {
 	case l.Streak > 0 && l.ProbeN == 0:
 		// Since the last cut nothing has been admitted: this start tests
 		// the cut, and no other starts until it is answered, but for the
 		// floor, a count known to work (with the default floor of 1, the
 		// test itself).
-		l.ProbeN, l.ProbeAt, l.ProbeID, l.Heard, l.ProbeTop = n, now, id, false, l.Floor
+		l.ProbeN, l.ProbeAt, l.ProbeTop = n, now, l.Floor
 		return
 	case n <= l.Lo || l.Streak > 0:
 		return
 	case l.ProbeN == 0:
 		l.ProbeTop = l.Lo + l.width()
 	}
-	l.ProbeN, l.ProbeAt, l.ProbeID, l.Heard = max(l.ProbeN, n), now, id, false
-}
-
-// heard notes an answer to start number id: one to a start after the
-// batch's last shows that a refusal of the batch would have come by now.
-func (l *Cap) heard(id uint64) {
-	if l.ProbeN != 0 && id > l.ProbeID {
-		l.Heard = true
-	}
+	l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
 }
 
 // GivenBack notes that the start with n in flight at was given back unsent.
@@ -176,12 +160,17 @@ func (l *Cap) GivenBack(n int, at int64) {
 	}
 }
 
-// Tick presumes a batch of probes admitted once it has gone unanswered
-// for Gap after an answer to a later start, or for four times Gap.
+// Tick presumes a batch of probes admitted once it has gone unanswered for
+// Gap, if now is not more than half a Gap past that (see the type's doc).
 func (l *Cap) Tick(now int64) {
-	if l.ProbeN != 0 && now >= l.silentAt() {
-		l.batchDone(l.ProbeN)
+	if l.ProbeN == 0 || now < l.silentAt() {
+		return
 	}
+	if now-l.silentAt() > int64(l.Gap/2) {
+		l.ListenAt = now
+		return
+	}
+	l.batchDone(l.ProbeN)
 }
 
 // raise takes n as a count the upstream admits now.
@@ -203,7 +192,6 @@ func (l *Cap) Admitted(n int, id uint64) {
 		l.batchDone(n)
 		return
 	}
-	l.heard(id)
 	l.Streak = 0
 	l.raise(n)
 }
@@ -275,9 +263,7 @@ func (l *Cap) Inconclusive(n int, id uint64) {
 	}
 	if l.ProbeN != 0 && n > l.Lo {
 		l.ProbeN = 0
-		return
 	}
-	l.heard(id)
 }
 
 // Overloaded lowers Lo by a tenth (at least one), leaving the ceiling, once

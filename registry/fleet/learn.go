@@ -88,7 +88,7 @@ func (e learnEvent) apply(c *learn.Cap) {
 		// cut's test: written late (a cut is written at once, a start in
 		// the background), it would undo the cut.
 		if e.id > c.CutSeq {
-			c.Started(e.n, e.id, e.now)
+			c.Started(e.n, e.now)
 		}
 	case evAdmitted:
 		c.Admitted(e.n, e.id)
