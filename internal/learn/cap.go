@@ -19,10 +19,7 @@ import "time"
 // time up to a known ceiling and over it. A batch that the upstream admits,
 // or that has not been refused within Gap (twice the time a refusal takes),
 // raises Lo to its top; so the climb takes a batch per round trip of a
-// refusal and overshoots by less than a batch. Silence counts only while
-// the client listens: a check of it that comes more than half a Gap late
-// (its process paused, its machine busy) may have a refusal waiting unread
-// behind it, and counts the Gap again from then.
+// refusal and overshoots by less than a batch.
 //
 // A refusal of a probe sets the ceiling Hi to the count below it (or keeps
 // Lo, for a start that a probe passed on its way); the next probe above Hi
@@ -50,7 +47,6 @@ type Cap struct {
 
 	ProbeN   int           `json:"probe_n"`   // the highest start of the batch out; 0: none
 	ProbeAt  int64         `json:"probe_at"`  // when its last start went
-	ListenAt int64         `json:"listen_at"` // a late check of its silence: it counts from then, if later
 	ProbeTop int           `json:"probe_top"` // the limit while the batch is out
 	Step     int           `json:"step"`      // the next batch's width
 	Gap      time.Duration `json:"gap"`       // how long a probe goes unanswered before it counts as admitted
@@ -118,17 +114,11 @@ func (l *Cap) Limit(now int64) int {
 	return l.Lo
 }
 
-// silentAt is when the batch of probes out counts as admitted, if no
-// answer to it comes first.
-func (l *Cap) silentAt() int64 {
-	return max(l.ProbeAt, l.ListenAt) + int64(l.Gap)
-}
-
 // WakeAt is when the limit next changes by itself (0: only on evidence).
 func (l *Cap) WakeAt(now int64) int64 {
 	switch {
 	case l.ProbeN != 0:
-		return l.silentAt()
+		return l.ProbeAt + int64(l.Gap)
 	case l.Lo >= l.Hi && l.Lo < l.Ceil && now < l.HiAt+int64(l.Retest):
 		return l.HiAt + int64(l.Retest)
 	}
@@ -160,17 +150,11 @@ func (l *Cap) GivenBack(n int, at int64) {
 	}
 }
 
-// Tick presumes a batch of probes admitted once it has gone unanswered for
-// Gap, if now is not more than half a Gap past that (see the type's doc).
+// Tick presumes an unanswered probe admitted once gap has passed.
 func (l *Cap) Tick(now int64) {
-	if l.ProbeN == 0 || now < l.silentAt() {
-		return
+	if l.ProbeN != 0 && now >= l.ProbeAt+int64(l.Gap) {
+		l.batchDone(l.ProbeN)
 	}
-	if now-l.silentAt() > int64(l.Gap/2) {
-		l.ListenAt = now
-		return
-	}
-	l.batchDone(l.ProbeN)
 }
 
 // raise takes n as a count the upstream admits now.
