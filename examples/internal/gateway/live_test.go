@@ -293,7 +293,7 @@ func settle(sc pacingtest.Scenario, k times, samples []pacingtest.Sample) []time
 // arrivals spread over the gateways in turn, beside one gateway alone in
 // the same run. Both learn from the start, with no configured cap.
 func TestGatewayFleetLearnsLive(t *testing.T) {
-	sc, k := pacingtest.Drop, times(0.2)
+	sc, k := pacingtest.Drop, times(0.5)
 	sc.Schedule = []pacingtest.Step{{At: 0, Cap: 20}, {At: 30 * time.Second, Cap: 8}, {At: 60 * time.Second, Cap: 30}}
 	sc.Duration = 90 * time.Second
 	srv := fleettest.Start(t)
@@ -348,14 +348,16 @@ func TestGatewayFleetLearnsLive(t *testing.T) {
 
 	// Loose bounds: real time on a loaded machine moves these figures
 	// (settling too, which is logged only), for one gateway as for three.
-	// Times go at a fifth: at a tenth, 100 releases a second each waiting
-	// for its removal from Redis on a machine busy with other packages'
-	// tests under the race detector left counts several over what the
-	// upstream had, and admissions at those counts took the learned cap
-	// over the hidden one (8.6% 429s to one gateway's 2.5%, in one run).
-	// At a fifth, under that load, five runs drew 2.1% to 7.3% 429s for
-	// three gateways, at most 2.4 points over one gateway's; unloaded,
-	// 2.4% to 2.1%.
+	// Times go at half speed. A gateway's count in Redis includes the
+	// leases whose holders are done and whose removal is on its way; on a
+	// machine busy with other packages' tests under the race detector that
+	// wait grows, and at a tenth of the scenario's times (100 releases a
+	// second) the counts ran several over what the upstream had: admissions
+	// at 23 took the learned cap over a hidden 20, and one CI run drew 8.6%
+	// 429s for three gateways to 2.5% for one. At a fifth, two loaded runs
+	// drew 8.3% (6.3 points over one gateway's) and 4.3%; at half speed,
+	// two runs beside the whole suite drew 2.0% to one gateway's 2.0% and
+	// 2.1%, settling within 4.4 s of each change.
 	assert.LessOrEqual(t, three.RefusedShare(), 0.15, "429s / attempts, three gateways")
 	assert.LessOrEqual(t, three.RefusedShare(), one.RefusedShare()+0.05, "429s / attempts, three gateways against one")
 	assert.GreaterOrEqual(t, float64(three.Upstream.Work), 0.8*float64(one.Upstream.Work), "work served, three gateways against one")
