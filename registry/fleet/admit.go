@@ -208,11 +208,8 @@ func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
 // is recorded under ctx: a caller whose longest wait runs out as Redis
 // admits it holds the lease.
 func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *waiter) outcome {
-	var (
-		c    acquireCall[K]
-		rp   reply
-		made time.Time // when the last call was made, if a key is learned
-	)
+	var c acquireCall[K]
+	var rp reply
 	for try := 0; ; try++ {
 		var err error
 		c, err = r.scriptArgs(l, w)
@@ -226,9 +223,6 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 				l.id = newLeaseID() // l is not shared yet
 			}
 			return r.unavailable(ctx, l)
-		}
-		if c.learned {
-			made = time.Now()
 		}
 		rp = r.callOrAbandon(callCtx, l, c)
 		// Refused as late, with nothing done: the server's clock is ahead
@@ -280,9 +274,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		return r.refused(l, res)
 	}
 	if c.learned {
-		counts := res[replyLen:]
-		r.uncount(made, l.keys, counts)
-		l.start = start{id: uint64(res[3]), at: res[3] * int64(time.Microsecond), counts: counts}
+		l.start = start{id: uint64(res[3]), at: res[3] * int64(time.Microsecond), counts: res[replyLen:]}
 	}
 	return r.hold(ctx, l, false, epoch)
 }

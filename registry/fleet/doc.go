@@ -219,11 +219,6 @@
 // The evidence is the fleet's: an admission's count is the key's lease
 // count in Redis with it, so a 429 reported by one gateway lowers the cap
 // of all of them, and a count one of them saw admitted raises it for all.
-// A lease stays in that count until its removal, sent in the background
-// after its release, reaches Redis: the count leaves out this process's
-// releases made before the admission's call whose removal is not sent
-// yet, but not other processes' (a busy machine, whose removals lag,
-// sees counts over what the upstream has).
 // How the cap moves (probes, cuts, re-tests) is pacing's learned cap (see
 // pacing.AdaptiveConfig), with its state kept in Redis, one per key,
 // beside the key's leases; each process applies its own evidence to its

@@ -20,10 +20,9 @@ import (
 // tests of the cap, and what they find.
 //
 // The evidence is the fleet's: an admission's count is the key's lease
-// count in Redis with it (less this process's leases released before its
-// call whose removal has not been sent: see uncount), and its number is
-// the server's time in microseconds, which orders starts across the
-// fleet. Times are the server's, as the replies tell it (see clock.go).
+// count in Redis with it, and its number is the server's time in
+// microseconds, which orders starts across the fleet. Times are the
+// server's, as the replies tell it (see clock.go).
 
 // maxLearnPending bounds the evidence waiting to be written per key, while
 // Redis is unreachable: the oldest goes first.

@@ -46,7 +46,6 @@ type lease[K comparable] struct {
 
 	abandoned bool                    // a stand-in for a failed call's id, to be taken back (abandonScript)
 	since     time.Time               // when its removal was first queued (guarded by r.remMu)
-	tried     bool                    // its removal was put back after a try, which may have run (guarded by r.remMu)
 	cancel    context.CancelCauseFunc // from WithCancelOnLost; nil without
 }
 

@@ -92,9 +92,6 @@ func (r *Registry[K]) nextRemovals() []*lease[K] {
 func (r *Registry[K]) putBackRemovals(failed []*lease[K]) {
 	r.remMu.Lock()
 	defer r.remMu.Unlock()
-	for _, l := range failed {
-		l.tried = true
-	}
 	r.removals = append(slices.Clip(failed), r.removals...)
 	r.dropOverLocked()
 }
@@ -241,33 +238,4 @@ func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lea
 		r.redisFailed(failure) // once for the pipeline
 	}
 	return failed
-}
-
-// maxUncounted bounds the pending removals that uncount looks at.
-const maxUncounted = 1024
-
-// uncount takes out of counts, the lease counts that an admission's reply
-// gave for keys, the leases of this process that were released before
-// made (when the admission's call was made) and whose removal has not been
-// sent since: Redis counted them, though their holders were done, and the
-// upstream had that many fewer. Each count stays at least 1 (the
-// admission's own lease). Left counted: a removal that was tried (it may
-// have run before the admission), an abandon (its lease may not be in
-// Redis), and one queued a third of a TTL ago or more (its lease, renewed
-// every third of a TTL, may have expired). It looks at the oldest
-// maxUncounted pending removals at most.
-func (r *Registry[K]) uncount(made time.Time, keys []K, counts []int64) {
-	now := time.Now()
-	r.remMu.Lock()
-	defer r.remMu.Unlock()
-	for _, l := range r.removals[:min(len(r.removals), maxUncounted)] {
-		if l.abandoned || l.tried || !l.since.Before(made) || now.Sub(l.since) >= r.cfg.ttl/3 {
-			continue
-		}
-		for i, k := range keys {
-			if counts[i] > 1 && slices.Contains(l.keys, k) {
-				counts[i]--
-			}
-		}
-	}
 }
