@@ -219,6 +219,11 @@
 // The evidence is the fleet's: an admission's count is the key's lease
 // count in Redis with it, so a 429 reported by one gateway lowers the cap
 // of all of them, and a count one of them saw admitted raises it for all.
+// A lease stays in that count until its removal, sent in the background
+// after its release, reaches Redis: on a busy machine, where removals lag,
+// counts run over what the upstream has, and an admission at such a count
+// can take the cap over the upstream's until the refusals that follow
+// bring it back.
 // How the cap moves (probes, cuts, re-tests) is pacing's learned cap (see
 // pacing.AdaptiveConfig), with its state kept in Redis, one per key,
 // beside the key's leases; each process applies its own evidence to its
