@@ -114,9 +114,8 @@ func TestDemoFleet(t *testing.T) {
 // static cap over the hidden one, complete about as many turns as one
 // gateway, and follow the drop. (The share of 429s is bounded loosely:
 // with phases this short, at a tenth of the scenario's times, a busy
-// machine leaves the fleet's counts in Redis several over what the
-// upstream has, as releases wait for their removal. Beside the other
-// packages' tests one run drew 28.3% 429s to the static cap's 47.6%;
+// machine moves the fleet's figures more than one gateway's. Beside the
+// other packages' tests one run drew 28.3% 429s to the static cap's 47.6%;
 // unloaded, under the race detector, two drew 3.1% and 4.4% to one
 // gateway's 3.2% and 3.3%.)
 func TestDemoMovingCapFleet(t *testing.T) {
