@@ -44,10 +44,16 @@ func fwWaiting(rs ...*Registry[string]) int {
 // fwUntil polls cond until it holds, failing the test after 5 s.
 func fwUntil(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	within(t, 5*time.Second, what, cond)
+}
+
+// within polls cond until it holds, failing the test after d.
+func within(t testing.TB, d time.Duration, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(d)
 	for !cond() {
 		if time.Now().After(deadline) {
-			t.Fatalf("not within 5s: %s", what)
+			t.Fatalf("not within %v: %s", d, what)
 		}
 		time.Sleep(time.Millisecond) // polling a condition
 	}

@@ -53,6 +53,18 @@ func (h *stateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 	return next
 }
 
+// learnPQ opens a Registry named name on c, learning keys "p" and "q" with
+// the default settings, both read from Redis.
+func learnPQ(t *testing.T, c *redis.Client, name string) *Registry[string] {
+	t.Helper()
+	r := New[string](c, name, 100, WithLogger(quiet()))
+	for _, k := range []string{"p", "q"} {
+		require.NoError(t, r.Learn(k, pacing.AdaptiveConfig{}))
+		settled(t, r, k)
+	}
+	return r
+}
+
 // lockFree reports whether r.mu can be taken within a second.
 func lockFree(r *Registry[string]) bool {
 	done := make(chan struct{})
@@ -126,12 +138,8 @@ func TestLearnedCapSyncPanics(t *testing.T) {
 	c := srv.Client()
 	h := &stateHook{before: true, fn: func(string) { panic("hook panics") }}
 	c.AddHook(h)
-	r := New[string](c, "le-strand", 100, WithLogger(quiet()))
+	r := learnPQ(t, c, "le-strand")
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
-	require.NoError(t, r.Learn("q", pacing.AdaptiveConfig{}))
-	settled(t, r, "p")
-	settled(t, r, "q")
 	before := learnOf(r, "q").readAt
 	h.armed.Store(true)
 	r.learnedStale() // one round with both keys due
@@ -354,12 +362,7 @@ func TestLearnedCapOnCluster(t *testing.T) {
 	defer b.Close()
 	require.NoError(t, a.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
 	require.NoError(t, b.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
-	var held []*slots.Slot
-	for range 5 {
-		s, err := a.TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held := holdP(t, 5, a)
 	a.Report(held[4], pacing.Verdict{Kind: pacing.Concurrency})
 	fwUntil(t, "the other process learns the cut", func() bool { return b.Learned("p").Cap == 4 })
 	for _, s := range held {
@@ -407,18 +410,6 @@ func TestLearnedCapWriteRefused(t *testing.T) {
 	assert.Zero(t, r.Stats().RedisErrors)
 }
 
-// within polls cond until it holds, failing the test after d.
-func within(t *testing.T, d time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("not within %v: %s", d, what)
-		}
-		time.Sleep(time.Millisecond) // polling a condition
-	}
-}
-
 // A start numbered before a cut, whose evidence reaches the state after
 // the cut (a cut is written at once, a start in the background), is
 // neither a probe nor the cut's test: it cannot undo the cut.
@@ -451,12 +442,7 @@ func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
 	require.NoError(t, b.Learn("p", cfg))
 	settled(t, a, "p")
 	settled(t, b, "p")
-	var held []*slots.Slot
-	for range 4 {
-		s, err := b.TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held := holdP(t, 4, b)
 	h.armed.Store(true)         // A's next write of p waits for B's cut
 	s, err := a.TryAcquire("p") // count 5: a probe
 	require.NoError(t, err)
@@ -553,12 +539,8 @@ func TestLearnedCapForgottenInARound(t *testing.T) {
 	inRound, proceed := make(chan string, 1), make(chan struct{})
 	h := &stateHook{before: true, fn: func(key string) { inRound <- key; <-proceed }}
 	c.AddHook(h)
-	r := New[string](c, "le-forget-round", 100, WithLogger(quiet()))
+	r := learnPQ(t, c, "le-forget-round")
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
-	require.NoError(t, r.Learn("q", pacing.AdaptiveConfig{}))
-	settled(t, r, "p")
-	settled(t, r, "q")
 	h.armed.Store(true)
 	r.learnedStale() // one round, both due and marked syncing
 	first := <-inRound
@@ -591,12 +573,7 @@ func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
 	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
 	settled(t, a, "p")
-	var held []*slots.Slot
-	for range 10 {
-		s, err := a.TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held := holdP(t, 10, a)
 	a.Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
 	a.Report(held[0], pacing.Verdict{Kind: pacing.Concurrency})
 	for _, s := range held {
@@ -653,12 +630,7 @@ func TestLearnedCapTwoDatabases(t *testing.T) {
 	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
 	require.NoError(t, b.Learn("p", cfg))
-	var held []*slots.Slot
-	for range 10 {
-		s, err := a.TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held := holdP(t, 10, a)
 	s, err := b.TryAcquire("p") // b's epoch known
 	require.NoError(t, err)
 	s.Release()

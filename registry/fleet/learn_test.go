@@ -43,12 +43,7 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 	}
 
 	// Ten holders across the fleet; the tenth start is refused upstream.
-	var held []*slots.Slot
-	for i := range 10 {
-		s, err := rs[i%3].TryAcquire("p")
-		require.NoError(t, err, "start %d", i+1)
-		held = append(held, s)
-	}
+	held := holdP(t, 10, rs...)
 	rs[0].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
 	for i, r := range rs {
 		fwUntil(t, fmt.Sprintf("registry %d learns the cut", i), func() bool {
@@ -75,12 +70,7 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 			return learnOf(r, "p").cap.Streak == 0 && r.Learned("p").Limit == 9
 		})
 	}
-	held = held[:0]
-	for range 9 {
-		s, err := rs[2].TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held = holdP(t, 9, rs[2])
 	_, err = rs[0].TryAcquire("p")
 	require.ErrorIs(t, err, slots.ErrLimitReached, "nine are in flight across the fleet")
 	releaseAll(t, rs[0], held)
@@ -90,6 +80,19 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 
 // releaseAll releases held and waits until Redis counts none on "p" (a
 // release reaches Redis in the background).
+// holdP takes n slots of key "p", from each of rs in turn, failing the
+// test if one is refused.
+func holdP(t *testing.T, n int, rs ...*Registry[string]) []*slots.Slot {
+	t.Helper()
+	held := make([]*slots.Slot, 0, n)
+	for i := range n {
+		s, err := rs[i%len(rs)].TryAcquire("p")
+		require.NoError(t, err, "start %d", i+1)
+		held = append(held, s)
+	}
+	return held
+}
+
 func releaseAll(t *testing.T, r *Registry[string], held []*slots.Slot) {
 	t.Helper()
 	for _, s := range held {
@@ -107,12 +110,7 @@ func TestLearnedCapRisesForAll(t *testing.T) {
 	srv := fleettest.Start(t)
 	rs := learnFleet(t, srv, "learn-rise", 3, pacing.AdaptiveConfig{Initial: 4, Max: 64})
 	require.Equal(t, 5, rs[0].Learned("p").Limit, "one probe over the cap may go")
-	var held []*slots.Slot
-	for i := range 5 {
-		s, err := rs[0].TryAcquire("p")
-		require.NoError(t, err, "start %d", i+1)
-		held = append(held, s)
-	}
+	held := holdP(t, 5, rs[0])
 	rs[0].Report(held[4], pacing.Verdict{Kind: pacing.Admitted})
 	for i, r := range rs {
 		fwUntil(t, fmt.Sprintf("registry %d learns the probe", i), func() bool { return r.Learned("p").Cap == 5 })
@@ -290,12 +288,7 @@ func TestFleetLearnsAMovingCap(t *testing.T) {
 func TestLearnedCapAfterRedisLosesItsData(t *testing.T) {
 	srv := fleettest.Start(t)
 	rs := learnFleet(t, srv, "learn-loss", 2, pacing.AdaptiveConfig{Initial: 10, Max: 64})
-	var held []*slots.Slot
-	for i := range 10 {
-		s, err := rs[i%2].TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held := holdP(t, 10, rs...)
 	rs[1].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
 	for i, r := range rs {
 		fwUntil(t, fmt.Sprintf("registry %d learns the cut", i), func() bool { return r.Learned("p").Cap == 9 })
@@ -347,12 +340,7 @@ func TestServerClockNanos(t *testing.T) {
 func TestReportWritesACutBeforeItReturns(t *testing.T) {
 	srv := fleettest.Start(t)
 	rs := learnFleet(t, srv, "learn-flush", 1, pacing.AdaptiveConfig{Initial: 3, Max: 64})
-	var held []*slots.Slot
-	for range 3 {
-		s, err := rs[0].TryAcquire("p")
-		require.NoError(t, err)
-		held = append(held, s)
-	}
+	held := holdP(t, 3, rs[0])
 	rs[0].Report(held[2], pacing.Verdict{Kind: pacing.Concurrency})
 	assert.Empty(t, learnOf(rs[0], "p").pending, "the cut is written when Report returns")
 	raw, err := srv.Client().Get(context.Background(), "inflight:{learn-flush}#learn:p").Bytes()
