@@ -26,6 +26,8 @@ type AdaptiveConfig struct {
 	// request tests whether it has risen, in milliseconds;
 	// DefaultRetest when left out. Each test that finds the ceiling
 	// unchanged costs one 429: shorter finds a rise sooner and costs more.
+	// While demand stays over the cap, that is a 429 every RetestMS per
+	// learned cap (six a minute at the default), whatever the traffic.
 	RetestMS int64 `json:"retest_ms,omitempty"`
 }
 

@@ -89,7 +89,7 @@ func seeded(sc pacingtest.Scenario, seed uint64) pacingtest.Scenario {
 }
 
 func scenarios() []pacingtest.Scenario {
-	return []pacingtest.Scenario{pacingtest.Drop, pacingtest.Shared, pacingtest.Lagged, pacingtest.Fast}
+	return []pacingtest.Scenario{pacingtest.Drop, pacingtest.Shared, pacingtest.Lagged, pacingtest.Varied, pacingtest.Fast}
 }
 
 // The learned cap in the scenarios, in virtual time, from no

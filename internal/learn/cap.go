@@ -15,11 +15,14 @@ import "time"
 // The cap it keeps, Lo, is the count that starts may reach without a test.
 // A start over Lo is a probe, and happens only when demand fills Lo, so an
 // app-limited client never grows. Probes go in batches: up to Lo+1 at first,
-// then up to Lo+2 and Lo+4 while no ceiling is known (maxStep), one at a
-// time up to a known ceiling and over it. A batch that the upstream admits,
+// then up to Lo+2 and Lo+4 while no ceiling is known (maxStep); one at a
+// time up to a known ceiling and over it (a retest); and after a retest is
+// admitted, one wide again. A batch that the upstream admits,
 // or that has not been refused within Gap (twice the time a refusal takes),
 // raises Lo to its top; so the climb takes a batch per round trip of a
-// refusal and overshoots by less than a batch.
+// refusal and overshoots by less than a batch. (While refusal times vary,
+// Gap is their mean plus four mean deviations, as TCP times a
+// retransmission: see timeRefusal.)
 //
 // A refusal of a probe sets the ceiling Hi to the count below it (or keeps
 // Lo, for a start that a probe passed on its way); the next probe above Hi
@@ -45,12 +48,13 @@ type Cap struct {
 	CutSeq uint64 `json:"cut_seq"` // starts numbered up to it came before the last cut: stale evidence
 	Streak int    `json:"streak"`  // refusals since the last admission after a cut
 
-	ProbeN   int           `json:"probe_n"`   // the highest start of the batch out; 0: none
-	ProbeAt  int64         `json:"probe_at"`  // when its last start went
-	ProbeTop int           `json:"probe_top"` // the limit while the batch is out
-	Step     int           `json:"step"`      // the next batch's width
-	Gap      time.Duration `json:"gap"`       // how long a probe goes unanswered before it counts as admitted
-	Refusal  time.Duration `json:"refusal"`   // moving average of how long a refusal takes; 0: none seen
+	ProbeN     int           `json:"probe_n"`     // the highest start of the batch out; 0: none
+	ProbeAt    int64         `json:"probe_at"`    // when its last start went
+	ProbeTop   int           `json:"probe_top"`   // the limit while the batch is out
+	Step       int           `json:"step"`        // the next batch's width
+	Gap        time.Duration `json:"gap"`         // how long a probe goes unanswered before it counts as admitted
+	Refusal    time.Duration `json:"refusal"`     // moving average of how long a refusal takes; 0: none seen
+	RefusalDev time.Duration `json:"refusal_dev"` // moving mean deviation of the refusal time from Refusal
 }
 
 // New returns a Cap that starts at initial, within [floor, ceil], and
@@ -183,7 +187,10 @@ func (l *Cap) Admitted(n int, id uint64) {
 // batchDone takes the batch of probes up to n as admitted; the next one may
 // be wider.
 func (l *Cap) batchDone(n int) {
-	if n > l.Lo {
+	// A retest admitted shows that the cap rose by one, or that the count
+	// was one over what the upstream had (an end not seen yet): the next
+	// batch is one wide again, so that noise takes Lo one over at most.
+	if retest := l.Hi < l.Ceil && l.Lo >= l.Hi; n > l.Lo && !retest {
 		l.Step = min(2*max(l.Step, 1), maxStep)
 	}
 	l.ProbeN, l.Streak = 0, 0
@@ -194,12 +201,7 @@ func (l *Cap) batchDone(n int) {
 // in flight; seq numbers the last start so far.
 func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	if d := time.Duration(now - at); d >= 0 {
-		if l.Refusal == 0 {
-			l.Refusal = d
-		} else {
-			l.Refusal = (3*l.Refusal + d) / 4
-		}
-		l.Gap = min(max(2*l.Refusal, 20*time.Millisecond), 2*time.Second)
+		l.timeRefusal(d)
 	}
 	if id <= l.CutSeq {
 		return // counted by the cut that followed its start
@@ -238,6 +240,22 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	l.ProbeN, l.Step = 0, 1
 }
 
+// timeRefusal takes d, the time a refusal took, into the refusal time and
+// its deviation, and sets Gap from them as TCP sets its retransmission
+// timeout from round trips (RFC 6298): a probe is taken as admitted once
+// its refusal is later than nearly any seen, however much they vary.
+// While they vary little, that is twice the time a refusal takes.
+func (l *Cap) timeRefusal(d time.Duration) {
+	if l.Refusal == 0 {
+		l.Refusal, l.RefusalDev = d, d/2
+	} else {
+		l.RefusalDev = (3*l.RefusalDev + (l.Refusal - d).Abs()) / 4
+		l.Refusal = (3*l.Refusal + d) / 4
+	}
+	gap := max(2*l.Refusal, l.Refusal+4*l.RefusalDev)
+	l.Gap = min(max(gap, 20*time.Millisecond), 2*time.Second)
+}
+
 // Inconclusive notes that start number id, with n in flight, was refused
 // for another cap or failed: if it was a probe of this one, its
 // batch proves nothing and is withdrawn.
@@ -265,6 +283,6 @@ func (l *Cap) Overloaded(id, seq uint64) {
 // Valid reports whether l is a state a Cap can be in, its bounds aside
 // (Configure applies them): one decoded from elsewhere may not be.
 func (l *Cap) Valid() bool {
-	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Gap > 0 && l.Refusal >= 0 && l.Streak >= 0 &&
+	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Gap > 0 && l.Refusal >= 0 && l.RefusalDev >= 0 && l.Streak >= 0 &&
 		l.ProbeN >= 0 && l.ProbeTop >= 0 && l.Retest >= 0
 }

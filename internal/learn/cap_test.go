@@ -24,3 +24,94 @@ func TestValid(t *testing.T) {
 		}
 	}
 }
+
+// A probe is taken as admitted only once its refusal would be later than
+// nearly any seen: after refusals of 10 ms and one of 80 ms, a probe
+// unanswered for 60 ms is still out (twice the moving average alone would
+// have taken it as admitted at 40 ms), and one unanswered for 90 ms counts.
+func TestGapCoversVaryingRefusals(t *testing.T) {
+	ms := int64(time.Millisecond)
+	c := New(1, 64, 4, 10*time.Second)
+	now := int64(0)
+	seq := uint64(0)
+	refuse := func(d int64) {
+		// A refusal of a start numbered before the last cut: it times the
+		// refusal and moves nothing else.
+		now += 1000 * ms
+		c.Refused(c.Lo, 0, now-d*ms, now, seq)
+	}
+	for _, d := range []int64{10, 10, 10, 10, 80, 10, 10} {
+		refuse(d)
+	}
+	if c.Gap <= 60*time.Millisecond || c.Gap >= 90*time.Millisecond {
+		t.Fatalf("gap %v after refusals of 10 ms and one of 80 ms: want between 60 and 90 ms", c.Gap)
+	}
+	// A batch of probes goes out: demand fills Lo, and the limit lets one over.
+	lo := c.Lo
+	if !c.MayProbe(now) {
+		t.Fatalf("no probe may go: %+v", c)
+	}
+	c.Started(lo+1, now)
+	c.Tick(now + 60*ms)
+	if c.ProbeN == 0 || c.Lo != lo {
+		t.Fatalf("a probe unanswered for 60 ms was taken as admitted: %+v", c)
+	}
+	c.Tick(now + 90*ms)
+	if c.ProbeN != 0 || c.Lo != lo+1 {
+		t.Fatalf("a probe unanswered for 90 ms is still out: %+v", c)
+	}
+}
+
+// While refusals take the same time, the gap is twice it.
+func TestGapSteadyRefusals(t *testing.T) {
+	c := New(1, 64, 4, 10*time.Second)
+	for i := range int64(20) {
+		now := (i + 1) * int64(time.Second)
+		c.Refused(c.Lo, 0, now-int64(50*time.Millisecond), now, 0)
+	}
+	if c.Gap < 100*time.Millisecond || c.Gap > 101*time.Millisecond {
+		t.Fatalf("gap %v with every refusal 50 ms: want 100 ms", c.Gap)
+	}
+}
+
+// A retest admitted reopens the ceiling, but the next batch is one probe
+// wide, as the first batch is: a count one over what the upstream had (an
+// end the client has not seen yet) can pass a retest of an unchanged cap,
+// and a wider batch would then take the cap two over. Batches widen again
+// as they are admitted.
+func TestRetestAdmittedClimbsOneAtATime(t *testing.T) {
+	sec := int64(time.Second)
+	c := New(1, 64, 20, 10*time.Second)
+	seq := uint64(0)
+	start := func(n int, now int64) uint64 {
+		seq++
+		c.Started(n, now)
+		return seq
+	}
+	// A probe at 21 refused: the ceiling is 20.
+	now := sec
+	id := start(21, now)
+	c.Refused(21, id, now, now+int64(50*time.Millisecond), seq)
+	if c.Lo != 20 || c.Hi != 20 {
+		t.Fatalf("after a refusal at 21: %+v", c)
+	}
+	// The retest, due after 10 s: one probe, admitted.
+	now += 11 * sec
+	if got := c.Limit(now); got != 21 {
+		t.Fatalf("limit %d when a retest is due, want 21", got)
+	}
+	id = start(21, now)
+	c.Admitted(21, id)
+	if c.Lo != 21 || c.Hi != c.Ceil {
+		t.Fatalf("after the retest admitted: %+v", c)
+	}
+	if got := c.Limit(now); got != 22 {
+		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want 22", got)
+	}
+	// That probe admitted: the next batch is two wide.
+	id = start(22, now)
+	c.Admitted(22, id)
+	if got := c.Limit(now); got != 24 {
+		t.Fatalf("limit %d after the probe at 22 admitted: want 24", got)
+	}
+}

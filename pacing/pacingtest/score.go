@@ -27,7 +27,9 @@ type Scenario struct {
 	Sigma    float64       // of the service time's logarithm; 1 when 0
 	Foreign  int           // the other client's requests always in flight
 	EndDelay time.Duration // see Upstream.EndDelay
-	Seed     uint64
+	// RefusalSigma spreads the refusals' times (see Upstream.RefusalSigma).
+	RefusalSigma float64
+	Seed         uint64
 }
 
 // The scenarios of the learned cap's goals. Demand exceeds every cap (the
@@ -47,6 +49,12 @@ var (
 	// provider had.
 	Lagged = Scenario{Name: "20→8→30, ends 20 ms late", Schedule: Drop.Schedule,
 		Duration: Drop.Duration, Rate: Drop.Rate, Median: Drop.Median, Sigma: 1, EndDelay: 20 * time.Millisecond, Seed: 1}
+	// Varied: Drop with the refusals' times spread as over a network,
+	// median 50 ms and a tenth over 130 ms (see Upstream.RefusalSigma): a
+	// probe whose refusal is slow is not yet refused when one whose
+	// refusal is quick would be.
+	Varied = Scenario{Name: "20→8→30, refusals vary", Schedule: Drop.Schedule,
+		Duration: Drop.Duration, Rate: Drop.Rate, Median: Drop.Median, Sigma: 1, RefusalSigma: 0.75, Seed: 1}
 	// Fast: caps 50, 10, 60; 40 arrivals a second of median 1 s (about 66
 	// wanted in flight).
 	Fast = Scenario{Name: "fast 50→10→60", Schedule: []Step{{0, 50}, {120 * time.Second, 10}, {240 * time.Second, 60}},
@@ -112,7 +120,7 @@ func ScoreFollowing(sc Scenario, cfg pacing.Config, capOf func(hidden int) int) 
 }
 
 func run(sc Scenario, cfg pacing.Config, capOf func(int) int) Result {
-	u := &Upstream{Schedule: sc.Schedule, Foreign: sc.Foreign, EndDelay: sc.EndDelay}
+	u := &Upstream{Schedule: sc.Schedule, Foreign: sc.Foreign, EndDelay: sc.EndDelay, RefusalSigma: sc.RefusalSigma, Seed: sc.Seed}
 	if capOf != nil && len(sc.Schedule) > 0 {
 		cfg.MaxConcurrentRequests = capOf(sc.Schedule[0].Cap)
 	}

@@ -14,6 +14,8 @@ package pacingtest
 
 import (
 	"io"
+	"math"
+	"math/rand/v2"
 	"net/http"
 	"strconv"
 	"strings"
@@ -58,6 +60,13 @@ type Upstream struct {
 	RetryAfter time.Duration
 	// RefusalDelay is how long a refusal takes to arrive; 50 ms when zero.
 	RefusalDelay time.Duration
+	// RefusalSigma spreads the refusals' times as a network does: each
+	// takes RefusalDelay·e^(RefusalSigma·Z), Z drawn from a standard
+	// normal, so RefusalDelay is their median (at 0.75, a tenth take over
+	// 2.6 times it); 0: each takes RefusalDelay.
+	RefusalSigma float64
+	// Seed seeds the draws of RefusalSigma.
+	Seed uint64
 	// HeaderDelay is how long an admitted request's headers take (the time
 	// to the first token), at most its service time; 300 ms when zero.
 	HeaderDelay time.Duration
@@ -70,6 +79,7 @@ type Upstream struct {
 
 	mu     sync.Mutex // protects the fields below
 	t0     time.Time
+	rng    *rand.Rand
 	open   int
 	counts Counts
 }
@@ -90,6 +100,7 @@ type Counts struct {
 func (u *Upstream) Start() {
 	u.mu.Lock()
 	u.t0 = time.Now()
+	u.rng = rand.New(rand.NewPCG(u.Seed, 0x2545f4914f6cdd1d))
 	u.mu.Unlock()
 }
 
@@ -134,8 +145,12 @@ func (u *Upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 	u.counts.Attempts++
 	c := u.capLocked(time.Since(u.t0))
 	refused := c > 0 && u.open+u.Foreign >= c
+	refusal := or(u.RefusalDelay, 50*time.Millisecond)
 	if refused {
 		u.counts.Refused++
+		if u.RefusalSigma > 0 && u.rng != nil {
+			refusal = time.Duration(float64(refusal) * math.Exp(u.RefusalSigma*u.rng.NormFloat64()))
+		}
 	} else {
 		u.open++
 		u.counts.Peak = max(u.counts.Peak, u.open+u.Foreign)
@@ -144,7 +159,7 @@ func (u *Upstream) RoundTrip(req *http.Request) (*http.Response, error) {
 
 	start := time.Now()
 	if refused {
-		sleep(req, or(u.RefusalDelay, 50*time.Millisecond))
+		sleep(req, refusal)
 		return u.refusal(req), nil
 	}
 	sleep(req, min(or(u.HeaderDelay, 300*time.Millisecond), service))

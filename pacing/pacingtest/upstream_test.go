@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -44,6 +45,26 @@ func TestUpstream(t *testing.T) {
 			assert.Contains(t, string(body), `"1302"`)
 			held.Body.Close()
 			assert.Equal(t, pacingtest.Counts{Attempts: 2, Refused: 1, Peak: 2}, u.Counts())
+		})
+	})
+	t.Run("spreads the refusals' times around RefusalDelay with RefusalSigma", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{At: 0, Cap: 1}}, Foreign: 1, RefusalSigma: 0.75, Seed: 7}
+			u.Start()
+			var took []time.Duration
+			for range 1000 {
+				start := time.Now()
+				resp := send(t, u, time.Second)
+				require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+				took = append(took, time.Since(start))
+			}
+			slices.Sort(took)
+			median, p90 := took[len(took)/2], took[len(took)*9/10]
+			// A lognormal of shape 0.75: the median is RefusalDelay, the
+			// 90th percentile e^(0.75·1.28) = 2.6 times it.
+			assert.InDelta(t, 50*time.Millisecond, median, float64(5*time.Millisecond), "median")
+			assert.InDelta(t, 130*time.Millisecond, p90, float64(20*time.Millisecond), "90th percentile")
+			assert.Equal(t, pacingtest.Counts{Attempts: 1000, Refused: 1000}, u.Counts())
 		})
 	})
 	t.Run("holds a place until the answer has streamed for its service time", func(t *testing.T) {
