@@ -15,14 +15,13 @@ import "time"
 // The cap it keeps, Lo, is the count that starts may reach without a test.
 // A start over Lo is a probe, and happens only when demand fills Lo, so an
 // app-limited client never grows. Probes go in batches: up to Lo+1 at first,
-// then up to Lo+2 and Lo+4 while no ceiling is known (maxStep); one at a
-// time up to a known ceiling and over it (a retest); and after a retest is
-// admitted, one wide again. A batch that the upstream admits,
-// or that has not been refused within Gap (twice the time a refusal takes),
-// raises Lo to its top; so the climb takes a batch per round trip of a
-// refusal and overshoots by less than a batch. (While refusal times vary,
-// Gap is their mean plus four mean deviations, as TCP times a
-// retransmission: see timeRefusal.)
+// then up to Lo+2 and Lo+4 (maxStep), no higher than a known ceiling Hi;
+// one probe over a known ceiling (a retest); and after a retest is
+// admitted, one wide again. A batch that the upstream admits, or that has
+// not been refused within Gap (about twice the time a refusal takes, more
+// while refusal times vary: see timeRefusal), raises Lo to its top; so the
+// climb takes a batch per round trip of a refusal and overshoots by less
+// than a batch.
 //
 // A refusal of a probe sets the ceiling Hi to the count below it (or keeps
 // Lo, for a start that a probe passed on its way); the next probe above Hi
@@ -187,10 +186,14 @@ func (l *Cap) Admitted(n int, id uint64) {
 // batchDone takes the batch of probes up to n as admitted; the next one may
 // be wider.
 func (l *Cap) batchDone(n int) {
-	// A retest admitted shows that the cap rose by one, or that the count
-	// was one over what the upstream had (an end not seen yet): the next
-	// batch is one wide again, so that noise takes Lo one over at most.
-	if retest := l.Hi < l.Ceil && l.Lo >= l.Hi; n > l.Lo && !retest {
+	switch {
+	case l.Hi < l.Ceil && l.Lo >= l.Hi:
+		// A retest admitted shows that the cap rose by one, or that the
+		// count was one over what the upstream had (an end not seen yet):
+		// the next batch is one wide again, however wide the climb to the
+		// ceiling went, so that noise takes Lo one over at most.
+		l.Step = 1
+	case n > l.Lo:
 		l.Step = min(2*max(l.Step, 1), maxStep)
 	}
 	l.ProbeN, l.Streak = 0, 0
@@ -240,12 +243,22 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	l.ProbeN, l.Step = 0, 1
 }
 
+// Bounds of Gap.
+const (
+	minGap = 20 * time.Millisecond
+	maxGap = 2 * time.Second
+)
+
 // timeRefusal takes d, the time a refusal took, into the refusal time and
 // its deviation, and sets Gap from them as TCP sets its retransmission
 // timeout from round trips (RFC 6298): a probe is taken as admitted once
-// its refusal is later than nearly any seen, however much they vary.
-// While they vary little, that is twice the time a refusal takes.
+// its refusal is later than nearly any seen, however much they vary, up to
+// maxGap. While they vary little, that is twice the time a refusal takes;
+// after the first refusal, three times it. A refusal slower than maxGap
+// counts as maxGap, so that one reported very late (say, after its client
+// stalled) does not hold Gap at its bound for long.
 func (l *Cap) timeRefusal(d time.Duration) {
+	d = min(d, maxGap)
 	if l.Refusal == 0 {
 		l.Refusal, l.RefusalDev = d, d/2
 	} else {
@@ -253,7 +266,7 @@ func (l *Cap) timeRefusal(d time.Duration) {
 		l.Refusal = (3*l.Refusal + d) / 4
 	}
 	gap := max(2*l.Refusal, l.Refusal+4*l.RefusalDev)
-	l.Gap = min(max(gap, 20*time.Millisecond), 2*time.Second)
+	l.Gap = min(max(gap, minGap), maxGap)
 }
 
 // Inconclusive notes that start number id, with n in flight, was refused

@@ -16,6 +16,7 @@ func TestValid(t *testing.T) {
 		"no step":    func(c *Cap) { c.Step = 0 },
 		"cap 0":      func(c *Cap) { c.Lo = 0 },
 		"streak < 0": func(c *Cap) { c.Streak = -1 },
+		"dev < 0":    func(c *Cap) { c.RefusalDev = -1 },
 	} {
 		c := New(1, 64, 4, 10*time.Second)
 		bad(c)
@@ -114,4 +115,82 @@ func TestRetestAdmittedClimbsOneAtATime(t *testing.T) {
 	if got := c.Limit(now); got != 24 {
 		t.Fatalf("limit %d after the probe at 22 admitted: want 24", got)
 	}
+}
+
+// After a cut, the climb back to its ceiling widens its batches; a retest
+// admitted over that ceiling still sends one probe next, not a batch as
+// wide as the climb's last.
+func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
+	sec := int64(time.Second)
+	c := New(1, 64, 20, 10*time.Second)
+	seq := uint64(0)
+	start := func(n int, now int64) uint64 {
+		seq++
+		c.Started(n, now)
+		return seq
+	}
+	// Three refusals within the cap before any admission: the cap fell,
+	// and halves.
+	now := sec
+	for _, m := range []int{20, 19, 17} {
+		id := start(m, now)
+		c.Refused(m, id, now, now+int64(50*time.Millisecond), seq)
+		now += sec
+	}
+	if c.Lo != 8 || c.Hi != 16 {
+		t.Fatalf("after three refusals: %+v", c)
+	}
+	// The test of the cut admitted, then batches up to the ceiling, each
+	// admitted: 9, up to 11, up to 15, up to 16.
+	id := start(8, now)
+	c.Admitted(8, id)
+	for c.Lo < c.Hi {
+		top := c.Limit(now)
+		for n := c.Lo + 1; n <= top; n++ {
+			id = start(n, now)
+		}
+		c.Admitted(top, id)
+		now += sec
+	}
+	if c.Lo != 16 || c.Step < 2 {
+		t.Fatalf("after the climb to the ceiling: %+v", c)
+	}
+	// The retest, admitted: the next batch is one probe.
+	now += 11 * sec
+	if got := c.Limit(now); got != 17 {
+		t.Fatalf("limit %d when the retest is due, want 17", got)
+	}
+	id = start(17, now)
+	c.Admitted(17, id)
+	if got := c.Limit(now); got != 18 {
+		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want 18 (%+v)", got, c)
+	}
+}
+
+// A refusal reported far later than any refusal takes (its client
+// stalled) counts as the longest gap, and a few ordinary refusals bring
+// the gap back.
+func TestGapAfterAVeryLateRefusal(t *testing.T) {
+	c := New(1, 64, 4, 10*time.Second)
+	now := int64(0)
+	refuse := func(d time.Duration) {
+		now += int64(time.Second)
+		c.Refused(c.Lo, 0, now-int64(d), now, 0)
+	}
+	for range 10 {
+		refuse(50 * time.Millisecond)
+	}
+	refuse(time.Hour)
+	if c.Gap != maxGap {
+		t.Fatalf("gap %v after a refusal an hour late: want %v", c.Gap, maxGap)
+	}
+	n := 0
+	for c.Gap > 150*time.Millisecond {
+		refuse(50 * time.Millisecond)
+		n++
+	}
+	if n > 20 {
+		t.Fatalf("%d refusals of 50 ms to bring the gap under 150 ms after one an hour late", n)
+	}
+	t.Logf("%d refusals of 50 ms brought the gap under 150 ms", n)
 }
