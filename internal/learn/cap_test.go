@@ -81,60 +81,75 @@ func TestGapSteadyRefusals(t *testing.T) {
 // and a wider batch would then take the cap two over. Batches widen again
 // as they are admitted.
 func TestRetestAdmittedClimbsOneAtATime(t *testing.T) {
-	sec := int64(time.Second)
-	c := New(1, 64, 20, 10*time.Second)
-	seq := uint64(0)
-	start := func(n int, now int64) uint64 {
-		seq++
-		c.Started(n, now)
-		return seq
-	}
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	c := s.c
 	// A probe at 21 refused: the ceiling is 20.
 	now := sec
-	id := start(21, now)
-	c.Refused(21, id, now, now+int64(50*time.Millisecond), seq)
+	s.refuse(21, now)
 	if c.Lo != 20 || c.Hi != 20 {
 		t.Fatalf("after a refusal at 21: %+v", c)
 	}
-	// The retest, due after 10 s: one probe, admitted.
-	now += 11 * sec
-	if got := c.Limit(now); got != 21 {
-		t.Fatalf("limit %d when a retest is due, want 21", got)
-	}
-	id = start(21, now)
-	c.Admitted(21, id)
-	if c.Lo != 21 || c.Hi != c.Ceil {
-		t.Fatalf("after the retest admitted: %+v", c)
-	}
-	if got := c.Limit(now); got != 22 {
-		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want 22", got)
-	}
+	now = s.retestAdmitted(t, now)
 	// That probe admitted: the next batch is two wide.
-	id = start(22, now)
-	c.Admitted(22, id)
+	c.Admitted(22, s.start(22, now))
 	if got := c.Limit(now); got != 24 {
 		t.Fatalf("limit %d after the probe at 22 admitted: want 24", got)
 	}
+}
+
+const sec = int64(time.Second)
+
+// starts numbers the starts of c, as its owner does.
+type starts struct {
+	c   *Cap
+	seq uint64
+}
+
+// start notes a start with n in flight, and returns its number.
+func (s *starts) start(n int, now int64) uint64 {
+	s.seq++
+	s.c.Started(n, now)
+	return s.seq
+}
+
+// refuse starts one with m in flight, refused 50 ms later.
+func (s *starts) refuse(m int, now int64) {
+	id := s.start(m, now)
+	s.c.Refused(m, id, now, now+int64(50*time.Millisecond), s.seq)
+}
+
+// retestAdmitted waits out the retest of the ceiling that Lo is at and
+// has the upstream admit it: the next batch is one probe wide. It returns
+// the time of the retest.
+func (s *starts) retestAdmitted(t *testing.T, now int64) int64 {
+	t.Helper()
+	c := s.c
+	lo := c.Lo
+	now += int64(c.Retest) + sec
+	if got := c.Limit(now); got != lo+1 {
+		t.Fatalf("limit %d when the retest is due, want %d (%+v)", got, lo+1, c)
+	}
+	c.Admitted(lo+1, s.start(lo+1, now))
+	if c.Lo != lo+1 || c.Hi != c.Ceil {
+		t.Fatalf("after the retest admitted: %+v", c)
+	}
+	if got := c.Limit(now); got != lo+2 {
+		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want %d (%+v)", got, lo+2, c)
+	}
+	return now
 }
 
 // After a cut, the climb back to its ceiling widens its batches; a retest
 // admitted over that ceiling still sends one probe next, not a batch as
 // wide as the climb's last.
 func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
-	sec := int64(time.Second)
-	c := New(1, 64, 20, 10*time.Second)
-	seq := uint64(0)
-	start := func(n int, now int64) uint64 {
-		seq++
-		c.Started(n, now)
-		return seq
-	}
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	c := s.c
 	// Three refusals within the cap before any admission: the cap fell,
 	// and halves.
 	now := sec
 	for _, m := range []int{20, 19, 17} {
-		id := start(m, now)
-		c.Refused(m, id, now, now+int64(50*time.Millisecond), seq)
+		s.refuse(m, now)
 		now += sec
 	}
 	if c.Lo != 8 || c.Hi != 16 {
@@ -142,12 +157,12 @@ func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
 	}
 	// The test of the cut admitted, then batches up to the ceiling, each
 	// admitted: 9, up to 11, up to 15, up to 16.
-	id := start(8, now)
-	c.Admitted(8, id)
+	c.Admitted(8, s.start(8, now))
 	for c.Lo < c.Hi {
 		top := c.Limit(now)
+		var id uint64
 		for n := c.Lo + 1; n <= top; n++ {
-			id = start(n, now)
+			id = s.start(n, now)
 		}
 		c.Admitted(top, id)
 		now += sec
@@ -155,16 +170,7 @@ func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
 	if c.Lo != 16 || c.Step < 2 {
 		t.Fatalf("after the climb to the ceiling: %+v", c)
 	}
-	// The retest, admitted: the next batch is one probe.
-	now += 11 * sec
-	if got := c.Limit(now); got != 17 {
-		t.Fatalf("limit %d when the retest is due, want 17", got)
-	}
-	id = start(17, now)
-	c.Admitted(17, id)
-	if got := c.Limit(now); got != 18 {
-		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want 18 (%+v)", got, c)
-	}
+	s.retestAdmitted(t, now)
 }
 
 // A refusal reported far later than any refusal takes (its client
