@@ -18,10 +18,10 @@ import "time"
 // then up to Lo+2 and Lo+4 (maxStep), no higher than a known ceiling Hi;
 // one probe over a known ceiling (a retest); and after a retest is
 // admitted, one wide again. A batch that the upstream admits, or that has
-// not been refused within Gap (about twice the time a refusal takes, more
-// while refusal times vary: see timeRefusal), raises Lo to its top; so the
-// climb takes a batch per round trip of a refusal and overshoots by less
-// than a batch.
+// not been refused within Gap (twice the time a refusal takes while
+// refusal times vary little, more while they vary: see timeRefusal),
+// raises Lo to its top; so the climb takes a batch per Gap or less and
+// overshoots by less than a batch.
 //
 // A refusal of a probe sets the ceiling Hi to the count below it (or keeps
 // Lo, for a start that a probe passed on its way); the next probe above Hi
@@ -165,8 +165,14 @@ func (l *Cap) raise(n int) {
 	if n > l.Lo {
 		l.Lo = min(n, l.Ceil)
 	}
-	if l.Lo > l.Hi { // the ceiling rose: it is unknown again
+	if l.Lo > l.Hi {
+		// The ceiling rose: it is unknown again. That shows the cap rose,
+		// or that the count was over what the upstream had (an end not
+		// seen yet): the next batch is one wide, however wide the climb
+		// to the ceiling went, so that noise of one takes Lo one over at
+		// most.
 		l.Hi = l.Ceil
+		l.Step = 1
 	}
 }
 
@@ -184,16 +190,9 @@ func (l *Cap) Admitted(n int, id uint64) {
 }
 
 // batchDone takes the batch of probes up to n as admitted; the next one may
-// be wider.
+// be wider (or one wide, over a ceiling: see raise).
 func (l *Cap) batchDone(n int) {
-	switch {
-	case l.Hi < l.Ceil && l.Lo >= l.Hi:
-		// A retest admitted shows that the cap rose by one, or that the
-		// count was one over what the upstream had (an end not seen yet):
-		// the next batch is one wide again, however wide the climb to the
-		// ceiling went, so that noise takes Lo one over at most.
-		l.Step = 1
-	case n > l.Lo:
+	if n > l.Lo {
 		l.Step = min(2*max(l.Step, 1), maxStep)
 	}
 	l.ProbeN, l.Streak = 0, 0

@@ -143,10 +143,37 @@ func (s *starts) retestAdmitted(t *testing.T, now int64) int64 {
 // admitted over that ceiling still sends one probe next, not a batch as
 // wide as the climb's last.
 func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
+	s, now := climbedAfterACut(t)
+	s.retestAdmitted(t, now)
+}
+
+// The same when the retest's batch was withdrawn before its answer came (a
+// start made meanwhile at the same count failed): its admission reopens
+// the ceiling, and the next batch is one probe.
+func TestRetestAdmittedAfterItsBatchWasWithdrawn(t *testing.T) {
+	s, now := climbedAfterACut(t)
+	c := s.c
+	now += int64(c.Retest) + sec
+	retest := s.start(17, now)
+	other := s.start(17, now+int64(time.Millisecond))
+	c.Inconclusive(17, other)
+	if c.ProbeN != 0 {
+		t.Fatalf("the batch is still out after a failure at its count: %+v", c)
+	}
+	c.Admitted(17, retest)
+	if got := c.Limit(now); c.Lo != 17 || got != 18 {
+		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want 18 (%+v)", got, c)
+	}
+}
+
+// climbedAfterACut cuts a cap of 20 three times (it halves, to 8 under a
+// ceiling of 16), and climbs back to the ceiling in batches that the
+// upstream admits (9, up to 11, up to 15, up to 16), which leaves the
+// batches wider than one. It returns the time of the last.
+func climbedAfterACut(t *testing.T) (*starts, int64) {
+	t.Helper()
 	s := &starts{c: New(1, 64, 20, 10*time.Second)}
 	c := s.c
-	// Three refusals within the cap before any admission: the cap fell,
-	// and halves.
 	now := sec
 	for _, m := range []int{20, 19, 17} {
 		s.refuse(m, now)
@@ -155,9 +182,7 @@ func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
 	if c.Lo != 8 || c.Hi != 16 {
 		t.Fatalf("after three refusals: %+v", c)
 	}
-	// The test of the cut admitted, then batches up to the ceiling, each
-	// admitted: 9, up to 11, up to 15, up to 16.
-	c.Admitted(8, s.start(8, now))
+	c.Admitted(8, s.start(8, now)) // the test of the cut
 	for c.Lo < c.Hi {
 		top := c.Limit(now)
 		var id uint64
@@ -170,7 +195,7 @@ func TestRetestAdmittedAfterACutClimbsOneAtATime(t *testing.T) {
 	if c.Lo != 16 || c.Step < 2 {
 		t.Fatalf("after the climb to the ceiling: %+v", c)
 	}
-	s.retestAdmitted(t, now)
+	return s, now
 }
 
 // A refusal reported far later than any refusal takes (its client
