@@ -32,9 +32,9 @@ type Scenario struct {
 	Seed         uint64
 }
 
-// The scenarios of the learned cap's goals. Demand exceeds every cap (the
-// mean service time is Median·e^(Sigma²/2), 1.65 Median at Sigma 1), so
-// the learner has a cap to find in every phase.
+// The scenarios of the learned cap's goals, and Varied. Demand exceeds
+// every cap (the mean service time is Median·e^(Sigma²/2), 1.65 Median at
+// Sigma 1), so the learner has a cap to find in every phase.
 var (
 	// Drop: the hidden cap is 20, then 8, then 30, 120 s each; 12 arrivals a
 	// second of median 2 s (about 40 wanted in flight).

@@ -9,7 +9,8 @@
 //
 // The Upstream has a hidden concurrency cap that follows a schedule, may
 // carry another client's requests on the same account, and refuses a request
-// over its cap with a 429 in a provider's shape, with Retry-After.
+// over its cap with a 429 in a provider's shape, with Retry-After, after a
+// delay that may vary as a network's does.
 package pacingtest
 
 import (
