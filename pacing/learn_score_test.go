@@ -112,16 +112,15 @@ func TestLearnedCapScore(t *testing.T) {
 			// scheduler runs them.
 			assert.LessOrEqual(t, w.refused, 0.03, "429s / attempts")
 			assert.GreaterOrEqual(t, w.goodput, 0.94, "goodput against a static cap at the true value")
-			// Settling from the start and after a rise has a tail under
-			// load (26 s once, most runs 5-18 s): the bound is that tail's,
-			// until the runs are made alike.
+			// The goal is 15 s after a rise and 5 s after a drop. Over 20
+			// to 60 seeds of each scenario the learner settled within 5 s
+			// of the start, 14 s of the rise and 5 s of the drop, but for
+			// two seeds after the drop (6 s in Fast, 13 s with refusals
+			// that vary). The bounds leave room for the order in which the
+			// scheduler runs starts of the same instant.
 			for what, d := range map[string]time.Duration{"the start": w.start, "the drop": w.drop, "the rise": w.rise} {
-				assert.True(t, d >= 0 && d <= 40*time.Second, "settles within 40 s of %s: %v", what, d)
+				assert.True(t, d >= 0 && d <= 20*time.Second, "settles within 20 s of %s: %v", what, d)
 			}
-			// A batch of probes that reaches the upstream out of order can
-			// leave the ceiling a little low until its retest: such seeds
-			// settle after 12-14 s (under load, in 13.6 s once).
-			assert.True(t, w.drop <= 20*time.Second, "settles within 20 s of the drop: %v", w.drop)
 		})
 	}
 }

@@ -23,9 +23,13 @@ import "time"
 // raises Lo to its top; so the climb takes a batch per Gap or less and
 // overshoots by less than a batch.
 //
-// A refusal of a probe sets the ceiling Hi to the count below it (or keeps
-// Lo, for a start that a probe passed on its way); the next probe above Hi
-// waits Retest, so holding a steady cap costs one 429 per retest. A
+// A refusal of a probe sets the ceiling Hi: the batch's top less the
+// batch's refusals, counted for a Gap while no probe goes, since which of a
+// batch's starts the upstream refuses depends on the order they reach it,
+// and how many does not. Lo goes to the count below the refused start (or
+// stays, for a start that a probe passed on its way), no higher than Hi;
+// probes climb from Lo to Hi after the Gap. The next probe above Hi waits
+// Retest, so holding a steady cap costs one 429 per retest. A
 // refusal at a count within Lo means the cap fell, or is noise: over a
 // network a client sees an answer end a moment after its upstream let it
 // go, so a count seen admitted may be one or two over what the upstream
@@ -54,6 +58,10 @@ type Cap struct {
 	Gap        time.Duration `json:"gap"`         // how long a probe goes unanswered before it counts as admitted
 	Refusal    time.Duration `json:"refusal"`     // moving average of how long a refusal takes; 0: none seen
 	RefusalDev time.Duration `json:"refusal_dev"` // moving mean deviation of the refusal time from Refusal
+
+	BatchLo    int   `json:"batch_lo"`    // Lo when the last batch of probes began
+	BatchTop   int   `json:"batch_top"`   // the top of the last batch refused, whose further refusals lower Hi; 0: none
+	BatchUntil int64 `json:"batch_until"` // clock nanos; no probe before: the refused batch's answers are coming in
 }
 
 // New returns a Cap that starts at initial, within [floor, ceil], and
@@ -99,7 +107,7 @@ func (l *Cap) width() int {
 
 // MayProbe reports whether a batch of probes may start now.
 func (l *Cap) MayProbe(now int64) bool {
-	if l.ProbeN != 0 || l.Streak > 0 || l.Lo >= l.Ceil {
+	if l.ProbeN != 0 || l.Streak > 0 || l.Lo >= l.Ceil || now < l.BatchUntil {
 		return false
 	}
 	return l.Lo < l.Hi || now >= l.HiAt+int64(l.Retest)
@@ -122,6 +130,8 @@ func (l *Cap) WakeAt(now int64) int64 {
 	switch {
 	case l.ProbeN != 0:
 		return l.ProbeAt + int64(l.Gap)
+	case now < l.BatchUntil && l.Lo < l.Hi && l.Streak == 0:
+		return l.BatchUntil
 	case l.Lo >= l.Hi && l.Lo < l.Ceil && now < l.HiAt+int64(l.Retest):
 		return l.HiAt + int64(l.Retest)
 	}
@@ -142,6 +152,7 @@ func (l *Cap) Started(n int, now int64) {
 		return
 	case l.ProbeN == 0:
 		l.ProbeTop = l.Lo + l.width()
+		l.BatchLo, l.BatchTop = l.Lo, 0
 	}
 	l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
 }
@@ -206,20 +217,37 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		l.timeRefusal(d)
 	}
 	if id <= l.CutSeq {
-		return // counted by the cut that followed its start
+		if l.BatchTop != 0 && l.Streak == 0 && m > l.BatchLo && m <= l.BatchTop {
+			// Another start of the batch whose refusal set the ceiling:
+			// one fewer fits under it.
+			l.Hi = max(l.Hi-1, l.BatchLo, l.Floor)
+			l.Lo = min(l.Lo, l.Hi)
+		}
+		return // counted by the cut or the ceiling that followed its start
 	}
 	if m > l.Lo || l.ProbeN != 0 && m > 2*l.Lo-l.ProbeN {
-		// A probe refused: the cap kept stands, and is the ceiling now.
-		// While a batch of probes is out, a start within its width below
-		// Lo counts as one of them: it may have reached the upstream
-		// after a probe and lost its place to it.
-		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Ceil)
-		l.Hi = l.Lo
+		// A probe refused: the cap kept stands, and the ceiling is below
+		// the batch's top. Which of the batch's starts the upstream
+		// refuses depends on the order they reach it, not on their
+		// counts, but how many it refuses does not: so the ceiling is the
+		// top less the batch's refusals, which the stale branch above
+		// counts as they come in, and no probe goes for a Gap. While a
+		// batch of probes is out, a start within its width below Lo
+		// counts as one of them: it may have reached the upstream after a
+		// probe and lost its place to it.
+		top := m
+		if l.ProbeN != 0 {
+			top = max(l.ProbeN, m)
+			l.BatchTop, l.BatchUntil = top, now+int64(l.Gap)
+		}
+		l.Hi = min(max(top-1, l.Lo, l.Floor), l.Ceil)
+		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
 		l.HiAt, l.CutSeq = now, seq
 		l.ProbeN, l.Step = 0, 1
 		return
 	}
 	l.Streak++
+	l.BatchTop = 0
 	switch {
 	case l.Streak <= 2:
 		// The first refusals since an admission may be noise: over a
@@ -296,5 +324,6 @@ func (l *Cap) Overloaded(id, seq uint64) {
 // (Configure applies them): one decoded from elsewhere may not be.
 func (l *Cap) Valid() bool {
 	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Gap > 0 && l.Refusal >= 0 && l.RefusalDev >= 0 && l.Streak >= 0 &&
+		l.BatchLo >= 0 && l.BatchTop >= 0 &&
 		l.ProbeN >= 0 && l.ProbeTop >= 0 && l.Retest >= 0
 }

@@ -17,6 +17,7 @@ func TestValid(t *testing.T) {
 		"cap 0":      func(c *Cap) { c.Lo = 0 },
 		"streak < 0": func(c *Cap) { c.Streak = -1 },
 		"dev < 0":    func(c *Cap) { c.RefusalDev = -1 },
+		"batch < 0":  func(c *Cap) { c.BatchTop = -1 },
 	} {
 		c := New(1, 64, 4, 10*time.Second)
 		bad(c)
@@ -224,4 +225,74 @@ func TestGapAfterAVeryLateRefusal(t *testing.T) {
 		t.Fatalf("%d refusals of 50 ms to bring the gap under 150 ms after one an hour late", n)
 	}
 	t.Logf("%d refusals of 50 ms brought the gap under 150 ms", n)
+}
+
+// batchOut has a batch of four probes out, 17 to 20 over a Lo of 16, with
+// no ceiling known (as a climb that has widened its batches leaves it), and
+// returns the time they went.
+func batchOut(t *testing.T) (*starts, int64) {
+	t.Helper()
+	s := &starts{c: New(1, 64, 16, 10*time.Second)}
+	c := s.c
+	c.Step = maxStep
+	now := sec
+	if got := c.Limit(now); got != 20 {
+		t.Fatalf("limit %d, want a batch up to 20: %+v", got, c)
+	}
+	for n := 17; n <= 20; n++ {
+		s.start(n, now)
+	}
+	return s, now
+}
+
+// The ceiling a batch of probes finds is its top less its refusals,
+// whichever of its starts were refused: here the cap is 18, and the
+// upstream refuses the starts at 17 and 20, as they reached it in another
+// order than the counts they started with. The ceiling is 18, and probes
+// go again from 16 to it after a Gap (when only the first refusal counted,
+// the ceiling was 16 until a retest 10 s later).
+func TestBatchRefusalsSetTheCeilingInAnyOrder(t *testing.T) {
+	s, now := batchOut(t)
+	c := s.c
+	ids := map[int]uint64{17: s.seq - 3, 18: s.seq - 2, 19: s.seq - 1, 20: s.seq}
+	ans := now + int64(50*time.Millisecond)
+	c.Refused(17, ids[17], now, ans, s.seq)
+	c.Refused(20, ids[20], now, ans, s.seq)
+	c.Admitted(18, ids[18])
+	c.Admitted(19, ids[19])
+	if c.Hi != 18 || c.Lo != 16 {
+		t.Fatalf("after refusals at 17 and 20 of a batch up to 20: %+v, want the ceiling 18 over 16", c)
+	}
+	if got := c.Limit(ans); got != 16 {
+		t.Fatalf("limit %d while the batch's refusals come in: want 16, no probe", got)
+	}
+	if got := c.WakeAt(ans); got != c.BatchUntil {
+		t.Fatalf("wake at %d, want the end of the batch's Gap %d", got, c.BatchUntil)
+	}
+	if got := c.Limit(c.BatchUntil); got != 17 {
+		t.Fatalf("limit %d after the Gap: want 17, a probe toward the ceiling", got)
+	}
+}
+
+// Refusals of a batch's top starts that arrive highest first take the
+// ceiling to the count under the lowest refused, not one over the cap (when
+// only the first refusal counted, the ceiling stayed at 19 over a cap of 18
+// until a refusal within it cut the cap).
+func TestBatchRefusalsHighestFirst(t *testing.T) {
+	s, now := batchOut(t)
+	c := s.c
+	ans := now + int64(50*time.Millisecond)
+	c.Refused(20, s.seq, now, ans, s.seq)
+	c.Refused(19, s.seq-1, now, ans, s.seq)
+	if c.Hi != 18 || c.Lo != 18 {
+		t.Fatalf("after refusals at 20, then 19: %+v, want the cap and ceiling 18", c)
+	}
+	// Refusals of other starts of the batch's counts, made after the first
+	// refusal, are not the batch's: a start at 18 now is within Lo, and its
+	// refusal is a cut.
+	id := s.start(18, ans)
+	c.Refused(18, id, ans, ans+int64(50*time.Millisecond), s.seq)
+	if c.Streak != 1 || c.BatchTop != 0 {
+		t.Fatalf("a refusal within the cap after the batch's: %+v, want a cut", c)
+	}
 }
