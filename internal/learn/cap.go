@@ -4,7 +4,10 @@
 // of its processes, its state kept in Redis.
 package learn
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Cap learns one concurrency cap from evidence: a start with n in flight that
 // the upstream admitted proves the cap is at least n; a concurrency 429 for
@@ -59,9 +62,13 @@ type Cap struct {
 	Refusal    time.Duration `json:"refusal"`     // moving average of how long a refusal takes; 0: none seen
 	RefusalDev time.Duration `json:"refusal_dev"` // moving mean deviation of the refusal time from Refusal
 
-	BatchLo    int   `json:"batch_lo"`    // Lo when the last batch of probes began
-	BatchTop   int   `json:"batch_top"`   // the top of the last batch refused, whose further refusals lower Hi; 0: none
-	BatchUntil int64 `json:"batch_until"` // clock nanos; no probe before: the refused batch's answers are coming in
+	// The count of a refused batch's refusals (see Refused and countBatch).
+	BatchLo    int                  `json:"batch_lo"`    // Lo when the last batch of probes began
+	BatchTop   int                  `json:"batch_top"`   // the top of the refused batch being counted; 0: none
+	BatchAfter uint64               `json:"batch_after"` // its starts are numbered above this (and up to CutSeq)
+	BatchSeen  [batchSeenMax]uint64 `json:"batch_seen"`  // the numbers of its starts refused so far,
+	BatchN     int                  `json:"batch_n"`     // ... the first BatchN of them
+	BatchUntil int64                `json:"batch_until"` // clock nanos: no probe before, while its refusals come in
 }
 
 // New returns a Cap that starts at initial, within [floor, ceil], and
@@ -105,9 +112,20 @@ func (l *Cap) width() int {
 	return min(w, l.Ceil-l.Lo)
 }
 
+// batchSeenMax bounds the refusals of a batch that are counted: a batch is
+// at most maxStep wide, with as many starts passed by its probes.
+const batchSeenMax = 2 * maxStep
+
+// batchPending reports whether the refusals of a refused batch are still
+// coming in at now, so that no probe goes. A BatchUntil more than maxGap
+// ahead was set by a clock that has since stepped back, and is ignored.
+func (l *Cap) batchPending(now int64) bool {
+	return now < l.BatchUntil && l.BatchUntil-now <= int64(maxGap)
+}
+
 // MayProbe reports whether a batch of probes may start now.
 func (l *Cap) MayProbe(now int64) bool {
-	if l.ProbeN != 0 || l.Streak > 0 || l.Lo >= l.Ceil || now < l.BatchUntil {
+	if l.ProbeN != 0 || l.Streak > 0 || l.Lo >= l.Ceil || l.batchPending(now) {
 		return false
 	}
 	return l.Lo < l.Hi || now >= l.HiAt+int64(l.Retest)
@@ -127,15 +145,20 @@ func (l *Cap) Limit(now int64) int {
 
 // WakeAt is when the limit next changes by itself (0: only on evidence).
 func (l *Cap) WakeAt(now int64) int64 {
-	switch {
-	case l.ProbeN != 0:
-		return l.ProbeAt + int64(l.Gap)
-	case now < l.BatchUntil && l.Lo < l.Hi && l.Streak == 0:
-		return l.BatchUntil
-	case l.Lo >= l.Hi && l.Lo < l.Ceil && now < l.HiAt+int64(l.Retest):
-		return l.HiAt + int64(l.Retest)
+	if l.ProbeN != 0 {
+		return l.ProbeAt + int64(l.Gap) // the batch taken as admitted
 	}
-	return 0
+	var at int64
+	if l.Lo >= l.Hi && l.Lo < l.Ceil {
+		at = l.HiAt + int64(l.Retest) // the retest
+	}
+	if l.batchPending(now) {
+		at = max(at, l.BatchUntil) // the probes held while a batch's refusals come in
+	}
+	if at <= now {
+		return 0
+	}
+	return at
 }
 
 // Started notes a start with n in flight.
@@ -148,7 +171,10 @@ func (l *Cap) Started(n int, now int64) {
 		// test itself).
 		l.ProbeN, l.ProbeAt, l.ProbeTop = n, now, l.Floor
 		return
-	case n <= l.Lo || l.Streak > 0:
+	case n <= l.Lo || l.Streak > 0 || l.batchPending(now):
+		// While a refused batch's refusals come in, a start over Lo is
+		// no probe: another process of a fleet made it under the limit it
+		// had before the refusal reached it.
 		return
 	case l.ProbeN == 0:
 		l.ProbeTop = l.Lo + l.width()
@@ -217,13 +243,10 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		l.timeRefusal(d)
 	}
 	if id <= l.CutSeq {
-		if l.BatchTop != 0 && l.Streak == 0 && m > l.BatchLo && m <= l.BatchTop {
-			// Another start of the batch whose refusal set the ceiling:
-			// one fewer fits under it.
-			l.Hi = max(l.Hi-1, l.BatchLo, l.Floor)
-			l.Lo = min(l.Lo, l.Hi)
-		}
-		return // counted by the cut or the ceiling that followed its start
+		// Counted by the cut or the ceiling that followed its start, but
+		// for the refused batch's.
+		l.countBatch(m, id)
+		return
 	}
 	if m > l.Lo || l.ProbeN != 0 && m > 2*l.Lo-l.ProbeN {
 		// A probe refused: the cap kept stands, and the ceiling is below
@@ -238,9 +261,13 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		top := m
 		if l.ProbeN != 0 {
 			top = max(l.ProbeN, m)
-			l.BatchTop, l.BatchUntil = top, now+int64(l.Gap)
+			l.BatchTop, l.BatchAfter, l.BatchUntil = top, l.CutSeq, now+int64(l.Gap)
+			l.BatchSeen, l.BatchN = [batchSeenMax]uint64{id}, 1
 		}
-		l.Hi = min(max(top-1, l.Lo, l.Floor), l.Ceil)
+		// A refusal never raises a ceiling (one over Hi is a retest; a
+		// start of a fleet's process over it was made under a limit that
+		// process had before).
+		l.Hi = min(l.Hi, max(top-1, l.Lo, l.Floor), l.Ceil)
 		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
 		l.HiAt, l.CutSeq = now, seq
 		l.ProbeN, l.Step = 0, 1
@@ -268,6 +295,22 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	l.Hi = max(min(m-1, l.Ceil), l.Lo)
 	l.HiAt, l.CutSeq = now, seq
 	l.ProbeN, l.Step = 0, 1
+}
+
+// countBatch counts a refusal of start number id, made with m in flight,
+// if it is one of the refused batch's starts and was not counted yet (the
+// fleet may apply a refusal again): one fewer fits under the batch's top.
+func (l *Cap) countBatch(m int, id uint64) {
+	if l.BatchTop == 0 || l.Streak > 0 || id <= l.BatchAfter || m <= l.BatchLo || m > l.BatchTop {
+		return
+	}
+	if l.BatchN >= len(l.BatchSeen) || slices.Contains(l.BatchSeen[:l.BatchN], id) {
+		return
+	}
+	l.BatchSeen[l.BatchN] = id
+	l.BatchN++
+	l.Hi = min(l.Hi, max(l.BatchTop-l.BatchN, l.BatchLo, l.Floor), l.Ceil)
+	l.Lo = min(l.Lo, l.Hi)
 }
 
 // Bounds of Gap.
@@ -316,7 +359,7 @@ func (l *Cap) Overloaded(id, seq uint64) {
 		return // the burst it belongs to has cut the cap already
 	}
 	l.Lo = max(l.Lo-max(1, l.Lo/10), l.Floor)
-	l.ProbeN, l.Step = 0, 1
+	l.ProbeN, l.Step, l.BatchTop = 0, 1, 0
 	l.CutSeq = seq
 }
 
@@ -324,6 +367,6 @@ func (l *Cap) Overloaded(id, seq uint64) {
 // (Configure applies them): one decoded from elsewhere may not be.
 func (l *Cap) Valid() bool {
 	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Gap > 0 && l.Refusal >= 0 && l.RefusalDev >= 0 && l.Streak >= 0 &&
-		l.BatchLo >= 0 && l.BatchTop >= 0 &&
+		l.BatchLo >= 0 && l.BatchTop >= 0 && l.BatchN >= 0 && l.BatchN <= len(l.BatchSeen) &&
 		l.ProbeN >= 0 && l.ProbeTop >= 0 && l.Retest >= 0
 }

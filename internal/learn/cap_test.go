@@ -296,3 +296,106 @@ func TestBatchRefusalsHighestFirst(t *testing.T) {
 		t.Fatalf("a refusal within the cap after the batch's: %+v, want a cut", c)
 	}
 }
+
+// The count of a refused batch's refusals, at its edges.
+func TestBatchCountEdges(t *testing.T) {
+	ms := int64(time.Millisecond)
+	// refused has the batch up to 20 refused at 20 (the cap is 18): the
+	// ceiling is 19 until more of its refusals come in.
+	refused := func(t *testing.T) (*starts, int64) {
+		s, now := batchOut(t)
+		s.c.Refused(20, s.seq, now, now+50*ms, s.seq)
+		if s.c.Hi != 19 || s.c.BatchN != 1 {
+			t.Fatalf("after the refusal at 20: %+v", s.c)
+		}
+		return s, now + 50*ms
+	}
+	t.Run("a refusal applied twice counts once", func(t *testing.T) {
+		s, now := refused(t)
+		c := s.c
+		c.Refused(20, s.seq, now-50*ms, now, s.seq)
+		c.Refused(19, s.seq-1, now-50*ms, now, s.seq)
+		c.Refused(19, s.seq-1, now-50*ms, now, s.seq)
+		if c.Hi != 18 {
+			t.Fatalf("refusals at 20 and 19, each applied twice: %+v, want the ceiling 18", c)
+		}
+	})
+	t.Run("a refusal of an older batch does not count", func(t *testing.T) {
+		s, now := refused(t)
+		c := s.c
+		c.Refused(19, c.BatchAfter, now-500*ms, now, s.seq)
+		if c.Hi != 19 {
+			t.Fatalf("a refusal of a start before the batch: %+v, want the ceiling 19", c)
+		}
+	})
+	t.Run("the retest waits for the count too", func(t *testing.T) {
+		s, now := refused(t)
+		c := s.c
+		c.Retest = time.Millisecond // shorter than the count's Gap
+		c.Refused(19, s.seq-1, now-50*ms, now, s.seq)
+		c.Refused(18, s.seq-2, now-50*ms, now, s.seq)
+		c.Refused(17, s.seq-3, now-50*ms, now, s.seq)
+		if c.Lo != 16 || c.Hi != 16 {
+			t.Fatalf("every probe of the batch refused: %+v, want 16", c)
+		}
+		if got := c.WakeAt(now); got != c.BatchUntil {
+			t.Fatalf("wake at %d, want the end of the count %d", got, c.BatchUntil)
+		}
+		if got := c.Limit(c.BatchUntil); got != 17 {
+			t.Fatalf("limit %d after the count, want the retest at 17", got)
+		}
+	})
+	t.Run("a clock stepped back does not hold probes", func(t *testing.T) {
+		// The lowest probe refused: probes climb from 16 to the ceiling
+		// of 19 once the count is over, or at once by a clock that has
+		// stepped back since.
+		s, now := batchOut(t)
+		c := s.c
+		c.Refused(17, s.seq-3, now, now+50*ms, s.seq)
+		if c.Lo != 16 || c.Hi != 19 {
+			t.Fatalf("after the refusal at 17: %+v", c)
+		}
+		if got := c.Limit(now + 50*ms); got != 16 {
+			t.Fatalf("limit %d while the count is on, want 16", got)
+		}
+		back := now - 10*sec
+		if got := c.Limit(back); got != 17 {
+			t.Fatalf("limit %d with the clock 10 s back, want a probe at 17 (%+v)", got, c)
+		}
+		if got := c.WakeAt(back); got != 0 {
+			t.Fatalf("wake at %d with the clock 10 s back, want 0", got)
+		}
+	})
+	t.Run("a start over Lo meanwhile is no new batch", func(t *testing.T) {
+		// Another process of a fleet starts at 20 under the limit it had;
+		// the batch's refusal at 19 still counts, and that start's refusal
+		// does not raise the ceiling.
+		s, now := refused(t)
+		c := s.c
+		late := s.start(20, now)
+		c.Refused(19, s.seq-2, now-50*ms, now, s.seq)
+		c.Refused(20, late, now, now+50*ms, s.seq)
+		if c.Hi != 18 || c.Lo > c.Hi {
+			t.Fatalf("after the batch's refusal at 19 and a later start's at 20: %+v, want the ceiling 18", c)
+		}
+	})
+	t.Run("an overload ends the count", func(t *testing.T) {
+		s, now := refused(t)
+		c := s.c
+		batch := s.seq
+		c.Overloaded(s.start(10, now), s.seq)
+		c.Refused(19, batch-1, now-50*ms, now, s.seq)
+		if c.BatchTop != 0 || c.Hi != 19 {
+			t.Fatalf("a refusal of the batch after an overload: %+v", c)
+		}
+	})
+	t.Run("the ceiling stays under a lowered Ceil", func(t *testing.T) {
+		s, now := refused(t)
+		c := s.c
+		c.Configure(1, 10, c.Retest)
+		c.Refused(18, s.seq-2, now-50*ms, now, s.seq)
+		if c.Hi > 10 || c.Lo > c.Hi {
+			t.Fatalf("a refusal of the batch under a Ceil of 10: %+v", c)
+		}
+	})
+}

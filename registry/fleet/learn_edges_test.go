@@ -719,3 +719,27 @@ func TestLearnedCapCutAfterASlowReply(t *testing.T) {
 	s.Release()
 	held[0].Release()
 }
+
+// A state that already holds some evidence (this process's own write, come
+// back as a message before the write's reply has trimmed it from pending)
+// gets that evidence applied again on top: a batch's refusals applied twice
+// must not lower its ceiling twice.
+func TestLearnedCapEvidenceAppliedTwice(t *testing.T) {
+	sec := int64(time.Second)
+	c := learn.New(1, 64, 16, 10*time.Second)
+	c.Step = 4 // as a climb leaves it: the next batch is four wide
+	lk := &learning{base: *c}
+	for i, n := 0, 17; n <= 20; i, n = i+1, n+1 {
+		lk.pending = append(lk.pending, learnEvent{kind: evStarted, n: n, id: uint64(100 + i), at: sec, now: sec})
+	}
+	lk.pending = append(lk.pending,
+		learnEvent{kind: evRefused, n: 20, id: 103, seq: 103, at: sec, now: sec + 5e7},
+		learnEvent{kind: evRefused, n: 19, id: 102, seq: 103, at: sec, now: sec + 5e7})
+	lk.rebaseLocked()
+	written := lk.cap
+	require.Equal(t, 18, written.Hi, "refusals at 20 and 19 of a batch up to 20: %+v", written)
+	lk.base = written
+	lk.rebaseLocked()
+	assert.Equal(t, written.Hi, lk.cap.Hi, "the same refusals applied again: %+v", lk.cap)
+	assert.Equal(t, written.Lo, lk.cap.Lo)
+}
