@@ -65,7 +65,8 @@ type Cap struct {
 	// The count of a refused batch's refusals (see Refused and countBatch).
 	BatchLo    int                  `json:"batch_lo"`    // Lo when the last batch of probes began
 	BatchTop   int                  `json:"batch_top"`   // the top of the refused batch being counted; 0: none
-	BatchAfter uint64               `json:"batch_after"` // its starts are numbered above this (and up to CutSeq)
+	BatchAfter uint64               `json:"batch_after"` // its starts are numbered above this,
+	BatchEnd   uint64               `json:"batch_end"`   // ... and up to this
 	BatchSeen  [batchSeenMax]uint64 `json:"batch_seen"`  // the numbers of its starts refused so far,
 	BatchN     int                  `json:"batch_n"`     // ... the first BatchN of them
 	BatchUntil int64                `json:"batch_until"` // clock nanos: no probe before, while its refusals come in
@@ -113,7 +114,8 @@ func (l *Cap) width() int {
 }
 
 // batchSeenMax bounds the refusals of a batch that are counted: a batch is
-// at most maxStep wide, with as many starts passed by its probes.
+// at most maxStep wide, and in a fleet other processes may have started
+// over its top before its refusal reached them.
 const batchSeenMax = 2 * maxStep
 
 // batchPending reports whether the refusals of a refused batch are still
@@ -163,6 +165,9 @@ func (l *Cap) WakeAt(now int64) int64 {
 
 // Started notes a start with n in flight.
 func (l *Cap) Started(n int, now int64) {
+	if l.BatchUntil-now > int64(maxGap) {
+		l.BatchUntil = 0 // set by a clock that has since stepped back
+	}
 	switch {
 	case l.Streak > 0 && l.ProbeN == 0:
 		// Since the last cut nothing has been admitted: this start tests
@@ -207,9 +212,9 @@ func (l *Cap) raise(n int) {
 		// or that the count was over what the upstream had (an end not
 		// seen yet): the next batch is one wide, however wide the climb
 		// to the ceiling went, so that noise of one takes Lo one over at
-		// most.
+		// most. A refused batch's count is over: it would undo this.
 		l.Hi = l.Ceil
-		l.Step = 1
+		l.Step, l.BatchTop = 1, 0
 	}
 }
 
@@ -259,16 +264,18 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		// counts as one of them: it may have reached the upstream after a
 		// probe and lost its place to it.
 		top := m
-		if l.ProbeN != 0 {
+		if l.ProbeN != 0 && l.Streak == 0 {
 			top = max(l.ProbeN, m)
-			l.BatchTop, l.BatchAfter, l.BatchUntil = top, l.CutSeq, now+int64(l.Gap)
+			l.BatchTop, l.BatchAfter, l.BatchEnd, l.BatchUntil = top, l.CutSeq, seq, now+int64(l.Gap)
 			l.BatchSeen, l.BatchN = [batchSeenMax]uint64{id}, 1
 		}
 		// A refusal never raises a ceiling (one over Hi is a retest; a
 		// start of a fleet's process over it was made under a limit that
 		// process had before).
 		l.Hi = min(l.Hi, max(top-1, l.Lo, l.Floor), l.Ceil)
-		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
+		if l.Streak == 0 { // else the cap was cut, and its test is what raises it
+			l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
+		}
 		l.HiAt, l.CutSeq = now, seq
 		l.ProbeN, l.Step = 0, 1
 		return
@@ -301,7 +308,7 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 // if it is one of the refused batch's starts and was not counted yet (the
 // fleet may apply a refusal again): one fewer fits under the batch's top.
 func (l *Cap) countBatch(m int, id uint64) {
-	if l.BatchTop == 0 || l.Streak > 0 || id <= l.BatchAfter || m <= l.BatchLo || m > l.BatchTop {
+	if l.BatchTop == 0 || l.Streak > 0 || id <= l.BatchAfter || id > l.BatchEnd || m <= l.BatchLo || m > l.BatchTop {
 		return
 	}
 	if l.BatchN >= len(l.BatchSeen) || slices.Contains(l.BatchSeen[:l.BatchN], id) {

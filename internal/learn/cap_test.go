@@ -389,6 +389,40 @@ func TestBatchCountEdges(t *testing.T) {
 			t.Fatalf("a refusal of the batch after an overload: %+v", c)
 		}
 	})
+	t.Run("refusals of starts made after the count began are not the batch's", func(t *testing.T) {
+		// Another process, under the limit it had, starts at 19 and 20
+		// after the batch's refusals at 20 and 19: their refusals leave
+		// the ceiling at 18.
+		s, now := refused(t)
+		c := s.c
+		c.Refused(19, s.seq-1, now-50*ms, now, s.seq)
+		late19, late20 := s.start(19, now), s.start(20, now)
+		c.Refused(19, late19, now, now+50*ms, s.seq)
+		c.Refused(20, late20, now, now+50*ms, s.seq)
+		if c.Hi != 18 || c.Lo != 18 {
+			t.Fatalf("after refusals of later starts at 19 and 20: %+v, want the cap and ceiling 18", c)
+		}
+	})
+	t.Run("an admission over the ceiling ends the count", func(t *testing.T) {
+		s, now := refused(t)
+		c := s.c
+		batch := s.seq
+		c.Admitted(20, s.start(20, now))
+		c.Refused(19, batch-1, now-50*ms, now, s.seq)
+		if c.Lo != 20 || c.Hi != c.Ceil {
+			t.Fatalf("a refusal of the batch after a later start at 20 was admitted: %+v, want 20 and no ceiling", c)
+		}
+	})
+	t.Run("a count set by a clock since stepped back ends at the next start", func(t *testing.T) {
+		s, now := batchOut(t)
+		c := s.c
+		c.Refused(17, s.seq-3, now, now+50*ms, s.seq)
+		back := now - 10*sec
+		s.start(17, back)
+		if c.BatchUntil != 0 || c.ProbeN != 17 {
+			t.Fatalf("a start with the clock 10 s back: %+v, want the count's end dropped and a probe out", c)
+		}
+	})
 	t.Run("the ceiling stays under a lowered Ceil", func(t *testing.T) {
 		s, now := refused(t)
 		c := s.c
@@ -398,4 +432,27 @@ func TestBatchCountEdges(t *testing.T) {
 			t.Fatalf("a refusal of the batch under a Ceil of 10: %+v", c)
 		}
 	})
+}
+
+// A refusal over Lo while a cut is being tested (a start another process
+// made under the limit it had) lowers the ceiling, and leaves the cut.
+func TestRefusalOverACut(t *testing.T) {
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	c := s.c
+	now := sec
+	for _, m := range []int{20, 19, 17} {
+		s.refuse(m, now)
+		now += sec
+	}
+	if c.Lo != 8 || c.Hi != 16 || c.Streak != 3 {
+		t.Fatalf("after three refusals: %+v", c)
+	}
+	s.refuse(17, now)
+	if c.Lo != 8 || c.Hi != 16 || c.Streak != 3 {
+		t.Fatalf("after a refusal at 17 during the cut: %+v, want the cut to 8 under 16 kept", c)
+	}
+	s.refuse(12, now)
+	if c.Lo > 8 || c.Hi != 11 {
+		t.Fatalf("after a refusal at 12 during the cut: %+v, want the ceiling 11", c)
+	}
 }
