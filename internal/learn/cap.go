@@ -253,7 +253,14 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		l.countBatch(m, id)
 		return
 	}
-	if m > l.Lo || l.ProbeN != 0 && m > 2*l.Lo-l.ProbeN {
+	if m > l.Lo && l.Streak > 0 {
+		// A start over Lo while a cut is tested: another process of a
+		// fleet made it under the limit it had before the cut reached it.
+		// It lowers the ceiling; the cut and its test go on.
+		l.Hi = min(l.Hi, max(m-1, l.Lo, l.Floor))
+		return
+	}
+	if m > l.Lo || l.Streak == 0 && l.ProbeN != 0 && m > 2*l.Lo-l.ProbeN {
 		// A probe refused: the cap kept stands, and the ceiling is below
 		// the batch's top. Which of the batch's starts the upstream
 		// refuses depends on the order they reach it, not on their
@@ -264,7 +271,7 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		// counts as one of them: it may have reached the upstream after a
 		// probe and lost its place to it.
 		top := m
-		if l.ProbeN != 0 && l.Streak == 0 {
+		if l.ProbeN != 0 {
 			top = max(l.ProbeN, m)
 			l.BatchTop, l.BatchAfter, l.BatchEnd, l.BatchUntil = top, l.CutSeq, seq, now+int64(l.Gap)
 			l.BatchSeen, l.BatchN = [batchSeenMax]uint64{id}, 1
@@ -273,9 +280,7 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		// start of a fleet's process over it was made under a limit that
 		// process had before).
 		l.Hi = min(l.Hi, max(top-1, l.Lo, l.Floor), l.Ceil)
-		if l.Streak == 0 { // else the cap was cut, and its test is what raises it
-			l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
-		}
+		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
 		l.HiAt, l.CutSeq = now, seq
 		l.ProbeN, l.Step = 0, 1
 		return

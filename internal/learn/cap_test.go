@@ -414,13 +414,19 @@ func TestBatchCountEdges(t *testing.T) {
 		}
 	})
 	t.Run("a count set by a clock since stepped back ends at the next start", func(t *testing.T) {
+		// After the lowest probe's refusal, probes are held until the
+		// count's end; with the clock 10 s back, a start drops that end,
+		// and probes may go as the clock comes back toward it.
 		s, now := batchOut(t)
 		c := s.c
 		c.Refused(17, s.seq-3, now, now+50*ms, s.seq)
 		back := now - 10*sec
-		s.start(17, back)
-		if c.BatchUntil != 0 || c.ProbeN != 17 {
-			t.Fatalf("a start with the clock 10 s back: %+v, want the count's end dropped and a probe out", c)
+		s.start(16, back)
+		if c.BatchUntil != 0 {
+			t.Fatalf("a start with the clock 10 s back: %+v, want the count's end dropped", c)
+		}
+		if !c.MayProbe(back + 9*sec + 990*ms) {
+			t.Fatalf("probes held with the clock back and coming back: %+v", c)
 		}
 	})
 	t.Run("the ceiling stays under a lowered Ceil", func(t *testing.T) {
@@ -434,8 +440,10 @@ func TestBatchCountEdges(t *testing.T) {
 	})
 }
 
-// A refusal over Lo while a cut is being tested (a start another process
-// made under the limit it had) lowers the ceiling, and leaves the cut.
+// A refusal over Lo while a cut is being tested (of a start another
+// process made under the limit it had) lowers the ceiling, and leaves the
+// cut and its test; a refusal within Lo then cuts further, whatever start
+// is the test.
 func TestRefusalOverACut(t *testing.T) {
 	s := &starts{c: New(1, 64, 20, 10*time.Second)}
 	c := s.c
@@ -447,12 +455,28 @@ func TestRefusalOverACut(t *testing.T) {
 	if c.Lo != 8 || c.Hi != 16 || c.Streak != 3 {
 		t.Fatalf("after three refusals: %+v", c)
 	}
-	s.refuse(17, now)
-	if c.Lo != 8 || c.Hi != 16 || c.Streak != 3 {
-		t.Fatalf("after a refusal at 17 during the cut: %+v, want the cut to 8 under 16 kept", c)
-	}
+	test := s.start(8, now)
 	s.refuse(12, now)
-	if c.Lo > 8 || c.Hi != 11 {
-		t.Fatalf("after a refusal at 12 during the cut: %+v, want the ceiling 11", c)
+	if c.Lo != 8 || c.Hi != 11 || c.Streak != 3 || c.ProbeN != 8 {
+		t.Fatalf("after a refusal at 12 during the cut's test: %+v, want the ceiling 11 and the test out", c)
+	}
+	c.Admitted(8, test)
+	if c.Streak != 0 || c.Lo != 8 {
+		t.Fatalf("the cut's test admitted: %+v, want the cut over", c)
+	}
+
+	// Cut again; another process's start at 17 is the test, and a
+	// refusal within Lo meanwhile cuts further.
+	for _, m := range []int{8, 7} {
+		s.refuse(m, now)
+	}
+	lo, streak := c.Lo, c.Streak
+	s.start(17, now)
+	if c.ProbeN != 17 || streak != 2 {
+		t.Fatalf("a start at 17 after a second refusal: %+v, want it the cut's test", c)
+	}
+	s.refuse(lo, now)
+	if c.Streak != streak+1 || c.Lo >= lo {
+		t.Fatalf("a refusal within Lo while a start over it is the cut's test: %+v, want a further cut from %d", c, lo)
 	}
 }
