@@ -167,22 +167,30 @@ func TestRetestAdmittedAfterItsBatchWasWithdrawn(t *testing.T) {
 	}
 }
 
+// cutThrice refuses a cap of 20 three times before any admission: it
+// halves, to 8 under a ceiling of 16. It returns the time after.
+func cutThrice(t *testing.T) (*starts, int64) {
+	t.Helper()
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	now := sec
+	for _, m := range []int{20, 19, 17} {
+		s.refuse(m, now)
+		now += sec
+	}
+	if c := s.c; c.Lo != 8 || c.Hi != 16 || c.Streak != 3 {
+		t.Fatalf("after three refusals: %+v", c)
+	}
+	return s, now
+}
+
 // climbedAfterACut cuts a cap of 20 three times (it halves, to 8 under a
 // ceiling of 16), and climbs back to the ceiling in batches that the
 // upstream admits (9, up to 11, up to 15, up to 16), which leaves the
 // batches wider than one. It returns the time of the last.
 func climbedAfterACut(t *testing.T) (*starts, int64) {
 	t.Helper()
-	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	s, now := cutThrice(t)
 	c := s.c
-	now := sec
-	for _, m := range []int{20, 19, 17} {
-		s.refuse(m, now)
-		now += sec
-	}
-	if c.Lo != 8 || c.Hi != 16 {
-		t.Fatalf("after three refusals: %+v", c)
-	}
 	c.Admitted(8, s.start(8, now)) // the test of the cut
 	for c.Lo < c.Hi {
 		top := c.Limit(now)
@@ -445,16 +453,8 @@ func TestBatchCountEdges(t *testing.T) {
 // cut and its test; a refusal within Lo then cuts further, whatever start
 // is the test.
 func TestRefusalOverACut(t *testing.T) {
-	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	s, now := cutThrice(t)
 	c := s.c
-	now := sec
-	for _, m := range []int{20, 19, 17} {
-		s.refuse(m, now)
-		now += sec
-	}
-	if c.Lo != 8 || c.Hi != 16 || c.Streak != 3 {
-		t.Fatalf("after three refusals: %+v", c)
-	}
 	test := s.start(8, now)
 	s.refuse(12, now)
 	if c.Lo != 8 || c.Hi != 11 || c.Streak != 3 || c.ProbeN != 8 {
