@@ -119,11 +119,15 @@ func (l *Cap) width() int {
 const batchSeenMax = 2 * maxStep
 
 // batchPending reports whether the refusals of a refused batch are still
-// coming in at now, so that no probe goes. A BatchUntil more than maxGap
-// ahead was set by a clock that has since stepped back, and is ignored.
+// coming in at now, so that no probe goes.
 func (l *Cap) batchPending(now int64) bool {
-	return now < l.BatchUntil && l.BatchUntil-now <= int64(maxGap)
+	return now < l.BatchUntil && !l.batchStale(now)
 }
+
+// batchStale reports whether BatchUntil is more than maxGap ahead of now:
+// set by a clock that has since stepped back, it is ignored (and dropped
+// at the next start).
+func (l *Cap) batchStale(now int64) bool { return l.BatchUntil-now > int64(maxGap) }
 
 // MayProbe reports whether a batch of probes may start now.
 func (l *Cap) MayProbe(now int64) bool {
@@ -165,8 +169,8 @@ func (l *Cap) WakeAt(now int64) int64 {
 
 // Started notes a start with n in flight.
 func (l *Cap) Started(n int, now int64) {
-	if l.BatchUntil-now > int64(maxGap) {
-		l.BatchUntil = 0 // set by a clock that has since stepped back
+	if l.batchStale(now) {
+		l.BatchUntil = 0
 	}
 	switch {
 	case l.Streak > 0 && l.ProbeN == 0:

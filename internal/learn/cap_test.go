@@ -35,15 +35,8 @@ func TestGapCoversVaryingRefusals(t *testing.T) {
 	ms := int64(time.Millisecond)
 	c := New(1, 64, 4, 10*time.Second)
 	now := int64(0)
-	seq := uint64(0)
-	refuse := func(d int64) {
-		// A refusal of a start numbered before the last cut: it times the
-		// refusal and moves nothing else.
-		now += 1000 * ms
-		c.Refused(c.Lo, 0, now-d*ms, now, seq)
-	}
-	for _, d := range []int64{10, 10, 10, 10, 80, 10, 10} {
-		refuse(d)
+	for _, d := range []time.Duration{10, 10, 10, 10, 80, 10, 10} {
+		timeRefusals(c, &now, d*time.Millisecond)
 	}
 	if c.Gap <= 60*time.Millisecond || c.Gap >= 90*time.Millisecond {
 		t.Fatalf("gap %v after refusals of 10 ms and one of 80 ms: want between 60 and 90 ms", c.Gap)
@@ -64,12 +57,22 @@ func TestGapCoversVaryingRefusals(t *testing.T) {
 	}
 }
 
+// timeRefusals has c take refusals that took d each, a second apart from
+// *now on, of a start numbered 0: before any cut, so they time refusals
+// and move nothing else.
+func timeRefusals(c *Cap, now *int64, ds ...time.Duration) {
+	for _, d := range ds {
+		*now += int64(time.Second)
+		c.Refused(c.Lo, 0, *now-int64(d), *now, 0)
+	}
+}
+
 // While refusals take the same time, the gap is twice it.
 func TestGapSteadyRefusals(t *testing.T) {
 	c := New(1, 64, 4, 10*time.Second)
-	for i := range int64(20) {
-		now := (i + 1) * int64(time.Second)
-		c.Refused(c.Lo, 0, now-int64(50*time.Millisecond), now, 0)
+	now := int64(0)
+	for range 20 {
+		timeRefusals(c, &now, 50*time.Millisecond)
 	}
 	if c.Gap < 100*time.Millisecond || c.Gap > 101*time.Millisecond {
 		t.Fatalf("gap %v with every refusal 50 ms: want 100 ms", c.Gap)
@@ -213,10 +216,7 @@ func climbedAfterACut(t *testing.T) (*starts, int64) {
 func TestGapAfterAVeryLateRefusal(t *testing.T) {
 	c := New(1, 64, 4, 10*time.Second)
 	now := int64(0)
-	refuse := func(d time.Duration) {
-		now += int64(time.Second)
-		c.Refused(c.Lo, 0, now-int64(d), now, 0)
-	}
+	refuse := func(d time.Duration) { timeRefusals(c, &now, d) }
 	for range 10 {
 		refuse(50 * time.Millisecond)
 	}

@@ -43,6 +43,18 @@ func learnedOf(l pacing.Learned) *learnedCap {
 	return &learnedCap{Limit: l.Limit, Cap: l.Cap, Ceiling: l.Ceiling, Floor: l.Floor, Max: l.Max, Changes: l.Changes}
 }
 
+// learnedOfEach is learnedOf of each of ls by name; nil for none.
+func learnedOfEach(ls map[string]pacing.Learned) map[string]*learnedCap {
+	if len(ls) == 0 {
+		return nil
+	}
+	out := make(map[string]*learnedCap, len(ls))
+	for name, l := range ls {
+		out[name] = learnedOf(l)
+	}
+	return out
+}
+
 // debugProvider serves the provider gate's state in the naming style of
 // /debug/slots: snake_case, durations in seconds; with learned caps, each
 // one (with a fleet, as the fleet has it) and the answers by kind.
@@ -77,18 +89,8 @@ func (g *Gateway) debugProvider(w http.ResponseWriter, _ *http.Request) {
 	if l.Floor > 0 {
 		out.Learned = learnedOf(l)
 	}
-	for name, m := range l.Models {
-		if out.LearnedModels == nil {
-			out.LearnedModels = map[string]*learnedCap{}
-		}
-		out.LearnedModels[name] = learnedOf(m)
-	}
-	for id, k := range l.Keys {
-		if out.LearnedKeys == nil {
-			out.LearnedKeys = map[string]*learnedCap{}
-		}
-		out.LearnedKeys[id] = learnedOf(k)
-	}
+	out.LearnedModels = learnedOfEach(l.Models)
+	out.LearnedKeys = learnedOfEach(l.Keys)
 	if l.Enabled {
 		out.Answers = map[string]uint64{}
 		for kind, n := range l.ByKind {

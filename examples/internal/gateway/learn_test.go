@@ -297,6 +297,10 @@ func TestConfigAdaptive(t *testing.T) {
 	require.Contains(t, l.Models, "glm-5")
 	assert.Equal(t, pacing.DefaultAdaptiveInitial, l.Models["glm-5"].Cap)
 	assert.NotContains(t, l.Models, "glm-4-air", "a model without a section has its configured cap")
+	rec := httptest.NewRecorder()
+	gw.debugProvider(rec, httptest.NewRequest(http.MethodGet, "/debug/provider", nil))
+	assert.Contains(t, rec.Body.String(), `"learned_models":{"glm-5":{"limit":5,"cap":4,"ceiling":1024,"floor":1,"max":1024,"changes":1}}`,
+		"/debug/provider shows the model's learned cap, and only that model's")
 
 	for _, tc := range []struct{ config, field string }{
 		{`{"adaptive": {"min": 5, "max": 3}}`, "provider: pacing: adaptive.min"},
