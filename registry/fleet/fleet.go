@@ -107,8 +107,9 @@ type Registry[K comparable] struct {
 
 	// redisMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
-	// that renewal, so a renewal cannot put back a released lease.
-	redisMu sync.Mutex
+	// that renewal, so a renewal cannot put back a released lease. It is
+	// held across calls to Redis (see chanMutex).
+	redisMu chanMutex
 
 	// learnPrefix and learnChan name the learned states and their channel;
 	// learnKick wakes the learner goroutine; learnMu orders the settings
@@ -200,6 +201,7 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 
 		maxPending: maxRemovals,
 		kick:       make(chan struct{}, 1),
+		redisMu:    make(chanMutex, 1),
 		resume:     make(chan struct{}, 1),
 		subscribed: make(chan struct{}),
 		recovery:   make(chan struct{}, 1),
@@ -444,3 +446,14 @@ func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
 	n, err := r.rdb.ZCount(ctx, k, "("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
 	return int(n), err
 }
+
+// chanMutex is a mutex made of a channel of capacity 1, for a lock held
+// across calls to Redis: a goroutine waiting on it is durably blocked in a
+// testing/synctest bubble (one waiting on a sync.Mutex is not, and would
+// stop the bubble's clock while the holder waits for a reply that needs
+// it), so that a fleet on a virtual Redis with latency runs in virtual
+// time (TestFleetLearnsAMovingCapVirtual).
+type chanMutex chan struct{}
+
+func (m chanMutex) Lock()   { m <- struct{}{} }
+func (m chanMutex) Unlock() { <-m }

@@ -1,0 +1,96 @@
+package fleet
+
+import (
+	"context"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/redis/go-redis/v9/maintnotifications"
+)
+
+// virtualRedis is a miniredis served over in-memory connections, so that a
+// fleet runs in a testing/synctest bubble, its Redis on the bubble's clock.
+// A reply or a command may be delayed by latency each way, in virtual time.
+type virtualRedis struct {
+	t       testing.TB
+	srv     *miniredis.Miniredis
+	latency time.Duration
+}
+
+// newVirtualRedis starts a virtual Redis, closed at the test's end; call it
+// in a synctest bubble.
+func newVirtualRedis(t testing.TB, latency time.Duration) *virtualRedis {
+	v := &virtualRedis{t: t, srv: miniredis.NewMiniRedis(), latency: latency}
+	t.Cleanup(v.srv.Close)
+	return v
+}
+
+// redisServer is a Redis that tests open registries on: a real
+// redis-server (fleettest.Server) or a virtual one.
+type redisServer interface {
+	Client() *redis.Client
+}
+
+// Client is a go-redis client of v, closed at the test's end.
+func (v *virtualRedis) Client() *redis.Client {
+	t := v.t
+	// No maintenance notifications: miniredis refuses their handshake, and
+	// go-redis then holds a sync.RWMutex across a call to turn them off,
+	// which would stop the bubble's clock.
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}, Dialer: func(context.Context, string, string) (net.Conn, error) {
+		server, err := v.srv.Dial()
+		if err != nil {
+			return nil, err
+		}
+		return relay(server, v.latency), nil
+	}})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// relay returns a client end for server that buffers each way without
+// bound: net.Pipe alone blocks a writer until its reader reads, and
+// miniredis writes each reply while go-redis may still be writing a
+// pipeline, so the two would wait on each other.
+func relay(server net.Conn, latency time.Duration) net.Conn {
+	client, mine := net.Pipe()
+	go pump(server, mine, latency)
+	go pump(mine, server, latency)
+	return client
+}
+
+// pump copies from src to dst, reading src as fast as it writes and
+// delivering each chunk latency after it was read.
+func pump(src, dst net.Conn, latency time.Duration) {
+	type chunk struct {
+		b  []byte
+		at time.Time
+	}
+	ch := make(chan chunk, 1<<16)
+	go func() {
+		defer dst.Close()
+		for c := range ch {
+			time.Sleep(time.Until(c.at))
+			if _, err := dst.Write(c.b); err != nil {
+				src.Close()
+				for range ch {
+				}
+				return
+			}
+		}
+	}()
+	defer close(ch)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 {
+			ch <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(latency)}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
