@@ -73,26 +73,39 @@ func TestDemoShowsProgress(t *testing.T) {
 	assert.Regexp(t, fmt.Sprintf(`hidden cap moving +%d/%d done, open at the providers \d+/\d+/\d+/\d+, upstream 429s so far \d+/\d+/\d+/\d+`, n, n), stderr.String())
 }
 
-// TestDemoMovingCap runs the moving cap's part with phases of 2 s: the
-// learned cap meets a fraction of the 429s of the static caps above the
-// hidden one, completes more turns than the cap under it, and follows the
-// drop. (Latencies, the capacity used, and how the learned cap compares
-// with the static caps of 20 and 40 in turns completed are not asserted:
-// with phases this short they depend on how busy the machine is.)
+// TestDemoMovingCap runs the moving cap's part with phases of 2 s, on a
+// real clock, and checks what holds on any machine: the static caps are
+// never exceeded at their providers (so the cap of 5, under every hidden
+// one, meets no 429s), the learned cap lets work through and is read at
+// the end of each phase, and nothing is left held (runMoving fails
+// otherwise). How well the cap is learned is scored in virtual time, where
+// a busy machine does not move the figures: pacing's TestLearnedCapScore
+// for the Gate, examples/internal/gateway's TestGatewayLiveDrop through the
+// gateway. The table is logged.
 func TestDemoMovingCap(t *testing.T) {
 	var out strings.Builder
 	require.NoError(t, run([]string{"-batch", "0", "-interactive", "0", "-phase", "2s"}, &out, io.Discard))
-	require.Len(t, lastOutcome.moving, 4)
-	low, mid, high, learned := lastOutcome.moving[0], lastOutcome.moving[1], lastOutcome.moving[2], lastOutcome.moving[3]
 	t.Log("\n" + out.String())
-	assert.Zero(t, low.refused, "a cap under every hidden one meets no 429s")
-	assert.Positive(t, learned.attempts)
-	assert.Less(t, 3*learned.refusedShare(), mid.refusedShare(), "20 is over the hidden cap of the middle phase")
-	assert.Less(t, 3*learned.refusedShare(), high.refusedShare(), "40 is over every hidden cap")
-	assert.Greater(t, learned.completed, 2*low.completed, "5 leaves most of the capacity unused")
-	require.Len(t, learned.learnedAt, 3)
-	assert.LessOrEqual(t, learned.learnedAt[1], movingCaps[1]+2, "the learned cap follows the drop")
+	require.Len(t, lastOutcome.moving, 4)
+	checkMoving(t, lastOutcome.moving)
+	assert.Zero(t, lastOutcome.moving[0].refused, "a cap under every hidden one meets no 429s")
 	assert.Contains(t, out.String(), "learned (adaptive)")
+}
+
+// checkMoving checks the moving cap's runs: a static cap is never exceeded
+// at its provider; a learned one lets work through, and was read at the end
+// of each phase; every turn is completed or turned away at most once.
+func checkMoving(t *testing.T, runs []movingResult) {
+	t.Helper()
+	for _, r := range runs {
+		assert.LessOrEqual(t, r.completed+r.turned, r.requests, r.name)
+		if r.learnedAt == nil {
+			assert.LessOrEqual(t, r.peak, r.static, "%s: open at the provider", r.name)
+			continue
+		}
+		assert.Positive(t, r.completed, r.name)
+		assert.Len(t, r.learnedAt, len(movingCaps), r.name)
+	}
 }
 
 // TestDemoFleet runs the three-gateway part: sharing their caps on one
@@ -110,25 +123,17 @@ func TestDemoFleet(t *testing.T) {
 }
 
 // TestDemoMovingCapFleet runs the moving cap's part with -fleet: three
-// gateways learning one cap on one redis-server draw fewer 429s than a
-// static cap over the hidden one, complete about as many turns as one
-// gateway, and follow the drop. (The share of 429s is bounded loosely:
-// with phases this short, at a tenth of the scenario's times, a busy
-// machine moves the fleet's figures more than one gateway's. Beside the
-// other packages' tests one run drew 28.3% 429s to the static cap's 47.6%;
-// unloaded, under the race detector, two drew 3.1% and 4.4% to one
-// gateway's 3.2% and 3.3%.)
+// gateways learning one cap on one redis-server, beside the other runs,
+// checked as TestDemoMovingCap checks them. How well a fleet learns depends
+// on how fast Redis answers, so on how busy the machine is: it is scored in
+// virtual time by registry/fleet's TestFleetLearnsAMovingCapVirtual. The
+// table is logged.
 func TestDemoMovingCapFleet(t *testing.T) {
 	fleettest.SkipWithoutRedis(t)
 	var out strings.Builder
 	require.NoError(t, run([]string{"-batch", "0", "-interactive", "0", "-phase", "2s", "-fleet"}, &out, io.Discard))
-	require.Len(t, lastOutcome.moving, 5)
-	mid, fleet, one := lastOutcome.moving[1], lastOutcome.moving[3], lastOutcome.moving[4]
 	t.Log("\n" + out.String())
-	assert.Equal(t, "learned, 3 gateways, one Redis", fleet.name)
-	assert.Positive(t, fleet.attempts)
-	assert.Less(t, fleet.refusedShare(), mid.refusedShare(), "20 is over the hidden cap of the middle phase")
-	assert.Greater(t, fleet.completed, one.completed*3/4, "about as many turns as one gateway learning alone")
-	require.Len(t, fleet.learnedAt, 3)
-	assert.LessOrEqual(t, fleet.learnedAt[1], movingCaps[1]+2, "the learned cap follows the drop")
+	require.Len(t, lastOutcome.moving, 5)
+	checkMoving(t, lastOutcome.moving)
+	assert.Equal(t, "learned, 3 gateways, one Redis", lastOutcome.moving[3].name)
 }

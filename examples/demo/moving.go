@@ -49,6 +49,8 @@ type movingResult struct {
 	used                float64
 	p50, p95            time.Duration
 	learnedAt           []int // the learned cap at the end of each phase; nil for a static cap
+	static              int   // the static cap; 0 for a learned one
+	peak                int   // the most requests open at the provider at once
 }
 
 // refusedShare is the share of the provider's attempts answered 429.
@@ -262,7 +264,8 @@ func runMovingOne(name string, cfg pacing.Config, n int, fleet *gateway.FleetCon
 	wg.Wait()
 	<-windowEnd
 	res.learnedAt = learnedAt
-	res.attempts, res.refused = counts.Attempts, counts.Refused
+	res.attempts, res.refused, res.peak = counts.Attempts, counts.Refused, counts.Peak
+	res.static = cfg.MaxConcurrentRequests
 	for _, gw := range gws {
 		res.turned += int(gw.TurnedAway())
 	}

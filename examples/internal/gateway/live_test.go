@@ -30,11 +30,15 @@ import (
 var live = flag.Bool("live", false, "play pacingtest's Drop scenario in full (360 s) through the gateway over loopback, beside its virtual-time figures")
 
 // The learned cap through the gateway, over real sockets and in real time,
-// scored as pacingtest scores the Gate in virtual time: the share of 429s,
+// figured as pacingtest scores the Gate in virtual time: the share of 429s,
 // the work served against a gateway whose static cap follows the hidden one,
 // and how long the cap takes to settle after each change. The same run is
 // played in process in virtual time beside it, so that what sockets and
-// real time change can be told apart from what the scenario does.
+// real time change can be told apart from what the scenario does. The
+// scores are asserted in virtual time, where they do not depend on how
+// busy the machine is; over sockets, what holds on any machine: every
+// request answered, the static cap never exceeded at the upstream, nothing
+// left held. The figures of both are logged.
 //
 // In CI, a shortened Drop (20→8→30, phases of 30 s) with every time a
 // tenth as long: 9 s, and the queue's drain after it (13 s in all). The
@@ -78,11 +82,18 @@ func TestGatewayLiveDrop(t *testing.T) {
 	}
 	t.Log("\n" + b.String())
 
-	// Loose bounds: real time on a loaded machine moves these figures (the
-	// virtual-time ones are bounded in pacing's own score).
-	assert.Less(t, static.RefusedShare(), 0.01, "the static cap that follows the hidden one sees hardly any 429s")
-	assert.LessOrEqual(t, learned.RefusedShare(), 0.10, "429s / attempts, learned")
-	assert.GreaterOrEqual(t, goodput(learned, static), 0.80, "work served against the static cap at the true value")
+	// In virtual time, the learned cap's scores (the Gate's own, over the
+	// whole scenario, are bounded in pacing's score).
+	assert.Zero(t, vStatic.Upstream.Refused, "the static cap that follows the hidden one, in virtual time")
+	assert.LessOrEqual(t, vLearned.RefusedShare(), 0.05, "429s / attempts, learned, in virtual time")
+	assert.GreaterOrEqual(t, goodput(vLearned, vStatic), 0.90, "work served against the static cap at the true value, in virtual time")
+	// Over sockets, what any machine keeps.
+	maxCap := 0
+	for _, st := range sc.Schedule {
+		maxCap = max(maxCap, st.Cap-sc.Foreign)
+	}
+	assert.LessOrEqual(t, static.Upstream.Peak, maxCap, "the static cap is never exceeded at the upstream")
+	assert.Positive(t, learned.Upstream.Served, "the learned cap lets work through")
 }
 
 // figures is a run's line as pacing's score prints it.
@@ -130,6 +141,33 @@ type player struct {
 
 	provider pacing.Config // the gateway's
 	limit    atomic.Int64  // the static cap now
+
+	mu      sync.Mutex
+	answers map[int]int // requests by the status they were answered with (0: none)
+}
+
+// unanswered is the number of requests answered neither 200 nor a
+// refusal (429 over a cap, 503 after the queue's wait): an error, or no
+// answer at all.
+func (p *player) unanswered() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for status, c := range p.answers {
+		if status != http.StatusOK && status != http.StatusTooManyRequests && status != http.StatusServiceUnavailable {
+			n += c
+		}
+	}
+	return n
+}
+
+// held is the number of provider slots the player's gateways hold.
+func (p *player) held() int {
+	n := 0
+	for _, gw := range p.fleet() {
+		n += gw.Provider().InFlight
+	}
+	return n
 }
 
 // setup makes the upstream and the gateway's config, as pacing's score
@@ -172,7 +210,18 @@ func playLive(t *testing.T, sc pacingtest.Scenario, k float64, learn bool) pacin
 		}
 		return a.status
 	}}
-	return p.play()
+	res := p.play()
+	p.checkInvariants(t)
+	return res
+}
+
+// checkInvariants checks what a run over sockets keeps on any machine:
+// every request answered, and no provider slot held once every answer has
+// ended.
+func (p *player) checkInvariants(t *testing.T) {
+	t.Helper()
+	assert.Zero(t, p.unanswered(), "requests answered with an error or not at all: %v", p.answers)
+	assert.Zero(t, p.held(), "provider slots held after the run")
 }
 
 // playInProcess plays the same through a gateway called in process, its
@@ -198,6 +247,7 @@ func playInProcess(t *testing.T, sc pacingtest.Scenario, k float64, learn bool) 
 // upstream saw, with settling in the scenario's own time.
 func (p *player) play() pacingtest.Result {
 	sc, k := p.sc, p.k
+	p.answers = map[int]int{}
 	p.u.Start()
 	t0 := time.Now()
 	var wg sync.WaitGroup
@@ -256,7 +306,12 @@ func (p *player) play() pacingtest.Result {
 			break
 		}
 		service := k.of(time.Duration(float64(sc.Median) * math.Exp(sigma*rng.NormFloat64())))
-		requests.Go(func() { p.send(service) })
+		requests.Go(func() {
+			status := p.send(service)
+			p.mu.Lock()
+			p.answers[status]++
+			p.mu.Unlock()
+		})
 	}
 	close(done)
 	wg.Wait()
@@ -288,12 +343,22 @@ func settle(sc pacingtest.Scenario, k times, samples []pacingtest.Sample) []time
 	return pacingtest.Settle(sc, scaled)
 }
 
-// Three gateways on one Redis learn the upstream's cap as one: the same
-// shortened Drop as TestGatewayLiveDrop, over loopback sockets, its
-// arrivals spread over the gateways in turn, beside one gateway alone in
-// the same run. Both learn from the start, with no configured cap.
+// Three gateways on one Redis learn the upstream's cap: the same shortened
+// Drop as TestGatewayLiveDrop, over loopback sockets, its arrivals spread
+// over the gateways in turn, beside one gateway alone in the same run. Both
+// learn from the start, with no configured cap. How well a fleet learns
+// depends on how fast Redis answers, so on how busy the machine is: the
+// scores are asserted in virtual time (registry/fleet's
+// TestFleetLearnsAMovingCapVirtual), and this run checks what holds on any
+// machine (every request answered, nothing left held, the gateways ending
+// on one cap) and logs its figures. Times go at a tenth of the scenario's
+// (13 s); with -live, at half (50 s), as when the README's figures were
+// taken.
 func TestGatewayFleetLearnsLive(t *testing.T) {
-	sc, k := pacingtest.Drop, times(0.5)
+	sc, k := pacingtest.Drop, times(0.1)
+	if *live {
+		k = 0.5
+	}
 	sc.Schedule = []pacingtest.Step{{At: 0, Cap: 20}, {At: 30 * time.Second, Cap: 8}, {At: 60 * time.Second, Cap: 30}}
 	sc.Duration = 90 * time.Second
 	srv := fleettest.Start(t)
@@ -329,7 +394,16 @@ func TestGatewayFleetLearnsLive(t *testing.T) {
 			}
 			return a.status
 		}
-		return p.play()
+		res := p.play()
+		p.checkInvariants(t)
+		// The learned state's messages reach every gateway: they end on
+		// one cap.
+		deadline := time.Now().Add(5 * time.Second)
+		for !oneCap(p.gws) && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond) // polling a condition
+		}
+		assert.True(t, oneCap(p.gws), "the gateways end on one learned cap")
+		return res
 	}
 	var one, three pacingtest.Result
 	var wg sync.WaitGroup
@@ -346,18 +420,15 @@ func TestGatewayFleetLearnsLive(t *testing.T) {
 	}
 	t.Logf("\n%s, times ×%g, learning on one Redis\n  one gateway:    %s\n  three gateways: %s", sc.Name, float64(k), line(one), line(three))
 
-	// Loose bounds: real time on a loaded machine moves these figures
-	// (settling too, which is logged only), for one gateway as for three.
-	// Times go at half speed. At a tenth of the scenario's times, on a
-	// machine busy with other packages' tests under the race detector,
-	// learned caps went over the hidden one (admissions at 23 under a
-	// hidden 20), for one gateway and three alike, and one CI run drew
-	// 8.6% 429s for three gateways to 2.5% for one. At a fifth, two loaded
-	// runs drew 8.3% (6.3 points over one gateway's) and 4.3%; at half
-	// speed, five runs inside the whole suite drew 2.0% to 2.1% for three
-	// gateways and 1.9% to 2.1% for one, settling within 4.4 s of each
-	// change.
-	assert.LessOrEqual(t, three.RefusedShare(), 0.15, "429s / attempts, three gateways")
-	assert.LessOrEqual(t, three.RefusedShare(), one.RefusedShare()+0.05, "429s / attempts, three gateways against one")
-	assert.GreaterOrEqual(t, float64(three.Upstream.Work), 0.8*float64(one.Upstream.Work), "work served, three gateways against one")
+	assert.Positive(t, three.Upstream.Served, "the fleet lets work through")
+}
+
+// oneCap reports whether gws know one learned cap.
+func oneCap(gws []*Gateway) bool {
+	for _, gw := range gws[1:] {
+		if gw.Learned().Cap != gws[0].Learned().Cap {
+			return false
+		}
+	}
+	return true
 }
