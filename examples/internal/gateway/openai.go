@@ -98,11 +98,13 @@ const unavailableRetryAfter = 5 * time.Second
 // admissionAnswer is the status, Retry-After and message for an admission
 // error: as slots.HTTPStatus maps it, but a cap of 0 (an org switched off)
 // is a 403, which clients do not retry, and a fleet store that cannot be
-// reached (on_unavailable "closed") is a 503.
+// reached (on_unavailable "closed") is a 503. Only a refusal at the cap
+// (slots.ErrLimitReached) says the cap is 0: a wait that timed out may
+// carry no figures (a fleet's wait whose tries Redis never answered).
 func admissionAnswer(err error) (status int, retryAfter time.Duration, msg string) {
 	var le *slots.LimitError
 	switch {
-	case errors.As(err, &le) && le.Limit == 0:
+	case errors.As(err, &le) && le.Limit == 0 && errors.Is(err, slots.ErrLimitReached):
 		return http.StatusForbidden, 0, "this organisation is disabled: its concurrency limit is 0"
 	case errors.Is(err, fleet.ErrUnavailable):
 		return http.StatusServiceUnavailable, unavailableRetryAfter, "the shared concurrency caps cannot be checked now"

@@ -13,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
 )
 
 // openAIError is the body of an error answer.
@@ -108,6 +110,24 @@ func TestGatewayStatuses(t *testing.T) {
 
 // With on_unavailable "closed", a Redis that cannot be reached answers 503
 // with Retry-After, not 500; an org switched off is a 403 all the same.
+// A refusal is a 403 only at a cap of 0: a wait that timed out, or a full
+// queue, with no figures (as a fleet's wait whose tries Redis never
+// answered reports it) is retryable.
+func TestAdmissionAnswerForbidsOnlyACapOfZero(t *testing.T) {
+	for _, tc := range []struct {
+		err    error
+		status int
+	}{
+		{&slots.LimitError{Err: slots.ErrLimitReached, Key: "tenant"}, http.StatusForbidden},
+		{&slots.LimitError{Err: slots.ErrLimitReached, Key: "tenant", Limit: 2, InFlight: 2}, http.StatusTooManyRequests},
+		{&slots.LimitError{Err: slots.ErrWaitTimeout, Key: "provider"}, http.StatusTooManyRequests},
+		{&slots.LimitError{Err: slots.ErrQueueFull, Key: "provider"}, http.StatusTooManyRequests},
+	} {
+		status, _, _ := admissionAnswer(tc.err)
+		assert.Equal(t, tc.status, status, "%v", tc.err)
+	}
+}
+
 func TestGatewayFleetClosedWithoutRedis(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
