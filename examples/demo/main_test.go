@@ -93,8 +93,9 @@ func TestDemoMovingCap(t *testing.T) {
 }
 
 // checkMoving checks the moving cap's runs: a static cap is never exceeded
-// at its provider; a learned one lets work through, and was read at the end
-// of each phase; every turn is completed or turned away at most once.
+// at its provider (counting the requests it refuses: what the gateway
+// sent); a learned one lets work through, and was read at the end of each
+// phase; no turn is counted both completed and turned away.
 func checkMoving(t *testing.T, runs []movingResult) {
 	t.Helper()
 	for _, r := range runs {

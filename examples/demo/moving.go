@@ -50,7 +50,7 @@ type movingResult struct {
 	p50, p95            time.Duration
 	learnedAt           []int // the learned cap at the end of each phase; nil for a static cap
 	static              int   // the static cap; 0 for a learned one
-	peak                int   // the most requests open at the provider at once
+	peak                int   // the most requests open at the provider at once, refused ones too
 }
 
 // refusedShare is the share of the provider's attempts answered 429.
@@ -264,7 +264,7 @@ func runMovingOne(name string, cfg pacing.Config, n int, fleet *gateway.FleetCon
 	wg.Wait()
 	<-windowEnd
 	res.learnedAt = learnedAt
-	res.attempts, res.refused, res.peak = counts.Attempts, counts.Refused, counts.Peak
+	res.attempts, res.refused, res.peak = counts.Attempts, counts.Refused, h.Peak()
 	res.static = cfg.MaxConcurrentRequests
 	for _, gw := range gws {
 		res.turned += int(gw.TurnedAway())

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -10,6 +11,7 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -251,15 +253,29 @@ func fwAbs(x float64) float64 {
 // they took their places in Redis's queue, whichever process each came
 // through. Each caller starts once the one before it stands in that queue,
 // so the order of arrival is known exactly, on any machine: one admission
-// out of it is a fault.
+// out of it is a fault. The callers come through the processes in a
+// seeded random order, so that serving the processes in turn would not
+// pass for arrival order; calls to Redis get seconds, so that a slow reply
+// on a busy machine is not taken for an unavailable Redis (whose fallback,
+// admission under the local caps alone, keeps no fleet order).
 func TestFleetArrivalOrder(t *testing.T) {
 	srv := fleettest.Start(t)
 	const (
 		limit   = 1 // one admission at a time: the order is unambiguous
 		hold    = 10 * time.Millisecond
-		callers = 60 // over 3 registries, in turn
+		callers = 60 // over 3 registries, in a random order
 	)
-	rs := fwFleet(t, srv, "fw-order", 3, limit)
+	patient := func() *redis.Client {
+		c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 5 * time.Second, WriteTimeout: 5 * time.Second, PoolSize: 64})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	rs := make([]*Registry[string], 3)
+	for i := range rs {
+		rs[i] = New[string](patient(), "fw-order", limit, WithTimeout(5*time.Second))
+		t.Cleanup(rs[i].Close)
+	}
+	queue := patient()
 	// Saturate the key while the callers arrive.
 	first, err := rs[0].TryAcquire("k")
 	require.NoError(t, err)
@@ -270,8 +286,9 @@ func TestFleetArrivalOrder(t *testing.T) {
 	defer cancel()
 	var wg sync.WaitGroup
 	errs := make(chan error, callers)
+	rng := rand.New(rand.NewPCG(3, 5))
 	for i := range callers {
-		r := rs[i%len(rs)]
+		r := rs[rng.IntN(len(rs))]
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -286,7 +303,7 @@ func TestFleetArrivalOrder(t *testing.T) {
 			s.Release()
 		}()
 		fwUntil(t, "the caller stands in Redis's queue", func() bool {
-			n, err := srv.Client().ZCard(ctx, "inflight:{fw-order}:k#q").Result()
+			n, err := queue.ZCard(ctx, "inflight:{fw-order}:k#q").Result()
 			return err == nil && n == int64(i+1)
 		})
 	}
@@ -295,6 +312,10 @@ func TestFleetArrivalOrder(t *testing.T) {
 	close(errs)
 	for err := range errs {
 		require.NoError(t, err)
+	}
+	for i, r := range rs {
+		st := r.Stats()
+		require.Zero(t, st.RedisErrors+st.Degraded, "registry %d: Redis failed a call, or an admission went without it", i)
 	}
 
 	inversions, late := 0, 0

@@ -455,5 +455,13 @@ func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
 // time (TestFleetLearnsAMovingCapVirtual).
 type chanMutex chan struct{}
 
-func (m chanMutex) Lock()   { m <- struct{}{} }
-func (m chanMutex) Unlock() { <-m }
+func (m chanMutex) Lock() { m <- struct{}{} }
+
+// Unlock panics if m is not locked, as sync.Mutex's does.
+func (m chanMutex) Unlock() {
+	select {
+	case <-m:
+	default:
+		panic("fleet: unlock of unlocked redisMu")
+	}
+}

@@ -39,6 +39,9 @@ func learnVirtual(t *testing.T, sc learnScenario, n int, latency time.Duration) 
 // machine is. (TestFleetLearnsAMovingCap plays the same on a real
 // redis-server and real clock, and checks what holds on any machine.)
 func TestFleetLearnsAMovingCapVirtual(t *testing.T) {
+	if testing.Short() {
+		t.Skip("two virtual runs of 12 s, some 30 s of CPU under -race")
+	}
 	shares := map[int]float64{}
 	for _, n := range []int{1, 3} {
 		t.Run(fmt.Sprintf("%d processes", n), func(t *testing.T) {

@@ -12,8 +12,10 @@ import (
 )
 
 // virtualRedis is a miniredis served over in-memory connections, so that a
-// fleet runs in a testing/synctest bubble, its Redis on the bubble's clock.
-// A reply or a command may be delayed by latency each way, in virtual time.
+// fleet runs in a testing/synctest bubble, its Redis on the bubble's clock
+// (TIME in the scripts too). A reply or a command may be delayed by latency
+// each way, in virtual time. Keys with a TTL do not expire on it (miniredis
+// expires keys only when told to): the tests that run on it need none to.
 type virtualRedis struct {
 	t       testing.TB
 	srv     *miniredis.Miniredis
@@ -51,16 +53,20 @@ func (v *virtualRedis) Client() *redis.Client {
 	return c
 }
 
-// relay returns a client end for server that buffers each way without
-// bound: net.Pipe alone blocks a writer until its reader reads, and
-// miniredis writes each reply while go-redis may still be writing a
-// pipeline, so the two would wait on each other.
+// relay returns a client end for server that buffers each way: net.Pipe
+// alone blocks a writer until its reader reads, and miniredis writes each
+// reply while go-redis may still be writing a pipeline, so the two would
+// wait on each other. The buffer holds relayChunks writes, more than the
+// replies to the longest pipeline the fleet sends (batchSize calls);
+// past that a writer waits, as over a TCP window.
 func relay(server net.Conn, latency time.Duration) net.Conn {
 	client, mine := net.Pipe()
 	go pump(server, mine, latency)
 	go pump(mine, server, latency)
 	return client
 }
+
+const relayChunks = 4 * batchSize
 
 // pump copies from src to dst, reading src as fast as it writes and
 // delivering each chunk latency after it was read.
@@ -69,7 +75,7 @@ func pump(src, dst net.Conn, latency time.Duration) {
 		b  []byte
 		at time.Time
 	}
-	ch := make(chan chunk, 1<<16)
+	ch := make(chan chunk, relayChunks)
 	go func() {
 		defer dst.Close()
 		for c := range ch {

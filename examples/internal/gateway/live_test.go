@@ -87,11 +87,14 @@ func TestGatewayLiveDrop(t *testing.T) {
 	assert.Zero(t, vStatic.Upstream.Refused, "the static cap that follows the hidden one, in virtual time")
 	assert.LessOrEqual(t, vLearned.RefusedShare(), 0.05, "429s / attempts, learned, in virtual time")
 	assert.GreaterOrEqual(t, goodput(vLearned, vStatic), 0.90, "work served against the static cap at the true value, in virtual time")
-	// Over sockets, what any machine keeps.
+	// Over sockets, what any machine keeps: the static cap follows the
+	// hidden one, and the gateway never sends more than the highest of its
+	// caps (the demand is over every one of them).
 	maxCap := 0
 	for _, st := range sc.Schedule {
 		maxCap = max(maxCap, st.Cap-sc.Foreign)
 	}
+	t.Logf("open at the upstream at most (refused requests too): %d with the static cap, %d learned", static.Upstream.Peak, learned.Upstream.Peak)
 	assert.LessOrEqual(t, static.Upstream.Peak, maxCap, "the static cap is never exceeded at the upstream")
 	assert.Positive(t, learned.Upstream.Served, "the learned cap lets work through")
 }
@@ -191,7 +194,8 @@ func setup(sc pacingtest.Scenario, k times, learn bool) (*pacingtest.Upstream, C
 // loopback sockets, in real time.
 func playLive(t *testing.T, sc pacingtest.Scenario, k float64, learn bool) pacingtest.Result {
 	u, cfg := setup(sc, times(k), learn)
-	upSrv := httptest.NewServer(simulated.NewHidden(u))
+	hidden := simulated.NewHidden(u)
+	upSrv := httptest.NewServer(hidden)
 	defer upSrv.Close()
 	cfg.Upstream = upSrv.URL
 	base := &http.Transport{MaxIdleConnsPerHost: 1024}
@@ -212,6 +216,9 @@ func playLive(t *testing.T, sc pacingtest.Scenario, k float64, learn bool) pacin
 	}}
 	res := p.play()
 	p.checkInvariants(t)
+	// What the gateway sent, as the upstream counts it (refused requests
+	// too, from their arrival to their answer): a static cap holds it.
+	res.Upstream.Peak = hidden.Peak()
 	return res
 }
 
