@@ -35,8 +35,9 @@ type learning struct {
 	settings learn.Settings
 	gen      uint64    // counts the settings and ceilings applied (see syncLearned)
 	cap      learn.Cap // base with pending applied: the cap this process admits under
-	base     learn.Cap // as last read from or written to Redis (or initial)
-	version  uint64    // base's (see storedCap)
+	base     learn.Cap // stored, configured here (or initial)
+	stored   learn.Cap // as last read from or written to Redis: the state at version, as Redis has it
+	version  uint64    // stored's (see storedCap)
 	known    bool      // base was read from or written to Redis
 	// pending is the evidence applied to cap and not yet written to
 	// Redis, oldest first; queued counts the events ever queued, of

@@ -26,8 +26,8 @@ import (
 // The edges of a learned cap: panics in what it calls, syncs that race
 // with evidence, settings and messages, and states it cannot trust.
 
-// stateHook runs fn once, when armed, around a GET of a learned state
-// (with its Redis key): before it if before, else after it.
+// stateHook runs fn once, when armed, around a call of the learn write
+// script on a learned state (with its Redis key): before it if before, else after it.
 type stateHook struct {
 	armed  atomic.Bool
 	before bool
@@ -38,13 +38,19 @@ func (h *stateHook) DialHook(next redis.DialHook) redis.DialHook { return next }
 func (h *stateHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
 	return func(ctx context.Context, cmd redis.Cmder) error {
 		a := cmd.Args()
-		hit := cmd.Name() == "get" && len(a) > 1 && strings.Contains(fmt.Sprint(a[1]), "#learn:")
+		// The call of a sync on a state: the learn write script's (EVALSHA,
+		// or EVAL after NOSCRIPT), whose first key is the state's.
+		name, key := cmd.Name(), ""
+		if (name == "evalsha" || name == "eval") && len(a) > 3 {
+			key = fmt.Sprint(a[3])
+		}
+		hit := strings.Contains(key, "#learn:")
 		if hit && h.before && h.armed.CompareAndSwap(true, false) {
-			h.fn(fmt.Sprint(a[1]))
+			h.fn(key)
 		}
 		err := next(ctx, cmd)
 		if hit && !h.before && h.armed.CompareAndSwap(true, false) {
-			h.fn(fmt.Sprint(a[1]))
+			h.fn(key)
 		}
 		return err
 	}
@@ -386,14 +392,15 @@ func (h recordHandler) Handle(_ context.Context, rec slog.Record) error {
 func (h recordHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h recordHandler) WithGroup(string) slog.Handler      { return h }
 
-// A Redis that refuses the learned state's transaction (here an ACL
-// without WATCH) is logged, and does not open the breaker: admissions go
-// on in Redis.
+// A Redis that refuses the learned state's write (here an ACL that lets
+// the process at every key of its name but the learned states) is logged,
+// and does not open the breaker: admissions go on in Redis.
 func TestLearnedCapWriteRefused(t *testing.T) {
 	srv := fleettest.Start(t)
 	admin := srv.Client()
-	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "nowatch", "on", ">pw", "~*", "&*", "+@all", "-watch").Err())
-	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nowatch", Password: "pw"})
+	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "nolearn", "on", ">pw", "&*", "+@all",
+		"~inflight:{le-acl}:*", "~inflight:{le-acl}#epoch", "~inflight:{le-acl}#pause", "~inflight:{le-acl}#procs").Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nolearn", Password: "pw"})
 	defer c.Close()
 	var logged atomic.Int64
 	r := New[string](c, "le-acl", 100, WithLogger(slog.New(recordHandler{match: "learned cap not written", n: &logged})))
@@ -742,4 +749,102 @@ func TestLearnedCapEvidenceAppliedTwice(t *testing.T) {
 	lk.rebaseLocked()
 	assert.Equal(t, written.Hi, lk.cap.Hi, "the same refusals applied again: %+v", lk.cap)
 	assert.Equal(t, written.Lo, lk.cap.Lo)
+}
+
+// A stored state whose version a Lua number cannot hold exactly (over
+// 2^53, over 2^63, not a whole number) is still written over by the next
+// write: the write script compares versions as digits.
+func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
+	srv := fleettest.Start(t)
+	admin := srv.Client()
+	for i, v := range []string{"9007199254740993", "18446744073709551615", "1.5"} {
+		t.Run(v, func(t *testing.T) {
+			r := New[string](srv.Client(), fmt.Sprintf("le-odd-%d", i), 100, WithLogger(quiet()))
+			defer r.Close()
+			require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
+			settled(t, r, "p")
+			lk := learnOf(r, "p")
+			raw, err := admin.Get(context.Background(), lk.stateKey).Result()
+			require.NoError(t, err)
+			var m map[string]json.RawMessage
+			require.NoError(t, json.Unmarshal([]byte(raw), &m))
+			m["v"] = json.RawMessage(v)
+			odd, err := json.Marshal(m)
+			require.NoError(t, err)
+			require.NoError(t, admin.Set(context.Background(), lk.stateKey, odd, time.Hour).Err())
+
+			held := holdP(t, 30, r)
+			r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency}) // a cut, written before Report returns
+			for _, s := range held {
+				s.Release()
+			}
+			fwUntil(t, "the cut written over the odd state", func() bool {
+				got, err := admin.Get(context.Background(), lk.stateKey).Bytes()
+				var st storedCap
+				return err == nil && string(got) != string(odd) && json.Unmarshal(got, &st) == nil && st.Cap.Lo < 30
+			})
+			assert.Empty(t, learnOf(r, "p").pending, "the evidence is written")
+		})
+	}
+}
+
+// A ceiling lowered and raised again before the next write does not clamp
+// the fleet's state: the write starts from the state as Redis has it.
+func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
+	srv := fleettest.Start(t)
+	admin := srv.Client()
+	r := New[string](srv.Client(), "le-clamp", 100, WithLogger(quiet()))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
+	settled(t, r, "p")
+	r.mu.Lock()
+	lk := r.learning["p"]
+	lk.syncingLocked() // the learner leaves p alone: this test syncs it
+	r.mu.Unlock()
+	before, err := admin.Get(context.Background(), lk.stateKey).Result()
+	require.NoError(t, err)
+	r.SetLimit("p", 10)
+	r.SetLimit("p", 100)
+	r.mu.Lock()
+	at := time.Now()
+	// A start at 31, over the fleet's cap of 30: a probe, evidence to write.
+	r.noteLocked(lk, learnEvent{kind: evStarted, n: 31, id: uint64(at.UnixMicro()), now: at.UnixNano()})
+	r.mu.Unlock()
+	r.syncLearned("p", lk)
+	raw, err := admin.Get(context.Background(), lk.stateKey).Bytes()
+	require.NoError(t, err)
+	var st storedCap
+	require.NoError(t, json.Unmarshal(raw, &st))
+	assert.Equal(t, 30, st.Cap.Lo, "the fleet's cap, not this process's passing ceiling of 10")
+	assert.NotEqual(t, before, string(raw), "the evidence is written")
+}
+
+// A state set and not published (here an ACL without PUBLISH) is written
+// all the same: its evidence is not applied again, and the failure is
+// logged.
+func TestLearnedCapSetNotPublished(t *testing.T) {
+	srv := fleettest.Start(t)
+	admin := srv.Client()
+	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "nopublish", "on", ">pw", "~*", "&*", "+@all", "-publish").Err())
+	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nopublish", Password: "pw"})
+	defer c.Close()
+	var logged atomic.Int64
+	r := New[string](c, "le-nopub", 100, WithLogger(slog.New(recordHandler{match: "not published", n: &logged})))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
+	settled(t, r, "p")
+	held := holdP(t, 30, r)
+	r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency})
+	for _, s := range held {
+		s.Release()
+	}
+	l := learnOf(r, "p")
+	assert.Empty(t, l.pending, "the cut is written when Report returns")
+	assert.Positive(t, logged.Load(), "its message could not go")
+	raw, err := admin.Get(context.Background(), l.stateKey).Bytes()
+	require.NoError(t, err)
+	var st storedCap
+	require.NoError(t, json.Unmarshal(raw, &st))
+	assert.Equal(t, l.version, st.V, "Redis has the version this process knows")
+	assert.Less(t, st.Cap.Lo, 30, "the cut")
 }

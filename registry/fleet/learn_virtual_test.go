@@ -34,23 +34,30 @@ func learnVirtual(t *testing.T, sc learnScenario, n int, latency time.Duration) 
 
 // Three processes learn one hidden cap that drops and rises as well as one
 // process does: the share of 429s stays low, and each phase ends with every
-// process's cap near the hidden one. In virtual time, on a virtual Redis
-// that runs the fleet's scripts: the scores do not depend on how busy the
-// machine is. (TestFleetLearnsAMovingCap plays the same on a real
-// redis-server and real clock, and checks what holds on any machine.)
+// process's cap near the hidden one; also when Redis takes 2 ms each way to
+// answer, as on a busy machine (where a cut used to reach the other
+// processes too late: 10.6% and 19% 429s in two runs, to one process's
+// 5.4% and 6%). In virtual time, on a virtual Redis that runs the fleet's
+// scripts: the scores do not depend on how busy the machine is.
+// (TestFleetLearnsAMovingCap plays the same on a real redis-server and a
+// real clock, and checks what holds on any machine.)
 func TestFleetLearnsAMovingCapVirtual(t *testing.T) {
 	if testing.Short() {
-		t.Skip("two virtual runs of 12 s, some 30 s of CPU under -race")
+		t.Skip("three virtual runs of 12 s, some 45 s of CPU under -race")
 	}
-	shares := map[int]float64{}
-	for _, n := range []int{1, 3} {
-		t.Run(fmt.Sprintf("%d processes", n), func(t *testing.T) {
-			res := learnVirtual(t, movingCap, n, fwLatency)
-			logLearning(t, movingCap, n, res)
-			share := res.refusedShare()
-			shares[n] = share
+	for _, tc := range []struct {
+		n       int
+		latency time.Duration
+	}{{1, fwLatency}, {3, fwLatency}, {3, 2 * time.Millisecond}} {
+		t.Run(fmt.Sprintf("%d processes, Redis at %v", tc.n, tc.latency), func(t *testing.T) {
+			res := learnVirtual(t, movingCap, tc.n, tc.latency)
+			logLearning(t, movingCap, tc.n, res)
 			require.Len(t, res.caps, len(movingCap.schedule))
-			assert.Less(t, share, 0.10, "429s of attempts")
+			// Runs differ a little: starts of the same instant reach the
+			// upstream in the order the scheduler runs them. Over five runs
+			// of each, one process drew 4.2–5.3%, three 3.9–5.3%, and three
+			// on a Redis at 2 ms 4.5–7.0%.
+			assert.Less(t, res.refusedShare(), 0.09, "429s of attempts")
 			for i, caps := range res.caps {
 				for j, c := range caps {
 					assert.InDelta(t, movingCap.schedule[i].Cap, c, 2, "phase %d, registry %d", i+1, j)
@@ -58,9 +65,6 @@ func TestFleetLearnsAMovingCapVirtual(t *testing.T) {
 			}
 			assert.Greater(t, res.u.Served, 300, "the fleet kept the upstream busy")
 		})
-	}
-	if len(shares) == 2 {
-		assert.LessOrEqual(t, shares[3], 1.5*shares[1]+0.01, "three processes draw about the 429s of one")
 	}
 }
 
