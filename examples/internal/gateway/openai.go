@@ -100,7 +100,7 @@ const unavailableRetryAfter = 5 * time.Second
 // is a 403, which clients do not retry, and a fleet store that cannot be
 // reached (on_unavailable "closed") is a 503. Only a refusal at the cap
 // (slots.ErrLimitReached) says the cap is 0: a wait that timed out may
-// carry no figures (a fleet's wait whose tries Redis never answered).
+// carry no figures (one on the provider's caps was seen with limit 0).
 func admissionAnswer(err error) (status int, retryAfter time.Duration, msg string) {
 	var le *slots.LimitError
 	switch {
