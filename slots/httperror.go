@@ -21,6 +21,7 @@ const StatusClientClosedRequest = 499
 //	wraps context.DeadlineExceeded        503, 1 s (the server's own deadline passed while waiting)
 //	wraps context.Canceled                499, 0 (the client went away)
 //	wraps ErrBadPriority                  400, 0 (PlaceFromHeaders met a bad X-Priority)
+//	*BadRequestError                      its Status (400 by default), 0
 //	anything else                         500, 0
 //
 // Retry-After is rounded up, so a client that honours it does not come back
@@ -38,6 +39,10 @@ func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 		return StatusClientClosedRequest, 0
 	case errors.Is(err, ErrBadPriority):
 		return http.StatusBadRequest, 0
+	}
+	var bad *BadRequestError
+	if errors.As(err, &bad) {
+		return bad.status(), 0
 	}
 	return http.StatusInternalServerError, 0
 }
@@ -80,7 +85,30 @@ func ErrorMessage(err error) string {
 	case errors.Is(err, ErrBadPriority):
 		return "unknown priority (want interactive, default or batch)"
 	}
+	var bad *BadRequestError
+	if errors.As(err, &bad) {
+		return bad.Reason
+	}
 	return "the request could not be admitted"
+}
+
+// BadRequestError is a request refused for its own fault before any cap
+// was asked: one whose body or headers do not say what it is for (a
+// pacing.Transport that cannot read a request's model, say). HTTPStatus
+// maps it to Status (400 Bad Request when 0), ErrorMessage to Reason, which
+// a client may be told: it must carry nothing secret.
+type BadRequestError struct {
+	Status int
+	Reason string
+}
+
+func (e *BadRequestError) Error() string { return "bad request: " + e.Reason }
+
+func (e *BadRequestError) status() int {
+	if e.Status == 0 {
+		return http.StatusBadRequest
+	}
+	return e.Status
 }
 
 // An ErrorWriter writes the answer to a request that was not served: it sets
@@ -166,8 +194,10 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 // the errors of its admit function. A refusal is answered as Middleware
 // answers it: a *LimitError with 429 (or WithRejectStatus's status) and
 // Retry-After, a wait cut by the server's deadline with 503 and
-// Retry-After, and any other admission error with HTTPStatus's status.
-// Every other error is the upstream's: 504 Gateway Timeout when the
+// Retry-After, and any other admission error with HTTPStatus's status. A
+// *BadRequestError (a request a pacing.Transport could not read) is
+// answered with its status and reason. Every other error is the
+// upstream's: 504 Gateway Timeout when the
 // request's deadline passed while the upstream had it, else 502 Bad
 // Gateway. When the client has gone, nothing is written. Without it,
 // ReverseProxy answers every rejection with an empty 502.
@@ -182,10 +212,13 @@ func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http
 			return // the client has gone: nobody to answer
 		}
 		var refused *admitError
+		var bad *BadRequestError
 		switch {
 		case errors.As(err, &refused):
 			status, retryAfter := cfg.status(refused.err)
 			writeError(w, cfg.writeError, status, retryAfter, ErrorMessage(refused.err))
+		case errors.As(err, &bad):
+			writeError(w, cfg.writeError, bad.status(), 0, bad.Reason)
 		case errors.Is(err, context.DeadlineExceeded):
 			writeError(w, cfg.writeError, http.StatusGatewayTimeout, 0, "the upstream did not answer in time")
 		default:

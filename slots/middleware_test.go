@@ -34,6 +34,8 @@ func TestHTTPStatus(t *testing.T) {
 		{"server deadline while waiting", fmt.Errorf("slots: acquire: %w", context.DeadlineExceeded), 503, time.Second},
 		{"client went away", fmt.Errorf("slots: acquire: %w", context.Canceled), 499, 0},
 		{"something else", errors.New("boom"), 500, 0},
+		{"a bad request", fmt.Errorf("pacing: %w", &slots.BadRequestError{Reason: "model: want a string"}), 400, 0},
+		{"a bad request with its status", &slots.BadRequestError{Status: 413, Reason: "too large"}, 413, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, ra := slots.HTTPStatus(tc.err)
@@ -41,6 +43,13 @@ func TestHTTPStatus(t *testing.T) {
 			assert.Equal(t, tc.retryAfter, ra)
 		})
 	}
+}
+
+// A client is told a bad request's reason, and nothing of an error the
+// package does not know.
+func TestErrorMessageOfABadRequest(t *testing.T) {
+	assert.Equal(t, "model: want a string", slots.ErrorMessage(fmt.Errorf("pacing: %w", &slots.BadRequestError{Reason: "model: want a string"})))
+	assert.Equal(t, "the request could not be admitted", slots.ErrorMessage(errors.New("dial tcp 10.0.0.7:443: secret-host")))
 }
 
 func TestMiddleware(t *testing.T) {

@@ -1,0 +1,288 @@
+package pacing
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"time"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Transport is the provider boundary as an http.RoundTripper: it admits
+// each request under a Gate (and a fleet's caps, with WithFleet), puts the
+// granted API key's credential on it, sends it, reports the upstream's
+// answer to the Gate before the request's slot can be freed, and holds the
+// slot until the response body is done, as a slots.Transport does. A
+// request that fails, or is refused, returns its error with nothing held.
+//
+// A refusal is returned as the error of the Gate or the fleet (a
+// *slots.LimitError, or the context's error), marked as a refusal:
+// slots.ProxyErrorHandler answers it with 429 and Retry-After in a
+// ReverseProxy. A request sent under slots.WithoutSlot takes no slot and
+// is not reported.
+//
+// Create one with NewTransport; the zero value is not usable.
+type Transport struct {
+	gate       *Gate
+	inner      *slots.Transport
+	base       http.RoundTripper
+	model      func(*http.Request) string // nil: the body's "model"
+	caps       FleetCaps
+	credential func(h http.Header, key string)
+	classifier Classifier
+}
+
+var _ http.RoundTripper = (*Transport)(nil)
+
+// FleetCaps is the fleet-wide side of a provider's caps: a
+// fleet.Registry[string] whose keys are "provider" and "model:" followed by
+// the model's name. A request takes the provider's key and, when its
+// limit is not slots.Unlimited, the model's, before it waits for the
+// Gate; every answer is reported to it as to the Gate.
+type FleetCaps interface {
+	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
+	Report(s *slots.Slot, v Verdict)
+	Limit(key string) int
+}
+
+// A TransportOption configures a Transport.
+type TransportOption func(*transportConfig)
+
+type transportConfig struct {
+	t      Transport
+	linger time.Duration
+}
+
+// DefaultCutLinger is how long a Transport keeps the slot of an exchange
+// cut short (the client went away mid-stream) after letting go of it: long
+// enough for an upstream on the same network to notice the cut, so that
+// the next request does not reach it while it still counts the cut one
+// (see slots.WithLinger).
+const DefaultCutLinger = 50 * time.Millisecond
+
+// WithCutLinger sets how long the slot of a cut exchange is kept after
+// this side has let go of it (default DefaultCutLinger; 0 or less: not
+// at all). See slots.WithLinger.
+func WithCutLinger(d time.Duration) TransportOption {
+	return func(c *transportConfig) { c.linger = d }
+}
+
+// WithModel sets how a request's model is found without reading its body
+// (from a header, or the path), for requests whose context has no
+// WithModelName. By default it is the "model" of the JSON body (see
+// ModelField), read into memory up to MaxModelBody.
+func WithModel(f func(*http.Request) string) TransportOption {
+	return func(c *transportConfig) {
+		if f != nil {
+			c.t.model = f
+		}
+	}
+}
+
+// WithCredential sets how a request is given its API key: f is called
+// with the outgoing request's headers (a copy) and the id of the key the
+// Gate granted, for requests granted a key from Config.APIKeys. Without
+// it, requests go with the credentials they came with. See BearerKeys.
+func WithCredential(f func(h http.Header, key string)) TransportOption {
+	return func(c *transportConfig) { c.t.credential = f }
+}
+
+// BearerKeys returns a credential function for WithCredential that sends
+// the secret of each key id as "Authorization: Bearer <secret>", and
+// removes the Authorization header for a key without a secret.
+func BearerKeys(secrets map[string]string) func(h http.Header, key string) {
+	return func(h http.Header, key string) {
+		if s := secrets[key]; s != "" {
+			h.Set("Authorization", "Bearer "+s)
+			return
+		}
+		h.Del("Authorization")
+	}
+}
+
+// WithFleet makes requests take the fleet's caps too (see FleetCaps).
+func WithFleet(caps FleetCaps) TransportOption {
+	return func(c *transportConfig) { c.t.caps = caps }
+}
+
+// WithClassifier sets how the upstream's answers are read (default
+// DefaultClassifier).
+func WithClassifier(cl Classifier) TransportOption {
+	return func(c *transportConfig) { c.t.classifier = cl }
+}
+
+// NewTransport returns a Transport that admits requests under gate and
+// sends them with base (nil: http.DefaultTransport). It panics if gate is
+// nil.
+func NewTransport(base http.RoundTripper, gate *Gate, opts ...TransportOption) *Transport {
+	if gate == nil {
+		panic("pacing: NewTransport needs a Gate")
+	}
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	c := transportConfig{t: Transport{gate: gate, base: base}, linger: DefaultCutLinger}
+	for _, o := range opts {
+		o(&c)
+	}
+	t := &c.t
+	t.inner = slots.NewTransport(reporter{t}, t.admit, slots.WithLinger(c.linger))
+	return t
+}
+
+// exchange is one request's admission, from RoundTrip to the reporter.
+type exchange struct {
+	model string
+	grant Grant
+	caps  *slots.Slot // the fleet's; nil without a fleet
+}
+
+type exchangeKey struct{}
+
+// RoundTrip admits req, sends it with its API key, and ties the slot to
+// the response body (see Transport). It never modifies req. A request
+// whose model cannot be found fails with a *slots.BadRequestError, with
+// nothing sent and nothing held.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	model, out, err := t.modelOf(req)
+	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		return nil, err
+	}
+	x := &exchange{model: model}
+	return t.inner.RoundTrip(out.WithContext(context.WithValue(out.Context(), exchangeKey{}, x)))
+}
+
+// modelOf returns req's model, and the request to send: req, or a copy
+// with the body it read to find the model.
+func (t *Transport) modelOf(req *http.Request) (string, *http.Request, error) {
+	if m, ok := req.Context().Value(modelKey{}).(string); ok {
+		return m, req, nil
+	}
+	if t.model != nil {
+		return t.model(req), req, nil
+	}
+	if req.Body == nil || req.Body == http.NoBody {
+		return "", req, nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(req.Body, MaxModelBody+1))
+	req.Body.Close()
+	if err != nil {
+		return "", nil, fmt.Errorf("pacing: reading the request body: %w", err)
+	}
+	if len(buf) > MaxModelBody {
+		return "", nil, &slots.BadRequestError{Status: http.StatusRequestEntityTooLarge,
+			Reason: fmt.Sprintf("the request body is over %d bytes", MaxModelBody)}
+	}
+	model, err := ModelField(buf)
+	if err != nil {
+		return "", nil, err
+	}
+	out := req.Clone(req.Context())
+	out.Body = io.NopCloser(bytes.NewReader(buf))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+	out.ContentLength = int64(len(buf))
+	return model, out, nil
+}
+
+// admit takes the fleet's caps, then waits for the Gate.
+func (t *Transport) admit(req *http.Request) (*slots.Slot, error) {
+	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
+	if x == nil {
+		return nil, errors.New("pacing: a request not sent through the Transport's RoundTrip")
+	}
+	ctx := req.Context()
+	if t.caps != nil {
+		keys := []string{"provider"}
+		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
+			keys = append(keys, mk)
+		}
+		s, err := t.caps.AcquireAll(ctx, keys...)
+		if err != nil {
+			return nil, err
+		}
+		x.caps = s
+	}
+	grant, err := t.gate.Acquire(ctx, x.model)
+	if err != nil {
+		x.caps.Release()
+		x.caps = nil
+		return nil, err
+	}
+	x.grant = grant
+	return slots.Combine(grant.Slot, x.caps), nil
+}
+
+// reporter sends a request under the slots Transport and reports the
+// answer to the Gate and the fleet before that Transport can free the
+// slot: a refusal lowers a learned cap before the next request starts.
+type reporter struct{ t *Transport }
+
+func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
+	t := r.t
+	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
+	if x != nil && x.grant.Key != "" && t.credential != nil {
+		req = req.Clone(req.Context()) // its own headers; the body is shared
+		t.credential(req.Header, x.grant.Key)
+	}
+	resp, err := t.base.RoundTrip(req)
+	if x == nil || x.grant.Slot == nil || x.grant.Slot.Bypassed() {
+		return resp, err // no slot, or one that holds nothing: no evidence
+	}
+	answer := resp
+	if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
+		answer = nil // no answer, or no admission of a model request
+	}
+	// An error answer is classified from its first bytes as they pass, by
+	// the body's end or Close at the latest: before the slot goes.
+	ClassifyAsRead(answer, t.classifier, func(v Verdict) {
+		t.gate.Report(x.grant, v)
+		if t.caps != nil && x.caps != nil {
+			t.caps.Report(x.caps, v)
+		}
+	})
+	return resp, err
+}
+
+// MaxModelBody bounds the request body a Transport reads to find its
+// model.
+const MaxModelBody = 8 << 20
+
+type modelKey struct{}
+
+// WithModelName returns a context under which a Transport takes model as
+// the request's model without reading its body: for a server that has
+// read the body already (see ModelField).
+func WithModelName(ctx context.Context, model string) context.Context {
+	return context.WithValue(ctx, modelKey{}, model)
+}
+
+// ModelField returns the "model" of a JSON request body, as an
+// OpenAI-compatible or Anthropic API puts it: "" if it has none (or it is
+// null). A body that is not a JSON object, or a model that is not a
+// string, is a *slots.BadRequestError.
+func ModelField(body []byte) (string, error) {
+	var v struct {
+		Model json.RawMessage `json:"model"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return "", &slots.BadRequestError{Reason: "the request body is not a JSON object"}
+	}
+	var model *string
+	if len(v.Model) > 0 {
+		if err := json.Unmarshal(v.Model, &model); err != nil {
+			return "", &slots.BadRequestError{Reason: "model: want a string"}
+		}
+	}
+	if model == nil {
+		return "", nil
+	}
+	return *model, nil
+}
