@@ -199,13 +199,29 @@ func (t *Transport) admit(req *http.Request) (*slots.Slot, error) {
 		return nil, errors.New("pacing: a request not sent through the Transport's RoundTrip")
 	}
 	ctx := req.Context()
+	if wait, ok := ctx.Value(waitKey{}).(context.Context); ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		defer context.AfterFunc(wait, cancel)()
+	}
+	tr, _ := ctx.Value(traceKey{}).(*Trace)
+	start := time.Now()
 	if t.caps != nil {
 		keys := []string{"provider"}
 		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
 			keys = append(keys, mk)
 		}
+		var done func()
+		if tr != nil && tr.FleetWait != nil {
+			done = tr.FleetWait()
+		}
 		s, err := t.caps.AcquireAll(ctx, keys...)
+		if done != nil {
+			done()
+		}
 		if err != nil {
+			tr.refused(err)
 			return nil, err
 		}
 		x.caps = s
@@ -214,10 +230,15 @@ func (t *Transport) admit(req *http.Request) (*slots.Slot, error) {
 	if err != nil {
 		x.caps.Release()
 		x.caps = nil
+		tr.refused(err)
 		return nil, err
 	}
 	x.grant = grant
-	return slots.Combine(grant.Slot, x.caps), nil
+	held := slots.Combine(grant.Slot, x.caps)
+	if tr != nil && tr.Admitted != nil {
+		tr.Admitted(Admission{Grant: grant, Held: held, Wait: time.Since(start)})
+	}
+	return held, nil
 }
 
 // reporter sends a request under the slots Transport and reports the
@@ -249,6 +270,51 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	})
 	return resp, err
+}
+
+// A Trace is told what a Transport does with one request, on the
+// goroutine that sends it, as net/http/httptrace's ClientTrace is: for
+// metrics and logs of a server that proxies the request. Attach it with
+// WithTrace; any of its functions may be nil.
+type Trace struct {
+	// FleetWait is called as the request starts to take the fleet's caps
+	// (WithFleet); the function it returns, if not nil, as that ends.
+	FleetWait func() (done func())
+	// Admitted is called once the request holds its slots.
+	Admitted func(Admission)
+	// Refused is called with the fleet's or the Gate's refusal.
+	Refused func(err error)
+}
+
+// An Admission is what a request was admitted with.
+type Admission struct {
+	Grant Grant       // the Gate's
+	Held  *slots.Slot // the Grant's slot and the fleet's, held together
+	Wait  time.Duration
+}
+
+func (tr *Trace) refused(err error) {
+	if tr != nil && tr.Refused != nil {
+		tr.Refused(err)
+	}
+}
+
+type traceKey struct{}
+
+// WithTrace returns a context under which a Transport tells tr what it
+// does with the request.
+func WithTrace(ctx context.Context, tr *Trace) context.Context {
+	return context.WithValue(ctx, traceKey{}, tr)
+}
+
+type waitKey struct{}
+
+// WithWaitContext returns a context under which a Transport gives up
+// waiting for admission when wait ends as well as when ctx does, while
+// the exchange itself runs under ctx alone: a server that drains ends the
+// waits of its requests, not the answers it is relaying.
+func WithWaitContext(ctx, wait context.Context) context.Context {
+	return context.WithValue(ctx, waitKey{}, wait)
 }
 
 // MaxModelBody bounds the request body a Transport reads to find its

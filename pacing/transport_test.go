@@ -454,3 +454,70 @@ func TestTransportCutStreamsStayWithinTheUpstreamsCap(t *testing.T) {
 		assert.Eventually(t, func() bool { return gate.Status().InFlight == 0 }, 5*time.Second, time.Millisecond, "every slot freed")
 	}
 }
+
+// A Trace is told of the fleet's wait, the admission with its wait and
+// what it holds, and a refusal.
+func TestTransportTrace(t *testing.T) {
+	base, _ := recording(t)
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1, MaxQueueWaitMS: 20})
+	f := &fakeFleet{}
+	rt := pacing.NewTransport(base, gate, pacing.WithFleet(f))
+	var (
+		fleetWaits, fleetDone int
+		admitted              []pacing.Admission
+		refused               []error
+	)
+	tr := &pacing.Trace{
+		FleetWait: func() func() { fleetWaits++; return func() { fleetDone++ } },
+		Admitted:  func(a pacing.Admission) { admitted = append(admitted, a) },
+		Refused:   func(err error) { refused = append(refused, err) },
+	}
+	ctx := pacing.WithTrace(t.Context(), tr)
+	resp, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
+	require.NoError(t, err)
+	require.Len(t, admitted, 1)
+	assert.Equal(t, 1, admitted[0].Grant.InFlight)
+	assert.False(t, admitted[0].Held.Released())
+	_, err = rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
+	require.ErrorIs(t, err, slots.ErrWaitTimeout)
+	require.Len(t, refused, 1)
+	assert.ErrorIs(t, refused[0], slots.ErrWaitTimeout)
+	assert.Equal(t, 2, fleetWaits)
+	assert.Equal(t, 2, fleetDone)
+	done(t, resp)
+	assert.True(t, admitted[0].Held.Released(), "the body's end released what was held")
+	// A request without a Trace is admitted as well.
+	resp, err = rt.RoundTrip(post(t, t.Context(), `{"model":"m"}`))
+	require.NoError(t, err)
+	done(t, resp)
+}
+
+// WithWaitContext ends a wait for admission, not the exchange of a request
+// admitted before it ended.
+func TestTransportWaitContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		u := &pacingtest.Upstream{HeaderDelay: time.Millisecond}
+		u.Start()
+		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+		rt := pacing.NewTransport(u, gate)
+		drain, drained := context.WithCancel(context.Background())
+		ctx := pacing.WithWaitContext(t.Context(), drain)
+		req := post(t, ctx, `{"model":"m"}`)
+		req.Header.Set(pacingtest.ServiceHeader, "1s")
+		held, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		waited := make(chan error, 1)
+		go func() {
+			_, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
+			waited <- err
+		}()
+		synctest.Wait()
+		drained()
+		require.ErrorIs(t, <-waited, context.Canceled, "the wait ended with the drain")
+		_, err = io.Copy(io.Discard, held.Body)
+		require.NoError(t, err, "the admitted answer is relayed to its end")
+		held.Body.Close()
+		assert.Equal(t, 1, u.Counts().Served)
+		assert.Zero(t, gate.Status().InFlight)
+	})
+}

@@ -111,14 +111,16 @@ const OrgHeader = "X-Org-ID"
 
 var errUnexpectedUpgrade = errors.New("gateway: the upstream switched protocols")
 
-// grantKey carries the provider grant from the handler to the transport.
-type grantKey struct{}
+// exchangeKey carries a model request's exchange from the handler to the
+// proxy's ErrorHandler.
+type exchangeKey struct{}
 
-type pendingGrant struct {
-	grant pacing.Grant
-	caps  *slots.Slot // the fleet's caps; nil without a fleet
-	slot  *slots.Slot // the grant's slot, with the fleet's caps if any
-	taken bool        // the transport tied the slot to the upstream exchange
+// exchange is what the handler learns of a model request's admission by
+// the provider's Transport.
+type exchange struct {
+	model    string
+	admitted *pacing.Admission // nil: not admitted
+	refused  error             // the provider's refusal, if any
 }
 
 // An Option configures a Gateway.
@@ -176,14 +178,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 			pr.SetURL(target)
 			pr.Out.Host = target.Host
 		},
-		Transport: slots.NewTransport(reporter{base, g}, func(r *http.Request) (*slots.Slot, error) {
-			p, _ := r.Context().Value(grantKey{}).(*pendingGrant)
-			if p == nil {
-				return nil, nil // a request that takes no provider slot
-			}
-			p.taken = true
-			return p.slot, nil
-		}, slots.WithLinger(cfg.cutLinger())),
+		Transport: g.providerTransport(cfg, base),
 		// The model API never switches protocols; httputil.ReverseProxy
 		// would leave an unasked-for 101's connection (and so its slot)
 		// open, so such an answer is an error, whose body the proxy closes.
@@ -196,6 +191,15 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
 			if r.Context().Err() != nil {
 				return // the client has gone: nobody to answer
+			}
+			if x, _ := r.Context().Value(exchangeKey{}).(*exchange); x != nil && x.refused != nil {
+				g.rejectWait(w, r, x.model, x.refused)
+				return
+			}
+			var bad *slots.BadRequestError
+			if errors.As(err, &bad) { // not a model request's: it has its model
+				writeOpenAIError(w, http.StatusBadRequest, bad.Reason)
+				return
 			}
 			g.log.Warn("gateway: upstream error", slog.String("path", r.URL.Path), slog.Any("error", err))
 			writeOpenAIError(w, http.StatusBadGateway, "the upstream could not be reached")
@@ -340,71 +344,59 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	} else if !ok {
 		prio = slots.PriorityDefault
 	}
+	// The provider's Transport waits for the fleet's caps and the Gate
+	// under ctx, ended by Drain as well; the upstream exchange is not.
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
-	// The waits end at Drain as well; the upstream exchange does not.
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	defer context.AfterFunc(g.draining, cancel)()
+	ctx = pacing.WithWaitContext(pacing.WithModelName(ctx, model), g.draining)
 	mm := g.modelMetrics(model)
-	waitStart := time.Now()
-	var capSlot *slots.Slot // the fleet's provider and model caps
-	if g.caps != nil {
-		mm.fleetWaiting.Add(1)
-		capSlot, err = g.caps.AcquireAll(ctx, g.capKeys(model)...)
-		mm.fleetWaiting.Add(-1)
-		if err != nil {
+	x := &exchange{model: model}
+	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), &pacing.Trace{
+		FleetWait: func() func() {
+			mm.fleetWaiting.Add(1)
+			return func() { mm.fleetWaiting.Add(-1) }
+		},
+		Admitted: func(a pacing.Admission) {
+			x.admitted = &a
+			for _, m := range g.heldBy(a, mm) {
+				m.admitted(a.Wait, a.Held.Bypassed())
+			}
+		},
+		Refused: func(err error) {
+			x.refused = err
 			g.provider.rejected(err)
 			mm.rejected(err)
-			g.rejectWait(w, r, model, err)
-			return
-		}
-	}
-	grant, err := g.gate.Acquire(ctx, model)
-	if err != nil {
-		capSlot.Release()
-		g.provider.rejected(err)
-		mm.rejected(err)
-		g.rejectWait(w, r, model, err)
-		return
-	}
-	granted := time.Now()
-	// The caps this grant holds, for their metrics: the provider, its
-	// model, and its API key when it was given one (a bypass is not).
-	held := []*capMetrics{g.provider, mm}
-	if km := g.keys[grant.Key]; km != nil {
-		held = append(held, km)
-	}
-	// A bypass of the fleet's caps (on_wait_timeout "proceed") holds them
-	// no more than a bypass of the Gate.
-	bypassed := grant.Slot.Bypassed() || capSlot != nil && capSlot.Bypassed()
-	for _, m := range held {
-		m.admitted(granted.Sub(waitStart), bypassed)
-	}
-	p := &pendingGrant{grant: grant, caps: capSlot, slot: slots.Combine(grant.Slot, capSlot)}
-	defer func() {
-		if !p.taken { // the proxy failed before sending: free it here
-			p.slot.Release()
-		}
-		if bypassed {
-			return // it held nothing
-		}
-		// The proxy has closed the upstream body by now, which released
-		// the slot (a cut stream's linger aside).
-		hold := time.Since(granted)
-		for _, m := range held {
+		},
+	})
+	g.proxy.ServeHTTP(w, r.WithContext(ctx))
+	// The proxy has closed the upstream body by now, which released the
+	// slot (a cut stream's linger aside). A bypass (fail-open) held
+	// nothing.
+	if a := x.admitted; a != nil && !a.Held.Bypassed() {
+		hold := time.Since(a.Held.AcquiredAt())
+		for _, m := range g.heldBy(*a, mm) {
 			m.released(hold)
 		}
-	}()
-	out := r.WithContext(context.WithValue(r.Context(), grantKey{}, p))
-	if grant.Key != "" {
-		// The key's id is a name; its secret, if it has one, is the credential.
-		if secret := g.apiKeys[grant.Key]; secret != "" {
-			out.Header.Set("Authorization", "Bearer "+secret)
-		} else {
-			out.Header.Del("Authorization")
-		}
 	}
-	g.proxy.ServeHTTP(w, out)
+}
+
+// heldBy returns the metrics of the caps an admission holds: the
+// provider's, its model's (mm), and its API key's when it was given one.
+func (g *Gateway) heldBy(a pacing.Admission, mm *capMetrics) []*capMetrics {
+	if km := g.keys[a.Grant.Key]; km != nil {
+		return []*capMetrics{g.provider, mm, km}
+	}
+	return []*capMetrics{g.provider, mm}
+}
+
+// providerTransport returns the proxy's Transport: the provider's caps
+// (with a fleet, the fleet's first), its pacing and API keys, and every
+// answer reported before the request's slots can go.
+func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.RoundTripper {
+	opts := []pacing.TransportOption{pacing.WithCredential(pacing.BearerKeys(g.apiKeys)), pacing.WithCutLinger(cfg.cutLinger())}
+	if g.caps != nil {
+		opts = append(opts, pacing.WithFleet(g.caps))
+	}
+	return pacing.NewTransport(base, g.gate, opts...)
 }
 
 // maxNameBytes bounds an org or model name: each is part of a key in
@@ -422,42 +414,4 @@ func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model strin
 		return
 	}
 	g.reject(w, r, "provider", model, err)
-}
-
-// reporter is the RoundTripper under the slots Transport: it tells the Gate
-// how the upstream answered each request that holds a provider grant. It
-// runs before the Transport ties the slot to the answer's body or frees it
-// after an error, so a refusal lowers the learned cap before its slot can
-// let the next request start; and the proxy makes one round trip per
-// request, so each grant is reported once. A request that could not be
-// sent, or got no answer, is reported as Classify reads a nil answer: no
-// evidence about the cap.
-type reporter struct {
-	base http.RoundTripper
-	g    *Gateway
-}
-
-func (t reporter) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := t.base.RoundTrip(r)
-	p, _ := r.Context().Value(grantKey{}).(*pendingGrant)
-	if p == nil || p.grant.Slot.Bypassed() {
-		return resp, err // no grant, or one that holds nothing: no evidence
-	}
-	answer := resp
-	if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
-		// A response that comes with an error is dropped, and an upgrade
-		// is refused (see ModifyResponse): neither is an admission.
-		answer = nil
-	}
-	// An error answer is classified from its first bytes as the proxy
-	// passes them on, not held up for them: its body may come slowly. The
-	// verdict comes at the latest when the body ends or is closed, and so
-	// before the slots Transport, above, can free the slot.
-	pacing.ClassifyAsRead(answer, nil, func(v pacing.Verdict) {
-		t.g.gate.Report(p.grant, v)
-		if t.g.fleetLearns {
-			t.g.caps.Report(p.caps, v) // the fleet's learned caps
-		}
-	})
-	return resp, err
 }
