@@ -241,8 +241,14 @@ func run(args []string, stdout, stderr io.Writer) error {
 	withShares.Shares = map[string]pacing.ShareConfig{"batch": {Min: 1}}
 
 	progress := newProgress(stderr)
-	fmt.Fprintf(stdout, "provider allows %d in flight per account; %d batch turns (%v-%v) and %d interactive turns (%v-%v)\n\n",
-		*accountLimit, *batch, d(300), d(800), *interactive, d(40), d(120))
+	fmt.Fprintf(stdout, "a provider that allows %d requests in flight per account and answers 429 past them;\n"+
+		"%d batch turns of %v-%v on the heavy model glm-5, %d interactive turns of %v-%v on glm-4-air\n\n"+
+		"  direct               every request goes straight to the provider; a client retries a 429\n"+
+		"                       twice, 50 ms apart, as SDKs do, so one request may draw three 429s\n"+
+		"  through the gateway  the gateway caps the provider at %d and glm-5 at %d, and queues\n"+
+		"                       the rest (up to %d) until a slot frees\n\n",
+		*accountLimit, *batch, d(300), d(800), *interactive, d(40), d(120),
+		*accountLimit, min(*modelCap, *accountLimit), len(reqs))
 	var out outcome
 	out.direct = runWorkload("direct", provURL, prov, reqs, false, progress)
 	runs := []struct {
@@ -276,7 +282,16 @@ func run(args []string, stdout, stderr io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
-	fmt.Fprintf(stdout, "\nthe batch on the whole account (no model cap), through the gateway; with classes batch keeps a minimum of 1 slot\n\n")
+	fmt.Fprint(stdout, `
+  completed              requests answered 200 and streamed to their end
+  upstream 429s          the provider's refusals, retries included
+  peak open at provider  the most requests the provider had open at once, refused ones included
+  interactive p50, p95   latencies of the interactive turns, from the first attempt to the end
+`)
+	fmt.Fprintf(stdout, "\nthe batch on the whole account (no model cap), through the gateway capped at %d:\n"+
+		"  one queue         every request waits in arrival order\n"+
+		"  priority classes  interactive requests say X-Priority: interactive and go first;\n"+
+		"                    the batch org is batch by config and keeps a minimum of 1 slot\n\n", *accountLimit)
 	tw = tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\tcompleted\tupstream 429s\tpeak open at provider\tinteractive p50\tinteractive p95\tbatch p95\twall time\t")
 	for _, r := range []result{out.oneQueue, out.classes} {
@@ -284,6 +299,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
+	fmt.Fprint(stdout, "\n  batch p95  the 95th percentile latency of the batch turns; the other columns as above\n")
 	// With -fleet, one redis-server for the fleet's runs (the moving cap's
 	// and the three gateways').
 	redisAddr := ""
@@ -358,7 +374,9 @@ func serve(h http.Handler) (string, func(), error) {
 // with its own caps (the account sees up to three times the cap), then all
 // three sharing their caps on one redis-server.
 func runFleet(stdout io.Writer, provURL, addr string, prov *upstream.Provider, reqs []request, caps pacing.Config, progress *progress, out *outcome) error {
-	fmt.Fprintf(stdout, "\nthree gateways, the requests spread over them in turn\n\n")
+	fmt.Fprintf(stdout, "\nthree gateways, the requests spread over them in turn, with the priority classes above:\n"+
+		"  caps per gateway   each caps the provider at %d on its own: together they allow three times that\n"+
+		"  caps on one Redis  the three share their caps and one queue on a redis-server\n\n", caps.MaxConcurrentRequests)
 	orgs := gateway.OrgsConfig{DefaultLimit: len(reqs), Priorities: map[string]string{"batch-jobs": "batch"}}
 	for _, run := range []struct {
 		res   *result

@@ -40,6 +40,16 @@ func TestDemo(t *testing.T) {
 		assert.LessOrEqual(t, r.peak, int64(5), r.name)
 	}
 	assert.Contains(t, out.String(), "priority classes")
+	// The demo says what each run is and what each column means.
+	for _, said := range []string{
+		"a client retries a 429\n                       twice",
+		"the gateway caps the provider at 5 and glm-5 at 3",
+		"  peak open at provider  the most requests the provider had open at once",
+		"  interactive p50, p95   latencies of the interactive turns",
+		"  batch p95  the 95th percentile latency of the batch turns",
+	} {
+		assert.Contains(t, out.String(), said)
+	}
 }
 
 func TestDemoFlags(t *testing.T) {
@@ -67,10 +77,13 @@ func TestDemoShowsProgress(t *testing.T) {
 	var stderr strings.Builder
 	require.NoError(t, run([]string{"-batch", "4", "-interactive", "4", "-scale", "0.1", "-phase", "300ms"}, io.Discard, &stderr))
 	for _, phase := range []string{"direct", "through the gateway", "one queue", "priority classes"} {
-		assert.Regexp(t, phase+` +8/8 done, +\d+ open at the provider, +\d+ upstream 429s so far`, stderr.String())
+		assert.Regexp(t, phase+` +8 of 8 requests done, +\d+ open at the provider now, +\d+ upstream 429s so far`, stderr.String())
 	}
+	// One line for the four runs of the moving cap, each run's figures
+	// named.
 	n := 4 * lastOutcome.moving[0].requests
-	assert.Regexp(t, fmt.Sprintf(`hidden cap moving +%d/%d done, open at the providers \d+/\d+/\d+/\d+, upstream 429s so far \d+/\d+/\d+/\d+`, n, n), stderr.String())
+	assert.Regexp(t, fmt.Sprintf(`hidden cap moving, the 4 runs together %d of %d requests done, at each run's provider now `+
+		`\(static cap 5: \d+ open, \d+ 429s; static cap 20: \d+ open, \d+ 429s; static cap 40: \d+ open, \d+ 429s; learned \(adaptive\): \d+ open, \d+ 429s\)`, n, n), stderr.String())
 }
 
 // TestDemoMovingCap runs the moving cap's part with phases of 2 s, on a
@@ -90,6 +103,7 @@ func TestDemoMovingCap(t *testing.T) {
 	checkMoving(t, lastOutcome.moving)
 	assert.Zero(t, lastOutcome.moving[0].refused, "a cap under every hidden one meets no 429s")
 	assert.Contains(t, out.String(), "learned (adaptive)")
+	assert.Contains(t, out.String(), "  turned away    turns the gateway refused itself")
 }
 
 // checkMoving checks the moving cap's runs: a static cap is never exceeded

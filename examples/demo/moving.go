@@ -120,13 +120,13 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, redisAddr str
 		})
 	}
 	start.Wait() // one progress line for the four runs, once each has its provider
-	stop := progress.startWith("hidden cap moving", len(runs)*len(turns), &done, func() string {
-		var open, refused []string
-		for _, h := range hidden {
-			open = append(open, fmt.Sprint(h.Open()))
-			refused = append(refused, fmt.Sprint(h.U.Counts().Refused))
+	// Each run has its own provider: the line names each run's figures.
+	stop := progress.startWith(fmt.Sprintf("hidden cap moving, the %d runs together", len(runs)), len(runs)*len(turns), &done, func() string {
+		var each []string
+		for i, h := range hidden {
+			each = append(each, fmt.Sprintf("%s: %d open, %d 429s", runs[i].name, h.Open(), h.U.Counts().Refused))
 		}
-		return fmt.Sprintf("open at the providers %s, upstream 429s so far %s", strings.Join(open, "/"), strings.Join(refused, "/"))
+		return "at each run's provider now (" + strings.Join(each, "; ") + ")"
 	})
 	close(began)
 	wg.Wait()
@@ -144,6 +144,15 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, redisAddr str
 			r.turned, 100*r.used, r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond))
 	}
 	tw.Flush()
+	fmt.Fprintf(stdout, `
+  completed      turns streamed to their end, of those sent to the run's gateway
+  upstream 429s  the provider's refusals, passed on to the clients (who do not retry)
+  of attempts    those 429s as a share of the requests that reached the provider
+  turned away    turns the gateway refused itself: its queue full, or %v waited
+  capacity used  the work the provider served, as a share of its hidden cap
+                 times the %v of the phases
+  p50, p95       latencies of the completed turns, from arrival to the stream's end
+`, time.Duration(queue.MaxQueueWaitMS)*time.Millisecond, window)
 	for _, r := range results {
 		if r.learnedAt != nil {
 			fmt.Fprintf(stdout, "\n%s: the learned cap at the end of each phase: %s (the hidden cap: %s)",

@@ -33,7 +33,7 @@ func newProgress(w io.Writer) *progress {
 func (p *progress) start(name string, total int, done *atomic.Int64, prov *upstream.Provider) (stop func()) {
 	return p.startWith(name, total, done, func() string {
 		c := prov.Counts()
-		return fmt.Sprintf("%2d open at the provider, %3d upstream 429s so far", c.InFlight, c.Refused)
+		return fmt.Sprintf("%2d open at the provider now, %3d upstream 429s so far", c.InFlight, c.Refused)
 	})
 }
 
@@ -44,7 +44,7 @@ func (p *progress) startWith(name string, total int, done *atomic.Int64, state f
 	}
 	began := time.Now()
 	line := func() string {
-		return fmt.Sprintf("%-20s %3d/%d done, %s, %5.1fs", name, done.Load(), total, state(), time.Since(began).Seconds())
+		return fmt.Sprintf("%-20s %3d of %d requests done, %s, %5.1fs", name, done.Load(), total, state(), time.Since(began).Seconds())
 	}
 	quit, finished := make(chan struct{}), make(chan struct{})
 	go func() {

@@ -2,7 +2,11 @@
 // that the example gateway has something to proxy to: it streams chat
 // completions as server-sent events (a token every 20 ms, for "turn_ms" of
 // the request's JSON body, 1000 by default) and answers 429 (code 1302) past
-// -limit requests in flight.
+// -limit requests in flight. While it runs, it prints a line of its counts
+// each -every (1 s by default) in which they changed: the requests open
+// now against its limit, and since the start those served, those refused
+// and the most open at once (refused ones included: the burst the account
+// saw).
 //
 //	go run ./examples/upstream -listen 127.0.0.1:9000 -limit 5
 package main
@@ -35,6 +39,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:9000", "address to listen on")
 	limit := fs.Int("limit", 5, "requests in flight allowed before 429s")
+	every := fs.Duration("every", time.Second, "how often to print the counts when they changed (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return 0
@@ -43,6 +48,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	}
 	if *limit < 1 {
 		fmt.Fprintln(stderr, "upstream: -limit must be at least 1")
+		return 2
+	}
+	if *every < 0 {
+		fmt.Fprintln(stderr, "upstream: -every must not be negative")
 		return 2
 	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
@@ -54,6 +63,9 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	p := upstream.New(*limit)
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
 	log.Info("upstream: listening", slog.String("addr", ln.Addr().String()), slog.Int("limit", *limit))
+	if *every > 0 {
+		go report(ctx, p, *limit, *every, stderr)
+	}
 	go func() {
 		<-ctx.Done()
 		shutdown, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -67,4 +79,24 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	c := p.Counts()
 	log.Info("upstream: stopped", slog.Int64("served", c.Served), slog.Int64("refused", c.Refused), slog.Int64("peak_in_flight", c.Peak))
 	return 0
+}
+
+// report prints p's counts each every in which they changed, until ctx
+// ends.
+func report(ctx context.Context, p *upstream.Provider, limit int, every time.Duration, w io.Writer) {
+	tick := time.NewTicker(every)
+	defer tick.Stop()
+	var last upstream.Counts
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+		if c := p.Counts(); c != last {
+			fmt.Fprintf(w, "upstream: open %d of %d now; since the start %d served, %d refused (429), at most %d open at once\n",
+				c.InFlight, limit, c.Served, c.Refused, c.Peak)
+			last = c
+		}
+	}
 }

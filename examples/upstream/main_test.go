@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -40,11 +41,27 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 	}
 }
 
+// await reads lines until one contains want, failing the test after 10 s.
+func (w *lineWriter) await(t *testing.T, want string) {
+	t.Helper()
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case line := <-w.lines:
+			if strings.Contains(line, want) {
+				return
+			}
+		case <-timeout:
+			t.Fatalf("no line with %q", want)
+		}
+	}
+}
+
 func TestUpstream(t *testing.T) {
 	ctx, stop := context.WithCancel(context.Background())
 	out := &lineWriter{lines: make(chan string, 16)}
 	code := make(chan int, 1)
-	go func() { code <- run(ctx, []string{"-listen", "127.0.0.1:0", "-limit", "1"}, out) }()
+	go func() { code <- run(ctx, []string{"-listen", "127.0.0.1:0", "-limit", "1", "-every", "10ms"}, out) }()
 	addr := regexp.MustCompile(`addr=(\S+)`).FindStringSubmatch(<-out.lines)[1]
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
@@ -62,12 +79,15 @@ func TestUpstream(t *testing.T) {
 	second.Body.Close()
 	assert.Equal(t, http.StatusTooManyRequests, second.StatusCode, "past the limit of 1")
 	assert.Contains(t, string(body), `"code":"1302"`)
+	// The live line: the stream still open, the refusal counted.
+	out.await(t, "upstream: open 1 of 1 now; since the start 0 served, 1 refused (429), at most 2 open at once")
 	first.Body.Close()
 
 	stop()
+	out.await(t, `msg="upstream: stopped"`)
 	assert.Equal(t, 0, <-code)
-	assert.Contains(t, <-out.lines, `msg="upstream: stopped"`)
 	var usage strings.Builder
 	assert.Equal(t, 0, run(context.Background(), []string{"-h"}, &usage))
 	assert.Contains(t, usage.String(), "-limit")
+	assert.Equal(t, 2, run(context.Background(), []string{"-every", "-1s"}, &usage))
 }
