@@ -10,10 +10,31 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
 )
+
+// LimitProvider puts a provider's caps in front of an existing reverse
+// proxy: 8 requests in flight at most, of which glm-5 takes as many as
+// the provider's 429s show it allows (3 at most), each sent with one of
+// two API keys of 4 each. A request waits its turn (60 s at most), holds
+// its slots until its streamed answer ends, and is answered 429 with
+// Retry-After if its turn does not come.
+func LimitProvider(proxy *httputil.ReverseProxy, secrets map[string]string) (*pacing.Gate, error) {
+	gate, err := pacing.NewGate("provider", pacing.Config{
+		MaxConcurrentRequests: 8,
+		Models:                map[string]pacing.ModelConfig{"glm-5": {Adaptive: &pacing.AdaptiveConfig{Max: 3}}},
+		APIKeys:               []pacing.KeyConfig{{ID: "a", MaxConcurrentRequests: 4}, {ID: "b", MaxConcurrentRequests: 4}},
+	})
+	if err != nil {
+		return nil, err
+	}
+	proxy.Transport = pacing.NewTransport(proxy.Transport, gate, pacing.WithCredential(pacing.BearerKeys(secrets)))
+	proxy.ErrorHandler = slots.ProxyErrorHandler()
+	return gate, nil
+}
 
 // NewCappedClient returns an HTTP client that has at most 8 requests in
 // flight to its upstreams. A streamed answer keeps its slot until its body

@@ -13,6 +13,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
 	"net/url"
 	"os"
 	"path/filepath"
@@ -27,6 +28,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/examples/internal/gateway"
+	"github.com/inflight-go/inflight/pacing/pacingtest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -124,6 +126,22 @@ func TestREADMEGatewayConfigParses(t *testing.T) {
 	cfg, err := gateway.ParseConfig([]byte(blocks[0]))
 	require.NoError(t, err)
 	assert.NotEmpty(t, cfg.Upstream)
+	shipped, err := os.ReadFile("../gateway/gateway.json")
+	require.NoError(t, err)
+	assert.Equal(t, string(shipped), blocks[0], "the README shows examples/gateway/gateway.json as it is")
+	assert.Zero(t, cfg.Provider.RequestsPerMinute+int(cfg.Provider.MinIntervalMS), "a first run shows caps, not pacing")
+
+	// The gateway's own page: its fuller configuration parses too, with
+	// the key's variable set as an operator would.
+	page, err := os.ReadFile("../gateway/README.md")
+	require.NoError(t, err)
+	fuller := fenced(page, "json")
+	require.NotEmpty(t, fuller)
+	t.Setenv("PROVIDER_KEY_1", "sk-from-the-environment")
+	for i, b := range fuller {
+		_, err := gateway.ParseConfig([]byte(b))
+		assert.NoError(t, err, "json block %d of examples/gateway/README.md", i+1)
+	}
 }
 
 // TestREADMEPathsExist: every ./examples/... path in the README's shell
@@ -325,3 +343,68 @@ func waitFor(t *testing.T, cond func() bool) {
 	t.Helper()
 	require.Eventually(t, cond, 10*time.Second, time.Millisecond)
 }
+
+// LimitProvider, added to a reverse proxy whose Transport is the simulated
+// provider (which allows 2 requests at once on the account): twenty
+// streaming requests for glm-5 at once are answered 200, or 429 as the
+// provider refused the one that tested the model's cap; the provider never
+// has more than the model's 3 at most; the model's cap is learned; every
+// request goes with one of the pool's keys; nothing stays held.
+func TestLimitProvider(t *testing.T) {
+	provider := &pacingtest.Upstream{Schedule: []pacingtest.Step{{Cap: 2}}, HeaderDelay: 5 * time.Millisecond, RefusalDelay: 5 * time.Millisecond}
+	provider.Start()
+	var mu sync.Mutex
+	auths := map[string]int{}
+	existing := roundTrip(func(r *http.Request) (*http.Response, error) {
+		mu.Lock()
+		auths[r.Header.Get("Authorization")]++
+		mu.Unlock()
+		return provider.RoundTrip(r)
+	})
+	target, _ := url.Parse("https://api.provider.example")
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	proxy.Transport = existing
+	gate, err := LimitProvider(proxy, map[string]string{"a": "sk-a", "b": "sk-b"})
+	require.NoError(t, err)
+	t.Cleanup(gate.Close)
+	gw := httptest.NewServer(proxy)
+	t.Cleanup(gw.Close)
+
+	var wg sync.WaitGroup
+	codes := make(chan int, 20)
+	for range 20 {
+		wg.Go(func() {
+			req, _ := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(`{"model":"glm-5","stream":true}`))
+			req.Header.Set("Authorization", "Bearer the-clients-own")
+			req.Header.Set(pacingtest.ServiceHeader, "100ms")
+			resp, err := gw.Client().Do(req)
+			if !assert.NoError(t, err) {
+				return
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		})
+	}
+	wg.Wait()
+	close(codes)
+	byCode := map[int]int{}
+	for c := range codes {
+		byCode[c]++
+	}
+	c := provider.Counts()
+	learned := gate.Learned().Models["glm-5"]
+	t.Logf("answers by status %v; the provider: %d attempts, %d refused, at most %d at once; glm-5's learned cap %d; keys sent %v",
+		byCode, c.Attempts, c.Refused, c.Peak, learned.Cap, auths)
+	assert.Equal(t, 20, byCode[200]+byCode[429], "every request answered 200 or 429")
+	assert.Equal(t, c.Refused, byCode[429], "a 429 is the provider's refusal, passed on")
+	assert.LessOrEqual(t, c.Peak, 3, "never more than the model's most")
+	assert.Equal(t, 2, learned.Cap, "the model's cap learned from the refusal")
+	assert.Zero(t, auths["Bearer the-clients-own"], "the client's key never reaches the provider")
+	assert.Equal(t, c.Attempts, auths["Bearer sk-a"]+auths["Bearer sk-b"], "every request with one of the pool's keys")
+	assert.Zero(t, gate.Status().InFlight)
+}
+
+type roundTrip func(*http.Request) (*http.Response, error)
+
+func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
