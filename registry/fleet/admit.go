@@ -106,6 +106,9 @@ type acquireCall[K comparable] struct {
 	until   int64
 	carried []*lease[K]
 	learned bool // a key is learned: an admission's reply tells its start
+	// epoch is the epoch the call carries (0: this process has had no
+	// reply from Redis yet).
+	epoch int64
 }
 
 // lateSpan is how long after it is made a call may still be running as a
@@ -137,8 +140,9 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 		wait += 2 // the reply tells what a learned cap needs
 		c.learned = true
 	}
+	c.epoch = r.epoch.Load()
 	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until),
-		r.epoch.Load(), r.pause.Milliseconds(), wait, r.claim.Milliseconds(), rank, flow, weight,
+		c.epoch, r.pause.Milliseconds(), wait, r.claim.Milliseconds(), rank, flow, weight,
 		r.proc, r.wakePrefix, r.maxQueue, r.maxFlowQueue, r.live.Milliseconds())
 	for _, n := range l.limits {
 		c.args = append(c.args, n)
@@ -224,7 +228,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 			}
 			return r.unavailable(ctx, l)
 		}
-		rp = r.callOrAbandon(callCtx, l, c)
+		rp = r.callOrAbandon(callCtx, l, c, w)
 		// Refused as late, with nothing done: the server's clock is ahead
 		// of what earlier replies told (it jumped, or a client timeout
 		// longer than the call timeout let the call run on). The reply
@@ -301,10 +305,16 @@ func (r *Registry[K]) refused(l *lease[K], res []int64) outcome {
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
 }
 
-// callOrAbandon makes l's acquire call. If the call panics (a client hook),
-// whatever it may have added is taken back before the panic goes on: l is
-// not held, so nothing else would renew or remove it.
-func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireCall[K]) reply {
+// callOrAbandon makes l's acquire call; for a waiter w not yet queued in
+// Redis, in line behind the calls of the waiters before it (see calls).
+// A call that carries no epoch yet (this process has had no reply from
+// Redis) is not: the waiters after it wait for its reply, so that theirs
+// carry the epoch it tells and a Redis that lost its data meanwhile
+// pauses them. A waiter queued in Redis already has its place there. If
+// the call panics (a client hook), whatever it may have added is taken
+// back before the panic goes on: l is not held, so nothing else would
+// renew or remove it.
+func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireCall[K], w *waiter) reply {
 	l.until = max(l.until, c.until) // l is not shared yet
 	ok := false
 	defer func() {
@@ -312,7 +322,11 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 			r.queueRelease(l.abandonment())
 		}
 	}()
-	rp := r.call(ctx, c.keys, c.args, len(l.names), c.until)
+	var placed func()
+	if w != nil && w.queuedAs == "" && c.epoch != 0 {
+		placed = func() { r.placed(w) }
+	}
+	rp := r.call(ctx, c.keys, c.args, len(l.names), c.until, placed)
 	ok = true
 	return rp
 }

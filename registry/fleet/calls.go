@@ -16,6 +16,19 @@ import (
 // time one comes back, everything queued goes as one pipeline: one write
 // and one read for many calls. A caller alone sends its call at once, as a
 // plain EVALSHA.
+//
+// A waiter's first call is ordered: it reaches Redis after every ordered
+// call on any of its capped keys made before it in this process, so that
+// the process's waiters take their places in the fleet's queue in the
+// order they came. While an ordered call on a key is on its way, later
+// ordered calls on that key queue for the pipeline that follows it. A
+// waiter lets the next waiter of its keys call as soon as its own call is
+// placed (see Registry.placed): sent, or queued within a pipeline's reach
+// (maxPipeline ordered calls on its keys ahead of it at most; one further
+// back is placed when those ahead of it have gone). So a process sends a
+// burst of waiters on one key in pipelines of maxPipeline, one round trip
+// each, and never queues more of them than the next pipeline takes: none
+// waits out its call timeout in the queue while Redis answers.
 const (
 	maxSending  = 2
 	maxPipeline = 128
@@ -36,14 +49,20 @@ type calls struct {
 	sending int        // calls and pipelines on their way
 	max     int        // maxSending (tests lower it)
 	pending []*scriptCall
+	// ordered counts, per capped key, the ordered calls on their way.
+	ordered map[string]int
 	closed  bool
 }
 
 // scriptCall is a queued acquire call.
 type scriptCall struct {
-	keys     []string
-	args     []any
-	n        int       // capped keys (see acquireScript)
+	keys    []string
+	args    []any
+	n       int  // capped keys (see acquireScript)
+	ordered bool // a waiter's call: see calls
+	// placed, for an ordered call queued beyond a pipeline's reach, tells
+	// its waiter once it is within it (then nil; guarded by calls.mu).
+	placed   func()
 	until    int64     // its not-after time (see clock.go)
 	deadline time.Time // when it was queued, plus the call timeout
 	taken    bool      // put into a pipeline (guarded by calls.mu)
@@ -62,29 +81,48 @@ type reply struct {
 }
 
 // call runs the acquire script with keys and args, for n capped keys: at
-// once if fewer than maxSending calls are on their way, else queued for the
-// next pipeline. A call sent at once ends within the call timeout d; a
-// queued one is sent within d or dropped, and its pipeline ends by d after
-// its newest call was made: within 2d in all. A caller whose ctx ends first
+// once if fewer than maxSending calls are on their way (and, for an ordered
+// call, none ordered on one of its keys), else queued for the next
+// pipeline. A call sent at once ends within the call timeout d; a queued
+// one is sent within d or dropped, and its pipeline ends by d after its
+// newest call was made: within 2d in all. A caller whose ctx ends first
 // stops waiting (and its call, if not sent yet, is never sent). until is
-// the call's not-after time (see clock.go).
-func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int, until int64) reply {
+// the call's not-after time (see clock.go). placed, if not nil, makes the
+// call ordered, and is called once it has its place: sent, or queued
+// within a pipeline's reach behind the calls it must follow (never if the
+// call is not sent).
+func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int, until int64, placed func()) reply {
 	q := &r.calls
+	ordered := placed != nil
+	capped := keys[acquireKeys : acquireKeys+n]
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return reply{err: ErrClosed}
 	}
-	if q.sending < q.max {
+	if q.sending < q.max && (!ordered || !q.followsLocked(capped)) {
 		q.sending++
+		if ordered {
+			q.sendingLocked(capped, 1)
+		}
 		q.mu.Unlock()
-		defer r.doneSending() // even if the call panics: the queue must go on
+		defer r.doneSending(capped, ordered) // even if the call panics: the queue must go on
+		if ordered {
+			placed()
+		}
 		return r.callAlone(ctx, keys, args)
 	}
 	deadline := time.Now().Add(r.cfg.opTimeout)
-	c := &scriptCall{keys: keys, args: args, n: n, until: until, deadline: deadline, done: make(chan struct{})}
+	c := &scriptCall{keys: keys, args: args, n: n, ordered: ordered, until: until, deadline: deadline, done: make(chan struct{})}
+	announce := ordered && q.orderedAheadLocked(capped, len(q.pending)) < maxPipeline
+	if ordered && !announce {
+		c.placed = placed // once those ahead of it have gone (takeLocked)
+	}
 	q.pending = append(q.pending, c)
 	q.mu.Unlock()
+	if announce {
+		placed()
+	}
 	timer := time.NewTimer(time.Until(deadline))
 	defer timer.Stop()
 	select {
@@ -179,37 +217,162 @@ func (r *Registry[K]) sawClock(res []int64, sent int64) {
 	}
 }
 
-// doneSending follows a call sent alone: if calls queued meanwhile, a
-// goroutine sends them in pipelines until the queue is empty.
-func (r *Registry[K]) doneSending() {
+// doneSending follows a call sent alone on capped keys: if calls queued
+// meanwhile, a goroutine sends them in pipelines until the queue is empty.
+func (r *Registry[K]) doneSending(capped []string, ordered bool) {
 	q := &r.calls
 	q.mu.Lock()
-	batch := q.takeLocked()
+	if ordered {
+		q.sendingLocked(capped, -1)
+	}
+	batch, placed := q.takeLocked()
 	if batch == nil {
 		q.sending--
 		q.mu.Unlock()
+		tell(placed)
 		return
 	}
 	r.done.Add(1) // before Close waits: Close sets q.closed first
 	q.mu.Unlock()
+	tell(placed)
 	go r.sendPipelines(batch)
 }
 
-// takeLocked takes the queued calls, up to a pipeline, oldest first; nil if
-// none are queued or the Registry is closed.
-func (q *calls) takeLocked() []*scriptCall {
-	if q.closed || len(q.pending) == 0 {
-		return nil
+// tell calls each of placed (see scriptCall.placed), without calls.mu.
+func tell(placed []func()) {
+	for _, f := range placed {
+		f()
 	}
-	n := min(len(q.pending), maxPipeline)
-	batch := slices.Clone(q.pending[:n])
-	clear(q.pending[:n])
-	q.pending = q.pending[n:] // without moving the rest
+}
+
+// orderedAheadLocked returns the most ordered calls on one of capped among
+// the first n queued.
+func (q *calls) orderedAheadLocked(capped []string, n int) int {
+	most := 0
+	for _, k := range capped {
+		ahead := 0
+		for _, c := range q.pending[:n] {
+			if c.ordered && slices.Contains(c.cappedKeys(), k) {
+				ahead++
+			}
+		}
+		most = max(most, ahead)
+	}
+	return most
+}
+
+// cappedKeys are c's capped keys.
+func (c *scriptCall) cappedKeys() []string { return c.keys[acquireKeys : acquireKeys+c.n] }
+
+// followsLocked reports whether an ordered call on capped must wait for
+// the next pipeline: an ordered call on one of those keys is on its way,
+// or queued.
+func (q *calls) followsLocked(capped []string) bool {
+	for _, k := range capped {
+		if q.ordered[k] > 0 {
+			return true
+		}
+	}
+	for _, c := range q.pending {
+		if c.ordered && slices.ContainsFunc(c.cappedKeys(), func(k string) bool { return slices.Contains(capped, k) }) {
+			return true
+		}
+	}
+	return false
+}
+
+// sendingLocked counts d ordered calls on capped more (or fewer) on their
+// way.
+func (q *calls) sendingLocked(capped []string, d int) {
+	if q.ordered == nil {
+		q.ordered = map[string]int{}
+	}
+	for _, k := range capped {
+		if q.ordered[k] += d; q.ordered[k] <= 0 {
+			delete(q.ordered, k)
+		}
+	}
+	if len(q.ordered) == 0 {
+		q.ordered = nil // let a burst's map go
+	}
+}
+
+// takeLocked takes the queued calls, up to a pipeline, oldest first, but
+// for an ordered call on a key an ordered call is on its way on, and any
+// ordered call after it on one of its keys; nil if none can go or the
+// Registry is closed. It returns too the placed functions of the ordered
+// calls now within a pipeline's reach, to be called once calls.mu is
+// unlocked.
+func (q *calls) takeLocked() (batch []*scriptCall, placed []func()) {
+	if q.closed || len(q.pending) == 0 {
+		return nil, nil
+	}
+	var rest []*scriptCall
+	var held map[string]bool // keys of ordered calls left queued
+	for i, c := range q.pending {
+		if len(batch) == maxPipeline {
+			rest = append(rest, q.pending[i:]...)
+			break
+		}
+		if c.ordered && q.holdsLocked(c, held) {
+			if held == nil {
+				held = map[string]bool{}
+			}
+			for _, k := range c.cappedKeys() {
+				held[k] = true
+			}
+			rest = append(rest, c)
+			continue
+		}
+		batch = append(batch, c)
+	}
+	clear(q.pending)
+	q.pending = rest
 	q.trimLocked()
 	for _, c := range batch {
 		c.taken = true
+		if c.ordered {
+			q.sendingLocked(c.cappedKeys(), 1)
+		}
+		if c.placed != nil {
+			placed = append(placed, c.placed)
+			c.placed = nil
+		}
 	}
-	return batch
+	// Those left queued that are now within a pipeline's reach.
+	var ahead map[string]int
+	for _, c := range q.pending {
+		if !c.ordered {
+			continue
+		}
+		most := 0
+		for _, k := range c.cappedKeys() {
+			most = max(most, ahead[k])
+		}
+		if c.placed != nil && most < maxPipeline {
+			placed = append(placed, c.placed)
+			c.placed = nil
+		}
+		if ahead == nil {
+			ahead = map[string]int{}
+		}
+		for _, k := range c.cappedKeys() {
+			ahead[k]++
+		}
+	}
+	return batch, placed
+}
+
+// holdsLocked reports whether ordered call c must stay queued: an ordered
+// call on one of its keys is on its way, or was left queued before it
+// (held).
+func (q *calls) holdsLocked(c *scriptCall, held map[string]bool) bool {
+	for _, k := range c.cappedKeys() {
+		if q.ordered[k] > 0 || held[k] {
+			return true
+		}
+	}
+	return false
 }
 
 // close fails the queued calls (never sent) and keeps new ones from
@@ -234,11 +397,18 @@ func (r *Registry[K]) sendPipelines(batch []*scriptCall) {
 	for batch != nil {
 		r.sendPipeline(batch)
 		q.mu.Lock()
-		batch = q.takeLocked()
+		for _, c := range batch {
+			if c.ordered {
+				q.sendingLocked(c.cappedKeys(), -1)
+			}
+		}
+		var placed []func()
+		batch, placed = q.takeLocked()
 		if batch == nil {
 			q.sending--
 		}
 		q.mu.Unlock()
+		tell(placed)
 	}
 }
 

@@ -33,7 +33,10 @@
 // the same time share round trips: while calls are on their way to Redis,
 // later ones queue and then go together as one pipeline (one write and one
 // read for many), each still its own script call. An admission alone
-// sends its call at once.
+// sends its call at once. A process's waiters on a key reach Redis in the
+// order they came: a waiter's call goes in the pipeline after those of
+// the waiters before it, not after their replies, so a burst on one key
+// takes a round trip per pipeline of 128, not one per waiter.
 //
 // A lease does not expire under a live holder: one heartbeat goroutine per
 // Registry renews every held lease each LeaseTTL/3, in batched calls, each

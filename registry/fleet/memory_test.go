@@ -145,7 +145,7 @@ func TestMemoryOfQueuesAfterABurst(t *testing.T) {
 					q.giveUp(c, context.Canceled)
 				}
 			} else {
-				for q.takeLocked() != nil {
+				for b, _ := q.takeLocked(); b != nil; b, _ = q.takeLocked() {
 				}
 			}
 			assert.Empty(t, q.pending)

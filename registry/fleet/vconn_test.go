@@ -20,6 +20,10 @@ type virtualRedis struct {
 	t       testing.TB
 	srv     *miniredis.Miniredis
 	latency time.Duration
+	// jitter, if set, adds its draw to the latency of each write (in
+	// order on each connection): calls on two connections may then pass
+	// each other. It is called from many goroutines at once.
+	jitter func() time.Duration
 }
 
 // newVirtualRedis starts a virtual Redis, closed at the test's end; call it
@@ -47,7 +51,7 @@ func (v *virtualRedis) Client() *redis.Client {
 		if err != nil {
 			return nil, err
 		}
-		return relay(server, v.latency), nil
+		return relay(server, v.latency, v.jitter), nil
 	}})
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -59,18 +63,19 @@ func (v *virtualRedis) Client() *redis.Client {
 // wait on each other. The buffer holds relayChunks writes, more than the
 // replies to the longest pipeline the fleet sends (batchSize calls);
 // past that a writer waits, as over a TCP window.
-func relay(server net.Conn, latency time.Duration) net.Conn {
+func relay(server net.Conn, latency time.Duration, jitter func() time.Duration) net.Conn {
 	client, mine := net.Pipe()
-	go pump(server, mine, latency)
-	go pump(mine, server, latency)
+	go pump(server, mine, latency, jitter)
+	go pump(mine, server, latency, jitter)
 	return client
 }
 
 const relayChunks = 4 * batchSize
 
 // pump copies from src to dst, reading src as fast as it writes and
-// delivering each chunk latency after it was read.
-func pump(src, dst net.Conn, latency time.Duration) {
+// delivering each chunk latency (and jitter's draw, if not nil) after it
+// was read, in order.
+func pump(src, dst net.Conn, latency time.Duration, jitter func() time.Duration) {
 	type chunk struct {
 		b  []byte
 		at time.Time
@@ -93,7 +98,11 @@ func pump(src, dst net.Conn, latency time.Duration) {
 	for {
 		n, err := src.Read(buf)
 		if n > 0 {
-			ch <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(latency)}
+			d := latency
+			if jitter != nil {
+				d += jitter()
+			}
+			ch <- chunk{append([]byte(nil), buf[:n]...), time.Now().Add(d)}
 		}
 		if err != nil {
 			return

@@ -19,7 +19,9 @@ type waiter struct {
 	// ("": never); its own goroutine's.
 	queuedAs string
 	// blocked are the keys on which it holds back later waiters: all of its
-	// keys until it has been told one is full, then that key alone.
+	// keys until it has been told one is full, then that key alone; none
+	// once its call to Redis has its place in line (see placed), until a
+	// reply tells it a key is full again.
 	blocked []string
 	queued  bool          // in r.queues (guarded by r.mu)
 	wake    chan struct{} // buffered 1
@@ -166,6 +168,20 @@ func (r *Registry[K]) mayTry(w *waiter) bool {
 		r.reblockLocked(w, ahead)
 	}
 	return false
+}
+
+// placed records that w's call to Redis has its place in line, before the
+// calls of any waiter after it (see calls): w holds back no later waiter
+// until a reply tells it a key is full. Their calls follow its own in the
+// same pipeline or the next, rather than each waiting for the reply before
+// it: a process sends a burst on one key in pipelines, one round trip
+// each.
+func (r *Registry[K]) placed(w *waiter) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w.queued && len(w.blocked) > 0 {
+		r.reblockLocked(w, nil)
+	}
 }
 
 // blockedOn records that w found key full: from now on it holds back later

@@ -1,0 +1,262 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A process's waiters on one key reach Redis in the order they came, but
+// each lets the next call as soon as its own call has its place in line,
+// not once its reply is back: their calls share pipelines. These tests run
+// on a virtual Redis 20 ms away (40 ms a round trip), in virtual time,
+// where one round trip per waiter shows as seconds.
+const farLatency = 20 * time.Millisecond
+
+// farRegistry is a Registry with limit on a virtual Redis farLatency
+// away, its connection and script warmed up by one admission.
+func farRegistry(t *testing.T, name string, limit int) *Registry[string] {
+	t.Helper()
+	return warmRegistry(t, newVirtualRedis(t, farLatency), name, limit)
+}
+
+// warmRegistry is a Registry with limit on v, its connection and script
+// warmed up by one admission, whose removal has reached v.
+func warmRegistry(t *testing.T, v *virtualRedis, name string, limit int) *Registry[string] {
+	t.Helper()
+	r := fwFleet(t, v, name, 1, limit, WithLogger(quiet()))[0]
+	s, err := r.Acquire(t.Context(), "k")
+	require.NoError(t, err)
+	s.Release()
+	for v.srv.Exists("inflight:{" + name + "}:k") { // its removal is on its way
+		time.Sleep(farLatency)
+	}
+	return r
+}
+
+// burst runs n callers of Acquire on r's key "k" at once, each releasing
+// at once, and returns when the first and the last were admitted, after
+// the start.
+func burst(t *testing.T, r *Registry[string], n int) (first, last time.Duration) {
+	t.Helper()
+	t0 := time.Now()
+	var firstAt, lastAt atomic.Int64
+	var wg sync.WaitGroup
+	for range n {
+		wg.Go(func() {
+			s, err := r.Acquire(t.Context(), "k")
+			if !assert.NoError(t, err) {
+				return
+			}
+			d := int64(time.Since(t0))
+			firstAt.CompareAndSwap(0, d)
+			lastAt.Store(d)
+			s.Release()
+		})
+	}
+	wg.Wait()
+	return time.Duration(firstAt.Load()), time.Duration(lastAt.Load())
+}
+
+// roundTrips is d in round trips to the far Redis.
+func roundTrips(d time.Duration) float64 { return float64(d) / float64(2*farLatency) }
+
+// 200 callers that arrive at once on a key with room for all are admitted
+// in a few round trips (the first call alone, then pipelines of up to
+// maxPipeline), not one after another: 200 round trips are 8 s, as they
+// took when each waiter held back the next until its reply.
+func TestBurstOfWaitersSharesPipelines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		r := farRegistry(t, "far-burst", 1000)
+		_, last := burst(t, r, 200)
+		t.Logf("200 callers admitted in %v, %.1f round trips", last, roundTrips(last))
+		// The first call alone, then pipelines of 128 and 72, and new
+		// pooled connections to dial: 5 round trips in these runs.
+		assert.LessOrEqual(t, last, 8*2*farLatency, "admitted within eight round trips")
+	})
+}
+
+// A burst far larger than a pipeline: the waiters' calls queue no more
+// than the next pipeline takes, so none waits out its call timeout in the
+// queue (500 ms, 12 round trips here) and is taken for a failure of Redis.
+// (When every waiter of a burst was let call at once, 2,000 of them drew
+// 719 failed calls, each admitted under the local caps alone.)
+func TestLargeBurstOfWaitersNeverTimesOutInTheQueue(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const callers = 2000
+		r := farRegistry(t, "far-large", 100_000)
+		_, last := burst(t, r, callers)
+		st := r.Stats()
+		t.Logf("%d callers admitted in %v, %.1f round trips; Redis errors %d, degraded %d", callers, last, roundTrips(last), st.RedisErrors, st.Degraded)
+		assert.Zero(t, st.RedisErrors, "no call dropped as a failure")
+		assert.Zero(t, st.Degraded, "none admitted without Redis")
+		assert.Equal(t, uint64(callers+1), st.Acquired)
+		// A pipeline of maxPipeline a round trip, and a few more.
+		assert.LessOrEqual(t, roundTrips(last), float64(callers/maxPipeline+8))
+	})
+}
+
+// A process that has had no reply from Redis yet gets a burst of waiters
+// on a key another process holds at its limit, and Redis loses its data
+// while the first waiter's call is on its way. The waiters after it call
+// once its reply has told the epoch, so the emptied Redis pauses them
+// while the other process's holders put their leases back: none is
+// admitted over the cap meanwhile. (Calls sent before that reply carried
+// no epoch, which the emptied Redis took for a first start: all ten were
+// admitted beside the two live holders.)
+func TestBurstAtStartAcrossADataLoss(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newVirtualRedis(t, farLatency)
+		other := fwFleet(t, v, "far-loss", 1, 2, WithLogger(quiet()))[0]
+		for range 2 {
+			s, err := other.TryAcquire("k")
+			require.NoError(t, err)
+			defer s.Release()
+		}
+		c := v.Client()
+		require.NoError(t, c.ScriptLoad(t.Context(), acquireLua).Err())
+		r := New[string](c, "far-loss", 2, WithLogger(quiet()))
+		t.Cleanup(r.Close)
+		require.Zero(t, r.epoch.Load(), "no reply from Redis yet")
+		t0 := time.Now()
+		var early atomic.Int64
+		var wg sync.WaitGroup
+		for range 10 {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(t.Context(), r.pause+time.Second)
+				defer cancel()
+				if s, err := r.Acquire(ctx, "k"); err == nil {
+					if time.Since(t0) < r.pause {
+						early.Add(1)
+					}
+					s.Release()
+				}
+			})
+		}
+		time.Sleep(farLatency + farLatency/2) // the first call has reached Redis; its reply has not come back
+		v.srv.FlushAll()
+		wg.Wait()
+		t.Logf("admitted during the pause: %d; paused tries %d", early.Load(), r.Stats().Paused)
+		assert.Zero(t, early.Load(), "admitted while the other process's holders were not back")
+		assert.Positive(t, r.Stats().Paused)
+	})
+}
+
+// After a pause (Redis lost its data), a burst of waiters that were each
+// told "paused" is admitted in pipelines too once it ends, not one round
+// trip each (101 round trips for 100 callers when only a waiter's first
+// call let the next one call).
+func TestBurstAfterAPauseSharesPipelines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newVirtualRedis(t, farLatency)
+		r := warmRegistry(t, v, "far-pause", 1000)
+		v.srv.FlushAll()
+		first, last := burst(t, r, 100)
+		t.Logf("pause %v; paused tries %d; first admitted at %v, the last %.1f round trips later", r.pause, r.Stats().Paused, first, roundTrips(last-first))
+		assert.GreaterOrEqual(t, first, r.pause, "nobody admitted during the pause")
+		assert.LessOrEqual(t, roundTrips(last-first), 6.0)
+	})
+}
+
+// Waiters that come one after another while the key is full, a few
+// milliseconds apart, are served in that order, although their calls to
+// Redis overlap, on a Redis whose every write takes 20 to 40 ms: a call
+// sent on one connection while an earlier one is on its way on another
+// would pass it half the time.
+func TestWaitersQueueInTheOrderTheyCame(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		v := newVirtualRedis(t, farLatency)
+		v.jitter = func() time.Duration { return rand.N(farLatency) }
+		r := warmRegistry(t, v, "far-order", 1)
+		held, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		const callers = 50
+		var (
+			mu    sync.Mutex
+			order []int
+			wg    sync.WaitGroup
+		)
+		for i := range callers {
+			wg.Go(func() {
+				s, err := r.Acquire(t.Context(), "k")
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				order = append(order, i)
+				mu.Unlock()
+				s.Release()
+			})
+			synctest.Wait() // caller i has come (its call may still be on its way)
+			time.Sleep(rand.N(5 * time.Millisecond))
+		}
+		held.Release()
+		wg.Wait()
+		want := make([]int, callers)
+		for i := range want {
+			want[i] = i
+		}
+		assert.Equal(t, want, order, "admitted in the order they came")
+	})
+}
+
+// Callers arriving faster than one per round trip to Redis, each giving up
+// after 2 s, on a key whose holders free it at 40 a second: the process
+// keeps admitting to the end. (With one call per
+// waiter in flight at a time, the head of the process's line was always a
+// caller about to give up, and nothing was admitted after the first
+// seconds.)
+func TestOverloadOnAFarRedisKeepsAdmitting(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const (
+			limit    = 12
+			hold     = 300 * time.Millisecond
+			every    = 10 * time.Millisecond // 100 arrivals a second
+			duration = 6 * time.Second
+		)
+		r := farRegistry(t, "far-overload", limit)
+		t0 := time.Now()
+		var (
+			wg            sync.WaitGroup
+			admitted, end atomic.Int64 // all, and in the last 2 s
+			refused       atomic.Int64
+		)
+		for time.Since(t0) < duration {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+				defer cancel()
+				s, err := r.Acquire(ctx, "k")
+				if err != nil {
+					if !errors.Is(err, context.DeadlineExceeded) {
+						t.Errorf("acquire: %v", err)
+					}
+					refused.Add(1)
+					return
+				}
+				admitted.Add(1)
+				if time.Since(t0) >= duration-2*time.Second {
+					end.Add(1)
+				}
+				time.Sleep(hold) // the request's work
+				s.Release()
+			})
+			time.Sleep(every)
+		}
+		wg.Wait()
+		capacity := float64(limit) / hold.Seconds() // admissions a second the key allows
+		t.Logf("%d admitted (%d in the last 2 s), %d gave up; the key frees %.0f a second", admitted.Load(), end.Load(), refused.Load(), capacity)
+		// Each turn of a slot costs a release, a wake-up and a claim on top
+		// of the hold (some 100 ms here), and some grants go to callers
+		// that give up before they claim: 30 in the last 2 s in this run,
+		// where one call in flight per waiter admitted none.
+		assert.GreaterOrEqual(t, float64(end.Load()), 2*capacity/4, "admitting at a quarter of the key's rate or more at the end")
+	})
+}
