@@ -58,7 +58,8 @@ func wholeSeconds(d time.Duration) time.Duration {
 }
 
 // ErrorMessage returns what a client may be told about an admission error:
-// the numbers of a rejection and its reason, without package prefixes and
+// the numbers of a rejection, the cap that refused (LimitError.Cap, when
+// its owner names one) and its reason, without package prefixes and
 // without its key, which may name a tenant or an API key. An error it does
 // not know gets a generic message, since its text may carry anything.
 func ErrorMessage(err error) string {
@@ -74,10 +75,20 @@ func ErrorMessage(err error) string {
 		case errors.Is(le.Err, ErrWaitTimeout):
 			reason = "timed out waiting"
 		}
-		if le.Limit == Unlimited {
-			return "too many requests in flight (" + reason + ")"
+		switch le.Cap {
+		case "pacing":
+			return fmt.Sprintf("waiting for the spacing of starts to the upstream: %d in flight, %d queued (%s)", le.InFlight, le.Queued, reason)
+		case "pause":
+			return fmt.Sprintf("the upstream asked for a pause in new requests: %d in flight, %d queued (%s)", le.InFlight, le.Queued, reason)
 		}
-		return fmt.Sprintf("too many requests in flight: %d of %d, %d queued (%s)", le.InFlight, le.Limit, le.Queued, reason)
+		at := ""
+		if le.Cap != "" {
+			at = " under the " + le.Cap + " cap"
+		}
+		if le.Limit == Unlimited {
+			return "too many requests in flight" + at + " (" + reason + ")"
+		}
+		return fmt.Sprintf("too many requests in flight%s: %d of %d, %d queued (%s)", at, le.InFlight, le.Limit, le.Queued, reason)
 	case errors.Is(err, context.DeadlineExceeded):
 		return "timed out waiting for capacity"
 	case errors.Is(err, context.Canceled):

@@ -27,8 +27,14 @@ var (
 
 // LimitError is a rejection with the numbers behind it.
 type LimitError struct {
-	Err        error         // ErrLimitReached, ErrQueueFull, ErrWaitTimeout or another package's reason
-	Key        string        // the key that was at its limit; empty for a Limiter
+	Err error  // ErrLimitReached, ErrQueueFull, ErrWaitTimeout or another package's reason
+	Key string // the key that was at its limit; empty for a Limiter
+	// Cap names which of an owner's caps refused, for an owner with
+	// several kinds: a pacing Gate says "provider", "model", "api_key",
+	// "pacing" or "pause" (see pacing.CapProvider), and InFlight and Limit
+	// are that cap's. Empty for a Limiter or a Registry (Key names the
+	// cap). Unlike Key, it never names a tenant or a secret.
+	Cap        string
 	InFlight   int           // holders at the decision
 	Limit      int           // the limit at the decision
 	Queued     int           // waiters at the decision

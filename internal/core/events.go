@@ -30,6 +30,7 @@ type Event struct {
 type Rejection struct {
 	Err        error
 	Key        string
+	Cap        string
 	InFlight   int
 	Limit      int
 	Queued     int

@@ -55,10 +55,20 @@ type Config struct {
 	// label; the secret stays out of the file, the logs and the metrics. A
 	// key without an entry sends no Authorization header.
 	APIKeyEnv map[string]string `json:"api_key_env,omitempty"`
+	// Metrics adds series beyond one per cap.
+	Metrics *MetricsConfig `json:"metrics,omitempty"`
 
 	// apiKeys holds the secrets read from APIKeyEnv, by key id. Unexported,
 	// so that a marshalled config never carries them.
 	apiKeys map[string]string
+}
+
+// MetricsConfig adds series whose number the operator chooses.
+type MetricsConfig struct {
+	// PerOrg counts refusals by org as well (inflight_org_rejected_total,
+	// labelled org, cap and reason): one series per org that was ever
+	// refused, which clients choose when the org comes from a header.
+	PerOrg bool `json:"per_org,omitempty"`
 }
 
 // DefaultShutdownTimeoutMS is the drain's bound when the config does not

@@ -84,9 +84,12 @@ type Gateway struct {
 	models       map[string]*capMetrics // the counts of each model the config names; read-only after New
 	otherModels  *capMetrics            // the counts of every other model, together
 	keys         map[string]*capMetrics // the counts of each API key, by id; read-only after New
-	apiKeys      map[string]string      // each API key's secret, by id; read-only after New
-	log          *slog.Logger
-	rejections   rejectLog
+	keyPool      *capMetrics            // the key pool's counts (its refusals); nil without a pool
+	// orgRejections counts refusals by org, with metrics.per_org; else nil.
+	orgRejections *prometheus.CounterVec
+	apiKeys       map[string]string // each API key's secret, by id; read-only after New
+	log           *slog.Logger
+	rejections    rejectLog
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -363,8 +366,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		},
 		Refused: func(err error) {
 			x.refused = err
-			g.provider.rejected(err)
-			mm.rejected(err)
+			g.capRefused(refusedBy(err), mm).rejected(err) // once, under the cap that refused
 		},
 	})
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
@@ -413,5 +415,5 @@ func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model strin
 		writeOpenAIError(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request")
 		return
 	}
-	g.reject(w, r, "provider", model, err)
+	g.reject(w, r, refusedBy(err), model, err)
 }

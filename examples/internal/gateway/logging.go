@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync"
 	"time"
 
@@ -104,7 +105,10 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model 
 		return
 	}
 	status, _, msg := admissionAnswer(err)
-	writeAdmissionError(w, err)
+	writeAdmissionError(w, capName, err)
+	if g.orgRejections != nil {
+		g.orgRejections.WithLabelValues(r.Header.Get(OrgHeader), capName, rejectReason(err)).Inc()
+	}
 	if ok, suppressed := g.rejections.allow(time.Now()); ok {
 		g.log.Warn("gateway: request rejected", slog.String("cap", capName), slog.Int("status", status),
 			slog.String("reason", rejectReason(err)), slog.String("org", r.Header.Get(OrgHeader)),
@@ -122,6 +126,25 @@ func (g *Gateway) logLimitChanges() {
 			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
 			slog.String("evidence", c.Evidence.Kind.String()), slog.Int("in_flight_at_start", c.Evidence.InFlight))
 	})
+}
+
+// refusedBy names the provider's cap that refused a request with err:
+// as the Gate names it (pacing.CapProvider, CapModel, CapAPIKey,
+// CapPacing, CapPause), or the fleet's key ("provider", "model:<name>");
+// a wait that ended otherwise (the client left, the fleet's store
+// unreachable) is the provider's.
+func refusedBy(err error) string {
+	var le *slots.LimitError
+	if !errors.As(err, &le) {
+		return pacing.CapProvider
+	}
+	switch {
+	case le.Cap != "":
+		return le.Cap
+	case strings.HasPrefix(le.Key, "model:"):
+		return pacing.CapModel
+	}
+	return pacing.CapProvider
 }
 
 // rejectReason names an admission error as the metrics do.

@@ -7,6 +7,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep/inflightprom"
@@ -68,6 +69,20 @@ func (m *capMetrics) counts() *inflightprom.Counts {
 	return n
 }
 
+// capRefused returns the counts a refusal by the provider's cap named
+// capName is counted under: the model's (mm) for its model's cap, the key
+// pool's for the pool's, else the provider's (its cap, its queue, its
+// pacing and pauses).
+func (g *Gateway) capRefused(capName string, mm *capMetrics) *capMetrics {
+	switch {
+	case capName == pacing.CapModel:
+		return mm
+	case capName == pacing.CapAPIKey && g.keyPool != nil:
+		return g.keyPool
+	}
+	return g.provider
+}
+
 // modelMetrics returns the counts of model's cap: its own when the config
 // names it, else the one that all unnamed models share, so that model
 // names taken from request bodies cannot multiply the series.
@@ -76,6 +91,14 @@ func (g *Gateway) modelMetrics(model string) *capMetrics {
 		return m
 	}
 	return g.otherModels
+}
+
+// addLimits adds two limits; with one slots.Unlimited, the sum is too.
+func addLimits(a, b int) int {
+	if a > slots.Unlimited-b {
+		return slots.Unlimited
+	}
+	return a + b
 }
 
 // limitOrUnlimited turns a config's cap (0: none) into a limit.
@@ -99,11 +122,14 @@ func limitOrUnlimited(n int) int {
 // of a learned cap is also logged (logging.go).
 //
 // What each cap counts: a model's waiting are the requests for it in the
-// provider's queue (and, with a fleet, waiting for the shared caps), its
-// rejections those of its requests refused while waiting, whichever cap
-// bound. An API key is chosen when a request starts, never while it waits,
-// so a key's caps have no waiting and no rejected series: its waiters and
-// refusals are the provider's.
+// provider's queue (and, with a fleet, waiting for the shared caps). A
+// refusal is counted once, under the cap that refused it (refusedBy): a
+// model's cap, the key pool ("api_keys", when there is one), else the
+// provider (its cap, its queue's bounds, its pacing and pauses, a client
+// that left while waiting). An API key is chosen when a request starts,
+// never while it waits, so each key's series have no waiting and no
+// rejections; the pool's have its refusals. With metrics.per_org,
+// inflight_org_rejected_total counts refusals by org, cap and reason.
 func (g *Gateway) registerMetrics(cfg Config) {
 	g.metrics.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 
@@ -180,6 +206,34 @@ func (g *Gateway) registerMetrics(cfg Config) {
 			return inflightprom.Snapshot{InFlight: g.gate.Status().ByKey[k.ID], Waiting: -1, Keys: -1, Limit: limit, Counts: m.counts()}
 		})
 		g.metrics.MustRegister(m.c)
+	}
+
+	if len(cfg.Provider.APIKeys) > 0 {
+		// The pool as a whole: a request waits for any of its keys, so a
+		// refusal because none had room is the pool's.
+		g.keyPool = newCapMetrics(inflightprom.New("api_keys"), true)
+		inflightprom.Watch(g.keyPool.c, func() inflightprom.Snapshot {
+			st, learned := g.gate.Status(), g.gate.Learned().Keys
+			s := inflightprom.Snapshot{Waiting: -1, Keys: -1, Counts: g.keyPool.counts()}
+			for _, k := range cfg.Provider.APIKeys {
+				s.InFlight += st.ByKey[k.ID]
+				limit := limitOrUnlimited(k.MaxConcurrentRequests)
+				if l, ok := learned[k.ID]; ok {
+					limit = l.Limit
+				}
+				s.Limit = addLimits(s.Limit, limit)
+			}
+			return s
+		})
+		g.metrics.MustRegister(g.keyPool.c)
+	}
+	if cfg.Metrics != nil && cfg.Metrics.PerOrg {
+		g.orgRejections = prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "inflight_org_rejected_total",
+			Help: "Requests refused, by the org (X-Org-ID) they were for, the cap that refused them and why " +
+				"(metrics.per_org: one series per org that was ever refused).",
+		}, []string{"org", "cap", "reason"})
+		g.metrics.MustRegister(g.orgRejections)
 	}
 
 	if g.fleetTenants != nil {

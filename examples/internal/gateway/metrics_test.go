@@ -75,6 +75,10 @@ func TestMetricsUnderLoad(t *testing.T) {
 	})
 	resp, e := postBody(t, client, srv.URL, "org-c", `{"model":"glm-5.3","stream":true}`)
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode, "the queue is full: %v", e)
+	// The answer names the cap that refused, and why.
+	assert.Equal(t, "provider", resp.Header.Get(CapHeader))
+	assert.Equal(t, "provider", e.Error.Cap)
+	assert.Equal(t, "queue_full", e.Error.Reason)
 
 	text := scrape(t, client, srv.URL)
 	for _, want := range []string{
@@ -87,7 +91,8 @@ func TestMetricsUnderLoad(t *testing.T) {
 		`inflight_in_flight{cap="model:glm-5.3"} 2`,
 		`inflight_limit{cap="model:glm-5.3"} 2`,
 		`inflight_wait_seconds_count{cap="model:glm-5.3"} 2`,
-		`inflight_rejected_total{cap="model:glm-5.3",reason="queue_full"} 1`,
+		// Counted once, under the cap that refused: the provider's queue.
+		`inflight_rejected_total{cap="model:glm-5.3",reason="queue_full"} 0`,
 		`inflight_rejected_total{cap="model:glm-5.3",reason="wait_timeout"} 0`,
 		`inflight_in_flight{cap="model:other"} 0`,
 		`inflight_waiting{cap="model:other"} 0`,
@@ -95,6 +100,9 @@ func TestMetricsUnderLoad(t *testing.T) {
 		`inflight_rejected_total{cap="model:other",reason="queue_full"} 0`,
 		`inflight_in_flight{cap="api_key:k1"} 2`,
 		`inflight_limit{cap="api_key:k1"} 4`,
+		`inflight_in_flight{cap="api_keys"} 2`,
+		`inflight_limit{cap="api_keys"} 4`,
+		`inflight_rejected_total{cap="api_keys",reason="wait_timeout"} 0`,
 		`inflight_wait_seconds_count{cap="api_key:k1"} 2`,
 		`inflight_in_flight{cap="tenant"} 5`,
 		`inflight_keys{cap="tenant"} 2`,
@@ -376,4 +384,69 @@ func TestMetricsLearnedCapFleet(t *testing.T) {
 	assert.Regexp(t, `msg="fleet: learned cap changed" registry=\S+ key=provider old=1 new=2 old_ceiling=8 ceiling=8 by=`, logs.String())
 	close(u.gate)
 	wg.Wait()
+}
+
+// A wait that runs out on a model's cap is answered as the model's
+// refusal and counted once, under the model; a tenant's refusal is the
+// tenant's. With metrics.per_org, refusals are counted per org too;
+// without it no series names an org.
+func TestRefusalsNamedAndCountedOnce(t *testing.T) {
+	for _, perOrg := range []bool{false, true} {
+		u := newUpstream(t)
+		metrics := ""
+		if perOrg {
+			metrics = `, "metrics": {"per_org": true}`
+		}
+		srv, gw := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"orgs": {"default_limit": 10, "limits": {"org-t": 1}},
+	"provider": {"max_concurrent_requests": 4, "max_queue_wait_ms": 50, "models": {"glm-5.3": {"max_concurrent_requests": 1}}}`+metrics+`
+}`)
+		client := srv.Client()
+		var wg sync.WaitGroup
+		done := make(chan struct{}, 1)
+		streamAll(t, &wg, client, srv.URL, "glm-5.3", 1, done) // holds the model's one slot
+		waitFor(t, "the model's slot is held", func() bool { return gw.gate.Status().InFlight == 1 })
+
+		resp, e := postBody(t, client, srv.URL, "org-w", `{"model":"glm-5.3","stream":true}`)
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+		assert.Equal(t, "model", resp.Header.Get(CapHeader))
+		assert.Equal(t, "model", e.Error.Cap)
+		assert.Equal(t, "wait_timeout", e.Error.Reason)
+		assert.Equal(t, "too many requests in flight under the model cap: 1 of 1, 0 queued (timed out waiting)", e.Error.Message)
+
+		// org-t's cap of 1, taken by a stream of another model.
+		tdone := make(chan struct{}, 1)
+		var twg sync.WaitGroup
+		twg.Go(func() {
+			resp, err := post(context.Background(), t, client, srv.URL, "org-t", "glm-4")
+			if assert.NoError(t, err) {
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+			}
+			tdone <- struct{}{}
+		})
+		waitFor(t, "org-t's slot is held", func() bool { return gw.TenantKeys() == 2 })
+		resp, e = postBody(t, client, srv.URL, "org-t", `{"model":"glm-4","stream":true}`)
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+		assert.Equal(t, "tenant", resp.Header.Get(CapHeader))
+		assert.Equal(t, "limit_reached", e.Error.Reason)
+
+		text := scrape(t, client, srv.URL)
+		assert.Contains(t, text, `inflight_rejected_total{cap="model:glm-5.3",reason="wait_timeout"} 1`)
+		assert.Contains(t, text, `inflight_rejected_total{cap="provider",reason="wait_timeout"} 0`, "not counted twice")
+		assert.Contains(t, text, `inflight_rejected_total{cap="tenant",reason="limit_reached"} 1`)
+		if perOrg {
+			assert.Contains(t, text, `inflight_org_rejected_total{cap="model",org="org-w",reason="wait_timeout"} 1`)
+			assert.Contains(t, text, `inflight_org_rejected_total{cap="tenant",org="org-t",reason="limit_reached"} 1`)
+		} else {
+			assert.NotContains(t, text, "org-")
+		}
+		u.gate <- struct{}{} // the two streams end
+		u.gate <- struct{}{}
+		wg.Wait()
+		twg.Wait()
+		<-done
+		<-tdone
+	}
 }

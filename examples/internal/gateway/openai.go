@@ -61,6 +61,12 @@ func requestModel(r *http.Request, maxBytes int64) (string, error) {
 // shape, {"error":{"message":...,"type":...,"code":...}}, the type named
 // after the status.
 func writeOpenAIError(w http.ResponseWriter, status int, message string) {
+	writeOpenAIErrorWith(w, status, message, "", "")
+}
+
+// writeOpenAIErrorWith is writeOpenAIError with a refusal's cap and reason
+// in the error, when not empty.
+func writeOpenAIErrorWith(w http.ResponseWriter, status int, message, capName, reason string) {
 	kind := "api_error"
 	switch {
 	case status == http.StatusUnauthorized:
@@ -81,9 +87,12 @@ func writeOpenAIError(w http.ResponseWriter, status int, message string) {
 			Message string  `json:"message"`
 			Type    string  `json:"type"`
 			Code    *string `json:"code"`
+			Cap     string  `json:"cap,omitempty"`
+			Reason  string  `json:"reason,omitempty"`
 		} `json:"error"`
 	}
 	body.Error.Message, body.Error.Type = message, kind
+	body.Error.Cap, body.Error.Reason = capName, reason
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -113,11 +122,19 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 	return status, retryAfter, slots.ErrorMessage(err)
 }
 
-// writeAdmissionError answers an admission error in OpenAI's shape.
-func writeAdmissionError(w http.ResponseWriter, err error) {
+// CapHeader names, on a refusal, the cap that refused the request: "tenant"
+// (the org's cap per model), or the provider's "provider", "model",
+// "api_key", "pacing" or "pause" (see pacing.CapProvider).
+const CapHeader = "X-Inflight-Cap"
+
+// writeAdmissionError answers an admission error in OpenAI's shape, naming
+// the cap that refused it and why in the CapHeader header and in the
+// error's "cap" and "reason".
+func writeAdmissionError(w http.ResponseWriter, capName string, err error) {
 	status, retryAfter, msg := admissionAnswer(err)
 	if retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
 	}
-	writeOpenAIError(w, status, msg)
+	w.Header().Set(CapHeader, capName)
+	writeOpenAIErrorWith(w, status, msg, capName, rejectReason(err))
 }

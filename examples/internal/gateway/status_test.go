@@ -23,6 +23,8 @@ type openAIError struct {
 		Message string  `json:"message"`
 		Type    string  `json:"type"`
 		Code    *string `json:"code"`
+		Cap     string  `json:"cap"`
+		Reason  string  `json:"reason"`
 	} `json:"error"`
 }
 

@@ -1,0 +1,103 @@
+package pacing_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A refusal names the cap that kept the request from starting, with that
+// cap's figures, and the message a client is told says so.
+func TestRefusalNamesItsCap(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		cfg      pacing.Config
+		held     int // requests for model "m" holding their grants first
+		cap      string
+		inFlight int
+		limit    int
+		message  string
+	}{
+		{"the provider's cap", pacing.Config{MaxConcurrentRequests: 2}, 2, pacing.CapProvider, 2, 2,
+			"too many requests in flight under the provider cap: 2 of 2, 0 queued (timed out waiting)"},
+		{"the model's cap", pacing.Config{MaxConcurrentRequests: 5, Models: map[string]pacing.ModelConfig{"m": {MaxConcurrentRequests: 1}}}, 1, pacing.CapModel, 1, 1,
+			"too many requests in flight under the model cap: 1 of 1, 0 queued (timed out waiting)"},
+		{"the key pool", pacing.Config{MaxConcurrentRequests: 5, APIKeys: []pacing.KeyConfig{{ID: "a", MaxConcurrentRequests: 1}, {ID: "b", MaxConcurrentRequests: 2}}}, 3, pacing.CapAPIKey, 3, 3,
+			"too many requests in flight under the api_key cap: 3 of 3, 0 queued (timed out waiting)"},
+		{"the spacing of starts", pacing.Config{MaxConcurrentRequests: 5, RequestsPerMinute: 1}, 1, pacing.CapPacing, 1, 5,
+			"waiting for the spacing of starts to the upstream: 1 in flight, 0 queued (timed out waiting)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				tc.cfg.MaxQueueWaitMS = 100
+				gate, err := pacing.NewGate("p", tc.cfg)
+				require.NoError(t, err)
+				defer gate.Close()
+				for range tc.held {
+					gt, err := gate.Acquire(context.Background(), "m")
+					require.NoError(t, err)
+					defer gt.Slot.Release()
+				}
+				_, err = gate.Acquire(context.Background(), "m")
+				var le *slots.LimitError
+				require.ErrorAs(t, err, &le)
+				require.ErrorIs(t, err, slots.ErrWaitTimeout)
+				assert.Equal(t, tc.cap, le.Cap)
+				assert.Equal(t, tc.inFlight, le.InFlight)
+				assert.Equal(t, tc.limit, le.Limit)
+				assert.Equal(t, tc.message, slots.ErrorMessage(err))
+			})
+		})
+	}
+}
+
+// A full queue is the provider's: its bound, not a cap's count, refused.
+func TestQueueFullIsTheProviders(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1})
+		require.NoError(t, err)
+		defer gate.Close()
+		gt, err := gate.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		defer gt.Slot.Release()
+		ctx, cancel := context.WithCancel(context.Background())
+		waiting := make(chan error, 1)
+		go func() {
+			_, err := gate.Acquire(ctx, "m")
+			waiting <- err
+		}()
+		synctest.Wait()
+		_, err = gate.Acquire(context.Background(), "m")
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		require.ErrorIs(t, err, slots.ErrQueueFull)
+		assert.Equal(t, pacing.CapProvider, le.Cap)
+		cancel()
+		require.ErrorIs(t, <-waiting, context.Canceled)
+	})
+}
+
+// A wait that ends during a pause the upstream asked for names the pause.
+func TestRefusalInAPauseNamesIt(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		gate, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 5, MaxQueueWaitMS: 100})
+		require.NoError(t, err)
+		defer gate.Close()
+		gt, err := gate.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		gate.Report(gt, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 5 * time.Second})
+		gt.Slot.Release()
+		_, err = gate.Acquire(context.Background(), "m")
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, pacing.CapPause, le.Cap)
+		assert.Equal(t, "the upstream asked for a pause in new requests: 0 in flight, 0 queued (timed out waiting)", slots.ErrorMessage(err))
+	})
+}
