@@ -22,6 +22,7 @@ const maxOrgBytes = 256
 // adminMux serves the admin and debug endpoints; requireToken guards it.
 func (g *Gateway) adminMux() *http.ServeMux {
 	mux := http.NewServeMux()
+	mux.HandleFunc("GET /admin/orgs/{org}/concurrent-limit", g.getOrgLimit)
 	mux.HandleFunc("PATCH /admin/orgs/{org}/concurrent-limit", g.setOrgLimit)
 	mux.HandleFunc("DELETE /admin/orgs/{org}/concurrent-limit", g.deleteOrgLimit)
 	mux.Handle("GET /debug/slots", sweep.Handler(g.tenants))
@@ -148,37 +149,67 @@ func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 	}
 	n := *body.Limit
 	g.mu.Lock()
-	old, had := g.orgLimits[org]
-	if !had {
-		old = g.defLimit
+	old, from := g.overrides[org], fromOverride
+	if _, had := g.overrides[org]; !had {
+		old, from = g.configuredLimit(org)
 	}
-	g.orgLimits[org] = n
+	g.overrides[org] = n
 	g.mu.Unlock()
 	g.refreshOrg(org)
 	g.log.Info("gateway: org limit set", slog.String("org", org), slog.Int("old", old), slog.Int("new", n),
-		slog.Bool("was_default", !had), slog.String("remote", r.RemoteAddr))
-	writeJSON(w, map[string]any{"org": org, "limit": n})
+		slog.String("was_from", from), slog.String("remote", r.RemoteAddr))
+	g.writeOrgLimit(w, org, n, fromOverride)
 }
 
-// deleteOrgLimit removes an org's override: the default limit applies again.
+// getOrgLimit tells an org's limit and where it comes from.
+func (g *Gateway) getOrgLimit(w http.ResponseWriter, r *http.Request) {
+	org := orgFromPath(w, r)
+	if org == "" {
+		return
+	}
+	n, from := g.orgLimitFrom(org)
+	g.writeOrgLimit(w, org, n, from)
+}
+
+// deleteOrgLimit removes an org's override: the limit the config gives
+// it (orgs.limits, else orgs.default_limit) applies again.
 func (g *Gateway) deleteOrgLimit(w http.ResponseWriter, r *http.Request) {
 	org := orgFromPath(w, r)
 	if org == "" {
 		return
 	}
 	g.mu.Lock()
-	old, had := g.orgLimits[org]
-	delete(g.orgLimits, org)
-	def := g.defLimit
+	old, had := g.overrides[org]
+	delete(g.overrides, org)
 	g.mu.Unlock()
+	n, from := g.configuredLimit(org)
 	if !had {
-		writeOpenAIError(w, http.StatusNotFound, "this org has no limit of its own")
+		writeOpenAIError(w, http.StatusNotFound, "this org's limit is the configured one: nothing to remove")
 		return
 	}
 	g.refreshOrg(org)
-	g.log.Info("gateway: org limit removed", slog.String("org", org), slog.Int("old", old), slog.Int("new", def),
-		slog.String("remote", r.RemoteAddr))
-	writeJSON(w, map[string]any{"org": org, "limit": def})
+	g.log.Info("gateway: org limit removed", slog.String("org", org), slog.Int("old", old), slog.Int("new", n),
+		slog.String("now_from", from), slog.String("remote", r.RemoteAddr))
+	g.writeOrgLimit(w, org, n, from)
+}
+
+// orgLimitAnswer is the admin API's answer about an org's limit: the limit
+// in force, where it comes from (override, config or default), the
+// configured limit a DELETE goes back to, and the reach of a change. A
+// change through the admin API holds for this gateway alone, even with a
+// fleet, and lasts until it restarts.
+type orgLimitAnswer struct {
+	Org        string `json:"org"`
+	Limit      int    `json:"limit"`
+	Source     string `json:"source"`
+	Configured int    `json:"configured"`
+	Scope      string `json:"scope"`     // "this gateway"
+	Persisted  bool   `json:"persisted"` // false: lost on restart
+}
+
+func (g *Gateway) writeOrgLimit(w http.ResponseWriter, org string, n int, from string) {
+	configured, _ := g.configuredLimit(org)
+	writeJSON(w, orgLimitAnswer{Org: org, Limit: n, Source: from, Configured: configured, Scope: "this gateway"})
 }
 
 // refreshOrg makes every key of the org, live or idle, fetch its limit at

@@ -63,6 +63,7 @@ func TestAdminNeedsTheToken(t *testing.T) {
 			for _, req := range []*http.Request{
 				httptest.NewRequest(http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", strings.NewReader(`{"limit":0}`)),
 				httptest.NewRequest(http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", nil),
+				httptest.NewRequest(http.MethodGet, srv.URL+"/admin/orgs/org-a/concurrent-limit", nil),
 				httptest.NewRequest(http.MethodGet, srv.URL+"/debug/slots", nil),
 				httptest.NewRequest(http.MethodGet, srv.URL+"/debug/provider", nil),
 			} {
@@ -79,18 +80,27 @@ func TestAdminNeedsTheToken(t *testing.T) {
 	assert.Equal(t, 2, gw.orgLimit("org-a"), "no change went through")
 	assert.NotContains(t, logs.String(), "org limit")
 
-	t.Run("with the token: PATCH logs org, old and new; DELETE goes back to the default", func(t *testing.T) {
+	t.Run("with the token: GET tells the limit and its source; PATCH logs org, old and new; DELETE goes back to the configured limit", func(t *testing.T) {
+		limitOf := func(org string) string {
+			status, body := do(t, client, adminRequest(t, http.MethodGet, srv.URL+"/admin/orgs/"+org+"/concurrent-limit", ""))
+			require.Equal(t, http.StatusOK, status, body)
+			return body
+		}
+		assert.JSONEq(t, `{"org":"org-a","limit":2,"source":"config","configured":2,"scope":"this gateway","persisted":false}`, limitOf("org-a"))
+		assert.JSONEq(t, `{"org":"org-z","limit":3,"source":"default","configured":3,"scope":"this gateway","persisted":false}`, limitOf("org-z"))
+
 		status, body := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", `{"limit":7}`))
 		require.Equal(t, http.StatusOK, status, body)
-		assert.JSONEq(t, `{"org":"org-a","limit":7}`, body)
+		assert.JSONEq(t, `{"org":"org-a","limit":7,"source":"override","configured":2,"scope":"this gateway","persisted":false}`, body)
 		assert.Equal(t, 7, gw.orgLimit("org-a"))
-		assert.Contains(t, logs.String(), `msg="gateway: org limit set" org=org-a old=2 new=7`)
+		assert.JSONEq(t, body, limitOf("org-a"))
+		assert.Contains(t, logs.String(), `msg="gateway: org limit set" org=org-a old=2 new=7 was_from=config`)
 
 		status, body = do(t, client, adminRequest(t, http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", ""))
 		require.Equal(t, http.StatusOK, status, body)
-		assert.JSONEq(t, `{"org":"org-a","limit":3}`, body, "the default limit")
-		assert.Equal(t, 3, gw.orgLimit("org-a"))
-		assert.Contains(t, logs.String(), `msg="gateway: org limit removed" org=org-a old=7 new=3`)
+		assert.JSONEq(t, `{"org":"org-a","limit":2,"source":"config","configured":2,"scope":"this gateway","persisted":false}`, body, "the configured limit, not the default")
+		assert.Equal(t, 2, gw.orgLimit("org-a"))
+		assert.Contains(t, logs.String(), `msg="gateway: org limit removed" org=org-a old=7 new=2 now_from=config`)
 
 		status, _ = do(t, client, adminRequest(t, http.MethodDelete, srv.URL+"/admin/orgs/org-a/concurrent-limit", ""))
 		assert.Equal(t, http.StatusNotFound, status, "nothing left to remove")
@@ -125,7 +135,7 @@ func TestAdminNeedsTheToken(t *testing.T) {
 			assert.Equal(t, http.StatusBadRequest, status, body)
 			assert.Contains(t, answer, `want one JSON object, {\"limit\": N} with N \u003e= 0`, body)
 		}
-		assert.Equal(t, 3, gw.orgLimit("org-a"), "none went through")
+		assert.Equal(t, 2, gw.orgLimit("org-a"), "none went through: the configured limit still")
 		status, _ := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", "{\"limit\":5}\n"))
 		assert.Equal(t, http.StatusOK, status, "a final newline is fine")
 	})

@@ -99,9 +99,12 @@ type Gateway struct {
 	active   int           // model requests being served
 	idle     chan struct{} // closed when active drops to 0; nil when nobody waits
 
-	mu        sync.RWMutex // protects the fields below
-	orgLimits map[string]int
-	defLimit  int
+	// configured are the orgs' limits in the config; read-only after New.
+	configured map[string]int
+	defLimit   int // orgs.default_limit; read-only after New
+
+	mu        sync.RWMutex   // protects the field below
+	overrides map[string]int // the orgs' limits set through the admin API
 
 	priorities map[string]slots.Priority // read-only after New
 	weights    map[string]int            // read-only after New
@@ -138,7 +141,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{orgLimits: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry(), log: slog.Default()}
+	g := &Gateway{configured: map[string]int{}, overrides: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry(), log: slog.Default()}
 	for _, o := range opts {
 		o(g)
 	}
@@ -146,7 +149,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	g.apiKeys = cfg.apiKeys
 	g.draining, g.drain = context.WithCancel(context.Background())
 	for org, n := range cfg.Orgs.Limits {
-		g.orgLimits[org] = n
+		g.configured[org] = n
 	}
 	g.priorities = make(map[string]slots.Priority, len(cfg.Orgs.Priorities))
 	for org, name := range cfg.Orgs.Priorities {
@@ -286,12 +289,35 @@ func (g *Gateway) Learned() pacing.Learned {
 func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
 
 func (g *Gateway) orgLimit(org string) int {
+	n, _ := g.orgLimitFrom(org)
+	return n
+}
+
+// Where an org's limit comes from (orgLimitFrom).
+const (
+	fromOverride = "override" // set through the admin API
+	fromConfig   = "config"   // orgs.limits
+	fromDefault  = "default"  // orgs.default_limit
+)
+
+// orgLimitFrom returns an org's limit and where it comes from.
+func (g *Gateway) orgLimitFrom(org string) (int, string) {
 	g.mu.RLock()
-	defer g.mu.RUnlock()
-	if n, ok := g.orgLimits[org]; ok {
-		return n
+	n, ok := g.overrides[org]
+	g.mu.RUnlock()
+	if ok {
+		return n, fromOverride
 	}
-	return g.defLimit
+	return g.configuredLimit(org)
+}
+
+// configuredLimit returns the limit the config gives an org, and whether
+// it names the org (fromConfig) or not (fromDefault).
+func (g *Gateway) configuredLimit(org string) (int, string) {
+	if n, ok := g.configured[org]; ok {
+		return n, fromConfig
+	}
+	return g.defLimit, fromDefault
 }
 
 // model handles a model request: the tenant cap at once, then the provider's
