@@ -16,6 +16,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -408,3 +409,22 @@ func TestLimitProvider(t *testing.T) {
 type roundTrip func(*http.Request) (*http.Response, error)
 
 func (f roundTrip) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestNoLargeFiles: no file the repository tracks is over 1 MB (a build
+// output committed by mistake, say; .gitignore names the examples'
+// binaries).
+func TestNoLargeFiles(t *testing.T) {
+	out, err := exec.Command("git", "-C", "../..", "ls-files", "-z").Output()
+	if err != nil {
+		t.Skipf("git ls-files: %v (not a git checkout?)", err)
+	}
+	files := strings.Split(strings.TrimRight(string(out), "\x00"), "\x00")
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		st, err := os.Stat(filepath.Join("../..", f))
+		if err != nil {
+			continue // deleted in the work tree
+		}
+		assert.LessOrEqual(t, st.Size(), int64(1<<20), "%s is over 1 MB", f)
+	}
+}
