@@ -86,15 +86,20 @@ func WithModel(f func(*http.Request) string) TransportOption {
 
 // WithCredential sets how a request is given its API key: f is called
 // with the outgoing request's headers (a copy) and the id of the key the
-// Gate granted, for requests granted a key from Config.APIKeys. Without
-// it, requests go with the credentials they came with. See BearerKeys.
+// Gate granted from Config.APIKeys, for every request the Transport sends:
+// with key "" for one granted no key (no pool, a bypass after the longest
+// wait, a request under slots.WithoutSlot), which f may send with a key of
+// its choice or none. Without it, requests go with the credentials they
+// came with. See BearerKeys.
 func WithCredential(f func(h http.Header, key string)) TransportOption {
 	return func(c *transportConfig) { c.t.credential = f }
 }
 
 // BearerKeys returns a credential function for WithCredential that sends
 // the secret of each key id as "Authorization: Bearer <secret>", and
-// removes the Authorization header for a key without a secret.
+// removes the Authorization header for a key without a secret and for a
+// request granted no key: a client's own credential never reaches the
+// upstream.
 func BearerKeys(secrets map[string]string) func(h http.Header, key string) {
 	return func(h http.Header, key string) {
 		if s := secrets[key]; s != "" {
@@ -149,11 +154,8 @@ type exchangeKey struct{}
 // whose model cannot be found fails with a *slots.BadRequestError, with
 // nothing sent and nothing held.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
-	model, out, err := t.modelOf(req)
+	model, out, err := t.modelOf(req) // an error comes after the body was read and closed
 	if err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
 		return nil, err
 	}
 	x := &exchange{model: model}
@@ -192,20 +194,41 @@ func (t *Transport) modelOf(req *http.Request) (string, *http.Request, error) {
 	return model, out, nil
 }
 
-// admit takes the fleet's caps, then waits for the Gate.
-func (t *Transport) admit(req *http.Request) (*slots.Slot, error) {
+// admit takes the fleet's caps, then waits for the Gate. Whatever it
+// took is given back if it does not return it: on a refusal, and on a
+// panic (in a Trace hook, say).
+func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
 	if x == nil {
 		return nil, errors.New("pacing: a request not sent through the Transport's RoundTrip")
 	}
 	ctx := req.Context()
+	tr, _ := ctx.Value(traceKey{}).(*Trace)
 	if wait, ok := ctx.Value(waitKey{}).(context.Context); ok {
+		if err := wait.Err(); err != nil { // ended already: no admission races it
+			err = fmt.Errorf("pacing: acquire: %w", err)
+			tr.refused(err)
+			return nil, err
+		}
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithCancel(ctx)
 		defer cancel()
 		defer context.AfterFunc(wait, cancel)()
 	}
-	tr, _ := ctx.Value(traceKey{}).(*Trace)
+	var held *slots.Slot
+	returned := false
+	defer func() {
+		if returned {
+			return
+		}
+		if held != nil {
+			held.Release()
+		} else {
+			x.grant.Slot.Release()
+			x.caps.Release()
+		}
+		x.grant, x.caps = Grant{}, nil
+	}()
 	start := time.Now()
 	if t.caps != nil {
 		keys := []string{"provider"}
@@ -217,6 +240,7 @@ func (t *Transport) admit(req *http.Request) (*slots.Slot, error) {
 			done = tr.FleetWait()
 		}
 		s, err := t.caps.AcquireAll(ctx, keys...)
+		x.caps = s
 		if done != nil {
 			done()
 		}
@@ -224,20 +248,19 @@ func (t *Transport) admit(req *http.Request) (*slots.Slot, error) {
 			tr.refused(err)
 			return nil, err
 		}
-		x.caps = s
 	}
-	grant, err := t.gate.Acquire(ctx, x.model)
+	x.grant, err = t.gate.Acquire(ctx, x.model)
 	if err != nil {
-		x.caps.Release()
+		x.caps.Release() // before the Trace hears of it
 		x.caps = nil
 		tr.refused(err)
 		return nil, err
 	}
-	x.grant = grant
-	held := slots.Combine(grant.Slot, x.caps)
+	held = slots.Combine(x.grant.Slot, x.caps)
 	if tr != nil && tr.Admitted != nil {
-		tr.Admitted(Admission{Grant: grant, Held: held, Wait: time.Since(start)})
+		tr.Admitted(Admission{Grant: x.grant, Held: held, Wait: time.Since(start)})
 	}
+	returned = true
 	return held, nil
 }
 
@@ -249,13 +272,21 @@ type reporter struct{ t *Transport }
 func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := r.t
 	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
-	if x != nil && x.grant.Key != "" && t.credential != nil {
+	if x != nil && t.credential != nil {
 		req = req.Clone(req.Context()) // its own headers; the body is shared
-		t.credential(req.Header, x.grant.Key)
+		if err := credential(t.credential, req, x.grant.Key); err != nil {
+			return nil, err
+		}
 	}
 	resp, err := t.base.RoundTrip(req)
-	if x == nil || x.grant.Slot == nil || x.grant.Slot.Bypassed() {
-		return resp, err // no slot, or one that holds nothing: no evidence
+	if x == nil {
+		return resp, err
+	}
+	// A slot that holds nothing (a bypass) is no evidence for its cap.
+	toGate := x.grant.Slot != nil && !x.grant.Slot.Bypassed()
+	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
+	if !toGate && !toFleet {
+		return resp, err
 	}
 	answer := resp
 	if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
@@ -264,12 +295,29 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	// An error answer is classified from its first bytes as they pass, by
 	// the body's end or Close at the latest: before the slot goes.
 	ClassifyAsRead(answer, t.classifier, func(v Verdict) {
-		t.gate.Report(x.grant, v)
-		if t.caps != nil && x.caps != nil {
+		if toGate {
+			t.gate.Report(x.grant, v)
+		}
+		if toFleet {
 			t.caps.Report(x.caps, v)
 		}
 	})
 	return resp, err
+}
+
+// credential puts key's credential on req with f; if f panics, req's body
+// is closed first, as a RoundTripper that does not send must.
+func credential(f func(http.Header, string), req *http.Request, key string) (err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			panic(p)
+		}
+	}()
+	f(req.Header, key)
+	return nil
 }
 
 // A Trace is told what a Transport does with one request, on the

@@ -269,6 +269,9 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 	case acquirePaused:
 		return r.pausedOutcome(l, res[2], res[3], res[4])
 	case acquireQueued:
+		if w != nil {
+			w.queuedEpoch = epoch // its place is in this Redis's queue
+		}
 		o := outcome{queued: true, full: int(res[1]) - 1, inFlight: int(res[2]), queuedN: int(res[6])}
 		if res[3] > res[4] {
 			o.retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
@@ -310,7 +313,8 @@ func (r *Registry[K]) refused(l *lease[K], res []int64) outcome {
 // A call that carries no epoch yet (this process has had no reply from
 // Redis) is not: the waiters after it wait for its reply, so that theirs
 // carry the epoch it tells and a Redis that lost its data meanwhile
-// pauses them. A waiter queued in Redis already has its place there. If
+// pauses them. A waiter queued in Redis already has its place there (as
+// its current lease id, in the Redis of the epoch its call carries). If
 // the call panics (a client hook), whatever it may have added is taken
 // back before the panic goes on: l is not held, so nothing else would
 // renew or remove it.
@@ -323,7 +327,7 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 		}
 	}()
 	var placed func()
-	if w != nil && w.queuedAs == "" && c.epoch != 0 {
+	if w != nil && (w.queuedAs != l.id || w.queuedEpoch != c.epoch) && c.epoch != 0 {
 		placed = func() { r.placed(w) }
 	}
 	rp := r.call(ctx, c.keys, c.args, len(l.names), c.until, placed)

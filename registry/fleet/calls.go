@@ -24,10 +24,11 @@ import (
 // ordered calls on that key queue for the pipeline that follows it. A
 // waiter lets the next waiter of its keys call as soon as its own call is
 // placed (see Registry.placed): sent, or queued within a pipeline's reach
-// (maxPipeline ordered calls on its keys ahead of it at most; one further
-// back is placed when those ahead of it have gone). So a process sends a
-// burst of waiters on one key in pipelines of maxPipeline, one round trip
-// each, and never queues more of them than the next pipeline takes: none
+// (fewer than maxPipeline calls of any kind ahead of it; one further back
+// is placed once those ahead of it have gone). So a process sends a burst
+// of waiters in pipelines of maxPipeline, one round trip each, whatever
+// their keys, and queues hardly more of them than the next pipeline takes
+// (one more a key at most, each holding back the waiters after it): none
 // waits out its call timeout in the queue while Redis answers.
 const (
 	maxSending  = 2
@@ -114,7 +115,7 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int
 	}
 	deadline := time.Now().Add(r.cfg.opTimeout)
 	c := &scriptCall{keys: keys, args: args, n: n, ordered: ordered, until: until, deadline: deadline, done: make(chan struct{})}
-	announce := ordered && q.orderedAheadLocked(capped, len(q.pending)) < maxPipeline
+	announce := ordered && len(q.pending) < maxPipeline
 	if ordered && !announce {
 		c.placed = placed // once those ahead of it have gone (takeLocked)
 	}
@@ -245,22 +246,6 @@ func tell(placed []func()) {
 	}
 }
 
-// orderedAheadLocked returns the most ordered calls on one of capped among
-// the first n queued.
-func (q *calls) orderedAheadLocked(capped []string, n int) int {
-	most := 0
-	for _, k := range capped {
-		ahead := 0
-		for _, c := range q.pending[:n] {
-			if c.ordered && slices.Contains(c.cappedKeys(), k) {
-				ahead++
-			}
-		}
-		most = max(most, ahead)
-	}
-	return most
-}
-
 // cappedKeys are c's capped keys.
 func (c *scriptCall) cappedKeys() []string { return c.keys[acquireKeys : acquireKeys+c.n] }
 
@@ -340,24 +325,10 @@ func (q *calls) takeLocked() (batch []*scriptCall, placed []func()) {
 		}
 	}
 	// Those left queued that are now within a pipeline's reach.
-	var ahead map[string]int
-	for _, c := range q.pending {
-		if !c.ordered {
-			continue
-		}
-		most := 0
-		for _, k := range c.cappedKeys() {
-			most = max(most, ahead[k])
-		}
-		if c.placed != nil && most < maxPipeline {
+	for _, c := range q.pending[:min(len(q.pending), maxPipeline)] {
+		if c.placed != nil {
 			placed = append(placed, c.placed)
 			c.placed = nil
-		}
-		if ahead == nil {
-			ahead = map[string]int{}
-		}
-		for _, k := range c.cappedKeys() {
-			ahead[k]++
 		}
 	}
 	return batch, placed

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -255,8 +256,219 @@ func TestOverloadOnAFarRedisKeepsAdmitting(t *testing.T) {
 		t.Logf("%d admitted (%d in the last 2 s), %d gave up; the key frees %.0f a second", admitted.Load(), end.Load(), refused.Load(), capacity)
 		// Each turn of a slot costs a release, a wake-up and a claim on top
 		// of the hold (some 100 ms here), and some grants go to callers
-		// that give up before they claim: 30 in the last 2 s in this run,
-		// where one call in flight per waiter admitted none.
-		assert.GreaterOrEqual(t, float64(end.Load()), 2*capacity/4, "admitting at a quarter of the key's rate or more at the end")
+		// that give up before they claim: 18 to 44 in the last 2 s over 26
+		// runs, where one call in flight per waiter admitted none. The
+		// bound tells the collapse from that spread.
+		assert.GreaterOrEqual(t, float64(end.Load()), 2*capacity/8, "admitting at an eighth of the key's rate or more at the end")
 	})
+}
+
+// A burst of waiters on many keys at once: the pipelines (two on their
+// way, 128 calls each) are shared by every key, so a waiter's call is
+// within a pipeline's reach by its place in the whole queue, not among its
+// key's calls; none waits out its call timeout in the queue. (Counted per
+// key, 30 keys of 150 waiters drew 1,054 failed calls, each admitted under
+// the local caps alone.)
+func TestBurstOnManyKeysNeverTimesOutInTheQueue(t *testing.T) {
+	for _, keys := range []int{4, 30} {
+		t.Run(fmt.Sprint(keys), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const perKey = 150
+				r := farRegistry(t, "far-many", 100_000)
+				t0 := time.Now()
+				var wg sync.WaitGroup
+				var lastAt atomic.Int64
+				for k := range keys {
+					for range perKey {
+						wg.Go(func() {
+							s, err := r.Acquire(t.Context(), fmt.Sprint("k", k))
+							if !assert.NoError(t, err) {
+								return
+							}
+							lastAt.Store(int64(time.Since(t0)))
+							s.Release()
+						})
+					}
+				}
+				wg.Wait()
+				st := r.Stats()
+				t.Logf("%d keys x %d: last at %.1f RTT; Redis errors %d, degraded %d, acquired %d", keys, perKey, roundTrips(time.Duration(lastAt.Load())), st.RedisErrors, st.Degraded, st.Acquired)
+				assert.Zero(t, st.RedisErrors)
+				assert.Zero(t, st.Degraded)
+			})
+		})
+	}
+}
+
+// Two processes, each a burst of waiters on 30 keys, a fleet cap of 100 a
+// key: no key goes over it, and the breaker never opens. (When calls were
+// dropped at their queue timeout, they were admitted under the local caps
+// alone: 19 of 30 keys went over the cap, up to 226 holders.)
+func TestBurstOnManyKeysKeepsTheFleetCap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const keys, perKey, limit = 30, 300, 100
+		v := newVirtualRedis(t, farLatency)
+		rs := []*Registry[string]{warmRegistry(t, v, "far-cap", limit), warmRegistry(t, v, "far-cap", limit)}
+		var mu sync.Mutex
+		cur := map[string]int{}
+		most := map[string]int{}
+		var sawOpen atomic.Bool
+		var wg sync.WaitGroup
+		for _, r := range rs {
+			for k := range keys {
+				key := fmt.Sprint("k", k)
+				for range perKey / 2 {
+					wg.Go(func() {
+						s, err := r.Acquire(t.Context(), key)
+						if err != nil {
+							return
+						}
+						if r.Stats().BreakerOpen {
+							sawOpen.Store(true)
+						}
+						mu.Lock()
+						cur[key]++
+						most[key] = max(most[key], cur[key])
+						mu.Unlock()
+						time.Sleep(100 * time.Millisecond) // the work, holding the slot
+						mu.Lock()
+						cur[key]--
+						mu.Unlock()
+						s.Release()
+					})
+				}
+			}
+		}
+		wg.Wait()
+		over := 0
+		for _, n := range most {
+			if n > limit {
+				over++
+			}
+		}
+		st0, st1 := rs[0].Stats(), rs[1].Stats()
+		t.Logf("keys over the cap %d of %d; Redis errors %d+%d, degraded %d+%d, breaker seen open %v", over, keys, st0.RedisErrors, st1.RedisErrors, st0.Degraded, st1.Degraded, sawOpen.Load())
+		assert.Zero(t, over, "keys over the fleet's cap")
+		assert.False(t, sawOpen.Load(), "the breaker opened")
+		assert.Zero(t, st0.Degraded+st1.Degraded)
+	})
+}
+
+// Waiters queued in Redis when it loses its data are admitted in
+// pipelines after the pause, as a burst that was never queued is
+// (TestBurstAfterAPauseSharesPipelines): their places went with the data,
+// so their calls are ordered again. (With their places taken as still
+// there, the last was admitted 100.7 round trips after the pause.)
+func TestQueuedWaitersAfterAPauseSharePipelines(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const n, limit = 100, 100
+		v := newVirtualRedis(t, farLatency)
+		r := warmRegistry(t, v, "far-qpause", limit)
+		o := warmRegistry(t, v, "far-qpause", limit)
+		var held []func()
+		for range limit {
+			s, err := o.TryAcquire("k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			held = append(held, func() { s.Release() })
+		}
+		t0 := time.Now()
+		var lastAt atomic.Int64
+		var wg sync.WaitGroup
+		for range n {
+			wg.Go(func() {
+				s, err := r.Acquire(t.Context(), "k")
+				if !assert.NoError(t, err) {
+					return
+				}
+				lastAt.Store(int64(time.Since(t0)))
+				s.Release()
+			})
+		}
+		time.Sleep(time.Second) // all queued in Redis by then
+		synctest.Wait()
+		queued, _ := v.srv.SortedSet("inflight:{far-qpause}:k#q")
+		require.Len(t, queued, n, "every waiter stands in Redis's queue")
+		lost := time.Since(t0)
+		v.srv.FlushAll()
+		time.Sleep(r.pause / 2)
+		for _, f := range held {
+			f()
+		}
+		wg.Wait()
+		end := lost + r.pause
+		t.Logf("pause %v; paused tries %d; the last admitted %.1f round trips after the pause's end", r.pause, r.Stats().Paused, roundTrips(time.Duration(lastAt.Load())-end))
+		assert.LessOrEqual(t, roundTrips(time.Duration(lastAt.Load())-end), 10.0)
+	})
+}
+
+// 400 callers of AcquireAll on 1 to 3 of 4 keys (a key twice now and
+// then), some giving up, on a far Redis whose every write takes 20 to 40
+// ms: no key goes over its cap, every caller returns, and nothing is left
+// waiting or queued.
+func TestOverlappingAcquireAllOnAJitteryRedis(t *testing.T) {
+	for run := range 1 {
+		t.Run(fmt.Sprint(run), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				const limit = 3
+				v := newVirtualRedis(t, farLatency)
+				v.jitter = func() time.Duration { return rand.N(farLatency) }
+				r := warmRegistry(t, v, "far-overlap", limit)
+				all := []string{"a", "b", "c", "d"}
+				var mu sync.Mutex
+				cur := map[string]int{}
+				over := 0
+				var wg sync.WaitGroup
+				var admitted, failedN atomic.Int64
+				for i := range 400 {
+					perm := rand.Perm(len(all))[:1+rand.N(3)]
+					var ks []string
+					for _, j := range perm {
+						ks = append(ks, all[j])
+					}
+					if rand.N(5) == 0 {
+						ks = append(ks, ks[0]) // a key twice
+					}
+					wg.Go(func() {
+						ctx, cancel := context.WithTimeout(t.Context(), time.Duration(50+rand.N(3000))*time.Millisecond)
+						defer cancel()
+						s, err := r.AcquireAll(ctx, ks...)
+						if err != nil {
+							failedN.Add(1)
+							return
+						}
+						admitted.Add(1)
+						mu.Lock()
+						for _, k := range dedupe(ks) {
+							if cur[k]++; cur[k] > limit {
+								over++
+							}
+						}
+						mu.Unlock()
+						time.Sleep(time.Duration(rand.N(100)) * time.Millisecond)
+						mu.Lock()
+						for _, k := range dedupe(ks) {
+							cur[k]--
+						}
+						mu.Unlock()
+						s.Release()
+					})
+					if i%20 == 0 {
+						time.Sleep(time.Duration(rand.N(30)) * time.Millisecond)
+					}
+				}
+				wg.Wait()
+				st := r.Stats()
+				t.Logf("admitted %d failed %d over %d; stats %+v", admitted.Load(), failedN.Load(), over, st)
+				assert.Zero(t, over)
+				assert.Zero(t, st.Waiting)
+				assert.Zero(t, st.RedisErrors)
+				r.calls.mu.Lock()
+				assert.Empty(t, r.calls.pending)
+				assert.Nil(t, r.calls.ordered)
+				r.calls.mu.Unlock()
+			})
+		})
+	}
 }

@@ -16,8 +16,9 @@ type waiter struct {
 	// guarded by r.mu.
 	ticket string
 	// queuedAs is the lease id under which a reply last told it queued
-	// ("": never); its own goroutine's.
-	queuedAs string
+	// ("": never), in queuedEpoch; its own goroutine's.
+	queuedAs    string
+	queuedEpoch int64
 	// blocked are the keys on which it holds back later waiters: all of its
 	// keys until it has been told one is full, then that key alone; none
 	// once its call to Redis has its place in line (see placed), until a
