@@ -106,3 +106,42 @@ func TestConfigRedactsURLs(t *testing.T) {
 	assert.Contains(t, string(shown), `"upstream":"https://user:xxxxx@api.example.com/v1"`)
 	assert.Equal(t, "https://user:upstream-pass@api.example.com/v1", cfg.Upstream, "Redacted leaves the config itself alone")
 }
+
+// A request that goes ahead without a slot after the longest wait
+// (on_wait_timeout "proceed") is granted no key of the pool: it goes with
+// no credential, never with the client's own.
+func TestBypassUnderAKeyPoolSendsNoClientCredential(t *testing.T) {
+	t.Setenv("GATEWAY_TEST_KEY_P", "sk-pool")
+	var mu sync.Mutex
+	var seen []string
+	arrived, release := make(chan struct{}, 2), make(chan struct{})
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		seen = append(seen, r.Header.Get("Authorization"))
+		first := len(seen) == 1
+		mu.Unlock()
+		arrived <- struct{}{}
+		if first {
+			<-release // holds the one slot
+		}
+		io.WriteString(w, `{"choices":[]}`)
+	}))
+	t.Cleanup(up.Close)
+	srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
+		"provider": {"max_concurrent_requests": 1, "max_queue_wait_ms": 50, "on_wait_timeout": "proceed",
+			"api_keys": [{"id": "k1", "max_concurrent_requests": 1}]},
+		"api_key_env": {"k1": "GATEWAY_TEST_KEY_P"}}`)
+	firstDone := make(chan int, 1)
+	go func() {
+		resp, _ := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-5"}`, "Authorization", "Bearer the-clients-own")
+		firstDone <- resp.StatusCode
+	}()
+	<-arrived
+	resp, _ := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-5"}`, "Authorization", "Bearer the-clients-own")
+	assert.Equal(t, http.StatusOK, resp.StatusCode, "went ahead after its wait")
+	close(release)
+	assert.Equal(t, http.StatusOK, <-firstDone)
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Equal(t, []string{"Bearer sk-pool", ""}, seen, "the pool's key, then none")
+}

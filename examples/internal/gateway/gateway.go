@@ -420,7 +420,12 @@ func (g *Gateway) heldBy(a pacing.Admission, mm *capMetrics) []*capMetrics {
 // (with a fleet, the fleet's first), its pacing and API keys, and every
 // answer reported before the request's slots can go.
 func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.RoundTripper {
-	opts := []pacing.TransportOption{pacing.WithCredential(pacing.BearerKeys(g.apiKeys)), pacing.WithCutLinger(cfg.cutLinger())}
+	opts := []pacing.TransportOption{pacing.WithCutLinger(cfg.cutLinger())}
+	if len(cfg.Provider.APIKeys) > 0 {
+		// The pool's keys, and none for a request granted no key (a
+		// bypass, a model listing): the client's own never goes upstream.
+		opts = append(opts, pacing.WithCredential(pacing.BearerKeys(g.apiKeys)))
+	}
 	if g.caps != nil {
 		opts = append(opts, pacing.WithFleet(g.caps))
 	}
