@@ -81,7 +81,7 @@ func BenchmarkStreamOverhead(b *testing.B) {
 		return median(ends), median(firsts)
 	}
 
-	var endRatios, firstRatios, directEnds, gatewayEnds []float64
+	var endRatios, firstRatios, directEnds, gatewayEnds, directFirsts, gatewayFirsts []float64
 	b.ResetTimer()
 	for i := range b.N {
 		var dEnd, dFirst, gEnd, gFirst time.Duration
@@ -96,12 +96,16 @@ func BenchmarkStreamOverhead(b *testing.B) {
 		firstRatios = append(firstRatios, float64(gFirst)/float64(dFirst))
 		directEnds = append(directEnds, float64(dEnd)/1e6)
 		gatewayEnds = append(gatewayEnds, float64(gEnd)/1e6)
+		directFirsts = append(directFirsts, float64(dFirst)/1e6)
+		gatewayFirsts = append(gatewayFirsts, float64(gFirst)/1e6)
 	}
 	b.StopTimer()
 	b.ReportMetric(medianOf(endRatios), "p50-end-ratio")
 	b.ReportMetric(medianOf(firstRatios), "p50-first-byte-ratio")
 	b.ReportMetric(medianOf(directEnds), "direct-p50-ms")
 	b.ReportMetric(medianOf(gatewayEnds), "gateway-p50-ms")
+	b.ReportMetric(medianOf(directFirsts), "direct-first-byte-ms")
+	b.ReportMetric(medianOf(gatewayFirsts), "gateway-first-byte-ms")
 	b.ReportMetric(0, "ns/op")
 }
 
