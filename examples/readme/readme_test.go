@@ -400,7 +400,14 @@ func TestLimitProvider(t *testing.T) {
 	assert.Equal(t, 20, byCode[200]+byCode[429], "every request answered 200 or 429")
 	assert.Equal(t, c.Refused, byCode[429], "a 429 is the provider's refusal, passed on")
 	assert.LessOrEqual(t, c.Peak, 3, "never more than the model's most")
-	assert.Equal(t, 2, learned.Cap, "the model's cap learned from the refusal")
+	// A start over the provider's 2 is refused, which cuts the learned cap
+	// below 3. Where it lands depends on the order in which the requests'
+	// ends and starts reach the provider on this machine (2 in seven runs
+	// of the whole suite, 1 in one): its score is pacing's to assert, in
+	// virtual time.
+	assert.Positive(t, c.Refused, "the cap was tested")
+	assert.LessOrEqual(t, learned.Cap, 2, "the model's cap learned below the refused start")
+	assert.GreaterOrEqual(t, learned.Cap, 1)
 	assert.Zero(t, auths["Bearer the-clients-own"], "the client's key never reaches the provider")
 	assert.Equal(t, c.Attempts, auths["Bearer sk-a"]+auths["Bearer sk-b"], "every request with one of the pool's keys")
 	assert.Zero(t, gate.Status().InFlight)
