@@ -239,49 +239,6 @@ func (r *Registry[K]) doneSending(capped []string, ordered bool) {
 	go r.sendPipelines(batch)
 }
 
-// tell calls each of placed (see scriptCall.placed), without calls.mu.
-func tell(placed []func()) {
-	for _, f := range placed {
-		f()
-	}
-}
-
-// cappedKeys are c's capped keys.
-func (c *scriptCall) cappedKeys() []string { return c.keys[acquireKeys : acquireKeys+c.n] }
-
-// followsLocked reports whether an ordered call on capped must wait for
-// the next pipeline: an ordered call on one of those keys is on its way,
-// or queued.
-func (q *calls) followsLocked(capped []string) bool {
-	for _, k := range capped {
-		if q.ordered[k] > 0 {
-			return true
-		}
-	}
-	for _, c := range q.pending {
-		if c.ordered && slices.ContainsFunc(c.cappedKeys(), func(k string) bool { return slices.Contains(capped, k) }) {
-			return true
-		}
-	}
-	return false
-}
-
-// sendingLocked counts d ordered calls on capped more (or fewer) on their
-// way.
-func (q *calls) sendingLocked(capped []string, d int) {
-	if q.ordered == nil {
-		q.ordered = map[string]int{}
-	}
-	for _, k := range capped {
-		if q.ordered[k] += d; q.ordered[k] <= 0 {
-			delete(q.ordered, k)
-		}
-	}
-	if len(q.ordered) == 0 {
-		q.ordered = nil // let a burst's map go
-	}
-}
-
 // takeLocked takes the queued calls, up to a pipeline, oldest first, but
 // for an ordered call on a key an ordered call is on its way on, and any
 // ordered call after it on one of its keys; nil if none can go or the
@@ -332,18 +289,6 @@ func (q *calls) takeLocked() (batch []*scriptCall, placed []func()) {
 		}
 	}
 	return batch, placed
-}
-
-// holdsLocked reports whether ordered call c must stay queued: an ordered
-// call on one of its keys is on its way, or was left queued before it
-// (held).
-func (q *calls) holdsLocked(c *scriptCall, held map[string]bool) bool {
-	for _, k := range c.cappedKeys() {
-		if q.ordered[k] > 0 || held[k] {
-			return true
-		}
-	}
-	return false
 }
 
 // close fails the queued calls (never sent) and keeps new ones from

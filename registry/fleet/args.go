@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"slices"
+	"time"
+)
+
+// What an acquire call sends: its keys and arguments, and the degraded
+// leases it carries back into Redis.
+
+// maxCarried bounds the (key, lease) pairs of degraded leases that one
+// admission carries into Redis (see carryLocked).
+const maxCarried = batchSize
+
+// acquireCall is an acquire script call: its keys and arguments (see
+// acquireScript), its not-after time, and the degraded leases it carries.
+type acquireCall[K comparable] struct {
+	keys    []string
+	args    []any
+	until   int64
+	carried []*lease[K]
+	learned bool // a key is learned: an admission's reply tells its start
+	// epoch is the epoch the call carries (0: this process has had no
+	// reply from Redis yet).
+	epoch int64
+}
+
+// lateSpan is how long after it is made a call may still be running as a
+// caller waits for it: the call timeout, twice for a call queued for a
+// pipeline.
+func (r *Registry[K]) lateSpan() time.Duration { return 2 * r.cfg.opTimeout }
+
+// scriptArgs returns the acquire call for l, waiting as w if not nil, or
+// ErrClosed.
+func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error) {
+	r.mu.Lock()
+	defer r.mu.Unlock() // a LimitFunc that panics must not leave it locked
+	if r.closed {
+		return acquireCall[K]{}, ErrClosed
+	}
+	r.limitsLocked(l)
+	c := acquireCall[K]{
+		keys:  make([]string, 0, acquireKeys+len(l.names)),
+		args:  make([]any, 0, acquireArgs+len(l.names)),
+		until: r.clock.notAfter(r.lateSpan()),
+	}
+	c.keys = append(c.keys, r.epochKey, r.pauseKey, r.tombstone(l.id), r.procsKey)
+	c.keys = append(c.keys, l.names...)
+	wait, rank, flow, weight := 0, uint8(0), "", 1
+	if w != nil {
+		wait, rank, flow, weight = 1, w.rank, w.flow, w.weight
+	}
+	if r.learning != nil && slices.ContainsFunc(l.keys, func(k K) bool { return r.learning[k] != nil }) {
+		wait += 2 // the reply tells what a learned cap needs
+		c.learned = true
+	}
+	c.epoch = r.epoch.Load()
+	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until),
+		c.epoch, r.pause.Milliseconds(), wait, r.claim.Milliseconds(), rank, flow, weight,
+		r.proc, r.wakePrefix, r.maxQueue, r.maxFlowQueue, r.live.Milliseconds())
+	for _, n := range l.limits {
+		c.args = append(c.args, n)
+	}
+	if len(r.degraded) > 0 {
+		r.carryLocked(l, &c)
+	}
+	return c, nil
+}
+
+// carryLocked adds to c the leases this process admitted while Redis was
+// unreachable and that share a key with l: c's script puts them into Redis
+// before it decides, so that they count against l. Past maxCarried pairs
+// the rest are left to the heartbeat, woken for them.
+func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
+	pairs := 0
+	for d := range r.degraded {
+		if !slices.ContainsFunc(d.names, func(n string) bool { return slices.Contains(l.names, n) }) {
+			continue
+		}
+		if pairs+len(d.names) > maxCarried {
+			r.recovered()
+			return
+		}
+		d.sent = true // the call may run after d is released: abandon d then
+		d.until = max(d.until, c.until)
+		for _, name := range d.names {
+			c.keys = append(c.keys, name, r.tombstone(d.id))
+			c.args = append(c.args, d.id)
+		}
+		c.carried = append(c.carried, d)
+		pairs += len(d.names)
+	}
+}
+
+// carriedIn records that the carried leases are in Redis, under epoch. One
+// released meanwhile was abandoned (it was marked sent): its tombstone kept
+// it out, or its removal takes it out.
+func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
+	if len(carried) == 0 {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, d := range carried {
+		if _, live := r.leases[d]; live && d.degraded {
+			r.inRedisLocked(d, epoch)
+			r.stats.reasserted.Add(1)
+		}
+	}
+}
+
+// inRedisLocked records that l is in Redis under epoch.
+func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
+	if l.degraded {
+		l.degraded = false
+		delete(r.degraded, l)
+		r.degraded = remade(r.degraded, &r.degradedPeak)
+	}
+	l.epoch, l.reported = epoch, false
+}
