@@ -313,31 +313,52 @@ func TestLearnedStateKeptWhileRead(t *testing.T) {
 }
 
 // startCeiling is over the number of every start admitted before it is
-// read, by any process.
+// read, by any process, while the server's clock runs with the local one.
+// A start is numbered by the server's wall clock, the ceiling reads the
+// local monotonic one: a step of the wall clock (as a VM's time sync
+// makes, here on the same machine) puts starts over the ceiling until the
+// next reply tells the clock anew. Such a start is excused only by a step
+// at least as large, measured here between the wall and monotonic clocks
+// since rs[0]'s clock was last told.
 func TestStartCeiling(t *testing.T) {
 	srv := fleettest.Start(t)
 	rs := fwFleet(t, srv, "le-ceiling", 2, 1000)
 	require.NoError(t, rs[1].Learn("k", pacing.AdaptiveConfig{Initial: 1000})) // starts of a learned key are numbered
+	base := time.Now()
+	wallAhead := func() int64 { // the wall clock's lead on the monotonic one since base, µs
+		now := time.Now()
+		return (now.UnixNano() - base.UnixNano() - now.Sub(base).Nanoseconds()) / 1000
+	}
+	told := wallAhead() // before rs[0]'s clock is told
 	s, err := rs[0].TryAcquire("warm")
 	require.NoError(t, err)
 	s.Release()
-	bad := 0
+	bad, excused := 0, 0
 	for i := range 1000 {
 		s, err := rs[1].TryAcquire("k")
 		require.NoError(t, err)
 		id := (*core.Handle)(s).Hold().Owner.(*lease[string]).start.id
 		require.NotZero(t, id)
 		if ceil := rs[0].clock.startCeiling(); id > ceil {
-			bad++
+			over, step := int64(id-ceil), wallAhead()-told
+			if over <= step {
+				excused++
+				t.Logf("start %d µs over the ceiling after the wall clock stepped %d µs", over, step)
+			} else {
+				bad++
+				t.Logf("start %d µs over the ceiling; the wall clock stepped %d µs", over, step)
+			}
 		}
 		s.Release()
 		if i%7 == 0 { // rs[0]'s clock told anew now and then
+			told = wallAhead()
 			if s, err := rs[0].TryAcquire("warm"); err == nil {
 				s.Release()
 			}
 		}
 	}
-	assert.Zero(t, bad, "starts numbered over a ceiling read after them")
+	assert.Zero(t, bad, "starts numbered over a ceiling read after them, the clocks running together")
+	t.Logf("%d of 1000 starts over the ceiling after a step of the wall clock", excused)
 }
 
 // A state in Redis that is not a Cap ("null", a zero value, another
