@@ -164,7 +164,7 @@ func TestContextEndedDuringCallIsNotAdmitted(t *testing.T) {
 		m := newMini(t)
 		r, hold := pipelined(t, m, 2, WithLeaseTTL(time.Minute))
 		h := &cancelAfter{}
-		r.rdb.(*redis.Client).AddHook(h)
+		redisOf(r).rdb.(*redis.Client).AddHook(h)
 		first := holdAlone(t, r, hold, "other")
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel.Store(&cancel)

@@ -61,7 +61,7 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
 	l.cancel, _ = ctx.Value(cancelKey{}).(context.CancelCauseFunc)
 	for i, k := range keys {
-		l.names[i] = r.prefix + r.keyName(k)
+		l.names[i] = r.keyName(k)
 	}
 	s, err := r.admit(ctx, l, wait)
 	if err != nil {
@@ -117,80 +117,76 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 			return r.unavailable(ctx, l)
 		}
 		rp = r.callOrAbandon(callCtx, l, c, w)
-		// Refused as late, with nothing done: the server's clock is ahead
+		// Refused as late, with nothing done: the store's clock is ahead
 		// of what earlier replies told (it jumped, or a client timeout
 		// longer than the call timeout let the call run on). The reply
 		// told it anew: once more.
-		if rp.err != nil || len(rp.res) < replyLen || rp.res[0] != tooLate || try > 0 {
+		if rp.err != nil || rp.res.Status != StatusTooLate || try > 0 {
 			break
 		}
 	}
 	res := rp.res
+	if err := rp.err; errors.Is(err, ErrBadReply) {
+		r.abandon(l)
+		return failed(err)
+	}
 	if err := rp.err; err != nil {
 		if rp.sent {
-			// The call may still run on the server: take back what it
+			// The call may still run in the store: take back what it
 			// adds, and go on under a new lease id.
 			r.abandon(l)
 		}
 		switch {
 		case errors.Is(err, ErrClosed):
 			return failed(ErrClosed)
-		case callCtx.Err() != nil: // the caller's context or wait ended, not Redis
+		case callCtx.Err() != nil: // the caller's context or wait ended, not the store
 			return failed(fmt.Errorf("fleet: acquire: %w", callCtx.Err()))
 		}
 		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
-	admittedLen := replyLen
-	if c.learned {
-		admittedLen += len(l.names)
-	}
-	if len(res) < replyLen || res[0] < 0 || res[0] == acquireAdmitted && len(res) != admittedLen {
+	if res.Status < 0 || res.Key >= len(l.keys) {
 		r.abandon(l)
-		return failed(fmt.Errorf("fleet: unexpected script reply %v", res))
+		return failed(fmt.Errorf("fleet: unexpected admission result %+v", res))
 	}
-	epoch := res[5]
+	epoch := res.Epoch
 	if r.sawEpoch(epoch) {
 		r.lostData()
 	}
 	r.carriedIn(c.carried, epoch)
-	switch res[0] {
-	case acquirePaused:
-		return r.pausedOutcome(l, res[2], res[3], res[4])
-	case acquireQueued:
+	switch res.Status {
+	case StatusPaused:
+		return r.pausedOutcome(l, res.Count, res.Earliest, res.Now)
+	case StatusQueued:
 		if w != nil {
-			w.queuedEpoch = epoch // its place is in this Redis's queue
+			w.queuedEpoch = epoch // its place is in this store's queue
 		}
-		o := outcome{queued: true, full: int(res[1]) - 1, inFlight: int(res[2]), queuedN: int(res[6])}
-		if res[3] > res[4] {
-			o.retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
+		o := outcome{queued: true, full: res.Key, inFlight: int(res.Count), queuedN: int(res.Queue)}
+		if res.Earliest > res.Now {
+			o.retryIn = time.Duration(res.Earliest-res.Now) * time.Millisecond
 		}
 		return o
-	case acquireFull, acquireQueueMax, acquireFlowMax:
+	case StatusFull, StatusQueueMax, StatusFlowMax:
 		return r.refused(l, res)
 	}
 	if c.learned {
-		l.start = start{id: uint64(res[3]), at: res[3] * int64(time.Microsecond), counts: res[replyLen:]}
+		l.start = start{id: uint64(res.Start), at: res.Start * int64(time.Microsecond), counts: res.Counts}
 	}
 	return r.hold(ctx, l, false, epoch)
 }
 
-// replyLen is the length of the acquire script's reply, but for an
-// admission's, which has each key's lease count after it.
-const replyLen = 7
-
-// refused tells the acquire script's refusal res of l: a full key, or a
-// queue at its bound.
-func (r *Registry[K]) refused(l *lease[K], res []int64) outcome {
-	i := int(res[1]) - 1
-	le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res[2]),
-		Limit: l.limits[i], Queued: int(res[6]), RetryAfter: time.Second}
+// refused tells the store's refusal res of l: a full key, or a queue at
+// its bound.
+func (r *Registry[K]) refused(l *lease[K], res AdmitResult) outcome {
+	i := max(res.Key, 0)
+	le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res.Count),
+		Limit: l.limits[i], Queued: int(res.Queue), RetryAfter: time.Second}
 	var retryIn time.Duration
-	if res[3] > res[4] {
-		retryIn = time.Duration(res[3]-res[4]) * time.Millisecond
+	if res.Earliest > res.Now {
+		retryIn = time.Duration(res.Earliest-res.Now) * time.Millisecond
 		le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
 	}
-	if res[0] != acquireFull {
-		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(int(res[6]), l.limits[i])
+	if res.Status != StatusFull {
+		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(int(res.Queue), l.limits[i])
 		return failed(le)
 	}
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
@@ -218,13 +214,10 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	if w != nil && (w.queuedAs != l.id || w.queuedEpoch != c.epoch) && c.epoch != 0 {
 		placed = func() { r.placed(w) }
 	}
-	rp := r.call(ctx, c.keys, c.args, len(l.names), c.until, placed)
+	rp := r.call(ctx, c.call, c.until, placed)
 	ok = true
 	return rp
 }
-
-// tombstone is the key that marks lease id abandoned.
-func (r *Registry[K]) tombstone(id string) string { return r.prefix + "abandoned:" + id }
 
 // abandon queues the removal of whatever a failed call for l may have put
 // into Redis, and gives l a new id for what comes next.

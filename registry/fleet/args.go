@@ -12,16 +12,15 @@ import (
 // admission carries into Redis (see carryLocked).
 const maxCarried = batchSize
 
-// acquireCall is an acquire script call: its keys and arguments (see
-// acquireScript), its not-after time, and the degraded leases it carries.
+// acquireCall is an admission call: what it sends, its not-after time,
+// and the degraded leases it carries.
 type acquireCall[K comparable] struct {
-	keys    []string
-	args    []any
+	call    *AdmitCall
 	until   int64
 	carried []*lease[K]
 	learned bool // a key is learned: an admission's reply tells its start
 	// epoch is the epoch the call carries (0: this process has had no
-	// reply from Redis yet).
+	// reply from the store yet).
 	epoch int64
 }
 
@@ -30,7 +29,7 @@ type acquireCall[K comparable] struct {
 // pipeline.
 func (r *Registry[K]) lateSpan() time.Duration { return 2 * r.cfg.opTimeout }
 
-// scriptArgs returns the acquire call for l, waiting as w if not nil, or
+// scriptArgs returns the admission call for l, waiting as w if not nil, or
 // ErrClosed.
 func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error) {
 	r.mu.Lock()
@@ -39,27 +38,19 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 		return acquireCall[K]{}, ErrClosed
 	}
 	r.limitsLocked(l)
-	c := acquireCall[K]{
-		keys:  make([]string, 0, acquireKeys+len(l.names)),
-		args:  make([]any, 0, acquireArgs+len(l.names)),
-		until: r.clock.notAfter(r.lateSpan()),
+	c := acquireCall[K]{until: r.clock.notAfter(r.lateSpan()), epoch: r.epoch.Load()}
+	c.call = &AdmitCall{
+		Lease: l.id, Keys: l.names, Limits: slices.Clone(l.limits),
+		TTL: r.cfg.ttl, NotAfter: scriptUntil(c.until), Epoch: c.epoch, Pause: r.pause,
+		Claim: r.claim, Live: r.live, Weight: 1, Proc: r.proc,
+		MaxQueue: r.maxQueue, MaxFlowQueue: r.maxFlowQueue,
 	}
-	c.keys = append(c.keys, r.epochKey, r.pauseKey, r.tombstone(l.id), r.procsKey)
-	c.keys = append(c.keys, l.names...)
-	wait, rank, flow, weight := 0, uint8(0), "", 1
 	if w != nil {
-		wait, rank, flow, weight = 1, w.rank, w.flow, w.weight
+		c.call.Wait, c.call.Class, c.call.Flow, c.call.Weight = true, w.rank, w.flow, w.weight
 	}
 	if r.learning != nil && slices.ContainsFunc(l.keys, func(k K) bool { return r.learning[k] != nil }) {
-		wait += 2 // the reply tells what a learned cap needs
+		c.call.Starts = true // the reply tells what a learned cap needs
 		c.learned = true
-	}
-	c.epoch = r.epoch.Load()
-	c.args = append(c.args, l.id, r.cfg.ttl.Milliseconds(), len(l.names), scriptUntil(c.until),
-		c.epoch, r.pause.Milliseconds(), wait, r.claim.Milliseconds(), rank, flow, weight,
-		r.proc, r.wakePrefix, r.maxQueue, r.maxFlowQueue, r.live.Milliseconds())
-	for _, n := range l.limits {
-		c.args = append(c.args, n)
 	}
 	if len(r.degraded) > 0 {
 		r.carryLocked(l, &c)
@@ -67,8 +58,8 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 	return c, nil
 }
 
-// carryLocked adds to c the leases this process admitted while Redis was
-// unreachable and that share a key with l: c's script puts them into Redis
+// carryLocked adds to c the leases this process admitted while the store
+// was unreachable and that share a key with l: c puts them into the store
 // before it decides, so that they count against l. Past maxCarried pairs
 // the rest are left to the heartbeat, woken for them.
 func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
@@ -84,8 +75,7 @@ func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 		d.sent = true // the call may run after d is released: abandon d then
 		d.until = max(d.until, c.until)
 		for _, name := range d.names {
-			c.keys = append(c.keys, name, r.tombstone(d.id))
-			c.args = append(c.args, d.id)
+			c.call.Carried = append(c.call.Carried, Pair{Key: name, Lease: d.id})
 		}
 		c.carried = append(c.carried, d)
 		pairs += len(d.names)

@@ -8,8 +8,6 @@ import (
 	"slices"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // batchSize bounds the (key, lease) pairs of one renewal or release call.
@@ -208,7 +206,7 @@ func (r *Registry[K]) hasDegraded() bool {
 // it was unreachable, then closes the breaker.
 func (r *Registry[K]) probe() bool {
 	ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
-	err := r.rdb.Ping(ctx).Err()
+	err := r.store.Ping(ctx)
 	cancel()
 	if err != nil {
 		return false
@@ -227,7 +225,7 @@ func (r *Registry[K]) probe() bool {
 // renewal is a lease as a renewal call sends it.
 type renewal[K comparable] struct {
 	l      *lease[K]
-	mode   int   // renewOnly, reassert or putBack (see renewScript)
+	mode   Mode  // see RenewCall
 	epoch  int64 // l.epoch
 	limits []int // l.limits
 }
@@ -249,12 +247,12 @@ func (r *Registry[K]) renew() bool {
 	r.mu.Lock()
 	batch := make([]renewal[K], 0, len(r.leases))
 	for l := range r.leases {
-		x := renewal[K]{l: l, mode: renewOnly, epoch: l.epoch, limits: slices.Clone(l.limits)}
+		x := renewal[K]{l: l, mode: ModeReport, epoch: l.epoch, limits: slices.Clone(l.limits)}
 		switch {
 		case l.degraded:
-			x.mode = putBack
+			x.mode = ModePutBack
 		case r.cfg.lost == ReassertLost:
-			x.mode = reassert
+			x.mode = ModeReassert
 		}
 		batch = append(batch, x)
 	}
@@ -269,9 +267,8 @@ func (r *Registry[K]) renew() bool {
 func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool {
 	ok := true
 	for len(leases) > 0 {
-		keys := []string{r.epochKey, r.pauseKey}
 		// The not-after time goes in at each try.
-		args := []any{r.cfg.ttl.Milliseconds(), 0, r.epoch.Load(), r.pause.Milliseconds()}
+		call := &RenewCall{TTL: r.cfg.ttl, Epoch: r.epoch.Load(), Pause: r.pause}
 		var batch []renewal[K]
 		pairs := 0
 		for len(leases) > 0 && pairs+len(leases[0].l.names) <= max(batchSize, len(leases[0].l.names)) {
@@ -279,61 +276,55 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 			leases = leases[1:]
 			batch = append(batch, x)
 			pairs += len(x.l.names)
-			keys = append(keys, x.l.names...)
-			keys = append(keys, r.tombstone(x.l.id))
-			args = append(args, x.l.id, x.mode, x.epoch, len(x.l.names))
-			for _, n := range x.limits {
-				args = append(args, n)
-			}
+			call.Leases = append(call.Leases, Renewal{Lease: x.l.id, Mode: x.mode, Epoch: x.epoch, Keys: x.l.names, Limits: x.limits})
 		}
-		res, until, err := r.renewCall(keys, args)
-		if err == nil && len(res) != 2+len(batch) {
-			err = fmt.Errorf("fleet: unexpected renewal reply %v", res)
+		res, until, err := r.renewCall(call)
+		if err == nil && len(res.Leases) != len(batch) {
+			err = fmt.Errorf("fleet: %d fates in a renewal of %d leases", len(res.Leases), len(batch))
 		}
 		if err != nil {
 			r.redisFailed(err)
 			// The call may still run, and put leases back, later.
 			*requeue = append(*requeue, r.afterFailedRenew(batch, until)...)
 			if r.brk.open() {
-				return false // Redis is unreachable: the rest waits for the probe
+				return false // the store is unreachable: the rest waits for the probe
 			}
 			ok = false
 			continue
 		}
 		r.brk.ok()
-		if r.sawEpoch(res[0]) {
+		if r.sawEpoch(res.Epoch) {
 			// Leases of this renewal's earlier calls, renewed before the
 			// loss, are missing now: once more, right after.
 			r.lostData()
 		}
-		again, lost := r.afterRenew(batch, res[0], res[2:])
+		again, lost := r.afterRenew(batch, res.Epoch, res.Leases)
 		*requeue = append(*requeue, again...)
 		r.reportMissing(lost)
 	}
 	return ok
 }
 
-// renewCall makes a renewal call with keys and args (args[1] is for its
-// not-after time), and returns its reply and the not-after time of the
-// call, which may still run if it failed. A call refused as late (see
-// attempt) is made once more.
-func (r *Registry[K]) renewCall(keys []string, args []any) (res []int64, until int64, err error) {
+// renewCall makes the renewal call, and returns its result and the
+// not-after time of the call, which may still run if it failed. A call
+// refused as late (see attempt) is made once more.
+func (r *Registry[K]) renewCall(call *RenewCall) (res RenewResult, until int64, err error) {
 	for try := 0; ; try++ {
 		until = r.clock.notAfter(r.lateSpan())
-		args[1] = scriptUntil(until)
+		call.NotAfter = scriptUntil(until)
 		ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
 		sent := r.clock.local()
-		res, err = safeRun(ctx, r.rdb, renewScript, keys, args...).Int64Slice()
+		res, err = safeStore(func() (RenewResult, error) { return r.store.Renew(ctx, call) })
 		cancel()
-		if err != nil || len(res) < 2 {
+		if err != nil {
 			return res, until, err
 		}
-		r.clock.seen(res[1], sent, r.clock.local())
-		if res[0] != tooLate {
+		r.clock.seen(res.Now, sent, r.clock.local())
+		if !res.TooLate {
 			return res, until, nil
 		}
 		if try > 0 {
-			return nil, until, errors.New("fleet: renewal refused as late twice")
+			return RenewResult{}, until, errors.New("fleet: renewal refused as late twice")
 		}
 	}
 }
@@ -343,7 +334,7 @@ func (r *Registry[K]) renewCall(keys []string, args []any) (res []int64, until i
 type missing[K comparable] struct {
 	l      *lease[K]
 	why    string
-	mode   int
+	mode   Mode
 	cancel context.CancelCauseFunc // with CancelLost or ReassertLost: cancel its holder
 }
 
@@ -351,40 +342,40 @@ type missing[K comparable] struct {
 // lease's status. It returns the leases released meanwhile that the call put
 // back, to be removed again, and the held leases found missing, to be
 // reported once r.mu is unlocked.
-func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []int64) (requeue []*lease[K], found []missing[K]) {
+func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []Fate) (requeue []*lease[K], found []missing[K]) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, x := range batch {
 		l, st := x.l, status[i]
 		if _, live := r.leases[l]; !live {
-			if st == leasePutBack || st == leaseRoom {
+			if st == FatePutBack || st == FateRoom {
 				requeue = append(requeue, l)
 			}
 			continue
 		}
 		switch {
-		case st == leaseRenewed:
+		case st == FateRenewed:
 			if l.degraded { // an admission's call carried it in meanwhile
 				r.stats.reasserted.Add(1)
 			}
 			r.inRedisLocked(l, epoch)
 		case l.degraded:
-			if st == leasePutBack {
+			if st == FatePutBack {
 				r.inRedisLocked(l, epoch)
 				r.stats.reasserted.Add(1)
 			}
-		case st == leasePutBack || st == leaseRoom:
+		case st == FatePutBack || st == FateRoom:
 			if !l.reported {
 				r.stats.lost.Add(1)
 			}
 			r.stats.reasserted.Add(1)
 			r.inRedisLocked(l, epoch)
 			why := "redis lost it"
-			if st == leaseRoom {
+			if st == FateRoom {
 				why = "expired; put back, there was room"
 			}
 			found = append(found, missing[K]{l: l, why: why})
-		default: // leaseGone
+		default: // FateGone
 			l.epoch = 0
 			if l.reported {
 				break // once: it stays missing
@@ -417,7 +408,7 @@ func (r *Registry[K]) reportMissing(found []missing[K]) {
 			continue
 		}
 		r.logSafely(slog.LevelWarn, "fleet: lease lost in redis", slog.String("registry", r.prefix),
-			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == reassert))
+			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == ModeReassert))
 	}
 }
 
@@ -432,7 +423,7 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range batch {
-		if x.mode == renewOnly {
+		if x.mode == ModeReport {
 			continue
 		}
 		x.l.until = max(x.l.until, until)
@@ -445,51 +436,30 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 	return requeue
 }
 
-// subscribe listens on this process's channel for the grants of its
-// waiters queued in Redis. After the subscription is made again (the
-// connection broke), every waiter asks again: a grant may have been
-// published meanwhile.
+// subscribe listens, until Close, for the grants of this process's
+// waiters queued in the store and for the learned states published. Once
+// the store listens anew after a break, every waiter asks again (a grant
+// may have been made meanwhile) and every learned state is read again.
 func (r *Registry[K]) subscribe() {
 	defer r.done.Done()
-	ps := r.rdb.Subscribe(r.stopping, r.wakeKey, r.learnChan)
-	// Receive does not end with its context: closing ps ends it.
-	stop := context.AfterFunc(r.stopping, func() { ps.Close() })
-	defer stop()
-	defer ps.Close()
-	confirmed := false
-	for {
-		msg, err := ps.Receive(r.stopping)
-		if err != nil {
-			if r.stopping.Err() != nil {
-				return
-			}
-			// Redis unreachable: the client dials again on the next call.
-			t := time.NewTimer(r.cfg.pollMax)
-			select {
-			case <-r.stopping.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			continue
-		}
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			switch {
-			case m.Channel != r.wakeKey:
-			case !confirmed:
-				confirmed = true
-				close(r.subscribed)
-			default:
-				r.wakeAll()
-				r.learnedStale()
-			}
-		case *redis.Message:
-			if m.Channel == r.learnChan {
-				r.survive("learned message", func() { r.learnedMessage(m.Payload) })
-			} else {
-				r.granted(m.Payload)
-			}
-		}
+	r.store.Listen(r.stopping, r.proc, listener[K]{r})
+}
+
+// listener is a Registry as a Listener.
+type listener[K comparable] struct{ r *Registry[K] }
+
+func (l listener[K]) Listening() {
+	select {
+	case <-l.r.subscribed: // anew: what was sent meanwhile is missed
+		l.r.wakeAll()
+		l.r.learnedStale()
+	default:
+		close(l.r.subscribed)
 	}
+}
+
+func (l listener[K]) Granted(ticket string) { l.r.granted(ticket) }
+
+func (l listener[K]) Learned(state string) {
+	l.r.survive("learned message", func() { l.r.learnedMessage(state) })
 }

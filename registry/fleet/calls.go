@@ -7,8 +7,6 @@ import (
 	"slices"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Acquire calls that overlap share pipelines. While maxSending calls (or
@@ -55,11 +53,9 @@ type calls struct {
 	closed  bool
 }
 
-// scriptCall is a queued acquire call.
+// scriptCall is a queued admission call.
 type scriptCall struct {
-	keys    []string
-	args    []any
-	n       int  // capped keys (see acquireScript)
+	call    *AdmitCall
 	ordered bool // a waiter's call: see calls
 	// placed, for an ordered call queued beyond a pipeline's reach, tells
 	// its waiter once it is within it (then nil; guarded by calls.mu).
@@ -71,17 +67,17 @@ type scriptCall struct {
 	done     chan struct{} // closed once reply is set
 }
 
-// reply is how an acquire call went.
+// reply is how an admission call went.
 type reply struct {
-	res []int64
+	res AdmitResult
 	err error
-	// sent: the call may have reached Redis. If it failed, whatever it
+	// sent: the call may have reached the store. If it failed, whatever it
 	// added must be taken back (the lease id abandoned). The breaker has
 	// counted it already: a pipeline counts once for all its calls.
 	sent bool
 }
 
-// call runs the acquire script with keys and args, for n capped keys: at
+// call makes the admission call ac: at
 // once if fewer than maxSending calls are on their way (and, for an ordered
 // call, none ordered on one of its keys), else queued for the next
 // pipeline. A call sent at once ends within the call timeout d; a queued
@@ -92,10 +88,10 @@ type reply struct {
 // call ordered, and is called once it has its place: sent, or queued
 // within a pipeline's reach behind the calls it must follow (never if the
 // call is not sent).
-func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int, until int64, placed func()) reply {
+func (r *Registry[K]) call(ctx context.Context, ac *AdmitCall, until int64, placed func()) reply {
 	q := &r.calls
 	ordered := placed != nil
-	capped := keys[acquireKeys : acquireKeys+n]
+	capped := ac.Keys
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
@@ -111,10 +107,10 @@ func (r *Registry[K]) call(ctx context.Context, keys []string, args []any, n int
 		if ordered {
 			placed()
 		}
-		return r.callAlone(ctx, keys, args)
+		return r.callAlone(ctx, ac)
 	}
 	deadline := time.Now().Add(r.cfg.opTimeout)
-	c := &scriptCall{keys: keys, args: args, n: n, ordered: ordered, until: until, deadline: deadline, done: make(chan struct{})}
+	c := &scriptCall{call: ac, ordered: ordered, until: until, deadline: deadline, done: make(chan struct{})}
 	announce := ordered && len(q.pending) < maxPipeline
 	if ordered && !announce {
 		c.placed = placed // once those ahead of it have gone (takeLocked)
@@ -186,21 +182,25 @@ func (q *calls) trimLocked() {
 	}
 }
 
-// callAlone sends one call as a plain EVALSHA (EVAL if the server lacks the
-// script), and lets the breaker count how it went (unless the caller's ctx
-// ended: that is not Redis's failure). The breaker counts before any call
-// queued meanwhile is sent, so that those see it open.
-func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) reply {
+// callAlone sends one call alone, and lets the breaker count how it went
+// (unless the caller's ctx ended: that is not the store's failure). The
+// breaker counts before any call queued meanwhile is sent, so that those
+// see it open.
+func (r *Registry[K]) callAlone(ctx context.Context, ac *AdmitCall) reply {
 	if err := ctx.Err(); err != nil {
 		return reply{err: err} // not sent: nothing to take back
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
 	sent := r.clock.local()
-	res, err := acquireScript.Run(cctx, r.rdb, keys, args...).Int64Slice()
+	// A panic (a client's hook) goes on to the caller, whose call takes
+	// back what it may have added (see callOrAbandon).
+	res, err := r.store.AdmitOne(cctx, ac)
 	switch {
-	case err == nil:
-		r.sawClock(res, sent)
+	case err == nil || errors.Is(err, ErrBadReply): // the store answered
+		if err == nil {
+			r.sawClock(res, sent)
+		}
 		if r.brk.success() {
 			r.recovered()
 		}
@@ -210,12 +210,21 @@ func (r *Registry[K]) callAlone(ctx context.Context, keys []string, args []any) 
 	return reply{res: res, err: err, sent: true}
 }
 
-// sawClock records the server time of an acquire call's reply res, to a
+// sawClock records the store's clock of an admission's result res, to a
 // call sent at the local reading sent.
-func (r *Registry[K]) sawClock(res []int64, sent int64) {
-	if len(res) >= replyLen {
-		r.clock.seen(res[4], sent, r.clock.local())
-	}
+func (r *Registry[K]) sawClock(res AdmitResult, sent int64) {
+	r.clock.seen(res.Now, sent, r.clock.local())
+}
+
+// safeStore calls f, a call to the store, with a panic (in a client or a
+// hook) turned into its error.
+func safeStore[T any](f func() (T, error)) (v T, err error) {
+	defer func() {
+		if p := recover(); p != nil {
+			err = fmt.Errorf("fleet: panic in a call to the store: %v", p)
+		}
+	}()
+	return f()
 }
 
 // doneSending follows a call sent alone on capped keys: if calls queued
@@ -346,13 +355,16 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	// this reply (see call).
 	ctx, cancel := context.WithDeadline(r.stopping, batch[len(batch)-1].deadline)
 	defer cancel()
-	keys, args := make([][]string, len(batch)), make([][]any, len(batch))
+	calls := make([]*AdmitCall, len(batch))
 	for i, c := range batch {
-		keys[i], args[i] = c.keys, c.args
+		calls[i] = c.call
 	}
 	sent := r.clock.local()
-	cmds, perr := safeEvalAll(ctx, r.rdb, acquireScript, keys, args)
-	if perr != nil { // a panic in the client or a hook: fail the calls, keep the process
+	results, perr := safeStore(func() ([]AdmitResult, error) { return r.store.Admit(ctx, calls) })
+	if perr == nil && len(results) != len(batch) {
+		perr = fmt.Errorf("fleet: %d results for %d admission calls", len(results), len(batch))
+	}
+	if perr != nil { // the store failed them all, or panicked (a client hook): fail the calls, keep the process
 		r.redisFailed(perr)
 		for _, c := range batch {
 			c.reply = reply{err: perr, sent: true}
@@ -372,14 +384,14 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	}
 	var failure error
 	for i, c := range batch {
-		c.reply.res, c.reply.err = cmds[i].Int64Slice()
+		c.reply.res, c.reply.err = results[i], results[i].Err
 		c.reply.sent = true
-		if failure == nil {
+		if failure == nil && !errors.Is(c.reply.err, ErrBadReply) {
 			failure = c.reply.err
 		}
 	}
-	if failure == nil {
-		r.sawClock(batch[len(batch)-1].reply.res, sent)
+	if last := batch[len(batch)-1].reply; failure == nil && last.err == nil {
+		r.sawClock(last.res, sent)
 	}
 	switch {
 	case failure != nil:
@@ -400,62 +412,7 @@ func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	}
 	leases := make([]*lease[K], len(batch))
 	for i, c := range batch {
-		limits := make([]int, 0, c.n)
-		for _, a := range c.args[acquireArgs : acquireArgs+c.n] {
-			limits = append(limits, a.(int))
-		}
-		names := c.keys[acquireKeys : acquireKeys+c.n]
-		leases[i] = &lease[K]{r: r, id: c.args[0].(string), names: names, limits: limits, until: c.until, abandoned: true}
+		leases[i] = &lease[K]{r: r, id: c.call.Lease, names: c.call.Keys, limits: c.call.Limits, until: c.until, abandoned: true}
 	}
 	r.remove(context.Background(), leases)
-}
-
-// safeRun is script.Run, with a panic (in the client or a hook) turned
-// into the command's error.
-func safeRun(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys []string, args ...any) (cmd *redis.Cmd) {
-	defer func() {
-		if p := recover(); p != nil {
-			cmd = redis.NewCmd(ctx)
-			cmd.SetErr(fmt.Errorf("fleet: panic in a call: %v", p))
-		}
-	}()
-	return script.Run(ctx, rdb, keys, args...)
-}
-
-// safeEvalAll is evalAll, with a panic turned into an error.
-func safeEvalAll(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys [][]string, args [][]any) (cmds []*redis.Cmd, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			cmds, err = nil, fmt.Errorf("fleet: panic in pipeline: %v", p)
-		}
-	}()
-	return evalAll(ctx, rdb, script, keys, args), nil
-}
-
-// evalAll runs script once for each (keys[i], args[i]) in one pipeline, as
-// EVALSHA, then sends again as EVAL (which loads the script) the calls the
-// server had no script for (NOSCRIPT: after a restart or SCRIPT FLUSH). It
-// returns each call's command, with its own reply or error.
-func evalAll(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
-	cmds := make([]*redis.Cmd, len(keys))
-	pipe := rdb.Pipeline()
-	for i := range keys {
-		cmds[i] = script.EvalSha(ctx, pipe, keys[i], args[i]...)
-	}
-	_, _ = pipe.Exec(ctx) // the first error; each command has its own
-	var again []int
-	for i, cmd := range cmds {
-		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
-			again = append(again, i)
-		}
-	}
-	if len(again) == 0 {
-		return cmds
-	}
-	pipe = rdb.Pipeline()
-	for _, i := range again {
-		cmds[i] = script.Eval(ctx, pipe, keys[i], args[i]...)
-	}
-	_, _ = pipe.Exec(ctx)
-	return cmds
 }

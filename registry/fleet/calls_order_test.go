@@ -158,12 +158,13 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 			)
 			doCall := func(ctx context.Context, keys []string, id string, placed func()) {
 				defer func() { _ = recover() }()
-				args := make([]any, acquireArgs+len(keys)-acquireKeys)
-				args[0] = id
-				for i := 1; i < len(args); i++ {
-					args[i] = 1
+				capped := keys[acquireKeys:]
+				limits := make([]int, len(capped))
+				for i := range limits {
+					limits[i] = 1
 				}
-				r.call(ctx, keys, args, len(keys)-acquireKeys, 0, placed)
+				ac := &AdmitCall{Lease: id, Keys: capped, Limits: limits, TTL: time.Millisecond, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1}
+				r.call(ctx, ac, 0, placed)
 			}
 			// ordered callers, serialized by their placing (as waiters are)
 			for g := 0; g < 8; g++ {
@@ -240,8 +241,8 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d ordered calls made, %d calls run, %d ordered ones on key a", seq, h.execd.Load(), len(h.exec["a"]))
-			assert.Positive(t, len(h.exec["a"]), "ordered calls ran")
+			t.Logf("%d ordered calls made, %d calls run, %d ordered ones on key a", seq, h.execd.Load(), len(h.exec["inflight:{t}:a"]))
+			assert.Positive(t, len(h.exec["inflight:{t}:a"]), "ordered calls ran")
 		})
 	}
 }

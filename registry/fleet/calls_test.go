@@ -526,7 +526,7 @@ func TestEveryPipelinePanics(t *testing.T) {
 	m := newMini(t)
 	r, h := pipelined(t, m, 10)
 	p := &panicHook{}
-	r.rdb.(*redis.Client).AddHook(p)
+	redisOf(r).rdb.(*redis.Client).AddHook(p)
 	p.pipes.Store(true)
 	first := holdAlone(t, r, h, "k")
 	results := queue(t, r, 2, "k")

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,23 +44,18 @@ func WithCancelOnLost(ctx context.Context) (context.Context, context.CancelFunc)
 // Registry caps holders per key across a fleet. Create it with New; the
 // zero value is not usable.
 type Registry[K comparable] struct {
-	rdb       redis.UniversalClient
+	store     Store
 	local     *registry.Registry[K]
 	cfg       config
 	keyName   func(K) string
-	prefix    string // "<prefix>{<name>}:"
+	prefix    string // names the Registry in logs: "<prefix>{<name>}:"
 	defLimit  int
 	limitFunc func(K) int // nil: defLimit
 
-	epochKey string // see scripts.go
-	pauseKey string // see scripts.go
-
 	// The fleet's queue (see queue.go): this process's name in it, the
-	// liveness hash, the channel on which its tickets' grants arrive, the
 	// claim window, the liveness TTL, and what the wait options say.
-	proc, procsKey, wakeKey string
-	wakePrefix              string
-	claim, live             time.Duration
+	proc        string
+	claim, live time.Duration
 	waitPolicy
 	bypassLog core.Every // fail-open admissions after the longest wait
 	// holdTime estimates how long holders keep their leases, for the
@@ -111,18 +105,16 @@ type Registry[K comparable] struct {
 	// held across calls to Redis (see chanMutex).
 	redisMu chanMutex
 
-	// learnPrefix and learnChan name the learned states and their channel;
 	// learnKick wakes the learner goroutine; learnMu orders the settings
 	// of learned limits in the local registry.
-	learnPrefix, learnChan string
-	learnKick              chan struct{}
-	learnMu                sync.Mutex
-	learnErrLog            core.Every // a failed write of a learned state
+	learnKick   chan struct{}
+	learnMu     sync.Mutex
+	learnErrLog core.Every // a failed write of a learned state
 
 	brk        breaker
-	clock      serverClock // the Redis server's, as replies tell it
+	clock      serverClock // the store's, as replies tell it
 	stats      counters
-	subscribed chan struct{} // closed once Redis confirms the wake-up subscription
+	subscribed chan struct{} // closed once the store's Listen listens
 	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
 	reassert   chan struct{} // buffered 1: Redis lost its data: the heartbeat puts the leases back now
 	stop       context.CancelFunc
@@ -172,28 +164,53 @@ const LocalLimitRefresh = time.Second
 
 // NewWithKeys is New with keys' names and limits from keys.
 func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
-	if defaultLimit < 0 {
-		panic(fmt.Sprintf("fleet: negative default limit %d", defaultLimit))
-	}
 	if name == "" || strings.ContainsAny(name, "{}") {
 		panic(fmt.Sprintf("fleet: registry name %q: need a non-empty name without braces", name))
 	}
-
 	if rdb == nil {
 		panic("fleet: nil redis client")
 	}
+	cfg := configOf(opts)
+	if strings.ContainsAny(cfg.prefix, "{}") {
+		panic(fmt.Sprintf("fleet: prefix %q: braces would change the keys' hash tag", cfg.prefix))
+	}
+	return newRegistry(newRedisStore(rdb, cfg.prefix, name, cfg.pollMax), cfg.prefix+"{"+name+"}:", defaultLimit, keys, cfg)
+}
+
+// NewWithStore returns a Registry of keys capped at defaultLimit holders
+// each across the fleet whose processes share store, with keys' names and
+// limits from keys (see New, which is this on Redis). WithPrefix does
+// nothing here: the store names its keys. It panics if defaultLimit is
+// negative or store is nil.
+func NewWithStore[K comparable](store Store, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
+	if store == nil {
+		panic("fleet: nil store")
+	}
+	label := "fleet"
+	if s, ok := store.(fmt.Stringer); ok {
+		label = s.String()
+	}
+	return newRegistry(store, label, defaultLimit, keys, configOf(opts))
+}
+
+func configOf(opts []Option) config {
 	cfg := defaults()
 	for _, o := range opts {
 		o(&cfg)
 	}
-	if strings.ContainsAny(cfg.prefix, "{}") {
-		panic(fmt.Sprintf("fleet: prefix %q: braces would change the keys' hash tag", cfg.prefix))
+	return cfg
+}
+
+// newRegistry returns a Registry on store, named label in logs.
+func newRegistry[K comparable](store Store, label string, defaultLimit int, keys Keys[K], cfg config) *Registry[K] {
+	if defaultLimit < 0 {
+		panic(fmt.Sprintf("fleet: negative default limit %d", defaultLimit))
 	}
 	r := &Registry[K]{
-		rdb:      rdb,
+		store:    store,
 		cfg:      cfg,
 		keyName:  func(k K) string { return fmt.Sprint(k) },
-		prefix:   cfg.prefix + "{" + name + "}:",
+		prefix:   label,
 		defLimit: defaultLimit,
 		limits:   map[K]int{},
 		leases:   map[*lease[K]]struct{}{},
@@ -215,14 +232,7 @@ func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLi
 	// A call must not outlast a third of the TTL: a lease then survives one
 	// renewal that fails.
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
-	r.epochKey = cfg.prefix + "{" + name + "}#epoch"
-	r.pauseKey = cfg.prefix + "{" + name + "}#pause"
 	r.proc = newLeaseID()[:16]
-	r.procsKey = cfg.prefix + "{" + name + "}#procs"
-	r.wakePrefix = cfg.prefix + "{" + name + "}#wake:"
-	r.wakeKey = r.wakePrefix + r.proc
-	r.learnPrefix = cfg.prefix + "{" + name + "}#learn:"
-	r.learnChan = cfg.prefix + "{" + name + "}#learned"
 	r.learnKick = make(chan struct{}, 1)
 	r.claim = claimWindow(r.cfg)
 	r.live = min(r.cfg.ttl, 5*r.claim)
@@ -289,7 +299,7 @@ func (r *Registry[K]) leaveLiveness() {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()
-	_ = r.rdb.HDel(ctx, r.procsKey, r.proc).Err()
+	_ = r.store.Leave(ctx, r.proc)
 }
 
 // SetLimit sets key's fleet-wide limit (and its local one). Every process
@@ -438,13 +448,7 @@ func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
 	if err := r.validKey(key); err != nil {
 		return 0, err
 	}
-	k := r.prefix + r.keyName(key)
-	now, err := r.rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, err
-	}
-	n, err := r.rdb.ZCount(ctx, k, "("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
-	return int(n), err
+	return r.store.Count(ctx, r.keyName(key))
 }
 
 // chanMutex is a mutex made of a channel of capacity 1, for a lock held

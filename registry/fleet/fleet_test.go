@@ -184,7 +184,7 @@ func TestRenewNeverResurrects(t *testing.T) {
 	assert.Empty(t, m.leases("k"), "a renewal after the release puts nothing back")
 
 	c := m.client()
-	res, err := renewScript.Run(context.Background(), c, []string{r.epochKey, r.pauseKey, "inflight:{t}:k", r.tombstone(id)},
+	res, err := renewScript.Run(context.Background(), c, []string{redisOf(r).epochKey, redisOf(r).pauseKey, "inflight:{t}:k", redisOf(r).tombstone(id)},
 		3000, 0, 0, 0, id, renewOnly, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	require.Len(t, res, 3)
@@ -507,9 +507,9 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 	r.mu.Unlock()
 	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: reassert}}, unknownUntil), "as if a reassert call timed out; still held")
 	s.Release()
-	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(r.tombstone(id)) })
+	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(redisOf(r).tombstone(id)) })
 	// The late renewal runs now.
-	_, err = renewScript.Run(context.Background(), m.client(), []string{r.epochKey, r.pauseKey, "inflight:{t}:k", r.tombstone(id)},
+	_, err = renewScript.Run(context.Background(), m.client(), []string{redisOf(r).epochKey, redisOf(r).pauseKey, "inflight:{t}:k", redisOf(r).tombstone(id)},
 		3000, 0, 0, 0, id, putBack, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Empty(t, m.leases("k"), "not put back")

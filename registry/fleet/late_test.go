@@ -195,13 +195,13 @@ func TestBoundKeepsAbandonsOfCallsStillOnTheirWay(t *testing.T) {
 	r.remMu.Unlock()
 	r.redisMu.Lock() // a removal or renewal under way on a slow Redis
 	defer r.redisMu.Unlock()
-	r.queueRelease(&lease[string]{r: r, id: "first", names: []string{"inflight:{t}:k"}, limits: []int{1}})
+	r.queueRelease(&lease[string]{r: r, id: "first", names: []string{"k"}, limits: []int{1}})
 	eventually(t, "the releaser took the first removal, and waits", func() bool { return r.Stats().RemovalsPending == 0 })
 	abandon := func(until int64) *lease[string] {
-		return &lease[string]{r: r, id: newLeaseID(), names: []string{"inflight:{t}:k"}, abandoned: true, until: until}
+		return &lease[string]{r: r, id: newLeaseID(), names: []string{"k"}, abandoned: true, until: until}
 	}
 	onItsWay, ranOut, unknown := abandon(r.clock.notAfter(time.Hour)), abandon(r.clock.notAfter(-time.Hour)), abandon(unknownUntil)
-	released := &lease[string]{r: r, id: "c", names: []string{"inflight:{t}:k"}, limits: []int{1}}
+	released := &lease[string]{r: r, id: "c", names: []string{"k"}, limits: []int{1}}
 	for _, l := range []*lease[string]{onItsWay, ranOut, unknown, released, released} {
 		r.queueRelease(l)
 	}

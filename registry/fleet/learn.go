@@ -31,7 +31,6 @@ const maxLearnPending = 256
 // learning is a key whose cap is learned. Guarded by r.mu.
 type learning struct {
 	name     string // the key's name (Keys.Name)
-	stateKey string
 	settings learn.Settings
 	gen      uint64    // counts the settings and ceilings applied (see syncLearned)
 	cap      learn.Cap // base with pending applied: the cap this process admits under
@@ -158,7 +157,7 @@ func (r *Registry[K]) learnLocked(key K, a pacing.AdaptiveConfig) error {
 	lk := r.learning[key]
 	if lk == nil {
 		name := r.keyName(key)
-		lk = &learning{name: name, stateKey: r.learnPrefix + name, cap: *s.New(configured), applied: -1}
+		lk = &learning{name: name, cap: *s.New(configured), applied: -1}
 		lk.base, lk.told = lk.cap, [2]int{lk.cap.Lo, lk.cap.Hi}
 		lk.changes = 1 // the first setting, as pacing.Learned counts it
 		if r.learning == nil {

@@ -219,10 +219,10 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 		st.Cap.Lo, st.Cap.Hi, st.Cap.HiAt = 2, 2, time.Now().UnixNano()
 		b, err := json.Marshal(st)
 		if err == nil {
-			err = other.Set(context.Background(), lk.stateKey, b, time.Hour).Err()
+			err = other.Set(context.Background(), redisOf(r).learnPrefix+lk.name, b, time.Hour).Err()
 		}
 		if err == nil {
-			err = other.Publish(context.Background(), r.learnChan, b).Err()
+			err = other.Publish(context.Background(), redisOf(r).learnChan, b).Err()
 		}
 		if err != nil {
 			panic(err)
@@ -307,7 +307,7 @@ func TestLearnedStateKeptWhileRead(t *testing.T) {
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 64}))
 	settled(t, r, "p")
-	key := r.learnPrefix + "p"
+	key := redisOf(r).learnPrefix + "p"
 	require.NoError(t, c.PExpire(context.Background(), key, 3*time.Second).Err()) // as if the day had nearly passed
 	fwUntil(t, "a read gives it a day again", func() bool { return c.PTTL(context.Background(), key).Val() > time.Hour })
 }
@@ -369,14 +369,14 @@ func TestLearnedStateNotACap(t *testing.T) {
 	r := New[string](c, "le-foreign", 100)
 	defer r.Close()
 	for _, v := range []string{"null", `{"k":"p","v":3,"cap":{}}`, `{"k":"q","v":3,"cap":{"lo":2,"hi":2,"step":1,"gap":1}}`} {
-		require.NoError(t, c.Set(context.Background(), r.learnPrefix+"p", v, time.Hour).Err())
+		require.NoError(t, c.Set(context.Background(), redisOf(r).learnPrefix+"p", v, time.Hour).Err())
 		r.Forget("p")
 		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4}))
 		settled(t, r, "p")
 		lk := learnOf(r, "p")
 		assert.NotZero(t, lk.cap.Gap, v)
 		assert.Equal(t, 4, lk.cap.Lo, "the initial cap, as for a missing state: %s", v)
-		assert.Contains(t, c.Get(context.Background(), r.learnPrefix+"p").Val(), `"k":"p"`, "written over: %s", v)
+		assert.Contains(t, c.Get(context.Background(), redisOf(r).learnPrefix+"p").Val(), `"k":"p"`, "written over: %s", v)
 	}
 }
 
@@ -785,14 +785,14 @@ func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
 			require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
 			settled(t, r, "p")
 			lk := learnOf(r, "p")
-			raw, err := admin.Get(context.Background(), lk.stateKey).Result()
+			raw, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Result()
 			require.NoError(t, err)
 			var m map[string]json.RawMessage
 			require.NoError(t, json.Unmarshal([]byte(raw), &m))
 			m["v"] = json.RawMessage(v)
 			odd, err := json.Marshal(m)
 			require.NoError(t, err)
-			require.NoError(t, admin.Set(context.Background(), lk.stateKey, odd, time.Hour).Err())
+			require.NoError(t, admin.Set(context.Background(), redisOf(r).learnPrefix+lk.name, odd, time.Hour).Err())
 
 			held := holdP(t, 30, r)
 			r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency}) // a cut, written before Report returns
@@ -800,7 +800,7 @@ func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
 				s.Release()
 			}
 			fwUntil(t, "the cut written over the odd state", func() bool {
-				got, err := admin.Get(context.Background(), lk.stateKey).Bytes()
+				got, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Bytes()
 				var st storedCap
 				return err == nil && string(got) != string(odd) && json.Unmarshal(got, &st) == nil && st.Cap.Lo < 30
 			})
@@ -822,7 +822,7 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	lk := r.learning["p"]
 	lk.syncingLocked() // the learner leaves p alone: this test syncs it
 	r.mu.Unlock()
-	before, err := admin.Get(context.Background(), lk.stateKey).Result()
+	before, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Result()
 	require.NoError(t, err)
 	r.SetLimit("p", 10)
 	r.SetLimit("p", 100)
@@ -832,7 +832,7 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	r.noteLocked(lk, learnEvent{kind: evStarted, n: 31, id: uint64(at.UnixMicro()), now: at.UnixNano()})
 	r.mu.Unlock()
 	r.syncLearned("p", lk)
-	raw, err := admin.Get(context.Background(), lk.stateKey).Bytes()
+	raw, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Bytes()
 	require.NoError(t, err)
 	var st storedCap
 	require.NoError(t, json.Unmarshal(raw, &st))
@@ -862,7 +862,7 @@ func TestLearnedCapSetNotPublished(t *testing.T) {
 	l := learnOf(r, "p")
 	assert.Empty(t, l.pending, "the cut is written when Report returns")
 	assert.Positive(t, logged.Load(), "its message could not go")
-	raw, err := admin.Get(context.Background(), l.stateKey).Bytes()
+	raw, err := admin.Get(context.Background(), redisOf(r).learnPrefix+l.name).Bytes()
 	require.NoError(t, err)
 	var st storedCap
 	require.NoError(t, json.Unmarshal(raw, &st))

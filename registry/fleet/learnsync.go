@@ -7,8 +7,6 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/inflight-go/inflight/internal/learn"
 )
 
@@ -264,44 +262,6 @@ func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
 	return snap
 }
 
-// learnWriteScript writes a learned state if Redis still has the version
-// the caller presumes, and publishes it, in one round trip; else it
-// returns the state Redis has, for the caller to apply its evidence to and
-// try again. A version is compared as the digits of the state's "v" (the
-// first "v" key in it: a state's JSON begins {"k":<its key's name>,"v":,
-// and a name's quotes are escaped), never as a Lua number, whose doubles
-// would take two versions over 2^53 for one.
-//
-//	KEYS: the state's key
-//	ARGV: the version presumed ('-': no state; '?': one without a
-//	      version), the state to write ('': none, a read), the learned
-//	      channel, the state's TTL in ms
-//
-// It returns {1} if it wrote, {1, the error} if it wrote and could not
-// publish; else {0, the version Redis has (as ARGV[1] tells it), the state
-// (none if missing)}, and keeps a state it read from expiring while it is
-// in use. The state is set before it is published, so that no message
-// tells a state Redis does not have (a SET refused for lack of memory);
-// a state set and not published is written all the same (the others read
-// it within learnRefresh): were it taken for a failed write, its evidence
-// would be applied again on top of itself, and a refusal's time counted
-// twice.
-var learnWriteScript = redis.NewScript(`
-local raw = redis.call('GET', KEYS[1])
-local v = '-'
-if raw then v = string.match(raw, '"v":(%d+)[,}]') or '?' end
-local ttl = tonumber(ARGV[4])
-if ARGV[2] ~= '' and v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-  local ok = redis.pcall('PUBLISH', ARGV[3], ARGV[2])
-  if type(ok) == 'table' and ok.err then return {1, ok.err} end
-  return {1}
-end
-if not raw then return {0, v} end
-if redis.call('PTTL', KEYS[1]) < ttl / 2 then redis.call('PEXPIRE', KEYS[1], ttl) end
-return {0, v, raw}
-`)
-
 // maxLearnTries bounds the tries of a sync that other processes' writes
 // keep beating.
 const maxLearnTries = 8
@@ -352,14 +312,15 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 			// Else a read of the state presumed, to find whether another
 			// process wrote it, and keep it from expiring.
 		}
-		res, err := learnWriteScript.Run(ctx, r.rdb, []string{snap.lk.stateKey}, cur.v, payload, r.learnChan, learnedStateTTL.Milliseconds()).Slice()
+		call := &LearnedCall{Key: snap.lk.name, Presumed: cur.v, State: payload, TTL: learnedStateTTL}
+		res, err := r.store.SyncLearned(ctx, call)
 		if err != nil {
 			return fresh, false, err
 		}
-		if n, _ := res[0].(int64); n == 1 {
-			if len(res) > 1 && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
-				r.logSafely(slog.LevelWarn, "fleet: learned cap written to redis and not published; the other processes read it within a second",
-					slog.String("registry", r.prefix), slog.String("key", snap.lk.name), slog.Any("error", res[1]))
+		if res.Wrote {
+			if res.PublishErr != "" && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
+				r.logSafely(slog.LevelWarn, "fleet: learned cap written to the store and not published; the other processes read it within a second",
+					slog.String("registry", r.prefix), slog.String("key", snap.lk.name), slog.String("error", res.PublishErr))
 			}
 			return next, true, nil
 		}
@@ -368,19 +329,15 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 	return fresh, false, nil
 }
 
-// decodeLearned reads the learn write script's reply res that found
-// another state than the caller presumed.
-func (r *Registry[K]) decodeLearned(snap syncSnapshot, res []any) redisState {
-	cur := redisState{st: snap.start, known: true}
-	if len(res) >= 2 {
-		cur.v, _ = res[1].(string)
-	}
-	if len(res) < 3 {
+// decodeLearned reads the store's state res, which is not the one the
+// caller presumed.
+func (r *Registry[K]) decodeLearned(snap syncSnapshot, res LearnedResult) redisState {
+	cur := redisState{st: snap.start, known: true, v: res.Version}
+	if !res.Found {
 		return cur // no state: snap.start goes back
 	}
-	raw, _ := res[2].(string)
 	var st storedCap
-	if json.Unmarshal([]byte(raw), &st) == nil && st.Key == snap.lk.name && st.Cap.Valid() {
+	if json.Unmarshal([]byte(res.State), &st) == nil && st.Key == snap.lk.name && st.Cap.Valid() {
 		cur.stored, cur.st, cur.found = st, st, true
 		snap.s.Configure(&cur.st.Cap, snap.configured)
 	}

@@ -15,3 +15,6 @@ func TestMain(m *testing.M) {
 		os.Exit(code)
 	}))
 }
+
+// redisOf returns r's store, on Redis.
+func redisOf[K comparable](r *Registry[K]) *redisStore { return r.store.(*redisStore) }

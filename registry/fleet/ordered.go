@@ -13,7 +13,7 @@ func tell(placed []func()) {
 }
 
 // cappedKeys are c's capped keys.
-func (c *scriptCall) cappedKeys() []string { return c.keys[acquireKeys : acquireKeys+c.n] }
+func (c *scriptCall) cappedKeys() []string { return c.call.Keys }
 
 // followsLocked reports whether an ordered call on capped must wait for
 // the next pipeline: an ordered call on one of those keys is on its way,

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 )
@@ -171,8 +172,7 @@ func (r *Registry[K]) flushRemovals() {
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
-	keys := []string{r.pauseKey, r.procsKey}
-	args := []any{r.claim.Milliseconds(), r.wakePrefix}
+	call := &ReleaseCall{Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
@@ -181,12 +181,11 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 		}
 		plain = append(plain, l)
 		for i, name := range l.names {
-			keys = append(keys, name)
-			args = append(args, l.id, l.limits[i])
+			call.Pairs = append(call.Pairs, Release{Key: name, Lease: l.id, Limit: l.limits[i]})
 		}
 	}
 	for chunk := range slices.Chunk(abandons, batchSize) {
-		if !r.brk.allow() { // Redis unreachable: sent again later
+		if !r.brk.allow() { // the store unreachable: sent again later
 			failed = append(failed, chunk...)
 			continue
 		}
@@ -196,46 +195,46 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 		return failed
 	}
 	// Each call its own deadline, not the stopping context: a release
-	// during Close still reaches Redis.
+	// during Close still reaches the store.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
-	if err := safeRun(cctx, r.rdb, releaseScript, keys, args...).Err(); err != nil {
+	if _, err := safeStore(func() (struct{}, error) { return struct{}{}, r.store.Release(cctx, call) }); err != nil {
 		r.redisFailed(err)
 		failed = append(failed, plain...)
 	}
 	return failed
 }
 
-// abandonAll sends the abandons of leases in one pipeline, and returns
-// those that failed.
+// abandonAll sends the abandons of leases in one call, and returns those
+// that failed.
 func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lease[K] {
-	keys, args := make([][]string, len(leases)), make([][]any, len(leases))
+	calls := make([]*AbandonCall, len(leases))
 	for i, l := range leases {
-		keys[i] = append(append([]string{r.pauseKey, r.procsKey}, l.names...), r.tombstone(l.id))
-		args[i] = []any{l.id, r.cfg.ttl.Milliseconds(), scriptUntil(l.until), r.claim.Milliseconds(), r.wakePrefix}
+		calls[i] = &AbandonCall{Lease: l.id, Keys: l.names, TTL: r.cfg.ttl, NotAfter: scriptUntil(l.until), Claim: r.claim}
 		if len(l.limits) == len(l.names) { // serving the queues needs them
-			for _, n := range l.limits {
-				args[i] = append(args[i], n)
-			}
+			calls[i].Limits = l.limits
 		}
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
-	cmds, perr := safeEvalAll(cctx, r.rdb, abandonScript, keys, args)
+	errs, perr := safeStore(func() ([]error, error) { return r.store.Abandon(cctx, calls) })
+	if perr == nil && len(errs) != len(calls) {
+		perr = fmt.Errorf("fleet: %d results for %d abandons", len(errs), len(calls))
+	}
 	if perr != nil {
 		r.redisFailed(perr)
 		return leases
 	}
 	var failed []*lease[K]
 	var failure error
-	for i, cmd := range cmds {
-		if err := cmd.Err(); err != nil {
+	for i, err := range errs {
+		if err != nil {
 			failure = err
 			failed = append(failed, leases[i])
 		}
 	}
 	if failure != nil {
-		r.redisFailed(failure) // once for the pipeline
+		r.redisFailed(failure) // once for the call
 	}
 	return failed
 }

@@ -91,7 +91,7 @@ func TestWaitersByClass(t *testing.T) {
 	acquire(slots.PriorityInteractive)
 	eventually(t, "and the interactive one, ahead of them", allQueued(4))
 	r.mu.Lock()
-	assert.Equal(t, core.Rank(core.ClassHigh), r.queues["inflight:{t}:k"][0].rank)
+	assert.Equal(t, core.Rank(core.ClassHigh), r.queues["k"][0].rank)
 	r.mu.Unlock()
 
 	hold.Release()

@@ -1,0 +1,301 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// redisStore is the Store on Redis (standalone, Sentinel or Cluster): each
+// operation one Lua script (scripts.go, queue.go), wake-ups and learned
+// states on pub/sub. Every key of a fleet shares the hash tag {<name>}, so
+// that a script's keys are in one slot of a Cluster.
+type redisStore struct {
+	rdb redis.UniversalClient
+	// prefix is "<prefix>{<name>}:", the start of every capped key's name.
+	prefix string
+	// The fleet's own keys: see scripts.go and queue.go.
+	epochKey, pauseKey, procsKey string
+	wakePrefix                   string // + a process: its grants' channel
+	learnPrefix, learnChan       string // + a key: its learned state; the states' channel
+	// retry is how long Listen waits to subscribe again after a failure.
+	retry time.Duration
+}
+
+func newRedisStore(rdb redis.UniversalClient, prefix, name string, retry time.Duration) *redisStore {
+	tag := prefix + "{" + name + "}"
+	return &redisStore{
+		rdb:         rdb,
+		retry:       retry,
+		prefix:      tag + ":",
+		epochKey:    tag + "#epoch",
+		pauseKey:    tag + "#pause",
+		procsKey:    tag + "#procs",
+		wakePrefix:  tag + "#wake:",
+		learnPrefix: tag + "#learn:",
+		learnChan:   tag + "#learned",
+	}
+}
+
+// key is the Redis key of a capped key's leases.
+func (s *redisStore) key(name string) string { return s.prefix + name }
+
+// tombstone is the key that marks lease id abandoned.
+func (s *redisStore) tombstone(id string) string { return s.prefix + "abandoned:" + id }
+
+// errReply is a reply not shaped as the script's.
+var errReply = fmt.Errorf("%w (redis)", ErrBadReply)
+
+// AdmitOne runs the acquire script as EVALSHA (EVAL if the server lacks
+// it).
+func (s *redisStore) AdmitOne(ctx context.Context, c *AdmitCall) (AdmitResult, error) {
+	keys, args := s.admitArgs(c)
+	res, err := acquireScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	r := decodeAdmit(c, res, err)
+	return r, r.Err
+}
+
+// Admit runs the acquire script for each call in one pipeline.
+func (s *redisStore) Admit(ctx context.Context, calls []*AdmitCall) ([]AdmitResult, error) {
+	keys, args := make([][]string, len(calls)), make([][]any, len(calls))
+	for i, c := range calls {
+		keys[i], args[i] = s.admitArgs(c)
+	}
+	out := make([]AdmitResult, len(calls))
+	for i, cmd := range evalAll(ctx, s.rdb, acquireScript, keys, args) {
+		res, err := cmd.Int64Slice()
+		out[i] = decodeAdmit(calls[i], res, err)
+	}
+	return out, nil
+}
+
+// admitArgs returns the acquire script's keys and arguments for c.
+func (s *redisStore) admitArgs(c *AdmitCall) ([]string, []any) {
+	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried))
+	args := make([]any, 0, acquireArgs+len(c.Keys)+len(c.Carried))
+	keys = append(keys, s.epochKey, s.pauseKey, s.tombstone(c.Lease), s.procsKey)
+	for _, k := range c.Keys {
+		keys = append(keys, s.key(k))
+	}
+	wait := 0
+	if c.Wait {
+		wait = 1
+	}
+	if c.Starts {
+		wait += 2
+	}
+	args = append(args, c.Lease, c.TTL.Milliseconds(), len(c.Keys), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), wait,
+		c.Claim.Milliseconds(), c.Class, c.Flow, c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds())
+	for _, n := range c.Limits {
+		args = append(args, n)
+	}
+	for _, p := range c.Carried {
+		keys = append(keys, s.key(p.Key), s.tombstone(p.Lease))
+		args = append(args, p.Lease)
+	}
+	return keys, args
+}
+
+// replyLen is the length of the acquire script's reply, but for an
+// admission's with starts, which has each key's lease count after it.
+const replyLen = 7
+
+// decodeAdmit reads the acquire script's reply res to c.
+func decodeAdmit(c *AdmitCall, res []int64, err error) AdmitResult {
+	if err != nil {
+		return AdmitResult{Err: err}
+	}
+	if len(res) < replyLen {
+		return AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+	}
+	r := AdmitResult{Status: Status(res[0]), Key: int(res[1]) - 1, Count: res[2], Earliest: res[3], Now: res[4], Epoch: res[5], Queue: res[6]}
+	if r.Status == StatusAdmitted && c.Starts {
+		if len(res) != replyLen+len(c.Keys) {
+			return AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+		}
+		r.Start, r.Earliest, r.Counts = res[3], 0, res[replyLen:]
+	}
+	return r
+}
+
+// Renew runs the renew script.
+func (s *redisStore) Renew(ctx context.Context, c *RenewCall) (RenewResult, error) {
+	keys := make([]string, 0, 2+2*len(c.Leases))
+	args := make([]any, 0, 4+5*len(c.Leases))
+	keys = append(keys, s.epochKey, s.pauseKey)
+	args = append(args, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds())
+	for _, x := range c.Leases {
+		for _, k := range x.Keys {
+			keys = append(keys, s.key(k))
+		}
+		keys = append(keys, s.tombstone(x.Lease))
+		args = append(args, x.Lease, int(x.Mode), x.Epoch, len(x.Keys))
+		for _, n := range x.Limits {
+			args = append(args, n)
+		}
+	}
+	res, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	switch {
+	case err != nil:
+		return RenewResult{}, err
+	case len(res) == 2 && res[0] == int64(StatusTooLate):
+		return RenewResult{TooLate: true, Now: res[1]}, nil
+	case len(res) != 2+len(c.Leases):
+		return RenewResult{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	out := RenewResult{Epoch: res[0], Now: res[1], Leases: make([]Fate, len(c.Leases))}
+	for i, f := range res[2:] {
+		out.Leases[i] = Fate(f)
+	}
+	return out, nil
+}
+
+// Release runs the release script.
+func (s *redisStore) Release(ctx context.Context, c *ReleaseCall) error {
+	keys := make([]string, 0, 2+len(c.Pairs))
+	args := make([]any, 0, 2+2*len(c.Pairs))
+	keys = append(keys, s.pauseKey, s.procsKey)
+	args = append(args, c.Claim.Milliseconds(), s.wakePrefix)
+	for _, p := range c.Pairs {
+		keys = append(keys, s.key(p.Key))
+		args = append(args, p.Lease, p.Limit)
+	}
+	return releaseScript.Run(ctx, s.rdb, keys, args...).Err()
+}
+
+// Abandon runs the abandon script for each call, in one pipeline.
+func (s *redisStore) Abandon(ctx context.Context, calls []*AbandonCall) ([]error, error) {
+	keys, args := make([][]string, len(calls)), make([][]any, len(calls))
+	for i, c := range calls {
+		keys[i] = make([]string, 0, 3+len(c.Keys))
+		keys[i] = append(keys[i], s.pauseKey, s.procsKey)
+		for _, k := range c.Keys {
+			keys[i] = append(keys[i], s.key(k))
+		}
+		keys[i] = append(keys[i], s.tombstone(c.Lease))
+		args[i] = []any{c.Lease, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.wakePrefix}
+		for _, n := range c.Limits {
+			args[i] = append(args[i], n)
+		}
+	}
+	errs := make([]error, len(calls))
+	for i, cmd := range evalAll(ctx, s.rdb, abandonScript, keys, args) {
+		errs[i] = cmd.Err()
+	}
+	return errs, nil
+}
+
+// Leave deletes proc from the liveness hash.
+func (s *redisStore) Leave(ctx context.Context, proc string) error {
+	return s.rdb.HDel(ctx, s.procsKey, proc).Err()
+}
+
+// Ping pings Redis.
+func (s *redisStore) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
+
+// Count counts the key's leases that expire after the server's time now.
+func (s *redisStore) Count(ctx context.Context, key string) (int, error) {
+	now, err := s.rdb.Time(ctx).Result()
+	if err != nil {
+		return 0, err
+	}
+	n, err := s.rdb.ZCount(ctx, s.key(key), "("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
+	return int(n), err
+}
+
+// Listen subscribes to proc's channel and the learned states' channel.
+// While Redis cannot be reached it tries again every s.retry.
+func (s *redisStore) Listen(ctx context.Context, proc string, l Listener) {
+	wake := s.wakePrefix + proc
+	ps := s.rdb.Subscribe(ctx, wake, s.learnChan)
+	// Receive does not end with its context: closing ps ends it.
+	stop := context.AfterFunc(ctx, func() { ps.Close() })
+	defer stop()
+	defer ps.Close()
+	for {
+		msg, err := ps.Receive(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			// Redis unreachable: the client dials again on the next call.
+			t := time.NewTimer(s.retry)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.C:
+			}
+			continue
+		}
+		switch m := msg.(type) {
+		case *redis.Subscription:
+			if m.Channel == wake {
+				l.Listening()
+			}
+		case *redis.Message:
+			if m.Channel == s.learnChan {
+				l.Learned(m.Payload)
+			} else {
+				l.Granted(m.Payload)
+			}
+		}
+	}
+}
+
+// SyncLearned runs the learned state's script.
+func (s *redisStore) SyncLearned(ctx context.Context, c *LearnedCall) (LearnedResult, error) {
+	res, err := learnWriteScript.Run(ctx, s.rdb, []string{s.learnPrefix + c.Key}, c.Presumed, c.State, s.learnChan, c.TTL.Milliseconds()).Slice()
+	if err != nil {
+		return LearnedResult{}, err
+	}
+	if len(res) == 0 {
+		return LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	if n, _ := res[0].(int64); n == 1 {
+		out := LearnedResult{Wrote: true}
+		if len(res) > 1 {
+			out.PublishErr = fmt.Sprint(res[1])
+		}
+		return out, nil
+	}
+	var out LearnedResult
+	if len(res) >= 2 {
+		out.Version, _ = res[1].(string)
+	}
+	if len(res) >= 3 {
+		out.State, out.Found = res[2].(string)
+	}
+	return out, nil
+}
+
+// evalAll runs script once for each (keys[i], args[i]) in one pipeline, as
+// EVALSHA, then sends again as EVAL (which loads the script) the calls the
+// server had no script for (NOSCRIPT: after a restart or SCRIPT FLUSH). It
+// returns each call's command, with its own reply or error.
+func evalAll(ctx context.Context, rdb redis.UniversalClient, script *redis.Script, keys [][]string, args [][]any) []*redis.Cmd {
+	cmds := make([]*redis.Cmd, len(keys))
+	pipe := rdb.Pipeline()
+	for i := range keys {
+		cmds[i] = script.EvalSha(ctx, pipe, keys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx) // the first error; each command has its own
+	var again []int
+	for i, cmd := range cmds {
+		if redis.HasErrorPrefix(cmd.Err(), "NOSCRIPT") {
+			again = append(again, i)
+		}
+	}
+	if len(again) == 0 {
+		return cmds
+	}
+	pipe = rdb.Pipeline()
+	for _, i := range again {
+		cmds[i] = script.Eval(ctx, pipe, keys[i], args[i]...)
+	}
+	_, _ = pipe.Exec(ctx)
+	return cmds
+}

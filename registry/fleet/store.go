@@ -1,0 +1,301 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"time"
+)
+
+// Store is what the processes of a fleet share: the few operations that
+// must be atomic in one place. The fleet client (Registry) keeps everything
+// else (the local mirror, renewals, removals, the breaker, its waiters, the
+// learned caps' evidence) and reaches the store only through this
+// interface; the package documentation tells what it does with each
+// operation, the comments here what a store must do.
+//
+// Keys are named by the client (Keys.Name); a store maps each to its own
+// names. A lease is an id (random, 32 hex digits) on one or more keys. A
+// store keeps, per key, its leases with their expiry and its queue of
+// tickets; per fleet, an epoch, a pause, the processes' liveness and the
+// learned caps' states. Every time is the store's own clock, in
+// milliseconds unless said otherwise (Now in each reply): processes need
+// not agree on the time.
+//
+// Each method's call is atomic on its own: a call that returns an error may
+// or may not have run (the client then takes back what it may have added,
+// with Abandon). An admission or a renewal must change nothing once the
+// store's clock has passed its NotAfter (when not 0). Methods may be called
+// from many goroutines at once. A reply that is not shaped as its
+// operation's is an error that wraps ErrBadReply: the client counts it as
+// the store's bug, not as the store being unreachable.
+type Store interface {
+	// AdmitOne makes one admission call at once.
+	AdmitOne(ctx context.Context, call *AdmitCall) (AdmitResult, error)
+	// Admit makes each call, in order, each atomically, in one round trip
+	// if the store can. It returns one result per call (a failed call has
+	// its Err), or an error for all of them.
+	Admit(ctx context.Context, calls []*AdmitCall) ([]AdmitResult, error)
+	// Renew extends, puts back or reports each lease of call, atomically.
+	Renew(ctx context.Context, call *RenewCall) (RenewResult, error)
+	// Release removes each (key, lease) pair and, unless new admissions
+	// are paused, hands the freed room to the head of the key's queue.
+	Release(ctx context.Context, call *ReleaseCall) error
+	// Abandon takes back what an admission call that failed on the
+	// client's side may do (see AbandonCall), for each call; it returns
+	// one error per call (nil: done), or an error for all.
+	Abandon(ctx context.Context, calls []*AbandonCall) ([]error, error)
+	// Leave takes proc out of the liveness the store keeps: its tickets
+	// are dropped when next met.
+	Leave(ctx context.Context, proc string) error
+	// Ping tells whether the store answers.
+	Ping(ctx context.Context) error
+	// Count returns key's leases not expired now.
+	Count(ctx context.Context, key string) (int, error)
+	// Listen delivers to l the grants made to proc's tickets and the
+	// learned states published, until ctx ends; it returns then. It
+	// tells l Listening once it listens, and each time it listens anew
+	// after a break (what was sent meanwhile may be missed).
+	Listen(ctx context.Context, proc string, l Listener)
+	// SyncLearned reads key's learned state and, with a State to write,
+	// writes it if the store has the version presumed, and publishes it
+	// to every process's Listen; see LearnedCall.
+	SyncLearned(ctx context.Context, call *LearnedCall) (LearnedResult, error)
+}
+
+// ErrBadReply is wrapped by the error of a store's reply that is not
+// shaped as its operation's.
+var ErrBadReply = errors.New("fleet: the store's reply is not its operation's")
+
+// Listener receives what Store.Listen delivers. Its methods are called on
+// Listen's goroutine, one at a time, and must not block for long.
+type Listener interface {
+	// Listening tells that Listen listens: the first time, or anew after
+	// a break.
+	Listening()
+	// Granted tells that the ticket (a lease id) was granted room.
+	Granted(ticket string)
+	// Learned tells a learned state that a SyncLearned published.
+	Learned(state string)
+}
+
+// AdmitCall asks for a lease on every key or on none, or, with Wait, a
+// place in the fleet's queue of every key.
+//
+// In order, the store:
+//  1. refuses it (StatusTooLate) if its clock is past NotAfter;
+//  2. reads the epoch, making it if missing (its clock in microseconds);
+//     if Epoch is another one and Pause is not 0, declares a pause of new
+//     admissions until the epoch's birth plus min(Pause, TTL), unless one
+//     is declared; a pause that ends more than max(TTL, 5 min) after the
+//     birth or after now is not honoured; the call is paused if a pause
+//     is honoured and one of its limits binds (is below slots.Unlimited);
+//  3. puts each Carried pair on its key, without a cap check, unless its
+//     lease was abandoned;
+//  4. refuses it (StatusAbandoned) if Lease was abandoned;
+//  5. for a ticket of several keys queued already, records Limits as its
+//     limits; unless paused, serves the queue of each key (see
+//     ReleaseCall);
+//  6. if Lease is on every key (a grant claimed), extends it to TTL and
+//     admits it, unless a key holds more than its limit (the grant was made
+//     under a higher limit): then it gives the grant back, serves the
+//     queues, and goes on as a newcomer that may queue past MaxQueue and
+//     MaxFlowQueue; a grant on some of its keys only (a part whose claim
+//     ran out) is dropped;
+//  7. if paused, refuses it (StatusPaused);
+//  8. a ticket queued already stays queued (StatusQueued), renewing Proc's
+//     liveness and its place's expiry, unless serving stopped short of it and it can take room
+//     on every key: then it is admitted;
+//  9. a newcomer is admitted if every key has room for it and no waiter
+//     it has looked at could take that room; else, without Wait, refused
+//     (StatusFull); with Wait, refused if a queue is at MaxQueue
+//     (StatusQueueMax) or its flow at MaxFlowQueue (StatusFlowMax), else
+//     queued on every key (StatusQueued), its ticket being Lease.
+//
+// An admission puts Lease on every key with the expiry now + TTL.
+type AdmitCall struct {
+	Lease  string
+	Keys   []string
+	Limits []int // each key's limit (slots.Unlimited: none)
+	TTL    time.Duration
+	// NotAfter is the latest time of the store's clock at which the call
+	// may still change anything (0: none).
+	NotAfter int64
+	// Epoch is the epoch the caller last saw (0: none); Pause is how long
+	// it asks new admissions to wait after a loss (0: it does not ask).
+	Epoch int64
+	Pause time.Duration
+	Wait  bool // queue if a key is full
+	// Starts asks an admission's result for Start and Counts (a learned
+	// key).
+	Starts bool
+	// Claim is how long a waiter has to claim a grant; Live how long Proc
+	// counts as alive after a call that queues or keeps a ticket queued.
+	Claim, Live time.Duration
+	// Class (0 first), Flow and Weight (>= 1) place a waiter in the queue:
+	// by class, then flows' weighted turns, then arrival.
+	Class  uint8
+	Flow   string
+	Weight int
+	Proc   string
+	// MaxQueue and MaxFlowQueue bound a key's queue and a flow's part of
+	// it (-1: no bound).
+	MaxQueue, MaxFlowQueue int
+	// Carried are leases admitted while the store could not be reached,
+	// put back with this call (see step 3).
+	Carried []Pair
+}
+
+// Pair is one lease on one key.
+type Pair struct {
+	Key, Lease string
+}
+
+// Status is what became of an admission call.
+type Status int8
+
+// What became of an admission call.
+const (
+	StatusFull      Status = 0 // a key is full, and the caller does not wait
+	StatusAdmitted  Status = 1
+	StatusPaused    Status = 2 // new admissions wait after the store lost its data
+	StatusQueued    Status = 3 // the ticket waits in the queue
+	StatusQueueMax  Status = 4 // a key's queue is at its bound
+	StatusFlowMax   Status = 5 // the caller's flow is at its bound in a queue
+	StatusAbandoned Status = -1
+	StatusTooLate   Status = -2 // the store's clock was past NotAfter: nothing changed
+)
+
+// AdmitResult is how an admission call went.
+type AdmitResult struct {
+	Err    error
+	Status Status
+	// Key is the index of the key that refused or that the ticket waits
+	// on (-1: none); Count its leases (with StatusPaused, the first
+	// key's), Queue its queue's length (with StatusFlowMax, the flow's
+	// part; with StatusQueued, counting this ticket).
+	Key          int
+	Count, Queue int64
+	// Earliest is when the earliest lease of Key expires (0: none); with
+	// StatusPaused, when the pause ends.
+	Earliest int64
+	Now      int64 // the store's clock, ms
+	Epoch    int64 // 0 with StatusTooLate
+	// With Starts, an admission's start: the store's clock in
+	// microseconds, and each key's leases, this one counted.
+	Start  int64
+	Counts []int64
+}
+
+// RenewCall renews leases in one atomic call.
+//
+// For each lease, on each of its keys: there and not expired, it is
+// extended to now + TTL; else it is missing there. A lease missing from a
+// key is put back on the keys it is missing from, unless it was abandoned:
+// with ModePutBack, without a check; with ModeReassert, without a check if Epoch
+// is not the store's epoch now (the store lost it), else (it expired, or
+// it was not known to be in the store) only if every key it is missing
+// from has room under its limit and new admissions are not paused. It is
+// never extended where it is missing: a released lease does not come
+// back. The epoch and pause are handled as in AdmitCall step 2 (a put-back
+// with a check is refused while a pause is honoured and one of the
+// lease's limits binds).
+type RenewCall struct {
+	TTL      time.Duration
+	NotAfter int64
+	Epoch    int64
+	Pause    time.Duration
+	Leases   []Renewal
+}
+
+// Renewal is a lease as a RenewCall sends it.
+type Renewal struct {
+	Lease  string
+	Mode   Mode
+	Epoch  int64 // the epoch it was last seen in (0: not known to be in the store)
+	Keys   []string
+	Limits []int
+}
+
+// Mode is what a renewal does with a lease it finds missing.
+type Mode int8
+
+// What a renewal does with a lease it finds missing.
+const (
+	ModeReport   Mode = iota // report it
+	ModeReassert             // put it back: without a check if the epoch changed, else if there is room
+	ModePutBack              // put it back without a check (admitted while the store was unreachable)
+)
+
+// RenewResult is how a renewal went: TooLate (nothing changed), or the
+// epoch, and each lease's fate in the order sent.
+type RenewResult struct {
+	TooLate bool
+	Epoch   int64
+	Now     int64
+	Leases  []Fate
+}
+
+// Fate is what a renewal did with a lease.
+type Fate int8
+
+// What a renewal did with a lease.
+const (
+	FateRenewed Fate = 0 // it was there, and was extended
+	FatePutBack Fate = 1 // missing, put back without a check
+	FateRoom    Fate = 2 // missing under the same epoch (expired), put back: there was room
+	FateGone    Fate = 3 // missing, and not put back
+)
+
+// ReleaseCall removes leases. For each key it frees, the store serves the
+// key's queue unless a pause of new admissions is declared (honoured or
+// not; see AdmitCall step 2): while the key has room
+// under Limit, it drops expired leases and grants the first waiter that
+// can take room on all of its keys (a ticket of a dead process is dropped)
+// a lease of Claim on each of its keys, and tells its process (Listen).
+type ReleaseCall struct {
+	Claim time.Duration
+	Pairs []Release
+}
+
+// Release is one lease on one key, with the key's limit.
+type Release struct {
+	Key, Lease string
+	Limit      int
+}
+
+// AbandonCall takes Lease out of its keys' queues and leases, and marks it
+// abandoned, so that an admission call for it that runs later adds
+// nothing: for TTL, and at least until the store's clock passes NotAfter
+// (0: none), the latest not-after time of the calls that may add it; it
+// runs however late it comes. With Limits, it then serves the keys'
+// queues, as a release.
+type AbandonCall struct {
+	Lease    string
+	Keys     []string
+	Limits   []int // nil: no serving
+	TTL      time.Duration
+	NotAfter int64
+	Claim    time.Duration
+}
+
+// LearnedCall reads a key's learned state and, with State, writes it if
+// the store's state has the version Presumed ("-": no state; "?": one
+// without a version), publishing it. The version of a state is its "v"
+// (the digits of its first "v" member).
+type LearnedCall struct {
+	Key      string
+	Presumed string
+	State    string // "": a read
+	TTL      time.Duration
+}
+
+// LearnedResult is how a LearnedCall went: Wrote (with PublishErr if it
+// could not be published), or the store's version and state (Found false:
+// none). A state read is kept from expiring.
+type LearnedResult struct {
+	Wrote      bool
+	PublishErr string
+	Version    string
+	State      string
+	Found      bool
+}
