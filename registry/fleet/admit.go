@@ -26,8 +26,9 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 	return r.acquire(context.Background(), keys, false)
 }
 
-// Acquire admits under key, waiting while it is full across the fleet (see
-// the package documentation), until ctx ends.
+// Acquire admits under key, waiting while it is full across the fleet (in
+// one queue per key for every process: see the package documentation),
+// until ctx ends.
 func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 	return r.acquire(ctx, []K{key}, true)
 }

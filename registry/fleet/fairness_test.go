@@ -418,3 +418,47 @@ func TestFleetPriorityUnderBatchFlood(t *testing.T) {
 			"interactive p99 wait beyond one hold %v, over %v", ip99-hold, goal)
 	})
 }
+
+// Weighted turns, exactly, on a real redis-server: with one slot held,
+// waiters of a flow of weight 3 (A) and one of weight 1 (B) queue
+// alternately, A1 B1 A2 B2 ..., each once the one before it stands in
+// Redis's queue; the holder then lets go, and each waiter releases as soon
+// as it is admitted. Start tags (A: 0, 1/3, 2/3, 1, ...; B: 0, 1, 2, ...),
+// then arrival, give the one order (pgstore's TestWeightedTurns asks the
+// same of PostgreSQL).
+func TestFleetWeightedTurns(t *testing.T) {
+	srv := fleettest.Start(t)
+	c := srv.Client()
+	queued := func() int64 { return c.ZCard(context.Background(), "inflight:{turns}:k#q").Val() }
+	a, b := New[string](c, "turns", 1), New[string](c, "turns", 1)
+	t.Cleanup(a.Close)
+	t.Cleanup(b.Close)
+	held, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	wait := func(r *Registry[string], flow string, weight int, name string) {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(slots.WithFlowWeight(context.Background(), flow, weight), 30*time.Second)
+			defer cancel()
+			s, err := r.Acquire(ctx, "k")
+			if !assert.NoError(t, err, name) {
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			s.Release()
+		})
+	}
+	for i := int64(1); i <= 6; i++ {
+		wait(a, "A", 3, fmt.Sprint("A", i))
+		fwUntil(t, "queued", func() bool { return queued() == 2*i-1 })
+		wait(b, "B", 1, fmt.Sprint("B", i))
+		fwUntil(t, "queued", func() bool { return queued() == 2*i })
+	}
+	held.Release()
+	wg.Wait()
+	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, order)
+}

@@ -40,7 +40,7 @@ func ParseUnavailable(s string) (Unavailable, error) {
 // Redis: Redis lost its data (a restart without persistence, a failover to
 // a replica that never had it), or the lease expired because its holder
 // did not renew it in time (a process stopped or starved for longer than
-// the lease TTL). The package documentation tells how the two are told
+// the lease TTL). PROTOCOL.md (Lost leases) tells how the two are told
 // apart.
 type Lost int
 
@@ -48,7 +48,7 @@ const (
 	// ReassertLost puts back without a cap check a lease that Redis lost
 	// with its data: its holder is still working. New admissions wait
 	// meanwhile, for one renewal round, so that the cap holds (see Lost
-	// leases in the package documentation). A lease that expired goes
+	// leases in PROTOCOL.md). A lease that expired goes
 	// back only if every key it is missing from has room; if one has not,
 	// it is lost: counted (Stats.Lost), logged, its holder's context made
 	// by WithCancelOnLost is cancelled with the cause ErrLeaseLost, and the
