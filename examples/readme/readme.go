@@ -10,8 +10,12 @@ import (
 	"net/url"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
 )
@@ -102,4 +106,16 @@ func NewServer(app http.Handler) http.Handler {
 	mux.Handle("/", slots.Middleware(admit)(app))
 	mux.Handle("GET /debug/slots", sweep.LimiterHandler(lim))
 	return mux
+}
+
+// FleetOnPostgres caps each key at 64 holders across every process that
+// uses the database behind pool; pgstore.New makes its tables once, safely
+// from every replica at once. On Redis it is one line:
+// fleet.New[string](rdb, "gateway", 64).
+func FleetOnPostgres(ctx context.Context, pool *pgxpool.Pool) (*fleet.Registry[string], error) {
+	store, err := pgstore.New(ctx, pool, "gateway")
+	if err != nil {
+		return nil, err
+	}
+	return fleet.NewWithStore[string](store, 64, fleet.Keys[string]{}), nil
 }

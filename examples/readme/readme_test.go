@@ -28,8 +28,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+
 	"github.com/inflight-go/inflight/examples/internal/gateway"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -433,5 +437,41 @@ func TestNoLargeFiles(t *testing.T) {
 			continue // deleted in the work tree
 		}
 		assert.LessOrEqual(t, st.Size(), int64(1<<20), "%s is over 1 MB", f)
+	}
+}
+
+// FleetOnPostgres, in two processes on one real database: 64 holders at
+// once across both, the 65th refused, and a release frees a place for the
+// other process.
+func TestFleetOnPostgres(t *testing.T) {
+	srv := pgtest.Start(t)
+	var rs []*fleet.Registry[string]
+	for range 2 {
+		pool, err := pgxpool.New(context.Background(), srv.URL)
+		require.NoError(t, err)
+		t.Cleanup(pool.Close)
+		r, err := FleetOnPostgres(context.Background(), pool)
+		require.NoError(t, err)
+		t.Cleanup(r.Close)
+		rs = append(rs, r)
+	}
+	var held []*slots.Slot
+	for i := range 64 {
+		s, err := rs[i%2].TryAcquire("provider")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	_, err := rs[0].TryAcquire("provider")
+	require.ErrorIs(t, err, slots.ErrLimitReached)
+	held[1].Release() // a holder of the second process
+	require.Eventually(t, func() bool {
+		s, err := rs[0].TryAcquire("provider")
+		if err == nil {
+			held[1] = s
+		}
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond, "the freed place reaches the other process")
+	for _, s := range held {
+		s.Release()
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/pacing"
@@ -164,6 +165,7 @@ func (c Config) Redacted() Config {
 	if c.Fleet != nil {
 		f := *c.Fleet
 		f.RedisURL = redactURL(f.RedisURL)
+		f.PostgresURL = redactURL(f.PostgresURL)
 		c.Fleet = &f
 	}
 	return c
@@ -211,10 +213,13 @@ func millis(ms int64) time.Duration {
 }
 
 // FleetConfig makes the org caps and the provider and model caps hold
-// across every gateway process pointed at the same Redis (package
-// registry/fleet). Pacing and API-key caps stay per process.
+// across every gateway process pointed at the same Redis or the same
+// PostgreSQL database (packages registry/fleet and registry/fleet/pgstore):
+// one of RedisURL and PostgresURL. Pacing and API-key caps stay per
+// process.
 type FleetConfig struct {
-	RedisURL      string `json:"redis_url"`                // redis://host:port/db
+	RedisURL      string `json:"redis_url,omitempty"`      // redis://host:port/db
+	PostgresURL   string `json:"postgres_url,omitempty"`   // postgres://user@host:port/db
 	LeaseTTLMS    int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
 	OnUnavailable string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
 }
@@ -282,10 +287,19 @@ func ParseConfig(data []byte) (Config, error) {
 		}
 	}
 	if f := c.Fleet; f != nil {
-		// Not wrapped: redis.ParseURL's errors quote the URL, password
-		// and all.
-		if _, err := redis.ParseURL(f.RedisURL); err != nil {
-			return Config{}, errors.New("config: fleet.redis_url: not a valid redis URL (redis://[user:password@]host:port/db)")
+		// Not wrapped: the parsers' errors quote the URL, password and
+		// all.
+		switch {
+		case (f.RedisURL == "") == (f.PostgresURL == ""):
+			return Config{}, errors.New("config: fleet: one of redis_url and postgres_url")
+		case f.PostgresURL != "":
+			if _, err := pgxpool.ParseConfig(f.PostgresURL); err != nil {
+				return Config{}, errors.New("config: fleet.postgres_url: not a valid PostgreSQL URL (postgres://[user:password@]host:port/db)")
+			}
+		default:
+			if _, err := redis.ParseURL(f.RedisURL); err != nil {
+				return Config{}, errors.New("config: fleet.redis_url: not a valid redis URL (redis://[user:password@]host:port/db)")
+			}
 		}
 		if f.LeaseTTLMS != 0 && f.LeaseTTLMS < 30 {
 			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is under 30", f.LeaseTTLMS)

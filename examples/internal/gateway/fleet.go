@@ -1,29 +1,61 @@
 package gateway
 
 import (
+	"context"
+	"fmt"
 	"strconv"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/slots"
 )
 
-// The caps a fleet of gateways shares on Redis: the org caps, and the
-// provider's and models' caps, configured or learned.
+// The caps a fleet of gateways shares on Redis or PostgreSQL: the org
+// caps, and the provider's and models' caps, configured or learned.
 
-// startFleet makes the org caps and the provider and model caps hold
-// across every gateway on cfg.Fleet's Redis, and returns the provider
-// config left to the Gate: its pacing and API-key caps, which stay per
-// process.
-func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config {
+// fleetStores returns the stores of the org caps and of the provider's
+// caps, on cfg.Fleet's Redis or database.
+func (g *Gateway) fleetStores(cfg Config) (tenants, provider fleet.Store, err error) {
+	if u := cfg.Fleet.PostgresURL; u != "" {
+		pc, _ := pgxpool.ParseConfig(u) // checked by ParseConfig
+		pc.ConnConfig.ConnectTimeout = time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if g.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
+			return nil, nil, fmt.Errorf("fleet: postgres: %w", err)
+		}
+		t, err := pgstore.New(ctx, g.pool, "tenants")
+		if err != nil {
+			return nil, nil, fmt.Errorf("fleet: postgres: %w", err)
+		}
+		p, err := pgstore.New(ctx, g.pool, "provider")
+		if err != nil {
+			return nil, nil, fmt.Errorf("fleet: postgres: %w", err)
+		}
+		return t, p, nil
+	}
 	opt, _ := redis.ParseURL(cfg.Fleet.RedisURL) // checked by ParseConfig
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
 	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.Protocol = true, 1, 2
 	g.rdb = redis.NewClient(opt)
+	return nil, nil, nil
+}
+
+// startFleet makes the org caps and the provider and model caps hold
+// across every gateway on cfg.Fleet's store, and returns the provider
+// config left to the Gate: its pacing and API-key caps, which stay per
+// process. It fails if the store's schema cannot be made (PostgreSQL).
+func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config, error) {
+	tenantStore, providerStore, err := g.fleetStores(cfg)
+	if err != nil {
+		return pacing.Config{}, err
+	}
 	ttl := fleet.DefaultLeaseTTL
 	if cfg.Fleet.LeaseTTLMS > 0 {
 		ttl = millis(cfg.Fleet.LeaseTTLMS)
@@ -31,10 +63,16 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable), fleet.WithLogger(g.log)}
 
-	g.fleetTenants = fleet.NewWithKeys(g.rdb, "tenants", cfg.Orgs.DefaultLimit, fleet.Keys[tenant]{
+	tenantKeys := fleet.Keys[tenant]{
 		Name:  func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) },
 		Limit: func(k tenant) int { return g.orgLimit(k.Org) },
-	}, append(common, fleet.WithLocalOptions(local...))...)
+	}
+	tenantOpts := append(common, fleet.WithLocalOptions(local...))
+	if tenantStore != nil {
+		g.fleetTenants = fleet.NewWithStore(tenantStore, cfg.Orgs.DefaultLimit, tenantKeys, tenantOpts...)
+	} else {
+		g.fleetTenants = fleet.NewWithKeys(g.rdb, "tenants", cfg.Orgs.DefaultLimit, tenantKeys, tenantOpts...)
+	}
 	g.tenants = g.fleetTenants.Local()
 	g.admitTenant = g.fleetTenants.TryAcquire
 
@@ -47,7 +85,12 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 	if cfg.Provider.FailOpen() {
 		wait = append(wait, slots.WithFailOpen())
 	}
-	g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, append(common, fleet.WithLocalOptions(wait...))...)
+	providerOpts := append(common, fleet.WithLocalOptions(wait...))
+	if providerStore != nil {
+		g.caps = fleet.NewWithStore(providerStore, slots.Unlimited, fleet.Keys[string]{}, providerOpts...)
+	} else {
+		g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, providerOpts...)
+	}
 	// The caps, configured or learned, are the fleet's: the Gate keeps
 	// the pacing.
 	provider := cfg.Provider
@@ -72,7 +115,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) pacing.Config 
 		m.MaxConcurrentRequests, m.Adaptive = 0, nil
 		provider.Models[name] = m
 	}
-	return provider
+	return provider, nil
 }
 
 // capKeys returns the fleet keys a request for model takes.

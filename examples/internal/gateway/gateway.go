@@ -43,6 +43,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
@@ -72,7 +73,8 @@ type Gateway struct {
 	caps         *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
 	fleetLearns  bool                    // some of caps are learned
 	fleetModels  []string                // the models whose caps the fleet learns
-	rdb          *redis.Client
+	rdb          *redis.Client           // the fleet's on Redis; nil without one
+	pool         *pgxpool.Pool           // the fleet's on PostgreSQL; nil without one
 	gate         *pacing.Gate
 	monitor      *sweep.Monitor[tenant]
 	proxy        *httputil.ReverseProxy
@@ -164,7 +166,10 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	local := []registry.Option{slots.WithObserver(collector), slots.WithLogger(g.log)}
 	provider := cfg.Provider
 	if cfg.Fleet != nil {
-		provider = g.startFleet(cfg, local)
+		if provider, err = g.startFleet(cfg, local); err != nil {
+			g.Close()
+			return nil, err
+		}
 	} else {
 		orgLimit := func(_ context.Context, k tenant) (int, error) { return g.orgLimit(k.Org), nil }
 		g.tenants = registry.NewWithLimitFunc(cfg.Orgs.DefaultLimit, orgLimit, time.Minute, local...)

@@ -21,6 +21,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
 
 func TestMain(m *testing.M) {
@@ -423,16 +424,29 @@ func TestConfigPrioritiesAndWeights(t *testing.T) {
 	}
 }
 
-// Two gateways on one Redis (the fleet config): the provider cap of 2 and
-// org-a's cap of 1 hold across both; every request completes.
+// fleetStores start, for a test, each store a fleet of gateways runs on,
+// and return the "fleet" config's field that points at it.
+var fleetStores = map[string]func(t *testing.T) string{
+	"redis":    func(t *testing.T) string { return `"redis_url": "redis://` + fleettest.Start(t).Addr + `/0"` },
+	"postgres": func(t *testing.T) string { return `"postgres_url": "` + pgtest.Start(t).URL + `"` },
+}
+
+// Two gateways on one store (the fleet config: Redis or PostgreSQL): the
+// provider cap of 2 and org-a's cap of 1 hold across both; every request
+// completes.
 func TestGatewayFleet(t *testing.T) {
-	srv := fleettest.Start(t)
+	for name, store := range fleetStores {
+		t.Run(name, func(t *testing.T) { testGatewayFleet(t, store(t)) })
+	}
+}
+
+func testGatewayFleet(t *testing.T, store string) {
 	u := newUpstream(t)
 	format := `{
 	"upstream": "%s",
 	"orgs": {"default_limit": 10, "limits": {"org-a": 1}},
 	"provider": {"max_concurrent_requests": 2, "models": {"glm-5.3": {"max_concurrent_requests": 2}}},
-	"fleet": {"redis_url": "redis://` + srv.Addr + `/0", "lease_ttl_ms": 3000}
+	"fleet": {` + store + `, "lease_ttl_ms": 3000}
 }`
 	gw1, g1 := startGatewayWith(t, u.srv.URL, format)
 	gw2, g2 := startGatewayWith(t, u.srv.URL, format)
@@ -533,6 +547,18 @@ func TestConfigFleet(t *testing.T) {
 	}
 	_, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://127.0.0.1:6379/0","on_unavailable":"closed"}}`))
 	assert.NoError(t, err)
+	_, err = ParseConfig([]byte(`{"upstream":"http://x","fleet":{"postgres_url":"postgres://gw@127.0.0.1:5432/gw"}}`))
+	assert.NoError(t, err)
+	for _, bad := range []string{
+		`{"upstream":"http://x","fleet":{}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","postgres_url":"postgres://x/y"}}`,
+		`{"upstream":"http://x","fleet":{"postgres_url":"postgres://u:secret@x:notaport/y"}}`,
+	} {
+		_, err := ParseConfig([]byte(bad))
+		if assert.Error(t, err, bad) {
+			assert.NotContains(t, err.Error(), "secret", "no password in the message")
+		}
+	}
 
 	// Learned caps are the fleet's, but for a key pool's, which stay per
 	// gateway: a key's cap learned from one gateway's count would be wrong.

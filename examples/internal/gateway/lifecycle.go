@@ -82,12 +82,15 @@ func (g *Gateway) WaitIdle(ctx context.Context) bool {
 	return true
 }
 
-// Ping checks that the fleet's Redis answers; nil without a fleet.
+// Ping checks that the fleet's store answers; nil without a fleet.
 func (g *Gateway) Ping(ctx context.Context) error {
-	if g.rdb == nil {
-		return nil
+	switch {
+	case g.rdb != nil:
+		return g.rdb.Ping(ctx).Err()
+	case g.pool != nil:
+		return g.pool.Ping(ctx)
 	}
-	return g.rdb.Ping(ctx).Err()
+	return nil
 }
 
 // Close stops the gateway's background work.
@@ -103,7 +106,14 @@ func (g *Gateway) Close() {
 	}
 	if g.fleetTenants != nil {
 		g.fleetTenants.Close()
+	}
+	if g.caps != nil {
 		g.caps.Close()
+	}
+	if g.rdb != nil {
 		g.rdb.Close()
+	}
+	if g.pool != nil {
+		g.pool.Close()
 	}
 }

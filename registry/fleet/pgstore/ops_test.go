@@ -1,0 +1,246 @@
+package pgstore_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Leases are renewed while held (a TTL of 300 ms, held for 1.5 s), and
+// those of a process that stops renewing expire on the database's clock.
+func TestRenewAndExpiry(t *testing.T) {
+	srv := pgtest.Start(t)
+	a := process(t, srv, "renew", 2, fleet.WithLeaseTTL(300*time.Millisecond))
+	b := process(t, srv, "renew", 2, fleet.WithLeaseTTL(300*time.Millisecond))
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		n, err := b.InFlight(context.Background(), "k")
+		require.NoError(t, err)
+		require.Equal(t, 1, n, "the held lease is renewed")
+		time.Sleep(20 * time.Millisecond) // polling a real clock's renewals
+	}
+	assert.Zero(t, a.Stats().Lost)
+	s.Release()
+	gone, err := b.TryAcquire("k")
+	require.NoError(t, err)
+	b.Close() // its lease is not released: it expires
+	require.Eventually(t, func() bool {
+		n, err := a.InFlight(context.Background(), "k")
+		return err == nil && n == 0
+	}, 3*time.Second, 10*time.Millisecond, "a lease nobody renews expires")
+	gone.Release() // after Close: nothing to send
+}
+
+// AcquireAll takes a lease on every key or none, across processes: with a
+// provider key of 2 and a model key of 1, a second holder of the model is
+// refused on it, and a holder of another model is not.
+func TestAcquireAll(t *testing.T) {
+	srv := pgtest.Start(t)
+	lim := fleet.Keys[string]{Limit: func(k string) int {
+		if k == "provider" {
+			return 2
+		}
+		return 1
+	}}
+	newProc := func() *fleet.Registry[string] {
+		s := store(t, srv, "all")
+		r := fleet.NewWithStore(s, 1, lim)
+		t.Cleanup(r.Close)
+		return r
+	}
+	a, b := newProc(), newProc()
+	s1, err := a.TryAcquireAll("provider", "model:x")
+	require.NoError(t, err)
+	_, err = b.TryAcquireAll("provider", "model:x")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "model:x", le.Key)
+	n, err := b.InFlight(context.Background(), "provider")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "nothing taken by the refused call")
+	s2, err := b.TryAcquireAll("provider", "model:y")
+	require.NoError(t, err)
+	_, err = a.TryAcquireAll("provider", "model:z")
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "provider", le.Key)
+	s1.Release()
+	s2.Release()
+}
+
+// A waiter that gives up leaves the queue: the next release is not handed
+// to it, and the key is free for a newcomer at once.
+func TestWaiterGivesUp(t *testing.T) {
+	srv := pgtest.Start(t)
+	a, b := process(t, srv, "giveup", 1), process(t, srv, "giveup", 1)
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	_, err = b.Acquire(ctx, "k")
+	cancel()
+	require.Error(t, err)
+	s.Release()
+	require.Eventually(t, func() bool {
+		s, err := a.TryAcquire("k")
+		if err == nil {
+			s.Release()
+		}
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond, "no grant waits for a waiter that left")
+}
+
+// Interactive waiters go before batch ones queued earlier, across
+// processes.
+func TestClassOrder(t *testing.T) {
+	srv := pgtest.Start(t)
+	a, b := process(t, srv, "class", 1), process(t, srv, "class", 1)
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	wait := func(r *fleet.Registry[string], name string, p slots.Priority) {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(slots.WithPriority(context.Background(), p), 20*time.Second)
+			defer cancel()
+			h, err := r.Acquire(ctx, "k")
+			if !assert.NoError(t, err) {
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			h.Release()
+		})
+	}
+	for i := range 3 {
+		wait(b, "batch", slots.PriorityBatch)
+		require.Eventually(t, func() bool { return b.Stats().Waiting == i+1 }, 5*time.Second, time.Millisecond)
+	}
+	wait(a, "interactive", slots.PriorityInteractive)
+	require.Eventually(t, func() bool { return a.Stats().Waiting == 1 }, 5*time.Second, time.Millisecond)
+	s.Release()
+	wg.Wait()
+	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, order)
+}
+
+// A cut reported in one process reaches the other through the learned
+// state the store keeps and publishes.
+func TestLearnedCapShared(t *testing.T) {
+	srv := pgtest.Start(t)
+	a, b := process(t, srv, "learn", 100), process(t, srv, "learn", 100)
+	require.NoError(t, a.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, b.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	var held []*slots.Slot
+	for range 5 {
+		s, err := a.TryAcquire("p")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	a.Report(held[4], pacing.Verdict{Kind: pacing.Concurrency})
+	require.Eventually(t, func() bool { return b.Learned("p").Cap == 4 }, 5*time.Second, 5*time.Millisecond, "the other process learns the cut")
+	for _, s := range held {
+		s.Release()
+	}
+}
+
+// A server killed (SIGKILL) and restarted with its data: with
+// asynchronous commits it may have lost the last ones, so the fleet starts
+// a new epoch (crash recovery empties the epoch's marker), new admissions
+// wait one renewal round, and the holders put their leases back. A process
+// that knew the epoch before is admitted nothing over the two held leases,
+// whichever process's call comes first after the restart.
+func TestServerKilled(t *testing.T) {
+	srv := pgtest.Start(t)
+	ttl := 900 * time.Millisecond
+	a := process(t, srv, "killed", 2, fleet.WithLeaseTTL(ttl), fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithUnavailable(fleet.FailClosed))
+	b := process(t, srv, "killed", 2, fleet.WithLeaseTTL(ttl), fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithUnavailable(fleet.FailClosed))
+	warm, err := b.TryAcquire("warm") // b knows the epoch: a process that never did cannot tell a loss from a first start
+	require.NoError(t, err)
+	warm.Release()
+	s1, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	s2, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	srv.Kill()
+	srv.Restart()
+	var admitted atomic.Int32
+	var paused bool
+	deadline := time.Now().Add(3 * ttl)
+	for time.Now().Before(deadline) {
+		s, err := b.TryAcquire("k")
+		if err == nil {
+			admitted.Add(1)
+			s.Release()
+		}
+		if errors.Is(err, fleet.ErrPaused) {
+			paused = true
+		}
+		time.Sleep(10 * time.Millisecond) // tries on a real clock
+	}
+	assert.True(t, paused, "new admissions wait after the restart")
+	assert.Zero(t, admitted.Load(), "the holders' leases are back: the key is full")
+	n, err := b.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "both holders' leases in the store")
+	s1.Release()
+	s2.Release()
+}
+
+// Weighted turns, exactly: with one slot held, waiters of a flow of
+// weight 3 (A) and one of weight 1 (B) queue alternately, A1 B1 A2 B2 ...,
+// each once the one before it stands in the store's queue; the holder
+// then lets go, and each waiter releases as soon as it is admitted. Start
+// tags (A: 0, 1/3, 2/3, 1, ...; B: 0, 1, 2, ...), then arrival, give the
+// one order; Redis's queue gives the same.
+func TestWeightedTurns(t *testing.T) {
+	srv := pgtest.Start(t)
+	p := pool(t, srv, 2)
+	queued := func() int {
+		var n int
+		require.NoError(t, p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = 'turns' AND key = 'k'").Scan(&n))
+		return n
+	}
+	a, b := process(t, srv, "turns", 1), process(t, srv, "turns", 1)
+	held, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	var mu sync.Mutex
+	var order []string
+	var wg sync.WaitGroup
+	wait := func(r *fleet.Registry[string], flow string, weight int, name string) {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(slots.WithFlowWeight(context.Background(), flow, weight), 30*time.Second)
+			defer cancel()
+			s, err := r.Acquire(ctx, "k")
+			if !assert.NoError(t, err, name) {
+				return
+			}
+			mu.Lock()
+			order = append(order, name)
+			mu.Unlock()
+			s.Release()
+		})
+	}
+	for i := 1; i <= 6; i++ {
+		wait(a, "A", 3, fmt.Sprint("A", i))
+		require.Eventually(t, func() bool { return queued() == 2*i-1 }, 5*time.Second, time.Millisecond)
+		wait(b, "B", 1, fmt.Sprint("B", i))
+		require.Eventually(t, func() bool { return queued() == 2*i }, 5*time.Second, time.Millisecond)
+	}
+	held.Release()
+	wg.Wait()
+	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, order)
+}

@@ -1,0 +1,291 @@
+// Package pgtest runs a real PostgreSQL server for a test (as
+// net/http/httptest runs a server): a new cluster made by initdb in a
+// temporary directory, listening on a random 127.0.0.1 port, removed at the
+// test's cleanup; and the faults a test needs from it: a crash (Kill, then
+// Restart with the data kept), a hang (Stop and Cont: SIGSTOP and SIGCONT).
+//
+// The server's binaries are looked for on PATH, then in Debian's
+// /usr/lib/postgresql/<version>/bin. As root, the cluster belongs to the
+// postgres user and its server runs as that user (PostgreSQL refuses to run
+// as root). Without the binaries the test is skipped, unless
+// INFLIGHT_REQUIRE_POSTGRES is set (as CI sets it): then it fails.
+package pgtest
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// RequireEnv, when set, turns missing PostgreSQL binaries into a test
+// failure.
+const RequireEnv = "INFLIGHT_REQUIRE_POSTGRES"
+
+// Server is a running PostgreSQL server, with one database, "inflight",
+// that the user "inflight" owns and reaches without a password.
+type Server struct {
+	// URL is the connection string of the database.
+	URL  string
+	t    testing.TB
+	bin  string // the directory of the server's binaries
+	dir  string // the cluster's data directory
+	port int
+	cred *syscall.Credential // the postgres user's, as root; nil otherwise
+	cmd  *exec.Cmd
+	exit chan struct{}
+}
+
+// Start makes a cluster and starts its server, with the settings a test
+// wants to see in production: fsync and synchronous commits on (sessions
+// may turn the latter off).
+func Start(t testing.TB) *Server {
+	t.Helper()
+	bin := binDir(t)
+	s := &Server{t: t, bin: bin, port: freePort(t)}
+	s.URL = fmt.Sprintf("postgres://inflight@127.0.0.1:%d/inflight?sslmode=disable", s.port)
+	root, err := os.MkdirTemp("", "inflight-pg-")
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	t.Cleanup(func() { _ = os.RemoveAll(root) })
+	s.dir = filepath.Join(root, "data")
+	if os.Geteuid() == 0 {
+		u, err := user.Lookup("postgres")
+		if err != nil {
+			t.Fatalf("pgtest: running as root needs a postgres user to run the server as: %v", err)
+		}
+		uid, _ := strconv.Atoi(u.Uid)
+		gid, _ := strconv.Atoi(u.Gid)
+		s.cred = &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}
+		if err := os.Chmod(root, 0o755); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		if err := os.Mkdir(s.dir, 0o700); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+		if err := os.Chown(s.dir, uid, gid); err != nil {
+			t.Fatalf("pgtest: %v", err)
+		}
+	}
+	s.run("initdb", "-D", s.dir, "-U", "inflight", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
+	t.Cleanup(s.Kill) // before the start: a server that fails to answer is killed too
+	s.Restart()
+	conn := s.connect("postgres")
+	defer conn.Close(context.Background())
+	if _, err := conn.Exec(context.Background(), "CREATE DATABASE inflight"); err != nil {
+		t.Fatalf("pgtest: create database: %v", err)
+	}
+	return s
+}
+
+// binDir returns the directory of initdb and postgres, or skips t.
+func binDir(t testing.TB) string {
+	t.Helper()
+	if p, err := exec.LookPath("initdb"); err == nil {
+		if q, err := exec.LookPath("postgres"); err == nil && filepath.Dir(p) == filepath.Dir(q) {
+			return filepath.Dir(p)
+		}
+	}
+	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
+	slices.SortFunc(dirs, func(a, b string) int { return version(b) - version(a) }) // the newest first
+	for _, d := range dirs {
+		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
+			return d
+		}
+	}
+	if os.Getenv(RequireEnv) != "" {
+		t.Fatalf("PostgreSQL's initdb and postgres not found, and %s is set", RequireEnv)
+	}
+	t.Skip("PostgreSQL's initdb and postgres not found (install them, e.g. apt-get install postgresql)")
+	return ""
+}
+
+// version is the major version in a Debian binaries' directory's path.
+func version(dir string) int {
+	n, _ := strconv.Atoi(filepath.Base(filepath.Dir(dir)))
+	return n
+}
+
+func freePort(t testing.TB) int {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("pgtest: %v", err)
+	}
+	defer ln.Close()
+	return ln.Addr().(*net.TCPAddr).Port
+}
+
+// command returns the binary name's command, run as the postgres user as
+// root.
+func (s *Server) command(name string, args ...string) *exec.Cmd {
+	cmd := exec.Command(filepath.Join(s.bin, name), args...)
+	cmd.Dir = filepath.Dir(s.dir)
+	// Its own process group: Kill, Stop and Cont reach every process the
+	// server starts, at once.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
+	return cmd
+}
+
+// run runs a binary to its end, failing the test if it fails.
+func (s *Server) run(name string, args ...string) {
+	s.t.Helper()
+	if out, err := s.command(name, args...).CombinedOutput(); err != nil {
+		s.t.Fatalf("pgtest: %s: %v\n%s", name, err, out)
+	}
+}
+
+// Restart starts the server (again, after Kill) on the same port, with the
+// data it has; it returns once the server accepts connections. After a
+// Kill the server recovers from its write-ahead log first: what was
+// committed asynchronously in the last moments may be lost.
+func (s *Server) Restart() {
+	s.t.Helper()
+	s.cmd = s.command("postgres", "-D", s.dir, "-p", strconv.Itoa(s.port),
+		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
+		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "max_connections=200",
+		"-c", "logging_collector=off", "-c", "log_min_messages=fatal")
+	s.cmd.Stderr = &tail{}
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("pgtest: start postgres: %v", err)
+	}
+	s.exit = make(chan struct{})
+	go func(cmd *exec.Cmd, exit chan struct{}) {
+		_ = cmd.Wait()
+		close(exit)
+	}(s.cmd, s.exit)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		conn, err := pgx.Connect(ctx, s.dsn("postgres"))
+		cancel()
+		if err == nil {
+			_ = conn.Close(context.Background())
+			return
+		}
+		select {
+		case <-s.exit:
+			s.t.Fatalf("pgtest: postgres exited at start: %v\n%s", s.cmd.ProcessState, s.cmd.Stderr)
+		default:
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("pgtest: postgres on port %d not accepting connections: %v", s.port, err)
+		}
+		time.Sleep(10 * time.Millisecond) // a process starting: poll its port
+	}
+}
+
+func (s *Server) dsn(db string) string {
+	return fmt.Sprintf("postgres://inflight@127.0.0.1:%d/%s?sslmode=disable", s.port, db)
+}
+
+func (s *Server) connect(db string) *pgx.Conn {
+	s.t.Helper()
+	conn, err := pgx.Connect(context.Background(), s.dsn(db))
+	if err != nil {
+		s.t.Fatalf("pgtest: connect: %v", err)
+	}
+	return conn
+}
+
+// Kill stops the server at once, as a crash of its host would: SIGKILL to
+// the postmaster and every process it started. The data directory stays:
+// Restart recovers it from the write-ahead log.
+func (s *Server) Kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	pgid := s.cmd.Process.Pid
+	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	<-s.exit
+	s.cmd = nil
+	// A restart needs the shared memory the backends hold: wait for them.
+	deadline := time.Now().Add(10 * time.Second)
+	for groupAlive(pgid) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond) // processes of another user exiting
+	}
+}
+
+// Stop stops the postmaster and its backends with SIGSTOP, as a host that
+// hangs would: connections stay open and calls wait, until Cont (at the
+// test's cleanup if not before).
+func (s *Server) Stop() {
+	s.signalAll(syscall.SIGSTOP)
+	s.t.Cleanup(func() {
+		if s.cmd != nil {
+			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
+		}
+	})
+}
+
+// Cont resumes a server stopped by Stop.
+func (s *Server) Cont() { s.signalAll(syscall.SIGCONT) }
+
+func (s *Server) signalAll(sig syscall.Signal) {
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatalf("pgtest: %v to a server that is not running", sig)
+	}
+	if err := syscall.Kill(-s.cmd.Process.Pid, sig); err != nil {
+		s.t.Fatalf("pgtest: %v: %v", sig, err)
+	}
+}
+
+// groupAlive reports whether a process of the group pgid runs (a zombie
+// does not count), from /proc.
+func groupAlive(pgid int) bool {
+	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
+	for _, f := range stats {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		// pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
+		i := strings.LastIndexByte(string(b), ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(b[i+1:]))
+		if len(fields) < 3 || fields[0] == "Z" {
+			continue
+		}
+		if g, _ := strconv.Atoi(fields[2]); g == pgid {
+			return true
+		}
+	}
+	return false
+}
+
+// tail keeps the last 8 KiB a process wrote, for a failure's message.
+type tail struct {
+	mu sync.Mutex
+	b  []byte
+}
+
+func (w *tail) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.b = append(w.b, p...)
+	if len(w.b) > 8<<10 {
+		w.b = w.b[len(w.b)-8<<10:]
+	}
+	return len(p), nil
+}
+
+func (w *tail) String() string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return string(w.b)
+}

@@ -1,0 +1,329 @@
+// Package pgstore keeps a fleet's leases in PostgreSQL: a fleet.Store for
+// gateway teams that run Postgres and no Redis.
+//
+//	pool, err := pgxpool.New(ctx, "postgres://gateway@db/gateway")
+//	store, err := pgstore.New(ctx, pool, "gateway")
+//	reg := fleet.NewWithStore[string](store, 8, fleet.Keys[string]{})
+//	defer reg.Close()
+//
+// Each operation is one call of a function that New installs (see
+// schema.sql), in one transaction of its own: no connection is held by a
+// holder and no session state is kept. Behind PgBouncer in transaction
+// mode, give the pool's connection string default_query_exec_mode=exec
+// (pgx's statement cache is session state), and Listen a connection of
+// its own straight to the database (WithListenConfig): LISTEN is session
+// state too. Every time is the database's clock_timestamp(), read after
+// the call's lock waits. A key's calls lock its row (keys in order, so
+// calls on several keys cannot deadlock; other keys of a ticket are taken
+// only if free, never waited for); leases are rows whose renewal updates
+// stay HOT. Wake-ups go by NOTIFY, received by LISTEN on one connection
+// per process (outside the pool); waiters also ask again on their own, so
+// a lost notification delays, never strands, a waiter.
+//
+// Lease transactions commit asynchronously by default (Durable turns that
+// off): a crash of the server may lose what was committed in its last
+// moments (by default, up to three wal_writer_delay), as may a failover to
+// a standby that lagged. The fleet then repairs it as after a Redis that
+// lost its data: the epoch's marker, in an unlogged table that crash
+// recovery empties (and that a standby has empty), is missing, so the next
+// call starts a new epoch, new admissions wait one renewal round, and the
+// holders put their leases back. A clean restart keeps the marker and
+// loses nothing.
+package pgstore
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+)
+
+// Store is a fleet.Store on PostgreSQL. Create it with New.
+type Store struct {
+	pool   *pgxpool.Pool
+	name   string
+	async  bool
+	retry  time.Duration
+	listen *pgx.ConnConfig // nil: the pool's
+}
+
+// Option configures a Store.
+type Option func(*Store)
+
+// Durable commits every lease transaction synchronously: a crash loses
+// nothing committed (the epoch still changes, and new admissions wait one
+// renewal round), and each call waits for its commit's flush.
+func Durable() Option { return func(s *Store) { s.async = false } }
+
+// WithListenConfig sets the connection Listen makes (default: the pool's
+// settings), e.g. straight to the database when the pool goes through
+// PgBouncer in transaction mode.
+func WithListenConfig(cfg *pgx.ConnConfig) Option { return func(s *Store) { s.listen = cfg } }
+
+// WithListenRetry sets how long Listen waits before it connects again
+// after its connection failed (default 1 s).
+func WithListenRetry(d time.Duration) Option { return func(s *Store) { s.retry = d } }
+
+// New returns the Store of the fleet name on pool, after bringing the
+// database's schema to this release's (see Migrate). Every process of a
+// fleet uses the same name; fleets with other names share the tables.
+func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (*Store, error) {
+	if pool == nil {
+		return nil, errors.New("pgstore: nil pool")
+	}
+	if name == "" {
+		return nil, errors.New("pgstore: empty fleet name")
+	}
+	s := &Store{pool: pool, name: name, async: true, retry: time.Second}
+	for _, o := range opts {
+		o(s)
+	}
+	if err := Migrate(ctx, pool); err != nil {
+		return nil, err
+	}
+	return s, nil
+}
+
+// String names the fleet, for logs.
+func (s *Store) String() string { return "postgres:" + s.name }
+
+const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`
+
+// AdmitOne makes the call in a transaction of its own.
+func (s *Store) AdmitOne(ctx context.Context, c *fleet.AdmitCall) (fleet.AdmitResult, error) {
+	r := s.admit(ctx, s.pool, c)
+	return r, r.Err
+}
+
+// Admit makes the calls one after another on one connection, each a
+// transaction of its own, so that they run in order.
+func (s *Store) Admit(ctx context.Context, calls []*fleet.AdmitCall) ([]fleet.AdmitResult, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	out := make([]fleet.AdmitResult, len(calls))
+	for i, c := range calls {
+		if err := ctx.Err(); err != nil {
+			out[i].Err = err
+			continue
+		}
+		out[i] = s.admit(ctx, conn, c)
+	}
+	return out, nil
+}
+
+// querier is a pool or one of its connections.
+type querier interface {
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func (s *Store) admit(ctx context.Context, q querier, c *fleet.AdmitCall) fleet.AdmitResult {
+	var carriedKeys, carriedLeases []string
+	for _, p := range c.Carried {
+		carriedKeys = append(carriedKeys, p.Key)
+		carriedLeases = append(carriedLeases, p.Lease)
+	}
+	var res []int64
+	err := q.QueryRow(ctx, admitSQL, s.name, c.Lease, c.Keys, limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
+		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), c.Flow, c.Weight, c.Proc,
+		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases).Scan(&res)
+	return decodeAdmit(c, res, err)
+}
+
+// limits are ls as the functions take them.
+func limits(ls []int) []int64 {
+	out := make([]int64, len(ls))
+	for i, n := range ls {
+		out[i] = int64(n)
+	}
+	return out
+}
+
+// errReply is a reply not shaped as the function's.
+var errReply = fmt.Errorf("%w (postgres)", fleet.ErrBadReply)
+
+func decodeAdmit(c *fleet.AdmitCall, res []int64, err error) fleet.AdmitResult {
+	if err != nil {
+		return fleet.AdmitResult{Err: err}
+	}
+	if len(res) < 7 {
+		return fleet.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+	}
+	r := fleet.AdmitResult{Status: fleet.Status(res[0]), Key: int(res[1]) - 1, Count: res[2], Earliest: res[3], Now: res[4], Epoch: res[5], Queue: res[6]}
+	if r.Status == fleet.StatusAdmitted && c.Starts {
+		if len(res) != 7+len(c.Keys) {
+			return fleet.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+		}
+		r.Start, r.Earliest, r.Counts = res[3], 0, res[7:]
+	}
+	return r
+}
+
+// Renew makes the renewal in one transaction.
+func (s *Store) Renew(ctx context.Context, c *fleet.RenewCall) (fleet.RenewResult, error) {
+	n := len(c.Leases)
+	ids, modes, epochs, nkeys := make([]string, n), make([]int32, n), make([]int64, n), make([]int32, n)
+	var keys []string
+	var ls []int64
+	for i, x := range c.Leases {
+		ids[i], modes[i], epochs[i], nkeys[i] = x.Lease, int32(x.Mode), x.Epoch, int32(len(x.Keys))
+		keys = append(keys, x.Keys...)
+		ls = append(ls, limits(x.Limits)...)
+	}
+	var res []int64
+	err := s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
+		s.name, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls).Scan(&res)
+	switch {
+	case err != nil:
+		return fleet.RenewResult{}, err
+	case len(res) == 2 && res[0] == int64(fleet.StatusTooLate):
+		return fleet.RenewResult{TooLate: true, Now: res[1]}, nil
+	case len(res) != 2+n:
+		return fleet.RenewResult{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	out := fleet.RenewResult{Epoch: res[0], Now: res[1], Leases: make([]fleet.Fate, n)}
+	for i, f := range res[2:] {
+		out.Leases[i] = fleet.Fate(f)
+	}
+	return out, nil
+}
+
+// Release removes the pairs in one transaction.
+func (s *Store) Release(ctx context.Context, c *fleet.ReleaseCall) error {
+	keys, leases, ls := make([]string, len(c.Pairs)), make([]string, len(c.Pairs)), make([]int64, len(c.Pairs))
+	for i, p := range c.Pairs {
+		keys[i], leases[i], ls[i] = p.Key, p.Lease, int64(p.Limit)
+	}
+	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, c.Claim.Milliseconds(), keys, leases, ls, s.async)
+	return err
+}
+
+// Abandon makes each abandon a transaction of its own, one after another.
+func (s *Store) Abandon(ctx context.Context, calls []*fleet.AbandonCall) ([]error, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	errs := make([]error, len(calls))
+	for i, c := range calls {
+		var ls []int64
+		if c.Limits != nil {
+			ls = limits(c.Limits)
+		}
+		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
+			s.name, c.Lease, c.Keys, ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async)
+	}
+	return errs, nil
+}
+
+// Leave deletes proc's liveness.
+func (s *Store) Leave(ctx context.Context, proc string) error {
+	_, err := s.pool.Exec(ctx, `DELETE FROM inflight_proc WHERE fleet = $1 AND proc = $2`, s.name, proc)
+	return err
+}
+
+// Ping pings the database.
+func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+
+// Count counts key's leases not expired on the database's clock.
+func (s *Store) Count(ctx context.Context, key string) (int, error) {
+	var n int
+	err := s.pool.QueryRow(ctx, `SELECT inflight_count($1, $2, (inflight_now_us() / 1000))`, s.name, key).Scan(&n)
+	return n, err
+}
+
+// SyncLearned reads, and maybe writes, a learned state in one transaction.
+func (s *Store) SyncLearned(ctx context.Context, c *fleet.LearnedCall) (fleet.LearnedResult, error) {
+	var res []string
+	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, c.Key, c.Presumed, c.State, c.TTL.Milliseconds()).Scan(&res)
+	switch {
+	case err != nil:
+		return fleet.LearnedResult{}, err
+	case len(res) == 0:
+		return fleet.LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
+	case res[0] == "1":
+		out := fleet.LearnedResult{Wrote: true}
+		if len(res) > 1 {
+			out.PublishErr = res[1]
+		}
+		return out, nil
+	}
+	var out fleet.LearnedResult
+	if len(res) >= 2 {
+		out.Version = res[1]
+	}
+	if len(res) >= 3 {
+		out.State, out.Found = res[2], true
+	}
+	return out, nil
+}
+
+// channel is the name of a channel of the fleet, as inflight_channel
+// makes it.
+func (s *Store) channel(ctx context.Context, conn *pgx.Conn, name string) (string, error) {
+	var ch string
+	err := conn.QueryRow(ctx, `SELECT inflight_channel($1, $2)`, s.name, name).Scan(&ch)
+	return ch, err
+}
+
+// Listen listens on proc's channel and the learned states', on a
+// connection of its own made with the pool's settings, until ctx ends;
+// when the connection fails it connects again after the retry interval.
+func (s *Store) Listen(ctx context.Context, proc string, l fleet.Listener) {
+	for ctx.Err() == nil {
+		s.listenOnce(ctx, proc, l)
+		t := time.NewTimer(s.retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+		case <-t.C:
+		}
+	}
+}
+
+// listenOnce listens on one connection until it fails or ctx ends.
+func (s *Store) listenOnce(ctx context.Context, proc string, l fleet.Listener) {
+	cfg := s.listen
+	if cfg == nil {
+		cfg = s.pool.Config().ConnConfig
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
+	if err != nil {
+		return
+	}
+	defer conn.Close(context.Background())
+	wake, err := s.channel(ctx, conn, proc)
+	if err != nil {
+		return
+	}
+	learned, err := s.channel(ctx, conn, "#learned")
+	if err != nil {
+		return
+	}
+	for _, ch := range []string{wake, learned} {
+		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
+			return
+		}
+	}
+	l.Listening()
+	for {
+		n, err := conn.WaitForNotification(ctx)
+		if err != nil {
+			return
+		}
+		if strings.EqualFold(n.Channel, learned) {
+			l.Learned(n.Payload)
+		} else {
+			l.Granted(n.Payload)
+		}
+	}
+}
