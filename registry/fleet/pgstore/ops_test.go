@@ -9,11 +9,13 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -103,7 +105,8 @@ func TestWaiterGivesUp(t *testing.T) {
 }
 
 // Interactive waiters go before batch ones queued earlier, across
-// processes.
+// processes: each waiter starts once the one before it stands in the
+// store's queue, and the holder lets go once all four do.
 func TestClassOrder(t *testing.T) {
 	srv := pgtest.Start(t)
 	a, b := process(t, srv, "class", 1), process(t, srv, "class", 1)
@@ -126,12 +129,18 @@ func TestClassOrder(t *testing.T) {
 			h.Release()
 		})
 	}
+	p := pool(t, srv, 1)
+	queued := func() int { // places in the store's queue
+		var n int
+		require.NoError(t, p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = 'class' AND key = 'k'").Scan(&n))
+		return n
+	}
 	for i := range 3 {
 		wait(b, "batch", slots.PriorityBatch)
-		require.Eventually(t, func() bool { return b.Stats().Waiting == i+1 }, 5*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return queued() == i+1 }, 5*time.Second, time.Millisecond)
 	}
 	wait(a, "interactive", slots.PriorityInteractive)
-	require.Eventually(t, func() bool { return a.Stats().Waiting == 1 }, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued() == 4 }, 5*time.Second, time.Millisecond)
 	s.Release()
 	wg.Wait()
 	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, order)
@@ -177,6 +186,14 @@ func TestServerKilled(t *testing.T) {
 	require.NoError(t, err)
 	srv.Kill()
 	srv.Restart()
+	// A process that starts after the restart: on Redis it could not tell
+	// the loss from a first start; here the store declares the pause.
+	c := process(t, srv, "killed", 2, fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(fleet.FailClosed))
+	over, err := c.TryAcquire("k")
+	newcomerPaused := errors.Is(err, fleet.ErrPaused)
+	if err == nil {
+		over.Release()
+	}
 	var admitted atomic.Int32
 	var paused bool
 	deadline := time.Now().Add(3 * ttl)
@@ -192,6 +209,7 @@ func TestServerKilled(t *testing.T) {
 		time.Sleep(10 * time.Millisecond) // tries on a real clock
 	}
 	assert.True(t, paused, "new admissions wait after the restart")
+	assert.True(t, newcomerPaused, "a process that never knew the epoch waits too: the store tells the loss from a first start")
 	assert.Zero(t, admitted.Load(), "the holders' leases are back: the key is full")
 	n, err := b.InFlight(context.Background(), "k")
 	require.NoError(t, err)
@@ -243,4 +261,21 @@ func TestWeightedTurns(t *testing.T) {
 	held.Release()
 	wg.Wait()
 	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, order)
+}
+
+// A database whose transactions default to REPEATABLE READ would let two
+// admissions count the same stale set: every call refuses it, clearly.
+func TestIsolationRefused(t *testing.T) {
+	srv := pgtest.Start(t)
+	cfg, err := pgxpool.ParseConfig(srv.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	s, err := pgstore.New(context.Background(), p, "iso")
+	require.NoError(t, err)
+	_, err = s.AdmitOne(context.Background(), &fleet.AdmitCall{Lease: "x", Keys: []string{"k"}, Limits: []int{1}, TTL: time.Second, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "READ COMMITTED")
 }

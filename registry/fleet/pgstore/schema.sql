@@ -11,7 +11,11 @@
 CREATE TABLE inflight_fleet (
 	fleet text PRIMARY KEY,
 	epoch bigint NOT NULL,
-	pause_until bigint NOT NULL DEFAULT 0
+	pause_until bigint NOT NULL DEFAULT 0,
+	-- the longest pause and TTL (ms) callers have asked for: the pause the
+	-- store declares itself when it finds its marker gone
+	last_pause bigint NOT NULL DEFAULT 0,
+	last_ttl bigint NOT NULL DEFAULT 0
 );
 
 -- The epoch's marker, in an unlogged table: crash recovery empties it,
@@ -121,8 +125,12 @@ $$;
 -- its marker is (see inflight_marker), and the end of the pause of new
 -- admissions (0: none), declaring the pause if the caller saw another
 -- epoch (known) and asks for one (pause ms): until the epoch's birth plus
--- min(pause, ttl). A pause that ends more than max(ttl, 5 min) after the
--- birth or after now is not honoured.
+-- min(pause, ttl). Unlike Redis, the store can tell a loss from a first
+-- start (the fleet's row is there, its marker is not): then it declares
+-- the pause itself, as long as the longest its callers have asked for, so
+-- that no call, a release's or a new process's, serves or admits over the
+-- leases that holders are about to put back. A pause that ends more than
+-- max(ttl, 5 min) after the birth or after now is not honoured.
 CREATE FUNCTION inflight_epoch(f text, now bigint, now_us bigint, known bigint, pause bigint, ttl bigint,
 	OUT epoch bigint, OUT paused bigint) LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -135,17 +143,29 @@ BEGIN
 		WHERE x.fleet = f AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = x.epoch);
 	IF NOT FOUND THEN
 		-- Missing, or data may be lost: one call makes the new epoch, the
-		-- others wait for it on the fleet's row and take it.
+		-- others wait for it on the fleet's row and take it. A new epoch
+		-- commits synchronously, whatever the call's mode: the fleet's row
+		-- must outlive a crash, or the next one would look like a first
+		-- start.
+		PERFORM set_config('synchronous_commit', 'on', true);
 		INSERT INTO inflight_fleet (fleet, epoch) VALUES (f, now_us) ON CONFLICT DO NOTHING;
 		SELECT x.epoch, x.pause_until INTO epoch, pu FROM inflight_fleet x WHERE x.fleet = f FOR UPDATE;
 		IF NOT EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = epoch) THEN
-			IF epoch <> now_us THEN
-				UPDATE inflight_fleet x SET epoch = now_us, pause_until = 0 WHERE x.fleet = f;
+			IF epoch <> now_us THEN -- the row was there: data may be lost
+				UPDATE inflight_fleet x SET epoch = now_us,
+					pause_until = CASE WHEN x.last_pause > 0 THEN now + least(x.last_pause, x.last_ttl) ELSE 0 END
+					WHERE x.fleet = f RETURNING x.pause_until INTO pu;
 				epoch := now_us;
-				pu := 0;
 			END IF;
 			INSERT INTO inflight_marker AS m (fleet, epoch) VALUES (f, epoch)
 				ON CONFLICT (fleet) DO UPDATE SET epoch = EXCLUDED.epoch;
+		END IF;
+	END IF;
+	IF pause > 0 THEN
+		UPDATE inflight_fleet x SET last_pause = greatest(x.last_pause, pause), last_ttl = greatest(x.last_ttl, ttl)
+			WHERE x.fleet = f AND (x.last_pause < pause OR x.last_ttl < ttl);
+		IF FOUND THEN -- rare, and needed after a crash: durable
+			PERFORM set_config('synchronous_commit', 'on', true);
 		END IF;
 	END IF;
 	born := epoch / 1000;
@@ -161,6 +181,20 @@ BEGIN
 	IF pu > now AND pu <= born + bound AND pu <= now + bound THEN
 		paused := pu;
 	END IF;
+END $$;
+
+-- inflight_begin starts an operation: it refuses an isolation level
+-- other than READ COMMITTED (the functions count leases after waiting for
+-- a key's lock, which needs a snapshot taken after the wait: under
+-- REPEATABLE READ two admissions could both count the same stale set),
+-- and sets how the transaction commits.
+CREATE FUNCTION inflight_begin(async bool) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RAISE EXCEPTION 'inflight: the fleet''s calls need READ COMMITTED, not %', current_setting('transaction_isolation')
+			USING ERRCODE = 'IF002';
+	END IF;
+	PERFORM set_config('synchronous_commit', CASE WHEN async THEN 'off' ELSE 'on' END, true);
 END $$;
 
 -- inflight_lock locks the rows of keys (making the missing ones), in
@@ -489,9 +523,7 @@ DECLARE
 	mine inflight_ticket;
 	places int;
 BEGIN
-	IF async THEN
-		PERFORM set_config('synchronous_commit', 'off', true);
-	END IF;
+	PERFORM inflight_begin(async);
 	PERFORM inflight_lock(f, keys || coalesce(carried_keys, '{}'));
 	now_us := inflight_now_us();
 	now := now_us / 1000;
@@ -691,9 +723,7 @@ DECLARE
 	checked bool;
 	room bool;
 BEGIN
-	IF async THEN
-		PERFORM set_config('synchronous_commit', 'off', true);
-	END IF;
+	PERFORM inflight_begin(async);
 	PERFORM inflight_lock(f, keys);
 	now_us := inflight_now_us();
 	now := now_us / 1000;
@@ -749,13 +779,16 @@ CREATE FUNCTION inflight_release(f text, claim bigint, keys text[], leases text[
 #variable_conflict use_variable
 DECLARE
 	now bigint;
+	now_us bigint;
 	serving bool;
 BEGIN
-	IF async THEN
-		PERFORM set_config('synchronous_commit', 'off', true);
-	END IF;
+	PERFORM inflight_begin(async);
 	PERFORM inflight_lock(f, keys);
-	now := inflight_now_us() / 1000;
+	now_us := inflight_now_us();
+	now := now_us / 1000;
+	-- Through the epoch: a lost marker declares the pause before anything
+	-- is served.
+	PERFORM inflight_epoch(f, now, now_us, 0, 0, 0);
 	SELECT NOT EXISTS (SELECT 1 FROM inflight_fleet x WHERE x.fleet = f AND x.pause_until > now) INTO serving;
 	FOR i IN 1..coalesce(array_length(keys, 1), 0) LOOP
 		DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[i] AND x.lease = leases[i];
@@ -773,14 +806,17 @@ CREATE FUNCTION inflight_abandon(f text, l text, keys text[], limits bigint[], t
 #variable_conflict use_variable
 DECLARE
 	now bigint;
+	now_us bigint;
 	serving bool;
 	stay bigint := ttl;
 BEGIN
-	IF async THEN
-		PERFORM set_config('synchronous_commit', 'off', true);
-	END IF;
+	PERFORM inflight_begin(async);
 	PERFORM inflight_lock(f, keys);
-	now := inflight_now_us() / 1000;
+	now_us := inflight_now_us();
+	now := now_us / 1000;
+	-- Through the epoch: a lost marker declares the pause before anything
+	-- is served.
+	PERFORM inflight_epoch(f, now, now_us, 0, 0, 0);
 	SELECT NOT EXISTS (SELECT 1 FROM inflight_fleet x WHERE x.fleet = f AND x.pause_until > now) INTO serving;
 	FOR i IN 1..coalesce(array_length(keys, 1), 0) LOOP
 		PERFORM inflight_unqueue(f, keys[i], l, true);
@@ -794,8 +830,6 @@ BEGIN
 	END IF;
 	INSERT INTO inflight_tomb AS x (fleet, lease, until) VALUES (f, l, now + stay)
 		ON CONFLICT (fleet, lease) DO UPDATE SET until = greatest(x.until, EXCLUDED.until);
-	-- Tombstones past their time go, a few at a time.
-	DELETE FROM inflight_tomb x WHERE x.ctid IN (SELECT y.ctid FROM inflight_tomb y WHERE y.fleet = f AND y.until <= now LIMIT 16);
 END $$;
 
 -- inflight_learned reads a learned state and, with a state to write,

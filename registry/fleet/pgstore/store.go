@@ -20,15 +20,25 @@
 // per process (outside the pool); waiters also ask again on their own, so
 // a lost notification delays, never strands, a waiter.
 //
+// The calls need READ COMMITTED, PostgreSQL's default: each counts a
+// key's leases after waiting for the key's lock, which needs a snapshot
+// taken after the wait. Under another isolation level every call fails
+// with an error that says so. Grants and learned states are published by
+// NOTIFY: a listener that stops reading (a frozen process) fills the
+// server's notification queue (8 GB by default) only after a long time;
+// pg_notification_queue_usage() tells how full it is.
+//
 // Lease transactions commit asynchronously by default (Durable turns that
 // off): a crash of the server may lose what was committed in its last
 // moments (by default, up to three wal_writer_delay), as may a failover to
 // a standby that lagged. The fleet then repairs it as after a Redis that
 // lost its data: the epoch's marker, in an unlogged table that crash
 // recovery empties (and that a standby has empty), is missing, so the next
-// call starts a new epoch, new admissions wait one renewal round, and the
-// holders put their leases back. A clean restart keeps the marker and
-// loses nothing.
+// call, whoever makes it, starts a new epoch and declares the pause: new
+// admissions and hand-offs wait one renewal round while the holders put
+// their leases back. (Redis cannot tell a loss from a first start, and
+// leaves the pause to the first process that knew the old epoch.) A clean
+// restart keeps the marker and loses nothing.
 package pgstore
 
 import (

@@ -167,7 +167,11 @@ func TestHandOff(t *testing.T) {
 		}
 		got <- err
 	}()
-	require.Eventually(t, func() bool { return b.Stats().Waiting == 1 }, 5*time.Second, time.Millisecond)
+	p := pool(t, srv, 1)
+	require.Eventually(t, func() bool { // its place in the store's queue
+		var n int
+		return p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = 'hand' AND key = 'k'").Scan(&n) == nil && n == 1
+	}, 5*time.Second, time.Millisecond)
 	s.Release()
 	require.NoError(t, <-got)
 }

@@ -133,9 +133,7 @@ func freePort(t testing.TB) int {
 func (s *Server) command(name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(filepath.Join(s.bin, name), args...)
 	cmd.Dir = filepath.Dir(s.dir)
-	// Its own process group: Kill, Stop and Cont reach every process the
-	// server starts, at once.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Credential: s.cred}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
 	return cmd
 }
 
@@ -207,25 +205,31 @@ func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	pgid := s.cmd.Process.Pid
-	_ = syscall.Kill(-pgid, syscall.SIGKILL)
+	pids := s.processes()
+	for _, pid := range pids {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
 	<-s.exit
 	s.cmd = nil
-	// A restart needs the shared memory the backends hold: wait for them.
+	// A restart needs the shared memory the backends held: wait for them.
 	deadline := time.Now().Add(10 * time.Second)
-	for groupAlive(pgid) && time.Now().Before(deadline) {
-		time.Sleep(5 * time.Millisecond) // processes of another user exiting
+	for _, pid := range pids {
+		for running(pid) && time.Now().Before(deadline) {
+			time.Sleep(5 * time.Millisecond) // processes of another user exiting
+		}
 	}
 }
 
-// Stop stops the postmaster and its backends with SIGSTOP, as a host that
-// hangs would: connections stay open and calls wait, until Cont (at the
-// test's cleanup if not before).
+// Stop stops the postmaster and every process it started with SIGSTOP,
+// as a host that hangs would: connections stay open and calls wait, until
+// Cont (at the test's cleanup if not before).
 func (s *Server) Stop() {
 	s.signalAll(syscall.SIGSTOP)
 	s.t.Cleanup(func() {
 		if s.cmd != nil {
-			_ = syscall.Kill(-s.cmd.Process.Pid, syscall.SIGCONT)
+			for _, pid := range s.processes() {
+				_ = syscall.Kill(pid, syscall.SIGCONT)
+			}
 		}
 	})
 }
@@ -238,34 +242,56 @@ func (s *Server) signalAll(sig syscall.Signal) {
 	if s.cmd == nil || s.cmd.Process == nil {
 		s.t.Fatalf("pgtest: %v to a server that is not running", sig)
 	}
-	if err := syscall.Kill(-s.cmd.Process.Pid, sig); err != nil {
-		s.t.Fatalf("pgtest: %v: %v", sig, err)
+	for _, pid := range s.processes() {
+		_ = syscall.Kill(pid, sig)
 	}
 }
 
-// groupAlive reports whether a process of the group pgid runs (a zombie
-// does not count), from /proc.
-func groupAlive(pgid int) bool {
+// processes returns the postmaster, first, and the processes it started
+// (each makes a session of its own, so no process group holds them all).
+// The postmaster is signalled first: stopped or killed, it forks no more.
+func (s *Server) processes() []int {
+	pm := s.cmd.Process.Pid
+	return append([]int{pm}, children(pm)...)
+}
+
+// children returns the processes whose parent is pid, from /proc.
+func children(pid int) []int {
+	var out []int
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
 	for _, f := range stats {
-		b, err := os.ReadFile(f)
-		if err != nil {
+		fields := statFields(f)
+		if len(fields) < 2 {
 			continue
 		}
-		// pid (comm) state ppid pgrp ...: comm may hold spaces and parentheses.
-		i := strings.LastIndexByte(string(b), ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(b[i+1:]))
-		if len(fields) < 3 || fields[0] == "Z" {
-			continue
-		}
-		if g, _ := strconv.Atoi(fields[2]); g == pgid {
-			return true
+		if ppid, _ := strconv.Atoi(fields[1]); ppid == pid {
+			child, _ := strconv.Atoi(filepath.Base(filepath.Dir(f)))
+			out = append(out, child)
 		}
 	}
-	return false
+	return out
+}
+
+// running reports whether pid is a process that has not exited (a zombie
+// has).
+func running(pid int) bool {
+	fields := statFields("/proc/" + strconv.Itoa(pid) + "/stat")
+	return len(fields) > 0 && fields[0] != "Z"
+}
+
+// statFields returns the fields of a /proc stat file after the command's
+// name (state, ppid, ...); nil if it cannot be read.
+func statFields(file string) []string {
+	b, err := os.ReadFile(file)
+	if err != nil {
+		return nil
+	}
+	// pid (comm) state ppid ...: comm may hold spaces and parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return nil
+	}
+	return strings.Fields(string(b[i+1:]))
 }
 
 // tail keeps the last 8 KiB a process wrote, for a failure's message.
