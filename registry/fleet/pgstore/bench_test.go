@@ -1,0 +1,149 @@
+package pgstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"slices"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+)
+
+// The benchmarks measure the store's own calls on one real server (fsync
+// on), beside a bare semaphore on the same server: the design the fleet's
+// Postgres leases come from (a transaction advisory lock per key, a COUNT,
+// an INSERT; a DELETE to release). Run them with
+//
+//	go test -run '^$' -bench . -benchtime 3s ./registry/fleet/pgstore
+//
+// Each reports pairs/s (an admission and its release) and the median
+// admission's latency.
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
+
+// semaphore is one way to take and give back a place on a key of cap n.
+type semaphore interface {
+	take(ctx context.Context, key, id string, n int) (bool, error)
+	give(ctx context.Context, key, id string, n int) error
+}
+
+// storeSem is the pgstore Store's admission and release calls.
+type storeSem struct{ s *pgstore.Store }
+
+func (x storeSem) take(ctx context.Context, key, id string, n int) (bool, error) {
+	r, err := x.s.AdmitOne(ctx, &fleet.AdmitCall{Lease: id, Keys: []string{key}, Limits: []int{n}, TTL: time.Minute, Weight: 1,
+		Claim: time.Second, Live: 5 * time.Second, MaxQueue: -1, MaxFlowQueue: -1})
+	return err == nil && r.Status == fleet.StatusAdmitted, err
+}
+
+func (x storeSem) give(ctx context.Context, key, id string, n int) error {
+	return x.s.Release(ctx, &fleet.ReleaseCall{Claim: time.Second, Pairs: []fleet.Release{{Key: key, Lease: id, Limit: n}}})
+}
+
+// bareSem is the bare semaphore: an advisory lock per key, count, insert.
+type bareSem struct{ p *pgxpool.Pool }
+
+func (x bareSem) take(ctx context.Context, key, id string, n int) (bool, error) {
+	var ok bool
+	err := x.p.QueryRow(ctx, `WITH l AS (SELECT pg_advisory_xact_lock(hashtext($1))),
+		c AS (SELECT count(*) AS n FROM bare_lease, l WHERE key = $1 AND expires > clock_timestamp())
+		INSERT INTO bare_lease SELECT $1, $2, clock_timestamp() + interval '1 minute' FROM c WHERE c.n < $3 RETURNING true`,
+		key, id, n).Scan(&ok)
+	if errors.Is(err, pgx.ErrNoRows) { // full: nothing inserted
+		return false, nil
+	}
+	return ok, err
+}
+
+func (x bareSem) give(ctx context.Context, key, id string, _ int) error {
+	_, err := x.p.Exec(ctx, `DELETE FROM bare_lease WHERE key = $1 AND lease = $2`, key, id)
+	return err
+}
+
+// benchPairs runs callers goroutines, each taking and giving back a
+// place on one key of cap n as fast as it can, and reports pairs/s and
+// the median admission's latency.
+func benchPairs(b *testing.B, sem semaphore, callers, n int) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	var lat []time.Duration
+	per := max(b.N/callers, 1)
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			mine := make([]time.Duration, 0, per)
+			for range per {
+				id := newID()
+				t0 := time.Now()
+				ok, err := sem.take(ctx, "hot", id, n)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				mine = append(mine, time.Since(t0))
+				if ok {
+					if err := sem.give(ctx, "hot", id, n); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			}
+			mu.Lock()
+			lat = append(lat, mine...)
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	slices.Sort(lat)
+	if len(lat) > 0 {
+		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "pairs/s")
+		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+	}
+}
+
+func BenchmarkPairs(b *testing.B) {
+	srv := pgtest.Start(b)
+	cfg, err := pgxpool.ParseConfig(srv.URL)
+	require.NoError(b, err)
+	cfg.MaxConns = 64
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(p.Close)
+	_, err = p.Exec(context.Background(), `CREATE TABLE bare_lease (key text, lease text, expires timestamptz, PRIMARY KEY (key, lease))`)
+	require.NoError(b, err)
+	async, err := pgstore.New(context.Background(), p, "async")
+	require.NoError(b, err)
+	durable, err := pgstore.New(context.Background(), p, "durable", pgstore.Durable())
+	require.NoError(b, err)
+	for _, callers := range []int{1, 64} {
+		for _, tc := range []struct {
+			name string
+			sem  semaphore
+		}{
+			{"bare-semaphore", bareSem{p}},
+			{"pgstore-async", storeSem{async}},
+			{"pgstore-durable", storeSem{durable}},
+		} {
+			b.Run(tc.name+"/callers-"+strconv.Itoa(callers), func(b *testing.B) { benchPairs(b, tc.sem, callers, 64) })
+		}
+	}
+}
