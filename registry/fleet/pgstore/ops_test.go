@@ -36,6 +36,15 @@ func TestRenewAndExpiry(t *testing.T) {
 		time.Sleep(20 * time.Millisecond) // polling a real clock's renewals
 	}
 	assert.Zero(t, a.Stats().Lost)
+	// Renewals update the lease's expiry alone, not indexed: HOT updates,
+	// which leave no index entries behind.
+	p := pool(t, srv, 1)
+	require.Eventually(t, func() bool { // the server's statistics come within a second
+		var upd, hot int64
+		err := p.QueryRow(context.Background(), "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables WHERE relname = 'inflight_lease'").Scan(&upd, &hot)
+		t.Logf("inflight_lease: %d updates, %d of them HOT", upd, hot)
+		return err == nil && upd >= 3 && hot == upd
+	}, 5*time.Second, 100*time.Millisecond, "every renewal's update is HOT")
 	s.Release()
 	gone, err := b.TryAcquire("k")
 	require.NoError(t, err)
