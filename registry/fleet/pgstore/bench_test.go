@@ -21,9 +21,10 @@ import (
 )
 
 // The benchmarks measure the store's own calls on one real server (fsync
-// on), beside a bare semaphore on the same server: the design the fleet's
-// Postgres leases come from (a transaction advisory lock per key, a COUNT,
-// an INSERT; a DELETE to release). Run them with
+// on), beside a bare semaphore on the same server, with synchronous and
+// asynchronous commits: the design the fleet's Postgres leases come from
+// (a transaction advisory lock per key, a COUNT, an INSERT; a DELETE to
+// release). Run them with
 //
 //	go test -run '^$' -bench . -benchtime 3s ./registry/fleet/pgstore
 //
@@ -130,6 +131,10 @@ func BenchmarkPairs(b *testing.B) {
 	b.Cleanup(p.Close)
 	_, err = p.Exec(context.Background(), `CREATE TABLE bare_lease (key text, lease text, expires timestamptz, PRIMARY KEY (key, lease))`)
 	require.NoError(b, err)
+	cfg.ConnConfig.RuntimeParams["synchronous_commit"] = "off"
+	pAsync, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(pAsync.Close)
 	async, err := pgstore.New(context.Background(), p, "async")
 	require.NoError(b, err)
 	durable, err := pgstore.New(context.Background(), p, "durable", pgstore.Durable())
@@ -140,6 +145,7 @@ func BenchmarkPairs(b *testing.B) {
 			sem  semaphore
 		}{
 			{"bare-semaphore", bareSem{p}},
+			{"bare-semaphore-async", bareSem{pAsync}},
 			{"pgstore-async", storeSem{async}},
 			{"pgstore-durable", storeSem{durable}},
 		} {
