@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -104,13 +103,7 @@ func TestWaiterGivesUp(t *testing.T) {
 	cancel()
 	require.Error(t, err)
 	s.Release()
-	require.Eventually(t, func() bool {
-		s, err := a.TryAcquire("k")
-		if err == nil {
-			s.Release()
-		}
-		return err == nil
-	}, 5*time.Second, 5*time.Millisecond, "no grant waits for a waiter that left")
+	freedFor(t, a, "k", "no grant waits for a waiter that left")
 }
 
 // Interactive waiters go before batch ones queued earlier, across
@@ -121,38 +114,18 @@ func TestClassOrder(t *testing.T) {
 	a, b := process(t, srv, "class", 1), process(t, srv, "class", 1)
 	s, err := a.TryAcquire("k")
 	require.NoError(t, err)
-	var mu sync.Mutex
-	var order []string
-	var wg sync.WaitGroup
-	wait := func(r *fleet.Registry[string], name string, p slots.Priority) {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(slots.WithPriority(context.Background(), p), 20*time.Second)
-			defer cancel()
-			h, err := r.Acquire(ctx, "k")
-			if !assert.NoError(t, err) {
-				return
-			}
-			mu.Lock()
-			order = append(order, name)
-			mu.Unlock()
-			h.Release()
-		})
-	}
 	p := pool(t, srv, 1)
-	queued := func() int { // places in the store's queue
-		var n int
-		require.NoError(t, p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = 'class' AND key = 'k'").Scan(&n))
-		return n
-	}
+	var adm admissions
+	batch := slots.WithPriority(context.Background(), slots.PriorityBatch)
 	for i := range 3 {
-		wait(b, "batch", slots.PriorityBatch)
-		require.Eventually(t, func() bool { return queued() == i+1 }, 5*time.Second, time.Millisecond)
+		adm.wait(t, batch, b, "batch")
+		require.Eventually(t, func() bool { return queued(t, p, "class", "k") == i+1 }, 5*time.Second, time.Millisecond)
 	}
-	wait(a, "interactive", slots.PriorityInteractive)
-	require.Eventually(t, func() bool { return queued() == 4 }, 5*time.Second, time.Millisecond)
+	adm.wait(t, slots.WithPriority(context.Background(), slots.PriorityInteractive), a, "interactive")
+	require.Eventually(t, func() bool { return queued(t, p, "class", "k") == 4 }, 5*time.Second, time.Millisecond)
 	s.Release()
-	wg.Wait()
-	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, order)
+	adm.wg.Wait()
+	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, adm.order)
 }
 
 // A cut reported in one process reaches the other through the learned
@@ -235,41 +208,22 @@ func TestServerKilled(t *testing.T) {
 // one order; Redis's queue gives the same.
 func TestWeightedTurns(t *testing.T) {
 	srv := pgtest.Start(t)
-	p := pool(t, srv, 2)
-	queued := func() int {
-		var n int
-		require.NoError(t, p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = 'turns' AND key = 'k'").Scan(&n))
-		return n
-	}
+	p := pool(t, srv, 1)
 	a, b := process(t, srv, "turns", 1), process(t, srv, "turns", 1)
 	held, err := a.TryAcquire("k")
 	require.NoError(t, err)
-	var mu sync.Mutex
-	var order []string
-	var wg sync.WaitGroup
-	wait := func(r *fleet.Registry[string], flow string, weight int, name string) {
-		wg.Go(func() {
-			ctx, cancel := context.WithTimeout(slots.WithFlowWeight(context.Background(), flow, weight), 30*time.Second)
-			defer cancel()
-			s, err := r.Acquire(ctx, "k")
-			if !assert.NoError(t, err, name) {
-				return
-			}
-			mu.Lock()
-			order = append(order, name)
-			mu.Unlock()
-			s.Release()
-		})
-	}
+	var adm admissions
+	flowA := slots.WithFlowWeight(context.Background(), "A", 3)
+	flowB := slots.WithFlowWeight(context.Background(), "B", 1)
 	for i := 1; i <= 6; i++ {
-		wait(a, "A", 3, fmt.Sprint("A", i))
-		require.Eventually(t, func() bool { return queued() == 2*i-1 }, 5*time.Second, time.Millisecond)
-		wait(b, "B", 1, fmt.Sprint("B", i))
-		require.Eventually(t, func() bool { return queued() == 2*i }, 5*time.Second, time.Millisecond)
+		adm.wait(t, flowA, a, fmt.Sprint("A", i))
+		require.Eventually(t, func() bool { return queued(t, p, "turns", "k") == 2*i-1 }, 5*time.Second, time.Millisecond)
+		adm.wait(t, flowB, b, fmt.Sprint("B", i))
+		require.Eventually(t, func() bool { return queued(t, p, "turns", "k") == 2*i }, 5*time.Second, time.Millisecond)
 	}
 	held.Release()
-	wg.Wait()
-	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, order)
+	adm.wg.Wait()
+	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, adm.order)
 }
 
 // A database whose transactions default to REPEATABLE READ would let two

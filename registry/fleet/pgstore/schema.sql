@@ -773,23 +773,32 @@ BEGIN
 	RETURN res;
 END $$;
 
+-- inflight_freeing starts a call that frees room on keys (a release, an
+-- abandon): it locks them and returns now and whether their queues are to
+-- be served: not while a pause is declared. It goes through the epoch, so
+-- that a lost marker declares the pause before anything is served.
+CREATE FUNCTION inflight_freeing(f text, keys text[], async bool, OUT now bigint, OUT serving bool) LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+	now_us bigint;
+BEGIN
+	PERFORM inflight_begin(async);
+	PERFORM inflight_lock(f, keys);
+	now_us := inflight_now_us();
+	now := now_us / 1000;
+	PERFORM inflight_epoch(f, now, now_us, 0, 0, 0);
+	serving := NOT EXISTS (SELECT 1 FROM inflight_fleet x WHERE x.fleet = f AND x.pause_until > now);
+END $$;
+
 -- inflight_release removes each (key, lease) pair and serves each key's
 -- queue, unless new admissions are paused.
 CREATE FUNCTION inflight_release(f text, claim bigint, keys text[], leases text[], limits bigint[], async bool) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
 	now bigint;
-	now_us bigint;
 	serving bool;
 BEGIN
-	PERFORM inflight_begin(async);
-	PERFORM inflight_lock(f, keys);
-	now_us := inflight_now_us();
-	now := now_us / 1000;
-	-- Through the epoch: a lost marker declares the pause before anything
-	-- is served.
-	PERFORM inflight_epoch(f, now, now_us, 0, 0, 0);
-	SELECT NOT EXISTS (SELECT 1 FROM inflight_fleet x WHERE x.fleet = f AND x.pause_until > now) INTO serving;
+	SELECT * INTO now, serving FROM inflight_freeing(f, keys, async);
 	FOR i IN 1..coalesce(array_length(keys, 1), 0) LOOP
 		DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[i] AND x.lease = leases[i];
 		IF serving THEN
@@ -806,18 +815,10 @@ CREATE FUNCTION inflight_abandon(f text, l text, keys text[], limits bigint[], t
 #variable_conflict use_variable
 DECLARE
 	now bigint;
-	now_us bigint;
 	serving bool;
 	stay bigint := ttl;
 BEGIN
-	PERFORM inflight_begin(async);
-	PERFORM inflight_lock(f, keys);
-	now_us := inflight_now_us();
-	now := now_us / 1000;
-	-- Through the epoch: a lost marker declares the pause before anything
-	-- is served.
-	PERFORM inflight_epoch(f, now, now_us, 0, 0, 0);
-	SELECT NOT EXISTS (SELECT 1 FROM inflight_fleet x WHERE x.fleet = f AND x.pause_until > now) INTO serving;
+	SELECT * INTO now, serving FROM inflight_freeing(f, keys, async);
 	FOR i IN 1..coalesce(array_length(keys, 1), 0) LOOP
 		PERFORM inflight_unqueue(f, keys[i], l, true);
 		DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[i] AND x.lease = l;

@@ -52,6 +52,55 @@ func process(t *testing.T, srv *pgtest.Server, name string, limit int, opts ...f
 	return r
 }
 
+// queued returns the places in the store's queue of key, in the fleet
+// (-1 if it cannot tell). It may run on a goroutine of Eventually's: it
+// does not stop the test.
+func queued(t *testing.T, p *pgxpool.Pool, fleet, key string) int {
+	var n int
+	if err := p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = $1 AND key = $2", fleet, key).Scan(&n); !assert.NoError(t, err) {
+		return -1
+	}
+	return n
+}
+
+// freedFor waits until r admits under key (then releases at once): a
+// release or a withdrawal elsewhere has reached the store.
+func freedFor(t *testing.T, r *fleet.Registry[string], key, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		s, err := r.TryAcquire(key)
+		if err == nil {
+			s.Release()
+		}
+		return err == nil
+	}, 5*time.Second, 5*time.Millisecond, what)
+}
+
+// admissions records the order in which waiters are admitted; each
+// releases at once.
+type admissions struct {
+	mu    sync.Mutex
+	order []string
+	wg    sync.WaitGroup
+}
+
+// wait starts a waiter named name on r's key k, under ctx's priority and
+// flow.
+func (a *admissions) wait(t *testing.T, ctx context.Context, r *fleet.Registry[string], name string) {
+	a.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		s, err := r.Acquire(ctx, "k")
+		if !assert.NoError(t, err, name) {
+			return
+		}
+		a.mu.Lock()
+		a.order = append(a.order, name)
+		a.mu.Unlock()
+		s.Release()
+	})
+}
+
 // Ten replicas that start at once migrate the schema once, and all work.
 func TestMigrateAtOnce(t *testing.T) {
 	srv := pgtest.Start(t)
@@ -107,6 +156,7 @@ func TestAtMostOneActive(t *testing.T) {
 				}
 			}
 			admitted.Add(1)
+			time.Sleep(2 * time.Millisecond) // the held request's work: a second holder would overlap it
 			active.Add(-1)
 			s.Release()
 		})
@@ -140,13 +190,7 @@ func TestFullAndRelease(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, n)
 	s1.Release()
-	require.Eventually(t, func() bool {
-		s, err := b.TryAcquire("k")
-		if err == nil {
-			s.Release()
-		}
-		return err == nil
-	}, 5*time.Second, 5*time.Millisecond, "the release reaches the store")
+	freedFor(t, b, "k", "the release reaches the store")
 	s2.Release()
 }
 
@@ -168,10 +212,7 @@ func TestHandOff(t *testing.T) {
 		got <- err
 	}()
 	p := pool(t, srv, 1)
-	require.Eventually(t, func() bool { // its place in the store's queue
-		var n int
-		return p.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = 'hand' AND key = 'k'").Scan(&n) == nil && n == 1
-	}, 5*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { return queued(t, p, "hand", "k") == 1 }, 5*time.Second, time.Millisecond, "its place in the store's queue")
 	s.Release()
 	require.NoError(t, <-got)
 }
