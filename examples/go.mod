@@ -18,6 +18,7 @@ require (
 	github.com/benbjohnson/clock v1.3.5 // indirect
 	github.com/beorn7/perks v1.0.1 // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
+	github.com/inflight-go/inflight/registry/fleet/redisstore v0.0.0-00010101000000-000000000000
 	github.com/jackc/pgpassfile v1.0.0 // indirect
 	github.com/jackc/pgservicefile v0.0.0-20240606120523-5a60cdf6a761 // indirect
 	github.com/jackc/puddle/v2 v2.2.3 // indirect
@@ -40,3 +41,5 @@ replace (
 	github.com/inflight-go/inflight/registry/fleet/pgstore => ../registry/fleet/pgstore
 	github.com/inflight-go/inflight/sweep/inflightprom => ../sweep/inflightprom
 )
+
+replace github.com/inflight-go/inflight/registry/fleet/redisstore => ../registry/fleet/redisstore

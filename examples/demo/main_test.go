@@ -11,12 +11,12 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		fleettest.ReportSkips("examples/demo")
+		redistest.ReportSkips("examples/demo")
 		os.Exit(code)
 	}))
 }
@@ -126,7 +126,7 @@ func checkMoving(t *testing.T, runs []movingResult) {
 // TestDemoFleet runs the three-gateway part: sharing their caps on one
 // redis-server, the gateways see no 429s and never exceed the account.
 func TestDemoFleet(t *testing.T) {
-	fleettest.SkipWithoutRedis(t)
+	redistest.SkipWithoutRedis(t)
 	var out strings.Builder
 	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0", "-fleet"}, &out, io.Discard))
 	f := lastOutcome.fleet
@@ -144,7 +144,7 @@ func TestDemoFleet(t *testing.T) {
 // virtual time by registry/fleet's TestFleetLearnsAMovingCapVirtual. The
 // table is logged.
 func TestDemoMovingCapFleet(t *testing.T) {
-	fleettest.SkipWithoutRedis(t)
+	redistest.SkipWithoutRedis(t)
 	var out strings.Builder
 	require.NoError(t, run([]string{"-batch", "0", "-interactive", "0", "-phase", "2s", "-fleet"}, &out, io.Discard))
 	t.Log("\n" + out.String())

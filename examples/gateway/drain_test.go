@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // waitMetric scrapes addr's /metrics until it has the line want.
@@ -105,7 +105,7 @@ func TestDrainClosesTheAdminListenerToo(t *testing.T) {
 // before the gateway closes: none is left in Redis to expire a lease TTL
 // later.
 func TestCutDrainLeavesNoLeaseInRedis(t *testing.T) {
-	redisSrv := fleettest.Start(t)
+	redisSrv := redistest.Start(t)
 	up, release := streamingUpstream(t)
 	defer close(release)
 	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`",

@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // runMainEnv makes the test binary run the gateway's main instead of the
@@ -35,7 +35,7 @@ func TestMain(m *testing.M) {
 		return
 	}
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		fleettest.ReportSkips("examples/gateway")
+		redistest.ReportSkips("examples/gateway")
 		os.Exit(code)
 	}))
 }

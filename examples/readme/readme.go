@@ -11,11 +11,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
 )
@@ -108,14 +110,19 @@ func NewServer(app http.Handler) http.Handler {
 	return mux
 }
 
-// FleetOnPostgres caps each key at 64 holders across every process that
-// uses the database behind pool; pgstore.New makes its tables once, safely
-// from every replica at once. On Redis it is one line:
-// fleet.New[string](rdb, "gateway", 64).
+// FleetOnRedis caps each key at 64 holders across every process of the
+// fleet "gateway" on the Redis behind rdb.
+func FleetOnRedis(rdb redis.UniversalClient) *fleet.Registry[string] {
+	return fleet.New[string](redisstore.New(rdb, "gateway"), 64)
+}
+
+// FleetOnPostgres is the same fleet on the PostgreSQL database behind
+// pool; pgstore.New makes its tables once, safely from every replica at
+// once.
 func FleetOnPostgres(ctx context.Context, pool *pgxpool.Pool) (*fleet.Registry[string], error) {
 	store, err := pgstore.New(ctx, pool, "gateway")
 	if err != nil {
 		return nil, err
 	}
-	return fleet.NewWithStore[string](store, 64, fleet.Keys[string]{}), nil
+	return fleet.New[string](store, 64), nil
 }

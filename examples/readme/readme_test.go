@@ -34,6 +34,7 @@ import (
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -440,9 +441,20 @@ func TestNoLargeFiles(t *testing.T) {
 	}
 }
 
-// FleetOnPostgres, in two processes on one real database: 64 holders at
-// once across both, the 65th refused, and a release frees a place for the
-// other process.
+// FleetOnRedis and FleetOnPostgres, each in two processes on one real
+// server: 64 holders at once across both, the 65th refused, and a release
+// frees a place for the other process.
+func TestFleetOnRedis(t *testing.T) {
+	srv := redistest.Start(t)
+	var rs []*fleet.Registry[string]
+	for range 2 {
+		r := FleetOnRedis(srv.Client())
+		t.Cleanup(r.Close)
+		rs = append(rs, r)
+	}
+	sharedCap(t, rs)
+}
+
 func TestFleetOnPostgres(t *testing.T) {
 	srv := pgtest.Start(t)
 	var rs []*fleet.Registry[string]
@@ -455,6 +467,12 @@ func TestFleetOnPostgres(t *testing.T) {
 		t.Cleanup(r.Close)
 		rs = append(rs, r)
 	}
+	sharedCap(t, rs)
+}
+
+// sharedCap checks that two processes share the cap of 64 on "provider".
+func sharedCap(t *testing.T, rs []*fleet.Registry[string]) {
+	t.Helper()
 	var held []*slots.Slot
 	for i := range 64 {
 		s, err := rs[i%2].TryAcquire("provider")

@@ -2,7 +2,7 @@ package fleet
 
 import (
 	"context"
-	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math"
 	"strings"
 	"sync/atomic"
@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -75,16 +75,13 @@ func TestMaxKeyBytes(t *testing.T) {
 func TestInFlightRefusesInvalidKey(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
-	// Only the calls that name the key count: the Registry's background
-	// goroutines may send theirs at any moment.
-	h := &panicOnce{match: func(cmd redis.Cmder) bool { return strings.Contains(fmt.Sprint(cmd.Args()...), "123456789") }}
-	c.AddHook(h)
-	r := New[string](c, "t", 1, WithMaxKeyBytes(8))
+	h := &panicOnce{Store: redisstore.New(c, "t"), op: "count"}
+	r := New[string](h, 1, WithMaxKeyBytes(8))
 	defer r.Close()
 	n := h.calls.Load()
 	_, err := r.InFlight(context.Background(), "123456789")
 	assert.ErrorIs(t, err, registry.ErrInvalidKey)
-	assert.Equal(t, n, h.calls.Load(), "nothing sent to Redis")
+	assert.Equal(t, n, h.calls.Load(), "nothing asked of the store")
 	got, err := r.InFlight(context.Background(), "12345678")
 	require.NoError(t, err)
 	assert.Zero(t, got)
@@ -95,7 +92,7 @@ func TestInFlightRefusesInvalidKey(t *testing.T) {
 func TestNaNKeyRefused(t *testing.T) {
 	for _, down := range []bool{false, true} {
 		m := newMini(t)
-		r := New[float64](m.client(), "f", 1, WithLeaseTTL(3*time.Second), WithBreaker(1, time.Hour))
+		r := New[float64](redisstore.New(m.client(), "f"), 1, WithLeaseTTL(3*time.Second), WithBreaker(1, time.Hour))
 		defer r.Close()
 		if down {
 			m.srv.SetError("LOADING down")
@@ -151,7 +148,7 @@ func TestContextEndedDuringCallIsNotAdmitted(t *testing.T) {
 		c := m.client()
 		h := &cancelAfter{}
 		c.AddHook(h)
-		r := New[string](c, "t", 1, WithLeaseTTL(time.Minute))
+		r := New[string](redisstore.New(c, "t"), 1, WithLeaseTTL(time.Minute))
 		defer r.Close()
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel.Store(&cancel)
@@ -162,9 +159,8 @@ func TestContextEndedDuringCallIsNotAdmitted(t *testing.T) {
 	})
 	t.Run("a call in a pipeline", func(t *testing.T) {
 		m := newMini(t)
-		r, hold := pipelined(t, m, 2, WithLeaseTTL(time.Minute))
 		h := &cancelAfter{}
-		redisOf(r).rdb.(*redis.Client).AddHook(h)
+		r, hold := pipelinedWith(t, m, 2, []redis.Hook{h}, WithLeaseTTL(time.Minute))
 		first := holdAlone(t, r, hold, "other")
 		ctx, cancel := context.WithCancel(context.Background())
 		h.cancel.Store(&cancel)
@@ -239,8 +235,8 @@ func TestContextEndedBeforeSendingSendsNothing(t *testing.T) {
 // slots.Unlimited (math.MaxInt) is a valid limit for the script, keys with
 // braces or empty keys work, and limit 0 rejects.
 func TestUnlimitedZeroAndOddKeys(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "u", slots.Unlimited)
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "u"), slots.Unlimited)
 	defer r.Close()
 	r.SetLimit("zero", 0)
 	var held []*slots.Slot
@@ -257,6 +253,6 @@ func TestUnlimitedZeroAndOddKeys(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { n, _ := r.InFlight(context.Background(), "a"); return n == 0 }, 5*time.Second, time.Millisecond)
 	assert.Zero(t, r.Stats().RedisErrors)
-	assert.Panics(t, func() { New[string](srv.Client(), "a{b", 1) })
-	assert.Panics(t, func() { New[string](nil, "a", 1) })
+	assert.Panics(t, func() { New[string](redisstore.New(srv.Client(), "a{b"), 1) })
+	assert.Panics(t, func() { New[string](redisstore.New(nil, "a"), 1) })
 }

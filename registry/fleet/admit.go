@@ -9,6 +9,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -122,12 +123,12 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		// of what earlier replies told (it jumped, or a client timeout
 		// longer than the call timeout let the call run on). The reply
 		// told it anew: once more.
-		if rp.err != nil || rp.res.Status != StatusTooLate || try > 0 {
+		if rp.err != nil || rp.res.Status != driver.StatusTooLate || try > 0 {
 			break
 		}
 	}
 	res := rp.res
-	if err := rp.err; errors.Is(err, ErrBadReply) {
+	if err := rp.err; errors.Is(err, driver.ErrBadReply) {
 		r.abandon(l)
 		return failed(err)
 	}
@@ -155,9 +156,9 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 	}
 	r.carriedIn(c.carried, epoch)
 	switch res.Status {
-	case StatusPaused:
+	case driver.StatusPaused:
 		return r.pausedOutcome(l, res.Count, res.Earliest, res.Now)
-	case StatusQueued:
+	case driver.StatusQueued:
 		if w != nil {
 			w.queuedEpoch = epoch // its place is in this store's queue
 		}
@@ -166,7 +167,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 			o.retryIn = time.Duration(res.Earliest-res.Now) * time.Millisecond
 		}
 		return o
-	case StatusFull, StatusQueueMax, StatusFlowMax:
+	case driver.StatusFull, driver.StatusQueueMax, driver.StatusFlowMax:
 		return r.refused(l, res)
 	}
 	if c.learned {
@@ -177,7 +178,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 
 // refused tells the store's refusal res of l: a full key, or a queue at
 // its bound.
-func (r *Registry[K]) refused(l *lease[K], res AdmitResult) outcome {
+func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 	i := max(res.Key, 0)
 	le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res.Count),
 		Limit: l.limits[i], Queued: int(res.Queue), RetryAfter: time.Second}
@@ -186,7 +187,7 @@ func (r *Registry[K]) refused(l *lease[K], res AdmitResult) outcome {
 		retryIn = time.Duration(res.Earliest-res.Now) * time.Millisecond
 		le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
 	}
-	if res.Status != StatusFull {
+	if res.Status != driver.StatusFull {
 		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(int(res.Queue), l.limits[i])
 		return failed(le)
 	}

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"time"
 )
@@ -15,7 +16,7 @@ const maxCarried = batchSize
 // acquireCall is an admission call: what it sends, its not-after time,
 // and the degraded leases it carries.
 type acquireCall[K comparable] struct {
-	call    *AdmitCall
+	call    *driver.AdmitCall
 	until   int64
 	carried []*lease[K]
 	learned bool // a key is learned: an admission's reply tells its start
@@ -39,7 +40,7 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 	}
 	r.limitsLocked(l)
 	c := acquireCall[K]{until: r.clock.notAfter(r.lateSpan()), epoch: r.epoch.Load()}
-	c.call = &AdmitCall{
+	c.call = &driver.AdmitCall{
 		Lease: l.id, Keys: l.names, Limits: slices.Clone(l.limits),
 		TTL: r.cfg.ttl, NotAfter: scriptUntil(c.until), Epoch: c.epoch, Pause: r.pause,
 		Claim: r.claim, Live: r.live, Weight: 1, Proc: r.proc,
@@ -75,7 +76,7 @@ func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 		d.sent = true // the call may run after d is released: abandon d then
 		d.until = max(d.until, c.until)
 		for _, name := range d.names {
-			c.call.Carried = append(c.call.Carried, Pair{Key: name, Lease: d.id})
+			c.call.Carried = append(c.call.Carried, driver.Pair{Key: name, Lease: d.id})
 		}
 		c.carried = append(c.carried, d)
 		pairs += len(d.names)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"log/slog"
 	"slices"
 	"sync/atomic"
@@ -225,9 +226,9 @@ func (r *Registry[K]) probe() bool {
 // renewal is a lease as a renewal call sends it.
 type renewal[K comparable] struct {
 	l      *lease[K]
-	mode   Mode  // see RenewCall
-	epoch  int64 // l.epoch
-	limits []int // l.limits
+	mode   driver.Mode // see RenewCall
+	epoch  int64       // l.epoch
+	limits []int       // l.limits
 }
 
 // renew extends every held lease in Redis. A lease found missing is put
@@ -247,12 +248,12 @@ func (r *Registry[K]) renew() bool {
 	r.mu.Lock()
 	batch := make([]renewal[K], 0, len(r.leases))
 	for l := range r.leases {
-		x := renewal[K]{l: l, mode: ModeReport, epoch: l.epoch, limits: slices.Clone(l.limits)}
+		x := renewal[K]{l: l, mode: driver.ModeReport, epoch: l.epoch, limits: slices.Clone(l.limits)}
 		switch {
 		case l.degraded:
-			x.mode = ModePutBack
+			x.mode = driver.ModePutBack
 		case r.cfg.lost == ReassertLost:
-			x.mode = ModeReassert
+			x.mode = driver.ModeReassert
 		}
 		batch = append(batch, x)
 	}
@@ -268,7 +269,7 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 	ok := true
 	for len(leases) > 0 {
 		// The not-after time goes in at each try.
-		call := &RenewCall{TTL: r.cfg.ttl, Epoch: r.epoch.Load(), Pause: r.pause}
+		call := &driver.RenewCall{TTL: r.cfg.ttl, Epoch: r.epoch.Load(), Pause: r.pause}
 		var batch []renewal[K]
 		pairs := 0
 		for len(leases) > 0 && pairs+len(leases[0].l.names) <= max(batchSize, len(leases[0].l.names)) {
@@ -276,7 +277,7 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 			leases = leases[1:]
 			batch = append(batch, x)
 			pairs += len(x.l.names)
-			call.Leases = append(call.Leases, Renewal{Lease: x.l.id, Mode: x.mode, Epoch: x.epoch, Keys: x.l.names, Limits: x.limits})
+			call.Leases = append(call.Leases, driver.Renewal{Lease: x.l.id, Mode: x.mode, Epoch: x.epoch, Keys: x.l.names, Limits: x.limits})
 		}
 		res, until, err := r.renewCall(call)
 		if err == nil && len(res.Leases) != len(batch) {
@@ -308,13 +309,13 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 // renewCall makes the renewal call, and returns its result and the
 // not-after time of the call, which may still run if it failed. A call
 // refused as late (see attempt) is made once more.
-func (r *Registry[K]) renewCall(call *RenewCall) (res RenewResult, until int64, err error) {
+func (r *Registry[K]) renewCall(call *driver.RenewCall) (res driver.RenewResult, until int64, err error) {
 	for try := 0; ; try++ {
 		until = r.clock.notAfter(r.lateSpan())
 		call.NotAfter = scriptUntil(until)
 		ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
 		sent := r.clock.local()
-		res, err = safeStore(func() (RenewResult, error) { return r.store.Renew(ctx, call) })
+		res, err = safeStore(func() (driver.RenewResult, error) { return r.store.Renew(ctx, call) })
 		cancel()
 		if err != nil {
 			return res, until, err
@@ -324,7 +325,7 @@ func (r *Registry[K]) renewCall(call *RenewCall) (res RenewResult, until int64, 
 			return res, until, nil
 		}
 		if try > 0 {
-			return RenewResult{}, until, errors.New("fleet: renewal refused as late twice")
+			return driver.RenewResult{}, until, errors.New("fleet: renewal refused as late twice")
 		}
 	}
 }
@@ -334,7 +335,7 @@ func (r *Registry[K]) renewCall(call *RenewCall) (res RenewResult, until int64, 
 type missing[K comparable] struct {
 	l      *lease[K]
 	why    string
-	mode   Mode
+	mode   driver.Mode
 	cancel context.CancelCauseFunc // with CancelLost or ReassertLost: cancel its holder
 }
 
@@ -342,36 +343,36 @@ type missing[K comparable] struct {
 // lease's status. It returns the leases released meanwhile that the call put
 // back, to be removed again, and the held leases found missing, to be
 // reported once r.mu is unlocked.
-func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []Fate) (requeue []*lease[K], found []missing[K]) {
+func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []driver.Fate) (requeue []*lease[K], found []missing[K]) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for i, x := range batch {
 		l, st := x.l, status[i]
 		if _, live := r.leases[l]; !live {
-			if st == FatePutBack || st == FateRoom {
+			if st == driver.FatePutBack || st == driver.FateRoom {
 				requeue = append(requeue, l)
 			}
 			continue
 		}
 		switch {
-		case st == FateRenewed:
+		case st == driver.FateRenewed:
 			if l.degraded { // an admission's call carried it in meanwhile
 				r.stats.reasserted.Add(1)
 			}
 			r.inRedisLocked(l, epoch)
 		case l.degraded:
-			if st == FatePutBack {
+			if st == driver.FatePutBack {
 				r.inRedisLocked(l, epoch)
 				r.stats.reasserted.Add(1)
 			}
-		case st == FatePutBack || st == FateRoom:
+		case st == driver.FatePutBack || st == driver.FateRoom:
 			if !l.reported {
 				r.stats.lost.Add(1)
 			}
 			r.stats.reasserted.Add(1)
 			r.inRedisLocked(l, epoch)
 			why := "redis lost it"
-			if st == FateRoom {
+			if st == driver.FateRoom {
 				why = "expired; put back, there was room"
 			}
 			found = append(found, missing[K]{l: l, why: why})
@@ -408,7 +409,7 @@ func (r *Registry[K]) reportMissing(found []missing[K]) {
 			continue
 		}
 		r.logSafely(slog.LevelWarn, "fleet: lease lost in redis", slog.String("registry", r.prefix),
-			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == ModeReassert))
+			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == driver.ModeReassert))
 	}
 }
 
@@ -423,7 +424,7 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, x := range batch {
-		if x.mode == ModeReport {
+		if x.mode == driver.ModeReport {
 			continue
 		}
 		x.l.until = max(x.l.until, until)

@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"io"
 	"log/slog"
 	"strings"
@@ -10,43 +12,50 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
-// panicOnce is a client hook that, armed, panics in the next command match
-// picks, as a faulty client hook (tracing, metrics) would; calls counts the
-// commands match picks.
+// panicOnce is a store whose op ("renew", "release", "ping" or "count")
+// panics once
+// armed, as a faulty store (or a hook in its client: tracing, metrics)
+// would; calls counts the calls of op.
 type panicOnce struct {
-	match        func(redis.Cmder) bool
+	driver.Store
+	op           string
 	armed, fired atomic.Bool
 	calls        atomic.Int64
 }
 
-func (h *panicOnce) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *panicOnce) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if h.match(cmd) {
-			h.calls.Add(1)
-			if h.armed.CompareAndSwap(true, false) {
-				h.fired.Store(true)
-				panic("hook panics")
-			}
-		}
-		return next(ctx, cmd)
+func (h *panicOnce) hit(op string) {
+	if op != h.op {
+		return
 	}
-}
-func (h *panicOnce) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
+	h.calls.Add(1)
+	if h.armed.CompareAndSwap(true, false) {
+		h.fired.Store(true)
+		panic("store panics")
+	}
 }
 
-// isScript picks the calls of s sent as EVALSHA.
-func isScript(s *redis.Script) func(redis.Cmder) bool {
-	return func(cmd redis.Cmder) bool {
-		a := cmd.Args()
-		return len(a) > 1 && strings.EqualFold(fmt.Sprint(a[0]), "evalsha") && a[1] == s.Hash()
-	}
+func (h *panicOnce) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
+	h.hit("renew")
+	return h.Store.Renew(ctx, c)
+}
+
+func (h *panicOnce) Count(ctx context.Context, key string) (int, error) {
+	h.hit("count")
+	return h.Store.Count(ctx, key)
+}
+
+func (h *panicOnce) Ping(ctx context.Context) error {
+	h.hit("ping")
+	return h.Store.Ping(ctx)
+}
+
+func (h *panicOnce) Release(ctx context.Context, c *driver.ReleaseCall) error {
+	h.hit("release")
+	return h.Store.Release(ctx, c)
 }
 
 // quiet is a logger for tests that make the Registry log on purpose.
@@ -72,9 +81,8 @@ func closeWithin(t *testing.T, r *Registry[string]) {
 func TestRenewalPanicKeepsTheHeartbeat(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
-	h := &panicOnce{match: isScript(renewScript)}
-	c.AddHook(h)
-	r := New[string](c, "t", 1, WithLeaseTTL(90*time.Millisecond), WithLogger(quiet()))
+	h := &panicOnce{Store: redisstore.New(c, "t"), op: "renew"}
+	r := New[string](h, 1, WithLeaseTTL(90*time.Millisecond), WithLogger(quiet()))
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
 	other, err := r.TryAcquire("other")
@@ -94,9 +102,8 @@ func TestRenewalPanicKeepsTheHeartbeat(t *testing.T) {
 func TestProbePanicKeepsProbing(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
-	h := &panicOnce{match: func(cmd redis.Cmder) bool { return cmd.Name() == "ping" }}
-	c.AddHook(h)
-	r := New[string](c, "t", 2, WithBreaker(1, 10*time.Millisecond), WithLogger(quiet()))
+	h := &panicOnce{Store: redisstore.New(c, "t"), op: "ping"}
+	r := New[string](h, 2, WithBreaker(1, 10*time.Millisecond), WithLogger(quiet()))
 	defer closeWithin(t, r)
 	m.srv.SetError("LOADING down")
 	s, err := r.TryAcquire("k")
@@ -119,9 +126,8 @@ func TestProbePanicKeepsProbing(t *testing.T) {
 func TestRemovalPanicIsSentAgain(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
-	h := &panicOnce{match: isScript(releaseScript)}
-	c.AddHook(h)
-	r := New[string](c, "t", 1, WithLeaseTTL(time.Minute), WithLogger(quiet()))
+	h := &panicOnce{Store: redisstore.New(c, "t"), op: "release"}
+	r := New[string](h, 1, WithLeaseTTL(time.Minute), WithLogger(quiet()))
 	defer closeWithin(t, r)
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -139,9 +145,8 @@ func TestRemovalPanicIsSentAgain(t *testing.T) {
 func TestRenewalStopsOnceTheBreakerOpens(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
-	h := &panicOnce{match: isScript(renewScript)}
-	c.AddHook(h)
-	r := New[string](c, "t", 1, WithLeaseTTL(time.Minute), WithBreaker(1, time.Hour))
+	h := &panicOnce{Store: redisstore.New(c, "t"), op: "renew"}
+	r := New[string](h, 1, WithLeaseTTL(time.Minute), WithBreaker(1, time.Hour))
 	defer closeWithin(t, r)
 	for i := range 3 * batchSize {
 		s, err := r.TryAcquire(fmt.Sprint("k", i))
@@ -180,10 +185,9 @@ func (h panicHandler) WithGroup(string) slog.Handler      { return h }
 func TestRemovalSurvivesALogHandlerThatPanics(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
-	h := &panicOnce{match: isScript(releaseScript)}
-	c.AddHook(h)
+	h := &panicOnce{Store: redisstore.New(c, "t"), op: "release"}
 	var logged atomic.Bool
-	r := New[string](c, "t", 1, WithLeaseTTL(time.Minute), WithBreaker(1, 10*time.Millisecond),
+	r := New[string](h, 1, WithLeaseTTL(time.Minute), WithBreaker(1, 10*time.Millisecond),
 		WithLogger(slog.New(panicHandler{match: "breaker open", fired: &logged})))
 	defer closeWithin(t, r)
 	s, err := r.TryAcquire("k")

@@ -3,13 +3,14 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"runtime"
 	"slices"
 	"sync"
 	"testing"
 	"time"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // BenchmarkFleetAcquireRelease measures TryAcquireAll + Release against a
@@ -18,11 +19,11 @@ import (
 // call; the removals, batched in the background, are waited for before the
 // clock stops, so ops/s counts them. It reports the p99 of the acquire call.
 func BenchmarkFleetAcquireRelease(b *testing.B) {
-	srv := fleettest.Start(b)
+	srv := redistest.Start(b)
 	for _, levels := range []int{1, 2} {
 		for _, callers := range []int{1, 16, 64} {
 			b.Run(fmt.Sprintf("levels=%d/callers=%d", levels, callers), func(b *testing.B) {
-				r := New[string](srv.Client(), fmt.Sprint("bench-", levels, "-", callers), 1<<30)
+				r := New[string](redisstore.New(srv.Client(), fmt.Sprint("bench-", levels, "-", callers)), 1<<30)
 				defer r.Close()
 				keys := []string{"zai", "zai/glm-5"}[:levels]
 				var mu sync.Mutex

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"sync"
 	"time"
@@ -55,7 +56,7 @@ type calls struct {
 
 // scriptCall is a queued admission call.
 type scriptCall struct {
-	call    *AdmitCall
+	call    *driver.AdmitCall
 	ordered bool // a waiter's call: see calls
 	// placed, for an ordered call queued beyond a pipeline's reach, tells
 	// its waiter once it is within it (then nil; guarded by calls.mu).
@@ -69,7 +70,7 @@ type scriptCall struct {
 
 // reply is how an admission call went.
 type reply struct {
-	res AdmitResult
+	res driver.AdmitResult
 	err error
 	// sent: the call may have reached the store. If it failed, whatever it
 	// added must be taken back (the lease id abandoned). The breaker has
@@ -88,7 +89,7 @@ type reply struct {
 // call ordered, and is called once it has its place: sent, or queued
 // within a pipeline's reach behind the calls it must follow (never if the
 // call is not sent).
-func (r *Registry[K]) call(ctx context.Context, ac *AdmitCall, until int64, placed func()) reply {
+func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int64, placed func()) reply {
 	q := &r.calls
 	ordered := placed != nil
 	capped := ac.Keys
@@ -186,7 +187,7 @@ func (q *calls) trimLocked() {
 // (unless the caller's ctx ended: that is not the store's failure). The
 // breaker counts before any call queued meanwhile is sent, so that those
 // see it open.
-func (r *Registry[K]) callAlone(ctx context.Context, ac *AdmitCall) reply {
+func (r *Registry[K]) callAlone(ctx context.Context, ac *driver.AdmitCall) reply {
 	if err := ctx.Err(); err != nil {
 		return reply{err: err} // not sent: nothing to take back
 	}
@@ -197,7 +198,7 @@ func (r *Registry[K]) callAlone(ctx context.Context, ac *AdmitCall) reply {
 	// back what it may have added (see callOrAbandon).
 	res, err := r.store.AdmitOne(cctx, ac)
 	switch {
-	case err == nil || errors.Is(err, ErrBadReply): // the store answered
+	case err == nil || errors.Is(err, driver.ErrBadReply): // the store answered
 		if err == nil {
 			r.sawClock(res, sent)
 		}
@@ -212,7 +213,7 @@ func (r *Registry[K]) callAlone(ctx context.Context, ac *AdmitCall) reply {
 
 // sawClock records the store's clock of an admission's result res, to a
 // call sent at the local reading sent.
-func (r *Registry[K]) sawClock(res AdmitResult, sent int64) {
+func (r *Registry[K]) sawClock(res driver.AdmitResult, sent int64) {
 	r.clock.seen(res.Now, sent, r.clock.local())
 }
 
@@ -355,12 +356,12 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	// this reply (see call).
 	ctx, cancel := context.WithDeadline(r.stopping, batch[len(batch)-1].deadline)
 	defer cancel()
-	calls := make([]*AdmitCall, len(batch))
+	calls := make([]*driver.AdmitCall, len(batch))
 	for i, c := range batch {
 		calls[i] = c.call
 	}
 	sent := r.clock.local()
-	results, perr := safeStore(func() ([]AdmitResult, error) { return r.store.Admit(ctx, calls) })
+	results, perr := safeStore(func() ([]driver.AdmitResult, error) { return r.store.Admit(ctx, calls) })
 	if perr == nil && len(results) != len(batch) {
 		perr = fmt.Errorf("fleet: %d results for %d admission calls", len(results), len(batch))
 	}
@@ -386,7 +387,7 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	for i, c := range batch {
 		c.reply.res, c.reply.err = results[i], results[i].Err
 		c.reply.sent = true
-		if failure == nil && !errors.Is(c.reply.err, ErrBadReply) {
+		if failure == nil && !errors.Is(c.reply.err, driver.ErrBadReply) {
 			failure = c.reply.err
 		}
 	}

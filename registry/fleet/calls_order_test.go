@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -11,15 +12,17 @@ import (
 	"testing"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/stretchr/testify/assert"
 )
 
-// orderHook plays Redis for acquire calls made directly through r.call:
-// args[0] is "o:<seq>" (ordered) or "u:<seq>". It records, per key, the
-// order ordered calls executed in, and any two groups (an alone call or a
-// pipeline) in flight at once that share a key with an ordered call each.
-type orderHook struct {
+// orderStore plays the store for admission calls made directly through
+// r.call: a call's Lease is "o:<seq>" (ordered) or "u:<seq>". It records,
+// per key, the order ordered calls executed in, and any two groups (a call
+// alone or a batch) in flight at once that share a key with an ordered
+// call each. Its other operations are the embedded store's.
+type orderStore struct {
+	driver.Store
 	mu       sync.Mutex
 	inflight map[string]int
 	exec     map[string][]int
@@ -29,37 +32,24 @@ type orderHook struct {
 	execd    atomic.Int64
 }
 
-func (h *orderHook) DialHook(next redis.DialHook) redis.DialHook { return next }
-func (h *orderHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !isAcquire(cmd) {
-			return next(ctx, cmd)
-		}
-		return h.run(ctx, []redis.Cmder{cmd})
+func (h *orderStore) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	res, err := h.run(ctx, []*driver.AdmitCall{c})
+	if err != nil {
+		return driver.AdmitResult{Err: err}, err
 	}
-}
-func (h *orderHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if !isAcquire(cmds[0]) {
-			return next(ctx, cmds)
-		}
-		return h.run(ctx, cmds)
-	}
+	return res[0], nil
 }
 
-func parseCall(cmd redis.Cmder) (ordered bool, seq int, capped []string) {
-	a := cmd.Args()
-	nk, _ := strconv.Atoi(fmt.Sprint(a[2]))
-	keys := make([]string, 0, nk)
-	for _, k := range a[3 : 3+nk] {
-		keys = append(keys, fmt.Sprint(k))
-	}
-	id := fmt.Sprint(a[3+nk])
-	seq, _ = strconv.Atoi(id[2:])
-	return strings.HasPrefix(id, "o:"), seq, keys[acquireKeys:]
+func (h *orderStore) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	return h.run(ctx, calls)
 }
 
-func (h *orderHook) run(ctx context.Context, cmds []redis.Cmder) error {
+func parseCall(c *driver.AdmitCall) (ordered bool, seq int, keys []string) {
+	seq, _ = strconv.Atoi(c.Lease[2:])
+	return strings.HasPrefix(c.Lease, "o:"), seq, c.Keys
+}
+
+func (h *orderStore) run(ctx context.Context, cmds []*driver.AdmitCall) ([]driver.AdmitResult, error) {
 	group := map[string]bool{}
 	h.mu.Lock()
 	for _, c := range cmds {
@@ -95,24 +85,22 @@ func (h *orderHook) run(ctx context.Context, cmds []redis.Cmder) error {
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			for _, c := range cmds {
-				c.SetErr(ctx.Err())
-			}
-			return ctx.Err()
+			return nil, ctx.Err()
 		}
 	}
 	if h.panicPct > 0 && rand.N(100) < h.panicPct {
 		panic("hook panic")
 	}
-	for _, c := range cmds {
-		c.(*redis.Cmd).SetVal([]any{int64(acquireQueued), int64(1), int64(0), int64(0), int64(0), int64(1), int64(0)})
+	out := make([]driver.AdmitResult, len(cmds))
+	for i := range out {
+		out[i] = driver.AdmitResult{Status: driver.StatusQueued, Key: 0, Epoch: 1}
 	}
-	return nil
+	return out, nil
 }
 
 // Ordered calls (waiters'), each made once the one before it is placed,
 // on 1 to 3 of 5 keys, mixed with unordered ones (TryAcquire's), some
-// given up, some timed out, under a Redis (a client hook) that answers in
+// given up, some timed out, under a store that answers in
 // up to 3 or 30 ms, or panics, or is closed midway: no two groups of
 // calls (a call alone or a pipeline) in flight at once hold an ordered
 // call on the same key, the ordered calls on each key run in the order
@@ -134,16 +122,14 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := newMini(t)
-			c := m.client()
-			h := &orderHook{inflight: map[string]int{}, exec: map[string][]int{}, maxDelay: tc.maxDelay, panicPct: tc.panicPct}
-			c.AddHook(h)
-			r := New[string](c, "t", 5, WithLeaseTTL(3*time.Second), WithTimeout(20*time.Millisecond), WithBreaker(1_000_000, time.Second), WithLogger(quiet()))
+			h := &orderStore{Store: redisstore.New(m.client(), "t"), inflight: map[string]int{}, exec: map[string][]int{}, maxDelay: tc.maxDelay, panicPct: tc.panicPct}
+			r := New[string](h, 5, WithLeaseTTL(3*time.Second), WithTimeout(20*time.Millisecond), WithBreaker(1_000_000, time.Second), WithLogger(quiet()))
 			t.Cleanup(r.Close)
 			allKeys := []string{"a", "b", "c", "d", "e"}
 			pick := func() []string {
 				n := 1 + rand.N(3)
 				perm := rand.Perm(len(allKeys))[:n]
-				ks := []string{"x0", "x1", "x2", "x3"}
+				var ks []string
 				for _, i := range perm {
 					ks = append(ks, allKeys[i])
 				}
@@ -158,12 +144,12 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 			)
 			doCall := func(ctx context.Context, keys []string, id string, placed func()) {
 				defer func() { _ = recover() }()
-				capped := keys[acquireKeys:]
+				capped := keys
 				limits := make([]int, len(capped))
 				for i := range limits {
 					limits[i] = 1
 				}
-				ac := &AdmitCall{Lease: id, Keys: capped, Limits: limits, TTL: time.Millisecond, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1}
+				ac := &driver.AdmitCall{Lease: id, Keys: capped, Limits: limits, TTL: time.Millisecond, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1}
 				r.call(ctx, ac, 0, placed)
 			}
 			// ordered callers, serialized by their placing (as waiters are)
@@ -241,8 +227,8 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d ordered calls made, %d calls run, %d ordered ones on key a", seq, h.execd.Load(), len(h.exec["inflight:{t}:a"]))
-			assert.Positive(t, len(h.exec["inflight:{t}:a"]), "ordered calls ran")
+			t.Logf("%d ordered calls made, %d calls run, %d ordered ones on key a", seq, h.execd.Load(), len(h.exec["a"]))
+			assert.Positive(t, len(h.exec["a"]), "ordered calls ran")
 		})
 	}
 }

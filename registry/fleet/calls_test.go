@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,10 +34,15 @@ type callHook struct {
 
 func newCallHook() *callHook { return &callHook{openAlone: make(chan struct{})} }
 
+// isAcquire reports whether cmd runs the Redis store's acquire script:
+// the only script whose first key is the fleet's epoch and whose fourth is
+// its processes' liveness.
 func isAcquire(cmd redis.Cmder) bool {
 	args := cmd.Args()
-	return len(args) > 1 && (cmd.Name() == "evalsha" && args[1] == acquireScript.Hash() ||
-		cmd.Name() == "eval" && args[1] == acquireLua)
+	if name := cmd.Name(); (name != "evalsha" && name != "eval") || len(args) < 7 {
+		return false
+	}
+	return strings.HasSuffix(fmt.Sprint(args[3]), "#epoch") && strings.HasSuffix(fmt.Sprint(args[6]), "#procs")
 }
 
 func (h *callHook) DialHook(next redis.DialHook) redis.DialHook { return next }
@@ -95,10 +102,18 @@ func (r *Registry[K]) queued() int {
 // the returned hook, with one call on its way at most: the calls made
 // after it queue for a pipeline.
 func pipelined(t *testing.T, m *mini, limit int, opts ...Option) (*Registry[string], *callHook) {
+	return pipelinedWith(t, m, limit, nil, opts...)
+}
+
+// pipelinedWith is pipelined with more hooks on the client, after its own.
+func pipelinedWith(t *testing.T, m *mini, limit int, more []redis.Hook, opts ...Option) (*Registry[string], *callHook) {
 	c := m.client()
 	h := newCallHook()
 	c.AddHook(h)
-	r := New[string](c, "t", limit, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
+	for _, x := range more {
+		c.AddHook(x)
+	}
+	r := New[string](redisstore.New(c, "t"), limit, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
 	t.Cleanup(r.Close)
 	r.calls.max = 1
 	return r, h
@@ -374,7 +389,7 @@ func TestPanicInCallAloneFreesItsPlace(t *testing.T) {
 	c := m.client()
 	h := &panicHook{}
 	c.AddHook(h)
-	r := New[string](c, "t", 10, WithLeaseTTL(3*time.Second))
+	r := New[string](redisstore.New(c, "t"), 10, WithLeaseTTL(3*time.Second))
 	t.Cleanup(r.Close)
 	for range maxSending {
 		h.alone.Store(true)
@@ -510,7 +525,7 @@ func TestPanicInCallAloneTakesBackItsLease(t *testing.T) {
 	c := m.client()
 	h := &panicHook{after: true}
 	c.AddHook(h)
-	r := New[string](c, "t", 10, WithLeaseTTL(time.Minute))
+	r := New[string](redisstore.New(c, "t"), 10, WithLeaseTTL(time.Minute))
 	t.Cleanup(r.Close)
 	h.alone.Store(true)
 	assert.Panics(t, func() { _, _ = r.TryAcquire("k") })
@@ -524,9 +539,8 @@ func TestPanicInCallAloneTakesBackItsLease(t *testing.T) {
 // pipeline counts once, and the abandons are left for the heartbeat.
 func TestEveryPipelinePanics(t *testing.T) {
 	m := newMini(t)
-	r, h := pipelined(t, m, 10)
 	p := &panicHook{}
-	redisOf(r).rdb.(*redis.Client).AddHook(p)
+	r, h := pipelinedWith(t, m, 10, []redis.Hook{p})
 	p.pipes.Store(true)
 	first := holdAlone(t, r, h, "k")
 	results := queue(t, r, 2, "k")
@@ -557,7 +571,7 @@ func TestEveryPipelinePanics(t *testing.T) {
 func TestLimitFuncPanicInRelease(t *testing.T) {
 	m := newMini(t)
 	var boom atomic.Bool
-	r := NewWithKeys(m.client(), "t", 10, Keys[string]{Limit: func(string) int {
+	r := NewWithKeys(redisstore.New(m.client(), "t"), 10, Keys[string]{Limit: func(string) int {
 		if boom.Load() {
 			panic("limit source gone")
 		}

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // On a Redis Cluster of three masters, two Registries whose keys live on
@@ -24,7 +25,7 @@ import (
 // asserted: each name has one process here, so its local caps are the
 // fleet's, and the caps hold either way.
 func TestCluster(t *testing.T) {
-	cl := fleettest.StartCluster(t, 3)
+	cl := redistest.StartCluster(t, 3)
 	ctx := context.Background()
 	c := cl.Client()
 	// "{providers}" and "{tenants}" hash to slots served by different nodes.
@@ -45,10 +46,10 @@ func TestCluster(t *testing.T) {
 		t.Cleanup(func() { c.Close() })
 		return c
 	}
-	providers := New[string](patient(), "providers", 4, WithLeaseTTL(ttl), WithTimeout(ttl/3))
+	providers := New[string](redisstore.New(patient(), "providers"), 4, WithLeaseTTL(ttl), WithTimeout(ttl/3))
 	defer providers.Close()
 	providers.SetLimit("zai/glm-5", 2)
-	orgs := New[string](patient(), "tenants", 3, WithLeaseTTL(ttl), WithTimeout(ttl/3))
+	orgs := New[string](redisstore.New(patient(), "tenants"), 3, WithLeaseTTL(ttl), WithTimeout(ttl/3))
 	defer orgs.Close()
 
 	var provider, model, org, peakProvider, peakModel, peakOrg atomic.Int64

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -29,10 +30,10 @@ func reachable(t *testing.T, c *redis.Client) {
 // counts both holders. The breaker never opens here, and its probe is an
 // hour away: no background call puts the degraded lease in first.
 func TestDegradedLeaseCountsOnceRedisIsBack(t *testing.T) {
-	srv := fleettest.Start(t)
-	px := fleettest.StartProxy(t, srv)
+	srv := redistest.Start(t)
+	px := redistest.StartProxy(t, srv)
 	c := px.Client()
-	r := New[string](c, "d", 2, WithBreaker(1000, time.Hour))
+	r := New[string](redisstore.New(c, "d"), 2, WithBreaker(1000, time.Hour))
 	defer r.Close()
 	ctx := context.Background()
 
@@ -69,12 +70,12 @@ func TestDegradedLeaseCountsOnceRedisIsBack(t *testing.T) {
 // admission in this process to carry it and with the breaker closed all
 // along, so that another process's admissions count it.
 func TestDegradedLeaseGoesInWithoutAnAdmission(t *testing.T) {
-	srv := fleettest.Start(t)
-	px := fleettest.StartProxy(t, srv)
+	srv := redistest.Start(t)
+	px := redistest.StartProxy(t, srv)
 	c := px.Client()
-	a := New[string](c, "d", 2, WithBreaker(1000, 20*time.Millisecond))
+	a := New[string](redisstore.New(c, "d"), 2, WithBreaker(1000, 20*time.Millisecond))
 	defer a.Close()
-	b := New[string](srv.Client(), "d", 2) // another process, its own path to Redis
+	b := New[string](redisstore.New(srv.Client(), "d"), 2) // another process, its own path to Redis
 	defer b.Close()
 	ctx := context.Background()
 
@@ -126,7 +127,7 @@ func TestBreakerClosedByAnAdmission(t *testing.T) {
 	h := &holdCall{open: make(chan struct{})}
 	c := m.client()
 	c.AddHook(h)
-	r := New[string](c, "t", 10, WithLeaseTTL(30*time.Second), WithBreaker(3, time.Hour), WithTimeout(5*time.Second))
+	r := New[string](redisstore.New(c, "t"), 10, WithLeaseTTL(30*time.Second), WithBreaker(3, time.Hour), WithTimeout(5*time.Second))
 	defer r.Close()
 	h.armed.Store(true)
 	inflight := make(chan *slots.Slot, 1)

@@ -1,7 +1,8 @@
 // Package fleet caps how many requests are in flight per key across every
-// process of a fleet, with leases in a store they share: Redis (New), or
-// any Store (NewWithStore), such as PostgreSQL's in package
-// registry/fleet/pgstore.
+// process of a fleet, with leases in a store they share: Redis (package
+// registry/fleet/redisstore), PostgreSQL (registry/fleet/pgstore), or any
+// implementation of driver.Store. Each store is a module of its own: a
+// program links the client of the store it uses, and nothing else.
 //
 // An upstream's concurrency limit is per account, not per process: with R
 // gateway replicas each capping at N, the provider sees up to R×N. A fleet
@@ -10,8 +11,8 @@
 // returning a *slots.Slot) and keeps a local registry.Registry beside it that
 // mirrors this process's holders, for sweeps, metrics and Stats.
 //
-//	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", ContextTimeoutEnabled: true})
-//	caps := fleet.New[string](rdb, "zai", slots.Unlimited) // one name per set of caps
+//	store := redisstore.New(rdb, "zai") // or pgstore.New(ctx, pool, "zai"): one name per set of caps
+//	caps := fleet.New[string](store, slots.Unlimited)
 //	defer caps.Close()
 //	caps.SetLimit("zai", 5) // every gateway sets the same limits
 //	s, err := caps.AcquireAll(ctx, "zai", "zai/glm-5")
@@ -46,23 +47,10 @@
 //   - A learned cap (Learn, Report) is the fleet's: a 429 reported by one
 //     process lowers it for all of them.
 //
-// Give a Redis client short timeouts, so that a dead Redis fails fast,
-// and let it honour each call's deadline:
-//
-//	redis.NewClient(&redis.Options{
-//		Addr:                  "127.0.0.1:6379",
-//		DialTimeout:           250 * time.Millisecond,
-//		ReadTimeout:           250 * time.Millisecond,
-//		WriteTimeout:          250 * time.Millisecond,
-//		ContextTimeoutEnabled: true, // honour each call's context deadline
-//		MaxRetries:            1,
-//		Protocol:              2, // RESP3's push notifications cost a check per call
-//	})
-//
-// Every key of a Registry on Redis shares one Cluster hash tag, its name,
-// so an AcquireAll is one script on Redis Cluster. Keys are named with
-// fmt.Sprint unless Keys.Name says otherwise: give struct keys a name, so
-// that different keys cannot share one.
+// Give the store's client short timeouts, so that a dead store fails
+// fast (see each store's package). Keys are named with fmt.Sprint unless
+// Keys.Name says otherwise: give struct keys a name, so that different
+// keys cannot share one.
 //
 // PROTOCOL.md, beside this package's code, tells how it works: leases and
 // their renewal, lost leases and the pause, the queue and its hand-off,

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -15,7 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -37,7 +38,7 @@ func fwFleet(t testing.TB, srv redisServer, name string, n, limit int, opts ...O
 	t.Helper()
 	rs := make([]*Registry[string], n)
 	for i := range rs {
-		rs[i] = New[string](srv.Client(), name, limit, opts...)
+		rs[i] = New[string](redisstore.New(srv.Client(), name), limit, opts...)
 		t.Cleanup(rs[i].Close)
 	}
 	return rs
@@ -259,7 +260,7 @@ func fwAbs(x float64) float64 {
 // on a busy machine is not taken for an unavailable Redis (whose fallback,
 // admission under the local caps alone, keeps no fleet order).
 func TestFleetArrivalOrder(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const (
 		limit   = 1 // one admission at a time: the order is unambiguous
 		hold    = 10 * time.Millisecond
@@ -272,7 +273,7 @@ func TestFleetArrivalOrder(t *testing.T) {
 	}
 	rs := make([]*Registry[string], 3)
 	for i := range rs {
-		rs[i] = New[string](patient(), "fw-order", limit, WithTimeout(5*time.Second))
+		rs[i] = New[string](redisstore.New(patient(), "fw-order"), limit, WithTimeout(5*time.Second))
 		t.Cleanup(rs[i].Close)
 	}
 	queue := patient()
@@ -427,10 +428,10 @@ func TestFleetPriorityUnderBatchFlood(t *testing.T) {
 // then arrival, give the one order (pgstore's TestWeightedTurns asks the
 // same of PostgreSQL).
 func TestFleetWeightedTurns(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	queued := func() int64 { return c.ZCard(context.Background(), "inflight:{turns}:k#q").Val() }
-	a, b := New[string](c, "turns", 1), New[string](c, "turns", 1)
+	a, b := New[string](redisstore.New(c, "turns"), 1), New[string](redisstore.New(c, "turns"), 1)
 	t.Cleanup(a.Close)
 	t.Cleanup(b.Close)
 	held, err := a.TryAcquire("k")

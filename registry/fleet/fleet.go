@@ -6,15 +6,13 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 var (
@@ -44,11 +42,11 @@ func WithCancelOnLost(ctx context.Context) (context.Context, context.CancelFunc)
 // Registry caps holders per key across a fleet. Create it with New; the
 // zero value is not usable.
 type Registry[K comparable] struct {
-	store     Store
+	store     driver.Store
 	local     *registry.Registry[K]
 	cfg       config
 	keyName   func(K) string
-	prefix    string // names the Registry in logs: "<prefix>{<name>}:"
+	prefix    string // names the Registry in logs: its store's String, or "fleet"
 	defLimit  int
 	limitFunc func(K) int // nil: defLimit
 
@@ -133,20 +131,19 @@ type counters struct {
 	doubleReleases, removalsDropped        atomic.Uint64
 }
 
-// New returns a Registry of keys capped at defaultLimit holders each, fleet
-// wide, unless SetLimit says otherwise; name tells this Registry's keys from
-// others' in the same Redis (every process of a fleet uses the same name).
-// Keys are named in Redis with fmt.Sprint (see NewWithKeys). It starts the
-// heartbeat, the releaser and the wake-up subscription; Close stops them.
-// It panics if defaultLimit is negative or name is empty.
-func New[K comparable](rdb redis.UniversalClient, name string, defaultLimit int, opts ...Option) *Registry[K] {
-	return NewWithKeys(rdb, name, defaultLimit, Keys[K]{}, opts...)
+// New returns a Registry of keys capped at defaultLimit holders each
+// across the fleet whose processes share store, unless SetLimit says
+// otherwise. Keys are named in the store with fmt.Sprint (see NewWithKeys).
+// It starts the heartbeat, the releaser and the store's Listen; Close stops
+// them. It panics if store is nil or defaultLimit is negative.
+func New[K comparable](store driver.Store, defaultLimit int, opts ...Option) *Registry[K] {
+	return NewWithKeys(store, defaultLimit, Keys[K]{}, opts...)
 }
 
 // Keys are what a Registry needs to know of its key type beyond equality.
 // A nil field takes its default.
 type Keys[K comparable] struct {
-	// Name names a key in Redis (default fmt.Sprint). Different keys must
+	// Name names a key in the store (default fmt.Sprint). Different keys must
 	// get different names: give struct keys a Name.
 	Name func(K) string
 	// Limit gives the limit of every key that SetLimit has not set
@@ -163,26 +160,7 @@ type Keys[K comparable] struct {
 const LocalLimitRefresh = time.Second
 
 // NewWithKeys is New with keys' names and limits from keys.
-func NewWithKeys[K comparable](rdb redis.UniversalClient, name string, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
-	if name == "" || strings.ContainsAny(name, "{}") {
-		panic(fmt.Sprintf("fleet: registry name %q: need a non-empty name without braces", name))
-	}
-	if rdb == nil {
-		panic("fleet: nil redis client")
-	}
-	cfg := configOf(opts)
-	if strings.ContainsAny(cfg.prefix, "{}") {
-		panic(fmt.Sprintf("fleet: prefix %q: braces would change the keys' hash tag", cfg.prefix))
-	}
-	return newRegistry(newRedisStore(rdb, cfg.prefix, name, cfg.pollMax), cfg.prefix+"{"+name+"}:", defaultLimit, keys, cfg)
-}
-
-// NewWithStore returns a Registry of keys capped at defaultLimit holders
-// each across the fleet whose processes share store, with keys' names and
-// limits from keys (see New, which is this on Redis). WithPrefix does
-// nothing here: the store names its keys. It panics if defaultLimit is
-// negative or store is nil.
-func NewWithStore[K comparable](store Store, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
+func NewWithKeys[K comparable](store driver.Store, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
 	if store == nil {
 		panic("fleet: nil store")
 	}
@@ -202,7 +180,7 @@ func configOf(opts []Option) config {
 }
 
 // newRegistry returns a Registry on store, named label in logs.
-func newRegistry[K comparable](store Store, label string, defaultLimit int, keys Keys[K], cfg config) *Registry[K] {
+func newRegistry[K comparable](store driver.Store, label string, defaultLimit int, keys Keys[K], cfg config) *Registry[K] {
 	if defaultLimit < 0 {
 		panic(fmt.Sprintf("fleet: negative default limit %d", defaultLimit))
 	}

@@ -3,9 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
-	"fmt"
-	"slices"
-	"strings"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync"
 	"testing"
 	"time"
@@ -51,7 +50,7 @@ func (m *mini) registry(limit int, opts ...Option) *Registry[string] {
 
 // keyed is registry with keys' names and limits from keys.
 func (m *mini) keyed(limit int, keys Keys[string], opts ...Option) *Registry[string] {
-	r := NewWithKeys(m.client(), "t", limit, keys, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
+	r := NewWithKeys(redisstore.New(m.client(), "t"), limit, keys, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
 	m.t.Cleanup(r.Close)
 	return r
 }
@@ -109,61 +108,6 @@ func TestAllOrNothingAcrossKeys(t *testing.T) {
 	assert.Zero(t, r.Local().Keys())
 }
 
-// runAcquire runs the acquire script for a caller that does not wait,
-// with keys and args as the script takes them less the queue's: keys
-// (epoch, pause, tombstone, capped keys, carried pairs) get the name's
-// #procs key after the tombstone, and args (id, ttl, n, not-after, known
-// epoch, pause, limits, carried ids) the queue's arguments after the
-// pause.
-func runAcquire(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
-	procs := strings.TrimSuffix(keys[0], "#epoch") + "#procs"
-	keys = slices.Insert(slices.Clone(keys), 3, procs)
-	args = slices.Insert(slices.Clone(args), 6, 0, 1000, 0, "", 1, "test", "wake:", -1, -1, 3000)
-	return acquireScript.Run(ctx, c, keys, args...)
-}
-
-// The script is idempotent per lease id: a retried call holds one lease.
-func TestAcquireScriptIdempotent(t *testing.T) {
-	m := newMini(t)
-	c := m.client()
-	ctx := context.Background()
-	keys := func(id string) []string {
-		return []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:abandoned:" + id, "inflight:{t}:p", "inflight:{t}:m"}
-	}
-	for range 3 {
-		res, err := runAcquire(ctx, c, keys("lease-1"), "lease-1", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
-		require.NoError(t, err)
-		assert.Equal(t, int64(1), res[0], "the same lease is admitted again, not refused")
-	}
-	res, err := runAcquire(ctx, c, keys("lease-2"), "lease-2", 3000, 2, 0, 0, 0, 1, 1).Int64Slice()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{0, 1, 1}, res[:3], "another lease is refused: key 1 is full with 1")
-	assert.Equal(t, []string{"lease-1"}, m.leases("p"))
-}
-
-// The acquire script puts in the leases it carries (admitted while Redis
-// was unreachable) before it decides, so that they count against this
-// admission; not one whose tombstone exists (released meanwhile).
-func TestAcquireScriptCarries(t *testing.T) {
-	m := newMini(t)
-	c := m.client()
-	ctx := context.Background()
-	const epoch, tomb = "inflight:{t}#epoch", "inflight:{t}:abandoned:"
-	m.srv.Set(tomb+"released", "1")
-	keys := []string{epoch, "inflight:{t}#pause", tomb + "new", "inflight:{t}:k",
-		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
-	res, err := runAcquire(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", "released").Int64Slice()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{1, 0, 0}, res[:3], "admitted: the carried lease and this one fill the cap of 2")
-	assert.ElementsMatch(t, []string{"degraded", "new"}, m.leases("k"))
-	res, err = runAcquire(ctx, c, keys[:4], "another", 3000, 1, 0, 0, 0, 2).Int64Slice()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{0, 1, 2}, res[:3], "full")
-	e, err := m.srv.Get(epoch)
-	require.NoError(t, err)
-	assert.Equal(t, e, fmt.Sprint(res[5]), "the epoch is set, and returned")
-}
-
 // Renewal extends only leases that still exist: a released lease is never
 // put back.
 func TestRenewNeverResurrects(t *testing.T) {
@@ -183,13 +127,11 @@ func TestRenewNeverResurrects(t *testing.T) {
 	r.renew()
 	assert.Empty(t, m.leases("k"), "a renewal after the release puts nothing back")
 
-	c := m.client()
-	res, err := renewScript.Run(context.Background(), c, []string{redisOf(r).epochKey, redisOf(r).pauseKey, "inflight:{t}:k", redisOf(r).tombstone(id)},
-		3000, 0, 0, 0, id, renewOnly, 0, 1, 1).Int64Slice()
+	res, err := r.store.Renew(context.Background(), &driver.RenewCall{TTL: 3 * time.Second,
+		Leases: []driver.Renewal{{Lease: id, Mode: driver.ModeReport, Keys: []string{"k"}, Limits: []int{1}}}})
 	require.NoError(t, err)
-	require.Len(t, res, 3)
-	assert.Equal(t, int64(leaseGone), res[2])
-	assert.Empty(t, m.leases("k"), "the script itself does not add a missing lease without reassert")
+	assert.Equal(t, []driver.Fate{driver.FateGone}, res.Leases)
+	assert.Empty(t, m.leases("k"), "the store itself does not add a missing lease it is only to report")
 }
 
 // A lease released while a renewal that reasserts it is under way is
@@ -209,7 +151,7 @@ func TestReleaseDuringReassert(t *testing.T) {
 	s.Release() // released before the renewal's bookkeeping ran
 	r.redisMu.Lock()
 	var requeue []*lease[string]
-	require.True(t, r.renewBatch([]renewal[string]{{l: l, mode: putBack, limits: []int{1}}}, &requeue))
+	require.True(t, r.renewBatch([]renewal[string]{{l: l, mode: driver.ModePutBack, limits: []int{1}}}, &requeue))
 	r.redisMu.Unlock()
 	require.Len(t, requeue, 1, "the released lease is removed again")
 	r.queueRelease(requeue[0])
@@ -237,7 +179,7 @@ func TestDoubleReleaseAndNoScript(t *testing.T) {
 // after the TTL, and the cap frees up.
 func TestDeadHolderExpires(t *testing.T) {
 	m := newMini(t)
-	dead := New[string](m.client(), "t", 1, WithLeaseTTL(3*time.Second))
+	dead := New[string](redisstore.New(m.client(), "t"), 1, WithLeaseTTL(3*time.Second))
 	_, err := dead.TryAcquire("k")
 	require.NoError(t, err)
 	dead.Close() // no more renewals; the slot is never released
@@ -505,13 +447,14 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 		l = x
 	}
 	r.mu.Unlock()
-	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: reassert}}, unknownUntil), "as if a reassert call timed out; still held")
+	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: driver.ModeReassert}}, unknownUntil), "as if a reassert call timed out; still held")
 	s.Release()
-	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists(redisOf(r).tombstone(id)) })
+	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists("inflight:{t}:abandoned:"+id) })
 	// The late renewal runs now.
-	_, err = renewScript.Run(context.Background(), m.client(), []string{redisOf(r).epochKey, redisOf(r).pauseKey, "inflight:{t}:k", redisOf(r).tombstone(id)},
-		3000, 0, 0, 0, id, putBack, 0, 1, 1).Int64Slice()
+	res, err := r.store.Renew(context.Background(), &driver.RenewCall{TTL: 3 * time.Second,
+		Leases: []driver.Renewal{{Lease: id, Mode: driver.ModePutBack, Keys: []string{"k"}, Limits: []int{1}}}})
 	require.NoError(t, err)
+	assert.Equal(t, []driver.Fate{driver.FateGone}, res.Leases)
 	assert.Empty(t, m.leases("k"), "not put back")
 	s2, err := r.TryAcquire("k")
 	require.NoError(t, err)

@@ -5,6 +5,7 @@ go 1.25.0
 require (
 	github.com/alicebob/miniredis/v2 v2.40.0
 	github.com/inflight-go/inflight v0.0.0-00010101000000-000000000000
+	github.com/inflight-go/inflight/registry/fleet/redisstore v0.0.0-00010101000000-000000000000
 	github.com/redis/go-redis/v9 v9.22.0
 	github.com/stretchr/testify v1.12.1
 	go.uber.org/goleak v1.3.0
@@ -19,5 +20,9 @@ require (
 	golang.org/x/sys v0.47.0 // indirect
 )
 
-// The repository's own root module: the fleet is developed with it.
-replace github.com/inflight-go/inflight => ../..
+// The repository's own modules: the fleet is developed with them. Its
+// tests run the client on the Redis store; the package imports no store.
+replace (
+	github.com/inflight-go/inflight => ../..
+	github.com/inflight-go/inflight/registry/fleet/redisstore => ./redisstore
+)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -13,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -25,11 +26,11 @@ import (
 // caller that waits long enough is admitted; at the end nothing is held
 // or queued in Redis.
 func TestFleetQueueHammer(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	caps := map[string]int{"p": 3, "m1": 2, "m2": 1}
 	var rs []*Registry[string]
 	for range 3 {
-		r := New[string](srv.Client(), "hammer", 0, WithLeaseTTL(3*time.Second),
+		r := New[string](redisstore.New(srv.Client(), "hammer"), 0, WithLeaseTTL(3*time.Second),
 			WithLocalOptions(slots.WithMaxQueue(40), slots.WithMaxQueuePerFlow(20)))
 		for k, n := range caps {
 			r.SetLimit(k, n)

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -18,7 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -67,13 +68,13 @@ func callThrough(url string, n int, acquire func(context.Context) (*slots.Slot, 
 // provider (and 3 per model) under 64 concurrent workers: the fake
 // upstream never sees more than 8 at once, and every request completes.
 func TestFleetThreeReplicas(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	up := &upstream{hold: 2 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
 	var replicas []*Registry[string]
 	for range 3 {
-		r := New[string](srv.Client(), "providers", 3)
+		r := New[string](redisstore.New(srv.Client(), "providers"), 3)
 		r.SetLimit("zai", 8)
 		t.Cleanup(r.Close)
 		replicas = append(replicas, r)
@@ -119,7 +120,7 @@ func TestFleetThreeProcesses(t *testing.T) {
 	if os.Getenv("FLEET_CHILD") != "" {
 		t.Skip("in a child process")
 	}
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	up := &upstream{hold: 3 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
@@ -152,7 +153,7 @@ func TestFleetChild(t *testing.T) {
 	requests, _ := strconv.Atoi(os.Getenv("FLEET_REQUESTS"))
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv("FLEET_REDIS"), PoolSize: 64})
 	defer c.Close()
-	r := New[string](c, "providers", 8)
+	r := New[string](redisstore.New(c, "providers"), 8)
 	defer r.Close()
 	var wg sync.WaitGroup
 	var failed atomic.Int64
@@ -177,11 +178,11 @@ func TestFleetChild(t *testing.T) {
 // the machine: the times are logged, and bounded only so that the test
 // fails rather than hangs.
 func TestFleetRedisRestart(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	opts := []Option{WithLeaseTTL(time.Second), WithBreaker(2, 50*time.Millisecond), WithTimeout(100 * time.Millisecond)}
-	local := New[string](srv.Client(), "p", 4, opts...)
+	local := New[string](redisstore.New(srv.Client(), "p"), 4, opts...)
 	defer local.Close()
-	closed := New[string](srv.Client(), "p", 4, append(opts, WithUnavailable(FailClosed))...)
+	closed := New[string](redisstore.New(srv.Client(), "p"), 4, append(opts, WithUnavailable(FailClosed))...)
 	defer closed.Close()
 
 	var held []*slots.Slot
@@ -240,14 +241,14 @@ func TestFleetRedisRestart(t *testing.T) {
 // A holder that stops renewing has its lease reclaimed after the TTL, and
 // not before.
 func TestFleetDeadHolderRealRedis(t *testing.T) {
-	srv := fleettest.Start(t)
-	dead := New[string](srv.Client(), "p", 1, WithLeaseTTL(300*time.Millisecond))
+	srv := redistest.Start(t)
+	dead := New[string](redisstore.New(srv.Client(), "p"), 1, WithLeaseTTL(300*time.Millisecond))
 	_, err := dead.TryAcquire("k")
 	require.NoError(t, err)
 	dead.Close() // a crash: no release, no renewal
 	died := time.Now()
 
-	live := New[string](srv.Client(), "p", 1, WithLeaseTTL(300*time.Millisecond))
+	live := New[string](redisstore.New(srv.Client(), "p"), 1, WithLeaseTTL(300*time.Millisecond))
 	defer live.Close()
 	_, err = live.TryAcquire("k")
 	assert.ErrorIs(t, err, slots.ErrLimitReached)

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"os"
 	"os/exec"
 	"testing"
@@ -13,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -24,9 +25,9 @@ func TestKilledHolderProcess(t *testing.T) {
 	if os.Getenv("FLEET_KILLED_CHILD") != "" {
 		t.Skip("in a child process")
 	}
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const ttl = 300 * time.Millisecond
-	live := New[string](srv.Client(), "killed", 2, WithLeaseTTL(ttl))
+	live := New[string](redisstore.New(srv.Client(), "killed"), 2, WithLeaseTTL(ttl))
 	defer live.Close()
 	ctx := context.Background()
 
@@ -106,7 +107,7 @@ func TestKilledHolderChild(t *testing.T) {
 		t.Skip("run by TestKilledHolderProcess")
 	}
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv("FLEET_REDIS")})
-	r := New[string](c, "killed", 2, WithLeaseTTL(300*time.Millisecond))
+	r := New[string](redisstore.New(c, "killed"), 2, WithLeaseTTL(300*time.Millisecond))
 	for range 2 {
 		_, err := r.Acquire(context.Background(), "k")
 		require.NoError(t, err)

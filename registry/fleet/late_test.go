@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"net"
 	"slices"
 	"strconv"
@@ -16,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // countingConn counts the script calls (EVALSHA, EVAL) written through it:
@@ -70,7 +72,7 @@ func scriptsRun(c *redis.Client) (int64, error) {
 // heartbeat's renewal that puts the degraded leases in, if it came before
 // the breaker opened. None of them may add a lease that nobody holds.
 func TestLateCallsAfterAStallAddNothing(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	o := &redis.Options{Addr: srv.Addr, DialTimeout: 250 * time.Millisecond, ReadTimeout: 250 * time.Millisecond,
 		WriteTimeout: 250 * time.Millisecond, ContextTimeoutEnabled: true, MaxRetries: -1, Protocol: 2}
 	var written atomic.Int64
@@ -85,7 +87,7 @@ func TestLateCallsAfterAStallAddNothing(t *testing.T) {
 	t.Cleanup(func() { c.Close() })
 	admin := srv.Client()
 	const ttl = time.Second
-	r := New[string](c, "late", 2, WithLeaseTTL(ttl), WithBreaker(3, 20*time.Millisecond), WithLogger(quiet()))
+	r := New[string](redisstore.New(c, "late"), 2, WithLeaseTTL(ttl), WithBreaker(3, 20*time.Millisecond), WithLogger(quiet()))
 	t.Cleanup(r.Close)
 	stopped := false
 	t.Cleanup(func() { // before Close
@@ -141,24 +143,6 @@ func TestLateCallsAfterAStallAddNothing(t *testing.T) {
 	t.Logf("%d script calls sent while Redis was stopped; %d removals given up", late, r.Stats().RemovalsDropped)
 }
 
-// The acquire and renew scripts refuse to run past their not-after time,
-// and change nothing then: no lease, no epoch.
-func TestScriptsRefuseToRunLate(t *testing.T) {
-	m := newMini(t)
-	c := m.client()
-	ctx := context.Background()
-	late := m.now.UnixMilli() - 1
-	res, err := runAcquire(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:abandoned:x", "inflight:{t}:k",
-		"inflight:{t}:k", "inflight:{t}:abandoned:y"}, "x", 3000, 1, late, 1, 1000, 1, "y").Int64Slice()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{tooLate, m.now.UnixMilli()}, []int64{res[0], res[4]})
-	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k", "inflight:{t}:abandoned:x"},
-		3000, late, 1, 1000, "x", putBack, 0, 1, 1).Int64Slice()
-	require.NoError(t, err)
-	assert.Equal(t, []int64{tooLate, m.now.UnixMilli()}, res)
-	assert.Empty(t, m.srv.Keys(), "nothing written")
-}
-
 // A server clock that jumps ahead of what the replies told makes the next
 // calls run past their not-after times: each is refused, and made once
 // more with the clock the refusal told. Nothing fails.
@@ -212,48 +196,38 @@ func TestBoundKeepsAbandonsOfCallsStillOnTheirWay(t *testing.T) {
 	assert.Equal(t, uint64(3), r.Stats().RemovalsDropped)
 }
 
-// lateCall is a client hook that makes the next acquire call fail on the
-// client's side (as a timeout would) while the script still runs on the
-// server: before the abandon that follows reaches Redis, or after it.
-// lateRes is what the late call returned.
+// lateCall is a store whose next admission call fails on the client's
+// side (as a timeout would) while the store still runs it: before the
+// abandon that follows reaches the store, or after it. late is what the
+// late call returned.
 type lateCall struct {
-	c          *redis.Client
+	driver.Store
 	armed      atomic.Bool
-	afterTomb  bool          // run the late script once its tombstone exists
+	afterTomb  bool          // run the late call once its tombstone exists
 	tombExists func() bool   // with afterTomb
-	ran        chan struct{} // closed once the late script has run
-	lateRes    []int64
+	ran        chan struct{} // closed once the late call has run
+	late       driver.AdmitResult
 }
 
-func (h *lateCall) DialHook(next redis.DialHook) redis.DialHook { return next }
-
-func (h *lateCall) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
-	return next
-}
-
-func (h *lateCall) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
-	return func(ctx context.Context, cmd redis.Cmder) error {
-		if !(cmd.Name() == "evalsha" || cmd.Name() == "eval") || !h.armed.CompareAndSwap(true, false) {
-			return next(ctx, cmd)
-		}
-		late := redis.NewCmd(context.Background(), cmd.Args()...)
-		if !h.afterTomb {
-			_ = next(context.Background(), late) // the server runs it now...
-			h.lateRes, _ = late.Int64Slice()
-			close(h.ran)
-		} else {
-			go func() {
-				for deadline := time.Now().Add(3 * time.Second); !h.tombExists() && time.Now().Before(deadline); {
-					time.Sleep(time.Millisecond) // polling the server for the abandon
-				}
-				_ = h.c.Process(context.Background(), late) // ...or after the abandon
-				h.lateRes, _ = late.Int64Slice()
-				close(h.ran)
-			}()
-		}
-		cmd.SetErr(context.DeadlineExceeded) // ...but the client gives up
-		return context.DeadlineExceeded
+func (h *lateCall) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if !h.armed.CompareAndSwap(true, false) {
+		return h.Store.AdmitOne(ctx, c)
 	}
+	run := func() {
+		h.late, _ = h.Store.AdmitOne(context.Background(), c)
+		close(h.ran)
+	}
+	if !h.afterTomb {
+		run() // the store runs it now...
+	} else {
+		go func() {
+			for deadline := time.Now().Add(3 * time.Second); !h.tombExists() && time.Now().Before(deadline); {
+				time.Sleep(time.Millisecond) // polling the server for the abandon
+			}
+			run() // ...or after the abandon
+		}()
+	}
+	return driver.AdmitResult{Err: context.DeadlineExceeded}, context.DeadlineExceeded // ...but the client gives up
 }
 
 // An acquire call that fails on the client's side but runs on the server
@@ -265,7 +239,7 @@ func TestFailedCallTakesNothing(t *testing.T) {
 		for _, mode := range []Unavailable{FailClosed, FallbackLocal} {
 			m := newMini(t)
 			c := m.client()
-			h := &lateCall{c: c, afterTomb: afterTomb, ran: make(chan struct{})}
+			h := &lateCall{Store: redisstore.New(c, "t"), afterTomb: afterTomb, ran: make(chan struct{})}
 			h.tombExists = func() bool {
 				keys := m.srv.Keys()
 				for _, k := range keys {
@@ -275,9 +249,7 @@ func TestFailedCallTakesNothing(t *testing.T) {
 				}
 				return false
 			}
-			require.NoError(t, acquireScript.Load(context.Background(), c).Err()) // the late EVALSHA runs for real
-			c.AddHook(h)
-			r := New[string](c, "t", 1, WithLeaseTTL(3*time.Second), WithUnavailable(mode))
+			r := New[string](h, 1, WithLeaseTTL(3*time.Second), WithUnavailable(mode))
 			h.armed.Store(true)
 			s, err := r.TryAcquire("k")
 			if mode == FailClosed {
@@ -287,11 +259,11 @@ func TestFailedCallTakesNothing(t *testing.T) {
 				assert.True(t, s.Degraded())
 			}
 			<-h.ran
-			requireReply(t, h.lateRes, 1)
+			require.NoError(t, h.late.Err)
 			if afterTomb {
-				assert.Equal(t, int64(-1), h.lateRes[0], "the tombstone refuses the late call")
+				assert.Equal(t, driver.StatusAbandoned, h.late.Status, "the tombstone refuses the late call")
 			} else {
-				assert.Equal(t, int64(1), h.lateRes[0], "the late call took a lease, for the abandon to take back")
+				assert.Equal(t, driver.StatusAdmitted, h.late.Status, "the late call took a lease, for the abandon to take back")
 			}
 			eventually(t, "whatever the late call added is removed", func() bool {
 				return len(m.leases("k")) == 0 && r.Stats().RemovalsPending == 0

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -19,7 +20,7 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
 	"github.com/inflight-go/inflight/pacing"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -63,7 +64,7 @@ func (h *stateHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Pr
 // the default settings, both read from Redis.
 func learnPQ(t *testing.T, c *redis.Client, name string) *Registry[string] {
 	t.Helper()
-	r := New[string](c, name, 100, WithLogger(quiet()))
+	r := New[string](redisstore.New(c, name), 100, WithLogger(quiet()))
 	for _, k := range []string{"p", "q"} {
 		require.NoError(t, r.Learn(k, pacing.AdaptiveConfig{}))
 		settled(t, r, k)
@@ -104,9 +105,9 @@ func settled(t *testing.T, r *Registry[string], key string) {
 // A log handler that panics on a learned cap's change leaves the Registry
 // working: changes are logged after the lock.
 func TestLearnedCapLogHandlerPanics(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	var fired atomic.Bool
-	r := New[string](srv.Client(), "le-log", 100, WithLogger(slog.New(panicHandler{match: "learned cap", fired: &fired})))
+	r := New[string](redisstore.New(srv.Client(), "le-log"), 100, WithLogger(slog.New(panicHandler{match: "learned cap", fired: &fired})))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
 	s, err := r.TryAcquire("p")
@@ -119,9 +120,9 @@ func TestLearnedCapLogHandlerPanics(t *testing.T) {
 
 // A LimitFunc that panics in the learner's round leaves r.mu free.
 func TestLearnedCapLimitFuncPanics(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	var armed, fired atomic.Bool
-	r := NewWithKeys(srv.Client(), "le-limitfunc", 100, Keys[string]{Limit: func(string) int {
+	r := NewWithKeys(redisstore.New(srv.Client(), "le-limitfunc"), 100, Keys[string]{Limit: func(string) int {
 		if armed.CompareAndSwap(true, false) {
 			fired.Store(true)
 			panic("limit func panics")
@@ -140,7 +141,7 @@ func TestLearnedCapLimitFuncPanics(t *testing.T) {
 // A panic in one key's sync (a client hook) does not strand the other
 // keys of the round: each is read again.
 func TestLearnedCapSyncPanics(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	h := &stateHook{before: true, fn: func(string) { panic("hook panics") }}
 	c.AddHook(h)
@@ -158,7 +159,7 @@ func TestLearnedCapSyncPanics(t *testing.T) {
 // Evidence queued while a sync is under way, more than the bound, is not
 // lost to the bookkeeping of what the sync wrote.
 func TestLearnedCapEvidenceDuringASync(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	var r *Registry[string]
 	h := &stateHook{}
@@ -172,7 +173,7 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 		}
 	}
 	c.AddHook(h)
-	r = New[string](c, "le-pending", 100)
+	r = New[string](redisstore.New(c, "le-pending"), 100)
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
 	settled(t, r, "p")
@@ -186,13 +187,13 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 // A Learn with new settings while a sync is under way holds once the
 // sync ends.
 func TestLearnDuringASync(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	var r *Registry[string]
 	h := &stateHook{}
 	h.fn = func(string) { _ = r.Learn("p", pacing.AdaptiveConfig{Max: 8}) }
 	c.AddHook(h)
-	r = New[string](c, "le-relearn", 100)
+	r = New[string](redisstore.New(c, "le-relearn"), 100)
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Max: 64, Initial: 30}))
 	settled(t, r, "p")
@@ -208,7 +209,7 @@ func TestLearnDuringASync(t *testing.T) {
 // Another process's cut, published while this process reads the state,
 // is taken from its message at once, not at the next read.
 func TestLearnedCapMessageDuringASync(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	other := srv.Client()
 	var r *Registry[string]
@@ -219,10 +220,10 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 		st.Cap.Lo, st.Cap.Hi, st.Cap.HiAt = 2, 2, time.Now().UnixNano()
 		b, err := json.Marshal(st)
 		if err == nil {
-			err = other.Set(context.Background(), redisOf(r).learnPrefix+lk.name, b, time.Hour).Err()
+			err = other.Set(context.Background(), learnKey(r, lk.name), b, time.Hour).Err()
 		}
 		if err == nil {
-			err = other.Publish(context.Background(), redisOf(r).learnChan, b).Err()
+			err = other.Publish(context.Background(), learnChannel(r), b).Err()
 		}
 		if err != nil {
 			panic(err)
@@ -236,7 +237,7 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 		}
 	}
 	c.AddHook(h)
-	r = New[string](c, "le-stale", 100)
+	r = New[string](redisstore.New(c, "le-stale"), 100)
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
 	s, err := r.TryAcquire("q") // a reply tells r the epoch, which messages carry
@@ -253,8 +254,8 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 // A refusal counts against the last learned key of an admission, however
 // many keys it has.
 func TestLearnedCapRefusalGoesToTheLastKey(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "le-path", 100)
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "le-path"), 100)
 	defer r.Close()
 	keys := []string{"a", "b", "c", "d", "e", "f"}
 	for _, k := range keys[:5] {
@@ -270,10 +271,10 @@ func TestLearnedCapRefusalGoesToTheLastKey(t *testing.T) {
 
 // After Forget the local registry follows the LimitFunc again.
 func TestForgetReturnsTheLocalLimit(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	var lim atomic.Int64
 	lim.Store(10)
-	r := NewWithKeys(srv.Client(), "le-forget", 100, Keys[string]{Limit: func(string) int { return int(lim.Load()) }})
+	r := NewWithKeys(redisstore.New(srv.Client(), "le-forget"), 100, Keys[string]{Limit: func(string) int { return int(lim.Load()) }})
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4}))
 	require.Equal(t, 5, r.Local().Limit("p"), "the learned limit: 4, and a probe")
@@ -301,13 +302,13 @@ func TestForgetReturnsTheLocalLimit(t *testing.T) {
 // A state that is read but not changed (a cap at its ceiling, a fleet
 // that needs less) does not expire while it is in use.
 func TestLearnedStateKeptWhileRead(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
-	r := New[string](c, "le-ttl", 100)
+	r := New[string](redisstore.New(c, "le-ttl"), 100)
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 64}))
 	settled(t, r, "p")
-	key := redisOf(r).learnPrefix + "p"
+	key := learnKey(r, "p")
 	require.NoError(t, c.PExpire(context.Background(), key, 3*time.Second).Err()) // as if the day had nearly passed
 	fwUntil(t, "a read gives it a day again", func() bool { return c.PTTL(context.Background(), key).Val() > time.Hour })
 }
@@ -321,7 +322,7 @@ func TestLearnedStateKeptWhileRead(t *testing.T) {
 // at least as large, measured here between the wall and monotonic clocks
 // since rs[0]'s clock was last told.
 func TestStartCeiling(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	rs := fwFleet(t, srv, "le-ceiling", 2, 1000)
 	require.NoError(t, rs[1].Learn("k", pacing.AdaptiveConfig{Initial: 1000})) // starts of a learned key are numbered
 	base := time.Now()
@@ -364,28 +365,28 @@ func TestStartCeiling(t *testing.T) {
 // A state in Redis that is not a Cap ("null", a zero value, another
 // key's) is written over, as a missing one.
 func TestLearnedStateNotACap(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
-	r := New[string](c, "le-foreign", 100)
+	r := New[string](redisstore.New(c, "le-foreign"), 100)
 	defer r.Close()
 	for _, v := range []string{"null", `{"k":"p","v":3,"cap":{}}`, `{"k":"q","v":3,"cap":{"lo":2,"hi":2,"step":1,"gap":1}}`} {
-		require.NoError(t, c.Set(context.Background(), redisOf(r).learnPrefix+"p", v, time.Hour).Err())
+		require.NoError(t, c.Set(context.Background(), learnKey(r, "p"), v, time.Hour).Err())
 		r.Forget("p")
 		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4}))
 		settled(t, r, "p")
 		lk := learnOf(r, "p")
 		assert.NotZero(t, lk.cap.Gap, v)
 		assert.Equal(t, 4, lk.cap.Lo, "the initial cap, as for a missing state: %s", v)
-		assert.Contains(t, c.Get(context.Background(), redisOf(r).learnPrefix+"p").Val(), `"k":"p"`, "written over: %s", v)
+		assert.Contains(t, c.Get(context.Background(), learnKey(r, "p")).Val(), `"k":"p"`, "written over: %s", v)
 	}
 }
 
 // On a Redis Cluster, the state's transaction and its channel work.
 func TestLearnedCapOnCluster(t *testing.T) {
-	cl := fleettest.StartCluster(t, 3)
-	a := New[string](cl.Client(), "le-cluster", 100)
+	cl := redistest.StartCluster(t, 3)
+	a := New[string](redisstore.New(cl.Client(), "le-cluster"), 100)
 	defer a.Close()
-	b := New[string](cl.Client(), "le-cluster", 100)
+	b := New[string](redisstore.New(cl.Client(), "le-cluster"), 100)
 	defer b.Close()
 	require.NoError(t, a.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
 	require.NoError(t, b.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
@@ -417,14 +418,14 @@ func (h recordHandler) WithGroup(string) slog.Handler      { return h }
 // the process at every key of its name but the learned states) is logged,
 // and does not open the breaker: admissions go on in Redis.
 func TestLearnedCapWriteRefused(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	admin := srv.Client()
 	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "nolearn", "on", ">pw", "&*", "+@all",
 		"~inflight:{le-acl}:*", "~inflight:{le-acl}#epoch", "~inflight:{le-acl}#pause", "~inflight:{le-acl}#procs").Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nolearn", Password: "pw"})
 	defer c.Close()
 	var logged atomic.Int64
-	r := New[string](c, "le-acl", 100, WithLogger(slog.New(recordHandler{match: "learned cap not written", n: &logged})))
+	r := New[string](redisstore.New(c, "le-acl"), 100, WithLogger(slog.New(recordHandler{match: "learned cap not written", n: &logged})))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
 	fwUntil(t, "the refusal logged", func() bool { return logged.Load() > 0 })
@@ -456,14 +457,14 @@ func TestLearnedCapStartBeforeACut(t *testing.T) {
 // The same across two processes: A's probe starts before B's cut, and its
 // start is written after it.
 func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	ca := srv.Client()
 	cutDone := make(chan struct{})
 	h := &stateHook{before: true, fn: func(string) { <-cutDone }}
 	ca.AddHook(h)
-	a := New[string](ca, "le-stale-start", 100, WithLogger(quiet()))
+	a := New[string](redisstore.New(ca, "le-stale-start"), 100, WithLogger(quiet()))
 	defer a.Close()
-	b := New[string](srv.Client(), "le-stale-start", 100, WithLogger(quiet()))
+	b := New[string](redisstore.New(srv.Client(), "le-stale-start"), 100, WithLogger(quiet()))
 	defer b.Close()
 	cfg := pacing.AdaptiveConfig{Initial: 4, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
@@ -494,9 +495,9 @@ func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
 
 // A ClearLimit whose LimitFunc panics leaves nothing locked.
 func TestLearnedCapClearLimitPanics(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	var armed atomic.Bool
-	r := NewWithKeys(srv.Client(), "le-clear", 100, Keys[string]{Limit: func(string) int {
+	r := NewWithKeys(redisstore.New(srv.Client(), "le-clear"), 100, Keys[string]{Limit: func(string) int {
 		if armed.Load() {
 			panic("limit func panics")
 		}
@@ -523,11 +524,11 @@ func TestLearnedCapClearLimitPanics(t *testing.T) {
 // end the process (the test runs in a child process).
 func TestLearnedCapMessageLimitFuncPanics(t *testing.T) {
 	if os.Getenv("FLEET_LEARN_CHILD") == "1" {
-		srv := fleettest.Start(t)
+		srv := redistest.Start(t)
 		var armed, panicked atomic.Bool
-		a := New[string](srv.Client(), "le-sub", 100, WithLogger(quiet()))
+		a := New[string](redisstore.New(srv.Client(), "le-sub"), 100, WithLogger(quiet()))
 		defer a.Close()
-		b := NewWithKeys(srv.Client(), "le-sub", 100, Keys[string]{Limit: func(string) int {
+		b := NewWithKeys(redisstore.New(srv.Client(), "le-sub"), 100, Keys[string]{Limit: func(string) int {
 			if armed.Load() {
 				panicked.Store(true)
 				panic("limit func panics")
@@ -562,7 +563,7 @@ func TestLearnedCapMessageLimitFuncPanics(t *testing.T) {
 // A key forgotten while its sync waits its turn in a round still ends
 // that sync: a Report waiting for it is not left to its timeout.
 func TestLearnedCapForgottenInARound(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	inRound, proceed := make(chan string, 1), make(chan struct{})
 	h := &stateHook{before: true, fn: func(key string) { inRound <- key; <-proceed }}
@@ -594,9 +595,9 @@ func TestLearnedCapForgottenInARound(t *testing.T) {
 // none comes after the states before it: a process that knew one takes
 // the next cut from its message, not at its next read.
 func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	admin := srv.Client()
-	a := New[string](srv.Client(), "le-loss-version", 100, WithLogger(quiet()))
+	a := New[string](redisstore.New(srv.Client(), "le-loss-version"), 100, WithLogger(quiet()))
 	defer a.Close()
 	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
@@ -611,7 +612,7 @@ func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
 	at := learnOf(a, "p").readAt
 	fwUntil(t, "a reads", func() bool { return learnOf(a, "p").readAt.After(at) }) // its next read is a second away
 	require.NoError(t, admin.FlushAll(context.Background()).Err())
-	c := New[string](srv.Client(), "le-loss-version", 100, WithLogger(quiet()))
+	c := New[string](redisstore.New(srv.Client(), "le-loss-version"), 100, WithLogger(quiet()))
 	defer c.Close()
 	require.NoError(t, c.Learn("p", cfg))
 	settled(t, c, "p")
@@ -625,8 +626,8 @@ func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
 
 // Forget and SetLimit racing leave the local registry at the fleet's limit.
 func TestForgetRacesSetLimit(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "le-forget-set", 100, WithLogger(quiet()))
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "le-forget-set"), 100, WithLogger(quiet()))
 	defer r.Close()
 	bad := 0
 	for i := range 10000 {
@@ -646,14 +647,14 @@ func TestForgetRacesSetLimit(t *testing.T) {
 // Channels are not per database: two fleets of one name in two databases
 // of one server do not take each other's learned states.
 func TestLearnedCapTwoDatabases(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c1 := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 1})
 	defer c1.Close()
 	c2 := redis.NewClient(&redis.Options{Addr: srv.Addr, DB: 2})
 	defer c2.Close()
-	a := New[string](c1, "le-dbs", 100, WithLogger(quiet()))
+	a := New[string](redisstore.New(c1, "le-dbs"), 100, WithLogger(quiet()))
 	defer a.Close()
-	b := New[string](c2, "le-dbs", 100, WithLogger(quiet()))
+	b := New[string](redisstore.New(c2, "le-dbs"), 100, WithLogger(quiet()))
 	defer b.Close()
 	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
@@ -676,8 +677,8 @@ func TestLearnedCapTwoDatabases(t *testing.T) {
 
 // Learn and Forget racing leave the local registry at the fleet's limit.
 func TestLearnRacesForget(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "le-learn-forget", 100, WithLogger(quiet()))
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "le-learn-forget"), 100, WithLogger(quiet()))
 	defer r.Close()
 	cfg := pacing.AdaptiveConfig{Initial: 4}
 	bad := 0
@@ -717,11 +718,11 @@ func (h *slowAcquire) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.
 // A cut's number is not far ahead of the server's clock when the latest
 // reply came back slowly: the first start after the cut is its test.
 func TestLearnedCapCutAfterASlowReply(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := srv.Client()
 	h := &slowAcquire{d: 150 * time.Millisecond}
 	c.AddHook(h)
-	r := New[string](c, "le-cutseq", 100, WithLogger(quiet()))
+	r := New[string](redisstore.New(c, "le-cutseq"), 100, WithLogger(quiet()))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4, Max: 64}))
 	settled(t, r, "p")
@@ -776,23 +777,23 @@ func TestLearnedCapEvidenceAppliedTwice(t *testing.T) {
 // 2^53, over 2^63, not a whole number) is still written over by the next
 // write: the write script compares versions as digits.
 func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	admin := srv.Client()
 	for i, v := range []string{"9007199254740993", "18446744073709551615", "1.5"} {
 		t.Run(v, func(t *testing.T) {
-			r := New[string](srv.Client(), fmt.Sprintf("le-odd-%d", i), 100, WithLogger(quiet()))
+			r := New[string](redisstore.New(srv.Client(), fmt.Sprintf("le-odd-%d", i)), 100, WithLogger(quiet()))
 			defer r.Close()
 			require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
 			settled(t, r, "p")
 			lk := learnOf(r, "p")
-			raw, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Result()
+			raw, err := admin.Get(context.Background(), learnKey(r, lk.name)).Result()
 			require.NoError(t, err)
 			var m map[string]json.RawMessage
 			require.NoError(t, json.Unmarshal([]byte(raw), &m))
 			m["v"] = json.RawMessage(v)
 			odd, err := json.Marshal(m)
 			require.NoError(t, err)
-			require.NoError(t, admin.Set(context.Background(), redisOf(r).learnPrefix+lk.name, odd, time.Hour).Err())
+			require.NoError(t, admin.Set(context.Background(), learnKey(r, lk.name), odd, time.Hour).Err())
 
 			held := holdP(t, 30, r)
 			r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency}) // a cut, written before Report returns
@@ -800,7 +801,7 @@ func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
 				s.Release()
 			}
 			fwUntil(t, "the cut written over the odd state", func() bool {
-				got, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Bytes()
+				got, err := admin.Get(context.Background(), learnKey(r, lk.name)).Bytes()
 				var st storedCap
 				return err == nil && string(got) != string(odd) && json.Unmarshal(got, &st) == nil && st.Cap.Lo < 30
 			})
@@ -812,9 +813,9 @@ func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
 // A ceiling lowered and raised again before the next write does not clamp
 // the fleet's state: the write starts from the state as Redis has it.
 func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	admin := srv.Client()
-	r := New[string](srv.Client(), "le-clamp", 100, WithLogger(quiet()))
+	r := New[string](redisstore.New(srv.Client(), "le-clamp"), 100, WithLogger(quiet()))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
 	settled(t, r, "p")
@@ -822,7 +823,7 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	lk := r.learning["p"]
 	lk.syncingLocked() // the learner leaves p alone: this test syncs it
 	r.mu.Unlock()
-	before, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Result()
+	before, err := admin.Get(context.Background(), learnKey(r, lk.name)).Result()
 	require.NoError(t, err)
 	r.SetLimit("p", 10)
 	r.SetLimit("p", 100)
@@ -832,7 +833,7 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	r.noteLocked(lk, learnEvent{kind: evStarted, n: 31, id: uint64(at.UnixMicro()), now: at.UnixNano()})
 	r.mu.Unlock()
 	r.syncLearned("p", lk)
-	raw, err := admin.Get(context.Background(), redisOf(r).learnPrefix+lk.name).Bytes()
+	raw, err := admin.Get(context.Background(), learnKey(r, lk.name)).Bytes()
 	require.NoError(t, err)
 	var st storedCap
 	require.NoError(t, json.Unmarshal(raw, &st))
@@ -844,13 +845,13 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 // all the same: its evidence is not applied again, and the failure is
 // logged.
 func TestLearnedCapSetNotPublished(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	admin := srv.Client()
 	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "nopublish", "on", ">pw", "~*", "&*", "+@all", "-publish").Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nopublish", Password: "pw"})
 	defer c.Close()
 	var logged atomic.Int64
-	r := New[string](c, "le-nopub", 100, WithLogger(slog.New(recordHandler{match: "not published", n: &logged})))
+	r := New[string](redisstore.New(c, "le-nopub"), 100, WithLogger(slog.New(recordHandler{match: "not published", n: &logged})))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
 	settled(t, r, "p")
@@ -862,7 +863,7 @@ func TestLearnedCapSetNotPublished(t *testing.T) {
 	l := learnOf(r, "p")
 	assert.Empty(t, l.pending, "the cut is written when Report returns")
 	assert.Positive(t, logged.Load(), "its message could not go")
-	raw, err := admin.Get(context.Background(), redisOf(r).learnPrefix+l.name).Bytes()
+	raw, err := admin.Get(context.Background(), learnKey(r, l.name)).Bytes()
 	require.NoError(t, err)
 	var st storedCap
 	require.NoError(t, json.Unmarshal(raw, &st))

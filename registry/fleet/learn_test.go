@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"io"
 	"math"
 	"math/rand/v2"
@@ -18,7 +19,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -36,7 +37,7 @@ func learnFleet(t *testing.T, srv redisServer, name string, n int, a pacing.Adap
 // A concurrency refusal reported by one process lowers the cap of every
 // process; an admission one of them reports raises it for all.
 func TestLearnedCapIsTheFleets(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	rs := learnFleet(t, srv, "learn-share", 3, pacing.AdaptiveConfig{Initial: 10, Max: 64})
 	for _, r := range rs {
 		assert.Equal(t, 10, r.Learned("p").Cap)
@@ -107,7 +108,7 @@ func releaseAll(t *testing.T, r *Registry[string], held []*slots.Slot) {
 // While no ceiling is known, a probe one process makes and reports
 // admitted raises the cap of all.
 func TestLearnedCapRisesForAll(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	rs := learnFleet(t, srv, "learn-rise", 3, pacing.AdaptiveConfig{Initial: 4, Max: 64})
 	require.Equal(t, 5, rs[0].Learned("p").Limit, "one probe over the cap may go")
 	held := holdP(t, 5, rs[0])
@@ -122,8 +123,8 @@ func TestLearnedCapRisesForAll(t *testing.T) {
 
 // Learn refuses what it cannot learn under, and bad reports change nothing.
 func TestLearnEdges(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "learn-edges", 3)
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "learn-edges"), 3)
 	defer r.Close()
 	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Min: 5}), "a floor over the configured limit")
 	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Initial: -1}))
@@ -141,7 +142,7 @@ func TestLearnEdges(t *testing.T) {
 	require.NoError(t, err)
 	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
 	s.Release()
-	other := New[string](srv.Client(), "learn-edges-other", 3)
+	other := New[string](redisstore.New(srv.Client(), "learn-edges-other"), 3)
 	defer other.Close()
 	s, err = other.TryAcquire("p")
 	require.NoError(t, err)
@@ -279,7 +280,7 @@ func TestFleetLearnsAMovingCap(t *testing.T) {
 	sc := movingCap // with phases of 2 s: its figures are only logged
 	sc.phase = 2 * time.Second
 	sc.schedule = []pacingtest.Step{{At: 0, Cap: 12}, {At: 2 * time.Second, Cap: 5}, {At: 4 * time.Second, Cap: 15}}
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const ceiling = 10
 	rs := fwFleet(t, srv, "learn-run", 3, slots.Unlimited, WithLogger(quiet()), WithUnavailable(FailClosed))
 	for _, r := range rs {
@@ -312,7 +313,7 @@ func TestFleetLearnsAMovingCap(t *testing.T) {
 // empty): the processes write back what they knew, not the initial cap;
 // and while Redis is down each goes on under its copy.
 func TestLearnedCapAfterRedisLosesItsData(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	rs := learnFleet(t, srv, "learn-loss", 2, pacing.AdaptiveConfig{Initial: 10, Max: 64})
 	held := holdP(t, 10, rs...)
 	rs[1].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
@@ -364,7 +365,7 @@ func TestServerClockNanos(t *testing.T) {
 // Slot's release, which follows, cannot let another process start under
 // the cap it knew.
 func TestReportWritesACutBeforeItReturns(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	rs := learnFleet(t, srv, "learn-flush", 1, pacing.AdaptiveConfig{Initial: 3, Max: 64})
 	held := holdP(t, 3, rs[0])
 	rs[0].Report(held[2], pacing.Verdict{Kind: pacing.Concurrency})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/learn"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // A process writes its evidence to Redis in the background (the learner
@@ -312,7 +313,7 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 			// Else a read of the state presumed, to find whether another
 			// process wrote it, and keep it from expiring.
 		}
-		call := &LearnedCall{Key: snap.lk.name, Presumed: cur.v, State: payload, TTL: learnedStateTTL}
+		call := &driver.LearnedCall{Key: snap.lk.name, Presumed: cur.v, State: payload, TTL: learnedStateTTL}
 		res, err := r.store.SyncLearned(ctx, call)
 		if err != nil {
 			return fresh, false, err
@@ -331,7 +332,7 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 
 // decodeLearned reads the store's state res, which is not the one the
 // caller presumed.
-func (r *Registry[K]) decodeLearned(snap syncSnapshot, res LearnedResult) redisState {
+func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult) redisState {
 	cur := redisState{st: snap.start, known: true, v: res.Version}
 	if !res.Found {
 		return cur // no state: snap.start goes back

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"io"
 	"os"
 	"os/exec"
@@ -17,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -82,8 +83,8 @@ func TestExpiredLeaseGoesBackOnlyIfRoom(t *testing.T) {
 // that never saw the old epoch, which cannot tell the loss from a first
 // start, so nothing pauses them (see pause_test.go for the pause).
 func TestLeasesLostInRestartGoBack(t *testing.T) {
-	srv := fleettest.Start(t)
-	holder := New[string](srv.Client(), "r", 2, WithLeaseTTL(time.Minute))
+	srv := redistest.Start(t)
+	holder := New[string](redisstore.New(srv.Client(), "r"), 2, WithLeaseTTL(time.Minute))
 	defer holder.Close()
 	ctx, cancel := WithCancelOnLost(context.Background())
 	defer cancel()
@@ -95,7 +96,7 @@ func TestLeasesLostInRestartGoBack(t *testing.T) {
 	srv.Kill()
 	srv.Restart()
 
-	other := New[string](srv.Client(), "r", 2, WithLeaseTTL(time.Minute))
+	other := New[string](redisstore.New(srv.Client(), "r"), 2, WithLeaseTTL(time.Minute))
 	defer other.Close()
 	for range 2 {
 		s, err := other.TryAcquire("k")
@@ -123,9 +124,9 @@ func TestPausedHolderProcess(t *testing.T) {
 	if os.Getenv("FLEET_PAUSED_CHILD") != "" {
 		t.Skip("in a child process")
 	}
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const ttl = 300 * time.Millisecond
-	live := New[string](srv.Client(), "paused", 2, WithLeaseTTL(ttl))
+	live := New[string](redisstore.New(srv.Client(), "paused"), 2, WithLeaseTTL(ttl))
 	defer live.Close()
 	ctx := context.Background()
 
@@ -213,7 +214,7 @@ func TestPausedHolderChild(t *testing.T) {
 	}
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv("FLEET_REDIS")})
 	defer c.Close()
-	r := New[string](c, "paused", 2, WithLeaseTTL(300*time.Millisecond))
+	r := New[string](redisstore.New(c, "paused"), 2, WithLeaseTTL(300*time.Millisecond))
 	defer r.Close()
 	var ctxs []context.Context
 	for range 2 {

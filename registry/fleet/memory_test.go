@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"runtime"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -29,9 +30,9 @@ func TestMemoryFollowsHoldersAfterABurst(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a burst of 50,000 leases")
 	}
-	srv := fleettest.Start(t) // a server of its own, so that the heap is this process's alone
+	srv := redistest.Start(t) // a server of its own, so that the heap is this process's alone
 	c := srv.Client()
-	r := New[string](c, "mem", 1)
+	r := New[string](redisstore.New(c, "mem"), 1)
 	t.Cleanup(r.Close)
 	const n = 50_000
 	drained := func() bool {

@@ -73,7 +73,6 @@ const DefaultLeaseTTL = 30 * time.Second
 type Option func(*config)
 
 type config struct {
-	prefix        string
 	ttl           time.Duration
 	onUnavailable Unavailable
 	lost          Lost
@@ -89,7 +88,6 @@ type config struct {
 
 func defaults() config {
 	return config{
-		prefix:     "inflight:",
 		ttl:        DefaultLeaseTTL,
 		breakAfter: 3,
 		probeEvery: 250 * time.Millisecond,
@@ -162,10 +160,6 @@ func WithPoll(minimum, maximum time.Duration) Option {
 	}
 	return func(c *config) { c.pollMin, c.pollMax = minimum, maximum }
 }
-
-// WithPrefix sets the prefix of the Registry's Redis keys (default
-// "inflight:"); keys are <prefix>{<name>}:<key>.
-func WithPrefix(p string) Option { return func(c *config) { c.prefix = p } }
 
 // WithLogger sets the logger (nil, the default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -123,8 +124,8 @@ func TestBurstAtStartAcrossADataLoss(t *testing.T) {
 			defer s.Release()
 		}
 		c := v.Client()
-		require.NoError(t, c.ScriptLoad(t.Context(), acquireLua).Err())
-		r := New[string](c, "far-loss", 2, WithLogger(quiet()))
+		loadScripts(t, c)
+		r := New[string](redisstore.New(c, "far-loss"), 2, WithLogger(quiet()))
 		t.Cleanup(r.Close)
 		require.Zero(t, r.epoch.Load(), "no reply from Redis yet")
 		t0 := time.Now()

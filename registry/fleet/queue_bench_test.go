@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -10,7 +11,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // fwCallCounter is a client hook that counts the commands a client sends
@@ -34,7 +35,7 @@ func (h *fwCallCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redi
 }
 
 // fwCounted returns a client of srv whose calls h counts.
-func fwCounted(b *testing.B, srv *fleettest.Server, h *fwCallCounter) *redis.Client {
+func fwCounted(b *testing.B, srv *redistest.Server, h *fwCallCounter) *redis.Client {
 	c := srv.Client()
 	c.AddHook(h)
 	return c
@@ -62,9 +63,9 @@ func fwDrained(b *testing.B, r *Registry[string], key string) {
 // round trips each admission costs (the removals and the heartbeat
 // included).
 func BenchmarkFleetUncontendedAdmission(b *testing.B) {
-	srv := fleettest.Start(b)
+	srv := redistest.Start(b)
 	h := &fwCallCounter{}
-	r := New[string](fwCounted(b, srv, h), "fw-bench-free", 1<<20)
+	r := New[string](redisstore.New(fwCounted(b, srv, h), "fw-bench-free"), 1<<20)
 	defer r.Close()
 	lat := make([]time.Duration, 0, 1<<16)
 	cmds0, trips0 := h.cmds.Load(), h.trips.Load()
@@ -93,13 +94,13 @@ func BenchmarkFleetUncontendedAdmission(b *testing.B) {
 // summed over every Registry's client (waits, removals, heartbeats).
 func BenchmarkFleetContended16(b *testing.B) {
 	const goroutines, limit = 16, 8
-	srv := fleettest.Start(b)
+	srv := redistest.Start(b)
 	for _, procs := range []int{1, 4} {
 		b.Run(fmt.Sprintf("registries=%d", procs), func(b *testing.B) {
 			h := &fwCallCounter{}
 			rs := make([]*Registry[string], procs)
 			for i := range rs {
-				rs[i] = New[string](fwCounted(b, srv, h), fmt.Sprint("fw-bench-16-", procs), limit)
+				rs[i] = New[string](redisstore.New(fwCounted(b, srv, h), fmt.Sprint("fw-bench-16-", procs)), limit)
 				defer rs[i].Close()
 			}
 			var left atomic.Int64

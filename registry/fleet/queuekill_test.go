@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"os"
 	"os/exec"
 	"sync"
@@ -13,7 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -36,15 +37,15 @@ func TestFleetKilledWaitersProcess(t *testing.T) {
 	if os.Getenv(fwKillEnv) != "" {
 		t.Skip("in a child process")
 	}
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const (
 		hold     = 20 * time.Millisecond
 		parentN  = 3
 		liveness = fwKillTTL
 	)
-	holder := New[string](srv.Client(), fwKillName, 1, WithLeaseTTL(fwKillTTL))
+	holder := New[string](redisstore.New(srv.Client(), fwKillName), 1, WithLeaseTTL(fwKillTTL))
 	defer holder.Close()
-	parent := New[string](srv.Client(), fwKillName, 1, WithLeaseTTL(fwKillTTL))
+	parent := New[string](redisstore.New(srv.Client(), fwKillName), 1, WithLeaseTTL(fwKillTTL))
 	defer parent.Close()
 
 	// run fills key from the holder, calls afterHeld, queues parentN
@@ -152,7 +153,7 @@ func TestFleetKilledWaitersChild(t *testing.T) {
 		t.Skip("run by TestFleetKilledWaitersProcess")
 	}
 	c := redis.NewClient(&redis.Options{Addr: os.Getenv("FLEET_REDIS")})
-	r := New[string](c, fwKillName, 1, WithLeaseTTL(fwKillTTL))
+	r := New[string](redisstore.New(c, fwKillName), 1, WithLeaseTTL(fwKillTTL))
 	for range fwKillWaiters {
 		go func() { _, _ = r.Acquire(context.Background(), "k") }()
 	}

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -11,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -19,7 +20,7 @@ import (
 // bounds from the wait options, and a waiter that gives up.
 
 // queued returns the length of key's queue in Redis (name "qw").
-func queuedIn(t *testing.T, srv *fleettest.Server, key string) int {
+func queuedIn(t *testing.T, srv *redistest.Server, key string) int {
 	t.Helper()
 	n, err := srv.Client().ZCard(context.Background(), "inflight:{qw}:"+key+"#q").Result()
 	require.NoError(t, err)
@@ -30,11 +31,11 @@ func queuedIn(t *testing.T, srv *fleettest.Server, key string) int {
 // the fleet's queue, counted across processes: a caller over a bound fails
 // at once with ErrQueueFull and a Retry-After of at least a second.
 func TestFleetQueueBounds(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	opts := []Option{WithLocalOptions(slots.WithMaxQueue(3), slots.WithMaxQueuePerFlow(2))}
-	a := New[string](srv.Client(), "qw", 1, opts...)
+	a := New[string](redisstore.New(srv.Client(), "qw"), 1, opts...)
 	defer a.Close()
-	b := New[string](srv.Client(), "qw", 1, opts...)
+	b := New[string](redisstore.New(srv.Client(), "qw"), 1, opts...)
 	defer b.Close()
 	held, err := a.TryAcquire("k")
 	require.NoError(t, err)
@@ -68,10 +69,10 @@ func TestFleetQueueBounds(t *testing.T) {
 // to the next waiter at once, not when its poll (here 30 s away) finds the
 // first one gone.
 func TestFleetWaiterGivesUp(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "qw", 1)
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1)
 	defer r.Close()
-	other := New[string](srv.Client(), "qw", 1)
+	other := New[string](redisstore.New(srv.Client(), "qw"), 1)
 	defer other.Close()
 	other.claim = time.Minute // its waiter asks again only after 30 s
 	held, err := r.TryAcquire("k")
@@ -97,11 +98,11 @@ func TestFleetWaiterGivesUp(t *testing.T) {
 // at once, not after a grant nobody claims and its own poll (here 30 s
 // away).
 func TestFleetCloseLeavesTheQueue(t *testing.T) {
-	srv := fleettest.Start(t)
-	holder := New[string](srv.Client(), "qw", 1)
+	srv := redistest.Start(t)
+	holder := New[string](redisstore.New(srv.Client(), "qw"), 1)
 	defer holder.Close()
-	closing := New[string](srv.Client(), "qw", 1)
-	other := New[string](srv.Client(), "qw", 1)
+	closing := New[string](redisstore.New(srv.Client(), "qw"), 1)
+	other := New[string](redisstore.New(srv.Client(), "qw"), 1)
 	defer other.Close()
 	other.claim = time.Minute
 	held, err := holder.TryAcquire("k")
@@ -123,11 +124,11 @@ func TestFleetCloseLeavesTheQueue(t *testing.T) {
 // the caller leaves the queue and fails with ErrWaitTimeout, or, with
 // slots.WithFailOpen, is admitted with a Bypassed Slot that holds nothing.
 func TestFleetMaxWait(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const wait = 100 * time.Millisecond
-	closed := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(wait)))
+	closed := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(wait)))
 	defer closed.Close()
-	open := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(wait), slots.WithFailOpen()))
+	open := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(wait), slots.WithFailOpen()))
 	defer open.Close()
 	held, err := closed.TryAcquire("k")
 	require.NoError(t, err)
@@ -158,8 +159,8 @@ func TestFleetMaxWait(t *testing.T) {
 // AcquireAll past the longest wait names the key that was full, with its
 // limit and count, not the first of its keys.
 func TestFleetMaxWaitNamesTheFullKey(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "qw", 5, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "qw"), 5, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
 	defer r.Close()
 	r.SetLimit("b", 1)
 	held, err := r.TryAcquire("b")
@@ -176,8 +177,8 @@ func TestFleetMaxWaitNamesTheFullKey(t *testing.T) {
 
 // A wait past the longest one tells the key's count and its queue.
 func TestFleetMaxWaitCounts(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
 	defer r.Close()
 	held, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -194,7 +195,7 @@ func TestFleetMaxWaitCounts(t *testing.T) {
 // WithFailOpen it used to be given back for a Bypassed Slot, and the cap
 // of 1 then let a second caller in.
 func TestFleetMaxWaitDoesNotBypassAnAdmission(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	var slow atomic.Bool
 	slow.Store(true)
 	obs := slots.ObserverFunc(func(e slots.Event) {
@@ -202,7 +203,7 @@ func TestFleetMaxWaitDoesNotBypassAnAdmission(t *testing.T) {
 			time.Sleep(300 * time.Millisecond) // a slow Observer
 		}
 	})
-	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond), slots.WithFailOpen(), slots.WithObserver(obs)))
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(100*time.Millisecond), slots.WithFailOpen(), slots.WithObserver(obs)))
 	defer r.Close()
 	s, err := r.Acquire(context.Background(), "k")
 	require.NoError(t, err)
@@ -216,8 +217,8 @@ func TestFleetMaxWaitDoesNotBypassAnAdmission(t *testing.T) {
 // longest wait runs out after. The caller gets ErrClosed, not a Bypassed
 // Slot from a closed Registry.
 func TestFleetMaxWaitAfterClose(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "qw", 1, WithTimeout(2*time.Second),
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1, WithTimeout(2*time.Second),
 		WithLocalOptions(slots.WithMaxWait(200*time.Millisecond), slots.WithFailOpen()))
 	// warm up: scripts loaded, connection made
 	s0, err := r.TryAcquire("warm")
@@ -252,9 +253,9 @@ func TestFleetMaxWaitAfterClose(t *testing.T) {
 // once it has ended, the error wraps its own (Canceled), not the bound's
 // DeadlineExceeded.
 func TestFleetMaxWaitParentCancelled(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const wait = 5 * time.Millisecond
-	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(wait)))
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(wait)))
 	defer r.Close()
 	held, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -283,8 +284,8 @@ func TestFleetMaxWaitParentCancelled(t *testing.T) {
 
 // A longest wait <= 0 is no bound, and TryAcquire does not wait.
 func TestFleetMaxWaitZeroIsNoBound(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(-time.Second), slots.WithFailOpen()))
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(-time.Second), slots.WithFailOpen()))
 	defer r.Close()
 	held, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -302,8 +303,8 @@ func TestFleetMaxWaitZeroIsNoBound(t *testing.T) {
 // A Bypassed Slot's Release sends nothing and counts nothing twice; a
 // second Release is a misuse.
 func TestFleetMaxWaitBypassRelease(t *testing.T) {
-	srv := fleettest.Start(t)
-	r := New[string](srv.Client(), "qw", 1, WithLocalOptions(slots.WithMaxWait(50*time.Millisecond), slots.WithFailOpen()))
+	srv := redistest.Start(t)
+	r := New[string](redisstore.New(srv.Client(), "qw"), 1, WithLocalOptions(slots.WithMaxWait(50*time.Millisecond), slots.WithFailOpen()))
 	defer r.Close()
 	held, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -328,10 +329,10 @@ func TestFleetMaxWaitBypassRelease(t *testing.T) {
 // far apart on any machine. (The client must let a context's deadline end
 // a call, as the package recommends: ContextTimeoutEnabled.)
 func TestFleetMaxWaitBoundsACallOnItsWay(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 10 * time.Second, WriteTimeout: 10 * time.Second, ContextTimeoutEnabled: true})
 	defer c.Close()
-	r := New[string](c, "qw", 1, WithTimeout(10*time.Second),
+	r := New[string](redisstore.New(c, "qw"), 1, WithTimeout(10*time.Second),
 		WithLocalOptions(slots.WithMaxWait(100*time.Millisecond)))
 	defer r.Close()
 	held, err := r.TryAcquire("k") // fills the key, and the local registry too
@@ -352,18 +353,18 @@ func TestFleetMaxWaitBoundsACallOnItsWay(t *testing.T) {
 // fleet's queue back: the next release goes to the waiter behind it, not
 // to a grant nobody claims.
 func TestFleetPanickingWaiterLeavesTheQueue(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	var boom atomic.Bool
-	r := NewWithKeys(srv.Client(), "qw", 1, Keys[string]{Limit: func(string) int {
+	r := NewWithKeys(redisstore.New(srv.Client(), "qw"), 1, Keys[string]{Limit: func(string) int {
 		if boom.Load() {
 			panic("limit lookup failed")
 		}
 		return 1
 	}})
 	defer r.Close()
-	holder := New[string](srv.Client(), "qw", 1)
+	holder := New[string](redisstore.New(srv.Client(), "qw"), 1)
 	defer holder.Close()
-	other := New[string](srv.Client(), "qw", 1)
+	other := New[string](redisstore.New(srv.Client(), "qw"), 1)
 	defer other.Close()
 	other.claim = time.Minute // its waiter asks again only after 30 s
 	held, err := holder.TryAcquire("k")
@@ -385,7 +386,7 @@ func TestFleetPanickingWaiterLeavesTheQueue(t *testing.T) {
 
 // queueBehind starts a waiter of other on "k" behind the one queued there
 // already, and returns the channel of its Slot once admitted.
-func queueBehind(t *testing.T, srv *fleettest.Server, other *Registry[string]) <-chan *slots.Slot {
+func queueBehind(t *testing.T, srv *redistest.Server, other *Registry[string]) <-chan *slots.Slot {
 	t.Helper()
 	next := make(chan *slots.Slot, 1)
 	go func() {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -195,7 +196,7 @@ func TestObserverPanicInGiveBackRemovesLease(t *testing.T) {
 // leases expire after the TTL (goleak checks the goroutines at the end).
 func TestReleaseAfterClose(t *testing.T) {
 	m := newMini(t)
-	r := New[string](m.client(), "t", 10000, WithLeaseTTL(3*time.Second))
+	r := New[string](redisstore.New(m.client(), "t"), 10000, WithLeaseTTL(3*time.Second))
 	var held []*slots.Slot
 	for range 50 {
 		s, err := r.TryAcquire("k")

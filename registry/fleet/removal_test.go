@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -11,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -19,11 +20,11 @@ import (
 // network is back: the capacity frees at once for the rest of the fleet,
 // not when the lease expires (a minute here).
 func TestReleaseDuringCutIsSentAgain(t *testing.T) {
-	srv := fleettest.Start(t)
-	px := fleettest.StartProxy(t, srv)
-	r := New[string](px.Client(), "c", 1, WithLeaseTTL(time.Minute), WithBreaker(3, 20*time.Millisecond))
+	srv := redistest.Start(t)
+	px := redistest.StartProxy(t, srv)
+	r := New[string](redisstore.New(px.Client(), "c"), 1, WithLeaseTTL(time.Minute), WithBreaker(3, 20*time.Millisecond))
 	defer r.Close()
-	other := New[string](srv.Client(), "c", 1, WithLeaseTTL(time.Minute)) // another process, its own path to Redis
+	other := New[string](redisstore.New(srv.Client(), "c"), 1, WithLeaseTTL(time.Minute)) // another process, its own path to Redis
 	defer other.Close()
 	ctx := context.Background()
 	s, err := r.TryAcquire("k")
@@ -54,11 +55,11 @@ func TestReleaseDuringCutIsSentAgain(t *testing.T) {
 // releases at once must all return while the server is still stopped,
 // their removals queued. Once it resumes, every lease is removed.
 func TestReleaseDoesNotWaitForRedis(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, ReadTimeout: 2 * time.Minute, WriteTimeout: 2 * time.Minute,
 		ContextTimeoutEnabled: true, PoolSize: 64, Protocol: 2})
 	t.Cleanup(func() { c.Close() })
-	r := New[string](c, "h", 10000, WithLeaseTTL(3*time.Minute), WithTimeout(time.Minute))
+	r := New[string](redisstore.New(c, "h"), 10000, WithLeaseTTL(3*time.Minute), WithTimeout(time.Minute))
 	t.Cleanup(r.Close)
 	stopped := false
 	t.Cleanup(func() { // before Close, which sends what is queued

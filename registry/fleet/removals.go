@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"time"
 )
@@ -172,7 +173,7 @@ func (r *Registry[K]) flushRemovals() {
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.redisMu.Lock()
 	defer r.redisMu.Unlock()
-	call := &ReleaseCall{Claim: r.claim}
+	call := &driver.ReleaseCall{Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
@@ -181,7 +182,7 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 		}
 		plain = append(plain, l)
 		for i, name := range l.names {
-			call.Pairs = append(call.Pairs, Release{Key: name, Lease: l.id, Limit: l.limits[i]})
+			call.Pairs = append(call.Pairs, driver.Release{Key: name, Lease: l.id, Limit: l.limits[i]})
 		}
 	}
 	for chunk := range slices.Chunk(abandons, batchSize) {
@@ -208,9 +209,9 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 // abandonAll sends the abandons of leases in one call, and returns those
 // that failed.
 func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lease[K] {
-	calls := make([]*AbandonCall, len(leases))
+	calls := make([]*driver.AbandonCall, len(leases))
 	for i, l := range leases {
-		calls[i] = &AbandonCall{Lease: l.id, Keys: l.names, TTL: r.cfg.ttl, NotAfter: scriptUntil(l.until), Claim: r.claim}
+		calls[i] = &driver.AbandonCall{Lease: l.id, Keys: l.names, TTL: r.cfg.ttl, NotAfter: scriptUntil(l.until), Claim: r.claim}
 		if len(l.limits) == len(l.names) { // serving the queues needs them
 			calls[i].Limits = l.limits
 		}

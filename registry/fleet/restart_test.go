@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"log/slog"
 	"math/rand/v2"
 	"sync"
@@ -14,7 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // provider counts the requests in flight at it, apart from anything the
@@ -112,7 +113,7 @@ func (p *provider) inFlight() int {
 // local registry alone is the documented exception), and their waiters
 // keep waiting through the pause.
 func TestRestartUnderLoadKeepsTheCap(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	const limit, replicas, workers = 5, 3, 12
 	const ttl = time.Second // renewals every 333 ms
 	up := &provider{limit: limit}
@@ -120,7 +121,7 @@ func TestRestartUnderLoadKeepsTheCap(t *testing.T) {
 	var regs []*Registry[string]
 	for i := range replicas {
 		log := slog.New(slog.NewTextHandler(logged, nil)).With("replica", i)
-		r := New[string](srv.Client(), "restart", limit, WithLeaseTTL(ttl), WithTimeout(100*time.Millisecond),
+		r := New[string](redisstore.New(srv.Client(), "restart"), limit, WithLeaseTTL(ttl), WithTimeout(100*time.Millisecond),
 			WithBreaker(2, 50*time.Millisecond), WithUnavailable(FailClosed), WithLogger(log))
 		t.Cleanup(r.Close)
 		regs = append(regs, r)

@@ -3,13 +3,14 @@ package fleet
 import (
 	"context"
 	"errors"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -18,10 +19,10 @@ import (
 // the held lease is there (replicated, or put back by the heartbeat), and
 // it counts toward the cap.
 func TestSentinelFailover(t *testing.T) {
-	st := fleettest.StartSentinel(t)
+	st := redistest.StartSentinel(t)
 	ctx := context.Background()
 	const ttl = 900 * time.Millisecond // renewals every 300 ms
-	r := New[string](st.Client(), "t", 2, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))
+	r := New[string](redisstore.New(st.Client(), "t"), 2, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))
 	defer r.Close()
 
 	held, err := r.TryAcquire("k")
@@ -60,13 +61,13 @@ func TestSentinelFailover(t *testing.T) {
 // again on the new master, and the wake-up subscription follows the
 // failover.
 func TestSentinelFailoverWithAWaiter(t *testing.T) {
-	st := fleettest.StartSentinel(t)
+	st := redistest.StartSentinel(t)
 	const ttl = 900 * time.Millisecond
-	r := New[string](st.Client(), "t", 1, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))
+	r := New[string](redisstore.New(st.Client(), "t"), 1, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond))
 	defer r.Close()
 	held, err := r.TryAcquire("k")
 	require.NoError(t, err)
-	other := New[string](st.Client(), "t", 1, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond),
+	other := New[string](redisstore.New(st.Client(), "t"), 1, WithLeaseTTL(ttl), WithBreaker(3, 50*time.Millisecond),
 		WithUnavailable(FailClosed)) // a waiter that never admits outside Redis
 	defer other.Close()
 	got := make(chan error, 1)
@@ -99,7 +100,7 @@ func TestSentinelFailoverWithAWaiter(t *testing.T) {
 
 // failOver kills st's master and waits for the Sentinel to promote the
 // replica and for the one lease r holds on "k" to be on it.
-func failOver(t *testing.T, st *fleettest.Sentinel, r *Registry[string]) {
+func failOver(t *testing.T, st *redistest.Sentinel, r *Registry[string]) {
 	t.Helper()
 	st.Master.Kill()
 	require.Eventually(t, func() bool {

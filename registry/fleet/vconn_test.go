@@ -35,7 +35,7 @@ func newVirtualRedis(t testing.TB, latency time.Duration) *virtualRedis {
 }
 
 // redisServer is a Redis that tests open registries on: a real
-// redis-server (fleettest.Server) or a virtual one.
+// redis-server (redistest.Server) or a virtual one.
 type redisServer interface {
 	Client() *redis.Client
 }

@@ -12,7 +12,9 @@ import (
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -21,7 +23,7 @@ import (
 
 // fleetStores returns the stores of the org caps and of the provider's
 // caps, on cfg.Fleet's Redis or database.
-func (g *Gateway) fleetStores(cfg Config) (tenants, provider fleet.Store, err error) {
+func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err error) {
 	if u := cfg.Fleet.PostgresURL; u != "" {
 		pc, _ := pgxpool.ParseConfig(u) // checked by ParseConfig
 		pc.ConnConfig.ConnectTimeout = time.Second
@@ -44,7 +46,7 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider fleet.Store, err er
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
 	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.Protocol = true, 1, 2
 	g.rdb = redis.NewClient(opt)
-	return nil, nil, nil
+	return redisstore.New(g.rdb, "tenants"), redisstore.New(g.rdb, "provider"), nil
 }
 
 // startFleet makes the org caps and the provider and model caps hold
@@ -68,11 +70,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 		Limit: func(k tenant) int { return g.orgLimit(k.Org) },
 	}
 	tenantOpts := append(common, fleet.WithLocalOptions(local...))
-	if tenantStore != nil {
-		g.fleetTenants = fleet.NewWithStore(tenantStore, cfg.Orgs.DefaultLimit, tenantKeys, tenantOpts...)
-	} else {
-		g.fleetTenants = fleet.NewWithKeys(g.rdb, "tenants", cfg.Orgs.DefaultLimit, tenantKeys, tenantOpts...)
-	}
+	g.fleetTenants = fleet.NewWithKeys(tenantStore, cfg.Orgs.DefaultLimit, tenantKeys, tenantOpts...)
 	g.tenants = g.fleetTenants.Local()
 	g.admitTenant = g.fleetTenants.TryAcquire
 
@@ -86,11 +84,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 		wait = append(wait, slots.WithFailOpen())
 	}
 	providerOpts := append(common, fleet.WithLocalOptions(wait...))
-	if providerStore != nil {
-		g.caps = fleet.NewWithStore(providerStore, slots.Unlimited, fleet.Keys[string]{}, providerOpts...)
-	} else {
-		g.caps = fleet.New[string](g.rdb, "provider", slots.Unlimited, providerOpts...)
-	}
+	g.caps = fleet.New[string](providerStore, slots.Unlimited, providerOpts...)
 	// The caps, configured or learned, are the fleet's: the Gate keeps
 	// the pacing.
 	provider := cfg.Provider

@@ -20,13 +20,13 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/pacing"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		fleettest.ReportSkips("examples/internal/gateway")
+		redistest.ReportSkips("examples/internal/gateway")
 		os.Exit(code)
 	}))
 }
@@ -427,7 +427,7 @@ func TestConfigPrioritiesAndWeights(t *testing.T) {
 // fleetStores start, for a test, each store a fleet of gateways runs on,
 // and return the "fleet" config's field that points at it.
 var fleetStores = map[string]func(t *testing.T) string{
-	"redis":    func(t *testing.T) string { return `"redis_url": "redis://` + fleettest.Start(t).Addr + `/0"` },
+	"redis":    func(t *testing.T) string { return `"redis_url": "redis://` + redistest.Start(t).Addr + `/0"` },
 	"postgres": func(t *testing.T) string { return `"postgres_url": "` + pgtest.Start(t).URL + `"` },
 }
 
@@ -492,7 +492,7 @@ func testGatewayFleet(t *testing.T, store string) {
 // request over max_queue is refused at once, and one that waits past
 // max_queue_wait_ms gives up its place, both with 429.
 func TestGatewayFleetQueueBounds(t *testing.T) {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	u := newUpstream(t)
 	gw, g := startGatewayWith(t, u.srv.URL, `{
 	"upstream": "%s",

@@ -24,7 +24,7 @@ import (
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 var live = flag.Bool("live", false, "play pacingtest's Drop scenario in full (360 s) through the gateway over loopback, beside its virtual-time figures")
@@ -368,7 +368,7 @@ func TestGatewayFleetLearnsLive(t *testing.T) {
 	}
 	sc.Schedule = []pacingtest.Step{{At: 0, Cap: 20}, {At: 30 * time.Second, Cap: 8}, {At: 60 * time.Second, Cap: 30}}
 	sc.Duration = 90 * time.Second
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	play := func(n int) pacingtest.Result {
 		u, cfg := setup(sc, k, true)
 		// Each run its own fleet: its own database in Redis.

@@ -18,7 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 func scrape(t *testing.T, client *http.Client, url string) string {
@@ -201,8 +201,8 @@ func TestMetricsModelNamedOther(t *testing.T) {
 // inflight_fleet_degraded is 1 exactly while Redis is held unavailable and
 // admissions go on without it, and back to 0 once it answers again.
 func TestMetricsFleetDegraded(t *testing.T) {
-	redisSrv := fleettest.Start(t)
-	proxy := fleettest.StartProxy(t, redisSrv)
+	redisSrv := redistest.Start(t)
+	proxy := redistest.StartProxy(t, redisSrv)
 	u := newUpstream(t)
 	close(u.gate)
 	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
@@ -267,7 +267,7 @@ func TestMetricsFleetClosedIsNotDegraded(t *testing.T) {
 // With a fleet, the model caps are shared on Redis and waited for before
 // the Gate: a model's waiting counts those waits too.
 func TestMetricsFleetModelWaiting(t *testing.T) {
-	redisSrv := fleettest.Start(t)
+	redisSrv := redistest.Start(t)
 	u := newUpstream(t)
 	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
 	"orgs": {"default_limit": 10},
@@ -346,7 +346,7 @@ func TestMetricsLearnedCap(t *testing.T) {
 // Gate's is: a probe over the cap that is not refused raises it, and the
 // change is logged.
 func TestMetricsLearnedCapFleet(t *testing.T) {
-	redisSrv := fleettest.Start(t)
+	redisSrv := redistest.Start(t)
 	u := newUpstream(t)
 	log, logs := newTestLogger(slog.LevelInfo)
 	srv, gw := startGatewayWith(t, u.srv.URL, `{

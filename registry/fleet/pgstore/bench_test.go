@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"strconv"
 	"sync"
@@ -15,7 +16,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
@@ -47,13 +47,13 @@ type semaphore interface {
 type storeSem struct{ s *pgstore.Store }
 
 func (x storeSem) take(ctx context.Context, key, id string, n int) (bool, error) {
-	r, err := x.s.AdmitOne(ctx, &fleet.AdmitCall{Lease: id, Keys: []string{key}, Limits: []int{n}, TTL: time.Minute, Weight: 1,
+	r, err := x.s.AdmitOne(ctx, &driver.AdmitCall{Lease: id, Keys: []string{key}, Limits: []int{n}, TTL: time.Minute, Weight: 1,
 		Claim: time.Second, Live: 5 * time.Second, MaxQueue: -1, MaxFlowQueue: -1})
-	return err == nil && r.Status == fleet.StatusAdmitted, err
+	return err == nil && r.Status == driver.StatusAdmitted, err
 }
 
 func (x storeSem) give(ctx context.Context, key, id string, n int) error {
-	return x.s.Release(ctx, &fleet.ReleaseCall{Claim: time.Second, Pairs: []fleet.Release{{Key: key, Lease: id, Limit: n}}})
+	return x.s.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: key, Lease: id, Limit: n}}})
 }
 
 // bareSem is the bare semaphore: an advisory lock per key, count, insert.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func TestAcquireAll(t *testing.T) {
 	}}
 	newProc := func() *fleet.Registry[string] {
 		s := store(t, srv, "all")
-		r := fleet.NewWithStore(s, 1, lim)
+		r := fleet.NewWithKeys(s, 1, lim)
 		t.Cleanup(r.Close)
 		return r
 	}
@@ -238,7 +239,7 @@ func TestIsolationRefused(t *testing.T) {
 	t.Cleanup(p.Close)
 	s, err := pgstore.New(context.Background(), p, "iso")
 	require.NoError(t, err)
-	_, err = s.AdmitOne(context.Background(), &fleet.AdmitCall{Lease: "x", Keys: []string{"k"}, Limits: []int{1}, TTL: time.Second, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
+	_, err = s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: "x", Keys: []string{"k"}, Limits: []int{1}, TTL: time.Second, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "READ COMMITTED")
 }

@@ -1,9 +1,9 @@
-// Package pgstore keeps a fleet's leases in PostgreSQL: a fleet.Store for
+// Package pgstore keeps a fleet's leases in PostgreSQL: a driver.Store for
 // gateway teams that run Postgres and no Redis.
 //
 //	pool, err := pgxpool.New(ctx, "postgres://gateway@db/gateway")
 //	store, err := pgstore.New(ctx, pool, "gateway")
-//	reg := fleet.NewWithStore[string](store, 8, fleet.Keys[string]{})
+//	reg := fleet.New[string](store, 8)
 //	defer reg.Close()
 //
 // Each operation is one call of a function that New installs (see
@@ -45,16 +45,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-
-	"github.com/inflight-go/inflight/registry/fleet"
 )
 
-// Store is a fleet.Store on PostgreSQL. Create it with New.
+// Store is a driver.Store on PostgreSQL. Create it with New.
 type Store struct {
 	pool   *pgxpool.Pool
 	name   string
@@ -106,20 +105,20 @@ func (s *Store) String() string { return "postgres:" + s.name }
 const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`
 
 // AdmitOne makes the call in a transaction of its own.
-func (s *Store) AdmitOne(ctx context.Context, c *fleet.AdmitCall) (fleet.AdmitResult, error) {
+func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
 	r := s.admit(ctx, s.pool, c)
 	return r, r.Err
 }
 
 // Admit makes the calls one after another on one connection, each a
 // transaction of its own, so that they run in order.
-func (s *Store) Admit(ctx context.Context, calls []*fleet.AdmitCall) ([]fleet.AdmitResult, error) {
+func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
 	}
 	defer conn.Release()
-	out := make([]fleet.AdmitResult, len(calls))
+	out := make([]driver.AdmitResult, len(calls))
 	for i, c := range calls {
 		if err := ctx.Err(); err != nil {
 			out[i].Err = err
@@ -135,7 +134,7 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) admit(ctx context.Context, q querier, c *fleet.AdmitCall) fleet.AdmitResult {
+func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) driver.AdmitResult {
 	var carriedKeys, carriedLeases []string
 	for _, p := range c.Carried {
 		carriedKeys = append(carriedKeys, p.Key)
@@ -158,19 +157,19 @@ func limits(ls []int) []int64 {
 }
 
 // errReply is a reply not shaped as the function's.
-var errReply = fmt.Errorf("%w (postgres)", fleet.ErrBadReply)
+var errReply = fmt.Errorf("%w (postgres)", driver.ErrBadReply)
 
-func decodeAdmit(c *fleet.AdmitCall, res []int64, err error) fleet.AdmitResult {
+func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult {
 	if err != nil {
-		return fleet.AdmitResult{Err: err}
+		return driver.AdmitResult{Err: err}
 	}
 	if len(res) < 7 {
-		return fleet.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+		return driver.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
 	}
-	r := fleet.AdmitResult{Status: fleet.Status(res[0]), Key: int(res[1]) - 1, Count: res[2], Earliest: res[3], Now: res[4], Epoch: res[5], Queue: res[6]}
-	if r.Status == fleet.StatusAdmitted && c.Starts {
+	r := driver.AdmitResult{Status: driver.Status(res[0]), Key: int(res[1]) - 1, Count: res[2], Earliest: res[3], Now: res[4], Epoch: res[5], Queue: res[6]}
+	if r.Status == driver.StatusAdmitted && c.Starts {
 		if len(res) != 7+len(c.Keys) {
-			return fleet.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+			return driver.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
 		}
 		r.Start, r.Earliest, r.Counts = res[3], 0, res[7:]
 	}
@@ -178,7 +177,7 @@ func decodeAdmit(c *fleet.AdmitCall, res []int64, err error) fleet.AdmitResult {
 }
 
 // Renew makes the renewal in one transaction.
-func (s *Store) Renew(ctx context.Context, c *fleet.RenewCall) (fleet.RenewResult, error) {
+func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
 	n := len(c.Leases)
 	ids, modes, epochs, nkeys := make([]string, n), make([]int32, n), make([]int64, n), make([]int32, n)
 	var keys []string
@@ -193,21 +192,21 @@ func (s *Store) Renew(ctx context.Context, c *fleet.RenewCall) (fleet.RenewResul
 		s.name, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls).Scan(&res)
 	switch {
 	case err != nil:
-		return fleet.RenewResult{}, err
-	case len(res) == 2 && res[0] == int64(fleet.StatusTooLate):
-		return fleet.RenewResult{TooLate: true, Now: res[1]}, nil
+		return driver.RenewResult{}, err
+	case len(res) == 2 && res[0] == int64(driver.StatusTooLate):
+		return driver.RenewResult{TooLate: true, Now: res[1]}, nil
 	case len(res) != 2+n:
-		return fleet.RenewResult{}, fmt.Errorf("%w: %v", errReply, res)
+		return driver.RenewResult{}, fmt.Errorf("%w: %v", errReply, res)
 	}
-	out := fleet.RenewResult{Epoch: res[0], Now: res[1], Leases: make([]fleet.Fate, n)}
+	out := driver.RenewResult{Epoch: res[0], Now: res[1], Leases: make([]driver.Fate, n)}
 	for i, f := range res[2:] {
-		out.Leases[i] = fleet.Fate(f)
+		out.Leases[i] = driver.Fate(f)
 	}
 	return out, nil
 }
 
 // Release removes the pairs in one transaction.
-func (s *Store) Release(ctx context.Context, c *fleet.ReleaseCall) error {
+func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	keys, leases, ls := make([]string, len(c.Pairs)), make([]string, len(c.Pairs)), make([]int64, len(c.Pairs))
 	for i, p := range c.Pairs {
 		keys[i], leases[i], ls[i] = p.Key, p.Lease, int64(p.Limit)
@@ -217,7 +216,7 @@ func (s *Store) Release(ctx context.Context, c *fleet.ReleaseCall) error {
 }
 
 // Abandon makes each abandon a transaction of its own, one after another.
-func (s *Store) Abandon(ctx context.Context, calls []*fleet.AbandonCall) ([]error, error) {
+func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
 	conn, err := s.pool.Acquire(ctx)
 	if err != nil {
 		return nil, err
@@ -252,22 +251,22 @@ func (s *Store) Count(ctx context.Context, key string) (int, error) {
 }
 
 // SyncLearned reads, and maybe writes, a learned state in one transaction.
-func (s *Store) SyncLearned(ctx context.Context, c *fleet.LearnedCall) (fleet.LearnedResult, error) {
+func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
 	var res []string
 	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, c.Key, c.Presumed, c.State, c.TTL.Milliseconds()).Scan(&res)
 	switch {
 	case err != nil:
-		return fleet.LearnedResult{}, err
+		return driver.LearnedResult{}, err
 	case len(res) == 0:
-		return fleet.LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
+		return driver.LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
 	case res[0] == "1":
-		out := fleet.LearnedResult{Wrote: true}
+		out := driver.LearnedResult{Wrote: true}
 		if len(res) > 1 {
 			out.PublishErr = res[1]
 		}
 		return out, nil
 	}
-	var out fleet.LearnedResult
+	var out driver.LearnedResult
 	if len(res) >= 2 {
 		out.Version = res[1]
 	}
@@ -288,7 +287,7 @@ func (s *Store) channel(ctx context.Context, conn *pgx.Conn, name string) (strin
 // Listen listens on proc's channel and the learned states', on a
 // connection of its own made with the pool's settings, until ctx ends;
 // when the connection fails it connects again after the retry interval.
-func (s *Store) Listen(ctx context.Context, proc string, l fleet.Listener) {
+func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	for ctx.Err() == nil {
 		s.listenOnce(ctx, proc, l)
 		t := time.NewTimer(s.retry)
@@ -301,7 +300,7 @@ func (s *Store) Listen(ctx context.Context, proc string, l fleet.Listener) {
 }
 
 // listenOnce listens on one connection until it fails or ctx ends.
-func (s *Store) listenOnce(ctx context.Context, proc string, l fleet.Listener) {
+func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) {
 	cfg := s.listen
 	if cfg == nil {
 		cfg = s.pool.Config().ConnConfig

@@ -47,7 +47,7 @@ func store(t *testing.T, srv *pgtest.Server, name string, opts ...pgstore.Option
 // Registry.
 func process(t *testing.T, srv *pgtest.Server, name string, limit int, opts ...fleet.Option) *fleet.Registry[string] {
 	t.Helper()
-	r := fleet.NewWithStore[string](store(t, srv, name), limit, fleet.Keys[string]{}, opts...)
+	r := fleet.New[string](store(t, srv, name), limit, opts...)
 	t.Cleanup(r.Close)
 	return r
 }

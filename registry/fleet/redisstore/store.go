@@ -1,19 +1,21 @@
-package fleet
+package redisstore
 
 import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/redis/go-redis/v9"
 )
 
-// redisStore is the Store on Redis (standalone, Sentinel or Cluster): each
+// Store is a fleet's store on Redis (standalone, Sentinel or Cluster): each
 // operation one Lua script (scripts.go, queue.go), wake-ups and learned
 // states on pub/sub. Every key of a fleet shares the hash tag {<name>}, so
 // that a script's keys are in one slot of a Cluster.
-type redisStore struct {
+type Store struct {
 	rdb redis.UniversalClient
 	// prefix is "<prefix>{<name>}:", the start of every capped key's name.
 	prefix string
@@ -25,11 +27,32 @@ type redisStore struct {
 	retry time.Duration
 }
 
-func newRedisStore(rdb redis.UniversalClient, prefix, name string, retry time.Duration) *redisStore {
-	tag := prefix + "{" + name + "}"
-	return &redisStore{
+var _ driver.Store = (*Store)(nil)
+
+// New returns the store of the fleet named name on rdb (a standalone,
+// Sentinel or Cluster client): every process of a fleet uses the same
+// name, and fleets of other names share rdb without meeting. Its keys are
+// <prefix>{<name>}:<key>, and the fleet's own <prefix>{<name>}#...: one
+// hash tag, so that each script's keys are in one slot of a Cluster. It
+// panics if rdb is nil, or if name is empty or has a brace.
+//
+// Give rdb short timeouts (see the package documentation): a script that
+// waits on a hung server holds the request that called it.
+func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
+	if rdb == nil {
+		panic("redisstore: nil redis client")
+	}
+	if name == "" || strings.ContainsAny(name, "{}") {
+		panic(fmt.Sprintf("redisstore: fleet name %q: need a non-empty name without braces", name))
+	}
+	cfg := config{prefix: "inflight:", retry: 500 * time.Millisecond}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	tag := cfg.prefix + "{" + name + "}"
+	return &Store{
 		rdb:         rdb,
-		retry:       retry,
+		retry:       cfg.retry,
 		prefix:      tag + ":",
 		epochKey:    tag + "#epoch",
 		pauseKey:    tag + "#pause",
@@ -40,18 +63,47 @@ func newRedisStore(rdb redis.UniversalClient, prefix, name string, retry time.Du
 	}
 }
 
+// Option configures a Store.
+type Option func(*config)
+
+type config struct {
+	prefix string
+	retry  time.Duration
+}
+
+// WithPrefix sets the start of every key's name (default "inflight:"). It
+// panics if p has a brace: the keys' hash tag would change.
+func WithPrefix(p string) Option {
+	if strings.ContainsAny(p, "{}") {
+		panic(fmt.Sprintf("redisstore: prefix %q: braces would change the keys' hash tag", p))
+	}
+	return func(c *config) { c.prefix = p }
+}
+
+// WithListenRetry sets how long Listen waits before it subscribes again
+// after Redis could not be reached (default 500 ms). It panics unless d > 0.
+func WithListenRetry(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("redisstore: WithListenRetry(%v)", d))
+	}
+	return func(c *config) { c.retry = d }
+}
+
+// String names the store in the fleet's logs: the start of its keys.
+func (s *Store) String() string { return s.prefix }
+
 // key is the Redis key of a capped key's leases.
-func (s *redisStore) key(name string) string { return s.prefix + name }
+func (s *Store) key(name string) string { return s.prefix + name }
 
 // tombstone is the key that marks lease id abandoned.
-func (s *redisStore) tombstone(id string) string { return s.prefix + "abandoned:" + id }
+func (s *Store) tombstone(id string) string { return s.prefix + "abandoned:" + id }
 
 // errReply is a reply not shaped as the script's.
-var errReply = fmt.Errorf("%w (redis)", ErrBadReply)
+var errReply = fmt.Errorf("%w (redis)", driver.ErrBadReply)
 
 // AdmitOne runs the acquire script as EVALSHA (EVAL if the server lacks
 // it).
-func (s *redisStore) AdmitOne(ctx context.Context, c *AdmitCall) (AdmitResult, error) {
+func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
 	keys, args := s.admitArgs(c)
 	res, err := acquireScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
 	r := decodeAdmit(c, res, err)
@@ -59,12 +111,12 @@ func (s *redisStore) AdmitOne(ctx context.Context, c *AdmitCall) (AdmitResult, e
 }
 
 // Admit runs the acquire script for each call in one pipeline.
-func (s *redisStore) Admit(ctx context.Context, calls []*AdmitCall) ([]AdmitResult, error) {
+func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
 	keys, args := make([][]string, len(calls)), make([][]any, len(calls))
 	for i, c := range calls {
 		keys[i], args[i] = s.admitArgs(c)
 	}
-	out := make([]AdmitResult, len(calls))
+	out := make([]driver.AdmitResult, len(calls))
 	for i, cmd := range evalAll(ctx, s.rdb, acquireScript, keys, args) {
 		res, err := cmd.Int64Slice()
 		out[i] = decodeAdmit(calls[i], res, err)
@@ -73,7 +125,7 @@ func (s *redisStore) Admit(ctx context.Context, calls []*AdmitCall) ([]AdmitResu
 }
 
 // admitArgs returns the acquire script's keys and arguments for c.
-func (s *redisStore) admitArgs(c *AdmitCall) ([]string, []any) {
+func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried))
 	args := make([]any, 0, acquireArgs+len(c.Keys)+len(c.Carried))
 	keys = append(keys, s.epochKey, s.pauseKey, s.tombstone(c.Lease), s.procsKey)
@@ -104,17 +156,17 @@ func (s *redisStore) admitArgs(c *AdmitCall) ([]string, []any) {
 const replyLen = 7
 
 // decodeAdmit reads the acquire script's reply res to c.
-func decodeAdmit(c *AdmitCall, res []int64, err error) AdmitResult {
+func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult {
 	if err != nil {
-		return AdmitResult{Err: err}
+		return driver.AdmitResult{Err: err}
 	}
 	if len(res) < replyLen {
-		return AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+		return driver.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
 	}
-	r := AdmitResult{Status: Status(res[0]), Key: int(res[1]) - 1, Count: res[2], Earliest: res[3], Now: res[4], Epoch: res[5], Queue: res[6]}
-	if r.Status == StatusAdmitted && c.Starts {
+	r := driver.AdmitResult{Status: driver.Status(res[0]), Key: int(res[1]) - 1, Count: res[2], Earliest: res[3], Now: res[4], Epoch: res[5], Queue: res[6]}
+	if r.Status == driver.StatusAdmitted && c.Starts {
 		if len(res) != replyLen+len(c.Keys) {
-			return AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
+			return driver.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
 		}
 		r.Start, r.Earliest, r.Counts = res[3], 0, res[replyLen:]
 	}
@@ -122,7 +174,7 @@ func decodeAdmit(c *AdmitCall, res []int64, err error) AdmitResult {
 }
 
 // Renew runs the renew script.
-func (s *redisStore) Renew(ctx context.Context, c *RenewCall) (RenewResult, error) {
+func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
 	keys := make([]string, 0, 2+2*len(c.Leases))
 	args := make([]any, 0, 4+5*len(c.Leases))
 	keys = append(keys, s.epochKey, s.pauseKey)
@@ -140,21 +192,21 @@ func (s *redisStore) Renew(ctx context.Context, c *RenewCall) (RenewResult, erro
 	res, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
 	switch {
 	case err != nil:
-		return RenewResult{}, err
-	case len(res) == 2 && res[0] == int64(StatusTooLate):
-		return RenewResult{TooLate: true, Now: res[1]}, nil
+		return driver.RenewResult{}, err
+	case len(res) == 2 && res[0] == int64(driver.StatusTooLate):
+		return driver.RenewResult{TooLate: true, Now: res[1]}, nil
 	case len(res) != 2+len(c.Leases):
-		return RenewResult{}, fmt.Errorf("%w: %v", errReply, res)
+		return driver.RenewResult{}, fmt.Errorf("%w: %v", errReply, res)
 	}
-	out := RenewResult{Epoch: res[0], Now: res[1], Leases: make([]Fate, len(c.Leases))}
+	out := driver.RenewResult{Epoch: res[0], Now: res[1], Leases: make([]driver.Fate, len(c.Leases))}
 	for i, f := range res[2:] {
-		out.Leases[i] = Fate(f)
+		out.Leases[i] = driver.Fate(f)
 	}
 	return out, nil
 }
 
 // Release runs the release script.
-func (s *redisStore) Release(ctx context.Context, c *ReleaseCall) error {
+func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	keys := make([]string, 0, 2+len(c.Pairs))
 	args := make([]any, 0, 2+2*len(c.Pairs))
 	keys = append(keys, s.pauseKey, s.procsKey)
@@ -167,7 +219,7 @@ func (s *redisStore) Release(ctx context.Context, c *ReleaseCall) error {
 }
 
 // Abandon runs the abandon script for each call, in one pipeline.
-func (s *redisStore) Abandon(ctx context.Context, calls []*AbandonCall) ([]error, error) {
+func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
 	keys, args := make([][]string, len(calls)), make([][]any, len(calls))
 	for i, c := range calls {
 		keys[i] = make([]string, 0, 3+len(c.Keys))
@@ -189,15 +241,15 @@ func (s *redisStore) Abandon(ctx context.Context, calls []*AbandonCall) ([]error
 }
 
 // Leave deletes proc from the liveness hash.
-func (s *redisStore) Leave(ctx context.Context, proc string) error {
+func (s *Store) Leave(ctx context.Context, proc string) error {
 	return s.rdb.HDel(ctx, s.procsKey, proc).Err()
 }
 
 // Ping pings Redis.
-func (s *redisStore) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
+func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
 // Count counts the key's leases that expire after the server's time now.
-func (s *redisStore) Count(ctx context.Context, key string) (int, error) {
+func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	now, err := s.rdb.Time(ctx).Result()
 	if err != nil {
 		return 0, err
@@ -208,7 +260,7 @@ func (s *redisStore) Count(ctx context.Context, key string) (int, error) {
 
 // Listen subscribes to proc's channel and the learned states' channel.
 // While Redis cannot be reached it tries again every s.retry.
-func (s *redisStore) Listen(ctx context.Context, proc string, l Listener) {
+func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	wake := s.wakePrefix + proc
 	ps := s.rdb.Subscribe(ctx, wake, s.learnChan)
 	// Receive does not end with its context: closing ps ends it.
@@ -247,22 +299,22 @@ func (s *redisStore) Listen(ctx context.Context, proc string, l Listener) {
 }
 
 // SyncLearned runs the learned state's script.
-func (s *redisStore) SyncLearned(ctx context.Context, c *LearnedCall) (LearnedResult, error) {
+func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
 	res, err := learnWriteScript.Run(ctx, s.rdb, []string{s.learnPrefix + c.Key}, c.Presumed, c.State, s.learnChan, c.TTL.Milliseconds()).Slice()
 	if err != nil {
-		return LearnedResult{}, err
+		return driver.LearnedResult{}, err
 	}
 	if len(res) == 0 {
-		return LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
+		return driver.LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
 	}
 	if n, _ := res[0].(int64); n == 1 {
-		out := LearnedResult{Wrote: true}
+		out := driver.LearnedResult{Wrote: true}
 		if len(res) > 1 {
 			out.PublishErr = fmt.Sprint(res[1])
 		}
 		return out, nil
 	}
-	var out LearnedResult
+	var out driver.LearnedResult
 	if len(res) >= 2 {
 		out.Version, _ = res[1].(string)
 	}

@@ -1,4 +1,4 @@
-package fleettest
+package redistest
 
 import (
 	"fmt"
@@ -11,7 +11,7 @@ import (
 
 // noTTYEnv keeps ReportSkips off the terminal, for this package's own test
 // of it.
-const noTTYEnv = "FLEETTEST_NO_TTY"
+const noTTYEnv = "REDISTEST_NO_TTY"
 
 var (
 	skipMu  sync.Mutex

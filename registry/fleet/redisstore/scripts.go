@@ -1,4 +1,4 @@
-package fleet
+package redisstore
 
 import "github.com/redis/go-redis/v9"
 

@@ -1,4 +1,4 @@
-// Package fleettest runs a real redis-server for a test of code that uses
+// Package redistest runs a real redis-server for a test of code that uses
 // package fleet (as net/http/httptest runs a server), on a random 127.0.0.1
 // port, with no persistence; and the faults a test needs from it:
 // a crash (Kill, then Restart, empty), a hang (Stop and Cont, SIGSTOP and
@@ -7,7 +7,7 @@
 // Without a redis-server binary on PATH the test is skipped with a message,
 // unless INFLIGHT_REQUIRE_REDIS is set (as CI sets it), when it fails; a
 // TestMain that calls ReportSkips says in one line which tests it skipped.
-package fleettest
+package redistest
 
 import (
 	"context"
@@ -83,14 +83,14 @@ func freeClusterPort(t testing.TB) int {
 		ln.Close()
 		return p
 	}
-	t.Fatalf("fleettest: no free port pair for a cluster node")
+	t.Fatalf("redistest: no free port pair for a cluster node")
 	return 0
 }
 
 func freePort(t testing.TB) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("fleettest: %v", err)
+		t.Fatalf("redistest: %v", err)
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
@@ -109,7 +109,7 @@ func (s *Server) Restart() {
 	s.cmd = exec.Command(s.bin, append(args, s.args...)...)
 	s.cmd.Dir = s.t.TempDir()
 	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("fleettest: start redis-server: %v", err)
+		s.t.Fatalf("redistest: start redis-server: %v", err)
 	}
 	s.exit = make(chan struct{})
 	go func(cmd *exec.Cmd, exit chan struct{}) {
@@ -128,11 +128,11 @@ func (s *Server) Restart() {
 		}
 		select {
 		case <-s.exit:
-			s.t.Fatalf("fleettest: redis-server exited at start: %v", s.cmd.ProcessState)
+			s.t.Fatalf("redistest: redis-server exited at start: %v", s.cmd.ProcessState)
 		default:
 		}
 		if time.Now().After(deadline) {
-			s.t.Fatalf("fleettest: redis-server at %s not answering: %v", s.Addr, err)
+			s.t.Fatalf("redistest: redis-server at %s not answering: %v", s.Addr, err)
 		}
 		time.Sleep(5 * time.Millisecond) // a process starting: poll its port
 	}
@@ -161,10 +161,10 @@ func (s *Server) Cont() { s.signal(syscall.SIGCONT) }
 func (s *Server) signal(sig syscall.Signal) {
 	s.t.Helper()
 	if s.cmd == nil || s.cmd.Process == nil {
-		s.t.Fatalf("fleettest: %v to a server that is not running", sig)
+		s.t.Fatalf("redistest: %v to a server that is not running", sig)
 	}
 	if err := s.cmd.Process.Signal(sig); err != nil {
-		s.t.Fatalf("fleettest: %v: %v", sig, err)
+		s.t.Fatalf("redistest: %v: %v", sig, err)
 	}
 }
 
@@ -202,7 +202,7 @@ func StartProxy(t testing.TB, s *Server) *Proxy {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		t.Fatalf("fleettest: proxy: %v", err)
+		t.Fatalf("redistest: proxy: %v", err)
 	}
 	p := &Proxy{Addr: ln.Addr().String(), t: t, to: s.Addr, ln: ln, conns: map[net.Conn]struct{}{}}
 	p.wg.Add(1)
@@ -327,11 +327,11 @@ func StartCluster(t testing.TB, n int) *Cluster {
 		c := redis.NewClient(&redis.Options{Addr: s.Addr})
 		lo, hi := i*slots/n, (i+1)*slots/n-1
 		if err := c.ClusterAddSlotsRange(ctx, lo, hi).Err(); err != nil {
-			t.Fatalf("fleettest: cluster addslotsrange %d-%d on %s: %v", lo, hi, s.Addr, err)
+			t.Fatalf("redistest: cluster addslotsrange %d-%d on %s: %v", lo, hi, s.Addr, err)
 		}
 		if i > 0 {
 			if err := c.ClusterMeet(ctx, "127.0.0.1", strconv.Itoa(cl.Nodes[0].port)).Err(); err != nil {
-				t.Fatalf("fleettest: cluster meet: %v", err)
+				t.Fatalf("redistest: cluster meet: %v", err)
 			}
 		}
 		c.Close()
@@ -392,7 +392,7 @@ func StartSentinel(t testing.TB) *Sentinel {
 		"sentinel down-after-milliseconds %[1]s 500\n"+
 		"sentinel failover-timeout %[1]s 3000\n", SentinelMaster, st.Master.port)
 	if err := os.WriteFile(conf, []byte(text), 0o600); err != nil {
-		t.Fatalf("fleettest: %v", err)
+		t.Fatalf("redistest: %v", err)
 	}
 	st.Sentinel = start(t, Server{conf: conf, args: []string{"--sentinel"}})
 	waitFor(t, "the sentinel to know the replica", func() (bool, error) {
@@ -436,7 +436,7 @@ func waitFor(t testing.TB, what string, cond func() (bool, error)) {
 			return
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("fleettest: waiting for %s: %v", what, err)
+			t.Fatalf("redistest: waiting for %s: %v", what, err)
 		}
 		time.Sleep(20 * time.Millisecond) // another process's progress: poll it
 	}

@@ -1,4 +1,4 @@
-package fleet
+package redisstore
 
 import (
 	"context"
@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // The queue's scripts on a real redis-server: the order they keep, the
@@ -36,7 +36,7 @@ const (
 )
 
 func newQueueRig(t *testing.T) *queueRig {
-	srv := fleettest.Start(t)
+	srv := redistest.Start(t)
 	rig := &queueRig{t: t, rdb: srv.Client()}
 	rig.alive("p1")
 	return rig

@@ -1,4 +1,11 @@
-package fleet
+// Package driver is the contract between the fleet client (package fleet)
+// and a store its processes share, as database/sql/driver is between
+// database/sql and a database: a store implements Store, and its module
+// imports this package, never the client. The fleet's PROTOCOL.md tells
+// what the client does with each operation; the comments here tell what a
+// store must do. Package fleettest holds the conformance suite every store
+// passes.
+package driver
 
 import (
 	"context"
@@ -7,11 +14,10 @@ import (
 )
 
 // Store is what the processes of a fleet share: the few operations that
-// must be atomic in one place. The fleet client (Registry) keeps everything
-// else (the local mirror, renewals, removals, the breaker, its waiters, the
-// learned caps' evidence) and reaches the store only through this
-// interface; the package documentation tells what it does with each
-// operation, the comments here what a store must do.
+// must be atomic in one place. The fleet client (fleet.Registry) keeps
+// everything else (the local mirror, renewals, removals, the breaker, its
+// waiters, the learned caps' evidence) and reaches the store only through
+// this interface.
 //
 // Keys are named by the client (Keys.Name); a store maps each to its own
 // names. A lease is an id (random, 32 hex digits) on one or more keys. A
@@ -64,7 +70,7 @@ type Store interface {
 
 // ErrBadReply is wrapped by the error of a store's reply that is not
 // shaped as its operation's.
-var ErrBadReply = errors.New("fleet: the store's reply is not its operation's")
+var ErrBadReply = errors.New("fleet driver: the store's reply is not its operation's")
 
 // Listener receives what Store.Listen delivers. Its methods are called on
 // Listen's goroutine, one at a time, and must not block for long.

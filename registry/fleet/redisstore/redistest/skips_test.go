@@ -1,4 +1,4 @@
-package fleettest_test
+package redistest_test
 
 import (
 	"os"
@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // childEnv makes the test binary the child that TestReportSkips runs.
@@ -18,7 +18,7 @@ const childEnv = "FLEETTEST_SKIPS_CHILD"
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
 		if os.Getenv(childEnv) != "" {
-			fleettest.ReportSkips("fleettest")
+			redistest.ReportSkips("redistest")
 		}
 		os.Exit(code)
 	}))
@@ -28,17 +28,17 @@ func TestMain(m *testing.M) {
 // (an empty PATH) and reads the line its TestMain writes.
 func TestReportSkips(t *testing.T) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestNeedsRedis", "-test.count=1")
-	cmd.Env = append(os.Environ(), "PATH="+t.TempDir(), childEnv+"=1", "FLEETTEST_NO_TTY=1", fleettest.RequireEnv+"=")
+	cmd.Env = append(os.Environ(), "PATH="+t.TempDir(), childEnv+"=1", "REDISTEST_NO_TTY=1", redistest.RequireEnv+"=")
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "skipping is not failing:\n%s", out)
-	assert.Contains(t, string(out), "fleettest: skipped 2 of its tests for want of a redis-server binary (apt-get install redis-server): TestNeedsRedisA, TestNeedsRedisB\n")
+	assert.Contains(t, string(out), "redistest: skipped 2 of its tests for want of a redis-server binary (apt-get install redis-server): TestNeedsRedisA, TestNeedsRedisB\n")
 }
 
 func TestNeedsRedisA(t *testing.T) {
 	if os.Getenv(childEnv) == "" {
 		t.Skip("run by TestReportSkips")
 	}
-	fleettest.SkipWithoutRedis(t)
+	redistest.SkipWithoutRedis(t)
 	t.Fatal("not skipped without a redis-server on PATH")
 }
 
@@ -46,6 +46,6 @@ func TestNeedsRedisB(t *testing.T) {
 	if os.Getenv(childEnv) == "" {
 		t.Skip("run by TestReportSkips")
 	}
-	fleettest.Start(t)
+	redistest.Start(t)
 	t.Fatal("not skipped without a redis-server on PATH")
 }

@@ -1,0 +1,33 @@
+// Package redisstore keeps a fleet's leases in Redis (standalone, Sentinel
+// or Cluster): a driver.Store for package fleet.
+//
+//	store := redisstore.New(rdb, "gateway") // every process of the fleet uses the same name
+//	caps := fleet.New[string](store, 64)
+//	defer caps.Close()
+//
+// Each operation is one Lua script, run atomically on the server, with
+// every time taken from the server's clock (TIME): the processes need not
+// agree on the time. A key's leases are a sorted set scored by expiry;
+// its queue of waiters is kept beside it; grants and learned caps are
+// published on pub/sub channels, one per process for grants. Every key of
+// a fleet shares one hash tag, its name, so that an admission on several
+// keys is one script on a Cluster too.
+//
+// Give the client short timeouts, so that a dead server fails fast, and
+// let it honour each call's deadline:
+//
+//	redis.NewClient(&redis.Options{
+//		Addr:                  "127.0.0.1:6379",
+//		DialTimeout:           250 * time.Millisecond,
+//		ReadTimeout:           250 * time.Millisecond,
+//		WriteTimeout:          250 * time.Millisecond,
+//		ContextTimeoutEnabled: true, // honour each call's context deadline
+//		MaxRetries:            1,
+//		Protocol:              2, // RESP3's push notifications cost a check per call
+//	})
+//
+// Without persistence, a restart of the server loses every lease: the
+// fleet tells it by an epoch kept beside the keys, and new admissions wait
+// while the live holders put their leases back (see the fleet's
+// PROTOCOL.md). Package redistest runs real redis-servers for tests.
+package redisstore
