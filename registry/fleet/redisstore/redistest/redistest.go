@@ -172,6 +172,10 @@ func (s *Server) signal(sig syscall.Signal) {
 // package recommends, closed at the test's cleanup.
 func (s *Server) Client() *redis.Client { return client(s.t, s.Addr) }
 
+// ClientFor is Client closed at t's cleanup rather than at that of the
+// test that started the server: for a server shared by subtests.
+func (s *Server) ClientFor(t testing.TB) *redis.Client { return client(t, s.Addr) }
+
 func client(t testing.TB, addr string) *redis.Client {
 	o := recommended(addr).Simple()
 	o.PoolSize = 64

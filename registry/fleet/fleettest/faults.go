@@ -1,0 +1,149 @@
+package fleettest
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// The cap across faults of the store's server. Each test has a server of
+// its own.
+
+// A server killed (SIGKILL) and started again, with or without its data:
+// a process that knew the store before is admitted nothing over the two
+// leases held across the crash, and both leases are in the store again
+// within a renewal round (the holders put them back).
+func killed(t *testing.T, srv Server) {
+	f := srv.(Faults)
+	refusedOverHolders(t, srv, "killed", func() {
+		f.Kill()
+		f.Restart()
+	})
+}
+
+// The same when the running server loses its data (a failover to an
+// empty replica): the store cannot tell it from a first start, and the
+// processes that knew it before can.
+func lost(t *testing.T, srv Server) {
+	refusedOverHolders(t, srv, "lost", srv.(Faults).Lose)
+}
+
+// refusedOverHolders holds the fleet name's key "k" full (2 of 2, in one
+// process), runs fault, and then, for three lease TTLs, tries to take the
+// key from another process that knew the store before the fault: none of
+// its tries is admitted. The holders' leases are in the store afterwards.
+func refusedOverHolders(t *testing.T, srv Server, name string, fault func()) {
+	const ttl = 900 * time.Millisecond
+	opts := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithUnavailable(fleet.FailClosed)}
+	a, b := process(t, srv, name, 2, opts...), process(t, srv, name, 2, opts...)
+	warm, err := b.TryAcquire("warm") // b knows the store's epoch
+	require.NoError(t, err)
+	warm.Release()
+	s1, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	s2, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	fault()
+	var admitted, paused, unavailable int
+	for deadline := time.Now().Add(3 * ttl); time.Now().Before(deadline); {
+		s, err := b.TryAcquire("k")
+		switch {
+		case err == nil:
+			admitted++
+			s.Release()
+		case errors.Is(err, fleet.ErrPaused):
+			paused++
+		case errors.Is(err, fleet.ErrUnavailable):
+			unavailable++
+		}
+		time.Sleep(10 * time.Millisecond) // tries on a real clock
+	}
+	t.Logf("after the fault: %d tries paused, %d refused as unavailable, %d admitted", paused, unavailable, admitted)
+	assert.Zero(t, admitted, "admitted over the two holders")
+	inFlightIs(t, b, "k", 2, "both holders' leases are in the store")
+	s1.Release()
+	s2.Release()
+	freedFor(t, b, "k", "the holders' releases reach the store")
+}
+
+// A server hung (SIGSTOP) for twice the lease TTL, then resumed: the
+// holder's lease expired meanwhile on the store's clock. Whichever comes
+// first after the hang, the holder's renewal or another process's
+// admission, the store never counts two on a key capped at 1, and a
+// holder that lost its lease knows it (Stats.Lost).
+func stoppedPastTTL(t *testing.T, srv Server) {
+	f := srv.(Faults)
+	const ttl = 600 * time.Millisecond
+	opts := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(fleet.FailClosed),
+		fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithTimeout(150 * time.Millisecond)}
+	a, b := process(t, srv, "stopped", 1, opts...), process(t, srv, "stopped", 1, opts...)
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	defer s.Release()
+	f.Stop()
+	t.Cleanup(f.Cont) // also if the test stops early
+	_, err = b.TryAcquire("k")
+	require.ErrorIs(t, err, fleet.ErrUnavailable, "refused while the store hangs")
+	hang := time.NewTimer(2 * ttl) // the fault's length: past the TTL
+	<-hang.C
+	f.Cont()
+	var taken *slots.Slot
+	for deadline := time.Now().Add(3 * ttl); time.Now().Before(deadline); {
+		if taken == nil {
+			if x, err := b.TryAcquire("k"); err == nil {
+				taken = x
+			}
+		}
+		n, err := a.InFlight(context.Background(), "k")
+		if err == nil {
+			require.LessOrEqual(t, n, 1, "leases in the store on a key capped at 1")
+		}
+		time.Sleep(10 * time.Millisecond) // polling a real clock's renewals
+	}
+	if taken != nil {
+		assert.Positive(t, a.Stats().Lost, "the other process took the key: the holder knows its lease is lost")
+		taken.Release()
+	} else {
+		inFlightIs(t, a, "k", 1, "the holder's lease is back")
+	}
+}
+
+// While the store hangs, each Unavailable mode does what it says:
+// FailClosed refuses with ErrUnavailable, FallbackLocal admits a Degraded
+// slot under the local cap, FailOpen a Bypassed one. Once the store
+// answers, the local admission's lease is put into it, and its release
+// taken out.
+func unavailable(t *testing.T, srv Server) {
+	f := srv.(Faults)
+	opts := []fleet.Option{fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithTimeout(150 * time.Millisecond)}
+	closed := process(t, srv, "modes", 2, append(opts, fleet.WithUnavailable(fleet.FailClosed))...)
+	local := process(t, srv, "modes", 2, append(opts, fleet.WithUnavailable(fleet.FallbackLocal))...)
+	open := process(t, srv, "modes", 2, append(opts, fleet.WithUnavailable(fleet.FailOpen))...)
+	for _, r := range []*fleet.Registry[string]{closed, local, open} {
+		s, err := r.TryAcquire("warm")
+		require.NoError(t, err)
+		s.Release()
+	}
+	f.Stop()
+	t.Cleanup(f.Cont) // also if the test stops early
+	_, err := closed.TryAcquire("k")
+	assert.ErrorIs(t, err, fleet.ErrUnavailable, "FailClosed")
+	degraded, err := local.TryAcquire("k")
+	require.NoError(t, err, "FallbackLocal")
+	assert.True(t, degraded.Degraded(), "FallbackLocal")
+	bypassed, err := open.TryAcquire("k")
+	require.NoError(t, err, "FailOpen")
+	assert.True(t, bypassed.Bypassed(), "FailOpen")
+	f.Cont()
+	inFlightIs(t, closed, "k", 1, "the local admission's lease is put into the store")
+	degraded.Release()
+	bypassed.Release()
+	inFlightIs(t, closed, "k", 0, "and its release taken out")
+}

@@ -1,0 +1,188 @@
+// Package fleettest is the conformance suite of the fleet's store
+// contract (package driver): the tests any store passes, run against real
+// servers of it. A store's module runs it from a test of its own:
+//
+//	func TestConformance(t *testing.T) {
+//		fleettest.Run(t, func(t *testing.T) fleettest.Server { return myServer(t) })
+//	}
+//
+// Each test runs fleets of two or more processes (fleet.Registry values,
+// each on a store of its own from Server.Store) and checks what a user of
+// the fleet relies on: the cap under concurrency, hand-off, renewal and
+// expiry, all-or-nothing admission on several keys, live limit changes,
+// the fleet-wide order (classes, weighted flows), learned caps, and, when
+// the server offers Faults, the cap across a crash, a hang past the lease
+// TTL and a loss of the store's data, and what each Unavailable mode does
+// while the store cannot be reached.
+//
+// The tests run on real clocks: they assert what must hold whatever the
+// machine's load, with generous bounds on how long it may take.
+package fleettest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+)
+
+// Server is a running server of a store, as the suite drives it.
+type Server interface {
+	// Store returns a new client of the server for one process of the
+	// fleet named fleet, with connections of its own, closed at t's
+	// cleanup. Fleets of different names must not meet.
+	Store(t testing.TB, fleet string) driver.Store
+	// Queued returns how many tickets wait in the fleet's queue of key.
+	// It may be called from a goroutine other than the test's.
+	Queued(fleet, key string) (int, error)
+}
+
+// Faults are the faults a Server can suffer. A Server without them runs
+// the suite less its fault tests (which it logs).
+type Faults interface {
+	// Kill stops the server at once (SIGKILL), as a crash would, and
+	// waits for it to exit; Restart starts it again, with whatever it
+	// keeps on disk, and returns once it answers.
+	Kill()
+	Restart()
+	// Stop hangs the server (SIGSTOP): its connections stay open and
+	// calls to it wait. Cont resumes it.
+	Stop()
+	Cont()
+	// Lose makes the running server lose every fleet's data, as a
+	// restart without persistence or a failover to an empty replica does.
+	Lose()
+}
+
+// Run runs the suite, each test as a subtest of t. start starts a server
+// for t, stopped at t's cleanup: one is shared by the tests that need no
+// fault, and each fault test has one of its own.
+func Run(t *testing.T, start func(t *testing.T) Server) {
+	shared := start(t)
+	for _, c := range plain {
+		t.Run(c.name, func(t *testing.T) { c.run(t, shared) })
+	}
+	if _, ok := shared.(Faults); !ok {
+		t.Logf("fleettest: %T has no Faults: the fault tests are not run", shared)
+		return
+	}
+	for _, c := range faulty {
+		t.Run(c.name, func(t *testing.T) { c.run(t, start(t)) })
+	}
+}
+
+type test struct {
+	name string
+	run  func(t *testing.T, srv Server)
+}
+
+// The suite: tests on a shared server, each on a fleet of its own name,
+// and tests that hurt their server.
+var (
+	plain = []test{
+		{"AtMostOneActive", atMostOneActive},
+		{"FullAndRelease", fullAndRelease},
+		{"HandOff", handOff},
+		{"RenewAndExpiry", renewAndExpiry},
+		{"AcquireAll", acquireAll},
+		{"WaiterGivesUp", waiterGivesUp},
+		{"LiveLimits", liveLimits},
+		{"ClassOrder", classOrder},
+		{"WeightedTurns", weightedTurns},
+		{"LearnedCapShared", learnedCapShared},
+	}
+	faulty = []test{
+		{"Killed", killed},
+		{"Lost", lost},
+		{"StoppedPastTTL", stoppedPastTTL},
+		{"Unavailable", unavailable},
+	}
+)
+
+// wait bounds how long the suite waits for what a fleet does on its own
+// (a release reaching the other process, a renewal round): long, for
+// busy machines.
+const wait = 10 * time.Second
+
+// process is one process of the fleet name on srv: its own store and
+// Registry, closed at t's cleanup.
+func process(t *testing.T, srv Server, name string, limit int, opts ...fleet.Option) *fleet.Registry[string] {
+	t.Helper()
+	r := fleet.New[string](srv.Store(t, name), limit, opts...)
+	t.Cleanup(r.Close)
+	return r
+}
+
+// processes is n processes of the fleet name on srv.
+func processes(t *testing.T, srv Server, name string, n, limit int, opts ...fleet.Option) []*fleet.Registry[string] {
+	t.Helper()
+	rs := make([]*fleet.Registry[string], n)
+	for i := range rs {
+		rs[i] = process(t, srv, name, limit, opts...)
+	}
+	return rs
+}
+
+// queuedIs waits until n tickets wait in the fleet's queue of key.
+func queuedIs(t *testing.T, srv Server, name, key string, n int) {
+	t.Helper()
+	var last int
+	var err error
+	require.Eventually(t, func() bool {
+		last, err = srv.Queued(name, key)
+		return err == nil && last == n
+	}, wait, time.Millisecond, "%d in the store's queue of %s (last seen %d, %v)", n, key, last, err)
+}
+
+// freedFor waits until r admits under key (then releases at once): a
+// release or a withdrawal elsewhere has reached the store.
+func freedFor(t *testing.T, r *fleet.Registry[string], key, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		s, err := r.TryAcquire(key)
+		if err == nil {
+			s.Release()
+		}
+		return err == nil
+	}, wait, 5*time.Millisecond, what)
+}
+
+// inFlightIs waits until the store counts n leases on key.
+func inFlightIs(t *testing.T, r *fleet.Registry[string], key string, n int, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		got, err := r.InFlight(context.Background(), key)
+		return err == nil && got == n
+	}, wait, 5*time.Millisecond, what)
+}
+
+// admissions records the order in which waiters are admitted; each
+// releases at once.
+type admissions struct {
+	mu    sync.Mutex
+	order []string
+	wg    sync.WaitGroup
+}
+
+// wait starts a waiter named name on r's key "k", under ctx's priority
+// and flow.
+func (a *admissions) wait(t *testing.T, ctx context.Context, r *fleet.Registry[string], name string) {
+	a.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(ctx, 3*wait)
+		defer cancel()
+		s, err := r.Acquire(ctx, "k")
+		if !assert.NoError(t, err, name) {
+			return
+		}
+		a.mu.Lock()
+		a.order = append(a.order, name)
+		a.mu.Unlock()
+		s.Release()
+	})
+}

@@ -1,0 +1,46 @@
+package pgstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+)
+
+// The conformance suite on a real PostgreSQL server, with its faults:
+// Kill and Restart keep the data (crash recovery from the write-ahead
+// log), Lose empties the fleet's tables as a failover to an empty standby
+// would.
+func TestConformance(t *testing.T) {
+	fleettest.Run(t, func(t *testing.T) fleettest.Server {
+		srv := pgtest.Start(t)
+		return server{Server: srv, admin: pool(t, srv, 1)}
+	})
+}
+
+type server struct {
+	*pgtest.Server
+	admin *pgxpool.Pool // the test's own connection, for Queued and Lose
+}
+
+func (s server) Store(t testing.TB, fleet string) driver.Store {
+	return store(t, s.Server, fleet)
+}
+
+func (s server) Queued(fleet, key string) (int, error) {
+	var n int
+	err := s.admin.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = $1 AND key = $2", fleet, key).Scan(&n)
+	return n, err
+}
+
+func (s server) Lose() {
+	_, err := s.admin.Exec(context.Background(), `TRUNCATE inflight_fleet, inflight_marker, inflight_key, inflight_lease,
+		inflight_ticket, inflight_flow, inflight_proc, inflight_tomb, inflight_learned`)
+	if err != nil {
+		panic(err)
+	}
+}

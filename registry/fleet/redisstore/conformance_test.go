@@ -1,0 +1,67 @@
+package redisstore_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
+)
+
+// The conformance suite on a standalone redis-server (with its faults), on
+// a Cluster of three masters, and through a Sentinel.
+func TestConformance(t *testing.T) {
+	fleettest.Run(t, func(t *testing.T) fleettest.Server { return standalone{redistest.Start(t)} })
+}
+
+func TestConformanceCluster(t *testing.T) {
+	fleettest.Run(t, func(t *testing.T) fleettest.Server {
+		return shared{redistest.StartCluster(t, 3).Client()}
+	})
+}
+
+func TestConformanceSentinel(t *testing.T) {
+	fleettest.Run(t, func(t *testing.T) fleettest.Server {
+		return shared{redistest.StartSentinel(t).Client()}
+	})
+}
+
+// queued counts the tickets in the fleet's queue of key on c.
+func queued(c redis.UniversalClient, fleet, key string) (int, error) {
+	n, err := c.ZCard(context.Background(), "inflight:{"+fleet+"}:"+key+"#q").Result()
+	return int(n), err
+}
+
+// standalone is one redis-server without persistence: Kill and Restart
+// lose its data, as Lose does.
+type standalone struct{ *redistest.Server }
+
+func (s standalone) Store(t testing.TB, fleet string) driver.Store {
+	return redisstore.New(s.ClientFor(t), fleet)
+}
+
+func (s standalone) Queued(fleet, key string) (int, error) {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	return queued(c, fleet, key)
+}
+
+func (s standalone) Lose() {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	if err := c.FlushAll(context.Background()).Err(); err != nil {
+		panic(err)
+	}
+}
+
+// shared is a Cluster or a Sentinel's master, through one client that
+// every process of the suite shares (each its own Store).
+type shared struct{ c redis.UniversalClient }
+
+func (s shared) Store(_ testing.TB, fleet string) driver.Store { return redisstore.New(s.c, fleet) }
+
+func (s shared) Queued(fleet, key string) (int, error) { return queued(s.c, fleet, key) }
