@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/internal/netcut"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -146,4 +147,48 @@ func unavailable(t *testing.T, srv Server) {
 	degraded.Release()
 	bypassed.Release()
 	inFlightIs(t, closed, "k", 0, "and its release taken out")
+}
+
+// A process cut off from the server (its connections closed, and every
+// new one) for longer than the lease TTL: its lease expires on the store's
+// clock, and another process takes the key; the cut-off process refuses
+// new admissions meanwhile (FailClosed). Once the network heals, its
+// renewal finds the lease gone and no room: it counts the lease lost and
+// does not put it back over the other holder, and its release frees
+// nothing of the other's.
+func networkCut(t *testing.T, srv Server) {
+	p, ok := srv.(Proxied)
+	if !ok {
+		t.Skipf("%T is not Proxied", srv)
+	}
+	px := netcut.Start(t, p.Address())
+	const ttl = 600 * time.Millisecond
+	opts := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(fleet.FailClosed),
+		fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithTimeout(150 * time.Millisecond)}
+	a := fleet.New[string](p.StoreVia(t, "cut", px.Addr), 1, opts...)
+	t.Cleanup(a.Close)
+	b := process(t, srv, "cut", 1, opts...)
+	s, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	px.Cut()
+	var taken *slots.Slot
+	require.Eventually(t, func() bool {
+		x, err := b.TryAcquire("k")
+		taken = x
+		return err == nil
+	}, wait, 10*time.Millisecond, "the cut-off holder's lease expires")
+	_, err = a.TryAcquire("other")
+	assert.ErrorIs(t, err, fleet.ErrUnavailable, "the cut-off process refuses")
+	px.Heal()
+	require.Eventually(t, func() bool { return a.Stats().Lost > 0 }, wait, 10*time.Millisecond, "the holder learns its lease is lost")
+	n, err := b.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "not put back over the other holder")
+	s.Release()
+	require.Eventually(t, func() bool { return a.Stats().RemovalsPending == 0 }, wait, 10*time.Millisecond, "the lost lease's release is sent")
+	n, err = b.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the lost lease's release frees nothing of the other's")
+	taken.Release()
+	inFlightIs(t, b, "k", 0, "the other holder's release")
 }

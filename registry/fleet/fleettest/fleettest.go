@@ -10,9 +10,10 @@
 // each on a store of its own from Server.Store) and checks what a user of
 // the fleet relies on: the cap under concurrency, hand-off, renewal and
 // expiry, all-or-nothing admission on several keys, live limit changes,
-// the fleet-wide order (classes, weighted flows), learned caps, and, when
-// the server offers Faults, the cap across a crash, a hang past the lease
-// TTL and a loss of the store's data, and what each Unavailable mode does
+// the fleet-wide order (classes, weighted flows), learned caps; when the
+// server is Proxied, a process cut off from it past the lease TTL; and,
+// when it offers Faults, the cap across a crash, a hang past the lease TTL
+// and a loss of the store's data, and what each Unavailable mode does
 // while the store cannot be reached.
 //
 // The tests run on real clocks: they assert what must hold whatever the
@@ -60,6 +61,16 @@ type Faults interface {
 	Lose()
 }
 
+// Proxied is a Server whose stores can reach it at another address: the
+// suite puts a proxy there, to cut the network between one process and the
+// server. A Server without it runs the suite less the network cut test.
+type Proxied interface {
+	// Address is the server's TCP address, host:port.
+	Address() string
+	// StoreVia is Store, connecting to addr in place of Address.
+	StoreVia(t testing.TB, fleet, addr string) driver.Store
+}
+
 // Run runs the suite, each test as a subtest of t. start starts a server
 // for t, stopped at t's cleanup: one is shared by the tests that need no
 // fault, and each fault test has one of its own.
@@ -96,6 +107,7 @@ var (
 		{"ClassOrder", classOrder},
 		{"WeightedTurns", weightedTurns},
 		{"LearnedCapShared", learnedCapShared},
+		{"NetworkCut", networkCut},
 	}
 	faulty = []test{
 		{"Killed", killed},

@@ -2,12 +2,16 @@ package pgstore_test
 
 import (
 	"context"
+	"net/url"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/fleettest"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
 
@@ -29,6 +33,29 @@ type server struct {
 
 func (s server) Store(t testing.TB, fleet string) driver.Store {
 	return store(t, s.Server, fleet)
+}
+
+func (s server) Address() string {
+	u, err := url.Parse(s.URL)
+	if err != nil {
+		panic(err)
+	}
+	return u.Host
+}
+
+func (s server) StoreVia(t testing.TB, fleet, addr string) driver.Store {
+	u, err := url.Parse(s.URL)
+	require.NoError(t, err)
+	u.Host = addr
+	cfg, err := pgxpool.ParseConfig(u.String())
+	require.NoError(t, err)
+	cfg.ConnConfig.ConnectTimeout = time.Second
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	st, err := pgstore.New(context.Background(), p, fleet)
+	require.NoError(t, err)
+	return st
 }
 
 func (s server) Queued(fleet, key string) (int, error) {

@@ -44,6 +44,12 @@ func (s standalone) Store(t testing.TB, fleet string) driver.Store {
 	return redisstore.New(s.ClientFor(t), fleet)
 }
 
+func (s standalone) Address() string { return s.Addr }
+
+func (s standalone) StoreVia(t testing.TB, fleet, addr string) driver.Store {
+	return redisstore.New(redistest.ClientAt(t, addr), fleet)
+}
+
 func (s standalone) Queued(fleet, key string) (int, error) {
 	c := redis.NewClient(&redis.Options{Addr: s.Addr})
 	defer c.Close()

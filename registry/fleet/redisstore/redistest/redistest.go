@@ -12,19 +12,19 @@ package redistest
 import (
 	"context"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/inflight-go/inflight/registry/fleet/internal/netcut"
 )
 
 // RequireEnv, when set, turns a missing redis-server into a test failure.
@@ -176,6 +176,10 @@ func (s *Server) Client() *redis.Client { return client(s.t, s.Addr) }
 // test that started the server: for a server shared by subtests.
 func (s *Server) ClientFor(t testing.TB) *redis.Client { return client(t, s.Addr) }
 
+// ClientAt returns a client of the server at addr (a proxy's, say), as
+// Client does.
+func ClientAt(t testing.TB, addr string) *redis.Client { return client(t, addr) }
+
 func client(t testing.TB, addr string) *redis.Client {
 	o := recommended(addr).Simple()
 	o.PoolSize = 64
@@ -184,111 +188,22 @@ func client(t testing.TB, addr string) *redis.Client {
 	return c
 }
 
-// Proxy forwards TCP connections from a loopback port of its own to a
-// server, so that a test can cut the network between a client and the
-// server: Cut closes every connection and, until Heal, closes each new one
-// as soon as it is accepted, as a peer that resets them would. Both ends
-// see their connections fail at once; the server runs on.
+// Proxy forwards connections to a server, and cuts them on demand (see
+// netcut.Proxy), for clients of the Redis server behind it.
 type Proxy struct {
-	Addr string
-	t    testing.TB
-	to   string
-	ln   net.Listener
-	wg   sync.WaitGroup
-
-	mu    sync.Mutex // protects the fields below
-	cut   bool
-	conns map[net.Conn]struct{} // both ends of every forwarded connection
+	*netcut.Proxy
+	t testing.TB
 }
 
 // StartProxy starts a Proxy to s, stopped at the test's cleanup.
 func StartProxy(t testing.TB, s *Server) *Proxy {
 	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatalf("redistest: proxy: %v", err)
-	}
-	p := &Proxy{Addr: ln.Addr().String(), t: t, to: s.Addr, ln: ln, conns: map[net.Conn]struct{}{}}
-	p.wg.Add(1)
-	go p.accept()
-	t.Cleanup(p.close)
-	return p
+	return &Proxy{Proxy: netcut.Start(t, s.Addr), t: t}
 }
 
 // Client returns a client that reaches the server through the proxy, with
 // the timeouts the fleet package recommends, closed at the test's cleanup.
 func (p *Proxy) Client() *redis.Client { return client(p.t, p.Addr) }
-
-// Cut closes every forwarded connection, and every new one until Heal.
-func (p *Proxy) Cut() {
-	p.mu.Lock()
-	p.cut = true
-	conns := p.conns
-	p.conns = map[net.Conn]struct{}{}
-	p.mu.Unlock()
-	for c := range conns {
-		c.Close()
-	}
-}
-
-// Heal forwards new connections again.
-func (p *Proxy) Heal() {
-	p.mu.Lock()
-	p.cut = false
-	p.mu.Unlock()
-}
-
-func (p *Proxy) accept() {
-	defer p.wg.Done()
-	for {
-		in, err := p.ln.Accept()
-		if err != nil {
-			return // closed
-		}
-		p.mu.Lock()
-		cut := p.cut
-		p.mu.Unlock()
-		if cut {
-			in.Close()
-			continue
-		}
-		out, err := net.DialTimeout("tcp", p.to, time.Second)
-		if err != nil {
-			in.Close()
-			continue
-		}
-		p.mu.Lock()
-		if p.cut { // cut while dialling
-			p.mu.Unlock()
-			in.Close()
-			out.Close()
-			continue
-		}
-		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
-		p.mu.Unlock()
-		p.wg.Add(2)
-		go p.pipe(in, out)
-		go p.pipe(out, in)
-	}
-}
-
-// pipe copies from src to dst until either fails, then closes both.
-func (p *Proxy) pipe(dst, src net.Conn) {
-	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
-	dst.Close()
-	src.Close()
-	p.mu.Lock()
-	delete(p.conns, dst)
-	delete(p.conns, src)
-	p.mu.Unlock()
-}
-
-func (p *Proxy) close() {
-	p.ln.Close()
-	p.Cut()
-	p.wg.Wait()
-}
 
 // recommended returns client options for addrs with the settings the fleet
 // package recommends.
