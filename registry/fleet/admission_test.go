@@ -252,7 +252,7 @@ func TestUnlimitedZeroAndOddKeys(t *testing.T) {
 		s.Release()
 	}
 	require.Eventually(t, func() bool { n, _ := r.InFlight(context.Background(), "a"); return n == 0 }, 5*time.Second, time.Millisecond)
-	assert.Zero(t, r.Stats().RedisErrors)
+	assert.Zero(t, r.Stats().StoreErrors)
 	assert.Panics(t, func() { New[string](redisstore.New(srv.Client(), "a{b"), 1) })
 	assert.Panics(t, func() { New[string](redisstore.New(nil, "a"), 1) })
 }

@@ -15,7 +15,7 @@ import (
 
 // TryAcquire admits under key if it has room across the fleet, without
 // waiting. It fails with a *slots.LimitError wrapping slots.ErrLimitReached,
-// ErrUnavailable (FailClosed, Redis unreachable), or an error wrapping
+// ErrUnavailable (FailClosed, the store unreachable), or an error wrapping
 // registry.ErrInvalidKey (see WithMaxKeyBytes).
 func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 	return r.acquire(context.Background(), []K{key}, false)
@@ -37,7 +37,7 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 // AcquireAll admits under every key at once, all or nothing, waiting while
 // any is full. A key listed twice counts once; no keys fail with
 // registry.ErrNoKeys. A *slots.LimitError names a key that was full, by its
-// name in Redis (Keys.Name), whether Redis or the local registry alone
+// name in the store (Keys.Name), whether the store or the local registry alone
 // decided.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	return r.acquire(ctx, keys, true)
@@ -50,9 +50,9 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	if len(keys) == 0 {
 		return nil, registry.ErrNoKeys
 	}
-	// Before anything goes to Redis, and before dedupe compares them: the
+	// Before anything goes to the store, and before dedupe compares them: the
 	// local registry's rule, so that the key is refused whether or not
-	// Redis is reachable.
+	// the store is reachable.
 	for _, k := range keys {
 		if err := r.validKey(k); err != nil {
 			r.stats.rejected.Add(1)
@@ -96,10 +96,10 @@ func (r *Registry[K]) limitsLocked(l *lease[K]) {
 }
 
 // attempt makes one admission decision for l, waiting as w if not nil: in
-// Redis, or, when Redis cannot be reached (the breaker is open, or this
-// call failed), as WithUnavailable says. Its call to Redis is made under
+// the store, or, when the store cannot be reached (the breaker is open, or this
+// call failed), as WithUnavailable says. Its call to the store is made under
 // callCtx (ctx, or ctx bounded by the longest wait), and a lease admitted
-// is recorded under ctx: a caller whose longest wait runs out as Redis
+// is recorded under ctx: a caller whose longest wait runs out as the store
 // admits it holds the lease.
 func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *waiter) outcome {
 	var c acquireCall[K]
@@ -111,7 +111,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 			return failed(err)
 		}
 		if !r.brk.allow() {
-			// It may be admitted outside Redis: under a new id, which its
+			// It may be admitted outside the store: under a new id, which its
 			// ticket's tombstone does not keep out when it is put back.
 			if r.leaveQueue(l, w) {
 				l.id = newLeaseID() // l is not shared yet
@@ -195,12 +195,12 @@ func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 }
 
 // callOrAbandon makes l's acquire call; for a waiter w not yet queued in
-// Redis, in line behind the calls of the waiters before it (see calls).
+// the store, in line behind the calls of the waiters before it (see calls).
 // A call that carries no epoch yet (this process has had no reply from
-// Redis) is not: the waiters after it wait for its reply, so that theirs
-// carry the epoch it tells and a Redis that lost its data meanwhile
-// pauses them. A waiter queued in Redis already has its place there (as
-// its current lease id, in the Redis of the epoch its call carries). If
+// the store) is not: the waiters after it wait for its reply, so that theirs
+// carry the epoch it tells and a store that lost its data meanwhile
+// pauses them. A waiter queued in the store already has its place there (as
+// its current lease id, in the store of the epoch its call carries). If
 // the call panics (a client hook), whatever it may have added is taken
 // back before the panic goes on: l is not held, so nothing else would
 // renew or remove it.
@@ -222,14 +222,14 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 }
 
 // abandon queues the removal of whatever a failed call for l may have put
-// into Redis, and gives l a new id for what comes next.
+// into the store, and gives l a new id for what comes next.
 func (r *Registry[K]) abandon(l *lease[K]) {
 	r.queueRelease(l.abandonment())
 	l.id = newLeaseID()
 }
 
 // hold finishes an admission: the local mirror slot, the lease record, and
-// the Slot. With degraded, the lease is not in Redis (yet); else Redis
+// the Slot. With degraded, the lease is not in the store (yet); else the store
 // admitted it under epoch. A caller whose context has ended by the time the
 // lease is recorded is not admitted: the lease is given back.
 func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoch int64) outcome {
@@ -244,9 +244,9 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			break
 		}
 		if !degraded {
-			// This process holds more than Redis counts (leases lost and
+			// This process holds more than the store counts (leases lost and
 			// not put back, or local limits other than the fleet's):
-			// admit anyway; Redis has counted this one.
+			// admit anyway; the store has counted this one.
 			local = nil
 			break
 		}
@@ -296,11 +296,11 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 }
 
 // giveBack undoes an admission of l that is not to be: its local mirror,
-// and, if Redis admitted it, its lease (with a wake-up, as a release). It
+// and, if the store admitted it, its lease (with a wake-up, as a release). It
 // returns ErrClosed, or the error of ctx, which has ended.
 func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, closed bool) outcome {
 	func() {
-		// Deferred, so that the lease leaves Redis even if the local
+		// Deferred, so that the lease leaves the store even if the local
 		// release panics (an Observer), as in Release.
 		switch {
 		case degraded:
@@ -318,7 +318,7 @@ func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, close
 }
 
 // localAcquire takes l's mirror in the local registry. If that panics (an
-// Observer, a local LimitFunc), a lease Redis admitted is taken back, as in
+// Observer, a local LimitFunc), a lease the store admitted is taken back, as in
 // Release: it is not held, so nothing would renew or remove it.
 func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, error) {
 	ok := false
@@ -333,8 +333,8 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 }
 
 // localFull tells the local registry's refusal le of l again, naming the
-// first of l's keys that is full there by its name in Redis, as a refusal
-// by Redis names it. It reports false if none is full any more.
+// first of l's keys that is full there by its name in the store, as a refusal
+// by the store names it. It reports false if none is full any more.
 func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, bool) {
 	for i, k := range l.keys {
 		n, limit := r.local.InFlight(k), r.local.Limit(k)
@@ -347,7 +347,7 @@ func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, boo
 }
 
 // bypass admits l with a Bypassed Slot that holds nothing (Degraded too if
-// Redis is unavailable).
+// the store is unavailable).
 func (r *Registry[K]) bypass(l *lease[K], degraded bool) outcome {
 	x := new(core.Handle)
 	h := x.Hold()
@@ -358,7 +358,7 @@ func (r *Registry[K]) bypass(l *lease[K], degraded bool) outcome {
 	return outcome{slot: (*slots.Slot)(x), full: -1}
 }
 
-// unavailable admits l, or not, while Redis cannot be reached.
+// unavailable admits l, or not, while the store cannot be reached.
 func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 	switch r.cfg.onUnavailable {
 	case FailClosed:
@@ -378,12 +378,12 @@ func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 	return r.hold(ctx, l, true, 0)
 }
 
-func (r *Registry[K]) redisFailed(err error) {
+func (r *Registry[K]) storeFailed(err error) {
 	if r.stopping.Err() != nil {
-		return // Close cancelled it: not Redis's failure
+		return // Close cancelled it: not the store's failure
 	}
-	r.stats.redisErrors.Add(1)
+	r.stats.storeErrors.Add(1)
 	if r.brk.failure() {
-		r.logSafely(slog.LevelWarn, "fleet: redis unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
+		r.logSafely(slog.LevelWarn, "fleet: store unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
 	}
 }

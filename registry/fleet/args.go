@@ -7,10 +7,10 @@ import (
 )
 
 // What an acquire call sends: its keys and arguments, and the degraded
-// leases it carries back into Redis.
+// leases it carries back into the store.
 
 // maxCarried bounds the (key, lease) pairs of degraded leases that one
-// admission carries into Redis (see carryLocked).
+// admission carries into the store (see carryLocked).
 const maxCarried = batchSize
 
 // acquireCall is an admission call: what it sends, its not-after time,
@@ -83,7 +83,7 @@ func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 	}
 }
 
-// carriedIn records that the carried leases are in Redis, under epoch. One
+// carriedIn records that the carried leases are in the store, under epoch. One
 // released meanwhile was abandoned (it was marked sent): its tombstone kept
 // it out, or its removal takes it out.
 func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
@@ -94,14 +94,14 @@ func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
 	defer r.mu.Unlock()
 	for _, d := range carried {
 		if _, live := r.leases[d]; live && d.degraded {
-			r.inRedisLocked(d, epoch)
+			r.inStoreLocked(d, epoch)
 			r.stats.reasserted.Add(1)
 		}
 	}
 }
 
-// inRedisLocked records that l is in Redis under epoch.
-func (r *Registry[K]) inRedisLocked(l *lease[K], epoch int64) {
+// inStoreLocked records that l is in the store under epoch.
+func (r *Registry[K]) inStoreLocked(l *lease[K], epoch int64) {
 	if l.degraded {
 		l.degraded = false
 		delete(r.degraded, l)

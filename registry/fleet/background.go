@@ -15,7 +15,7 @@ import (
 const batchSize = 256
 
 // breaker opens after threshold consecutive failed calls, so that while
-// Redis is unreachable a decision costs no round trip; the heartbeat's
+// the store is unreachable a decision costs no round trip; the heartbeat's
 // probe closes it.
 type breaker struct {
 	threshold int32
@@ -43,9 +43,9 @@ func (b *breaker) success() bool {
 // closes it, after putting the degraded leases back.
 func (b *breaker) ok() { b.fails.Store(0) }
 
-// recovered is called when Redis answers again (a call closed the breaker)
+// recovered is called when the store answers again (a call closed the breaker)
 // or degraded leases wait to go in: it wakes the heartbeat, which puts the
-// degraded leases into Redis and wakes the waiters, and the releaser, which
+// degraded leases into the store and wakes the waiters, and the releaser, which
 // sends the removals it kept.
 func (r *Registry[K]) recovered() {
 	select {
@@ -59,12 +59,12 @@ func (r *Registry[K]) recovered() {
 }
 
 // heartbeat renews the held leases every TTL/3 and, while the breaker is
-// open, probes Redis to close it (at the probe interval, and at each
+// open, probes the store to close it (at the probe interval, and at each
 // renewal's time too); with the breaker closed, it puts in degraded leases
 // (admitted while one call failed) at the probe interval, and every held
-// lease at once when an admission's reply tells that Redis lost its data.
+// lease at once when an admission's reply tells that the store lost its data.
 // A renewal that failed is made again at the next probe tick, not a whole
-// TTL/3 later, and while it keeps failing at longer gaps (retryTicks). After Redis lost its data the held leases must go back
+// TTL/3 later, and while it keeps failing at longer gaps (retryTicks). After the store lost its data the held leases must go back
 // within the renewal round that new admissions wait for (see pause.go): a
 // long probe interval, or a first call after a restart that fails, must
 // not put them off to the next round. It survives errors, and panics (a
@@ -110,7 +110,7 @@ func (r *Registry[K]) heartbeat() {
 			r.survive("probe", func() {
 				switch {
 				case r.brk.open():
-					retry.after(true) // the probe renews, once Redis answers
+					retry.after(true) // the probe renews, once the store answers
 					if r.probe() {
 						r.wakeAll()
 					}
@@ -130,7 +130,7 @@ func (r *Registry[K]) heartbeat() {
 // retryTicks spaces the renewals a failed one makes again, in probe ticks:
 // the first at the next tick, each next one after twice as many, up to max
 // (a renewal round). A renewal fails if any of its calls does, so while
-// some calls keep failing (an overloaded Redis, one bad batch) the breaker
+// some calls keep failing (an overloaded store, one bad batch) the breaker
 // may stay closed; retrying all leases every tick would multiply the load
 // by up to a round's ticks. Its methods run on the heartbeat's goroutine.
 type retryTicks struct {
@@ -203,7 +203,7 @@ func (r *Registry[K]) hasDegraded() bool {
 	return len(r.degraded) > 0
 }
 
-// probe pings Redis and, if it answers, puts back the leases taken while
+// probe pings the store and, if it answers, puts back the leases taken while
 // it was unreachable, then closes the breaker.
 func (r *Registry[K]) probe() bool {
 	ctx, cancel := context.WithTimeout(r.stopping, r.cfg.opTimeout)
@@ -213,10 +213,10 @@ func (r *Registry[K]) probe() bool {
 		return false
 	}
 	if !r.renew() {
-		return false // Redis answers pings but not scripts yet
+		return false // the store answers pings but not scripts yet
 	}
 	if r.brk.success() {
-		r.logSafely(slog.LevelInfo, "fleet: redis reachable again; breaker closed", slog.String("registry", r.prefix))
+		r.logSafely(slog.LevelInfo, "fleet: store reachable again; breaker closed", slog.String("registry", r.prefix))
 	}
 	// Leases admitted degraded since the renewal above go in at once.
 	r.recovered()
@@ -231,20 +231,20 @@ type renewal[K comparable] struct {
 	limits []int       // l.limits
 }
 
-// renew extends every held lease in Redis. A lease found missing is put
-// back or reported (see Lost); one admitted while Redis was unreachable is
+// renew extends every held lease in the store. A lease found missing is put
+// back or reported (see Lost); one admitted while the store was unreachable is
 // put back. It reports whether every call worked.
 func (r *Registry[K]) renew() bool {
 	var requeue []*lease[K]
-	// Queued once redisMu is unlocked (the releaser takes it), even if a
+	// Queued once storeMu is unlocked (the releaser takes it), even if a
 	// renewal panics.
 	defer func() {
 		for _, l := range requeue {
 			r.queueRelease(l)
 		}
 	}()
-	r.redisMu.Lock()
-	defer r.redisMu.Unlock()
+	r.storeMu.Lock()
+	defer r.storeMu.Unlock()
 	r.mu.Lock()
 	batch := make([]renewal[K], 0, len(r.leases))
 	for l := range r.leases {
@@ -264,7 +264,7 @@ func (r *Registry[K]) renew() bool {
 // renewBatch renews leases in calls of up to batchSize pairs, and adds to
 // requeue the leases whose removal must be sent (again). It reports whether
 // every call worked; once a call has failed and the breaker is open, it
-// sends no more. Call it with redisMu held.
+// sends no more. Call it with storeMu held.
 func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool {
 	ok := true
 	for len(leases) > 0 {
@@ -284,7 +284,7 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 			err = fmt.Errorf("fleet: %d fates in a renewal of %d leases", len(res.Leases), len(batch))
 		}
 		if err != nil {
-			r.redisFailed(err)
+			r.storeFailed(err)
 			// The call may still run, and put leases back, later.
 			*requeue = append(*requeue, r.afterFailedRenew(batch, until)...)
 			if r.brk.open() {
@@ -330,7 +330,7 @@ func (r *Registry[K]) renewCall(call *driver.RenewCall) (res driver.RenewResult,
 	}
 }
 
-// missing is a held lease that a renewal found missing in Redis: put back
+// missing is a held lease that a renewal found missing in the store: put back
 // (why says why), or lost (why is empty).
 type missing[K comparable] struct {
 	l      *lease[K]
@@ -359,10 +359,10 @@ func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []drive
 			if l.degraded { // an admission's call carried it in meanwhile
 				r.stats.reasserted.Add(1)
 			}
-			r.inRedisLocked(l, epoch)
+			r.inStoreLocked(l, epoch)
 		case l.degraded:
 			if st == driver.FatePutBack {
-				r.inRedisLocked(l, epoch)
+				r.inStoreLocked(l, epoch)
 				r.stats.reasserted.Add(1)
 			}
 		case st == driver.FatePutBack || st == driver.FateRoom:
@@ -370,8 +370,8 @@ func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []drive
 				r.stats.lost.Add(1)
 			}
 			r.stats.reasserted.Add(1)
-			r.inRedisLocked(l, epoch)
-			why := "redis lost it"
+			r.inStoreLocked(l, epoch)
+			why := "the store lost it"
 			if st == driver.FateRoom {
 				why = "expired; put back, there was room"
 			}
@@ -404,11 +404,11 @@ func (r *Registry[K]) reportMissing(found []missing[K]) {
 	}
 	for _, m := range found {
 		if m.why != "" {
-			r.logSafely(slog.LevelWarn, "fleet: lease missing in redis, put back", slog.String("registry", r.prefix),
+			r.logSafely(slog.LevelWarn, "fleet: lease missing in the store, put back", slog.String("registry", r.prefix),
 				slog.String("keys", fmt.Sprint(m.l.keys)), slog.String("why", m.why))
 			continue
 		}
-		r.logSafely(slog.LevelWarn, "fleet: lease lost in redis", slog.String("registry", r.prefix),
+		r.logSafely(slog.LevelWarn, "fleet: lease lost in the store", slog.String("registry", r.prefix),
 			slog.String("keys", fmt.Sprint(m.l.keys)), slog.Bool("reassert", m.mode == driver.ModeReassert))
 	}
 }

@@ -135,13 +135,13 @@ func TestRemovalPanicIsSentAgain(t *testing.T) {
 	s.Release()
 	eventually(t, "the removal panics", h.fired.Load)
 	eventually(t, "and is sent again", func() bool { return len(m.leases("k")) == 0 })
-	assert.Equal(t, uint64(1), r.Stats().RedisErrors, "counted as a failed call")
+	assert.Equal(t, uint64(1), r.Stats().StoreErrors, "counted as a failed call")
 	assert.Zero(t, r.Stats().RemovalsDropped)
 }
 
 // A renewal of many leases goes in several calls; once one has failed and
 // the breaker is open, the rest are not sent: each would wait for its own
-// call timeout, holding up the removals (redisMu) all along.
+// call timeout, holding up the removals (storeMu) all along.
 func TestRenewalStopsOnceTheBreakerOpens(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
@@ -213,7 +213,7 @@ func TestFailedRenewalIsMadeAgainSoon(t *testing.T) {
 	defer s.Release()
 	m.srv.SetError("LOADING down")
 	r.lostData() // the heartbeat renews at once, and fails
-	eventually(t, "a renewal fails", func() bool { return r.Stats().RedisErrors > 0 })
+	eventually(t, "a renewal fails", func() bool { return r.Stats().StoreErrors > 0 })
 	m.srv.Del("inflight:{t}:k")
 	m.srv.SetError("")
 	eventually(t, "the lease is back", func() bool { return len(m.leases("k")) == 1 })

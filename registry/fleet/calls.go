@@ -11,12 +11,12 @@ import (
 )
 
 // Acquire calls that overlap share pipelines. While maxSending calls (or
-// pipelines of calls) are on their way to Redis, later calls queue; each
+// pipelines of calls) are on their way to the store, later calls queue; each
 // time one comes back, everything queued goes as one pipeline: one write
 // and one read for many calls. A caller alone sends its call at once, as a
 // plain EVALSHA.
 //
-// A waiter's first call is ordered: it reaches Redis after every ordered
+// A waiter's first call is ordered: it reaches the store after every ordered
 // call on any of its capped keys made before it in this process, so that
 // the process's waiters take their places in the fleet's queue in the
 // order they came. While an ordered call on a key is on its way, later
@@ -28,7 +28,7 @@ import (
 // of waiters in pipelines of maxPipeline, one round trip each, whatever
 // their keys, and queues hardly more of them than the next pipeline takes
 // (one more a key at most, each holding back the waiters after it): none
-// waits out its call timeout in the queue while Redis answers.
+// waits out its call timeout in the queue while the store answers.
 const (
 	maxSending  = 2
 	maxPipeline = 128
@@ -130,10 +130,10 @@ func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int6
 		return q.giveUp(c, ctx.Err())
 	case <-timer.C:
 	}
-	// Its time is up. Still queued, it is dropped: Redis is too slow to
+	// Its time is up. Still queued, it is dropped: the store is too slow to
 	// take it, which counts as a failure. On its way, it waits for its
 	// pipeline, which ends by the newest deadline of its calls: a caller
-	// that gave up now would be decided without Redis's answer.
+	// that gave up now would be decided without the store's answer.
 	q.mu.Lock()
 	if q.closed && !c.taken { // Close failed it as the timer fired
 		q.mu.Unlock()
@@ -142,7 +142,7 @@ func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int6
 	if !c.taken {
 		q.removeLocked(c)
 		q.mu.Unlock()
-		r.redisFailed(errQueueTimeout)
+		r.storeFailed(errQueueTimeout)
 		return reply{err: errQueueTimeout}
 	}
 	q.mu.Unlock()
@@ -206,7 +206,7 @@ func (r *Registry[K]) callAlone(ctx context.Context, ac *driver.AdmitCall) reply
 			r.recovered()
 		}
 	case ctx.Err() == nil:
-		r.redisFailed(err)
+		r.storeFailed(err)
 	}
 	return reply{res: res, err: err, sent: true}
 }
@@ -366,7 +366,7 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 		perr = fmt.Errorf("fleet: %d results for %d admission calls", len(results), len(batch))
 	}
 	if perr != nil { // the store failed them all, or panicked (a client hook): fail the calls, keep the process
-		r.redisFailed(perr)
+		r.storeFailed(perr)
 		for _, c := range batch {
 			c.reply = reply{err: perr, sent: true}
 			close(c.done)
@@ -396,7 +396,7 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	}
 	switch {
 	case failure != nil:
-		r.redisFailed(failure)
+		r.storeFailed(failure)
 	case r.brk.success():
 		r.recovered()
 	}
@@ -406,7 +406,7 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 }
 
 // abandonCalls takes back what the calls may have added (see abandon),
-// unless Redis is unreachable: then the leases expire after the TTL.
+// unless the store is unreachable: then the leases expire after the TTL.
 func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	if !r.brk.allow() {
 		return

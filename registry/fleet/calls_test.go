@@ -196,7 +196,7 @@ func TestOverlappingCallsSharePipeline(t *testing.T) {
 		s.Release()
 	}
 	eventually(t, "all released", func() bool { return len(m.leases("k")) == 0 })
-	assert.Zero(t, r.Stats().RedisErrors)
+	assert.Zero(t, r.Stats().StoreErrors)
 }
 
 // A queued call whose caller gives up is not sent, and leaves nothing to
@@ -244,7 +244,7 @@ func TestFailedPipelineCountsOnce(t *testing.T) {
 		require.ErrorIs(t, res.err, ErrUnavailable)
 	}
 	st := r.Stats()
-	assert.Equal(t, uint64(1), st.RedisErrors)
+	assert.Equal(t, uint64(1), st.StoreErrors)
 	assert.False(t, st.BreakerOpen, "one failed pipeline does not open a breaker of 3")
 	eventually(t, "what the late calls took is taken back", func() bool { return len(m.leases("k")) == 1 })
 	s.Release()
@@ -276,7 +276,7 @@ func TestBreakerOpenWhileQueued(t *testing.T) {
 	eventually(t, "the held call's abandon is kept for later", func() bool {
 		return r.Stats().RemovalsPending == 1
 	})
-	assert.Equal(t, uint64(1), r.Stats().RedisErrors)
+	assert.Equal(t, uint64(1), r.Stats().StoreErrors)
 	m.srv.SetError("")
 	for _, s := range held {
 		s.Release()
@@ -325,7 +325,7 @@ func TestPipelineNoScript(t *testing.T) {
 		res.s.Release()
 	}
 	assert.Equal(t, []int{3}, h.sent())
-	assert.Zero(t, r.Stats().RedisErrors)
+	assert.Zero(t, r.Stats().StoreErrors)
 }
 
 // Close fails the queued calls at once and cuts short a pipeline on its
@@ -471,7 +471,7 @@ func TestFreshCallKeepsItsDeadline(t *testing.T) {
 	require.NoError(t, o.err)
 	require.NoError(t, f.err)
 	assert.False(t, f.s.Degraded(), "the fresh call is admitted under the fleet cap")
-	assert.Zero(t, r.Stats().RedisErrors, "Redis did not fail")
+	assert.Zero(t, r.Stats().StoreErrors, "Redis did not fail")
 	for _, x := range []*slots.Slot{s, o.s, f.s} {
 		x.Release()
 	}
@@ -511,7 +511,7 @@ func TestQueuedCallWaitsForItsPipeline(t *testing.T) {
 	require.ErrorIs(t, dr.err, slots.ErrLimitReached)
 	require.ErrorIs(t, cr.err, slots.ErrLimitReached, "C is decided by Redis, not admitted alone")
 	st := r.Stats()
-	assert.Zero(t, st.RedisErrors)
+	assert.Zero(t, st.StoreErrors)
 	assert.Zero(t, st.Degraded)
 	r.renew()
 	assert.Len(t, m.leases("k"), 1)
@@ -556,7 +556,7 @@ func TestEveryPipelinePanics(t *testing.T) {
 	// abandons' pipelines (sent again with backoff while they fail).
 	eventually(t, "the abandons were tried, and kept to be sent again", func() bool {
 		st := r.Stats()
-		return st.RemovalsPending == 2 && st.RedisErrors >= 2
+		return st.RemovalsPending == 2 && st.StoreErrors >= 2
 	})
 	p.pipes.Store(false)
 	eventually(t, "the abandons go through once the hook stops panicking", func() bool {

@@ -22,7 +22,7 @@ import (
 // it may add is never given up.
 const unknownUntil = math.MaxInt64
 
-// serverClock estimates the Redis server's clock (what TIME returns in the
+// serverClock estimates the store's clock (what TIME returns in the
 // scripts), in milliseconds, from replies that carry it. The zero value
 // knows nothing, and its local readings count from the zero time.
 type serverClock struct {

@@ -123,7 +123,7 @@ func TestCluster(t *testing.T) {
 			return err == nil && n == 0
 		}, 5*time.Second, time.Millisecond, "every lease of %s removed", k.key)
 	}
-	t.Logf("admissions without Redis: %d; failed calls to Redis: %d", degraded.Load(), providers.Stats().RedisErrors+orgs.Stats().RedisErrors)
+	t.Logf("admissions without Redis: %d; failed calls to Redis: %d", degraded.Load(), providers.Stats().StoreErrors+orgs.Stats().StoreErrors)
 
 	// The node of {providers} loses its data: the pause is that name's,
 	// its key on that node with the name's other keys; {tenants}, on

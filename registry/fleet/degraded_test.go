@@ -168,7 +168,7 @@ func TestReleaseWhileDownRemovedWhenBack(t *testing.T) {
 	s.Release()
 	eventually(t, "the removal failed, and waits", func() bool {
 		st := r.Stats()
-		return st.RedisErrors >= 1 && st.RemovalsPending == 1
+		return st.StoreErrors >= 1 && st.RemovalsPending == 1
 	})
 	require.Len(t, m.leases("k"), 1)
 	m.srv.SetError("")

@@ -316,7 +316,7 @@ func TestFleetArrivalOrder(t *testing.T) {
 	}
 	for i, r := range rs {
 		st := r.Stats()
-		require.Zero(t, st.RedisErrors+st.Degraded, "registry %d: Redis failed a call, or an admission went without it", i)
+		require.Zero(t, st.StoreErrors+st.Degraded, "registry %d: Redis failed a call, or an admission went without it", i)
 	}
 
 	inversions, late := 0, 0

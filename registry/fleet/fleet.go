@@ -16,13 +16,13 @@ import (
 )
 
 var (
-	// ErrUnavailable: Redis could not be reached and the Registry fails
+	// ErrUnavailable: the store could not be reached and the Registry fails
 	// closed (FailClosed).
-	ErrUnavailable = errors.New("fleet: redis unavailable")
+	ErrUnavailable = errors.New("fleet: store unavailable")
 	// ErrClosed: the Registry was closed.
 	ErrClosed = errors.New("fleet: registry closed")
 	// ErrLeaseLost: the cause of a context made by WithCancelOnLost, when
-	// its holder's lease went missing in Redis (with CancelLost).
+	// its holder's lease went missing in the store (with CancelLost).
 	ErrLeaseLost = errors.New("fleet: lease lost")
 )
 
@@ -31,7 +31,7 @@ type cancelKey struct{}
 // WithCancelOnLost returns a context derived from ctx, to acquire with and
 // to do the held work under: if the lease of a Slot acquired with it is
 // lost (with ReassertLost, the default: it expired and there is no room to
-// put it back; with CancelLost: it went missing in Redis), the context is
+// put it back; with CancelLost: it went missing in the store), the context is
 // cancelled with the cause ErrLeaseLost (context.Cause tells). Call cancel
 // when the work is done, as with context.WithCancel.
 func WithCancelOnLost(ctx context.Context) (context.Context, context.CancelFunc) {
@@ -59,7 +59,7 @@ type Registry[K comparable] struct {
 	// holdTime estimates how long holders keep their leases, for the
 	// Retry-After of a full queue.
 	holdTime core.HoldTime
-	// pause is how long new admissions wait after Redis lost its data,
+	// pause is how long new admissions wait after the store lost its data,
 	// as this process declares it (see pause.go).
 	pause time.Duration
 	// epoch is the latest epoch a reply told (0: none yet); see pause.go.
@@ -73,11 +73,11 @@ type Registry[K comparable] struct {
 	degraded map[*lease[K]]struct{}
 	// The most entries of each map since it was last made (see remade).
 	leasesPeak, limitsPeak, degradedPeak int
-	// queues are the waiters of each Redis key, in order (see waiters.go);
+	// queues are the waiters of each key, in order (see waiters.go);
 	// queuesPeak is the most keys waited on since the map was last made.
 	queues     map[string][]*waiter
 	queuesPeak int
-	// tickets are the waiters that have asked Redis (and may be queued
+	// tickets are the waiters that have asked the store (and may be queued
 	// there), by the lease id they asked under, for their grants'
 	// wake-ups; a waiter is in it from before its call.
 	tickets     map[string]*waiter
@@ -92,16 +92,16 @@ type Registry[K comparable] struct {
 	calls     calls         // acquire calls on their way or queued
 
 	remMu      sync.Mutex    // protects the fields below
-	removals   []*lease[K]   // removals from Redis to send, oldest first
+	removals   []*lease[K]   // removals from the store to send, oldest first
 	maxPending int           // bound of removals (maxRemovals; tests lower it)
 	kick       chan struct{} // buffered 1: removals queued
 	resume     chan struct{} // buffered 1: the breaker closed, send the removals again
 
-	// redisMu orders the heartbeat's renewals and the releaser's removals:
+	// storeMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
 	// that renewal, so a renewal cannot put back a released lease. It is
-	// held across calls to Redis (see chanMutex).
-	redisMu chanMutex
+	// held across calls to the store (see chanMutex).
+	storeMu chanMutex
 
 	// learnKick wakes the learner goroutine; learnMu orders the settings
 	// of learned limits in the local registry.
@@ -114,7 +114,7 @@ type Registry[K comparable] struct {
 	stats      counters
 	subscribed chan struct{} // closed once the store's Listen listens
 	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
-	reassert   chan struct{} // buffered 1: Redis lost its data: the heartbeat puts the leases back now
+	reassert   chan struct{} // buffered 1: the store lost its data: the heartbeat puts the leases back now
 	stop       context.CancelFunc
 	done       sync.WaitGroup
 	stopping   context.Context
@@ -127,7 +127,7 @@ type Registry[K comparable] struct {
 
 type counters struct {
 	acquired, rejected, degraded, bypassed atomic.Uint64
-	lost, reasserted, redisErrors, paused  atomic.Uint64
+	lost, reasserted, storeErrors, paused  atomic.Uint64
 	doubleReleases, removalsDropped        atomic.Uint64
 }
 
@@ -196,7 +196,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 
 		maxPending: maxRemovals,
 		kick:       make(chan struct{}, 1),
-		redisMu:    make(chanMutex, 1),
+		storeMu:    make(chanMutex, 1),
 		resume:     make(chan struct{}, 1),
 		subscribed: make(chan struct{}),
 		recovery:   make(chan struct{}, 1),
@@ -237,13 +237,13 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 }
 
 // Local returns the in-process registry that mirrors this process's holders
-// (and caps alone while Redis is unavailable, with FallbackLocal): watch it
+// (and caps alone while the store is unavailable, with FallbackLocal): watch it
 // with sweep and sweep/inflightprom. Acquire through the fleet Registry, not
 // through it.
 func (r *Registry[K]) Local() *registry.Registry[K] { return r.local }
 
 // Close stops the heartbeat, the releaser and the subscription, after
-// removing from Redis the leases released so far, and takes this process's
+// removing from the store the leases released so far, and takes this process's
 // waiters out of the fleet's queue. Leases still held expire after
 // LeaseTTL. Acquire fails with ErrClosed afterwards.
 func (r *Registry[K]) Close() {
@@ -378,22 +378,22 @@ type Stats struct {
 	Waiting        int    // callers of this process waiting now
 	Acquired       uint64 // admissions under the fleet caps
 	Rejected       uint64 // admissions refused (limit reached, unavailable, context ended)
-	Degraded       uint64 // admissions under the local registry alone (Redis unavailable)
-	Bypassed       uint64 // fail-open admissions (Redis unavailable, or the longest wait passed with slots.WithFailOpen)
-	Lost           uint64 // leases found missing in Redis by the heartbeat (each once until put back)
-	Reasserted     uint64 // leases put back into Redis (found missing, or degraded and Redis back)
-	Paused         uint64 // tries refused while new admissions waited after Redis lost its data (each try of a wait)
-	RedisErrors    uint64 // failed calls to Redis
+	Degraded       uint64 // admissions under the local registry alone (the store unavailable)
+	Bypassed       uint64 // fail-open admissions (the store unavailable, or the longest wait passed with slots.WithFailOpen)
+	Lost           uint64 // leases found missing in the store by the heartbeat (each once until put back)
+	Reasserted     uint64 // leases put back into the store (found missing, or degraded and the store back)
+	Paused         uint64 // tries refused while new admissions waited after the store lost its data (each try of a wait)
+	StoreErrors    uint64 // failed calls to the store
 	DoubleReleases uint64
-	// RemovalsPending are removals from Redis (of released leases, and of
+	// RemovalsPending are removals from the store (of released leases, and of
 	// abandoned calls' lease ids) waiting to be sent now, or sent again.
 	RemovalsPending int
 	// RemovalsDropped are removals given up: over the bound of pending
 	// ones, or still failing once their lease had expired (for an
 	// abandoned lease id, once the calls that may add it are past their
-	// deadlines). Their leases expire in Redis after at most the lease TTL.
+	// deadlines). Their leases expire in the store after at most the lease TTL.
 	RemovalsDropped uint64
-	BreakerOpen     bool // Redis is considered unavailable now
+	BreakerOpen     bool // the store is considered unavailable now
 }
 
 // Stats returns the counts.
@@ -412,16 +412,16 @@ func (r *Registry[K]) Stats() Stats {
 	st.Lost = r.stats.lost.Load()
 	st.Reasserted = r.stats.reasserted.Load()
 	st.Paused = r.stats.paused.Load()
-	st.RedisErrors = r.stats.redisErrors.Load()
+	st.StoreErrors = r.stats.storeErrors.Load()
 	st.DoubleReleases = r.stats.doubleReleases.Load()
 	st.BreakerOpen = r.brk.open()
 	return st
 }
 
-// InFlight returns key's holders across the fleet, as Redis counts them now
+// InFlight returns key's holders across the fleet, as the store counts them now
 // (expired leases excluded), or an error: one wrapping
 // registry.ErrInvalidKey for a key that admission refuses (nothing is
-// sent), or Redis's.
+// sent), or the store's.
 func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
 	if err := r.validKey(key); err != nil {
 		return 0, err
@@ -430,10 +430,10 @@ func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {
 }
 
 // chanMutex is a mutex made of a channel of capacity 1, for a lock held
-// across calls to Redis: a goroutine waiting on it is durably blocked in a
+// across calls to the store: a goroutine waiting on it is durably blocked in a
 // testing/synctest bubble (one waiting on a sync.Mutex is not, and would
 // stop the bubble's clock while the holder waits for a reply that needs
-// it), so that a fleet on a virtual Redis with latency runs in virtual
+// it), so that a fleet on a virtual store with latency runs in virtual
 // time (TestFleetLearnsAMovingCapVirtual).
 type chanMutex chan struct{}
 
@@ -444,6 +444,6 @@ func (m chanMutex) Unlock() {
 	select {
 	case <-m:
 	default:
-		panic("fleet: unlock of unlocked redisMu")
+		panic("fleet: unlock of unlocked storeMu")
 	}
 }

@@ -149,10 +149,10 @@ func TestReleaseDuringReassert(t *testing.T) {
 	}
 	r.mu.Unlock()
 	s.Release() // released before the renewal's bookkeeping ran
-	r.redisMu.Lock()
+	r.storeMu.Lock()
 	var requeue []*lease[string]
 	require.True(t, r.renewBatch([]renewal[string]{{l: l, mode: driver.ModePutBack, limits: []int{1}}}, &requeue))
-	r.redisMu.Unlock()
+	r.storeMu.Unlock()
 	require.Len(t, requeue, 1, "the released lease is removed again")
 	r.queueRelease(requeue[0])
 	eventually(t, "the reasserted lease is removed", func() bool { return len(m.leases("k")) == 0 })
@@ -262,7 +262,7 @@ func TestUnavailable(t *testing.T) {
 		// Three admission calls failed, and the three abandons queued for
 		// their lease ids (in the background) fail too; the other 97
 		// admissions made no call.
-		assert.LessOrEqual(t, r.Stats().RedisErrors, uint64(6), "no call while the breaker is open")
+		assert.LessOrEqual(t, r.Stats().StoreErrors, uint64(6), "no call while the breaker is open")
 	})
 	t.Run("open", func(t *testing.T) {
 		m := newMini(t)

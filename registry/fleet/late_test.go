@@ -157,7 +157,7 @@ func TestServerClockJumps(t *testing.T) {
 	require.NoError(t, err, "an admission")
 	assert.False(t, s2.Degraded())
 	assert.Len(t, m.leases("k"), 2)
-	assert.Zero(t, r.Stats().RedisErrors)
+	assert.Zero(t, r.Stats().StoreErrors)
 	s.Release()
 	s2.Release()
 	eventually(t, "removed", func() bool { return len(m.leases("k")) == 0 })
@@ -177,8 +177,8 @@ func TestBoundKeepsAbandonsOfCallsStillOnTheirWay(t *testing.T) {
 	r.remMu.Lock()
 	r.maxPending = 2
 	r.remMu.Unlock()
-	r.redisMu.Lock() // a removal or renewal under way on a slow Redis
-	defer r.redisMu.Unlock()
+	r.storeMu.Lock() // a removal or renewal under way on a slow Redis
+	defer r.storeMu.Unlock()
 	r.queueRelease(&lease[string]{r: r, id: "first", names: []string{"k"}, limits: []int{1}})
 	eventually(t, "the releaser took the first removal, and waits", func() bool { return r.Stats().RemovalsPending == 0 })
 	abandon := func(until int64) *lease[string] {

@@ -11,21 +11,21 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// A learned key's cap is one state for the whole fleet, kept in Redis at
+// A learned key's cap is one state for the whole fleet, kept in the store at
 // <prefix>{<name>}#learn:<key name>: one decision, fed by every process's
 // evidence. Each process keeps a copy, applies its own evidence to it at
 // once (so that its next admission runs under it), and writes the
-// evidence to Redis in the background (see learnsync.go). Most answers
+// evidence to the store in the background (see learnsync.go). Most answers
 // change nothing (an admission within the cap), so writes are few: the
 // tests of the cap, and what they find.
 //
 // The evidence is the fleet's: an admission's count is the key's lease
-// count in Redis with it, and its number is the server's time in
+// count in the store with it, and its number is the server's time in
 // microseconds, which orders starts across the fleet. Times are the
 // server's, as the replies tell it (see clock.go).
 
 // maxLearnPending bounds the evidence waiting to be written per key, while
-// Redis is unreachable: the oldest goes first.
+// the store is unreachable: the oldest goes first.
 const maxLearnPending = 256
 
 // learning is a key whose cap is learned. Guarded by r.mu.
@@ -35,15 +35,15 @@ type learning struct {
 	gen      uint64    // counts the settings and ceilings applied (see syncLearned)
 	cap      learn.Cap // base with pending applied: the cap this process admits under
 	base     learn.Cap // stored, configured here (or initial)
-	stored   learn.Cap // as last read from or written to Redis: the state at version, as Redis has it
+	stored   learn.Cap // as last read from or written to the store: the state at version, as the store has it
 	version  uint64    // stored's (see storedCap)
-	known    bool      // base was read from or written to Redis
+	known    bool      // base was read from or written to the store
 	// pending is the evidence applied to cap and not yet written to
-	// Redis, oldest first; queued counts the events ever queued, of
+	// the store, oldest first; queued counts the events ever queued, of
 	// which pending are the last.
 	pending []learnEvent
 	queued  uint64
-	stale   bool   // Redis may have a newer state
+	stale   bool   // the store may have a newer state
 	staleN  uint64 // counts the times stale was set (see syncLearned)
 	readAt  time.Time
 	syncing bool          // a write or read of the state is under way
@@ -103,7 +103,7 @@ func (e learnEvent) apply(c *learn.Cap) {
 	}
 }
 
-// start is what an admission in Redis tells a learned cap: the number of
+// start is what an admission in the store tells a learned cap: the number of
 // the start and each key's count with it.
 type start struct {
 	id     uint64
@@ -125,9 +125,9 @@ type learnChange struct {
 // pacing.AdaptiveConfig); a limit set with SetLimit, or given by the
 // LimitFunc or the default limit, stays its ceiling. Every process must
 // learn the same keys with the same settings, as it sets the same limits.
-// Learn on a key learned already applies a's settings to it. While Redis
+// Learn on a key learned already applies a's settings to it. While the store
 // is unreachable each process goes on under the cap as it last knew it;
-// evidence not written to Redis by Close is dropped.
+// evidence not written to the store by Close is dropped.
 //
 // It fails if a is not valid under the key's limit, if the key is not
 // valid (see WithMaxKeyBytes), or with ErrClosed.
@@ -248,11 +248,11 @@ func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
 // provider before its model) and tells the others nothing; an overload
 // lowers that key's cap a little; any other answer proves nothing (a test
 // of the cap it was is withdrawn). A Slot never reported is taken as
-// admitted a moment after its start. A Slot admitted while Redis was
+// admitted a moment after its start. A Slot admitted while the store was
 // unreachable, a bypass, another Registry's Slot or a second report
 // changes nothing.
 //
-// A report that lowers a cap writes it to Redis before it returns, within
+// A report that lowers a cap writes it to the store before it returns, within
 // the call timeout, and the other processes take it as its message
 // arrives: so s's release, which follows, lets few of them start another
 // request under the cap they knew.
@@ -323,7 +323,7 @@ func (r *Registry[K]) reportLocked(l *lease[K], v pacing.Verdict) (changed []K, 
 	return changed, cut
 }
 
-// startedLocked notes the admission of l in Redis on its learned keys.
+// startedLocked notes the admission of l in the store on its learned keys.
 func (r *Registry[K]) startedLocked(l *lease[K]) (changed bool) {
 	for i, k := range l.keys {
 		if lk := r.learning[k]; lk != nil {
@@ -334,7 +334,7 @@ func (r *Registry[K]) startedLocked(l *lease[K]) (changed bool) {
 	return changed
 }
 
-// noteLocked applies e to lk's cap, and queues it for Redis if it changed
+// noteLocked applies e to lk's cap, and queues it for the store if it changed
 // the cap; it reports whether it did.
 func (r *Registry[K]) noteLocked(lk *learning, e learnEvent) bool {
 	before := lk.cap

@@ -436,7 +436,7 @@ func TestLearnedCapWriteRefused(t *testing.T) {
 		s.Release()
 	}
 	assert.False(t, r.Stats().BreakerOpen)
-	assert.Zero(t, r.Stats().RedisErrors)
+	assert.Zero(t, r.Stats().StoreErrors)
 }
 
 // A start numbered before a cut, whose evidence reaches the state after

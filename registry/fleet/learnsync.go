@@ -11,21 +11,21 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
-// A process writes its evidence to Redis in the background (the learner
+// A process writes its evidence to the store in the background (the learner
 // goroutine), or at once for a cut (Report): it applies the evidence not
 // yet written to the state it knows, and one script call (learnWriteScript)
 // writes the result, with its version one higher, and publishes it on
-// <prefix>{<name>}#learned, if Redis still has that state's version; if
-// not, the call returns the state Redis has, and the process applies its
+// <prefix>{<name>}#learned, if the store still has that state's version; if
+// not, the call returns the state the store has, and the process applies its
 // evidence to that and tries again. A cut reaches the others in one round
-// trip: with the three of a WATCH transaction, a fleet whose Redis took 5
+// trip: with the three of a WATCH transaction, a fleet whose store took 5
 // ms to answer drew seven times the 429s of one process
 // (TestFleetLearningUnderRedisLatency). The other processes
 // take a published state whose version is above theirs, without a read;
 // each also reads every state once a learnRefresh, since a message can be
 // lost, and that read keeps the state from expiring while it is in use.
 
-// storedCap is a learned state as Redis keeps it, and as a message on the
+// storedCap is a learned state as the store keeps it, and as a message on the
 // learned channel carries it: its key's name, its version (each write's is
 // over the one before and over the server's clock in microseconds), and
 // the cap. Channels are not per database: a message tells the epoch of
@@ -38,7 +38,7 @@ type storedCap struct {
 	Cap learn.Cap `json:"cap"`
 }
 
-// learnedStateTTL is how long a learned state is kept in Redis without a
+// learnedStateTTL is how long a learned state is kept in the store without a
 // process learning it.
 const learnedStateTTL = 24 * time.Hour
 
@@ -72,7 +72,7 @@ func (r *Registry[K]) kickLearner() {
 	}
 }
 
-// learner writes this process's evidence to Redis and reads the others',
+// learner writes this process's evidence to the store and reads the others',
 // and moves the limits that change with time (a test of the cap that is
 // due, a probe that went unanswered).
 func (r *Registry[K]) learner() {
@@ -131,7 +131,7 @@ func (r *Registry[K]) dueLocked(next *time.Duration) (due []dueKey[K], keys []K)
 	defer r.mu.Unlock()
 	now := r.clock.nanos()
 	// Before a reply has told the server's clock, time proves nothing: a
-	// probe in a state read from Redis was timed by another clock.
+	// probe in a state read from the store was timed by another clock.
 	timed := r.clock.told()
 	for k, lk := range r.learning {
 		keys = append(keys, k)
@@ -159,7 +159,7 @@ func (lk *learning) syncingLocked() {
 	lk.synced = make(chan struct{})
 }
 
-// flushLearned writes key's pending evidence to Redis now, on the caller's
+// flushLearned writes key's pending evidence to the store now, on the caller's
 // goroutine, after a write or read of it under way ends, within the call
 // timeout.
 func (r *Registry[K]) flushLearned(key K) {
@@ -199,14 +199,14 @@ type syncSnapshot struct {
 	gen, staleN uint64
 	s           learn.Settings
 	configured  int
-	start       storedCap // the state known here, configured: to write if Redis has none
-	stored      storedCap // start as Redis has it (known) or had it (unconfigured)
-	known       bool      // start is the state last read from or written to Redis
+	start       storedCap // the state known here, configured: to write if the store has none
+	stored      storedCap // start as the store has it (known) or had it (unconfigured)
+	known       bool      // start is the state last read from or written to the store
 }
 
-// syncLearned writes the pending evidence of key, learned as lk, to Redis,
+// syncLearned writes the pending evidence of key, learned as lk, to the store,
 // or reads its state if there is none, and takes the result as its base;
-// the caller has marked lk syncing. It reports whether Redis answered.
+// the caller has marked lk syncing. It reports whether the store answered.
 func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	var (
 		snap  = syncSnapshot{lk: lk}
@@ -228,10 +228,10 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	var err error
 	fresh, done, err = r.writeLearned(ctx, snap)
 	if err == nil {
-		return true // done, or written over and over by others: Redis answers
+		return true // done, or written over and over by others: the store answers
 	}
 	if ctx.Err() == nil && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
-		r.logSafely(slog.LevelWarn, "fleet: learned cap not written to redis; this process goes on with its own", slog.String("registry", r.prefix),
+		r.logSafely(slog.LevelWarn, "fleet: learned cap not written to the store; this process goes on with its own", slog.String("registry", r.prefix),
 			slog.String("key", snap.lk.name), slog.Any("error", err))
 	}
 	return false
@@ -250,7 +250,7 @@ func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
 	defer r.mu.Unlock() // the LimitFunc may panic
 	snap := syncSnapshot{lk: lk, evs: append([]learnEvent(nil), lk.pending...), upto: lk.queued, gen: lk.gen, staleN: lk.staleN,
 		s: lk.settings, configured: r.configuredLocked(key)}
-	// Missing from Redis (it lost its data, or nobody has learned it for
+	// Missing from the store (it lost its data, or nobody has learned it for
 	// learnedStateTTL), a state this process knew goes back: it is the
 	// best knowledge there is.
 	snap.start = storedCap{Key: lk.name, V: lk.version, Cap: *snap.s.New(snap.configured)}
@@ -267,25 +267,25 @@ func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
 // keep beating.
 const maxLearnTries = 8
 
-// redisState is what a sync knows of the state in Redis: stored, as Redis
+// storeState is what a sync knows of the state in the store: stored, as the store
 // has it, and st, configured here, if it is a valid state of the key
 // (found); v is its version as the write script tells it; known false:
 // nothing yet.
-type redisState struct {
+type storeState struct {
 	stored, st storedCap
 	found      bool
 	v          string
 	known      bool
 }
 
-// writeLearned writes snap's evidence to Redis, applied to the state there,
+// writeLearned writes snap's evidence to the store, applied to the state there,
 // each try a round trip: the first presumes the state this process knows
 // (if it knows one), and a try that finds another returns it for the next.
-// It returns the state Redis has once it is done (done), as Redis has it,
+// It returns the state the store has once it is done (done), as the store has it,
 // and the error of a call that failed. Not done without an error: others
 // wrote it over and over.
 func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fresh storedCap, done bool, err error) {
-	cur := redisState{st: snap.start}
+	cur := storeState{st: snap.start}
 	if snap.known {
 		cur.stored, cur.found, cur.v, cur.known = snap.stored, true, strconv.FormatUint(snap.stored.V, 10), true
 	}
@@ -332,8 +332,8 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 
 // decodeLearned reads the store's state res, which is not the one the
 // caller presumed.
-func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult) redisState {
-	cur := redisState{st: snap.start, known: true, v: res.Version}
+func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult) storeState {
+	cur := storeState{st: snap.start, known: true, v: res.Version}
 	if !res.Found {
 		return cur // no state: snap.start goes back
 	}
@@ -345,7 +345,7 @@ func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult)
 	return cur // not a state of ours: written over
 }
 
-// syncedLocked ends a sync of key from snap: with done, Redis has fresh,
+// syncedLocked ends a sync of key from snap: with done, the store has fresh,
 // which becomes the base, with the evidence queued meanwhile on top.
 func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, done bool) {
 	r.mu.Lock()
@@ -365,7 +365,7 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 		lk.pending = lk.pending[min(snap.upto-first, uint64(len(lk.pending))):]
 	}
 	// A message may have brought a later version meanwhile, with what was
-	// written here in it; else what Redis has is the state (after a data
+	// written here in it; else what the store has is the state (after a data
 	// loss its version may be lower than the one known here).
 	if lk.version == snap.start.V || fresh.V >= lk.version {
 		lk.stored, lk.base, lk.version = fresh.Cap, fresh.Cap, fresh.V

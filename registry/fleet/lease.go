@@ -12,34 +12,34 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// lease is one admission's record: its Redis keys and id, and the Owner of
+// lease is one admission's record: its keys in the store and id, and the Owner of
 // its Slot's hold.
 type lease[K comparable] struct {
 	r        *Registry[K]
 	id       string
 	keys     []K
-	names    []string    // the Redis keys
+	names    []string    // its keys' names in the store
 	limits   []int       // their limits at the admission
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
 	hold     *core.Hold  // the Slot's own hold: a copy of the Slot frees nothing
-	degraded bool        // not in Redis yet: admitted while Redis was unavailable (guarded by r.mu)
+	degraded bool        // not in the store yet: admitted while the store was unavailable (guarded by r.mu)
 	reported bool        // found missing and reported lost; guarded by r.mu
-	// sent: a call that may put it (back) into Redis was made, and may still
+	// sent: a call that may put it (back) into the store was made, and may still
 	// run: a release abandons it (with a tombstone) rather than just
 	// removing it. Guarded by r.mu; never cleared.
 	sent bool
-	// epoch is the epoch under which it was last seen in Redis (0: not
-	// known to be there), for the renewal to tell a lease Redis lost from
+	// epoch is the epoch under which it was last seen in the store (0: not
+	// known to be there), for the renewal to tell a lease the store lost from
 	// one that expired (see scripts.go). Guarded by r.mu.
 	epoch int64
 
 	// until is the latest not-after time (see clock.go) of the calls made
-	// that may add it to Redis under its id: before it, a call that failed
+	// that may add it to the store under its id: before it, a call that failed
 	// may still run. Guarded by r.mu once the lease is held.
 	until int64
 
-	// start is what Redis told of its admission, for learned caps (no
-	// counts: admitted outside Redis); answered: Report has been called
+	// start is what the store told of its admission, for learned caps (no
+	// counts: admitted outside the store); answered: Report has been called
 	// for it (guarded by r.mu).
 	start    start
 	answered bool
@@ -56,7 +56,7 @@ func (l *lease[K]) abandonment() *lease[K] {
 }
 
 // Release implements core.Owner: it frees the local mirror at once and
-// queues the removal from Redis. It never waits for Redis.
+// queues the removal from the store. It never waits for the store.
 func (l *lease[K]) Release(h *core.Hold) bool {
 	if h != l.hold {
 		l.Misuse(h) // a copied Slot: it holds nothing
@@ -99,7 +99,7 @@ func remade[M ~map[K]V, K comparable, V any](m M, peak *int) M {
 }
 
 // releasing drops l from the held leases and returns what to remove from
-// Redis (nil: nothing), and what the LimitFunc panicked with, if it did.
+// the store (nil: nothing), and what the LimitFunc panicked with, if it did.
 func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	r := l.r
 	r.mu.Lock()
@@ -113,7 +113,7 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 			r.wokenByLocked(name)
 		}
 	}
-	// A degraded lease is not in Redis: nothing to remove. After Close
+	// A degraded lease is not in the store: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	if (l.degraded && !l.sent) || r.closed {
 		return nil, nil

@@ -8,13 +8,13 @@ import (
 	"github.com/inflight-go/inflight/registry"
 )
 
-// Unavailable is what a Registry does while Redis cannot be reached.
+// Unavailable is what a Registry does while the store cannot be reached.
 type Unavailable int
 
 const (
 	// FallbackLocal admits under this process's local registry alone, with
 	// the same limits; the Slot reports Degraded, and its lease is put into
-	// Redis once Redis answers again, before this process's next admission
+	// the store once it answers again, before this process's next admission
 	// is decided. The default.
 	FallbackLocal Unavailable = iota
 	// FailClosed fails with ErrUnavailable (an HTTP layer answers 503).
@@ -37,7 +37,7 @@ func ParseUnavailable(s string) (Unavailable, error) {
 }
 
 // Lost is what the heartbeat does with a held lease it finds missing in
-// Redis: Redis lost its data (a restart without persistence, a failover to
+// the store: it lost its data (a restart without persistence, a failover to
 // a replica that never had it), or the lease expired because its holder
 // did not renew it in time (a process stopped or starved for longer than
 // the lease TTL). PROTOCOL.md (Lost leases) tells how the two are told
@@ -45,7 +45,7 @@ func ParseUnavailable(s string) (Unavailable, error) {
 type Lost int
 
 const (
-	// ReassertLost puts back without a cap check a lease that Redis lost
+	// ReassertLost puts back without a cap check a lease that the store lost
 	// with its data: its holder is still working. New admissions wait
 	// meanwhile, for one renewal round, so that the cap holds (see Lost
 	// leases in PROTOCOL.md). A lease that expired goes
@@ -56,7 +56,7 @@ const (
 	// default.
 	ReassertLost Lost = iota
 	// ReportLost only logs and counts it (Stats.Lost); the holder goes on
-	// holding its local slot, uncounted in Redis.
+	// holding its local slot, uncounted in the store.
 	ReportLost
 	// CancelLost does what ReportLost does and cancels the holder's context
 	// made by WithCancelOnLost, with the cause ErrLeaseLost: the holder
@@ -116,7 +116,7 @@ func WithLeaseTTL(ttl time.Duration) Option {
 	return func(c *config) { c.ttl = ttl }
 }
 
-// WithUnavailable sets what happens while Redis cannot be reached (default
+// WithUnavailable sets what happens while the store cannot be reached (default
 // FallbackLocal).
 func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavailable = u } }
 
@@ -125,9 +125,9 @@ func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavai
 func WithLostLeases(l Lost) Option { return func(c *config) { c.lost = l } }
 
 // WithBreaker opens the breaker after n consecutive failed calls (default
-// 3) and probes Redis every probe while it is open (default 250 ms), and
+// 3) and probes the store every probe while it is open (default 250 ms), and
 // at each renewal's time (LeaseTTL/3) if that comes sooner; at the probe
-// interval, while the breaker is closed, it puts into Redis the leases
+// interval, while the breaker is closed, it puts into the store the leases
 // admitted under the local registry alone when a call failed, and makes
 // again a renewal that failed. It panics if n < 1 or probe <= 0.
 func WithBreaker(n int, probe time.Duration) Option {
@@ -137,7 +137,7 @@ func WithBreaker(n int, probe time.Duration) Option {
 	return func(c *config) { c.breakAfter, c.probeEvery = int32(n), probe }
 }
 
-// WithTimeout bounds each call to Redis on the request path (default 500
+// WithTimeout bounds each call to the store on the request path (default 500
 // ms, and at most a third of the lease TTL; a context deadline that comes
 // sooner wins). A call that queues behind others for a pipeline is sent
 // within d or given up (counted as a failure), and then has d more: an
@@ -150,9 +150,9 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithPoll sets the backoff of a waiting Acquire between tries while it
-// cannot wait in the fleet's queue (Redis unreachable): from min, doubling
+// cannot wait in the fleet's queue (the store unreachable): from min, doubling
 // to max, jittered (defaults 10 ms and 500 ms); a release in this process
-// wakes a waiter sooner. Removals from Redis that fail are sent again with
+// wakes a waiter sooner. Removals from the store that fail are sent again with
 // the same backoff. It panics unless 0 < min <= max.
 func WithPoll(minimum, maximum time.Duration) Option {
 	if minimum <= 0 || maximum < minimum {
@@ -174,7 +174,7 @@ func WithLocalOptions(opts ...registry.Option) Option {
 // WithMaxKeyBytes bounds the length of keys whose type is a string type, as
 // registry.WithMaxKeyBytes does (default registry.DefaultMaxKeyBytes; n <= 0
 // removes the bound): a longer key fails with registry.ErrInvalidKey before
-// anything is sent to Redis. The local registry gets the same bound (it
+// anything is sent to the store. The local registry gets the same bound (it
 // overrides one given through WithLocalOptions), so that an admission under
-// the local registry alone, while Redis is unreachable, takes the same keys.
+// the local registry alone, while the store is unreachable, takes the same keys.
 func WithMaxKeyBytes(n int) Option { return func(c *config) { c.maxKeyBytes = n } }

@@ -97,8 +97,8 @@ func TestLargeBurstOfWaitersNeverTimesOutInTheQueue(t *testing.T) {
 		r := farRegistry(t, "far-large", 100_000)
 		_, last := burst(t, r, callers)
 		st := r.Stats()
-		t.Logf("%d callers admitted in %v, %.1f round trips; Redis errors %d, degraded %d", callers, last, roundTrips(last), st.RedisErrors, st.Degraded)
-		assert.Zero(t, st.RedisErrors, "no call dropped as a failure")
+		t.Logf("%d callers admitted in %v, %.1f round trips; Redis errors %d, degraded %d", callers, last, roundTrips(last), st.StoreErrors, st.Degraded)
+		assert.Zero(t, st.StoreErrors, "no call dropped as a failure")
 		assert.Zero(t, st.Degraded, "none admitted without Redis")
 		assert.Equal(t, uint64(callers+1), st.Acquired)
 		// A pipeline of maxPipeline a round trip, and a few more.
@@ -293,8 +293,8 @@ func TestBurstOnManyKeysNeverTimesOutInTheQueue(t *testing.T) {
 				}
 				wg.Wait()
 				st := r.Stats()
-				t.Logf("%d keys x %d: last at %.1f RTT; Redis errors %d, degraded %d, acquired %d", keys, perKey, roundTrips(time.Duration(lastAt.Load())), st.RedisErrors, st.Degraded, st.Acquired)
-				assert.Zero(t, st.RedisErrors)
+				t.Logf("%d keys x %d: last at %.1f RTT; Redis errors %d, degraded %d, acquired %d", keys, perKey, roundTrips(time.Duration(lastAt.Load())), st.StoreErrors, st.Degraded, st.Acquired)
+				assert.Zero(t, st.StoreErrors)
 				assert.Zero(t, st.Degraded)
 			})
 		})
@@ -348,7 +348,7 @@ func TestBurstOnManyKeysKeepsTheFleetCap(t *testing.T) {
 			}
 		}
 		st0, st1 := rs[0].Stats(), rs[1].Stats()
-		t.Logf("keys over the cap %d of %d; Redis errors %d+%d, degraded %d+%d, breaker seen open %v", over, keys, st0.RedisErrors, st1.RedisErrors, st0.Degraded, st1.Degraded, sawOpen.Load())
+		t.Logf("keys over the cap %d of %d; Redis errors %d+%d, degraded %d+%d, breaker seen open %v", over, keys, st0.StoreErrors, st1.StoreErrors, st0.Degraded, st1.Degraded, sawOpen.Load())
 		assert.Zero(t, over, "keys over the fleet's cap")
 		assert.False(t, sawOpen.Load(), "the breaker opened")
 		assert.Zero(t, st0.Degraded+st1.Degraded)
@@ -464,7 +464,7 @@ func TestOverlappingAcquireAllOnAJitteryRedis(t *testing.T) {
 				t.Logf("admitted %d failed %d over %d; stats %+v", admitted.Load(), failedN.Load(), over, st)
 				assert.Zero(t, over)
 				assert.Zero(t, st.Waiting)
-				assert.Zero(t, st.RedisErrors)
+				assert.Zero(t, st.StoreErrors)
 				r.calls.mu.Lock()
 				assert.Empty(t, r.calls.pending)
 				assert.Nil(t, r.calls.ordered)

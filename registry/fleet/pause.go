@@ -9,13 +9,13 @@ import (
 )
 
 // ErrPaused is the reason of a *slots.LimitError given while new
-// admissions wait after Redis lost its data (see the package
+// admissions wait after the store lost its data (see the package
 // documentation): errors.Is finds it, and slots.ErrLimitReached, which it
 // wraps, so that an HTTP layer answers it as any refusal at the cap, with a
 // Retry-After for the end of the pause.
-var ErrPaused = fmt.Errorf("fleet: admissions paused after redis lost its data: %w", slots.ErrLimitReached)
+var ErrPaused = fmt.Errorf("fleet: admissions paused after the store lost its data: %w", slots.ErrLimitReached)
 
-// pauseFor returns how long new admissions wait after Redis lost its data,
+// pauseFor returns how long new admissions wait after the store lost its data,
 // as a Registry with cfg declares it (see scripts.go): until every live
 // holder has renewed once. The heartbeat renews every TTL/3, so each
 // holder's next renewal starts within TTL/3 of the loss being found; the
@@ -32,7 +32,7 @@ func pauseFor(cfg config) time.Duration {
 }
 
 // sawEpoch records epoch, told by a reply, and reports whether it replaced
-// another one: Redis lost its data since this process last heard from it.
+// another one: the store lost its data since this process last heard from it.
 // Only a later epoch replaces an earlier one (an epoch is the server's time
 // at its making), so that a reply that comes late, from before the loss,
 // does not make the loss seem to happen twice.
@@ -47,14 +47,14 @@ func (r *Registry[K]) sawEpoch(epoch int64) bool {
 				return false // the first this process hears of: not a loss
 			}
 			r.lostAt.Store(time.Now().UnixNano())
-			r.logSafely(slog.LevelWarn, "fleet: redis lost its data; held leases go back, and new admissions wait one renewal round",
+			r.logSafely(slog.LevelWarn, "fleet: the store lost its data; held leases go back, and new admissions wait one renewal round",
 				slog.String("registry", r.prefix), slog.Duration("pause", r.pause))
 			return true
 		}
 	}
 }
 
-// lostData is called when a reply tells that Redis lost its data: the
+// lostData is called when a reply tells that the store lost its data: the
 // heartbeat puts the held leases back at once, rather than at its next
 // renewal, so that they are in long before the pause ends. (A renewal
 // that meets the loss puts back its own batch; the leases of its earlier
@@ -72,7 +72,7 @@ func (r *Registry[K]) lostData() {
 func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
 	r.stats.paused.Add(1)
 	// A reply cannot hold a caller for longer than a TTL (the script bounds
-	// the pause so too): no value in Redis, however far ahead, makes a
+	// the pause so too): no value in the store, however far ahead, makes a
 	// waiter sleep for long.
 	retryIn := min(time.Duration(max(until-now, 0))*time.Millisecond, r.cfg.ttl)
 	// Retry-After in whole seconds, not before the pause ends.

@@ -15,22 +15,22 @@ import (
 )
 
 // Close cuts a pipeline short: its callers are told ErrClosed at once, not
-// after the pipeline's abandon, which waits for redisMu (held here as a
+// after the pipeline's abandon, which waits for storeMu (held here as a
 // removal or renewal under way on a slow Redis would hold it) and then has
 // a call timeout of its own.
 func TestCloseAnswersCutPipelineAtOnce(t *testing.T) {
 	m := newMini(t)
 	r, _, s, inPipe := pipelineOnItsWay(t, m, 1)
-	r.redisMu.Lock() // a removal under way
+	r.storeMu.Lock() // a removal under way
 	closed := make(chan struct{})
 	go func() { r.Close(); close(closed) }()
 	select {
 	case res := <-inPipe:
 		assert.ErrorIs(t, res.err, ErrClosed)
 	case <-time.After(3 * time.Second):
-		t.Error("the cut pipeline's caller waits for its abandon (redisMu, then a call timeout)")
+		t.Error("the cut pipeline's caller waits for its abandon (storeMu, then a call timeout)")
 	}
-	r.redisMu.Unlock()
+	r.storeMu.Unlock()
 	<-closed
 	tombs := tombstones(m)
 	assert.Equal(t, 1, tombs, "the cut call is still abandoned before Close returns")
@@ -103,11 +103,11 @@ func tombstones(m *mini) int {
 // A cut pipeline's caller is told ErrClosed before its call is abandoned.
 // If it then calls Close itself (a deferred Close, a shutdown path), that
 // Close must not return before the first is done: the abandon is still
-// under way (here it waits for redisMu, held as a removal under way would).
+// under way (here it waits for storeMu, held as a removal under way would).
 func TestSecondCloseWaitsForCutPipeline(t *testing.T) {
 	m := newMini(t)
 	r, _, s, inPipe := pipelineOnItsWay(t, m, 1)
-	r.redisMu.Lock() // the abandon cannot run until this is unlocked
+	r.storeMu.Lock() // the abandon cannot run until this is unlocked
 	closed := make(chan struct{})
 	go func() { r.Close(); close(closed) }()
 	require.ErrorIs(t, (<-inPipe).err, ErrClosed)
@@ -118,7 +118,7 @@ func TestSecondCloseWaitsForCutPipeline(t *testing.T) {
 		t.Errorf("a second Close returned before the cut call was abandoned (%d tombstones)", tombstones(m))
 	case <-time.After(500 * time.Millisecond): // a bound on a wait that must not end
 	}
-	r.redisMu.Unlock()
+	r.storeMu.Unlock()
 	<-again
 	<-closed
 	assert.Equal(t, 1, tombstones(m), "abandoned once every Close has returned")

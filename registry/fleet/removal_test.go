@@ -33,7 +33,7 @@ func TestReleaseDuringCutIsSentAgain(t *testing.T) {
 
 	px.Cut()
 	s.Release()
-	require.Eventually(t, func() bool { return r.Stats().RedisErrors >= 1 }, 10*time.Second, time.Millisecond,
+	require.Eventually(t, func() bool { return r.Stats().StoreErrors >= 1 }, 10*time.Second, time.Millisecond,
 		"the removal fails")
 	n, err := other.InFlight(ctx, "k")
 	require.NoError(t, err)
@@ -134,7 +134,7 @@ func TestPendingRemovalsAreBounded(t *testing.T) {
 		require.NoError(t, err)
 		held = append(held, s)
 	}
-	r.redisMu.Lock() // a removal or renewal under way on a slow Redis
+	r.storeMu.Lock() // a removal or renewal under way on a slow Redis
 	held[0].Release()
 	eventually(t, "the releaser took the first removal, and waits", func() bool { return r.Stats().RemovalsPending == 0 })
 	for _, s := range held[1:] {
@@ -143,7 +143,7 @@ func TestPendingRemovalsAreBounded(t *testing.T) {
 	st := r.Stats()
 	assert.Equal(t, 10, st.RemovalsPending)
 	assert.Equal(t, uint64(14), st.RemovalsDropped)
-	r.redisMu.Unlock()
+	r.storeMu.Unlock()
 	eventually(t, "the first removal and the ten kept are sent", func() bool {
 		return r.Stats().RemovalsPending == 0 && len(m.leases("k")) == 14
 	})

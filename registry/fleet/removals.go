@@ -8,15 +8,15 @@ import (
 	"time"
 )
 
-// maxRemovals bounds the removals from Redis waiting to be sent (a lease
+// maxRemovals bounds the removals from the store waiting to be sent (a lease
 // each, which its holder had in memory already); beyond it the oldest is
-// dropped, and its lease expires in Redis after the TTL.
+// dropped, and its lease expires in the store after the TTL.
 const maxRemovals = 1 << 16
 
-// queueRelease hands l's removal from Redis to the releaser. It never
+// queueRelease hands l's removal from the store to the releaser. It never
 // waits: past maxRemovals pending, the oldest that may go is dropped (see
 // droppable); after Close l is dropped. Call it with neither r.mu nor
-// redisMu held.
+// storeMu held.
 func (r *Registry[K]) queueRelease(l *lease[K]) {
 	if r.stopping.Err() != nil {
 		return
@@ -99,7 +99,7 @@ func (r *Registry[K]) putBackRemovals(failed []*lease[K]) {
 }
 
 // releaser removes released leases (and abandoned calls' lease ids) from
-// Redis, a batch at a time. A removal that fails (or panics, in a client
+// the store, a batch at a time. A removal that fails (or panics, in a client
 // hook), or that waits while the breaker is open, is sent again, with
 // backoff (WithPoll's: from its minimum, doubling to its maximum) or as soon
 // as the breaker closes, until it succeeds or it may be given up (see
@@ -161,18 +161,18 @@ func (r *Registry[K]) sendRemovals(ctx context.Context) bool {
 }
 
 // flushRemovals sends what is queued at Close, within one call timeout in
-// all: Redis unreachable or slow, the leases expire.
+// all: the store unreachable or slow, the leases expire.
 func (r *Registry[K]) flushRemovals() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()
 	r.survive("removal", func() { r.sendRemovals(ctx) })
 }
 
-// remove deletes leases from Redis and serves their keys' queues, each call
+// remove deletes leases from the store and serves their keys' queues, each call
 // within the call timeout (and ctx). It returns those it could not remove.
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
-	r.redisMu.Lock()
-	defer r.redisMu.Unlock()
+	r.storeMu.Lock()
+	defer r.storeMu.Unlock()
 	call := &driver.ReleaseCall{Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
@@ -200,7 +200,7 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
 	if _, err := safeStore(func() (struct{}, error) { return struct{}{}, r.store.Release(cctx, call) }); err != nil {
-		r.redisFailed(err)
+		r.storeFailed(err)
 		failed = append(failed, plain...)
 	}
 	return failed
@@ -223,7 +223,7 @@ func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lea
 		perr = fmt.Errorf("fleet: %d results for %d abandons", len(errs), len(calls))
 	}
 	if perr != nil {
-		r.redisFailed(perr)
+		r.storeFailed(perr)
 		return leases
 	}
 	var failed []*lease[K]
@@ -235,7 +235,7 @@ func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lea
 		}
 	}
 	if failure != nil {
-		r.redisFailed(failure) // once for the call
+		r.storeFailed(failure) // once for the call
 	}
 	return failed
 }

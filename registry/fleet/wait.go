@@ -14,7 +14,7 @@ import (
 
 // A waiting Acquire: its place in the fleet's queue (queue.go), the tries
 // and the sleeps between them, and how a wait ends. The order of this
-// process's own waiters, used while they cannot queue in Redis, is in
+// process's own waiters, used while they cannot queue in the store, is in
 // waiters.go.
 
 // admit decides for l once, or with wait until it is admitted or fails for
@@ -37,7 +37,7 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 	}
 	defer r.dequeue(w)
 	// The longest wait bounds the sleeps between tries and the calls to
-	// Redis; a lease Redis has admitted is recorded under ctx and held,
+	// the store; a lease the store has admitted is recorded under ctx and held,
 	// not given back for a bypass.
 	wctx := ctx
 	if r.maxWait > 0 {
@@ -97,7 +97,7 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 // leaveQueue takes back w's place in the fleet's queue, or the grant it
 // has not claimed, if it was queued as l's current id, and reports whether
 // it did. While the Registry runs this goes through the releaser, without
-// waiting for Redis; once it is closed, it is sent now (the releaser has
+// waiting for the store; once it is closed, it is sent now (the releaser has
 // stopped), within the call timeout. It leaves l as it is: l may be on its
 // way out already (given back), read by the releaser.
 func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) bool {
@@ -155,7 +155,7 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			r.blockedOn(w, l.names[o.full])
 			sleep = o.retryIn + jitter(r.cfg.pollMin)
 		default:
-			// Full under the local registry (Redis unreachable): wait for
+			// Full under the local registry (the store unreachable): wait for
 			// a wake-up, at most the backoff (jittered).
 			r.blockedOn(w, l.names[o.full])
 			sleep = jitter(backoff)

@@ -11,8 +11,8 @@ type waiter struct {
 	rank   uint8 // its priority class's rank (core.Rank): lower goes first
 	flow   string
 	weight int      // its flow's weight, >= 1
-	keys   []string // its Redis keys
-	// ticket is the lease id under which it last asked Redis ("": never);
+	keys   []string // its keys in the store
+	// ticket is the lease id under which it last asked the store ("": never);
 	// guarded by r.mu.
 	ticket string
 	// queuedAs is the lease id under which a reply last told it queued
@@ -21,7 +21,7 @@ type waiter struct {
 	queuedEpoch int64
 	// blocked are the keys on which it holds back later waiters: all of its
 	// keys until it has been told one is full, then that key alone; none
-	// once its call to Redis has its place in line (see placed), until a
+	// once its call to the store has its place in line (see placed), until a
 	// reply tells it a key is full again.
 	blocked []string
 	queued  bool          // in r.queues (guarded by r.mu)
@@ -35,9 +35,9 @@ func (w *waiter) signal() {
 	}
 }
 
-// The fleet's queue in Redis orders the waiters of every process (see
+// The fleet's queue in the store orders the waiters of every process (see
 // queue.go). Before a waiter is queued there, and while it cannot be (new
-// admissions paused, Redis unreachable), it waits in this process's own
+// admissions paused, the store unreachable), it waits in this process's own
 // order, which the rest of this file keeps.
 //
 // The waiters are kept in a queue per key (r.queues), each in the one
@@ -144,7 +144,7 @@ func (r *Registry[K]) reblockLocked(w *waiter, blocked []string) {
 	}
 }
 
-// mayTry reports whether w may ask Redis now: no earlier waiter of this
+// mayTry reports whether w may ask the store now: no earlier waiter of this
 // process holds back any of its keys. If some do, w from then on holds back
 // later waiters on those keys alone, not on its others.
 func (r *Registry[K]) mayTry(w *waiter) bool {
@@ -171,7 +171,7 @@ func (r *Registry[K]) mayTry(w *waiter) bool {
 	return false
 }
 
-// placed records that w's call to Redis has its place in line, before the
+// placed records that w's call to the store has its place in line, before the
 // calls of any waiter after it (see calls): w holds back no later waiter
 // until a reply tells it a key is full. Their calls follow its own in the
 // same pipeline or the next, rather than each waiting for the reply before
@@ -196,7 +196,7 @@ func (r *Registry[K]) blockedOn(w *waiter, key string) {
 	r.reblockLocked(w, []string{key})
 }
 
-// expect records that w asks Redis as ticket, so that a grant published
+// expect records that w asks the store as ticket, so that a grant published
 // as soon as its call queues it finds it; before the call, since the grant
 // may come before its reply.
 func (r *Registry[K]) expect(w *waiter, ticket string) {
@@ -230,7 +230,7 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 
 // wokenByLocked wakes the first waiter held up by key: a lease on it was
 // released that the fleet's queue does not see (one admitted under the
-// local registry alone while Redis was unreachable).
+// local registry alone while the store was unreachable).
 func (r *Registry[K]) wokenByLocked(key string) {
 	for _, v := range r.queues[key] {
 		if slices.Contains(v.blocked, key) {
@@ -249,7 +249,7 @@ func (r *Registry[K]) granted(ticket string) {
 	}
 }
 
-// wakeAll lets every waiter look again (a limit changed, Redis came back,
+// wakeAll lets every waiter look again (a limit changed, the store came back,
 // the Registry closed).
 func (r *Registry[K]) wakeAll() {
 	r.mu.Lock()

@@ -244,7 +244,7 @@ func (g *Gateway) registerMetrics(cfg Config) {
 }
 
 // registerFleet exports a fleet registry's state under the label fleet;
-// onUnavailable is what its admissions do while Redis is unavailable.
+// onUnavailable is what its admissions do while the fleet's store is unavailable.
 func registerFleet(reg *prometheus.Registry, name string, stats func() fleet.Stats, onUnavailable fleet.Unavailable) {
 	labels := prometheus.Labels{"fleet": name}
 	unavailable := func() float64 {
@@ -260,12 +260,12 @@ func registerFleet(reg *prometheus.Registry, name string, stats func() fleet.Sta
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "inflight_fleet_redis_unavailable", ConstLabels: labels,
-			Help: "1 while Redis is held to be unavailable: from 3 failed calls in a row until a probe " +
+			Help: "1 while the fleet's store is held to be unavailable: from 3 failed calls in a row until a probe " +
 				"(one every 250 ms) is answered, admissions do not call it; else 0.",
 		}, unavailable),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "inflight_fleet_degraded", ConstLabels: labels,
-			Help: "1 while every admission is degraded: Redis is unavailable and on_unavailable admits without it " +
+			Help: "1 while every admission is degraded: the fleet's store is unavailable and on_unavailable admits without it " +
 				"(local: under this process's caps alone; open: without a slot); else 0, and always 0 with " +
 				"on_unavailable closed, which refuses admissions instead (answered 503). " +
 				"Before that, an admission whose own call fails is degraded alone " +
@@ -273,12 +273,12 @@ func registerFleet(reg *prometheus.Registry, name string, stats func() fleet.Sta
 		}, degraded),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "inflight_fleet_degraded_admissions_total", ConstLabels: labels,
-			Help: "Admissions under this process's local caps alone, Redis being unreachable.",
+			Help: "Admissions under this process's local caps alone, the fleet's store being unreachable.",
 		}, func() float64 { return float64(stats().Degraded) }),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
-			Name: "inflight_fleet_redis_errors_total", ConstLabels: labels,
-			Help: "Failed calls to Redis.",
-		}, func() float64 { return float64(stats().RedisErrors) }),
+			Name: "inflight_fleet_store_errors_total", ConstLabels: labels,
+			Help: "Failed calls to the fleet's store.",
+		}, func() float64 { return float64(stats().StoreErrors) }),
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "inflight_fleet_held", ConstLabels: labels,
 			Help: "Leases this process holds now.",

@@ -155,7 +155,7 @@ func TestGatewayFleetClosedWithoutRedis(t *testing.T) {
 	text := scrape(t, srv.Client(), srv.URL)
 	assert.Contains(t, text, `inflight_fleet_degraded{fleet="tenants"}`)
 	assert.Contains(t, text, `inflight_fleet_degraded{fleet="provider"}`)
-	assert.NotContains(t, text, `inflight_fleet_redis_errors_total{fleet="tenants"} 0`, "the failed calls are counted")
+	assert.NotContains(t, text, `inflight_fleet_store_errors_total{fleet="tenants"} 0`, "the failed calls are counted")
 }
 
 func TestRejectLogLetsOneLineAPeriodThrough(t *testing.T) {

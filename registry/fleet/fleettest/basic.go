@@ -48,7 +48,7 @@ func atMostOneActive(t *testing.T, srv Server) {
 	for _, r := range rs {
 		st := r.Stats()
 		assert.Zero(t, st.Degraded, "admitted by the store, not locally")
-		assert.Zero(t, st.RedisErrors, "store errors")
+		assert.Zero(t, st.StoreErrors, "store errors")
 	}
 }
 
