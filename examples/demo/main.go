@@ -40,9 +40,7 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -203,8 +201,9 @@ func run(args []string, stdout, stderr io.Writer) error {
 		scale        = fs.Float64("scale", 1, "multiplies every duration of the workload")
 		seed         = fs.Uint64("seed", 1, "workload seed")
 		phase        = fs.Duration("phase", 6*time.Second, "how long the moving hidden cap stays at each of 20, 8 and 30 (0 skips that part)")
-		fleetRun     = fs.Bool("fleet", false, "also run three gateways, first each with its own caps, then sharing them on a redis-server started here (needs the redis-server binary)")
+		fleetRun     fleetFlag
 	)
+	fs.Var(&fleetRun, "fleet", "also run three gateways, first each with its own caps, then sharing them on a store started here: -fleet or -fleet=redis, a redis-server (needs its binary); -fleet=postgres, a PostgreSQL cluster (needs initdb and postgres)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			return nil
@@ -300,26 +299,26 @@ func run(args []string, stdout, stderr io.Writer) error {
 	}
 	tw.Flush()
 	fmt.Fprint(stdout, "\n  batch p95  the 95th percentile latency of the batch turns; the other columns as above\n")
-	// With -fleet, one redis-server for the fleet's runs (the moving cap's
-	// and the three gateways').
-	redisAddr := ""
-	if *fleetRun {
-		addr, stopRedis, err := startRedis()
+	// With -fleet, one store for the fleet's runs (the moving cap's and
+	// the three gateways').
+	var store *fleetStore
+	if fleetRun != "" {
+		st, stop, err := startStore(string(fleetRun))
 		if err != nil {
 			fmt.Fprintf(stdout, "\nthe fleet's runs are skipped: %v\n", err)
 		} else {
-			defer stopRedis()
-			redisAddr = addr
+			defer stop()
+			store = st
 		}
 	}
 	if *phase > 0 {
-		if out.moving, err = runMoving(stdout, *phase, *seed, redisAddr, progress); err != nil {
+		if out.moving, err = runMoving(stdout, *phase, *seed, store, progress); err != nil {
 			return err
 		}
 		lastOutcome = out
 	}
-	if redisAddr != "" {
-		if err := runFleet(stdout, provURL, redisAddr, prov, reqs, withShares, progress, &out); err != nil {
+	if store != nil {
+		if err := runFleet(stdout, provURL, store, prov, reqs, withShares, progress, &out); err != nil {
 			return err
 		}
 		lastOutcome = out
@@ -372,11 +371,13 @@ func serve(h http.Handler) (string, func(), error) {
 // runFleet runs the workload over three gateways, with priority classes as
 // in the one-gateway run of caps (the batch org's turns are batch): each
 // with its own caps (the account sees up to three times the cap), then all
-// three sharing their caps on one redis-server.
-func runFleet(stdout io.Writer, provURL, addr string, prov *upstream.Provider, reqs []request, caps pacing.Config, progress *progress, out *outcome) error {
+// three sharing their caps on one store.
+func runFleet(stdout io.Writer, provURL string, store *fleetStore, prov *upstream.Provider, reqs []request, caps pacing.Config, progress *progress, out *outcome) error {
+	shared := "caps on one " + store.label
 	fmt.Fprintf(stdout, "\nthree gateways, the requests spread over them in turn, with the priority classes above:\n"+
-		"  caps per gateway   each caps the provider at %d on its own: together they allow three times that\n"+
-		"  caps on one Redis  the three share their caps and one queue on a redis-server\n\n", caps.MaxConcurrentRequests)
+		"  %-*s  each caps the provider at %d on its own: together they allow three times that\n"+
+		"  %-*s  the three share their caps and one queue on %s\n\n",
+		len(shared), "caps per gateway", caps.MaxConcurrentRequests, len(shared), shared, store.server)
 	orgs := gateway.OrgsConfig{DefaultLimit: len(reqs), Priorities: map[string]string{"batch-jobs": "batch"}}
 	for _, run := range []struct {
 		res   *result
@@ -384,7 +385,7 @@ func runFleet(stdout io.Writer, provURL, addr string, prov *upstream.Provider, r
 		fleet *gateway.FleetConfig
 	}{
 		{&out.perProcess, "caps per gateway", nil},
-		{&out.fleet, "caps on one Redis", &gateway.FleetConfig{RedisURL: "redis://" + addr + "/0"}},
+		{&out.fleet, shared, store.shared},
 	} {
 		var urls []string
 		for range 3 {
@@ -415,47 +416,4 @@ func runFleet(stdout io.Writer, provURL, addr string, prov *upstream.Provider, r
 		return errors.New("the gateways sharing their caps should see no 429s and complete every request")
 	}
 	return nil
-}
-
-// startRedis runs a redis-server on a free loopback port, without
-// persistence, and returns its address and a stop function.
-func startRedis() (string, func(), error) {
-	bin, err := exec.LookPath("redis-server")
-	if err != nil {
-		return "", nil, errors.New("no redis-server binary (apt-get install redis-server)")
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", nil, err
-	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	ln.Close()
-	dir, err := os.MkdirTemp("", "inflight-demo-redis")
-	if err != nil {
-		return "", nil, err
-	}
-	cmd := exec.Command(bin, "--port", strconv.Itoa(port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--loglevel", "warning")
-	cmd.Dir = dir
-	if err := cmd.Start(); err != nil {
-		os.RemoveAll(dir)
-		return "", nil, err
-	}
-	stop := func() {
-		_ = cmd.Process.Kill()
-		_ = cmd.Wait()
-		os.RemoveAll(dir)
-	}
-	addr := "127.0.0.1:" + strconv.Itoa(port)
-	for deadline := time.Now().Add(10 * time.Second); ; {
-		c, err := net.DialTimeout("tcp", addr, 100*time.Millisecond)
-		if err == nil {
-			c.Close()
-			return addr, stop, nil
-		}
-		if time.Now().After(deadline) {
-			stop()
-			return "", nil, fmt.Errorf("redis-server at %s not answering: %w", addr, err)
-		}
-		time.Sleep(5 * time.Millisecond) // a process starting: poll its port
-	}
 }

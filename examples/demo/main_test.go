@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
@@ -135,6 +136,19 @@ func TestDemoFleet(t *testing.T) {
 	assert.LessOrEqual(t, f.peak, int64(5), "never more than the account allows, across three gateways")
 	assert.Equal(t, f.requests, lastOutcome.perProcess.requests)
 	assert.Contains(t, out.String(), "caps on one Redis")
+}
+
+// TestDemoFleetPostgres is TestDemoFleet with -fleet=postgres: the three
+// gateways share their caps on a PostgreSQL server.
+func TestDemoFleetPostgres(t *testing.T) {
+	pgtest.SkipWithout(t)
+	var out strings.Builder
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0", "-fleet=postgres"}, &out, io.Discard))
+	f := lastOutcome.fleet
+	assert.Zero(t, f.refused)
+	assert.Equal(t, f.requests, f.completed)
+	assert.LessOrEqual(t, f.peak, int64(5), "never more than the account allows, across three gateways")
+	assert.Contains(t, out.String(), "caps on one PostgreSQL")
 }
 
 // TestDemoMovingCapFleet runs the moving cap's part with -fleet: three

@@ -29,7 +29,7 @@ import (
 // pacing/pacingtest's Drop scenario with every time a tenth as long, and
 // each phase as long as -phase. The four runs go at once, each against a
 // provider of its own, with the same arrivals. With -fleet a fifth run
-// learns the cap with three gateways sharing it on one Redis, the turns
+// learns the cap with three gateways sharing it on one store, the turns
 // spread over them in turn.
 
 // The moving cap's workload: Poisson arrivals of lognormal turns.
@@ -67,7 +67,7 @@ type turn struct {
 
 // runMoving runs the moving cap's part with phases of phase each, prints
 // its table, and returns its results, the learned cap's last.
-func runMoving(stdout io.Writer, phase time.Duration, seed uint64, redisAddr string, progress *progress) ([]movingResult, error) {
+func runMoving(stdout io.Writer, phase time.Duration, seed uint64, store *fleetStore, progress *progress) ([]movingResult, error) {
 	rng := rand.New(rand.NewPCG(seed, 0x9e3779b97f4a7c15))
 	window := time.Duration(len(movingCaps)) * phase
 	var turns []turn
@@ -96,8 +96,8 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, redisAddr str
 		{"static cap 20", withCap(queue, 20), 1, nil},
 		{"static cap 40", withCap(queue, 40), 1, nil},
 	}
-	if redisAddr != "" {
-		runs = append(runs, run{"learned, 3 gateways, one Redis", withAdaptive(queue), 3, &gateway.FleetConfig{RedisURL: "redis://" + redisAddr + "/1"}})
+	if store != nil {
+		runs = append(runs, run{"learned, 3 gateways, one " + store.label, withAdaptive(queue), 3, store.moving})
 	}
 	runs = append(runs, run{"learned (adaptive)", withAdaptive(queue), 1, nil})
 	results := make([]movingResult, len(runs))

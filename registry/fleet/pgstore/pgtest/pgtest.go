@@ -39,19 +39,26 @@ const RequireEnv = "INFLIGHT_REQUIRE_POSTGRES"
 type Server struct {
 	// URL is the connection string of the database.
 	URL  string
-	t    testing.TB
+	t    tb
 	bin  string // the directory of the server's binaries
 	dir  string // the cluster's data directory
 	port int
 	cred *syscall.Credential // the postgres user's, as root; nil otherwise
 	cmd  *exec.Cmd
 	exit chan struct{}
+	// closeFn stops a server made by Launch.
+	closeFn func()
 }
 
 // Start makes a cluster and starts its server, with the settings a test
 // wants to see in production: fsync and synchronous commits on (sessions
 // may turn the latter off).
 func Start(t testing.TB) *Server {
+	t.Helper()
+	return start(t)
+}
+
+func start(t tb) *Server {
 	t.Helper()
 	bin := binDir(t)
 	s := &Server{t: t, bin: bin, port: freePort(t)}
@@ -91,8 +98,86 @@ func Start(t testing.TB) *Server {
 	return s
 }
 
+// tb is what a Server needs of the test it runs for: testing.TB, or a
+// program's stand-in (see Launch).
+type tb interface {
+	Helper()
+	Fatalf(format string, args ...any)
+	Skip(args ...any)
+	Cleanup(func())
+}
+
+// Launch starts a server as Start does, for a program rather than a test
+// (a demo, a tool): it returns an error where Start would fail or skip
+// the test, and the server runs until Close. Its fault methods (Kill,
+// Stop, ...) are for tests: in a program, one that fails panics.
+func Launch() (s *Server, err error) {
+	p := &program{}
+	defer func() {
+		if r := recover(); r != nil {
+			f, ok := r.(failure)
+			if !ok {
+				panic(r)
+			}
+			p.close()
+			s, err = nil, f
+		}
+	}()
+	s = start(p)
+	s.closeFn = p.close
+	return s, nil
+}
+
+// Close stops a server made by Launch (SIGKILL: its data goes with it)
+// and removes its files.
+func (s *Server) Close() {
+	if s.closeFn != nil {
+		s.closeFn()
+	}
+}
+
+// program stands in for a test in Launch: a failure or a skip panics
+// with a failure, which Launch returns, and cleanups run at Close, the
+// latest first.
+type program struct {
+	mu       sync.Mutex
+	cleanups []func()
+}
+
+type failure string
+
+func (f failure) Error() string { return string(f) }
+
+func (p *program) Helper()                           {}
+func (p *program) Fatalf(format string, args ...any) { panic(failure(fmt.Sprintf(format, args...))) }
+func (p *program) Skip(args ...any)                  { panic(failure(fmt.Sprint(args...))) }
+
+func (p *program) Cleanup(f func()) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cleanups = append(p.cleanups, f)
+}
+
+func (p *program) close() {
+	p.mu.Lock()
+	fs := p.cleanups
+	p.cleanups = nil
+	p.mu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
+	}
+}
+
+// SkipWithout skips t if PostgreSQL's binaries are missing (fails it, if
+// RequireEnv is set), as Start would: for a test that starts a server
+// some other way.
+func SkipWithout(t testing.TB) {
+	t.Helper()
+	binDir(t)
+}
+
 // binDir returns the directory of initdb and postgres, or skips t.
-func binDir(t testing.TB) string {
+func binDir(t tb) string {
 	t.Helper()
 	if p, err := exec.LookPath("initdb"); err == nil {
 		if q, err := exec.LookPath("postgres"); err == nil && filepath.Dir(p) == filepath.Dir(q) {
@@ -119,7 +204,7 @@ func version(dir string) int {
 	return n
 }
 
-func freePort(t testing.TB) int {
+func freePort(t tb) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatalf("pgtest: %v", err)
