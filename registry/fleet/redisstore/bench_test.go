@@ -1,0 +1,100 @@
+package redisstore_test
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"runtime"
+	"strconv"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
+)
+
+// BenchmarkPairs measures TryAcquire + Release of a fleet Registry on one
+// real redis-server, beside the bare semaphore the fleet's leases come
+// from, on the same server in the same run: one script that drops expired
+// leases, counts and adds, then a ZREM. Each reports pairs/s; the fleet's
+// removals (sent in the background) are waited for before the clock
+// stops. Run with
+//
+//	go test -run '^$' -bench Pairs -benchtime 3s ./registry/fleet/redisstore
+func BenchmarkPairs(b *testing.B) {
+	srv := redistest.Start(b)
+	for _, callers := range []int{1, 16} {
+		b.Run("bare-semaphore/callers-"+strconv.Itoa(callers), func(b *testing.B) {
+			c := srv.Client()
+			pairs(b, callers, func() {
+				id := newID()
+				ok, err := bareTake.Run(context.Background(), c, []string{"bare"}, id, time.Now().Add(time.Minute).UnixMilli(), time.Now().UnixMilli(), 1<<30).Int()
+				if err != nil || ok != 1 {
+					b.Error(ok, err)
+					return
+				}
+				if err := c.ZRem(context.Background(), "bare", id).Err(); err != nil {
+					b.Error(err)
+				}
+			}, func() {})
+		})
+		b.Run("fleet/callers-"+strconv.Itoa(callers), func(b *testing.B) {
+			r := fleet.New[string](redisstore.New(srv.Client(), "bench-"+strconv.Itoa(callers)), 1<<30)
+			defer r.Close()
+			pairs(b, callers, func() {
+				s, err := r.TryAcquire("k")
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				s.Release()
+			}, func() {
+				for { // the removals are part of the work
+					n, err := r.InFlight(context.Background(), "k")
+					if err != nil || n == 0 {
+						return
+					}
+					runtime.Gosched()
+				}
+			})
+		})
+	}
+}
+
+// bareTake is the bare semaphore's admission: drop the expired, count,
+// add if there is room. KEYS: the key; ARGV: id, expiry, now, limit.
+var bareTake = redis.NewScript(`
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[3])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[4]) then return 0 end
+redis.call('ZADD', KEYS[1], ARGV[2], ARGV[1])
+return 1
+`)
+
+// pairs runs pair b.N times over callers goroutines, then drain, and
+// reports pairs/s.
+func pairs(b *testing.B, callers int, pair, drain func()) {
+	per := max(b.N/callers, 1)
+	b.ResetTimer()
+	start := time.Now()
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Go(func() {
+			for range per {
+				pair()
+			}
+		})
+	}
+	wg.Wait()
+	drain()
+	b.ReportMetric(float64(per*callers)/time.Since(start).Seconds(), "pairs/s")
+}
+
+func newID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}
