@@ -3,6 +3,8 @@ package pgstore_test
 import (
 	"context"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/slots"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,4 +77,52 @@ func TestIsolationRefused(t *testing.T) {
 	_, err = s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: "x", Keys: []string{"k"}, Limits: []int{1}, TTL: time.Second, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "READ COMMITTED")
+}
+
+// A thousand slots held at once by one process whose pool has 10
+// connections: no connection is held by a holder, so all are admitted
+// (from 1,000 goroutines at once), renewed past their TTL with nothing
+// lost, and released.
+func TestThousandHeldOnTenConnections(t *testing.T) {
+	srv := pgtest.Start(t)
+	p := pool(t, srv, 10)
+	s, err := pgstore.New(context.Background(), p, "thousand")
+	require.NoError(t, err)
+	r := fleet.New[string](s, 1000, fleet.WithLeaseTTL(time.Second))
+	t.Cleanup(r.Close)
+	held := make([]*slots.Slot, 1000)
+	errs := make([]error, 1000)
+	var wg sync.WaitGroup
+	t0 := time.Now()
+	for i := range held {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			held[i], errs[i] = r.Acquire(ctx, "k")
+		})
+	}
+	wg.Wait()
+	t.Logf("1,000 admitted in %v on %d connections at most", time.Since(t0).Round(time.Millisecond), p.Config().MaxConns)
+	for _, err := range errs {
+		require.NoError(t, err)
+	}
+	_, err = r.TryAcquire("k")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "the 1,001st")
+	for deadline := time.Now().Add(2500 * time.Millisecond); time.Now().Before(deadline); {
+		n, err := r.InFlight(context.Background(), "k")
+		require.NoError(t, err)
+		require.Equal(t, 1000, n, "held and renewed")
+		require.LessOrEqual(t, p.Stat().TotalConns(), int32(10))
+		time.Sleep(100 * time.Millisecond) // polling a real clock's renewals
+	}
+	st := r.Stats()
+	assert.Zero(t, st.Lost)
+	assert.Zero(t, st.Degraded)
+	for _, s := range held {
+		s.Release()
+	}
+	require.Eventually(t, func() bool {
+		n, err := r.InFlight(context.Background(), "k")
+		return err == nil && n == 0
+	}, 10*time.Second, 10*time.Millisecond, "all released")
 }
