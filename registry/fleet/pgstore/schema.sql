@@ -224,21 +224,16 @@ BEGIN
 	RETURN FOUND;
 END $$;
 
-CREATE FUNCTION inflight_count(f text, k text, now bigint) RETURNS int LANGUAGE sql AS $$
+CREATE FUNCTION inflight_count(f text, k text, now bigint) RETURNS int LANGUAGE sql STABLE AS $$
 	SELECT count(*)::int FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires > now
 $$;
 
-CREATE FUNCTION inflight_earliest(f text, k text, now bigint) RETURNS bigint LANGUAGE sql AS $$
+CREATE FUNCTION inflight_earliest(f text, k text, now bigint) RETURNS bigint LANGUAGE sql STABLE AS $$
 	SELECT coalesce(min(x.expires), 0) FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires > now
 $$;
 
-CREATE FUNCTION inflight_queued(f text, k text, now bigint) RETURNS int LANGUAGE sql AS $$
+CREATE FUNCTION inflight_queued(f text, k text, now bigint) RETURNS int LANGUAGE sql STABLE AS $$
 	SELECT count(*)::int FROM inflight_ticket x WHERE x.fleet = f AND x.key = k
-$$;
-
--- inflight_drop_expired drops k's expired leases.
-CREATE FUNCTION inflight_drop_expired(f text, k text, now bigint) RETURNS void LANGUAGE sql AS $$
-	DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires <= now
 $$;
 
 -- inflight_unqueue takes ticket out of k's queue, with its flow's counts,
@@ -321,7 +316,7 @@ DECLARE
 	free bigint;
 	u inflight_ticket;
 BEGIN
-	PERFORM inflight_drop_expired(f, k, now);
+	DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires <= now; -- expired
 	free := lim - inflight_count(f, k, now);
 	IF free <= 0 THEN
 		RETURN free;
@@ -409,8 +404,11 @@ DECLARE
 	ls bigint[];
 	pt text;
 BEGIN
+	IF NOT EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = k) THEN
+		RETURN 0; -- nobody waits: the common case, at one probe's cost
+	END IF;
 	LOOP
-		PERFORM inflight_drop_expired(f, k, now);
+		DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires <= now; -- expired
 		IF inflight_count(f, k, now) >= lim THEN
 			RETURN 0;
 		END IF;
@@ -513,6 +511,7 @@ DECLARE
 	cut int := 0;
 	fk int := 0;
 	queued bool[] := '{}';
+	any_queued bool;
 	stop_at int[] := '{}';
 	given_back bool := false;
 	room bigint;
@@ -541,10 +540,15 @@ BEGIN
 		RETURN ARRAY[-1, 0, 0, 0, now, ep, 0];
 	END IF;
 	stopped := paused > now AND EXISTS (SELECT 1 FROM unnest(limits) x WHERE x < 9000000000000000000);
-	-- Queued: its keys' limits as the caller has them now, before serving.
-	UPDATE inflight_ticket x SET limits = inflight_admit.limits WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l;
 	FOR i IN 1..n LOOP
 		queued[i] := EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[i]);
+	END LOOP;
+	any_queued := true = ANY (queued);
+	IF any_queued THEN
+		-- Queued: its keys' limits as the caller has them now, before serving.
+		UPDATE inflight_ticket x SET limits = inflight_admit.limits WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l;
+	END IF;
+	FOR i IN 1..n LOOP
 		stop_at[i] := 0;
 		IF queued[i] AND NOT stopped THEN
 			stop_at[i] := inflight_serve(f, keys[i], limits[i], now, claim, 0);
@@ -552,7 +556,7 @@ BEGIN
 		IF stop_at[i] > 0 AND cut = 0 THEN
 			cut := i;
 		END IF;
-		PERFORM inflight_drop_expired(f, keys[i], now);
+		DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[i] AND x.expires <= now; -- expired
 		IF EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[i] AND x.lease = l) THEN
 			held := held + 1;
 		END IF;
@@ -581,8 +585,11 @@ BEGIN
 	IF stopped THEN
 		RETURN ARRAY[2, 0, inflight_count(f, keys[1], now), paused, now, ep, 0];
 	END IF;
-	SELECT * INTO mine FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.ticket = l;
-	places := (SELECT count(*) FROM inflight_ticket x WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l);
+	places := 0; -- a ticket is queued on keys that have a queue
+	IF any_queued THEN
+		SELECT * INTO mine FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.ticket = l;
+		places := (SELECT count(*) FROM inflight_ticket x WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l);
+	END IF;
 	IF places > 0 AND places < n THEN
 		-- Dropped from some of its keys (a busy key kept it): it queues
 		-- again, as a newcomer.
@@ -752,7 +759,7 @@ BEGIN
 				room := NOT (checked AND paused > now AND EXISTS (SELECT 1 FROM unnest(ls) x WHERE x < 9000000000000000000));
 				IF checked AND room THEN
 					FOR m IN 1..array_length(missing, 1) LOOP
-						PERFORM inflight_drop_expired(f, ks[missing[m]], now);
+						DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = ks[missing[m]] AND x.expires <= now; -- expired
 						IF inflight_count(f, ks[missing[m]], now) >= ls[missing[m]] THEN
 							room := false;
 						END IF;
