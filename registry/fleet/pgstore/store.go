@@ -1,10 +1,14 @@
 // Package pgstore keeps a fleet's leases in PostgreSQL: a driver.Store for
 // gateway teams that run Postgres and no Redis.
 //
-//	pool, err := pgxpool.New(ctx, "postgres://gateway@db/gateway")
-//	store, err := pgstore.New(ctx, pool, "gateway")
-//	reg := fleet.New[string](store, 8)
-//	defer reg.Close()
+//	store, err := pgstore.New(ctx, pool, "gateway") // pool: a *pgxpool.Pool
+//	if err != nil {
+//		return err // the database unreachable, or its schema newer (ErrSchemaNewer)
+//	}
+//	caps := fleet.New[string](store, 8)
+//	defer caps.Close()
+//
+// (the package's example is a whole program).
 //
 // Each operation is one call of a function that New installs (see
 // schema.sql), in one transaction of its own: no connection is held by a
