@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"runtime"
+	"slices"
 	"strconv"
 	"sync"
 	"testing"
@@ -15,6 +16,7 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // BenchmarkPairs measures TryAcquire + Release of a fleet Registry on one
@@ -97,4 +99,67 @@ func newID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:])
 	return hex.EncodeToString(b[:])
+}
+
+// BenchmarkHandOff measures a release's hand-off to a waiter of another
+// process: from Release in one process to Acquire's return in the other
+// (the release's call, the wake-up, the waiter's claim), beside a PING's
+// round trip on the same server in the same run. It reports both medians
+// and their ratio, the hand-off in round trips.
+func BenchmarkHandOff(b *testing.B) {
+	srv := redistest.Start(b)
+	ctx := context.Background()
+	c := srv.Client()
+	var ping []time.Duration
+	for range 1000 {
+		t0 := time.Now()
+		if err := c.Ping(ctx).Err(); err != nil {
+			b.Fatal(err)
+		}
+		ping = append(ping, time.Since(t0))
+	}
+	rs := []*fleet.Registry[string]{
+		fleet.New[string](redisstore.New(srv.Client(), "handoff"), 1),
+		fleet.New[string](redisstore.New(srv.Client(), "handoff"), 1),
+	}
+	defer rs[0].Close()
+	defer rs[1].Close()
+	held, err := rs[0].TryAcquire("k")
+	if err != nil {
+		b.Fatal(err)
+	}
+	var hand []time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		waiter := rs[(i+1)%2]
+		got := make(chan error, 1)
+		var next *slots.Slot
+		var at time.Time
+		go func() {
+			s, err := waiter.Acquire(ctx, "k")
+			at, next = time.Now(), s
+			got <- err
+		}()
+		for n := int64(0); n != 1; { // the waiter's place in the store's queue
+			n, err = c.ZCard(ctx, "inflight:{handoff}:k#q").Result()
+			if err != nil {
+				b.Fatal(err)
+			}
+		}
+		t0 := time.Now()
+		held.Release()
+		if err := <-got; err != nil {
+			b.Fatal(err)
+		}
+		hand = append(hand, at.Sub(t0))
+		held = next
+	}
+	b.StopTimer()
+	held.Release()
+	slices.Sort(ping)
+	slices.Sort(hand)
+	p, h := ping[len(ping)/2], hand[len(hand)/2]
+	b.ReportMetric(float64(p.Microseconds()), "ping-p50-µs")
+	b.ReportMetric(float64(h.Microseconds()), "handoff-p50-µs")
+	b.ReportMetric(float64(h)/float64(p), "handoff/ping")
 }
