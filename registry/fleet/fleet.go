@@ -50,7 +50,7 @@ type Registry[K comparable] struct {
 	defLimit  int
 	limitFunc func(K) int // nil: defLimit
 
-	// The fleet's queue (see queue.go): this process's name in it, the
+	// The fleet's queue (see PROTOCOL.md): this process's name in it, the
 	// claim window, the liveness TTL, and what the wait options say.
 	proc        string
 	claim, live time.Duration

@@ -34,7 +34,7 @@ import (
 type storedCap struct {
 	Key string    `json:"k"`
 	V   uint64    `json:"v"`
-	E   int64     `json:"e,omitempty"` // the writer's epoch (see scripts.go); 0: not known
+	E   int64     `json:"e,omitempty"` // the writer's epoch (see PROTOCOL.md); 0: not known
 	Cap learn.Cap `json:"cap"`
 }
 

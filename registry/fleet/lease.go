@@ -30,7 +30,7 @@ type lease[K comparable] struct {
 	sent bool
 	// epoch is the epoch under which it was last seen in the store (0: not
 	// known to be there), for the renewal to tell a lease the store lost from
-	// one that expired (see scripts.go). Guarded by r.mu.
+	// one that expired (see PROTOCOL.md). Guarded by r.mu.
 	epoch int64
 
 	// until is the latest not-after time (see clock.go) of the calls made

@@ -16,7 +16,7 @@ import (
 var ErrPaused = fmt.Errorf("fleet: admissions paused after the store lost its data: %w", slots.ErrLimitReached)
 
 // pauseFor returns how long new admissions wait after the store lost its data,
-// as a Registry with cfg declares it (see scripts.go): until every live
+// as a Registry with cfg declares it (see PROTOCOL.md): until every live
 // holder has renewed once. The heartbeat renews every TTL/3, so each
 // holder's next renewal starts within TTL/3 of the loss being found; the
 // margin is for its calls to end: each is bounded by the call timeout, and

@@ -12,13 +12,13 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// A waiting Acquire: its place in the fleet's queue (queue.go), the tries
+// A waiting Acquire: its place in the fleet's queue (PROTOCOL.md, "Waiting"), the tries
 // and the sleeps between them, and how a wait ends. The order of this
 // process's own waiters, used while they cannot queue in the store, is in
 // waiters.go.
 
 // admit decides for l once, or with wait until it is admitted or fails for
-// good. A waiter queues in the fleet's queue (see queue.go) and sleeps
+// good. A waiter queues in the fleet's queue (see PROTOCOL.md) and sleeps
 // until its grant's wake-up, asking again at least once a claim window in
 // case a wake-up was lost; one that gives up withdraws its place.
 func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots.Slot, error) {

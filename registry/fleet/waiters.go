@@ -36,7 +36,7 @@ func (w *waiter) signal() {
 }
 
 // The fleet's queue in the store orders the waiters of every process (see
-// queue.go). Before a waiter is queued there, and while it cannot be (new
+// PROTOCOL.md). Before a waiter is queued there, and while it cannot be (new
 // admissions paused, the store unreachable), it waits in this process's own
 // order, which the rest of this file keeps.
 //
