@@ -33,11 +33,8 @@ type orderStore struct {
 }
 
 func (h *orderStore) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
-	res, err := h.run(ctx, []*driver.AdmitCall{c})
-	if err != nil {
-		return driver.AdmitResult{Err: err}, err
-	}
-	return res[0], nil
+	res, _ := h.run(ctx, []*driver.AdmitCall{c}) // an error is the call's
+	return res[0], res[0].Err
 }
 
 func (h *orderStore) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
@@ -85,7 +82,13 @@ func (h *orderStore) run(ctx context.Context, cmds []*driver.AdmitCall) ([]drive
 		select {
 		case <-t.C:
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			// Each call fails on its own, as the Redis store's pipeline
+			// reports it (and the calls' error, not the batch's).
+			out := make([]driver.AdmitResult, len(cmds))
+			for i := range out {
+				out[i].Err = ctx.Err()
+			}
+			return out, nil
 		}
 	}
 	if h.panicPct > 0 && rand.N(100) < h.panicPct {

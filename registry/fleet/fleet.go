@@ -159,7 +159,9 @@ type Keys[K comparable] struct {
 // Keys.Limit again for a key's limit.
 const LocalLimitRefresh = time.Second
 
-// NewWithKeys is New with keys' names and limits from keys.
+// NewWithKeys is New with keys' names and limits from keys. A store that
+// is a fmt.Stringer names the Registry in its logs ("fleet" otherwise): a
+// store that wraps another should pass its String on.
 func NewWithKeys[K comparable](store driver.Store, defaultLimit int, keys Keys[K], opts ...Option) *Registry[K] {
 	if store == nil {
 		panic("fleet: nil store")

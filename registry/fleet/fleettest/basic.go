@@ -76,16 +76,21 @@ func fullAndRelease(t *testing.T, srv Server) {
 }
 
 // A waiter in one process is handed the slot that a holder in another
-// releases.
+// releases: by the release's grant and its wake-up, the only way its store
+// lets it in (grantsOnly: its own asks are not sent once it is queued).
 func handOff(t *testing.T, srv Server) {
-	rs := processes(t, srv, "hand", 2, 1)
-	s, err := rs[0].TryAcquire("k")
+	holder := process(t, srv, "hand", 1)
+	store := newGrantsOnly(srv.Store(t, "hand"))
+	waiter := fleet.New[string](store, 1)
+	t.Cleanup(waiter.Close)
+	listens(t, store)
+	s, err := holder.TryAcquire("k")
 	require.NoError(t, err)
 	got := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), wait)
 		defer cancel()
-		w, err := rs[1].Acquire(ctx, "k")
+		w, err := waiter.Acquire(ctx, "k")
 		if err == nil {
 			w.Release()
 		}
@@ -93,17 +98,18 @@ func handOff(t *testing.T, srv Server) {
 	}()
 	queuedIs(t, srv, "hand", "k", 1)
 	s.Release()
-	require.NoError(t, <-got)
+	require.NoError(t, <-got, "handed the slot by the release")
+	assert.Positive(t, store.grants.Load(), "a grant delivered by Listen")
 }
 
-// Leases are renewed while held (a TTL of 600 ms, held for 2 s), and
+// Leases are renewed while held (a TTL of 1.5 s, held for 4 s), and
 // those of a process that stops renewing expire on the store's clock.
 func renewAndExpiry(t *testing.T, srv Server) {
-	ttl := fleet.WithLeaseTTL(600 * time.Millisecond)
+	ttl := fleet.WithLeaseTTL(1500 * time.Millisecond)
 	a, b := process(t, srv, "renew", 2, ttl), process(t, srv, "renew", 2, ttl)
 	s, err := a.TryAcquire("k")
 	require.NoError(t, err)
-	for deadline := time.Now().Add(2 * time.Second); time.Now().Before(deadline); {
+	for deadline := time.Now().Add(4 * time.Second); time.Now().Before(deadline); {
 		n, err := b.InFlight(context.Background(), "k")
 		require.NoError(t, err)
 		require.Equal(t, 1, n, "the held lease is renewed")
@@ -154,15 +160,20 @@ func acquireAll(t *testing.T, srv Server) {
 }
 
 // A waiter that gives up leaves the queue: the next release is not handed
-// to it, and the key is free for a newcomer.
+// to it (its process is told of no grant), and the key is free for a
+// newcomer.
 func waiterGivesUp(t *testing.T, srv Server) {
-	rs := processes(t, srv, "giveup", 2, 1)
-	s, err := rs[0].TryAcquire("k")
+	holder := process(t, srv, "giveup", 1)
+	store := newGrantsOnly(srv.Store(t, "giveup"))
+	waiter := fleet.New[string](store, 1)
+	t.Cleanup(waiter.Close)
+	listens(t, store)
+	s, err := holder.TryAcquire("k")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := rs[1].Acquire(ctx, "k")
+		_, err := waiter.Acquire(ctx, "k")
 		done <- err
 	}()
 	queuedIs(t, srv, "giveup", "k", 1)
@@ -170,7 +181,10 @@ func waiterGivesUp(t *testing.T, srv Server) {
 	require.ErrorIs(t, <-done, context.Canceled)
 	queuedIs(t, srv, "giveup", "k", 0)
 	s.Release()
-	freedFor(t, rs[0], "k", "no grant waits for a waiter that left")
+	// A grant to the waiter that left would hold the key for a claim
+	// window, and its wake-up would have come long before the key frees.
+	freedFor(t, holder, "k", "the release reaches the store")
+	assert.Zero(t, store.grants.Load(), "a grant to a waiter that left")
 }
 
 // A limit changed while held: lowered, it admits nothing until the
@@ -214,17 +228,16 @@ func classOrder(t *testing.T, srv Server) {
 	rs := processes(t, srv, "class", 2, 1)
 	s, err := rs[0].TryAcquire("k")
 	require.NoError(t, err)
-	var adm admissions
-	batch := slots.WithPriority(context.Background(), slots.PriorityBatch)
+	adm := newAdmissions(t)
+	batch := func(ctx context.Context) context.Context { return slots.WithPriority(ctx, slots.PriorityBatch) }
 	for i := range 3 {
-		adm.wait(t, batch, rs[1], "batch")
+		adm.wait(batch, rs[1], "batch")
 		queuedIs(t, srv, "class", "k", i+1)
 	}
-	adm.wait(t, slots.WithPriority(context.Background(), slots.PriorityInteractive), rs[0], "interactive")
+	adm.wait(func(ctx context.Context) context.Context { return slots.WithPriority(ctx, slots.PriorityInteractive) }, rs[0], "interactive")
 	queuedIs(t, srv, "class", "k", 4)
 	s.Release()
-	adm.wg.Wait()
-	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, adm.order)
+	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, adm.done(t))
 }
 
 // Weighted turns, exactly: with one slot held, waiters of a flow of
@@ -237,18 +250,17 @@ func weightedTurns(t *testing.T, srv Server) {
 	rs := processes(t, srv, "turns", 2, 1)
 	held, err := rs[0].TryAcquire("k")
 	require.NoError(t, err)
-	var adm admissions
-	flowA := slots.WithFlowWeight(context.Background(), "A", 3)
-	flowB := slots.WithFlowWeight(context.Background(), "B", 1)
+	adm := newAdmissions(t)
+	flowA := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "A", 3) }
+	flowB := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "B", 1) }
 	for i := 1; i <= 6; i++ {
-		adm.wait(t, flowA, rs[0], fmt.Sprint("A", i))
+		adm.wait(flowA, rs[0], fmt.Sprint("A", i))
 		queuedIs(t, srv, "turns", "k", 2*i-1)
-		adm.wait(t, flowB, rs[1], fmt.Sprint("B", i))
+		adm.wait(flowB, rs[1], fmt.Sprint("B", i))
 		queuedIs(t, srv, "turns", "k", 2*i)
 	}
 	held.Release()
-	adm.wg.Wait()
-	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, adm.order)
+	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, adm.done(t))
 }
 
 // A cut reported in one process reaches the other through the learned

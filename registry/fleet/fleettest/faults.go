@@ -20,27 +20,31 @@ import (
 // A server killed (SIGKILL) and started again, with or without its data:
 // a process that knew the store before is admitted nothing over the two
 // leases held across the crash, and both leases are in the store again
-// within a renewal round (the holders put them back).
+// (the holders put them back). A store that keeps everything across a
+// crash need not pause new admissions; one that may lose the last writes
+// does.
 func killed(t *testing.T, srv Server) {
 	f := srv.(Faults)
-	refusedOverHolders(t, srv, "killed", func() {
+	refusedOverHolders(t, srv, "killed", false, func() {
 		f.Kill()
 		f.Restart()
 	})
 }
 
 // The same when the running server loses its data (a failover to an
-// empty replica): the store cannot tell it from a first start, and the
-// processes that knew it before can.
+// empty replica): the store cannot tell it from a first start, the
+// processes that knew it before can, and new admissions wait while the
+// holders put their leases back (ErrPaused).
 func lost(t *testing.T, srv Server) {
-	refusedOverHolders(t, srv, "lost", srv.(Faults).Lose)
+	refusedOverHolders(t, srv, "lost", true, srv.(Faults).Lose)
 }
 
 // refusedOverHolders holds the fleet name's key "k" full (2 of 2, in one
 // process), runs fault, and then, for three lease TTLs, tries to take the
 // key from another process that knew the store before the fault: none of
-// its tries is admitted. The holders' leases are in the store afterwards.
-func refusedOverHolders(t *testing.T, srv Server, name string, fault func()) {
+// its tries is admitted, and with mustPause some are refused as paused.
+// The holders' leases are in the store afterwards.
+func refusedOverHolders(t *testing.T, srv Server, name string, mustPause bool, fault func()) {
 	const ttl = 900 * time.Millisecond
 	opts := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithUnavailable(fleet.FailClosed)}
 	a, b := process(t, srv, name, 2, opts...), process(t, srv, name, 2, opts...)
@@ -68,6 +72,9 @@ func refusedOverHolders(t *testing.T, srv Server, name string, fault func()) {
 	}
 	t.Logf("after the fault: %d tries paused, %d refused as unavailable, %d admitted", paused, unavailable, admitted)
 	assert.Zero(t, admitted, "admitted over the two holders")
+	if mustPause {
+		assert.Positive(t, paused, "new admissions wait after the loss")
+	}
 	inFlightIs(t, b, "k", 2, "both holders' leases are in the store")
 	s1.Release()
 	s2.Release()
@@ -109,7 +116,8 @@ func stoppedPastTTL(t *testing.T, srv Server) {
 		time.Sleep(10 * time.Millisecond) // polling a real clock's renewals
 	}
 	if taken != nil {
-		assert.Positive(t, a.Stats().Lost, "the other process took the key: the holder knows its lease is lost")
+		assert.Eventually(t, func() bool { return a.Stats().Lost > 0 }, wait, 10*time.Millisecond,
+			"the other process took the key: the holder learns its lease is lost")
 		taken.Release()
 	} else {
 		inFlightIs(t, a, "k", 1, "the holder's lease is back")
@@ -117,10 +125,10 @@ func stoppedPastTTL(t *testing.T, srv Server) {
 }
 
 // While the store hangs, each Unavailable mode does what it says:
-// FailClosed refuses with ErrUnavailable, FallbackLocal admits a Degraded
-// slot under the local cap, FailOpen a Bypassed one. Once the store
-// answers, the local admission's lease is put into it, and its release
-// taken out.
+// FailClosed refuses with ErrUnavailable, FallbackLocal admits Degraded
+// slots under the local cap (2: the third is refused), FailOpen a Bypassed
+// one. Once the store answers, the local admissions' leases are put into
+// it, and their releases taken out.
 func unavailable(t *testing.T, srv Server) {
 	f := srv.(Faults)
 	opts := []fleet.Option{fleet.WithBreaker(1, 50*time.Millisecond), fleet.WithTimeout(150 * time.Millisecond)}
@@ -136,17 +144,25 @@ func unavailable(t *testing.T, srv Server) {
 	t.Cleanup(f.Cont) // also if the test stops early
 	_, err := closed.TryAcquire("k")
 	assert.ErrorIs(t, err, fleet.ErrUnavailable, "FailClosed")
-	degraded, err := local.TryAcquire("k")
-	require.NoError(t, err, "FallbackLocal")
-	assert.True(t, degraded.Degraded(), "FallbackLocal")
+	var degraded []*slots.Slot
+	for range 2 {
+		s, err := local.TryAcquire("k")
+		require.NoError(t, err, "FallbackLocal")
+		assert.True(t, s.Degraded(), "FallbackLocal")
+		degraded = append(degraded, s)
+	}
+	_, err = local.TryAcquire("k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "FallbackLocal, over the local cap")
 	bypassed, err := open.TryAcquire("k")
 	require.NoError(t, err, "FailOpen")
 	assert.True(t, bypassed.Bypassed(), "FailOpen")
 	f.Cont()
-	inFlightIs(t, closed, "k", 1, "the local admission's lease is put into the store")
-	degraded.Release()
+	inFlightIs(t, closed, "k", 2, "the local admissions' leases are put into the store")
+	for _, s := range degraded {
+		s.Release()
+	}
 	bypassed.Release()
-	inFlightIs(t, closed, "k", 0, "and its release taken out")
+	inFlightIs(t, closed, "k", 0, "and their releases taken out")
 }
 
 // A process cut off from the server (its connections closed, and every

@@ -22,6 +22,7 @@ package fleettest
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -144,12 +145,20 @@ func processes(t *testing.T, srv Server, name string, n, limit int, opts ...flee
 // queuedIs waits until n tickets wait in the fleet's queue of key.
 func queuedIs(t *testing.T, srv Server, name, key string, n int) {
 	t.Helper()
+	var mu sync.Mutex
 	var last int
 	var err error
-	require.Eventually(t, func() bool {
-		last, err = srv.Queued(name, key)
-		return err == nil && last == n
-	}, wait, time.Millisecond, "%d in the store's queue of %s (last seen %d, %v)", n, key, last, err)
+	if !assert.Eventually(t, func() bool {
+		got, e := srv.Queued(name, key)
+		mu.Lock()
+		defer mu.Unlock()
+		last, err = got, e
+		return e == nil && got == n
+	}, wait, time.Millisecond) {
+		mu.Lock()
+		defer mu.Unlock()
+		t.Fatalf("%d in the store's queue of %s: last seen %d, %v", n, key, last, err)
+	}
 }
 
 // freedFor waits until r admits under key (then releases at once): a
@@ -174,27 +183,57 @@ func inFlightIs(t *testing.T, r *fleet.Registry[string], key string, n int, what
 	}, wait, 5*time.Millisecond, what)
 }
 
-// admissions records the order in which waiters are admitted; each
-// releases at once.
+// admissions records the order in which waiters are admitted, and the
+// errors of those that are not; each releases at once. Its waiters end
+// with the test (see newAdmissions), and only the test's goroutine
+// asserts.
 type admissions struct {
+	ctx   context.Context
 	mu    sync.Mutex
 	order []string
+	errs  []error
 	wg    sync.WaitGroup
 }
 
-// wait starts a waiter named name on r's key "k", under ctx's priority
-// and flow.
-func (a *admissions) wait(t *testing.T, ctx context.Context, r *fleet.Registry[string], name string) {
+// newAdmissions returns admissions whose waiters are cancelled and waited
+// for at t's cleanup, before the processes made earlier close.
+func newAdmissions(t *testing.T) *admissions {
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &admissions{ctx: ctx}
+	t.Cleanup(func() {
+		cancel()
+		a.wg.Wait()
+	})
+	return a
+}
+
+// wait starts a waiter named name on r's key "k", its context's priority
+// and flow set by place.
+func (a *admissions) wait(place func(context.Context) context.Context, r *fleet.Registry[string], name string) {
 	a.wg.Go(func() {
-		ctx, cancel := context.WithTimeout(ctx, 3*wait)
+		ctx, cancel := context.WithTimeout(a.ctx, 3*wait)
 		defer cancel()
-		s, err := r.Acquire(ctx, "k")
-		if !assert.NoError(t, err, name) {
+		s, err := r.Acquire(place(ctx), "k")
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if err != nil {
+			a.errs = append(a.errs, fmt.Errorf("%s: %w", name, err))
 			return
 		}
-		a.mu.Lock()
 		a.order = append(a.order, name)
-		a.mu.Unlock()
 		s.Release()
 	})
+}
+
+// done waits for every waiter, and returns the admission order once none
+// failed.
+func (a *admissions) done(t *testing.T) []string {
+	t.Helper()
+	a.wg.Wait()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, err := range a.errs {
+		t.Error(err)
+	}
+	return a.order
 }

@@ -80,8 +80,13 @@ func Durable() Option { return func(s *Store) { s.async = false } }
 func WithListenConfig(cfg *pgx.ConnConfig) Option { return func(s *Store) { s.listen = cfg } }
 
 // WithListenRetry sets how long Listen waits before it connects again
-// after its connection failed (default 1 s).
-func WithListenRetry(d time.Duration) Option { return func(s *Store) { s.retry = d } }
+// after its connection failed (default 1 s). It panics unless d > 0.
+func WithListenRetry(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("pgstore: WithListenRetry(%v)", d))
+	}
+	return func(s *Store) { s.retry = d }
+}
 
 // New returns the Store of the fleet name on pool, after bringing the
 // database's schema to this release's (see Migrate). Every process of a

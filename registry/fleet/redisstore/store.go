@@ -81,7 +81,8 @@ func WithPrefix(p string) Option {
 }
 
 // WithListenRetry sets how long Listen waits before it subscribes again
-// after Redis could not be reached (default 500 ms). It panics unless d > 0.
+// after Redis could not be reached (default 500 ms; the fleet's WithPoll
+// no longer sets it). It panics unless d > 0.
 func WithListenRetry(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("redisstore: WithListenRetry(%v)", d))
