@@ -79,11 +79,7 @@ func fullAndRelease(t *testing.T, srv Server) {
 // releases: by the release's grant and its wake-up, the only way its store
 // lets it in (grantsOnly: its own asks are not sent once it is queued).
 func handOff(t *testing.T, srv Server) {
-	holder := process(t, srv, "hand", 1)
-	store := newGrantsOnly(srv.Store(t, "hand"))
-	waiter := fleet.New[string](store, 1)
-	t.Cleanup(waiter.Close)
-	listens(t, store)
+	holder, waiter, store := heldAgainst(t, srv, "hand")
 	s, err := holder.TryAcquire("k")
 	require.NoError(t, err)
 	got := make(chan error, 1)
@@ -163,11 +159,7 @@ func acquireAll(t *testing.T, srv Server) {
 // to it (its process is told of no grant), and the key is free for a
 // newcomer.
 func waiterGivesUp(t *testing.T, srv Server) {
-	holder := process(t, srv, "giveup", 1)
-	store := newGrantsOnly(srv.Store(t, "giveup"))
-	waiter := fleet.New[string](store, 1)
-	t.Cleanup(waiter.Close)
-	listens(t, store)
+	holder, waiter, store := heldAgainst(t, srv, "giveup")
 	s, err := holder.TryAcquire("k")
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())

@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry/fleet"
+
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
@@ -127,6 +129,18 @@ func (l grantListener) Granted(ticket string) {
 	l.g.mu.Unlock()
 	l.g.grants.Add(1)
 	l.Listener.Granted(ticket)
+}
+
+// heldAgainst returns two processes of the fleet name, each capping keys
+// at 1: a holder, and a waiter on a grantsOnly store that listens already.
+func heldAgainst(t *testing.T, srv Server, name string) (holder, waiter *fleet.Registry[string], store *grantsOnly) {
+	t.Helper()
+	holder = process(t, srv, name, 1)
+	store = newGrantsOnly(srv.Store(t, name))
+	waiter = fleet.New[string](store, 1)
+	t.Cleanup(waiter.Close)
+	listens(t, store)
+	return holder, waiter, store
 }
 
 // listens waits until the process on g listens for its grants.
