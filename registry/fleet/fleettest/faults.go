@@ -3,6 +3,7 @@ package fleettest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -135,8 +136,8 @@ func unavailable(t *testing.T, srv Server) {
 	closed := process(t, srv, "modes", 2, append(opts, fleet.WithUnavailable(fleet.FailClosed))...)
 	local := process(t, srv, "modes", 2, append(opts, fleet.WithUnavailable(fleet.FallbackLocal))...)
 	open := process(t, srv, "modes", 2, append(opts, fleet.WithUnavailable(fleet.FailOpen))...)
-	for _, r := range []*fleet.Registry[string]{closed, local, open} {
-		s, err := r.TryAcquire("warm")
+	for i, r := range []*fleet.Registry[string]{closed, local, open} {
+		s, err := r.TryAcquire(fmt.Sprint("warm-", i)) // a key each: a release reaches the store later
 		require.NoError(t, err)
 		s.Release()
 	}

@@ -1,0 +1,255 @@
+package memstore
+
+import (
+	"context"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+)
+
+// AdmitOne makes one admission call (see driver.AdmitCall for its steps).
+func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if err := s.enter(ctx); err != nil {
+		return driver.AdmitResult{Err: err}, err
+	}
+	defer s.mu.Unlock()
+	return s.admit(c), nil
+}
+
+// Admit makes each call in order, each atomically.
+func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	out := make([]driver.AdmitResult, len(calls))
+	for i, c := range calls {
+		out[i], _ = s.AdmitOne(ctx, c)
+	}
+	return out, nil
+}
+
+func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
+	now, us := s.now()
+	if c.NotAfter > 0 && now > c.NotAfter {
+		return driver.AdmitResult{Status: driver.StatusTooLate, Key: -1, Now: now}
+	}
+	ttl, claim := c.TTL.Milliseconds(), c.Claim.Milliseconds()
+	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
+	res := func(st driver.Status, i int) driver.AdmitResult {
+		r := driver.AdmitResult{Status: st, Key: i, Now: now, Epoch: epoch}
+		if i >= 0 {
+			k := s.key(c.Keys[i])
+			r.Count, r.Earliest, r.Queue = int64(k.count(now)), k.earliest(now), int64(len(k.queue))
+		}
+		return r
+	}
+	for _, p := range c.Carried {
+		if !s.tombstoned(p.Lease, now) {
+			s.key(p.Key).leases[p.Lease] = max(s.key(p.Key).leases[p.Lease], now+ttl)
+		}
+	}
+	if s.tombstoned(c.Lease, now) {
+		return res(driver.StatusAbandoned, -1)
+	}
+	stopped := paused > now && binds(c.Limits)
+	mine := s.queuedOn(c.Keys[0], c.Lease)
+	if mine != nil {
+		mine.limits = append(mine.limits[:0], c.Limits...)
+	}
+	serve := func() {
+		if !stopped {
+			for i, name := range c.Keys {
+				s.serve(name, c.Limits[i], now, claim)
+			}
+		}
+	}
+	serve()
+	held, over := 0, false
+	for i, name := range c.Keys {
+		k := s.key(name)
+		k.dropExpired(now)
+		if _, ok := k.leases[c.Lease]; ok {
+			held++
+		}
+		over = over || k.count(now) > c.Limits[i]
+	}
+	givenBack := false
+	switch {
+	case held == len(c.Keys) && !over: // a grant claimed, or a call made again
+		for _, name := range c.Keys {
+			s.key(name).leases[c.Lease] = now + ttl
+		}
+		return s.admitted(c, res, us)
+	case held > 0: // a grant made under a higher limit, or a part of one
+		givenBack = held == len(c.Keys)
+		for _, name := range c.Keys {
+			delete(s.key(name).leases, c.Lease)
+		}
+		serve()
+	}
+	if stopped {
+		r := res(driver.StatusPaused, 0)
+		r.Key, r.Earliest = -1, paused
+		return r
+	}
+	if mine = s.queuedOn(c.Keys[0], c.Lease); mine != nil {
+		s.alive(c.Proc, now, c.Live)
+		mine.expires = now + 3*ttl
+		return res(driver.StatusQueued, s.firstFull(c, now, 0))
+	}
+	full := s.firstFull(c, now, -1)
+	if full < 0 {
+		for _, name := range c.Keys {
+			s.key(name).leases[c.Lease] = now + ttl
+		}
+		return s.admitted(c, res, us)
+	}
+	if !c.Wait {
+		return res(driver.StatusFull, full)
+	}
+	if !givenBack {
+		for i, name := range c.Keys {
+			k := s.key(name)
+			if c.MaxQueue >= 0 && len(k.queue) >= c.MaxQueue {
+				return res(driver.StatusQueueMax, i)
+			}
+			if c.MaxFlowQueue >= 0 && k.flows[c.Flow] >= c.MaxFlowQueue {
+				r := res(driver.StatusFlowMax, i)
+				r.Queue = int64(k.flows[c.Flow])
+				return r
+			}
+		}
+	}
+	t := &ticket{id: c.Lease, proc: c.Proc, flow: c.Flow, rank: c.Class, keys: c.Keys, limits: append([]int(nil), c.Limits...), expires: now + 3*ttl}
+	s.data.arrivals++
+	s.enqueue(t, c.Weight)
+	s.alive(c.Proc, now, c.Live)
+	return res(driver.StatusQueued, full)
+}
+
+// firstFull returns the index of c's first key without room (or, if all
+// have room, otherwise).
+func (s *Store) firstFull(c *driver.AdmitCall, now int64, otherwise int) int {
+	for i, name := range c.Keys {
+		if s.key(name).count(now) >= c.Limits[i] {
+			return i
+		}
+	}
+	return otherwise
+}
+
+// admitted is the reply to an admission: with Starts, its start (the
+// clock in microseconds) and each key's leases, this one counted.
+func (s *Store) admitted(c *driver.AdmitCall, res func(driver.Status, int) driver.AdmitResult, us int64) driver.AdmitResult {
+	r := res(driver.StatusAdmitted, -1)
+	if c.Starts {
+		r.Start = us
+		r.Counts = make([]int64, len(c.Keys))
+		for i, name := range c.Keys {
+			r.Counts[i] = int64(s.key(name).count(r.Now))
+		}
+	}
+	return r
+}
+
+// Renew extends, puts back or reports each lease (see driver.RenewCall).
+func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
+	if err := s.enter(ctx); err != nil {
+		return driver.RenewResult{}, err
+	}
+	defer s.mu.Unlock()
+	now, us := s.now()
+	if c.NotAfter > 0 && now > c.NotAfter {
+		return driver.RenewResult{TooLate: true, Now: now}, nil
+	}
+	ttl := c.TTL.Milliseconds()
+	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
+	out := driver.RenewResult{Epoch: epoch, Now: now, Leases: make([]driver.Fate, len(c.Leases))}
+	for j, l := range c.Leases {
+		var missing []int
+		for i, name := range l.Keys {
+			k := s.key(name)
+			if exp, ok := k.leases[l.Lease]; ok && exp > now {
+				k.leases[l.Lease] = now + ttl
+				continue
+			}
+			delete(k.leases, l.Lease)
+			missing = append(missing, i)
+		}
+		if len(missing) == 0 {
+			out.Leases[j] = driver.FateRenewed
+			continue
+		}
+		out.Leases[j] = driver.FateGone
+		if l.Mode == driver.ModeReport || s.tombstoned(l.Lease, now) {
+			continue
+		}
+		checked := l.Mode == driver.ModeReassert && (l.Epoch == 0 || l.Epoch == epoch)
+		room := !(checked && paused > now && binds(l.Limits))
+		for _, i := range missing {
+			if checked && room && s.key(l.Keys[i]).count(now) >= l.Limits[i] {
+				room = false
+			}
+		}
+		if !room {
+			continue
+		}
+		for _, i := range missing {
+			s.key(l.Keys[i]).leases[l.Lease] = now + ttl
+		}
+		out.Leases[j] = driver.FatePutBack
+		if checked {
+			out.Leases[j] = driver.FateRoom
+		}
+	}
+	return out, nil
+}
+
+// Release removes each lease and, unless a pause is declared, serves its
+// key's queue.
+func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
+	if err := s.enter(ctx); err != nil {
+		return err
+	}
+	defer s.mu.Unlock()
+	now, _ := s.now()
+	for _, p := range c.Pairs {
+		delete(s.key(p.Key).leases, p.Lease)
+		if !s.declared(now) {
+			s.serve(p.Key, p.Limit, now, c.Claim.Milliseconds())
+		}
+		s.tidy(p.Key)
+	}
+	return nil
+}
+
+// Abandon takes each lease out of its keys' queues and leases, and marks
+// it abandoned (see driver.AbandonCall).
+func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
+	if err := s.enter(ctx); err != nil {
+		return nil, err
+	}
+	defer s.mu.Unlock()
+	now, _ := s.now()
+	for _, c := range calls {
+		for _, name := range c.Keys {
+			if t := s.queuedOn(name, c.Lease); t != nil {
+				s.unqueue(t)
+			}
+			delete(s.key(name).leases, c.Lease)
+		}
+		s.data.tombs[c.Lease] = max(now+c.TTL.Milliseconds(), c.NotAfter+1)
+		if c.Limits != nil && !s.declared(now) {
+			for i, name := range c.Keys {
+				s.serve(name, c.Limits[i], now, c.Claim.Milliseconds())
+			}
+		}
+		for _, name := range c.Keys {
+			s.tidy(name)
+		}
+	}
+	return make([]error, len(calls)), nil
+}
+
+// tidy forgets name once nothing is held or queued on it.
+func (s *Store) tidy(name string) {
+	if k := s.data.keys[name]; k != nil && len(k.leases) == 0 && len(k.queue) == 0 {
+		delete(s.data.keys, name)
+	}
+}

@@ -1,0 +1,178 @@
+package memstore
+
+import (
+	"cmp"
+	"slices"
+)
+
+// key is a capped key: its leases and its queue.
+type key struct {
+	leases map[string]int64 // lease: expiry (ms)
+	queue  []*place         // by class rank, then start tag, then sequence
+	vt     [3]float64       // each class's virtual time: the start tag last granted
+	finish map[flowKey]float64
+	flows  map[string]int // tickets queued per flow
+	seq    int64
+}
+
+type flowKey struct {
+	rank uint8
+	flow string
+}
+
+// place is a ticket's place in one key's queue.
+type place struct {
+	t   *ticket
+	tag float64 // its start tag in its class, between flows
+	seq int64
+}
+
+// ticket is a waiter: the lease id it will hold, on all of its keys.
+type ticket struct {
+	id, proc, flow string
+	rank           uint8
+	keys           []string
+	limits         []int // its keys' limits, as its calls keep them
+	expires        int64 // ms: a ticket nobody asks for goes
+}
+
+func (k *key) dropExpired(now int64) {
+	for l, exp := range k.leases {
+		if exp <= now {
+			delete(k.leases, l)
+		}
+	}
+}
+
+func (k *key) count(now int64) int {
+	n := 0
+	for _, exp := range k.leases {
+		if exp > now {
+			n++
+		}
+	}
+	return n
+}
+
+// earliest returns when k's earliest lease expires (0: none).
+func (k *key) earliest(now int64) int64 {
+	var e int64
+	for _, exp := range k.leases {
+		if exp > now && (e == 0 || exp < e) {
+			e = exp
+		}
+	}
+	return e
+}
+
+func (k *key) find(id string) int {
+	return slices.IndexFunc(k.queue, func(p *place) bool { return p.t.id == id })
+}
+
+// queuedOn returns the ticket id queued on key (nil: none).
+func (s *Store) queuedOn(name, id string) *ticket {
+	if k := s.data.keys[name]; k != nil {
+		if i := k.find(id); i >= 0 {
+			return k.queue[i].t
+		}
+	}
+	return nil
+}
+
+// unqueue takes t out of every key's queue.
+func (s *Store) unqueue(t *ticket) {
+	for _, name := range t.keys {
+		k := s.data.keys[name]
+		if k == nil {
+			continue
+		}
+		if i := k.find(t.id); i >= 0 {
+			k.queue = slices.Delete(k.queue, i, i+1)
+			if k.flows[t.flow]--; k.flows[t.flow] <= 0 {
+				delete(k.flows, t.flow)
+			}
+		}
+		if len(k.queue) == 0 { // tags start from 0 after every backlog
+			k.vt, k.finish, k.seq = [3]float64{}, map[flowKey]float64{}, 0
+		}
+	}
+}
+
+// enqueue places t on each of its keys: a flow's start tag in a class is
+// its finish tag there or the class's virtual time, whichever is later,
+// and its next finish tag is that plus 1/weight.
+func (s *Store) enqueue(t *ticket, weight int) {
+	for _, name := range t.keys {
+		k := s.key(name)
+		fk := flowKey{t.rank, t.flow}
+		tag := max(k.vt[min(int(t.rank), 2)], k.finish[fk])
+		k.finish[fk] = tag + 1/float64(max(weight, 1))
+		k.seq++
+		p := &place{t: t, tag: tag, seq: k.seq}
+		i, _ := slices.BinarySearchFunc(k.queue, p, func(a, b *place) int {
+			return cmp.Or(cmp.Compare(a.t.rank, b.t.rank), cmp.Compare(a.tag, b.tag), cmp.Compare(a.seq, b.seq))
+		})
+		k.queue = slices.Insert(k.queue, i, p)
+		k.flows[t.flow]++
+	}
+}
+
+// canTake reports whether t can take a place on each of its keys now,
+// with limit as name's limit (at most).
+func (s *Store) canTake(t *ticket, name string, limit int, now int64) bool {
+	for i, kn := range t.keys {
+		lim := t.limits[i]
+		if kn == name {
+			lim = min(lim, limit)
+		}
+		if s.key(kn).count(now) >= lim {
+			return false
+		}
+	}
+	return true
+}
+
+// serve grants name's waiters in order, while it has room under limit:
+// each that can take room on all of its keys gets a lease of the claim
+// window on each, and its process is told; a ticket of a dead process,
+// or one nobody asked for in time, is dropped.
+func (s *Store) serve(name string, limit int, now, claim int64) {
+	k := s.data.keys[name]
+	if k == nil {
+		return
+	}
+	k.dropExpired(now)
+	for i := 0; i < len(k.queue) && k.count(now) < limit; {
+		p := k.queue[i]
+		t := p.t
+		switch {
+		case s.dead(t.proc, now, claim) || t.expires <= now:
+			s.unqueue(t)
+		case s.canTake(t, name, limit, now):
+			s.grant(t, now, claim)
+		default:
+			i++
+			continue
+		}
+		i = 0 // the queue changed: look again from its head
+	}
+}
+
+// grant gives t a lease of the claim window on each of its keys (one it
+// holds already is not shortened), takes it out of their queues, moving
+// each class's virtual time to its start tag there, and tells its
+// process.
+func (s *Store) grant(t *ticket, now, claim int64) {
+	for _, name := range t.keys {
+		k := s.key(name)
+		if i := k.find(t.id); i >= 0 {
+			r := min(int(t.rank), 2)
+			k.vt[r] = max(k.vt[r], k.queue[i].tag)
+		}
+		if exp, ok := k.leases[t.id]; !ok || exp < now+claim {
+			k.leases[t.id] = now + claim
+		}
+	}
+	s.unqueue(t)
+	s.publish(t.proc, event{kind: granted, payload: t.id})
+}
