@@ -3,6 +3,7 @@
 // registry/fleet/redisstore), PostgreSQL (registry/fleet/pgstore), or any
 // implementation of driver.Store. Each store is a module of its own: a
 // program links the client of the store it uses, and nothing else.
+// Package memstore keeps a fleet in one process's memory, for tests.
 //
 // An upstream's concurrency limit is per account, not per process: with R
 // gateway replicas each capping at N, the provider sees up to R×N. A fleet

@@ -4,7 +4,8 @@
 // imports this package, never the client. The fleet's PROTOCOL.md tells
 // what the client does with each operation; the comments here tell what a
 // store must do. Package fleettest holds the conformance suite every store
-// passes.
+// passes; package memstore is the contract written out plainly in Go, in
+// memory, to read beside it.
 package driver
 
 import (
