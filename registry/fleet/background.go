@@ -62,14 +62,15 @@ func (r *Registry[K]) recovered() {
 // open, probes the store to close it (at the probe interval, and at each
 // renewal's time too); with the breaker closed, it puts in degraded leases
 // (admitted while one call failed) at the probe interval, and every held
-// lease at once when an admission's reply tells that the store lost its data.
-// A renewal that failed is made again at the next probe tick, not a whole
-// TTL/3 later, and while it keeps failing at longer gaps (retryTicks). After the store lost its data the held leases must go back
+// lease at once when an admission's reply tells that the store lost its
+// data. A renewal that failed is made again at the next probe tick, not a
+// whole TTL/3 later, and while it keeps failing at longer gaps
+// (retryTicks). After the store lost its data the held leases must go back
 // within the renewal round that new admissions wait for (see pause.go): a
-// long probe interval, or a first call after a restart that fails, must
-// not put them off to the next round. It survives errors, and panics (a
-// client hook's, a log handler's): one tick's panic is logged and the next
-// tick comes as usual.
+// long probe interval, or a first call after a restart that fails, must not
+// put them off to the next round. It survives errors, and panics (a client
+// hook's, a log handler's): one tick's panic is logged and the next tick
+// comes as usual.
 func (r *Registry[K]) heartbeat() {
 	defer r.done.Done()
 	renew := time.NewTicker(r.cfg.ttl / 3)

@@ -12,13 +12,13 @@
 // returning a *slots.Slot) and keeps a local registry.Registry beside it that
 // mirrors this process's holders, for sweeps, metrics and Stats.
 //
-//	store := redisstore.New(rdb, "zai") // or pgstore.New(ctx, pool, "zai"): one name per set of caps
+//	store := redisstore.New(rdb, "zai") // one name per set of caps; or pgstore.New
 //	caps := fleet.New[string](store, slots.Unlimited)
 //	defer caps.Close()
 //	caps.SetLimit("zai", 5) // every gateway sets the same limits
 //	s, err := caps.AcquireAll(ctx, "zai", "zai/glm-5")
 //	if err != nil {
-//		return err // *slots.LimitError, ErrUnavailable (FailClosed), or the context's error
+//		return err // *slots.LimitError, ErrUnavailable, or the context's error
 //	}
 //	defer s.Release() // or hand s to slots.WrapBody, as any Slot
 //

@@ -12,10 +12,10 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// A waiting Acquire: its place in the fleet's queue (PROTOCOL.md, "Waiting"), the tries
-// and the sleeps between them, and how a wait ends. The order of this
-// process's own waiters, used while they cannot queue in the store, is in
-// waiters.go.
+// A waiting Acquire: its place in the fleet's queue (PROTOCOL.md,
+// "Waiting"), the tries and the sleeps between them, and how a wait ends.
+// The order of this process's own waiters, used while they cannot queue in
+// the store, is in waiters.go.
 
 // admit decides for l once, or with wait until it is admitted or fails for
 // good. A waiter queues in the fleet's queue (see PROTOCOL.md) and sleeps
