@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math"
 	"strings"
 	"sync/atomic"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )

@@ -1,9 +1,10 @@
 package fleet
 
 import (
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // What an acquire call sends: its keys and arguments, and the degraded

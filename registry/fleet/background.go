@@ -4,11 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"log/slog"
 	"slices"
 	"sync/atomic"
 	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // batchSize bounds the (key, lease) pairs of one renewal or release call.

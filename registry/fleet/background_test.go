@@ -3,8 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"io"
 	"log/slog"
 	"strings"
@@ -14,6 +12,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 )
 
 // panicOnce is a store whose op ("renew", "release", "ping" or "count")

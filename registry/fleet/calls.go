@@ -4,10 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"sync"
 	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // Acquire calls that overlap share pipelines. While maxSending calls (or

@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"strconv"
 	"strings"
@@ -13,6 +12,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/stretchr/testify/assert"
 )
 

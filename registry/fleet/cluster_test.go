@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 

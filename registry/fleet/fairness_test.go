@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"slices"
 	"sync"
@@ -16,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )

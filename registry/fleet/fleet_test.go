@@ -3,8 +3,6 @@ package fleet
 import (
 	"context"
 	"errors"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/slots"
 )
 

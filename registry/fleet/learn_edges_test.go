@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -20,6 +19,7 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -14,6 +13,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 )
 
 // A process's waiters on one key reach Redis in the order they came, but

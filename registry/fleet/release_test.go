@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -11,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/slots"
 )
 

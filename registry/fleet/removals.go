@@ -3,9 +3,10 @@ package fleet
 import (
 	"context"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"slices"
 	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // maxRemovals bounds the removals from the store waiting to be sent (a lease

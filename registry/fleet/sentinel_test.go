@@ -3,13 +3,13 @@ package fleet
 import (
 	"context"
 	"errors"
-	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )

@@ -2,8 +2,6 @@ package pgstore_test
 
 import (
 	"context"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
-	"github.com/inflight-go/inflight/slots"
 	"sync"
 	"testing"
 	"time"
@@ -13,8 +11,10 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Renewals update the lease's expiry alone, not indexed: HOT updates,

@@ -49,12 +49,15 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // Store is a driver.Store on PostgreSQL. Create it with New.
@@ -63,6 +66,7 @@ type Store struct {
 	name   string
 	async  bool
 	retry  time.Duration
+	check  time.Duration   // Listen's health check (WithListenCheck)
 	listen *pgx.ConnConfig // nil: the pool's
 }
 
@@ -88,6 +92,19 @@ func WithListenRetry(d time.Duration) Option {
 	return func(s *Store) { s.retry = d }
 }
 
+// WithListenCheck sets how long Listen's connection may stay quiet before
+// Listen checks that it still answers (default 15 s): a connection whose
+// peer went without a word (a host gone, a firewall's silent drop) would
+// otherwise deliver nothing for ever, and the fleet's waiters would learn
+// of their grants only when they ask again. A check that gets no answer
+// within the same time makes Listen connect anew. It panics unless d > 0.
+func WithListenCheck(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("pgstore: WithListenCheck(%v)", d))
+	}
+	return func(s *Store) { s.check = d }
+}
+
 // New returns the Store of the fleet name on pool, after bringing the
 // database's schema to this release's (see Migrate). Every process of a
 // fleet uses the same name; fleets with other names share the tables.
@@ -98,7 +115,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (
 	if name == "" {
 		return nil, errors.New("pgstore: empty fleet name")
 	}
-	s := &Store{pool: pool, name: name, async: true, retry: time.Second}
+	s := &Store{pool: pool, name: name, async: true, retry: time.Second, check: 15 * time.Second}
 	for _, o := range opts {
 		o(s)
 	}
@@ -314,7 +331,13 @@ func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) 
 	if cfg == nil {
 		cfg = s.pool.Config().ConnConfig
 	}
-	conn, err := pgx.ConnectConfig(ctx, cfg.Copy())
+	cfg = cfg.Copy()
+	// A wait that times out sets a deadline on the connection rather than
+	// sending the server a cancel request: the connection stays usable.
+	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
+		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
+	}
+	conn, err := pgx.ConnectConfig(ctx, cfg)
 	if err != nil {
 		return
 	}
@@ -334,7 +357,18 @@ func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) 
 	}
 	l.Listening()
 	for {
-		n, err := conn.WaitForNotification(ctx)
+		wctx, cancel := context.WithTimeout(ctx, s.check)
+		n, err := conn.WaitForNotification(wctx)
+		cancel()
+		if err != nil && ctx.Err() == nil && pgconn.Timeout(err) {
+			// Quiet for a while: does the connection still answer?
+			pctx, cancel := context.WithTimeout(ctx, s.check)
+			err = conn.Ping(pctx)
+			cancel()
+			if err == nil {
+				continue
+			}
+		}
 		if err != nil {
 			return
 		}

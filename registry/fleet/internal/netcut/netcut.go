@@ -3,7 +3,6 @@
 package netcut
 
 import (
-	"io"
 	"net"
 	"sync"
 	"testing"
@@ -23,7 +22,7 @@ type Proxy struct {
 
 	mu    sync.Mutex // protects the fields below
 	cut   bool
-	conns map[net.Conn]struct{} // both ends of every forwarded connection
+	conns map[net.Conn]bool // both ends of every forwarded connection: lost (Blackhole)
 }
 
 // Start starts a Proxy to the server at the address to, stopped at the
@@ -34,7 +33,7 @@ func Start(t testing.TB, to string) *Proxy {
 	if err != nil {
 		t.Fatalf("netcut: %v", err)
 	}
-	p := &Proxy{Addr: ln.Addr().String(), to: to, ln: ln, conns: map[net.Conn]struct{}{}}
+	p := &Proxy{Addr: ln.Addr().String(), to: to, ln: ln, conns: map[net.Conn]bool{}}
 	p.wg.Add(1)
 	go p.accept()
 	t.Cleanup(p.close)
@@ -46,7 +45,7 @@ func (p *Proxy) Cut() {
 	p.mu.Lock()
 	p.cut = true
 	conns := p.conns
-	p.conns = map[net.Conn]struct{}{}
+	p.conns = map[net.Conn]bool{}
 	p.mu.Unlock()
 	for c := range conns {
 		c.Close()
@@ -86,7 +85,7 @@ func (p *Proxy) accept() {
 			out.Close()
 			continue
 		}
-		p.conns[in], p.conns[out] = struct{}{}, struct{}{}
+		p.conns[in], p.conns[out] = false, false
 		p.mu.Unlock()
 		p.wg.Add(2)
 		go p.pipe(in, out)
@@ -94,10 +93,40 @@ func (p *Proxy) accept() {
 	}
 }
 
-// pipe copies from src to dst until either fails, then closes both.
+// Blackhole loses every connection open now, without a word: their bytes
+// are read and dropped, both ways, and they stay open, as when a peer's
+// host goes or a firewall drops the packets; a reader on them waits for
+// ever. New connections are forwarded as usual.
+func (p *Proxy) Blackhole() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		p.conns[c] = true
+	}
+}
+
+func (p *Proxy) lost(c net.Conn) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns[c]
+}
+
+// pipe copies from src to dst until either fails, then closes both; the
+// bytes of a lost connection are dropped.
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
-	_, _ = io.Copy(dst, src)
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.lost(src) {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
 	dst.Close()
 	src.Close()
 	p.mu.Lock()
