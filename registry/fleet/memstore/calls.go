@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"context"
+	"slices"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
@@ -29,6 +30,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	if c.NotAfter > 0 && now > c.NotAfter {
 		return driver.AdmitResult{Status: driver.StatusTooLate, Key: -1, Now: now}
 	}
+	s.swept(now)
 	ttl, claim := c.TTL.Milliseconds(), c.Claim.Milliseconds()
 	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
 	res := func(st driver.Status, i int) driver.AdmitResult {
@@ -85,7 +87,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	}
 	if stopped {
 		r := res(driver.StatusPaused, 0)
-		r.Key, r.Earliest = -1, paused
+		r.Key, r.Earliest, r.Queue = -1, paused, 0
 		return r
 	}
 	if mine = s.queuedOn(c.Keys[0], c.Lease); mine != nil {
@@ -116,8 +118,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 			}
 		}
 	}
-	t := &ticket{id: c.Lease, proc: c.Proc, flow: c.Flow, rank: c.Class, keys: c.Keys, limits: append([]int(nil), c.Limits...), expires: now + 3*ttl}
-	s.data.arrivals++
+	t := &ticket{id: c.Lease, proc: c.Proc, flow: c.Flow, rank: c.Class, keys: slices.Clone(c.Keys), limits: slices.Clone(c.Limits), expires: now + 3*ttl}
 	s.enqueue(t, c.Weight)
 	s.alive(c.Proc, now, c.Live)
 	return res(driver.StatusQueued, full)
@@ -230,7 +231,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 	for _, c := range calls {
 		for _, name := range c.Keys {
 			if t := s.queuedOn(name, c.Lease); t != nil {
-				s.unqueue(t)
+				s.unqueue(t, true)
 			}
 			delete(s.key(name).leases, c.Lease)
 		}

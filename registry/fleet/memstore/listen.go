@@ -48,7 +48,8 @@ func (x *sub) take() []event {
 }
 
 // publish queues e for proc's listeners (a grant) or every listener (a
-// learned state). Call it with s.mu held.
+// learned state), in the order of the calls that publish: call it with
+// s.mu held (queuing never waits).
 func (s *Store) publish(proc string, e event) {
 	for x := range s.subs {
 		if e.kind != granted || x.proc == proc {

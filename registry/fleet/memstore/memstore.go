@@ -19,9 +19,7 @@ package memstore
 import (
 	"context"
 	"errors"
-	"maps"
 	"regexp"
-	"slices"
 	"sync"
 	"time"
 
@@ -37,6 +35,10 @@ type Store struct {
 	subs  map[*sub]struct{}
 	down  error         // Kill: every call fails with it until Restart
 	hang  chan struct{} // Stop: calls wait until Cont closes it
+	// lastEpoch is the latest epoch made, kept across losses: a new one is
+	// always later, also on a clock that stands still.
+	lastEpoch int64
+	calls     int // since the last sweep
 }
 
 // data is what a loss takes: everything but the listeners.
@@ -46,7 +48,6 @@ type data struct {
 	keys       map[string]*key
 	tombs      map[string]int64 // lease: abandoned until (ms)
 	procs      map[string]int64 // process: alive until (ms)
-	arrivals   int64
 	learned    map[string]learned
 }
 
@@ -102,16 +103,19 @@ func (s *Store) Kill() {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.data, s.down = fresh(), errDown
+	if s.hang != nil { // a killed server hangs no more
+		close(s.hang)
+		s.hang = nil
+	}
 }
 
 // Restart ends a Kill: the store answers again, empty; its listeners are
 // told they listen anew.
 func (s *Store) Restart() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.down = nil
-	subs := slices.Collect(maps.Keys(s.subs))
-	s.mu.Unlock()
-	for _, x := range subs {
+	for x := range s.subs {
 		x.send(event{kind: listening})
 	}
 }
@@ -168,7 +172,8 @@ const maxPause = 5 * 60 * 1000 // ms: no pause is honoured further than this (or
 func (s *Store) epochOf(now, us, known int64, pause, ttl time.Duration) (epoch, paused int64) {
 	d := &s.data
 	if d.epoch == 0 {
-		d.epoch = us
+		d.epoch = max(us, s.lastEpoch+1)
+		s.lastEpoch = d.epoch
 	}
 	born := d.epoch / 1000
 	p, t := pause.Milliseconds(), ttl.Milliseconds()
@@ -213,7 +218,8 @@ func (s *Store) tombstoned(lease string, now int64) bool {
 func (s *Store) key(name string) *key {
 	k := s.data.keys[name]
 	if k == nil {
-		k = &key{leases: map[string]int64{}, finish: map[flowKey]float64{}, flows: map[string]int{}}
+		k = &key{leases: map[string]int64{}, finish: map[flowKey]float64{}, flows: map[string]int{},
+			queued: map[flowKey]int{}, base: map[flowKey]float64{}}
 		s.data.keys[name] = k
 	}
 	return k
@@ -276,6 +282,7 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 	if err := s.enter(ctx); err != nil {
 		return driver.LearnedResult{}, err
 	}
+	defer s.mu.Unlock()
 	now, _ := s.now()
 	st, ok := s.data.learned[c.Key]
 	if ok && st.expires <= now {
@@ -292,14 +299,9 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 	ttl := c.TTL.Milliseconds()
 	if c.State != "" && v == c.Presumed {
 		s.data.learned[c.Key] = learned{c.State, now + ttl}
-		subs := slices.Collect(maps.Keys(s.subs))
-		s.mu.Unlock()
-		for _, x := range subs {
-			x.send(event{kind: learnedState, payload: c.State})
-		}
+		s.publish("", event{kind: learnedState, payload: c.State})
 		return driver.LearnedResult{Wrote: true}, nil
 	}
-	defer s.mu.Unlock()
 	if !ok {
 		return driver.LearnedResult{Version: v}, nil
 	}
@@ -308,4 +310,38 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 		s.data.learned[c.Key] = st
 	}
 	return driver.LearnedResult{Version: v, State: st.state, Found: true}, nil
+}
+
+// sweepEvery is how many calls go between two sweeps of what nothing else
+// deletes.
+const sweepEvery = 1024
+
+// swept forgets, once every sweepEvery calls, what has passed: abandoned
+// leases' marks, processes long gone, learned states expired, and keys
+// with nothing held or queued. Call it with s.mu held.
+func (s *Store) swept(now int64) {
+	if s.calls++; s.calls < sweepEvery {
+		return
+	}
+	s.calls = 0
+	d := &s.data
+	for l, until := range d.tombs {
+		if until <= now {
+			delete(d.tombs, l)
+		}
+	}
+	for p, until := range d.procs {
+		if until <= now {
+			delete(d.procs, p)
+		}
+	}
+	for k, st := range d.learned {
+		if st.expires <= now {
+			delete(d.learned, k)
+		}
+	}
+	for name, k := range d.keys {
+		k.dropExpired(now)
+		s.tidy(name)
+	}
 }

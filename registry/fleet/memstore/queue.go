@@ -2,6 +2,7 @@ package memstore
 
 import (
 	"cmp"
+	"math"
 	"slices"
 )
 
@@ -12,6 +13,12 @@ type key struct {
 	vt     [3]float64       // each class's virtual time: the start tag last granted
 	finish map[flowKey]float64
 	flows  map[string]int // tickets queued per flow
+	// Per flow and class: its tickets queued, and the tag its turns are
+	// charged from (the start of the first queued while it had none, moved
+	// on to each granted ticket's finish), for a flow whose waiters leave
+	// ungranted to get its turns back.
+	queued map[flowKey]int
+	base   map[flowKey]float64
 	seq    int64
 }
 
@@ -22,9 +29,10 @@ type flowKey struct {
 
 // place is a ticket's place in one key's queue.
 type place struct {
-	t   *ticket
-	tag float64 // its start tag in its class, between flows
-	seq int64
+	t      *ticket
+	tag    float64 // its start tag in its class, between flows
+	finish float64 // tag + 1/weight: its flow's finish tag once it was queued
+	seq    int64
 }
 
 // ticket is a waiter: the lease id it will hold, on all of its keys.
@@ -79,21 +87,45 @@ func (s *Store) queuedOn(name, id string) *ticket {
 	return nil
 }
 
-// unqueue takes t out of every key's queue.
-func (s *Store) unqueue(t *ticket) {
+// unqueue takes t out of every key's queue: granted, or leaving without a
+// grant (withdrawn, dropped). A flow is charged only for the turns it was
+// granted: the newest of its waiters that leaves gives its turn back, and
+// when its last waiter in a class leaves, its finish tag goes back to the
+// finish of its last granted turn.
+func (s *Store) unqueue(t *ticket, leaving bool) {
+	fk := flowKey{t.rank, t.flow}
 	for _, name := range t.keys {
 		k := s.data.keys[name]
 		if k == nil {
 			continue
 		}
-		if i := k.find(t.id); i >= 0 {
-			k.queue = slices.Delete(k.queue, i, i+1)
-			if k.flows[t.flow]--; k.flows[t.flow] <= 0 {
-				delete(k.flows, t.flow)
+		i := k.find(t.id)
+		if i < 0 {
+			continue
+		}
+		p := k.queue[i]
+		k.queue = slices.Delete(k.queue, i, i+1)
+		if k.flows[t.flow]--; k.flows[t.flow] <= 0 {
+			delete(k.flows, t.flow)
+		}
+		switch {
+		case !leaving && p.finish > k.base[fk]:
+			k.base[fk] = p.finish
+		case leaving && k.finish[fk] == p.finish:
+			k.finish[fk] = p.tag
+		}
+		if k.queued[fk]--; k.queued[fk] <= 0 {
+			if leaving {
+				k.finish[fk] = k.base[fk]
 			}
+			delete(k.queued, fk)
+			delete(k.base, fk)
 		}
 		if len(k.queue) == 0 { // tags start from 0 after every backlog
-			k.vt, k.finish, k.seq = [3]float64{}, map[flowKey]float64{}, 0
+			k.vt, k.seq = [3]float64{}, 0
+			clear(k.finish)
+			clear(k.base)
+			clear(k.queued)
 		}
 	}
 }
@@ -106,11 +138,15 @@ func (s *Store) enqueue(t *ticket, weight int) {
 		k := s.key(name)
 		fk := flowKey{t.rank, t.flow}
 		tag := max(k.vt[min(int(t.rank), 2)], k.finish[fk])
-		k.finish[fk] = tag + 1/float64(max(weight, 1))
+		finish := tag + 1/float64(max(weight, 1))
+		k.finish[fk] = finish
+		if k.queued[fk]++; k.queued[fk] == 1 {
+			k.base[fk] = tag
+		}
 		k.seq++
-		p := &place{t: t, tag: tag, seq: k.seq}
+		p := &place{t: t, tag: tag, finish: finish, seq: k.seq}
 		i, _ := slices.BinarySearchFunc(k.queue, p, func(a, b *place) int {
-			return cmp.Or(cmp.Compare(a.t.rank, b.t.rank), cmp.Compare(a.tag, b.tag), cmp.Compare(a.seq, b.seq))
+			return cmp.Or(cmp.Compare(a.t.rank, b.t.rank), cmp.Compare(micro(a.tag), micro(b.tag)), cmp.Compare(a.seq, b.seq))
 		})
 		k.queue = slices.Insert(k.queue, i, p)
 		k.flows[t.flow]++
@@ -122,7 +158,10 @@ func (s *Store) enqueue(t *ticket, weight int) {
 func (s *Store) canTake(t *ticket, name string, limit int, now int64) bool {
 	for i, kn := range t.keys {
 		lim := t.limits[i]
-		if kn == name {
+		switch {
+		case len(t.keys) == 1:
+			lim = limit // a ticket of one key: the serving call's limit
+		case kn == name:
 			lim = min(lim, limit)
 		}
 		if s.key(kn).count(now) >= lim {
@@ -147,7 +186,7 @@ func (s *Store) serve(name string, limit int, now, claim int64) {
 		t := p.t
 		switch {
 		case s.dead(t.proc, now, claim) || t.expires <= now:
-			s.unqueue(t)
+			s.unqueue(t, true)
 		case s.canTake(t, name, limit, now):
 			s.grant(t, now, claim)
 		default:
@@ -167,12 +206,24 @@ func (s *Store) grant(t *ticket, now, claim int64) {
 		k := s.key(name)
 		if i := k.find(t.id); i >= 0 {
 			r := min(int(t.rank), 2)
-			k.vt[r] = max(k.vt[r], k.queue[i].tag)
+			if tag := k.queue[i].tag; tag > k.vt[r] {
+				k.vt[r] = tag
+				for fk, f := range k.finish { // passed: their next start is the virtual time anyway
+					if fk.rank == t.rank && f <= tag {
+						delete(k.finish, fk)
+					}
+				}
+			}
 		}
 		if exp, ok := k.leases[t.id]; !ok || exp < now+claim {
 			k.leases[t.id] = now + claim
 		}
 	}
-	s.unqueue(t)
+	s.unqueue(t, false)
 	s.publish(t.proc, event{kind: granted, payload: t.id})
 }
+
+// micro is a start tag to the microunit, as the other stores sort tags:
+// turns of flows that meet (ten of 1/10 against one of 1) go by arrival,
+// whatever the sums' last bits.
+func micro(tag float64) int64 { return int64(math.Round(tag * 1e6)) }

@@ -1,0 +1,127 @@
+package memstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+)
+
+// The queue's rules the suite does not reach, call by call on a clock that
+// stands still, as the Redis and PostgreSQL stores keep them.
+
+var still = func() time.Time { return time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC) }
+
+// call is an admission of id on "k" under limit, by process "p".
+func call(id string, limit int, wait bool, flow string, weight int) *driver.AdmitCall {
+	return &driver.AdmitCall{Lease: id, Keys: []string{"k"}, Limits: []int{limit}, TTL: time.Minute, Wait: wait,
+		Claim: time.Second, Live: 5 * time.Second, Flow: flow, Weight: weight, Proc: "p", MaxQueue: -1, MaxFlowQueue: -1}
+}
+
+func admit(t *testing.T, s *memstore.Store, c *driver.AdmitCall) driver.Status {
+	t.Helper()
+	r, err := s.AdmitOne(context.Background(), c)
+	require.NoError(t, err)
+	return r.Status
+}
+
+// grants releases "held" and then each grant in turn, and returns the
+// order in which the waiters were granted (each claims and releases).
+func grants(t *testing.T, s *memstore.Store, n int) []string {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	got := make(chan string, 64)
+	l := listener{granted: got, listening: make(chan struct{}, 1)}
+	go s.Listen(ctx, "p", l)
+	<-l.listening
+	var order []string
+	next := "held"
+	for range n {
+		require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: "k", Lease: next, Limit: 1}}}))
+		next = <-got
+		order = append(order, next)
+	}
+	return order
+}
+
+type listener struct {
+	granted   chan string
+	listening chan struct{}
+}
+
+func (l listener) Listening() {
+	select {
+	case l.listening <- struct{}{}:
+	default:
+	}
+}
+func (l listener) Granted(id string) { l.granted <- id }
+func (l listener) Learned(string)    {}
+
+// A waiter of one key is served under the limit of the call that serves,
+// not the one it queued under: a newcomer under a raised limit does not
+// pass it.
+func TestOneKeyWaiterTakesTheRaisedLimit(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	require.Equal(t, driver.StatusAdmitted, admit(t, s, call("held", 1, false, "", 1)))
+	require.Equal(t, driver.StatusQueued, admit(t, s, call("w", 1, true, "", 1)))
+	assert.Equal(t, driver.StatusFull, admit(t, s, call("new", 2, false, "", 1)), "the waiter is served first")
+	assert.Equal(t, driver.StatusAdmitted, admit(t, s, call("w", 2, true, "", 1)), "its grant, claimed")
+}
+
+// Start tags go to the microunit: ten turns of a flow of weight 10 meet
+// one of weight 1 at 1, and go by arrival there.
+func TestTagsMeetByArrival(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	require.Equal(t, driver.StatusAdmitted, admit(t, s, call("held", 1, false, "", 1)))
+	var want []string
+	for _, id := range []string{"B1", "B2"} {
+		require.Equal(t, driver.StatusQueued, admit(t, s, call(id, 1, true, "B", 1)))
+	}
+	for i := 1; i <= 11; i++ {
+		require.Equal(t, driver.StatusQueued, admit(t, s, call(fmt.Sprint("A", i), 1, true, "A", 10)))
+	}
+	want = append(want, "B1")
+	for i := 1; i <= 10; i++ {
+		want = append(want, fmt.Sprint("A", i))
+	}
+	want = append(want, "B2", "A11")
+	assert.Equal(t, want, grants(t, s, 13))
+}
+
+// A flow whose waiters all leave ungranted is charged nothing for them.
+func TestLeaversAreNotCharged(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	require.Equal(t, driver.StatusAdmitted, admit(t, s, call("held", 1, false, "", 1)))
+	require.Equal(t, driver.StatusQueued, admit(t, s, call("B1", 1, true, "B", 1)))
+	for i := 1; i <= 5; i++ {
+		require.Equal(t, driver.StatusQueued, admit(t, s, call(fmt.Sprint("A", i), 1, true, "A", 1)))
+	}
+	for i := 1; i <= 5; i++ {
+		_, err := s.Abandon(context.Background(), []*driver.AbandonCall{{Lease: fmt.Sprint("A", i), Keys: []string{"k"}, TTL: time.Minute}})
+		require.NoError(t, err)
+	}
+	for _, id := range []string{"B2", "B3"} {
+		require.Equal(t, driver.StatusQueued, admit(t, s, call(id, 1, true, "B", 1)))
+	}
+	require.Equal(t, driver.StatusQueued, admit(t, s, call("A6", 1, true, "A", 1)))
+	assert.Equal(t, []string{"B1", "A6", "B2", "B3"}, grants(t, s, 4))
+}
+
+// A loss makes a new epoch, also on a clock that stands still.
+func TestEpochAfterALossOnAStillClock(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	r, err := s.AdmitOne(context.Background(), call("a", 1, false, "", 1))
+	require.NoError(t, err)
+	s.Lose()
+	r2, err := s.AdmitOne(context.Background(), call("b", 1, false, "", 1))
+	require.NoError(t, err)
+	assert.Greater(t, r2.Epoch, r.Epoch)
+}
