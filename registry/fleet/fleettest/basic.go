@@ -3,7 +3,6 @@ package fleettest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -211,48 +210,6 @@ func liveLimits(t *testing.T, srv Server) {
 	require.ErrorIs(t, err, slots.ErrLimitReached)
 	s1.Release()
 	s2.Release()
-}
-
-// Interactive waiters go before batch ones queued earlier, across
-// processes: each waiter starts once the one before it stands in the
-// store's queue, and the holder lets go once all four do.
-func classOrder(t *testing.T, srv Server) {
-	rs := processes(t, srv, "class", 2, 1)
-	s, err := rs[0].TryAcquire("k")
-	require.NoError(t, err)
-	adm := newAdmissions(t)
-	batch := func(ctx context.Context) context.Context { return slots.WithPriority(ctx, slots.PriorityBatch) }
-	for i := range 3 {
-		adm.wait(batch, rs[1], "batch")
-		queuedIs(t, srv, "class", "k", i+1)
-	}
-	adm.wait(func(ctx context.Context) context.Context { return slots.WithPriority(ctx, slots.PriorityInteractive) }, rs[0], "interactive")
-	queuedIs(t, srv, "class", "k", 4)
-	s.Release()
-	assert.Equal(t, []string{"interactive", "batch", "batch", "batch"}, adm.done(t))
-}
-
-// Weighted turns, exactly: with one slot held, waiters of a flow of
-// weight 3 (A) and one of weight 1 (B) queue alternately, A1 B1 A2 B2 ...,
-// each once the one before it stands in the store's queue; the holder
-// then lets go, and each waiter releases as soon as it is admitted. Start
-// tags (A: 0, 1/3, 2/3, 1, ...; B: 0, 1, 2, ...), then arrival, give one
-// order.
-func weightedTurns(t *testing.T, srv Server) {
-	rs := processes(t, srv, "turns", 2, 1)
-	held, err := rs[0].TryAcquire("k")
-	require.NoError(t, err)
-	adm := newAdmissions(t)
-	flowA := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "A", 3) }
-	flowB := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "B", 1) }
-	for i := 1; i <= 6; i++ {
-		adm.wait(flowA, rs[0], fmt.Sprint("A", i))
-		queuedIs(t, srv, "turns", "k", 2*i-1)
-		adm.wait(flowB, rs[1], fmt.Sprint("B", i))
-		queuedIs(t, srv, "turns", "k", 2*i)
-	}
-	held.Release()
-	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, adm.done(t))
 }
 
 // A cut reported in one process reaches the other through the learned

@@ -107,6 +107,9 @@ var (
 		{"LiveLimits", liveLimits},
 		{"ClassOrder", classOrder},
 		{"WeightedTurns", weightedTurns},
+		{"TurnsMeetByArrival", turnsMeetByArrival},
+		{"LeaversAreNotCharged", leaversAreNotCharged},
+		{"NewcomerDoesNotPass", newcomerDoesNotPass},
 		{"LearnedCapShared", learnedCapShared},
 		{"NetworkCut", networkCut},
 	}
