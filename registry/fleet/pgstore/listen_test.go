@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/internal/netcut"
@@ -25,7 +26,9 @@ func (c *counter) Learned(string) { c.learned.Add(1) }
 
 // Listen's connection lost without a word (a black hole: it stays open
 // and nothing comes back) is noticed by its health check, and Listen
-// connects anew: without the check it would deliver nothing for ever.
+// connects anew: without the check it would deliver nothing for ever. A
+// quiet connection that answers is kept (its waits time out and it is
+// checked, over several checks, and a grant still comes through).
 func TestListenNoticesASilentConnection(t *testing.T) {
 	srv := pgtest.Start(t)
 	u, err := url.Parse(srv.URL)
@@ -34,8 +37,10 @@ func TestListenNoticesASilentConnection(t *testing.T) {
 	u.Host = px.Addr
 	cfg, err := pgx.ParseConfig(u.String())
 	require.NoError(t, err)
-	s, err := pgstore.New(context.Background(), pool(t, srv, 2), "quiet",
-		pgstore.WithListenConfig(cfg), pgstore.WithListenCheck(200*time.Millisecond), pgstore.WithListenRetry(50*time.Millisecond))
+	p := pool(t, srv, 2)
+	const check = 200 * time.Millisecond
+	s, err := pgstore.New(context.Background(), p, "quiet",
+		pgstore.WithListenConfig(cfg), pgstore.WithListenCheck(check), pgstore.WithListenRetry(50*time.Millisecond))
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	var c counter
@@ -45,8 +50,20 @@ func TestListenNoticesASilentConnection(t *testing.T) {
 		cancel()
 		wg.Wait()
 	})
+	grant := func(what string) {
+		t.Helper()
+		before := c.granted.Load()
+		_, err := p.Exec(context.Background(), "SELECT pg_notify(inflight_channel($1, $2), 'ticket')", "quiet", "p")
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return c.granted.Load() > before }, 10*time.Second, time.Millisecond, what)
+	}
 	require.Eventually(t, func() bool { return c.listening.Load() == 1 }, 10*time.Second, time.Millisecond, "listens")
+	quiet := time.NewTimer(4 * check) // quiet long enough for a few checks
+	<-quiet.C
+	assert.Equal(t, int64(1), c.listening.Load(), "a quiet connection that answers is kept")
+	grant("a grant on the checked connection")
 	px.Blackhole()
-	require.Eventually(t, func() bool { return c.listening.Load() == 2 }, 10*time.Second, 5*time.Millisecond,
+	require.Eventually(t, func() bool { return c.listening.Load() >= 2 }, 10*time.Second, 5*time.Millisecond,
 		"listens anew on a connection of its own")
+	grant("a grant on the new connection")
 }

@@ -54,7 +54,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgconn/ctxwatch"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
@@ -97,7 +96,10 @@ func WithListenRetry(d time.Duration) Option {
 // peer went without a word (a host gone, a firewall's silent drop) would
 // otherwise deliver nothing for ever, and the fleet's waiters would learn
 // of their grants only when they ask again. A check that gets no answer
-// within the same time makes Listen connect anew. It panics unless d > 0.
+// within the same time (at least a second) makes Listen connect anew, as
+// does a connection or its LISTEN that takes that long. (The connection
+// given up is closed in the background by pgx, within 15 s.) It panics
+// unless d > 0.
 func WithListenCheck(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pgstore: WithListenCheck(%v)", d))
@@ -331,38 +333,21 @@ func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) 
 	if cfg == nil {
 		cfg = s.pool.Config().ConnConfig
 	}
-	cfg = cfg.Copy()
-	// A wait that times out sets a deadline on the connection rather than
-	// sending the server a cancel request: the connection stays usable.
-	cfg.BuildContextWatcherHandler = func(pc *pgconn.PgConn) ctxwatch.Handler {
-		return &pgconn.DeadlineContextWatcherHandler{Conn: pc.Conn()}
-	}
-	conn, err := pgx.ConnectConfig(ctx, cfg)
+	conn, learned, err := s.listenOn(ctx, cfg, proc)
 	if err != nil {
 		return
 	}
 	defer conn.Close(context.Background())
-	wake, err := s.channel(ctx, conn, proc)
-	if err != nil {
-		return
-	}
-	learned, err := s.channel(ctx, conn, "#learned")
-	if err != nil {
-		return
-	}
-	for _, ch := range []string{wake, learned} {
-		if _, err := conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize()); err != nil {
-			return
-		}
-	}
 	l.Listening()
 	for {
 		wctx, cancel := context.WithTimeout(ctx, s.check)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
 		if err != nil && ctx.Err() == nil && pgconn.Timeout(err) {
-			// Quiet for a while: does the connection still answer?
-			pctx, cancel := context.WithTimeout(ctx, s.check)
+			// Quiet for a while: does the connection still answer? (A wait
+			// that times out leaves it usable, and a notification that came
+			// meanwhile is delivered by the next wait.)
+			pctx, cancel := context.WithTimeout(ctx, s.answer())
 			err = conn.Ping(pctx)
 			cancel()
 			if err == nil {
@@ -379,3 +364,34 @@ func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) 
 		}
 	}
 }
+
+// listenOn connects with cfg and listens on proc's channel and the learned
+// states', within the time a check waits for an answer: a peer that takes
+// the connection and says nothing does not hold Listen.
+func (s *Store) listenOn(ctx context.Context, cfg *pgx.ConnConfig, proc string) (conn *pgx.Conn, learned string, err error) {
+	ctx, cancel := context.WithTimeout(ctx, s.answer())
+	defer cancel()
+	conn, err = pgx.ConnectConfig(ctx, cfg)
+	if err != nil {
+		return nil, "", err
+	}
+	wake, err := s.channel(ctx, conn, proc)
+	if err == nil {
+		learned, err = s.channel(ctx, conn, "#learned")
+	}
+	for _, ch := range []string{wake, learned} {
+		if err == nil {
+			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+		}
+	}
+	if err != nil {
+		conn.Close(context.Background())
+		return nil, "", err
+	}
+	return conn, learned, nil
+}
+
+// answer is how long Listen waits for the server to answer: the check's
+// interval, and at least a second, so that a busy server or process is
+// not taken for a dead connection.
+func (s *Store) answer() time.Duration { return max(s.check, time.Second) }

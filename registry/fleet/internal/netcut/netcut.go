@@ -111,19 +111,24 @@ func (p *Proxy) lost(c net.Conn) bool {
 	return p.conns[c]
 }
 
-// pipe copies from src to dst until either fails, then closes both; the
-// bytes of a lost connection are dropped.
+// pipe copies from src to dst until either fails, then closes both. The
+// bytes of a lost connection are dropped, and so is its end: a close on
+// one side does not reach the other (Cut or the proxy's close ends it).
 func (p *Proxy) pipe(dst, src net.Conn) {
 	defer p.wg.Done()
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.lost(src) {
+		lost := p.lost(src)
+		if n > 0 && !lost {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
 		}
 		if err != nil {
+			if lost {
+				return
+			}
 			break
 		}
 	}
