@@ -44,8 +44,8 @@ func weightedTurns(t *testing.T, srv Server) {
 	held, err := rs[0].TryAcquire("k")
 	require.NoError(t, err)
 	adm := newAdmissions(t)
-	flowA := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "A", 3) }
-	flowB := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "B", 1) }
+	flowA := flow("A", 3)
+	flowB := flow("B", 1)
 	for i := 1; i <= 6; i++ {
 		adm.wait(flowA, rs[0], fmt.Sprint("A", i))
 		queuedIs(t, srv, "turns", "k", 2*i-1)
@@ -65,8 +65,8 @@ func turnsMeetByArrival(t *testing.T, srv Server) {
 	held, err := rs[0].TryAcquire("k")
 	require.NoError(t, err)
 	adm := newAdmissions(t)
-	flowA := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "A", 10) }
-	flowB := func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, "B", 1) }
+	flowA := flow("A", 10)
+	flowB := flow("B", 1)
 	want := []string{"B1"}
 	for i, name := range []string{"B1", "B2"} {
 		adm.wait(flowB, rs[1], name)
@@ -92,8 +92,8 @@ func leaversAreNotCharged(t *testing.T, srv Server) {
 	held, err := rs[0].TryAcquire("k")
 	require.NoError(t, err)
 	adm := newAdmissions(t)
-	flowA := func(ctx context.Context) context.Context { return slots.WithFlow(ctx, "A") }
-	flowB := func(ctx context.Context) context.Context { return slots.WithFlow(ctx, "B") }
+	flowA := flow("A", 1)
+	flowB := flow("B", 1)
 	adm.wait(flowB, rs[1], "B1")
 	queuedIs(t, srv, "leave", "k", 1)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -144,4 +144,9 @@ func newcomerDoesNotPass(t *testing.T, srv Server) {
 	assert.ErrorIs(t, err, slots.ErrLimitReached, "the newcomer under the raised limit")
 	require.NoError(t, <-got, "the waiter, served by the newcomer's call")
 	s.Release()
+}
+
+// flow places a waiter's context in the flow name, of weight.
+func flow(name string, weight int) func(context.Context) context.Context {
+	return func(ctx context.Context) context.Context { return slots.WithFlowWeight(ctx, name, weight) }
 }
