@@ -128,27 +128,28 @@ func checkMoving(t *testing.T, runs []movingResult) {
 // redis-server, the gateways see no 429s and never exceed the account.
 func TestDemoFleet(t *testing.T) {
 	redistest.SkipWithoutRedis(t)
-	var out strings.Builder
-	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0", "-fleet"}, &out, io.Discard))
-	f := lastOutcome.fleet
-	assert.Zero(t, f.refused)
-	assert.Equal(t, f.requests, f.completed)
-	assert.LessOrEqual(t, f.peak, int64(5), "never more than the account allows, across three gateways")
-	assert.Equal(t, f.requests, lastOutcome.perProcess.requests)
-	assert.Contains(t, out.String(), "caps on one Redis")
+	fleetPart(t, "-fleet", "Redis")
 }
 
 // TestDemoFleetPostgres is TestDemoFleet with -fleet=postgres: the three
 // gateways share their caps on a PostgreSQL server.
 func TestDemoFleetPostgres(t *testing.T) {
 	pgtest.SkipWithout(t)
+	fleetPart(t, "-fleet=postgres", "PostgreSQL")
+}
+
+// fleetPart runs the demo's three-gateway part with flag, and checks it
+// on the store named label.
+func fleetPart(t *testing.T, flag, label string) {
+	t.Helper()
 	var out strings.Builder
-	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0", "-fleet=postgres"}, &out, io.Discard))
+	require.NoError(t, run([]string{"-batch", "12", "-interactive", "12", "-scale", "0.2", "-phase", "0", flag}, &out, io.Discard))
 	f := lastOutcome.fleet
 	assert.Zero(t, f.refused)
 	assert.Equal(t, f.requests, f.completed)
 	assert.LessOrEqual(t, f.peak, int64(5), "never more than the account allows, across three gateways")
-	assert.Contains(t, out.String(), "caps on one PostgreSQL")
+	assert.Equal(t, f.requests, lastOutcome.perProcess.requests)
+	assert.Contains(t, out.String(), "caps on one "+label)
 }
 
 // TestDemoMovingCapFleet runs the moving cap's part with -fleet: three

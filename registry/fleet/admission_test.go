@@ -28,7 +28,7 @@ func TestKeyRuleOnBothPaths(t *testing.T) {
 		m := newMini(t)
 		r := m.registry(1, WithBreaker(1, time.Hour))
 		if down {
-			m.srv.SetError("LOADING down")
+			m.Srv.SetError("LOADING down")
 		}
 		_, err := r.TryAcquire(over)
 		assert.ErrorIs(t, err, registry.ErrInvalidKey, "redis down: %v", down)
@@ -36,20 +36,20 @@ func TestKeyRuleOnBothPaths(t *testing.T) {
 		assert.ErrorIs(t, err, registry.ErrInvalidKey, "redis down: %v", down)
 		assert.Zero(t, r.Local().InFlight(over))
 		assert.Equal(t, uint64(2), r.Stats().Rejected)
-		m.srv.SetError("")
-		for _, k := range m.srv.Keys() {
+		m.Srv.SetError("")
+		for _, k := range m.Srv.Keys() {
 			assert.False(t, strings.Contains(k, over) || strings.Contains(k, "fine"),
 				"nothing about the keys goes to Redis (redis down: %v)", down)
 		}
 		if down {
-			m.srv.SetError("LOADING down")
+			m.Srv.SetError("LOADING down")
 		}
 		s, err := r.TryAcquire(at)
 		require.NoError(t, err, "redis down: %v", down)
 		assert.Equal(t, down, s.Degraded())
 		assert.Equal(t, 1, r.Local().InFlight(at), "mirrored locally")
 		s.Release()
-		m.srv.SetError("")
+		m.Srv.SetError("")
 	}
 }
 
@@ -60,14 +60,14 @@ func TestMaxKeyBytes(t *testing.T) {
 		m := newMini(t)
 		r := m.registry(1, WithMaxKeyBytes(8), WithLocalOptions(registry.WithMaxKeyBytes(100)), WithBreaker(1, time.Hour))
 		if down {
-			m.srv.SetError("LOADING down")
+			m.Srv.SetError("LOADING down")
 		}
 		_, err := r.TryAcquire("123456789")
 		assert.ErrorIs(t, err, registry.ErrInvalidKey, "redis down: %v", down)
 		s, err := r.TryAcquire("12345678")
 		require.NoError(t, err, "redis down: %v", down)
 		s.Release()
-		m.srv.SetError("")
+		m.Srv.SetError("")
 	}
 }
 
@@ -95,14 +95,14 @@ func TestNaNKeyRefused(t *testing.T) {
 		r := New[float64](redisstore.New(m.client(), "f"), 1, WithLeaseTTL(3*time.Second), WithBreaker(1, time.Hour))
 		defer r.Close()
 		if down {
-			m.srv.SetError("LOADING down")
+			m.Srv.SetError("LOADING down")
 		}
 		_, err := r.TryAcquireAll(1, math.NaN())
 		assert.ErrorIs(t, err, registry.ErrInvalidKey, "redis down: %v", down)
 		s, err := r.TryAcquire(1.5)
 		require.NoError(t, err, "redis down: %v", down)
 		s.Release()
-		m.srv.SetError("")
+		m.Srv.SetError("")
 	}
 }
 
@@ -203,7 +203,7 @@ func TestLimitErrorNamesTheFullKey(t *testing.T) {
 		s, err := r.TryAcquire("b")
 		require.NoError(t, err)
 		if down {
-			m.srv.SetError("LOADING down")
+			m.Srv.SetError("LOADING down")
 		}
 		_, err = r.TryAcquireAll("a", "b", "c")
 		var le *slots.LimitError
@@ -212,7 +212,7 @@ func TestLimitErrorNamesTheFullKey(t *testing.T) {
 		assert.Equal(t, "name-b", le.Key, "redis down: %v", down)
 		assert.Equal(t, 1, le.Limit)
 		assert.Equal(t, 1, le.InFlight)
-		m.srv.SetError("")
+		m.Srv.SetError("")
 		s.Release()
 	}
 }

@@ -106,14 +106,14 @@ func TestProbePanicKeepsProbing(t *testing.T) {
 	h := &panicOnce{Store: redisstore.New(c, "t"), op: "ping"}
 	r := New[string](h, 2, WithBreaker(1, 10*time.Millisecond), WithLogger(quiet()))
 	defer closeWithin(t, r)
-	m.srv.SetError("LOADING down")
+	m.Srv.SetError("LOADING down")
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
 	require.True(t, s.Degraded())
 	require.True(t, r.Stats().BreakerOpen)
 	h.armed.Store(true)
 	eventually(t, "a probe panics", h.fired.Load)
-	m.srv.SetError("")
+	m.Srv.SetError("")
 	eventually(t, "the breaker closes", func() bool { return !r.Stats().BreakerOpen })
 	s2, err := r.TryAcquire("k")
 	require.NoError(t, err)
@@ -154,12 +154,12 @@ func TestRenewalStopsOnceTheBreakerOpens(t *testing.T) {
 		require.NoError(t, err)
 		defer s.Release()
 	}
-	m.srv.SetError("LOADING down")
+	m.Srv.SetError("LOADING down")
 	n := h.calls.Load()
 	assert.False(t, r.renew())
 	assert.True(t, r.Stats().BreakerOpen)
 	assert.Equal(t, int64(1), h.calls.Load()-n, "renewal calls sent")
-	m.srv.SetError("")
+	m.Srv.SetError("")
 }
 
 // panicHandler is a log handler that panics on records whose message
@@ -212,11 +212,11 @@ func TestFailedRenewalIsMadeAgainSoon(t *testing.T) {
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
 	defer s.Release()
-	m.srv.SetError("LOADING down")
+	m.Srv.SetError("LOADING down")
 	r.lostData() // the heartbeat renews at once, and fails
 	eventually(t, "a renewal fails", func() bool { return r.Stats().StoreErrors > 0 })
-	m.srv.Del("inflight:{t}:k")
-	m.srv.SetError("")
+	m.Srv.Del("inflight:{t}:k")
+	m.Srv.SetError("")
 	eventually(t, "the lease is back", func() bool { return len(m.leases("k")) == 1 })
 	assert.False(t, r.Stats().BreakerOpen)
 }

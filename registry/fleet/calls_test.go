@@ -258,7 +258,7 @@ func TestBreakerOpenWhileQueued(t *testing.T) {
 	r, h := pipelined(t, m, 100, WithBreaker(1, time.Hour))
 	first := holdAlone(t, r, h, "k")
 	results := queue(t, r, 3, "k")
-	m.srv.SetError("LOADING down") // the held call fails and opens the breaker
+	m.Srv.SetError("LOADING down") // the held call fails and opens the breaker
 	close(h.openAlone)
 	held := []*slots.Slot{<-first}
 	for range 3 {
@@ -277,7 +277,7 @@ func TestBreakerOpenWhileQueued(t *testing.T) {
 		return r.Stats().RemovalsPending == 1
 	})
 	assert.Equal(t, uint64(1), r.Stats().StoreErrors)
-	m.srv.SetError("")
+	m.Srv.SetError("")
 	for _, s := range held {
 		s.Release()
 	}
@@ -436,7 +436,7 @@ func TestTakenThenCancelledAddsNothing(t *testing.T) {
 	cancel()
 	require.ErrorIs(t, <-gone, context.Canceled)
 	eventually(t, "the abandon's tombstone is set", func() bool {
-		for _, k := range m.srv.Keys() {
+		for _, k := range m.Srv.Keys() {
 			if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
 				return true
 			}

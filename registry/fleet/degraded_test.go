@@ -137,7 +137,7 @@ func TestBreakerClosedByAnAdmission(t *testing.T) {
 		inflight <- s
 	}()
 	eventually(t, "the call is held", func() bool { return !h.armed.Load() })
-	m.srv.SetError("LOADING down")
+	m.Srv.SetError("LOADING down")
 	var held []*slots.Slot
 	for range 3 {
 		s, err := r.TryAcquire("k2")
@@ -146,7 +146,7 @@ func TestBreakerClosedByAnAdmission(t *testing.T) {
 		held = append(held, s)
 	}
 	require.True(t, r.Stats().BreakerOpen)
-	m.srv.SetError("")
+	m.Srv.SetError("")
 	close(h.open) // the call under way reaches Redis, now back; the probe is hours away
 	(<-inflight).Release()
 	eventually(t, "the degraded leases go into Redis", func() bool { return len(m.leases("k2")) == 3 })
@@ -164,14 +164,14 @@ func TestReleaseWhileDownRemovedWhenBack(t *testing.T) {
 	r := m.registry(1, WithLeaseTTL(time.Minute), WithBreaker(1, 5*time.Millisecond))
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
-	m.srv.SetError("LOADING down")
+	m.Srv.SetError("LOADING down")
 	s.Release()
 	eventually(t, "the removal failed, and waits", func() bool {
 		st := r.Stats()
 		return st.StoreErrors >= 1 && st.RemovalsPending == 1
 	})
 	require.Len(t, m.leases("k"), 1)
-	m.srv.SetError("")
+	m.Srv.SetError("")
 	eventually(t, "the removal is sent again", func() bool { return len(m.leases("k")) == 0 })
 	s2, err := r.TryAcquire("k")
 	require.NoError(t, err, "the fleet has room again")

@@ -31,7 +31,7 @@ func TestKeyExpiryCoversTheLatestLease(t *testing.T) {
 			}
 			ss.Release()
 			eventually(t, "the short lease is removed", func() bool { return len(m.leases("k")) == 1 })
-			m.srv.FastForward(time.Second) // the keys' own expiries
+			m.Srv.FastForward(time.Second) // the keys' own expiries
 			m.advance(time.Second)         // the scripts' clock
 			assert.Len(t, m.leases("k"), 1, "the long lease is still in Redis")
 			n, err := long.InFlight(t.Context(), "k")

@@ -7,41 +7,31 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
 )
 
-// mini is a miniredis with its clock set, and clients for it.
+// mini is a miniredis with its clock set (redistest.Mini), for fleets
+// named "t".
 type mini struct {
-	t   *testing.T
-	srv *miniredis.Miniredis
-	now time.Time
+	*redistest.Mini
+	t *testing.T
 }
 
-func newMini(t *testing.T) *mini {
-	m := &mini{t: t, srv: miniredis.RunT(t), now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
-	m.srv.SetTime(m.now)
-	return m
-}
+func newMini(t *testing.T) *mini { return &mini{redistest.StartMini(t), t} }
 
-// advance moves the server's clock (what TIME returns in the scripts).
-func (m *mini) advance(d time.Duration) {
-	m.now = m.now.Add(d)
-	m.srv.SetTime(m.now)
-}
+func (m *mini) advance(d time.Duration) { m.Advance(d) }
 
-func (m *mini) client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: m.srv.Addr(), DialTimeout: 200 * time.Millisecond,
-		ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond, MaxRetries: -1})
-	m.t.Cleanup(func() { c.Close() })
-	return c
-}
+func (m *mini) client() *redis.Client { return m.Client() }
+
+// leases returns the leases on key (none if it is gone).
+func (m *mini) leases(key string) []string { return m.Leases("t", key) }
 
 // registry returns a fleet Registry on m named "t", closed at cleanup.
 func (m *mini) registry(limit int, opts ...Option) *Registry[string] {
@@ -53,18 +43,6 @@ func (m *mini) keyed(limit int, keys Keys[string], opts ...Option) *Registry[str
 	r := NewWithKeys(redisstore.New(m.client(), "t"), limit, keys, append([]Option{WithLeaseTTL(3 * time.Second)}, opts...)...)
 	m.t.Cleanup(r.Close)
 	return r
-}
-
-// leases returns the members of key's sorted set. The set may go at any
-// moment (a background release removes its last member), so a missing key
-// is an empty set, not an error: asking first whether it exists would race.
-func (m *mini) leases(key string) []string {
-	members, err := m.srv.ZMembers("inflight:{t}:" + key)
-	if errors.Is(err, miniredis.ErrKeyNotFound) {
-		return nil
-	}
-	require.NoError(m.t, err)
-	return members
 }
 
 // eventually waits until cond holds (the releaser works in the
@@ -118,9 +96,9 @@ func TestRenewNeverResurrects(t *testing.T) {
 	id := m.leases("k")[0]
 	m.advance(2 * time.Second)
 	r.renew()
-	score, err := m.srv.ZScore("inflight:{t}:k", id)
+	score, err := m.Srv.ZScore("inflight:{t}:k", id)
 	require.NoError(t, err)
-	assert.Equal(t, float64(m.now.Add(3*time.Second).UnixMilli()), score, "renewed to now + TTL")
+	assert.Equal(t, float64(m.Now.Add(3*time.Second).UnixMilli()), score, "renewed to now + TTL")
 
 	s.Release()
 	eventually(t, "removed", func() bool { return len(m.leases("k")) == 0 })
@@ -141,7 +119,7 @@ func TestReleaseDuringReassert(t *testing.T) {
 	r := m.registry(1)
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
-	m.srv.Del("inflight:{t}:k") // lost: the next renewal puts it back
+	m.Srv.Del("inflight:{t}:k") // lost: the next renewal puts it back
 	r.mu.Lock()
 	var l *lease[string]
 	for x := range r.leases {
@@ -207,7 +185,7 @@ func TestLostLease(t *testing.T) {
 		r := m.registry(1, WithLostLeases(tc.policy))
 		s, err := r.TryAcquire("k")
 		require.NoError(t, err)
-		m.srv.FlushAll()
+		m.Srv.FlushAll()
 		r.renew()
 		assert.Equal(t, tc.back, len(m.leases("k")) == 1)
 		st := r.Stats()
@@ -225,7 +203,7 @@ func TestUnavailable(t *testing.T) {
 	t.Run("local", func(t *testing.T) {
 		m := newMini(t)
 		r := m.registry(2, WithBreaker(3, 5*time.Millisecond))
-		m.srv.SetError("LOADING down for the test")
+		m.Srv.SetError("LOADING down for the test")
 		var held []*slots.Slot
 		for range 2 {
 			s, err := r.TryAcquire("k")
@@ -239,7 +217,7 @@ func TestUnavailable(t *testing.T) {
 		assert.True(t, r.Stats().BreakerOpen)
 		assert.Equal(t, uint64(2), r.Stats().Degraded)
 
-		m.srv.SetError("")
+		m.Srv.SetError("")
 		eventually(t, "the breaker closes and the leases go into Redis", func() bool {
 			return !r.Stats().BreakerOpen && len(m.leases("k")) == 2 && r.Stats().Reasserted == 2
 		})
@@ -253,7 +231,7 @@ func TestUnavailable(t *testing.T) {
 	t.Run("closed", func(t *testing.T) {
 		m := newMini(t)
 		r := m.registry(2, WithUnavailable(FailClosed))
-		m.srv.SetError("LOADING down for the test")
+		m.Srv.SetError("LOADING down for the test")
 		for range 100 {
 			_, err := r.TryAcquire("k")
 			assert.ErrorIs(t, err, ErrUnavailable)
@@ -267,7 +245,7 @@ func TestUnavailable(t *testing.T) {
 	t.Run("open", func(t *testing.T) {
 		m := newMini(t)
 		r := m.registry(2, WithUnavailable(FailOpen))
-		m.srv.SetError("LOADING down for the test")
+		m.Srv.SetError("LOADING down for the test")
 		s, err := r.TryAcquire("k")
 		require.NoError(t, err)
 		assert.True(t, s.Bypassed())
@@ -397,7 +375,7 @@ func TestClosedKeyStaysClosedWhileDown(t *testing.T) {
 		return 5
 	}})
 	assert.Equal(t, 0, r.Limit("closed"))
-	m.srv.SetError("LOADING down for the test")
+	m.Srv.SetError("LOADING down for the test")
 	_, err := r.TryAcquire("closed")
 	assert.ErrorIs(t, err, slots.ErrLimitReached, "FallbackLocal caps alike")
 	s, err := r.TryAcquire("open")
@@ -417,7 +395,7 @@ func TestCancelLost(t *testing.T) {
 	require.NoError(t, err)
 	other, err := r.TryAcquire("other")
 	require.NoError(t, err)
-	m.srv.Del("inflight:{t}:k") // k's lease is lost; other's is not
+	m.Srv.Del("inflight:{t}:k") // k's lease is lost; other's is not
 	r.renew()
 	select {
 	case <-ctx.Done():
@@ -449,7 +427,7 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 	r.mu.Unlock()
 	assert.Empty(t, r.afterFailedRenew([]renewal[string]{{l: l, mode: driver.ModeReassert}}, unknownUntil), "as if a reassert call timed out; still held")
 	s.Release()
-	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.srv.Exists("inflight:{t}:abandoned:"+id) })
+	eventually(t, "abandoned", func() bool { return len(m.leases("k")) == 0 && m.Srv.Exists("inflight:{t}:abandoned:"+id) })
 	// The late renewal runs now.
 	res, err := r.store.Renew(context.Background(), &driver.RenewCall{TTL: 3 * time.Second,
 		Leases: []driver.Renewal{{Lease: id, Mode: driver.ModePutBack, Keys: []string{"k"}, Limits: []int{1}}}})

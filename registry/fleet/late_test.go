@@ -241,7 +241,7 @@ func TestFailedCallTakesNothing(t *testing.T) {
 			c := m.client()
 			h := &lateCall{Store: redisstore.New(c, "t"), afterTomb: afterTomb, ran: make(chan struct{})}
 			h.tombExists = func() bool {
-				keys := m.srv.Keys()
+				keys := m.Srv.Keys()
 				for _, k := range keys {
 					if len(k) > len("inflight:{t}:abandoned:") && k[:len("inflight:{t}:abandoned:")] == "inflight:{t}:abandoned:" {
 						return true

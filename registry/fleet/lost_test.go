@@ -244,7 +244,7 @@ func TestReportLostCountedOnce(t *testing.T) {
 	r := m.registry(1, WithLostLeases(ReportLost))
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
-	m.srv.FlushAll()
+	m.Srv.FlushAll()
 	for range 3 {
 		r.renew()
 	}

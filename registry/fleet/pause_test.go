@@ -39,7 +39,7 @@ func knowing(t *testing.T, m *mini, limit int, opts ...Option) *Registry[string]
 // that stood still, the new one would be the old one).
 func lose(m *mini) {
 	m.advance(time.Millisecond)
-	m.srv.FlushAll()
+	m.Srv.FlushAll()
 }
 
 // After Redis lost its data, new admissions wait one renewal round while
@@ -67,9 +67,9 @@ func TestPauseAfterDataLoss(t *testing.T) {
 	assert.Equal(t, 2, le.Limit)
 	assert.Equal(t, pauseWait, le.RetryAfter)
 	assert.Subset(t, []string{id}, m.leases("k"), "nothing admitted but the holder's lease")
-	until, err := m.srv.Get("inflight:{t}#pause")
+	until, err := m.Srv.Get("inflight:{t}#pause")
 	require.NoError(t, err)
-	assert.Equal(t, strconv.FormatInt(m.now.Add(pauseWait).UnixMilli(), 10), until, "the pause, on the server's clock")
+	assert.Equal(t, strconv.FormatInt(m.Now.Add(pauseWait).UnixMilli(), 10), until, "the pause, on the server's clock")
 
 	require.True(t, holder.renew(), "the holder's renewal is not held back")
 	assert.Equal(t, []string{id}, m.leases("k"), "its lease is back")
@@ -187,12 +187,12 @@ func TestMissingLeasesWithTheEpochPauseNothing(t *testing.T) {
 	held, err := holder.TryAcquire("k")
 	require.NoError(t, err)
 	defer held.Release()
-	m.srv.Del("inflight:{t}:k")
+	m.Srv.Del("inflight:{t}:k")
 	s, err := other.TryAcquire("k")
 	require.NoError(t, err)
 	s.Release()
 	assert.Zero(t, other.Stats().Paused)
-	assert.False(t, m.srv.Exists("inflight:{t}#pause"))
+	assert.False(t, m.Srv.Exists("inflight:{t}#pause"))
 }
 
 // A Registry that puts no lost lease back (ReportLost, CancelLost)

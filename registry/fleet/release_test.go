@@ -64,9 +64,9 @@ func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
 	<-b.subscribed
 	s, err := a.TryAcquire("k")
 	require.NoError(t, err)
-	m.srv.SetError("LOADING down for one renewal")
+	m.Srv.SetError("LOADING down for one renewal")
 	a.renew() // fails: the lease is marked sent
-	m.srv.SetError("")
+	m.Srv.SetError("")
 	require.True(t, a.renew(), "Redis is back; the lease is renewed")
 	got := make(chan error, 1)
 	go func() {
@@ -77,7 +77,7 @@ func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
 		got <- err
 	}()
 	eventually(t, "b queued for k, in Redis", func() bool {
-		q, err := m.srv.ZMembers("inflight:{t}:k#q")
+		q, err := m.Srv.ZMembers("inflight:{t}:k#q")
 		return err == nil && len(q) == 1
 	})
 	s.Release()
@@ -92,7 +92,7 @@ func TestReleaseAfterFailedRenewalWakesFleet(t *testing.T) {
 // tombstones counts the abandoned lease ids in m.
 func tombstones(m *mini) int {
 	n := 0
-	for _, k := range m.srv.Keys() {
+	for _, k := range m.Srv.Keys() {
 		if strings.HasPrefix(k, "inflight:{t}:abandoned:") {
 			n++
 		}

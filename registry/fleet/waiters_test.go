@@ -65,7 +65,7 @@ func TestWaitersByClass(t *testing.T) {
 	require.NoError(t, err)
 	allQueued := func(n int) func() bool { // in Redis, not only on their way
 		return func() bool {
-			q, err := m.srv.ZMembers("inflight:{t}:k#q")
+			q, err := m.Srv.ZMembers("inflight:{t}:k#q")
 			return err == nil && len(q) == n
 		}
 	}

@@ -2,7 +2,6 @@ package redisstore
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strconv"
@@ -10,50 +9,28 @@ import (
 	"testing"
 	"time"
 
-	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // The scripts alone, on a miniredis whose clock the test sets: the
 // epoch, the pause, carried leases, idempotence, and calls that come too
 // late.
 
-// mini is a miniredis with its clock set, and clients for it.
-type mini struct {
-	t   *testing.T
-	srv *miniredis.Miniredis
-	now time.Time
-}
+// mini is a miniredis with its clock set (redistest.Mini), for fleets
+// named "t".
+type mini struct{ *redistest.Mini }
 
-func newMini(t *testing.T) *mini {
-	m := &mini{t: t, srv: miniredis.RunT(t), now: time.Date(2026, 11, 29, 12, 0, 0, 0, time.UTC)}
-	m.srv.SetTime(m.now)
-	return m
-}
+func newMini(t *testing.T) *mini { return &mini{redistest.StartMini(t)} }
 
-// advance moves the server's clock (what TIME returns in the scripts).
-func (m *mini) advance(d time.Duration) {
-	m.now = m.now.Add(d)
-	m.srv.SetTime(m.now)
-}
+func (m *mini) advance(d time.Duration) { m.Advance(d) }
 
-func (m *mini) client() *redis.Client {
-	c := redis.NewClient(&redis.Options{Addr: m.srv.Addr(), MaxRetries: -1})
-	m.t.Cleanup(func() { c.Close() })
-	return c
-}
+func (m *mini) client() *redis.Client { return m.Client() }
 
-// leases returns the members of the fleet t's key (none if it is gone).
-func (m *mini) leases(key string) []string {
-	members, err := m.srv.ZMembers("inflight:{t}:" + key)
-	if errors.Is(err, miniredis.ErrKeyNotFound) {
-		return nil
-	}
-	require.NoError(m.t, err)
-	return members
-}
+func (m *mini) leases(key string) []string { return m.Leases("t", key) }
 
 // runAcquire runs the acquire script for a caller that does not wait,
 // with keys and args as the script takes them less the queue's: keys
@@ -95,7 +72,7 @@ func TestAcquireScriptCarries(t *testing.T) {
 	c := m.client()
 	ctx := context.Background()
 	const epoch, tomb = "inflight:{t}#epoch", "inflight:{t}:abandoned:"
-	m.srv.Set(tomb+"released", "1")
+	m.Srv.Set(tomb+"released", "1")
 	keys := []string{epoch, "inflight:{t}#pause", tomb + "new", "inflight:{t}:k",
 		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
 	res, err := runAcquire(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", "released").Int64Slice()
@@ -105,7 +82,7 @@ func TestAcquireScriptCarries(t *testing.T) {
 	res, err = runAcquire(ctx, c, keys[:4], "another", 3000, 1, 0, 0, 0, 2).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{0, 1, 2}, res[:3], "full")
-	e, err := m.srv.Get(epoch)
+	e, err := m.Srv.Get(epoch)
 	require.NoError(t, err)
 	assert.Equal(t, e, fmt.Sprint(res[5]), "the epoch is set, and returned")
 }
@@ -137,12 +114,12 @@ func TestPauseScripts(t *testing.T) {
 		require.Len(t, res, 3)
 		return res[2]
 	}
-	ms := func(d time.Duration) int64 { return m.now.Add(d).UnixMilli() }
+	ms := func(d time.Duration) int64 { return m.Now.Add(d).UnixMilli() }
 
 	res := acquire("a", 0, 2000, 60000)
 	require.Equal(t, int64(1), res[0])
 	e1 := res[5]
-	m.srv.FlushAll()
+	m.Srv.FlushAll()
 	m.advance(time.Second)
 	res = acquire("b", e1, 2000, 60000)
 	assert.Equal(t, []int64{acquirePaused, 0, 0, ms(2 * time.Second)}, res[:4], "declared: paused until birth + 2 s")
@@ -155,7 +132,7 @@ func TestPauseScripts(t *testing.T) {
 	assert.Equal(t, int64(leaseGone), renew("y", reassert, e2, e2), "as one that expired")
 
 	m.advance(time.Second)
-	m.srv.FlushAll() // a second loss inside the pause
+	m.Srv.FlushAll() // a second loss inside the pause
 	res = acquire("c", e2, 2000, 60000)
 	assert.Equal(t, []int64{acquirePaused, ms(2 * time.Second)}, []int64{res[0], res[3]}, "a new pause from the new birth")
 	e3 := res[5]
@@ -164,18 +141,18 @@ func TestPauseScripts(t *testing.T) {
 	assert.Equal(t, int64(1), res[0], "over")
 	assert.Equal(t, int64(leaseRoom), renew("x", reassert, 0, e3), "after the pause, with room")
 
-	m.srv.Set(pauseKey, strconv.FormatInt(ms(4*time.Minute), 10)) // past the TTL, within 5 minutes
+	m.Srv.Set(pauseKey, strconv.FormatInt(ms(4*time.Minute), 10)) // past the TTL, within 5 minutes
 	res = acquire("d", e3, 2000, 3000)
 	assert.Equal(t, int64(acquirePaused), res[0], "honoured: another process's TTL may be longer")
-	m.srv.Set(pauseKey, strconv.FormatInt(ms(time.Hour), 10)) // far ahead
+	m.Srv.Set(pauseKey, strconv.FormatInt(ms(time.Hour), 10)) // far ahead
 	res = acquire("d", e3, 2000, 3000)
 	assert.Equal(t, int64(1), res[0], "not honoured at all")
-	require.True(t, m.srv.Del(pauseKey))
+	require.True(t, m.Srv.Del(pauseKey))
 
-	m.srv.FlushAll()
+	m.Srv.FlushAll()
 	res = acquire("e", e3, 0, 60000)
 	assert.Equal(t, int64(1), res[0], "a caller that declares no pause")
-	assert.False(t, m.srv.Exists(pauseKey))
+	assert.False(t, m.Srv.Exists(pauseKey))
 }
 
 // The acquire and renew scripts refuse to run past their not-after time,
@@ -184,14 +161,14 @@ func TestScriptsRefuseToRunLate(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
 	ctx := context.Background()
-	late := m.now.UnixMilli() - 1
+	late := m.Now.UnixMilli() - 1
 	res, err := runAcquire(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:abandoned:x", "inflight:{t}:k",
 		"inflight:{t}:k", "inflight:{t}:abandoned:y"}, "x", 3000, 1, late, 1, 1000, 1, "y").Int64Slice()
 	require.NoError(t, err)
-	assert.Equal(t, []int64{tooLate, m.now.UnixMilli()}, []int64{res[0], res[4]})
+	assert.Equal(t, []int64{tooLate, m.Now.UnixMilli()}, []int64{res[0], res[4]})
 	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k", "inflight:{t}:abandoned:x"},
 		3000, late, 1, 1000, "x", putBack, 0, 1, 1).Int64Slice()
 	require.NoError(t, err)
-	assert.Equal(t, []int64{tooLate, m.now.UnixMilli()}, res)
-	assert.Empty(t, m.srv.Keys(), "nothing written")
+	assert.Equal(t, []int64{tooLate, m.Now.UnixMilli()}, res)
+	assert.Empty(t, m.Srv.Keys(), "nothing written")
 }
