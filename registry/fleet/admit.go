@@ -216,7 +216,13 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	if w != nil && (w.queuedAs != l.id || w.queuedEpoch != c.epoch) && c.epoch != 0 {
 		placed = func() { r.placed(w) }
 	}
-	rp := r.call(ctx, c.call, c.until, placed)
+	claim := false
+	if w != nil {
+		r.mu.Lock()
+		claim, w.granted = w.granted != "" && w.granted == l.id, ""
+		r.mu.Unlock()
+	}
+	rp := r.call(ctx, c.call, c.until, placed, claim)
 	ok = true
 	return rp
 }

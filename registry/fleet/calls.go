@@ -82,7 +82,9 @@ type reply struct {
 // call makes the admission call ac: at
 // once if fewer than maxSending calls are on their way (and, for an ordered
 // call, none ordered on one of its keys), else queued for the next
-// pipeline. A call sent at once ends within the call timeout d; a queued
+// pipeline. A claim of a grant goes at once, beside them: its grant holds
+// a place that nobody uses until it is claimed, and there are at most as
+// many claims as places released meanwhile. A call sent at once ends within the call timeout d; a queued
 // one is sent within d or dropped, and its pipeline ends by d after its
 // newest call was made: within 2d in all. A caller whose ctx ends first
 // stops waiting (and its call, if not sent yet, is never sent). until is
@@ -90,7 +92,7 @@ type reply struct {
 // call ordered, and is called once it has its place: sent, or queued
 // within a pipeline's reach behind the calls it must follow (never if the
 // call is not sent).
-func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int64, placed func()) reply {
+func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int64, placed func(), claim bool) reply {
 	q := &r.calls
 	ordered := placed != nil
 	capped := ac.Keys
@@ -98,6 +100,10 @@ func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int6
 	if q.closed {
 		q.mu.Unlock()
 		return reply{err: ErrClosed}
+	}
+	if claim && !ordered {
+		q.mu.Unlock()
+		return r.callAlone(ctx, ac)
 	}
 	if q.sending < q.max && (!ordered || !q.followsLocked(capped)) {
 		q.sending++

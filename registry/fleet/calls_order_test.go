@@ -153,7 +153,7 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 					limits[i] = 1
 				}
 				ac := &driver.AdmitCall{Lease: id, Keys: capped, Limits: limits, TTL: time.Millisecond, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1}
-				r.call(ctx, ac, 0, placed)
+				r.call(ctx, ac, 0, placed, false)
 			}
 			// ordered callers, serialized by their placing (as waiters are)
 			for g := 0; g < 8; g++ {

@@ -186,6 +186,11 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 			call.Pairs = append(call.Pairs, driver.Release{Key: name, Lease: l.id, Limit: l.limits[i]})
 		}
 	}
+	// The releases go first: they free places, and each abandon may be a
+	// call of its own.
+	if len(plain) > 0 {
+		failed = append(failed, r.release(ctx, call, plain)...)
+	}
 	for chunk := range slices.Chunk(abandons, batchSize) {
 		if !r.brk.allow() { // the store unreachable: sent again later
 			failed = append(failed, chunk...)
@@ -193,18 +198,21 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 		}
 		failed = append(failed, r.abandonAll(ctx, chunk)...)
 	}
-	if len(plain) == 0 {
-		return failed
-	}
-	// Each call its own deadline, not the stopping context: a release
-	// during Close still reaches the store.
+	return failed
+}
+
+// release sends call, the removals of leases, and returns leases if it
+// failed.
+func (r *Registry[K]) release(ctx context.Context, call *driver.ReleaseCall, leases []*lease[K]) []*lease[K] {
+	// Its own deadline, not the stopping context: a release during Close
+	// still reaches the store.
 	cctx, cancel := context.WithTimeout(ctx, r.cfg.opTimeout)
 	defer cancel()
 	if _, err := safeStore(func() (struct{}, error) { return struct{}{}, r.store.Release(cctx, call) }); err != nil {
 		r.storeFailed(err)
-		failed = append(failed, plain...)
+		return leases
 	}
-	return failed
+	return nil
 }
 
 // abandonAll sends the abandons of leases in one call, and returns those

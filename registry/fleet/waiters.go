@@ -26,6 +26,10 @@ type waiter struct {
 	blocked []string
 	queued  bool          // in r.queues (guarded by r.mu)
 	wake    chan struct{} // buffered 1
+	// granted is the ticket whose grant's wake-up it was sent ("": none);
+	// guarded by r.mu. Its next call, the claim, does not wait for a
+	// pipeline (see Registry.call).
+	granted string
 }
 
 func (w *waiter) signal() {
@@ -245,6 +249,7 @@ func (r *Registry[K]) granted(ticket string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if w := r.tickets[ticket]; w != nil {
+		w.granted = ticket
 		w.signal()
 	}
 }

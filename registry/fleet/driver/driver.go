@@ -188,7 +188,11 @@ type AdmitResult struct {
 	Now      int64 // the store's clock, ms
 	Epoch    int64 // 0 with StatusTooLate
 	// With Starts, an admission's start: the store's clock in
-	// microseconds, and each key's leases, this one counted.
+	// microseconds, and each key's leases held, this one counted. Grants
+	// not claimed yet are left out: this is what a learned cap takes the
+	// upstream to have had in flight, and a grant's request is not there
+	// yet (on a busy store a claim can take long enough for the grants to
+	// be a good part of a key's leases).
 	Start  int64
 	Counts []int64
 }

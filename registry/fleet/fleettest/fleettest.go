@@ -111,6 +111,7 @@ var (
 		{"LeaversAreNotCharged", leaversAreNotCharged},
 		{"NewcomerDoesNotPass", newcomerDoesNotPass},
 		{"LearnedCapShared", learnedCapShared},
+		{"CountsLeaveOutGrants", countsLeaveOutGrants},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

@@ -43,7 +43,8 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	}
 	for _, p := range c.Carried {
 		if !s.tombstoned(p.Lease, now) {
-			s.key(p.Key).leases[p.Lease] = max(s.key(p.Key).leases[p.Lease], now+ttl)
+			k := s.key(p.Key)
+			k.hold(p.Lease, max(k.leases[p.Lease], now+ttl))
 		}
 	}
 	if s.tombstoned(c.Lease, now) {
@@ -75,13 +76,13 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	switch {
 	case held == len(c.Keys) && !over: // a grant claimed, or a call made again
 		for _, name := range c.Keys {
-			s.key(name).leases[c.Lease] = now + ttl
+			s.key(name).hold(c.Lease, now+ttl)
 		}
 		return s.admitted(c, res, us)
 	case held > 0: // a grant made under a higher limit, or a part of one
 		givenBack = held == len(c.Keys)
 		for _, name := range c.Keys {
-			delete(s.key(name).leases, c.Lease)
+			s.key(name).drop(c.Lease)
 		}
 		serve()
 	}
@@ -98,7 +99,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	full := s.firstFull(c, now, -1)
 	if full < 0 {
 		for _, name := range c.Keys {
-			s.key(name).leases[c.Lease] = now + ttl
+			s.key(name).hold(c.Lease, now+ttl)
 		}
 		return s.admitted(c, res, us)
 	}
@@ -136,14 +137,15 @@ func (s *Store) firstFull(c *driver.AdmitCall, now int64, otherwise int) int {
 }
 
 // admitted is the reply to an admission: with Starts, its start (the
-// clock in microseconds) and each key's leases, this one counted.
+// clock in microseconds) and each key's leases held, this one counted
+// (see key.started).
 func (s *Store) admitted(c *driver.AdmitCall, res func(driver.Status, int) driver.AdmitResult, us int64) driver.AdmitResult {
 	r := res(driver.StatusAdmitted, -1)
 	if c.Starts {
 		r.Start = us
 		r.Counts = make([]int64, len(c.Keys))
 		for i, name := range c.Keys {
-			r.Counts[i] = int64(s.key(name).count(r.Now))
+			r.Counts[i] = int64(s.key(name).started(r.Now))
 		}
 	}
 	return r
@@ -167,10 +169,10 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 		for i, name := range l.Keys {
 			k := s.key(name)
 			if exp, ok := k.leases[l.Lease]; ok && exp > now {
-				k.leases[l.Lease] = now + ttl
+				k.hold(l.Lease, now+ttl)
 				continue
 			}
-			delete(k.leases, l.Lease)
+			k.drop(l.Lease)
 			missing = append(missing, i)
 		}
 		if len(missing) == 0 {
@@ -192,7 +194,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 			continue
 		}
 		for _, i := range missing {
-			s.key(l.Keys[i]).leases[l.Lease] = now + ttl
+			s.key(l.Keys[i]).hold(l.Lease, now+ttl)
 		}
 		out.Leases[j] = driver.FatePutBack
 		if checked {
@@ -211,7 +213,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	defer s.mu.Unlock()
 	now, _ := s.now()
 	for _, p := range c.Pairs {
-		delete(s.key(p.Key).leases, p.Lease)
+		s.key(p.Key).drop(p.Lease)
 		if !s.declared(now) {
 			s.serve(p.Key, p.Limit, now, c.Claim.Milliseconds())
 		}
@@ -233,7 +235,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			if t := s.queuedOn(name, c.Lease); t != nil {
 				s.unqueue(t, true)
 			}
-			delete(s.key(name).leases, c.Lease)
+			s.key(name).drop(c.Lease)
 		}
 		s.data.tombs[c.Lease] = max(now+c.TTL.Milliseconds(), c.NotAfter+1)
 		if c.Limits != nil && !s.declared(now) {

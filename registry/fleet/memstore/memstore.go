@@ -218,7 +218,7 @@ func (s *Store) tombstoned(lease string, now int64) bool {
 func (s *Store) key(name string) *key {
 	k := s.data.keys[name]
 	if k == nil {
-		k = &key{leases: map[string]int64{}, finish: map[flowKey]float64{}, flows: map[string]int{},
+		k = &key{leases: map[string]int64{}, grants: map[string]bool{}, finish: map[flowKey]float64{}, flows: map[string]int{},
 			queued: map[flowKey]int{}, base: map[flowKey]float64{}}
 		s.data.keys[name] = k
 	}

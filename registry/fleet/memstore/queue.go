@@ -9,6 +9,7 @@ import (
 // key is a capped key: its leases and its queue.
 type key struct {
 	leases map[string]int64 // lease: expiry (ms)
+	grants map[string]bool  // leases that are grants not claimed yet
 	queue  []*place         // by class rank, then start tag, then sequence
 	vt     [3]float64       // each class's virtual time: the start tag last granted
 	finish map[flowKey]float64
@@ -47,9 +48,34 @@ type ticket struct {
 func (k *key) dropExpired(now int64) {
 	for l, exp := range k.leases {
 		if exp <= now {
-			delete(k.leases, l)
+			k.drop(l)
 		}
 	}
+}
+
+// hold sets lease's expiry: a lease held, not a grant (a claim, a renewal,
+// a put back).
+func (k *key) hold(lease string, exp int64) {
+	k.leases[lease] = exp
+	delete(k.grants, lease)
+}
+
+// drop takes lease off k.
+func (k *key) drop(lease string) {
+	delete(k.leases, lease)
+	delete(k.grants, lease)
+}
+
+// started counts k's leases held now, not the grants not claimed yet:
+// the evidence of a learned cap (their requests are not at the upstream).
+func (k *key) started(now int64) int {
+	n := 0
+	for l, exp := range k.leases {
+		if exp > now && !k.grants[l] {
+			n++
+		}
+	}
+	return n
 }
 
 func (k *key) count(now int64) int {
@@ -215,7 +241,9 @@ func (s *Store) grant(t *ticket, now, claim int64) {
 				}
 			}
 		}
-		if exp, ok := k.leases[t.id]; !ok || exp < now+claim {
+		if exp, ok := k.leases[t.id]; !ok {
+			k.leases[t.id], k.grants[t.id] = now+claim, true
+		} else if exp < now+claim {
 			k.leases[t.id] = now + claim
 		}
 	}

@@ -38,13 +38,15 @@ CREATE TABLE inflight_key (
 	PRIMARY KEY (fleet, key)
 ) WITH (fillfactor = 50);
 
--- A lease on a key, until expires. Only the primary key is indexed, so a
--- renewal's update stays HOT.
+-- A lease on a key, until expires; granted while it is a waiter's grant
+-- not yet claimed. Only the primary key is indexed, so a renewal's or a
+-- claim's update stays HOT.
 CREATE TABLE inflight_lease (
 	fleet text NOT NULL,
 	key text NOT NULL,
 	lease text NOT NULL,
 	expires bigint NOT NULL,
+	granted bool NOT NULL DEFAULT false,
 	PRIMARY KEY (fleet, key, lease)
 ) WITH (fillfactor = 50);
 
@@ -382,7 +384,7 @@ BEGIN
 			END IF;
 		END IF;
 		-- A lease the ticket holds already (put back) is not shortened.
-		INSERT INTO inflight_lease AS x (fleet, key, lease, expires) VALUES (f, k, t, now + claim)
+		INSERT INTO inflight_lease AS x (fleet, key, lease, expires, granted) VALUES (f, k, t, now + claim, true)
 			ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires);
 	END LOOP;
 	PERFORM pg_notify(inflight_channel(f, p), t);
@@ -491,6 +493,53 @@ CREATE FUNCTION inflight_abandoned(f text, l text, now bigint) RETURNS bool LANG
 	SELECT EXISTS (SELECT 1 FROM inflight_tomb x WHERE x.fleet = f AND x.lease = l AND x.until > now)
 $$;
 
+-- inflight_still_queued answers a ticket that asks again while it is
+-- queued on each of its keys and each of them is full, without locking
+-- the keys: most of a full key's calls are its waiters asking, and each
+-- would otherwise wait for the key's row behind the releases that serve
+-- them. It renews the ticket and its process, skipping a row another call
+-- holds (the next ask renews it; that call may be serving the ticket), and
+-- returns what inflight_admit would. It returns NULL, for inflight_admit's
+-- whole path, when anything else may be due: a key with room (a lease
+-- expired, a raised limit), the ticket granted, abandoned or not queued
+-- on every key, its process not known alive, an epoch other than the
+-- caller's, a pause or its settings. A release committed after its reads
+-- serves the queue itself.
+CREATE FUNCTION inflight_still_queued(f text, l text, keys text[], limits bigint[], ttl bigint, not_after bigint,
+	known bigint, pause bigint, p text, live bigint) RETURNS bigint[] LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+	n int := array_length(keys, 1);
+	now bigint := inflight_now_us() / 1000;
+	fl inflight_fleet;
+BEGIN
+	IF known <= 0 OR not_after > 0 AND now > not_after THEN
+		RETURN NULL;
+	END IF;
+	SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
+		AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
+	IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl) THEN
+		RETURN NULL;
+	END IF;
+	IF (SELECT count(*) FROM inflight_ticket x WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l) <> n
+		OR EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l)
+		OR inflight_abandoned(f, l, now)
+		OR NOT EXISTS (SELECT 1 FROM inflight_proc x WHERE x.fleet = f AND x.proc = p AND x.alive_until > now) THEN
+		RETURN NULL;
+	END IF;
+	FOR i IN 1..n LOOP
+		IF inflight_count(f, keys[i], now) < limits[i] THEN
+			RETURN NULL;
+		END IF;
+	END LOOP;
+	UPDATE inflight_ticket x SET expires = now + 3 * ttl, limits = inflight_still_queued.limits
+		WHERE (x.fleet, x.key, x.ticket) IN (SELECT y.fleet, y.key, y.ticket FROM inflight_ticket y
+			WHERE y.fleet = f AND y.key = ANY (keys) AND y.ticket = l FOR UPDATE SKIP LOCKED);
+	UPDATE inflight_proc x SET alive_until = greatest(x.alive_until, now + live)
+		WHERE (x.fleet, x.proc) IN (SELECT y.fleet, y.proc FROM inflight_proc y WHERE y.fleet = f AND y.proc = p FOR UPDATE SKIP LOCKED);
+	RETURN ARRAY[3, 1, inflight_count(f, keys[1], now), inflight_earliest(f, keys[1], now), now, fl.epoch, inflight_queued(f, keys[1], now)];
+END $$;
+
 -- inflight_admit is the admission call (fleet.AdmitCall, which tells its
 -- steps). It returns {status, index of the key (1-based; 0: none), its
 -- lease count, its earliest expiry (the pause's end if paused; the start
@@ -523,6 +572,12 @@ DECLARE
 	places int;
 BEGIN
 	PERFORM inflight_begin(async);
+	IF wait AND coalesce(array_length(carried_keys, 1), 0) = 0 THEN
+		res := inflight_still_queued(f, l, keys, limits, ttl, not_after, known, pause, p, live);
+		IF res IS NOT NULL THEN
+			RETURN res;
+		END IF;
+	END IF;
 	PERFORM inflight_lock(f, keys || coalesce(carried_keys, '{}'));
 	now_us := inflight_now_us();
 	now := now_us / 1000;
@@ -570,7 +625,7 @@ BEGIN
 			END IF;
 		END LOOP;
 		IF NOT given_back THEN
-			UPDATE inflight_lease x SET expires = now + ttl WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
+			UPDATE inflight_lease x SET expires = now + ttl, granted = false WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
 			RETURN inflight_admitted(f, keys, n, starts, now, now_us, ep, not_after);
 		END IF;
 	END IF;
@@ -677,7 +732,9 @@ BEGIN
 	END IF;
 END $$;
 
--- inflight_admitted is an admission's reply.
+-- inflight_admitted is an admission's reply. Its counts, the evidence of a
+-- learned cap, leave out the grants not claimed yet: their requests are
+-- not at the upstream.
 CREATE FUNCTION inflight_admitted(f text, keys text[], n int, starts bool, now bigint, now_us bigint, ep bigint, not_after bigint)
 	RETURNS bigint[] LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -690,7 +747,8 @@ BEGIN
 	END IF;
 	res := ARRAY[1, 0, 0, now_us, now, ep, 0];
 	FOR i IN 1..n LOOP
-		res := res || inflight_count(f, keys[i], now)::bigint;
+		res := res || (SELECT count(*) FROM inflight_lease x
+			WHERE x.fleet = f AND x.key = keys[i] AND x.expires > now AND NOT x.granted);
 	END LOOP;
 	RETURN res;
 END $$;

@@ -30,7 +30,10 @@ import (
 // counter in the liveness hash) and, for a ticket of several keys, all of
 // its keys and their limits, which its calls keep up to date; <key>#v
 // holds the virtual times, each flow's queued count and the sequence. All
-// go when the queue empties, so tags start from 0 after every backlog.
+// go when the queue empties, so tags start from 0 after every backlog. A
+// grant is a lease of the claim window, listed in <key>#g (scored as its
+// lease) until its waiter claims it, so that the counts of a learned
+// cap's evidence leave it out.
 //
 // A ticket of several keys (AcquireAll) is queued on each of them, holds
 // nothing while it waits, and is granted by whichever key's turn finds
@@ -76,6 +79,9 @@ end
 local function cover(k, ttl)
   if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
 end
+-- ungrant takes id off k's grants not claimed yet (<k>#g): its lease on k
+-- is held now, or gone.
+local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
 `
 
 // queueLua is the queue's part of the scripts (after baseLua).
@@ -211,7 +217,15 @@ local function grant(kl, ticket, proc, now, claim, chans)
       end
     end
     -- GT: a lease the ticket holds already (put back after an outage) is
-    -- not shortened.
+    -- not shortened, nor taken for a grant. A grant is in <k>#g, scored
+    -- as its lease, until it is claimed, given back or withdrawn (ungrant),
+    -- or expires with its lease.
+    if not redis.call('ZSCORE', e[1], ticket) then
+      local G = e[1] .. '#g'
+      redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
+      redis.call('ZADD', G, now + claim, ticket)
+      cover(G, claim)
+    end
     redis.call('ZADD', e[1], 'GT', now + claim, ticket)
     cover(e[1], claim)
   end

@@ -137,11 +137,15 @@ var acquireScript = redis.NewScript(acquireLua)
 var acquireLua = baseLua + epochLua + queueLua + `
 -- admitted is the reply to an admission; for a learned key's, with the
 -- server time in microseconds (the start's number) and each key's lease
--- count with it, after the fixed fields.
+-- count with it, after the fixed fields: the leases held, not the grants
+-- not claimed yet (<k>#g), whose requests are not at the upstream.
 local function admitted(kl, t, now, epoch)
   if tonumber(ARGV[7]) < 2 then return {1, 0, 0, 0, now, epoch, 0} end
   local out = {1, 0, 0, tonumber(t[1]) * 1000000 + tonumber(t[2]), now, epoch, 0}
-  for i, e in ipairs(kl) do out[7 + i] = redis.call('ZCARD', e[1]) end
+  for i, e in ipairs(kl) do
+    redis.call('ZREMRANGEBYSCORE', e[1] .. '#g', '-inf', now)
+    out[7 + i] = redis.call('ZCARD', e[1]) - redis.call('ZCARD', e[1] .. '#g')
+  end
   return out
 end
 local t = redis.call('TIME')
@@ -155,6 +159,7 @@ for j = 1, (#KEYS - 4 - n) / 2 do
   local k, tomb = KEYS[3 + n + 2 * j], KEYS[4 + n + 2 * j]
   if redis.call('EXISTS', tomb) == 0 then
     redis.call('ZADD', k, now + ttl, ARGV[16 + n + j])
+    ungrant(k, ARGV[16 + n + j])
     cover(k, ttl)
   end
 end
@@ -191,6 +196,7 @@ if held == n then
   if not givenBack then
     for _, e in ipairs(kl) do
       redis.call('ZADD', e[1], 'XX', now + ttl, id)
+      ungrant(e[1], id)
       cover(e[1], ttl)
     end
     return admitted(kl, t, now, epoch)
@@ -199,6 +205,7 @@ end
 if held > 0 then
   for _, e in ipairs(kl) do
     redis.call('ZREM', e[1], id)
+    ungrant(e[1], id)
     if e[3] and not stopped then serve(e[1], e[2], now, claim, chans, P, 0) end
   end
 end
@@ -215,6 +222,7 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
     for _, e in ipairs(kl) do
       unqueue(e[1], id, false)
       redis.call('ZADD', e[1], now + ttl, id)
+      ungrant(e[1], id)
       cover(e[1], ttl)
     end
     return admitted(kl, t, now, epoch)
@@ -243,6 +251,7 @@ end
 if full == 0 then
   for _, e in ipairs(kl) do
     redis.call('ZADD', e[1], now + ttl, id)
+    ungrant(e[1], id)
     cover(e[1], ttl)
   end
   return admitted(kl, t, now, epoch)
@@ -356,6 +365,7 @@ while a <= #ARGV do
       if room then
         for _, i in ipairs(missing) do
           redis.call('ZADD', KEYS[k + i], now + ttl, id)
+          ungrant(KEYS[k + i], id)
           cover(KEYS[k + i], ttl)
         end
         status = 1
@@ -384,6 +394,7 @@ local claim, chans = tonumber(ARGV[1]), ARGV[2]
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
   redis.call('ZREM', k, ARGV[2 * i - 3])
+  ungrant(k, ARGV[2 * i - 3])
   if serving then serve(k, limit, now, claim, chans, KEYS[2], 0) end
 end
 return 0
@@ -414,6 +425,7 @@ for i = 3, #KEYS do
   local k = KEYS[i]
   unqueue(k, id, true)
   redis.call('ZREM', k, id)
+  ungrant(k, id)
   local limit = tonumber(ARGV[3 + i])
   if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2], 0) end
 end
