@@ -80,6 +80,7 @@ type outcome struct {
 	retryIn time.Duration // with full or queued: until its earliest lease expires (0: unknown), or the pause ends
 	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
 	queued  bool          // waiting in the fleet's queue; full is the index of a full key
+	retry   bool          // a waiter's call timed out, the breaker closed: it asks again
 	// With full: that key's lease count and queue length, as the reply
 	// told them.
 	inFlight, queuedN int
@@ -96,11 +97,12 @@ func (r *Registry[K]) limitsLocked(l *lease[K]) {
 }
 
 // attempt makes one admission decision for l, waiting as w if not nil: in
-// the store, or, when the store cannot be reached (the breaker is open, or this
-// call failed), as WithUnavailable says. Its call to the store is made under
-// callCtx (ctx, or ctx bounded by the longest wait), and a lease admitted
-// is recorded under ctx: a caller whose longest wait runs out as the store
-// admits it holds the lease.
+// the store, or, when the store cannot be reached (the breaker is open, or
+// this call failed: see wait for a waiter's that timed out), as
+// WithUnavailable says. Its call to the
+// store is made under callCtx (ctx, or ctx bounded by the longest wait),
+// and a lease admitted is recorded under ctx: a caller whose longest wait
+// runs out as the store admits it holds the lease.
 func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *waiter) outcome {
 	var c acquireCall[K]
 	var rp reply
@@ -143,6 +145,12 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 			return failed(ErrClosed)
 		case callCtx.Err() != nil: // the caller's context or wait ended, not the store
 			return failed(fmt.Errorf("fleet: acquire: %w", callCtx.Err()))
+		case w != nil && !r.brk.open() && timedOut(err):
+			// A waiter's call that timed out while the store still counts
+			// as reachable (a slow store times calls out now and then) is
+			// made again: admitted outside the store at once, the waiter
+			// would take the fleet over its cap while the store is there.
+			return outcome{full: -1, retry: true}
 		}
 		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
 	}
@@ -382,6 +390,13 @@ func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 		return r.bypass(l, true)
 	}
 	return r.hold(ctx, l, true, 0)
+}
+
+// timedOut reports whether err is a call's timeout: the call's own
+// deadline, a network timeout, or a queued call not sent in time.
+func timedOut(err error) bool {
+	var t interface{ Timeout() bool }
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errQueueTimeout) || errors.As(err, &t) && t.Timeout()
 }
 
 func (r *Registry[K]) storeFailed(err error) {

@@ -117,7 +117,9 @@ func WithLeaseTTL(ttl time.Duration) Option {
 }
 
 // WithUnavailable sets what happens while the store cannot be reached (default
-// FallbackLocal).
+// FallbackLocal): while the breaker is open, and for an admission whose
+// call fails (a waiter's call that times out is made again, while the
+// breaker stays closed: see PROTOCOL.md).
 func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavailable = u } }
 
 // WithLostLeases sets what the heartbeat does with a lease it finds missing
@@ -150,7 +152,8 @@ func WithTimeout(d time.Duration) Option {
 }
 
 // WithPoll sets the backoff of a waiting Acquire between tries while it
-// cannot wait in the fleet's queue (the store unreachable): from min, doubling
+// cannot wait in the fleet's queue (the store unreachable, or its call
+// timed out: see WithUnavailable): from min, doubling
 // to max, jittered (defaults 10 ms and 500 ms); a release in this process
 // wakes a waiter sooner. Removals from the store that fail are sent again with
 // the same backoff. It panics unless 0 < min <= max.

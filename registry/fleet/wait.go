@@ -146,6 +146,12 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			if o.retryIn > 0 {
 				sleep = min(sleep, o.retryIn+jitter(r.cfg.pollMin))
 			}
+		case o.retry:
+			// Its call timed out, the store still reachable: it asks
+			// again (under a new id, at the back of the queue: the call
+			// may have run), after a backoff.
+			sleep = jitter(backoff)
+			backoff = min(2*backoff, r.cfg.pollMax)
 		case o.full < 0:
 			return o, last // admitted, or failed for good
 		case o.paused:

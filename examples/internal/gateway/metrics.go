@@ -268,8 +268,8 @@ func registerFleet(reg *prometheus.Registry, name string, stats func() fleet.Sta
 			Help: "1 while every admission is degraded: the fleet's store is unavailable and on_unavailable admits without it " +
 				"(local: under this process's caps alone; open: without a slot); else 0, and always 0 with " +
 				"on_unavailable closed, which refuses admissions instead (answered 503). " +
-				"Before that, an admission whose own call fails is degraded alone " +
-				"(with local, counted by inflight_fleet_degraded_admissions_total).",
+				"Before that, an admission whose own call fails is degraded alone, unless it waits for the provider " +
+				"and its call timed out: it asks again (with local, counted by inflight_fleet_degraded_admissions_total).",
 		}, degraded),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "inflight_fleet_degraded_admissions_total", ConstLabels: labels,
