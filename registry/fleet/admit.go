@@ -98,11 +98,11 @@ func (r *Registry[K]) limitsLocked(l *lease[K]) {
 
 // attempt makes one admission decision for l, waiting as w if not nil: in
 // the store, or, when the store cannot be reached (the breaker is open, or
-// this call failed: see wait for a waiter's that timed out), as
-// WithUnavailable says. Its call to the
-// store is made under callCtx (ctx, or ctx bounded by the longest wait),
-// and a lease admitted is recorded under ctx: a caller whose longest wait
-// runs out as the store admits it holds the lease.
+// this call failed; a waiter's that timed out asks again: see wait), as
+// WithUnavailable says. Its call to the store is made under callCtx (ctx,
+// or ctx bounded by the longest wait), and a lease admitted is recorded
+// under ctx: a caller whose longest wait runs out as the store admits it
+// holds the lease.
 func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *waiter) outcome {
 	var c acquireCall[K]
 	var rp reply

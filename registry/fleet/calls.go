@@ -79,12 +79,12 @@ type reply struct {
 	sent bool
 }
 
-// call makes the admission call ac: at
-// once if fewer than maxSending calls are on their way (and, for an ordered
-// call, none ordered on one of its keys), else queued for the next
-// pipeline. A claim of a grant goes at once, beside them: its grant holds
-// a place that nobody uses until it is claimed, and there are at most as
-// many claims as places released meanwhile. A call sent at once ends within the call timeout d; a queued
+// call makes the admission call ac: at once if fewer than maxSending calls
+// are on their way (and, for an ordered call, none ordered on one of its
+// keys), else queued for the next pipeline. A claim of a grant goes at
+// once, beside them: its grant holds a place that nobody uses until it is
+// claimed, and there are at most as many claims as places released
+// meanwhile. A call sent at once ends within the call timeout d; a queued
 // one is sent within d or dropped, and its pipeline ends by d after its
 // newest call was made: within 2d in all. A caller whose ctx ends first
 // stops waiting (and its call, if not sent yet, is never sent). until is
