@@ -80,7 +80,11 @@ local function cover(k, ttl)
   if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
 end
 -- ungrant takes id off k's grants not claimed yet (<k>#g): its lease on k
--- is held now, or gone.
+-- is held now, or gone. A live member always has its lease, scored alike,
+-- so only where a lease may be a grant is it called (a claim, a grant
+-- given back or withdrawn, a lease put back); a newcomer's or a release's
+-- lease is not one, and an expired member goes with its lease's expiry
+-- (admitted and grant drop the expired ones before they count).
 local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
 `
 

@@ -222,7 +222,6 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
     for _, e in ipairs(kl) do
       unqueue(e[1], id, false)
       redis.call('ZADD', e[1], now + ttl, id)
-      ungrant(e[1], id)
       cover(e[1], ttl)
     end
     return admitted(kl, t, now, epoch)
@@ -251,7 +250,6 @@ end
 if full == 0 then
   for _, e in ipairs(kl) do
     redis.call('ZADD', e[1], now + ttl, id)
-    ungrant(e[1], id)
     cover(e[1], ttl)
   end
   return admitted(kl, t, now, epoch)
@@ -394,7 +392,6 @@ local claim, chans = tonumber(ARGV[1]), ARGV[2]
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
   redis.call('ZREM', k, ARGV[2 * i - 3])
-  ungrant(k, ARGV[2 * i - 3])
   if serving then serve(k, limit, now, claim, chans, KEYS[2], 0) end
 end
 return 0
