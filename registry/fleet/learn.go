@@ -4,10 +4,12 @@ import (
 	"fmt"
 	"log/slog"
 	"time"
+	"unicode/utf8"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -130,10 +132,14 @@ type learnChange struct {
 // evidence not written to the store by Close is dropped.
 //
 // It fails if a is not valid under the key's limit, if the key is not
-// valid (see WithMaxKeyBytes), or with ErrClosed.
+// valid (see WithMaxKeyBytes) or its name is not UTF-8 (the stored state
+// names it in JSON), or with ErrClosed.
 func (r *Registry[K]) Learn(key K, a pacing.AdaptiveConfig) error {
 	if err := r.validKey(key); err != nil {
 		return err
+	}
+	if name := r.keyName(key); !utf8.ValidString(name) {
+		return fmt.Errorf("%w: fleet: Learn %q: the name is not UTF-8", registry.ErrInvalidKey, name)
 	}
 	if err := r.learnLocked(key, a); err != nil {
 		return err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
@@ -129,6 +130,8 @@ func TestLearnEdges(t *testing.T) {
 	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Min: 5}), "a floor over the configured limit")
 	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Initial: -1}))
 	assert.False(t, r.Learned("p").Enabled)
+	require.ErrorIs(t, r.Learn("p\xff", pacing.AdaptiveConfig{}), registry.ErrInvalidKey, "a name the stored state cannot carry")
+	assert.False(t, r.Learned("p\xff").Enabled)
 
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 8}))
 	l := r.Learned("p")

@@ -9,12 +9,12 @@
 // Each test runs fleets of two or more processes (fleet.Registry values,
 // each on a store of its own from Server.Store) and checks what a user of
 // the fleet relies on: the cap under concurrency, hand-off, renewal and
-// expiry, all-or-nothing admission on several keys, live limit changes,
-// the fleet-wide order (classes, weighted flows), learned caps; when the
-// server is Proxied, a process cut off from it past the lease TTL; and,
-// when it offers Faults, the cap across a crash, a hang past the lease TTL
-// and a loss of the store's data, and what each Unavailable mode does
-// while the store cannot be reached.
+// expiry, all-or-nothing admission on several keys, keys of any bytes, live
+// limit changes, the fleet-wide order (classes, weighted flows), learned
+// caps; when the server is Proxied, a process cut off from it past the
+// lease TTL; and, when it offers Faults, the cap across a crash, a hang
+// past the lease TTL and a loss of the store's data, and what each
+// Unavailable mode does while the store cannot be reached.
 //
 // The tests run on real clocks: they assert what must hold whatever the
 // machine's load, with generous bounds on how long it may take.
@@ -40,8 +40,9 @@ type Server interface {
 	// fleet named fleet, with connections of its own, closed at t's
 	// cleanup. Fleets of different names must not meet.
 	Store(t testing.TB, fleet string) driver.Store
-	// Queued returns how many tickets wait in the fleet's queue of key.
-	// It may be called from a goroutine other than the test's.
+	// Queued returns how many tickets wait in the fleet's queue of key
+	// (any string: see the AnyKey test). It may be called from a goroutine
+	// other than the test's.
 	Queued(fleet, key string) (int, error)
 }
 
@@ -112,6 +113,7 @@ var (
 		{"NewcomerDoesNotPass", newcomerDoesNotPass},
 		{"LearnedCapShared", learnedCapShared},
 		{"CountsLeaveOutGrants", countsLeaveOutGrants},
+		{"AnyKey", anyKey},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

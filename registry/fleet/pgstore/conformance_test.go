@@ -60,7 +60,7 @@ func (s server) StoreVia(t testing.TB, fleet, addr string) driver.Store {
 
 func (s server) Queued(fleet, key string) (int, error) {
 	var n int
-	err := s.admin.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = $1 AND key = $2", fleet, key).Scan(&n)
+	err := s.admin.QueryRow(context.Background(), "SELECT count(*) FROM inflight_ticket WHERE fleet = $1 AND key = $2", fleet, pgstore.StoredKey(key)).Scan(&n)
 	return n, err
 }
 

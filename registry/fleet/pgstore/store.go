@@ -109,13 +109,15 @@ func WithListenCheck(d time.Duration) Option {
 
 // New returns the Store of the fleet name on pool, after bringing the
 // database's schema to this release's (see Migrate). Every process of a
-// fleet uses the same name; fleets with other names share the tables.
+// fleet uses the same name; fleets with other names share the tables. A
+// name is kept as it is, so it must be one that StoredKey keeps as it is
+// (New says so otherwise); keys and flows can be any strings.
 func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: nil pool")
 	}
-	if name == "" {
-		return nil, errors.New("pgstore: empty fleet name")
+	if !validName(name) {
+		return nil, fmt.Errorf("pgstore: fleet name %q: want 1 to %d bytes of UTF-8 without NUL, not starting with `\\x`", name, maxStoredKey)
 	}
 	s := &Store{pool: pool, name: name, async: true, retry: time.Second, check: 15 * time.Second}
 	for _, o := range opts {
@@ -165,12 +167,12 @@ type querier interface {
 func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) driver.AdmitResult {
 	var carriedKeys, carriedLeases []string
 	for _, p := range c.Carried {
-		carriedKeys = append(carriedKeys, p.Key)
+		carriedKeys = append(carriedKeys, StoredKey(p.Key))
 		carriedLeases = append(carriedLeases, p.Lease)
 	}
 	var res []int64
-	err := q.QueryRow(ctx, admitSQL, s.name, c.Lease, c.Keys, limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
-		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), c.Flow, c.Weight, c.Proc,
+	err := q.QueryRow(ctx, admitSQL, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
+		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
 		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases).Scan(&res)
 	return decodeAdmit(c, res, err)
 }
@@ -212,7 +214,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	var ls []int64
 	for i, x := range c.Leases {
 		ids[i], modes[i], epochs[i], nkeys[i] = x.Lease, int32(x.Mode), x.Epoch, int32(len(x.Keys))
-		keys = append(keys, x.Keys...)
+		keys = append(keys, storedKeys(x.Keys)...)
 		ls = append(ls, limits(x.Limits)...)
 	}
 	var res []int64
@@ -237,7 +239,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	keys, leases, ls := make([]string, len(c.Pairs)), make([]string, len(c.Pairs)), make([]int64, len(c.Pairs))
 	for i, p := range c.Pairs {
-		keys[i], leases[i], ls[i] = p.Key, p.Lease, int64(p.Limit)
+		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
 	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, c.Claim.Milliseconds(), keys, leases, ls, s.async)
 	return err
@@ -257,7 +259,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			ls = limits(c.Limits)
 		}
 		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
-			s.name, c.Lease, c.Keys, ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async)
+			s.name, c.Lease, storedKeys(c.Keys), ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async)
 	}
 	return errs, nil
 }
@@ -274,14 +276,14 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 // Count counts key's leases not expired on the database's clock.
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT inflight_count($1, $2, (inflight_now_us() / 1000))`, s.name, key).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT inflight_count($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
 	return n, err
 }
 
 // SyncLearned reads, and maybe writes, a learned state in one transaction.
 func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
 	var res []string
-	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, c.Key, c.Presumed, c.State, c.TTL.Milliseconds()).Scan(&res)
+	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, c.TTL.Milliseconds()).Scan(&res)
 	switch {
 	case err != nil:
 		return driver.LearnedResult{}, err
