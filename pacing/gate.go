@@ -177,11 +177,11 @@ func (g *Gate) Close() {
 // that times out returns a Grant whose Slot is Bypassed.
 func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	if ctx == nil {
-		g.eng.Rejected(slots.ErrNilContext)
+		g.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return Grant{}, slots.ErrNilContext
 	}
 	if context.Cause(g.closed) != nil {
-		g.eng.Rejected(ErrGateClosed)
+		g.eng.Rejected(ctx, ErrGateClosed, 0)
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
 	gr := &grant{g: g}
@@ -197,7 +197,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	// admission (see slots.Limiter.Acquire).
 	if core.Ended(ctx) {
 		g.mu.Unlock()
-		return Grant{}, g.eng.Canceled(ctx)
+		return Grant{}, g.eng.Canceled(ctx, 0)
 	}
 	// Read under the lock: Reconfigure may change g.cfg while this caller
 	// waits without it.
@@ -227,7 +227,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		}
 		g.mu.Unlock()
 		wk.Wake()
-		return Grant{}, g.rejected(rej)
+		return Grant{}, g.rejected(ctx, rej, 0)
 	}
 	g.mu.Unlock()
 	wk.Wake()
@@ -235,9 +235,9 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		if ctx.Err() != nil { // the context ended meanwhile: give it back
 			h.GivenBack = true
 			h.Release()
-			return Grant{}, g.eng.Canceled(ctx)
+			return Grant{}, g.eng.Canceled(ctx, 0)
 		}
-		return g.handOut(x, gr, 0), nil
+		return g.handOut(ctx, x, gr, 0), nil
 	}
 
 	// The wait ends too when the provider is removed.
@@ -247,37 +247,39 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	defer unwatch()
 	switch g.eng.Wait(wctx, w, queueWait, g.withdraw) {
 	case core.OutGranted:
-		return g.handOut(x, gr, time.Duration(h.At-start)), nil
+		return g.handOut(ctx, x, gr, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		if errors.Is(context.Cause(wctx), ErrGateClosed) && ctx.Err() == nil {
-			g.eng.Rejected(ErrGateClosed)
+			g.eng.Rejected(ctx, ErrGateClosed, g.eng.Since(start))
 			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 		}
-		return Grant{}, g.eng.Canceled(ctx)
+		return Grant{}, g.eng.Canceled(ctx, g.eng.Since(start))
 	}
 	// The wait expired.
 	g.mu.Lock()
 	if !g.cfg.FailOpen() { // as configured now, not when the wait began
-		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, g.eng.Clock.Nanos())
+		now := g.eng.Clock.Nanos()
+		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, now)
 		g.mu.Unlock()
-		return Grant{}, g.rejected(rej)
+		return Grant{}, g.rejected(ctx, rej, time.Duration(now-start))
 	}
 	g.bypassed++
 	g.mu.Unlock()
-	g.eng.Bypass(h, start, queueWait, "provider", slog.String("provider", g.name), slog.String("model", model))
+	g.eng.Bypass(ctx, h, start, queueWait, "provider", slog.String("provider", g.name), slog.String("model", model))
 	return Grant{Slot: (*slots.Slot)(g.eng.HandOut(x, nil))}, nil
 }
 
-// handOut hands out a grant whose caller waited wait, and reports it. Its
-// key is read first: once reported, the slot may be released at any time.
-func (g *Gate) handOut(x *core.Handle, gr *grant, wait time.Duration) Grant {
+// handOut hands out a grant whose caller waited wait under ctx, and
+// reports it. Its key is read first: once reported, the slot may be
+// released at any time.
+func (g *Gate) handOut(ctx context.Context, x *core.Handle, gr *grant, wait time.Duration) Grant {
 	var gt Grant
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
 	gt.gate, gt.InFlight, gt.at, gt.id, gt.keyN = g, gr.n, x.Hold().At, x.Hold().ID, gr.keyN
 	gt.model, gt.modelN = gr.model.name, gr.mN
-	gt.Slot = (*slots.Slot)(g.eng.Acquired(x, nil, wait))
+	gt.Slot = (*slots.Slot)(g.eng.Acquired(ctx, x, nil, wait))
 	return gt
 }
 
@@ -439,9 +441,10 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) *core.Reject
 	return rej
 }
 
-// rejected reports a rejection decided under the lock, now released.
-func (g *Gate) rejected(rej *core.Rejection) error {
-	g.eng.Rejected(rej.Err)
+// rejected reports a rejection decided under the lock, now released, of a
+// caller that waited wait under ctx.
+func (g *Gate) rejected(ctx context.Context, rej *core.Rejection, wait time.Duration) error {
+	g.eng.Rejected(ctx, rej.Err, wait)
 	return (*slots.LimitError)(rej)
 }
 

@@ -72,6 +72,41 @@ func TestGateReportsToItsObserver(t *testing.T) {
 	})
 }
 
+type requestKey struct{}
+
+// TestGateEventsCarryTheCallersContext: a Gate's admissions, waited for or
+// not, admitted or not, tell the Observer the caller's context (for a
+// span on it), and how long a caller turned away waited.
+func TestGateEventsCarryTheCallersContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		obs := &events{}
+		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueueWaitMS: 2000}, slots.WithObserver(obs))
+		require.NoError(t, err)
+		defer g.Close()
+		ctx := context.WithValue(context.Background(), requestKey{}, "req")
+		first, err := g.Acquire(ctx, "m")
+		require.NoError(t, err)
+		_, err = g.Acquire(ctx, "m")
+		require.ErrorIs(t, err, slots.ErrWaitTimeout)
+		cctx, cancel := context.WithCancel(ctx)
+		time.AfterFunc(500*time.Millisecond, cancel)
+		_, err = g.Acquire(cctx, "m")
+		require.ErrorIs(t, err, context.Canceled)
+		first.Slot.Release()
+
+		require.Equal(t, []slots.EventKind{slots.EventAcquired, slots.EventRejected, slots.EventRejected, slots.EventReleased}, obs.kinds())
+		obs.mu.Lock()
+		defer obs.mu.Unlock()
+		for _, e := range obs.seen[:3] {
+			assert.Equal(t, "req", e.Context.Value(requestKey{}))
+		}
+		assert.Zero(t, obs.seen[0].Wait)
+		assert.Equal(t, 2*time.Second, obs.seen[1].Wait, "timed out after its wait")
+		assert.Equal(t, 500*time.Millisecond, obs.seen[2].Wait, "gave up after its wait")
+		assert.Nil(t, obs.seen[3].Context, "a release has no context")
+	})
+}
+
 // TestNewGateRefusesWaitOptions: the waits of a Gate are its Config's, so
 // a wait option of package slots is a mistake, answered at once.
 func TestNewGateRefusesWaitOptions(t *testing.T) {

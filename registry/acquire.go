@@ -24,7 +24,7 @@ func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 // A key whose limit is 0 waits until SetLimit raises it.
 func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 	if ctx == nil {
-		r.eng.Rejected(slots.ErrNilContext)
+		r.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return nil, slots.ErrNilContext
 	}
 	return r.acquireOne(ctx, key)
@@ -50,14 +50,16 @@ func (r *Registry[K]) newHold() (pending, *core.Hold) {
 	return pending{x, t}, h
 }
 
-// acquired hands out an admitted Slot and reports it.
-func (r *Registry[K]) acquired(p pending, wait time.Duration) *slots.Slot {
-	return (*slots.Slot)(r.eng.Acquired(p.x, p.t, wait))
+// acquired hands out an admitted Slot and reports it, under ctx (nil: a
+// TryAcquire).
+func (r *Registry[K]) acquired(ctx context.Context, p pending, wait time.Duration) *slots.Slot {
+	return (*slots.Slot)(r.eng.Acquired(ctx, p.x, p.t, wait))
 }
 
-// rejected reports a rejection decided under locks now released.
-func (r *Registry[K]) rejected(rej *core.Rejection) error {
-	r.eng.Rejected(rej.Err)
+// rejected reports a rejection decided under locks now released, of a
+// caller that waited wait under ctx.
+func (r *Registry[K]) rejected(ctx context.Context, rej *core.Rejection, wait time.Duration) error {
+	r.eng.Rejected(ctx, rej.Err, wait)
 	return (*slots.LimitError)(rej)
 }
 
@@ -98,7 +100,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	if endedLocked(ctx) {
 		r.unlockOne(sh, set, &wk)
-		return nil, r.eng.Canceled(ctx)
+		return nil, r.eng.Canceled(ctx, 0)
 	}
 	limit := 0
 	var room bool
@@ -121,13 +123,13 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		}
 		sh.holdLocked(r, e, h, &h.Idx)
 		r.unlockOne(sh, set, &wk)
-		return r.acquired(p, 0), nil
+		return r.acquired(ctx, p, 0), nil
 	}
 	if ctx == nil {
 		sh.st.limitReached++
 		rej := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
 		r.unlockOne(sh, set, &wk)
-		return nil, r.rejected(rej)
+		return nil, r.rejected(ctx, rej, 0)
 	}
 	if r.eng.Shares == nil {
 		place = core.PlaceOf(ctx)
@@ -137,7 +139,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		sh.st.queueFull++
 		rej := r.rejectLocked(slots.ErrQueueFull, key, e, limit)
 		r.unlockOne(sh, set, &wk)
-		return nil, r.rejected(rej)
+		return nil, r.rejected(ctx, rej, 0)
 	}
 	if e == nil {
 		e = sh.addLocked(r, key, hash, limit)
@@ -218,12 +220,12 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 	h := w.Hold
 	switch r.eng.Wait(ctx, w, r.eng.MaxWait, withdraw) {
 	case core.OutGranted:
-		return r.acquired(p, time.Duration(h.At-start)), nil
+		return r.acquired(ctx, p, time.Duration(h.At-start)), nil
 	case core.OutCanceled:
 		sh.mu.Lock()
 		sh.st.canceled++
 		sh.mu.Unlock()
-		return nil, r.eng.Canceled(ctx)
+		return nil, r.eng.Canceled(ctx, r.eng.Since(start))
 	}
 	// The wait expired.
 	if r.eng.FailOpen {
@@ -232,7 +234,7 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 		sh.seq++
 		h.ID = sh.seq<<r.shardBits | uint64(sh.idx)
 		sh.mu.Unlock()
-		r.eng.Bypass(h, start, r.eng.MaxWait, "key", slog.String("key", keyString(key)))
+		r.eng.Bypass(ctx, h, start, r.eng.MaxWait, "key", slog.String("key", keyString(key)))
 		return (*slots.Slot)(r.eng.HandOut(p.x, p.t)), nil
 	}
 	ksh, khash := r.shardFor(key)
@@ -247,5 +249,5 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 	}
 	rej := r.rejectLocked(slots.ErrWaitTimeout, key, ksh.lookup(key, khash), r.limitLocked(ksh, key))
 	ksh.mu.Unlock()
-	return nil, r.rejected(rej)
+	return nil, r.rejected(ctx, rej, r.eng.Since(start))
 }

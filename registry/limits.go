@@ -145,7 +145,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Lock()
 			sh.st.canceled++
 			sh.mu.Unlock()
-			return r.eng.Canceled(ctx)
+			return r.eng.Canceled(ctx, 0)
 		}
 	}
 	if sh.resolved == nil {

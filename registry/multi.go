@@ -130,7 +130,7 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	if ctx == nil {
-		r.eng.Rejected(slots.ErrNilContext)
+		r.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return nil, slots.ErrNilContext
 	}
 	return r.acquireAll(ctx, keys)
@@ -139,7 +139,7 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, error) {
 	switch len(keys) {
 	case 0:
-		r.eng.Rejected(ErrNoKeys)
+		r.eng.Rejected(ctx, ErrNoKeys, 0)
 		return nil, ErrNoKeys
 	case 1:
 		return r.acquireOne(ctx, keys[0])
@@ -185,7 +185,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	if endedLocked(ctx) {
 		unlock()
-		return nil, r.eng.Canceled(ctx)
+		return nil, r.eng.Canceled(ctx, 0)
 	}
 	// Decide before inserting anything: a rejection leaves no trace.
 	full, fullLimit := r.fullKeyLocked(shs, uniq, hashes, h.Class)
@@ -197,19 +197,19 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		}
 		r.holdMultiLocked(h, m)
 		unlock()
-		return r.acquired(p, 0), nil
+		return r.acquired(ctx, p, 0), nil
 	}
 	first := shs[0]
 	if ctx == nil {
 		first.st.limitReached++
 		rej := r.rejectLocked(slots.ErrLimitReached, uniq[full], shs[full].lookup(uniq[full], hashes[full]), fullLimit)
 		unlock()
-		return nil, r.rejected(rej)
+		return nil, r.rejected(ctx, rej, 0)
 	}
 	if rej := r.queueFullAllLocked(shs, uniq, hashes, full, place.Flow); rej != nil {
 		first.st.queueFull++
 		unlock()
-		return nil, r.rejected(rej)
+		return nil, r.rejected(ctx, rej, 0)
 	}
 	r.entriesLocked(m, shs, uniq, hashes)
 	start := h.At

@@ -2,11 +2,14 @@ package registry_test
 
 import (
 	"context"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -83,4 +86,68 @@ func TestEveryAttemptEndsInOneEvent(t *testing.T) {
 	reg.ClearLimit(strings.Repeat("x", registry.DefaultMaxKeyBytes+1))
 	assert.Equal(t, int32(2), rejected.Load(), "limits set on a bad key are no rejections")
 	assert.Equal(t, uint64(0), reg.Stats().InvalidKeys)
+}
+
+type requestKey struct{}
+
+// One key or several, an admission's events carry the context its caller
+// passed (for a span on it), and a rejection after a wait says how long
+// the caller waited; TryAcquire's carry none.
+func TestEventsCarryTheCallersContext(t *testing.T) {
+	mock := clock.NewMock()
+	var mu sync.Mutex
+	var evs []slots.Event
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		mu.Lock()
+		defer mu.Unlock()
+		evs = append(evs, e)
+	})
+	reg := registry.New[string](1, slots.WithClock(mock), slots.WithObserver(obs), slots.WithMaxWait(2*time.Second))
+	ctx := context.WithValue(context.Background(), requestKey{}, "req")
+	held, err := reg.TryAcquire("k")
+	require.NoError(t, err)
+	for _, acquire := range []func() error{
+		func() error { _, err := reg.Acquire(ctx, "k"); return err },
+		func() error { _, err := reg.AcquireAll(ctx, "j", "k"); return err },
+	} {
+		errc := make(chan error, 1)
+		go func() { errc <- acquire() }()
+		require.ErrorIs(t, stepUntil(mock, errc), slots.ErrWaitTimeout)
+	}
+	held.Release()
+	s, err := reg.AcquireAll(ctx, "j", "k")
+	require.NoError(t, err)
+	s.Release()
+
+	mu.Lock()
+	defer mu.Unlock()
+	require.Len(t, evs, 6)
+	assert.Equal(t, slots.EventAcquired, evs[0].Kind)
+	assert.Nil(t, evs[0].Context, "TryAcquire has no context")
+	for _, e := range evs[1:3] {
+		assert.Equal(t, slots.EventRejected, e.Kind)
+		assert.Equal(t, "req", e.Context.Value(requestKey{}))
+		assert.True(t, e.Wait >= 2*time.Second && e.Wait <= 2*time.Second+step, "timed out after its wait: %v", e.Wait)
+	}
+	assert.Equal(t, slots.EventReleased, evs[3].Kind)
+	assert.Equal(t, slots.EventAcquired, evs[4].Kind)
+	assert.Equal(t, "req", evs[4].Context.Value(requestKey{}))
+	assert.Nil(t, evs[5].Context, "a release has no context")
+}
+
+// step is how far stepUntil moves the clock at a time.
+const step = 10 * time.Millisecond
+
+// stepUntil moves mock on, a step at a time, until errc has a result: a
+// waiter's timer is set once it is queued, at a moment the test cannot see.
+func stepUntil(mock *clock.Mock, errc <-chan error) error {
+	for {
+		select {
+		case err := <-errc:
+			return err
+		default:
+			mock.Add(step)
+			runtime.Gosched()
+		}
+	}
 }

@@ -231,7 +231,7 @@ func (r *Registry[K]) checkKey(key K) error {
 	err := r.validKey(key)
 	if err != nil {
 		r.invalidKeys.Add(1)
-		r.eng.Rejected(ErrInvalidKey)
+		r.eng.Rejected(nil, ErrInvalidKey, 0)
 	}
 	return err
 }

@@ -1,6 +1,7 @@
 package slots
 
 import (
+	"context"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -14,7 +15,8 @@ const (
 	// queued for it (0 when it got in at once).
 	EventAcquired = EventKind(core.EventAcquired)
 	// EventRejected: no slot; Err says why (ErrLimitReached, ErrQueueFull,
-	// ErrWaitTimeout, or the context's error for a caller that gave up).
+	// ErrWaitTimeout, or the context's error for a caller that gave up),
+	// after waiting Wait.
 	EventRejected = EventKind(core.EventRejected)
 	// EventBypassed: fail-open let the caller through without a slot after
 	// waiting Wait.
@@ -28,13 +30,20 @@ const (
 	EventLeaked = EventKind(core.EventLeaked)
 )
 
-// Event is one thing that happened to an admission, for metrics. It names
-// no key: metrics built from it have no per-key labels.
+// Event is one thing that happened to an admission, for metrics and
+// traces. It names no key: metrics built from it have no per-key labels.
 type Event struct {
 	Kind EventKind
 	Err  error         // EventRejected
-	Wait time.Duration // EventAcquired, EventBypassed
+	Wait time.Duration // EventAcquired, EventBypassed, EventRejected
 	Hold time.Duration // EventReleased, EventLeaked; accurate to about 10 ms on the real clock
+
+	// Context is the context the caller passed to Acquire (or
+	// AcquireAll), on the admission's EventAcquired, EventBypassed or
+	// EventRejected; nil for TryAcquire and for the other kinds. An
+	// Observer may read from it (the trace span it carries, its
+	// priority and flow) while Observe runs, and must not keep it.
+	Context context.Context
 }
 
 // An Observer receives Events from a Limiter or a Registry. Observe is

@@ -144,3 +144,92 @@ func TestObserverPanicOnAdmissionKeepsNothing(t *testing.T) {
 		assert.Zero(t, lim.InFlight())
 	}
 }
+
+// eventLog records every event, in order.
+type eventLog struct {
+	mu  sync.Mutex
+	all []slots.Event
+}
+
+func (l *eventLog) Observe(e slots.Event) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.all = append(l.all, e)
+}
+
+func (l *eventLog) events() []slots.Event {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]slots.Event(nil), l.all...)
+}
+
+type requestKey struct{}
+
+// An admission's events carry the context its caller passed to Acquire,
+// whatever the outcome (for a span on it), and a rejection after a wait
+// says how long the caller waited; TryAcquire's events and releases carry
+// none.
+func TestEventsCarryTheCallersContext(t *testing.T) {
+	mock := clock.NewMock()
+	var log eventLog
+	l := slots.NewLimiter(1, slots.WithClock(mock), slots.WithObserver(&log), slots.WithMaxWait(2*time.Second))
+	ctx := context.WithValue(context.Background(), requestKey{}, "req")
+	held, err := l.TryAcquire()
+	require.NoError(t, err)
+
+	acquire := func(ctx context.Context) <-chan error {
+		errc := make(chan error, 1)
+		go func() {
+			_, err := l.Acquire(ctx)
+			errc <- err
+		}()
+		for l.Waiting() == 0 {
+			runtimeGosched()
+		}
+		return errc
+	}
+	// The waiter's timer is set once it is queued, at a moment the test
+	// cannot see: the clock moves on a step at a time until it fires.
+	const step = 10 * time.Millisecond
+	errc := acquire(ctx)
+	for timedOut := false; !timedOut; {
+		select {
+		case err := <-errc:
+			require.ErrorIs(t, err, slots.ErrWaitTimeout)
+			timedOut = true
+		default:
+			mock.Add(step)
+			runtimeGosched()
+		}
+	}
+	cctx, cancel := context.WithCancel(ctx)
+	errc = acquire(cctx)
+	mock.Add(500 * time.Millisecond)
+	cancel()
+	require.ErrorIs(t, <-errc, context.Canceled)
+	held.Release()
+	s, err := l.Acquire(ctx)
+	require.NoError(t, err)
+	s.Release()
+
+	evs := kindsOf(log.events())
+	require.Equal(t, []slots.EventKind{slots.EventAcquired, slots.EventRejected, slots.EventRejected,
+		slots.EventReleased, slots.EventAcquired, slots.EventReleased}, evs)
+	all := log.events()
+	assert.Nil(t, all[0].Context, "TryAcquire has no context")
+	assert.Equal(t, "req", all[1].Context.Value(requestKey{}))
+	assert.True(t, all[1].Wait >= 2*time.Second && all[1].Wait <= 2*time.Second+step, "timed out after its wait: %v", all[1].Wait)
+	assert.Equal(t, cctx, all[2].Context)
+	assert.Equal(t, 500*time.Millisecond, all[2].Wait, "gave up after its wait")
+	assert.Nil(t, all[3].Context, "a release has no context")
+	assert.Equal(t, "req", all[4].Context.Value(requestKey{}))
+	assert.Zero(t, all[4].Wait)
+}
+
+func kindsOf(evs []slots.Event) []slots.EventKind {
+	out := make([]slots.EventKind, len(evs))
+	for i, e := range evs {
+		out[i] = e.Kind
+	}
+	return out
+}

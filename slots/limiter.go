@@ -90,12 +90,12 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 		l.stats.LimitReached++
 		rej := e.RejectLane(ErrLimitReached, "", &l.lane)
 		l.mu.Unlock()
-		e.Rejected(ErrLimitReached)
+		e.Rejected(nil, ErrLimitReached, 0)
 		return nil, (*LimitError)(rej)
 	}
 	l.admitLocked(h)
 	l.mu.Unlock()
-	return (*Slot)(e.Acquired(x, t, 0)), nil
+	return (*Slot)(e.Acquired(nil, x, t, 0)), nil
 }
 
 // Acquire admits a Slot, waiting in arrival order while the limiter is full.
@@ -107,7 +107,7 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	e := l.engine()
 	if ctx == nil {
-		e.Rejected(ErrNilContext)
+		e.Rejected(nil, ErrNilContext, 0)
 		return nil, ErrNilContext
 	}
 	x, h, t := e.NewSlot(l.owner(), 0)
@@ -127,12 +127,12 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	// frees in between would admit a caller that has given up.
 	if core.Ended(ctx) {
 		l.mu.Unlock()
-		return nil, e.Canceled(ctx)
+		return nil, e.Canceled(ctx, 0)
 	}
 	if l.lane.Admits(h.Class) {
 		l.admitLocked(h)
 		l.mu.Unlock()
-		return (*Slot)(e.Acquired(x, t, 0)), nil
+		return (*Slot)(e.Acquired(ctx, x, t, 0)), nil
 	}
 	if !placed {
 		place = core.PlaceOf(ctx)
@@ -142,7 +142,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.stats.QueueFull++
 		rej := e.RejectLane(ErrQueueFull, "", &l.lane)
 		l.mu.Unlock()
-		e.Rejected(ErrQueueFull)
+		e.Rejected(ctx, ErrQueueFull, 0)
 		return nil, (*LimitError)(rej)
 	}
 	start := h.At
@@ -153,12 +153,12 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 
 	switch e.Wait(ctx, w, e.MaxWait, l.withdraw) {
 	case core.OutGranted:
-		return (*Slot)(e.Acquired(x, t, time.Duration(h.At-start))), nil
+		return (*Slot)(e.Acquired(ctx, x, t, time.Duration(h.At-start))), nil
 	case core.OutCanceled:
 		l.mu.Lock()
 		l.stats.Canceled++
 		l.mu.Unlock()
-		return nil, e.Canceled(ctx)
+		return nil, e.Canceled(ctx, e.Since(start))
 	}
 	// The wait expired.
 	l.mu.Lock()
@@ -168,14 +168,14 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		h.ID = l.seq
 		inFlight, limit, queued := l.lane.Holders.Len(), l.lane.Limit, l.lane.Waiters.Len()
 		l.mu.Unlock()
-		e.Bypass(h, start, e.MaxWait, "limiter",
+		e.Bypass(ctx, h, start, e.MaxWait, "limiter",
 			slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued))
 		return (*Slot)(e.HandOut(x, t)), nil
 	}
 	l.stats.WaitTimeouts++
 	rej := e.RejectLane(ErrWaitTimeout, "", &l.lane)
 	l.mu.Unlock()
-	e.Rejected(ErrWaitTimeout)
+	e.Rejected(ctx, ErrWaitTimeout, e.Since(start))
 	return nil, (*LimitError)(rej)
 }
 

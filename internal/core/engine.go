@@ -85,17 +85,18 @@ func (e *Engine) HandOut(x *Handle, t *Tracked) *Handle {
 	return x
 }
 
-// Acquired hands out an admitted Slot and reports it after waiting wait.
-// If the Observer panics the Slot is released, since it never reaches its
-// caller, and the panic goes on up.
-func (e *Engine) Acquired(x *Handle, t *Tracked, wait time.Duration) *Handle {
+// Acquired hands out an admitted Slot and reports it after waiting wait,
+// under ctx (nil: an admission without a context). If the Observer panics
+// the Slot is released, since it never reaches its caller, and the panic
+// goes on up.
+func (e *Engine) Acquired(ctx context.Context, x *Handle, t *Tracked, wait time.Duration) *Handle {
 	if t == nil && e.Observer == nil {
 		return x // small enough to inline: the common admission
 	}
-	return e.acquiredSlow(x, t, wait)
+	return e.acquiredSlow(ctx, x, t, wait)
 }
 
-func (e *Engine) acquiredSlow(x *Handle, t *Tracked, wait time.Duration) *Handle {
+func (e *Engine) acquiredSlow(ctx context.Context, x *Handle, t *Tracked, wait time.Duration) *Handle {
 	e.HandOut(x, t)
 	if e.Observer != nil {
 		ok := false
@@ -105,7 +106,7 @@ func (e *Engine) acquiredSlow(x *Handle, t *Tracked, wait time.Duration) *Handle
 				runtime.KeepAlive(x) // see Tracked
 			}
 		}()
-		e.Observer(Event{Kind: EventAcquired, Wait: wait})
+		e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx})
 		ok = true
 	}
 	return x
@@ -138,15 +139,24 @@ func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
 // of it on limit slots might be admitted (see HoldTime.RetryAfter).
 func (e *Engine) RetryAfter(queued, limit int) time.Duration { return e.hold.RetryAfter(queued, limit) }
 
-// Rejected reports a rejection for reason; call without locks.
-func (e *Engine) Rejected(reason error) { e.Emit(Event{Kind: EventRejected, Err: reason}) }
+// Rejected reports a rejection for reason of a caller that waited wait,
+// under ctx (nil: a call without a context); call without locks.
+func (e *Engine) Rejected(ctx context.Context, reason error, wait time.Duration) {
+	if e.Observer != nil {
+		e.Observer(Event{Kind: EventRejected, Err: reason, Wait: wait, Ctx: ctx})
+	}
+}
 
-// Canceled reports a caller whose context ended before it was admitted, and
-// returns its error. Call without locks.
-func (e *Engine) Canceled(ctx context.Context) error {
-	e.Rejected(ctx.Err())
+// Canceled reports a caller whose context ended before it was admitted,
+// after waiting wait, and returns its error. Call without locks.
+func (e *Engine) Canceled(ctx context.Context, wait time.Duration) error {
+	e.Rejected(ctx, ctx.Err(), wait)
 	return fmt.Errorf("%s: acquire: %w", e.name, ctx.Err())
 }
+
+// Since is how long ago start (a clock reading of e's) was, for the wait
+// of a caller turned away.
+func (e *Engine) Since(start int64) time.Duration { return time.Duration(e.Clock.Nanos() - start) }
 
 // Wait blocks until w is granted, ctx ends or maxWait passes (<= 0: no
 // bound); see Await.
@@ -165,7 +175,7 @@ func (e *Engine) Wait(ctx context.Context, w *Waiter, maxWait time.Duration, wit
 // "key", "provider") is logged at most once every 10 seconds, with attrs,
 // and reported. Call without locks, after the owner has counted the bypass
 // (and given h an ID, if its owner numbers bypasses).
-func (e *Engine) Bypass(h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
+func (e *Engine) Bypass(ctx context.Context, h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
 	Bypass(h)
 	h.At = e.Clock.Nanos() // exact: start may be an exact reading too
 	if e.satLog.Allow(h.At, saturationLogEvery) {
@@ -176,7 +186,7 @@ func (e *Engine) Bypass(h *Hold, start int64, maxWait time.Duration, what string
 		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
 			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
 	}
-	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start)})
+	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start), Ctx: ctx})
 }
 
 // Released samples h's hold time for Retry-After and reports the release.

@@ -1,6 +1,9 @@
 package core
 
-import "time"
+import (
+	"context"
+	"time"
+)
 
 // EventKind is what happened to an admission; slots.EventKind takes its
 // values from these.
@@ -22,6 +25,7 @@ type Event struct {
 	Err  error
 	Wait time.Duration
 	Hold time.Duration
+	Ctx  context.Context // the admission's; nil for calls without one and for releases
 }
 
 // Rejection is a rejection with the numbers behind it. Its fields are
