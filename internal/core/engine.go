@@ -194,9 +194,13 @@ func (e *Engine) Bypass(ctx context.Context, h *Hold, start int64, maxWait time.
 // no time: it is neither sampled nor reported. Call without locks, once
 // h's capacity has been freed.
 //
-// Durations end on an exact reading: h.At may be exact (the Gate's) or a
-// coarse one, which is never later than the time it stands for, so a
-// duration is never negative.
+// A sample's duration ends on an exact reading: h.At may be exact (the
+// Gate's) or a coarse one, which is never later than the time it stands
+// for, so it is never negative. The event's ends on a coarse one, as
+// admissions start on one (an exact reading costs as much as the rest of
+// an observed release on some machines: BenchmarkAdmission in
+// sweep/inflightotel), and is 0 rather than negative when an exact start
+// is ahead of it.
 func (e *Engine) Released(h *Hold) {
 	if h.GivenBack {
 		return
@@ -205,7 +209,7 @@ func (e *Engine) Released(h *Hold) {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
 	if e.Observer != nil {
-		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(e.Clock.Nanos() - h.At)})
+		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(max(e.Clock.Coarse()-h.At, 0))})
 	}
 }
 

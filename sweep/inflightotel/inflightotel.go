@@ -1,0 +1,433 @@
+// Package inflightotel exports a program's caps to OpenTelemetry: their
+// counts as metrics, and each admission's wait on the request's trace. It
+// uses the OpenTelemetry API only; the SDK and its exporters are the
+// program's choice, and until it installs them every call is a no-op.
+//
+//	tenants, err := inflightotel.New("tenant")
+//	if err != nil {
+//		return err
+//	}
+//	reg := registry.New[string](64, slots.WithObserver(tenants))
+//	inflightotel.WatchRegistry(tenants, reg)
+//
+// A Cap is the slots.Observer of one cap (a Limiter, a Registry, a
+// pacing.Gate, a fleet's local registry): every cap's measurements belong to
+// the same instruments, told apart by the attribute inflight.cap. It lives
+// apart from the core packages, so that a program that does not use
+// OpenTelemetry never compiles its API.
+//
+// # Metrics
+//
+// Instruments, named in the style of OpenTelemetry's semantic conventions
+// (those of ASP.NET Core's rate limiting are the nearest), each with the
+// attribute inflight.cap and no key (keys are tenants, models, API keys:
+// too many, and sometimes sensitive):
+//
+//	inflight.slots.active           updowncounter {slot}    slots held now (a multi-key slot counts per key)
+//	inflight.requests.queued        updowncounter {request} callers waiting now
+//	inflight.keys.active            updowncounter {key}     keys with a holder or a waiter (registries)
+//	inflight.slots.limit            gauge         {slot}    the limit (one-pool caps, when bounded)
+//	inflight.requests               counter       {request} admissions decided, by inflight.result
+//	inflight.request.time_in_queue  histogram     s         how long each waited for its decision, by inflight.result
+//	inflight.slot.duration          histogram     s         how long slots were held
+//	inflight.slot.misuses           counter       {call}    by inflight.misuse: double_release, leaked
+//	inflight.slots.long_held        gauge         {slot}    slots held past a sweep's threshold (see ObserveSweep)
+//
+// inflight.result is acquired, bypassed (fail-open, without a slot),
+// limit_reached, queue_full, wait_timeout, canceled, invalid_key or other;
+// the requests and their time in queue also carry inflight.priority
+// (interactive, default, batch) when the caller passed a context, and
+// inflight.flow only with WithFlowAttribute. The counts by result and the
+// histograms come from the Cap's Observe; the others are read from the
+// source given to Watch at each collection. The learned caps of a
+// pacing.Gate are exported by LearnedCaps.
+//
+// # Traces
+//
+// An admission made with a context that carries a recording span (otelhttp
+// puts one there for each request it handles or sends) adds a child span,
+// "acquire <cap>", from the moment the caller asked to its decision, with
+// inflight.cap, inflight.priority, inflight.flow (when the caller has one)
+// and inflight.result; a refusal sets the span's status to Error. A child
+// span rather than an event, because a wait has a duration: the trace then
+// shows where the time went, and the wait can be found and measured like
+// any other operation. An admission without a recording span records
+// nothing and allocates nothing. The span goes to the TracerProvider that
+// made the request's span, unless WithTracerProvider names another.
+package inflightotel
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep"
+)
+
+// scope is the instrumentation scope of the meters and tracers.
+const scope = "github.com/inflight-go/inflight/sweep/inflightotel"
+
+// The attributes' keys.
+const (
+	AttrCap      = attribute.Key("inflight.cap")
+	AttrResult   = attribute.Key("inflight.result")
+	AttrPriority = attribute.Key("inflight.priority")
+	AttrFlow     = attribute.Key("inflight.flow")
+	AttrMisuse   = attribute.Key("inflight.misuse")
+)
+
+// An Option configures a Cap or LearnedCaps.
+type Option func(*config)
+
+type config struct {
+	meters  metric.MeterProvider
+	tracers trace.TracerProvider // nil: the request's span's own
+	flow    bool
+}
+
+// WithMeterProvider sets where the metrics go (default: the global
+// MeterProvider, otel.GetMeterProvider, at New).
+func WithMeterProvider(p metric.MeterProvider) Option {
+	return func(c *config) { c.meters = p }
+}
+
+// WithTracerProvider sets where the waits' spans go (default: the
+// provider of the span in the admission's context).
+func WithTracerProvider(p trace.TracerProvider) Option {
+	return func(c *config) { c.tracers = p }
+}
+
+// WithFlowAttribute puts inflight.flow (slots.WithFlow: a tenant, an org,
+// an API key) on the requests counter and the time-in-queue histogram.
+// Each flow makes series of its own, and building their attributes costs
+// an allocation per admission: use it only where flows are few.
+func WithFlowAttribute() Option { return func(c *config) { c.flow = true } }
+
+func configure(opts []Option) config {
+	var c config
+	for _, o := range opts {
+		o(&c)
+	}
+	if c.meters == nil {
+		c.meters = otel.GetMeterProvider()
+	}
+	return c
+}
+
+// The results of an admission, as inflight.result says them.
+const (
+	resultAcquired = iota
+	resultBypassed
+	resultLimitReached
+	resultQueueFull
+	resultWaitTimeout
+	resultCanceled
+	resultInvalidKey
+	resultOther
+	results
+)
+
+var resultNames = [results]string{"acquired", "bypassed", "limit_reached", "queue_full", "wait_timeout", "canceled", "invalid_key", "other"}
+
+// resultOf names e's result.
+func resultOf(e slots.Event) int {
+	switch {
+	case e.Kind == slots.EventAcquired:
+		return resultAcquired
+	case e.Kind == slots.EventBypassed:
+		return resultBypassed
+	case errors.Is(e.Err, slots.ErrLimitReached):
+		return resultLimitReached
+	case errors.Is(e.Err, slots.ErrQueueFull):
+		return resultQueueFull
+	case errors.Is(e.Err, slots.ErrWaitTimeout):
+		return resultWaitTimeout
+	case errors.Is(e.Err, context.Canceled), errors.Is(e.Err, context.DeadlineExceeded):
+		return resultCanceled
+	case errors.Is(e.Err, registry.ErrInvalidKey):
+		return resultInvalidKey
+	}
+	return resultOther
+}
+
+// The priorities as inflight.priority says them; noPriority for an
+// admission without a context.
+const (
+	noPriority = 3
+	priorities = 4
+)
+
+func priorityOf(ctx context.Context) int {
+	if ctx == nil {
+		return noPriority
+	}
+	switch slots.PriorityFrom(ctx) {
+	case slots.PriorityInteractive:
+		return 0
+	case slots.PriorityBatch:
+		return 2
+	}
+	return 1
+}
+
+var priorityNames = [3]string{"interactive", "default", "batch"}
+
+// Snapshot is what a collection reads from a Cap's source. A negative
+// field is not known for the source, and its measurement is left out; a
+// Limit of slots.Unlimited is left out too.
+type Snapshot struct {
+	InFlight int
+	Waiting  int
+	Keys     int
+	Limit    int
+}
+
+// Cap is the instruments of one cap: a slots.Observer (pass it to
+// slots.WithObserver) and a sweep.Observer. Create it with New; the zero
+// value is not usable.
+type Cap struct {
+	name   string
+	cfg    config
+	source atomic.Pointer[func() Snapshot]
+	over   atomic.Int64 // the last sweep's slots over its threshold; -1: no sweep yet
+
+	requests    metric.Int64Counter
+	timeInQueue metric.Float64Histogram
+	held        metric.Float64Histogram
+	misuses     metric.Int64Counter
+	// The attributes of each measurement, made once: a variadic option
+	// passed through the API's interfaces would escape, an allocation per
+	// measurement.
+	byOutcome    [results][priorities]measured
+	plain        metric.MeasurementOption // the cap alone
+	holds        []metric.RecordOption
+	doubles      []metric.AddOption
+	leaks        []metric.AddOption
+	registration metric.Registration
+	tracer       trace.Tracer // nil: the span's provider's
+	spanName     string
+}
+
+// measured is the options of an admission's measurements.
+type measured struct {
+	add    []metric.AddOption
+	record []metric.RecordOption
+}
+
+func measures(o metric.MeasurementOption) measured {
+	return measured{add: []metric.AddOption{o}, record: []metric.RecordOption{o}}
+}
+
+var (
+	_ slots.Observer = (*Cap)(nil)
+	_ sweep.Observer = (*Cap)(nil)
+)
+
+// New returns the instruments of the cap capName (for example "tenant",
+// "provider", "model:glm-5"), measured with the attribute
+// inflight.cap=capName. Caps of different names share the instruments.
+// Point it at its source with WatchLimiter, WatchRegistry or Watch for the
+// counts of slots, waiters, keys and the limit. It fails if the meter
+// refuses an instrument.
+func New(capName string, opts ...Option) (*Cap, error) {
+	c := &Cap{name: capName, cfg: configure(opts), spanName: "acquire " + capName}
+	c.over.Store(-1)
+	if c.cfg.tracers != nil {
+		c.tracer = c.cfg.tracers.Tracer(scope)
+	}
+	m := c.cfg.meters.Meter(scope)
+	var err error
+	c.requests, err = m.Int64Counter("inflight.requests", metric.WithUnit("{request}"),
+		metric.WithDescription("Admissions decided, by result."))
+	if err != nil {
+		return nil, err
+	}
+	c.timeInQueue, err = m.Float64Histogram("inflight.request.time_in_queue", metric.WithUnit("s"),
+		metric.WithDescription("How long each admission waited for its decision, by result."),
+		metric.WithExplicitBucketBoundaries(0, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
+	if err != nil {
+		return nil, err
+	}
+	c.held, err = m.Float64Histogram("inflight.slot.duration", metric.WithUnit("s"),
+		metric.WithDescription("How long slots were held."),
+		metric.WithExplicitBucketBoundaries(0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 900, 1800))
+	if err != nil {
+		return nil, err
+	}
+	c.misuses, err = m.Int64Counter("inflight.slot.misuses", metric.WithUnit("{call}"),
+		metric.WithDescription("Release calls on a slot already released, and slots reclaimed after they were dropped unreleased."))
+	if err != nil {
+		return nil, err
+	}
+	cp := AttrCap.String(capName)
+	c.plain = metric.WithAttributeSet(attribute.NewSet(cp))
+	c.holds = []metric.RecordOption{c.plain}
+	c.doubles = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(cp, AttrMisuse.String("double_release")))}
+	c.leaks = []metric.AddOption{metric.WithAttributeSet(attribute.NewSet(cp, AttrMisuse.String("leaked")))}
+	for r := range results {
+		for p := range priorities {
+			kv := []attribute.KeyValue{cp, AttrResult.String(resultNames[r])}
+			if p != noPriority {
+				kv = append(kv, AttrPriority.String(priorityNames[p]))
+			}
+			c.byOutcome[r][p] = measures(metric.WithAttributeSet(attribute.NewSet(kv...)))
+		}
+	}
+	if err := c.observeCounts(m); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// observeCounts registers the instruments read from the source at each
+// collection.
+func (c *Cap) observeCounts(m metric.Meter) error {
+	active, err := m.Int64ObservableUpDownCounter("inflight.slots.active", metric.WithUnit("{slot}"),
+		metric.WithDescription("Slots held now; a slot held under several keys counts once per key."))
+	if err != nil {
+		return err
+	}
+	queued, err := m.Int64ObservableUpDownCounter("inflight.requests.queued", metric.WithUnit("{request}"),
+		metric.WithDescription("Callers waiting for a slot now."))
+	if err != nil {
+		return err
+	}
+	keys, err := m.Int64ObservableUpDownCounter("inflight.keys.active", metric.WithUnit("{key}"),
+		metric.WithDescription("Keys with a holder or a waiter now."))
+	if err != nil {
+		return err
+	}
+	limit, err := m.Int64ObservableGauge("inflight.slots.limit", metric.WithUnit("{slot}"),
+		metric.WithDescription("The limit, while bounded."))
+	if err != nil {
+		return err
+	}
+	longHeld, err := m.Int64ObservableGauge("inflight.slots.long_held", metric.WithUnit("{slot}"),
+		metric.WithDescription("Slots held past the threshold at the last sweep."))
+	if err != nil {
+		return err
+	}
+	c.registration, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if n := c.over.Load(); n >= 0 {
+			o.ObserveInt64(longHeld, n, c.plain)
+		}
+		f := c.source.Load()
+		if f == nil {
+			return nil // not watching anything yet
+		}
+		s := (*f)()
+		for _, m := range []struct {
+			i metric.Int64Observable
+			v int
+		}{{active, s.InFlight}, {queued, s.Waiting}, {keys, s.Keys}} {
+			if m.v >= 0 {
+				o.ObserveInt64(m.i, int64(m.v), c.plain)
+			}
+		}
+		if s.Limit >= 0 && s.Limit != slots.Unlimited {
+			o.ObserveInt64(limit, int64(s.Limit), c.plain)
+		}
+		return nil
+	}, active, queued, keys, limit, longHeld)
+	return err
+}
+
+// Close stops reading the Cap's source at collections (the Cap's other
+// instruments stay; a program that drops a cap drops its Cap too).
+func (c *Cap) Close() error { return c.registration.Unregister() }
+
+// Watch makes c report what f returns at each collection. f is called from
+// the collecting goroutine and may run concurrently with itself.
+func Watch(c *Cap, f func() Snapshot) { c.source.Store(&f) }
+
+// WatchLimiter makes c report l's counts.
+func WatchLimiter(c *Cap, l *slots.Limiter) {
+	Watch(c, func() Snapshot {
+		st := l.Stats()
+		return Snapshot{InFlight: st.InFlight, Waiting: st.Waiting, Keys: -1, Limit: st.Limit}
+	})
+}
+
+// WatchRegistry makes c report r's counts. A registry's limits are per
+// key, so it has no limit.
+func WatchRegistry[K comparable](c *Cap, r *registry.Registry[K]) {
+	Watch(c, func() Snapshot {
+		st := r.Stats()
+		return Snapshot{InFlight: st.InFlight, Waiting: st.Waiting, Keys: st.Keys, Limit: -1}
+	})
+}
+
+// ObserveSweep implements sweep.Observer: pass the Cap to the Monitor of
+// its source (sweep.WithObserver), and inflight.slots.long_held reports
+// the slots over the Monitor's threshold.
+func (c *Cap) ObserveSweep(t sweep.Tick) { c.over.Store(int64(t.OverThreshold)) }
+
+// Observe implements slots.Observer: it counts each admission by result,
+// records its time in queue and each hold, and puts the admission on its
+// context's span when one is recording.
+func (c *Cap) Observe(e slots.Event) {
+	switch e.Kind {
+	case slots.EventAcquired, slots.EventBypassed, slots.EventRejected:
+		r := resultOf(e)
+		m := c.byOutcome[r][priorityOf(e.Context)]
+		if c.cfg.flow && e.Context != nil {
+			m = measures(c.withFlow(r, e.Context))
+		}
+		c.requests.Add(context.Background(), 1, m.add...)
+		c.timeInQueue.Record(context.Background(), e.Wait.Seconds(), m.record...)
+		if e.Context != nil {
+			c.trace(e, r)
+		}
+	case slots.EventReleased:
+		c.held.Record(context.Background(), e.Hold.Seconds(), c.holds...)
+	case slots.EventDoubleRelease:
+		c.misuses.Add(context.Background(), 1, c.doubles...)
+	case slots.EventLeaked:
+		c.misuses.Add(context.Background(), 1, c.leaks...)
+	}
+}
+
+// withFlow is the attributes of an admission of result r with its flow.
+func (c *Cap) withFlow(r int, ctx context.Context) metric.MeasurementOption {
+	flow, _ := slots.FlowFrom(ctx)
+	return metric.WithAttributes(AttrCap.String(c.name), AttrResult.String(resultNames[r]),
+		AttrPriority.String(priorityNames[priorityOf(ctx)]), AttrFlow.String(flow))
+}
+
+// trace adds the admission e, of result r, to the span of its context as
+// a child span, if that span is recording.
+func (c *Cap) trace(e slots.Event, r int) {
+	parent := trace.SpanFromContext(e.Context)
+	if !parent.IsRecording() {
+		return
+	}
+	tracer := c.tracer
+	if tracer == nil {
+		tracer = parent.TracerProvider().Tracer(scope)
+	}
+	end := time.Now()
+	flow, _ := slots.FlowFrom(e.Context)
+	attrs := []attribute.KeyValue{
+		AttrCap.String(c.name),
+		AttrPriority.String(priorityNames[priorityOf(e.Context)]),
+		AttrResult.String(resultNames[r]),
+	}
+	if flow != "" {
+		attrs = append(attrs, AttrFlow.String(flow))
+	}
+	_, span := tracer.Start(e.Context, c.spanName, trace.WithTimestamp(end.Add(-e.Wait)),
+		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
+	if e.Kind == slots.EventRejected {
+		span.SetStatus(codes.Error, e.Err.Error())
+	}
+	span.End(trace.WithTimestamp(end))
+}
