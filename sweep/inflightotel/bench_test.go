@@ -2,6 +2,9 @@ package inflightotel_test
 
 import (
 	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
 	"testing"
 
 	"github.com/inflight-go/inflight/registry"
@@ -48,6 +51,43 @@ func BenchmarkAdmission(b *testing.B) {
 					b.Fatal(err)
 				}
 				s.Release()
+			}
+		})
+	}
+}
+
+// BenchmarkRoundTrip: a request through slots.Transport to a loopback
+// server, the admission an HTTP client or proxy makes, with and without
+// the adapter (no SDK, no span).
+func BenchmarkRoundTrip(b *testing.B) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		_, _ = io.WriteString(w, "ok")
+	}))
+	defer srv.Close()
+	c, err := inflightotel.New("provider")
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name string
+		opts []slots.Option
+	}{
+		{"bare", nil},
+		{"inflightotel", []slots.Option{slots.WithObserver(c)}},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			l := slots.NewLimiter(8, tc.opts...)
+			base := &http.Transport{MaxIdleConnsPerHost: 8}
+			defer base.CloseIdleConnections()
+			hc := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return l.Acquire(r.Context()) })}
+			b.ReportAllocs()
+			for b.Loop() {
+				resp, err := hc.Get(srv.URL)
+				if err != nil {
+					b.Fatal(err)
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				_ = resp.Body.Close()
 			}
 		})
 	}
