@@ -58,6 +58,8 @@ type Config struct {
 	APIKeyEnv map[string]string `json:"api_key_env,omitempty"`
 	// Metrics adds series beyond one per cap.
 	Metrics *MetricsConfig `json:"metrics,omitempty"`
+	// Telemetry sends traces and metrics over OTLP as well; off without it.
+	Telemetry *TelemetryConfig `json:"telemetry,omitempty"`
 
 	// apiKeys holds the secrets read from APIKeyEnv, by key id. Unexported,
 	// so that a marshalled config never carries them.
@@ -266,6 +268,11 @@ func ParseConfig(data []byte) (Config, error) {
 	if c.Admin != nil {
 		if _, err := c.Admin.token(); err != nil {
 			return Config{}, fmt.Errorf("config: admin.%w", err)
+		}
+	}
+	if c.Telemetry != nil {
+		if err := c.Telemetry.check(); err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
 		}
 	}
 	if c.Orgs.DefaultLimit < 0 {

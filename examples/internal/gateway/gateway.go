@@ -22,7 +22,9 @@
 // cap as inflight_* series told apart by the label cap (metrics.go); errors
 // are answered in OpenAI's shape, a cap of 0 with 403 rather than 429
 // (openai.go); rejections are logged at most once a second, each request at
-// debug level (logging.go).
+// debug level with its wait and caps (logging.go); with Config.Telemetry,
+// traces (the provider wait as a span of its own) and metrics go over OTLP
+// as well (telemetry.go).
 //
 // Every answer of the upstream to a request that holds a provider grant is
 // reported to the provider's Gate, before the grant's slots can be freed
@@ -92,6 +94,7 @@ type Gateway struct {
 	apiKeys       map[string]string // each API key's secret, by id; read-only after New
 	log           *slog.Logger
 	rejections    rejectLog
+	tel           *telemetry // nil without telemetry
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -160,10 +163,14 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		}
 	}
 	g.weights = cfg.Orgs.Weights
+	if err := g.startTelemetry(cfg); err != nil {
+		g.Close()
+		return nil, err
+	}
 	collector := inflightprom.New("tenant")
 	// An org's limit applies to each of its models, looked up per key; a
 	// PATCH marks the org's cached limits due (RefreshLimits).
-	local := []registry.Option{slots.WithObserver(collector), slots.WithLogger(g.log)}
+	local := []registry.Option{slots.WithObserver(g.tenantObserver(collector)), slots.WithLogger(g.log)}
 	provider := cfg.Provider
 	if cfg.Fleet != nil {
 		if provider, err = g.startFleet(cfg, local); err != nil {
@@ -182,6 +189,10 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
 	g.registerMetrics(cfg)
+	if err := g.watchTelemetry(g.providerCounts(cfg)); err != nil {
+		g.Close()
+		return nil, err
+	}
 	g.monitor = sweep.New(g.tenants, sweep.WithLogger(g.log))
 
 	g.proxy = &httputil.ReverseProxy{
@@ -233,7 +244,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 			public.Handle("/debug/", g.admin)
 		}
 	}
-	g.public = g.logRequests(public)
+	g.public = g.tracedHandler(g.logRequests(public))
 	return g, nil
 }
 
@@ -384,6 +395,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	ctx = pacing.WithWaitContext(pacing.WithModelName(ctx, model), g.draining)
 	mm := g.modelMetrics(model)
 	x := &exchange{model: model}
+	asked := time.Now()
 	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), &pacing.Trace{
 		FleetWait: func() func() {
 			mm.fleetWaiting.Add(1)
@@ -391,13 +403,17 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		},
 		Admitted: func(a pacing.Admission) {
 			x.admitted = &a
+			info.waited, info.caps = a.Wait, g.capsHeld(a, model)
 			for _, m := range g.heldBy(a, mm) {
 				m.admitted(a.Wait, a.Held.Bypassed())
 			}
+			g.tel.providerAdmitted(ctx, a.Wait, a.Held.Bypassed())
 		},
 		Refused: func(err error) {
 			x.refused = err
+			info.waited, info.refusedBy = time.Since(asked), refusedBy(err)
 			g.capRefused(refusedBy(err), mm).rejected(err) // once, under the cap that refused
+			g.tel.providerRefused(ctx, err, info.waited)
 		},
 	})
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
@@ -409,7 +425,22 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		for _, m := range g.heldBy(*a, mm) {
 			m.released(hold)
 		}
+		g.tel.providerReleased(hold)
 	}
+}
+
+// capsHeld names the caps an admission for model holds, as the access log
+// lists them: the tenant's, the provider's, its model's when the config
+// names the model, its API key's when it was given one.
+func (g *Gateway) capsHeld(a pacing.Admission, model string) []string {
+	caps := []string{"tenant", "provider"}
+	if _, named := g.models[model]; named {
+		caps = append(caps, "model:"+model)
+	}
+	if a.Grant.Key != "" {
+		caps = append(caps, "api_key:"+a.Grant.Key)
+	}
+	return caps
 }
 
 // heldBy returns the metrics of the caps an admission holds: the
@@ -434,7 +465,7 @@ func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.Rou
 	if g.caps != nil {
 		opts = append(opts, pacing.WithFleet(g.caps))
 	}
-	return pacing.NewTransport(base, g.gate, opts...)
+	return pacing.NewTransport(g.tracedTransport(base), g.gate, opts...)
 }
 
 // maxNameBytes bounds an org or model name: each is part of a key in

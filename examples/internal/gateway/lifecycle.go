@@ -5,6 +5,7 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 	"time"
 )
 
@@ -115,5 +116,12 @@ func (g *Gateway) Close() {
 	}
 	if g.pool != nil {
 		g.pool.Close()
+	}
+	// The last spans and points, sent within a bound: a collector that
+	// does not answer does not hold the exit.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := g.tel.close(ctx); err != nil {
+		g.log.Warn("gateway: telemetry: the last export failed", slog.Any("error", err))
 	}
 }

@@ -16,7 +16,12 @@ import (
 
 // requestInfo is what the model handler learns about a request, for its
 // log line.
-type requestInfo struct{ org, model string }
+type requestInfo struct {
+	org, model string
+	waited     time.Duration // for the provider's caps
+	caps       []string      // the caps held, once admitted
+	refusedBy  string        // the cap that refused it, if one did
+}
 
 type requestInfoKey struct{}
 
@@ -43,9 +48,16 @@ func (g *Gateway) logRequests(next http.Handler) http.Handler {
 		if rec.status == 0 {
 			rec.status = http.StatusOK
 		}
-		g.log.Debug("gateway: request", slog.String("method", r.Method), slog.String("path", r.URL.Path),
+		attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.Path),
 			slog.String("org", info.org), slog.String("model", info.model), slog.Int("status", rec.status),
-			slog.Duration("took", time.Since(start)))
+			slog.Duration("took", time.Since(start)), slog.Duration("waited", info.waited)}
+		if info.caps != nil {
+			attrs = append(attrs, slog.Any("caps", info.caps))
+		}
+		if info.refusedBy != "" {
+			attrs = append(attrs, slog.String("refused_by", info.refusedBy))
+		}
+		g.log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request", attrs...)
 	})
 }
 

@@ -135,18 +135,10 @@ func (g *Gateway) registerMetrics(cfg Config) {
 
 	pc := inflightprom.New("provider")
 	g.provider = newCapMetrics(pc, true)
-	providerLimit := limitOrUnlimited(cfg.Provider.MaxConcurrentRequests)
+	counts := g.providerCounts(cfg)
 	inflightprom.Watch(pc, func() inflightprom.Snapshot {
-		st := g.gate.Status()
-		waiting := st.Queued
-		if g.caps != nil {
-			waiting += g.caps.Stats().Waiting // waiting for the fleet's provider and model caps
-		}
-		limit := providerLimit
-		if l := g.Learned(); l.Floor > 0 { // the provider's cap is learned: the limit in force
-			limit = l.Limit
-		}
-		return inflightprom.Snapshot{InFlight: st.InFlight, Waiting: waiting, Keys: -1, Limit: limit, Counts: g.provider.counts()}
+		n, waiting, limit := counts()
+		return inflightprom.Snapshot{InFlight: n, Waiting: waiting, Keys: -1, Limit: limit, Counts: g.provider.counts()}
 	})
 	g.metrics.MustRegister(pc)
 	// Read from the Gate at each scrape: the Gate's one change hook is left
@@ -240,6 +232,25 @@ func (g *Gateway) registerMetrics(cfg Config) {
 		onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 		registerFleet(g.metrics, "tenants", g.fleetTenants.Stats, onUnavailable)
 		registerFleet(g.metrics, "provider", g.caps.Stats, onUnavailable)
+	}
+}
+
+// providerCounts returns what reads the provider's slots held, the
+// requests waiting for them (for the Gate, and with a fleet for the
+// fleet's provider and model caps) and the limit in force.
+func (g *Gateway) providerCounts(cfg Config) func() (inFlight, waiting, limit int) {
+	configured := limitOrUnlimited(cfg.Provider.MaxConcurrentRequests)
+	return func() (inFlight, waiting, limit int) {
+		st := g.gate.Status()
+		waiting = st.Queued
+		if g.caps != nil {
+			waiting += g.caps.Stats().Waiting
+		}
+		limit = configured
+		if l := g.Learned(); l.Floor > 0 { // the provider's cap is learned: the limit in force
+			limit = l.Limit
+		}
+		return st.InFlight, waiting, limit
 	}
 }
 

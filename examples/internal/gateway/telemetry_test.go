@@ -1,0 +1,216 @@
+package gateway
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// syncBuffer is a log sink that handlers write to from many goroutines.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+func attrsOf(kvs []attribute.KeyValue) map[string]string {
+	out := map[string]string{}
+	for _, kv := range kvs {
+		out[string(kv.Key)] = kv.Value.Emit()
+	}
+	return out
+}
+
+// One request admitted and one turned away after its wait, through the
+// gateway with telemetry: each request's span has the wait for the
+// provider's caps as a child span with its result (the refused one an
+// error, as long as its wait), the upstream exchange is a client span
+// under the admitted request's, the caps' metrics count both, and the
+// access log line says what each waited and held or what refused it.
+func TestGatewayTelemetry(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var logs syncBuffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+
+	u := newUpstream(t)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{
+		"upstream": "%s",
+		"provider": {"max_concurrent_requests": 1, "max_queue_wait_ms": 300}
+	}`, WithTelemetry(tp, mp), WithLogger(log))
+
+	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	first := make([]byte, 8)
+	_, err = io.ReadFull(held.Body, first) // the stream has started: the slot is held
+	require.NoError(t, err)
+	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-b", "glm-5.3")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, refused.Body)
+	require.NoError(t, refused.Body.Close())
+	assert.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	close(u.gate)
+	_, _ = io.Copy(io.Discard, held.Body)
+	require.NoError(t, held.Body.Close())
+	waitFor(t, "both requests' spans ended", func() bool {
+		n := 0
+		for _, s := range spans.Ended() {
+			if s.SpanKind() == trace.SpanKindServer {
+				n++
+			}
+		}
+		return n == 2
+	})
+
+	byParent := map[trace.SpanID][]sdktrace.ReadOnlySpan{}
+	var servers []sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		byParent[s.Parent().SpanID()] = append(byParent[s.Parent().SpanID()], s)
+		if s.SpanKind() == trace.SpanKindServer {
+			servers = append(servers, s)
+		}
+	}
+	results := map[string]sdktrace.ReadOnlySpan{}
+	for _, server := range servers {
+		var wait, client sdktrace.ReadOnlySpan
+		for _, c := range byParent[server.SpanContext().SpanID()] {
+			switch {
+			case c.Name() == "acquire provider":
+				wait = c
+			case c.SpanKind() == trace.SpanKindClient:
+				client = c
+			}
+		}
+		require.NotNil(t, wait, "the wait, a child of the request's span")
+		a := attrsOf(wait.Attributes())
+		results[a["inflight.result"]] = wait
+		assert.Equal(t, "provider", a["inflight.cap"])
+		if a["inflight.result"] == "acquired" {
+			require.NotNil(t, client, "the upstream exchange, under the request's span")
+			assert.Equal(t, server.SpanContext().TraceID(), client.SpanContext().TraceID())
+			assert.Equal(t, "org-a", a["inflight.flow"])
+		} else {
+			assert.Nil(t, client, "a refused request never went upstream")
+		}
+	}
+	require.Contains(t, results, "acquired")
+	require.Contains(t, results, "wait_timeout")
+	timedOut := results["wait_timeout"]
+	assert.Equal(t, codes.Error, timedOut.Status().Code)
+	assert.GreaterOrEqual(t, timedOut.EndTime().Sub(timedOut.StartTime()), 300*time.Millisecond, "the span covers the wait")
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	requests := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "inflight.requests" {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				c, _ := p.Attributes.Value("inflight.cap")
+				r, _ := p.Attributes.Value("inflight.result")
+				requests[c.Emit()+"/"+r.Emit()] += p.Value
+			}
+		}
+	}
+	assert.Equal(t, map[string]int64{"tenant/acquired": 2, "provider/acquired": 1, "provider/wait_timeout": 1}, requests)
+
+	lines := strings.Split(logs.String(), "\n")
+	var admittedLine, refusedLine string
+	for _, l := range lines {
+		switch {
+		case strings.Contains(l, `msg="gateway: request"`) && strings.Contains(l, "org=org-a"):
+			admittedLine = l
+		case strings.Contains(l, `msg="gateway: request"`) && strings.Contains(l, "org=org-b"):
+			refusedLine = l
+		}
+	}
+	assert.Contains(t, admittedLine, `caps="[tenant provider]"`)
+	assert.Contains(t, refusedLine, "refused_by=provider")
+	assert.Regexp(t, `waited=(3\d\d|[4-9]\d\d)(\.\d+)?ms`, refusedLine, "waited its 300 ms")
+}
+
+// With telemetry.otlp_endpoint, the spans and the metrics go to the
+// collector over OTLP/HTTP; Close sends what is left.
+func TestGatewayOTLP(t *testing.T) {
+	var mu sync.Mutex
+	posts := map[string]int{}
+	collector := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		mu.Lock()
+		posts[r.URL.Path+" "+r.Header.Get("Content-Type")]++
+		mu.Unlock()
+	}))
+	defer collector.Close()
+	u := newUpstream(t)
+	close(u.gate)
+	cfg, err := ParseConfig([]byte(fmt.Sprintf(`{"upstream": %q, "telemetry": {"otlp_endpoint": %q, "service_name": "gw-test"}}`,
+		u.srv.URL, collector.URL)))
+	require.NoError(t, err)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	gw, err := New(cfg, base)
+	require.NoError(t, err)
+	srv := httptest.NewServer(gw)
+	resp, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	srv.Close()
+	gw.Close()
+	mu.Lock()
+	defer mu.Unlock()
+	assert.Positive(t, posts["/v1/traces application/x-protobuf"], "spans sent: %v", posts)
+	assert.Positive(t, posts["/v1/metrics application/x-protobuf"], "metrics sent: %v", posts)
+}
+
+func TestConfigTelemetry(t *testing.T) {
+	for _, tc := range []struct{ telemetry, err string }{
+		{`{"otlp_endpoint": "http://127.0.0.1:4318"}`, ""},
+		{`{"otlp_endpoint": "https://collector.internal/otlp", "metrics_interval_ms": 10000}`, ""},
+		{`{"otlp_endpoint": "127.0.0.1:4318"}`, "telemetry.otlp_endpoint"},
+		{`{}`, "telemetry.otlp_endpoint"},
+		{`{"otlp_endpoint": "http://127.0.0.1:4318", "metrics_interval_ms": -1}`, "telemetry.metrics_interval_ms"},
+	} {
+		_, err := ParseConfig([]byte(`{"upstream": "http://127.0.0.1:1", "telemetry": ` + tc.telemetry + `}`))
+		if tc.err == "" {
+			assert.NoError(t, err, tc.telemetry)
+		} else {
+			assert.ErrorContains(t, err, tc.err, tc.telemetry)
+		}
+	}
+}
