@@ -420,12 +420,12 @@ func (g *Gate) armLocked(at, now int64) {
 // start is next expected; report it with rejected once unlocked.
 func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) *core.Rejection {
 	g.rejects++
-	rej := g.eng.RejectLane(reason, g.name+"/"+ml.name, &g.provider)
+	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit))
 	rej.Cap = CapProvider
 	if reason == slots.ErrWaitTimeout {
 		rej.Cap, rej.InFlight, rej.Limit = g.bindingLocked(ml, now)
 	}
-	ra := g.eng.RetryAfter(rej.Queued, min(g.provider.Limit, ml.lane.Limit))
+	ra := rej.RetryAfter
 	next := int64(0)
 	if g.started {
 		next = g.next
@@ -435,9 +435,9 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) *core.Reject
 	}
 	if next > now {
 		// Rounded up: a client that honours it does not come back early.
-		ra = max(ra, (time.Duration(next-now) + time.Second - 1).Truncate(time.Second))
+		ra = max(ra, (time.Duration(next-now) + time.Millisecond - 1).Truncate(time.Millisecond))
 	}
-	rej.RetryAfter = max(ra, time.Second)
+	rej.RetryAfter = ra
 	return rej
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"math/rand/v2"
+	"net/http"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -375,7 +376,10 @@ func TestGateRetryAfterCoversTheNextStart(t *testing.T) {
 		_, err := g.Acquire(context.Background(), "m")
 		var le *slots.LimitError
 		require.ErrorAs(t, err, &le)
-		assert.Equal(t, 3*time.Second, le.RetryAfter, "2.4 s to the next start, rounded up")
+		assert.Equal(t, 2400*time.Millisecond, le.RetryAfter, "2.4 s to the next start")
+		status, ra := slots.HTTPStatus(err)
+		assert.Equal(t, http.StatusTooManyRequests, status)
+		assert.Equal(t, 3*time.Second, ra, "Retry-After rounds it up to whole seconds")
 		cancel()
 		<-queued
 		first.Slot.Release()

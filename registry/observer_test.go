@@ -151,3 +151,37 @@ func stepUntil(mock *clock.Mock, errc <-chan error) error {
 		}
 	}
 }
+
+// The returns told to callers refused on one key spread them over that
+// key's slots: those of another key are not pushed back by them, and a
+// key that went idle and came back starts afresh.
+func TestRetryAftersAreEachKeys(t *testing.T) {
+	mock := clock.NewMock()
+	reg := registry.New[string](1, slots.WithClock(mock))
+	a, err := reg.TryAcquire("a")
+	require.NoError(t, err)
+	b, err := reg.TryAcquire("b")
+	require.NoError(t, err)
+	var last time.Duration
+	for i := range 3 {
+		_, err := reg.TryAcquire("a")
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		if i > 0 {
+			assert.Greater(t, le.RetryAfter, last, "callers refused together are spread")
+		}
+		last = le.RetryAfter
+	}
+	_, err = reg.TryAcquire("b")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Less(t, le.RetryAfter, last, "another key's returns go before none of b's")
+	a.Release()
+	b.Release()
+	a, err = reg.TryAcquire("a")
+	require.NoError(t, err)
+	_, err = reg.TryAcquire("a")
+	require.ErrorAs(t, err, &le)
+	assert.Less(t, le.RetryAfter, last, "an idle key's returns told are gone with it")
+	a.Release()
+}

@@ -72,6 +72,7 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	// reuse); only the key goes, so that it can be collected.
 	var zero K
 	e.key = zero
+	e.lane.Told = nil // the returns told are the key's
 	if sh.spare == nil {
 		sh.spare = e
 	} else if len(sh.free) < maxFreeEntries {

@@ -25,14 +25,24 @@ const StatusClientClosedRequest = 499
 //	anything else                         500, 0
 //
 // Retry-After is rounded up, so a client that honours it does not come back
-// early.
+// early. (The answers of Middleware, WriteError and ProxyErrorHandler also
+// carry the estimate to the millisecond, in retry-after-ms.)
 func HTTPStatus(err error) (status int, retryAfter time.Duration) {
+	status, retryAfter = httpStatus(err)
+	if retryAfter > 0 {
+		retryAfter = wholeSeconds(retryAfter)
+	}
+	return status, retryAfter
+}
+
+// httpStatus is HTTPStatus with the Retry-After as estimated.
+func httpStatus(err error) (status int, retryAfter time.Duration) {
 	var le *LimitError
 	switch {
 	case err == nil:
 		return http.StatusOK, 0
 	case errors.As(err, &le):
-		return http.StatusTooManyRequests, wholeSeconds(le.RetryAfter)
+		return http.StatusTooManyRequests, max(le.RetryAfter, time.Millisecond)
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, time.Second
 	case errors.Is(err, context.Canceled):
@@ -149,17 +159,27 @@ func WritePlainError(w http.ResponseWriter, status int, message string) {
 // WritePlainError writes it. Middleware and ProxyErrorHandler do the same
 // in any format (WithErrorWriter).
 func WriteError(w http.ResponseWriter, err error) {
-	status, retryAfter := HTTPStatus(err)
+	status, retryAfter := httpStatus(err)
 	writeError(w, WritePlainError, status, retryAfter, ErrorMessage(err))
 }
 
+// HeaderRetryAfterMs is the header that carries a refusal's Retry-After to
+// the millisecond, beside Retry-After's whole seconds: the official OpenAI
+// and Anthropic SDKs read it first, and turns of a second are too short
+// for whole seconds.
+const HeaderRetryAfterMs = "Retry-After-Ms"
+
 // writeError runs ew, making sure the answer goes out with status: a
-// writer that writes nothing would otherwise let the server answer 200.
+// writer that writes nothing would otherwise let the server answer 200. A
+// retryAfter goes out as Retry-After, in whole seconds rounded up, and as
+// retry-after-ms, rounded up to the millisecond.
 func writeError(w http.ResponseWriter, ew ErrorWriter, status int, retryAfter time.Duration, msg string) {
 	sw := &statusWriter{ResponseWriter: w, status: status}
 	if retryAfter > 0 {
-		sw.retryAfter = strconv.FormatInt(int64(retryAfter/time.Second), 10)
+		sw.retryAfter = strconv.FormatInt(int64(wholeSeconds(retryAfter)/time.Second), 10)
+		sw.retryAfterMs = strconv.FormatInt(int64((retryAfter+time.Millisecond-1)/time.Millisecond), 10)
 		w.Header().Set("Retry-After", sw.retryAfter)
+		w.Header().Set(HeaderRetryAfterMs, sw.retryAfterMs)
 	}
 	ew(sw, status, msg)
 	if !sw.wroteHeader {
@@ -170,9 +190,10 @@ func writeError(w http.ResponseWriter, ew ErrorWriter, status int, retryAfter ti
 // statusWriter holds an ErrorWriter to the status it was given.
 type statusWriter struct {
 	http.ResponseWriter
-	status      int
-	retryAfter  string // "" for none
-	wroteHeader bool   // a final (non-1xx) status has gone out
+	status       int
+	retryAfter   string // "" for none
+	retryAfterMs string
+	wroteHeader  bool // a final (non-1xx) status has gone out
 }
 
 func (w *statusWriter) WriteHeader(code int) {
@@ -193,6 +214,7 @@ func (w *statusWriter) writeStatus() {
 	w.wroteHeader = true
 	if w.retryAfter != "" && w.Header().Get("Retry-After") == "" {
 		w.Header().Set("Retry-After", w.retryAfter)
+		w.Header().Set(HeaderRetryAfterMs, w.retryAfterMs)
 	}
 	w.ResponseWriter.WriteHeader(w.status)
 }

@@ -25,7 +25,7 @@ func newMiddlewareConfig(opts []MiddlewareOption) middlewareConfig {
 
 // status is HTTPStatus with the configured status for a rejection.
 func (c middlewareConfig) status(err error) (int, time.Duration) {
-	status, retryAfter := HTTPStatus(err)
+	status, retryAfter := httpStatus(err)
 	var le *LimitError
 	if errors.As(err, &le) {
 		status = c.rejectStatus

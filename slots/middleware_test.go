@@ -158,8 +158,35 @@ func TestWriteError(t *testing.T) {
 	slots.WriteError(rec, &slots.LimitError{Err: slots.ErrQueueFull, Key: "sk-secret-key", InFlight: 8, Limit: 8, Queued: 256, RetryAfter: 40 * time.Second})
 	assert.Equal(t, http.StatusTooManyRequests, rec.Code)
 	assert.Equal(t, "40", rec.Header().Get("Retry-After"))
+	assert.Equal(t, "40000", rec.Header().Get(slots.HeaderRetryAfterMs))
 	assert.NotContains(t, rec.Body.String(), "sk-secret-key", "keys may be credentials: never in a response")
 	assert.Equal(t, "too many requests in flight: 8 of 8, 256 queued (queue full)\n", rec.Body.String())
+}
+
+// A refusal's Retry-After goes out in whole seconds, rounded up, and to
+// the millisecond in retry-after-ms, also rounded up, whichever seam
+// answers it, and whatever the ErrorWriter does.
+func TestRetryAfterMs(t *testing.T) {
+	refusal := &slots.LimitError{Err: slots.ErrLimitReached, RetryAfter: 1500*time.Millisecond + 300*time.Microsecond}
+	check := func(name string, h http.Header) {
+		assert.Equal(t, "2", h.Get("Retry-After"), name)
+		assert.Equal(t, "1501", h.Get("retry-after-ms"), name)
+	}
+	rec := httptest.NewRecorder()
+	slots.WriteError(rec, refusal)
+	check("WriteError", rec.Header())
+
+	silent := slots.WithErrorWriter(func(http.ResponseWriter, int, string) {}) // writes nothing
+	rec = httptest.NewRecorder()
+	slots.Middleware(func(*http.Request) (*slots.Slot, error) { return nil, refusal }, silent)(http.NotFoundHandler()).
+		ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	assert.Equal(t, http.StatusTooManyRequests, rec.Code)
+	check("Middleware", rec.Header())
+
+	rec = httptest.NewRecorder()
+	slots.WriteError(rec, errors.New("not a refusal"))
+	assert.Empty(t, rec.Header().Get("Retry-After"))
+	assert.Empty(t, rec.Header().Get("retry-after-ms"))
 }
 
 func TestErrorMessageHasNoPackagePrefixes(t *testing.T) {

@@ -34,11 +34,19 @@ type LimitError struct {
 	// "pacing" or "pause" (see pacing.CapProvider), and InFlight and Limit
 	// are that cap's. Empty for a Limiter or a Registry (Key names the
 	// cap). Unlike Key, it never names a tenant or a secret.
-	Cap        string
-	InFlight   int           // holders at the decision
-	Limit      int           // the limit at the decision
-	Queued     int           // waiters at the decision
-	RetryAfter time.Duration // estimate of when to try again; at least one second
+	Cap      string
+	InFlight int // holders at the decision
+	Limit    int // the limit at the decision
+	Queued   int // waiters at the decision
+	// RetryAfter is when to try again: when the slot this caller would
+	// get is expected to free, from the holds' mean and the holders'
+	// starts, behind the callers queued and those told to come back
+	// earlier (so that callers refused together are spread over the time
+	// slots free, not sent back at once), a little before it when the
+	// caller could queue. To the millisecond, at least 1 ms; an HTTP
+	// answer rounds it up to whole seconds in Retry-After and sends it as
+	// it is in retry-after-ms (HeaderRetryAfterMs).
+	RetryAfter time.Duration
 }
 
 func (e *LimitError) Error() string {

@@ -123,21 +123,46 @@ func (e *Engine) Full(q *Queue, flow string) bool {
 }
 
 // Reject builds the rejection for reason with the counts at the decision
-// (call under the owner's lock) and a Retry-After estimated from them.
-// Report it with Rejected once the lock is released.
+// (call under the owner's lock) and a Retry-After estimated from them,
+// spread from the others' (see HoldTime.RetryAfter). Report it with
+// Rejected once the lock is released.
 func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *Rejection {
-	return &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued,
-		RetryAfter: e.hold.RetryAfter(queued, limit)}
+	return e.rejectAt(reason, key, inFlight, limit, queued, limit, nil, nil)
 }
 
-// RejectLane is Reject with ln's counts.
+// RejectLane is Reject with ln's counts, and its Retry-After from when
+// its holders started.
 func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
-	return e.Reject(reason, key, ln.Holders.Len(), ln.Limit, ln.Waiters.Len())
+	return e.RejectLaneTurns(reason, key, ln, ln.Limit)
 }
 
-// RetryAfter estimates when a caller rejected with queued waiting ahead
-// of it on limit slots might be admitted (see HoldTime.RetryAfter).
-func (e *Engine) RetryAfter(queued, limit int) time.Duration { return e.hold.RetryAfter(queued, limit) }
+// RejectLaneTurns is RejectLane whose Retry-After counts turns of slots
+// slots, where a tighter cap than ln's limit binds.
+func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int) *Rejection {
+	var buf [startsScan]int64
+	var starts []int64
+	if slots == ln.Limit { // the lane's own holders are the slots' holders
+		starts = ln.Holders.Starts(buf[:0])
+	}
+	if ln.Told == nil {
+		ln.Told = new(Told)
+	}
+	return e.rejectAt(reason, key, ln.Holders.Len(), ln.Limit, ln.Waiters.Len(), slots, starts, ln.Told)
+}
+
+func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots int, starts []int64, told *Told) *Rejection {
+	// Back a little before the slot frees, to be in line when it does:
+	// half the queue's wait, and never more than half a turn.
+	lead := e.MaxWait / 2
+	if lead <= 0 {
+		lead = time.Hour
+	}
+	if slots > 0 {
+		lead = min(lead, time.Duration(e.hold.ewma.Load()/int64(slots))/2)
+	}
+	return &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued,
+		RetryAfter: e.hold.RetryAfter(e.Clock.Coarse(), queued, slots, starts, lead, told)}
+}
 
 // Rejected reports a rejection for reason of a caller that waited wait,
 // under ctx (nil: a call without a context); call without locks.
@@ -205,7 +230,7 @@ func (e *Engine) Released(h *Hold) {
 	if h.GivenBack {
 		return
 	}
-	if h.ID&SampleMask == 0 {
+	if h.ID&SampleMask == 0 || e.hold.Warming() {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
 	if e.Observer != nil {

@@ -29,6 +29,23 @@ const (
 // Len returns the number of holders.
 func (s *HolderSet) Len() int { return s.n }
 
+// startsScan bounds the holders Starts reads.
+const startsScan = 64
+
+// Starts appends the holders' starts (Hold.At) to buf, unless there are
+// more than startsScan of them: then the order of their ends says little
+// that a mean does not, and it returns buf as it is.
+func (s *HolderSet) Starts(buf []int64) []int64 {
+	if s.n == 0 || s.n > startsScan {
+		return buf
+	}
+	buf = append(buf, s.one.h.At)
+	for _, r := range s.more[:s.n-1] {
+		buf = append(buf, r.h.At)
+	}
+	return buf
+}
+
 // ClassLen returns the number of holders of class c.
 func (s *HolderSet) ClassLen(c uint8) int {
 	if c == ClassDefault {
@@ -107,6 +124,9 @@ type Lane struct {
 	Waiters Queue
 	// Shares, if not nil, guarantees parts of Limit to classes (CanTake).
 	Shares *Shares
+	// Told, if not nil, is the returns told to callers refused here
+	// (RejectLane makes it).
+	Told *Told
 }
 
 // HasRoom reports whether one more holder fits under the limit.

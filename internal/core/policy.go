@@ -3,6 +3,7 @@ package core
 import (
 	"log/slog"
 	"math"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -71,20 +72,39 @@ func (e *Every) Allow(now int64, interval time.Duration) bool {
 
 // HoldTime is a running estimate of how long holders keep their capacity,
 // fed by a sample of releases. Lock-free; the zero value has no estimate.
-type HoldTime struct{ ewma atomic.Int64 }
+type HoldTime struct {
+	ewma    atomic.Int64
+	samples atomic.Int32 // up to warmSamples
+}
+
+// Told is the returns told to the callers refused on a lane and not yet
+// due, in order: the callers expected back, who go before a caller refused
+// later. Its owner's lock guards it.
+type Told struct{ dues []int64 }
 
 // SampleMask picks the releases that feed the estimate (IDs with these bits
-// clear), so that most releases do not read the clock.
+// clear), so that most releases do not read the clock; the first
+// warmSamples releases all feed it (see Warming).
 const SampleMask = 15
+
+// warmSamples is how many releases feed the estimate before sampling
+// starts: a refusal soon after the start has an estimate to go by.
+const warmSamples = 16
+
+// Warming reports whether every release should feed the estimate still.
+func (t *HoldTime) Warming() bool { return t.samples.Load() < warmSamples }
 
 // Observe folds one hold duration (nanoseconds) into the estimate.
 func (t *HoldTime) Observe(d int64) {
 	if d < 0 {
 		return
 	}
+	if t.samples.Load() < warmSamples {
+		t.samples.Add(1)
+	}
 	old := t.ewma.Load()
 	if old == 0 {
-		t.ewma.Store(d)
+		t.ewma.Store(max(d, 1))
 		return
 	}
 	// A lost update under a race only drops one sample.
@@ -94,20 +114,89 @@ func (t *HoldTime) Observe(d int64) {
 // MaxRetryAfter caps the estimate: past an hour it says nothing useful.
 const MaxRetryAfter = time.Hour
 
-// RetryAfter estimates when a caller rejected now might be admitted: the
-// queue ahead of it drains at about limit holders per mean hold time. Never
-// less than one second, which is also the answer when nothing is known, and
-// never more than MaxRetryAfter.
-func (t *HoldTime) RetryAfter(queued, limit int) time.Duration {
-	const floor = time.Second
+// turn is the mean time between two releases of limit slots (one second
+// of hold when nothing is known), in nanoseconds.
+func (t *HoldTime) turn(limit int) float64 {
 	mean := t.ewma.Load()
-	if mean <= 0 || limit <= 0 {
-		return floor
+	if mean <= 0 {
+		mean = int64(time.Second)
 	}
-	d := float64(mean) * float64(queued+1) / float64(limit) // float: no overflow
-	d = min(max(d, float64(floor)), float64(MaxRetryAfter))
-	// Rounded up: a client that honours it does not come back early.
-	return time.Duration(math.Ceil(d/float64(time.Second))) * time.Second
+	return float64(mean) / float64(limit)
+}
+
+// Estimate is how long a caller refused now, with queued callers ahead of
+// it on limit slots, might wait for one: the queue drains at about limit
+// holders per mean hold time. Rounded up to the millisecond; one second
+// when limit is not positive; at most MaxRetryAfter.
+func (t *HoldTime) Estimate(queued, limit int) time.Duration {
+	if limit <= 0 {
+		return time.Second
+	}
+	return roundMs(t.turn(limit) * float64(queued+1)) // float: no overflow
+}
+
+// maxDues bounds the returns a Told keeps: past it the oldest are
+// forgotten, and later callers come back earlier than they should. (A
+// caller that asks again without waiting books a return each time.)
+const maxDues = 1024
+
+// RetryAfter is when a caller refused at now (nanoseconds on the caller's
+// clock, the same for every call) should come back, with queued callers
+// ahead of it and, ahead of them, the callers told (when told is not nil)
+// to come back later than now: when the slot it would get is expected to
+// free, lead earlier, so that it is in line when the slot frees. Each slot
+// frees a mean hold after its holder started, then every mean hold
+// (starts holds the holders' starts, in any order, when known and few: a
+// lane's; nil: a slot frees every mean hold over limit, from now). The
+// return is booked in told, so that callers refused together come back one
+// by one, as slots free, rather than all at once into a full queue.
+// Rounded up to the millisecond; one second when limit is not positive; at
+// most MaxRetryAfter. Call under the lock that guards told.
+func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead time.Duration, told *Told) time.Duration {
+	if limit <= 0 {
+		return time.Second
+	}
+	mean := t.ewma.Load()
+	if mean <= 0 {
+		mean = int64(time.Second)
+	}
+	k := queued // the slots that go before this caller's
+	if told != nil {
+		// Returns already due have come back (or will not).
+		i := 0
+		for i < len(told.dues) && told.dues[i] <= now {
+			i++
+		}
+		told.dues = told.dues[:copy(told.dues, told.dues[i:])]
+		k += len(told.dues)
+	}
+	var at float64 // float: no overflow
+	if n := len(starts); n > 0 {
+		slices.Sort(starts)
+		round, j := k/n, k%n
+		at = float64(starts[j]) + float64(mean)*float64(1+round)
+		// A holder past its mean frees any moment: its turn is from now.
+		at = max(at, float64(now)+float64(mean)*float64(round))
+	} else {
+		at = float64(now) + float64(mean)/float64(limit)*float64(k+1)
+	}
+	at = min(at, float64(now)+float64(MaxRetryAfter))
+	if told != nil {
+		if len(told.dues) == maxDues {
+			told.dues = told.dues[1:]
+		}
+		due := int64(at)
+		j, _ := slices.BinarySearch(told.dues, due)
+		told.dues = slices.Insert(told.dues, j, due)
+	}
+	return roundMs(at - float64(lead) - float64(now))
+}
+
+// roundMs is d nanoseconds rounded up to the millisecond, within 1 ms
+// and MaxRetryAfter: a client that honours it does not come back early.
+func roundMs(d float64) time.Duration {
+	d = min(max(d, float64(time.Millisecond)), float64(MaxRetryAfter))
+	return time.Duration(math.Ceil(d/float64(time.Millisecond))) * time.Millisecond
 }
 
 // Settings is what the module's options set: the Policy, which every owner

@@ -20,16 +20,53 @@ func TestEvery(t *testing.T) {
 }
 
 func TestRetryAfter(t *testing.T) {
+	sec := int64(time.Second)
 	var h core.HoldTime
-	assert.Equal(t, time.Second, h.RetryAfter(10, 2), "nothing known: one second")
-	h.Observe(int64(20 * time.Second))
-	assert.Equal(t, 20*time.Second, h.RetryAfter(1, 2), "2 ahead, 2 slots of 20 s each")
-	assert.Equal(t, 60*time.Second, h.RetryAfter(5, 2))
-	assert.Equal(t, time.Second, h.RetryAfter(0, 100), "never under one second")
-	assert.Equal(t, time.Second, h.RetryAfter(3, 0), "a closed key has no estimate")
-	h.Observe(-1) // a clock that went backwards is ignored
-	h.Observe(int64(4 * time.Second))
-	assert.Equal(t, 18*time.Second, h.RetryAfter(0, 1), "the mean moves an eighth of the way")
+	told := new(core.Told)
+	assert.Equal(t, 5*time.Second, h.RetryAfter(0, 9, 2, nil, 0, told), "nothing known: a second a hold, 10 turns of half a second")
+	assert.Equal(t, time.Second, h.RetryAfter(0, 3, 0, nil, 0, told), "a closed key has no estimate")
+
+	var e core.HoldTime
+	e.Observe(20 * sec)
+	told = new(core.Told)
+	assert.Equal(t, 20*time.Second, e.RetryAfter(0, 1, 2, nil, 0, told), "2 ahead, 2 slots of 20 s each")
+	assert.Equal(t, 30*time.Second, e.RetryAfter(0, 1, 2, nil, 0, told), "the next caller refused at once goes a turn later")
+	assert.Equal(t, 10*time.Second, e.RetryAfter(31*sec, 0, 2, nil, 0, told), "once the returns told are due, a turn from now")
+	assert.Equal(t, 9*time.Second, e.RetryAfter(100*sec, 0, 2, nil, time.Second, told), "back a lead before its slot frees")
+	assert.Equal(t, 10*time.Second, e.RetryAfter(100*sec, 0, 2, nil, 0, nil), "nothing told: no spread")
+	assert.Equal(t, 10*time.Second, e.RetryAfter(100*sec, 0, 2, nil, 0, nil))
+
+	// From the holders' starts: the first slot frees a mean hold after the
+	// oldest start, the next after the next start, and so on, round after
+	// round.
+	var s core.HoldTime
+	s.Observe(10 * sec)
+	told = new(core.Told)
+	starts := []int64{7 * sec, 2 * sec}
+	assert.Equal(t, 2*time.Second, s.RetryAfter(10*sec, 0, 2, starts, 0, told), "the oldest hold ends at 12 s")
+	assert.Equal(t, 7*time.Second, s.RetryAfter(10*sec, 0, 2, starts, 0, told), "then the other, at 17 s")
+	assert.Equal(t, 12*time.Second, s.RetryAfter(10*sec, 0, 2, starts, 0, told), "then the oldest's next holder, at 22 s")
+	var o core.HoldTime
+	o.Observe(10 * sec)
+	told = new(core.Told)
+	assert.Equal(t, time.Millisecond, o.RetryAfter(30*sec, 0, 1, []int64{1 * sec}, 0, told), "a hold past its mean ends any moment")
+
+	var r core.HoldTime
+	r.Observe(int64(1500 * time.Microsecond))
+	told = new(core.Told)
+	assert.Equal(t, 2*time.Millisecond, r.RetryAfter(0, 0, 1, nil, 0, told), "rounded up to the millisecond")
+	r.Observe(-1) // a clock that went backwards is ignored
+	assert.Equal(t, 3*time.Millisecond, r.RetryAfter(0, 0, 1, nil, 0, told), "a turn after the last told")
+}
+
+func TestHoldTimeWarming(t *testing.T) {
+	var h core.HoldTime
+	for range 15 {
+		h.Observe(int64(time.Second))
+	}
+	assert.True(t, h.Warming(), "every release feeds it at first")
+	h.Observe(int64(time.Second))
+	assert.False(t, h.Warming(), "then a sample of them")
 }
 
 func TestQueueFull(t *testing.T) {
@@ -45,5 +82,14 @@ func TestQueueFull(t *testing.T) {
 func TestRetryAfterBounded(t *testing.T) {
 	var h core.HoldTime
 	h.Observe(int64(10 * time.Hour))
-	assert.Equal(t, core.MaxRetryAfter, h.RetryAfter(1<<40, 1), "no overflow, capped")
+	told := new(core.Told)
+	assert.Equal(t, core.MaxRetryAfter, h.RetryAfter(0, 1<<40, 1, nil, 0, told), "no overflow, capped")
+	var e core.HoldTime
+	e.Observe(int64(time.Second))
+	told = new(core.Told)
+	for i := range 2000 {
+		e.RetryAfter(0, 0, 1, nil, 0, told)
+		_ = i
+	}
+	assert.LessOrEqual(t, e.RetryAfter(0, 0, 1, nil, 0, told), 1025*time.Second, "at most maxDues returns are kept")
 }

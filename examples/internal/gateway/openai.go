@@ -118,7 +118,12 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 	case errors.Is(err, fleet.ErrUnavailable):
 		return http.StatusServiceUnavailable, unavailableRetryAfter, "the shared concurrency caps cannot be checked now"
 	}
-	status, retryAfter = slots.HTTPStatus(err)
+	status, _ = slots.HTTPStatus(err)
+	if errors.As(err, &le) {
+		retryAfter = le.RetryAfter // to the millisecond; Retry-After rounds it
+	} else if _, ra := slots.HTTPStatus(err); ra > 0 {
+		retryAfter = ra
+	}
 	return status, retryAfter, slots.ErrorMessage(err)
 }
 
@@ -133,7 +138,11 @@ const CapHeader = "X-Inflight-Cap"
 func writeAdmissionError(w http.ResponseWriter, capName string, err error) {
 	status, retryAfter, msg := admissionAnswer(err)
 	if retryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(retryAfter/time.Second), 10))
+		// Whole seconds rounded up, and the millisecond estimate that the
+		// OpenAI and Anthropic SDKs read first.
+		secs := (max(retryAfter, time.Second) + time.Second - 1) / time.Second
+		w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
+		w.Header().Set(slots.HeaderRetryAfterMs, strconv.FormatInt(int64((retryAfter+time.Millisecond-1)/time.Millisecond), 10))
 	}
 	w.Header().Set(CapHeader, capName)
 	writeOpenAIErrorWith(w, status, msg, capName, rejectReason(err))

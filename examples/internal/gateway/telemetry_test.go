@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -82,6 +83,11 @@ func TestGatewayTelemetry(t *testing.T) {
 	_, _ = io.Copy(io.Discard, refused.Body)
 	require.NoError(t, refused.Body.Close())
 	assert.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	ms, err := strconv.Atoi(refused.Header.Get("Retry-After-Ms"))
+	require.NoError(t, err, "retry-after-ms, to the millisecond")
+	secs, err := strconv.Atoi(refused.Header.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.Equal(t, max((ms+999)/1000, 1), secs, "Retry-After: the same, in whole seconds rounded up")
 	close(u.gate)
 	_, _ = io.Copy(io.Discard, held.Body)
 	require.NoError(t, held.Body.Close())

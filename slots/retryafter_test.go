@@ -1,0 +1,154 @@
+package slots_test
+
+import (
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// retryAfterOf is how long a client that honours the answer waits: its
+// retry-after-ms if there is one (as the OpenAI and Anthropic SDKs read
+// it), else its Retry-After in seconds.
+func retryAfterOf(h http.Header) time.Duration {
+	if v, err := strconv.ParseFloat(h.Get("Retry-After-Ms"), 64); err == nil && v >= 0 {
+		return time.Duration(v * float64(time.Millisecond))
+	}
+	if v, err := strconv.Atoi(h.Get("Retry-After")); err == nil && v >= 0 {
+		return time.Duration(v) * time.Second
+	}
+	return time.Second
+}
+
+// saturated is the run of TestRetryAfterIsTrue: what clients that honour
+// the Retry-After of a saturated server saw.
+type saturated struct {
+	requests, gaveUp                 int
+	firstRefused, firstRetryAdmitted int
+	waitingMoments, slotFreeMoments  int
+}
+
+// runSaturated serves 12 clients, each sending 4 requests of a 1 s turn
+// (give or take 10%, drawn from seed) one after another, through
+// Middleware on a Limiter of 2 slots with 4 places in its queue and a
+// 500 ms wait; a refused request is sent again after the answer's
+// Retry-After, at most 5 times. Every 10 ms it notes whether some client is
+// waiting out a Retry-After, and whether a slot is free meanwhile. In
+// virtual time.
+func runSaturated(t *testing.T, seed uint64) saturated {
+	var out saturated
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var rngMu sync.Mutex
+	turn := func() time.Duration {
+		rngMu.Lock()
+		defer rngMu.Unlock()
+		return time.Duration((0.9 + 0.2*rng.Float64()) * float64(time.Second))
+	}
+	synctest.Test(t, func(t *testing.T) {
+		lim := slots.NewLimiter(2, slots.WithMaxQueue(4), slots.WithMaxWait(500*time.Millisecond))
+		h := slots.Middleware(func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })(
+			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { time.Sleep(turn()) }))
+		var mu sync.Mutex
+		var sleeping atomic.Int32
+		done := make(chan struct{})
+		var wg sync.WaitGroup
+		for range 12 {
+			wg.Go(func() {
+				for range 4 {
+					refusals := 0
+					for {
+						rec := httptest.NewRecorder()
+						h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", nil))
+						mu.Lock()
+						if refusals == 1 && rec.Code == http.StatusOK {
+							out.firstRetryAdmitted++
+						}
+						if rec.Code != http.StatusOK && refusals == 0 {
+							out.firstRefused++
+						}
+						mu.Unlock()
+						if rec.Code == http.StatusOK {
+							break
+						}
+						refusals++
+						if refusals > 5 {
+							mu.Lock()
+							out.gaveUp++
+							mu.Unlock()
+							break
+						}
+						sleeping.Add(1)
+						time.Sleep(retryAfterOf(rec.Header()))
+						sleeping.Add(-1)
+					}
+					mu.Lock()
+					out.requests++
+					mu.Unlock()
+				}
+			})
+		}
+		go func() {
+			for {
+				select {
+				case <-done:
+					return
+				case <-time.After(10 * time.Millisecond):
+				}
+				if sleeping.Load() > 0 {
+					mu.Lock()
+					out.waitingMoments++
+					if lim.InFlight() < 2 {
+						out.slotFreeMoments++
+					}
+					mu.Unlock()
+				}
+			}
+		}()
+		wg.Wait()
+		close(done)
+	})
+	return out
+}
+
+// TestRetryAfterSpreadsReturns: clients that honour the Retry-After of a
+// saturated server, over ten runs, come back as slots free rather than
+// together: almost none gives up, and the capacity does not sit idle while
+// they wait. Before the returns were spread and told to the millisecond
+// (whole seconds, the same for callers refused together), the same runs
+// gave 31-32% of first retries admitted, 54-57 of 480 requests given up,
+// a slot free in 7.5-7.8% of the moments clients waited.
+//
+// Not met here: the goal of 80% of first retries admitted. Each client
+// sends its next request the moment its turn ends, so a newcomer is in the
+// queue at every slot's release, ahead of a returning caller that was told
+// to come at that slot; with a wait of one turn (500 ms for two slots of
+// 1 s) nobody who joins behind it is served in time.
+func TestRetryAfterSpreadsReturns(t *testing.T) {
+	var sum saturated
+	for seed := range uint64(10) {
+		r := runSaturated(t, seed)
+		assert.Equal(t, 48, r.requests)
+		sum.requests += r.requests
+		sum.gaveUp += r.gaveUp
+		sum.firstRefused += r.firstRefused
+		sum.firstRetryAdmitted += r.firstRetryAdmitted
+		sum.waitingMoments += r.waitingMoments
+		sum.slotFreeMoments += r.slotFreeMoments
+	}
+	first := float64(sum.firstRetryAdmitted) / float64(max(sum.firstRefused, 1))
+	free := float64(sum.slotFreeMoments) / float64(max(sum.waitingMoments, 1))
+	t.Logf("%d requests: %d refused at first, %d of them admitted at their first retry (%.0f%%); %d gave up; a slot free in %.1f%% of %d moments clients waited",
+		sum.requests, sum.firstRefused, sum.firstRetryAdmitted, 100*first, sum.gaveUp, 100*free, sum.waitingMoments)
+	assert.GreaterOrEqual(t, first, 0.45, "first retries admitted")
+	assert.LessOrEqual(t, sum.gaveUp, sum.requests/100, "requests given up")
+	assert.LessOrEqual(t, free, 0.2, "moments a slot sat free while clients waited")
+}
