@@ -420,7 +420,11 @@ func (g *Gate) armLocked(at, now int64) {
 // start is next expected; report it with rejected once unlocked.
 func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) *core.Rejection {
 	g.rejects++
-	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit))
+	var wait time.Duration // the wait a caller timed out in may be spent queued again
+	if reason == slots.ErrWaitTimeout {
+		wait = g.cfg.QueueWait()
+	}
+	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit), wait)
 	rej.Cap = CapProvider
 	if reason == slots.ErrWaitTimeout {
 		rej.Cap, rej.InFlight, rej.Limit = g.bindingLocked(ml, now)

@@ -175,3 +175,30 @@ func TestGateReportsEveryFailure(t *testing.T) {
 		}, obs.kinds())
 	})
 }
+
+// TestGateRetryAfterWithoutACap: a Gate that only paces (no concurrency
+// cap) tells a refused caller when the next start may go, not when its
+// holders will end.
+func TestGateRetryAfterWithoutACap(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g, err := pacing.NewGate("zai", pacing.Config{MinIntervalMS: 100, MaxQueue: 1})
+		require.NoError(t, err)
+		defer g.Close()
+		long, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		time.Sleep(30 * time.Second)
+		long.Slot.Release() // a hold of 30 s: the mean
+		held, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		waiter := acquireAsync(context.Background(), g, "m")
+		synctest.Wait()
+		_, err = g.Acquire(context.Background(), "m") // the queue of one is full
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.LessOrEqual(t, le.RetryAfter, time.Second, "the next starts are 100 ms apart")
+		w := <-waiter
+		require.NoError(t, w.err)
+		w.g.Slot.Release()
+		held.Slot.Release()
+	})
+}

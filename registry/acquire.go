@@ -65,7 +65,7 @@ func (r *Registry[K]) rejected(ctx context.Context, rej *core.Rejection, wait ti
 
 // acquireOne admits under one key; ctx == nil means do not wait.
 func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error) {
-	if err := r.checkKey(key); err != nil {
+	if err := r.checkKey(ctx, key); err != nil {
 		return nil, err
 	}
 	sh, hash := r.shardFor(key)

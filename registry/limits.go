@@ -137,6 +137,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		if ctx != nil {
 			done = ctx.Done()
 		}
+		start := r.eng.Clock.Nanos()
 		select {
 		case <-fetch:
 			return nil
@@ -145,7 +146,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Lock()
 			sh.st.canceled++
 			sh.mu.Unlock()
-			return r.eng.Canceled(ctx, 0)
+			return r.eng.Canceled(ctx, r.eng.Since(start))
 		}
 	}
 	if sh.resolved == nil {

@@ -145,7 +145,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return r.acquireOne(ctx, keys[0])
 	}
 	for _, k := range keys {
-		if err := r.checkKey(k); err != nil {
+		if err := r.checkKey(ctx, k); err != nil {
 			return nil, err
 		}
 	}

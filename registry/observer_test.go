@@ -185,3 +185,14 @@ func TestRetryAftersAreEachKeys(t *testing.T) {
 	assert.Less(t, le.RetryAfter, last, "an idle key's returns told are gone with it")
 	a.Release()
 }
+
+// An invalid key refused under Acquire carries the caller's context too.
+func TestInvalidKeyEventCarriesTheContext(t *testing.T) {
+	var got slots.Event
+	reg := registry.New[string](1, registry.WithMaxKeyBytes(4), slots.WithObserver(slots.ObserverFunc(func(e slots.Event) { got = e })))
+	ctx := context.WithValue(context.Background(), requestKey{}, "req")
+	_, err := reg.Acquire(ctx, "much too long")
+	require.ErrorIs(t, err, registry.ErrInvalidKey)
+	assert.Equal(t, slots.EventRejected, got.Kind)
+	assert.Equal(t, "req", got.Context.Value(requestKey{}))
+}

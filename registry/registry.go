@@ -32,6 +32,7 @@
 package registry
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -227,11 +228,11 @@ func (r *Registry[K]) shardFor(key K) (*shard[K], uint64) {
 func (sh *shard[K]) lookup(key K, h uint64) *entry[K] { return sh.lanes.get(key, h) }
 
 // checkKey is validKey for an admission: a bad key is a counted rejection.
-func (r *Registry[K]) checkKey(key K) error {
+func (r *Registry[K]) checkKey(ctx context.Context, key K) error {
 	err := r.validKey(key)
 	if err != nil {
 		r.invalidKeys.Add(1)
-		r.eng.Rejected(nil, ErrInvalidKey, 0)
+		r.eng.Rejected(ctx, ErrInvalidKey, 0)
 	}
 	return err
 }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
 )
 
 func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
@@ -191,7 +192,11 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 // that is not live, its limit.
 func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) *core.Rejection {
 	if e != nil {
-		return r.eng.RejectLane(reason, keyString(key), &e.lane)
+		var wait time.Duration // the wait a caller timed out in may be spent queued again
+		if reason == slots.ErrWaitTimeout {
+			wait = r.eng.MaxWait
+		}
+		return r.eng.RejectLaneTurns(reason, keyString(key), &e.lane, e.lane.Limit, wait)
 	}
 	return r.eng.Reject(reason, keyString(key), 0, limit, 0)
 }

@@ -233,3 +233,22 @@ func kindsOf(evs []slots.Event) []slots.EventKind {
 	}
 	return out
 }
+
+// A caller that cannot queue (TryAcquire) is told when its slot frees, not
+// earlier: a lead is for a caller that waits in the queue on its return.
+func TestTryAcquireRetryAfterIsNotEarly(t *testing.T) {
+	mock := clock.NewMock()
+	l := slots.NewLimiter(1, slots.WithClock(mock), slots.WithMaxWait(time.Second))
+	s, err := l.TryAcquire()
+	require.NoError(t, err)
+	mock.Add(time.Second)
+	s.Release() // a hold of 1 s: the mean
+	s, err = l.TryAcquire()
+	require.NoError(t, err)
+	mock.Add(200 * time.Millisecond)
+	_, err = l.TryAcquire()
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 800*time.Millisecond, le.RetryAfter, "the holder started 200 ms ago, of a mean of 1 s")
+	s.Release()
+}

@@ -57,6 +57,15 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 	return http.StatusInternalServerError, 0
 }
 
+// ceilMs is d in milliseconds, rounded up, without overflow.
+func ceilMs(d time.Duration) int64 {
+	ms := int64(d / time.Millisecond)
+	if d%time.Millisecond > 0 {
+		ms++
+	}
+	return ms
+}
+
 func wholeSeconds(d time.Duration) time.Duration {
 	if d < time.Second {
 		return time.Second
@@ -177,7 +186,7 @@ func writeError(w http.ResponseWriter, ew ErrorWriter, status int, retryAfter ti
 	sw := &statusWriter{ResponseWriter: w, status: status}
 	if retryAfter > 0 {
 		sw.retryAfter = strconv.FormatInt(int64(wholeSeconds(retryAfter)/time.Second), 10)
-		sw.retryAfterMs = strconv.FormatInt(int64((retryAfter+time.Millisecond-1)/time.Millisecond), 10)
+		sw.retryAfterMs = strconv.FormatInt(ceilMs(retryAfter), 10)
 		w.Header().Set("Retry-After", sw.retryAfter)
 		w.Header().Set(HeaderRetryAfterMs, sw.retryAfterMs)
 	}
@@ -199,8 +208,18 @@ type statusWriter struct {
 func (w *statusWriter) WriteHeader(code int) {
 	if code >= 200 {
 		w.wroteHeader = true
+		w.agree()
 	}
 	w.ResponseWriter.WriteHeader(code)
+}
+
+// agree drops retry-after-ms when the ErrorWriter set a Retry-After of its
+// own: clients read the millisecond header first, and it must not
+// contradict the writer's.
+func (w *statusWriter) agree() {
+	if w.retryAfter != "" && w.Header().Get("Retry-After") != w.retryAfter {
+		w.Header().Del(HeaderRetryAfterMs)
+	}
 }
 
 func (w *statusWriter) Write(p []byte) (int, error) {
@@ -216,6 +235,7 @@ func (w *statusWriter) writeStatus() {
 		w.Header().Set("Retry-After", w.retryAfter)
 		w.Header().Set(HeaderRetryAfterMs, w.retryAfterMs)
 	}
+	w.agree()
 	w.ResponseWriter.WriteHeader(w.status)
 }
 

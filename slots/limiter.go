@@ -173,7 +173,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		return (*Slot)(e.HandOut(x, t)), nil
 	}
 	l.stats.WaitTimeouts++
-	rej := e.RejectLane(ErrWaitTimeout, "", &l.lane)
+	rej := e.RejectLaneTurns(ErrWaitTimeout, "", &l.lane, l.lane.Limit, e.MaxWait)
 	l.mu.Unlock()
 	e.Rejected(ctx, ErrWaitTimeout, e.Since(start))
 	return nil, (*LimitError)(rej)

@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -384,4 +386,26 @@ func TestErrorWriterStatusIsEnforced(t *testing.T) {
 		})
 		assert.Equal(t, 0, lim.InFlight())
 	})
+}
+
+// A Retry-After too large for milliseconds in an int64 saturates rather
+// than wraps, and an ErrorWriter that sets a Retry-After of its own is not
+// contradicted by retry-after-ms.
+func TestRetryAfterMsEdges(t *testing.T) {
+	rec := httptest.NewRecorder()
+	slots.WriteError(rec, &slots.LimitError{Err: slots.ErrQueueFull, RetryAfter: math.MaxInt64})
+	ms, err := strconv.ParseInt(rec.Header().Get("retry-after-ms"), 10, 64)
+	require.NoError(t, err)
+	assert.Positive(t, ms)
+
+	own := slots.WithErrorWriter(func(w http.ResponseWriter, status int, _ string) {
+		w.Header().Set("Retry-After", "60")
+		w.WriteHeader(status)
+	})
+	rec = httptest.NewRecorder()
+	slots.Middleware(func(*http.Request) (*slots.Slot, error) {
+		return nil, &slots.LimitError{Err: slots.ErrLimitReached, RetryAfter: 300 * time.Millisecond}
+	}, own)(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	assert.Equal(t, "60", rec.Header().Get("Retry-After"))
+	assert.Empty(t, rec.Header().Get("retry-after-ms"), "not 300 beside the writer's 60 s")
 }

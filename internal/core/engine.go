@@ -123,42 +123,39 @@ func (e *Engine) Full(q *Queue, flow string) bool {
 }
 
 // Reject builds the rejection for reason with the counts at the decision
-// (call under the owner's lock) and a Retry-After estimated from them,
-// spread from the others' (see HoldTime.RetryAfter). Report it with
-// Rejected once the lock is released.
+// (call under the owner's lock) and a Retry-After estimated from them (see
+// HoldTime.RetryAfter). Report it with Rejected once the lock is released.
 func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *Rejection {
-	return e.rejectAt(reason, key, inFlight, limit, queued, limit, nil, nil)
+	return e.rejectAt(reason, key, inFlight, limit, queued, limit, nil, 0, nil)
 }
 
-// RejectLane is Reject with ln's counts, and its Retry-After from when
-// its holders started.
+// RejectLane is Reject with ln's counts, and a Retry-After from when its
+// holders started, spread from those told to the others refused on it.
 func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
-	return e.RejectLaneTurns(reason, key, ln, ln.Limit)
+	return e.RejectLaneTurns(reason, key, ln, ln.Limit, 0)
 }
 
 // RejectLaneTurns is RejectLane whose Retry-After counts turns of slots
-// slots, where a tighter cap than ln's limit binds.
-func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int) *Rejection {
+// slots, where a tighter cap than ln's limit binds, and tells the caller to
+// come back before its slot frees, by half of wait (at most half a turn):
+// pass the wait it may spend queued on its return (one that timed out in
+// the queue), 0 for one that cannot queue.
+func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int, wait time.Duration) *Rejection {
 	var buf [startsScan]int64
 	var starts []int64
-	if slots == ln.Limit { // the lane's own holders are the slots' holders
+	if slots == ln.Limit && ln.Holders.Len() >= slots { // full: its holders' ends free the slots
 		starts = ln.Holders.Starts(buf[:0])
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)
 	}
-	return e.rejectAt(reason, key, ln.Holders.Len(), ln.Limit, ln.Waiters.Len(), slots, starts, ln.Told)
+	return e.rejectAt(reason, key, ln.Holders.Len(), ln.Limit, ln.Waiters.Len(), slots, starts, wait, ln.Told)
 }
 
-func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots int, starts []int64, told *Told) *Rejection {
-	// Back a little before the slot frees, to be in line when it does:
-	// half the queue's wait, and never more than half a turn.
-	lead := e.MaxWait / 2
-	if lead <= 0 {
-		lead = time.Hour
-	}
+func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots int, starts []int64, wait time.Duration, told *Told) *Rejection {
+	lead := wait / 2
 	if slots > 0 {
-		lead = min(lead, time.Duration(e.hold.ewma.Load()/int64(slots))/2)
+		lead = min(lead, time.Duration(e.hold.ewma.Load()/int64(slots)/2))
 	}
 	return &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued,
 		RetryAfter: e.hold.RetryAfter(e.Clock.Coarse(), queued, slots, starts, lead, told)}

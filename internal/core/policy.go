@@ -124,34 +124,31 @@ func (t *HoldTime) turn(limit int) float64 {
 	return float64(mean) / float64(limit)
 }
 
-// Estimate is how long a caller refused now, with queued callers ahead of
-// it on limit slots, might wait for one: the queue drains at about limit
-// holders per mean hold time. Rounded up to the millisecond; one second
-// when limit is not positive; at most MaxRetryAfter.
-func (t *HoldTime) Estimate(queued, limit int) time.Duration {
-	if limit <= 0 {
-		return time.Second
-	}
-	return roundMs(t.turn(limit) * float64(queued+1)) // float: no overflow
-}
-
-// maxDues bounds the returns a Told keeps: past it the oldest are
-// forgotten, and later callers come back earlier than they should. (A
-// caller that asks again without waiting books a return each time.)
-const maxDues = 1024
+// toldRounds bounds the returns a Told keeps to this many rounds of the
+// slots (and maxDues in all): a caller that asks again without waiting
+// books a return each time, and past the bound it is told the bound's
+// time without booking, so that a flood of refusals pushes the others'
+// returns back by at most toldRounds mean holds.
+const (
+	toldRounds = 8
+	maxDues    = 1024
+)
 
 // RetryAfter is when a caller refused at now (nanoseconds on the caller's
 // clock, the same for every call) should come back, with queued callers
 // ahead of it and, ahead of them, the callers told (when told is not nil)
 // to come back later than now: when the slot it would get is expected to
-// free, lead earlier, so that it is in line when the slot frees. Each slot
-// frees a mean hold after its holder started, then every mean hold
-// (starts holds the holders' starts, in any order, when known and few: a
-// lane's; nil: a slot frees every mean hold over limit, from now). The
-// return is booked in told, so that callers refused together come back one
-// by one, as slots free, rather than all at once into a full queue.
-// Rounded up to the millisecond; one second when limit is not positive; at
-// most MaxRetryAfter. Call under the lock that guards told.
+// free, lead earlier (a caller that can queue on its return is then in
+// line when the slot frees; 0 for one that cannot). Each slot frees a mean
+// hold after its holder started, then every mean hold (starts holds the
+// starts of a full lane's holders, in any order, when few; nil: a slot
+// frees every mean hold over limit, from now). Of more holders than limit
+// (a limit lowered under them), the oldest free nothing: only the limit
+// youngest count. The return is booked in told, so that callers refused
+// together come back one by one, as slots free, rather than all at once
+// into a full queue. Rounded up to the millisecond; one second when limit
+// is not positive; at most MaxRetryAfter. Call under the lock that guards
+// told.
 func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead time.Duration, told *Told) time.Duration {
 	if limit <= 0 {
 		return time.Second
@@ -161,6 +158,11 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 		mean = int64(time.Second)
 	}
 	k := queued // the slots that go before this caller's
+	bound := maxDues
+	if limit < maxDues/toldRounds {
+		bound = toldRounds * limit
+	}
+	book := false
 	if told != nil {
 		// Returns already due have come back (or will not).
 		i := 0
@@ -169,10 +171,15 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 		}
 		told.dues = told.dues[:copy(told.dues, told.dues[i:])]
 		k += len(told.dues)
+		book = len(told.dues) < bound
 	}
+	k = min(k, bound)
 	var at float64 // float: no overflow
 	if n := len(starts); n > 0 {
 		slices.Sort(starts)
+		if n > limit {
+			starts, n = starts[n-limit:], limit
+		}
 		round, j := k/n, k%n
 		at = float64(starts[j]) + float64(mean)*float64(1+round)
 		// A holder past its mean frees any moment: its turn is from now.
@@ -181,15 +188,12 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 		at = float64(now) + float64(mean)/float64(limit)*float64(k+1)
 	}
 	at = min(at, float64(now)+float64(MaxRetryAfter))
-	if told != nil {
-		if len(told.dues) == maxDues {
-			told.dues = told.dues[1:]
-		}
+	if book {
 		due := int64(at)
 		j, _ := slices.BinarySearch(told.dues, due)
 		told.dues = slices.Insert(told.dues, j, due)
 	}
-	return roundMs(at - float64(lead) - float64(now))
+	return roundMs(at - float64(max(lead, 0)) - float64(now))
 }
 
 // roundMs is d nanoseconds rounded up to the millisecond, within 1 ms

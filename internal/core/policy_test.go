@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"math"
 	"testing"
 	"time"
 
@@ -84,12 +85,37 @@ func TestRetryAfterBounded(t *testing.T) {
 	h.Observe(int64(10 * time.Hour))
 	told := new(core.Told)
 	assert.Equal(t, core.MaxRetryAfter, h.RetryAfter(0, 1<<40, 1, nil, 0, told), "no overflow, capped")
+
+	// A flood of refusals (a caller that asks again at once) pushes the
+	// returns told back by at most eight rounds of the slots.
 	var e core.HoldTime
 	e.Observe(int64(time.Second))
 	told = new(core.Told)
-	for i := range 2000 {
-		e.RetryAfter(0, 0, 1, nil, 0, told)
-		_ = i
+	for range 2000 {
+		e.RetryAfter(0, 0, 2, nil, 0, told)
 	}
-	assert.LessOrEqual(t, e.RetryAfter(0, 0, 1, nil, 0, told), 1025*time.Second, "at most maxDues returns are kept")
+	assert.Equal(t, 8500*time.Millisecond, e.RetryAfter(0, 0, 2, nil, 0, told), "8 rounds of 2 slots of 1 s, and one more turn")
+	assert.Equal(t, 3500*time.Millisecond, e.RetryAfter(int64(5*time.Second), 0, 2, nil, 0, told), "those due by 5 s gone: 6 returns ahead")
+}
+
+// Holders' starts count only when the lane is full, and of more holders
+// than the limit (a limit lowered under them) the oldest free nothing.
+func TestRetryAfterFromStarts(t *testing.T) {
+	sec := int64(time.Second)
+	var h core.HoldTime
+	h.Observe(10 * sec)
+	starts := []int64{0, 1 * sec, 2 * sec, 3 * sec}
+	assert.Equal(t, 3*time.Second, h.RetryAfter(10*sec, 0, 1, starts, 0, nil), "the youngest of 4 holders under a limit of 1 frees the slot, at 13 s")
+	assert.Equal(t, 500*time.Millisecond, h.RetryAfter(10*sec, 0, 1, starts, 2500*time.Millisecond, nil), "with a lead")
+}
+
+// An unlimited lane (a Gate that only paces) has turns of no length and
+// books without overflow.
+func TestRetryAfterUnlimited(t *testing.T) {
+	var h core.HoldTime
+	h.Observe(int64(30 * time.Second))
+	told := new(core.Told)
+	for range 3 {
+		assert.Equal(t, time.Millisecond, h.RetryAfter(0, 5, math.MaxInt, nil, 0, told))
+	}
 }

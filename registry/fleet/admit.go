@@ -196,7 +196,7 @@ func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 		le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
 	}
 	if res.Status != driver.StatusFull {
-		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(time.Now().UnixNano(), int(res.Queue), l.limits[i], nil, 0, nil)
+		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(0, int(res.Queue), l.limits[i], nil, 0, nil)
 		return failed(le)
 	}
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
