@@ -11,7 +11,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/redis/go-redis/v9"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
@@ -20,6 +23,8 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
+	"github.com/inflight-go/inflight/sweep/inflightotel"
+	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 // LimitProvider puts a provider's caps in front of an existing reverse
@@ -125,4 +130,28 @@ func FleetOnPostgres(ctx context.Context, pool *pgxpool.Pool) (*fleet.Registry[s
 		return nil, err
 	}
 	return fleet.New[string](store, 64), nil
+}
+
+// NewObservedServer caps a server's handlers at 100 in flight, seen from
+// outside: the cap's series on a Prometheus registry (served as /metrics)
+// and on OpenTelemetry, and each request's wait for a slot as a span of
+// the request's trace, under the span otelhttp's handler gives it. An
+// Observer is one value, so one function calls both adapters.
+func NewObservedServer(app http.Handler) (http.Handler, error) {
+	prom := inflightprom.New("server")
+	otel, err := inflightotel.New("server") // metrics to otel.GetMeterProvider()
+	if err != nil {
+		return nil, err
+	}
+	both := slots.ObserverFunc(func(e slots.Event) { prom.Observe(e); otel.Observe(e) })
+	lim := slots.NewLimiter(100, slots.WithMaxQueue(50), slots.WithObserver(both))
+	inflightprom.WatchLimiter(prom, lim)
+	inflightotel.WatchLimiter(otel, lim)
+	metrics := prometheus.NewRegistry()
+	metrics.MustRegister(prom)
+	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }
+	mux := http.NewServeMux()
+	mux.Handle("/", otelhttp.NewHandler(slots.Middleware(admit)(app), "app"))
+	mux.Handle("GET /metrics", promhttp.HandlerFor(metrics, promhttp.HandlerOpts{}))
+	return mux, nil
 }

@@ -36,6 +36,9 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
+	"go.opentelemetry.io/otel"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -492,4 +495,44 @@ func sharedCap(t *testing.T, rs []*fleet.Registry[string]) {
 	for _, s := range held {
 		s.Release()
 	}
+}
+
+// NewObservedServer, with an SDK installed as the program would: a request
+// has its wait for a slot as a child of its server span, and /metrics has
+// the cap's series.
+func TestNewObservedServer(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	prev := otel.GetTracerProvider()
+	otel.SetTracerProvider(tp)
+	t.Cleanup(func() {
+		otel.SetTracerProvider(prev)
+		_ = tp.Shutdown(context.Background())
+	})
+	h, err := NewObservedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { io.WriteString(w, "done") }))
+	require.NoError(t, err)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	client := newTestClient(t)
+	resp, err := client.Get(srv.URL + "/work")
+	require.NoError(t, err)
+	resp.Body.Close()
+	waitFor(t, func() bool { return len(spans.Ended()) == 2 })
+	var server, wait sdktrace.ReadOnlySpan
+	for _, s := range spans.Ended() {
+		if s.Name() == "acquire server" {
+			wait = s
+		} else {
+			server = s
+		}
+	}
+	require.NotNil(t, wait, "the wait, a span of its own")
+	assert.Equal(t, server.SpanContext().SpanID(), wait.Parent().SpanID(), "under the request's span")
+
+	resp, err = client.Get(srv.URL + "/metrics")
+	require.NoError(t, err)
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	require.NoError(t, err)
+	assert.Contains(t, string(body), `inflight_acquired_total{cap="server"} 1`)
 }

@@ -45,9 +45,19 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 
 func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.Slot, error) {
 	if ctx == nil {
+		r.observe(nil, nil, slots.ErrNilContext, 0)
 		return nil, slots.ErrNilContext
 	}
+	var start time.Time
+	if r.cfg.observer != nil {
+		start = time.Now()
+	}
+	callerCtx := ctx // for the Observer: none for a TryAcquire
+	if !wait {
+		callerCtx = nil
+	}
 	if len(keys) == 0 {
+		r.observe(callerCtx, nil, registry.ErrNoKeys, 0)
 		return nil, registry.ErrNoKeys
 	}
 	// Before anything goes to the store, and before dedupe compares them: the
@@ -56,6 +66,7 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	for _, k := range keys {
 		if err := r.validKey(k); err != nil {
 			r.stats.rejected.Add(1)
+			r.observe(callerCtx, nil, err, 0)
 			return nil, err
 		}
 	}
@@ -69,7 +80,50 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 	if err != nil {
 		r.stats.rejected.Add(1)
 	}
+	if r.cfg.observer != nil {
+		r.observe(callerCtx, s, err, time.Since(start))
+	}
 	return s, err
+}
+
+// observe reports an admission's outcome to the Observer, if there is
+// one: s admitted (or bypassed), or err, after waiting wait under ctx. If
+// the Observer panics on an admission, s is released, since it never
+// reaches its caller, and the panic goes on up.
+func (r *Registry[K]) observe(ctx context.Context, s *slots.Slot, err error, wait time.Duration) {
+	o := r.cfg.observer
+	if o == nil {
+		return
+	}
+	e := slots.Event{Kind: slots.EventRejected, Err: err, Wait: wait, Context: ctx}
+	if err == nil {
+		e.Kind = slots.EventAcquired
+		if s.Bypassed() {
+			e.Kind = slots.EventBypassed
+		}
+		ok := false
+		defer func() {
+			if !ok {
+				s.Release()
+			}
+		}()
+		o.Observe(e)
+		ok = true
+		return
+	}
+	o.Observe(e)
+}
+
+// slotEvents passes what happens to a slot after its admission (its
+// release, a second release, a leak) to the fleet's Observer: the local
+// registry's admissions are the fleet's to report.
+type slotEvents struct{ o slots.Observer }
+
+func (s slotEvents) Observe(e slots.Event) {
+	switch e.Kind {
+	case slots.EventReleased, slots.EventDoubleRelease, slots.EventLeaked:
+		s.o.Observe(e)
+	}
 }
 
 // outcome is one admission decision.

@@ -13,6 +13,7 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/slots"
 )
 
 var (
@@ -221,6 +222,11 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 	// The same key rule on both paths: the fleet's bound goes last, so it
 	// overrides one among the local options.
 	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
+	if cfg.observer != nil {
+		// The admissions are the fleet's to report (see observe); the
+		// local registry reports what happens to slots afterwards.
+		local = append(local, slots.WithObserver(slotEvents{cfg.observer}))
+	}
 	if keys.Limit == nil {
 		r.local = registry.New[K](defaultLimit, local...)
 	} else {

@@ -144,8 +144,13 @@ func (l *lease[K]) releaseLocal() {
 	}
 }
 
-// Misuse implements core.Owner.
-func (l *lease[K]) Misuse(*core.Hold) { l.r.stats.doubleReleases.Add(1) }
+// Misuse implements core.Owner: a Release of a slot released already.
+func (l *lease[K]) Misuse(*core.Hold) {
+	l.r.stats.doubleReleases.Add(1)
+	if o := l.r.cfg.observer; o != nil {
+		o.Observe(slots.Event{Kind: slots.EventDoubleRelease})
+	}
+}
 
 // Time implements core.Owner.
 func (l *lease[K]) Time(at int64) time.Time { return time.Unix(0, at) }

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Unavailable is what a Registry does while the store cannot be reached.
@@ -84,6 +85,7 @@ type config struct {
 	logger        *slog.Logger
 	maxKeyBytes   int
 	local         []registry.Option
+	observer      slots.Observer // nil: none
 }
 
 func defaults() config {
@@ -173,6 +175,17 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 func WithLocalOptions(opts ...registry.Option) Option {
 	return func(c *config) { c.local = append(c.local, opts...) }
 }
+
+// WithObserver sets an Observer of the fleet's admissions, as
+// slots.WithObserver does for a Limiter: the outcome of each Acquire, with
+// the caller's context (for a span on it) and its whole wait, the store's
+// queue included; of each TryAcquire, without a context; and each release,
+// double release and leak of a slot. It replaces an Observer given through
+// WithLocalOptions, which would see the local registry's admissions alone:
+// made after the store's decision, with no context and no wait. Observe
+// is called without locks; if it panics on an admission, the slot is
+// released and the panic goes on up.
+func WithObserver(o slots.Observer) Option { return func(c *config) { c.observer = o } }
 
 // WithMaxKeyBytes bounds the length of keys whose type is a string type, as
 // registry.WithMaxKeyBytes does (default registry.DefaultMaxKeyBytes; n <= 0

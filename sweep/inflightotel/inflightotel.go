@@ -11,7 +11,8 @@
 //	inflightotel.WatchRegistry(tenants, reg)
 //
 // A Cap is the slots.Observer of one cap (a Limiter, a Registry, a
-// pacing.Gate, a fleet's local registry): every cap's measurements belong to
+// pacing.Gate, a fleet Registry through fleet.WithObserver, which reports
+// the wait in the store's queue too): every cap's measurements belong to
 // the same instruments, told apart by the attribute inflight.cap. It lives
 // apart from the core packages, so that a program that does not use
 // OpenTelemetry never compiles its API.

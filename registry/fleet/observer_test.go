@@ -1,0 +1,103 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// events records what an Observer is told, in order.
+type events struct {
+	mu  sync.Mutex
+	all []slots.Event
+}
+
+func (e *events) Observe(ev slots.Event) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.all = append(e.all, ev)
+}
+
+func (e *events) seen() []slots.Event {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return append([]slots.Event(nil), e.all...)
+}
+
+type requestKey struct{}
+
+// The fleet's Observer hears each admission once, as the fleet decided
+// it: an Acquire's with the caller's context and its whole wait (here the
+// store's queue while another process held the slot), a TryAcquire's
+// without a context, refusals with their reason; and each release from the
+// local registry, whose own admissions it does not hear.
+func TestObserverHearsTheFleetsAdmissions(t *testing.T) {
+	ms := memstore.New()
+	var obs events
+	holder := New[string](ms, 1, WithLogger(quiet()))
+	t.Cleanup(func() { closeWithin(t, holder) })
+	r := New[string](ms, 1, WithLogger(quiet()), WithObserver(&obs),
+		WithLocalOptions(slots.WithObserver(slots.ObserverFunc(func(slots.Event) { t.Error("the local Observer is replaced") }))))
+	t.Cleanup(func() { closeWithin(t, r) })
+
+	held, err := holder.TryAcquire("k")
+	require.NoError(t, err)
+	_, err = r.TryAcquire("k")
+	require.ErrorIs(t, err, slots.ErrLimitReached)
+	_, err = r.TryAcquire(string(make([]byte, registry.DefaultMaxKeyBytes+1)))
+	require.ErrorIs(t, err, registry.ErrInvalidKey)
+
+	ctx := context.WithValue(context.Background(), requestKey{}, "req")
+	got := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := r.Acquire(ctx, "k")
+		assert.NoError(t, err)
+		got <- s
+	}()
+	eventually(t, "the waiter queued in the store", func() bool { return ms.Queued("k") == 1 })
+	time.Sleep(50 * time.Millisecond) // the holder's turn: the waiter's wait
+	held.Release()
+	s := <-got
+	s.Release()
+	assert.False(t, s.Release(), "a second release")
+
+	evs := obs.seen()
+	var kinds []slots.EventKind
+	for _, e := range evs {
+		kinds = append(kinds, e.Kind)
+	}
+	require.Equal(t, []slots.EventKind{slots.EventRejected, slots.EventRejected, slots.EventAcquired,
+		slots.EventReleased, slots.EventDoubleRelease}, kinds)
+	assert.ErrorIs(t, evs[0].Err, slots.ErrLimitReached)
+	assert.Nil(t, evs[0].Context, "TryAcquire has no context")
+	assert.ErrorIs(t, evs[1].Err, registry.ErrInvalidKey)
+	assert.Equal(t, "req", evs[2].Context.Value(requestKey{}))
+	assert.GreaterOrEqual(t, evs[2].Wait, 50*time.Millisecond, "the wait in the store's queue")
+}
+
+// An Observer that panics on an admission leaves nothing held: the slot,
+// which never reaches its caller, is released.
+func TestObserverPanicReleases(t *testing.T) {
+	ms := memstore.New()
+	boom := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventAcquired {
+			panic("observer")
+		}
+	})
+	r := New[string](ms, 1, WithLogger(quiet()), WithObserver(boom))
+	t.Cleanup(func() { closeWithin(t, r) })
+	assert.PanicsWithValue(t, "observer", func() { _, _ = r.TryAcquire("k") })
+	assert.Equal(t, 0, r.Local().InFlight("k"), "nothing held locally")
+	eventually(t, "the store's lease released", func() bool {
+		n, err := r.InFlight(context.Background(), "k")
+		return err == nil && n == 0
+	})
+}
