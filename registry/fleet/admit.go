@@ -104,7 +104,12 @@ func (r *Registry[K]) observe(ctx context.Context, s *slots.Slot, err error, wai
 		ok := false
 		defer func() {
 			if !ok {
-				s.Release()
+				// The release's own event goes to the same Observer: a
+				// second panic from it must not hide the first.
+				func() {
+					defer func() { _ = recover() }()
+					s.Release()
+				}()
 			}
 		}()
 		o.Observe(e)
@@ -114,17 +119,10 @@ func (r *Registry[K]) observe(ctx context.Context, s *slots.Slot, err error, wai
 	o.Observe(e)
 }
 
-// slotEvents passes what happens to a slot after its admission (its
-// release, a second release, a leak) to the fleet's Observer: the local
-// registry's admissions are the fleet's to report.
-type slotEvents struct{ o slots.Observer }
-
-func (s slotEvents) Observe(e slots.Event) {
-	switch e.Kind {
-	case slots.EventReleased, slots.EventDoubleRelease, slots.EventLeaked:
-		s.o.Observe(e)
-	}
-}
+// quietLocal stands in for an Observer given through WithLocalOptions
+// when the fleet has one of its own (WithObserver): the local registry's
+// admissions and releases are the fleet's to report.
+var quietLocal = slots.ObserverFunc(func(slots.Event) {})
 
 // outcome is one admission decision.
 type outcome struct {

@@ -223,9 +223,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 	// overrides one among the local options.
 	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
 	if cfg.observer != nil {
-		// The admissions are the fleet's to report (see observe); the
-		// local registry reports what happens to slots afterwards.
-		local = append(local, slots.WithObserver(slotEvents{cfg.observer}))
+		local = append(local, slots.WithObserver(quietLocal)) // see observe and lease.Release
 	}
 	if keys.Limit == nil {
 		r.local = registry.New[K](defaultLimit, local...)

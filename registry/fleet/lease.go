@@ -65,7 +65,11 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	if h.Bypassed {
 		return true
 	}
-	l.r.holdTime.Observe(time.Now().UnixNano() - h.At)
+	held := time.Now().UnixNano() - h.At
+	l.r.holdTime.Observe(held)
+	if o := l.r.cfg.observer; o != nil {
+		defer o.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(max(held, 0))})
+	}
 	out, limitPanic := l.releasing()
 	func() {
 		if out != nil { // even if the local release panics (an Observer)

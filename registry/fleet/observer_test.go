@@ -101,3 +101,36 @@ func TestObserverPanicReleases(t *testing.T) {
 		return err == nil && n == 0
 	})
 }
+
+// The events of a slot pair up whatever its path: one the store admitted
+// while the local mirror was full (a limit raised there later) has its
+// release; one given back before it reached its caller has neither.
+func TestObserverEventsPairUp(t *testing.T) {
+	ms := memstore.New()
+	var obs events
+	limit := 1
+	var mu sync.Mutex
+	keys := Keys[string]{Limit: func(string) int { mu.Lock(); defer mu.Unlock(); return limit }}
+	r := NewWithKeys(ms, 1, keys, WithLogger(quiet()), WithObserver(&obs))
+	t.Cleanup(func() { closeWithin(t, r) })
+	a, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	mu.Lock()
+	limit = 2 // the store takes it at once; the local mirror, later
+	mu.Unlock()
+	b, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	a.Release()
+	b.Release()
+	var acquired, released int
+	for _, e := range obs.seen() {
+		switch e.Kind {
+		case slots.EventAcquired:
+			acquired++
+		case slots.EventReleased:
+			released++
+		}
+	}
+	assert.Equal(t, 2, acquired)
+	assert.Equal(t, 2, released, "every admitted slot's release is reported")
+}

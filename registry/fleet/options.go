@@ -179,12 +179,12 @@ func WithLocalOptions(opts ...registry.Option) Option {
 // WithObserver sets an Observer of the fleet's admissions, as
 // slots.WithObserver does for a Limiter: the outcome of each Acquire, with
 // the caller's context (for a span on it) and its whole wait, the store's
-// queue included; of each TryAcquire, without a context; and each release,
-// double release and leak of a slot. It replaces an Observer given through
-// WithLocalOptions, which would see the local registry's admissions alone:
-// made after the store's decision, with no context and no wait. Observe
-// is called without locks; if it panics on an admission, the slot is
-// released and the panic goes on up.
+// queue included; of each TryAcquire, without a context; and each release
+// and double release of a slot (fleet slots are not tracked for leaks).
+// It replaces an Observer given through WithLocalOptions, which would see
+// the local registry's admissions alone: made after the store's decision,
+// with no context and no wait. Observe is called without locks; if it
+// panics on an admission, the slot is released and the panic goes on up.
 func WithObserver(o slots.Observer) Option { return func(c *config) { c.observer = o } }
 
 // WithMaxKeyBytes bounds the length of keys whose type is a string type, as
