@@ -13,35 +13,14 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
-
-// events records what an Observer is told.
-type events struct {
-	mu   sync.Mutex
-	seen []slots.Event
-}
-
-func (e *events) Observe(ev slots.Event) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.seen = append(e.seen, ev)
-}
-
-func (e *events) kinds() []slots.EventKind {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	var ks []slots.EventKind
-	for _, ev := range e.seen {
-		ks = append(ks, ev.Kind)
-	}
-	return ks
-}
 
 // TestGateReportsToItsObserver: a Gate reports what a Limiter reports, so
 // that a provider's queue can be measured like any other cap.
 func TestGateReportsToItsObserver(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		obs := &events{}
+		obs := &slotstest.Recorder{}
 		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1}, slots.WithObserver(obs))
 		require.NoError(t, err)
 		first, err := g.Acquire(context.Background(), "m")
@@ -62,12 +41,11 @@ func TestGateReportsToItsObserver(t *testing.T) {
 		assert.Equal(t, []slots.EventKind{
 			slots.EventAcquired, slots.EventRejected, slots.EventReleased,
 			slots.EventAcquired, slots.EventReleased, slots.EventDoubleRelease,
-		}, obs.kinds())
-		obs.mu.Lock()
-		defer obs.mu.Unlock()
-		assert.Equal(t, 3*time.Second, obs.seen[2].Hold, "the first held for 3 s")
-		assert.Equal(t, 3*time.Second, obs.seen[3].Wait, "the second waited 3 s")
-		assert.True(t, errors.Is(obs.seen[1].Err, slots.ErrQueueFull))
+		}, obs.Kinds())
+		seen := obs.Events()
+		assert.Equal(t, 3*time.Second, seen[2].Hold, "the first held for 3 s")
+		assert.Equal(t, 3*time.Second, seen[3].Wait, "the second waited 3 s")
+		assert.True(t, errors.Is(seen[1].Err, slots.ErrQueueFull))
 		assert.Equal(t, uint64(1), g.Status().DoubleReleases)
 	})
 }
@@ -79,7 +57,7 @@ type requestKey struct{}
 // span on it), and how long a caller turned away waited.
 func TestGateEventsCarryTheCallersContext(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		obs := &events{}
+		obs := &slotstest.Recorder{}
 		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueueWaitMS: 2000}, slots.WithObserver(obs))
 		require.NoError(t, err)
 		defer g.Close()
@@ -94,16 +72,15 @@ func TestGateEventsCarryTheCallersContext(t *testing.T) {
 		require.ErrorIs(t, err, context.Canceled)
 		first.Slot.Release()
 
-		require.Equal(t, []slots.EventKind{slots.EventAcquired, slots.EventRejected, slots.EventRejected, slots.EventReleased}, obs.kinds())
-		obs.mu.Lock()
-		defer obs.mu.Unlock()
-		for _, e := range obs.seen[:3] {
+		require.Equal(t, []slots.EventKind{slots.EventAcquired, slots.EventRejected, slots.EventRejected, slots.EventReleased}, obs.Kinds())
+		seen := obs.Events()
+		for _, e := range seen[:3] {
 			assert.Equal(t, "req", e.Context.Value(requestKey{}))
 		}
-		assert.Zero(t, obs.seen[0].Wait)
-		assert.Equal(t, 2*time.Second, obs.seen[1].Wait, "timed out after its wait")
-		assert.Equal(t, 500*time.Millisecond, obs.seen[2].Wait, "gave up after its wait")
-		assert.Nil(t, obs.seen[3].Context, "a release has no context")
+		assert.Zero(t, seen[0].Wait)
+		assert.Equal(t, 2*time.Second, seen[1].Wait, "timed out after its wait")
+		assert.Equal(t, 500*time.Millisecond, seen[2].Wait, "gave up after its wait")
+		assert.Nil(t, seen[3].Context, "a release has no context")
 	})
 }
 
@@ -156,7 +133,7 @@ func TestGateEventDurationsAreNeverNegative(t *testing.T) {
 // before the attempt or while it waits.
 func TestGateReportsEveryFailure(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		obs := &events{}
+		obs := &slotstest.Recorder{}
 		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1}, slots.WithObserver(obs))
 		require.NoError(t, err)
 		held, err := g.Acquire(context.Background(), "m")
@@ -172,7 +149,7 @@ func TestGateReportsEveryFailure(t *testing.T) {
 		held.Slot.Release()
 		assert.Equal(t, []slots.EventKind{
 			slots.EventAcquired, slots.EventRejected, slots.EventRejected, slots.EventRejected, slots.EventReleased,
-		}, obs.kinds())
+		}, obs.Kinds())
 	})
 }
 

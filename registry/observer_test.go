@@ -4,7 +4,6 @@ import (
 	"context"
 	"runtime"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -15,6 +14,7 @@ import (
 
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
 
 // An Observer that panics on an admission does not keep the capacity: the
@@ -95,14 +95,8 @@ type requestKey struct{}
 // the caller waited; TryAcquire's carry none.
 func TestEventsCarryTheCallersContext(t *testing.T) {
 	mock := clock.NewMock()
-	var mu sync.Mutex
-	var evs []slots.Event
-	obs := slots.ObserverFunc(func(e slots.Event) {
-		mu.Lock()
-		defer mu.Unlock()
-		evs = append(evs, e)
-	})
-	reg := registry.New[string](1, slots.WithClock(mock), slots.WithObserver(obs), slots.WithMaxWait(2*time.Second))
+	var obs slotstest.Recorder
+	reg := registry.New[string](1, slots.WithClock(mock), slots.WithObserver(&obs), slots.WithMaxWait(2*time.Second))
 	ctx := context.WithValue(context.Background(), requestKey{}, "req")
 	held, err := reg.TryAcquire("k")
 	require.NoError(t, err)
@@ -119,8 +113,7 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 	require.NoError(t, err)
 	s.Release()
 
-	mu.Lock()
-	defer mu.Unlock()
+	evs := obs.Events()
 	require.Len(t, evs, 6)
 	assert.Equal(t, slots.EventAcquired, evs[0].Kind)
 	assert.Nil(t, evs[0].Context, "TryAcquire has no context")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
 
 // eventCounts tallies events by kind, and rejections by reason.
@@ -145,24 +146,6 @@ func TestObserverPanicOnAdmissionKeepsNothing(t *testing.T) {
 	}
 }
 
-// eventLog records every event, in order.
-type eventLog struct {
-	mu  sync.Mutex
-	all []slots.Event
-}
-
-func (l *eventLog) Observe(e slots.Event) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	l.all = append(l.all, e)
-}
-
-func (l *eventLog) events() []slots.Event {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return append([]slots.Event(nil), l.all...)
-}
-
 type requestKey struct{}
 
 // An admission's events carry the context its caller passed to Acquire,
@@ -171,7 +154,7 @@ type requestKey struct{}
 // none.
 func TestEventsCarryTheCallersContext(t *testing.T) {
 	mock := clock.NewMock()
-	var log eventLog
+	var log slotstest.Recorder
 	l := slots.NewLimiter(1, slots.WithClock(mock), slots.WithObserver(&log), slots.WithMaxWait(2*time.Second))
 	ctx := context.WithValue(context.Background(), requestKey{}, "req")
 	held, err := l.TryAcquire()
@@ -212,10 +195,10 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 	require.NoError(t, err)
 	s.Release()
 
-	evs := kindsOf(log.events())
+	evs := log.Kinds()
 	require.Equal(t, []slots.EventKind{slots.EventAcquired, slots.EventRejected, slots.EventRejected,
 		slots.EventReleased, slots.EventAcquired, slots.EventReleased}, evs)
-	all := log.events()
+	all := log.Events()
 	assert.Nil(t, all[0].Context, "TryAcquire has no context")
 	assert.Equal(t, "req", all[1].Context.Value(requestKey{}))
 	assert.True(t, all[1].Wait >= 2*time.Second && all[1].Wait <= 2*time.Second+step, "timed out after its wait: %v", all[1].Wait)
@@ -224,14 +207,6 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 	assert.Nil(t, all[3].Context, "a release has no context")
 	assert.Equal(t, "req", all[4].Context.Value(requestKey{}))
 	assert.Zero(t, all[4].Wait)
-}
-
-func kindsOf(evs []slots.Event) []slots.EventKind {
-	out := make([]slots.EventKind, len(evs))
-	for i, e := range evs {
-		out[i] = e.Kind
-	}
-	return out
 }
 
 // A caller that cannot queue (TryAcquire) is told when its slot frees, not

@@ -178,17 +178,26 @@ func WriteError(w http.ResponseWriter, err error) {
 // for whole seconds.
 const HeaderRetryAfterMs = "Retry-After-Ms"
 
+// SetRetryAfter sets h's Retry-After to d in whole seconds, rounded up
+// (at least 1), and its retry-after-ms (HeaderRetryAfterMs) to d in
+// milliseconds, rounded up, as the answers of this package do; it sets
+// nothing for d <= 0. For an API's own error answers.
+func SetRetryAfter(h http.Header, d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	h.Set("Retry-After", strconv.FormatInt(int64(wholeSeconds(d)/time.Second), 10))
+	h.Set(HeaderRetryAfterMs, strconv.FormatInt(ceilMs(d), 10))
+}
+
 // writeError runs ew, making sure the answer goes out with status: a
 // writer that writes nothing would otherwise let the server answer 200. A
-// retryAfter goes out as Retry-After, in whole seconds rounded up, and as
-// retry-after-ms, rounded up to the millisecond.
+// retryAfter goes out as SetRetryAfter sets it.
 func writeError(w http.ResponseWriter, ew ErrorWriter, status int, retryAfter time.Duration, msg string) {
 	sw := &statusWriter{ResponseWriter: w, status: status}
 	if retryAfter > 0 {
-		sw.retryAfter = strconv.FormatInt(int64(wholeSeconds(retryAfter)/time.Second), 10)
-		sw.retryAfterMs = strconv.FormatInt(ceilMs(retryAfter), 10)
-		w.Header().Set("Retry-After", sw.retryAfter)
-		w.Header().Set(HeaderRetryAfterMs, sw.retryAfterMs)
+		SetRetryAfter(w.Header(), retryAfter)
+		sw.retryAfter, sw.retryAfterMs = w.Header().Get("Retry-After"), w.Header().Get(HeaderRetryAfterMs)
 	}
 	ew(sw, status, msg)
 	if !sw.wroteHeader {

@@ -398,6 +398,13 @@ func TestRetryAfterMsEdges(t *testing.T) {
 	require.NoError(t, err)
 	assert.Positive(t, ms)
 
+	h := http.Header{}
+	slots.SetRetryAfter(h, 0)
+	assert.Empty(t, h, "no estimate, no headers")
+	slots.SetRetryAfter(h, 1500*time.Millisecond)
+	assert.Equal(t, "2", h.Get("Retry-After"))
+	assert.Equal(t, "1500", h.Get("retry-after-ms"))
+
 	own := slots.WithErrorWriter(func(w http.ResponseWriter, status int, _ string) {
 		w.Header().Set("Retry-After", "60")
 		w.WriteHeader(status)

@@ -114,16 +114,6 @@ func (t *HoldTime) Observe(d int64) {
 // MaxRetryAfter caps the estimate: past an hour it says nothing useful.
 const MaxRetryAfter = time.Hour
 
-// turn is the mean time between two releases of limit slots (one second
-// of hold when nothing is known), in nanoseconds.
-func (t *HoldTime) turn(limit int) float64 {
-	mean := t.ewma.Load()
-	if mean <= 0 {
-		mean = int64(time.Second)
-	}
-	return float64(mean) / float64(limit)
-}
-
 // toldRounds bounds the returns a Told keeps to this many rounds of the
 // slots (and maxDues in all): a caller that asks again without waiting
 // books a return each time, and past the bound it is told the bound's

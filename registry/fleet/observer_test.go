@@ -12,25 +12,8 @@ import (
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
-
-// events records what an Observer is told, in order.
-type events struct {
-	mu  sync.Mutex
-	all []slots.Event
-}
-
-func (e *events) Observe(ev slots.Event) {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	e.all = append(e.all, ev)
-}
-
-func (e *events) seen() []slots.Event {
-	e.mu.Lock()
-	defer e.mu.Unlock()
-	return append([]slots.Event(nil), e.all...)
-}
 
 type requestKey struct{}
 
@@ -41,7 +24,7 @@ type requestKey struct{}
 // local registry, whose own admissions it does not hear.
 func TestObserverHearsTheFleetsAdmissions(t *testing.T) {
 	ms := memstore.New()
-	var obs events
+	var obs slotstest.Recorder
 	holder := New[string](ms, 1, WithLogger(quiet()))
 	t.Cleanup(func() { closeWithin(t, holder) })
 	r := New[string](ms, 1, WithLogger(quiet()), WithObserver(&obs),
@@ -69,13 +52,9 @@ func TestObserverHearsTheFleetsAdmissions(t *testing.T) {
 	s.Release()
 	assert.False(t, s.Release(), "a second release")
 
-	evs := obs.seen()
-	var kinds []slots.EventKind
-	for _, e := range evs {
-		kinds = append(kinds, e.Kind)
-	}
+	evs := obs.Events()
 	require.Equal(t, []slots.EventKind{slots.EventRejected, slots.EventRejected, slots.EventAcquired,
-		slots.EventReleased, slots.EventDoubleRelease}, kinds)
+		slots.EventReleased, slots.EventDoubleRelease}, obs.Kinds())
 	assert.ErrorIs(t, evs[0].Err, slots.ErrLimitReached)
 	assert.Nil(t, evs[0].Context, "TryAcquire has no context")
 	assert.ErrorIs(t, evs[1].Err, registry.ErrInvalidKey)
@@ -107,7 +86,7 @@ func TestObserverPanicReleases(t *testing.T) {
 // release; one given back before it reached its caller has neither.
 func TestObserverEventsPairUp(t *testing.T) {
 	ms := memstore.New()
-	var obs events
+	var obs slotstest.Recorder
 	limit := 1
 	var mu sync.Mutex
 	keys := Keys[string]{Limit: func(string) int { mu.Lock(); defer mu.Unlock(); return limit }}
@@ -123,7 +102,7 @@ func TestObserverEventsPairUp(t *testing.T) {
 	a.Release()
 	b.Release()
 	var acquired, released int
-	for _, e := range obs.seen() {
+	for _, e := range obs.Events() {
 		switch e.Kind {
 		case slots.EventAcquired:
 			acquired++

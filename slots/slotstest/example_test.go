@@ -1,9 +1,11 @@
 package slotstest_test
 
 import (
+	"errors"
 	"fmt"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/slots/slotstest"
 )
 
@@ -20,4 +22,14 @@ func ExampleVerifyRegistry() {
 	slotstest.VerifyRegistry(printingTB{}, reg) // in a test: defer slotstest.VerifyRegistry(t, reg)
 	fmt.Println("nothing left held")
 	// Output: nothing left held
+}
+
+func ExampleRecorder() {
+	var events slotstest.Recorder
+	lim := slots.NewLimiter(1, slots.WithObserver(&events))
+	s, _ := lim.TryAcquire()
+	_, _ = lim.TryAcquire() // refused: the slot is held
+	s.Release()
+	fmt.Println(events.Kinds()[0] == slots.EventAcquired, errors.Is(events.Events()[1].Err, slots.ErrLimitReached), len(events.Kinds()))
+	// Output: true true 3
 }

@@ -10,11 +10,16 @@
 // A release may still be on its way when the test body returns (a response
 // body closed by another goroutine, a context's end seen by a watcher), so
 // the checks retry for a short while, as goleak does, before they fail.
+//
+// A Recorder keeps the events an Observer is told, for a test that checks
+// what its metrics or traces would see.
 package slotstest
 
 import (
 	"fmt"
+	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/inflight-go/inflight/registry"
@@ -83,4 +88,37 @@ func settle(check func() string) string {
 		}
 		time.Sleep(wait) // like goleak: stragglers are other goroutines' work
 	}
+}
+
+// Recorder is a slots.Observer that keeps every Event it is told, for a
+// test to read: pass it to slots.WithObserver (or fleet.WithObserver). The
+// zero value is ready; it is safe for concurrent use.
+type Recorder struct {
+	mu     sync.Mutex
+	events []slots.Event
+}
+
+// Observe implements slots.Observer.
+func (r *Recorder) Observe(e slots.Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+// Events returns the events told so far, oldest first.
+func (r *Recorder) Events() []slots.Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return slices.Clone(r.events)
+}
+
+// Kinds returns the kinds of the events told so far, oldest first.
+func (r *Recorder) Kinds() []slots.EventKind {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	kinds := make([]slots.EventKind, len(r.events))
+	for i, e := range r.events {
+		kinds[i] = e.Kind
+	}
+	return kinds
 }

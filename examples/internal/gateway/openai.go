@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/inflight-go/inflight/registry/fleet"
@@ -118,11 +117,9 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 	case errors.Is(err, fleet.ErrUnavailable):
 		return http.StatusServiceUnavailable, unavailableRetryAfter, "the shared concurrency caps cannot be checked now"
 	}
-	status, _ = slots.HTTPStatus(err)
+	status, retryAfter = slots.HTTPStatus(err)
 	if errors.As(err, &le) {
-		retryAfter = le.RetryAfter // to the millisecond; Retry-After rounds it
-	} else if _, ra := slots.HTTPStatus(err); ra > 0 {
-		retryAfter = ra
+		retryAfter = max(le.RetryAfter, time.Millisecond) // to the millisecond: SetRetryAfter rounds it
 	}
 	return status, retryAfter, slots.ErrorMessage(err)
 }
@@ -137,13 +134,7 @@ const CapHeader = "X-Inflight-Cap"
 // error's "cap" and "reason".
 func writeAdmissionError(w http.ResponseWriter, capName string, err error) {
 	status, retryAfter, msg := admissionAnswer(err)
-	if retryAfter > 0 {
-		// Whole seconds rounded up, and the millisecond estimate that the
-		// OpenAI and Anthropic SDKs read first.
-		secs := (max(retryAfter, time.Second) + time.Second - 1) / time.Second
-		w.Header().Set("Retry-After", strconv.FormatInt(int64(secs), 10))
-		w.Header().Set(slots.HeaderRetryAfterMs, strconv.FormatInt(int64((retryAfter+time.Millisecond-1)/time.Millisecond), 10))
-	}
+	slots.SetRetryAfter(w.Header(), retryAfter)
 	w.Header().Set(CapHeader, capName)
 	writeOpenAIErrorWith(w, status, msg, capName, rejectReason(err))
 }
