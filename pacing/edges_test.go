@@ -68,7 +68,7 @@ func TestGateReconfigureRacesWaiters(t *testing.T) {
 
 // The wait policy in force when a wait ends is the one applied.
 func TestGateReconfigureWhileWaiting(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		cfg := pacing.Config{MaxConcurrentRequests: 1, MaxQueueWaitMS: 1000, OnWaitTimeout: "reject"}
 		g := newGate(t, cfg)
 		held, err := g.Acquire(context.Background(), "m")

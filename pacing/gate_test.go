@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -43,7 +44,7 @@ type result struct {
 }
 
 func TestGateModelCapWithinProviderCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 5, Models: map[string]pacing.ModelConfig{"glm-5.3": {MaxConcurrentRequests: 2}}})
 		ctx := context.Background()
 		var held []pacing.Grant
@@ -81,7 +82,7 @@ func TestGateModelCapWithinProviderCap(t *testing.T) {
 
 func TestGateSpacing(t *testing.T) {
 	t.Run("600 rpm: grants at least 100 ms apart, in arrival order", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{RequestsPerMinute: 600})
 			var results []chan result
 			for range 5 {
@@ -102,7 +103,7 @@ func TestGateSpacing(t *testing.T) {
 		})
 	})
 	t.Run("an eligible sibling passes a model that is not due yet", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Models: map[string]pacing.ModelConfig{"slow": {MinIntervalMS: 10_000}}})
 			first, err := g.Acquire(context.Background(), "slow")
 			require.NoError(t, err)
@@ -121,7 +122,7 @@ func TestGateSpacing(t *testing.T) {
 		})
 	})
 	t.Run("a cancelled waiter consumes no start", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{RequestsPerMinute: 600})
 			first, err := g.Acquire(context.Background(), "m")
 			require.NoError(t, err)
@@ -143,7 +144,7 @@ func TestGateSpacing(t *testing.T) {
 
 func TestGateQueueBounds(t *testing.T) {
 	t.Run("depth 2: the newest is rejected at once", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 2})
 			held, err := g.Acquire(context.Background(), "m")
 			require.NoError(t, err)
@@ -163,7 +164,7 @@ func TestGateQueueBounds(t *testing.T) {
 		})
 	})
 	t.Run("queue age: rejected as expired, or let through with proceed", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			for _, policy := range []string{pacing.Reject, pacing.Proceed} {
 				g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, MaxQueueWaitMS: 1000, OnWaitTimeout: policy})
 				held, _ := g.Acquire(context.Background(), "m")
@@ -185,7 +186,7 @@ func TestGateQueueBounds(t *testing.T) {
 }
 
 func TestGateKeyPool(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 1}, {ID: "k2", MaxConcurrentRequests: 1}, {ID: "k3", MaxConcurrentRequests: 2}}})
 		keys := map[string]int{}
 		var held []pacing.Grant
@@ -274,7 +275,7 @@ func TestGateHammer(t *testing.T) {
 }
 
 func TestGateReconfigure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, APIKeys: []pacing.KeyConfig{{ID: "k1"}, {ID: "k2"}}})
 		a, err := g.Acquire(context.Background(), "m")
 		require.NoError(t, err)
@@ -300,7 +301,7 @@ func TestGateReconfigure(t *testing.T) {
 }
 
 func TestGateClose(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1})
 		held, err := g.Acquire(context.Background(), "m")
 		require.NoError(t, err)
@@ -326,7 +327,7 @@ func ctxWithTimeout(t *testing.T, d time.Duration) context.Context {
 // instant it is granted gives the grant back, and its start with it.
 func TestGateGivenBackTakesNoStart(t *testing.T) {
 	for range 20 { // which of the grant and the deadline comes first varies
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{RequestsPerMinute: 6}) // 10 s apart
 			first, err := g.Acquire(context.Background(), "m")
 			require.NoError(t, err)
@@ -349,7 +350,7 @@ func TestGateGivenBackTakesNoStart(t *testing.T) {
 }
 
 func TestGateFullQueueStillAdmitsWhatCanStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxQueue: 1, Models: map[string]pacing.ModelConfig{"a": {MaxConcurrentRequests: 1}}})
 		a, _ := g.Acquire(context.Background(), "a")
 		ctx, cancel := context.WithCancel(context.Background())
@@ -367,7 +368,7 @@ func TestGateFullQueueStillAdmitsWhatCanStart(t *testing.T) {
 }
 
 func TestGateRetryAfterCoversTheNextStart(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxQueue: 1, MinIntervalMS: 2400})
 		first, _ := g.Acquire(context.Background(), "m")
 		ctx, cancel := context.WithCancel(context.Background())

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 )
 
@@ -32,7 +33,7 @@ func TestLoweredCapBindsAProbeBatch(t *testing.T) {
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				g := newGate(t, cfg(20))
 				held := acquireN(t, g, 3)
 				g.Report(held[2], admitted) // the first probe proved 3: a batch of 2 may go
@@ -67,7 +68,7 @@ func TestLoweredCapBindsAProbeBatch(t *testing.T) {
 // TestReportAfterCloseChangesNothing: a closed Gate learns nothing more and
 // arms no timer.
 func TestReportAfterCloseChangesNothing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 1000}})
 		held := acquireN(t, g, 5)
 		g.Close()
@@ -85,7 +86,7 @@ func TestReportAfterCloseChangesNothing(t *testing.T) {
 // TestRateOfADroppedKeyPausesNothingElse: a rate answer for a key that has
 // left the pool pauses neither the provider nor the other keys.
 func TestRateOfADroppedKeyPausesNothingElse(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "a"}, {ID: "b"}}})
 		gt := acquireN(t, g, 1)[0]
 		require.Equal(t, "a", gt.Key)
@@ -103,7 +104,7 @@ func TestRateOfADroppedKeyPausesNothingElse(t *testing.T) {
 // one's own with a RetryAfter near the largest duration keeps the key out
 // (for a day at most), instead of overflowing the clock.
 func TestQuotaOfAHugeRetryAfterKeepsTheKeyOut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "a"}}})
 		time.Sleep(time.Second)
 		gt := acquireN(t, g, 1)[0]
@@ -140,7 +141,7 @@ func TestClassifyNilResponse(t *testing.T) {
 // TestOverloadCutsOncePerBurst: the answers of one overload burst, and a
 // grant reported twice, lower the learned cap once.
 func TestOverloadCutsOncePerBurst(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 20, Max: 40}})
 		held := acquireN(t, g, 10)
 		overload := pacing.Verdict{Kind: pacing.Overload}
@@ -162,7 +163,7 @@ func TestOverloadCutsOncePerBurst(t *testing.T) {
 
 // TestForeignGrantIsNoEvidence: a grant of another Gate moves nothing here.
 func TestForeignGrantIsNoEvidence(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		a := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 		b := newGate(t, pacing.Config{})
 		held := acquireN(t, b, 50)
@@ -219,7 +220,7 @@ func TestClassifyKeepsABodysError(t *testing.T) {
 func TestTheTestOfACutKeepsTheFloor(t *testing.T) {
 	for _, floor := range []int{1, 3} {
 		t.Run(fmt.Sprint("min ", floor), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: floor, Initial: 8, RetestMS: 60_000}})
 				held := acquireN(t, g, 8)
 				for _, h := range held {
@@ -261,7 +262,7 @@ func TestTheTestOfACutKeepsTheFloor(t *testing.T) {
 // admitted once its gap has passed, so an upstream that drops what is over
 // its cap does not walk the cap up.
 func TestAFailedProbeProvesNothing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 60_000}})
 		held := acquireN(t, g, 5)
 		require.Equal(t, 5, held[4].InFlight, "the fifth is a probe")
@@ -279,7 +280,7 @@ func TestAFailedProbeProvesNothing(t *testing.T) {
 // TestRaisingMinDuringTheTestOfACut: a floor raised while the test of a
 // cut is out binds at once.
 func TestRaisingMinDuringTheTestOfACut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		cfg := func(floor int) pacing.Config {
 			return pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: floor, Initial: 8, RetestMS: 60_000}}
 		}
@@ -311,7 +312,7 @@ func TestRaisingMinDuringTheTestOfACut(t *testing.T) {
 // fails afterwards (Other) is not a probe of the cut: the test of the cut
 // stays out, and the limit with it.
 func TestAStaleFailureKeepsTheTestOfACut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 10, Max: 10, RetestMS: 60_000}})
 		held := acquireN(t, g, 10)
 		g.Report(held[5], refused) // a cut
@@ -333,7 +334,7 @@ func TestAStaleFailureKeepsTheTestOfACut(t *testing.T) {
 // until it is answered, even when many waiters could start in one pass
 // (here they waited out a Retry-After pause while holders finished).
 func TestOneStartTestsACut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 10, Max: 10, RetestMS: 60_000}})
 		held := acquireN(t, g, 10)
 		for _, h := range held[:8] {
@@ -373,7 +374,7 @@ func TestOneStartTestsACut(t *testing.T) {
 // TestLoweringMinDuringTheTestOfACut: a floor lowered while the test of a
 // cut is out binds at once too.
 func TestLoweringMinDuringTheTestOfACut(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		cfg := func(floor int) pacing.Config {
 			return pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: floor, Initial: 8, RetestMS: 60_000}}
 		}

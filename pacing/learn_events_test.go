@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -64,7 +65,7 @@ func lowered(ceiling int) pacing.Config {
 
 func TestLimitChangesAreDeliveredInOrder(t *testing.T) {
 	t.Run("a change made while the hook runs is delivered after it returns, and its maker does not wait", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, lowered(0))
 			var h hookLog
 			var first atomic.Bool
@@ -93,7 +94,7 @@ func TestLimitChangesAreDeliveredInOrder(t *testing.T) {
 		})
 	})
 	t.Run("a change the hook makes itself is delivered after the call that made it", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, lowered(0))
 			var h hookLog
 			var first atomic.Bool
@@ -116,7 +117,7 @@ func TestLimitChangesAreDeliveredInOrder(t *testing.T) {
 		})
 	})
 	t.Run("a hook that panicked once gets the later changes", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, lowered(0))
 			var got []pacing.LimitChange
 			g.OnLimitChange(func(c pacing.LimitChange) {
@@ -133,7 +134,7 @@ func TestLimitChangesAreDeliveredInOrder(t *testing.T) {
 		})
 	})
 	t.Run("changes made with no hook set are numbered but not delivered", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, lowered(0))
 			held := acquireN(t, g, 5)
 			g.Report(held[4], refused) // change 2, with no hook
@@ -154,7 +155,7 @@ func TestLimitChangesAreDeliveredInOrder(t *testing.T) {
 // a time, with every change, numbered one after the other, and each
 // change starts where the one before it ended.
 func TestLimitChangesHammer(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		cfg := func(ceiling int) pacing.Config {
 			return pacing.Config{MaxQueue: 1000, Adaptive: &pacing.AdaptiveConfig{Initial: 3, Max: ceiling, RetestMS: 5}}
 		}
@@ -208,7 +209,7 @@ func TestLimitChangesHammer(t *testing.T) {
 // does not return are bounded; the oldest go first, and the numbers of
 // those delivered show the gap.
 func TestLimitChangesWhileTheHookIsStuck(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, lowered(0))
 		var h hookLog
 		var first atomic.Bool
@@ -248,7 +249,7 @@ func TestLimitChangesWhileTheHookIsStuck(t *testing.T) {
 // timer's goroutine, where a panic of the hook would end the process: it
 // is logged instead, and later changes are delivered.
 func TestAHookThatPanicsOnATimer(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		var logs strings.Builder
 		var mu sync.Mutex
 		log := slog.New(slog.NewTextHandler(writerFunc(func(p []byte) (int, error) {

@@ -6,11 +6,11 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 )
@@ -28,8 +28,8 @@ type score struct {
 
 func runScore(t *testing.T, sc pacingtest.Scenario, a *pacing.AdaptiveConfig) score {
 	var learned, static pacingtest.Result
-	synctest.Test(t, func(t *testing.T) { learned = pacingtest.Score(sc, scoreCfg(a)) })
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) { learned = pacingtest.Score(sc, scoreCfg(a)) })
+	testrig.Bubble(t, func(t *testing.T) {
 		static = pacingtest.ScoreFollowing(sc, scoreCfg(nil), func(c int) int { return c - sc.Foreign })
 	})
 	require := assert.New(t)
@@ -150,7 +150,7 @@ func TestLearnedCapRetestTradeoff(t *testing.T) {
 	var refused []float64
 	for _, seed := range seeds {
 		sc := seeded(pacingtest.Shared, seed)
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			r := pacingtest.ScoreFollowing(sc, scoreCfg(nil), func(c int) int { return c })
 			refused = append(refused, r.RefusedShare())
 		})

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 )
 
@@ -37,7 +38,7 @@ func acquireN(t *testing.T, g *pacing.Gate, n int) []pacing.Grant {
 
 func TestLearnedCapClimbs(t *testing.T) {
 	t.Run("a probe the upstream admits raises the limit", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 			assert.Equal(t, 3, g.Learned().Limit, "one start over the floor may test it")
 			held := acquireN(t, g, 3)
@@ -54,7 +55,7 @@ func TestLearnedCapClimbs(t *testing.T) {
 		})
 	})
 	t.Run("a probe not refused within the gap is taken as admitted", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 			acquireN(t, g, 3)
 			time.Sleep(time.Second)
@@ -62,7 +63,7 @@ func TestLearnedCapClimbs(t *testing.T) {
 		})
 	})
 	t.Run("demand that does not fill the limit raises nothing", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 			for range 50 {
 				gt := acquireN(t, g, 2)
@@ -76,7 +77,7 @@ func TestLearnedCapClimbs(t *testing.T) {
 		})
 	})
 	t.Run("a configured max_concurrent_requests stays the ceiling", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{MaxConcurrentRequests: 3, Adaptive: &pacing.AdaptiveConfig{Initial: 10}})
 			assert.Equal(t, 3, g.Learned().Limit)
 			held := acquireN(t, g, 3)
@@ -91,7 +92,7 @@ func TestLearnedCapClimbs(t *testing.T) {
 
 func TestLearnedCapFalls(t *testing.T) {
 	t.Run("a refused probe sets the ceiling, and the next test waits retest_ms", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 5000}})
 			held := acquireN(t, g, 5)
 			g.Report(held[4], refused)
@@ -120,7 +121,7 @@ func TestLearnedCapFalls(t *testing.T) {
 		next.Slot.Release()
 	}
 	t.Run("refusals at a proven count step down twice, then halve the cap; more refusals step down", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 12, RetestMS: 60_000}})
 			held := acquireN(t, g, 12)
 			for _, h := range held {
@@ -141,7 +142,7 @@ func TestLearnedCapFalls(t *testing.T) {
 		})
 	})
 	t.Run("a refusal that an admission follows was noise: the cap stays one down", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 8, RetestMS: 60_000}})
 			held := acquireN(t, g, 8)
 			for _, h := range held {
@@ -160,7 +161,7 @@ func TestLearnedCapFalls(t *testing.T) {
 		})
 	})
 	t.Run("evidence from before a cut is stale", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 6, RetestMS: 60_000}})
 			held := acquireN(t, g, 6)
 			g.Report(held[5], refused) // not proven: the floor falls to 5
@@ -171,7 +172,7 @@ func TestLearnedCapFalls(t *testing.T) {
 		})
 	})
 	t.Run("the floor holds", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: 2, Initial: 2}})
 			held := acquireN(t, g, 2)
 			g.Report(held[1], refused)
@@ -182,7 +183,7 @@ func TestLearnedCapFalls(t *testing.T) {
 
 func TestReportPausesAndQuota(t *testing.T) {
 	t.Run("Retry-After of a rate refusal pauses new starts and leaves the cap", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
 			gt := acquireN(t, g, 1)[0]
 			g.Report(gt, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 2 * time.Second})
@@ -197,7 +198,7 @@ func TestReportPausesAndQuota(t *testing.T) {
 		})
 	})
 	t.Run("without learning too", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{MaxConcurrentRequests: 4})
 			gt := acquireN(t, g, 3)
 			g.Report(gt[0], pacing.Verdict{Kind: pacing.Overload})
@@ -213,7 +214,7 @@ func TestReportPausesAndQuota(t *testing.T) {
 		})
 	})
 	t.Run("a key out of quota leaves the pool until its reset", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 1}, {ID: "k2", MaxConcurrentRequests: 1}}})
 			gt := acquireN(t, g, 1)[0]
 			require.Equal(t, "k1", gt.Key)
@@ -237,7 +238,7 @@ func TestReportPausesAndQuota(t *testing.T) {
 // reported again, with the same verdict or another, is neither counted nor
 // evidence.
 func TestReportTakesEachGrantOnce(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 60_000}})
 		held := acquireN(t, g, 2)
 		g.Report(held[0], admitted)
@@ -267,7 +268,7 @@ func TestAdaptiveConfig(t *testing.T) {
 	_, err = pacing.Parse([]byte(`{"adaptive": {"initial": -1}}`))
 	assert.EqualError(t, err, "pacing: adaptive.initial: -1 is negative")
 
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 7, Adaptive: &pacing.AdaptiveConfig{Initial: 2}})
 		require.NoError(t, g.Reconfigure(pacing.Config{MaxConcurrentRequests: 7}))
 		assert.False(t, g.Learned().Enabled)
@@ -338,7 +339,7 @@ func TestLearnedCapHammer(t *testing.T) {
 }
 
 func TestOnLimitChange(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
 		var got []pacing.LimitChange
 		g.OnLimitChange(func(c pacing.LimitChange) {
@@ -361,7 +362,7 @@ func TestOnLimitChange(t *testing.T) {
 }
 
 func TestOverloadBacksOffGently(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 20}})
 		gt := acquireN(t, g, 1)[0]
 		g.Report(gt, pacing.Verdict{Kind: pacing.Overload, RetryAfter: 30 * time.Second})
@@ -374,7 +375,7 @@ func TestOverloadBacksOffGently(t *testing.T) {
 }
 
 func TestEachKeyLearnsItsCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000},
 			APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 10}, {ID: "k2"}}})
 		var got []pacing.LimitChange
@@ -417,7 +418,7 @@ func TestAModelLearnsItsCap(t *testing.T) {
 	_, err := pacing.Parse([]byte(`{"models": {"glm-5": {"max_concurrent_requests": 2, "adaptive": {"min": 5}}}}`))
 	assert.EqualError(t, err, `pacing: models["glm-5"].adaptive.min: 5 is over the ceiling 2`)
 
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 10,
 			Models: map[string]pacing.ModelConfig{"glm-5": {Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000}}}})
 		var got []pacing.LimitChange
@@ -455,7 +456,7 @@ func TestAModelLearnsItsCap(t *testing.T) {
 }
 
 func TestRetryAfterPausesOnlyItsKey(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}, {ID: "k2", MaxConcurrentRequests: 1}}})
 		gt := acquireN(t, g, 1)[0]
 		require.Equal(t, "k1", gt.Key)
@@ -472,7 +473,7 @@ func TestRetryAfterPausesOnlyItsKey(t *testing.T) {
 }
 
 func TestAnAdmissionProvesEveryLaneOnItsPath(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000},
 			Models: map[string]pacing.ModelConfig{"glm-5": {Adaptive: &pacing.AdaptiveConfig{Initial: 2, RetestMS: 60_000}}}})
 		held := acquireN(t, g, 3) // model "m": the provider's probe is the third

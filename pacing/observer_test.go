@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/slots/slotstest"
@@ -19,7 +20,7 @@ import (
 // TestGateReportsToItsObserver: a Gate reports what a Limiter reports, so
 // that a provider's queue can be measured like any other cap.
 func TestGateReportsToItsObserver(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		obs := &slotstest.Recorder{}
 		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1}, slots.WithObserver(obs))
 		require.NoError(t, err)
@@ -56,7 +57,7 @@ type requestKey struct{}
 // not, admitted or not, tell the Observer the caller's context (for a
 // span on it), and how long a caller turned away waited.
 func TestGateEventsCarryTheCallersContext(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		obs := &slotstest.Recorder{}
 		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1, MaxQueueWaitMS: 2000}, slots.WithObserver(obs))
 		require.NoError(t, err)
@@ -132,7 +133,7 @@ func TestGateEventDurationsAreNeverNegative(t *testing.T) {
 // rejected or bypassed, whatever ends it: a nil context, a Gate closed
 // before the attempt or while it waits.
 func TestGateReportsEveryFailure(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		obs := &slotstest.Recorder{}
 		g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1}, slots.WithObserver(obs))
 		require.NoError(t, err)
@@ -157,7 +158,7 @@ func TestGateReportsEveryFailure(t *testing.T) {
 // cap) tells a refused caller when the next start may go, not when its
 // holders will end.
 func TestGateRetryAfterWithoutACap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g, err := pacing.NewGate("zai", pacing.Config{MinIntervalMS: 100, MaxQueue: 1})
 		require.NoError(t, err)
 		defer g.Close()

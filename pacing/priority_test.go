@@ -29,7 +29,7 @@ var (
 // Provider cap 4 saturated by batch with 100 batch requests queued: an
 // interactive request starts at the next release.
 func TestGateInteractiveJumpsBatch(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 4, MaxQueue: 1000})
 		b := testrig.New(t, gateAcquirer(g, "glm-5.3"))
 		for range 104 {
@@ -51,7 +51,7 @@ func TestGateInteractiveJumpsBatch(t *testing.T) {
 // Pacing and turns together: starts stay spaced, and flow B's one request
 // is among the next two starts after flow A queued 50.
 func TestGateFlowsTakeTurnsUnderPacing(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 100, RequestsPerMinute: 600, MaxQueue: 1000})
 		r := testrig.New(t, gateAcquirer(g, "m"))
 		a := slots.WithFlow(context.Background(), "A")
@@ -74,7 +74,7 @@ func TestGateFlowsTakeTurnsUnderPacing(t *testing.T) {
 
 // Shares and a per-flow queue bound from the config.
 func TestGateSharesAndFlowQueue(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		cfg, err := pacing.Parse([]byte(`{"max_concurrent_requests":2,"max_queue_per_flow":1,
 			"shares":{"interactive":{"reserved":1}}}`))
 		require.NoError(t, err)
@@ -111,7 +111,7 @@ func TestConfigSharesValidate(t *testing.T) {
 // shares.batch.min = 1 under sustained interactive load: every fourth grant
 // is batch's, as on a Limiter and a Registry.
 func TestGateBatchMinShare(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		cfg, err := pacing.Parse([]byte(`{"max_concurrent_requests":4,"max_queue":1000,
 			"shares":{"batch":{"min":1}}}`))
 		require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -35,7 +36,7 @@ func TestRefusalNamesItsCap(t *testing.T) {
 			"waiting for the spacing of starts to the upstream: 1 in flight, 0 queued (timed out waiting)"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				tc.cfg.MaxQueueWaitMS = 100
 				gate, err := pacing.NewGate("p", tc.cfg)
 				require.NoError(t, err)
@@ -60,7 +61,7 @@ func TestRefusalNamesItsCap(t *testing.T) {
 
 // A full queue is the provider's: its bound, not a cap's count, refused.
 func TestQueueFullIsTheProviders(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		gate, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1})
 		require.NoError(t, err)
 		defer gate.Close()
@@ -86,7 +87,7 @@ func TestQueueFullIsTheProviders(t *testing.T) {
 
 // A wait that ends during a pause the upstream asked for names the pause.
 func TestRefusalInAPauseNamesIt(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		gate, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 5, MaxQueueWaitMS: 100})
 		require.NoError(t, err)
 		defer gate.Close()

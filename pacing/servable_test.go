@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -44,7 +45,7 @@ func (g *Gate) startable() string {
 // start.
 func TestNoStartableRequestLeft(t *testing.T) {
 	for seed := range uint64(100) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 3))
 			config := func() Config {
 				return Config{

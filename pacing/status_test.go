@@ -8,13 +8,14 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 )
 
 // The provider's one queue is told apart by model: each waiter counts for
 // its own model until it is granted, withdrawn or turned away.
 func TestStatusWaitingByModel(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 2, MaxQueue: 3,
 			Models: map[string]pacing.ModelConfig{"glm-5.3": {MaxConcurrentRequests: 1}}})
 		defer g.Close()

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 	"github.com/inflight-go/inflight/slots"
@@ -128,7 +129,7 @@ func TestTransportPutsTheGrantedKeyOn(t *testing.T) {
 // concurrency 429 read to its end cuts the learned cap first, so a
 // request waiting for that slot is not let in under the old cap.
 func TestTransportReportsBeforeItFrees(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{Cap: 2}}}
 		u.Start()
 		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 3, Adaptive: &pacing.AdaptiveConfig{Initial: 3}}) // 3 at most: no probe above
@@ -495,7 +496,7 @@ func TestTransportTrace(t *testing.T) {
 // WithWaitContext ends a wait for admission, not the exchange of a request
 // admitted before it ended.
 func TestTransportWaitContext(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		u := &pacingtest.Upstream{HeaderDelay: time.Millisecond}
 		u.Start()
 		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})

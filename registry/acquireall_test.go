@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -62,7 +63,7 @@ func TestAcquireAllNamesTheFullKey(t *testing.T) {
 // the four keys is always held; now the caller is served once MaxPassed
 // slots of its keys have gone to the others.
 func TestAcquireAllIsNotStarvedByChurn(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](1)
 		keys := []string{"a", "b", "c", "d"}
 		stop := make(chan struct{})
@@ -110,7 +111,7 @@ func TestAcquireAllIsNotStarvedByChurn(t *testing.T) {
 // its keys' holders are done it is served.
 func TestAcquireAllPassedOverAtMostMaxPassed(t *testing.T) {
 	for seed := range uint64(200) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 1))
 			all := []string{"a", "b", "c", "d"}
 			reg := registry.New[string](1 + rng.IntN(3))
@@ -180,7 +181,7 @@ func TestAcquireAllPassedOverAtMostMaxPassed(t *testing.T) {
 // The bound is reached: after MaxPassed passes, each of the waiter's keys
 // keeps a slot for it, and only one.
 func TestAcquireAllBoundIsReached(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](1)
 		a, err := reg.TryAcquire("a")
 		require.NoError(t, err)
@@ -234,7 +235,7 @@ func TestAcquireAllBoundIsReached(t *testing.T) {
 // the churn stops, and no key's cap is exceeded.
 func TestAcquireAllNoDeadlockInAnyKeyOrder(t *testing.T) {
 	for seed := range uint64(100) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 2))
 			keys := []string{"a", "b", "c", "d", "e"}
 			reg := registry.New[string](1 + rng.IntN(2))

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -75,7 +76,7 @@ func TestRegistrySetLimitDoesNotLetCallersPass(t *testing.T) {
 }
 
 func TestRegistryLimitFuncColdBurst(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		proceed := make(chan struct{})
 		var calls atomic.Int32
 		fn := func(ctx context.Context, org string) (int, error) {
@@ -103,7 +104,7 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 		held.Range(func(_, s any) bool { s.(*slots.Slot).Release(); return true })
 	})
 	t.Run("a waiting caller's context ends", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			proceed := make(chan struct{})
 			fn := func(ctx context.Context, org string) (int, error) { <-proceed; return 1, nil }
 			reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))

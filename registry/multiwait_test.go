@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -26,7 +27,7 @@ func passOver(t *testing.T, reg *Registry[string], key string, times int) {
 // A newcomer that nothing holds back is admitted on a key with room, even
 // while callers held back for a passed-over AcquireAll queue there.
 func TestHigherClassNewcomerBesideHeldBackWaiters(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := New[string](2)
 		reg.SetLimit("b", 1)
 		hb, err := reg.TryAcquire("b")
@@ -63,7 +64,7 @@ func TestHigherClassNewcomerBesideHeldBackWaiters(t *testing.T) {
 // waiter's model is held by a long stream, or disabled (limit 0).
 func TestPassedOverWaiterKeepsOneSlotOfASharedKey(t *testing.T) {
 	for _, disabled := range []bool{false, true} {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			reg := New[string](10)
 			reg.SetLimit("model-1", 1)
 			if disabled {
@@ -108,7 +109,7 @@ func TestPassedOverWaiterKeepsOneSlotOfASharedKey(t *testing.T) {
 // A class with a Min share gets no bypass of the bound: the slots its
 // share owes it go to its own passed-over AcquireAll first.
 func TestShareMinDoesNotStarveAcquireAll(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := New[string](1, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 		batch := slots.WithPriority(context.Background(), slots.PriorityBatch)
 		a, err := reg.Acquire(batch, "a")

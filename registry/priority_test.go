@@ -32,7 +32,7 @@ func acquirer(r *registry.Registry[string], keys ...string) func(context.Context
 func TestRegistryInteractiveJumpsBatch(t *testing.T) {
 	for name, keys := range map[string][]string{"one key": {"p"}, "AcquireAll": {"p", "m"}} {
 		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				reg := registry.New[string](4)
 				batchRig := testrig.New(t, acquirer(reg, keys...))
 				for range 104 {
@@ -64,7 +64,7 @@ func TestRegistryInteractiveJumpsBatch(t *testing.T) {
 // A flow's backlog does not hold back another flow on the same key, also
 // when the requests need several keys.
 func TestRegistryFlowsTakeTurns(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](1)
 		r := testrig.New(t, acquirer(reg, "p", "m"))
 		a := slots.WithFlow(context.Background(), "A")
@@ -82,7 +82,7 @@ func TestRegistryFlowsTakeTurns(t *testing.T) {
 }
 
 func TestRegistryFlowWeights(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](1)
 		r := testrig.New(t, acquirer(reg, "k"))
 		r.CheckWeights(slots.WithFlowWeight(context.Background(), "A", 3), slots.WithFlowWeight(context.Background(), "B", 1))
@@ -97,7 +97,7 @@ func TestRegistryFlowWeights(t *testing.T) {
 func TestRegistryBatchMinShare(t *testing.T) {
 	for name, keys := range map[string][]string{"one key": {"p"}, "AcquireAll": {"p", "m"}} {
 		t.Run(name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				reg := registry.New[string](4, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 				r := testrig.New(t, acquirer(reg, keys...))
 				r.CheckMinShare(interactive, batch)
@@ -109,7 +109,7 @@ func TestRegistryBatchMinShare(t *testing.T) {
 }
 
 func TestRegistryReserveAndFlowQueue(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](3,
 			slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}),
 			slots.WithMaxQueuePerFlow(1))
@@ -221,7 +221,7 @@ func TestRegistryPriorityHammer(t *testing.T) {
 // could now take C's free slot, is served in the same pass (no newcomer
 // passes it).
 func TestRegistryMultiGrantServesTheOtherKeys(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](2, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 2}))
 		reg.SetLimit("A", 1)
 		a, err := reg.TryAcquire("A")

@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -32,7 +33,7 @@ func TestRegistryProbe(t *testing.T) {
 		{"unlimited: all five hold", slots.Unlimited, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				reg := registry.New[string](tc.limit)
 				var cur, peak atomic.Int64
 				release := make(chan struct{})
@@ -138,7 +139,7 @@ func TestRegistryHoldsPastAnyTimeout(t *testing.T) {
 
 func TestRegistryAcquireAll(t *testing.T) {
 	t.Run("a model at its cap waits while other models get provider slots", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			reg := registry.New[string](slots.Unlimited)
 			reg.SetLimit("provider", 5)
 			reg.SetLimit("model-a", 2)
@@ -223,7 +224,7 @@ func TestRegistryAcquireAll(t *testing.T) {
 		assert.Equal(t, 0, reg.Keys())
 	})
 	t.Run("a cancelled multi-key waiter leaves nothing behind", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			reg := registry.New[string](1)
 			held, _ := reg.TryAcquire("b")
 			ctx, cancel := context.WithCancel(context.Background())
@@ -243,7 +244,7 @@ func TestRegistryAcquireAll(t *testing.T) {
 		})
 	})
 	t.Run("waiters of one key are served in order, multi-key or not", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			reg := registry.New[string](1)
 			held, _ := reg.TryAcquire("p")
 			var order []string
@@ -272,7 +273,7 @@ func TestRegistryAcquireAll(t *testing.T) {
 }
 
 func TestRegistrySetLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		var warned atomic.Int32
 		reg := registry.New[string](1, slots.WithLogger(slog.New(countingHandler{&warned})))
 		a, _ := reg.TryAcquire("k")
@@ -306,7 +307,7 @@ func TestRegistrySetLimit(t *testing.T) {
 		assert.Equal(t, int32(1), warned.Load(), "and logged")
 	})
 	t.Run("limit 0: Acquire waits until raised, or times out", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			reg := registry.New[string](0, slots.WithMaxWait(time.Minute))
 			got := make(chan error, 1)
 			go func() {

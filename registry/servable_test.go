@@ -9,6 +9,7 @@ import (
 	"testing/synctest"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -53,7 +54,7 @@ func (r *Registry[K]) servableWaiter() string {
 // waiter is ever left queued while it could be served.
 func TestNoServableWaiterLeft(t *testing.T) {
 	for seed := range uint64(100) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			reg := New[string](3, WithShards(4),
 				slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1 + rng.IntN(2)}),

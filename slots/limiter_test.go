@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -53,7 +54,7 @@ func runProbe(t *testing.T, l *slots.Limiter, n int) *probe {
 
 func TestLimiterProbe(t *testing.T) {
 	t.Run("five acquirers on a limit of two: two hold, three wait, all finish", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			l := slots.NewLimiter(2)
 			p := runProbe(t, l, 5)
 			synctest.Wait()
@@ -72,7 +73,7 @@ func TestLimiterProbe(t *testing.T) {
 		})
 	})
 	t.Run("unlimited: all five hold at once", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			l := slots.NewLimiter(slots.Unlimited)
 			p := runProbe(t, l, 5)
 			synctest.Wait()
@@ -86,7 +87,7 @@ func TestLimiterProbe(t *testing.T) {
 }
 
 func TestLimiterServesWaitersInArrivalOrder(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(1)
 		first, err := l.TryAcquire()
 		require.NoError(t, err)
@@ -141,7 +142,7 @@ func TestLimiterTryAcquire(t *testing.T) {
 }
 
 func TestLimiterMaxQueue(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(1, slots.WithMaxQueue(2))
 		held, err := l.TryAcquire()
 		require.NoError(t, err)
@@ -177,7 +178,7 @@ func TestLimiterMaxQueue(t *testing.T) {
 
 func TestLimiterMaxWait(t *testing.T) {
 	t.Run("fail-closed: ErrWaitTimeout after exactly the max wait", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			l := slots.NewLimiter(1, slots.WithMaxWait(30*time.Second))
 			held, _ := l.TryAcquire()
 			start := time.Now()
@@ -190,7 +191,7 @@ func TestLimiterMaxWait(t *testing.T) {
 		})
 	})
 	t.Run("fail-open: a bypassed slot that holds no capacity, logged once per interval", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			var logs logSink
 			l := slots.NewLimiter(1, slots.WithMaxWait(time.Second), slots.WithFailOpen(), slots.WithLogger(logs.logger()))
 			held, _ := l.TryAcquire()
@@ -218,7 +219,7 @@ func TestLimiterMaxWait(t *testing.T) {
 		})
 	})
 	t.Run("a grant before the max wait wins", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			l := slots.NewLimiter(1, slots.WithMaxWait(time.Minute))
 			held, _ := l.TryAcquire()
 			go func() {
@@ -234,7 +235,7 @@ func TestLimiterMaxWait(t *testing.T) {
 }
 
 func TestLimiterSetLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		var logs logSink
 		l := slots.NewLimiter(0, slots.WithLogger(logs.logger()))
 		_, err := l.TryAcquire()

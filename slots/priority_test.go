@@ -6,7 +6,6 @@ import (
 	"runtime"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -24,7 +23,7 @@ var (
 // Cap 4 saturated by batch with 100 batch waiters queued: an interactive
 // request is admitted at the next release, not after the 100.
 func TestLimiterInteractiveJumpsBatch(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(4)
 		r := testrig.New(t, l.Acquire)
 		for range 104 {
@@ -49,7 +48,7 @@ func TestLimiterInteractiveJumpsBatch(t *testing.T) {
 // batch: whenever batch holds less than its share, the next free slot is
 // batch's. With holds of equal length that is one grant in four.
 func TestLimiterBatchMinShare(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(4, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 		r := testrig.New(t, l.Acquire)
 		r.CheckMinShare(interactive, batch)
@@ -61,7 +60,7 @@ func TestLimiterBatchMinShare(t *testing.T) {
 // Without a share, sustained interactive load holds batch back entirely:
 // the share is what makes the difference above.
 func TestLimiterStrictPriorityWithoutShare(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(4)
 		r := testrig.New(t, l.Acquire)
 		for range 4 {
@@ -85,7 +84,7 @@ func TestLimiterStrictPriorityWithoutShare(t *testing.T) {
 // A reserve: one of five kept for interactive callers even while none is
 // waiting.
 func TestLimiterReserve(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(5, slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1}))
 		var held []*slots.Slot
 		for range 4 {
@@ -112,7 +111,7 @@ func TestLimiterReserve(t *testing.T) {
 // Flow A queues 200, then flow B one: B is admitted within the next two
 // grants.
 func TestLimiterFlowsTakeTurns(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(1)
 		r := testrig.New(t, l.Acquire)
 		a := slots.WithFlow(context.Background(), "A")
@@ -133,7 +132,7 @@ func TestLimiterFlowsTakeTurns(t *testing.T) {
 // Weights 3:1, both flows backlogged: over 400 grants the admitted ratio is
 // within 5% of 3:1.
 func TestLimiterFlowWeights(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(1)
 		r := testrig.New(t, l.Acquire)
 		r.CheckWeights(slots.WithFlowWeight(context.Background(), "A", 3), slots.WithFlowWeight(context.Background(), "B", 1))
@@ -143,7 +142,7 @@ func TestLimiterFlowWeights(t *testing.T) {
 
 // A flow over its queue depth is turned away while other flows still queue.
 func TestLimiterMaxQueuePerFlow(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(1, slots.WithMaxQueuePerFlow(2))
 		r := testrig.New(t, l.Acquire)
 		a := slots.WithFlow(context.Background(), "A")
@@ -256,7 +255,7 @@ func hammerClasses(t *testing.T, acquire func(context.Context) (*slots.Slot, err
 // The flow "" takes its weight like any other flow, in every class.
 func TestLimiterDefaultFlowWeight(t *testing.T) {
 	for _, p := range []slots.Priority{slots.PriorityDefault, slots.PriorityBatch} {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			l := slots.NewLimiter(1)
 			r := testrig.New(t, l.Acquire)
 			base := slots.WithPriority(context.Background(), p)
@@ -271,7 +270,7 @@ func TestLimiterDefaultFlowWeight(t *testing.T) {
 // interactive caller, batch's Min 1 still keeps batch moving under default
 // load (one grant in two with equal holds).
 func TestLimiterIdleMinDoesNotCutLowerShare(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(2,
 			slots.WithShare(slots.PriorityInteractive, slots.Share{Min: 2}),
 			slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))

@@ -8,11 +8,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -53,7 +53,7 @@ func runSaturated(t *testing.T, seed uint64) saturated {
 		defer rngMu.Unlock()
 		return time.Duration((0.9 + 0.2*rng.Float64()) * float64(time.Second))
 	}
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		lim := slots.NewLimiter(2, slots.WithMaxQueue(4), slots.WithMaxWait(500*time.Millisecond))
 		h := slots.Middleware(func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })(
 			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { time.Sleep(turn()) }))

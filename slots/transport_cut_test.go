@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -71,7 +72,7 @@ func answering(body io.ReadCloser) http.RoundTripper {
 // one still holds its connection there.
 func TestTransportCutClosesBeforeItFrees(t *testing.T) {
 	t.Run("the request's context ends: the body is closed, then the slot freed", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			lim := slots.NewLimiter(1)
 			body := newHeldBody()
 			tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
@@ -91,7 +92,7 @@ func TestTransportCutClosesBeforeItFrees(t *testing.T) {
 		})
 	})
 	t.Run("a failed Read closes the body, then frees the slot", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			lim := slots.NewLimiter(1)
 			body := newHeldBody()
 			body.failRead = true
@@ -115,7 +116,7 @@ func TestTransportCutClosesBeforeItFrees(t *testing.T) {
 	})
 	t.Run("a Read that meets the context's end fails with the context's error", func(t *testing.T) {
 		// httputil.ReverseProxy logs every read error but context.Canceled.
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			lim := slots.NewLimiter(1)
 			body := newHeldBody()
 			close(body.proceed)
@@ -170,7 +171,7 @@ func TestTransportLinger(t *testing.T) {
 	// rig runs f in a bubble with a Transport over base that lingers on a
 	// mock clock.
 	rig := func(t *testing.T, base http.RoundTripper, f func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport)) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			lim := slots.NewLimiter(1)
 			clk := clock.NewMock()
 			tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
@@ -326,7 +327,7 @@ func ExampleWithLinger() {
 // Close does not return (it waits for a Read stuck on a silent upstream):
 // cutCloseWait (5 s) after the context ended at the latest.
 func TestTransportContextEndFreesDespiteAStuckClose(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		lim := slots.NewLimiter(1)
 		body := newHeldBody()
 		tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })

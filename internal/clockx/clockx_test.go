@@ -2,13 +2,13 @@ package clockx_test
 
 import (
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 
 	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/internal/testrig"
 )
 
 func TestMockClock(t *testing.T) {
@@ -49,7 +49,7 @@ func TestCoarse(t *testing.T) {
 		assert.Equal(t, int64(1234), c.Coarse())
 	})
 	t.Run("inside a synctest bubble: exact, and no ticker", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			c := clockx.New(nil)
 			start := time.Now()
 			for range 5 {
@@ -60,7 +60,7 @@ func TestCoarse(t *testing.T) {
 		})
 	})
 	t.Run("inside a bubble whose clock has run for years", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			time.Sleep(3 * 366 * 24 * time.Hour) // past 2001 on the fake clock
 			c := clockx.New(nil)
 			start := c.Nanos()

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/testrig"
 )
 
 type owner struct{ released, misused atomic.Int32 }
@@ -56,7 +57,7 @@ func TestAwait(t *testing.T) {
 		assert.Equal(t, int32(1), o.released.Load())
 	})
 	t.Run("expired, and a grant that races expiry is kept", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			w := core.NewWaiter(&core.Hold{Owner: &owner{}})
 			assert.Equal(t, core.OutExpired, core.Await(context.Background(), w, time.After(time.Second), withdrawn))
 
@@ -115,7 +116,7 @@ func TestWakesManyAtOnce(t *testing.T) {
 }
 
 func TestAwaitWithNothingElseToEndIt(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
 		out := make(chan core.Outcome)
 		go func() { out <- core.Await(context.Background(), w, nil, nil) }()

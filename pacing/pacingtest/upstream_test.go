@@ -7,12 +7,12 @@ import (
 	"slices"
 	"sync"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 )
@@ -29,7 +29,7 @@ func send(t *testing.T, u *pacingtest.Upstream, service time.Duration) *http.Res
 
 func TestUpstream(t *testing.T) {
 	t.Run("refuses a request over the cap, with a Z.ai 1302 that classifies as concurrency", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{At: 0, Cap: 2}}, Foreign: 1}
 			u.Start()
 			held := send(t, u, time.Minute)
@@ -48,7 +48,7 @@ func TestUpstream(t *testing.T) {
 		})
 	})
 	t.Run("spreads the refusals' times around RefusalDelay with RefusalSigma", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{At: 0, Cap: 1}}, Foreign: 1, RefusalSigma: 0.75, Seed: 7}
 			u.Start()
 			var took []time.Duration
@@ -68,7 +68,7 @@ func TestUpstream(t *testing.T) {
 		})
 	})
 	t.Run("holds a place until the answer has streamed for its service time", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{At: 0, Cap: 1}}}
 			u.Start()
 			start := time.Now()
@@ -92,7 +92,7 @@ func TestUpstream(t *testing.T) {
 		})
 	})
 	t.Run("follows its schedule", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{At: 0, Cap: 20}, {At: time.Minute, Cap: 8}}}
 			u.Start()
 			assert.Equal(t, 20, u.Cap())
@@ -101,7 +101,7 @@ func TestUpstream(t *testing.T) {
 		})
 	})
 	t.Run("a request whose context ends frees its place", func(t *testing.T) {
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{At: 0, Cap: 1}}}
 			u.Start()
 			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -120,13 +120,13 @@ func TestUpstream(t *testing.T) {
 func TestScoreAgainstAKnownCap(t *testing.T) {
 	sc := pacingtest.Scenario{Name: "steady", Schedule: []pacingtest.Step{{At: 0, Cap: 5}}, Duration: time.Minute,
 		Rate: 10, Median: time.Second, Seed: 7}
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		r := pacingtest.Score(sc, pacing.Config{MaxConcurrentRequests: 5})
 		assert.Zero(t, r.Upstream.Refused, "a cap at the hidden one is never refused")
 		assert.Equal(t, 5, r.Upstream.Peak)
 		assert.Equal(t, []time.Duration{pacingtest.SampleEvery}, r.Settle, "from the first sample")
 	})
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		r := pacingtest.Score(sc, pacing.Config{MaxConcurrentRequests: 8})
 		assert.Greater(t, r.Upstream.Refused, 0, "a cap over the hidden one is refused")
 		assert.Equal(t, []time.Duration{-1}, r.Settle)

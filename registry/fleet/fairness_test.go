@@ -8,13 +8,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
@@ -136,7 +136,7 @@ func fwGoal(t *testing.T, ok bool, figure string, msgAndArgs ...any) {
 // across the fleet, so the light request waits for about the next release
 // at most (one hold time), not for the heavy backlog.
 func TestFleetLightTenantWait(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		srv := newVirtualRedis(t, fwLatency)
 		const (
 			limit  = 4
@@ -193,7 +193,7 @@ func TestFleetLightTenantWait(t *testing.T) {
 // each configured share: the weight-1 flow gets 25% ± 1.25 points, the
 // weight-3 flow 75% ± 3.75 points (the first bound is the binding one).
 func TestFleetWeightedFlows(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		srv := newVirtualRedis(t, fwLatency)
 		const (
 			limit   = 4
@@ -341,7 +341,7 @@ func TestFleetArrivalOrder(t *testing.T) {
 // about the next release (one hold time) at most: the class order holds
 // across the fleet, not only within each process.
 func TestFleetPriorityUnderBatchFlood(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		srv := newVirtualRedis(t, fwLatency)
 		const (
 			limit  = 5

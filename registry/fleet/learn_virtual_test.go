@@ -4,12 +4,12 @@ import (
 	"flag"
 	"fmt"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 )
@@ -24,7 +24,7 @@ var movingCap = learnScenario{
 // learnVirtual runs sc against n processes learning one cap on a virtual
 // Redis with latency each way, in virtual time.
 func learnVirtual(t *testing.T, sc learnScenario, n int, latency time.Duration) (res learnResult) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		v := newVirtualRedis(t, latency)
 		rs := learnFleet(t, v, "learn-virtual", n, pacing.AdaptiveConfig{Max: 64, RetestMS: sc.retest.Milliseconds()})
 		res = runLearning(t, rs, sc)

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 )
 
@@ -77,7 +78,7 @@ func roundTrips(d time.Duration) float64 { return float64(d) / float64(2*farLate
 // maxPipeline), not one after another: 200 round trips are 8 s, as they
 // took when each waiter held back the next until its reply.
 func TestBurstOfWaitersSharesPipelines(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		r := farRegistry(t, "far-burst", 1000)
 		_, last := burst(t, r, 200)
 		t.Logf("200 callers admitted in %v, %.1f round trips", last, roundTrips(last))
@@ -93,7 +94,7 @@ func TestBurstOfWaitersSharesPipelines(t *testing.T) {
 // (When every waiter of a burst was let call at once, 2,000 of them drew
 // 719 failed calls, each admitted under the local caps alone.)
 func TestLargeBurstOfWaitersNeverTimesOutInTheQueue(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		const callers = 2000
 		r := farRegistry(t, "far-large", 100_000)
 		_, last := burst(t, r, callers)
@@ -116,7 +117,7 @@ func TestLargeBurstOfWaitersNeverTimesOutInTheQueue(t *testing.T) {
 // no epoch, which the emptied Redis took for a first start: all ten were
 // admitted beside the two live holders.)
 func TestBurstAtStartAcrossADataLoss(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		v := newVirtualRedis(t, farLatency)
 		other := fwFleet(t, v, "far-loss", 1, 2, WithLogger(quiet()))[0]
 		for range 2 {
@@ -158,7 +159,7 @@ func TestBurstAtStartAcrossADataLoss(t *testing.T) {
 // trip each (101 round trips for 100 callers when only a waiter's first
 // call let the next one call).
 func TestBurstAfterAPauseSharesPipelines(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		v := newVirtualRedis(t, farLatency)
 		r := warmRegistry(t, v, "far-pause", 1000)
 		v.srv.FlushAll()
@@ -175,7 +176,7 @@ func TestBurstAfterAPauseSharesPipelines(t *testing.T) {
 // sent on one connection while an earlier one is on its way on another
 // would pass it half the time.
 func TestWaitersQueueInTheOrderTheyCame(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		v := newVirtualRedis(t, farLatency)
 		v.jitter = func() time.Duration { return rand.N(farLatency) }
 		r := warmRegistry(t, v, "far-order", 1)
@@ -218,7 +219,7 @@ func TestWaitersQueueInTheOrderTheyCame(t *testing.T) {
 // caller about to give up, and nothing was admitted after the first
 // seconds.)
 func TestOverloadOnAFarRedisKeepsAdmitting(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		const (
 			limit    = 12
 			hold     = 300 * time.Millisecond
@@ -274,7 +275,7 @@ func TestOverloadOnAFarRedisKeepsAdmitting(t *testing.T) {
 func TestBurstOnManyKeysNeverTimesOutInTheQueue(t *testing.T) {
 	for _, keys := range []int{4, 30} {
 		t.Run(fmt.Sprint(keys), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				const perKey = 150
 				r := farRegistry(t, "far-many", 100_000)
 				t0 := time.Now()
@@ -307,7 +308,7 @@ func TestBurstOnManyKeysNeverTimesOutInTheQueue(t *testing.T) {
 // dropped at their queue timeout, they were admitted under the local caps
 // alone: 19 of 30 keys went over the cap, up to 226 holders.)
 func TestBurstOnManyKeysKeepsTheFleetCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		const keys, perKey, limit = 30, 300, 100
 		v := newVirtualRedis(t, farLatency)
 		rs := []*Registry[string]{warmRegistry(t, v, "far-cap", limit), warmRegistry(t, v, "far-cap", limit)}
@@ -362,7 +363,7 @@ func TestBurstOnManyKeysKeepsTheFleetCap(t *testing.T) {
 // so their calls are ordered again. (With their places taken as still
 // there, the last was admitted 100.7 round trips after the pause.)
 func TestQueuedWaitersAfterAPauseSharePipelines(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		const n, limit = 100, 100
 		v := newVirtualRedis(t, farLatency)
 		r := warmRegistry(t, v, "far-qpause", limit)
@@ -412,7 +413,7 @@ func TestQueuedWaitersAfterAPauseSharePipelines(t *testing.T) {
 func TestOverlappingAcquireAllOnAJitteryRedis(t *testing.T) {
 	for run := range 1 {
 		t.Run(fmt.Sprint(run), func(t *testing.T) {
-			synctest.Test(t, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
 				const limit = 3
 				v := newVirtualRedis(t, farLatency)
 				v.jitter = func() time.Duration { return rand.N(farLatency) }

@@ -490,13 +490,16 @@ func testGatewayFleet(t *testing.T, store string) {
 
 // With a fleet, the provider's queue policy bounds the fleet's queue: a
 // request over max_queue is refused at once, and one that waits past
-// max_queue_wait_ms gives up its place, both with 429.
+// max_queue_wait_ms gives up its place, both with 429. The wait is long
+// enough (2 s) that the waiter is still queued when the third request comes,
+// however busy the machine: with 300 ms, a slow run saw the waiter give up
+// first, and the third request queue and time out in its turn.
 func TestGatewayFleetQueueBounds(t *testing.T) {
 	srv := redistest.Start(t)
 	u := newUpstream(t)
 	gw, g := startGatewayWith(t, u.srv.URL, `{
 	"upstream": "%s",
-	"provider": {"max_concurrent_requests": 1, "max_queue": 1, "max_queue_wait_ms": 300},
+	"provider": {"max_concurrent_requests": 1, "max_queue": 1, "max_queue_wait_ms": 2000},
 	"fleet": {"redis_url": "redis://`+srv.Addr+`/0"}
 }`)
 	client := gw.Client()

@@ -11,13 +11,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 )
@@ -169,7 +169,7 @@ const learningConfig = `{"upstream": "%s", "provider": {"adaptive": {"initial": 
 // upstream a RoundTripper; TestGatewayLearnsOverSockets plays the same
 // over loopback on a real clock.
 func TestGatewayLearnsTheUpstreamsCap(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
 		const hidden = 8
 		u := &pacingtest.Upstream{Schedule: []pacingtest.Step{{Cap: hidden}}, RefusalDelay: 5 * time.Millisecond, HeaderDelay: 20 * time.Millisecond}
 		u.Start()

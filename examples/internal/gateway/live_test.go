@@ -15,13 +15,13 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
@@ -59,8 +59,8 @@ func TestGatewayLiveDrop(t *testing.T) {
 	wg.Go(func() { static = playLive(t, sc, scale, false) })
 	wg.Wait()
 	var vLearned, vStatic pacingtest.Result
-	synctest.Test(t, func(t *testing.T) { vLearned = playInProcess(t, sc, scale, true) })
-	synctest.Test(t, func(t *testing.T) { vStatic = playInProcess(t, sc, scale, false) })
+	testrig.Bubble(t, func(t *testing.T) { vLearned = playInProcess(t, sc, scale, true) })
+	testrig.Bubble(t, func(t *testing.T) { vStatic = playInProcess(t, sc, scale, false) })
 
 	var b strings.Builder
 	fmt.Fprintf(&b, "%s, times ×%g (settling in the scenario's time)\n", sc.Name, scale)
@@ -70,12 +70,12 @@ func TestGatewayLiveDrop(t *testing.T) {
 		// The Gate alone, as pacing's own score runs it.
 		var gLearned, gStatic pacingtest.Result
 		cfg := pacing.Config{MaxQueue: 200, MaxQueueWaitMS: 30_000}
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			c := cfg
 			c.Adaptive = &pacing.AdaptiveConfig{}
 			gLearned = pacingtest.Score(sc, c)
 		})
-		synctest.Test(t, func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
 			gStatic = pacingtest.ScoreFollowing(sc, cfg, func(c int) int { return c - sc.Foreign })
 		})
 		fmt.Fprintf(&b, "  the Gate alone, virtual:    %s\n", figures(gLearned, gStatic))

@@ -1,0 +1,5 @@
+//go:build race
+
+package testrig
+
+const raceEnabled = true
