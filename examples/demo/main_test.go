@@ -3,23 +3,18 @@ package main
 import (
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		redistest.ReportSkips("examples/demo")
-		os.Exit(code)
-	}))
+	redistest.Main(m, "examples/demo")
 }
 
 // TestDemo runs a smaller, faster workload over real HTTP: straight at the

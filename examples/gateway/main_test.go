@@ -20,7 +20,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
@@ -34,10 +33,7 @@ func TestMain(m *testing.M) {
 		main()
 		return
 	}
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		redistest.ReportSkips("examples/gateway")
-		os.Exit(code)
-	}))
+	redistest.Main(m, "examples/gateway")
 }
 
 func TestGatewayBadConfigExits2(t *testing.T) {

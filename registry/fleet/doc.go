@@ -47,6 +47,9 @@
 //     (ErrUnavailable); FailOpen admits a Bypassed Slot.
 //   - A learned cap (Learn, Report) is the fleet's: a 429 reported by one
 //     process lowers it for all of them.
+//   - An operator's change (Overrides: an org's cap raised, a tenant turned
+//     off) made through one process holds on all of them and outlives
+//     their restarts, kept in the store.
 //
 // Give the store's client short timeouts, so that a dead store fails
 // fast (see each store's package). Keys are named with fmt.Sprint unless

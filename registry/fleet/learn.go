@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"log/slog"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -133,13 +134,16 @@ type learnChange struct {
 //
 // It fails if a is not valid under the key's limit, if the key is not
 // valid (see WithMaxKeyBytes) or its name is not UTF-8 (the stored state
-// names it in JSON), or with ErrClosed.
+// names it in JSON) or starts with a NUL and "overrides/" (the name of an
+// Overrides' record), or with ErrClosed.
 func (r *Registry[K]) Learn(key K, a pacing.AdaptiveConfig) error {
 	if err := r.validKey(key); err != nil {
 		return err
 	}
 	if name := r.keyName(key); !utf8.ValidString(name) {
 		return fmt.Errorf("%w: fleet: Learn %q: the name is not UTF-8", registry.ErrInvalidKey, name)
+	} else if strings.HasPrefix(name, overridesPrefix) {
+		return fmt.Errorf("%w: fleet: Learn %q: the name starts as the overrides' record does", registry.ErrInvalidKey, name)
 	}
 	if err := r.learnLocked(key, a); err != nil {
 		return err

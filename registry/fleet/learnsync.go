@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"log/slog"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/learn"
@@ -387,7 +388,11 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 // cannot be read makes it read every state).
 func (r *Registry[K]) learnedMessage(payload string) {
 	var st storedCap
-	bad := json.Unmarshal([]byte(payload), &st) != nil || !st.Cap.Valid()
+	err := json.Unmarshal([]byte(payload), &st)
+	if err == nil && strings.HasPrefix(st.Key, overridesPrefix) {
+		return // an Overrides' record: its own listener takes it
+	}
+	bad := err != nil || !st.Cap.Valid()
 	k, taken, read := r.takeMessage(st, bad)
 	if read {
 		r.kickLearner()

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,16 +12,11 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 
-	"go.uber.org/goleak"
-
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 func TestMain(m *testing.M) {
-	goleak.VerifyTestMain(m, goleak.Cleanup(func(code int) {
-		redistest.ReportSkips("registry/fleet")
-		os.Exit(code)
-	}))
+	redistest.Main(m, "registry/fleet")
 }
 
 // learnKey is the Redis key of r's learned state for key, and

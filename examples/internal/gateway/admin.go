@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"context"
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/json"
@@ -9,9 +10,12 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/sweep"
 )
 
@@ -122,8 +126,8 @@ func requireToken(token string, next http.Handler) http.Handler {
 // orgFromPath returns the path's org, or answers 400 and returns "".
 func orgFromPath(w http.ResponseWriter, r *http.Request) string {
 	org := r.PathValue("org")
-	if org == "" || len(org) > maxOrgBytes {
-		writeOpenAIError(w, http.StatusBadRequest, "org: want a name of 1 to 256 bytes")
+	if org == "" || len(org) > maxOrgBytes || !utf8.ValidString(org) {
+		writeOpenAIError(w, http.StatusBadRequest, "org: want a name of 1 to 256 bytes of UTF-8")
 		return ""
 	}
 	return org
@@ -148,13 +152,13 @@ func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	n := *body.Limit
-	g.mu.Lock()
-	old, from := g.overrides[org], fromOverride
-	if _, had := g.overrides[org]; !had {
-		old, from = g.configuredLimit(org)
+	old, from := g.orgLimitFrom(org)
+	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
+	defer cancel()
+	if err := g.orgs().Set(ctx, org, n); err != nil {
+		g.changeFailed(w, r, "set", org, err)
+		return
 	}
-	g.overrides[org] = n
-	g.mu.Unlock()
 	g.refreshOrg(org)
 	g.log.Info("gateway: org limit set", slog.String("org", org), slog.Int("old", old), slog.Int("new", n),
 		slog.String("was_from", from), slog.String("remote", r.RemoteAddr))
@@ -178,10 +182,14 @@ func (g *Gateway) deleteOrgLimit(w http.ResponseWriter, r *http.Request) {
 	if org == "" {
 		return
 	}
-	g.mu.Lock()
-	old, had := g.overrides[org]
-	delete(g.overrides, org)
-	g.mu.Unlock()
+	old, _ := g.orgLimitFrom(org)
+	ctx, cancel := context.WithTimeout(r.Context(), adminStoreTimeout)
+	defer cancel()
+	had, err := g.orgs().Delete(ctx, org)
+	if err != nil {
+		g.changeFailed(w, r, "remove", org, err)
+		return
+	}
 	n, from := g.configuredLimit(org)
 	if !had {
 		writeOpenAIError(w, http.StatusNotFound, "this org's limit is the configured one: nothing to remove")
@@ -193,23 +201,87 @@ func (g *Gateway) deleteOrgLimit(w http.ResponseWriter, r *http.Request) {
 	g.writeOrgLimit(w, org, n, from)
 }
 
+// adminStoreTimeout bounds a change's calls to the fleet's store.
+const adminStoreTimeout = 5 * time.Second
+
+// changeFailed answers a change the overrides did not take: 409 when there
+// are too many, else 503 (the fleet's store did not answer, or other
+// gateways changed them at every try).
+func (g *Gateway) changeFailed(w http.ResponseWriter, r *http.Request, what, org string, err error) {
+	if errors.Is(err, fleet.ErrOverridesFull) {
+		writeOpenAIError(w, http.StatusConflict, "the fleet holds as many org limits as it can: remove some first")
+		return
+	}
+	if r.Context().Err() == nil {
+		g.log.Warn("gateway: org limit not changed: the fleet's store failed", slog.String("org", org),
+			slog.String("change", what), slog.Any("error", err))
+	}
+	writeOpenAIError(w, http.StatusServiceUnavailable,
+		"the fleet's store did not take the change: it may or may not have been made; GET tells what this gateway knows")
+}
+
 // orgLimitAnswer is the admin API's answer about an org's limit: the limit
 // in force, where it comes from (override, config or default), the
-// configured limit a DELETE goes back to, and the reach of a change. A
-// change through the admin API holds for this gateway alone, even with a
-// fleet, and lasts until it restarts.
+// configured limit a DELETE goes back to, and the reach of a change: with
+// a fleet, every gateway of the fleet, kept in its store across restarts
+// (Synced: whether this gateway has read the fleet's overrides yet; until
+// it has, it applies none it did not set itself); without one, this
+// gateway alone, until it restarts.
 type orgLimitAnswer struct {
 	Org        string `json:"org"`
 	Limit      int    `json:"limit"`
 	Source     string `json:"source"`
 	Configured int    `json:"configured"`
-	Scope      string `json:"scope"`     // "this gateway"
-	Persisted  bool   `json:"persisted"` // false: lost on restart
+	Scope      string `json:"scope"`            // "fleet" or "this gateway"
+	Persisted  bool   `json:"persisted"`        // false: lost on restart
+	Synced     *bool  `json:"synced,omitempty"` // with a fleet only
 }
 
 func (g *Gateway) writeOrgLimit(w http.ResponseWriter, org string, n int, from string) {
 	configured, _ := g.configuredLimit(org)
-	writeJSON(w, orgLimitAnswer{Org: org, Limit: n, Source: from, Configured: configured, Scope: "this gateway"})
+	a := orgLimitAnswer{Org: org, Limit: n, Source: from, Configured: configured, Scope: "this gateway"}
+	if ov, shared := g.orgs().(*fleet.Overrides); shared {
+		synced := ov.Synced()
+		a.Scope, a.Persisted, a.Synced = "fleet", true, &synced
+	}
+	writeJSON(w, a)
+}
+
+// orgOverrides are the orgs' limits set through the admin API: with a
+// fleet, a fleet.Overrides (every gateway's, kept in the store), else
+// localOverrides.
+type orgOverrides interface {
+	Get(org string) (int, bool)
+	Set(ctx context.Context, org string, n int) error
+	Delete(ctx context.Context, org string) (bool, error)
+}
+
+// localOverrides are this gateway's own overrides, kept in memory.
+type localOverrides struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (l *localOverrides) Get(org string) (int, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	n, ok := l.m[org]
+	return n, ok
+}
+
+func (l *localOverrides) Set(_ context.Context, org string, n int) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.m[org] = n
+	return nil
+}
+
+func (l *localOverrides) Delete(_ context.Context, org string) (bool, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, had := l.m[org]
+	delete(l.m, org)
+	return had, nil
 }
 
 // refreshOrg makes every key of the org, live or idle, fetch its limit at

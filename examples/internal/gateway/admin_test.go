@@ -2,15 +2,19 @@ package gateway
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -209,4 +213,123 @@ func TestAdminTokenFromTheEnvironmentIsTrimmed(t *testing.T) {
 	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "admin": {"token_env": "GATEWAY_TEST_FILE_TOKEN"}}`)
 	status, _ := do(t, srv.Client(), adminRequest(t, http.MethodGet, srv.URL+"/debug/provider", ""))
 	assert.Equal(t, http.StatusOK, status)
+}
+
+// With a fleet, the admin API acts on the fleet: org-a set to 1 through
+// gateway 1 is at 1 on gateway 2 too (its GET says so: an override, fleet
+// wide, persisted), so two requests for org-a sent at once, one through
+// each gateway, get one 200 and one 429; a gateway started after the change
+// (as one restarted) has it; a DELETE through gateway 2 puts every gateway
+// back on the configured limit. How long gateway 2 took to hold the change
+// is logged.
+func TestGatewayAdminActsOnTheFleet(t *testing.T) {
+	for name, store := range fleetStores {
+		t.Run(name, func(t *testing.T) { testAdminActsOnTheFleet(t, store(t)) })
+	}
+}
+
+func testAdminActsOnTheFleet(t *testing.T, store string) {
+	u := newUpstream(t)
+	format := `{
+	"upstream": "%s",
+	"admin": {"token": "` + testAdminToken + `"},
+	"orgs": {"default_limit": 10, "limits": {"org-a": 4}},
+	"fleet": {` + store + `}
+}`
+	gw1, _ := startGatewayWith(t, u.srv.URL, format)
+	gw2, _ := startGatewayWith(t, u.srv.URL, format)
+	client := gw1.Client()
+	const path = orgALimitPath
+	limitAt := func(gw *httptest.Server) string { return orgALimitAt(t, client, gw) }
+	const overridden = `{"org":"org-a","limit":1,"source":"override","configured":4,"scope":"fleet","persisted":true,"synced":true}`
+	const configured = `{"org":"org-a","limit":4,"source":"config","configured":4,"scope":"fleet","persisted":true,"synced":true}`
+	assert.JSONEq(t, configured, limitAt(gw2))
+
+	sent := time.Now()
+	status, body := do(t, client, adminRequest(t, http.MethodPatch, gw1.URL+path, `{"limit":1}`))
+	require.Equal(t, http.StatusOK, status, body)
+	assert.JSONEq(t, overridden, body)
+	waitFor(t, "gateway 2 holds the change", func() bool { return limitAt(gw2) == limitAt(gw1) })
+	t.Logf("gateway 2 held the change %v after the PATCH was sent to gateway 1", time.Since(sent).Round(time.Millisecond))
+	assert.JSONEq(t, overridden, limitAt(gw2))
+
+	codes := make([]int, 2)
+	bodies := make([]io.ReadCloser, 2)
+	var wg sync.WaitGroup
+	for i, gw := range []*httptest.Server{gw1, gw2} {
+		wg.Go(func() {
+			resp, err := post(context.Background(), t, client, gw.URL, "org-a", "glm-5.3")
+			if assert.NoError(t, err) {
+				codes[i], bodies[i] = resp.StatusCode, resp.Body
+			}
+		})
+	}
+	wg.Wait()
+	slices.Sort(codes)
+	assert.Equal(t, []int{http.StatusOK, http.StatusTooManyRequests}, codes, "org-a's limit of 1 holds across the fleet")
+	close(u.gate)
+	for _, b := range bodies {
+		if b != nil {
+			_, _ = io.Copy(io.Discard, b)
+			b.Close()
+		}
+	}
+
+	gw3, _ := startGatewayWith(t, u.srv.URL, format)
+	assert.JSONEq(t, overridden, limitAt(gw3), "a gateway started later has it")
+
+	status, body = do(t, client, adminRequest(t, http.MethodDelete, gw2.URL+path, ""))
+	require.Equal(t, http.StatusOK, status, body)
+	assert.JSONEq(t, configured, body)
+	for _, gw := range []*httptest.Server{gw1, gw3} {
+		waitFor(t, "every gateway is back on the configured limit", func() bool { return limitAt(gw) == limitAt(gw2) })
+	}
+	status, _ = do(t, client, adminRequest(t, http.MethodDelete, gw1.URL+path, ""))
+	assert.Equal(t, http.StatusNotFound, status, "nothing left to remove, fleet-wide")
+}
+
+// The fleet's overrides through a Redis that dies and comes back empty:
+// a gateway started while it is down says it has not read them (synced
+// false) and applies the configured limit; once Redis is back, the gateway
+// that kept its copy writes it back, and the new one takes it. An org name
+// that is not UTF-8 is a 400, before the store.
+func TestGatewayOverridesThroughARedisRestart(t *testing.T) {
+	srv := redistest.Start(t)
+	u := newUpstream(t)
+	format := `{
+	"upstream": "%s",
+	"admin": {"token": "` + testAdminToken + `"},
+	"orgs": {"default_limit": 10, "limits": {"org-a": 4}},
+	"fleet": {"redis_url": "redis://` + srv.Addr + `/0"}
+}`
+	gw1, _ := startGatewayWith(t, u.srv.URL, format)
+	client := gw1.Client()
+	const path = orgALimitPath
+	limitAt := func(gw *httptest.Server) string { return orgALimitAt(t, client, gw) }
+	status, body := do(t, client, adminRequest(t, http.MethodPatch, gw1.URL+path, `{"limit":0}`))
+	require.Equal(t, http.StatusOK, status, body)
+	status, body = do(t, client, adminRequest(t, http.MethodPatch, gw1.URL+"/admin/orgs/%FF/concurrent-limit", `{"limit":0}`))
+	assert.Equal(t, http.StatusBadRequest, status, body)
+
+	srv.Kill()
+	gw2, _ := startGatewayWith(t, u.srv.URL, format)
+	assert.JSONEq(t, `{"org":"org-a","limit":4,"source":"config","configured":4,"scope":"fleet","persisted":true,"synced":false}`, limitAt(gw2))
+	status, _ = do(t, client, adminRequest(t, http.MethodPatch, gw2.URL+path, `{"limit":1}`))
+	assert.Equal(t, http.StatusServiceUnavailable, status, "the store did not take it")
+
+	srv.Restart() // empty
+	const off = `{"org":"org-a","limit":0,"source":"override","configured":4,"scope":"fleet","persisted":true,"synced":true}`
+	waitFor(t, "gateway 1 writes its copy back, and gateway 2 takes it", func() bool { return limitAt(gw2) == limitAt(gw1) })
+	assert.JSONEq(t, off, limitAt(gw2))
+}
+
+// orgALimitPath is the admin path of org-a's limit.
+const orgALimitPath = "/admin/orgs/org-a/concurrent-limit"
+
+// orgALimitAt returns gw's answer to a GET of org-a's limit.
+func orgALimitAt(t *testing.T, client *http.Client, gw *httptest.Server) string {
+	t.Helper()
+	status, body := do(t, client, adminRequest(t, http.MethodGet, gw.URL+orgALimitPath, ""))
+	require.Equal(t, http.StatusOK, status, body)
+	return body
 }

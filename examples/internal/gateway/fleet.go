@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"time"
 
@@ -73,6 +74,21 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	g.fleetTenants = fleet.NewWithKeys(tenantStore, cfg.Orgs.DefaultLimit, tenantKeys, tenantOpts...)
 	g.tenants = g.fleetTenants.Local()
 	g.admitTenant = g.fleetTenants.TryAcquire
+	// The admin API's overrides are the fleet's: set through one gateway,
+	// they hold on all of them, and outlive their restarts.
+	ov, err := fleet.NewOverrides(tenantStore, "org-limits", g.refreshOrg, g.log)
+	if err != nil {
+		return pacing.Config{}, err
+	}
+	g.mu.Lock()
+	g.overrides = ov
+	g.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := ov.Sync(ctx); err != nil {
+		g.log.Warn("gateway: the orgs' overrides were not read from the fleet's store; they are read again each second",
+			slog.Any("error", err))
+	}
 
 	// The provider's queue policy bounds the fleet's queue too: a request
 	// waits there first, then for this gateway's pacing.

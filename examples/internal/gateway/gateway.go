@@ -108,8 +108,8 @@ type Gateway struct {
 	configured map[string]int
 	defLimit   int // orgs.default_limit; read-only after New
 
-	mu        sync.RWMutex   // protects the field below
-	overrides map[string]int // the orgs' limits set through the admin API
+	mu        sync.RWMutex // protects the field below
+	overrides orgOverrides // the orgs' limits set through the admin API
 
 	priorities map[string]slots.Priority // read-only after New
 	weights    map[string]int            // read-only after New
@@ -146,7 +146,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	if err != nil {
 		return nil, err
 	}
-	g := &Gateway{configured: map[string]int{}, overrides: map[string]int{}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry(), log: slog.Default()}
+	g := &Gateway{configured: map[string]int{}, overrides: &localOverrides{m: map[string]int{}}, defLimit: cfg.Orgs.DefaultLimit, metrics: prometheus.NewRegistry(), log: slog.Default()}
 	for _, o := range opts {
 		o(g)
 	}
@@ -318,13 +318,17 @@ const (
 
 // orgLimitFrom returns an org's limit and where it comes from.
 func (g *Gateway) orgLimitFrom(org string) (int, string) {
-	g.mu.RLock()
-	n, ok := g.overrides[org]
-	g.mu.RUnlock()
-	if ok {
+	if n, ok := g.orgs().Get(org); ok {
 		return n, fromOverride
 	}
 	return g.configuredLimit(org)
+}
+
+// orgs returns the orgs' overrides.
+func (g *Gateway) orgs() orgOverrides {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.overrides
 }
 
 // configuredLimit returns the limit the config gives an org, and whether

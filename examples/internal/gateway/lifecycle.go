@@ -7,6 +7,8 @@ import (
 	"context"
 	"log/slog"
 	"time"
+
+	"github.com/inflight-go/inflight/registry/fleet"
 )
 
 // Active returns the number of model requests being served now (a stream
@@ -104,6 +106,9 @@ func (g *Gateway) Close() {
 	}
 	if g.gate != nil {
 		g.gate.Close()
+	}
+	if ov, ok := g.orgs().(*fleet.Overrides); ok {
+		ov.Close()
 	}
 	if g.fleetTenants != nil {
 		g.fleetTenants.Close()

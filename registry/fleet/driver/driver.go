@@ -65,7 +65,9 @@ type Store interface {
 	Listen(ctx context.Context, proc string, l Listener)
 	// SyncLearned reads key's learned state and, with a State to write,
 	// writes it if the store has the version presumed, and publishes it
-	// to every process's Listen; see LearnedCall.
+	// to every process's Listen; see LearnedCall. The client keeps two
+	// kinds of state this way, each a record of its own key: learned caps,
+	// and Overrides (whose key starts with a NUL).
 	SyncLearned(ctx context.Context, call *LearnedCall) (LearnedResult, error)
 }
 
