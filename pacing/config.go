@@ -144,20 +144,33 @@ func Load(path string) (Config, error) {
 	return c, nil
 }
 
+// bad is the error of a field out of range, named by its JSON path.
+func bad(field string, v any, why string) error {
+	return fmt.Errorf("pacing: %s: %v %s", field, v, why)
+}
+
+// validPacing checks the pacing fields of a provider or a model, whose
+// fields' paths start with prefix.
+func validPacing(prefix string, maxConcurrent, rpm int, minMS int64) error {
+	switch {
+	case maxConcurrent < 0:
+		return bad(prefix+"max_concurrent_requests", maxConcurrent, "is negative")
+	case rpm < 0 || rpm > MaxRequestsPerMinute:
+		return bad(prefix+"requests_per_minute", rpm, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
+	case minMS < 0:
+		return bad(prefix+"min_interval_ms", minMS, "is negative")
+	case minMS > MaxMS:
+		return bad(prefix+"min_interval_ms", minMS, fmt.Sprintf("is over %d (a day)", MaxMS))
+	}
+	return nil
+}
+
 // Validate reports the first field that is out of range, by its JSON path.
 func (c Config) Validate() error {
-	bad := func(field string, v any, why string) error {
-		return fmt.Errorf("pacing: %s: %v %s", field, v, why)
+	if err := validPacing("", c.MaxConcurrentRequests, c.RequestsPerMinute, c.MinIntervalMS); err != nil {
+		return err
 	}
 	switch {
-	case c.MaxConcurrentRequests < 0:
-		return bad("max_concurrent_requests", c.MaxConcurrentRequests, "is negative")
-	case c.RequestsPerMinute < 0 || c.RequestsPerMinute > MaxRequestsPerMinute:
-		return bad("requests_per_minute", c.RequestsPerMinute, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
-	case c.MinIntervalMS < 0:
-		return bad("min_interval_ms", c.MinIntervalMS, "is negative")
-	case c.MinIntervalMS > MaxMS:
-		return bad("min_interval_ms", c.MinIntervalMS, fmt.Sprintf("is over %d (a day)", MaxMS))
 	case c.MaxQueue < 0:
 		return bad("max_queue", c.MaxQueue, "is negative")
 	case c.MaxQueueWaitMS < 0:
@@ -200,15 +213,8 @@ func (c Config) Validate() error {
 	}
 	for name, m := range c.Models {
 		field := fmt.Sprintf("models[%q]", name)
-		switch {
-		case m.MaxConcurrentRequests < 0:
-			return bad(field+".max_concurrent_requests", m.MaxConcurrentRequests, "is negative")
-		case m.RequestsPerMinute < 0 || m.RequestsPerMinute > MaxRequestsPerMinute:
-			return bad(field+".requests_per_minute", m.RequestsPerMinute, fmt.Sprintf("is outside (0, %d]", MaxRequestsPerMinute))
-		case m.MinIntervalMS < 0:
-			return bad(field+".min_interval_ms", m.MinIntervalMS, "is negative")
-		case m.MinIntervalMS > MaxMS:
-			return bad(field+".min_interval_ms", m.MinIntervalMS, fmt.Sprintf("is over %d (a day)", MaxMS))
+		if err := validPacing(field+".", m.MaxConcurrentRequests, m.RequestsPerMinute, m.MinIntervalMS); err != nil {
+			return err
 		}
 		if m.Adaptive != nil {
 			if err := m.Adaptive.validate(field+".adaptive", m.MaxConcurrentRequests); err != nil {

@@ -45,22 +45,20 @@ const (
 )
 
 func (a *AdaptiveConfig) validate(path string, ceiling int) error {
-	bad := func(field string, v any, why string) error {
-		return fmt.Errorf("pacing: %s.%s: %v %s", path, field, v, why)
-	}
+	path += "."
 	switch {
 	case a.Min < 0:
-		return bad("min", a.Min, "is negative")
+		return bad(path+"min", a.Min, "is negative")
 	case a.Max < 0:
-		return bad("max", a.Max, "is negative")
+		return bad(path+"max", a.Max, "is negative")
 	case a.Initial < 0:
-		return bad("initial", a.Initial, "is negative")
+		return bad(path+"initial", a.Initial, "is negative")
 	case a.RetestMS < 0 || a.RetestMS > MaxMS:
-		return bad("retest_ms", a.RetestMS, fmt.Sprintf("is outside [0, %d]", MaxMS))
+		return bad(path+"retest_ms", a.RetestMS, fmt.Sprintf("is outside [0, %d]", MaxMS))
 	}
 	lo, hi := a.bounds(ceiling)
 	if lo > hi {
-		return bad("min", lo, fmt.Sprintf("is over the ceiling %d", hi))
+		return bad(path+"min", lo, fmt.Sprintf("is over the ceiling %d", hi))
 	}
 	return nil
 }

@@ -5,11 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"math"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	ikeys "github.com/inflight-go/inflight/internal/keys"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -275,18 +275,8 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 	}
 	sh.prunedAt = now
 	sh.pruneAt = 2*len(sh.resolved) + 64
-	// A Go map keeps its buckets when entries are deleted: one that has
-	// shrunk to a quarter of its peak is made anew, so that the memory of a
-	// burst of keys goes with them.
-	if len(sh.resolved)*4 <= sh.resolvedPeak {
-		var fresh map[K]resolved
-		if len(sh.resolved) > 0 {
-			fresh = make(map[K]resolved, len(sh.resolved))
-			maps.Copy(fresh, sh.resolved)
-		}
-		sh.resolved = fresh
-		sh.resolvedPeak = len(fresh)
-	}
+	// So that the memory of a burst of keys goes with them.
+	sh.resolved = ikeys.Remade(sh.resolved, &sh.resolvedPeak, 0)
 }
 
 // Limit returns the limit key has now, or would start with.

@@ -7,6 +7,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/ilist"
+	ikeys "github.com/inflight-go/inflight/internal/keys"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -149,7 +150,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 			return nil, err
 		}
 	}
-	uniq := dedupe(keys)
+	uniq := ikeys.Dedupe(keys)
 	if len(uniq) == 1 {
 		return r.acquireOne(ctx, uniq[0])
 	}
@@ -306,27 +307,6 @@ func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, has
 	set, serve := r.lockForGrant(beside, shards)
 	r.grantLocked(serve, wk)
 	return set
-}
-
-// dedupe returns keys without repeats, in first-seen order.
-func dedupe[K comparable](keys []K) []K {
-	uniq := make([]K, 0, len(keys))
-	if len(keys) <= 8 {
-		for _, k := range keys {
-			if !slices.Contains(uniq, k) {
-				uniq = append(uniq, k)
-			}
-		}
-		return uniq
-	}
-	seen := make(map[K]struct{}, len(keys))
-	for _, k := range keys {
-		if _, dup := seen[k]; !dup {
-			seen[k] = struct{}{}
-			uniq = append(uniq, k)
-		}
-	}
-	return uniq
 }
 
 // entriesLocked fills m.entries, creating the lanes that do not exist yet.

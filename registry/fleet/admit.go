@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	ikeys "github.com/inflight-go/inflight/internal/keys"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
@@ -70,7 +71,7 @@ func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.
 			return nil, err
 		}
 	}
-	keys = dedupe(keys)
+	keys = ikeys.Dedupe(keys)
 	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
 	l.cancel, _ = ctx.Value(cancelKey{}).(context.CancelCauseFunc)
 	for i, k := range keys {

@@ -4,11 +4,11 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"maps"
 	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	ikeys "github.com/inflight-go/inflight/internal/keys"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -84,22 +84,12 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 }
 
 // minRemade is the peak below which a shrunk map (or queue) is kept as it
-// is: remaking a small one gains little.
+// is (keys.Remade): remaking a small one gains little.
 const minRemade = 1024
 
-// remade returns m, or, if it has shrunk to a quarter of its peak (of
-// minRemade entries or more), a copy of it made anew, with the peak
-// reset. A Go map keeps its buckets when entries are deleted: so memory
-// follows what is live after a burst.
+// remade is keys.Remade with minRemade.
 func remade[M ~map[K]V, K comparable, V any](m M, peak *int) M {
-	n := len(m)
-	if *peak < minRemade || n*4 > *peak {
-		return m
-	}
-	fresh := make(M, n)
-	maps.Copy(fresh, m)
-	*peak = n
-	return fresh
+	return ikeys.Remade(m, peak, minRemade)
 }
 
 // releasing drops l from the held leases and returns what to remove from
@@ -163,14 +153,4 @@ func newLeaseID() string {
 	var b [16]byte
 	_, _ = rand.Read(b[:]) // never fails (crypto/rand)
 	return hex.EncodeToString(b[:])
-}
-
-func dedupe[K comparable](keys []K) []K {
-	uniq := make([]K, 0, len(keys))
-	for _, k := range keys {
-		if !slices.Contains(uniq, k) {
-			uniq = append(uniq, k)
-		}
-	}
-	return uniq
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	ikeys "github.com/inflight-go/inflight/internal/keys"
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 )
@@ -443,7 +444,7 @@ func TestOverlappingAcquireAllOnAJitteryRedis(t *testing.T) {
 						}
 						admitted.Add(1)
 						mu.Lock()
-						for _, k := range dedupe(ks) {
+						for _, k := range ikeys.Dedupe(ks) {
 							if cur[k]++; cur[k] > limit {
 								over++
 							}
@@ -451,7 +452,7 @@ func TestOverlappingAcquireAllOnAJitteryRedis(t *testing.T) {
 						mu.Unlock()
 						time.Sleep(time.Duration(rand.N(100)) * time.Millisecond)
 						mu.Lock()
-						for _, k := range dedupe(ks) {
+						for _, k := range ikeys.Dedupe(ks) {
 							cur[k]--
 						}
 						mu.Unlock()
