@@ -109,12 +109,24 @@ var (
 
 // overridesRecord is the overrides as the store keeps them and publishes
 // them: the version first (the store reads the first "v"), the store key,
-// the limits.
+// the record's format, the limits.
 type overridesRecord struct {
 	V      uint64         `json:"v"`
 	Key    string         `json:"k"`
+	Format int            `json:"f"`
 	Limits map[string]int `json:"limits,omitempty"`
 }
+
+// overridesFormat is the format of the records this code writes, and the
+// latest it reads. A later one (written by a later release, during a
+// rolling deploy) is neither read nor written over: Sync and changes fail
+// with ErrOverridesFormat until this process is upgraded.
+const overridesFormat = 1
+
+// ErrOverridesFormat is wrapped by the error of a Sync, Set or Delete that
+// met a record in a format later than this code's: a later release wrote
+// it, and this process leaves it alone.
+var ErrOverridesFormat = errors.New("fleet: overrides written in a later format; upgrade this process")
 
 // NewOverrides returns the overrides named name on store (one name per set:
 // "org-limits"), and starts reading them in the background; Sync reads them
@@ -172,10 +184,11 @@ func (o *Overrides) Synced() bool {
 
 // Set sets name's limit for every process: n >= 0 (0 admits nobody), or
 // slots.Unlimited. It returns once the store holds it. It fails with an
-// error that wraps ErrBadOverride if n or name is not valid, ErrOverridesFull
-// if the overrides would be too many or too large, ErrOverridesConflict,
-// ErrClosed, or the store's error (the change may or may not have been
-// made: Get tells what this process knows).
+// error that wraps ErrBadOverride if n or name is not valid,
+// ErrOverridesFull if the overrides would be too many or too large,
+// ErrOverridesConflict, ErrOverridesFormat, ErrClosed, or the store's error
+// (the change may or may not have been made: Get tells what this process
+// knows).
 func (o *Overrides) Set(ctx context.Context, name string, n int) error {
 	if n < 0 && n != slots.Unlimited {
 		return fmt.Errorf("%w: %q: limit %d: want >= 0 or slots.Unlimited", ErrBadOverride, name, n)
@@ -294,7 +307,7 @@ func (o *Overrides) seen() uint64 {
 // write writes limits, as version v, over the store's record of the
 // version presumed, and takes it if it was written.
 func (o *Overrides) write(ctx context.Context, v uint64, presumed string, limits map[string]int) (bool, error) {
-	next := overridesRecord{V: v, Key: o.key, Limits: limits}
+	next := overridesRecord{V: v, Key: o.key, Format: overridesFormat, Limits: limits}
 	state, err := json.Marshal(next)
 	if err != nil {
 		return false, err
@@ -346,12 +359,39 @@ func (o *Overrides) read(ctx context.Context) (overridesRecord, string, error) {
 	if !res.Found {
 		return overridesRecord{}, "-", nil
 	}
-	var rec overridesRecord
-	if err := json.Unmarshal([]byte(res.State), &rec); err != nil || rec.Key != o.key ||
-		res.Version != fmt.Sprint(rec.V) {
+	rec, err := o.decode(res.State)
+	switch {
+	case errors.Is(err, ErrOverridesFormat):
+		return overridesRecord{}, "", err
+	case err != nil || res.Version != fmt.Sprint(rec.V):
 		return overridesRecord{}, res.Version, fmt.Errorf("%w: %q (version %q): %.200q", errBadRecord, o.key, res.Version, res.State)
 	}
 	return rec, res.Version, nil
+}
+
+// decode reads a record of this Overrides: its format first, so that a
+// later one's limits, whatever their shape, are not taken for a bad record.
+func (o *Overrides) decode(state string) (overridesRecord, error) {
+	var head struct {
+		overridesRecord
+		Limits json.RawMessage `json:"limits"`
+	}
+	if err := json.Unmarshal([]byte(state), &head); err != nil {
+		return overridesRecord{}, err
+	}
+	rec := head.overridesRecord
+	if rec.Key != o.key {
+		return overridesRecord{}, errors.New("another record's key")
+	}
+	if rec.Format > overridesFormat {
+		return overridesRecord{}, fmt.Errorf("%w: %q is in format %d, this process reads up to %d", ErrOverridesFormat, o.key, rec.Format, overridesFormat)
+	}
+	if len(head.Limits) > 0 {
+		if err := json.Unmarshal(head.Limits, &rec.Limits); err != nil {
+			return overridesRecord{}, err
+		}
+	}
+	return rec, nil
 }
 
 // sync reads the record and takes it, and returns it with the version a
@@ -495,9 +535,9 @@ func (l overridesListener) Learned(payload string) {
 	if !strings.Contains(payload, `"k":"\u0000overrides/`) {
 		return // a learned cap's
 	}
-	var rec overridesRecord
-	if json.Unmarshal([]byte(payload), &rec) != nil || rec.Key != l.o.key {
-		return
+	rec, err := l.o.decode(payload)
+	if err != nil {
+		return // another's, or one the reads will tell of
 	}
 	l.o.take(rec, noRead)
 }

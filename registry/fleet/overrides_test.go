@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"log/slog"
 	"strings"
 	"sync"
@@ -252,4 +253,32 @@ func TestOverridesUnreadableRecordAndLostAnswers(t *testing.T) {
 	assert.True(t, had, "the delete was made; its answer was lost")
 	require.NoError(t, other.Sync(ctx))
 	assert.Equal(t, map[string]int{"b": 2, "c": 3}, other.All())
+}
+
+// A record in a later format (a later release's, during a rolling deploy)
+// is neither read nor written over: reads and changes fail with
+// ErrOverridesFormat, the copy stays, and the record is as it was; its
+// messages are not taken.
+func TestOverridesLeaveALaterFormatAlone(t *testing.T) {
+	ctx := context.Background()
+	ms := memstore.New()
+	ov, err := NewOverrides(ms, "orgs", nil, nil)
+	require.NoError(t, err)
+	defer ov.Close()
+	require.NoError(t, ov.Set(ctx, "a", 1))
+	res, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: overridesPrefix + "orgs", TTL: time.Hour})
+	require.NoError(t, err)
+	later := `{"v":` + fmt.Sprint(ov.seen()+1) + `,"k":"\u0000overrides/orgs","f":2,"limits":{"a":{"requests":5}}}`
+	res, err = ms.SyncLearned(ctx, &driver.LearnedCall{Key: overridesPrefix + "orgs", Presumed: res.Version, State: later, TTL: time.Hour})
+	require.NoError(t, err)
+	require.True(t, res.Wrote)
+
+	assert.ErrorIs(t, ov.Sync(ctx), ErrOverridesFormat)
+	assert.ErrorIs(t, ov.Set(ctx, "b", 2), ErrOverridesFormat)
+	_, err = ov.Delete(ctx, "a")
+	assert.ErrorIs(t, err, ErrOverridesFormat)
+	assert.Equal(t, map[string]int{"a": 1}, ov.All(), "the copy stays")
+	res, err = ms.SyncLearned(ctx, &driver.LearnedCall{Key: overridesPrefix + "orgs", TTL: time.Hour})
+	require.NoError(t, err)
+	assert.Equal(t, later, res.State, "left as it was")
 }
