@@ -3,7 +3,10 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"time"
@@ -36,7 +39,46 @@ type storedCap struct {
 	Key string    `json:"k"`
 	V   uint64    `json:"v"`
 	E   int64     `json:"e,omitempty"` // the writer's epoch (see PROTOCOL.md); 0: not known
+	F   int       `json:"f,omitempty"` // the format (learnedFormat); 0 (none) and 1 are the first
 	Cap learn.Cap `json:"cap"`
+}
+
+// learnedFormat is the format of the learned states this code writes, and
+// the latest it reads. A state in a later one (a later release's, during a
+// rolling deploy) is neither read nor written over: the process goes on
+// with its own cap for the key and logs why (errLearnedFormat), until it
+// is upgraded.
+const learnedFormat = 1
+
+// errLearnedFormat is the error of a sync that met a state in a later
+// format.
+var errLearnedFormat = errors.New("the store's learned state is in a later format, written by a later release: upgrade this process")
+
+// learnedFormatOf returns the format of a stored state, read before the
+// rest so that a later format's cap, whatever its shape, is not taken for
+// a bad state; ok false if it cannot be read at all.
+func learnedFormatOf(state string) (key string, format int, ok bool) {
+	var head struct {
+		Key string          `json:"k"`
+		F   json.RawMessage `json:"f"`
+	}
+	if json.Unmarshal([]byte(state), &head) != nil {
+		return "", 0, false
+	}
+	return head.Key, formatOf(head.F), true
+}
+
+// formatOf reads a record's "f": none is 0; one that is not a whole number
+// of this code's range is later than any this code knows.
+func formatOf(raw json.RawMessage) int {
+	if len(raw) == 0 {
+		return 0
+	}
+	var f int
+	if json.Unmarshal(raw, &f) != nil || f < 0 {
+		return math.MaxInt
+	}
+	return f
 }
 
 // learnedStateTTL is how long a learned state is kept in the store without a
@@ -231,11 +273,15 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	if err == nil {
 		return true // done, or written over and over by others: the store answers
 	}
+	later := errors.Is(err, errLearnedFormat)
 	if ctx.Err() == nil && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
-		r.logSafely(slog.LevelWarn, "fleet: learned cap not written to the store; this process goes on with its own", slog.String("registry", r.prefix),
-			slog.String("key", snap.lk.name), slog.Any("error", err))
+		msg := "fleet: learned cap not written to the store; this process goes on with its own"
+		if later {
+			msg = "fleet: learned cap left in the store as a later release wrote it; this process goes on with its own"
+		}
+		r.logSafely(slog.LevelWarn, msg, slog.String("registry", r.prefix), slog.String("key", snap.lk.name), slog.Any("error", err))
 	}
-	return false
+	return later // the store answered: read again at the usual pace
 }
 
 // learningOf returns key's learning; nil if it is not learned.
@@ -303,7 +349,7 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 				// other: after a data loss, a state written anew still
 				// comes after those before.
 				next.V = max(cur.st.V+1, r.clock.startCeiling())
-				next.E = r.epoch.Load()
+				next.E, next.F = r.epoch.Load(), learnedFormat
 				b, _ := json.Marshal(next) // numbers and a string: cannot fail
 				payload = string(b)
 			case try > 0:
@@ -325,6 +371,9 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 					slog.String("registry", r.prefix), slog.String("key", snap.lk.name), slog.String("error", res.PublishErr))
 			}
 			return next, true, nil
+		}
+		if _, f, ok := learnedFormatOf(res.State); res.Found && ok && f > learnedFormat {
+			return fresh, false, fmt.Errorf("%w (format %d; this process reads up to %d)", errLearnedFormat, f, learnedFormat)
 		}
 		cur = r.decodeLearned(snap, res)
 	}
@@ -387,12 +436,14 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 // which this process takes if it is later than the one it has (one that
 // cannot be read makes it read every state).
 func (r *Registry[K]) learnedMessage(payload string) {
-	var st storedCap
-	err := json.Unmarshal([]byte(payload), &st)
-	if err == nil && strings.HasPrefix(st.Key, overridesPrefix) {
-		return // an Overrides' record: its own listener takes it
+	key, format, ok := learnedFormatOf(payload)
+	if ok && (strings.HasPrefix(key, overridesPrefix) || format > learnedFormat) {
+		// An Overrides' record, which its own listener takes; or a state
+		// in a later format, which this process's reads leave alone.
+		return
 	}
-	bad := err != nil || !st.Cap.Valid()
+	var st storedCap
+	bad := json.Unmarshal([]byte(payload), &st) != nil || !st.Cap.Valid()
 	k, taken, read := r.takeMessage(st, bad)
 	if read {
 		r.kickLearner()

@@ -373,18 +373,20 @@ func (o *Overrides) read(ctx context.Context) (overridesRecord, string, error) {
 // later one's limits, whatever their shape, are not taken for a bad record.
 func (o *Overrides) decode(state string) (overridesRecord, error) {
 	var head struct {
-		overridesRecord
+		V      uint64          `json:"v"`
+		Key    string          `json:"k"`
+		Format json.RawMessage `json:"f"`
 		Limits json.RawMessage `json:"limits"`
 	}
 	if err := json.Unmarshal([]byte(state), &head); err != nil {
 		return overridesRecord{}, err
 	}
-	rec := head.overridesRecord
-	if rec.Key != o.key {
+	if head.Key != o.key {
 		return overridesRecord{}, errors.New("another record's key")
 	}
+	rec := overridesRecord{V: head.V, Key: head.Key, Format: formatOf(head.Format)}
 	if rec.Format > overridesFormat {
-		return overridesRecord{}, fmt.Errorf("%w: %q is in format %d, this process reads up to %d", ErrOverridesFormat, o.key, rec.Format, overridesFormat)
+		return overridesRecord{}, fmt.Errorf("%w: %q is in format %s, this process reads up to %d", ErrOverridesFormat, o.key, head.Format, overridesFormat)
 	}
 	if len(head.Limits) > 0 {
 		if err := json.Unmarshal(head.Limits, &rec.Limits); err != nil {
