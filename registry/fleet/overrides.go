@@ -135,8 +135,12 @@ var ErrOverridesFormat = errors.New("fleet: overrides written in a later format;
 // change: one call at a time, in the order of the changes, so it must not
 // call Set, Delete, Sync or Close; a panic in it is logged and goes no
 // further.
-// The name must be UTF-8, 1 to 512 bytes. Close stops it.
+// The store must not be nil, the name UTF-8 of 1 to 512 bytes. Close stops
+// it.
 func NewOverrides(store driver.Store, name string, onChange func(name string), logger *slog.Logger) (*Overrides, error) {
+	if store == nil {
+		return nil, errors.New("fleet: NewOverrides: nil store")
+	}
 	if err := validOverrideName(name); err != nil {
 		return nil, err
 	}

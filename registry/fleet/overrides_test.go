@@ -132,6 +132,8 @@ func TestOverridesOnChangePanics(t *testing.T) {
 	assert.Equal(t, []string{"bad", "good"}, told)
 	mu.Unlock()
 	assert.Contains(t, logs.String(), "onChange panicked")
+	_, err = NewOverrides(nil, "orgs", nil, nil)
+	assert.Error(t, err, "a nil store")
 	assert.Contains(t, logs.String(), "the callback's bug")
 }
 
