@@ -238,21 +238,19 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 }
 
 // refused tells the store's refusal res of l: a full key, or a queue at
-// its bound. Its Retry-After is when a slot is expected to free, from how
-// long this process's holders keep theirs: not when the earliest lease
-// would expire (a live holder renews it; told a lease TTL, a client
-// refused by a key whose holds last a second stayed away 20 to 30 s).
+// its bound.
 func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 	i := max(res.Key, 0)
 	le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(l.keys[i]), InFlight: int(res.Count),
-		Limit: l.limits[i], Queued: int(res.Queue), RetryAfter: r.holdTime.RetryAfter(0, int(res.Queue), l.limits[i], nil, 0, nil)}
-	if res.Status != driver.StatusFull {
-		le.Err = slots.ErrQueueFull
-		return failed(le)
-	}
-	var retryIn time.Duration // the waiting path's next try, at the latest
+		Limit: l.limits[i], Queued: int(res.Queue), RetryAfter: time.Second}
+	var retryIn time.Duration
 	if res.Earliest > res.Now {
 		retryIn = time.Duration(res.Earliest-res.Now) * time.Millisecond
+		le.RetryAfter = max(time.Second, retryIn.Round(time.Second))
+	}
+	if res.Status != driver.StatusFull {
+		le.Err, le.RetryAfter = slots.ErrQueueFull, r.holdTime.RetryAfter(0, int(res.Queue), l.limits[i], nil, 0, nil)
+		return failed(le)
 	}
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
 }
