@@ -81,6 +81,15 @@ func formatOf(raw json.RawMessage) int {
 	return f
 }
 
+// formatName names a format formatOf read: its number, or "not a whole
+// number".
+func formatName(f int) string {
+	if f == math.MaxInt {
+		return "not a whole number"
+	}
+	return strconv.Itoa(f)
+}
+
 // learnedStateTTL is how long a learned state is kept in the store without a
 // process learning it.
 const learnedStateTTL = 24 * time.Hour
@@ -373,7 +382,7 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 			return next, true, nil
 		}
 		if _, f, ok := learnedFormatOf(res.State); res.Found && ok && f > learnedFormat {
-			return fresh, false, fmt.Errorf("%w (format %d; this process reads up to %d)", errLearnedFormat, f, learnedFormat)
+			return fresh, false, fmt.Errorf("%w (its format: %s; this process reads up to %d)", errLearnedFormat, formatName(f), learnedFormat)
 		}
 		cur = r.decodeLearned(snap, res)
 	}
