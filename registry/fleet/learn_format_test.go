@@ -31,8 +31,8 @@ func TestLearnedStateOfALaterFormatLeftAlone(t *testing.T) {
 func laterFormatLeftAlone(t *testing.T, f string) {
 	ctx := context.Background()
 	ms := memstore.New()
-	var logs lockedWriter
-	r := New[string](ms, 100, WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	var logged logs
+	r := New[string](ms, 100, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
 	settled(t, r, "p")
@@ -61,7 +61,7 @@ func laterFormatLeftAlone(t *testing.T, f string) {
 	s.Release()
 	r.flushLearned("p")
 	assert.Equal(t, 1, r.Learned("p").Cap, "its own evidence, on its own cap")
-	fwUntil(t, "the reason logged", func() bool { return strings.Contains(logs.String(), "as a later release wrote it") })
+	fwUntil(t, "the reason logged", func() bool { return strings.Contains(logged.String(), "as a later release wrote it") })
 	now, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", TTL: time.Hour})
 	require.NoError(t, err)
 	assert.Equal(t, later, now.State, "left as the later release wrote it")
