@@ -25,7 +25,7 @@ func (g *Gate) startable() string {
 	}
 	msg := ""
 	for c := range core.NumClasses {
-		if !g.provider.CanTake(c) {
+		if !g.provider.CanTake(c, 1) {
 			continue
 		}
 		for el := range g.provider.Waiters.Class(c) {

@@ -2,6 +2,7 @@ package registry
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -14,7 +15,19 @@ import (
 // and inserts nothing. Keys over the WithMaxKeyBytes bound fail with
 // ErrInvalidKey.
 func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
-	return r.acquireOne(nil, key)
+	return r.acquireOne(nil, key, 1)
+}
+
+// TryAcquireN is TryAcquire for a Slot that weighs n units of key's limit
+// (tokens, bytes: what a request costs), all freed by its Release. It fails
+// with slots.ErrBadUnits for n out of 1..slots.MaxUnits, and with a
+// *slots.LimitError wrapping slots.ErrExceedsLimit if n is more than the
+// key's limit can ever admit.
+func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
+	if err := r.checkUnits(nil, n); err != nil {
+		return nil, err
+	}
+	return r.acquireOne(nil, key, n)
 }
 
 // Acquire admits a Slot under key, waiting in arrival order while the key is
@@ -27,7 +40,36 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 		r.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return nil, slots.ErrNilContext
 	}
-	return r.acquireOne(ctx, key)
+	return r.acquireOne(ctx, key, 1)
+}
+
+// AcquireN is Acquire for a Slot that weighs n units of key's limit. As
+// with slots.Limiter.AcquireN, order is strict: while it waits for n
+// units, later callers of the key do not take them. Besides Acquire's
+// failures it fails with slots.ErrBadUnits for n out of
+// 1..slots.MaxUnits, and with a *slots.LimitError wrapping
+// slots.ErrExceedsLimit if n is more than the key's limit can ever admit:
+// at once, or while it waits, when the key's limit is lowered below n (a
+// limit of 0 pauses and refuses nobody).
+func (r *Registry[K]) AcquireN(ctx context.Context, key K, n int) (*slots.Slot, error) {
+	if ctx == nil {
+		r.eng.Rejected(nil, slots.ErrNilContext, 0)
+		return nil, slots.ErrNilContext
+	}
+	if err := r.checkUnits(ctx, n); err != nil {
+		return nil, err
+	}
+	return r.acquireOne(ctx, key, n)
+}
+
+// checkUnits returns the error for n units out of range (and reports the
+// rejection), or nil.
+func (r *Registry[K]) checkUnits(ctx context.Context, n int) error {
+	if n >= 1 && n <= slots.MaxUnits {
+		return nil
+	}
+	r.eng.Rejected(ctx, slots.ErrBadUnits, 0)
+	return fmt.Errorf("%w: %d (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
 }
 
 // endedLocked reports whether ctx (nil: a call that does not wait) has
@@ -63,8 +105,8 @@ func (r *Registry[K]) rejected(ctx context.Context, rej *core.Rejection, wait ti
 	return (*slots.LimitError)(rej)
 }
 
-// acquireOne admits under one key; ctx == nil means do not wait.
-func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error) {
+// acquireOne admits n units under one key; ctx == nil means do not wait.
+func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot, error) {
 	if err := r.checkKey(ctx, key); err != nil {
 		return nil, err
 	}
@@ -76,6 +118,9 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 	}
 	p, h := r.newHold()
 	h.At = r.eng.Clock.Coarse()
+	if n != 1 {
+		h.SetUnits(n)
+	}
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
@@ -108,10 +153,10 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		// Waiters that also need other keys may be queued while this key
 		// has room; only a waiter for this key alone would be passed, or
 		// the slot kept for one of them (admitsLocked).
-		room = admitsLocked(e, h.Class)
+		room = admitsLocked(e, h.Class, n)
 	} else {
 		limit = r.limitLocked(sh, key)
-		room = r.freshAdmits(limit, h.Class)
+		room = r.freshAdmits(limit, h.Class, n)
 	}
 	if room {
 		if e == nil {
@@ -125,15 +170,21 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K) (*slots.Slot, error
 		r.unlockOne(sh, set, &wk)
 		return r.acquired(ctx, p, 0), nil
 	}
+	if ctx != nil && r.eng.Shares == nil {
+		place = core.PlaceOf(ctx)
+		h.Class = place.Class
+	}
+	if r.tooHeavy(e, limit, h.Class, n) {
+		r.exceedsLimit.Add(1)
+		rej := r.rejectLocked(slots.ErrExceedsLimit, key, e, limit)
+		r.unlockOne(sh, set, &wk)
+		return nil, r.rejected(ctx, rej, 0)
+	}
 	if ctx == nil {
 		sh.st.limitReached++
 		rej := r.rejectLocked(slots.ErrLimitReached, key, e, limit)
 		r.unlockOne(sh, set, &wk)
 		return nil, r.rejected(ctx, rej, 0)
-	}
-	if r.eng.Shares == nil {
-		place = core.PlaceOf(ctx)
-		h.Class = place.Class
 	}
 	if r.eng.Full(e.queue(), place.Flow) {
 		sh.st.queueFull++
@@ -180,13 +231,27 @@ func (r *Registry[K]) unlockOne(sh *shard[K], set []int, wk *core.Wakes) {
 }
 
 // freshAdmits reports whether a key that is not live, with limit, admits a
-// newcomer of class c.
-func (r *Registry[K]) freshAdmits(limit int, c uint8) bool {
+// newcomer of class c weighing n units.
+func (r *Registry[K]) freshAdmits(limit int, c uint8, n int) bool {
 	if r.eng.Shares == nil || limit <= 0 {
-		return limit > 0
+		return n <= limit
 	}
 	ln := core.Lane{Limit: limit, Shares: r.eng.Shares}
-	return ln.CanTake(c)
+	return ln.CanTake(c, n)
+}
+
+// tooHeavy reports whether a caller of class c weighing n units must be
+// refused at key, with entry e (nil: a key that is not live, with limit),
+// because the key can never admit it (core.Lane.TooHeavy).
+func (r *Registry[K]) tooHeavy(e *entry[K], limit int, c uint8, n int) bool {
+	if n == 1 {
+		return false
+	}
+	if e != nil {
+		return e.lane.TooHeavy(c, n)
+	}
+	ln := core.Lane{Limit: limit, Shares: r.eng.Shares}
+	return ln.TooHeavy(c, n)
 }
 
 // queue returns e's queue, or nil for a key that is not live.
@@ -208,15 +273,25 @@ func (r *Registry[K]) waitOneLocked(ctx context.Context, p pending, h *core.Hold
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
 	e.lane.Waiters.Push(&w.Elem)
+	if e.lane.Waiters.Heavy() > 0 {
+		// Beside a heavy waiter a newcomer may queue where it might be
+		// served (core.Lane.Admits, admitsLocked): serve the queue, in
+		// order.
+		// Beside multi-key waiters the shards they need are locked (set),
+		// and the others were served in lockBeside: the newcomer changed
+		// this key's queue alone.
+		r.grantLocked([]*entry[K]{e}, wk)
+	}
 	r.unlockOne(e.shard, set, wk)
-	return r.await(ctx, p, w, start, e.shard, key, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
+	return r.await(ctx, p, w, start, e.shard, key, nil, func(w *core.Waiter) bool { return r.withdrawOne(e, w) })
 }
 
 // await waits for w and turns the outcome into Acquire's result.
 //
 // start is the hold's acquire time as it was before w was queued: once
-// queued, a grant may overwrite it at any moment.
-func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, start int64, sh *shard[K], key K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
+// queued, a grant may overwrite it at any moment. refusedBy, for a
+// multi-key waiter, is where the key that refuses it is written.
+func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, start int64, sh *shard[K], key K, refusedBy *K, withdraw func(*core.Waiter) bool) (*slots.Slot, error) {
 	h := w.Hold
 	switch r.eng.Wait(ctx, w, r.eng.MaxWait, withdraw) {
 	case core.OutGranted:
@@ -226,6 +301,15 @@ func (r *Registry[K]) await(ctx context.Context, p pending, w *core.Waiter, star
 		sh.st.canceled++
 		sh.mu.Unlock()
 		return nil, r.eng.Canceled(ctx, r.eng.Since(start))
+	case core.OutRefused: // counted by the limit change that refused it
+		if refusedBy != nil {
+			key = *refusedBy
+		}
+		ksh, khash := r.shardFor(key)
+		ksh.mu.Lock()
+		rej := r.rejectLocked(slots.ErrExceedsLimit, key, ksh.lookup(key, khash), r.limitLocked(ksh, key))
+		ksh.mu.Unlock()
+		return nil, r.rejected(ctx, rej, r.eng.Since(start))
 	}
 	// The wait expired.
 	if r.eng.FailOpen {

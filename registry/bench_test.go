@@ -135,6 +135,20 @@ func BenchmarkRegistryTryAcquireRelease(b *testing.B) {
 	b.Run("inflight", run(registry.New[string](benchLimit)))
 	// The same with leak detection: a tracked hold and a cleanup per slot.
 	b.Run("inflight-leakcheck", run(registry.New[string](benchLimit, slots.WithLeakDetection())))
+	// Weighted: 3 units of each key's 3*benchLimit.
+	b.Run("inflight-units", func(b *testing.B) {
+		reg := registry.New[string](3 * benchLimit)
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			s, err := reg.TryAcquireN(keys[i%benchKeys], 3)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Release()
+			i++
+		}
+	})
 
 	b.Run("mutexmap", func(b *testing.B) {
 		g := newMutexMap(benchLimit)

@@ -139,20 +139,28 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 // first in e's order that no older multi-key waiter keeps the slot from
 // and that, if it needs other keys too, may take a slot of each.
 func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
+	stop := false
 	return e.lane.Candidate(func(w *core.Waiter) bool {
-		if blockedLocked(e, w.Class, w.Seq) {
+		if stop {
 			return false
 		}
-		m, ok := w.Hold.Owner.(*multi[K])
-		return !ok || m.canTake(w.Class, w.Seq)
+		n := w.Hold.Units()
+		m, multi := w.Hold.Owner.(*multi[K])
+		if blockedLocked(e, w.Class, w.Seq, n) {
+			// A heavy waiter of e alone that the units kept for older
+			// waiters leave out keeps its place: nobody after it passes.
+			stop = n > 1 && !multi
+			return false
+		}
+		return !multi || m.canTake(w.Class, w.Seq, n)
 	})
 }
 
 // canTake reports whether m's waiter, of class c and arrival seq, may take
-// a slot of every key it needs now.
-func (m *multi[K]) canTake(c uint8, seq uint64) bool {
+// n units of every key it needs now.
+func (m *multi[K]) canTake(c uint8, seq uint64, n int) bool {
 	for _, e := range m.entries {
-		if !e.lane.CanTake(c) || blockedLocked(e, c, seq) {
+		if !e.lane.CanTake(c, n) || blockedLocked(e, c, seq, n) || heavyAheadLocked(e, c, seq) {
 			return false
 		}
 	}

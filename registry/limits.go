@@ -101,13 +101,39 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	if !ok || e == nil {
 		return
 	}
-	raised := n > e.lane.Limit
 	e.lane.Limit = n
-	if raised {
-		if serve == nil {
-			serve = []*entry[K]{e}
+	r.refuseOverweightLocked(e, &wk)
+	// Served after any change: a lower limit may also let a class pass
+	// that a heavy waiter's place held back (core.Lane.Candidate).
+	if serve == nil {
+		serve = []*entry[K]{e}
+	}
+	r.grantLocked(serve, &wk)
+	sh.dropIfIdleLocked(r, e)
+}
+
+// refuseOverweightLocked refuses the waiters of e that weigh more than its
+// limit can now admit (core.Lane.Overweight), leaving them in wk to be
+// woken. Call under applyLimit's
+// locks: a multi-key waiter's shards are among them, and it leaves its
+// other keys' queues too (which may then go idle).
+func (r *Registry[K]) refuseOverweightLocked(e *entry[K], wk *core.Wakes) {
+	for _, w := range e.lane.Overweight(nil) {
+		r.exceedsLimit.Add(1)
+		m, ok := w.Hold.Owner.(*multi[K])
+		if !ok {
+			e.lane.Waiters.Remove(&w.Elem)
+			wk.Refuse(w)
+			continue
 		}
-		r.grantLocked(serve, &wk)
+		r.unlinkWaiterLocked(w, m, false)
+		m.refusedBy = e.key
+		wk.Refuse(w)
+		for _, me := range m.entries {
+			if me != e {
+				me.shard.dropIfIdleLocked(r, me)
+			}
+		}
 	}
 }
 
@@ -290,9 +316,10 @@ func (r *Registry[K]) Limit(key K) int {
 	return r.limitLocked(sh, key)
 }
 
-// InFlight returns the number of live holders of key.
+// InFlight returns the units key's live holders hold: their number, when
+// each weighs one unit.
 func (r *Registry[K]) InFlight(key K) int {
-	return r.laneCount(key, func(ln *core.Lane) int { return ln.Holders.Len() })
+	return r.laneCount(key, func(ln *core.Lane) int { return ln.Holders.Units() })
 }
 
 // Waiting returns the number of callers waiting on key.
@@ -359,6 +386,7 @@ type Stats struct {
 	Bypassed       uint64 // fail-open admissions without capacity
 	LimitReached   uint64 // TryAcquire rejections
 	QueueFull      uint64
+	ExceedsLimit   uint64 // N-method rejections: more units than a key's limit can hold
 	WaitTimeouts   uint64
 	Canceled       uint64
 	InvalidKeys    uint64
@@ -375,7 +403,7 @@ func (r *Registry[K]) Stats() Stats {
 		sh.mu.Lock()
 		st.Keys += int(sh.lanes.n)
 		sh.lanes.each(func(e *entry[K]) {
-			st.InFlight += e.lane.Holders.Len()
+			st.InFlight += e.lane.Holders.Units()
 			st.Waiting += e.lane.Waiters.Len()
 		})
 		c, seq, released := sh.st, sh.seq, sh.released
@@ -390,6 +418,7 @@ func (r *Registry[K]) Stats() Stats {
 		st.Canceled += c.canceled
 	}
 	st.InvalidKeys = r.invalidKeys.Load()
+	st.ExceedsLimit = r.exceedsLimit.Load()
 	st.DoubleReleases = r.eng.Misuses()
 	st.Leaked = r.eng.Leaks()
 	return st
@@ -401,6 +430,7 @@ type Holder[K comparable] struct {
 	Key        K
 	ID         uint64
 	AcquiredAt time.Time
+	Units      int // the units it holds of the key (see slots.Slot.Units)
 }
 
 // Shards returns the number of lock shards, for walking with HoldersInShard.
@@ -419,7 +449,7 @@ func (r *Registry[K]) HoldersInShard(i int, dst []Holder[K]) []Holder[K] {
 	sh.lanes.each(func(e *entry[K]) {
 		for j := range e.lane.Holders.Len() {
 			h := e.lane.Holders.At(j)
-			dst = append(dst, Holder[K]{Key: e.key, ID: h.ID})
+			dst = append(dst, Holder[K]{Key: e.key, ID: h.ID, Units: h.Units()})
 			ats = append(ats, h.At)
 		}
 	})

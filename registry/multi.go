@@ -21,6 +21,10 @@ type multi[K comparable] struct {
 	waits   []ilist.Elem[*core.Waiter]
 	links   []ilist.Elem[*core.Waiter] // in each entry's multis
 	shards  []int                      // sorted, unique
+	// refusedBy is the key that refused the waiter, its limit lowered
+	// below what it weighs (refuseOverweightLocked); written before its
+	// wake, read after.
+	refusedBy K
 	// passed counts, while it waits, the admissions on its keys that went
 	// to callers that came after it (see passLocked), one per admission
 	// however many of its keys it took. At MaxPassed each of its keys keeps
@@ -51,12 +55,12 @@ func outranks(w *core.Waiter, c uint8, short bool) bool {
 	return core.Rank(w.Class) == core.Rank(c) || core.Rank(w.Class) < core.Rank(c) && !short
 }
 
-// blockedLocked reports whether a caller of class c that arrived at seq
-// must leave a free slot of e to older multi-key waiters: each one that
-// outranks it and has been passed over MaxPassed times keeps one slot of e,
-// so the caller may take one only if more are free. Call with multiMu and
-// e's shard held.
-func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
+// blockedLocked reports whether a caller of class c that arrived at seq,
+// weighing n units, must leave the free units of e to older multi-key
+// waiters: each one that outranks it and has been passed over MaxPassed
+// times keeps its units of e, so the caller may take n only if n more are
+// free. Call with multiMu and e's shard held.
+func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64, n int) bool {
 	if e.lane.Multi == 0 {
 		return false
 	}
@@ -64,10 +68,36 @@ func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
 	for el := e.multis.Front(); el != nil; el = el.Next() {
 		w := el.Value
 		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).urgent() {
-			kept++
+			kept += w.Hold.Units()
 		}
 	}
-	return kept > 0 && e.lane.Limit-e.lane.Holders.Len() <= kept
+	return kept > 0 && e.lane.Free()-kept < n
+}
+
+// heavyAheadLocked reports whether a waiter for e alone weighing more
+// than one unit, that goes before a caller of class c that arrived at seq
+// (of a higher class, or of c's and older), queues on e: it keeps its
+// place, so the caller may not take e's units before it (core.Lane.Candidate).
+// Call with e's shard held.
+func heavyAheadLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
+	if !e.lane.HeavyAhead(c) {
+		return false
+	}
+	for _, d := range core.Order {
+		if core.Rank(d) > core.Rank(c) {
+			break
+		}
+		for el := range e.lane.Waiters.Class(d) {
+			w := el.Value
+			if _, multi := w.Hold.Owner.(*multi[K]); w.Hold.Extra == 0 || multi {
+				continue
+			}
+			if d != c || w.Seq < seq {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // passLocked counts an admission on e, of a caller of class c that arrived
@@ -96,17 +126,26 @@ func passLocked[K comparable](e *entry[K], c uint8, seq uint64, counted []*core.
 // shards of those waiters held and every waiter that can be served served
 // (lockBeside): a single-key waiter then queued on e cannot take a slot,
 // and neither can a newcomer of its class or a lower one.
-func admitsLocked[K comparable](e *entry[K], c uint8) bool {
+func admitsLocked[K comparable](e *entry[K], c uint8, n int) bool {
 	if e.lane.Multi == 0 {
-		return e.lane.Admits(c)
+		return e.lane.Admits(c, n)
 	}
-	return e.lane.CanTake(c) && !blockedLocked(e, c, newcomer)
+	return e.lane.CanTake(c, n) && !heavyAheadLocked(e, c, newcomer) && !blockedLocked(e, c, newcomer, n)
 }
 
 // TryAcquireAll is AcquireAll without waiting: it admits under every key if
 // all have room, or fails with a *slots.LimitError naming the first full key.
 func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
-	return r.acquireAll(nil, keys)
+	return r.acquireAll(nil, keys, 1)
+}
+
+// TryAcquireAllN is TryAcquireAll for a Slot that weighs n units of every
+// key's limit; see AcquireAllN.
+func (r *Registry[K]) TryAcquireAllN(n int, keys ...K) (*slots.Slot, error) {
+	if err := r.checkUnits(nil, n); err != nil {
+		return nil, err
+	}
+	return r.acquireAll(nil, keys, n)
 }
 
 // AcquireAll admits one Slot under every key, all or nothing: the Slot holds
@@ -134,16 +173,33 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 		r.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return nil, slots.ErrNilContext
 	}
-	return r.acquireAll(ctx, keys)
+	return r.acquireAll(ctx, keys, 1)
 }
 
-func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, error) {
+// AcquireAllN is AcquireAll for a Slot that weighs n units of every key's
+// limit (a request's tokens under its tenant's, its model's and its
+// provider's caps), all freed by its Release. Its failures are AcquireN's,
+// the key named being the one that refused; a key whose limit can never
+// admit n refuses it at once, or while it waits, once the key's limit is
+// lowered below n.
+func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots.Slot, error) {
+	if ctx == nil {
+		r.eng.Rejected(nil, slots.ErrNilContext, 0)
+		return nil, slots.ErrNilContext
+	}
+	if err := r.checkUnits(ctx, n); err != nil {
+		return nil, err
+	}
+	return r.acquireAll(ctx, keys, n)
+}
+
+func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.Slot, error) {
 	switch len(keys) {
 	case 0:
 		r.eng.Rejected(ctx, ErrNoKeys, 0)
 		return nil, ErrNoKeys
 	case 1:
-		return r.acquireOne(ctx, keys[0])
+		return r.acquireOne(ctx, keys[0], n)
 	}
 	for _, k := range keys {
 		if err := r.checkKey(ctx, k); err != nil {
@@ -152,7 +208,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	}
 	uniq := ikeys.Dedupe(keys)
 	if len(uniq) == 1 {
-		return r.acquireOne(ctx, uniq[0])
+		return r.acquireOne(ctx, uniq[0], n)
 	}
 	shs := make([]*shard[K], len(uniq))
 	hashes := make([]uint64, len(uniq))
@@ -167,6 +223,9 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	m := r.newMulti(shs)
 	p, h := r.newHold()
 	h.At = r.eng.Clock.Coarse()
+	if n != 1 {
+		h.SetUnits(n)
+	}
 	h.Owner = m
 	// The class matters to this admission if any key has shares or
 	// multi-key waiters; read it here, before the locks.
@@ -189,7 +248,7 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return nil, r.eng.Canceled(ctx, 0)
 	}
 	// Decide before inserting anything: a rejection leaves no trace.
-	full, fullLimit := r.fullKeyLocked(shs, uniq, hashes, h.Class)
+	full, fullLimit := r.fullKeyLocked(shs, uniq, hashes, h.Class, n)
 	if full < 0 {
 		r.entriesLocked(m, shs, uniq, hashes)
 		var counted []*core.Waiter
@@ -201,6 +260,12 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 		return r.acquired(ctx, p, 0), nil
 	}
 	first := shs[0]
+	if heavy := r.tooHeavyAllLocked(shs, uniq, hashes, h.Class, n); heavy >= 0 {
+		r.exceedsLimit.Add(1)
+		rej := r.rejectLocked(slots.ErrExceedsLimit, uniq[heavy], shs[heavy].lookup(uniq[heavy], hashes[heavy]), r.limitLocked(shs[heavy], uniq[heavy]))
+		unlock()
+		return nil, r.rejected(ctx, rej, 0)
+	}
 	if ctx == nil {
 		first.st.limitReached++
 		rej := r.rejectLocked(slots.ErrLimitReached, uniq[full], shs[full].lookup(uniq[full], hashes[full]), fullLimit)
@@ -218,8 +283,13 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K) (*slots.Slot, er
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
 	queueMultiLocked(m, w)
+	if anyHeavy(m.entries) {
+		// Beside a heavy waiter a newcomer may queue where it might be
+		// served (admitsLocked): serve the queues, in order.
+		r.grantLocked(m.entries, &wk)
+	}
 	unlock()
-	return r.await(ctx, p, w, start, first, uniq[full], func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+	return r.await(ctx, p, w, start, first, uniq[full], &m.refusedBy, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
 }
 
 // newMulti returns the record of a multi-key admission on keys of shs.
@@ -239,19 +309,45 @@ func (r *Registry[K]) newMulti(shs []*shard[K]) *multi[K] {
 }
 
 // fullKeyLocked returns the index of the first key that does not admit a
-// newcomer of class c now, and for a key that is not live its limit; -1
-// when every key admits it. Call with lockBesideAll's locks held.
-func (r *Registry[K]) fullKeyLocked(shs []*shard[K], keys []K, hashes []uint64, c uint8) (full, limit int) {
+// newcomer of class c weighing n units now, and for a key that is not live
+// its limit; -1 when every key admits it. Call with lockBesideAll's locks
+// held.
+func (r *Registry[K]) fullKeyLocked(shs []*shard[K], keys []K, hashes []uint64, c uint8, n int) (full, limit int) {
 	for i, k := range keys {
 		if e := shs[i].lookup(k, hashes[i]); e != nil {
-			if !admitsLocked(e, c) {
+			if !admitsLocked(e, c, n) {
 				return i, 0
 			}
-		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, c) {
+		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, c, n) {
 			return i, lim
 		}
 	}
 	return -1, 0
+}
+
+// anyHeavy reports whether a waiter weighing more than one unit queues on
+// any of entries.
+func anyHeavy[K comparable](entries []*entry[K]) bool {
+	for _, e := range entries {
+		if e.lane.Waiters.Heavy() > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// tooHeavyAllLocked returns the index of the first key that can never
+// admit a caller of class c weighing n units (core.Lane.TooHeavy), or -1.
+func (r *Registry[K]) tooHeavyAllLocked(shs []*shard[K], keys []K, hashes []uint64, c uint8, n int) int {
+	if n == 1 {
+		return -1
+	}
+	for i, k := range keys {
+		if r.tooHeavy(shs[i].lookup(k, hashes[i]), r.limitLocked(shs[i], k), c, n) {
+			return i
+		}
+	}
+	return -1
 }
 
 // queueFullAllLocked returns the rejection of a caller of flow that may not

@@ -28,6 +28,13 @@
 // whose keys are all free. TryAcquire never passes a waiter that could be
 // served.
 //
+// AcquireN, TryAcquireN and AcquireAllN take n units of each key's limit
+// (a request's tokens, under its tenant's and its model's caps); InFlight
+// and Stats count units, and the rules of slots.Limiter.AcquireN hold per
+// key: strict order, a caller heavier than a key's limit refused with
+// slots.ErrExceedsLimit. A waiting AcquireAllN is passed at most MaxPassed
+// times as above, then each of its keys keeps its n units for it.
+//
 // Keys are spread over lock shards by hash, so unrelated keys rarely contend.
 package registry
 
@@ -77,8 +84,11 @@ type Registry[K comparable] struct {
 	_           [64]byte
 	waitSeq     atomic.Uint64 // arrival order of waiters
 	invalidKeys atomic.Uint64
-	sweepAt     atomic.Int64 // when the next acquire prunes idle shards' caches (pruneIdleShards)
-	limitLog    core.Every
+	// exceedsLimit counts the refusals of callers heavier than a key's
+	// limit: rare, so kept here rather than in each shard's counters.
+	exceedsLimit atomic.Uint64
+	sweepAt      atomic.Int64 // when the next acquire prunes idle shards' caches (pruneIdleShards)
+	limitLog     core.Every
 }
 
 type shard[K comparable] struct {

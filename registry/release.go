@@ -13,7 +13,7 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 	var wk core.Wakes
 	sh := e.shard
 	sh.mu.Lock()
-	if r.eng.Shares != nil && e.lane.Multi > 0 {
+	if (r.eng.Shares != nil || w.Hold.Extra != 0) && e.lane.Multi > 0 {
 		// Serving the waiters a withdrawal may unblock takes multiMu.
 		sh.mu.Unlock()
 		return r.withdrawShared([]*entry[K]{e}, w, nil)
@@ -22,9 +22,10 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 		sh.mu.Unlock()
 		return false
 	}
-	if r.eng.Shares != nil {
+	if r.eng.Shares != nil || w.Hold.Extra != 0 {
 		// Its class may have stopped waiting here, and stopped keeping its
-		// minimum share from the others; with no multi-key waiter (Multi
+		// minimum share from the others; a heavy waiter stops keeping free
+		// units from the callers after it. With no multi-key waiter (Multi
 		// stays 0 under this lock) they are all served here.
 		r.grantLocked([]*entry[K]{e}, &wk)
 	}

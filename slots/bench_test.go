@@ -14,6 +14,10 @@ import (
 // benchLimit is the capacity of every pool in these benchmarks.
 const benchLimit = 8
 
+// benchUnits is what one admission weighs in the weighted variants, whose
+// pools hold benchLimit*benchUnits units.
+const benchUnits = 3
+
 // contenders is the number of goroutines fighting over benchLimit slots in
 // BenchmarkLimiterContended: four times the capacity, so that most
 // acquisitions queue and most releases hand a slot to a waiter.
@@ -68,6 +72,46 @@ func BenchmarkLimiterContended(b *testing.B) {
 				}
 				x = holdWork(x)
 				s.Release()
+			}
+			sink.Add(x)
+		})
+	})
+
+	// Weighted: each admission takes benchUnits units of a pool of
+	// benchLimit*benchUnits, so as many fit at once as above. Beside it,
+	// x/sync's semaphore, weighted the same.
+	b.Run("inflight-units", func(b *testing.B) {
+		lim := slots.NewLimiter(benchLimit * benchUnits)
+		b.ReportAllocs()
+		setContenders(b)
+		b.RunParallel(func(pb *testing.PB) {
+			x := uint64(1)
+			for pb.Next() {
+				s, err := lim.AcquireN(ctx, benchUnits)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				x = holdWork(x)
+				s.Release()
+			}
+			sink.Add(x)
+		})
+	})
+
+	b.Run("xsync-units", func(b *testing.B) {
+		sem := semaphore.NewWeighted(benchLimit * benchUnits)
+		b.ReportAllocs()
+		setContenders(b)
+		b.RunParallel(func(pb *testing.PB) {
+			x := uint64(1)
+			for pb.Next() {
+				if err := sem.Acquire(ctx, benchUnits); err != nil {
+					b.Error(err)
+					return
+				}
+				x = holdWork(x)
+				sem.Release(benchUnits)
 			}
 			sink.Add(x)
 		})
@@ -188,6 +232,18 @@ func BenchmarkLimiterTryAcquireRelease(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {
 			s, err := lim.TryAcquire()
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Release()
+		}
+	})
+
+	b.Run("inflight-units", func(b *testing.B) {
+		lim := slots.NewLimiter(benchLimit * benchUnits)
+		b.ReportAllocs()
+		for b.Loop() {
+			s, err := lim.TryAcquireN(benchUnits)
 			if err != nil {
 				b.Fatal(err)
 			}

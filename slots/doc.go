@@ -55,6 +55,24 @@
 // class and the flows with the most waiters. PlaceFromHeaders reads the
 // class and the flow from request headers.
 //
+// # Weights
+//
+// An admission may weigh what its request costs: AcquireN(ctx, n) and
+// TryAcquireN(n) take n units of the limit (the tokens of a prompt, say),
+// and the Slot's Release frees exactly those. Limits, InFlight, Stats and
+// the shares below then count units; Acquire is AcquireN with n = 1, at
+// the same cost. Order stays strict: a waiter that needs n units keeps the
+// callers after it (and lower classes) from the units it waits for, so it
+// is served as soon as n are free and never starves, at the price of up to
+// n-1 units standing idle meanwhile; only a class short of its share
+// (WithShare) is served past it, up to what it is owed. With shares, n
+// units are admitted exactly when n admissions of one unit in a row would
+// be, and what the other classes reserve counts against the most a caller
+// can weigh. A caller heavier than the limit could wait forever: it is
+// refused with ErrExceedsLimit (HTTPStatus: 413), at once or when the limit
+// drops below it while it waits (a limit of 0 is a pause, and refuses
+// nobody).
+//
 // For caps per key (per tenant, per model) see package registry, which hands
 // out the same *Slot.
 //

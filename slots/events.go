@@ -37,6 +37,10 @@ type Event struct {
 	Err  error         // EventRejected
 	Wait time.Duration // EventAcquired, EventBypassed, EventRejected
 	Hold time.Duration // EventReleased, EventLeaked; accurate to about 10 ms on the real clock
+	// Units is what the admission weighs (see Limiter.AcquireN): 1 unless
+	// it took more; on EventAcquired, EventBypassed, EventReleased and
+	// EventLeaked, 0 on the others.
+	Units int
 
 	// Context is the context the caller passed to Acquire (or
 	// AcquireAll), on the admission's EventAcquired, EventBypassed or

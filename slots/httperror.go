@@ -17,7 +17,8 @@ const StatusClientClosedRequest = 499
 // HTTPStatus maps an admission error to the answer an HTTP layer gives:
 //
 //	nil                                   200, 0
-//	*LimitError (any reason)              429, its RetryAfter in whole seconds (at least 1 s)
+//	wraps ErrExceedsLimit                 413, 0 (heavier than the cap: waiting cannot help)
+//	*LimitError (any other reason)        429, its RetryAfter in whole seconds (at least 1 s)
 //	wraps context.DeadlineExceeded        503, 1 s (the server's own deadline passed while waiting)
 //	wraps context.Canceled                499, 0 (the client went away)
 //	wraps ErrBadPriority                  400, 0 (PlaceFromHeaders met a bad X-Priority)
@@ -41,6 +42,8 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 	switch {
 	case err == nil:
 		return http.StatusOK, 0
+	case errors.Is(err, ErrExceedsLimit):
+		return http.StatusRequestEntityTooLarge, 0
 	case errors.As(err, &le):
 		return http.StatusTooManyRequests, max(le.RetryAfter, time.Millisecond)
 	case errors.Is(err, context.DeadlineExceeded):
@@ -93,6 +96,11 @@ func ErrorMessage(err error) string {
 			reason = "queue full"
 		case errors.Is(le.Err, ErrWaitTimeout):
 			reason = "timed out waiting"
+		case errors.Is(le.Err, ErrExceedsLimit):
+			if le.Limit == Unlimited {
+				return "the request weighs more than its cap can ever hold"
+			}
+			return fmt.Sprintf("the request weighs more than its cap can ever hold (limit %d)", le.Limit)
 		}
 		switch le.Cap {
 		case "pacing":

@@ -34,7 +34,7 @@ type Limiter struct {
 
 // Stats are a Limiter's counts: the current state and totals since creation.
 type Stats struct {
-	InFlight int // slots held now
+	InFlight int // units held now: slots, when each weighs one unit
 	Waiting  int // callers waiting now
 	Limit    int
 
@@ -44,6 +44,7 @@ type Stats struct {
 	Bypassed       uint64 // fail-open admissions without capacity
 	LimitReached   uint64 // TryAcquire rejections
 	QueueFull      uint64 // rejections by WithMaxQueue
+	ExceedsLimit   uint64 // AcquireN and TryAcquireN rejections: more units than the limit can hold
 	WaitTimeouts   uint64 // fail-closed rejections by WithMaxWait
 	Canceled       uint64 // waits ended by the context
 	DoubleReleases uint64 // Release calls on a slot already released
@@ -80,17 +81,40 @@ func (l *Limiter) engine() *core.Engine {
 
 // TryAcquire admits a Slot if one is free and nobody is waiting, without
 // waiting. Otherwise it returns a *LimitError wrapping ErrLimitReached.
-func (l *Limiter) TryAcquire() (*Slot, error) {
+func (l *Limiter) TryAcquire() (*Slot, error) { return l.tryAcquire(1) }
+
+// TryAcquireN is TryAcquire for a Slot that weighs n units of the limit
+// (tokens, bytes: what a request costs), all freed by its Release. It
+// fails with ErrBadUnits for n out of 1..MaxUnits, and with a *LimitError
+// wrapping ErrExceedsLimit if n is more than the limit can ever admit.
+func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
+	if err := checkUnits(n); err != nil {
+		l.engine().Rejected(nil, err, 0)
+		return nil, err
+	}
+	return l.tryAcquire(n)
+}
+
+func (l *Limiter) tryAcquire(n int) (*Slot, error) {
 	e := l.engine()
-	x, h, t := e.NewSlot(l.owner(), 0)
+	x, h, t := e.NewSlot(l.owner(), 1)
 	h.At = e.Clock.Coarse()
+	if n != 1 {
+		h.SetUnits(n)
+	}
 
 	l.mu.Lock()
-	if !l.lane.Admits(core.ClassDefault) {
-		l.stats.LimitReached++
-		rej := e.RejectLane(ErrLimitReached, "", &l.lane)
+	if !l.lane.Admits(core.ClassDefault, n) {
+		reason := ErrLimitReached
+		if l.lane.TooHeavy(core.ClassDefault, n) {
+			reason = ErrExceedsLimit
+			l.stats.ExceedsLimit++
+		} else {
+			l.stats.LimitReached++
+		}
+		rej := e.RejectLane(reason, "", &l.lane)
 		l.mu.Unlock()
-		e.Rejected(nil, ErrLimitReached, 0)
+		e.Rejected(nil, reason, 0)
 		return nil, (*LimitError)(rej)
 	}
 	l.admitLocked(h)
@@ -104,14 +128,38 @@ func (l *Limiter) TryAcquire() (*Slot, error) {
 // A context that is already done fails even if a slot is free. With
 // WithFailOpen, a wait that reaches the maximum returns a Bypassed slot.
 // A nil ctx fails with ErrNilContext.
-func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
+func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) { return l.acquire(ctx, 1) }
+
+// AcquireN is Acquire for a Slot that weighs n units of the limit (tokens,
+// bytes: what a request costs), all freed by its Release. Order is strict:
+// a caller that waits for n units keeps every later caller, and every
+// lower class, from the units it waits for, even where they would fit, so
+// it is served as soon as n are free; up to n-1 units may stand idle
+// meanwhile. Besides Acquire's failures, it fails with ErrBadUnits for n
+// out of 1..MaxUnits, and with a *LimitError wrapping ErrExceedsLimit if n
+// is more than the limit can ever admit: at once, or while it waits, when
+// SetLimit lowers the limit below n (a limit of 0 pauses and refuses
+// nobody). With WithShare, what the other classes reserve
+// (Share.Reserved) cannot be taken, so it counts against n.
+func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
+	if err := checkUnits(n); err != nil {
+		l.engine().Rejected(ctx, err, 0)
+		return nil, err
+	}
+	return l.acquire(ctx, n)
+}
+
+func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	e := l.engine()
 	if ctx == nil {
 		e.Rejected(nil, ErrNilContext, 0)
 		return nil, ErrNilContext
 	}
-	x, h, t := e.NewSlot(l.owner(), 0)
+	x, h, t := e.NewSlot(l.owner(), 1)
 	h.At = e.Clock.Coarse()
+	if n != 1 {
+		h.SetUnits(n)
+	}
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
@@ -129,7 +177,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.mu.Unlock()
 		return nil, e.Canceled(ctx, 0)
 	}
-	if l.lane.Admits(h.Class) {
+	if l.lane.Admits(h.Class, n) {
 		l.admitLocked(h)
 		l.mu.Unlock()
 		return (*Slot)(e.Acquired(ctx, x, t, 0)), nil
@@ -138,18 +186,25 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	if e.Full(&l.lane.Waiters, place.Flow) {
-		l.stats.QueueFull++
-		rej := e.RejectLane(ErrQueueFull, "", &l.lane)
+	if reason := l.refusalLocked(place, n); reason != nil {
+		rej := e.RejectLane(reason, "", &l.lane)
 		l.mu.Unlock()
-		e.Rejected(ctx, ErrQueueFull, 0)
+		e.Rejected(ctx, reason, 0)
 		return nil, (*LimitError)(rej)
 	}
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Place(place)
 	l.lane.Waiters.Push(&w.Elem)
+	var wk core.Wakes
+	if l.lane.Waiters.Heavy() > 0 {
+		// Beside a heavy waiter a newcomer queues even where it might be
+		// served (a higher class, or with shares, Lane.Admits): serve the
+		// queue, in order.
+		l.grantLocked(&wk)
+	}
 	l.mu.Unlock()
+	wk.Wake()
 
 	switch e.Wait(ctx, w, e.MaxWait, l.withdraw) {
 	case core.OutGranted:
@@ -159,6 +214,12 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.stats.Canceled++
 		l.mu.Unlock()
 		return nil, e.Canceled(ctx, e.Since(start))
+	case core.OutRefused:
+		l.mu.Lock() // counted by the SetLimit that refused it
+		rej := e.RejectLane(ErrExceedsLimit, "", &l.lane)
+		l.mu.Unlock()
+		e.Rejected(ctx, ErrExceedsLimit, e.Since(start))
+		return nil, (*LimitError)(rej)
 	}
 	// The wait expired.
 	l.mu.Lock()
@@ -166,7 +227,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 		l.stats.Bypassed++
 		l.seq++
 		h.ID = l.seq
-		inFlight, limit, queued := l.lane.Holders.Len(), l.lane.Limit, l.lane.Waiters.Len()
+		inFlight, limit, queued := l.lane.Holders.Units(), l.lane.Limit, l.lane.Waiters.Len()
 		l.mu.Unlock()
 		e.Bypass(ctx, h, start, e.MaxWait, "limiter",
 			slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued))
@@ -179,14 +240,29 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	return nil, (*LimitError)(rej)
 }
 
+// refusalLocked returns why a caller at place, weighing n units, that
+// cannot be admitted now may not queue either (and counts it), or nil.
+func (l *Limiter) refusalLocked(place core.Place, n int) error {
+	switch {
+	case l.lane.TooHeavy(place.Class, n):
+		l.stats.ExceedsLimit++
+		return ErrExceedsLimit
+	case l.engine().Full(&l.lane.Waiters, place.Flow):
+		l.stats.QueueFull++
+		return ErrQueueFull
+	}
+	return nil
+}
+
 // withdraw takes w out of the queue if it is still waiting.
 func (l *Limiter) withdraw(w *core.Waiter) bool {
 	var wk core.Wakes
 	l.mu.Lock()
 	ok := l.lane.Withdraw(w)
-	if ok && l.lane.Shares != nil {
+	if ok && (l.lane.Shares != nil || w.Hold.Extra != 0) {
 		// A class that stops waiting stops keeping its minimum share from
-		// the others, which may now take it.
+		// the others, which may now take it; a heavy waiter that leaves
+		// stops keeping free units from the waiters after it.
 		l.grantLocked(&wk)
 	}
 	l.mu.Unlock()
@@ -264,6 +340,11 @@ func (l *Limiter) SetLimit(n int) {
 	var wk core.Wakes
 	l.mu.Lock()
 	l.lane.Limit = n
+	for _, w := range l.lane.Overweight(nil) {
+		l.lane.Waiters.Remove(&w.Elem)
+		l.stats.ExceedsLimit++
+		wk.Refuse(w)
+	}
 	l.grantLocked(&wk)
 	l.mu.Unlock()
 	wk.Wake()
@@ -276,11 +357,12 @@ func (l *Limiter) Limit() int {
 	return l.lane.Limit
 }
 
-// InFlight returns the number of slots held now (bypassed slots excluded).
+// InFlight returns the units held now: the number of slots held, when each
+// weighs one unit (bypassed slots excluded).
 func (l *Limiter) InFlight() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return l.lane.Holders.Len()
+	return l.lane.Holders.Units()
 }
 
 // Waiting returns the number of callers waiting in Acquire now.
@@ -294,7 +376,7 @@ func (l *Limiter) Waiting() int {
 func (l *Limiter) Stats() Stats {
 	l.mu.Lock()
 	st := l.stats
-	st.InFlight = l.lane.Holders.Len()
+	st.InFlight = l.lane.Holders.Units()
 	st.Waiting = l.lane.Waiters.Len()
 	st.Limit = l.lane.Limit
 	l.mu.Unlock()
@@ -315,6 +397,7 @@ func (l *Limiter) Queue() QueueStats {
 type Holder struct {
 	ID         uint64
 	AcquiredAt time.Time
+	Units      int // the units it holds (see Slot.Units)
 }
 
 // Holders appends the live holders, in no particular order, to dst and
@@ -324,7 +407,7 @@ func (l *Limiter) Holders(dst []Holder) []Holder {
 	defer l.mu.Unlock()
 	for i := range l.lane.Holders.Len() {
 		h := l.lane.Holders.At(i)
-		dst = append(dst, Holder{ID: h.ID, AcquiredAt: l.engine().Clock.Time(h.At)})
+		dst = append(dst, Holder{ID: h.ID, AcquiredAt: l.engine().Clock.Time(h.At), Units: h.Units()})
 	}
 	return dst
 }

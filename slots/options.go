@@ -65,7 +65,7 @@ func WithObserver(o Observer) Option {
 	return optionFunc(func(w *core.Policy) {
 		if o != nil {
 			w.Observer = func(e core.Event) {
-				o.Observe(Event{Kind: EventKind(e.Kind), Err: e.Err, Wait: e.Wait, Hold: e.Hold, Context: e.Ctx})
+				o.Observe(Event{Kind: EventKind(e.Kind), Err: e.Err, Wait: e.Wait, Hold: e.Hold, Context: e.Ctx, Units: e.Units})
 			}
 		}
 	})

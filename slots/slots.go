@@ -23,11 +23,30 @@ var (
 	ErrWaitTimeout = errors.New("slots: wait timeout")
 	// ErrNilContext: Acquire was called with a nil context.
 	ErrNilContext = errors.New("slots: nil context")
+	// ErrExceedsLimit: an admission of n units (AcquireN) asked for more
+	// than its cap can ever hold under the limit in force, so waiting
+	// would never end: refused at once, or when a lowered limit leaves a
+	// waiter too heavy. A limit of 0 is a pause and refuses nobody.
+	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
+	// ErrBadUnits: an admission asked for fewer than 1 unit or more than
+	// MaxUnits.
+	ErrBadUnits = errors.New("slots: units out of range")
 )
+
+// MaxUnits is the most units one admission may weigh.
+const MaxUnits = core.MaxUnits
+
+// checkUnits returns the error for n units out of range, or nil.
+func checkUnits(n int) error {
+	if n < 1 || n > MaxUnits {
+		return fmt.Errorf("%w: %d (want 1 to %d)", ErrBadUnits, n, MaxUnits)
+	}
+	return nil
+}
 
 // LimitError is a rejection with the numbers behind it.
 type LimitError struct {
-	Err error  // ErrLimitReached, ErrQueueFull, ErrWaitTimeout or another package's reason
+	Err error  // ErrLimitReached, ErrQueueFull, ErrWaitTimeout, ErrExceedsLimit or another package's reason
 	Key string // the key that was at its limit; empty for a Limiter
 	// Cap names which of an owner's caps refused, for an owner with
 	// several kinds: a pacing Gate says "provider", "model", "api_key",
@@ -35,7 +54,7 @@ type LimitError struct {
 	// are that cap's. Empty for a Limiter or a Registry (Key names the
 	// cap). Unlike Key, it never names a tenant or a secret.
 	Cap      string
-	InFlight int // holders at the decision
+	InFlight int // units held at the decision: holders, when each weighs one
 	Limit    int // the limit at the decision
 	Queued   int // waiters at the decision
 	// RetryAfter is when to try again: when the slot this caller would
@@ -137,6 +156,16 @@ func (s *Slot) AcquiredAt() time.Time {
 		return time.Time{}
 	}
 	return s.hold().Owner.Time(s.hold().At)
+}
+
+// Units returns the units of capacity the slot was admitted with: 1 unless
+// it came from an AcquireN (or another N method) with more. A Bypassed slot
+// holds none of them; a nil Slot reports 0.
+func (s *Slot) Units() int {
+	if !s.holds() {
+		return 0
+	}
+	return s.hold().Units()
 }
 
 // ID returns the slot's holder id, unique within its Limiter or Registry; it

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/stretchr/testify/assert"
 
@@ -191,4 +192,11 @@ func TestTrackedRefusesACopy(t *testing.T) {
 	assert.True(t, s.h.Release())
 	assert.Equal(t, int32(1), o.released.Load())
 	runtime.KeepAlive(s)
+}
+
+// A Hold is the whole of a Slot's allocation: 48 bytes, a size class of
+// its own. A field that pushes it to 56 makes every admission allocate 64.
+func TestHoldSize(t *testing.T) {
+	assert.Equal(t, uintptr(48), unsafe.Sizeof(core.Hold{}))
+	assert.Equal(t, uintptr(48), unsafe.Sizeof(core.Handle{}))
 }

@@ -106,7 +106,7 @@ func (e *Engine) acquiredSlow(ctx context.Context, x *Handle, t *Tracked, wait t
 				runtime.KeepAlive(x) // see Tracked
 			}
 		}()
-		e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx})
+		e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx, Units: x.h.Units()})
 		ok = true
 	}
 	return x
@@ -143,13 +143,13 @@ func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
 func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int, wait time.Duration) *Rejection {
 	var buf [startsScan]int64
 	var starts []int64
-	if slots == ln.Limit && ln.Holders.Len() >= slots { // full: its holders' ends free the slots
+	if slots == ln.Limit && ln.Holders.Units() >= slots { // full: its holders' ends free the slots
 		starts = ln.Holders.Starts(buf[:0])
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)
 	}
-	return e.rejectAt(reason, key, ln.Holders.Len(), ln.Limit, ln.Waiters.Len(), slots, starts, wait, ln.Told)
+	return e.rejectAt(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len(), slots, starts, wait, ln.Told)
 }
 
 func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots int, starts []int64, wait time.Duration, told *Told) *Rejection {
@@ -208,7 +208,7 @@ func (e *Engine) Bypass(ctx context.Context, h *Hold, start int64, maxWait time.
 		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
 			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
 	}
-	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start), Ctx: ctx})
+	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start), Ctx: ctx, Units: h.Units()})
 }
 
 // Released samples h's hold time for Retry-After and reports the release.
@@ -231,7 +231,7 @@ func (e *Engine) Released(h *Hold) {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
 	if e.Observer != nil {
-		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(max(e.Clock.Coarse()-h.At, 0))})
+		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(max(e.Clock.Coarse()-h.At, 0)), Units: h.Units()})
 	}
 }
 
@@ -260,7 +260,7 @@ func (e *Engine) Reclaim(t *Tracked, attrs ...slog.Attr) {
 		attrs = append(attrs, slog.String("acquired_at", site))
 	}
 	e.Log().LogAttrs(context.Background(), slog.LevelWarn, e.name+": slot dropped without Release; capacity reclaimed", attrs...)
-	e.Emit(Event{Kind: EventLeaked, Hold: held})
+	e.Emit(Event{Kind: EventLeaked, Hold: held, Units: t.Units()})
 }
 
 // Leaks returns the number of leaks reclaimed.

@@ -26,6 +26,9 @@ type Event struct {
 	Wait time.Duration
 	Hold time.Duration
 	Ctx  context.Context // the admission's; nil for calls without one and for releases
+	// Units is what the admission weighs (EventAcquired, EventBypassed,
+	// EventReleased, EventLeaked); 0 for the other kinds.
+	Units int
 }
 
 // Rejection is a rejection with the numbers behind it. Its fields are

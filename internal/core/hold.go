@@ -31,9 +31,14 @@ type Hold struct {
 
 	// Owner frees the capacity: the lane the hold was admitted in, or a
 	// record of its lanes.
-	Owner    Owner
-	ID       uint64
-	At       int64 // acquire (grant) time, owner clock nanoseconds
+	Owner Owner
+	ID    uint64
+	At    int64 // acquire (grant) time, owner clock nanoseconds
+	// Extra is the units the hold takes beyond one (see Units): 0 for an
+	// admission that counts one request, so that every Hold made without
+	// a weight weighs one. Placed before the flags below, which fill the
+	// rest of its 8 bytes.
+	Extra    int32
 	Bypassed bool  // admitted by fail-open; holds no capacity
 	Degraded bool  // admitted without its fleet-wide cap (its store was unreachable)
 	Class    uint8 // priority class: ClassDefault for a fast admission without shares
@@ -41,6 +46,15 @@ type Hold struct {
 	// as it came: the owner frees it like any other but reports no release.
 	GivenBack bool
 }
+
+// MaxUnits is the largest weight an admission may take.
+const MaxUnits = 1<<31 - 1
+
+// Units returns the units of capacity the hold takes.
+func (h *Hold) Units() int { return int(h.Extra) + 1 }
+
+// SetUnits makes the hold take n units, 1 <= n <= MaxUnits.
+func (h *Hold) SetUnits(n int) { h.Extra = int32(n - 1) }
 
 // Release frees the hold's capacity once and reports whether this call did.
 func (h *Hold) Release() bool {

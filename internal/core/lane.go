@@ -2,15 +2,20 @@ package core
 
 // HolderSet is the set of a lane's holders, each knowing its place through
 // an index it owns (Hold.Idx, or an entry of a multi-lane record): removal
-// moves the last holder into the freed place. The first holder is kept in
+// moves the last holder into the freed place. It counts the holders and the
+// units they weigh (Hold.Units), in all and per class. The first holder is kept in
 // the set itself, beside the count, so that a lane with one holder, the
 // common case for a key, writes no other cache line. The zero value is
 // empty.
 type HolderSet struct {
-	n    int
-	one  holderRec             // place 0
-	more []holderRec           // places 1..n-1
-	by   [NumClasses - 1]int32 // holders per class other than the default
+	n   int
+	one holderRec // place 0
+	// x is the units held beyond one per holder: 0, and never written,
+	// while every holder weighs one, so such a lane's admissions touch no
+	// field after one.
+	x    int
+	by   [NumClasses - 1]int // units held per class other than the default
+	more []holderRec         // places 1..n-1
 }
 
 type holderRec struct {
@@ -29,6 +34,9 @@ const (
 // Len returns the number of holders.
 func (s *HolderSet) Len() int { return s.n }
 
+// Units returns the units the holders weigh together.
+func (s *HolderSet) Units() int { return s.n + s.x }
+
 // startsScan bounds the holders Starts reads.
 const startsScan = 64
 
@@ -46,12 +54,12 @@ func (s *HolderSet) Starts(buf []int64) []int64 {
 	return buf
 }
 
-// ClassLen returns the number of holders of class c.
-func (s *HolderSet) ClassLen(c uint8) int {
+// ClassUnits returns the units the holders of class c weigh.
+func (s *HolderSet) ClassUnits(c uint8) int {
 	if c == ClassDefault {
-		return s.n - int(s.by[0]) - int(s.by[1])
+		return s.n + s.x - s.by[0] - s.by[1]
 	}
-	return int(s.by[c-1])
+	return s.by[c-1]
 }
 
 func (s *HolderSet) rec(i int) *holderRec {
@@ -73,8 +81,11 @@ func (s *HolderSet) Add(h *Hold, idx *int32) {
 		s.more = append(s.more, holderRec{h, idx})
 	}
 	s.n++
+	if h.Extra != 0 {
+		s.x += int(h.Extra)
+	}
 	if h.Class != ClassDefault {
-		s.by[h.Class-1]++
+		s.by[h.Class-1] += int(h.Extra) + 1
 	}
 }
 
@@ -104,8 +115,11 @@ func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
 		}
 	}
 	s.n--
+	if h.Extra != 0 {
+		s.x -= int(h.Extra)
+	}
 	if h.Class != ClassDefault {
-		s.by[h.Class-1]--
+		s.by[h.Class-1] -= int(h.Extra) + 1
 	}
 	return true
 }
@@ -129,8 +143,12 @@ type Lane struct {
 	Told *Told
 }
 
-// HasRoom reports whether one more holder fits under the limit.
-func (ln *Lane) HasRoom() bool { return ln.Holders.Len() < ln.Limit }
+// HasRoom reports whether one more unit fits under the limit.
+func (ln *Lane) HasRoom() bool { return ln.Holders.Units() < ln.Limit }
+
+// Free returns the units left under the limit (negative while a lowered
+// limit is still exceeded).
+func (ln *Lane) Free() int { return ln.Limit - ln.Holders.Units() }
 
 // Withdraw unlinks w from the lane's queue if it is still waiting, marks it
 // Gone and reports true; it reports false when w was granted already. Only
@@ -154,53 +172,66 @@ type Shares struct {
 	Reserved [NumClasses]int // kept from other classes even while it is idle
 }
 
-// CanTake reports whether a holder of class c may be admitted now.
+// CanTake reports whether a holder of class c weighing n units may be
+// admitted now.
 //
-// Without shares: whenever the lane has room. With shares, each class d is
-// owed g(d): max(Min, Reserved) while it has waiters (c counts as waiting),
-// its Reserved while it is idle, cut from the highest class down to what
-// the limit leaves after the classes above it. c may take a slot only if
-// that leaves free what the classes above it hold short of their g and,
-// unless c itself holds less than its own g, what the classes below it hold
-// short of theirs too. So a class short of its guarantee is served before
-// higher classes, higher classes first among such; a reserve is lent to
-// nobody but a higher class short of its own g; an idle class's Min neither
-// keeps slots nor cuts the guarantees below it.
+// Without shares: whenever n units are free. With shares, each class d is
+// owed g(d) units: max(Min, Reserved) while it has waiters (c counts as
+// waiting), its Reserved while it is idle, cut from the highest class down
+// to what the limit leaves after the classes above it. c may take n units
+// only if that leaves free what the classes above it hold short of their
+// g and, unless the n units are no more than what c itself holds short of
+// its g, what the classes below it hold short of theirs too: n units are
+// admitted exactly when n admissions of one unit would be. So a class short of its guarantee is served before higher
+// classes, higher classes first among such, up to its guarantee; a reserve
+// is lent to nobody but a higher class short of its own g, and only for
+// that shortfall; an idle class's Min neither keeps units nor cuts the
+// guarantees below it.
 //
 // A waiter counts as waiting on every lane it needs, also while another of
 // its lanes is full, so its class keeps its Min on this lane meanwhile.
-func (ln *Lane) CanTake(c uint8) bool {
-	free := ln.Limit - ln.Holders.Len()
-	if free <= 0 {
+func (ln *Lane) CanTake(c uint8, n int) bool {
+	free := ln.Limit - ln.Holders.Units()
+	if free < n {
 		return false
 	}
-	s := ln.Shares
-	if s == nil {
+	if ln.Shares == nil {
 		return true
 	}
-	g := ln.guarantees(c)
-	short := ln.Holders.ClassLen(c) < g[c]
-	need := 0
+	g := ln.guarantees(c, true)
+	above, below, own := ln.owed(c, &g, ln.Holders.ClassUnits)
+	// What is left free once it took n: as if it took them one at a time.
+	return free-n >= above && (n <= own || free-n >= above+below)
+}
+
+// owed returns, by the guarantees g with held giving what each class
+// holds, what the classes above c and those below it hold short of their
+// g, and c's own shortfall.
+func (ln *Lane) owed(c uint8, g *[NumClasses]int, held func(uint8) int) (above, below, own int) {
 	for d := range NumClasses {
-		if d == c {
-			continue
-		}
-		if p := g[d] - ln.Holders.ClassLen(d); p > 0 && (rank[d] < rank[c] || !short) {
-			need += p
+		p := max(g[d]-held(d), 0)
+		switch {
+		case d == c:
+			own = p
+		case rank[d] < rank[c]:
+			above += p
+		default:
+			below += p
 		}
 	}
-	return free > need
+	return above, below, own
 }
 
 // guarantees returns g(d) for every class d, with c counted as waiting:
 // max(Min, Reserved) while d waits, Reserved while it is idle; cut from the
-// highest class down to what the limit leaves. Only with shares.
-func (ln *Lane) guarantees(c uint8) [NumClasses]int {
+// highest class down to what the limit leaves. With others false, every
+// class but c is taken to be idle. Only with shares.
+func (ln *Lane) guarantees(c uint8, others bool) [NumClasses]int {
 	var g [NumClasses]int
 	left := ln.Limit
 	for _, d := range Order {
 		want := ln.Shares.Reserved[d]
-		if d == c || ln.Waiters.ClassLen(d) > 0 {
+		if d == c || others && ln.Waiters.ClassLen(d) > 0 {
 			want = max(ln.Shares.Min[d], want)
 		}
 		g[d] = min(want, left)
@@ -209,56 +240,140 @@ func (ln *Lane) guarantees(c uint8) [NumClasses]int {
 	return g
 }
 
+// Capacity returns the most units a holder of class c can ever be
+// admitted with under the current limit: the limit, less with shares what
+// the other classes keep while they are idle (their Reserved). A caller
+// asking for more could wait forever, so owners refuse it at once, and
+// refuse a waiter whose lane's Capacity drops below its weight.
+func (ln *Lane) Capacity(c uint8) int {
+	if ln.Shares == nil {
+		return ln.Limit
+	}
+	// CanTake on an empty lane whose other classes are idle, solved for n.
+	g := ln.guarantees(c, false)
+	above, below, own := ln.owed(c, &g, func(uint8) int { return 0 })
+	return min(ln.Limit-above, max(own, ln.Limit-above-below))
+}
+
 // Short reports whether class c holds less than its guarantee (counting c
-// as waiting): a slot it takes then is one it is owed. Always false without
-// shares.
+// as waiting): a unit it takes then is one it is owed. Always false
+// without shares.
 func (ln *Lane) Short(c uint8) bool {
 	if ln.Shares == nil {
 		return false
 	}
-	return ln.Holders.ClassLen(c) < ln.guarantees(c)[c]
+	return ln.Holders.ClassUnits(c) < ln.guarantees(c, true)[c]
 }
 
 // Candidate returns the waiter of ln to serve next among those for which
 // ok holds (nil: every waiter), or nil: in the queue's order (the highest
-// class that may take a slot of ln, then the flows' turns, then arrival),
-// the first such waiter. This is the choice every grant loop of the module
-// makes: a Limiter's with ok nil, a registry key's with ok checking the
-// other keys a waiter needs, a pacing Gate's with ok checking the waiter's
-// model and start time. A waiter for which ok fails does not hold back the
-// ones after it.
+// class that may take a unit of ln, then the flows' turns, then arrival),
+// the first such waiter, if its units fit. This is the choice every grant
+// loop of the module makes: a Limiter's with ok nil, a registry key's with
+// ok checking the other keys a waiter needs, a pacing Gate's with ok
+// checking the waiter's model and start time. A waiter for which ok fails
+// does not hold back the ones after it.
+//
+// A waiter whose units do not fit yet does: order is strict, so no caller
+// after it in this order takes the units it waits for (x/sync's semaphore
+// chose the same), and it is served as soon as enough are free. The cost
+// is that up to its weight less one of the limit may stand idle meanwhile.
+// Only classes short of their share (Short) are served after it, up to
+// what they are owed, as they would be before a higher class anyway.
 func (ln *Lane) Candidate(ok func(*Waiter) bool) *Waiter {
 	q := &ln.Waiters
 	if !q.mixed && ok == nil {
-		if q.n > 0 && ln.CanTake(ClassDefault) {
-			return q.def.waiters.Front().Value
+		if q.n > 0 {
+			if w := q.def.waiters.Front().Value; ln.CanTake(ClassDefault, int(w.Hold.Extra)+1) {
+				return w
+			}
 		}
 		return nil
 	}
+	owedOnly := false // a heavy waiter keeps its place: only owed classes may pass
 	for _, c := range Order {
-		if q.ClassLen(c) == 0 || !ln.CanTake(c) {
+		if q.ClassLen(c) == 0 || !ln.CanTake(c, 1) || owedOnly && !ln.Short(c) {
 			continue
 		}
 		for el := range q.Class(c) {
-			if ok == nil || ok(el.Value) {
-				return el.Value
+			w := el.Value
+			if ok != nil && !ok(w) {
+				continue
 			}
+			if w.Hold.Extra == 0 {
+				return w
+			}
+			if ln.CanTake(c, int(w.Hold.Extra)+1) {
+				return w
+			}
+			owedOnly = true
+			break
 		}
 	}
 	return nil
 }
 
-// Admits reports whether a newcomer of class c, needing this lane alone, is
-// admitted at once. Waiters that need other lanes too may be passed (they
-// are blocked elsewhere; their owner bounds how often); waiters for this
-// lane alone are not. With shares
-// that rests on the owner serving every waiter that can be served whenever
-// anything changes (a release, a limit change, a withdrawal): then a waiter
-// of this lane alone is one that cannot take a slot, and neither can a
-// newcomer of its class.
-func (ln *Lane) Admits(c uint8) bool {
-	if ln.Shares != nil {
-		return ln.CanTake(c)
+// Admits reports whether a newcomer of class c weighing n units, needing
+// this lane alone, is admitted at once. Waiters that need other lanes too
+// may be passed (they are blocked elsewhere; their owner bounds how often);
+// waiters for this lane alone are not. With shares that rests on the owner
+// serving every waiter that can be served whenever anything changes (a
+// release, a limit change, a withdrawal): then a waiter of this lane alone
+// is one that cannot take a unit, and neither can a newcomer of its class.
+// A waiter weighing more than one unit may be unable to take its units
+// while a newcomer could take fewer: while one waits, a newcomer with
+// shares passes no waiter of this lane alone either.
+func (ln *Lane) Admits(c uint8, n int) bool {
+	if ln.Shares == nil {
+		// The sum cannot overflow: units held near MaxInt would take more
+		// than 2^32 holders.
+		return ln.Holders.n+ln.Holders.x+n <= ln.Limit && ln.Waiters.n == ln.Multi
 	}
-	return ln.Holders.n < ln.Limit && ln.Waiters.n == ln.Multi
+	return ln.admitsShared(c, n)
+}
+
+func (ln *Lane) admitsShared(c uint8, n int) bool {
+	return ln.CanTake(c, n) && !ln.HeavyAhead(c)
+}
+
+// HeavyAhead reports whether a waiter weighing more than one unit, of
+// class c or a higher one, queues on ln: it may be unable to take the units
+// a newcomer of class c would, and keeps its place (Candidate), so the
+// newcomer must queue behind it. Waiters that need other lanes count too,
+// although they may be passed: the newcomer queues, and its owner serves
+// the queue at once if it can.
+func (ln *Lane) HeavyAhead(c uint8) bool {
+	for d := range NumClasses {
+		if rank[d] <= rank[c] && ln.Waiters.heavy[d] > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// Overweight appends to dst the waiters of ln that weigh more than it can
+// ever admit under its limit now (Capacity), and returns it: call under the
+// owner's lock after the limit changed, and refuse them (Wakes.Refuse). A
+// limit of 0 pauses the lane rather than shrinking it: nobody is refused
+// then.
+func (ln *Lane) Overweight(dst []*Waiter) []*Waiter {
+	if ln.Waiters.Heavy() == 0 || ln.Limit <= 0 {
+		return dst
+	}
+	for _, c := range Order {
+		limit := ln.Capacity(c)
+		for el := range ln.Waiters.Class(c) {
+			if el.Value.Hold.Extra > 0 && int(el.Value.Hold.Extra) >= limit {
+				dst = append(dst, el.Value)
+			}
+		}
+	}
+	return dst
+}
+
+// TooHeavy reports whether a caller of class c weighing n units must be
+// refused at once: it weighs more than one unit and more than the lane can
+// ever admit under its limit (Capacity), which is not 0 (a pause).
+func (ln *Lane) TooHeavy(c uint8, n int) bool {
+	return n > 1 && ln.Limit > 0 && n > ln.Capacity(c)
 }

@@ -48,7 +48,9 @@ func Rank(c uint8) uint8 { return rank[c] }
 // queue is empty again.
 // The zero value is empty. Use it under its owner's lock.
 type Queue struct {
-	n     int
+	n int
+	// heavy counts the waiters weighing more than one unit, per class.
+	heavy [NumClasses]int32
 	mixed bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
 	def   flow // the default class's default flow
 	x     *sched
@@ -86,6 +88,9 @@ const (
 
 // Len returns the number of waiters.
 func (q *Queue) Len() int { return q.n }
+
+// Heavy returns the number of waiters weighing more than one unit.
+func (q *Queue) Heavy() int { return int(q.heavy[0] + q.heavy[1] + q.heavy[2]) }
 
 // ClassLen returns the number of waiters of class c.
 func (q *Queue) ClassLen(c uint8) int {
@@ -127,6 +132,9 @@ func (q *Queue) lookup(k flowKey) *flow {
 func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	w := el.Value
 	q.n++
+	if w.Hold.Extra != 0 {
+		q.heavy[w.Class]++
+	}
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
 			q.def.waiters.PushBack(el)
@@ -186,14 +194,17 @@ func (q *Queue) Remove(el *ilist.Elem[*Waiter]) bool { return q.take(el, false) 
 func (q *Queue) Served(el *ilist.Elem[*Waiter]) bool { return q.take(el, true) }
 
 func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
+	w := el.Value
 	if !q.mixed {
 		if !q.def.waiters.Remove(el) {
 			return false
 		}
 		q.n--
+		if w.Hold.Extra != 0 {
+			q.heavy[w.Class]--
+		}
 		return true
 	}
-	w := el.Value
 	var f *flow
 	if fe := q.x.rings[w.Class].Front(); fe != nil && fe.Value.waiters.Front() == el {
 		f = fe.Value // the usual case: the waiter Head returned
@@ -204,6 +215,9 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 		return false
 	}
 	q.n--
+	if w.Hold.Extra != 0 {
+		q.heavy[w.Class]--
+	}
 	c := f.key.class
 	q.x.count[c]--
 	ring := &q.x.rings[c]

@@ -159,7 +159,7 @@ func TestCanTakeMinShare(t *testing.T) {
 	for range 50 {
 		ln.Waiters.Push(&waiter(core.ClassHigh, "", 0).Elem)
 	}
-	assert.False(t, ln.CanTake(core.ClassHigh))
+	assert.False(t, ln.CanTake(core.ClassHigh, 1))
 	// Release the oldest holder each time: grants alternate as the rule says.
 	var classes []uint8
 	for range 12 {
@@ -182,12 +182,12 @@ func TestCanTakeReserve(t *testing.T) {
 	sh.Reserved[core.ClassHigh] = 1
 	ln := core.Lane{Limit: 5, Shares: sh}
 	for range 4 {
-		require.True(t, ln.Admits(core.ClassLow))
+		require.True(t, ln.Admits(core.ClassLow, 1))
 		ln.Holders.Add(&core.Hold{Class: core.ClassLow}, new(int32))
 	}
-	assert.False(t, ln.Admits(core.ClassLow), "the fifth is reserved")
-	assert.False(t, ln.Admits(core.ClassDefault))
-	assert.True(t, ln.Admits(core.ClassHigh))
+	assert.False(t, ln.Admits(core.ClassLow, 1), "the fifth is reserved")
+	assert.False(t, ln.Admits(core.ClassDefault, 1))
+	assert.True(t, ln.Admits(core.ClassHigh, 1))
 }
 
 // Guarantees beyond the limit are cut from the top, and a class short of its
@@ -200,12 +200,12 @@ func TestCanTakeOverCommitted(t *testing.T) {
 	ln := core.Lane{Limit: 4, Shares: sh}
 	var def []*core.Hold
 	for range 3 {
-		require.True(t, ln.Admits(core.ClassDefault))
+		require.True(t, ln.Admits(core.ClassDefault, 1))
 		h := &core.Hold{}
 		def = append(def, h)
 		ln.Holders.Add(h, &h.Idx)
 	}
-	assert.False(t, ln.Admits(core.ClassDefault), "the last is reserved")
+	assert.False(t, ln.Admits(core.ClassDefault, 1), "the last is reserved")
 	hi, lo := waiter(core.ClassHigh, "", 0), waiter(core.ClassLow, "", 0)
 	ln.Waiters.Push(&lo.Elem)
 	ln.Waiters.Push(&hi.Elem)
@@ -216,8 +216,8 @@ func TestCanTakeOverCommitted(t *testing.T) {
 
 	// A limit of one: the reserve takes it all; batch's minimum is cut to 0.
 	ln2 := core.Lane{Limit: 1, Shares: sh}
-	assert.False(t, ln2.Admits(core.ClassLow))
-	assert.True(t, ln2.Admits(core.ClassHigh))
+	assert.False(t, ln2.Admits(core.ClassLow, 1))
+	assert.True(t, ln2.Admits(core.ClassHigh, 1))
 }
 
 // A random mix of pushes, removals and grants keeps the counts consistent

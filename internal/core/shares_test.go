@@ -18,7 +18,7 @@ type laneState struct {
 // statePool keeps the holds and waiters a lane is built from, so that the
 // exhaustive checks below allocate little.
 type statePool struct {
-	holds   [core.NumClasses][4]core.Hold
+	holds   [core.NumClasses][8]core.Hold
 	waiters [core.NumClasses]*core.Waiter
 }
 
@@ -52,7 +52,7 @@ func (p *statePool) lane(s laneState) *core.Lane {
 func (p *statePool) servable(s laneState) bool {
 	ln := p.lane(s)
 	for c := range core.NumClasses {
-		if s.waiting[c] && ln.CanTake(c) {
+		if s.waiting[c] && ln.CanTake(c, 1) {
 			return true
 		}
 	}
@@ -128,12 +128,12 @@ func TestSharesFixpoint(t *testing.T) {
 				continue
 			}
 			a := s
-			if ln.CanTake(c) && s.hold[c] < 2 {
+			if ln.CanTake(c, 1) && s.hold[c] < 2 {
 				a.hold[c]++ // a newcomer of c is admitted
 				if p.servable(a) {
 					fail("admitting a class %d newcomer unblocks a waiter: %+v", c, s)
 				}
-			} else if !ln.CanTake(c) {
+			} else if !ln.CanTake(c, 1) {
 				a.waiting[c] = true // a newcomer of c queues
 				if p.servable(a) {
 					fail("queueing a class %d waiter unblocks a waiter: %+v", c, s)
@@ -149,4 +149,54 @@ func TestSharesFixpoint(t *testing.T) {
 		}
 	})
 	t.Logf("%d states at a fixpoint checked", states)
+}
+
+// Over every small lane state, n units are admitted exactly when n
+// admissions of one unit in a row would be (the class counting as waiting
+// throughout), and Capacity is the most units a class can take from an
+// empty lane whose other classes are idle.
+func TestSharesUnitsAsSteps(t *testing.T) {
+	p := newStatePool()
+	checked, bad := 0, 0
+	eachState(func(s laneState) {
+		for c := range core.NumClasses {
+			ln := p.lane(s)
+			a := s
+			for n := 1; n <= 4; n++ {
+				if !p.lane(a).CanTake(c, 1) {
+					for ; n <= 4; n++ {
+						if ln.CanTake(c, n) {
+							if bad++; bad <= 5 {
+								t.Errorf("class %d may take %d units at once but not one at a time: %+v", c, n, s)
+							}
+						}
+					}
+					break
+				}
+				a.hold[c]++
+				if !ln.CanTake(c, n) {
+					if bad++; bad <= 5 {
+						t.Errorf("class %d may take %d units one at a time but not at once: %+v", c, n, s)
+					}
+				}
+				checked++
+			}
+		}
+		if s.hold != [core.NumClasses]int{} || s.waiting != [core.NumClasses]bool{} {
+			return
+		}
+		for c := range core.NumClasses {
+			ln := p.lane(s)
+			most := 0
+			for n := 1; n <= s.limit; n++ {
+				if ln.CanTake(c, n) {
+					most = n
+				}
+			}
+			if got := ln.Capacity(c); got != most {
+				t.Errorf("class %d: Capacity %d, but it can take %d from an empty lane: %+v", c, got, most, s)
+			}
+		}
+	})
+	t.Logf("%d admissions of n units checked", checked)
 }

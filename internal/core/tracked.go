@@ -71,7 +71,7 @@ func (t *Tracked) Site() string {
 // t to be reclaimed if slot is dropped while held.
 func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 	standIn.Owner = t
-	standIn.ID, standIn.At, standIn.Bypassed = t.ID, t.At, t.Bypassed
+	standIn.ID, standIn.At, standIn.Bypassed, standIn.Extra = t.ID, t.At, t.Bypassed, t.Extra
 	t.standIn = weak.Make(standIn)
 	// The cleanup's argument is t, which does not reach slot: the lane
 	// refers to t, never to the Slot.

@@ -11,7 +11,8 @@ import (
 const (
 	Waiting uint8 = iota
 	Granted
-	Gone // cancelled or timed out before a grant
+	Gone    // cancelled or timed out before a grant
+	Refused // turned away by its owner while it waited (Wakes.Refuse)
 )
 
 // Waiter is one caller blocked in Acquire.
@@ -66,7 +67,15 @@ func (k *Wakes) Grant(w *Waiter) {
 	k.more = append(k.more, w)
 }
 
-// Wake wakes the granted waiters; call after releasing the owner's lock.
+// Refuse marks w refused: it weighs more than its lane can ever admit now
+// (Lane.Capacity). Call under the owner's lock, after unlinking w from every
+// queue it was on; w is woken by Wake and its wait ends with OutRefused.
+func (k *Wakes) Refuse(w *Waiter) {
+	k.Grant(w)
+	w.State = Refused
+}
+
+// Wake wakes the granted (and refused) waiters; call after releasing the owner's lock.
 // A waiter whose context ended meanwhile finds State == Granted and waits for
 // this signal before giving the grant back.
 func (k *Wakes) Wake() {
@@ -88,6 +97,7 @@ const (
 	OutGranted  Outcome = iota // the caller holds capacity
 	OutCanceled                // ctx ended first; the caller holds nothing
 	OutExpired                 // the max wait passed first; the caller holds nothing
+	OutRefused                 // the owner refused it (Wakes.Refuse); the caller holds nothing
 )
 
 // Await blocks until w is granted, ctx ends or expire fires (nil: never).
@@ -103,6 +113,9 @@ func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw fun
 	done := ctx.Done()
 	if done == nil && expire == nil {
 		<-w.ready // nothing else can end this wait; a plain receive is cheaper
+		if w.State == Refused {
+			return OutRefused
+		}
 		return OutGranted
 	}
 	select {
@@ -120,6 +133,10 @@ func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw fun
 			return OutExpired
 		}
 		<-w.ready
+	}
+	// Set under the owner's lock before the wake this goroutine received.
+	if w.State == Refused {
+		return OutRefused
 	}
 	if isDone(done) {
 		w.Hold.GivenBack = true
