@@ -15,6 +15,11 @@
 // Config is the policy as a gateway's configuration file states it; a Gate
 // applies it, and Reconfigure changes it live.
 //
+// A self-hosted server is limited by the tokens in flight (its KV cache) as
+// much as by the requests: max_inflight_tokens caps them, per provider and
+// per model, each request weighing what Gate.AcquireN (or a Transport under
+// WithTokenCount) was told it costs.
+//
 // With an "adaptive" section the provider's cap is learned from the
 // upstream's answers instead of configured: report each one before its
 // slot can be freed, with gate.Report(grant, pacing.Classify(resp, nil)),
@@ -63,6 +68,10 @@ const (
 type Config struct {
 	// MaxConcurrentRequests caps the provider's requests in flight.
 	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty"`
+	// MaxInflightTokens caps the tokens of the provider's requests in
+	// flight, each weighing what Gate.AcquireN was told (a self-hosted
+	// server's KV cache, say). 0: no such cap.
+	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
 	// RequestsPerMinute spaces starts evenly: 60 s / rpm apart, in (0, 60000].
 	RequestsPerMinute int `json:"requests_per_minute,omitempty"`
 	// MinIntervalMS is a floor on the spacing of starts, in milliseconds.
@@ -109,9 +118,12 @@ type KeyConfig struct {
 
 // ModelConfig is a model's own policy within its provider's.
 type ModelConfig struct {
-	MaxConcurrentRequests int   `json:"max_concurrent_requests,omitempty"`
-	RequestsPerMinute     int   `json:"requests_per_minute,omitempty"`
-	MinIntervalMS         int64 `json:"min_interval_ms,omitempty"`
+	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty"`
+	// MaxInflightTokens caps the tokens of the model's requests in flight
+	// (see Config.MaxInflightTokens).
+	MaxInflightTokens int   `json:"max_inflight_tokens,omitempty"`
+	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
+	MinIntervalMS     int64 `json:"min_interval_ms,omitempty"`
 	// Adaptive, if present, learns the model's own cap (see Config.Adaptive).
 	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 }
@@ -181,6 +193,8 @@ func (c Config) Validate() error {
 		return bad("on_wait_timeout", fmt.Sprintf("%q", c.OnWaitTimeout), `is neither "reject" nor "proceed"`)
 	case c.MaxQueuePerFlow < 0:
 		return bad("max_queue_per_flow", c.MaxQueuePerFlow, "is negative")
+	case c.MaxInflightTokens < 0:
+		return bad("max_inflight_tokens", c.MaxInflightTokens, "is negative")
 	}
 	if c.Adaptive != nil {
 		if err := c.Adaptive.validate("adaptive", c.MaxConcurrentRequests); err != nil {
@@ -215,6 +229,9 @@ func (c Config) Validate() error {
 		field := fmt.Sprintf("models[%q]", name)
 		if err := validPacing(field+".", m.MaxConcurrentRequests, m.RequestsPerMinute, m.MinIntervalMS); err != nil {
 			return err
+		}
+		if m.MaxInflightTokens < 0 {
+			return bad(field+".max_inflight_tokens", m.MaxInflightTokens, "is negative")
 		}
 		if m.Adaptive != nil {
 			if err := m.Adaptive.validate(field+".adaptive", m.MaxConcurrentRequests); err != nil {

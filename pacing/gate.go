@@ -62,6 +62,7 @@ type Gate struct {
 	rejects  uint64
 	bypassed uint64
 	ad       adaptive // the learned cap and the upstream's pauses (learn.go)
+	tok      tokens   // the provider's tokens in flight (tokens.go)
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -71,9 +72,10 @@ type grant struct {
 	model *modelLane
 	key   *keyLane
 	idx   [3]int32
-	n     int // the provider's requests in flight at the start, this one included
-	keyN  int // the same for its key
-	mN    int // the same for its model
+	units int32 // the tokens it weighs (AcquireN); beside idx, in its padding
+	n     int   // the provider's requests in flight at the start, this one included
+	keyN  int   // the same for its key
+	mN    int   // the same for its model
 	// The start times as they were before this grant, put back if the grant
 	// is given back (its caller's context ended as it came) and no later
 	// grant has moved them: a start that never happened takes no interval.
@@ -150,9 +152,12 @@ func (g *Gate) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
 	}
+	var wk core.Wakes
 	g.mu.Lock()
 	g.applyLocked(cfg)
+	g.refuseHeavyLocked(&wk)
 	g.redispatchLocked(g.eng.Clock.Nanos())
+	wk.Wake()
 	return nil
 }
 
@@ -176,6 +181,11 @@ func (g *Gate) Close() {
 // "reject"), or with an error wrapping ctx.Err(). With "proceed", a wait
 // that times out returns a Grant whose Slot is Bypassed.
 func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
+	return g.acquire(ctx, model, 1)
+}
+
+// acquire is AcquireN with n checked.
+func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) {
 	if ctx == nil {
 		g.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return Grant{}, slots.ErrNilContext
@@ -184,7 +194,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		g.eng.Rejected(ctx, ErrGateClosed, 0)
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
-	gr := &grant{g: g}
+	gr := &grant{g: g, units: int32(n)}
 	x, h, _ := g.eng.NewSlot(gr, 0) // no leak detection: never a tracked hold
 	place := core.PlaceOf(ctx)
 	h.Class = place.Class
@@ -206,6 +216,12 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	h.At = now
 	start := now // h.At is the grant's once queued
 	gr.model = g.modelLocked(model)
+	if name, _, _ := g.tooHeavyLocked(gr.model, n); name != "" {
+		rej := g.exceedsLocked(gr.model, n, now)
+		g.dropIfIdleLocked(gr.model)
+		g.mu.Unlock()
+		return Grant{}, g.rejected(ctx, rej, 0)
+	}
 	g.provider.Waiters.Push(&w.Elem)
 	gr.model.waiting++
 	g.dispatchLocked(now, &wk)
@@ -218,7 +234,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 		g.provider.Waiters.Remove(&w.Elem)
 		w.State = core.Gone
 		gr.model.waiting--
-		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, now)
+		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, n, now)
 		g.dropIfIdleLocked(gr.model)
 		if g.provider.Shares != nil {
 			// Its class may have stopped waiting, and stopped keeping its
@@ -254,12 +270,18 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 		}
 		return Grant{}, g.eng.Canceled(ctx, g.eng.Since(start))
+	case core.OutRefused: // a token cap was lowered below it
+		g.mu.Lock()
+		rej := g.exceedsLocked(gr.model, n, g.eng.Clock.Nanos())
+		g.dropIfIdleLocked(gr.model)
+		g.mu.Unlock()
+		return Grant{}, g.rejected(ctx, rej, g.eng.Since(start))
 	}
 	// The wait expired.
 	g.mu.Lock()
 	if !g.cfg.FailOpen() { // as configured now, not when the wait began
 		now := g.eng.Clock.Nanos()
-		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, now)
+		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, n, now)
 		g.mu.Unlock()
 		return Grant{}, g.rejected(ctx, rej, time.Duration(now-start))
 	}
@@ -350,6 +372,8 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		}
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		gr.mN = ml.lane.Holders.Len()
+		g.tok.held += int(gr.units)
+		ml.tok.held += int(gr.units)
 		if l := ml.l; l != nil {
 			l.Started(gr.mN, now)
 			l.lane.Limit = l.Limit(now)
@@ -377,7 +401,11 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 // slot and whose model has room and is due. It lowers *wakeAt to the
 // earliest start of a model that is not due yet.
 func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
+	var tf tokensFit
 	return g.provider.Candidate(func(w *core.Waiter) bool {
+		if tf.stopped {
+			return false
+		}
 		ml := w.Hold.Owner.(*grant).model
 		if !ml.lane.HasRoom() {
 			return false
@@ -388,7 +416,7 @@ func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
 			}
 			return false
 		}
-		return true
+		return tf.ok(g, w)
 	})
 }
 
@@ -416,42 +444,6 @@ func (g *Gate) armLocked(at, now int64) {
 	})
 }
 
-// rejectLocked builds a rejection with a Retry-After from when a slot or a
-// start is next expected; report it with rejected once unlocked.
-func (g *Gate) rejectLocked(reason error, ml *modelLane, now int64) *core.Rejection {
-	g.rejects++
-	var wait time.Duration // the wait a caller timed out in may be spent queued again
-	if reason == slots.ErrWaitTimeout {
-		wait = g.cfg.QueueWait()
-	}
-	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit), wait)
-	rej.Cap = CapProvider
-	if reason == slots.ErrWaitTimeout {
-		rej.Cap, rej.InFlight, rej.Limit = g.bindingLocked(ml, now)
-	}
-	ra := rej.RetryAfter
-	next := int64(0)
-	if g.started {
-		next = g.next
-	}
-	if ml.interval > 0 && ml.started {
-		next = max(next, ml.next)
-	}
-	if next > now {
-		// Rounded up: a client that honours it does not come back early.
-		ra = max(ra, (time.Duration(next-now) + time.Millisecond - 1).Truncate(time.Millisecond))
-	}
-	rej.RetryAfter = ra
-	return rej
-}
-
-// rejected reports a rejection decided under the lock, now released, of a
-// caller that waited wait under ctx.
-func (g *Gate) rejected(ctx context.Context, rej *core.Rejection, wait time.Duration) error {
-	g.eng.Rejected(ctx, rej.Err, wait)
-	return (*slots.LimitError)(rej)
-}
-
 // Release implements core.Owner: it frees the provider, model and key slots.
 func (gr *grant) Release(h *core.Hold) bool {
 	g := gr.g
@@ -463,6 +455,8 @@ func (gr *grant) Release(h *core.Hold) bool {
 		return false
 	}
 	gr.model.lane.Holders.Remove(h, &gr.idx[1])
+	g.tok.held -= int(gr.units)
+	gr.model.tok.held -= int(gr.units)
 	if gr.key != nil {
 		gr.key.lane.Holders.Remove(h, &gr.idx[2])
 	}

@@ -18,6 +18,7 @@ type modelLane struct {
 	configured bool     // kept while idle, so its spacing holds
 	capCfg     int      // its max_concurrent_requests (0: none)
 	l          *learner // its learned cap, with ModelConfig.Adaptive; else nil
+	tok        tokens   // its tokens in flight, and ModelConfig.MaxInflightTokens
 }
 
 type keyLane struct {
@@ -41,10 +42,11 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.interval = cfg.Interval()
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
 	g.provider.Shares = cfg.shares()
+	g.tok.limit = cfg.MaxInflightTokens
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
-			ml.lane.Limit, ml.interval, ml.capCfg = slots.Unlimited, 0, 0
+			ml.lane.Limit, ml.interval, ml.capCfg, ml.tok.limit = slots.Unlimited, 0, 0, 0
 			g.dropIfIdleLocked(ml)
 		}
 	}
@@ -56,6 +58,7 @@ func (g *Gate) applyLocked(cfg Config) {
 		}
 		ml.configured = true
 		ml.lane.Limit, ml.capCfg = limitOf(m.MaxConcurrentRequests), m.MaxConcurrentRequests
+		ml.tok.limit = m.MaxInflightTokens
 		ml.interval = cfg.ModelInterval(name)
 	}
 	// Keys keep their lanes (and so their holders) by id; a key no longer

@@ -1,6 +1,12 @@
 package pacing
 
-import "github.com/inflight-go/inflight/slots"
+import (
+	"context"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
 
 // The caps a Gate names in a refusal's slots.LimitError.Cap: which one
 // kept the request from starting. Its InFlight and Limit are that cap's
@@ -11,19 +17,24 @@ const (
 	CapAPIKey   = "api_key"  // every key of the pool at its cap, or out of quota
 	CapPacing   = "pacing"   // the spacing of starts (requests per minute, min interval)
 	CapPause    = "pause"    // a pause the upstream asked for (its Retry-After)
+	// CapTokens and CapModelTokens (tokens.go) are the caps on tokens.
 )
 
-// bindingLocked names what keeps a request for ml from starting now, as
-// dispatchLocked tries them, with that cap's holders and limit: the
-// provider's cap, the model's, the key pool, a pause the upstream asked
-// for, the spacing of starts. A request that could start but for those
+// bindingLocked names what keeps a request for ml weighing n tokens from
+// starting now, as dispatchLocked tries them, with that cap's holders (or
+// tokens) and limit: the provider's cap, the model's, their tokens, the
+// key pool, a pause the upstream asked for, the spacing of starts. A request that could start but for those
 // ahead of it in the queue waited for the provider's cap.
-func (g *Gate) bindingLocked(ml *modelLane, now int64) (name string, inFlight, limit int) {
+func (g *Gate) bindingLocked(ml *modelLane, n int, now int64) (name string, inFlight, limit int) {
 	switch {
 	case !g.provider.HasRoom():
 		return CapProvider, g.provider.Holders.Len(), g.provider.Limit
 	case !ml.lane.HasRoom():
 		return CapModel, ml.lane.Holders.Len(), ml.lane.Limit
+	case !g.tok.fits(n):
+		return CapTokens, g.tok.held, g.tok.limit
+	case !ml.tok.fits(n):
+		return CapModelTokens, ml.tok.held, ml.tok.limit
 	case len(g.keys) > 0 && g.pickKeyLocked(now) == nil:
 		for _, k := range g.keys {
 			inFlight += k.lane.Holders.Len()
@@ -44,4 +55,40 @@ func addLimits(a, b int) int {
 		return slots.Unlimited
 	}
 	return a + b
+}
+
+// rejectLocked builds a rejection with a Retry-After from when a slot or a
+// start is next expected; report it with rejected once unlocked.
+func (g *Gate) rejectLocked(reason error, ml *modelLane, n int, now int64) *core.Rejection {
+	g.rejects++
+	var wait time.Duration // the wait a caller timed out in may be spent queued again
+	if reason == slots.ErrWaitTimeout {
+		wait = g.cfg.QueueWait()
+	}
+	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit), wait)
+	rej.Cap = CapProvider
+	if reason == slots.ErrWaitTimeout {
+		rej.Cap, rej.InFlight, rej.Limit = g.bindingLocked(ml, n, now)
+	}
+	ra := rej.RetryAfter
+	next := int64(0)
+	if g.started {
+		next = g.next
+	}
+	if ml.interval > 0 && ml.started {
+		next = max(next, ml.next)
+	}
+	if next > now {
+		// Rounded up: a client that honours it does not come back early.
+		ra = max(ra, (time.Duration(next-now) + time.Millisecond - 1).Truncate(time.Millisecond))
+	}
+	rej.RetryAfter = ra
+	return rej
+}
+
+// rejected reports a rejection decided under the lock, now released, of a
+// caller that waited wait under ctx.
+func (g *Gate) rejected(ctx context.Context, rej *core.Rejection, wait time.Duration) error {
+	g.eng.Rejected(ctx, rej.Err, wait)
+	return (*slots.LimitError)(rej)
 }

@@ -18,10 +18,16 @@ type Status struct {
 	// provider's, whichever binds.
 	WaitingByModel map[string]int
 	ByKey          map[string]int // in flight per API key
-	NextStartIn    time.Duration  // until the provider's next start is allowed (0: now)
-	LastStart      time.Time      // the provider's last granted start (zero: none yet)
-	Rejected       uint64         // queue full or wait timeout
-	Bypassed       uint64         // proceeded without a slot after the queue wait ("proceed")
+	// Tokens are the tokens of the requests in flight (AcquireN; a request
+	// of Acquire weighs one), in all and per model with any; TokenLimit is
+	// Config.MaxInflightTokens (0: none).
+	Tokens        int
+	TokenLimit    int
+	TokensByModel map[string]int
+	NextStartIn   time.Duration // until the provider's next start is allowed (0: now)
+	LastStart     time.Time     // the provider's last granted start (zero: none yet)
+	Rejected      uint64        // queue full or wait timeout
+	Bypassed      uint64        // proceeded without a slot after the queue wait ("proceed")
 	// DoubleReleases counts Release calls on a slot already released, or
 	// on a copy of a Slot: misuse, which frees nothing.
 	DoubleReleases uint64
@@ -34,6 +40,7 @@ func (g *Gate) Status() Status {
 	defer g.mu.Unlock()
 	now := g.eng.Clock.Nanos()
 	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, WaitingByModel: map[string]int{}, ByKey: map[string]int{},
+		Tokens: g.tok.held, TokenLimit: g.tok.limit, TokensByModel: map[string]int{},
 		Rejected: g.rejects, Bypassed: g.bypassed, DoubleReleases: g.eng.Misuses()}
 	by, top := g.provider.Waiters.Top(slots.TopFlowsMax)
 	st.Queue = slots.QueueStats{Waiting: st.Queued, Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
@@ -43,6 +50,7 @@ func (g *Gate) Status() Status {
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n
+			st.TokensByModel[name] = ml.tok.held
 		}
 		if ml.waiting > 0 {
 			st.WaitingByModel[name] = ml.waiting

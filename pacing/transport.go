@@ -249,7 +249,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 			return nil, err
 		}
 	}
-	x.grant, err = t.gate.Acquire(ctx, x.model)
+	x.grant, err = t.gate.AcquireN(ctx, x.model, tokenCount(ctx))
 	if err != nil {
 		x.caps.Release() // before the Trace hears of it
 		x.caps = nil

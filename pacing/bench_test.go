@@ -1,0 +1,56 @@
+package pacing_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// BenchmarkGateAcquireRelease is the uncontended cost of a Gate's
+// admission (a provider cap of 8, no pacing), beside a Limiter's, the
+// floor of any admission with a Slot; "tokens" weighs each request 10 of a
+// token cap of 1,000.
+func BenchmarkGateAcquireRelease(b *testing.B) {
+	ctx := context.Background()
+	b.Run("gate", func(b *testing.B) {
+		g, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 8})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			gt, err := g.Acquire(ctx, "m")
+			if err != nil {
+				b.Fatal(err)
+			}
+			gt.Slot.Release()
+		}
+	})
+	b.Run("gate-tokens", func(b *testing.B) {
+		g, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 8, MaxInflightTokens: 1000})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			gt, err := g.AcquireN(ctx, "m", 10)
+			if err != nil {
+				b.Fatal(err)
+			}
+			gt.Slot.Release()
+		}
+	})
+	b.Run("limiter", func(b *testing.B) {
+		l := slots.NewLimiter(8)
+		b.ReportAllocs()
+		for b.Loop() {
+			s, err := l.Acquire(ctx)
+			if err != nil {
+				b.Fatal(err)
+			}
+			s.Release()
+		}
+	})
+}

@@ -1,0 +1,139 @@
+package pacing
+
+// Requests that weigh tokens: Gate.AcquireN and the token caps
+// (Config.MaxInflightTokens, ModelConfig.MaxInflightTokens).
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// The caps on tokens a Gate names in a refusal's slots.LimitError.Cap.
+const (
+	CapTokens      = "tokens"       // the provider's tokens in flight (Config.MaxInflightTokens)
+	CapModelTokens = "model_tokens" // the model's (ModelConfig.MaxInflightTokens)
+)
+
+// tokens counts the tokens of the requests in flight under one cap.
+type tokens struct {
+	held  int
+	limit int // 0: no cap
+}
+
+// fits reports whether n more tokens fit under the cap.
+func (t tokens) fits(n int) bool { return t.limit == 0 || n <= t.limit-t.held }
+
+// AcquireN is Acquire for a request that weighs n tokens (its prompt and
+// the most it may answer, as estimated by the caller): besides the caps on
+// requests, it takes n of the provider's and the model's tokens in flight
+// (Config.MaxInflightTokens, ModelConfig.MaxInflightTokens), which its
+// Slot frees with the rest. Acquire weighs one token.
+//
+// Order stays strict on the token caps: a request waiting for tokens of
+// the provider keeps every request after it from them, and one waiting for
+// its model's tokens keeps that model's later requests from them, so it is
+// served as soon as enough are free. A request heavier than a token cap
+// could wait forever: it is refused at once with a *slots.LimitError
+// wrapping slots.ErrExceedsLimit (Cap CapTokens or CapModelTokens), or
+// while it waits when Reconfigure lowers the cap below it. n outside
+// 1..slots.MaxUnits fails with slots.ErrBadUnits.
+func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error) {
+	if n < 1 || n > slots.MaxUnits {
+		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)
+		return Grant{}, fmt.Errorf("%w: %d (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
+	}
+	return g.acquire(ctx, model, n)
+}
+
+// tooHeavyLocked names the token cap that can never hold n tokens of a
+// request for ml, with the cap's tokens held and its limit, or returns "".
+func (g *Gate) tooHeavyLocked(ml *modelLane, n int) (name string, held, limit int) {
+	switch {
+	case g.tok.limit > 0 && n > g.tok.limit:
+		return CapTokens, g.tok.held, g.tok.limit
+	case ml.tok.limit > 0 && n > ml.tok.limit:
+		return CapModelTokens, ml.tok.held, ml.tok.limit
+	}
+	return "", 0, 0
+}
+
+// exceedsLocked builds the refusal of a request for ml weighing n tokens
+// that a token cap can never hold.
+func (g *Gate) exceedsLocked(ml *modelLane, n int, now int64) *core.Rejection {
+	rej := g.rejectLocked(slots.ErrExceedsLimit, ml, n, now)
+	rej.Cap, rej.InFlight, rej.Limit = g.tooHeavyLocked(ml, n)
+	rej.RetryAfter = 0 // coming back cannot help
+	return rej
+}
+
+// refuseHeavyLocked refuses the waiters that a token cap, lowered by
+// Reconfigure, can no longer hold, leaving them in wk to be woken.
+func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
+	var heavy []*core.Waiter
+	for _, c := range core.Order {
+		for el := range g.provider.Waiters.Class(c) {
+			gr := el.Value.Hold.Owner.(*grant)
+			if name, _, _ := g.tooHeavyLocked(gr.model, int(gr.units)); name != "" {
+				heavy = append(heavy, el.Value)
+			}
+		}
+	}
+	for _, w := range heavy {
+		g.provider.Waiters.Remove(&w.Elem)
+		ml := w.Hold.Owner.(*grant).model
+		ml.waiting--
+		wk.Refuse(w)
+	}
+}
+
+// tokensFit is the token part of nextLocked's choice, for one pass over
+// the queue in its order: whether w's tokens fit. The first request that
+// does not fit the provider's tokens stops the pass, the first that does
+// not fit its model's stops that model's; so none passes a request waiting
+// for tokens.
+type tokensFit struct {
+	stopped bool
+	models  []*modelLane // models whose tokens a waiter waits for
+}
+
+func (t *tokensFit) ok(g *Gate, w *core.Waiter) bool {
+	gr := w.Hold.Owner.(*grant)
+	ml := gr.model
+	for _, m := range t.models {
+		if m == ml {
+			return false
+		}
+	}
+	n := int(gr.units)
+	if !g.tok.fits(n) {
+		t.stopped = true
+		return false
+	}
+	if !ml.tok.fits(n) {
+		t.models = append(t.models, ml)
+		return false
+	}
+	return true
+}
+
+type tokensKey struct{}
+
+// WithTokenCount returns a context under which a Transport admits its
+// request as weighing n tokens (Gate.AcquireN): for a server that has
+// counted the request's tokens (its prompt, and the most it may answer).
+// Without it a request weighs one.
+func WithTokenCount(ctx context.Context, n int) context.Context {
+	return context.WithValue(ctx, tokensKey{}, n)
+}
+
+// tokenCount returns the tokens ctx says a request weighs (1 without
+// WithTokenCount).
+func tokenCount(ctx context.Context) int {
+	if n, ok := ctx.Value(tokensKey{}).(int); ok {
+		return n
+	}
+	return 1
+}
