@@ -73,9 +73,12 @@ type grant struct {
 	key   *keyLane
 	idx   [3]int32
 	units int32 // the tokens it weighs (AcquireN); beside idx, in its padding
-	n     int   // the provider's requests in flight at the start, this one included
-	keyN  int   // the same for its key
-	mN    int   // the same for its model
+	// refused is the refusal of a waiter that a lowered token cap can no
+	// longer hold, made then (refuseHeavyLocked); read after its wake.
+	refused *core.Rejection
+	n       int // the provider's requests in flight at the start, this one included
+	keyN    int // the same for its key
+	mN      int // the same for its model
 	// The start times as they were before this grant, put back if the grant
 	// is given back (its caller's context ended as it came) and no later
 	// grant has moved them: a start that never happened takes no interval.
@@ -217,7 +220,7 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 	start := now // h.At is the grant's once queued
 	gr.model = g.modelLocked(model)
 	if name, _, _ := g.tooHeavyLocked(gr.model, n); name != "" {
-		rej := g.exceedsLocked(gr.model, n, now)
+		rej := g.exceedsLocked(gr.model, n)
 		g.dropIfIdleLocked(gr.model)
 		g.mu.Unlock()
 		return Grant{}, g.rejected(ctx, rej, 0)
@@ -236,11 +239,10 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 		gr.model.waiting--
 		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, n, now)
 		g.dropIfIdleLocked(gr.model)
-		if g.provider.Shares != nil {
-			// Its class may have stopped waiting, and stopped keeping its
-			// minimum share from the others.
-			g.dispatchLocked(now, &wk)
-		}
+		// Its class may have stopped waiting, and stopped keeping its
+		// minimum share from the others; a request waiting for tokens
+		// that leaves stops holding back the ones after it.
+		g.dispatchLocked(now, &wk)
 		g.mu.Unlock()
 		wk.Wake()
 		return Grant{}, g.rejected(ctx, rej, 0)
@@ -272,10 +274,9 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 		return Grant{}, g.eng.Canceled(ctx, g.eng.Since(start))
 	case core.OutRefused: // a token cap was lowered below it
 		g.mu.Lock()
-		rej := g.exceedsLocked(gr.model, n, g.eng.Clock.Nanos())
 		g.dropIfIdleLocked(gr.model)
 		g.mu.Unlock()
-		return Grant{}, g.rejected(ctx, rej, g.eng.Since(start))
+		return Grant{}, g.rejected(ctx, gr.refused, g.eng.Since(start)) // made when it was refused
 	}
 	// The wait expired.
 	g.mu.Lock()
@@ -319,11 +320,10 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	ml := w.Hold.Owner.(*grant).model
 	ml.waiting--
 	g.dropIfIdleLocked(ml)
-	if g.provider.Shares != nil {
-		// A class that stops waiting stops keeping its minimum share from
-		// the others, which may now start.
-		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
-	}
+	// A class that stops waiting stops keeping its minimum share from the
+	// others, and a request waiting for tokens stops holding back the ones
+	// after it: they may now start.
+	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	return true
 }
 

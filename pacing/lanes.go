@@ -91,7 +91,9 @@ func (g *Gate) modelLocked(model string) *modelLane {
 
 // dropIfIdleLocked forgets an unconfigured model's lane once nothing uses it.
 func (g *Gate) dropIfIdleLocked(ml *modelLane) {
-	if !ml.configured && ml.lane.Holders.Len() == 0 && ml.waiting == 0 {
+	// Only the lane the map holds: one a refused waiter still points to
+	// may have been replaced by a new lane of the same name meanwhile.
+	if !ml.configured && ml.lane.Holders.Len() == 0 && ml.waiting == 0 && g.models[ml.name] == ml {
 		delete(g.models, ml.name)
 	}
 }

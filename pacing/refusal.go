@@ -46,6 +46,18 @@ func (g *Gate) bindingLocked(ml *modelLane, n int, now int64) (name string, inFl
 	case g.started && g.next > now, ml.interval > 0 && ml.started && ml.next > now:
 		return CapPacing, g.provider.Holders.Len(), g.provider.Limit
 	}
+	// Behind a request that waits for tokens, which none may pass.
+	for _, c := range core.Order {
+		for el := range g.provider.Waiters.Class(c) {
+			gr := el.Value.Hold.Owner.(*grant)
+			switch n := int(gr.units); {
+			case !g.tok.fits(n):
+				return CapTokens, g.tok.held, g.tok.limit
+			case gr.model == ml && !ml.tok.fits(n):
+				return CapModelTokens, ml.tok.held, ml.tok.limit
+			}
+		}
+	}
 	return CapProvider, g.provider.Holders.Len(), g.provider.Limit
 }
 

@@ -26,7 +26,7 @@ type Status struct {
 	TokensByModel map[string]int
 	NextStartIn   time.Duration // until the provider's next start is allowed (0: now)
 	LastStart     time.Time     // the provider's last granted start (zero: none yet)
-	Rejected      uint64        // queue full or wait timeout
+	Rejected      uint64        // queue full, wait timeout, or heavier than a token cap
 	Bypassed      uint64        // proceeded without a slot after the queue wait ("proceed")
 	// DoubleReleases counts Release calls on a slot already released, or
 	// on a copy of a Slot: misuse, which frees nothing.

@@ -61,17 +61,21 @@ func (g *Gate) tooHeavyLocked(ml *modelLane, n int) (name string, held, limit in
 }
 
 // exceedsLocked builds the refusal of a request for ml weighing n tokens
-// that a token cap can never hold.
-func (g *Gate) exceedsLocked(ml *modelLane, n int, now int64) *core.Rejection {
-	rej := g.rejectLocked(slots.ErrExceedsLimit, ml, n, now)
+// that a token cap can never hold: no Retry-After (coming back cannot
+// help), and none counted among the returns told to the others refused.
+func (g *Gate) exceedsLocked(ml *modelLane, n int) *core.Rejection {
+	g.rejects++
+	rej := &core.Rejection{Err: slots.ErrExceedsLimit, Key: g.name + "/" + ml.name, Queued: g.provider.Waiters.Len()}
 	rej.Cap, rej.InFlight, rej.Limit = g.tooHeavyLocked(ml, n)
-	rej.RetryAfter = 0 // coming back cannot help
 	return rej
 }
 
 // refuseHeavyLocked refuses the waiters that a token cap, lowered by
 // Reconfigure, can no longer hold, leaving them in wk to be woken.
 func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
+	if g.isClosed {
+		return // its waiters fail with ErrGateClosed
+	}
 	var heavy []*core.Waiter
 	for _, c := range core.Order {
 		for el := range g.provider.Waiters.Class(c) {
@@ -83,8 +87,9 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 	}
 	for _, w := range heavy {
 		g.provider.Waiters.Remove(&w.Elem)
-		ml := w.Hold.Owner.(*grant).model
-		ml.waiting--
+		gr := w.Hold.Owner.(*grant)
+		gr.model.waiting--
+		gr.refused = g.exceedsLocked(gr.model, int(gr.units))
 		wk.Refuse(w)
 	}
 }

@@ -237,3 +237,24 @@ func TestGateTokensHammer(t *testing.T) {
 	assert.Positive(t, admitted.Load())
 	t.Logf("%d admitted, %d refused", admitted.Load(), refused.Load())
 }
+
+// A token count out of range is refused by the Transport before any wait,
+// and the upstream never sees the request.
+func TestTransportRefusesABadTokenCount(t *testing.T) {
+	g := newGate(t, pacing.Config{MaxInflightTokens: 100})
+	var sent atomic.Int32
+	base := roundTripFunc(func(req *http.Request) (*http.Response, error) {
+		sent.Add(1)
+		return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
+	})
+	client := &http.Client{Transport: pacing.NewTransport(base, g)}
+	for _, n := range []int{0, -5} {
+		ctx := pacing.WithModelName(pacing.WithTokenCount(context.Background(), n), "m")
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://upstream.test/v1/chat/completions", nil)
+		require.NoError(t, err)
+		_, err = client.Do(req)
+		assert.ErrorIs(t, err, slots.ErrBadUnits)
+	}
+	assert.Zero(t, sent.Load())
+	assert.Equal(t, 0, g.Status().InFlight)
+}

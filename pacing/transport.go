@@ -230,6 +230,12 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		x.grant, x.caps = Grant{}, nil
 	}()
 	start := time.Now()
+	n := tokenCount(ctx)
+	if n < 1 || n > slots.MaxUnits { // before any wait: no cap could take it
+		err := fmt.Errorf("%w: %d tokens (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
+		tr.refused(err)
+		return nil, err
+	}
 	if t.caps != nil {
 		keys := []string{"provider"}
 		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
@@ -249,7 +255,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 			return nil, err
 		}
 	}
-	x.grant, err = t.gate.AcquireN(ctx, x.model, tokenCount(ctx))
+	x.grant, err = t.gate.AcquireN(ctx, x.model, n)
 	if err != nil {
 		x.caps.Release() // before the Trace hears of it
 		x.caps = nil

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -18,18 +17,6 @@ func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 	return r.acquireOne(nil, key, 1)
 }
 
-// TryAcquireN is TryAcquire for a Slot that weighs n units of key's limit
-// (tokens, bytes: what a request costs), all freed by its Release. It fails
-// with slots.ErrBadUnits for n out of 1..slots.MaxUnits, and with a
-// *slots.LimitError wrapping slots.ErrExceedsLimit if n is more than the
-// key's limit can ever admit.
-func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
-	if err := r.checkUnits(nil, n); err != nil {
-		return nil, err
-	}
-	return r.acquireOne(nil, key, n)
-}
-
 // Acquire admits a Slot under key, waiting in arrival order while the key is
 // full. It fails like slots.Limiter.Acquire: *slots.LimitError (queue full,
 // wait timeout), an error wrapping ctx.Err(), or slots.ErrNilContext; with
@@ -41,35 +28,6 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 		return nil, slots.ErrNilContext
 	}
 	return r.acquireOne(ctx, key, 1)
-}
-
-// AcquireN is Acquire for a Slot that weighs n units of key's limit. As
-// with slots.Limiter.AcquireN, order is strict: while it waits for n
-// units, later callers of the key do not take them. Besides Acquire's
-// failures it fails with slots.ErrBadUnits for n out of
-// 1..slots.MaxUnits, and with a *slots.LimitError wrapping
-// slots.ErrExceedsLimit if n is more than the key's limit can ever admit:
-// at once, or while it waits, when the key's limit is lowered below n (a
-// limit of 0 pauses and refuses nobody).
-func (r *Registry[K]) AcquireN(ctx context.Context, key K, n int) (*slots.Slot, error) {
-	if ctx == nil {
-		r.eng.Rejected(nil, slots.ErrNilContext, 0)
-		return nil, slots.ErrNilContext
-	}
-	if err := r.checkUnits(ctx, n); err != nil {
-		return nil, err
-	}
-	return r.acquireOne(ctx, key, n)
-}
-
-// checkUnits returns the error for n units out of range (and reports the
-// rejection), or nil.
-func (r *Registry[K]) checkUnits(ctx context.Context, n int) error {
-	if n >= 1 && n <= slots.MaxUnits {
-		return nil
-	}
-	r.eng.Rejected(ctx, slots.ErrBadUnits, 0)
-	return fmt.Errorf("%w: %d (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
 }
 
 // endedLocked reports whether ctx (nil: a call that does not wait) has

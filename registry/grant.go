@@ -1,6 +1,7 @@
 package registry
 
 import (
+	"math"
 	"slices"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -91,7 +92,7 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K], also []int) ([]int, []*e
 // multi-key waiters, multiMu and their shards too (lockForGrant).
 func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 	var now int64
-	if len(entries) == 1 && entries[0].lane.Multi == 0 {
+	if len(entries) == 1 && entries[0].lane.Multi == 0 && entries[0].lane.Waiters.Heavy() == 0 {
 		e := entries[0]
 		for w := e.lane.Candidate(nil); w != nil; w = e.lane.Candidate(nil) {
 			if now == 0 {
@@ -139,28 +140,73 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 // first in e's order that no older multi-key waiter keeps the slot from
 // and that, if it needs other keys too, may take a slot of each.
 func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
-	stop := false
+	keptFrom := r.keptFromLocked(e)
 	return e.lane.Candidate(func(w *core.Waiter) bool {
-		if stop {
+		if keptFrom != nil && kept(e, keptFrom, w) {
 			return false
 		}
 		n := w.Hold.Units()
 		m, multi := w.Hold.Owner.(*multi[K])
 		if blockedLocked(e, w.Class, w.Seq, n) {
-			// A heavy waiter of e alone that the units kept for older
-			// waiters leave out keeps its place: nobody after it passes.
-			stop = n > 1 && !multi
 			return false
 		}
 		return !multi || m.canTake(w.Class, w.Seq, n)
 	})
 }
 
+// keptFromLocked returns, per class, the arrival of the oldest waiter of e
+// alone that weighs more than one unit and cannot take its units now (or
+// is left out by units kept for an urgent multi-key waiter); nil when
+// there is none. Such a waiter keeps its place (see kept). It is found
+// over the whole queue, in no particular order, so that whom it holds
+// back does not depend on whose turn comes first: a flow that leaves
+// changes the turns, never that.
+func (r *Registry[K]) keptFromLocked(e *entry[K]) *[core.NumClasses]uint64 {
+	if e.lane.Waiters.Heavy() == 0 {
+		return nil
+	}
+	var from *[core.NumClasses]uint64
+	for _, c := range core.Order {
+		for el := range e.lane.Waiters.Class(c) {
+			w := el.Value
+			if _, multi := w.Hold.Owner.(*multi[K]); multi || w.Hold.Extra == 0 {
+				continue
+			}
+			n := w.Hold.Units()
+			if e.lane.CanTake(c, n) && !blockedLocked(e, c, w.Seq, n) {
+				continue
+			}
+			if from == nil {
+				from = &[core.NumClasses]uint64{math.MaxUint64, math.MaxUint64, math.MaxUint64}
+			}
+			from[c] = min(from[c], w.Seq)
+		}
+	}
+	return from
+}
+
+// kept reports whether w must leave e's units to a heavy waiter that keeps
+// its place (from, by keptFromLocked): one of its class that came before
+// it, or of a higher class, unless w's class is owed its share
+// (WithShare). A lower class's never holds back a higher class.
+// Only callers that came before such a waiter may pass it, so it waits
+// for a bounded set of them, and two waiters that keep units for each
+// other (it, and an older multi-key waiter passed over too often) cannot
+// hold each other back.
+func kept[K comparable](e *entry[K], from *[core.NumClasses]uint64, w *core.Waiter) bool {
+	for c, seq := range from {
+		if w.Seq > seq && (uint8(c) == w.Class || core.Rank(uint8(c)) < core.Rank(w.Class) && !e.lane.Short(w.Class)) {
+			return true
+		}
+	}
+	return false
+}
+
 // canTake reports whether m's waiter, of class c and arrival seq, may take
 // n units of every key it needs now.
 func (m *multi[K]) canTake(c uint8, seq uint64, n int) bool {
 	for _, e := range m.entries {
-		if !e.lane.CanTake(c, n) || blockedLocked(e, c, seq, n) || heavyAheadLocked(e, c, seq) {
+		if !e.lane.CanTake(c, n) || blockedLocked(e, c, seq, n) || heavyAheadLocked(e, c, seq) && !e.lane.Short(c) {
 			return false
 		}
 	}

@@ -386,7 +386,7 @@ type Stats struct {
 	Bypassed       uint64 // fail-open admissions without capacity
 	LimitReached   uint64 // TryAcquire rejections
 	QueueFull      uint64
-	ExceedsLimit   uint64 // N-method rejections: more units than a key's limit can hold
+	ExceedsLimit   uint64 // callers heavier than a key's limit could ever hold (weighted admissions)
 	WaitTimeouts   uint64
 	Canceled       uint64
 	InvalidKeys    uint64

@@ -130,22 +130,13 @@ func admitsLocked[K comparable](e *entry[K], c uint8, n int) bool {
 	if e.lane.Multi == 0 {
 		return e.lane.Admits(c, n)
 	}
-	return e.lane.CanTake(c, n) && !heavyAheadLocked(e, c, newcomer) && !blockedLocked(e, c, newcomer, n)
+	return e.lane.CanTake(c, n) && !(heavyAheadLocked(e, c, newcomer) && !e.lane.Short(c)) && !blockedLocked(e, c, newcomer, n)
 }
 
 // TryAcquireAll is AcquireAll without waiting: it admits under every key if
 // all have room, or fails with a *slots.LimitError naming the first full key.
 func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 	return r.acquireAll(nil, keys, 1)
-}
-
-// TryAcquireAllN is TryAcquireAll for a Slot that weighs n units of every
-// key's limit; see AcquireAllN.
-func (r *Registry[K]) TryAcquireAllN(n int, keys ...K) (*slots.Slot, error) {
-	if err := r.checkUnits(nil, n); err != nil {
-		return nil, err
-	}
-	return r.acquireAll(nil, keys, n)
 }
 
 // AcquireAll admits one Slot under every key, all or nothing: the Slot holds
@@ -174,23 +165,6 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 		return nil, slots.ErrNilContext
 	}
 	return r.acquireAll(ctx, keys, 1)
-}
-
-// AcquireAllN is AcquireAll for a Slot that weighs n units of every key's
-// limit (a request's tokens under its tenant's, its model's and its
-// provider's caps), all freed by its Release. Its failures are AcquireN's,
-// the key named being the one that refused; a key whose limit can never
-// admit n refuses it at once, or while it waits, once the key's limit is
-// lowered below n.
-func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots.Slot, error) {
-	if ctx == nil {
-		r.eng.Rejected(nil, slots.ErrNilContext, 0)
-		return nil, slots.ErrNilContext
-	}
-	if err := r.checkUnits(ctx, n); err != nil {
-		return nil, err
-	}
-	return r.acquireAll(ctx, keys, n)
 }
 
 func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.Slot, error) {

@@ -28,13 +28,6 @@
 // whose keys are all free. TryAcquire never passes a waiter that could be
 // served.
 //
-// AcquireN, TryAcquireN and AcquireAllN take n units of each key's limit
-// (a request's tokens, under its tenant's and its model's caps); InFlight
-// and Stats count units, and the rules of slots.Limiter.AcquireN hold per
-// key: strict order, a caller heavier than a key's limit refused with
-// slots.ErrExceedsLimit. A waiting AcquireAllN is passed at most MaxPassed
-// times as above, then each of its keys keeps its n units for it.
-//
 // Keys are spread over lock shards by hash, so unrelated keys rarely contend.
 package registry
 

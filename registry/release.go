@@ -13,7 +13,11 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 	var wk core.Wakes
 	sh := e.shard
 	sh.mu.Lock()
-	if (r.eng.Shares != nil || w.Hold.Extra != 0) && e.lane.Multi > 0 {
+	// Beside heavy waiters any withdrawal may unblock one: a heavy one
+	// stops keeping free units, and a flow that leaves changes whose turn
+	// comes first (candidateLocked keeps a heavy waiter's place by arrival).
+	serve := r.eng.Shares != nil || e.lane.Waiters.Heavy() > 0
+	if serve && e.lane.Multi > 0 {
 		// Serving the waiters a withdrawal may unblock takes multiMu.
 		sh.mu.Unlock()
 		return r.withdrawShared([]*entry[K]{e}, w, nil)
@@ -22,11 +26,11 @@ func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
 		sh.mu.Unlock()
 		return false
 	}
-	if r.eng.Shares != nil || w.Hold.Extra != 0 {
+	if serve {
 		// Its class may have stopped waiting here, and stopped keeping its
-		// minimum share from the others; a heavy waiter stops keeping free
-		// units from the callers after it. With no multi-key waiter (Multi
-		// stays 0 under this lock) they are all served here.
+		// minimum share from the others; see above for heavy waiters. With
+		// no multi-key waiter (Multi stays 0 under this lock) they are all
+		// served here.
 		r.grantLocked([]*entry[K]{e}, &wk)
 	}
 	sh.dropIfIdleLocked(r, e)
@@ -192,6 +196,10 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 // rejectLocked builds a rejection for key, from its entry e or, for a key
 // that is not live, its limit.
 func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) *core.Rejection {
+	if e != nil && reason == slots.ErrExceedsLimit {
+		// Coming back cannot help: no return told (core.Lane.Told).
+		return r.eng.Reject(reason, keyString(key), e.lane.Holders.Units(), e.lane.Limit, e.lane.Waiters.Len())
+	}
 	if e != nil {
 		var wait time.Duration // the wait a caller timed out in may be spent queued again
 		if reason == slots.ErrWaitTimeout {

@@ -28,37 +28,34 @@ func (r *Registry[K]) servableWaiter() string {
 	var msg string
 	for i := range r.shards {
 		r.shards[i].lanes.each(func(e *entry[K]) {
-			// The rule of core.Lane.Candidate with candidateLocked's
-			// check: a heavy waiter that cannot take its units keeps its
-			// place (only classes short of their share pass it), and one
-			// for this key alone left out by units kept for an urgent
-			// multi-key waiter holds back everyone after it.
-			owedOnly := false
-		classes:
-			for _, c := range core.Order {
-				if !e.lane.CanTake(c, 1) || owedOnly && !e.lane.Short(c) {
-					continue
-				}
-				for el := range e.lane.Waiters.Class(c) {
-					w := el.Value
-					n := w.Hold.Units()
-					m, multi := w.Hold.Owner.(*multi[K])
-					if blockedLocked(e, c, w.Seq, n) {
-						if n > 1 && !multi {
-							break classes
-						}
-						continue // held back for an older multi-key waiter
-					}
-					if multi && !m.canTake(c, w.Seq, n) {
+			if e.lane.Waiters.Heavy() == 0 {
+				// Every waiter weighs one: any that may take a slot of
+				// every key it needs, and that no older multi-key waiter
+				// keeps the slot from, could be served.
+				for c := range core.NumClasses {
+					if !e.lane.CanTake(c, 1) {
 						continue
 					}
-					if !e.lane.CanTake(c, n) {
-						owedOnly = true
-						break
+					for el := range e.lane.Waiters.Class(c) {
+						w := el.Value
+						if blockedLocked(e, c, w.Seq, 1) {
+							continue
+						}
+						if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c, w.Seq, 1) {
+							continue
+						}
+						msg += fmt.Sprintf("key %v: a class %d waiter could be served (limit %d, %d holders, %d waiting)\n",
+							e.key, c, e.lane.Limit, e.lane.Holders.Len(), e.lane.Waiters.Len())
 					}
-					msg += fmt.Sprintf("key %v: a class %d waiter of %d units could be served (limit %d, %d units held, %d waiting)\n",
-						e.key, c, n, e.lane.Limit, e.lane.Holders.Units(), e.lane.Waiters.Len())
 				}
+				return
+			}
+			// With heavier waiters, what the grant loop would choose now
+			// (candidateLocked; its rules are tested apart).
+			w := r.candidateLocked(e)
+			if w != nil {
+				msg += fmt.Sprintf("key %v: a class %d waiter of %d units could be served (limit %d, %d units held, %d waiting)\n",
+					e.key, w.Class, w.Hold.Units(), e.lane.Limit, e.lane.Holders.Units(), e.lane.Waiters.Len())
 			}
 		})
 	}

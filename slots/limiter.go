@@ -112,7 +112,7 @@ func (l *Limiter) tryAcquire(n int) (*Slot, error) {
 		} else {
 			l.stats.LimitReached++
 		}
-		rej := e.RejectLane(reason, "", &l.lane)
+		rej := l.rejectLocked(reason)
 		l.mu.Unlock()
 		e.Rejected(nil, reason, 0)
 		return nil, (*LimitError)(rej)
@@ -187,7 +187,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 		h.Class = place.Class
 	}
 	if reason := l.refusalLocked(place, n); reason != nil {
-		rej := e.RejectLane(reason, "", &l.lane)
+		rej := l.rejectLocked(reason)
 		l.mu.Unlock()
 		e.Rejected(ctx, reason, 0)
 		return nil, (*LimitError)(rej)
@@ -216,7 +216,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 		return nil, e.Canceled(ctx, e.Since(start))
 	case core.OutRefused:
 		l.mu.Lock() // counted by the SetLimit that refused it
-		rej := e.RejectLane(ErrExceedsLimit, "", &l.lane)
+		rej := l.rejectLocked(ErrExceedsLimit)
 		l.mu.Unlock()
 		e.Rejected(ctx, ErrExceedsLimit, e.Since(start))
 		return nil, (*LimitError)(rej)
@@ -240,6 +240,16 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	return nil, (*LimitError)(rej)
 }
 
+// rejectLocked builds the rejection of a caller that may not queue, for
+// reason: one heavier than the limit tells no return (core.Lane.Told),
+// since coming back cannot help.
+func (l *Limiter) rejectLocked(reason error) *core.Rejection {
+	if reason == ErrExceedsLimit {
+		return l.engine().Reject(reason, "", l.lane.Holders.Units(), l.lane.Limit, l.lane.Waiters.Len())
+	}
+	return l.engine().RejectLane(reason, "", &l.lane)
+}
+
 // refusalLocked returns why a caller at place, weighing n units, that
 // cannot be admitted now may not queue either (and counts it), or nil.
 func (l *Limiter) refusalLocked(place core.Place, n int) error {
@@ -258,11 +268,13 @@ func (l *Limiter) refusalLocked(place core.Place, n int) error {
 func (l *Limiter) withdraw(w *core.Waiter) bool {
 	var wk core.Wakes
 	l.mu.Lock()
+	heavy := l.lane.Waiters.Heavy() > 0 // before w leaves: it may be the one
 	ok := l.lane.Withdraw(w)
-	if ok && (l.lane.Shares != nil || w.Hold.Extra != 0) {
+	if ok && (l.lane.Shares != nil || heavy) {
 		// A class that stops waiting stops keeping its minimum share from
 		// the others, which may now take it; a heavy waiter that leaves
-		// stops keeping free units from the waiters after it.
+		// stops keeping free units from the waiters after it, and beside
+		// one a flow that leaves changes whose turn comes first.
 		l.grantLocked(&wk)
 	}
 	l.mu.Unlock()

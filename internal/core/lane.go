@@ -198,7 +198,7 @@ func (ln *Lane) CanTake(c uint8, n int) bool {
 	if ln.Shares == nil {
 		return true
 	}
-	g := ln.guarantees(c, true)
+	g := ln.guarantees(c, false)
 	above, below, own := ln.owed(c, &g, ln.Holders.ClassUnits)
 	// What is left free once it took n: as if it took them one at a time.
 	return free-n >= above && (n <= own || free-n >= above+below)
@@ -224,14 +224,14 @@ func (ln *Lane) owed(c uint8, g *[NumClasses]int, held func(uint8) int) (above, 
 
 // guarantees returns g(d) for every class d, with c counted as waiting:
 // max(Min, Reserved) while d waits, Reserved while it is idle; cut from the
-// highest class down to what the limit leaves. With others false, every
-// class but c is taken to be idle. Only with shares.
-func (ln *Lane) guarantees(c uint8, others bool) [NumClasses]int {
+// highest class down to what the limit leaves. With all true, every class
+// is taken to be waiting. Only with shares.
+func (ln *Lane) guarantees(c uint8, all bool) [NumClasses]int {
 	var g [NumClasses]int
 	left := ln.Limit
 	for _, d := range Order {
 		want := ln.Shares.Reserved[d]
-		if d == c || others && ln.Waiters.ClassLen(d) > 0 {
+		if d == c || all || ln.Waiters.ClassLen(d) > 0 {
 			want = max(ln.Shares.Min[d], want)
 		}
 		g[d] = min(want, left)
@@ -240,17 +240,18 @@ func (ln *Lane) guarantees(c uint8, others bool) [NumClasses]int {
 	return g
 }
 
-// Capacity returns the most units a holder of class c can ever be
+// Capacity returns the most units a holder of class c is sure to be
 // admitted with under the current limit: the limit, less with shares what
-// the other classes keep while they are idle (their Reserved). A caller
-// asking for more could wait forever, so owners refuse it at once, and
-// refuse a waiter whose lane's Capacity drops below its weight.
+// the other classes are guaranteed while they wait (max(Min, Reserved)). A
+// caller asking for more could wait forever (as long as the classes owed
+// their shares keep them busy), so owners refuse it at once, and refuse a
+// waiter whose lane's Capacity drops below its weight.
 func (ln *Lane) Capacity(c uint8) int {
 	if ln.Shares == nil {
 		return ln.Limit
 	}
-	// CanTake on an empty lane whose other classes are idle, solved for n.
-	g := ln.guarantees(c, false)
+	// CanTake on an empty lane whose other classes all wait, solved for n.
+	g := ln.guarantees(c, true)
 	above, below, own := ln.owed(c, &g, func(uint8) int { return 0 })
 	return min(ln.Limit-above, max(own, ln.Limit-above-below))
 }
@@ -262,7 +263,7 @@ func (ln *Lane) Short(c uint8) bool {
 	if ln.Shares == nil {
 		return false
 	}
-	return ln.Holders.ClassUnits(c) < ln.guarantees(c, true)[c]
+	return ln.Holders.ClassUnits(c) < ln.guarantees(c, false)[c]
 }
 
 // Candidate returns the waiter of ln to serve next among those for which

@@ -154,7 +154,7 @@ func TestSharesFixpoint(t *testing.T) {
 // Over every small lane state, n units are admitted exactly when n
 // admissions of one unit in a row would be (the class counting as waiting
 // throughout), and Capacity is the most units a class can take from an
-// empty lane whose other classes are idle.
+// empty lane while every other class waits.
 func TestSharesUnitsAsSteps(t *testing.T) {
 	p := newStatePool()
 	checked, bad := 0, 0
@@ -182,7 +182,7 @@ func TestSharesUnitsAsSteps(t *testing.T) {
 				checked++
 			}
 		}
-		if s.hold != [core.NumClasses]int{} || s.waiting != [core.NumClasses]bool{} {
+		if s.hold != [core.NumClasses]int{} || s.waiting != [core.NumClasses]bool{true, true, true} {
 			return
 		}
 		for c := range core.NumClasses {
@@ -194,7 +194,7 @@ func TestSharesUnitsAsSteps(t *testing.T) {
 				}
 			}
 			if got := ln.Capacity(c); got != most {
-				t.Errorf("class %d: Capacity %d, but it can take %d from an empty lane: %+v", c, got, most, s)
+				t.Errorf("class %d: Capacity %d, but it can take %d from an empty lane with every class waiting: %+v", c, got, most, s)
 			}
 		}
 	})

@@ -60,6 +60,9 @@ type Config struct {
 	Metrics *MetricsConfig `json:"metrics,omitempty"`
 	// Telemetry sends traces and metrics over OTLP as well; off without it.
 	Telemetry *TelemetryConfig `json:"telemetry,omitempty"`
+	// Tokens says how requests' tokens are estimated for the provider's
+	// max_inflight_tokens (in provider or a model); unused without those.
+	Tokens *TokensConfig `json:"tokens,omitempty"`
 
 	// apiKeys holds the secrets read from APIKeyEnv, by key id. Unexported,
 	// so that a marshalled config never carries them.
@@ -272,6 +275,11 @@ func ParseConfig(data []byte) (Config, error) {
 	}
 	if c.Telemetry != nil {
 		if err := c.Telemetry.check(); err != nil {
+			return Config{}, fmt.Errorf("config: %w", err)
+		}
+	}
+	if c.Tokens != nil {
+		if err := c.Tokens.check(); err != nil {
 			return Config{}, fmt.Errorf("config: %w", err)
 		}
 	}

@@ -95,6 +95,7 @@ type Gateway struct {
 	log           *slog.Logger
 	rejections    rejectLog
 	tel           *telemetry // nil without telemetry
+	tokens        *estimator // counts requests' tokens; nil without a token cap
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -163,6 +164,11 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		}
 	}
 	g.weights = cfg.Orgs.Weights
+	if capsTokens(cfg.Provider) {
+		if g.tokens, err = newEstimator(cfg.Tokens); err != nil {
+			return nil, err
+		}
+	}
 	if err := g.startTelemetry(cfg); err != nil {
 		g.Close()
 		return nil, err
@@ -346,7 +352,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	g.enter()
 	defer g.leave()
 	info := requestInfoFrom(r.Context())
-	model, err := requestModel(r, maxBodyBytes)
+	model, body, err := requestModel(r, maxBodyBytes)
 	if err != nil {
 		status := http.StatusBadRequest
 		if errors.Is(err, errBodyTooLarge) {
@@ -369,6 +375,13 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info.org, info.model = org, model
+	tokens := 0 // the request's tokens, for the provider's token caps
+	if g.tokens != nil && body != nil {
+		if tokens, err = g.tokens.estimate(body, model); err != nil {
+			writeOpenAIError(w, http.StatusBadRequest, slots.ErrorMessage(err))
+			return
+		}
+	}
 	// An org switched off is refused here, before any admission: the
 	// answer is then the same whether the fleet's Redis is reachable or not.
 	if g.orgLimit(org) == 0 {
@@ -397,6 +410,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	// under ctx, ended by Drain as well; the upstream exchange is not.
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
 	ctx = pacing.WithWaitContext(pacing.WithModelName(ctx, model), g.draining)
+	if tokens > 0 {
+		ctx = pacing.WithTokenCount(ctx, tokens)
+	}
 	mm := g.modelMetrics(model)
 	x := &exchange{model: model}
 	asked := time.Now()

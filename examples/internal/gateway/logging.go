@@ -168,6 +168,8 @@ func rejectReason(err error) string {
 		return "queue_full"
 	case errors.Is(err, slots.ErrWaitTimeout):
 		return "wait_timeout"
+	case errors.Is(err, slots.ErrExceedsLimit):
+		return "exceeds_limit"
 	case errors.Is(err, fleet.ErrUnavailable):
 		return "unavailable"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

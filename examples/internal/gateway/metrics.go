@@ -14,7 +14,7 @@ import (
 )
 
 // rejectReasons are the reasons a provider wait can end without a slot.
-var rejectReasons = []string{"limit_reached", "queue_full", "wait_timeout", "unavailable", "canceled", "other"}
+var rejectReasons = []string{"limit_reached", "queue_full", "wait_timeout", "exceeds_limit", "unavailable", "canceled", "other"}
 
 // capMetrics counts one cap's admissions through the provider's wait, which
 // the Gate does not report to an Observer: acquisitions with their wait,
@@ -75,7 +75,7 @@ func (m *capMetrics) counts() *inflightprom.Counts {
 // pacing and pauses).
 func (g *Gateway) capRefused(capName string, mm *capMetrics) *capMetrics {
 	switch {
-	case capName == pacing.CapModel:
+	case capName == pacing.CapModel, capName == pacing.CapModelTokens:
 		return mm
 	case capName == pacing.CapAPIKey && g.keyPool != nil:
 		return g.keyPool

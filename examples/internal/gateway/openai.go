@@ -21,19 +21,19 @@ const maxBodyBytes = 8 << 20
 var errBodyTooLarge = errors.New("request body too large")
 
 // requestModel returns the "model" field of r's JSON body ("" when it has
-// none) and puts back an equivalent body (and GetBody) for the proxy to
-// send. A body over maxBytes fails with errBodyTooLarge.
-func requestModel(r *http.Request, maxBytes int64) (string, error) {
+// none) and the body, and puts back an equivalent body (and GetBody) for
+// the proxy to send. A body over maxBytes fails with errBodyTooLarge.
+func requestModel(r *http.Request, maxBytes int64) (string, []byte, error) {
 	if r.Body == nil || r.Body == http.NoBody {
-		return "", nil
+		return "", nil, nil
 	}
 	buf, err := io.ReadAll(io.LimitReader(r.Body, maxBytes+1)) // one byte more tells a body over the bound
 	r.Body.Close()
 	if err != nil {
-		return "", fmt.Errorf("reading the request body: %w", err)
+		return "", nil, fmt.Errorf("reading the request body: %w", err)
 	}
 	if int64(len(buf)) > maxBytes {
-		return "", fmt.Errorf("%w: over %d bytes", errBodyTooLarge, maxBytes)
+		return "", nil, fmt.Errorf("%w: over %d bytes", errBodyTooLarge, maxBytes)
 	}
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
@@ -42,18 +42,18 @@ func requestModel(r *http.Request, maxBytes int64) (string, error) {
 		Model json.RawMessage `json:"model"`
 	}
 	if err := json.Unmarshal(buf, &v); err != nil {
-		return "", errors.New("the request body is not a JSON object")
+		return "", nil, errors.New("the request body is not a JSON object")
 	}
 	var model *string
 	if len(v.Model) > 0 {
 		if err := json.Unmarshal(v.Model, &model); err != nil {
-			return "", errors.New("model: want a string")
+			return "", nil, errors.New("model: want a string")
 		}
 	}
 	if model == nil { // absent or null
-		return "", nil
+		return "", buf, nil
 	}
-	return *model, nil
+	return *model, buf, nil
 }
 
 // writeOpenAIError is a slots.ErrorWriter that answers in OpenAI's error
@@ -118,7 +118,7 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 		return http.StatusServiceUnavailable, unavailableRetryAfter, "the shared concurrency caps cannot be checked now"
 	}
 	status, retryAfter = slots.HTTPStatus(err)
-	if errors.As(err, &le) {
+	if errors.As(err, &le) && retryAfter > 0 { // none for a request heavier than its cap
 		retryAfter = max(le.RetryAfter, time.Millisecond) // to the millisecond: SetRetryAfter rounds it
 	}
 	return status, retryAfter, slots.ErrorMessage(err)
@@ -126,7 +126,8 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 
 // CapHeader names, on a refusal, the cap that refused the request: "tenant"
 // (the org's cap per model), or the provider's "provider", "model",
-// "api_key", "pacing" or "pause" (see pacing.CapProvider).
+// "api_key", "pacing", "pause", "tokens" or "model_tokens" (see
+// pacing.CapProvider, pacing.CapTokens).
 const CapHeader = "X-Inflight-Cap"
 
 // writeAdmissionError answers an admission error in OpenAI's shape, naming

@@ -25,7 +25,7 @@ func TestRequestModel(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := httptest.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(tc.body))
-			model, err := requestModel(r, tc.max)
+			model, _, err := requestModel(r, tc.max)
 			if tc.tooLarge {
 				assert.ErrorIs(t, err, errBodyTooLarge)
 				return
@@ -42,7 +42,7 @@ func TestRequestModel(t *testing.T) {
 		})
 	}
 	t.Run("not JSON", func(t *testing.T) {
-		_, err := requestModel(httptest.NewRequest(http.MethodPost, "/", strings.NewReader("model=glm-5")), 1<<10)
+		_, _, err := requestModel(httptest.NewRequest(http.MethodPost, "/", strings.NewReader("model=glm-5")), 1<<10)
 		assert.EqualError(t, err, "the request body is not a JSON object")
 	})
 }

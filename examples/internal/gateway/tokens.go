@@ -1,0 +1,159 @@
+package gateway
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+
+	"github.com/tiktoken-go/tokenizer"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// DefaultExpectedOutput is the answer a request is expected to take, in
+// tokens, when neither its max_tokens nor the config says less.
+const DefaultExpectedOutput = 1024
+
+// TokensConfig is how a request's tokens are estimated for the provider's
+// max_inflight_tokens caps: its prompt counted by a tokenizer (o200k_base,
+// embedded in the binary: nothing is downloaded), plus the answer it may
+// take, min(max_tokens, the model's expected output).
+type TokensConfig struct {
+	// ExpectedOutput is the answer expected of a request that does not
+	// bound it lower with max_tokens (or max_completion_tokens); 0 means
+	// DefaultExpectedOutput.
+	ExpectedOutput int `json:"expected_output,omitempty"`
+	// Models sets ExpectedOutput per model.
+	Models map[string]int `json:"models,omitempty"`
+}
+
+func (c *TokensConfig) check() error {
+	if c.ExpectedOutput < 0 {
+		return fmt.Errorf("tokens.expected_output: %d is negative", c.ExpectedOutput)
+	}
+	for m, n := range c.Models {
+		if n < 0 {
+			return fmt.Errorf("tokens.models[%q]: %d is negative", m, n)
+		}
+	}
+	return nil
+}
+
+// estimator counts a request's tokens; a Gateway has one only when the
+// provider caps tokens.
+type estimator struct {
+	codec    tokenizer.Codec
+	expected int
+	models   map[string]int
+}
+
+// newEstimator returns the estimator for cfg (nil: the defaults).
+func newEstimator(cfg *TokensConfig) (*estimator, error) {
+	codec, err := tokenizer.Get(tokenizer.O200kBase)
+	if err != nil {
+		return nil, err
+	}
+	e := &estimator{codec: codec, expected: DefaultExpectedOutput}
+	if cfg != nil {
+		if cfg.ExpectedOutput > 0 {
+			e.expected = cfg.ExpectedOutput
+		}
+		e.models = cfg.Models
+	}
+	return e, nil
+}
+
+// capsTokens reports whether the provider's policy caps tokens anywhere.
+func capsTokens(p pacing.Config) bool {
+	if p.MaxInflightTokens > 0 {
+		return true
+	}
+	for _, m := range p.Models {
+		if m.MaxInflightTokens > 0 {
+			return true
+		}
+	}
+	return false
+}
+
+// perMessage is what each chat message adds beside its text (its role and
+// separators), as OpenAI's chat format counts it.
+const perMessage = 4
+
+// estimate returns the tokens of a request for model whose JSON body is
+// body: the prompt's (the chat messages' text, or a completion's prompt)
+// and the answer it may take. A body whose messages cannot be read is a
+// *slots.BadRequestError.
+func (e *estimator) estimate(body []byte, model string) (int, error) {
+	var v struct {
+		Messages []struct {
+			Content json.RawMessage `json:"content"`
+		} `json:"messages"`
+		Prompt              json.RawMessage `json:"prompt"`
+		MaxTokens           *int            `json:"max_tokens"`
+		MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	}
+	if err := json.Unmarshal(body, &v); err != nil {
+		return 0, &slots.BadRequestError{Reason: "messages: " + err.Error()}
+	}
+	n := 0
+	for _, m := range v.Messages {
+		k, err := e.count(m.Content)
+		if err != nil {
+			return 0, err
+		}
+		n += k + perMessage
+	}
+	k, err := e.count(v.Prompt)
+	if err != nil {
+		return 0, err
+	}
+	n += k
+	out := e.expected
+	if o, ok := e.models[model]; ok && o > 0 {
+		out = o
+	}
+	for _, limit := range []*int{v.MaxTokens, v.MaxCompletionTokens} {
+		if limit != nil && *limit >= 0 {
+			out = min(out, *limit)
+		}
+	}
+	return min(max(n+out, 1), slots.MaxUnits), nil
+}
+
+var errContent = &slots.BadRequestError{Status: http.StatusBadRequest, Reason: "content: want a string or a list of parts"}
+
+// count returns the tokens of a message's content or a prompt: a string,
+// a list of strings, or a list of parts whose "text" is counted (images
+// and other parts count nothing here).
+func (e *estimator) count(raw json.RawMessage) (int, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return 0, nil
+	}
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return e.codec.Count(s)
+	}
+	var parts []json.RawMessage
+	if err := json.Unmarshal(raw, &parts); err != nil {
+		return 0, errContent
+	}
+	n := 0
+	for _, p := range parts {
+		var text struct {
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(p, &s) == nil {
+			text.Text = s
+		} else if err := json.Unmarshal(p, &text); err != nil {
+			return 0, errContent
+		}
+		k, err := e.codec.Count(text.Text)
+		if err != nil {
+			return 0, err
+		}
+		n += k
+	}
+	return n, nil
+}
