@@ -228,6 +228,9 @@ func (g *Gateway) registerMetrics(cfg Config) {
 		g.metrics.MustRegister(g.orgRejections)
 	}
 
+	if capsTokens(cfg.Provider) {
+		g.registerTokens(cfg)
+	}
 	if g.fleetTenants != nil {
 		onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 		registerFleet(g.metrics, "tenants", g.fleetTenants.Stats, onUnavailable)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/tiktoken-go/tokenizer"
 
 	"github.com/inflight-go/inflight/pacing"
@@ -75,6 +76,32 @@ func capsTokens(p pacing.Config) bool {
 		}
 	}
 	return false
+}
+
+// registerTokens exports the tokens in flight under the provider's token
+// caps and their limits: inflight_tokens and inflight_token_limit, told
+// apart by the label cap ("provider", "model:<name>" for each model the
+// config caps), as the request caps' series are.
+func (g *Gateway) registerTokens(cfg Config) {
+	tokens := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_tokens",
+		Help: "Estimated tokens of the requests in flight (prompt and the answer they may take), by cap."}, []string{"cap"})
+	limits := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_token_limit",
+		Help: "The cap on tokens in flight (max_inflight_tokens), by cap."}, []string{"cap"})
+	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+		st := g.gate.Status()
+		if st.TokenLimit > 0 {
+			tokens.WithLabelValues("provider").Set(float64(st.Tokens))
+			limits.WithLabelValues("provider").Set(float64(st.TokenLimit))
+		}
+		for name, m := range cfg.Provider.Models {
+			if m.MaxInflightTokens > 0 {
+				tokens.WithLabelValues("model:" + name).Set(float64(st.TokensByModel[name]))
+				limits.WithLabelValues("model:" + name).Set(float64(m.MaxInflightTokens))
+			}
+		}
+		tokens.Collect(ch)
+		limits.Collect(ch)
+	}))
 }
 
 // perMessage is what each chat message adds beside its text (its role and

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -66,6 +67,9 @@ func TestGatewayWeighsRequestsByTokens(t *testing.T) {
 	require.NoError(t, err)
 	waitFor(t, "the stream is open", func() bool { return u.get(u.cur, "all") == 1 })
 	assert.Equal(t, 2+perMessage+100, gw.gate.Status().Tokens, "its prompt and expected answer are in flight")
+	text := scrape(t, client, srv.URL)
+	assert.Contains(t, text, fmt.Sprintf(`inflight_tokens{cap="provider"} %d`, 2+perMessage+100))
+	assert.Contains(t, text, `inflight_token_limit{cap="provider"} 1000`)
 
 	big, err := send(context.Background(), strings.Repeat("hello world ", 600))
 	require.NoError(t, err)
