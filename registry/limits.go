@@ -114,9 +114,9 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 
 // refuseOverweightLocked refuses the waiters of e that weigh more than its
 // limit can now admit (core.Lane.Overweight), leaving them in wk to be
-// woken. Call under applyLimit's
-// locks: a multi-key waiter's shards are among them, and it leaves its
-// other keys' queues too (which may then go idle).
+// woken. Call under applyLimit's locks: a multi-key waiter's shards are
+// among them, and it leaves its other keys' queues too (which may then go
+// idle).
 func (r *Registry[K]) refuseOverweightLocked(e *entry[K], wk *core.Wakes) {
 	for _, w := range e.lane.Overweight(nil) {
 		r.exceedsLimit.Add(1)

@@ -13,11 +13,10 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// a light single-key waiter passes a heavy single-key waiter queued
-// before it when an urgent AcquireAll keeps a unit: blockedLocked blocks
-// the heavy one (Free-kept < n) but not the light one, and Candidate skips
-// a waiter for which ok fails.
-func TestUnitsLightPassesHeavyBesideUrgentMulti(t *testing.T) {
+// A heavy single-key waiter left out by a unit an urgent AcquireAll keeps
+// still keeps its place: a light single-key waiter that came after it does
+// not pass it.
+func TestUnitsLightDoesNotPassHeavyBesideUrgentMulti(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](10)
 		reg.SetLimit("B", 1)
@@ -71,8 +70,8 @@ func TestUnitsLightPassesHeavyBesideUrgentMulti(t *testing.T) {
 	})
 }
 
-// an AcquireAllN refused while waiting, by a lower limit on another
-// key than the one it was full on, names the wrong key.
+// An AcquireAllN refused while waiting, by a lower limit on another key
+// than the one it was full on, names the key that refused it.
 func TestUnitsRefusedMultiNamesRefusingKey(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](10)
@@ -95,8 +94,8 @@ func TestUnitsRefusedMultiNamesRefusingKey(t *testing.T) {
 	})
 }
 
-// registry TryAcquire by the class a reserve is for is refused beside
-// a lower-class heavy waiter.
+// A registry TryAcquire by the class a reserve is for is admitted beside a
+// lower-class heavy waiter.
 func TestUnitsRegistryTryAcquireReserveBesideHeavy(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](10, slots.WithShare(slots.PriorityDefault, slots.Share{Reserved: 2}))
@@ -122,11 +121,10 @@ func TestUnitsRegistryTryAcquireReserveBesideHeavy(t *testing.T) {
 	})
 }
 
-// an AcquireAllN passes a heavy single-key waiter that came before it
-// on a key: m.canTake checks CanTake and blockedLocked on every key, not
-// the units a heavy waiter keeps there (Candidate's strict order); a
-// single-key caller in its place queues.
-func TestUnitsMultiPassesHeavySingleWaiter(t *testing.T) {
+// An AcquireAllN does not pass a heavy single-key waiter that came before
+// it on a key (heavyAheadLocked), as a single-key caller in its place
+// would not.
+func TestUnitsMultiDoesNotPassOlderHeavyWaiter(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](6)
 		x, err := reg.TryAcquireN("a", 2)

@@ -13,7 +13,7 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// with leak detection, Slot.Units reports 1 for a slot of 4 units.
+// With leak detection, Slot.Units reports the slot's units.
 func TestUnitsLeakDetectionUnits(t *testing.T) {
 	l := slots.NewLimiter(10, slots.WithLeakDetection())
 	s, err := l.TryAcquireN(4)
@@ -23,10 +23,9 @@ func TestUnitsLeakDetectionUnits(t *testing.T) {
 	s.Release()
 }
 
-// without shares, a higher-class newcomer beside a lower-class heavy
-// waiter that does not fit queues although the grant loop would serve it,
-// and stays queued until the next release.
-func TestUnitsPriorityNewcomerBesideHeavyWaiter(t *testing.T) {
+// Without shares, a higher-class newcomer beside a lower-class heavy
+// waiter that does not fit is served at once.
+func TestUnitsHigherNewcomerBesideHeavyWaiter(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(10)
 		a, err := l.TryAcquireN(5)
@@ -53,10 +52,9 @@ func TestUnitsPriorityNewcomerBesideHeavyWaiter(t *testing.T) {
 	})
 }
 
-// Overweight refuses a weight-1 waiter (ErrExceedsLimit) when the lane
-// has any heavy waiter and the class's Capacity drops to 0; without the
-// heavy waiter the same light waiter is not refused.
-func TestUnitsLightWaiterRefused(t *testing.T) {
+// A lowered limit never refuses a weight-1 waiter, also when the lane has
+// a heavy waiter and the class's Capacity drops to 0.
+func TestUnitsLightWaiterNeverRefused(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(4, slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 2}))
 		hold, err := l.AcquireN(context.Background(), 2) // default class, 2 of the 2 it may take
@@ -93,8 +91,8 @@ func TestUnitsLightWaiterRefused(t *testing.T) {
 	})
 }
 
-// with shares, a TryAcquire of the class the reserve is for is refused
-// while a lower-class heavy waiter waits, although the reserve is free.
+// With shares, a TryAcquire of the class the reserve is for is admitted
+// while a lower-class heavy waiter waits: the reserve is free.
 func TestUnitsTryAcquireReserveBesideHeavy(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(10, slots.WithShare(slots.PriorityDefault, slots.Share{Reserved: 2}))
@@ -121,9 +119,10 @@ func TestUnitsTryAcquireReserveBesideHeavy(t *testing.T) {
 	})
 }
 
-// a short class with a heavy request takes a lower class's Reserved
-// beyond its own shortfall: Default Min 2, Batch Reserved 4, limit 10.
-func TestUnitsShortClassTakesLowerReserve(t *testing.T) {
+// A short class with a heavy request does not take a lower class's
+// Reserved beyond its own shortfall: Default Min 2, Batch Reserved 4,
+// limit 10.
+func TestUnitsShortClassLeavesLowerReserve(t *testing.T) {
 	l := slots.NewLimiter(10,
 		slots.WithShare(slots.PriorityDefault, slots.Share{Min: 2}),
 		slots.WithShare(slots.PriorityBatch, slots.Share{Reserved: 4}))
@@ -219,11 +218,10 @@ func TestUnitsOwedClassPassesHeavyWaiter(t *testing.T) {
 	})
 }
 
-// a heavy default waiter that does not fit keeps batch from the units
-// batch's Min owes it: 3 units free, batch holds 0 of Min 2, yet the batch
-// waiter is not served ("when a slot frees and the class holds fewer than
-// Min, the slot goes to it before any higher class").
-func TestUnitsHeavyBlocksLowerMin(t *testing.T) {
+// A heavy default waiter that does not fit does not keep batch from the
+// units batch's Min owes it: 3 units free, batch holds 0 of Min 2, and the
+// batch waiter is served.
+func TestUnitsHeavyLeavesLowerMin(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(10, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 2}))
 		x, err := l.AcquireN(context.Background(), 7)
