@@ -186,22 +186,36 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	if reason := l.refusalLocked(place, n); reason != nil {
-		rej := l.rejectLocked(reason)
-		l.mu.Unlock()
-		e.Rejected(ctx, reason, 0)
-		return nil, (*LimitError)(rej)
-	}
 	start := h.At
 	w := core.NewWaiter(h)
 	w.Place(place)
-	l.lane.Waiters.Push(&w.Elem)
 	var wk core.Wakes
-	if l.lane.Waiters.Heavy() > 0 {
+	reason := l.refusalLocked(place, n)
+	if reason == nil || reason == ErrQueueFull && l.lane.Waiters.Heavy() > 0 {
 		// Beside a heavy waiter a newcomer queues even where it might be
 		// served (a higher class, or with shares, Lane.Admits): serve the
-		// queue, in order.
-		l.grantLocked(&wk)
+		// queue, in order, before a bound on it turns the newcomer away.
+		l.lane.Waiters.Push(&w.Elem)
+		if l.lane.Waiters.Heavy() > 0 {
+			l.grantLocked(&wk)
+		}
+		if reason != nil && w.State == core.Granted {
+			reason = nil
+		} else if reason != nil {
+			l.lane.Waiters.Remove(&w.Elem)
+			w.State = core.Gone
+			if l.lane.Shares != nil {
+				l.grantLocked(&wk) // its class stopped waiting
+			}
+		}
+	}
+	if reason != nil {
+		l.countRefusalLocked(reason)
+		rej := l.rejectLocked(reason)
+		l.mu.Unlock()
+		wk.Wake()
+		e.Rejected(ctx, reason, 0)
+		return nil, (*LimitError)(rej)
 	}
 	l.mu.Unlock()
 	wk.Wake()
@@ -251,17 +265,24 @@ func (l *Limiter) rejectLocked(reason error) *core.Rejection {
 }
 
 // refusalLocked returns why a caller at place, weighing n units, that
-// cannot be admitted now may not queue either (and counts it), or nil.
+// cannot be admitted now may not queue either, or nil.
 func (l *Limiter) refusalLocked(place core.Place, n int) error {
 	switch {
 	case l.lane.TooHeavy(place.Class, n):
-		l.stats.ExceedsLimit++
 		return ErrExceedsLimit
 	case l.engine().Full(&l.lane.Waiters, place.Flow):
-		l.stats.QueueFull++
 		return ErrQueueFull
 	}
 	return nil
+}
+
+// countRefusalLocked counts a refusal of refusalLocked's.
+func (l *Limiter) countRefusalLocked(reason error) {
+	if reason == ErrExceedsLimit {
+		l.stats.ExceedsLimit++
+	} else {
+		l.stats.QueueFull++
+	}
 }
 
 // withdraw takes w out of the queue if it is still waiting.

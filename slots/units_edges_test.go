@@ -253,3 +253,33 @@ func TestUnitsHeavyLeavesLowerMin(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// A caller that could be served at once beside a heavy waiter is served,
+// not refused by the queue's bound (WithMaxQueue), and one that could not
+// is refused without being counted as waiting.
+func TestUnitsQueueBoundBesideHeavyWaiter(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(10, slots.WithMaxQueue(1))
+		a, err := l.TryAcquireN(5)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		heavy := make(chan error, 1)
+		go func() {
+			_, err := l.AcquireN(slots.WithPriority(ctx, slots.PriorityBatch), 8)
+			heavy <- err
+		}()
+		synctest.Wait()
+		require.Equal(t, 1, l.Waiting())
+		s, err := l.Acquire(slots.WithPriority(context.Background(), slots.PriorityInteractive))
+		require.NoError(t, err, "5 of 10 units free, and a higher class than the heavy waiter")
+		_, err = l.AcquireN(slots.WithPriority(context.Background(), slots.PriorityInteractive), 5)
+		assert.ErrorIs(t, err, slots.ErrQueueFull, "4 free: it would wait, and the queue is full")
+		assert.Equal(t, 1, l.Waiting())
+		assert.Equal(t, uint64(1), l.Stats().QueueFull)
+		cancel()
+		assert.ErrorIs(t, <-heavy, context.Canceled)
+		s.Release()
+		a.Release()
+		assert.Equal(t, 0, l.InFlight())
+	})
+}
