@@ -39,6 +39,7 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	listen := fs.String("listen", "127.0.0.1:9000", "address to listen on")
 	limit := fs.Int("limit", 5, "requests in flight allowed before 429s")
+	tokens := fs.Int64("tokens", 0, "tokens in flight allowed before 429s, each request holding its prompt's and its max_tokens (0: not counted)")
 	every := fs.Duration("every", time.Second, "how often to print the counts when they changed (0: never)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -54,6 +55,10 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "upstream: -every must not be negative")
 		return 2
 	}
+	if *tokens < 0 {
+		fmt.Fprintln(stderr, "upstream: -tokens must not be negative")
+		return 2
+	}
 	log := slog.New(slog.NewTextHandler(stderr, nil))
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
@@ -61,8 +66,12 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	p := upstream.New(*limit)
+	if err := p.SetTokenLimit(*tokens); err != nil {
+		log.Error("upstream: cannot count tokens", slog.Any("error", err))
+		return 1
+	}
 	srv := &http.Server{Handler: p, ReadHeaderTimeout: 10 * time.Second}
-	log.Info("upstream: listening", slog.String("addr", ln.Addr().String()), slog.Int("limit", *limit))
+	log.Info("upstream: listening", slog.String("addr", ln.Addr().String()), slog.Int("limit", *limit), slog.Int64("token_limit", *tokens))
 	if *every > 0 {
 		go report(ctx, p, *limit, *every, stderr)
 	}
@@ -77,7 +86,8 @@ func run(ctx context.Context, args []string, stderr io.Writer) int {
 		return 1
 	}
 	c := p.Counts()
-	log.Info("upstream: stopped", slog.Int64("served", c.Served), slog.Int64("refused", c.Refused), slog.Int64("peak_in_flight", c.Peak))
+	log.Info("upstream: stopped", slog.Int64("served", c.Served), slog.Int64("refused", c.Refused), slog.Int64("peak_in_flight", c.Peak),
+		slog.Int64("peak_tokens", c.TokenPeak))
 	return 0
 }
 

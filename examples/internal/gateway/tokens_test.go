@@ -4,12 +4,19 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
 )
 
 func TestEstimateTokens(t *testing.T) {
@@ -83,4 +90,66 @@ func TestGatewayWeighsRequestsByTokens(t *testing.T) {
 	_, _ = resp.Body.Read(make([]byte, 1024))
 	resp.Body.Close()
 	waitFor(t, "its tokens are freed", func() bool { return gw.gate.Status().Tokens == 0 })
+}
+
+// A self-hosted server whose cache holds 20,000 tokens, behind the gateway
+// with the same max_inflight_tokens: 8 prompts of about 15,000 tokens among
+// 120 small ones, all sent at once, streaming. The server is never asked to
+// hold more than its cache (it would answer 429), every request is served,
+// and the large prompts are not starved by the small ones.
+func TestGatewayKeepsASelfHostedServerUnderItsCache(t *testing.T) {
+	const cache = 20000
+	up := simulated.New(1000)
+	require.NoError(t, up.SetTokenLimit(cache))
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	srv, _ := startGatewayWith(t, upSrv.URL, `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 1000},
+		"tokens": {"expected_output": 1024},
+		"provider": {"max_inflight_tokens": `+fmt.Sprint(cache)+`}
+	}`)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+
+	send := func(content string) (int, error) {
+		body, err := json.Marshal(map[string]any{"model": "glm-5", "stream": true, "turn_ms": 30, "max_tokens": 100,
+			"messages": []map[string]string{{"role": "user", "content": content}}})
+		if err != nil {
+			return 0, err
+		}
+		resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+		if err != nil {
+			return 0, err
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		return resp.StatusCode, err
+	}
+	large, small := strings.Repeat("hello world ", 7500), strings.Repeat("hello world ", 10)
+	var wg sync.WaitGroup
+	var ok, failed atomic.Int32
+	start := time.Now()
+	for i := range 128 {
+		content := small
+		if i%16 == 0 {
+			content = large
+		}
+		wg.Go(func() {
+			if status, err := send(content); err == nil && status == http.StatusOK {
+				ok.Add(1)
+			} else {
+				failed.Add(1)
+				t.Errorf("a request ended with %d, %v", status, err)
+			}
+		})
+	}
+	wg.Wait()
+	c := up.Counts()
+	assert.Equal(t, int32(128), ok.Load(), "every request served")
+	assert.Zero(t, c.Refused, "the server never answered 429")
+	assert.LessOrEqual(t, c.TokenPeak, int64(cache), "never asked to hold more than its cache")
+	assert.Zero(t, c.Tokens)
+	t.Logf("128 requests (8 of about 15,000 tokens) in %v; the server's token peak %d of %d, %d requests at once at most",
+		time.Since(start).Round(time.Millisecond), c.TokenPeak, cache, c.Peak)
 }

@@ -1,7 +1,9 @@
 // Package upstream is the simulated model provider of the example programs:
 // it streams chat completions as server-sent events for as long as each
 // request asks, and, like providers with concurrency-limited plans, answers
-// 429 (code 1302) once more requests are open than its limit. Hidden serves
+// 429 (code 1302) once more requests are open than its limit, and in its
+// token mode once they hold more tokens than a self-hosted server's cache
+// (SetTokenLimit). Hidden serves
 // pacing/pacingtest's provider instead, whose cap is hidden and moves, for
 // the learned cap.
 package upstream
@@ -13,6 +15,8 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
+
+	"github.com/tiktoken-go/tokenizer"
 )
 
 // MaxTurnMS bounds the turn a request asks for.
@@ -30,6 +34,12 @@ type Provider struct {
 	peak     atomic.Int64
 	refused  atomic.Int64
 	served   atomic.Int64
+
+	// The token mode (SetTokenLimit): the tokens in flight and their cap.
+	tokenLimit atomic.Int64 // 0: tokens are not counted against a cap
+	tokens     atomic.Int64
+	tokenPeak  atomic.Int64
+	codec      tokenizer.Codec
 }
 
 // New returns a Provider that allows limit requests open at once.
@@ -39,11 +49,51 @@ func New(limit int) *Provider { return &Provider{limit: int64(limit)} }
 // once, the refused ones too: that is the burst the account sees.
 type Counts struct {
 	InFlight, Peak, Refused, Served int64
+	// Tokens and TokenPeak are the tokens of the requests open now and at
+	// most, in the token mode (the refused ones too, as Peak counts them).
+	Tokens, TokenPeak int64
 }
 
 // Counts returns the counts now.
 func (p *Provider) Counts() Counts {
-	return Counts{InFlight: p.inFlight.Load(), Peak: p.peak.Load(), Refused: p.refused.Load(), Served: p.served.Load()}
+	return Counts{InFlight: p.inFlight.Load(), Peak: p.peak.Load(), Refused: p.refused.Load(), Served: p.served.Load(),
+		Tokens: p.tokens.Load(), TokenPeak: p.tokenPeak.Load()}
+}
+
+// DefaultMaxTokens is the answer a request reserves in the token mode when
+// its body sets no max_tokens.
+const DefaultMaxTokens = 1024
+
+// SetTokenLimit turns the token mode on (n > 0) or off: like a self-hosted
+// server that reserves its KV cache per request, the provider then also
+// answers 429 once the requests open hold more than n tokens, a request
+// holding its prompt's (its messages' text, counted with o200k_base) and
+// its max_tokens (DefaultMaxTokens without one). Call it before serving.
+func (p *Provider) SetTokenLimit(n int64) error {
+	if n > 0 && p.codec == nil {
+		codec, err := tokenizer.Get(tokenizer.O200kBase)
+		if err != nil {
+			return err
+		}
+		p.codec = codec
+	}
+	p.tokenLimit.Store(n)
+	return nil
+}
+
+// tokensOf is what a request holds in the token mode.
+func (p *Provider) tokensOf(messages []struct {
+	Content string `json:"content"`
+}, maxTokens *int) int64 {
+	n := int64(DefaultMaxTokens)
+	if maxTokens != nil {
+		n = int64(max(*maxTokens, 0))
+	}
+	for _, m := range messages {
+		k, _ := p.codec.Count(m.Content)
+		n += int64(k)
+	}
+	return n
 }
 
 // ResetCounts starts the peak and the refusals afresh, between runs.
@@ -60,14 +110,26 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := struct {
-		Model  string `json:"model"`
-		TurnMS *int   `json:"turn_ms"`
+		Model    string `json:"model"`
+		TurnMS   *int   `json:"turn_ms"`
+		Messages []struct {
+			Content string `json:"content"`
+		} `json:"messages"`
+		MaxTokens *int `json:"max_tokens"`
 	}{}
 	_ = json.NewDecoder(r.Body).Decode(&req)
 	n := p.inFlight.Add(1)
 	defer p.inFlight.Add(-1)
 	raise(&p.peak, n)
-	if n > p.limit {
+	overTokens := false
+	if limit := p.tokenLimit.Load(); limit > 0 {
+		k := p.tokensOf(req.Messages, req.MaxTokens)
+		t := p.tokens.Add(k)
+		defer p.tokens.Add(-k)
+		raise(&p.tokenPeak, t)
+		overTokens = t > limit
+	}
+	if n > p.limit || overTokens {
 		p.refused.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
