@@ -5,7 +5,6 @@ package pacing
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/slots"
@@ -41,9 +40,9 @@ func (t tokens) fits(n int) bool { return t.limit == 0 || n <= t.limit-t.held }
 // while it waits when Reconfigure lowers the cap below it. n outside
 // 1..slots.MaxUnits fails with slots.ErrBadUnits.
 func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error) {
-	if n < 1 || n > slots.MaxUnits {
+	if err := slots.CheckUnits(n); err != nil {
 		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)
-		return Grant{}, fmt.Errorf("%w: %d (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
+		return Grant{}, err
 	}
 	return g.acquire(ctx, model, n)
 }

@@ -231,8 +231,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	}()
 	start := time.Now()
 	n := tokenCount(ctx)
-	if n < 1 || n > slots.MaxUnits { // before any wait: no cap could take it
-		err := fmt.Errorf("%w: %d tokens (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
+	if err := slots.CheckUnits(n); err != nil { // before any wait: no cap could take it
 		tr.refused(err)
 		return nil, err
 	}

@@ -2,7 +2,6 @@ package registry
 
 import (
 	"context"
-	"fmt"
 
 	"github.com/inflight-go/inflight/slots"
 )
@@ -106,9 +105,9 @@ func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots
 // checkUnits returns the error for n units out of range (and reports the
 // rejection), or nil.
 func (r *Registry[K]) checkUnits(ctx context.Context, n int) error {
-	if n >= 1 && n <= slots.MaxUnits {
-		return nil
+	err := slots.CheckUnits(n)
+	if err != nil {
+		r.eng.Rejected(ctx, slots.ErrBadUnits, 0)
 	}
-	r.eng.Rejected(ctx, slots.ErrBadUnits, 0)
-	return fmt.Errorf("%w: %d (want 1 to %d)", slots.ErrBadUnits, n, slots.MaxUnits)
+	return err
 }

@@ -58,82 +58,56 @@ func setContenders(b *testing.B) {
 func BenchmarkLimiterContended(b *testing.B) {
 	ctx := context.Background()
 
-	b.Run("inflight", func(b *testing.B) {
-		lim := slots.NewLimiter(benchLimit)
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			for pb.Next() {
-				s, err := lim.Acquire(ctx)
-				if err != nil {
-					b.Error(err)
-					return
+	// Each twice: weight 1, and weighted, each admission taking benchUnits
+	// units of a pool of benchLimit*benchUnits (as many fit at once).
+	for _, w := range []struct {
+		suffix string
+		units  int
+	}{{"", 1}, {"-units", benchUnits}} {
+		b.Run("inflight"+w.suffix, func(b *testing.B) {
+			lim := slots.NewLimiter(benchLimit * w.units)
+			b.ReportAllocs()
+			setContenders(b)
+			b.RunParallel(func(pb *testing.PB) {
+				x := uint64(1)
+				for pb.Next() {
+					var s *slots.Slot
+					var err error
+					if w.units == 1 {
+						s, err = lim.Acquire(ctx)
+					} else {
+						s, err = lim.AcquireN(ctx, w.units)
+					}
+					if err != nil {
+						b.Error(err)
+						return
+					}
+					x = holdWork(x)
+					s.Release()
 				}
-				x = holdWork(x)
-				s.Release()
-			}
-			sink.Add(x)
+				sink.Add(x)
+			})
 		})
-	})
 
-	// Weighted: each admission takes benchUnits units of a pool of
-	// benchLimit*benchUnits, so as many fit at once as above. Beside it,
-	// x/sync's semaphore, weighted the same.
-	b.Run("inflight-units", func(b *testing.B) {
-		lim := slots.NewLimiter(benchLimit * benchUnits)
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			for pb.Next() {
-				s, err := lim.AcquireN(ctx, benchUnits)
-				if err != nil {
-					b.Error(err)
-					return
+		b.Run("xsync"+w.suffix, func(b *testing.B) {
+			sem := semaphore.NewWeighted(int64(benchLimit * w.units))
+			n := int64(w.units)
+			b.ReportAllocs()
+			setContenders(b)
+			b.RunParallel(func(pb *testing.PB) {
+				x := uint64(1)
+				for pb.Next() {
+					if err := sem.Acquire(ctx, n); err != nil {
+						b.Error(err)
+						return
+					}
+					x = holdWork(x)
+					sem.Release(n)
 				}
-				x = holdWork(x)
-				s.Release()
-			}
-			sink.Add(x)
+				sink.Add(x)
+			})
 		})
-	})
-
-	b.Run("xsync-units", func(b *testing.B) {
-		sem := semaphore.NewWeighted(benchLimit * benchUnits)
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			for pb.Next() {
-				if err := sem.Acquire(ctx, benchUnits); err != nil {
-					b.Error(err)
-					return
-				}
-				x = holdWork(x)
-				sem.Release(benchUnits)
-			}
-			sink.Add(x)
-		})
-	})
-
-	b.Run("xsync", func(b *testing.B) {
-		sem := semaphore.NewWeighted(benchLimit)
-		b.ReportAllocs()
-		setContenders(b)
-		b.RunParallel(func(pb *testing.PB) {
-			x := uint64(1)
-			for pb.Next() {
-				if err := sem.Acquire(ctx, 1); err != nil {
-					b.Error(err)
-					return
-				}
-				x = holdWork(x)
-				sem.Release(1)
-			}
-			sink.Add(x)
-		})
-	})
+	}
 
 	// The channel semaphore and three probes built on it, in one loop so
 	// that they differ only where they mean to. A send takes a slot, a

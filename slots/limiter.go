@@ -88,8 +88,8 @@ func (l *Limiter) TryAcquire() (*Slot, error) { return l.tryAcquire(1) }
 // fails with ErrBadUnits for n out of 1..MaxUnits, and with a *LimitError
 // wrapping ErrExceedsLimit if n is more than the limit can ever admit.
 func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
-	if err := checkUnits(n); err != nil {
-		l.engine().Rejected(nil, err, 0)
+	if err := CheckUnits(n); err != nil {
+		l.engine().Rejected(nil, ErrBadUnits, 0)
 		return nil, err
 	}
 	return l.tryAcquire(n)
@@ -139,11 +139,12 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) { return l.acquire
 // out of 1..MaxUnits, and with a *LimitError wrapping ErrExceedsLimit if n
 // is more than the limit can ever admit: at once, or while it waits, when
 // SetLimit lowers the limit below n (a limit of 0 pauses and refuses
-// nobody). With WithShare, what the other classes reserve
-// (Share.Reserved) cannot be taken, so it counts against n.
+// nobody). With WithShare, what the other classes are guaranteed while
+// they wait (max(Min, Reserved)) counts against n, and a class short of its
+// share may still be served before the caller, up to what it is owed.
 func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
-	if err := checkUnits(n); err != nil {
-		l.engine().Rejected(ctx, err, 0)
+	if err := CheckUnits(n); err != nil {
+		l.engine().Rejected(ctx, ErrBadUnits, 0)
 		return nil, err
 	}
 	return l.acquire(ctx, n)

@@ -36,8 +36,10 @@ var (
 // MaxUnits is the most units one admission may weigh.
 const MaxUnits = core.MaxUnits
 
-// checkUnits returns the error for n units out of range, or nil.
-func checkUnits(n int) error {
+// CheckUnits returns an error wrapping ErrBadUnits for a weight n outside
+// 1..MaxUnits, or nil: for an owner that takes weights, and a layer that
+// refuses a bad one before any wait.
+func CheckUnits(n int) error {
 	if n < 1 || n > MaxUnits {
 		return fmt.Errorf("%w: %d (want 1 to %d)", ErrBadUnits, n, MaxUnits)
 	}

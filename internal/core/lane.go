@@ -2,11 +2,11 @@ package core
 
 // HolderSet is the set of a lane's holders, each knowing its place through
 // an index it owns (Hold.Idx, or an entry of a multi-lane record): removal
-// moves the last holder into the freed place. It counts the holders and the
-// units they weigh (Hold.Units), in all and per class. The first holder is kept in
-// the set itself, beside the count, so that a lane with one holder, the
-// common case for a key, writes no other cache line. The zero value is
-// empty.
+// moves the last holder into the freed place. It counts the holders and
+// the units they weigh (Hold.Units), in all and per class. The first holder
+// is kept in the set itself, beside the count, so that a lane with one
+// holder, the common case for a key, writes no other cache line. The zero
+// value is empty.
 type HolderSet struct {
 	n   int
 	one holderRec // place 0
@@ -182,8 +182,9 @@ type Shares struct {
 // only if that leaves free what the classes above it hold short of their
 // g and, unless the n units are no more than what c itself holds short of
 // its g, what the classes below it hold short of theirs too: n units are
-// admitted exactly when n admissions of one unit would be. So a class short of its guarantee is served before higher
-// classes, higher classes first among such, up to its guarantee; a reserve
+// admitted exactly when n admissions of one unit would be. So a class short
+// of its guarantee is served before higher classes, higher classes first
+// among such, up to its guarantee; a reserve
 // is lent to nobody but a higher class short of its own g, and only for
 // that shortfall; an idle class's Min neither keeps units nor cuts the
 // guarantees below it.
@@ -322,8 +323,9 @@ func (ln *Lane) Candidate(ok func(*Waiter) bool) *Waiter {
 // release, a limit change, a withdrawal): then a waiter of this lane alone
 // is one that cannot take a unit, and neither can a newcomer of its class.
 // A waiter weighing more than one unit may be unable to take its units
-// while a newcomer could take fewer: while one waits, a newcomer with
-// shares passes no waiter of this lane alone either.
+// while a newcomer could take fewer: while one of the newcomer's class or a
+// higher one waits (HeavyAhead), a newcomer with shares queues too, and its
+// owner serves the queue at once.
 func (ln *Lane) Admits(c uint8, n int) bool {
 	if ln.Shares == nil {
 		// The sum cannot overflow: units held near MaxInt would take more

@@ -75,7 +75,8 @@ func (k *Wakes) Refuse(w *Waiter) {
 	w.State = Refused
 }
 
-// Wake wakes the granted (and refused) waiters; call after releasing the owner's lock.
+// Wake wakes the granted (and refused) waiters; call after releasing the
+// owner's lock.
 // A waiter whose context ended meanwhile finds State == Granted and waits for
 // this signal before giving the grant back.
 func (k *Wakes) Wake() {

@@ -41,7 +41,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"sync"
 	"time"
 
@@ -491,16 +490,3 @@ func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.Rou
 // maxNameBytes bounds an org or model name: each is part of a key in
 // memory and, with a fleet, in Redis.
 const maxNameBytes = maxOrgBytes
-
-// rejectWait answers a provider wait that ended without a grant: with 503
-// and "Connection: close" when Drain ended it (the client is still there),
-// else as reject does.
-func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model string, err error) {
-	if g.draining.Err() != nil && r.Context().Err() == nil {
-		w.Header().Set("Connection", "close")
-		w.Header().Set("Retry-After", strconv.Itoa(int(drainRetryAfter/time.Second)))
-		writeOpenAIError(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request")
-		return
-	}
-	g.reject(w, r, refusedBy(err), model, err)
-}

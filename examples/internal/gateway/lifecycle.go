@@ -6,6 +6,8 @@ package gateway
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"strconv"
 	"time"
 
 	"github.com/inflight-go/inflight/registry/fleet"
@@ -129,4 +131,17 @@ func (g *Gateway) Close() {
 	if err := g.tel.close(ctx); err != nil {
 		g.log.Warn("gateway: telemetry: the last export failed", slog.Any("error", err))
 	}
+}
+
+// rejectWait answers a provider wait that ended without a grant: with 503
+// and "Connection: close" when Drain ended it (the client is still there),
+// else as reject does.
+func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model string, err error) {
+	if g.draining.Err() != nil && r.Context().Err() == nil {
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Retry-After", strconv.Itoa(int(drainRetryAfter/time.Second)))
+		writeOpenAIError(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request")
+		return
+	}
+	g.reject(w, r, refusedBy(err), model, err)
 }
