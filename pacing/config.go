@@ -17,8 +17,11 @@
 //
 // A self-hosted server is limited by the tokens in flight (its KV cache) as
 // much as by the requests: max_inflight_tokens caps them, per provider and
-// per model, each request weighing what Gate.AcquireN (or a Transport under
-// WithTokenCount) was told it costs.
+// per model, each request weighing what Gate.AcquireTokens (or a Transport
+// under WithTokens) was told it costs. A provider's budgets over time,
+// tokens_per_minute (and its input and output parts), take each request's
+// estimate when it starts and are corrected by the usage its answer
+// reports (Gate.Settle; a Transport reads it with WatchUsage).
 //
 // With an "adaptive" section the provider's cap is learned from the
 // upstream's answers instead of configured: report each one before its
@@ -72,6 +75,14 @@ type Config struct {
 	// flight, each weighing what Gate.AcquireN was told (a self-hosted
 	// server's KV cache, say). 0: no such cap.
 	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
+	// TokensPerMinute is a budget over time: the tokens of the requests
+	// started in any minute, as estimated at admission and corrected by
+	// Gate.Settle (see Gate.AcquireTokens). InputTokensPerMinute and
+	// OutputTokensPerMinute budget the prompt's and the answer's tokens
+	// apart, for a provider that counts them so. 0: no such budget.
+	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
+	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
+	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
 	// RequestsPerMinute spaces starts evenly: 60 s / rpm apart, in (0, 60000].
 	RequestsPerMinute int `json:"requests_per_minute,omitempty"`
 	// MinIntervalMS is a floor on the spacing of starts, in milliseconds.
@@ -121,9 +132,13 @@ type ModelConfig struct {
 	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty"`
 	// MaxInflightTokens caps the tokens of the model's requests in flight
 	// (see Config.MaxInflightTokens).
-	MaxInflightTokens int   `json:"max_inflight_tokens,omitempty"`
-	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
-	MinIntervalMS     int64 `json:"min_interval_ms,omitempty"`
+	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
+	// The model's token budgets per minute (see Config.TokensPerMinute).
+	TokensPerMinute       int   `json:"tokens_per_minute,omitempty"`
+	InputTokensPerMinute  int   `json:"input_tokens_per_minute,omitempty"`
+	OutputTokensPerMinute int   `json:"output_tokens_per_minute,omitempty"`
+	RequestsPerMinute     int   `json:"requests_per_minute,omitempty"`
+	MinIntervalMS         int64 `json:"min_interval_ms,omitempty"`
 	// Adaptive, if present, learns the model's own cap (see Config.Adaptive).
 	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 }
@@ -196,6 +211,9 @@ func (c Config) Validate() error {
 	case c.MaxInflightTokens < 0:
 		return bad("max_inflight_tokens", c.MaxInflightTokens, "is negative")
 	}
+	if err := validBudgets("", c.budgetLimits()); err != nil {
+		return err
+	}
 	if c.Adaptive != nil {
 		if err := c.Adaptive.validate("adaptive", c.MaxConcurrentRequests); err != nil {
 			return err
@@ -232,6 +250,9 @@ func (c Config) Validate() error {
 		}
 		if m.MaxInflightTokens < 0 {
 			return bad(field+".max_inflight_tokens", m.MaxInflightTokens, "is negative")
+		}
+		if err := validBudgets(field+".", m.budgetLimits()); err != nil {
+			return err
 		}
 		if m.Adaptive != nil {
 			if err := m.Adaptive.validate(field+".adaptive", m.MaxConcurrentRequests); err != nil {
@@ -300,4 +321,23 @@ func (c Config) shares() *core.Shares {
 		sh.Min[cl], sh.Reserved[cl] = s.Min, s.Reserved
 	}
 	return sh
+}
+
+func (c Config) budgetLimits() [3]int {
+	return [3]int{c.TokensPerMinute, c.InputTokensPerMinute, c.OutputTokensPerMinute}
+}
+
+func (m ModelConfig) budgetLimits() [3]int {
+	return [3]int{m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute}
+}
+
+// validBudgets checks the token budgets of a provider or a model, whose
+// fields' paths start with prefix.
+func validBudgets(prefix string, limits [3]int) error {
+	for i, l := range limits {
+		if l < 0 {
+			return bad(prefix+budgetCaps[i], l, "is negative")
+		}
+	}
+	return nil
 }

@@ -63,6 +63,7 @@ type Gate struct {
 	bypassed uint64
 	ad       adaptive // the learned cap and the upstream's pauses (learn.go)
 	tok      tokens   // the provider's tokens in flight (tokens.go)
+	bud      *budgets // the provider's token budgets (budget.go), or nil
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -84,6 +85,12 @@ type grant struct {
 	// grant has moved them: a start that never happened takes no interval.
 	prev, modelPrev starts
 	reported        bool // Report has taken its verdict
+	// The request's estimated cost, and what it counts on in the budgets:
+	// queuedOn while it waits, charged (in the second step) once started.
+	est               Tokens
+	step              int64
+	queuedOn, charged [2]*budgets
+	settled           bool // Settle (or a refusal, a give-back) has corrected its charges
 }
 
 type starts struct {
@@ -184,11 +191,12 @@ func (g *Gate) Close() {
 // "reject"), or with an error wrapping ctx.Err(). With "proceed", a wait
 // that times out returns a Grant whose Slot is Bypassed.
 func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
-	return g.acquire(ctx, model, 1)
+	return g.acquire(ctx, model, Tokens{Input: 1})
 }
 
-// acquire is AcquireN with n checked.
-func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) {
+// acquire is AcquireTokens with t checked.
+func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, error) {
+	n := t.Total()
 	if ctx == nil {
 		g.eng.Rejected(nil, slots.ErrNilContext, 0)
 		return Grant{}, slots.ErrNilContext
@@ -197,7 +205,7 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 		g.eng.Rejected(ctx, ErrGateClosed, 0)
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
-	gr := &grant{g: g, units: int32(n)}
+	gr := &grant{g: g, units: int32(n), est: t}
 	x, h, _ := g.eng.NewSlot(gr, 0) // no leak detection: never a tracked hold
 	place := core.PlaceOf(ctx)
 	h.Class = place.Class
@@ -225,8 +233,15 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 		g.mu.Unlock()
 		return Grant{}, g.rejected(ctx, rej, 0)
 	}
+	if at, name := g.budgetsAt(gr.model, t, afterQueued, now); at > now+int64(queueWait) {
+		rej := g.overBudgetRejectLocked(gr.model, t, name, at, now, queueWait)
+		g.dropIfIdleLocked(gr.model)
+		g.mu.Unlock()
+		return Grant{}, g.rejected(ctx, rej, 0)
+	}
 	g.provider.Waiters.Push(&w.Elem)
 	gr.model.waiting++
+	gr.queue()
 	g.dispatchLocked(now, &wk)
 	granted := w.State == core.Granted
 	if !granted && (g.provider.Waiters.Len() > g.cfg.QueueLimit() ||
@@ -237,7 +252,8 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 		g.provider.Waiters.Remove(&w.Elem)
 		w.State = core.Gone
 		gr.model.waiting--
-		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, n, now)
+		gr.unqueue()
+		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, t, now)
 		g.dropIfIdleLocked(gr.model)
 		// Its class may have stopped waiting, and stopped keeping its
 		// minimum share from the others; a request waiting for tokens
@@ -282,7 +298,7 @@ func (g *Gate) acquire(ctx context.Context, model string, n int) (Grant, error) 
 	g.mu.Lock()
 	if !g.cfg.FailOpen() { // as configured now, not when the wait began
 		now := g.eng.Clock.Nanos()
-		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, n, now)
+		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, t, now)
 		g.mu.Unlock()
 		return Grant{}, g.rejected(ctx, rej, time.Duration(now-start))
 	}
@@ -317,8 +333,10 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	}
 	g.provider.Waiters.Remove(&w.Elem)
 	w.State = core.Gone
-	ml := w.Hold.Owner.(*grant).model
+	gr := w.Hold.Owner.(*grant)
+	ml := gr.model
 	ml.waiting--
+	gr.unqueue()
 	g.dropIfIdleLocked(ml)
 	// A class that stops waiting stops keeping its minimum share from the
 	// others, and a request waiting for tokens stops holding back the ones
@@ -358,6 +376,11 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		ml := gr.model
 		g.provider.Serve(w)
 		ml.waiting--
+		gr.unqueue()
+		gr.charged, gr.step = g.budgetsOf(ml), now/int64(budgetStep)
+		for _, b := range gr.charged {
+			b.charge(gr.est) // fitAt has advanced its windows to now
+		}
 		gr.key = key
 		w.Hold.At = now
 		g.seq++
@@ -416,7 +439,7 @@ func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
 			}
 			return false
 		}
-		return tf.ok(g, w)
+		return tf.ok(g, w, now, wakeAt)
 	})
 }
 
@@ -461,7 +484,8 @@ func (gr *grant) Release(h *core.Hold) bool {
 		gr.key.lane.Holders.Remove(h, &gr.idx[2])
 	}
 	if h.GivenBack {
-		if g.seq == h.ID { // no grant since: the provider's start is undone
+		g.settleLocked(gr, Tokens{}, &wk) // never sent: it charges nothing
+		if g.seq == h.ID {                // no grant since: the provider's start is undone
 			g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
 		}
 		if ml := gr.model; ml.lastID == h.ID {

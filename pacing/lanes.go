@@ -19,6 +19,7 @@ type modelLane struct {
 	capCfg     int      // its max_concurrent_requests (0: none)
 	l          *learner // its learned cap, with ModelConfig.Adaptive; else nil
 	tok        tokens   // its tokens in flight, and ModelConfig.MaxInflightTokens
+	bud        *budgets // its token budgets, when configured; else nil
 }
 
 type keyLane struct {
@@ -43,10 +44,12 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
 	g.provider.Shares = cfg.shares()
 	g.tok.limit = cfg.MaxInflightTokens
+	g.bud = newBudgets(g.bud, cfg.budgetLimits())
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
 			ml.lane.Limit, ml.interval, ml.capCfg, ml.tok.limit = slots.Unlimited, 0, 0, 0
+			ml.bud = nil
 			g.dropIfIdleLocked(ml)
 		}
 	}
@@ -59,6 +62,7 @@ func (g *Gate) applyLocked(cfg Config) {
 		ml.configured = true
 		ml.lane.Limit, ml.capCfg = limitOf(m.MaxConcurrentRequests), m.MaxConcurrentRequests
 		ml.tok.limit = m.MaxInflightTokens
+		ml.bud = newBudgets(ml.bud, m.budgetLimits())
 		ml.interval = cfg.ModelInterval(name)
 	}
 	// Keys keep their lanes (and so their holders) by id; a key no longer

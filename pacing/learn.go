@@ -284,7 +284,8 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // when it gives none). Other (a failed exchange: report it too) proves
 // nothing: a probe it was is withdrawn. A grant never reported is taken as
 // admitted a moment after its start, as a probe that no refusal followed.
-// A bypassed grant reports nothing.
+// A bypassed grant reports nothing. A refusal (any verdict but Admitted and
+// Other) returns what the request charged the token budgets (Settle).
 //
 // Only the first call for a grant counts: a later one, with whatever
 // verdict, changes nothing and is not counted in Learned.ByKind.
@@ -378,8 +379,15 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			kl.outUntil = max(kl.outUntil, now+int64(min(d, maxRetryAfter)))
 		}
 	}
+	// A request the upstream refused was not served: it charges its
+	// budgets nothing.
+	var wk core.Wakes
+	if own != nil && v.Kind != Admitted && v.Kind != Other {
+		g.settleLocked(own, Tokens{}, &wk)
+	}
 	g.learnedLocked(now)
 	g.redispatchLocked(now)
+	wk.Wake()
 }
 
 // Learned returns the state of the learned cap and the answers reported.

@@ -20,12 +20,48 @@ const (
 	// CapTokens and CapModelTokens (tokens.go) are the caps on tokens.
 )
 
-// bindingLocked names what keeps a request for ml weighing n tokens from
-// starting now, as dispatchLocked tries them, with that cap's holders (or
-// tokens) and limit: the provider's cap, the model's, their tokens, the
-// key pool, a pause the upstream asked for, the spacing of starts. A request that could start but for those
-// ahead of it in the queue waited for the provider's cap.
-func (g *Gate) bindingLocked(ml *modelLane, n int, now int64) (name string, inFlight, limit int) {
+// bindingLocked names what keeps a request for ml costing t from starting
+// now, as dispatchLocked tries them, with that cap's holders (or tokens)
+// and limit: the provider's cap, the model's, their tokens, the key pool,
+// a pause the upstream asked for, the spacing of starts, the budgets. A
+// request that could start but for those ahead of it in the queue waited
+// for the provider's cap. at is when a binding budget will take it.
+func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, inFlight, limit int, at int64) {
+	n := t.Total()
+	name, inFlight, limit = g.capBindingLocked(ml, n, now)
+	if name != "" {
+		return name, inFlight, limit, 0
+	}
+	if at, name = g.budgetsAt(ml, t, afterNone, now); name != "" {
+		inFlight, limit = g.budgetUseLocked(ml, name, now)
+		return name, inFlight, limit, at
+	}
+	// Behind a request that waits for tokens or a budget, which none may pass.
+	for _, c := range core.Order {
+		for el := range g.provider.Waiters.Class(c) {
+			gr := el.Value.Hold.Owner.(*grant)
+			switch n := int(gr.units); {
+			case !g.tok.fits(n):
+				return CapTokens, g.tok.held, g.tok.limit, 0
+			case gr.model == ml && !ml.tok.fits(n):
+				return CapModelTokens, ml.tok.held, ml.tok.limit, 0
+			}
+			at, name = g.bud.binding("", gr.est, afterNone, now)
+			if name == "" && gr.model == ml {
+				at, name = ml.bud.binding("model_", gr.est, afterNone, now)
+			}
+			if name != "" {
+				inFlight, limit = g.budgetUseLocked(ml, name, now)
+				return name, inFlight, limit, at
+			}
+		}
+	}
+	return CapProvider, g.provider.Holders.Len(), g.provider.Limit, 0
+}
+
+// capBindingLocked is bindingLocked's part for the caps in flight, the
+// pool, pauses and spacing; "" when none binds.
+func (g *Gate) capBindingLocked(ml *modelLane, n int, now int64) (name string, inFlight, limit int) {
 	switch {
 	case !g.provider.HasRoom():
 		return CapProvider, g.provider.Holders.Len(), g.provider.Limit
@@ -46,19 +82,7 @@ func (g *Gate) bindingLocked(ml *modelLane, n int, now int64) (name string, inFl
 	case g.started && g.next > now, ml.interval > 0 && ml.started && ml.next > now:
 		return CapPacing, g.provider.Holders.Len(), g.provider.Limit
 	}
-	// Behind a request that waits for tokens, which none may pass.
-	for _, c := range core.Order {
-		for el := range g.provider.Waiters.Class(c) {
-			gr := el.Value.Hold.Owner.(*grant)
-			switch n := int(gr.units); {
-			case !g.tok.fits(n):
-				return CapTokens, g.tok.held, g.tok.limit
-			case gr.model == ml && !ml.tok.fits(n):
-				return CapModelTokens, ml.tok.held, ml.tok.limit
-			}
-		}
-	}
-	return CapProvider, g.provider.Holders.Len(), g.provider.Limit
+	return "", 0, 0
 }
 
 // addLimits adds two limits; with one slots.Unlimited, the sum is too.
@@ -71,7 +95,7 @@ func addLimits(a, b int) int {
 
 // rejectLocked builds a rejection with a Retry-After from when a slot or a
 // start is next expected; report it with rejected once unlocked.
-func (g *Gate) rejectLocked(reason error, ml *modelLane, n int, now int64) *core.Rejection {
+func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *core.Rejection {
 	g.rejects++
 	var wait time.Duration // the wait a caller timed out in may be spent queued again
 	if reason == slots.ErrWaitTimeout {
@@ -79,10 +103,14 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, n int, now int64) *core
 	}
 	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit), wait)
 	rej.Cap = CapProvider
+	var at int64 // when a binding budget takes it
 	if reason == slots.ErrWaitTimeout {
-		rej.Cap, rej.InFlight, rej.Limit = g.bindingLocked(ml, n, now)
+		rej.Cap, rej.InFlight, rej.Limit, at = g.bindingLocked(ml, t, now)
 	}
 	ra := rej.RetryAfter
+	if at > now {
+		ra = max(ra, retryAt(at, now))
+	}
 	next := int64(0)
 	if g.started {
 		next = g.next
@@ -92,7 +120,7 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, n int, now int64) *core
 	}
 	if next > now {
 		// Rounded up: a client that honours it does not come back early.
-		ra = max(ra, (time.Duration(next-now) + time.Millisecond - 1).Truncate(time.Millisecond))
+		ra = max(ra, retryAt(next, now))
 	}
 	rej.RetryAfter = ra
 	return rej

@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -24,14 +25,55 @@ type Status struct {
 	Tokens        int
 	TokenLimit    int
 	TokensByModel map[string]int
-	NextStartIn   time.Duration // until the provider's next start is allowed (0: now)
-	LastStart     time.Time     // the provider's last granted start (zero: none yet)
-	Rejected      uint64        // queue full, wait timeout, or heavier than a token cap
-	Bypassed      uint64        // proceeded without a slot after the queue wait ("proceed")
+	// Budgets are the token budgets per minute, the provider's first, then
+	// the models' by name.
+	Budgets     []BudgetStatus
+	NextStartIn time.Duration // until the provider's next start is allowed (0: now)
+	LastStart   time.Time     // the provider's last granted start (zero: none yet)
+	Rejected    uint64        // queue full, wait timeout, or heavier than a token cap
+	Bypassed    uint64        // proceeded without a slot after the queue wait ("proceed")
 	// DoubleReleases counts Release calls on a slot already released, or
 	// on a copy of a Slot: misuse, which frees nothing.
 	DoubleReleases uint64
 	Queue          slots.QueueStats // who waits: per class, and the flows with the most waiters
+}
+
+// BudgetStatus is a token budget per minute: its Cap (a budget's name, as
+// CapTokensPerMinute), its Model ("" for the provider's), its Limit, and
+// what is Left of it over the last minute (negative in debt: a request
+// used more than estimated). ResetIn is how long until all of it is left
+// again, if nothing more starts. Queued is what the requests waiting for
+// it are estimated to cost.
+type BudgetStatus struct {
+	Cap     string
+	Model   string
+	Limit   int
+	Left    int
+	ResetIn time.Duration
+	Queued  int
+}
+
+// Budgets returns the token budgets per minute as Status does, without
+// the rest (for an answer's rate-limit headers, say).
+func (g *Gate) Budgets() []BudgetStatus {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.budgetsLocked(g.eng.Clock.Nanos())
+}
+
+func (g *Gate) budgetsLocked(now int64) []BudgetStatus {
+	st := g.bud.status(nil, "", now)
+	names := make([]string, 0, len(g.models))
+	for name, ml := range g.models {
+		if ml.bud != nil {
+			names = append(names, name)
+		}
+	}
+	slices.Sort(names)
+	for _, name := range names {
+		st = g.models[name].bud.status(st, name, now)
+	}
+	return st
 }
 
 // Status returns the Gate's state now.
@@ -56,6 +98,7 @@ func (g *Gate) Status() Status {
 			st.WaitingByModel[name] = ml.waiting
 		}
 	}
+	st.Budgets = g.budgetsLocked(now)
 	for _, k := range g.keys {
 		st.ByKey[k.id] = k.lane.Holders.Len()
 	}

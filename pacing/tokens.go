@@ -44,7 +44,7 @@ func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error)
 		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)
 		return Grant{}, err
 	}
-	return g.acquire(ctx, model, n)
+	return g.acquire(ctx, model, Tokens{Input: n})
 }
 
 // tooHeavyLocked names the token cap that can never hold n tokens of a
@@ -88,22 +88,23 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 		g.provider.Waiters.Remove(&w.Elem)
 		gr := w.Hold.Owner.(*grant)
 		gr.model.waiting--
+		gr.unqueue()
 		gr.refused = g.exceedsLocked(gr.model, int(gr.units))
 		wk.Refuse(w)
 	}
 }
 
 // tokensFit is the token part of nextLocked's choice, for one pass over
-// the queue in its order: whether w's tokens fit. The first request that
-// does not fit the provider's tokens stops the pass, the first that does
-// not fit its model's stops that model's; so none passes a request waiting
-// for tokens.
+// the queue in its order: whether w's tokens fit the caps in flight and
+// the budgets. The first request that does not fit the provider's stops
+// the pass, the first that does not fit its model's stops that model's;
+// so none passes a request waiting for tokens.
 type tokensFit struct {
 	stopped bool
 	models  []*modelLane // models whose tokens a waiter waits for
 }
 
-func (t *tokensFit) ok(g *Gate, w *core.Waiter) bool {
+func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 	gr := w.Hold.Owner.(*grant)
 	ml := gr.model
 	for _, m := range t.models {
@@ -116,28 +117,26 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter) bool {
 		t.stopped = true
 		return false
 	}
+	if at, _ := g.bud.fitAt(gr.est, [3]int64{}, now); at != 0 {
+		lower(wakeAt, at)
+		t.stopped = true
+		return false
+	}
 	if !ml.tok.fits(n) {
+		t.models = append(t.models, ml)
+		return false
+	}
+	if at, _ := ml.bud.fitAt(gr.est, [3]int64{}, now); at != 0 {
+		lower(wakeAt, at)
 		t.models = append(t.models, ml)
 		return false
 	}
 	return true
 }
 
-type tokensKey struct{}
-
-// WithTokenCount returns a context under which a Transport admits its
-// request as weighing n tokens (Gate.AcquireN): for a server that has
-// counted the request's tokens (its prompt, and the most it may answer).
-// Without it a request weighs one.
-func WithTokenCount(ctx context.Context, n int) context.Context {
-	return context.WithValue(ctx, tokensKey{}, n)
-}
-
-// tokenCount returns the tokens ctx says a request weighs (1 without
-// WithTokenCount).
-func tokenCount(ctx context.Context) int {
-	if n, ok := ctx.Value(tokensKey{}).(int); ok {
-		return n
+// lower lowers *at to t; an *at of 0 is none yet.
+func lower(at *int64, t int64) {
+	if *at == 0 || t < *at {
+		*at = t
 	}
-	return 1
 }

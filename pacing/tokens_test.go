@@ -157,7 +157,7 @@ func TestTransportWeighsTokens(t *testing.T) {
 			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: io.NopCloser(strings.NewReader("ok")), Request: req}, nil
 		})
 		client := &http.Client{Transport: pacing.NewTransport(base, g)}
-		ctx := pacing.WithModelName(pacing.WithTokenCount(context.Background(), 42), "m")
+		ctx := pacing.WithModelName(pacing.WithTokens(context.Background(), pacing.Tokens{Input: 42}), "m")
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://upstream.test/v1/chat/completions", nil)
 		require.NoError(t, err)
 		resp, err := client.Do(req)
@@ -168,7 +168,7 @@ func TestTransportWeighsTokens(t *testing.T) {
 		require.NoError(t, resp.Body.Close())
 		assert.Equal(t, 0, g.Status().Tokens)
 
-		req, err = http.NewRequestWithContext(pacing.WithTokenCount(ctx, 101), http.MethodPost, "http://upstream.test/v1/chat/completions", nil)
+		req, err = http.NewRequestWithContext(pacing.WithTokens(ctx, pacing.Tokens{Input: 101}), http.MethodPost, "http://upstream.test/v1/chat/completions", nil)
 		require.NoError(t, err)
 		_, err = client.Do(req)
 		assert.ErrorIs(t, err, slots.ErrExceedsLimit)
@@ -249,7 +249,7 @@ func TestTransportRefusesABadTokenCount(t *testing.T) {
 	})
 	client := &http.Client{Transport: pacing.NewTransport(base, g)}
 	for _, n := range []int{0, -5} {
-		ctx := pacing.WithModelName(pacing.WithTokenCount(context.Background(), n), "m")
+		ctx := pacing.WithModelName(pacing.WithTokens(context.Background(), pacing.Tokens{Input: n}), "m")
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://upstream.test/v1/chat/completions", nil)
 		require.NoError(t, err)
 		_, err = client.Do(req)

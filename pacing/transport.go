@@ -142,9 +142,10 @@ func NewTransport(base http.RoundTripper, gate *Gate, opts ...TransportOption) *
 
 // exchange is one request's admission, from RoundTrip to the reporter.
 type exchange struct {
-	model string
-	grant Grant
-	caps  *slots.Slot // the fleet's; nil without a fleet
+	model   string
+	grant   Grant
+	caps    *slots.Slot // the fleet's; nil without a fleet
+	weighed bool        // admitted under WithTokens: its answer's usage settles it
 }
 
 type exchangeKey struct{}
@@ -230,11 +231,15 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		x.grant, x.caps = Grant{}, nil
 	}()
 	start := time.Now()
-	n := tokenCount(ctx)
-	if err := slots.CheckUnits(n); err != nil { // before any wait: no cap could take it
+	cost, weighed := tokensOf(ctx)
+	if !weighed {
+		cost = Tokens{Input: 1}
+	}
+	if err := checkTokens(cost); err != nil { // before any wait: no cap could take it
 		tr.refused(err)
 		return nil, err
 	}
+	x.weighed = weighed
 	if t.caps != nil {
 		keys := []string{"provider"}
 		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
@@ -254,7 +259,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 			return nil, err
 		}
 	}
-	x.grant, err = t.gate.AcquireN(ctx, x.model, n)
+	x.grant, err = t.gate.AcquireTokens(ctx, x.model, cost)
 	if err != nil {
 		x.caps.Release() // before the Trace hears of it
 		x.caps = nil
@@ -307,6 +312,10 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.caps.Report(x.caps, v)
 		}
 	})
+	if toGate && x.weighed && err == nil && resp.StatusCode/100 == 2 {
+		// Its budgets are settled with the usage the answer reports.
+		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) { t.gate.Settle(x.grant, used) })
+	}
 	return resp, err
 }
 

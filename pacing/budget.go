@@ -1,0 +1,221 @@
+package pacing
+
+// Token budgets over time: Config.TokensPerMinute and its input and output
+// parts, per provider and per model (see Gate.AcquireTokens and
+// Gate.Settle).
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// The budgets a Gate names in a refusal's slots.LimitError.Cap; a model's
+// are these with "model_" before them.
+const (
+	CapTokensPerMinute       = "tokens_per_minute"
+	CapInputTokensPerMinute  = "input_tokens_per_minute"
+	CapOutputTokensPerMinute = "output_tokens_per_minute"
+)
+
+// budgetCaps names the budgets of a lane, in the order of a budgets' array.
+var budgetCaps = [3]string{CapTokensPerMinute, CapInputTokensPerMinute, CapOutputTokensPerMinute}
+
+// Tokens is what a request spends: its prompt's tokens (Input) and its
+// answer's (Output). Before it is sent it is an estimate (the prompt
+// counted, and the most it may answer); Settle corrects it with what the
+// upstream reports.
+type Tokens struct {
+	Input  int
+	Output int
+}
+
+// Total is Input + Output.
+func (t Tokens) Total() int { return t.Input + t.Output }
+
+// part is what t charges the budget at index i of budgetCaps.
+func (t Tokens) part(i int) int64 {
+	switch i {
+	case 1:
+		return int64(t.Input)
+	case 2:
+		return int64(t.Output)
+	}
+	return int64(t.Input) + int64(t.Output)
+}
+
+// queue counts gr's estimate as waiting on its budgets; unqueue takes it
+// off those it was counted on.
+func (gr *grant) queue() {
+	gr.queuedOn = gr.g.budgetsOf(gr.model)
+	for _, b := range gr.queuedOn {
+		b.queue(gr.est, 1)
+	}
+}
+
+func (gr *grant) unqueue() {
+	for _, b := range gr.queuedOn {
+		b.queue(gr.est, -1)
+	}
+	gr.queuedOn = [2]*budgets{}
+}
+
+// ErrOverBudget: a token budget per minute (Config.TokensPerMinute and
+// its parts) cannot take the request within its wait; the refusal's
+// RetryAfter is when it will have refilled enough.
+var ErrOverBudget = errors.New("pacing: over the token budget")
+
+// overBudgetRejectLocked builds the refusal of a request for ml that the
+// budget name cannot take t before at, more than wait from now. Its
+// Retry-After is wait before at: a client that comes back then may queue
+// for the rest, so the budget does not idle while refused clients wait.
+// Later refusals are told to come back after it.
+func (g *Gate) overBudgetRejectLocked(ml *modelLane, t Tokens, name string, at, now int64, wait time.Duration) *core.Rejection {
+	g.rejects++
+	// It comes back after those told to come back before it.
+	if a, n := g.budgetsAt(ml, t, afterTold, now); a > at {
+		at, name = a, n
+	}
+	rej := &core.Rejection{Err: ErrOverBudget, Key: g.name + "/" + ml.name, Cap: name, Queued: g.provider.Waiters.Len(),
+		RetryAfter: retryAt(at-int64(wait), now)}
+	for _, b := range g.budgetsOf(ml) {
+		b.tell(t, now+int64(rej.RetryAfter), now)
+	}
+	rej.InFlight, rej.Limit = g.budgetUseLocked(ml, name, now)
+	return rej
+}
+
+// retryAt is the wait until at, rounded up to the millisecond so that a
+// client that honours it does not come back early.
+func retryAt(at, now int64) time.Duration {
+	return (time.Duration(at-now) + time.Millisecond - 1).Truncate(time.Millisecond)
+}
+
+// budgetUseLocked returns the tokens counted in the last minute under the
+// budget name (a budgetCaps name, "model_" before it for ml's) and its
+// limit.
+func (g *Gate) budgetUseLocked(ml *modelLane, name string, now int64) (used, limit int) {
+	b := g.bud
+	if len(name) > 6 && name[:6] == "model_" {
+		b, name = ml.bud, name[6:]
+	}
+	if b == nil {
+		return 0, 0
+	}
+	for i, c := range budgetCaps {
+		if c == name {
+			return int(b.w[i].limit - b.w[i].left(now)), int(b.w[i].limit)
+		}
+	}
+	return 0, 0
+}
+
+// AcquireTokens is AcquireN for a request whose cost is estimated as t: it
+// weighs t.Total() on the token caps in flight, and it starts only when t
+// fits the provider's and its model's token budgets per minute
+// (Config.TokensPerMinute and its input and output parts). A budget counts
+// what started in the last minute, as the requests' estimates corrected by
+// Settle; a budget with nothing in its last minute admits any request, so a
+// budget's first request passes even when it is larger than the budget.
+//
+// Order on a budget is strict, as on the token caps. A request whose
+// budget cannot take it within Config's queue wait, counting the requests
+// already waiting for that budget, is refused at once with a
+// *slots.LimitError wrapping slots.ErrOverBudget, whose RetryAfter is when
+// the budget will have refilled enough. A refused request charges nothing,
+// nor does one whose grant is given back (its caller's context ended as it
+// came) or is reported as refused by the upstream (Report with Overload or
+// Quota). t's parts must not be negative and t.Total() must be in
+// 1..slots.MaxUnits (else slots.ErrBadUnits).
+func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant, error) {
+	if err := checkTokens(t); err != nil {
+		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)
+		return Grant{}, err
+	}
+	return g.acquire(ctx, model, t)
+}
+
+// Settle corrects what gr's request charged its token budgets with what it
+// used, as the upstream reported (an answer's "usage"): an overestimate is
+// returned to the budget, an underestimate charged as debt that later
+// requests wait for. It may come after the Slot is released. Only the first
+// call (or refusal by Report) for a grant counts; negative parts count as 0.
+func (g *Gate) Settle(gr Grant, used Tokens) {
+	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
+		return
+	}
+	own, _ := (*core.Handle)(gr.Slot).Hold().Owner.(*grant)
+	if own == nil {
+		return
+	}
+	used.Input, used.Output = max(used.Input, 0), max(used.Output, 0)
+	var wk core.Wakes
+	g.mu.Lock()
+	g.settleLocked(own, used, &wk)
+	g.mu.Unlock()
+	wk.Wake()
+}
+
+// settleLocked corrects gr's charges to used, once, and starts the
+// waiters that now fit, leaving them in wk to be woken.
+func (g *Gate) settleLocked(gr *grant, used Tokens, wk *core.Wakes) {
+	if gr.settled {
+		return
+	}
+	gr.settled = true
+	now := g.eng.Clock.Nanos()
+	for _, b := range gr.charged {
+		b.correct(gr.step, gr.est, used, now)
+	}
+	if used.Total() < gr.est.Total() {
+		g.dispatchLocked(now, wk)
+	}
+}
+
+// budgetsOf returns the budgets a request for ml counts on: the
+// provider's and its model's (either may be nil).
+func (g *Gate) budgetsOf(ml *modelLane) [2]*budgets { return [2]*budgets{g.bud, ml.bud} }
+
+// After whom a request is placed when budgetsAt estimates its start.
+const (
+	afterNone   = iota // nobody: it is at the queue's head
+	afterQueued        // the requests queued for its budgets
+	afterTold          // those, and the refused told to come back later
+)
+
+// budgetsAt returns when the provider's and ml's budgets will take t,
+// placed after those that after says, and the name of the budget that
+// binds then; 0 and "" when they take it now.
+func (g *Gate) budgetsAt(ml *modelLane, t Tokens, after int, now int64) (at int64, name string) {
+	at, name = g.bud.binding("", t, after, now)
+	if a, n := ml.bud.binding("model_", t, after, now); a > at {
+		at, name = a, n
+	}
+	return at, name
+}
+
+// binding is fitAt, with the binding budget named by its budgetCaps name
+// after prefix.
+func (b *budgets) binding(prefix string, t Tokens, after int, now int64) (at int64, name string) {
+	var extra [3]int64
+	if after != afterNone {
+		extra = b.waiting(after == afterTold, now)
+	}
+	at, i := b.fitAt(t, extra, now)
+	if at == 0 {
+		return 0, ""
+	}
+	return at, prefix + budgetCaps[i]
+}
+
+// checkTokens returns the error of a cost no admission can take: a
+// negative part, or a total outside 1..slots.MaxUnits.
+func checkTokens(t Tokens) error {
+	if t.Input < 0 || t.Output < 0 {
+		return slots.CheckUnits(-1)
+	}
+	return slots.CheckUnits(t.Total())
+}

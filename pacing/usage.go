@@ -1,0 +1,212 @@
+package pacing
+
+// What an answer says it used: the "usage" of an OpenAI- or
+// Anthropic-style answer, read as the body passes (WatchUsage), and the
+// Transport's settling of a request's budgets with it.
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"mime"
+	"sync"
+)
+
+type tokensKey struct{}
+
+// WithTokens returns a context under which a Transport admits its request
+// as costing t (Gate.AcquireTokens): its prompt's tokens and the most it
+// may answer, as the caller estimates them. The Transport then settles the
+// request's budgets with the usage its answer reports (WatchUsage), if it
+// reports one. Without it a request weighs one token and settles nothing.
+func WithTokens(ctx context.Context, t Tokens) context.Context {
+	return context.WithValue(ctx, tokensKey{}, t)
+}
+
+// tokensOf returns the cost ctx carries, and whether it carries one.
+func tokensOf(ctx context.Context) (Tokens, bool) {
+	t, ok := ctx.Value(tokensKey{}).(Tokens)
+	return t, ok
+}
+
+// MaxUsageBody bounds the JSON answer WatchUsage keeps to read its usage
+// at the end; a larger one passes through unread.
+const MaxUsageBody = 1 << 20
+
+// WatchUsage returns body, unchanged as it is read, that calls f once with
+// the tokens the answer reports it used, when it has been read to its end
+// (or closed after its usage came):
+//   - a JSON answer (contentType other than text/event-stream): its
+//     "usage" (OpenAI's prompt_tokens and completion_tokens, or
+//     input_tokens and output_tokens as Anthropic and OpenAI's Responses
+//     API say), read at the end, if the answer is at most MaxUsageBody;
+//   - a stream of server-sent events: the latest of each count that any
+//     event's "usage" (or its message's or response's) carried. OpenAI
+//     sends it in a last chunk only when the request asked for it with
+//     stream_options.include_usage; Anthropic in message_start (input)
+//     and message_delta (output).
+//
+// f is not called for an answer that reports no usage, or that is closed
+// before the end without one: its estimate stands.
+func WatchUsage(body io.ReadCloser, contentType string, f func(Tokens)) io.ReadCloser {
+	mt, _, _ := mime.ParseMediaType(contentType)
+	return &usageBody{rc: body, stream: mt == "text/event-stream", f: f}
+}
+
+type usageBody struct {
+	rc     io.ReadCloser
+	stream bool
+	f      func(Tokens)
+
+	mu       sync.Mutex
+	buf      []byte // the JSON answer so far, or a stream's unfinished line
+	tooLong  bool   // the JSON answer outgrew MaxUsageBody, or a line did
+	in, out  int
+	gotIn    bool
+	gotOut   bool // an output count that ends the answer has come
+	finished bool // f has been called, or will not be
+}
+
+func (b *usageBody) Read(p []byte) (int, error) {
+	n, err := b.rc.Read(p)
+	b.mu.Lock()
+	if b.finished {
+		b.mu.Unlock()
+		return n, err
+	}
+	if n > 0 {
+		b.feed(p[:n])
+	}
+	var used Tokens
+	report := false
+	if err == io.EOF {
+		switch {
+		case b.tooLong:
+		case b.stream:
+			b.line(b.buf) // a last line with no newline
+		default:
+			b.parse(b.buf)
+		}
+		used, report = b.finishLocked(true)
+	}
+	b.mu.Unlock()
+	if report {
+		b.f(used)
+	}
+	return n, err
+}
+
+// Close closes the body; the usage counts if it came before.
+func (b *usageBody) Close() error {
+	err := b.rc.Close()
+	b.mu.Lock()
+	used, report := b.finishLocked(b.stream && b.gotOut)
+	b.mu.Unlock()
+	if report {
+		b.f(used)
+	}
+	return err
+}
+
+// feed takes the next bytes of the answer.
+func (b *usageBody) feed(p []byte) {
+	if !b.stream {
+		if !b.tooLong {
+			if len(b.buf)+len(p) > MaxUsageBody {
+				b.tooLong, b.buf = true, nil
+				return
+			}
+			b.buf = append(b.buf, p...)
+		}
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			if len(b.buf)+len(p) > MaxUsageBody {
+				b.tooLong, b.buf = true, b.buf[:0] // this line is skipped
+			} else if !b.tooLong {
+				b.buf = append(b.buf, p...)
+			}
+			return
+		}
+		if !b.tooLong {
+			if len(b.buf) > 0 {
+				b.buf = append(b.buf, p[:i]...)
+				b.line(b.buf)
+			} else {
+				b.line(p[:i])
+			}
+		}
+		b.buf, b.tooLong = b.buf[:0], false
+		p = p[i+1:]
+	}
+}
+
+// line reads one line of an event stream: a data line that mentions usage.
+func (b *usageBody) line(l []byte) {
+	data, ok := bytes.CutPrefix(bytes.TrimRight(l, "\r"), []byte("data:"))
+	if ok && bytes.Contains(data, []byte(`"usage"`)) {
+		b.parse(data)
+	}
+}
+
+// usageJSON is a "usage" object, in either vocabulary.
+type usageJSON struct {
+	PromptTokens     *int `json:"prompt_tokens"`
+	CompletionTokens *int `json:"completion_tokens"`
+	InputTokens      *int `json:"input_tokens"`
+	OutputTokens     *int `json:"output_tokens"`
+}
+
+// parse reads the usage of one JSON answer or event, if it has one.
+func (b *usageBody) parse(data []byte) {
+	var v struct {
+		Usage    *usageJSON                  `json:"usage"`
+		Message  *struct{ Usage *usageJSON } `json:"message"`
+		Response *struct{ Usage *usageJSON } `json:"response"`
+	}
+	if json.Unmarshal(data, &v) != nil {
+		return
+	}
+	for i, u := range []*usageJSON{nested(v.Message), v.Usage, nested(v.Response)} {
+		if u == nil {
+			continue
+		}
+		if p := cmpOr(u.PromptTokens, u.InputTokens); p != nil {
+			b.in, b.gotIn = max(*p, 0), true
+		}
+		if c := cmpOr(u.CompletionTokens, u.OutputTokens); c != nil {
+			// A message's usage (Anthropic's message_start) comes first,
+			// before the answer: its output count is not the answer's.
+			b.out, b.gotOut = max(*c, 0), i > 0
+		}
+	}
+}
+
+func nested(v *struct{ Usage *usageJSON }) *usageJSON {
+	if v == nil {
+		return nil
+	}
+	return v.Usage
+}
+
+// cmpOr returns a if it is set, else b.
+func cmpOr(a, b *int) *int {
+	if a != nil {
+		return a
+	}
+	return b
+}
+
+// finishLocked ends the watch: it returns the usage read and whether to
+// report it (once, if report and any was read). After it, the body only
+// passes bytes through.
+func (b *usageBody) finishLocked(report bool) (Tokens, bool) {
+	if b.finished {
+		return Tokens{}, false
+	}
+	b.finished, b.buf = true, nil
+	return Tokens{Input: b.in, Output: b.out}, report && (b.gotIn || b.gotOut)
+}
