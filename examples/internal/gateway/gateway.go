@@ -94,7 +94,8 @@ type Gateway struct {
 	log           *slog.Logger
 	rejections    rejectLog
 	tel           *telemetry // nil without telemetry
-	tokens        *estimator // counts requests' tokens; nil without a token cap
+	tokens        *estimator // counts requests' tokens; nil without a token cap or budget
+	budgets       bool       // the provider has token budgets per minute
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -129,9 +130,10 @@ type exchangeKey struct{}
 // exchange is what the handler learns of a model request's admission by
 // the provider's Transport.
 type exchange struct {
-	model    string
-	admitted *pacing.Admission // nil: not admitted
-	refused  error             // the provider's refusal, if any
+	model     string
+	admitted  *pacing.Admission // nil: not admitted
+	refused   error             // the provider's refusal, if any
+	dropUsage bool              // the gateway asked for the stream's usage: the client gets no usage chunk
 }
 
 // An Option configures a Gateway.
@@ -163,6 +165,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		}
 	}
 	g.weights = cfg.Orgs.Weights
+	g.budgets = budgetsTokens(cfg.Provider)
 	if capsTokens(cfg.Provider) {
 		if g.tokens, err = newEstimator(cfg.Tokens); err != nil {
 			return nil, err
@@ -213,6 +216,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 			if resp.StatusCode == http.StatusSwitchingProtocols {
 				return errUnexpectedUpgrade
 			}
+			g.budgetAnswer(resp)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -374,9 +378,13 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	info.org, info.model = org, model
-	tokens := 0 // the request's tokens, for the provider's token caps
+	var cost pacing.Tokens // the request's tokens, for the provider's token caps and budgets
+	askedUsage := false
 	if g.tokens != nil && body != nil {
-		if tokens, err = g.tokens.estimate(body, model); err != nil {
+		if g.budgets {
+			askedUsage = askUsage(r, body)
+		}
+		if cost, err = g.tokens.estimate(body, model); err != nil {
 			writeOpenAIError(w, http.StatusBadRequest, slots.ErrorMessage(err))
 			return
 		}
@@ -409,11 +417,11 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	// under ctx, ended by Drain as well; the upstream exchange is not.
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
 	ctx = pacing.WithWaitContext(pacing.WithModelName(ctx, model), g.draining)
-	if tokens > 0 {
-		ctx = pacing.WithTokenCount(ctx, tokens)
+	if cost.Total() > 0 {
+		ctx = pacing.WithTokens(ctx, cost)
 	}
 	mm := g.modelMetrics(model)
-	x := &exchange{model: model}
+	x := &exchange{model: model, dropUsage: askedUsage}
 	asked := time.Now()
 	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), &pacing.Trace{
 		FleetWait: func() func() {

@@ -170,6 +170,8 @@ func rejectReason(err error) string {
 		return "wait_timeout"
 	case errors.Is(err, slots.ErrExceedsLimit):
 		return "exceeds_limit"
+	case errors.Is(err, pacing.ErrOverBudget):
+		return "over_budget"
 	case errors.Is(err, fleet.ErrUnavailable):
 		return "unavailable"
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

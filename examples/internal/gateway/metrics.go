@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -14,7 +15,7 @@ import (
 )
 
 // rejectReasons are the reasons a provider wait can end without a slot.
-var rejectReasons = []string{"limit_reached", "queue_full", "wait_timeout", "exceeds_limit", "unavailable", "canceled", "other"}
+var rejectReasons = []string{"limit_reached", "queue_full", "wait_timeout", "exceeds_limit", "over_budget", "unavailable", "canceled", "other"}
 
 // capMetrics counts one cap's admissions through the provider's wait, which
 // the Gate does not report to an Observer: acquisitions with their wait,
@@ -75,7 +76,7 @@ func (m *capMetrics) counts() *inflightprom.Counts {
 // pacing and pauses).
 func (g *Gateway) capRefused(capName string, mm *capMetrics) *capMetrics {
 	switch {
-	case capName == pacing.CapModel, capName == pacing.CapModelTokens:
+	case capName == pacing.CapModel, strings.HasPrefix(capName, "model_"): // its tokens, its budgets
 		return mm
 	case capName == pacing.CapAPIKey && g.keyPool != nil:
 		return g.keyPool
@@ -230,6 +231,9 @@ func (g *Gateway) registerMetrics(cfg Config) {
 
 	if capsTokens(cfg.Provider) {
 		g.registerTokens(cfg)
+	}
+	if g.budgets {
+		g.registerBudgets()
 	}
 	if g.fleetTenants != nil {
 		onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/registry/fleet"
@@ -121,13 +122,22 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 	if errors.As(err, &le) && retryAfter > 0 { // none for a request heavier than its cap
 		retryAfter = max(le.RetryAfter, time.Millisecond) // to the millisecond: SetRetryAfter rounds it
 	}
+	if le != nil && strings.HasSuffix(le.Cap, "_per_minute") { // a budget, not a count in flight
+		why := "it cannot start within its wait"
+		if errors.Is(err, slots.ErrWaitTimeout) {
+			why = "timed out waiting"
+		}
+		return status, retryAfter, fmt.Sprintf("over the %s budget: %d of %d tokens started in the last minute (%s)", le.Cap, le.InFlight, le.Limit, why)
+	}
 	return status, retryAfter, slots.ErrorMessage(err)
 }
 
 // CapHeader names, on a refusal, the cap that refused the request: "tenant"
 // (the org's cap per model), or the provider's "provider", "model",
 // "api_key", "pacing", "pause", "tokens" or "model_tokens" (see
-// pacing.CapProvider, pacing.CapTokens).
+// pacing.CapProvider, pacing.CapTokens), or a budget, as
+// "tokens_per_minute" or "model_output_tokens_per_minute" (see
+// pacing.CapTokensPerMinute).
 const CapHeader = "X-Inflight-Cap"
 
 // writeAdmissionError answers an admission error in OpenAI's shape, naming

@@ -17,9 +17,11 @@ import (
 const DefaultExpectedOutput = 1024
 
 // TokensConfig is how a request's tokens are estimated for the provider's
-// max_inflight_tokens caps: its prompt counted by a tokenizer (o200k_base,
-// embedded in the binary: nothing is downloaded), plus the answer it may
-// take, min(max_tokens, the model's expected output).
+// max_inflight_tokens caps and its token budgets per minute: its prompt
+// counted by a tokenizer (o200k_base, embedded in the binary: nothing is
+// downloaded), plus the answer it may take, min(max_tokens, the model's
+// expected output). The budgets are then corrected with the usage the
+// upstream reports.
 type TokensConfig struct {
 	// ExpectedOutput is the answer expected of a request that does not
 	// bound it lower with max_tokens (or max_completion_tokens); 0 means
@@ -65,9 +67,10 @@ func newEstimator(cfg *TokensConfig) (*estimator, error) {
 	return e, nil
 }
 
-// capsTokens reports whether the provider's policy caps tokens anywhere.
+// capsTokens reports whether the provider's policy caps or budgets tokens
+// anywhere.
 func capsTokens(p pacing.Config) bool {
-	if p.MaxInflightTokens > 0 {
+	if p.MaxInflightTokens > 0 || budgetsTokens(p) {
 		return true
 	}
 	for _, m := range p.Models {
@@ -112,7 +115,7 @@ const perMessage = 4
 // body: the prompt's (the chat messages' text, or a completion's prompt)
 // and the answer it may take. A body whose messages cannot be read is a
 // *slots.BadRequestError.
-func (e *estimator) estimate(body []byte, model string) (int, error) {
+func (e *estimator) estimate(body []byte, model string) (pacing.Tokens, error) {
 	var v struct {
 		Messages []struct {
 			Content json.RawMessage `json:"content"`
@@ -122,19 +125,19 @@ func (e *estimator) estimate(body []byte, model string) (int, error) {
 		MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
-		return 0, &slots.BadRequestError{Reason: "messages: " + err.Error()}
+		return pacing.Tokens{}, &slots.BadRequestError{Reason: "messages: " + err.Error()}
 	}
 	n := 0
 	for _, m := range v.Messages {
 		k, err := e.count(m.Content)
 		if err != nil {
-			return 0, err
+			return pacing.Tokens{}, err
 		}
 		n += k + perMessage
 	}
 	k, err := e.count(v.Prompt)
 	if err != nil {
-		return 0, err
+		return pacing.Tokens{}, err
 	}
 	n += k
 	out := e.expected
@@ -146,7 +149,9 @@ func (e *estimator) estimate(body []byte, model string) (int, error) {
 			out = min(out, *limit)
 		}
 	}
-	return min(max(n+out, 1), slots.MaxUnits), nil
+	out = min(out, slots.MaxUnits)
+	// At least one token, and no more than an admission may weigh.
+	return pacing.Tokens{Input: min(max(n, 1-out), slots.MaxUnits-out), Output: out}, nil
 }
 
 var errContent = &slots.BadRequestError{Status: http.StatusBadRequest, Reason: "content: want a string or a list of parts"}

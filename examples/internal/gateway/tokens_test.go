@@ -40,7 +40,7 @@ func TestEstimateTokens(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			n, err := e.estimate([]byte(tc.body), tc.model)
 			require.NoError(t, err)
-			assert.Equal(t, tc.want, n)
+			assert.Equal(t, tc.want, n.Total())
 		})
 	}
 	_, err = e.estimate([]byte(`{"messages":[{"content":42}]}`), "m")

@@ -40,6 +40,8 @@ type Provider struct {
 	tokens     atomic.Int64
 	tokenPeak  atomic.Int64
 	codec      tokenizer.Codec
+
+	minute minuteLog // the budget mode (SetTokensPerMinute)
 }
 
 // New returns a Provider that allows limit requests open at once.
@@ -89,9 +91,18 @@ func (p *Provider) tokensOf(messages []struct {
 	if maxTokens != nil {
 		n = int64(max(*maxTokens, 0))
 	}
+	return n + p.promptOf(messages)
+}
+
+// promptOf counts a request's prompt: its messages' text, as a gateway
+// would estimate it (o200k_base, and 4 tokens a message beside its text).
+func (p *Provider) promptOf(messages []struct {
+	Content string `json:"content"`
+}) int64 {
+	var n int64
 	for _, m := range messages {
 		k, _ := p.codec.Count(m.Content)
-		n += int64(k)
+		n += int64(k) + 4
 	}
 	return n
 }
@@ -115,7 +126,10 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		Messages []struct {
 			Content string `json:"content"`
 		} `json:"messages"`
-		MaxTokens *int `json:"max_tokens"`
+		MaxTokens     *int `json:"max_tokens"`
+		StreamOptions struct {
+			IncludeUsage bool `json:"include_usage"`
+		} `json:"stream_options"`
 	}{}
 	_ = json.NewDecoder(r.Body).Decode(&req)
 	n := p.inFlight.Add(1)
@@ -129,7 +143,16 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		raise(&p.tokenPeak, t)
 		overTokens = t > limit
 	}
-	if n > p.limit || overTokens {
+	var prompt int64
+	if p.codec != nil {
+		prompt = p.promptOf(req.Messages)
+	}
+	var started *tokenStart // in the budget mode: this request's tokens in its minute
+	overBudget := false
+	if n <= p.limit && !overTokens {
+		started, overBudget = p.minute.start(prompt)
+	}
+	if n > p.limit || overTokens || overBudget {
 		p.refused.Add(1)
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(http.StatusTooManyRequests)
@@ -144,14 +167,20 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	deadline := time.Now().Add(time.Duration(turnMS) * time.Millisecond)
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
-	for time.Now().Before(deadline) {
+	var out int64 // the answer's tokens, one a chunk
+	defer func() { p.minute.add(started, out) }()
+	for time.Now().Before(deadline) && (req.MaxTokens == nil || out < int64(*req.MaxTokens)) {
 		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
 		w.(http.Flusher).Flush()
+		out++
 		select {
 		case <-tick.C:
 		case <-r.Context().Done():
 			return
 		}
+	}
+	if req.StreamOptions.IncludeUsage {
+		fmt.Fprintf(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d}}\n\n", prompt, out)
 	}
 	fmt.Fprint(w, "data: [DONE]\n\n")
 	p.served.Add(1)

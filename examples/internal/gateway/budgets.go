@@ -1,0 +1,188 @@
+package gateway
+
+// Token budgets per minute (provider.tokens_per_minute and its parts, per
+// model too): asking a stream for its usage, the answer's rate-limit
+// headers, and the budgets' series.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"io"
+	"mime"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/inflight-go/inflight/pacing"
+)
+
+// budgetsTokens reports whether the provider's policy budgets tokens per
+// minute anywhere.
+func budgetsTokens(p pacing.Config) bool {
+	set := func(a, b, c int) bool { return a > 0 || b > 0 || c > 0 }
+	if set(p.TokensPerMinute, p.InputTokensPerMinute, p.OutputTokensPerMinute) {
+		return true
+	}
+	for _, m := range p.Models {
+		if set(m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute) {
+			return true
+		}
+	}
+	return false
+}
+
+// askUsage makes a streamed request whose body does not ask for its usage
+// ask for it (stream_options.include_usage), so that its budgets are
+// settled with what it used, and reports whether it did: the client, who
+// did not ask, then gets no usage chunk (dropUsage). Other bodies are
+// left as they are.
+func askUsage(r *http.Request, body []byte) bool {
+	var v map[string]json.RawMessage
+	if json.Unmarshal(body, &v) != nil || string(v["stream"]) != "true" {
+		return false
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := v["stream_options"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &opts) != nil {
+			return false // not an object: the upstream will say so
+		}
+	}
+	if raw, ok := opts["include_usage"]; ok && string(raw) != "false" {
+		return false // asked by the client: its usage chunk is its own
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	v["stream_options"], _ = json.Marshal(opts)
+	out, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	r.Body = io.NopCloser(bytes.NewReader(out))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(out)), nil }
+	r.ContentLength = int64(len(out))
+	return true
+}
+
+// budgetAnswer adds the budgets' rate-limit headers to an upstream's
+// answer, and takes out the usage chunk that the gateway asked for.
+func (g *Gateway) budgetAnswer(resp *http.Response) {
+	if !g.budgets {
+		return
+	}
+	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	var model string
+	if x != nil {
+		model = x.model
+	}
+	rateLimitHeaders(resp.Header, g.gate.Budgets(), model)
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); x != nil && x.dropUsage && mt == "text/event-stream" {
+		resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
+	}
+}
+
+// rateLimitHeaders sets OpenAI's x-ratelimit-limit-tokens,
+// x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens from the
+// budget with the least left of those a request for model counts on (the
+// provider's and its model's), if any.
+func rateLimitHeaders(h http.Header, budgets []pacing.BudgetStatus, model string) {
+	var tight *pacing.BudgetStatus
+	for i, b := range budgets {
+		if (b.Model == "" || b.Model == model) && (tight == nil || b.Left < tight.Left) {
+			tight = &budgets[i]
+		}
+	}
+	if tight == nil {
+		return
+	}
+	h.Set("X-Ratelimit-Limit-Tokens", strconv.Itoa(tight.Limit))
+	h.Set("X-Ratelimit-Remaining-Tokens", strconv.Itoa(max(tight.Left, 0)))
+	h.Set("X-Ratelimit-Reset-Tokens", tight.ResetIn.Round(time.Millisecond).String())
+}
+
+// usageDropper passes a stream of server-sent events through, event by
+// event, without the chunk that carries only the usage (no choices).
+type usageDropper struct {
+	rc      io.ReadCloser
+	r       *bufio.Reader
+	pending []byte // the rest of an event being passed on
+	err     error
+}
+
+func (d *usageDropper) Read(p []byte) (int, error) {
+	for len(d.pending) == 0 {
+		if d.err != nil {
+			return 0, d.err
+		}
+		ev, err := readEvent(d.r)
+		d.err = err
+		if !usageOnly(ev) {
+			d.pending = ev
+		}
+	}
+	n := copy(p, d.pending)
+	d.pending = d.pending[n:]
+	return n, nil
+}
+
+func (d *usageDropper) Close() error { return d.rc.Close() }
+
+// readEvent reads one event: its lines up to and including the blank line
+// that ends it (or what is left at the end of the stream).
+func readEvent(r *bufio.Reader) ([]byte, error) {
+	var ev []byte
+	for {
+		line, err := r.ReadSlice('\n')
+		ev = append(ev, line...)
+		if err == bufio.ErrBufferFull {
+			continue
+		}
+		if err != nil || len(bytes.TrimRight(line, "\r\n")) == 0 {
+			return ev, err
+		}
+	}
+}
+
+// usageOnly reports whether an event is a chunk of usage alone:
+// data {"choices":[], "usage":{...}}.
+func usageOnly(ev []byte) bool {
+	if !bytes.Contains(ev, []byte(`"usage"`)) {
+		return false
+	}
+	for line := range bytes.Lines(ev) {
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+		if !ok {
+			continue
+		}
+		var v struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   json.RawMessage   `json:"usage"`
+		}
+		return json.Unmarshal(data, &v) == nil && len(v.Choices) == 0 && len(v.Usage) > 0 && string(v.Usage) != "null"
+	}
+	return false
+}
+
+// registerBudgets exports the provider's and models' budgets:
+// inflight_budget_tokens_left and inflight_budget_tokens_limit, labelled
+// cap ("provider", "model:<name>") and budget (tokens_per_minute,
+// input_tokens_per_minute, output_tokens_per_minute).
+func (g *Gateway) registerBudgets() {
+	left := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_left",
+		Help: "Tokens left of a budget over the last minute (negative in debt), by cap and budget."}, []string{"cap", "budget"})
+	limit := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_limit",
+		Help: "A token budget per minute, by cap and budget."}, []string{"cap", "budget"})
+	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+		for _, b := range g.gate.Budgets() {
+			c := "provider"
+			if b.Model != "" {
+				c = "model:" + b.Model
+			}
+			left.WithLabelValues(c, b.Cap).Set(float64(b.Left))
+			limit.WithLabelValues(c, b.Cap).Set(float64(b.Limit))
+		}
+		left.Collect(ch)
+		limit.Collect(ch)
+	}))
+}

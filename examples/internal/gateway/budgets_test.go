@@ -1,0 +1,208 @@
+package gateway
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
+	"github.com/inflight-go/inflight/pacing"
+)
+
+// budgetRun is what a flood of requests through the gateway got.
+type budgetRun struct {
+	ok, refused, other int
+	usageSeen          int // answers that carried a usage chunk to the client
+	firstRetry         string
+	limitHeader        string
+}
+
+// flood sends n streamed requests at once, each built by body(i), and
+// reads every answer to its end.
+func flood(t *testing.T, url string, n int, body func(i int) map[string]any) budgetRun {
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	var mu sync.Mutex
+	var run budgetRun
+	var wg sync.WaitGroup
+	for i := range n {
+		b, err := json.Marshal(body(i))
+		require.NoError(t, err)
+		wg.Go(func() {
+			resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+			if !assert.NoError(t, err) {
+				return
+			}
+			defer resp.Body.Close()
+			got, err := io.ReadAll(resp.Body)
+			assert.NoError(t, err)
+			mu.Lock()
+			defer mu.Unlock()
+			switch resp.StatusCode {
+			case http.StatusOK:
+				run.ok++
+				if bytes.Contains(got, []byte(`"usage"`)) {
+					run.usageSeen++
+				}
+				run.limitHeader = resp.Header.Get("X-Ratelimit-Limit-Tokens")
+			case http.StatusTooManyRequests:
+				run.refused++
+				assert.Equal(t, pacing.CapTokensPerMinute, resp.Header.Get(CapHeader))
+				assert.Contains(t, string(got), "over the tokens_per_minute budget")
+				assert.Contains(t, string(got), `"over_budget"`)
+				if run.firstRetry == "" {
+					run.firstRetry = resp.Header.Get("Retry-After")
+				}
+			default:
+				run.other++
+				t.Errorf("status %d: %s", resp.StatusCode, got)
+			}
+		})
+	}
+	wg.Wait()
+	return run
+}
+
+// A provider's budget of tokens per minute, the same at the simulated
+// upstream and in the gateway: 1,000 requests sent at once, streamed, that
+// do not ask for their usage. The upstream never refuses one for its
+// budget and never sees more than the budget start in a minute; those the
+// gateway cannot start within their wait are answered 429 at once, naming
+// the budget, with a Retry-After from its refill. The gateway asks each
+// stream for its usage, settles the budget with it, and keeps the usage
+// chunk from the clients, who did not ask.
+func TestGatewayKeepsAProviderUnderItsTokenBudget(t *testing.T) {
+	const perMinute = 20_000
+	up := simulated.New(10_000)
+	require.NoError(t, up.SetTokensPerMinute(perMinute))
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	srv, gw := startGatewayWith(t, upSrv.URL, `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 10000},
+		"tokens": {"expected_output": 50},
+		"provider": {"tokens_per_minute": `+strconv.Itoa(perMinute)+`, "max_queue": 2000, "max_queue_wait_ms": 1000}
+	}`)
+	prompt := strings.Repeat("hello world ", 40) // 80 tokens, 84 with its message
+	run := flood(t, srv.URL, 1000, func(int) map[string]any {
+		return map[string]any{"model": "glm-5", "stream": true, "turn_ms": 40,
+			"messages": []map[string]string{{"role": "user", "content": prompt}}}
+	})
+	c := up.Counts()
+	worst, started := up.WorstMinute()
+	assert.Zero(t, c.Refused, "the upstream refused nothing")
+	assert.LessOrEqual(t, worst, int64(perMinute), "no minute over the budget at the upstream")
+	assert.Equal(t, 1000, run.ok+run.refused)
+	assert.Equal(t, started, run.ok)
+	assert.Zero(t, run.usageSeen, "the usage chunk the gateway asked for is not passed on")
+	assert.Equal(t, strconv.Itoa(perMinute), run.limitHeader)
+	retry, err := strconv.Atoi(run.firstRetry)
+	require.NoError(t, err)
+	assert.Greater(t, retry, 30, "refused until the budget refills")
+	// Each request is estimated at 134 tokens and uses about 86: what the
+	// answers return lets more start within the wait.
+	assert.Greater(t, run.ok, perMinute/134, "the overestimates came back")
+	b := gw.gate.Budgets()
+	require.Len(t, b, 1)
+	text := scrape(t, &http.Client{}, srv.URL)
+	assert.Contains(t, text, fmt.Sprintf(`inflight_budget_tokens_limit{budget="tokens_per_minute",cap="provider"} %d`, perMinute))
+	assert.Contains(t, text, `inflight_budget_tokens_left{budget="tokens_per_minute",cap="provider"}`)
+	t.Logf("%d served, %d refused (Retry-After %ss); the upstream's worst minute %d of %d tokens; the budget has %d left",
+		run.ok, run.refused, run.firstRetry, worst, perMinute, b[0].Left)
+}
+
+// A flood of max_tokens 1, whose estimates are exact: the upstream sees
+// no more than the budget start in the minute, and the budget is used.
+// Then a budget's first request passes though it is larger than the
+// budget, and the next waits for the refill.
+func TestGatewayTokenBudgetMaxTokensOne(t *testing.T) {
+	const perMinute = 5000
+	up := simulated.New(10_000)
+	require.NoError(t, up.SetTokensPerMinute(1_000_000)) // counts, refuses nothing
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	config := `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 10000},
+		"provider": {"tokens_per_minute": ` + strconv.Itoa(perMinute) + `, "max_queue": 2000, "max_queue_wait_ms": 500}
+	}`
+	srv, _ := startGatewayWith(t, upSrv.URL, config)
+	prompt := strings.Repeat("hello world ", 20)
+	run := flood(t, srv.URL, 500, func(int) map[string]any {
+		return map[string]any{"model": "glm-5", "stream": true, "turn_ms": 1000, "max_tokens": 1,
+			"messages": []map[string]string{{"content": prompt}}}
+	})
+	worst, started := up.WorstMinute()
+	assert.LessOrEqual(t, worst, int64(perMinute))
+	assert.Equal(t, started, run.ok)
+	require.Positive(t, run.ok)
+	each := worst / int64(run.ok) // all alike: 46 tokens at the upstream
+	assert.Less(t, perMinute-worst, each, "exact estimates: the budget is used to the last whole request")
+	t.Logf("max_tokens 1: %d served, %d refused; the upstream's worst minute %d of %d tokens", run.ok, run.refused, worst, perMinute)
+
+	up.ResetMinute()
+	srv, _ = startGatewayWith(t, upSrv.URL, config)
+	first := flood(t, srv.URL, 1, func(int) map[string]any {
+		return map[string]any{"model": "glm-5", "stream": true, "turn_ms": 10, "max_tokens": 1,
+			"messages": []map[string]string{{"content": strings.Repeat("hello world ", 3000)}}}
+	})
+	assert.Equal(t, 1, first.ok, "the first request passes: 6,005 tokens against 5,000")
+	next := flood(t, srv.URL, 1, func(int) map[string]any {
+		return map[string]any{"model": "glm-5", "stream": true, "max_tokens": 1, "messages": []map[string]string{{"content": "hello"}}}
+	})
+	assert.Equal(t, 1, next.refused, "the next waits for the refill")
+	_, started = up.WorstMinute()
+	assert.Equal(t, 1, started)
+}
+
+// The gateway asks a stream for its usage only when the client did not,
+// keeping the client's other stream options; a body that is no stream, or
+// not JSON, is left as it is.
+func TestAskUsage(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{`{"stream":true,"model":"m"}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream":true,"stream_options":{"x":1}}`, `{"stream":true,"stream_options":{"include_usage":true,"x":1}}`},
+		{`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
+		{`{"stream":true,"stream_options":{"include_usage":true}}`, ""},
+		{`{"stream":false}`, ""},
+		{`{"stream":true,"stream_options":7}`, ""},
+		{`not json`, ""},
+	} {
+		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
+		asked := askUsage(r, []byte(tc.body))
+		assert.Equal(t, tc.want != "", asked, tc.body)
+		if asked {
+			got, err := io.ReadAll(r.Body)
+			require.NoError(t, err)
+			assert.JSONEq(t, tc.want, string(got))
+			assert.Equal(t, int64(len(got)), r.ContentLength)
+		}
+	}
+}
+
+// The usage chunk the gateway asked for is taken out of the stream, event
+// by event, and nothing else is.
+func TestUsageDropper(t *testing.T) {
+	in := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n" +
+		": a comment\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n" +
+		"data: [DONE]\n\n"
+	want := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n: a comment\n\ndata: [DONE]\n\n"
+	d := &usageDropper{rc: io.NopCloser(strings.NewReader(in))}
+	d.r = bufio.NewReaderSize(d.rc, 16) // events longer than its buffer
+	got, err := io.ReadAll(d)
+	require.NoError(t, err)
+	assert.Equal(t, want, string(got))
+	require.NoError(t, d.Close())
+}
