@@ -52,10 +52,11 @@ type LimitError struct {
 	Key string // the key that was at its limit; empty for a Limiter
 	// Cap names which of an owner's caps refused, for an owner with
 	// several kinds: a pacing Gate says "provider", "model", "api_key",
-	// "pacing", "pause", "tokens" or "model_tokens" (see
-	// pacing.CapProvider), and InFlight and Limit are that cap's (for the
-	// token caps, tokens). Empty for a Limiter or a Registry (Key names the
-	// cap). Unlike Key, it never names a tenant or a secret.
+	// "pacing", "pause", "tokens" or "model_tokens", or a budget such as
+	// "tokens_per_minute" (see pacing.CapProvider), and InFlight and Limit
+	// are that cap's (for the token caps, tokens; for a budget, the tokens
+	// started in the last minute). Empty for a Limiter or a Registry (Key
+	// names the cap). Unlike Key, it never names a tenant or a secret.
 	Cap      string
 	InFlight int // units held at the decision: holders, when each weighs one
 	Limit    int // the limit at the decision
