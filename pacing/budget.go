@@ -124,12 +124,16 @@ func (g *Gate) budgetUseLocked(ml *modelLane, name string, now int64) (used, lim
 // Order on a budget is strict, as on the token caps. A request whose
 // budget cannot take it within Config's queue wait, counting the requests
 // already waiting for that budget, is refused at once with a
-// *slots.LimitError wrapping slots.ErrOverBudget, whose RetryAfter is when
-// the budget will have refilled enough. A refused request charges nothing,
-// nor does one whose grant is given back (its caller's context ended as it
-// came) or is reported as refused by the upstream (Report with Overload or
-// Quota). t's parts must not be negative and t.Total() must be in
-// 1..slots.MaxUnits (else slots.ErrBadUnits).
+// *slots.LimitError wrapping ErrOverBudget, whose RetryAfter is when the
+// budget will have refilled enough, behind the requests told to come back
+// before it (on_wait_timeout "proceed" does not let it through: going
+// ahead would only draw the upstream's refusal). A refused request
+// charges nothing, nor does one whose grant is given back (its caller's
+// context ended as it came) or is reported as refused by the upstream
+// (Report with a verdict other than Admitted and Other). t's parts must
+// not be negative and t.Total() must be in 1..slots.MaxUnits (else
+// slots.ErrBadUnits). Acquire and AcquireN charge the budgets as a cost
+// of {Input: n}, settled by nobody unless Settle is called.
 func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant, error) {
 	if err := checkTokens(t); err != nil {
 		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)
@@ -142,7 +146,8 @@ func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant
 // used, as the upstream reported (an answer's "usage"): an overestimate is
 // returned to the budget, an underestimate charged as debt that later
 // requests wait for. It may come after the Slot is released. Only the first
-// call (or refusal by Report) for a grant counts; negative parts count as 0.
+// call (or refusal by Report) for a grant counts; each part counts within
+// 0..slots.MaxUnits.
 func (g *Gate) Settle(gr Grant, used Tokens) {
 	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
 		return
@@ -151,28 +156,29 @@ func (g *Gate) Settle(gr Grant, used Tokens) {
 	if own == nil {
 		return
 	}
-	used.Input, used.Output = max(used.Input, 0), max(used.Output, 0)
+	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
 	var wk core.Wakes
 	g.mu.Lock()
-	g.settleLocked(own, used, &wk)
+	if g.settleLocked(own, used, true) {
+		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
+	}
 	g.mu.Unlock()
 	wk.Wake()
 }
 
-// settleLocked corrects gr's charges to used, once, and starts the
-// waiters that now fit, leaving them in wk to be woken.
-func (g *Gate) settleLocked(gr *grant, used Tokens, wk *core.Wakes) {
+// settleLocked corrects gr's charges to used, once (reported: a usage the
+// upstream reported), and reports whether any budget got tokens back, so
+// that the caller dispatches.
+func (g *Gate) settleLocked(gr *grant, used Tokens, reported bool) bool {
 	if gr.settled {
-		return
+		return false
 	}
 	gr.settled = true
 	now := g.eng.Clock.Nanos()
 	for _, b := range gr.charged {
-		b.correct(gr.step, gr.est, used, now)
+		b.correct(gr.step, gr.est, used, reported, now)
 	}
-	if used.Total() < gr.est.Total() {
-		g.dispatchLocked(now, wk)
-	}
+	return used.Input < gr.est.Input || used.Output < gr.est.Output
 }
 
 // budgetsOf returns the budgets a request for ml counts on: the

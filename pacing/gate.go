@@ -379,7 +379,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		gr.unqueue()
 		gr.charged, gr.step = g.budgetsOf(ml), now/int64(budgetStep)
 		for _, b := range gr.charged {
-			b.charge(gr.est) // fitAt has advanced its windows to now
+			b.charge(gr.est, now)
 		}
 		gr.key = key
 		w.Hold.At = now
@@ -484,8 +484,8 @@ func (gr *grant) Release(h *core.Hold) bool {
 		gr.key.lane.Holders.Remove(h, &gr.idx[2])
 	}
 	if h.GivenBack {
-		g.settleLocked(gr, Tokens{}, &wk) // never sent: it charges nothing
-		if g.seq == h.ID {                // no grant since: the provider's start is undone
+		g.settleLocked(gr, Tokens{}, false) // never sent: it charges nothing (dispatched below)
+		if g.seq == h.ID {                  // no grant since: the provider's start is undone
 			g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
 		}
 		if ml := gr.model; ml.lastID == h.ID {

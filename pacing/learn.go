@@ -379,15 +379,14 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			kl.outUntil = max(kl.outUntil, now+int64(min(d, maxRetryAfter)))
 		}
 	}
-	// A request the upstream refused was not served: it charges its
-	// budgets nothing.
-	var wk core.Wakes
-	if own != nil && v.Kind != Admitted && v.Kind != Other {
-		g.settleLocked(own, Tokens{}, &wk)
-	}
 	g.learnedLocked(now)
+	// A request the upstream refused was not served: it charges its
+	// budgets nothing. The dispatch after it runs under the caps just
+	// learned.
+	if own != nil && v.Kind != Admitted && v.Kind != Other {
+		g.settleLocked(own, Tokens{}, false)
+	}
 	g.redispatchLocked(now)
-	wk.Wake()
 }
 
 // Learned returns the state of the learned cap and the answers reported.

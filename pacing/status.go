@@ -30,7 +30,7 @@ type Status struct {
 	Budgets     []BudgetStatus
 	NextStartIn time.Duration // until the provider's next start is allowed (0: now)
 	LastStart   time.Time     // the provider's last granted start (zero: none yet)
-	Rejected    uint64        // queue full, wait timeout, or heavier than a token cap
+	Rejected    uint64        // queue full, wait timeout, heavier than a token cap, or over a budget
 	Bypassed    uint64        // proceeded without a slot after the queue wait ("proceed")
 	// DoubleReleases counts Release calls on a slot already released, or
 	// on a copy of a Slot: misuse, which frees nothing.

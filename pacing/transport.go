@@ -312,9 +312,13 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.caps.Report(x.caps, v)
 		}
 	})
-	if toGate && x.weighed && err == nil && resp.StatusCode/100 == 2 {
-		// Its budgets are settled with the usage the answer reports.
-		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) { t.gate.Settle(x.grant, used) })
+	if toGate && x.weighed && err == nil {
+		switch resp.StatusCode / 100 {
+		case 2: // its budgets are settled with the usage the answer reports
+			resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) { t.gate.Settle(x.grant, used) })
+		case 4: // refused: it charges nothing (a 429 is settled so by its Report)
+			t.gate.Settle(x.grant, Tokens{})
+		}
 	}
 	return resp, err
 }

@@ -97,11 +97,15 @@ func (b *usageBody) Read(p []byte) (int, error) {
 	return n, err
 }
 
-// Close closes the body; the usage counts if it came before.
+// Close closes the body; the usage counts if it came before: a JSON
+// answer read whole (its last byte, if not its EOF), or a stream's usage.
 func (b *usageBody) Close() error {
 	err := b.rc.Close()
 	b.mu.Lock()
-	used, report := b.finishLocked(b.stream && b.gotOut)
+	if !b.stream && !b.tooLong && !b.finished {
+		b.parse(b.buf) // reads nothing from an answer cut short: it is no JSON
+	}
+	used, report := b.finishLocked(!b.stream || b.gotOut)
 	b.mu.Unlock()
 	if report {
 		b.f(used)

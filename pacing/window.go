@@ -66,11 +66,11 @@ func (w *window) fitAt(c, now int64) int64 {
 	return (w.cur + budgetSteps + 1) * int64(budgetStep) // not reached: left ends at 0
 }
 
-// charge counts c started at now (after fitAt, which advanced to it).
-func (w *window) charge(c int64) {
-	if w.limit == 0 {
-		return
-	}
+// charge counts c started at now. A window counts whether its limit is
+// set or not, so that a budget set by Reconfigure while requests are in
+// flight corrects only what it charged.
+func (w *window) charge(c, now int64) {
+	w.advance(now)
 	w.steps[w.cur&(budgetRing-1)] += c
 	w.total += c
 }
@@ -80,7 +80,7 @@ func (w *window) charge(c int64) {
 // counts), else, for more than was charged, in the current step, as a
 // debt. What was overcharged in a step that has left needs no return.
 func (w *window) correct(s, d, now int64) {
-	if w.limit == 0 || d == 0 {
+	if d == 0 {
 		return
 	}
 	w.advance(now)
@@ -173,23 +173,28 @@ func (b *budgets) fitAt(t Tokens, extra [3]int64, now int64) (at int64, which in
 	return at, which
 }
 
-func (b *budgets) charge(t Tokens) {
+func (b *budgets) charge(t Tokens, now int64) {
 	if b == nil {
 		return
 	}
 	for i := range b.w {
-		b.w[i].charge(t.part(i))
+		b.w[i].charge(t.part(i), now)
 	}
 }
 
-func (b *budgets) correct(s int64, was, is Tokens, now int64) {
+// correct changes what was charged in step s from was to is; with
+// reported (a usage the upstream reported, not a refusal or a give-back),
+// it also counts in the ratio of use to estimate.
+func (b *budgets) correct(s int64, was, is Tokens, reported bool, now int64) {
 	if b == nil {
 		return
 	}
 	for i := range b.w {
 		b.w[i].correct(s, is.part(i)-was.part(i), now)
-		b.estSum[i] = b.estSum[i]*ratioDecay + float64(was.part(i))
-		b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(is.part(i))
+		if reported {
+			b.estSum[i] = b.estSum[i]*ratioDecay + float64(was.part(i))
+			b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(is.part(i))
+		}
 	}
 }
 
@@ -257,7 +262,10 @@ func (b *budgets) tell(t Tokens, at, now int64) {
 		return
 	}
 	b.dueTold(now)
-	if len(b.told) == maxTold { // the latest is forgotten
+	if len(b.told) == maxTold { // the one due last is forgotten
+		if at >= b.told[len(b.told)-1].at {
+			return
+		}
 		last := b.told[len(b.told)-1].t
 		b.toldSum.Input -= last.Input
 		b.toldSum.Output -= last.Output

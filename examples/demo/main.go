@@ -69,12 +69,15 @@ type request struct {
 	interactive bool
 	org, model  string
 	start, turn time.Duration
+	prompt      string // the message sent ("" : none)
+	maxTokens   int    // the answer's bound (0: none said)
 }
 
 type result struct {
 	name                string
 	requests, completed int
 	refused, peak       int64
+	tokenPeak           int64 // the most tokens the provider held at once, in its token mode
 	p50, p95, wall      time.Duration
 	batchP95            time.Duration // of the batch turns, from start to end
 }
@@ -89,6 +92,13 @@ func runWorkload(name, baseURL string, p *upstream.Provider, reqs []request, cla
 // runSpread is runWorkload with the requests spread over several gateways,
 // in turn.
 func runSpread(name string, baseURLs []string, p *upstream.Provider, reqs []request, classes bool, progress *progress) result {
+	return runWith(name, baseURLs, p, reqs, classes, func(total int, done *atomic.Int64) func() {
+		return progress.start(name, total, done, p)
+	})
+}
+
+// runWith is runSpread with its progress line started by show.
+func runWith(name string, baseURLs []string, p *upstream.Provider, reqs []request, classes bool, show func(int, *atomic.Int64) func()) result {
 	p.ResetCounts()
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256}}
 	defer client.Transport.(*http.Transport).CloseIdleConnections()
@@ -101,7 +111,7 @@ func runSpread(name string, baseURLs []string, p *upstream.Provider, reqs []requ
 		wg        sync.WaitGroup
 	)
 	start := time.Now()
-	stopProgress := progress.start(name, len(reqs), &done, p)
+	stopProgress := show(len(reqs), &done)
 	for i, r := range reqs {
 		baseURL := baseURLs[i%len(baseURLs)]
 		wg.Go(func() {
@@ -135,7 +145,7 @@ func runSpread(name string, baseURLs []string, p *upstream.Provider, reqs []requ
 	counts := p.Counts()
 	return result{
 		name: name, requests: len(reqs), completed: completed,
-		refused: counts.Refused, peak: counts.Peak,
+		refused: counts.Refused, peak: counts.Peak, tokenPeak: counts.TokenPeak,
 		p50: percentile(latencies, 50), p95: percentile(latencies, 95),
 		wall: time.Since(start), batchP95: percentile(batchLat, 95),
 	}
@@ -143,7 +153,14 @@ func runSpread(name string, baseURLs []string, p *upstream.Provider, reqs []requ
 
 // send streams one turn to its end and reports whether it completed.
 func send(client *http.Client, baseURL string, r request, classes bool) bool {
-	body := fmt.Sprintf(`{"model":%q,"stream":true,"turn_ms":%d}`, r.model, r.turn.Milliseconds())
+	body := fmt.Sprintf(`{"model":%q,"stream":true,"turn_ms":%d`, r.model, r.turn.Milliseconds())
+	if r.prompt != "" {
+		body += fmt.Sprintf(`,"messages":[{"role":"user","content":%q}]`, r.prompt)
+	}
+	if r.maxTokens > 0 {
+		body += fmt.Sprintf(`,"max_tokens":%d`, r.maxTokens)
+	}
+	body += "}"
 	req, err := http.NewRequest(http.MethodPost, baseURL+"/v1/chat/completions", strings.NewReader(body))
 	if err != nil {
 		return false
@@ -172,6 +189,7 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 // outcome is what the demo measured, for its test.
 type outcome struct {
 	direct, capped, oneQueue, classes, perProcess, fleet result
+	tokensDirect, tokensCapped                           result         // the token run's
 	moving                                               []movingResult // static caps of 5, 20, 40, then the learned one
 }
 
@@ -201,6 +219,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		scale        = fs.Float64("scale", 1, "multiplies every duration of the workload")
 		seed         = fs.Uint64("seed", 1, "workload seed")
 		phase        = fs.Duration("phase", 6*time.Second, "how long the moving hidden cap stays at each of 20, 8 and 30 (0 skips that part)")
+		cache        = fs.Int("tokens", 20000, "the token run: the tokens in flight a self-hosted server holds (its cache) before it answers 429 (0 skips that part)")
 		fleetRun     fleetFlag
 	)
 	fs.Var(&fleetRun, "fleet", "also run three gateways, first each with its own caps, then sharing them on a store started here: -fleet or -fleet=redis, a redis-server (needs its binary); -fleet=postgres, a PostgreSQL cluster (needs initdb and postgres)")
@@ -210,8 +229,10 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{err}
 	}
-	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) || *phase < 0 || *phase > maxPhase {
-		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d], -phase in [0, %v]", maxScale, maxPhase)}
+	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) || *phase < 0 || *phase > maxPhase ||
+		*cache < 0 || *cache > maxCache {
+		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d], -phase in [0, %v], -tokens in [0, %d]",
+			maxScale, maxPhase, maxCache)}
 	}
 	d := func(ms int) time.Duration { return time.Duration(float64(ms) * *scale * float64(time.Millisecond)) }
 	rng := rand.New(rand.NewPCG(*seed, 0))
@@ -311,6 +332,12 @@ func run(args []string, stdout, stderr io.Writer) error {
 			store = st
 		}
 	}
+	if *cache > 0 {
+		if err := runTokens(stdout, *cache, d, rng, progress, &out); err != nil {
+			return err
+		}
+		lastOutcome = out
+	}
 	if *phase > 0 {
 		if out.moving, err = runMoving(stdout, *phase, *seed, store, progress); err != nil {
 			return err
@@ -323,7 +350,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		lastOutcome = out
 	}
-	for _, r := range []result{out.capped, out.oneQueue, out.classes} {
+	for _, r := range []result{out.capped, out.oneQueue, out.classes, out.tokensCapped} {
 		if r.refused != 0 || r.completed != r.requests {
 			return fmt.Errorf("%s: the runs through the gateway should see no 429s and complete every request", r.name)
 		}

@@ -36,6 +36,15 @@ func TestDemo(t *testing.T) {
 		assert.LessOrEqual(t, r.peak, int64(5), r.name)
 	}
 	assert.Contains(t, out.String(), "priority classes")
+	// The token run: straight at a server that holds 20,000 tokens, the
+	// large prompts overload it; through the gateway, never.
+	td, tc := lastOutcome.tokensDirect, lastOutcome.tokensCapped
+	assert.Positive(t, td.refused, "the server refuses some direct requests")
+	assert.Greater(t, td.tokenPeak, int64(20000), "asked to hold more than its cache")
+	assert.Zero(t, tc.refused)
+	assert.Equal(t, tc.requests, tc.completed)
+	assert.LessOrEqual(t, tc.tokenPeak, int64(20000))
+	assert.Contains(t, out.String(), "  peak tokens held    the most tokens the server was asked to hold at once")
 	// The demo says what each run is and what each column means.
 	for _, said := range []string{
 		"a client retries a 429\n                       twice",
@@ -57,6 +66,7 @@ func TestDemoFlags(t *testing.T) {
 	assert.ErrorAs(t, run([]string{"-scale", "NaN"}, &strings.Builder{}, io.Discard), &usage)
 	assert.ErrorAs(t, run([]string{"-phase", "-1s"}, &strings.Builder{}, io.Discard), &usage)
 	assert.ErrorAs(t, run([]string{"-phase", "1000h"}, &strings.Builder{}, io.Discard), &usage)
+	assert.ErrorAs(t, run([]string{"-tokens", "-1"}, &strings.Builder{}, io.Discard), &usage)
 }
 
 func TestDemoHelpListsTheFlags(t *testing.T) {

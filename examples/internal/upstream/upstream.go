@@ -112,6 +112,7 @@ func (p *Provider) ResetCounts() {
 	p.peak.Store(0)
 	p.refused.Store(0)
 	p.served.Store(0)
+	p.tokenPeak.Store(0)
 }
 
 func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {

@@ -1,0 +1,204 @@
+package pacing_test
+
+import (
+	"context"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A budget part that Reconfigure turns on while a request is in flight
+// counts that request as started: a refusal by the upstream returns only
+// what was charged, and the budget admits no more than its limit.
+func TestBudgetPartAddedInFlight(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		cfg := pacing.Config{OutputTokensPerMinute: 100_000, MaxQueueWaitMS: 1000}
+		g := newGate(t, cfg)
+		ctx := context.Background()
+		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900, Output: 10})
+		require.NoError(t, err)
+		cfg.InputTokensPerMinute = 1000
+		require.NoError(t, g.Reconfigure(cfg))
+		g.Report(a, pacing.Verdict{Kind: pacing.Overload}) // settles a to zero
+		a.Slot.Release()
+		in := providerBudget(t, g.Status(), pacing.CapInputTokensPerMinute)
+		assert.LessOrEqual(t, in.Left, in.Limit, "left %d of a %d budget", in.Left, in.Limit)
+
+		time.Sleep(2 * time.Second) // past Overload's pause
+		started := 0
+		for range 3 {
+			gt, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900})
+			if err != nil {
+				break
+			}
+			started += 900
+			gt.Slot.Release()
+		}
+		// The first passes (window empty), the second must not start within the minute.
+		assert.LessOrEqual(t, started, 1000, "input tokens started within 3 s under a 1000/min budget")
+	})
+}
+
+// A Settle that returns input tokens starts a waiter the input budget now
+// takes at once, though the request used more tokens in all.
+func TestBudgetSettleReturningInputDispatches(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{InputTokensPerMinute: 1000, MaxQueueWaitMS: 120_000})
+		ctx := context.Background()
+		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900, Output: 10})
+		require.NoError(t, err)
+		w := acquireTokensAsync(ctx, g, "m", pacing.Tokens{Input: 500})
+		synctest.Wait()
+		require.Equal(t, 1, g.Status().Queued)
+		start := time.Now()
+		g.Settle(a, pacing.Tokens{Input: 100, Output: 900}) // input 900 -> 100: 900 left
+		// input back to 100 charged: 900 left, the waiter (500) fits
+		r := <-w
+		require.NoError(t, r.err)
+		assert.Less(t, time.Since(start), time.Second, "started %v after the input came back", time.Since(start))
+		r.g.Slot.Release()
+		a.Slot.Release()
+	})
+}
+
+// A refusal reported to a learning Gate returns its tokens to the budget
+// and starts waiters only under the cap the refusal has just learned.
+func TestBudgetReportRefusalUnderLearnedCap(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 120_000,
+			Adaptive: &pacing.AdaptiveConfig{Min: 1, Initial: 4}})
+		ctx := context.Background()
+		b, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 50})
+		require.NoError(t, err)
+		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900})
+		require.NoError(t, err)
+		require.Equal(t, 2, a.InFlight)
+		w := acquireTokensAsync(ctx, g, "m", pacing.Tokens{Input: 500})
+		synctest.Wait()
+		require.Equal(t, 1, g.Status().Queued, "waits for the budget")
+		g.Report(a, pacing.Verdict{Kind: pacing.Concurrency}) // refused at 2 in flight
+		synctest.Wait()
+		l := g.Learned()
+		st := g.Status()
+		t.Logf("learned limit %d cap %d; in flight %d, queued %d", l.Limit, l.Cap, st.InFlight, st.Queued)
+		assert.LessOrEqual(t, st.InFlight, max(l.Limit, 2), "a start over the cap the refusal just learned")
+		select {
+		case r := <-w:
+			t.Errorf("the waiter started at once beside 2 holders under a learned limit of %d (err %v)", l.Limit, r.err)
+			if r.err == nil {
+				r.g.Slot.Release()
+			}
+		default:
+			a.Slot.Release()
+			b.Slot.Release()
+			if r := <-w; r.err == nil {
+				r.g.Slot.Release()
+			}
+			return
+		}
+		a.Slot.Release()
+		b.Slot.Release()
+	})
+}
+
+// A JSON answer read to its last byte and closed without the reader
+// seeing io.EOF (as json.Decoder on a chunked body does) reports its
+// usage.
+func TestWatchUsageJSONClosedAfterItsLastByte(t *testing.T) {
+	const body = `{"id":"x","usage":{"prompt_tokens":12,"completion_tokens":34}}`
+	var got []pacing.Tokens
+	rc := pacing.WatchUsage(io.NopCloser(strings.NewReader(body)), "application/json", func(u pacing.Tokens) { got = append(got, u) })
+	buf := make([]byte, len(body))
+	_, err := io.ReadFull(rc, buf) // every byte, no EOF seen
+	require.NoError(t, err)
+	require.NoError(t, rc.Close())
+	assert.Equal(t, []pacing.Tokens{{Input: 12, Output: 34}}, got)
+}
+
+// Refusals by the upstream return their tokens without counting in the
+// ratio of use to estimate: the queue is still counted whole, and a
+// request that could only time out is refused at once.
+func TestBudgetRefusalsKeepTheQueueEstimate(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 70_000})
+		ctx := context.Background()
+		for range 50 { // upstream refusals (Quota, no key pool: no pause)
+			gt, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 10})
+			require.NoError(t, err)
+			g.Report(gt, pacing.Verdict{Kind: pacing.Quota})
+			gt.Slot.Release()
+		}
+		full, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1000})
+		require.NoError(t, err)
+		full.Slot.Release()
+		w1 := acquireTokensAsync(ctx, g, "m", pacing.Tokens{Input: 500})
+		w2 := acquireTokensAsync(ctx, g, "m", pacing.Tokens{Input: 500})
+		synctest.Wait()
+		require.Equal(t, 2, g.Status().Queued)
+		start := time.Now()
+		_, err = g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 500}) // needs ~121 s > 70 s
+		assert.ErrorIs(t, err, pacing.ErrOverBudget, "refused at once")
+		assert.NotErrorIs(t, err, slots.ErrWaitTimeout)
+		t.Logf("third: %v after %v", err, time.Since(start))
+		for _, c := range []chan result{w1, w2} {
+			if r := <-c; r.err == nil {
+				r.g.Slot.Release()
+			}
+		}
+	})
+}
+
+// A usage too large to add (a hostile or broken upstream's) counts as
+// slots.MaxUnits: still a debt, never a refund.
+func TestBudgetSettleHugeUsage(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 1000})
+		a, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
+		require.NoError(t, err)
+		g.Settle(a, pacing.Tokens{Input: int(^uint(0) >> 1), Output: int(^uint(0) >> 1)})
+		a.Slot.Release()
+		left := providerBudget(t, g.Status(), pacing.CapTokensPerMinute).Left
+		assert.LessOrEqual(t, left, 100, "used more than the estimate, yet left is %d", left)
+	})
+}
+
+// A stream read a byte at a time, with a line over MaxUsageBody, CRLF
+// line ends, and a last chunk with no newline, reports its usage once;
+// one closed after message_start only reports nothing.
+func TestWatchUsageStreamEdges(t *testing.T) {
+	anth := "event: message_start\r\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\r\n\r\n" +
+		"data: " + strings.Repeat("x", pacing.MaxUsageBody+5) + "\r\n" +
+		"event: message_delta\r\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\r\n\r\n"
+	var got []pacing.Tokens
+	rc := pacing.WatchUsage(io.NopCloser(iotest.OneByteReader(strings.NewReader(anth[:200]+anth[200:]))), "text/event-stream; charset=utf-8", func(u pacing.Tokens) { got = append(got, u) })
+	_, err := io.Copy(io.Discard, rc)
+	assert.NoError(t, err)
+	rc.Close()
+	assert.Equal(t, []pacing.Tokens{{Input: 25, Output: 15}}, got)
+
+	// Closed after message_start only: not reported.
+	got = nil
+	rc = pacing.WatchUsage(io.NopCloser(strings.NewReader(anth[:150])), "text/event-stream", func(u pacing.Tokens) { got = append(got, u) })
+	b := make([]byte, 150)
+	io.ReadFull(rc, b)
+	rc.Close()
+	assert.Empty(t, got)
+
+	// OpenAI last chunk with no trailing newline.
+	got = nil
+	oa := "data: {\"choices\":[],\"usage\":null}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":3,\"completion_tokens\":4}}"
+	rc = pacing.WatchUsage(io.NopCloser(iotest.HalfReader(strings.NewReader(oa))), "text/event-stream", func(u pacing.Tokens) { got = append(got, u) })
+	io.Copy(io.Discard, rc)
+	rc.Close()
+	assert.Equal(t, []pacing.Tokens{{Input: 3, Output: 4}}, got)
+}
