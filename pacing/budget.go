@@ -102,6 +102,12 @@ func (g *Gate) budgetUseLocked(ml *modelLane, name string, now int64) (used, lim
 	if len(name) > 6 && name[:6] == "model_" {
 		b, name = ml.bud, name[6:]
 	}
+	return b.use(name, now)
+}
+
+// use returns the tokens counted in the last minute under the budget name
+// (a budgetCaps name) and its limit.
+func (b *budgets) use(name string, now int64) (used, limit int) {
 	if b == nil {
 		return 0, 0
 	}

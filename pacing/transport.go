@@ -313,11 +313,16 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 	})
 	if toGate && x.weighed && err == nil {
+		tr, _ := req.Context().Value(traceKey{}).(*Trace)
 		switch resp.StatusCode / 100 {
 		case 2: // its budgets are settled with the usage the answer reports
-			resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) { t.gate.Settle(x.grant, used) })
+			resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
+				t.gate.Settle(x.grant, used)
+				tr.settled(used)
+			})
 		case 4: // refused: it charges nothing (a 429 is settled so by its Report)
 			t.gate.Settle(x.grant, Tokens{})
+			tr.settled(Tokens{})
 		}
 	}
 	return resp, err
@@ -350,6 +355,13 @@ type Trace struct {
 	Admitted func(Admission)
 	// Refused is called with the fleet's or the Gate's refusal.
 	Refused func(err error)
+	// Settled is called, for a request admitted under WithTokens, with
+	// what it is charged in the end: the usage its answer reported
+	// (WatchUsage), or nothing for an answer that refused it (4xx). It is
+	// not called when neither is known (a failed exchange, or an answer
+	// with no usage): the estimate stands. For budgets of the caller's
+	// own, kept beside the Gate's (a tenant's, with a Budget).
+	Settled func(used Tokens)
 }
 
 // An Admission is what a request was admitted with.
@@ -362,6 +374,12 @@ type Admission struct {
 func (tr *Trace) refused(err error) {
 	if tr != nil && tr.Refused != nil {
 		tr.Refused(err)
+	}
+}
+
+func (tr *Trace) settled(used Tokens) {
+	if tr != nil && tr.Settled != nil {
+		tr.Settled(used)
 	}
 }
 

@@ -12,6 +12,7 @@ import (
 	"mime"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -68,15 +69,10 @@ func askUsage(r *http.Request, body []byte) bool {
 // budgetAnswer adds the budgets' rate-limit headers to an upstream's
 // answer, and takes out the usage chunk that the gateway asked for.
 func (g *Gateway) budgetAnswer(resp *http.Response) {
-	if !g.budgets {
-		return
-	}
 	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	var model string
-	if x != nil {
-		model = x.model
+	if g.budgets && x != nil {
+		rateLimitHeaders(resp.Header, g.gate.Budgets(), x.model)
 	}
-	rateLimitHeaders(resp.Header, g.gate.Budgets(), model)
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); x != nil && x.dropUsage && mt == "text/event-stream" {
 		resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
 	}
@@ -185,4 +181,55 @@ func (g *Gateway) registerBudgets() {
 		left.Collect(ch)
 		limit.Collect(ch)
 	}))
+}
+
+// orgBudgets are the orgs' token budgets, made when an org first needs its
+// own and dropped once idle (org names come from a header: they must not
+// pile up).
+type orgBudgets struct {
+	def  *pacing.BudgetLimits
+	per  map[string]pacing.BudgetLimits
+	mu   sync.Mutex
+	live map[string]*pacing.Budget
+}
+
+// maxIdleOrgBudgets is how many orgs' budgets are kept before the idle
+// ones are dropped.
+const maxIdleOrgBudgets = 1024
+
+// newOrgBudgets returns the orgs' budgets of cfg, or nil when it sets none.
+func newOrgBudgets(cfg OrgsConfig) *orgBudgets {
+	if cfg.Budget == nil && len(cfg.Budgets) == 0 {
+		return nil
+	}
+	return &orgBudgets{def: cfg.Budget, per: cfg.Budgets, live: map[string]*pacing.Budget{}}
+}
+
+// get returns org's budget, or nil when it has none.
+func (o *orgBudgets) get(org string) *pacing.Budget {
+	if o == nil {
+		return nil
+	}
+	limits, ok := o.per[org]
+	if !ok {
+		if o.def == nil {
+			return nil
+		}
+		limits = *o.def
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if b := o.live[org]; b != nil {
+		return b
+	}
+	if len(o.live) >= maxIdleOrgBudgets {
+		for name, b := range o.live {
+			if b.Idle() {
+				delete(o.live, name)
+			}
+		}
+	}
+	b, _ := pacing.NewBudget(limits) // checked by ParseConfig
+	o.live[org] = b
+	return b
 }

@@ -207,3 +207,57 @@ func TestUsageDropper(t *testing.T) {
 	assert.Equal(t, want, string(got))
 	require.NoError(t, d.Close())
 }
+
+// An org's own token budget: a request over it is answered 429 at once,
+// naming the tenant's budget, and charges nothing; what the answers did
+// not use comes back when they report their usage; an org without a
+// budget is not held to one.
+func TestGatewayOrgTokenBudget(t *testing.T) {
+	up := simulated.New(100)
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	srv, _ := startGatewayWith(t, upSrv.URL, `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 10, "budgets": {"org-a": {"tokens_per_minute": 300}}},
+		"tokens": {"expected_output": 100}
+	}`)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	send := func(org string, turnMS int) (*http.Response, string) {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions",
+			strings.NewReader(fmt.Sprintf(`{"model":"glm-5","stream":true,"turn_ms":%d,"messages":[{"content":"hello world"}]}`, turnMS)))
+		require.NoError(t, err)
+		req.Header.Set(OrgHeader, org)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		return resp, ""
+	}
+	// Two requests of 106 estimated tokens in flight; a third would pass 300.
+	a, _ := send("org-a", 300)
+	b, _ := send("org-a", 300)
+	c, _ := send("org-a", 10)
+	body, err := io.ReadAll(c.Body)
+	require.NoError(t, err)
+	c.Body.Close()
+	assert.Equal(t, http.StatusTooManyRequests, c.StatusCode)
+	assert.Equal(t, "tenant_tokens_per_minute", c.Header.Get(CapHeader))
+	assert.NotEmpty(t, c.Header.Get("Retry-After"))
+	assert.Contains(t, string(body), "over the tenant_tokens_per_minute budget: 212 of 300 tokens")
+	other, _ := send("org-b", 10)
+	_, err = io.Copy(io.Discard, other.Body)
+	require.NoError(t, err)
+	other.Body.Close()
+	assert.Equal(t, http.StatusOK, other.StatusCode, "org-b has no budget")
+
+	for _, r := range []*http.Response{a, b} { // each used 6 + 15 tokens
+		got, err := io.ReadAll(r.Body)
+		require.NoError(t, err)
+		r.Body.Close()
+		assert.NotContains(t, string(got), `"usage"`, "the client did not ask for it")
+	}
+	d, _ := send("org-a", 10)
+	_, err = io.Copy(io.Discard, d.Body)
+	require.NoError(t, err)
+	d.Body.Close()
+	assert.Equal(t, http.StatusOK, d.StatusCode, "the answers' usage returned what they did not use")
+}

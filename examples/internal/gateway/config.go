@@ -237,6 +237,11 @@ type OrgsConfig struct {
 	Limits       map[string]int    `json:"limits"`
 	Priorities   map[string]string `json:"priorities"` // org -> "interactive", "default" or "batch"
 	Weights      map[string]int    `json:"weights"`    // org -> turns taken while orgs wait (default 1)
+	// Budget is each org's token budget per minute, and Budgets an org's
+	// own; a request over its org's budget is answered 429 at once, with
+	// a Retry-After from the refill. Unset: none.
+	Budget  *pacing.BudgetLimits           `json:"budget,omitempty"`
+	Budgets map[string]pacing.BudgetLimits `json:"budgets,omitempty"`
 }
 
 // LoadConfig reads and checks the file at path; errors name the bad field.
@@ -281,6 +286,16 @@ func ParseConfig(data []byte) (Config, error) {
 	if c.Tokens != nil {
 		if err := c.Tokens.check(); err != nil {
 			return Config{}, fmt.Errorf("config: %w", err)
+		}
+	}
+	if c.Orgs.Budget != nil {
+		if _, err := pacing.NewBudget(*c.Orgs.Budget); err != nil {
+			return Config{}, fmt.Errorf("config: orgs.budget: %w", err)
+		}
+	}
+	for org, l := range c.Orgs.Budgets {
+		if _, err := pacing.NewBudget(l); err != nil {
+			return Config{}, fmt.Errorf("config: orgs.budgets[%q]: %w", org, err)
 		}
 	}
 	if c.Orgs.DefaultLimit < 0 {

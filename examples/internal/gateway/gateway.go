@@ -93,9 +93,10 @@ type Gateway struct {
 	apiKeys       map[string]string // each API key's secret, by id; read-only after New
 	log           *slog.Logger
 	rejections    rejectLog
-	tel           *telemetry // nil without telemetry
-	tokens        *estimator // counts requests' tokens; nil without a token cap or budget
-	budgets       bool       // the provider has token budgets per minute
+	tel           *telemetry  // nil without telemetry
+	tokens        *estimator  // counts requests' tokens; nil without a token cap or budget
+	budgets       bool        // the provider has token budgets per minute
+	orgBudgets    *orgBudgets // the orgs' token budgets; nil without
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -166,7 +167,8 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	}
 	g.weights = cfg.Orgs.Weights
 	g.budgets = budgetsTokens(cfg.Provider)
-	if capsTokens(cfg.Provider) {
+	g.orgBudgets = newOrgBudgets(cfg.Orgs)
+	if capsTokens(cfg.Provider) || g.orgBudgets != nil {
 		if g.tokens, err = newEstimator(cfg.Tokens); err != nil {
 			return nil, err
 		}
@@ -381,7 +383,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	var cost pacing.Tokens // the request's tokens, for the provider's token caps and budgets
 	askedUsage := false
 	if g.tokens != nil && body != nil {
-		if g.budgets {
+		if g.budgets || g.orgBudgets != nil {
 			askedUsage = askUsage(r, body)
 		}
 		if cost, err = g.tokens.estimate(body, model); err != nil {
@@ -402,6 +404,17 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ts.Release() // the handler runs until the stream has been relayed
+	// The org's budget: over it is the org's doing too, answered at once.
+	var spent *pacing.Reservation
+	if b := g.orgBudgets.get(org); b != nil && cost.Total() > 0 {
+		if spent, err = b.Reserve(cost); err != nil {
+			var le *slots.LimitError
+			errors.As(err, &le)
+			le.Cap, le.Key = "tenant_"+le.Cap, tenant{org, model}.String()
+			g.reject(w, r, le.Cap, model, err)
+			return
+		}
+	}
 	// The provider's caps and pacing: waited for, to smooth the load, in
 	// the order of priority class, then org turns, then arrival.
 	prio, ok := g.priorities[org]
@@ -436,7 +449,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 			}
 			g.tel.providerAdmitted(ctx, a.Wait, a.Held.Bypassed())
 		},
+		Settled: spent.Settle,
 		Refused: func(err error) {
+			spent.Cancel()
 			x.refused = err
 			info.waited, info.refusedBy = time.Since(asked), refusedBy(err)
 			g.capRefused(refusedBy(err), mm).rejected(err) // once, under the cap that refused

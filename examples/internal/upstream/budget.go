@@ -7,6 +7,9 @@ import (
 	"github.com/tiktoken-go/tokenizer"
 )
 
+// codec is o200k_base, made once, when first needed.
+var codec = sync.OnceValues(func() (tokenizer.Codec, error) { return tokenizer.Get(tokenizer.O200kBase) })
+
 // SetTokensPerMinute turns the budget mode on (n > 0) or off: like a
 // provider's tokens-per-minute limit, the provider then answers 429 to a
 // request whose prompt would take the tokens of the requests started in
@@ -15,12 +18,8 @@ import (
 // max_tokens, a token every 20 ms; asked with stream_options.include_usage,
 // its last chunk reports its usage. Call it before serving.
 func (p *Provider) SetTokensPerMinute(n int64) error {
-	if n > 0 && p.codec == nil {
-		codec, err := tokenizer.Get(tokenizer.O200kBase)
-		if err != nil {
-			return err
-		}
-		p.codec = codec
+	if _, err := codec(); n > 0 && err != nil {
+		return err
 	}
 	p.minute.mu.Lock()
 	p.minute.limit = n

@@ -15,8 +15,6 @@ import (
 	"net/http"
 	"sync/atomic"
 	"time"
-
-	"github.com/tiktoken-go/tokenizer"
 )
 
 // MaxTurnMS bounds the turn a request asks for.
@@ -39,7 +37,6 @@ type Provider struct {
 	tokenLimit atomic.Int64 // 0: tokens are not counted against a cap
 	tokens     atomic.Int64
 	tokenPeak  atomic.Int64
-	codec      tokenizer.Codec
 
 	minute minuteLog // the budget mode (SetTokensPerMinute)
 }
@@ -72,12 +69,8 @@ const DefaultMaxTokens = 1024
 // holding its prompt's (its messages' text, counted with o200k_base) and
 // its max_tokens (DefaultMaxTokens without one). Call it before serving.
 func (p *Provider) SetTokenLimit(n int64) error {
-	if n > 0 && p.codec == nil {
-		codec, err := tokenizer.Get(tokenizer.O200kBase)
-		if err != nil {
-			return err
-		}
-		p.codec = codec
+	if _, err := codec(); n > 0 && err != nil {
+		return err
 	}
 	p.tokenLimit.Store(n)
 	return nil
@@ -99,9 +92,13 @@ func (p *Provider) tokensOf(messages []struct {
 func (p *Provider) promptOf(messages []struct {
 	Content string `json:"content"`
 }) int64 {
+	c, err := codec()
+	if err != nil {
+		return 0
+	}
 	var n int64
 	for _, m := range messages {
-		k, _ := p.codec.Count(m.Content)
+		k, _ := c.Count(m.Content)
 		n += int64(k) + 4
 	}
 	return n
@@ -144,10 +141,7 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		raise(&p.tokenPeak, t)
 		overTokens = t > limit
 	}
-	var prompt int64
-	if p.codec != nil {
-		prompt = p.promptOf(req.Messages)
-	}
+	prompt := p.promptOf(req.Messages)
 	var started *tokenStart // in the budget mode: this request's tokens in its minute
 	overBudget := false
 	if n <= p.limit && !overTokens {

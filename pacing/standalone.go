@@ -1,0 +1,128 @@
+package pacing
+
+import (
+	"sync"
+
+	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// BudgetLimits are the budgets of a Budget, as a Config's
+// tokens_per_minute and its parts; 0 leaves one out.
+type BudgetLimits struct {
+	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
+	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
+	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
+}
+
+// Budget is a token budget per minute on its own, for a cap that is no
+// Gate's: a tenant's or an API key's, say. It counts what the requests
+// started in any minute cost, as a Gate's budgets do, but it never makes a
+// request wait: Reserve takes a request now or refuses it with the time
+// the budget will have refilled enough. Safe for concurrent use; create
+// one with NewBudget.
+type Budget struct {
+	clk *clockx.Clock
+	mu  sync.Mutex
+	b   *budgets // nil: no limit set
+}
+
+// NewBudget returns a Budget with those limits. Its clock is the real
+// one, or clk (a mock, in tests) when given.
+func NewBudget(limits BudgetLimits, clk ...clock.Clock) (*Budget, error) {
+	l := [3]int{limits.TokensPerMinute, limits.InputTokensPerMinute, limits.OutputTokensPerMinute}
+	if err := validBudgets("", l); err != nil {
+		return nil, err
+	}
+	b := &Budget{b: newBudgets(nil, l), clk: clockx.New(nil)}
+	if len(clk) > 0 && clk[0] != nil {
+		b.clk = clockx.New(clk[0])
+	}
+	return b, nil
+}
+
+// Reservation is what a request took of a Budget: settle it with what the
+// request used, or cancel it if the request was never served.
+type Reservation struct {
+	b       *Budget
+	est     Tokens
+	step    int64
+	settled bool // guarded by b.mu
+}
+
+// Reserve charges t, a request's estimated cost, if the budget takes it
+// now: if what started in the last minute and t fit each limit, or if
+// nothing did (a budget's first request passes, however large). Else it
+// takes nothing and returns a *slots.LimitError wrapping ErrOverBudget,
+// whose Cap names the binding budget (CapTokensPerMinute and its parts),
+// InFlight and Limit its tokens in the last minute and its limit, and
+// RetryAfter when it will take t. t's parts must not be negative and its
+// total must be in 1..slots.MaxUnits (else an error wrapping
+// slots.ErrBadUnits).
+func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
+	if err := checkTokens(t); err != nil {
+		return nil, err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clk.Nanos()
+	if at, name := b.b.binding("", t, afterNone, now); at != 0 {
+		used, limit := b.b.use(name, now)
+		return nil, &slots.LimitError{Err: ErrOverBudget, Cap: name, InFlight: used, Limit: limit, RetryAfter: retryAt(at, now)}
+	}
+	b.b.charge(t, now)
+	return &Reservation{b: b, est: t, step: now / int64(budgetStep)}, nil
+}
+
+// Settle corrects the reservation with what the request used, as the
+// upstream reported it: an overestimate is returned, an underestimate
+// charged as debt. Only the first Settle or Cancel counts; a nil
+// Reservation does nothing. Each part counts within 0..slots.MaxUnits.
+func (r *Reservation) Settle(used Tokens) {
+	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
+	r.settle(used, true)
+}
+
+// Cancel returns the whole reservation: the request was refused, or never
+// sent, and charges nothing.
+func (r *Reservation) Cancel() { r.settle(Tokens{}, false) }
+
+func (r *Reservation) settle(used Tokens, reported bool) {
+	if r == nil {
+		return
+	}
+	b := r.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if r.settled {
+		return
+	}
+	r.settled = true
+	b.b.correct(r.step, r.est, used, reported, b.clk.Nanos())
+}
+
+// Status returns the budgets as a Gate's Status does (Model "").
+func (b *Budget) Status() []BudgetStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.status(nil, "", b.clk.Nanos())
+}
+
+// Idle reports whether nothing is counted in the last minute: a Budget
+// kept per tenant may be dropped then, and made again when needed.
+func (b *Budget) Idle() bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.b == nil {
+		return true
+	}
+	now := b.clk.Nanos()
+	for i := range b.b.w {
+		if b.b.w[i].resetIn(now) > 0 {
+			return false
+		}
+	}
+	return true
+}
