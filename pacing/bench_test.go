@@ -11,7 +11,8 @@ import (
 // BenchmarkGateAcquireRelease is the uncontended cost of a Gate's
 // admission (a provider cap of 8, no pacing), beside a Limiter's, the
 // floor of any admission with a Slot; "tokens" weighs each request 10 of a
-// token cap of 1,000.
+// token cap of 1,000; "budget" charges each 30 tokens of a budget per
+// minute that never binds, and settles it with 15.
 func BenchmarkGateAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	b.Run("gate", func(b *testing.B) {
@@ -39,6 +40,21 @@ func BenchmarkGateAcquireRelease(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
+			gt.Slot.Release()
+		}
+	})
+	b.Run("gate-budget", func(b *testing.B) {
+		g, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 8, TokensPerMinute: 1 << 60})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			gt, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 10, Output: 20})
+			if err != nil {
+				b.Fatal(err)
+			}
+			g.Settle(gt, pacing.Tokens{Input: 10, Output: 5})
 			gt.Slot.Release()
 		}
 	})

@@ -47,20 +47,23 @@ func (t Tokens) part(i int) int64 {
 	return int64(t.Input) + int64(t.Output)
 }
 
+// cost is gr's request's estimated cost.
+func (gr *grant) cost() Tokens { return Tokens{Input: int(gr.estIn), Output: int(gr.estOut)} }
+
 // queue counts gr's estimate as waiting on its budgets; unqueue takes it
 // off those it was counted on.
 func (gr *grant) queue() {
-	gr.queuedOn = gr.g.budgetsOf(gr.model)
-	for _, b := range gr.queuedOn {
-		b.queue(gr.est, 1)
+	gr.bud = gr.g.budgetsOf(gr.model)
+	for _, b := range gr.bud {
+		b.queue(gr.cost(), 1)
 	}
 }
 
 func (gr *grant) unqueue() {
-	for _, b := range gr.queuedOn {
-		b.queue(gr.est, -1)
+	for _, b := range gr.bud {
+		b.queue(gr.cost(), -1)
 	}
-	gr.queuedOn = [2]*budgets{}
+	gr.bud = [2]*budgets{}
 }
 
 // ErrOverBudget: a token budget per minute (Config.TokensPerMinute and
@@ -181,10 +184,10 @@ func (g *Gate) settleLocked(gr *grant, used Tokens, reported bool) bool {
 	}
 	gr.settled = true
 	now := g.eng.Clock.Nanos()
-	for _, b := range gr.charged {
-		b.correct(gr.step, gr.est, used, reported, now)
+	for _, b := range gr.bud {
+		b.correct(int64(gr.step), gr.cost(), used, reported, now)
 	}
-	return used.Input < gr.est.Input || used.Output < gr.est.Output
+	return used.Input < int(gr.estIn) || used.Output < int(gr.estOut)
 }
 
 // budgetsOf returns the budgets a request for ml counts on: the

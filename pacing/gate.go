@@ -74,6 +74,11 @@ type grant struct {
 	key   *keyLane
 	idx   [3]int32
 	units int32 // the tokens it weighs (AcquireN); beside idx, in its padding
+	// The request's estimated cost (cost), and the second it started in:
+	// int32s, as a cost's total is at most slots.MaxUnits.
+	estIn, estOut int32
+	step          int32
+	settled       bool // Settle (or a refusal, a give-back) has corrected its charges
 	// refused is the refusal of a waiter that a lowered token cap can no
 	// longer hold, made then (refuseHeavyLocked); read after its wake.
 	refused *core.Rejection
@@ -86,11 +91,9 @@ type grant struct {
 	prev, modelPrev starts
 	reported        bool // Report has taken its verdict
 	// The request's estimated cost, and what it counts on in the budgets:
-	// queuedOn while it waits, charged (in the second step) once started.
-	est               Tokens
-	step              int64
-	queuedOn, charged [2]*budgets
-	settled           bool // Settle (or a refusal, a give-back) has corrected its charges
+	// The budgets it counts on: while it waits (queue), then those charged
+	// once started.
+	bud [2]*budgets
 }
 
 type starts struct {
@@ -205,7 +208,7 @@ func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, erro
 		g.eng.Rejected(ctx, ErrGateClosed, 0)
 		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
 	}
-	gr := &grant{g: g, units: int32(n), est: t}
+	gr := &grant{g: g, units: int32(n), estIn: int32(t.Input), estOut: int32(t.Output)}
 	x, h, _ := g.eng.NewSlot(gr, 0) // no leak detection: never a tracked hold
 	place := core.PlaceOf(ctx)
 	h.Class = place.Class
@@ -377,9 +380,9 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		g.provider.Serve(w)
 		ml.waiting--
 		gr.unqueue()
-		gr.charged, gr.step = g.budgetsOf(ml), now/int64(budgetStep)
-		for _, b := range gr.charged {
-			b.charge(gr.est, now)
+		gr.bud, gr.step = g.budgetsOf(ml), int32(now/int64(budgetStep))
+		for _, b := range gr.bud {
+			b.charge(gr.cost(), now)
 		}
 		gr.key = key
 		w.Hold.At = now

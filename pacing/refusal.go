@@ -46,9 +46,9 @@ func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, i
 			case gr.model == ml && !ml.tok.fits(n):
 				return CapModelTokens, ml.tok.held, ml.tok.limit, 0
 			}
-			at, name = g.bud.binding("", gr.est, afterNone, now)
+			at, name = g.bud.binding("", gr.cost(), afterNone, now)
 			if name == "" && gr.model == ml {
-				at, name = ml.bud.binding("model_", gr.est, afterNone, now)
+				at, name = ml.bud.binding("model_", gr.cost(), afterNone, now)
 			}
 			if name != "" {
 				inFlight, limit = g.budgetUseLocked(ml, name, now)
