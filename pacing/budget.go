@@ -63,7 +63,7 @@ func (gr *grant) unqueue() {
 	for _, b := range gr.bud {
 		b.queue(gr.cost(), -1)
 	}
-	gr.bud = [2]*budgets{}
+	gr.bud = [3]*budgets{}
 }
 
 // ErrOverBudget: a token budget per minute (Config.TokensPerMinute and
@@ -192,7 +192,7 @@ func (g *Gate) settleLocked(gr *grant, used Tokens, reported bool) bool {
 
 // budgetsOf returns the budgets a request for ml counts on: the
 // provider's and its model's (either may be nil).
-func (g *Gate) budgetsOf(ml *modelLane) [2]*budgets { return [2]*budgets{g.bud, ml.bud} }
+func (g *Gate) budgetsOf(ml *modelLane) [3]*budgets { return [3]*budgets{g.bud, ml.bud} }
 
 // After whom a request is placed when budgetsAt estimates its start.
 const (
@@ -200,6 +200,25 @@ const (
 	afterQueued        // the requests queued for its budgets
 	afterTold          // those, and the refused told to come back later
 )
+
+// keyBudgetBindingLocked names the key budget that keeps a request
+// costing t from every key with room: that of the key that takes it first,
+// with its tokens in the last minute, its limit, and when.
+func (g *Gate) keyBudgetBindingLocked(t Tokens, now int64) (name string, used, limit int, at int64) {
+	for _, k := range g.keys {
+		if k.lane.Limit-k.lane.Holders.Len() <= 0 {
+			continue
+		}
+		if a, n := k.bud.binding("api_key_", t, afterNone, now); a != 0 && (at == 0 || a < at) {
+			at, name = a, n
+			used, limit = k.bud.use(n[len("api_key_"):], now)
+		}
+	}
+	if name == "" {
+		return CapAPIKey, 0, 0, 0
+	}
+	return name, used, limit, at
+}
 
 // budgetsAt returns when the provider's and ml's budgets will take t,
 // placed after those that after says, and the name of the budget that

@@ -208,3 +208,80 @@ func TestBudgetConfig(t *testing.T) {
 		assert.ErrorIs(t, err, slots.ErrBadUnits, "%+v", bad)
 	}
 }
+
+// Each API key of a pool may have budgets of its own: a request is given
+// a key whose budgets take it; when none can, it waits in its place (and
+// those after it too) until one can, by a refill or by a Settle; a wait
+// that times out names the key's budget.
+func TestBudgetAPIKeys(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		cfg := pacing.Config{MaxQueueWaitMS: 120_000, APIKeys: []pacing.KeyConfig{
+			{ID: "k1", MaxConcurrentRequests: 10, TokensPerMinute: 1000},
+			{ID: "k2", MaxConcurrentRequests: 10, TokensPerMinute: 1000},
+		}}
+		g := newGate(t, cfg)
+		ctx := context.Background()
+		r1, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 600})
+		require.NoError(t, err)
+		r2, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 600})
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []string{"k1", "k2"}, []string{r1.Key, r2.Key}, "one on each: neither budget takes both")
+		st := g.Status()
+		require.Len(t, st.Budgets, 2)
+		assert.Equal(t, 400, st.Budgets[0].Left)
+		assert.Equal(t, r1.Key, st.Budgets[0].Key)
+
+		third := acquireTokensAsync(ctx, g, "m", pacing.Tokens{Input: 600})
+		synctest.Wait()
+		small := acquireTokensAsync(ctx, g, "m", pacing.Tokens{Input: 300})
+		synctest.Wait()
+		assert.Equal(t, 2, g.Status().Queued, "no key takes 600; the 300 behind it waits its turn")
+		g.Settle(r1, pacing.Tokens{Input: 100}) // r1's key gets 500 back
+		synctest.Wait()
+		r3 := <-third
+		require.NoError(t, r3.err)
+		assert.Equal(t, r1.Key, r3.g.Key)
+		r4 := <-small
+		require.NoError(t, r4.err)
+		assert.Equal(t, r2.Key, r4.g.Key, "the other key takes the 300")
+
+		start := time.Now()
+		late, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 500})
+		require.NoError(t, err, "it waits for a refill")
+		assert.Greater(t, time.Since(start), 59*time.Second)
+		for _, s := range []pacing.Grant{r1, r2, r3.g, r4.g, late} {
+			s.Slot.Release()
+		}
+
+		g = newGate(t, pacing.Config{MaxQueueWaitMS: 1000, APIKeys: []pacing.KeyConfig{{ID: "k", TokensPerMinute: 1000}}})
+		held, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900})
+		require.NoError(t, err)
+		defer held.Slot.Release()
+		_, err = g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 200})
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.ErrorIs(t, err, slots.ErrWaitTimeout)
+		assert.Equal(t, "api_key_"+pacing.CapTokensPerMinute, le.Cap)
+		assert.Equal(t, 1000, le.Limit)
+	})
+}
+
+// A pool whose every key is in a budget's debt starts nothing until the
+// debt has left the minute, and then starts its waiter without another
+// event to wake it.
+func TestBudgetAPIKeysInDebt(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxQueueWaitMS: 120_000, APIKeys: []pacing.KeyConfig{{ID: "k", TokensPerMinute: 100}}})
+		ctx := context.Background()
+		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 50})
+		require.NoError(t, err)
+		g.Settle(a, pacing.Tokens{Input: 500}) // 400 of debt
+		a.Slot.Release()
+		start := time.Now()
+		b, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1})
+		require.NoError(t, err)
+		assert.Greater(t, time.Since(start), 59*time.Second)
+		assert.LessOrEqual(t, time.Since(start), 61*time.Second)
+		b.Slot.Release()
+	})
+}

@@ -125,6 +125,11 @@ type ShareConfig struct {
 type KeyConfig struct {
 	ID                    string `json:"id"`
 	MaxConcurrentRequests int    `json:"max_concurrent_requests,omitempty"`
+	// The key's token budgets per minute (see Config.TokensPerMinute): a
+	// request is given a key whose budgets take its estimate.
+	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
+	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
+	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
 }
 
 // ModelConfig is a model's own policy within its provider's.
@@ -241,6 +246,9 @@ func (c Config) Validate() error {
 		case k.MaxConcurrentRequests < 0:
 			return bad(field+".max_concurrent_requests", k.MaxConcurrentRequests, "is negative")
 		}
+		if err := validBudgets(field+".", k.budgetLimits()); err != nil {
+			return err
+		}
 		seen[k.ID] = true
 	}
 	for name, m := range c.Models {
@@ -325,6 +333,10 @@ func (c Config) shares() *core.Shares {
 
 func (c Config) budgetLimits() [3]int {
 	return [3]int{c.TokensPerMinute, c.InputTokensPerMinute, c.OutputTokensPerMinute}
+}
+
+func (k KeyConfig) budgetLimits() [3]int {
+	return [3]int{k.TokensPerMinute, k.InputTokensPerMinute, k.OutputTokensPerMinute}
 }
 
 func (m ModelConfig) budgetLimits() [3]int {

@@ -64,6 +64,9 @@ type Gate struct {
 	ad       adaptive // the learned cap and the upstream's pauses (learn.go)
 	tok      tokens   // the provider's tokens in flight (tokens.go)
 	bud      *budgets // the provider's token budgets (budget.go), or nil
+	// keyBudgets: some key of the pool has token budgets, so a key is
+	// picked for the request that starts.
+	keyBudgets bool
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -92,8 +95,8 @@ type grant struct {
 	reported        bool // Report has taken its verdict
 	// The request's estimated cost, and what it counts on in the budgets:
 	// The budgets it counts on: while it waits (queue), then those charged
-	// once started.
-	bud [2]*budgets
+	// once started: the provider's, its model's, its key's.
+	bud [3]*budgets
 }
 
 type starts struct {
@@ -366,8 +369,12 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		}
 		var key *keyLane
 		if len(g.keys) > 0 {
-			if key = g.pickKeyLocked(now); key == nil {
+			var fit int64 // when a key in a budget's debt takes requests again
+			if key = g.pickKeyForLocked(now, Tokens{}, &fit); key == nil {
 				wakeAt = g.keyBackAtLocked(now) // or a release will dispatch again
+				if fit != 0 {
+					lower(&wakeAt, fit)
+				}
 				break
 			}
 		}
@@ -376,11 +383,24 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			break // a release, a start time or a config change will dispatch again
 		}
 		gr := w.Hold.Owner.(*grant)
+		if g.keyBudgets {
+			// The key must take the request's cost too; if none can now,
+			// the request keeps its place and the pass stops.
+			if key = g.pickKeyForLocked(now, gr.cost(), &wakeAt); key == nil {
+				if back := g.keyBackAtLocked(now); back != 0 {
+					lower(&wakeAt, back)
+				}
+				break // or a release will dispatch again
+			}
+		}
 		ml := gr.model
 		g.provider.Serve(w)
 		ml.waiting--
 		gr.unqueue()
 		gr.bud, gr.step = g.budgetsOf(ml), int32(now/int64(budgetStep))
+		if key != nil {
+			gr.bud[2] = key.bud
+		}
 		for _, b := range gr.bud {
 			b.charge(gr.cost(), now)
 		}

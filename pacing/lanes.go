@@ -28,6 +28,7 @@ type keyLane struct {
 	configured int      // its max_concurrent_requests (0: none)
 	l          *learner // its learned cap, with Config.Adaptive; else nil
 	outUntil   int64    // out of quota: no grants before it, clock nanos
+	bud        *budgets // its token budgets (KeyConfig.TokensPerMinute), or nil
 }
 
 func limitOf(n int) int {
@@ -67,7 +68,7 @@ func (g *Gate) applyLocked(cfg Config) {
 	}
 	// Keys keep their lanes (and so their holders) by id; a key no longer
 	// in the pool leaves the pick list and drains.
-	g.keys = g.keys[:0]
+	g.keys, g.keyBudgets = g.keys[:0], false
 	pool := make(map[string]*keyLane, len(cfg.APIKeys))
 	for _, k := range cfg.APIKeys {
 		kl := g.keyByID[k.ID]
@@ -75,6 +76,8 @@ func (g *Gate) applyLocked(cfg Config) {
 			kl = &keyLane{id: k.ID}
 		}
 		kl.lane.Limit, kl.configured = limitOf(k.MaxConcurrentRequests), k.MaxConcurrentRequests
+		kl.bud = newBudgets(kl.bud, k.budgetLimits())
+		g.keyBudgets = g.keyBudgets || kl.bud != nil
 		g.keys = append(g.keys, kl)
 		pool[k.ID] = kl
 	}
@@ -106,15 +109,31 @@ func (g *Gate) dropIfIdleLocked(ml *modelLane) {
 // pool's order on a tie; nil when the pool is empty or full. A key out of
 // quota until after now is passed over.
 func (g *Gate) pickKeyLocked(now int64) *keyLane {
+	return g.pickKeyForLocked(now, Tokens{}, nil)
+}
+
+// pickKeyForLocked is pickKeyLocked for a request costing t: a key whose
+// budgets (KeyConfig.TokensPerMinute and its parts) cannot take t now is
+// passed over too, and *fitAt, if not nil, is lowered to when the first
+// such key with room would.
+func (g *Gate) pickKeyForLocked(now int64, t Tokens, fitAt *int64) *keyLane {
 	var best *keyLane
 	bestFree := 0
 	for _, k := range g.keys {
 		if k.outUntil > now {
 			continue
 		}
-		if free := k.lane.Limit - k.lane.Holders.Len(); free > bestFree {
-			best, bestFree = k, free
+		free := k.lane.Limit - k.lane.Holders.Len()
+		if free <= bestFree {
+			continue
 		}
+		if at, _ := k.bud.fitAt(t, [3]int64{}, now); at != 0 {
+			if fitAt != nil {
+				lower(fitAt, at)
+			}
+			continue
+		}
+		best, bestFree = k, free
 	}
 	return best
 }

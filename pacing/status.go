@@ -39,14 +39,16 @@ type Status struct {
 }
 
 // BudgetStatus is a token budget per minute: its Cap (a budget's name, as
-// CapTokensPerMinute), its Model ("" for the provider's), its Limit, and
-// what is Left of it over the last minute (negative in debt: a request
-// used more than estimated). ResetIn is how long until all of it is left
-// again, if nothing more starts. Queued is what the requests waiting for
-// it are estimated to cost.
+// CapTokensPerMinute), its Model or Key (both "" for the provider's), its
+// Limit, and what is Left of it over the last minute (negative in debt: a
+// request used more than estimated). ResetIn is how long until all of it
+// is left again, if nothing more starts. Queued is what the requests
+// waiting for it are estimated to cost (0 for a key's: a request is given
+// its key as it starts).
 type BudgetStatus struct {
 	Cap     string
 	Model   string
+	Key     string // the API key's id, for a key's budget ("" else)
 	Limit   int
 	Left    int
 	ResetIn time.Duration
@@ -72,6 +74,13 @@ func (g *Gate) budgetsLocked(now int64) []BudgetStatus {
 	slices.Sort(names)
 	for _, name := range names {
 		st = g.models[name].bud.status(st, name, now)
+	}
+	for _, k := range g.keys {
+		n := len(st)
+		st = k.bud.status(st, "", now)
+		for i := n; i < len(st); i++ {
+			st[i].Key = k.id
+		}
 	}
 	return st
 }

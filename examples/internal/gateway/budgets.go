@@ -27,6 +27,11 @@ func budgetsTokens(p pacing.Config) bool {
 	if set(p.TokensPerMinute, p.InputTokensPerMinute, p.OutputTokensPerMinute) {
 		return true
 	}
+	for _, k := range p.APIKeys {
+		if set(k.TokensPerMinute, k.InputTokensPerMinute, k.OutputTokensPerMinute) {
+			return true
+		}
+	}
 	for _, m := range p.Models {
 		if set(m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute) {
 			return true
@@ -71,7 +76,11 @@ func askUsage(r *http.Request, body []byte) bool {
 func (g *Gateway) budgetAnswer(resp *http.Response) {
 	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	if g.budgets && x != nil {
-		rateLimitHeaders(resp.Header, g.gate.Budgets(), x.model)
+		key := ""
+		if x.admitted != nil {
+			key = x.admitted.Grant.Key
+		}
+		rateLimitHeaders(resp.Header, g.gate.Budgets(), x.model, key)
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); x != nil && x.dropUsage && mt == "text/event-stream" {
 		resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
@@ -80,12 +89,13 @@ func (g *Gateway) budgetAnswer(resp *http.Response) {
 
 // rateLimitHeaders sets OpenAI's x-ratelimit-limit-tokens,
 // x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens from the
-// budget with the least left of those a request for model counts on (the
-// provider's and its model's), if any.
-func rateLimitHeaders(h http.Header, budgets []pacing.BudgetStatus, model string) {
+// budget with the least left of those a request for model sent with the
+// API key key counts on (the provider's, its model's, its key's), if any.
+func rateLimitHeaders(h http.Header, budgets []pacing.BudgetStatus, model, key string) {
 	var tight *pacing.BudgetStatus
 	for i, b := range budgets {
-		if (b.Model == "" || b.Model == model) && (tight == nil || b.Left < tight.Left) {
+		mine := (b.Model == "" || b.Model == model) && (b.Key == "" || b.Key == key)
+		if mine && (tight == nil || b.Left < tight.Left) {
 			tight = &budgets[i]
 		}
 	}
@@ -172,8 +182,11 @@ func (g *Gateway) registerBudgets() {
 	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
 		for _, b := range g.gate.Budgets() {
 			c := "provider"
-			if b.Model != "" {
+			switch {
+			case b.Model != "":
 				c = "model:" + b.Model
+			case b.Key != "":
+				c = "api_key:" + b.Key
 			}
 			left.WithLabelValues(c, b.Cap).Set(float64(b.Left))
 			limit.WithLabelValues(c, b.Cap).Set(float64(b.Limit))
