@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync/atomic"
 	"time"
 
 	"github.com/inflight-go/inflight/slots"
@@ -295,34 +296,44 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	// A slot that holds nothing (a bypass) is no evidence for its cap.
 	toGate := x.grant.Slot != nil && !x.grant.Slot.Bypassed()
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
-	if !toGate && !toFleet {
-		return resp, err
-	}
-	answer := resp
-	if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
-		answer = nil // no answer, or no admission of a model request
-	}
-	// An error answer is classified from its first bytes as they pass, by
-	// the body's end or Close at the latest: before the slot goes.
-	ClassifyAsRead(answer, t.classifier, func(v Verdict) {
-		if toGate {
-			t.gate.Report(x.grant, v)
+	tr, _ := req.Context().Value(traceKey{}).(*Trace)
+	weighed := x.weighed && err == nil
+	hears := weighed && tr != nil && tr.Settled != nil
+	var told atomic.Bool
+	settled := func(used Tokens) { // the Trace hears it once
+		if told.CompareAndSwap(false, true) {
+			tr.settled(used)
 		}
-		if toFleet {
-			t.caps.Report(x.caps, v)
+	}
+	if toGate || toFleet || hears {
+		answer := resp
+		if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
+			answer = nil // no answer, or no admission of a model request
 		}
-	})
-	if toGate && x.weighed && err == nil {
-		tr, _ := req.Context().Value(traceKey{}).(*Trace)
+		// An error answer is classified from its first bytes as they pass, by
+		// the body's end or Close at the latest: before the slot goes.
+		ClassifyAsRead(answer, t.classifier, func(v Verdict) {
+			if toGate {
+				t.gate.Report(x.grant, v)
+			}
+			if toFleet {
+				t.caps.Report(x.caps, v)
+			}
+			if weighed && v.Kind != Admitted && v.Kind != Other {
+				settled(Tokens{}) // refused by the upstream: as the Gate's budgets (Report)
+			}
+		})
+	}
+	if weighed {
 		switch resp.StatusCode / 100 {
 		case 2: // its budgets are settled with the usage the answer reports
 			resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
-				t.gate.Settle(x.grant, used)
-				tr.settled(used)
+				t.gate.Settle(x.grant, used) // nothing for a bypass
+				settled(used)
 			})
 		case 4: // refused: it charges nothing (a 429 is settled so by its Report)
 			t.gate.Settle(x.grant, Tokens{})
-			tr.settled(Tokens{})
+			settled(Tokens{})
 		}
 	}
 	return resp, err
@@ -344,9 +355,9 @@ func credential(f func(http.Header, string), req *http.Request, key string) (err
 }
 
 // A Trace is told what a Transport does with one request, on the
-// goroutine that sends it, as net/http/httptrace's ClientTrace is: for
-// metrics and logs of a server that proxies the request. Attach it with
-// WithTrace; any of its functions may be nil.
+// goroutine that sends it (Settled aside), as net/http/httptrace's
+// ClientTrace is: for metrics and logs of a server that proxies the
+// request. Attach it with WithTrace; any of its functions may be nil.
 type Trace struct {
 	// FleetWait is called as the request starts to take the fleet's caps
 	// (WithFleet); the function it returns, if not nil, as that ends.
@@ -355,11 +366,13 @@ type Trace struct {
 	Admitted func(Admission)
 	// Refused is called with the fleet's or the Gate's refusal.
 	Refused func(err error)
-	// Settled is called, for a request admitted under WithTokens, with
-	// what it is charged in the end: the usage its answer reported
-	// (WatchUsage), or nothing for an answer that refused it (4xx). It is
-	// not called when neither is known (a failed exchange, or an answer
-	// with no usage): the estimate stands. For budgets of the caller's
+	// Settled is called once, for a request admitted under WithTokens
+	// (with a slot or without), with what it is charged in the end: the
+	// usage its answer reported (WatchUsage), or nothing for an answer
+	// that refused it (4xx, or a verdict other than Admitted and Other).
+	// It is not called when neither is known (a failed exchange, or an
+	// answer with no usage): the estimate stands. It may run on the
+	// goroutine that reads the answer's body. For budgets of the caller's
 	// own, kept beside the Gate's (a tenant's, with a Budget).
 	Settled func(used Tokens)
 }

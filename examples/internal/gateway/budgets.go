@@ -56,7 +56,7 @@ func askUsage(r *http.Request, body []byte) bool {
 			return false // not an object: the upstream will say so
 		}
 	}
-	if raw, ok := opts["include_usage"]; ok && string(raw) != "false" {
+	if raw, ok := opts["include_usage"]; ok && string(raw) != "false" && string(raw) != "null" {
 		return false // asked by the client: its usage chunk is its own
 	}
 	opts["include_usage"] = json.RawMessage("true")
@@ -75,12 +75,15 @@ func askUsage(r *http.Request, body []byte) bool {
 // answer, and takes out the usage chunk that the gateway asked for.
 func (g *Gateway) budgetAnswer(resp *http.Response) {
 	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	if g.budgets && x != nil {
-		key := ""
-		if x.admitted != nil {
-			key = x.admitted.Grant.Key
+	if g.budgets {
+		var model, key string
+		if x != nil {
+			model = x.model
+			if x.admitted != nil {
+				key = x.admitted.Grant.Key
+			}
 		}
-		rateLimitHeaders(resp.Header, g.gate.Budgets(), x.model, key)
+		rateLimitHeaders(resp.Header, g.gate.Budgets(), model, key)
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); x != nil && x.dropUsage && mt == "text/event-stream" {
 		resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
@@ -138,13 +141,17 @@ func (d *usageDropper) Close() error { return d.rc.Close() }
 // that ends it (or what is left at the end of the stream).
 func readEvent(r *bufio.Reader) ([]byte, error) {
 	var ev []byte
+	partial := false // the line so far filled the buffer: what follows is its end
 	for {
 		line, err := r.ReadSlice('\n')
 		ev = append(ev, line...)
 		if err == bufio.ErrBufferFull {
+			partial = true
 			continue
 		}
-		if err != nil || len(bytes.TrimRight(line, "\r\n")) == 0 {
+		blank := !partial && len(bytes.TrimRight(line, "\r\n")) == 0
+		partial = false
+		if err != nil || blank {
 			return ev, err
 		}
 	}
@@ -200,10 +207,18 @@ func (g *Gateway) registerBudgets() {
 // own and dropped once idle (org names come from a header: they must not
 // pile up).
 type orgBudgets struct {
-	def  *pacing.BudgetLimits
-	per  map[string]pacing.BudgetLimits
-	mu   sync.Mutex
-	live map[string]*pacing.Budget
+	def     *pacing.BudgetLimits
+	per     map[string]pacing.BudgetLimits
+	mu      sync.Mutex
+	live    map[string]*orgBudget
+	pruneAt int // the idle ones are dropped once live has this many
+}
+
+// orgBudget is an org's Budget and its requests that may still settle
+// into it: it is not dropped while any do.
+type orgBudget struct {
+	b    *pacing.Budget
+	open int
 }
 
 // maxIdleOrgBudgets is how many orgs' budgets are kept before the idle
@@ -215,34 +230,51 @@ func newOrgBudgets(cfg OrgsConfig) *orgBudgets {
 	if cfg.Budget == nil && len(cfg.Budgets) == 0 {
 		return nil
 	}
-	return &orgBudgets{def: cfg.Budget, per: cfg.Budgets, live: map[string]*pacing.Budget{}}
+	return &orgBudgets{def: cfg.Budget, per: cfg.Budgets, live: map[string]*orgBudget{}, pruneAt: maxIdleOrgBudgets}
 }
 
 // get returns org's budget, or nil when it has none.
 func (o *orgBudgets) get(org string) *pacing.Budget {
+	b, done := o.use(org)
+	done()
+	return b
+}
+
+// use returns org's budget (nil when it has none), kept until done is
+// called: a request settles into the Budget it reserved from.
+func (o *orgBudgets) use(org string) (*pacing.Budget, func()) {
 	if o == nil {
-		return nil
+		return nil, func() {}
 	}
 	limits, ok := o.per[org]
 	if !ok {
 		if o.def == nil {
-			return nil
+			return nil, func() {}
 		}
 		limits = *o.def
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	if b := o.live[org]; b != nil {
-		return b
-	}
-	if len(o.live) >= maxIdleOrgBudgets {
-		for name, b := range o.live {
-			if b.Idle() {
-				delete(o.live, name)
+	e := o.live[org]
+	if e == nil {
+		if len(o.live) >= o.pruneAt {
+			for name, e := range o.live {
+				if e.open == 0 && e.b.Idle() {
+					delete(o.live, name)
+				}
 			}
+			// Pruned again once as many more are live: O(1) per new org,
+			// amortised, however many are busy.
+			o.pruneAt = max(2*len(o.live), maxIdleOrgBudgets)
 		}
+		b, _ := pacing.NewBudget(limits) // checked by ParseConfig
+		e = &orgBudget{b: b}
+		o.live[org] = e
 	}
-	b, _ := pacing.NewBudget(limits) // checked by ParseConfig
-	o.live[org] = b
-	return b
+	e.open++
+	return e.b, func() {
+		o.mu.Lock()
+		e.open--
+		o.mu.Unlock()
+	}
 }

@@ -404,19 +404,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	defer ts.Release() // the handler runs until the stream has been relayed
-	// The org's budget: over it is the org's doing too, answered at once.
-	var spent *pacing.Reservation
-	if b := g.orgBudgets.get(org); b != nil && cost.Total() > 0 {
-		if spent, err = b.Reserve(cost); err != nil {
-			var le *slots.LimitError
-			errors.As(err, &le)
-			le.Cap, le.Key = "tenant_"+le.Cap, tenant{org, model}.String()
-			g.reject(w, r, le.Cap, model, err)
-			return
-		}
-	}
 	// The provider's caps and pacing: waited for, to smooth the load, in
-	// the order of priority class, then org turns, then arrival.
+	// the order of priority class, then org turns, then arrival. Read
+	// before the org's budget is charged: a bad header charges nothing.
 	prio, ok := g.priorities[org]
 	if h := r.Header.Get(slots.HeaderPriority); h != "" {
 		if prio, err = slots.ParsePriority(h); err != nil {
@@ -425,6 +415,21 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		}
 	} else if !ok {
 		prio = slots.PriorityDefault
+	}
+	// The org's budget: over it is the org's doing too, answered at once.
+	var spent *pacing.Reservation
+	b, done := g.orgBudgets.use(org)
+	defer done() // kept while this request may still settle into it
+	if b != nil && cost.Total() > 0 {
+		if spent, err = b.Reserve(cost); err != nil {
+			capName := "tenant"
+			if le := (*slots.LimitError)(nil); errors.As(err, &le) {
+				le.Cap, le.Key = "tenant_"+le.Cap, tenant{org, model}.String()
+				capName = le.Cap
+			}
+			g.reject(w, r, capName, model, err)
+			return
+		}
 	}
 	// The provider's Transport waits for the fleet's caps and the Gate
 	// under ctx, ended by Drain as well; the upstream exchange is not.

@@ -124,8 +124,11 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 	}
 	if le != nil && strings.HasSuffix(le.Cap, "_per_minute") { // a budget, not a count in flight
 		why := "it cannot start within its wait"
-		if errors.Is(err, slots.ErrWaitTimeout) {
+		switch {
+		case errors.Is(err, slots.ErrWaitTimeout):
 			why = "timed out waiting"
+		case strings.HasPrefix(le.Cap, "tenant_"):
+			why = "the org's budget, answered at once"
 		}
 		return status, retryAfter, fmt.Sprintf("over the %s budget: %d of %d tokens started in the last minute (%s)", le.Cap, le.InFlight, le.Limit, why)
 	}
@@ -136,8 +139,9 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 // (the org's cap per model), or the provider's "provider", "model",
 // "api_key", "pacing", "pause", "tokens" or "model_tokens" (see
 // pacing.CapProvider, pacing.CapTokens), or a budget, as
-// "tokens_per_minute" or "model_output_tokens_per_minute" (see
-// pacing.CapTokensPerMinute).
+// "tokens_per_minute", "model_output_tokens_per_minute",
+// "api_key_tokens_per_minute" (see pacing.CapTokensPerMinute) or an org's,
+// "tenant_tokens_per_minute".
 const CapHeader = "X-Inflight-Cap"
 
 // writeAdmissionError answers an admission error in OpenAI's shape, naming

@@ -1,0 +1,62 @@
+package gateway
+
+import (
+	"bufio"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// Events read a byte at a time, CRLF line ends and comments pass whole;
+// only the usage chunk is taken out.
+func TestUsageDropperSplitReads(t *testing.T) {
+	in := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\r\n\r\n" +
+		": keepalive\n\n" +
+		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n" +
+		"data: [DONE]\n\n"
+	want := strings.Replace(in, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n", "", 1)
+	src := io.NopCloser(iotest.OneByteReader(strings.NewReader(in)))
+	d := &usageDropper{rc: src, r: bufio.NewReader(src)}
+	got, err := io.ReadAll(iotest.OneByteReader(d))
+	require.NoError(t, err)
+	assert.Equal(t, want, string(got))
+}
+
+// An event is passed on as soon as it is whole, not held until the next.
+func TestUsageDropperLatency(t *testing.T) {
+	pr, pw := io.Pipe()
+	d := &usageDropper{rc: pr, r: bufio.NewReader(pr)}
+	go pw.Write([]byte("data: {\"choices\":[{}]}\n\n"))
+	got := make(chan string, 1)
+	go func() {
+		p := make([]byte, 4096)
+		n, _ := d.Read(p)
+		got <- string(p[:n])
+	}()
+	select {
+	case s := <-got:
+		assert.Equal(t, "data: {\"choices\":[{}]}\n\n", s)
+	case <-time.After(time.Second):
+		t.Fatal("the event is held back until the next")
+	}
+	pw.Close()
+}
+
+// A line of exactly the reader's buffer: the newline after it ends the
+// line, not the event.
+func TestUsageDropperBufferBoundary(t *testing.T) {
+	line := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2},\"pad\":\""
+	line += strings.Repeat("x", 4096-len(line)-2) + "\"}"
+	require.Len(t, line, 4096)
+	in := line + "\n\ndata: [DONE]\n\n"
+	src := io.NopCloser(strings.NewReader(in))
+	d := &usageDropper{rc: src, r: bufio.NewReader(src)}
+	got, err := io.ReadAll(d)
+	require.NoError(t, err)
+	assert.Equal(t, "data: [DONE]\n\n", string(got))
+}
