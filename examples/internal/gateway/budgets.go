@@ -7,8 +7,12 @@ package gateway
 import (
 	"bufio"
 	"bytes"
+	"cmp"
+	"context"
 	"encoding/json"
+	"errors"
 	"io"
+	"log/slog"
 	"mime"
 	"net/http"
 	"strconv"
@@ -18,6 +22,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // budgetsTokens reports whether the provider's policy budgets tokens per
@@ -240,18 +247,23 @@ func (o *orgBudgets) get(org string) *pacing.Budget {
 	return b
 }
 
+// limits returns org's budget limits, or nil when it has none.
+func (o *orgBudgets) limits(org string) *pacing.BudgetLimits {
+	if o == nil {
+		return nil
+	}
+	if l, ok := o.per[org]; ok {
+		return &l
+	}
+	return o.def
+}
+
 // use returns org's budget (nil when it has none), kept until done is
 // called: a request settles into the Budget it reserved from.
 func (o *orgBudgets) use(org string) (*pacing.Budget, func()) {
-	if o == nil {
+	limits := o.limits(org)
+	if limits == nil {
 		return nil, func() {}
-	}
-	limits, ok := o.per[org]
-	if !ok {
-		if o.def == nil {
-			return nil, func() {}
-		}
-		limits = *o.def
 	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
@@ -267,7 +279,7 @@ func (o *orgBudgets) use(org string) (*pacing.Budget, func()) {
 			// amortised, however many are busy.
 			o.pruneAt = max(2*len(o.live), maxIdleOrgBudgets)
 		}
-		b, _ := pacing.NewBudget(limits) // checked by ParseConfig
+		b, _ := pacing.NewBudget(*limits) // checked by ParseConfig
 		e = &orgBudget{b: b}
 		o.live[org] = e
 	}
@@ -277,4 +289,130 @@ func (o *orgBudgets) use(org string) (*pacing.Budget, func()) {
 		e.open--
 		o.mu.Unlock()
 	}
+}
+
+// limitsOf returns budget limits, or nil when none is set.
+func limitsOf(all, in, out int) *pacing.BudgetLimits {
+	if all == 0 && in == 0 && out == 0 {
+		return nil
+	}
+	return &pacing.BudgetLimits{TokensPerMinute: all, InputTokensPerMinute: in, OutputTokensPerMinute: out}
+}
+
+// fleetBudgets are the budgets per minute a fleet of gateways shares in
+// its store: the provider's and the models' (nil when unset), and the
+// orgs', made per request (a fleet.Budget is a name and limits).
+type fleetBudgets struct {
+	provider *fleet.Budget
+	models   map[string]*fleet.Budget
+	tenants  driver.Store
+}
+
+// spending is what a request reserved of the budgets the gateway keeps
+// beside the Gate's: its org's (here or in the fleet's store) and, with a
+// fleet, the provider's and its model's. Its settle and cancel are called
+// once, from one goroutine at a time.
+type spending struct {
+	local   *pacing.Reservation
+	fleet   []*fleet.BudgetReservation
+	release func() // lets the org's budget go once idle (nil: nothing)
+}
+
+// done ends the request's hold on its org's budget.
+func (s *spending) done() {
+	if s.release != nil {
+		s.release()
+	}
+}
+
+// budgetTimeout bounds a correction sent to the fleet's store.
+const budgetTimeout = 500 * time.Millisecond
+
+func (s *spending) settle(used pacing.Tokens) {
+	s.local.Settle(used)
+	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, used) })
+}
+
+func (s *spending) cancel() {
+	s.local.Cancel()
+	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Cancel(ctx) })
+}
+
+func (s *spending) each(f func(context.Context, *fleet.BudgetReservation) error) {
+	if len(s.fleet) == 0 {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), budgetTimeout)
+	defer cancel()
+	for _, r := range s.fleet {
+		_ = f(ctx, r) // a correction lost leaves the estimate charged
+	}
+}
+
+// reserveBudgets reserves cost, for t's request, of its org's budget and,
+// with a fleet, the provider's and the model's. It returns what it
+// reserved, or the refusal of the first that cannot take it (nothing
+// reserved then) with the cap to name. A fleet budget whose store cannot
+// be reached lets the request through uncounted.
+func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Tokens) (*spending, string, error) {
+	s := &spending{}
+	if cost.Total() == 0 {
+		return s, "", nil
+	}
+	org, model := t.Org, t.Model
+	if fb := g.fleetBudgets; fb != nil {
+		var bs []*fleet.Budget
+		names := []string{}
+		if limits := g.orgBudgets.limits(org); limits != nil {
+			if b, err := fleet.NewBudget(fb.tenants, "org:"+org, *limits, 0); err == nil {
+				bs, names = append(bs, b), append(names, "tenant")
+			}
+		}
+		if fb.provider != nil {
+			bs, names = append(bs, fb.provider), append(names, "")
+		}
+		if b := fb.models[model]; b != nil {
+			bs, names = append(bs, b), append(names, "model")
+		}
+		for i, b := range bs {
+			r, err := b.Reserve(ctx, cost)
+			switch {
+			case err == nil:
+				s.fleet = append(s.fleet, r)
+			case errors.Is(err, fleet.ErrUnavailable):
+				g.log.Debug("gateway: a budget's store cannot be reached: the request is not counted", slog.Any("error", err))
+			default:
+				s.cancel()
+				return nil, budgetCap(names[i], t, err), err
+			}
+		}
+		return s, "", nil
+	}
+	b, release := g.orgBudgets.use(org)
+	s.release = release
+	if b == nil {
+		return s, "", nil
+	}
+	var err error
+	if s.local, err = b.Reserve(cost); err != nil {
+		release()
+		return nil, budgetCap("tenant", t, err), err
+	}
+	return s, "", nil
+}
+
+// budgetCap names the budget that refused t's request with err, after
+// prefix ("" for the provider's own): "tenant_tokens_per_minute", say.
+func budgetCap(prefix string, t tenant, err error) string {
+	var le *slots.LimitError
+	if !errors.As(err, &le) {
+		return cmp.Or(prefix, pacing.CapProvider)
+	}
+	if prefix == "tenant" {
+		le.Key = t.String() // the provider's name no tenant
+	}
+	if prefix != "" {
+		le.Cap = prefix + "_" + le.Cap
+	}
+	return le.Cap
 }

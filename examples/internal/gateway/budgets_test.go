@@ -261,3 +261,91 @@ func TestGatewayOrgTokenBudget(t *testing.T) {
 	d.Body.Close()
 	assert.Equal(t, http.StatusOK, d.StatusCode, "the answers' usage returned what they did not use")
 }
+
+// Three gateways on one store (Redis, PostgreSQL) share the provider's
+// budget per minute and an org's: 600 requests sent at once over the
+// three never draw a refusal from the simulated upstream's budget of the
+// same size, which never sees more start in a minute; an org's requests
+// through any gateway are held to its budget.
+func TestGatewayFleetTokenBudget(t *testing.T) {
+	for name, store := range fleetStores {
+		t.Run(name, func(t *testing.T) { testGatewayFleetTokenBudget(t, store(t)) })
+	}
+}
+
+func testGatewayFleetTokenBudget(t *testing.T, store string) {
+	const perMinute = 20_000
+	up := simulated.New(10_000)
+	require.NoError(t, up.SetTokensPerMinute(perMinute))
+	upSrv := httptest.NewServer(up)
+	t.Cleanup(upSrv.Close)
+	format := `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 10000, "budgets": {"org-a": {"tokens_per_minute": 1000}}},
+		"tokens": {"expected_output": 50},
+		"provider": {"tokens_per_minute": ` + strconv.Itoa(perMinute) + `, "max_queue": 2000, "max_queue_wait_ms": 1000},
+		"fleet": {` + store + `}
+	}`
+	var urls []string
+	for range 3 {
+		srv, _ := startGatewayWith(t, upSrv.URL, format)
+		urls = append(urls, srv.URL)
+	}
+	prompt := strings.Repeat("hello world ", 40) // 84 tokens with its message; 134 estimated
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 600}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	send := func(url, org string) (int, string) {
+		b, err := json.Marshal(map[string]any{"model": "glm-5", "stream": true, "turn_ms": 40,
+			"messages": []map[string]string{{"role": "user", "content": prompt}}})
+		require.NoError(t, err)
+		req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", bytes.NewReader(b))
+		require.NoError(t, err)
+		req.Header.Set(OrgHeader, org)
+		resp, err := client.Do(req)
+		if !assert.NoError(t, err) {
+			return 0, ""
+		}
+		defer resp.Body.Close()
+		_, err = io.Copy(io.Discard, resp.Body)
+		assert.NoError(t, err)
+		return resp.StatusCode, resp.Header.Get(CapHeader)
+	}
+
+	// org-a, one request after another, through the three gateways.
+	served := 0
+	for i := range 16 {
+		status, capName := send(urls[i%3], "org-a")
+		switch status {
+		case http.StatusOK:
+			served++
+		case http.StatusTooManyRequests:
+			assert.Equal(t, "tenant_tokens_per_minute", capName)
+		default:
+			t.Errorf("status %d", status)
+		}
+	}
+	assert.GreaterOrEqual(t, served, 1000/134, "what its estimates fit")
+	assert.LessOrEqual(t, served, 1000/84+1, "no more than its usage fits")
+
+	var mu sync.Mutex
+	counts := map[int]int{}
+	var wg sync.WaitGroup
+	for i := range 600 {
+		wg.Go(func() {
+			status, _ := send(urls[i%3], "org-b")
+			mu.Lock()
+			counts[status]++
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	worst, started := up.WorstMinute()
+	c := up.Counts()
+	assert.Zero(t, c.Refused, "the upstream refused nothing")
+	assert.LessOrEqual(t, worst, int64(perMinute), "no minute over the budget at the upstream")
+	assert.Equal(t, 600, counts[http.StatusOK]+counts[http.StatusTooManyRequests], "served or refused, nothing else")
+	assert.Equal(t, started, served+counts[http.StatusOK])
+	assert.GreaterOrEqual(t, counts[http.StatusOK], (perMinute-served*134)/134-1, "the budget is used")
+	t.Logf("org-a: %d of 16 served; then %d served, %d refused over 3 gateways; the upstream's worst minute %d of %d tokens",
+		served, counts[http.StatusOK], counts[http.StatusTooManyRequests], worst, perMinute)
+}

@@ -93,10 +93,11 @@ type Gateway struct {
 	apiKeys       map[string]string // each API key's secret, by id; read-only after New
 	log           *slog.Logger
 	rejections    rejectLog
-	tel           *telemetry  // nil without telemetry
-	tokens        *estimator  // counts requests' tokens; nil without a token cap or budget
-	budgets       bool        // the provider has token budgets per minute
-	orgBudgets    *orgBudgets // the orgs' token budgets; nil without
+	tel           *telemetry    // nil without telemetry
+	tokens        *estimator    // counts requests' tokens; nil without a token cap or budget
+	budgets       bool          // the provider has token budgets per minute
+	orgBudgets    *orgBudgets   // the orgs' token budgets; nil without
+	fleetBudgets  *fleetBudgets // with a fleet, the budgets in its store; else nil
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -416,21 +417,14 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	} else if !ok {
 		prio = slots.PriorityDefault
 	}
-	// The org's budget: over it is the org's doing too, answered at once.
-	var spent *pacing.Reservation
-	b, done := g.orgBudgets.use(org)
-	defer done() // kept while this request may still settle into it
-	if b != nil && cost.Total() > 0 {
-		if spent, err = b.Reserve(cost); err != nil {
-			capName := "tenant"
-			if le := (*slots.LimitError)(nil); errors.As(err, &le) {
-				le.Cap, le.Key = "tenant_"+le.Cap, tenant{org, model}.String()
-				capName = le.Cap
-			}
-			g.reject(w, r, capName, model, err)
-			return
-		}
+	// The org's budget, and with a fleet the provider's and the model's:
+	// over one, the request is answered at once.
+	spent, capName, err := g.reserveBudgets(r.Context(), tenant{org, model}, cost)
+	if err != nil {
+		g.reject(w, r, capName, model, err)
+		return
 	}
+	defer spent.done() // the org's budget is kept while this request may settle into it
 	// The provider's Transport waits for the fleet's caps and the Gate
 	// under ctx, ended by Drain as well; the upstream exchange is not.
 	ctx := slots.WithPriority(slots.WithFlowWeight(r.Context(), org, g.weights[org]), prio)
@@ -454,9 +448,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 			}
 			g.tel.providerAdmitted(ctx, a.Wait, a.Held.Bypassed())
 		},
-		Settled: spent.Settle,
+		Settled: spent.settle,
 		Refused: func(err error) {
-			spent.Cancel()
+			spent.cancel()
 			x.refused = err
 			info.waited, info.refusedBy = time.Since(asked), refusedBy(err)
 			g.capRefused(refusedBy(err), mm).rejected(err) // once, under the cap that refused

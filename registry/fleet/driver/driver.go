@@ -69,6 +69,9 @@ type Store interface {
 	// kinds of state this way, each a record of its own key: learned caps,
 	// and Overrides (whose key starts with a NUL).
 	SyncLearned(ctx context.Context, call *LearnedCall) (LearnedResult, error)
+	// Budget charges a cost to a budget per minute if it fits, or
+	// corrects a charge made before; see BudgetCall.
+	Budget(ctx context.Context, call *BudgetCall) (BudgetResult, error)
 }
 
 // ErrBadReply is wrapped by the error of a store's reply that is not
@@ -311,4 +314,91 @@ type LearnedResult struct {
 	Version    string
 	State      string
 	Found      bool
+}
+
+// BudgetCall charges Cost to the budget Key if it fits, or, with Correct,
+// changes by Cost the charge made in Step.
+//
+// A budget counts, per part (0: all tokens, 1: input, 2: output), what was
+// charged in each second of the store's clock (a step: its milliseconds
+// divided by 1000); its window is the current step and the 60 before it,
+// and what is older is forgotten (the store may drop a budget with nothing
+// in its window). A part counts whether its limit is set or not.
+//
+// A charge fits if, for each part with a limit (Limits[i] > 0), the
+// window holds nothing (a budget's first request always passes) or its
+// count plus Cost[i] is at most the limit. Then it adds Cost to the
+// current step and reports it (Charged, Step); else it changes nothing and
+// reports At, the store's time (ms) at which the charge would fit as far
+// as the steps now counted tell (when enough of them have left the
+// window: step s leaves at (s+61)*1000), and Binding, the part that binds
+// then.
+//
+// A correction (Correct) adds Cost[i], which may be negative, to step
+// Step's part i while Step is in the window; once it has left, a positive
+// Cost[i] is added to the current step (a debt) and a negative one is
+// dropped. It is always Charged; one of zero reads Used.
+//
+// Used is each part's count in the window after the call. The calls of
+// one budget are atomic with respect to each other, and each reads the
+// store's clock once it has the budget to itself.
+type BudgetCall struct {
+	Key     string
+	Limits  [3]int64
+	Cost    [3]int64
+	Correct bool
+	Step    int64
+}
+
+// BudgetResult is how a BudgetCall went.
+type BudgetResult struct {
+	Charged bool
+	Step    int64 // the step charged (the current one for a correction)
+	Used    [3]int64
+	At      int64 // not Charged: when the charge would fit, store ms
+	Binding int   // not Charged: the part that binds at At
+	Now     int64 // store ms
+}
+
+// BudgetSteps is how many steps before the current one a budget's window
+// holds.
+const BudgetSteps = 60
+
+// Fits reports whether cost fits a window whose parts count used, under
+// limits, as BudgetCall says; a store may use it.
+func Fits(limits, used, cost [3]int64) bool {
+	for i, l := range limits {
+		if l > 0 && used[i] > 0 && used[i]+cost[i] > l {
+			return false
+		}
+	}
+	return true
+}
+
+// FitAt returns when (store ms) cost fits a window whose steps are counts
+// (oldest first, the first being step first) under limits, as BudgetCall
+// says, and the part that binds then; a store may use it.
+func FitAt(limits, cost [3]int64, first int64, counts [][3]int64) (at int64, binding int) {
+	for i, l := range limits {
+		if l <= 0 {
+			continue
+		}
+		var left int64
+		for _, c := range counts {
+			left += c[i]
+		}
+		if left <= 0 || left+cost[i] <= l {
+			continue
+		}
+		for j, c := range counts {
+			left -= c[i]
+			if left <= 0 || left+cost[i] <= l {
+				if t := (first + int64(j) + BudgetSteps + 1) * 1000; t > at {
+					at, binding = t, i
+				}
+				break
+			}
+		}
+	}
+	return at, binding
 }

@@ -11,7 +11,7 @@
 // the fleet relies on: the cap under concurrency, hand-off, renewal and
 // expiry, all-or-nothing admission on several keys, keys of any bytes, live
 // limit changes, the fleet-wide order (classes, weighted flows), learned
-// caps, shared overrides; when the server is Proxied, a process cut off from it past the
+// caps, shared overrides, shared budgets per minute; when the server is Proxied, a process cut off from it past the
 // lease TTL; and, when it offers Faults, the cap across a crash, a hang
 // past the lease TTL and a loss of the store's data, and what each
 // Unavailable mode does while the store cannot be reached.
@@ -115,6 +115,7 @@ var (
 		{"CountsLeaveOutGrants", countsLeaveOutGrants},
 		{"AnyKey", anyKey},
 		{"OverridesShared", overridesShared},
+		{"BudgetShared", budgetShared},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

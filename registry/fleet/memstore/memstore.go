@@ -49,6 +49,7 @@ type data struct {
 	tombs      map[string]int64 // lease: abandoned until (ms)
 	procs      map[string]int64 // process: alive until (ms)
 	learned    map[string]learned
+	budgets    map[string]map[int64][3]int64 // budget: step: counts per part (Budget)
 }
 
 type learned struct {
@@ -66,7 +67,8 @@ func NewWithClock(now func() time.Time) *Store {
 }
 
 func fresh() data {
-	return data{keys: map[string]*key{}, tombs: map[string]int64{}, procs: map[string]int64{}, learned: map[string]learned{}}
+	return data{keys: map[string]*key{}, tombs: map[string]int64{}, procs: map[string]int64{}, learned: map[string]learned{},
+		budgets: map[string]map[int64][3]int64{}}
 }
 
 var _ driver.Store = (*Store)(nil)
@@ -343,5 +345,14 @@ func (s *Store) swept(now int64) {
 	for name, k := range d.keys {
 		k.dropExpired(now)
 		s.tidy(name)
+	}
+	for name, steps := range d.budgets {
+		latest := int64(-1 << 62)
+		for st := range steps {
+			latest = max(latest, st)
+		}
+		if latest < now/1000-driver.BudgetSteps {
+			delete(d.budgets, name)
+		}
 	}
 }

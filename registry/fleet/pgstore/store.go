@@ -397,3 +397,18 @@ func (s *Store) listenOn(ctx context.Context, cfg *pgx.ConnConfig, proc string) 
 // interval, and at least a second, so that a busy server or process is
 // not taken for a dead connection.
 func (s *Store) answer() time.Duration { return max(s.check, time.Second) }
+
+// Budget charges or corrects a budget per minute in one transaction.
+func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	var res []int64
+	err := s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6)`, s.name, StoredKey(c.Key), c.Correct, c.Step,
+		c.Limits[:], c.Cost[:]).Scan(&res)
+	if err != nil {
+		return driver.BudgetResult{}, err
+	}
+	if len(res) != 8 {
+		return driver.BudgetResult{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	return driver.BudgetResult{Charged: res[0] == 1, Step: res[1], Used: [3]int64{res[2], res[3], res[4]},
+		At: res[5], Binding: int(res[6]), Now: res[7]}, nil
+}

@@ -11,6 +11,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
@@ -61,9 +62,33 @@ func TestMigrateAtOnce(t *testing.T) {
 	for _, err := range errs {
 		assert.NoError(t, err)
 	}
-	var v int
+	var v, r int
 	require.NoError(t, pool(t, srv, 1).QueryRow(context.Background(), "SELECT version FROM inflight_schema").Scan(&v))
 	assert.Equal(t, pgstore.SchemaVersion, v)
+	require.NoError(t, pool(t, srv, 1).QueryRow(context.Background(), "SELECT revision FROM inflight_schema_revision").Scan(&r))
+	assert.Equal(t, pgstore.SchemaRevision, r)
+}
+
+// A database migrated by a release before the budgets (schema version 1,
+// no revision) gets them added, and keeps working for both releases: its
+// version stays 1.
+func TestMigrateRevision(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	p := pool(t, srv, 2)
+	require.NoError(t, pgstore.Migrate(ctx, p))
+	_, err := p.Exec(ctx, "DROP TABLE inflight_schema_revision, inflight_budget; DROP FUNCTION inflight_budget")
+	require.NoError(t, err)
+	require.NoError(t, pgstore.Migrate(ctx, p))
+	s, err := pgstore.New(ctx, p, "f")
+	require.NoError(t, err)
+	res, err := s.Budget(ctx, &driver.BudgetCall{Key: "b", Limits: [3]int64{10}, Cost: [3]int64{4, 4}})
+	require.NoError(t, err)
+	assert.True(t, res.Charged)
+	assert.Equal(t, [3]int64{4, 4, 0}, res.Used)
+	var v int
+	require.NoError(t, p.QueryRow(ctx, "SELECT version FROM inflight_schema").Scan(&v))
+	assert.Equal(t, 1, v, "a release that knows no revision still finds its version")
 }
 
 // A database migrated by a newer release is refused with ErrSchemaNewer.

@@ -23,6 +23,7 @@ type Store struct {
 	epochKey, pauseKey, procsKey string
 	wakePrefix                   string // + a process: its grants' channel
 	learnPrefix, learnChan       string // + a key: its learned state; the states' channel
+	budgetPrefix                 string // + a key: its budget (budget.go)
 	// retry is how long Listen waits to subscribe again after a failure.
 	retry time.Duration
 }
@@ -60,6 +61,8 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 		wakePrefix:  tag + "#wake:",
 		learnPrefix: tag + "#learn:",
 		learnChan:   tag + "#learned",
+
+		budgetPrefix: tag + "#budget:",
 	}
 }
 

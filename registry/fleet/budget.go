@@ -1,0 +1,155 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Budget is a token budget per minute that every process of a fleet
+// shares, kept in its store: what the requests started in any minute
+// cost, across the fleet, as pacing.Budget counts it in one process (the
+// same window of 60 seconds and the current one, on the store's clock; a
+// budget's first request passes, however large). Like pacing.Budget it
+// never makes a request wait: Reserve takes a request now or refuses it
+// with when the budget will take it. Create one with NewBudget; it holds
+// no goroutine and needs no Close.
+type Budget struct {
+	store   driver.Store
+	key     string
+	limits  [3]int64
+	timeout time.Duration
+}
+
+// DefaultBudgetTimeout bounds each of a Budget's calls to the store.
+const DefaultBudgetTimeout = 500 * time.Millisecond
+
+// NewBudget returns the fleet's budget named name on store (every process
+// that names it so shares it), with limits. The limits are each
+// process's to say: processes should agree. A timeout of 0 is
+// DefaultBudgetTimeout.
+func NewBudget(store driver.Store, name string, limits pacing.BudgetLimits, timeout time.Duration) (*Budget, error) {
+	if store == nil {
+		return nil, errors.New("fleet: NewBudget: nil store")
+	}
+	if err := validOverrideName(name); err != nil {
+		return nil, fmt.Errorf("fleet: budget %w", err)
+	}
+	if _, err := pacing.NewBudget(limits); err != nil {
+		return nil, err
+	}
+	if timeout <= 0 {
+		timeout = DefaultBudgetTimeout
+	}
+	return &Budget{store: store, key: name, timeout: timeout,
+		limits: [3]int64{int64(limits.TokensPerMinute), int64(limits.InputTokensPerMinute), int64(limits.OutputTokensPerMinute)}}, nil
+}
+
+// budgetCaps names a budget's parts as pacing does.
+var budgetCaps = [3]string{pacing.CapTokensPerMinute, pacing.CapInputTokensPerMinute, pacing.CapOutputTokensPerMinute}
+
+// BudgetReservation is what a request took of a fleet's Budget: settle it
+// with what the request used, or cancel it.
+type BudgetReservation struct {
+	b    *Budget
+	cost [3]int64
+	step int64
+	done bool
+}
+
+// Reserve charges t, a request's estimated cost, if the budget takes it
+// now; else it charges nothing and returns a *slots.LimitError wrapping
+// pacing.ErrOverBudget, whose Cap names the binding budget, InFlight and
+// Limit its tokens in the last minute and its limit, and RetryAfter when
+// it will take t. When the store cannot be reached (or takes longer than
+// the timeout) it returns an error wrapping ErrUnavailable, and what
+// follows is the caller's to choose. t is checked as pacing.Budget's
+// Reserve checks it.
+func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservation, error) {
+	if t.Input < 0 || t.Output < 0 {
+		return nil, slots.CheckUnits(-1)
+	}
+	if err := slots.CheckUnits(t.Total()); err != nil {
+		return nil, err
+	}
+	cost := [3]int64{int64(t.Input) + int64(t.Output), int64(t.Input), int64(t.Output)}
+	res, err := b.call(ctx, &driver.BudgetCall{Key: b.key, Limits: b.limits, Cost: cost})
+	if err != nil {
+		return nil, err
+	}
+	if !res.Charged {
+		i := min(max(res.Binding, 0), 2)
+		var after time.Duration
+		if res.At > res.Now {
+			after = time.Duration(res.At-res.Now) * time.Millisecond
+		}
+		return nil, &slots.LimitError{Err: pacing.ErrOverBudget, Key: b.key, Cap: budgetCaps[i],
+			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: max(after, time.Millisecond)}
+	}
+	return &BudgetReservation{b: b, cost: cost, step: res.Step}, nil
+}
+
+// Settle corrects the reservation with what the request used: an
+// overestimate is returned, an underestimate charged as debt. Only the
+// first Settle or Cancel counts (call them from one goroutine); a nil
+// reservation does nothing. It returns the store's error, after which the
+// estimate stands.
+func (r *BudgetReservation) Settle(ctx context.Context, used pacing.Tokens) error {
+	in, out := int64(min(max(used.Input, 0), slots.MaxUnits)), int64(min(max(used.Output, 0), slots.MaxUnits))
+	return r.correct(ctx, [3]int64{in + out, in, out})
+}
+
+// Cancel returns the whole reservation: the request was refused, or never
+// sent.
+func (r *BudgetReservation) Cancel(ctx context.Context) error { return r.correct(ctx, [3]int64{}) }
+
+func (r *BudgetReservation) correct(ctx context.Context, used [3]int64) error {
+	if r == nil || r.done {
+		return nil
+	}
+	r.done = true
+	var d [3]int64
+	for i := range d {
+		d[i] = used[i] - r.cost[i]
+	}
+	if d == [3]int64{} {
+		return nil
+	}
+	_, err := r.b.call(ctx, &driver.BudgetCall{Key: r.b.key, Limits: r.b.limits, Cost: d, Correct: true, Step: r.step})
+	return err
+}
+
+// Used returns the tokens started in the budget's last minute, per part
+// (all, input, output), as the store counts them now.
+func (b *Budget) Used(ctx context.Context) ([3]int, error) {
+	res, err := b.call(ctx, &driver.BudgetCall{Key: b.key, Limits: b.limits, Correct: true, Step: -1})
+	if err != nil {
+		return [3]int{}, err
+	}
+	return [3]int{int(res.Used[0]), int(res.Used[1]), int(res.Used[2])}, nil
+}
+
+// call makes c on the store within the timeout.
+func (b *Budget) call(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	cctx, cancel := context.WithTimeout(ctx, b.timeout)
+	defer cancel()
+	res, err := b.store.Budget(cctx, c)
+	if err != nil {
+		if ctx.Err() != nil {
+			return res, ctx.Err()
+		}
+		if errors.Is(err, driver.ErrBadReply) {
+			return res, fmt.Errorf("fleet: budget %q: %w", b.key, err)
+		}
+		return res, fmt.Errorf("%w: budget %q: %v", ErrUnavailable, b.key, err)
+	}
+	return res, nil
+}

@@ -1,0 +1,97 @@
+package fleettest
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// budgets returns the budget name with limits as each of n processes of
+// the fleet fleetName on srv sees it.
+func budgets(t *testing.T, srv Server, fleetName, name string, limits pacing.BudgetLimits, n int) []*fleet.Budget {
+	t.Helper()
+	bs := make([]*fleet.Budget, n)
+	for i := range bs {
+		b, err := fleet.NewBudget(srv.Store(t, fleetName), name, limits, 5*time.Second)
+		require.NoError(t, err)
+		bs[i] = b
+	}
+	return bs
+}
+
+// budgetShared: a budget per minute is the fleet's. What one process
+// charges the others see; a charge over it is refused with when it would
+// fit (within the minute and a second) and charges nothing; what a
+// request did not use comes back, a cancelled one all of it; its first
+// request passes, however large; and processes reserving at once never
+// charge it past its limit, counted apart from the store.
+func budgetShared(t *testing.T, srv Server) {
+	ctx := context.Background()
+	name := "budgets"
+	bs := budgets(t, srv, name, "provider", pacing.BudgetLimits{TokensPerMinute: 1000, OutputTokensPerMinute: 400}, 2)
+	a, b := bs[0], bs[1]
+
+	ra, err := a.Reserve(ctx, pacing.Tokens{Input: 300, Output: 300})
+	require.NoError(t, err)
+	_, err = b.Reserve(ctx, pacing.Tokens{Input: 100, Output: 200})
+	require.ErrorIs(t, err, pacing.ErrOverBudget, "the other process sees the output budget's 300")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, pacing.CapOutputTokensPerMinute, le.Cap)
+	assert.Equal(t, 300, le.InFlight)
+	assert.Equal(t, 400, le.Limit)
+	assert.Greater(t, le.RetryAfter, 58*time.Second)
+	assert.LessOrEqual(t, le.RetryAfter, 61*time.Second)
+	used, err := b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{600, 300, 300}, used, "the refusal charged nothing")
+
+	require.NoError(t, ra.Settle(ctx, pacing.Tokens{Input: 300, Output: 50}))
+	rb, err := b.Reserve(ctx, pacing.Tokens{Input: 100, Output: 200})
+	require.NoError(t, err, "what the first did not use came back")
+	require.NoError(t, rb.Cancel(ctx))
+	used, err = a.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{350, 300, 50}, used)
+
+	big := budgets(t, srv, name, "first", pacing.BudgetLimits{TokensPerMinute: 100}, 1)[0]
+	_, err = big.Reserve(ctx, pacing.Tokens{Input: 5000})
+	require.NoError(t, err, "a budget's first request passes, however large")
+	_, err = big.Reserve(ctx, pacing.Tokens{Input: 1})
+	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+
+	const limit, cost = 2000, 7
+	hammer := budgets(t, srv, name, "hammer", pacing.BudgetLimits{TokensPerMinute: limit}, 2)
+	var mu sync.Mutex
+	charged := 0
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for range 60 {
+				_, err := hammer[g%2].Reserve(ctx, pacing.Tokens{Input: cost})
+				if err == nil {
+					mu.Lock()
+					charged += cost
+					mu.Unlock()
+				} else if !assert.ErrorIs(t, err, pacing.ErrOverBudget) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	used, err = hammer[0].Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, charged, used[0], "the store counts what was charged")
+	assert.LessOrEqual(t, charged, limit)
+	assert.Greater(t, charged, limit-cost, "refused only once the next could not fit")
+	t.Logf("8 reservers on 2 processes charged %d of %d", charged, limit)
+}

@@ -1,0 +1,100 @@
+package redisstore
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+)
+
+// A budget per minute is a hash, <prefix>{<name>}#budget:<key>: a field
+// per step (the server's seconds) that holds "<all>,<input>,<output>", the
+// tokens charged in it. Steps older than the window are deleted as the
+// script meets them, and the hash expires a little after its latest step
+// has left the window.
+var budgetScript = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local cur = math.floor(now / 1000)
+local first = cur - 60
+local correct = ARGV[1] == '1'
+local step = tonumber(ARGV[2])
+local limits = {tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
+local cost = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])}
+local raw = redis.call('HGETALL', KEYS[1])
+local counts, used = {}, {0, 0, 0}
+for i = 1, #raw, 2 do
+  local st = tonumber(raw[i])
+  local a, b, c = string.match(raw[i + 1], '^(%-?%d+),(%-?%d+),(%-?%d+)$')
+  if not st or not a or st < first then
+    redis.call('HDEL', KEYS[1], raw[i])
+  else
+    local v = {tonumber(a), tonumber(b), tonumber(c)}
+    counts[st] = v
+    for p = 1, 3 do used[p] = used[p] + v[p] end
+  end
+end
+local function add(st, d)
+  local v = counts[st] or {0, 0, 0}
+  for p = 1, 3 do
+    v[p] = v[p] + d[p]
+    used[p] = used[p] + d[p]
+  end
+  counts[st] = v
+  redis.call('HSET', KEYS[1], st, string.format('%d,%d,%d', v[1], v[2], v[3]))
+  redis.call('PEXPIRE', KEYS[1], (cur + 62) * 1000 - now)
+end
+if correct then
+  if step >= first then
+    add(step, cost)
+  else
+    add(cur, {math.max(cost[1], 0), math.max(cost[2], 0), math.max(cost[3], 0)})
+  end
+  return {1, cur, used[1], used[2], used[3], 0, 0, now}
+end
+local fits = true
+for p = 1, 3 do
+  if limits[p] > 0 and used[p] > 0 and used[p] + cost[p] > limits[p] then fits = false end
+end
+if fits then
+  add(cur, cost)
+  return {1, cur, used[1], used[2], used[3], 0, 0, now}
+end
+local at, binding = 0, 0
+for p = 1, 3 do
+  local l = limits[p]
+  if l > 0 and used[p] > 0 and used[p] + cost[p] > l then
+    local left = used[p]
+    for st = first, cur do
+      local v = counts[st]
+      if v then left = left - v[p] end
+      if left <= 0 or left + cost[p] <= l then
+        local when = (st + 61) * 1000
+        if when > at then at, binding = when, p - 1 end
+        break
+      end
+    end
+  end
+end
+return {0, cur, used[1], used[2], used[3], at, binding, now}
+`)
+
+// Budget runs the budget's script.
+func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	correct := 0
+	if c.Correct {
+		correct = 1
+	}
+	res, err := budgetScript.Run(ctx, s.rdb, []string{s.budgetPrefix + c.Key}, correct, c.Step,
+		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2]).Int64Slice()
+	if err != nil {
+		return driver.BudgetResult{}, err
+	}
+	if len(res) != 8 {
+		return driver.BudgetResult{}, fmt.Errorf("%w: %v", errReply, res)
+	}
+	return driver.BudgetResult{Charged: res[0] == 1, Step: res[1], Used: [3]int64{res[2], res[3], res[4]},
+		At: res[5], Binding: int(res[6]), Now: res[7]}, nil
+}
