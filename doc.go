@@ -10,8 +10,9 @@
 //	a slot that lives as long as a response body    slots    (WrapBody, Transport, Middleware)
 //	a cap per key: tenant, model, API key           registry (Registry)
 //	several caps at once, all or nothing            registry (AcquireAll)
-//	one cap across a fleet of processes, on Redis   registry/fleet (its own module)
+//	one cap across a fleet of processes             registry/fleet (its own module; Redis or PostgreSQL)
 //	a provider's caps and start pacing together     pacing   (Config, Gate)
+//	tokens in flight, token budgets per minute      pacing   (AcquireTokens, Budget); a fleet's: registry/fleet (Budget)
 //	a cap learned from the upstream's 429s          pacing   (AdaptiveConfig); a fleet's: registry/fleet (Learn)
 //	what holds the caps, long-held reports          sweep    (Monitor)
 //	"nothing left held" at the end of a test        slots/slotstest

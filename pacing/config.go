@@ -18,10 +18,12 @@
 // A self-hosted server is limited by the tokens in flight (its KV cache) as
 // much as by the requests: max_inflight_tokens caps them, per provider and
 // per model, each request weighing what Gate.AcquireTokens (or a Transport
-// under WithTokens) was told it costs. A provider's budgets over time,
-// tokens_per_minute (and its input and output parts), take each request's
-// estimate when it starts and are corrected by the usage its answer
-// reports (Gate.Settle; a Transport reads it with WatchUsage).
+// under WithTokens) was told it costs. Budgets over time,
+// tokens_per_minute (and its input and output parts) on the provider, a
+// model or an API key, take each request's estimate when it starts and are
+// corrected by the usage its answer reports (Gate.Settle; a Transport
+// reads it with WatchUsage). A Budget stands alone, for a cap of the
+// caller's (a tenant's), and never makes a request wait.
 //
 // With an "adaptive" section the provider's cap is learned from the
 // upstream's answers instead of configured: report each one before its
