@@ -470,29 +470,6 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-// capsHeld names the caps an admission for model holds, as the access log
-// lists them: the tenant's, the provider's, its model's when the config
-// names the model, its API key's when it was given one.
-func (g *Gateway) capsHeld(a pacing.Admission, model string) []string {
-	caps := []string{"tenant", "provider"}
-	if _, named := g.models[model]; named {
-		caps = append(caps, "model:"+model)
-	}
-	if a.Grant.Key != "" {
-		caps = append(caps, "api_key:"+a.Grant.Key)
-	}
-	return caps
-}
-
-// heldBy returns the metrics of the caps an admission holds: the
-// provider's, its model's (mm), and its API key's when it was given one.
-func (g *Gateway) heldBy(a pacing.Admission, mm *capMetrics) []*capMetrics {
-	if km := g.keys[a.Grant.Key]; km != nil {
-		return []*capMetrics{g.provider, mm, km}
-	}
-	return []*capMetrics{g.provider, mm}
-}
-
 // providerTransport returns the proxy's Transport: the provider's caps
 // (with a fleet, the fleet's first), its pacing and API keys, and every
 // answer reported before the request's slots can go.

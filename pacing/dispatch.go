@@ -1,0 +1,148 @@
+package pacing
+
+import (
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// The Gate's dispatch: who starts next, and when to look again.
+
+// dispatchLocked grants every waiter that can start now, in the queue's
+// order, and arms a timer for the earliest start still to come.
+func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
+	if g.isClosed {
+		return // its waiters fail with ErrGateClosed
+	}
+	var wakeAt int64
+	for g.provider.Waiters.Len() > 0 {
+		if g.started && g.next > now {
+			wakeAt = g.next
+			break
+		}
+		if g.ad.pauseUntil > now { // the upstream asked for a pause
+			wakeAt = g.ad.pauseUntil
+			break
+		}
+		var key *keyLane
+		if len(g.keys) > 0 {
+			var fit int64 // when a key in a budget's debt takes requests again
+			if key = g.pickKeyForLocked(now, Tokens{}, &fit); key == nil {
+				wakeAt = g.keyBackAtLocked(now) // or a release will dispatch again
+				if fit != 0 {
+					lower(&wakeAt, fit)
+				}
+				break
+			}
+		}
+		w := g.nextLocked(now, &wakeAt)
+		if w == nil {
+			break // a release, a start time or a config change will dispatch again
+		}
+		gr := w.Hold.Owner.(*grant)
+		if g.keyBudgets {
+			// The key must take the request's cost too; if none can now,
+			// the request keeps its place and the pass stops.
+			if key = g.pickKeyForLocked(now, gr.cost(), &wakeAt); key == nil {
+				if back := g.keyBackAtLocked(now); back != 0 {
+					lower(&wakeAt, back)
+				}
+				break // or a release will dispatch again
+			}
+		}
+		ml := gr.model
+		g.provider.Serve(w)
+		ml.waiting--
+		gr.unqueue()
+		gr.bud, gr.step = g.budgetsOf(ml), int32(now/int64(budgetStep))
+		if key != nil {
+			gr.bud[2] = key.bud
+		}
+		for _, b := range gr.bud {
+			b.charge(gr.cost(), now)
+		}
+		gr.key = key
+		w.Hold.At = now
+		g.seq++
+		w.Hold.ID = g.seq
+		g.provider.Holders.Add(w.Hold, &gr.idx[0])
+		gr.n = g.provider.Holders.Len()
+		// A learner's limit may change with each start (the test of a cut
+		// lets no other start go): the rest of this pass runs under it.
+		if l := g.ad.l; l != nil {
+			l.Started(gr.n, now)
+			l.lane.Limit = l.Limit(now)
+		}
+		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
+		gr.mN = ml.lane.Holders.Len()
+		g.tok.held += int(gr.units)
+		ml.tok.held += int(gr.units)
+		if l := ml.l; l != nil {
+			l.Started(gr.mN, now)
+			l.lane.Limit = l.Limit(now)
+		}
+		if key != nil {
+			key.lane.Holders.Add(w.Hold, &gr.idx[2])
+			gr.keyN = key.lane.Holders.Len()
+			if l := key.l; l != nil {
+				l.Started(gr.keyN, now)
+				l.lane.Limit = l.Limit(now)
+			}
+		}
+		gr.prev = starts{g.started, g.last, g.next}
+		gr.modelPrev = starts{ml.started, ml.last, ml.next}
+		g.started, g.last, g.next = true, now, now+int64(g.interval)
+		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
+		wk.Grant(w)
+	}
+	g.learnedLocked(now) // a probe that started arms its timer
+	g.armLocked(wakeAt, now)
+}
+
+// nextLocked returns the waiter to start now, or nil: in the queue's order
+// (class, flow turns, arrival), the first whose class may take a provider
+// slot and whose model has room and is due. It lowers *wakeAt to the
+// earliest start of a model that is not due yet.
+func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
+	var tf tokensFit
+	return g.provider.Candidate(func(w *core.Waiter) bool {
+		if tf.stopped {
+			return false
+		}
+		ml := w.Hold.Owner.(*grant).model
+		if !ml.lane.HasRoom() {
+			return false
+		}
+		if ml.interval > 0 && ml.started && ml.next > now {
+			if *wakeAt == 0 || ml.next < *wakeAt {
+				*wakeAt = ml.next
+			}
+			return false
+		}
+		return tf.ok(g, w, now, wakeAt)
+	})
+}
+
+// armLocked makes a dispatch run at the clock time at (0: none needed).
+func (g *Gate) armLocked(at, now int64) {
+	if g.timer != nil && (at == 0 || at != g.timerAt) {
+		g.timer.Stop()
+		g.timer = nil
+	}
+	if at == 0 || g.timer != nil {
+		return
+	}
+	g.timerAt = at
+	g.timerGen++
+	gen := g.timerGen
+	g.timer = g.clk.AfterFunc(time.Duration(at-now), func() {
+		var wk core.Wakes
+		g.mu.Lock()
+		if g.timerGen == gen { // not replaced meanwhile
+			g.timer = nil
+		}
+		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
+		g.mu.Unlock()
+		wk.Wake()
+	})
+}
