@@ -1,12 +1,12 @@
 package pacing
 
+// The Gate's dispatch: who starts next, and when to look again.
+
 import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
 )
-
-// The Gate's dispatch: who starts next, and when to look again.
 
 // dispatchLocked grants every waiter that can start now, in the queue's
 // order, and arms a timer for the earliest start still to come.
