@@ -44,7 +44,7 @@ func BenchmarkGateAcquireRelease(b *testing.B) {
 		}
 	})
 	b.Run("gate-budget", func(b *testing.B) {
-		g, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 8, TokensPerMinute: 1 << 60})
+		g, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 8, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1 << 60}})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -22,7 +22,7 @@ import (
 // what was charged, and the budget admits no more than its limit.
 func TestBudgetPartAddedInFlight(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		cfg := pacing.Config{OutputTokensPerMinute: 100_000, MaxQueueWaitMS: 1000}
+		cfg := pacing.Config{BudgetLimits: pacing.BudgetLimits{OutputTokensPerMinute: 100_000}, MaxQueueWaitMS: 1000}
 		g := newGate(t, cfg)
 		ctx := context.Background()
 		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900, Output: 10})
@@ -53,7 +53,7 @@ func TestBudgetPartAddedInFlight(t *testing.T) {
 // takes at once, though the request used more tokens in all.
 func TestBudgetSettleReturningInputDispatches(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{InputTokensPerMinute: 1000, MaxQueueWaitMS: 120_000})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{InputTokensPerMinute: 1000}, MaxQueueWaitMS: 120_000})
 		ctx := context.Background()
 		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900, Output: 10})
 		require.NoError(t, err)
@@ -75,7 +75,7 @@ func TestBudgetSettleReturningInputDispatches(t *testing.T) {
 // and starts waiters only under the cap the refusal has just learned.
 func TestBudgetReportRefusalUnderLearnedCap(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 120_000,
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 120_000,
 			Adaptive: &pacing.AdaptiveConfig{Min: 1, Initial: 4}})
 		ctx := context.Background()
 		b, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 50})
@@ -130,7 +130,7 @@ func TestWatchUsageJSONClosedAfterItsLastByte(t *testing.T) {
 // request that could only time out is refused at once.
 func TestBudgetRefusalsKeepTheQueueEstimate(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 70_000})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 70_000})
 		ctx := context.Background()
 		for range 50 { // upstream refusals (Quota, no key pool: no pause)
 			gt, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 10})
@@ -162,7 +162,7 @@ func TestBudgetRefusalsKeepTheQueueEstimate(t *testing.T) {
 // slots.MaxUnits: still a debt, never a refund.
 func TestBudgetSettleHugeUsage(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 1000})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 1000})
 		a, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
 		require.NoError(t, err)
 		g.Settle(a, pacing.Tokens{Input: int(^uint(0) >> 1), Output: int(^uint(0) >> 1)})

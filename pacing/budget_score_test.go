@@ -128,7 +128,7 @@ func TestBudgetScoreFlood(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
 				begin := time.Now()
-				starts, refusals := runBudget(t, pacing.Config{TokensPerMinute: perMinute, MaxQueueWaitMS: tc.wait}, runs)
+				starts, refusals := runBudget(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: perMinute}, MaxQueueWaitMS: tc.wait}, runs)
 				most, _ := worstMinute(starts)
 				assert.LessOrEqual(t, most, perMinute, "no minute over the budget")
 				took := starts[len(starts)-1].at.Sub(begin)
@@ -153,7 +153,7 @@ func TestBudgetScoreMaxTokensOne(t *testing.T) {
 			runs = append(runs, budgetRun{est: pacing.Tokens{Input: in, Output: 1}, used: pacing.Tokens{Input: in, Output: rng.IntN(2)},
 				hold: 100 * time.Millisecond})
 		}
-		cfg := pacing.Config{TokensPerMinute: perMinute}
+		cfg := pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: perMinute}}
 		g := newGate(t, cfg)
 		first, err := g.AcquireTokens(context.Background(), "m", runs[0].est)
 		require.NoError(t, err, "the first request passes")
@@ -181,7 +181,7 @@ func TestBudgetScoreUnderestimates(t *testing.T) {
 			runs[i] = budgetRun{est: pacing.Tokens{Input: in, Output: 400}, used: used, hold: time.Duration(1+rng.IntN(5)) * time.Second}
 			largest = max(largest, used.Output-400)
 		}
-		starts, _ := runBudget(t, pacing.Config{TokensPerMinute: perMinute}, runs)
+		starts, _ := runBudget(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: perMinute}}, runs)
 		most, debt := worstMinute(starts)
 		assert.LessOrEqual(t, most, perMinute+debt)
 		t.Logf("worst minute %d of %d tokens, %d past the budget; its requests' debt %d; the largest single error %d",

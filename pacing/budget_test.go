@@ -40,7 +40,7 @@ func providerBudget(t *testing.T, st pacing.Status, c string) pacing.BudgetStatu
 // it is charged, and the next waits until it has left the last minute.
 func TestBudgetFirstRequestPasses(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 120_000})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 120_000})
 		ctx := context.Background()
 		start := time.Now()
 		big, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1400, Output: 100})
@@ -64,7 +64,7 @@ func TestBudgetFirstRequestPasses(t *testing.T) {
 // and charges an underestimate as debt that later requests wait for.
 func TestBudgetSettle(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 120_000})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 120_000})
 		ctx := context.Background()
 		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 100, Output: 700})
 		require.NoError(t, err)
@@ -95,7 +95,7 @@ func TestBudgetSettle(t *testing.T) {
 // returned; a request refused by the Gate charges nothing.
 func TestBudgetRefusedChargesNothing(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{TokensPerMinute: 1000, MaxQueueWaitMS: 1000})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 1000})
 		ctx := context.Background()
 		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900})
 		require.NoError(t, err)
@@ -127,7 +127,7 @@ func TestBudgetRefusedChargesNothing(t *testing.T) {
 // charges nothing.
 func TestBudgetGivenBack(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, TokensPerMinute: 1000})
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 1, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}})
 		a, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 100})
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -154,8 +154,8 @@ func TestBudgetGivenBack(t *testing.T) {
 // while a model's budget holds back only that model's.
 func TestBudgetPartsAndOrder(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{InputTokensPerMinute: 1000, OutputTokensPerMinute: 100, MaxQueueWaitMS: 120_000,
-			Models: map[string]pacing.ModelConfig{"small": {TokensPerMinute: 50}}})
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{InputTokensPerMinute: 1000, OutputTokensPerMinute: 100}, MaxQueueWaitMS: 120_000,
+			Models: map[string]pacing.ModelConfig{"small": {BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 50}}}})
 		ctx := context.Background()
 		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 10, Output: 90})
 		require.NoError(t, err)
@@ -216,8 +216,8 @@ func TestBudgetConfig(t *testing.T) {
 func TestBudgetAPIKeys(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		cfg := pacing.Config{MaxQueueWaitMS: 120_000, APIKeys: []pacing.KeyConfig{
-			{ID: "k1", MaxConcurrentRequests: 10, TokensPerMinute: 1000},
-			{ID: "k2", MaxConcurrentRequests: 10, TokensPerMinute: 1000},
+			{ID: "k1", MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}},
+			{ID: "k2", MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}},
 		}}
 		g := newGate(t, cfg)
 		ctx := context.Background()
@@ -253,7 +253,7 @@ func TestBudgetAPIKeys(t *testing.T) {
 			s.Slot.Release()
 		}
 
-		g = newGate(t, pacing.Config{MaxQueueWaitMS: 1000, APIKeys: []pacing.KeyConfig{{ID: "k", TokensPerMinute: 1000}}})
+		g = newGate(t, pacing.Config{MaxQueueWaitMS: 1000, APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}}}})
 		held, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 900})
 		require.NoError(t, err)
 		defer held.Slot.Release()
@@ -271,7 +271,7 @@ func TestBudgetAPIKeys(t *testing.T) {
 // event to wake it.
 func TestBudgetAPIKeysInDebt(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{MaxQueueWaitMS: 120_000, APIKeys: []pacing.KeyConfig{{ID: "k", TokensPerMinute: 100}}})
+		g := newGate(t, pacing.Config{MaxQueueWaitMS: 120_000, APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 100}}}})
 		ctx := context.Background()
 		a, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 50})
 		require.NoError(t, err)

@@ -77,14 +77,11 @@ type Config struct {
 	// flight, each weighing what Gate.AcquireN was told (a self-hosted
 	// server's KV cache, say). 0: no such cap.
 	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
-	// TokensPerMinute is a budget over time: the tokens of the requests
+	// BudgetLimits are budgets over time: the tokens of the requests
 	// started in any minute, as estimated at admission and corrected by
-	// Gate.Settle (see Gate.AcquireTokens). InputTokensPerMinute and
-	// OutputTokensPerMinute budget the prompt's and the answer's tokens
-	// apart, for a provider that counts them so. 0: no such budget.
-	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
-	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
-	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
+	// Gate.Settle (see Gate.AcquireTokens); in the JSON, its fields stand
+	// beside the others (tokens_per_minute...).
+	BudgetLimits
 	// RequestsPerMinute spaces starts evenly: 60 s / rpm apart, in (0, 60000].
 	RequestsPerMinute int `json:"requests_per_minute,omitempty"`
 	// MinIntervalMS is a floor on the spacing of starts, in milliseconds.
@@ -127,11 +124,9 @@ type ShareConfig struct {
 type KeyConfig struct {
 	ID                    string `json:"id"`
 	MaxConcurrentRequests int    `json:"max_concurrent_requests,omitempty"`
-	// The key's token budgets per minute (see Config.TokensPerMinute): a
+	// The key's token budgets per minute (see Config.BudgetLimits): a
 	// request is given a key whose budgets take its estimate.
-	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
-	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
-	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
+	BudgetLimits
 }
 
 // ModelConfig is a model's own policy within its provider's.
@@ -140,12 +135,10 @@ type ModelConfig struct {
 	// MaxInflightTokens caps the tokens of the model's requests in flight
 	// (see Config.MaxInflightTokens).
 	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
-	// The model's token budgets per minute (see Config.TokensPerMinute).
-	TokensPerMinute       int   `json:"tokens_per_minute,omitempty"`
-	InputTokensPerMinute  int   `json:"input_tokens_per_minute,omitempty"`
-	OutputTokensPerMinute int   `json:"output_tokens_per_minute,omitempty"`
-	RequestsPerMinute     int   `json:"requests_per_minute,omitempty"`
-	MinIntervalMS         int64 `json:"min_interval_ms,omitempty"`
+	// The model's token budgets per minute (see Config.BudgetLimits).
+	BudgetLimits
+	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
+	MinIntervalMS     int64 `json:"min_interval_ms,omitempty"`
 	// Adaptive, if present, learns the model's own cap (see Config.Adaptive).
 	Adaptive *AdaptiveConfig `json:"adaptive,omitempty"`
 }
@@ -218,7 +211,7 @@ func (c Config) Validate() error {
 	case c.MaxInflightTokens < 0:
 		return bad("max_inflight_tokens", c.MaxInflightTokens, "is negative")
 	}
-	if err := validBudgets("", c.budgetLimits()); err != nil {
+	if err := validBudgets("", c.array()); err != nil {
 		return err
 	}
 	if c.Adaptive != nil {
@@ -248,7 +241,7 @@ func (c Config) Validate() error {
 		case k.MaxConcurrentRequests < 0:
 			return bad(field+".max_concurrent_requests", k.MaxConcurrentRequests, "is negative")
 		}
-		if err := validBudgets(field+".", k.budgetLimits()); err != nil {
+		if err := validBudgets(field+".", k.array()); err != nil {
 			return err
 		}
 		seen[k.ID] = true
@@ -261,7 +254,7 @@ func (c Config) Validate() error {
 		if m.MaxInflightTokens < 0 {
 			return bad(field+".max_inflight_tokens", m.MaxInflightTokens, "is negative")
 		}
-		if err := validBudgets(field+".", m.budgetLimits()); err != nil {
+		if err := validBudgets(field+".", m.array()); err != nil {
 			return err
 		}
 		if m.Adaptive != nil {
@@ -331,18 +324,6 @@ func (c Config) shares() *core.Shares {
 		sh.Min[cl], sh.Reserved[cl] = s.Min, s.Reserved
 	}
 	return sh
-}
-
-func (c Config) budgetLimits() [3]int {
-	return [3]int{c.TokensPerMinute, c.InputTokensPerMinute, c.OutputTokensPerMinute}
-}
-
-func (k KeyConfig) budgetLimits() [3]int {
-	return [3]int{k.TokensPerMinute, k.InputTokensPerMinute, k.OutputTokensPerMinute}
-}
-
-func (m ModelConfig) budgetLimits() [3]int {
-	return [3]int{m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute}
 }
 
 // validBudgets checks the token budgets of a provider or a model, whose

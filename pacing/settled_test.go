@@ -63,7 +63,7 @@ func TestTraceSettledOnRefusal(t *testing.T) {
 		fmt.Fprint(w, `{"error":{"message":"overloaded"}}`)
 	}))
 	defer srv.Close()
-	g := newGate(t, pacing.Config{TokensPerMinute: 10_000})
+	g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 10_000}})
 	client := &http.Client{Transport: pacing.NewTransport(srv.Client().Transport, g)}
 	var settled []pacing.Tokens
 	ctx := pacing.WithTrace(pacing.WithTokens(context.Background(), pacing.Tokens{Input: 100, Output: 900}),

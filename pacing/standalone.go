@@ -9,12 +9,19 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// BudgetLimits are the budgets of a Budget, as a Config's
-// tokens_per_minute and its parts; 0 leaves one out.
+// BudgetLimits are token budgets per minute, of a Config, a model, an
+// API key or a Budget: TokensPerMinute counts a request's tokens in all,
+// InputTokensPerMinute and OutputTokensPerMinute its prompt's and its
+// answer's apart, for a provider that counts them so. 0 leaves one out.
 type BudgetLimits struct {
 	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
 	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
 	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
+}
+
+// array is l indexed as budgetCaps.
+func (l BudgetLimits) array() [3]int {
+	return [3]int{l.TokensPerMinute, l.InputTokensPerMinute, l.OutputTokensPerMinute}
 }
 
 // Budget is a token budget per minute on its own, for a cap that is no
@@ -32,7 +39,7 @@ type Budget struct {
 // NewBudget returns a Budget with those limits. Its clock is the real
 // one, or clk (a mock, in tests) when given.
 func NewBudget(limits BudgetLimits, clk ...clock.Clock) (*Budget, error) {
-	l := [3]int{limits.TokensPerMinute, limits.InputTokensPerMinute, limits.OutputTokensPerMinute}
+	l := limits.array()
 	if err := validBudgets("", l); err != nil {
 		return nil, err
 	}

@@ -112,7 +112,7 @@ func TestTransportSettlesUsage(t *testing.T) {
 		fmt.Fprint(w, openAIStream)
 	}))
 	defer srv.Close()
-	g := newGate(t, pacing.Config{TokensPerMinute: 10_000, InputTokensPerMinute: 5000})
+	g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 10_000, InputTokensPerMinute: 5000}})
 	client := &http.Client{Transport: pacing.NewTransport(srv.Client().Transport, g)}
 	send := func(ctx context.Context) {
 		req, err := http.NewRequestWithContext(pacing.WithModelName(ctx, "m"), http.MethodPost, srv.URL, nil)

@@ -30,17 +30,17 @@ import (
 // budgetsTokens reports whether the provider's policy budgets tokens per
 // minute anywhere.
 func budgetsTokens(p pacing.Config) bool {
-	set := func(a, b, c int) bool { return a > 0 || b > 0 || c > 0 }
-	if set(p.TokensPerMinute, p.InputTokensPerMinute, p.OutputTokensPerMinute) {
+	none := pacing.BudgetLimits{}
+	if p.BudgetLimits != none {
 		return true
 	}
 	for _, k := range p.APIKeys {
-		if set(k.TokensPerMinute, k.InputTokensPerMinute, k.OutputTokensPerMinute) {
+		if k.BudgetLimits != none {
 			return true
 		}
 	}
 	for _, m := range p.Models {
-		if set(m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute) {
+		if m.BudgetLimits != none {
 			return true
 		}
 	}
@@ -291,21 +291,15 @@ func (o *orgBudgets) use(org string) (*pacing.Budget, func()) {
 	}
 }
 
-// limitsOf returns budget limits, or nil when none is set.
-func limitsOf(all, in, out int) *pacing.BudgetLimits {
-	if all == 0 && in == 0 && out == 0 {
-		return nil
-	}
-	return &pacing.BudgetLimits{TokensPerMinute: all, InputTokensPerMinute: in, OutputTokensPerMinute: out}
-}
-
 // fleetBudgets are the budgets per minute a fleet of gateways shares in
 // its store: the provider's and the models' (nil when unset), and the
 // orgs', made per request (a fleet.Budget is a name and limits).
 type fleetBudgets struct {
-	provider *fleet.Budget
-	models   map[string]*fleet.Budget
-	tenants  driver.Store
+	provider     *fleet.Budget
+	models       map[string]*fleet.Budget
+	tenants      driver.Store
+	closed       bool      // fleet.on_unavailable "closed": no request goes uncounted
+	uncountedLog rejectLog // the requests let through while a budget's store could not be reached
 }
 
 // spending is what a request reserved of the budgets the gateway keeps
@@ -353,7 +347,8 @@ func (s *spending) each(f func(context.Context, *fleet.BudgetReservation) error)
 // with a fleet, the provider's and the model's. It returns what it
 // reserved, or the refusal of the first that cannot take it (nothing
 // reserved then) with the cap to name. A fleet budget whose store cannot
-// be reached lets the request through uncounted.
+// be reached refuses the request with fleet.on_unavailable "closed" (503),
+// and else lets it through uncounted (logged).
 func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Tokens) (*spending, string, error) {
 	s := &spending{}
 	if cost.Total() == 0 {
@@ -379,8 +374,11 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 			switch {
 			case err == nil:
 				s.fleet = append(s.fleet, r)
-			case errors.Is(err, fleet.ErrUnavailable):
-				g.log.Debug("gateway: a budget's store cannot be reached: the request is not counted", slog.Any("error", err))
+			case errors.Is(err, fleet.ErrUnavailable) && !fb.closed:
+				if ok, held := fb.uncountedLog.allow(time.Now()); ok {
+					g.log.Warn("gateway: a budget's store cannot be reached: requests go through uncounted",
+						slog.Any("error", err), slog.Int("suppressed_since_last", held))
+				}
 			default:
 				s.cancel()
 				return nil, budgetCap(names[i], t, err), err

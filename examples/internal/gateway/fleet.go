@@ -114,21 +114,22 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	provider.MaxConcurrentRequests, provider.Adaptive = 0, nil
 	// So are the budgets per minute: the provider's and the models',
 	// reserved in the store before the Gate; the org's too.
-	g.fleetBudgets = &fleetBudgets{tenants: tenantStore, models: map[string]*fleet.Budget{}}
-	if l := limitsOf(provider.TokensPerMinute, provider.InputTokensPerMinute, provider.OutputTokensPerMinute); l != nil {
-		if g.fleetBudgets.provider, err = fleet.NewBudget(providerStore, "provider", *l, 0); err != nil {
+	g.fleetBudgets = &fleetBudgets{tenants: tenantStore, models: map[string]*fleet.Budget{}, closed: onUnavailable == fleet.FailClosed,
+		uncountedLog: rejectLog{every: 10 * time.Second}}
+	if provider.BudgetLimits != (pacing.BudgetLimits{}) {
+		if g.fleetBudgets.provider, err = fleet.NewBudget(providerStore, "provider", provider.BudgetLimits, 0); err != nil {
 			return pacing.Config{}, err
 		}
 	}
-	provider.TokensPerMinute, provider.InputTokensPerMinute, provider.OutputTokensPerMinute = 0, 0, 0
+	provider.BudgetLimits = pacing.BudgetLimits{}
 	provider.Models = make(map[string]pacing.ModelConfig, len(cfg.Provider.Models))
 	for name, m := range cfg.Provider.Models {
-		if l := limitsOf(m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute); l != nil {
-			if g.fleetBudgets.models[name], err = fleet.NewBudget(providerStore, "model:"+name, *l, 0); err != nil {
+		if m.BudgetLimits != (pacing.BudgetLimits{}) {
+			if g.fleetBudgets.models[name], err = fleet.NewBudget(providerStore, "model:"+name, m.BudgetLimits, 0); err != nil {
 				return pacing.Config{}, err
 			}
 		}
-		m.TokensPerMinute, m.InputTokensPerMinute, m.OutputTokensPerMinute = 0, 0, 0
+		m.BudgetLimits = pacing.BudgetLimits{}
 		if m.MaxConcurrentRequests > 0 {
 			g.caps.SetLimit("model:"+name, m.MaxConcurrentRequests)
 		}

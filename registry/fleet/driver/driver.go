@@ -11,6 +11,7 @@ package driver
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -401,4 +402,15 @@ func FitAt(limits, cost [3]int64, first int64, counts [][3]int64) (at int64, bin
 		}
 	}
 	return at, binding
+}
+
+// BudgetReply is the BudgetResult of a store's reply as a list: charged (0
+// or 1), the step, the three counts used, at, binding, now; a store may
+// use it.
+func BudgetReply(res []int64) (BudgetResult, error) {
+	if len(res) != 8 {
+		return BudgetResult{}, fmt.Errorf("%w: %v", ErrBadReply, res)
+	}
+	return BudgetResult{Charged: res[0] == 1, Step: res[1], Used: [3]int64{res[2], res[3], res[4]},
+		At: res[5], Binding: int(res[6]), Now: res[7]}, nil
 }

@@ -15,9 +15,13 @@ CREATE TABLE inflight_budget (
 
 -- inflight_budget charges cost to the budget k if it fits, or, with
 -- correct, changes by cost the charge made in step charged_in
--- (driver.BudgetCall).
--- The calls of one budget are serialized by a transaction advisory lock,
--- and the clock is read after it. It returns {charged (0 or 1), the
+-- (driver.BudgetCall). The calls of one budget are serialized by a
+-- transaction advisory lock, and the clock is read after it (READ
+-- COMMITTED: each statement sees what the call before committed). They
+-- commit asynchronously: a crash of the database may forget the charges
+-- of its last moments (wal_writer_delay, 200 ms by default), which lets a
+-- few more requests start in that minute; a budget is a rate, and the
+-- caps in flight are the leases'. It returns {charged (0 or 1), the
 -- current step, used (3), at, binding, now}.
 CREATE FUNCTION inflight_budget(f text, k text, correct bool, charged_in bigint, limits bigint[], cost bigint[]) RETURNS bigint[] LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -34,6 +38,7 @@ DECLARE
 	lft bigint;
 	r record;
 BEGIN
+	PERFORM inflight_begin(true);
 	PERFORM pg_advisory_xact_lock(hashtextextended('inflight_budget' || chr(31) || f || chr(31) || k, 0));
 	now := inflight_now_us() / 1000;
 	cur := now / 1000;

@@ -406,9 +406,5 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 	if err != nil {
 		return driver.BudgetResult{}, err
 	}
-	if len(res) != 8 {
-		return driver.BudgetResult{}, fmt.Errorf("%w: %v", errReply, res)
-	}
-	return driver.BudgetResult{Charged: res[0] == 1, Step: res[1], Used: [3]int64{res[2], res[3], res[4]},
-		At: res[5], Binding: int(res[6]), Now: res[7]}, nil
+	return driver.BudgetReply(res)
 }
