@@ -94,6 +94,23 @@ func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservati
 	return &BudgetReservation{b: b, cost: cost, step: res.Step}, nil
 }
 
+// Start moves the reservation's charge to the second its request starts
+// in, for a request that may have waited (in a queue) since Reserve: the
+// budget counts a request when it starts, as the upstream does. It is one
+// store call, atomic; if it fails, the charge stays where it was. Call it
+// before Settle, from the goroutine that settles.
+func (r *BudgetReservation) Start(ctx context.Context) error {
+	if r == nil || r.done {
+		return nil
+	}
+	res, err := r.b.call(ctx, &driver.BudgetCall{Key: r.b.key, Limits: r.b.limits, Cost: r.cost, Correct: true, Move: true, Step: r.step})
+	if err != nil {
+		return err
+	}
+	r.step = res.Step
+	return nil
+}
+
 // Settle corrects the reservation with what the request used: an
 // overestimate is returned, an underestimate charged as debt. Only the
 // first Settle or Cancel counts (call them from one goroutine); a nil

@@ -327,6 +327,12 @@ func (s *spending) settle(used pacing.Tokens) {
 	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, used) })
 }
 
+// start moves the fleet's charges to the second the request starts in
+// (fleet.BudgetReservation.Start): it may have waited for the provider.
+func (s *spending) start() {
+	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Start(ctx) })
+}
+
 func (s *spending) cancel() {
 	s.local.Cancel()
 	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Cancel(ctx) })
@@ -359,9 +365,12 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		var bs []*fleet.Budget
 		names := []string{}
 		if limits := g.orgBudgets.limits(org); limits != nil {
-			if b, err := fleet.NewBudget(fb.tenants, "org:"+org, *limits, 0); err == nil {
-				bs, names = append(bs, b), append(names, "tenant")
+			// Quoted, as the org caps' keys are: any bytes make a name.
+			b, err := fleet.NewBudget(fb.tenants, "org:"+strconv.Quote(org), *limits, 0)
+			if err != nil {
+				return nil, "tenant", err
 			}
+			bs, names = append(bs, b), append(names, "tenant")
 		}
 		if fb.provider != nil {
 			bs, names = append(bs, fb.provider), append(names, "")

@@ -441,6 +441,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 			return func() { mm.fleetWaiting.Add(-1) }
 		},
 		Admitted: func(a pacing.Admission) {
+			spent.start()
 			x.admitted = &a
 			info.waited, info.caps = a.Wait, g.capsHeld(a, model)
 			for _, m := range g.heldBy(a, mm) {

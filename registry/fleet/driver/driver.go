@@ -338,16 +338,24 @@ type LearnedResult struct {
 // A correction (Correct) adds Cost[i], which may be negative, to step
 // Step's part i while Step is in the window; once it has left, a positive
 // Cost[i] is added to the current step (a debt) and a negative one is
-// dropped. It is always Charged; one of zero reads Used.
+// dropped. It is always Charged; one of zero reads Used. With Move, the
+// correction moves the charge Cost made in Step to the current step: it
+// takes Cost from Step, if it is still in the window, and adds it to the
+// current step; nothing when Step is the current step.
 //
 // Used is each part's count in the window after the call. The calls of
 // one budget are atomic with respect to each other, and each reads the
-// store's clock once it has the budget to itself.
+// store's clock once it has the budget to itself. A store's clock set
+// back does not move the window back: the current step is never earlier
+// than the latest step charged. A correction of zero writes nothing.
+// Costs and limits are below MaxBudgetCost in absolute value (the client
+// sends at most 2*slots.MaxUnits); a store may refuse more.
 type BudgetCall struct {
 	Key     string
 	Limits  [3]int64
 	Cost    [3]int64
 	Correct bool
+	Move    bool // with Correct: see below
 	Step    int64
 }
 
@@ -364,6 +372,10 @@ type BudgetResult struct {
 // BudgetSteps is how many steps before the current one a budget's window
 // holds.
 const BudgetSteps = 60
+
+// MaxBudgetCost bounds a BudgetCall's costs and limits: far below what
+// every store counts exactly (Redis's scripts count in doubles).
+const MaxBudgetCost = 1 << 40
 
 // Fits reports whether cost fits a window whose parts count used, under
 // limits, as BudgetCall says; a store may use it.

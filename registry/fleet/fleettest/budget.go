@@ -11,6 +11,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -61,6 +62,34 @@ func budgetShared(t *testing.T, srv Server) {
 	used, err = a.Used(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, [3]int{350, 300, 50}, used)
+
+	// Start moves a charge to the second its request starts in: in the
+	// second it was reserved in, it changes nothing.
+	rs, err := a.Reserve(ctx, pacing.Tokens{Input: 10})
+	require.NoError(t, err)
+	require.NoError(t, rs.Start(ctx))
+	used, err = b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{360, 310, 50}, used, "moved, not added")
+	require.NoError(t, rs.Cancel(ctx))
+	// The store's move, as the contract says: from a second with no
+	// charge, it only adds to the current one; from the current one,
+	// nothing.
+	st := srv.Store(t, name)
+	call := &driver.BudgetCall{Key: "moves", Limits: [3]int64{100}, Cost: [3]int64{10, 10}}
+	res, err := st.Budget(ctx, call)
+	require.NoError(t, err)
+	require.True(t, res.Charged)
+	move := &driver.BudgetCall{Key: "moves", Limits: [3]int64{100}, Cost: [3]int64{10, 10}, Correct: true, Move: true, Step: res.Step - 1}
+	res2, err := st.Budget(ctx, move)
+	require.NoError(t, err)
+	if res2.Step == res.Step { // the second did not turn meanwhile
+		assert.Equal(t, [3]int64{20, 20, 0}, res2.Used, "added to the current second, nothing to take")
+		move.Step = res2.Step
+		res3, err := st.Budget(ctx, move)
+		require.NoError(t, err)
+		assert.Equal(t, res2.Used, res3.Used, "a move within the second changes nothing")
+	}
 
 	big := budgets(t, srv, name, "first", pacing.BudgetLimits{TokensPerMinute: 100}, 1)[0]
 	_, err = big.Reserve(ctx, pacing.Tokens{Input: 5000})

@@ -13,6 +13,9 @@ CREATE TABLE inflight_budget (
 	PRIMARY KEY (fleet, key, step)
 );
 
+-- For inflight_gc: the steps past, of every budget.
+CREATE INDEX inflight_budget_step ON inflight_budget (fleet, step);
+
 -- inflight_budget charges cost to the budget k if it fits, or, with
 -- correct, changes by cost the charge made in step charged_in
 -- (driver.BudgetCall). The calls of one budget are serialized by a
@@ -23,7 +26,7 @@ CREATE TABLE inflight_budget (
 -- few more requests start in that minute; a budget is a rate, and the
 -- caps in flight are the leases'. It returns {charged (0 or 1), the
 -- current step, used (3), at, binding, now}.
-CREATE FUNCTION inflight_budget(f text, k text, correct bool, charged_in bigint, limits bigint[], cost bigint[]) RETURNS bigint[] LANGUAGE plpgsql AS $$
+CREATE FUNCTION inflight_budget(f text, k text, correct bool, move bool, charged_in bigint, limits bigint[], cost bigint[]) RETURNS bigint[] LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
 	now bigint;
@@ -41,14 +44,29 @@ BEGIN
 	PERFORM inflight_begin(true);
 	PERFORM pg_advisory_xact_lock(hashtextextended('inflight_budget' || chr(31) || f || chr(31) || k, 0));
 	now := inflight_now_us() / 1000;
-	cur := now / 1000;
+	-- A clock set back does not move the window back: it stays at the
+	-- latest step charged.
+	SELECT greatest(now / 1000, max(x.step)) INTO cur FROM inflight_budget x WHERE x.fleet = f AND x.key = k;
 	first := cur - 60;
 	DELETE FROM inflight_budget x WHERE x.fleet = f AND x.key = k AND x.step < first;
 	SELECT ARRAY[coalesce(sum(x.t0), 0), coalesce(sum(x.t1), 0), coalesce(sum(x.t2), 0)]::bigint[] INTO used
 		FROM inflight_budget x WHERE x.fleet = f AND x.key = k;
+	IF correct AND move THEN
+		IF charged_in <> cur THEN
+			UPDATE inflight_budget x SET t0 = x.t0 - cost[1], t1 = x.t1 - cost[2], t2 = x.t2 - cost[3]
+				WHERE x.fleet = f AND x.key = k AND x.step = charged_in AND charged_in >= first;
+			IF FOUND THEN
+				used := ARRAY[used[1] - cost[1], used[2] - cost[2], used[3] - cost[3]];
+			END IF;
+			INSERT INTO inflight_budget AS x (fleet, key, step, t0, t1, t2) VALUES (f, k, cur, cost[1], cost[2], cost[3])
+				ON CONFLICT ON CONSTRAINT inflight_budget_pkey DO UPDATE SET t0 = x.t0 + EXCLUDED.t0, t1 = x.t1 + EXCLUDED.t1, t2 = x.t2 + EXCLUDED.t2;
+			used := ARRAY[used[1] + cost[1], used[2] + cost[2], used[3] + cost[3]];
+		END IF;
+		RETURN ARRAY[1, cur, used[1], used[2], used[3], 0, 0, now];
+	END IF;
 	IF correct THEN
 		s := charged_in;
-		IF charged_in < first THEN
+		IF charged_in < first OR charged_in > cur THEN
 			s := cur; -- a debt, or nothing to return
 			d := ARRAY[greatest(cost[1], 0), greatest(cost[2], 0), greatest(cost[3], 0)];
 		END IF;

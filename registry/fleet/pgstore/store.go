@@ -401,8 +401,8 @@ func (s *Store) answer() time.Duration { return max(s.check, time.Second) }
 // Budget charges or corrects a budget per minute in one transaction.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	var res []int64
-	err := s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6)`, s.name, StoredKey(c.Key), c.Correct, c.Step,
-		c.Limits[:], c.Cost[:]).Scan(&res)
+	err := s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), c.Correct, c.Correct && c.Move,
+		c.Step, c.Limits[:], c.Cost[:]).Scan(&res)
 	if err != nil {
 		return driver.BudgetResult{}, err
 	}

@@ -16,13 +16,19 @@ import (
 var budgetScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local cur = math.floor(now / 1000)
-local first = cur - 60
 local correct = ARGV[1] == '1'
 local step = tonumber(ARGV[2])
 local limits = {tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
 local cost = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])}
 local raw = redis.call('HGETALL', KEYS[1])
+-- A clock set back does not move the window back: it stays at the
+-- latest step charged.
+local cur = math.floor(now / 1000)
+for i = 1, #raw, 2 do
+  local st = tonumber(raw[i])
+  if st and st > cur then cur = st end
+end
+local first = cur - 60
 local counts, used = {}, {0, 0, 0}
 for i = 1, #raw, 2 do
   local st = tonumber(raw[i])
@@ -36,6 +42,7 @@ for i = 1, #raw, 2 do
   end
 end
 local function add(st, d)
+  if d[1] == 0 and d[2] == 0 and d[3] == 0 then return end -- a read writes nothing
   local v = counts[st] or {0, 0, 0}
   for p = 1, 3 do
     v[p] = v[p] + d[p]
@@ -43,10 +50,17 @@ local function add(st, d)
   end
   counts[st] = v
   redis.call('HSET', KEYS[1], st, string.format('%d,%d,%d', v[1], v[2], v[3]))
-  redis.call('PEXPIRE', KEYS[1], (cur + 62) * 1000 - now)
+  redis.call('PEXPIRE', KEYS[1], math.max((cur + 62) * 1000 - now, 62000))
+end
+if ARGV[9] == '1' then -- a move
+  if step ~= cur then
+    if counts[step] and step >= first then add(step, {-cost[1], -cost[2], -cost[3]}) end
+    add(cur, cost)
+  end
+  return {1, cur, used[1], used[2], used[3], 0, 0, now}
 end
 if correct then
-  if step >= first then
+  if step >= first and step <= cur then
     add(step, cost)
   else
     add(cur, {math.max(cost[1], 0), math.max(cost[2], 0), math.max(cost[3], 0)})
@@ -82,12 +96,14 @@ return {0, cur, used[1], used[2], used[3], at, binding, now}
 
 // Budget runs the budget's script.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
-	correct := 0
-	if c.Correct {
-		correct = 1
+	flag := func(b bool) int {
+		if b {
+			return 1
+		}
+		return 0
 	}
-	res, err := budgetScript.Run(ctx, s.rdb, []string{s.budgetPrefix + c.Key}, correct, c.Step,
-		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2]).Int64Slice()
+	res, err := budgetScript.Run(ctx, s.rdb, []string{s.budgetPrefix + c.Key}, flag(c.Correct), c.Step,
+		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2], flag(c.Correct && c.Move)).Int64Slice()
 	if err != nil {
 		return driver.BudgetResult{}, err
 	}

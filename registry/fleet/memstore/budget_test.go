@@ -1,0 +1,69 @@
+package memstore_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A clock set back 2 s (NTP) after a charge does not move the window
+// back: the charge still counts, and a refusal tells when it will fit.
+func TestBudgetClockBack(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 500e6)
+	s := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	b, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 90})
+	require.NoError(t, err)
+	mu.Lock()
+	now = now.Add(-2 * time.Second)
+	mu.Unlock()
+	assert.NotPanics(t, func() {
+		_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 20})
+		assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	})
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 90, le.InFlight)
+	assert.Greater(t, le.RetryAfter, 60*time.Second, "the 2 s set back, and the minute")
+}
+
+// A request that waits 30 s between Reserve and Start is counted from its
+// start: 40 s after that, a minute after the reservation, it still counts;
+// and its Settle corrects the second it started in.
+func TestBudgetStartMovesTheCharge(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	s := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	ctx := context.Background()
+	b, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	r, err := b.Reserve(ctx, pacing.Tokens{Input: 60})
+	require.NoError(t, err)
+	advance(30 * time.Second)
+	// Start reads this process's clock for the store's: a fake store clock
+	// that has jumped 30 s is a request that started in another second.
+	require.NoError(t, r.Start(ctx))
+	used, err := b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 60, used[0], "moved, not added")
+	advance(40 * time.Second)
+	used, err = b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 60, used[0], "counted from its start")
+	require.NoError(t, r.Settle(ctx, pacing.Tokens{Input: 20}))
+	used, err = b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 20, used[0], "settled in the second it started in")
+}
