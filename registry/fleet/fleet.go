@@ -453,3 +453,9 @@ func (m chanMutex) Unlock() {
 		panic("fleet: unlock of unlocked storeMu")
 	}
 }
+
+// StoreUnavailable reports whether the Registry holds its store
+// unavailable now (Stats.BreakerOpen): its calls fail at once until a
+// probe gets an answer. Other users of the store (a Budget) may skip it
+// meanwhile.
+func (r *Registry[K]) StoreUnavailable() bool { return r.brk.open() }

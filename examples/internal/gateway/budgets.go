@@ -11,6 +11,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"mime"
@@ -309,7 +310,8 @@ type fleetBudgets struct {
 type spending struct {
 	local   *pacing.Reservation
 	fleet   []*fleet.BudgetReservation
-	release func() // lets the org's budget go once idle (nil: nothing)
+	release func()      // lets the org's budget go once idle (nil: nothing)
+	down    func() bool // the fleet's store held unavailable: its calls are skipped
 }
 
 // done ends the request's hold on its org's budget.
@@ -339,7 +341,7 @@ func (s *spending) cancel() {
 }
 
 func (s *spending) each(f func(context.Context, *fleet.BudgetReservation) error) {
-	if len(s.fleet) == 0 {
+	if len(s.fleet) == 0 || s.down() { // while the store is down, the estimates stand
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), budgetTimeout)
@@ -362,6 +364,14 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 	}
 	org, model := t.Org, t.Model
 	if fb := g.fleetBudgets; fb != nil {
+		if g.caps.StoreUnavailable() { // the store held unavailable: no call waits for it
+			if fb.closed {
+				return nil, pacing.CapProvider, fmt.Errorf("%w: the budgets' store", fleet.ErrUnavailable)
+			}
+			g.uncounted(fb, fleet.ErrUnavailable)
+			return s, "", nil
+		}
+		s.down = g.caps.StoreUnavailable
 		var bs []*fleet.Budget
 		names := []string{}
 		if limits := g.orgBudgets.limits(org); limits != nil {
@@ -384,10 +394,7 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 			case err == nil:
 				s.fleet = append(s.fleet, r)
 			case errors.Is(err, fleet.ErrUnavailable) && !fb.closed:
-				if ok, held := fb.uncountedLog.allow(time.Now()); ok {
-					g.log.Warn("gateway: a budget's store cannot be reached: requests go through uncounted",
-						slog.Any("error", err), slog.Int("suppressed_since_last", held))
-				}
+				g.uncounted(fb, err)
 			default:
 				s.cancel()
 				return nil, budgetCap(names[i], t, err), err
@@ -406,6 +413,15 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		return nil, budgetCap("tenant", t, err), err
 	}
 	return s, "", nil
+}
+
+// uncounted logs, at most every 10 s, that requests go through uncounted
+// for err.
+func (g *Gateway) uncounted(fb *fleetBudgets, err error) {
+	if ok, held := fb.uncountedLog.allow(time.Now()); ok {
+		g.log.Warn("gateway: a budget's store cannot be reached: requests go through uncounted",
+			slog.Any("error", err), slog.Int("suppressed_since_last", held))
+	}
 }
 
 // budgetCap names the budget that refused t's request with err, after

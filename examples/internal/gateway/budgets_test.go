@@ -18,6 +18,7 @@ import (
 
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 // budgetRun is what a flood of requests through the gateway got.
@@ -356,4 +357,50 @@ func testGatewayFleetTokenBudget(t *testing.T, store string) {
 	assert.Equal(t, started, served+counts[http.StatusOK])
 	t.Logf("org-a: %d of 16 served; then %d served, %d refused (by %v), %d store unavailable over 3 gateways; the upstream's worst minute %d of %d tokens",
 		served, counts[http.StatusOK], counts[http.StatusTooManyRequests], refusedBy, counts[http.StatusServiceUnavailable], worst, perMinute)
+}
+
+// A fleet's budgets while its Redis is stopped (SIGSTOP): by default,
+// requests go through uncounted; with on_unavailable "closed", they are
+// answered 503; once Redis is back, budgets count again.
+func TestGatewayFleetBudgetStoreDown(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		t.Run(fmt.Sprintf("closed=%v", closed), func(t *testing.T) {
+			redisSrv := redistest.Start(t)
+			up := simulated.New(100)
+			upSrv := httptest.NewServer(up)
+			t.Cleanup(upSrv.Close)
+			mode := "local"
+			if closed {
+				mode = "closed"
+			}
+			srv, _ := startGatewayWith(t, upSrv.URL, `{
+				"upstream": "%s",
+				"orgs": {"default_limit": 100},
+				"provider": {"tokens_per_minute": 100000},
+				"fleet": {"redis_url": "redis://`+redisSrv.Addr+`/0", "on_unavailable": "`+mode+`"}
+			}`)
+			client := &http.Client{Transport: &http.Transport{}}
+			t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+			send := func() int {
+				resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json",
+					strings.NewReader(`{"model":"glm-5","stream":true,"turn_ms":10,"messages":[{"content":"hello"}]}`))
+				require.NoError(t, err)
+				defer resp.Body.Close()
+				_, err = io.Copy(io.Discard, resp.Body)
+				require.NoError(t, err)
+				return resp.StatusCode
+			}
+			require.Equal(t, http.StatusOK, send())
+			redisSrv.Stop()
+			want := http.StatusOK
+			if closed {
+				want = http.StatusServiceUnavailable
+			}
+			for range 6 { // past the breaker's 3 failures, then at once
+				assert.Equal(t, want, send())
+			}
+			redisSrv.Cont()
+			waitFor(t, "budgets count again", func() bool { return send() == http.StatusOK })
+		})
+	}
 }
