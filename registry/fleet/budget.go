@@ -59,7 +59,18 @@ type BudgetReservation struct {
 	b    *Budget
 	cost [3]int64
 	step int64
+	used [3]int64 // the budget's parts after the charge
 	done bool
+}
+
+// Left returns, per part (all, input, output), what the budget had left
+// in its last minute once this reservation was charged, and its limits (0:
+// none).
+func (r *BudgetReservation) Left() (left, limits [3]int) {
+	for i := range left {
+		left[i], limits[i] = int(r.b.limits[i]-r.used[i]), int(r.b.limits[i])
+	}
+	return left, limits
 }
 
 // Reserve charges t, a request's estimated cost, if the budget takes it
@@ -91,7 +102,7 @@ func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservati
 		return nil, &slots.LimitError{Err: pacing.ErrOverBudget, Key: b.key, Cap: budgetCaps[i],
 			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: max(after, time.Millisecond)}
 	}
-	return &BudgetReservation{b: b, cost: cost, step: res.Step}, nil
+	return &BudgetReservation{b: b, cost: cost, step: res.Step, used: res.Used}, nil
 }
 
 // Start moves the reservation's charge to the second its request starts

@@ -83,7 +83,12 @@ func askUsage(r *http.Request, body []byte) bool {
 // answer, and takes out the usage chunk that the gateway asked for.
 func (g *Gateway) budgetAnswer(resp *http.Response) {
 	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	if g.budgets {
+	switch {
+	case g.fleetBudgets != nil:
+		if x != nil && x.spent != nil {
+			rateLimitHeaders(resp.Header, x.spent.fleetLeft(), "", "")
+		}
+	case g.budgets:
 		var model, key string
 		if x != nil {
 			model = x.model
@@ -115,7 +120,9 @@ func rateLimitHeaders(h http.Header, budgets []pacing.BudgetStatus, model, key s
 	}
 	h.Set("X-Ratelimit-Limit-Tokens", strconv.Itoa(tight.Limit))
 	h.Set("X-Ratelimit-Remaining-Tokens", strconv.Itoa(max(tight.Left, 0)))
-	h.Set("X-Ratelimit-Reset-Tokens", tight.ResetIn.Round(time.Millisecond).String())
+	if tight.ResetIn > 0 {
+		h.Set("X-Ratelimit-Reset-Tokens", tight.ResetIn.Round(time.Millisecond).String())
+	}
 }
 
 // usageDropper passes a stream of server-sent events through, event by
@@ -327,6 +334,23 @@ const budgetTimeout = 500 * time.Millisecond
 func (s *spending) settle(used pacing.Tokens) {
 	s.local.Settle(used)
 	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, used) })
+}
+
+// fleetLeft returns what the fleet's budgets had left when the request was
+// reserved, as a Gate's Budgets tells it (no reset time: the store's
+// reply does not carry it).
+func (s *spending) fleetLeft() []pacing.BudgetStatus {
+	var st []pacing.BudgetStatus
+	names := [3]string{pacing.CapTokensPerMinute, pacing.CapInputTokensPerMinute, pacing.CapOutputTokensPerMinute}
+	for _, r := range s.fleet {
+		left, limits := r.Left()
+		for i, l := range limits {
+			if l > 0 {
+				st = append(st, pacing.BudgetStatus{Cap: names[i], Limit: l, Left: left[i]})
+			}
+		}
+	}
+	return st
 }
 
 // start moves the fleet's charges to the second the request starts in

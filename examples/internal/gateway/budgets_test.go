@@ -299,6 +299,7 @@ func testGatewayFleetTokenBudget(t *testing.T, store string) {
 	prompt := strings.Repeat("hello world ", 40) // 84 tokens with its message; 134 estimated
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 600}}
 	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	var limitSeen string // an answer's X-Ratelimit-Limit-Tokens
 	send := func(url, org string) (int, string) {
 		b, err := json.Marshal(map[string]any{"model": "glm-5", "stream": true, "turn_ms": 40,
 			"messages": []map[string]string{{"role": "user", "content": prompt}}})
@@ -313,6 +314,9 @@ func testGatewayFleetTokenBudget(t *testing.T, store string) {
 		defer resp.Body.Close()
 		_, err = io.Copy(io.Discard, resp.Body)
 		assert.NoError(t, err)
+		if org == "org-a" && resp.StatusCode == http.StatusOK {
+			limitSeen = resp.Header.Get("X-Ratelimit-Limit-Tokens")
+		}
 		return resp.StatusCode, resp.Header.Get(CapHeader)
 	}
 
@@ -331,6 +335,7 @@ func testGatewayFleetTokenBudget(t *testing.T, store string) {
 	}
 	assert.GreaterOrEqual(t, served, 1000/134, "what its estimates fit")
 	assert.LessOrEqual(t, served, 1000/84+1, "no more than its usage fits")
+	assert.Equal(t, "1000", limitSeen, "the answers tell the tightest of the fleet's budgets: the org's")
 
 	var mu sync.Mutex
 	counts := map[int]int{}

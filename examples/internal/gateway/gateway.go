@@ -136,6 +136,7 @@ type exchange struct {
 	admitted  *pacing.Admission // nil: not admitted
 	refused   error             // the provider's refusal, if any
 	dropUsage bool              // the gateway asked for the stream's usage: the client gets no usage chunk
+	spent     *spending         // its reservations of the budgets kept beside the Gate's
 }
 
 // An Option configures a Gateway.
@@ -433,7 +434,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		ctx = pacing.WithTokens(ctx, cost)
 	}
 	mm := g.modelMetrics(model)
-	x := &exchange{model: model, dropUsage: askedUsage}
+	x := &exchange{model: model, dropUsage: askedUsage, spent: spent}
 	asked := time.Now()
 	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), &pacing.Trace{
 		FleetWait: func() func() {
