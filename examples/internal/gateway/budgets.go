@@ -100,6 +100,10 @@ func (g *Gateway) budgetAnswer(resp *http.Response) {
 	}
 	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); x != nil && x.dropUsage && mt == "text/event-stream" {
 		resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
+		// A short stream may come with its length (net/http sets it for a
+		// handler that ends before it flushes): it no longer holds.
+		resp.ContentLength = -1
+		resp.Header.Del("Content-Length")
 	}
 }
 
