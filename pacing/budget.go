@@ -1,8 +1,7 @@
 package pacing
 
-// Token budgets over time: Config.TokensPerMinute and its input and output
-// parts, per provider and per model (see Gate.AcquireTokens and
-// Gate.Settle).
+// Token budgets over time (BudgetLimits) of the provider, its models and
+// its API keys (see Gate.AcquireTokens and Gate.Settle).
 
 import (
 	"context"
@@ -66,9 +65,9 @@ func (gr *grant) unqueue() {
 	gr.bud = [3]*budgets{}
 }
 
-// ErrOverBudget: a token budget per minute (Config.TokensPerMinute and
-// its parts) cannot take the request within its wait; the refusal's
-// RetryAfter is when it will have refilled enough.
+// ErrOverBudget: a token budget per minute (BudgetLimits) cannot take the
+// request within its wait, or now (a Budget's); the refusal's RetryAfter
+// is when it will have refilled enough.
 var ErrOverBudget = errors.New("pacing: over the token budget")
 
 // overBudgetRejectLocked builds the refusal of a request for ml that the
@@ -125,10 +124,11 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // AcquireTokens is AcquireN for a request whose cost is estimated as t: it
 // weighs t.Total() on the token caps in flight, and it starts only when t
 // fits the provider's and its model's token budgets per minute
-// (Config.TokensPerMinute and its input and output parts). A budget counts
-// what started in the last minute, as the requests' estimates corrected by
-// Settle; a budget with nothing in its last minute admits any request, so a
-// budget's first request passes even when it is larger than the budget.
+// (BudgetLimits), and is given an API key whose budgets take it. A budget
+// counts what started in the last minute, as the requests' estimates
+// corrected by Settle; a budget with nothing in its last minute admits any
+// request, so a budget's first request passes even when it is larger than
+// the budget.
 //
 // Order on a budget is strict, as on the token caps. A request whose
 // budget cannot take it within Config's queue wait, counting the requests

@@ -28,7 +28,7 @@ type keyLane struct {
 	configured int      // its max_concurrent_requests (0: none)
 	l          *learner // its learned cap, with Config.Adaptive; else nil
 	outUntil   int64    // out of quota: no grants before it, clock nanos
-	bud        *budgets // its token budgets (KeyConfig.TokensPerMinute), or nil
+	bud        *budgets // its token budgets (KeyConfig.BudgetLimits), or nil
 }
 
 func limitOf(n int) int {
@@ -113,7 +113,7 @@ func (g *Gate) pickKeyLocked(now int64) *keyLane {
 }
 
 // pickKeyForLocked is pickKeyLocked for a request costing t: a key whose
-// budgets (KeyConfig.TokensPerMinute and its parts) cannot take t now is
+// budgets (KeyConfig.BudgetLimits) cannot take t now is
 // passed over too, and *fitAt, if not nil, is lowered to when the first
 // such key with room would.
 func (g *Gate) pickKeyForLocked(now int64, t Tokens, fitAt *int64) *keyLane {
