@@ -9,6 +9,8 @@ import (
 	"bytes"
 	"cmp"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -403,8 +405,7 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		var bs []*fleet.Budget
 		names := []string{}
 		if limits := g.orgBudgets.limits(org); limits != nil {
-			// Quoted, as the org caps' keys are: any bytes make a name.
-			b, err := fleet.NewBudget(fb.tenants, "org:"+strconv.Quote(org), *limits, 0)
+			b, err := fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, 0)
 			if err != nil {
 				return nil, "tenant", err
 			}
@@ -450,6 +451,17 @@ func (g *Gateway) uncounted(fb *fleetBudgets, err error) {
 		g.log.Warn("gateway: a budget's store cannot be reached: requests go through uncounted",
 			slog.Any("error", err), slog.Int("suppressed_since_last", held))
 	}
+}
+
+// orgBudgetName is the name of org's budget in the fleet's store: quoted,
+// as the org caps' keys are (any bytes make a name), or, past what a
+// name may hold, a hash of it.
+func orgBudgetName(org string) string {
+	if name := "org:" + strconv.Quote(org); len(name) <= 512 {
+		return name
+	}
+	sum := sha256.Sum256([]byte(org))
+	return "org#" + hex.EncodeToString(sum[:])
 }
 
 // budgetCap names the budget that refused t's request with err, after

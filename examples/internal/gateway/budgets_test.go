@@ -18,6 +18,8 @@ import (
 
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
@@ -407,5 +409,17 @@ func TestGatewayFleetBudgetStoreDown(t *testing.T) {
 			redisSrv.Cont()
 			waitFor(t, "budgets count again", func() bool { return send() == http.StatusOK })
 		})
+	}
+}
+
+// Any org name of up to 256 bytes names a fleet budget: quoted, or
+// hashed when quoting makes it too long.
+func TestOrgBudgetName(t *testing.T) {
+	assert.Equal(t, `org:"org-a"`, orgBudgetName("org-a"))
+	long := orgBudgetName(strings.Repeat("\xff", 256))
+	assert.Len(t, long, 4+64)
+	for _, org := range []string{"org-a", strings.Repeat("\xff", 256), strings.Repeat("é", 128)} {
+		_, err := fleet.NewBudget(memstore.New(), orgBudgetName(org), pacing.BudgetLimits{TokensPerMinute: 1}, 0)
+		assert.NoError(t, err, "%q", org)
 	}
 }
