@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/inflight-go/inflight/pacing"
@@ -24,7 +25,54 @@ type Budget struct {
 	key     string
 	limits  [3]int64
 	timeout time.Duration
+
+	// The requests this process refused and told when to come back, not
+	// yet due: a later refusal is told to come back after them, spread
+	// over the refill, not with them.
+	mu   sync.Mutex
+	told []toldBudget
 }
+
+type toldBudget struct {
+	due  time.Time
+	cost [3]int64
+}
+
+// spread returns the wait to tell a request refused with cost when the
+// store says the budget takes it after after: later by the time that the
+// requests told before it, still to come back, take of the budget's
+// refill (a minute for each limit's worth), and records it.
+func (b *Budget) spread(cost [3]int64, after time.Duration) time.Duration {
+	now := time.Now()
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	i := 0
+	for i < len(b.told) && !b.told[i].due.After(now) {
+		i++
+	}
+	b.told = b.told[i:]
+	var more time.Duration
+	for p, l := range b.limits {
+		if l <= 0 {
+			continue
+		}
+		var ahead int64
+		for _, t := range b.told {
+			ahead += t.cost[p]
+		}
+		more = max(more, time.Duration(float64(ahead)/float64(l)*float64(time.Minute)))
+	}
+	after += more
+	if len(b.told) < maxTold {
+		// Mostly in the order due, each told later than the last; one due
+		// out of order is dropped with those before it, a little late.
+		b.told = append(b.told, toldBudget{due: now.Add(after), cost: cost})
+	}
+	return after
+}
+
+// maxTold bounds the refused requests a Budget spreads.
+const maxTold = 4096
 
 // DefaultBudgetTimeout bounds each of a Budget's calls to the store.
 const DefaultBudgetTimeout = 500 * time.Millisecond
@@ -77,7 +125,10 @@ func (r *BudgetReservation) Left() (left, limits [3]int) {
 // now; else it charges nothing and returns a *slots.LimitError wrapping
 // pacing.ErrOverBudget, whose Cap names the binding budget, InFlight and
 // Limit its tokens in the last minute and its limit, and RetryAfter when
-// it will take t. When the store cannot be reached (or takes longer than
+// it will take t: the store's answer, later by the refill that the
+// requests this process refused before, and told to come back sooner,
+// will take, so that refused clients come back spread out. When the store
+// cannot be reached (or takes longer than
 // the timeout) it returns an error wrapping ErrUnavailable, and what
 // follows is the caller's to choose. t is checked as pacing.Budget's
 // Reserve checks it.
@@ -100,7 +151,7 @@ func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservati
 			after = time.Duration(res.At-res.Now) * time.Millisecond
 		}
 		return nil, &slots.LimitError{Err: pacing.ErrOverBudget, Key: b.key, Cap: budgetCaps[i],
-			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: max(after, time.Millisecond)}
+			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: b.spread(cost, max(after, time.Millisecond))}
 	}
 	return &BudgetReservation{b: b, cost: cost, step: res.Step, used: res.Used}, nil
 }

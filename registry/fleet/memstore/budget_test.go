@@ -67,3 +67,25 @@ func TestBudgetStartMovesTheCharge(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 20, used[0], "settled in the second it started in")
 }
+
+// Requests refused together are told to come back spread over the
+// refill: each after the ones told before it, by the minute's share their
+// tokens take.
+func TestBudgetRefusalsSpread(t *testing.T) {
+	ctx := context.Background()
+	b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	_, err = b.Reserve(ctx, pacing.Tokens{Input: 100})
+	require.NoError(t, err)
+	var waits []time.Duration
+	for range 4 {
+		_, err := b.Reserve(ctx, pacing.Tokens{Input: 50})
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		waits = append(waits, le.RetryAfter)
+	}
+	for i := 1; i < len(waits); i++ {
+		step := waits[i] - waits[i-1]
+		assert.InDelta(t, float64(30*time.Second), float64(step), float64(time.Second), "%v", waits)
+	}
+}
