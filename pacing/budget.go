@@ -23,6 +23,15 @@ const (
 // budgetCaps names the budgets of a lane, in the order of a budgets' array.
 var budgetCaps = [3]string{CapTokensPerMinute, CapInputTokensPerMinute, CapOutputTokensPerMinute}
 
+// BudgetCap names a budget's part as refusals do: 0 all tokens
+// (CapTokensPerMinute), 1 input, 2 output; "" for another part.
+func BudgetCap(part int) string {
+	if part < 0 || part >= len(budgetCaps) {
+		return ""
+	}
+	return budgetCaps[part]
+}
+
 // Tokens is what a request spends: its prompt's tokens (Input) and its
 // answer's (Output). Before it is sent it is an estimate (the prompt
 // counted, and the most it may answer); Settle corrects it with what the
@@ -144,7 +153,7 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // slots.ErrBadUnits). Acquire and AcquireN charge the budgets as a cost
 // of {Input: n}, settled by nobody unless Settle is called.
 func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant, error) {
-	if err := checkTokens(t); err != nil {
+	if err := t.Check(); err != nil {
 		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)
 		return Grant{}, err
 	}
@@ -190,8 +199,9 @@ func (g *Gate) settleLocked(gr *grant, used Tokens, reported bool) bool {
 	return used.Input < int(gr.estIn) || used.Output < int(gr.estOut)
 }
 
-// budgetsOf returns the budgets a request for ml counts on: the
-// provider's and its model's (either may be nil).
+// budgetsOf returns the budgets a request for ml counts on before it is
+// given a key: the provider's and its model's (either may be nil); the
+// third, its key's, is set as it starts (dispatchLocked).
 func (g *Gate) budgetsOf(ml *modelLane) [3]*budgets { return [3]*budgets{g.bud, ml.bud} }
 
 // After whom a request is placed when budgetsAt estimates its start.
@@ -245,9 +255,10 @@ func (b *budgets) binding(prefix string, t Tokens, after int, now int64) (at int
 	return at, prefix + budgetCaps[i]
 }
 
-// checkTokens returns the error of a cost no admission can take: a
-// negative part, or a total outside 1..slots.MaxUnits.
-func checkTokens(t Tokens) error {
+// Check returns the error of a cost no admission can take: a negative
+// part, or a total outside 1..slots.MaxUnits (both wrap
+// slots.ErrBadUnits); nil else.
+func (t Tokens) Check() error {
 	if t.Input < 0 || t.Output < 0 {
 		return slots.CheckUnits(-1)
 	}

@@ -69,7 +69,7 @@ type Reservation struct {
 // total must be in 1..slots.MaxUnits (else an error wrapping
 // slots.ErrBadUnits).
 func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
-	if err := checkTokens(t); err != nil {
+	if err := t.Check(); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()

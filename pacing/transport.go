@@ -236,7 +236,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	if !weighed {
 		cost = Tokens{Input: 1}
 	}
-	if err := checkTokens(cost); err != nil { // before any wait: no cap could take it
+	if err := cost.Check(); err != nil { // before any wait: no cap could take it
 		tr.refused(err)
 		return nil, err
 	}

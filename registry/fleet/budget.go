@@ -98,9 +98,6 @@ func NewBudget(store driver.Store, name string, limits pacing.BudgetLimits, time
 		limits: [3]int64{int64(limits.TokensPerMinute), int64(limits.InputTokensPerMinute), int64(limits.OutputTokensPerMinute)}}, nil
 }
 
-// budgetCaps names a budget's parts as pacing does.
-var budgetCaps = [3]string{pacing.CapTokensPerMinute, pacing.CapInputTokensPerMinute, pacing.CapOutputTokensPerMinute}
-
 // BudgetReservation is what a request took of a fleet's Budget: settle it
 // with what the request used, or cancel it.
 type BudgetReservation struct {
@@ -133,10 +130,7 @@ func (r *BudgetReservation) Left() (left, limits [3]int) {
 // follows is the caller's to choose. t is checked as pacing.Budget's
 // Reserve checks it.
 func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservation, error) {
-	if t.Input < 0 || t.Output < 0 {
-		return nil, slots.CheckUnits(-1)
-	}
-	if err := slots.CheckUnits(t.Total()); err != nil {
+	if err := t.Check(); err != nil {
 		return nil, err
 	}
 	cost := [3]int64{int64(t.Input) + int64(t.Output), int64(t.Input), int64(t.Output)}
@@ -145,12 +139,12 @@ func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservati
 		return nil, err
 	}
 	if !res.Charged {
-		i := min(max(res.Binding, 0), 2)
+		i := min(max(res.Binding, 0), len(b.limits)-1)
 		var after time.Duration
 		if res.At > res.Now {
 			after = time.Duration(res.At-res.Now) * time.Millisecond
 		}
-		return nil, &slots.LimitError{Err: pacing.ErrOverBudget, Key: b.key, Cap: budgetCaps[i],
+		return nil, &slots.LimitError{Err: pacing.ErrOverBudget, Key: b.key, Cap: pacing.BudgetCap(i),
 			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: b.spread(cost, max(after, time.Millisecond))}
 	}
 	return &BudgetReservation{b: b, cost: cost, step: res.Step, used: res.Used}, nil

@@ -347,12 +347,11 @@ func (s *spending) settle(used pacing.Tokens) {
 // reply does not carry it).
 func (s *spending) fleetLeft() []pacing.BudgetStatus {
 	var st []pacing.BudgetStatus
-	names := [3]string{pacing.CapTokensPerMinute, pacing.CapInputTokensPerMinute, pacing.CapOutputTokensPerMinute}
 	for _, r := range s.fleet {
 		left, limits := r.Left()
 		for i, l := range limits {
 			if l > 0 {
-				st = append(st, pacing.BudgetStatus{Cap: names[i], Limit: l, Left: left[i]})
+				st = append(st, pacing.BudgetStatus{Cap: pacing.BudgetCap(i), Limit: l, Left: left[i]})
 			}
 		}
 	}
