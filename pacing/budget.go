@@ -260,7 +260,7 @@ func (b *budgets) binding(prefix string, t Tokens, after int, now int64) (at int
 // slots.ErrBadUnits); nil else.
 func (t Tokens) Check() error {
 	if t.Input < 0 || t.Output < 0 {
-		return slots.CheckUnits(-1)
+		return core.CheckUnits(-1)
 	}
-	return slots.CheckUnits(t.Total())
+	return core.CheckUnits(t.Total())
 }

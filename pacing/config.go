@@ -3,14 +3,25 @@
 // apart their starts must be (requests per minute, a minimum interval).
 //
 //	cfg, err := pacing.Load("provider.json") // names the field that is wrong
-//	gate, err := pacing.NewGate("zai", cfg)
-//	grant, err := gate.Acquire(ctx, "glm-5")
 //	if err != nil {
-//		return err // *slots.LimitError (queue full, wait timeout), or the context's error
+//		return err
 //	}
-//	req.Header.Set("Authorization", "Bearer "+secrets[grant.Key]) // the API key it was given
-//	resp, err := client.Do(req)
-//	resp.Body = slots.WrapBody(resp.Body, grant.Slot) // held until the body is done
+//	gate, err := pacing.NewGate("zai", cfg)
+//	if err != nil {
+//		return err
+//	}
+//	client := &http.Client{Transport: pacing.NewTransport(nil, gate,
+//		pacing.WithCredential(pacing.BearerKeys(secrets)))}
+//	resp, err := client.Do(req) // a refusal is a *slots.LimitError
+//	if err != nil {
+//		return err // nothing is held
+//	}
+//	defer resp.Body.Close() // the slot is held until the body is done
+//
+// The Transport waits for the Gate, puts the granted API key on the request,
+// reports the answer to the Gate before the slot can be freed (a learned
+// cap learns from it), and holds the slot for the whole streamed body. Gate.Acquire is the
+// same admission for a caller that sends requests its own way.
 //
 // Config is the policy as a gateway's configuration file states it; a Gate
 // applies it, and Reconfigure changes it live.

@@ -93,7 +93,7 @@ func (g *Gate) Status() Status {
 	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, WaitingByModel: map[string]int{}, ByKey: map[string]int{},
 		Tokens: g.tok.held, TokenLimit: g.tok.limit, TokensByModel: map[string]int{},
 		Rejected: g.rejects, Bypassed: g.bypassed, DoubleReleases: g.eng.Misuses()}
-	by, top := g.provider.Waiters.Top(slots.TopFlowsMax)
+	by, top := g.provider.Waiters.Top(core.TopFlows)
 	st.Queue = slots.QueueStats{Waiting: st.Queued, Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
 	for _, f := range top {
 		st.Queue.TopFlows = append(st.Queue.TopFlows, slots.FlowStat(f))

@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -105,7 +106,7 @@ func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots
 // checkUnits returns the error for n units out of range (and reports the
 // rejection), or nil.
 func (r *Registry[K]) checkUnits(ctx context.Context, n int) error {
-	err := slots.CheckUnits(n)
+	err := core.CheckUnits(n)
 	if err != nil {
 		r.eng.Rejected(ctx, slots.ErrBadUnits, 0)
 	}

@@ -341,7 +341,7 @@ func (r *Registry[K]) Queue(key K) slots.QueueStats {
 
 // queueStats describes q as slots.Limiter.Queue does.
 func queueStats(q *core.Queue) slots.QueueStats {
-	by, top := q.Top(slots.TopFlowsMax)
+	by, top := q.Top(core.TopFlows)
 	st := slots.QueueStats{Waiting: q.Len(), Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
 	for _, f := range top {
 		st.TopFlows = append(st.TopFlows, slots.FlowStat(f))

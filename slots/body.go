@@ -9,22 +9,10 @@ import (
 	"time"
 )
 
-// WrapBody returns a body that reads from body and releases s on the first
-// of: Close, a Read that returns io.EOF or any other error, or (for a body
-// with WriteTo) a WriteTo that reaches the end. The slot is released once,
-// whichever comes first and from whichever goroutine; Read and Close may
-// run concurrently as far as body allows. Close releases s only after
-// body's Close has returned, and a Read that fails with an error other than
-// io.EOF closes body before it releases s: the slot does not go back while
-// what body reads from may still be open. A Read, WriteTo or Close of body
-// that panics releases s too, and the panic goes on.
-//
-// The wrapper keeps body's io.WriterTo, and keeps io.Writer for a body that
-// has it: the body of a 101 Switching Protocols response is the upgraded
-// connection, and httputil.ReverseProxy refuses one that is not writable.
-// A nil body and http.NoBody release s at once and are returned as they are.
-// A nil s wraps nothing: body is returned as it is. Close closes body once;
-// a later Close returns the first one's error.
+// WrapBody returns a body that releases s, once, on the first Close, Read
+// error or io.EOF, WriteTo's end, or panic, and only after body is closed.
+// It keeps body's io.WriterTo and io.Writer (a 101's upgraded connection).
+// A nil body or http.NoBody releases s at once; a nil s wraps nothing.
 func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
 	if s == nil {
 		return body

@@ -6,13 +6,8 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// Combine returns one Slot that holds every part until it is released, and
-// then releases each part once: for an admission made of several, such as a
-// pacing grant and a fleet-wide slot that a Transport must hold together
-// until the response body is done. Nil parts are skipped; with none left it
-// returns nil. The combined Slot is Bypassed or Degraded if any part is, and
-// its AcquiredAt is the latest of the parts'. Release the combined Slot, not
-// the parts.
+// Combine returns one Slot that holds every non-nil part (a pacing grant,
+// a fleet slot) and releases each once; Bypassed or Degraded if a part is.
 func Combine(parts ...*Slot) *Slot {
 	var held []*Slot
 	for _, p := range parts {

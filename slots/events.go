@@ -11,50 +11,28 @@ import (
 type EventKind uint8
 
 const (
-	// EventAcquired: a slot was admitted; Wait is how long the caller
-	// queued for it (0 when it got in at once).
-	EventAcquired = EventKind(core.EventAcquired)
-	// EventRejected: no slot; Err says why (ErrLimitReached, ErrQueueFull,
-	// ErrWaitTimeout, or the context's error for a caller that gave up),
-	// after waiting Wait.
-	EventRejected = EventKind(core.EventRejected)
-	// EventBypassed: fail-open let the caller through without a slot after
-	// waiting Wait.
-	EventBypassed = EventKind(core.EventBypassed)
-	// EventReleased: a slot's capacity came back after Hold.
-	EventReleased = EventKind(core.EventReleased)
-	// EventDoubleRelease: Release was called on a slot already released.
-	EventDoubleRelease = EventKind(core.EventDoubleRelease)
-	// EventLeaked: a slot was dropped without Release and reclaimed (with
-	// leak detection on); its EventReleased came just before, with Hold.
-	EventLeaked = EventKind(core.EventLeaked)
+	EventAcquired      = EventKind(core.EventAcquired)      // admitted after Wait
+	EventRejected      = EventKind(core.EventRejected)      // refused after Wait; Err says why
+	EventBypassed      = EventKind(core.EventBypassed)      // fail-open, after Wait
+	EventReleased      = EventKind(core.EventReleased)      // capacity back after Hold
+	EventDoubleRelease = EventKind(core.EventDoubleRelease) // Release of a released slot
+	EventLeaked        = EventKind(core.EventLeaked)        // reclaimed by leak detection, after its EventReleased
 )
 
-// Event is one thing that happened to an admission, for metrics and
-// traces. It names no key: metrics built from it have no per-key labels.
+// Event is one thing that happened to an admission. It names no key.
 type Event struct {
-	Kind EventKind
-	Err  error         // EventRejected
-	Wait time.Duration // EventAcquired, EventBypassed, EventRejected
-	Hold time.Duration // EventReleased, EventLeaked; accurate to about 10 ms on the real clock
-	// Units is what the admission weighs (see Limiter.AcquireN): 1 unless
-	// it took more; on EventAcquired, EventBypassed, EventReleased and
-	// EventLeaked, 0 on the others.
-	Units int
-
-	// Context is the context the caller passed to Acquire (or
-	// AcquireAll), on the admission's EventAcquired, EventBypassed or
-	// EventRejected; nil for TryAcquire and for the other kinds. An
-	// Observer may read from it (the trace span it carries, its
-	// priority and flow) while Observe runs, and must not keep it.
+	Kind  EventKind
+	Err   error         // EventRejected
+	Wait  time.Duration // EventAcquired, EventBypassed, EventRejected
+	Hold  time.Duration // EventReleased, EventLeaked; to about 10 ms
+	Units int           // what it weighs; 0 on EventRejected and EventDoubleRelease
+	// Context is Acquire's, on its admission or refusal: read it (a span)
+	// during Observe only.
 	Context context.Context
 }
 
-// An Observer receives Events from a Limiter or a Registry. Observe is
-// called without any lock held, possibly from many goroutines at once, on
-// the admission path: it must be quick and must not block. An admission
-// whose grant is given back because its caller's context ended reports
-// EventRejected only, so acquired and released events stay paired.
+// An Observer receives Events on the admission path, with no lock held and
+// possibly concurrently: it must be quick. Admissions pair with releases.
 type Observer interface {
 	Observe(Event)
 }

@@ -10,24 +10,19 @@ import (
 	"time"
 )
 
-// StatusClientClosedRequest is the status HTTPStatus gives a wait cut short
-// because the client went away (the nginx convention; nobody reads it).
+// StatusClientClosedRequest answers a client gone while it waited (nginx).
 const StatusClientClosedRequest = 499
 
 // HTTPStatus maps an admission error to the answer an HTTP layer gives:
 //
 //	nil                                   200, 0
-//	wraps ErrExceedsLimit                 413, 0 (heavier than the cap: waiting cannot help)
-//	*LimitError (any other reason)        429, its RetryAfter in whole seconds (at least 1 s)
-//	wraps context.DeadlineExceeded        503, 1 s (the server's own deadline passed while waiting)
+//	wraps ErrExceedsLimit                 413, 0 (waiting cannot help)
+//	*LimitError (any other reason)        429, RetryAfter rounded up to seconds
+//	wraps context.DeadlineExceeded        503, 1 s (the server's deadline passed)
 //	wraps context.Canceled                499, 0 (the client went away)
-//	wraps ErrBadPriority                  400, 0 (PlaceFromHeaders met a bad X-Priority)
+//	wraps ErrBadPriority                  400, 0
 //	*BadRequestError                      its Status (400 by default), 0
 //	anything else                         500, 0
-//
-// Retry-After is rounded up, so a client that honours it does not come back
-// early. (The answers of Middleware, WriteError and ProxyErrorHandler also
-// carry the estimate to the millisecond, in retry-after-ms.)
 func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 	status, retryAfter = httpStatus(err)
 	if retryAfter > 0 {
@@ -79,11 +74,8 @@ func wholeSeconds(d time.Duration) time.Duration {
 	return (d + time.Second - 1).Truncate(time.Second)
 }
 
-// ErrorMessage returns what a client may be told about an admission error:
-// the numbers of a rejection, the cap that refused (LimitError.Cap, when
-// its owner names one) and its reason, without package prefixes and
-// without its key, which may name a tenant or an API key. An error it does
-// not know gets a generic message, since its text may carry anything.
+// ErrorMessage returns what a client may be told of an admission error:
+// its numbers, cap and reason, never its key (a tenant, an API key).
 func ErrorMessage(err error) string {
 	var le *LimitError
 	switch {
@@ -130,11 +122,8 @@ func ErrorMessage(err error) string {
 	return "the request could not be admitted"
 }
 
-// BadRequestError is a request refused for its own fault before any cap
-// was asked: one whose body or headers do not say what it is for (a
-// pacing.Transport that cannot read a request's model, say). HTTPStatus
-// maps it to Status (400 Bad Request when 0), ErrorMessage to Reason, which
-// a client may be told: it must carry nothing secret.
+// BadRequestError refuses a request for its own fault (a pacing.Transport
+// that cannot read its model): Status (400 when 0) and Reason, no secret.
 type BadRequestError struct {
 	Status int
 	Reason string
@@ -149,20 +138,11 @@ func (e *BadRequestError) status() int {
 	return e.Status
 }
 
-// An ErrorWriter writes the answer to a request that was not served: it sets
-// the Content-Type it writes, calls WriteHeader(status) and writes a body
-// carrying message (from ErrorMessage, or the seam's own for an upstream
-// failure). A Retry-After header, when there is one, is already set. Use it
-// to answer in the format an API's clients expect (WithErrorWriter).
-//
-// The status is kept even if the writer forgets it: a body written without
-// WriteHeader goes out with status, and when the writer returns without
-// writing anything, status (and Retry-After) is written for it. A writer
-// may still choose another status by calling WriteHeader itself.
+// An ErrorWriter writes a refused request's answer in an API's format
+// (Retry-After is set); one that forgets WriteHeader still answers status.
 type ErrorWriter func(w http.ResponseWriter, status int, message string)
 
-// WritePlainError is the default ErrorWriter: message as text/plain, with
-// X-Content-Type-Options: nosniff.
+// WritePlainError is the default ErrorWriter: message as text/plain.
 func WritePlainError(w http.ResponseWriter, status int, message string) {
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
@@ -171,25 +151,17 @@ func WritePlainError(w http.ResponseWriter, status int, message string) {
 	fmt.Fprintln(w, message)
 }
 
-// WriteError answers an admission error as HTTPStatus maps it, with a
-// Retry-After header when there is one, and ErrorMessage's text as
-// WritePlainError writes it. Middleware and ProxyErrorHandler do the same
-// in any format (WithErrorWriter).
+// WriteError answers an admission error as Middleware does, in plain text.
 func WriteError(w http.ResponseWriter, err error) {
 	status, retryAfter := httpStatus(err)
 	writeError(w, WritePlainError, status, retryAfter, ErrorMessage(err))
 }
 
-// HeaderRetryAfterMs is the header that carries a refusal's Retry-After to
-// the millisecond, beside Retry-After's whole seconds: the official OpenAI
-// and Anthropic SDKs read it first, and turns of a second are too short
-// for whole seconds.
+// HeaderRetryAfterMs is Retry-After in ms, which the OpenAI SDKs read first.
 const HeaderRetryAfterMs = "Retry-After-Ms"
 
-// SetRetryAfter sets h's Retry-After to d in whole seconds, rounded up
-// (at least 1), and its retry-after-ms (HeaderRetryAfterMs) to d in
-// milliseconds, rounded up, as the answers of this package do; it sets
-// nothing for d <= 0. For an API's own error answers.
+// SetRetryAfter sets Retry-After (whole seconds) and HeaderRetryAfterMs to
+// d, rounded up, as this package's answers do; nothing for d <= 0.
 func SetRetryAfter(h http.Header, d time.Duration) {
 	if d <= 0 {
 		return
@@ -259,22 +231,9 @@ func (w *statusWriter) writeStatus() {
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// ProxyErrorHandler returns a function for httputil.ReverseProxy's
-// ErrorHandler when the proxy's Transport is a slots Transport, which marks
-// the errors of its admit function. A refusal is answered as Middleware
-// answers it: a *LimitError with 429 (or WithRejectStatus's status) and
-// Retry-After, a wait cut by the server's deadline with 503 and
-// Retry-After, and any other admission error with HTTPStatus's status. A
-// *BadRequestError (a request a pacing.Transport could not read) is
-// answered with its status and reason. Every other error is the
-// upstream's: 504 Gateway Timeout when the
-// request's deadline passed while the upstream had it, else 502 Bad
-// Gateway. When the client has gone, nothing is written. Without it,
-// ReverseProxy answers every rejection with an empty 502.
-//
-// An admit function with errors of its own (a fleet store that cannot be
-// reached, say) wraps the proxy's ErrorHandler to answer those first; left
-// to this one they are 500s.
+// ProxyErrorHandler returns an httputil.ReverseProxy ErrorHandler for a
+// slots Transport: a refusal is answered as by Middleware, other errors as
+// the upstream's (504 past the deadline, else 502); nothing to a client gone.
 func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http.Request, error) {
 	cfg := newMiddlewareConfig(opts)
 	return func(w http.ResponseWriter, r *http.Request, err error) {

@@ -10,18 +10,8 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// Limiter caps how many Slots are held at once from one pool. Waiters are
-// admitted in arrival order; TryAcquire does not pass them.
-//
-// Callers may be given a priority class (WithPriority) and a flow
-// (WithFlow): then the highest class that may take a freed slot goes first,
-// flows within a class take turns, and each flow is served in arrival
-// order. WithShare guarantees classes a part of the limit so that none
-// starves. Without them every caller is in one class and one flow, and the
-// queue is plain FIFO.
-//
-// The zero value is a Limiter with limit 0 and the default policy: it admits
-// nothing until SetLimit raises the limit.
+// Limiter caps the units held at once from one pool. TryAcquire does not
+// pass waiters. The zero value admits nothing until SetLimit.
 type Limiter struct {
 	eng     core.Engine
 	engInit sync.Once // readies eng: in NewLimiter, or at first use of a zero Limiter
@@ -32,28 +22,26 @@ type Limiter struct {
 	stats Stats      // outcome totals; InFlight and Waiting are filled on read
 }
 
-// Stats are a Limiter's counts: the current state and totals since creation.
+// Stats are a Limiter's counts: now, and totals since creation.
 type Stats struct {
-	InFlight int // units held now: slots, when each weighs one unit
-	Waiting  int // callers waiting now
-	Limit    int
-
+	InFlight       int // units held now: slots, when each weighs one unit
+	Waiting        int // callers waiting now
+	Limit          int
 	Acquired       uint64 // admissions that took capacity (immediate or after waiting)
 	Waited         uint64 // of Acquired, those that had to wait
-	Released       uint64 // capacity given back (including grants returned by a cancelled waiter)
+	Released       uint64 // capacity given back
 	Bypassed       uint64 // fail-open admissions without capacity
 	LimitReached   uint64 // TryAcquire rejections
 	QueueFull      uint64 // rejections by WithMaxQueue
-	ExceedsLimit   uint64 // AcquireN and TryAcquireN rejections: more units than the limit can hold
+	ExceedsLimit   uint64 // rejections: heavier than the limit can hold
 	WaitTimeouts   uint64 // fail-closed rejections by WithMaxWait
 	Canceled       uint64 // waits ended by the context
 	DoubleReleases uint64 // Release calls on a slot already released
 	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)
 }
 
-// NewLimiter returns a Limiter that admits at most limit holders at once.
-// Use Unlimited for a limiter that never binds. It panics if limit is
-// negative, or if an option is one that only a registry takes.
+// NewLimiter returns a Limiter of limit units (Unlimited never binds). It
+// panics if limit is negative or an option is a registry's.
 func NewLimiter(limit int, opts ...Option) *Limiter {
 	if limit < 0 {
 		panic(fmt.Sprintf("slots: negative limit %d", limit))
@@ -79,16 +67,12 @@ func (l *Limiter) engine() *core.Engine {
 	return &l.eng
 }
 
-// TryAcquire admits a Slot if one is free and nobody is waiting, without
-// waiting. Otherwise it returns a *LimitError wrapping ErrLimitReached.
+// TryAcquire admits a Slot if one is free and nobody waits.
 func (l *Limiter) TryAcquire() (*Slot, error) { return l.tryAcquire(1) }
 
-// TryAcquireN is TryAcquire for a Slot that weighs n units of the limit
-// (tokens, bytes: what a request costs), all freed by its Release. It
-// fails with ErrBadUnits for n out of 1..MaxUnits, and with a *LimitError
-// wrapping ErrExceedsLimit if n is more than the limit can ever admit.
+// TryAcquireN is TryAcquire for n units (see AcquireN).
 func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
-	if err := CheckUnits(n); err != nil {
+	if err := core.CheckUnits(n); err != nil {
 		l.engine().Rejected(nil, ErrBadUnits, 0)
 		return nil, err
 	}
@@ -122,28 +106,16 @@ func (l *Limiter) tryAcquire(n int) (*Slot, error) {
 	return (*Slot)(e.Acquired(nil, x, t, 0)), nil
 }
 
-// Acquire admits a Slot, waiting in arrival order while the limiter is full.
-// It fails with a *LimitError wrapping ErrQueueFull (too many waiting) or
-// ErrWaitTimeout (WithMaxWait passed), or with an error wrapping ctx.Err().
-// A context that is already done fails even if a slot is free. With
-// WithFailOpen, a wait that reaches the maximum returns a Bypassed slot.
-// A nil ctx fails with ErrNilContext.
+// Acquire admits a Slot, waiting while the limiter is full. It fails with
+// ErrQueueFull, ErrWaitTimeout or the context's error (even if a slot is
+// free); WithFailOpen bypasses instead.
 func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) { return l.acquire(ctx, 1) }
 
-// AcquireN is Acquire for a Slot that weighs n units of the limit (tokens,
-// bytes: what a request costs), all freed by its Release. Order is strict:
-// a caller that waits for n units keeps every later caller, and every
-// lower class, from the units it waits for, even where they would fit, so
-// it is served as soon as n are free; up to n-1 units may stand idle
-// meanwhile. Besides Acquire's failures, it fails with ErrBadUnits for n
-// out of 1..MaxUnits, and with a *LimitError wrapping ErrExceedsLimit if n
-// is more than the limit can ever admit: at once, or while it waits, when
-// SetLimit lowers the limit below n (a limit of 0 pauses and refuses
-// nobody). With WithShare, what the other classes are guaranteed while
-// they wait (max(Min, Reserved)) counts against n, and a class short of its
-// share may still be served before the caller, up to what it is owed.
+// AcquireN is Acquire for n units. It also fails with ErrBadUnits, or
+// ErrExceedsLimit when the limit, less other classes' guarantees, can never
+// hold n (a limit of 0 is a pause: it refuses nobody).
 func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
-	if err := CheckUnits(n); err != nil {
+	if err := core.CheckUnits(n); err != nil {
 		l.engine().Rejected(ctx, ErrBadUnits, 0)
 		return nil, err
 	}
@@ -363,9 +335,8 @@ func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).engine().Clock.T
 // Reclaim implements core.Leaker: a Slot was dropped while held.
 func (o *owner) Reclaim(t *core.Tracked) { (*Limiter)(o).engine().Reclaim(t) }
 
-// SetLimit changes the limit. Raising it admits waiters in arrival order at
-// once; lowering it never takes a slot from a holder: admissions resume when
-// enough holders have released. A negative n is ignored (and logged).
+// SetLimit changes the limit. Raising it admits waiters at once; lowering
+// it takes nothing from holders. A negative n is ignored (and logged).
 func (l *Limiter) SetLimit(n int) {
 	if n < 0 {
 		l.engine().Log().Warn("slots: SetLimit with a negative limit ignored", slog.Int("limit", n))
@@ -391,8 +362,7 @@ func (l *Limiter) Limit() int {
 	return l.lane.Limit
 }
 
-// InFlight returns the units held now: the number of slots held, when each
-// weighs one unit (bypassed slots excluded).
+// InFlight returns the units held now (bypassed slots hold none).
 func (l *Limiter) InFlight() int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -406,7 +376,7 @@ func (l *Limiter) Waiting() int {
 	return l.lane.Waiters.Len()
 }
 
-// Stats returns the current counts and the totals since creation.
+// Stats returns the counts.
 func (l *Limiter) Stats() Stats {
 	l.mu.Lock()
 	st := l.stats
@@ -419,8 +389,7 @@ func (l *Limiter) Stats() Stats {
 	return st
 }
 
-// Queue describes the callers waiting now: per priority class, and the
-// flows with the most waiters.
+// Queue describes the callers waiting now.
 func (l *Limiter) Queue() QueueStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -434,8 +403,7 @@ type Holder struct {
 	Units      int // the units it holds (see Slot.Units)
 }
 
-// Holders appends the live holders, in no particular order, to dst and
-// returns it.
+// Holders appends the live holders, in no order, to dst.
 func (l *Limiter) Holders(dst []Holder) []Holder {
 	l.mu.Lock()
 	defer l.mu.Unlock()

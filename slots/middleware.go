@@ -33,12 +33,8 @@ func (c middlewareConfig) status(err error) (int, time.Duration) {
 	return status, retryAfter
 }
 
-// WithRejectStatus sets the status of a rejection (*LimitError): 429 by
-// default; 503 suits a server that sheds load rather than rate-limits.
-// Other errors keep the status HTTPStatus gives them. ProxyErrorHandler
-// answers a rejection with code as Middleware does, whatever it is: a 5xx
-// is not taken for an upstream failure, nor 499 for a client gone. It
-// panics unless code is a 4xx or 5xx status.
+// WithRejectStatus sets a *LimitError's status (429 by default; 503 to shed
+// load). It panics unless code is 4xx or 5xx.
 func WithRejectStatus(code int) MiddlewareOption {
 	if code < 400 || code > 599 {
 		panic(fmt.Sprintf("slots: WithRejectStatus(%d): a rejection needs a 4xx or 5xx status", code))
@@ -46,8 +42,7 @@ func WithRejectStatus(code int) MiddlewareOption {
 	return func(c *middlewareConfig) { c.rejectStatus = code }
 }
 
-// WithErrorWriter sets how the body of an error answer is written (by
-// default WritePlainError's text). A nil f keeps the default.
+// WithErrorWriter sets the writer of error answers (nil: WritePlainError).
 func WithErrorWriter(f ErrorWriter) MiddlewareOption {
 	return func(c *middlewareConfig) {
 		if f != nil {
@@ -56,14 +51,8 @@ func WithErrorWriter(f ErrorWriter) MiddlewareOption {
 	}
 }
 
-// Middleware returns HTTP middleware that runs each handler holding a Slot
-// from admit, for the handler's whole run: a streaming handler holds it for
-// the whole stream. The slot is released when the handler returns or
-// panics (the panic goes on up). A request that admit rejects is answered
-// with HTTPStatus's status (WithRejectStatus's for a *LimitError), a
-// Retry-After header when there is one, and ErrorMessage's text written by
-// the ErrorWriter (WithErrorWriter); the handler does not run. It panics if
-// admit is nil.
+// Middleware runs each handler holding a Slot from admit until it returns
+// or panics; a refusal is answered as WriteError answers it.
 func Middleware(admit AdmitFunc, opts ...MiddlewareOption) func(http.Handler) http.Handler {
 	if admit == nil {
 		panic("slots: Middleware needs an admit function")

@@ -9,13 +9,9 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// An Option configures a Limiter. The same options configure the waits of
-// a registry.Registry and of a fleet Registry's local side, which accept
-// them beside their own (registry.WithShards, say, which a Limiter refuses).
+// An Option configures a Limiter, or the waits of a registry.Registry.
 type Option interface {
-	// Apply sets the option. It is for this module's packages: its
-	// argument cannot be named outside them, so an Option comes from one
-	// of the With functions.
+	// Apply is for this module's packages; use the With functions.
 	Apply(*core.Settings)
 }
 
@@ -23,44 +19,33 @@ type optionFunc func(*core.Policy)
 
 func (f optionFunc) Apply(s *core.Settings) { f(&s.Policy) }
 
-// WithMaxWait bounds how long Acquire waits. When d passes, Acquire fails with
-// ErrWaitTimeout, or with WithFailOpen admits a Bypassed slot. d <= 0 (the
-// default) waits until the context ends.
+// WithMaxWait bounds a wait (ErrWaitTimeout); d <= 0, the default: no bound.
 func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxWait = d })
 }
 
-// WithMaxQueue bounds how many callers may wait at once; when n are waiting,
-// the newest caller is rejected at once with ErrQueueFull. n = 0 means Acquire
-// never waits. The default is no bound; a negative n restores it.
+// WithMaxQueue bounds the waiters (ErrQueueFull); 0: none; < 0: no bound.
 func WithMaxQueue(n int) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxQueue, w.BoundQueue = n, n >= 0 })
 }
 
-// WithFailOpen makes Acquire proceed after the maximum wait with a Bypassed
-// slot that holds no capacity, instead of failing: a hung upstream then
-// cannot stall every caller behind the limiter. Each bypass is counted in
-// Stats and logged as saturation at most once every 10 seconds. Without
-// WithMaxWait it has no effect.
+// WithFailOpen lets a wait that reaches WithMaxWait through, Bypassed.
 func WithFailOpen() Option {
 	return optionFunc(func(w *core.Policy) { w.FailOpen = true })
 }
 
-// WithClock sets the clock used for acquire times and the maximum wait; for
-// tests. The default is the real clock.
+// WithClock sets the clock of acquire times and waits; for tests.
 func WithClock(c clock.Clock) Option {
 	return optionFunc(func(w *core.Policy) { w.Clock = c })
 }
 
-// WithLogger sets the logger for saturation and misuse warnings. nil (the
-// default) means slog.Default(), looked up each time a line is logged. Warnings
-// name slot ids only; nothing per request is logged above Debug.
+// WithLogger sets the logger of saturation and misuse warnings (nil, the
+// default: slog.Default()). Nothing per request is logged above Debug.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(w *core.Policy) { w.Logger = l })
 }
 
-// WithObserver sets an Observer of admissions, rejections and releases, for
-// metrics (see Observer). The default is none, which costs nothing.
+// WithObserver sets an Observer of admissions, refusals and releases.
 func WithObserver(o Observer) Option {
 	return optionFunc(func(w *core.Policy) {
 		if o != nil {
@@ -71,27 +56,14 @@ func WithObserver(o Observer) Option {
 	})
 }
 
-// WithLeakDetection makes a Slot that is dropped without Release, and
-// collected by the garbage collector while still held, give its capacity
-// back; the leak is logged (slot id, how long it was held) and reported as
-// EventLeaked. It is a safety net for a missed Release, not a way to
-// release: the collector runs when it will. It costs two more allocations
-// (the tracked hold and a weak pointer to the Slot) and a cleanup
-// registration per admission, several times an admission's cost (see
-// BenchmarkRegistryTryAcquireRelease/inflight-leakcheck), so it is off by
-// default; turn it on in tests and where leaks are suspected.
-//
-// Do not use it with testing/synctest bubbles in which callers wait for
-// slots: the runtime runs cleanups outside every bubble, and a reclaimed slot
-// granted to a waiter inside one wakes that waiter from outside, which the
-// runtime treats as a fatal error.
+// WithLeakDetection gives back (and reports, EventLeaked) the capacity of a
+// Slot found dropped while held, at two allocations per admission. Not in
+// synctest bubbles that wait: the runtime runs cleanups outside them.
 func WithLeakDetection() Option {
 	return optionFunc(func(w *core.Policy) { w.LeakCheck = true })
 }
 
-// WithLeakSites is WithLeakDetection that also records where each slot was
-// acquired (the caller's stack, about a microsecond per admission), and names
-// that place in the leak warning.
+// WithLeakSites also names where a leaked slot was acquired (~1 µs each).
 func WithLeakSites() Option {
 	return optionFunc(func(w *core.Policy) { w.LeakCheck, w.LeakSites = true, true })
 }

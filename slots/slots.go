@@ -16,59 +16,33 @@ const Unlimited = math.MaxInt
 var (
 	// ErrLimitReached: TryAcquire found no free capacity.
 	ErrLimitReached = errors.New("slots: limit reached")
-	// ErrQueueFull: more callers were already waiting than the queue allows;
-	// the newest is rejected at once.
+	// ErrQueueFull: the queue was full; the newest caller is refused.
 	ErrQueueFull = errors.New("slots: queue full")
-	// ErrWaitTimeout: the maximum wait passed without admission (fail-closed).
+	// ErrWaitTimeout: the maximum wait passed without admission.
 	ErrWaitTimeout = errors.New("slots: wait timeout")
 	// ErrNilContext: Acquire was called with a nil context.
 	ErrNilContext = errors.New("slots: nil context")
-	// ErrExceedsLimit: an admission of n units (AcquireN) asked for more
-	// than its cap can ever hold under the limit in force, so waiting
-	// would never end: refused at once, or when a lowered limit leaves a
-	// waiter too heavy. A limit of 0 is a pause and refuses nobody.
+	// ErrExceedsLimit: heavier than its cap can ever hold (HTTP 413).
 	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
-	// ErrBadUnits: an admission asked for fewer than 1 unit or more than
-	// MaxUnits.
-	ErrBadUnits = errors.New("slots: units out of range")
+	// ErrBadUnits: an admission weighs less than 1 or more than MaxUnits.
+	ErrBadUnits = core.ErrBadUnits
 )
 
 // MaxUnits is the most units one admission may weigh.
 const MaxUnits = core.MaxUnits
 
-// CheckUnits returns an error wrapping ErrBadUnits for a weight n outside
-// 1..MaxUnits, or nil: for an owner that takes weights, and a layer that
-// refuses a bad one before any wait.
-func CheckUnits(n int) error {
-	if n < 1 || n > MaxUnits {
-		return fmt.Errorf("%w: %d (want 1 to %d)", ErrBadUnits, n, MaxUnits)
-	}
-	return nil
-}
-
 // LimitError is a rejection with the numbers behind it.
 type LimitError struct {
 	Err error  // ErrLimitReached, ErrQueueFull, ErrWaitTimeout, ErrExceedsLimit or another package's reason
 	Key string // the key that was at its limit; empty for a Limiter
-	// Cap names which of an owner's caps refused, for an owner with
-	// several kinds: a pacing Gate says "provider", "model", "api_key",
-	// "pacing", "pause", "tokens" or "model_tokens", or a budget such as
-	// "tokens_per_minute" (see pacing.CapProvider), and InFlight and Limit
-	// are that cap's (for the token caps, tokens; for a budget, the tokens
-	// started in the last minute). Empty for a Limiter or a Registry (Key
-	// names the cap). Unlike Key, it never names a tenant or a secret.
+	// Cap names which of an owner's caps refused (a pacing Gate's "model",
+	// say); InFlight and Limit are that cap's. It names no tenant.
 	Cap      string
 	InFlight int // units held at the decision: holders, when each weighs one
 	Limit    int // the limit at the decision
 	Queued   int // waiters at the decision
-	// RetryAfter is when to try again: when the slot this caller would
-	// get is expected to free, from the holds' mean and the holders'
-	// starts, behind the callers queued and those told to come back
-	// earlier (so that callers refused together are spread over the time
-	// slots free, not sent back at once), a little before it when the
-	// caller could queue. To the millisecond, at least 1 ms; an HTTP
-	// answer rounds it up to whole seconds in Retry-After and sends it as
-	// it is in retry-after-ms (HeaderRetryAfterMs).
+	// RetryAfter: when this caller's slot should free, behind those told
+	// before it, so refused callers come back spread out.
 	RetryAfter time.Duration
 }
 
@@ -87,13 +61,8 @@ func (e *LimitError) Error() string {
 
 func (e *LimitError) Unwrap() error { return e.Err }
 
-// Slot is one admission: it holds one unit of capacity (of every key it was
-// admitted under) until Release. The zero value and a nil *Slot hold nothing;
-// their methods are no-ops. A Slot must not be copied (go vet's copylocks
-// check reports copies); pass *Slot.
-//
-// Its fields belong to the package that admitted it: a Slot is declared
-// over the record that every admission of this module fills in.
+// Slot is one admission, holding its units until Release; a nil or zero
+// Slot holds nothing. A Slot must not be copied (go vet reports copies).
 type Slot core.Handle
 
 // hold returns the record of the admission inside s.
@@ -109,8 +78,7 @@ func (s *Slot) tracked() bool {
 // holds reports whether s came from an admission.
 func (s *Slot) holds() bool { return s != nil && s.hold().Owner != nil }
 
-// Release frees the slot's capacity. It is safe to call from any goroutine and
-// any number of times; it reports true only for the call that freed it.
+// Release frees the slot, from any goroutine; only the first call is true.
 func (s *Slot) Release() bool {
 	if !s.holds() {
 		return false
@@ -132,8 +100,7 @@ func (s *Slot) releaseQuietly() {
 	}
 }
 
-// Released reports whether Release has been called (or, for a slot whose
-// holder's context ended as it was granted, whether it was given back).
+// Released reports whether the slot was released or given back.
 func (s *Slot) Released() bool {
 	if !s.holds() {
 		return true
@@ -141,20 +108,13 @@ func (s *Slot) Released() bool {
 	return s.hold().Released()
 }
 
-// Bypassed reports whether the slot was admitted by fail-open after the
-// maximum wait: it holds no capacity, and the limit was saturated.
+// Bypassed reports whether fail-open admitted the slot without capacity.
 func (s *Slot) Bypassed() bool { return s.holds() && s.hold().Bypassed }
 
-// Degraded reports whether the slot was admitted without its fleet-wide
-// cap, because the store that keeps that cap could not be reached (see
-// package registry/fleet): it holds only this process's local cap, or, if it
-// is also Bypassed, nothing.
+// Degraded reports an admission without its fleet-wide cap (store down).
 func (s *Slot) Degraded() bool { return s.holds() && s.hold().Degraded }
 
-// AcquiredAt returns when the slot was admitted (granted, for a caller that
-// waited), on the owner's clock. On the real clock it is accurate to about
-// 10 ms: admissions share a coarse clock reading, since reading the clock
-// costs about as much as the rest of an admission.
+// AcquiredAt returns when the slot was admitted, to about 10 ms.
 func (s *Slot) AcquiredAt() time.Time {
 	if !s.holds() {
 		return time.Time{}
@@ -162,9 +122,7 @@ func (s *Slot) AcquiredAt() time.Time {
 	return s.hold().Owner.Time(s.hold().At)
 }
 
-// Units returns the units of capacity the slot was admitted with: 1 unless
-// it came from an AcquireN (or another N method) with more. A Bypassed slot
-// holds none of them; a nil Slot reports 0.
+// Units returns the units the slot was admitted with (0 for nil).
 func (s *Slot) Units() int {
 	if !s.holds() {
 		return 0
@@ -172,8 +130,7 @@ func (s *Slot) Units() int {
 	return s.hold().Units()
 }
 
-// ID returns the slot's holder id, unique within its Limiter or Registry; it
-// is what leak and long-held reports name.
+// ID returns the slot's id, unique within its owner, as reports name it.
 func (s *Slot) ID() uint64 {
 	if !s.holds() {
 		return 0

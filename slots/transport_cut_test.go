@@ -70,6 +70,14 @@ func answering(body io.ReadCloser) http.RoundTripper {
 // only once this side has let go of the upstream: the body's Close has
 // returned. Otherwise the next request reaches the upstream while the cut
 // one still holds its connection there.
+//
+// "Let go" is what the base transport's Close gives. net/http's HTTP/1
+// transport returns from an early Close once its read loop has given the
+// connection up; the loop closes the socket on its own goroutine an instant
+// later. Its HTTP/2 transport returns once the stream's reset is sent,
+// except after the request's context ended, when the reset goes
+// concurrently. The upstream counts the request until the close reaches it
+// and its server notices: that is the time WithLinger covers.
 func TestTransportCutClosesBeforeItFrees(t *testing.T) {
 	t.Run("the request's context ends: the body is closed, then the slot freed", func(t *testing.T) {
 		testrig.Bubble(t, func(t *testing.T) {

@@ -1,6 +1,8 @@
 package core
 
 import (
+	"errors"
+	"fmt"
 	"sync/atomic"
 	"time"
 )
@@ -49,6 +51,21 @@ type Hold struct {
 
 // MaxUnits is the largest weight an admission may take.
 const MaxUnits = 1<<31 - 1
+
+// ErrBadUnits is slots.ErrBadUnits: a weight outside 1..MaxUnits.
+var ErrBadUnits = errors.New("slots: units out of range")
+
+// CheckUnits returns an error wrapping ErrBadUnits for a weight n outside
+// 1..MaxUnits, or nil; for every owner that takes weights.
+func CheckUnits(n int) error {
+	if n < 1 || n > MaxUnits {
+		return fmt.Errorf("%w: %d (want 1 to %d)", ErrBadUnits, n, MaxUnits)
+	}
+	return nil
+}
+
+// TopFlows is how many flows a queue's report names (slots.QueueStats).
+const TopFlows = 10
 
 // Units returns the units of capacity the hold takes.
 func (h *Hold) Units() int { return int(h.Extra) + 1 }
