@@ -15,8 +15,9 @@
 //	tokens in flight, token budgets per minute      pacing   (AcquireTokens, Budget); a fleet's: registry/fleet (Budget)
 //	a cap learned from the upstream's 429s          pacing   (AdaptiveConfig); a fleet's: registry/fleet (Learn)
 //	what holds the caps, long-held reports          sweep    (Monitor)
-//	"nothing left held" at the end of a test        slots/slotstest
+//	"nothing left held" at the end of a test        slots/slotstest, registry/registrytest
 //	Prometheus metrics (its own module)             sweep/inflightprom
+//	OpenTelemetry metrics and traces (own module)   sweep/inflightotel
 //
 // Every package counts live holders, never a counter that can drift: time
 // never frees a slot, a key with a live holder is never removed, and releasing

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/slots/slotstest"
 )
@@ -15,11 +14,11 @@ type printingTB struct{}
 func (printingTB) Helper()                           {}
 func (printingTB) Errorf(format string, args ...any) { fmt.Println("FAIL") }
 
-func ExampleVerifyRegistry() {
-	reg := registry.New[string](8)
-	s, _ := reg.TryAcquire("org-a")
+func ExampleVerifyLimiter() {
+	lim := slots.NewLimiter(8)
+	s, _ := lim.TryAcquire()
 	s.Release()
-	slotstest.VerifyRegistry(printingTB{}, reg) // in a test: defer slotstest.VerifyRegistry(t, reg)
+	slotstest.VerifyLimiter(printingTB{}, lim) // in a test: defer slotstest.VerifyLimiter(t, lim)
 	fmt.Println("nothing left held")
 	// Output: nothing left held
 }

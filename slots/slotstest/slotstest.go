@@ -1,15 +1,17 @@
 // Package slotstest checks, at the end of a test, that nothing is left
 // holding or waiting for a slot: the goleak of slots.
 //
-//	func TestProxy(t *testing.T) {
-//		reg := registry.New[string](8)
-//		defer slotstest.VerifyRegistry(t, reg)
+//	func TestClient(t *testing.T) {
+//		lim := slots.NewLimiter(8)
+//		defer slotstest.VerifyLimiter(t, lim)
 //		...
 //	}
 //
 // A release may still be on its way when the test body returns (a response
 // body closed by another goroutine, a context's end seen by a watcher), so
 // the checks retry for a short while, as goleak does, before they fail.
+// Eventually does the same for a check of your own; package
+// registry/registrytest checks a Registry.
 //
 // A Recorder keeps the events an Observer is told, for a test that checks
 // what its metrics or traces would see.
@@ -22,7 +24,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -39,7 +40,7 @@ const Patience = 2 * time.Second
 // waiter (within Patience).
 func VerifyLimiter(t TB, l *slots.Limiter) {
 	t.Helper()
-	if msg := settle(func() string {
+	Eventually(t, func() string {
 		st := l.Stats()
 		if st.InFlight == 0 && st.Waiting == 0 {
 			return ""
@@ -51,28 +52,15 @@ func VerifyLimiter(t TB, l *slots.Limiter) {
 			fmt.Fprintf(&b, "\n\tslot %d held for %v", h.ID, now.Sub(h.AcquiredAt).Round(time.Millisecond))
 		}
 		return b.String()
-	}); msg != "" {
-		t.Errorf("%s", msg)
-	}
+	})
 }
 
-// VerifyRegistry fails t, listing what remains, unless r tracks no key: no
-// holder and no waiter on any key (within Patience).
-func VerifyRegistry[K comparable](t TB, r *registry.Registry[K]) {
+// Eventually fails t with check's last report unless check reports ""
+// within Patience. check describes what is left ("" for nothing); it is
+// called again, after a short pause, while it reports something.
+func Eventually(t TB, check func() string) {
 	t.Helper()
-	if msg := settle(func() string {
-		st := r.Stats()
-		if st.Keys == 0 {
-			return ""
-		}
-		var b strings.Builder
-		fmt.Fprintf(&b, "slotstest: registry tracks %d keys: %d held, %d waiting", st.Keys, st.InFlight, st.Waiting)
-		now := time.Now()
-		for _, h := range r.Holders(nil) {
-			fmt.Fprintf(&b, "\n\tkey %v: slot %d held for %v", h.Key, h.ID, now.Sub(h.AcquiredAt).Round(time.Millisecond))
-		}
-		return b.String()
-	}); msg != "" {
+	if msg := settle(check); msg != "" {
 		t.Errorf("%s", msg)
 	}
 }

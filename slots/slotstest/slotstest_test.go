@@ -7,7 +7,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/slots/slotstest"
 )
@@ -20,25 +19,22 @@ func (r *recorder) Errorf(format string, args ...any) {
 	r.errs = append(r.errs, fmt.Sprintf(format, args...))
 }
 
-func TestVerifyRegistry(t *testing.T) {
-	reg := registry.New[string](2)
+// TestEventually: a check of one's own is retried until it reports
+// nothing, and its last report fails the test otherwise.
+func TestEventually(t *testing.T) {
 	var rec recorder
-	slotstest.VerifyRegistry(&rec, reg)
-	assert.Empty(t, rec.errs, "an idle registry passes")
+	calls := 0
+	slotstest.Eventually(&rec, func() string {
+		if calls++; calls < 3 {
+			return "not yet"
+		}
+		return ""
+	})
+	assert.Empty(t, rec.errs, "it passes once the check reports nothing")
+	assert.Equal(t, 3, calls)
 
-	s, err := reg.TryAcquire("org-a/glm-5")
-	require.NoError(t, err)
-	slotstest.VerifyRegistry(&rec, reg)
-	require.Len(t, rec.errs, 1, "a held slot fails the check")
-	assert.Contains(t, rec.errs[0], "tracks 1 keys: 1 held, 0 waiting")
-	assert.Contains(t, rec.errs[0], fmt.Sprintf("key org-a/glm-5: slot %d held for", s.ID()))
-	s.Release()
-
-	rec.errs = nil
-	s, _ = reg.TryAcquire("late")
-	go s.Release() // a straggler: released by another goroutine
-	slotstest.VerifyRegistry(&rec, reg)
-	assert.Empty(t, rec.errs, "the check waits for a release on its way")
+	slotstest.Eventually(&rec, func() string { return "still held" })
+	assert.Equal(t, []string{"still held"}, rec.errs, "a check that never clears fails with its report")
 }
 
 func TestVerifyLimiter(t *testing.T) {
