@@ -5,47 +5,35 @@ package pacing
 
 import (
 	"context"
-	"errors"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/slots"
 )
 
 // The budgets a Gate names in a refusal's slots.LimitError.Cap; a model's
 // are these with "model_" before them.
 const (
-	CapTokensPerMinute       = "tokens_per_minute"
-	CapInputTokensPerMinute  = "input_tokens_per_minute"
-	CapOutputTokensPerMinute = "output_tokens_per_minute"
+	CapTokensPerMinute       = upstream.CapTokensPerMinute
+	CapInputTokensPerMinute  = upstream.CapInputTokensPerMinute
+	CapOutputTokensPerMinute = upstream.CapOutputTokensPerMinute
 )
+
+// BudgetCap names a budget's part as refusals do: 0 all tokens
+// (CapTokensPerMinute), 1 input, 2 output; "" for another part.
+func BudgetCap(part int) string { return upstream.BudgetCap(part) }
 
 // budgetCaps names the budgets of a lane, in the order of a budgets' array.
 var budgetCaps = [3]string{CapTokensPerMinute, CapInputTokensPerMinute, CapOutputTokensPerMinute}
 
-// BudgetCap names a budget's part as refusals do: 0 all tokens
-// (CapTokensPerMinute), 1 input, 2 output; "" for another part.
-func BudgetCap(part int) string {
-	if part < 0 || part >= len(budgetCaps) {
-		return ""
-	}
-	return budgetCaps[part]
-}
-
 // Tokens is what a request spends: its prompt's tokens (Input) and its
-// answer's (Output). Before it is sent it is an estimate (the prompt
-// counted, and the most it may answer); Settle corrects it with what the
-// upstream reports.
-type Tokens struct {
-	Input  int
-	Output int
-}
+// answer's (Output). Before it is sent it is an estimate; Settle corrects
+// it with what the upstream reports.
+type Tokens = upstream.Tokens
 
-// Total is Input + Output.
-func (t Tokens) Total() int { return t.Input + t.Output }
-
-// part is what t charges the budget at index i of budgetCaps.
-func (t Tokens) part(i int) int64 {
+// partOf is what t charges the budget part i (see BudgetCap).
+func partOf(t Tokens, i int) int64 {
 	switch i {
 	case 1:
 		return int64(t.Input)
@@ -77,7 +65,7 @@ func (gr *grant) unqueue() {
 // ErrOverBudget: a token budget per minute (BudgetLimits) cannot take the
 // request within its wait, or now (a Budget's); the refusal's RetryAfter
 // is when it will have refilled enough.
-var ErrOverBudget = errors.New("pacing: over the token budget")
+var ErrOverBudget = upstream.ErrOverBudget
 
 // overBudgetRejectLocked builds the refusal of a request for ml that the
 // budget name cannot take t before at, more than wait from now. Its
@@ -253,14 +241,4 @@ func (b *budgets) binding(prefix string, t Tokens, after int, now int64) (at int
 		return 0, ""
 	}
 	return at, prefix + budgetCaps[i]
-}
-
-// Check returns the error of a cost no admission can take: a negative
-// part, or a total outside 1..slots.MaxUnits (both wrap
-// slots.ErrBadUnits); nil else.
-func (t Tokens) Check() error {
-	if t.Input < 0 || t.Output < 0 {
-		return core.CheckUnits(-1)
-	}
-	return core.CheckUnits(t.Total())
 }

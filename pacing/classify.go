@@ -9,45 +9,27 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/inflight-go/inflight/pacing/upstream"
 )
 
-// Kind is what an upstream's answer says about its limits.
-type Kind uint8
+// Kind is what an upstream's answer says about its limits (see
+// upstream.Kind for each).
+type Kind = upstream.Kind
 
+// The kinds of answer.
 const (
-	// Other: an answer that says nothing about limits (a 400, a 500).
-	Other Kind = iota
-	// Admitted: the upstream took the request (a 2xx or 3xx).
-	Admitted
-	// Concurrency: refused because too many requests were open at once.
-	// Only this kind moves a learned cap.
-	Concurrency
-	// Rate: refused for requests or tokens per unit of time. It pauses new
-	// starts for its Retry-After; the cap is left as it is.
-	Rate
-	// Overload: the provider as a whole is busy (Anthropic's 529, a 503).
-	// It pauses starts and lowers a learned cap a little.
-	Overload
-	// Quota: the account or key has used its allowance. With a key pool,
-	// the key leaves the pool until its Retry-After (or QuotaPause).
-	Quota
+	Other       = upstream.Other
+	Admitted    = upstream.Admitted
+	Concurrency = upstream.Concurrency
+	Rate        = upstream.Rate
+	Overload    = upstream.Overload
+	Quota       = upstream.Quota
 )
-
-var kindNames = [...]string{"other", "admitted", "concurrency", "rate", "overload", "quota"}
-
-func (k Kind) String() string {
-	if int(k) < len(kindNames) {
-		return kindNames[k]
-	}
-	return "kind(" + strconv.Itoa(int(k)) + ")"
-}
 
 // Verdict is a classified answer: its Kind and how long the upstream asked
 // to wait (0: it did not say).
-type Verdict struct {
-	Kind       Kind
-	RetryAfter time.Duration
-}
+type Verdict = upstream.Verdict
 
 // A Classifier classifies an answer from its status, headers and the first
 // bytes of its body (at most MaxClassifyBody; nil for a 2xx or 3xx).

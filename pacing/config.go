@@ -57,6 +57,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -67,9 +68,9 @@ const (
 	// MaxRequestsPerMinute bounds requests_per_minute: 1000 a second.
 	MaxRequestsPerMinute = 60_000
 	// MaxMS bounds the fields in milliseconds (min_interval_ms,
-	// max_queue_wait_ms): a day. More is surely a mistake, and far more
-	// would overflow a time.Duration.
-	MaxMS = 24 * 60 * 60 * 1000
+	// max_queue_wait_ms, retest_ms): a day. More is surely a mistake, and
+	// far more would overflow a time.Duration.
+	MaxMS = upstream.MaxMS
 )
 
 // On-wait-timeout policies.
@@ -222,11 +223,11 @@ func (c Config) Validate() error {
 	case c.MaxInflightTokens < 0:
 		return bad("max_inflight_tokens", c.MaxInflightTokens, "is negative")
 	}
-	if err := validBudgets("", c.array()); err != nil {
+	if err := upstream.CheckBudgets("", c.BudgetLimits); err != nil {
 		return err
 	}
 	if c.Adaptive != nil {
-		if err := c.Adaptive.validate("adaptive", c.MaxConcurrentRequests); err != nil {
+		if err := c.Adaptive.Check("adaptive", c.MaxConcurrentRequests); err != nil {
 			return err
 		}
 	}
@@ -252,7 +253,7 @@ func (c Config) Validate() error {
 		case k.MaxConcurrentRequests < 0:
 			return bad(field+".max_concurrent_requests", k.MaxConcurrentRequests, "is negative")
 		}
-		if err := validBudgets(field+".", k.array()); err != nil {
+		if err := upstream.CheckBudgets(field+".", k.BudgetLimits); err != nil {
 			return err
 		}
 		seen[k.ID] = true
@@ -265,11 +266,11 @@ func (c Config) Validate() error {
 		if m.MaxInflightTokens < 0 {
 			return bad(field+".max_inflight_tokens", m.MaxInflightTokens, "is negative")
 		}
-		if err := validBudgets(field+".", m.array()); err != nil {
+		if err := upstream.CheckBudgets(field+".", m.BudgetLimits); err != nil {
 			return err
 		}
 		if m.Adaptive != nil {
-			if err := m.Adaptive.validate(field+".adaptive", m.MaxConcurrentRequests); err != nil {
+			if err := m.Adaptive.Check(field+".adaptive", m.MaxConcurrentRequests); err != nil {
 				return err
 			}
 		}
@@ -335,15 +336,4 @@ func (c Config) shares() *core.Shares {
 		sh.Min[cl], sh.Reserved[cl] = s.Min, s.Reserved
 	}
 	return sh
-}
-
-// validBudgets checks the token budgets of a provider or a model, whose
-// fields' paths start with prefix.
-func validBudgets(prefix string, limits [3]int) error {
-	for i, l := range limits {
-		if l < 0 {
-			return bad(prefix+budgetCaps[i], l, "is negative")
-		}
-	}
-	return nil
 }

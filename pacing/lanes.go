@@ -45,7 +45,7 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
 	g.provider.Shares = cfg.shares()
 	g.tok.limit = cfg.MaxInflightTokens
-	g.bud = newBudgets(g.bud, cfg.array())
+	g.bud = newBudgets(g.bud, limitsOf(cfg.BudgetLimits))
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
@@ -63,7 +63,7 @@ func (g *Gate) applyLocked(cfg Config) {
 		ml.configured = true
 		ml.lane.Limit, ml.capCfg = limitOf(m.MaxConcurrentRequests), m.MaxConcurrentRequests
 		ml.tok.limit = m.MaxInflightTokens
-		ml.bud = newBudgets(ml.bud, m.array())
+		ml.bud = newBudgets(ml.bud, limitsOf(m.BudgetLimits))
 		ml.interval = cfg.ModelInterval(name)
 	}
 	// Keys keep their lanes (and so their holders) by id; a key no longer
@@ -76,7 +76,7 @@ func (g *Gate) applyLocked(cfg Config) {
 			kl = &keyLane{id: k.ID}
 		}
 		kl.lane.Limit, kl.configured = limitOf(k.MaxConcurrentRequests), k.MaxConcurrentRequests
-		kl.bud = newBudgets(kl.bud, k.array())
+		kl.bud = newBudgets(kl.bud, limitsOf(k.BudgetLimits))
 		g.keyBudgets = g.keyBudgets || kl.bud != nil
 		g.keys = append(g.keys, kl)
 		pool[k.ID] = kl

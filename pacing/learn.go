@@ -1,42 +1,26 @@
 package pacing
 
 import (
-	"fmt"
 	"log/slog"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
+	"github.com/inflight-go/inflight/pacing/upstream"
 )
 
-// AdaptiveConfig turns on the learned cap: the provider's concurrency cap is
-// learned from what the upstream answers (see Gate.Report) instead of
-// configured. Every field is optional; the section's presence turns
-// learning on. A configured max_concurrent_requests stays a ceiling.
-type AdaptiveConfig struct {
-	// Min is the floor of the learned cap; DefaultAdaptiveMin when left out.
-	Min int `json:"min,omitempty"`
-	// Max is its ceiling: the smaller of this and max_concurrent_requests
-	// when both are set; DefaultAdaptiveMax when neither is.
-	Max int `json:"max,omitempty"`
-	// Initial is where learning starts; DefaultAdaptiveInitial (within
-	// [Min, Max]) when left out.
-	Initial int `json:"initial,omitempty"`
-	// RetestMS is how long a ceiling found by a 429 holds before one
-	// request tests whether it has risen, in milliseconds;
-	// DefaultRetest when left out. Each test that finds the ceiling
-	// unchanged costs one 429: shorter finds a rise sooner and costs more.
-	// While demand stays over the cap, that is a 429 every RetestMS per
-	// learned cap (six a minute at the default), whatever the traffic.
-	RetestMS int64 `json:"retest_ms,omitempty"`
-}
+// AdaptiveConfig turns on the learned cap: the provider's concurrency cap
+// is learned from what the upstream answers (see Gate.Report) instead of
+// configured; a configured max_concurrent_requests stays a ceiling. See
+// upstream.AdaptiveConfig for its fields.
+type AdaptiveConfig = upstream.AdaptiveConfig
 
 // Defaults of AdaptiveConfig.
 const (
-	DefaultAdaptiveMin     = learn.DefaultMin
-	DefaultAdaptiveMax     = learn.DefaultMax
-	DefaultAdaptiveInitial = learn.DefaultInitial
-	DefaultRetest          = learn.DefaultRetest
+	DefaultAdaptiveMin     = upstream.DefaultAdaptiveMin
+	DefaultAdaptiveMax     = upstream.DefaultAdaptiveMax
+	DefaultAdaptiveInitial = upstream.DefaultAdaptiveInitial
+	DefaultRetest          = upstream.DefaultRetest
 	// QuotaPause is how long a key out of quota leaves the pool when the
 	// upstream does not say.
 	QuotaPause = time.Minute
@@ -44,66 +28,14 @@ const (
 	maxPause = 10 * time.Second
 )
 
-func (a *AdaptiveConfig) validate(path string, ceiling int) error {
-	path += "."
-	switch {
-	case a.Min < 0:
-		return bad(path+"min", a.Min, "is negative")
-	case a.Max < 0:
-		return bad(path+"max", a.Max, "is negative")
-	case a.Initial < 0:
-		return bad(path+"initial", a.Initial, "is negative")
-	case a.RetestMS < 0 || a.RetestMS > MaxMS:
-		return bad(path+"retest_ms", a.RetestMS, fmt.Sprintf("is outside [0, %d]", MaxMS))
-	}
-	lo, hi := a.bounds(ceiling)
-	if lo > hi {
-		return bad(path+"min", lo, fmt.Sprintf("is over the ceiling %d", hi))
-	}
-	return nil
-}
-
-// bounds returns the floor and the ceiling of the learned cap under a
-// configured cap (0: none).
-func (a *AdaptiveConfig) bounds(configured int) (floor, ceiling int) {
-	return a.settings().Bounds(configured)
-}
-
-// settings returns a as the learner takes it.
-func (a *AdaptiveConfig) settings() learn.Settings {
-	return learn.Settings{Min: a.Min, Max: a.Max, Initial: a.Initial, Retest: time.Duration(a.RetestMS) * time.Millisecond}
-}
-
-// Validate reports whether a is a valid learning setup under a configured
-// cap (0: none), as Config.Validate reports it for a provider.
-func (a AdaptiveConfig) Validate(configured int) error { return a.validate("adaptive", configured) }
-
-// Learned is the state of a Gate's learned cap.
-type Learned struct {
-	Enabled bool
-	Limit   int // the limit admissions run under now (the floor while the test of a cut is out)
-	Cap     int // the learned cap: starts up to it go without a test
-	Ceiling int // the cap is at most this, as last seen (Max when unknown)
-	// Floor and Max are the bounds the cap moves within: AdaptiveConfig's
-	// Min and Max with their defaults, Max no higher than a configured
-	// max_concurrent_requests. Both are 0 when this cap is not learned.
-	Floor, Max int
-	Changes    uint64 // changes of Cap or Ceiling, the setting of the first included
-	// ByKind counts the grants reported, by the Kind of their verdict.
-	ByKind    [len(kindNames)]uint64
-	PausedFor time.Duration // new starts wait this long for a Retry-After
-	// Keys is each API key's learned cap when a key pool learns (the
-	// fields above are then the provider's configured ones, and zero).
-	Keys map[string]Learned
-	// Models is the learned cap of each model with an adaptive section.
-	Models map[string]Learned
-}
+// Learned is the state of a Gate's learned cap (see upstream.Learned).
+type Learned = upstream.Learned
 
 // adaptive is a Gate's learning and its pauses; under the Gate's lock.
 type adaptive struct {
 	l          *learner // the provider's cap; nil: not learning, or a key pool learns
 	pauseUntil int64    // no start before it (a Retry-After), clock nanos
-	byKind     [len(kindNames)]uint64
+	byKind     [len(Learned{}.ByKind)]uint64
 	onChange   func(LimitChange)
 	seq        uint64        // the number of the last change made
 	pending    []LimitChange // made under the lock, delivered after it, oldest first
@@ -333,21 +265,25 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		path[np].l, path[np].n = g.ad.l, gr.InFlight
 		np++
 	}
-	l, n := path[0].l, path[0].n
-	switch v.Kind {
-	case Admitted:
-		for _, p := range path[:np] {
+	for i, p := range path[:np] {
+		switch learn.Route(learn.Kind(v.Kind), i == 0) {
+		case learn.Proved:
 			p.l.Admitted(p.n, gr.id)
-			p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}
+		case learn.Cut:
+			p.l.Refused(p.n, gr.id, gr.at, now, g.seq)
+		case learn.Eased:
+			p.l.Overloaded(gr.id, g.seq)
+		case learn.Withdrawn:
+			p.l.Inconclusive(p.n, gr.id)
+			continue
+		default:
+			continue
 		}
-	case Concurrency:
-		if l != nil {
-			l.Refused(n, gr.id, gr.at, now, g.seq)
-			l.ev = Evidence{Kind: v.Kind, InFlight: n}
-		}
-		for i := 1; i < np; i++ {
-			path[i].l.Inconclusive(path[i].n, gr.id)
-		}
+		p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}
+	}
+	// What the caps are not told: a rate limit or an overload pauses new
+	// starts, a quota takes the key out of the pool.
+	switch v.Kind {
 	case Rate, Overload:
 		d := v.RetryAfter
 		if d <= 0 {
@@ -359,17 +295,6 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		} else if kl := g.keyByID[gr.Key]; kl != nil {
 			kl.outUntil = max(kl.outUntil, until) // the key's allowance, not the others'
 		} // a key no longer in the pool gets no more starts to pause
-		if v.Kind == Overload && l != nil {
-			l.Overloaded(gr.id, g.seq)
-			l.ev = Evidence{Kind: v.Kind, InFlight: n}
-		}
-	case Other:
-		// A failed exchange, or an answer about something else: no
-		// evidence, and a probe it was is withdrawn, not presumed
-		// admitted once its gap has passed.
-		for _, p := range path[:np] {
-			p.l.Inconclusive(p.n, gr.id)
-		}
 	case Quota:
 		if kl := g.keyByID[gr.Key]; kl != nil {
 			d := v.RetryAfter

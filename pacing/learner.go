@@ -24,11 +24,11 @@ type learner struct {
 }
 
 func newLearner(a *AdaptiveConfig, configured int) *learner {
-	return &learner{Cap: *a.settings().New(configured)}
+	return &learner{Cap: *learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS).New(configured)}
 }
 
 func (l *learner) configure(a *AdaptiveConfig, configured int) {
-	a.settings().Configure(&l.Cap, configured)
+	learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS).Configure(&l.Cap, configured)
 }
 
 // stop stops the timer; a nil learner has none.

@@ -6,21 +6,16 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/slots"
 )
 
-// BudgetLimits are token budgets per minute, of a Config, a model, an
-// API key or a Budget: TokensPerMinute counts a request's tokens in all,
-// InputTokensPerMinute and OutputTokensPerMinute its prompt's and its
-// answer's apart, for a provider that counts them so. 0 leaves one out.
-type BudgetLimits struct {
-	TokensPerMinute       int `json:"tokens_per_minute,omitempty"`
-	InputTokensPerMinute  int `json:"input_tokens_per_minute,omitempty"`
-	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
-}
+// BudgetLimits are token budgets per minute, of a Config, a model, an API
+// key or a Budget (see upstream.BudgetLimits): 0 leaves one out.
+type BudgetLimits = upstream.BudgetLimits
 
-// array is l indexed as budgetCaps.
-func (l BudgetLimits) array() [3]int {
+// limitsOf is l indexed as BudgetCap names its parts.
+func limitsOf(l BudgetLimits) [3]int {
 	return [3]int{l.TokensPerMinute, l.InputTokensPerMinute, l.OutputTokensPerMinute}
 }
 
@@ -39,10 +34,10 @@ type Budget struct {
 // NewBudget returns a Budget with those limits. Its clock is the real
 // one, or clk (a mock, in tests) when given.
 func NewBudget(limits BudgetLimits, clk ...clock.Clock) (*Budget, error) {
-	l := limits.array()
-	if err := validBudgets("", l); err != nil {
+	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
+	l := limitsOf(limits)
 	b := &Budget{b: newBudgets(nil, l), clk: clockx.New(nil)}
 	if len(clk) > 0 && clk[0] != nil {
 		b.clk = clockx.New(clk[0])

@@ -157,7 +157,7 @@ func (b *budgets) fitAt(t Tokens, extra [3]int64, now int64) (at int64, which in
 	which = -1
 	for i := range b.w {
 		w := &b.w[i]
-		c, more := t.part(i)+extra[i], int64(0)
+		c, more := partOf(t, i)+extra[i], int64(0)
 		if w.limit > 0 && extra[i] > 0 && c > w.limit {
 			more = (c - 1) / w.limit
 			c -= more * w.limit
@@ -178,7 +178,7 @@ func (b *budgets) charge(t Tokens, now int64) {
 		return
 	}
 	for i := range b.w {
-		b.w[i].charge(t.part(i), now)
+		b.w[i].charge(partOf(t, i), now)
 	}
 }
 
@@ -190,10 +190,10 @@ func (b *budgets) correct(s int64, was, is Tokens, reported bool, now int64) {
 		return
 	}
 	for i := range b.w {
-		b.w[i].correct(s, is.part(i)-was.part(i), now)
+		b.w[i].correct(s, partOf(is, i)-partOf(was, i), now)
 		if reported {
-			b.estSum[i] = b.estSum[i]*ratioDecay + float64(was.part(i))
-			b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(is.part(i))
+			b.estSum[i] = b.estSum[i]*ratioDecay + float64(partOf(was, i))
+			b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(partOf(is, i))
 		}
 	}
 }
@@ -216,7 +216,7 @@ func (b *budgets) queue(t Tokens, sign int64) {
 		return
 	}
 	for i := range b.w {
-		b.w[i].queued += sign * t.part(i)
+		b.w[i].queued += sign * partOf(t, i)
 	}
 }
 
@@ -232,7 +232,7 @@ func (b *budgets) waiting(told bool, now int64) (q [3]int64) {
 	for i := range b.w {
 		q[i] = b.w[i].queued
 		if told {
-			q[i] += b.toldSum.part(i)
+			q[i] += partOf(b.toldSum, i)
 		}
 		q[i] = int64(float64(q[i]) * b.ratio(i))
 	}

@@ -2,7 +2,7 @@ package learn
 
 import "time"
 
-// Defaults of Settings.
+// Defaults of Settings (upstream.AdaptiveConfig's).
 const (
 	DefaultMin     = 1
 	DefaultMax     = 1024
@@ -15,6 +15,12 @@ const (
 type Settings struct {
 	Min, Max, Initial int
 	Retest            time.Duration
+}
+
+// FromMS returns the settings of a configuration's fields (an
+// upstream.AdaptiveConfig's), the retest in milliseconds.
+func FromMS(min, max, initial int, retestMS int64) Settings {
+	return Settings{Min: min, Max: max, Initial: initial, Retest: time.Duration(retestMS) * time.Millisecond}
 }
 
 // Bounds returns the floor and the ceiling of the cap under a configured cap

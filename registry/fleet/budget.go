@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -81,14 +81,14 @@ const DefaultBudgetTimeout = 500 * time.Millisecond
 // that names it so shares it), with limits. The limits are each
 // process's to say: processes should agree. A timeout of 0 is
 // DefaultBudgetTimeout.
-func NewBudget(store driver.Store, name string, limits pacing.BudgetLimits, timeout time.Duration) (*Budget, error) {
+func NewBudget(store driver.Store, name string, limits upstream.BudgetLimits, timeout time.Duration) (*Budget, error) {
 	if store == nil {
 		return nil, errors.New("fleet: NewBudget: nil store")
 	}
 	if err := validOverrideName(name); err != nil {
 		return nil, fmt.Errorf("fleet: budget %w", err)
 	}
-	if _, err := pacing.NewBudget(limits); err != nil {
+	if err := limits.Validate(); err != nil {
 		return nil, err
 	}
 	if timeout <= 0 {
@@ -129,7 +129,7 @@ func (r *BudgetReservation) Left() (left, limits [3]int) {
 // the timeout) it returns an error wrapping ErrUnavailable, and what
 // follows is the caller's to choose. t is checked as pacing.Budget's
 // Reserve checks it.
-func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservation, error) {
+func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReservation, error) {
 	if err := t.Check(); err != nil {
 		return nil, err
 	}
@@ -144,7 +144,7 @@ func (b *Budget) Reserve(ctx context.Context, t pacing.Tokens) (*BudgetReservati
 		if res.At > res.Now {
 			after = time.Duration(res.At-res.Now) * time.Millisecond
 		}
-		return nil, &slots.LimitError{Err: pacing.ErrOverBudget, Key: b.key, Cap: pacing.BudgetCap(i),
+		return nil, &slots.LimitError{Err: upstream.ErrOverBudget, Key: b.key, Cap: upstream.BudgetCap(i),
 			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: b.spread(cost, max(after, time.Millisecond))}
 	}
 	return &BudgetReservation{b: b, cost: cost, step: res.Step, used: res.Used}, nil
@@ -172,7 +172,7 @@ func (r *BudgetReservation) Start(ctx context.Context) error {
 // first Settle or Cancel counts (call them from one goroutine); a nil
 // reservation does nothing. It returns the store's error, after which the
 // estimate stands.
-func (r *BudgetReservation) Settle(ctx context.Context, used pacing.Tokens) error {
+func (r *BudgetReservation) Settle(ctx context.Context, used upstream.Tokens) error {
 	in, out := int64(min(max(used.Input, 0), slots.MaxUnits)), int64(min(max(used.Output, 0), slots.MaxUnits))
 	return r.correct(ctx, [3]int64{in + out, in, out})
 }

@@ -23,14 +23,14 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// upstream is a fake provider that counts the requests it serves at once,
+// fakeUpstream is a fake provider that counts the requests it serves at once,
 // on its own, and holds each for a moment.
-type upstream struct {
+type fakeUpstream struct {
 	cur, peak, served atomic.Int64
 	hold              time.Duration
 }
 
-func (u *upstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+func (u *fakeUpstream) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := u.cur.Add(1)
 	defer u.cur.Add(-1)
 	for p := u.peak.Load(); n > p && !u.peak.CompareAndSwap(p, n); p = u.peak.Load() {
@@ -69,7 +69,7 @@ func callThrough(url string, n int, acquire func(context.Context) (*slots.Slot, 
 // upstream never sees more than 8 at once, and every request completes.
 func TestFleetThreeReplicas(t *testing.T) {
 	srv := redistest.Start(t)
-	up := &upstream{hold: 2 * time.Millisecond}
+	up := &fakeUpstream{hold: 2 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
 	var replicas []*Registry[string]
@@ -121,7 +121,7 @@ func TestFleetThreeProcesses(t *testing.T) {
 		t.Skip("in a child process")
 	}
 	srv := redistest.Start(t)
-	up := &upstream{hold: 3 * time.Millisecond}
+	up := &fakeUpstream{hold: 3 * time.Millisecond}
 	hs := httptest.NewServer(up)
 	defer hs.Close()
 	var wg sync.WaitGroup

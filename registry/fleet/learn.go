@@ -9,7 +9,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -56,7 +56,7 @@ type learning struct {
 	// answers reported, by kind.
 	told    [2]int
 	changes uint64
-	answers pacing.Learned
+	answers upstream.Learned
 }
 
 // eventKind is what a learnEvent tells.
@@ -136,7 +136,7 @@ type learnChange struct {
 // valid (see WithMaxKeyBytes) or its name is not UTF-8 (the stored state
 // names it in JSON) or starts with a NUL and "overrides/" (the name of an
 // Overrides' record), or with ErrClosed.
-func (r *Registry[K]) Learn(key K, a pacing.AdaptiveConfig) error {
+func (r *Registry[K]) Learn(key K, a upstream.AdaptiveConfig) error {
 	if err := r.validKey(key); err != nil {
 		return err
 	}
@@ -153,7 +153,7 @@ func (r *Registry[K]) Learn(key K, a pacing.AdaptiveConfig) error {
 	return nil
 }
 
-func (r *Registry[K]) learnLocked(key K, a pacing.AdaptiveConfig) error {
+func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
 	if r.closed {
@@ -163,13 +163,13 @@ func (r *Registry[K]) learnLocked(key K, a pacing.AdaptiveConfig) error {
 	if err := a.Validate(configured); err != nil {
 		return fmt.Errorf("fleet: Learn %s: %w", r.keyName(key), err)
 	}
-	s := learn.Settings{Min: a.Min, Max: a.Max, Initial: a.Initial, Retest: time.Duration(a.RetestMS) * time.Millisecond}
+	s := learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS)
 	lk := r.learning[key]
 	if lk == nil {
 		name := r.keyName(key)
 		lk = &learning{name: name, cap: *s.New(configured), applied: -1}
 		lk.base, lk.told = lk.cap, [2]int{lk.cap.Lo, lk.cap.Hi}
-		lk.changes = 1 // the first setting, as pacing.Learned counts it
+		lk.changes = 1 // the first setting, as upstream.Learned counts it
 		if r.learning == nil {
 			r.learning, r.learnedBy = map[K]*learning{}, map[string]K{}
 		}
@@ -266,7 +266,7 @@ func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
 // the call timeout, and the other processes take it as its message
 // arrives: so s's release, which follows, lets few of them start another
 // request under the cap they knew.
-func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
+func (r *Registry[K]) Report(s *slots.Slot, v upstream.Verdict) {
 	if s == nil || s.Bypassed() {
 		return
 	}
@@ -289,7 +289,7 @@ func (r *Registry[K]) Report(s *slots.Slot, v pacing.Verdict) {
 
 // reportLocked applies the verdict v on l to its learned keys, and returns
 // the keys whose caps changed and whether one was cut.
-func (r *Registry[K]) reportLocked(l *lease[K], v pacing.Verdict) (changed []K, cut bool) {
+func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K, cut bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.closed || l.answered || l.start.counts == nil || len(r.learning) == 0 {
@@ -313,14 +313,14 @@ func (r *Registry[K]) reportLocked(l *lease[K], v pacing.Verdict) (changed []K, 
 		}
 		e := ev
 		e.n = int(l.start.counts[i])
-		switch {
-		case v.Kind == pacing.Admitted:
+		switch learn.Route(learn.Kind(v.Kind), i == last) {
+		case learn.Proved:
 			e.kind = evAdmitted
-		case v.Kind == pacing.Concurrency && i == last:
+		case learn.Cut:
 			e.kind = evRefused
-		case v.Kind == pacing.Overload && i == last:
+		case learn.Eased:
 			e.kind = evOverloaded
-		case v.Kind == pacing.Concurrency, v.Kind == pacing.Other:
+		case learn.Withdrawn:
 			e.kind = evInconclusive
 		default:
 			continue // a rate limit, a quota: not about this cap (a Gate pauses for them)
@@ -388,12 +388,12 @@ func (r *Registry[K]) logLearned() {
 
 // Learned returns the state of key's learned cap (Enabled false if it is
 // not learned), as this process knows it, and the answers it reported.
-func (r *Registry[K]) Learned(key K) pacing.Learned {
+func (r *Registry[K]) Learned(key K) upstream.Learned {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	lk := r.learning[key]
 	if lk == nil {
-		return pacing.Learned{}
+		return upstream.Learned{}
 	}
 	st := lk.answers
 	st.Enabled = true

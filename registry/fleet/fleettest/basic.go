@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -224,7 +224,7 @@ func liveLimits(t *testing.T, srv Server) {
 func learnedCapShared(t *testing.T, srv Server) {
 	rs := processes(t, srv, "learn", 2, 100)
 	for _, r := range rs {
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+		require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	}
 	var held []*slots.Slot
 	for range 5 {
@@ -232,7 +232,7 @@ func learnedCapShared(t *testing.T, srv Server) {
 		require.NoError(t, err)
 		held = append(held, s)
 	}
-	rs[0].Report(held[4], pacing.Verdict{Kind: pacing.Concurrency})
+	rs[0].Report(held[4], upstream.Verdict{Kind: upstream.Concurrency})
 	require.Eventually(t, func() bool { return rs[1].Learned("p").Cap == 4 }, wait, 5*time.Millisecond, "the other process learns the cut")
 	for _, s := range held {
 		s.Release()

@@ -9,7 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
@@ -17,7 +17,7 @@ import (
 
 // budgets returns the budget name with limits as each of n processes of
 // the fleet fleetName on srv sees it.
-func budgets(t *testing.T, srv Server, fleetName, name string, limits pacing.BudgetLimits, n int) []*fleet.Budget {
+func budgets(t *testing.T, srv Server, fleetName, name string, limits upstream.BudgetLimits, n int) []*fleet.Budget {
 	t.Helper()
 	bs := make([]*fleet.Budget, n)
 	for i := range bs {
@@ -37,16 +37,16 @@ func budgets(t *testing.T, srv Server, fleetName, name string, limits pacing.Bud
 func budgetShared(t *testing.T, srv Server) {
 	ctx := context.Background()
 	name := "budgets"
-	bs := budgets(t, srv, name, "provider", pacing.BudgetLimits{TokensPerMinute: 1000, OutputTokensPerMinute: 400}, 2)
+	bs := budgets(t, srv, name, "provider", upstream.BudgetLimits{TokensPerMinute: 1000, OutputTokensPerMinute: 400}, 2)
 	a, b := bs[0], bs[1]
 
-	ra, err := a.Reserve(ctx, pacing.Tokens{Input: 300, Output: 300})
+	ra, err := a.Reserve(ctx, upstream.Tokens{Input: 300, Output: 300})
 	require.NoError(t, err)
-	_, err = b.Reserve(ctx, pacing.Tokens{Input: 100, Output: 200})
-	require.ErrorIs(t, err, pacing.ErrOverBudget, "the other process sees the output budget's 300")
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 100, Output: 200})
+	require.ErrorIs(t, err, upstream.ErrOverBudget, "the other process sees the output budget's 300")
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le)
-	assert.Equal(t, pacing.CapOutputTokensPerMinute, le.Cap)
+	assert.Equal(t, upstream.CapOutputTokensPerMinute, le.Cap)
 	assert.Equal(t, 300, le.InFlight)
 	assert.Equal(t, 400, le.Limit)
 	assert.Greater(t, le.RetryAfter, 58*time.Second)
@@ -55,8 +55,8 @@ func budgetShared(t *testing.T, srv Server) {
 	require.NoError(t, err)
 	assert.Equal(t, [3]int{600, 300, 300}, used, "the refusal charged nothing")
 
-	require.NoError(t, ra.Settle(ctx, pacing.Tokens{Input: 300, Output: 50}))
-	rb, err := b.Reserve(ctx, pacing.Tokens{Input: 100, Output: 200})
+	require.NoError(t, ra.Settle(ctx, upstream.Tokens{Input: 300, Output: 50}))
+	rb, err := b.Reserve(ctx, upstream.Tokens{Input: 100, Output: 200})
 	require.NoError(t, err, "what the first did not use came back")
 	require.NoError(t, rb.Cancel(ctx))
 	used, err = a.Used(ctx)
@@ -65,7 +65,7 @@ func budgetShared(t *testing.T, srv Server) {
 
 	// Start moves a charge to the second its request starts in: in the
 	// second it was reserved in, it changes nothing.
-	rs, err := a.Reserve(ctx, pacing.Tokens{Input: 10})
+	rs, err := a.Reserve(ctx, upstream.Tokens{Input: 10})
 	require.NoError(t, err)
 	require.NoError(t, rs.Start(ctx))
 	used, err = b.Used(ctx)
@@ -91,26 +91,26 @@ func budgetShared(t *testing.T, srv Server) {
 		assert.Equal(t, res2.Used, res3.Used, "a move within the second changes nothing")
 	}
 
-	big := budgets(t, srv, name, "first", pacing.BudgetLimits{TokensPerMinute: 100}, 1)[0]
-	_, err = big.Reserve(ctx, pacing.Tokens{Input: 5000})
+	big := budgets(t, srv, name, "first", upstream.BudgetLimits{TokensPerMinute: 100}, 1)[0]
+	_, err = big.Reserve(ctx, upstream.Tokens{Input: 5000})
 	require.NoError(t, err, "a budget's first request passes, however large")
-	_, err = big.Reserve(ctx, pacing.Tokens{Input: 1})
-	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	_, err = big.Reserve(ctx, upstream.Tokens{Input: 1})
+	assert.ErrorIs(t, err, upstream.ErrOverBudget)
 
 	const limit, cost = 2000, 7
-	hammer := budgets(t, srv, name, "hammer", pacing.BudgetLimits{TokensPerMinute: limit}, 2)
+	hammer := budgets(t, srv, name, "hammer", upstream.BudgetLimits{TokensPerMinute: limit}, 2)
 	var mu sync.Mutex
 	charged := 0
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
 			for range 60 {
-				_, err := hammer[g%2].Reserve(ctx, pacing.Tokens{Input: cost})
+				_, err := hammer[g%2].Reserve(ctx, upstream.Tokens{Input: cost})
 				if err == nil {
 					mu.Lock()
 					charged += cost
 					mu.Unlock()
-				} else if !assert.ErrorIs(t, err, pacing.ErrOverBudget) {
+				} else if !assert.ErrorIs(t, err, upstream.ErrOverBudget) {
 					return
 				}
 			}

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -55,7 +55,7 @@ func overridesShared(t *testing.T, srv Server) {
 	a, _ := overrides(t, srv, "orgs")
 	b, bSaw := overrides(t, srv, "orgs")
 	learner := process(t, srv, "overrides", 100)
-	require.NoError(t, learner.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, learner.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 
 	require.NoError(t, a.Set(ctx, "org-a", 1))
 	n, ok := a.Get("org-a")

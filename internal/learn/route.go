@@ -1,0 +1,59 @@
+package learn
+
+// Kind is what an upstream's answer says about its limits; upstream.Kind
+// declares its values from these.
+type Kind uint8
+
+// The kinds of answer, in upstream.Kind's order.
+const (
+	KindOther Kind = iota
+	KindAdmitted
+	KindConcurrency
+	KindRate
+	KindOverload
+	KindQuota
+)
+
+// Step is what one answer tells one learned cap on its request's path.
+type Step uint8
+
+const (
+	// Nothing: the answer is not about this cap (a rate limit, a quota:
+	// the caller pauses for those).
+	Nothing Step = iota
+	// Proved: the upstream took the request under this cap (Cap.Admitted).
+	Proved
+	// Cut: refused for concurrency, and laid to this cap (Cap.Refused).
+	Cut
+	// Eased: the provider is overloaded; this cap comes down a little
+	// (Cap.Overloaded).
+	Eased
+	// Withdrawn: the answer proves nothing of this cap; a test of it the
+	// request was is withdrawn (Cap.Inconclusive).
+	Withdrawn
+)
+
+// Route is the one rule by which an answer of kind k reaches the learned
+// caps a request was admitted under (a provider's, an API key's, a
+// model's; a fleet's keys): an admission proves each of them, a refusal is
+// laid to the most specific one (specific) and proves nothing of the
+// others, and an answer about something else proves nothing. The pacing
+// Gate and a fleet Registry both route their reports by it.
+func Route(k Kind, specific bool) Step {
+	switch k {
+	case KindAdmitted:
+		return Proved
+	case KindConcurrency:
+		if specific {
+			return Cut
+		}
+		return Withdrawn
+	case KindOverload:
+		if specific {
+			return Eased
+		}
+	case KindOther:
+		return Withdrawn
+	}
+	return Nothing
+}

@@ -1,0 +1,31 @@
+package learn
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+)
+
+// TestRoute states the rule for every kind of answer, for the most specific
+// learned cap of a request and for the others.
+func TestRoute(t *testing.T) {
+	cases := []struct {
+		kind             Kind
+		specific, others Step
+	}{
+		{KindAdmitted, Proved, Proved},
+		{KindConcurrency, Cut, Withdrawn},
+		{KindOverload, Eased, Nothing},
+		{KindOther, Withdrawn, Withdrawn},
+		{KindRate, Nothing, Nothing},
+		{KindQuota, Nothing, Nothing},
+		{Kind(200), Nothing, Nothing},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprint(c.kind), func(t *testing.T) {
+			assert.Equal(t, c.specific, Route(c.kind, true), "the most specific cap")
+			assert.Equal(t, c.others, Route(c.kind, false), "the others")
+		})
+	}
+}
