@@ -114,10 +114,12 @@ type Config struct {
 	// "batch") a part of the provider cap; see slots.Share.
 	Shares map[string]ShareConfig `json:"shares,omitempty"`
 	// MaxQueuePerFlow bounds the requests of one flow (slots.WithFlow, for
-	// example an org) waiting at once. Requests without a flow form the flow
-	// "", so without flows it bounds the whole queue. 0 (the default) means
-	// only MaxQueue applies.
-	MaxQueuePerFlow int `json:"max_queue_per_flow,omitempty"`
+	// example an org) waiting at once, as slots.WithMaxQueuePerFlow does:
+	// 0 lets none of a flow's requests wait (a request that cannot start at
+	// once is refused); left out (nil), only MaxQueue applies. Requests
+	// without a flow form the flow "", so without flows it bounds the whole
+	// queue.
+	MaxQueuePerFlow *int `json:"max_queue_per_flow,omitempty"`
 	// Adaptive, if present, learns the provider's cap from the upstream's
 	// answers (see AdaptiveConfig); MaxConcurrentRequests is then its
 	// ceiling and may be left out.
@@ -218,8 +220,8 @@ func (c Config) Validate() error {
 		return bad("max_queue_wait_ms", c.MaxQueueWaitMS, fmt.Sprintf("is over %d (a day)", MaxMS))
 	case c.OnWaitTimeout != "" && c.OnWaitTimeout != Reject && c.OnWaitTimeout != Proceed:
 		return bad("on_wait_timeout", fmt.Sprintf("%q", c.OnWaitTimeout), `is neither "reject" nor "proceed"`)
-	case c.MaxQueuePerFlow < 0:
-		return bad("max_queue_per_flow", c.MaxQueuePerFlow, "is negative")
+	case c.MaxQueuePerFlow != nil && *c.MaxQueuePerFlow < 0:
+		return bad("max_queue_per_flow", *c.MaxQueuePerFlow, "is negative")
 	case c.MaxInflightTokens < 0:
 		return bad("max_inflight_tokens", c.MaxInflightTokens, "is negative")
 	}

@@ -124,13 +124,12 @@ type Grant struct {
 // A GateOption configures a Gate: slots.WithClock (for tests),
 // slots.WithLogger and slots.WithObserver (events for metrics, as a
 // Limiter's). How long and how many wait is the Config's (MaxQueue,
-// MaxQueueWait, OnWaitTimeout), so the other options of package slots are
-// refused.
-type GateOption = slots.Option
+// MaxQueueWait, OnWaitTimeout): the wait options of package slots are not
+// GateOptions, and do not compile here.
+type GateOption = slots.BaseOption
 
 // NewGate returns a Gate for the provider name under cfg, or cfg's
-// validation error. It panics if an option is one that Config sets or a
-// Gate does not take (see GateOption).
+// validation error.
 func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -140,9 +139,6 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 		o.Apply(&st)
 	}
 	p := st.Policy
-	if st.RegistryOnly != "" || p.MaxWait != 0 || p.BoundQueue || p.FailOpen || p.BoundFlowQueue || p.Shares != nil || p.LeakCheck {
-		panic("pacing: NewGate takes slots.WithClock, slots.WithLogger and slots.WithObserver; the waits are set in Config")
-	}
 	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
 	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer}
 	g.eng.Init("pacing")
@@ -251,7 +247,7 @@ func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, erro
 	g.dispatchLocked(now, &wk)
 	granted := w.State == core.Granted
 	if !granted && (g.provider.Waiters.Len() > g.cfg.QueueLimit() ||
-		g.cfg.MaxQueuePerFlow > 0 && g.provider.Waiters.FlowLen(place.Flow) > g.cfg.MaxQueuePerFlow) {
+		g.cfg.MaxQueuePerFlow != nil && g.provider.Waiters.FlowLen(place.Flow) > *g.cfg.MaxQueuePerFlow) {
 		// The queue (or the caller's flow) was full and this request
 		// cannot start now: the newest is turned away (one that can start
 		// is never queued).

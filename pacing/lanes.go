@@ -40,6 +40,9 @@ func limitOf(n int) int {
 
 // applyLocked installs cfg's limits and spacing; lanes keep their holders.
 func (g *Gate) applyLocked(cfg Config) {
+	if n := cfg.MaxQueuePerFlow; n != nil { // the Gate's own, not the caller's to change
+		cfg.MaxQueuePerFlow = &[]int{*n}[0]
+	}
 	g.cfg = cfg
 	g.interval = cfg.Interval()
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)

@@ -3,11 +3,13 @@ package pacing_test
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -85,18 +87,31 @@ func TestGateEventsCarryTheCallersContext(t *testing.T) {
 	})
 }
 
-// TestNewGateRefusesWaitOptions: the waits of a Gate are its Config's, so
-// a wait option of package slots is a mistake, answered at once.
-func TestNewGateRefusesWaitOptions(t *testing.T) {
+// TestGateOptionsAreTyped: the waits of a Gate are its Config's, so a
+// wait option of package slots is not a GateOption: passing one to NewGate
+// does not compile. Only the options every owner takes are.
+func TestGateOptionsAreTyped(t *testing.T) {
+	gateOption := reflect.TypeFor[pacing.GateOption]()
 	for name, o := range map[string]slots.Option{
-		"max wait":  slots.WithMaxWait(time.Second),
-		"max queue": slots.WithMaxQueue(3),
-		"fail open": slots.WithFailOpen(),
-		"share":     slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}),
-		"leaks":     slots.WithLeakDetection(),
+		"max wait":   slots.WithMaxWait(time.Second),
+		"max queue":  slots.WithMaxQueue(3),
+		"per-flow":   slots.WithMaxQueuePerFlow(1),
+		"fail open":  slots.WithFailOpen(),
+		"share":      slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}),
+		"leaks":      slots.WithLeakDetection(),
+		"leak sites": slots.WithLeakSites(),
 	} {
-		assert.Panics(t, func() { _, _ = pacing.NewGate("zai", pacing.Config{}, o) }, name)
+		assert.False(t, reflect.TypeOf(o).Implements(gateOption), "%s is no GateOption", name)
 	}
+	for name, o := range map[string]slots.Option{
+		"clock":    slots.WithClock(clock.NewMock()),
+		"logger":   slots.WithLogger(nil),
+		"observer": slots.WithObserver(nil),
+	} {
+		assert.True(t, reflect.TypeOf(o).Implements(gateOption), "%s is a GateOption", name)
+	}
+	_, err := pacing.NewGate("zai", pacing.Config{}, slots.WithLogger(nil), slots.WithObserver(nil))
+	assert.NoError(t, err)
 }
 
 // TestGateEventDurationsAreNeverNegative: on the real clock, a hold's and a

@@ -96,6 +96,48 @@ func TestGateSharesAndFlowQueue(t *testing.T) {
 	})
 }
 
+// TestPerFlowBoundZeroMeansNoneWait: max_queue_per_flow 0 means what
+// slots.WithMaxQueuePerFlow(0) means, that none of a flow's requests may
+// wait (a request that cannot start at once is refused); left out, only
+// max_queue bounds the flow. A Limiter under the same bound answers alike.
+func TestPerFlowBoundZeroMeansNoneWait(t *testing.T) {
+	acme := slots.WithFlow(context.Background(), "acme")
+	admit := func(t *testing.T, acquire func(context.Context) (*slots.Slot, error)) error {
+		t.Helper()
+		held, err := acquire(acme)
+		require.NoError(t, err, "the first starts at once")
+		defer held.Release()
+		ctx, cancel := context.WithTimeout(acme, 10*time.Millisecond)
+		defer cancel()
+		s, err := acquire(ctx) // the cap is full: it would have to wait
+		if err == nil {
+			s.Release()
+		}
+		return err
+	}
+	testrig.Bubble(t, func(t *testing.T) {
+		for _, c := range []struct {
+			json string
+			want error
+		}{
+			{`{"max_concurrent_requests":1,"max_queue_per_flow":0}`, slots.ErrQueueFull},
+			{`{"max_concurrent_requests":1}`, slots.ErrWaitTimeout},
+		} {
+			cfg, err := pacing.Parse([]byte(c.json))
+			require.NoError(t, err)
+			cfg.MaxQueueWaitMS = 5
+			g := newGate(t, cfg)
+			err = admit(t, func(ctx context.Context) (*slots.Slot, error) {
+				gr, err := g.Acquire(ctx, "m")
+				return gr.Slot, err
+			})
+			assert.ErrorIs(t, err, c.want, "gate %s", c.json)
+		}
+		lim := slots.NewLimiter(1, slots.WithMaxQueuePerFlow(0), slots.WithMaxWait(5*time.Millisecond))
+		assert.ErrorIs(t, admit(t, lim.Acquire), slots.ErrQueueFull, "a Limiter with WithMaxQueuePerFlow(0)")
+	})
+}
+
 func TestConfigSharesValidate(t *testing.T) {
 	for _, bad := range []string{
 		`{"shares":{"urgent":{"min":1}}}`,

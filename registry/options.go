@@ -5,28 +5,21 @@ import (
 	"fmt"
 
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/slots"
 )
 
-// An Option configures a Registry: the wait options of package slots
+// An Option configures a Registry: any option of package slots
 // (slots.WithMaxWait, slots.WithObserver, ...), which a Registry takes as a
 // Limiter does, or this package's own (WithShards, WithMaxKeyBytes), which
-// a Limiter refuses.
-type Option = slots.Option
-
-// registryOption is an option of a Registry alone, named for the panic of a
-// Limiter given it.
-type registryOption struct {
-	name string
-	set  func(*core.Settings)
+// a Limiter does not take.
+type Option interface {
+	// Apply is for this module's packages; use the With functions.
+	Apply(*core.Settings)
 }
 
-func (o registryOption) Apply(s *core.Settings) {
-	if s.RegistryOnly == "" {
-		s.RegistryOnly = o.name
-	}
-	o.set(s)
-}
+// registryOption is an option of a Registry alone.
+type registryOption func(*core.Settings)
+
+func (o registryOption) Apply(s *core.Settings) { o(s) }
 
 // DefaultShards is the number of lock shards unless WithShards says otherwise.
 const DefaultShards = 64
@@ -44,7 +37,7 @@ func WithShards(n int) Option {
 	if n < 1 {
 		panic(fmt.Sprintf("registry: WithShards(%d): need at least one shard", n))
 	}
-	return registryOption{"registry.WithShards", func(s *core.Settings) { s.Shards = n }}
+	return registryOption(func(s *core.Settings) { s.Shards = n })
 }
 
 // WithMaxKeyBytes bounds the length of keys whose type is a string type:
@@ -52,7 +45,7 @@ func WithShards(n int) Option {
 // is DefaultMaxKeyBytes; n <= 0 removes the bound. Other key types are hashed
 // and compared as Go map keys are, at a cost that grows with their size.
 func WithMaxKeyBytes(n int) Option {
-	return registryOption{"registry.WithMaxKeyBytes", func(s *core.Settings) { s.MaxKeyBytes = n }}
+	return registryOption(func(s *core.Settings) { s.MaxKeyBytes = n })
 }
 
 // LimitRetention is how many refresh intervals an idle key's fetched limit is

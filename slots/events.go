@@ -21,14 +21,12 @@ const (
 
 // Event is one thing that happened to an admission. It names no key.
 type Event struct {
-	Kind  EventKind
-	Err   error         // EventRejected
-	Wait  time.Duration // EventAcquired, EventBypassed, EventRejected
-	Hold  time.Duration // EventReleased, EventLeaked; to about 10 ms
-	Units int           // what it weighs; 0 on EventRejected and EventDoubleRelease
-	// Context is Acquire's, on its admission or refusal: read it (a span)
-	// during Observe only.
-	Context context.Context
+	Kind    EventKind
+	Err     error           // EventRejected
+	Wait    time.Duration   // EventAcquired, EventBypassed, EventRejected
+	Hold    time.Duration   // EventReleased, EventLeaked; to about 10 ms
+	Units   int             // what it weighs; 0 on EventRejected and EventDoubleRelease
+	Context context.Context // Acquire's, on its outcome; read it in Observe only
 }
 
 // An Observer receives Events on the admission path, with no lock held and

@@ -74,8 +74,7 @@ func wholeSeconds(d time.Duration) time.Duration {
 	return (d + time.Second - 1).Truncate(time.Second)
 }
 
-// ErrorMessage returns what a client may be told of an admission error:
-// its numbers, cap and reason, never its key (a tenant, an API key).
+// ErrorMessage tells an admission error to a client, without its key.
 func ErrorMessage(err error) string {
 	var le *LimitError
 	switch {

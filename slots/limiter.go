@@ -41,7 +41,7 @@ type Stats struct {
 }
 
 // NewLimiter returns a Limiter of limit units (Unlimited never binds). It
-// panics if limit is negative or an option is a registry's.
+// panics if limit is negative.
 func NewLimiter(limit int, opts ...Option) *Limiter {
 	if limit < 0 {
 		panic(fmt.Sprintf("slots: negative limit %d", limit))
@@ -49,9 +49,6 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 	var st core.Settings
 	for _, o := range opts {
 		o.Apply(&st)
-	}
-	if st.RegistryOnly != "" {
-		panic(fmt.Sprintf("slots: %s is an option of a registry, not of a Limiter", st.RegistryOnly))
 	}
 	l := &Limiter{}
 	l.eng.Policy = st.Policy

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -501,14 +502,21 @@ func (h sinkHandler) Handle(_ context.Context, r slog.Record) error {
 func (h sinkHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h sinkHandler) WithGroup(string) slog.Handler      { return h }
 
-// TestLimiterRefusesRegistryOptions: the options are one set, shared with
-// package registry; one that only a Registry reads is a mistake on a
-// Limiter, answered at once and by name.
-func TestLimiterRefusesRegistryOptions(t *testing.T) {
-	assert.PanicsWithValue(t, "slots: registry.WithShards is an option of a registry, not of a Limiter",
-		func() { slots.NewLimiter(1, registry.WithShards(4)) })
-	assert.PanicsWithValue(t, "slots: registry.WithMaxKeyBytes is an option of a registry, not of a Limiter",
-		func() { slots.NewLimiter(1, slots.WithMaxWait(time.Second), registry.WithMaxKeyBytes(8)) })
+// TestLimiterOptionsAreTyped: a Registry takes every option of package
+// slots and its own; a Limiter does not take the Registry's, and passing
+// one to NewLimiter does not compile.
+func TestLimiterOptionsAreTyped(t *testing.T) {
+	limiterOption := reflect.TypeFor[slots.Option]()
+	registryOption := reflect.TypeFor[registry.Option]()
+	for name, o := range map[string]registry.Option{
+		"shards":    registry.WithShards(4),
+		"key bytes": registry.WithMaxKeyBytes(8),
+	} {
+		assert.False(t, reflect.TypeOf(o).Implements(limiterOption), "%s is no slots.Option", name)
+	}
+	assert.True(t, reflect.TypeOf(slots.WithMaxWait(time.Second)).Implements(registryOption), "a Registry takes the options of slots")
+	assert.True(t, reflect.TypeOf(slots.WithClock(nil)).Implements(registryOption))
+	_ = registry.New[string](1, slots.WithMaxWait(time.Second), registry.WithShards(4))
 }
 
 // TestZeroLimitersKeepTheirOwnCounts: zero-value Limiters are apart, as

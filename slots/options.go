@@ -13,11 +13,23 @@ import (
 type Option interface {
 	// Apply is for this module's packages; use the With functions.
 	Apply(*core.Settings)
+	limiter()
+}
+
+// A BaseOption is an Option that every owner takes, a pacing Gate too.
+type BaseOption interface {
+	Option
+	base()
 }
 
 type optionFunc func(*core.Policy)
 
 func (f optionFunc) Apply(s *core.Settings) { f(&s.Policy) }
+func (optionFunc) limiter()                 {}
+
+type baseOption struct{ optionFunc }
+
+func (baseOption) base() {}
 
 // WithMaxWait bounds a wait (ErrWaitTimeout); d <= 0, the default: no bound.
 func WithMaxWait(d time.Duration) Option {
@@ -35,30 +47,28 @@ func WithFailOpen() Option {
 }
 
 // WithClock sets the clock of acquire times and waits; for tests.
-func WithClock(c clock.Clock) Option {
-	return optionFunc(func(w *core.Policy) { w.Clock = c })
+func WithClock(c clock.Clock) BaseOption {
+	return baseOption{func(w *core.Policy) { w.Clock = c }}
 }
 
-// WithLogger sets the logger of saturation and misuse warnings (nil, the
-// default: slog.Default()). Nothing per request is logged above Debug.
-func WithLogger(l *slog.Logger) Option {
-	return optionFunc(func(w *core.Policy) { w.Logger = l })
+// WithLogger sets the warnings' logger (nil: slog.Default()).
+func WithLogger(l *slog.Logger) BaseOption {
+	return baseOption{func(w *core.Policy) { w.Logger = l }}
 }
 
 // WithObserver sets an Observer of admissions, refusals and releases.
-func WithObserver(o Observer) Option {
-	return optionFunc(func(w *core.Policy) {
+func WithObserver(o Observer) BaseOption {
+	return baseOption{func(w *core.Policy) {
 		if o != nil {
 			w.Observer = func(e core.Event) {
 				o.Observe(Event{Kind: EventKind(e.Kind), Err: e.Err, Wait: e.Wait, Hold: e.Hold, Context: e.Ctx, Units: e.Units})
 			}
 		}
-	})
+	}}
 }
 
-// WithLeakDetection gives back (and reports, EventLeaked) the capacity of a
-// Slot found dropped while held, at two allocations per admission. Not in
-// synctest bubbles that wait: the runtime runs cleanups outside them.
+// WithLeakDetection gives back (EventLeaked) a Slot dropped while held, at
+// two allocations per admission; not in synctest bubbles that wait.
 func WithLeakDetection() Option {
 	return optionFunc(func(w *core.Policy) { w.LeakCheck = true })
 }

@@ -129,7 +129,6 @@ func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
 // is lent, and won back as lent slots are released. Reserved is kept even
 // while the class is idle, lent only to a higher class short of its own.
 // Guarantees, max(Min, Reserved), are met from the highest class down.
-//
 // Bound: the k-th waiter of a flow weighing w, among queued flows weighing
 // W, is served within ceil(k/w)*(W-w) + k grants of its class. A waiter
 // that cannot be served yet (an AcquireAll's other key is full) keeps its

@@ -194,11 +194,10 @@ func roundMs(d float64) time.Duration {
 }
 
 // Settings is what the module's options set: the Policy, which every owner
-// reads, and what a Registry alone reads, which other owners refuse
-// (RegistryOnly names the first option that set it).
+// reads, and what a Registry alone reads (its options' types keep them
+// from the other owners).
 type Settings struct {
 	Policy
-	Shards       int
-	MaxKeyBytes  int
-	RegistryOnly string
+	Shards      int
+	MaxKeyBytes int
 }

@@ -53,12 +53,12 @@ func TestKeyRuleOnBothPaths(t *testing.T) {
 	}
 }
 
-// WithMaxKeyBytes is the bound on both paths: the local registry takes the
-// fleet's, over one given through WithLocalOptions.
+// The local registry's key bound (registry.WithMaxKeyBytes) is the bound
+// on both paths: the store's and the local registry's alone.
 func TestMaxKeyBytes(t *testing.T) {
 	for _, down := range []bool{false, true} {
 		m := newMini(t)
-		r := m.registry(1, WithMaxKeyBytes(8), WithLocalOptions(registry.WithMaxKeyBytes(100)), WithBreaker(1, time.Hour))
+		r := m.registry(1, WithLocalOptions(registry.WithMaxKeyBytes(8)), WithBreaker(1, time.Hour))
 		if down {
 			m.Srv.SetError("LOADING down")
 		}
@@ -76,7 +76,7 @@ func TestInFlightRefusesInvalidKey(t *testing.T) {
 	m := newMini(t)
 	c := m.client()
 	h := &panicOnce{Store: redisstore.New(c, "t"), op: "count"}
-	r := New[string](h, 1, WithMaxKeyBytes(8))
+	r := New[string](h, 1, WithLocalOptions(registry.WithMaxKeyBytes(8)))
 	defer r.Close()
 	n := h.calls.Load()
 	_, err := r.InFlight(context.Background(), "123456789")

@@ -17,7 +17,7 @@ import (
 // TryAcquire admits under key if it has room across the fleet, without
 // waiting. It fails with a *slots.LimitError wrapping slots.ErrLimitReached,
 // ErrUnavailable (FailClosed, the store unreachable), or an error wrapping
-// registry.ErrInvalidKey (see WithMaxKeyBytes).
+// registry.ErrInvalidKey (see registry.WithMaxKeyBytes).
 func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 	return r.acquire(context.Background(), []K{key}, false)
 }

@@ -219,9 +219,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 	r.live = min(r.cfg.ttl, 5*r.claim)
 	r.waitPolicy = waitPolicyOf(cfg.local)
 	r.pause = pauseFor(r.cfg)
-	// The same key rule on both paths: the fleet's bound goes last, so it
-	// overrides one among the local options.
-	local := append(slices.Clip(cfg.local), registry.WithMaxKeyBytes(cfg.maxKeyBytes))
+	local := slices.Clip(cfg.local)
 	if cfg.observer != nil {
 		local = append(local, slots.WithObserver(quietLocal)) // see observe and lease.Release
 	}
@@ -288,7 +286,7 @@ func (r *Registry[K]) leaveLiveness() {
 
 // SetLimit sets key's fleet-wide limit (and its local one). Every process
 // must set the same limits; each admission sends its process's limits. An
-// invalid key (see WithMaxKeyBytes) is ignored, as the local registry
+// invalid key (see registry.WithMaxKeyBytes) is ignored, as the local registry
 // ignores it.
 func (r *Registry[K]) SetLimit(key K, n int) {
 	if n < 0 {

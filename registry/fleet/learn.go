@@ -133,7 +133,7 @@ type learnChange struct {
 // evidence not written to the store by Close is dropped.
 //
 // It fails if a is not valid under the key's limit, if the key is not
-// valid (see WithMaxKeyBytes) or its name is not UTF-8 (the stored state
+// valid (see registry.WithMaxKeyBytes) or its name is not UTF-8 (the stored state
 // names it in JSON) or starts with a NUL and "overrides/" (the name of an
 // Overrides' record), or with ErrClosed.
 func (r *Registry[K]) Learn(key K, a upstream.AdaptiveConfig) error {

@@ -83,7 +83,6 @@ type config struct {
 	pollMin       time.Duration
 	pollMax       time.Duration
 	logger        *slog.Logger
-	maxKeyBytes   int
 	local         []registry.Option
 	observer      slots.Observer // nil: none
 }
@@ -96,8 +95,6 @@ func defaults() config {
 		opTimeout:  500 * time.Millisecond,
 		pollMin:    10 * time.Millisecond,
 		pollMax:    500 * time.Millisecond,
-
-		maxKeyBytes: registry.DefaultMaxKeyBytes,
 	}
 }
 
@@ -170,8 +167,11 @@ func WithPoll(minimum, maximum time.Duration) Option {
 func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
 
 // WithLocalOptions passes options to the local registry: the wait options
-// of package slots (an Observer for metrics, leak detection) and
-// registry's own (shards).
+// of package slots (the queue's bounds and wait, which the fleet's queue
+// keeps too) and registry's own. The local registry's key rule
+// (registry.WithMaxKeyBytes) is the fleet's: a key it refuses fails with
+// registry.ErrInvalidKey before anything is sent to the store, whether the
+// store is reachable or not.
 func WithLocalOptions(opts ...registry.Option) Option {
 	return func(c *config) { c.local = append(c.local, opts...) }
 }
@@ -186,11 +186,3 @@ func WithLocalOptions(opts ...registry.Option) Option {
 // with no context and no wait. Observe is called without locks; if it
 // panics on an admission, the slot is released and the panic goes on up.
 func WithObserver(o slots.Observer) Option { return func(c *config) { c.observer = o } }
-
-// WithMaxKeyBytes bounds the length of keys whose type is a string type, as
-// registry.WithMaxKeyBytes does (default registry.DefaultMaxKeyBytes; n <= 0
-// removes the bound): a longer key fails with registry.ErrInvalidKey before
-// anything is sent to the store. The local registry gets the same bound (it
-// overrides one given through WithLocalOptions), so that an admission under
-// the local registry alone, while the store is unreachable, takes the same keys.
-func WithMaxKeyBytes(n int) Option { return func(c *config) { c.maxKeyBytes = n } }

@@ -43,7 +43,11 @@ func BenchmarkAdmission(b *testing.B) {
 			}
 		})
 		b.Run("registry/"+tc.name, func(b *testing.B) {
-			r := registry.New[string](8, tc.opts...)
+			ropts := make([]registry.Option, len(tc.opts))
+			for i, o := range tc.opts {
+				ropts[i] = o
+			}
+			r := registry.New[string](8, ropts...)
 			b.ReportAllocs()
 			for b.Loop() {
 				s, err := r.Acquire(ctx, "org-a")

@@ -93,8 +93,8 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	// The provider's queue policy bounds the fleet's queue too: a request
 	// waits there first, then for this gateway's pacing.
 	wait := []registry.Option{slots.WithMaxQueue(cfg.Provider.QueueLimit()), slots.WithMaxWait(cfg.Provider.QueueWait())}
-	if n := cfg.Provider.MaxQueuePerFlow; n > 0 {
-		wait = append(wait, slots.WithMaxQueuePerFlow(n))
+	if n := cfg.Provider.MaxQueuePerFlow; n != nil {
+		wait = append(wait, slots.WithMaxQueuePerFlow(*n))
 	}
 	if cfg.Provider.FailOpen() {
 		wait = append(wait, slots.WithFailOpen())
