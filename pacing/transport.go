@@ -52,7 +52,12 @@ type FleetCaps interface {
 }
 
 // A TransportOption configures a Transport.
-type TransportOption func(*transportConfig)
+type TransportOption interface{ applyTransport(*transportConfig) }
+
+// transportOptionFunc adapts a function to TransportOption.
+type transportOptionFunc func(*transportConfig)
+
+func (f transportOptionFunc) applyTransport(c *transportConfig) { f(c) }
 
 type transportConfig struct {
 	t      Transport
@@ -70,7 +75,7 @@ const DefaultCutLinger = 50 * time.Millisecond
 // this side has let go of it (default DefaultCutLinger; 0 or less: not
 // at all). See slots.WithLinger.
 func WithCutLinger(d time.Duration) TransportOption {
-	return func(c *transportConfig) { c.linger = d }
+	return transportOptionFunc(func(c *transportConfig) { c.linger = d })
 }
 
 // WithModel sets how a request's model is found without reading its body
@@ -78,11 +83,11 @@ func WithCutLinger(d time.Duration) TransportOption {
 // WithModelName. By default it is the "model" of the JSON body (see
 // ModelField), read into memory up to MaxModelBody.
 func WithModel(f func(*http.Request) string) TransportOption {
-	return func(c *transportConfig) {
+	return transportOptionFunc(func(c *transportConfig) {
 		if f != nil {
 			c.t.model = f
 		}
-	}
+	})
 }
 
 // WithCredential sets how a request is given its API key: f is called
@@ -93,7 +98,7 @@ func WithModel(f func(*http.Request) string) TransportOption {
 // its choice or none. Without it, requests go with the credentials they
 // came with. See BearerKeys.
 func WithCredential(f func(h http.Header, key string)) TransportOption {
-	return func(c *transportConfig) { c.t.credential = f }
+	return transportOptionFunc(func(c *transportConfig) { c.t.credential = f })
 }
 
 // BearerKeys returns a credential function for WithCredential that sends
@@ -113,13 +118,13 @@ func BearerKeys(secrets map[string]string) func(h http.Header, key string) {
 
 // WithFleet makes requests take the fleet's caps too (see FleetCaps).
 func WithFleet(caps FleetCaps) TransportOption {
-	return func(c *transportConfig) { c.t.caps = caps }
+	return transportOptionFunc(func(c *transportConfig) { c.t.caps = caps })
 }
 
 // WithClassifier sets how the upstream's answers are read (default
 // DefaultClassifier).
 func WithClassifier(cl Classifier) TransportOption {
-	return func(c *transportConfig) { c.t.classifier = cl }
+	return transportOptionFunc(func(c *transportConfig) { c.t.classifier = cl })
 }
 
 // NewTransport returns a Transport that admits requests under gate and
@@ -134,7 +139,7 @@ func NewTransport(base http.RoundTripper, gate *Gate, opts ...TransportOption) *
 	}
 	c := transportConfig{t: Transport{gate: gate, base: base}, linger: DefaultCutLinger}
 	for _, o := range opts {
-		o(&c)
+		o.applyTransport(&c)
 	}
 	t := &c.t
 	t.inner = slots.NewTransport(reporter{t}, t.admit, slots.WithLinger(c.linger))

@@ -6,8 +6,7 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// Combine returns one Slot that holds every non-nil part (a pacing grant,
-// a fleet slot) and releases each once; Bypassed or Degraded if a part is.
+// Combine holds the non-nil parts in one Slot, Bypassed or Degraded if one is.
 func Combine(parts ...*Slot) *Slot {
 	var held []*Slot
 	for _, p := range parts {

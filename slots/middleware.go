@@ -8,7 +8,12 @@ import (
 )
 
 // A MiddlewareOption configures Middleware and ProxyErrorHandler.
-type MiddlewareOption func(*middlewareConfig)
+type MiddlewareOption interface{ applyMiddleware(*middlewareConfig) }
+
+// middlewareOptionFunc adapts a function to MiddlewareOption.
+type middlewareOptionFunc func(*middlewareConfig)
+
+func (f middlewareOptionFunc) applyMiddleware(c *middlewareConfig) { f(c) }
 
 type middlewareConfig struct {
 	rejectStatus int
@@ -18,7 +23,7 @@ type middlewareConfig struct {
 func newMiddlewareConfig(opts []MiddlewareOption) middlewareConfig {
 	cfg := middlewareConfig{rejectStatus: http.StatusTooManyRequests, writeError: WritePlainError}
 	for _, o := range opts {
-		o(&cfg)
+		o.applyMiddleware(&cfg)
 	}
 	return cfg
 }
@@ -39,16 +44,16 @@ func WithRejectStatus(code int) MiddlewareOption {
 	if code < 400 || code > 599 {
 		panic(fmt.Sprintf("slots: WithRejectStatus(%d): a rejection needs a 4xx or 5xx status", code))
 	}
-	return func(c *middlewareConfig) { c.rejectStatus = code }
+	return middlewareOptionFunc(func(c *middlewareConfig) { c.rejectStatus = code })
 }
 
 // WithErrorWriter sets the writer of error answers (nil: WritePlainError).
 func WithErrorWriter(f ErrorWriter) MiddlewareOption {
-	return func(c *middlewareConfig) {
+	return middlewareOptionFunc(func(c *middlewareConfig) {
 		if f != nil {
 			c.writeError = f
 		}
-	}
+	})
 }
 
 // Middleware runs each handler holding a Slot from admit until it returns

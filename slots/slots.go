@@ -33,17 +33,13 @@ const MaxUnits = core.MaxUnits
 
 // LimitError is a rejection with the numbers behind it.
 type LimitError struct {
-	Err error  // ErrLimitReached, ErrQueueFull, ErrWaitTimeout, ErrExceedsLimit or another package's reason
-	Key string // the key that was at its limit; empty for a Limiter
-	// Cap names which of an owner's caps refused (a pacing Gate's "model",
-	// say); InFlight and Limit are that cap's. It names no tenant.
-	Cap      string
-	InFlight int // units held at the decision: holders, when each weighs one
-	Limit    int // the limit at the decision
-	Queued   int // waiters at the decision
-	// RetryAfter: when this caller's slot should free, behind those told
-	// before it, so refused callers come back spread out.
-	RetryAfter time.Duration
+	Err        error         // ErrLimitReached, ErrQueueFull, ErrWaitTimeout, ErrExceedsLimit or another package's reason
+	Key        string        // the key that was at its limit; empty for a Limiter
+	Cap        string        // which of an owner's caps refused (a Gate's "model"); no tenant
+	InFlight   int           // units held at the decision: holders, when each weighs one
+	Limit      int           // the limit at the decision
+	Queued     int           // waiters at the decision
+	RetryAfter time.Duration // when its slot should free, after those told before it
 }
 
 func (e *LimitError) Error() string {

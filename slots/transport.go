@@ -34,22 +34,27 @@ type Transport struct {
 var _ http.RoundTripper = (*Transport)(nil)
 
 // A TransportOption configures a Transport.
-type TransportOption func(*Transport)
+type TransportOption interface{ applyTransport(*Transport) }
+
+// transportOptionFunc adapts a function to TransportOption.
+type transportOptionFunc func(*Transport)
+
+func (f transportOptionFunc) applyTransport(c *Transport) { f(c) }
 
 // WithLinger keeps a cut exchange's slot (context ended, body closed early
 // or failed, round trip failed once sent) d more, for an upstream that
 // counts a request until it notices the cut. d <= 0: none, the default.
 func WithLinger(d time.Duration) TransportOption {
-	return func(t *Transport) { t.linger = d }
+	return transportOptionFunc(func(t *Transport) { t.linger = d })
 }
 
 // WithLingerClock sets the clock that times WithLinger; for tests.
 func WithLingerClock(c clock.Clock) TransportOption {
-	return func(t *Transport) {
+	return transportOptionFunc(func(t *Transport) {
 		if c != nil {
 			t.clock = c
 		}
-	}
+	})
 }
 
 // NewTransport returns a Transport that admits each request with admit and
@@ -63,7 +68,7 @@ func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOpti
 	}
 	t := &Transport{base: base, admit: admit}
 	for _, o := range opts {
-		o(t)
+		o.applyTransport(t)
 	}
 	if t.clock == nil {
 		t.clock = clock.New()

@@ -90,7 +90,7 @@ type holderHandler[K comparable] struct {
 func newHolderHandler[K comparable](walk func(func([]registry.Holder[K])), keyed bool, opts []Option) http.Handler {
 	cfg := config{threshold: DefaultThreshold, clock: clock.New()}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	return &holderHandler[K]{walk: walk, clock: cfg.clock, threshold: cfg.threshold, keyed: keyed}
 }

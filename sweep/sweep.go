@@ -82,7 +82,12 @@ type ObserverFunc func(Tick)
 func (f ObserverFunc) ObserveSweep(t Tick) { f(t) }
 
 // An Option configures a Monitor.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	interval  time.Duration
@@ -98,7 +103,7 @@ func WithInterval(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("sweep: WithInterval(%v): the interval must be positive", d))
 	}
-	return func(c *config) { c.interval = d }
+	return optionFunc(func(c *config) { c.interval = d })
 }
 
 // WithThreshold sets how long a slot may be held before it is reported
@@ -107,21 +112,21 @@ func WithThreshold(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("sweep: WithThreshold(%v): the threshold must be positive", d))
 	}
-	return func(c *config) { c.threshold = d }
+	return optionFunc(func(c *config) { c.threshold = d })
 }
 
 // WithClock sets the clock of the ticks; for tests. The default is the real
 // clock.
-func WithClock(c clock.Clock) Option { return func(cfg *config) { cfg.clock = c } }
+func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
 
 // WithLogger sets the logger for long-held warnings (key and slot id, never
 // request content) and observer panics. nil (the default) means
 // slog.Default(), looked up each time. Keys appear as fmt prints them: key
 // a registry by an API key's id, never by the key itself.
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 // WithObserver sets the Observer of each tick.
-func WithObserver(o Observer) Option { return func(c *config) { c.observer = o } }
+func WithObserver(o Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }
 
 // Monitor sweeps a registry or a Limiter on a timer. Create it with New or
 // NewForLimiter; the zero value is not usable.
@@ -178,7 +183,7 @@ func NewForLimiter(l *slots.Limiter, opts ...Option) *Monitor[string] {
 func start[K comparable](walk func(func([]registry.Holder[K])) bool, opts []Option) *Monitor[K] {
 	cfg := config{interval: DefaultInterval, threshold: DefaultThreshold, clock: clock.New()}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	m := &Monitor[K]{cfg: cfg, walk: walk, stop: make(chan struct{}), done: make(chan struct{})}
 	ticker := cfg.clock.Ticker(cfg.interval) // made here, so a test's clock sees it at once

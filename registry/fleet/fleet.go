@@ -177,7 +177,7 @@ func NewWithKeys[K comparable](store driver.Store, defaultLimit int, keys Keys[K
 func configOf(opts []Option) config {
 	cfg := defaults()
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	return cfg
 }

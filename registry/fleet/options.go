@@ -71,7 +71,12 @@ const (
 const DefaultLeaseTTL = 30 * time.Second
 
 // An Option configures a Registry.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	ttl           time.Duration
@@ -112,18 +117,20 @@ func WithLeaseTTL(ttl time.Duration) Option {
 	if ttl < 30*time.Millisecond {
 		panic(fmt.Sprintf("fleet: lease TTL %v under 30ms", ttl))
 	}
-	return func(c *config) { c.ttl = ttl }
+	return optionFunc(func(c *config) { c.ttl = ttl })
 }
 
 // WithUnavailable sets what happens while the store cannot be reached (default
 // FallbackLocal): while the breaker is open, and for an admission whose
 // call fails (a waiter's call that times out is made again, while the
 // breaker stays closed: see PROTOCOL.md).
-func WithUnavailable(u Unavailable) Option { return func(c *config) { c.onUnavailable = u } }
+func WithUnavailable(u Unavailable) Option {
+	return optionFunc(func(c *config) { c.onUnavailable = u })
+}
 
 // WithLostLeases sets what the heartbeat does with a lease it finds missing
 // (default ReassertLost).
-func WithLostLeases(l Lost) Option { return func(c *config) { c.lost = l } }
+func WithLostLeases(l Lost) Option { return optionFunc(func(c *config) { c.lost = l }) }
 
 // WithBreaker opens the breaker after n consecutive failed calls (default
 // 3) and probes the store every probe while it is open (default 250 ms), and
@@ -135,7 +142,7 @@ func WithBreaker(n int, probe time.Duration) Option {
 	if n < 1 || probe <= 0 {
 		panic(fmt.Sprintf("fleet: WithBreaker(%d, %v): need n >= 1 and probe > 0", n, probe))
 	}
-	return func(c *config) { c.breakAfter, c.probeEvery = int32(n), probe }
+	return optionFunc(func(c *config) { c.breakAfter, c.probeEvery = int32(n), probe })
 }
 
 // WithTimeout bounds each call to the store on the request path (default 500
@@ -147,7 +154,7 @@ func WithTimeout(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("fleet: WithTimeout(%v)", d))
 	}
-	return func(c *config) { c.opTimeout = d }
+	return optionFunc(func(c *config) { c.opTimeout = d })
 }
 
 // WithPoll sets the backoff of a waiting Acquire between tries while it
@@ -160,11 +167,11 @@ func WithPoll(minimum, maximum time.Duration) Option {
 	if minimum <= 0 || maximum < minimum {
 		panic(fmt.Sprintf("fleet: WithPoll(%v, %v)", minimum, maximum))
 	}
-	return func(c *config) { c.pollMin, c.pollMax = minimum, maximum }
+	return optionFunc(func(c *config) { c.pollMin, c.pollMax = minimum, maximum })
 }
 
 // WithLogger sets the logger (nil, the default: slog.Default()).
-func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l } }
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 // WithLocalOptions passes options to the local registry: the wait options
 // of package slots (the queue's bounds and wait, which the fleet's queue
@@ -173,7 +180,7 @@ func WithLogger(l *slog.Logger) Option { return func(c *config) { c.logger = l }
 // registry.ErrInvalidKey before anything is sent to the store, whether the
 // store is reachable or not.
 func WithLocalOptions(opts ...registry.Option) Option {
-	return func(c *config) { c.local = append(c.local, opts...) }
+	return optionFunc(func(c *config) { c.local = append(c.local, opts...) })
 }
 
 // WithObserver sets an Observer of the fleet's admissions, as
@@ -185,4 +192,4 @@ func WithLocalOptions(opts ...registry.Option) Option {
 // the local registry's admissions alone: made after the store's decision,
 // with no context and no wait. Observe is called without locks; if it
 // panics on an admission, the slot is released and the panic goes on up.
-func WithObserver(o slots.Observer) Option { return func(c *config) { c.observer = o } }
+func WithObserver(o slots.Observer) Option { return optionFunc(func(c *config) { c.observer = o }) }

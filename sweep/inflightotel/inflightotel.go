@@ -96,7 +96,12 @@ const (
 )
 
 // An Option configures a Cap or LearnedCaps.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	meters  metric.MeterProvider
@@ -107,25 +112,25 @@ type config struct {
 // WithMeterProvider sets where the metrics go (default: the global
 // MeterProvider, otel.GetMeterProvider, at New).
 func WithMeterProvider(p metric.MeterProvider) Option {
-	return func(c *config) { c.meters = p }
+	return optionFunc(func(c *config) { c.meters = p })
 }
 
 // WithTracerProvider sets where the waits' spans go (default: the
 // provider of the span in the admission's context).
 func WithTracerProvider(p trace.TracerProvider) Option {
-	return func(c *config) { c.tracers = p }
+	return optionFunc(func(c *config) { c.tracers = p })
 }
 
 // WithFlowAttribute puts inflight.flow (slots.WithFlow: a tenant, an org,
 // an API key) on the requests counter and the time-in-queue histogram.
 // Each flow makes series of its own, and building their attributes costs
 // an allocation per admission: use it only where flows are few.
-func WithFlowAttribute() Option { return func(c *config) { c.flow = true } }
+func WithFlowAttribute() Option { return optionFunc(func(c *config) { c.flow = true }) }
 
 func configure(opts []Option) config {
 	var c config
 	for _, o := range opts {
-		o(&c)
+		o.apply(&c)
 	}
 	if c.meters == nil {
 		c.meters = otel.GetMeterProvider()

@@ -70,17 +70,24 @@ type Store struct {
 }
 
 // Option configures a Store.
-type Option func(*Store)
+type Option interface{ apply(*Store) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*Store)
+
+func (f optionFunc) apply(c *Store) { f(c) }
 
 // Durable commits every lease transaction synchronously: a crash loses
 // nothing committed (the epoch still changes, and new admissions wait one
 // renewal round), and each call waits for its commit's flush.
-func Durable() Option { return func(s *Store) { s.async = false } }
+func Durable() Option { return optionFunc(func(s *Store) { s.async = false }) }
 
 // WithListenConfig sets the connection Listen makes (default: the pool's
 // settings), e.g. straight to the database when the pool goes through
 // PgBouncer in transaction mode.
-func WithListenConfig(cfg *pgx.ConnConfig) Option { return func(s *Store) { s.listen = cfg } }
+func WithListenConfig(cfg *pgx.ConnConfig) Option {
+	return optionFunc(func(s *Store) { s.listen = cfg })
+}
 
 // WithListenRetry sets how long Listen waits before it connects again
 // after its connection failed (default 1 s). It panics unless d > 0.
@@ -88,7 +95,7 @@ func WithListenRetry(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pgstore: WithListenRetry(%v)", d))
 	}
-	return func(s *Store) { s.retry = d }
+	return optionFunc(func(s *Store) { s.retry = d })
 }
 
 // WithListenCheck sets how long Listen's connection may stay quiet before
@@ -104,7 +111,7 @@ func WithListenCheck(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pgstore: WithListenCheck(%v)", d))
 	}
-	return func(s *Store) { s.check = d }
+	return optionFunc(func(s *Store) { s.check = d })
 }
 
 // New returns the Store of the fleet name on pool, after bringing the
@@ -121,7 +128,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (
 	}
 	s := &Store{pool: pool, name: name, async: true, retry: time.Second, check: 15 * time.Second}
 	for _, o := range opts {
-		o(s)
+		o.apply(s)
 	}
 	if err := Migrate(ctx, pool); err != nil {
 		return nil, err

@@ -48,7 +48,7 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 	}
 	cfg := config{prefix: "inflight:", retry: 500 * time.Millisecond}
 	for _, o := range opts {
-		o(&cfg)
+		o.apply(&cfg)
 	}
 	tag := cfg.prefix + "{" + name + "}"
 	return &Store{
@@ -67,7 +67,12 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 }
 
 // Option configures a Store.
-type Option func(*config)
+type Option interface{ apply(*config) }
+
+// optionFunc adapts a function to Option.
+type optionFunc func(*config)
+
+func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
 	prefix string
@@ -80,7 +85,7 @@ func WithPrefix(p string) Option {
 	if strings.ContainsAny(p, "{}") {
 		panic(fmt.Sprintf("redisstore: prefix %q: braces would change the keys' hash tag", p))
 	}
-	return func(c *config) { c.prefix = p }
+	return optionFunc(func(c *config) { c.prefix = p })
 }
 
 // WithListenRetry sets how long Listen waits before it subscribes again
@@ -90,7 +95,7 @@ func WithListenRetry(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("redisstore: WithListenRetry(%v)", d))
 	}
-	return func(c *config) { c.retry = d }
+	return optionFunc(func(c *config) { c.retry = d })
 }
 
 // String names the store in the fleet's logs: the start of its keys.
