@@ -17,14 +17,14 @@ import (
 // upstream.Kind for each).
 type Kind = upstream.Kind
 
-// The kinds of answer.
+// The kinds of answer (see upstream.Kind for what a Gate does with each).
 const (
-	Other       = upstream.Other
-	Admitted    = upstream.Admitted
-	Concurrency = upstream.Concurrency
-	Rate        = upstream.Rate
-	Overload    = upstream.Overload
-	Quota       = upstream.Quota
+	Other       = upstream.Other       // says nothing about limits (a 400, a 500)
+	Admitted    = upstream.Admitted    // the upstream took the request
+	Concurrency = upstream.Concurrency // too many open at once: cuts a learned cap
+	Rate        = upstream.Rate        // too many per unit of time: pauses starts
+	Overload    = upstream.Overload    // the provider is busy: pauses starts, eases the cap
+	Quota       = upstream.Quota       // the allowance is used up: the key leaves the pool
 )
 
 // Verdict is a classified answer: its Kind and how long the upstream asked

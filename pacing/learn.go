@@ -11,8 +11,9 @@ import (
 
 // AdaptiveConfig turns on the learned cap: the provider's concurrency cap
 // is learned from what the upstream answers (see Gate.Report) instead of
-// configured; a configured max_concurrent_requests stays a ceiling. See
-// upstream.AdaptiveConfig for its fields.
+// configured; a configured max_concurrent_requests stays a ceiling. Its
+// fields, all optional, are min, max, initial and retest_ms (see
+// upstream.AdaptiveConfig).
 type AdaptiveConfig = upstream.AdaptiveConfig
 
 // Defaults of AdaptiveConfig.

@@ -11,7 +11,8 @@ import (
 )
 
 // BudgetLimits are token budgets per minute, of a Config, a model, an API
-// key or a Budget (see upstream.BudgetLimits): 0 leaves one out.
+// key or a Budget: tokens_per_minute, input_tokens_per_minute and
+// output_tokens_per_minute (see upstream.BudgetLimits); 0 leaves one out.
 type BudgetLimits = upstream.BudgetLimits
 
 // limitsOf is l indexed as BudgetCap names its parts.
@@ -34,7 +35,7 @@ type Budget struct {
 // NewBudget returns a Budget with those limits. Its clock is the real
 // one, or clk (a mock, in tests) when given.
 func NewBudget(limits BudgetLimits, clk ...clock.Clock) (*Budget, error) {
-	if err := limits.Validate(); err != nil {
+	if err := upstream.CheckBudgets("", limits); err != nil {
 		return nil, err
 	}
 	l := limitsOf(limits)

@@ -48,7 +48,7 @@ type AdaptiveConfig struct {
 func (a AdaptiveConfig) Validate(configured int) error { return a.Check("adaptive", configured) }
 
 // Check is Validate for a section at path in a configuration file (such
-// as "models.glm-5.adaptive"): its errors name the field by its JSON path.
+// as `models["glm-5"].adaptive`): its errors name the field by its JSON path.
 func (a AdaptiveConfig) Check(path string, configured int) error {
 	bad := func(field string, v any, why string) error {
 		return fmt.Errorf("pacing: %s.%s: %v %s", path, field, v, why)

@@ -39,11 +39,10 @@ type BudgetLimits struct {
 	OutputTokensPerMinute int `json:"output_tokens_per_minute,omitempty"`
 }
 
-// Validate reports whether l is valid: no budget negative.
-func (l BudgetLimits) Validate() error { return CheckBudgets("", l) }
-
-// CheckBudgets is Validate for the budgets of a configuration's section
-// whose fields' JSON paths start with prefix (such as "models.glm-5.").
+// CheckBudgets returns the error of a negative budget in l, naming it by its
+// JSON path after prefix ("" at the top of a configuration, `models["glm-5"].`
+// in a model's section); nil when l is valid. (A method would be promoted to
+// every configuration section that embeds BudgetLimits.)
 func CheckBudgets(prefix string, l BudgetLimits) error {
 	for i, n := range [3]int{l.TokensPerMinute, l.InputTokensPerMinute, l.OutputTokensPerMinute} {
 		if n < 0 {

@@ -25,7 +25,7 @@ const (
 	// Admitted: the upstream took the request (a 2xx or 3xx).
 	Admitted = Kind(learn.KindAdmitted)
 	// Concurrency: refused because too many requests were open at once.
-	// Only this kind moves a learned cap.
+	// It cuts a learned cap (Overload only lowers it a little).
 	Concurrency = Kind(learn.KindConcurrency)
 	// Rate: refused for requests or tokens per unit of time. It pauses new
 	// starts for its Retry-After; the cap is left as it is.
@@ -34,7 +34,7 @@ const (
 	// It pauses starts and lowers a learned cap a little.
 	Overload = Kind(learn.KindOverload)
 	// Quota: the account or key has used its allowance. With a key pool,
-	// the key leaves the pool until its Retry-After.
+	// the key leaves the pool until its Retry-After (or pacing.QuotaPause).
 	Quota = Kind(learn.KindQuota)
 )
 

@@ -52,12 +52,12 @@ func TestAdaptiveConfigBounds(t *testing.T) {
 	assert.Equal(t, [2]int{2, 20}, [2]int{lo, hi}, "and stays one under a higher Max")
 }
 
-func TestBudgetLimitsValidate(t *testing.T) {
-	assert.NoError(t, upstream.BudgetLimits{}.Validate())
-	assert.NoError(t, upstream.BudgetLimits{TokensPerMinute: 1000, OutputTokensPerMinute: 10}.Validate())
-	assert.EqualError(t, upstream.BudgetLimits{InputTokensPerMinute: -1}.Validate(), "pacing: input_tokens_per_minute: -1 is negative")
-	assert.EqualError(t, upstream.CheckBudgets("models.m.", upstream.BudgetLimits{OutputTokensPerMinute: -5}),
-		"pacing: models.m.output_tokens_per_minute: -5 is negative")
+func TestCheckBudgets(t *testing.T) {
+	assert.NoError(t, upstream.CheckBudgets("", upstream.BudgetLimits{}))
+	assert.NoError(t, upstream.CheckBudgets("", upstream.BudgetLimits{TokensPerMinute: 1000, OutputTokensPerMinute: 10}))
+	assert.EqualError(t, upstream.CheckBudgets("", upstream.BudgetLimits{InputTokensPerMinute: -1}), "pacing: input_tokens_per_minute: -1 is negative")
+	assert.EqualError(t, upstream.CheckBudgets(`models["m"].`, upstream.BudgetLimits{OutputTokensPerMinute: -5}),
+		`pacing: models["m"].output_tokens_per_minute: -5 is negative`)
 }
 
 func TestTokensCheck(t *testing.T) {

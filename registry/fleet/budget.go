@@ -88,7 +88,7 @@ func NewBudget(store driver.Store, name string, limits upstream.BudgetLimits, ti
 	if err := validOverrideName(name); err != nil {
 		return nil, fmt.Errorf("fleet: budget %w", err)
 	}
-	if err := limits.Validate(); err != nil {
+	if err := upstream.CheckBudgets("", limits); err != nil {
 		return nil, err
 	}
 	if timeout <= 0 {
