@@ -80,8 +80,10 @@ const (
 )
 
 // Config is one provider's policy. Every field is optional, and a field left
-// out (or zero) switches its control off, except the queue bounds, which
-// default to DefaultMaxQueue and DefaultMaxQueueWait.
+// out (or zero) switches its control off, except the queue bounds:
+// max_queue and max_queue_wait_ms left out or zero take DefaultMaxQueue and
+// DefaultMaxQueueWait, and max_queue_per_flow left out bounds nothing,
+// while 0 lets none of a flow's requests wait.
 type Config struct {
 	// MaxConcurrentRequests caps the provider's requests in flight.
 	MaxConcurrentRequests int `json:"max_concurrent_requests,omitempty"`
@@ -99,6 +101,7 @@ type Config struct {
 	// MinIntervalMS is a floor on the spacing of starts, in milliseconds.
 	MinIntervalMS int64 `json:"min_interval_ms,omitempty"`
 	// MaxQueue bounds the requests waiting; the newest over it is rejected.
+	// 0, like leaving it out, is DefaultMaxQueue (see QueueLimit).
 	MaxQueue int `json:"max_queue,omitempty"`
 	// MaxQueueWaitMS bounds how long a request waits, in milliseconds.
 	MaxQueueWaitMS int64 `json:"max_queue_wait_ms,omitempty"`

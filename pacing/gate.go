@@ -136,6 +136,9 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	}
 	var st core.Settings
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.Apply(&st)
 	}
 	p := st.Policy

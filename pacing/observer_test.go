@@ -110,8 +110,8 @@ func TestGateOptionsAreTyped(t *testing.T) {
 	} {
 		assert.True(t, reflect.TypeOf(o).Implements(gateOption), "%s is a GateOption", name)
 	}
-	_, err := pacing.NewGate("zai", pacing.Config{}, slots.WithLogger(nil), slots.WithObserver(nil))
-	assert.NoError(t, err)
+	_, err := pacing.NewGate("zai", pacing.Config{}, slots.WithLogger(nil), nil, slots.WithObserver(nil))
+	assert.NoError(t, err, "a nil option is ignored")
 }
 
 // TestGateEventDurationsAreNeverNegative: on the real clock, a hold's and a

@@ -51,7 +51,7 @@ type FleetCaps interface {
 	Limit(key string) int
 }
 
-// A TransportOption configures a Transport.
+// A TransportOption configures a Transport; a nil one is ignored.
 type TransportOption interface{ applyTransport(*transportConfig) }
 
 // transportOptionFunc adapts a function to TransportOption.
@@ -139,6 +139,9 @@ func NewTransport(base http.RoundTripper, gate *Gate, opts ...TransportOption) *
 	}
 	c := transportConfig{t: Transport{gate: gate, base: base}, linger: DefaultCutLinger}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.applyTransport(&c)
 	}
 	t := &c.t

@@ -10,7 +10,9 @@ import (
 // An Option configures a Registry: any option of package slots
 // (slots.WithMaxWait, slots.WithObserver, ...), which a Registry takes as a
 // Limiter does, or this package's own (WithShards, WithMaxKeyBytes), which
-// a Limiter does not take.
+// a Limiter does not take. A nil one is ignored. Options kept in a slice
+// for both a Limiter and a Registry go in a []registry.Option for the
+// Registry: a []slots.Option does not spread into New.
 type Option interface {
 	// Apply is for this module's packages; use the With functions.
 	Apply(*core.Settings)

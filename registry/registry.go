@@ -188,6 +188,9 @@ func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 	}
 	st := core.Settings{Shards: DefaultShards, MaxKeyBytes: DefaultMaxKeyBytes}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.Apply(&st)
 	}
 	n := 1 << bits.Len(uint(min(st.Shards, MaxShards)-1))

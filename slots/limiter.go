@@ -48,6 +48,9 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 	}
 	var st core.Settings
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.Apply(&st)
 	}
 	l := &Limiter{}

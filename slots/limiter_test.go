@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"math/rand/v2"
+	"net/http"
 	"reflect"
 	"strings"
 	"sync"
@@ -517,6 +518,20 @@ func TestLimiterOptionsAreTyped(t *testing.T) {
 	assert.True(t, reflect.TypeOf(slots.WithMaxWait(time.Second)).Implements(registryOption), "a Registry takes the options of slots")
 	assert.True(t, reflect.TypeOf(slots.WithClock(nil)).Implements(registryOption))
 	_ = registry.New[string](1, slots.WithMaxWait(time.Second), registry.WithShards(4))
+}
+
+// TestNilOptionsAreIgnored: a nil option configures nothing, on every
+// constructor of the package, rather than a nil call's panic.
+func TestNilOptionsAreIgnored(t *testing.T) {
+	lim := slots.NewLimiter(1, nil, slots.WithMaxQueue(0), nil)
+	s, err := lim.TryAcquire()
+	require.NoError(t, err)
+	_, err = lim.Acquire(context.Background())
+	assert.ErrorIs(t, err, slots.ErrQueueFull, "the option beside the nils holds")
+	s.Release()
+	assert.NotNil(t, slots.NewTransport(http.DefaultTransport, func(*http.Request) (*slots.Slot, error) { return nil, nil }, nil))
+	assert.NotNil(t, slots.Middleware(func(*http.Request) (*slots.Slot, error) { return nil, nil }, nil))
+	assert.NotNil(t, registry.New[string](1, nil))
 }
 
 // TestZeroLimitersKeepTheirOwnCounts: zero-value Limiters are apart, as

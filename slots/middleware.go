@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// A MiddlewareOption configures Middleware and ProxyErrorHandler.
+// A MiddlewareOption configures Middleware and ProxyErrorHandler (nil: none).
 type MiddlewareOption interface{ applyMiddleware(*middlewareConfig) }
 
 // middlewareOptionFunc adapts a function to MiddlewareOption.
@@ -23,6 +23,9 @@ type middlewareConfig struct {
 func newMiddlewareConfig(opts []MiddlewareOption) middlewareConfig {
 	cfg := middlewareConfig{rejectStatus: http.StatusTooManyRequests, writeError: WritePlainError}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.applyMiddleware(&cfg)
 	}
 	return cfg

@@ -9,7 +9,7 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// An Option configures a Limiter, or the waits of a registry.Registry.
+// An Option configures a Limiter or a registry.Registry; nil ones are ignored.
 type Option interface {
 	// Apply is for this module's packages; use the With functions.
 	Apply(*core.Settings)

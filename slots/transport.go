@@ -33,7 +33,7 @@ type Transport struct {
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// A TransportOption configures a Transport.
+// A TransportOption configures a Transport; a nil one is ignored.
 type TransportOption interface{ applyTransport(*Transport) }
 
 // transportOptionFunc adapts a function to TransportOption.
@@ -68,6 +68,9 @@ func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOpti
 	}
 	t := &Transport{base: base, admit: admit}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.applyTransport(t)
 	}
 	if t.clock == nil {

@@ -90,6 +90,9 @@ type holderHandler[K comparable] struct {
 func newHolderHandler[K comparable](walk func(func([]registry.Holder[K])), keyed bool, opts []Option) http.Handler {
 	cfg := config{threshold: DefaultThreshold, clock: clock.New()}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.apply(&cfg)
 	}
 	return &holderHandler[K]{walk: walk, clock: cfg.clock, threshold: cfg.threshold, keyed: keyed}

@@ -81,7 +81,7 @@ type ObserverFunc func(Tick)
 // ObserveSweep calls f.
 func (f ObserverFunc) ObserveSweep(t Tick) { f(t) }
 
-// An Option configures a Monitor.
+// An Option configures a Monitor; a nil one is ignored.
 type Option interface{ apply(*config) }
 
 // optionFunc adapts a function to Option.
@@ -183,6 +183,9 @@ func NewForLimiter(l *slots.Limiter, opts ...Option) *Monitor[string] {
 func start[K comparable](walk func(func([]registry.Holder[K])) bool, opts []Option) *Monitor[K] {
 	cfg := config{interval: DefaultInterval, threshold: DefaultThreshold, clock: clock.New()}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.apply(&cfg)
 	}
 	m := &Monitor[K]{cfg: cfg, walk: walk, stop: make(chan struct{}), done: make(chan struct{})}

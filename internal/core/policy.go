@@ -91,6 +91,12 @@ const SampleMask = 15
 // starts: a refusal soon after the start has an estimate to go by.
 const warmSamples = 16
 
+// Known reports whether the estimate has had a hold to go by.
+func (t *HoldTime) Known() bool { return t.ewma.Load() > 0 }
+
+// Mean returns the estimate (0 while it has had no hold).
+func (t *HoldTime) Mean() time.Duration { return time.Duration(t.ewma.Load()) }
+
 // Warming reports whether every release should feed the estimate still.
 func (t *HoldTime) Warming() bool { return t.samples.Load() < warmSamples }
 

@@ -57,9 +57,11 @@ type Registry[K comparable] struct {
 	claim, live time.Duration
 	waitPolicy
 	bypassLog core.Every // fail-open admissions after the longest wait
-	// holdTime estimates how long holders keep their leases, for the
-	// Retry-After of a full queue.
+	// holdTime estimates how long holders keep their leases, and holds per
+	// key, for the Retry-After of a refusal (holdTime for a key none of
+	// whose holds has ended here).
 	holdTime core.HoldTime
+	holds    keyHolds
 	// pause is how long new admissions wait after the store lost its data,
 	// as this process declares it (see pause.go).
 	pause time.Duration
@@ -177,6 +179,9 @@ func NewWithKeys[K comparable](store driver.Store, defaultLimit int, keys Keys[K
 func configOf(opts []Option) config {
 	cfg := defaults()
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.apply(&cfg)
 	}
 	return cfg

@@ -67,6 +67,7 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	}
 	held := time.Now().UnixNano() - h.At
 	l.r.holdTime.Observe(held)
+	l.r.holds.observe(l.names, held)
 	if o := l.r.cfg.observer; o != nil {
 		defer o.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(max(held, 0))})
 	}

@@ -70,7 +70,7 @@ const (
 // DefaultLeaseTTL is the lease TTL unless WithLeaseTTL says otherwise.
 const DefaultLeaseTTL = 30 * time.Second
 
-// An Option configures a Registry.
+// An Option configures a Registry; a nil one is ignored.
 type Option interface{ apply(*config) }
 
 // optionFunc adapts a function to Option.

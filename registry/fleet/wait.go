@@ -90,7 +90,12 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 	if len(l.limits) > i {
 		le.Limit = l.limits[i]
 	}
-	le.RetryAfter = r.holdTime.RetryAfter(0, le.Queued, le.Limit, nil, 0, nil)
+	var name string
+	if len(l.names) > i {
+		name = l.names[i]
+	}
+	// It may queue again on its return: told to come a little early.
+	le.RetryAfter = r.refusalRetryAfter(name, le.Queued, le.Limit, r.maxWait/2, r.holdTime.RetryAfter(0, le.Queued, le.Limit, nil, 0, nil))
 	return failed(le)
 }
 
@@ -211,6 +216,9 @@ type waitPolicy struct {
 func waitPolicyOf(opts []registry.Option) waitPolicy {
 	var s core.Settings
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.Apply(&s)
 	}
 	p := waitPolicy{maxQueue: -1, maxFlowQueue: -1, maxWait: max(s.Policy.MaxWait, 0), failOpen: s.Policy.FailOpen}

@@ -95,7 +95,7 @@ const (
 	AttrMisuse   = attribute.Key("inflight.misuse")
 )
 
-// An Option configures a Cap or LearnedCaps.
+// An Option configures a Cap or LearnedCaps; a nil one is ignored.
 type Option interface{ apply(*config) }
 
 // optionFunc adapts a function to Option.
@@ -130,6 +130,9 @@ func WithFlowAttribute() Option { return optionFunc(func(c *config) { c.flow = t
 func configure(opts []Option) config {
 	var c config
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.apply(&c)
 	}
 	if c.meters == nil {

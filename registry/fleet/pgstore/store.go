@@ -69,7 +69,7 @@ type Store struct {
 	listen *pgx.ConnConfig // nil: the pool's
 }
 
-// Option configures a Store.
+// Option configures a Store; a nil one is ignored.
 type Option interface{ apply(*Store) }
 
 // optionFunc adapts a function to Option.
@@ -128,6 +128,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (
 	}
 	s := &Store{pool: pool, name: name, async: true, retry: time.Second, check: 15 * time.Second}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.apply(s)
 	}
 	if err := Migrate(ctx, pool); err != nil {

@@ -48,6 +48,9 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 	}
 	cfg := config{prefix: "inflight:", retry: 500 * time.Millisecond}
 	for _, o := range opts {
+		if o == nil {
+			continue // a nil option is no option
+		}
 		o.apply(&cfg)
 	}
 	tag := cfg.prefix + "{" + name + "}"
@@ -66,7 +69,7 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 	}
 }
 
-// Option configures a Store.
+// Option configures a Store; a nil one is ignored.
 type Option interface{ apply(*config) }
 
 // optionFunc adapts a function to Option.

@@ -1,0 +1,83 @@
+package fleet
+
+import (
+	"sync"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// keyHolds estimates, per key, how long this process's holders keep their
+// leases, and keeps the returns told to the callers refused on each key,
+// for the Retry-After of a refusal: from the key's own holds (a fast key's
+// holds do not tell a slow key's callers), and spread, so that callers
+// refused together come back one after another as slots free rather than
+// together. The store's queue is not known here, so the spreading is this
+// process's: the other processes spread their own.
+type keyHolds struct {
+	mu sync.Mutex
+	m  map[string]*keyHold // by key name; at most maxKeyHolds
+}
+
+// keyHold is one key's estimate and the returns told on it.
+type keyHold struct {
+	hold core.HoldTime
+	told core.Told // guarded by keyHolds.mu
+}
+
+// maxKeyHolds bounds the keys estimated: past it, one key's estimate is
+// dropped for each new one (a key it drops answers as before any hold
+// ended, until one does).
+const maxKeyHolds = 4096
+
+// observe folds a hold of held nanoseconds into the estimates of the keys
+// named names.
+func (h *keyHolds) observe(names []string, held int64) {
+	if held < 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, name := range names {
+		kh := h.m[name]
+		if kh == nil {
+			if h.m == nil {
+				h.m = map[string]*keyHold{}
+			}
+			if len(h.m) >= maxKeyHolds {
+				for drop := range h.m {
+					delete(h.m, drop)
+					break
+				}
+			}
+			kh = new(keyHold)
+			h.m[name] = kh
+		}
+		kh.hold.Observe(held)
+	}
+}
+
+// retryAfter is the Retry-After of a caller refused on the key named name,
+// with queued callers ahead of it in the store, under limit: when the slot
+// it would get is expected to free, from the key's holds, behind the
+// returns told before it here, lead earlier (a caller that may queue on its
+// return). It reports false when no hold of the key has ended here yet.
+func (h *keyHolds) retryAfter(name string, queued, limit int, lead time.Duration) (time.Duration, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	kh := h.m[name]
+	if kh == nil || !kh.hold.Known() || limit <= 0 {
+		return 0, false
+	}
+	lead = min(lead, kh.hold.Mean()/time.Duration(limit)/2)
+	return kh.hold.RetryAfter(time.Now().UnixNano(), queued, limit, nil, lead, &kh.told), true
+}
+
+// refusalRetryAfter is the Retry-After of a caller refused on the key named
+// name: from the key's holds (see keyHolds.retryAfter), or cold, fallback.
+func (r *Registry[K]) refusalRetryAfter(name string, queued, limit int, lead, fallback time.Duration) time.Duration {
+	if d, ok := r.holds.retryAfter(name, queued, limit, lead); ok {
+		return d
+	}
+	return fallback
+}
