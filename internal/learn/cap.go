@@ -44,32 +44,32 @@ import (
 // refusal takes a round trip to arrive, and starts in that time would meet
 // the same fallen cap.
 type Cap struct {
-	Floor  int           `json:"floor"`
-	Ceil   int           `json:"ceil"`
-	Retest time.Duration `json:"retest"`
+	Floor  int
+	Ceil   int
+	Retest time.Duration
 
-	Lo     int    `json:"lo"`      // starts up to Lo go without a test
-	Hi     int    `json:"hi"`      // the cap is at most Hi, as of HiAt (Ceil: unknown)
-	HiAt   int64  `json:"hi_at"`   // clock nanos
-	CutSeq uint64 `json:"cut_seq"` // starts numbered up to it came before the last cut: stale evidence
-	Streak int    `json:"streak"`  // refusals since the last admission after a cut
+	Lo     int    // starts up to Lo go without a test
+	Hi     int    // the cap is at most Hi, as of HiAt (Ceil: unknown)
+	HiAt   int64  // clock nanos
+	CutSeq uint64 // starts numbered up to it came before the last cut: stale evidence
+	Streak int    // refusals since the last admission after a cut
 
-	ProbeN     int           `json:"probe_n"`     // the highest start of the batch out; 0: none
-	ProbeAt    int64         `json:"probe_at"`    // when its last start went
-	ProbeTop   int           `json:"probe_top"`   // the limit while the batch is out
-	Step       int           `json:"step"`        // the next batch's width
-	Gap        time.Duration `json:"gap"`         // how long a probe goes unanswered before it counts as admitted
-	Refusal    time.Duration `json:"refusal"`     // moving average of how long a refusal takes; 0: none seen
-	RefusalDev time.Duration `json:"refusal_dev"` // moving mean deviation of the refusal time from Refusal
+	ProbeN     int           // the highest start of the batch out; 0: none
+	ProbeAt    int64         // when its last start went
+	ProbeTop   int           // the limit while the batch is out
+	Step       int           // the next batch's width
+	Gap        time.Duration // how long a probe goes unanswered before it counts as admitted
+	Refusal    time.Duration // moving average of how long a refusal takes; 0: none seen
+	RefusalDev time.Duration // moving mean deviation of the refusal time from Refusal
 
 	// The count of a refused batch's refusals (see Refused and countBatch).
-	BatchLo    int                  `json:"batch_lo"`    // Lo when the last batch of probes began
-	BatchTop   int                  `json:"batch_top"`   // the top of the refused batch being counted; 0: none
-	BatchAfter uint64               `json:"batch_after"` // its starts are numbered above this,
-	BatchEnd   uint64               `json:"batch_end"`   // ... and up to this
-	BatchSeen  [batchSeenMax]uint64 `json:"batch_seen"`  // the numbers of its starts refused so far,
-	BatchN     int                  `json:"batch_n"`     // ... the first BatchN of them
-	BatchUntil int64                `json:"batch_until"` // clock nanos: no probe before, while its refusals come in
+	BatchLo    int                  // Lo when the last batch of probes began
+	BatchTop   int                  // the top of the refused batch being counted; 0: none
+	BatchAfter uint64               // its starts are numbered above this,
+	BatchEnd   uint64               // ... and up to this
+	BatchSeen  [batchSeenMax]uint64 // the numbers of its starts refused so far,
+	BatchN     int                  // ... the first BatchN of them
+	BatchUntil int64                // clock nanos: no probe before, while its refusals come in
 }
 
 // New returns a Cap that starts at initial, within [floor, ceil], and

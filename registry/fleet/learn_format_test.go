@@ -66,3 +66,29 @@ func laterFormatLeftAlone(t *testing.T, f string) {
 	require.NoError(t, err)
 	assert.Equal(t, later, now.State, "left as the later release wrote it")
 }
+
+// goldenState is a learned state in format 1, every field of its cap set,
+// as the release before the record of its own (capRecord) wrote it, from
+// the learner's struct.
+const goldenState = `{"k":"provider","v":42,"e":7,"f":1,"cap":{"floor":1,"ceil":64,"retest":10000000000,"lo":12,"hi":20,"hi_at":1700000000000000001,"cut_seq":77,"streak":2,"probe_n":13,"probe_at":1700000000000000002,"probe_top":14,"step":3,"gap":500000000,"refusal":40000000,"refusal_dev":5000000,"batch_lo":11,"batch_top":15,"batch_after":100,"batch_end":108,"batch_seen":[101,103,107,0,0,0,0,0],"batch_n":3,"batch_until":1700000000000000003}}`
+
+// The stored learned state is a record of its own: format 1 reads and
+// writes byte for byte what the learner's struct did when it was the
+// record, so processes of both releases share a state in a rolling deploy.
+func TestLearnedStateRecordIsFormatOne(t *testing.T) {
+	var st storedCap
+	require.NoError(t, json.Unmarshal([]byte(goldenState), &st))
+	want := storedCap{Key: "provider", V: 42, E: 7, F: 1}
+	want.Cap.Floor, want.Cap.Ceil, want.Cap.Retest = 1, 64, 10*time.Second
+	want.Cap.Lo, want.Cap.Hi, want.Cap.HiAt, want.Cap.CutSeq, want.Cap.Streak = 12, 20, 1700000000000000001, 77, 2
+	want.Cap.ProbeN, want.Cap.ProbeAt, want.Cap.ProbeTop, want.Cap.Step = 13, 1700000000000000002, 14, 3
+	want.Cap.Gap, want.Cap.Refusal, want.Cap.RefusalDev = 500*time.Millisecond, 40*time.Millisecond, 5*time.Millisecond
+	want.Cap.BatchLo, want.Cap.BatchTop, want.Cap.BatchAfter, want.Cap.BatchEnd = 11, 15, 100, 108
+	want.Cap.BatchSeen[0], want.Cap.BatchSeen[1], want.Cap.BatchSeen[2] = 101, 103, 107
+	want.Cap.BatchN, want.Cap.BatchUntil = 3, 1700000000000000003
+	assert.Equal(t, want, st, "read")
+	b, err := json.Marshal(st)
+	require.NoError(t, err)
+	assert.Equal(t, goldenState, string(b), "written back")
+	assert.Equal(t, learnedFormat, 1, "a change of capRecord is a new format, and this test's golden a new one")
+}

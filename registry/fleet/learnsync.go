@@ -34,12 +34,13 @@ import (
 // the cap. Channels are not per database: a message tells the epoch of
 // the data it was written in, and one of another epoch (another database,
 // or one written before a data loss) is only a reason to read the state.
+// In the store it is a storedRecord (format.go), not this struct.
 type storedCap struct {
-	Key string    `json:"k"`
-	V   uint64    `json:"v"`
-	E   int64     `json:"e,omitempty"` // the writer's epoch (see PROTOCOL.md); 0: not known
-	F   int       `json:"f,omitempty"` // the format (learnedFormat); 0 (none) and 1 are the first
-	Cap learn.Cap `json:"cap"`
+	Key string
+	V   uint64
+	E   int64 // the writer's epoch (see PROTOCOL.md); 0: not known
+	F   int   // the format (learnedFormat); 0 (none) and 1 are the first
+	Cap learn.Cap
 }
 
 // learnedStateTTL is how long a learned state is kept in the store without a
