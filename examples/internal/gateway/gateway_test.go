@@ -534,6 +534,42 @@ func TestGatewayFleetQueueBounds(t *testing.T) {
 	close(u.gate)
 }
 
+// "max_queue_per_flow": 0 lets none of an org's requests wait, as
+// slots.WithMaxQueuePerFlow(0) does: with the provider full, an org's
+// request is answered 429 queue_full at once, with and without a fleet,
+// while the request that holds the slot streams on.
+func TestGatewayPerFlowBoundZero(t *testing.T) {
+	for _, fleet := range []bool{false, true} {
+		t.Run(fmt.Sprintf("fleet %v", fleet), func(t *testing.T) {
+			extra := ""
+			if fleet {
+				extra = `, "fleet": {"redis_url": "redis://` + redistest.Start(t).Addr + `/0"}`
+			}
+			u := newUpstream(t)
+			defer close(u.gate)
+			gw, _ := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"provider": {"max_concurrent_requests": 1, "max_queue_per_flow": 0, "max_queue_wait_ms": 5000}`+extra+`
+}`)
+			client := gw.Client()
+			held, err := post(context.Background(), t, client, gw.URL, "org-a", "glm-5.3")
+			require.NoError(t, err)
+			defer held.Body.Close()
+			require.Equal(t, http.StatusOK, held.StatusCode)
+			waitFor(t, "the first request is upstream", func() bool { return u.get(u.cur, "all") == 1 })
+			bound, cancel := context.WithTimeout(context.Background(), 4*time.Second) // less than the queue wait
+			defer cancel()
+			over, err := post(bound, t, client, gw.URL, "org-a", "glm-5.3")
+			require.NoError(t, err, "refused at once, not queued")
+			body, _ := io.ReadAll(over.Body)
+			over.Body.Close()
+			assert.Equal(t, http.StatusTooManyRequests, over.StatusCode, "%s", body)
+			assert.Contains(t, string(body), "queue full")
+			assert.Equal(t, 1, u.get(u.cur, "all"), "the first still streams")
+		})
+	}
+}
+
 func TestConfigFleet(t *testing.T) {
 	for _, bad := range []string{
 		`{"upstream":"http://x","fleet":{"redis_url":"http://x"}}`,
