@@ -153,11 +153,11 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 	if mean <= 0 {
 		mean = int64(time.Second)
 	}
-	k := queued // the slots that go before this caller's
 	bound := maxDues
 	if limit < maxDues/toldRounds {
 		bound = toldRounds * limit
 	}
+	k := min(max(queued, 0), bound) // the slots that go before this caller's
 	book := false
 	if told != nil {
 		// Returns already due have come back (or will not).
@@ -166,6 +166,9 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 			i++
 		}
 		told.dues = told.dues[:copy(told.dues, told.dues[i:])]
+		if len(told.dues) == 0 && cap(told.dues) > 64 {
+			told.dues = nil // a flood's list is given back once it is over
+		}
 		k += len(told.dues)
 		book = len(told.dues) < bound
 	}
@@ -183,12 +186,13 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 	} else {
 		at = float64(now) + float64(mean)/float64(limit)*float64(k+1)
 	}
-	at = min(at, float64(now)+float64(MaxRetryAfter))
 	if book {
-		due := int64(at)
+		due := int64(min(at, float64(now)+float64(MaxRetryAfter)))
 		j, _ := slices.BinarySearch(told.dues, due)
 		told.dues = slices.Insert(told.dues, j, due)
 	}
+	// The lead comes off before the bound: a long wait told less its lead
+	// stays long.
 	return roundMs(at - float64(max(lead, 0)) - float64(now))
 }
 

@@ -58,6 +58,29 @@ func TestRetryAfter(t *testing.T) {
 	assert.Equal(t, 2*time.Millisecond, r.RetryAfter(0, 0, 1, nil, 0, told), "rounded up to the millisecond")
 	r.Observe(-1) // a clock that went backwards is ignored
 	assert.Equal(t, 3*time.Millisecond, r.RetryAfter(0, 0, 1, nil, 0, told), "a turn after the last told")
+
+	// Out-of-range inputs (a bad reply from a store, a wait of hours) give
+	// a long answer, not a millisecond.
+	var long core.HoldTime
+	long.Observe(int64(10 * time.Hour))
+	assert.Equal(t, core.MaxRetryAfter, long.RetryAfter(0, math.MaxInt, 1, nil, 0, new(core.Told)), "a queue of MaxInt does not wrap")
+	assert.Equal(t, core.MaxRetryAfter, long.RetryAfter(0, -5, 1, nil, 0, new(core.Told)), "a negative queue counts as none")
+	assert.Equal(t, core.MaxRetryAfter, long.RetryAfter(0, 0, 1, nil, time.Hour, new(core.Told)), "the lead comes off before the bound")
+}
+
+// TestToldGivesBackAFloodsList: once the returns of a flood of refusals are
+// due, the list they took is given back.
+func TestToldGivesBackAFloodsList(t *testing.T) {
+	var h core.HoldTime
+	h.Observe(int64(time.Second))
+	told := new(core.Told)
+	for range 500 {
+		h.RetryAfter(0, 0, 1000, nil, 0, told)
+	}
+	assert.Equal(t, 500, told.Len())
+	h.RetryAfter(int64(time.Hour), 0, 1000, nil, 0, told)
+	assert.Equal(t, 1, told.Len(), "the flood's returns are due; this one is booked")
+	assert.LessOrEqual(t, told.Cap(), 64, "and the flood's list is gone")
 }
 
 func TestHoldTimeWarming(t *testing.T) {

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"math"
 	"sync"
 	"time"
 
@@ -23,12 +24,18 @@ type keyHolds struct {
 type keyHold struct {
 	hold core.HoldTime
 	told core.Told // guarded by keyHolds.mu
+	used int64     // when a hold of it last ended, unix nanoseconds; guarded by keyHolds.mu
 }
 
-// maxKeyHolds bounds the keys estimated: past it, one key's estimate is
-// dropped for each new one (a key it drops answers as before any hold
-// ended, until one does).
-const maxKeyHolds = 4096
+// maxKeyHolds bounds the keys estimated: past it, the estimate of a key
+// whose holds ended longest ago, of evictSample keys looked at, is dropped
+// for each new one (a key dropped answers as before any hold ended, until
+// one does). Each key's told returns are bounded too (core.HoldTime's
+// rounds), and given back once due.
+const (
+	maxKeyHolds = 1024
+	evictSample = 8
+)
 
 // observe folds a hold of held nanoseconds into the estimates of the keys
 // named names.
@@ -36,6 +43,7 @@ func (h *keyHolds) observe(names []string, held int64) {
 	if held < 0 {
 		return
 	}
+	now := time.Now().UnixNano()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, name := range names {
@@ -45,16 +53,31 @@ func (h *keyHolds) observe(names []string, held int64) {
 				h.m = map[string]*keyHold{}
 			}
 			if len(h.m) >= maxKeyHolds {
-				for drop := range h.m {
-					delete(h.m, drop)
-					break
-				}
+				h.evictLocked()
 			}
 			kh = new(keyHold)
 			h.m[name] = kh
 		}
 		kh.hold.Observe(held)
+		kh.used = now
 	}
+}
+
+// evictLocked drops, of a few keys (the map's order picks them), the one
+// whose holds ended longest ago: a key in use stays, one that came once
+// goes.
+func (h *keyHolds) evictLocked() {
+	var drop string
+	oldest, n := int64(math.MaxInt64), 0
+	for name, kh := range h.m {
+		if kh.used < oldest {
+			drop, oldest = name, kh.used
+		}
+		if n++; n == evictSample {
+			break
+		}
+	}
+	delete(h.m, drop)
 }
 
 // retryAfter is the Retry-After of a caller refused on the key named name,

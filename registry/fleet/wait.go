@@ -90,12 +90,15 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 	if len(l.limits) > i {
 		le.Limit = l.limits[i]
 	}
-	var name string
-	if len(l.names) > i {
-		name = l.names[i]
+	le.RetryAfter = r.holdTime.RetryAfter(0, le.Queued, le.Limit, nil, 0, nil)
+	if last.full >= 0 && i < len(l.names) {
+		ahead := le.Queued
+		if last.queued {
+			ahead-- // the store's count was its own ticket's too: it has left
+		}
+		// It may queue again on its return: told to come a little early.
+		le.RetryAfter = r.refusalRetryAfter(l.names[i], ahead, le.Limit, r.maxWait/2, le.RetryAfter)
 	}
-	// It may queue again on its return: told to come a little early.
-	le.RetryAfter = r.refusalRetryAfter(name, le.Queued, le.Limit, r.maxWait/2, r.holdTime.RetryAfter(0, le.Queued, le.Limit, nil, 0, nil))
 	return failed(le)
 }
 
