@@ -31,6 +31,33 @@ type Budget struct {
 	// over the refill, not with them.
 	mu   sync.Mutex
 	told []toldBudget
+	// The budget's parts as the store's last answer here counted them.
+	used   [3]int64
+	usedAt time.Time
+}
+
+// BudgetStatus is a fleet Budget as the store's last answer to this
+// process counted it, for metrics: each part (all tokens, input, output)
+// of Limits (0: none) and what is Left of it over the last minute (below 0
+// in debt), At the time of that answer (the zero time: none yet, and all
+// of it left). Other processes' requests since then are not in it.
+type BudgetStatus struct {
+	Left, Limits [3]int
+	At           time.Time
+}
+
+// Status returns the budget as the store's last answer here counted it.
+func (b *Budget) Status() BudgetStatus {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	st := BudgetStatus{At: b.usedAt}
+	for i, l := range b.limits {
+		st.Limits[i] = int(l)
+		if l > 0 {
+			st.Left[i] = int(l - b.used[i])
+		}
+	}
+	return st
 }
 
 type toldBudget struct {
@@ -215,6 +242,11 @@ func (b *Budget) call(ctx context.Context, c *driver.BudgetCall) (driver.BudgetR
 	cctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
 	res, err := b.store.Budget(cctx, c)
+	if err == nil {
+		b.mu.Lock()
+		b.used, b.usedAt = res.Used, time.Now()
+		b.mu.Unlock()
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return res, ctx.Err()

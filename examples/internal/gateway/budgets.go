@@ -201,13 +201,33 @@ func usageOnly(ev []byte) bool {
 // registerBudgets exports the provider's and models' budgets:
 // inflight_budget_tokens_left and inflight_budget_tokens_limit, labelled
 // cap ("provider", "model:<name>") and budget (tokens_per_minute,
-// input_tokens_per_minute, output_tokens_per_minute).
+// input_tokens_per_minute, output_tokens_per_minute). With a fleet, its
+// budgets are the provider's and the models': what the store's last
+// answer to this gateway counted (fleet.Budget.Status).
 func (g *Gateway) registerBudgets() {
 	left := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_left",
 		Help: "Tokens left of a budget over the last minute (negative in debt), by cap and budget."}, []string{"cap", "budget"})
 	limit := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_limit",
 		Help: "A token budget per minute, by cap and budget."}, []string{"cap", "budget"})
 	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+		if fb := g.fleetBudgets; fb != nil {
+			each := func(c string, b *fleet.Budget) {
+				if b == nil {
+					return
+				}
+				st := b.Status()
+				for i, l := range st.Limits {
+					if l > 0 {
+						left.WithLabelValues(c, pacing.BudgetCap(i)).Set(float64(st.Left[i]))
+						limit.WithLabelValues(c, pacing.BudgetCap(i)).Set(float64(l))
+					}
+				}
+			}
+			each("provider", fb.provider)
+			for name, b := range fb.models {
+				each("model:"+name, b)
+			}
+		}
 		for _, b := range g.gate.Budgets() {
 			c := "provider"
 			switch {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -364,6 +365,20 @@ func testGatewayFleetTokenBudget(t *testing.T, store string) {
 	assert.Equal(t, started, served+counts[http.StatusOK])
 	t.Logf("org-a: %d of 16 served; then %d served, %d refused (by %v), %d store unavailable over 3 gateways; the upstream's worst minute %d of %d tokens",
 		served, counts[http.StatusOK], counts[http.StatusTooManyRequests], refusedBy, counts[http.StatusServiceUnavailable], worst, perMinute)
+
+	// /metrics shows the fleet's provider budget as the store last
+	// answered each gateway: its limit, and less than all of it left after
+	// the burst (below zero in debt).
+	for _, url := range urls {
+		text := scrape(t, &http.Client{}, url)
+		assert.Contains(t, text, fmt.Sprintf(`inflight_budget_tokens_limit{budget="tokens_per_minute",cap="provider"} %d`, perMinute))
+		m := regexp.MustCompile(`inflight_budget_tokens_left\{budget="tokens_per_minute",cap="provider"\} (\S+)`).FindStringSubmatch(text)
+		if assert.NotNil(t, m, "the fleet budget's left") {
+			left, err := strconv.ParseFloat(m[1], 64)
+			require.NoError(t, err)
+			assert.Less(t, left, float64(perMinute), "%s: the burst is counted", url)
+		}
+	}
 }
 
 // A fleet's budgets while its Redis is stopped (SIGSTOP): by default,

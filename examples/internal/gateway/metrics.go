@@ -232,7 +232,7 @@ func (g *Gateway) registerMetrics(cfg Config) {
 	if capsTokens(cfg.Provider) {
 		g.registerTokens(cfg)
 	}
-	if g.budgets {
+	if g.budgets || g.fleetBudgets != nil && (g.fleetBudgets.provider != nil || len(g.fleetBudgets.models) > 0) {
 		g.registerBudgets()
 	}
 	if g.fleetTenants != nil {

@@ -89,3 +89,35 @@ func TestBudgetRefusalsSpread(t *testing.T) {
 		assert.InDelta(t, float64(30*time.Second), float64(step), float64(time.Second), "%v", waits)
 	}
 }
+
+// Status tells the budget as the store's last answer here counted it, for
+// metrics: all of it left before any answer (At zero), then each part's limit and what is
+// left of it, a refusal's count too; another process's charge shows only
+// once this process's next call is answered.
+func TestBudgetStatus(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	limits := pacing.BudgetLimits{TokensPerMinute: 1000, OutputTokensPerMinute: 400}
+	a, err := fleet.NewBudget(s, "b", limits, 0)
+	require.NoError(t, err)
+	other, err := fleet.NewBudget(s, "b", limits, 0)
+	require.NoError(t, err)
+	st := a.Status()
+	assert.True(t, st.At.IsZero(), "no answer yet")
+	assert.Equal(t, [3]int{1000, 0, 400}, st.Limits)
+	assert.Equal(t, [3]int{1000, 0, 400}, st.Left, "nothing counted yet")
+
+	r, err := a.Reserve(ctx, pacing.Tokens{Input: 300, Output: 100})
+	require.NoError(t, err)
+	st = a.Status()
+	assert.False(t, st.At.IsZero())
+	assert.Equal(t, [3]int{600, 0, 300}, st.Left, "a part without a limit has nothing left to tell")
+	_, err = other.Reserve(ctx, pacing.Tokens{Input: 100, Output: 100})
+	require.NoError(t, err)
+	assert.Equal(t, [3]int{600, 0, 300}, a.Status().Left, "the other process's charge is not known here yet")
+	require.NoError(t, r.Settle(ctx, pacing.Tokens{Input: 300, Output: 400}))
+	assert.Equal(t, [3]int{100, 0, -100}, a.Status().Left, "the settlement's answer counts both, the debt below 0")
+	_, err = a.Reserve(ctx, pacing.Tokens{Input: 10, Output: 10})
+	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, [3]int{100, 0, -100}, a.Status().Left, "a refusal's answer counts what is charged")
+}
