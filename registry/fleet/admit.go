@@ -345,11 +345,11 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	l.degraded, l.epoch = degraded, epoch
 	if degraded {
-		r.degraded[l] = struct{}{}
-		r.degradedPeak = max(r.degradedPeak, len(r.degraded))
+		r.held.degraded[l] = struct{}{}
+		r.held.degradedPeak = max(r.held.degradedPeak, len(r.held.degraded))
 	}
-	r.leases[l] = struct{}{}
-	r.leasesPeak = max(r.leasesPeak, len(r.leases))
+	r.held.leases[l] = struct{}{}
+	r.held.leasesPeak = max(r.held.leasesPeak, len(r.held.leases))
 	learned := !degraded && l.start.counts != nil && r.startedLocked(l)
 	r.mu.Unlock()
 	if learned {

@@ -50,11 +50,11 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 	if w != nil {
 		c.call.Wait, c.call.Class, c.call.Flow, c.call.Weight = true, w.rank, w.flow, w.weight
 	}
-	if r.learning != nil && slices.ContainsFunc(l.keys, func(k K) bool { return r.learning[k] != nil }) {
+	if r.learned.learning != nil && slices.ContainsFunc(l.keys, func(k K) bool { return r.learned.learning[k] != nil }) {
 		c.call.Starts = true // the reply tells what a learned cap needs
 		c.learned = true
 	}
-	if len(r.degraded) > 0 {
+	if len(r.held.degraded) > 0 {
 		r.carryLocked(l, &c)
 	}
 	return c, nil
@@ -66,7 +66,7 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 // the rest are left to the heartbeat, woken for them.
 func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 	pairs := 0
-	for d := range r.degraded {
+	for d := range r.held.degraded {
 		if !slices.ContainsFunc(d.names, func(n string) bool { return slices.Contains(l.names, n) }) {
 			continue
 		}
@@ -94,7 +94,7 @@ func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, d := range carried {
-		if _, live := r.leases[d]; live && d.degraded {
+		if _, live := r.held.leases[d]; live && d.degraded {
 			r.inStoreLocked(d, epoch)
 			r.stats.reasserted.Add(1)
 		}
@@ -105,8 +105,8 @@ func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
 func (r *Registry[K]) inStoreLocked(l *lease[K], epoch int64) {
 	if l.degraded {
 		l.degraded = false
-		delete(r.degraded, l)
-		r.degraded = remade(r.degraded, &r.degradedPeak)
+		delete(r.held.degraded, l)
+		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
 	}
 	l.epoch, l.reported = epoch, false
 }

@@ -202,7 +202,7 @@ func (r *Registry[K]) logSafely(level slog.Level, msg string, attrs ...slog.Attr
 func (r *Registry[K]) hasDegraded() bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return len(r.degraded) > 0
+	return len(r.held.degraded) > 0
 }
 
 // probe pings the store and, if it answers, puts back the leases taken while
@@ -248,8 +248,8 @@ func (r *Registry[K]) renew() bool {
 	r.storeMu.Lock()
 	defer r.storeMu.Unlock()
 	r.mu.Lock()
-	batch := make([]renewal[K], 0, len(r.leases))
-	for l := range r.leases {
+	batch := make([]renewal[K], 0, len(r.held.leases))
+	for l := range r.held.leases {
 		x := renewal[K]{l: l, mode: driver.ModeReport, epoch: l.epoch, limits: slices.Clone(l.limits)}
 		switch {
 		case l.degraded:
@@ -350,7 +350,7 @@ func (r *Registry[K]) afterRenew(batch []renewal[K], epoch int64, status []drive
 	defer r.mu.Unlock()
 	for i, x := range batch {
 		l, st := x.l, status[i]
-		if _, live := r.leases[l]; !live {
+		if _, live := r.held.leases[l]; !live {
 			if st == driver.FatePutBack || st == driver.FateRoom {
 				requeue = append(requeue, l)
 			}
@@ -430,7 +430,7 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 			continue
 		}
 		x.l.until = max(x.l.until, until)
-		if _, live := r.leases[x.l]; !live {
+		if _, live := r.held.leases[x.l]; !live {
 			requeue = append(requeue, x.l.abandonment())
 		} else {
 			x.l.sent = true

@@ -43,87 +43,142 @@ func WithCancelOnLost(ctx context.Context) (context.Context, context.CancelFunc)
 // Registry caps holders per key across a fleet. Create it with New; the
 // zero value is not usable.
 type Registry[K comparable] struct {
-	store     driver.Store
-	local     *registry.Registry[K]
-	cfg       config
-	keyName   func(K) string
-	prefix    string // names the Registry in logs: its store's String, or "fleet"
-	defLimit  int
-	limitFunc func(K) int // nil: defLimit
+	store  driver.Store
+	local  *registry.Registry[K]
+	cfg    config
+	prefix string // names the Registry in logs: its store's String, or "fleet"
 
-	// The fleet's queue (see PROTOCOL.md): this process's name in it, the
-	// claim window, the liveness TTL, and what the wait options say.
-	proc        string
-	claim, live time.Duration
-	waitPolicy
-	bypassLog core.Every // fail-open admissions after the longest wait
-	// holdTime estimates how long holders keep their leases, and holds per
-	// key, for the Retry-After of a refusal (holdTime for a key none of
-	// whose holds has ended here).
-	holdTime core.HoldTime
-	holds    keyHolds
-	// pause is how long new admissions wait after the store lost its data,
-	// as this process declares it (see pause.go).
-	pause time.Duration
-	// epoch is the latest epoch a reply told (0: none yet); see pause.go.
-	epoch  atomic.Int64
-	lostAt atomic.Int64 // when this process last found a data loss, unix nanoseconds (0: never)
-
-	mu     sync.Mutex // protects the fields below
-	limits map[K]int  // SetLimit overrides
-	leases map[*lease[K]]struct{}
-	// degraded are the leases in leases with degraded set.
-	degraded map[*lease[K]]struct{}
-	// The most entries of each map since it was last made (see remade).
-	leasesPeak, limitsPeak, degradedPeak int
-	// queues are the waiters of each key, in order (see waiters.go);
-	// queuesPeak is the most keys waited on since the map was last made.
-	queues     map[string][]*waiter
-	queuesPeak int
-	// tickets are the waiters that have asked the store (and may be queued
-	// there), by the lease id they asked under, for their grants'
-	// wake-ups; a waiter is in it from before its call.
-	tickets     map[string]*waiter
-	ticketsPeak int
-	waiting     int // callers in the queues
-	closed      bool
-	// learning are the keys whose caps are learned (see learn.go), and
-	// learnedBy those keys by name.
-	learning  map[K]*learning
-	learnedBy map[string]K
-	learnLog  []learnChange // changes of learned caps to log (see toldLocked)
-	calls     calls         // acquire calls on their way or queued
-
-	remMu      sync.Mutex    // protects the fields below
-	removals   []*lease[K]   // removals from the store to send, oldest first
-	maxPending int           // bound of removals (maxRemovals; tests lower it)
-	kick       chan struct{} // buffered 1: removals queued
-	resume     chan struct{} // buffered 1: the breaker closed, send the removals again
-
+	// The parts, each with its state (and its lock, or the Registry's mu,
+	// as each says):
+	keyRules[K]                // how keys are named and limited
+	queueing                   // the fleet's queue: this process's name in it, its windows, the wait options
+	refusals                   // what refusals are told, and fail-open's log
+	losses                     // the store's epochs and data losses (pause.go)
+	mu              sync.Mutex // protects closed and the parts that say so
+	closed          bool
+	limitsSet[K]                   // guarded by mu
+	held            heldLeases[K]  // guarded by mu
+	waits           waitQueues     // guarded by mu
+	learned         learnedCaps[K] // learned caps (see learn.go)
+	calls           calls          // acquire calls on their way or queued
+	removalQueue[K]                // its own lock
 	// storeMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
 	// that renewal, so a renewal cannot put back a released lease. It is
 	// held across calls to the store (see chanMutex).
 	storeMu chanMutex
+	brk     breaker
+	clock   serverClock // the store's, as replies tell it
+	stats   counters
+	lifecycle
+	survived // the panics the background goroutines survived
+}
 
-	// learnKick wakes the learner goroutine; learnMu orders the settings
-	// of learned limits in the local registry.
+// keyRules are how a Registry names its keys in the store and what limit
+// each has unless SetLimit says otherwise. Set by New, read-only after.
+type keyRules[K comparable] struct {
+	keyName   func(K) string
+	defLimit  int
+	limitFunc func(K) int // nil: defLimit
+}
+
+// limitsSet are the limits SetLimit gave keys; guarded by the Registry's
+// mu. limitsPeak is the most entries since the map was last made (see
+// remade).
+type limitsSet[K comparable] struct {
+	limits     map[K]int
+	limitsPeak int
+}
+
+// queueing is a Registry's part in the fleet's queue (see PROTOCOL.md):
+// this process's name in it, the claim window, the liveness TTL, and what
+// the wait options say. Set by New, read-only after.
+type queueing struct {
+	proc        string
+	claim, live time.Duration
+	waitPolicy
+}
+
+// refusals is what a Registry's refusals are told: holdTime estimates how
+// long holders keep their leases, and holds per key, for the Retry-After
+// of a refusal (holdTime for a key none of whose holds has ended here);
+// bypassLog spaces the logs of fail-open admissions. Each guards itself.
+type refusals struct {
+	bypassLog core.Every
+	holdTime  core.HoldTime
+	holds     keyHolds
+}
+
+// losses is what a Registry knows of the store's data: pause is how long
+// new admissions wait after the store lost its data, as this process
+// declares it; epoch the latest epoch a reply told (0: none yet); lostAt
+// when this process last found a data loss, unix nanoseconds (0: never).
+// See pause.go.
+type losses struct {
+	pause  time.Duration // set by New
+	epoch  atomic.Int64
+	lostAt atomic.Int64
+}
+
+// heldLeases are the leases a Registry holds; guarded by its mu.
+type heldLeases[K comparable] struct {
+	leases map[*lease[K]]struct{}
+	// degraded are the leases in leases with degraded set.
+	degraded map[*lease[K]]struct{}
+	// The most entries of each map since it was last made (see remade).
+	leasesPeak, degradedPeak int
+}
+
+// waitQueues are a Registry's waiters; guarded by its mu. queues are the
+// waiters of each key, in order (see waiters.go); queuesPeak is the most
+// keys waited on since the map was last made. tickets are the waiters
+// that have asked the store (and may be queued there), by the lease id
+// they asked under, for their grants' wake-ups; a waiter is in it from
+// before its call.
+type waitQueues struct {
+	queues      map[string][]*waiter
+	queuesPeak  int
+	tickets     map[string]*waiter
+	ticketsPeak int
+	waiting     int // callers in the queues
+}
+
+// learnedCaps are the keys whose caps a Registry learns (see learn.go):
+// learning, learnedBy (those keys by name) and learnLog (changes to log,
+// see toldLocked) are guarded by the Registry's mu; learnKick wakes the
+// learner goroutine, and learnMu orders the settings of learned limits in
+// the local registry.
+type learnedCaps[K comparable] struct {
+	learning    map[K]*learning
+	learnedBy   map[string]K
+	learnLog    []learnChange
 	learnKick   chan struct{}
 	learnMu     sync.Mutex
 	learnErrLog core.Every // a failed write of a learned state
+}
 
-	brk        breaker
-	clock      serverClock // the store's, as replies tell it
-	stats      counters
+// removalQueue is the removals a Registry has still to send to the store.
+type removalQueue[K comparable] struct {
+	remMu      sync.Mutex    // protects the fields below
+	removals   []*lease[K]   // removals from the store to send, oldest first
+	maxPending int           // bound of removals (maxRemovals; tests lower it)
+	kick       chan struct{} // buffered 1: removals queued
+	resume     chan struct{} // buffered 1: the breaker closed, send the removals again
+}
+
+// lifecycle is a Registry's goroutines' signals.
+type lifecycle struct {
 	subscribed chan struct{} // closed once the store's Listen listens
 	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
 	reassert   chan struct{} // buffered 1: the store lost its data: the heartbeat puts the leases back now
 	stop       context.CancelFunc
 	done       sync.WaitGroup
 	stopping   context.Context
+}
 
-	// panics counts the panics the background goroutines survived, and
-	// panicLogged is when one was last logged (Unix ns; see survive).
+// survived counts the panics the background goroutines survived, and
+// panicLogged is when one was last logged (Unix ns; see survive).
+type survived struct {
 	panics      atomic.Uint64
 	panicLogged atomic.Int64
 }
@@ -193,23 +248,17 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 		panic(fmt.Sprintf("fleet: negative default limit %d", defaultLimit))
 	}
 	r := &Registry[K]{
-		store:    store,
-		cfg:      cfg,
-		keyName:  func(k K) string { return fmt.Sprint(k) },
-		prefix:   label,
-		defLimit: defaultLimit,
-		limits:   map[K]int{},
-		leases:   map[*lease[K]]struct{}{},
-		degraded: map[*lease[K]]struct{}{},
-
-		maxPending: maxRemovals,
-		kick:       make(chan struct{}, 1),
-		storeMu:    make(chanMutex, 1),
-		resume:     make(chan struct{}, 1),
-		subscribed: make(chan struct{}),
-		recovery:   make(chan struct{}, 1),
-		reassert:   make(chan struct{}, 1),
-		calls:      calls{max: maxSending},
+		store:     store,
+		cfg:       cfg,
+		keyRules:  keyRules[K]{keyName: func(k K) string { return fmt.Sprint(k) }, defLimit: defaultLimit},
+		prefix:    label,
+		limitsSet: limitsSet[K]{limits: map[K]int{}},
+		held:      heldLeases[K]{leases: map[*lease[K]]struct{}{}, degraded: map[*lease[K]]struct{}{}},
+		removalQueue: removalQueue[K]{maxPending: maxRemovals, kick: make(chan struct{}, 1),
+			resume: make(chan struct{}, 1)},
+		storeMu:   make(chanMutex, 1),
+		lifecycle: lifecycle{subscribed: make(chan struct{}), recovery: make(chan struct{}, 1), reassert: make(chan struct{}, 1)},
+		calls:     calls{max: maxSending},
 	}
 	if keys.Name != nil {
 		r.keyName = keys.Name
@@ -219,7 +268,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 	// renewal that fails.
 	r.cfg.opTimeout = min(r.cfg.opTimeout, r.cfg.ttl/3)
 	r.proc = newLeaseID()[:16]
-	r.learnKick = make(chan struct{}, 1)
+	r.learned.learnKick = make(chan struct{}, 1)
 	r.claim = claimWindow(r.cfg)
 	r.live = min(r.cfg.ttl, 5*r.claim)
 	r.waitPolicy = waitPolicyOf(cfg.local)
@@ -326,8 +375,8 @@ func (r *Registry[K]) setLimit(key K, n int, set bool) {
 // whether it is), sets it in the local registry, in order with a Learn's
 // setting of it.
 func (r *Registry[K]) setLocal(key K, n int, set bool) (learned bool) {
-	r.learnMu.Lock()
-	defer r.learnMu.Unlock() // the LimitFunc may panic
+	r.learned.learnMu.Lock()
+	defer r.learned.learnMu.Unlock() // the LimitFunc may panic
 	learned = r.setLimitLocked(key, n, set)
 	switch {
 	case learned:
@@ -362,7 +411,7 @@ func (r *Registry[K]) Limit(key K) int {
 
 func (r *Registry[K]) limitLocked(key K) int {
 	n := r.staticLimitLocked(key)
-	if r.learning != nil {
+	if r.learned.learning != nil {
 		if l, ok := r.learnedLimitLocked(key); ok {
 			return min(n, l)
 		}
@@ -408,7 +457,7 @@ type Stats struct {
 // Stats returns the counts.
 func (r *Registry[K]) Stats() Stats {
 	r.mu.Lock()
-	st := Stats{Held: len(r.leases), Waiting: r.waiting}
+	st := Stats{Held: len(r.held.leases), Waiting: r.waits.waiting}
 	r.mu.Unlock()
 	r.remMu.Lock()
 	st.RemovalsPending = len(r.removals)

@@ -122,7 +122,7 @@ func TestReleaseDuringReassert(t *testing.T) {
 	m.Srv.Del("inflight:{t}:k") // lost: the next renewal puts it back
 	r.mu.Lock()
 	var l *lease[string]
-	for x := range r.leases {
+	for x := range r.held.leases {
 		l = x
 	}
 	r.mu.Unlock()
@@ -421,7 +421,7 @@ func TestLateRenewalDoesNotResurrect(t *testing.T) {
 	id := m.leases("k")[0]
 	var l *lease[string]
 	r.mu.Lock()
-	for x := range r.leases {
+	for x := range r.held.leases {
 		l = x
 	}
 	r.mu.Unlock()

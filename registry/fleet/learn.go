@@ -164,16 +164,16 @@ func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
 		return fmt.Errorf("fleet: Learn %s: %w", r.keyName(key), err)
 	}
 	s := learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS)
-	lk := r.learning[key]
+	lk := r.learned.learning[key]
 	if lk == nil {
 		name := r.keyName(key)
 		lk = &learning{name: name, cap: *s.New(configured), applied: -1}
 		lk.base, lk.told = lk.cap, [2]int{lk.cap.Lo, lk.cap.Hi}
 		lk.changes = 1 // the first setting, as upstream.Learned counts it
-		if r.learning == nil {
-			r.learning, r.learnedBy = map[K]*learning{}, map[string]K{}
+		if r.learned.learning == nil {
+			r.learned.learning, r.learned.learnedBy = map[K]*learning{}, map[string]K{}
 		}
-		r.learning[key], r.learnedBy[name] = lk, key
+		r.learned.learning[key], r.learned.learnedBy[name] = lk, key
 	}
 	lk.settings = s
 	r.reconfigureLocked(key)
@@ -184,10 +184,10 @@ func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
 // Forget returns key to the limit it has without learning.
 func (r *Registry[K]) Forget(key K) {
 	r.mu.Lock()
-	lk := r.learning[key]
+	lk := r.learned.learning[key]
 	if lk != nil {
-		delete(r.learning, key)
-		delete(r.learnedBy, lk.name)
+		delete(r.learned.learning, key)
+		delete(r.learned.learnedBy, lk.name)
 	}
 	r.mu.Unlock()
 	if lk == nil {
@@ -200,11 +200,11 @@ func (r *Registry[K]) Forget(key K) {
 // forgetLocal gives key in the local registry the limit it has without
 // learning, in order with SetLimit's settings of it.
 func (r *Registry[K]) forgetLocal(key K) {
-	r.learnMu.Lock()
-	defer r.learnMu.Unlock()
+	r.learned.learnMu.Lock()
+	defer r.learned.learnMu.Unlock()
 	r.mu.Lock()
 	n, set := r.limits[key]
-	relearned := r.learning[key] != nil
+	relearned := r.learned.learning[key] != nil
 	r.mu.Unlock()
 	if relearned {
 		return // learned again: its Learn applies the learned limit
@@ -219,7 +219,7 @@ func (r *Registry[K]) forgetLocal(key K) {
 // reconfigureLocked applies key's settings and its limit without learning
 // (its ceiling) to its learned cap; it reports whether key is learned.
 func (r *Registry[K]) reconfigureLocked(key K) bool {
-	lk := r.learning[key]
+	lk := r.learned.learning[key]
 	if lk == nil {
 		return false
 	}
@@ -242,7 +242,7 @@ func (r *Registry[K]) configuredLocked(key K) int {
 
 // learnedLimitLocked returns the limit of key if it is learned.
 func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
-	lk := r.learning[key]
+	lk := r.learned.learning[key]
 	if lk == nil {
 		return 0, false
 	}
@@ -292,19 +292,19 @@ func (r *Registry[K]) Report(s *slots.Slot, v upstream.Verdict) {
 func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K, cut bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.closed || l.answered || l.start.counts == nil || len(r.learning) == 0 {
+	if r.closed || l.answered || l.start.counts == nil || len(r.learned.learning) == 0 {
 		return nil, false
 	}
 	l.answered = true
 	last := -1 // the last learned key: a refusal's
 	for i, k := range l.keys {
-		if r.learning[k] != nil {
+		if r.learned.learning[k] != nil {
 			last = i
 		}
 	}
 	ev := learnEvent{id: l.start.id, at: l.start.at, now: r.clock.nanos(), seq: r.clock.startCeiling()}
 	for i, k := range l.keys {
-		lk := r.learning[k]
+		lk := r.learned.learning[k]
 		if lk == nil {
 			continue
 		}
@@ -336,7 +336,7 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 // startedLocked notes the admission of l in the store on its learned keys.
 func (r *Registry[K]) startedLocked(l *lease[K]) (changed bool) {
 	for i, k := range l.keys {
-		if lk := r.learning[k]; lk != nil {
+		if lk := r.learned.learning[k]; lk != nil {
 			e := learnEvent{kind: evStarted, n: int(l.start.counts[i]), id: l.start.id, at: l.start.at, now: l.start.at}
 			changed = r.noteLocked(lk, e) || changed
 		}
@@ -368,8 +368,8 @@ func (r *Registry[K]) toldLocked(lk *learning, by string) {
 		return
 	}
 	lk.changes++
-	if len(r.learnLog) < maxLearnPending {
-		r.learnLog = append(r.learnLog, learnChange{key: lk.name, old: lk.told[0], cap: lk.cap.Lo, oldCeiling: lk.told[1], ceil: lk.cap.Hi, by: by})
+	if len(r.learned.learnLog) < maxLearnPending {
+		r.learned.learnLog = append(r.learned.learnLog, learnChange{key: lk.name, old: lk.told[0], cap: lk.cap.Lo, oldCeiling: lk.told[1], ceil: lk.cap.Hi, by: by})
 	}
 	lk.told = [2]int{lk.cap.Lo, lk.cap.Hi}
 }
@@ -377,8 +377,8 @@ func (r *Registry[K]) toldLocked(lk *learning, by string) {
 // logLearned logs the changes queued by toldLocked.
 func (r *Registry[K]) logLearned() {
 	r.mu.Lock()
-	changes := r.learnLog
-	r.learnLog = nil
+	changes := r.learned.learnLog
+	r.learned.learnLog = nil
 	r.mu.Unlock()
 	for _, c := range changes {
 		r.logSafely(slog.LevelInfo, "fleet: learned cap changed", slog.String("registry", r.prefix), slog.String("key", c.key),
@@ -391,7 +391,7 @@ func (r *Registry[K]) logLearned() {
 func (r *Registry[K]) Learned(key K) upstream.Learned {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	lk := r.learning[key]
+	lk := r.learned.learning[key]
 	if lk == nil {
 		return upstream.Learned{}
 	}
@@ -406,8 +406,8 @@ func (r *Registry[K]) Learned(key K) upstream.Learned {
 // wakes the waiters if it rose, and logs the changes made.
 func (r *Registry[K]) applyLearned(key K) {
 	defer r.logLearned()
-	r.learnMu.Lock()
-	defer r.learnMu.Unlock()
+	r.learned.learnMu.Lock()
+	defer r.learned.learnMu.Unlock()
 	n, old, ok := r.learnedFor(key)
 	if !ok || n == old {
 		return
@@ -423,7 +423,7 @@ func (r *Registry[K]) applyLearned(key K) {
 func (r *Registry[K]) learnedFor(key K) (n, old int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
-	lk := r.learning[key]
+	lk := r.learned.learning[key]
 	if lk == nil {
 		return 0, 0, false
 	}

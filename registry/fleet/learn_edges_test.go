@@ -92,7 +92,7 @@ func lockFree(r *Registry[string]) bool {
 func learnOf(r *Registry[string], key string) learning {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return *r.learning[key]
+	return *r.learned.learning[key]
 }
 
 // settled waits until key's state in r has been read, and no sync is under
@@ -166,7 +166,7 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 	h.fn = func(string) {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		lk := r.learning["p"]
+		lk := r.learned.learning["p"]
 		for i := range 300 {
 			at := time.Now().Add(time.Hour)
 			r.noteLocked(lk, learnEvent{kind: evStarted, n: lk.cap.Lo + 1, id: uint64(at.UnixMicro()) + uint64(i), now: at.UnixNano() + int64(i)})
@@ -578,7 +578,7 @@ func TestLearnedCapForgottenInARound(t *testing.T) {
 		other = "p"
 	}
 	r.mu.Lock()
-	lk := r.learning[other]
+	lk := r.learned.learning[other]
 	require.True(t, lk.syncing)
 	synced := lk.synced
 	r.mu.Unlock()
@@ -820,7 +820,7 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
 	settled(t, r, "p")
 	r.mu.Lock()
-	lk := r.learning["p"]
+	lk := r.learned.learning["p"]
 	lk.syncingLocked() // the learner leaves p alone: this test syncs it
 	r.mu.Unlock()
 	before, err := admin.Get(context.Background(), learnKey(r, lk.name)).Result()

@@ -389,7 +389,7 @@ func TestReportWritesACutBeforeItReturns(t *testing.T) {
 	fwUntil(t, "read again", func() bool {
 		rs[0].mu.Lock()
 		defer rs[0].mu.Unlock()
-		return !rs[0].learning["p"].stale
+		return !rs[0].learned.learning["p"].stale
 	})
 	assert.Equal(t, 2, rs[0].Learned("p").Cap)
 }

@@ -72,7 +72,7 @@ func (lk *learning) rebaseLocked() {
 // kickLearner wakes the goroutine that writes and reads learned states.
 func (r *Registry[K]) kickLearner() {
 	select {
-	case r.learnKick <- struct{}{}:
+	case r.learned.learnKick <- struct{}{}:
 	default:
 	}
 }
@@ -88,7 +88,7 @@ func (r *Registry[K]) learner() {
 		select {
 		case <-r.stopping.Done():
 			return
-		case <-r.learnKick:
+		case <-r.learned.learnKick:
 		case <-t.C:
 		}
 		next := learnRefresh
@@ -138,7 +138,7 @@ func (r *Registry[K]) dueLocked(next *time.Duration) (due []dueKey[K], keys []K)
 	// Before a reply has told the server's clock, time proves nothing: a
 	// probe in a state read from the store was timed by another clock.
 	timed := r.clock.told()
-	for k, lk := range r.learning {
+	for k, lk := range r.learned.learning {
 		keys = append(keys, k)
 		if at := lk.cap.WakeAt(now); at != 0 && timed {
 			if at <= now {
@@ -172,7 +172,7 @@ func (r *Registry[K]) flushLearned(key K) {
 	defer timeout.Stop()
 	for {
 		r.mu.Lock()
-		lk := r.learning[key]
+		lk := r.learned.learning[key]
 		if lk == nil || r.closed || len(lk.pending) == 0 {
 			r.mu.Unlock()
 			return
@@ -236,7 +236,7 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 		return true // done, or written over and over by others: the store answers
 	}
 	later := errors.Is(err, errLearnedFormat)
-	if ctx.Err() == nil && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
+	if ctx.Err() == nil && r.learned.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
 		msg := "fleet: learned cap not written to the store; this process goes on with its own"
 		if later {
 			msg = "fleet: learned cap left in the store as a later release wrote it; this process goes on with its own"
@@ -250,7 +250,7 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 func (r *Registry[K]) learningOf(key K) *learning {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	return r.learning[key]
+	return r.learned.learning[key]
 }
 
 // snapshotLocked takes what a sync of key, learned as lk, starts from.
@@ -328,7 +328,7 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 			return fresh, false, err
 		}
 		if res.Wrote {
-			if res.PublishErr != "" && r.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
+			if res.PublishErr != "" && r.learned.learnErrLog.Allow(time.Now().UnixNano(), learnErrLogEvery) {
 				r.logSafely(slog.LevelWarn, "fleet: learned cap written to the store and not published; the other processes read it within a second",
 					slog.String("registry", r.prefix), slog.String("key", snap.lk.name), slog.String("error", res.PublishErr))
 			}
@@ -367,7 +367,7 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 		lk.syncing = false
 		close(lk.synced)
 	}
-	if !done || r.learning[key] != lk {
+	if !done || r.learned.learning[key] != lk {
 		return
 	}
 	// pending holds the events numbered after queued-len(pending); those
@@ -421,16 +421,16 @@ func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
 	if bad {
-		for _, lk := range r.learning {
+		for _, lk := range r.learned.learning {
 			lk.staleLocked()
 		}
 		return k, false, true
 	}
-	k, ok := r.learnedBy[st.Key]
+	k, ok := r.learned.learnedBy[st.Key]
 	if !ok {
 		return k, false, false
 	}
-	lk := r.learning[k]
+	lk := r.learned.learning[k]
 	if st.E == 0 || st.E != r.epoch.Load() { // another database's, or data's
 		lk.staleLocked()
 		return k, false, true
@@ -449,10 +449,10 @@ func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool
 // made again may have missed messages).
 func (r *Registry[K]) learnedStale() {
 	r.mu.Lock()
-	for _, lk := range r.learning {
+	for _, lk := range r.learned.learning {
 		lk.staleLocked()
 	}
-	n := len(r.learning)
+	n := len(r.learned.learning)
 	r.mu.Unlock()
 	if n > 0 {
 		r.kickLearner()

@@ -99,11 +99,11 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	r := l.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	delete(r.leases, l)
-	r.leases = remade(r.leases, &r.leasesPeak)
+	delete(r.held.leases, l)
+	r.held.leases = remade(r.held.leases, &r.held.leasesPeak)
 	if l.degraded {
-		delete(r.degraded, l)
-		r.degraded = remade(r.degraded, &r.degradedPeak)
+		delete(r.held.degraded, l)
+		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
 		for _, name := range l.names {
 			r.wokenByLocked(name)
 		}

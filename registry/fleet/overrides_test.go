@@ -35,7 +35,7 @@ func TestOverridesRecordIsNotALearnedState(t *testing.T) {
 		stale := func() uint64 {
 			r.mu.Lock()
 			defer r.mu.Unlock()
-			return r.learning["p"].staleN
+			return r.learned.learning["p"].staleN
 		}
 		before := stale()
 		rec, err := json.Marshal(overridesRecord{V: 7, Key: overridesPrefix + "orgs", Limits: map[string]int{"p": 1}})

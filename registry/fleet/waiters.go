@@ -24,7 +24,7 @@ type waiter struct {
 	// once its call to the store has its place in line (see placed), until a
 	// reply tells it a key is full again.
 	blocked []string
-	queued  bool          // in r.queues (guarded by r.mu)
+	queued  bool          // in r.waits.queues (guarded by r.mu)
 	wake    chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
 	// guarded by r.mu. Its next call, the claim, does not wait for a
@@ -44,7 +44,7 @@ func (w *waiter) signal() {
 // admissions paused, the store unreachable), it waits in this process's own
 // order, which the rest of this file keeps.
 //
-// The waiters are kept in a queue per key (r.queues), each in the one
+// The waiters are kept in a queue per key (r.waits.queues), each in the one
 // order of the process: by class, then arrival. Every decision about a
 // waiter looks only at the queues of its own keys, and a change wakes only
 // the waiters it may let go, so that a burst of waiters leaving in order
@@ -58,22 +58,22 @@ func (r *Registry[K]) enqueue(w *waiter) error {
 	if r.closed {
 		return ErrClosed
 	}
-	if r.queues == nil {
-		r.queues = map[string][]*waiter{}
+	if r.waits.queues == nil {
+		r.waits.queues = map[string][]*waiter{}
 	}
 	w.blocked, w.queued = w.keys, true
 	for _, k := range w.keys {
 		// After every waiter of its class or a higher one: by class, then
 		// in arrival order.
-		q := r.queues[k]
+		q := r.waits.queues[k]
 		i := len(q)
 		for i > 0 && q[i-1].rank > w.rank {
 			i--
 		}
-		r.queues[k] = slices.Insert(q, i, w)
+		r.waits.queues[k] = slices.Insert(q, i, w)
 	}
-	r.waiting++
-	r.queuesPeak = max(r.queuesPeak, len(r.queues))
+	r.waits.waiting++
+	r.waits.queuesPeak = max(r.waits.queuesPeak, len(r.waits.queues))
 	return nil
 }
 
@@ -85,13 +85,13 @@ func (r *Registry[K]) dequeue(w *waiter) {
 		return
 	}
 	w.queued = false
-	r.waiting--
-	if w.ticket != "" && r.tickets[w.ticket] == w {
-		delete(r.tickets, w.ticket)
-		r.tickets = remade(r.tickets, &r.ticketsPeak)
+	r.waits.waiting--
+	if w.ticket != "" && r.waits.tickets[w.ticket] == w {
+		delete(r.waits.tickets, w.ticket)
+		r.waits.tickets = remade(r.waits.tickets, &r.waits.ticketsPeak)
 	}
 	for _, k := range w.keys {
-		q := r.queues[k]
+		q := r.waits.queues[k]
 		i := slices.Index(q, w)
 		if i < 0 {
 			continue
@@ -104,17 +104,17 @@ func (r *Registry[K]) dequeue(w *waiter) {
 		}
 		switch {
 		case len(q) == 0:
-			delete(r.queues, k)
+			delete(r.waits.queues, k)
 			continue
 		case cap(q) >= minRemade && len(q)*4 <= cap(q):
 			q = slices.Clone(q) // let a burst's array go
 		}
-		r.queues[k] = q
+		r.waits.queues[k] = q
 		if slices.Contains(w.blocked, k) {
 			freeLocked(q, i, k)
 		}
 	}
-	r.queues = remade(r.queues, &r.queuesPeak)
+	r.waits.queues = remade(r.waits.queues, &r.waits.queuesPeak)
 }
 
 // freeLocked wakes the waiters of q, key's queue, that no longer find key
@@ -142,7 +142,7 @@ func (r *Registry[K]) reblockLocked(w *waiter, blocked []string) {
 	w.blocked = blocked
 	for _, k := range old {
 		if !slices.Contains(blocked, k) {
-			q := r.queues[k]
+			q := r.waits.queues[k]
 			freeLocked(q, slices.Index(q, w)+1, k)
 		}
 	}
@@ -156,7 +156,7 @@ func (r *Registry[K]) mayTry(w *waiter) bool {
 	defer r.mu.Unlock()
 	var ahead []string // w's keys held back by earlier waiters, in w's order
 	for _, k := range w.keys {
-		for _, v := range r.queues[k] {
+		for _, v := range r.waits.queues[k] {
 			if v == w {
 				break
 			}
@@ -209,15 +209,15 @@ func (r *Registry[K]) expect(w *waiter, ticket string) {
 	if !w.queued || w.ticket == ticket {
 		return
 	}
-	if r.tickets[w.ticket] == w {
-		delete(r.tickets, w.ticket)
+	if r.waits.tickets[w.ticket] == w {
+		delete(r.waits.tickets, w.ticket)
 	}
-	if r.tickets == nil {
-		r.tickets = map[string]*waiter{}
+	if r.waits.tickets == nil {
+		r.waits.tickets = map[string]*waiter{}
 	}
 	w.ticket = ticket
-	r.tickets[ticket] = w
-	r.ticketsPeak = max(r.ticketsPeak, len(r.tickets))
+	r.waits.tickets[ticket] = w
+	r.waits.ticketsPeak = max(r.waits.ticketsPeak, len(r.waits.tickets))
 }
 
 // queuedIn records that w waits in the fleet's queue as ticket: it holds
@@ -236,7 +236,7 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 // released that the fleet's queue does not see (one admitted under the
 // local registry alone while the store was unreachable).
 func (r *Registry[K]) wokenByLocked(key string) {
-	for _, v := range r.queues[key] {
+	for _, v := range r.waits.queues[key] {
 		if slices.Contains(v.blocked, key) {
 			v.signal()
 			return
@@ -248,7 +248,7 @@ func (r *Registry[K]) wokenByLocked(key string) {
 func (r *Registry[K]) granted(ticket string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if w := r.tickets[ticket]; w != nil {
+	if w := r.waits.tickets[ticket]; w != nil {
 		w.granted = ticket
 		w.signal()
 	}
@@ -259,7 +259,7 @@ func (r *Registry[K]) granted(ticket string) {
 func (r *Registry[K]) wakeAll() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for _, q := range r.queues {
+	for _, q := range r.waits.queues {
 		for _, v := range q {
 			v.signal()
 		}

@@ -155,7 +155,7 @@ func simWaiters(seed uint64, steps int) string {
 // allWaiters returns r's waiters, each once, in no set order.
 func (r *Registry[K]) allWaiters() []*waiter {
 	var all []*waiter
-	for _, q := range r.queues {
+	for _, q := range r.waits.queues {
 		for _, w := range q {
 			if !slices.Contains(all, w) {
 				all = append(all, w)

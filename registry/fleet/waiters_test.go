@@ -39,7 +39,7 @@ func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
 				return false
 			}
 		}
-		return len(r.tickets) == 2
+		return len(r.waits.tickets) == 2
 	})
 	yctx, ycancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer ycancel()
@@ -91,7 +91,7 @@ func TestWaitersByClass(t *testing.T) {
 	acquire(slots.PriorityInteractive)
 	eventually(t, "and the interactive one, ahead of them", allQueued(4))
 	r.mu.Lock()
-	assert.Equal(t, core.Rank(core.ClassHigh), r.queues["k"][0].rank)
+	assert.Equal(t, core.Rank(core.ClassHigh), r.waits.queues["k"][0].rank)
 	r.mu.Unlock()
 
 	hold.Release()
