@@ -6,7 +6,6 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,23 +28,12 @@ func retryAfterOf(h http.Header) time.Duration {
 	return time.Second
 }
 
-// saturated is the run of TestRetryAfterIsTrue: what clients that honour
-// the Retry-After of a saturated server saw.
-type saturated struct {
-	requests, gaveUp                 int
-	firstRefused, firstRetryAdmitted int
-	waitingMoments, slotFreeMoments  int
-}
-
 // runSaturated serves 12 clients, each sending 4 requests of a 1 s turn
 // (give or take 10%, drawn from seed) one after another, through
 // Middleware on a Limiter of 2 slots with 4 places in its queue and a
 // 500 ms wait; a refused request is sent again after the answer's
-// Retry-After, at most 5 times. Every 10 ms it notes whether some client is
-// waiting out a Retry-After, and whether a slot is free meanwhile. In
-// virtual time.
-func runSaturated(t *testing.T, seed uint64) saturated {
-	var out saturated
+// Retry-After, at most 5 times (testrig.Saturate). In virtual time.
+func runSaturated(t *testing.T, seed uint64) (out testrig.Saturated) {
 	rng := rand.New(rand.NewPCG(seed, 1))
 	var rngMu sync.Mutex
 	turn := func() time.Duration {
@@ -57,64 +45,11 @@ func runSaturated(t *testing.T, seed uint64) saturated {
 		lim := slots.NewLimiter(2, slots.WithMaxQueue(4), slots.WithMaxWait(500*time.Millisecond))
 		h := slots.Middleware(func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })(
 			http.HandlerFunc(func(http.ResponseWriter, *http.Request) { time.Sleep(turn()) }))
-		var mu sync.Mutex
-		var sleeping atomic.Int32
-		done := make(chan struct{})
-		var wg sync.WaitGroup
-		for range 12 {
-			wg.Go(func() {
-				for range 4 {
-					refusals := 0
-					for {
-						rec := httptest.NewRecorder()
-						h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", nil))
-						mu.Lock()
-						if refusals == 1 && rec.Code == http.StatusOK {
-							out.firstRetryAdmitted++
-						}
-						if rec.Code != http.StatusOK && refusals == 0 {
-							out.firstRefused++
-						}
-						mu.Unlock()
-						if rec.Code == http.StatusOK {
-							break
-						}
-						refusals++
-						if refusals > 5 {
-							mu.Lock()
-							out.gaveUp++
-							mu.Unlock()
-							break
-						}
-						sleeping.Add(1)
-						time.Sleep(retryAfterOf(rec.Header()))
-						sleeping.Add(-1)
-					}
-					mu.Lock()
-					out.requests++
-					mu.Unlock()
-				}
-			})
-		}
-		go func() {
-			for {
-				select {
-				case <-done:
-					return
-				case <-time.After(10 * time.Millisecond):
-				}
-				if sleeping.Load() > 0 {
-					mu.Lock()
-					out.waitingMoments++
-					if lim.InFlight() < 2 {
-						out.slotFreeMoments++
-					}
-					mu.Unlock()
-				}
-			}
-		}()
-		wg.Wait()
-		close(done)
+		out = testrig.Saturate(12, 4, func(int) (bool, time.Duration) {
+			rec := httptest.NewRecorder()
+			h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", nil))
+			return rec.Code == http.StatusOK, retryAfterOf(rec.Header())
+		}, func() bool { return lim.InFlight() < 2 })
 	})
 	return out
 }
@@ -133,22 +68,16 @@ func runSaturated(t *testing.T, seed uint64) saturated {
 // to come at that slot; with a wait of one turn (500 ms for two slots of
 // 1 s) nobody who joins behind it is served in time.
 func TestRetryAfterSpreadsReturns(t *testing.T) {
-	var sum saturated
+	var sum testrig.Saturated
 	for seed := range uint64(10) {
 		r := runSaturated(t, seed)
-		assert.Equal(t, 48, r.requests)
-		sum.requests += r.requests
-		sum.gaveUp += r.gaveUp
-		sum.firstRefused += r.firstRefused
-		sum.firstRetryAdmitted += r.firstRetryAdmitted
-		sum.waitingMoments += r.waitingMoments
-		sum.slotFreeMoments += r.slotFreeMoments
+		assert.Equal(t, 48, r.Requests)
+		sum.Add(r)
 	}
-	first := float64(sum.firstRetryAdmitted) / float64(max(sum.firstRefused, 1))
-	free := float64(sum.slotFreeMoments) / float64(max(sum.waitingMoments, 1))
+	first, free := sum.FirstRetries(), sum.Free()
 	t.Logf("%d requests: %d refused at first, %d of them admitted at their first retry (%.0f%%); %d gave up; a slot free in %.1f%% of %d moments clients waited",
-		sum.requests, sum.firstRefused, sum.firstRetryAdmitted, 100*first, sum.gaveUp, 100*free, sum.waitingMoments)
+		sum.Requests, sum.FirstRefused, sum.FirstRetryAdmitted, 100*first, sum.GaveUp, 100*free, sum.WaitingMoments)
 	assert.GreaterOrEqual(t, first, 0.45, "first retries admitted")
-	assert.LessOrEqual(t, sum.gaveUp, sum.requests/100, "requests given up")
+	assert.LessOrEqual(t, sum.GaveUp, sum.Requests/100, "requests given up")
 	assert.LessOrEqual(t, free, 0.2, "moments a slot sat free while clients waited")
 }
