@@ -74,7 +74,11 @@ func anyKey(t *testing.T, srv Server) {
 	}
 	for _, r := range []*fleet.Registry[string]{a, b} {
 		st := r.Stats()
-		assert.Zero(t, st.StoreErrors, "store errors")
+		// A key the store could not keep fails each of its calls: a store
+		// error per key at least, renewal after renewal. A call that ran
+		// past its timeout (a third of the 600 ms TTL) on a loaded machine
+		// is one error, of any key: seen once in CI.
+		assert.Less(t, st.StoreErrors, uint64(3), "store errors")
 		assert.Zero(t, st.Degraded, "admitted by the store, not locally")
 		assert.Zero(t, st.Lost, "leases lost")
 	}
