@@ -81,7 +81,9 @@ func Saturate(clients, requests int, attempt func(c int) (admitted bool, retryAf
 			}
 		})
 	}
+	sampled := make(chan struct{})
 	go func() {
+		defer close(sampled)
 		for {
 			select {
 			case <-done:
@@ -101,5 +103,6 @@ func Saturate(clients, requests int, attempt func(c int) (admitted bool, retryAf
 	}()
 	wg.Wait()
 	close(done)
+	<-sampled // its last moment counted, and no write after the return
 	return out
 }

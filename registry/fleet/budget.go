@@ -29,18 +29,26 @@ type Budget struct {
 	// The requests this process refused and told when to come back, not
 	// yet due: a later refusal is told to come back after them, spread
 	// over the refill, not with them.
-	mu   sync.Mutex
+	mu   sync.Mutex // guards told, sent and the fields after it
 	told []toldBudget
-	// The budget's parts as the store's last answer here counted them.
-	used   [3]int64
-	usedAt time.Time
+	// The budget's parts as the store's latest answer here counted them,
+	// when it came, and which it was: the store's time in it (ms), then the
+	// order its call was sent in (sent counts them). An answer that overtook
+	// an earlier one is not undone by it.
+	sent    uint64
+	used    [3]int64
+	usedAt  time.Time
+	usedNow int64
+	usedSeq uint64
 }
 
-// BudgetStatus is a fleet Budget as the store's last answer to this
+// BudgetStatus is a fleet Budget as the store's latest answer to this
 // process counted it, for metrics: each part (all tokens, input, output)
 // of Limits (0: none) and what is Left of it over the last minute (below 0
-// in debt), At the time of that answer (the zero time: none yet, and all
-// of it left). Other processes' requests since then are not in it.
+// in debt), At the time of that answer. Other processes' requests since
+// then are not in it. With no answer yet (At zero), or none in the last
+// minute and a second, all of it is left: what was counted has left the
+// window since.
 type BudgetStatus struct {
 	Left, Limits [3]int
 	At           time.Time
@@ -51,10 +59,14 @@ func (b *Budget) Status() BudgetStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	st := BudgetStatus{At: b.usedAt}
+	stale := time.Since(b.usedAt) > time.Duration(driver.BudgetSteps+1)*time.Second
 	for i, l := range b.limits {
 		st.Limits[i] = int(l)
 		if l > 0 {
-			st.Left[i] = int(l - b.used[i])
+			st.Left[i] = int(l)
+			if !stale {
+				st.Left[i] -= int(b.used[i])
+			}
 		}
 	}
 	return st
@@ -241,10 +253,16 @@ func (b *Budget) call(ctx context.Context, c *driver.BudgetCall) (driver.BudgetR
 	}
 	cctx, cancel := context.WithTimeout(ctx, b.timeout)
 	defer cancel()
+	b.mu.Lock()
+	b.sent++
+	seq := b.sent
+	b.mu.Unlock()
 	res, err := b.store.Budget(cctx, c)
 	if err == nil {
 		b.mu.Lock()
-		b.used, b.usedAt = res.Used, time.Now()
+		if res.Now > b.usedNow || res.Now == b.usedNow && seq > b.usedSeq {
+			b.used, b.usedAt, b.usedNow, b.usedSeq = res.Used, time.Now(), res.Now, seq
+		}
 		b.mu.Unlock()
 	}
 	if err != nil {

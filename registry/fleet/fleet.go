@@ -92,7 +92,8 @@ type limitsSet[K comparable] struct {
 
 // queueing is a Registry's part in the fleet's queue (see PROTOCOL.md):
 // this process's name in it, the claim window, the liveness TTL, and what
-// the wait options say. Set by New, read-only after.
+// the wait options say. Set by New (some tests shorten the claim window
+// before any call).
 type queueing struct {
 	proc        string
 	claim, live time.Duration

@@ -91,6 +91,10 @@ type capRecord struct {
 	BatchUntil int64     `json:"batch_until"`
 }
 
+// The batch of refusals counted is as long in the record as in the
+// learner: a change of either does not compile here.
+const _ = uint(len(learn.Cap{}.BatchSeen)-len(capRecord{}.BatchSeen)) + uint(len(capRecord{}.BatchSeen)-len(learn.Cap{}.BatchSeen))
+
 // recordOf returns c as format 1 records it.
 func recordOf(c learn.Cap) capRecord {
 	r := capRecord{Floor: c.Floor, Ceil: c.Ceil, Retest: int64(c.Retest), Lo: c.Lo, Hi: c.Hi, HiAt: c.HiAt,

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/learn"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
@@ -91,4 +93,38 @@ func TestLearnedStateRecordIsFormatOne(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, goldenState, string(b), "written back")
 	assert.Equal(t, learnedFormat, 1, "a change of capRecord is a new format, and this test's golden a new one")
+}
+
+// Every field of the learner's state, each set to a value of its own, goes
+// through the record and back: a field added to learn.Cap that capRecord
+// does not carry (or a longer batch) fails here, and needs a new format.
+func TestCapRecordCarriesEveryField(t *testing.T) {
+	var c learn.Cap
+	next := uint64(1)
+	var fill func(reflect.Value)
+	fill = func(f reflect.Value) {
+		switch f.Kind() {
+		case reflect.Int, reflect.Int64:
+			f.SetInt(int64(next))
+		case reflect.Uint64:
+			f.SetUint(next)
+		case reflect.Array:
+			for i := range f.Len() {
+				fill(f.Index(i))
+			}
+			return
+		default:
+			t.Fatalf("a field of kind %s: carry it in capRecord (a new format) and here", f.Kind())
+		}
+		next++
+	}
+	v := reflect.ValueOf(&c).Elem()
+	for i := range v.NumField() {
+		fill(v.Field(i))
+	}
+	b, err := json.Marshal(storedCap{Key: "k", V: 1, F: learnedFormat, Cap: c})
+	require.NoError(t, err)
+	var st storedCap
+	require.NoError(t, json.Unmarshal(b, &st))
+	assert.Equal(t, c, st.Cap)
 }

@@ -43,7 +43,7 @@ func runFleetSaturated(t *testing.T, seed uint64) (out testrig.Saturated) {
 			var le *slots.LimitError
 			if !errors.As(err, &le) {
 				t.Errorf("not a refusal: %v", err)
-				return false, time.Second
+				return true, 0 // the client stops: this request is not one to retry
 			}
 			return false, le.RetryAfter
 		}, func() bool { return rs[0].Local().InFlight("k")+rs[1].Local().InFlight("k") < 2 })

@@ -3,14 +3,17 @@ package memstore_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -120,4 +123,60 @@ func TestBudgetStatus(t *testing.T) {
 	_, err = a.Reserve(ctx, pacing.Tokens{Input: 10, Output: 10})
 	require.ErrorIs(t, err, pacing.ErrOverBudget)
 	assert.Equal(t, [3]int{100, 0, -100}, a.Status().Left, "a refusal's answer counts what is charged")
+}
+
+// slowFirstReply answers the first budget call late: the store counts it
+// at once, and its reply waits until hold is closed.
+type slowFirstReply struct {
+	*memstore.Store
+	calls   atomic.Int32
+	counted chan struct{}
+	hold    chan struct{}
+}
+
+func (s *slowFirstReply) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	first := s.calls.Add(1) == 1
+	res, err := s.Store.Budget(ctx, c)
+	if first {
+		close(s.counted)
+		<-s.hold
+	}
+	return res, err
+}
+
+// An answer that comes after a later call's does not undo it: Status
+// keeps the store's latest count.
+func TestBudgetStatusKeepsTheLatestCount(t *testing.T) {
+	s := &slowFirstReply{Store: memstore.New(), counted: make(chan struct{}), hold: make(chan struct{})}
+	b, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 1000}, 0)
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, err := b.Reserve(context.Background(), pacing.Tokens{Input: 300})
+		assert.NoError(t, err)
+	}()
+	<-s.counted
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 100})
+	require.NoError(t, err)
+	assert.Equal(t, 600, b.Status().Left[0], "the store counts 400")
+	close(s.hold)
+	<-done
+	assert.Equal(t, 600, b.Status().Left[0], "still: the first call's answer is older")
+}
+
+// With no answer for more than the window, Status tells all of the budget
+// left: what it counted has left the window since.
+func TestBudgetStatusForgetsAnOldCount(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 1000}, 0)
+		require.NoError(t, err)
+		_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 1000})
+		require.NoError(t, err)
+		assert.Equal(t, 0, b.Status().Left[0])
+		time.Sleep(60 * time.Second)
+		assert.Equal(t, 0, b.Status().Left[0], "within the window and its second")
+		time.Sleep(2 * time.Second)
+		assert.Equal(t, 1000, b.Status().Left[0], "past it")
+	})
 }
