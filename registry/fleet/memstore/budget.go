@@ -38,22 +38,22 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 		}
 	}
 	res := driver.BudgetResult{Now: now, Step: cur}
+	// add adds cost to step st, and to what the window counts.
+	add := func(st int64, cost [3]int64) {
+		n := steps[st]
+		for i, d := range cost {
+			n[i] += d
+			used[i] += d
+		}
+		steps[st] = n
+	}
 	switch {
 	case c.Correct && c.Move:
 		if c.Step != cur {
-			if n, ok := steps[c.Step]; ok && c.Step >= first {
-				for i, d := range c.Cost {
-					n[i] -= d
-					used[i] -= d
-				}
-				steps[c.Step] = n
+			if _, ok := steps[c.Step]; ok && c.Step >= first {
+				add(c.Step, [3]int64{-c.Cost[0], -c.Cost[1], -c.Cost[2]})
 			}
-			n := steps[cur]
-			for i, d := range c.Cost {
-				n[i] += d
-				used[i] += d
-			}
-			steps[cur] = n
+			add(cur, c.Cost)
 		}
 		res.Charged = true
 	case c.Correct:
@@ -61,25 +61,18 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 		if at < first || at > cur {
 			at = cur // a debt, or nothing to return
 		}
-		n, add := steps[at], false
+		var cost [3]int64
 		for i, d := range c.Cost {
 			if at == c.Step || d > 0 {
-				n[i] += d
-				used[i] += d
-				add = add || d != 0
+				cost[i] = d
 			}
 		}
-		if add { // a correction of zero (a read) writes nothing
-			steps[at] = n
+		if cost != [3]int64{} { // a correction of zero (a read) writes nothing
+			add(at, cost)
 		}
 		res.Charged = true
 	case driver.Fits(c.Limits, used, c.Cost):
-		n := steps[cur]
-		for i, d := range c.Cost {
-			n[i] += d
-			used[i] += d
-		}
-		steps[cur] = n
+		add(cur, c.Cost)
 		res.Charged = true
 	default:
 		counts := make([][3]int64, driver.BudgetSteps+1)

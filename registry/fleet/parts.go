@@ -1,0 +1,123 @@
+package fleet
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
+)
+
+// The parts a Registry is made of (see Registry), each with its state and
+// the lock that guards it.
+
+// keyRules are how a Registry names its keys in the store and what limit
+// each has unless SetLimit says otherwise. Set by New, read-only after.
+type keyRules[K comparable] struct {
+	keyName   func(K) string
+	defLimit  int
+	limitFunc func(K) int // nil: defLimit
+}
+
+// limitsSet are the limits SetLimit gave keys; guarded by the Registry's
+// mu. limitsPeak is the most entries since the map was last made (see
+// remade).
+type limitsSet[K comparable] struct {
+	limits     map[K]int
+	limitsPeak int
+}
+
+// queueing is a Registry's part in the fleet's queue (see PROTOCOL.md):
+// this process's name in it, the claim window, the liveness TTL, and what
+// the wait options say. Set by New (some tests shorten the claim window
+// before any call).
+type queueing struct {
+	proc        string
+	claim, live time.Duration
+	waitPolicy
+}
+
+// refusals is what a Registry's refusals are told: holdTime estimates how
+// long holders keep their leases, and holds per key, for the Retry-After
+// of a refusal (holdTime for a key none of whose holds has ended here);
+// bypassLog spaces the logs of fail-open admissions. Each guards itself.
+type refusals struct {
+	bypassLog core.Every
+	holdTime  core.HoldTime
+	holds     keyHolds
+}
+
+// losses is what a Registry knows of the store's data: pause is how long
+// new admissions wait after the store lost its data, as this process
+// declares it; epoch the latest epoch a reply told (0: none yet); lostAt
+// when this process last found a data loss, unix nanoseconds (0: never).
+// See pause.go.
+type losses struct {
+	pause  time.Duration // set by New
+	epoch  atomic.Int64
+	lostAt atomic.Int64
+}
+
+// heldLeases are the leases a Registry holds; guarded by its mu.
+type heldLeases[K comparable] struct {
+	leases map[*lease[K]]struct{}
+	// degraded are the leases in leases with degraded set.
+	degraded map[*lease[K]]struct{}
+	// The most entries of each map since it was last made (see remade).
+	leasesPeak, degradedPeak int
+}
+
+// waitQueues are a Registry's waiters; guarded by its mu. queues are the
+// waiters of each key, in order (see waiters.go); queuesPeak is the most
+// keys waited on since the map was last made. tickets are the waiters
+// that have asked the store (and may be queued there), by the lease id
+// they asked under, for their grants' wake-ups; a waiter is in it from
+// before its call.
+type waitQueues struct {
+	queues      map[string][]*waiter
+	queuesPeak  int
+	tickets     map[string]*waiter
+	ticketsPeak int
+	waiting     int // callers in the queues
+}
+
+// learnedCaps are the keys whose caps a Registry learns (see learn.go):
+// learning, learnedBy (those keys by name) and learnLog (changes to log,
+// see toldLocked) are guarded by the Registry's mu; learnKick wakes the
+// learner goroutine, and learnMu orders the settings of learned limits in
+// the local registry.
+type learnedCaps[K comparable] struct {
+	learning    map[K]*learning
+	learnedBy   map[string]K
+	learnLog    []learnChange
+	learnKick   chan struct{}
+	learnMu     sync.Mutex
+	learnErrLog core.Every // a failed write of a learned state
+}
+
+// removalQueue is the removals a Registry has still to send to the store.
+type removalQueue[K comparable] struct {
+	remMu      sync.Mutex    // protects the fields below
+	removals   []*lease[K]   // removals from the store to send, oldest first
+	maxPending int           // bound of removals (maxRemovals; tests lower it)
+	kick       chan struct{} // buffered 1: removals queued
+	resume     chan struct{} // buffered 1: the breaker closed, send the removals again
+}
+
+// lifecycle is a Registry's goroutines' signals.
+type lifecycle struct {
+	subscribed chan struct{} // closed once the store's Listen listens
+	recovery   chan struct{} // the breaker closed: the heartbeat puts back the degraded leases
+	reassert   chan struct{} // buffered 1: the store lost its data: the heartbeat puts the leases back now
+	stop       context.CancelFunc
+	done       sync.WaitGroup
+	stopping   context.Context
+}
+
+// survived counts the panics the background goroutines survived, and
+// panicLogged is when one was last logged (Unix ns; see survive).
+type survived struct {
+	panics      atomic.Uint64
+	panicLogged atomic.Int64
+}
