@@ -39,11 +39,6 @@ type Gate struct {
 	eng  core.Engine
 	clk  clock.Clock // timers for the next start
 
-	// closed ends with ErrGateClosed when the provider is removed; waiters
-	// watch it.
-	closed context.Context
-	close  context.CancelCauseFunc
-
 	mu       sync.Mutex // protects the fields below and the lanes
 	cfg      Config
 	interval time.Duration // the provider's spacing
@@ -144,12 +139,11 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	p := st.Policy
 	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
 	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer}
-	g.eng.Init("pacing")
+	g.eng.Init("pacing", func(rej *core.Rejection) error { return (*slots.LimitError)(rej) })
 	g.clk = g.eng.Policy.Clock
 	if g.clk == nil {
 		g.clk = clock.New()
 	}
-	g.closed, g.close = context.WithCancelCause(context.Background())
 	g.applyLocked(cfg)
 	return g, nil
 }
@@ -179,7 +173,7 @@ func (g *Gate) Reconfigure(cfg Config) error {
 // Close removes the provider: every waiter fails with ErrGateClosed, and so
 // does every later Acquire. Holders keep their slots until they release.
 func (g *Gate) Close() {
-	g.close(ErrGateClosed)
+	var wk core.Wakes
 	g.mu.Lock()
 	g.isClosed = true
 	if g.timer != nil {
@@ -187,7 +181,18 @@ func (g *Gate) Close() {
 		g.timer = nil
 	}
 	g.stopTimersLocked()
+	var all []*core.Waiter
+	for _, c := range core.Order {
+		for el := range g.provider.Waiters.Class(c) {
+			all = append(all, el.Value)
+		}
+	}
+	for _, w := range all {
+		g.unqueueLocked(w)
+		wk.Refuse(w) // with no refusal of its own: ended as closed (grant.Ended)
+	}
 	g.mu.Unlock()
+	wk.Wake()
 }
 
 // Acquire waits until model's request may start, then grants it. It fails
@@ -201,130 +206,122 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 
 // acquire is AcquireTokens with t checked.
 func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, error) {
+	if err := g.eng.CheckContext(ctx); err != nil {
+		return Grant{}, err
+	}
 	n := t.Total()
-	if ctx == nil {
-		g.eng.Rejected(nil, slots.ErrNilContext, 0)
-		return Grant{}, slots.ErrNilContext
-	}
-	if context.Cause(g.closed) != nil {
-		g.eng.Rejected(ctx, ErrGateClosed, 0)
-		return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
-	}
 	gr := &grant{g: g, units: int32(n), estIn: int32(t.Input), estOut: int32(t.Output)}
-	x, h, _ := g.eng.NewSlot(gr, 0) // no leak detection: never a tracked hold
+	x, h, _ := g.eng.Begin(gr, 1, 0) // no leak detection: never a tracked hold
 	place := core.PlaceOf(ctx)
 	h.Class = place.Class
-	w := core.NewWaiter(h)
+	w := core.NewWaiter(h, 0)
 	w.Place(place)
-
 	var wk core.Wakes
 	g.mu.Lock()
-	// Whether the context has ended is decided under the lock, with the
-	// admission (see slots.Limiter.Acquire).
-	if core.Ended(ctx) {
-		g.mu.Unlock()
-		return Grant{}, g.eng.Canceled(ctx, 0)
-	}
-	// Read under the lock: Reconfigure may change g.cfg while this caller
-	// waits without it.
-	queueWait := g.cfg.QueueWait()
-	now := g.eng.Clock.Nanos()
-	h.At = now
-	start := now // h.At is the grant's once queued
-	gr.model = g.modelLocked(model)
-	if name, _, _ := g.tooHeavyLocked(gr.model, n); name != "" {
-		rej := g.exceedsLocked(gr.model, n)
-		g.dropIfIdleLocked(gr.model)
-		g.mu.Unlock()
-		return Grant{}, g.rejected(ctx, rej, 0)
-	}
-	if at, name := g.budgetsAt(gr.model, t, afterQueued, now); at > now+int64(queueWait) {
-		rej := g.overBudgetRejectLocked(gr.model, t, name, at, now, queueWait)
-		g.dropIfIdleLocked(gr.model)
-		g.mu.Unlock()
-		return Grant{}, g.rejected(ctx, rej, 0)
-	}
-	g.provider.Waiters.Push(&w.Elem)
-	gr.model.waiting++
-	gr.queue()
-	g.dispatchLocked(now, &wk)
-	granted := w.State == core.Granted
-	if !granted && (g.provider.Waiters.Len() > g.cfg.QueueLimit() ||
-		g.cfg.MaxQueuePerFlow != nil && g.provider.Waiters.FlowLen(place.Flow) > *g.cfg.MaxQueuePerFlow) {
-		// The queue (or the caller's flow) was full and this request
-		// cannot start now: the newest is turned away (one that can start
-		// is never queued).
-		g.provider.Waiters.Remove(&w.Elem)
-		w.State = core.Gone
-		gr.model.waiting--
-		gr.unqueue()
-		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, t, now)
-		g.dropIfIdleLocked(gr.model)
-		// Its class may have stopped waiting, and stopped keeping its
-		// minimum share from the others; a request waiting for tokens
-		// that leaves stops holding back the ones after it.
-		g.dispatchLocked(now, &wk)
-		g.mu.Unlock()
-		wk.Wake()
-		return Grant{}, g.rejected(ctx, rej, 0)
-	}
+	d, granted := g.decideLocked(ctx, gr, w, model, t, &wk)
 	g.mu.Unlock()
 	wk.Wake()
-	if granted { // served at once; its (buffered) signal is left unread
-		if ctx.Err() != nil { // the context ended meanwhile: give it back
-			h.GivenBack = true
-			h.Release()
-			return Grant{}, g.eng.Canceled(ctx, 0)
-		}
-		return g.handOut(ctx, x, gr, 0), nil
+	if granted && ctx.Err() != nil {
+		// Served at once (its buffered signal is left unread), but the
+		// context ended meanwhile: give it back.
+		h.GivenBack = true
+		h.Release()
+		d = core.Cancel()
 	}
-
-	// The wait ends too when the provider is removed.
-	wctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
-	unwatch := context.AfterFunc(g.closed, func() { cancel(ErrGateClosed) })
-	defer unwatch()
-	switch g.eng.Wait(wctx, w, queueWait, g.withdraw) {
-	case core.OutGranted:
-		return g.handOut(ctx, x, gr, time.Duration(h.At-start)), nil
-	case core.OutCanceled:
-		if errors.Is(context.Cause(wctx), ErrGateClosed) && ctx.Err() == nil {
-			g.eng.Rejected(ctx, ErrGateClosed, g.eng.Since(start))
-			return Grant{}, fmt.Errorf("%w: %s", ErrGateClosed, g.name)
-		}
-		return Grant{}, g.eng.Canceled(ctx, g.eng.Since(start))
-	case core.OutRefused: // a token cap was lowered below it
-		g.mu.Lock()
-		g.dropIfIdleLocked(gr.model)
-		g.mu.Unlock()
-		return Grant{}, g.rejected(ctx, gr.refused, g.eng.Since(start)) // made when it was refused
+	x, err := g.eng.Finish(ctx, x, nil, d)
+	if err != nil {
+		return Grant{}, err
 	}
-	// The wait expired.
-	g.mu.Lock()
-	if !g.cfg.FailOpen() { // as configured now, not when the wait began
-		now := g.eng.Clock.Nanos()
-		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, t, now)
-		g.mu.Unlock()
-		return Grant{}, g.rejected(ctx, rej, time.Duration(now-start))
+	if h.Bypassed {
+		return Grant{Slot: (*slots.Slot)(x)}, nil
 	}
-	g.bypassed++
-	g.mu.Unlock()
-	g.eng.Bypass(ctx, h, start, queueWait, "provider", slog.String("provider", g.name), slog.String("model", model))
-	return Grant{Slot: (*slots.Slot)(g.eng.HandOut(x, nil))}, nil
-}
-
-// handOut hands out a grant whose caller waited wait under ctx, and
-// reports it. Its key is read first: once reported, the slot may be
-// released at any time.
-func (g *Gate) handOut(ctx context.Context, x *core.Handle, gr *grant, wait time.Duration) Grant {
 	var gt Grant
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
-	gt.gate, gt.InFlight, gt.at, gt.id, gt.keyN = g, gr.n, x.Hold().At, x.Hold().ID, gr.keyN
+	gt.gate, gt.InFlight, gt.at, gt.id, gt.keyN = g, gr.n, h.At, h.ID, gr.keyN
 	gt.model, gt.modelN = gr.model.name, gr.mN
-	gt.Slot = (*slots.Slot)(g.eng.Acquired(ctx, x, nil, wait))
-	return gt
+	gt.Slot = (*slots.Slot)(x)
+	return gt, nil
+}
+
+// decideLocked decides for gr's request for model, of cost t, as w: it is
+// admitted at once (granted), refused, or waits.
+func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, model string, t Tokens, wk *core.Wakes) (d core.Decision, granted bool) {
+	// Whether the context has ended is decided under the lock, with the
+	// admission (see slots.Limiter.Acquire).
+	switch {
+	case core.Ended(ctx):
+		return core.Cancel(), false
+	case g.isClosed:
+		return core.Fail(g.closedError()), false
+	}
+	// Read under the lock: Reconfigure may change g.cfg while this caller
+	// waits without it.
+	now := g.eng.Clock.Nanos()
+	queueWait := g.cfg.QueueWait()
+	w.Hold.At, w.Start, w.MaxWait = now, now, queueWait // w.Hold.At is the grant's once queued
+	n := t.Total()
+	gr.model = g.modelLocked(model)
+	if name, _, _ := g.tooHeavyLocked(gr.model, n); name != "" {
+		rej := g.exceedsLocked(gr.model, n)
+		g.dropIfIdleLocked(gr.model)
+		return core.Refuse(rej), false
+	}
+	if at, name := g.budgetsAt(gr.model, t, afterQueued, now); at > now+int64(queueWait) {
+		rej := g.overBudgetRejectLocked(gr.model, t, name, at, now, queueWait)
+		g.dropIfIdleLocked(gr.model)
+		return core.Refuse(rej), false
+	}
+	g.provider.Waiters.Push(&w.Elem)
+	gr.model.waiting++
+	gr.queue()
+	g.dispatchLocked(now, wk)
+	if w.State == core.Granted {
+		return core.Decision{}, true
+	}
+	if g.provider.Waiters.Len() > g.cfg.QueueLimit() ||
+		g.cfg.MaxQueuePerFlow != nil && g.provider.Waiters.FlowLen(w.Flow) > *g.cfg.MaxQueuePerFlow {
+		// The queue (or the caller's flow) was full and this request
+		// cannot start now: the newest is turned away (one that can start
+		// is never queued).
+		g.unqueueLocked(w)
+		w.State = core.Gone
+		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, t, now)
+		// Its class may have stopped waiting, and stopped keeping its
+		// minimum share from the others; a request waiting for tokens
+		// that leaves stops holding back the ones after it.
+		g.dispatchLocked(now, wk)
+		return core.Refuse(rej), false
+	}
+	return core.Wait(w, gr), false
+}
+
+// closedError is the error of a request to a Gate that was closed.
+func (g *Gate) closedError() error { return fmt.Errorf("%w: %s", ErrGateClosed, g.name) }
+
+// Withdraw implements core.Waits: it takes gr's waiter out of the queue if
+// it is still waiting.
+func (gr *grant) Withdraw(w *core.Waiter) bool { return gr.g.withdraw(w) }
+
+// Ended implements core.Waits: a wait that took nothing.
+func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
+	g := gr.g
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	switch {
+	case out == core.OutCanceled:
+		return core.Ending{}
+	case out == core.OutRefused && gr.refused == nil: // by Close
+		return core.Ending{Err: g.closedError()}
+	case out == core.OutRefused: // a token cap was lowered below it
+		g.dropIfIdleLocked(gr.model)
+		return core.Ending{Rej: gr.refused} // made when it was refused
+	case g.cfg.FailOpen(): // as configured now, not when the wait began
+		g.bypassed++
+		return core.Ending{Bypass: "provider", Attrs: []slog.Attr{slog.String("provider", g.name), slog.String("model", gr.model.name)}}
+	}
+	return core.Ending{Rej: g.rejectLocked(slots.ErrWaitTimeout, gr.model, gr.cost(), g.eng.Clock.Nanos())}
 }
 
 // withdraw takes w out of the queue if it is still waiting: it took nothing.
@@ -336,18 +333,23 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	if w.State != core.Waiting {
 		return false
 	}
-	g.provider.Waiters.Remove(&w.Elem)
+	g.unqueueLocked(w)
 	w.State = core.Gone
-	gr := w.Hold.Owner.(*grant)
-	ml := gr.model
-	ml.waiting--
-	gr.unqueue()
-	g.dropIfIdleLocked(ml)
 	// A class that stops waiting stops keeping its minimum share from the
 	// others, and a request waiting for tokens stops holding back the ones
 	// after it: they may now start.
 	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	return true
+}
+
+// unqueueLocked takes w out of the queue: it took nothing, and its model
+// goes if nothing else uses it.
+func (g *Gate) unqueueLocked(w *core.Waiter) {
+	g.provider.Waiters.Remove(&w.Elem)
+	gr := w.Hold.Owner.(*grant)
+	gr.model.waiting--
+	gr.unqueue()
+	g.dropIfIdleLocked(gr.model)
 }
 
 // Release implements core.Owner: it frees the provider, model and key slots.

@@ -1,7 +1,6 @@
 package pacing
 
 import (
-	"context"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -127,11 +126,4 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	}
 	rej.RetryAfter = ra
 	return rej
-}
-
-// rejected reports a rejection decided under the lock, now released, of a
-// caller that waited wait under ctx.
-func (g *Gate) rejected(ctx context.Context, rej *core.Rejection, wait time.Duration) error {
-	g.eng.Rejected(ctx, rej.Err, wait)
-	return (*slots.LimitError)(rej)
 }

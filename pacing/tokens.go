@@ -85,11 +85,9 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 		}
 	}
 	for _, w := range heavy {
-		g.provider.Waiters.Remove(&w.Elem)
 		gr := w.Hold.Owner.(*grant)
-		gr.model.waiting--
-		gr.unqueue()
 		gr.refused = g.exceedsLocked(gr.model, int(gr.units))
+		g.unqueueLocked(w)
 		wk.Refuse(w)
 	}
 }

@@ -172,7 +172,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Lock()
 			sh.st.canceled++
 			sh.mu.Unlock()
-			return r.eng.Canceled(ctx, r.eng.Since(start))
+			return r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
 		}
 	}
 	if sh.resolved == nil {

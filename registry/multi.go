@@ -21,10 +21,10 @@ type multi[K comparable] struct {
 	waits   []ilist.Elem[*core.Waiter]
 	links   []ilist.Elem[*core.Waiter] // in each entry's multis
 	shards  []int                      // sorted, unique
-	// refusedBy is the key that refused the waiter, its limit lowered
-	// below what it weighs (refuseOverweightLocked); written before its
-	// wake, read after.
-	refusedBy K
+	// waitKey is the key that was full when the waiter queued;
+	// refusedBy, the key that refused it, its limit lowered below what it
+	// weighs (refuseOverweightLocked), written before its wake, read after.
+	waitKey, refusedBy K
 	// passed counts, while it waits, the admissions on its keys that went
 	// to callers that came after it (see passLocked), one per admission
 	// however many of its keys it took. At MaxPassed each of its keys keeps
@@ -160,9 +160,8 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // finds only a kept slot fails with slots.ErrLimitReached although the key
 // shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
-	if ctx == nil {
-		r.eng.Rejected(nil, slots.ErrNilContext, 0)
-		return nil, slots.ErrNilContext
+	if err := r.eng.CheckContext(ctx); err != nil {
+		return nil, err
 	}
 	return r.acquireAll(ctx, keys, 1)
 }
@@ -195,12 +194,15 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.S
 		}
 	}
 	m := r.newMulti(shs)
-	p, h := r.newHold()
-	h.At = r.eng.Clock.Coarse()
-	if n != 1 {
-		h.SetUnits(n)
-	}
-	h.Owner = m
+	x, h, t := r.eng.Begin(m, n, 1)
+	d := r.decideAll(ctx, m, shs, uniq, hashes, h, n)
+	x, err := r.eng.Finish(ctx, x, t, d)
+	return (*slots.Slot)(x), err
+}
+
+// decideAll takes the locks to decide for a caller of h, weighing n units,
+// under the keys of m, decides and releases them.
+func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K], keys []K, hashes []uint64, h *core.Hold, n int) core.Decision {
 	// The class matters to this admission if any key has shares or
 	// multi-key waiters; read it here, before the locks.
 	var place core.Place
@@ -208,62 +210,50 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.S
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-
 	var wk core.Wakes
+	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
-	set := r.lockBesideAll(m.shards, shs, uniq, hashes, &wk)
-	unlock := func() {
-		r.unlockShards(set)
-		r.multiMu.Unlock()
-		wk.Wake()
-	}
+	defer r.multiMu.Unlock()
+	set := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
+	defer r.unlockShards(set)
 	if endedLocked(ctx) {
-		unlock()
-		return nil, r.eng.Canceled(ctx, 0)
+		return core.Cancel()
 	}
 	// Decide before inserting anything: a rejection leaves no trace.
-	full, fullLimit := r.fullKeyLocked(shs, uniq, hashes, h.Class, n)
+	full, fullLimit := r.fullKeyLocked(shs, keys, hashes, h.Class, n)
 	if full < 0 {
-		r.entriesLocked(m, shs, uniq, hashes)
+		r.entriesLocked(m, shs, keys, hashes)
 		var counted []*core.Waiter
 		for _, e := range m.entries {
 			counted = passLocked(e, h.Class, newcomer, counted)
 		}
 		r.holdMultiLocked(h, m)
-		unlock()
-		return r.acquired(ctx, p, 0), nil
+		return core.Decision{}
 	}
-	first := shs[0]
-	if heavy := r.tooHeavyAllLocked(shs, uniq, hashes, h.Class, n); heavy >= 0 {
+	if heavy := r.tooHeavyAllLocked(shs, keys, hashes, h.Class, n); heavy >= 0 {
 		r.exceedsLimit.Add(1)
-		rej := r.rejectLocked(slots.ErrExceedsLimit, uniq[heavy], shs[heavy].lookup(uniq[heavy], hashes[heavy]), r.limitLocked(shs[heavy], uniq[heavy]))
-		unlock()
-		return nil, r.rejected(ctx, rej, 0)
+		return core.Refuse(r.rejectLocked(slots.ErrExceedsLimit, keys[heavy], shs[heavy].lookup(keys[heavy], hashes[heavy]), r.limitLocked(shs[heavy], keys[heavy])))
 	}
 	if ctx == nil {
-		first.st.limitReached++
-		rej := r.rejectLocked(slots.ErrLimitReached, uniq[full], shs[full].lookup(uniq[full], hashes[full]), fullLimit)
-		unlock()
-		return nil, r.rejected(ctx, rej, 0)
+		shs[0].st.limitReached++
+		return core.Refuse(r.rejectLocked(slots.ErrLimitReached, keys[full], shs[full].lookup(keys[full], hashes[full]), fullLimit))
 	}
-	if rej := r.queueFullAllLocked(shs, uniq, hashes, full, place.Flow); rej != nil {
-		first.st.queueFull++
-		unlock()
-		return nil, r.rejected(ctx, rej, 0)
+	if rej := r.queueFullAllLocked(shs, keys, hashes, full, place.Flow); rej != nil {
+		shs[0].st.queueFull++
+		return core.Refuse(rej)
 	}
-	r.entriesLocked(m, shs, uniq, hashes)
-	start := h.At
-	w := core.NewWaiter(h)
+	r.entriesLocked(m, shs, keys, hashes)
+	w := core.NewWaiter(h, r.eng.MaxWait)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
+	m.waitKey = keys[full]
 	queueMultiLocked(m, w)
 	if anyHeavy(m.entries) {
 		// Beside a heavy waiter a newcomer may queue where it might be
 		// served (admitsLocked): serve the queues, in order.
 		r.grantLocked(m.entries, &wk)
 	}
-	unlock()
-	return r.await(ctx, p, w, start, first, uniq[full], &m.refusedBy, func(w *core.Waiter) bool { return r.withdrawMulti(m, w) })
+	return core.Wait(w, m)
 }
 
 // newMulti returns the record of a multi-key admission on keys of shs.
@@ -400,11 +390,20 @@ func (r *Registry[K]) holdMultiLocked(h *core.Hold, m *multi[K]) {
 	}
 }
 
-// withdrawMulti withdraws a multi-key waiter. Its keys may then serve
-// others at once: callers it held back once it had been passed over too
-// often, and, with shares, those its class kept a minimum from.
-func (r *Registry[K]) withdrawMulti(m *multi[K], w *core.Waiter) bool {
-	return r.withdrawShared(m.entries, w, m)
+// Withdraw implements core.Waits for a multi-key waiter. Its keys may
+// then serve others at once: callers it held back once it had been passed
+// over too often, and, with shares, those its class kept a minimum from.
+func (m *multi[K]) Withdraw(w *core.Waiter) bool { return m.r.withdrawShared(m.entries, w, m) }
+
+// Ended implements core.Waits for a multi-key waiter: counted on its
+// first key's shard, answered for the key that refused it or that it
+// waited on.
+func (m *multi[K]) Ended(w *core.Waiter, out core.Outcome) core.Ending {
+	key := m.waitKey
+	if out == core.OutRefused {
+		key = m.refusedBy
+	}
+	return m.r.ended(w, out, m.entries[0].shard, key)
 }
 
 // withdrawShared withdraws w from entries (m describes a multi-key waiter)

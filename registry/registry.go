@@ -203,7 +203,7 @@ func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 		shardBits:    uint(bits.Len(uint(n - 1))),
 	}
 	r.eng.Policy = st.Policy
-	r.eng.Init("registry")
+	r.eng.Init("registry", asError)
 	for i := range r.shards {
 		r.shards[i].idx = i
 		r.shards[i].lanes.shift = uint32(r.shardBits)

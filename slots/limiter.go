@@ -63,7 +63,7 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 
 // engine returns l's engine, readied once.
 func (l *Limiter) engine() *core.Engine {
-	l.engInit.Do(func() { l.eng.Init("slots") })
+	l.engInit.Do(func() { l.eng.Init("slots", asError) })
 	return &l.eng
 }
 
@@ -81,29 +81,27 @@ func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
 
 func (l *Limiter) tryAcquire(n int) (*Slot, error) {
 	e := l.engine()
-	x, h, t := e.NewSlot(l.owner(), 1)
-	h.At = e.Clock.Coarse()
-	if n != 1 {
-		h.SetUnits(n)
-	}
-
+	x, h, t := e.Begin(l.owner(), n, 1)
+	var d core.Decision
 	l.mu.Lock()
-	if !l.lane.Admits(core.ClassDefault, n) {
-		reason := ErrLimitReached
-		if l.lane.TooHeavy(core.ClassDefault, n) {
-			reason = ErrExceedsLimit
-			l.stats.ExceedsLimit++
-		} else {
-			l.stats.LimitReached++
-		}
-		rej := l.rejectLocked(reason)
-		l.mu.Unlock()
-		e.Rejected(nil, reason, 0)
-		return nil, (*LimitError)(rej)
+	if l.lane.Admits(core.ClassDefault, n) {
+		l.admitLocked(h)
+	} else {
+		d = l.fullLocked(n)
 	}
-	l.admitLocked(h)
 	l.mu.Unlock()
-	return (*Slot)(e.Acquired(nil, x, t, 0)), nil
+	x, err := e.Finish(nil, x, t, d)
+	return (*Slot)(x), err
+}
+
+// fullLocked refuses a TryAcquire of n units that found no room.
+func (l *Limiter) fullLocked(n int) core.Decision {
+	reason := ErrLimitReached
+	if l.lane.TooHeavy(core.ClassDefault, n) {
+		reason = ErrExceedsLimit
+	}
+	l.countRefusalLocked(reason)
+	return core.Refuse(l.rejectLocked(reason))
 }
 
 // Acquire admits a Slot, waiting while the limiter is full. It fails with
@@ -124,15 +122,10 @@ func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
 
 func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	e := l.engine()
-	if ctx == nil {
-		e.Rejected(nil, ErrNilContext, 0)
-		return nil, ErrNilContext
+	if err := e.CheckContext(ctx); err != nil {
+		return nil, err
 	}
-	x, h, t := e.NewSlot(l.owner(), 1)
-	h.At = e.Clock.Coarse()
-	if n != 1 {
-		h.SetUnits(n)
-	}
+	x, h, t := e.Begin(l.owner(), n, 1)
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
@@ -141,28 +134,34 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-
+	var wk core.Wakes
 	l.mu.Lock()
+	d := l.acquireLocked(ctx, h, n, place, placed, &wk)
+	l.mu.Unlock()
+	wk.Wake()
+	x, err := e.Finish(ctx, x, t, d)
+	return (*Slot)(x), err
+}
+
+// acquireLocked decides for a caller of h, weighing n units, at place
+// (read already if placed).
+func (l *Limiter) acquireLocked(ctx context.Context, h *core.Hold, n int, place core.Place, placed bool, wk *core.Wakes) core.Decision {
 	// Whether the context has ended is decided under the lock, with the
 	// admission: checked before it, a context that ends and a slot that
 	// frees in between would admit a caller that has given up.
 	if core.Ended(ctx) {
-		l.mu.Unlock()
-		return nil, e.Canceled(ctx, 0)
+		return core.Cancel()
 	}
 	if l.lane.Admits(h.Class, n) {
 		l.admitLocked(h)
-		l.mu.Unlock()
-		return (*Slot)(e.Acquired(ctx, x, t, 0)), nil
+		return core.Decision{}
 	}
 	if !placed {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	start := h.At
-	w := core.NewWaiter(h)
+	w := core.NewWaiter(h, l.eng.MaxWait)
 	w.Place(place)
-	var wk core.Wakes
 	reason := l.refusalLocked(place, n)
 	if reason == nil || reason == ErrQueueFull && l.lane.Waiters.Heavy() > 0 {
 		// Beside a heavy waiter a newcomer queues even where it might be
@@ -170,7 +169,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 		// queue, in order, before a bound on it turns the newcomer away.
 		l.lane.Waiters.Push(&w.Elem)
 		if l.lane.Waiters.Heavy() > 0 {
-			l.grantLocked(&wk)
+			l.grantLocked(wk)
 		}
 		if reason != nil && w.State == core.Granted {
 			reason = nil
@@ -178,53 +177,37 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 			l.lane.Waiters.Remove(&w.Elem)
 			w.State = core.Gone
 			if l.lane.Shares != nil {
-				l.grantLocked(&wk) // its class stopped waiting
+				l.grantLocked(wk) // its class stopped waiting
 			}
 		}
 	}
 	if reason != nil {
 		l.countRefusalLocked(reason)
-		rej := l.rejectLocked(reason)
-		l.mu.Unlock()
-		wk.Wake()
-		e.Rejected(ctx, reason, 0)
-		return nil, (*LimitError)(rej)
+		return core.Refuse(l.rejectLocked(reason))
 	}
-	l.mu.Unlock()
-	wk.Wake()
+	return core.Wait(w, l.owner())
+}
 
-	switch e.Wait(ctx, w, e.MaxWait, l.withdraw) {
-	case core.OutGranted:
-		return (*Slot)(e.Acquired(ctx, x, t, time.Duration(h.At-start))), nil
-	case core.OutCanceled:
-		l.mu.Lock()
-		l.stats.Canceled++
-		l.mu.Unlock()
-		return nil, e.Canceled(ctx, e.Since(start))
-	case core.OutRefused:
-		l.mu.Lock() // counted by the SetLimit that refused it
-		rej := l.rejectLocked(ErrExceedsLimit)
-		l.mu.Unlock()
-		e.Rejected(ctx, ErrExceedsLimit, e.Since(start))
-		return nil, (*LimitError)(rej)
-	}
-	// The wait expired.
+// Ended implements core.Waits: a wait that took nothing.
+func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
+	l := (*Limiter)(o)
 	l.mu.Lock()
-	if e.FailOpen {
+	defer l.mu.Unlock()
+	switch {
+	case out == core.OutCanceled:
+		l.stats.Canceled++
+		return core.Ending{}
+	case out == core.OutRefused: // counted by the SetLimit that refused it
+		return core.Ending{Rej: l.rejectLocked(ErrExceedsLimit)}
+	case l.eng.FailOpen:
 		l.stats.Bypassed++
 		l.seq++
-		h.ID = l.seq
-		inFlight, limit, queued := l.lane.Holders.Units(), l.lane.Limit, l.lane.Waiters.Len()
-		l.mu.Unlock()
-		e.Bypass(ctx, h, start, e.MaxWait, "limiter",
-			slog.Int("in_flight", inFlight), slog.Int("limit", limit), slog.Int("queued", queued))
-		return (*Slot)(e.HandOut(x, t)), nil
+		w.Hold.ID = l.seq
+		return core.Ending{Bypass: "limiter", Attrs: []slog.Attr{slog.Int("in_flight", l.lane.Holders.Units()),
+			slog.Int("limit", l.lane.Limit), slog.Int("queued", l.lane.Waiters.Len())}}
 	}
 	l.stats.WaitTimeouts++
-	rej := e.RejectLaneTurns(ErrWaitTimeout, "", &l.lane, l.lane.Limit, e.MaxWait)
-	l.mu.Unlock()
-	e.Rejected(ctx, ErrWaitTimeout, e.Since(start))
-	return nil, (*LimitError)(rej)
+	return core.Ending{Rej: l.eng.RejectLaneTurns(ErrWaitTimeout, "", &l.lane, l.lane.Limit, l.eng.MaxWait)}
 }
 
 // rejectLocked builds the rejection of a caller that may not queue, for
@@ -249,17 +232,22 @@ func (l *Limiter) refusalLocked(place core.Place, n int) error {
 	return nil
 }
 
-// countRefusalLocked counts a refusal of refusalLocked's.
+// countRefusalLocked counts a refusal for reason.
 func (l *Limiter) countRefusalLocked(reason error) {
-	if reason == ErrExceedsLimit {
+	switch reason {
+	case ErrExceedsLimit:
 		l.stats.ExceedsLimit++
-	} else {
+	case ErrLimitReached:
+		l.stats.LimitReached++
+	default:
 		l.stats.QueueFull++
 	}
 }
 
-// withdraw takes w out of the queue if it is still waiting.
-func (l *Limiter) withdraw(w *core.Waiter) bool {
+// Withdraw implements core.Waits: it takes w out of the queue if it is
+// still waiting.
+func (o *owner) Withdraw(w *core.Waiter) bool {
+	l := (*Limiter)(o)
 	var wk core.Wakes
 	l.mu.Lock()
 	heavy := l.lane.Waiters.Heavy() > 0 // before w leaves: it may be the one

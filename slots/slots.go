@@ -21,7 +21,7 @@ var (
 	// ErrWaitTimeout: the maximum wait passed without admission.
 	ErrWaitTimeout = errors.New("slots: wait timeout")
 	// ErrNilContext: Acquire was called with a nil context.
-	ErrNilContext = errors.New("slots: nil context")
+	ErrNilContext = core.ErrNilContext
 	// ErrExceedsLimit: heavier than its cap can ever hold (HTTP 413).
 	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
 	// ErrBadUnits: an admission weighs less than 1 or more than MaxUnits.
@@ -56,6 +56,9 @@ func (e *LimitError) Error() string {
 }
 
 func (e *LimitError) Unwrap() error { return e.Err }
+
+// asError is a rejection as the module's owners return it.
+func asError(r *core.Rejection) error { return (*LimitError)(r) }
 
 // Slot is one admission, holding its units until Release; a nil or zero
 // Slot holds nothing. A Slot must not be copied (go vet reports copies).

@@ -36,14 +36,14 @@ func TestAwait(t *testing.T) {
 	granted := func(*core.Waiter) bool { return false }
 
 	t.Run("granted", func(t *testing.T) {
-		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}}, 0)
 		grant(w)
 		assert.Equal(t, core.OutGranted, core.Await(context.Background(), w, nil, withdrawn))
 	})
 	t.Run("cancelled while waiting", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}}, 0)
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, withdrawn))
 		assert.Equal(t, core.Gone, w.State)
 	})
@@ -51,7 +51,7 @@ func TestAwait(t *testing.T) {
 		o := &owner{}
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
-		w := core.NewWaiter(&core.Hold{Owner: o})
+		w := core.NewWaiter(&core.Hold{Owner: o}, 0)
 		grant(w)
 		// Whichever case select picks, the caller leaves with nothing.
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, nil, granted))
@@ -59,11 +59,11 @@ func TestAwait(t *testing.T) {
 	})
 	t.Run("expired, and a grant that races expiry is kept", func(t *testing.T) {
 		testrig.Bubble(t, func(t *testing.T) {
-			w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+			w := core.NewWaiter(&core.Hold{Owner: &owner{}}, 0)
 			assert.Equal(t, core.OutExpired, core.Await(context.Background(), w, time.After(time.Second), withdrawn))
 
 			o := &owner{}
-			w = core.NewWaiter(&core.Hold{Owner: o})
+			w = core.NewWaiter(&core.Hold{Owner: o}, 0)
 			expire := make(chan time.Time, 1)
 			expire <- time.Now()
 			grantOnWithdraw := func(w *core.Waiter) bool { grant(w); return false }
@@ -85,12 +85,12 @@ func TestAwaitEndedContextWins(t *testing.T) {
 	}
 	for range 100 { // select picks among ready cases at random
 		o := &owner{}
-		w := core.NewWaiter(&core.Hold{Owner: o})
+		w := core.NewWaiter(&core.Hold{Owner: o}, 0)
 		grant(w)
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(*core.Waiter) bool { return false }))
 		assert.Equal(t, int32(1), o.released.Load(), "the grant is given back")
 
-		w = core.NewWaiter(&core.Hold{Owner: &owner{}})
+		w = core.NewWaiter(&core.Hold{Owner: &owner{}}, 0)
 		assert.Equal(t, core.OutCanceled, core.Await(ctx, w, fired(), func(w *core.Waiter) bool { w.State = core.Gone; return true }),
 			"not OutExpired: fail-open must not hand a bypassed slot to a caller whose context ended")
 	}
@@ -106,7 +106,7 @@ func TestWakesManyAtOnce(t *testing.T) {
 	var wk core.Wakes
 	ws := make([]*core.Waiter, 9)
 	for i := range ws {
-		ws[i] = core.NewWaiter(&core.Hold{Owner: &owner{}})
+		ws[i] = core.NewWaiter(&core.Hold{Owner: &owner{}}, 0)
 		wk.Grant(ws[i])
 		assert.Equal(t, core.Granted, ws[i].State)
 	}
@@ -118,7 +118,7 @@ func TestWakesManyAtOnce(t *testing.T) {
 
 func TestAwaitWithNothingElseToEndIt(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		w := core.NewWaiter(&core.Hold{Owner: &owner{}})
+		w := core.NewWaiter(&core.Hold{Owner: &owner{}}, 0)
 		out := make(chan core.Outcome)
 		go func() { out <- core.Await(context.Background(), w, nil, nil) }()
 		synctest.Wait() // the waiter is durably blocked in the bubble

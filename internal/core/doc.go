@@ -9,11 +9,15 @@
 //     classes' shares, and the choice of the next waiter (Candidate).
 //   - queue.go: the order of a lane's waiters: classes, flows' turns,
 //     arrival.
+//   - flow.go: the admission flow every owner runs, written once: Begin,
+//     the owner's Decision under its lock, then Finish: the Slot handed
+//     out, refused, or waited for, and each way a wait ends (fail-open
+//     too), with their events.
 //   - wait.go: a blocked caller (Waiter), its grant and its wait (Await).
-//   - engine.go: everything around an owner's decision (Engine): Slots,
-//     waits, rejections, fail-open, releases, misuse, leaks, and the events
-//     and logs of each; policy.go, events.go: what it is configured with
-//     and what it reports.
+//   - engine.go: the rest around an owner's decisions (Engine):
+//     rejections and their Retry-After, releases, misuse, leaks;
+//     policy.go, events.go: what it is configured with and what it
+//     reports.
 //   - tracked.go: leak detection.
 //
 // Locking: a Lane and the Waiters queued on it belong to their owner's

@@ -2,9 +2,7 @@ package core
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"runtime"
 	"sync/atomic"
 	"time"
 
@@ -25,6 +23,9 @@ type Engine struct {
 	Policy
 	Clock *clockx.Clock
 	name  string // the owner's package, in errors and logs
+	// asError turns a rejection into the owner's error (a
+	// *slots.LimitError).
+	asError func(*Rejection) error
 
 	// Written now and then; kept off the cache line of the read-mostly
 	// fields above, which every admission on every core reads.
@@ -39,9 +40,10 @@ type Engine struct {
 const saturationLogEvery = 10 * time.Second
 
 // Init readies e for an owner of package name ("slots", "registry",
-// "pacing"), after its Policy has been set.
-func (e *Engine) Init(name string) {
-	e.name = name
+// "pacing"), after its Policy has been set, with asError making the
+// owner's error of a rejection.
+func (e *Engine) Init(name string, asError func(*Rejection) error) {
+	e.name, e.asError = name, asError
 	e.Clock = clockx.New(e.Policy.Clock)
 }
 
@@ -52,74 +54,14 @@ func (e *Engine) Emit(ev Event) {
 	}
 }
 
-// NewSlot returns a new Slot's record and the hold to admit for it, owned
-// by owner: the record's own hold or, with leak detection, a tracked one
-// apart from it (see Tracked), which HandOut then attaches. skip is the
-// number of frames between the caller and the user's code (0 when the
-// caller is what the user called), for leak sites.
-func (e *Engine) NewSlot(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
-	if e.LeakCheck {
-		return e.newTracked(owner, skip+1)
-	}
-	x := new(Handle)
-	x.h.Owner = owner
-	return x, &x.h, nil
-}
-
-// newTracked is NewSlot with leak detection.
-func (e *Engine) newTracked(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
-	t := new(Tracked)
-	t.Owner = owner
-	if e.LeakSites {
-		t.RecordSite(skip + 2) // above newTracked, its caller and skip more
-	}
-	return new(Handle), &t.Hold, t
-}
-
-// HandOut finishes an admission without reporting it (a bypass): with leak
-// detection, x becomes the stand-in of its tracked hold t.
-func (e *Engine) HandOut(x *Handle, t *Tracked) *Handle {
-	if t != nil {
-		AttachTo(t, x, &x.h)
-	}
-	return x
-}
-
-// Acquired hands out an admitted Slot and reports it after waiting wait,
-// under ctx (nil: an admission without a context). If the Observer panics
-// the Slot is released, since it never reaches its caller, and the panic
-// goes on up.
-func (e *Engine) Acquired(ctx context.Context, x *Handle, t *Tracked, wait time.Duration) *Handle {
-	if t == nil && e.Observer == nil {
-		return x // small enough to inline: the common admission
-	}
-	return e.acquiredSlow(ctx, x, t, wait)
-}
-
-func (e *Engine) acquiredSlow(ctx context.Context, x *Handle, t *Tracked, wait time.Duration) *Handle {
-	e.HandOut(x, t)
-	if e.Observer != nil {
-		ok := false
-		defer func() {
-			if !ok {
-				x.h.Release()
-				runtime.KeepAlive(x) // see Tracked
-			}
-		}()
-		e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx, Units: x.h.Units()})
-		ok = true
-	}
-	return x
-}
-
 // Full reports whether a caller of flow must be turned away from q instead
 // of queued, by the queue bound and the per-flow bound. A nil q is empty.
 // Call under the owner's lock.
 func (e *Engine) Full(q *Queue, flow string) bool {
 	if q == nil {
-		return e.QueueFull(0) || e.FlowQueueFull(0)
+		return e.QueueFull(0) || e.flowQueueFull(0)
 	}
-	return e.QueueFull(q.Len()) || e.BoundFlowQueue && e.FlowQueueFull(q.FlowLen(flow))
+	return e.QueueFull(q.Len()) || e.BoundFlowQueue && e.flowQueueFull(q.FlowLen(flow))
 }
 
 // Reject builds the rejection for reason with the counts at the decision
@@ -144,7 +86,7 @@ func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int, 
 	var buf [startsScan]int64
 	var starts []int64
 	if slots == ln.Limit && ln.Holders.Units() >= slots { // full: its holders' ends free the slots
-		starts = ln.Holders.Starts(buf[:0])
+		starts = ln.Holders.starts(buf[:0])
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)
@@ -167,48 +109,6 @@ func (e *Engine) Rejected(ctx context.Context, reason error, wait time.Duration)
 	if e.Observer != nil {
 		e.Observer(Event{Kind: EventRejected, Err: reason, Wait: wait, Ctx: ctx})
 	}
-}
-
-// Canceled reports a caller whose context ended before it was admitted,
-// after waiting wait, and returns its error. Call without locks.
-func (e *Engine) Canceled(ctx context.Context, wait time.Duration) error {
-	e.Rejected(ctx, ctx.Err(), wait)
-	return fmt.Errorf("%s: acquire: %w", e.name, ctx.Err())
-}
-
-// Since is how long ago start (a clock reading of e's) was, for the wait
-// of a caller turned away.
-func (e *Engine) Since(start int64) time.Duration { return time.Duration(e.Clock.Nanos() - start) }
-
-// Wait blocks until w is granted, ctx ends or maxWait passes (<= 0: no
-// bound); see Await.
-func (e *Engine) Wait(ctx context.Context, w *Waiter, maxWait time.Duration, withdraw func(*Waiter) bool) Outcome {
-	var expire <-chan time.Time
-	if maxWait > 0 {
-		c, stop := e.Clock.Timer(maxWait)
-		defer stop()
-		expire = c
-	}
-	return Await(ctx, w, expire, withdraw)
-}
-
-// Bypass admits h by fail-open after its wait of at most maxWait, which
-// began at start: it holds no capacity. The saturation of what ("limiter",
-// "key", "provider") is logged at most once every 10 seconds, with attrs,
-// and reported. Call without locks, after the owner has counted the bypass
-// (and given h an ID, if its owner numbers bypasses).
-func (e *Engine) Bypass(ctx context.Context, h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
-	Bypass(h)
-	h.At = e.Clock.Nanos() // exact: start may be an exact reading too
-	if e.satLog.Allow(h.At, saturationLogEvery) {
-		if h.ID != 0 {
-			attrs = append(attrs, slog.Uint64("slot_id", h.ID))
-		}
-		attrs = append(attrs, slog.Duration("max_wait", maxWait))
-		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
-			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
-	}
-	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start), Ctx: ctx, Units: h.Units()})
 }
 
 // Released samples h's hold time for Retry-After and reports the release.
@@ -256,7 +156,7 @@ func (e *Engine) Reclaim(t *Tracked, attrs ...slog.Attr) {
 	held := time.Duration(e.Clock.Nanos() - t.At)
 	e.leaks.Add(1)
 	attrs = append(attrs, slog.Uint64("slot_id", t.ID), slog.Duration("held_for", held.Round(time.Millisecond)))
-	if site := t.Site(); site != "" {
+	if site := t.callSite(); site != "" {
 		attrs = append(attrs, slog.String("acquired_at", site))
 	}
 	e.Log().LogAttrs(context.Background(), slog.LevelWarn, e.name+": slot dropped without Release; capacity reclaimed", attrs...)

@@ -70,8 +70,8 @@ const TopFlows = 10
 // Units returns the units of capacity the hold takes.
 func (h *Hold) Units() int { return int(h.Extra) + 1 }
 
-// SetUnits makes the hold take n units, 1 <= n <= MaxUnits.
-func (h *Hold) SetUnits(n int) { h.Extra = int32(n - 1) }
+// setUnits makes the hold take n units, 1 <= n <= MaxUnits.
+func (h *Hold) setUnits(n int) { h.Extra = int32(n - 1) }
 
 // Release frees the hold's capacity once and reports whether this call did.
 func (h *Hold) Release() bool {
@@ -95,11 +95,11 @@ func (h *Hold) ReleaseQuietly() bool {
 	return h.Owner.Release(h)
 }
 
-// Bypass marks h as admitted by fail-open: it holds no capacity, so its
+// bypassHold marks h as admitted by fail-open: it holds no capacity, so its
 // release frees nothing, but a copy of its Slot must still be told from it.
 // Its owner from then on is a small record of h (fail-open is the rare
 // path, so the allocation is paid only there).
-func Bypass(h *Hold) {
+func bypassHold(h *Hold) {
 	h.Bypassed = true
 	h.Owner = &bypassed{owner: h.Owner, hold: h}
 }

@@ -40,10 +40,10 @@ func (s *HolderSet) Units() int { return s.n + s.x }
 // startsScan bounds the holders Starts reads.
 const startsScan = 64
 
-// Starts appends the holders' starts (Hold.At) to buf, unless there are
+// starts appends the holders' starts (Hold.At) to buf, unless there are
 // more than startsScan of them: then the order of their ends says little
 // that a mean does not, and it returns buf as it is.
-func (s *HolderSet) Starts(buf []int64) []int64 {
+func (s *HolderSet) starts(buf []int64) []int64 {
 	if s.n == 0 || s.n > startsScan {
 		return buf
 	}
@@ -54,8 +54,8 @@ func (s *HolderSet) Starts(buf []int64) []int64 {
 	return buf
 }
 
-// ClassUnits returns the units the holders of class c weigh.
-func (s *HolderSet) ClassUnits(c uint8) int {
+// classUnits returns the units the holders of class c weigh.
+func (s *HolderSet) classUnits(c uint8) int {
 	if c == ClassDefault {
 		return s.n + s.x - s.by[0] - s.by[1]
 	}
@@ -200,7 +200,7 @@ func (ln *Lane) CanTake(c uint8, n int) bool {
 		return true
 	}
 	g := ln.guarantees(c, false)
-	above, below, own := ln.owed(c, &g, ln.Holders.ClassUnits)
+	above, below, own := ln.owed(c, &g, ln.Holders.classUnits)
 	// What is left free once it took n: as if it took them one at a time.
 	return free-n >= above && (n <= own || free-n >= above+below)
 }
@@ -264,7 +264,7 @@ func (ln *Lane) Short(c uint8) bool {
 	if ln.Shares == nil {
 		return false
 	}
-	return ln.Holders.ClassUnits(c) < ln.guarantees(c, false)[c]
+	return ln.Holders.classUnits(c) < ln.guarantees(c, false)[c]
 }
 
 // Candidate returns the waiter of ln to serve next among those for which

@@ -38,9 +38,9 @@ func (w *Policy) SetShare(c uint8, minimum, reserved int) {
 	w.Shares.Min[c], w.Shares.Reserved[c] = minimum, reserved
 }
 
-// FlowQueueFull reports whether a caller whose flow has waiting callers
+// flowQueueFull reports whether a caller whose flow has waiting callers
 // must be rejected instead of queued.
-func (w *Policy) FlowQueueFull(waiting int) bool {
+func (w *Policy) flowQueueFull(waiting int) bool {
 	return w.BoundFlowQueue && waiting >= w.MaxFlowQueue
 }
 

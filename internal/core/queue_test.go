@@ -13,7 +13,7 @@ import (
 
 // waiter returns a waiter of class c in flow id with weight wt.
 func waiter(c uint8, id string, wt int32) *core.Waiter {
-	w := core.NewWaiter(&core.Hold{Class: c})
+	w := core.NewWaiter(&core.Hold{Class: c}, 0)
 	w.Place(core.Place{Flow: id, Weight: wt})
 	return w
 }

@@ -17,7 +17,7 @@ import (
 type Tracked struct {
 	Hold    // what the lane counts; its Owner is the lane
 	cleanup runtime.Cleanup
-	site    []uintptr // where it was acquired, when recorded (RecordSite)
+	site    []uintptr // where it was acquired, when recorded (recordSite)
 	// standIn is the stand-in Hold, the one Release must come through. A
 	// strong pointer would keep the Slot alive, and its cleanup would never
 	// run.
@@ -34,18 +34,18 @@ type Leaker interface {
 // modulePrefix marks this module's frames, which a site report skips.
 const modulePrefix = "github.com/inflight-go/inflight/"
 
-// RecordSite records the caller's stack, skipping skip frames above
-// RecordSite's caller, for Site. It costs about a microsecond.
-func (t *Tracked) RecordSite(skip int) {
+// recordSite records the caller's stack, skipping skip frames above
+// recordSite's caller, for callSite. It costs about a microsecond.
+func (t *Tracked) recordSite(skip int) {
 	var pcs [16]uintptr
 	n := runtime.Callers(skip+2, pcs[:])
 	t.site = append([]uintptr(nil), pcs[:n]...)
 }
 
-// Site describes where the hold was acquired: the first frames outside this
+// callSite describes where the hold was acquired: the first frames outside this
 // module, innermost first, as "function (file:line)"; "" when no site was
 // recorded.
-func (t *Tracked) Site() string {
+func (t *Tracked) callSite() string {
 	if len(t.site) == 0 {
 		return ""
 	}

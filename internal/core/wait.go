@@ -27,6 +27,12 @@ type Waiter struct {
 	Class uint8 // the hold's class, copied here for the queue
 	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
 	Seq   uint64
+	// Start is when the caller came (its hold's start before it queued:
+	// once queued, a grant may overwrite that at any moment); MaxWait is
+	// how long it may wait (<= 0: until its context ends).
+	Start   int64
+	MaxWait time.Duration
+	ends    Waits // how its wait ends (Wait)
 	// Flow and Weight place the waiter among the flows of its class.
 	Flow   string
 	Weight int32
@@ -35,11 +41,12 @@ type Waiter struct {
 	Elem ilist.Elem[*Waiter]
 }
 
-// NewWaiter returns a waiter for h in state Waiting. Waiters are not
+// NewWaiter returns a waiter for h in state Waiting, which came at h.At
+// and may wait maxWait. Waiters are not
 // pooled: a channel belongs to the testing/synctest bubble that made it, and
 // a pooled one would cross from one test's bubble into another.
-func NewWaiter(h *Hold) *Waiter {
-	w := &Waiter{ready: make(chan struct{}, 1), Hold: h, Class: h.Class}
+func NewWaiter(h *Hold, maxWait time.Duration) *Waiter {
+	w := &Waiter{ready: make(chan struct{}, 1), Hold: h, Class: h.Class, Start: h.At, MaxWait: maxWait}
 	w.Elem.Value = w
 	return w
 }
@@ -103,7 +110,8 @@ const (
 
 // Await blocks until w is granted, ctx ends or expire fires (nil: never).
 // withdraw must, under the owner's lock, unlink w if it is still Waiting, mark
-// it Gone and report true; it reports false when w was granted already.
+// it Gone and report true; it reports false when w was granted already
+// (Waits.Withdraw).
 //
 // A caller whose context has ended never leaves with capacity: a grant that
 // races ctx's end is given back (released, so the capacity passes to the next

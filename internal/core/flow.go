@@ -1,0 +1,238 @@
+package core
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+)
+
+// The admission flow, written once. Every owner's Acquire is three steps:
+//
+//	x, h, t := e.Begin(owner, n, skip) // the Slot to be and the hold it takes
+//	// lock; d := the owner's Decision (Ended first); unlock; wake
+//	x, err := e.Finish(ctx, x, t, d)   // hand out, refuse, or wait and end
+//
+// The owner decides under its own lock whether the caller is admitted now,
+// refused now, or queued (and on what: its Waits); Finish does everything
+// after, the same way for every owner: the events, the wait, and each way a
+// wait ends (granted, canceled, refused, timed out, fail-open).
+
+// ErrNilContext is slots.ErrNilContext: Acquire was called with a nil
+// context.
+var ErrNilContext = errors.New("slots: nil context")
+
+// Decision is an owner's answer for one caller, made under its lock. The
+// zero Decision admits the caller: its hold has been counted.
+type Decision struct {
+	how uint8      // admitted (0), canceled, refused, failed or waits
+	rej *Rejection // refused: the rejection; failed: its Err alone
+	w   *Waiter    // waits: the caller, with its Waits
+}
+
+const (
+	admitted uint8 = iota
+	canceled
+	refused
+	failed
+	waits
+)
+
+// Cancel is the Decision for a caller whose context had ended (Ended,
+// asked under the lock before anything else).
+func Cancel() Decision { return Decision{how: canceled} }
+
+// Refuse is the Decision to turn the caller away now with rej (counted by
+// the owner).
+func Refuse(rej *Rejection) Decision { return Decision{how: refused, rej: rej} }
+
+// Fail is the Decision to turn the caller away now with err, an error of
+// the owner's that is no rejection (a Gate closed).
+func Fail(err error) Decision { return Decision{how: failed, rej: &Rejection{Err: err}} }
+
+// Wait is the Decision that the caller waits as w, which the owner has
+// queued (and may have granted at once): ends says how its wait ends.
+func Wait(w *Waiter, ends Waits) Decision {
+	w.ends = ends
+	return Decision{how: waits, w: w}
+}
+
+// Waits is the owner's side of one caller's wait: the owner's record of
+// what it waits on. Its methods take the owner's locks.
+type Waits interface {
+	// Withdraw unlinks w if it is still Waiting, marks it Gone and reports
+	// true; it reports false when w was granted already. It serves what
+	// w's leaving unblocks.
+	Withdraw(w *Waiter) bool
+	// Ended counts a wait that took nothing (out is OutCanceled,
+	// OutRefused or OutExpired) and says how to answer it.
+	Ended(w *Waiter, out Outcome) Ending
+}
+
+// Ending is how a wait that took nothing is answered (Waits.Ended): with
+// Rej; else with Err, an error of the owner's (a Gate closed meanwhile);
+// else, after a timeout, by fail-open when Bypass names what was saturated
+// ("limiter", "key", "provider"), once the owner has counted the bypass
+// and numbered the hold, with Attrs for the log; else with the context's
+// error.
+type Ending struct {
+	Rej    *Rejection
+	Err    error
+	Bypass string
+	Attrs  []slog.Attr
+}
+
+// Begin returns the Slot to be for owner (nil: set by the owner before it
+// counts the hold) of a caller weighing n units, 1 <= n <= MaxUnits, and
+// the hold to count for it, started now on the coarse clock; with leak
+// detection, the tracked hold apart from it (see Tracked), which Finish
+// attaches. skip is the number of frames between Begin's caller and the
+// user's code (0 when the caller is what the user called), for leak sites.
+func (e *Engine) Begin(owner Owner, n, skip int) (x *Handle, h *Hold, t *Tracked) {
+	if e.LeakCheck {
+		x, h, t = e.newTracked(owner, skip+1)
+	} else {
+		x = new(Handle)
+		x.h.Owner = owner
+		h = &x.h
+	}
+	h.At = e.Clock.Coarse()
+	if n != 1 {
+		h.setUnits(n)
+	}
+	return x, h, t
+}
+
+// CheckContext returns ErrNilContext, reported as a rejection, for a nil
+// ctx; else nil.
+func (e *Engine) CheckContext(ctx context.Context) error {
+	if ctx == nil {
+		e.Rejected(nil, ErrNilContext, 0)
+		return ErrNilContext
+	}
+	return nil
+}
+
+// Finish ends the admission of x (with t, its tracked hold, or nil) as the
+// owner decided in d, under ctx (nil: a call that does not wait): it
+// hands the Slot out, or refuses, or waits and ends the wait. A caller
+// whose context ends never leaves with capacity.
+func (e *Engine) Finish(ctx context.Context, x *Handle, t *Tracked, d Decision) (*Handle, error) {
+	if d.how == admitted && t == nil && e.Observer == nil {
+		return x, nil // the common admission, without a call
+	}
+	return e.finish(ctx, x, t, d)
+}
+
+func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) (*Handle, error) {
+	switch d.how {
+	case admitted:
+		return e.acquired(ctx, x, t, 0), nil
+	case canceled:
+		return nil, e.Canceled(ctx, 0)
+	case refused:
+		return nil, e.refused(ctx, d.rej, 0)
+	case failed:
+		e.Rejected(ctx, d.rej.Err, 0)
+		return nil, d.rej.Err
+	}
+	w := d.w
+	start := w.Start // w.Hold.At is its grant's once queued
+	var expire <-chan time.Time
+	if w.MaxWait > 0 {
+		c, stop := e.Clock.Timer(w.MaxWait)
+		defer stop()
+		expire = c
+	}
+	out := Await(ctx, w, expire, w.ends.Withdraw)
+	if out == OutGranted {
+		return e.acquired(ctx, x, t, time.Duration(w.Hold.At-start)), nil
+	}
+	end := w.ends.Ended(w, out)
+	waited := time.Duration(e.Clock.Nanos() - start)
+	switch {
+	case end.Rej != nil:
+		return nil, e.refused(ctx, end.Rej, waited)
+	case end.Err != nil:
+		e.Rejected(ctx, end.Err, waited)
+		return nil, end.Err
+	case out == OutExpired && end.Bypass != "":
+		e.bypass(ctx, w.Hold, start, w.MaxWait, end.Bypass, end.Attrs...)
+		return e.handOut(x, t), nil
+	}
+	return nil, e.Canceled(ctx, waited)
+}
+
+// refused reports rej for a caller that waited wait and returns it as the
+// owner's error.
+func (e *Engine) refused(ctx context.Context, rej *Rejection, wait time.Duration) error {
+	e.Rejected(ctx, rej.Err, wait)
+	return e.asError(rej)
+}
+
+// newTracked is Begin with leak detection.
+func (e *Engine) newTracked(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
+	t := new(Tracked)
+	t.Owner = owner
+	if e.LeakSites {
+		t.recordSite(skip + 2) // above newTracked, its caller and skip more
+	}
+	return new(Handle), &t.Hold, t
+}
+
+// acquired hands out an admitted Slot and reports it after waiting wait,
+// under ctx (nil: an admission without a context). If the Observer panics
+// the Slot is released, since it never reaches its caller, and the panic
+// goes on up.
+func (e *Engine) acquired(ctx context.Context, x *Handle, t *Tracked, wait time.Duration) *Handle {
+	e.handOut(x, t)
+	if e.Observer != nil {
+		ok := false
+		defer func() {
+			if !ok {
+				x.h.Release()
+				runtime.KeepAlive(x) // see Tracked
+			}
+		}()
+		e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx, Units: x.h.Units()})
+		ok = true
+	}
+	return x
+}
+
+// handOut finishes an admission without reporting it (a bypass): with leak
+// detection, x becomes the stand-in of its tracked hold t.
+func (e *Engine) handOut(x *Handle, t *Tracked) *Handle {
+	if t != nil {
+		AttachTo(t, x, &x.h)
+	}
+	return x
+}
+
+// bypass admits h by fail-open after its wait of at most maxWait, which
+// began at start: it holds no capacity. The saturation of what ("limiter",
+// "key", "provider") is logged at most once every 10 seconds, with attrs,
+// and reported. Call without locks, after the owner has counted the bypass
+// (and given h an ID, if its owner numbers bypasses).
+func (e *Engine) bypass(ctx context.Context, h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
+	bypassHold(h)
+	h.At = e.Clock.Nanos() // exact: start may be an exact reading too
+	if e.satLog.Allow(h.At, saturationLogEvery) {
+		if h.ID != 0 {
+			attrs = append(attrs, slog.Uint64("slot_id", h.ID))
+		}
+		attrs = append(attrs, slog.Duration("max_wait", maxWait))
+		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
+			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
+	}
+	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start), Ctx: ctx, Units: h.Units()})
+}
+
+// Canceled reports a caller whose context ended before it was admitted,
+// after waiting wait, and returns its error. Call without locks.
+func (e *Engine) Canceled(ctx context.Context, wait time.Duration) error {
+	e.Rejected(ctx, ctx.Err(), wait)
+	return fmt.Errorf("%s: acquire: %w", e.name, ctx.Err())
+}
