@@ -254,7 +254,7 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 	case core.Ended(ctx):
 		return core.Cancel(), false
 	case g.isClosed:
-		return core.Fail(g.closedError()), false
+		return core.Fail(ErrGateClosed, g.closedError()), false
 	}
 	// Read under the lock: Reconfigure may change g.cfg while this caller
 	// waits without it.
@@ -278,7 +278,7 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 	gr.queue()
 	g.dispatchLocked(now, wk)
 	if w.State == core.Granted {
-		return core.Decision{}, true
+		return core.Admit(), true
 	}
 	if g.provider.Waiters.Len() > g.cfg.QueueLimit() ||
 		g.cfg.MaxQueuePerFlow != nil && g.provider.Waiters.FlowLen(w.Flow) > *g.cfg.MaxQueuePerFlow {
@@ -313,7 +313,7 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 	case out == core.OutCanceled:
 		return core.Ending{}
 	case out == core.OutRefused && gr.refused == nil: // by Close
-		return core.Ending{Err: g.closedError()}
+		return core.Ending{Reason: ErrGateClosed, Err: g.closedError()}
 	case out == core.OutRefused: // a token cap was lowered below it
 		g.dropIfIdleLocked(gr.model)
 		return core.Ending{Rej: gr.refused} // made when it was refused

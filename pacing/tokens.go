@@ -86,8 +86,8 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 	}
 	for _, w := range heavy {
 		gr := w.Hold.Owner.(*grant)
-		gr.refused = g.exceedsLocked(gr.model, int(gr.units))
 		g.unqueueLocked(w)
+		gr.refused = g.exceedsLocked(gr.model, int(gr.units))
 		wk.Refuse(w)
 	}
 }

@@ -71,28 +71,26 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 			h.Class = place.Class
 		}
 	}
-	var d core.Decision
-	limit := 0
 	if e == nil {
-		limit = r.limitLocked(sh, key)
+		// Dropped again below if the caller neither holds nor waits.
+		e = sh.addLocked(r, key, hash, r.limitLocked(sh, key))
 	}
+	d := core.Admit()
 	switch {
 	case endedLocked(ctx):
+		sh.dropIfIdleLocked(r, e)
 		d = core.Cancel()
 	// Waiters that also need other keys may be queued while a key has
 	// room; only a waiter for this key alone would be passed, or the slot
 	// kept for one of them (admitsLocked).
-	case e != nil && admitsLocked(e, h.Class, n) || e == nil && r.freshAdmits(limit, h.Class, n):
-		if e == nil {
-			e = sh.addLocked(r, key, hash, limit)
-		}
+	case admitsLocked(e, h.Class, n):
 		h.Owner = e
 		if set != nil {
 			passLocked(e, h.Class, newcomer, nil)
 		}
 		sh.holdLocked(r, e, h, &h.Idx)
 	default:
-		d = r.refuseOrQueueLocked(ctx, sh, key, hash, e, limit, h, n, place, &wk)
+		d = r.refuseOrQueueLocked(ctx, key, e, h, n, place, &wk)
 	}
 	if set == nil {
 		sh.mu.Unlock()
@@ -106,26 +104,17 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 }
 
 // refuseOrQueueLocked decides for a caller of h, weighing n units, at place
-// under key, whose entry is e (nil: not live, with limit), that cannot be
-// admitted now: it is refused, or queued. Call with acquireOne's locks.
-func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, sh *shard[K], key K, hash uint64, e *entry[K], limit int, h *core.Hold, n int, place core.Place, wk *core.Wakes) core.Decision {
+// under key, whose entry is e, that cannot be admitted now: it is refused,
+// or queued. Call with acquireOne's locks.
+func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K], h *core.Hold, n int, place core.Place, wk *core.Wakes) core.Decision {
 	if ctx != nil && r.eng.Shares == nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	switch {
-	case r.tooHeavy(e, limit, h.Class, n):
-		r.exceedsLimit.Add(1)
-		return core.Refuse(r.rejectLocked(slots.ErrExceedsLimit, key, e, limit))
-	case ctx == nil:
-		sh.st.limitReached++
-		return core.Refuse(r.rejectLocked(slots.ErrLimitReached, key, e, limit))
-	case r.eng.Full(e.queue(), place.Flow):
-		sh.st.queueFull++
-		return core.Refuse(r.rejectLocked(slots.ErrQueueFull, key, e, limit))
-	}
-	if e == nil {
-		e = sh.addLocked(r, key, hash, limit)
+	if reason := r.refusalLocked(ctx, e, h.Class, n, place.Flow); reason != nil {
+		rej := r.rejectLocked(reason, key, e)
+		e.shard.dropIfIdleLocked(r, e)
+		return core.Refuse(rej)
 	}
 	h.Owner = e
 	w := core.NewWaiter(h, r.eng.MaxWait)
@@ -164,36 +153,22 @@ func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64, wk *core.Wake
 	return e, set
 }
 
-// freshAdmits reports whether a key that is not live, with limit, admits a
-// newcomer of class c weighing n units.
-func (r *Registry[K]) freshAdmits(limit int, c uint8, n int) bool {
-	if r.eng.Shares == nil || limit <= 0 {
-		return n <= limit
+// refusalLocked returns why a caller of class c weighing n units, of
+// flow, that cannot be admitted under e now may not queue there either (and
+// counts it), or nil. ctx == nil is a call that does not wait.
+func (r *Registry[K]) refusalLocked(ctx context.Context, e *entry[K], c uint8, n int, flow string) error {
+	switch {
+	case n > 1 && e.lane.TooHeavy(c, n):
+		r.exceedsLimit.Add(1)
+		return slots.ErrExceedsLimit
+	case ctx == nil:
+		e.shard.st.limitReached++
+		return slots.ErrLimitReached
+	case r.eng.Full(&e.lane.Waiters, flow):
+		e.shard.st.queueFull++
+		return slots.ErrQueueFull
 	}
-	ln := core.Lane{Limit: limit, Shares: r.eng.Shares}
-	return ln.CanTake(c, n)
-}
-
-// tooHeavy reports whether a caller of class c weighing n units must be
-// refused at key, with entry e (nil: a key that is not live, with limit),
-// because the key can never admit it (core.Lane.TooHeavy).
-func (r *Registry[K]) tooHeavy(e *entry[K], limit int, c uint8, n int) bool {
-	if n == 1 {
-		return false
-	}
-	if e != nil {
-		return e.lane.TooHeavy(c, n)
-	}
-	ln := core.Lane{Limit: limit, Shares: r.eng.Shares}
-	return ln.TooHeavy(c, n)
-}
-
-// queue returns e's queue, or nil for a key that is not live.
-func (e *entry[K]) queue() *core.Queue {
-	if e == nil {
-		return nil
-	}
-	return &e.lane.Waiters
+	return nil
 }
 
 // keyWait is a caller's wait on one key: its core.Waits.
@@ -238,5 +213,8 @@ func (r *Registry[K]) rejectKey(reason error, key K) *core.Rejection {
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return r.rejectLocked(reason, key, sh.lookup(key, hash), r.limitLocked(sh, key))
+	if e := sh.lookup(key, hash); e != nil {
+		return r.rejectLocked(reason, key, e)
+	}
+	return r.eng.Reject(reason, keyString(key), 0, r.limitLocked(sh, key), 0)
 }

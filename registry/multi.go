@@ -216,33 +216,26 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	defer r.multiMu.Unlock()
 	set := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
 	defer r.unlockShards(set)
+	// Entries made here are dropped again if the caller neither holds nor
+	// waits.
+	r.entriesLocked(m, shs, keys, hashes)
 	if endedLocked(ctx) {
+		r.dropIdleLocked(m.entries)
 		return core.Cancel()
 	}
-	// Decide before inserting anything: a rejection leaves no trace.
-	full, fullLimit := r.fullKeyLocked(shs, keys, hashes, h.Class, n)
+	full := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !admitsLocked(e, h.Class, n) })
 	if full < 0 {
-		r.entriesLocked(m, shs, keys, hashes)
 		var counted []*core.Waiter
 		for _, e := range m.entries {
 			counted = passLocked(e, h.Class, newcomer, counted)
 		}
 		r.holdMultiLocked(h, m)
-		return core.Decision{}
+		return core.Admit()
 	}
-	if heavy := r.tooHeavyAllLocked(shs, keys, hashes, h.Class, n); heavy >= 0 {
-		r.exceedsLimit.Add(1)
-		return core.Refuse(r.rejectLocked(slots.ErrExceedsLimit, keys[heavy], shs[heavy].lookup(keys[heavy], hashes[heavy]), r.limitLocked(shs[heavy], keys[heavy])))
-	}
-	if ctx == nil {
-		shs[0].st.limitReached++
-		return core.Refuse(r.rejectLocked(slots.ErrLimitReached, keys[full], shs[full].lookup(keys[full], hashes[full]), fullLimit))
-	}
-	if rej := r.queueFullAllLocked(shs, keys, hashes, full, place.Flow); rej != nil {
-		shs[0].st.queueFull++
+	if rej := r.refuseAllLocked(ctx, m, keys, full, h.Class, n, place.Flow); rej != nil {
+		r.dropIdleLocked(m.entries)
 		return core.Refuse(rej)
 	}
-	r.entriesLocked(m, shs, keys, hashes)
 	w := core.NewWaiter(h, r.eng.MaxWait)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
@@ -272,23 +265,6 @@ func (r *Registry[K]) newMulti(shs []*shard[K]) *multi[K] {
 	return m
 }
 
-// fullKeyLocked returns the index of the first key that does not admit a
-// newcomer of class c weighing n units now, and for a key that is not live
-// its limit; -1 when every key admits it. Call with lockBesideAll's locks
-// held.
-func (r *Registry[K]) fullKeyLocked(shs []*shard[K], keys []K, hashes []uint64, c uint8, n int) (full, limit int) {
-	for i, k := range keys {
-		if e := shs[i].lookup(k, hashes[i]); e != nil {
-			if !admitsLocked(e, c, n) {
-				return i, 0
-			}
-		} else if lim := r.limitLocked(shs[i], k); !r.freshAdmits(lim, c, n) {
-			return i, lim
-		}
-	}
-	return -1, 0
-}
-
 // anyHeavy reports whether a waiter weighing more than one unit queues on
 // any of entries.
 func anyHeavy[K comparable](entries []*entry[K]) bool {
@@ -300,31 +276,29 @@ func anyHeavy[K comparable](entries []*entry[K]) bool {
 	return false
 }
 
-// tooHeavyAllLocked returns the index of the first key that can never
-// admit a caller of class c weighing n units (core.Lane.TooHeavy), or -1.
-func (r *Registry[K]) tooHeavyAllLocked(shs []*shard[K], keys []K, hashes []uint64, c uint8, n int) int {
-	if n == 1 {
-		return -1
-	}
-	for i, k := range keys {
-		if r.tooHeavy(shs[i].lookup(k, hashes[i]), r.limitLocked(shs[i], k), c, n) {
-			return i
+// refuseAllLocked returns the rejection of a caller of class c weighing n
+// units, of flow, that cannot be admitted on every key of m now (full is
+// the first that cannot take it) and may not queue either, and counts it;
+// or nil. It names a key that can never take it, or else the full key, or
+// else the first key from it whose queue is full (so that a bound that
+// every queue meets, WithMaxQueue(0), names the full key).
+func (r *Registry[K]) refuseAllLocked(ctx context.Context, m *multi[K], keys []K, full int, c uint8, n int, flow string) *core.Rejection {
+	first := m.entries[0].shard
+	for i, e := range m.entries {
+		if n > 1 && e.lane.TooHeavy(c, n) {
+			r.exceedsLimit.Add(1)
+			return r.rejectLocked(slots.ErrExceedsLimit, keys[i], e)
 		}
 	}
-	return -1
-}
-
-// queueFullAllLocked returns the rejection of a caller of flow that may not
-// queue on one of keys, or nil. It looks from the key that was full on, so
-// that a bound that every queue meets (WithMaxQueue(0)) names that key,
-// not the first one listed.
-func (r *Registry[K]) queueFullAllLocked(shs []*shard[K], keys []K, hashes []uint64, full int, flow string) *core.Rejection {
+	if ctx == nil {
+		first.st.limitReached++
+		return r.rejectLocked(slots.ErrLimitReached, keys[full], m.entries[full])
+	}
 	for j := range keys {
 		i := (full + j) % len(keys)
-		k := keys[i]
-		e := shs[i].lookup(k, hashes[i])
-		if r.eng.Full(e.queue(), flow) {
-			return r.rejectLocked(slots.ErrQueueFull, k, e, r.limitLocked(shs[i], k))
+		if e := m.entries[i]; r.eng.Full(&e.lane.Waiters, flow) {
+			first.st.queueFull++
+			return r.rejectLocked(slots.ErrQueueFull, keys[i], e)
 		}
 	}
 	return nil
@@ -428,10 +402,15 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 	}
 	w.State = core.Gone
 	r.grantLocked(serve, &wk)
+	r.dropIdleLocked(entries)
+	return true
+}
+
+// dropIdleLocked drops the entries that have neither holders nor waiters.
+func (r *Registry[K]) dropIdleLocked(entries []*entry[K]) {
 	for _, e := range entries {
 		e.shard.dropIfIdleLocked(r, e)
 	}
-	return true
 }
 
 // unlinkWaiterLocked takes a multi-key waiter out of its keys' queues:

@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
-	"github.com/inflight-go/inflight/slots"
 )
 
 func (r *Registry[K]) withdrawOne(e *entry[K], w *core.Waiter) bool {
@@ -158,9 +157,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 	}
 	entries[0].shard.released++
 	r.grantLocked(serve, &wk)
-	for _, e := range entries {
-		e.shard.dropIfIdleLocked(r, e)
-	}
+	r.dropIdleLocked(entries)
 	return true
 }
 
@@ -193,21 +190,9 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 	r.eng.Reclaim(t, slog.String("key", keyString(key)))
 }
 
-// rejectLocked builds a rejection for key, from its entry e or, for a key
-// that is not live, its limit.
-func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], limit int) *core.Rejection {
-	if e != nil && reason == slots.ErrExceedsLimit {
-		// Coming back cannot help: no return told (core.Lane.Told).
-		return r.eng.Reject(reason, keyString(key), e.lane.Holders.Units(), e.lane.Limit, e.lane.Waiters.Len())
-	}
-	if e != nil {
-		var wait time.Duration // the wait a caller timed out in may be spent queued again
-		if reason == slots.ErrWaitTimeout {
-			wait = r.eng.MaxWait
-		}
-		return r.eng.RejectLaneTurns(reason, keyString(key), &e.lane, e.lane.Limit, wait)
-	}
-	return r.eng.Reject(reason, keyString(key), 0, limit, 0)
+// rejectLocked builds a rejection for key, from its entry e.
+func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K]) *core.Rejection {
+	return r.eng.RejectLane(reason, keyString(key), &e.lane)
 }
 
 // keyString formats a key for errors and logs, cut to a readable length.

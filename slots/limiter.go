@@ -68,7 +68,7 @@ func (l *Limiter) engine() *core.Engine {
 }
 
 // TryAcquire admits a Slot if one is free and nobody waits.
-func (l *Limiter) TryAcquire() (*Slot, error) { return l.tryAcquire(1) }
+func (l *Limiter) TryAcquire() (*Slot, error) { return l.acquire(nil, 1) }
 
 // TryAcquireN is TryAcquire for n units (see AcquireN).
 func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
@@ -76,38 +76,18 @@ func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
 		l.engine().Rejected(nil, ErrBadUnits, 0)
 		return nil, err
 	}
-	return l.tryAcquire(n)
-}
-
-func (l *Limiter) tryAcquire(n int) (*Slot, error) {
-	e := l.engine()
-	x, h, t := e.Begin(l.owner(), n, 1)
-	var d core.Decision
-	l.mu.Lock()
-	if l.lane.Admits(core.ClassDefault, n) {
-		l.admitLocked(h)
-	} else {
-		d = l.fullLocked(n)
-	}
-	l.mu.Unlock()
-	x, err := e.Finish(nil, x, t, d)
-	return (*Slot)(x), err
-}
-
-// fullLocked refuses a TryAcquire of n units that found no room.
-func (l *Limiter) fullLocked(n int) core.Decision {
-	reason := ErrLimitReached
-	if l.lane.TooHeavy(core.ClassDefault, n) {
-		reason = ErrExceedsLimit
-	}
-	l.countRefusalLocked(reason)
-	return core.Refuse(l.rejectLocked(reason))
+	return l.acquire(nil, n)
 }
 
 // Acquire admits a Slot, waiting while the limiter is full. It fails with
 // ErrQueueFull, ErrWaitTimeout or the context's error (even if a slot is
 // free); WithFailOpen bypasses instead.
-func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) { return l.acquire(ctx, 1) }
+func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
+	if err := l.engine().CheckContext(ctx); err != nil {
+		return nil, err
+	}
+	return l.acquire(ctx, 1)
+}
 
 // AcquireN is Acquire for n units. It also fails with ErrBadUnits, or
 // ErrExceedsLimit when the limit, less other classes' guarantees, can never
@@ -117,75 +97,73 @@ func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
 		l.engine().Rejected(ctx, ErrBadUnits, 0)
 		return nil, err
 	}
+	if err := l.engine().CheckContext(ctx); err != nil {
+		return nil, err
+	}
 	return l.acquire(ctx, n)
 }
 
+// acquire admits n units; ctx == nil means do not wait.
 func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	e := l.engine()
-	if err := e.CheckContext(ctx); err != nil {
-		return nil, err
-	}
 	x, h, t := e.Begin(l.owner(), n, 1)
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
-	placed := l.lane.Shares != nil
+	placed := ctx != nil && l.lane.Shares != nil
 	if placed {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
 	var wk core.Wakes
+	d := core.Admit()
 	l.mu.Lock()
-	d := l.acquireLocked(ctx, h, n, place, placed, &wk)
+	switch {
+	// Whether the context has ended is decided under the lock, with the
+	// admission: checked before it, a context that ends and a slot that
+	// frees in between would admit a caller that has given up.
+	case ctx != nil && core.Ended(ctx):
+		d = core.Cancel()
+	case l.lane.Admits(h.Class, n):
+		l.admitLocked(h)
+	default:
+		d = l.refuseOrQueueLocked(ctx, h, n, place, placed, &wk)
+	}
 	l.mu.Unlock()
 	wk.Wake()
 	x, err := e.Finish(ctx, x, t, d)
 	return (*Slot)(x), err
 }
 
-// acquireLocked decides for a caller of h, weighing n units, at place
-// (read already if placed).
-func (l *Limiter) acquireLocked(ctx context.Context, h *core.Hold, n int, place core.Place, placed bool, wk *core.Wakes) core.Decision {
-	// Whether the context has ended is decided under the lock, with the
-	// admission: checked before it, a context that ends and a slot that
-	// frees in between would admit a caller that has given up.
-	if core.Ended(ctx) {
-		return core.Cancel()
-	}
-	if l.lane.Admits(h.Class, n) {
-		l.admitLocked(h)
-		return core.Decision{}
-	}
-	if !placed {
+// refuseOrQueueLocked decides for a caller of h, weighing n units, at place
+// (read already if placed), that cannot be admitted now.
+func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, place core.Place, placed bool, wk *core.Wakes) core.Decision {
+	if ctx != nil && !placed {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	w := core.NewWaiter(h, l.eng.MaxWait)
-	w.Place(place)
-	reason := l.refusalLocked(place, n)
+	reason := l.refusalLocked(ctx, place, n)
 	if reason == nil || reason == ErrQueueFull && l.lane.Waiters.Heavy() > 0 {
 		// Beside a heavy waiter a newcomer queues even where it might be
 		// served (a higher class, or with shares, Lane.Admits): serve the
 		// queue, in order, before a bound on it turns the newcomer away.
+		w := core.NewWaiter(h, l.eng.MaxWait)
+		w.Place(place)
 		l.lane.Waiters.Push(&w.Elem)
 		if l.lane.Waiters.Heavy() > 0 {
 			l.grantLocked(wk)
 		}
-		if reason != nil && w.State == core.Granted {
-			reason = nil
-		} else if reason != nil {
-			l.lane.Waiters.Remove(&w.Elem)
-			w.State = core.Gone
-			if l.lane.Shares != nil {
-				l.grantLocked(wk) // its class stopped waiting
-			}
+		if reason == nil || w.State == core.Granted { // granted: its wait ends at once
+			return core.Wait(w, l.owner())
+		}
+		l.lane.Waiters.Remove(&w.Elem)
+		w.State = core.Gone
+		if l.lane.Shares != nil {
+			l.grantLocked(wk) // its class stopped waiting
 		}
 	}
-	if reason != nil {
-		l.countRefusalLocked(reason)
-		return core.Refuse(l.rejectLocked(reason))
-	}
-	return core.Wait(w, l.owner())
+	l.countRefusalLocked(reason)
+	return core.Refuse(l.eng.RejectLane(reason, "", &l.lane))
 }
 
 // Ended implements core.Waits: a wait that took nothing.
@@ -198,7 +176,7 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		l.stats.Canceled++
 		return core.Ending{}
 	case out == core.OutRefused: // counted by the SetLimit that refused it
-		return core.Ending{Rej: l.rejectLocked(ErrExceedsLimit)}
+		return core.Ending{Rej: l.eng.RejectLane(ErrExceedsLimit, "", &l.lane)}
 	case l.eng.FailOpen:
 		l.stats.Bypassed++
 		l.seq++
@@ -207,25 +185,18 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 			slog.Int("limit", l.lane.Limit), slog.Int("queued", l.lane.Waiters.Len())}}
 	}
 	l.stats.WaitTimeouts++
-	return core.Ending{Rej: l.eng.RejectLaneTurns(ErrWaitTimeout, "", &l.lane, l.lane.Limit, l.eng.MaxWait)}
-}
-
-// rejectLocked builds the rejection of a caller that may not queue, for
-// reason: one heavier than the limit tells no return (core.Lane.Told),
-// since coming back cannot help.
-func (l *Limiter) rejectLocked(reason error) *core.Rejection {
-	if reason == ErrExceedsLimit {
-		return l.engine().Reject(reason, "", l.lane.Holders.Units(), l.lane.Limit, l.lane.Waiters.Len())
-	}
-	return l.engine().RejectLane(reason, "", &l.lane)
+	return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane)}
 }
 
 // refusalLocked returns why a caller at place, weighing n units, that
-// cannot be admitted now may not queue either, or nil.
-func (l *Limiter) refusalLocked(place core.Place, n int) error {
+// cannot be admitted now may not queue either, or nil; ctx == nil is a
+// call that does not wait.
+func (l *Limiter) refusalLocked(ctx context.Context, place core.Place, n int) error {
 	switch {
 	case l.lane.TooHeavy(place.Class, n):
 		return ErrExceedsLimit
+	case ctx == nil:
+		return ErrLimitReached
 	case l.engine().Full(&l.lane.Waiters, place.Flow):
 		return ErrQueueFull
 	}

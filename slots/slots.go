@@ -19,11 +19,11 @@ var (
 	// ErrQueueFull: the queue was full; the newest caller is refused.
 	ErrQueueFull = errors.New("slots: queue full")
 	// ErrWaitTimeout: the maximum wait passed without admission.
-	ErrWaitTimeout = errors.New("slots: wait timeout")
+	ErrWaitTimeout = core.ErrWaitTimeout
 	// ErrNilContext: Acquire was called with a nil context.
 	ErrNilContext = core.ErrNilContext
 	// ErrExceedsLimit: heavier than its cap can ever hold (HTTP 413).
-	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
+	ErrExceedsLimit = core.ErrExceedsLimit
 	// ErrBadUnits: an admission weighs less than 1 or more than MaxUnits.
 	ErrBadUnits = core.ErrBadUnits
 )

@@ -71,9 +71,19 @@ func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *
 	return e.rejectAt(reason, key, inFlight, limit, queued, limit, nil, 0, nil)
 }
 
-// RejectLane is Reject with ln's counts, and a Retry-After from when its
-// holders started, spread from those told to the others refused on it.
+// RejectLane builds the rejection for reason of a caller of ln, with
+// ln's counts and a Retry-After from when its holders started, spread
+// from those told to the others refused on it: a caller heavier than ln
+// can ever hold (ErrExceedsLimit) is told no return, since coming back
+// cannot help; one that timed out (ErrWaitTimeout) is told to come back
+// before its slot frees, by half its wait (see RejectLaneTurns).
 func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
+	switch reason {
+	case ErrExceedsLimit:
+		return e.Reject(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len())
+	case ErrWaitTimeout:
+		return e.RejectLaneTurns(reason, key, ln, ln.Limit, e.MaxWait)
+	}
 	return e.RejectLaneTurns(reason, key, ln, ln.Limit, 0)
 }
 

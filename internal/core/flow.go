@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -25,20 +26,26 @@ import (
 var ErrNilContext = errors.New("slots: nil context")
 
 // Decision is an owner's answer for one caller, made under its lock. The
-// zero Decision admits the caller: its hold has been counted.
+// zero Decision is none: Finish panics on it.
 type Decision struct {
-	how uint8      // admitted (0), canceled, refused, failed or waits
-	rej *Rejection // refused: the rejection; failed: its Err alone
-	w   *Waiter    // waits: the caller, with its Waits
+	how  uint8
+	rej  *Rejection // refused
+	fail *Ending    // failed
+	w    *Waiter    // waits: the caller, with its Waits
 }
 
 const (
-	admitted uint8 = iota
+	undecided uint8 = iota
+	admitted
 	canceled
 	refused
 	failed
 	waits
 )
+
+// Admit is the Decision that the caller is admitted: its hold has been
+// counted.
+func Admit() Decision { return Decision{how: admitted} }
 
 // Cancel is the Decision for a caller whose context had ended (Ended,
 // asked under the lock before anything else).
@@ -49,8 +56,10 @@ func Cancel() Decision { return Decision{how: canceled} }
 func Refuse(rej *Rejection) Decision { return Decision{how: refused, rej: rej} }
 
 // Fail is the Decision to turn the caller away now with err, an error of
-// the owner's that is no rejection (a Gate closed).
-func Fail(err error) Decision { return Decision{how: failed, rej: &Rejection{Err: err}} }
+// the owner's that is no rejection (a Gate closed), reported as reason.
+func Fail(reason, err error) Decision {
+	return Decision{how: failed, fail: &Ending{Reason: reason, Err: err}}
+}
 
 // Wait is the Decision that the caller waits as w, which the owner has
 // queued (and may have granted at once): ends says how its wait ends.
@@ -72,13 +81,14 @@ type Waits interface {
 }
 
 // Ending is how a wait that took nothing is answered (Waits.Ended): with
-// Rej; else with Err, an error of the owner's (a Gate closed meanwhile);
-// else, after a timeout, by fail-open when Bypass names what was saturated
-// ("limiter", "key", "provider"), once the owner has counted the bypass
-// and numbered the hold, with Attrs for the log; else with the context's
-// error.
+// Rej; else with Err, an error of the owner's (a Gate closed meanwhile),
+// reported as Reason (nil: Err); else, after a timeout, by fail-open when
+// Bypass names what was saturated ("limiter", "key", "provider"), once the
+// owner has counted the bypass and numbered the hold, with Attrs for the
+// log; else with the context's error.
 type Ending struct {
 	Rej    *Rejection
+	Reason error
 	Err    error
 	Bypass string
 	Attrs  []slog.Attr
@@ -127,49 +137,47 @@ func (e *Engine) Finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 }
 
 func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) (*Handle, error) {
+	var end Ending
+	var waited time.Duration
 	switch d.how {
+	case undecided:
+		panic("core: no decision")
 	case admitted:
 		return e.acquired(ctx, x, t, 0), nil
-	case canceled:
-		return nil, e.Canceled(ctx, 0)
 	case refused:
-		return nil, e.refused(ctx, d.rej, 0)
+		end.Rej = d.rej
 	case failed:
-		e.Rejected(ctx, d.rej.Err, 0)
-		return nil, d.rej.Err
+		end = *d.fail
+	case waits:
+		w := d.w
+		var expire <-chan time.Time
+		stop := func() bool { return false }
+		if w.MaxWait > 0 {
+			expire, stop = e.Clock.Timer(w.MaxWait)
+		}
+		out := Await(ctx, w, expire, w.ends.Withdraw)
+		stop()
+		// w.Start, not w.Hold.At: a grant overwrites that.
+		if out == OutGranted {
+			return e.acquired(ctx, x, t, time.Duration(w.Hold.At-w.Start)), nil
+		}
+		end = w.ends.Ended(w, out)
+		waited = time.Duration(e.Clock.Nanos() - w.Start)
+		if out == OutExpired && end.Rej == nil && end.Err == nil && end.Bypass != "" {
+			e.bypass(ctx, w, end.Bypass, end.Attrs...)
+			e.handOut(x, t)
+			return x, nil
+		}
 	}
-	w := d.w
-	start := w.Start // w.Hold.At is its grant's once queued
-	var expire <-chan time.Time
-	if w.MaxWait > 0 {
-		c, stop := e.Clock.Timer(w.MaxWait)
-		defer stop()
-		expire = c
-	}
-	out := Await(ctx, w, expire, w.ends.Withdraw)
-	if out == OutGranted {
-		return e.acquired(ctx, x, t, time.Duration(w.Hold.At-start)), nil
-	}
-	end := w.ends.Ended(w, out)
-	waited := time.Duration(e.Clock.Nanos() - start)
 	switch {
 	case end.Rej != nil:
-		return nil, e.refused(ctx, end.Rej, waited)
+		e.Rejected(ctx, end.Rej.Err, waited)
+		return nil, e.asError(end.Rej)
 	case end.Err != nil:
-		e.Rejected(ctx, end.Err, waited)
+		e.Rejected(ctx, cmp.Or(end.Reason, end.Err), waited)
 		return nil, end.Err
-	case out == OutExpired && end.Bypass != "":
-		e.bypass(ctx, w.Hold, start, w.MaxWait, end.Bypass, end.Attrs...)
-		return e.handOut(x, t), nil
 	}
 	return nil, e.Canceled(ctx, waited)
-}
-
-// refused reports rej for a caller that waited wait and returns it as the
-// owner's error.
-func (e *Engine) refused(ctx context.Context, rej *Rejection, wait time.Duration) error {
-	e.Rejected(ctx, rej.Err, wait)
-	return e.asError(rej)
 }
 
 // newTracked is Begin with leak detection.
@@ -211,12 +219,13 @@ func (e *Engine) handOut(x *Handle, t *Tracked) *Handle {
 	return x
 }
 
-// bypass admits h by fail-open after its wait of at most maxWait, which
-// began at start: it holds no capacity. The saturation of what ("limiter",
-// "key", "provider") is logged at most once every 10 seconds, with attrs,
-// and reported. Call without locks, after the owner has counted the bypass
-// (and given h an ID, if its owner numbers bypasses).
-func (e *Engine) bypass(ctx context.Context, h *Hold, start int64, maxWait time.Duration, what string, attrs ...slog.Attr) {
+// bypass admits w's hold by fail-open once its wait timed out: it holds no
+// capacity. The saturation of what ("limiter", "key", "provider") is
+// logged at most once every 10 seconds, with attrs, and reported. Call
+// after the owner has counted the bypass (and numbered the hold, if it
+// numbers bypasses).
+func (e *Engine) bypass(ctx context.Context, w *Waiter, what string, attrs ...slog.Attr) {
+	h, start, maxWait := w.Hold, w.Start, w.MaxWait
 	bypassHold(h)
 	h.At = e.Clock.Nanos() // exact: start may be an exact reading too
 	if e.satLog.Allow(h.At, saturationLogEvery) {

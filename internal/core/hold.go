@@ -52,8 +52,12 @@ type Hold struct {
 // MaxUnits is the largest weight an admission may take.
 const MaxUnits = 1<<31 - 1
 
-// ErrBadUnits is slots.ErrBadUnits: a weight outside 1..MaxUnits.
-var ErrBadUnits = errors.New("slots: units out of range")
+// The reasons of package slots that the engine tells apart (see there).
+var (
+	ErrBadUnits     = errors.New("slots: units out of range")
+	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
+	ErrWaitTimeout  = errors.New("slots: wait timeout")
+)
 
 // CheckUnits returns an error wrapping ErrBadUnits for a weight n outside
 // 1..MaxUnits, or nil; for every owner that takes weights.

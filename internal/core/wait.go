@@ -74,9 +74,10 @@ func (k *Wakes) Grant(w *Waiter) {
 	k.more = append(k.more, w)
 }
 
-// Refuse marks w refused: it weighs more than its lane can ever admit now
-// (Lane.Capacity). Call under the owner's lock, after unlinking w from every
-// queue it was on; w is woken by Wake and its wait ends with OutRefused.
+// Refuse marks w refused by its owner (it weighs more than its lane can
+// ever admit now, Lane.Capacity; or its owner closed). Call under the
+// owner's lock, after unlinking w from every queue it was on; w is woken
+// by Wake and its wait ends with OutRefused.
 func (k *Wakes) Refuse(w *Waiter) {
 	k.Grant(w)
 	w.State = Refused
