@@ -85,8 +85,10 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 		}
 	}
 	for _, w := range heavy {
-		gr := w.Hold.Owner.(*grant)
 		g.unqueueLocked(w)
+	}
+	for _, w := range heavy { // each refusal counts the queue without them
+		gr := w.Hold.Owner.(*grant)
 		gr.refused = g.exceedsLocked(gr.model, int(gr.units))
 		wk.Refuse(w)
 	}

@@ -71,26 +71,25 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 			h.Class = place.Class
 		}
 	}
-	if e == nil {
-		// Dropped again below if the caller neither holds nor waits.
-		e = sh.addLocked(r, key, hash, r.limitLocked(sh, key))
-	}
-	d := core.Admit()
-	switch {
-	case endedLocked(ctx):
-		sh.dropIfIdleLocked(r, e)
-		d = core.Cancel()
-	// Waiters that also need other keys may be queued while a key has
-	// room; only a waiter for this key alone would be passed, or the slot
-	// kept for one of them (admitsLocked).
-	case admitsLocked(e, h.Class, n):
-		h.Owner = e
-		if set != nil {
-			passLocked(e, h.Class, newcomer, nil)
+	d := core.Cancel()
+	if !endedLocked(ctx) {
+		if e == nil {
+			// Dropped again if the caller neither holds nor waits.
+			e = sh.addLocked(r, key, hash, r.limitLocked(sh, key))
 		}
-		sh.holdLocked(r, e, h, &h.Idx)
-	default:
-		d = r.refuseOrQueueLocked(ctx, key, e, h, n, place, &wk)
+		// Waiters that also need other keys may be queued while a key has
+		// room; only a waiter for this key alone would be passed, or the
+		// slot kept for one of them (admitsLocked).
+		if admitsLocked(e, h.Class, n) {
+			h.Owner = e
+			if set != nil {
+				passLocked(e, h.Class, newcomer, nil)
+			}
+			sh.holdLocked(r, e, h, &h.Idx)
+			d = core.Admit()
+		} else {
+			d = r.refuseOrQueueLocked(ctx, key, e, h, n, place, &wk)
+		}
 	}
 	if set == nil {
 		sh.mu.Unlock()
@@ -113,7 +112,7 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 	}
 	if reason := r.refusalLocked(ctx, e, h.Class, n, place.Flow); reason != nil {
 		rej := r.rejectLocked(reason, key, e)
-		e.shard.dropIfIdleLocked(r, e)
+		e.shard.dropUnusedLocked(e)
 		return core.Refuse(rej)
 	}
 	h.Owner = e

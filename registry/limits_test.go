@@ -224,3 +224,32 @@ func TestRegistryRefreshLimits(t *testing.T) {
 	require.NoError(t, err, "b keeps its cached limit until its refresh")
 	s.Release()
 }
+
+// A key whose fetched limit is 0 (a suspended tenant) stays refused while
+// its LimitFunc fails after RefreshLimits: the refusals keep the limit
+// known last, as they insert nothing else. (When a refusal dropped the
+// cached limit, the next fetch that failed fell back to the default and
+// admitted the caller.)
+func TestRegistryRefusalsKeepTheFetchedLimit(t *testing.T) {
+	var failing atomic.Bool
+	fn := func(context.Context, string) (int, error) {
+		if failing.Load() {
+			return 0, fmt.Errorf("lookup down")
+		}
+		return 0, nil
+	}
+	mock := clock.NewMock()
+	reg := registry.NewWithLimitFunc[string](10, fn, time.Minute, slots.WithClock(mock), slots.WithLogger(quiet))
+	_, err := reg.TryAcquire("t")
+	require.ErrorIs(t, err, slots.ErrLimitReached)
+	reg.RefreshLimits(func(string) bool { return true })
+	failing.Store(true)
+	for range 3 {
+		mock.Add(time.Second)
+		s, err := reg.TryAcquire("t")
+		if !assert.ErrorIs(t, err, slots.ErrLimitReached) {
+			s.Release()
+		}
+	}
+	assert.Zero(t, reg.Keys(), "no entry left by the refusals")
+}

@@ -216,13 +216,12 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	defer r.multiMu.Unlock()
 	set := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
 	defer r.unlockShards(set)
+	if endedLocked(ctx) {
+		return core.Cancel()
+	}
 	// Entries made here are dropped again if the caller neither holds nor
 	// waits.
 	r.entriesLocked(m, shs, keys, hashes)
-	if endedLocked(ctx) {
-		r.dropIdleLocked(m.entries)
-		return core.Cancel()
-	}
 	full := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !admitsLocked(e, h.Class, n) })
 	if full < 0 {
 		var counted []*core.Waiter
@@ -233,7 +232,9 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 		return core.Admit()
 	}
 	if rej := r.refuseAllLocked(ctx, m, keys, full, h.Class, n, place.Flow); rej != nil {
-		r.dropIdleLocked(m.entries)
+		for _, e := range m.entries {
+			e.shard.dropUnusedLocked(e)
+		}
 		return core.Refuse(rej)
 	}
 	w := core.NewWaiter(h, r.eng.MaxWait)

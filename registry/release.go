@@ -64,15 +64,23 @@ func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, idx *i
 	e.lane.Holders.Add(h, idx)
 }
 
-// dropIfIdleLocked removes e once it has neither holders nor waiters.
+// dropIfIdleLocked removes e once it has neither holders nor waiters, and
+// forgets its key's fetched limit unless that is retained.
 func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
+	key := e.key
+	if sh.dropUnusedLocked(e) && sh.resolved != nil {
+		r.forgetLimitLocked(sh, key)
+	}
+}
+
+// dropUnusedLocked removes e if it has neither holders nor waiters, and
+// reports whether it did. Its key's fetched limit stays: as it does for
+// an entry made to decide for a caller that was refused, which took nothing.
+func (sh *shard[K]) dropUnusedLocked(e *entry[K]) bool {
 	if e.lane.Holders.Len() > 0 || e.lane.Waiters.Len() > 0 {
-		return
+		return false
 	}
 	sh.lanes.remove(e, e.hash)
-	if sh.resolved != nil {
-		r.forgetLimitLocked(sh, e.key)
-	}
 	// The lane is empty as it stands (its holder set keeps its capacity for
 	// reuse); only the key goes, so that it can be collected.
 	var zero K
@@ -83,6 +91,7 @@ func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	} else if len(sh.free) < maxFreeEntries {
 		sh.free = append(sh.free, e)
 	}
+	return true
 }
 
 // Release implements core.Owner for holds of this key alone; called once
@@ -192,6 +201,10 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 
 // rejectLocked builds a rejection for key, from its entry e.
 func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K]) *core.Rejection {
+	if e.lane.Holders.Len() == 0 && e.lane.Waiters.Len() == 0 {
+		// An entry made to decide for this caller: no return to book.
+		return r.eng.Reject(reason, keyString(key), 0, e.lane.Limit, 0)
+	}
 	return r.eng.RejectLane(reason, keyString(key), &e.lane)
 }
 

@@ -3,7 +3,6 @@ package core
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -20,10 +19,6 @@ import (
 // refused now, or queued (and on what: its Waits); Finish does everything
 // after, the same way for every owner: the events, the wait, and each way a
 // wait ends (granted, canceled, refused, timed out, fail-open).
-
-// ErrNilContext is slots.ErrNilContext: Acquire was called with a nil
-// context.
-var ErrNilContext = errors.New("slots: nil context")
 
 // Decision is an owner's answer for one caller, made under its lock. The
 // zero Decision is none: Finish panics on it.

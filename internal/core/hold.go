@@ -57,6 +57,7 @@ var (
 	ErrBadUnits     = errors.New("slots: units out of range")
 	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
 	ErrWaitTimeout  = errors.New("slots: wait timeout")
+	ErrNilContext   = errors.New("slots: nil context")
 )
 
 // CheckUnits returns an error wrapping ErrBadUnits for a weight n outside
