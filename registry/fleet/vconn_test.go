@@ -34,6 +34,28 @@ func newVirtualRedis(t testing.TB, latency time.Duration) *virtualRedis {
 	return v
 }
 
+// virtualPoolSize is the connection pool of a virtual Redis's client: more
+// connections than a Registry of these tests has calls on their way at once
+// (one per waiter at most, 4,500 in the largest test, and the background's),
+// so that no call waits in the pool. go-redis's default, 10 per GOMAXPROCS,
+// is 20 on two cores and 10 under the race detector (testrig.Bubble runs on
+// one P). The claims of granted waiters go to the client at once, beside
+// the pipelines (see calls.go); when a burst of releases granted hundreds
+// of waiters, their claims held every connection of a pool that small, the
+// next pipelines waited behind them for one (160 to 340 ms of virtual time,
+// a round trip being 40 ms), and the calls queued behind those pipelines
+// waited out the call timeout (500 ms): each a failure of Redis, the
+// breaker opened, and waiters were admitted under the local caps alone
+// (TestBurstOnManyKeysKeepsTheFleetCap). How many waiters a burst queues
+// in Redis, and so how many claims follow, depends on the order in which
+// the scheduler runs them, which the machine's load changes: the test
+// failed now and then on a busy two-core machine, and every time at
+// GOMAXPROCS=1 without the race detector. A call that waits in the pool
+// also takes a timer from a sync.Pool that go-redis shares across the
+// process: one made outside the bubble (by a test on a TCP miniredis) is
+// not the bubble's, and the bubble's clock stops while a call waits on it.
+const virtualPoolSize = 1 << 14
+
 // redisServer is a Redis that tests open registries on: a real
 // redis-server (redistest.Server) or a virtual one.
 type redisServer interface {
@@ -45,8 +67,9 @@ func (v *virtualRedis) Client() *redis.Client {
 	t := v.t
 	// No maintenance notifications: miniredis refuses their handshake, and
 	// go-redis then holds a sync.RWMutex across a call to turn them off,
-	// which would stop the bubble's clock.
-	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}, Dialer: func(context.Context, string, string) (net.Conn, error) {
+	// which would stop the bubble's clock. A pool that never makes a call
+	// wait for a connection (see virtualPoolSize).
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:6379", PoolSize: virtualPoolSize, MaintNotificationsConfig: &maintnotifications.Config{Mode: maintnotifications.ModeDisabled}, Dialer: func(context.Context, string, string) (net.Conn, error) {
 		server, err := v.srv.Dial()
 		if err != nil {
 			return nil, err
