@@ -31,12 +31,6 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 // asError is a rejection as the registry returns it.
 func asError(rej *core.Rejection) error { return (*slots.LimitError)(rej) }
 
-// endedLocked reports whether ctx (nil: a call that does not wait) has
-// ended. Admissions ask it under their locks, as the last check before they
-// decide: asked before, a context that ends and a slot that frees in between
-// would admit a caller that has given up.
-func endedLocked(ctx context.Context) bool { return ctx != nil && core.Ended(ctx) }
-
 // acquireOne admits n units under one key; ctx == nil means do not wait.
 func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot, error) {
 	if err := r.checkKey(ctx, key); err != nil {
@@ -72,7 +66,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 		}
 	}
 	d := core.Cancel()
-	if !endedLocked(ctx) {
+	if !core.Ended(ctx) {
 		if e == nil {
 			// Dropped again if the caller neither holds nor waits.
 			e = sh.addLocked(r, key, hash, r.limitLocked(sh, key))

@@ -216,7 +216,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	defer r.multiMu.Unlock()
 	set := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
 	defer r.unlockShards(set)
-	if endedLocked(ctx) {
+	if core.Ended(ctx) {
 		return core.Cancel()
 	}
 	// Entries made here are dropped again if the caller neither holds nor

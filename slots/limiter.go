@@ -119,10 +119,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	d := core.Admit()
 	l.mu.Lock()
 	switch {
-	// Whether the context has ended is decided under the lock, with the
-	// admission: checked before it, a context that ends and a slot that
-	// frees in between would admit a caller that has given up.
-	case ctx != nil && core.Ended(ctx):
+	case core.Ended(ctx): // under the lock, with the admission (see core.Ended)
 		d = core.Cancel()
 	case l.lane.Admits(h.Class, n):
 		l.admitLocked(h)

@@ -156,9 +156,11 @@ func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw fun
 	return OutGranted
 }
 
-// Ended reports whether ctx has ended. Admissions call it under their
-// owner's lock, as the last check before they decide.
-func Ended(ctx context.Context) bool { return isDone(ctx.Done()) }
+// Ended reports whether ctx (nil: a call that does not wait) has ended.
+// Admissions ask it under their owner's lock, as the last check before
+// they decide: asked before, a context that ends and a slot that frees in
+// between would admit a caller that has given up.
+func Ended(ctx context.Context) bool { return ctx != nil && isDone(ctx.Done()) }
 
 func isDone(done <-chan struct{}) bool {
 	select {
