@@ -18,30 +18,21 @@ const (
 	CapTokensPerMinute       = upstream.CapTokensPerMinute
 	CapInputTokensPerMinute  = upstream.CapInputTokensPerMinute
 	CapOutputTokensPerMinute = upstream.CapOutputTokensPerMinute
+	CapMaxRequestsPerMinute  = upstream.CapMaxRequestsPerMinute
 )
 
 // BudgetCap names a budget's part as refusals do: 0 all tokens
-// (CapTokensPerMinute), 1 input, 2 output; "" for another part.
+// (CapTokensPerMinute), 1 input, 2 output, 3 requests
+// (CapMaxRequestsPerMinute); "" for another part.
 func BudgetCap(part int) string { return upstream.BudgetCap(part) }
 
 // budgetCaps names the budgets of a lane, in the order of a budgets' array.
-var budgetCaps = [3]string{CapTokensPerMinute, CapInputTokensPerMinute, CapOutputTokensPerMinute}
+var budgetCaps = [budgetParts]string{CapTokensPerMinute, CapInputTokensPerMinute, CapOutputTokensPerMinute, CapMaxRequestsPerMinute}
 
 // Tokens is what a request spends: its prompt's tokens (Input) and its
 // answer's (Output). Before it is sent it is an estimate; Settle corrects
 // it with what the upstream reports.
 type Tokens = upstream.Tokens
-
-// partOf is what t charges the budget part i (see BudgetCap).
-func partOf(t Tokens, i int) int64 {
-	switch i {
-	case 1:
-		return int64(t.Input)
-	case 2:
-		return int64(t.Output)
-	}
-	return int64(t.Input) + int64(t.Output)
-}
 
 // cost is gr's request's estimated cost.
 func (gr *grant) cost() Tokens { return Tokens{Input: int(gr.estIn), Output: int(gr.estOut)} }
@@ -120,12 +111,12 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 
 // AcquireTokens is AcquireN for a request whose cost is estimated as t: it
 // weighs t.Total() on the token caps in flight, and it starts only when t
-// fits the provider's and its model's token budgets per minute
-// (BudgetLimits), and is given an API key whose budgets take it. A budget
-// counts what started in the last minute, as the requests' estimates
-// corrected by Settle; a budget with nothing in its last minute admits any
-// request, so a budget's first request passes even when it is larger than
-// the budget.
+// fits the provider's and its model's budgets per minute (BudgetLimits),
+// and is given an API key whose budgets take it. A budget counts what
+// started in the last minute, as the requests' estimates corrected by
+// Settle, and the requests themselves (MaxRequestsPerMinute, one each); a
+// budget with nothing in its last minute admits any request, so a
+// budget's first request passes even when it is larger than the budget.
 //
 // Order on a budget is strict, as on the token caps. A request whose
 // budget cannot take it within Config's queue wait, counting the requests
@@ -136,7 +127,8 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // ahead would only draw the upstream's refusal). A refused request
 // charges nothing, nor does one whose grant is given back (its caller's
 // context ended as it came) or is reported as refused by the upstream
-// (Report with a verdict other than Admitted and Other). t's parts must
+// (Report with a verdict other than Admitted and Other), not even its
+// request; one settled stays a request. t's parts must
 // not be negative and t.Total() must be in 1..slots.MaxUnits (else
 // slots.ErrBadUnits). Acquire and AcquireN charge the budgets as a cost
 // of {Input: n}, settled by nobody unless Settle is called.
@@ -232,7 +224,7 @@ func (g *Gate) budgetsAt(ml *modelLane, t Tokens, after int, now int64) (at int6
 // binding is fitAt, with the binding budget named by its budgetCaps name
 // after prefix.
 func (b *budgets) binding(prefix string, t Tokens, after int, now int64) (at int64, name string) {
-	var extra [3]int64
+	var extra charges
 	if after != afterNone {
 		extra = b.waiting(after == afterTold, now)
 	}

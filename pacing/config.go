@@ -93,8 +93,10 @@ type Config struct {
 	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
 	// BudgetLimits are budgets over time: the tokens of the requests
 	// started in any minute, as estimated at admission and corrected by
-	// Gate.Settle (see Gate.AcquireTokens); in the JSON, its fields stand
-	// beside the others (tokens_per_minute...).
+	// Gate.Settle (see Gate.AcquireTokens), and the requests themselves
+	// (max_requests_per_minute: at most so many in any minute, where
+	// requests_per_minute spaces them evenly); in the JSON, its fields
+	// stand beside the others (tokens_per_minute...).
 	BudgetLimits
 	// RequestsPerMinute spaces starts evenly: 60 s / rpm apart, in (0, 60000].
 	RequestsPerMinute int `json:"requests_per_minute,omitempty"`
@@ -141,8 +143,8 @@ type ShareConfig struct {
 type KeyConfig struct {
 	ID                    string `json:"id"`
 	MaxConcurrentRequests int    `json:"max_concurrent_requests,omitempty"`
-	// The key's token budgets per minute (see Config.BudgetLimits): a
-	// request is given a key whose budgets take its estimate.
+	// The key's budgets per minute (see Config.BudgetLimits): a request is
+	// given a key whose budgets take its estimate, and its request.
 	BudgetLimits
 }
 
@@ -152,7 +154,7 @@ type ModelConfig struct {
 	// MaxInflightTokens caps the tokens of the model's requests in flight
 	// (see Config.MaxInflightTokens).
 	MaxInflightTokens int `json:"max_inflight_tokens,omitempty"`
-	// The model's token budgets per minute (see Config.BudgetLimits).
+	// The model's budgets per minute (see Config.BudgetLimits).
 	BudgetLimits
 	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
 	MinIntervalMS     int64 `json:"min_interval_ms,omitempty"`

@@ -26,8 +26,8 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		}
 		var key *keyLane
 		if len(g.keys) > 0 {
-			var fit int64 // when a key in a budget's debt takes requests again
-			if key = g.pickKeyForLocked(now, Tokens{}, &fit); key == nil {
+			var fit int64 // when a key whose requests budget is spent takes requests again
+			if key = g.pickKeyForLocked(now, &Tokens{}, &fit); key == nil {
 				wakeAt = g.keyBackAtLocked(now) // or a release will dispatch again
 				if fit != 0 {
 					lower(&wakeAt, fit)
@@ -43,7 +43,8 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		if g.keyBudgets {
 			// The key must take the request's cost too; if none can now,
 			// the request keeps its place and the pass stops.
-			if key = g.pickKeyForLocked(now, gr.cost(), &wakeAt); key == nil {
+			c := gr.cost()
+			if key = g.pickKeyForLocked(now, &c, &wakeAt); key == nil {
 				if back := g.keyBackAtLocked(now); back != 0 {
 					lower(&wakeAt, back)
 				}

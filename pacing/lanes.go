@@ -109,17 +109,17 @@ func (g *Gate) dropIfIdleLocked(ml *modelLane) {
 }
 
 // pickKeyLocked returns the key with the most free capacity, first in the
-// pool's order on a tie; nil when the pool is empty or full. A key out of
-// quota until after now is passed over.
+// pool's order on a tie, whatever its budgets; nil when the pool is empty
+// or full. A key out of quota until after now is passed over.
 func (g *Gate) pickKeyLocked(now int64) *keyLane {
-	return g.pickKeyForLocked(now, Tokens{}, nil)
+	return g.pickKeyForLocked(now, nil, nil)
 }
 
-// pickKeyForLocked is pickKeyLocked for a request costing t: a key whose
-// budgets (KeyConfig.BudgetLimits) cannot take t now is
-// passed over too, and *fitAt, if not nil, is lowered to when the first
-// such key with room would.
-func (g *Gate) pickKeyForLocked(now int64, t Tokens, fitAt *int64) *keyLane {
+// pickKeyForLocked is pickKeyLocked for a request costing *t: a key whose
+// budgets (KeyConfig.BudgetLimits) cannot take it now is passed over too
+// (zero Tokens: the least any request costs, its one request), and *fitAt,
+// if not nil, is lowered to when the first such key with room would.
+func (g *Gate) pickKeyForLocked(now int64, t *Tokens, fitAt *int64) *keyLane {
 	var best *keyLane
 	bestFree := 0
 	for _, k := range g.keys {
@@ -130,11 +130,13 @@ func (g *Gate) pickKeyForLocked(now int64, t Tokens, fitAt *int64) *keyLane {
 		if free <= bestFree {
 			continue
 		}
-		if at, _ := k.bud.fitAt(t, [3]int64{}, now); at != 0 {
-			if fitAt != nil {
-				lower(fitAt, at)
+		if t != nil {
+			if at, _ := k.bud.fitAt(*t, charges{}, now); at != 0 {
+				if fitAt != nil {
+					lower(fitAt, at)
+				}
+				continue
 			}
-			continue
 		}
 		best, bestFree = k, free
 	}

@@ -35,7 +35,7 @@ func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, i
 		inFlight, limit = g.budgetUseLocked(ml, name, now)
 		return name, inFlight, limit, at
 	}
-	if g.keyBudgets && g.pickKeyForLocked(now, t, nil) == nil {
+	if g.keyBudgets && g.pickKeyForLocked(now, &t, nil) == nil {
 		return g.keyBudgetBindingLocked(t, now)
 	}
 	// Behind a request that waits for tokens or a budget, which none may pass.

@@ -10,20 +10,19 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// BudgetLimits are token budgets per minute, of a Config, a model, an API
-// key or a Budget: tokens_per_minute, input_tokens_per_minute and
-// output_tokens_per_minute (see upstream.BudgetLimits); 0 leaves one out.
+// BudgetLimits are budgets per minute, of a Config, a model, an API key
+// or a Budget: tokens_per_minute, input_tokens_per_minute,
+// output_tokens_per_minute and max_requests_per_minute (see
+// upstream.BudgetLimits); 0 leaves one out.
 type BudgetLimits = upstream.BudgetLimits
 
 // limitsOf is l indexed as BudgetCap names its parts.
-func limitsOf(l BudgetLimits) [3]int {
-	return [3]int{l.TokensPerMinute, l.InputTokensPerMinute, l.OutputTokensPerMinute}
-}
+func limitsOf(l BudgetLimits) [budgetParts]int { return l.Parts() }
 
-// Budget is a token budget per minute on its own, for a cap that is no
-// Gate's: a tenant's or an API key's, say. It counts what the requests
-// started in any minute cost, as a Gate's budgets do, but it never makes a
-// request wait: Reserve takes a request now or refuses it with the time
+// Budget is a budget per minute (of tokens, of requests) on its own, for
+// a cap that is no Gate's: a tenant's or an API key's, say. It counts what
+// the requests started in any minute cost, as a Gate's budgets do, but it
+// never makes a request wait: Reserve takes a request now or refuses it with the time
 // the budget will have refilled enough. Safe for concurrent use; create
 // one with NewBudget.
 type Budget struct {
@@ -59,13 +58,15 @@ type Reservation struct {
 // now: if what started in the last minute and t fit each limit, or if
 // nothing did (a budget's first request passes, however large). Else it
 // takes nothing and returns a *slots.LimitError wrapping ErrOverBudget,
-// whose Cap names the binding budget (CapTokensPerMinute and its parts),
-// InFlight and Limit its tokens in the last minute and its limit, and
-// RetryAfter when it will take t. t's parts must not be negative and its
-// total must be in 1..slots.MaxUnits (else an error wrapping
-// slots.ErrBadUnits).
+// whose Cap names the binding budget (CapTokensPerMinute and its parts,
+// or CapMaxRequestsPerMinute), InFlight and Limit what it counted in the last
+// minute and its limit, and RetryAfter when it will take t. The request
+// counts 1 on MaxRequestsPerMinute. t's parts must not be negative and its
+// total must be at most slots.MaxUnits (else an error wrapping
+// slots.ErrBadUnits); zero Tokens are a request whose tokens nobody
+// counts: it charges the requests budget alone.
 func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
-	if err := t.Check(); err != nil {
+	if err := t.CheckCharge(); err != nil {
 		return nil, err
 	}
 	b.mu.Lock()
@@ -88,8 +89,8 @@ func (r *Reservation) Settle(used Tokens) {
 	r.settle(used, true)
 }
 
-// Cancel returns the whole reservation: the request was refused, or never
-// sent, and charges nothing.
+// Cancel returns the whole reservation, its request too: the request was
+// refused, or never sent, and charges nothing.
 func (r *Reservation) Cancel() { r.settle(Tokens{}, false) }
 
 func (r *Reservation) settle(used Tokens, reported bool) {

@@ -53,7 +53,7 @@ func TestBudgetStandalone(t *testing.T) {
 		_, err = b.Reserve(pacing.Tokens{Input: 1})
 		assert.ErrorIs(t, err, pacing.ErrOverBudget)
 
-		_, err = b.Reserve(pacing.Tokens{})
+		_, err = b.Reserve(pacing.Tokens{Input: slots.MaxUnits, Output: 1})
 		assert.ErrorIs(t, err, slots.ErrBadUnits)
 		_, err = pacing.NewBudget(pacing.BudgetLimits{InputTokensPerMinute: -1})
 		assert.ErrorContains(t, err, "input_tokens_per_minute: -1 is negative")

@@ -38,10 +38,10 @@ type Status struct {
 	Queue          slots.QueueStats // who waits: per class, and the flows with the most waiters
 }
 
-// BudgetStatus is a token budget per minute: its Cap (a budget's name, as
-// CapTokensPerMinute), its Model or Key (both "" for the provider's), its
-// Limit, and what is Left of it over the last minute (negative in debt: a
-// request used more than estimated). ResetIn is how long until all of it
+// BudgetStatus is a budget per minute: its Cap (a budget's name, as
+// CapTokensPerMinute or CapMaxRequestsPerMinute), its Model or Key (both
+// "" for the provider's), its Limit, and what is Left of it over the last
+// minute (negative in debt: a request used more tokens than estimated). ResetIn is how long until all of it
 // is left again, if nothing more starts. Queued is what the requests
 // waiting for it are estimated to cost (0 for a key's: a request is given
 // its key as it starts).
@@ -55,7 +55,7 @@ type BudgetStatus struct {
 	Queued  int
 }
 
-// Budgets returns the token budgets per minute as Status does, without
+// Budgets returns the budgets per minute as Status does, without
 // the rest (for an answer's rate-limit headers, say).
 func (g *Gate) Budgets() []BudgetStatus {
 	g.mu.Lock()

@@ -117,7 +117,7 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 		t.stopped = true
 		return false
 	}
-	if at, _ := g.bud.fitAt(gr.cost(), [3]int64{}, now); at != 0 {
+	if at, _ := g.bud.fitAt(gr.cost(), charges{}, now); at != 0 {
 		lower(wakeAt, at)
 		t.stopped = true
 		return false
@@ -126,7 +126,7 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 		t.models = append(t.models, ml)
 		return false
 	}
-	if at, _ := ml.bud.fitAt(gr.cost(), [3]int64{}, now); at != 0 {
+	if at, _ := ml.bud.fitAt(gr.cost(), charges{}, now); at != 0 {
 		lower(wakeAt, at)
 		t.models = append(t.models, ml)
 		return false

@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"slices"
 	"time"
+
+	"github.com/inflight-go/inflight/pacing/upstream"
 )
 
 // The window a budget counts over, and its resolution: a request is
@@ -111,29 +113,35 @@ func (w *window) left(now int64) int64 {
 	return w.limit - w.total
 }
 
-// budgets are a lane's token budgets, indexed as budgetCaps; nil when it
-// has none.
+// budgets are a lane's budgets per minute, indexed as budgetCaps; nil
+// when it has none.
 type budgets struct {
-	w [3]window
+	w [budgetParts]window
 	// The refused requests told to come back (their Retry-After), not yet
-	// due, and their estimates' sum: later refusals are told to come back
+	// due, and their charges' sum: later refusals are told to come back
 	// after them, so that they come back spread over the refill.
 	told    []toldEntry
-	toldSum Tokens
+	toldSum charges
 	// What the settled requests were estimated to cost and used, decayed
 	// (correct): waiting scales the estimates of those waiting by it.
-	estSum, usedSum [3]float64
+	estSum, usedSum [budgetParts]float64
 }
+
+// charges are what requests charge each part of budgets, indexed as
+// budgetCaps (upstream.Charge).
+type charges = [budgetParts]int64
+
+const budgetParts = upstream.BudgetParts
 
 type toldEntry struct {
 	at int64 // when it was told to come back, clock nanos
-	t  Tokens
+	c  charges
 }
 
 // newBudgets returns budgets with those limits, or nil when all are 0.
 // Counts in old, the lane's budgets until now, are kept.
-func newBudgets(old *budgets, limits [3]int) *budgets {
-	if limits == [3]int{} {
+func newBudgets(old *budgets, limits [budgetParts]int) *budgets {
+	if limits == [budgetParts]int{} {
 		return nil
 	}
 	b := old
@@ -147,17 +155,22 @@ func newBudgets(old *budgets, limits [3]int) *budgets {
 }
 
 // fitAt is window.fitAt over all of b: 0 when t fits each, else the latest
-// of their times, with the index of the budget that binds then. With
+// of their times, with the index of the budget that binds then. Zero
+// Tokens (a request whose tokens nobody counted) fit every token budget. With
 // extra, t comes after that much more (the requests queued before it),
 // and each whole budget of it takes a minute more.
-func (b *budgets) fitAt(t Tokens, extra [3]int64, now int64) (at int64, which int) {
+func (b *budgets) fitAt(t Tokens, extra charges, now int64) (at int64, which int) {
 	if b == nil {
 		return 0, -1
 	}
 	which = -1
+	ch := upstream.Charge(t)
 	for i := range b.w {
+		if t == (Tokens{}) && i < budgetParts-1 {
+			continue // tokens nobody counted wait for no token budget
+		}
 		w := &b.w[i]
-		c, more := partOf(t, i)+extra[i], int64(0)
+		c, more := ch[i]+extra[i], int64(0)
 		if w.limit > 0 && extra[i] > 0 && c > w.limit {
 			more = (c - 1) / w.limit
 			c -= more * w.limit
@@ -177,23 +190,29 @@ func (b *budgets) charge(t Tokens, now int64) {
 	if b == nil {
 		return
 	}
+	c := upstream.Charge(t)
 	for i := range b.w {
-		b.w[i].charge(partOf(t, i), now)
+		b.w[i].charge(c[i], now)
 	}
 }
 
 // correct changes what was charged in step s from was to is; with
 // reported (a usage the upstream reported, not a refusal or a give-back),
-// it also counts in the ratio of use to estimate.
+// it also counts in the ratio of use to estimate. A request not reported
+// was not served: it takes back its request too.
 func (b *budgets) correct(s int64, was, is Tokens, reported bool, now int64) {
 	if b == nil {
 		return
 	}
+	from, to := upstream.Charge(was), upstream.Charge(is)
+	if !reported {
+		to[budgetParts-1] = 0
+	}
 	for i := range b.w {
-		b.w[i].correct(s, partOf(is, i)-partOf(was, i), now)
+		b.w[i].correct(s, to[i]-from[i], now)
 		if reported {
-			b.estSum[i] = b.estSum[i]*ratioDecay + float64(partOf(was, i))
-			b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(partOf(is, i))
+			b.estSum[i] = b.estSum[i]*ratioDecay + float64(from[i])
+			b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(to[i])
 		}
 	}
 }
@@ -215,8 +234,9 @@ func (b *budgets) queue(t Tokens, sign int64) {
 	if b == nil {
 		return
 	}
+	c := upstream.Charge(t)
 	for i := range b.w {
-		b.w[i].queued += sign * partOf(t, i)
+		b.w[i].queued += sign * c[i]
 	}
 }
 
@@ -224,7 +244,7 @@ func (b *budgets) queue(t Tokens, sign int64) {
 // to cost, and with told also those told to come back after now, scaled
 // by what requests have used of their estimates lately (an estimate of
 // the most they may answer is mostly more than they do).
-func (b *budgets) waiting(told bool, now int64) (q [3]int64) {
+func (b *budgets) waiting(told bool, now int64) (q charges) {
 	if b == nil {
 		return q
 	}
@@ -232,7 +252,7 @@ func (b *budgets) waiting(told bool, now int64) (q [3]int64) {
 	for i := range b.w {
 		q[i] = b.w[i].queued
 		if told {
-			q[i] += partOf(b.toldSum, i)
+			q[i] += b.toldSum[i]
 		}
 		q[i] = int64(float64(q[i]) * b.ratio(i))
 	}
@@ -266,16 +286,21 @@ func (b *budgets) tell(t Tokens, at, now int64) {
 		if at >= b.told[len(b.told)-1].at {
 			return
 		}
-		last := b.told[len(b.told)-1].t
-		b.toldSum.Input -= last.Input
-		b.toldSum.Output -= last.Output
+		b.addTold(b.told[len(b.told)-1].c, -1)
 		b.told = b.told[:len(b.told)-1]
 	}
 	// In the order they are due, so that dueTold drops a prefix.
+	c := upstream.Charge(t)
 	i, _ := slices.BinarySearchFunc(b.told, at, func(e toldEntry, at int64) int { return cmp.Compare(e.at, at+1) })
-	b.told = slices.Insert(b.told, i, toldEntry{at, t})
-	b.toldSum.Input += t.Input
-	b.toldSum.Output += t.Output
+	b.told = slices.Insert(b.told, i, toldEntry{at, c})
+	b.addTold(c, 1)
+}
+
+// addTold adds sign times c to the told requests' sum.
+func (b *budgets) addTold(c charges, sign int64) {
+	for i := range c {
+		b.toldSum[i] += sign * c[i]
+	}
 }
 
 // dueTold drops the told requests due by now: they have come back (and
@@ -283,8 +308,7 @@ func (b *budgets) tell(t Tokens, at, now int64) {
 func (b *budgets) dueTold(now int64) {
 	i := 0
 	for ; i < len(b.told) && b.told[i].at <= now; i++ {
-		b.toldSum.Input -= b.told[i].t.Input
-		b.toldSum.Output -= b.told[i].t.Output
+		b.addTold(b.told[i].c, -1)
 	}
 	if i > 0 {
 		b.told = append(b.told[:0], b.told[i:]...)

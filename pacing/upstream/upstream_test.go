@@ -63,6 +63,9 @@ func TestCheckBudgets(t *testing.T) {
 func TestTokensCheck(t *testing.T) {
 	assert.NoError(t, upstream.Tokens{Input: 10}.Check())
 	assert.NoError(t, upstream.Tokens{Output: 1}.Check())
+	assert.NoError(t, upstream.Tokens{}.CheckCharge(), "a charge of no tokens counted: the request alone")
+	assert.ErrorIs(t, upstream.Tokens{Input: -1}.CheckCharge(), slots.ErrBadUnits)
+	assert.Equal(t, [upstream.BudgetParts]int64{7, 3, 4, 1}, upstream.Charge(upstream.Tokens{Input: 3, Output: 4}))
 	for _, bad := range []upstream.Tokens{{}, {Input: -1, Output: 5}, {Input: slots.MaxUnits, Output: 1}} {
 		assert.ErrorIs(t, bad.Check(), slots.ErrBadUnits, "%+v", bad)
 	}
@@ -72,7 +75,8 @@ func TestNames(t *testing.T) {
 	assert.Equal(t, "tokens_per_minute", upstream.BudgetCap(0))
 	assert.Equal(t, "input_tokens_per_minute", upstream.BudgetCap(1))
 	assert.Equal(t, "output_tokens_per_minute", upstream.BudgetCap(2))
-	assert.Empty(t, upstream.BudgetCap(3))
+	assert.Equal(t, "max_requests_per_minute", upstream.BudgetCap(3))
+	assert.Empty(t, upstream.BudgetCap(4))
 	assert.Empty(t, upstream.BudgetCap(-1))
 	assert.Equal(t, "concurrency", upstream.Concurrency.String())
 	assert.Equal(t, "kind(9)", upstream.Kind(9).String())
