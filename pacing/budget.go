@@ -147,6 +147,15 @@ func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant
 // call (or refusal by Report) for a grant counts; each part counts within
 // 0..slots.MaxUnits.
 func (g *Gate) Settle(gr Grant, used Tokens) {
+	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
+	g.settle(gr, used, true)
+}
+
+// unserved settles gr's request as one the upstream refused (an error
+// answer): it charges nothing, its request included.
+func (g *Gate) unserved(gr Grant) { g.settle(gr, Tokens{}, false) }
+
+func (g *Gate) settle(gr Grant, used Tokens, reported bool) {
 	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
 		return
 	}
@@ -154,10 +163,9 @@ func (g *Gate) Settle(gr Grant, used Tokens) {
 	if own == nil {
 		return
 	}
-	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
 	var wk core.Wakes
 	g.mu.Lock()
-	if g.settleLocked(own, used, true) {
+	if g.settleLocked(own, used, reported) {
 		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	}
 	g.mu.Unlock()

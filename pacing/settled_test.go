@@ -77,3 +77,48 @@ func TestTraceSettledOnRefusal(t *testing.T) {
 	assert.Equal(t, 10_000, providerBudget(t, g.Status(), pacing.CapTokensPerMinute).Left, "the Gate gave it back")
 	assert.Equal(t, []pacing.Tokens{{}}, settled, "the caller is told it charges nothing too")
 }
+
+// An answer that refused the request (503, 400) is no request of the
+// upstream's, with WithTokens or without: the Gate's requests budget takes
+// it back and Trace.Settled is told nothing was charged; a served request
+// stays counted, and without WithTokens Settled is not called for it.
+func TestTraceSettledRequests(t *testing.T) {
+	status := http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(status)
+		fmt.Fprint(w, `{"usage":{"prompt_tokens":7,"completion_tokens":2}}`)
+	}))
+	defer srv.Close()
+	g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 100}})
+	client := &http.Client{Transport: pacing.NewTransport(srv.Client().Transport, g)}
+	send := func(weighed bool) []pacing.Tokens {
+		var settled []pacing.Tokens
+		ctx := pacing.WithTrace(context.Background(), &pacing.Trace{Settled: func(u pacing.Tokens) { settled = append(settled, u) }})
+		if weighed {
+			ctx = pacing.WithTokens(ctx, pacing.Tokens{Input: 10})
+		}
+		req, err := http.NewRequestWithContext(pacing.WithModelName(ctx, "m"), http.MethodPost, srv.URL, nil)
+		require.NoError(t, err)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return settled
+	}
+	left := func() int { return providerBudget(t, g.Status(), pacing.CapMaxRequestsPerMinute).Left }
+	for _, weighed := range []bool{false, true} {
+		for _, status = range []int{http.StatusBadRequest, http.StatusServiceUnavailable} {
+			assert.Equal(t, []pacing.Tokens{{}}, send(weighed), "weighed %v, status %d", weighed, status)
+			assert.Equal(t, 100, left(), "weighed %v, status %d: not counted", weighed, status)
+		}
+	}
+	status = http.StatusOK
+	assert.Empty(t, send(false), "served without WithTokens: nothing to settle")
+	assert.Equal(t, 99, left())
+	assert.Equal(t, []pacing.Tokens{{Input: 7, Output: 2}}, send(true))
+	assert.Equal(t, 98, left(), "served: counted")
+	status = http.StatusTooManyRequests // last: the Gate pauses after it
+	assert.Equal(t, []pacing.Tokens{{}}, send(false))
+	assert.Equal(t, 98, left(), "refused for a rate: not counted")
+}

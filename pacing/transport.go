@@ -306,7 +306,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
 	tr, _ := req.Context().Value(traceKey{}).(*Trace)
 	weighed := x.weighed && err == nil
-	hears := weighed && tr != nil && tr.Settled != nil
+	hears := err == nil && tr != nil && tr.Settled != nil
 	var told atomic.Bool
 	settled := func(used Tokens) { // the Trace hears it once
 		if told.CompareAndSwap(false, true) {
@@ -327,22 +327,21 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			if toFleet {
 				t.caps.Report(x.caps, v)
 			}
-			if weighed && v.Kind != Admitted && v.Kind != Other {
+			if err == nil && v.Kind != Admitted && v.Kind != Other {
 				settled(Tokens{}) // refused by the upstream: as the Gate's budgets (Report)
 			}
 		})
 	}
-	if weighed {
-		switch resp.StatusCode / 100 {
-		case 2: // its budgets are settled with the usage the answer reports
-			resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
-				t.gate.Settle(x.grant, used) // nothing for a bypass
-				settled(used)
-			})
-		case 4: // refused: it charges nothing (a 429 is settled so by its Report)
-			t.gate.Settle(x.grant, Tokens{})
-			settled(Tokens{})
-		}
+	switch {
+	case err != nil:
+	case resp.StatusCode/100 == 2 && weighed: // its budgets are settled with the usage the answer reports
+		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
+			t.gate.Settle(x.grant, used) // nothing for a bypass
+			settled(used)
+		})
+	case resp.StatusCode/100 == 4: // refused: it charges nothing, not even its request (a 429 is settled so by its Report)
+		t.gate.unserved(x.grant)
+		settled(Tokens{})
 	}
 	return resp, err
 }
@@ -374,14 +373,17 @@ type Trace struct {
 	Admitted func(Admission)
 	// Refused is called with the fleet's or the Gate's refusal.
 	Refused func(err error)
-	// Settled is called once, for a request admitted under WithTokens
-	// (with a slot or without), with what it is charged in the end: the
-	// usage its answer reported (WatchUsage), or nothing for an answer
-	// that refused it (4xx, or a verdict other than Admitted and Other).
-	// It is not called when neither is known (a failed exchange, or an
-	// answer with no usage): the estimate stands. It may run on the
-	// goroutine that reads the answer's body. For budgets of the caller's
-	// own, kept beside the Gate's (a tenant's, with a Budget).
+	// Settled is called once for an admitted request (with a slot or
+	// without) with what it is charged in the end: nothing (zero Tokens)
+	// for an answer that refused it (4xx, or a verdict other than Admitted
+	// and Other), which is then no request either; for a request admitted
+	// under WithTokens, the usage its answer reported (WatchUsage). It is
+	// not called when neither is known (a failed exchange, a served
+	// request without WithTokens, an answer with no usage): the estimate
+	// stands. It may run on the goroutine that reads the answer's body.
+	// For budgets of the caller's own, kept beside the Gate's (a tenant's,
+	// with a Budget: Cancel its Reservation on zero Tokens, Settle it
+	// else).
 	Settled func(used Tokens)
 }
 

@@ -12,76 +12,118 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// Budget is a token budget per minute that every process of a fleet
-// shares, kept in its store: what the requests started in any minute
-// cost, across the fleet, as pacing.Budget counts it in one process (the
-// same window of 60 seconds and the current one, on the store's clock; a
-// budget's first request passes, however large). Like pacing.Budget it
-// never makes a request wait: Reserve takes a request now or refuses it
-// with when the budget will take it. Create one with NewBudget; it holds
-// no goroutine and needs no Close.
+// Budget is a budget per minute that every process of a fleet shares,
+// kept in its store: what the requests started in any minute cost (their
+// tokens, and the requests themselves with MaxRequestsPerMinute), across
+// the fleet, as pacing.Budget counts it in one process (the same window
+// of 60 seconds and the current one, on the store's clock; a budget's
+// first request passes, however large). Like pacing.Budget it never makes
+// a request wait: Reserve takes a request now or refuses it with when the
+// budget will take it. Create one with NewBudget; it holds no goroutine
+// and needs no Close.
+//
+// The store keeps a budget as up to two records (driver.BudgetCall): its
+// tokens under its name, and its requests, when MaxRequestsPerMinute is
+// set, under its name followed by requestsKey. A request is charged on
+// each in turn, and a refusal by the second takes back the first's
+// charge: until it does, another process may count the first (it may be
+// refused for it, never admitted over the budget).
 type Budget struct {
 	store   driver.Store
 	key     string
-	limits  [3]int64
+	limits  [upstream.BudgetParts]int64
 	timeout time.Duration
 
 	// The requests this process refused and told when to come back, not
 	// yet due: a later refusal is told to come back after them, spread
 	// over the refill, not with them.
-	mu   sync.Mutex // guards told, sent and the fields after it
+	mu   sync.Mutex // guards told, sent and seen
 	told []toldBudget
-	// The budget's parts as the store's latest answer here counted them,
-	// when it came, and which it was: the store's time in it (ms), then the
-	// order its call was sent in (sent counts them). An answer that overtook
-	// an earlier one is not undone by it.
-	sent    uint64
-	used    [3]int64
-	usedAt  time.Time
-	usedNow int64
-	usedSeq uint64
+	// Each record as the store's latest answer here counted it, when it
+	// came, and which it was: the store's time in it (ms), then the order
+	// its call was sent in (sent counts them). An answer that overtook an
+	// earlier one is not undone by it.
+	sent uint64
+	seen [2]seenRecord
 }
 
-// BudgetStatus is a fleet Budget as the store's latest answer to this
-// process counted it, for metrics: each part (all tokens, input, output)
-// of Limits (0: none) and what is Left of it over the last minute (below 0
-// in debt), At the time of that answer. Other processes' requests since
-// then are not in it. With no answer yet (At zero), or none in the last
-// minute and a second, all of it is left: what was counted has left the
-// window since.
+// A Budget's records in the store: its tokens (parts all, input,
+// output), and its requests (part all: one per request).
+const (
+	tokensRecord   = 0
+	requestsRecord = 1
+)
+
+// requestsKey follows a budget's name in the key of its requests' record:
+// a byte no name holds (a name is UTF-8), so no budget's name is another's
+// requests record.
+const requestsKey = "\xffrequests"
+
+type seenRecord struct {
+	used [3]int64
+	at   time.Time
+	now  int64
+	seq  uint64
+}
+
+// BudgetStatus is a fleet Budget as the store's latest answers to this
+// process counted it, for metrics: each part (all tokens, input, output,
+// requests; see pacing.BudgetCap) of Limits (0: none) and what is Left of
+// it over the last minute (below 0 in debt), At the time of the latest of
+// those answers. Other processes' requests since then are not in it. With
+// no answer yet (At zero), or none in the last minute and a second, all
+// of it is left: what was counted has left the window since.
 type BudgetStatus struct {
-	Left, Limits [3]int
+	Left, Limits [upstream.BudgetParts]int
 	At           time.Time
 }
 
-// Status returns the budget as the store's last answer here counted it.
+// Status returns the budget as the store's last answers here counted it.
 func (b *Budget) Status() BudgetStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	st := BudgetStatus{At: b.usedAt}
-	stale := time.Since(b.usedAt) > time.Duration(driver.BudgetSteps+1)*time.Second
+	var st BudgetStatus
+	used := b.usedLocked(time.Now())
 	for i, l := range b.limits {
 		st.Limits[i] = int(l)
 		if l > 0 {
-			st.Left[i] = int(l)
-			if !stale {
-				st.Left[i] -= int(b.used[i])
-			}
+			st.Left[i] = int(l - used[i])
+		}
+	}
+	for _, r := range b.seen {
+		if r.at.After(st.At) {
+			st.At = r.at
 		}
 	}
 	return st
 }
 
+// usedLocked returns each part's count at the store's latest answers, 0
+// for a record with none in the last minute and a second.
+func (b *Budget) usedLocked(now time.Time) (used [upstream.BudgetParts]int64) {
+	for rec, r := range b.seen {
+		if now.Sub(r.at) > time.Duration(driver.BudgetSteps+1)*time.Second {
+			continue
+		}
+		if rec == requestsRecord {
+			used[upstream.BudgetParts-1] = r.used[0]
+		} else {
+			copy(used[:3], r.used[:])
+		}
+	}
+	return used
+}
+
 type toldBudget struct {
 	due  time.Time
-	cost [3]int64
+	cost [upstream.BudgetParts]int64
 }
 
 // spread returns the wait to tell a request refused with cost when the
 // store says the budget takes it after after: later by the time that the
 // requests told before it, still to come back, take of the budget's
 // refill (a minute for each limit's worth), and records it.
-func (b *Budget) spread(cost [3]int64, after time.Duration) time.Duration {
+func (b *Budget) spread(cost [upstream.BudgetParts]int64, after time.Duration) time.Duration {
 	now := time.Now()
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -133,121 +175,207 @@ func NewBudget(store driver.Store, name string, limits upstream.BudgetLimits, ti
 	if timeout <= 0 {
 		timeout = DefaultBudgetTimeout
 	}
-	return &Budget{store: store, key: name, timeout: timeout,
-		limits: [3]int64{int64(limits.TokensPerMinute), int64(limits.InputTokensPerMinute), int64(limits.OutputTokensPerMinute)}}, nil
+	b := &Budget{store: store, key: name, timeout: timeout}
+	for i, l := range limits.Parts() {
+		b.limits[i] = int64(l)
+	}
+	return b, nil
+}
+
+// uses reports whether the budget keeps record rec: its requests' when
+// MaxRequestsPerMinute is set; its tokens' when a token budget is, or
+// when no budget is (then it only counts).
+func (b *Budget) uses(rec int) bool {
+	if rec == requestsRecord {
+		return b.limits[upstream.BudgetParts-1] > 0
+	}
+	return b.limits[0] > 0 || b.limits[1] > 0 || b.limits[2] > 0 || !b.uses(requestsRecord)
+}
+
+// callOf returns the call on record rec for cost (a request's charges),
+// as a charge; the caller sets the correction's fields.
+func (b *Budget) callOf(rec int, cost [upstream.BudgetParts]int64) *driver.BudgetCall {
+	if rec == requestsRecord {
+		return &driver.BudgetCall{Key: b.key + requestsKey, Limits: [3]int64{b.limits[3]}, Cost: [3]int64{cost[3]}}
+	}
+	return &driver.BudgetCall{Key: b.key, Limits: [3]int64(b.limits[:3]), Cost: [3]int64(cost[:3])}
 }
 
 // BudgetReservation is what a request took of a fleet's Budget: settle it
 // with what the request used, or cancel it.
 type BudgetReservation struct {
-	b    *Budget
-	cost [3]int64
-	step int64
-	used [3]int64 // the budget's parts after the charge
-	done bool
+	b       *Budget
+	cost    [upstream.BudgetParts]int64
+	charged [2]bool  // per record: charged by Reserve
+	step    [2]int64 // per record: the step charged
+	used    [upstream.BudgetParts]int64
+	done    bool
 }
 
-// Left returns, per part (all, input, output), what the budget had left
-// in its last minute once this reservation was charged, and its limits (0:
-// none).
-func (r *BudgetReservation) Left() (left, limits [3]int) {
+// Left returns, per part (all, input, output, requests), what the budget
+// had left in its last minute once this reservation was charged, and its
+// limits (0: none).
+func (r *BudgetReservation) Left() (left, limits [upstream.BudgetParts]int) {
 	for i := range left {
 		left[i], limits[i] = int(r.b.limits[i]-r.used[i]), int(r.b.limits[i])
 	}
 	return left, limits
 }
 
-// Reserve charges t, a request's estimated cost, if the budget takes it
-// now; else it charges nothing and returns a *slots.LimitError wrapping
-// pacing.ErrOverBudget, whose Cap names the binding budget, InFlight and
-// Limit its tokens in the last minute and its limit, and RetryAfter when
-// it will take t: the store's answer, later by the refill that the
-// requests this process refused before, and told to come back sooner,
-// will take, so that refused clients come back spread out. When the store
-// cannot be reached (or takes longer than
-// the timeout) it returns an error wrapping ErrUnavailable, and what
-// follows is the caller's to choose. t is checked as pacing.Budget's
-// Reserve checks it.
+// Reserve charges t, a request's estimated cost, and the request itself
+// (MaxRequestsPerMinute), if the budget takes them now; else it charges
+// nothing and returns a *slots.LimitError wrapping pacing.ErrOverBudget,
+// whose Cap names the binding budget, InFlight and Limit what it counted
+// in the last minute and its limit, and RetryAfter when it will take t:
+// the store's answer, later by the refill that the requests this process
+// refused before, and told to come back sooner, will take, so that
+// refused clients come back spread out. When the store cannot be reached
+// (or takes longer than the timeout) it returns an error wrapping
+// ErrUnavailable, and what follows is the caller's to choose. t is checked
+// as pacing.Budget's Reserve checks it: zero Tokens are a request whose
+// tokens nobody counts, charged to the requests budget alone.
 func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReservation, error) {
-	if err := t.Check(); err != nil {
+	if err := t.CheckCharge(); err != nil {
 		return nil, err
 	}
-	cost := [3]int64{int64(t.Input) + int64(t.Output), int64(t.Input), int64(t.Output)}
-	res, err := b.call(ctx, &driver.BudgetCall{Key: b.key, Limits: b.limits, Cost: cost})
-	if err != nil {
-		return nil, err
-	}
-	if !res.Charged {
-		i := min(max(res.Binding, 0), len(b.limits)-1)
-		var after time.Duration
-		if res.At > res.Now {
-			after = time.Duration(res.At-res.Now) * time.Millisecond
+	r := &BudgetReservation{b: b, cost: upstream.Charge(t)}
+	b.mu.Lock()
+	r.used = b.usedLocked(time.Now())
+	b.mu.Unlock()
+	for rec := range r.charged {
+		if !b.uses(rec) || rec == tokensRecord && t == (upstream.Tokens{}) {
+			continue
 		}
-		return nil, &slots.LimitError{Err: upstream.ErrOverBudget, Key: b.key, Cap: upstream.BudgetCap(i),
-			InFlight: int(res.Used[i]), Limit: int(b.limits[i]), RetryAfter: b.spread(cost, max(after, time.Millisecond))}
+		res, err := b.call(ctx, rec, b.callOf(rec, r.cost))
+		if err == nil && !res.Charged {
+			err = b.refusal(rec, res, r.cost)
+		}
+		if err != nil {
+			// What an earlier record took goes back (with a context of its
+			// own: the caller's may have ended); if that fails, it stays
+			// charged, as an estimate does.
+			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.timeout)
+			_ = r.Cancel(rctx)
+			cancel()
+			return nil, err
+		}
+		r.charged[rec], r.step[rec] = true, res.Step
+		if rec == requestsRecord {
+			r.used[upstream.BudgetParts-1] = res.Used[0]
+		} else {
+			copy(r.used[:3], res.Used[:])
+		}
 	}
-	return &BudgetReservation{b: b, cost: cost, step: res.Step, used: res.Used}, nil
+	return r, nil
 }
 
-// Start moves the reservation's charge to the second its request starts
+// refusal is the error of a request that record rec refused with res.
+func (b *Budget) refusal(rec int, res driver.BudgetResult, cost [upstream.BudgetParts]int64) error {
+	i := min(max(res.Binding, 0), 2)
+	part := i
+	if rec == requestsRecord {
+		i, part = 0, upstream.BudgetParts-1
+	}
+	var after time.Duration
+	if res.At > res.Now {
+		after = time.Duration(res.At-res.Now) * time.Millisecond
+	}
+	return &slots.LimitError{Err: upstream.ErrOverBudget, Key: b.key, Cap: upstream.BudgetCap(part),
+		InFlight: int(res.Used[i]), Limit: int(b.limits[part]), RetryAfter: b.spread(cost, max(after, time.Millisecond))}
+}
+
+// Start moves the reservation's charges to the second its request starts
 // in, for a request that may have waited (in a queue) since Reserve: the
 // budget counts a request when it starts, as the upstream does. It is one
-// store call, atomic; if it fails, the charge stays where it was. Call it
-// before Settle, from the goroutine that settles.
+// store call per record, each atomic; if one fails, its charge stays
+// where it was. Call it before Settle, from the goroutine that settles.
 func (r *BudgetReservation) Start(ctx context.Context) error {
 	if r == nil || r.done {
 		return nil
 	}
-	res, err := r.b.call(ctx, &driver.BudgetCall{Key: r.b.key, Limits: r.b.limits, Cost: r.cost, Correct: true, Move: true, Step: r.step})
-	if err != nil {
-		return err
+	var errs []error
+	for rec, charged := range r.charged {
+		if !charged {
+			continue
+		}
+		c := r.b.callOf(rec, r.cost)
+		c.Correct, c.Move, c.Step = true, true, r.step[rec]
+		res, err := r.b.call(ctx, rec, c)
+		if err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		r.step[rec] = res.Step
 	}
-	r.step = res.Step
-	return nil
+	return errors.Join(errs...)
 }
 
 // Settle corrects the reservation with what the request used: an
-// overestimate is returned, an underestimate charged as debt. Only the
-// first Settle or Cancel counts (call them from one goroutine); a nil
-// reservation does nothing. It returns the store's error, after which the
-// estimate stands.
+// overestimate is returned, an underestimate charged as debt; its request
+// stays counted. Only the first Settle or Cancel counts (call them from
+// one goroutine); a nil reservation does nothing. It returns the store's
+// error, after which the estimate stands.
 func (r *BudgetReservation) Settle(ctx context.Context, used upstream.Tokens) error {
-	in, out := int64(min(max(used.Input, 0), slots.MaxUnits)), int64(min(max(used.Output, 0), slots.MaxUnits))
-	return r.correct(ctx, [3]int64{in + out, in, out})
+	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
+	return r.correct(ctx, upstream.Charge(used))
 }
 
-// Cancel returns the whole reservation: the request was refused, or never
-// sent.
-func (r *BudgetReservation) Cancel(ctx context.Context) error { return r.correct(ctx, [3]int64{}) }
+// Cancel returns the whole reservation, its request too: the request was
+// refused, or never sent.
+func (r *BudgetReservation) Cancel(ctx context.Context) error {
+	return r.correct(ctx, [upstream.BudgetParts]int64{})
+}
 
-func (r *BudgetReservation) correct(ctx context.Context, used [3]int64) error {
+func (r *BudgetReservation) correct(ctx context.Context, used [upstream.BudgetParts]int64) error {
 	if r == nil || r.done {
 		return nil
 	}
 	r.done = true
-	var d [3]int64
+	var d [upstream.BudgetParts]int64
 	for i := range d {
 		d[i] = used[i] - r.cost[i]
 	}
-	if d == [3]int64{} {
-		return nil
+	var errs []error
+	for rec, charged := range r.charged {
+		c := r.b.callOf(rec, d)
+		if !charged || c.Cost == [3]int64{} {
+			continue
+		}
+		c.Correct, c.Step = true, r.step[rec]
+		if _, err := r.b.call(ctx, rec, c); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	_, err := r.b.call(ctx, &driver.BudgetCall{Key: r.b.key, Limits: r.b.limits, Cost: d, Correct: true, Step: r.step})
-	return err
+	return errors.Join(errs...)
 }
 
-// Used returns the tokens started in the budget's last minute, per part
-// (all, input, output), as the store counts them now.
-func (b *Budget) Used(ctx context.Context) ([3]int, error) {
-	res, err := b.call(ctx, &driver.BudgetCall{Key: b.key, Limits: b.limits, Correct: true, Step: -1})
-	if err != nil {
-		return [3]int{}, err
+// Used returns what started in the budget's last minute, per part (all
+// tokens, input, output, requests), as the store counts them now.
+func (b *Budget) Used(ctx context.Context) ([upstream.BudgetParts]int, error) {
+	var used [upstream.BudgetParts]int
+	for rec := range b.seen {
+		if !b.uses(rec) {
+			continue
+		}
+		c := b.callOf(rec, [upstream.BudgetParts]int64{})
+		c.Correct, c.Step = true, -1
+		res, err := b.call(ctx, rec, c)
+		if err != nil {
+			return [upstream.BudgetParts]int{}, err
+		}
+		if rec == requestsRecord {
+			used[upstream.BudgetParts-1] = int(res.Used[0])
+		} else {
+			for i := range 3 {
+				used[i] = int(res.Used[i])
+			}
+		}
 	}
-	return [3]int{int(res.Used[0]), int(res.Used[1]), int(res.Used[2])}, nil
+	return used, nil
 }
 
-// call makes c on the store within the timeout.
-func (b *Budget) call(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+// call makes c on the store within the timeout, on record rec.
+func (b *Budget) call(ctx context.Context, rec int, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -260,8 +388,8 @@ func (b *Budget) call(ctx context.Context, c *driver.BudgetCall) (driver.BudgetR
 	res, err := b.store.Budget(cctx, c)
 	if err == nil {
 		b.mu.Lock()
-		if res.Now > b.usedNow || res.Now == b.usedNow && seq > b.usedSeq {
-			b.used, b.usedAt, b.usedNow, b.usedSeq = res.Used, time.Now(), res.Now, seq
+		if r := &b.seen[rec]; res.Now > r.now || res.Now == r.now && seq > r.seq {
+			*r = seenRecord{used: res.Used, at: time.Now(), now: res.Now, seq: seq}
 		}
 		b.mu.Unlock()
 	}

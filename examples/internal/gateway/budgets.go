@@ -30,8 +30,8 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// budgetsTokens reports whether the provider's policy budgets tokens per
-// minute anywhere.
+// budgetsTokens reports whether the provider's policy has a budget per
+// minute anywhere (of tokens, or of requests).
 func budgetsTokens(p pacing.Config) bool {
 	none := pacing.BudgetLimits{}
 	if p.BudgetLimits != none {
@@ -110,24 +110,32 @@ func (g *Gateway) budgetAnswer(resp *http.Response) {
 }
 
 // rateLimitHeaders sets OpenAI's x-ratelimit-limit-tokens,
-// x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens from the
+// x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens from the token
 // budget with the least left of those a request for model sent with the
-// API key key counts on (the provider's, its model's, its key's), if any.
+// API key key counts on (the provider's, its model's, its key's), if any,
+// and x-ratelimit-*-requests so from the requests budgets.
 func rateLimitHeaders(h http.Header, budgets []pacing.BudgetStatus, model, key string) {
-	var tight *pacing.BudgetStatus
+	var tight [2]*pacing.BudgetStatus // tokens, requests
 	for i, b := range budgets {
 		mine := (b.Model == "" || b.Model == model) && (b.Key == "" || b.Key == key)
-		if mine && (tight == nil || b.Left < tight.Left) {
-			tight = &budgets[i]
+		kind := 0
+		if b.Cap == pacing.CapMaxRequestsPerMinute {
+			kind = 1
+		}
+		if mine && (tight[kind] == nil || b.Left < tight[kind].Left) {
+			tight[kind] = &budgets[i]
 		}
 	}
-	if tight == nil {
-		return
-	}
-	h.Set("X-Ratelimit-Limit-Tokens", strconv.Itoa(tight.Limit))
-	h.Set("X-Ratelimit-Remaining-Tokens", strconv.Itoa(max(tight.Left, 0)))
-	if tight.ResetIn > 0 {
-		h.Set("X-Ratelimit-Reset-Tokens", tight.ResetIn.Round(time.Millisecond).String())
+	for kind, suffix := range [2]string{"-Tokens", "-Requests"} {
+		b := tight[kind]
+		if b == nil {
+			continue
+		}
+		h.Set("X-Ratelimit-Limit"+suffix, strconv.Itoa(b.Limit))
+		h.Set("X-Ratelimit-Remaining"+suffix, strconv.Itoa(max(b.Left, 0)))
+		if b.ResetIn > 0 {
+			h.Set("X-Ratelimit-Reset"+suffix, b.ResetIn.Round(time.Millisecond).String())
+		}
 	}
 }
 
@@ -200,15 +208,30 @@ func usageOnly(ev []byte) bool {
 
 // registerBudgets exports the provider's and models' budgets:
 // inflight_budget_tokens_left and inflight_budget_tokens_limit, labelled
-// cap ("provider", "model:<name>") and budget (tokens_per_minute,
-// input_tokens_per_minute, output_tokens_per_minute). With a fleet, its
-// budgets are the provider's and the models': what the store's last
-// answer to this gateway counted (fleet.Budget.Status).
+// cap ("provider", "model:<name>", "api_key:<id>") and budget
+// (tokens_per_minute, input_tokens_per_minute, output_tokens_per_minute),
+// and inflight_budget_requests_left and _limit (max_requests_per_minute),
+// labelled cap. With a fleet, its budgets are the provider's and the
+// models': what the store's last answers to this gateway counted
+// (fleet.Budget.Status).
 func (g *Gateway) registerBudgets() {
 	left := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_left",
 		Help: "Tokens left of a budget over the last minute (negative in debt), by cap and budget."}, []string{"cap", "budget"})
 	limit := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_limit",
 		Help: "A token budget per minute, by cap and budget."}, []string{"cap", "budget"})
+	reqLeft := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_requests_left",
+		Help: "Requests left of a budget of requests per minute (max_requests_per_minute) over the last minute, by cap."}, []string{"cap"})
+	reqLimit := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_requests_limit",
+		Help: "A budget of requests per minute (max_requests_per_minute), by cap."}, []string{"cap"})
+	set := func(c, budget string, l, n int) {
+		if budget == pacing.CapMaxRequestsPerMinute {
+			reqLeft.WithLabelValues(c).Set(float64(n))
+			reqLimit.WithLabelValues(c).Set(float64(l))
+			return
+		}
+		left.WithLabelValues(c, budget).Set(float64(n))
+		limit.WithLabelValues(c, budget).Set(float64(l))
+	}
 	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
 		if fb := g.fleetBudgets; fb != nil {
 			each := func(c string, b *fleet.Budget) {
@@ -218,8 +241,7 @@ func (g *Gateway) registerBudgets() {
 				st := b.Status()
 				for i, l := range st.Limits {
 					if l > 0 {
-						left.WithLabelValues(c, pacing.BudgetCap(i)).Set(float64(st.Left[i]))
-						limit.WithLabelValues(c, pacing.BudgetCap(i)).Set(float64(l))
+						set(c, pacing.BudgetCap(i), l, st.Left[i])
 					}
 				}
 			}
@@ -236,11 +258,11 @@ func (g *Gateway) registerBudgets() {
 			case b.Key != "":
 				c = "api_key:" + b.Key
 			}
-			left.WithLabelValues(c, b.Cap).Set(float64(b.Left))
-			limit.WithLabelValues(c, b.Cap).Set(float64(b.Limit))
+			set(c, b.Cap, b.Limit, b.Left)
 		}
-		left.Collect(ch)
-		limit.Collect(ch)
+		for _, v := range []*prometheus.GaugeVec{left, limit, reqLeft, reqLimit} {
+			v.Collect(ch)
+		}
 	}))
 }
 
@@ -357,7 +379,14 @@ func (s *spending) done() {
 // budgetTimeout bounds a correction sent to the fleet's store.
 const budgetTimeout = 500 * time.Millisecond
 
+// settle corrects the reservations with what the request used; nothing
+// (pacing.Trace.Settled's word for an answer that refused the request)
+// takes them back whole, the request too.
 func (s *spending) settle(used pacing.Tokens) {
+	if used == (pacing.Tokens{}) {
+		s.cancel()
+		return
+	}
 	s.local.Settle(used)
 	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, used) })
 }
@@ -408,9 +437,6 @@ func (s *spending) each(f func(context.Context, *fleet.BudgetReservation) error)
 // and else lets it through uncounted (logged).
 func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Tokens) (*spending, string, error) {
 	s := &spending{}
-	if cost.Total() == 0 {
-		return s, "", nil
-	}
 	org, model := t.Org, t.Model
 	if fb := g.fleetBudgets; fb != nil {
 		if g.caps.StoreUnavailable() { // the store held unavailable: no call waits for it

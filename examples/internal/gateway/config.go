@@ -237,9 +237,10 @@ type OrgsConfig struct {
 	Limits       map[string]int    `json:"limits"`
 	Priorities   map[string]string `json:"priorities"` // org -> "interactive", "default" or "batch"
 	Weights      map[string]int    `json:"weights"`    // org -> turns taken while orgs wait (default 1)
-	// Budget is each org's token budget per minute, and Budgets an org's
-	// own; a request over its org's budget is answered 429 at once, with
-	// a Retry-After from the refill. Unset: none.
+	// Budget is each org's budget per minute (of tokens, of requests),
+	// and Budgets an org's own; a request over its org's budget is
+	// answered 429 at once, with a Retry-After from the refill. Unset:
+	// none.
 	Budget  *pacing.BudgetLimits           `json:"budget,omitempty"`
 	Budgets map[string]pacing.BudgetLimits `json:"budgets,omitempty"`
 }

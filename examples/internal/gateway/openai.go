@@ -10,6 +10,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -130,7 +131,11 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 		case strings.HasPrefix(le.Cap, "tenant_"):
 			why = "the org's budget, answered at once"
 		}
-		return status, retryAfter, fmt.Sprintf("over the %s budget: %d of %d tokens started in the last minute (%s)", le.Cap, le.InFlight, le.Limit, why)
+		units := "tokens"
+		if strings.HasSuffix(le.Cap, pacing.CapMaxRequestsPerMinute) {
+			units = "requests"
+		}
+		return status, retryAfter, fmt.Sprintf("over the %s budget: %d of %d %s started in the last minute (%s)", le.Cap, le.InFlight, le.Limit, units, why)
 	}
 	return status, retryAfter, slots.ErrorMessage(err)
 }
@@ -140,7 +145,8 @@ func admissionAnswer(err error) (status int, retryAfter time.Duration, msg strin
 // "api_key", "pacing", "pause", "tokens" or "model_tokens" (see
 // pacing.CapProvider, pacing.CapTokens), or a budget, as
 // "tokens_per_minute", "model_output_tokens_per_minute",
-// "api_key_tokens_per_minute" (see pacing.CapTokensPerMinute) or an org's,
+// "api_key_tokens_per_minute", "max_requests_per_minute" (see
+// pacing.CapTokensPerMinute, pacing.CapMaxRequestsPerMinute) or an org's,
 // "tenant_tokens_per_minute".
 const CapHeader = "X-Inflight-Cap"
 

@@ -53,7 +53,7 @@ func budgetShared(t *testing.T, srv Server) {
 	assert.LessOrEqual(t, le.RetryAfter, 61*time.Second)
 	used, err := b.Used(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, [3]int{600, 300, 300}, used, "the refusal charged nothing")
+	assert.Equal(t, [4]int{600, 300, 300, 0}, used, "the refusal charged nothing")
 
 	require.NoError(t, ra.Settle(ctx, upstream.Tokens{Input: 300, Output: 50}))
 	rb, err := b.Reserve(ctx, upstream.Tokens{Input: 100, Output: 200})
@@ -61,7 +61,7 @@ func budgetShared(t *testing.T, srv Server) {
 	require.NoError(t, rb.Cancel(ctx))
 	used, err = a.Used(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, [3]int{350, 300, 50}, used)
+	assert.Equal(t, [4]int{350, 300, 50, 0}, used)
 
 	// Start moves a charge to the second its request starts in: in the
 	// second it was reserved in, it changes nothing.
@@ -70,7 +70,7 @@ func budgetShared(t *testing.T, srv Server) {
 	require.NoError(t, rs.Start(ctx))
 	used, err = b.Used(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, [3]int{360, 310, 50}, used, "moved, not added")
+	assert.Equal(t, [4]int{360, 310, 50, 0}, used, "moved, not added")
 	require.NoError(t, rs.Cancel(ctx))
 	// The store's move, as the contract says: from a second with no
 	// charge, it only adds to the current one; from the current one,
@@ -123,4 +123,72 @@ func budgetShared(t *testing.T, srv Server) {
 	assert.LessOrEqual(t, charged, limit)
 	assert.Greater(t, charged, limit-cost, "refused only once the next could not fit")
 	t.Logf("8 reservers on 2 processes charged %d of %d", charged, limit)
+}
+
+// budgetRequests: a budget's requests per minute (MaxRequestsPerMinute)
+// are the fleet's too, counted one per request whatever its tokens (none
+// counted: the requests alone); a request the requests budget refuses
+// charges none of its tokens either; a cancelled one is not counted, a
+// settled one stays; processes reserving at once never pass the limit.
+func budgetRequests(t *testing.T, srv Server) {
+	ctx := context.Background()
+	name := "requests"
+	bs := budgets(t, srv, name, "provider", upstream.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 3}, 2)
+	a, b := bs[0], bs[1]
+	var held []*fleet.BudgetReservation
+	for _, cost := range []upstream.Tokens{{Input: 100}, {}, {Input: 50, Output: 50}} {
+		r, err := a.Reserve(ctx, cost)
+		require.NoError(t, err)
+		held = append(held, r)
+	}
+	used, err := b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{200, 150, 50, 3}, used, "three requests; the one of no tokens counted charged none")
+
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 10})
+	require.ErrorIs(t, err, upstream.ErrOverBudget)
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, upstream.CapMaxRequestsPerMinute, le.Cap)
+	assert.Equal(t, 3, le.InFlight)
+	assert.Equal(t, 3, le.Limit)
+	assert.Greater(t, le.RetryAfter, 58*time.Second)
+	assert.LessOrEqual(t, le.RetryAfter, 61*time.Second)
+	used, err = a.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{200, 150, 50, 3}, used, "refused: its tokens were taken back")
+
+	require.NoError(t, held[0].Settle(ctx, upstream.Tokens{Input: 20}))
+	require.NoError(t, held[1].Cancel(ctx))
+	used, err = b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{120, 70, 50, 2}, used, "settled: still a request; cancelled: none")
+	r, err := b.Reserve(ctx, upstream.Tokens{})
+	require.NoError(t, err, "the cancelled request's place is free")
+	assert.Equal(t, 0, func() int { left, _ := r.Left(); return left[3] }())
+
+	const limit, cost = 40, 7
+	hammer := budgets(t, srv, name, "hammer", upstream.BudgetLimits{TokensPerMinute: 100_000, MaxRequestsPerMinute: limit}, 2)
+	var mu sync.Mutex
+	admitted := 0
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for range 10 {
+				_, err := hammer[g%2].Reserve(ctx, upstream.Tokens{Input: cost})
+				if err == nil {
+					mu.Lock()
+					admitted++
+					mu.Unlock()
+				} else if !assert.ErrorIs(t, err, upstream.ErrOverBudget) {
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	used, err = hammer[0].Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, limit, admitted, "80 asked: exactly the limit admitted")
+	assert.Equal(t, [4]int{limit * cost, limit * cost, 0, limit}, used, "the refused took back their tokens")
 }

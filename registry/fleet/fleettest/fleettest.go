@@ -116,6 +116,7 @@ var (
 		{"AnyKey", anyKey},
 		{"OverridesShared", overridesShared},
 		{"BudgetShared", budgetShared},
+		{"BudgetRequests", budgetRequests},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

@@ -2,6 +2,8 @@ package memstore_test
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -107,22 +109,22 @@ func TestBudgetStatus(t *testing.T) {
 	require.NoError(t, err)
 	st := a.Status()
 	assert.True(t, st.At.IsZero(), "no answer yet")
-	assert.Equal(t, [3]int{1000, 0, 400}, st.Limits)
-	assert.Equal(t, [3]int{1000, 0, 400}, st.Left, "nothing counted yet")
+	assert.Equal(t, [4]int{1000, 0, 400, 0}, st.Limits)
+	assert.Equal(t, [4]int{1000, 0, 400, 0}, st.Left, "nothing counted yet")
 
 	r, err := a.Reserve(ctx, pacing.Tokens{Input: 300, Output: 100})
 	require.NoError(t, err)
 	st = a.Status()
 	assert.False(t, st.At.IsZero())
-	assert.Equal(t, [3]int{600, 0, 300}, st.Left, "a part without a limit has nothing left to tell")
+	assert.Equal(t, [4]int{600, 0, 300, 0}, st.Left, "a part without a limit has nothing left to tell")
 	_, err = other.Reserve(ctx, pacing.Tokens{Input: 100, Output: 100})
 	require.NoError(t, err)
-	assert.Equal(t, [3]int{600, 0, 300}, a.Status().Left, "the other process's charge is not known here yet")
+	assert.Equal(t, [4]int{600, 0, 300, 0}, a.Status().Left, "the other process's charge is not known here yet")
 	require.NoError(t, r.Settle(ctx, pacing.Tokens{Input: 300, Output: 400}))
-	assert.Equal(t, [3]int{100, 0, -100}, a.Status().Left, "the settlement's answer counts both, the debt below 0")
+	assert.Equal(t, [4]int{100, 0, -100, 0}, a.Status().Left, "the settlement's answer counts both, the debt below 0")
 	_, err = a.Reserve(ctx, pacing.Tokens{Input: 10, Output: 10})
 	require.ErrorIs(t, err, pacing.ErrOverBudget)
-	assert.Equal(t, [3]int{100, 0, -100}, a.Status().Left, "a refusal's answer counts what is charged")
+	assert.Equal(t, [4]int{100, 0, -100, 0}, a.Status().Left, "a refusal's answer counts what is charged")
 }
 
 // slowFirstReply answers the first budget call late: the store counts it
@@ -179,4 +181,63 @@ func TestBudgetStatusForgetsAnOldCount(t *testing.T) {
 		time.Sleep(2 * time.Second)
 		assert.Equal(t, 1000, b.Status().Left[0], "past it")
 	})
+}
+
+// failingRequests fails every call on a budget's requests record (its key
+// ends in "requests" after a byte no name holds).
+type failingRequests struct{ *memstore.Store }
+
+func (s failingRequests) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	if strings.HasSuffix(c.Key, "\xffrequests") {
+		return driver.BudgetResult{}, errors.New("connection refused")
+	}
+	return s.Store.Budget(ctx, c)
+}
+
+// A reservation whose requests record cannot be reached after its tokens
+// were charged takes its tokens back and fails with ErrUnavailable.
+func TestBudgetRequestsUnreachable(t *testing.T) {
+	s := memstore.New()
+	b, err := fleet.NewBudget(failingRequests{s}, "b", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10}, 0)
+	require.NoError(t, err)
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 300})
+	require.ErrorIs(t, err, fleet.ErrUnavailable)
+	tokens, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 1000}, 0)
+	require.NoError(t, err)
+	used, err := tokens.Used(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{}, used, "the tokens charged were taken back")
+}
+
+// Status tells a requests budget beside the tokens', each part as the
+// latest answer on its record counted it.
+func TestBudgetStatusOfRequests(t *testing.T) {
+	ctx := context.Background()
+	b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 5}, 0)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{1000, 0, 0, 5}, b.Status().Left)
+	r, err := b.Reserve(ctx, pacing.Tokens{Input: 100})
+	require.NoError(t, err)
+	_, err = b.Reserve(ctx, pacing.Tokens{})
+	require.NoError(t, err)
+	st := b.Status()
+	assert.Equal(t, [4]int{1000, 0, 0, 5}, st.Limits)
+	assert.Equal(t, [4]int{900, 0, 0, 3}, st.Left)
+	left, limits := r.Left()
+	assert.Equal(t, 900, left[0])
+	assert.Equal(t, 4, left[3], "as the reservation's own answer counted it")
+	assert.Equal(t, 5, limits[3])
+	require.NoError(t, r.Cancel(ctx))
+	assert.Equal(t, [4]int{1000, 0, 0, 4}, b.Status().Left)
+
+	only, err := fleet.NewBudget(memstore.New(), "only", pacing.BudgetLimits{MaxRequestsPerMinute: 1}, 0)
+	require.NoError(t, err)
+	_, err = only.Reserve(ctx, pacing.Tokens{Input: 1 << 20})
+	require.NoError(t, err, "no token budget: tokens are not counted")
+	_, err = only.Reserve(ctx, pacing.Tokens{Input: 1})
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, pacing.CapMaxRequestsPerMinute, le.Cap)
+	_, err = only.Reserve(ctx, pacing.Tokens{Input: -1})
+	assert.ErrorIs(t, err, slots.ErrBadUnits)
 }
