@@ -12,7 +12,8 @@ import (
 // admission (a provider cap of 8, no pacing), beside a Limiter's, the
 // floor of any admission with a Slot; "tokens" weighs each request 10 of a
 // token cap of 1,000; "budget" charges each 30 tokens of a budget per
-// minute that never binds, and settles it with 15.
+// minute that never binds, and settles it with 15; "requests-budget"
+// counts each on a budget of requests per minute that never binds.
 func BenchmarkGateAcquireRelease(b *testing.B) {
 	ctx := context.Background()
 	b.Run("gate", func(b *testing.B) {
@@ -55,6 +56,20 @@ func BenchmarkGateAcquireRelease(b *testing.B) {
 				b.Fatal(err)
 			}
 			g.Settle(gt, pacing.Tokens{Input: 10, Output: 5})
+			gt.Slot.Release()
+		}
+	})
+	b.Run("gate-requests-budget", func(b *testing.B) {
+		g, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 8, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1 << 60}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			gt, err := g.Acquire(ctx, "m")
+			if err != nil {
+				b.Fatal(err)
+			}
 			gt.Slot.Release()
 		}
 	})

@@ -148,14 +148,12 @@ func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant
 // 0..slots.MaxUnits.
 func (g *Gate) Settle(gr Grant, used Tokens) {
 	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
-	g.settle(gr, used, true)
+	g.settle(gr, used, endedUsage)
 }
 
-// unserved settles gr's request as one the upstream refused (an error
-// answer): it charges nothing, its request included.
-func (g *Gate) unserved(gr Grant) { g.settle(gr, Tokens{}, false) }
-
-func (g *Gate) settle(gr Grant, used Tokens, reported bool) {
+// settle corrects gr's charges to used, for a request that ended so
+// (endedUsage...).
+func (g *Gate) settle(gr Grant, used Tokens, ended int) {
 	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
 		return
 	}
@@ -165,26 +163,26 @@ func (g *Gate) settle(gr Grant, used Tokens, reported bool) {
 	}
 	var wk core.Wakes
 	g.mu.Lock()
-	if g.settleLocked(own, used, reported) {
+	if g.settleLocked(own, used, ended) {
 		g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	}
 	g.mu.Unlock()
 	wk.Wake()
 }
 
-// settleLocked corrects gr's charges to used, once (reported: a usage the
-// upstream reported), and reports whether any budget got tokens back, so
-// that the caller dispatches.
-func (g *Gate) settleLocked(gr *grant, used Tokens, reported bool) bool {
+// settleLocked corrects gr's charges to used, once, for a request that
+// ended so (endedUsage...), and reports whether any budget got something
+// back, so that the caller dispatches.
+func (g *Gate) settleLocked(gr *grant, used Tokens, ended int) bool {
 	if gr.settled {
 		return false
 	}
 	gr.settled = true
 	now := g.eng.Clock.Nanos()
 	for _, b := range gr.bud {
-		b.correct(int64(gr.step), gr.cost(), used, reported, now)
+		b.correct(int64(gr.step), gr.cost(), used, ended, now)
 	}
-	return used.Input < int(gr.estIn) || used.Output < int(gr.estOut)
+	return ended == endedUnserved || used.Input < int(gr.estIn) || used.Output < int(gr.estOut)
 }
 
 // budgetsOf returns the budgets a request for ml counts on before it is

@@ -369,8 +369,8 @@ func (gr *grant) Release(h *core.Hold) bool {
 		gr.key.lane.Holders.Remove(h, &gr.idx[2])
 	}
 	if h.GivenBack {
-		g.settleLocked(gr, Tokens{}, false) // never sent: it charges nothing (dispatched below)
-		if g.seq == h.ID {                  // no grant since: the provider's start is undone
+		g.settleLocked(gr, Tokens{}, endedUnserved) // never sent: it charges nothing (dispatched below)
+		if g.seq == h.ID {                          // no grant since: the provider's start is undone
 			g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
 		}
 		if ml := gr.model; ml.lastID == h.ID {

@@ -310,7 +310,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	// budgets nothing. The dispatch after it runs under the caps just
 	// learned.
 	if own != nil && v.Kind != Admitted && v.Kind != Other {
-		g.settleLocked(own, Tokens{}, false)
+		g.settleLocked(own, Tokens{}, endedUnserved)
 	}
 	g.redispatchLocked(now)
 }

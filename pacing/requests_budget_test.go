@@ -219,3 +219,41 @@ func TestMaxRequestsPerMinuteConfig(t *testing.T) {
 	cfg.Models["m"] = pacing.ModelConfig{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: -2}}
 	assert.ErrorContains(t, cfg.Validate(), `models["m"].max_requests_per_minute: -2 is negative`)
 }
+
+// A waiter held by a model's or by every API key's requests budget alone
+// starts once the minute has let go of a request, with no other event to
+// wake it.
+func TestMaxRequestsPerMinuteWakesModelAndKeyWaiters(t *testing.T) {
+	for name, cfg := range map[string]pacing.Config{
+		"model": {MaxQueueWaitMS: 120_000, Models: map[string]pacing.ModelConfig{"m": {BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}}}},
+		"keys": {MaxQueueWaitMS: 120_000, APIKeys: []pacing.KeyConfig{
+			{ID: "k1", BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}},
+			{ID: "k2", BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}},
+		}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				g := newGate(t, cfg)
+				ctx := context.Background()
+				start := time.Now()
+				first := 1
+				if name == "keys" {
+					first = 2 // one on each key
+				}
+				for range first {
+					gr, err := g.Acquire(ctx, "m")
+					require.NoError(t, err)
+					gr.Slot.Release()
+				}
+				w := acquireAsync(ctx, g, "m")
+				synctest.Wait()
+				require.Equal(t, 1, g.Status().Queued)
+				r := <-w
+				require.NoError(t, r.err)
+				assert.Greater(t, time.Since(start), time.Minute)
+				assert.LessOrEqual(t, time.Since(start), time.Minute+time.Second)
+				r.g.Slot.Release()
+			})
+		})
+	}
+}

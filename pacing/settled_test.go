@@ -42,16 +42,16 @@ func TestTraceSettledOnBypass(t *testing.T) {
 	done := make(chan struct{})
 	go func() { send("/hold", &pacing.Trace{}); close(done) }()
 	<-entered
-	var settled []pacing.Tokens
+	var settled []pacing.Settlement
 	bypassed := false
 	send("/", &pacing.Trace{
 		Admitted: func(a pacing.Admission) { bypassed = a.Held.Bypassed() },
-		Settled:  func(u pacing.Tokens) { settled = append(settled, u) },
+		Settled:  func(st pacing.Settlement) { settled = append(settled, st) },
 	})
 	close(hold)
 	<-done
 	require.True(t, bypassed)
-	assert.Equal(t, []pacing.Tokens{{Input: 7, Output: 2}}, settled)
+	assert.Equal(t, []pacing.Settlement{{Served: true, Used: pacing.Tokens{Input: 7, Output: 2}}}, settled)
 }
 
 // An answer refused as overloaded (503) gives the Gate's budgets back, and
@@ -65,9 +65,9 @@ func TestTraceSettledOnRefusal(t *testing.T) {
 	defer srv.Close()
 	g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 10_000}})
 	client := &http.Client{Transport: pacing.NewTransport(srv.Client().Transport, g)}
-	var settled []pacing.Tokens
+	var settled []pacing.Settlement
 	ctx := pacing.WithTrace(pacing.WithTokens(context.Background(), pacing.Tokens{Input: 100, Output: 900}),
-		&pacing.Trace{Settled: func(u pacing.Tokens) { settled = append(settled, u) }})
+		&pacing.Trace{Settled: func(st pacing.Settlement) { settled = append(settled, st) }})
 	req, err := http.NewRequestWithContext(pacing.WithModelName(ctx, "m"), http.MethodPost, srv.URL, nil)
 	require.NoError(t, err)
 	resp, err := client.Do(req)
@@ -75,26 +75,28 @@ func TestTraceSettledOnRefusal(t *testing.T) {
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	assert.Equal(t, 10_000, providerBudget(t, g.Status(), pacing.CapTokensPerMinute).Left, "the Gate gave it back")
-	assert.Equal(t, []pacing.Tokens{{}}, settled, "the caller is told it charges nothing too")
+	assert.Equal(t, []pacing.Settlement{{}}, settled, "the caller is told it charges nothing too")
 }
 
-// An answer that refused the request (503, 400) is no request of the
+// An answer that refused the request (503, 429) is no request of the
 // upstream's, with WithTokens or without: the Gate's requests budget takes
-// it back and Trace.Settled is told nothing was charged; a served request
-// stays counted, and without WithTokens Settled is not called for it.
+// it back and Trace.Settled is told it was not served. Another 4xx (400)
+// was sent: its tokens come back, its request stays counted. A served
+// request stays counted, even one that reports no usage at all, and
+// without WithTokens Settled is not called for it.
 func TestTraceSettledRequests(t *testing.T) {
-	status := http.StatusOK
+	status, usage := http.StatusOK, `{"prompt_tokens":7,"completion_tokens":2}`
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		w.WriteHeader(status)
-		fmt.Fprint(w, `{"usage":{"prompt_tokens":7,"completion_tokens":2}}`)
+		fmt.Fprintf(w, `{"usage":%s}`, usage)
 	}))
 	defer srv.Close()
 	g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 100}})
 	client := &http.Client{Transport: pacing.NewTransport(srv.Client().Transport, g)}
-	send := func(weighed bool) []pacing.Tokens {
-		var settled []pacing.Tokens
-		ctx := pacing.WithTrace(context.Background(), &pacing.Trace{Settled: func(u pacing.Tokens) { settled = append(settled, u) }})
+	send := func(weighed bool) []pacing.Settlement {
+		var settled []pacing.Settlement
+		ctx := pacing.WithTrace(context.Background(), &pacing.Trace{Settled: func(st pacing.Settlement) { settled = append(settled, st) }})
 		if weighed {
 			ctx = pacing.WithTokens(ctx, pacing.Tokens{Input: 10})
 		}
@@ -107,18 +109,28 @@ func TestTraceSettledRequests(t *testing.T) {
 		return settled
 	}
 	left := func() int { return providerBudget(t, g.Status(), pacing.CapMaxRequestsPerMinute).Left }
+	want := 100
 	for _, weighed := range []bool{false, true} {
-		for _, status = range []int{http.StatusBadRequest, http.StatusServiceUnavailable} {
-			assert.Equal(t, []pacing.Tokens{{}}, send(weighed), "weighed %v, status %d", weighed, status)
-			assert.Equal(t, 100, left(), "weighed %v, status %d: not counted", weighed, status)
-		}
+		status = http.StatusServiceUnavailable
+		assert.Equal(t, []pacing.Settlement{{}}, send(weighed), "weighed %v: refused", weighed)
+		assert.Equal(t, want, left(), "weighed %v: refused, not counted", weighed)
+		status = http.StatusBadRequest
+		assert.Equal(t, []pacing.Settlement{{Served: true}}, send(weighed), "weighed %v: a client error", weighed)
+		want--
+		assert.Equal(t, want, left(), "weighed %v: a client error was sent: counted", weighed)
 	}
 	status = http.StatusOK
 	assert.Empty(t, send(false), "served without WithTokens: nothing to settle")
-	assert.Equal(t, 99, left())
-	assert.Equal(t, []pacing.Tokens{{Input: 7, Output: 2}}, send(true))
-	assert.Equal(t, 98, left(), "served: counted")
+	want--
+	assert.Equal(t, want, left())
+	assert.Equal(t, []pacing.Settlement{{Served: true, Used: pacing.Tokens{Input: 7, Output: 2}}}, send(true))
+	want--
+	assert.Equal(t, want, left(), "served: counted")
+	usage = `{"prompt_tokens":0,"completion_tokens":0}`
+	assert.Equal(t, []pacing.Settlement{{Served: true}}, send(true), "served, and used nothing")
+	want--
+	assert.Equal(t, want, left(), "served: counted, whatever it used")
 	status = http.StatusTooManyRequests // last: the Gate pauses after it
-	assert.Equal(t, []pacing.Tokens{{}}, send(false))
-	assert.Equal(t, 98, left(), "refused for a rate: not counted")
+	assert.Equal(t, []pacing.Settlement{{}}, send(false))
+	assert.Equal(t, want, left(), "refused for a rate: not counted")
 }

@@ -86,14 +86,14 @@ func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
 // Reservation does nothing. Each part counts within 0..slots.MaxUnits.
 func (r *Reservation) Settle(used Tokens) {
 	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
-	r.settle(used, true)
+	r.settle(used, endedUsage)
 }
 
 // Cancel returns the whole reservation, its request too: the request was
 // refused, or never sent, and charges nothing.
-func (r *Reservation) Cancel() { r.settle(Tokens{}, false) }
+func (r *Reservation) Cancel() { r.settle(Tokens{}, endedUnserved) }
 
-func (r *Reservation) settle(used Tokens, reported bool) {
+func (r *Reservation) settle(used Tokens, ended int) {
 	if r == nil {
 		return
 	}
@@ -104,7 +104,7 @@ func (r *Reservation) settle(used Tokens, reported bool) {
 		return
 	}
 	r.settled = true
-	b.b.correct(r.step, r.est, used, reported, b.clk.Nanos())
+	b.b.correct(r.step, r.est, used, ended, b.clk.Nanos())
 }
 
 // Status returns the budgets as a Gate's Status does (Model "").

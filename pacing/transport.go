@@ -308,9 +308,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	weighed := x.weighed && err == nil
 	hears := err == nil && tr != nil && tr.Settled != nil
 	var told atomic.Bool
-	settled := func(used Tokens) { // the Trace hears it once
+	settled := func(st Settlement) { // the Trace hears it once
 		if told.CompareAndSwap(false, true) {
-			tr.settled(used)
+			tr.settled(st)
 		}
 	}
 	if toGate || toFleet || hears {
@@ -327,21 +327,21 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			if toFleet {
 				t.caps.Report(x.caps, v)
 			}
-			if err == nil && v.Kind != Admitted && v.Kind != Other {
-				settled(Tokens{}) // refused by the upstream: as the Gate's budgets (Report)
+			switch {
+			case err != nil:
+			case v.Kind != Admitted && v.Kind != Other:
+				settled(Settlement{}) // refused by the upstream: as the Gate's budgets (Report)
+			case resp.StatusCode/100 == 4: // a client error: it used nothing, but it was sent
+				t.gate.settle(x.grant, Tokens{}, endedSent)
+				settled(Settlement{Served: true})
 			}
 		})
 	}
-	switch {
-	case err != nil:
-	case resp.StatusCode/100 == 2 && weighed: // its budgets are settled with the usage the answer reports
+	if weighed && resp.StatusCode/100 == 2 { // its budgets are settled with the usage the answer reports
 		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
 			t.gate.Settle(x.grant, used) // nothing for a bypass
-			settled(used)
+			settled(Settlement{Served: true, Used: used})
 		})
-	case resp.StatusCode/100 == 4: // refused: it charges nothing, not even its request (a 429 is settled so by its Report)
-		t.gate.unserved(x.grant)
-		settled(Tokens{})
 	}
 	return resp, err
 }
@@ -374,17 +374,25 @@ type Trace struct {
 	// Refused is called with the fleet's or the Gate's refusal.
 	Refused func(err error)
 	// Settled is called once for an admitted request (with a slot or
-	// without) with what it is charged in the end: nothing (zero Tokens)
-	// for an answer that refused it (4xx, or a verdict other than Admitted
-	// and Other), which is then no request either; for a request admitted
-	// under WithTokens, the usage its answer reported (WatchUsage). It is
-	// not called when neither is known (a failed exchange, a served
-	// request without WithTokens, an answer with no usage): the estimate
-	// stands. It may run on the goroutine that reads the answer's body.
-	// For budgets of the caller's own, kept beside the Gate's (a tenant's,
-	// with a Budget: Cancel its Reservation on zero Tokens, Settle it
-	// else).
-	Settled func(used Tokens)
+	// without) with how it ended, when the answer tells: not Served for an
+	// answer that refused it (a verdict other than Admitted and Other: a
+	// 429, an overload), which is then no request of the upstream's and
+	// charges nothing; Served with zero Used for another 4xx (sent, but
+	// nothing used); for a request admitted under WithTokens, Served with
+	// the usage its answer reported (WatchUsage). It is not called when
+	// none of these is known (a failed exchange, a served request without
+	// WithTokens, an answer with no usage): the estimate stands. It may
+	// run on the goroutine that reads the answer's body. For budgets of
+	// the caller's own, kept beside the Gate's (a tenant's, with a Budget:
+	// Cancel its Reservation when not Served, Settle it with Used else).
+	Settled func(Settlement)
+}
+
+// A Settlement is how an admitted request ended, for budgets (see
+// Trace.Settled).
+type Settlement struct {
+	Served bool   // false: refused by the upstream, no request
+	Used   Tokens // the usage its answer reported, when Served
 }
 
 // An Admission is what a request was admitted with.
@@ -400,9 +408,9 @@ func (tr *Trace) refused(err error) {
 	}
 }
 
-func (tr *Trace) settled(used Tokens) {
+func (tr *Trace) settled(st Settlement) {
 	if tr != nil && tr.Settled != nil {
-		tr.Settled(used)
+		tr.Settled(st)
 	}
 }
 

@@ -123,10 +123,10 @@ func TestTransportSettlesUsage(t *testing.T) {
 		require.NoError(t, err)
 		require.NoError(t, resp.Body.Close())
 	}
-	var settled []pacing.Tokens
+	var settled []pacing.Settlement
 	send(pacing.WithTrace(pacing.WithTokens(context.Background(), pacing.Tokens{Input: 100, Output: 900}),
-		&pacing.Trace{Settled: func(u pacing.Tokens) { settled = append(settled, u) }}))
-	assert.Equal(t, []pacing.Tokens{{Input: 7, Output: 2}}, settled, "the trace hears it too")
+		&pacing.Trace{Settled: func(st pacing.Settlement) { settled = append(settled, st) }}))
+	assert.Equal(t, []pacing.Settlement{{Served: true, Used: pacing.Tokens{Input: 7, Output: 2}}}, settled, "the trace hears it too")
 	st := g.Status()
 	assert.Equal(t, 10_000-9, providerBudget(t, st, pacing.CapTokensPerMinute).Left, "settled with the 7 + 2 reported")
 	assert.Equal(t, 5000-7, providerBudget(t, st, pacing.CapInputTokensPerMinute).Left)

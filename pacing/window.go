@@ -196,21 +196,26 @@ func (b *budgets) charge(t Tokens, now int64) {
 	}
 }
 
-// correct changes what was charged in step s from was to is; with
-// reported (a usage the upstream reported, not a refusal or a give-back),
-// it also counts in the ratio of use to estimate. A request not reported
-// was not served: it takes back its request too.
-func (b *budgets) correct(s int64, was, is Tokens, reported bool, now int64) {
+// How a request ended, for its budgets' correction (budgets.correct).
+const (
+	endedUsage    = iota // served, with the usage the upstream reported: counted in the ratio of use to estimate
+	endedSent            // answered without use (a client error): its tokens back, its request stays
+	endedUnserved        // refused by the upstream, given back, never sent: all of it back, its request too
+)
+
+// correct changes what was charged in step s from was to is, for a
+// request that ended so (endedUsage...).
+func (b *budgets) correct(s int64, was, is Tokens, ended int, now int64) {
 	if b == nil {
 		return
 	}
 	from, to := upstream.Charge(was), upstream.Charge(is)
-	if !reported {
+	if ended == endedUnserved {
 		to[budgetParts-1] = 0
 	}
 	for i := range b.w {
 		b.w[i].correct(s, to[i]-from[i], now)
-		if reported {
+		if ended == endedUsage {
 			b.estSum[i] = b.estSum[i]*ratioDecay + float64(from[i])
 			b.usedSum[i] = b.usedSum[i]*ratioDecay + float64(to[i])
 		}

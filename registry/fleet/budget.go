@@ -338,10 +338,20 @@ func (r *BudgetReservation) correct(ctx context.Context, used [upstream.BudgetPa
 	var errs []error
 	for rec, charged := range r.charged {
 		c := r.b.callOf(rec, d)
+		step := r.step[rec]
+		if !charged && rec == tokensRecord && r.b.uses(rec) {
+			// A request whose tokens nobody counted charged none: what it
+			// used is charged now, in the second its request was counted
+			// (pacing.Budget does so).
+			charged, step = true, r.step[requestsRecord]
+			if !r.charged[requestsRecord] {
+				step = -1 // no second: the current one, as a debt
+			}
+		}
 		if !charged || c.Cost == [3]int64{} {
 			continue
 		}
-		c.Correct, c.Step = true, r.step[rec]
+		c.Correct, c.Step = true, step
 		if _, err := r.b.call(ctx, rec, c); err != nil {
 			errs = append(errs, err)
 		}

@@ -379,16 +379,15 @@ func (s *spending) done() {
 // budgetTimeout bounds a correction sent to the fleet's store.
 const budgetTimeout = 500 * time.Millisecond
 
-// settle corrects the reservations with what the request used; nothing
-// (pacing.Trace.Settled's word for an answer that refused the request)
-// takes them back whole, the request too.
-func (s *spending) settle(used pacing.Tokens) {
-	if used == (pacing.Tokens{}) {
+// settle corrects the reservations with what the request used; one the
+// upstream refused (not Served) takes them back whole, its request too.
+func (s *spending) settle(st pacing.Settlement) {
+	if !st.Served {
 		s.cancel()
 		return
 	}
-	s.local.Settle(used)
-	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, used) })
+	s.local.Settle(st.Used)
+	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, st.Used) })
 }
 
 // fleetLeft returns what the fleet's budgets had left when the request was

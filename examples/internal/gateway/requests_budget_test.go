@@ -34,10 +34,9 @@ func countingUpstream(t *testing.T) (*httptest.Server, *atomic.Int64) {
 
 // Budgets of requests per minute, without a tokenizer: the provider's
 // (max_requests_per_minute) and an org's count every request once, in a
-// burst; one over either is answered 429 at once, naming it, with a
-// Retry-After from its refill; an answer that refused the request (400)
-// is not counted; the answers carry x-ratelimit-*-requests, and /metrics
-// the budget.
+// burst, a client error (400) too, since it was sent; one over either is
+// answered 429 at once, naming it, with a Retry-After from its refill; the
+// answers carry x-ratelimit-*-requests, and /metrics the budget.
 func TestGatewayRequestsBudget(t *testing.T) {
 	up, sent := countingUpstream(t)
 	srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
@@ -47,14 +46,12 @@ func TestGatewayRequestsBudget(t *testing.T) {
 
 	resp, _ := sendOrg(t, srv.URL, "org-a", body, map[string]string{"X-Answer": "400"})
 	assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
-	for i := range 2 {
-		resp, _ = sendOrg(t, srv.URL, "org-a", body, nil)
-		require.Equal(t, http.StatusOK, resp.StatusCode, "request %d: the 400 before was not counted", i)
-		assert.Equal(t, "5", resp.Header.Get("X-Ratelimit-Limit-Requests"))
-		assert.Equal(t, strconv.Itoa(5-1-i), resp.Header.Get("X-Ratelimit-Remaining-Requests"))
-		assert.NotEmpty(t, resp.Header.Get("X-Ratelimit-Reset-Requests"))
-		assert.Empty(t, resp.Header.Get("X-Ratelimit-Limit-Tokens"), "no token budget")
-	}
+	resp, _ = sendOrg(t, srv.URL, "org-a", body, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "5", resp.Header.Get("X-Ratelimit-Limit-Requests"))
+	assert.Equal(t, "3", resp.Header.Get("X-Ratelimit-Remaining-Requests"), "the 400 and this one")
+	assert.NotEmpty(t, resp.Header.Get("X-Ratelimit-Reset-Requests"))
+	assert.Empty(t, resp.Header.Get("X-Ratelimit-Limit-Tokens"), "no token budget")
 	resp, text := sendOrg(t, srv.URL, "org-a", body, nil)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	assert.Equal(t, "tenant_max_requests_per_minute", resp.Header.Get(CapHeader))
@@ -66,16 +63,64 @@ func TestGatewayRequestsBudget(t *testing.T) {
 	for i := range 3 {
 		resp, _ = sendOrg(t, srv.URL, "org-b", body, nil)
 		require.Equal(t, http.StatusOK, resp.StatusCode, "org-b's request %d", i)
+		assert.Equal(t, strconv.Itoa(2-i), resp.Header.Get("X-Ratelimit-Remaining-Requests"))
 	}
 	resp, text = sendOrg(t, srv.URL, "org-b", body, nil)
 	assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 	assert.Equal(t, "max_requests_per_minute", resp.Header.Get(CapHeader), "the provider's budget: 2 of org-a's and 3 of org-b's")
 	assert.Contains(t, text, "5 of 5 requests")
-	assert.Equal(t, int64(1+2+3), sent.Load(), "the upstream saw the 400 and the five served, no refused one")
+	assert.Equal(t, int64(2+3), sent.Load(), "the upstream saw the 400 and the four served, no refused one")
 
 	metrics := scrape(t, &http.Client{}, srv.URL)
 	assert.Contains(t, metrics, `inflight_budget_requests_limit{cap="provider"} 5`)
 	assert.Contains(t, metrics, `inflight_budget_requests_left{cap="provider"} 0`)
+}
+
+// A request the upstream refused (overloaded, 503) is no request: neither
+// the provider's budget of requests nor its org's counts it.
+func TestGatewayRequestsBudgetRefusedUpstream(t *testing.T) {
+	up, sent := countingUpstream(t)
+	srv, g := startGatewayWith(t, up.URL, `{"upstream": "%s", "provider": {"max_requests_per_minute": 5},
+		"orgs": {"default_limit": 10, "budgets": {"org-a": {"max_requests_per_minute": 1}}}}`)
+	resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, map[string]string{"X-Answer": "503"})
+	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+	assert.Equal(t, int64(1), sent.Load())
+	for _, b := range g.gate.Budgets() {
+		assert.Equal(t, b.Limit, b.Left, "the provider's %s", b.Cap)
+	}
+	st := g.orgBudgets.get("org-a").Status()
+	require.Len(t, st, 1)
+	assert.Equal(t, 1, st[0].Left, "the org's")
+}
+
+// zeroUsageUpstream serves every request, reporting that it used nothing.
+func zeroUsageUpstream(t *testing.T) *httptest.Server {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"choices":[{"message":{"content":""}}],"usage":{"prompt_tokens":0,"completion_tokens":0}}`)
+	}))
+	t.Cleanup(up.Close)
+	return up
+}
+
+// A served request that reports it used no tokens is still a request: its
+// org's budget (and, with a fleet, the provider's) keeps it counted.
+func TestGatewayRequestsBudgetZeroUsage(t *testing.T) {
+	countOK := func(url string, n int) (ok int) {
+		for range n {
+			if r, _ := sendOrg(t, url, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, nil); r.StatusCode == http.StatusOK {
+				ok++
+			}
+		}
+		return ok
+	}
+	srv, _ := startGatewayWith(t, zeroUsageUpstream(t).URL, `{"upstream": "%s", "provider": {"max_requests_per_minute": 100},
+		"orgs": {"default_limit": 10, "budgets": {"org-a": {"max_requests_per_minute": 1}}}, "tokens": {"expected_output": 100}}`)
+	assert.Equal(t, 1, countOK(srv.URL, 5), "the org's budget")
+	srv, _ = startGatewayWith(t, zeroUsageUpstream(t).URL, `{"upstream": "%s", "provider": {"max_requests_per_minute": 2},
+		"orgs": {"default_limit": 10}, "tokens": {"expected_output": 100},
+		"fleet": {`+fleetStores["redis"](t)+`, "on_unavailable": "closed"}}`)
+	assert.Equal(t, 2, countOK(srv.URL, 6), "the fleet's provider budget")
 }
 
 // Three gateways on one store (Redis, PostgreSQL) share the provider's

@@ -241,3 +241,36 @@ func TestBudgetStatusOfRequests(t *testing.T) {
 	_, err = only.Reserve(ctx, pacing.Tokens{Input: -1})
 	assert.ErrorIs(t, err, slots.ErrBadUnits)
 }
+
+// A reservation of zero Tokens (its tokens not counted) that is settled
+// with what its request used is charged that usage, as pacing.Budget
+// charges it; cancelled, it charges nothing.
+func TestBudgetZeroTokensSettled(t *testing.T) {
+	ctx := context.Background()
+	limits := pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 5}
+	local, err := pacing.NewBudget(limits)
+	require.NoError(t, err)
+	lr, err := local.Reserve(pacing.Tokens{})
+	require.NoError(t, err)
+	lr.Settle(pacing.Tokens{Input: 500})
+	_, err = local.Reserve(pacing.Tokens{Input: 1})
+	assert.ErrorIs(t, err, pacing.ErrOverBudget, "in one process")
+
+	b, err := fleet.NewBudget(memstore.New(), "b", limits, 0)
+	require.NoError(t, err)
+	r, err := b.Reserve(ctx, pacing.Tokens{})
+	require.NoError(t, err)
+	require.NoError(t, r.Settle(ctx, pacing.Tokens{Input: 500}))
+	used, err := b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{500, 500, 0, 1}, used)
+	_, err = b.Reserve(ctx, pacing.Tokens{Input: 1})
+	assert.ErrorIs(t, err, pacing.ErrOverBudget, "across the fleet")
+
+	c, err := b.Reserve(ctx, pacing.Tokens{})
+	require.NoError(t, err)
+	require.NoError(t, c.Cancel(ctx))
+	used, err = b.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, [4]int{500, 500, 0, 1}, used, "cancelled: nothing")
+}
