@@ -33,8 +33,11 @@
 // tokens_per_minute (and its input and output parts) on the provider, a
 // model or an API key, take each request's estimate when it starts and are
 // corrected by the usage its answer reports (Gate.Settle; a Transport
-// reads it with WatchUsage). A Budget stands alone, for a cap of the
-// caller's (a tenant's), and never makes a request wait.
+// reads it with WatchUsage, asks a stream for it with WithStreamUsage, and
+// tells clients what is left with WithRateLimitHeaders);
+// max_requests_per_minute counts the requests themselves. A Budget stands
+// alone, for a cap of the caller's (a tenant's), and never makes a
+// request wait.
 //
 // With an "adaptive" section the provider's cap is learned from the
 // upstream's answers instead of configured: report each one before its

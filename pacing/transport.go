@@ -29,13 +29,15 @@ import (
 //
 // Create one with NewTransport; the zero value is not usable.
 type Transport struct {
-	gate       *Gate
-	inner      *slots.Transport
-	base       http.RoundTripper
-	model      func(*http.Request) string // nil: the body's "model"
-	caps       FleetCaps
-	credential func(h http.Header, key string)
-	classifier Classifier
+	gate             *Gate
+	inner            *slots.Transport
+	base             http.RoundTripper
+	model            func(*http.Request) string // nil: the body's "model"
+	caps             FleetCaps
+	credential       func(h http.Header, key string)
+	classifier       Classifier
+	streamUsage      bool // WithStreamUsage
+	rateLimitHeaders bool // WithRateLimitHeaders
 }
 
 var _ http.RoundTripper = (*Transport)(nil)
@@ -155,6 +157,9 @@ type exchange struct {
 	grant   Grant
 	caps    *slots.Slot // the fleet's; nil without a fleet
 	weighed bool        // admitted under WithTokens: its answer's usage settles it
+	// dropUsage: the Transport asked the stream for its usage
+	// (WithStreamUsage); the client gets no usage chunk.
+	dropUsage bool
 }
 
 type exchangeKey struct{}
@@ -169,6 +174,11 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	x := &exchange{model: model}
+	if _, weighed := tokensOf(out.Context()); t.streamUsage && weighed {
+		if out, x.dropUsage, err = askUsageOf(out); err != nil {
+			return nil, err
+		}
+	}
 	return t.inner.RoundTrip(out.WithContext(context.WithValue(out.Context(), exchangeKey{}, x)))
 }
 
@@ -337,11 +347,17 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		})
 	}
+	if t.rateLimitHeaders && err == nil {
+		SetRateLimitHeaders(resp.Header, t.gate.Budgets(), x.model, x.grant.Key)
+	}
 	if weighed && resp.StatusCode/100 == 2 { // its budgets are settled with the usage the answer reports
 		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
 			t.gate.Settle(x.grant, used) // nothing for a bypass
 			settled(Settlement{Served: true, Used: used})
 		})
+		if x.dropUsage {
+			dropUsage(resp) // read by WatchUsage, kept from the client
+		}
 	}
 	return resp, err
 }

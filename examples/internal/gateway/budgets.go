@@ -1,22 +1,18 @@
 package gateway
 
-// Token budgets per minute (provider.tokens_per_minute and its parts, per
-// model too): asking a stream for its usage, the answer's rate-limit
-// headers, and the budgets' series.
+// Budgets per minute (provider.tokens_per_minute and its parts,
+// max_requests_per_minute; per model, key and org too): the answer's
+// rate-limit headers, the budgets' series, and the reservations kept
+// beside the Gate's (an org's; with a fleet, the provider's and models').
 
 import (
-	"bufio"
-	"bytes"
 	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strconv"
 	"sync"
@@ -50,160 +46,14 @@ func budgetsTokens(p pacing.Config) bool {
 	return false
 }
 
-// askUsage makes a streamed request whose body does not ask for its usage
-// ask for it (stream_options.include_usage), so that its budgets are
-// settled with what it used, and reports whether it did: the client, who
-// did not ask, then gets no usage chunk (dropUsage). Other bodies are
-// left as they are.
-func askUsage(r *http.Request, body []byte) bool {
-	var v map[string]json.RawMessage
-	if json.Unmarshal(body, &v) != nil || string(v["stream"]) != "true" {
-		return false
-	}
-	opts := map[string]json.RawMessage{}
-	if raw, ok := v["stream_options"]; ok && string(raw) != "null" {
-		if json.Unmarshal(raw, &opts) != nil {
-			return false // not an object: the upstream will say so
-		}
-	}
-	if raw, ok := opts["include_usage"]; ok && string(raw) != "false" && string(raw) != "null" {
-		return false // asked by the client: its usage chunk is its own
-	}
-	opts["include_usage"] = json.RawMessage("true")
-	v["stream_options"], _ = json.Marshal(opts)
-	out, err := json.Marshal(v)
-	if err != nil {
-		return false
-	}
-	r.Body = io.NopCloser(bytes.NewReader(out))
-	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(out)), nil }
-	r.ContentLength = int64(len(out))
-	return true
-}
-
-// budgetAnswer adds the budgets' rate-limit headers to an upstream's
-// answer, and takes out the usage chunk that the gateway asked for.
+// budgetAnswer adds the fleet's budgets' rate-limit headers to an
+// upstream's answer (the Gate's are the Transport's:
+// pacing.WithRateLimitHeaders): what they had left when the request was
+// reserved.
 func (g *Gateway) budgetAnswer(resp *http.Response) {
-	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	switch {
-	case g.fleetBudgets != nil:
-		if x != nil && x.spent != nil {
-			rateLimitHeaders(resp.Header, x.spent.fleetLeft(), "", "")
-		}
-	case g.budgets:
-		var model, key string
-		if x != nil {
-			model = x.model
-			if x.admitted != nil {
-				key = x.admitted.Grant.Key
-			}
-		}
-		rateLimitHeaders(resp.Header, g.gate.Budgets(), model, key)
+	if x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange); g.fleetBudgets != nil && x != nil && x.spent != nil {
+		pacing.SetRateLimitHeaders(resp.Header, x.spent.fleetLeft(), "", "")
 	}
-	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); x != nil && x.dropUsage && mt == "text/event-stream" {
-		resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
-		// A short stream may come with its length (net/http sets it for a
-		// handler that ends before it flushes): it no longer holds.
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-	}
-}
-
-// rateLimitHeaders sets OpenAI's x-ratelimit-limit-tokens,
-// x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens from the token
-// budget with the least left of those a request for model sent with the
-// API key key counts on (the provider's, its model's, its key's), if any,
-// and x-ratelimit-*-requests so from the requests budgets.
-func rateLimitHeaders(h http.Header, budgets []pacing.BudgetStatus, model, key string) {
-	var tight [2]*pacing.BudgetStatus // tokens, requests
-	for i, b := range budgets {
-		mine := (b.Model == "" || b.Model == model) && (b.Key == "" || b.Key == key)
-		kind := 0
-		if b.Cap == pacing.CapMaxRequestsPerMinute {
-			kind = 1
-		}
-		if mine && (tight[kind] == nil || b.Left < tight[kind].Left) {
-			tight[kind] = &budgets[i]
-		}
-	}
-	for kind, suffix := range [2]string{"-Tokens", "-Requests"} {
-		b := tight[kind]
-		if b == nil {
-			continue
-		}
-		h.Set("X-Ratelimit-Limit"+suffix, strconv.Itoa(b.Limit))
-		h.Set("X-Ratelimit-Remaining"+suffix, strconv.Itoa(max(b.Left, 0)))
-		if b.ResetIn > 0 {
-			h.Set("X-Ratelimit-Reset"+suffix, b.ResetIn.Round(time.Millisecond).String())
-		}
-	}
-}
-
-// usageDropper passes a stream of server-sent events through, event by
-// event, without the chunk that carries only the usage (no choices).
-type usageDropper struct {
-	rc      io.ReadCloser
-	r       *bufio.Reader
-	pending []byte // the rest of an event being passed on
-	err     error
-}
-
-func (d *usageDropper) Read(p []byte) (int, error) {
-	for len(d.pending) == 0 {
-		if d.err != nil {
-			return 0, d.err
-		}
-		ev, err := readEvent(d.r)
-		d.err = err
-		if !usageOnly(ev) {
-			d.pending = ev
-		}
-	}
-	n := copy(p, d.pending)
-	d.pending = d.pending[n:]
-	return n, nil
-}
-
-func (d *usageDropper) Close() error { return d.rc.Close() }
-
-// readEvent reads one event: its lines up to and including the blank line
-// that ends it (or what is left at the end of the stream).
-func readEvent(r *bufio.Reader) ([]byte, error) {
-	var ev []byte
-	partial := false // the line so far filled the buffer: what follows is its end
-	for {
-		line, err := r.ReadSlice('\n')
-		ev = append(ev, line...)
-		if err == bufio.ErrBufferFull {
-			partial = true
-			continue
-		}
-		blank := !partial && len(bytes.TrimRight(line, "\r\n")) == 0
-		partial = false
-		if err != nil || blank {
-			return ev, err
-		}
-	}
-}
-
-// usageOnly reports whether an event is a chunk of usage alone:
-// data {"choices":[], "usage":{...}}.
-func usageOnly(ev []byte) bool {
-	if !bytes.Contains(ev, []byte(`"usage"`)) {
-		return false
-	}
-	for line := range bytes.Lines(ev) {
-		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
-		if !ok {
-			continue
-		}
-		var v struct {
-			Choices []json.RawMessage `json:"choices"`
-			Usage   json.RawMessage   `json:"usage"`
-		}
-		return json.Unmarshal(data, &v) == nil && len(v.Choices) == 0 && len(v.Usage) > 0 && string(v.Usage) != "null"
-	}
-	return false
 }
 
 // registerBudgets exports the provider's and models' budgets:

@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -169,47 +168,6 @@ func TestGatewayTokenBudgetMaxTokensOne(t *testing.T) {
 	assert.Equal(t, 1, next.refused, "the next waits for the refill")
 	_, started = up.WorstMinute()
 	assert.Equal(t, 1, started)
-}
-
-// The gateway asks a stream for its usage only when the client did not,
-// keeping the client's other stream options; a body that is no stream, or
-// not JSON, is left as it is.
-func TestAskUsage(t *testing.T) {
-	for _, tc := range []struct{ body, want string }{
-		{`{"stream":true,"model":"m"}`, `{"model":"m","stream":true,"stream_options":{"include_usage":true}}`},
-		{`{"stream":true,"stream_options":{"x":1}}`, `{"stream":true,"stream_options":{"include_usage":true,"x":1}}`},
-		{`{"stream":true,"stream_options":{"include_usage":false}}`, `{"stream":true,"stream_options":{"include_usage":true}}`},
-		{`{"stream":true,"stream_options":{"include_usage":true}}`, ""},
-		{`{"stream":false}`, ""},
-		{`{"stream":true,"stream_options":7}`, ""},
-		{`not json`, ""},
-	} {
-		r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
-		asked := askUsage(r, []byte(tc.body))
-		assert.Equal(t, tc.want != "", asked, tc.body)
-		if asked {
-			got, err := io.ReadAll(r.Body)
-			require.NoError(t, err)
-			assert.JSONEq(t, tc.want, string(got))
-			assert.Equal(t, int64(len(got)), r.ContentLength)
-		}
-	}
-}
-
-// The usage chunk the gateway asked for is taken out of the stream, event
-// by event, and nothing else is.
-func TestUsageDropper(t *testing.T) {
-	in := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n" +
-		": a comment\n\n" +
-		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}\n\n" +
-		"data: [DONE]\n\n"
-	want := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\n\n: a comment\n\ndata: [DONE]\n\n"
-	d := &usageDropper{rc: io.NopCloser(strings.NewReader(in))}
-	d.r = bufio.NewReaderSize(d.rc, 16) // events longer than its buffer
-	got, err := io.ReadAll(d)
-	require.NoError(t, err)
-	assert.Equal(t, want, string(got))
-	require.NoError(t, d.Close())
 }
 
 // An org's own token budget: a request over it is answered 429 at once,

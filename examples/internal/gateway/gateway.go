@@ -132,11 +132,10 @@ type exchangeKey struct{}
 // exchange is what the handler learns of a model request's admission by
 // the provider's Transport.
 type exchange struct {
-	model     string
-	admitted  *pacing.Admission // nil: not admitted
-	refused   error             // the provider's refusal, if any
-	dropUsage bool              // the gateway asked for the stream's usage: the client gets no usage chunk
-	spent     *spending         // its reservations of the budgets kept beside the Gate's
+	model    string
+	admitted *pacing.Admission // nil: not admitted
+	refused  error             // the provider's refusal, if any
+	spent    *spending         // its reservations of the budgets kept beside the Gate's
 }
 
 // An Option configures a Gateway.
@@ -383,11 +382,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}
 	info.org, info.model = org, model
 	var cost pacing.Tokens // the request's tokens, for the provider's token caps and budgets
-	askedUsage := false
 	if g.tokens != nil && body != nil {
-		if g.budgets || g.orgBudgets != nil {
-			askedUsage = askUsage(r, body)
-		}
 		if cost, err = g.tokens.estimate(body, model); err != nil {
 			writeOpenAIError(w, http.StatusBadRequest, slots.ErrorMessage(err))
 			return
@@ -434,7 +429,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		ctx = pacing.WithTokens(ctx, cost)
 	}
 	mm := g.modelMetrics(model)
-	x := &exchange{model: model, dropUsage: askedUsage, spent: spent}
+	x := &exchange{model: model, spent: spent}
 	asked := time.Now()
 	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), &pacing.Trace{
 		FleetWait: func() func() {
@@ -484,6 +479,14 @@ func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.Rou
 	}
 	if g.caps != nil {
 		opts = append(opts, pacing.WithFleet(g.caps))
+	}
+	if g.budgets || g.orgBudgets != nil {
+		// Budgets settle with what a request used: a stream is asked for
+		// its usage, which its client does not get unless it asked.
+		opts = append(opts, pacing.WithStreamUsage())
+	}
+	if g.budgets && g.fleetBudgets == nil { // a fleet's are told by budgetAnswer
+		opts = append(opts, pacing.WithRateLimitHeaders())
 	}
 	return pacing.NewTransport(g.tracedTransport(base), g.gate, opts...)
 }

@@ -1,0 +1,48 @@
+package pacing
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+)
+
+// WithRateLimitHeaders makes a Transport tell each answer's client what
+// the Gate's budgets per minute have left, as OpenAI's API does
+// (SetRateLimitHeaders, from Gate.Budgets, for the request's model and
+// granted key).
+func WithRateLimitHeaders() TransportOption {
+	return transportOptionFunc(func(c *transportConfig) { c.t.rateLimitHeaders = true })
+}
+
+// SetRateLimitHeaders sets OpenAI's x-ratelimit-limit-tokens,
+// x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens (a duration,
+// as "1m0.5s") from the token budget with the least left of those in
+// budgets that a request for model sent with the API key key counts on
+// (the provider's, its model's, its key's: a Gate's Budgets), if any, and
+// x-ratelimit-*-requests so from the budgets of requests
+// (CapMaxRequestsPerMinute). Remaining is never below 0; a budget with
+// nothing counted has no reset.
+func SetRateLimitHeaders(h http.Header, budgets []BudgetStatus, model, key string) {
+	var tight [2]*BudgetStatus // tokens, requests
+	for i, b := range budgets {
+		mine := (b.Model == "" || b.Model == model) && (b.Key == "" || b.Key == key)
+		kind := 0
+		if b.Cap == CapMaxRequestsPerMinute {
+			kind = 1
+		}
+		if mine && (tight[kind] == nil || b.Left < tight[kind].Left) {
+			tight[kind] = &budgets[i]
+		}
+	}
+	for kind, suffix := range [2]string{"-Tokens", "-Requests"} {
+		b := tight[kind]
+		if b == nil {
+			continue
+		}
+		h.Set("X-Ratelimit-Limit"+suffix, strconv.Itoa(b.Limit))
+		h.Set("X-Ratelimit-Remaining"+suffix, strconv.Itoa(max(b.Left, 0)))
+		if b.ResetIn > 0 {
+			h.Set("X-Ratelimit-Reset"+suffix, b.ResetIn.Round(time.Millisecond).String())
+		}
+	}
+}

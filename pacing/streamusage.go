@@ -1,0 +1,166 @@
+package pacing
+
+// Asking a stream for its usage (WithStreamUsage): OpenAI sends a
+// stream's usage only to a request that asks for it, so a Transport whose
+// budgets settle with usage asks on the client's behalf, and keeps the
+// usage chunk from a client that did not ask.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// WithStreamUsage makes a Transport ask each streamed request admitted
+// under WithTokens for its usage, when its JSON body does not ask already
+// ("stream": true without stream_options.include_usage, as OpenAI's API
+// reads it), so that its budgets are settled with what it used rather
+// than with its estimate. The client, who did not ask, gets the stream
+// without the chunk that carries the usage alone (and without a
+// Content-Length, which no longer holds). The body is read into memory
+// to be rewritten, up to MaxModelBody (a larger one fails with a
+// *slots.BadRequestError, nothing sent); other bodies are sent as they
+// came.
+func WithStreamUsage() TransportOption {
+	return transportOptionFunc(func(c *transportConfig) { c.t.streamUsage = true })
+}
+
+// askUsageOf returns req, or a copy that asks for the stream's usage if
+// it is a streamed request that does not, and whether it asked.
+func askUsageOf(req *http.Request) (*http.Request, bool, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return req, false, nil
+	}
+	buf, err := io.ReadAll(io.LimitReader(req.Body, MaxModelBody+1))
+	req.Body.Close()
+	if err != nil {
+		return nil, false, fmt.Errorf("pacing: reading the request body: %w", err)
+	}
+	if len(buf) > MaxModelBody {
+		return nil, false, &slots.BadRequestError{Status: http.StatusRequestEntityTooLarge,
+			Reason: fmt.Sprintf("the request body is over %d bytes", MaxModelBody)}
+	}
+	asked := false
+	if b, ok := askUsage(buf); ok {
+		buf, asked = b, true
+	}
+	out := req.Clone(req.Context())
+	out.Body = io.NopCloser(bytes.NewReader(buf))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
+	out.ContentLength = int64(len(buf))
+	return out, asked, nil
+}
+
+// askUsage returns body asking for its stream's usage
+// (stream_options.include_usage true), and true, for a JSON body that
+// streams ("stream": true) and does not ask: include_usage left out,
+// false or null. The body's other fields are kept (its keys in sorted
+// order). Any other body gets false.
+func askUsage(body []byte) ([]byte, bool) {
+	var v map[string]json.RawMessage
+	if json.Unmarshal(body, &v) != nil || string(v["stream"]) != "true" {
+		return nil, false
+	}
+	opts := map[string]json.RawMessage{}
+	if raw, ok := v["stream_options"]; ok && string(raw) != "null" {
+		if json.Unmarshal(raw, &opts) != nil {
+			return nil, false // not an object: the upstream will say so
+		}
+	}
+	if raw, ok := opts["include_usage"]; ok && string(raw) != "false" && string(raw) != "null" {
+		return nil, false // asked by the client: its usage chunk is its own
+	}
+	opts["include_usage"] = json.RawMessage("true")
+	v["stream_options"], _ = json.Marshal(opts)
+	out, err := json.Marshal(v)
+	if err != nil {
+		return nil, false
+	}
+	return out, true
+}
+
+// dropUsage takes the usage chunk out of resp's body if it is a stream
+// of server-sent events.
+func dropUsage(resp *http.Response) {
+	if mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type")); mt != "text/event-stream" {
+		return
+	}
+	resp.Body = &usageDropper{rc: resp.Body, r: bufio.NewReader(resp.Body)}
+	// A short stream may come with its length (net/http sets it for a
+	// handler that ends before it flushes): it no longer holds.
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+}
+
+// usageDropper passes a stream of server-sent events through, event by
+// event, without the chunk that carries only the usage (no choices).
+type usageDropper struct {
+	rc      io.ReadCloser
+	r       *bufio.Reader
+	pending []byte // the rest of an event being passed on
+	err     error
+}
+
+func (d *usageDropper) Read(p []byte) (int, error) {
+	for len(d.pending) == 0 {
+		if d.err != nil {
+			return 0, d.err
+		}
+		ev, err := readEvent(d.r)
+		d.err = err
+		if !usageOnly(ev) {
+			d.pending = ev
+		}
+	}
+	n := copy(p, d.pending)
+	d.pending = d.pending[n:]
+	return n, nil
+}
+
+func (d *usageDropper) Close() error { return d.rc.Close() }
+
+// readEvent reads one event: its lines up to and including the blank line
+// that ends it (or what is left at the end of the stream).
+func readEvent(r *bufio.Reader) ([]byte, error) {
+	var ev []byte
+	partial := false // the line so far filled the buffer: what follows is its end
+	for {
+		line, err := r.ReadSlice('\n')
+		ev = append(ev, line...)
+		if err == bufio.ErrBufferFull {
+			partial = true
+			continue
+		}
+		blank := !partial && len(bytes.TrimRight(line, "\r\n")) == 0
+		partial = false
+		if err != nil || blank {
+			return ev, err
+		}
+	}
+}
+
+// usageOnly reports whether an event is a chunk of usage alone:
+// data {"choices":[], "usage":{...}}.
+func usageOnly(ev []byte) bool {
+	if !bytes.Contains(ev, []byte(`"usage"`)) {
+		return false
+	}
+	for line := range bytes.Lines(ev) {
+		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+		if !ok {
+			continue
+		}
+		var v struct {
+			Choices []json.RawMessage `json:"choices"`
+			Usage   json.RawMessage   `json:"usage"`
+		}
+		return json.Unmarshal(data, &v) == nil && len(v.Choices) == 0 && len(v.Usage) > 0 && string(v.Usage) != "null"
+	}
+	return false
+}
