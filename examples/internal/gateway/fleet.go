@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"strconv"
 	"time"
 
@@ -46,6 +47,9 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err e
 	opt, _ := redis.ParseURL(cfg.Fleet.RedisURL) // checked by ParseConfig
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
 	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.Protocol = true, 1, 2
+	if u, err := url.Parse(cfg.Fleet.RedisURL); err == nil && u.Query().Get("pool_size") == "" {
+		opt.PoolSize = max(opt.PoolSize, 64) // a burst of grants claims them at once (see redisstore)
+	}
 	g.rdb = redis.NewClient(opt)
 	return redisstore.New(g.rdb, "tenants"), redisstore.New(g.rdb, "provider"), nil
 }

@@ -24,7 +24,17 @@
 //		ContextTimeoutEnabled: true, // honour each call's context deadline
 //		MaxRetries:            1,
 //		Protocol:              2, // RESP3's push notifications cost a check per call
+//		PoolSize:              64,
 //	})
+//
+// Give it connections enough for a burst of grants, too: admissions share
+// at most two calls and their pipelines, but each waiter granted a lease
+// claims it with a call of its own, at once, so a release or a raised
+// limit that grants many waiters makes as many calls together. With
+// go-redis's default pool (ten connections per GOMAXPROCS) and a server
+// some milliseconds away, those calls wait for a connection, the calls
+// behind them may pass their deadline, and admissions fall back to the
+// fleet's WithUnavailable meanwhile.
 //
 // Without persistence, a restart of the server loses every lease: the
 // fleet tells it by an epoch kept beside the keys, and new admissions wait
