@@ -54,6 +54,21 @@
 //
 // Each change of a cap, with its evidence, is an event for
 // Gate.OnLimitChange, which this adapter leaves to the program.
+//
+// # Budgets per minute
+//
+// A Budgets exports budgets per minute, read at each scrape: a Gate's
+// (GateBudgets), and any of the program's own (a tenant's pacing.Budget, a
+// fleet's):
+//
+//	prometheus.MustRegister(inflightprom.NewBudgets(func() []inflightprom.Budget {
+//		return inflightprom.GateBudgets(gate)
+//	}))
+//
+//	inflight_budget_tokens_left     gauge tokens left over the last minute (below 0 in debt), by cap and budget
+//	inflight_budget_tokens_limit    gauge a token budget per minute, by cap and budget
+//	inflight_budget_requests_left   gauge requests left over the last minute, by cap
+//	inflight_budget_requests_limit  gauge a budget of requests per minute, by cap
 package inflightprom
 
 import (

@@ -18,12 +18,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 // budgetsTokens reports whether the provider's policy has a budget per
@@ -56,33 +55,13 @@ func (g *Gateway) budgetAnswer(resp *http.Response) {
 	}
 }
 
-// registerBudgets exports the provider's and models' budgets:
-// inflight_budget_tokens_left and inflight_budget_tokens_limit, labelled
-// cap ("provider", "model:<name>", "api_key:<id>") and budget
-// (tokens_per_minute, input_tokens_per_minute, output_tokens_per_minute),
-// and inflight_budget_requests_left and _limit (max_requests_per_minute),
-// labelled cap. With a fleet, its budgets are the provider's and the
-// models': what the store's last answers to this gateway counted
-// (fleet.Budget.Status).
+// registerBudgets exports the Gate's budgets (inflightprom.Budgets:
+// caps "provider", "model:<name>", "api_key:<id>") and, with a fleet, its
+// provider's and models' as the store's last answers to this gateway
+// counted them (fleet.Budget.Status).
 func (g *Gateway) registerBudgets() {
-	left := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_left",
-		Help: "Tokens left of a budget over the last minute (negative in debt), by cap and budget."}, []string{"cap", "budget"})
-	limit := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_tokens_limit",
-		Help: "A token budget per minute, by cap and budget."}, []string{"cap", "budget"})
-	reqLeft := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_requests_left",
-		Help: "Requests left of a budget of requests per minute (max_requests_per_minute) over the last minute, by cap."}, []string{"cap"})
-	reqLimit := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_budget_requests_limit",
-		Help: "A budget of requests per minute (max_requests_per_minute), by cap."}, []string{"cap"})
-	set := func(c, budget string, l, n int) {
-		if budget == pacing.CapMaxRequestsPerMinute {
-			reqLeft.WithLabelValues(c).Set(float64(n))
-			reqLimit.WithLabelValues(c).Set(float64(l))
-			return
-		}
-		left.WithLabelValues(c, budget).Set(float64(n))
-		limit.WithLabelValues(c, budget).Set(float64(l))
-	}
-	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
+	g.metrics.MustRegister(inflightprom.NewBudgets(func() []inflightprom.Budget {
+		var out []inflightprom.Budget
 		if fb := g.fleetBudgets; fb != nil {
 			each := func(c string, b *fleet.Budget) {
 				if b == nil {
@@ -91,7 +70,7 @@ func (g *Gateway) registerBudgets() {
 				st := b.Status()
 				for i, l := range st.Limits {
 					if l > 0 {
-						set(c, pacing.BudgetCap(i), l, st.Left[i])
+						out = append(out, inflightprom.Budget{Cap: c, Budget: pacing.BudgetCap(i), Left: st.Left[i], Limit: l})
 					}
 				}
 			}
@@ -100,19 +79,7 @@ func (g *Gateway) registerBudgets() {
 				each("model:"+name, b)
 			}
 		}
-		for _, b := range g.gate.Budgets() {
-			c := "provider"
-			switch {
-			case b.Model != "":
-				c = "model:" + b.Model
-			case b.Key != "":
-				c = "api_key:" + b.Key
-			}
-			set(c, b.Cap, b.Limit, b.Left)
-		}
-		for _, v := range []*prometheus.GaugeVec{left, limit, reqLeft, reqLimit} {
-			v.Collect(ch)
-		}
+		return append(out, inflightprom.GateBudgets(g.gate)...)
 	}))
 }
 
