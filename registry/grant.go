@@ -150,6 +150,12 @@ func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
 		if blockedLocked(e, w.Class, w.Seq, n) {
 			return false
 		}
+		if !multi && n > 1 && !e.lane.CanTake(w.Class, n) {
+			// It keeps its place by arrival (keptFrom), as a multi-key
+			// waiter's other keys see it (heavyAheadLocked), not by the
+			// queue's order: those that came before it may still go.
+			return false
+		}
 		return !multi || m.canTake(w.Class, w.Seq, n)
 	})
 }

@@ -65,19 +65,36 @@ func (r *Registry[K]) servableWaiter() string {
 // Random acquisitions (one key or two, random classes and flows), releases,
 // cancellations and limit changes, with shares, each step let to settle: no
 // waiter is ever left queued while it could be served.
-func TestNoServableWaiterLeft(t *testing.T) { checkNoServableWaiterLeft(t, 1) }
+func TestNoServableWaiterLeft(t *testing.T) { checkNoServableWaiterLeft(t, 1, true) }
 
 // The same with callers weighing 1 to 3 units: none is left queued while
 // it could be served in order, and a caller too heavy for a key is refused.
-func TestNoServableWaiterLeftWithUnits(t *testing.T) { checkNoServableWaiterLeft(t, 3) }
+func TestNoServableWaiterLeftWithUnits(t *testing.T) { checkNoServableWaiterLeft(t, 3, true) }
 
-func checkNoServableWaiterLeft(t *testing.T, maxUnits int) {
-	for seed := range uint64(100) {
+// The same without shares, with callers weighing up to 2 and up to 4
+// units and limits of 2 to 5. A heavy waiter for one key, first in that
+// key's order but after a multi-key waiter by arrival, once left the
+// older multi-key waiter queued when a slot freed on that key, although
+// its other key had room (it was served only by the next event there).
+func TestNoServableWaiterLeftWithUnitsNoShares(t *testing.T) {
+	for _, n := range []int{2, 4} {
+		t.Run(fmt.Sprint(n, " units"), func(t *testing.T) { checkNoServableWaiterLeft(t, n, false) })
+	}
+}
+
+func checkNoServableWaiterLeft(t *testing.T, maxUnits int, shares bool) {
+	for seed := range uint64(200) {
 		testrig.Bubble(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
-			reg := New[string](3, WithShards(4),
-				slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1 + rng.IntN(2)}),
-				slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: rng.IntN(2)}))
+			opts := []Option{WithShards(4)}
+			limit := 3
+			if shares {
+				opts = append(opts, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1 + rng.IntN(2)}),
+					slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: rng.IntN(2)}))
+			} else {
+				limit = 2 + int(seed%4)
+			}
+			reg := New[string](limit, opts...)
 			keys := []string{"p", "m0", "m1", "m2"}
 			prios := []slots.Priority{slots.PriorityInteractive, slots.PriorityDefault, slots.PriorityBatch}
 			var mu sync.Mutex
