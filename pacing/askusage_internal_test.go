@@ -37,9 +37,28 @@ func TestAskUsage(t *testing.T) {
 			assert.Equal(t, tc.body, string(got), "sent as it came")
 		}
 	}
-	big := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(strings.Repeat(" ", MaxModelBody+1)))
-	_, _, err := askUsageOf(big)
-	assert.ErrorContains(t, err, "over")
+	// Larger than it reads: sent as it came, whole.
+	huge := `{"stream":true,"x":"` + strings.Repeat("a", MaxModelBody) + `"}`
+	out, asked, err := askUsageOf(httptest.NewRequest(http.MethodPost, "/", strings.NewReader(huge)))
+	require.NoError(t, err)
+	assert.False(t, asked)
+	got, err := io.ReadAll(out.Body)
+	require.NoError(t, err)
+	assert.Equal(t, huge, string(got))
+	require.NoError(t, out.Body.Close())
+
+	// Not JSON: not read at all.
+	form := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"stream":true}`))
+	form.Header.Set("Content-Type", "multipart/form-data; boundary=x")
+	out, asked, err = askUsageOf(form)
+	require.NoError(t, err)
+	assert.False(t, asked)
+	assert.Same(t, form, out)
+	js := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"stream":true}`))
+	js.Header.Set("Content-Type", "application/json; charset=utf-8")
+	_, asked, err = askUsageOf(js)
+	require.NoError(t, err)
+	assert.True(t, asked, "JSON with its charset")
 }
 
 // askUsage on bodies a client may send: spacing, a string "true",

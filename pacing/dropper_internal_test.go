@@ -76,3 +76,27 @@ func TestUsageDropperBufferBoundary(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "data: [DONE]\n\n", string(got))
 }
+
+// An event longer than the dropper holds is passed on as it comes, before
+// its end, and is never taken for the usage chunk, however it ends; the
+// events after it are judged as before.
+func TestUsageDropperLongEvent(t *testing.T) {
+	pr, pw := io.Pipe()
+	d := &usageDropper{rc: pr, r: bufio.NewReader(pr)}
+	long := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1},\"pad\":\"" + strings.Repeat("x", 3*maxHeldEvent)
+	go func() {
+		pw.Write([]byte(long)) // no end yet
+	}()
+	first := make([]byte, 4096)
+	n, err := io.ReadFull(d, first)
+	require.NoError(t, err, "passed on before the event ends")
+	assert.Equal(t, long[:n], string(first[:n]))
+	usage := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n"
+	go func() {
+		pw.Write([]byte("\"}\n\n" + usage + "data: [DONE]\n\n"))
+		pw.Close()
+	}()
+	rest, err := io.ReadAll(d)
+	require.NoError(t, err)
+	assert.Equal(t, long+"\"}\n\ndata: [DONE]\n\n", string(first[:n])+string(rest), "the long one whole, the usage chunk after it dropped")
+}

@@ -13,19 +13,18 @@ import (
 	"io"
 	"mime"
 	"net/http"
-
-	"github.com/inflight-go/inflight/slots"
 )
 
 // WithStreamUsage makes a Transport ask each streamed request admitted
 // under WithTokens for its usage, when its JSON body does not ask already
 // ("stream": true without stream_options.include_usage, as OpenAI's API
-// reads it), so that its budgets are settled with what it used rather
-// than with its estimate. The client, who did not ask, gets the stream
-// without the chunk that carries the usage alone (and without a
-// Content-Length, which no longer holds). The body is read into memory
-// to be rewritten, up to MaxModelBody (a larger one fails with a
-// *slots.BadRequestError, nothing sent); other bodies are sent as they
+// reads it; an upstream that does not know the field may refuse it, so
+// this is for OpenAI-compatible upstreams), so that its budgets are
+// settled with what it used rather than with its estimate. The client, who did not ask, gets the stream without the
+// chunk that carries the usage alone (and without a Content-Length, which
+// no longer holds). The body is read into memory to be rewritten, before
+// the request waits for admission, if its Content-Type is JSON (or not
+// given) and it is at most MaxModelBody; other bodies are sent as they
 // came.
 func WithStreamUsage() TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.streamUsage = true })
@@ -37,20 +36,29 @@ func askUsageOf(req *http.Request) (*http.Request, bool, error) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return req, false, nil
 	}
+	if ct := req.Header.Get("Content-Type"); ct != "" {
+		if mt, _, _ := mime.ParseMediaType(ct); mt != "application/json" {
+			return req, false, nil
+		}
+	}
 	buf, err := io.ReadAll(io.LimitReader(req.Body, MaxModelBody+1))
-	req.Body.Close()
 	if err != nil {
+		req.Body.Close()
 		return nil, false, fmt.Errorf("pacing: reading the request body: %w", err)
 	}
-	if len(buf) > MaxModelBody {
-		return nil, false, &slots.BadRequestError{Status: http.StatusRequestEntityTooLarge,
-			Reason: fmt.Sprintf("the request body is over %d bytes", MaxModelBody)}
+	out := req.Clone(req.Context())
+	if len(buf) > MaxModelBody { // sent as it came: what was read, then the rest
+		out.Body = struct {
+			io.Reader
+			io.Closer
+		}{io.MultiReader(bytes.NewReader(buf), req.Body), req.Body}
+		return out, false, nil
 	}
+	req.Body.Close()
 	asked := false
 	if b, ok := askUsage(buf); ok {
 		buf, asked = b, true
 	}
-	out := req.Clone(req.Context())
 	out.Body = io.NopCloser(bytes.NewReader(buf))
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
 	out.ContentLength = int64(len(buf))
@@ -99,24 +107,33 @@ func dropUsage(resp *http.Response) {
 }
 
 // usageDropper passes a stream of server-sent events through, event by
-// event, without the chunk that carries only the usage (no choices).
+// event, without the chunk that carries only the usage (no choices). An
+// event longer than maxHeldEvent cannot be that chunk: what was read of
+// it is passed on, and the rest as it comes.
 type usageDropper struct {
 	rc      io.ReadCloser
 	r       *bufio.Reader
 	pending []byte // the rest of an event being passed on
+	passing bool   // within an event too long to hold: passed on as read
+	midLine bool   // and within one of its lines
 	err     error
 }
+
+// maxHeldEvent bounds the event a usageDropper holds to look at whole: a
+// usage chunk is some hundred bytes.
+const maxHeldEvent = 64 << 10
 
 func (d *usageDropper) Read(p []byte) (int, error) {
 	for len(d.pending) == 0 {
 		if d.err != nil {
 			return 0, d.err
 		}
-		ev, err := readEvent(d.r)
+		ev, ended, err := d.readEvent()
 		d.err = err
-		if !usageOnly(ev) {
+		if d.passing || !ended || !usageOnly(ev) {
 			d.pending = ev
 		}
+		d.passing = !ended
 	}
 	n := copy(p, d.pending)
 	d.pending = d.pending[n:]
@@ -125,22 +142,25 @@ func (d *usageDropper) Read(p []byte) (int, error) {
 
 func (d *usageDropper) Close() error { return d.rc.Close() }
 
-// readEvent reads one event: its lines up to and including the blank line
-// that ends it (or what is left at the end of the stream).
-func readEvent(r *bufio.Reader) ([]byte, error) {
-	var ev []byte
-	partial := false // the line so far filled the buffer: what follows is its end
+// readEvent reads one event, or the rest of one: its lines up to and
+// including the blank line that ends it (or what is left at the end of
+// the stream), and reports whether it ended; past maxHeldEvent bytes it
+// returns what it read, not ended.
+func (d *usageDropper) readEvent() (ev []byte, ended bool, err error) {
 	for {
-		line, err := r.ReadSlice('\n')
+		line, err := d.r.ReadSlice('\n')
 		ev = append(ev, line...)
 		if err == bufio.ErrBufferFull {
-			partial = true
-			continue
+			d.midLine = true // what follows is the end of this line
+		} else {
+			blank := !d.midLine && len(bytes.TrimRight(line, "\r\n")) == 0
+			d.midLine = false
+			if err != nil || blank {
+				return ev, true, err
+			}
 		}
-		blank := !partial && len(bytes.TrimRight(line, "\r\n")) == 0
-		partial = false
-		if err != nil || blank {
-			return ev, err
+		if len(ev) > maxHeldEvent {
+			return ev, false, nil
 		}
 	}
 }

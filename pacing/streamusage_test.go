@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // sseUpstream streams a short answer as OpenAI does, with the usage chunk
@@ -59,16 +60,22 @@ func TestTransportStreamUsage(t *testing.T) {
 	var asked []bool
 	up := sseUpstream(t, &mu, &asked)
 	sentAsking := func() []bool { mu.Lock(); defer mu.Unlock(); return slices.Clone(asked) }
-	send := func(client *http.Client, weighed bool, body string) (string, int64) {
+	send := func(client *http.Client, weighed bool, body string, opts ...func(context.Context) context.Context) (string, int64) {
 		ctx := pacing.WithModelName(context.Background(), "m")
 		if weighed {
 			ctx = pacing.WithTokens(ctx, pacing.Tokens{Input: 10, Output: 100})
+		}
+		for _, o := range opts {
+			ctx = o(ctx)
 		}
 		req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.URL, strings.NewReader(body))
 		require.NoError(t, err)
 		resp, err := client.Do(req)
 		require.NoError(t, err)
 		defer resp.Body.Close()
+		if resp.ContentLength < 0 {
+			assert.Empty(t, resp.Header.Get("Content-Length"), "no length that no longer holds")
+		}
 		got, err := io.ReadAll(resp.Body)
 		require.NoError(t, err, "the whole stream, no unexpected EOF")
 		return string(got), resp.ContentLength
@@ -90,6 +97,9 @@ func TestTransportStreamUsage(t *testing.T) {
 
 	send(client, false, `{"model":"m","stream":true}`)
 	assert.Equal(t, []bool{true, true, false}, sentAsking(), "not weighed: sent as it came")
+
+	got, _ = send(client, true, `{"model":"m","stream":true}`, slots.WithoutSlot)
+	assert.NotContains(t, got, `"usage"`, "without a slot: asked, and kept from the client all the same")
 
 	g = newGate(t, cfg)
 	plain := &http.Client{Transport: pacing.NewTransport(up.Client().Transport, g)}

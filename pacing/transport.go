@@ -355,9 +355,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			t.gate.Settle(x.grant, used) // nothing for a bypass
 			settled(Settlement{Served: true, Used: used})
 		})
-		if x.dropUsage {
-			dropUsage(resp) // read by WatchUsage, kept from the client
-		}
+	}
+	if x.dropUsage && err == nil && resp.StatusCode/100 == 2 {
+		dropUsage(resp) // read by WatchUsage if weighed, kept from the client who did not ask
 	}
 	return resp, err
 }

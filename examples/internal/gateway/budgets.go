@@ -45,14 +45,20 @@ func budgetsTokens(p pacing.Config) bool {
 	return false
 }
 
-// budgetAnswer adds the fleet's budgets' rate-limit headers to an
-// upstream's answer (the Gate's are the Transport's:
-// pacing.WithRateLimitHeaders): what they had left when the request was
-// reserved.
+// budgetAnswer adds, with a fleet, the rate-limit headers of the fleet's
+// budgets (what they had left when the request was reserved) and of the
+// Gate's own (its API keys'); without one they are the Transport's
+// (pacing.WithRateLimitHeaders).
 func (g *Gateway) budgetAnswer(resp *http.Response) {
-	if x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange); g.fleetBudgets != nil && x != nil && x.spent != nil {
-		pacing.SetRateLimitHeaders(resp.Header, x.spent.fleetLeft(), "", "")
+	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
+	if g.fleetBudgets == nil || x == nil || x.spent == nil {
+		return
 	}
+	var key string
+	if x.admitted != nil {
+		key = x.admitted.Grant.Key
+	}
+	pacing.SetRateLimitHeaders(resp.Header, append(x.spent.fleetLeft(), g.gate.Budgets()...), x.model, key)
 }
 
 // registerBudgets exports the Gate's budgets (inflightprom.Budgets:

@@ -190,3 +190,18 @@ func testGatewayFleetRequestsBudget(t *testing.T, store string) {
 		assert.Contains(t, scrape(t, &http.Client{}, url), fmt.Sprintf(`inflight_budget_requests_limit{cap="provider"} %d`, perMinute))
 	}
 }
+
+// With a fleet, an answer's rate-limit headers tell the tightest of the
+// fleet's budgets and the Gate's own (its API keys', which stay per
+// gateway).
+func TestGatewayFleetRateLimitHeadersWithKeyBudgets(t *testing.T) {
+	up, _ := countingUpstream(t)
+	srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
+		"provider": {"max_requests_per_minute": 100, "api_keys": [{"id": "k1", "max_requests_per_minute": 3}]},
+		"orgs": {"default_limit": 10},
+		"fleet": {`+fleetStores["redis"](t)+`}}`)
+	resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, nil)
+	require.Equal(t, http.StatusOK, resp.StatusCode)
+	assert.Equal(t, "3", resp.Header.Get("X-Ratelimit-Limit-Requests"), "the key's budget, tighter than the fleet's provider budget")
+	assert.Equal(t, "2", resp.Header.Get("X-Ratelimit-Remaining-Requests"))
+}
