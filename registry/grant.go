@@ -151,10 +151,7 @@ func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
 			return false
 		}
 		if !multi && n > 1 && !e.lane.CanTake(w.Class, n) {
-			// It keeps its place by arrival (keptFrom), as a multi-key
-			// waiter's other keys see it (heavyAheadLocked), not by the
-			// queue's order: those that came before it may still go.
-			return false
+			return false // its place is kept by arrival (keptFrom), as heavyAheadLocked sees it from other keys
 		}
 		return !multi || m.canTake(w.Class, w.Seq, n)
 	})
