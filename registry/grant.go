@@ -106,7 +106,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 		var best *core.Waiter
 		var from *entry[K]
 		for _, e := range entries {
-			w := r.candidateLocked(e)
+			w := r.candidateLocked(e, nil)
 			if w != nil && (best == nil || core.Rank(w.Class) < core.Rank(best.Class) ||
 				w.Class == best.Class && w.Seq < best.Seq) {
 				best, from = w, e
@@ -128,6 +128,9 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 		var counted []*core.Waiter
 		for _, e := range m.entries {
 			counted = passLocked(e, best.Class, best.Seq, counted)
+			if !slices.Contains(entries, e) { // its flow's turn there changed whom a heavy waiter stops
+				entries = append(slices.Clip(entries), e)
+			}
 		}
 		best.Hold.At = now
 		r.holdMultiLocked(best.Hold, m)
@@ -138,8 +141,10 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 
 // candidateLocked returns the waiter of e to serve next, or nil: the
 // first in e's order that no older multi-key waiter keeps the slot from
-// and that, if it needs other keys too, may take a slot of each.
-func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
+// and that, if it needs other keys too, may take a slot of each. With
+// only, it comes to only, or to a heavy waiter for e alone that would
+// stop e's grant loop before only (see canTake).
+func (r *Registry[K]) candidateLocked(e *entry[K], only *core.Waiter) *core.Waiter {
 	keptFrom := r.keptFromLocked(e)
 	return e.lane.Candidate(func(w *core.Waiter) bool {
 		if keptFrom != nil && kept(e, keptFrom, w) {
@@ -147,13 +152,13 @@ func (r *Registry[K]) candidateLocked(e *entry[K]) *core.Waiter {
 		}
 		n := w.Hold.Units()
 		m, multi := w.Hold.Owner.(*multi[K])
-		if blockedLocked(e, w.Class, w.Seq, n) {
+		switch {
+		case blockedLocked(e, w.Class, w.Seq, n):
 			return false
+		case only != nil:
+			return w == only || n > 1 && !multi
 		}
-		if !multi && n > 1 && !e.lane.CanTake(w.Class, n) {
-			return false // its place is kept by arrival (keptFrom), as heavyAheadLocked sees it from other keys
-		}
-		return !multi || m.canTake(w.Class, w.Seq, n)
+		return !multi || m.canTake(w, n)
 	})
 }
 
@@ -205,11 +210,13 @@ func kept[K comparable](e *entry[K], from *[core.NumClasses]uint64, w *core.Wait
 	return false
 }
 
-// canTake reports whether m's waiter, of class c and arrival seq, may take
-// n units of every key it needs now.
-func (m *multi[K]) canTake(c uint8, seq uint64, n int) bool {
+// canTake reports whether m's waiter w may take n units of every key it
+// needs now: room, none kept for an urgent multi-key waiter, and no heavy
+// waiter keeping its place before w in the key's order, so that every key
+// judges w by its own order, whichever key an event is on.
+func (m *multi[K]) canTake(w *core.Waiter, n int) bool {
 	for _, e := range m.entries {
-		if !e.lane.CanTake(c, n) || blockedLocked(e, c, seq, n) || heavyAheadLocked(e, c, seq) && !e.lane.Short(c) {
+		if !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) || e.lane.HeavyAhead(w.Class) && m.r.candidateLocked(e, w) != w {
 			return false
 		}
 	}

@@ -75,11 +75,10 @@ func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64, n int) bool {
 }
 
 // heavyAheadLocked reports whether a waiter for e alone weighing more
-// than one unit, that goes before a caller of class c that arrived at seq
-// (of a higher class, or of c's and older), queues on e: it keeps its
-// place, so the caller may not take e's units before it (core.Lane.Candidate).
-// Call with e's shard held.
-func heavyAheadLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
+// than one unit, of class c or a higher one, queues on e: it keeps its
+// place (core.Lane.Candidate), so a newcomer of class c may not take e's
+// units before it. Call with e's shard held.
+func heavyAheadLocked[K comparable](e *entry[K], c uint8) bool {
 	if !e.lane.HeavyAhead(c) {
 		return false
 	}
@@ -88,11 +87,7 @@ func heavyAheadLocked[K comparable](e *entry[K], c uint8, seq uint64) bool {
 			break
 		}
 		for el := range e.lane.Waiters.Class(d) {
-			w := el.Value
-			if _, multi := w.Hold.Owner.(*multi[K]); w.Hold.Extra == 0 || multi {
-				continue
-			}
-			if d != c || w.Seq < seq {
+			if _, multi := el.Value.Hold.Owner.(*multi[K]); el.Value.Hold.Extra > 0 && !multi {
 				return true
 			}
 		}
@@ -130,7 +125,7 @@ func admitsLocked[K comparable](e *entry[K], c uint8, n int) bool {
 	if e.lane.Multi == 0 {
 		return e.lane.Admits(c, n)
 	}
-	return e.lane.CanTake(c, n) && !(heavyAheadLocked(e, c, newcomer) && !e.lane.Short(c)) && !blockedLocked(e, c, newcomer, n)
+	return e.lane.CanTake(c, n) && !(heavyAheadLocked(e, c) && !e.lane.Short(c)) && !blockedLocked(e, c, newcomer, n)
 }
 
 // TryAcquireAll is AcquireAll without waiting: it admits under every key if

@@ -41,7 +41,7 @@ func (r *Registry[K]) servableWaiter() string {
 						if blockedLocked(e, c, w.Seq, 1) {
 							continue
 						}
-						if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(c, w.Seq, 1) {
+						if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(w, 1) {
 							continue
 						}
 						msg += fmt.Sprintf("key %v: a class %d waiter could be served (limit %d, %d holders, %d waiting)\n",
@@ -52,7 +52,7 @@ func (r *Registry[K]) servableWaiter() string {
 			}
 			// With heavier waiters, what the grant loop would choose now
 			// (candidateLocked; its rules are tested apart).
-			w := r.candidateLocked(e)
+			w := r.candidateLocked(e, nil)
 			if w != nil {
 				msg += fmt.Sprintf("key %v: a class %d waiter of %d units could be served (limit %d, %d units held, %d waiting)\n",
 					e.key, w.Class, w.Hold.Units(), e.lane.Limit, e.lane.Holders.Units(), e.lane.Waiters.Len())
@@ -73,9 +73,10 @@ func TestNoServableWaiterLeftWithUnits(t *testing.T) { checkNoServableWaiterLeft
 
 // The same without shares, with callers weighing up to 2 and up to 4
 // units and limits of 2 to 5. A heavy waiter for one key, first in that
-// key's order but after a multi-key waiter by arrival, once left the
-// older multi-key waiter queued when a slot freed on that key, although
-// its other key had room (it was served only by the next event there).
+// key's order (its flow's turn) but after a multi-key waiter by arrival,
+// stopped that key's grant loop, while the multi-key waiter's other key
+// judged by arrival that it could go: left queued by a release on the
+// first key, it was served by the next event on the other.
 func TestNoServableWaiterLeftWithUnitsNoShares(t *testing.T) {
 	for _, n := range []int{2, 4} {
 		t.Run(fmt.Sprint(n, " units"), func(t *testing.T) { checkNoServableWaiterLeft(t, n, false) })
@@ -83,7 +84,11 @@ func TestNoServableWaiterLeftWithUnitsNoShares(t *testing.T) {
 }
 
 func checkNoServableWaiterLeft(t *testing.T, maxUnits int, shares bool) {
-	for seed := range uint64(200) {
+	seeds := uint64(200)
+	if !shares {
+		seeds = 3000 // seed 2646 of 4 units left one (a multi-key grant on another key changed a flow's turn)
+	}
+	for seed := range seeds {
 		testrig.Bubble(t, func(t *testing.T) {
 			rng := rand.New(rand.NewPCG(seed, 7))
 			opts := []Option{WithShards(4)}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"math/rand/v2"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -276,4 +277,46 @@ func TestRegistryUnitsAllocs(t *testing.T) {
 		s.Release()
 	})
 	assert.LessOrEqual(t, allocs, 1.0, "TryAcquireN+Release allocates the Slot only")
+}
+
+// A heavy waiter on one key is served in the key's order, as a Limiter
+// serves it: an interactive caller of 2 units goes before 100 older batch
+// waiters, and a flow's caller of 2 units goes after one turn of another
+// flow's 100 older waiters, not after all of them (no shares).
+func TestRegistryHeavyWaiterServedInOrderAsTheLimiter(t *testing.T) {
+	type units struct{}
+	for name, waiting := range map[string]context.Context{
+		"class": batch,
+		"flow":  slots.WithFlow(context.Background(), "A"),
+	} {
+		heavy := context.WithValue(interactive, units{}, 2)
+		if name == "flow" {
+			heavy = context.WithValue(slots.WithFlow(context.Background(), "B"), units{}, 2)
+		}
+		for _, owner := range []string{"registry", "limiter"} {
+			t.Run(name+"/"+owner, func(t *testing.T) {
+				testrig.Bubble(t, func(t *testing.T) {
+					reg, l := registry.New[string](4), slots.NewLimiter(4)
+					r := testrig.New(t, func(ctx context.Context) (*slots.Slot, error) {
+						n, _ := ctx.Value(units{}).(int)
+						n = max(n, 1)
+						if owner == "limiter" {
+							return l.AcquireN(ctx, n)
+						}
+						return reg.AcquireN(ctx, "p", n)
+					})
+					for range 104 { // 4 hold, 100 wait
+						r.Add(waiting, "older")
+					}
+					r.Add(heavy, "heavy")
+					for range 30 {
+						r.ReleaseOldest()
+					}
+					pos := slices.Index(r.Order(), "heavy")
+					assert.True(t, pos >= 4 && pos <= 6, "granted at %d (-1: not yet), the first 4 holding before it", pos)
+					r.ReleaseAll()
+				})
+			})
+		}
+	}
 }
