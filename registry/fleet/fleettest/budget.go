@@ -99,24 +99,7 @@ func budgetShared(t *testing.T, srv Server) {
 
 	const limit, cost = 2000, 7
 	hammer := budgets(t, srv, name, "hammer", upstream.BudgetLimits{TokensPerMinute: limit}, 2)
-	var mu sync.Mutex
-	charged := 0
-	var wg sync.WaitGroup
-	for g := range 8 {
-		wg.Go(func() {
-			for range 60 {
-				_, err := hammer[g%2].Reserve(ctx, upstream.Tokens{Input: cost})
-				if err == nil {
-					mu.Lock()
-					charged += cost
-					mu.Unlock()
-				} else if !assert.ErrorIs(t, err, upstream.ErrOverBudget) {
-					return
-				}
-			}
-		})
-	}
-	wg.Wait()
+	charged := cost * reserveAtOnce(t, hammer, 60, upstream.Tokens{Input: cost})
 	used, err = hammer[0].Used(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, charged, used[0], "the store counts what was charged")
@@ -169,16 +152,27 @@ func budgetRequests(t *testing.T, srv Server) {
 
 	const limit, cost = 40, 7
 	hammer := budgets(t, srv, name, "hammer", upstream.BudgetLimits{TokensPerMinute: 100_000, MaxRequestsPerMinute: limit}, 2)
+	admitted := reserveAtOnce(t, hammer, 10, upstream.Tokens{Input: cost})
+	used, err = hammer[0].Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, limit, admitted, "80 asked: exactly the limit admitted")
+	assert.Equal(t, [4]int{limit * cost, limit * cost, 0, limit}, used, "the refused took back their tokens")
+}
+
+// reserveAtOnce has 8 goroutines, spread over the processes' budgets bs,
+// each reserve cost n times, and returns how many reservations were
+// charged; every other must be refused for the budget.
+func reserveAtOnce(t *testing.T, bs []*fleet.Budget, n int, cost upstream.Tokens) int {
 	var mu sync.Mutex
-	admitted := 0
+	charged := 0
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
-			for range 10 {
-				_, err := hammer[g%2].Reserve(ctx, upstream.Tokens{Input: cost})
+			for range n {
+				_, err := bs[g%len(bs)].Reserve(context.Background(), cost)
 				if err == nil {
 					mu.Lock()
-					admitted++
+					charged++
 					mu.Unlock()
 				} else if !assert.ErrorIs(t, err, upstream.ErrOverBudget) {
 					return
@@ -187,8 +181,5 @@ func budgetRequests(t *testing.T, srv Server) {
 		})
 	}
 	wg.Wait()
-	used, err = hammer[0].Used(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, limit, admitted, "80 asked: exactly the limit admitted")
-	assert.Equal(t, [4]int{limit * cost, limit * cost, 0, limit}, used, "the refused took back their tokens")
+	return charged
 }
