@@ -56,10 +56,11 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 	// set is nil while sh.mu alone is held; beside multi-key waiters it is
 	// the shards held, with multiMu (lockBeside).
 	var set []int
+	var serve []*entry[K]
 	e := sh.lookup(key, hash)
 	if e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
-		e, set = r.lockBeside(sh, key, hash, &wk)
+		e, set, serve = r.lockBeside(sh, key, hash, &wk)
 		if ctx != nil && r.eng.Shares == nil {
 			place = core.PlaceOf(ctx) // the class matters beside them
 			h.Class = place.Class
@@ -80,6 +81,9 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 				passLocked(e, h.Class, newcomer, nil)
 			}
 			sh.holdLocked(r, e, h, &h.Idx)
+			if anyHeavy(serve) {
+				r.grantLocked(serve, &wk)
+			}
 			d = core.Admit()
 		} else {
 			d = r.refuseOrQueueLocked(ctx, key, e, h, n, place, &wk)
@@ -132,18 +136,18 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 // neither passes one that could be served nor takes a slot kept for one
 // (admitsLocked). It returns key's entry (nil if it went meanwhile) and the
 // shards it locked.
-func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64, wk *core.Wakes) (*entry[K], []int) {
+func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64, wk *core.Wakes) (*entry[K], []int, []*entry[K]) {
 	r.multiMu.Lock()
 	sh.mu.Lock()
 	e := sh.lookup(key, hash)
 	if e == nil || e.lane.Multi == 0 {
-		return e, []int{sh.idx}
+		return e, []int{sh.idx}, nil
 	}
 	// Its multi-key waiters leave only under multiMu, so e stays live.
 	sh.mu.Unlock()
 	set, serve := r.lockForGrant([]*entry[K]{e}, nil)
 	r.grantLocked(serve, wk)
-	return e, set
+	return e, set, serve
 }
 
 // refusalLocked returns why a caller of class c weighing n units, of

@@ -49,7 +49,7 @@ func (r *Registry[K]) lockForGrant(entries []*entry[K], also []int) ([]int, []*e
 			for el := e.multis.Front(); el != nil; el = el.Next() {
 				m := el.Value.Hold.Owner.(*multi[K])
 				need = append(need, m.shards...)
-				if r.eng.Shares == nil && !m.urgent() {
+				if r.eng.Shares == nil && !m.urgent() && !anyHeavy(m.entries) {
 					continue
 				}
 				if in == nil {
@@ -128,9 +128,6 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 		var counted []*core.Waiter
 		for _, e := range m.entries {
 			counted = passLocked(e, best.Class, best.Seq, counted)
-			if !slices.Contains(entries, e) { // its flow's turn there changed whom a heavy waiter stops
-				entries = append(slices.Clip(entries), e)
-			}
 		}
 		best.Hold.At = now
 		r.holdMultiLocked(best.Hold, m)

@@ -209,7 +209,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	set := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
+	set, serve := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
 	defer r.unlockShards(set)
 	if core.Ended(ctx) {
 		return core.Cancel()
@@ -224,6 +224,9 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 			counted = passLocked(e, h.Class, newcomer, counted)
 		}
 		r.holdMultiLocked(h, m)
+		if serve = append(serve, m.entries...); anyHeavy(serve) {
+			r.grantLocked(serve, &wk)
+		}
 		return core.Admit()
 	}
 	if rej := r.refuseAllLocked(ctx, m, keys, full, h.Class, n, place.Flow); rej != nil {
@@ -321,7 +324,7 @@ func queueMultiLocked[K comparable](m *multi[K], w *core.Waiter) {
 // and, if multi-key waiters queue on any of its keys, theirs too, and
 // serves what they can take now, as lockBeside does for one key. It
 // returns the shards it locked.
-func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, hashes []uint64, wk *core.Wakes) []int {
+func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, hashes []uint64, wk *core.Wakes) ([]int, []*entry[K]) {
 	r.lockShards(shards)
 	var beside []*entry[K]
 	for i, k := range keys {
@@ -330,13 +333,13 @@ func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, has
 		}
 	}
 	if beside == nil {
-		return shards
+		return shards, nil
 	}
 	// Their multi-key waiters leave only under multiMu: they stay live.
 	r.unlockShards(shards)
 	set, serve := r.lockForGrant(beside, shards)
 	r.grantLocked(serve, wk)
-	return set
+	return set, serve
 }
 
 // entriesLocked fills m.entries, creating the lanes that do not exist yet.

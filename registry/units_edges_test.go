@@ -2,6 +2,8 @@ package registry_test
 
 import (
 	"context"
+	"fmt"
+	"sync"
 	"testing"
 	"testing/synctest"
 
@@ -192,5 +194,76 @@ func TestUnitsRegistryOwedClassPassesHeavyWaiter(t *testing.T) {
 		d3.Release()
 		reg.ClearLimit("p")
 		assert.Equal(t, 0, reg.Keys())
+	})
+}
+
+// A multi-key waiter m2 (C and B) waits on B behind a heavy waiter H that
+// comes first in B's order (its flow's turn); once m (A and B, H's flow)
+// is granted through A, H's flow has had its turn and m2 comes first: it
+// is granted in the same pass, and that pass holds C's lock while it does
+// (a caller on another key of C's shard runs beside it, under -race).
+func TestUnitsMultiGrantedWhenAnotherKeysTurnMoves(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		reg := registry.New[string](100, registry.WithShards(16))
+		keys := map[int]string{} // one key per shard
+		for i := 0; len(keys) < 4; i++ {
+			k := fmt.Sprint("k", i)
+			if _, ok := keys[reg.ShardOf(k)]; !ok {
+				keys[reg.ShardOf(k)] = k
+			}
+		}
+		var ks []string
+		for _, k := range keys {
+			ks = append(ks, k)
+		}
+		a, b, c := ks[0], ks[1], ks[2]
+		d := c + "-beside" // another key, maybe of C's shard
+		for i := 0; reg.ShardOf(d) != reg.ShardOf(c); i++ {
+			d = fmt.Sprint("d", i)
+		}
+		reg.SetLimit(a, 1)
+		reg.SetLimit(b, 4)
+		reg.SetLimit(c, 1)
+		heldC, err := reg.TryAcquire(c)
+		require.NoError(t, err)
+		heldA, err := reg.TryAcquire(a)
+		require.NoError(t, err)
+		for range 2 {
+			_, err := reg.TryAcquire(b) // held to the end
+			require.NoError(t, err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		got := make(chan string, 3)
+		acquire := func(name string, f func() (*slots.Slot, error)) {
+			go func() {
+				if _, err := f(); err == nil {
+					got <- name
+				}
+			}()
+			synctest.Wait()
+		}
+		acquire("m", func() (*slots.Slot, error) { return reg.AcquireAllN(slots.WithFlow(ctx, "f2"), 1, a, b) })
+		acquire("m2", func() (*slots.Slot, error) { return reg.AcquireAllN(slots.WithFlow(ctx, "f3"), 1, c, b) })
+		acquire("H", func() (*slots.Slot, error) { return reg.AcquireN(slots.WithFlow(ctx, "f2"), b, 3) })
+		require.Equal(t, 3, reg.Waiting(b))
+
+		heldC.Release()
+		synctest.Wait()
+		assert.Empty(t, got, "H comes before m2 in B's order and cannot take its 3 units")
+
+		var wg sync.WaitGroup
+		wg.Go(func() {
+			for range 200 {
+				if s, err := reg.TryAcquire(d); err == nil {
+					s.Release()
+				}
+			}
+		})
+		heldA.Release()
+		wg.Wait()
+		synctest.Wait()
+		assert.ElementsMatch(t, []string{"m", "m2"}, []string{<-got, <-got}, "m through A, then m2 through B, whose order it now heads")
+		cancel() // H goes
+		synctest.Wait()
 	})
 }
