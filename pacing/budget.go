@@ -128,10 +128,10 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // charges nothing, nor does one whose grant is given back (its caller's
 // context ended as it came) or is reported as refused by the upstream
 // (Report with a verdict other than Admitted and Other), not even its
-// request; one settled stays a request. t's parts must
-// not be negative and t.Total() must be in 1..slots.MaxUnits (else
-// slots.ErrBadUnits). Acquire and AcquireN charge the budgets as a cost
-// of {Input: n}, settled by nobody unless Settle is called.
+// request; one settled stays a request. t's parts must not be negative
+// and t.Total() must be in 1..slots.MaxUnits (else slots.ErrBadUnits).
+// Acquire and AcquireN charge the budgets as a cost of {Input: n},
+// settled by nobody unless Settle is called.
 func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant, error) {
 	if err := t.Check(); err != nil {
 		g.eng.Rejected(ctx, slots.ErrBadUnits, 0)

@@ -22,9 +22,9 @@ func limitsOf(l BudgetLimits) [budgetParts]int { return l.Parts() }
 // Budget is a budget per minute (of tokens, of requests) on its own, for
 // a cap that is no Gate's: a tenant's or an API key's, say. It counts what
 // the requests started in any minute cost, as a Gate's budgets do, but it
-// never makes a request wait: Reserve takes a request now or refuses it with the time
-// the budget will have refilled enough. Safe for concurrent use; create
-// one with NewBudget.
+// never makes a request wait: Reserve takes a request now or refuses it
+// with the time the budget will have refilled enough. Safe for concurrent
+// use; create one with NewBudget.
 type Budget struct {
 	clk *clockx.Clock
 	mu  sync.Mutex
@@ -59,12 +59,12 @@ type Reservation struct {
 // nothing did (a budget's first request passes, however large). Else it
 // takes nothing and returns a *slots.LimitError wrapping ErrOverBudget,
 // whose Cap names the binding budget (CapTokensPerMinute and its parts,
-// or CapMaxRequestsPerMinute), InFlight and Limit what it counted in the last
-// minute and its limit, and RetryAfter when it will take t. The request
-// counts 1 on MaxRequestsPerMinute. t's parts must not be negative and its
-// total must be at most slots.MaxUnits (else an error wrapping
-// slots.ErrBadUnits); zero Tokens are a request whose tokens nobody
-// counts: it charges the requests budget alone.
+// or CapMaxRequestsPerMinute), InFlight and Limit what it counted in the
+// last minute and its limit, and RetryAfter when it will take t. The
+// request counts 1 on MaxRequestsPerMinute. t's parts must not be
+// negative and its total must be at most slots.MaxUnits (else an error
+// wrapping slots.ErrBadUnits); zero Tokens are a request whose tokens
+// nobody counts: it charges the requests budget alone.
 func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
 	if err := t.CheckCharge(); err != nil {
 		return nil, err

@@ -41,10 +41,10 @@ type Status struct {
 // BudgetStatus is a budget per minute: its Cap (a budget's name, as
 // CapTokensPerMinute or CapMaxRequestsPerMinute), its Model or Key (both
 // "" for the provider's), its Limit, and what is Left of it over the last
-// minute (negative in debt: a request used more tokens than estimated). ResetIn is how long until all of it
-// is left again, if nothing more starts. Queued is what the requests
-// waiting for it are estimated to cost (0 for a key's: a request is given
-// its key as it starts).
+// minute (negative in debt: a request used more tokens than estimated).
+// ResetIn is how long until all of it is left again, if nothing more
+// starts. Queued is what the requests waiting for it are estimated to cost
+// (0 for a key's: a request is given its key as it starts).
 type BudgetStatus struct {
 	Cap     string
 	Model   string

@@ -20,12 +20,12 @@ import (
 // ("stream": true without stream_options.include_usage, as OpenAI's API
 // reads it; an upstream that does not know the field may refuse it, so
 // this is for OpenAI-compatible upstreams), so that its budgets are
-// settled with what it used rather than with its estimate. The client, who did not ask, gets the stream without the
-// chunk that carries the usage alone (and without a Content-Length, which
-// no longer holds). The body is read into memory to be rewritten, before
-// the request waits for admission, if its Content-Type is JSON (or not
-// given) and it is at most MaxModelBody; other bodies are sent as they
-// came.
+// settled with what it used rather than with its estimate. The client,
+// who did not ask, gets the stream without the chunk that carries the
+// usage alone (and without a Content-Length, which no longer holds). The
+// body is read into memory to be rewritten, before the request waits for
+// admission, if its Content-Type is JSON (or not given) and it is at most
+// MaxModelBody; other bodies are sent as they came.
 func WithStreamUsage() TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.streamUsage = true })
 }

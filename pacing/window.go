@@ -156,9 +156,9 @@ func newBudgets(old *budgets, limits [budgetParts]int) *budgets {
 
 // fitAt is window.fitAt over all of b: 0 when t fits each, else the latest
 // of their times, with the index of the budget that binds then. Zero
-// Tokens (a request whose tokens nobody counted) fit every token budget. With
-// extra, t comes after that much more (the requests queued before it),
-// and each whole budget of it takes a minute more.
+// Tokens (a request whose tokens nobody counted) fit every token budget.
+// With extra, t comes after that much more (the requests queued before
+// it), and each whole budget of it takes a minute more.
 func (b *budgets) fitAt(t Tokens, extra charges, now int64) (at int64, which int) {
 	if b == nil {
 		return 0, -1
