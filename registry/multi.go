@@ -224,8 +224,8 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 			counted = passLocked(e, h.Class, newcomer, counted)
 		}
 		r.holdMultiLocked(h, m)
-		if serve = append(serve, m.entries...); anyHeavy(serve) {
-			r.grantLocked(serve, &wk)
+		if anyHeavy(serve) || anyHeavy(m.entries) {
+			r.grantLocked(append(serve, m.entries...), &wk)
 		}
 		return core.Admit()
 	}

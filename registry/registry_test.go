@@ -630,6 +630,19 @@ func TestRegistryAllocs(t *testing.T) {
 		i++
 	})
 	assert.LessOrEqual(t, allocs, 1.0, "TryAcquire+Release allocates the Slot only")
+
+	// AcquireAll on two keys: the Slot, its record of the keys and their
+	// links, the keys' entries (none beside it waits).
+	ctx := context.Background()
+	allocs = testing.AllocsPerRun(1000, func() {
+		s, err := reg.AcquireAll(ctx, "provider", keys[i%3])
+		if err != nil {
+			panic(err)
+		}
+		s.Release()
+		i++
+	})
+	assert.LessOrEqual(t, allocs, 9.0, "AcquireAll+Release on two keys")
 }
 
 func TestRegistryHolders(t *testing.T) {
