@@ -105,13 +105,19 @@ func (b *Budget) usedLocked(now time.Time) (used [upstream.BudgetParts]int64) {
 		if now.Sub(r.at) > time.Duration(driver.BudgetSteps+1)*time.Second {
 			continue
 		}
-		if rec == requestsRecord {
-			used[upstream.BudgetParts-1] = r.used[0]
-		} else {
-			copy(used[:3], r.used[:])
-		}
+		setParts(&used, rec, r.used)
 	}
 	return used
+}
+
+// setParts sets in parts (all tokens, input, output, requests) the counts
+// of record rec, as the store keeps them.
+func setParts(parts *[upstream.BudgetParts]int64, rec int, counts [3]int64) {
+	if rec == requestsRecord {
+		parts[upstream.BudgetParts-1] = counts[0]
+	} else {
+		copy(parts[:3], counts[:])
+	}
 }
 
 type toldBudget struct {
@@ -239,11 +245,14 @@ func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReserva
 		return nil, err
 	}
 	r := &BudgetReservation{b: b, cost: upstream.Charge(t)}
-	b.mu.Lock()
-	r.used = b.usedLocked(time.Now())
-	b.mu.Unlock()
 	for rec := range r.charged {
-		if !b.uses(rec) || rec == tokensRecord && t == (upstream.Tokens{}) {
+		if !b.uses(rec) {
+			continue
+		}
+		if rec == tokensRecord && t == (upstream.Tokens{}) { // not charged: as this process last saw it
+			b.mu.Lock()
+			r.used = b.usedLocked(time.Now())
+			b.mu.Unlock()
 			continue
 		}
 		res, err := b.call(ctx, rec, b.callOf(rec, r.cost))
@@ -260,11 +269,7 @@ func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReserva
 			return nil, err
 		}
 		r.charged[rec], r.step[rec] = true, res.Step
-		if rec == requestsRecord {
-			r.used[upstream.BudgetParts-1] = res.Used[0]
-		} else {
-			copy(r.used[:3], res.Used[:])
-		}
+		setParts(&r.used, rec, res.Used)
 	}
 	return r, nil
 }
@@ -362,7 +367,7 @@ func (r *BudgetReservation) correct(ctx context.Context, used [upstream.BudgetPa
 // Used returns what started in the budget's last minute, per part (all
 // tokens, input, output, requests), as the store counts them now.
 func (b *Budget) Used(ctx context.Context) ([upstream.BudgetParts]int, error) {
-	var used [upstream.BudgetParts]int
+	var parts [upstream.BudgetParts]int64
 	for rec := range b.seen {
 		if !b.uses(rec) {
 			continue
@@ -373,13 +378,11 @@ func (b *Budget) Used(ctx context.Context) ([upstream.BudgetParts]int, error) {
 		if err != nil {
 			return [upstream.BudgetParts]int{}, err
 		}
-		if rec == requestsRecord {
-			used[upstream.BudgetParts-1] = int(res.Used[0])
-		} else {
-			for i := range 3 {
-				used[i] = int(res.Used[i])
-			}
-		}
+		setParts(&parts, rec, res.Used)
+	}
+	var used [upstream.BudgetParts]int
+	for i, n := range parts {
+		used[i] = int(n)
 	}
 	return used, nil
 }
