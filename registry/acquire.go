@@ -22,10 +22,33 @@ func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
 // WithFailOpen a wait that reaches the maximum returns a Bypassed slot.
 // A key whose limit is 0 waits until SetLimit raises it.
 func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
+	return r.AcquireN(ctx, key, 1)
+}
+
+// TryAcquireN is TryAcquire for a Slot that weighs n units (see AcquireN).
+func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
+	if err := r.eng.CheckUnits(nil, n); err != nil {
+		return nil, err
+	}
+	return r.acquireOne(nil, key, n)
+}
+
+// AcquireN is Acquire for a Slot that weighs n units of key's limit
+// (tokens, bytes: what a request costs), all freed by its Release. Order
+// stays strict, as with slots.Limiter.AcquireN: while a waiter waits for n
+// units, the key's later callers do not take them. It also fails with
+// slots.ErrBadUnits for n outside 1..slots.MaxUnits, and with a
+// *slots.LimitError wrapping slots.ErrExceedsLimit when the key's limit
+// can never hold n: at once, or while it waits once the limit is lowered
+// below n (a limit of 0 is a pause and refuses nobody).
+func (r *Registry[K]) AcquireN(ctx context.Context, key K, n int) (*slots.Slot, error) {
 	if err := r.eng.CheckContext(ctx); err != nil {
 		return nil, err
 	}
-	return r.acquireOne(ctx, key, 1)
+	if err := r.eng.CheckUnits(ctx, n); err != nil {
+		return nil, err
+	}
+	return r.acquireOne(ctx, key, n)
 }
 
 // asError is a rejection as the registry returns it.

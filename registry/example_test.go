@@ -58,3 +58,31 @@ func ExampleRegistry_AcquireAll() {
 	// <nil> 3
 	// 0 0
 }
+
+func ExampleRegistry_AcquireAllN() {
+	// A self-hosted model holds 20,000 tokens in flight, and each tenant
+	// 8,000 of them; a request weighs its prompt and its max_tokens.
+	reg := registry.New[string](8000)
+	reg.SetLimit("model", 20000)
+
+	ctx := context.Background()
+	big, _ := reg.AcquireAllN(ctx, 7500, "tenant-a", "model")
+	small, _ := reg.AcquireAllN(ctx, 600, "tenant-b", "model")
+	fmt.Println(reg.InFlight("model"), reg.InFlight("tenant-a"))
+
+	// tenant-a has 500 tokens left: a request of 900 does not fit now.
+	_, err := reg.TryAcquireAllN(900, "tenant-a", "model")
+	fmt.Println(errors.Is(err, slots.ErrLimitReached))
+	// A request larger than a key's whole limit could never be served.
+	_, err = reg.AcquireAllN(ctx, 9000, "tenant-b", "model")
+	fmt.Println(errors.Is(err, slots.ErrExceedsLimit))
+
+	big.Release() // frees its 7,500 tokens of both keys
+	small.Release()
+	fmt.Println(reg.InFlight("model"))
+	// Output:
+	// 8100 7500
+	// true
+	// true
+	// 0
+}

@@ -105,8 +105,9 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 	for {
 		var best *core.Waiter
 		var from *entry[K]
+		var t turns[K] // each search asks afresh: a grant changes the turns
 		for _, e := range entries {
-			w := r.candidateLocked(e, nil)
+			w := r.candidateLocked(e, &t, nil)
 			if w != nil && (best == nil || core.Rank(w.Class) < core.Rank(best.Class) ||
 				w.Class == best.Class && w.Seq < best.Seq) {
 				best, from = w, e
@@ -138,25 +139,49 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 
 // candidateLocked returns the waiter of e to serve next, or nil: the
 // first in e's order that no older multi-key waiter keeps the slot from
-// and that, if it needs other keys too, may take a slot of each. With
-// only, it comes to only, or to a heavy waiter for e alone that would
-// stop e's grant loop before only (see canTake).
-func (r *Registry[K]) candidateLocked(e *entry[K], only *core.Waiter) *core.Waiter {
+// and that, if it needs other keys too, may take a slot of each (canTake,
+// with t caching what the other keys answer during one search).
+//
+// With turns it serves nobody: it records there the multi-key waiters whose
+// turn has come on e, those e's order would serve now if they needed e
+// alone: each that nobody keeps the units from and whose units fit, up to
+// the first waiter for e alone that weighs more than one unit (it keeps its
+// place, fitting or not; past it only classes owed their share go on).
+func (r *Registry[K]) candidateLocked(e *entry[K], t *turns[K], turns map[*core.Waiter]bool) *core.Waiter {
 	keptFrom := r.keptFromLocked(e)
 	return e.lane.Candidate(func(w *core.Waiter) bool {
-		if keptFrom != nil && kept(e, keptFrom, w) {
+		n := w.Hold.Units()
+		if keptFrom != nil && kept(e, keptFrom, w) || blockedLocked(e, w.Class, w.Seq, n) {
 			return false
 		}
-		n := w.Hold.Units()
 		m, multi := w.Hold.Owner.(*multi[K])
 		switch {
-		case blockedLocked(e, w.Class, w.Seq, n):
+		case turns == nil:
+			return !multi || m.canTake(w, n, t)
+		case multi:
+			turns[w] = n == 1 || e.lane.CanTake(w.Class, n)
 			return false
-		case only != nil:
-			return w == only || n > 1 && !multi
 		}
-		return !multi || m.canTake(w, n)
+		return n > 1
 	})
+}
+
+// turns caches, for one search of a grant pass, the turns found on each
+// key where a heavy waiter queues (candidateLocked), so that the search
+// over q waiters stays linear in q rather than asking each waiter's keys
+// anew.
+type turns[K comparable] map[*entry[K]]map[*core.Waiter]bool
+
+// come reports whether w's turn has come on e. Call with e's shard held.
+func (t *turns[K]) come(e *entry[K], w *core.Waiter) bool {
+	if *t == nil {
+		*t = make(turns[K])
+	}
+	if (*t)[e] == nil {
+		(*t)[e] = make(map[*core.Waiter]bool)
+		e.shard.r.candidateLocked(e, nil, (*t)[e])
+	}
+	return (*t)[e][w]
 }
 
 // keptFromLocked returns, per class, the arrival of the oldest waiter of e
@@ -209,11 +234,12 @@ func kept[K comparable](e *entry[K], from *[core.NumClasses]uint64, w *core.Wait
 
 // canTake reports whether m's waiter w may take n units of every key it
 // needs now: room, none kept for an urgent multi-key waiter, and no heavy
-// waiter keeping its place before w in the key's order, so that every key
-// judges w by its own order, whichever key an event is on.
-func (m *multi[K]) canTake(w *core.Waiter, n int) bool {
+// waiter keeping its place before w in the key's order (its turn has come,
+// t.come), so that every key judges w by its own order, whichever key an
+// event is on.
+func (m *multi[K]) canTake(w *core.Waiter, n int, t *turns[K]) bool {
 	for _, e := range m.entries {
-		if !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) || e.lane.HeavyAhead(w.Class) && m.r.candidateLocked(e, w) != w {
+		if !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) || e.lane.HeavyAhead(w.Class) && !t.come(e, w) {
 			return false
 		}
 	}

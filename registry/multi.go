@@ -61,7 +61,7 @@ func outranks(w *core.Waiter, c uint8, short bool) bool {
 // times keeps its units of e, so the caller may take n only if n more are
 // free. Call with multiMu and e's shard held.
 func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64, n int) bool {
-	if e.lane.Multi == 0 {
+	if e.lane.Multi == 0 || e.urgent == 0 {
 		return false
 	}
 	short, kept := e.lane.Short(c), 0
@@ -109,7 +109,12 @@ func passLocked[K comparable](e *entry[K], c uint8, seq uint64, counted []*core.
 	for el := e.multis.Front(); el != nil; el = el.Next() {
 		w := el.Value
 		if w.Seq < seq && outranks(w, c, short) && !slices.Contains(counted, w) {
-			w.Hold.Owner.(*multi[K]).passed++
+			m := w.Hold.Owner.(*multi[K])
+			if m.passed++; m.passed == MaxPassed {
+				for _, me := range m.entries {
+					me.urgent++ // it keeps units of each of its keys now
+				}
+			}
 			counted = append(counted, w)
 		}
 	}
@@ -155,10 +160,30 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // finds only a kept slot fails with slots.ErrLimitReached although the key
 // shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
+	return r.AcquireAllN(ctx, 1, keys...)
+}
+
+// TryAcquireAllN is TryAcquireAll for a Slot that weighs n units of every
+// key (see AcquireAllN).
+func (r *Registry[K]) TryAcquireAllN(n int, keys ...K) (*slots.Slot, error) {
+	if err := r.eng.CheckUnits(nil, n); err != nil {
+		return nil, err
+	}
+	return r.acquireAll(nil, keys, n)
+}
+
+// AcquireAllN is AcquireAll for a Slot that weighs n units of every key's
+// limit (a request's tokens under its tenant's, its model's and its
+// provider's caps), all freed by its Release. It fails as AcquireN does,
+// the error naming the key that refused.
+func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots.Slot, error) {
 	if err := r.eng.CheckContext(ctx); err != nil {
 		return nil, err
 	}
-	return r.acquireAll(ctx, keys, 1)
+	if err := r.eng.CheckUnits(ctx, n); err != nil {
+		return nil, err
+	}
+	return r.acquireAll(ctx, keys, n)
 }
 
 func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.Slot, error) {
@@ -427,5 +452,8 @@ func (r *Registry[K]) unlinkWaiterLocked(w *core.Waiter, m *multi[K], served boo
 		}
 		e.lane.Multi--
 		e.multis.Remove(&m.links[i])
+		if m.urgent() {
+			e.urgent--
+		}
 	}
 }

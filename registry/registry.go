@@ -23,6 +23,10 @@
 // admissions on its keys have gone to callers that came after it, each of
 // its keys keeps a slot for it (see AcquireAll).
 //
+// TryAcquireN, AcquireN and AcquireAllN admit a Slot that weighs n units
+// (a request's tokens) where a plain admission weighs one: a key's limit
+// and in-flight count are then in units.
+//
 // Waiters on one key are served in arrival order among those that can be
 // served: a waiter that also needs a full key does not hold back one behind it
 // whose keys are all free. TryAcquire never passes a waiter that could be
@@ -135,6 +139,10 @@ type entry[K comparable] struct {
 	// multis links the multi-key waiters queued on the key (lane.Multi of
 	// them), so that finding them does not walk the whole queue.
 	multis ilist.List[*core.Waiter]
+	// urgent counts those of them passed over MaxPassed times, which keep
+	// units of the key (blockedLocked). Guarded by multiMu, as their
+	// passed counts are.
+	urgent int
 }
 
 const maxFreeEntries = 32

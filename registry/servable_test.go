@@ -13,8 +13,9 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// servableLocked describes a waiter that could be served now but is still
-// queued, or returns "". With every event dispatching what it may unblock,
+// servableWaiter describes a waiter that could be served now but is still
+// queued (or a count of urgent multi-key waiters that is wrong), or
+// returns "". With every event dispatching what it may unblock,
 // there is none once the registry is quiet.
 func (r *Registry[K]) servableWaiter() string {
 	r.multiMu.Lock()
@@ -28,6 +29,15 @@ func (r *Registry[K]) servableWaiter() string {
 	var msg string
 	for i := range r.shards {
 		r.shards[i].lanes.each(func(e *entry[K]) {
+			urgent := 0
+			for el := e.multis.Front(); el != nil; el = el.Next() {
+				if el.Value.Hold.Owner.(*multi[K]).urgent() {
+					urgent++
+				}
+			}
+			if urgent != e.urgent {
+				msg += fmt.Sprintf("key %v: %d urgent multi-key waiters counted, %d queue\n", e.key, e.urgent, urgent)
+			}
 			if e.lane.Waiters.Heavy() == 0 {
 				// Every waiter weighs one: any that may take a slot of
 				// every key it needs, and that no older multi-key waiter
@@ -41,7 +51,7 @@ func (r *Registry[K]) servableWaiter() string {
 						if blockedLocked(e, c, w.Seq, 1) {
 							continue
 						}
-						if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(w, 1) {
+						if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(w, 1, new(turns[K])) {
 							continue
 						}
 						msg += fmt.Sprintf("key %v: a class %d waiter could be served (limit %d, %d holders, %d waiting)\n",
@@ -52,7 +62,7 @@ func (r *Registry[K]) servableWaiter() string {
 			}
 			// With heavier waiters, what the grant loop would choose now
 			// (candidateLocked; its rules are tested apart).
-			w := r.candidateLocked(e, nil)
+			w := r.candidateLocked(e, new(turns[K]), nil)
 			if w != nil {
 				msg += fmt.Sprintf("key %v: a class %d waiter of %d units could be served (limit %d, %d units held, %d waiting)\n",
 					e.key, w.Class, w.Hold.Units(), e.lane.Limit, e.lane.Holders.Units(), e.lane.Waiters.Len())

@@ -72,8 +72,7 @@ func (l *Limiter) TryAcquire() (*Slot, error) { return l.acquire(nil, 1) }
 
 // TryAcquireN is TryAcquire for n units (see AcquireN).
 func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
-	if err := core.CheckUnits(n); err != nil {
-		l.engine().Rejected(nil, ErrBadUnits, 0)
+	if err := l.engine().CheckUnits(nil, n); err != nil {
 		return nil, err
 	}
 	return l.acquire(nil, n)
@@ -93,8 +92,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 // ErrExceedsLimit when the limit, less other classes' guarantees, can never
 // hold n (a limit of 0 is a pause: it refuses nobody).
 func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
-	if err := core.CheckUnits(n); err != nil {
-		l.engine().Rejected(ctx, ErrBadUnits, 0)
+	if err := l.engine().CheckUnits(ctx, n); err != nil {
 		return nil, err
 	}
 	if err := l.engine().CheckContext(ctx); err != nil {

@@ -120,6 +120,16 @@ func (e *Engine) CheckContext(ctx context.Context) error {
 	return nil
 }
 
+// CheckUnits returns the error for a weight n outside 1..MaxUnits (see
+// CheckUnits), reporting the rejection under ctx, or nil.
+func (e *Engine) CheckUnits(ctx context.Context, n int) error {
+	err := CheckUnits(n)
+	if err != nil {
+		e.Rejected(ctx, ErrBadUnits, 0)
+	}
+	return err
+}
+
 // Finish ends the admission of x (with t, its tracked hold, or nil) as the
 // owner decided in d, under ctx (nil: a call that does not wait): it
 // hands the Slot out, or refuses, or waits and ends the wait. A caller

@@ -21,10 +21,14 @@ var admissionFiles = []string{
 }
 
 // maxAdmissionLines is what the admission code may not grow past: its
-// size when this was last lowered (5,585), and 4 lines since for the
+// size when this was last lowered (5,585), 4 lines since for the
 // registry's weighted waiters left queued (re-serving after an admission
-// beside heavy waiters). The goal is 4,000.
-const maxAdmissionLines = 5589
+// beside heavy waiters), and 93 for the registry's weighted admissions
+// made public (TryAcquireN, AcquireN, TryAcquireAllN, AcquireAllN, about 50 lines
+// with their docs) and its grant pass made linear in its waiters (the turns
+// found once per key and search, a count of urgent multi-key waiters per
+// key). The goal is 4,000.
+const maxAdmissionLines = 5682
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it)
