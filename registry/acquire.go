@@ -42,10 +42,10 @@ func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
 // can never hold n: at once, or while it waits once the limit is lowered
 // below n (a limit of 0 is a pause and refuses nobody).
 func (r *Registry[K]) AcquireN(ctx context.Context, key K, n int) (*slots.Slot, error) {
-	if err := r.eng.CheckContext(ctx); err != nil {
+	if err := r.eng.CheckUnits(ctx, n); err != nil {
 		return nil, err
 	}
-	if err := r.eng.CheckUnits(ctx, n); err != nil {
+	if err := r.eng.CheckContext(ctx); err != nil {
 		return nil, err
 	}
 	return r.acquireOne(ctx, key, n)

@@ -177,10 +177,10 @@ func (r *Registry[K]) TryAcquireAllN(n int, keys ...K) (*slots.Slot, error) {
 // provider's caps), all freed by its Release. It fails as AcquireN does,
 // the error naming the key that refused.
 func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots.Slot, error) {
-	if err := r.eng.CheckContext(ctx); err != nil {
+	if err := r.eng.CheckUnits(ctx, n); err != nil {
 		return nil, err
 	}
-	if err := r.eng.CheckUnits(ctx, n); err != nil {
+	if err := r.eng.CheckContext(ctx); err != nil {
 		return nil, err
 	}
 	return r.acquireAll(ctx, keys, n)

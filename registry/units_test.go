@@ -66,6 +66,24 @@ func TestRegistryRefusesUnitsOutOfRange(t *testing.T) {
 		assert.ErrorIs(t, err, slots.ErrBadUnits)
 	}
 	assert.Equal(t, 0, reg.Keys(), "a refusal inserts nothing")
+
+	// As with slots.Limiter.AcquireN and pacing.Gate.AcquireN, a weight out
+	// of range is told before a nil context, with one rejection event.
+	var events []slots.Event
+	reg = registry.New[string](10, slots.WithObserver(slots.ObserverFunc(func(e slots.Event) { events = append(events, e) })))
+	_, err := reg.AcquireN(nil, "k", 0) //nolint:staticcheck // a nil context on purpose
+	assert.ErrorIs(t, err, slots.ErrBadUnits)
+	_, err = reg.AcquireAllN(nil, 0, "k", "j") //nolint:staticcheck // a nil context on purpose
+	assert.ErrorIs(t, err, slots.ErrBadUnits)
+	_, err = reg.AcquireN(nil, "k", 1) //nolint:staticcheck // a nil context on purpose
+	assert.ErrorIs(t, err, slots.ErrNilContext)
+	_, lerr := slots.NewLimiter(1).AcquireN(nil, 0) //nolint:staticcheck // a nil context on purpose
+	assert.ErrorIs(t, lerr, slots.ErrBadUnits)
+	require.Len(t, events, 3)
+	for i, want := range []error{slots.ErrBadUnits, slots.ErrBadUnits, slots.ErrNilContext} {
+		assert.Equal(t, slots.EventRejected, events[i].Kind)
+		assert.ErrorIs(t, events[i].Err, want)
+	}
 }
 
 // A caller heavier than a key's limit is refused at once, on a key that is
