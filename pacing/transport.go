@@ -7,10 +7,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync/atomic"
 	"time"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -223,11 +225,11 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		return nil, errors.New("pacing: a request not sent through the Transport's RoundTrip")
 	}
 	ctx := req.Context()
-	tr, _ := ctx.Value(traceKey{}).(*Trace)
+	trs := tracesOf(ctx)
 	if wait, ok := ctx.Value(waitKey{}).(context.Context); ok {
 		if err := wait.Err(); err != nil { // ended already: no admission races it
 			err = fmt.Errorf("pacing: acquire: %w", err)
-			tr.refused(err)
+			trs.refused(err)
 			return nil, err
 		}
 		var cancel context.CancelFunc
@@ -255,7 +257,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		cost = Tokens{Input: 1}
 	}
 	if err := cost.Check(); err != nil { // before any wait: no cap could take it
-		tr.refused(err)
+		trs.refused(err)
 		return nil, err
 	}
 	x.weighed = weighed
@@ -264,17 +266,14 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
 			keys = append(keys, mk)
 		}
-		var done func()
-		if tr != nil && tr.FleetWait != nil {
-			done = tr.FleetWait()
-		}
+		done := trs.fleetWait()
 		s, err := t.caps.AcquireAll(ctx, keys...)
 		x.caps = s
 		if done != nil {
 			done()
 		}
 		if err != nil {
-			tr.refused(err)
+			trs.refused(err)
 			return nil, err
 		}
 	}
@@ -282,13 +281,23 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	if err != nil {
 		x.caps.Release() // before the Trace hears of it
 		x.caps = nil
-		tr.refused(err)
+		trs.refused(err)
 		return nil, err
 	}
-	held = slots.Combine(x.grant.Slot, x.caps)
-	if tr != nil && tr.Admitted != nil {
-		tr.Admitted(Admission{Grant: x.grant, Held: held, Wait: time.Since(start)})
+	at := time.Now()
+	var released func() // the Traces hear when the slots go, unless held nothing
+	if !x.grant.Slot.Bypassed() && !x.caps.Bypassed() && trs.hears(func(tr *Trace) bool { return tr.Released != nil }) {
+		released = func() {
+			defer func() {
+				if p := recover(); p != nil {
+					t.gate.eng.Log().Error("pacing: a Trace's Released panicked; the slots are free", slog.Any("panic", p))
+				}
+			}()
+			trs.released(time.Since(at))
+		}
 	}
+	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
+	trs.admitted(Admission{Grant: x.grant, Held: held, Wait: at.Sub(start)})
 	returned = true
 	return held, nil
 }
@@ -314,13 +323,13 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	// A slot that holds nothing (a bypass) is no evidence for its cap.
 	toGate := x.grant.Slot != nil && !x.grant.Slot.Bypassed()
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
-	tr, _ := req.Context().Value(traceKey{}).(*Trace)
+	trs := tracesOf(req.Context())
 	weighed := x.weighed && err == nil
-	hears := err == nil && tr != nil && tr.Settled != nil
+	hears := err == nil && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool
 	settled := func(st Settlement) { // the Trace hears it once
 		if told.CompareAndSwap(false, true) {
-			tr.settled(st)
+			trs.settled(st)
 		}
 	}
 	if toGate || toFleet || hears {
@@ -375,67 +384,6 @@ func credential(f func(http.Header, string), req *http.Request, key string) (err
 	}()
 	f(req.Header, key)
 	return nil
-}
-
-// A Trace is told what a Transport does with one request, on the
-// goroutine that sends it (Settled aside), as net/http/httptrace's
-// ClientTrace is: for metrics and logs of a server that proxies the
-// request. Attach it with WithTrace; any of its functions may be nil.
-type Trace struct {
-	// FleetWait is called as the request starts to take the fleet's caps
-	// (WithFleet); the function it returns, if not nil, as that ends.
-	FleetWait func() (done func())
-	// Admitted is called once the request holds its slots.
-	Admitted func(Admission)
-	// Refused is called with the fleet's or the Gate's refusal.
-	Refused func(err error)
-	// Settled is called once for an admitted request (with a slot or
-	// without) with how it ended, when the answer tells: not Served for an
-	// answer that refused it (a verdict other than Admitted and Other: a
-	// 429, an overload), which is then no request of the upstream's and
-	// charges nothing; Served with zero Used for another 4xx (sent, but
-	// nothing used); for a request admitted under WithTokens, Served with
-	// the usage its answer reported (WatchUsage). It is not called when
-	// none of these is known (a failed exchange, a served request without
-	// WithTokens, an answer with no usage): the estimate stands. It may
-	// run on the goroutine that reads the answer's body. For budgets of
-	// the caller's own, kept beside the Gate's (a tenant's, with a Budget:
-	// Cancel its Reservation when not Served, Settle it with Used else).
-	Settled func(Settlement)
-}
-
-// A Settlement is how an admitted request ended, for budgets (see
-// Trace.Settled).
-type Settlement struct {
-	Served bool   // false: refused by the upstream, no request
-	Used   Tokens // the usage its answer reported, when Served
-}
-
-// An Admission is what a request was admitted with.
-type Admission struct {
-	Grant Grant       // the Gate's
-	Held  *slots.Slot // the Grant's slot and the fleet's, held together
-	Wait  time.Duration
-}
-
-func (tr *Trace) refused(err error) {
-	if tr != nil && tr.Refused != nil {
-		tr.Refused(err)
-	}
-}
-
-func (tr *Trace) settled(st Settlement) {
-	if tr != nil && tr.Settled != nil {
-		tr.Settled(st)
-	}
-}
-
-type traceKey struct{}
-
-// WithTrace returns a context under which a Transport tells tr what it
-// does with the request.
-func WithTrace(ctx context.Context, tr *Trace) context.Context {
-	return context.WithValue(ctx, traceKey{}, tr)
 }
 
 type waitKey struct{}

@@ -27,8 +27,9 @@ var admissionFiles = []string{
 // made public (TryAcquireN, AcquireN, TryAcquireAllN, AcquireAllN, about 50 lines
 // with their docs) and its grant pass made linear in its waiters (the turns
 // found once per key and search, a count of urgent multi-key waiters per
-// key). The goal is 4,000.
-const maxAdmissionLines = 5682
+// key), and 19 for Combine moved into core with a function called once
+// its parts are freed (pacing's Trace.Released). The goal is 4,000.
+const maxAdmissionLines = 5701
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it)

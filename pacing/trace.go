@@ -1,0 +1,136 @@
+package pacing
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A Trace is told what a Transport does with one request, on the
+// goroutine that sends it (Settled and Released aside), as
+// net/http/httptrace's ClientTrace is: for metrics and logs of a server
+// that proxies the request. Attach it with WithTrace; any of its functions
+// may be nil.
+type Trace struct {
+	// FleetWait is called as the request starts to take the fleet's caps
+	// (WithFleet); the function it returns, if not nil, as that ends.
+	FleetWait func() (done func())
+	// Admitted is called once the request holds its slots.
+	Admitted func(Admission)
+	// Refused is called with the fleet's or the Gate's refusal.
+	Refused func(err error)
+	// Settled is called once for an admitted request (with a slot or
+	// without) with how it ended, when the answer tells: not Served for an
+	// answer that refused it (a verdict other than Admitted and Other: a
+	// 429, an overload), which is then no request of the upstream's and
+	// charges nothing; Served with zero Used for another 4xx (sent, but
+	// nothing used); for a request admitted under WithTokens, Served with
+	// the usage its answer reported (WatchUsage). It is not called when
+	// none of these is known (a failed exchange, a served request without
+	// WithTokens, an answer with no usage): the estimate stands. It may
+	// run on the goroutine that reads the answer's body. For budgets of
+	// the caller's own, kept beside the Gate's (a tenant's, with a Budget:
+	// Cancel its Reservation when not Served, Settle it with Used else).
+	Settled func(Settlement)
+	// Released is called once an admitted request's slots are free again,
+	// with how long it held them since Admitted: when its answer's body
+	// was read to the end or closed (after WithCutLinger's linger, for a
+	// cut exchange), or its exchange failed. It may run on the goroutine
+	// that closes the body, or on a timer's. It is not called for an
+	// admission that holds nothing (a bypass). A panic in it is logged
+	// and goes no further: the slots are free by then.
+	Released func(held time.Duration)
+}
+
+// A Settlement is how an admitted request ended, for budgets (see
+// Trace.Settled).
+type Settlement struct {
+	Served bool   // false: refused by the upstream, no request
+	Used   Tokens // the usage its answer reported, when Served
+}
+
+// An Admission is what a request was admitted with.
+type Admission struct {
+	Grant Grant       // the Gate's
+	Held  *slots.Slot // the Grant's slot and the fleet's, held together
+	Wait  time.Duration
+}
+
+type traceKey struct{}
+
+// WithTrace returns a context under which a Transport tells tr what it
+// does with the request, beside the Traces ctx carries already: each is
+// told, in the order they were attached (a metrics adapter's and the
+// program's own, say). A nil tr adds nothing.
+func WithTrace(ctx context.Context, tr *Trace) context.Context {
+	if tr == nil {
+		return ctx
+	}
+	return context.WithValue(ctx, traceKey{}, append(slices.Clip(tracesOf(ctx)), tr))
+}
+
+// traces are the Traces a request's context carries, in order.
+type traces []*Trace
+
+func tracesOf(ctx context.Context) traces {
+	trs, _ := ctx.Value(traceKey{}).(traces)
+	return trs
+}
+
+// fleetWait calls each FleetWait and returns what ends them all (nil:
+// nothing to end).
+func (trs traces) fleetWait() (done func()) {
+	var dones []func()
+	for _, tr := range trs {
+		if tr.FleetWait != nil {
+			if d := tr.FleetWait(); d != nil {
+				dones = append(dones, d)
+			}
+		}
+	}
+	if len(dones) == 0 {
+		return nil
+	}
+	return func() {
+		for _, d := range dones {
+			d()
+		}
+	}
+}
+
+func (trs traces) admitted(a Admission) {
+	for _, tr := range trs {
+		if tr.Admitted != nil {
+			tr.Admitted(a)
+		}
+	}
+}
+
+func (trs traces) refused(err error) {
+	for _, tr := range trs {
+		if tr.Refused != nil {
+			tr.Refused(err)
+		}
+	}
+}
+
+func (trs traces) settled(st Settlement) {
+	for _, tr := range trs {
+		if tr.Settled != nil {
+			tr.Settled(st)
+		}
+	}
+}
+
+// hears reports whether one of trs has a function f returns.
+func (trs traces) hears(f func(*Trace) bool) bool { return slices.ContainsFunc(trs, f) }
+
+func (trs traces) released(held time.Duration) {
+	for _, tr := range trs {
+		if tr.Released != nil {
+			tr.Released(held)
+		}
+	}
+}
