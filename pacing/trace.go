@@ -35,13 +35,13 @@ type Trace struct {
 	// Cancel its Reservation when not Served, Settle it with Used else).
 	Settled func(Settlement)
 	// Released is called once an admitted request's slots are free again,
-	// with how long it held them since Admitted: when its answer's body
-	// was read to the end or closed (after WithCutLinger's linger, for a
-	// cut exchange), or its exchange failed. It may run on the goroutine
-	// that closes the body, or on a timer's. It is not called for an
-	// admission that holds nothing (a bypass). A panic in it is logged
-	// and goes no further: the slots are free by then.
-	Released func(held time.Duration)
+	// with its Admission and how long it held them since Admitted: when
+	// its answer's body was read to the end or closed (after
+	// WithCutLinger's linger, for a cut exchange), or its exchange failed.
+	// It may run on the goroutine that closes the body, or on a timer's.
+	// It is not called for an admission that holds nothing (a bypass). A
+	// panic in it is logged and goes no further: the slots are free then.
+	Released func(a Admission, held time.Duration)
 }
 
 // A Settlement is how an admitted request ended, for budgets (see
@@ -127,10 +127,10 @@ func (trs traces) settled(st Settlement) {
 // hears reports whether one of trs has a function f returns.
 func (trs traces) hears(f func(*Trace) bool) bool { return slices.ContainsFunc(trs, f) }
 
-func (trs traces) released(held time.Duration) {
+func (trs traces) released(a Admission, held time.Duration) {
 	for _, tr := range trs {
 		if tr.Released != nil {
-			tr.Released(held)
+			tr.Released(a, held)
 		}
 	}
 }

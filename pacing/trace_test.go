@@ -34,7 +34,7 @@ func TestTracesAttachedTogether(t *testing.T) {
 			},
 			Admitted: func(pacing.Admission) { told = append(told, name+" admitted") },
 			Refused:  func(error) { told = append(told, name+" refused") },
-			Released: func(time.Duration) { told = append(told, name+" released") },
+			Released: func(pacing.Admission, time.Duration) { told = append(told, name+" released") },
 		}
 	}
 	ctx := pacing.WithTrace(pacing.WithTrace(pacing.WithTrace(t.Context(), traceOf("a")), nil), traceOf("b"))
@@ -67,11 +67,12 @@ func TestTraceReleased(t *testing.T) {
 		var mu sync.Mutex // Released may be told on a timer's goroutine
 		var held []time.Duration
 		var inFlight []int
-		ctx := pacing.WithTrace(t.Context(), &pacing.Trace{Released: func(d time.Duration) {
+		ctx := pacing.WithTrace(t.Context(), &pacing.Trace{Released: func(a pacing.Admission, d time.Duration) {
 			mu.Lock()
 			defer mu.Unlock()
 			held = append(held, d)
 			inFlight = append(inFlight, gate.Status().InFlight)
+			assert.True(t, a.Held.Released(), "its Admission, its slots free")
 		}})
 		told := func() []time.Duration {
 			mu.Lock()
@@ -117,7 +118,7 @@ func TestTraceReleasedBypassAndPanic(t *testing.T) {
 	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1, MaxQueue: 1, MaxQueueWaitMS: 10, OnWaitTimeout: "proceed"})
 	rt := pacing.NewTransport(base, gate)
 	var released int
-	ctx := pacing.WithTrace(t.Context(), &pacing.Trace{Released: func(time.Duration) { released++ }})
+	ctx := pacing.WithTrace(t.Context(), &pacing.Trace{Released: func(pacing.Admission, time.Duration) { released++ }})
 	first, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
 	require.NoError(t, err)
 	bypass, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
@@ -127,7 +128,7 @@ func TestTraceReleasedBypassAndPanic(t *testing.T) {
 	done(t, first)
 	assert.Equal(t, 1, released)
 
-	ctx = pacing.WithTrace(t.Context(), &pacing.Trace{Released: func(time.Duration) { panic("metrics") }})
+	ctx = pacing.WithTrace(t.Context(), &pacing.Trace{Released: func(pacing.Admission, time.Duration) { panic("metrics") }})
 	resp, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
 	require.NoError(t, err)
 	done(t, resp)

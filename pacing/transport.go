@@ -285,6 +285,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		return nil, err
 	}
 	at := time.Now()
+	a := Admission{Grant: x.grant, Wait: at.Sub(start)}
 	var released func() // the Traces hear when the slots go, unless held nothing
 	if !x.grant.Slot.Bypassed() && !x.caps.Bypassed() && trs.hears(func(tr *Trace) bool { return tr.Released != nil }) {
 		released = func() {
@@ -293,11 +294,12 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 					t.gate.eng.Log().Error("pacing: a Trace's Released panicked; the slots are free", slog.Any("panic", p))
 				}
 			}()
-			trs.released(time.Since(at))
+			trs.released(a, time.Since(at))
 		}
 	}
 	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
-	trs.admitted(Admission{Grant: x.grant, Held: held, Wait: at.Sub(start)})
+	a.Held = held
+	trs.admitted(a)
 	returned = true
 	return held, nil
 }

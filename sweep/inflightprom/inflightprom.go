@@ -31,6 +31,16 @@
 // ObserveHold for a source without one, and appear from their first
 // observation on.
 //
+// # A provider's caps
+//
+// A Provider exports the caps a pacing.Transport admits requests under,
+// one cap label each ("provider", "model:<name>", "model:other",
+// "api_key:<id>", "api_keys"), counted from the Trace each request carries:
+//
+//	caps := inflightprom.NewProvider(gate, cfg)
+//	prometheus.MustRegister(caps)
+//	ctx = pacing.WithTrace(ctx, caps.Trace(model)) // for each request
+//
 // # Learned caps
 //
 // A pacing.Gate that learns its upstream's concurrency caps is exported by

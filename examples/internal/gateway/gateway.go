@@ -83,11 +83,8 @@ type Gateway struct {
 	admin        http.Handler // the admin and debug endpoints behind the token; nil without admin
 	adminApart   bool         // admin is served on its own listener
 	metrics      *prometheus.Registry
-	provider     *capMetrics            // the provider cap's counts, kept here: the Gate has no Observer
-	models       map[string]*capMetrics // the counts of each model the config names; read-only after New
-	otherModels  *capMetrics            // the counts of every other model, together
-	keys         map[string]*capMetrics // the counts of each API key, by id; read-only after New
-	keyPool      *capMetrics            // the key pool's counts (its refusals); nil without a pool
+	prom         *inflightprom.Provider // the provider's caps on /metrics, counted from each request's Trace
+	named        map[string]struct{}    // the models the config names; read-only after New
 	// orgRejections counts refusals by org, with metrics.per_org; else nil.
 	orgRejections *prometheus.CounterVec
 	apiKeys       map[string]string // each API key's secret, by id; read-only after New
@@ -200,7 +197,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	inflightprom.WatchRegistry(collector, g.tenants)
 	g.metrics.MustRegister(collector)
 	g.registerMetrics(cfg)
-	if err := g.watchTelemetry(g.providerCounts(cfg)); err != nil {
+	if err := g.watchTelemetry(); err != nil {
 		g.Close()
 		return nil, err
 	}
@@ -282,7 +279,8 @@ func (g *Gateway) Provider() pacing.Status { return g.gate.Status() }
 // for the fleet's caps.
 func (g *Gateway) TurnedAway() uint64 {
 	var n uint64
-	for _, v := range g.provider.counts().Rejected {
+	st, _ := g.prom.Snapshot("provider")
+	for _, v := range st.Counts.Rejected {
 		n += v
 	}
 	return n
@@ -428,21 +426,15 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	if cost.Total() > 0 {
 		ctx = pacing.WithTokens(ctx, cost)
 	}
-	mm := g.modelMetrics(model)
 	x := &exchange{model: model, spent: spent}
 	asked := time.Now()
-	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), &pacing.Trace{
-		FleetWait: func() func() {
-			mm.fleetWaiting.Add(1)
-			return func() { mm.fleetWaiting.Add(-1) }
-		},
+	// The metrics' Trace first (inflightprom), then the gateway's own.
+	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), g.prom.Trace(model))
+	ctx = pacing.WithTrace(ctx, &pacing.Trace{
 		Admitted: func(a pacing.Admission) {
 			spent.start()
 			x.admitted = &a
 			info.waited, info.caps = a.Wait, g.capsHeld(a, model)
-			for _, m := range g.heldBy(a, mm) {
-				m.admitted(a.Wait, a.Held.Bypassed())
-			}
 			g.tel.providerAdmitted(ctx, a.Wait, a.Held.Bypassed())
 		},
 		Settled: spent.settle,
@@ -450,21 +442,11 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 			spent.cancel()
 			x.refused = err
 			info.waited, info.refusedBy = time.Since(asked), refusedBy(err)
-			g.capRefused(refusedBy(err), mm).rejected(err) // once, under the cap that refused
 			g.tel.providerRefused(ctx, err, info.waited)
 		},
+		Released: func(_ pacing.Admission, held time.Duration) { g.tel.providerReleased(held) },
 	})
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
-	// The proxy has closed the upstream body by now, which released the
-	// slot (a cut stream's linger aside). A bypass (fail-open) held
-	// nothing.
-	if a := x.admitted; a != nil && !a.Held.Bypassed() {
-		hold := time.Since(a.Held.AcquiredAt())
-		for _, m := range g.heldBy(*a, mm) {
-			m.released(hold)
-		}
-		g.tel.providerReleased(hold)
-	}
 }
 
 // providerTransport returns the proxy's Transport: the provider's caps

@@ -12,6 +12,7 @@ import (
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
 // requestInfo is what the model handler learns about a request, for its
@@ -159,23 +160,12 @@ func refusedBy(err error) string {
 	return pacing.CapProvider
 }
 
-// rejectReason names an admission error as the metrics do.
+// rejectReason names an admission error as the metrics do
+// (inflightprom.RejectReason), the fleet's store unavailable as
+// "unavailable".
 func rejectReason(err error) string {
-	switch {
-	case errors.Is(err, slots.ErrLimitReached):
-		return "limit_reached"
-	case errors.Is(err, slots.ErrQueueFull):
-		return "queue_full"
-	case errors.Is(err, slots.ErrWaitTimeout):
-		return "wait_timeout"
-	case errors.Is(err, slots.ErrExceedsLimit):
-		return "exceeds_limit"
-	case errors.Is(err, pacing.ErrOverBudget):
-		return "over_budget"
-	case errors.Is(err, fleet.ErrUnavailable):
+	if errors.Is(err, fleet.ErrUnavailable) {
 		return "unavailable"
-	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
-		return "canceled"
 	}
-	return "other"
+	return inflightprom.RejectReason(err)
 }

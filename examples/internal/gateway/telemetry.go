@@ -152,14 +152,14 @@ func (g *Gateway) tracedTransport(base http.RoundTripper) http.RoundTripper {
 // watchTelemetry reads the caps' counts for the telemetry's collections:
 // the tenants' registry, the provider's counts as /metrics has them, and
 // the learned caps.
-func (g *Gateway) watchTelemetry(provider func() (inFlight, waiting, limit int)) error {
+func (g *Gateway) watchTelemetry() error {
 	if g.tel == nil {
 		return nil
 	}
 	inflightotel.WatchRegistry(g.tel.tenants, g.tenants)
 	inflightotel.Watch(g.tel.provider, func() inflightotel.Snapshot {
-		n, w, l := provider()
-		return inflightotel.Snapshot{InFlight: n, Waiting: w, Keys: -1, Limit: l}
+		s, _ := g.prom.Snapshot("provider")
+		return inflightotel.Snapshot{InFlight: s.InFlight, Waiting: s.Waiting, Keys: -1, Limit: s.Limit}
 	})
 	var err error
 	g.tel.learned, err = inflightotel.NewLearnedCaps("provider", g, inflightotel.WithMeterProvider(g.tel.meters))
