@@ -36,8 +36,8 @@
 // reads it with WatchUsage, asks a stream for it with WithStreamUsage, and
 // tells clients what is left with WithRateLimitHeaders);
 // max_requests_per_minute counts the requests themselves. A Budget stands
-// alone, for a cap of the caller's (a tenant's), and never makes a
-// request wait.
+// alone, for a cap of the caller's, and never makes a request wait;
+// Budgets keeps one per tenant while it is in use.
 //
 // With an "adaptive" section the provider's cap is learned from the
 // upstream's answers instead of configured: report each one before its

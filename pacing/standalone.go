@@ -51,7 +51,8 @@ type Reservation struct {
 	b       *Budget
 	est     Tokens
 	step    int64
-	settled bool // guarded by b.mu
+	settled bool   // guarded by b.mu
+	ended   func() // called once it ends (Budgets' count of open ones); nil: none
 }
 
 // Reserve charges t, a request's estimated cost, if the budget takes it
@@ -93,18 +94,33 @@ func (r *Reservation) Settle(used Tokens) {
 // refused, or never sent, and charges nothing.
 func (r *Reservation) Cancel() { r.settle(Tokens{}, endedUnserved) }
 
+// Close ends the reservation with its estimate standing, unless Settle or
+// Cancel ended it before: for a request whose usage is not known (no usage
+// in its answer, a failed exchange). A Budgets keeps a key's Budget until
+// each of its reservations has ended.
+func (r *Reservation) Close() { r.settle(Tokens{}, endedNone) }
+
+// endedNone is the end of a reservation whose estimate stands (Close).
+const endedNone = -1
+
 func (r *Reservation) settle(used Tokens, ended int) {
 	if r == nil {
 		return
 	}
 	b := r.b
 	b.mu.Lock()
-	defer b.mu.Unlock()
 	if r.settled {
+		b.mu.Unlock()
 		return
 	}
 	r.settled = true
-	b.b.correct(r.step, r.est, used, ended, b.clk.Nanos())
+	if ended != endedNone {
+		b.b.correct(r.step, r.est, used, ended, b.clk.Nanos())
+	}
+	b.mu.Unlock()
+	if r.ended != nil {
+		r.ended()
+	}
 }
 
 // Status returns the budgets as a Gate's Status does (Model "").

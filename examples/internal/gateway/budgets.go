@@ -15,7 +15,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
-	"sync"
 	"time"
 
 	"github.com/inflight-go/inflight/pacing"
@@ -89,85 +88,21 @@ func (g *Gateway) registerBudgets() {
 	}))
 }
 
-// orgBudgets are the orgs' token budgets, made when an org first needs its
-// own and dropped once idle (org names come from a header: they must not
-// pile up).
-type orgBudgets struct {
-	def     *pacing.BudgetLimits
-	per     map[string]pacing.BudgetLimits
-	mu      sync.Mutex
-	live    map[string]*orgBudget
-	pruneAt int // the idle ones are dropped once live has this many
-}
-
-// orgBudget is an org's Budget and its requests that may still settle
-// into it: it is not dropped while any do.
-type orgBudget struct {
-	b    *pacing.Budget
-	open int
-}
-
-// maxIdleOrgBudgets is how many orgs' budgets are kept before the idle
-// ones are dropped.
-const maxIdleOrgBudgets = 1024
-
-// newOrgBudgets returns the orgs' budgets of cfg, or nil when it sets none.
-func newOrgBudgets(cfg OrgsConfig) *orgBudgets {
-	if cfg.Budget == nil && len(cfg.Budgets) == 0 {
-		return nil
-	}
-	return &orgBudgets{def: cfg.Budget, per: cfg.Budgets, live: map[string]*orgBudget{}, pruneAt: maxIdleOrgBudgets}
-}
-
-// get returns org's budget, or nil when it has none.
-func (o *orgBudgets) get(org string) *pacing.Budget {
-	b, done := o.use(org)
-	done()
-	return b
-}
-
-// limits returns org's budget limits, or nil when it has none.
-func (o *orgBudgets) limits(org string) *pacing.BudgetLimits {
-	if o == nil {
-		return nil
-	}
-	if l, ok := o.per[org]; ok {
-		return &l
-	}
-	return o.def
-}
-
-// use returns org's budget (nil when it has none), kept until done is
-// called: a request settles into the Budget it reserved from.
-func (o *orgBudgets) use(org string) (*pacing.Budget, func()) {
-	limits := o.limits(org)
-	if limits == nil {
-		return nil, func() {}
-	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	e := o.live[org]
-	if e == nil {
-		if len(o.live) >= o.pruneAt {
-			for name, e := range o.live {
-				if e.open == 0 && e.b.Idle() {
-					delete(o.live, name)
-				}
-			}
-			// Pruned again once as many more are live: O(1) per new org,
-			// amortised, however many are busy.
-			o.pruneAt = max(2*len(o.live), maxIdleOrgBudgets)
+// newOrgBudgets returns the orgs' budgets of cfg, each made when an org
+// first needs its own and dropped once idle (org names come from a
+// header: they must not pile up), nil when cfg sets none; and each org's
+// limits (nil: none).
+func newOrgBudgets(cfg OrgsConfig) (*pacing.Budgets[string], func(org string) *pacing.BudgetLimits) {
+	limits := func(org string) *pacing.BudgetLimits {
+		if l, ok := cfg.Budgets[org]; ok {
+			return &l
 		}
-		b, _ := pacing.NewBudget(*limits) // checked by ParseConfig
-		e = &orgBudget{b: b}
-		o.live[org] = e
+		return cfg.Budget
 	}
-	e.open++
-	return e.b, func() {
-		o.mu.Lock()
-		e.open--
-		o.mu.Unlock()
+	if cfg.Budget == nil && len(cfg.Budgets) == 0 {
+		return nil, limits
 	}
+	return pacing.NewBudgets(limits), limits
 }
 
 // fleetBudgets are the budgets per minute a fleet of gateways shares in
@@ -186,18 +121,14 @@ type fleetBudgets struct {
 // fleet, the provider's and its model's. Its settle and cancel are called
 // once, from one goroutine at a time.
 type spending struct {
-	local   *pacing.Reservation
-	fleet   []*fleet.BudgetReservation
-	release func()      // lets the org's budget go once idle (nil: nothing)
-	down    func() bool // the fleet's store held unavailable: its calls are skipped
+	local *pacing.Reservation
+	fleet []*fleet.BudgetReservation
+	down  func() bool // the fleet's store held unavailable: its calls are skipped
 }
 
-// done ends the request's hold on its org's budget.
-func (s *spending) done() {
-	if s.release != nil {
-		s.release()
-	}
-}
+// done ends the request's hold on its org's budget: an estimate not
+// settled by then stands.
+func (s *spending) done() { s.local.Close() }
 
 // budgetTimeout bounds a correction sent to the fleet's store.
 const budgetTimeout = 500 * time.Millisecond
@@ -271,7 +202,7 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		s.down = g.caps.StoreUnavailable
 		var bs []*fleet.Budget
 		names := []string{}
-		if limits := g.orgBudgets.limits(org); limits != nil {
+		if limits := g.orgLimits(org); limits != nil {
 			b, err := fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, 0)
 			if err != nil {
 				return nil, "tenant", err
@@ -298,14 +229,11 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		}
 		return s, "", nil
 	}
-	b, release := g.orgBudgets.use(org)
-	s.release = release
-	if b == nil {
+	if g.orgBudgets == nil {
 		return s, "", nil
 	}
 	var err error
-	if s.local, err = b.Reserve(cost); err != nil {
-		release()
+	if s.local, err = g.orgBudgets.Reserve(org, cost); err != nil {
 		return nil, budgetCap("tenant", t, err), err
 	}
 	return s, "", nil

@@ -90,11 +90,12 @@ type Gateway struct {
 	apiKeys       map[string]string // each API key's secret, by id; read-only after New
 	log           *slog.Logger
 	rejections    rejectLog
-	tel           *telemetry    // nil without telemetry
-	tokens        *estimator    // counts requests' tokens; nil without a token cap or budget
-	budgets       bool          // the provider has token budgets per minute
-	orgBudgets    *orgBudgets   // the orgs' token budgets; nil without
-	fleetBudgets  *fleetBudgets // with a fleet, the budgets in its store; else nil
+	tel           *telemetry                        // nil without telemetry
+	tokens        *estimator                        // counts requests' tokens; nil without a token cap or budget
+	budgets       bool                              // the provider has token budgets per minute
+	orgBudgets    *pacing.Budgets[string]           // the orgs' budgets; nil without
+	orgLimits     func(string) *pacing.BudgetLimits // an org's budget limits (nil: none)
+	fleetBudgets  *fleetBudgets                     // with a fleet, the budgets in its store; else nil
 
 	// draining is done once Drain is called: it ends the provider waits.
 	draining context.Context
@@ -165,7 +166,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	}
 	g.weights = cfg.Orgs.Weights
 	g.budgets = budgetsTokens(cfg.Provider)
-	g.orgBudgets = newOrgBudgets(cfg.Orgs)
+	g.orgBudgets, g.orgLimits = newOrgBudgets(cfg.Orgs)
 	if capsTokens(cfg.Provider) || g.orgBudgets != nil {
 		if g.tokens, err = newEstimator(cfg.Tokens); err != nil {
 			return nil, err

@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -18,9 +19,10 @@ import (
 
 func orgLeft(t *testing.T, g *Gateway, org string) int {
 	t.Helper()
-	b := g.orgBudgets.get(org)
-	require.NotNil(t, b)
-	st := b.Status()
+	st := g.orgBudgets.Status(org)
+	if st == nil { // none kept: never reserved, or dropped once idle
+		return g.orgLimits(org).TokensPerMinute
+	}
 	require.Len(t, st, 1)
 	return st[0].Left
 }
@@ -103,23 +105,34 @@ func TestOrgBudgetBypassSettled(t *testing.T) {
 	assert.Equal(t, 1000-6, orgLeft(t, g, "org-b"), "settled with the 5 + 1 reported")
 }
 
-// An org's budget with a request in flight (a stream longer than a minute)
-// is not dropped as idle: the request settles into the budget in use.
-func TestOrgBudgetKeptWhileInFlight(t *testing.T) {
-	o := newOrgBudgets(OrgsConfig{Budget: &pacing.BudgetLimits{TokensPerMinute: 1000}})
+// Each request ends its reservation of its org's budget, settled or not
+// (an answer without usage: the estimate stands), so the org's Budget is
+// dropped once idle. (pacing.Budgets keeps a Budget while a reservation is
+// open, past a minute too, so a long stream settles into it.)
+func TestOrgBudgetEndsEachReservation(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		if r.Header.Get("X-Usage") == "" {
+			io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}]}`)
+			return
+		}
+		io.WriteString(w, `{"choices":[{"message":{"content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":1}}`)
+	}))
+	t.Cleanup(up.Close)
+	srv, g := startGatewayWith(t, up.URL, `{"upstream": "%s",
+		"orgs": {"default_limit": 10, "budget": {"tokens_per_minute": 1000}}, "tokens": {"expected_output": 100}}`)
 	mock := clock.NewMock()
-	mock.Set(time.Unix(1_000_000, 0))
-	old, err := pacing.NewBudget(pacing.BudgetLimits{TokensPerMinute: 1000}, mock)
-	require.NoError(t, err)
-	o.live["org-a"] = &orgBudget{b: old}
-	_, done := o.use("org-a") // the handler holds it while the stream runs
-	r, err := old.Reserve(pacing.Tokens{Input: 10, Output: 100})
-	require.NoError(t, err)
-	mock.Add(61 * time.Second) // the stream goes on
-	for i := range maxIdleOrgBudgets {
-		o.get("other-" + string(rune('a'+i%26)) + strings.Repeat("x", i/26))
+	g.orgBudgets = pacing.NewBudgets(g.orgLimits, mock)
+	for _, hdr := range []map[string]string{nil, {"X-Usage": "1"}} {
+		resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, hdr)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
 	}
-	r.Settle(pacing.Tokens{Input: 10, Output: 900}) // 800 more than estimated: debt
-	done()
-	assert.Same(t, old, o.get("org-a"), "the budget with an open reservation is kept")
+	require.NotNil(t, g.orgBudgets.Status("org-a"))
+	mock.Add(61 * time.Second)
+	for i := range 2048 { // enough new orgs to prune the idle ones
+		r, err := g.orgBudgets.Reserve(fmt.Sprintf("org-%d", i), pacing.Tokens{Input: 1})
+		require.NoError(t, err)
+		r.Close()
+	}
+	assert.Nil(t, g.orgBudgets.Status("org-a"), "nothing left open: dropped once idle")
 }

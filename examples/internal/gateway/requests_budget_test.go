@@ -88,7 +88,7 @@ func TestGatewayRequestsBudgetRefusedUpstream(t *testing.T) {
 	for _, b := range g.gate.Budgets() {
 		assert.Equal(t, b.Limit, b.Left, "the provider's %s", b.Cap)
 	}
-	st := g.orgBudgets.get("org-a").Status()
+	st := g.orgBudgets.Status("org-a")
 	require.Len(t, st, 1)
 	assert.Equal(t, 1, st[0].Left, "the org's")
 }

@@ -1,0 +1,125 @@
+package pacing_test
+
+import (
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// orgLimits gives "org-a" a budget of 1,000 tokens a minute, every other
+// org starting "org-" 100, and the rest none.
+func orgLimits(key string) *pacing.BudgetLimits {
+	switch {
+	case key == "org-a":
+		return &pacing.BudgetLimits{TokensPerMinute: 1000}
+	case len(key) > 4 && key[:4] == "org-":
+		return &pacing.BudgetLimits{TokensPerMinute: 100}
+	}
+	return nil
+}
+
+func TestBudgetsPerKey(t *testing.T) {
+	mock := clock.NewMock()
+	s := pacing.NewBudgets(orgLimits, mock)
+
+	r, err := s.Reserve("anonymous", pacing.Tokens{Input: 5000})
+	assert.NoError(t, err)
+	assert.Nil(t, r, "a key without a budget reserves nothing")
+	r.Settle(pacing.Tokens{Input: 1}) // a nil Reservation does nothing
+	assert.Zero(t, s.Len())
+
+	a, err := s.Reserve("org-a", pacing.Tokens{Input: 600})
+	require.NoError(t, err)
+	b, err := s.Reserve("org-b", pacing.Tokens{Input: 60})
+	require.NoError(t, err)
+	_, err = s.Reserve("org-b", pacing.Tokens{Input: 60})
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le, "org-b's own budget is 100")
+	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, 100, le.Limit)
+	assert.Equal(t, 2, s.Len())
+
+	a.Settle(pacing.Tokens{Input: 100, Output: 50}) // 450 back
+	assert.Equal(t, 850, s.Status("org-a")[0].Left)
+	b.Close() // its estimate stands
+	b.Settle(pacing.Tokens{})
+	assert.Equal(t, 40, s.Status("org-b")[0].Left, "only the first end counts")
+	assert.Nil(t, s.Status("org-c"))
+}
+
+// A key's Budget is kept while a reservation of it is open, also past a
+// minute (a long stream): the request settles its debt into the Budget
+// in use. Idle ones with none open are dropped, so a flood of keys leaves
+// nothing behind.
+func TestBudgetsKeptWhileOpen(t *testing.T) {
+	mock := clock.NewMock()
+	s := pacing.NewBudgets(orgLimits, mock)
+	long, err := s.Reserve("org-a", pacing.Tokens{Input: 10, Output: 100})
+	require.NoError(t, err)
+	mock.Add(61 * time.Second) // the stream goes on
+	for i := range 3000 {
+		r, err := s.Reserve(fmt.Sprintf("org-%d", i), pacing.Tokens{Input: 1})
+		require.NoError(t, err)
+		r.Close()
+		if i%1000 == 999 {
+			mock.Add(61 * time.Second)
+		}
+	}
+	long.Settle(pacing.Tokens{Input: 10, Output: 900}) // 800 more than estimated
+	st := s.Status("org-a")
+	require.NotNil(t, st, "kept while its reservation was open")
+	assert.Equal(t, 200, st[0].Left, "its debt is charged to the Budget it reserved from")
+	assert.Less(t, s.Len(), 2100, "idle keys are dropped")
+	// Once idle, with nothing open, it goes with the others.
+	mock.Add(61 * time.Second)
+	for i := range 2048 {
+		r, _ := s.Reserve(fmt.Sprintf("org-x%d", i), pacing.Tokens{Input: 1})
+		r.Cancel()
+	}
+	assert.Nil(t, s.Status("org-a"))
+}
+
+// A refused reservation leaves nothing open; reservations made and ended
+// on many goroutines leave every Budget droppable.
+func TestBudgetsConcurrent(t *testing.T) {
+	mock := clock.NewMock()
+	s := pacing.NewBudgets(orgLimits, mock)
+	var wg sync.WaitGroup
+	for g := range 8 {
+		wg.Go(func() {
+			for i := range 500 {
+				key := fmt.Sprintf("org-%d", (g*500+i)%40)
+				r, err := s.Reserve(key, pacing.Tokens{Input: 7})
+				if err != nil {
+					continue // over its budget: nothing reserved
+				}
+				switch i % 3 {
+				case 0:
+					r.Settle(pacing.Tokens{Input: 3})
+				case 1:
+					r.Cancel()
+				default:
+					r.Close()
+				}
+			}
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, 40, s.Len())
+	mock.Add(61 * time.Second)
+	for i := range 2048 {
+		r, _ := s.Reserve(fmt.Sprintf("org-y%d", i), pacing.Tokens{Input: 1})
+		r.Close()
+	}
+	for k := range 40 {
+		assert.Nil(t, s.Status(fmt.Sprintf("org-%d", k)), "nothing left open")
+	}
+}
