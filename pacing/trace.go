@@ -39,8 +39,10 @@ type Trace struct {
 	// its answer's body was read to the end or closed (after
 	// WithCutLinger's linger, for a cut exchange), or its exchange failed.
 	// It may run on the goroutine that closes the body, or on a timer's.
-	// It is not called for an admission that holds nothing (a bypass). A
-	// panic in it is logged and goes no further: the slots are free then.
+	// It is not called for a Bypassed admission (fail-open: the Gate's
+	// part or the fleet's went ahead without capacity), nor for a Trace
+	// whose Admitted was not called (one before it panicked). A panic in
+	// it is logged and goes no further: the slots are free then.
 	Released func(a Admission, held time.Duration)
 }
 
@@ -80,9 +82,17 @@ func tracesOf(ctx context.Context) traces {
 }
 
 // fleetWait calls each FleetWait and returns what ends them all (nil:
-// nothing to end).
+// nothing to end). If one panics, those that began are ended first.
 func (trs traces) fleetWait() (done func()) {
 	var dones []func()
+	began := false
+	defer func() {
+		if !began {
+			for _, d := range dones {
+				d()
+			}
+		}
+	}()
 	for _, tr := range trs {
 		if tr.FleetWait != nil {
 			if d := tr.FleetWait(); d != nil {
@@ -90,6 +100,7 @@ func (trs traces) fleetWait() (done func()) {
 			}
 		}
 	}
+	began = true
 	if len(dones) == 0 {
 		return nil
 	}

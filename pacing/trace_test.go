@@ -160,3 +160,30 @@ func (b *lateEOF) Read([]byte) (int, error) {
 }
 
 func (b *lateEOF) Close() error { return nil }
+
+// A Trace whose Admitted panics leaves the slots free and the Traces after
+// it, which never heard Admitted, hear no Released; a FleetWait that
+// panics ends the waits that began before it.
+func TestTracePanicsKeepTheCountsPaired(t *testing.T) {
+	base, _ := recording(t)
+	f := &fakeFleet{}
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	rt := pacing.NewTransport(base, gate, pacing.WithFleet(f))
+	var admitted, released, waiting int
+	counting := &pacing.Trace{
+		FleetWait: func() func() { waiting++; return func() { waiting-- } },
+		Admitted:  func(pacing.Admission) { admitted++ },
+		Released:  func(pacing.Admission, time.Duration) { released++ },
+	}
+	ctx := pacing.WithTrace(pacing.WithTrace(t.Context(), &pacing.Trace{Admitted: func(pacing.Admission) { panic("bug") }}), counting)
+	assert.Panics(t, func() { rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
+	assert.Zero(t, gate.Status().InFlight)
+	assert.Zero(t, f.held.Load())
+	assert.Zero(t, admitted)
+	assert.Zero(t, released, "no Released without Admitted")
+
+	ctx = pacing.WithTrace(pacing.WithTrace(t.Context(), counting), &pacing.Trace{FleetWait: func() func() { panic("bug") }})
+	assert.Panics(t, func() { rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
+	assert.Zero(t, waiting, "the wait that began was ended")
+	assert.Zero(t, f.held.Load())
+}

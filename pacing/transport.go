@@ -237,18 +237,15 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		defer cancel()
 		defer context.AfterFunc(wait, cancel)()
 	}
-	var held *slots.Slot
 	returned := false
 	defer func() {
 		if returned {
 			return
 		}
-		if held != nil {
-			held.Release()
-		} else {
-			x.grant.Slot.Release()
-			x.caps.Release()
-		}
+		// The parts, not what holds them together: a Trace that did not
+		// hear Admitted (one before it panicked) hears no Released.
+		x.grant.Slot.Release()
+		x.caps.Release()
 		x.grant, x.caps = Grant{}, nil
 	}()
 	start := time.Now()
@@ -266,12 +263,13 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
 			keys = append(keys, mk)
 		}
-		done := trs.fleetWait()
-		s, err := t.caps.AcquireAll(ctx, keys...)
-		x.caps = s
-		if done != nil {
-			done()
-		}
+		var err error
+		func() {
+			if done := trs.fleetWait(); done != nil {
+				defer done() // x.caps is set by then: a panic in it frees them
+			}
+			x.caps, err = t.caps.AcquireAll(ctx, keys...)
+		}()
 		if err != nil {
 			trs.refused(err)
 			return nil, err
@@ -286,22 +284,26 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	}
 	at := time.Now()
 	a := Admission{Grant: x.grant, Wait: at.Sub(start)}
-	var released func() // the Traces hear when the slots go, unless held nothing
+	var released func() // the Traces hear when the slots go, unless one part held nothing
+	var ra *Admission   // what they hear; made only then (a would escape on every request)
 	if !x.grant.Slot.Bypassed() && !x.caps.Bypassed() && trs.hears(func(tr *Trace) bool { return tr.Released != nil }) {
+		ra = new(Admission)
 		released = func() {
 			defer func() {
 				if p := recover(); p != nil {
 					t.gate.eng.Log().Error("pacing: a Trace's Released panicked; the slots are free", slog.Any("panic", p))
 				}
 			}()
-			trs.released(a, time.Since(at))
+			trs.released(*ra, time.Since(at))
 		}
 	}
-	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
-	a.Held = held
+	a.Held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
+	if ra != nil {
+		*ra = a
+	}
 	trs.admitted(a)
 	returned = true
-	return held, nil
+	return a.Held, nil
 }
 
 // reporter sends a request under the slots Transport and reports the

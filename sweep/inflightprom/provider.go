@@ -23,18 +23,21 @@ import (
 // In flight, waiting and limits are read from the Gate at each scrape,
 // learned limits through the Learner (WithLearner). Admissions, releases,
 // refusals, and the time waited and held, are counted from the Trace each
-// request is sent with (Trace): the wait for a fleet's caps (pacing.WithFleet)
-// counts as waiting for the model's cap and the provider's, and as part of
-// the time waited. A refusal is counted once, under the cap that refused it
-// (the model's for its model's caps and budgets, the pool's when every key
-// was full or out of quota, else the provider's: its cap, its queue's
-// bounds, its pacing, a fleet's refusal, a client that left). An API key
-// is given to a request as it starts, so its series have no waiting and no
-// refusals.
+// request is sent with (Trace): a request taking a fleet's caps
+// (pacing.WithFleet), from its call to the answer, counts as waiting for
+// its model's cap and the provider's, and that time as waited. A refusal
+// is counted once, under the cap that refused it (the model's for its
+// model's caps and budgets, the pool's when every key was full or out of
+// budget, else the provider's: its cap, its queue's bounds, its pacing, a
+// fleet's refusal, a client that left). An API key is given to a request
+// as it starts, so its series have no waiting and no refusals. A Bypassed
+// admission (fail-open) counts as bypassed, with no release.
 //
-// Its caps are one provider's: a program with several registers each
-// Provider in a registry of its own. Create it with NewProvider; the zero
-// value is not usable.
+// Its caps, and their configured limits, are those of the Config given to
+// NewProvider: after Gate.Reconfigure, make a new Provider. They are one
+// provider's: a program with several registers each Provider in a
+// registry of its own. Create it with NewProvider; the zero value is not
+// usable.
 type Provider struct {
 	gate    *pacing.Gate
 	learner Learner
@@ -107,8 +110,11 @@ func NewProvider(gate *pacing.Gate, cfg pacing.Config, opts ...ProviderOption) *
 		p.traces[name] = p.newTrace(m)
 	}
 	other := "model:other"
-	if _, named := cfg.Models["other"]; named {
-		other = "model:other (unnamed)" // a model called "other" keeps "model:other"
+	for {
+		if _, named := cfg.Models[other[len("model:"):]]; !named {
+			break
+		}
+		other += " (unnamed)" // a model called "other" keeps "model:other"
 	}
 	p.other = p.newCap(other, true, func(st pacing.Status, c *capCounts) Snapshot {
 		s := Snapshot{Waiting: int(c.fleetWaiting.Load()), Keys: -1, Limit: slots.Unlimited}
@@ -252,7 +258,7 @@ func (p *Provider) refusedBy(err error, m *capCounts) *capCounts {
 		switch {
 		case le.Cap == pacing.CapModel, strings.HasPrefix(le.Cap, "model_"), le.Cap == "" && strings.HasPrefix(le.Key, "model:"):
 			return m
-		case le.Cap == pacing.CapAPIKey && p.pool != nil:
+		case (le.Cap == pacing.CapAPIKey || strings.HasPrefix(le.Cap, "api_key_")) && p.pool != nil: // full, or their budgets
 			return p.pool
 		}
 	}

@@ -270,3 +270,30 @@ func rejections(t *testing.T, p *inflightprom.Provider) map[string]float64 {
 	}
 	return out
 }
+
+// Every key out of its budget is the pool's refusal; model names that would
+// give two caps one label are told apart.
+func TestProviderKeyBudgetsAndNames(t *testing.T) {
+	cfg := pacing.Config{
+		MaxQueue: 1, MaxQueueWaitMS: 20,
+		Models:  map[string]pacing.ModelConfig{"other": {}, "other (unnamed)": {}},
+		APIKeys: []pacing.KeyConfig{{ID: "k1", BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}}},
+	}
+	gate, err := pacing.NewGate("p", cfg)
+	require.NoError(t, err)
+	defer gate.Close()
+	p := inflightprom.NewProvider(gate, cfg)
+	g, err := gate.Acquire(t.Context(), "m")
+	require.NoError(t, err)
+	g.Slot.Release()
+	_, err = gate.Acquire(t.Context(), "m")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "api_key_"+pacing.CapMaxRequestsPerMinute, le.Cap)
+	p.Trace("m").Refused(err)
+	got := rejections(t, p) // a pedantic registry: no two caps share a label
+	assert.Equal(t, 1.0, got["api_keys/wait_timeout"], "waited for a key with budget left, in vain")
+	assert.Zero(t, got["provider/wait_timeout"])
+	_, ok := p.Snapshot("model:other (unnamed) (unnamed)")
+	assert.True(t, ok, "the unnamed models' cap takes a name no model has")
+}
