@@ -4,6 +4,8 @@ import (
 	"sync"
 
 	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/keys"
 )
 
 // Budgets keeps a Budget per key (an org, a tenant: a budget of the
@@ -22,25 +24,39 @@ type Budgets[K comparable] struct {
 	clk      clock.Clock // nil: the real clock
 
 	mu      sync.Mutex
-	live    map[K]*keyedBudget
+	live    map[K]*keyedBudget[K]
+	peak    int // the most entries of live since it was made (see keys.Remade)
 	pruneAt int // the idle ones are dropped once live has this many
 }
 
 // keyedBudget is a key's Budget and how many of its reservations are open.
-type keyedBudget struct {
+type keyedBudget[K comparable] struct {
+	s    *Budgets[K]
 	b    *Budget
-	open int // guarded by Budgets.mu
+	open int // guarded by s.mu
+}
+
+// end implements ender: one of e's reservations has ended.
+func (e *keyedBudget[K]) end() {
+	e.s.mu.Lock()
+	e.open--
+	e.s.mu.Unlock()
 }
 
 // minPrune is how many Budgets are kept before the idle ones are dropped.
 const minPrune = 1024
 
-// NewBudgets returns Budgets whose key k has the limits limitsOf(k) (nil:
-// k has no budget), read when k's Budget is made: a change takes effect
-// once the key has been idle. The clock is the real one, or clk (a mock,
-// in tests) when given.
+// NewBudgets returns Budgets whose key k has the limits limitsOf(k),
+// asked on each Reserve: nil means k has no budget (nothing is reserved,
+// from a Budget kept for k either); other limits are those of k's Budget
+// when it is made, and a change of them takes effect once it has been
+// dropped. The clock is the real one, or clk (a mock, in tests) when
+// given. It panics if limitsOf is nil.
 func NewBudgets[K comparable](limitsOf func(K) *BudgetLimits, clk ...clock.Clock) *Budgets[K] {
-	s := &Budgets[K]{limitsOf: limitsOf, live: map[K]*keyedBudget{}, pruneAt: minPrune}
+	if limitsOf == nil {
+		panic("pacing: NewBudgets needs a function of the keys' limits")
+	}
+	s := &Budgets[K]{limitsOf: limitsOf, live: map[K]*keyedBudget[K]{}, pruneAt: minPrune}
 	if len(clk) > 0 {
 		s.clk = clk[0]
 	}
@@ -64,24 +80,19 @@ func (s *Budgets[K]) Reserve(key K, t Tokens) (*Reservation, error) {
 			return nil, err
 		}
 		s.pruneLocked()
-		e = &keyedBudget{b: b}
+		e = &keyedBudget[K]{s: s, b: b}
 		s.live[key] = e
+		s.peak = max(s.peak, len(s.live))
 	}
 	e.open++
 	s.mu.Unlock()
 	r, err := e.b.Reserve(t)
 	if err != nil {
-		s.end(e)
+		e.end()
 		return nil, err
 	}
-	r.ended = func() { s.end(e) }
+	r.owner = e
 	return r, nil
-}
-
-func (s *Budgets[K]) end(e *keyedBudget) {
-	s.mu.Lock()
-	e.open--
-	s.mu.Unlock()
 }
 
 // pruneLocked drops the Budgets that are idle with none open once live
@@ -97,6 +108,7 @@ func (s *Budgets[K]) pruneLocked() {
 		}
 	}
 	s.pruneAt = max(2*len(s.live), minPrune)
+	s.live = keys.Remade(s.live, &s.peak, minPrune) // so that a burst's memory goes with it
 }
 
 // Status returns key's budgets as Budget.Status does, or nil while key

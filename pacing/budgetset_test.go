@@ -123,3 +123,34 @@ func TestBudgetsConcurrent(t *testing.T) {
 		assert.Nil(t, s.Status(fmt.Sprintf("org-%d", k)), "nothing left open")
 	}
 }
+
+// A reservation through Budgets allocates what one of a Budget does; a
+// key whose limits become nil reserves nothing at once; no function of
+// the limits is a programming error.
+func TestBudgetsCostAndLimits(t *testing.T) {
+	mock := clock.NewMock()
+	off := false
+	limits := &pacing.BudgetLimits{TokensPerMinute: 1 << 40}
+	s := pacing.NewBudgets(func(string) *pacing.BudgetLimits {
+		if off {
+			return nil
+		}
+		return limits
+	}, mock)
+	b, err := pacing.NewBudget(pacing.BudgetLimits{TokensPerMinute: 1 << 40}, mock)
+	require.NoError(t, err)
+	alone := testing.AllocsPerRun(100, func() {
+		r, _ := b.Reserve(pacing.Tokens{Input: 1})
+		r.Settle(pacing.Tokens{Input: 1})
+	})
+	keyed := testing.AllocsPerRun(100, func() {
+		r, _ := s.Reserve("org-a", pacing.Tokens{Input: 1})
+		r.Settle(pacing.Tokens{Input: 1})
+	})
+	assert.Equal(t, alone, keyed)
+	off = true
+	r, err := s.Reserve("org-a", pacing.Tokens{Input: 1})
+	assert.NoError(t, err)
+	assert.Nil(t, r)
+	assert.Panics(t, func() { pacing.NewBudgets[string](nil) })
+}

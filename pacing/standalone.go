@@ -51,9 +51,12 @@ type Reservation struct {
 	b       *Budget
 	est     Tokens
 	step    int64
-	settled bool   // guarded by b.mu
-	ended   func() // called once it ends (Budgets' count of open ones); nil: none
+	settled bool  // guarded by b.mu
+	owner   ender // told once it ends (Budgets' count of open ones); nil: none
 }
+
+// ender is told that a reservation has ended.
+type ender interface{ end() }
 
 // Reserve charges t, a request's estimated cost, if the budget takes it
 // now: if what started in the last minute and t fit each limit, or if
@@ -107,20 +110,24 @@ func (r *Reservation) settle(used Tokens, ended int) {
 	if r == nil {
 		return
 	}
+	if r.finish(used, ended) && r.owner != nil {
+		r.owner.end() // with b.mu released
+	}
+}
+
+// finish ends r, if nothing has, and reports whether it did.
+func (r *Reservation) finish(used Tokens, ended int) bool {
 	b := r.b
 	b.mu.Lock()
+	defer b.mu.Unlock()
 	if r.settled {
-		b.mu.Unlock()
-		return
+		return false
 	}
 	r.settled = true
 	if ended != endedNone {
 		b.b.correct(r.step, r.est, used, ended, b.clk.Nanos())
 	}
-	b.mu.Unlock()
-	if r.ended != nil {
-		r.ended()
-	}
+	return true
 }
 
 // Status returns the budgets as a Gate's Status does (Model "").

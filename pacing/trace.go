@@ -88,9 +88,7 @@ func (trs traces) fleetWait() (done func()) {
 	began := false
 	defer func() {
 		if !began {
-			for _, d := range dones {
-				d()
-			}
+			_ = endAll(dones) // the FleetWait's panic goes on, not theirs
 		}
 	}()
 	for _, tr := range trs {
@@ -105,14 +103,45 @@ func (trs traces) fleetWait() (done func()) {
 		return nil
 	}
 	return func() {
-		for _, d := range dones {
-			d()
+		if p := endAll(dones); p != nil {
+			panic(p)
 		}
 	}
 }
 
-func (trs traces) admitted(a Admission) {
-	for _, tr := range trs {
+// endAll calls each of dones, also after one panics, and returns the
+// first panic's value (nil: none).
+func endAll(dones []func()) (first any) {
+	for _, d := range dones {
+		func() {
+			defer func() {
+				if p := recover(); p != nil && first == nil {
+					first = p
+				}
+			}()
+			d()
+		}()
+	}
+	return first
+}
+
+// heard is what the Traces of an admission heard: the Admission, and how
+// many of them (the first n) were told it, so that those alone are told
+// Released when one of them panics.
+type heard struct {
+	a Admission
+	n int
+}
+
+// admitted tells each Trace a, counting them in h if not nil.
+func (trs traces) admitted(a Admission, h *heard) {
+	if h != nil {
+		h.a = a
+	}
+	for i, tr := range trs {
+		if h != nil {
+			h.n = i + 1
+		}
 		if tr.Admitted != nil {
 			tr.Admitted(a)
 		}

@@ -161,29 +161,38 @@ func (b *lateEOF) Read([]byte) (int, error) {
 
 func (b *lateEOF) Close() error { return nil }
 
-// A Trace whose Admitted panics leaves the slots free and the Traces after
-// it, which never heard Admitted, hear no Released; a FleetWait that
-// panics ends the waits that began before it.
+// A Trace whose Admitted panics leaves the slots free; the Traces told
+// Admitted before it (and it) hear Released, those after it hear neither.
+// A FleetWait that panics ends the waits that began before it, each even
+// if another's end panics, and its own panic is the one that goes on.
 func TestTracePanicsKeepTheCountsPaired(t *testing.T) {
 	base, _ := recording(t)
 	f := &fakeFleet{}
 	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
 	rt := pacing.NewTransport(base, gate, pacing.WithFleet(f))
-	var admitted, released, waiting int
-	counting := &pacing.Trace{
-		FleetWait: func() func() { waiting++; return func() { waiting-- } },
-		Admitted:  func(pacing.Admission) { admitted++ },
-		Released:  func(pacing.Admission, time.Duration) { released++ },
+	type counts struct{ admitted, released, waiting int }
+	counting := func(c *counts) *pacing.Trace {
+		return &pacing.Trace{
+			FleetWait: func() func() { c.waiting++; return func() { c.waiting-- } },
+			Admitted:  func(pacing.Admission) { c.admitted++ },
+			Released:  func(pacing.Admission, time.Duration) { c.released++ },
+		}
 	}
-	ctx := pacing.WithTrace(pacing.WithTrace(t.Context(), &pacing.Trace{Admitted: func(pacing.Admission) { panic("bug") }}), counting)
-	assert.Panics(t, func() { rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
+	var before, after counts
+	ctx := pacing.WithTrace(t.Context(), counting(&before))
+	ctx = pacing.WithTrace(ctx, &pacing.Trace{Admitted: func(pacing.Admission) { panic("bug") }})
+	ctx = pacing.WithTrace(ctx, counting(&after))
+	assert.PanicsWithValue(t, "bug", func() { rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
 	assert.Zero(t, gate.Status().InFlight)
 	assert.Zero(t, f.held.Load())
-	assert.Zero(t, admitted)
-	assert.Zero(t, released, "no Released without Admitted")
+	assert.Equal(t, counts{admitted: 1, released: 1}, before, "told Admitted, then Released")
+	assert.Equal(t, counts{}, after, "told neither")
 
-	ctx = pacing.WithTrace(pacing.WithTrace(t.Context(), counting), &pacing.Trace{FleetWait: func() func() { panic("bug") }})
-	assert.Panics(t, func() { rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
-	assert.Zero(t, waiting, "the wait that began was ended")
+	var first counts
+	ctx = pacing.WithTrace(t.Context(), &pacing.Trace{FleetWait: func() func() { return func() { panic("its end") } }})
+	ctx = pacing.WithTrace(ctx, counting(&first))
+	ctx = pacing.WithTrace(ctx, &pacing.Trace{FleetWait: func() func() { panic("bug") }})
+	assert.PanicsWithValue(t, "bug", func() { rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
+	assert.Zero(t, first.waiting, "the wait that began was ended")
 	assert.Zero(t, f.held.Load())
 }

@@ -237,15 +237,18 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		defer cancel()
 		defer context.AfterFunc(wait, cancel)()
 	}
+	var held *slots.Slot
 	returned := false
 	defer func() {
 		if returned {
 			return
 		}
-		// The parts, not what holds them together: a Trace that did not
-		// hear Admitted (one before it panicked) hears no Released.
-		x.grant.Slot.Release()
-		x.caps.Release()
+		if held != nil { // the Traces that heard Admitted hear Released
+			held.Release()
+		} else {
+			x.grant.Slot.Release()
+			x.caps.Release()
+		}
 		x.grant, x.caps = Grant{}, nil
 	}()
 	start := time.Now()
@@ -285,25 +288,23 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	at := time.Now()
 	a := Admission{Grant: x.grant, Wait: at.Sub(start)}
 	var released func() // the Traces hear when the slots go, unless one part held nothing
-	var ra *Admission   // what they hear; made only then (a would escape on every request)
+	var h *heard        // what they heard; made only then (a would escape on every request)
 	if !x.grant.Slot.Bypassed() && !x.caps.Bypassed() && trs.hears(func(tr *Trace) bool { return tr.Released != nil }) {
-		ra = new(Admission)
+		h = new(heard)
 		released = func() {
 			defer func() {
 				if p := recover(); p != nil {
 					t.gate.eng.Log().Error("pacing: a Trace's Released panicked; the slots are free", slog.Any("panic", p))
 				}
 			}()
-			trs.released(*ra, time.Since(at))
+			trs[:h.n].released(h.a, time.Since(at))
 		}
 	}
-	a.Held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
-	if ra != nil {
-		*ra = a
-	}
-	trs.admitted(a)
+	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
+	a.Held = held
+	trs.admitted(a, h)
 	returned = true
-	return a.Held, nil
+	return held, nil
 }
 
 // reporter sends a request under the slots Transport and reports the
