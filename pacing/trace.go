@@ -41,8 +41,9 @@ type Trace struct {
 	// It may run on the goroutine that closes the body, or on a timer's.
 	// It is not called for a Bypassed admission (fail-open: the Gate's
 	// part or the fleet's went ahead without capacity), nor for a Trace
-	// whose Admitted was not called (one before it panicked). A panic in
-	// it is logged and goes no further: the slots are free then.
+	// whose Admitted was not called (one attached after a Trace whose
+	// Admitted panicked). A panic in it is logged and goes no further: the
+	// slots are free then.
 	Released func(a Admission, held time.Duration)
 }
 

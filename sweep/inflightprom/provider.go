@@ -34,7 +34,8 @@ import (
 // admission (fail-open) counts as bypassed, with no release.
 //
 // Its caps, and their configured limits, are those of the Config given to
-// NewProvider: after Gate.Reconfigure, make a new Provider. They are one
+// NewProvider: after Gate.Reconfigure, unregister it and register a new
+// one (its counts start again from 0). They are one
 // provider's: a program with several registers each Provider in a
 // registry of its own. Create it with NewProvider; the zero value is not
 // usable.
