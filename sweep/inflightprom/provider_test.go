@@ -297,3 +297,81 @@ func TestProviderKeyBudgetsAndNames(t *testing.T) {
 	_, ok := p.Snapshot("model:other (unnamed) (unnamed)")
 	assert.True(t, ok, "the unnamed models' cap takes a name no model has")
 }
+
+// Many clients at once, some walking away mid-stream, some refused: once
+// all have gone, each cap has released what it admitted, the provider has
+// counted each request once (admitted or refused), and nothing is left in
+// flight or waiting. The Gate's own count is the independent one.
+func TestProviderHammer(t *testing.T) {
+	cfg := pacing.Config{
+		MaxConcurrentRequests: 4, MaxQueue: 6, MaxQueueWaitMS: 40,
+		Models:  map[string]pacing.ModelConfig{"a": {MaxConcurrentRequests: 2}, "b": {}},
+		APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}, {ID: "k2", MaxConcurrentRequests: 3}},
+	}
+	gate, err := pacing.NewGate("p", cfg)
+	require.NoError(t, err)
+	defer gate.Close()
+	p := inflightprom.NewProvider(gate, cfg)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range 3 {
+			fmt.Fprint(w, "data: {}\n\n")
+			w.(http.Flusher).Flush()
+			select {
+			case <-time.After(time.Duration(1+len(r.URL.RawQuery)%5) * time.Millisecond):
+			case <-r.Context().Done():
+				return
+			}
+		}
+	}))
+	defer up.Close()
+	rt := pacing.NewTransport(up.Client().Transport, gate, pacing.WithCutLinger(5*time.Millisecond))
+	models := []string{"a", "b", "c", "d"}
+	const clients, each = 16, 12
+	var wg sync.WaitGroup
+	for c := range clients {
+		wg.Go(func() {
+			for i := range each {
+				model := models[(c+i)%len(models)]
+				ctx, cancel := context.WithCancel(pacing.WithTrace(t.Context(), p.Trace(model)))
+				req, _ := http.NewRequestWithContext(ctx, http.MethodPost, fmt.Sprintf("%s/?%d", up.URL, c*each+i),
+					strings.NewReader(`{"model":"`+model+`","stream":true}`))
+				resp, err := rt.RoundTrip(req)
+				if err == nil {
+					if (c+i)%3 == 0 {
+						bufio.NewReader(resp.Body).ReadString('\n') // walks away after the first event
+						resp.Body.Close()
+					} else {
+						io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+					}
+				}
+				cancel()
+			}
+		})
+	}
+	wg.Wait()
+	require.Eventually(t, func() bool { return gate.Status().InFlight == 0 }, 5*time.Second, time.Millisecond, "the cut streams' linger")
+	var admitted, refused uint64
+	for _, name := range []string{"provider", "model:a", "model:other", "api_key:k1", "api_key:k2", "api_keys"} {
+		s, ok := p.Snapshot(name)
+		require.True(t, ok, name)
+		assert.Zero(t, s.InFlight, name)
+		assert.Equal(t, s.Counts.Acquired, s.Counts.Released, "%s released what it admitted", name)
+		assert.Zero(t, s.Counts.Bypassed, name)
+		if name == "provider" {
+			admitted = s.Counts.Acquired
+		}
+		for _, n := range s.Counts.Rejected {
+			refused += n
+		}
+		if s.Waiting >= 0 {
+			assert.Zero(t, s.Waiting, name)
+		}
+	}
+	assert.Equal(t, uint64(clients*each), admitted+refused, "each request counted once: admitted %d, refused %d", admitted, refused)
+	k1, _ := p.Snapshot("api_key:k1")
+	k2, _ := p.Snapshot("api_key:k2")
+	assert.Equal(t, admitted, k1.Counts.Acquired+k2.Counts.Acquired, "each admission held one key")
+	t.Logf("%d requests: %d admitted, %d refused", clients*each, admitted, refused)
+}
