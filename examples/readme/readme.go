@@ -123,13 +123,14 @@ func FleetOnRedis(rdb redis.UniversalClient) *fleet.Registry[string] {
 
 // FleetOnPostgres is the same fleet on the PostgreSQL database behind
 // pool; pgstore.New makes its tables once, safely from every replica at
-// once.
+// once. A call waits for a pooled connection and a transaction: give it
+// longer than the default 500 ms before it counts as failed.
 func FleetOnPostgres(ctx context.Context, pool *pgxpool.Pool) (*fleet.Registry[string], error) {
 	store, err := pgstore.New(ctx, pool, "gateway")
 	if err != nil {
 		return nil, err
 	}
-	return fleet.New[string](store, 64), nil
+	return fleet.New[string](store, 64, fleet.WithTimeout(2*time.Second)), nil
 }
 
 // NewObservedServer caps a server's handlers at 100 in flight, seen from

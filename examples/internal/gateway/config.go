@@ -227,6 +227,24 @@ type FleetConfig struct {
 	PostgresURL   string `json:"postgres_url,omitempty"`   // postgres://user@host:port/db
 	LeaseTTLMS    int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
 	OnUnavailable string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
+	// TimeoutMS is how long a call to the store may take before it counts
+	// as failed (three in a row open the breaker: see on_unavailable).
+	// Default 500 on Redis, 2000 on PostgreSQL, whose calls wait for a
+	// pooled connection and a transaction: under load they pass 500 ms
+	// now and then, and a breaker that opens for that sends every gateway
+	// to its own caps at once.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// timeout returns the fleet's call timeout (see TimeoutMS).
+func (f *FleetConfig) timeout() time.Duration {
+	switch {
+	case f.TimeoutMS > 0:
+		return millis(f.TimeoutMS)
+	case f.PostgresURL != "":
+		return 2 * time.Second
+	}
+	return 500 * time.Millisecond
 }
 
 // OrgsConfig caps each organisation's requests in flight per model, and
@@ -331,6 +349,9 @@ func ParseConfig(data []byte) (Config, error) {
 			if _, err := redis.ParseURL(f.RedisURL); err != nil {
 				return Config{}, errors.New("config: fleet.redis_url: not a valid redis URL (redis://[user:password@]host:port/db)")
 			}
+		}
+		if f.TimeoutMS < 0 {
+			return Config{}, fmt.Errorf("config: fleet.timeout_ms: %d is negative", f.TimeoutMS)
 		}
 		if f.LeaseTTLMS != 0 && f.LeaseTTLMS < 30 {
 			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is under 30", f.LeaseTTLMS)

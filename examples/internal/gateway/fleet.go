@@ -68,7 +68,8 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 		ttl = millis(cfg.Fleet.LeaseTTLMS)
 	}
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
-	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable), fleet.WithLogger(g.log)}
+	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable), fleet.WithLogger(g.log),
+		fleet.WithTimeout(cfg.Fleet.timeout())}
 
 	tenantKeys := fleet.Keys[tenant]{
 		Name:  func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) },

@@ -581,9 +581,18 @@ func TestConfigFleet(t *testing.T) {
 	}
 	_, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://127.0.0.1:6379/0","on_unavailable":"closed"}}`))
 	assert.NoError(t, err)
-	_, err = ParseConfig([]byte(`{"upstream":"http://x","fleet":{"postgres_url":"postgres://gw@127.0.0.1:5432/gw"}}`))
+	pg, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"postgres_url":"postgres://gw@127.0.0.1:5432/gw"}}`))
 	assert.NoError(t, err)
+	// The store's calls time out after 2 s on PostgreSQL, 500 ms on Redis,
+	// unless timeout_ms says otherwise.
+	assert.Equal(t, 2*time.Second, pg.Fleet.timeout())
+	rd, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://x","timeout_ms":750}}`))
+	require.NoError(t, err)
+	assert.Equal(t, 750*time.Millisecond, rd.Fleet.timeout())
+	rd.Fleet.TimeoutMS = 0
+	assert.Equal(t, 500*time.Millisecond, rd.Fleet.timeout())
 	for _, bad := range []string{
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","timeout_ms":-1}}`,
 		`{"upstream":"http://x","fleet":{}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","postgres_url":"postgres://x/y"}}`,
 		`{"upstream":"http://x","fleet":{"postgres_url":"postgres://u:secret@x:notaport/y"}}`,

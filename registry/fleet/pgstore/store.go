@@ -24,6 +24,12 @@
 // per process (outside the pool); waiters also ask again on their own, so
 // a lost notification delays, never strands, a waiter.
 //
+// A call waits for a pooled connection and its key's lock, so under load
+// it takes longer than on Redis: give the fleet a timeout that allows for
+// it (fleet.WithTimeout; 2 s rather than the default 500 ms). Calls that
+// pass the timeout open the fleet's breaker, and every process then
+// admits under its own caps (fleet.WithUnavailable) until it closes.
+//
 // The calls need READ COMMITTED, PostgreSQL's default: each counts a
 // key's leases after waiting for the key's lock, which needs a snapshot
 // taken after the wait. Under another isolation level every call fails
