@@ -18,7 +18,8 @@
 //	inflight_limit                 gauge     the limit (one-pool caps; +Inf when unlimited)
 //	inflight_acquired_total        counter   admissions that took capacity
 //	inflight_rejected_total        counter   rejections, by reason: limit_reached, queue_full,
-//	                                         wait_timeout, canceled, invalid_key
+//	                                         wait_timeout, canceled, invalid_key (a Provider's
+//	                                         caps: RejectReasons)
 //	inflight_bypassed_total        counter   fail-open admissions without a slot
 //	inflight_released_total        counter   capacity given back
 //	inflight_double_releases_total counter   Release calls on a slot already released
