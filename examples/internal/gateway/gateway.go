@@ -429,23 +429,24 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}
 	x := &exchange{model: model, spent: spent}
 	asked := time.Now()
-	// The metrics' Trace first (inflightprom), then the gateway's own.
+	// The metrics' Traces first (inflightprom; inflightotel, under the
+	// request's span), then the gateway's own.
 	ctx = pacing.WithTrace(context.WithValue(ctx, exchangeKey{}, x), g.prom.Trace(model))
+	if g.tel != nil {
+		ctx = pacing.WithTrace(ctx, g.tel.provider.Trace(ctx))
+	}
 	ctx = pacing.WithTrace(ctx, &pacing.Trace{
 		Admitted: func(a pacing.Admission) {
 			spent.start()
 			x.admitted = &a
 			info.waited, info.caps = a.Wait, g.capsHeld(a, model)
-			g.tel.providerAdmitted(ctx, a.Wait, a.Held.Bypassed())
 		},
 		Settled: spent.settle,
 		Refused: func(err error) {
 			spent.cancel()
 			x.refused = err
 			info.waited, info.refusedBy = time.Since(asked), refusedBy(err)
-			g.tel.providerRefused(ctx, err, info.waited)
 		},
-		Released: func(_ pacing.Admission, held time.Duration) { g.tel.providerReleased(held) },
 	})
 	g.proxy.ServeHTTP(w, r.WithContext(ctx))
 }

@@ -178,32 +178,6 @@ func (g *Gateway) tenantObserver(prom slots.Observer) slots.Observer {
 	})
 }
 
-// The provider's admissions as the telemetry sees them: the wait for the
-// fleet's caps and the Gate together, under the request's context (its
-// span), then the hold.
-func (t *telemetry) providerAdmitted(ctx context.Context, a time.Duration, bypassed bool) {
-	if t == nil {
-		return
-	}
-	kind := slots.EventAcquired
-	if bypassed {
-		kind = slots.EventBypassed
-	}
-	t.provider.Observe(slots.Event{Kind: kind, Wait: a, Context: ctx})
-}
-
-func (t *telemetry) providerRefused(ctx context.Context, err error, waited time.Duration) {
-	if t != nil {
-		t.provider.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Wait: waited, Context: ctx})
-	}
-}
-
-func (t *telemetry) providerReleased(hold time.Duration) {
-	if t != nil {
-		t.provider.Observe(slots.Event{Kind: slots.EventReleased, Hold: hold})
-	}
-}
-
 // close flushes and stops what the gateway made, within ctx.
 func (t *telemetry) close(ctx context.Context) error {
 	if t == nil {
