@@ -112,8 +112,9 @@ type fleetBudgets struct {
 	provider     *fleet.Budget
 	models       map[string]*fleet.Budget
 	tenants      driver.Store
-	closed       bool      // fleet.on_unavailable "closed": no request goes uncounted
-	uncountedLog rejectLog // the requests let through while a budget's store could not be reached
+	closed       bool          // fleet.on_unavailable "closed": no request goes uncounted
+	timeout      time.Duration // a budget call's, as the fleet's (fleet.timeout_ms)
+	uncountedLog rejectLog     // the requests let through while a budget's store could not be reached
 }
 
 // spending is what a request reserved of the budgets the gateway keeps
@@ -121,17 +122,15 @@ type fleetBudgets struct {
 // fleet, the provider's and its model's. Its settle and cancel are called
 // once, from one goroutine at a time.
 type spending struct {
-	local *pacing.Reservation
-	fleet []*fleet.BudgetReservation
-	down  func() bool // the fleet's store held unavailable: its calls are skipped
+	local   *pacing.Reservation
+	fleet   []*fleet.BudgetReservation
+	down    func() bool   // the fleet's store held unavailable: its calls are skipped
+	timeout time.Duration // bounds each correction sent to the store
 }
 
 // done ends the request's hold on its org's budget: an estimate not
 // settled by then stands.
 func (s *spending) done() { s.local.Close() }
-
-// budgetTimeout bounds a correction sent to the fleet's store.
-const budgetTimeout = 500 * time.Millisecond
 
 // settle corrects the reservations with what the request used; one the
 // upstream refused (not Served) takes them back whole, its request too.
@@ -175,7 +174,7 @@ func (s *spending) each(f func(context.Context, *fleet.BudgetReservation) error)
 	if len(s.fleet) == 0 || s.down() { // while the store is down, the estimates stand
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), budgetTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
 	for _, r := range s.fleet {
 		_ = f(ctx, r) // a correction lost leaves the estimate charged
@@ -199,11 +198,11 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 			g.uncounted(fb, fleet.ErrUnavailable)
 			return s, "", nil
 		}
-		s.down = g.caps.StoreUnavailable
+		s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout
 		var bs []*fleet.Budget
 		names := []string{}
 		if limits := g.orgLimits(org); limits != nil {
-			b, err := fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, 0)
+			b, err := fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, fb.timeout)
 			if err != nil {
 				return nil, "tenant", err
 			}

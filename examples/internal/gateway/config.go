@@ -227,13 +227,25 @@ type FleetConfig struct {
 	PostgresURL   string `json:"postgres_url,omitempty"`   // postgres://user@host:port/db
 	LeaseTTLMS    int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
 	OnUnavailable string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
-	// TimeoutMS is how long a call to the store may take before it counts
-	// as failed (three in a row open the breaker: see on_unavailable).
-	// Default 500 on Redis, 2000 on PostgreSQL, whose calls wait for a
-	// pooled connection and a transaction: under load they pass 500 ms
-	// now and then, and a breaker that opens for that sends every gateway
-	// to its own caps at once.
+	// TimeoutMS is how long a call to the store (a lease's, a budget's)
+	// may take before it counts as failed; three in a row open the
+	// breaker (see on_unavailable). Default 500 on Redis, 2000 on
+	// PostgreSQL, whose calls wait for a pooled connection and a
+	// transaction: under load they pass 500 ms now and then, and a breaker
+	// that opens for that sends every gateway to its own caps at once. The
+	// cost of a longer one: while the store hangs, a request waits up to
+	// twice it for its org cap before the breaker opens, and Close up to
+	// three times it per fleet. At most a third of the lease TTL (the
+	// default is cut to that).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// leaseTTL returns the fleet's lease TTL (see LeaseTTLMS).
+func (f *FleetConfig) leaseTTL() time.Duration {
+	if f.LeaseTTLMS > 0 {
+		return millis(f.LeaseTTLMS)
+	}
+	return fleet.DefaultLeaseTTL
 }
 
 // timeout returns the fleet's call timeout (see TimeoutMS).
@@ -242,9 +254,9 @@ func (f *FleetConfig) timeout() time.Duration {
 	case f.TimeoutMS > 0:
 		return millis(f.TimeoutMS)
 	case f.PostgresURL != "":
-		return 2 * time.Second
+		return min(2*time.Second, f.leaseTTL()/3)
 	}
-	return 500 * time.Millisecond
+	return min(500*time.Millisecond, f.leaseTTL()/3)
 }
 
 // OrgsConfig caps each organisation's requests in flight per model, and
@@ -350,8 +362,8 @@ func ParseConfig(data []byte) (Config, error) {
 				return Config{}, errors.New("config: fleet.redis_url: not a valid redis URL (redis://[user:password@]host:port/db)")
 			}
 		}
-		if f.TimeoutMS < 0 {
-			return Config{}, fmt.Errorf("config: fleet.timeout_ms: %d is negative", f.TimeoutMS)
+		if f.TimeoutMS < 0 || f.TimeoutMS > 0 && millis(f.TimeoutMS) > f.leaseTTL()/3 {
+			return Config{}, fmt.Errorf("config: fleet.timeout_ms: %d is not within 1 and a third of the lease TTL (%d)", f.TimeoutMS, f.leaseTTL().Milliseconds()/3)
 		}
 		if f.LeaseTTLMS != 0 && f.LeaseTTLMS < 30 {
 			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is under 30", f.LeaseTTLMS)

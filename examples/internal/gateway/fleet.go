@@ -63,10 +63,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	if err != nil {
 		return pacing.Config{}, err
 	}
-	ttl := fleet.DefaultLeaseTTL
-	if cfg.Fleet.LeaseTTLMS > 0 {
-		ttl = millis(cfg.Fleet.LeaseTTLMS)
-	}
+	ttl := cfg.Fleet.leaseTTL()
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable), fleet.WithLogger(g.log),
 		fleet.WithTimeout(cfg.Fleet.timeout())}
@@ -119,10 +116,10 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	provider.MaxConcurrentRequests, provider.Adaptive = 0, nil
 	// So are the budgets per minute: the provider's and the models',
 	// reserved in the store before the Gate; the org's too.
-	g.fleetBudgets = &fleetBudgets{tenants: tenantStore, models: map[string]*fleet.Budget{}, closed: onUnavailable == fleet.FailClosed,
+	g.fleetBudgets = &fleetBudgets{tenants: tenantStore, models: map[string]*fleet.Budget{}, closed: onUnavailable == fleet.FailClosed, timeout: cfg.Fleet.timeout(),
 		uncountedLog: rejectLog{every: 10 * time.Second}}
 	if provider.BudgetLimits != (pacing.BudgetLimits{}) {
-		if g.fleetBudgets.provider, err = fleet.NewBudget(providerStore, "provider", provider.BudgetLimits, 0); err != nil {
+		if g.fleetBudgets.provider, err = fleet.NewBudget(providerStore, "provider", provider.BudgetLimits, g.fleetBudgets.timeout); err != nil {
 			return pacing.Config{}, err
 		}
 	}
@@ -130,7 +127,7 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	provider.Models = make(map[string]pacing.ModelConfig, len(cfg.Provider.Models))
 	for name, m := range cfg.Provider.Models {
 		if m.BudgetLimits != (pacing.BudgetLimits{}) {
-			if g.fleetBudgets.models[name], err = fleet.NewBudget(providerStore, "model:"+name, m.BudgetLimits, 0); err != nil {
+			if g.fleetBudgets.models[name], err = fleet.NewBudget(providerStore, "model:"+name, m.BudgetLimits, g.fleetBudgets.timeout); err != nil {
 				return pacing.Config{}, err
 			}
 		}

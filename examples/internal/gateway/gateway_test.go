@@ -591,8 +591,15 @@ func TestConfigFleet(t *testing.T) {
 	assert.Equal(t, 750*time.Millisecond, rd.Fleet.timeout())
 	rd.Fleet.TimeoutMS = 0
 	assert.Equal(t, 500*time.Millisecond, rd.Fleet.timeout())
+	// At most a third of the lease TTL: the default is cut to it, a larger
+	// timeout_ms refused.
+	pg.Fleet.LeaseTTLMS = 3000
+	assert.Equal(t, time.Second, pg.Fleet.timeout())
 	for _, bad := range []string{
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","timeout_ms":-1}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","timeout_ms":10001}}`,
+		`{"upstream":"http://x","fleet":{"postgres_url":"postgres://x/y","lease_ttl_ms":3000,"timeout_ms":1500}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","timeout_ms":9223372036854775807}}`,
 		`{"upstream":"http://x","fleet":{}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","postgres_url":"postgres://x/y"}}`,
 		`{"upstream":"http://x","fleet":{"postgres_url":"postgres://u:secret@x:notaport/y"}}`,
