@@ -8,84 +8,9 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
-	ikeys "github.com/inflight-go/inflight/internal/keys"
-	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/slots"
 )
-
-// TryAcquire admits under key if it has room across the fleet, without
-// waiting. It fails with a *slots.LimitError wrapping slots.ErrLimitReached,
-// ErrUnavailable (FailClosed, the store unreachable), or an error wrapping
-// registry.ErrInvalidKey (see registry.WithMaxKeyBytes).
-func (r *Registry[K]) TryAcquire(key K) (*slots.Slot, error) {
-	return r.acquire(context.Background(), []K{key}, false)
-}
-
-// TryAcquireAll admits under every key at once, all or nothing, without
-// waiting.
-func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
-	return r.acquire(context.Background(), keys, false)
-}
-
-// Acquire admits under key, waiting while it is full across the fleet (in
-// one queue per key for every process: see the package documentation),
-// until ctx ends.
-func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
-	return r.acquire(ctx, []K{key}, true)
-}
-
-// AcquireAll admits under every key at once, all or nothing, waiting while
-// any is full. A key listed twice counts once; no keys fail with
-// registry.ErrNoKeys. A *slots.LimitError names a key that was full, by its
-// name in the store (Keys.Name), whether the store or the local registry alone
-// decided.
-func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
-	return r.acquire(ctx, keys, true)
-}
-
-func (r *Registry[K]) acquire(ctx context.Context, keys []K, wait bool) (*slots.Slot, error) {
-	if ctx == nil {
-		r.observe(nil, nil, slots.ErrNilContext, 0)
-		return nil, slots.ErrNilContext
-	}
-	var start time.Time
-	if r.cfg.observer != nil {
-		start = time.Now()
-	}
-	callerCtx := ctx // for the Observer: none for a TryAcquire
-	if !wait {
-		callerCtx = nil
-	}
-	if len(keys) == 0 {
-		r.observe(callerCtx, nil, registry.ErrNoKeys, 0)
-		return nil, registry.ErrNoKeys
-	}
-	// Before anything goes to the store, and before dedupe compares them: the
-	// local registry's rule, so that the key is refused whether or not
-	// the store is reachable.
-	for _, k := range keys {
-		if err := r.validKey(k); err != nil {
-			r.stats.rejected.Add(1)
-			r.observe(callerCtx, nil, err, 0)
-			return nil, err
-		}
-	}
-	keys = ikeys.Dedupe(keys)
-	l := &lease[K]{r: r, id: newLeaseID(), keys: keys, names: make([]string, len(keys))}
-	l.cancel, _ = ctx.Value(cancelKey{}).(context.CancelCauseFunc)
-	for i, k := range keys {
-		l.names[i] = r.keyName(k)
-	}
-	s, err := r.admit(ctx, l, wait)
-	if err != nil {
-		r.stats.rejected.Add(1)
-	}
-	if r.cfg.observer != nil {
-		r.observe(callerCtx, s, err, time.Since(start))
-	}
-	return s, err
-}
 
 // observe reports an admission's outcome to the Observer, if there is
 // one: s admitted (or bypassed), or err, after waiting wait under ctx. If
@@ -98,7 +23,7 @@ func (r *Registry[K]) observe(ctx context.Context, s *slots.Slot, err error, wai
 	}
 	e := slots.Event{Kind: slots.EventRejected, Err: err, Wait: wait, Context: ctx}
 	if err == nil {
-		e.Kind = slots.EventAcquired
+		e.Kind, e.Units = slots.EventAcquired, s.Units()
 		if s.Bypassed() {
 			e.Kind = slots.EventBypassed
 		}
@@ -140,6 +65,18 @@ type outcome struct {
 }
 
 func failed(err error) outcome { return outcome{err: err, full: -1} }
+
+// tooHeavyLocked returns a *slots.LimitError wrapping
+// slots.ErrExceedsLimit if a key of l has a limit (above 0, which is a
+// pause) below l's units, or nil. Call it after limitsLocked.
+func (r *Registry[K]) tooHeavyLocked(l *lease[K]) error {
+	for i, limit := range l.limits {
+		if limit > 0 && l.units > limit {
+			return &slots.LimitError{Err: slots.ErrExceedsLimit, Key: l.names[i], Limit: limit}
+		}
+	}
+	return nil
+}
 
 // limitsLocked records in l the current limits of its keys.
 func (r *Registry[K]) limitsLocked(l *lease[K]) {
@@ -321,9 +258,10 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			local = nil
 			break
 		}
-		// The local cap is the cap now.
+		// The local cap is the cap now. One it can never hold fails for
+		// good, as the store's would.
 		var le *slots.LimitError
-		if !errors.As(err, &le) {
+		if !errors.As(err, &le) || errors.Is(err, slots.ErrExceedsLimit) {
 			return failed(err)
 		}
 		if o, ok := r.localFull(l, le); ok || try == 2 {
@@ -336,7 +274,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	h := x.Hold()
 	h.Owner, l.hold = l, h
 	h.At = time.Now().UnixNano()
-	h.Degraded = degraded
+	h.Degraded, h.Extra = degraded, int32(l.units-1)
 	r.mu.Lock()
 	if r.closed || ctx.Err() != nil {
 		closed := r.closed
@@ -398,7 +336,7 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 			r.queueRelease(l.abandonment())
 		}
 	}()
-	s, err := r.local.TryAcquireAll(l.keys...)
+	s, err := r.local.TryAcquireAllN(l.units, l.keys...)
 	ok = true
 	return s, err
 }
@@ -409,7 +347,7 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, bool) {
 	for i, k := range l.keys {
 		n, limit := r.local.InFlight(k), r.local.Limit(k)
-		if n >= limit {
+		if n+l.units > limit {
 			err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: limit, RetryAfter: le.RetryAfter}
 			return outcome{err: err, full: i, inFlight: n}, true
 		}
@@ -424,7 +362,7 @@ func (r *Registry[K]) bypass(l *lease[K], degraded bool) outcome {
 	h := x.Hold()
 	h.Owner, l.hold = l, h
 	h.At = time.Now().UnixNano()
-	h.Bypassed, h.Degraded = true, degraded
+	h.Bypassed, h.Degraded, h.Extra = true, degraded, int32(l.units-1)
 	r.stats.bypassed.Add(1)
 	return outcome{slot: (*slots.Slot)(x), full: -1}
 }

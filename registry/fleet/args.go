@@ -40,11 +40,14 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 		return acquireCall[K]{}, ErrClosed
 	}
 	r.limitsLocked(l)
+	if err := r.tooHeavyLocked(l); err != nil {
+		return acquireCall[K]{}, err
+	}
 	c := acquireCall[K]{until: r.clock.notAfter(r.lateSpan()), epoch: r.epoch.Load()}
 	c.call = &driver.AdmitCall{
 		Lease: l.id, Keys: l.names, Limits: slices.Clone(l.limits),
 		TTL: r.cfg.ttl, NotAfter: scriptUntil(c.until), Epoch: c.epoch, Pause: r.pause,
-		Claim: r.claim, Live: r.live, Weight: 1, Proc: r.proc,
+		Units: l.units, Claim: r.claim, Live: r.live, Weight: 1, Proc: r.proc,
 		MaxQueue: r.maxQueue, MaxFlowQueue: r.maxFlowQueue,
 	}
 	if w != nil {
@@ -77,7 +80,7 @@ func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 		d.sent = true // the call may run after d is released: abandon d then
 		d.until = max(d.until, c.until)
 		for _, name := range d.names {
-			c.call.Carried = append(c.call.Carried, driver.Pair{Key: name, Lease: d.id})
+			c.call.Carried = append(c.call.Carried, driver.Pair{Key: name, Lease: d.id, Units: d.units})
 		}
 		c.carried = append(c.carried, d)
 		pairs += len(d.names)

@@ -279,7 +279,7 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 			leases = leases[1:]
 			batch = append(batch, x)
 			pairs += len(x.l.names)
-			call.Leases = append(call.Leases, driver.Renewal{Lease: x.l.id, Mode: x.mode, Epoch: x.epoch, Keys: x.l.names, Limits: x.limits})
+			call.Leases = append(call.Leases, driver.Renewal{Lease: x.l.id, Units: x.l.units, Mode: x.mode, Epoch: x.epoch, Keys: x.l.names, Limits: x.limits})
 		}
 		res, until, err := r.renewCall(call)
 		if err == nil && len(res.Leases) != len(batch) {

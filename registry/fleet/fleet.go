@@ -366,8 +366,9 @@ func (r *Registry[K]) Stats() Stats {
 	return st
 }
 
-// InFlight returns key's holders across the fleet, as the store counts them now
-// (expired leases excluded), or an error: one wrapping
+// InFlight returns key's units in flight across the fleet (its holders,
+// when each weighs one), as the store counts them now (expired leases
+// excluded), or an error: one wrapping
 // registry.ErrInvalidKey for a key that admission refuses (nothing is
 // sent), or the store's.
 func (r *Registry[K]) InFlight(ctx context.Context, key K) (int, error) {

@@ -19,6 +19,7 @@ type lease[K comparable] struct {
 	id       string
 	keys     []K
 	names    []string    // its keys' names in the store
+	units    int         // what it weighs on each key, >= 1
 	limits   []int       // their limits at the admission
 	local    *slots.Slot // the mirror in the local registry; nil for a bypass
 	hold     *core.Hold  // the Slot's own hold: a copy of the Slot frees nothing
@@ -69,7 +70,7 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	l.r.holdTime.Observe(held)
 	l.r.holds.observe(l.names, held)
 	if o := l.r.cfg.observer; o != nil {
-		defer o.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(max(held, 0))})
+		defer o.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(max(held, 0)), Units: h.Units()})
 	}
 	out, limitPanic := l.releasing()
 	func() {

@@ -22,8 +22,13 @@ import (
 // this interface.
 //
 // Keys are named by the client (Keys.Name); a store maps each to its own
-// names. A lease is an id (random, 32 hex digits) on one or more keys. A
-// store keeps, per key, its leases with their expiry and its queue of
+// names. A lease is an id (random, 32 hex digits) on one or more keys,
+// weighing its units (1 or more, the same on each of its keys: a request's
+// tokens, say). A key's count is the sum of the units of its leases not
+// expired, and a lease of u units has room on a key under limit L when the
+// count plus u is at most L; every count a store reports and every limit
+// it checks is in units. A store keeps, per key, its leases with their
+// expiry and units and its queue of
 // tickets; per fleet, an epoch, a pause, the processes' liveness and the
 // learned caps' states. Every time is the store's own clock, in
 // milliseconds unless said otherwise (Now in each reply): processes need
@@ -57,7 +62,7 @@ type Store interface {
 	Leave(ctx context.Context, proc string) error
 	// Ping tells whether the store answers.
 	Ping(ctx context.Context) error
-	// Count returns key's leases not expired now.
+	// Count returns the units of key's leases not expired now.
 	Count(ctx context.Context, key string) (int, error)
 	// Listen delivers to l the grants made to proc's tickets and the
 	// learned states published, until ctx ends; it returns then. It
@@ -116,20 +121,26 @@ type Listener interface {
 //     ran out) is dropped;
 //  7. if paused, refuses it (StatusPaused);
 //  8. a ticket queued already stays queued (StatusQueued), renewing Proc's
-//     liveness and its place's expiry, unless serving stopped short of it and it can take room
-//     on every key: then it is admitted;
-//  9. a newcomer is admitted if every key has room for it and no waiter
-//     it has looked at could take that room; else, without Wait, refused
+//     liveness and its place's expiry, unless serving stopped short of it
+//     (not at a heavy waiter: see ReleaseCall) and it can take room on
+//     every key: then it is admitted;
+//  9. a newcomer is admitted if every key has room for its Units, serving
+//     stopped at no heavy waiter of a key, and no waiter it has looked at
+//     could take that room; else, without Wait, refused
 //     (StatusFull); with Wait, refused if a queue is at MaxQueue
 //     (StatusQueueMax) or its flow at MaxFlowQueue (StatusFlowMax), else
 //     queued on every key (StatusQueued), its ticket being Lease.
 //
-// An admission puts Lease on every key with the expiry now + TTL.
+// An admission puts Lease on every key with the expiry now + TTL, weighing
+// Units there; a ticket keeps its Units, and a grant weighs them.
 type AdmitCall struct {
 	Lease  string
 	Keys   []string
 	Limits []int // each key's limit (slots.Unlimited: none)
-	TTL    time.Duration
+	// Units is what the lease weighs on each key, 1 to slots.MaxUnits (0
+	// is taken as 1). The client never sends more than a key's limit.
+	Units int
+	TTL   time.Duration
 	// NotAfter is the latest time of the store's clock at which the call
 	// may still change anything (0: none).
 	NotAfter int64
@@ -158,9 +169,10 @@ type AdmitCall struct {
 	Carried []Pair
 }
 
-// Pair is one lease on one key.
+// Pair is one lease on one key, and its units there (0 is taken as 1).
 type Pair struct {
 	Key, Lease string
+	Units      int
 }
 
 // Status is what became of an admission call.
@@ -183,9 +195,10 @@ type AdmitResult struct {
 	Err    error
 	Status Status
 	// Key is the index of the key that refused or that the ticket waits
-	// on (-1: none); Count its leases (with StatusPaused, the first
-	// key's), Queue its queue's length (with StatusFlowMax, the flow's
-	// part; with StatusQueued, counting this ticket).
+	// on (-1: none); Count its count in units (with StatusPaused, the
+	// first key's), Queue its queue's length in tickets (with
+	// StatusFlowMax, the flow's part; with StatusQueued, counting this
+	// ticket).
 	Key          int
 	Count, Queue int64
 	// Earliest is when the earliest lease of Key expires (0: none); with
@@ -194,7 +207,7 @@ type AdmitResult struct {
 	Now      int64 // the store's clock, ms
 	Epoch    int64 // 0 with StatusTooLate
 	// With Starts, an admission's start: the store's clock in
-	// microseconds, and each key's leases held, this one counted. Grants
+	// microseconds, and each key's units held, this one counted. Grants
 	// not claimed yet are left out: this is what a learned cap takes the
 	// upstream to have had in flight, and a grant's request is not there
 	// yet (on a busy store a claim can take long enough for the grants to
@@ -211,7 +224,8 @@ type AdmitResult struct {
 // with ModePutBack, without a check; with ModeReassert, without a check if Epoch
 // is not the store's epoch now (the store lost it), else (it expired, or
 // it was not known to be in the store) only if every key it is missing
-// from has room under its limit and new admissions are not paused. It is
+// from has room for its Units under its limit and new admissions are not
+// paused. It is
 // never extended where it is missing: a released lease does not come
 // back. The epoch and pause are handled as in AdmitCall step 2 (a put-back
 // with a check is refused while a pause is honoured and one of the
@@ -227,6 +241,7 @@ type RenewCall struct {
 // Renewal is a lease as a RenewCall sends it.
 type Renewal struct {
 	Lease  string
+	Units  int // as AdmitCall's: what it weighs where it is put back
 	Mode   Mode
 	Epoch  int64 // the epoch it was last seen in (0: not known to be in the store)
 	Keys   []string
@@ -267,8 +282,22 @@ const (
 // key's queue unless a pause of new admissions is declared (honoured or
 // not; see AdmitCall step 2): while the key has room
 // under Limit, it drops expired leases and grants the first waiter that
-// can take room on all of its keys (a ticket of a dead process is dropped)
-// a lease of Claim on each of its keys, and tells its process (Listen).
+// can take room for its units on all of its keys (a ticket of a dead
+// process is dropped) a lease of Claim on each of its keys, and tells its
+// process (Listen).
+//
+// Order is strict on a key for what its waiters weigh: serving stops at a
+// heavy waiter, one that has no room on this key for its units while they
+// are at most Limit, and no waiter behind it, nor a newcomer, takes the
+// room meanwhile; nor does a waiter of several keys as another of its
+// keys' queues is served: it is not granted while a heavy waiter of more
+// than one unit (by that waiter's own limit) stands before it in one of
+// its keys' queues. So a heavy waiter is never starved by lighter ones
+// after it, at the price of units standing idle until enough are freed
+// (as in the local registry). A waiter passed over for want of room on
+// another of its keys is passed as before; one whose units are over Limit
+// (a limit lowered under it: its process refuses it) is passed over too.
+// With waiters of one unit each, serving is what it was without units.
 type ReleaseCall struct {
 	Claim time.Duration
 	Pairs []Release

@@ -117,6 +117,12 @@ var (
 		{"OverridesShared", overridesShared},
 		{"BudgetShared", budgetShared},
 		{"BudgetRequests", budgetRequests},
+		{"UnitsCap", unitsCap},
+		{"UnitsCounted", unitsCounted},
+		{"HeavyWaiterFirst", heavyWaiterFirst},
+		{"HeavyWaiterFirstOnSeveralKeys", heavyWaiterFirstOnSeveralKeys},
+		{"ExceedsLimit", exceedsLimit},
+		{"UnitsPutBack", unitsPutBack},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

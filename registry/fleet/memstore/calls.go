@@ -45,6 +45,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 		if !s.tombstoned(p.Lease, now) {
 			k := s.key(p.Key)
 			k.hold(p.Lease, max(k.leases[p.Lease], now+ttl))
+			k.weigh(p.Lease, p.Units)
 		}
 	}
 	if s.tombstoned(c.Lease, now) {
@@ -55,10 +56,11 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	if mine != nil {
 		mine.limits = append(mine.limits[:0], c.Limits...)
 	}
+	kept := make([]bool, len(c.Keys)) // serving stopped at a heavy waiter
 	serve := func() {
 		if !stopped {
 			for i, name := range c.Keys {
-				s.serve(name, c.Limits[i], now, claim)
+				kept[i] = s.serve(name, c.Limits[i], now, claim)
 			}
 		}
 	}
@@ -94,12 +96,14 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	if mine = s.queuedOn(c.Keys[0], c.Lease); mine != nil {
 		s.alive(c.Proc, now, c.Live)
 		mine.expires = now + 3*ttl
-		return res(driver.StatusQueued, s.firstFull(c, now, 0))
+		return res(driver.StatusQueued, s.firstFull(c, kept, now, 0))
 	}
-	full := s.firstFull(c, now, -1)
+	full := s.firstFull(c, kept, now, -1)
 	if full < 0 {
 		for _, name := range c.Keys {
-			s.key(name).hold(c.Lease, now+ttl)
+			k := s.key(name)
+			k.hold(c.Lease, now+ttl)
+			k.weigh(c.Lease, c.Units)
 		}
 		return s.admitted(c, res, us)
 	}
@@ -119,17 +123,17 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 			}
 		}
 	}
-	t := &ticket{id: c.Lease, proc: c.Proc, flow: c.Flow, rank: c.Class, keys: slices.Clone(c.Keys), limits: slices.Clone(c.Limits), expires: now + 3*ttl}
+	t := &ticket{id: c.Lease, proc: c.Proc, flow: c.Flow, rank: c.Class, units: max(c.Units, 1), keys: slices.Clone(c.Keys), limits: slices.Clone(c.Limits), expires: now + 3*ttl}
 	s.enqueue(t, c.Weight)
 	s.alive(c.Proc, now, c.Live)
 	return res(driver.StatusQueued, full)
 }
 
-// firstFull returns the index of c's first key without room (or, if all
-// have room, otherwise).
-func (s *Store) firstFull(c *driver.AdmitCall, now int64, otherwise int) int {
+// firstFull returns the index of c's first key without room for its
+// units, or kept for a heavy waiter (or, if none, otherwise).
+func (s *Store) firstFull(c *driver.AdmitCall, kept []bool, now int64, otherwise int) int {
 	for i, name := range c.Keys {
-		if s.key(name).count(now) >= c.Limits[i] {
+		if kept[i] || s.key(name).count(now)+max(c.Units, 1) > c.Limits[i] {
 			return i
 		}
 	}
@@ -186,7 +190,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 		checked := l.Mode == driver.ModeReassert && (l.Epoch == 0 || l.Epoch == epoch)
 		room := !(checked && paused > now && binds(l.Limits))
 		for _, i := range missing {
-			if checked && room && s.key(l.Keys[i]).count(now) >= l.Limits[i] {
+			if checked && room && s.key(l.Keys[i]).count(now)+max(l.Units, 1) > l.Limits[i] {
 				room = false
 			}
 		}
@@ -194,7 +198,9 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 			continue
 		}
 		for _, i := range missing {
-			s.key(l.Keys[i]).hold(l.Lease, now+ttl)
+			k := s.key(l.Keys[i])
+			k.hold(l.Lease, now+ttl)
+			k.weigh(l.Lease, l.Units)
 		}
 		out.Leases[j] = driver.FatePutBack
 		if checked {

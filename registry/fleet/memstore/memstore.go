@@ -220,7 +220,7 @@ func (s *Store) tombstoned(lease string, now int64) bool {
 func (s *Store) key(name string) *key {
 	k := s.data.keys[name]
 	if k == nil {
-		k = &key{leases: map[string]int64{}, grants: map[string]bool{}, finish: map[flowKey]float64{}, flows: map[string]int{},
+		k = &key{leases: map[string]int64{}, units: map[string]int{}, grants: map[string]bool{}, finish: map[flowKey]float64{}, flows: map[string]int{},
 			queued: map[flowKey]int{}, base: map[flowKey]float64{}}
 		s.data.keys[name] = k
 	}
@@ -251,7 +251,7 @@ func (s *Store) Ping(ctx context.Context) error {
 	return nil
 }
 
-// Count returns key's leases not expired now.
+// Count returns the units of key's leases not expired now.
 func (s *Store) Count(ctx context.Context, name string) (int, error) {
 	if err := s.enter(ctx); err != nil {
 		return 0, err

@@ -9,6 +9,7 @@ import (
 // key is a capped key: its leases and its queue.
 type key struct {
 	leases map[string]int64 // lease: expiry (ms)
+	units  map[string]int   // lease: its units, if more than 1
 	grants map[string]bool  // leases that are grants not claimed yet
 	queue  []*place         // by class rank, then start tag, then sequence
 	vt     [3]float64       // each class's virtual time: the start tag last granted
@@ -40,6 +41,7 @@ type place struct {
 type ticket struct {
 	id, proc, flow string
 	rank           uint8
+	units          int // what it weighs on each key, >= 1
 	keys           []string
 	limits         []int // its keys' limits, as its calls keep them
 	expires        int64 // ms: a ticket nobody asks for goes
@@ -60,29 +62,47 @@ func (k *key) hold(lease string, exp int64) {
 	delete(k.grants, lease)
 }
 
+// weigh sets what lease weighs on k (units below 2: one).
+func (k *key) weigh(lease string, units int) {
+	if units > 1 {
+		k.units[lease] = units
+	}
+}
+
+// unitsOf returns what lease weighs on k.
+func (k *key) unitsOf(lease string) int {
+	if u, ok := k.units[lease]; ok {
+		return u
+	}
+	return 1
+}
+
 // drop takes lease off k.
 func (k *key) drop(lease string) {
 	delete(k.leases, lease)
+	delete(k.units, lease)
 	delete(k.grants, lease)
 }
 
-// started counts k's leases held now, not the grants not claimed yet:
-// the evidence of a learned cap (their requests are not at the upstream).
+// started counts the units of k's leases held now, not the grants not
+// claimed yet: the evidence of a learned cap (their requests are not at
+// the upstream).
 func (k *key) started(now int64) int {
 	n := 0
 	for l, exp := range k.leases {
 		if exp > now && !k.grants[l] {
-			n++
+			n += k.unitsOf(l)
 		}
 	}
 	return n
 }
 
+// count is k's count: the units of its leases not expired.
 func (k *key) count(now int64) int {
 	n := 0
-	for _, exp := range k.leases {
+	for l, exp := range k.leases {
 		if exp > now {
-			n++
+			n += k.unitsOf(l)
 		}
 	}
 	return n
@@ -179,32 +199,71 @@ func (s *Store) enqueue(t *ticket, weight int) {
 	}
 }
 
-// canTake reports whether t can take a place on each of its keys now,
-// with limit as name's limit (at most).
+// limitFor returns t's limit on its i-th key as name's queue is served
+// under limit: a ticket of one key takes the serving call's limit, one of
+// several the lower of its own and the serving call's.
+func limitFor(t *ticket, i int, name string, limit int) int {
+	switch {
+	case len(t.keys) == 1:
+		return limit
+	case t.keys[i] == name:
+		return min(t.limits[i], limit)
+	}
+	return t.limits[i]
+}
+
+// canTake reports whether t can take room for its units on each of its
+// keys now, with limit as name's limit (at most): room under its limit
+// there, and, on its other keys, no heavy waiter before it in the queue.
 func (s *Store) canTake(t *ticket, name string, limit int, now int64) bool {
 	for i, kn := range t.keys {
-		lim := t.limits[i]
-		switch {
-		case len(t.keys) == 1:
-			lim = limit // a ticket of one key: the serving call's limit
-		case kn == name:
-			lim = min(lim, limit)
+		if s.key(kn).count(now)+t.units > limitFor(t, i, name, limit) {
+			return false
 		}
-		if s.key(kn).count(now) >= lim {
+		if kn != name && s.behindHeavy(t, kn, now) {
 			return false
 		}
 	}
 	return true
 }
 
+// heavy reports whether t waits for room on name for its units as
+// name's queue is served under limit: it has none there now, and its
+// units are at most limit.
+func (s *Store) heavy(t *ticket, name string, limit int, now int64) bool {
+	return t.units <= limit && s.key(name).count(now)+t.units > limit
+}
+
+// behindHeavy reports whether a heavy waiter of more than one unit stands
+// before t in name's queue, by its own limit there: the room it waits for
+// is not t's to take, whichever key's queue is served. (A waiter of one
+// unit without room means no room for t either, under the same limit.)
+func (s *Store) behindHeavy(t *ticket, name string, now int64) bool {
+	k := s.data.keys[name]
+	if k == nil {
+		return false
+	}
+	for _, p := range k.queue {
+		u := p.t
+		if u == t {
+			return false
+		}
+		if u.units > 1 && s.heavy(u, name, u.limits[slices.Index(u.keys, name)], now) {
+			return true
+		}
+	}
+	return false
+}
+
 // serve grants name's waiters in order, while it has room under limit:
 // each that can take room on all of its keys gets a lease of the claim
 // window on each, and its process is told; a ticket of a dead process,
-// or one nobody asked for in time, is dropped.
-func (s *Store) serve(name string, limit int, now, claim int64) {
+// or one nobody asked for in time, is dropped. It stops at a heavy
+// waiter (see driver.ReleaseCall), and reports whether it did.
+func (s *Store) serve(name string, limit int, now, claim int64) (stopped bool) {
 	k := s.data.keys[name]
 	if k == nil {
-		return
+		return false
 	}
 	k.dropExpired(now)
 	for i := 0; i < len(k.queue) && k.count(now) < limit; {
@@ -215,12 +274,15 @@ func (s *Store) serve(name string, limit int, now, claim int64) {
 			s.unqueue(t, true)
 		case s.canTake(t, name, limit, now):
 			s.grant(t, now, claim)
+		case s.heavy(t, name, limit, now):
+			return true
 		default:
 			i++
 			continue
 		}
 		i = 0 // the queue changed: look again from its head
 	}
+	return false
 }
 
 // grant gives t a lease of the claim window on each of its keys (one it
@@ -243,6 +305,7 @@ func (s *Store) grant(t *ticket, now, claim int64) {
 		}
 		if exp, ok := k.leases[t.id]; !ok {
 			k.leases[t.id], k.grants[t.id] = now+claim, true
+			k.weigh(t.id, t.units)
 		} else if exp < now+claim {
 			k.leases[t.id] = now + claim
 		}

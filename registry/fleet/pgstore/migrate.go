@@ -5,10 +5,13 @@ import (
 	_ "embed"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inflight-go/inflight/registry"
@@ -20,23 +23,33 @@ var schemaSQL string
 //go:embed budget.sql
 var budgetSQL string
 
-// schemaV1 is the schema, with the fleet's constants in it: the grants
-// that pass a ticket of several keys over before it is urgent, as the
-// local registry counts them.
-var schemaV1 = strings.ReplaceAll(schemaSQL, "{{maxPassed}}", strconv.Itoa(registry.MaxPassed))
+//go:embed units.sql
+var unitsSQL string
+
+// withConstants puts the fleet's constants in the schema's text: the
+// grants that pass a ticket of several keys over before it is urgent, as
+// the local registry counts them.
+func withConstants(sql string) string {
+	return strings.ReplaceAll(sql, "{{maxPassed}}", strconv.Itoa(registry.MaxPassed))
+}
+
+// schemaV1 is the schema, with the fleet's constants in it.
+var schemaV1 = withConstants(schemaSQL)
 
 // revisions are the additions made to schema version 1 since, each from
-// the one before: revision 1 adds the budgets per minute. A revision only
-// adds, so a release that knows fewer of them works on the schema as it
-// is (a rolling deploy has both side by side); one that changes what is
-// there makes a new SchemaVersion.
-var revisions = []string{budgetSQL}
+// the one before: revision 1 adds the budgets per minute, revision 2 the
+// units a lease weighs (replacing the functions that count, serve and
+// admit, and keeping the signatures the releases before call). A revision
+// only adds, so a release that knows fewer of them works on the schema as
+// it is (a rolling deploy has both side by side); one that changes what
+// is there makes a new SchemaVersion.
+var revisions = []string{budgetSQL, withConstants(unitsSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 1
+	SchemaRevision = 2
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows
@@ -52,9 +65,46 @@ const migrationLock = 0x696e666c69676874 // "inflight"
 // transaction under an advisory lock, so that any number of processes may
 // call it at once; it does nothing if the schema is there. New calls it.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
+	return migrate(ctx, pool, SchemaRevision)
+}
+
+// migrationTries bounds the tries of a migration that a fleet's calls
+// keep from its locks (see migrate).
+const migrationTries = 10
+
+// migrate is Migrate up to revision (a test makes a database as a
+// release before this one left it). A revision that alters a table waits
+// for the calls running on it, and the calls of a release before it take
+// the tables in either order: so the migration waits at most a second
+// for each lock (the fleet's calls wait behind it meanwhile), and is made
+// again, after a backoff, if it times out or deadlocks with a call.
+func migrate(ctx context.Context, pool *pgxpool.Pool, revision int) error {
+	backoff := 50 * time.Millisecond
+	for try := 1; ; try++ {
+		err := migrateOnce(ctx, pool, revision)
+		var pe *pgconn.PgError
+		if err == nil || try == migrationTries || !errors.As(err, &pe) || (pe.Code != "40P01" && pe.Code != "55P03") {
+			return err
+		}
+		t := time.NewTimer(backoff + rand.N(backoff))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("pgstore: migration: %w (after %v)", ctx.Err(), err)
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// migrateOnce is one try of migrate, in one transaction.
+func migrateOnce(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
 			return fmt.Errorf("pgstore: migration lock: %w", err)
+		}
+		if _, err := tx.Exec(ctx, "SET LOCAL lock_timeout = '1s'"); err != nil {
+			return fmt.Errorf("pgstore: migration: %w", err)
 		}
 		if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS inflight_schema (version int NOT NULL)"); err != nil {
 			return fmt.Errorf("pgstore: schema version table: %w", err)
@@ -68,7 +118,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		case v > SchemaVersion:
 			return fmt.Errorf("%w: %d, this release knows %d", ErrSchemaNewer, v, SchemaVersion)
 		case v == SchemaVersion:
-			return revise(ctx, tx)
+			return revise(ctx, tx, revision)
 		}
 		if _, err := tx.Exec(ctx, schemaV1); err != nil {
 			return fmt.Errorf("pgstore: schema %d: %w", SchemaVersion, err)
@@ -79,14 +129,14 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 		if _, err = tx.Exec(ctx, "INSERT INTO inflight_schema (version) VALUES ($1)", SchemaVersion); err != nil {
 			return err
 		}
-		return revise(ctx, tx)
+		return revise(ctx, tx, revision)
 	})
 }
 
-// revise makes the revisions of the schema that it lacks, under Migrate's
-// lock. The revision is kept in a table of its own, which a release that
-// knows none does not read.
-func revise(ctx context.Context, tx pgx.Tx) error {
+// revise makes the revisions of the schema that it lacks, up to
+// revision, under Migrate's lock. The revision is kept in a table of its
+// own, which a release that knows none does not read.
+func revise(ctx context.Context, tx pgx.Tx, revision int) error {
 	if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS inflight_schema_revision (revision int NOT NULL)"); err != nil {
 		return fmt.Errorf("pgstore: schema revision table: %w", err)
 	}
@@ -96,10 +146,10 @@ func revise(ctx context.Context, tx pgx.Tx) error {
 	case errors.Is(err, pgx.ErrNoRows):
 	case err != nil:
 		return fmt.Errorf("pgstore: schema revision: %w", err)
-	case r >= SchemaRevision:
+	case r >= revision:
 		return nil // a later release's additions are no business of this one
 	}
-	for i := r; i < SchemaRevision; i++ {
+	for i := r; i < revision; i++ {
 		if _, err := tx.Exec(ctx, revisions[i]); err != nil {
 			return fmt.Errorf("pgstore: schema revision %d: %w", i+1, err)
 		}
@@ -107,6 +157,6 @@ func revise(ctx context.Context, tx pgx.Tx) error {
 	if _, err := tx.Exec(ctx, "DELETE FROM inflight_schema_revision"); err != nil {
 		return err
 	}
-	_, err = tx.Exec(ctx, "INSERT INTO inflight_schema_revision (revision) VALUES ($1)", SchemaRevision)
+	_, err = tx.Exec(ctx, "INSERT INTO inflight_schema_revision (revision) VALUES ($1)", revision)
 	return err
 }

@@ -4,6 +4,11 @@
 -- in milliseconds since the Unix epoch; lease ids and tickets are the
 -- client's. Each operation is one function call, one statement, one
 -- transaction: no session state outlives it.
+--
+-- Revisions (migrate.go) add to it: budget.sql (revision 1) the budgets,
+-- units.sql (revision 2) the units a lease weighs, replacing the functions
+-- marked "units.sql" below with ones that weigh (where their parameters
+-- grew, the signatures here stay, as calls of the new ones).
 
 -- The fleet: its epoch (the database's clock, in microseconds, when a
 -- call first found the fleet missing, or found it may have lost data: see
@@ -226,6 +231,7 @@ BEGIN
 	RETURN FOUND;
 END $$;
 
+-- Replaced by units.sql (a count in units, and inflight_units beside it).
 CREATE FUNCTION inflight_count(f text, k text, now bigint) RETURNS int LANGUAGE sql STABLE AS $$
 	SELECT count(*)::int FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires > now
 $$;
@@ -308,6 +314,7 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_room returns the places k has under lim for ticket t, which
 -- arrived at arrival (t null: a newcomer): its free capacity, less the
 -- place kept for k's oldest urgent ticket unless that is t or came later.
@@ -341,6 +348,7 @@ BEGIN
 	RETURN free - 1;
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_can_take reports whether ticket t (arrival) can take a place
 -- on each of its keys now. Keys other than k are locked if free (see
 -- inflight_trylock); one that is not is no place now.
@@ -359,6 +367,7 @@ BEGIN
 	RETURN true;
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_grant gives ticket t a lease of the claim window on each of
 -- its keys, takes it out of their queues (moving each class's virtual time
 -- to its start tag there, and dropping the finish tags that passes), and
@@ -390,6 +399,7 @@ BEGIN
 	PERFORM pg_notify(inflight_channel(f, p), t);
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_serve grants k's waiters in order, from the one at index
 -- from (0: the head), while k has room under lim: each that can take it
 -- on all of its keys; a waiter of a dead process is dropped. If it stops
@@ -453,6 +463,7 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_enqueue queues ticket t on each of its keys, numbering its
 -- arrival in the fleet's order. A flow's start tag in a class is its
 -- finish tag there or the class's virtual time, whichever is later; its
@@ -493,6 +504,7 @@ CREATE FUNCTION inflight_abandoned(f text, l text, now bigint) RETURNS bool LANG
 	SELECT EXISTS (SELECT 1 FROM inflight_tomb x WHERE x.fleet = f AND x.lease = l AND x.until > now)
 $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_still_queued answers a ticket that asks again while it is
 -- queued on each of its keys and each of them is full, without locking
 -- the keys: most of a full key's calls are its waiters asking, and each
@@ -540,6 +552,7 @@ BEGIN
 	RETURN ARRAY[3, 1, inflight_count(f, keys[1], now), inflight_earliest(f, keys[1], now), now, fl.epoch, inflight_queued(f, keys[1], now)];
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_admit is the admission call (fleet.AdmitCall, which tells its
 -- steps). It returns {status, index of the key (1-based; 0: none), its
 -- lease count, its earliest expiry (the pause's end if paused; the start
@@ -732,6 +745,7 @@ BEGIN
 	END IF;
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_admitted is an admission's reply. Its counts, the evidence of a
 -- learned cap, leave out the grants not claimed yet: their requests are
 -- not at the upstream.
@@ -753,6 +767,7 @@ BEGIN
 	RETURN res;
 END $$;
 
+-- Replaced by budget.sql (it deletes budgets' steps too).
 -- inflight_gc deletes, a few at a time and never waiting, what nothing
 -- else deletes: leases long expired on keys nobody calls any more,
 -- tombstones past, and processes long gone.
@@ -767,6 +782,7 @@ BEGIN
 		(SELECT y.ctid FROM inflight_proc y WHERE y.fleet = f AND y.alive_until < now - 600000 LIMIT 16 FOR UPDATE SKIP LOCKED);
 END $$;
 
+-- Replaced by units.sql (it weighs units).
 -- inflight_renew is the renewal call (fleet.RenewCall). Leases come as
 -- parallel arrays; each lease's keys and limits are the next nkeys[i] of
 -- keys and limits. It returns {epoch, now, each lease's fate}, or

@@ -11,9 +11,10 @@
 // (the package's example is a whole program).
 //
 // Each operation is one call of a function that New installs (see
-// schema.sql), in one transaction of its own: no connection is held by a
-// holder and no session state is kept. Behind PgBouncer in transaction
-// mode, give the pool's connection string default_query_exec_mode=exec
+// schema.sql and its revisions, budget.sql and units.sql), in one
+// transaction of its own: no connection is held by a holder and no
+// session state is kept. Behind PgBouncer in transaction mode, give the
+// pool's connection string default_query_exec_mode=exec
 // (pgx's statement cache is session state), and Listen a connection of
 // its own straight to the database (WithListenConfig): LISTEN is session
 // state too. Every time is the database's clock_timestamp(), read after
@@ -23,6 +24,20 @@
 // stay HOT. Wake-ups go by NOTIFY, received by LISTEN on one connection
 // per process (outside the pool); waiters also ask again on their own, so
 // a lost notification delays, never strands, a waiter.
+//
+// Leases weigh units (fleet's AcquireN and the like): a key's count is
+// the sum of its leases' units, and a key's queue keeps strict order for
+// what its waiters weigh (see driver.ReleaseCall). The units are a column
+// of the lease and ticket tables, added with the functions that weigh them
+// by schema revision 2 (units.sql), which New makes (see Migrate): nothing
+// is to be done by hand. The revision keeps the signatures that the
+// release before it calls, as calls of the new functions with 1 unit: a
+// process of that release, beside this one in a rolling deploy, counts the
+// units of weighted leases right (its admissions, refusals, InFlight and a
+// learned cap's evidence are in units) and keeps heavy waiters' order; it
+// cannot weigh its own leases. So a fleet that uses weights needs the
+// revision, and the processes that weigh at this release; the others may
+// stay at the release before until they are replaced.
 //
 // A call waits for a pooled connection and its key's lock, so under load
 // it takes longer than on Redis: give the fleet a timeout that allows for
@@ -55,6 +70,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -148,7 +164,7 @@ func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (
 // String names the fleet, for logs.
 func (s *Store) String() string { return "postgres:" + s.name }
 
-const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21)`
+const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
 
 // AdmitOne makes the call in a transaction of its own.
 func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
@@ -182,15 +198,23 @@ type querier interface {
 
 func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) driver.AdmitResult {
 	var carriedKeys, carriedLeases []string
+	var carriedUnits []int32
 	for _, p := range c.Carried {
 		carriedKeys = append(carriedKeys, StoredKey(p.Key))
 		carriedLeases = append(carriedLeases, p.Lease)
+		carriedUnits = append(carriedUnits, units(p.Units))
 	}
 	var res []int64
 	err := q.QueryRow(ctx, admitSQL, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
 		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
-		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases).Scan(&res)
+		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
 	return decodeAdmit(c, res, err)
+}
+
+// units is what a lease of n units weighs in the tables: 1 for 0 (or
+// less), at most what an int column holds (slots.MaxUnits).
+func units(n int) int32 {
+	return int32(min(max(n, 1), math.MaxInt32))
 }
 
 // limits are ls as the functions take them.
@@ -225,17 +249,17 @@ func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult
 // Renew makes the renewal in one transaction.
 func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
 	n := len(c.Leases)
-	ids, modes, epochs, nkeys := make([]string, n), make([]int32, n), make([]int64, n), make([]int32, n)
+	ids, modes, epochs, nkeys, us := make([]string, n), make([]int32, n), make([]int64, n), make([]int32, n), make([]int32, n)
 	var keys []string
 	var ls []int64
 	for i, x := range c.Leases {
-		ids[i], modes[i], epochs[i], nkeys[i] = x.Lease, int32(x.Mode), x.Epoch, int32(len(x.Keys))
+		ids[i], modes[i], epochs[i], nkeys[i], us[i] = x.Lease, int32(x.Mode), x.Epoch, int32(len(x.Keys)), units(x.Units)
 		keys = append(keys, storedKeys(x.Keys)...)
 		ls = append(ls, limits(x.Limits)...)
 	}
 	var res []int64
-	err := s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)`,
-		s.name, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls).Scan(&res)
+	err := s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+		s.name, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
 	switch {
 	case err != nil:
 		return driver.RenewResult{}, err
@@ -289,10 +313,11 @@ func (s *Store) Leave(ctx context.Context, proc string) error {
 // Ping pings the database.
 func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 
-// Count counts key's leases not expired on the database's clock.
+// Count returns the units of key's leases not expired on the database's
+// clock.
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT inflight_count($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
+	err := s.pool.QueryRow(ctx, `SELECT inflight_units($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
 	return n, err
 }
 

@@ -8,10 +8,18 @@
 // Each operation is one Lua script, run atomically on the server, with
 // every time taken from the server's clock (TIME): the processes need not
 // agree on the time. A key's leases are a sorted set scored by expiry;
-// its queue of waiters is kept beside it; grants and learned caps are
-// published on pub/sub channels, one per process for grants. Every key of
-// a fleet shares one hash tag, its name, so that an admission on several
-// keys is one script on a Cluster too.
+// the units of those that weigh more than one (AcquireN) are in a hash
+// beside it, and its queue of waiters is kept beside it too; grants and
+// learned caps are published on pub/sub channels, one per process for
+// grants. Every key of a fleet shares one hash tag, its name, so that an
+// admission on several keys is one script on a Cluster too.
+//
+// A lease of one unit is stored as the release before this one stored
+// every lease, so a rolling deploy from it is safe while no lease weighs
+// more. The scripts of that release count a weighted lease as one unit,
+// and leave its extra units counted when they drop it expired: a fleet
+// that weighs its leases needs every process at this release (or later)
+// before its first weighted call.
 //
 // Give the client short timeouts, so that a dead server fails fast, and
 // let it honour each call's deadline:

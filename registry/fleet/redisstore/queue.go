@@ -27,9 +27,11 @@ import (
 // finish tags the virtual time has passed are dropped, as they no longer
 // count. <key>#t maps each
 // queued ticket to its member, its flow, its arrival in the fleet (a
-// counter in the liveness hash) and, for a ticket of several keys, all of
-// its keys and their limits, which its calls keep up to date; <key>#v
-// holds the virtual times, each flow's queued count and the sequence. All
+// counter in the liveness hash), its units if more than one (w|: a grant
+// weighs them) and, for a ticket of several keys or of more than one
+// unit, all of its keys and their limits, which its calls keep up to
+// date; <key>#v holds the virtual times, each flow's queued count, the
+// count of its waiters of more than one unit and the sequence. All
 // go when the queue empties, so tags start from 0 after every backlog. A
 // grant is a lease of the claim window, listed in <key>#g (scored as its
 // lease) until its waiter claims it, so that the counts of a learned
@@ -39,7 +41,8 @@ import (
 // nothing while it waits, and is granted by whichever key's turn finds
 // room on all of its keys. A grant that passes it over is counted, per
 // key; at maxPassed it becomes one of the key's urgent tickets (<key>#u,
-// by arrival). The key keeps one place for its oldest urgent ticket, which
+// by arrival). The key keeps one place (as many units as it weighs) for
+// its oldest urgent ticket, which
 // binds only tickets that came after it: so it is served once its other
 // keys have room, and the oldest urgent ticket of the fleet is never kept
 // out, which rules out a deadlock of kept places across keys. One place,
@@ -62,10 +65,28 @@ import (
 // renewed by its waiters' calls, each at least once a claim window) is
 // dropped, not granted, so a killed process's tickets delay no one by more
 // than the liveness TTL. A newcomer never passes a waiter it has looked at
-// that could take the room: it is served first. Serving looks at 64
+// that could take the room: it is served first.
+//
+// Order is strict for what waiters weigh (see driver.ReleaseCall): serving
+// stops at a heavy waiter, one that has no room for its units under the
+// serving call's limit while they are at most that limit, and neither the
+// waiters behind it nor a newcomer take the room until it is served; nor
+// does a waiter of several keys as another of its keys is served, while a
+// heavy waiter of more than one unit, by its own limit, stands before it
+// on one of its keys (heavyBefore). A waiter that cannot take room for
+// want of it on another of its keys, or under a lower limit its own calls
+// keep for this key, is passed over as before (one of more than one unit
+// kept out by the place an older urgent ticket keeps is heavy), and so is one whose units are over the limit
+// (its process refuses it). A waiter of one unit is never heavy: the key
+// it is served on has room for one.
+//
+// Serving looks at 64
 // waiters from the head; where it stops short with room left, a newcomer
 // looks at 64 more, and a waiter further back takes the room on its own
-// next call. While new admissions are paused (Redis lost its data) nothing
+// next call. The looks for heavy waiters go as far (heavyBefore): a heavy
+// waiter more than 64 places past where serving stopped, behind waiters
+// held up on their other keys, may be passed by a lighter waiter further
+// back, on that waiter's own call or through another of its keys. While new admissions are paused (Redis lost its data) nothing
 // is served.
 
 // baseLua is what every script with a time shares.
@@ -86,17 +107,12 @@ end
 -- lease is not one, and an expired member goes with its lease's expiry
 -- (admitted and grant drop the expired ones before they count).
 local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
-`
+` + unitsLua
 
 // queueLua is the queue's part of the scripts (after baseLua).
 var queueLua = `
 local maxPassed, scanMax = ` + strconv.Itoa(registry.MaxPassed) + `, 64
 local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
-local function earliestOf(k)
-  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-  if first[2] then return tonumber(first[2]) end
-  return 0
-end
 -- unqueue takes ticket out of k's queue, with its flow's counts and its
 -- place among the urgent, and returns its member there (nil: not queued).
 -- A flow's turns in a class are charged from its first waiter queued
@@ -108,10 +124,12 @@ end
 -- turn back if it was the newest (the flow's finish tag is its own).
 local function unqueue(k, ticket, leaving)
   local Q, T, V = qkeys(k)
-  local m = redis.call('HGET', T, ticket)
+  local f = redis.call('HMGET', T, ticket, 'w|' .. ticket)
+  local m = f[1]
   if not m then return nil end
   redis.call('ZREM', Q, m)
   redis.call('ZREM', k .. '#u', ticket)
+  if f[2] and redis.call('HINCRBY', V, 'weighted', -1) <= 0 then redis.call('HDEL', V, 'weighted') end
   local flow = redis.call('HGET', T, 'f|' .. ticket)
   if flow then
     if redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then redis.call('HDEL', V, 'n|' .. flow) end
@@ -135,22 +153,26 @@ local function unqueue(k, ticket, leaving)
       redis.call('HDEL', V, 'n|' .. cf, 'b|' .. cf)
     end
   end
-  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket, 'e|' .. ticket, 's|' .. ticket)
+  redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket, 'e|' .. ticket, 's|' .. ticket,
+    'w|' .. ticket)
   if redis.call('EXISTS', Q) == 0 then
     redis.call('DEL', T, V, k .. '#u', k .. '#f0', k .. '#f1', k .. '#f2')
   end
   return m
 end
 -- ticketKeys returns the {key, limit} pairs of a ticket queued on k,
--- whose limit there is at most limit.
+-- whose limit there is at most limit (a ticket of one key: limit, though
+-- a weighted one keeps its own), and its units.
 local function ticketKeys(T, ticket, k, limit)
-  local packed = redis.call('HGET', T, 'k|' .. ticket)
-  if not packed then return {{k, limit}} end
-  local kl = cjson.decode(packed)
+  local f = redis.call('HMGET', T, 'k|' .. ticket, 'w|' .. ticket)
+  local units = tonumber(f[2]) or 1
+  if not f[1] then return {{k, limit}}, units end
+  local kl = cjson.decode(f[1])
+  if #kl == 1 then kl[1][2] = limit end
   for _, e in ipairs(kl) do
     if e[1] == k then e[2] = math.min(e[2], limit) end
   end
-  return kl
+  return kl, units
 end
 -- dead reports whether the process of a queued ticket (its member m) is
 -- gone: within one and a half claim windows of its liveness deadline, it
@@ -168,25 +190,28 @@ end
 local function drop(k, limit, ticket)
   for _, e in ipairs(ticketKeys(k .. '#t', ticket, k, limit)) do unqueue(e[1], ticket, true) end
 end
--- roomFor returns the places k has, under limit, for ticket, which arrived
--- at arrival (both nil: a newcomer): its free capacity, less the place
--- kept for k's oldest urgent ticket unless that is ticket or came later.
--- An urgent ticket no longer queued, or whose process is dead, is dropped
--- first.
+-- roomFor returns the units k has, under limit, for ticket, which
+-- arrived at arrival (both nil: a newcomer): its free units, less those
+-- kept for k's oldest urgent ticket (its units) unless that is ticket or
+-- came later. An urgent ticket no longer queued, or whose process is dead,
+-- is dropped first; past scanMax of them, one unit is kept.
 local function roomFor(k, limit, ticket, arrival, now, P, claim)
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-  local free = limit - redis.call('ZCARD', k)
+  expire(k, now)
+  local free = limit - countOf(k)
   if free <= 0 then return free end
   for _ = 1, scanMax do
     local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
     if not oldest[1] then return free end
-    local m = redis.call('HGET', k .. '#t', oldest[1])
-    if not m then
+    local f = redis.call('HMGET', k .. '#t', oldest[1], 'w|' .. oldest[1])
+    if not f[1] then
       redis.call('ZREM', k .. '#u', oldest[1])
-    elseif dead(P, m, now, claim) then
+    elseif dead(P, f[1], now, claim) then
       drop(k, limit, oldest[1])
     else
-      if oldest[1] ~= ticket and (not arrival or tonumber(oldest[2]) < arrival) then free = free - 1 end
+      -- Its units are kept, unless over the limit: it cannot be served
+      -- under it (its process refuses it).
+      local units = tonumber(f[2]) or 1
+      if oldest[1] ~= ticket and (not arrival or tonumber(oldest[2]) < arrival) and units <= limit then free = free - units end
       return free
     end
   end
@@ -202,12 +227,12 @@ local function passOver(k, ticket)
     cover(U, redis.call('PTTL', Q))
   end
 end
--- grant gives ticket a lease of the claim window on each of its keys
--- (kl), takes it out of their queues, moving each class's virtual time to
--- its start tag there (and forgetting the finish tags of flows it has
--- passed: their next start is the virtual time anyway), and wakes its
--- process.
-local function grant(kl, ticket, proc, now, claim, chans)
+-- grant gives ticket a lease of the claim window, weighing its units, on
+-- each of its keys (kl), takes it out of their queues, moving each class's
+-- virtual time to its start tag there (and forgetting the finish tags of
+-- flows it has passed: their next start is the virtual time anyway), and
+-- wakes its process.
+local function grant(kl, ticket, units, proc, now, claim, chans)
   for _, e in ipairs(kl) do
     local Q, _, V = qkeys(e[1])
     local m = unqueue(e[1], ticket, false)
@@ -220,67 +245,128 @@ local function grant(kl, ticket, proc, now, claim, chans)
         redis.call('ZREMRANGEBYSCORE', e[1] .. '#f' .. rank, '-inf', tag)
       end
     end
-    -- GT: a lease the ticket holds already (put back after an outage) is
-    -- not shortened, nor taken for a grant. A grant is in <k>#g, scored
-    -- as its lease, until it is claimed, given back or withdrawn (ungrant),
-    -- or expires with its lease.
-    if not redis.call('ZSCORE', e[1], ticket) then
+    -- GT: a lease the ticket holds already (put back after an outage,
+    -- with its units) is not shortened, nor taken for a grant. A grant is
+    -- in <k>#g, scored as its lease, until it is claimed, given back or
+    -- withdrawn (ungrant), or expires with its lease.
+    local new = not redis.call('ZSCORE', e[1], ticket)
+    if new then
       local G = e[1] .. '#g'
       redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
       redis.call('ZADD', G, now + claim, ticket)
       cover(G, claim)
     end
     redis.call('ZADD', e[1], 'GT', now + claim, ticket)
-    cover(e[1], claim)
+    if new then weigh(e[1], ticket, units) end
+    coverLeases(e[1], claim)
   end
   redis.call('PUBLISH', chans .. proc, ticket)
 end
--- canTake reports whether ticket, queued on k, can take a place on each
--- of its keys (kl) now.
-local function canTake(T, kl, ticket, now, P, claim)
+-- weightedWaiters tells, per key, whether its queue may hold waiters of
+-- more than one unit (its #v counts them), for the length of a script.
+local weightedWaiters = {}
+-- heavyBefore reports whether a heavy waiter of more than one unit (see
+-- serve) stands before ticket in k's queue, among the scanMax waiters
+-- from index from on: one of a live process without room on k for its
+-- units while they are at most the limit, limit if given, else its own
+-- limit there (see driver.ReleaseCall). A queue without weighted waiters
+-- has none, and costs one look.
+local function heavyBefore(k, ticket, from, limit, now, P, claim)
+  local Q, T, V = qkeys(k)
+  if weightedWaiters[k] == nil then weightedWaiters[k] = redis.call('HEXISTS', V, 'weighted') == 1 end
+  if not weightedWaiters[k] then return false end
+  local m = redis.call('HGET', T, ticket)
+  local at = m and redis.call('ZRANK', Q, m)
+  if not at or at <= from then return false end
+  expire(k, now)
+  local count = countOf(k)
+  for _, w in ipairs(redis.call('ZRANGE', Q, from, math.min(at, from + scanMax) - 1)) do
+    local id = string.match(w, '|([^|]+)$')
+    local f = redis.call('HMGET', T, 'w|' .. id, 'k|' .. id)
+    local units, lim = tonumber(f[1]) or 1, limit
+    if units > 1 and not lim and f[2] then
+      for _, e in ipairs(cjson.decode(f[2])) do
+        if e[1] == k then lim = e[2] end
+      end
+    end
+    if units > 1 and lim and units <= lim and count + units > lim and not dead(P, w, now, claim) then return true end
+  end
+  return false
+end
+-- canTake reports whether ticket, queued on k, can take room for its
+-- units on each of its keys (kl) now; as k's queue is served (served),
+-- not while a heavy waiter stands before it on another of its keys.
+local function canTake(T, kl, ticket, units, now, P, claim, served)
   local arrival = tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0
   for _, e in ipairs(kl) do
-    if roomFor(e[1], e[2], ticket, arrival, now, P, claim) <= 0 then return false end
+    if roomFor(e[1], e[2], ticket, arrival, now, P, claim) < units then return false end
+  end
+  if served and #kl > 1 then
+    for _, e in ipairs(kl) do
+      if e[1] ~= served and heavyBefore(e[1], ticket, 0, nil, now, P, claim) then return false end
+    end
   end
   return true
 end
 -- serve grants k's waiters in order, from the one at index from (0: the
--- head), while k has room under limit: each that can take it on all of
--- its keys; a waiter of a dead process is dropped. If it stops at its
--- bound on the waiters it looks at, with room left and waiters further
--- back, who may take it, it returns one more than the index of the first
--- of those; else 0.
+-- head), while k has room under limit: each that can take room for its
+-- units on all of its keys; a waiter of a dead process is dropped. If it
+-- stops at its bound on the waiters it looks at, with room left and
+-- waiters further back, who may take it, it returns one more than the
+-- index of the first of those; if it stops at a heavy waiter (no room
+-- under limit for its units, which are at most limit), whose room nobody
+-- else may take, -1; else 0.
 local function serve(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
   local i, steps, passed = from, 0, {}
   while true do
-    redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
-    if redis.call('ZCARD', k) >= limit then return 0 end
+    expire(k, now)
+    local count = countOf(k)
+    if count >= limit then return 0 end
     local head = redis.call('ZRANGE', Q, i, i)
     if #head == 0 then return 0 end
     if i >= from + scanMax or steps >= 4 * scanMax then return i + 1 end
     steps = steps + 1
     local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
-    local kl = ticketKeys(T, ticket, k, limit)
+    local kl, units = ticketKeys(T, ticket, k, limit)
     if dead(P, head[1], now, claim) then
       for _, e in ipairs(kl) do unqueue(e[1], ticket, true) end
-    elseif canTake(T, kl, ticket, now, P, claim) then
-      grant(kl, ticket, proc, now, claim, chans)
+    elseif canTake(T, kl, ticket, units, now, P, claim, k) then
+      grant(kl, ticket, units, proc, now, claim, chans)
       for _, p in ipairs(passed) do passOver(k, p) end
+    elseif units > 1 and units <= limit and (count + units > limit
+        or roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units) then
+      -- A heavy waiter: k's room waits for its units, counted or with the
+      -- place an older urgent ticket keeps set aside.
+      return -1
     else
       if #kl > 1 then passed[#passed + 1] = ticket end
       i = i + 1
     end
   end
 end
--- enqueue queues ticket on each of its keys (kl), numbering its arrival
--- in the fleet's order (P's counter). A flow's start tag in a class is
--- its finish tag there (#f<rank>) or the class's virtual time, whichever
--- is later.
-local function enqueue(kl, ticket, rank, flow, weight, proc, ttl, P)
+`
+
+// queueAdmitLua is the queue's part that only the acquire script uses
+// (after queueLua): the scripts that release and abandon leave it out, as
+// each function a script defines costs every run of it.
+const queueAdmitLua = `
+-- earliestOf returns when k's earliest lease expires (0: none).
+local function earliestOf(k)
+  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return 0
+end
+-- enqueue queues ticket, of units, on each of its keys (kl), numbering
+-- its arrival in the fleet's order (P's counter). A flow's start tag in a
+-- class is its finish tag there (#f<rank>) or the class's virtual time,
+-- whichever is later.
+local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
+  -- A ticket of several keys, or of more than one unit, keeps its keys'
+  -- limits as its calls send them (a heavy waiter is heavy by its own).
   local packed
-  if #kl > 1 then packed = cjson.encode(kl) end
+  if #kl > 1 or units > 1 then packed = cjson.encode(kl) end
   local arrival = redis.call('HINCRBY', P, '#arrivals', 1)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
@@ -294,6 +380,11 @@ local function enqueue(kl, ticket, rank, flow, weight, proc, ttl, P)
     redis.call('ZADD', Q, 0, m)
     redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish)
     if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
+    if units > 1 then
+      redis.call('HSET', T, 'w|' .. ticket, units)
+      redis.call('HINCRBY', V, 'weighted', 1)
+      weightedWaiters[e[1]] = true
+    end
     redis.call('HINCRBY', V, 'n|' .. flow, 1)
     local cf = rank .. '|' .. flow
     if redis.call('HINCRBY', V, 'n|' .. cf, 1) == 1 then redis.call('HSET', V, 'b|' .. cf, tag) end

@@ -53,6 +53,7 @@ type ticket struct {
 	weight         int
 	wait           bool
 	maxQ, maxFlow  int      // 0: none
+	units          int      // 0: 1
 	keys           []string // default: qKey
 	limits         []int    // default: the limit admit is given, for each key
 }
@@ -86,7 +87,7 @@ func (rig *queueRig) admit(tk ticket, limit int) queueReply {
 	}
 	keys := append([]string{"q{n}#epoch", "q{n}#pause", "q{n}:abandoned:" + tk.id, qProcs}, tk.keys...)
 	args := []any{tk.id, qTTL, len(tk.keys), 0, 0, 0, wait, qClaim, tk.rank, tk.flow, tk.weight,
-		tk.proc, qWake, bound(tk.maxQ), bound(tk.maxFlow), qTTL}
+		tk.proc, qWake, bound(tk.maxQ), bound(tk.maxFlow), qTTL, max(tk.units, 1)}
 	for i := range tk.keys {
 		if tk.limits != nil {
 			args = append(args, tk.limits[i])

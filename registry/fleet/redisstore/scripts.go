@@ -7,10 +7,11 @@ import "github.com/redis/go-redis/v9"
 // not agree on the time.
 //
 // Each capped key is a sorted set: member = lease id, score = the lease's
-// expiry in server milliseconds. A key's own expiry is its latest lease's:
-// a lease added or extended sets it only if it would come later (processes
-// with different TTLs share keys). Keys whose holders all died go away by
-// themselves.
+// expiry in server milliseconds; a lease of more than one unit has its
+// units in a hash beside it (see units.go). A key's own expiry is its
+// latest lease's: a lease added or extended sets it only if it would come
+// later (processes with different TTLs share keys). Keys whose holders all
+// died go away by themselves.
 
 // The epoch: a key per Registry name, <prefix>{<name>}#epoch (no key name
 // can be it: capped keys have a ':' after the brace), holding the server's
@@ -93,7 +94,7 @@ end
 // and their limits.
 const (
 	acquireKeys = 4
-	acquireArgs = 16
+	acquireArgs = 17
 )
 
 // acquireScript takes one lease on every key or on none, or queues for
@@ -108,43 +109,47 @@ const (
 //	      (the reply tells the start's number and counts), 8 claim ms, 9 class rank,
 //	      10 flow, 11 flow weight, 12 process, 13 the channel prefix, 14
 //	      the queue's bound, 15 the flow's bound (-1: none), 16 liveness
-//	      ms, then each capped key's limit, then the lease id of each
-//	      carried pair
+//	      ms, 17 the lease's units (1 or more), then each capped key's
+//	      limit, then the lease id and units of each carried pair
 //
 // Past its not-after time (see clock.go) it refuses to run, and changes
-// nothing. Otherwise it first puts in the carried pairs, without a cap
-// check, unless their tombstone exists: leases this process admitted while
-// Redis was unreachable and that share a key with this admission, so that
-// they count against it. A lease id whose tombstone exists was abandoned
-// (see abandonScript) and is refused. Unless new admissions are paused it
-// serves each key's queue. Then: if the lease is on every key (a granted
-// ticket claimed, or a retried call), it is extended to the TTL and
-// admitted (a part of a grant whose claim ran out is dropped); while new
-// admissions are paused, nothing is admitted; a ticket still queued is
-// told so; a newcomer is admitted if every key has room for it, else
-// refused, or, with wait, queued on every key unless a bound says no. It
-// returns {status (1 admitted; 0 a key is full; acquirePaused;
-// acquireQueued; acquireQueueMax; acquireFlowMax; -1 abandoned; tooLate),
-// index of the key that refused (1-based; 0 if none), its lease count (the
-// first key's if paused or queued),
-// its earliest lease expiry (the pause's end if paused; 0 if none), now,
-// epoch (0 if too late), the length of its queue (its flow's part for
-// acquireFlowMax)}, times in server milliseconds; with a learned key, an
-// admission's reply has the server time in microseconds in place of the
-// expiry, and goes on with each key's lease count after it.
+// nothing. Otherwise it first puts in the carried pairs, with their units,
+// without a cap check, unless their tombstone exists: leases this process
+// admitted while Redis was unreachable and that share a key with this
+// admission, so that they count against it. A lease id whose tombstone
+// exists was abandoned (see abandonScript) and is refused. Unless new
+// admissions are paused it serves each key's queue. Then: if the lease is
+// on every key (a granted ticket claimed, or a retried call), it is
+// extended to the TTL and admitted (a part of a grant whose claim ran out
+// is dropped); while new admissions are paused, nothing is admitted; a
+// ticket still queued is told so; a newcomer is admitted if every key has
+// room for its units and serving stopped at no heavy waiter (see
+// queue.go), else refused, or, with wait, queued on every key unless a
+// bound says no. It returns {status (1 admitted; 0 a key is full;
+// acquirePaused; acquireQueued; acquireQueueMax; acquireFlowMax; -1
+// abandoned; tooLate), index of the key that refused (1-based; 0 if
+// none), its count in units (the first key's if paused or queued), its
+// earliest lease expiry (the pause's end if paused; 0 if none), now,
+// epoch (0 if too late), the length of its queue in tickets (its flow's
+// part for acquireFlowMax)}, times in server milliseconds; with a learned
+// key, an admission's reply has the server time in microseconds in place
+// of the expiry, and goes on with each key's units held after it.
 var acquireScript = redis.NewScript(acquireLua)
 
-var acquireLua = baseLua + epochLua + queueLua + `
+var acquireLua = baseLua + epochLua + queueLua + queueAdmitLua + `
 -- admitted is the reply to an admission; for a learned key's, with the
--- server time in microseconds (the start's number) and each key's lease
--- count with it, after the fixed fields: the leases held, not the grants
+-- server time in microseconds (the start's number) and each key's units
+-- held with it, after the fixed fields: the leases held, not the grants
 -- not claimed yet (<k>#g), whose requests are not at the upstream.
 local function admitted(kl, t, now, epoch)
   if tonumber(ARGV[7]) < 2 then return {1, 0, 0, 0, now, epoch, 0} end
   local out = {1, 0, 0, tonumber(t[1]) * 1000000 + tonumber(t[2]), now, epoch, 0}
   for i, e in ipairs(kl) do
-    redis.call('ZREMRANGEBYSCORE', e[1] .. '#g', '-inf', now)
-    out[7 + i] = redis.call('ZCARD', e[1]) - redis.call('ZCARD', e[1] .. '#g')
+    local G = e[1] .. '#g'
+    redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
+    local grants = redis.call('ZCARD', G)
+    if grants > 0 and weighted(e[1]) then grants = grants + extraOf(e[1], redis.call('ZRANGE', G, 0, -1), false) end
+    out[7 + i] = countOf(e[1]) - grants
   end
   return out
 end
@@ -154,20 +159,26 @@ local notAfter = tonumber(ARGV[4])
 if notAfter > 0 and now > notAfter then return {-2, 0, 0, 0, now, 0, 0} end
 local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local claim, P, chans = tonumber(ARGV[8]), KEYS[4], ARGV[13]
+local units = math.max(tonumber(ARGV[17]), 1)
 local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), ttl)
 for j = 1, (#KEYS - 4 - n) / 2 do
   local k, tomb = KEYS[3 + n + 2 * j], KEYS[4 + n + 2 * j]
+  local lease = ARGV[16 + n + 2 * j]
   if redis.call('EXISTS', tomb) == 0 then
-    redis.call('ZADD', k, now + ttl, ARGV[16 + n + j])
-    ungrant(k, ARGV[16 + n + j])
-    cover(k, ttl)
+    -- A units hash left beside an emptied key goes before the lease comes.
+    expire(k, now)
+    countOf(k)
+    redis.call('ZADD', k, now + ttl, lease)
+    weigh(k, lease, math.max(tonumber(ARGV[17 + n + 2 * j]), 1))
+    ungrant(k, lease)
+    coverLeases(k, ttl)
   end
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then return {-1, 0, 0, 0, now, epoch, 0} end
 local kl = {}
-for i = 1, n do kl[i] = {KEYS[4 + i], tonumber(ARGV[16 + i])} end
-local stopped = paused > now and capped(17, n)
-if n > 1 and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
+for i = 1, n do kl[i] = {KEYS[4 + i], tonumber(ARGV[17 + i])} end
+local stopped = paused > now and capped(18, n)
+if (n > 1 or units > 1) and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
   -- Queued: its keys' limits as the caller has them now, before serving.
   local packed = cjson.encode(kl)
   for _, e in ipairs(kl) do
@@ -177,12 +188,12 @@ end
 local held, cut = 0, 0
 for i, e in ipairs(kl) do
   -- e[3]: k has a queue (or had one before serving it); e[4]: where
-  -- serving it stopped short (see serve)
-  e[3] = redis.call('EXISTS', e[1] .. '#q') == 1
+  -- serving it stopped short, or -1 if at a heavy waiter (see serve)
+  e[3] = hasQueue(e[1])
   e[4] = 0
   if e[3] and not stopped then e[4] = serve(e[1], e[2], now, claim, chans, P, 0) end
   if e[4] > 0 and cut == 0 then cut = i end
-  redis.call('ZREMRANGEBYSCORE', e[1], '-inf', now)
+  expire(e[1], now)
   if redis.call('ZSCORE', e[1], id) then held = held + 1 end
 end
 -- givenBack: a grant made under a limit that has dropped since (another
@@ -191,82 +202,102 @@ end
 local givenBack = false
 if held == n then
   for _, e in ipairs(kl) do
-    if redis.call('ZCARD', e[1]) > e[2] then givenBack = true end
+    if countOf(e[1]) > e[2] then givenBack = true end
   end
   if not givenBack then
     for _, e in ipairs(kl) do
       redis.call('ZADD', e[1], 'XX', now + ttl, id)
+      -- The grant weighs its ticket's units already; a call made again
+      -- sets the same.
+      if units > 1 then weigh(e[1], id, units) end
       ungrant(e[1], id)
-      cover(e[1], ttl)
+      coverLeases(e[1], ttl)
     end
     return admitted(kl, t, now, epoch)
   end
 end
 if held > 0 then
   for _, e in ipairs(kl) do
-    redis.call('ZREM', e[1], id)
+    removeLease(e[1], id)
     ungrant(e[1], id)
-    if e[3] and not stopped then serve(e[1], e[2], now, claim, chans, P, 0) end
+    if e[3] and not stopped then
+      -- Serving again may stop at a heavy waiter the room given back is
+      -- not enough for, or get past one it stopped at.
+      local r = serve(e[1], e[2], now, claim, chans, P, 0)
+      if r < 0 or e[4] < 0 then e[4] = r end
+    end
   end
 end
 if stopped then
-  return {2, 0, redis.call('ZCARD', KEYS[5]), paused, now, epoch, 0}
+  return {2, 0, countOf(KEYS[5]), paused, now, epoch, 0}
 end
 local proc, live = ARGV[12], tonumber(ARGV[16])
 local T1 = KEYS[5] .. '#t'
 if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   alive(P, proc, now, live)
   keepQueued(kl, ttl)
-  -- Serving stopped short of it: it takes the room if it can.
-  if cut > 0 and canTake(T1, kl, id, now, P, claim) then
+  -- Serving stopped short of it: it takes the room if it can, unless a
+  -- heavy waiter may be ahead of it: serving stopped at one, one waits
+  -- between where serving stopped and this ticket, or one stands before
+  -- it by its own limit.
+  local clear = cut > 0
+  for _, e in ipairs(kl) do
+    if e[4] < 0 or (clear and e[4] > 0 and heavyBefore(e[1], id, e[4] - 1, e[2], now, P, claim))
+      or (clear and heavyBefore(e[1], id, 0, nil, now, P, claim)) then clear = false end
+  end
+  if clear and canTake(T1, kl, id, units, now, P, claim) then
     for _, e in ipairs(kl) do
       unqueue(e[1], id, false)
       redis.call('ZADD', e[1], now + ttl, id)
-      cover(e[1], ttl)
+      weigh(e[1], id, units)
+      coverLeases(e[1], ttl)
     end
     return admitted(kl, t, now, epoch)
   end
-  -- It names the first of its keys without room (the first if none).
+  -- It names the first of its keys without room for it, or kept for a
+  -- heavy waiter (the first if none).
   local w = 1
   for i, e in ipairs(kl) do
-    if redis.call('ZCARD', e[1]) >= e[2] then w = i break end
+    if e[4] < 0 or countOf(e[1]) + units > e[2] then w = i break end
   end
   local k = kl[w][1]
-  return {3, w, redis.call('ZCARD', k), earliestOf(k), now, epoch, redis.call('ZCARD', k .. '#q')}
+  return {3, w, countOf(k), earliestOf(k), now, epoch, redis.call('ZCARD', k .. '#q')}
 end
--- A newcomer: where serving stopped short, it looks further; it takes
--- the room only if no waiter that it has looked at can.
+-- A newcomer: a key whose serving stopped at a heavy waiter is full for
+-- it; where serving stopped short, it looks further; it takes the room
+-- only if no waiter that it has looked at can.
 local full = 0
 for i, e in ipairs(kl) do
-  if e[4] > 0 and serve(e[1], e[2], now, claim, chans, P, e[4] - 1) > 0 then full = i break end
+  if e[4] < 0 or (e[4] > 0 and serve(e[1], e[2], now, claim, chans, P, e[4] - 1) ~= 0) then full = i break end
 end
 if full == 0 then
   for i, e in ipairs(kl) do
     local room
-    if e[3] then room = roomFor(e[1], e[2], nil, nil, now, P, claim) else room = e[2] - redis.call('ZCARD', e[1]) end
-    if room <= 0 then full = i break end
+    if e[3] then room = roomFor(e[1], e[2], nil, nil, now, P, claim) else room = e[2] - countOf(e[1]) end
+    if room < units then full = i break end
   end
 end
 if full == 0 then
   for _, e in ipairs(kl) do
     redis.call('ZADD', e[1], now + ttl, id)
-    cover(e[1], ttl)
+    weigh(e[1], id, units)
+    coverLeases(e[1], ttl)
   end
   return admitted(kl, t, now, epoch)
 end
 local k = kl[full][1]
-local count, earliest = redis.call('ZCARD', k), earliestOf(k)
+local count, earliest = countOf(k), earliestOf(k)
 local queued = redis.call('ZCARD', k .. '#q')
 if tonumber(ARGV[7]) % 2 == 0 then return {0, full, count, earliest, now, epoch, queued} end
 local maxQ, maxF, flow = tonumber(ARGV[14]), tonumber(ARGV[15]), ARGV[10]
 for i, e in ipairs(kl) do
   if givenBack then break end
   local q = redis.call('ZCARD', e[1] .. '#q')
-  if maxQ >= 0 and q >= maxQ then return {4, i, redis.call('ZCARD', e[1]), earliestOf(e[1]), now, epoch, q} end
+  if maxQ >= 0 and q >= maxQ then return {4, i, countOf(e[1]), earliestOf(e[1]), now, epoch, q} end
   local f = tonumber(redis.call('HGET', e[1] .. '#v', 'n|' .. flow)) or 0
-  if maxF >= 0 and f >= maxF then return {5, i, redis.call('ZCARD', e[1]), earliestOf(e[1]), now, epoch, f} end
+  if maxF >= 0 and f >= maxF then return {5, i, countOf(e[1]), earliestOf(e[1]), now, epoch, f} end
 end
-enqueue(kl, id, tonumber(ARGV[9]), flow, tonumber(ARGV[11]), proc, ttl, P)
+enqueue(kl, id, units, tonumber(ARGV[9]), flow, tonumber(ARGV[11]), proc, ttl, P)
 keepQueued(kl, ttl)
 alive(P, proc, now, live)
 return {3, full, count, earliest, now, epoch, queued + 1}
@@ -308,8 +339,8 @@ const (
 //	ARGV: ttl ms, the call's not-after time (0: none), the epoch the caller
 //	      last saw (0: none), the pause ms it declares, then for each
 //	      lease: its id, its mode, the epoch under which it was last known
-//	      to be in Redis (0: not known to be), its number of keys n, and
-//	      each key's limit
+//	      to be in Redis (0: not known to be), its number of keys n, its
+//	      units (1 or more), and each key's limit
 //
 // Past its not-after time (see clock.go) it refuses to run, changes
 // nothing and returns {tooLate, now}. Otherwise:
@@ -319,10 +350,11 @@ const (
 // without a cap check, and with reassert too if the epoch is not the one it
 // was last seen under (Redis lost it); with reassert under the same epoch
 // (it expired), or if it was not known to be in Redis (it was lost before),
-// it is put back only if every key it is missing from has room by its
-// limit, and new admissions are not paused (it would be one), else on
-// none. Nothing is put back whose tombstone exists (a late renewal must not
-// bring back a lease released meanwhile). It returns the epoch, now (server
+// it is put back only if every key it is missing from has room for its
+// units by its limit, and new admissions are not paused (it would be
+// one), else on none. A lease put back weighs its units there. Nothing is
+// put back whose tombstone exists (a late renewal must not bring back a
+// lease released meanwhile). It returns the epoch, now (server
 // milliseconds), then each lease's status.
 var renewScript = redis.NewScript(baseLua + epochLua + `
 local t = redis.call('TIME')
@@ -335,15 +367,17 @@ local out = {epoch, now}
 local a, k = 5, 3
 while a <= #ARGV do
   local id, mode, known, n = ARGV[a], tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2]), tonumber(ARGV[a + 3])
+  local units = math.max(tonumber(ARGV[a + 4]), 1)
   local missing = {}
   for i = 0, n - 1 do
     local key = KEYS[k + i]
     local score = redis.call('ZSCORE', key, id)
     if score and tonumber(score) > now then
       redis.call('ZADD', key, 'XX', now + ttl, id)
-      cover(key, ttl)
+      coverLeases(key, ttl)
     else
-      if score then redis.call('ZREM', key, id) end
+      -- Expired, not dropped yet: it goes with its units.
+      if score then removeLease(key, id) end
       missing[#missing + 1] = i
     end
   end
@@ -352,19 +386,23 @@ while a <= #ARGV do
     status = 3
     if mode > 0 and redis.call('EXISTS', KEYS[k + n]) == 0 then
       local checked = mode == 1 and (known == 0 or known == epoch)
-      local room = not (checked and paused > now and capped(a + 4, n))
+      local room = not (checked and paused > now and capped(a + 5, n))
       if checked and room then
         for _, i in ipairs(missing) do
           local key = KEYS[k + i]
-          redis.call('ZREMRANGEBYSCORE', key, '-inf', now)
-          if redis.call('ZCARD', key) >= tonumber(ARGV[a + 4 + i]) then room = false end
+          expire(key, now)
+          if countOf(key) + units > tonumber(ARGV[a + 5 + i]) then room = false end
         end
       end
       if room then
         for _, i in ipairs(missing) do
-          redis.call('ZADD', KEYS[k + i], now + ttl, id)
-          ungrant(KEYS[k + i], id)
-          cover(KEYS[k + i], ttl)
+          local key = KEYS[k + i]
+          expire(key, now)
+          countOf(key) -- as for a carried pair: no stale units hash
+          redis.call('ZADD', key, now + ttl, id)
+          weigh(key, id, units)
+          ungrant(key, id)
+          coverLeases(key, ttl)
         end
         status = 1
         if checked then status = 2 end
@@ -372,7 +410,7 @@ while a <= #ARGV do
     end
   end
   out[#out + 1] = status
-  a = a + 4 + n
+  a = a + 5 + n
   k = k + n + 1
 end
 return out
@@ -391,8 +429,9 @@ local serving = redis.call('EXISTS', KEYS[1]) == 0
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
-  redis.call('ZREM', k, ARGV[2 * i - 3])
-  if serving then serve(k, limit, now, claim, chans, KEYS[2], 0) end
+  local queued = hasQueue(k)
+  removeLease(k, ARGV[2 * i - 3])
+  if serving and queued then serve(k, limit, now, claim, chans, KEYS[2], 0) end
 end
 return 0
 `)
@@ -421,7 +460,7 @@ local serving = redis.call('EXISTS', KEYS[1]) == 0
 for i = 3, #KEYS do
   local k = KEYS[i]
   unqueue(k, id, true)
-  redis.call('ZREM', k, id)
+  removeLease(k, id)
   ungrant(k, id)
   local limit = tonumber(ARGV[3 + i])
   if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2], 0) end
@@ -431,42 +470,4 @@ local latest = tonumber(ARGV[3])
 if latest > 0 then stay = math.max(stay, latest - now + 1) end
 redis.call('SET', tomb, '1', 'PX', string.format('%.0f', stay))
 return 0
-`)
-
-// learnWriteScript writes a learned state if Redis still has the version
-// the caller presumes, and publishes it, in one round trip; else it
-// returns the state Redis has, for the caller to apply its evidence to and
-// try again. A version is compared as the digits of the state's "v" (the
-// first "v" key in it: a state's JSON begins {"k":<its key's name>,"v":,
-// and a name's quotes are escaped), never as a Lua number, whose doubles
-// would take two versions over 2^53 for one.
-//
-//	KEYS: the state's key
-//	ARGV: the version presumed ('-': no state; '?': one without a
-//	      version), the state to write ('': none, a read), the learned
-//	      channel, the state's TTL in ms
-//
-// It returns {1} if it wrote, {1, the error} if it wrote and could not
-// publish; else {0, the version Redis has (as ARGV[1] tells it), the state
-// (none if missing)}, and keeps a state it read from expiring while it is
-// in use. The state is set before it is published, so that no message
-// tells a state Redis does not have (a SET refused for lack of memory);
-// a state set and not published is written all the same (the others read
-// it within learnRefresh): were it taken for a failed write, its evidence
-// would be applied again on top of itself, and a refusal's time counted
-// twice.
-var learnWriteScript = redis.NewScript(`
-local raw = redis.call('GET', KEYS[1])
-local v = '-'
-if raw then v = string.match(raw, '"v":(%d+)[,}]') or '?' end
-local ttl = tonumber(ARGV[4])
-if ARGV[2] ~= '' and v == ARGV[1] then
-  redis.call('SET', KEYS[1], ARGV[2], 'PX', ttl)
-  local ok = redis.pcall('PUBLISH', ARGV[3], ARGV[2])
-  if type(ok) == 'table' and ok.err then return {1, ok.err} end
-  return {1}
-end
-if not raw then return {0, v} end
-if redis.call('PTTL', KEYS[1]) < ttl / 2 then redis.call('PEXPIRE', KEYS[1], ttl) end
-return {0, v, raw}
 `)

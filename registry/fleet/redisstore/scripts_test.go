@@ -36,12 +36,12 @@ func (m *mini) leases(key string) []string { return m.Leases("t", key) }
 // with keys and args as the script takes them less the queue's: keys
 // (epoch, pause, tombstone, capped keys, carried pairs) get the name's
 // #procs key after the tombstone, and args (id, ttl, n, not-after, known
-// epoch, pause, limits, carried ids) the queue's arguments after the
-// pause.
+// epoch, pause, limits, carried ids and units) the queue's arguments and
+// the lease's units (1) after the pause.
 func runAcquire(ctx context.Context, c redis.Scripter, keys []string, args ...any) *redis.Cmd {
 	procs := strings.TrimSuffix(keys[0], "#epoch") + "#procs"
 	keys = slices.Insert(slices.Clone(keys), 3, procs)
-	args = slices.Insert(slices.Clone(args), 6, 0, 1000, 0, "", 1, "test", "wake:", -1, -1, 3000)
+	args = slices.Insert(slices.Clone(args), 6, 0, 1000, 0, "", 1, "test", "wake:", -1, -1, 3000, 1)
 	return acquireScript.Run(ctx, c, keys, args...)
 }
 
@@ -75,7 +75,7 @@ func TestAcquireScriptCarries(t *testing.T) {
 	m.Srv.Set(tomb+"released", "1")
 	keys := []string{epoch, "inflight:{t}#pause", tomb + "new", "inflight:{t}:k",
 		"inflight:{t}:k", tomb + "degraded", "inflight:{t}:k", tomb + "released"}
-	res, err := runAcquire(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", "released").Int64Slice()
+	res, err := runAcquire(ctx, c, keys, "new", 3000, 1, 0, 0, 0, 2, "degraded", 1, "released", 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 0, 0}, res[:3], "admitted: the carried lease and this one fill the cap of 2")
 	assert.ElementsMatch(t, []string{"degraded", "new"}, m.leases("k"))
@@ -109,7 +109,7 @@ func TestPauseScripts(t *testing.T) {
 	renew := func(id string, mode int, leaseEpoch, known int64) int64 {
 		t.Helper()
 		res, err := renewScript.Run(ctx, c, []string{epochKey, pauseKey, key, "inflight:{t}:abandoned:" + id},
-			60000, 0, known, 2000, id, mode, leaseEpoch, 1, 5).Int64Slice()
+			60000, 0, known, 2000, id, mode, leaseEpoch, 1, 1, 5).Int64Slice()
 		require.NoError(t, err)
 		require.Len(t, res, 3)
 		return res[2]
@@ -167,7 +167,7 @@ func TestScriptsRefuseToRunLate(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []int64{tooLate, m.Now.UnixMilli()}, []int64{res[0], res[4]})
 	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k", "inflight:{t}:abandoned:x"},
-		3000, late, 1, 1000, "x", putBack, 0, 1, 1).Int64Slice()
+		3000, late, 1, 1000, "x", putBack, 0, 1, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{tooLate, m.Now.UnixMilli()}, res)
 	assert.Empty(t, m.Srv.Keys(), "nothing written")

@@ -3,7 +3,6 @@ package redisstore
 import (
 	"context"
 	"fmt"
-	"strconv"
 	"strings"
 	"time"
 
@@ -12,9 +11,9 @@ import (
 )
 
 // Store is a fleet's store on Redis (standalone, Sentinel or Cluster): each
-// operation one Lua script (scripts.go, queue.go), wake-ups and learned
-// states on pub/sub. Every key of a fleet shares the hash tag {<name>}, so
-// that a script's keys are in one slot of a Cluster.
+// operation one Lua script (scripts.go, queue.go, units.go, learned.go),
+// wake-ups and learned states on pub/sub. Every key of a fleet shares the
+// hash tag {<name>}, so that a script's keys are in one slot of a Cluster.
 type Store struct {
 	rdb redis.UniversalClient
 	// prefix is "<prefix>{<name>}:", the start of every capped key's name.
@@ -139,7 +138,7 @@ func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.
 // admitArgs returns the acquire script's keys and arguments for c.
 func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried))
-	args := make([]any, 0, acquireArgs+len(c.Keys)+len(c.Carried))
+	args := make([]any, 0, acquireArgs+len(c.Keys)+2*len(c.Carried))
 	keys = append(keys, s.epochKey, s.pauseKey, s.tombstone(c.Lease), s.procsKey)
 	for _, k := range c.Keys {
 		keys = append(keys, s.key(k))
@@ -152,19 +151,20 @@ func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 		wait += 2
 	}
 	args = append(args, c.Lease, c.TTL.Milliseconds(), len(c.Keys), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), wait,
-		c.Claim.Milliseconds(), c.Class, c.Flow, c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds())
+		c.Claim.Milliseconds(), c.Class, c.Flow, c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(),
+		max(c.Units, 1))
 	for _, n := range c.Limits {
 		args = append(args, n)
 	}
 	for _, p := range c.Carried {
 		keys = append(keys, s.key(p.Key), s.tombstone(p.Lease))
-		args = append(args, p.Lease)
+		args = append(args, p.Lease, max(p.Units, 1))
 	}
 	return keys, args
 }
 
 // replyLen is the length of the acquire script's reply, but for an
-// admission's with starts, which has each key's lease count after it.
+// admission's with starts, which has each key's units held after it.
 const replyLen = 7
 
 // decodeAdmit reads the acquire script's reply res to c.
@@ -188,7 +188,7 @@ func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult
 // Renew runs the renew script.
 func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
 	keys := make([]string, 0, 2+2*len(c.Leases))
-	args := make([]any, 0, 4+5*len(c.Leases))
+	args := make([]any, 0, 4+6*len(c.Leases))
 	keys = append(keys, s.epochKey, s.pauseKey)
 	args = append(args, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds())
 	for _, x := range c.Leases {
@@ -196,7 +196,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 			keys = append(keys, s.key(k))
 		}
 		keys = append(keys, s.tombstone(x.Lease))
-		args = append(args, x.Lease, int(x.Mode), x.Epoch, len(x.Keys))
+		args = append(args, x.Lease, int(x.Mode), x.Epoch, len(x.Keys), max(x.Units, 1))
 		for _, n := range x.Limits {
 			args = append(args, n)
 		}
@@ -260,14 +260,11 @@ func (s *Store) Leave(ctx context.Context, proc string) error {
 // Ping pings Redis.
 func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 
-// Count counts the key's leases that expire after the server's time now.
+// Count returns the units of the key's leases that expire after the
+// server's time now (countScript).
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
-	now, err := s.rdb.Time(ctx).Result()
-	if err != nil {
-		return 0, err
-	}
-	n, err := s.rdb.ZCount(ctx, s.key(key), "("+strconv.FormatInt(now.UnixMilli(), 10), "+inf").Result()
-	return int(n), err
+	n, err := countScript.Run(ctx, s.rdb, []string{s.key(key)}).Int()
+	return n, err
 }
 
 // Listen subscribes to proc's channel and the learned states' channel.

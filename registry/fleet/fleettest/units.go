@@ -1,0 +1,252 @@
+package fleettest
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Weighted leases: a key's count is the sum of its leases' units.
+
+// Three processes, a cap of 10 units, 90 waiters of 1 to 4 units each: the
+// units held at once never pass 10 (an independent counter), every waiter
+// is admitted, and the store counts nothing once all are released.
+func unitsCap(t *testing.T, srv Server) {
+	rs := processes(t, srv, "units", 3, 10, fleet.WithTimeout(slowCalls))
+	var active, peak, admitted atomic.Int32
+	var wg sync.WaitGroup
+	for i := range 90 {
+		r, n := rs[i%3], 1+rand.IntN(4)
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 6*wait)
+			defer cancel()
+			s, err := r.AcquireN(ctx, "k", n)
+			if !assert.NoError(t, err) {
+				return
+			}
+			assert.Equal(t, n, s.Units())
+			now := active.Add(int32(n))
+			for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
+			}
+			admitted.Add(1)
+			time.Sleep(2 * time.Millisecond) // the held request's work
+			active.Add(-int32(n))
+			s.Release()
+		})
+	}
+	wg.Wait()
+	assert.Equal(t, int32(90), admitted.Load())
+	assert.LessOrEqual(t, peak.Load(), int32(10), "units held at once")
+	t.Logf("at most %d units held at once, of 10", peak.Load())
+	for _, r := range rs {
+		st := r.Stats()
+		assert.Zero(t, st.Degraded, "admitted by the store, not locally")
+		assert.Zero(t, st.StoreErrors, "store errors")
+	}
+	inFlightIs(t, rs[0], "k", 0, "every unit released")
+}
+
+// A key counts units: TryAcquireN takes what fits and no more, InFlight and
+// a refusal tell units, and a release frees exactly the units taken, on
+// every key of an AcquireAllN.
+func unitsCounted(t *testing.T, srv Server) {
+	rs := processes(t, srv, "counted", 2, 10)
+	a, b := rs[0], rs[1]
+	a.SetLimit("small", 5)
+	b.SetLimit("small", 5)
+	s7, err := a.TryAcquireN("k", 7)
+	require.NoError(t, err)
+	_, err = b.TryAcquireN("k", 4)
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le, "7 + 4 units under a cap of 10")
+	assert.ErrorIs(t, err, slots.ErrLimitReached)
+	assert.Equal(t, 7, le.InFlight, "the refusal tells units")
+	s3, err := b.TryAcquireN("k", 3)
+	require.NoError(t, err, "7 + 3 fits")
+	inFlightIs(t, b, "k", 10, "10 units held")
+	s7.Release()
+	inFlightIs(t, b, "k", 3, "the release frees its 7 units")
+
+	all, err := a.TryAcquireAllN(4, "k", "small")
+	require.NoError(t, err)
+	assert.Equal(t, 4, all.Units())
+	inFlightIs(t, b, "small", 4, "4 units on each key")
+	inFlightIs(t, b, "k", 7, "4 units on each key")
+	_, err = b.TryAcquireAllN(2, "k", "small")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "4 + 2 units over small's 5")
+	n, err := b.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 7, n, "a refusal on one key takes nothing on the other")
+	all.Release()
+	s3.Release()
+	inFlightIs(t, b, "small", 0, "released")
+	inFlightIs(t, b, "k", 0, "released")
+}
+
+// Order is strict for what waiters weigh: a waiter of 4 units at the head
+// of a key with 1 free keeps that unit from a lighter newcomer and from a
+// lighter waiter behind it, and is admitted first once its units are free.
+func heavyWaiterFirst(t *testing.T, srv Server) {
+	rs := processes(t, srv, "heavy", 3, 4)
+	holder, heavy, light := rs[0], rs[1], rs[2]
+	held, err := holder.TryAcquireN("k", 3)
+	require.NoError(t, err)
+	adm := newAdmissions(t)
+	adm.waitN(heavy, "heavy", 4)
+	queuedIs(t, srv, "heavy", "k", 1)
+	_, err = light.TryAcquire("k")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "a newcomer of 1 unit while 1 is free: kept for the heavy waiter")
+	adm.waitN(light, "light", 1)
+	queuedIs(t, srv, "heavy", "k", 2)
+	n, err := light.InFlight(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 3, n, "the free unit stands idle")
+	held.Release()
+	assert.Equal(t, []string{"heavy", "light"}, adm.done(t))
+}
+
+// The same for waiters of several keys, as a provider's requests take its
+// tokens and their model's: a light waiter on {tokens, b} behind a heavy
+// one on {tokens, a} is not granted tokens' room when b's queue is served
+// (a release on b), and is admitted after the heavy one (the two do not
+// fit together).
+func heavyWaiterFirstOnSeveralKeys(t *testing.T, srv Server) {
+	rs := processes(t, srv, "heavyall", 3, 10)
+	holder, heavy, light := rs[0], rs[1], rs[2]
+	for _, r := range rs {
+		r.SetLimit("b", 3)
+	}
+	held, err := holder.TryAcquireN("tokens", 6)
+	require.NoError(t, err)
+	onB, err := holder.TryAcquire("b") // b full for 3 more
+	require.NoError(t, err)
+	adm := newAdmissions(t)
+	adm.waitAll(heavy, "heavy", 8, "tokens", "a")
+	queuedIs(t, srv, "heavyall", "tokens", 1)
+	adm.waitAll(light, "light", 3, "tokens", "b")
+	queuedIs(t, srv, "heavyall", "tokens", 2)
+	onB.Release() // serves b's queue: its light waiter fits tokens (6 + 3), but stands behind the heavy one
+	inFlightIs(t, light, "b", 0, "the release on b reached the store")
+	n, err := light.InFlight(context.Background(), "tokens")
+	require.NoError(t, err)
+	assert.Equal(t, 6, n, "tokens' room kept for the heavy waiter")
+	_, err = light.TryAcquireAllN(2, "tokens", "c")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "nor taken by a newcomer")
+	held.Release()
+	assert.Equal(t, []string{"heavy", "light"}, adm.done(t))
+}
+
+// A weight over a key's limit is refused at once, with nothing sent to
+// wait for; a waiter whose key's limit is lowered below its weight is
+// refused too, and leaves the queue.
+func exceedsLimit(t *testing.T, srv Server) {
+	rs := processes(t, srv, "exceeds", 2, 4)
+	a, b := rs[0], rs[1]
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	_, err := a.AcquireN(ctx, "k", 5)
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.ErrorIs(t, err, slots.ErrExceedsLimit)
+	assert.Equal(t, 4, le.Limit)
+	assert.Equal(t, "k", le.Key)
+	_, err = a.TryAcquireAllN(5, "other", "k")
+	assert.ErrorIs(t, err, slots.ErrExceedsLimit)
+	_, err = a.TryAcquireN("k", 0)
+	assert.ErrorIs(t, err, slots.ErrBadUnits)
+
+	held, err := b.TryAcquireN("k", 2)
+	require.NoError(t, err)
+	got := make(chan error, 1)
+	go func() {
+		s, err := a.AcquireN(ctx, "k", 3)
+		if err == nil {
+			s.Release()
+		}
+		got <- err
+	}()
+	queuedIs(t, srv, "exceeds", "k", 1)
+	a.SetLimit("k", 2)
+	select {
+	case err = <-got:
+	case <-time.After(wait):
+		t.Fatal("the waiter of 3 units under a limit of 2 still waits")
+	}
+	assert.ErrorIs(t, err, slots.ErrExceedsLimit)
+	queuedIs(t, srv, "exceeds", "k", 0)
+	held.Release()
+	inFlightIs(t, b, "k", 0, "nothing left behind")
+}
+
+// waitN starts a waiter named name on r's key "k" for n units.
+func (a *admissions) waitN(r *fleet.Registry[string], name string, n int) {
+	a.waitAll(r, name, n, "k")
+}
+
+// waitAll starts a waiter named name on r's keys for n units.
+func (a *admissions) waitAll(r *fleet.Registry[string], name string, n int, keys ...string) {
+	a.wg.Go(func() {
+		ctx, cancel := context.WithTimeout(a.ctx, 3*wait)
+		defer cancel()
+		s, err := r.AcquireAllN(ctx, n, keys...)
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if err != nil {
+			a.errs = append(a.errs, errors.Join(errors.New(name), err))
+			return
+		}
+		a.order = append(a.order, name)
+		s.Release()
+	})
+}
+
+// A renewal that puts back a weighted lease found missing under the same
+// epoch (it expired) checks room for its units; called on the store
+// directly.
+func unitsPutBack(t *testing.T, srv Server) {
+	s := srv.Store(t, "putback")
+	ctx := context.Background()
+	admit := func(lease string, units int) driver.AdmitResult {
+		res, err := s.AdmitOne(ctx, &driver.AdmitCall{Lease: lease, Keys: []string{"k"}, Limits: []int{5}, Units: units,
+			TTL: 3 * time.Second, Claim: time.Second, Live: time.Second, Weight: 1, Proc: "p", MaxQueue: -1, MaxFlowQueue: -1})
+		require.NoError(t, err)
+		return res
+	}
+	res := admit("00000000000000000000000000000001", 3)
+	require.Equal(t, driver.StatusAdmitted, res.Status)
+	epoch := res.Epoch
+	n, err := s.Count(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 3, n, "a lease of 3 units")
+	renew := func(lease string, units int) driver.Fate {
+		res, err := s.Renew(ctx, &driver.RenewCall{TTL: 3 * time.Second, Epoch: epoch, Leases: []driver.Renewal{
+			{Lease: lease, Units: units, Mode: driver.ModeReassert, Epoch: epoch, Keys: []string{"k"}, Limits: []int{5}}}})
+		require.NoError(t, err)
+		return res.Leases[0]
+	}
+	assert.Equal(t, driver.FateRoom, renew("00000000000000000000000000000002", 2), "3 + 2 fits under 5")
+	assert.Equal(t, driver.FateGone, renew("00000000000000000000000000000003", 1), "5 + 1 does not")
+	assert.Equal(t, driver.FateRenewed, renew("00000000000000000000000000000001", 3))
+	n, err = s.Count(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 5, n)
+	res = admit("00000000000000000000000000000004", 1)
+	assert.Equal(t, driver.StatusFull, res.Status)
+	assert.Equal(t, int64(5), res.Count, "the refusal's count is in units")
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{
+		{Key: "k", Lease: "00000000000000000000000000000001", Limit: 5}}}))
+	n, err = s.Count(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 2, n, "the release freed the lease's 3 units")
+}

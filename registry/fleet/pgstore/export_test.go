@@ -1,0 +1,5 @@
+package pgstore
+
+// MigrateTo is Migrate up to a revision: the database as a release before
+// this one leaves it.
+var MigrateTo = migrate
