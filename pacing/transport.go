@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -36,6 +37,7 @@ type Transport struct {
 	base             http.RoundTripper
 	model            func(*http.Request) string // nil: the body's "model"
 	caps             FleetCaps
+	tokenCaps        FleetTokenCaps
 	credential       func(h http.Header, key string)
 	classifier       Classifier
 	streamUsage      bool // WithStreamUsage
@@ -53,6 +55,51 @@ type FleetCaps interface {
 	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
 	Report(s *slots.Slot, v Verdict)
 	Limit(key string) int
+}
+
+// FleetTokenCaps is the fleet-wide side of a provider's caps on tokens in
+// flight, as Config.MaxInflightTokens and ModelConfig.MaxInflightTokens
+// cap them in one process: a fleet.Registry[string] (made with the default
+// limit slots.Unlimited) whose keys are FleetTokens and FleetModelTokens
+// followed by the model's name, each limited in tokens. After the
+// FleetCaps, a request takes those of the two whose limit is not
+// slots.Unlimited, weighing what it weighs in the Gate (WithTokens; one
+// token without), as one lease of that many units; then it waits for the
+// Gate. A refusal there has its LimitError's Cap set to CapTokens or
+// CapModelTokens.
+type FleetTokenCaps interface {
+	AcquireAllN(ctx context.Context, n int, keys ...string) (*slots.Slot, error)
+	Limit(key string) int
+}
+
+// The keys of a fleet's token caps (see FleetTokenCaps).
+const (
+	FleetTokens      = "tokens"
+	FleetModelTokens = "model_tokens:" // followed by the model's name
+)
+
+// fleetTokens takes the fleet's token caps of a request for model that
+// weighs n tokens: nil, with no error, when neither has a limit.
+func (t *Transport) fleetTokens(ctx context.Context, model string, n int) (*slots.Slot, error) {
+	keys := make([]string, 0, 2)
+	if t.tokenCaps.Limit(FleetTokens) != slots.Unlimited {
+		keys = append(keys, FleetTokens)
+	}
+	if mk := FleetModelTokens + model; model != "" && t.tokenCaps.Limit(mk) != slots.Unlimited {
+		keys = append(keys, mk)
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	s, err := t.tokenCaps.AcquireAllN(ctx, n, keys...)
+	var le *slots.LimitError
+	if errors.As(err, &le) && le.Cap == "" {
+		le.Cap = CapTokens
+		if strings.HasPrefix(le.Key, FleetModelTokens) {
+			le.Cap = CapModelTokens
+		}
+	}
+	return s, err
 }
 
 // A TransportOption configures a Transport; a nil one is ignored.
@@ -125,6 +172,12 @@ func WithFleet(caps FleetCaps) TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.caps = caps })
 }
 
+// WithFleetTokens makes requests take the fleet's caps on tokens in flight
+// too (see FleetTokenCaps). It may be the Registry given to WithFleet.
+func WithFleetTokens(caps FleetTokenCaps) TransportOption {
+	return transportOptionFunc(func(c *transportConfig) { c.t.tokenCaps = caps })
+}
+
 // WithClassifier sets how the upstream's answers are read (default
 // DefaultClassifier).
 func WithClassifier(cl Classifier) TransportOption {
@@ -158,6 +211,7 @@ type exchange struct {
 	model   string
 	grant   Grant
 	caps    *slots.Slot // the fleet's; nil without a fleet
+	tokens  *slots.Slot // the fleet's token caps; nil without them
 	weighed bool        // admitted under WithTokens: its answer's usage settles it
 	// dropUsage: the Transport asked the stream for its usage
 	// (WithStreamUsage); the client gets no usage chunk.
@@ -248,8 +302,9 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		} else {
 			x.grant.Slot.Release()
 			x.caps.Release()
+			x.tokens.Release()
 		}
-		x.grant, x.caps = Grant{}, nil
+		x.grant, x.caps, x.tokens = Grant{}, nil, nil
 	}()
 	start := time.Now()
 	cost, weighed := tokensOf(ctx)
@@ -261,19 +316,26 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		return nil, err
 	}
 	x.weighed = weighed
-	if t.caps != nil {
-		keys := []string{"provider"}
-		if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
-			keys = append(keys, mk)
-		}
+	if t.caps != nil || t.tokenCaps != nil {
 		var err error
 		func() {
 			if done := trs.fleetWait(); done != nil {
 				defer done() // x.caps is set by then: a panic in it frees them
 			}
-			x.caps, err = t.caps.AcquireAll(ctx, keys...)
+			if t.caps != nil {
+				keys := []string{"provider"}
+				if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
+					keys = append(keys, mk)
+				}
+				x.caps, err = t.caps.AcquireAll(ctx, keys...)
+			}
+			if err == nil && t.tokenCaps != nil {
+				x.tokens, err = t.fleetTokens(ctx, x.model, cost.Total())
+			}
 		}()
 		if err != nil {
+			x.caps.Release() // before the Trace hears of it
+			x.caps = nil
 			trs.refused(err)
 			return nil, err
 		}
@@ -281,7 +343,8 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	x.grant, err = t.gate.AcquireTokens(ctx, x.model, cost)
 	if err != nil {
 		x.caps.Release() // before the Trace hears of it
-		x.caps = nil
+		x.tokens.Release()
+		x.caps, x.tokens = nil, nil
 		trs.refused(err)
 		return nil, err
 	}
@@ -289,7 +352,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	a := Admission{Grant: x.grant, Wait: at.Sub(start)}
 	var released func() // the Traces hear when the slots go, unless one part held nothing
 	var h *heard        // what they heard; made only then (a would escape on every request)
-	if !x.grant.Slot.Bypassed() && !x.caps.Bypassed() && trs.hears(func(tr *Trace) bool { return tr.Released != nil }) {
+	if !x.grant.Slot.Bypassed() && !x.caps.Bypassed() && !x.tokens.Bypassed() && trs.hears(func(tr *Trace) bool { return tr.Released != nil }) {
 		h = new(heard)
 		released = func() {
 			defer func() {
@@ -300,7 +363,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 			trs[:h.n].released(h.a, time.Since(at))
 		}
 	}
-	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps)))
+	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps), (*core.Handle)(x.tokens)))
 	a.Held = held
 	trs.admitted(a, h)
 	returned = true

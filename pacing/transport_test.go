@@ -23,6 +23,7 @@ import (
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -261,6 +262,18 @@ type fakeFleet struct {
 	reports  []pacing.Kind
 	refuse   error
 	held     atomic.Int64
+	// tokens caps the token keys, if set; weighed records their
+	// admissions' weights.
+	tokens  *registry.Registry[string]
+	weighed []int
+}
+
+func (f *fakeFleet) AcquireAllN(ctx context.Context, n int, keys ...string) (*slots.Slot, error) {
+	f.mu.Lock()
+	f.acquired = append(f.acquired, keys)
+	f.weighed = append(f.weighed, n)
+	f.mu.Unlock()
+	return f.tokens.AcquireAllN(ctx, n, keys...)
 }
 
 func (f *fakeFleet) AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error) {

@@ -189,7 +189,7 @@ func percentile(sorted []time.Duration, p int) time.Duration {
 // outcome is what the demo measured, for its test.
 type outcome struct {
 	direct, capped, oneQueue, classes, perProcess, fleet result
-	tokensDirect, tokensCapped                           result         // the token run's
+	tokensDirect, tokensCapped, tokensFleet              result         // the token run's
 	moving                                               []movingResult // static caps of 5, 20, 40, then the learned one
 }
 
@@ -333,7 +333,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 	}
 	if *cache > 0 {
-		if err := runTokens(stdout, *cache, d, rng, progress, &out); err != nil {
+		if err := runTokens(stdout, *cache, d, rng, store, progress, &out); err != nil {
 			return err
 		}
 		lastOutcome = out
@@ -350,8 +350,8 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		lastOutcome = out
 	}
-	for _, r := range []result{out.capped, out.oneQueue, out.classes, out.tokensCapped} {
-		if r.refused != 0 || r.completed != r.requests {
+	for _, r := range []result{out.capped, out.oneQueue, out.classes, out.tokensCapped, out.tokensFleet} {
+		if r.requests != 0 && (r.refused != 0 || r.completed != r.requests) {
 			return fmt.Errorf("%s: the runs through the gateway should see no 429s and complete every request", r.name)
 		}
 	}
@@ -361,21 +361,33 @@ func run(args []string, stdout, stderr io.Writer) error {
 // runGateway starts a gateway for cfg, runs work against its URL, and checks
 // that it holds nothing afterwards.
 func runGateway(cfg gateway.Config, work func(gwURL string) result) (result, error) {
+	return runGateways(1, cfg, func(urls []string) result { return work(urls[0]) })
+}
+
+// runGateways is runGateway with n gateways of cfg.
+func runGateways(n int, cfg gateway.Config, work func(urls []string) result) (result, error) {
 	upstream := &http.Transport{MaxIdleConnsPerHost: 256}
 	defer upstream.CloseIdleConnections()
-	gw, err := gateway.New(cfg, upstream)
-	if err != nil {
-		return result{}, err
+	var gws []*gateway.Gateway
+	var urls []string
+	for range n {
+		gw, err := gateway.New(cfg, upstream)
+		if err != nil {
+			return result{}, err
+		}
+		defer gw.Close()
+		gwURL, stopGW, err := serve(gw)
+		if err != nil {
+			return result{}, err
+		}
+		defer stopGW()
+		gws, urls = append(gws, gw), append(urls, gwURL)
 	}
-	defer gw.Close()
-	gwURL, stopGW, err := serve(gw)
-	if err != nil {
-		return result{}, err
-	}
-	defer stopGW()
-	res := work(gwURL)
-	if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
-		return res, errors.New("slots still held after the run")
+	res := work(urls)
+	for _, gw := range gws {
+		if gw.TenantKeys() != 0 || gw.Provider().InFlight != 0 {
+			return res, errors.New("slots still held after the run")
+		}
 	}
 	return res, nil
 }

@@ -129,8 +129,9 @@ func checkMoving(t *testing.T, runs []movingResult) {
 	}
 }
 
-// TestDemoFleet runs the three-gateway part: sharing their caps on one
-// redis-server, the gateways see no 429s and never exceed the account.
+// TestDemoFleet runs the three-gateway parts: sharing their caps on one
+// redis-server, the gateways see no 429s and never exceed the account, nor
+// the self-hosted server's cache in the token run.
 func TestDemoFleet(t *testing.T) {
 	redistest.SkipWithoutRedis(t)
 	fleetPart(t, "-fleet", "Redis")
@@ -155,6 +156,14 @@ func fleetPart(t *testing.T, flag, label string) {
 	assert.LessOrEqual(t, f.peak, int64(5), "never more than the account allows, across three gateways")
 	assert.Equal(t, f.requests, lastOutcome.perProcess.requests)
 	assert.Contains(t, out.String(), "caps on one "+label)
+	// The token run through three gateways that share max_inflight_tokens:
+	// the server is never asked to hold more than its cache.
+	tf := lastOutcome.tokensFleet
+	assert.Positive(t, tf.requests)
+	assert.Zero(t, tf.refused, "the server refused nothing")
+	assert.Equal(t, tf.requests, tf.completed)
+	assert.LessOrEqual(t, tf.tokenPeak, int64(20000), "never more than its cache, across three gateways")
+	assert.Contains(t, out.String(), "three gateways that share max_inflight_tokens")
 }
 
 // TestDemoMovingCapFleet runs the moving cap's part with -fleet: three

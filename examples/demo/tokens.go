@@ -21,8 +21,9 @@ const maxCache = 1_000_000
 // tokens in flight (its KV cache: each request holds its prompt and its
 // max_tokens) and answers 429 past them, sent 6 prompts of 40% of its
 // cache among 60 small ones, straight and through the gateway with the
-// same max_inflight_tokens. Durations go through d.
-func runTokens(stdout io.Writer, cache int, d func(int) time.Duration, rng *rand.Rand, progress *progress, out *outcome) error {
+// same max_inflight_tokens; with a store, through three gateways that
+// share that cap on it too. Durations go through d.
+func runTokens(stdout io.Writer, cache int, d func(int) time.Duration, rng *rand.Rand, store *fleetStore, progress *progress, out *outcome) error {
 	prov := upstream.New(1000) // its requests are not what binds
 	if err := prov.SetTokenLimit(int64(cache)); err != nil {
 		return err
@@ -49,8 +50,13 @@ func runTokens(stdout io.Writer, cache int, d func(int) time.Duration, rng *rand
 		"60 small ones (about %d tokens), each with max_tokens %d\n\n"+
 		"  direct               every request goes straight to the server, retrying a 429 twice\n"+
 		"  through the gateway  max_inflight_tokens %d: each request weighs its prompt (counted with\n"+
-		"                       o200k_base) and its max_tokens, and waits until its tokens fit\n\n",
+		"                       o200k_base) and its max_tokens, and waits until its tokens fit\n",
 		cache, cache*4/10, 50+4+answer, answer, cache)
+	if store != nil {
+		fmt.Fprintf(stdout, "  three gateways       spread over three gateways that share max_inflight_tokens %d on\n"+
+			"                       %s: each request is a lease that weighs its tokens\n", cache, store.server)
+	}
+	fmt.Fprintln(stdout)
 	tokenState := func(name string, total int, done *atomic.Int64) func() {
 		return progress.startWith(name, total, done, func() string {
 			c := prov.Counts()
@@ -68,9 +74,22 @@ func runTokens(stdout io.Writer, cache int, d func(int) time.Duration, rng *rand
 		return err
 	}
 	out.tokensCapped = res
+	runs := []result{out.tokensDirect, out.tokensCapped}
+	if store != nil {
+		name := "three gateways"
+		cfg := gateway.Config{Upstream: provURL, Orgs: gateway.OrgsConfig{DefaultLimit: len(reqs)},
+			Tokens:   &gateway.TokensConfig{ExpectedOutput: answer},
+			Provider: pacing.Config{MaxInflightTokens: cache, MaxQueue: len(reqs)}, Fleet: store.shared}
+		if out.tokensFleet, err = runGateways(3, cfg, func(urls []string) result {
+			return runWith(name, urls, prov, reqs, false, func(total int, done *atomic.Int64) func() { return tokenState(name, total, done) })
+		}); err != nil {
+			return err
+		}
+		runs = append(runs, out.tokensFleet)
+	}
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(tw, "\trequests\tcompleted\tupstream 429s\tpeak tokens held\tsmall p50\tsmall p95\tlarge p95\twall time\t")
-	for _, r := range []result{out.tokensDirect, out.tokensCapped} {
+	for _, r := range runs {
 		fmt.Fprintf(tw, "%s\t%d\t%d\t%d\t%d of %d\t%v\t%v\t%v\t%v\t\n", r.name, r.requests, r.completed, r.refused, r.tokenPeak, cache,
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}

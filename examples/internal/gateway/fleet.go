@@ -113,7 +113,11 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 		_ = g.caps.Learn("provider", *a) // checked by ParseConfig
 		g.fleetLearns = true
 	}
-	provider.MaxConcurrentRequests, provider.Adaptive = 0, nil
+	// The caps on tokens in flight too: weighed leases, fleet wide.
+	if n := provider.MaxInflightTokens; n > 0 {
+		g.caps.SetLimit(pacing.FleetTokens, n)
+	}
+	provider.MaxConcurrentRequests, provider.Adaptive, provider.MaxInflightTokens = 0, nil, 0
 	// So are the budgets per minute: the provider's and the models',
 	// reserved in the store before the Gate; the org's too.
 	g.fleetBudgets = &fleetBudgets{tenants: tenantStore, models: map[string]*fleet.Budget{}, closed: onUnavailable == fleet.FailClosed, timeout: cfg.Fleet.timeout(),
@@ -140,7 +144,10 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 			g.fleetLearns = true
 			g.fleetModels = append(g.fleetModels, name)
 		}
-		m.MaxConcurrentRequests, m.Adaptive = 0, nil
+		if m.MaxInflightTokens > 0 {
+			g.caps.SetLimit(pacing.FleetModelTokens+name, m.MaxInflightTokens)
+		}
+		m.MaxConcurrentRequests, m.Adaptive, m.MaxInflightTokens = 0, nil, 0
 		provider.Models[name] = m
 	}
 	return provider, nil

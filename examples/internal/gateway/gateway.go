@@ -463,6 +463,9 @@ func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.Rou
 	}
 	if g.caps != nil {
 		opts = append(opts, pacing.WithFleet(g.caps))
+		if capsInflightTokens(cfg.Provider) {
+			opts = append(opts, pacing.WithFleetTokens(g.caps))
+		}
 	}
 	if g.budgets || g.orgBudgets != nil {
 		// Budgets settle with what a request used: a stream is asked for

@@ -69,8 +69,12 @@ func newEstimator(cfg *TokensConfig) (*estimator, error) {
 
 // capsTokens reports whether the provider's policy caps or budgets tokens
 // anywhere.
-func capsTokens(p pacing.Config) bool {
-	if p.MaxInflightTokens > 0 || budgetsTokens(p) {
+func capsTokens(p pacing.Config) bool { return capsInflightTokens(p) || budgetsTokens(p) }
+
+// capsInflightTokens reports whether the provider's policy caps tokens in
+// flight, for the provider or a model.
+func capsInflightTokens(p pacing.Config) bool {
+	if p.MaxInflightTokens > 0 {
 		return true
 	}
 	for _, m := range p.Models {
@@ -84,7 +88,9 @@ func capsTokens(p pacing.Config) bool {
 // registerTokens exports the tokens in flight under the provider's token
 // caps and their limits: inflight_tokens and inflight_token_limit, told
 // apart by the label cap ("provider", "model:<name>" for each model the
-// config caps), as the request caps' series are.
+// config caps), as the request caps' series are. The tokens are this
+// gateway's; with a fleet the limit is the fleet's, and the fleet's
+// tokens in flight are the sum over its gateways.
 func (g *Gateway) registerTokens(cfg Config) {
 	tokens := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "inflight_tokens",
 		Help: "Estimated tokens of the requests in flight (prompt and the answer they may take), by cap."}, []string{"cap"})
@@ -92,9 +98,9 @@ func (g *Gateway) registerTokens(cfg Config) {
 		Help: "The cap on tokens in flight (max_inflight_tokens), by cap."}, []string{"cap"})
 	g.metrics.MustRegister(prometheus.CollectorFunc(func(ch chan<- prometheus.Metric) {
 		st := g.gate.Status()
-		if st.TokenLimit > 0 {
+		if n := cfg.Provider.MaxInflightTokens; n > 0 {
 			tokens.WithLabelValues("provider").Set(float64(st.Tokens))
-			limits.WithLabelValues("provider").Set(float64(st.TokenLimit))
+			limits.WithLabelValues("provider").Set(float64(n))
 		}
 		for name, m := range cfg.Provider.Models {
 			if m.MaxInflightTokens > 0 {

@@ -98,27 +98,47 @@ func TestGatewayWeighsRequestsByTokens(t *testing.T) {
 // hold more than its cache (it would answer 429), every request is served,
 // and the large prompts are not starved by the small ones.
 func TestGatewayKeepsASelfHostedServerUnderItsCache(t *testing.T) {
+	underTheCache(t, 1, "")
+}
+
+// The same through three gateways of a fleet, on each store: the cap on
+// tokens in flight is the fleet's (weighed leases), so the server still
+// never holds more than its cache; three gateways each capping alone
+// would let it be asked for up to three times as much.
+func TestGatewayFleetKeepsASelfHostedServerUnderItsCache(t *testing.T) {
+	for name, store := range fleetStores {
+		t.Run(name, func(t *testing.T) { underTheCache(t, 3, `, "fleet": {`+store(t)+`, "timeout_ms": 2000}`) })
+	}
+}
+
+// underTheCache sends the requests of the tests above through gateways
+// gateways configured alike, with fleet added to their config.
+func underTheCache(t *testing.T, gateways int, fleet string) {
 	const cache = 20000
 	up := simulated.New(1000)
 	require.NoError(t, up.SetTokenLimit(cache))
 	upSrv := httptest.NewServer(up)
 	t.Cleanup(upSrv.Close)
-	srv, _ := startGatewayWith(t, upSrv.URL, `{
-		"upstream": "%s",
-		"orgs": {"default_limit": 1000},
-		"tokens": {"expected_output": 1024},
-		"provider": {"max_inflight_tokens": `+fmt.Sprint(cache)+`}
-	}`)
+	var urls []string
+	for range gateways {
+		srv, _ := startGatewayWith(t, upSrv.URL, `{
+			"upstream": "%s",
+			"orgs": {"default_limit": 1000},
+			"tokens": {"expected_output": 1024},
+			"provider": {"max_inflight_tokens": `+fmt.Sprint(cache)+`, "max_queue": 1000, "max_queue_wait_ms": 60000}`+fleet+`
+		}`)
+		urls = append(urls, srv.URL)
+	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 200}}
 	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
 
-	send := func(content string) (int, error) {
+	send := func(url, content string) (int, error) {
 		body, err := json.Marshal(map[string]any{"model": "glm-5", "stream": true, "turn_ms": 30, "max_tokens": 100,
 			"messages": []map[string]string{{"role": "user", "content": content}}})
 		if err != nil {
 			return 0, err
 		}
-		resp, err := client.Post(srv.URL+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
+		resp, err := client.Post(url+"/v1/chat/completions", "application/json", strings.NewReader(string(body)))
 		if err != nil {
 			return 0, err
 		}
@@ -136,7 +156,7 @@ func TestGatewayKeepsASelfHostedServerUnderItsCache(t *testing.T) {
 			content = large
 		}
 		wg.Go(func() {
-			if status, err := send(content); err == nil && status == http.StatusOK {
+			if status, err := send(urls[i%gateways], content); err == nil && status == http.StatusOK {
 				ok.Add(1)
 			} else {
 				failed.Add(1)
@@ -150,6 +170,6 @@ func TestGatewayKeepsASelfHostedServerUnderItsCache(t *testing.T) {
 	assert.Zero(t, c.Refused, "the server never answered 429")
 	assert.LessOrEqual(t, c.TokenPeak, int64(cache), "never asked to hold more than its cache")
 	assert.Zero(t, c.Tokens)
-	t.Logf("128 requests (8 of about 15,000 tokens) in %v; the server's token peak %d of %d, %d requests at once at most",
-		time.Since(start).Round(time.Millisecond), c.TokenPeak, cache, c.Peak)
+	t.Logf("%d gateway(s): 128 requests (8 of about 15,000 tokens) in %v; the server's token peak %d of %d, %d requests at once at most",
+		gateways, time.Since(start).Round(time.Millisecond), c.TokenPeak, cache, c.Peak)
 }
