@@ -9,7 +9,6 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -55,51 +54,6 @@ type FleetCaps interface {
 	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
 	Report(s *slots.Slot, v Verdict)
 	Limit(key string) int
-}
-
-// FleetTokenCaps is the fleet-wide side of a provider's caps on tokens in
-// flight, as Config.MaxInflightTokens and ModelConfig.MaxInflightTokens
-// cap them in one process: a fleet.Registry[string] (made with the default
-// limit slots.Unlimited) whose keys are FleetTokens and FleetModelTokens
-// followed by the model's name, each limited in tokens. After the
-// FleetCaps, a request takes those of the two whose limit is not
-// slots.Unlimited, weighing what it weighs in the Gate (WithTokens; one
-// token without), as one lease of that many units; then it waits for the
-// Gate. A refusal there has its LimitError's Cap set to CapTokens or
-// CapModelTokens.
-type FleetTokenCaps interface {
-	AcquireAllN(ctx context.Context, n int, keys ...string) (*slots.Slot, error)
-	Limit(key string) int
-}
-
-// The keys of a fleet's token caps (see FleetTokenCaps).
-const (
-	FleetTokens      = "tokens"
-	FleetModelTokens = "model_tokens:" // followed by the model's name
-)
-
-// fleetTokens takes the fleet's token caps of a request for model that
-// weighs n tokens: nil, with no error, when neither has a limit.
-func (t *Transport) fleetTokens(ctx context.Context, model string, n int) (*slots.Slot, error) {
-	keys := make([]string, 0, 2)
-	if t.tokenCaps.Limit(FleetTokens) != slots.Unlimited {
-		keys = append(keys, FleetTokens)
-	}
-	if mk := FleetModelTokens + model; model != "" && t.tokenCaps.Limit(mk) != slots.Unlimited {
-		keys = append(keys, mk)
-	}
-	if len(keys) == 0 {
-		return nil, nil
-	}
-	s, err := t.tokenCaps.AcquireAllN(ctx, n, keys...)
-	var le *slots.LimitError
-	if errors.As(err, &le) && le.Cap == "" {
-		le.Cap = CapTokens
-		if strings.HasPrefix(le.Key, FleetModelTokens) {
-			le.Cap = CapModelTokens
-		}
-	}
-	return s, err
 }
 
 // A TransportOption configures a Transport; a nil one is ignored.
@@ -170,12 +124,6 @@ func BearerKeys(secrets map[string]string) func(h http.Header, key string) {
 // WithFleet makes requests take the fleet's caps too (see FleetCaps).
 func WithFleet(caps FleetCaps) TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.caps = caps })
-}
-
-// WithFleetTokens makes requests take the fleet's caps on tokens in flight
-// too (see FleetTokenCaps). It may be the Registry given to WithFleet.
-func WithFleetTokens(caps FleetTokenCaps) TransportOption {
-	return transportOptionFunc(func(c *transportConfig) { c.t.tokenCaps = caps })
 }
 
 // WithClassifier sets how the upstream's answers are read (default

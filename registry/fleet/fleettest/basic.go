@@ -36,8 +36,7 @@ func atMostOneActive(t *testing.T, srv Server) {
 				return
 			}
 			n := active.Add(1)
-			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-			}
+			raise(&peak, n)
 			admitted.Add(1)
 			time.Sleep(2 * time.Millisecond) // the held request's work: a second holder would overlap it
 			active.Add(-1)

@@ -24,6 +24,7 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -251,4 +252,10 @@ func (a *admissions) done(t *testing.T) []string {
 		t.Error(err)
 	}
 	return a.order
+}
+
+// raise makes peak at least n.
+func raise(peak *atomic.Int32, n int32) {
+	for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+	}
 }

@@ -37,8 +37,7 @@ func unitsCap(t *testing.T, srv Server) {
 			}
 			assert.Equal(t, n, s.Units())
 			now := active.Add(int32(n))
-			for p := peak.Load(); now > p && !peak.CompareAndSwap(p, now); p = peak.Load() {
-			}
+			raise(&peak, now)
 			admitted.Add(1)
 			time.Sleep(2 * time.Millisecond) // the held request's work
 			active.Add(-int32(n))

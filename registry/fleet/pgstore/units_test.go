@@ -237,8 +237,10 @@ func TestUnitsLeaveNothing(t *testing.T) {
 	assert.Equal(t, driver.StatusFull, e.Status, "8 + 1 fits, but D waits for its 3 units first")
 	assert.Equal(t, int64(8), e.Count)
 
-	time.Sleep(1100 * time.Millisecond) // C's lease of a second expires
-	countIs(t, s, "k", 4, "C's 4 units expired")
+	require.Eventually(t, func() bool { // C's lease of a second expires on the server's clock
+		n, err := s.Count(context.Background(), "k")
+		return err == nil && n == 4
+	}, 10*time.Second, 10*time.Millisecond, "C's 4 units expired")
 	release("B", "k") // serves D: a grant of 3 units
 	countIs(t, s, "k", 6, "A and D's grant")
 	var granted bool
@@ -290,14 +292,7 @@ func TestUnitsLeaveNothing(t *testing.T) {
 func TestUrgentKeepsItsUnits(t *testing.T) {
 	s, admin := fastStore(t)
 	ctx := context.Background()
-	x := ucall("X", 1, 1, false)
-	x.Keys = []string{"x"}
-	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, x, 10*time.Second).Status)
-	u := ucall("U", 3, 10, true)
-	u.Keys, u.Limits = []string{"k", "x"}, []int{10, 1}
-	require.Equal(t, driver.StatusQueued, admitIn(t, s, u, 10*time.Second).Status, "x is full")
-	_, err := admin.Exec(ctx, "UPDATE inflight_ticket SET urgent = true WHERE fleet = $1 AND ticket = 'U'", fastFleet)
-	require.NoError(t, err)
+	urgentOnX(t, s, admin, 1)
 
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucall("N7", 7, 10, false), 10*time.Second).Status, "7 + 3 kept")
 	r := admitIn(t, s, ucall("N1", 1, 10, false), 10*time.Second)
@@ -340,15 +335,7 @@ func TestHeavyAskFastPath(t *testing.T) {
 // newcomers of 1 unit do not take the room it waits for.
 func TestHeavyBesideAnUrgentTicket(t *testing.T) {
 	s, admin := fastStore(t)
-	ctx := context.Background()
-	x := ucall("X", 1, 3, false)
-	x.Keys = []string{"x"}
-	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, x, 10*time.Second).Status)
-	u := ucall("U", 3, 10, true)
-	u.Keys, u.Limits = []string{"k", "x"}, []int{10, 3}
-	require.Equal(t, driver.StatusQueued, admitIn(t, s, u, 10*time.Second).Status, "x: 1 + 3 over 3")
-	_, err := admin.Exec(ctx, "UPDATE inflight_ticket SET urgent = true WHERE fleet = $1 AND ticket = 'U'", fastFleet)
-	require.NoError(t, err)
+	urgentOnX(t, s, admin, 3)
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucall("N", 2, 10, false), 10*time.Second).Status)
 	rh := admitIn(t, s, ucall("H", 6, 10, true), 10*time.Second)
 	require.Equal(t, driver.StatusQueued, rh.Status, "2 + 3 kept + 6 over 10")
@@ -357,4 +344,19 @@ func TestHeavyBesideAnUrgentTicket(t *testing.T) {
 		assert.Equal(t, driver.StatusFull, r.Status, "%s: H waits for 6 units first (count %d)", id, r.Count)
 	}
 	countIs(t, s, "k", 2, "only N")
+}
+
+// urgentOnX makes U, a ticket of 3 units on "k" (limit 10) and "x" (limit
+// xLimit), wait for "x", where X holds 1 unit, and marks it urgent, as
+// registry.MaxPassed grants passing it over would.
+func urgentOnX(t *testing.T, s driver.Store, admin *pgxpool.Pool, xLimit int) {
+	t.Helper()
+	x := ucall("X", 1, xLimit, false)
+	x.Keys = []string{"x"}
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, x, 10*time.Second).Status)
+	u := ucall("U", 3, 10, true)
+	u.Keys, u.Limits = []string{"k", "x"}, []int{10, xLimit}
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, u, 10*time.Second).Status, "x: 1 + 3 over its limit")
+	_, err := admin.Exec(context.Background(), "UPDATE inflight_ticket SET urgent = true WHERE fleet = $1 AND ticket = 'U'", fastFleet)
+	require.NoError(t, err)
 }
