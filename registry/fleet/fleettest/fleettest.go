@@ -124,6 +124,7 @@ var (
 		{"HeavyWaiterFirstOnSeveralKeys", heavyWaiterFirstOnSeveralKeys},
 		{"ExceedsLimit", exceedsLimit},
 		{"UnitsPutBack", unitsPutBack},
+		{"LargeAmongSmall", largeAmongSmall},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

@@ -43,12 +43,17 @@ type semaphore interface {
 	give(ctx context.Context, key, id string, n int) error
 }
 
-// storeSem is the pgstore Store's admission and release calls.
-type storeSem struct{ s *pgstore.Store }
+// storeSem is the pgstore Store's admission and release calls: a
+// TryAcquire's, or, with wait, an Acquire's first call (which would queue
+// if the key were full).
+type storeSem struct {
+	s    *pgstore.Store
+	wait bool
+}
 
 func (x storeSem) take(ctx context.Context, key, id string, n int) (bool, error) {
 	r, err := x.s.AdmitOne(ctx, &driver.AdmitCall{Lease: id, Keys: []string{key}, Limits: []int{n}, TTL: time.Minute, Weight: 1,
-		Claim: time.Second, Live: 5 * time.Second, MaxQueue: -1, MaxFlowQueue: -1})
+		Claim: time.Second, Live: 5 * time.Second, MaxQueue: -1, MaxFlowQueue: -1, Wait: x.wait, Proc: "bench"})
 	return err == nil && r.Status == driver.StatusAdmitted, err
 }
 
@@ -146,8 +151,9 @@ func BenchmarkPairs(b *testing.B) {
 		}{
 			{"bare-semaphore", bareSem{p}},
 			{"bare-semaphore-async", bareSem{pAsync}},
-			{"pgstore-async", storeSem{async}},
-			{"pgstore-durable", storeSem{durable}},
+			{"pgstore-async", storeSem{s: async}},
+			{"pgstore-async-waiter", storeSem{s: async, wait: true}},
+			{"pgstore-durable", storeSem{s: durable}},
 		} {
 			b.Run(tc.name+"/callers-"+strconv.Itoa(callers), func(b *testing.B) { benchPairs(b, tc.sem, callers, 64) })
 		}

@@ -26,6 +26,9 @@ var budgetSQL string
 //go:embed units.sql
 var unitsSQL string
 
+//go:embed asks.sql
+var asksSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them.
@@ -39,17 +42,18 @@ var schemaV1 = withConstants(schemaSQL)
 // revisions are the additions made to schema version 1 since, each from
 // the one before: revision 1 adds the budgets per minute, revision 2 the
 // units a lease weighs (replacing the functions that count, serve and
-// admit, and keeping the signatures the releases before call). A revision
+// admit, and keeping the signatures the releases before call), revision 3
+// answers a waiter behind a heavy waiter without the key's lock. A revision
 // only adds, so a release that knows fewer of them works on the schema as
 // it is (a rolling deploy has both side by side); one that changes what
 // is there makes a new SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL)}
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 2
+	SchemaRevision = 3
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -11,7 +11,7 @@
 // (the package's example is a whole program).
 //
 // Each operation is one call of a function that New installs (see
-// schema.sql and its revisions, budget.sql and units.sql), in one
+// schema.sql and its revisions, budget.sql, units.sql and asks.sql), in one
 // transaction of its own: no connection is held by a holder and no
 // session state is kept. Behind PgBouncer in transaction mode, give the
 // pool's connection string default_query_exec_mode=exec
@@ -39,8 +39,10 @@
 // revision, and the processes that weigh at this release; the others may
 // stay at the release before until they are replaced.
 //
-// A call waits for a pooled connection and its key's lock, so under load
-// it takes longer than on Redis: give the fleet a timeout that allows for
+// A call waits for a pooled connection and its key's lock (a waiter's
+// call that asks again while no key has room for it, and one that claims
+// its grant, do not wait for the lock), so under load it takes longer
+// than on Redis: give the fleet a timeout that allows for
 // it (fleet.WithTimeout; 2 s rather than the default 500 ms). Calls that
 // pass the timeout open the fleet's breaker, and every process then
 // admits under its own caps (fleet.WithUnavailable) until it closes.
@@ -166,6 +168,12 @@ func (s *Store) String() string { return "postgres:" + s.name }
 
 const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
 
+// waiterSQL is admitSQL for a waiter's call that carries no pairs: it
+// claims a grant without the keys' locks if it can (see inflight_claim).
+// COALESCE evaluates inflight_admit only if inflight_claim returns NULL.
+const waiterSQL = `SELECT coalesce(inflight_claim($1, $2, $3, $4, $5, $6, $7, $8, $10, $19),
+	inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23))`
+
 // AdmitOne makes the call in a transaction of its own.
 func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
 	r := s.admit(ctx, s.pool, c)
@@ -205,7 +213,11 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 		carriedUnits = append(carriedUnits, units(p.Units))
 	}
 	var res []int64
-	err := q.QueryRow(ctx, admitSQL, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
+	sql := admitSQL
+	if c.Wait && len(c.Carried) == 0 {
+		sql = waiterSQL
+	}
+	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
 		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
 		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
 	return decodeAdmit(c, res, err)

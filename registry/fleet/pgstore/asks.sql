@@ -1,0 +1,134 @@
+-- Schema version 1, revision 3 (see migrate.go): a waiter that asks again
+-- behind a heavy waiter, and one that claims its grant, are answered
+-- without the keys' locks.
+--
+-- Before it, a waiter whose units fit a key's count took inflight_admit's
+-- whole path, locking the key, even when the head of the key's queue was a
+-- heavy waiter that keeps the room (driver.ReleaseCall). When many light
+-- requests wait behind a heavy one, as when prompts of 500,000 tokens are
+-- sent among small ones, every ask of every light waiter then queued for
+-- the key's row behind the others and the releases: 1,008 such requests
+-- over three processes took 10 to 21 s to serve, and calls passed a 5 s
+-- timeout. And each waiter granted by a release's serving claimed its
+-- grant on that path too, behind every call on its keys, though a claim
+-- adds nothing to any count.
+--
+-- It replaces inflight_still_queued, with the same signature, and adds
+-- inflight_claim, which this release calls before inflight_admit.
+
+-- inflight_still_queued answers a ticket that asks again while it is
+-- queued on each of its keys and none has room for it, without locking
+-- the keys: most of a full key's calls are its waiters asking, and each
+-- would otherwise wait for the key's row behind the releases that serve
+-- them. It renews the ticket and its process, skipping a row another call
+-- holds (the next ask renews it; that call may be serving the ticket), and
+-- returns what inflight_admit would. A key has no room for the ticket when
+-- its units do not fit the count, or when the head of its queue is
+-- another ticket that serving the key would stop at, as inflight_serve
+-- judges it under the caller's limit: its units fit the limit but not the
+-- count, its ticket has not expired and its process is not dead. (Its
+-- process is judged alive while its liveness deadline is more than half
+-- the caller's liveness window away: the fleet's client sets that window
+-- to 3 to 5 claim windows, so that is past the 1.5 claim windows by which
+-- inflight_dead judges a process dead.) It returns NULL, for
+-- inflight_admit's whole path, when anything else may be due: a key with
+-- room for it (a lease expired, a raised limit, a head that may be served
+-- or dropped), the ticket granted, abandoned or not queued on every key,
+-- its process not known alive, an epoch other than the caller's, a pause
+-- or its settings. A release committed after its reads serves the queue
+-- itself.
+CREATE OR REPLACE FUNCTION inflight_still_queued(f text, l text, keys text[], limits bigint[], ttl bigint, not_after bigint,
+	known bigint, pause bigint, p text, live bigint) RETURNS bigint[] LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+	n int := array_length(keys, 1);
+	now bigint := inflight_now_us() / 1000;
+	fl inflight_fleet;
+	places int;
+	u int;
+	c bigint;
+	h inflight_ticket;
+BEGIN
+	IF known <= 0 OR not_after > 0 AND now > not_after THEN
+		RETURN NULL;
+	END IF;
+	SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
+		AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
+	IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl) THEN
+		RETURN NULL;
+	END IF;
+	SELECT count(*), max(x.units) INTO places, u FROM inflight_ticket x WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l;
+	IF places <> n
+		OR EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l)
+		OR inflight_abandoned(f, l, now)
+		OR NOT EXISTS (SELECT 1 FROM inflight_proc x WHERE x.fleet = f AND x.proc = p AND x.alive_until > now) THEN
+		RETURN NULL;
+	END IF;
+	FOR i IN 1..n LOOP
+		c := inflight_units(f, keys[i], now);
+		IF c + u <= limits[i] THEN
+			SELECT * INTO h FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[i] ORDER BY x.rank, x.tag, x.seq LIMIT 1;
+			IF NOT FOUND OR h.ticket = l OR h.units > limits[i] OR c + h.units <= limits[i] OR h.expires <= now
+				OR NOT EXISTS (SELECT 1 FROM inflight_proc x WHERE x.fleet = f AND x.proc = h.proc AND x.alive_until > now + live / 2) THEN
+				RETURN NULL;
+			END IF;
+		END IF;
+	END LOOP;
+	UPDATE inflight_ticket x SET expires = now + 3 * ttl, limits = inflight_still_queued.limits
+		WHERE (x.fleet, x.key, x.ticket) IN (SELECT y.fleet, y.key, y.ticket FROM inflight_ticket y
+			WHERE y.fleet = f AND y.key = ANY (keys) AND y.ticket = l FOR UPDATE SKIP LOCKED);
+	UPDATE inflight_proc x SET alive_until = greatest(x.alive_until, now + live)
+		WHERE (x.fleet, x.proc) IN (SELECT y.fleet, y.proc FROM inflight_proc y WHERE y.fleet = f AND y.proc = p FOR UPDATE SKIP LOCKED);
+	RETURN ARRAY[3, 1, inflight_units(f, keys[1], now), inflight_earliest(f, keys[1], now), now, fl.epoch, inflight_queued(f, keys[1], now)];
+END $$;
+
+-- inflight_claim answers a waiter's call that claims its grant (a lease
+-- of it on each of its keys, made by a release that served the queue, or
+-- held already) without locking the keys: a grant counts on each key from
+-- the moment it is made, so taking it adds nothing to any count, and the
+-- keys' rows are left to the calls that do. It locks the lease's rows
+-- (then reads the clock: a wait for them is not counted against their
+-- expiry), extends them to the lease TTL and marks them claimed, and
+-- returns what inflight_admit would. It returns NULL, for inflight_admit's
+-- whole path (which a caller without a lease meets at the cost of one
+-- probe of each key's leases), unless every key holds the lease unexpired
+-- with its count within the caller's limit (a grant made under a limit
+-- lowered since is given back there), the lease is not abandoned, and the
+-- epoch is the caller's, with no pause and its settings known.
+CREATE OR REPLACE FUNCTION inflight_claim(f text, l text, keys text[], limits bigint[], ttl bigint, not_after bigint, known bigint,
+	pause bigint, starts bool, async bool) RETURNS bigint[] LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+	n int := array_length(keys, 1);
+	now_us bigint;
+	now bigint;
+	fl inflight_fleet;
+BEGIN
+	IF known <= 0 THEN
+		RETURN NULL;
+	END IF;
+	PERFORM inflight_begin(async);
+	PERFORM 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l ORDER BY x.key FOR UPDATE;
+	IF NOT FOUND THEN
+		RETURN NULL; -- a newcomer, or a waiter not granted yet
+	END IF;
+	now_us := inflight_now_us();
+	now := now_us / 1000;
+	IF not_after > 0 AND now > not_after THEN
+		RETURN NULL;
+	END IF;
+	SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
+		AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
+	IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl)
+		OR (SELECT count(*) FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l AND x.expires > now) <> n
+		OR inflight_abandoned(f, l, now) THEN
+		RETURN NULL;
+	END IF;
+	FOR i IN 1..n LOOP
+		IF inflight_units(f, keys[i], now) > limits[i] THEN
+			RETURN NULL;
+		END IF;
+	END LOOP;
+	UPDATE inflight_lease x SET expires = now + ttl, granted = false WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
+	RETURN inflight_admitted(f, keys, n, starts, now, now_us, fl.epoch, not_after);
+END $$;

@@ -1,0 +1,50 @@
+package fleet
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+)
+
+// The 500,000-token scenario of pacing's TestTokensScoreLargePrompts
+// across a fleet: a server whose cache holds 1,000,000 tokens, three
+// processes sharing a key of that many units on a virtual Redis that runs
+// the fleet's scripts, 8 prompts of 500,000 tokens among 1,000 small
+// ones, sent at once, each to one of the processes in turn. In virtual
+// time: the tokens in flight never pass the cache, every request is
+// served, and the cache idles while small requests wait no longer than
+// under one process's Gate allows, with the hand-offs' round trips as
+// slack (a second per large request, far more than they take).
+func TestFleetTokensScoreLargePrompts(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,008 waiters on a virtual Redis, some 20 s of CPU under -race")
+	}
+	testrig.Bubble(t, func(t *testing.T) {
+		load := testrig.LargePrompts{Cache: 1_000_000, Large: 8, LargeUnits: 500_000, Small: 1000,
+			LargeHold: 3 * time.Second, SmallHold: 200 * time.Millisecond}
+		rs := fwFleet(t, newVirtualRedis(t, fwLatency), "tokens-score", 3, load.Cache, WithLogger(quiet()))
+		s := load.Run(func(i, n int) (func(), error) {
+			sl, err := rs[i%len(rs)].AcquireN(context.Background(), "tokens", n)
+			if err != nil {
+				return nil, err
+			}
+			return func() { sl.Release() }, nil
+		})
+		assert.Equal(t, 1008, s.Served, "every request served")
+		assert.LessOrEqual(t, s.Peak, load.Cache, "never more than the cache in flight")
+		bound := load.IdleBound(100 * time.Millisecond)
+		t.Logf("3 processes, 8 × 500,000 + 1,000 small: peak %d of %d tokens; the small ones done after %v, using %.1f%% of the token-seconds the large ones left free; "+
+			"the cache idled %.2gM token-seconds while small ones waited (bound %.2gM)",
+			s.Peak, load.Cache, s.SmallDone, 100*s.SmallShare, s.Idle/1e6, bound/1e6)
+		assert.LessOrEqual(t, s.Idle, bound)
+		for i, r := range rs {
+			st := r.Stats()
+			assert.Zero(t, st.Degraded, "process %d: admitted by the store, not locally", i)
+			assert.Zero(t, st.StoreErrors, "process %d: store errors", i)
+		}
+	})
+}
