@@ -153,7 +153,9 @@ type AdmitCall struct {
 	// key).
 	Starts bool
 	// Claim is how long a waiter has to claim a grant; Live how long Proc
-	// counts as alive after a call that queues or keeps a ticket queued.
+	// counts as alive after a call that queues or keeps a ticket queued,
+	// at least 3 Claim windows (a store may rely on it: the fleet's client
+	// sets 3 to 5).
 	Claim, Live time.Duration
 	// Class (0 first), Flow and Weight (>= 1) place a waiter in the queue:
 	// by class, then flows' weighted turns, then arrival.

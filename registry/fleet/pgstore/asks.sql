@@ -28,9 +28,10 @@
 -- judges it under the caller's limit: its units fit the limit but not the
 -- count, its ticket has not expired and its process is not dead. (Its
 -- process is judged alive while its liveness deadline is more than half
--- the caller's liveness window away: the fleet's client sets that window
--- to 3 to 5 claim windows, so that is past the 1.5 claim windows by which
--- inflight_dead judges a process dead.) It returns NULL, for
+-- the caller's liveness window away: a caller's Live is at least three
+-- Claim windows (driver.AdmitCall), so that is past the 1.5 claim windows
+-- by which inflight_dead judges a process dead.) The head cannot be the
+-- caller: the key has room for the caller's units. It returns NULL, for
 -- inflight_admit's whole path, when anything else may be due: a key with
 -- room for it (a lease expired, a raised limit, a head that may be served
 -- or dropped), the ticket granted, abandoned or not queued on every key,
@@ -68,7 +69,7 @@ BEGIN
 		c := inflight_units(f, keys[i], now);
 		IF c + u <= limits[i] THEN
 			SELECT * INTO h FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[i] ORDER BY x.rank, x.tag, x.seq LIMIT 1;
-			IF NOT FOUND OR h.ticket = l OR h.units > limits[i] OR c + h.units <= limits[i] OR h.expires <= now
+			IF NOT FOUND OR h.units > limits[i] OR c + h.units <= limits[i] OR h.expires <= now
 				OR NOT EXISTS (SELECT 1 FROM inflight_proc x WHERE x.fleet = f AND x.proc = h.proc AND x.alive_until > now + live / 2) THEN
 				RETURN NULL;
 			END IF;
@@ -86,15 +87,20 @@ END $$;
 -- of it on each of its keys, made by a release that served the queue, or
 -- held already) without locking the keys: a grant counts on each key from
 -- the moment it is made, so taking it adds nothing to any count, and the
--- keys' rows are left to the calls that do. It locks the lease's rows
--- (then reads the clock: a wait for them is not counted against their
--- expiry), extends them to the lease TTL and marks them claimed, and
--- returns what inflight_admit would. It returns NULL, for inflight_admit's
--- whole path (which a caller without a lease meets at the cost of one
--- probe of each key's leases), unless every key holds the lease unexpired
--- with its count within the caller's limit (a grant made under a limit
--- lowered since is given back there), the lease is not abandoned, and the
--- epoch is the caller's, with no pause and its settings known.
+-- keys' rows are left to the calls that do. It locks the lease's rows if
+-- no other call holds them (then reads the clock), extends them to the
+-- lease TTL and marks them claimed, and returns what inflight_admit would.
+-- It returns NULL, for inflight_admit's whole path (which a caller
+-- without a lease meets at the cost of one probe of each key's leases),
+-- unless every key holds the lease unexpired with its count within the
+-- caller's limit (a grant made under a limit lowered since is given back
+-- there), the lease is not abandoned, and the epoch is the caller's, with
+-- no pause and its settings known. Before it does, it lets the lease's
+-- rows go (their locks are a subtransaction's, rolled back): the whole
+-- path locks the keys first, as every call does, and a call that holds a
+-- key may be waiting for those rows (to delete an expired grant, say).
+-- Past not_after it answers as the whole path would, having changed
+-- nothing.
 CREATE OR REPLACE FUNCTION inflight_claim(f text, l text, keys text[], limits bigint[], ttl bigint, not_after bigint, known bigint,
 	pause bigint, starts bool, async bool) RETURNS bigint[] LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
@@ -104,31 +110,30 @@ DECLARE
 	now bigint;
 	fl inflight_fleet;
 BEGIN
-	IF known <= 0 THEN
-		RETURN NULL;
-	END IF;
-	PERFORM inflight_begin(async);
-	PERFORM 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l ORDER BY x.key FOR UPDATE;
-	IF NOT FOUND THEN
+	IF known <= 0 OR NOT EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l) THEN
 		RETURN NULL; -- a newcomer, or a waiter not granted yet
 	END IF;
-	now_us := inflight_now_us();
-	now := now_us / 1000;
-	IF not_after > 0 AND now > not_after THEN
-		RETURN NULL;
-	END IF;
-	SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
-		AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
-	IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl)
-		OR (SELECT count(*) FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l AND x.expires > now) <> n
-		OR inflight_abandoned(f, l, now) THEN
-		RETURN NULL;
-	END IF;
-	FOR i IN 1..n LOOP
-		IF inflight_units(f, keys[i], now) > limits[i] THEN
-			RETURN NULL;
+	PERFORM inflight_begin(async);
+	BEGIN
+		-- Never waits: a row another call holds sends the claim through
+		-- the whole path.
+		PERFORM 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l ORDER BY x.key FOR UPDATE NOWAIT;
+		now_us := inflight_now_us();
+		now := now_us / 1000;
+		IF not_after > 0 AND now > not_after THEN
+			RETURN ARRAY[-2, 0, 0, 0, now, 0, 0];
 		END IF;
-	END LOOP;
-	UPDATE inflight_lease x SET expires = now + ttl, granted = false WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
+		SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
+			AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
+		IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl)
+			OR (SELECT count(*) FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l AND x.expires > now) <> n
+			OR inflight_abandoned(f, l, now)
+			OR EXISTS (SELECT 1 FROM unnest(keys, limits) AS k(key, lim) WHERE inflight_units(f, k.key, now) > k.lim) THEN
+			RAISE EXCEPTION USING ERRCODE = 'IF003'; -- the whole path's, with the rows let go
+		END IF;
+		UPDATE inflight_lease x SET expires = now + ttl, granted = false WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
+	EXCEPTION WHEN lock_not_available OR SQLSTATE 'IF003' THEN
+		RETURN NULL;
+	END;
 	RETURN inflight_admitted(f, keys, n, starts, now, now_us, fl.epoch, not_after);
 END $$;

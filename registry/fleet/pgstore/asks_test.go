@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -55,7 +56,7 @@ func TestAskBehindAHeavyWaiter(t *testing.T) {
 // The fast path judges the heavy waiter as serving does, and takes the
 // key's lock where serving would not stop at it: its ticket expired, its
 // process not known alive, or a limit, as the asking caller has it, that
-// lets its units in. Each time, once the lock is gone, L's ask through
+// lets its units in or is under them. Each time, once the lock is gone, L's ask through
 // the whole path is what serving decides.
 func TestAskBehindAHeavyWaiterTakesTheLock(t *testing.T) {
 	ctx := context.Background()
@@ -76,6 +77,11 @@ func TestAskBehindAHeavyWaiterTakesTheLock(t *testing.T) {
 		{"a raised limit lets it in", func(_ *testing.T, _ *pgxpool.Pool, l *driver.AdmitCall) {
 			l.Limits = []int{6}
 		}, driver.StatusAdmitted, 6}, // H granted, then L
+		{"a lowered limit is under its units", func(t *testing.T, admin *pgxpool.Pool, l *driver.AdmitCall) {
+			_, err := admin.Exec(ctx, "UPDATE inflight_lease SET units = 1 WHERE fleet = $1 AND lease = 'A'", fastFleet)
+			require.NoError(t, err)
+			l.Limits = []int{2} // room for L's unit beside A's; H's 3 over it
+		}, driver.StatusAdmitted, 2}, // H passed over (its process refuses it), L served
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, admin := fastStore(t)
@@ -90,39 +96,73 @@ func TestAskBehindAHeavyWaiterTakesTheLock(t *testing.T) {
 	}
 }
 
-// A waiter granted by a release's serving claims its grant without the
-// key's lock: with the key's row locked by another transaction, W's claim
-// is admitted, its lease held for the TTL and counted as started; a
-// newcomer's call still waits for the lock.
-func TestClaimDoesNotWaitForTheKey(t *testing.T) {
-	s, admin := fastStore(t)
+// grantedW admits A on keys (limit 1 each), queues W behind it, and
+// releases A, which grants W; it returns W's call, knowing the fleet's
+// epoch.
+func grantedW(t *testing.T, s driver.Store, admin *pgxpool.Pool, keys ...string) *driver.AdmitCall {
+	t.Helper()
 	ctx := context.Background()
-	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("A", 1, false), 10*time.Second).Status)
+	limits := make([]int, len(keys))
+	var pairs []driver.Release
+	for i, k := range keys {
+		limits[i] = 1
+		pairs = append(pairs, driver.Release{Key: k, Lease: "A", Limit: 1})
+	}
+	a := kcall("A", 1, false)
+	a.Keys, a.Limits = keys, limits
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, a, 10*time.Second).Status)
 	w := kcall("W", 1, true)
+	w.Keys, w.Limits = keys, limits
 	rw := admitIn(t, s, w, 10*time.Second)
 	require.Equal(t, driver.StatusQueued, rw.Status)
 	w.Epoch = rw.Epoch
-	w.Starts = true
-	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
-	var granted bool
-	require.NoError(t, admin.QueryRow(ctx, "SELECT granted FROM inflight_lease WHERE fleet = $1 AND key = 'k' AND lease = 'W'", fastFleet).Scan(&granted))
-	require.True(t, granted, "the release granted W")
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: pairs}))
+	var granted int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM inflight_lease WHERE fleet = $1 AND lease = 'W' AND granted", fastFleet).Scan(&granted))
+	require.Equal(t, len(keys), granted, "the release granted W on each key")
+	return w
+}
 
-	unlock := holdKey(t, admin)
-	r := admitIn(t, s, w, 5*time.Second)
-	assert.Equal(t, driver.StatusAdmitted, r.Status, "claimed beside the held lock")
-	assert.Equal(t, rw.Epoch, r.Epoch)
-	assert.Equal(t, []int64{1}, r.Counts, "W's lease, started")
-	var expires int64
-	require.NoError(t, admin.QueryRow(ctx, "SELECT expires, granted FROM inflight_lease WHERE fleet = $1 AND key = 'k' AND lease = 'W'",
-		fastFleet).Scan(&expires, &granted))
-	assert.False(t, granted, "claimed")
-	assert.Equal(t, r.Now+fastTTL.Milliseconds(), expires, "held for the TTL from the claim")
-	n := kcall("N", 1, true)
-	n.Epoch = rw.Epoch
-	requireBlocked(t, s, n, 300*time.Millisecond)
-	unlock()
-	countIs(t, s, "k", 1, "W")
+// A waiter granted by a release's serving claims its grant without the
+// keys' locks: with "k"'s row locked by another transaction, W's claim
+// (on "k" alone, and on "j" and "k") is admitted, its lease held for the
+// TTL and counted as started; a newcomer's call still waits for the lock.
+func TestClaimDoesNotWaitForTheKey(t *testing.T) {
+	for _, keys := range [][]string{{"k"}, {"k", "j"}} {
+		t.Run(fmt.Sprint(keys), func(t *testing.T) {
+			s, admin := fastStore(t)
+			ctx := context.Background()
+			w := grantedW(t, s, admin, keys...)
+			w.Starts = true
+
+			unlock := holdKey(t, admin)
+			r := admitIn(t, s, w, 5*time.Second)
+			assert.Equal(t, driver.StatusAdmitted, r.Status, "claimed beside the held lock")
+			assert.Equal(t, w.Epoch, r.Epoch)
+			assert.Len(t, r.Counts, len(keys))
+			for _, c := range r.Counts {
+				assert.Equal(t, int64(1), c, "W's lease, started")
+			}
+			rows, err := admin.Query(ctx, "SELECT expires, granted FROM inflight_lease WHERE fleet = $1 AND lease = 'W'", fastFleet)
+			require.NoError(t, err)
+			n := 0
+			for rows.Next() {
+				var expires int64
+				var granted bool
+				require.NoError(t, rows.Scan(&expires, &granted))
+				assert.False(t, granted, "claimed")
+				assert.Equal(t, r.Now+fastTTL.Milliseconds(), expires, "held for the TTL from the claim")
+				n++
+			}
+			require.NoError(t, rows.Err())
+			assert.Equal(t, len(keys), n)
+			newcomer := kcall("N", 1, true)
+			newcomer.Epoch = w.Epoch
+			requireBlocked(t, s, newcomer, 300*time.Millisecond)
+			unlock()
+			countIs(t, s, "k", 1, "W")
+		})
+	}
 }
 
 // A claim takes the key's lock when its grant cannot simply be taken: an
@@ -132,31 +172,98 @@ func TestClaimTakesTheLock(t *testing.T) {
 	ctx := context.Background()
 	for _, tc := range []struct {
 		name   string
-		change func(t *testing.T, s driver.Store, admin *pgxpool.Pool)
+		change func(t *testing.T, admin *pgxpool.Pool)
 		after  driver.Status
 	}{
-		{"abandoned", func(t *testing.T, s driver.Store, admin *pgxpool.Pool) {
+		{"abandoned", func(t *testing.T, admin *pgxpool.Pool) {
 			_, err := admin.Exec(ctx, "INSERT INTO inflight_tomb (fleet, lease, until) VALUES ($1, 'W', inflight_now_us() / 1000 + 60000)", fastFleet)
 			require.NoError(t, err)
 		}, driver.StatusAbandoned},
-		{"its grant expired", func(t *testing.T, s driver.Store, admin *pgxpool.Pool) {
+		{"its grant expired", func(t *testing.T, admin *pgxpool.Pool) {
 			_, err := admin.Exec(ctx, "UPDATE inflight_lease SET expires = 0 WHERE fleet = $1 AND lease = 'W'", fastFleet)
 			require.NoError(t, err)
 		}, driver.StatusAdmitted}, // the key is free again: W is admitted through the whole path
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, admin := fastStore(t)
-			require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("A", 1, false), 10*time.Second).Status)
-			w := kcall("W", 1, true)
-			rw := admitIn(t, s, w, 10*time.Second)
-			require.Equal(t, driver.StatusQueued, rw.Status)
-			w.Epoch = rw.Epoch
-			require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
-			tc.change(t, s, admin)
+			w := grantedW(t, s, admin, "k")
+			tc.change(t, admin)
 			unlock := holdKey(t, admin)
 			requireBlocked(t, s, w, 300*time.Millisecond)
 			unlock()
 			assert.Equal(t, tc.after, admitIn(t, s, w, 10*time.Second).Status)
 		})
 	}
+}
+
+// lockWaiters counts the server's backends waiting for a lock.
+func lockWaiters(t *testing.T, admin *pgxpool.Pool) int {
+	t.Helper()
+	var n int
+	require.NoError(t, admin.QueryRow(context.Background(), "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock'").Scan(&n))
+	return n
+}
+
+// A claim whose grant expired, queued for the key behind a release that
+// deletes expired leases, does not hold the grant's row meanwhile (the
+// claim locked its row, then waited for the key, and the release waited
+// for the row: a deadlock the server broke after a second, failing the
+// claim). Both calls end well.
+func TestExpiredClaimBehindARelease(t *testing.T) {
+	s, admin := fastStore(t)
+	ctx := context.Background()
+	w := grantedW(t, s, admin, "k")
+	x := kcall("X", 1, true) // a waiter, so that the release serves the key
+	x.Epoch = w.Epoch
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, x, 10*time.Second).Status)
+	_, err := admin.Exec(ctx, "UPDATE inflight_lease SET expires = inflight_now_us() / 1000 - 1 WHERE fleet = $1 AND lease = 'W'", fastFleet)
+	require.NoError(t, err)
+
+	unlock := holdKey(t, admin) // a call on "k" under way
+	call := func(f func(context.Context) error) chan error {
+		done := make(chan error, 1)
+		go func() {
+			c, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			done <- f(c)
+		}()
+		return done
+	}
+	released := call(func(c context.Context) error {
+		return s.Release(c, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "gone", Limit: 1}}})
+	})
+	require.Eventually(t, func() bool { return lockWaiters(t, admin) == 1 }, 10*time.Second, 5*time.Millisecond, "the release waits for the key")
+	claimed := call(func(c context.Context) error { _, err := s.AdmitOne(c, w); return err })
+	require.Eventually(t, func() bool { return lockWaiters(t, admin) == 2 }, 10*time.Second, 5*time.Millisecond, "the claim waits for the key too")
+	unlock()
+	assert.NoError(t, <-released)
+	assert.NoError(t, <-claimed)
+}
+
+// A claim past its not-after time is refused as late, its grant left as
+// it was; one from a caller that knew an epoch before the store's declares
+// the pause, as the whole path does, and is admitted (step 6 before step
+// 7 of driver.AdmitCall), while a newcomer is paused.
+func TestClaimLateOrFromAnotherEpoch(t *testing.T) {
+	t.Run("late", func(t *testing.T) {
+		s, admin := fastStore(t)
+		w := grantedW(t, s, admin, "k")
+		var now int64
+		require.NoError(t, admin.QueryRow(context.Background(), "SELECT inflight_now_us() / 1000").Scan(&now))
+		w.NotAfter = now - 1
+		assert.Equal(t, driver.StatusTooLate, admitIn(t, s, w, 10*time.Second).Status)
+		var granted bool
+		require.NoError(t, admin.QueryRow(context.Background(), "SELECT granted FROM inflight_lease WHERE fleet = $1 AND lease = 'W'", fastFleet).Scan(&granted))
+		assert.True(t, granted, "the grant is left to its claim in time")
+	})
+	t.Run("another epoch", func(t *testing.T) {
+		s, admin := fastStore(t)
+		w := grantedW(t, s, admin, "k")
+		epoch := w.Epoch
+		w.Epoch = epoch - 1
+		assert.Equal(t, driver.StatusAdmitted, admitIn(t, s, w, 10*time.Second).Status)
+		n := kcall("N", 5, false)
+		n.Epoch = epoch
+		assert.Equal(t, driver.StatusPaused, admitIn(t, s, n, 10*time.Second).Status)
+	})
 }

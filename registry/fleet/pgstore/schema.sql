@@ -8,7 +8,9 @@
 -- Revisions (migrate.go) add to it: budget.sql (revision 1) the budgets,
 -- units.sql (revision 2) the units a lease weighs, replacing the functions
 -- marked "units.sql" below with ones that weigh (where their parameters
--- grew, the signatures here stay, as calls of the new ones).
+-- grew, the signatures here stay, as calls of the new ones), asks.sql
+-- (revision 3) the waiter's asks and claims answered without the keys'
+-- locks, replacing inflight_still_queued again.
 
 -- The fleet: its epoch (the database's clock, in microseconds, when a
 -- call first found the fleet missing, or found it may have lost data: see

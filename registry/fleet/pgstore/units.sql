@@ -279,6 +279,8 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- (Replaced by asks.sql, revision 3: a waiter behind a heavy waiter is
+-- answered there too.)
 -- inflight_still_queued answers a ticket that asks again while it is
 -- queued on each of its keys and none has room for its units, without
 -- locking the keys: most of a full key's calls are its waiters asking,
