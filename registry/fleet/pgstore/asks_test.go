@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
 
 // Schema revision 3: a waiter behind a heavy waiter, and a waiter that
@@ -266,4 +268,51 @@ func TestClaimLateOrFromAnotherEpoch(t *testing.T) {
 		n.Epoch = epoch
 		assert.Equal(t, driver.StatusPaused, admitIn(t, s, n, 10*time.Second).Status)
 	})
+}
+
+// A process of the release before revision 3 (it calls inflight_admit
+// for every admission, its claims included) works on beside this one once
+// this one has migrated: its waiter, queued at revision 2, is granted by
+// this release's release and claims the grant through the whole path; its
+// ask behind a heavy waiter is answered without the key's lock, as this
+// release's are.
+func TestRevision2ProcessAfterRevision3(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	old := pool(t, srv, 2)
+	require.NoError(t, pgstore.MigrateTo(ctx, old, 2))
+	admit := func(ctx context.Context, lease string, units, limit int, wait bool, epoch int64) []int64 { // revision 2's call, as its store made it
+		t.Helper()
+		var res []int64
+		require.NoError(t, old.QueryRow(ctx, `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`,
+			fastFleet, lease, []string{"k"}, []int64{int64(limit)}, fastTTL.Milliseconds(), int64(0), epoch, fastTTL.Milliseconds(), wait, false,
+			fastClaim.Milliseconds(), int16(0), "", 1, "old", -1, -1, fastLive.Milliseconds(), true, []string(nil), []string(nil),
+			int32(units), []int32(nil)).Scan(&res), "revision 2's admission of %s", lease)
+		require.GreaterOrEqual(t, len(res), 7)
+		return res
+	}
+	require.Equal(t, int64(driver.StatusAdmitted), admit(ctx, "A", 1, 1, false, 0)[0])
+	rw := admit(ctx, "W", 1, 1, true, 0)
+	require.Equal(t, int64(driver.StatusQueued), rw[0])
+	epoch := rw[5]
+
+	s := store(t, srv, fastFleet) // this release: migrates to revision 3
+	var revision int
+	require.NoError(t, old.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&revision))
+	require.Equal(t, pgstore.SchemaRevision, revision)
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
+	assert.Equal(t, int64(driver.StatusAdmitted), admit(ctx, "W", 1, 1, true, epoch)[0], "W claims its grant")
+	countIs(t, s, "k", 1, "W")
+
+	// H (3 units, this release) waits behind W under a limit of 3; L (1
+	// unit, the old release) fits beside W but stands behind H.
+	h := ucall("H", 3, 3, true)
+	h.Proc, h.Epoch = "q", epoch
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, h, 10*time.Second).Status)
+	require.Equal(t, int64(driver.StatusQueued), admit(ctx, "L", 1, 3, true, epoch)[0])
+	unlock := holdKey(t, pool(t, srv, 1))
+	c, cancel := context.WithTimeout(ctx, 5*time.Second) // answered beside the held lock
+	defer cancel()
+	assert.Equal(t, int64(driver.StatusQueued), admit(c, "L", 1, 3, true, epoch)[0])
+	unlock()
 }
