@@ -54,6 +54,10 @@
 //     (ErrUnavailable); FailOpen admits a Bypassed Slot.
 //   - A learned cap (Learn, Report) is the fleet's: a 429 reported by one
 //     process lowers it for all of them.
+//   - A Budget per minute (NewBudget: tokens, input and output apart,
+//     requests) is the fleet's: a request reserves its estimate before it
+//     starts (ReserveAll: of a provider's, a model's and a tenant's at
+//     once, all or nothing) and settles it with what it used.
 //   - An operator's change (Overrides: an org's cap raised, a tenant turned
 //     off) made through one process holds on all of them and outlives
 //     their restarts, kept in the store.

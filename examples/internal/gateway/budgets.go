@@ -123,7 +123,7 @@ type fleetBudgets struct {
 // once, from one goroutine at a time.
 type spending struct {
 	local   *pacing.Reservation
-	fleet   []*fleet.BudgetReservation
+	fleet   *fleet.Reservations
 	down    func() bool   // the fleet's store held unavailable: its calls are skipped
 	timeout time.Duration // bounds each correction sent to the store
 }
@@ -140,7 +140,7 @@ func (s *spending) settle(st pacing.Settlement) {
 		return
 	}
 	s.local.Settle(st.Used)
-	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Settle(ctx, st.Used) })
+	s.each(func(ctx context.Context) error { return s.fleet.Settle(ctx, st.Used) })
 }
 
 // fleetLeft returns what the fleet's budgets had left when the request was
@@ -148,7 +148,7 @@ func (s *spending) settle(st pacing.Settlement) {
 // reply does not carry it).
 func (s *spending) fleetLeft() []pacing.BudgetStatus {
 	var st []pacing.BudgetStatus
-	for _, r := range s.fleet {
+	for _, r := range s.fleet.Reserved() {
 		left, limits := r.Left()
 		for i, l := range limits {
 			if l > 0 {
@@ -160,25 +160,24 @@ func (s *spending) fleetLeft() []pacing.BudgetStatus {
 }
 
 // start moves the fleet's charges to the second the request starts in
-// (fleet.BudgetReservation.Start): it may have waited for the provider.
-func (s *spending) start() {
-	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Start(ctx) })
-}
+// (fleet.Reservations.Start): it may have waited for the provider.
+func (s *spending) start() { s.each(s.fleet.Start) }
 
 func (s *spending) cancel() {
 	s.local.Cancel()
-	s.each(func(ctx context.Context, r *fleet.BudgetReservation) error { return r.Cancel(ctx) })
+	s.each(s.fleet.Cancel)
 }
 
-func (s *spending) each(f func(context.Context, *fleet.BudgetReservation) error) {
-	if len(s.fleet) == 0 || s.down() { // while the store is down, the estimates stand
+// each sends a correction of the fleet's reservations, unless the store
+// is held unavailable: the estimates stand then, as they do when a
+// correction is lost.
+func (s *spending) each(f func(context.Context) error) {
+	if len(s.fleet.Reserved()) == 0 || s.down() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
 	defer cancel()
-	for _, r := range s.fleet {
-		_ = f(ctx, r) // a correction lost leaves the estimate charged
-	}
+	_ = f(ctx)
 }
 
 // reserveBudgets reserves cost, for t's request, of its org's budget and,
@@ -199,32 +198,21 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 			return s, "", nil
 		}
 		s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout
-		var bs []*fleet.Budget
-		names := []string{}
+		var orgs *fleet.Budget
 		if limits := g.orgLimits(org); limits != nil {
-			b, err := fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, fb.timeout)
-			if err != nil {
+			var err error
+			if orgs, err = fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, fb.timeout); err != nil {
 				return nil, "tenant", err
 			}
-			bs, names = append(bs, b), append(names, "tenant")
 		}
-		if fb.provider != nil {
-			bs, names = append(bs, fb.provider), append(names, "")
+		var uncounted func(int, error)
+		if !fb.closed {
+			uncounted = func(_ int, err error) { g.uncounted(fb, err) }
 		}
-		if b := fb.models[model]; b != nil {
-			bs, names = append(bs, b), append(names, "model")
-		}
-		for i, b := range bs {
-			r, err := b.Reserve(ctx, cost)
-			switch {
-			case err == nil:
-				s.fleet = append(s.fleet, r)
-			case errors.Is(err, fleet.ErrUnavailable) && !fb.closed:
-				g.uncounted(fb, err)
-			default:
-				s.cancel()
-				return nil, budgetCap(names[i], t, err), err
-			}
+		var i int
+		var err error
+		if s.fleet, i, err = fleet.ReserveAll(ctx, cost, uncounted, orgs, fb.provider, fb.models[model]); err != nil {
+			return nil, budgetCap([]string{"tenant", "", "model"}[i], t, err), err
 		}
 		return s, "", nil
 	}

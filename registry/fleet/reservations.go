@@ -1,0 +1,91 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+
+	"github.com/inflight-go/inflight/pacing/upstream"
+)
+
+// Reservations are what one request reserved of several fleet Budgets at
+// once (ReserveAll): its provider's, its model's and its tenant's, say.
+// They start, settle and cancel together; call their methods from one
+// goroutine at a time. A nil *Reservations holds nothing and does
+// nothing.
+type Reservations struct {
+	rs []*BudgetReservation
+}
+
+// ReserveAll reserves t, a request's estimated cost, of each of budgets
+// in turn (a nil one is skipped), all or nothing: when one refuses, the
+// reservations made are cancelled, each under its Budget's timeout and a
+// context of its own, and ReserveAll returns the index of the Budget that
+// refused with its error (a *slots.LimitError wrapping
+// pacing.ErrOverBudget, or the store's). A Budget whose store cannot be
+// reached refuses so too, with an error wrapping ErrUnavailable, unless
+// uncounted is not nil: uncounted is then told of it (its index and the
+// error) and the request goes on, uncounted in that Budget. On success
+// the index is -1.
+func ReserveAll(ctx context.Context, t upstream.Tokens, uncounted func(i int, err error), budgets ...*Budget) (*Reservations, int, error) {
+	rs := &Reservations{}
+	for i, b := range budgets {
+		if b == nil {
+			continue
+		}
+		r, err := b.Reserve(ctx, t)
+		switch {
+		case err == nil:
+			rs.rs = append(rs.rs, r)
+		case uncounted != nil && errors.Is(err, ErrUnavailable):
+			uncounted(i, err)
+		default:
+			for _, r := range rs.rs {
+				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.b.timeout)
+				_ = r.Cancel(cctx) // a charge that stays is an estimate that stands
+				cancel()
+			}
+			return nil, i, err
+		}
+	}
+	return rs, -1, nil
+}
+
+// Reserved returns the reservations made, in the order of their Budgets
+// (BudgetReservation.Left tells what each Budget had left).
+func (rs *Reservations) Reserved() []*BudgetReservation {
+	if rs == nil {
+		return nil
+	}
+	return rs.rs
+}
+
+// Start moves each reservation's charges to the second its request
+// starts in (BudgetReservation.Start).
+func (rs *Reservations) Start(ctx context.Context) error {
+	return rs.each(func(r *BudgetReservation) error { return r.Start(ctx) })
+}
+
+// Settle corrects each reservation with what the request used
+// (BudgetReservation.Settle).
+func (rs *Reservations) Settle(ctx context.Context, used upstream.Tokens) error {
+	return rs.each(func(r *BudgetReservation) error { return r.Settle(ctx, used) })
+}
+
+// Cancel returns each reservation whole, its request too
+// (BudgetReservation.Cancel).
+func (rs *Reservations) Cancel(ctx context.Context) error {
+	return rs.each(func(r *BudgetReservation) error { return r.Cancel(ctx) })
+}
+
+// each calls f on every reservation, and returns their errors joined: a
+// call that failed leaves its Budget's estimate as it stood, and the
+// others are made all the same.
+func (rs *Reservations) each(f func(*BudgetReservation) error) error {
+	var errs []error
+	for _, r := range rs.Reserved() {
+		if err := f(r); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errors.Join(errs...)
+}

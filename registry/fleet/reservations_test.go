@@ -1,0 +1,136 @@
+package fleet_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// used returns what b counts in its last minute: all tokens, and requests.
+func used(t *testing.T, b *fleet.Budget) (tokens, requests int) {
+	t.Helper()
+	u, err := b.Used(context.Background())
+	require.NoError(t, err)
+	return u[0], u[3]
+}
+
+func newBudget(t *testing.T, s *memstore.Store, name string, limits pacing.BudgetLimits) *fleet.Budget {
+	t.Helper()
+	b, err := fleet.NewBudget(s, name, limits, 0)
+	require.NoError(t, err)
+	return b
+}
+
+// ReserveAll is all or nothing: once all Budgets take the request,
+// Start, Settle and Cancel reach each of them; a Budget that refuses
+// (named by its index among the arguments, nil ones counted) leaves
+// nothing charged in those reserved before it.
+func TestReserveAll(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	provider := newBudget(t, s, "provider", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10})
+	model := newBudget(t, s, "model", pacing.BudgetLimits{TokensPerMinute: 100})
+
+	rs, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 60, Output: 20}, nil, provider, nil, model)
+	require.NoError(t, err)
+	assert.Equal(t, -1, i)
+	require.Len(t, rs.Reserved(), 2)
+	left, limits := rs.Reserved()[1].Left()
+	assert.Equal(t, 20, left[0], "the model's budget: 100 less 80")
+	assert.Equal(t, 100, limits[0])
+	require.NoError(t, rs.Start(ctx))
+	require.NoError(t, rs.Settle(ctx, pacing.Tokens{Input: 60, Output: 5}))
+	tokens, requests := used(t, provider)
+	assert.Equal(t, []int{65, 1}, []int{tokens, requests}, "settled in the provider's budget")
+	tokens, _ = used(t, model)
+	assert.Equal(t, 65, tokens, "and in the model's")
+
+	_, i, err = fleet.ReserveAll(ctx, pacing.Tokens{Input: 50}, nil, provider, nil, model)
+	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, 2, i, "the model's budget refused: 65 + 50 over 100")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 100, le.Limit)
+	tokens, requests = used(t, provider)
+	assert.Equal(t, []int{65, 1}, []int{tokens, requests}, "the provider's charge went back, its request too")
+
+	rs, _, err = fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, nil, provider, model)
+	require.NoError(t, err)
+	require.NoError(t, rs.Cancel(ctx))
+	tokens, requests = used(t, provider)
+	assert.Equal(t, []int{65, 1}, []int{tokens, requests}, "a cancelled request charges nothing")
+	tokens, _ = used(t, model)
+	assert.Equal(t, 65, tokens)
+}
+
+// A Budget whose store cannot be reached refuses the request, unless the
+// caller lets it through uncounted: then it is told, and the request is
+// reserved of the other Budgets alone.
+func TestReserveAllUnavailable(t *testing.T) {
+	ctx := context.Background()
+	up, down := memstore.New(), memstore.New()
+	provider := newBudget(t, up, "provider", pacing.BudgetLimits{TokensPerMinute: 1000})
+	tenant := newBudget(t, down, "tenant", pacing.BudgetLimits{TokensPerMinute: 1000})
+	down.Kill()
+
+	_, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, nil, provider, tenant)
+	require.ErrorIs(t, err, fleet.ErrUnavailable)
+	assert.Equal(t, 1, i)
+	tokens, _ := used(t, provider)
+	assert.Zero(t, tokens, "nothing left charged")
+
+	var told []int
+	rs, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, func(i int, err error) {
+		assert.ErrorIs(t, err, fleet.ErrUnavailable)
+		told = append(told, i)
+	}, provider, tenant)
+	require.NoError(t, err)
+	assert.Equal(t, -1, i)
+	assert.Equal(t, []int{1}, told)
+	assert.Len(t, rs.Reserved(), 1, "the provider's alone")
+	tokens, _ = used(t, provider)
+	assert.Equal(t, 10, tokens)
+
+	var none *fleet.Reservations
+	assert.NoError(t, none.Settle(ctx, pacing.Tokens{Input: 1}), "a nil Reservations does nothing")
+	assert.NoError(t, none.Cancel(ctx))
+	assert.Empty(t, none.Reserved())
+}
+
+// A request reserves its cost of its provider's, its model's and its
+// tenant's budgets per minute, each shared by every gateway of the fleet,
+// all or nothing; once it is done, it settles them with what it used.
+func ExampleReserveAll() {
+	store := memstore.New() // each gateway's client of the fleet's Redis or PostgreSQL
+	ctx := context.Background()
+	provider, _ := fleet.NewBudget(store, "provider", pacing.BudgetLimits{TokensPerMinute: 100_000}, 0)
+	model, _ := fleet.NewBudget(store, "model:small", pacing.BudgetLimits{TokensPerMinute: 20_000}, 0)
+	tenant, _ := fleet.NewBudget(store, "tenant:acme", pacing.BudgetLimits{TokensPerMinute: 5_000}, 0)
+	names := []string{"provider", "model", "tenant"}
+
+	for _, estimate := range []pacing.Tokens{{Input: 3_000, Output: 1_000}, {Input: 1_500, Output: 1_000}} {
+		rs, i, err := fleet.ReserveAll(ctx, estimate, nil, provider, model, tenant)
+		if err != nil {
+			fmt.Printf("refused by the %s's budget: %v\n", names[i], err != nil)
+			continue
+		}
+		// ... the request is sent; the upstream reports what it used.
+		_ = rs.Settle(ctx, pacing.Tokens{Input: 3_000, Output: 200})
+		left, _ := rs.Reserved()[2].Left()
+		fmt.Println("the tenant's budget had", left[0], "tokens left after the estimate")
+	}
+	tenantUsed, _ := tenant.Used(ctx)
+	fmt.Println("the tenant's minute counts", tenantUsed[0], "tokens")
+	// Output:
+	// the tenant's budget had 1000 tokens left after the estimate
+	// refused by the tenant's budget: true
+	// the tenant's minute counts 3200 tokens
+}
