@@ -17,17 +17,26 @@ type Reservations struct {
 }
 
 // ReserveAll reserves t, a request's estimated cost, of each of budgets
-// in turn (a nil one is skipped), all or nothing: when one refuses, the
-// reservations made are cancelled, each under its Budget's timeout and a
-// context of its own, and ReserveAll returns the index of the Budget that
-// refused with its error (a *slots.LimitError wrapping
-// pacing.ErrOverBudget, or the store's). A Budget whose store cannot be
-// reached refuses so too, with an error wrapping ErrUnavailable, unless
-// uncounted is not nil: uncounted is then told of it (its index and the
-// error) and the request goes on, uncounted in that Budget. On success
-// the index is -1.
+// in turn (a nil one is skipped), all or nothing: at the first that
+// refuses, it stops, cancels the reservations made (each under its
+// Budget's timeout and a context of its own; a cancel that fails leaves
+// that estimate standing) and returns the index of the Budget that
+// refused, among the arguments, with its error: a *slots.LimitError
+// wrapping pacing.ErrOverBudget, t's own error (see Budget.Reserve), the
+// context's, or the store's. A Budget whose store cannot be reached
+// refuses so too, with an error wrapping ErrUnavailable, unless uncounted
+// is not nil: uncounted is then told of it (its index and the error), and
+// the request goes on, uncounted in that Budget (a later Budget may
+// still refuse it). On success the index is -1. A panic in uncounted
+// cancels the reservations made, as a refusal does.
 func ReserveAll(ctx context.Context, t upstream.Tokens, uncounted func(i int, err error), budgets ...*Budget) (*Reservations, int, error) {
 	rs := &Reservations{}
+	taken := false
+	defer func() { // after a refusal, or a panic in uncounted
+		if !taken {
+			rs.cancelMade(ctx)
+		}
+	}()
 	for i, b := range budgets {
 		if b == nil {
 			continue
@@ -39,15 +48,21 @@ func ReserveAll(ctx context.Context, t upstream.Tokens, uncounted func(i int, er
 		case uncounted != nil && errors.Is(err, ErrUnavailable):
 			uncounted(i, err)
 		default:
-			for _, r := range rs.rs {
-				cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.b.timeout)
-				_ = r.Cancel(cctx) // a charge that stays is an estimate that stands
-				cancel()
-			}
 			return nil, i, err
 		}
 	}
+	taken = true
 	return rs, -1, nil
+}
+
+// cancelMade cancels the reservations made, each under its Budget's
+// timeout, whether or not ctx has ended.
+func (rs *Reservations) cancelMade(ctx context.Context) {
+	for _, r := range rs.rs {
+		cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.b.timeout)
+		_ = r.Cancel(cctx) // a charge that stays is an estimate that stands
+		cancel()
+	}
 }
 
 // Reserved returns the reservations made, in the order of their Budgets

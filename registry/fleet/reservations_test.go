@@ -10,6 +10,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -22,7 +23,7 @@ func used(t *testing.T, b *fleet.Budget) (tokens, requests int) {
 	return u[0], u[3]
 }
 
-func newBudget(t *testing.T, s *memstore.Store, name string, limits pacing.BudgetLimits) *fleet.Budget {
+func newBudget(t *testing.T, s driver.Store, name string, limits pacing.BudgetLimits) *fleet.Budget {
 	t.Helper()
 	b, err := fleet.NewBudget(s, name, limits, 0)
 	require.NoError(t, err)
@@ -103,6 +104,69 @@ func TestReserveAllUnavailable(t *testing.T) {
 	assert.NoError(t, none.Settle(ctx, pacing.Tokens{Input: 1}), "a nil Reservations does nothing")
 	assert.NoError(t, none.Cancel(ctx))
 	assert.Empty(t, none.Reserved())
+}
+
+// A refusal stops ReserveAll where it is, and refuses whatever uncounted
+// says: an over-budget refusal at the first Budget charges nothing in the
+// others, and tells uncounted nothing.
+func TestReserveAllStopsAtARefusal(t *testing.T) {
+	ctx := context.Background()
+	s := memstore.New()
+	model := newBudget(t, s, "model", pacing.BudgetLimits{TokensPerMinute: 100})
+	provider := newBudget(t, s, "provider", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10})
+	_, _, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 100}, nil, model) // a budget's first request passes, however large
+	require.NoError(t, err)
+	_, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 50}, func(int, error) { t.Error("uncounted told of an over-budget refusal") },
+		model, provider)
+	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, 0, i)
+	tokens, requests := used(t, provider)
+	assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "the provider's budget never asked")
+}
+
+// endingStore is a memstore whose budget calls fail once ctx has ended,
+// and that runs after once a call is made.
+type endingStore struct {
+	*memstore.Store
+	after func()
+}
+
+func (s endingStore) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	if err := ctx.Err(); err != nil {
+		return driver.BudgetResult{}, err
+	}
+	defer s.after()
+	return s.Store.Budget(ctx, c)
+}
+
+// The reservations made are cancelled whether the caller's context has
+// ended (here, just after the first Budget took the request) or uncounted
+// panics.
+func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
+	t.Run("context ended", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(context.Background())
+		s := endingStore{Store: memstore.New(), after: cancel}
+		provider := newBudget(t, s, "provider", pacing.BudgetLimits{TokensPerMinute: 1000})
+		model := newBudget(t, s, "model", pacing.BudgetLimits{TokensPerMinute: 1000})
+		_, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, nil, provider, model)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, 1, i)
+		s.after = func() {}
+		tokens, _ := used(t, provider)
+		assert.Zero(t, tokens, "the provider's charge went back")
+	})
+	t.Run("uncounted panics", func(t *testing.T) {
+		ctx := context.Background()
+		up, down := memstore.New(), memstore.New()
+		provider := newBudget(t, up, "provider", pacing.BudgetLimits{TokensPerMinute: 1000})
+		tenant := newBudget(t, down, "tenant", pacing.BudgetLimits{TokensPerMinute: 1000})
+		down.Kill()
+		assert.PanicsWithValue(t, "uncounted", func() {
+			_, _, _ = fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, func(int, error) { panic("uncounted") }, provider, tenant)
+		})
+		tokens, _ := used(t, provider)
+		assert.Zero(t, tokens, "the provider's charge went back")
+	})
 }
 
 // A request reserves its cost of its provider's, its model's and its

@@ -209,10 +209,12 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		if !fb.closed {
 			uncounted = func(_ int, err error) { g.uncounted(fb, err) }
 		}
+		// The budgets, and the prefixes of their refusals' caps.
+		budgets, prefixes := []*fleet.Budget{orgs, fb.provider, fb.models[model]}, []string{"tenant", "", "model"}
 		var i int
 		var err error
-		if s.fleet, i, err = fleet.ReserveAll(ctx, cost, uncounted, orgs, fb.provider, fb.models[model]); err != nil {
-			return nil, budgetCap([]string{"tenant", "", "model"}[i], t, err), err
+		if s.fleet, i, err = fleet.ReserveAll(ctx, cost, uncounted, budgets...); err != nil {
+			return nil, budgetCap(prefixes[i], t, err), err
 		}
 		return s, "", nil
 	}

@@ -321,6 +321,9 @@ func testGatewayFleetTokenBudget(t *testing.T, store string) {
 	assert.Equal(t, 600, counts[http.StatusOK]+counts[http.StatusTooManyRequests]+counts[http.StatusServiceUnavailable],
 		"served, refused, or the store unavailable; nothing else")
 	assert.Equal(t, started, served+counts[http.StatusOK])
+	for capName := range refusedBy { // the provider's budget ("tokens_per_minute") or its queue's wait ("provider")
+		assert.Contains(t, []string{"tokens_per_minute", pacing.CapProvider}, capName, "org-b has no budget of its own, its model none")
+	}
 	t.Logf("org-a: %d of 16 served; then %d served, %d refused (by %v), %d store unavailable over 3 gateways; the upstream's worst minute %d of %d tokens",
 		served, counts[http.StatusOK], counts[http.StatusTooManyRequests], refusedBy, counts[http.StatusServiceUnavailable], worst, perMinute)
 
