@@ -45,10 +45,10 @@ type tokenEvent struct {
 }
 
 // Run sends l's requests at once, the i-th acquiring its tokens with
-// acquire(i, units) (which returns what frees them, or an error), holding them for its hold
-// and freeing them; it returns what it counted once every request ended.
-// Run it in a synctest bubble to score it, or on a real clock to count
-// what must hold on any machine (Peak, Served).
+// acquire(i, units) (which returns what frees them, or an error), holding
+// them for its hold and freeing them; it returns what it counted once
+// every request ended. Run it in a synctest bubble to score it, or on a
+// real clock to count what must hold on any machine (Peak, Served).
 func (l LargePrompts) Run(acquire func(i, units int) (release func(), err error)) TokenScore {
 	rng := rand.New(rand.NewPCG(7, 8))
 	type req struct {

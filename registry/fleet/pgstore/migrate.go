@@ -43,7 +43,8 @@ var schemaV1 = withConstants(schemaSQL)
 // the one before: revision 1 adds the budgets per minute, revision 2 the
 // units a lease weighs (replacing the functions that count, serve and
 // admit, and keeping the signatures the releases before call), revision 3
-// answers a waiter behind a heavy waiter without the key's lock. A revision
+// answers a waiter behind a heavy waiter, and a waiter's claim of its
+// grant, without the key's lock. A revision
 // only adds, so a release that knows fewer of them works on the schema as
 // it is (a rolling deploy has both side by side); one that changes what
 // is there makes a new SchemaVersion.

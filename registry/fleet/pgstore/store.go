@@ -42,8 +42,8 @@
 // A call waits for a pooled connection and its key's lock (a waiter's
 // call that asks again while no key has room for it, and one that claims
 // its grant, do not wait for the lock), so under load it takes longer
-// than on Redis: give the fleet a timeout that allows for
-// it (fleet.WithTimeout; 2 s rather than the default 500 ms). Calls that
+// than on Redis: give the fleet a timeout that allows for it
+// (fleet.WithTimeout; 2 s rather than the default 500 ms). Calls that
 // pass the timeout open the fleet's breaker, and every process then
 // admits under its own caps (fleet.WithUnavailable) until it closes.
 //
