@@ -290,7 +290,7 @@ func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	pids := s.processes()
+	pids := s.freeze() // a backend forked meanwhile would outlive the kill
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}
@@ -309,7 +309,13 @@ func (s *Server) Kill() {
 // as a host that hangs would: connections stay open and calls wait, until
 // Cont (at the test's cleanup if not before).
 func (s *Server) Stop() {
-	s.signalAll(syscall.SIGSTOP)
+	s.t.Helper()
+	if s.cmd == nil || s.cmd.Process == nil {
+		s.t.Fatalf("pgtest: Stop of a server that is not running")
+	}
+	for _, pid := range s.freeze()[1:] {
+		_ = syscall.Kill(pid, syscall.SIGSTOP)
+	}
 	s.t.Cleanup(func() {
 		if s.cmd != nil {
 			for _, pid := range s.processes() {
@@ -332,9 +338,28 @@ func (s *Server) signalAll(sig syscall.Signal) {
 	}
 }
 
+// freeze stops the postmaster (SIGSTOP) and waits until it has stopped,
+// so that it forks no more, then returns it, first, and the processes it
+// started. (Listed before the postmaster stopped, a backend it forked
+// for a new connection meanwhile would be missed, and would go on
+// serving that connection while the server is meant to hang.)
+func (s *Server) freeze() []int {
+	pm := s.cmd.Process.Pid
+	_ = syscall.Kill(pm, syscall.SIGSTOP)
+	for deadline := time.Now().Add(10 * time.Second); !stopped(pm) && time.Now().Before(deadline); {
+		time.Sleep(time.Millisecond) // the signal's delivery
+	}
+	return append([]int{pm}, children(pm)...)
+}
+
+// stopped reports whether pid is stopped by a signal.
+func stopped(pid int) bool {
+	fields := statFields("/proc/" + strconv.Itoa(pid) + "/stat")
+	return len(fields) > 0 && (fields[0] == "T" || fields[0] == "t")
+}
+
 // processes returns the postmaster, first, and the processes it started
 // (each makes a session of its own, so no process group holds them all).
-// The postmaster is signalled first: stopped or killed, it forks no more.
 func (s *Server) processes() []int {
 	pm := s.cmd.Process.Pid
 	return append([]int{pm}, children(pm)...)
