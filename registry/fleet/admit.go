@@ -220,9 +220,9 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	}
 	claim := false
 	if w != nil {
-		r.mu.Lock()
+		r.waits.mu.Lock()
 		claim, w.granted = w.granted != "" && w.granted == l.id, ""
-		r.mu.Unlock()
+		r.waits.mu.Unlock()
 	}
 	rp := r.call(ctx, c.call, c.until, placed, claim)
 	ok = true

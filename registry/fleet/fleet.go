@@ -57,7 +57,7 @@ type Registry[K comparable] struct {
 	closed          bool
 	limitsSet[K]                   // guarded by mu
 	held            heldLeases[K]  // guarded by mu
-	waits           waitQueues     // guarded by mu
+	waits           waitQueues     // its own lock (after mu, when both are held)
 	learned         learnedCaps[K] // learned caps (see learn.go)
 	calls           calls          // acquire calls on their way or queued
 	removalQueue[K]                // its own lock
@@ -347,8 +347,11 @@ type Stats struct {
 // Stats returns the counts.
 func (r *Registry[K]) Stats() Stats {
 	r.mu.Lock()
-	st := Stats{Held: len(r.held.leases), Waiting: r.waits.waiting}
+	st := Stats{Held: len(r.held.leases)}
 	r.mu.Unlock()
+	r.waits.mu.Lock()
+	st.Waiting = r.waits.waiting
+	r.waits.mu.Unlock()
 	r.remMu.Lock()
 	st.RemovalsPending = len(r.removals)
 	r.remMu.Unlock()

@@ -106,7 +106,7 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 		delete(r.held.degraded, l)
 		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
 		for _, name := range l.names {
-			r.wokenByLocked(name)
+			r.wokenBy(name) // r.mu before r.waits.mu
 		}
 	}
 	// A degraded lease is not in the store: nothing to remove. After Close

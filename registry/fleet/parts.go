@@ -68,13 +68,15 @@ type heldLeases[K comparable] struct {
 	leasesPeak, degradedPeak int
 }
 
-// waitQueues are a Registry's waiters; guarded by its mu. queues are the
+// waitQueues are a Registry's waiters, guarded by their mu (taken after
+// the Registry's mu where both are held, never before). queues are the
 // waiters of each key, in order (see waiters.go); queuesPeak is the most
 // keys waited on since the map was last made. tickets are the waiters
 // that have asked the store (and may be queued there), by the lease id
 // they asked under, for their grants' wake-ups; a waiter is in it from
 // before its call.
 type waitQueues struct {
+	mu          sync.Mutex
 	queues      map[string][]*waiter
 	queuesPeak  int
 	tickets     map[string]*waiter

@@ -13,7 +13,7 @@ type waiter struct {
 	weight int      // its flow's weight, >= 1
 	keys   []string // its keys in the store
 	// ticket is the lease id under which it last asked the store ("": never);
-	// guarded by r.mu.
+	// guarded by r.waits.mu.
 	ticket string
 	// queuedAs is the lease id under which a reply last told it queued
 	// ("": never), in queuedEpoch; its own goroutine's.
@@ -22,12 +22,12 @@ type waiter struct {
 	// blocked are the keys on which it holds back later waiters: all of its
 	// keys until it has been told one is full, then that key alone; none
 	// once its call to the store has its place in line (see placed), until a
-	// reply tells it a key is full again.
+	// reply tells it a key is full again. Guarded by r.waits.mu.
 	blocked []string
-	queued  bool          // in r.waits.queues (guarded by r.mu)
+	queued  bool          // in r.waits.queues (guarded by r.waits.mu)
 	wake    chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
-	// guarded by r.mu. Its next call, the claim, does not wait for a
+	// guarded by r.waits.mu. Its next call, the claim, does not wait for a
 	// pipeline (see Registry.call).
 	granted string
 }
@@ -53,11 +53,13 @@ func (w *waiter) signal() {
 // and the first waiter there that holds the key back ends a search.
 
 func (r *Registry[K]) enqueue(w *waiter) error {
-	r.mu.Lock()
+	r.mu.Lock() // Close wakes the waiters after it sets closed: w is seen, or sees it
 	defer r.mu.Unlock()
 	if r.closed {
 		return ErrClosed
 	}
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if r.waits.queues == nil {
 		r.waits.queues = map[string][]*waiter{}
 	}
@@ -79,8 +81,8 @@ func (r *Registry[K]) enqueue(w *waiter) error {
 
 // dequeue removes w and lets the waiters it held back look again.
 func (r *Registry[K]) dequeue(w *waiter) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if !w.queued {
 		return
 	}
@@ -152,8 +154,8 @@ func (r *Registry[K]) reblockLocked(w *waiter, blocked []string) {
 // process holds back any of its keys. If some do, w from then on holds back
 // later waiters on those keys alone, not on its others.
 func (r *Registry[K]) mayTry(w *waiter) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	var ahead []string // w's keys held back by earlier waiters, in w's order
 	for _, k := range w.keys {
 		for _, v := range r.waits.queues[k] {
@@ -182,8 +184,8 @@ func (r *Registry[K]) mayTry(w *waiter) bool {
 // it: a process sends a burst on one key in pipelines, one round trip
 // each.
 func (r *Registry[K]) placed(w *waiter) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
 	}
@@ -192,8 +194,8 @@ func (r *Registry[K]) placed(w *waiter) {
 // blockedOn records that w found key full: from now on it holds back later
 // waiters on that key only, so those on its other keys may try.
 func (r *Registry[K]) blockedOn(w *waiter, key string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if len(w.blocked) == 1 && w.blocked[0] == key {
 		return
 	}
@@ -204,8 +206,8 @@ func (r *Registry[K]) blockedOn(w *waiter, key string) {
 // as soon as its call queues it finds it; before the call, since the grant
 // may come before its reply.
 func (r *Registry[K]) expect(w *waiter, ticket string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if !w.queued || w.ticket == ticket {
 		return
 	}
@@ -225,17 +227,19 @@ func (r *Registry[K]) expect(w *waiter, ticket string) {
 // them, and withdraws its place if it gives up.
 func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 	w.queuedAs = ticket
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
 	}
 }
 
-// wokenByLocked wakes the first waiter held up by key: a lease on it was
+// wokenBy wakes the first waiter held up by key: a lease on it was
 // released that the fleet's queue does not see (one admitted under the
 // local registry alone while the store was unreachable).
-func (r *Registry[K]) wokenByLocked(key string) {
+func (r *Registry[K]) wokenBy(key string) {
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	for _, v := range r.waits.queues[key] {
 		if slices.Contains(v.blocked, key) {
 			v.signal()
@@ -246,8 +250,8 @@ func (r *Registry[K]) wokenByLocked(key string) {
 
 // granted wakes the waiter queued as ticket: the fleet's queue granted it.
 func (r *Registry[K]) granted(ticket string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	if w := r.waits.tickets[ticket]; w != nil {
 		w.granted = ticket
 		w.signal()
@@ -257,8 +261,8 @@ func (r *Registry[K]) granted(ticket string) {
 // wakeAll lets every waiter look again (a limit changed, the store came back,
 // the Registry closed).
 func (r *Registry[K]) wakeAll() {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
 	for _, q := range r.waits.queues {
 		for _, v := range q {
 			v.signal()

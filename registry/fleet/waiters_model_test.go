@@ -9,7 +9,7 @@ import (
 )
 
 // A model check of this process's waiter list (enqueue, mayTry, blockedOn,
-// wokenByLocked, dequeue), as used while waiters cannot be queued in Redis,
+// wokenBy, dequeue), as used while waiters cannot be queued in Redis,
 // with no timers: a waiter left asleep while it could go is a wake-up lost
 // until its next poll. Caps are simulated; a release of a full key
 // delivers its wake-up later, interleaved with everything else.
@@ -86,9 +86,7 @@ func simWaiters(seed uint64, steps int) string {
 			can = append(can, func() {
 				k := pubs[0]
 				pubs = pubs[1:]
-				r.mu.Lock()
-				r.wokenByLocked(k)
-				r.mu.Unlock()
+				r.wokenBy(k)
 				log = append(log, "wokenBy "+k)
 			})
 		}

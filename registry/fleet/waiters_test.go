@@ -32,8 +32,8 @@ func TestWaitersDoNotBlockOtherKeys(t *testing.T) {
 		eventually(t, "queued", func() bool { return r.Stats().Waiting == i+1 })
 	}
 	eventually(t, "both queued in Redis, holding back no one here", func() bool {
-		r.mu.Lock()
-		defer r.mu.Unlock()
+		r.waits.mu.Lock()
+		defer r.waits.mu.Unlock()
 		for _, w := range r.allWaiters() {
 			if w.ticket == "" || len(w.blocked) != 0 {
 				return false
@@ -90,9 +90,9 @@ func TestWaitersByClass(t *testing.T) {
 	eventually(t, "three batch waiters queue for k", allQueued(3))
 	acquire(slots.PriorityInteractive)
 	eventually(t, "and the interactive one, ahead of them", allQueued(4))
-	r.mu.Lock()
+	r.waits.mu.Lock()
 	assert.Equal(t, core.Rank(core.ClassHigh), r.waits.queues["k"][0].rank)
-	r.mu.Unlock()
+	r.waits.mu.Unlock()
 
 	hold.Release()
 	next := func() admitted {
