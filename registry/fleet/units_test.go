@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -11,6 +10,7 @@ import (
 
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/slots/slotstest"
 )
 
 // countIs waits until the store counts n units on key.
@@ -89,24 +89,12 @@ func TestUnitsLostAndReasserted(t *testing.T) {
 	countIs(t, ms, "k", 0, "released")
 }
 
-// recorder is an Observer that keeps its events.
-type recorder struct {
-	mu     sync.Mutex
-	events []slots.Event
-}
-
-func (o *recorder) Observe(e slots.Event) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	o.events = append(o.events, e)
-}
-
 // The Observer is told an admission's units and its release's; a weight
 // out of range is told before a nil context, as the local registry tells
 // it.
 func TestUnitsObserved(t *testing.T) {
 	ms := memstore.New()
-	o := &recorder{}
+	o := &slotstest.Recorder{}
 	r := New[string](ms, 10, WithObserver(o), WithLogger(quiet()))
 	t.Cleanup(func() { closeWithin(t, r) })
 	s, err := r.AcquireAllN(context.Background(), 3, "a", "b")
@@ -118,14 +106,13 @@ func TestUnitsObserved(t *testing.T) {
 	require.ErrorIs(t, err, slots.ErrBadUnits)
 	_, err = r.TryAcquireN("a", slots.MaxUnits+1)
 	require.ErrorIs(t, err, slots.ErrBadUnits)
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	require.Len(t, o.events, 4)
-	assert.Equal(t, slots.EventAcquired, o.events[0].Kind)
-	assert.Equal(t, 3, o.events[0].Units)
-	assert.Equal(t, slots.EventReleased, o.events[1].Kind)
-	assert.Equal(t, 3, o.events[1].Units)
-	for _, e := range o.events[2:] {
+	events := o.Events()
+	require.Len(t, events, 4)
+	assert.Equal(t, slots.EventAcquired, events[0].Kind)
+	assert.Equal(t, 3, events[0].Units)
+	assert.Equal(t, slots.EventReleased, events[1].Kind)
+	assert.Equal(t, 3, events[1].Units)
+	for _, e := range events[2:] {
 		assert.Equal(t, slots.EventRejected, e.Kind)
 		assert.ErrorIs(t, e.Err, slots.ErrBadUnits)
 	}

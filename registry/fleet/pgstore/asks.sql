@@ -14,7 +14,19 @@
 -- adds nothing to any count.
 --
 -- It replaces inflight_still_queued, with the same signature, and adds
--- inflight_claim, which this release calls before inflight_admit.
+-- inflight_claim, which this release calls before inflight_admit, and
+-- inflight_current, the check of the fleet's epoch both make.
+
+-- inflight_current reports whether known is the fleet's epoch (its
+-- marker there: no data lost since), with no pause of new admissions at
+-- now and the callers' settings (pause, ttl) known to it: what a call
+-- answered without the keys' locks needs, inflight_epoch's whole work
+-- being due otherwise.
+CREATE OR REPLACE FUNCTION inflight_current(f text, known bigint, pause bigint, ttl bigint, now bigint) RETURNS bool LANGUAGE sql STABLE AS $$
+	SELECT EXISTS (SELECT 1 FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
+		AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known)
+		AND x.pause_until <= now AND (pause <= 0 OR x.last_pause >= pause AND x.last_ttl >= ttl))
+$$;
 
 -- inflight_still_queued answers a ticket that asks again while it is
 -- queued on each of its keys and none has room for it, without locking
@@ -44,7 +56,6 @@ CREATE OR REPLACE FUNCTION inflight_still_queued(f text, l text, keys text[], li
 DECLARE
 	n int := array_length(keys, 1);
 	now bigint := inflight_now_us() / 1000;
-	fl inflight_fleet;
 	places int;
 	u int;
 	c bigint;
@@ -53,9 +64,7 @@ BEGIN
 	IF known <= 0 OR not_after > 0 AND now > not_after THEN
 		RETURN NULL;
 	END IF;
-	SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
-		AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
-	IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl) THEN
+	IF NOT inflight_current(f, known, pause, ttl, now) THEN
 		RETURN NULL;
 	END IF;
 	SELECT count(*), max(x.units) INTO places, u FROM inflight_ticket x WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l;
@@ -80,7 +89,7 @@ BEGIN
 			WHERE y.fleet = f AND y.key = ANY (keys) AND y.ticket = l FOR UPDATE SKIP LOCKED);
 	UPDATE inflight_proc x SET alive_until = greatest(x.alive_until, now + live)
 		WHERE (x.fleet, x.proc) IN (SELECT y.fleet, y.proc FROM inflight_proc y WHERE y.fleet = f AND y.proc = p FOR UPDATE SKIP LOCKED);
-	RETURN ARRAY[3, 1, inflight_units(f, keys[1], now), inflight_earliest(f, keys[1], now), now, fl.epoch, inflight_queued(f, keys[1], now)];
+	RETURN ARRAY[3, 1, inflight_units(f, keys[1], now), inflight_earliest(f, keys[1], now), now, known, inflight_queued(f, keys[1], now)];
 END $$;
 
 -- inflight_claim answers a waiter's call that claims its grant (a lease
@@ -108,7 +117,6 @@ DECLARE
 	n int := array_length(keys, 1);
 	now_us bigint;
 	now bigint;
-	fl inflight_fleet;
 BEGIN
 	IF known <= 0 OR NOT EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l) THEN
 		RETURN NULL; -- a newcomer, or a waiter not granted yet
@@ -123,9 +131,7 @@ BEGIN
 		IF not_after > 0 AND now > not_after THEN
 			RETURN ARRAY[-2, 0, 0, 0, now, 0, 0];
 		END IF;
-		SELECT * INTO fl FROM inflight_fleet x WHERE x.fleet = f AND x.epoch = known
-			AND EXISTS (SELECT 1 FROM inflight_marker m WHERE m.fleet = f AND m.epoch = known);
-		IF NOT FOUND OR fl.pause_until > now OR pause > 0 AND (fl.last_pause < pause OR fl.last_ttl < ttl)
+		IF NOT inflight_current(f, known, pause, ttl, now)
 			OR (SELECT count(*) FROM inflight_lease x WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l AND x.expires > now) <> n
 			OR inflight_abandoned(f, l, now)
 			OR EXISTS (SELECT 1 FROM unnest(keys, limits) AS k(key, lim) WHERE inflight_units(f, k.key, now) > k.lim) THEN
@@ -135,5 +141,5 @@ BEGIN
 	EXCEPTION WHEN lock_not_available OR SQLSTATE 'IF003' THEN
 		RETURN NULL;
 	END;
-	RETURN inflight_admitted(f, keys, n, starts, now, now_us, fl.epoch, not_after);
+	RETURN inflight_admitted(f, keys, n, starts, now, now_us, known, not_after);
 END $$;
