@@ -28,7 +28,7 @@
 // within a class, flows take turns by weight (WithFlow: an org, an API
 // key); within a flow, arrival order. Without classes and flows the queue
 // is plain FIFO, at its cost. Every queue of the module follows this rule.
-// AcquireN weighs a caller in units (a prompt's tokens): order stays
-// strict, so a heavy waiter never starves, at the price of units standing
-// idle meanwhile.
+// AcquireN weighs a caller in units (a prompt's tokens): flows share units
+// by weight; order stays strict, so a heavy waiter never starves, at the
+// price of units standing idle meanwhile.
 package slots

@@ -40,7 +40,13 @@ func Rank(c uint8) uint8 { return rank[c] }
 
 // Queue holds a lane's waiters in the order they are to be served: the
 // highest class first; within a class, flows take turns (deficit round
-// robin over each flow's weight); within a flow, arrival order.
+// robin over each flow's weight, in units); within a flow, arrival order.
+//
+// A turn is worth the flow's weight times the most units a waiter weighed
+// since the queue was last empty, and a grant charges its units: flows
+// share units, not grants, by weight. What a turn leaves (less than the
+// flow's next waiter) carries over while the flow waits. At one unit each,
+// a turn is weight grants.
 //
 // While every waiter is of the default class and the default flow with
 // weight 1, which is the common case, it is one FIFO list and costs what a
@@ -51,8 +57,9 @@ type Queue struct {
 	n int
 	// heavy counts the waiters weighing more than one unit, per class.
 	heavy [NumClasses]int32
-	mixed bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
-	def   flow // the default class's default flow
+	extra int32 // the most units beyond one any waiter weighed since the queue was last empty
+	mixed bool  // a waiter outside the default flow (or weighing more) came since the queue was last empty
+	def   flow  // the default class's default flow
 	x     *sched
 }
 
@@ -60,8 +67,9 @@ type flow struct {
 	waiters ilist.List[*Waiter]
 	link    ilist.Elem[*flow] // in its class's ring while it has waiters
 	key     flowKey
-	weight  int32 // grants per turn
-	credit  int32 // grants left in the current turn
+	weight  int32 // quanta per turn
+	inTurn  bool  // its turn is under way
+	credit  int64 // units left in its turn, or carried to its next
 }
 
 type flowKey struct {
@@ -134,6 +142,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	q.n++
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]++
+		q.extra = max(q.extra, w.Hold.Extra)
 	}
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
@@ -149,7 +158,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	}
 	f.weight = max(w.Weight, 1) // the latest arrival's weight
 	if f.waiters.Len() == 0 {
-		f.credit = 0
+		f.credit, f.inTurn = 0, false
 		q.x.rings[k.class].PushBack(&f.link)
 	}
 	f.waiters.PushBack(el)
@@ -164,7 +173,7 @@ func (q *Queue) mix() {
 		q.def.link.Value = &q.def
 	}
 	q.mixed = true
-	q.def.weight, q.def.credit = 1, 0 // its waiters so far all weigh 1
+	q.def.weight, q.def.credit, q.def.inTurn = 1, 0, false // its waiters so far all have weight 1
 	if n := q.def.waiters.Len(); n > 0 {
 		q.x.rings[ClassDefault].PushBack(&q.def.link)
 		q.x.count[ClassDefault] = n
@@ -203,6 +212,9 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 		if w.Hold.Extra != 0 {
 			q.heavy[w.Class]--
 		}
+		if q.n == 0 {
+			q.extra = 0
+		}
 		return true
 	}
 	var f *flow
@@ -224,7 +236,7 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	switch {
 	case f.waiters.Len() == 0:
 		ring.Remove(&f.link)
-		f.credit = 0
+		f.credit, f.inTurn = 0, false
 		if f != &q.def {
 			delete(q.x.flows, f.key)
 			f.key = flowKey{}
@@ -232,16 +244,23 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 				q.x.spare = append(q.x.spare, f)
 			}
 		}
-	case charge:
-		if f.credit <= 0 {
-			f.credit = f.weight // its turn starts
+	default:
+		if charge && !f.inTurn { // its turn starts
+			f.credit, f.inTurn = f.credit+int64(f.weight)*(int64(q.extra)+1), true
 		}
-		if f.credit--; f.credit == 0 { // its turn is over
+		if charge {
+			f.credit -= int64(w.Hold.Units())
+		}
+		// Its turn is over when what is left does not cover its next waiter
+		// (also one behind a waiter who left without a grant).
+		if f.inTurn && int64(f.waiters.Front().Value.Hold.Units()) > f.credit {
+			f.inTurn = false
 			ring.Remove(&f.link)
 			ring.PushBack(&f.link)
 		}
 	}
 	if q.n == 0 {
+		q.extra = 0
 		q.mixed = false
 		if q.x.peak > maxKeptFlows {
 			q.x = nil // a burst of flows: its map is not kept by a quiet lane

@@ -339,3 +339,90 @@ func TestQueueTurnBound(t *testing.T) {
 		}
 	}
 }
+
+// heavyWaiter returns a waiter of the default class in flow id with weight
+// wt, weighing units.
+func heavyWaiter(id string, wt int32, units int) *core.Waiter {
+	w := core.NewWaiter(&core.Hold{Extra: int32(units - 1)}, 0)
+	w.Place(core.Place{Flow: id, Weight: wt})
+	return w
+}
+
+// Flows take turns in units, not grants: a flow of heavy waiters and one of
+// light waiters, both backlogged, are granted units in proportion to their
+// weights, so the light flow gets many more grants.
+func TestQueueTurnsInUnits(t *testing.T) {
+	for _, tc := range []struct {
+		name                     string
+		heavy, light             int   // each flow's waiters' units
+		heavyWeight, lightWeight int32 // the flows' weights
+	}{
+		{"equal weights", 100, 1, 1, 1},
+		{"heavy weighs 3", 40, 3, 3, 1},
+		{"light weighs 2", 500, 7, 1, 2},
+		{"both heavy", 64, 16, 1, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := core.Lane{}
+			for range 2000 {
+				ln.Waiters.Push(&heavyWaiter("H", tc.heavyWeight, tc.heavy).Elem)
+			}
+			for range 20000 {
+				ln.Waiters.Push(&heavyWaiter("L", tc.lightWeight, tc.light).Elem)
+			}
+			ln.Limit = tc.heavy
+			units := map[string]int{}
+			for range 3000 { // both flows stay backlogged throughout
+				w := serve(&ln)
+				require.NotNil(t, w)
+				units[w.Flow] += w.Hold.Units()
+				release(&ln, w)
+			}
+			require.Positive(t, ln.Waiters.FlowLen("H"))
+			require.Positive(t, ln.Waiters.FlowLen("L"))
+			want := float64(tc.heavyWeight) / float64(tc.lightWeight)
+			got := float64(units["H"]) / float64(units["L"])
+			assert.InEpsilon(t, want, got, 0.05, "units H=%d L=%d", units["H"], units["L"])
+		})
+	}
+}
+
+// A flow whose next waiter is heavier than what is left of its turn ends
+// its turn, also when the waiter before it left without a grant: the turn
+// passes to the other flow instead of overdrawing.
+func TestQueueTurnEndsAtAHeavierWaiter(t *testing.T) {
+	ln := core.Lane{Limit: 100}
+	a1, a2, a3 := heavyWaiter("A", 1, 10), heavyWaiter("A", 1, 10), heavyWaiter("A", 1, 100)
+	b1 := heavyWaiter("B", 1, 1)
+	for _, w := range []*core.Waiter{a1, a2, a3, b1} {
+		ln.Waiters.Push(&w.Elem)
+	}
+	// A's turn is worth 100 units (the quantum): a1 takes 10 of them.
+	require.Same(t, a1, serve(&ln))
+	release(&ln, a1)
+	// a2 leaves: a3 (100) does not fit the 90 left, so B goes next.
+	require.True(t, ln.Waiters.Remove(&a2.Elem))
+	require.Same(t, b1, serve(&ln))
+	release(&ln, b1)
+	// A's next turn adds 100 to the 90 it carried: a3 goes.
+	require.Same(t, a3, serve(&ln))
+}
+
+// Waiters of one unit take turns as before units counted: a flow of weight
+// w is granted w in a row.
+func TestQueueTurnsOfOneUnit(t *testing.T) {
+	ln := core.Lane{}
+	for range 6 {
+		ln.Waiters.Push(&waiter(core.ClassDefault, "A", 3).Elem)
+		ln.Waiters.Push(&waiter(core.ClassDefault, "B", 1).Elem)
+	}
+	ln.Limit = 1
+	var got string
+	for range 8 {
+		w := serve(&ln)
+		require.NotNil(t, w)
+		got += w.Flow
+		release(&ln, w)
+	}
+	assert.Equal(t, "AAABAAAB", got)
+}
