@@ -2,6 +2,7 @@ package pacing_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -9,6 +10,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // A self-hosted server whose cache holds 1,000,000 tokens, behind a Gate
@@ -39,5 +41,52 @@ func TestTokensScoreLargePrompts(t *testing.T) {
 			"the cache idled %.2gM token-seconds while small ones waited (bound %.2gM)",
 			s.Peak, load.Cache, s.SmallDone, 100*s.SmallShare, s.Idle/1e6, bound/1e6)
 		assert.LessOrEqual(t, s.Idle, bound)
+	})
+}
+
+// Orgs take turns in tokens, not requests: behind a Gate of 100,000
+// tokens in flight, an org sending 40 prompts of 50,000 tokens and one
+// sending 2,000 of 1,000, all at once and held 1 s each, are granted
+// about half of the tokens each while both wait (virtual time). Counted
+// in requests, the org of large prompts would take 98% of them.
+func TestTokensTurnsByOrg(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxInflightTokens: 100_000, MaxQueue: 3000, MaxQueueWaitMS: pacing.MaxMS})
+		start := time.Now()
+		var mu sync.Mutex
+		var peak, inFlight int
+		granted := map[string]int{} // tokens granted in the first 10 s
+		var wg sync.WaitGroup
+		send := func(org string, tokens int) {
+			wg.Go(func() {
+				gt, err := g.AcquireN(slots.WithFlow(context.Background(), org), "m", tokens)
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				inFlight += tokens
+				peak = max(peak, inFlight)
+				if time.Since(start) < 10*time.Second {
+					granted[org] += tokens
+				}
+				mu.Unlock()
+				time.Sleep(time.Second) // the request's turn upstream
+				mu.Lock()
+				inFlight -= tokens
+				mu.Unlock()
+				gt.Slot.Release()
+			})
+		}
+		for i := range 2000 {
+			if i%50 == 0 {
+				send("large", 50_000)
+			}
+			send("small", 1_000)
+		}
+		wg.Wait()
+		assert.LessOrEqual(t, peak, 100_000)
+		total := granted["large"] + granted["small"]
+		t.Logf("first 10 s: %d tokens granted, large %d, small %d", total, granted["large"], granted["small"])
+		assert.InDelta(t, 0.5, float64(granted["large"])/float64(total), 0.1, "large org's part of the tokens")
 	})
 }

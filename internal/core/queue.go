@@ -42,11 +42,11 @@ func Rank(c uint8) uint8 { return rank[c] }
 // highest class first; within a class, flows take turns (deficit round
 // robin over each flow's weight, in units); within a flow, arrival order.
 //
-// A turn is worth the flow's weight times the most units a waiter weighed
-// since the queue was last empty, and a grant charges its units: flows
-// share units, not grants, by weight. What a turn leaves (less than the
-// flow's next waiter) carries over while the flow waits. At one unit each,
-// a turn is weight grants.
+// A turn is worth the flow's weight times the highest Cost (units) of a
+// waiter since the queue was last empty, and a grant charges its Cost:
+// flows share units, not grants, by weight. What a turn leaves (less than
+// the flow's next waiter) carries over while the flow waits. At one unit
+// each, a turn is weight grants.
 //
 // While every waiter is of the default class and the default flow with
 // weight 1, which is the common case, it is one FIFO list and costs what a
@@ -57,7 +57,7 @@ type Queue struct {
 	n int
 	// heavy counts the waiters weighing more than one unit, per class.
 	heavy [NumClasses]int32
-	extra int32 // the most units beyond one any waiter weighed since the queue was last empty
+	extra int32 // the most cost beyond one of any waiter since the queue was last empty
 	mixed bool  // a waiter outside the default flow (or weighing more) came since the queue was last empty
 	def   flow  // the default class's default flow
 	x     *sched
@@ -142,8 +142,8 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	q.n++
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]++
-		q.extra = max(q.extra, w.Hold.Extra)
 	}
+	q.extra = max(q.extra, w.Cost-1)
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
 			q.def.waiters.PushBack(el)
@@ -249,11 +249,11 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 			f.credit, f.inTurn = f.credit+int64(f.weight)*(int64(q.extra)+1), true
 		}
 		if charge {
-			f.credit -= int64(w.Hold.Units())
+			f.credit -= int64(w.Cost)
 		}
 		// Its turn is over when what is left does not cover its next waiter
 		// (also one behind a waiter who left without a grant).
-		if f.inTurn && int64(f.waiters.Front().Value.Hold.Units()) > f.credit {
+		if f.inTurn && int64(f.waiters.Front().Value.Cost) > f.credit {
 			f.inTurn = false
 			ring.Remove(&f.link)
 			ring.PushBack(&f.link)

@@ -33,9 +33,11 @@ type Waiter struct {
 	Start   int64
 	MaxWait time.Duration
 	ends    Waits // how its wait ends (Wait)
-	// Flow and Weight place the waiter among the flows of its class.
+	// Flow and Weight place the waiter among the flows of its class; Cost
+	// is what its grant charges its flow's turn (NewWaiter: its units).
 	Flow   string
 	Weight int32
+	Cost   int32
 
 	// Elem links the waiter into its lane's Waiters.
 	Elem ilist.Elem[*Waiter]
@@ -46,7 +48,7 @@ type Waiter struct {
 // pooled: a channel belongs to the testing/synctest bubble that made it, and
 // a pooled one would cross from one test's bubble into another.
 func NewWaiter(h *Hold, maxWait time.Duration) *Waiter {
-	w := &Waiter{ready: make(chan struct{}, 1), Hold: h, Class: h.Class, Start: h.At, MaxWait: maxWait}
+	w := &Waiter{ready: make(chan struct{}, 1), Hold: h, Class: h.Class, Start: h.At, MaxWait: maxWait, Cost: h.Extra + 1}
 	w.Elem.Value = w
 	return w
 }

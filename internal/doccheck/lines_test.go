@@ -28,10 +28,11 @@ var admissionFiles = []string{
 // with their docs) and its grant pass made linear in its waiters (the turns
 // found once per key and search, a count of urgent multi-key waiters per
 // key), and 19 for Combine moved into core with a function called once
-// its parts are freed (pacing's Trace.Released), and 20 for flows' turns
+// its parts are freed (pacing's Trace.Released), and 24 for flows' turns
 // counted in units (a turn's credit carried over, the quantum, a turn
-// ended by a heavier next waiter). The goal is 4,000.
-const maxAdmissionLines = 5721
+// ended by a heavier next waiter, the Gate's turns in tokens). The goal
+// is 4,000.
+const maxAdmissionLines = 5725
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it)

@@ -42,10 +42,10 @@
 //     the waits (WithLocalOptions).
 //   - A Slot may weigh what its request costs (AcquireN, AcquireAllN: a
 //     prompt's tokens on a self-hosted server). A key's count is then the
-//     sum of its leases' units, and its limit a limit in units; order
-//     stays strict, so a heavy waiter is never starved by lighter ones
-//     after it, at the price of units standing idle until enough are
-//     freed. Every process of a fleet that uses weights must run a release
+//     sum of its leases' units, its limit a limit in units, and flows'
+//     turns are counted in units; order stays strict, so a heavy waiter
+//     is never starved by lighter ones after it, at the price of units
+//     standing idle until enough are freed. Every process of a fleet that uses weights must run a release
 //     that knows them: an older one counts a weighted lease as one.
 //   - While the store cannot be reached, WithUnavailable decides:
 //     FallbackLocal (the default) admits under this process's local caps

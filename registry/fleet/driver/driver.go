@@ -158,7 +158,9 @@ type AdmitCall struct {
 	// sets 3 to 5).
 	Claim, Live time.Duration
 	// Class (0 first), Flow and Weight (>= 1) place a waiter in the queue:
-	// by class, then flows' weighted turns, then arrival.
+	// by class, then flows' weighted turns counted in units (a waiter of u
+	// units moves its flow's next start tag on by u/Weight, see MaxTag),
+	// then arrival.
 	Class  uint8
 	Flow   string
 	Weight int
@@ -176,6 +178,14 @@ type Pair struct {
 	Key, Lease string
 	Units      int
 }
+
+// MaxTag is the most a flow's start tag in a key's queue reaches. Tags
+// start from 0 each time a key's queue empties; a backlog that never does
+// and moves them past MaxTag (a trillion units per weight granted) is
+// served by arrival until it empties. Tags compare to the microunit, so
+// that turns that meet go by arrival, and MaxTag keeps a tag in
+// microunits within an int64 and Redis's fixed-width places.
+const MaxTag = 1e12
 
 // Status is what became of an admission call.
 type Status int8

@@ -110,6 +110,7 @@ var (
 		{"ClassOrder", classOrder},
 		{"WeightedTurns", weightedTurns},
 		{"TurnsMeetByArrival", turnsMeetByArrival},
+		{"TurnsInUnits", turnsInUnits},
 		{"LeaversAreNotCharged", leaversAreNotCharged},
 		{"NewcomerDoesNotPass", newcomerDoesNotPass},
 		{"LearnedCapShared", learnedCapShared},

@@ -56,6 +56,31 @@ func weightedTurns(t *testing.T, srv Server) {
 	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, adm.done(t))
 }
 
+// Flows' turns are counted in units: a flow's waiter of u units moves its
+// next start tag on by u/weight. With a limit of 3 held whole, a flow A of
+// waiters of 3 units and a flow B of waiters of 2 units, both of weight 1,
+// queue (A1..A4, then B1..B5); each waiter needs more than half the limit,
+// so one is in at a time, and each releases as soon as it is admitted.
+// Start tags (A: 0, 3, 6, 9; B: 0, 2, 4, 6, 8), then arrival, give one
+// order: B is granted 5 waiters (10 units) while A is granted 4 (12).
+// Counted in waiters, they would alternate.
+func turnsInUnits(t *testing.T, srv Server) {
+	rs := processes(t, srv, "unitturns", 2, 3)
+	held, err := rs[0].TryAcquireN("k", 3)
+	require.NoError(t, err)
+	adm := newAdmissions(t)
+	for i := 1; i <= 4; i++ {
+		adm.waitPlaced(flow("A", 1), rs[0], fmt.Sprint("A", i), 3, "k")
+		queuedIs(t, srv, "unitturns", "k", i)
+	}
+	for i := 1; i <= 5; i++ {
+		adm.waitPlaced(flow("B", 1), rs[1], fmt.Sprint("B", i), 2, "k")
+		queuedIs(t, srv, "unitturns", "k", 4+i)
+	}
+	held.Release()
+	assert.Equal(t, []string{"A1", "B1", "B2", "A2", "B3", "A3", "B4", "B5", "A4"}, adm.done(t))
+}
+
 // Turns that meet go by arrival: ten waiters of a flow of weight 10 (A)
 // reach start tag 1 as the second waiter of a flow of weight 1 (B) does,
 // which came first (the sum of ten tenths is not quite 1 in floating

@@ -195,9 +195,18 @@ func (a *admissions) waitN(r *fleet.Registry[string], name string, n int) {
 
 // waitAll starts a waiter named name on r's keys for n units.
 func (a *admissions) waitAll(r *fleet.Registry[string], name string, n int, keys ...string) {
+	a.waitPlaced(nil, r, name, n, keys...)
+}
+
+// waitPlaced is waitAll with the waiter's priority and flow set by place
+// (nil: none).
+func (a *admissions) waitPlaced(place func(context.Context) context.Context, r *fleet.Registry[string], name string, n int, keys ...string) {
 	a.wg.Go(func() {
 		ctx, cancel := context.WithTimeout(a.ctx, 3*wait)
 		defer cancel()
+		if place != nil {
+			ctx = place(ctx)
+		}
 		s, err := r.AcquireAllN(ctx, n, keys...)
 		a.mu.Lock()
 		defer a.mu.Unlock()

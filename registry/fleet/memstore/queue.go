@@ -4,6 +4,8 @@ import (
 	"cmp"
 	"math"
 	"slices"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // key is a capped key: its leases and its queue.
@@ -33,7 +35,7 @@ type flowKey struct {
 type place struct {
 	t      *ticket
 	tag    float64 // its start tag in its class, between flows
-	finish float64 // tag + 1/weight: its flow's finish tag once it was queued
+	finish float64 // tag + units/weight: its flow's finish tag once it was queued
 	seq    int64
 }
 
@@ -178,13 +180,14 @@ func (s *Store) unqueue(t *ticket, leaving bool) {
 
 // enqueue places t on each of its keys: a flow's start tag in a class is
 // its finish tag there or the class's virtual time, whichever is later,
-// and its next finish tag is that plus 1/weight.
+// and its next finish tag is that plus units/weight, at most
+// driver.MaxTag.
 func (s *Store) enqueue(t *ticket, weight int) {
 	for _, name := range t.keys {
 		k := s.key(name)
 		fk := flowKey{t.rank, t.flow}
 		tag := max(k.vt[min(int(t.rank), 2)], k.finish[fk])
-		finish := tag + 1/float64(max(weight, 1))
+		finish := min(tag+float64(t.units)/float64(max(weight, 1)), driver.MaxTag)
 		k.finish[fk] = finish
 		if k.queued[fk]++; k.queued[fk] == 1 {
 			k.base[fk] = tag

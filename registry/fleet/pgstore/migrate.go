@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 //go:embed schema.sql
@@ -29,11 +30,15 @@ var unitsSQL string
 //go:embed asks.sql
 var asksSQL string
 
+//go:embed turns.sql
+var turnsSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
-// the local registry counts them.
+// the local registry counts them, and the most a start tag reaches.
 func withConstants(sql string) string {
-	return strings.ReplaceAll(sql, "{{maxPassed}}", strconv.Itoa(registry.MaxPassed))
+	return strings.NewReplacer("{{maxPassed}}", strconv.Itoa(registry.MaxPassed),
+		"{{maxTag}}", strconv.FormatFloat(driver.MaxTag, 'f', -1, 64)).Replace(sql)
 }
 
 // schemaV1 is the schema, with the fleet's constants in it.
@@ -44,17 +49,18 @@ var schemaV1 = withConstants(schemaSQL)
 // units a lease weighs (replacing the functions that count, serve and
 // admit, and keeping the signatures the releases before call), revision 3
 // answers a waiter behind a heavy waiter, and a waiter's claim of its
-// grant, without the key's lock. A revision
-// only adds, so a release that knows fewer of them works on the schema as
-// it is (a rolling deploy has both side by side); one that changes what
-// is there makes a new SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL}
+// grant, without the key's lock, and revision 4 counts flows' turns in
+// units. A revision adds, or replaces a function keeping its signature and
+// the meaning of its answers, so a release that knows fewer of them works
+// on the schema as it is (a rolling deploy has both side by side); one
+// that changes what is there makes a new SchemaVersion.
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 3
+	SchemaRevision = 4
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

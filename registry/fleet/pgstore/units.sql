@@ -248,6 +248,7 @@ BEGIN
 	END LOOP;
 END $$;
 
+-- (Replaced by turns.sql, revision 4: turns counted in units.)
 -- inflight_enqueue queues ticket t, of units, on each of its keys,
 -- numbering its arrival in the fleet's order. A flow's start tag in a
 -- class is its finish tag there or the class's virtual time, whichever is

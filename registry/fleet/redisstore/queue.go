@@ -4,6 +4,7 @@ import (
 	"strconv"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
 // The fleet's queue: one order for the waiters of every process on a
@@ -16,11 +17,12 @@ import (
 // bytes: the priority class's rank, then the start tag of start-time fair
 // queuing between flows, then a sequence number, then the ticket's process
 // and the ticket. So the head is the first waiter of the highest class,
-// the flows of a class take turns in proportion to their weights, and a
+// the flows of a class take turns by weight, counted in units, and a
 // flow's waiters keep their order. A flow's next start tag in a class is
-// its finish tag there (its last start tag plus 1/weight, in the sorted
-// set <key>#f<rank>) or the class's virtual time (the start tag of its
-// last ticket granted, which only moves forward), whichever is later. A
+// its finish tag there (its last start tag plus units/weight, at most
+// driver.MaxTag, in the sorted set <key>#f<rank>) or the class's virtual
+// time (the start tag of its last ticket granted, which only moves
+// forward), whichever is later. A
 // flow is charged for the turns it is granted: if its waiters in a class
 // all leave without a grant, its finish tag there goes back to the finish
 // of its last granted turn (or the start of the first of them), and
@@ -112,6 +114,7 @@ local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
 // queueLua is the queue's part of the scripts (after baseLua).
 var queueLua = `
 local maxPassed, scanMax = ` + strconv.Itoa(registry.MaxPassed) + `, 64
+local maxTag = ` + strconv.FormatFloat(driver.MaxTag, 'f', -1, 64) + `
 local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
 -- unqueue takes ticket out of k's queue, with its flow's counts and its
 -- place among the urgent, and returns its member there (nil: not queued).
@@ -373,7 +376,7 @@ local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
     local F = e[1] .. '#f' .. rank
     local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
     local tag = math.max(vt, tonumber(redis.call('ZSCORE', F, flow)) or 0)
-    local finish = tag + 1 / weight
+    local finish = math.min(tag + units / weight, maxTag)
     redis.call('ZADD', F, finish, flow)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
