@@ -27,8 +27,8 @@ import (
 //
 // A request's context may carry a priority class (slots.WithPriority) and a
 // flow (slots.WithFlow): then, among the requests that can start, the
-// highest class goes first, flows within a class take turns counted in
-// tokens (a request's weight; one without tokens weighs 1), and each flow
+// highest class goes first, flows within a class take turns (counted in
+// each request's share of the caps it binds, see AcquireN), and each flow
 // is served in arrival order. Config.Shares guarantees classes a part of the
 // provider cap.
 //
@@ -217,7 +217,6 @@ func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, erro
 	h.Class = place.Class
 	w := core.NewWaiter(h, 0)
 	w.Place(place)
-	w.Cost = gr.units // flows take turns in tokens
 	var wk core.Wakes
 	g.mu.Lock()
 	d, granted := g.decideLocked(ctx, gr, w, model, t, &wk)
@@ -275,6 +274,7 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 		g.dropIfIdleLocked(gr.model)
 		return core.Refuse(rej), false
 	}
+	w.Cost = g.turnCostLocked(gr.model, n)
 	g.provider.Waiters.Push(&w.Elem)
 	gr.model.waiting++
 	gr.queue()

@@ -5,6 +5,7 @@ package pacing
 
 import (
 	"context"
+	"math"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/slots"
@@ -31,6 +32,10 @@ func (t tokens) fits(n int) bool { return t.limit == 0 || n <= t.limit-t.held }
 // (Config.MaxInflightTokens, ModelConfig.MaxInflightTokens), which its
 // Slot frees with the rest. Acquire weighs one token.
 //
+// Flows (slots.WithFlow) take turns by what their requests cost: a request
+// costs its largest share of the caps it takes, so flows share the token
+// caps' tokens when those bind, and the request caps' slots when those do.
+//
 // Order stays strict on the token caps: a request waiting for tokens of
 // the provider keeps every request after it from them, and one waiting for
 // its model's tokens keeps that model's later requests from them, so it is
@@ -44,6 +49,21 @@ func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error)
 		return Grant{}, err
 	}
 	return g.acquire(ctx, model, Tokens{Input: n})
+}
+
+// turnCostLocked returns what a request of n tokens for ml charges its
+// flow's turn: its largest share of a cap it takes (the provider's and the
+// model's requests and tokens in flight), in millionths of that cap. So
+// flows share whichever cap binds: requests when the request caps are
+// short, tokens when the token caps are.
+func (g *Gate) turnCostLocked(ml *modelLane, n int) int32 {
+	share := 0.0
+	for _, c := range [...]struct{ n, limit int }{{1, g.provider.Limit}, {1, ml.lane.Limit}, {n, g.tok.limit}, {n, ml.tok.limit}} {
+		if c.limit > 0 && c.limit < slots.Unlimited {
+			share = max(share, float64(c.n)/float64(c.limit))
+		}
+	}
+	return int32(min(max(math.Ceil(share*1e6), 1), 1e6))
 }
 
 // tooHeavyLocked names the token cap that can never hold n tokens of a

@@ -44,49 +44,69 @@ func TestTokensScoreLargePrompts(t *testing.T) {
 	})
 }
 
-// Orgs take turns in tokens, not requests: behind a Gate of 100,000
-// tokens in flight, an org sending 40 prompts of 50,000 tokens and one
-// sending 2,000 of 1,000, all at once and held 1 s each, are granted
-// about half of the tokens each while both wait (virtual time). Counted
-// in requests, the org of large prompts would take 98% of them.
+// Orgs take turns by the cap that binds (virtual time): an org sending
+// prompts of 50,000 tokens and one sending prompts of 1,000, all at once
+// and held 1 s each. Behind a Gate of 100,000 tokens in flight, each is
+// granted about half of the tokens while both wait (counted in requests,
+// the org of large prompts would take 98% of them); behind one of 10
+// requests in flight whose token cap is far off, each is granted about
+// half of the requests (counted in tokens, the org of small prompts would
+// take 98% of them).
 func TestTokensTurnsByOrg(t *testing.T) {
-	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{MaxInflightTokens: 100_000, MaxQueue: 3000, MaxQueueWaitMS: pacing.MaxMS})
-		start := time.Now()
-		var mu sync.Mutex
-		var peak, inFlight int
-		granted := map[string]int{} // tokens granted in the first 10 s
-		var wg sync.WaitGroup
-		send := func(org string, tokens int) {
-			wg.Go(func() {
-				gt, err := g.AcquireN(slots.WithFlow(context.Background(), org), "m", tokens)
-				if !assert.NoError(t, err) {
-					return
+	for _, tc := range []struct {
+		name   string
+		cfg    pacing.Config
+		large  int  // the large org's requests
+		tokens bool // the tokens bind, not the requests
+	}{
+		{"tokens bind", pacing.Config{MaxInflightTokens: 100_000}, 40, true},
+		{"requests bind", pacing.Config{MaxConcurrentRequests: 10, MaxInflightTokens: 10_000_000}, 200, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				tc.cfg.MaxQueue, tc.cfg.MaxQueueWaitMS = 3000, pacing.MaxMS
+				g := newGate(t, tc.cfg)
+				start := time.Now()
+				var mu sync.Mutex
+				var peak, inFlight int
+				granted := map[string][2]int{} // requests and tokens granted in the first 10 s
+				var wg sync.WaitGroup
+				send := func(org string, tokens int) {
+					wg.Go(func() {
+						gt, err := g.AcquireN(slots.WithFlow(context.Background(), org), "m", tokens)
+						if !assert.NoError(t, err) {
+							return
+						}
+						mu.Lock()
+						inFlight += tokens
+						peak = max(peak, inFlight)
+						if time.Since(start) < 10*time.Second {
+							granted[org] = [2]int{granted[org][0] + 1, granted[org][1] + tokens}
+						}
+						mu.Unlock()
+						time.Sleep(time.Second) // the request's turn upstream
+						mu.Lock()
+						inFlight -= tokens
+						mu.Unlock()
+						gt.Slot.Release()
+					})
 				}
-				mu.Lock()
-				inFlight += tokens
-				peak = max(peak, inFlight)
-				if time.Since(start) < 10*time.Second {
-					granted[org] += tokens
+				for i := range 2000 {
+					if i%(2000/tc.large) == 0 {
+						send("large", 50_000)
+					}
+					send("small", 1_000)
 				}
-				mu.Unlock()
-				time.Sleep(time.Second) // the request's turn upstream
-				mu.Lock()
-				inFlight -= tokens
-				mu.Unlock()
-				gt.Slot.Release()
+				wg.Wait()
+				assert.LessOrEqual(t, peak, tc.cfg.MaxInflightTokens)
+				large, small := granted["large"], granted["small"]
+				t.Logf("first 10 s: large org %d requests, %d tokens; small org %d requests, %d tokens", large[0], large[1], small[0], small[1])
+				i := 0 // requests
+				if tc.tokens {
+					i = 1
+				}
+				assert.InDelta(t, 0.5, float64(large[i])/float64(large[i]+small[i]), 0.1, "the large org's part of what binds")
 			})
-		}
-		for i := range 2000 {
-			if i%50 == 0 {
-				send("large", 50_000)
-			}
-			send("small", 1_000)
-		}
-		wg.Wait()
-		assert.LessOrEqual(t, peak, 100_000)
-		total := granted["large"] + granted["small"]
-		t.Logf("first 10 s: %d tokens granted, large %d, small %d", total, granted["large"], granted["small"])
-		assert.InDelta(t, 0.5, float64(granted["large"])/float64(total), 0.1, "large org's part of the tokens")
-	})
+		})
+	}
 }
