@@ -47,11 +47,11 @@ func TestTokensScoreLargePrompts(t *testing.T) {
 // Orgs take turns by the cap that binds (virtual time): an org sending
 // prompts of 50,000 tokens and one sending prompts of 1,000, all at once
 // and held 1 s each. Behind a Gate of 100,000 tokens in flight, each is
-// granted about half of the tokens while both wait (counted in requests,
-// the org of large prompts would take 98% of them); behind one of 10
+// granted about half of the tokens while both wait (with turns counted in
+// requests, the org of large prompts took 89% of them); behind one of 10
 // requests in flight whose token cap is far off, each is granted about
-// half of the requests (counted in tokens, the org of small prompts would
-// take 98% of them).
+// half of the requests (with turns counted in tokens, the org of small
+// prompts took 98 of 100).
 func TestTokensTurnsByOrg(t *testing.T) {
 	for _, tc := range []struct {
 		name   string

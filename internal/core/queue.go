@@ -42,8 +42,8 @@ func Rank(c uint8) uint8 { return rank[c] }
 // highest class first; within a class, flows take turns (deficit round
 // robin over each flow's weight, in units); within a flow, arrival order.
 //
-// A turn is worth the flow's weight times the highest Cost (units) of a
-// waiter since the queue was last empty, and a grant charges its Cost:
+// A turn is worth the flow's weight times the highest Cost (units) among
+// the flows' first waiters as it starts, and a grant charges its Cost:
 // flows share units, not grants, by weight. What a turn leaves (less than
 // the flow's next waiter) carries over while the flow waits. At one unit
 // each, a turn is weight grants.
@@ -57,10 +57,11 @@ type Queue struct {
 	n int
 	// heavy counts the waiters weighing more than one unit, per class.
 	heavy [NumClasses]int32
-	extra int32 // the most cost beyond one of any waiter since the queue was last empty
-	mixed bool  // a waiter outside the default flow (or weighing more) came since the queue was last empty
-	def   flow  // the default class's default flow
-	x     *sched
+	// costly counts the waiters whose Cost is more than 1, per class.
+	costly [NumClasses]int32
+	mixed  bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
+	def    flow // the default class's default flow
+	x      *sched
 }
 
 type flow struct {
@@ -139,11 +140,14 @@ func (q *Queue) lookup(k flowKey) *flow {
 // Weight.
 func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	w := el.Value
+	w.Cost = max(w.Cost, 1) // a grant charges its turn something
 	q.n++
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]++
 	}
-	q.extra = max(q.extra, w.Cost-1)
+	if w.Cost > 1 {
+		q.costly[w.Class]++
+	}
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
 			q.def.waiters.PushBack(el)
@@ -204,24 +208,13 @@ func (q *Queue) Served(el *ilist.Elem[*Waiter]) bool { return q.take(el, true) }
 
 func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	w := el.Value
-	if !q.mixed {
-		if !q.def.waiters.Remove(el) {
+	f := &q.def
+	if q.mixed {
+		if fe := q.x.rings[w.Class].Front(); fe != nil && fe.Value.waiters.Front() == el {
+			f = fe.Value // the usual case: the waiter Head returned
+		} else if f = q.lookup(flowKey{w.Class, w.Flow}); f == nil {
 			return false
 		}
-		q.n--
-		if w.Hold.Extra != 0 {
-			q.heavy[w.Class]--
-		}
-		if q.n == 0 {
-			q.extra = 0
-		}
-		return true
-	}
-	var f *flow
-	if fe := q.x.rings[w.Class].Front(); fe != nil && fe.Value.waiters.Front() == el {
-		f = fe.Value // the usual case: the waiter Head returned
-	} else if f = q.lookup(flowKey{w.Class, w.Flow}); f == nil {
-		return false
 	}
 	if !f.waiters.Remove(el) {
 		return false
@@ -229,6 +222,12 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	q.n--
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]--
+	}
+	if w.Cost > 1 {
+		q.costly[w.Class]--
+	}
+	if !q.mixed {
+		return true
 	}
 	c := f.key.class
 	q.x.count[c]--
@@ -246,7 +245,7 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 		}
 	default:
 		if charge && !f.inTurn { // its turn starts
-			f.credit, f.inTurn = f.credit+int64(f.weight)*(int64(q.extra)+1), true
+			f.credit, f.inTurn = f.credit+int64(f.weight)*q.quantum(c, w.Cost), true
 		}
 		if charge {
 			f.credit -= int64(w.Cost)
@@ -260,13 +259,27 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 		}
 	}
 	if q.n == 0 {
-		q.extra = 0
 		q.mixed = false
 		if q.x.peak > maxKeptFlows {
 			q.x = nil // a burst of flows: its map is not kept by a quiet lane
 		}
 	}
 	return true
+}
+
+// quantum returns what a turn of class c is worth per weight as one
+// starts with a grant of cost: the highest of cost and the Costs of the
+// first waiters of the first 64 flows in turn, so that a turn covers its
+// first grant and flows' turns are worth alike.
+func (q *Queue) quantum(c uint8, cost int32) int64 {
+	n := int64(cost)
+	if q.costly[c] == 0 {
+		return n
+	}
+	for fe, i := q.x.rings[c].Front(), 0; fe != nil && i < 64; fe, i = fe.Next(), i+1 {
+		n = max(n, int64(fe.Value.waiters.Front().Value.Cost))
+	}
+	return n
 }
 
 // Head returns the waiter of class c to serve next, or nil.

@@ -426,3 +426,61 @@ func TestQueueTurnsOfOneUnit(t *testing.T) {
 	}
 	assert.Equal(t, "AAABAAAB", got)
 }
+
+// What a turn leaves carries to the flow's next turn: flow A's waiters
+// cost 6 and B's 10, so a turn is worth 10; A's first turn takes one (4
+// left), its second 4+10, two (2 left), its third 2+10, two. Without the
+// carry, A would get one a turn, 6 units to B's 10.
+func TestQueueTurnsCarryOver(t *testing.T) {
+	ln := core.Lane{}
+	for range 10 {
+		ln.Waiters.Push(&heavyWaiter("A", 1, 6).Elem)
+		ln.Waiters.Push(&heavyWaiter("B", 1, 10).Elem)
+	}
+	ln.Limit = 10
+	var got string
+	for range 8 {
+		w := serve(&ln)
+		require.NotNil(t, w)
+		got += w.Flow
+		release(&ln, w)
+	}
+	assert.Equal(t, "ABAABAAB", got)
+}
+
+// A turn is worth what the first waiters queued now cost, not what a
+// waiter that left, or one of another class, cost: flows of one unit
+// alternate again.
+func TestQueueTurnsAfterAHeavyWaiter(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		class uint8
+		stays bool
+	}{
+		{"left", core.ClassDefault, false},
+		{"in another class", core.ClassLow, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ln := core.Lane{}
+			for range 50 {
+				ln.Waiters.Push(&heavyWaiter("A", 1, 1).Elem)
+				ln.Waiters.Push(&heavyWaiter("B", 1, 1).Elem)
+			}
+			c := core.NewWaiter(&core.Hold{Class: tc.class, Extra: 999}, 0)
+			c.Place(core.Place{Flow: "C", Weight: 1})
+			ln.Waiters.Push(&c.Elem)
+			if !tc.stays {
+				require.True(t, ln.Waiters.Remove(&c.Elem))
+			}
+			ln.Limit = 1
+			var got string
+			for range 8 {
+				w := serve(&ln)
+				require.NotNil(t, w)
+				got += w.Flow
+				release(&ln, w)
+			}
+			assert.Equal(t, "ABABABAB", got)
+		})
+	}
+}

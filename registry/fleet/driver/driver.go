@@ -158,9 +158,8 @@ type AdmitCall struct {
 	// sets 3 to 5).
 	Claim, Live time.Duration
 	// Class (0 first), Flow and Weight (>= 1) place a waiter in the queue:
-	// by class, then flows' weighted turns counted in units (a waiter of u
-	// units moves its flow's next start tag on by u/Weight, see MaxTag),
-	// then arrival.
+	// by class, then flows' weighted turns counted in units (see
+	// TurnCost), then arrival.
 	Class  uint8
 	Flow   string
 	Weight int
@@ -179,13 +178,32 @@ type Pair struct {
 	Units      int
 }
 
-// MaxTag is the most a flow's start tag in a key's queue reaches. Tags
-// start from 0 each time a key's queue empties; a backlog that never does
-// and moves them past MaxTag (a trillion units per weight granted) is
-// served by arrival until it empties. Tags compare to the microunit, so
-// that turns that meet go by arrival, and MaxTag keeps a tag in
-// microunits within an int64 and Redis's fixed-width places.
-const MaxTag = 1e12
+// A key's queue orders the flows of a class by start-time fair queuing: a
+// waiter's start tag is its flow's finish tag there or the class's
+// virtual time (the start tag last granted), whichever is later, and it
+// moves its flow's finish tag on by TurnCost(units, limit)/Weight, up to
+// MaxTag. Tags compare to the microunit, so that turns that meet
+// (1/3+1/3+1/3 against 1) go by arrival.
+
+// TurnSteps is how finely a key's turns count units: in steps of its
+// limit/TurnSteps, so that a key of tokens is not counted token by token.
+const TurnSteps = 1000
+
+// TurnCost returns what a waiter of units costs its flow's turn on a key
+// of limit: its units in steps of max(1, limit/TurnSteps), rounded up. A
+// waiter of one unit costs 1, as it did when turns counted waiters; a
+// waiter of the whole limit costs at most TurnSteps.
+func TurnCost(units, limit int) int {
+	step := max(1, limit/TurnSteps)
+	return (max(units, 1) + step - 1) / step
+}
+
+// MaxTag is the most a flow's finish tag reaches. Tags start from 0 each
+// time a key's queue empties; a backlog that never does and moves them
+// past MaxTag (4e9 turn costs per weight granted) is served by arrival
+// until it empties, and its waiters that leave give no turn back. Below
+// it a float64 keeps tags to the microunit.
+const MaxTag = 4e9
 
 // Status is what became of an admission call.
 type Status int8

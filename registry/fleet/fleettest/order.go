@@ -56,29 +56,38 @@ func weightedTurns(t *testing.T, srv Server) {
 	assert.Equal(t, []string{"A1", "B1", "A2", "A3", "B2", "A4", "A5", "A6", "B3", "B4", "B5", "B6"}, adm.done(t))
 }
 
-// Flows' turns are counted in units: a flow's waiter of u units moves its
-// next start tag on by u/weight. With a limit of 3 held whole, a flow A of
-// waiters of 3 units and a flow B of waiters of 2 units, both of weight 1,
-// queue (A1..A4, then B1..B5); each waiter needs more than half the limit,
-// so one is in at a time, and each releases as soon as it is admitted.
-// Start tags (A: 0, 3, 6, 9; B: 0, 2, 4, 6, 8), then arrival, give one
-// order: B is granted 5 waiters (10 units) while A is granted 4 (12).
-// Counted in waiters, they would alternate.
+// Flows' turns are counted in units (driver.TurnCost): a waiter moves its
+// flow's next start tag on by its turn's cost per weight. With a limit of
+// 3 held whole, a flow A of waiters of 3 units and a flow B of waiters of
+// 2 units, both of weight 1, queue (A1..A4, then B1..B5); each waiter
+// needs more than half the limit, so one is in at a time, and each
+// releases as soon as it is admitted. Start tags (A: 0, 3, 6, 9; B: 0, 2,
+// 4, 6, 8), then arrival, give one order: B is granted 5 waiters (10
+// units) while A is granted 4 (12). Counted in waiters, they would
+// alternate. On a key of 3,000, turns count steps of 3 units, rounded up:
+// waiters of 3,000 and 1,999 cost 1,000 and 667, and give the same order
+// (B4's tag is 2,001, after A3's 2,000; not rounded up, it would be
+// 1,998, before it).
 func turnsInUnits(t *testing.T, srv Server) {
-	rs := processes(t, srv, "unitturns", 2, 3)
-	held, err := rs[0].TryAcquireN("k", 3)
-	require.NoError(t, err)
-	adm := newAdmissions(t)
-	for i := 1; i <= 4; i++ {
-		adm.waitPlaced(flow("A", 1), rs[0], fmt.Sprint("A", i), 3, "k")
-		queuedIs(t, srv, "unitturns", "k", i)
+	for _, tc := range []struct{ limit, a, b int }{{3, 3, 2}, {3000, 3000, 1999}} {
+		t.Run(fmt.Sprint("limit ", tc.limit), func(t *testing.T) {
+			name := fmt.Sprint("unitturns", tc.limit)
+			rs := processes(t, srv, name, 2, tc.limit)
+			held, err := rs[0].TryAcquireN("k", tc.limit)
+			require.NoError(t, err)
+			adm := newAdmissions(t)
+			for i := 1; i <= 4; i++ {
+				adm.waitPlaced(flow("A", 1), rs[0], fmt.Sprint("A", i), tc.a, "k")
+				queuedIs(t, srv, name, "k", i)
+			}
+			for i := 1; i <= 5; i++ {
+				adm.waitPlaced(flow("B", 1), rs[1], fmt.Sprint("B", i), tc.b, "k")
+				queuedIs(t, srv, name, "k", 4+i)
+			}
+			held.Release()
+			assert.Equal(t, []string{"A1", "B1", "B2", "A2", "B3", "A3", "B4", "B5", "A4"}, adm.done(t))
+		})
 	}
-	for i := 1; i <= 5; i++ {
-		adm.waitPlaced(flow("B", 1), rs[1], fmt.Sprint("B", i), 2, "k")
-		queuedIs(t, srv, "unitturns", "k", 4+i)
-	}
-	held.Release()
-	assert.Equal(t, []string{"A1", "B1", "B2", "A2", "B3", "A3", "B4", "B5", "A4"}, adm.done(t))
 }
 
 // Turns that meet go by arrival: ten waiters of a flow of weight 10 (A)

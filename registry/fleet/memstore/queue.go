@@ -35,7 +35,7 @@ type flowKey struct {
 type place struct {
 	t      *ticket
 	tag    float64 // its start tag in its class, between flows
-	finish float64 // tag + units/weight: its flow's finish tag once it was queued
+	finish float64 // its flow's finish tag once it was queued
 	seq    int64
 }
 
@@ -159,7 +159,7 @@ func (s *Store) unqueue(t *ticket, leaving bool) {
 		switch {
 		case !leaving && p.finish > k.base[fk]:
 			k.base[fk] = p.finish
-		case leaving && k.finish[fk] == p.finish:
+		case leaving && k.finish[fk] == p.finish && p.finish < driver.MaxTag: // at MaxTag, it may not be the newest
 			k.finish[fk] = p.tag
 		}
 		if k.queued[fk]--; k.queued[fk] <= 0 {
@@ -180,14 +180,14 @@ func (s *Store) unqueue(t *ticket, leaving bool) {
 
 // enqueue places t on each of its keys: a flow's start tag in a class is
 // its finish tag there or the class's virtual time, whichever is later,
-// and its next finish tag is that plus units/weight, at most
-// driver.MaxTag.
+// and its next finish tag is that plus the turn's cost per weight (see
+// driver.TurnCost).
 func (s *Store) enqueue(t *ticket, weight int) {
-	for _, name := range t.keys {
+	for i, name := range t.keys {
 		k := s.key(name)
 		fk := flowKey{t.rank, t.flow}
 		tag := max(k.vt[min(int(t.rank), 2)], k.finish[fk])
-		finish := min(tag+float64(t.units)/float64(max(weight, 1)), driver.MaxTag)
+		finish := min(tag+float64(driver.TurnCost(t.units, t.limits[i]))/float64(max(weight, 1)), driver.MaxTag)
 		k.finish[fk] = finish
 		if k.queued[fk]++; k.queued[fk] == 1 {
 			k.base[fk] = tag

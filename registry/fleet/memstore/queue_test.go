@@ -125,3 +125,34 @@ func TestEpochAfterALossOnAStillClock(t *testing.T) {
 	require.NoError(t, err)
 	assert.Greater(t, r2.Epoch, r.Epoch)
 }
+
+// At driver.MaxTag, finish tags stop moving, so several waiters of a flow
+// share one: the first waiter to reach it leaving gives no turn back, and
+// the flow's waiters keep their order (a later one does not take the
+// leaver's tag and pass those before it).
+func TestFlowOrderAtMaxTag(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	require.Equal(t, driver.StatusAdmitted, admit(t, s, call("held", 1, false, "", 1)))
+	s.SetVirtualTime("k", 0, driver.MaxTag-2.5) // the class of call, 0
+	// Tags: A1 MaxTag-2.5, A2 -1.5, A3 -0.5, A4 and A5 MaxTag; A3 is the
+	// first whose finish is MaxTag.
+	for i := 1; i <= 5; i++ {
+		require.Equal(t, driver.StatusQueued, admit(t, s, call(fmt.Sprint("A", i), 1, true, "A", 1)))
+	}
+	_, err := s.Abandon(context.Background(), []*driver.AbandonCall{{Lease: "A3", Keys: []string{"k"}, TTL: time.Minute}})
+	require.NoError(t, err)
+	require.Equal(t, driver.StatusQueued, admit(t, s, call("A6", 1, true, "A", 1)))
+	assert.Equal(t, []string{"A1", "A2", "A4", "A5", "A6"}, grants(t, s, 5))
+}
+
+// Turns count units in steps of a key's limit/driver.TurnSteps, rounded
+// up: a waiter of a single unit costs a turn of 1 whatever the limit, one
+// of the whole limit at most TurnSteps.
+func TestTurnCost(t *testing.T) {
+	for _, tc := range []struct{ units, limit, cost int }{
+		{1, 1, 1}, {3, 3, 3}, {1, 3000, 1}, {2000, 3000, 667}, {2002, 3000, 668}, {3000, 3000, 1000},
+		{999, 999, 999}, {1_000_000, 1_000_000, 1000}, {1_000, 1_000_000, 1}, {1_001, 1_000_000, 2}, {5, 1 << 62, 1}, {0, 10, 1},
+	} {
+		assert.Equal(t, tc.cost, driver.TurnCost(tc.units, tc.limit), "%d units of %d", tc.units, tc.limit)
+	}
+}

@@ -35,10 +35,11 @@ var turnsSQL string
 
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
-// the local registry counts them, and the most a start tag reaches.
+// the local registry counts them, and how turns count units.
 func withConstants(sql string) string {
 	return strings.NewReplacer("{{maxPassed}}", strconv.Itoa(registry.MaxPassed),
-		"{{maxTag}}", strconv.FormatFloat(driver.MaxTag, 'f', -1, 64)).Replace(sql)
+		"{{maxTag}}", strconv.FormatFloat(driver.MaxTag, 'f', -1, 64),
+		"{{turnSteps}}", strconv.Itoa(driver.TurnSteps)).Replace(sql)
 }
 
 // schemaV1 is the schema, with the fleet's constants in it.

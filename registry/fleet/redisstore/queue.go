@@ -19,16 +19,18 @@ import (
 // and the ticket. So the head is the first waiter of the highest class,
 // the flows of a class take turns by weight, counted in units, and a
 // flow's waiters keep their order. A flow's next start tag in a class is
-// its finish tag there (its last start tag plus units/weight, at most
-// driver.MaxTag, in the sorted set <key>#f<rank>) or the class's virtual
-// time (the start tag of its last ticket granted, which only moves
-// forward), whichever is later. A
-// flow is charged for the turns it is granted: if its waiters in a class
-// all leave without a grant, its finish tag there goes back to the finish
-// of its last granted turn (or the start of the first of them), and
-// finish tags the virtual time has passed are dropped, as they no longer
-// count. <key>#t maps each
-// queued ticket to its member, its flow, its arrival in the fleet (a
+// its finish tag there (its last start tag plus the turn's cost per
+// weight, driver.TurnCost, in the sorted set <key>#f<rank>) or the class's
+// virtual time (the start tag of its last ticket granted, which only moves
+// forward), whichever is later. (A process of a release before turns
+// counted units moves tags by 1/weight: in a rolling deploy from one, its
+// waiters' turns are counted as waiters until it is replaced; the order
+// alone differs, never a count.) A flow is charged for the turns it is
+// granted: if its waiters in a class all leave without a grant, its finish
+// tag there goes back to the finish of its last granted turn (or the start
+// of the first of them), and finish tags the virtual time has passed are
+// dropped, as they no longer count. <key>#t maps each queued ticket to
+// its member, its flow, its arrival in the fleet (a
 // counter in the liveness hash), its units if more than one (w|: a grant
 // weighs them) and, for a ticket of several keys or of more than one
 // unit, all of its keys and their limits, which its calls keep up to
@@ -114,7 +116,7 @@ local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
 // queueLua is the queue's part of the scripts (after baseLua).
 var queueLua = `
 local maxPassed, scanMax = ` + strconv.Itoa(registry.MaxPassed) + `, 64
-local maxTag = ` + strconv.FormatFloat(driver.MaxTag, 'f', -1, 64) + `
+local maxTag, turnSteps = ` + strconv.FormatFloat(driver.MaxTag, 'f', -1, 64) + `, ` + strconv.Itoa(driver.TurnSteps) + `
 local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
 -- unqueue takes ticket out of k's queue, with its flow's counts and its
 -- place among the urgent, and returns its member there (nil: not queued).
@@ -146,7 +148,8 @@ local function unqueue(k, ticket, leaving)
       -- The flow's newest waiter there gives its turn back.
       local F = k .. '#f' .. rank
       local start = tonumber(redis.call('HGET', T, 's|' .. ticket))
-      if start and tonumber(redis.call('ZSCORE', F, flow)) == finish then redis.call('ZADD', F, start, flow) end
+      -- (At maxTag it may not be the newest.)
+      if start and finish < maxTag and tonumber(redis.call('ZSCORE', F, flow)) == finish then redis.call('ZADD', F, start, flow) end
     end
     if redis.call('HINCRBY', V, 'n|' .. cf, -1) <= 0 then
       local base = redis.call('HGET', V, 'b|' .. cf)
@@ -376,7 +379,8 @@ local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
     local F = e[1] .. '#f' .. rank
     local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
     local tag = math.max(vt, tonumber(redis.call('ZSCORE', F, flow)) or 0)
-    local finish = math.min(tag + units / weight, maxTag)
+    local step = math.max(1, math.floor(e[2] / turnSteps))
+    local finish = math.min(tag + math.ceil(units / step) / weight, maxTag)
     redis.call('ZADD', F, finish, flow)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)

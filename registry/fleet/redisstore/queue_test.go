@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
@@ -786,4 +787,29 @@ return 0
 func requireReply(t *testing.T, res []int64, n int) {
 	t.Helper()
 	require.Len(t, res, replyLen, "%d keys", n)
+}
+
+// At driver.MaxTag, finish tags stop moving, so several waiters of a flow
+// share one: the first waiter to reach it leaving gives no turn back, and
+// the flow's waiters keep their order. The virtual time is set where a
+// long backlog would have moved it.
+func TestQueueFlowOrderAtMaxTag(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.NoError(t, rig.rdb.HSet(ctx, qKey+"#v", "V|0", driver.MaxTag-2.5).Err())
+	// Tags: A1 MaxTag-2.5, A2 -1.5, A3 -0.5, A4 and A5 MaxTag; A3 is the
+	// first whose finish is MaxTag.
+	for i := 1; i <= 5; i++ {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("A", i), flow: "A", wait: true}, 1).status)
+	}
+	rig.withdraw("A3", 1)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "A6", flow: "A", wait: true}, 1).status)
+	var order []string
+	for held := "x"; len(order) < 5; {
+		held = rig.handOff(held, 1)
+		require.NotEmpty(t, held)
+		order = append(order, held)
+	}
+	assert.Equal(t, []string{"A1", "A2", "A4", "A5", "A6"}, order)
 }
