@@ -49,7 +49,10 @@ var _ http.RoundTripper = (*Transport)(nil)
 // fleet.Registry[string] whose keys are "provider" and "model:" followed by
 // the model's name. A request takes the provider's key and, when its
 // limit is not slots.Unlimited, the model's, before it waits for the
-// Gate; every answer is reported to it as to the Gate.
+// Gate; every answer is reported to it as to the Gate. In the fleet's
+// queue, flows take turns in each key's own units: requests on these
+// keys, tokens on those of WithFleetTokens (the Gate's own queue weighs a
+// request by the cap that binds, see AcquireN).
 type FleetCaps interface {
 	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
 	Report(s *slots.Slot, v Verdict)

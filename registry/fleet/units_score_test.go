@@ -2,12 +2,14 @@ package fleet
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 
 	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // The 500,000-token scenario of pacing's TestTokensScoreLargePrompts
@@ -46,5 +48,56 @@ func TestFleetTokensScoreLargePrompts(t *testing.T) {
 			assert.Zero(t, st.Degraded, "process %d: admitted by the store, not locally", i)
 			assert.Zero(t, st.StoreErrors, "process %d: store errors", i)
 		}
+	})
+}
+
+// Orgs take turns in tokens across a fleet: three processes share a key of
+// 100,000 tokens on a virtual Redis that runs the fleet's scripts; an org
+// sends 8 prompts of 50,000 tokens and another 200 of 2,000, all at
+// once, each to one of the processes in turn, held 1 s each (virtual
+// time). While both wait, each is granted about half of the tokens (with
+// turns counted in requests, the org of large prompts took 83% of what was
+// granted, and the key stood 40% idle).
+func TestFleetTokensTurnsByOrg(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		const limit = 100_000
+		rs := fwFleet(t, newVirtualRedis(t, fwLatency), "tokens-turns", 3, limit, WithLogger(quiet()))
+		start := time.Now()
+		var mu sync.Mutex
+		var inFlight, peak int
+		granted := map[string]int{} // tokens granted in the first 4 s
+		var wg sync.WaitGroup
+		send := func(i int, org string, tokens int) {
+			wg.Go(func() {
+				ctx := slots.WithFlow(context.Background(), org)
+				sl, err := rs[i%len(rs)].AcquireN(ctx, "tokens", tokens)
+				if !assert.NoError(t, err) {
+					return
+				}
+				mu.Lock()
+				inFlight += tokens
+				peak = max(peak, inFlight)
+				if time.Since(start) < 4*time.Second {
+					granted[org] += tokens
+				}
+				mu.Unlock()
+				time.Sleep(time.Second) // the request's turn upstream
+				mu.Lock()
+				inFlight -= tokens
+				mu.Unlock()
+				sl.Release()
+			})
+		}
+		for i := range 200 {
+			if i%25 == 0 {
+				send(i, "large", 50_000)
+			}
+			send(i, "small", 2_000)
+		}
+		wg.Wait()
+		assert.LessOrEqual(t, peak, limit)
+		total := granted["large"] + granted["small"]
+		t.Logf("first 4 s: %d tokens granted (of %d the key could hold), large org %d, small org %d", total, 4*limit, granted["large"], granted["small"])
+		assert.InDelta(t, 0.5, float64(granted["large"])/float64(total), 0.1, "the large org's part of the tokens")
 	})
 }
