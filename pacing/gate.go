@@ -274,7 +274,7 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 		g.dropIfIdleLocked(gr.model)
 		return core.Refuse(rej), false
 	}
-	w.Cost = g.turnCostLocked(gr.model, n)
+	w.Cost = g.turnCostLocked(n)
 	g.provider.Waiters.Push(&w.Elem)
 	gr.model.waiting++
 	gr.queue()

@@ -33,8 +33,8 @@ func (t tokens) fits(n int) bool { return t.limit == 0 || n <= t.limit-t.held }
 // Slot frees with the rest. Acquire weighs one token.
 //
 // Flows (slots.WithFlow) take turns by what their requests cost: a request
-// costs its largest share of the caps it takes, so flows share the token
-// caps' tokens when those bind, and the request caps' slots when those do.
+// costs its larger share of the provider's caps, so flows share its tokens
+// when the token cap binds, and its slots when the request cap does.
 //
 // Order stays strict on the token caps: a request waiting for tokens of
 // the provider keeps every request after it from them, and one waiting for
@@ -51,17 +51,19 @@ func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error)
 	return g.acquire(ctx, model, Tokens{Input: n})
 }
 
-// turnCostLocked returns what a request of n tokens for ml charges its
-// flow's turn: its largest share of a cap it takes (the provider's and the
-// model's requests and tokens in flight), in millionths of that cap. So
-// flows share whichever cap binds: requests when the request caps are
-// short, tokens when the token caps are.
-func (g *Gate) turnCostLocked(ml *modelLane, n int) int32 {
+// turnCostLocked returns what a request of n tokens charges its flow's
+// turn: its larger share of the provider's caps, the requests and the
+// tokens in flight, in millionths of that cap. So flows share whichever
+// cap binds: requests when the request cap is short, tokens when the
+// token cap is. (A model's caps are left out: only its own requests draw
+// on them, and they hold those back by themselves.)
+func (g *Gate) turnCostLocked(n int) int32 {
 	share := 0.0
-	for _, c := range [...]struct{ n, limit int }{{1, g.provider.Limit}, {1, ml.lane.Limit}, {n, g.tok.limit}, {n, ml.tok.limit}} {
-		if c.limit > 0 && c.limit < slots.Unlimited {
-			share = max(share, float64(c.n)/float64(c.limit))
-		}
+	if r := g.provider.Limit; r > 0 && r < slots.Unlimited {
+		share = 1 / float64(r)
+	}
+	if t := g.tok.limit; t > 0 {
+		share = max(share, float64(n)/float64(t))
 	}
 	return int32(min(max(math.Ceil(share*1e6), 1), 1e6))
 }

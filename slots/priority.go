@@ -131,7 +131,7 @@ func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
 // Guarantees, max(Min, Reserved), are met from the highest class down.
 // Bound: the k-th waiter of a flow weighing w, among queued flows weighing
 // W, is served within ceil(k/w)*(W-w) + k grants of its class (at one unit
-// each; a turn is worth w times the heaviest waiter's units). A waiter
+// each; a turn is worth w times about the heaviest waiter's units). A waiter
 // that cannot be served yet (an AcquireAll's other key is full) keeps its
 // place while those after it go.
 type Share struct {

@@ -3,6 +3,7 @@ package core
 import (
 	"cmp"
 	"iter"
+	"math/bits"
 	"slices"
 
 	"github.com/inflight-go/inflight/internal/ilist"
@@ -42,11 +43,11 @@ func Rank(c uint8) uint8 { return rank[c] }
 // highest class first; within a class, flows take turns (deficit round
 // robin over each flow's weight, in units); within a flow, arrival order.
 //
-// A turn is worth the flow's weight times the highest Cost (units) among
-// the flows' first waiters as it starts, and a grant charges its Cost:
-// flows share units, not grants, by weight. What a turn leaves (less than
-// the flow's next waiter) carries over while the flow waits. At one unit
-// each, a turn is weight grants.
+// A turn is worth the flow's weight times the highest Cost (units) of the
+// flows' first waiters, and a grant charges its Cost: flows share units,
+// not grants, by weight. What a turn leaves (less than the flow's next
+// waiter) carries over while the flow waits. At one unit each, a turn is
+// weight grants.
 //
 // While every waiter is of the default class and the default flow with
 // weight 1, which is the common case, it is one FIFO list and costs what a
@@ -57,11 +58,9 @@ type Queue struct {
 	n int
 	// heavy counts the waiters weighing more than one unit, per class.
 	heavy [NumClasses]int32
-	// costly counts the waiters whose Cost is more than 1, per class.
-	costly [NumClasses]int32
-	mixed  bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
-	def    flow // the default class's default flow
-	x      *sched
+	mixed bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
+	def   flow // the default class's default flow
+	x     *sched
 }
 
 type flow struct {
@@ -82,8 +81,13 @@ type flowKey struct {
 type sched struct {
 	rings [NumClasses]ilist.List[*flow] // flows with waiters, in turn order
 	count [NumClasses]int               // waiters per class
-	flows map[flowKey]*flow             // flows other than def, while they have waiters
-	peak  int                           // most flows at once since allocated
+	// costs counts the flows of each class whose first waiter's Cost is
+	// more than 1 by the power of 2 at or above it; bits has a bit set for
+	// each count above 0.
+	costs [NumClasses][32]int32
+	bits  [NumClasses]uint32
+	flows map[flowKey]*flow // flows other than def, while they have waiters
+	peak  int               // most flows at once since allocated
 	spare []*flow
 }
 
@@ -145,9 +149,6 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]++
 	}
-	if w.Cost > 1 {
-		q.costly[w.Class]++
-	}
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
 			q.def.waiters.PushBack(el)
@@ -164,6 +165,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	if f.waiters.Len() == 0 {
 		f.credit, f.inTurn = 0, false
 		q.x.rings[k.class].PushBack(&f.link)
+		q.x.counted(k.class, w.Cost, 1) // its first waiter
 	}
 	f.waiters.PushBack(el)
 	q.x.count[k.class]++
@@ -181,6 +183,9 @@ func (q *Queue) mix() {
 	if n := q.def.waiters.Len(); n > 0 {
 		q.x.rings[ClassDefault].PushBack(&q.def.link)
 		q.x.count[ClassDefault] = n
+	}
+	if el := q.def.waiters.Front(); el != nil {
+		q.x.counted(ClassDefault, el.Value.Cost, 1)
 	}
 }
 
@@ -216,15 +221,13 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 			return false
 		}
 	}
+	first := f.waiters.Front() == el
 	if !f.waiters.Remove(el) {
 		return false
 	}
 	q.n--
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]--
-	}
-	if w.Cost > 1 {
-		q.costly[w.Class]--
 	}
 	if !q.mixed {
 		return true
@@ -258,6 +261,12 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 			ring.PushBack(&f.link)
 		}
 	}
+	if first { // after the charge: a turn's worth is the first waiters' as it starts
+		q.x.counted(c, w.Cost, -1)
+		if next := f.waiters.Front(); next != nil {
+			q.x.counted(c, next.Value.Cost, 1)
+		}
+	}
 	if q.n == 0 {
 		q.mixed = false
 		if q.x.peak > maxKeptFlows {
@@ -267,19 +276,25 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	return true
 }
 
+// counted adds d to the count of class c's first waiters that cost cost.
+func (x *sched) counted(c uint8, cost, d int32) {
+	if cost <= 1 {
+		return
+	}
+	b := bits.Len32(uint32(cost - 1)) // cost <= 1<<b
+	if x.costs[c][b] += d; x.costs[c][b] == 0 {
+		x.bits[c] &^= 1 << b
+	} else {
+		x.bits[c] |= 1 << b
+	}
+}
+
 // quantum returns what a turn of class c is worth per weight as one
-// starts with a grant of cost: the highest of cost and the Costs of the
-// first waiters of the first 64 flows in turn, so that a turn covers its
-// first grant and flows' turns are worth alike.
+// starts with a grant of cost: at least cost, and at least the Cost of
+// the first waiter of every flow of c, rounded up to a power of 2, so that
+// a turn covers its first grant and flows' turns are worth alike.
 func (q *Queue) quantum(c uint8, cost int32) int64 {
-	n := int64(cost)
-	if q.costly[c] == 0 {
-		return n
-	}
-	for fe, i := q.x.rings[c].Front(), 0; fe != nil && i < 64; fe, i = fe.Next(), i+1 {
-		n = max(n, int64(fe.Value.waiters.Front().Value.Cost))
-	}
-	return n
+	return max(int64(cost), int64(1)<<bits.Len32(q.x.bits[c])>>1) // 0 if none
 }
 
 // Head returns the waiter of class c to serve next, or nil.

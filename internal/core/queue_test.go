@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 
@@ -231,6 +232,7 @@ func TestQueueRandomOps(t *testing.T) {
 		switch op := rng.IntN(3); {
 		case op == 0 || len(live) == 0:
 			w := waiter(uint8(rng.IntN(int(core.NumClasses))), flows[rng.IntN(len(flows))], int32(rng.IntN(4)))
+			w.Cost = []int32{1, 1, 2, 7, 100}[rng.IntN(5)]
 			q.Push(&w.Elem)
 			live = append(live, w)
 		case op == 1:
@@ -257,6 +259,7 @@ func TestQueueRandomOps(t *testing.T) {
 			}
 		}
 		require.Equal(t, len(live), q.Len())
+		require.True(t, q.CheckFirsts(), "the first waiters' costs as counted")
 		var by [core.NumClasses]int
 		per := map[string]int{}
 		for _, w := range live {
@@ -391,21 +394,38 @@ func TestQueueTurnsInUnits(t *testing.T) {
 // its turn, also when the waiter before it left without a grant: the turn
 // passes to the other flow instead of overdrawing.
 func TestQueueTurnEndsAtAHeavierWaiter(t *testing.T) {
-	ln := core.Lane{Limit: 100}
-	a1, a2, a3 := heavyWaiter("A", 1, 10), heavyWaiter("A", 1, 10), heavyWaiter("A", 1, 100)
+	ln := core.Lane{Limit: 120}
+	a1, a2, a3 := heavyWaiter("A", 1, 10), heavyWaiter("A", 1, 10), heavyWaiter("A", 1, 120)
 	b1 := heavyWaiter("B", 1, 1)
 	for _, w := range []*core.Waiter{a1, a2, a3, b1} {
 		ln.Waiters.Push(&w.Elem)
 	}
-	// A's turn is worth 100 units (the quantum): a1 takes 10 of them.
+	// A's turn is worth 128 units (120, the heaviest, rounded up to a
+	// power of 2): a1 takes 10 of them.
 	require.Same(t, a1, serve(&ln))
 	release(&ln, a1)
-	// a2 leaves: a3 (100) does not fit the 90 left, so B goes next.
+	// a2 leaves: a3 (120) does not fit the 118 left, so B goes next.
 	require.True(t, ln.Waiters.Remove(&a2.Elem))
 	require.Same(t, b1, serve(&ln))
 	release(&ln, b1)
-	// A's next turn adds 100 to the 90 it carried: a3 goes.
+	// A's next turn adds 128 to the 118 it carried: a3 goes.
 	require.Same(t, a3, serve(&ln))
+}
+
+// A turn ends when what is left of it does not cover the flow's next
+// waiter, also when the waiter that left was light: A's turn of 16 serves
+// 5 (11 left), then 1 leaves and A's next waiter costs 12, so B goes.
+func TestQueueTurnEndsAfterALeaver(t *testing.T) {
+	ln := core.Lane{Limit: 15}
+	a1, a2, a3 := heavyWaiter("A", 1, 5), heavyWaiter("A", 1, 1), heavyWaiter("A", 1, 12)
+	b1, b2 := heavyWaiter("B", 1, 10), heavyWaiter("B", 1, 10)
+	for _, w := range []*core.Waiter{a1, a2, a3, b1, b2} {
+		ln.Waiters.Push(&w.Elem)
+	}
+	require.Same(t, a1, serve(&ln))
+	release(&ln, a1)
+	require.True(t, ln.Waiters.Remove(&a2.Elem))
+	assert.Same(t, b1, serve(&ln))
 }
 
 // Waiters of one unit take turns as before units counted: a flow of weight
@@ -428,28 +448,28 @@ func TestQueueTurnsOfOneUnit(t *testing.T) {
 }
 
 // What a turn leaves carries to the flow's next turn: flow A's waiters
-// cost 6 and B's 10, so a turn is worth 10; A's first turn takes one (4
-// left), its second 4+10, two (2 left), its third 2+10, two. Without the
-// carry, A would get one a turn, 6 units to B's 10.
+// cost 6 and B's 15, so a turn is worth 16; A's first turn takes two (4
+// left), its second 4+16, three. Without the carry, A would get two a
+// turn, 12 units to B's 15.
 func TestQueueTurnsCarryOver(t *testing.T) {
 	ln := core.Lane{}
 	for range 10 {
 		ln.Waiters.Push(&heavyWaiter("A", 1, 6).Elem)
-		ln.Waiters.Push(&heavyWaiter("B", 1, 10).Elem)
+		ln.Waiters.Push(&heavyWaiter("B", 1, 15).Elem)
 	}
-	ln.Limit = 10
+	ln.Limit = 15
 	var got string
-	for range 8 {
+	for range 7 {
 		w := serve(&ln)
 		require.NotNil(t, w)
 		got += w.Flow
 		release(&ln, w)
 	}
-	assert.Equal(t, "ABAABAAB", got)
+	assert.Equal(t, "AABAAAB", got)
 }
 
-// A turn is worth what the first waiters queued now cost, not what a
-// waiter that left, or one of another class, cost: flows of one unit
+// A turn is worth what the waiters queued now in its class cost, not what
+// a waiter that left, or one of another class, cost: flows of one unit
 // alternate again.
 func TestQueueTurnsAfterAHeavyWaiter(t *testing.T) {
 	for _, tc := range []struct {
@@ -483,4 +503,33 @@ func TestQueueTurnsAfterAHeavyWaiter(t *testing.T) {
 			assert.Equal(t, "ABABABAB", got)
 		})
 	}
+}
+
+// With many flows, each still shares units by weight: 70 flows of one unit
+// and one of 100, all backlogged, are each granted within a turn's worth
+// of the same units over three rounds, whichever place in turn they have.
+func TestQueueManyFlowsShareUnits(t *testing.T) {
+	ln := core.Lane{}
+	for range 400 {
+		for f := range 70 {
+			ln.Waiters.Push(&heavyWaiter(fmt.Sprint("L", f), 1, 1).Elem)
+		}
+	}
+	for range 10 {
+		ln.Waiters.Push(&heavyWaiter("H", 1, 100).Elem)
+	}
+	ln.Limit = 100
+	units := map[string]int{}
+	for range 3 * 70 * 128 {
+		w := serve(&ln)
+		require.NotNil(t, w)
+		units[w.Flow] += int(w.Cost)
+		release(&ln, w)
+	}
+	lo, hi := math.MaxInt, 0
+	for _, n := range units {
+		lo, hi = min(lo, n), max(hi, n)
+	}
+	require.Len(t, units, 71)
+	assert.LessOrEqual(t, hi-lo, 2*128, "units per flow from %d to %d", lo, hi)
 }

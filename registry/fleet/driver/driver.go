@@ -192,7 +192,7 @@ const TurnSteps = 1000
 // TurnCost returns what a waiter of units costs its flow's turn on a key
 // of limit: its units in steps of max(1, limit/TurnSteps), rounded up. A
 // waiter of one unit costs 1, as it did when turns counted waiters; a
-// waiter of the whole limit costs at most TurnSteps.
+// waiter of the whole limit costs less than 2*TurnSteps.
 func TurnCost(units, limit int) int {
 	step := max(1, limit/TurnSteps)
 	return (max(units, 1) + step - 1) / step

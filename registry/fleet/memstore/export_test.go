@@ -8,3 +8,10 @@ func (s *Store) SetVirtualTime(key string, rank uint8, vt float64) {
 	defer s.mu.Unlock()
 	s.key(key).vt[rank] = vt
 }
+
+// Finish returns the finish tag of flow in the class of rank on key.
+func (s *Store) Finish(key string, rank uint8, flow string) float64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.key(key).finish[flowKey{rank, flow}]
+}

@@ -151,8 +151,22 @@ func TestFlowOrderAtMaxTag(t *testing.T) {
 func TestTurnCost(t *testing.T) {
 	for _, tc := range []struct{ units, limit, cost int }{
 		{1, 1, 1}, {3, 3, 3}, {1, 3000, 1}, {2000, 3000, 667}, {2002, 3000, 668}, {3000, 3000, 1000},
-		{999, 999, 999}, {1_000_000, 1_000_000, 1000}, {1_000, 1_000_000, 1}, {1_001, 1_000_000, 2}, {5, 1 << 62, 1}, {0, 10, 1},
+		{999, 999, 999}, {1999, 1999, 1999}, {2000, 2000, 1000}, {1_000_000, 1_000_000, 1000}, {1_000, 1_000_000, 1}, {1_001, 1_000_000, 2}, {5, 1 << 62, 1}, {0, 10, 1},
 	} {
 		assert.Equal(t, tc.cost, driver.TurnCost(tc.units, tc.limit), "%d units of %d", tc.units, tc.limit)
 	}
+}
+
+// A ticket of several keys costs each key's turn by that key's limit: 3
+// units are 3 steps of a key of 3, and 1 of a key of 3,000.
+func TestTurnCostPerKey(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	held := call("held", 3, false, "", 1)
+	held.Units = 3
+	require.Equal(t, driver.StatusAdmitted, admit(t, s, held))
+	c := call("A1", 3, true, "A", 1)
+	c.Keys, c.Limits, c.Units = []string{"k", "j"}, []int{3, 3000}, 3
+	require.Equal(t, driver.StatusQueued, admit(t, s, c))
+	assert.Equal(t, 3.0, s.Finish("k", 0, "A"))
+	assert.Equal(t, 1.0, s.Finish("j", 0, "A"))
 }

@@ -46,3 +46,19 @@ func TestFlowOrderAtMaxTag(t *testing.T) {
 	require.NoError(t, rows.Err())
 	assert.Equal(t, []string{"A1", "A2", "A4", "A5", "A6"}, order)
 }
+
+// A ticket of several keys costs each key's turn by that key's limit: 3
+// units are 3 steps of a key of 3, and 1 of a key of 3,000.
+func TestTurnCostPerKey(t *testing.T) {
+	s, admin := fastStore(t)
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucall("x", 3, 3, false), 10*time.Second).Status)
+	c := ucall("A1", 3, 3, true)
+	c.Keys, c.Limits, c.Flow = []string{"k", "j"}, []int{3, 3000}, "A"
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, c, 10*time.Second).Status)
+	for key, want := range map[string]float64{"k": 3, "j": 1} {
+		var got float64
+		require.NoError(t, admin.QueryRow(context.Background(), "SELECT finish FROM inflight_flow WHERE fleet = $1 AND key = $2 AND flow = 'A'",
+			fastFleet, key).Scan(&got))
+		assert.Equal(t, want, got, key)
+	}
+}

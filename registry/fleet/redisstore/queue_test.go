@@ -813,3 +813,19 @@ func TestQueueFlowOrderAtMaxTag(t *testing.T) {
 	}
 	assert.Equal(t, []string{"A1", "A2", "A4", "A5", "A6"}, order)
 }
+
+// A ticket of several keys costs each key's turn by that key's limit: 3
+// units are 3 steps of a key of 3, and 1 of a key of 3,000.
+func TestQueueTurnCostPerKey(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const j = "q{n}:j"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x", units: 3}, 3).status)
+	r := rig.admit(ticket{id: "A1", flow: "A", wait: true, units: 3, keys: []string{qKey, j}, limits: []int{3, 3000}}, 0)
+	require.Equal(t, acquireQueued, r.status)
+	for key, want := range map[string]float64{qKey: 3, j: 1} {
+		got, err := rig.rdb.ZScore(ctx, key+"#f0", "A").Result()
+		require.NoError(t, err)
+		assert.Equal(t, want, got, key)
+	}
+}
