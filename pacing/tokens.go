@@ -52,20 +52,22 @@ func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error)
 }
 
 // turnCostLocked returns what a request of n tokens charges its flow's
-// turn: its larger share of the provider's caps, the requests and the
-// tokens in flight, in millionths of that cap. So flows share whichever
-// cap binds: requests when the request cap is short, tokens when the
-// token cap is. (A model's caps are left out: only its own requests draw
-// on them, and they hold those back by themselves.)
+// turn, so that flows share whichever of the provider's caps binds: 1
+// without a token cap (requests alone), n without a request cap (tokens
+// alone), and with both, the larger of a request slot and the request's
+// share of the token cap, counted in slots of 1024 (a power of 2, so that
+// turns of requests that all take one slot alternate as they do at 1).
+// (A model's caps are left out: only its own requests draw on them, and
+// they hold those back by themselves.)
 func (g *Gate) turnCostLocked(n int) int32 {
-	share := 0.0
-	if r := g.provider.Limit; r > 0 && r < slots.Unlimited {
-		share = 1 / float64(r)
+	r, t := int64(g.provider.Limit), int64(g.tok.limit)
+	switch {
+	case t <= 0:
+		return 1
+	case r <= 0 || r >= slots.Unlimited:
+		return int32(n)
 	}
-	if t := g.tok.limit; t > 0 {
-		share = max(share, float64(n)/float64(t))
-	}
-	return int32(min(max(math.Ceil(share*1e6), 1), 1e6))
+	return int32(min(max(1024, math.Ceil(float64(n)*float64(r)*1024/float64(t))), math.MaxInt32))
 }
 
 // tooHeavyLocked names the token cap that can never hold n tokens of a

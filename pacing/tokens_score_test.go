@@ -2,11 +2,14 @@ package pacing_test
 
 import (
 	"context"
+	"fmt"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
@@ -106,6 +109,57 @@ func TestTokensTurnsByOrg(t *testing.T) {
 					i = 1
 				}
 				assert.InDelta(t, 0.5, float64(large[i])/float64(large[i]+small[i]), 0.1, "the large org's part of what binds")
+			})
+		})
+	}
+}
+
+// Requests that all take one slot of the provider's cap alternate between
+// orgs as they did before turns counted costs, with a token cap beside
+// the request cap or without one: A1 B1 A2 B2 ... (each request starts
+// once the one before it has ended; 3 slots, 2 of them held throughout).
+func TestTurnsOfOneSlotAlternate(t *testing.T) {
+	for name, cfg := range map[string]pacing.Config{
+		"requests":            {MaxConcurrentRequests: 3},
+		"requests and tokens": {MaxConcurrentRequests: 3, MaxInflightTokens: 1_000_000},
+	} {
+		t.Run(name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				cfg.MaxQueue, cfg.MaxQueueWaitMS = 100, pacing.MaxMS
+				g := newGate(t, cfg)
+				var held []pacing.Grant
+				for range 3 {
+					gt, err := g.Acquire(context.Background(), "m")
+					require.NoError(t, err)
+					held = append(held, gt)
+				}
+				var want []string
+				got := map[string]chan result{}
+				for i := 1; i <= 8; i++ {
+					for _, org := range []string{"A", "B"} {
+						name := fmt.Sprint(org, i)
+						want = append(want, name)
+						got[name] = acquireAsync(slots.WithFlow(context.Background(), org), g, "m")
+						synctest.Wait()
+					}
+				}
+				held[0].Slot.Release()
+				var order []string
+				for range want {
+					synctest.Wait()
+					for name, c := range got {
+						select {
+						case r := <-c:
+							require.NoError(t, r.err)
+							order = append(order, name)
+							r.g.Slot.Release()
+						default:
+						}
+					}
+				}
+				assert.Equal(t, want, order)
+				held[1].Slot.Release()
+				held[2].Slot.Release()
 			})
 		})
 	}

@@ -44,10 +44,10 @@ func Rank(c uint8) uint8 { return rank[c] }
 // robin over each flow's weight, in units); within a flow, arrival order.
 //
 // A turn is worth the flow's weight times the highest Cost (units) of the
-// flows' first waiters, and a grant charges its Cost: flows share units,
-// not grants, by weight. What a turn leaves (less than the flow's next
-// waiter) carries over while the flow waits. At one unit each, a turn is
-// weight grants.
+// flows' first waiters, rounded up to a power of 2, and a grant charges
+// its Cost: flows share units, not grants, by weight. What a turn leaves
+// (less than the flow's next waiter) carries over while the flow waits.
+// At one unit each, a turn is weight grants.
 //
 // While every waiter is of the default class and the default flow with
 // weight 1, which is the common case, it is one FIFO list and costs what a

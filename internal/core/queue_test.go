@@ -228,16 +228,23 @@ func TestQueueRandomOps(t *testing.T) {
 	var q core.Queue
 	var live []*core.Waiter
 	flows := []string{"", "a", "b", "c"}
+	for i := range 96 { // past maxKeptFlows, at times
+		flows = append(flows, fmt.Sprint("f", i))
+	}
 	for range 20000 {
-		switch op := rng.IntN(3); {
+		switch op := rng.IntN(4); {
 		case op == 0 || len(live) == 0:
-			w := waiter(uint8(rng.IntN(int(core.NumClasses))), flows[rng.IntN(len(flows))], int32(rng.IntN(4)))
-			w.Cost = []int32{1, 1, 2, 7, 100}[rng.IntN(5)]
+			w := waiter(uint8(rng.IntN(int(core.NumClasses))), flows[rng.IntN(4+rng.IntN(2)*96)], int32(rng.IntN(4)))
+			w.Cost = []int32{-5, 0, 1, 1, 2, 7, 100, math.MaxInt32}[rng.IntN(8)]
 			q.Push(&w.Elem)
 			live = append(live, w)
-		case op == 1:
+		case op == 1 || op == 2: // a waiter leaves, or is served out of turn
 			i := rng.IntN(len(live))
-			require.True(t, q.Remove(&live[i].Elem))
+			if op == 1 {
+				require.True(t, q.Remove(&live[i].Elem))
+			} else {
+				require.True(t, q.Served(&live[i].Elem))
+			}
 			live = append(live[:i], live[i+1:]...)
 		default:
 			var el = q.Head(core.ClassHigh)
