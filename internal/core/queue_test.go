@@ -350,6 +350,20 @@ func TestQueueTurnBound(t *testing.T) {
 	}
 }
 
+// flowsServed serves ln's next n waiters one at a time (each released at
+// once) and returns their flows' names in order.
+func flowsServed(t *testing.T, ln *core.Lane, n int) string {
+	t.Helper()
+	var got string
+	for range n {
+		w := serve(ln)
+		require.NotNil(t, w)
+		got += w.Flow
+		release(ln, w)
+	}
+	return got
+}
+
 // heavyWaiter returns a waiter of the default class in flow id with weight
 // wt, weighing units.
 func heavyWaiter(id string, wt int32, units int) *core.Waiter {
@@ -444,14 +458,7 @@ func TestQueueTurnsOfOneUnit(t *testing.T) {
 		ln.Waiters.Push(&waiter(core.ClassDefault, "B", 1).Elem)
 	}
 	ln.Limit = 1
-	var got string
-	for range 8 {
-		w := serve(&ln)
-		require.NotNil(t, w)
-		got += w.Flow
-		release(&ln, w)
-	}
-	assert.Equal(t, "AAABAAAB", got)
+	assert.Equal(t, "AAABAAAB", flowsServed(t, &ln, 8))
 }
 
 // What a turn leaves carries to the flow's next turn: flow A's waiters
@@ -465,14 +472,7 @@ func TestQueueTurnsCarryOver(t *testing.T) {
 		ln.Waiters.Push(&heavyWaiter("B", 1, 15).Elem)
 	}
 	ln.Limit = 15
-	var got string
-	for range 7 {
-		w := serve(&ln)
-		require.NotNil(t, w)
-		got += w.Flow
-		release(&ln, w)
-	}
-	assert.Equal(t, "AABAAAB", got)
+	assert.Equal(t, "AABAAAB", flowsServed(t, &ln, 7))
 }
 
 // A turn is worth what the waiters queued now in its class cost, not what
@@ -500,14 +500,7 @@ func TestQueueTurnsAfterAHeavyWaiter(t *testing.T) {
 				require.True(t, ln.Waiters.Remove(&c.Elem))
 			}
 			ln.Limit = 1
-			var got string
-			for range 8 {
-				w := serve(&ln)
-				require.NotNil(t, w)
-				got += w.Flow
-				release(&ln, w)
-			}
-			assert.Equal(t, "ABABABAB", got)
+			assert.Equal(t, "ABABABAB", flowsServed(t, &ln, 8))
 		})
 	}
 }
