@@ -28,9 +28,9 @@ import (
 // A request's context may carry a priority class (slots.WithPriority) and a
 // flow (slots.WithFlow): then, among the requests that can start, the
 // highest class goes first, flows within a class take turns (counted in
-// each request's share of the caps it binds, see AcquireN), and each flow
-// is served in arrival order. Config.Shares guarantees classes a part of the
-// provider cap.
+// what each request takes of the provider's caps, see AcquireN), and each
+// flow is served in arrival order. Config.Shares guarantees classes a part
+// of the provider cap.
 //
 // The Slot of a grant holds the provider, model and key slots together until
 // it is released (wrap the response body with slots.WrapBody, or use a
