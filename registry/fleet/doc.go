@@ -45,8 +45,9 @@
 //     sum of its leases' units, its limit a limit in units, and flows'
 //     turns are counted in units; order stays strict, so a heavy waiter
 //     is never starved by lighter ones after it, at the price of units
-//     standing idle until enough are freed. Every process of a fleet that uses weights must run a release
-//     that knows them: an older one counts a weighted lease as one.
+//     standing idle until enough are freed. Every process of a fleet
+//     that uses weights must run a release that knows them: an older one
+//     counts a weighted lease as one.
 //   - While the store cannot be reached, WithUnavailable decides:
 //     FallbackLocal (the default) admits under this process's local caps
 //     alone (R processes: up to R times the cap, by design) and puts those
