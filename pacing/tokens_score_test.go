@@ -3,7 +3,6 @@ package pacing_test
 import (
 	"context"
 	"fmt"
-	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -69,46 +68,19 @@ func TestTokensTurnsByOrg(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
 				tc.cfg.MaxQueue, tc.cfg.MaxQueueWaitMS = 3000, pacing.MaxMS
 				g := newGate(t, tc.cfg)
-				start := time.Now()
-				var mu sync.Mutex
-				var peak, inFlight int
-				granted := map[string][2]int{} // requests and tokens granted in the first 10 s
-				var wg sync.WaitGroup
-				send := func(org string, tokens int) {
-					wg.Go(func() {
-						gt, err := g.AcquireN(slots.WithFlow(context.Background(), org), "m", tokens)
-						if !assert.NoError(t, err) {
-							return
-						}
-						mu.Lock()
-						inFlight += tokens
-						peak = max(peak, inFlight)
-						if time.Since(start) < 10*time.Second {
-							granted[org] = [2]int{granted[org][0] + 1, granted[org][1] + tokens}
-						}
-						mu.Unlock()
-						time.Sleep(time.Second) // the request's turn upstream
-						mu.Lock()
-						inFlight -= tokens
-						mu.Unlock()
-						gt.Slot.Release()
-					})
-				}
-				for i := range 2000 {
-					if i%(2000/tc.large) == 0 {
-						send("large", 50_000)
+				load := testrig.TwoOrgs{Large: tc.large, LargeUnits: 50_000, Small: 2000, SmallUnits: 1_000, Hold: time.Second}
+				s := load.Run(10*time.Second, func(_ int, org string, units int) (func(), error) {
+					gt, err := g.AcquireN(slots.WithFlow(context.Background(), org), "m", units)
+					if err != nil {
+						return nil, err
 					}
-					send("small", 1_000)
-				}
-				wg.Wait()
-				assert.LessOrEqual(t, peak, tc.cfg.MaxInflightTokens)
-				large, small := granted["large"], granted["small"]
-				t.Logf("first 10 s: large org %d requests, %d tokens; small org %d requests, %d tokens", large[0], large[1], small[0], small[1])
-				i := 0 // requests
-				if tc.tokens {
-					i = 1
-				}
-				assert.InDelta(t, 0.5, float64(large[i])/float64(large[i]+small[i]), 0.1, "the large org's part of what binds")
+					return func() { gt.Slot.Release() }, nil
+				})
+				assert.Zero(t, s.Failed)
+				assert.LessOrEqual(t, s.Peak, tc.cfg.MaxInflightTokens)
+				t.Logf("first 10 s: large org %d requests, %d tokens; small org %d requests, %d tokens",
+					s.Requests["large"], s.Tokens["large"], s.Requests["small"], s.Tokens["small"])
+				assert.InDelta(t, 0.5, s.Part("large", !tc.tokens), 0.1, "the large org's part of what binds")
 			})
 		})
 	}

@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"sync"
 	"testing"
 	"time"
 
@@ -62,42 +61,18 @@ func TestFleetTokensTurnsByOrg(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		const limit = 100_000
 		rs := fwFleet(t, newVirtualRedis(t, fwLatency), "tokens-turns", 3, limit, WithLogger(quiet()))
-		start := time.Now()
-		var mu sync.Mutex
-		var inFlight, peak int
-		granted := map[string]int{} // tokens granted in the first 4 s
-		var wg sync.WaitGroup
-		send := func(i int, org string, tokens int) {
-			wg.Go(func() {
-				ctx := slots.WithFlow(context.Background(), org)
-				sl, err := rs[i%len(rs)].AcquireN(ctx, "tokens", tokens)
-				if !assert.NoError(t, err) {
-					return
-				}
-				mu.Lock()
-				inFlight += tokens
-				peak = max(peak, inFlight)
-				if time.Since(start) < 4*time.Second {
-					granted[org] += tokens
-				}
-				mu.Unlock()
-				time.Sleep(time.Second) // the request's turn upstream
-				mu.Lock()
-				inFlight -= tokens
-				mu.Unlock()
-				sl.Release()
-			})
-		}
-		for i := range 200 {
-			if i%25 == 0 {
-				send(i, "large", 50_000)
+		load := testrig.TwoOrgs{Large: 8, LargeUnits: 50_000, Small: 200, SmallUnits: 2_000, Hold: time.Second}
+		s := load.Run(4*time.Second, func(i int, org string, units int) (func(), error) {
+			sl, err := rs[i%len(rs)].AcquireN(slots.WithFlow(context.Background(), org), "tokens", units)
+			if err != nil {
+				return nil, err
 			}
-			send(i, "small", 2_000)
-		}
-		wg.Wait()
-		assert.LessOrEqual(t, peak, limit)
-		total := granted["large"] + granted["small"]
-		t.Logf("first 4 s: %d tokens granted (of %d the key could hold), large org %d, small org %d", total, 4*limit, granted["large"], granted["small"])
-		assert.InDelta(t, 0.5, float64(granted["large"])/float64(total), 0.1, "the large org's part of the tokens")
+			return func() { sl.Release() }, nil
+		})
+		assert.Zero(t, s.Failed)
+		assert.LessOrEqual(t, s.Peak, limit)
+		t.Logf("first 4 s: %d tokens granted (of %d the key could hold), large org %d, small org %d",
+			s.Tokens["large"]+s.Tokens["small"], 4*limit, s.Tokens["large"], s.Tokens["small"])
+		assert.InDelta(t, 0.5, s.Part("large", false), 0.1, "the large org's part of the tokens")
 	})
 }
