@@ -29,7 +29,8 @@ import (
 //	go test -run '^$' -bench . -benchtime 3s ./registry/fleet/pgstore
 //
 // Each reports pairs/s (an admission and its release) and the median
-// admission's latency.
+// admission's latency; BenchmarkAsks, a queued waiter's calls while its
+// key stays full.
 
 func newID() string {
 	var b [16]byte
@@ -157,5 +158,73 @@ func BenchmarkPairs(b *testing.B) {
 		} {
 			b.Run(tc.name+"/callers-"+strconv.Itoa(callers), func(b *testing.B) { benchPairs(b, tc.sem, callers, 64) })
 		}
+	}
+}
+
+// BenchmarkAsks measures the calls a queued waiter makes while its key
+// stays full (it asks again within each claim window, in case a wake-up
+// was lost): most of a full key's calls, answered without the key's lock
+// (see inflight_still_queued). Each caller is a waiter of its own, queued
+// behind a holder that keeps the key's one place. It reports asks/s and
+// the median ask's latency.
+func BenchmarkAsks(b *testing.B) {
+	srv := pgtest.Start(b)
+	cfg, err := pgxpool.ParseConfig(srv.URL)
+	require.NoError(b, err)
+	cfg.MaxConns = 64
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(p.Close)
+	s, err := pgstore.New(context.Background(), p, "asks")
+	require.NoError(b, err)
+	ctx := context.Background()
+	call := func(id string, epoch int64) *driver.AdmitCall {
+		return &driver.AdmitCall{Lease: id, Keys: []string{"hot"}, Limits: []int{1}, TTL: time.Minute, Weight: 1, Epoch: epoch,
+			Claim: time.Second, Live: 5 * time.Second, MaxQueue: -1, MaxFlowQueue: -1, Wait: true, Proc: "bench"}
+	}
+	holder, err := s.AdmitOne(ctx, call(newID(), 0))
+	require.NoError(b, err)
+	require.Equal(b, driver.StatusAdmitted, holder.Status)
+	for _, callers := range []int{1, 16} {
+		b.Run("callers-"+strconv.Itoa(callers), func(b *testing.B) {
+			ids := make([]string, callers)
+			for i := range ids {
+				ids[i] = newID()
+				r, err := s.AdmitOne(ctx, call(ids[i], holder.Epoch))
+				require.NoError(b, err)
+				require.Equal(b, driver.StatusQueued, r.Status)
+			}
+			var mu sync.Mutex
+			var lat []time.Duration
+			per := max(b.N/callers, 1)
+			b.ResetTimer()
+			start := time.Now()
+			var wg sync.WaitGroup
+			for _, id := range ids {
+				wg.Go(func() {
+					mine := make([]time.Duration, 0, per)
+					for range per {
+						t0 := time.Now()
+						r, err := s.AdmitOne(ctx, call(id, holder.Epoch))
+						if err != nil || r.Status != driver.StatusQueued {
+							b.Errorf("ask: %v, %+v", err, r)
+							return
+						}
+						mine = append(mine, time.Since(t0))
+					}
+					mu.Lock()
+					lat = append(lat, mine...)
+					mu.Unlock()
+				})
+			}
+			wg.Wait()
+			elapsed := time.Since(start)
+			b.StopTimer()
+			slices.Sort(lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "asks/s")
+				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
+			}
+		})
 	}
 }

@@ -33,6 +33,9 @@ var asksSQL string
 //go:embed turns.sql
 var turnsSQL string
 
+//go:embed plans.sql
+var plansSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -50,18 +53,19 @@ var schemaV1 = withConstants(schemaSQL)
 // units a lease weighs (replacing the functions that count, serve and
 // admit, and keeping the signatures the releases before call), revision 3
 // answers a waiter behind a heavy waiter, and a waiter's claim of its
-// grant, without the key's lock, and revision 4 counts flows' turns in
-// units. A revision adds, or replaces a function keeping its signature and
+// grant, without the key's lock, revision 4 counts flows' turns in units,
+// and revision 5 makes the small functions every call runs PL/pgSQL, whose
+// plans a connection keeps. A revision adds, or replaces a function keeping its signature and
 // the meaning of its answers, so a release that knows fewer of them works
 // on the schema as it is (a rolling deploy has both side by side); one
 // that changes what is there makes a new SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL)}
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 4
+	SchemaRevision = 5
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

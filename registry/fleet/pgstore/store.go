@@ -11,19 +11,19 @@
 // (the package's example is a whole program).
 //
 // Each operation is one call of a function that New installs (see
-// schema.sql and its revisions, budget.sql, units.sql and asks.sql), in one
-// transaction of its own: no connection is held by a holder and no
-// session state is kept. Behind PgBouncer in transaction mode, give the
-// pool's connection string default_query_exec_mode=exec
-// (pgx's statement cache is session state), and Listen a connection of
-// its own straight to the database (WithListenConfig): LISTEN is session
-// state too. Every time is the database's clock_timestamp(), read after
-// the call's lock waits. A key's calls lock its row (keys in order, so
-// calls on several keys cannot deadlock; other keys of a ticket are taken
-// only if free, never waited for); leases are rows whose renewal updates
-// stay HOT. Wake-ups go by NOTIFY, received by LISTEN on one connection
-// per process (outside the pool); waiters also ask again on their own, so
-// a lost notification delays, never strands, a waiter.
+// schema.sql and its revisions: budget.sql, units.sql, asks.sql, turns.sql
+// and plans.sql), in one transaction of its own: no connection is held by
+// a holder and no session state is kept. Behind PgBouncer in transaction
+// mode, give the pool's connection string default_query_exec_mode=exec
+// (pgx's statement cache is session state), and Listen a connection of its
+// own straight to the database (WithListenConfig): LISTEN is session state
+// too. Every time is the database's clock_timestamp(), read after the
+// call's lock waits. A key's calls lock its row (keys in order, so calls
+// on several keys cannot deadlock; other keys of a ticket are taken only
+// if free, never waited for); leases are rows whose renewal updates stay
+// HOT. Wake-ups go by NOTIFY, received by LISTEN on one connection per
+// process (outside the pool); waiters also ask again on their own, so a
+// lost notification delays, never strands, a waiter.
 //
 // Leases weigh units (fleet's AcquireN and the like): a key's count is
 // the sum of its leases' units, and a key's queue keeps strict order for
