@@ -54,11 +54,12 @@ var schemaV1 = withConstants(schemaSQL)
 // admit, and keeping the signatures the releases before call), revision 3
 // answers a waiter behind a heavy waiter, and a waiter's claim of its
 // grant, without the key's lock, revision 4 counts flows' turns in units,
-// and revision 5 makes the small functions every call runs PL/pgSQL, whose
-// plans a connection keeps. A revision adds, or replaces a function keeping its signature and
-// the meaning of its answers, so a release that knows fewer of them works
-// on the schema as it is (a rolling deploy has both side by side); one
-// that changes what is there makes a new SchemaVersion.
+// and revision 5 makes the small functions the calls run PL/pgSQL, whose
+// plans a connection keeps. A revision adds, or replaces a function
+// keeping its signature and the meaning of its answers, so a release that
+// knows fewer of them works on the schema as it is (a rolling deploy has
+// both side by side); one that changes what is there makes a new
+// SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL}
 
 // SchemaVersion is the version of the tables and functions this package

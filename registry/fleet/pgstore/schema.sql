@@ -10,7 +10,10 @@
 -- marked "units.sql" below with ones that weigh (where their parameters
 -- grew, the signatures here stay, as calls of the new ones), asks.sql
 -- (revision 3) the waiter's asks and claims answered without the keys'
--- locks, replacing inflight_still_queued again.
+-- locks, replacing inflight_still_queued again, turns.sql (revision 4)
+-- flows' turns counted in units, replacing inflight_enqueue and
+-- inflight_unqueue, and plans.sql (revision 5) the small functions that
+-- use a table in PL/pgSQL, replacing six of them.
 
 -- The fleet: its epoch (the database's clock, in microseconds, when a
 -- call first found the fleet missing, or found it may have lost data: see
