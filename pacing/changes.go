@@ -94,8 +94,9 @@ type LimitChange struct {
 // others queue meanwhile), and a call of f that blocks holds back every
 // later change; at most MaxPendingChanges wait, the newest, and the gaps in
 // Seq show what was dropped. A panic of f goes up to the caller that was
-// delivering, or, on a timer of the Gate's, is logged. After OnLimitChange returns, a call of the previous hook
-// may still be under way, but none starts.
+// delivering, or, on a timer of the Gate's, is logged. After OnLimitChange
+// returns, a call of the previous hook may still be under way, but none
+// starts.
 func (g *Gate) OnLimitChange(f func(LimitChange)) {
 	g.mu.Lock()
 	g.ad.onChange = f

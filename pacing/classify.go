@@ -78,9 +78,10 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 // and report gets the verdict from the first MaxClassifyBody bytes once, at
 // the first of: that many bytes read, the body's end or a read error, its
 // Close (a body cut short that would be a Concurrency refusal is Other: its
-// lost bytes might have said quota or rate). An answer under 400, without
-// a body, or nil (classified as Other) is reported at once. report may be called on the goroutine that reads or
-// closes the body, before the Read or Close returns.
+// lost bytes might have said quota or rate). An answer under 400, without a
+// body, or nil (classified as Other) is reported at once. report may be
+// called on the goroutine that reads or closes the body, before the Read or
+// Close returns.
 func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 	if c == nil {
 		c = DefaultClassifier

@@ -202,23 +202,23 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 }
 
 // Report tells the Gate how the upstream answered the request of gr: call
-// it once per grant, as soon as the answer is known, and before the
-// grant's Slot is released, with the verdict of Classify (or of
-// ClassifyAsRead, which gives it as the answer's body passes, before the
-// body's end can release the slot). With learning on, Admitted and Concurrency move the learned
-// caps on the request's path (its model's, with ModelConfig.Adaptive; its
-// key's, when a key pool learns; the provider's, with Config.Adaptive): an
-// admission proves each of them, a refusal counts against the most specific
-// one. A Rate or
-// Overload verdict pauses new starts for its RetryAfter (at most 10 s; 1 s
-// when it gives none): with a key pool the key's starts, else all of the
-// provider's; Overload also lowers a learned cap a little. A Quota verdict
-// takes the grant's API key out of the pool for its RetryAfter (QuotaPause
-// when it gives none). Other (a failed exchange: report it too) proves
-// nothing: a probe it was is withdrawn. A grant never reported is taken as
-// admitted a moment after its start, as a probe that no refusal followed.
-// A bypassed grant reports nothing. A refusal (any verdict but Admitted and
-// Other) returns what the request charged the token budgets (Settle).
+// it once per grant, as soon as the answer is known, and before the grant's
+// Slot is released, with the verdict of Classify (or of ClassifyAsRead,
+// which gives it as the answer's body passes, before the body's end can
+// release the slot). With learning on, Admitted and Concurrency move the
+// learned caps on the request's path (its model's, with
+// ModelConfig.Adaptive; its key's, when a key pool learns; the provider's,
+// with Config.Adaptive): an admission proves each of them, a refusal counts
+// against the most specific one. A Rate or Overload verdict pauses new
+// starts for its RetryAfter (at most 10 s; 1 s when it gives none): with a
+// key pool the key's starts, else all of the provider's; Overload also
+// lowers a learned cap a little. A Quota verdict takes the grant's API key
+// out of the pool for its RetryAfter (QuotaPause when it gives none). Other
+// (a failed exchange: report it too) proves nothing: a probe it was is
+// withdrawn. A grant never reported is taken as admitted a moment after its
+// start, as a probe that no refusal followed. A bypassed grant reports
+// nothing. A refusal (any verdict but Admitted and Other) returns what the
+// request charged the token budgets (Settle).
 //
 // Only the first call for a grant counts: a later one, with whatever
 // verdict, changes nothing and is not counted in Learned.ByKind.

@@ -11,10 +11,11 @@
 // the fleet relies on: the cap under concurrency, hand-off, renewal and
 // expiry, all-or-nothing admission on several keys, keys of any bytes, live
 // limit changes, the fleet-wide order (classes, weighted flows), learned
-// caps, shared overrides, shared budgets per minute; when the server is Proxied, a process cut off from it past the
-// lease TTL; and, when it offers Faults, the cap across a crash, a hang
-// past the lease TTL and a loss of the store's data, and what each
-// Unavailable mode does while the store cannot be reached.
+// caps, shared overrides, shared budgets per minute; when the server is
+// Proxied, a process cut off from it past the lease TTL; and, when it
+// offers Faults, the cap across a crash, a hang past the lease TTL and a
+// loss of the store's data, and what each Unavailable mode does while the
+// store cannot be reached.
 //
 // The tests run on real clocks: they assert what must hold whatever the
 // machine's load, with generous bounds on how long it may take.

@@ -76,22 +76,22 @@ import (
 // serving call's limit while they are at most that limit, and neither the
 // waiters behind it nor a newcomer take the room until it is served; nor
 // does a waiter of several keys as another of its keys is served, while a
-// heavy waiter of more than one unit, by its own limit, stands before it
-// on one of its keys (heavyBefore). A waiter that cannot take room for
-// want of it on another of its keys, or under a lower limit its own calls
-// keep for this key, is passed over as before (one of more than one unit
-// kept out by the place an older urgent ticket keeps is heavy), and so is one whose units are over the limit
-// (its process refuses it). A waiter of one unit is never heavy: the key
-// it is served on has room for one.
+// heavy waiter of more than one unit, by its own limit, stands before it on
+// one of its keys (heavyBefore). A waiter that cannot take room for want of
+// it on another of its keys, or under a lower limit its own calls keep for
+// this key, is passed over as before (one of more than one unit kept out by
+// the place an older urgent ticket keeps is heavy), and so is one whose
+// units are over the limit (its process refuses it). A waiter of one unit
+// is never heavy: the key it is served on has room for one.
 //
-// Serving looks at 64
-// waiters from the head; where it stops short with room left, a newcomer
-// looks at 64 more, and a waiter further back takes the room on its own
-// next call. The looks for heavy waiters go as far (heavyBefore): a heavy
-// waiter more than 64 places past where serving stopped, behind waiters
-// held up on their other keys, may be passed by a lighter waiter further
-// back, on that waiter's own call or through another of its keys. While new admissions are paused (Redis lost its data) nothing
-// is served.
+// Serving looks at 64 waiters from the head; where it stops short with room
+// left, a newcomer looks at 64 more, and a waiter further back takes the
+// room on its own next call. The looks for heavy waiters go as far
+// (heavyBefore): a heavy waiter more than 64 places past where serving
+// stopped, behind waiters held up on their other keys, may be passed by a
+// lighter waiter further back, on that waiter's own call or through another
+// of its keys. While new admissions are paused (Redis lost its data)
+// nothing is served.
 
 // baseLua is what every script with a time shares.
 const baseLua = `
