@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"slices"
 	"strconv"
 	"sync"
@@ -87,30 +88,39 @@ func (x bareSem) give(ctx context.Context, key, id string, _ int) error {
 // the median admission's latency.
 func benchPairs(b *testing.B, sem semaphore, callers, n int) {
 	ctx := context.Background()
+	timeCalls(b, callers, "pairs/s", func(int) (time.Duration, error) {
+		id := newID()
+		t0 := time.Now()
+		ok, err := sem.take(ctx, "hot", id, n)
+		took := time.Since(t0)
+		if err == nil && ok {
+			err = sem.give(ctx, "hot", id, n)
+		}
+		return took, err
+	})
+}
+
+// timeCalls runs workers goroutines that share b.N calls of f (given the
+// worker's index; it returns the latency to count, or an error that
+// stops its worker), and reports the calls per second as unit and the
+// median latency. The timer is stopped when it returns.
+func timeCalls(b *testing.B, workers int, unit string, f func(worker int) (time.Duration, error)) {
 	var mu sync.Mutex
 	var lat []time.Duration
-	per := max(b.N/callers, 1)
+	per := max(b.N/workers, 1)
 	b.ResetTimer()
 	start := time.Now()
 	var wg sync.WaitGroup
-	for range callers {
+	for w := range workers {
 		wg.Go(func() {
 			mine := make([]time.Duration, 0, per)
 			for range per {
-				id := newID()
-				t0 := time.Now()
-				ok, err := sem.take(ctx, "hot", id, n)
+				d, err := f(w)
 				if err != nil {
 					b.Error(err)
 					return
 				}
-				mine = append(mine, time.Since(t0))
-				if ok {
-					if err := sem.give(ctx, "hot", id, n); err != nil {
-						b.Error(err)
-						return
-					}
-				}
+				mine = append(mine, d)
 			}
 			mu.Lock()
 			lat = append(lat, mine...)
@@ -122,7 +132,7 @@ func benchPairs(b *testing.B, sem semaphore, callers, n int) {
 	b.StopTimer()
 	slices.Sort(lat)
 	if len(lat) > 0 {
-		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "pairs/s")
+		b.ReportMetric(float64(len(lat))/elapsed.Seconds(), unit)
 		b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 	}
 }
@@ -199,32 +209,14 @@ func BenchmarkAsks(b *testing.B) {
 			require.Equal(b, driver.StatusQueued, r.Status)
 		}
 		b.Run("callers-"+strconv.Itoa(callers), func(b *testing.B) {
-			var mu sync.Mutex
-			var lat []time.Duration
-			per := max(b.N/callers, 1)
-			b.ResetTimer()
-			start := time.Now()
-			var wg sync.WaitGroup
-			for _, id := range ids {
-				wg.Go(func() {
-					mine := make([]time.Duration, 0, per)
-					for range per {
-						t0 := time.Now()
-						r, err := s.AdmitOne(ctx, call(id, holder.Epoch))
-						if err != nil || r.Status != driver.StatusQueued {
-							b.Errorf("ask: %v, %+v", err, r)
-							return
-						}
-						mine = append(mine, time.Since(t0))
-					}
-					mu.Lock()
-					lat = append(lat, mine...)
-					mu.Unlock()
-				})
-			}
-			wg.Wait()
-			elapsed := time.Since(start)
-			b.StopTimer()
+			timeCalls(b, callers, "asks/s", func(w int) (time.Duration, error) {
+				t0 := time.Now()
+				r, err := s.AdmitOne(ctx, call(ids[w], holder.Epoch))
+				if err == nil && r.Status != driver.StatusQueued {
+					err = fmt.Errorf("ask: %+v", r)
+				}
+				return time.Since(t0), err
+			})
 			tx, err := p.Begin(ctx)
 			require.NoError(b, err)
 			defer func() { _ = tx.Rollback(ctx) }()
@@ -236,11 +228,6 @@ func BenchmarkAsks(b *testing.B) {
 				require.Equal(b, driver.StatusQueued, r.Status)
 			}
 			require.NoError(b, tx.Rollback(ctx))
-			slices.Sort(lat)
-			if len(lat) > 0 {
-				b.ReportMetric(float64(len(lat))/elapsed.Seconds(), "asks/s")
-				b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
-			}
 		})
 	}
 }
