@@ -2,7 +2,8 @@
 // net/http/httptest runs a server): a new cluster made by initdb in a
 // temporary directory, listening on a random 127.0.0.1 port, removed at the
 // test's cleanup; and the faults a test needs from it: a crash (Kill, then
-// Restart with the data kept), a hang (Stop and Cont: SIGSTOP and SIGCONT).
+// Restart with the data kept), a hang (Stop and Cont: SIGSTOP and SIGCONT);
+// and PgBouncer in front of it in transaction mode (Bouncer).
 //
 // The server's binaries are looked for on PATH, then in Debian's
 // /usr/lib/postgresql/<version>/bin. As root, the cluster belongs to the

@@ -1,0 +1,116 @@
+package pgtest
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+)
+
+// Bouncer starts PgBouncer in front of the server, pooling in transaction
+// mode (a server connection is lent to a client for one transaction at a
+// time), and returns the URL of the database through it. It listens on a
+// random 127.0.0.1 port and is stopped at the test's cleanup; it outlives a
+// Kill and Restart of the server, and connects to it again.
+//
+// The binary is looked for on PATH, then in /usr/sbin (Debian's package);
+// without it the test is skipped, or fails if RequireEnv is set. As root it
+// runs as the postgres user (PgBouncer refuses to run as root).
+func (s *Server) Bouncer() string {
+	s.t.Helper()
+	bin, err := exec.LookPath("pgbouncer")
+	if err != nil {
+		bin = "/usr/sbin/pgbouncer"
+		if _, err := os.Stat(bin); err != nil {
+			if os.Getenv(RequireEnv) != "" {
+				s.t.Fatalf("PgBouncer not found, and %s is set", RequireEnv)
+			}
+			s.t.Skip("PgBouncer not found (install it, e.g. apt-get install pgbouncer)")
+		}
+	}
+	dir, err := os.MkdirTemp("", "inflight-pgbouncer-")
+	if err != nil {
+		s.t.Fatalf("pgtest: %v", err)
+	}
+	s.t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil { // readable by the postgres user, as root
+		s.t.Fatalf("pgtest: %v", err)
+	}
+	port := freePort(s.t)
+	// trust: the user must still be named in the auth file. The pool is
+	// larger than any test's pools together, so that no client waits for a
+	// server connection behind another's transaction for long. After a
+	// failed login to the server (one down, or restarting) PgBouncer turns
+	// clients away for server_login_retry (15 s by default): 1 s, so that
+	// a test of a restart sees the server back within its wait.
+	ini := fmt.Sprintf(`[databases]
+inflight = host=127.0.0.1 port=%d dbname=inflight user=inflight
+
+[pgbouncer]
+listen_addr = 127.0.0.1
+listen_port = %d
+unix_socket_dir =
+auth_type = trust
+auth_file = %s
+pool_mode = transaction
+default_pool_size = 40
+max_client_conn = 1000
+server_reset_query =
+server_login_retry = 1
+ignore_startup_parameters = extra_float_digits
+log_connections = 0
+log_disconnections = 0
+`, s.port, port, filepath.Join(dir, "users.txt"))
+	for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"inflight" ""` + "\n"} {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+			s.t.Fatalf("pgtest: %v", err)
+		}
+	}
+	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+	cmd.Dir = dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+	cmd.Stderr = &tail{}
+	if err := cmd.Start(); err != nil {
+		s.t.Fatalf("pgtest: start pgbouncer: %v", err)
+	}
+	exit := make(chan struct{})
+	go func() {
+		_ = cmd.Wait()
+		close(exit)
+	}()
+	s.t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exit
+	})
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	if err := listening(addr, exit); err != nil {
+		s.t.Fatalf("pgtest: pgbouncer on %s: %v\n%s", addr, err, cmd.Stderr)
+	}
+	return fmt.Sprintf("postgres://inflight@%s/inflight?sslmode=disable", addr)
+}
+
+// listening waits until addr accepts connections, or the process's exit
+// is closed, or 30 s have passed.
+func listening(addr string, exit <-chan struct{}) error {
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		conn, err := net.DialTimeout("tcp", addr, time.Second)
+		if err == nil {
+			return conn.Close()
+		}
+		select {
+		case <-exit:
+			return errors.New("exited at start")
+		default:
+		}
+		if time.Now().After(deadline) {
+			return err
+		}
+		time.Sleep(10 * time.Millisecond) // a process starting: poll its port
+	}
+}
