@@ -13,7 +13,8 @@
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql, turns.sql
 // and plans.sql), in one transaction of its own: no connection is held by
-// a holder and no session state is kept. Behind PgBouncer in transaction
+// a holder and no session state is kept. Admit and Abandon send their
+// calls in one round trip (pgx's pipeline mode, a Sync after each call). Behind PgBouncer in transaction
 // mode, give the pool's connection string default_query_exec_mode=exec
 // (pgx's statement cache is session state), and Listen a connection of its
 // own straight to the database (WithListenConfig): LISTEN is session state
@@ -179,35 +180,43 @@ const waiterSQL = `SELECT coalesce(inflight_claim($1, $2, $3, $4, $5, $6, $7, $8
 
 // AdmitOne makes the call in a transaction of its own.
 func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
-	r := s.admit(ctx, s.pool, c)
+	r := s.admit(ctx, c)
 	return r, r.Err
 }
 
-// Admit makes the calls one after another on one connection, each a
-// transaction of its own, so that they run in order.
+// Admit sends the calls on one connection in one round trip (pgx's
+// pipeline mode), each a transaction of its own, run in order.
 func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
-	conn, err := s.pool.Acquire(ctx)
+	queries := make([]query, len(calls))
+	for i, c := range calls {
+		queries[i].sql, queries[i].args = admitQuery(s, c)
+	}
+	out := make([]driver.AdmitResult, len(calls))
+	errs, err := s.pipeline(ctx, queries, func(i int, rows pgx.Rows) error {
+		res, err := pgx.CollectExactlyOneRow(rows, pgx.RowTo[[]int64])
+		out[i] = decodeAdmit(calls[i], res, err)
+		return out[i].Err
+	})
 	if err != nil {
 		return nil, err
 	}
-	defer conn.Release()
-	out := make([]driver.AdmitResult, len(calls))
-	for i, c := range calls {
-		if err := ctx.Err(); err != nil {
-			out[i].Err = err
-			continue
+	for i, err := range errs {
+		if err != nil && out[i].Err == nil {
+			out[i] = driver.AdmitResult{Err: err}
 		}
-		out[i] = s.admit(ctx, conn, c)
 	}
 	return out, nil
 }
 
-// querier is a pool or one of its connections.
-type querier interface {
-	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+func (s *Store) admit(ctx context.Context, c *driver.AdmitCall) driver.AdmitResult {
+	var res []int64
+	sql, args := admitQuery(s, c)
+	err := s.pool.QueryRow(ctx, sql, args...).Scan(&res)
+	return decodeAdmit(c, res, err)
 }
 
-func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) driver.AdmitResult {
+// admitQuery is the SQL and arguments of c.
+func admitQuery(s *Store, c *driver.AdmitCall) (string, []any) {
 	var carriedKeys, carriedLeases []string
 	var carriedUnits []int32
 	for _, p := range c.Carried {
@@ -215,15 +224,90 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 		carriedLeases = append(carriedLeases, p.Lease)
 		carriedUnits = append(carriedUnits, units(p.Units))
 	}
-	var res []int64
 	sql := admitSQL
 	if c.Wait && len(c.Carried) == 0 {
 		sql = waiterSQL
 	}
-	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
+	return sql, []any{s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
 		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
-		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
-	return decodeAdmit(c, res, err)
+		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits}
+}
+
+// query is one call of a pipeline.
+type query struct {
+	sql  string
+	args []any
+}
+
+// pipeline sends the queries on one connection of the pool in one round
+// trip, a Sync after each, so that each is a transaction of its own (one
+// that fails undoes none of the others), run in the order sent. reply
+// reads query i's rows and returns its error. pipeline returns each
+// query's error, or an error for all when none could be sent.
+func (s *Store) pipeline(ctx context.Context, queries []query, reply func(i int, rows pgx.Rows) error) ([]error, error) {
+	conn, err := s.pool.Acquire(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer conn.Release()
+	c := conn.Conn()
+	var b pgx.ExtendedQueryBuilder
+	p := c.PgConn().StartPipeline(ctx)
+	for _, q := range queries {
+		// The parameters in text, their types the function's (as pgx's
+		// exec mode sends them); unnamed statements keep no session state.
+		if err := b.Build(c.TypeMap(), nil, q.args); err != nil {
+			_ = p.Close()
+			return nil, err
+		}
+		p.SendQueryParams(q.sql, b.ParamValues, nil, b.ParamFormats, b.ResultFormats)
+		p.SendPipelineSync()
+	}
+	if err := p.Flush(); err != nil {
+		_ = p.Close()
+		return nil, err
+	}
+	errs := make([]error, len(queries))
+	var broken error // the connection failed: no more replies
+	for i := range queries {
+		if broken != nil {
+			errs[i] = broken
+			continue
+		}
+		errs[i], broken = readReply(p, func(r *pgconn.ResultReader) error {
+			return reply(i, pgx.RowsFromResultReader(c.TypeMap(), r))
+		})
+	}
+	_ = p.Close() // a connection out of step is closed, and the pool drops it
+	return errs, nil
+}
+
+// errNoReply is a query of a pipeline that got no rows before its Sync.
+var errNoReply = fmt.Errorf("%w: no reply in the pipeline (postgres)", driver.ErrBadReply)
+
+// readReply reads one query's replies, up to its Sync: the query's error
+// (nil: done), and broken when the connection failed and nothing more can
+// be read from it.
+func readReply(p *pgconn.Pipeline, reply func(*pgconn.ResultReader) error) (err, broken error) {
+	err = errNoReply
+	for {
+		res, e := p.GetResults()
+		switch r := res.(type) {
+		case *pgconn.ResultReader:
+			err = reply(r)
+		case *pgconn.PipelineSync:
+			return err, nil
+		default:
+			if pgErr := (*pgconn.PgError)(nil); errors.As(e, &pgErr) {
+				err = e // the query failed; its Sync follows
+				continue
+			}
+			if e == nil {
+				e = errNoReply
+			}
+			return e, e
+		}
+	}
 }
 
 // units is what a lease of n units weighs in the tables: 1 for 0 (or
@@ -300,23 +384,22 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	return err
 }
 
-// Abandon makes each abandon a transaction of its own, one after another.
+// Abandon sends the abandons as Admit sends its calls: in one round trip,
+// each a transaction of its own.
 func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
-	conn, err := s.pool.Acquire(ctx)
-	if err != nil {
-		return nil, err
-	}
-	defer conn.Release()
-	errs := make([]error, len(calls))
+	queries := make([]query, len(calls))
 	for i, c := range calls {
 		var ls []int64
 		if c.Limits != nil {
 			ls = limits(c.Limits)
 		}
-		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
-			s.name, c.Lease, storedKeys(c.Keys), ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async)
+		queries[i] = query{`SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
+			[]any{s.name, c.Lease, storedKeys(c.Keys), ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async}}
 	}
-	return errs, nil
+	return s.pipeline(ctx, queries, func(_ int, rows pgx.Rows) error {
+		rows.Close()
+		return rows.Err()
+	})
 }
 
 // Leave deletes proc's liveness.
