@@ -12,6 +12,7 @@ import (
 	"time"
 	"unicode"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -171,6 +172,7 @@ func (c Config) Redacted() Config {
 		f := *c.Fleet
 		f.RedisURL = redactURL(f.RedisURL)
 		f.PostgresURL = redactURL(f.PostgresURL)
+		f.PostgresListenURL = redactURL(f.PostgresListenURL)
 		c.Fleet = &f
 	}
 	return c
@@ -223,10 +225,16 @@ func millis(ms int64) time.Duration {
 // one of RedisURL and PostgresURL. Pacing and API-key caps stay per
 // process.
 type FleetConfig struct {
-	RedisURL      string `json:"redis_url,omitempty"`      // redis://host:port/db
-	PostgresURL   string `json:"postgres_url,omitempty"`   // postgres://user@host:port/db
-	LeaseTTLMS    int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
-	OnUnavailable string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
+	RedisURL    string `json:"redis_url,omitempty"`    // redis://host:port/db
+	PostgresURL string `json:"postgres_url,omitempty"` // postgres://user@host:port/db
+	// PostgresListenURL is the database itself, for the one connection
+	// that listens for wake-ups, when PostgresURL goes through PgBouncer
+	// in transaction mode (LISTEN is session state). With it, the pool's
+	// statements go unprepared (pgx's default_query_exec_mode=exec)
+	// unless PostgresURL says otherwise.
+	PostgresListenURL string `json:"postgres_listen_url,omitempty"`
+	LeaseTTLMS        int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
+	OnUnavailable     string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
 	// TimeoutMS is how long a call to the store (a lease's, a budget's)
 	// may take before it counts as failed; three in a row open the
 	// breaker (see on_unavailable). Default 500 on Redis, 2000 on
@@ -357,6 +365,11 @@ func ParseConfig(data []byte) (Config, error) {
 			if _, err := pgxpool.ParseConfig(f.PostgresURL); err != nil {
 				return Config{}, errors.New("config: fleet.postgres_url: not a valid PostgreSQL URL (postgres://[user:password@]host:port/db)")
 			}
+			if _, err := pgx.ParseConfig(f.PostgresListenURL); f.PostgresListenURL != "" && err != nil {
+				return Config{}, errors.New("config: fleet.postgres_listen_url: not a valid PostgreSQL URL (postgres://[user:password@]host:port/db)")
+			}
+		case f.PostgresListenURL != "":
+			return Config{}, errors.New("config: fleet.postgres_listen_url: only with postgres_url")
 		default:
 			if _, err := redis.ParseURL(f.RedisURL); err != nil {
 				return Config{}, errors.New("config: fleet.redis_url: not a valid redis URL (redis://[user:password@]host:port/db)")

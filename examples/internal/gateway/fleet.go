@@ -6,8 +6,10 @@ import (
 	"log/slog"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -29,16 +31,26 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err e
 	if u := cfg.Fleet.PostgresURL; u != "" {
 		pc, _ := pgxpool.ParseConfig(u) // checked by ParseConfig
 		pc.ConnConfig.ConnectTimeout = time.Second
+		var opts []pgstore.Option
+		if lu := cfg.Fleet.PostgresListenURL; lu != "" {
+			// Through PgBouncer: pgx's statement cache is session state.
+			if !strings.Contains(u, "default_query_exec_mode") {
+				pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
+			}
+			lc, _ := pgx.ParseConfig(lu) // checked by ParseConfig
+			lc.ConnectTimeout = time.Second
+			opts = append(opts, pgstore.WithListenConfig(lc))
+		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		if g.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 			return nil, nil, fmt.Errorf("fleet: postgres: %w", err)
 		}
-		t, err := pgstore.New(ctx, g.pool, "tenants")
+		t, err := pgstore.New(ctx, g.pool, "tenants", opts...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("fleet: postgres: %w", err)
 		}
-		p, err := pgstore.New(ctx, g.pool, "provider")
+		p, err := pgstore.New(ctx, g.pool, "provider", opts...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("fleet: postgres: %w", err)
 		}

@@ -420,10 +420,15 @@ func TestConfigPrioritiesAndWeights(t *testing.T) {
 }
 
 // fleetStores start, for a test, each store a fleet of gateways runs on,
-// and return the "fleet" config's field that points at it.
+// and return the "fleet" config's fields that point at it: Redis,
+// PostgreSQL, and PostgreSQL through PgBouncer in transaction mode.
 var fleetStores = map[string]func(t *testing.T) string{
 	"redis":    func(t *testing.T) string { return `"redis_url": "redis://` + redistest.Start(t).Addr + `/0"` },
 	"postgres": func(t *testing.T) string { return `"postgres_url": "` + pgtest.Start(t).URL + `"` },
+	"pgbouncer": func(t *testing.T) string {
+		srv := pgtest.Start(t)
+		return `"postgres_url": "` + srv.Bouncer() + `", "postgres_listen_url": "` + srv.URL + `"`
+	},
 }
 
 // Two gateways on one store (the fleet config: Redis or PostgreSQL): the
@@ -603,6 +608,8 @@ func TestConfigFleet(t *testing.T) {
 		`{"upstream":"http://x","fleet":{}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","postgres_url":"postgres://x/y"}}`,
 		`{"upstream":"http://x","fleet":{"postgres_url":"postgres://u:secret@x:notaport/y"}}`,
+		`{"upstream":"http://x","fleet":{"postgres_url":"postgres://x/y","postgres_listen_url":"postgres://u:secret@x:notaport/y"}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","postgres_listen_url":"postgres://x/y"}}`,
 	} {
 		_, err := ParseConfig([]byte(bad))
 		if assert.Error(t, err, bad) {
