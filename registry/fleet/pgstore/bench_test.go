@@ -200,9 +200,8 @@ func BenchmarkAsks(b *testing.B) {
 	holder, err := s.AdmitOne(ctx, call(newID(), 0))
 	require.NoError(b, err)
 	require.Equal(b, driver.StatusAdmitted, holder.Status)
-	var ids []string
 	for _, callers := range []int{1, 16} {
-		ids = make([]string, callers)
+		ids := make([]string, callers)
 		for i := range ids {
 			ids[i] = newID()
 			r, err := s.AdmitOne(ctx, call(ids[i], holder.Epoch))
@@ -229,40 +228,6 @@ func BenchmarkAsks(b *testing.B) {
 				require.Equal(b, driver.StatusQueued, r.Status)
 			}
 			require.NoError(b, tx.Rollback(ctx))
-		})
-	}
-	// A process sends its waiters' asks together (Store.Admit): the 16
-	// waiters' asks in one pipeline, and the same asks one after another
-	// (as Admit made them before it pipelined). Each reports batches of
-	// 16 asks a second and the median batch's latency.
-	asks := make([]*driver.AdmitCall, len(ids))
-	for i, id := range ids {
-		asks[i] = call(id, holder.Epoch)
-	}
-	for _, tc := range []struct {
-		name string
-		ask  func() ([]driver.AdmitResult, error)
-	}{
-		{"pipeline-16", func() ([]driver.AdmitResult, error) { return s.Admit(ctx, asks) }},
-		{"one-by-one-16", func() ([]driver.AdmitResult, error) {
-			out := make([]driver.AdmitResult, len(asks))
-			for i, c := range asks {
-				out[i], _ = s.AdmitOne(ctx, c)
-			}
-			return out, nil
-		}},
-	} {
-		b.Run(tc.name, func(b *testing.B) {
-			timeCalls(b, 1, "batches/s", func(int) (time.Duration, error) {
-				t0 := time.Now()
-				rs, err := tc.ask()
-				for _, r := range rs {
-					if err == nil && (r.Err != nil || r.Status != driver.StatusQueued) {
-						err = fmt.Errorf("ask: %+v", r)
-					}
-				}
-				return time.Since(t0), err
-			})
 		})
 	}
 }
