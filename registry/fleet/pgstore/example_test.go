@@ -6,6 +6,7 @@ import (
 	"log"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/inflight-go/inflight/registry/fleet"
@@ -38,4 +39,27 @@ func Example() {
 	}
 	defer slot.Release()
 	fmt.Println("calling the provider")
+}
+
+// Behind PgBouncer in transaction mode: the pool goes through PgBouncer
+// with its statements unprepared (pgx's statement cache is session
+// state), and the one connection that listens for wake-ups goes straight
+// to the database (LISTEN is session state too). (Compiled, not run.)
+func ExampleWithListenConfig() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://gateway@pgbouncer.internal:6432/gateway?default_query_exec_mode=exec")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	direct, err := pgx.ParseConfig("postgres://gateway@db.internal:5432/gateway")
+	if err != nil {
+		log.Fatal(err)
+	}
+	store, err := pgstore.New(ctx, pool, "gateway", pgstore.WithListenConfig(direct))
+	if err != nil {
+		log.Fatal(err)
+	}
+	caps := fleet.New[string](store, 8)
+	defer caps.Close()
 }
