@@ -17,10 +17,11 @@
 // mode, give the pool's connection string default_query_exec_mode=exec
 // (pgx's statement cache is session state), and Listen a connection of its
 // own straight to the database (WithListenConfig): LISTEN is session state
-// too. The conformance suite runs so behind PgBouncer's transaction mode
-// (TestConformanceBehindPgBouncer). After a failed login to a database
-// that restarts, PgBouncer turns clients away for its server_login_retry
-// (15 s by default), and the fleet's calls fail meanwhile. Every time is the database's clock_timestamp(), read after the
+// too (ExampleWithListenConfig). The conformance suite is run so, through
+// PgBouncer in transaction mode (TestConformanceBehindPgBouncer). After a
+// failed login to a database that restarts, PgBouncer turns clients away
+// for its server_login_retry (15 s by default), and the fleet's calls fail
+// meanwhile. Every time is the database's clock_timestamp(), read after the
 // call's lock waits. A key's calls lock its row (keys in order, so calls
 // on several keys cannot deadlock; other keys of a ticket are taken only
 // if free, never waited for); leases are rows whose renewal updates stay
