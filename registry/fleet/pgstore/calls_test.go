@@ -3,14 +3,19 @@ package pgstore_test
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
 
@@ -73,4 +78,60 @@ func counts(t *testing.T, st driver.Store, want map[string]int) {
 		require.NoError(t, err)
 		assert.Equal(t, n, got, "key %s", key)
 	}
+}
+
+// A pool whose statements are prepared (pgx's default), through PgBouncer
+// in transaction mode: a statement prepared on one of PgBouncer's server
+// connections is missing on another, or there already. The errors that
+// come of it say what to change.
+func TestPreparedThroughPooler(t *testing.T) {
+	srv := pgtest.Start(t)
+	cfg, err := pgxpool.ParseConfig(srv.Bouncer())
+	require.NoError(t, err)
+	cfg.MaxConns = 8
+	p, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	var mu sync.Mutex
+	hinted, bare := 0, 0
+	check := func(err error) {
+		var pgErr *pgconn.PgError
+		if !errors.As(err, &pgErr) || pgErr.Code != "42P05" && pgErr.Code != "26000" {
+			return
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		if strings.Contains(err.Error(), "default_query_exec_mode=exec") {
+			hinted++
+		} else {
+			bare++
+			t.Logf("no hint: %v", err)
+		}
+	}
+	ctx := context.Background()
+	for round := 0; round < 20 && hinted == 0; round++ {
+		st, err := pgstore.New(ctx, p, "prepared")
+		check(err)
+		if err != nil {
+			continue
+		}
+		var wg sync.WaitGroup
+		for g := range 8 {
+			wg.Go(func() {
+				for i := range 10 {
+					id := fmt.Sprint(round, "/", g, "/", i)
+					r, err := st.AdmitOne(ctx, &driver.AdmitCall{Lease: id, Keys: []string{"k"}, Limits: []int{1000}, TTL: time.Minute,
+						Weight: 1, Claim: time.Second, Live: 5 * time.Second, MaxQueue: -1, MaxFlowQueue: -1, Proc: "test"})
+					check(err)
+					if err == nil && r.Status == driver.StatusAdmitted {
+						check(st.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: "k", Lease: id, Limit: 1000}}}))
+					}
+				}
+			})
+		}
+		wg.Wait()
+	}
+	t.Logf("%d errors of a prepared statement with the hint, %d without", hinted, bare)
+	assert.Positive(t, hinted, "no prepared statement met the pooler's other connections")
+	assert.Zero(t, bare)
 }

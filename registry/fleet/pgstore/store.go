@@ -15,9 +15,10 @@
 // and plans.sql), in one transaction of its own: no connection is held by
 // a holder and no session state is kept. Behind PgBouncer in transaction
 // mode, give the pool's connection string default_query_exec_mode=exec
-// (pgx's statement cache is session state), and Listen a connection of its
-// own straight to the database (WithListenConfig): LISTEN is session state
-// too (ExampleWithListenConfig). The conformance suite is run so, through
+// (pgx's statement cache is session state: without it calls fail, and the
+// errors of New, admissions, renewals and releases say why), and Listen a
+// connection of its own straight to the database (WithListenConfig):
+// LISTEN is session state too (ExampleWithListenConfig). The conformance suite is run so, through
 // PgBouncer in transaction mode (TestConformanceBehindPgBouncer). After a
 // failed login to a database that restarts, PgBouncer turns clients away
 // for its server_login_retry (15 s by default), and the fleet's calls fail
@@ -162,9 +163,22 @@ func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (
 		o.apply(s)
 	}
 	if err := Migrate(ctx, pool); err != nil {
-		return nil, err
+		return nil, pooled(err)
 	}
 	return s, nil
+}
+
+// pooled adds a hint to err when it is about a prepared statement that
+// one server connection has and another has not: a pooler in
+// transaction mode (PgBouncer's) between the pool and the database, with
+// pgx's statement cache on.
+func pooled(err error) error {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && (pgErr.Code == "42P05" || pgErr.Code == "26000") {
+		return fmt.Errorf("%w (through a pooler in transaction mode, such as PgBouncer's, give the pool's "+
+			"connection string default_query_exec_mode=exec)", err)
+	}
+	return err
 }
 
 // String names the fleet, for logs.
@@ -253,7 +267,7 @@ var errReply = fmt.Errorf("%w (postgres)", driver.ErrBadReply)
 
 func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult {
 	if err != nil {
-		return driver.AdmitResult{Err: err}
+		return driver.AdmitResult{Err: pooled(err)}
 	}
 	if len(res) < 7 {
 		return driver.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
@@ -284,7 +298,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 		s.name, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
 	switch {
 	case err != nil:
-		return driver.RenewResult{}, err
+		return driver.RenewResult{}, pooled(err)
 	case len(res) == 2 && res[0] == int64(driver.StatusTooLate):
 		return driver.RenewResult{TooLate: true, Now: res[1]}, nil
 	case len(res) != 2+n:
@@ -304,7 +318,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
 	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, c.Claim.Milliseconds(), keys, leases, ls, s.async)
-	return err
+	return pooled(err)
 }
 
 // Abandon makes each abandon a transaction of its own, one after another.
