@@ -213,21 +213,26 @@ func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os
 // at once, its provider slot after cut_linger_ms (250 ms by default).
 const cutUnwindTimeout = 2 * time.Second
 
-// checkRedis pings the fleet's Redis once at startup, so that an
-// unreachable one is named before the first request meets it.
+// checkRedis pings the fleet's Redis or PostgreSQL (and its listening
+// connection's database) once at startup, so that an unreachable one is
+// named before the first request meets it.
 func checkRedis(log *slog.Logger, gw *gateway.Gateway, f *gateway.FleetConfig) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
+	store := "redis"
+	if f.PostgresURL != "" {
+		store = "postgres"
+	}
 	if err := gw.Ping(ctx); err != nil {
 		mode := f.OnUnavailable
 		if mode == "" {
 			mode = "local"
 		}
-		log.Warn("gateway: redis is unreachable at startup; until it answers, the fleet caps follow on_unavailable",
+		log.Warn("gateway: "+store+" is unreachable at startup; until it answers, the fleet caps follow on_unavailable",
 			slog.String("on_unavailable", mode), slog.Any("error", err))
 		return
 	}
-	log.Info("gateway: redis answers")
+	log.Info("gateway: " + store + " answers")
 }
 
 func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {

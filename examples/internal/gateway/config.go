@@ -8,11 +8,11 @@ import (
 	"math"
 	"net/url"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 	"unicode"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
@@ -181,11 +181,19 @@ func (c Config) Redacted() Config {
 // redactURL returns raw with its password replaced, for a log line.
 func redactURL(raw string) string {
 	u, err := url.Parse(raw)
-	if err != nil {
+	switch {
+	case err != nil:
 		return "[unparsable]"
+	case u.Scheme == "":
+		// PostgreSQL's keyword/value form: host=db password=...
+		return kvPassword.ReplaceAllString(raw, "${1}xxxxx")
 	}
 	return u.Redacted()
 }
+
+// kvPassword is a password in a keyword/value connection string, quoted
+// or not.
+var kvPassword = regexp.MustCompile(`(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
 
 // MaxCutLingerMS bounds cut_linger_ms: an upstream that has not noticed a
 // cut within a minute is not noticing it, and each cut would hold a slot
@@ -365,7 +373,7 @@ func ParseConfig(data []byte) (Config, error) {
 			if _, err := pgxpool.ParseConfig(f.PostgresURL); err != nil {
 				return Config{}, errors.New("config: fleet.postgres_url: not a valid PostgreSQL URL (postgres://[user:password@]host:port/db)")
 			}
-			if _, err := pgx.ParseConfig(f.PostgresListenURL); f.PostgresListenURL != "" && err != nil {
+			if _, err := pgxpool.ParseConfig(f.PostgresListenURL); f.PostgresListenURL != "" && err != nil {
 				return Config{}, errors.New("config: fleet.postgres_listen_url: not a valid PostgreSQL URL (postgres://[user:password@]host:port/db)")
 			}
 		case f.PostgresListenURL != "":

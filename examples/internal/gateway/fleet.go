@@ -34,12 +34,13 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err e
 		var opts []pgstore.Option
 		if lu := cfg.Fleet.PostgresListenURL; lu != "" {
 			// Through PgBouncer: pgx's statement cache is session state.
-			if !strings.Contains(u, "default_query_exec_mode") {
+			if !namesExecMode(u) {
 				pc.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec
 			}
-			lc, _ := pgx.ParseConfig(lu) // checked by ParseConfig
-			lc.ConnectTimeout = time.Second
-			opts = append(opts, pgstore.WithListenConfig(lc))
+			lc, _ := pgxpool.ParseConfig(lu) // checked by ParseConfig; pool_* settings are not the server's
+			lc.ConnConfig.ConnectTimeout = time.Second
+			g.listen = lc.ConnConfig
+			opts = append(opts, pgstore.WithListenConfig(lc.ConnConfig))
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
@@ -64,6 +65,21 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err e
 	}
 	g.rdb = redis.NewClient(opt)
 	return redisstore.New(g.rdb, "tenants"), redisstore.New(g.rdb, "provider"), nil
+}
+
+// namesExecMode reports whether the PostgreSQL connection string u (a URL
+// or keyword/value pairs) sets pgx's default_query_exec_mode.
+func namesExecMode(u string) bool {
+	const key = "default_query_exec_mode"
+	if p, err := url.Parse(u); err == nil && p.Scheme != "" {
+		return p.Query().Has(key)
+	}
+	for _, f := range strings.Fields(u) {
+		if k, _, ok := strings.Cut(f, "="); ok && strings.TrimSpace(k) == key {
+			return true
+		}
+	}
+	return false
 }
 
 // startFleet makes the org caps and the provider and model caps hold

@@ -44,6 +44,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -76,6 +77,7 @@ type Gateway struct {
 	fleetModels  []string                // the models whose caps the fleet learns
 	rdb          *redis.Client           // the fleet's on Redis; nil without one
 	pool         *pgxpool.Pool           // the fleet's on PostgreSQL; nil without one
+	listen       *pgx.ConnConfig         // the fleet's listening connection's (postgres_listen_url); nil: the pool's
 	gate         *pacing.Gate
 	monitor      *sweep.Monitor[tenant]
 	proxy        *httputil.ReverseProxy

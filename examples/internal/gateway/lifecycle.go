@@ -5,10 +5,13 @@ package gateway
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"strconv"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	"github.com/inflight-go/inflight/registry/fleet"
 )
@@ -93,7 +96,16 @@ func (g *Gateway) Ping(ctx context.Context) error {
 	case g.rdb != nil:
 		return g.rdb.Ping(ctx).Err()
 	case g.pool != nil:
-		return g.pool.Ping(ctx)
+		if err := g.pool.Ping(ctx); err != nil {
+			return err
+		}
+		if g.listen != nil {
+			conn, err := pgx.ConnectConfig(ctx, g.listen)
+			if err != nil {
+				return fmt.Errorf("postgres_listen_url: %w", err)
+			}
+			return conn.Close(ctx)
+		}
 	}
 	return nil
 }

@@ -25,12 +25,13 @@ import (
 // own reply. On the server, and through PgBouncer in transaction mode.
 func TestCallsFailAlone(t *testing.T) {
 	srv := pgtest.Start(t)
-	stores := map[string]driver.Store{
-		"direct":    store(t, srv, "direct"),
-		"pgbouncer": server{Server: srv, via: srv.Bouncer()}.Store(t, "bounced"),
+	stores := map[string]func(t *testing.T) driver.Store{
+		"direct":    func(t *testing.T) driver.Store { return store(t, srv, "direct") },
+		"pgbouncer": func(t *testing.T) driver.Store { return server{Server: srv, via: srv.Bouncer()}.Store(t, "bounced") },
 	}
-	for name, st := range stores {
+	for name, start := range stores {
 		t.Run(name, func(t *testing.T) {
+			st := start(t)
 			ctx := context.Background()
 			call := func(key, id string) *driver.AdmitCall {
 				return &driver.AdmitCall{Lease: id, Keys: []string{key}, Limits: []int{2}, TTL: time.Minute, Weight: 1,

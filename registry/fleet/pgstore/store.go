@@ -14,11 +14,13 @@
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql, turns.sql
 // and plans.sql), in one transaction of its own: no connection is held by
 // a holder and no session state is kept. Behind PgBouncer in transaction
-// mode, give the pool's connection string default_query_exec_mode=exec
-// (pgx's statement cache is session state: without it calls fail, and the
-// errors of New, admissions, renewals and releases say why), and Listen a
-// connection of its own straight to the database (WithListenConfig):
-// LISTEN is session state too (ExampleWithListenConfig). The conformance suite is run so, through
+// mode without its prepared statements (before 1.21, or with
+// max_prepared_statements = 0), give the pool's connection string
+// default_query_exec_mode=exec (pgx's statement cache is session state:
+// without it calls fail, and the errors of New, admissions, renewals and
+// releases say why). In every case Listen a connection of its own straight
+// to the database (WithListenConfig): LISTEN is session state too
+// (ExampleWithListenConfig). The conformance suite is run so, through
 // PgBouncer in transaction mode (TestConformanceBehindPgBouncer). After a
 // failed login to a database that restarts, PgBouncer turns clients away
 // for its server_login_retry (15 s by default), and the fleet's calls fail

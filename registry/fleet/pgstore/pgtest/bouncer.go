@@ -18,6 +18,9 @@ import (
 // random 127.0.0.1 port and is stopped at the test's cleanup; it outlives a
 // Kill and Restart of the server, and connects to it again.
 //
+// Its prepared statement support (PgBouncer 1.21 and later) is off: a
+// statement prepared on one server connection is not on the others.
+//
 // The binary is looked for on PATH, then in /usr/sbin (Debian's package);
 // without it the test is skipped, or fails if RequireEnv is set. As root it
 // runs as the postgres user (PgBouncer refuses to run as root).
@@ -40,6 +43,17 @@ func (s *Server) Bouncer() string {
 	s.t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	if err := os.Chmod(dir, 0o755); err != nil { // readable by the postgres user, as root
 		s.t.Fatalf("pgtest: %v", err)
+	}
+	// From 1.21 PgBouncer can keep prepared statements apart per client
+	// (max_prepared_statements, on by default from 1.24): turned off, so
+	// that every version pools as 1.18 does, where a prepared statement is
+	// the server connection's.
+	var major, minor int
+	out, _ := exec.Command(bin, "--version").Output()
+	_, _ = fmt.Sscanf(string(out), "PgBouncer %d.%d", &major, &minor)
+	prepared := ""
+	if major > 1 || major == 1 && minor >= 21 {
+		prepared = "max_prepared_statements = 0\n"
 	}
 	port := freePort(s.t)
 	// trust: the user must still be named in the auth file. The pool is
@@ -65,7 +79,7 @@ server_login_retry = 1
 ignore_startup_parameters = extra_float_digits
 log_connections = 0
 log_disconnections = 0
-`, s.port, port, filepath.Join(dir, "users.txt"))
+%s`, s.port, port, filepath.Join(dir, "users.txt"), prepared)
 	for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"inflight" ""` + "\n"} {
 		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
 			s.t.Fatalf("pgtest: %v", err)

@@ -31,8 +31,8 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// RequireEnv, when set, turns missing PostgreSQL binaries into a test
-// failure.
+// RequireEnv, when set, turns missing PostgreSQL binaries (and a missing
+// PgBouncer, for Bouncer) into a test failure.
 const RequireEnv = "INFLIGHT_REQUIRE_POSTGRES"
 
 // Server is a running PostgreSQL server, with one database, "inflight",
