@@ -90,7 +90,9 @@ func (g *Gateway) WaitIdle(ctx context.Context) bool {
 	return true
 }
 
-// Ping checks that the fleet's store answers; nil without a fleet.
+// Ping checks that the fleet's store answers (and, with
+// postgres_listen_url, that its database takes a connection: it makes
+// one); nil without a fleet.
 func (g *Gateway) Ping(ctx context.Context) error {
 	switch {
 	case g.rdb != nil:
