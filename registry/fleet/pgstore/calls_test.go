@@ -127,6 +127,8 @@ func TestPreparedThroughPooler(t *testing.T) {
 					if err == nil && r.Status == driver.StatusAdmitted {
 						check(st.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: "k", Lease: id, Limit: 1000}}}))
 					}
+					_, err = st.Count(ctx, "k")
+					check(err)
 				}
 			})
 		}

@@ -17,20 +17,20 @@
 // mode without its prepared statements (before 1.21, or with
 // max_prepared_statements = 0), give the pool's connection string
 // default_query_exec_mode=exec (pgx's statement cache is session state:
-// without it calls fail, and the errors of New, admissions, renewals and
-// releases say why). In every case Listen a connection of its own straight
-// to the database (WithListenConfig): LISTEN is session state too
-// (ExampleWithListenConfig). The conformance suite is run so, through
-// PgBouncer in transaction mode (TestConformanceBehindPgBouncer). After a
-// failed login to a database that restarts, PgBouncer turns clients away
-// for its server_login_retry (15 s by default), and the fleet's calls fail
-// meanwhile. Every time is the database's clock_timestamp(), read after the
-// call's lock waits. A key's calls lock its row (keys in order, so calls
-// on several keys cannot deadlock; other keys of a ticket are taken only
-// if free, never waited for); leases are rows whose renewal updates stay
-// HOT. Wake-ups go by NOTIFY, received by LISTEN on one connection per
-// process (outside the pool); waiters also ask again on their own, so a
-// lost notification delays, never strands, a waiter.
+// without it calls fail, with errors that say why). In every case Listen
+// a connection of its own straight to the database (WithListenConfig):
+// LISTEN is session state too (ExampleWithListenConfig). The conformance
+// suite is run so, through PgBouncer in transaction mode
+// (TestConformanceBehindPgBouncer). After a failed login to a database
+// that restarts, PgBouncer turns clients away for its server_login_retry
+// (15 s by default), and the fleet's calls fail meanwhile. Every time is
+// the database's clock_timestamp(), read after the call's lock waits. A
+// key's calls lock its row (keys in order, so calls on several keys cannot
+// deadlock; other keys of a ticket are taken only if free, never waited
+// for); leases are rows whose renewal updates stay HOT. Wake-ups go by
+// NOTIFY, received by LISTEN on one connection per process (outside the
+// pool); waiters also ask again on their own, so a lost notification
+// delays, never strands, a waiter.
 //
 // Leases weigh units (fleet's AcquireN and the like): a key's count is
 // the sum of its leases' units, and a key's queue keeps strict order for
@@ -338,6 +338,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 		}
 		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
 			s.name, c.Lease, storedKeys(c.Keys), ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async)
+		errs[i] = pooled(errs[i])
 	}
 	return errs, nil
 }
@@ -345,7 +346,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 // Leave deletes proc's liveness.
 func (s *Store) Leave(ctx context.Context, proc string) error {
 	_, err := s.pool.Exec(ctx, `DELETE FROM inflight_proc WHERE fleet = $1 AND proc = $2`, s.name, proc)
-	return err
+	return pooled(err)
 }
 
 // Ping pings the database.
@@ -356,7 +357,7 @@ func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	var n int
 	err := s.pool.QueryRow(ctx, `SELECT inflight_units($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
-	return n, err
+	return n, pooled(err)
 }
 
 // SyncLearned reads, and maybe writes, a learned state in one transaction.
@@ -365,7 +366,7 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, c.TTL.Milliseconds()).Scan(&res)
 	switch {
 	case err != nil:
-		return driver.LearnedResult{}, err
+		return driver.LearnedResult{}, pooled(err)
 	case len(res) == 0:
 		return driver.LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
 	case res[0] == "1":
@@ -483,7 +484,7 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 	err := s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), c.Correct, c.Correct && c.Move,
 		c.Step, c.Limits[:], c.Cost[:]).Scan(&res)
 	if err != nil {
-		return driver.BudgetResult{}, err
+		return driver.BudgetResult{}, pooled(err)
 	}
 	return driver.BudgetReply(res)
 }
