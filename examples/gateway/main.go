@@ -131,7 +131,7 @@ func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 	}
 	log.Info("gateway: listening", append(attrs, slog.String("config", string(shown)))...)
 	if cfg.Fleet != nil {
-		checkRedis(log, gw, cfg.Fleet)
+		checkStore(log, gw, cfg.Fleet)
 	}
 
 	served := make(chan error, len(servers))
@@ -213,10 +213,10 @@ func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os
 // at once, its provider slot after cut_linger_ms (250 ms by default).
 const cutUnwindTimeout = 2 * time.Second
 
-// checkRedis pings the fleet's Redis or PostgreSQL (and its listening
+// checkStore pings the fleet's Redis or PostgreSQL (and its listening
 // connection's database) once at startup, so that an unreachable one is
 // named before the first request meets it.
-func checkRedis(log *slog.Logger, gw *gateway.Gateway, f *gateway.FleetConfig) {
+func checkStore(log *slog.Logger, gw *gateway.Gateway, f *gateway.FleetConfig) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	store := "redis"
