@@ -139,7 +139,7 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	}
 	p := st.Policy
 	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
-	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer}
+	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer, Wants: p.Wants}
 	g.eng.Init("pacing", func(rej *core.Rejection) error { return (*slots.LimitError)(rej) })
 	g.clk = g.eng.Policy.Clock
 	if g.clk == nil {

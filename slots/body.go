@@ -9,10 +9,10 @@ import (
 	"time"
 )
 
-// WrapBody returns a body that releases s once, on the first Close, Read
-// error or io.EOF, WriteTo's end, or panic; a Close or a failed Read closes
-// body first. It keeps body's io.WriterTo and io.Writer (a 101's upgraded
-// connection). A nil body or http.NoBody releases s at once.
+// WrapBody returns a body that releases s once: on the first Close, Read
+// error, io.EOF, WriteTo's end or panic, after closing body on a Close or
+// failed Read. It keeps body's io.WriterTo and io.Writer (a 101's
+// upgraded connection); a nil body or http.NoBody releases s at once.
 func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
 	if s == nil {
 		return body

@@ -30,7 +30,9 @@ type Event struct {
 }
 
 // An Observer receives Events on the admission path, with no lock held and
-// possibly concurrently: it must be quick. Admissions pair with releases.
+// possibly concurrently: it must be quick. One with Enabled(ctx) bool is
+// asked first, as a slog.Handler is (ctx nil for Events without one), and
+// what it declines is not built. Otherwise admissions pair with releases.
 type Observer interface {
 	Observe(Event)
 }

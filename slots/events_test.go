@@ -227,3 +227,61 @@ func TestTryAcquireRetryAfterIsNotEarly(t *testing.T) {
 	assert.Equal(t, 800*time.Millisecond, le.RetryAfter, "the holder started 200 ms ago, of a mean of 1 s")
 	s.Release()
 }
+
+// gatedObserver is an EnabledObserver that wants what want says, and
+// records the contexts it was asked with and the Events it was told.
+type gatedObserver struct {
+	slotstest.Recorder
+	want  func(ctx context.Context) bool
+	mu    sync.Mutex
+	asked []context.Context
+}
+
+func (g *gatedObserver) Enabled(ctx context.Context) bool {
+	g.mu.Lock()
+	g.asked = append(g.asked, ctx)
+	g.mu.Unlock()
+	return g.want(ctx)
+}
+
+// An EnabledObserver is asked before each Event, with the admission's
+// context (nil for releases and TryAcquire), and told only the Events it
+// wants; one that wants none costs no Event at all.
+func TestEnabledObserverIsAskedFirst(t *testing.T) {
+	traced := context.WithValue(context.Background(), requestKey{}, "traced")
+	g := &gatedObserver{want: func(ctx context.Context) bool { return ctx == traced }}
+	l := slots.NewLimiter(1, slots.WithObserver(g), slots.WithMaxQueue(0))
+
+	s, err := l.Acquire(context.Background()) // not wanted
+	require.NoError(t, err)
+	_, err = l.Acquire(traced) // refused, wanted
+	require.ErrorIs(t, err, slots.ErrQueueFull)
+	s.Release() // asked with nil: not wanted
+	s, err = l.Acquire(traced)
+	require.NoError(t, err)
+	s.Release()
+	_, err = l.TryAcquire() // asked with nil
+	require.NoError(t, err)
+
+	assert.Equal(t, []slots.EventKind{slots.EventRejected, slots.EventAcquired}, g.Kinds())
+	for _, e := range g.Events() {
+		assert.Equal(t, traced, e.Context)
+	}
+	g.mu.Lock()
+	assert.Equal(t, []context.Context{context.Background(), traced, nil, traced, nil, nil}, g.asked)
+	g.mu.Unlock()
+}
+
+// An Enabled that panics on an admission keeps nothing, as an Observe
+// that panics does.
+func TestEnabledPanicOnAdmissionKeepsNothing(t *testing.T) {
+	g := &gatedObserver{want: func(ctx context.Context) bool { panic("enabled") }}
+	lim := slots.NewLimiter(1, slots.WithObserver(g), slots.WithMaxQueue(0))
+	for _, acquire := range []func() (*slots.Slot, error){
+		lim.TryAcquire,
+		func() (*slots.Slot, error) { return lim.Acquire(context.Background()) },
+	} {
+		assert.PanicsWithValue(t, "enabled", func() { _, _ = acquire() })
+		assert.Zero(t, lim.InFlight())
+	}
+}

@@ -1,6 +1,7 @@
 package slots
 
 import (
+	"context"
 	"log/slog"
 	"time"
 
@@ -62,6 +63,10 @@ func WithObserver(o Observer) BaseOption {
 		if o != nil {
 			w.Observer = func(e core.Event) {
 				o.Observe(Event{Kind: EventKind(e.Kind), Err: e.Err, Wait: e.Wait, Hold: e.Hold, Context: e.Ctx, Units: e.Units})
+			}
+			w.Wants = nil
+			if eo, ok := o.(interface{ Enabled(context.Context) bool }); ok {
+				w.Wants = eo.Enabled
 			}
 		}
 	}}

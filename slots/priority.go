@@ -152,8 +152,7 @@ func shareCheck(pkg string, s Share) {
 	}
 }
 
-// WithMaxQueuePerFlow bounds one flow's waiters as WithMaxQueue bounds all
-// (0: none; < 0: no bound); other flows still queue.
+// WithMaxQueuePerFlow bounds each flow's waiters (0: none; < 0: no bound).
 func WithMaxQueuePerFlow(n int) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxFlowQueue, w.BoundFlowQueue = n, n >= 0 })
 }

@@ -21,8 +21,7 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // cut off by the end of the request's context: a streamed answer keeps its
 // slot for the whole stream. A cut exchange's slot goes back after its body
 // is closed (WithLinger: later), within 5 s of the context's end even if
-// Close hangs. An upgraded connection (101) keeps it until closed. Over its
-// base a request allocates 2 to 7 times (TestTransportAllocs). The zero
+// Close hangs. An upgraded connection (101) keeps it until closed. The zero
 // value is not usable.
 type Transport struct {
 	base   http.RoundTripper

@@ -47,11 +47,16 @@ func (e *Engine) Init(name string, asError func(*Rejection) error) {
 	e.Clock = clockx.New(e.Policy.Clock)
 }
 
-// Emit hands ev to the Observer, if there is one. Call without locks.
+// Emit hands ev to the Observer, if it wants it. Call without locks.
 func (e *Engine) Emit(ev Event) {
-	if e.Observer != nil {
+	if e.observes(ev.Ctx) {
 		e.Observer(ev)
 	}
+}
+
+// observes reports whether the Observer wants an Event under ctx.
+func (e *Engine) observes(ctx context.Context) bool {
+	return e.Observer != nil && (e.Wants == nil || e.Wants(ctx))
 }
 
 // Full reports whether a caller of flow must be turned away from q instead
@@ -116,7 +121,7 @@ func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slo
 // Rejected reports a rejection for reason of a caller that waited wait,
 // under ctx (nil: a call without a context); call without locks.
 func (e *Engine) Rejected(ctx context.Context, reason error, wait time.Duration) {
-	if e.Observer != nil {
+	if e.observes(ctx) {
 		e.Observer(Event{Kind: EventRejected, Err: reason, Wait: wait, Ctx: ctx})
 	}
 }
@@ -140,7 +145,7 @@ func (e *Engine) Released(h *Hold) {
 	if h.ID&SampleMask == 0 || e.hold.Warming() {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
-	if e.Observer != nil {
+	if e.observes(nil) {
 		e.Observer(Event{Kind: EventReleased, Hold: time.Duration(max(e.Clock.Coarse()-h.At, 0)), Units: h.Units()})
 	}
 }

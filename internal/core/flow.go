@@ -196,9 +196,9 @@ func (e *Engine) newTracked(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
 }
 
 // acquired hands out an admitted Slot and reports it after waiting wait,
-// under ctx (nil: an admission without a context). If the Observer panics
-// the Slot is released, since it never reaches its caller, and the panic
-// goes on up.
+// under ctx (nil: an admission without a context). If the Observer (or
+// its Wants) panics the Slot is released, since it never reaches its
+// caller, and the panic goes on up.
 func (e *Engine) acquired(ctx context.Context, x *Handle, t *Tracked, wait time.Duration) *Handle {
 	e.handOut(x, t)
 	if e.Observer != nil {
@@ -209,7 +209,9 @@ func (e *Engine) acquired(ctx context.Context, x *Handle, t *Tracked, wait time.
 				runtime.KeepAlive(x) // see Tracked
 			}
 		}()
-		e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx, Units: x.h.Units()})
+		if e.Wants == nil || e.Wants(ctx) {
+			e.Observer(Event{Kind: EventAcquired, Wait: wait, Ctx: ctx, Units: x.h.Units()})
+		}
 		ok = true
 	}
 	return x

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"context"
 	"log/slog"
 	"math"
 	"slices"
@@ -15,15 +16,16 @@ import (
 // without bound, queues without bound, fails closed, uses the real clock
 // and slog.Default, and reports to no one.
 type Policy struct {
-	MaxWait    time.Duration // <= 0: wait until the context ends
-	MaxQueue   int           // with BoundQueue: at most this many waiters
-	BoundQueue bool          // false: the queue is unbounded
-	FailOpen   bool          // on MaxWait, admit a bypassed slot instead of failing
-	Clock      clock.Clock   // nil: the real clock
-	Logger     *slog.Logger  // nil: slog.Default() at the time of logging
-	Observer   func(Event)   // nil: no events
-	LeakCheck  bool          // reclaim and report Slots dropped while held
-	LeakSites  bool          // with LeakCheck: record where each slot was acquired
+	MaxWait    time.Duration              // <= 0: wait until the context ends
+	MaxQueue   int                        // with BoundQueue: at most this many waiters
+	BoundQueue bool                       // false: the queue is unbounded
+	FailOpen   bool                       // on MaxWait, admit a bypassed slot instead of failing
+	Clock      clock.Clock                // nil: the real clock
+	Logger     *slog.Logger               // nil: slog.Default() at the time of logging
+	Observer   func(Event)                // nil: no events
+	Wants      func(context.Context) bool // nil: all; else asked before an Event (ctx nil: none)
+	LeakCheck  bool                       // reclaim and report Slots dropped while held
+	LeakSites  bool                       // with LeakCheck: record where each slot was acquired
 
 	MaxFlowQueue   int     // with BoundFlowQueue: at most this many waiters per flow
 	BoundFlowQueue bool    // false: flows are not bounded apart from the queue

@@ -58,17 +58,19 @@
 //
 // # Cost
 //
-// A Cap is called twice per admission (its decision and its release).
-// Without an SDK and without a span it asks whether its instruments are
-// enabled and looks for a span: no allocation, and some tens of
-// nanoseconds, which an admission made in memory feels (its hundred or so)
-// and a request sent over the network does not (BenchmarkAdmission,
-// BenchmarkRoundTrip).
+// Owners ask a Cap whether it wants an Event before they build it (see
+// Enabled). Without an SDK and without a recording span it answers no after
+// one comparison (the global provider is still the one with no SDK behind
+// it) and a look for a span: no allocation, and some ten nanoseconds per
+// admission, less than any Observer that is told every Event
+// (BenchmarkAdmission). A request sent over the network does not feel it
+// (BenchmarkRoundTrip).
 package inflightotel
 
 import (
 	"context"
 	"errors"
+	"reflect"
 	"sync/atomic"
 	"time"
 
@@ -104,9 +106,10 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	meters  metric.MeterProvider
-	tracers trace.TracerProvider // nil: the request's span's own
-	flow    bool
+	meters       metric.MeterProvider
+	globalMeters bool                 // meters is the global provider
+	tracers      trace.TracerProvider // nil: the request's span's own
+	flow         bool
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -136,7 +139,7 @@ func configure(opts []Option) config {
 		o.apply(&c)
 	}
 	if c.meters == nil {
-		c.meters = otel.GetMeterProvider()
+		c.meters, c.globalMeters = otel.GetMeterProvider(), true
 	}
 	return c
 }
@@ -233,6 +236,9 @@ type Cap struct {
 	registration metric.Registration
 	tracer       trace.Tracer // nil: the span's provider's
 	spanName     string
+	// unset is the global MeterProvider when c uses it and the program had
+	// installed none at New (see metered); nil otherwise.
+	unset metric.MeterProvider
 }
 
 // measured is the options of an admission's measurements.
@@ -261,6 +267,9 @@ func New(capName string, opts ...Option) (*Cap, error) {
 	c.over.Store(-1)
 	if c.cfg.tracers != nil {
 		c.tracer = c.cfg.tracers.Tracer(scope)
+	}
+	if c.cfg.globalMeters && isDelegating(c.cfg.meters) {
+		c.unset = c.cfg.meters
 	}
 	m := c.cfg.meters.Meter(scope)
 	var err error
@@ -421,6 +430,37 @@ func (c *Cap) Observe(e slots.Event) {
 	case slots.EventLeaked:
 		c.misuses.Add(context.Background(), 1, c.leaks...)
 	}
+}
+
+// Enabled tells owners, which ask before they build an Event (see
+// slots.Observer), whether c wants it: an Event is wanted while any
+// of c's instruments is enabled (an SDK is installed, and its views keep
+// them), and an admission's also when its context carries a recording
+// span. Owners ask it before building an Event, so that a Cap that would
+// record nothing costs an admission almost nothing.
+func (c *Cap) Enabled(ctx context.Context) bool {
+	return c.metered() || ctx != nil && trace.SpanFromContext(ctx).IsRecording()
+}
+
+// metered reports whether any instrument Observe records to is enabled.
+// While the program has installed no MeterProvider, and c uses the global
+// one, it is one comparison: that provider's instruments are off until
+// otel.SetMeterProvider gives it a delegate (it does so before the global
+// changes, so no measurement is lost after).
+func (c *Cap) metered() bool {
+	if c.unset != nil && otel.GetMeterProvider() == c.unset {
+		return false
+	}
+	bg := context.Background()
+	return c.requests.Enabled(bg) || c.timeInQueue.Enabled(bg) || c.held.Enabled(bg) || c.misuses.Enabled(bg)
+}
+
+// isDelegating reports whether p is OpenTelemetry's default global
+// MeterProvider, the one that delegates to the provider the program
+// installs (its type is not exported).
+func isDelegating(p metric.MeterProvider) bool {
+	t := reflect.TypeOf(p)
+	return t.Kind() == reflect.Pointer && t.Elem().PkgPath() == "go.opentelemetry.io/otel/internal/global"
 }
 
 // seconds is d in seconds: one multiplication (Duration.Seconds divides

@@ -1,0 +1,96 @@
+package inflightotel_test
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+
+	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep/inflightotel"
+)
+
+// A Cap wants an Event while an instrument of its is enabled, or, for an
+// admission, while its context carries a recording span.
+func TestEnabled(t *testing.T) {
+	_, tp := tracing(t)
+	traced, span := tp.Tracer("test").Start(context.Background(), "request")
+	defer span.End()
+	_, tpOff := tracing(t, sdktrace.WithSampler(sdktrace.NeverSample()))
+	sampledOut, quiet := tpOff.Tracer("test").Start(context.Background(), "request")
+	defer quiet.End()
+
+	global, err := inflightotel.New("provider") // no SDK installed in this process
+	require.NoError(t, err)
+	assert.False(t, global.Enabled(nil), "a release, no SDK")
+	assert.False(t, global.Enabled(context.Background()), "no span")
+	assert.False(t, global.Enabled(sampledOut), "a span that does not record")
+	assert.True(t, global.Enabled(traced), "a recording span")
+
+	sdk, err := inflightotel.New("provider", inflightotel.WithMeterProvider(newMeters(t)))
+	require.NoError(t, err)
+	assert.True(t, sdk.Enabled(nil))
+
+	// An SDK whose views drop every instrument of the adapter records
+	// nothing, and is asked for nothing.
+	dropAll := sdkmetric.NewView(sdkmetric.Instrument{Name: "inflight.*"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}})
+	dropped := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewManualReader()), sdkmetric.WithView(dropAll))
+	defer func() { _ = dropped.Shutdown(context.Background()) }()
+	off, err := inflightotel.New("provider", inflightotel.WithMeterProvider(dropped))
+	require.NoError(t, err)
+	assert.False(t, off.Enabled(nil))
+	assert.True(t, off.Enabled(traced))
+}
+
+// A Cap made on the global MeterProvider before the program installs an
+// SDK wants Events once it does, and counts every admission after: run in
+// a process of its own, since the global provider cannot be unset.
+func TestEnabledOnceTheSDKIsInstalled(t *testing.T) {
+	if os.Getenv("INFLIGHTOTEL_GLOBAL_CHILD") != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestEnabledOnceTheSDKIsInstalled$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "INFLIGHTOTEL_GLOBAL_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: TestEnabledOnceTheSDKIsInstalled")
+		return
+	}
+	c, err := inflightotel.New("provider")
+	require.NoError(t, err)
+	l := slots.NewLimiter(2, slots.WithObserver(c))
+	admit := func() {
+		s, err := l.Acquire(context.Background())
+		require.NoError(t, err)
+		s.Release()
+	}
+	require.False(t, c.Enabled(nil))
+	admit() // not counted: nothing collects yet
+
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	otel.SetMeterProvider(mp)
+	require.True(t, c.Enabled(nil))
+	admit()
+	admit()
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var acquired int64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name == "inflight.requests" {
+				for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
+					acquired += dp.Value
+				}
+			}
+		}
+	}
+	assert.Equal(t, int64(2), acquired, "the admissions after the SDK was installed")
+}
