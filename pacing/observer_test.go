@@ -5,6 +5,7 @@ import (
 	"errors"
 	"reflect"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -194,4 +195,31 @@ func TestGateRetryAfterWithoutACap(t *testing.T) {
 		w.g.Slot.Release()
 		held.Slot.Release()
 	})
+}
+
+// declineAll is an Observer with Enabled that wants no Event, and counts
+// the questions.
+type declineAll struct {
+	slotstest.Recorder
+	asked atomic.Int64
+}
+
+func (d *declineAll) Enabled(context.Context) bool { d.asked.Add(1); return false }
+
+// TestGateAsksEnabled: a Gate asks an Observer with Enabled before each
+// Event, as a Limiter does, and tells it none it declines.
+func TestGateAsksEnabled(t *testing.T) {
+	obs := &declineAll{}
+	g, err := pacing.NewGate("zai", pacing.Config{MaxConcurrentRequests: 1}, slots.WithObserver(obs))
+	require.NoError(t, err)
+	held, err := g.Acquire(context.Background(), "m")
+	require.NoError(t, err)
+	ended, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err = g.Acquire(ended, "m")
+	require.ErrorIs(t, err, context.Canceled)
+	held.Slot.Release()
+	held.Slot.Release()
+	assert.Equal(t, int64(4), obs.asked.Load(), "an admission, a refusal, a release, a double release")
+	assert.Empty(t, obs.Kinds())
 }

@@ -228,7 +228,7 @@ func TestTryAcquireRetryAfterIsNotEarly(t *testing.T) {
 	s.Release()
 }
 
-// gatedObserver is an EnabledObserver that wants what want says, and
+// gatedObserver is an Observer with Enabled that wants what want says, and
 // records the contexts it was asked with and the Events it was told.
 type gatedObserver struct {
 	slotstest.Recorder
@@ -244,7 +244,7 @@ func (g *gatedObserver) Enabled(ctx context.Context) bool {
 	return g.want(ctx)
 }
 
-// An EnabledObserver is asked before each Event, with the admission's
+// An Observer with Enabled is asked before each Event, with the admission's
 // context (nil for releases and TryAcquire), and told only the Events it
 // wants; one that wants none costs no Event at all.
 func TestEnabledObserverIsAskedFirst(t *testing.T) {
@@ -260,6 +260,7 @@ func TestEnabledObserverIsAskedFirst(t *testing.T) {
 	s, err = l.Acquire(traced)
 	require.NoError(t, err)
 	s.Release()
+	s.Release()             // a double release: asked with nil
 	_, err = l.TryAcquire() // asked with nil
 	require.NoError(t, err)
 
@@ -268,8 +269,16 @@ func TestEnabledObserverIsAskedFirst(t *testing.T) {
 		assert.Equal(t, traced, e.Context)
 	}
 	g.mu.Lock()
-	assert.Equal(t, []context.Context{context.Background(), traced, nil, traced, nil, nil}, g.asked)
+	assert.Equal(t, []context.Context{context.Background(), traced, nil, traced, nil, nil, nil}, g.asked)
 	g.mu.Unlock()
+
+	// A second WithObserver replaces the first, and with it the question.
+	var plain slotstest.Recorder
+	l = slots.NewLimiter(1, slots.WithObserver(g), slots.WithObserver(&plain))
+	s, err = l.Acquire(context.Background())
+	require.NoError(t, err)
+	s.Release()
+	assert.Equal(t, []slots.EventKind{slots.EventAcquired, slots.EventReleased}, plain.Kinds())
 }
 
 // An Enabled that panics on an admission keeps nothing, as an Observe

@@ -13,9 +13,10 @@ import (
 )
 
 // observe reports an admission's outcome to the Observer, if there is
-// one: s admitted (or bypassed), or err, after waiting wait under ctx. If
-// the Observer panics on an admission, s is released, since it never
-// reaches its caller, and the panic goes on up.
+// one and it wants it: s admitted (or bypassed), or err, after waiting
+// wait under ctx. If the Observer (or its Enabled) panics on an
+// admission, s is released, since it never reaches its caller, and the
+// panic goes on up.
 func (r *Registry[K]) observe(ctx context.Context, s *slots.Slot, err error, wait time.Duration) {
 	o := r.cfg.observer
 	if o == nil {
@@ -38,11 +39,23 @@ func (r *Registry[K]) observe(ctx context.Context, s *slots.Slot, err error, wai
 				}()
 			}
 		}()
-		o.Observe(e)
+		if r.cfg.wants(ctx) {
+			o.Observe(e)
+		}
 		ok = true
 		return
 	}
-	o.Observe(e)
+	if r.cfg.wants(ctx) {
+		o.Observe(e)
+	}
+}
+
+// wants reports whether the Observer wants an Event under ctx (nil: one
+// without a context): it has no Enabled, or Enabled says so (see
+// slots.Observer).
+func (c *config) wants(ctx context.Context) bool {
+	e, ok := c.observer.(interface{ Enabled(context.Context) bool })
+	return !ok || e.Enabled(ctx)
 }
 
 // quietLocal stands in for an Observer given through WithLocalOptions

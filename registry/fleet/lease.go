@@ -70,7 +70,11 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 	l.r.holdTime.Observe(held)
 	l.r.holds.observe(l.names, held)
 	if o := l.r.cfg.observer; o != nil {
-		defer o.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(max(held, 0)), Units: h.Units()})
+		defer func() { // once released, even if Enabled panics
+			if l.r.cfg.wants(nil) {
+				o.Observe(slots.Event{Kind: slots.EventReleased, Hold: time.Duration(max(held, 0)), Units: h.Units()})
+			}
+		}()
 	}
 	out, limitPanic := l.releasing()
 	func() {
@@ -143,7 +147,7 @@ func (l *lease[K]) releaseLocal() {
 // Misuse implements core.Owner: a Release of a slot released already.
 func (l *lease[K]) Misuse(*core.Hold) {
 	l.r.stats.doubleReleases.Add(1)
-	if o := l.r.cfg.observer; o != nil {
+	if o := l.r.cfg.observer; o != nil && l.r.cfg.wants(nil) {
 		o.Observe(slots.Event{Kind: slots.EventDoubleRelease})
 	}
 }

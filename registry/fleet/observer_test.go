@@ -113,3 +113,67 @@ func TestObserverEventsPairUp(t *testing.T) {
 	assert.Equal(t, 2, acquired)
 	assert.Equal(t, 2, released, "every admitted slot's release is reported")
 }
+
+// askingObserver records the contexts its Enabled is asked with, wants
+// the Events of traced alone, and panics in Enabled while panics is set.
+type askingObserver struct {
+	slotstest.Recorder
+	traced context.Context
+	mu     sync.Mutex
+	asked  []context.Context
+	panics bool
+}
+
+func (a *askingObserver) Enabled(ctx context.Context) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.asked = append(a.asked, ctx)
+	if a.panics {
+		panic("enabled")
+	}
+	return ctx == a.traced
+}
+
+// The fleet asks an Observer with Enabled before each Event, as the
+// local owners do: with the caller's context for an Acquire's outcome, and
+// nil for a TryAcquire's, a release and a double release. An Enabled that
+// panics on an admission keeps nothing; on a release, the slot is freed
+// first.
+func TestObserverEnabledIsAsked(t *testing.T) {
+	ms := memstore.New()
+	traced := context.WithValue(context.Background(), requestKey{}, "traced")
+	obs := &askingObserver{traced: traced}
+	r := New[string](ms, 1, WithLogger(quiet()), WithObserver(obs))
+	t.Cleanup(func() { closeWithin(t, r) })
+
+	s, err := r.Acquire(context.Background(), "k") // not wanted
+	require.NoError(t, err)
+	_, err = r.TryAcquire("k") // asked with nil: not wanted
+	require.ErrorIs(t, err, slots.ErrLimitReached)
+	s.Release()
+	s.Release()                     // a double release, asked with nil
+	s, err = r.Acquire(traced, "k") // wanted
+	require.NoError(t, err)
+	s.Release()
+
+	assert.Equal(t, []slots.EventKind{slots.EventAcquired}, obs.Kinds())
+	obs.mu.Lock()
+	assert.Equal(t, []context.Context{context.Background(), nil, nil, nil, traced, nil}, obs.asked)
+	obs.panics = true
+	obs.mu.Unlock()
+
+	assert.PanicsWithValue(t, "enabled", func() { _, _ = r.Acquire(traced, "k") })
+	assert.Zero(t, r.Local().InFlight("k"), "the admission Enabled panicked on is released")
+	obs.mu.Lock()
+	obs.panics = false
+	obs.mu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a bound if the slot was kept
+	defer cancel()
+	s, err = r.Acquire(ctx, "k") // once the store has the release
+	require.NoError(t, err)
+	obs.mu.Lock()
+	obs.panics = true
+	obs.mu.Unlock()
+	assert.PanicsWithValue(t, "enabled", func() { s.Release() })
+	assert.Zero(t, r.Local().InFlight("k"), "released before Enabled panicked")
+}

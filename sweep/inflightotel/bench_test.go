@@ -13,9 +13,11 @@ import (
 )
 
 // BenchmarkAdmission: Acquire and Release under a context without a span,
-// with no MeterProvider installed, beside the same without an Observer and
-// with an Observer that does nothing (the floor of any Observer): what the
-// adapter adds to an admission when nothing is traced or collected.
+// with no MeterProvider installed, beside the same without an Observer,
+// with an Observer that does nothing (the floor of one told every Event)
+// and with one whose Enabled declines at once (the floor of one asked
+// first): what the adapter adds to an admission when nothing is traced or
+// collected.
 func BenchmarkAdmission(b *testing.B) {
 	c, err := inflightotel.New("provider")
 	if err != nil {
@@ -29,6 +31,7 @@ func BenchmarkAdmission(b *testing.B) {
 	}{
 		{"bare", nil},
 		{"nop-observer", []slots.Option{slots.WithObserver(nop)}},
+		{"declining-observer", []slots.Option{slots.WithObserver(declining{})}},
 		{"inflightotel", []slots.Option{slots.WithObserver(c)}},
 	} {
 		b.Run("limiter/"+tc.name, func(b *testing.B) {
@@ -59,6 +62,12 @@ func BenchmarkAdmission(b *testing.B) {
 		})
 	}
 }
+
+// declining is an Observer that wants no Event.
+type declining struct{}
+
+func (declining) Observe(slots.Event)          {}
+func (declining) Enabled(context.Context) bool { return false }
 
 // BenchmarkRoundTrip: a request through slots.Transport to a loopback
 // server, the admission an HTTP client or proxy makes, with and without

@@ -75,9 +75,17 @@ func TestEnabledOnceTheSDKIsInstalled(t *testing.T) {
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
 	defer func() { _ = mp.Shutdown(context.Background()) }()
+	prev := otel.GetMeterProvider()
 	otel.SetMeterProvider(mp)
 	require.True(t, c.Enabled(nil))
 	admit()
+	// A test's way to undo it puts the default provider back, which goes
+	// on delegating to mp: a Cap made before, or after, still records.
+	otel.SetMeterProvider(prev)
+	after, err := inflightotel.New("provider")
+	require.NoError(t, err)
+	require.True(t, c.Enabled(nil))
+	require.True(t, after.Enabled(nil))
 	admit()
 
 	var rm metricdata.ResourceMetrics
