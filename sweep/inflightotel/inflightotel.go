@@ -60,10 +60,11 @@
 //
 // Owners ask a Cap whether it wants an Event before they build it (see
 // Enabled). Without an SDK and without a recording span it answers no
-// after asking its four instruments (each finds no SDK behind it) and
-// looking for a span: no allocation, and about as much time as an
-// Observer that does nothing but is told every Event (BenchmarkAdmission).
-// A request sent over the network does not feel it (BenchmarkRoundTrip).
+// after asking one instrument, comparing the global provider with the one
+// it started on, and looking for a span: no allocation, and about as much
+// time as an Observer that does nothing but is told every Event
+// (BenchmarkAdmission). A request sent over the network does not feel it
+// (BenchmarkRoundTrip).
 package inflightotel
 
 import (
@@ -105,10 +106,9 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	meters       metric.MeterProvider
-	globalMeters bool                 // meters is the global provider
-	tracers      trace.TracerProvider // nil: the request's span's own
-	flow         bool
+	meters  metric.MeterProvider
+	tracers trace.TracerProvider // nil: the request's span's own
+	flow    bool
 }
 
 // WithMeterProvider sets where the metrics go (default: the global
@@ -432,11 +432,10 @@ func (c *Cap) Observe(e slots.Event) {
 }
 
 // Enabled tells owners, which ask before they build an Event (see
-// slots.Observer), whether c wants it: an Event is wanted while any
-// of c's instruments is enabled (an SDK is installed, and its views keep
-// them), and an admission's also when its context carries a recording
-// span. Owners ask it before building an Event, so that a Cap that would
-// record nothing costs an admission almost nothing.
+// slots.Observer), whether c wants it: while any of c's instruments is
+// enabled (an SDK is installed, and its views keep them), and for an
+// admission also when its context carries a recording span. A Cap that
+// would record nothing thus costs an admission almost nothing.
 func (c *Cap) Enabled(ctx context.Context) bool {
 	return c.metered() || ctx != nil && trace.SpanFromContext(ctx).IsRecording()
 }
