@@ -158,6 +158,34 @@ func ExampleWithObserver() {
 	// Output: 1 1
 }
 
+// tracedOnly keeps the Events of traced requests alone. An Observer with
+// Enabled is asked before each Event is built, with the admission's
+// context (nil for releases), so those it declines cost almost nothing.
+type tracedOnly struct{ kinds []slots.EventKind }
+
+type tracedKey struct{}
+
+func (o *tracedOnly) Enabled(ctx context.Context) bool {
+	return ctx != nil && ctx.Value(tracedKey{}) != nil
+}
+
+func (o *tracedOnly) Observe(e slots.Event) { o.kinds = append(o.kinds, e.Kind) }
+
+// An Observer that wants some Events only.
+func ExampleObserver_enabled() {
+	var obs tracedOnly
+	lim := slots.NewLimiter(1, slots.WithObserver(&obs), slots.WithMaxQueue(0))
+	traced := context.WithValue(context.Background(), tracedKey{}, true)
+
+	held, _ := lim.Acquire(context.Background()) // not traced: never built
+	_, err := lim.Acquire(traced)                // refused: told
+	held.Release()                               // a release: declined
+	s, _ := lim.Acquire(traced)                  // told
+	s.Release()
+	fmt.Println(err != nil, obs.kinds[0] == slots.EventRejected, obs.kinds[1] == slots.EventAcquired, len(obs.kinds))
+	// Output: true true true 2
+}
+
 // Interactive callers go before batch ones, and within a class flows (here
 // orgs) take turns. (WithShare would keep batch a minimum share.)
 func ExampleWithPriority() {
