@@ -161,7 +161,11 @@ func ExampleWithObserver() {
 // tracedOnly keeps the Events of traced requests alone. An Observer with
 // Enabled is asked before each Event is built, with the admission's
 // context (nil for releases), so those it declines cost almost nothing.
-type tracedOnly struct{ kinds []slots.EventKind }
+// Both methods may be called concurrently.
+type tracedOnly struct {
+	mu   sync.Mutex
+	seen []string
+}
 
 type tracedKey struct{}
 
@@ -169,21 +173,30 @@ func (o *tracedOnly) Enabled(ctx context.Context) bool {
 	return ctx != nil && ctx.Value(tracedKey{}) != nil
 }
 
-func (o *tracedOnly) Observe(e slots.Event) { o.kinds = append(o.kinds, e.Kind) }
+func (o *tracedOnly) Observe(e slots.Event) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	switch e.Kind {
+	case slots.EventAcquired:
+		o.seen = append(o.seen, "acquired")
+	case slots.EventRejected:
+		o.seen = append(o.seen, "rejected")
+	}
+}
 
 // An Observer that wants some Events only.
 func ExampleObserver_enabled() {
-	var obs tracedOnly
-	lim := slots.NewLimiter(1, slots.WithObserver(&obs), slots.WithMaxQueue(0))
-	traced := context.WithValue(context.Background(), tracedKey{}, true)
+	obs := &tracedOnly{}
+	lim := slots.NewLimiter(1, slots.WithObserver(obs), slots.WithMaxQueue(0))
+	traced := context.WithValue(context.Background(), tracedKey{}, "req-1")
 
-	held, _ := lim.Acquire(context.Background()) // not traced: never built
-	_, err := lim.Acquire(traced)                // refused: told
+	held, _ := lim.Acquire(context.Background()) // not traced: not built
+	_, err := lim.Acquire(traced)                // traced, refused
 	held.Release()                               // a release: declined
-	s, _ := lim.Acquire(traced)                  // told
+	s, _ := lim.Acquire(traced)                  // traced, admitted
 	s.Release()
-	fmt.Println(err != nil, obs.kinds[0] == slots.EventRejected, obs.kinds[1] == slots.EventAcquired, len(obs.kinds))
-	// Output: true true true 2
+	fmt.Println(err != nil, obs.seen)
+	// Output: true [rejected acquired]
 }
 
 // Interactive callers go before batch ones, and within a class flows (here
