@@ -118,7 +118,8 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // budget with nothing in its last minute admits any request, so a
 // budget's first request passes even when it is larger than the budget.
 //
-// Order on a budget is strict, as on the token caps. A request whose
+// Order on a budget is strict: while a request waits for a refill, the
+// budget fills for it and nothing stands idle. A request whose
 // budget cannot take it within Config's queue wait, counting the requests
 // already waiting for that budget, is refused at once with a
 // *slots.LimitError wrapping ErrOverBudget, whose RetryAfter is when the

@@ -35,7 +35,8 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 				break
 			}
 		}
-		w := g.nextLocked(now, &wakeAt)
+		var tf tokensFit
+		w := g.nextLocked(now, &wakeAt, &tf)
 		if w == nil {
 			break // a release, a start time or a config change will dispatch again
 		}
@@ -53,6 +54,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		}
 		ml := gr.model
 		g.provider.Serve(w)
+		tf.served(w) // the blockers it passed, on the token caps
 		ml.waiting--
 		gr.unqueue()
 		gr.bud, gr.step = g.budgetsOf(ml), int32(now/int64(budgetStep))
@@ -103,11 +105,11 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 // nextLocked returns the waiter to start now, or nil: in the queue's order
 // (class, flow turns, arrival), the first whose class may take a provider
 // slot and whose model has room and is due. It lowers *wakeAt to the
-// earliest start of a model that is not due yet.
-func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
-	var tf tokensFit
-	return g.provider.Candidate(func(w *core.Waiter) bool {
-		if tf.stopped {
+// earliest start of a model that is not due yet. tf keeps the blockers
+// the choice passed, to count once the waiter is served.
+func (g *Gate) nextLocked(now int64, wakeAt *int64, tf *tokensFit) *core.Waiter {
+	w, _ := g.provider.Candidate(func(w *core.Waiter, _ bool) bool {
+		if tf.stopped || tf.scanned() {
 			return false
 		}
 		ml := w.Hold.Owner.(*grant).model
@@ -122,6 +124,7 @@ func (g *Gate) nextLocked(now int64, wakeAt *int64) *core.Waiter {
 		}
 		return tf.ok(g, w, now, wakeAt)
 	})
+	return w
 }
 
 // armLocked makes a dispatch run at the clock time at (0: none needed).

@@ -36,10 +36,11 @@ func (t tokens) fits(n int) bool { return t.limit == 0 || n <= t.limit-t.held }
 // costs its larger share of the provider's caps, so flows share its tokens
 // when the token cap binds, and its slots when the request cap does.
 //
-// Order stays strict on the token caps: a request waiting for tokens of
-// the provider keeps every request after it from them, and one waiting for
-// its model's tokens keeps that model's later requests from them, so it is
-// served as soon as enough are free. A request heavier than a token cap
+// While a request's tokens do not fit the provider's cap, the requests
+// after it may start past it until they have taken 4 times its tokens (of
+// other flows or classes, half of them); then it keeps every request after
+// it from them, and is served as soon as enough are free. The same holds
+// for a model's cap and its requests. A request heavier than a token cap
 // could wait forever: it is refused at once with a *slots.LimitError
 // wrapping slots.ErrExceedsLimit (Cap CapTokens or CapModelTokens), or
 // while it waits when Reconfigure lowers the cap below it. n outside
@@ -119,12 +120,21 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 
 // tokensFit is the token part of nextLocked's choice, for one pass over
 // the queue in its order: whether w's tokens fit the caps in flight and
-// the budgets. The first request that does not fit the provider's stops
-// the pass, the first that does not fit its model's stops that model's;
-// so none passes a request waiting for tokens.
+// the budgets. A request whose tokens in flight do not fit the provider's
+// cap (a blocker) lets the requests after it start until they have taken
+// core.PassFactor times its tokens, as core.Lane.Candidate does with
+// units; from then on it stops the pass. The same holds for a model's cap,
+// for that model's requests. A request waiting for a budget stops the pass
+// (or its model's) at once: the budget refills meanwhile, so strict order
+// loses nothing there.
 type tokensFit struct {
 	stopped bool
-	models  []*modelLane // models whose tokens a waiter waits for
+	models  []*modelLane // models whose tokens a waiter keeps
+	// passed is the provider's first blocker, and each model's, that the
+	// pass went by; looked counts the waiters seen since the first.
+	passed  *core.Waiter
+	mPassed []*core.Waiter
+	looked  int
 }
 
 func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
@@ -137,7 +147,7 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 	}
 	n := int(gr.units)
 	if !g.tok.fits(n) {
-		t.stopped = true
+		t.stopped = !t.pass(w, &t.passed)
 		return false
 	}
 	if at, _ := g.bud.fitAt(gr.cost(), charges{}, now); at != 0 {
@@ -146,7 +156,17 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 		return false
 	}
 	if !ml.tok.fits(n) {
-		t.models = append(t.models, ml)
+		for _, p := range t.mPassed {
+			if p.Hold.Owner.(*grant).model == ml {
+				return false // passing its model's blocker
+			}
+		}
+		var p *core.Waiter
+		if !t.pass(w, &p) {
+			t.models = append(t.models, ml)
+			return false
+		}
+		t.mPassed = append(t.mPassed, p)
 		return false
 	}
 	if at, _ := ml.bud.fitAt(gr.cost(), charges{}, now); at != 0 {
@@ -155,6 +175,43 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 		return false
 	}
 	return true
+}
+
+// scanned reports whether the pass has looked at core.PassScan waiters
+// since the first blocker it went by, and stops it then.
+func (t *tokensFit) scanned() bool {
+	if t.passed != nil || len(t.mPassed) > 0 {
+		if t.looked++; t.looked > core.PassScan {
+			t.stopped = true
+		}
+	}
+	return t.stopped
+}
+
+// pass reports whether the requests after blocker w may still pass it,
+// recording it in *first unless one is there already.
+func (t *tokensFit) pass(w *core.Waiter, first **core.Waiter) bool {
+	units := max(int64(w.Hold.Owner.(*grant).units), 1)
+	if w.Passed >= core.PassFactor*units {
+		return false
+	}
+	if *first == nil {
+		*first = w
+	}
+	return true
+}
+
+// served counts w's tokens against the blockers it passed: the
+// provider's and its model's.
+func (t *tokensFit) served(w *core.Waiter) {
+	gr := w.Hold.Owner.(*grant)
+	units := max(int64(gr.units), 1)
+	t.passed.Pass(w, units)
+	for _, p := range t.mPassed {
+		if p.Hold.Owner.(*grant).model == gr.model {
+			p.Pass(w, units)
+		}
+	}
 }
 
 // lower lowers *at to t; an *at of 0 is none yet.

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
@@ -25,9 +26,23 @@ func ready(c chan result) (result, bool) {
 	}
 }
 
-// A heavy waiter that stops the pass on the provider's tokens withdraws
-// (its context ends): the light waiter it held back now fits and is
-// granted at once (withdraw dispatched only with shares once).
+// passTokens makes requests for model, of 2 tokens each and in the
+// default flow, pass the waiter that cannot take its tokens until n have,
+// each starting and ending at once: past its bound (core.PassFactor times
+// its tokens) that waiter keeps its place.
+func passTokens(t *testing.T, g *pacing.Gate, model string, n int) {
+	t.Helper()
+	for range n / 2 {
+		gt, err := g.AcquireN(context.Background(), model, 2)
+		require.NoError(t, err)
+		gt.Slot.Release()
+	}
+}
+
+// A heavy waiter that stops the pass on the provider's tokens (its bound
+// has passed it) withdraws (its context ends): the light waiter it
+// held back now fits and is granted at once (withdraw dispatched only with
+// shares once).
 func TestTokensBlockerThatLeavesServesTheRest(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxInflightTokens: 10, MaxQueueWaitMS: 60_000})
@@ -37,6 +52,7 @@ func TestTokensBlockerThatLeavesServesTheRest(t *testing.T) {
 		hctx, cancelH := context.WithCancel(ctx)
 		heavy := acquireNAsync(hctx, g, "m", 8)
 		synctest.Wait()
+		passTokens(t, g, "n", 8*core.PassFactor)
 		light := acquireNAsync(ctx, g, "n", 2)
 		synctest.Wait()
 		require.Equal(t, 2, g.Status().Queued)
@@ -73,6 +89,7 @@ func TestTokensModelBlockerThatLeavesServesTheRest(t *testing.T) {
 		hctx, cancelH := context.WithCancel(ctx)
 		heavy := acquireNAsync(hctx, g, "big", 8)
 		synctest.Wait()
+		passTokens(t, g, "big", 8*core.PassFactor)
 		light := acquireNAsync(ctx, g, "big", 2)
 		synctest.Wait()
 		require.Equal(t, 2, g.Status().Queued)
@@ -223,8 +240,8 @@ func TestTokensRefusalNamesTheCapAsItWas(t *testing.T) {
 	})
 }
 
-// The wait timeout of a request held back by a heavy one ahead (its own
-// tokens fit) names the token cap it waited behind.
+// The wait timeout of a request held back by a heavy one ahead that keeps
+// its place (its own tokens fit) names the token cap it waited behind.
 func TestTokensTimeoutBehindHeavyNamesTokens(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		cfg := pacing.Config{MaxInflightTokens: 100, MaxQueueWaitMS: 5000}
@@ -234,6 +251,7 @@ func TestTokensTimeoutBehindHeavyNamesTokens(t *testing.T) {
 		require.NoError(t, err)
 		heavy := acquireNAsync(ctx, g, "m", 50) // waits up to 5 s
 		synctest.Wait()
+		passTokens(t, g, "n", 50*core.PassFactor) // it keeps its place from then on
 		cfg.MaxQueueWaitMS = 1000
 		require.NoError(t, g.Reconfigure(cfg))
 		light := acquireNAsync(ctx, g, "n", 30) // up to 1 s, behind the heavy one

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/slots"
@@ -33,8 +34,10 @@ func acquireNAsync(ctx context.Context, g *pacing.Gate, model string, n int) cha
 }
 
 // The provider's tokens in flight are capped, a request's Slot frees its
-// tokens, and a request waiting for tokens keeps its place: a lighter one
-// after it waits too, although it would fit.
+// tokens, and a request waiting for tokens lets lighter ones after it
+// start until they have taken its bound (core.PassFactor times its tokens
+// in its flow); then it keeps its place: a
+// lighter one after it waits too, although it would fit.
 func TestGateTokensInFlight(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxInflightTokens: 100})
@@ -48,18 +51,22 @@ func TestGateTokensInFlight(t *testing.T) {
 
 		heavy := acquireNAsync(ctx, g, "m", 50)
 		synctest.Wait()
-		light := acquireNAsync(ctx, g, "other", 30)
+		light, err := g.AcquireN(ctx, "other", 30)
+		require.NoError(t, err, "40 tokens free: the 30 passes the 50")
+		passTokens(t, g, "other", 50*core.PassFactor-30) // its bound has passed it
+		later := acquireNAsync(ctx, g, "other", 5)
 		synctest.Wait()
-		assert.Equal(t, 2, g.Status().Queued, "40 tokens free: the 30 waits behind the 50")
+		assert.Equal(t, 2, g.Status().Queued, "10 tokens free: the 5 waits behind the 50 now")
 
 		a.Slot.Release()
 		synctest.Wait()
-		h, l := <-heavy, <-light
+		h, l := <-heavy, <-later
 		require.NoError(t, h.err)
 		require.NoError(t, l.err)
-		assert.Equal(t, 80, g.Status().Tokens)
+		assert.Equal(t, 85, g.Status().Tokens)
 		h.g.Slot.Release()
 		l.g.Slot.Release()
+		light.Slot.Release()
 		st = g.Status()
 		assert.Equal(t, 0, st.Tokens)
 		assert.Equal(t, 0, st.InFlight)
@@ -68,7 +75,8 @@ func TestGateTokensInFlight(t *testing.T) {
 }
 
 // A model's tokens are capped apart: a request waiting for its model's
-// tokens holds back that model's later requests, not another model's.
+// tokens, once passed by its bound, holds back that model's later
+// requests, not another model's.
 func TestGateModelTokens(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{Models: map[string]pacing.ModelConfig{"big": {MaxInflightTokens: 50}}})
@@ -77,6 +85,7 @@ func TestGateModelTokens(t *testing.T) {
 		require.NoError(t, err)
 		heavy := acquireNAsync(ctx, g, "big", 40)
 		synctest.Wait()
+		passTokens(t, g, "big", 40*core.PassFactor)
 		later := acquireNAsync(ctx, g, "big", 5)
 		synctest.Wait()
 		other, err := g.AcquireN(ctx, "small", 1000)
@@ -127,6 +136,7 @@ func TestGateTokensTooHeavy(t *testing.T) {
 		require.NoError(t, err)
 		waiting := acquireNAsync(ctx, g, "m", 90)
 		synctest.Wait()
+		passTokens(t, g, "m", 90*core.PassFactor)
 		fits := acquireNAsync(ctx, g, "m", 10)
 		synctest.Wait()
 		assert.Equal(t, 2, g.Status().Queued)

@@ -34,9 +34,9 @@ func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
 }
 
 // AcquireN is Acquire for a Slot that weighs n units of key's limit
-// (tokens, bytes: what a request costs), all freed by its Release. Order
-// stays strict, as with slots.Limiter.AcquireN: while a waiter waits for n
-// units, the key's later callers do not take them. It also fails with
+// (tokens, bytes: what a request costs), all freed by its Release. Later
+// callers of key alone may pass a waiter whose n units do not fit, as on
+// a slots.Limiter; a caller of several keys does not. It also fails with
 // slots.ErrBadUnits for n outside 1..slots.MaxUnits, and with a
 // *slots.LimitError wrapping slots.ErrExceedsLimit when the key's limit
 // can never hold n: at once, or while it waits once the limit is lowered

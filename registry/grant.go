@@ -94,23 +94,23 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 	var now int64
 	if len(entries) == 1 && entries[0].lane.Multi == 0 && entries[0].lane.Waiters.Heavy() == 0 {
 		e := entries[0]
-		for w := e.lane.Candidate(nil); w != nil; w = e.lane.Candidate(nil) {
+		for w, passed := e.lane.Candidate(nil); w != nil; w, passed = e.lane.Candidate(nil) {
 			if now == 0 {
 				now = r.eng.Clock.Coarse()
 			}
-			r.grantOneLocked(e, w, now, wk)
+			r.grantOneLocked(e, w, passed, now, wk)
 		}
 		return
 	}
 	for {
-		var best *core.Waiter
+		var best, passed *core.Waiter
 		var from *entry[K]
 		var t turns[K] // each search asks afresh: a grant changes the turns
 		for _, e := range entries {
-			w := r.candidateLocked(e, &t, nil)
+			w, p := r.candidateLocked(e, &t, nil)
 			if w != nil && (best == nil || core.Rank(w.Class) < core.Rank(best.Class) ||
 				w.Class == best.Class && w.Seq < best.Seq) {
-				best, from = w, e
+				best, passed, from = w, p, e
 			}
 		}
 		if best == nil {
@@ -122,7 +122,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 		m, ok := best.Hold.Owner.(*multi[K])
 		if !ok {
 			passLocked(from, best.Class, best.Seq, nil)
-			r.grantOneLocked(from, best, now, wk)
+			r.grantOneLocked(from, best, passed, now, wk)
 			continue
 		}
 		r.unlinkWaiterLocked(best, m, true)
@@ -147,15 +147,17 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 // alone: each that nobody keeps the units from and whose units fit, up to
 // the first waiter for e alone that weighs more than one unit (it keeps its
 // place, fitting or not; past it only classes owed their share go on).
-func (r *Registry[K]) candidateLocked(e *entry[K], t *turns[K], turns map[*core.Waiter]bool) *core.Waiter {
+func (r *Registry[K]) candidateLocked(e *entry[K], t *turns[K], turns map[*core.Waiter]bool) (w, passed *core.Waiter) {
 	keptFrom := r.keptFromLocked(e)
-	return e.lane.Candidate(func(w *core.Waiter) bool {
+	return e.lane.Candidate(func(w *core.Waiter, passing bool) bool {
 		n := w.Hold.Units()
 		if keptFrom != nil && kept(e, keptFrom, w) || blockedLocked(e, w.Class, w.Seq, n) {
 			return false
 		}
 		m, multi := w.Hold.Owner.(*multi[K])
 		switch {
+		case multi && passing:
+			return false // a waiter of several keys passes no blocker
 		case turns == nil:
 			return !multi || m.canTake(w, n, t)
 		case multi:
@@ -203,8 +205,9 @@ func (r *Registry[K]) keptFromLocked(e *entry[K]) *[core.NumClasses]uint64 {
 				continue
 			}
 			n := w.Hold.Units()
-			if e.lane.CanTake(c, n) && !blockedLocked(e, c, w.Seq, n) {
-				continue
+			blocked := blockedLocked(e, c, w.Seq, n)
+			if !blocked && (e.lane.CanTake(c, n) || w.Passed < core.PassFactor*int64(n)) {
+				continue // it fits, or the waiters after it may still pass it
 			}
 			if from == nil {
 				from = &[core.NumClasses]uint64{math.MaxUint64, math.MaxUint64, math.MaxUint64}
@@ -246,8 +249,9 @@ func (m *multi[K]) canTake(w *core.Waiter, n int, t *turns[K]) bool {
 	return true
 }
 
-func (r *Registry[K]) grantOneLocked(e *entry[K], w *core.Waiter, now int64, wk *core.Wakes) {
+func (r *Registry[K]) grantOneLocked(e *entry[K], w, passed *core.Waiter, now int64, wk *core.Wakes) {
 	e.lane.Serve(w)
+	passed.Pass(w, int64(w.Hold.Extra)+1)
 	w.Hold.At = now
 	e.shard.holdLocked(r, e, w.Hold, &w.Hold.Idx)
 	e.shard.st.waited++

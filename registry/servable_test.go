@@ -62,7 +62,7 @@ func (r *Registry[K]) servableWaiter() string {
 			}
 			// With heavier waiters, what the grant loop would choose now
 			// (candidateLocked; its rules are tested apart).
-			w := r.candidateLocked(e, new(turns[K]), nil)
+			w, _ := r.candidateLocked(e, new(turns[K]), nil)
 			if w != nil {
 				msg += fmt.Sprintf("key %v: a class %d waiter of %d units could be served (limit %d, %d units held, %d waiting)\n",
 					e.key, w.Class, w.Hold.Units(), e.lane.Limit, e.lane.Holders.Units(), e.lane.Waiters.Len())

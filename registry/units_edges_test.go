@@ -267,3 +267,41 @@ func TestUnitsMultiGrantedWhenAnotherKeysTurnMoves(t *testing.T) {
 		synctest.Wait()
 	})
 }
+
+// A caller of several keys passes no blocker on any of them (callers of
+// one key do, up to its bound): behind a caller waiting for 5 units of
+// "p", with 2 free, an AcquireAll of "p" and "m" waits, and a caller of
+// "p" alone that came after it passes both (the AcquireAll may be passed
+// at most MaxPassed times, as any).
+func TestRegistryAcquireAllPassesNoBlocker(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		reg := registry.New[string](10)
+		a, err := reg.TryAcquireN("p", 8)
+		require.NoError(t, err)
+		heavy := make(chan *slots.Slot, 1)
+		go func() {
+			s, err := reg.AcquireN(context.Background(), "p", 5)
+			assert.NoError(t, err)
+			heavy <- s
+		}()
+		synctest.Wait()
+		all := make(chan *slots.Slot, 1)
+		go func() {
+			s, err := reg.AcquireAll(context.Background(), "p", "m")
+			assert.NoError(t, err)
+			all <- s
+		}()
+		synctest.Wait()
+		assert.Equal(t, 2, reg.Waiting("p"), "the AcquireAll waits behind the blocker")
+		assert.Equal(t, 0, reg.InFlight("m"))
+		one, err := reg.Acquire(context.Background(), "p")
+		require.NoError(t, err, "a caller of p alone passes the blocker")
+		assert.Equal(t, 9, reg.InFlight("p"))
+		one.Release()
+		a.Release()
+		synctest.Wait()
+		(<-heavy).Release()
+		(<-all).Release()
+		assert.Equal(t, 0, reg.InFlight("p"))
+	})
+}

@@ -29,6 +29,6 @@
 // key); within a flow, arrival order. Without classes and flows the queue
 // is plain FIFO, at its cost. Every queue of the module follows this rule.
 // AcquireN weighs a caller in units (a prompt's tokens): flows share units
-// by weight; order stays strict, so a heavy waiter never starves, at the
-// price of units standing idle meanwhile.
+// by weight; callers pass one whose units do not fit up to 4 times them
+// (other flows: half), then it goes first.
 package slots

@@ -88,9 +88,9 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 	return l.acquire(ctx, 1)
 }
 
-// AcquireN is Acquire for n units. It also fails with ErrBadUnits, or
-// ErrExceedsLimit when the limit, less other classes' guarantees, can never
-// hold n (a limit of 0 is a pause: it refuses nobody).
+// AcquireN is Acquire for n units, which later callers may pass up to a
+// bound (package doc). It fails with ErrBadUnits, or ErrExceedsLimit when
+// the limit, less other classes' guarantees, can never hold n (0: a pause).
 func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
 	if err := l.engine().CheckUnits(ctx, n); err != nil {
 		return nil, err
@@ -240,8 +240,9 @@ func (l *Limiter) admitLocked(h *core.Hold) {
 // grantLocked admits waiters in order while there is room; wk wakes them.
 func (l *Limiter) grantLocked(wk *core.Wakes) {
 	var now int64
-	for w := l.lane.Candidate(nil); w != nil; w = l.lane.Candidate(nil) {
+	for w, passed := l.lane.Candidate(nil); w != nil; w, passed = l.lane.Candidate(nil) {
 		l.lane.Serve(w)
+		passed.Pass(w, int64(w.Hold.Extra)+1)
 		if now == 0 {
 			now = l.engine().Clock.Coarse()
 		}

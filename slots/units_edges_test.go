@@ -146,8 +146,9 @@ func TestUnitsShortClassLeavesLowerReserve(t *testing.T) {
 	}
 }
 
-// A default heavy waiter kept out only by interactive's Reserved keeps
-// its place: batch, owed nothing, does not take the units it needs.
+// A default heavy waiter kept out only by interactive's Reserved, once
+// passed by its bound, keeps its place: batch, owed nothing, does
+// not take the units it needs.
 func TestUnitsBatchDoesNotPassHeavyDefault(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(10, slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 2}))
@@ -161,6 +162,7 @@ func TestUnitsBatchDoesNotPassHeavyDefault(t *testing.T) {
 			heavy <- s
 		}()
 		synctest.Wait()
+		passUnits(t, l, batch, 8/2) // another flow takes half its units: it keeps its place from then on
 		light := make(chan *slots.Slot, 1)
 		go func() {
 			s, err := l.AcquireN(batch, 1)

@@ -3,6 +3,7 @@ package slots_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -13,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -129,10 +131,11 @@ func TestLimiterRefusesMoreThanTheLimit(t *testing.T) {
 	})
 }
 
-// Order is strict: a caller waiting for n units keeps later callers from
-// the units it waits for, even those that would fit, and is served as soon
-// as n are free; the callers behind it are then served in order.
-func TestLimiterHeavyWaiterKeepsItsPlace(t *testing.T) {
+// A caller waiting for n units that do not fit lets the callers after it
+// (of its flow) take free units until they have taken core.PassFactor
+// times n; from then on it keeps its place: later callers, even those
+// that would fit, wait until it is served, as soon as n are free.
+func TestLimiterHeavyWaiterIsPassedUpToItsBound(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(10)
 		a, err := l.TryAcquireN(4)
@@ -156,36 +159,63 @@ func TestLimiterHeavyWaiterKeepsItsPlace(t *testing.T) {
 			}()
 			synctest.Wait()
 		}
-		acquire("heavy", 5)
-		acquire("light", 1)
-		acquire("light2", 1)
-		assert.Equal(t, 3, l.Waiting(), "2 units are free, but the heavy caller came first")
+		release := func(name string) {
+			mu.Lock()
+			s := held[name]
+			mu.Unlock()
+			s.Release()
+			synctest.Wait()
+		}
+		passers := 4 * core.PassFactor / 2 // callers of 2 units passing one of 4
+		acquire("heavy", 4)
+		var want []string
+		for i := 1; i <= passers+1; i++ {
+			acquire(fmt.Sprint("light", i), 2)
+			want = append(want, fmt.Sprint("light", i))
+		}
+		assert.Equal(t, 10, l.InFlight(), "light1 passed the heavy caller: 2 units were free")
+		assert.Equal(t, passers+1, l.Waiting())
+		for i := 1; i < passers; i++ {
+			release(fmt.Sprint("light", i)) // the next light caller passes
+			assert.Equal(t, 10, l.InFlight())
+		}
+		release(fmt.Sprint("light", passers)) // it has been passed by its bound
+		assert.Equal(t, 8, l.InFlight(), "2 units free, but the heavy caller keeps its place now")
+		assert.Equal(t, 2, l.Waiting())
 		_, err = l.TryAcquire()
-		assert.ErrorIs(t, err, slots.ErrLimitReached, "TryAcquire does not pass the heavy waiter either")
-		assert.Equal(t, 8, l.InFlight(), "the free units stand idle while it waits")
+		assert.ErrorIs(t, err, slots.ErrLimitReached, "TryAcquire does not pass it either")
 
 		a.Release()
 		synctest.Wait()
+		assert.Equal(t, 10, l.InFlight(), "6 free: the heavy caller took 4, then the last light one 2")
 		mu.Lock()
-		assert.ElementsMatch(t, []string{"heavy", "light"}, order, "6 free: the heavy one, and one light one after it")
-		mu.Unlock()
-		assert.Equal(t, 10, l.InFlight())
-		assert.Equal(t, 1, l.Waiting())
-
-		b.Release()
-		synctest.Wait()
-		mu.Lock()
-		assert.Equal(t, "light2", order[2])
-		for _, s := range held {
-			s.Release()
+		if assert.Len(t, order, passers+2) {
+			assert.Equal(t, want[:passers], order[:passers])
+			assert.ElementsMatch(t, []string{"heavy", want[passers]}, order[passers:], "granted together")
 		}
 		mu.Unlock()
+		release("heavy")
+		release(fmt.Sprint("light", passers+1))
+		b.Release()
 		assert.Equal(t, 0, l.InFlight())
 	})
 }
 
-// A heavy waiter that leaves (its context ends, or its limit drops below
-// it) gives the units it kept to the callers after it at once.
+// passUnits makes n callers of one unit at ctx pass l's blocked waiter,
+// each taking and giving back its unit, so that the waiter keeps its
+// place from then on.
+func passUnits(t *testing.T, l *slots.Limiter, ctx context.Context, n int) {
+	t.Helper()
+	for range n {
+		s, err := l.AcquireN(ctx, 1)
+		require.NoError(t, err)
+		s.Release()
+	}
+}
+
+// A heavy waiter that keeps its place (it has been passed by its bound)
+// and leaves (its context ends, or its limit drops below it) gives
+// the units it kept to the callers after it at once.
 func TestLimiterHeavyWaiterThatLeavesServesTheRest(t *testing.T) {
 	for _, leave := range []string{"cancel", "timeout", "lowered limit"} {
 		t.Run(leave, func(t *testing.T) {
@@ -205,6 +235,7 @@ func TestLimiterHeavyWaiterThatLeavesServesTheRest(t *testing.T) {
 					heavy <- err
 				}()
 				synctest.Wait()
+				passUnits(t, l, context.Background(), 6*core.PassFactor)
 				// Virtual time: the light callers come half a second
 				// later, so they time out after the heavy one.
 				time.Sleep(500 * time.Millisecond)

@@ -162,8 +162,16 @@ func (ln *Lane) Withdraw(w *Waiter) bool {
 	return true
 }
 
-// Serve unlinks w, which is being granted, from the lane's queue.
+// Serve unlinks w, which is being granted, from the lane's queue; its
+// owner counts its units against the blocker it passed (Waiter.Pass).
 func (ln *Lane) Serve(w *Waiter) { ln.Waiters.Served(&w.Elem) }
+
+// PassFactor and PassScan bound how far waiters pass a blocker, on every
+// owner and store (Lane.Candidate).
+const (
+	PassFactor = 4
+	PassScan   = 64
+)
 
 // Shares are the guaranteed parts of a lane's limit, per class (see
 // Lane.CanTake). Set once, before use; shared read-only by an owner's lanes.
@@ -274,45 +282,58 @@ func (ln *Lane) Short(c uint8) bool {
 // loop of the module makes: a Limiter's with ok nil, a registry key's with
 // ok checking the other keys a waiter needs, a pacing Gate's with ok
 // checking the waiter's model and start time. A waiter for which ok fails
-// does not hold back the ones after it.
+// does not hold back the ones after it; ok is told whether w would pass
+// a blocker (below).
 //
-// A waiter whose units do not fit yet does: order is strict, so no caller
-// after it in this order takes the units it waits for (x/sync's semaphore
-// chose the same), and it is served as soon as enough are free. The cost
-// is that up to its weight less one of the limit may stand idle meanwhile.
-// Only classes short of their share (Short) are served after it, up to
-// what they are owed, as they would be before a higher class anyway.
-func (ln *Lane) Candidate(ok func(*Waiter) bool) *Waiter {
+// A waiter whose units do not fit yet (a blocker) lets those after it
+// take free units until Waiter.Passed reaches PassFactor times its units,
+// looking at most PassScan waiters past it; passed is the first blocker w
+// passes (Waiter.Pass). Then order is strict: nobody after it takes the
+// units it waits for (only classes owed their share, Short, up to it), so
+// it waits at most for the units that passed it, beside those held before.
+// Strict order alone (x/sync's) idles up to its units less one meanwhile;
+// passing without a bound starves it.
+func (ln *Lane) Candidate(ok func(w *Waiter, passing bool) bool) (w, passed *Waiter) {
 	q := &ln.Waiters
 	if !q.mixed && ok == nil {
-		if q.n > 0 {
-			if w := q.def.waiters.Front().Value; ln.CanTake(ClassDefault, int(w.Hold.Extra)+1) {
-				return w
-			}
+		if q.n == 0 {
+			return nil, nil
 		}
-		return nil
+		if w := q.def.waiters.Front().Value; ln.CanTake(ClassDefault, int(w.Hold.Extra)+1) {
+			return w, nil
+		} else if w.Hold.Extra == 0 {
+			return nil, nil // no unit is free
+		}
 	}
-	owedOnly := false // a heavy waiter keeps its place: only owed classes may pass
+	looked := 0     // waiters looked at past the first blocker
+	strict := false // a blocker keeps its place: only owed classes may pass
 	for _, c := range Order {
-		if q.ClassLen(c) == 0 || !ln.CanTake(c, 1) || owedOnly && !ln.Short(c) {
+		if q.ClassLen(c) == 0 || !ln.CanTake(c, 1) || strict && !ln.Short(c) {
 			continue
 		}
 		for el := range q.Class(c) {
 			w := el.Value
-			if ok != nil && !ok(w) {
+			if passed != nil {
+				if looked++; looked > PassScan {
+					return nil, nil
+				}
+			}
+			if ok != nil && !ok(w, passed != nil) {
 				continue
 			}
-			if w.Hold.Extra == 0 {
-				return w
+			if w.Hold.Extra == 0 || ln.CanTake(c, int(w.Hold.Extra)+1) {
+				return w, passed
 			}
-			if ln.CanTake(c, int(w.Hold.Extra)+1) {
-				return w
+			if strict || w.Passed >= PassFactor*(int64(w.Hold.Extra)+1) {
+				strict = true
+				break
 			}
-			owedOnly = true
-			break
+			if passed == nil {
+				passed = w
+			}
 		}
 	}
-	return nil
+	return nil, nil
 }
 
 // Admits reports whether a newcomer of class c weighing n units, needing

@@ -32,8 +32,9 @@ func BenchmarkQueueNext(b *testing.B) {
 				}
 				b.ResetTimer()
 				for b.Loop() {
-					w := ln.Candidate(nil)
+					w, passed := ln.Candidate(nil)
 					ln.Serve(w)
+					passed.Pass(w, 1)
 					ln.Waiters.Push(&w.Elem)
 				}
 			})

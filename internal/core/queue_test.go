@@ -21,11 +21,12 @@ func waiter(c uint8, id string, wt int32) *core.Waiter {
 
 // serve grants the lane's next waiter into its holders and returns it.
 func serve(ln *core.Lane) *core.Waiter {
-	w := ln.Candidate(nil)
+	w, passed := ln.Candidate(nil)
 	if w == nil {
 		return nil
 	}
 	ln.Serve(w)
+	passed.Pass(w, int64(w.Hold.Extra)+1)
 	ln.Holders.Add(w.Hold, &w.Hold.Idx)
 	return w
 }

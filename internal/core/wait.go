@@ -38,9 +38,23 @@ type Waiter struct {
 	Flow   string
 	Weight int32
 	Cost   int32
+	Passed int64 // units granted past it while its own did not fit (Pass)
 
 	// Elem links the waiter into its lane's Waiters.
 	Elem ilist.Elem[*Waiter]
+}
+
+// Pass counts n units of w2, granted past w (Lane.Candidate; a nil w is
+// none); another flow's or class's count 2*PassFactor-fold, so that they
+// take at most half of w's units past it and flows keep their shares.
+func (w *Waiter) Pass(w2 *Waiter, n int64) {
+	if w == nil {
+		return
+	}
+	if w2.Flow != w.Flow || w2.Class != w.Class {
+		n *= 2 * PassFactor
+	}
+	w.Passed += n
 }
 
 // NewWaiter returns a waiter for h in state Waiting, which came at h.At

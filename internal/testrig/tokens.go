@@ -22,10 +22,11 @@ type TokenScore struct {
 	Served, Failed int
 	Peak           int           // the most tokens in flight at once
 	SmallDone      time.Duration // when the last small request ended
+	LargeStart     time.Duration // when the last large request started
 	// SmallShare is the share of the token-seconds the large requests
-	// left free, until the last small request ended, that small ones
-	// used. Idle is the token-seconds the cache stood idle while small
-	// requests waited.
+	// left free, while small requests waited, that small ones used (once
+	// none waits, what they leave free is no want of throughput). Idle is
+	// the token-seconds the cache stood idle while small requests waited.
 	SmallShare, Idle float64
 }
 
@@ -36,6 +37,17 @@ type TokenScore struct {
 // slack, the time a freed room takes to reach it.
 func (l LargePrompts) IdleBound(slack time.Duration) float64 {
 	return float64(l.Large) * float64(l.LargeUnits) * (l.SmallHold + slack).Seconds()
+}
+
+// LargeStartBound is when the last large request must have started if
+// no large one is kept waiting by lighter ones more than a bounded time:
+// Cache/LargeUnits of them fit at once, so they start in rounds, and each
+// round waits for the round before it (LargeHold) and for small requests
+// let in before it or past it (two SmallHolds).
+func (l LargePrompts) LargeStartBound() time.Duration {
+	perRound := max(l.Cache/l.LargeUnits, 1)
+	rounds := (l.Large + perRound - 1) / perRound
+	return time.Duration(rounds-1)*(l.LargeHold+2*l.SmallHold) + 2*l.SmallHold
 }
 
 type tokenEvent struct {
@@ -93,6 +105,9 @@ func (l LargePrompts) Run(acquire func(i, units int) (release func(), err error)
 				return
 			}
 			out.Served++
+			if large {
+				out.LargeStart = max(out.LargeStart, time.Since(begin))
+			}
 			note(r.n, large)
 			mu.Unlock()
 			time.Sleep(r.hold) // the server's work
@@ -126,9 +141,9 @@ func (l LargePrompts) Run(acquire func(i, units int) (release func(), err error)
 			break
 		}
 		d := e.at.Sub(at).Seconds()
-		free += float64(l.Cache-large) * d
-		used += float64(small) * d
 		if waitingAt(at) > 0 {
+			free += float64(l.Cache-large) * d
+			used += float64(small) * d
 			out.Idle += float64(l.Cache-large-small) * d
 		}
 		at = e.at
