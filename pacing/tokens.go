@@ -177,15 +177,26 @@ func (t *tokensFit) ok(g *Gate, w *core.Waiter, now int64, wakeAt *int64) bool {
 	return true
 }
 
-// scanned reports whether the pass has looked at core.PassScan waiters
-// since the first blocker it went by, and stops it then.
+// scanned reports whether the pass stops: once it has looked at
+// core.PassScan waiters since the first blocker it went by, a provider's
+// blocker stops it, and models' blockers keep their places from then on
+// (their models stop; the others go on).
 func (t *tokensFit) scanned() bool {
-	if t.passed != nil || len(t.mPassed) > 0 {
-		if t.looked++; t.looked > core.PassScan {
-			t.stopped = true
-		}
+	if t.stopped || t.passed == nil && len(t.mPassed) == 0 {
+		return t.stopped
 	}
-	return t.stopped
+	if t.looked++; t.looked <= core.PassScan {
+		return false
+	}
+	if t.passed != nil {
+		t.stopped = true
+		return true
+	}
+	for _, p := range t.mPassed {
+		t.models = append(t.models, p.Hold.Owner.(*grant).model)
+	}
+	t.mPassed, t.looked = t.mPassed[:0], 0
+	return false
 }
 
 // pass reports whether the requests after blocker w may still pass it,

@@ -303,3 +303,88 @@ func TestTokensTooHeavyTellsNoReturn(t *testing.T) {
 	t.Logf("queue-full Retry-After: %v without too-heavy refusals before it, %v after 5", without, with)
 	assert.Equal(t, without, with)
 }
+
+// The pass looks at most core.PassScan waiters past the first blocker:
+// past them, a provider's blocker keeps its place (a request that would
+// fit further back waits), and a model's blocker keeps its model's while
+// other models' requests still start.
+func TestTokensPassLooksAtMostPassScan(t *testing.T) {
+	t.Run("provider", func(t *testing.T) {
+		for _, behind := range []int{core.PassScan - 1, core.PassScan} {
+			testrig.Bubble(t, func(t *testing.T) {
+				g := newGate(t, pacing.Config{MaxInflightTokens: 50, MaxQueue: 200, MaxQueueWaitMS: pacing.MaxMS})
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				a, err := g.AcquireN(ctx, "m", 40)
+				require.NoError(t, err)
+				acquireNAsync(ctx, g, "m", 40) // the blocker
+				synctest.Wait()
+				for range behind {
+					acquireNAsync(ctx, g, "m", 20) // none fits
+					synctest.Wait()
+				}
+				small := acquireNAsync(ctx, g, "m", 1)
+				synctest.Wait()
+				r, started := ready(small)
+				assert.Equal(t, behind < core.PassScan, started, "%d waiters between", behind)
+				if started && r.err == nil {
+					r.g.Slot.Release()
+				}
+				cancel()
+				synctest.Wait()
+				a.Slot.Release()
+			})
+		}
+	})
+	t.Run("model", func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{MaxQueue: 200, MaxQueueWaitMS: pacing.MaxMS,
+				Models: map[string]pacing.ModelConfig{"big": {MaxInflightTokens: 50}}})
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			a, err := g.AcquireN(ctx, "big", 40)
+			require.NoError(t, err)
+			acquireNAsync(ctx, g, "big", 40)
+			synctest.Wait()
+			for range core.PassScan {
+				acquireNAsync(ctx, g, "big", 20)
+				synctest.Wait()
+			}
+			bigSmall := acquireNAsync(ctx, g, "big", 1)
+			small := acquireNAsync(ctx, g, "small", 1)
+			synctest.Wait()
+			_, started := ready(bigSmall)
+			assert.False(t, started, "past the scan, the model's blocker keeps its place")
+			r, started := ready(small)
+			assert.True(t, started, "another model's request starts")
+			if started && r.err == nil {
+				r.g.Slot.Release()
+			}
+			cancel()
+			synctest.Wait()
+			a.Slot.Release()
+		})
+	})
+}
+
+// A model's blocker is passed, and counted, by its model's requests
+// alone: other models' requests that start meanwhile take nothing of its
+// bound.
+func TestTokensModelBlockerCountsItsModelOnly(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxQueueWaitMS: pacing.MaxMS, Models: map[string]pacing.ModelConfig{"big": {MaxInflightTokens: 50}}})
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		a, err := g.AcquireN(ctx, "big", 40)
+		require.NoError(t, err)
+		acquireNAsync(ctx, g, "big", 40)
+		synctest.Wait()
+		passTokens(t, g, "small", 40*core.PassFactor)
+		later, err := g.AcquireN(ctx, "big", 5)
+		require.NoError(t, err, "the other model took nothing of the blocker's bound")
+		later.Slot.Release()
+		cancel()
+		synctest.Wait()
+		a.Slot.Release()
+	})
+}

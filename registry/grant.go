@@ -187,9 +187,10 @@ func (t *turns[K]) come(e *entry[K], w *core.Waiter) bool {
 }
 
 // keptFromLocked returns, per class, the arrival of the oldest waiter of e
-// alone that weighs more than one unit and cannot take its units now (or
-// is left out by units kept for an urgent multi-key waiter); nil when
-// there is none. Such a waiter keeps its place (see kept). It is found
+// alone that weighs more than one unit and cannot take its units now,
+// once it has been passed up to its bound (Lane.Candidate), or that is
+// left out by units kept for an urgent multi-key waiter; nil when there
+// is none. Such a waiter keeps its place (see kept). It is found
 // over the whole queue, in no particular order, so that whom it holds
 // back does not depend on whose turn comes first: a flow that leaves
 // changes the turns, never that.
@@ -222,10 +223,10 @@ func (r *Registry[K]) keptFromLocked(e *entry[K]) *[core.NumClasses]uint64 {
 // its place (from, by keptFromLocked): one of its class that came before
 // it, or of a higher class, unless w's class is owed its share
 // (WithShare). A lower class's never holds back a higher class.
-// Only callers that came before such a waiter may pass it, so it waits
-// for a bounded set of them, and two waiters that keep units for each
-// other (it, and an older multi-key waiter passed over too often) cannot
-// hold each other back.
+// Past its bound only callers that came before it may pass it, so it
+// waits for a bounded set of them, and two waiters that keep units for
+// each other (it, and an older multi-key waiter passed over too often)
+// cannot hold each other back.
 func kept[K comparable](e *entry[K], from *[core.NumClasses]uint64, w *core.Waiter) bool {
 	for c, seq := range from {
 		if w.Seq > seq && (uint8(c) == w.Class || core.Rank(uint8(c)) < core.Rank(w.Class) && !e.lane.Short(w.Class)) {

@@ -159,13 +159,14 @@ func TestRegistryHeavyWaiterKeepsItsPlace(t *testing.T) {
 		_, err = reg.TryAcquire("p")
 		assert.ErrorIs(t, err, slots.ErrLimitReached, "TryAcquire does not pass a waiter")
 		passers := 5 * core.PassFactor // of one unit, in its flow
+		var last *slots.Slot
 		for i := range passers {
 			s, err := reg.Acquire(context.Background(), "p")
 			require.NoError(t, err, "pass %d of %d", i+1, passers)
 			if i < passers-1 {
 				s.Release()
 			} else {
-				defer s.Release()
+				last = s
 			}
 		}
 		assert.Equal(t, 9, reg.InFlight("p"))
@@ -184,7 +185,9 @@ func TestRegistryHeavyWaiterKeepsItsPlace(t *testing.T) {
 		s := <-light
 		assert.Equal(t, 10, reg.InFlight("p"), "the light caller was served once the heavy one left")
 		s.Release()
+		last.Release()
 		a.Release()
+		assert.Equal(t, 0, reg.Keys())
 	})
 }
 

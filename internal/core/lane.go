@@ -289,8 +289,10 @@ func (ln *Lane) Short(c uint8) bool {
 // take free units until Waiter.Passed reaches PassFactor times its units,
 // looking at most PassScan waiters past it; passed is the first blocker w
 // passes (Waiter.Pass). Then order is strict: nobody after it takes the
-// units it waits for (only classes owed their share, Short, up to it), so
-// it waits at most for the units that passed it, beside those held before.
+// units it waits for (only classes owed their share, Short, go on, as
+// they do past the scan's bound), so it waits at most for the units that
+// passed it, beside those held before (a blocker behind another is passed
+// uncounted meanwhile: the k-th waits for about k bounds).
 // Strict order alone (x/sync's) idles up to its units less one meanwhile;
 // passing without a bound starves it.
 func (ln *Lane) Candidate(ok func(w *Waiter, passing bool) bool) (w, passed *Waiter) {
@@ -313,9 +315,12 @@ func (ln *Lane) Candidate(ok func(w *Waiter, passing bool) bool) (w, passed *Wai
 		}
 		for el := range q.Class(c) {
 			w := el.Value
-			if passed != nil {
+			if passed != nil && !strict {
 				if looked++; looked > PassScan {
-					return nil, nil
+					strict = true // past the scan only owed classes go on
+					if !ln.Short(c) {
+						break
+					}
 				}
 			}
 			if ok != nil && !ok(w, passed != nil) {

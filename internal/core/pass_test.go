@@ -73,3 +73,22 @@ func TestCandidateLooksAtMostPassScanPastABlocker(t *testing.T) {
 	assert.Same(t, far, w, "one blocker fewer: it is within the scan")
 	assert.NotNil(t, passed)
 }
+
+// Past the scan's bound, a class owed its share (Short) is still served,
+// as it is past a blocker that keeps its place: batch's Min of 2 reaches
+// its caller of one unit whether 63 or 64 waiters stand between.
+func TestCandidateServesOwedClassesPastTheScan(t *testing.T) {
+	for _, behind := range []int{core.PassScan - 1, core.PassScan} {
+		ln := core.Lane{Limit: 10, Shares: &core.Shares{Min: [core.NumClasses]int{core.ClassLow: 2}}}
+		held := unitsWaiter(core.ClassHigh, "", 7)
+		ln.Holders.Add(held.Hold, &held.Hold.Idx)
+		ln.Waiters.Push(&unitsWaiter(core.ClassHigh, "", 4).Elem)
+		for range behind {
+			ln.Waiters.Push(&unitsWaiter(core.ClassHigh, "", 4).Elem)
+		}
+		low := unitsWaiter(core.ClassLow, "", 1)
+		ln.Waiters.Push(&low.Elem)
+		w, _ := ln.Candidate(nil)
+		assert.Same(t, low, w, "%d behind the blocker", behind)
+	}
+}

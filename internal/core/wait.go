@@ -46,7 +46,8 @@ type Waiter struct {
 
 // Pass counts n units of w2, granted past w (Lane.Candidate; a nil w is
 // none); another flow's or class's count 2*PassFactor-fold, so that they
-// take at most half of w's units past it and flows keep their shares.
+// take about half of w's units past it (the last may take more) and flows
+// keep their shares.
 func (w *Waiter) Pass(w2 *Waiter, n int64) {
 	if w == nil {
 		return

@@ -34,10 +34,10 @@ var admissionFiles = []string{
 // waiters by cost, the Gate's costs), and 15 for an Observer's Enabled,
 // asked before an Event is built (the OpenTelemetry adapter's cost per
 // Limiter admission, without an SDK, from 1.40x a bare one to 1.26x), and
-// 43 for lighter waiters passing a heavy one up to a bound (the small
+// 50 for lighter waiters passing a heavy one up to a bound (the small
 // requests among 500,000-token prompts done after 10 s instead of 2m8s).
 // The goal is 4,000.
-const maxAdmissionLines = 5811
+const maxAdmissionLines = 5818
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it)

@@ -47,11 +47,11 @@ func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
 
 // AcquireN is Acquire for a Slot that weighs n units of key's limit across
 // the fleet (a request's tokens, say), all freed by its Release: a key's
-// count in the store is the sum of its leases' units. Order stays strict in
-// the fleet's queue: while a waiter waits for n units of a key, the key's
-// later waiters and newcomers do not take them (see driver.ReleaseCall),
-// so a heavy request is never starved by light ones, at the price of units
-// standing idle meanwhile. It also fails with an error wrapping
+// count in the store is the sum of its leases' units. While a waiter's n
+// units of a key do not fit, the key's later waiters and waiting
+// newcomers of that key alone may take free units past it up to a bound
+// (driver.ReleaseCall, as on one process); then they do not take them, so
+// a heavy request is never starved by light ones. It also fails with an error wrapping
 // slots.ErrBadUnits for n outside 1..slots.MaxUnits, and with a
 // *slots.LimitError wrapping slots.ErrExceedsLimit when a key's limit (above
 // 0) is below n: at once, or while it waits once the limit is lowered below

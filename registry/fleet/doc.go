@@ -43,9 +43,10 @@
 //   - A Slot may weigh what its request costs (AcquireN, AcquireAllN: a
 //     prompt's tokens on a self-hosted server). A key's count is then the
 //     sum of its leases' units, its limit a limit in units, and flows'
-//     turns are counted in units; order stays strict, so a heavy waiter
-//     is never starved by lighter ones after it, at the price of units
-//     standing idle until enough are freed. Every process of a fleet
+//     turns are counted in units; lighter waiters of one key pass a heavy
+//     one up to a bound, as on one process (slots.Limiter.AcquireN), so
+//     the units it cannot use do not stand idle and it is never starved.
+//     Every process of a fleet
 //     that uses weights must run a release that knows them: an older one
 //     counts a weighted lease as one.
 //   - While the store cannot be reached, WithUnavailable decides:

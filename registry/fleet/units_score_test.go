@@ -17,9 +17,12 @@ import (
 // the fleet's scripts, 8 prompts of 500,000 tokens among 1,000 small
 // ones, sent at once, each to one of the processes in turn. In virtual
 // time: the tokens in flight never pass the cache, every request is
-// served, and the cache idles while small requests wait no longer than
-// under one process's Gate allows, with the hand-offs' round trips as
-// slack (a second per large request, far more than they take).
+// served, the cache idles while small requests wait no longer than under
+// one process's Gate allows, with the hand-offs' round trips as slack (a
+// second per large request, far more than they take), small requests use
+// at least 90% of what the large ones leave free while they wait (they
+// pass a large one up to its bound, as on one Gate), and no large one
+// starves.
 func TestFleetTokensScoreLargePrompts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,008 waiters on a virtual Redis, some 20 s of CPU under -race")
@@ -39,9 +42,12 @@ func TestFleetTokensScoreLargePrompts(t *testing.T) {
 		assert.LessOrEqual(t, s.Peak, load.Cache, "never more than the cache in flight")
 		bound := load.IdleBound(100 * time.Millisecond)
 		t.Logf("3 processes, 8 × 500,000 + 1,000 small: peak %d of %d tokens; the small ones done after %v, using %.1f%% of the token-seconds the large ones left free; "+
-			"the cache idled %.2gM token-seconds while small ones waited (bound %.2gM)",
-			s.Peak, load.Cache, s.SmallDone, 100*s.SmallShare, s.Idle/1e6, bound/1e6)
+			"the cache idled %.2gM token-seconds while small ones waited (bound %.2gM); the last large one started after %v",
+			s.Peak, load.Cache, s.SmallDone, 100*s.SmallShare, s.Idle/1e6, bound/1e6, s.LargeStart)
 		assert.LessOrEqual(t, s.Idle, bound)
+		assert.GreaterOrEqual(t, s.SmallShare, 0.9, "small requests use what the large ones leave")
+		assert.LessOrEqual(t, s.LargeStart, load.LargeStartBound()+time.Duration(load.Large)*100*time.Millisecond,
+			"no large request starves (with the hand-offs' slack)")
 		for i, r := range rs {
 			st := r.Stats()
 			assert.Zero(t, st.Degraded, "process %d: admitted by the store, not locally", i)

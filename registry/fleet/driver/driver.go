@@ -13,6 +13,8 @@ import (
 	"errors"
 	"fmt"
 	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 // Store is what the processes of a fleet share: the few operations that
@@ -198,6 +200,25 @@ func TurnCost(units, limit int) int {
 	return (max(units, 1) + step - 1) / step
 }
 
+// PassFactor and PassScan bound how far waiters pass a heavy waiter of
+// one key, as the local owners do (see ReleaseCall): until the units
+// granted past it (Pass) reach PassFactor times its own, looking at most
+// PassScan waiters (a store may count them from where serving starts).
+const (
+	PassFactor = core.PassFactor
+	PassScan   = core.PassScan
+)
+
+// Pass returns what n units granted past a heavy waiter count against it:
+// n for a waiter of its flow and class, 2*PassFactor*n for one of
+// another (other flows take at most half its units past it).
+func Pass(other bool, n int) int64 {
+	if other {
+		return 2 * PassFactor * int64(n)
+	}
+	return int64(n)
+}
+
 // MaxTag is the most a flow's finish tag reaches. Tags start from 0 each
 // time a key's queue empties; a backlog that never does and moves them
 // past MaxTag (4e9 turn costs per weight granted) is served by arrival
@@ -316,18 +337,22 @@ const (
 // process is dropped) a lease of Claim on each of its keys, and tells its
 // process (Listen).
 //
-// Order is strict on a key for what its waiters weigh: serving stops at a
-// heavy waiter, one that has no room on this key for its units while they
-// are at most Limit, and no waiter behind it, nor a newcomer, takes the
-// room meanwhile; nor does a waiter of several keys as another of its
-// keys' queues is served: it is not granted while a heavy waiter of more
-// than one unit (by that waiter's own limit) stands before it in one of
-// its keys' queues. So a heavy waiter is never starved by lighter ones
-// after it, at the price of units standing idle until enough are freed
-// (as in the local registry). A waiter passed over for want of room on
-// another of its keys is passed as before; one whose units are over Limit
-// (a limit lowered under it: its process refuses it) is passed over too.
-// With waiters of one unit each, serving is what it was without units.
+// A heavy waiter is one that has no room on this key for its units while
+// they are at most Limit. Serving goes past a heavy waiter of one key
+// until the units granted past it on that key (to waiters of one key,
+// and to newcomers of one key that wait) count PassFactor times its own
+// (Pass), looking at most PassScan waiters (from where serving starts, or
+// past the first it passed); then it stops there, and no waiter behind it, nor a newcomer, takes the
+// room meanwhile. It stops at once at a heavy waiter of several keys. A
+// waiter of several keys passes no heavy waiter: it is not granted while
+// one stands before it (by that waiter's own limit) in one of its keys'
+// queues, nor while serving passed one on the key served. So a heavy
+// waiter is never starved by lighter ones after it, and lighter ones use
+// the units it cannot (as in the local registry). A waiter passed over
+// for want of room on another of its keys is passed as before; one whose
+// units are over Limit (a limit lowered under it: its process refuses
+// it) is passed over too. With waiters of one unit each, serving is what
+// it was without units.
 type ReleaseCall struct {
 	Claim time.Duration
 	Pairs []Release

@@ -123,6 +123,7 @@ var (
 		{"UnitsCap", unitsCap},
 		{"UnitsCounted", unitsCounted},
 		{"HeavyWaiterFirst", heavyWaiterFirst},
+		{"HeavyWaiterPassedByOtherFlows", heavyWaiterPassedByOtherFlows},
 		{"HeavyWaiterFirstOnSeveralKeys", heavyWaiterFirstOnSeveralKeys},
 		{"ExceedsLimit", exceedsLimit},
 		{"UnitsPutBack", unitsPutBack},

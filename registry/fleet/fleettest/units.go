@@ -93,9 +93,11 @@ func unitsCounted(t *testing.T, srv Server) {
 	inFlightIs(t, b, "k", 0, "released")
 }
 
-// Order is strict for what waiters weigh: a waiter of 4 units at the head
-// of a key with 1 free keeps that unit from a lighter newcomer and from a
-// lighter waiter behind it, and is admitted first once its units are free.
+// A waiter of 4 units at the head of a key with 1 free is passed by
+// lighter callers that wait, never by a TryAcquire, until they have taken
+// its bound (driver.PassFactor times its units, in its flow); then it
+// keeps that unit from a lighter newcomer and from a lighter waiter behind
+// it, and is admitted first once its units are free.
 func heavyWaiterFirst(t *testing.T, srv Server) {
 	rs := processes(t, srv, "heavy", 3, 4)
 	holder, heavy, light := rs[0], rs[1], rs[2]
@@ -105,14 +107,55 @@ func heavyWaiterFirst(t *testing.T, srv Server) {
 	adm.waitN(heavy, "heavy", 4)
 	queuedIs(t, srv, "heavy", "k", 1)
 	_, err = light.TryAcquire("k")
-	require.ErrorIs(t, err, slots.ErrLimitReached, "a newcomer of 1 unit while 1 is free: kept for the heavy waiter")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "a TryAcquire does not pass a waiter")
+	ctx, cancel := context.WithTimeout(context.Background(), wait)
+	defer cancel()
+	for i := range 4 * driver.PassFactor {
+		s, err := light.Acquire(ctx, "k")
+		require.NoError(t, err, "pass %d: 1 unit is free", i+1)
+		s.Release()
+	}
+	inFlightIs(t, light, "k", 3, "the passes' units given back")
 	adm.waitN(light, "light", 1)
 	queuedIs(t, srv, "heavy", "k", 2)
 	n, err := light.InFlight(context.Background(), "k")
 	require.NoError(t, err)
-	assert.Equal(t, 3, n, "the free unit stands idle")
+	assert.Equal(t, 3, n, "past its bound, the free unit is kept for the heavy waiter")
 	held.Release()
 	assert.Equal(t, []string{"heavy", "light"}, adm.done(t))
+}
+
+// Waiters of another flow, or of another class in the same flow, pass a
+// heavy waiter by half its units (driver.Pass): behind a waiter of 4
+// units on a key with 1 free, two callers of one unit pass it, and the
+// third waits until it is served.
+func heavyWaiterPassedByOtherFlows(t *testing.T, srv Server) {
+	for name, place := range map[string]func(context.Context) context.Context{
+		"flow":  func(ctx context.Context) context.Context { return slots.WithFlow(ctx, "other") },
+		"class": func(ctx context.Context) context.Context { return slots.WithPriority(ctx, slots.PriorityBatch) },
+	} {
+		t.Run(name, func(t *testing.T) {
+			rs := processes(t, srv, "heavy"+name, 3, 4)
+			holder, heavy, light := rs[0], rs[1], rs[2]
+			held, err := holder.TryAcquireN("k", 3)
+			require.NoError(t, err)
+			adm := newAdmissions(t)
+			adm.waitN(heavy, "heavy", 4)
+			queuedIs(t, srv, "heavy"+name, "k", 1)
+			ctx, cancel := context.WithTimeout(place(context.Background()), wait)
+			defer cancel()
+			for i := range 4 / 2 {
+				s, err := light.Acquire(ctx, "k")
+				require.NoError(t, err, "pass %d of 2", i+1)
+				s.Release()
+			}
+			inFlightIs(t, light, "k", 3, "the passes' units given back")
+			adm.waitPlaced(place, light, "light", 1, "k")
+			queuedIs(t, srv, "heavy"+name, "k", 2)
+			held.Release()
+			assert.Equal(t, []string{"heavy", "light"}, adm.done(t))
+		})
+	}
 }
 
 // The same for waiters of several keys, as a provider's requests take its

@@ -56,11 +56,12 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	if mine != nil {
 		mine.limits = append(mine.limits[:0], c.Limits...)
 	}
-	kept := make([]bool, len(c.Keys)) // serving stopped at a heavy waiter
+	kept := make([]bool, len(c.Keys))        // serving stopped at a heavy waiter
+	blockers := make([]*ticket, len(c.Keys)) // the heavy waiter it went past
 	serve := func() {
 		if !stopped {
 			for i, name := range c.Keys {
-				kept[i] = s.serve(name, c.Limits[i], now, claim)
+				kept[i], blockers[i] = s.serve(name, c.Limits[i], now, claim)
 			}
 		}
 	}
@@ -98,6 +99,13 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 		mine.expires = now + 3*ttl
 		return res(driver.StatusQueued, s.firstFull(c, kept, now, 0))
 	}
+	// A newcomer passes a heavy waiter as a waiter would: one of one key
+	// that waits, counted against it; others are kept out.
+	for i, b := range blockers {
+		if b != nil && (len(c.Keys) > 1 || !c.Wait) {
+			kept[i] = true
+		}
+	}
 	full := s.firstFull(c, kept, now, -1)
 	if full < 0 {
 		for _, name := range c.Keys {
@@ -105,6 +113,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 			k.hold(c.Lease, now+ttl)
 			k.weigh(c.Lease, c.Units)
 		}
+		blockers[0].pass(c.Flow, c.Class, max(c.Units, 1))
 		return s.admitted(c, res, us)
 	}
 	if !c.Wait {

@@ -43,7 +43,8 @@ type place struct {
 type ticket struct {
 	id, proc, flow string
 	rank           uint8
-	units          int // what it weighs on each key, >= 1
+	units          int   // what it weighs on each key, >= 1
+	passed         int64 // units granted past it while it was a blocker (see serve)
 	keys           []string
 	limits         []int // its keys' limits, as its calls keep them
 	expires        int64 // ms: a ticket nobody asks for goes
@@ -261,31 +262,55 @@ func (s *Store) behindHeavy(t *ticket, name string, now int64) bool {
 // serve grants name's waiters in order, while it has room under limit:
 // each that can take room on all of its keys gets a lease of the claim
 // window on each, and its process is told; a ticket of a dead process,
-// or one nobody asked for in time, is dropped. It stops at a heavy
-// waiter (see driver.ReleaseCall), and reports whether it did.
-func (s *Store) serve(name string, limit int, now, claim int64) (stopped bool) {
+// or one nobody asked for in time, is dropped. A heavy waiter of one key
+// is passed, up to its bound (see driver.ReleaseCall), by waiters of one
+// key; serve stops at any other, or once it has looked at
+// driver.PassScan waiters past the first it passed, and reports whether
+// it did. blocker is the first heavy waiter it went past in its last
+// look (nil: none), for a newcomer that passes it too.
+func (s *Store) serve(name string, limit int, now, claim int64) (stopped bool, blocker *ticket) {
 	k := s.data.keys[name]
 	if k == nil {
-		return false
+		return false, nil
 	}
 	k.dropExpired(now)
+	looked := 0
 	for i := 0; i < len(k.queue) && k.count(now) < limit; {
 		p := k.queue[i]
 		t := p.t
+		if blocker != nil {
+			if looked++; looked > driver.PassScan {
+				return true, nil
+			}
+		}
 		switch {
 		case s.dead(t.proc, now, claim) || t.expires <= now:
 			s.unqueue(t, true)
-		case s.canTake(t, name, limit, now):
+		case s.canTake(t, name, limit, now) && (blocker == nil || len(t.keys) == 1):
 			s.grant(t, now, claim)
+			blocker.pass(t.flow, t.rank, t.units)
 		case s.heavy(t, name, limit, now):
-			return true
+			if len(t.keys) > 1 || t.passed >= driver.PassFactor*int64(t.units) {
+				return true, nil
+			}
+			blocker = cmp.Or(blocker, t)
+			i++
+			continue
 		default:
 			i++
 			continue
 		}
-		i = 0 // the queue changed: look again from its head
+		i, blocker, looked = 0, nil, 0 // the queue changed: look again from its head
 	}
-	return false
+	return false, blocker
+}
+
+// pass counts n units of a waiter of flow and rank granted past t (a
+// nil t: none), as driver.Pass says.
+func (t *ticket) pass(flow string, rank uint8, n int) {
+	if t != nil {
+		t.passed += driver.Pass(flow != t.flow || rank != t.rank, n)
+	}
 }
 
 // grant gives t a lease of the claim window on each of its keys (one it

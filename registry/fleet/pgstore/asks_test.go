@@ -20,19 +20,29 @@ import (
 // may be due still takes it.
 
 // heavyAhead queues H (3 units, process "q") behind A's 2 units on "k"
-// (limit 4), then L (1 unit, process "p"), for which the key has room but
-// H is first; it returns L's call, knowing the fleet's epoch.
-func heavyAhead(t *testing.T, s driver.Store) (l *driver.AdmitCall) {
+// (limit 4), counts its bound passed (passH), then queues L (1 unit,
+// process "p"), for which the key has room but H is first; it returns L's
+// call, knowing the fleet's epoch.
+func heavyAhead(t *testing.T, s driver.Store, admin *pgxpool.Pool) (l *driver.AdmitCall) {
 	t.Helper()
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucall("A", 2, 4, false), 10*time.Second).Status)
 	h := ucall("H", 3, 4, true)
 	h.Proc = "q"
 	rh := admitIn(t, s, h, 10*time.Second)
 	require.Equal(t, driver.StatusQueued, rh.Status, "2 + 3 over 4")
+	passH(t, admin, 3*driver.PassFactor) // so it keeps the room
 	l = ucall("L", 1, 4, true)
 	require.Equal(t, driver.StatusQueued, admitIn(t, s, l, 10*time.Second).Status, "2 + 1 fits, but H is first")
 	l.Epoch = rh.Epoch
 	return l
+}
+
+// passH sets the units counted as passed heavy waiter H to n (as if
+// lighter waiters had passed it): at its bound, it keeps the room.
+func passH(t *testing.T, admin *pgxpool.Pool, n int) {
+	t.Helper()
+	_, err := admin.Exec(context.Background(), "UPDATE inflight_ticket SET passed_units = $2 WHERE fleet = $1 AND ticket = 'H'", fastFleet, n)
+	require.NoError(t, err)
 }
 
 // A light waiter's ask, while a heavy waiter at the head of the key's
@@ -42,7 +52,7 @@ func heavyAhead(t *testing.T, s driver.Store) (l *driver.AdmitCall) {
 // the room.
 func TestAskBehindAHeavyWaiter(t *testing.T) {
 	s, admin := fastStore(t)
-	l := heavyAhead(t, s)
+	l := heavyAhead(t, s, admin)
 
 	unlock := holdKey(t, admin)
 	again := admitIn(t, s, l, 5*time.Second)
@@ -57,7 +67,8 @@ func TestAskBehindAHeavyWaiter(t *testing.T) {
 
 // The fast path judges the heavy waiter as serving does, and takes the
 // key's lock where serving would not stop at it: its ticket expired, its
-// process not known alive, or a limit, as the asking caller has it, that
+// process not known alive, it is under its bound of units passed, or a
+// limit, as the asking caller has it, that
 // lets its units in or is under them. Each time, once the lock is gone, L's ask through
 // the whole path is what serving decides.
 func TestAskBehindAHeavyWaiterTakesTheLock(t *testing.T) {
@@ -76,6 +87,9 @@ func TestAskBehindAHeavyWaiterTakesTheLock(t *testing.T) {
 			_, err := admin.Exec(ctx, "UPDATE inflight_proc SET alive_until = inflight_now_us() / 1000 + 1000 WHERE fleet = $1 AND proc = 'q'", fastFleet)
 			require.NoError(t, err)
 		}, driver.StatusAdmitted, 3}, // dead by the claim window: H dropped, L served
+		{"it may still be passed", func(t *testing.T, admin *pgxpool.Pool, _ *driver.AdmitCall) {
+			passH(t, admin, 0)
+		}, driver.StatusAdmitted, 3}, // L passes H (revision 6)
 		{"a raised limit lets it in", func(_ *testing.T, _ *pgxpool.Pool, l *driver.AdmitCall) {
 			l.Limits = []int{6}
 		}, driver.StatusAdmitted, 6}, // H granted, then L
@@ -87,7 +101,7 @@ func TestAskBehindAHeavyWaiterTakesTheLock(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s, admin := fastStore(t)
-			l := heavyAhead(t, s)
+			l := heavyAhead(t, s, admin)
 			tc.change(t, admin, l)
 			unlock := holdKey(t, admin)
 			requireBlocked(t, s, l, 300*time.Millisecond)
@@ -304,15 +318,36 @@ func TestRevision2ProcessAfterRevision3(t *testing.T) {
 	assert.Equal(t, int64(driver.StatusAdmitted), admit(ctx, "W", 1, 1, true, epoch)[0], "W claims its grant")
 	countIs(t, s, "k", 1, "W")
 
-	// H (3 units, this release) waits behind W under a limit of 3; L (1
-	// unit, the old release) fits beside W but stands behind H.
+	// H (3 units, this release) waits behind W under a limit of 3, passed
+	// up to its bound; L (1 unit, the old release) fits beside W but
+	// stands behind H.
 	h := ucall("H", 3, 3, true)
 	h.Proc, h.Epoch = "q", epoch
 	require.Equal(t, driver.StatusQueued, admitIn(t, s, h, 10*time.Second).Status)
+	passH(t, old, 3*driver.PassFactor) // it keeps the room (revision 6)
 	require.Equal(t, int64(driver.StatusQueued), admit(ctx, "L", 1, 3, true, epoch)[0])
 	unlock := holdKey(t, pool(t, srv, 1))
 	c, cancel := context.WithTimeout(ctx, 5*time.Second) // answered beside the held lock
 	defer cancel()
 	assert.Equal(t, int64(driver.StatusQueued), admit(c, "L", 1, 3, true, epoch)[0])
 	unlock()
+}
+
+// A light waiter's ask beside a heavy waiter it may still pass is not
+// answered "queued" without serving: once a lease expires and frees room
+// it fits, its own ask takes it (revision 6), with nobody else calling.
+func TestAskPassesAHeavyWaiterOnceRoomFrees(t *testing.T) {
+	s, _ := fastStore(t)
+	a := ucall("A", 3, 4, false)
+	a.TTL = 1500 * time.Millisecond
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, a, 10*time.Second).Status)
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucall("B", 1, 4, false), 10*time.Second).Status)
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, ucall("H", 4, 4, true), 10*time.Second).Status)
+	l := ucall("L", 1, 4, true)
+	rl := admitIn(t, s, l, 10*time.Second)
+	require.Equal(t, driver.StatusQueued, rl.Status, "no room yet")
+	l.Epoch = rl.Epoch
+	require.Eventually(t, func() bool {
+		return admitIn(t, s, l, 10*time.Second).Status == driver.StatusAdmitted
+	}, 10*time.Second, 50*time.Millisecond, "A's lease expired: L passes H")
 }

@@ -36,13 +36,17 @@ var turnsSQL string
 //go:embed plans.sql
 var plansSQL string
 
+//go:embed pass.sql
+var passSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
 func withConstants(sql string) string {
 	return strings.NewReplacer("{{maxPassed}}", strconv.Itoa(registry.MaxPassed),
 		"{{maxTag}}", strconv.FormatFloat(driver.MaxTag, 'f', -1, 64),
-		"{{turnSteps}}", strconv.Itoa(driver.TurnSteps)).Replace(sql)
+		"{{turnSteps}}", strconv.Itoa(driver.TurnSteps), "{{passFactor}}", strconv.Itoa(driver.PassFactor),
+		"{{passScan}}", strconv.Itoa(driver.PassScan)).Replace(sql)
 }
 
 // schemaV1 is the schema, with the fleet's constants in it.
@@ -54,19 +58,20 @@ var schemaV1 = withConstants(schemaSQL)
 // admit, and keeping the signatures the releases before call), revision 3
 // answers a waiter behind a heavy waiter, and a waiter's claim of its
 // grant, without the key's lock, revision 4 counts flows' turns in units,
-// and revision 5 makes the small functions the calls run PL/pgSQL, whose
-// plans a connection keeps. A revision adds, or replaces a function
+// revision 5 makes the small functions the calls run PL/pgSQL, whose
+// plans a connection keeps, and revision 6 lets lighter waiters pass a
+// heavy one up to a bound. A revision adds, or replaces a function
 // keeping its signature and the meaning of its answers, so a release that
 // knows fewer of them works on the schema as it is (a rolling deploy has
 // both side by side); one that changes what is there makes a new
 // SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL}
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 5
+	SchemaRevision = 6
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -72,5 +72,5 @@ func TestFunctionsKeepTheirPlans(t *testing.T) {
 	}
 	var r int
 	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
-	assert.Equal(t, 5, r)
+	assert.Equal(t, pgstore.SchemaRevision, r)
 }

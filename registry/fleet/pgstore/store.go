@@ -33,8 +33,8 @@
 // delays, never strands, a waiter.
 //
 // Leases weigh units (fleet's AcquireN and the like): a key's count is
-// the sum of its leases' units, and a key's queue keeps strict order for
-// what its waiters weigh (see driver.ReleaseCall). The units are a column
+// the sum of its leases' units, and lighter waiters pass a heavy one up to
+// a bound (see driver.ReleaseCall; schema revision 6). The units are a column
 // of the lease and ticket tables, added with the functions that weigh them
 // by schema revision 2 (units.sql), which New makes (see Migrate): nothing
 // is to be done by hand. The revision keeps the signatures that the
@@ -186,13 +186,13 @@ func pooled(err error) error {
 // String names the fleet, for logs.
 func (s *Store) String() string { return "postgres:" + s.name }
 
-const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
+const admitSQL = `SELECT inflight_admit_passing($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
 
 // waiterSQL is admitSQL for a waiter's call that carries no pairs: it
 // claims a grant without the keys' locks if it can (see inflight_claim).
-// COALESCE evaluates inflight_admit only if inflight_claim returns NULL.
+// COALESCE evaluates inflight_admit_passing only if inflight_claim returns NULL.
 const waiterSQL = `SELECT coalesce(inflight_claim($1, $2, $3, $4, $5, $6, $7, $8, $10, $19),
-	inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23))`
+	inflight_admit_passing($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23))`
 
 // AdmitOne makes the call in a transaction of its own.
 func (s *Store) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {

@@ -71,10 +71,15 @@ import (
 // than the liveness TTL. A newcomer never passes a waiter it has looked at
 // that could take the room: it is served first.
 //
-// Order is strict for what waiters weigh (see driver.ReleaseCall): serving
-// stops at a heavy waiter, one that has no room for its units under the
-// serving call's limit while they are at most that limit, and neither the
-// waiters behind it nor a newcomer take the room until it is served; nor
+// What waiters weigh (see driver.ReleaseCall): a heavy waiter is one that
+// has no room for its units under the serving call's limit while they are
+// at most that limit. Serving goes past a heavy waiter of one key while
+// the units granted past it (u|<ticket> in the queue's hash, counted by
+// charge; a waiting newcomer of one key that takes the room is counted
+// too) are below its bound, and stops at it from then on, or at once at
+// one of several keys, or at its bound of places once it went past one;
+// then neither the waiters behind it nor a newcomer take the room until it
+// is served. A waiter of several keys passes none on the key served; nor
 // does a waiter of several keys as another of its keys is served, while a
 // heavy waiter of more than one unit, by its own limit, stands before it on
 // one of its keys (heavyBefore). A waiter that cannot take room for want of
@@ -115,7 +120,7 @@ local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
 
 // queueLua is the queue's part of the scripts (after baseLua).
 var queueLua = `
-local maxPassed, scanMax = ` + strconv.Itoa(registry.MaxPassed) + `, 64
+local maxPassed, scanMax, passFactor = ` + strconv.Itoa(registry.MaxPassed) + `, ` + strconv.Itoa(driver.PassScan) + `, ` + strconv.Itoa(driver.PassFactor) + `
 local maxTag, turnSteps = ` + strconv.FormatFloat(driver.MaxTag, 'f', -1, 64) + `, ` + strconv.Itoa(driver.TurnSteps) + `
 local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
 -- unqueue takes ticket out of k's queue, with its flow's counts and its
@@ -134,6 +139,7 @@ local function unqueue(k, ticket, leaving)
   if not m then return nil end
   redis.call('ZREM', Q, m)
   redis.call('ZREM', k .. '#u', ticket)
+  redis.call('ZREM', k .. '#m', ticket)
   if f[2] and redis.call('HINCRBY', V, 'weighted', -1) <= 0 then redis.call('HDEL', V, 'weighted') end
   local flow = redis.call('HGET', T, 'f|' .. ticket)
   if flow then
@@ -160,25 +166,26 @@ local function unqueue(k, ticket, leaving)
     end
   end
   redis.call('HDEL', T, ticket, 'f|' .. ticket, 'k|' .. ticket, 'p|' .. ticket, 'a|' .. ticket, 'e|' .. ticket, 's|' .. ticket,
-    'w|' .. ticket)
+    'w|' .. ticket, 'u|' .. ticket)
   if redis.call('EXISTS', Q) == 0 then
-    redis.call('DEL', T, V, k .. '#u', k .. '#f0', k .. '#f1', k .. '#f2')
+    redis.call('DEL', T, V, k .. '#u', k .. '#m', k .. '#f0', k .. '#f1', k .. '#f2')
   end
   return m
 end
 -- ticketKeys returns the {key, limit} pairs of a ticket queued on k,
 -- whose limit there is at most limit (a ticket of one key: limit, though
--- a weighted one keeps its own), and its units.
+-- a weighted one keeps its own), its units, and the units granted past it
+-- (see serve).
 local function ticketKeys(T, ticket, k, limit)
-  local f = redis.call('HMGET', T, 'k|' .. ticket, 'w|' .. ticket)
-  local units = tonumber(f[2]) or 1
-  if not f[1] then return {{k, limit}}, units end
+  local f = redis.call('HMGET', T, 'k|' .. ticket, 'w|' .. ticket, 'u|' .. ticket)
+  local units, past = tonumber(f[2]) or 1, tonumber(f[3]) or 0
+  if not f[1] then return {{k, limit}}, units, past end
   local kl = cjson.decode(f[1])
   if #kl == 1 then kl[1][2] = limit end
   for _, e in ipairs(kl) do
     if e[1] == k then e[2] = math.min(e[2], limit) end
   end
-  return kl, units
+  return kl, units, past
 end
 -- dead reports whether the process of a queued ticket (its member m) is
 -- gone: within one and a half claim windows of its liveness deadline, it
@@ -314,6 +321,34 @@ local function canTake(T, kl, ticket, units, now, P, claim, served)
   end
   return true
 end
+-- charge counts units of a waiter of flow and rank (its queue member's
+-- prefix) granted past blocker, queued in T (driver.Pass).
+local function charge(T, blocker, flow, rank, units)
+  local m = redis.call('HGET', T, blocker)
+  if not m then return end
+  if flow ~= (redis.call('HGET', T, 'f|' .. blocker) or '') or tostring(rank) ~= string.match(m, '^(%d+)|') then
+    units = units * 2 * passFactor
+  end
+  redis.call('HINCRBY', T, 'u|' .. blocker, units)
+end
+-- noneFits answers for serve, at the cost of a few looks, where no
+-- ticket queued on k fits its room (the least units among them, <k>#m,
+-- are more than it has): -1 if the head keeps the room, 0 and the head if
+-- it is a heavy waiter that a newcomer within passScan places may pass;
+-- nil where serving must look (a dead head, one over the limit, tickets
+-- <k>#m does not count: queued by a release before it).
+local function noneFits(k, Q, T, limit, count, now, P, claim)
+  local least = redis.call('ZRANGE', k .. '#m', 0, 0, 'WITHSCORES')
+  if not least[2] or count + tonumber(least[2]) <= limit then return nil end
+  local n = redis.call('ZCARD', Q)
+  if redis.call('ZCARD', k .. '#m') ~= n then return nil end
+  local m = redis.call('ZRANGE', Q, 0, 0)[1]
+  local ticket = string.match(m, '|([^|]+)$')
+  local kl, units, past = ticketKeys(T, ticket, k, limit)
+  if units > limit or dead(P, m, now, claim) then return nil end
+  if #kl == 1 and past < passFactor * units and n <= scanMax then return 0, ticket end
+  return -1
+end
 -- serve grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take room for its
 -- units on all of its keys; a waiter of a dead process is dropped. If it
@@ -321,34 +356,57 @@ end
 -- waiters further back, who may take it, it returns one more than the
 -- index of the first of those; if it stops at a heavy waiter (no room
 -- under limit for its units, which are at most limit), whose room nobody
--- else may take, -1; else 0.
+-- else may take, -1, and so it does at its bound once it went past one;
+-- else 0, and the heavy waiter of one key it went past (up to its bound,
+-- see driver.ReleaseCall), if any: a waiter of several keys passes none.
 local function serve(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
-  local i, steps, passed = from, 0, {}
+  local i, steps, passed, blocker = from, 0, {}, nil
+  expire(k, now) -- once: no lease expires while a script runs
+  local count = countOf(k) -- again after each grant
+  if from == 0 and count < limit then
+    local r, b = noneFits(k, Q, T, limit, count, now, P, claim)
+    if r then return r, b end
+  end
+  local win, w = {}, 1 -- the members from i on, read scanMax at a time
   while true do
-    expire(k, now)
-    local count = countOf(k)
     if count >= limit then return 0 end
-    local head = redis.call('ZRANGE', Q, i, i)
-    if #head == 0 then return 0 end
-    if i >= from + scanMax or steps >= 4 * scanMax then return i + 1 end
+    if w > #win then win, w = redis.call('ZRANGE', Q, i, i + scanMax - 1), 1 end
+    local m = win[w]
+    if not m then return 0, blocker end
+    if i >= from + scanMax or steps >= 4 * scanMax then
+      if blocker then return -1 end
+      return i + 1
+    end
     steps = steps + 1
-    local proc, ticket = string.match(head[1], '|([^|]*)|([^|]+)$')
-    local kl, units = ticketKeys(T, ticket, k, limit)
-    if dead(P, head[1], now, claim) then
+    local proc, ticket = string.match(m, '|([^|]*)|([^|]+)$')
+    local kl, units, past = ticketKeys(T, ticket, k, limit)
+    -- A heavy waiter: k's room waits for its units, counted (looked at
+    -- first: it is cheap) or with the place an older urgent ticket keeps
+    -- set aside. One of one key is passed up to its bound.
+    local heavy = units > 1 and units <= limit and count + units > limit
+    local keeps = heavy and (#kl > 1 or past >= passFactor * units)
+    if dead(P, m, now, claim) then
       for _, e in ipairs(kl) do unqueue(e[1], ticket, true) end
-    elseif canTake(T, kl, ticket, units, now, P, claim, k) then
+      win = {}
+    elseif keeps then
+      return -1
+    elseif not heavy and (not blocker or #kl == 1) and canTake(T, kl, ticket, units, now, P, claim, k) then
+      if blocker then -- before the grant takes its flow away
+        charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
+      end
       grant(kl, ticket, units, proc, now, claim, chans)
       for _, p in ipairs(passed) do passOver(k, p) end
-    elseif units > 1 and units <= limit and (count + units > limit
-        or roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units) then
-      -- A heavy waiter: k's room waits for its units, counted or with the
-      -- place an older urgent ticket keeps set aside.
-      return -1
+      count, win = countOf(k), {}
+    elseif heavy or units > 1 and units <= limit
+        and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
+      if #kl > 1 or past >= passFactor * units then return -1 end
+      blocker = blocker or ticket
+      i, w = i + 1, w + 1
     else
       if #kl > 1 then passed[#passed + 1] = ticket end
-      i = i + 1
+      i, w = i + 1, w + 1
     end
   end
 end
@@ -385,6 +443,7 @@ local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
     redis.call('ZADD', Q, 0, m)
+    redis.call('ZADD', e[1] .. '#m', units, ticket)
     redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish)
     if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
     if units > 1 then
@@ -401,7 +460,7 @@ end
 local function keepQueued(kl, ttl)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
-    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl)
+    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl) cover(e[1] .. '#m', 3 * ttl)
     for rank = 0, 2 do cover(e[1] .. '#f' .. rank, 3 * ttl) end
   end
 end

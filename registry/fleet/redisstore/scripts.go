@@ -188,10 +188,11 @@ end
 local held, cut = 0, 0
 for i, e in ipairs(kl) do
   -- e[3]: k has a queue (or had one before serving it); e[4]: where
-  -- serving it stopped short, or -1 if at a heavy waiter (see serve)
+  -- serving it stopped short, or -1 if at a heavy waiter; e[5]: the heavy
+  -- waiter it went past (see serve)
   e[3] = hasQueue(e[1])
   e[4] = 0
-  if e[3] and not stopped then e[4] = serve(e[1], e[2], now, claim, chans, P, 0) end
+  if e[3] and not stopped then e[4], e[5] = serve(e[1], e[2], now, claim, chans, P, 0) end
   if e[4] > 0 and cut == 0 then cut = i end
   expire(e[1], now)
   if redis.call('ZSCORE', e[1], id) then held = held + 1 end
@@ -223,8 +224,9 @@ if held > 0 then
     if e[3] and not stopped then
       -- Serving again may stop at a heavy waiter the room given back is
       -- not enough for, or get past one it stopped at.
-      local r = serve(e[1], e[2], now, claim, chans, P, 0)
+      local r, b = serve(e[1], e[2], now, claim, chans, P, 0)
       if r < 0 or e[4] < 0 then e[4] = r end
+      e[5] = e[5] or b
     end
   end
 end
@@ -264,11 +266,18 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   return {3, w, countOf(k), earliestOf(k), now, epoch, redis.call('ZCARD', k .. '#q')}
 end
 -- A newcomer: a key whose serving stopped at a heavy waiter is full for
--- it; where serving stopped short, it looks further; it takes the room
--- only if no waiter that it has looked at can.
+-- it, and so is one whose serving went past one, unless the newcomer is
+-- of that key alone and waits (it passes it as a waiter would, counted
+-- below); where serving stopped short, it looks further; it takes the
+-- room only if no waiter that it has looked at can.
 local full = 0
 for i, e in ipairs(kl) do
-  if e[4] < 0 or (e[4] > 0 and serve(e[1], e[2], now, claim, chans, P, e[4] - 1) ~= 0) then full = i break end
+  if e[4] > 0 then
+    local r
+    r, e[5] = serve(e[1], e[2], now, claim, chans, P, e[4] - 1)
+    if r ~= 0 then full = i break end
+  end
+  if e[4] < 0 or (e[5] and (n > 1 or tonumber(ARGV[7]) % 2 == 0)) then full = i break end
 end
 if full == 0 then
   for i, e in ipairs(kl) do
@@ -283,6 +292,7 @@ if full == 0 then
     weigh(e[1], id, units)
     coverLeases(e[1], ttl)
   end
+  if kl[1][5] then charge(kl[1][1] .. '#t', kl[1][5], ARGV[10], ARGV[9], units) end
   return admitted(kl, t, now, epoch)
 end
 local k = kl[full][1]

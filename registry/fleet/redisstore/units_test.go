@@ -257,8 +257,10 @@ func TestUnitsMixEndsAtZero(t *testing.T) {
 	}
 }
 
-// The scripts on a real server (the queue's rig): a heavy waiter keeps the
-// room it waits for from the lighter waiters behind it and from
+// The scripts on a real server (the queue's rig): a heavy waiter lets a
+// waiting newcomer of one key take the room it cannot use, counted
+// against it (a newcomer that does not wait takes none), up to its bound;
+// then it keeps the room from the lighter waiters behind it and from
 // newcomers, and the replies count units.
 func TestQueueHeavyWaiterKeepsTheRoom(t *testing.T) {
 	rig := newQueueRig(t)
@@ -266,10 +268,18 @@ func TestQueueHeavyWaiterKeepsTheRoom(t *testing.T) {
 	rp := rig.admit(ticket{id: "H", units: 4, wait: true}, 4)
 	require.Equal(t, acquireQueued, rp.status)
 	assert.Equal(t, 3, rp.count, "the count in units")
-	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status, "behind H")
 	rp = rig.admit(ticket{id: "n"}, 4)
-	assert.Equal(t, acquireFull, rp.status, "a newcomer does not take H's room")
+	assert.Equal(t, acquireFull, rp.status, "a newcomer that does not wait does not pass H")
 	assert.Equal(t, 3, rp.count)
+	for i := range 4 * driver.PassFactor {
+		id := fmt.Sprint("L", i)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id, wait: true}, 4).status, "a waiting newcomer passes H")
+		rig.release(id, 4)
+	}
+	passed, err := rig.rdb.HGet(context.Background(), qKey+"#t", "u|H").Int()
+	require.NoError(t, err)
+	assert.Equal(t, 4*driver.PassFactor, passed, "its bound")
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status, "past it, behind H")
 	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status, "nor does L")
 	assert.Equal(t, "H", rig.handOff("x", 4))
 	assert.Equal(t, []string{"H"}, rig.holders(), "L waits for H's units")
@@ -292,9 +302,11 @@ func TestQueueWaitersPassedOverAreNotHeavy(t *testing.T) {
 	assert.Equal(t, "L", rig.handOff("x", 4))
 }
 
-// Serving that stops at its bound, short of a heavy waiter, lets neither a
-// newcomer nor a lighter waiter behind the heavy one take its room; the
-// heavy waiter takes it on its own call once it is free.
+// Serving that stops at its bound, short of a heavy waiter, looks further
+// for a newcomer: a waiting newcomer passes the heavy waiter there,
+// counted against it, up to its bound; then neither a newcomer nor a
+// lighter waiter behind it takes its room, and the heavy waiter takes it
+// on its own call once it is free.
 func TestQueueHeavyWaiterBeyondTheScan(t *testing.T) {
 	rig := newQueueRig(t)
 	const a, b = qKey, "q{n}:b"
@@ -304,7 +316,12 @@ func TestQueueHeavyWaiterBeyondTheScan(t *testing.T) {
 		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("x", i), keys: []string{a, b}, limits: []int{4, 1}, wait: true}, 0).status)
 	}
 	require.Equal(t, acquireQueued, rig.admit(ticket{id: "H", units: 2, wait: true}, 4).status)
-	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status)
+	for i := range 2 * driver.PassFactor {
+		id := fmt.Sprint("P", i)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id, wait: true}, 4).status, "pass %d", i+1)
+		rig.release(id, 4)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status, "past its bound")
 	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status, "a unit is free, kept for H")
 	assert.Equal(t, acquireFull, rig.admit(ticket{id: "N"}, 4).status, "nor a newcomer's")
 	rig.release("ha", 4)
@@ -350,4 +367,16 @@ func TestQueueWaiterBehindAHeavyOneOnItsOtherKey(t *testing.T) {
 	assert.Equal(t, acquireQueued, rig.admit(L, 0).status, "8 + 3 is over 10")
 	rig.release("H", 10)
 	assert.Equal(t, acquireAdmitted, rig.admit(L, 0).status)
+}
+
+// A heavy waiter of a dead process is dropped as serving meets it, under
+// its bound of units passed too: it keeps no room, not even from a
+// newcomer that does not wait.
+func TestQueueDeadHeavyWaiterKeepsNoRoom(t *testing.T) {
+	rig := newQueueRig(t)
+	rig.alive("p2")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x", units: 3}, 4).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "H", proc: "p2", units: 4, wait: true}, 4).status)
+	require.NoError(t, rig.rdb.HSet(context.Background(), qProcs, "p2", 1).Err()) // its deadline long past
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "n"}, 4).status)
 }
