@@ -4,6 +4,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"sync"
+	"testing"
 	"time"
 )
 
@@ -158,4 +159,40 @@ func (l LargePrompts) Run(acquire func(i, units int) (release func(), err error)
 		out.SmallShare = used / free
 	}
 	return out
+}
+
+// HeavyAmongLight measures how long a caller of 5 units waits among 10
+// closed-loop callers of one unit under a cap of 10 (run it in a synctest
+// bubble): each light caller takes its unit for hold and comes back at
+// once, staggered by hold/10, for 30 s; the heavy one comes at 0.55 hold.
+// acquire(n) returns what frees the n units it took, or an error (which
+// fails a light caller and ends it).
+func HeavyAmongLight(t testing.TB, hold time.Duration, acquire func(n int) (release func(), err error)) time.Duration {
+	end := time.Now().Add(30 * time.Second)
+	var wg sync.WaitGroup
+	for i := range 10 {
+		wg.Go(func() {
+			time.Sleep(time.Duration(i) * hold / 10)
+			for time.Now().Before(end) {
+				release, err := acquire(1)
+				if err != nil {
+					t.Errorf("a light caller: %v", err)
+					return
+				}
+				time.Sleep(hold) // its work
+				release()
+			}
+		})
+	}
+	time.Sleep(hold * 55 / 100)
+	start := time.Now()
+	release, err := acquire(5)
+	waited := time.Since(start)
+	if err != nil {
+		t.Errorf("the heavy caller: %v", err)
+	} else {
+		release()
+	}
+	wg.Wait()
+	return waited
 }
