@@ -146,12 +146,19 @@ CREATE OR REPLACE FUNCTION inflight_admit_passing(f text, l text, keys text[], l
 #variable_conflict use_variable
 DECLARE
 	res bigint[];
-	newcomer bool := wait AND array_length(keys, 1) = 1
-		AND NOT EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.ticket = l)
-		AND NOT EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[1] AND x.lease = l);
+	newcomer bool := false;
 	b inflight_ticket;
 BEGIN
-	PERFORM set_config('inflight.pass', CASE WHEN wait AND array_length(keys, 1) = 1 THEN 'on' ELSE 'off' END, true);
+	-- Only a key with a weighted waiter (one probe of their index) may
+	-- have a heavy waiter to pass: elsewhere the call is inflight_admit's.
+	-- One that comes meanwhile keeps the room from this call, as a
+	-- process of an earlier release's.
+	IF wait AND array_length(keys, 1) = 1
+		AND EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.units > 1) THEN
+		newcomer := NOT EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.ticket = l)
+			AND NOT EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[1] AND x.lease = l);
+		PERFORM set_config('inflight.pass', 'on', true);
+	END IF;
 	res := inflight_admit(f, l, keys, limits, ttl, not_after, known, pause, wait, starts, claim, r, fl, weight, p,
 		max_q, max_f, live, async, carried_keys, carried_leases, units, carried_units);
 	IF res[1] = 1 AND newcomer THEN

@@ -186,9 +186,13 @@ func pooled(err error) error {
 // String names the fleet, for logs.
 func (s *Store) String() string { return "postgres:" + s.name }
 
-const admitSQL = `SELECT inflight_admit_passing($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
+// admitSQL is a call that does not wait, or carries pairs; passingSQL a
+// waiter's call, which may pass a heavy waiter (pass.sql).
+const admitSQL = `SELECT inflight_admit($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
 
-// waiterSQL is admitSQL for a waiter's call that carries no pairs: it
+const passingSQL = `SELECT inflight_admit_passing($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19, $20, $21, $22, $23)`
+
+// waiterSQL is passingSQL for a waiter's call that carries no pairs: it
 // claims a grant without the keys' locks if it can (see inflight_claim).
 // COALESCE evaluates inflight_admit_passing only if inflight_claim returns NULL.
 const waiterSQL = `SELECT coalesce(inflight_claim($1, $2, $3, $4, $5, $6, $7, $8, $10, $19),
@@ -240,8 +244,11 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 	}
 	var res []int64
 	sql := admitSQL
-	if c.Wait && len(c.Carried) == 0 {
+	switch {
+	case c.Wait && len(c.Carried) == 0:
 		sql = waiterSQL
+	case c.Wait:
+		sql = passingSQL
 	}
 	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
 		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
