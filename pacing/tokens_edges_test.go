@@ -338,14 +338,7 @@ func TestTokensPassLooksAtMostPassScan(t *testing.T) {
 	})
 	t.Run("model", func(t *testing.T) {
 		testrig.Bubble(t, func(t *testing.T) {
-			g := newGate(t, pacing.Config{MaxQueue: 200, MaxQueueWaitMS: pacing.MaxMS,
-				Models: map[string]pacing.ModelConfig{"big": {MaxInflightTokens: 50}}})
-			ctx, cancel := context.WithCancel(context.Background())
-			defer cancel()
-			a, err := g.AcquireN(ctx, "big", 40)
-			require.NoError(t, err)
-			acquireNAsync(ctx, g, "big", 40)
-			synctest.Wait()
+			g, ctx := bigModelBlocked(t)
 			for range core.PassScan {
 				acquireNAsync(ctx, g, "big", 20)
 				synctest.Wait()
@@ -360,9 +353,6 @@ func TestTokensPassLooksAtMostPassScan(t *testing.T) {
 			if started && r.err == nil {
 				r.g.Slot.Release()
 			}
-			cancel()
-			synctest.Wait()
-			a.Slot.Release()
 		})
 	})
 }
@@ -372,19 +362,30 @@ func TestTokensPassLooksAtMostPassScan(t *testing.T) {
 // bound.
 func TestTokensModelBlockerCountsItsModelOnly(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		g := newGate(t, pacing.Config{MaxQueueWaitMS: pacing.MaxMS, Models: map[string]pacing.ModelConfig{"big": {MaxInflightTokens: 50}}})
-		ctx, cancel := context.WithCancel(context.Background())
-		defer cancel()
-		a, err := g.AcquireN(ctx, "big", 40)
-		require.NoError(t, err)
-		acquireNAsync(ctx, g, "big", 40)
-		synctest.Wait()
+		g, ctx := bigModelBlocked(t)
 		passTokens(t, g, "small", 40*core.PassFactor)
 		later, err := g.AcquireN(ctx, "big", 5)
 		require.NoError(t, err, "the other model took nothing of the blocker's bound")
 		later.Slot.Release()
+	})
+}
+
+// bigModelBlocked returns a Gate whose model "big" holds 40 of its 50
+// tokens and has a request of 40 waiting, under its bound of passing, and
+// the context of both. At the test's end the context ends (the waiters
+// leave), then the 40 held are released.
+func bigModelBlocked(t *testing.T) (*pacing.Gate, context.Context) {
+	g := newGate(t, pacing.Config{MaxQueue: 200, MaxQueueWaitMS: pacing.MaxMS,
+		Models: map[string]pacing.ModelConfig{"big": {MaxInflightTokens: 50}}})
+	ctx, cancel := context.WithCancel(context.Background())
+	a, err := g.AcquireN(ctx, "big", 40)
+	require.NoError(t, err)
+	t.Cleanup(func() {
 		cancel()
 		synctest.Wait()
 		a.Slot.Release()
 	})
+	acquireNAsync(ctx, g, "big", 40)
+	synctest.Wait()
+	return g, ctx
 }

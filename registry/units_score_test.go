@@ -25,21 +25,8 @@ func TestUnitsScoreLargePrompts(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
 				load := testrig.LargePrompts{Cache: 1_000_000, Large: 8, LargeUnits: 500_000, Small: 1000,
 					LargeHold: 30 * time.Second, SmallHold: 2 * time.Second}
-				l := slots.NewLimiter(load.Cache)
-				reg := registry.New[string](load.Cache)
-				s := load.Run(func(_, n int) (func(), error) {
-					var s *slots.Slot
-					var err error
-					if owner == "limiter" {
-						s, err = l.AcquireN(context.Background(), n)
-					} else {
-						s, err = reg.AcquireN(context.Background(), "p", n)
-					}
-					if err != nil {
-						return nil, err
-					}
-					return func() { s.Release() }, nil
-				})
+				acquire := ownerOf(owner, load.Cache)
+				s := load.Run(func(_, n int) (func(), error) { return acquire(n) })
 				assert.Equal(t, load.Large+load.Small, s.Served, "every request served")
 				assert.LessOrEqual(t, s.Peak, load.Cache)
 				t.Logf("small ones done after %v, using %.1f%% of the units the large ones left free while they waited; the last large one started after %v",
@@ -63,27 +50,33 @@ func TestUnitsHeavyCallerAmongLightOnesStartsWithinItsBound(t *testing.T) {
 	for _, owner := range []string{"limiter", "registry"} {
 		t.Run(owner, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
-				l := slots.NewLimiter(10)
-				reg := registry.New[string](10)
 				const hold = time.Second
-				waited := testrig.HeavyAmongLight(t, hold, func(n int) (func(), error) {
-					var s *slots.Slot
-					var err error
-					if owner == "limiter" {
-						s, err = l.AcquireN(context.Background(), n)
-					} else {
-						s, err = reg.AcquireN(context.Background(), "p", n)
-					}
-					if err != nil {
-						return nil, err
-					}
-					return func() { s.Release() }, nil
-				})
+				waited := testrig.HeavyAmongLight(t, hold, ownerOf(owner, 10))
 				bound := time.Duration(5*core.PassFactor)*hold/10 + hold
 				t.Logf("the caller of 5 units waited %v (bound %v)", waited, bound)
 				assert.LessOrEqual(t, waited, bound)
 				assert.Less(t, waited, 10*time.Second, "passing without a bound kept it out 29.85 s, until the light callers stopped")
 			})
 		})
+	}
+}
+
+// ownerOf returns what acquires n units of a new Limiter of limit units,
+// or of key "p" of a new Registry (owner "registry"), and what frees them.
+func ownerOf(owner string, limit int) func(n int) (func(), error) {
+	l := slots.NewLimiter(limit)
+	reg := registry.New[string](limit)
+	return func(n int) (func(), error) {
+		var s *slots.Slot
+		var err error
+		if owner == "limiter" {
+			s, err = l.AcquireN(context.Background(), n)
+		} else {
+			s, err = reg.AcquireN(context.Background(), "p", n)
+		}
+		if err != nil {
+			return nil, err
+		}
+		return func() { s.Release() }, nil
 	}
 }
