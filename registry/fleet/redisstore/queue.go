@@ -369,10 +369,20 @@ local function serve(k, limit, now, claim, chans, P, from)
     local r, b = noneFits(k, Q, T, limit, count, now, P, claim)
     if r then return r, b end
   end
-  local win, w = {}, 1 -- the members from i on, read scanMax at a time
+  -- The members from i on, read scanMax at a time, with their keys,
+  -- units and units passed (meta, three fields each).
+  local win, w, meta = {}, 1, {}
   while true do
     if count >= limit then return 0 end
-    if w > #win then win, w = redis.call('ZRANGE', Q, i, i + scanMax - 1), 1 end
+    if w > #win then
+      win, w = redis.call('ZRANGE', Q, i, i + scanMax - 1), 1
+      local fields = {}
+      for j, m in ipairs(win) do
+        local id = string.match(m, '|([^|]+)$')
+        fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = 'k|' .. id, 'w|' .. id, 'u|' .. id
+      end
+      if #fields > 0 then meta = redis.call('HMGET', T, unpack(fields)) end
+    end
     local m = win[w]
     if not m then return 0, blocker end
     if i >= from + scanMax or steps >= 4 * scanMax then
@@ -380,33 +390,41 @@ local function serve(k, limit, now, claim, chans, P, from)
       return i + 1
     end
     steps = steps + 1
-    local proc, ticket = string.match(m, '|([^|]*)|([^|]+)$')
-    local kl, units, past = ticketKeys(T, ticket, k, limit)
-    -- A heavy waiter: k's room waits for its units, counted (looked at
-    -- first: it is cheap) or with the place an older urgent ticket keeps
-    -- set aside. One of one key is passed up to its bound.
-    local heavy = units > 1 and units <= limit and count + units > limit
-    local keeps = heavy and (#kl > 1 or past >= passFactor * units)
-    if dead(P, m, now, claim) then
-      for _, e in ipairs(kl) do unqueue(e[1], ticket, true) end
-      win = {}
-    elseif keeps then
-      return -1
-    elseif not heavy and (not blocker or #kl == 1) and canTake(T, kl, ticket, units, now, P, claim, k) then
-      if blocker then -- before the grant takes its flow away
-        charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
-      end
-      grant(kl, ticket, units, proc, now, claim, chans)
-      for _, p in ipairs(passed) do passOver(k, p) end
-      count, win = countOf(k), {}
-    elseif heavy or units > 1 and units <= limit
-        and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
-      if #kl > 1 or past >= passFactor * units then return -1 end
-      blocker = blocker or ticket
+    local units, past = tonumber(meta[3 * w - 1]) or 1, tonumber(meta[3 * w]) or 0
+    if blocker and units > 1 and units <= limit and count + units > limit and past < passFactor * units
+        and not (meta[3 * w - 2] and string.find(meta[3 * w - 2], '],[', 1, true)) then
+      -- Past the first heavy waiter, one of one key under its bound keeps
+      -- nothing: serving looks on, at no cost.
       i, w = i + 1, w + 1
     else
-      if #kl > 1 then passed[#passed + 1] = ticket end
-      i, w = i + 1, w + 1
+      local proc, ticket = string.match(m, '|([^|]*)|([^|]+)$')
+      local kl, units, past = ticketKeys(T, ticket, k, limit)
+      -- A heavy waiter: k's room waits for its units, counted (looked at
+      -- first: it is cheap) or with the place an older urgent ticket keeps
+      -- set aside. One of one key is passed up to its bound.
+      local heavy = units > 1 and units <= limit and count + units > limit
+      local keeps = heavy and (#kl > 1 or past >= passFactor * units)
+      if dead(P, m, now, claim) then
+        for _, e in ipairs(kl) do unqueue(e[1], ticket, true) end
+        win = {}
+      elseif keeps then
+        return -1
+      elseif not heavy and (not blocker or #kl == 1) and canTake(T, kl, ticket, units, now, P, claim, k) then
+        if blocker then -- before the grant takes its flow away
+          charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
+        end
+        grant(kl, ticket, units, proc, now, claim, chans)
+        for _, p in ipairs(passed) do passOver(k, p) end
+        count, win = countOf(k), {}
+      elseif heavy or units > 1 and units <= limit
+          and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
+        if #kl > 1 or past >= passFactor * units then return -1 end
+        blocker = blocker or ticket
+        i, w = i + 1, w + 1
+      else
+        if #kl > 1 then passed[#passed + 1] = ticket end
+        i, w = i + 1, w + 1
+      end
     end
   end
 end
