@@ -335,8 +335,9 @@ end
 -- ticket queued on k fits its room (the least units among them, <k>#m,
 -- are more than it has): -1 if the head keeps the room, 0 and the head if
 -- it is a heavy waiter that a newcomer within passScan places may pass;
--- nil where serving must look (a dead head, one over the limit, tickets
--- <k>#m does not count: queued by a release before it).
+-- nil where serving must look (a dead head, one over the limit, a longer
+-- queue behind a head that may be passed, tickets <k>#m does not count:
+-- queued by a release before it).
 local function noneFits(k, Q, T, limit, count, now, P, claim)
   local least = redis.call('ZRANGE', k .. '#m', 0, 0, 'WITHSCORES')
   if not least[2] or count + tonumber(least[2]) <= limit then return nil end
@@ -346,8 +347,9 @@ local function noneFits(k, Q, T, limit, count, now, P, claim)
   local ticket = string.match(m, '|([^|]+)$')
   local kl, units, past = ticketKeys(T, ticket, k, limit)
   if units > limit or dead(P, m, now, claim) then return nil end
-  if #kl == 1 and past < passFactor * units and n <= scanMax then return 0, ticket end
-  return -1
+  if #kl > 1 or past >= passFactor * units then return -1 end
+  if n <= scanMax then return 0, ticket end
+  return nil -- the places past it are looked at (and dead processes' dropped)
 end
 -- serve grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take room for its
@@ -370,18 +372,22 @@ local function serve(k, limit, now, claim, chans, P, from)
     if r then return r, b end
   end
   -- The members from i on, read scanMax at a time, with their keys,
-  -- units and units passed (meta, three fields each).
-  local win, w, meta = {}, 1, {}
+  -- units and units passed (meta, three fields each) and their
+  -- processes' liveness deadlines (live).
+  local win, w, meta, live = {}, 1, {}, {}
   while true do
     if count >= limit then return 0 end
     if w > #win then
       win, w = redis.call('ZRANGE', Q, i, i + scanMax - 1), 1
-      local fields = {}
+      local fields, procs = {}, {}
       for j, m in ipairs(win) do
-        local id = string.match(m, '|([^|]+)$')
+        local proc, id = string.match(m, '|([^|]*)|([^|]+)$')
         fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = 'k|' .. id, 'w|' .. id, 'u|' .. id
+        procs[j] = proc
       end
-      if #fields > 0 then meta = redis.call('HMGET', T, unpack(fields)) end
+      if #fields > 0 then
+        meta, live = redis.call('HMGET', T, unpack(fields)), redis.call('HMGET', P, unpack(procs))
+      end
     end
     local m = win[w]
     if not m then return 0, blocker end
@@ -392,9 +398,11 @@ local function serve(k, limit, now, claim, chans, P, from)
     steps = steps + 1
     local units, past = tonumber(meta[3 * w - 1]) or 1, tonumber(meta[3 * w]) or 0
     if blocker and units > 1 and units <= limit and count + units > limit and past < passFactor * units
-        and not (meta[3 * w - 2] and string.find(meta[3 * w - 2], '],[', 1, true)) then
-      -- Past the first heavy waiter, one of one key under its bound keeps
-      -- nothing: serving looks on, at no cost.
+        and not (meta[3 * w - 2] and string.find(meta[3 * w - 2], '],[', 1, true))
+        and (tonumber(live[w]) or 0) > now + 1.5 * claim then
+      -- Past the first heavy waiter, one of one key under its bound, of a
+      -- live process (see dead), keeps nothing: serving looks on, at no
+      -- cost.
       i, w = i + 1, w + 1
     else
       local proc, ticket = string.match(m, '|([^|]*)|([^|]+)$')

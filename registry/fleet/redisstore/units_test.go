@@ -380,3 +380,21 @@ func TestQueueDeadHeavyWaiterKeepsNoRoom(t *testing.T) {
 	require.NoError(t, rig.rdb.HSet(context.Background(), qProcs, "p2", 1).Err()) // its deadline long past
 	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "n"}, 4).status)
 }
+
+// Dead processes' heavy waiters behind a live one are dropped as serving
+// meets them, not looked past: a light waiter behind 64 of them, beyond
+// serving's 64 places while they live, is served on its own call once
+// they are dead.
+func TestQueueDeadHeavyWaitersBehindABlockerAreDropped(t *testing.T) {
+	rig := newQueueRig(t)
+	rig.alive("p2")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x", units: 3}, 4).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "B", units: 4, wait: true}, 4).status)
+	for i := range 64 {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("d", i), proc: "p2", units: 2, wait: true}, 4).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 4).status, "beyond the 64 places")
+	require.NoError(t, rig.rdb.HSet(context.Background(), qProcs, "p2", 1).Err()) // their deadline long past
+	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "L", wait: true}, 4).status, "L passes B; the dead ones are gone")
+	assert.ElementsMatch(t, []string{"L", "x"}, rig.holders())
+}
