@@ -335,9 +335,10 @@ end
 -- ticket queued on k fits its room (the least units among them, <k>#m,
 -- are more than it has): -1 if the head keeps the room, 0 and the head if
 -- it is a heavy waiter that a newcomer within passScan places may pass;
--- nil where serving must look (a dead head, one over the limit, a longer
--- queue behind a head that may be passed, tickets <k>#m does not count:
--- queued by a release before it).
+-- nil where serving must look (a dead head, one over the limit, tickets
+-- <k>#m does not count: queued by a release before it). Dead processes'
+-- tickets behind the head wait for a serving that walks to them, which
+-- comes as soon as a queued ticket fits.
 local function noneFits(k, Q, T, limit, count, now, P, claim)
   local least = redis.call('ZRANGE', k .. '#m', 0, 0, 'WITHSCORES')
   if not least[2] or count + tonumber(least[2]) <= limit then return nil end
@@ -347,9 +348,8 @@ local function noneFits(k, Q, T, limit, count, now, P, claim)
   local ticket = string.match(m, '|([^|]+)$')
   local kl, units, past = ticketKeys(T, ticket, k, limit)
   if units > limit or dead(P, m, now, claim) then return nil end
-  if #kl > 1 or past >= passFactor * units then return -1 end
-  if n <= scanMax then return 0, ticket end
-  return nil -- the places past it are looked at (and dead processes' dropped)
+  if #kl == 1 and past < passFactor * units and n <= scanMax then return 0, ticket end
+  return -1 -- nobody queued fits, and a newcomer is past serving's places
 end
 -- serve grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take room for its
