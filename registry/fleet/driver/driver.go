@@ -281,10 +281,11 @@ const (
 	FateGone    Fate = 3 // missing, and not put back
 )
 
-// ReleaseCall removes leases. For each key it frees, the store serves the
-// key's queue unless a pause of new admissions is declared (honoured or
-// not; see AdmitCall step 2): while the key has room
-// under Limit, it drops expired leases and grants the first waiter that
+// ReleaseCall removes leases. Then, unless a pause of new admissions is
+// declared (honoured or not; see AdmitCall step 2), the store serves the
+// queue of each key it freed once, with all the units freed on it, under
+// the lowest Limit the call's pairs give that key: while the key has room
+// under it, it drops expired leases and grants the first waiter that
 // can take room for its units on all of its keys (a ticket of a dead
 // process is dropped) a lease of Claim on each of its keys, and tells its
 // process (Listen).

@@ -127,6 +127,7 @@ var (
 		{"HeavyWaiterFirstOnSeveralKeys", heavyWaiterFirstOnSeveralKeys},
 		{"ExceedsLimit", exceedsLimit},
 		{"UnitsPutBack", unitsPutBack},
+		{"BatchRelease", batchRelease},
 		{"LargeAmongSmall", largeAmongSmall},
 		{"NetworkCut", networkCut},
 	}

@@ -3,6 +3,7 @@ package fleettest
 import (
 	"context"
 	"errors"
+	"fmt"
 	"math/rand/v2"
 	"sync"
 	"sync/atomic"
@@ -301,3 +302,52 @@ func unitsPutBack(t *testing.T, srv Server) {
 	require.NoError(t, err)
 	assert.Equal(t, 2, n, "the release freed the lease's 3 units")
 }
+
+// A release of several leases serves each key's queue once, with all the
+// units it freed, under the lowest limit the call gives the key: a waiter
+// of 3 units at the head is granted the three units freed together, where
+// serving after each lease would have let the light waiter behind it take
+// the first.
+func batchRelease(t *testing.T, srv Server) {
+	s := srv.Store(t, "batch")
+	ctx := context.Background()
+	lease := func(i int) string { return fmt.Sprintf("%032x", i) }
+	admit := func(i, units, limit int, wait bool) driver.Status {
+		res, err := s.AdmitOne(ctx, &driver.AdmitCall{Lease: lease(i), Keys: []string{"k"}, Limits: []int{limit}, Units: units,
+			Wait: wait, TTL: batchTTL, Claim: batchTTL / 3, Live: batchTTL, Weight: 1, Proc: "p", MaxQueue: -1, MaxFlowQueue: -1})
+		require.NoError(t, err)
+		return res.Status
+	}
+	release := func(leaseLimit ...[2]int) {
+		var pairs []driver.Release
+		for _, p := range leaseLimit {
+			pairs = append(pairs, driver.Release{Key: "k", Lease: lease(p[0]), Limit: p[1]})
+		}
+		require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: batchTTL / 3, Pairs: pairs}))
+	}
+	for i := 1; i <= 3; i++ {
+		require.Equal(t, driver.StatusAdmitted, admit(i, 1, 3, false))
+	}
+	require.Equal(t, driver.StatusQueued, admit(4, 3, 3, true), "the heavy waiter")
+	require.Equal(t, driver.StatusQueued, admit(5, 1, 3, true), "a light one behind it")
+	release([2]int{1, 3}, [2]int{2, 3}, [2]int{3, 3})
+	assert.Equal(t, driver.StatusAdmitted, admit(4, 3, 3, true), "the heavy waiter was granted the three units")
+	assert.Equal(t, driver.StatusQueued, admit(5, 1, 3, true), "the light one waits for them")
+
+	release([2]int{4, 3})
+	require.Equal(t, driver.StatusAdmitted, admit(5, 1, 3, true))
+	for i := 6; i <= 7; i++ {
+		require.Equal(t, driver.StatusAdmitted, admit(i, 1, 3, false))
+	}
+	for i := 8; i <= 9; i++ {
+		require.Equal(t, driver.StatusQueued, admit(i, 1, 3, true))
+	}
+	release([2]int{5, 2}, [2]int{6, 3})
+	assert.Equal(t, driver.StatusQueued, admit(9, 1, 2, true), "under the lower limit, 2, one unit was free")
+	assert.Equal(t, driver.StatusAdmitted, admit(8, 1, 2, true), "the first waiter was granted it")
+}
+
+// batchTTL is the TTL and liveness of batchRelease's calls (their claim
+// window a third of it): long enough that nothing expires on a busy
+// machine.
+const batchTTL = 30 * time.Second

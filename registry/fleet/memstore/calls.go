@@ -227,12 +227,22 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	}
 	defer s.mu.Unlock()
 	now, _ := s.now()
+	var order []string
+	limits := make(map[string]int, len(c.Pairs))
 	for _, p := range c.Pairs {
 		s.key(p.Key).drop(p.Lease)
-		if !s.declared(now) {
-			s.serve(p.Key, p.Limit, now, c.Claim.Milliseconds())
+		l, seen := limits[p.Key]
+		if !seen {
+			order = append(order, p.Key)
+			l = p.Limit
 		}
-		s.tidy(p.Key)
+		limits[p.Key] = min(l, p.Limit)
+	}
+	for _, k := range order {
+		if !s.declared(now) {
+			s.serve(k, limits[k], now, c.Claim.Milliseconds())
+		}
+		s.tidy(k)
 	}
 	return nil
 }

@@ -39,6 +39,9 @@ var plansSQL string
 //go:embed pass.sql
 var passSQL string
 
+//go:embed release.sql
+var releaseSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -59,19 +62,19 @@ var schemaV1 = withConstants(schemaSQL)
 // answers a waiter behind a heavy waiter, and a waiter's claim of its
 // grant, without the key's lock, revision 4 counts flows' turns in units,
 // revision 5 makes the small functions the calls run PL/pgSQL, whose
-// plans a connection keeps, and revision 6 lets lighter waiters pass a
-// heavy one up to a bound. A revision adds, or replaces a function
-// keeping its signature and the meaning of its answers, so a release that
-// knows fewer of them works on the schema as it is (a rolling deploy has
-// both side by side); one that changes what is there makes a new
-// SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL)}
+// plans a connection keeps, revision 6 lets lighter waiters pass a heavy
+// one up to a bound, and revision 7 serves a key's queue once per release
+// call. A revision adds, or replaces a function keeping its signature and
+// the meaning of its answers, so a release that knows fewer of them works
+// on the schema as it is (a rolling deploy has both side by side); one
+// that changes what is there makes a new SchemaVersion.
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 6
+	SchemaRevision = 7
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -426,8 +426,10 @@ end
 return out
 `)
 
-// releaseScript removes leases and serves the queue of each key (unless
-// new admissions are paused).
+// releaseScript removes leases, then serves the queue of each key once
+// (unless new admissions are paused), under the lowest limit its pairs
+// name: a batch of many leases on one key serves its queue once, not once
+// per lease.
 //
 //	KEYS: the pause key, the name's #procs, then the capped keys, one per
 //	      (key, lease) pair
@@ -437,12 +439,16 @@ var releaseScript = redis.NewScript(baseLua + queueLua + `
 local now = nowMS(redis.call('TIME'))
 local serving = redis.call('EXISTS', KEYS[1]) == 0
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
+local order, limits = {}, {}
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
-  local queued = hasQueue(k)
+  if hasQueue(k) and serving then
+    if not limits[k] then order[#order + 1] = k end
+    limits[k] = math.min(limits[k] or limit, limit)
+  end
   removeLease(k, ARGV[2 * i - 3])
-  if serving and queued then serve(k, limit, now, claim, chans, KEYS[2], 0) end
 end
+for _, k in ipairs(order) do serve(k, limits[k], now, claim, chans, KEYS[2], 0) end
 return 0
 `)
 

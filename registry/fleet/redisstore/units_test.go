@@ -398,3 +398,42 @@ func TestQueueDeadHeavyWaitersBehindABlockerAreDropped(t *testing.T) {
 	assert.Equal(t, acquireAdmitted, rig.admit(ticket{id: "L", wait: true}, 4).status, "L passes B; the dead ones are gone")
 	assert.ElementsMatch(t, []string{"L", "x"}, rig.holders())
 }
+
+// A release of several leases serves each key's queue once, with all the
+// units it freed: a heavy waiter at the head is granted them, where
+// serving after each lease would have let a light waiter behind it take
+// the first unit. The lowest limit the batch names for a key binds.
+func TestQueueBatchReleaseServesOnceWithAllItsRoom(t *testing.T) {
+	rig := newQueueRig(t)
+	for _, id := range []string{"a", "b", "c"} {
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id}, 3).status)
+	}
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "H", units: 3, wait: true}, 3).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "L", wait: true}, 3).status)
+	rig.releaseBatch([]string{"a", "b", "c"}, []int{3, 3, 3})
+	assert.Equal(t, []string{"H"}, rig.holders(), "H takes the three units freed together")
+
+	rig.releaseBatch([]string{"H"}, []int{3})
+	require.Equal(t, []string{"L"}, rig.holders())
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "L", wait: true}, 3).status)
+	for _, id := range []string{"d", "e"} {
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id}, 3).status)
+	}
+	for _, id := range []string{"M", "N"} {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: id, wait: true}, 3).status)
+	}
+	rig.releaseBatch([]string{"L", "d"}, []int{2, 3})
+	assert.ElementsMatch(t, []string{"e", "M"}, rig.holders(), "under the lower limit, 2, one unit is free")
+}
+
+// releaseBatch frees the leases ids on qKey, under the limits, in one call.
+func (rig *queueRig) releaseBatch(ids []string, limits []int) {
+	rig.t.Helper()
+	keys := []string{"q{n}#pause", qProcs}
+	args := []any{qClaim, qWake}
+	for i, id := range ids {
+		keys = append(keys, qKey)
+		args = append(args, id, limits[i])
+	}
+	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, keys, args...).Err())
+}
