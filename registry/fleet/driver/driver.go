@@ -283,12 +283,16 @@ const (
 
 // ReleaseCall removes leases. Then, unless a pause of new admissions is
 // declared (honoured or not; see AdmitCall step 2), the store serves the
-// queue of each key it freed once, with all the units freed on it, under
-// the lowest Limit the call's pairs give that key: while the key has room
-// under it, it drops expired leases and grants the first waiter that
-// can take room for its units on all of its keys (a ticket of a dead
-// process is dropped) a lease of Claim on each of its keys, and tells its
-// process (Listen).
+// queue of each key it freed, in the order the keys first come, with all
+// the units freed on it, under the lowest Limit the call's pairs give
+// that key (a lease taken before a limit was raised carries the lower
+// one: waiters the higher limit would let in wait for their next call).
+// Where serving stops at a bound on the waiters it looks at, with room
+// left, it may go on from there, up to once for each pair on the key.
+// While the key has room under that limit, serving drops expired leases
+// and grants the first waiter that can take room for its units on all of
+// its keys (a ticket of a dead process is dropped) a lease of Claim on
+// each of its keys, and tells its process (Listen).
 //
 // A heavy waiter is one that has no room on this key for its units while
 // they are at most Limit. Serving goes past a heavy waiter of one key

@@ -342,9 +342,24 @@ func batchRelease(t *testing.T, srv Server) {
 	for i := 8; i <= 9; i++ {
 		require.Equal(t, driver.StatusQueued, admit(i, 1, 3, true))
 	}
+	count := func() int {
+		n, err := s.Count(ctx, "k")
+		require.NoError(t, err)
+		return n
+	}
 	release([2]int{5, 2}, [2]int{6, 3})
-	assert.Equal(t, driver.StatusQueued, admit(9, 1, 2, true), "under the lower limit, 2, one unit was free")
+	assert.Equal(t, 2, count(), "under the lower limit, 2, one unit was granted")
+	assert.Equal(t, driver.StatusQueued, admit(9, 1, 2, true))
 	assert.Equal(t, driver.StatusAdmitted, admit(8, 1, 2, true), "the first waiter was granted it")
+
+	require.Equal(t, driver.StatusAdmitted, admit(9, 1, 3, true))
+	for i := 10; i <= 11; i++ {
+		require.Equal(t, driver.StatusQueued, admit(i, 1, 3, true))
+	}
+	release([2]int{7, 3}, [2]int{8, 2})
+	assert.Equal(t, 2, count(), "the lower limit binds in whichever pair it comes")
+	assert.Equal(t, driver.StatusQueued, admit(11, 1, 2, true))
+	assert.Equal(t, driver.StatusAdmitted, admit(10, 1, 2, true))
 }
 
 // batchTTL is the TTL and liveness of batchRelease's calls (their claim

@@ -219,8 +219,10 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	return out, nil
 }
 
-// Release removes each lease and, unless a pause is declared, serves its
-// key's queue.
+// Release removes each lease, then, unless a pause is declared, serves
+// each key's queue once, in the order the keys first come, under the
+// lowest limit the call gives it (serving here has no bound on the
+// waiters it looks at).
 func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	if err := s.enter(ctx); err != nil {
 		return err

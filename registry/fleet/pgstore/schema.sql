@@ -877,7 +877,8 @@ BEGIN
 END $$;
 
 -- inflight_release removes each (key, lease) pair and serves each key's
--- queue, unless new admissions are paused.
+-- queue, unless new admissions are paused. Replaced by release.sql (it
+-- serves each key once, with all the room the call freed).
 CREATE FUNCTION inflight_release(f text, claim bigint, keys text[], leases text[], limits bigint[], async bool) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE

@@ -421,9 +421,14 @@ local function serve(k, limit, now, claim, chans, P, from)
         if blocker then -- before the grant takes its flow away
           charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
         end
+        local n = redis.call('ZCARD', Q)
         grant(kl, ticket, units, proc, now, claim, chans)
         for _, p in ipairs(passed) do passOver(k, p) end
-        count, win = countOf(k), {}
+        count = countOf(k)
+        -- The window stays right if the grant took only this ticket out
+        -- of k's queue (canTake may drop others: then it is read again).
+        -- What it holds of the waiters after it is theirs still.
+        if redis.call('ZCARD', Q) == n - 1 then w = w + 1 else win = {} end
       elseif heavy or units > 1 and units <= limit
           and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
         if #kl > 1 or past >= passFactor * units then return -1 end

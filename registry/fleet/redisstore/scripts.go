@@ -426,10 +426,12 @@ end
 return out
 `)
 
-// releaseScript removes leases, then serves the queue of each key once
-// (unless new admissions are paused), under the lowest limit its pairs
-// name: a batch of many leases on one key serves its queue once, not once
-// per lease.
+// releaseScript removes leases, then serves the queue of each key
+// (unless new admissions are paused), in the order the keys first come,
+// under the lowest limit its pairs name: a batch of many leases on one key
+// serves its queue with all the room they freed, not once per lease. Where
+// serving stops at its bound with room left, it goes on from there, up to
+// once for each pair on the key, as serving once per lease did.
 //
 //	KEYS: the pause key, the name's #procs, then the capped keys, one per
 //	      (key, lease) pair
@@ -439,16 +441,21 @@ var releaseScript = redis.NewScript(baseLua + queueLua + `
 local now = nowMS(redis.call('TIME'))
 local serving = redis.call('EXISTS', KEYS[1]) == 0
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
-local order, limits = {}, {}
+local order, limits, pairs = {}, {}, {}
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
   if hasQueue(k) and serving then
     if not limits[k] then order[#order + 1] = k end
-    limits[k] = math.min(limits[k] or limit, limit)
+    limits[k], pairs[k] = math.min(limits[k] or limit, limit), (pairs[k] or 0) + 1
   end
   removeLease(k, ARGV[2 * i - 3])
 end
-for _, k in ipairs(order) do serve(k, limits[k], now, claim, chans, KEYS[2], 0) end
+for _, k in ipairs(order) do
+  local r, n = serve(k, limits[k], now, claim, chans, KEYS[2], 0), 1
+  while r > 0 and n < pairs[k] do
+    r, n = serve(k, limits[k], now, claim, chans, KEYS[2], r - 1), n + 1
+  end
+end
 return 0
 `)
 

@@ -426,6 +426,32 @@ func TestQueueBatchReleaseServesOnceWithAllItsRoom(t *testing.T) {
 	assert.ElementsMatch(t, []string{"e", "M"}, rig.holders(), "under the lower limit, 2, one unit is free")
 }
 
+// A release of many leases on one key, whose serving stops at its bound
+// on the waiters it looks at (dead processes' tickets dropped at the head,
+// then grants), goes on from there: every unit it freed goes to a live
+// waiter, as when each lease was released alone.
+func TestQueueBatchReleaseGoesOnPastServingsBound(t *testing.T) {
+	rig := newQueueRig(t)
+	rig.alive("p2")
+	const n = 150 // 150 dropped and 150 granted: past 4 × PassScan looks
+	var ids, live []string
+	var limits []int
+	for i := range n {
+		ids, limits = append(ids, fmt.Sprint("h", i)), append(limits, n)
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: ids[i]}, n).status)
+	}
+	for i := range n {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: fmt.Sprint("d", i), proc: "p2", wait: true}, n).status)
+	}
+	for i := range n {
+		live = append(live, fmt.Sprint("w", i))
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: live[i], wait: true}, n).status)
+	}
+	require.NoError(t, rig.rdb.HSet(context.Background(), qProcs, "p2", 1).Err()) // their deadline long past
+	rig.releaseBatch(ids, limits)
+	assert.ElementsMatch(t, live, rig.holders(), "every unit freed granted to a live waiter")
+}
+
 // releaseBatch frees the leases ids on qKey, under the limits, in one call.
 func (rig *queueRig) releaseBatch(ids []string, limits []int) {
 	rig.t.Helper()
