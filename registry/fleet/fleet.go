@@ -61,16 +61,21 @@ type Registry[K comparable] struct {
 	learned         learnedCaps[K] // learned caps (see learn.go)
 	calls           calls          // acquire calls on their way or queued
 	removalQueue[K]                // its own lock
+	storeLink                      // its own locks, or atomics
+	stats           counters
+	lifecycle
+	survived // the panics the background goroutines survived
+}
+
+// storeLink is what the Registry knows of its link to the store.
+type storeLink struct {
 	// storeMu orders the heartbeat's renewals and the releaser's removals:
 	// a lease released while a renewal of it is under way is removed after
 	// that renewal, so a renewal cannot put back a released lease. It is
 	// held across calls to the store (see chanMutex).
 	storeMu chanMutex
-	brk     breaker
-	clock   serverClock // the store's, as replies tell it
-	stats   counters
-	lifecycle
-	survived // the panics the background goroutines survived
+	brk     breaker     // whether the store answers (atomics)
+	clock   serverClock // the store's, as replies tell it (its own lock)
 }
 
 type counters struct {
@@ -146,7 +151,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 		held:      heldLeases[K]{leases: map[*lease[K]]struct{}{}, degraded: map[*lease[K]]struct{}{}},
 		removalQueue: removalQueue[K]{maxPending: maxRemovals, kick: make(chan struct{}, 1),
 			resume: make(chan struct{}, 1)},
-		storeMu:   make(chanMutex, 1),
+		storeLink: storeLink{storeMu: make(chanMutex, 1)},
 		lifecycle: lifecycle{subscribed: make(chan struct{}), recovery: make(chan struct{}, 1), reassert: make(chan struct{}, 1)},
 		calls:     calls{max: maxSending},
 	}

@@ -67,21 +67,27 @@ func formatName(f int) string {
 // this record is a new format. Durations are nanoseconds, times the clock
 // nanos of PROTOCOL.md.
 type capRecord struct {
-	Floor      int       `json:"floor"`
-	Ceil       int       `json:"ceil"`
-	Retest     int64     `json:"retest"`
-	Lo         int       `json:"lo"`
-	Hi         int       `json:"hi"`
-	HiAt       int64     `json:"hi_at"`
-	CutSeq     uint64    `json:"cut_seq"`
-	Streak     int       `json:"streak"`
-	ProbeN     int       `json:"probe_n"`
-	ProbeAt    int64     `json:"probe_at"`
-	ProbeTop   int       `json:"probe_top"`
-	Step       int       `json:"step"`
-	Gap        int64     `json:"gap"`
-	Refusal    int64     `json:"refusal"`
-	RefusalDev int64     `json:"refusal_dev"`
+	Floor      int    `json:"floor"`
+	Ceil       int    `json:"ceil"`
+	Retest     int64  `json:"retest"`
+	Lo         int    `json:"lo"`
+	Hi         int    `json:"hi"`
+	HiAt       int64  `json:"hi_at"`
+	CutSeq     uint64 `json:"cut_seq"`
+	Streak     int    `json:"streak"`
+	ProbeN     int    `json:"probe_n"`
+	ProbeAt    int64  `json:"probe_at"`
+	ProbeTop   int    `json:"probe_top"`
+	Step       int    `json:"step"`
+	Gap        int64  `json:"gap"`
+	Refusal    int64  `json:"refusal"`
+	RefusalDev int64  `json:"refusal_dev"`
+	batchRecord
+}
+
+// batchRecord is the batch of refusals a learned cap counts, in its
+// capRecord: embedded, so its fields stand beside the others in the JSON.
+type batchRecord struct {
 	BatchLo    int       `json:"batch_lo"`
 	BatchTop   int       `json:"batch_top"`
 	BatchAfter uint64    `json:"batch_after"`
@@ -100,8 +106,8 @@ func recordOf(c learn.Cap) capRecord {
 	r := capRecord{Floor: c.Floor, Ceil: c.Ceil, Retest: int64(c.Retest), Lo: c.Lo, Hi: c.Hi, HiAt: c.HiAt,
 		CutSeq: c.CutSeq, Streak: c.Streak, ProbeN: c.ProbeN, ProbeAt: c.ProbeAt, ProbeTop: c.ProbeTop,
 		Step: c.Step, Gap: int64(c.Gap), Refusal: int64(c.Refusal), RefusalDev: int64(c.RefusalDev),
-		BatchLo: c.BatchLo, BatchTop: c.BatchTop, BatchAfter: c.BatchAfter, BatchEnd: c.BatchEnd,
-		BatchN: c.BatchN, BatchUntil: c.BatchUntil}
+		batchRecord: batchRecord{BatchLo: c.BatchLo, BatchTop: c.BatchTop, BatchAfter: c.BatchAfter,
+			BatchEnd: c.BatchEnd, BatchN: c.BatchN, BatchUntil: c.BatchUntil}}
 	copy(r.BatchSeen[:], c.BatchSeen[:])
 	return r
 }

@@ -146,7 +146,7 @@ const wait = 10 * time.Second
 
 // process is one process of the fleet name on srv: its own store and
 // Registry, closed at t's cleanup.
-func process(t *testing.T, srv Server, name string, limit int, opts ...fleet.Option) *fleet.Registry[string] {
+func process(t testing.TB, srv Server, name string, limit int, opts ...fleet.Option) *fleet.Registry[string] {
 	t.Helper()
 	r := fleet.New[string](srv.Store(t, name), limit, opts...)
 	t.Cleanup(r.Close)
@@ -154,7 +154,7 @@ func process(t *testing.T, srv Server, name string, limit int, opts ...fleet.Opt
 }
 
 // processes is n processes of the fleet name on srv.
-func processes(t *testing.T, srv Server, name string, n, limit int, opts ...fleet.Option) []*fleet.Registry[string] {
+func processes(t testing.TB, srv Server, name string, n, limit int, opts ...fleet.Option) []*fleet.Registry[string] {
 	t.Helper()
 	rs := make([]*fleet.Registry[string], n)
 	for i := range rs {

@@ -19,6 +19,15 @@ func TestConformance(t *testing.T) {
 	fleettest.Run(t, func(t *testing.T) fleettest.Server { return &server{fleets: map[string]*memstore.Store{}} })
 }
 
+// BenchmarkFleet runs the conformance suite's measurements
+// (fleettest.Bench) on stores in memory: the figures without a server's
+// round trips.
+//
+//	go test -run '^$' -bench Fleet -benchtime 1x ./registry/fleet/memstore
+func BenchmarkFleet(b *testing.B) {
+	fleettest.Bench(b, &server{fleets: map[string]*memstore.Store{}})
+}
+
 type server struct {
 	mu     sync.Mutex
 	fleets map[string]*memstore.Store

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
@@ -230,4 +231,13 @@ func BenchmarkAsks(b *testing.B) {
 			require.NoError(b, tx.Rollback(ctx))
 		})
 	}
+}
+
+// BenchmarkFleet runs the conformance suite's measurements
+// (fleettest.Bench) on a real PostgreSQL server:
+//
+//	go test -run '^$' -bench Fleet -benchtime 1x ./registry/fleet/pgstore
+func BenchmarkFleet(b *testing.B) {
+	srv := pgtest.Start(b)
+	fleettest.Bench(b, server{Server: srv, admin: pool(b, srv, 1)})
 }

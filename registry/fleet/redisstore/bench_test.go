@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/fleettest"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
@@ -163,3 +164,9 @@ func BenchmarkHandOff(b *testing.B) {
 	b.ReportMetric(float64(h.Microseconds()), "handoff-p50-µs")
 	b.ReportMetric(float64(h)/float64(p), "handoff/ping")
 }
+
+// BenchmarkFleet runs the conformance suite's measurements
+// (fleettest.Bench) on a real redis-server:
+//
+//	go test -run '^$' -bench Fleet -benchtime 1x ./registry/fleet/redisstore
+func BenchmarkFleet(b *testing.B) { fleettest.Bench(b, standalone{redistest.Start(b)}) }
