@@ -33,7 +33,8 @@ BEGIN
 		WHERE x.fleet = f AND x.key = k AND x.ticket = b.ticket;
 END $$;
 
--- inflight_serve grants k's waiters in order, from the one at index
+-- inflight_serve (replaced by serve.sql, revision 8, which counts the
+-- key's units less often) grants k's waiters in order, from the one at index
 -- from (0: the head), while k has room under lim: each that can take room
 -- for its units on all of its keys; a waiter of a dead process is
 -- dropped. It goes past a heavy waiter of one key, one whose units, at

@@ -12,10 +12,10 @@
 //
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
-// turns.sql, plans.sql, pass.sql and release.sql), in one transaction of
-// its own: no connection is held by a holder and no session state is
-// kept. Behind PgBouncer in transaction
-// mode without its prepared statements (before 1.21, or with
+// turns.sql, plans.sql, pass.sql, release.sql and serve.sql), in one
+// transaction of its own: no connection is held by a holder and no
+// session state is kept. Behind PgBouncer in transaction mode without its
+// prepared statements (before 1.21, or with
 // max_prepared_statements = 0), give the pool's connection string
 // default_query_exec_mode=exec (pgx's statement cache is session state:
 // without it calls fail, with errors that say why). In every case Listen
