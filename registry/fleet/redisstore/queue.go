@@ -373,7 +373,8 @@ local function serve(k, limit, now, claim, chans, P, from)
   end
   -- The members from i on, read scanMax at a time, with their keys,
   -- units and units passed (meta, three fields each) and their
-  -- processes' liveness deadlines (live).
+  -- processes' liveness deadlines (live); kept across a grant that takes
+  -- only its own ticket out of k's queue (canTake may drop others).
   local win, w, meta, live = {}, 1, {}, {}
   while true do
     if count >= limit then return 0 end
@@ -382,8 +383,7 @@ local function serve(k, limit, now, claim, chans, P, from)
       local fields, procs = {}, {}
       for j, m in ipairs(win) do
         local proc, id = string.match(m, '|([^|]*)|([^|]+)$')
-        fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = 'k|' .. id, 'w|' .. id, 'u|' .. id
-        procs[j] = proc
+        fields[3 * j - 2], fields[3 * j - 1], fields[3 * j], procs[j] = 'k|' .. id, 'w|' .. id, 'u|' .. id, proc
       end
       if #fields > 0 then
         meta, live = redis.call('HMGET', T, unpack(fields)), redis.call('HMGET', P, unpack(procs))
@@ -425,9 +425,6 @@ local function serve(k, limit, now, claim, chans, P, from)
         grant(kl, ticket, units, proc, now, claim, chans)
         for _, p in ipairs(passed) do passOver(k, p) end
         count = countOf(k)
-        -- The window stays right if the grant took only this ticket out
-        -- of k's queue (canTake may drop others: then it is read again).
-        -- What it holds of the waiters after it is theirs still.
         if redis.call('ZCARD', Q) == n - 1 then w = w + 1 else win = {} end
       elseif heavy or units > 1 and units <= limit
           and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
