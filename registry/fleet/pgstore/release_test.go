@@ -36,3 +36,24 @@ func TestBatchReleaseGoesOnPastServingsBound(t *testing.T) {
 	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: pairs}))
 	countIs(t, s, "k", n, "every unit freed granted")
 }
+
+// Serving stops once a grant fills the key (schema revision 8 counts the
+// key's units again after each grant): a dead process's ticket behind the
+// waiter granted is not reached (nor dropped) by that serving.
+func TestServingStopsWhenAGrantFillsTheKey(t *testing.T) {
+	s, admin := fastStore(t)
+	ctx := context.Background()
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("h", 1, false), fastTTL).Status)
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("w", 1, true), fastTTL).Status)
+	d := kcall("d", 1, true)
+	d.Proc = "q"
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, d, fastTTL).Status)
+	_, err := admin.Exec(ctx, "UPDATE inflight_proc SET alive_until = 0 WHERE fleet = $1 AND proc = 'q'", fastFleet)
+	require.NoError(t, err)
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "h", Limit: 1}}}))
+	countIs(t, s, "k", 1, "w granted")
+	var queued []string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT coalesce(array_agg(ticket), '{}') FROM inflight_ticket WHERE fleet = $1 AND key = 'k'",
+		fastFleet).Scan(&queued))
+	require.Equal(t, []string{"d"}, queued, "serving stopped at the full key, before d")
+}

@@ -373,8 +373,9 @@ local function serve(k, limit, now, claim, chans, P, from)
   end
   -- The members from i on, read scanMax at a time, with their keys,
   -- units and units passed (meta, three fields each) and their
-  -- processes' liveness deadlines (live); kept across a grant that takes
-  -- only its own ticket out of k's queue (canTake may drop others).
+  -- processes' liveness deadlines (live). A grant keeps it: it takes its
+  -- own ticket out of k's queue, and tickets canTake drops are dead, met
+  -- as such.
   local win, w, meta, live = {}, 1, {}, {}
   while true do
     if count >= limit then return 0 end
@@ -421,11 +422,9 @@ local function serve(k, limit, now, claim, chans, P, from)
         if blocker then -- before the grant takes its flow away
           charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
         end
-        local n = redis.call('ZCARD', Q)
         grant(kl, ticket, units, proc, now, claim, chans)
         for _, p in ipairs(passed) do passOver(k, p) end
-        count = countOf(k)
-        if redis.call('ZCARD', Q) == n - 1 then w = w + 1 else win = {} end
+        count, w = countOf(k), w + 1
       elseif heavy or units > 1 and units <= limit
           and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
         if #kl > 1 or past >= passFactor * units then return -1 end

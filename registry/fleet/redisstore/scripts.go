@@ -441,18 +441,18 @@ var releaseScript = redis.NewScript(baseLua + queueLua + `
 local now = nowMS(redis.call('TIME'))
 local serving = redis.call('EXISTS', KEYS[1]) == 0
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
-local order, limits, pairs = {}, {}, {}
+local order, limits, npairs = {}, {}, {}
 for i = 3, #KEYS do
   local k, limit = KEYS[i], tonumber(ARGV[2 * i - 2])
   if hasQueue(k) and serving then
     if not limits[k] then order[#order + 1] = k end
-    limits[k], pairs[k] = math.min(limits[k] or limit, limit), (pairs[k] or 0) + 1
+    limits[k], npairs[k] = math.min(limits[k] or limit, limit), (npairs[k] or 0) + 1
   end
   removeLease(k, ARGV[2 * i - 3])
 end
 for _, k in ipairs(order) do
   local r, n = serve(k, limits[k], now, claim, chans, KEYS[2], 0), 1
-  while r > 0 and n < pairs[k] do
+  while r > 0 and n < npairs[k] do
     r, n = serve(k, limits[k], now, claim, chans, KEYS[2], r - 1), n + 1
   end
 end

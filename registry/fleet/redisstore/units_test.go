@@ -463,3 +463,39 @@ func (rig *queueRig) releaseBatch(ids []string, limits []int) {
 	}
 	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, keys, args...).Err())
 }
+
+// Serving keeps its window of waiters across a grant and goes on from
+// the next one: a waiter of two keys passed over for want of room on its
+// other key counts one pass per grant made past it, not two.
+func TestQueueKeptWindowCountsEachGrantOnce(t *testing.T) {
+	rig := newQueueRig(t)
+	const b = "q{n}:b"
+	for _, id := range []string{"h1", "h2", "h3"} {
+		require.Equal(t, acquireAdmitted, rig.admit(ticket{id: id}, 3).status)
+	}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "xb", keys: []string{b}}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "m", keys: []string{qKey, b}, limits: []int{3, 1}, wait: true}, 0).status)
+	for _, id := range []string{"s0", "s1"} {
+		require.Equal(t, acquireQueued, rig.admit(ticket{id: id, wait: true}, 3).status)
+	}
+	rig.releaseBatch([]string{"h1", "h2"}, []int{3, 3})
+	assert.ElementsMatch(t, []string{"h3", "s0", "s1"}, rig.holders())
+	p, err := rig.rdb.HGet(context.Background(), qKey+"#t", "p|m").Int()
+	require.NoError(t, err)
+	assert.Equal(t, 2, p, "m passed over once per grant")
+}
+
+// Serving stops once a grant fills the key: a dead process's ticket
+// behind the waiter granted is not reached (nor dropped) by that serving.
+func TestQueueServingStopsWhenAGrantFillsTheKey(t *testing.T) {
+	rig := newQueueRig(t)
+	rig.alive("p2")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "h"}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "w", wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "d", proc: "p2", wait: true}, 1).status)
+	require.NoError(t, rig.rdb.HSet(context.Background(), qProcs, "p2", 1).Err()) // its deadline long past
+	assert.Equal(t, "w", rig.handOff("h", 1))
+	n, err := rig.rdb.ZCard(context.Background(), qKey+"#q").Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n, "d still queued: serving stopped at the full key")
+}
