@@ -24,6 +24,10 @@ type key struct {
 	queued map[flowKey]int
 	base   map[flowKey]float64
 	seq    int64
+	// counted is count's answer at countedAt, kept until a lease changes
+	// (changed): serving asks it at every waiter it looks at.
+	counted, countedAt int64
+	countedOK          bool
 }
 
 type flowKey struct {
@@ -63,12 +67,17 @@ func (k *key) dropExpired(now int64) {
 func (k *key) hold(lease string, exp int64) {
 	k.leases[lease] = exp
 	delete(k.grants, lease)
+	k.changed()
 }
+
+// changed forgets the count kept: a lease, its expiry or its units changed.
+func (k *key) changed() { k.countedOK = false }
 
 // weigh sets what lease weighs on k (units below 2: one).
 func (k *key) weigh(lease string, units int) {
 	if units > 1 {
 		k.units[lease] = units
+		k.changed()
 	}
 }
 
@@ -85,6 +94,7 @@ func (k *key) drop(lease string) {
 	delete(k.leases, lease)
 	delete(k.units, lease)
 	delete(k.grants, lease)
+	k.changed()
 }
 
 // started counts the units of k's leases held now, not the grants not
@@ -102,12 +112,16 @@ func (k *key) started(now int64) int {
 
 // count is k's count: the units of its leases not expired.
 func (k *key) count(now int64) int {
+	if k.countedOK && k.countedAt == now {
+		return int(k.counted)
+	}
 	n := 0
 	for l, exp := range k.leases {
 		if exp > now {
 			n += k.unitsOf(l)
 		}
 	}
+	k.counted, k.countedAt, k.countedOK = int64(n), now, true
 	return n
 }
 
@@ -337,6 +351,7 @@ func (s *Store) grant(t *ticket, now, claim int64) {
 		} else if exp < now+claim {
 			k.leases[t.id] = now + claim
 		}
+		k.changed()
 	}
 	s.unqueue(t, false)
 	s.publish(t.proc, event{kind: granted, payload: t.id})
