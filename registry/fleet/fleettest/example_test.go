@@ -22,6 +22,17 @@ func ExampleRun() {
 	_ = conformance // func TestConformance(t *testing.T) { conformance(t) }
 }
 
+// The same Server measures the store: Bench's figures (the share of a
+// cache that small requests use while large ones wait, and when they are
+// done) are the store's speed as much as the fleet's rules, so run it on
+// the store's real server, with -benchtime 1x.
+func ExampleBench() {
+	measure := func(b *testing.B) {
+		fleettest.Bench(b, &memServer{fleets: map[string]*memstore.Store{}})
+	}
+	_ = measure // func BenchmarkFleet(b *testing.B) { measure(b) }
+}
+
 type memServer struct {
 	mu     sync.Mutex
 	fleets map[string]*memstore.Store

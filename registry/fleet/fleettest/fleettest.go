@@ -18,7 +18,9 @@
 // store cannot be reached.
 //
 // The tests run on real clocks: they assert what must hold whatever the
-// machine's load, with generous bounds on how long it may take.
+// machine's load, with generous bounds on how long it may take. Bench
+// measures what they do not assert (how well a store keeps a cache of
+// tokens used), as benchmarks.
 package fleettest
 
 import (
