@@ -53,8 +53,10 @@ func atMostOneActive(t *testing.T, srv Server) {
 	}
 }
 
-// slowCalls bounds the store's calls in the tests that count its errors:
-// long enough for a loaded machine, within a third of the lease TTL.
+// slowCalls bounds the store's calls in the tests that count its errors,
+// and in those of an exact order (a waiter whose call times out asks again
+// under a new ticket, behind its class: its call may have run): long
+// enough for a loaded machine, within a third of the lease TTL.
 const slowCalls = 5 * time.Second
 
 // A full key refuses TryAcquire with a LimitError naming it; a release
