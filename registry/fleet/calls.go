@@ -17,6 +17,11 @@ import (
 // and one read for many calls. A caller alone sends its call at once, as a
 // plain EVALSHA.
 //
+// Claims of grants have a lane of their own, the same way: they never
+// wait behind admissions, and a release that grants many waiters at once
+// sends their claims in a pipeline or two, not in a call (and a
+// connection) each.
+//
 // A waiter's first call is ordered: it reaches the store after every ordered
 // call on any of its capped keys made before it in this process, so that
 // the process's waiters take their places in the fleet's queue in the
@@ -44,7 +49,14 @@ var (
 	errQueueTimeout = errors.New("fleet: acquire call queued for the whole call timeout")
 )
 
-// calls is the Registry's queue of acquire calls.
+// lanes are the Registry's queues of acquire calls: admissions, and the
+// claims of grants.
+type lanes struct {
+	calls  calls
+	claims calls // never ordered
+}
+
+// calls is a queue of acquire calls.
 type calls struct {
 	mu      sync.Mutex // protects the fields below
 	sending int        // calls and pipelines on their way
@@ -80,30 +92,29 @@ type reply struct {
 }
 
 // call makes the admission call ac: at once if fewer than maxSending calls
-// are on their way (and, for an ordered call, none ordered on one of its
-// keys), else queued for the next pipeline. A claim of a grant goes at
-// once, beside them: its grant holds a place that nobody uses until it is
-// claimed, and there are at most as many claims as places released
-// meanwhile. A call sent at once ends within the call timeout d; a queued
-// one is sent within d or dropped, and its pipeline ends by d after its
-// newest call was made: within 2d in all. A caller whose ctx ends first
-// stops waiting (and its call, if not sent yet, is never sent). until is
-// the call's not-after time (see clock.go). placed, if not nil, makes the
-// call ordered, and is called once it has its place: sent, or queued
-// within a pipeline's reach behind the calls it must follow (never if the
-// call is not sent).
+// are on their way in its lane (and, for an ordered call, none ordered on
+// one of its keys), else queued for the lane's next pipeline. The claim of
+// a grant goes in the lane of claims, beside the admissions: its grant
+// holds a place that nobody uses until it is claimed, and there are at
+// most as many claims as places released meanwhile. A call sent at once
+// ends within the call timeout d; a queued one is sent within d or
+// dropped, and its pipeline ends by d after its newest call was made:
+// within 2d in all. A caller whose ctx ends first stops waiting (and its
+// call, if not sent yet, is never sent). until is the call's not-after
+// time (see clock.go). placed, if not nil, makes the call ordered, and is
+// called once it has its place: sent, or queued within a pipeline's reach
+// behind the calls it must follow (never if the call is not sent).
 func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int64, placed func(), claim bool) reply {
 	q := &r.calls
 	ordered := placed != nil
+	if claim && !ordered {
+		q = &r.claims
+	}
 	capped := ac.Keys
 	q.mu.Lock()
 	if q.closed {
 		q.mu.Unlock()
 		return reply{err: ErrClosed}
-	}
-	if claim && !ordered {
-		q.mu.Unlock()
-		return r.callAlone(ctx, ac)
 	}
 	if q.sending < q.max && (!ordered || !q.followsLocked(capped)) {
 		q.sending++
@@ -111,7 +122,7 @@ func (r *Registry[K]) call(ctx context.Context, ac *driver.AdmitCall, until int6
 			q.sendingLocked(capped, 1)
 		}
 		q.mu.Unlock()
-		defer r.doneSending(capped, ordered) // even if the call panics: the queue must go on
+		defer r.doneSending(q, capped, ordered) // even if the call panics: the queue must go on
 		if ordered {
 			placed()
 		}
@@ -235,10 +246,9 @@ func safeStore[T any](f func() (T, error)) (v T, err error) {
 	return f()
 }
 
-// doneSending follows a call sent alone on capped keys: if calls queued
-// meanwhile, a goroutine sends them in pipelines until the queue is empty.
-func (r *Registry[K]) doneSending(capped []string, ordered bool) {
-	q := &r.calls
+// doneSending follows a call of q sent alone on capped keys: if calls
+// queued meanwhile, a goroutine sends them in pipelines until q is empty.
+func (r *Registry[K]) doneSending(q *calls, capped []string, ordered bool) {
 	q.mu.Lock()
 	if ordered {
 		q.sendingLocked(capped, -1)
@@ -253,7 +263,7 @@ func (r *Registry[K]) doneSending(capped []string, ordered bool) {
 	r.done.Add(1) // before Close waits: Close sets q.closed first
 	q.mu.Unlock()
 	tell(placed)
-	go r.sendPipelines(batch)
+	go r.sendPipelines(q, batch)
 }
 
 // takeLocked takes the queued calls, up to a pipeline, oldest first, but
@@ -322,11 +332,10 @@ func (q *calls) close() {
 	}
 }
 
-// sendPipelines sends batch, then whatever queued meanwhile, until nothing
-// is queued.
-func (r *Registry[K]) sendPipelines(batch []*scriptCall) {
+// sendPipelines sends batch, then whatever queued in q meanwhile, until
+// nothing is queued.
+func (r *Registry[K]) sendPipelines(q *calls, batch []*scriptCall) {
 	defer r.done.Done()
-	q := &r.calls
 	for batch != nil {
 		r.sendPipeline(batch)
 		q.mu.Lock()

@@ -93,10 +93,10 @@ func askWhenWoken(r *Registry[string]) {
 	r.live = min(r.cfg.ttl, 5*r.claim)
 }
 
-// A waiter woken by its grant claims it at once, in a call of its own: not
-// queued for a pipeline behind maxSending calls that are on their way (here
-// stuck in the store), which would keep the place its grant holds unused
-// until they come back, or fail the claim after the call timeout.
+// A waiter woken by its grant claims it at once, in the claims' lane: not
+// queued for a pipeline behind maxSending admission calls that are on their
+// way (here stuck in the store), which would keep the place its grant holds
+// unused until they come back, or fail the claim after the call timeout.
 func TestClaimDoesNotWaitForPipelines(t *testing.T) {
 	ms := memstore.New()
 	st := &stuckCalls{Store: ms, stuck: "other", letGo: make(chan struct{})}

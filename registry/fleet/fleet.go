@@ -59,7 +59,7 @@ type Registry[K comparable] struct {
 	held            heldLeases[K]  // guarded by mu
 	waits           waitQueues     // its own lock (after mu, when both are held)
 	learned         learnedCaps[K] // learned caps (see learn.go)
-	calls           calls          // acquire calls on their way or queued
+	lanes                          // acquire calls on their way or queued
 	removalQueue[K]                // its own lock
 	storeLink                      // its own locks, or atomics
 	stats           counters
@@ -153,7 +153,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 			resume: make(chan struct{}, 1)},
 		storeLink: storeLink{storeMu: make(chanMutex, 1)},
 		lifecycle: lifecycle{subscribed: make(chan struct{}), recovery: make(chan struct{}, 1), reassert: make(chan struct{}, 1)},
-		calls:     calls{max: maxSending},
+		lanes:     lanes{calls: calls{max: maxSending}, claims: calls{max: maxSending}},
 	}
 	if keys.Name != nil {
 		r.keyName = keys.Name
@@ -212,6 +212,7 @@ func (r *Registry[K]) Close() {
 	r.closed = true
 	r.mu.Unlock()
 	r.calls.close()
+	r.claims.close()
 	r.leaveLiveness()
 	r.wakeAll()
 	r.stop()

@@ -61,7 +61,7 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err e
 	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
 	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.Protocol = true, 1, 2
 	if u, err := url.Parse(cfg.Fleet.RedisURL); err == nil && u.Query().Get("pool_size") == "" {
-		opt.PoolSize = max(opt.PoolSize, 64) // a burst of grants claims them at once (see redisstore)
+		opt.PoolSize = max(opt.PoolSize, 64) // token budgets make a call per request (see redisstore)
 	}
 	g.rdb = redis.NewClient(opt)
 	return redisstore.New(g.rdb, "tenants"), redisstore.New(g.rdb, "provider"), nil

@@ -35,14 +35,16 @@
 //		PoolSize:              64,
 //	})
 //
-// Give it connections enough for a burst of grants, too: admissions share
-// at most two calls and their pipelines, but each waiter granted a lease
-// claims it with a call of its own, at once, so a release or a raised
-// limit that grants many waiters makes as many calls together. With
-// go-redis's default pool (ten connections per GOMAXPROCS) and a server
-// some milliseconds away, those calls wait for a connection, the calls
-// behind them may pass their deadline, and admissions fall back to the
-// fleet's WithUnavailable meanwhile.
+// Give it connections for the calls that run at once. A Registry sends
+// its admissions in at most two calls and their pipelines at a time, and
+// the claims of its grants the same way in a lane of their own, so a
+// release that grants many waiters at once takes no more connections; its
+// heartbeat, its releaser and its subscription take one each. A fleet
+// Budget makes a call of its own for each reservation and settlement. With
+// too few connections (go-redis's default pool has ten per GOMAXPROCS) and
+// a server some milliseconds away, calls wait for one, the calls behind
+// them may pass their deadline, and admissions fall back to the fleet's
+// WithUnavailable meanwhile.
 //
 // Without persistence, a restart of the server loses every lease: the
 // fleet tells it by an epoch kept beside the keys, and new admissions wait
