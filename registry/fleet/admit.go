@@ -234,7 +234,7 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	claim := false
 	if w != nil {
 		r.waits.mu.Lock()
-		claim, w.granted = w.granted != "" && w.granted == l.id, ""
+		claim = w.granted != "" && w.granted == l.id
 		r.waits.mu.Unlock()
 	}
 	rp := r.call(ctx, c.call, c.until, placed, claim)

@@ -215,10 +215,11 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 				r.calls.mu.Unlock()
 			}
 			assert.Eventually(t, func() bool {
+				pending, claiming, _ := r.pendingClaims()
 				r.calls.mu.Lock()
 				defer r.calls.mu.Unlock()
-				return r.calls.sending == 0 && len(r.calls.pending) == 0 && r.calls.ordered == nil
-			}, 5*time.Second, time.Millisecond, "queue drains")
+				return r.calls.sending == 0 && len(r.calls.pending) == 0 && r.calls.ordered == nil && pending == 0 && claiming == 0
+			}, 5*time.Second, time.Millisecond, "both lanes drain")
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			assert.Empty(t, h.overlaps)

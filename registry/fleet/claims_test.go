@@ -26,6 +26,9 @@ type heldAlone struct {
 	armed atomic.Bool
 	held  atomic.Int32 // calls held now
 	letGo chan struct{}
+	// noPipes: Pipelines reports false, as a store whose Admit makes one
+	// call after another.
+	noPipes bool
 
 	mu    sync.Mutex
 	pipes [][]string
@@ -53,20 +56,25 @@ func (s *heldAlone) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]dri
 	return s.Store.Admit(ctx, calls)
 }
 
+// Pipelines makes it a driver.Pipeliner, as the Redis store is: claims
+// share pipelines unless noPipes is set.
+func (s *heldAlone) Pipelines() bool { return !s.noPipes }
+
 func (s *heldAlone) pipelines() [][]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.pipes)
 }
 
-// grantedWaiters sets up a Registry on a heldAlone store with n places on
-// key k, all held, and n waiters queued in the store behind them; then it
-// arms the store and releases the places, so that each waiter is granted
-// one. It returns the store, the Registry, the waiters' results, and what
-// lets the held calls go (called at the test's cleanup too, before Close).
-func grantedWaiters(t *testing.T, n int, timeout time.Duration) (*heldAlone, *Registry[string], <-chan result, func()) {
+// grantedWaiters sets up a Registry on a heldAlone store (a Pipeliner as
+// pipes says) with n places on key k, all held, and n waiters queued in
+// the store behind them; then it arms the store and releases the places,
+// so that each waiter is granted one. It returns the store, the Registry,
+// the waiters' results, and what lets the held calls go (called at the
+// test's cleanup too, before Close).
+func grantedWaiters(t *testing.T, n int, timeout time.Duration, pipes bool) (*heldAlone, *Registry[string], <-chan result, func()) {
 	ms := memstore.New()
-	st := &heldAlone{Store: ms, letGo: make(chan struct{})}
+	st := &heldAlone{Store: ms, letGo: make(chan struct{}), noPipes: !pipes}
 	r := New[string](st, 10, WithLeaseTTL(5*time.Minute), WithTimeout(timeout), WithUnavailable(FailClosed), WithLogger(quiet()))
 	t.Cleanup(func() { closeWithin(t, r) })
 	var once sync.Once
@@ -109,17 +117,17 @@ func (r *Registry[K]) pendingClaims() (pending, claiming, calling int) {
 }
 
 // When a release grants many waiters of a process at once, their claims
-// share pipelines, as admissions do: maxSending go at once, alone, and
+// share pipelines, as admissions do: maxClaiming go at once, alone, and
 // those made while they are on their way go together in one pipeline when
 // the first comes back (not in a call, and a connection, each). The
 // claims' lane is their own: no admission call is on its way meanwhile.
 func TestClaimsSharePipelines(t *testing.T) {
-	const n = 6
-	st, r, waited, letGo := grantedWaiters(t, n, 5*time.Second)
+	const n = maxClaiming + 4
+	st, r, waited, letGo := grantedWaiters(t, n, 5*time.Second, true)
 	require.Eventually(t, func() bool {
 		pending, claiming, _ := r.pendingClaims()
-		return st.held.Load() == maxSending && claiming == maxSending && pending == n-maxSending
-	}, 10*time.Second, time.Millisecond, "maxSending claims on their way, the others queued for a pipeline")
+		return st.held.Load() == maxClaiming && claiming == maxClaiming && pending == n-maxClaiming
+	}, 10*time.Second, time.Millisecond, "maxClaiming claims on their way, the others queued for a pipeline")
 	_, _, calling := r.pendingClaims()
 	assert.Zero(t, calling, "no admission call on its way: the claims have their lane")
 	assert.Empty(t, st.pipelines(), "no pipeline sent while the claims on their way are held")
@@ -138,22 +146,75 @@ func TestClaimsSharePipelines(t *testing.T) {
 	}
 	pipes := st.pipelines()
 	require.Len(t, pipes, 1, "the queued claims go in one pipeline: %v", pipes)
-	assert.Len(t, pipes[0], n-maxSending)
+	assert.Len(t, pipes[0], n-maxClaiming)
 	for _, s := range got {
 		s.Release()
 	}
+	require.Eventually(t, func() bool {
+		pending, claiming, calling := r.pendingClaims()
+		return pending == 0 && claiming == 0 && calling == 0
+	}, 10*time.Second, time.Millisecond, "both lanes drained: nothing on its way or queued")
+}
+
+// On a store whose Admit makes one call after another (no
+// driver.Pipeliner, or one whose Pipelines reports false), each claim goes
+// at once, alone: a burst of them would wait for each other in a
+// pipeline.
+func TestClaimsGoAloneWithoutPipelines(t *testing.T) {
+	const n = maxClaiming + 2
+	st, r, waited, letGo := grantedWaiters(t, n, 5*time.Second, false)
+	require.Eventually(t, func() bool { return st.held.Load() == n }, 10*time.Second, time.Millisecond,
+		"every claim on its way at once, alone")
+	pending, claiming, _ := r.pendingClaims()
+	assert.Zero(t, pending, "none queued")
+	assert.Equal(t, n, claiming)
+	letGo()
+	for range n {
+		o := <-waited
+		require.NoError(t, o.err)
+		o.s.Release()
+	}
+	assert.Empty(t, st.pipelines(), "no claim in a pipeline")
+}
+
+// A waiter's ordered call (its first under a ticket, or under a new
+// epoch) stays in the admissions' lane even when it claims a grant: the
+// order of the process's waiters is kept there.
+func TestOrderedClaimStaysInAdmissionsLane(t *testing.T) {
+	st := &heldAlone{Store: memstore.New(), letGo: make(chan struct{})}
+	r := New[string](st, 10, WithLogger(quiet()))
+	t.Cleanup(func() { closeWithin(t, r) })
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(st.letGo) }) }
+	t.Cleanup(letGo)
+	st.armed.Store(true)
+	placed := make(chan struct{}, 1)
+	done := make(chan reply, 1)
+	ac := &driver.AdmitCall{Lease: newLeaseID(), Keys: []string{"k"}, Limits: []int{1}, TTL: time.Minute, Claim: time.Second,
+		Live: 5 * time.Second, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1, Proc: "p"}
+	go func() { done <- r.call(context.Background(), ac, 0, func() { placed <- struct{}{} }, true) }()
+	<-placed
+	require.Eventually(t, func() bool { return st.held.Load() == 1 }, 10*time.Second, time.Millisecond)
+	_, claiming, calling := r.pendingClaims()
+	assert.Equal(t, 1, calling, "on its way in the admissions' lane")
+	assert.Zero(t, claiming, "not in the claims' lane")
+	letGo()
+	rp := <-done
+	require.NoError(t, rp.err)
+	require.NoError(t, st.Store.Release(context.Background(), &driver.ReleaseCall{Claim: time.Second,
+		Pairs: []driver.Release{{Key: "k", Lease: ac.Lease, Limit: 1}}}))
 }
 
 // Close fails the claims queued for a pipeline at once, as it does queued
-// admissions: they are never sent (the grants they would claim go back
-// after the claim window), and their waiters return ErrClosed without
-// waiting out the call timeout.
+// admissions: they are never sent (their waiters give the grants back as
+// they leave), and their waiters return ErrClosed without waiting out the
+// call timeout.
 func TestCloseFailsQueuedClaims(t *testing.T) {
-	const n = 4
-	st, r, waited, letGo := grantedWaiters(t, n, time.Minute)
+	const n = maxClaiming + 2
+	st, r, waited, letGo := grantedWaiters(t, n, time.Minute, true)
 	require.Eventually(t, func() bool {
 		pending, _, _ := r.pendingClaims()
-		return st.held.Load() == maxSending && pending == n-maxSending
+		return st.held.Load() == maxClaiming && pending == n-maxClaiming
 	}, 10*time.Second, time.Millisecond, "claims queued for a pipeline")
 
 	closed := make(chan struct{})
@@ -161,7 +222,7 @@ func TestCloseFailsQueuedClaims(t *testing.T) {
 		r.Close()
 		close(closed)
 	}()
-	for range n - maxSending {
+	for range n - maxClaiming {
 		select {
 		case o := <-waited:
 			assert.True(t, errors.Is(o.err, ErrClosed), "a queued claim's waiter: %v", o.err)
@@ -172,7 +233,7 @@ func TestCloseFailsQueuedClaims(t *testing.T) {
 	}
 	letGo()
 	<-closed
-	for range maxSending { // the claims that were on their way come back
+	for range maxClaiming { // the claims that were on their way come back
 		o := <-waited
 		if o.s != nil {
 			o.s.Release()

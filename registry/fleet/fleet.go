@@ -153,7 +153,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 			resume: make(chan struct{}, 1)},
 		storeLink: storeLink{storeMu: make(chanMutex, 1)},
 		lifecycle: lifecycle{subscribed: make(chan struct{}), recovery: make(chan struct{}, 1), reassert: make(chan struct{}, 1)},
-		lanes:     lanes{calls: calls{max: maxSending}, claims: calls{max: maxSending}},
+		lanes:     lanes{calls: calls{max: maxSending}, claims: calls{max: claimSlots(store)}},
 	}
 	if keys.Name != nil {
 		r.keyName = keys.Name

@@ -39,9 +39,10 @@ func newVirtualRedis(t testing.TB, latency time.Duration) *virtualRedis {
 // (one per waiter at most, 4,500 in the largest test, and the background's),
 // so that no call waits in the pool. go-redis's default, 10 per GOMAXPROCS,
 // is 20 on two cores and 10 under the race detector (testrig.Bubble runs on
-// one P). The claims of granted waiters go to the client at once, beside
-// the pipelines (see calls.go); when a burst of releases granted hundreds
-// of waiters, their claims held every connection of a pool that small, the
+// one P). The claims of granted waiters went to the client at once,
+// beside the pipelines (now up to maxClaiming, see calls.go); when a burst
+// of releases granted hundreds of waiters, their claims held every
+// connection of a pool that small, the
 // next pipelines waited behind them for one (160 to 340 ms of virtual time,
 // a round trip being 40 ms), and the calls queued behind those pipelines
 // waited out the call timeout (500 ms): each a failure of Redis, the

@@ -27,8 +27,8 @@ type waiter struct {
 	queued  bool          // in r.waits.queues (guarded by r.waits.mu)
 	wake    chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
-	// guarded by r.waits.mu. Its next call, the claim, does not wait for a
-	// pipeline (see Registry.call).
+	// guarded by r.waits.mu. Its calls under that ticket, claims, go in
+	// the claims' lane (see Registry.call), again after one that failed.
 	granted string
 }
 

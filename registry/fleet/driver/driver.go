@@ -80,6 +80,18 @@ type Store interface {
 	Budget(ctx context.Context, call *BudgetCall) (BudgetResult, error)
 }
 
+// Pipeliner is a Store whose Admit makes its calls in one round trip (a
+// pipeline). The fleet's client sends the claims of grants made together
+// (a release that served many waiters of one process) in Admit calls only
+// to a Pipeliner whose Pipelines reports true; to any other store, each
+// claim goes at once in an AdmitOne of its own, beside the others, as a
+// store whose Admit makes one call after another would keep them waiting.
+type Pipeliner interface {
+	Store
+	// Pipelines reports whether Admit makes its calls in one round trip.
+	Pipelines() bool
+}
+
 // ErrBadReply is wrapped by the error of a store's reply that is not
 // shaped as its operation's.
 var ErrBadReply = errors.New("fleet driver: the store's reply is not its operation's")

@@ -37,9 +37,10 @@
 //
 // Give it connections for the calls that run at once. A Registry sends
 // its admissions in at most two calls and their pipelines at a time, and
-// the claims of its grants the same way in a lane of their own, so a
+// the claims of its grants in up to 16 calls and their pipelines, so a
 // release that grants many waiters at once takes no more connections; its
-// heartbeat, its releaser and its subscription take one each. A fleet
+// heartbeat, its releaser, its learned caps' sync and its subscription
+// take one each. A fleet
 // Budget makes a call of its own for each reservation and settlement. With
 // too few connections (go-redis's default pool has ten per GOMAXPROCS) and
 // a server some milliseconds away, calls wait for one, the calls behind

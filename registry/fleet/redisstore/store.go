@@ -135,6 +135,10 @@ func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.
 	return out, nil
 }
 
+// Pipelines reports that Admit is one round trip (driver.Pipeliner): the
+// fleet sends claims of grants made together in one pipeline.
+func (s *Store) Pipelines() bool { return true }
+
 // admitArgs returns the acquire script's keys and arguments for c.
 func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried))
