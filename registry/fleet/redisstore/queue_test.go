@@ -829,3 +829,38 @@ func TestQueueTurnCostPerKey(t *testing.T) {
 		assert.Equal(t, want, got, key)
 	}
 }
+
+// A claim whose lease is on its key within the caller's limit is extended
+// without serving the queue (it frees nothing): room freed meanwhile by a
+// lease that expired goes to the waiter behind it on the next call that
+// serves, here that waiter's own ask. A claim that finds its lease expired
+// takes the whole path, which serves.
+func TestQueueClaimLeavesServingToOthers(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "a"}, 2).status)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "b"}, 2).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "c", wait: true}, 2).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "d", wait: true}, 2).status)
+	require.Equal(t, "c", rig.handOff("a", 2))
+	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: 1, Member: "b"}).Err()) // b's lease has expired
+
+	rp := rig.admit(ticket{id: "c", wait: true}, 2)
+	require.Equal(t, acquireAdmitted, rp.status, "c claims its grant")
+	claimed, err := rig.rdb.ZScore(ctx, qKey, "c").Result()
+	require.NoError(t, err)
+	assert.InDelta(t, float64(rp.now+qTTL), claimed, 1000, "extended to the TTL")
+	assert.Equal(t, []string{"c"}, rig.holders(), "b's expired lease dropped, and its room not served: d is not granted it")
+	queued, err := rig.rdb.ZCard(ctx, qKey+"#q").Result()
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), queued, "d still queued")
+
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "d", wait: true}, 2).status, "d's ask serves, and takes the room")
+	assert.ElementsMatch(t, []string{"c", "d"}, rig.holders())
+
+	// c's lease expires: its call takes the whole path, which drops it,
+	// and under a limit of 1 finds the key full with d: c queues anew.
+	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: 1, Member: "c"}).Err())
+	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "c", wait: true}, 1).status, "c's lease is gone: it queues again")
+	assert.Equal(t, []string{"d"}, rig.holders())
+}

@@ -1,0 +1,78 @@
+package redisstore
+
+// The epoch: a key per Registry name, <prefix>{<name>}#epoch (no key name
+// can be it: capped keys have a ':' after the brace), holding the server's
+// time, in microseconds, when a script first found it missing. It has no
+// expiry, so it goes only when Redis loses its data (a restart without
+// persistence, a failover to a replica without it, FLUSHALL): a new value
+// tells a lease missing since it was last seen in Redis under the old one
+// that Redis lost it, while a lease missing under the same epoch expired.
+// The acquire and renew scripts set it when it is missing and return it.
+//
+// The pause: when Redis has lost its data, the leases of live holders are
+// missing until each holder's next renewal puts its lease back (without a
+// cap check: the holder is still working). Admitting new leases into the
+// empty keys meanwhile would let in up to the cap again on top of them. So
+// new admissions wait for one renewal round: <prefix>{<name>}#pause holds
+// the server time (ms) before which the acquire script admits no new lease,
+// expiring then. Renewals, put-backs without a check and carried leases are
+// exempt: they are the live holders coming back.
+//
+// Redis cannot tell a loss from a first start: both leave no key. A caller
+// can: it sends the epoch it last saw (0: none yet), and a script that
+// finds another one declares the pause, unless declared already, until the
+// epoch's birth plus the pause the caller sends (its renewal interval plus
+// a margin; 0 from a caller that puts no lost lease back). Counted from
+// the birth, not from the call, so that a caller that learns of the loss
+// late (the epoch was made by a process that had not seen the old one)
+// pauses only what is left of the round, and one that learns of it after
+// the round pauses nothing. A second loss inside the round makes a new
+// epoch, and a new pause from its birth.
+//
+// A pause is honoured up to its end, which no declaration puts later than
+// the declarer's TTL after the epoch's birth (a lease not renewed for a
+// TTL would have expired anyway), so that processes with other TTLs wait
+// alike. An end more than the larger of the caller's TTL and 5 minutes
+// after the birth, or from now (a server clock stepped back), is not
+// honoured at all: no value in the key holds a caller for long. A call
+// whose keys are all at slots.Unlimited is not paused: there is no cap to
+// keep.
+
+// epochLua is the start the acquire and renew scripts share: it reads the
+// epoch, making it if missing, declares the pause if the caller saw
+// another epoch, and returns the epoch and the time until which new
+// admissions are paused (0: not paused). It follows baseLua; call it after
+// now is known.
+const epochLua = `
+local maxPauseMS, unlimited = 300000, 9e18
+local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl)
+  local epoch = tonumber(redis.call('GET', epochKey))
+  if not epoch then
+    epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
+    redis.call('SET', epochKey, string.format('%.0f', epoch))
+  end
+  local born = math.floor(epoch / 1000)
+  if known > 0 and known ~= epoch and pause > 0 and redis.call('EXISTS', pauseKey) == 0 then
+    local untilT = born + math.min(pause, ttl)
+    if untilT > now then
+      redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
+    end
+  end
+  local paused = tonumber(redis.call('GET', pauseKey))
+  if not paused then return epoch, 0 end
+  -- No pause our scripts declare ends later than a TTL after the birth;
+  -- one that does, or that a server clock stepped back has moved far
+  -- ahead of now, is not honoured.
+  local bound = math.max(ttl, maxPauseMS)
+  if paused > born + bound or paused > now + bound then return epoch, 0 end
+  return epoch, paused
+end
+-- capped reports whether any of the n limits from ARGV[first] on binds:
+-- a key at slots.Unlimited takes no part in a pause.
+local function capped(first, n)
+  for i = 0, n - 1 do
+    if tonumber(ARGV[first + i]) < unlimited then return true end
+  end
+  return false
+end
+`
