@@ -239,6 +239,15 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	}
 	rp := r.call(ctx, c.call, c.until, placed, claim)
 	ok = true
+	if claim && rp.err == nil && rp.res.Status != driver.StatusAdmitted && rp.res.Status != driver.StatusTooLate {
+		// The grant is gone (given back, or its claim window ran out):
+		// the ticket's next call asks, in the admissions' lane.
+		r.waits.mu.Lock()
+		if w.granted == l.id {
+			w.granted = ""
+		}
+		r.waits.mu.Unlock()
+	}
 	return rp
 }
 

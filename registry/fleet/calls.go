@@ -79,7 +79,7 @@ func claimSlots(s driver.Store) int {
 type calls struct {
 	mu      sync.Mutex // protects the fields below
 	sending int        // calls and pipelines on their way
-	max     int        // maxSending (tests lower it)
+	max     int        // maxSending, claimSlots for claims (tests lower it)
 	pending []*scriptCall
 	// ordered counts, per capped key, the ordered calls on their way.
 	ordered map[string]int
@@ -110,8 +110,8 @@ type reply struct {
 	sent bool
 }
 
-// call makes the admission call ac: at once if fewer than maxSending calls
-// are on their way in its lane (and, for an ordered call, none ordered on
+// call makes the admission call ac: at once if fewer than its lane's max
+// calls are on their way there (and, for an ordered call, none ordered on
 // one of its keys), else queued for the lane's next pipeline. The claim of
 // a grant goes in the lane of claims, beside the admissions: its grant
 // holds a place that nobody uses until it is claimed, and there are at

@@ -26,6 +26,9 @@ type heldAlone struct {
 	armed atomic.Bool
 	held  atomic.Int32 // calls held now
 	letGo chan struct{}
+	// answer, if set while armed, is the status of the next call sent
+	// alone, answered without the store or a hold (then it is cleared).
+	answer atomic.Int32
 	// noPipes: Pipelines reports false, as a store whose Admit makes one
 	// call after another.
 	noPipes bool
@@ -35,6 +38,13 @@ type heldAlone struct {
 }
 
 func (s *heldAlone) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if st := driver.Status(s.answer.Swap(0)); st != 0 && s.armed.Load() {
+		r := driver.AdmitResult{Status: st, Now: time.Now().UnixMilli(), Epoch: c.Epoch}
+		if st == driver.StatusTooLate {
+			r.Key, r.Epoch = -1, 0
+		}
+		return r, nil
+	}
 	if s.armed.Load() {
 		s.held.Add(1)
 		<-s.letGo
@@ -170,7 +180,7 @@ func TestClaimsGoAloneWithoutPipelines(t *testing.T) {
 	assert.Equal(t, n, claiming)
 	letGo()
 	for range n {
-		o := <-waited
+		o := nextResult(t, waited)
 		require.NoError(t, o.err)
 		o.s.Release()
 	}
@@ -234,10 +244,78 @@ func TestCloseFailsQueuedClaims(t *testing.T) {
 	letGo()
 	<-closed
 	for range maxClaiming { // the claims that were on their way come back
-		o := <-waited
-		if o.s != nil {
+		if o := nextResult(t, waited); o.s != nil {
 			o.s.Release()
 		}
 	}
 	assert.Empty(t, st.pipelines(), "no queued claim was sent")
+}
+
+// A claim refused as too late is made again at once under its ticket, in
+// the claims' lane; a claim answered that the grant is gone (queued again:
+// given back, or its window ran out) leaves the ticket's next call to the
+// admissions' lane.
+func TestClaimLaneAfterAnAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		answer driver.Status
+		lane   string
+	}{
+		{driver.StatusTooLate, "claims"},
+		{driver.StatusQueued, "admissions"},
+	} {
+		t.Run(tc.lane, func(t *testing.T) {
+			ms := memstore.New()
+			st := &heldAlone{Store: ms, letGo: make(chan struct{})}
+			r := New[string](st, 10, WithLeaseTTL(5*time.Minute), WithTimeout(5*time.Second), WithLogger(quiet()))
+			t.Cleanup(func() { closeWithin(t, r) })
+			var once sync.Once
+			letGo := func() { once.Do(func() { close(st.letGo) }) }
+			t.Cleanup(letGo)
+			askWhenWoken(r)
+			r.SetLimit("k", 1)
+			<-r.subscribed
+			holder, err := r.TryAcquire("k")
+			require.NoError(t, err)
+			waited := make(chan result, 1)
+			go func() {
+				s, err := r.Acquire(context.Background(), "k")
+				waited <- result{s, err}
+			}()
+			require.Eventually(t, func() bool { return ms.Queued("k") == 1 }, 10*time.Second, time.Millisecond)
+			st.answer.Store(int32(tc.answer))
+			st.armed.Store(true)
+			holder.Release() // the grant, and its claim, answered tc.answer
+			if tc.answer == driver.StatusQueued {
+				require.Eventually(t, func() bool { return st.answer.Load() == 0 }, 10*time.Second, time.Millisecond, "the claim answered")
+				r.wakeAll() // the waiter asks again now
+			}
+			require.Eventually(t, func() bool { return st.held.Load() == 1 }, 10*time.Second, time.Millisecond, "the next call on its way")
+			_, claiming, calling := r.pendingClaims()
+			if tc.lane == "claims" {
+				assert.Equal(t, []int{1, 0}, []int{claiming, calling}, "claims, admissions on their way")
+			} else {
+				assert.Equal(t, []int{0, 1}, []int{claiming, calling}, "claims, admissions on their way")
+			}
+			letGo()
+			select {
+			case o := <-waited:
+				require.NoError(t, o.err)
+				o.s.Release()
+			case <-time.After(10 * time.Second):
+				t.Fatal("the waiter is not admitted")
+			}
+		})
+	}
+}
+
+// nextResult returns a waiter's result, failing the test if none comes in 10 s.
+func nextResult(t *testing.T, waited <-chan result) result {
+	t.Helper()
+	select {
+	case o := <-waited:
+		return o
+	case <-time.After(10 * time.Second):
+		t.Fatal("a waiter does not return")
+		return result{}
+	}
 }

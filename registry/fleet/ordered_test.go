@@ -261,8 +261,9 @@ func TestOverloadOnAFarRedisKeepsAdmitting(t *testing.T) {
 		// Each turn of a slot costs a release, a wake-up and a claim on top
 		// of the hold (some 100 ms here), and some grants go to callers
 		// that give up before they claim: 18 to 44 in the last 2 s over 26
-		// runs, where one call in flight per waiter admitted none. The
-		// bound tells the collapse from that spread.
+		// runs (17 to 29 over 8 since claims share pipelines past 16 on
+		// their way; with 2, 1 to 12), where one call in flight per waiter
+		// admitted none. The bound tells the collapse from that spread.
 		assert.GreaterOrEqual(t, float64(end.Load()), 2*capacity/8, "admitting at an eighth of the key's rate or more at the end")
 	})
 }

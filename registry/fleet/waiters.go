@@ -28,7 +28,8 @@ type waiter struct {
 	wake    chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
 	// guarded by r.waits.mu. Its calls under that ticket, claims, go in
-	// the claims' lane (see Registry.call), again after one that failed.
+	// the claims' lane (see Registry.call), again after one that failed or
+	// came too late, until the store answers that the grant is gone.
 	granted string
 }
 

@@ -86,6 +86,9 @@ type Store interface {
 // to a Pipeliner whose Pipelines reports true; to any other store, each
 // claim goes at once in an AdmitOne of its own, beside the others, as a
 // store whose Admit makes one call after another would keep them waiting.
+// The client asks once, when it is made. A wrapper of a Store (for
+// metrics, say) passes Pipelines on: embedding the Store interface hides
+// it, and the claims of a burst of grants then take a connection each.
 type Pipeliner interface {
 	Store
 	// Pipelines reports whether Admit makes its calls in one round trip.
@@ -124,7 +127,9 @@ type Listener interface {
 //  4. refuses it (StatusAbandoned) if Lease was abandoned;
 //  5. for a ticket of several keys queued already, records Limits as its
 //     limits; unless paused, serves the queue of each key (see
-//     ReleaseCall);
+//     ReleaseCall); a store may skip serving for a call with Wait whose
+//     Lease is on every key, unexpired, with no key over its limit (a
+//     claim: it frees nothing, and step 6 admits it);
 //  6. if Lease is on every key (a grant claimed), extends it to TTL and
 //     admits it, unless a key holds more than its limit (the grant was made
 //     under a higher limit): then it gives the grant back, serves the

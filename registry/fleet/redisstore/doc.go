@@ -35,17 +35,17 @@
 //		PoolSize:              64,
 //	})
 //
-// Give it connections for the calls that run at once. A Registry sends
-// its admissions in at most two calls and their pipelines at a time, and
-// the claims of its grants in up to 16 calls and their pipelines, so a
-// release that grants many waiters at once takes no more connections; its
+// Give it connections for the calls that run at once: about 22 for a
+// Registry. It sends its admissions in at most two calls and their
+// pipelines at a time, and the claims of its grants in up to 16 calls and
+// their pipelines (a wrapper of the Store must pass driver.Pipeliner on),
+// so a release that grants many waiters at once takes no more; its
 // heartbeat, its releaser, its learned caps' sync and its subscription
-// take one each. A fleet
-// Budget makes a call of its own for each reservation and settlement. With
-// too few connections (go-redis's default pool has ten per GOMAXPROCS) and
-// a server some milliseconds away, calls wait for one, the calls behind
-// them may pass their deadline, and admissions fall back to the fleet's
-// WithUnavailable meanwhile.
+// take one each. A fleet Budget makes a call of its own for each
+// reservation and settlement. With too few connections (go-redis's default
+// pool has ten per GOMAXPROCS) and a server some milliseconds away, calls
+// wait for one, the calls behind them may pass their deadline, and
+// admissions fall back to the fleet's WithUnavailable meanwhile.
 //
 // Without persistence, a restart of the server loses every lease: the
 // fleet tells it by an epoch kept beside the keys, and new admissions wait

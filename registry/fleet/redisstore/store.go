@@ -139,6 +139,8 @@ func (s *Store) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.
 // fleet sends claims of grants made together in one pipeline.
 func (s *Store) Pipelines() bool { return true }
 
+var _ driver.Pipeliner = (*Store)(nil)
+
 // admitArgs returns the acquire script's keys and arguments for c.
 func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried))
