@@ -830,12 +830,12 @@ func TestQueueTurnCostPerKey(t *testing.T) {
 	}
 }
 
-// A claim whose lease is on its key within the caller's limit is extended
-// without serving the queue (it frees nothing): room freed meanwhile by a
-// lease that expired goes to the waiter behind it on the next call that
-// serves, here that waiter's own ask. A claim that finds its lease expired
-// takes the whole path, which serves.
-func TestQueueClaimLeavesServingToOthers(t *testing.T) {
+// A claim whose lease is on its key within the caller's limit, where no
+// lease has expired, is extended without serving the queue: it frees
+// nothing. Where a lease has expired, its room goes to the waiter behind,
+// as on any call: the claim takes the whole path, which serves. And a
+// claim that finds its own lease expired is not admitted on a full key.
+func TestQueueClaimServesWhereALeaseExpired(t *testing.T) {
 	rig := newQueueRig(t)
 	ctx := context.Background()
 	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "a"}, 2).status)
@@ -850,17 +850,46 @@ func TestQueueClaimLeavesServingToOthers(t *testing.T) {
 	claimed, err := rig.rdb.ZScore(ctx, qKey, "c").Result()
 	require.NoError(t, err)
 	assert.InDelta(t, float64(rp.now+qTTL), claimed, 1000, "extended to the TTL")
-	assert.Equal(t, []string{"c"}, rig.holders(), "b's expired lease dropped, and its room not served: d is not granted it")
-	queued, err := rig.rdb.ZCard(ctx, qKey+"#q").Result()
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), queued, "d still queued")
+	assert.ElementsMatch(t, []string{"c", "d"}, rig.holders(), "b's room served on c's claim: d granted it")
 
-	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "d", wait: true}, 2).status, "d's ask serves, and takes the room")
-	assert.ElementsMatch(t, []string{"c", "d"}, rig.holders())
-
-	// c's lease expires: its call takes the whole path, which drops it,
-	// and under a limit of 1 finds the key full with d: c queues anew.
+	// c's lease expires: its call drops it, and under a limit of 1 finds
+	// the key full with d: c queues anew.
 	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: 1, Member: "c"}).Err())
 	assert.Equal(t, acquireQueued, rig.admit(ticket{id: "c", wait: true}, 1).status, "c's lease is gone: it queues again")
 	assert.Equal(t, []string{"d"}, rig.holders())
+}
+
+// A claim counts the pairs it carries (leases admitted while Redis was
+// unreachable) before it is judged: here they put the key over its limit,
+// and the grant is given back.
+func TestQueueClaimCountsItsCarriedPairs(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	now, err := rig.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	ms := float64(now.UnixMilli())
+	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: ms + qTTL, Member: "h"}, redis.Z{Score: ms + qClaim, Member: "x"}).Err())
+	keys := []string{"q{n}#epoch", "q{n}#pause", "q{n}:abandoned:x", qProcs, qKey, qKey, "q{n}:abandoned:carried"}
+	args := []any{"x", qTTL, 1, 0, 0, 0, 1, qClaim, 0, "", 1, "p1", qWake, -1, -1, qTTL, 1, 2, "carried", 1}
+	res, err := acquireScript.Run(ctx, rig.rdb, keys, args...).Int64Slice()
+	require.NoError(t, err)
+	assert.NotEqual(t, int64(acquireAdmitted), res[0], "the carried lease puts the key over 2")
+	assert.ElementsMatch(t, []string{"h", "carried"}, rig.holders())
+}
+
+// A lease of two keys whose part on one ran out is not claimed on the
+// other alone.
+func TestQueueClaimNeedsEveryKey(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	const b = "q{n}:b"
+	now, err := rig.rdb.Time(ctx).Result()
+	require.NoError(t, err)
+	ms := float64(now.UnixMilli())
+	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: ms + qTTL, Member: "h"}, redis.Z{Score: 1, Member: "x"}).Err())
+	require.NoError(t, rig.rdb.ZAdd(ctx, b, redis.Z{Score: ms + qClaim, Member: "x"}).Err())
+	rp := rig.admit(ticket{id: "x", keys: []string{qKey, b}, limits: []int{1, 1}, wait: true}, 0)
+	assert.NotEqual(t, acquireAdmitted, rp.status)
+	assert.Equal(t, []string{"h"}, rig.holders())
+	assert.Empty(t, rig.holdersOf(b))
 }

@@ -116,21 +116,15 @@ local function extend()
   return admitted(kl, t, now, epoch)
 end
 -- A waiter's claim (or a call made again) whose lease is on every key,
--- unexpired, with each key's count within the caller's limit, is extended
--- without serving the queues first: it frees nothing (serving would find
--- the same room), and releases and the waiters' asks serve them. It
--- halves a claim's time on the server. Anything else, and a call that
--- does not wait (no claim), takes the whole path.
+-- where no lease has expired and the count is within the caller's limit,
+-- is extended without serving the queues first: it frees nothing, and
+-- every call that freed room served it. It halves a claim's time on the
+-- server. Anything else, and a call that does not wait (no claim), takes
+-- the whole path.
 local mine = tonumber(ARGV[7]) % 2 == 1
 for _, e in ipairs(kl) do
   if not mine then break end
-  local exp = tonumber(redis.call('ZSCORE', e[1], id))
-  mine = exp ~= nil and exp > now
-end
-for _, e in ipairs(kl) do
-  if not mine then break end
-  expire(e[1], now)
-  mine = countOf(e[1]) <= e[2]
+  mine = tonumber(redis.call('ZSCORE', e[1], id)) ~= nil and earliestOf(e[1]) > now and countOf(e[1]) <= e[2]
 end
 if mine then return extend() end
 local stopped = paused > now and capped(18, n)
