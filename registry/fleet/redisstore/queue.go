@@ -54,17 +54,18 @@ import (
 // for its other keys, and a place each would let a backlog on a second key
 // (a model cap) take the first (the provider's) from everyone else.
 //
-// Every script that may free capacity on a key, or finds it free, serves
-// its queue first (serve): it drops expired leases and, while the key has
-// room, grants the first waiter that can take it a lease of the claim
-// window's length on each of its keys and publishes its ticket on its
-// process's channel (<prefix>{<name>}#wake:<process>), so that only that
-// process wakes. The waiter claims its grant by running the acquire script
-// again, which extends the lease to the full TTL, unless a key is over the
-// limit the waiter has now (the grant was made under a higher one): then
-// the grant is given back and served, and the waiter queues again. A
-// waiter that died or went slow costs the key at most the claim window; a
-// waiter whose process is within 1.5 claim windows of its liveness deadline
+// Every script that may free capacity on a key, or finds it free (but a
+// claim where nothing expired), serves its queue first (serve): it drops
+// expired leases and, while the key has room, grants the first waiter that
+// can take it a lease of the claim window's length on each of its keys and
+// publishes its ticket on its process's channel
+// (<prefix>{<name>}#wake:<process>), so that only that process wakes. The
+// waiter claims its grant by running the acquire script again, which
+// extends the lease to the full TTL, unless a key is over the limit the
+// waiter has now (the grant was made under a higher one): then the grant is
+// given back and served, and the waiter queues again. A waiter that died or
+// went slow costs the key at most the claim window; a waiter whose process
+// is within 1.5 claim windows of its liveness deadline
 // (<prefix>{<name>}#procs, process to deadline in server milliseconds,
 // renewed by its waiters' calls, each at least once a claim window) is
 // dropped, not granted, so a killed process's tickets delay no one by more

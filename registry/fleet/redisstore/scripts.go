@@ -117,8 +117,9 @@ local function extend()
 end
 -- A waiter's claim (or a call made again) whose lease is on every key,
 -- where no lease has expired and the count is within the caller's limit,
--- is extended without serving the queues first: it frees nothing, and
--- every call that freed room served it. It halves a claim's time on the
+-- is extended without serving the queues first: it frees nothing, every
+-- call that freed room served it, and room a raised limit makes is served
+-- by the waiters' asks. It takes a third off a claim's time on the
 -- server. Anything else, and a call that does not wait (no claim), takes
 -- the whole path.
 local mine = tonumber(ARGV[7]) % 2 == 1
