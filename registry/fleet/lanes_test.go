@@ -70,6 +70,7 @@ func (s *heldAlone) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]dri
 // share pipelines unless noPipes is set.
 func (s *heldAlone) Pipelines() bool { return !s.noPipes }
 
+// pipelines returns the leases of each pipeline sent once it was armed.
 func (s *heldAlone) pipelines() [][]string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
