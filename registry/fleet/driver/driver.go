@@ -128,8 +128,8 @@ type Listener interface {
 //  5. for a ticket of several keys queued already, records Limits as its
 //     limits; unless paused, serves the queue of each key (see
 //     ReleaseCall); a store may skip serving for a call with Wait whose
-//     Lease is on every key, unexpired, with no key over its limit (a
-//     claim: it frees nothing, and step 6 admits it);
+//     Lease is on every key, where no lease has expired and no key is
+//     over its limit (a claim: it frees nothing, and step 6 admits it);
 //  6. if Lease is on every key (a grant claimed), extends it to TTL and
 //     admits it, unless a key holds more than its limit (the grant was made
 //     under a higher limit): then it gives the grant back, serves the
