@@ -18,14 +18,16 @@ import (
 )
 
 // heldAlone is a store that, once armed, holds every admission call sent
-// alone (AdmitOne) until letGo is closed, whatever its context says, and
+// alone (AdmitOne) until letGo, whatever its context says, and
 // records the leases of each pipeline of admission calls (Admit) sent
 // once it is armed.
 type heldAlone struct {
 	driver.Store
+	mem   *memstore.Store // the store it wraps
 	armed atomic.Bool
 	held  atomic.Int32 // calls held now
-	letGo chan struct{}
+	open  chan struct{}
+	once  sync.Once
 	// answer, if set while armed, is the status of the next call sent
 	// alone, answered without the store or a hold (then it is cleared).
 	answer atomic.Int32
@@ -38,16 +40,16 @@ type heldAlone struct {
 }
 
 func (s *heldAlone) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
-	if st := driver.Status(s.answer.Swap(0)); st != 0 && s.armed.Load() {
-		r := driver.AdmitResult{Status: st, Now: time.Now().UnixMilli(), Epoch: c.Epoch}
-		if st == driver.StatusTooLate {
-			r.Key, r.Epoch = -1, 0
-		}
-		return r, nil
-	}
 	if s.armed.Load() {
+		if st := driver.Status(s.answer.Swap(0)); st != 0 {
+			r := driver.AdmitResult{Status: st, Now: time.Now().UnixMilli(), Epoch: c.Epoch}
+			if st == driver.StatusTooLate {
+				r.Key, r.Epoch = -1, 0
+			}
+			return r, nil
+		}
 		s.held.Add(1)
-		<-s.letGo
+		<-s.open
 		s.held.Add(-1)
 	}
 	return s.Store.AdmitOne(ctx, c)
@@ -66,6 +68,16 @@ func (s *heldAlone) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]dri
 	return s.Store.Admit(ctx, calls)
 }
 
+// newHeldAlone wraps a new memstore, a Pipeliner as pipes says.
+func newHeldAlone(pipes bool) *heldAlone {
+	m := memstore.New()
+	return &heldAlone{Store: m, mem: m, open: make(chan struct{}), noPipes: !pipes}
+}
+
+// letGo lets the held calls go, and those to come; it may be called again
+// (a test's cleanup does, before Close).
+func (s *heldAlone) letGo() { s.once.Do(func() { close(s.open) }) }
+
 // Pipelines makes it a driver.Pipeliner, as the Redis store is: claims
 // share pipelines unless noPipes is set.
 func (s *heldAlone) Pipelines() bool { return !s.noPipes }
@@ -77,21 +89,15 @@ func (s *heldAlone) pipelines() [][]string {
 	return slices.Clone(s.pipes)
 }
 
-// grantedWaiters sets up a Registry on a heldAlone store (a Pipeliner as
-// pipes says) with n places on key k, all held, and n waiters queued in
-// the store behind them; then it arms the store and releases the places,
-// so that each waiter is granted one. It returns the store, the Registry,
-// the waiters' results, and what lets the held calls go (called at the
-// test's cleanup too, before Close).
-func grantedWaiters(t *testing.T, n int, timeout time.Duration, pipes bool) (*heldAlone, *Registry[string], <-chan result, func()) {
-	ms := memstore.New()
-	st := &heldAlone{Store: ms, letGo: make(chan struct{}), noPipes: !pipes}
+// grantedWaiters sets up a Registry on st with n places on key k, all
+// held, and n waiters queued in the store behind them; then it arms st and
+// releases the places, so that each waiter is granted one. It returns the
+// Registry and the waiters' results.
+func grantedWaiters(t *testing.T, st *heldAlone, n int, timeout time.Duration) (*Registry[string], <-chan result) {
 	r := New[string](st, 10, WithLeaseTTL(5*time.Minute), WithTimeout(timeout), WithUnavailable(FailClosed), WithLogger(quiet()))
 	t.Cleanup(func() { closeWithin(t, r) })
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(st.letGo) }) }
-	t.Cleanup(letGo) // before Close (cleanups run last first)
-	askWhenWoken(r)  // the waiters call again only when granted
+	t.Cleanup(st.letGo) // before Close (cleanups run last first)
+	askWhenWoken(r)     // the waiters call again only when granted
 	r.SetLimit("k", n)
 	<-r.subscribed // the grants are heard
 
@@ -108,12 +114,12 @@ func grantedWaiters(t *testing.T, n int, timeout time.Duration, pipes bool) (*he
 			waited <- result{s, err}
 		}()
 	}
-	require.Eventually(t, func() bool { return ms.Queued("k") == n }, 10*time.Second, time.Millisecond, "the waiters are queued in the store")
+	require.Eventually(t, func() bool { return st.mem.Queued("k") == n }, 10*time.Second, time.Millisecond, "the waiters are queued in the store")
 	st.armed.Store(true)
 	for _, s := range holders {
 		s.Release()
 	}
-	return st, r, waited, letGo
+	return r, waited
 }
 
 // pendingClaims returns how many claims wait for a pipeline, and how many
@@ -134,7 +140,8 @@ func (r *Registry[K]) pendingClaims() (pending, claiming, calling int) {
 // claims' lane is their own: no admission call is on its way meanwhile.
 func TestClaimsSharePipelines(t *testing.T) {
 	const n = maxClaiming + 4
-	st, r, waited, letGo := grantedWaiters(t, n, 5*time.Second, true)
+	st := newHeldAlone(true)
+	r, waited := grantedWaiters(t, st, n, 5*time.Second)
 	require.Eventually(t, func() bool {
 		pending, claiming, _ := r.pendingClaims()
 		return st.held.Load() == maxClaiming && claiming == maxClaiming && pending == n-maxClaiming
@@ -143,7 +150,7 @@ func TestClaimsSharePipelines(t *testing.T) {
 	assert.Zero(t, calling, "no admission call on its way: the claims have their lane")
 	assert.Empty(t, st.pipelines(), "no pipeline sent while the claims on their way are held")
 
-	letGo()
+	st.letGo()
 	var got []*slots.Slot
 	for range n {
 		select {
@@ -173,13 +180,14 @@ func TestClaimsSharePipelines(t *testing.T) {
 // pipeline.
 func TestClaimsGoAloneWithoutPipelines(t *testing.T) {
 	const n = maxClaiming + 2
-	st, r, waited, letGo := grantedWaiters(t, n, 5*time.Second, false)
+	st := newHeldAlone(false)
+	r, waited := grantedWaiters(t, st, n, 5*time.Second)
 	require.Eventually(t, func() bool { return st.held.Load() == n }, 10*time.Second, time.Millisecond,
 		"every claim on its way at once, alone")
 	pending, claiming, _ := r.pendingClaims()
 	assert.Zero(t, pending, "none queued")
 	assert.Equal(t, n, claiming)
-	letGo()
+	st.letGo()
 	for range n {
 		o := nextResult(t, waited)
 		require.NoError(t, o.err)
@@ -192,12 +200,10 @@ func TestClaimsGoAloneWithoutPipelines(t *testing.T) {
 // epoch) stays in the admissions' lane even when it claims a grant: the
 // order of the process's waiters is kept there.
 func TestOrderedClaimStaysInAdmissionsLane(t *testing.T) {
-	st := &heldAlone{Store: memstore.New(), letGo: make(chan struct{})}
+	st := newHeldAlone(true)
 	r := New[string](st, 10, WithLogger(quiet()))
 	t.Cleanup(func() { closeWithin(t, r) })
-	var once sync.Once
-	letGo := func() { once.Do(func() { close(st.letGo) }) }
-	t.Cleanup(letGo)
+	t.Cleanup(st.letGo)
 	st.armed.Store(true)
 	placed := make(chan struct{}, 1)
 	done := make(chan reply, 1)
@@ -209,7 +215,7 @@ func TestOrderedClaimStaysInAdmissionsLane(t *testing.T) {
 	_, claiming, calling := r.pendingClaims()
 	assert.Equal(t, 1, calling, "on its way in the admissions' lane")
 	assert.Zero(t, claiming, "not in the claims' lane")
-	letGo()
+	st.letGo()
 	rp := <-done
 	require.NoError(t, rp.err)
 	require.NoError(t, st.Store.Release(context.Background(), &driver.ReleaseCall{Claim: time.Second,
@@ -222,7 +228,8 @@ func TestOrderedClaimStaysInAdmissionsLane(t *testing.T) {
 // call timeout.
 func TestCloseFailsQueuedClaims(t *testing.T) {
 	const n = maxClaiming + 2
-	st, r, waited, letGo := grantedWaiters(t, n, time.Minute, true)
+	st := newHeldAlone(true)
+	r, waited := grantedWaiters(t, st, n, time.Minute)
 	require.Eventually(t, func() bool {
 		pending, _, _ := r.pendingClaims()
 		return st.held.Load() == maxClaiming && pending == n-maxClaiming
@@ -242,7 +249,7 @@ func TestCloseFailsQueuedClaims(t *testing.T) {
 			t.Fatal("a queued claim's waiter still waits after Close")
 		}
 	}
-	letGo()
+	st.letGo()
 	<-closed
 	for range maxClaiming { // the claims that were on their way come back
 		if o := nextResult(t, waited); o.s != nil {
@@ -258,53 +265,28 @@ func TestCloseFailsQueuedClaims(t *testing.T) {
 // admissions' lane.
 func TestClaimLaneAfterAnAnswer(t *testing.T) {
 	for _, tc := range []struct {
-		answer driver.Status
-		lane   string
+		answer            driver.Status
+		lane              string
+		claiming, calling int // on their way after the answer
 	}{
-		{driver.StatusTooLate, "claims"},
-		{driver.StatusQueued, "admissions"},
+		{driver.StatusTooLate, "claims", 1, 0},
+		{driver.StatusQueued, "admissions", 0, 1},
 	} {
 		t.Run(tc.lane, func(t *testing.T) {
-			ms := memstore.New()
-			st := &heldAlone{Store: ms, letGo: make(chan struct{})}
-			r := New[string](st, 10, WithLeaseTTL(5*time.Minute), WithTimeout(5*time.Second), WithLogger(quiet()))
-			t.Cleanup(func() { closeWithin(t, r) })
-			var once sync.Once
-			letGo := func() { once.Do(func() { close(st.letGo) }) }
-			t.Cleanup(letGo)
-			askWhenWoken(r)
-			r.SetLimit("k", 1)
-			<-r.subscribed
-			holder, err := r.TryAcquire("k")
-			require.NoError(t, err)
-			waited := make(chan result, 1)
-			go func() {
-				s, err := r.Acquire(context.Background(), "k")
-				waited <- result{s, err}
-			}()
-			require.Eventually(t, func() bool { return ms.Queued("k") == 1 }, 10*time.Second, time.Millisecond)
-			st.answer.Store(int32(tc.answer))
-			st.armed.Store(true)
-			holder.Release() // the grant, and its claim, answered tc.answer
+			st := newHeldAlone(true)
+			st.answer.Store(int32(tc.answer)) // the grant's claim, once armed
+			r, waited := grantedWaiters(t, st, 1, 5*time.Second)
 			if tc.answer == driver.StatusQueued {
 				require.Eventually(t, func() bool { return st.answer.Load() == 0 }, 10*time.Second, time.Millisecond, "the claim answered")
 				r.wakeAll() // the waiter asks again now
 			}
 			require.Eventually(t, func() bool { return st.held.Load() == 1 }, 10*time.Second, time.Millisecond, "the next call on its way")
 			_, claiming, calling := r.pendingClaims()
-			if tc.lane == "claims" {
-				assert.Equal(t, []int{1, 0}, []int{claiming, calling}, "claims, admissions on their way")
-			} else {
-				assert.Equal(t, []int{0, 1}, []int{claiming, calling}, "claims, admissions on their way")
-			}
-			letGo()
-			select {
-			case o := <-waited:
-				require.NoError(t, o.err)
-				o.s.Release()
-			case <-time.After(10 * time.Second):
-				t.Fatal("the waiter is not admitted")
-			}
+			assert.Equal(t, []int{tc.claiming, tc.calling}, []int{claiming, calling}, "claims, admissions on their way")
+			st.letGo()
+			o := nextResult(t, waited)
+			require.NoError(t, o.err)
+			o.s.Release()
 		})
 	}
 }

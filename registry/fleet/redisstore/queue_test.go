@@ -124,6 +124,15 @@ func (rig *queueRig) withdraw(id string, limit int) {
 	require.NoError(rig.t, abandonScript.Run(context.Background(), rig.rdb, keys, id, qTTL, 0, qClaim, qWake, limit).Err())
 }
 
+// serverMS returns the server's clock in milliseconds, as the scripts
+// read it.
+func (rig *queueRig) serverMS() float64 {
+	rig.t.Helper()
+	now, err := rig.rdb.Time(context.Background()).Result()
+	require.NoError(rig.t, err)
+	return float64(now.UnixMilli())
+}
+
 // holders returns the key's lease ids, by expiry.
 func (rig *queueRig) holders() []string {
 	return rig.holdersOf(qKey)
@@ -865,9 +874,7 @@ func TestQueueClaimServesWhereALeaseExpired(t *testing.T) {
 func TestQueueClaimCountsItsCarriedPairs(t *testing.T) {
 	rig := newQueueRig(t)
 	ctx := context.Background()
-	now, err := rig.rdb.Time(ctx).Result()
-	require.NoError(t, err)
-	ms := float64(now.UnixMilli())
+	ms := rig.serverMS()
 	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: ms + qTTL, Member: "h"}, redis.Z{Score: ms + qClaim, Member: "x"}).Err())
 	keys := []string{"q{n}#epoch", "q{n}#pause", "q{n}:abandoned:x", qProcs, qKey, qKey, "q{n}:abandoned:carried"}
 	args := []any{"x", qTTL, 1, 0, 0, 0, 1, qClaim, 0, "", 1, "p1", qWake, -1, -1, qTTL, 1, 2, "carried", 1}
@@ -883,9 +890,7 @@ func TestQueueClaimNeedsEveryKey(t *testing.T) {
 	rig := newQueueRig(t)
 	ctx := context.Background()
 	const b = "q{n}:b"
-	now, err := rig.rdb.Time(ctx).Result()
-	require.NoError(t, err)
-	ms := float64(now.UnixMilli())
+	ms := rig.serverMS()
 	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: ms + qTTL, Member: "h"}, redis.Z{Score: 1, Member: "x"}).Err())
 	require.NoError(t, rig.rdb.ZAdd(ctx, b, redis.Z{Score: ms + qClaim, Member: "x"}).Err())
 	rp := rig.admit(ticket{id: "x", keys: []string{qKey, b}, limits: []int{1, 1}, wait: true}, 0)
