@@ -46,19 +46,20 @@ package redisstore
 const epochLua = `
 local maxPauseMS, unlimited = 300000, 9e18
 local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl)
-  local epoch = tonumber(redis.call('GET', epochKey))
+  local got = redis.call('MGET', epochKey, pauseKey)
+  local epoch, paused = tonumber(got[1]), tonumber(got[2])
   if not epoch then
     epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', epochKey, string.format('%.0f', epoch))
   end
   local born = math.floor(epoch / 1000)
-  if known > 0 and known ~= epoch and pause > 0 and redis.call('EXISTS', pauseKey) == 0 then
+  if known > 0 and known ~= epoch and pause > 0 and not got[2] then
     local untilT = born + math.min(pause, ttl)
     if untilT > now then
       redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
+      paused = untilT
     end
   end
-  local paused = tonumber(redis.call('GET', pauseKey))
   if not paused then return epoch, 0 end
   -- No pause our scripts declare ends later than a TTL after the birth;
   -- one that does, or that a server clock stepped back has moved far

@@ -107,8 +107,11 @@ end
 -- A key expires with its latest lease, never sooner: a lease of a
 -- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
 -- may be in it.
+-- It returns the key's time to live after (PTTL's answer).
 local function cover(k, ttl)
-  if redis.call('PTTL', k) < ttl then redis.call('PEXPIRE', k, ttl) end
+  local ms = redis.call('PTTL', k)
+  if ms >= ttl or redis.call('PEXPIRE', k, ttl) == 0 then return ms end
+  return ttl
 end
 -- ungrant takes id off k's grants not claimed yet (<k>#g): its lease on k
 -- is held now, or gone. A live member always has its lease, scored alike,
@@ -116,7 +119,7 @@ end
 -- given back or withdrawn, a lease put back); a newcomer's or a release's
 -- lease is not one, and an expired member goes with its lease's expiry
 -- (admitted and grant drop the expired ones before they count).
-local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
+local function ungrant(k, id) return redis.call('ZREM', k .. '#g', id) end
 ` + unitsLua
 
 // queueLua is the queue's part of the scripts (after baseLua).
@@ -125,7 +128,8 @@ local maxPassed, scanMax, passFactor = ` + strconv.Itoa(registry.MaxPassed) + `,
 local maxTag, turnSteps = ` + strconv.FormatFloat(driver.MaxTag, 'f', -1, 64) + `, ` + strconv.Itoa(driver.TurnSteps) + `
 local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
 -- unqueue takes ticket out of k's queue, with its flow's counts and its
--- place among the urgent, and returns its member there (nil: not queued).
+-- place among the urgent, and returns its member there (nil: not queued)
+-- and whether k's queue is left.
 -- A flow's turns in a class are charged from its first waiter queued
 -- while it had none there (b|, that waiter's start tag) and as each is
 -- granted (b| moves forward to the granted ticket's finish tag, e|): so
@@ -135,26 +139,26 @@ local function qkeys(k) return k .. '#q', k .. '#t', k .. '#v' end
 -- turn back if it was the newest (the flow's finish tag is its own).
 local function unqueue(k, ticket, leaving)
   local Q, T, V = qkeys(k)
-  local f = redis.call('HMGET', T, ticket, 'w|' .. ticket)
+  local f = redis.call('HMGET', T, ticket, 'w|' .. ticket, 'f|' .. ticket, 'e|' .. ticket, 's|' .. ticket)
   local m = f[1]
   if not m then return nil end
   redis.call('ZREM', Q, m)
   redis.call('ZREM', k .. '#u', ticket)
   redis.call('ZREM', k .. '#m', ticket)
   if f[2] and redis.call('HINCRBY', V, 'weighted', -1) <= 0 then redis.call('HDEL', V, 'weighted') end
-  local flow = redis.call('HGET', T, 'f|' .. ticket)
+  local flow = f[3]
   if flow then
     if redis.call('HINCRBY', V, 'n|' .. flow, -1) <= 0 then redis.call('HDEL', V, 'n|' .. flow) end
     local rank = string.match(m, '^(%d+)|')
     local cf = rank .. '|' .. flow
-    local finish = tonumber(redis.call('HGET', T, 'e|' .. ticket))
+    local finish = tonumber(f[4])
     if finish and not leaving and finish > (tonumber(redis.call('HGET', V, 'b|' .. cf)) or 0) then
       redis.call('HSET', V, 'b|' .. cf, finish)
     end
     if finish and leaving then
       -- The flow's newest waiter there gives its turn back.
       local F = k .. '#f' .. rank
-      local start = tonumber(redis.call('HGET', T, 's|' .. ticket))
+      local start = tonumber(f[5])
       -- (At maxTag it may not be the newest.)
       if start and finish < maxTag and tonumber(redis.call('ZSCORE', F, flow)) == finish then redis.call('ZADD', F, start, flow) end
     end
@@ -170,23 +174,28 @@ local function unqueue(k, ticket, leaving)
     'w|' .. ticket, 'u|' .. ticket)
   if redis.call('EXISTS', Q) == 0 then
     redis.call('DEL', T, V, k .. '#u', k .. '#m', k .. '#f0', k .. '#f1', k .. '#f2')
+    return m, false
   end
-  return m
+  return m, true
 end
 -- ticketKeys returns the {key, limit} pairs of a ticket queued on k,
 -- whose limit there is at most limit (a ticket of one key: limit, though
 -- a weighted one keeps its own), its units, and the units granted past it
 -- (see serve).
-local function ticketKeys(T, ticket, k, limit)
-  local f = redis.call('HMGET', T, 'k|' .. ticket, 'w|' .. ticket, 'u|' .. ticket)
-  local units, past = tonumber(f[2]) or 1, tonumber(f[3]) or 0
-  if not f[1] then return {{k, limit}}, units, past end
-  local kl = cjson.decode(f[1])
+-- (keysOf reads them from the fields k|, w|, u| its caller has.)
+local function keysOf(packed, w, u, k, limit)
+  local units, past = tonumber(w) or 1, tonumber(u) or 0
+  if not packed then return {{k, limit}}, units, past end
+  local kl = cjson.decode(packed)
   if #kl == 1 then kl[1][2] = limit end
   for _, e in ipairs(kl) do
     if e[1] == k then e[2] = math.min(e[2], limit) end
   end
   return kl, units, past
+end
+local function ticketKeys(T, ticket, k, limit)
+  local f = redis.call('HMGET', T, 'k|' .. ticket, 'w|' .. ticket, 'u|' .. ticket)
+  return keysOf(f[1], f[2], f[3], k, limit)
 end
 -- dead reports whether the process of a queued ticket (its member m) is
 -- gone: within one and a half claim windows of its liveness deadline, it
@@ -208,10 +217,14 @@ end
 -- arrived at arrival (both nil: a newcomer): its free units, less those
 -- kept for k's oldest urgent ticket (its units) unless that is ticket or
 -- came later. An urgent ticket no longer queued, or whose process is dead,
--- is dropped first; past scanMax of them, one unit is kept.
-local function roomFor(k, limit, ticket, arrival, now, P, claim)
-  expire(k, now)
-  local free = limit - countOf(k)
+-- is dropped first; past scanMax of them, one unit is kept. count is k's
+-- count where the caller has it (serve), else nil.
+local function roomFor(k, limit, ticket, arrival, now, P, claim, count)
+  if not count then
+    expire(k, now)
+    count = countOf(k)
+  end
+  local free = limit - count
   if free <= 0 then return free end
   for _ = 1, scanMax do
     local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
@@ -245,12 +258,16 @@ end
 -- each of its keys (kl), takes it out of their queues, moving each class's
 -- virtual time to its start tag there (and forgetting the finish tags of
 -- flows it has passed: their next start is the virtual time anyway), and
--- wakes its process.
-local function grant(kl, ticket, units, proc, now, claim, chans)
+-- wakes its process. It returns the units it adds to the count of the key
+-- served. The keys it grants on are covered as serving ends (coverGrants):
+-- once, however many grants it makes.
+local grantedOn, grantedList = {}, {}
+local function grant(kl, ticket, units, proc, now, claim, chans, served)
+  local added = 0
   for _, e in ipairs(kl) do
-    local Q, _, V = qkeys(e[1])
-    local m = unqueue(e[1], ticket, false)
-    if m and redis.call('EXISTS', Q) == 1 then
+    local V = e[1] .. '#v'
+    local m, left = unqueue(e[1], ticket, false)
+    if m and left then
       -- The virtual time only moves forward: a ticket granted out of turn
       -- (one of several keys, passed over before) does not set it back.
       local rank, tag = string.match(m, '^(%d+)|([^|]+)|')
@@ -268,13 +285,28 @@ local function grant(kl, ticket, units, proc, now, claim, chans)
       local G = e[1] .. '#g'
       redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
       redis.call('ZADD', G, now + claim, ticket)
-      cover(G, claim)
     end
     redis.call('ZADD', e[1], 'GT', now + claim, ticket)
-    if new then weigh(e[1], ticket, units) end
-    coverLeases(e[1], claim)
+    if new then
+      local d = 1 + weigh(e[1], ticket, units)
+      if e[1] == served then added = d end
+    end
+    if not grantedOn[e[1]] then
+      grantedOn[e[1]] = true
+      grantedList[#grantedList + 1] = e[1]
+    end
   end
   redis.call('PUBLISH', chans .. proc, ticket)
+  return added
+end
+-- coverGrants covers the keys grants were made on, and their grants.
+local function coverGrants(claim)
+  for _, k in ipairs(grantedList) do
+    cover(k .. '#g', claim)
+    coverLeases(k, claim)
+    grantedOn[k] = nil
+  end
+  grantedList = {}
 end
 -- weightedWaiters tells, per key, whether its queue may hold waiters of
 -- more than one unit (its #v counts them), for the length of a script.
@@ -308,12 +340,15 @@ local function heavyBefore(k, ticket, from, limit, now, P, claim)
   return false
 end
 -- canTake reports whether ticket, queued on k, can take room for its
--- units on each of its keys (kl) now; as k's queue is served (served),
--- not while a heavy waiter stands before it on another of its keys.
-local function canTake(T, kl, ticket, units, now, P, claim, served)
-  local arrival = tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0
+-- units on each of its keys (kl) now; as k's queue is served (served,
+-- whose count is count, and the ticket's arrival is known), not while a
+-- heavy waiter stands before it on another of its keys.
+local function canTake(T, kl, ticket, units, now, P, claim, served, arrival, count)
+  arrival = arrival or tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0
   for _, e in ipairs(kl) do
-    if roomFor(e[1], e[2], ticket, arrival, now, P, claim) < units then return false end
+    local known
+    if e[1] == served then known = count end
+    if roomFor(e[1], e[2], ticket, arrival, now, P, claim, known) < units then return false end
   end
   if served and #kl > 1 then
     for _, e in ipairs(kl) do
@@ -352,7 +387,7 @@ local function noneFits(k, Q, T, limit, count, now, P, claim)
   if #kl == 1 and past < passFactor * units and n <= scanMax then return 0, ticket end
   return -1 -- nobody queued fits, and a newcomer is past serving's places
 end
--- serve grants k's waiters in order, from the one at index from (0: the
+-- serveFrom grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take room for its
 -- units on all of its keys; a waiter of a dead process is dropped. If it
 -- stops at its bound on the waiters it looks at, with room left and
@@ -362,18 +397,18 @@ end
 -- else may take, -1, and so it does at its bound once it went past one;
 -- else 0, and the heavy waiter of one key it went past (up to its bound,
 -- see driver.ReleaseCall), if any: a waiter of several keys passes none.
-local function serve(k, limit, now, claim, chans, P, from)
+local function serveFrom(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
   local i, steps, passed, blocker = from, 0, {}, nil
   expire(k, now) -- once: no lease expires while a script runs
-  local count = countOf(k) -- again after each grant
+  local count = countOf(k) -- and what each grant adds
   if from == 0 and count < limit then
     local r, b = noneFits(k, Q, T, limit, count, now, P, claim)
     if r then return r, b end
   end
   -- The members from i on, read scanMax at a time, with their keys,
-  -- units and units passed (meta, three fields each) and their
+  -- units, units passed and arrival (meta, four fields each) and their
   -- processes' liveness deadlines (live). A grant keeps it: it takes its
   -- own ticket out of k's queue, and tickets canTake drops are dead, met
   -- as such.
@@ -385,7 +420,8 @@ local function serve(k, limit, now, claim, chans, P, from)
       local fields, procs = {}, {}
       for j, m in ipairs(win) do
         local proc, id = string.match(m, '|([^|]*)|([^|]+)$')
-        fields[3 * j - 2], fields[3 * j - 1], fields[3 * j], procs[j] = 'k|' .. id, 'w|' .. id, 'u|' .. id, proc
+        fields[4 * j - 3], fields[4 * j - 2], fields[4 * j - 1], fields[4 * j] = 'k|' .. id, 'w|' .. id, 'u|' .. id, 'a|' .. id
+        procs[j] = proc
       end
       if #fields > 0 then
         meta, live = redis.call('HMGET', T, unpack(fields)), redis.call('HMGET', P, unpack(procs))
@@ -398,36 +434,34 @@ local function serve(k, limit, now, claim, chans, P, from)
       return i + 1
     end
     steps = steps + 1
-    local units, past = tonumber(meta[3 * w - 1]) or 1, tonumber(meta[3 * w]) or 0
+    local units, past = tonumber(meta[4 * w - 2]) or 1, tonumber(meta[4 * w - 1]) or 0
+    local arrival, living = tonumber(meta[4 * w]) or 0, (tonumber(live[w]) or 0) > now + 1.5 * claim
     if blocker and units > 1 and units <= limit and count + units > limit and past < passFactor * units
-        and not (meta[3 * w - 2] and string.find(meta[3 * w - 2], '],[', 1, true))
-        and (tonumber(live[w]) or 0) > now + 1.5 * claim then
+        and not (meta[4 * w - 3] and string.find(meta[4 * w - 3], '],[', 1, true)) and living then
       -- Past the first heavy waiter, one of one key under its bound, of a
       -- live process (see dead), keeps nothing: serving looks on, at no
       -- cost.
       i, w = i + 1, w + 1
     else
       local proc, ticket = string.match(m, '|([^|]*)|([^|]+)$')
-      local kl, units, past = ticketKeys(T, ticket, k, limit)
+      local kl, units, past = keysOf(meta[4 * w - 3], meta[4 * w - 2], meta[4 * w - 1], k, limit)
       -- A heavy waiter: k's room waits for its units, counted (looked at
       -- first: it is cheap) or with the place an older urgent ticket keeps
       -- set aside. One of one key is passed up to its bound.
       local heavy = units > 1 and units <= limit and count + units > limit
       local keeps = heavy and (#kl > 1 or past >= passFactor * units)
-      if dead(P, m, now, claim) then
+      if not living and dead(P, m, now, claim) then
         for _, e in ipairs(kl) do unqueue(e[1], ticket, true) end
         win = {}
       elseif keeps then
         return -1
-      elseif not heavy and (not blocker or #kl == 1) and canTake(T, kl, ticket, units, now, P, claim, k) then
+      elseif not heavy and (not blocker or #kl == 1) and canTake(T, kl, ticket, units, now, P, claim, k, arrival, count) then
         if blocker then -- before the grant takes its flow away
           charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
         end
-        grant(kl, ticket, units, proc, now, claim, chans)
+        count, w = count + grant(kl, ticket, units, proc, now, claim, chans, k), w + 1
         for _, p in ipairs(passed) do passOver(k, p) end
-        count, w = countOf(k), w + 1
-      elseif heavy or units > 1 and units <= limit
-          and roomFor(k, limit, ticket, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, now, P, claim) < units then
+      elseif heavy or units > 1 and units <= limit and roomFor(k, limit, ticket, arrival, now, P, claim, count) < units then
         if #kl > 1 or past >= passFactor * units then return -1 end
         blocker = blocker or ticket
         i, w = i + 1, w + 1
@@ -438,63 +472,10 @@ local function serve(k, limit, now, claim, chans, P, from)
     end
   end
 end
-`
-
-// queueAdmitLua is the queue's part that only the acquire script uses
-// (after queueLua): the scripts that release and abandon leave it out, as
-// each function a script defines costs every run of it.
-const queueAdmitLua = `
--- earliestOf returns when k's earliest lease expires (0: none).
-local function earliestOf(k)
-  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-  if first[2] then return tonumber(first[2]) end
-  return 0
-end
--- enqueue queues ticket, of units, on each of its keys (kl), numbering
--- its arrival in the fleet's order (P's counter). A flow's start tag in a
--- class is its finish tag there (#f<rank>) or the class's virtual time,
--- whichever is later.
-local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
-  -- A ticket of several keys, or of more than one unit, keeps its keys'
-  -- limits as its calls send them (a heavy waiter is heavy by its own).
-  local packed
-  if #kl > 1 or units > 1 then packed = cjson.encode(kl) end
-  local arrival = redis.call('HINCRBY', P, '#arrivals', 1)
-  for _, e in ipairs(kl) do
-    local Q, T, V = qkeys(e[1])
-    local F = e[1] .. '#f' .. rank
-    local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
-    local tag = math.max(vt, tonumber(redis.call('ZSCORE', F, flow)) or 0)
-    local step = math.max(1, math.floor(e[2] / turnSteps))
-    local finish = math.min(tag + math.ceil(units / step) / weight, maxTag)
-    redis.call('ZADD', F, finish, flow)
-    local seq = redis.call('HINCRBY', V, 'seq', 1)
-    local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
-    redis.call('ZADD', Q, 0, m)
-    redis.call('ZADD', e[1] .. '#m', units, ticket)
-    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish)
-    if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
-    if units > 1 then
-      redis.call('HSET', T, 'w|' .. ticket, units)
-      redis.call('HINCRBY', V, 'weighted', 1)
-      weightedWaiters[e[1]] = true
-    end
-    redis.call('HINCRBY', V, 'n|' .. flow, 1)
-    local cf = rank .. '|' .. flow
-    if redis.call('HINCRBY', V, 'n|' .. cf, 1) == 1 then redis.call('HSET', V, 'b|' .. cf, tag) end
-  end
-end
--- keepQueued keeps the queues of kl from expiring under their waiters.
-local function keepQueued(kl, ttl)
-  for _, e in ipairs(kl) do
-    local Q, T, V = qkeys(e[1])
-    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl) cover(e[1] .. '#m', 3 * ttl)
-    for rank = 0, 2 do cover(e[1] .. '#f' .. rank, 3 * ttl) end
-  end
-end
--- alive renews proc's liveness deadline in P.
-local function alive(P, proc, now, ms)
-  redis.call('HSET', P, proc, now + ms)
-  cover(P, 2 * ms)
+-- serve is serveFrom, with the keys it granted on covered once, at its end.
+local function serve(k, limit, now, claim, chans, P, from)
+  local r, b = serveFrom(k, limit, now, claim, chans, P, from)
+  coverGrants(claim)
+  return r, b
 end
 `

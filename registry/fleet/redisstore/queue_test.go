@@ -26,7 +26,7 @@ const (
 // queueRig runs the scripts on a real redis-server, for keys of the
 // Registry name "n" under the prefix "q".
 type queueRig struct {
-	t   *testing.T
+	t   testing.TB
 	rdb *redis.Client
 }
 
@@ -36,7 +36,7 @@ const (
 	qWake  = "q{n}#wake:"
 )
 
-func newQueueRig(t *testing.T) *queueRig {
+func newQueueRig(t testing.TB) *queueRig {
 	srv := redistest.Start(t)
 	rig := &queueRig{t: t, rdb: srv.Client()}
 	rig.alive("p1")
@@ -793,7 +793,7 @@ return 0
 // requireReply checks the length of an acquire script's reply for n
 // keys, none of them learned: an admission's goes on with each key's
 // count only for a learned key.
-func requireReply(t *testing.T, res []int64, n int) {
+func requireReply(t testing.TB, res []int64, n int) {
 	t.Helper()
 	require.Len(t, res, replyLen, "%d keys", n)
 }

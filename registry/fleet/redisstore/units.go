@@ -94,8 +94,13 @@ local function extraOf(k, ids, drop)
   end
   return extra
 end
--- expire drops k's expired leases, and their units.
+-- expire drops k's expired leases, and their units: once per key in a
+-- script, as its time stands still and every lease it adds or extends
+-- expires later.
+local expired = {}
 local function expire(k, now)
+  if expired[k] == now then return end
+  expired[k] = now
   if weighted(k) then
     local gone = redis.call('ZRANGEBYSCORE', k, '-inf', now)
     if #gone == 0 then return end
@@ -111,12 +116,13 @@ local function removeLease(k, id)
 end
 -- weigh records that lease id, just added to k or held there, weighs u
 -- units on it: a field if more than one, none if one. Setting the same
--- units again changes nothing. Call coverLeases after it.
+-- units again changes nothing. It returns what it adds to k's extra units
+-- (see countOf). Call coverLeases after it.
 local function weigh(k, id, u)
-  if u <= 1 and not weighted(k) then return end
+  if u <= 1 and not weighted(k) then return 0 end
   local W = k .. '#w'
   local was = tonumber(redis.call('HGET', W, id)) or 1
-  if u == was then return end
+  if u == was then return 0 end
   if u > 1 then redis.call('HSET', W, id, u) else redis.call('HDEL', W, id) end
   if redis.call('HINCRBY', W, '#extra', u - was) <= 0 then
     redis.call('DEL', W)
@@ -124,15 +130,13 @@ local function weigh(k, id, u)
   else
     weights[k] = true
   end
+  return u - was
 end
 -- coverLeases is cover for a key of leases: its hash of units expires
 -- when it does, not a millisecond later or sooner (see above).
 local function coverLeases(k, ttl)
-  cover(k, ttl)
-  if weighted(k) then
-    local ms = redis.call('PTTL', k)
-    if ms > 0 then redis.call('PEXPIRE', k .. '#w', ms) end
-  end
+  local ms = cover(k, ttl)
+  if weighted(k) and ms > 0 then redis.call('PEXPIRE', k .. '#w', ms) end
 end
 `
 

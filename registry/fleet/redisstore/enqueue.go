@@ -1,0 +1,60 @@
+package redisstore
+
+// queueAdmitLua is the queue's part that only the acquire script uses
+// (after queueLua): the scripts that release and abandon leave it out, as
+// each function a script defines costs every run of it.
+const queueAdmitLua = `
+-- earliestOf returns when k's earliest lease expires (0: none).
+local function earliestOf(k)
+  local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
+  if first[2] then return tonumber(first[2]) end
+  return 0
+end
+-- enqueue queues ticket, of units, on each of its keys (kl), numbering
+-- its arrival in the fleet's order (P's counter). A flow's start tag in a
+-- class is its finish tag there (#f<rank>) or the class's virtual time,
+-- whichever is later.
+local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
+  -- A ticket of several keys, or of more than one unit, keeps its keys'
+  -- limits as its calls send them (a heavy waiter is heavy by its own).
+  local packed
+  if #kl > 1 or units > 1 then packed = cjson.encode(kl) end
+  local arrival = redis.call('HINCRBY', P, '#arrivals', 1)
+  for _, e in ipairs(kl) do
+    local Q, T, V = qkeys(e[1])
+    local F = e[1] .. '#f' .. rank
+    local vt = tonumber(redis.call('HGET', V, 'V|' .. rank)) or 0
+    local tag = math.max(vt, tonumber(redis.call('ZSCORE', F, flow)) or 0)
+    local step = math.max(1, math.floor(e[2] / turnSteps))
+    local finish = math.min(tag + math.ceil(units / step) / weight, maxTag)
+    redis.call('ZADD', F, finish, flow)
+    local seq = redis.call('HINCRBY', V, 'seq', 1)
+    local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
+    redis.call('ZADD', Q, 0, m)
+    redis.call('ZADD', e[1] .. '#m', units, ticket)
+    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish)
+    if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
+    if units > 1 then
+      redis.call('HSET', T, 'w|' .. ticket, units)
+      redis.call('HINCRBY', V, 'weighted', 1)
+      weightedWaiters[e[1]] = true
+    end
+    redis.call('HINCRBY', V, 'n|' .. flow, 1)
+    local cf = rank .. '|' .. flow
+    if redis.call('HINCRBY', V, 'n|' .. cf, 1) == 1 then redis.call('HSET', V, 'b|' .. cf, tag) end
+  end
+end
+-- keepQueued keeps the queues of kl from expiring under their waiters.
+local function keepQueued(kl, ttl)
+  for _, e in ipairs(kl) do
+    local Q, T, V = qkeys(e[1])
+    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl) cover(e[1] .. '#m', 3 * ttl)
+    for rank = 0, 2 do cover(e[1] .. '#f' .. rank, 3 * ttl) end
+  end
+end
+-- alive renews proc's liveness deadline in P.
+local function alive(P, proc, now, ms)
+  redis.call('HSET', P, proc, now + ms)
+  cover(P, 2 * ms)
+end
+`
