@@ -17,20 +17,25 @@ import (
 )
 
 // orderStore plays the store for admission calls made directly through
-// r.call: a call's Lease is "o:<seq>" (ordered) or "u:<seq>". It records,
-// per key, the order ordered calls executed in, and any two groups (a call
-// alone or a batch) in flight at once that share a key with an ordered
-// call each. Its other operations are the embedded store's.
+// r.call: a call's Lease is "o:<seq>" (ordered), "u:<seq>" or "c:..." (a
+// claim). It records, per key, the order ordered calls executed in, and
+// any two groups (a call alone or a batch) in flight at once that share a
+// key with an ordered call each; it counts the pipelines of claims. It
+// pipelines as Redis does (driver.Pipeliner), so that claims share them.
+// Its other operations are the embedded store's.
 type orderStore struct {
 	driver.Store
-	mu       sync.Mutex
-	inflight map[string]int
-	exec     map[string][]int
-	overlaps []string
-	maxDelay time.Duration
-	panicPct int
-	execd    atomic.Int64
+	mu           sync.Mutex
+	inflight     map[string]int
+	exec         map[string][]int
+	overlaps     []string
+	maxDelay     time.Duration
+	panicPct     int
+	execd        atomic.Int64
+	claimBatches atomic.Int64
 }
+
+func (h *orderStore) Pipelines() bool { return true }
 
 func (h *orderStore) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
 	res, _ := h.run(ctx, []*driver.AdmitCall{c}) // an error is the call's
@@ -69,6 +74,9 @@ func (h *orderStore) run(ctx context.Context, cmds []*driver.AdmitCall) ([]drive
 	}
 	h.mu.Unlock()
 	h.execd.Add(int64(len(cmds)))
+	if len(cmds) > 1 && strings.HasPrefix(cmds[0].Lease, "c:") {
+		h.claimBatches.Add(1)
+	}
 	defer func() {
 		h.mu.Lock()
 		for k := range group {
@@ -102,12 +110,13 @@ func (h *orderStore) run(ctx context.Context, cmds []*driver.AdmitCall) ([]drive
 }
 
 // Ordered calls (waiters'), each made once the one before it is placed,
-// on 1 to 3 of 5 keys, mixed with unordered ones (TryAcquire's), some
-// given up, some timed out, under a store that answers in
-// up to 3 or 30 ms, or panics, or is closed midway: no two groups of
+// on 1 to 3 of 5 keys, mixed with unordered ones (TryAcquire's) and with
+// bursts of claims past the claims' lane's bound (so that claims share
+// pipelines), some given up, some timed out, under a store that answers
+// in up to 3 or 30 ms, or panics, or is closed midway: no two groups of
 // calls (a call alone or a pipeline) in flight at once hold an ordered
 // call on the same key, the ordered calls on each key run in the order
-// they were made, every call returns, and the queue ends empty.
+// they were made, every call returns, and both lanes end empty.
 func TestOrderedCallsUnderStress(t *testing.T) {
 	if testing.Short() {
 		t.Skip("four runs of a second")
@@ -145,7 +154,7 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 				pending atomic.Int64
 				stop    = time.Now().Add(time.Second)
 			)
-			doCall := func(ctx context.Context, keys []string, id string, placed func()) {
+			doCall := func(ctx context.Context, keys []string, id string, placed func(), claim bool) {
 				defer func() { _ = recover() }()
 				capped := keys
 				limits := make([]int, len(capped))
@@ -153,7 +162,7 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 					limits[i] = 1
 				}
 				ac := &driver.AdmitCall{Lease: id, Keys: capped, Limits: limits, TTL: time.Millisecond, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1}
-				r.call(ctx, ac, 0, placed, false)
+				r.call(ctx, ac, 0, placed, claim)
 			}
 			// ordered callers, serialized by their placing (as waiters are)
 			for g := 0; g < 8; g++ {
@@ -174,7 +183,7 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 							defer close(done)
 							defer pending.Add(-1)
 							defer cancel()
-							doCall(ctx, keys, "o:"+strconv.Itoa(s), func() { close(placed) })
+							doCall(ctx, keys, "o:"+strconv.Itoa(s), func() { close(placed) }, false)
 						}()
 						select {
 						case <-placed:
@@ -192,8 +201,30 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 				wg.Go(func() {
 					for i := 0; time.Now().Before(stop); i++ {
 						ctx, cancel := context.WithTimeout(context.Background(), time.Duration(1+rand.N(30))*time.Millisecond)
-						doCall(ctx, pick(), "u:"+strconv.Itoa(i), nil)
+						doCall(ctx, pick(), "u:"+strconv.Itoa(i), nil, false)
 						cancel()
+					}
+				})
+			}
+			// claims, in bursts of twice as many as go at once
+			for g := 0; g < 2; g++ {
+				wg.Go(func() {
+					for i := 0; time.Now().Before(stop); i++ {
+						var burst sync.WaitGroup
+						for j := range 2 * maxClaiming {
+							burst.Go(func() {
+								// Half of them never give up: each must be answered.
+								ctx, cancel := context.WithCancel(context.Background())
+								if j%2 == 0 {
+									ctx, cancel = context.WithTimeout(ctx, time.Duration(1+rand.N(30))*time.Millisecond)
+								}
+								defer cancel()
+								pending.Add(1)
+								defer pending.Add(-1)
+								doCall(ctx, pick(), fmt.Sprintf("c:%d:%d:%d", g, i, j), nil, true)
+							})
+						}
+						burst.Wait()
 					}
 				})
 			}
@@ -231,8 +262,9 @@ func TestOrderedCallsUnderStress(t *testing.T) {
 					}
 				}
 			}
-			t.Logf("%d ordered calls made, %d calls run, %d ordered ones on key a", seq, h.execd.Load(), len(h.exec["a"]))
+			t.Logf("%d ordered calls made, %d calls run, %d ordered ones on key a, %d pipelines of claims", seq, h.execd.Load(), len(h.exec["a"]), h.claimBatches.Load())
 			assert.Positive(t, len(h.exec["a"]), "ordered calls ran")
+			assert.Positive(t, h.claimBatches.Load(), "claims shared pipelines")
 		})
 	}
 }
