@@ -13,12 +13,13 @@ import (
 
 // BenchmarkServeWave measures what a wave of hand-offs costs the server,
 // as LargeAmongSmall (fleettest.Bench) makes them: a key of 500,000 units
-// held by 250 leases of 2,000, with 250 waiters of 1,000 to 3,000 units
-// queued behind them; one release call frees 80 leases, and each waiter
-// it grants claims its grant. It reports, from the server's command
-// statistics (INFO commandstats), the median over iterations of the
-// release script's time per grant and of a claim's time, and the Redis
-// commands each runs (calls inside a script included). Server times
+// taken by 250 newcomers of 2,000, with 250 waiters of 1,000 to 3,000
+// units queued behind them; one release call frees 80 leases, and each
+// waiter it grants claims its grant. It reports, from the server's
+// command statistics (INFO commandstats), the median over iterations of
+// a newcomer's admission, of the release script's time per grant and of
+// a claim's time, and the Redis commands each runs (calls inside a
+// script included). Server times
 // move with the machine: compare builds in one run, interleaved.
 //
 //	go test -run '^$' -bench ServeWave -benchtime 20x ./registry/fleet/redisstore
@@ -26,15 +27,19 @@ func BenchmarkServeWave(b *testing.B) {
 	rig := newQueueRig(b)
 	ctx := context.Background()
 	const limit, holders, waiters, released = 500_000, 250, 250, 80
-	var release, claim, releaseCalls, claimCalls []float64
+	var admit, release, claim, admitCalls, releaseCalls, claimCalls []float64
 	for i := range b.N {
 		b.StopTimer()
 		require.NoError(b, rig.rdb.FlushAll(ctx).Err())
 		rig.alive("p1")
 		rng := rand.New(rand.NewPCG(uint64(i), 1))
+		start := serverStats(b, rig)
 		for h := range holders {
 			require.Equal(b, acquireAdmitted, rig.admit(ticket{id: fmt.Sprint("h", h), units: 2000}, limit).status)
 		}
+		full := serverStats(b, rig)
+		admit = append(admit, (full.scriptUS-start.scriptUS)/holders)
+		admitCalls = append(admitCalls, float64(full.calls-start.calls)/holders)
 		units := map[string]int{}
 		for w := range waiters {
 			id := fmt.Sprint("w", w)
@@ -66,6 +71,8 @@ func BenchmarkServeWave(b *testing.B) {
 		slices.Sort(x)
 		return x[len(x)/2]
 	}
+	b.ReportMetric(median(admit), "admit-µs")
+	b.ReportMetric(median(admitCalls), "admit-calls")
 	b.ReportMetric(median(release), "release-µs/grant")
 	b.ReportMetric(median(releaseCalls), "release-calls/grant")
 	b.ReportMetric(median(claim), "claim-µs")
