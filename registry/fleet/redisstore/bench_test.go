@@ -105,8 +105,9 @@ func newID() string {
 // BenchmarkHandOff measures a release's hand-off to a waiter of another
 // process: from Release in one process to Acquire's return in the other
 // (the release's call, the wake-up, the waiter's claim), beside a PING's
-// round trip on the same server in the same run. It reports both medians
-// and their ratio, the hand-off in round trips.
+// round trip and the bare hand-off (bareHandOffs) on the same server in
+// the same run. It reports the medians, and the hand-off's over each of
+// the others.
 func BenchmarkHandOff(b *testing.B) {
 	srv := redistest.Start(b)
 	ctx := context.Background()
@@ -119,6 +120,7 @@ func BenchmarkHandOff(b *testing.B) {
 		}
 		ping = append(ping, time.Since(t0))
 	}
+	bare := bareHandOffs(b, srv, 1000)
 	rs := []*fleet.Registry[string]{
 		fleet.New[string](redisstore.New(srv.Client(), "handoff"), 1),
 		fleet.New[string](redisstore.New(srv.Client(), "handoff"), 1),
@@ -159,11 +161,86 @@ func BenchmarkHandOff(b *testing.B) {
 	held.Release()
 	slices.Sort(ping)
 	slices.Sort(hand)
-	p, h := ping[len(ping)/2], hand[len(hand)/2]
+	slices.Sort(bare)
+	p, h, bh := ping[len(ping)/2], hand[len(hand)/2], bare[len(bare)/2]
 	b.ReportMetric(float64(p.Microseconds()), "ping-p50-µs")
+	b.ReportMetric(float64(bh.Microseconds()), "bare-p50-µs")
 	b.ReportMetric(float64(h.Microseconds()), "handoff-p50-µs")
 	b.ReportMetric(float64(h)/float64(p), "handoff/ping")
+	b.ReportMetric(float64(bh)/float64(p), "bare/ping")
+	b.ReportMetric(float64(h)/float64(bh), "handoff/bare")
 }
+
+// bareHandOffs times n hand-offs made of the steps no hand-off through a
+// store does without, on srv: a script that removes the holder's lease,
+// grants the waiter its lease and publishes the waiter's id; a subscriber
+// that receives it on its own connection and wakes the waiter (another
+// goroutine, as one subscription serves a process's waiters); and the
+// waiter's claim, one more script. Each is timed from the release's call
+// to the claim's return. The release is made at once, where a Registry
+// hands it to its releaser, so that Release never waits for the store.
+func bareHandOffs(b *testing.B, srv *redistest.Server, n int) []time.Duration {
+	ctx := context.Background()
+	rel, claimer := srv.Client(), srv.Client()
+	sub := srv.Client().Subscribe(ctx, "bare-wake")
+	defer sub.Close()
+	if _, err := sub.Receive(ctx); err != nil { // subscribed
+		b.Fatal(err)
+	}
+	wake, claimed := make(chan string, 1), make(chan time.Time, 1)
+	go func() { // the subscriber
+		for {
+			m, err := sub.ReceiveMessage(ctx)
+			if err != nil {
+				close(wake)
+				return
+			}
+			wake <- m.Payload
+		}
+	}()
+	go func() { // the waiter
+		for id := range wake {
+			if err := bareClaim.Run(ctx, claimer, []string{"bare-h"}, id).Err(); err != nil {
+				b.Error(err)
+			}
+			claimed <- time.Now()
+		}
+	}()
+	holder := "w0"
+	if err := rel.ZAdd(ctx, "bare-h", redis.Z{Score: float64(time.Now().Add(time.Hour).UnixMilli()), Member: holder}).Err(); err != nil {
+		b.Fatal(err)
+	}
+	out := make([]time.Duration, 0, n)
+	for i := 1; i <= n; i++ {
+		next := "w" + strconv.Itoa(i)
+		t0 := time.Now()
+		if err := bareRelease.Run(ctx, rel, []string{"bare-h"}, holder, next).Err(); err != nil {
+			b.Fatal(err)
+		}
+		out = append(out, (<-claimed).Sub(t0))
+		holder = next
+	}
+	return out
+}
+
+// bareRelease removes a lease and grants the next waiter a lease of a
+// second, then wakes it: KEYS the key; ARGV the holder, the waiter.
+var bareRelease = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('ZADD', KEYS[1], now + 1000, ARGV[2])
+redis.call('PUBLISH', 'bare-wake', ARGV[2])
+return 1
+`)
+
+// bareClaim extends a granted lease to a minute: KEYS the key; ARGV the
+// waiter.
+var bareClaim = redis.NewScript(`
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+return redis.call('ZADD', KEYS[1], 'XX', now + 60000, ARGV[1])
+`)
 
 // BenchmarkFleet runs the conformance suite's measurements
 // (fleettest.Bench) on a real redis-server:
