@@ -45,11 +45,19 @@ local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
   end
 end
 -- keepQueued keeps the queues of kl from expiring under their waiters.
-local function keepQueued(kl, ttl)
+-- A cover makes every key of the queue live 3 TTLs, and notes when they
+-- end in its hash of counts (c in <k>#v): a waiter's call covers them
+-- again once less than 2 TTLs are left, and always after it queued (a
+-- ticket may add keys). Every other script that makes one of them covers
+-- it (passOver, unqueue), so none lives without an expiry.
+local function keepQueued(kl, ttl, now, queued)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
-    cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl) cover(e[1] .. '#m', 3 * ttl)
-    for rank = 0, 2 do cover(e[1] .. '#f' .. rank, 3 * ttl) end
+    if queued or (tonumber(redis.call('HGET', V, 'c')) or 0) < now + 2 * ttl then
+      redis.call('HSET', V, 'c', now + 3 * ttl)
+      cover(Q, 3 * ttl) cover(T, 3 * ttl) cover(V, 3 * ttl) cover(e[1] .. '#u', 3 * ttl) cover(e[1] .. '#m', 3 * ttl)
+      for rank = 0, 2 do cover(e[1] .. '#f' .. rank, 3 * ttl) end
+    end
   end
 end
 -- alive renews proc's liveness deadline in P.

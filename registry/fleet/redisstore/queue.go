@@ -107,10 +107,12 @@ end
 -- A key expires with its latest lease, never sooner: a lease of a
 -- process with a longer TTL (a rolling deploy that changes WithLeaseTTL)
 -- may be in it.
--- It returns the key's time to live after (PTTL's answer).
+-- It returns the key's time to live after (PTTL's answer: -2 if there is
+-- no such key, which it leaves alone).
 local function cover(k, ttl)
   local ms = redis.call('PTTL', k)
-  if ms >= ttl or redis.call('PEXPIRE', k, ttl) == 0 then return ms end
+  if ms >= ttl or ms == -2 then return ms end
+  redis.call('PEXPIRE', k, ttl)
   return ttl
 end
 -- ungrant takes id off k's grants not claimed yet (<k>#g): its lease on k
@@ -165,7 +167,9 @@ local function unqueue(k, ticket, leaving)
     if redis.call('HINCRBY', V, 'n|' .. cf, -1) <= 0 then
       local base = redis.call('HGET', V, 'b|' .. cf)
       if leaving and base then
-        redis.call('ZADD', k .. '#f' .. rank, base, flow)
+        local F = k .. '#f' .. rank
+        -- It may make F anew: F expires with the queue.
+        if redis.call('ZADD', F, base, flow) == 1 then cover(F, redis.call('PTTL', Q)) end
       end
       redis.call('HDEL', V, 'n|' .. cf, 'b|' .. cf)
     end

@@ -898,3 +898,46 @@ func TestQueueClaimNeedsEveryKey(t *testing.T) {
 	assert.Equal(t, []string{"h"}, rig.holders())
 	assert.Empty(t, rig.holdersOf(b))
 }
+
+// Every key of a queue expires with it: whichever script makes one gives
+// it an expiry, and a waiter's call that finds less than 2 TTLs left
+// covers them all to 3 again (noted in the hash of counts, c).
+func TestQueueKeysAllExpire(t *testing.T) {
+	rig := newQueueRig(t)
+	ctx := context.Background()
+	keys := []string{qKey + "#q", qKey + "#t", qKey + "#v", qKey + "#u", qKey + "#m", qKey + "#f0", qKey + "#f1", qKey + "#f2"}
+	expiring := func(step string) {
+		t.Helper()
+		for _, k := range keys {
+			ms, err := rig.rdb.PTTL(ctx, k).Result()
+			require.NoError(t, err)
+			assert.NotEqual(t, time.Duration(-1), ms, "%s: %s has no expiry", step, k)
+		}
+	}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x"}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a", flow: "a", wait: true}, 1).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "b", flow: "b", wait: true}, 1).status)
+	expiring("queued")
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a", flow: "a", wait: true}, 1).status)
+	// A waiter of another class queues within the cover: its class's
+	// flows (#f1) are a new key.
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "c", flow: "c", rank: 1, wait: true}, 1).status)
+	expiring("a new class")
+	// A flow's last waiter leaving puts the flow's finish tag back, which
+	// may make its class's flows anew.
+	require.NoError(t, rig.rdb.Del(ctx, qKey+"#f1").Err())
+	rig.withdraw("c", 1)
+	expiring("a flow's last waiter left")
+	// Less than 2 TTLs left: a waiter's call covers the queue to 3.
+	now := rig.serverMS()
+	require.NoError(t, rig.rdb.HSet(ctx, qKey+"#v", "c", now+qTTL).Err())
+	require.NoError(t, rig.rdb.PExpire(ctx, qKey+"#q", qTTL*time.Millisecond).Err())
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "a", flow: "a", wait: true}, 1).status)
+	ms, err := rig.rdb.PTTL(ctx, qKey+"#q").Result()
+	require.NoError(t, err)
+	assert.Greater(t, ms, 2*qTTL*time.Millisecond, "the queue covered again")
+	c, err := rig.rdb.HGet(ctx, qKey+"#v", "c").Float64()
+	require.NoError(t, err)
+	assert.GreaterOrEqual(t, c, now+3*qTTL)
+	expiring("covered again")
+}

@@ -177,7 +177,7 @@ local proc, live = ARGV[12], tonumber(ARGV[16])
 local T1 = KEYS[5] .. '#t'
 if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   alive(P, proc, now, live)
-  keepQueued(kl, ttl)
+  keepQueued(kl, ttl, now, false)
   -- Serving stopped short of it: it takes the room if it can, unless a
   -- heavy waiter may be ahead of it: serving stopped at one, one waits
   -- between where serving stopped and this ticket, or one stands before
@@ -248,7 +248,7 @@ for i, e in ipairs(kl) do
   if maxF >= 0 and f >= maxF then return {5, i, countOf(e[1]), earliestOf(e[1]), now, epoch, f} end
 end
 enqueue(kl, id, units, tonumber(ARGV[9]), flow, tonumber(ARGV[11]), proc, ttl, P)
-keepQueued(kl, ttl)
+keepQueued(kl, ttl, now, true)
 alive(P, proc, now, live)
 return {3, full, count, earliest, now, epoch, queued + 1}
 `

@@ -14,10 +14,12 @@ import (
 // BenchmarkServeWave measures what a wave of hand-offs costs the server,
 // as LargeAmongSmall (fleettest.Bench) makes them: a key of 500,000 units
 // taken by 250 newcomers of 2,000, with 250 waiters of 1,000 to 3,000
-// units queued behind them; one release call frees 80 leases, and each
+// units queued behind them, each of which asks again once (as it does
+// once a claim window); one release call frees 80 leases, and each
 // waiter it grants claims its grant. It reports, from the server's
 // command statistics (INFO commandstats), the median over iterations of
-// a newcomer's admission, of the release script's time per grant and of
+// a newcomer's admission, a waiter's ask that queues it and the one
+// that finds it queued (again), the release script's time per grant and
 // a claim's time, and the Redis commands each runs (calls inside a
 // script included). Server times
 // move with the machine: compare builds in one run, interleaved.
@@ -27,7 +29,8 @@ func BenchmarkServeWave(b *testing.B) {
 	rig := newQueueRig(b)
 	ctx := context.Background()
 	const limit, holders, waiters, released = 500_000, 250, 250, 80
-	var admit, release, claim, admitCalls, releaseCalls, claimCalls []float64
+	var admit, ask, again, release, claim []float64
+	var admitCalls, askCalls, againCalls, releaseCalls, claimCalls []float64
 	for i := range b.N {
 		b.StopTimer()
 		require.NoError(b, rig.rdb.FlushAll(ctx).Err())
@@ -46,8 +49,17 @@ func BenchmarkServeWave(b *testing.B) {
 			units[id] = 1000 + rng.IntN(2001)
 			require.Equal(b, acquireQueued, rig.admit(ticket{id: id, units: units[id], wait: true}, limit).status)
 		}
+		queued := serverStats(b, rig)
+		ask = append(ask, (queued.scriptUS-full.scriptUS)/waiters)
+		askCalls = append(askCalls, float64(queued.calls-full.calls)/waiters)
+		for w := range waiters { // each asks again, as once a claim window
+			id := fmt.Sprint("w", w)
+			require.Equal(b, acquireQueued, rig.admit(ticket{id: id, units: units[id], wait: true}, limit).status)
+		}
 		b.StartTimer()
 		before := serverStats(b, rig)
+		again = append(again, (before.scriptUS-queued.scriptUS)/waiters)
+		againCalls = append(againCalls, float64(before.calls-queued.calls)/waiters)
 		keys, args := []string{"q{n}#pause", qProcs}, []any{qClaim, qWake}
 		for h := range released {
 			keys, args = append(keys, qKey), append(args, fmt.Sprint("h", h), limit)
@@ -73,6 +85,10 @@ func BenchmarkServeWave(b *testing.B) {
 	}
 	b.ReportMetric(median(admit), "admit-µs")
 	b.ReportMetric(median(admitCalls), "admit-calls")
+	b.ReportMetric(median(ask), "ask-µs")
+	b.ReportMetric(median(askCalls), "ask-calls")
+	b.ReportMetric(median(again), "again-µs")
+	b.ReportMetric(median(againCalls), "again-calls")
 	b.ReportMetric(median(release), "release-µs/grant")
 	b.ReportMetric(median(releaseCalls), "release-calls/grant")
 	b.ReportMetric(median(claim), "claim-µs")
