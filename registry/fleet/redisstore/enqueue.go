@@ -49,7 +49,9 @@ end
 -- end in its hash of counts (c in <k>#v): a waiter's call covers them
 -- again once less than 2 TTLs are left, and always after it queued (a
 -- ticket may add keys). Every other script that makes one of them covers
--- it (passOver, unqueue), so none lives without an expiry.
+-- it (passOver, unqueue), so none lives without an expiry. (A process of
+-- the release before this one, in a rolling deploy, puts a flow's finish
+-- tag back without one: the next full cover, within a TTL, gives it one.)
 local function keepQueued(kl, ttl, now, queued)
   for _, e in ipairs(kl) do
     local Q, T, V = qkeys(e[1])
