@@ -121,7 +121,7 @@ end
 -- given back or withdrawn, a lease put back); a newcomer's or a release's
 -- lease is not one, and an expired member goes with its lease's expiry
 -- (admitted and grant drop the expired ones before they count).
-local function ungrant(k, id) return redis.call('ZREM', k .. '#g', id) end
+local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
 ` + unitsLua
 
 // queueLua is the queue's part of the scripts (after baseLua).
@@ -263,9 +263,10 @@ end
 -- virtual time to its start tag there (and forgetting the finish tags of
 -- flows it has passed: their next start is the virtual time anyway), and
 -- wakes its process. It returns the units it adds to the count of the key
--- served. The keys it grants on are covered as serving ends (coverGrants):
--- once, however many grants it makes.
-local grantedOn, grantedList = {}, {}
+-- served. The keys it grants on, and their grants where it adds one, are
+-- covered as serving ends (coverGrants): once, however many grants it
+-- makes.
+local grantedOn, grantedList, grantsAdded = {}, {}, {}
 local function grant(kl, ticket, units, proc, now, claim, chans, served)
   local added = 0
   for _, e in ipairs(kl) do
@@ -289,6 +290,7 @@ local function grant(kl, ticket, units, proc, now, claim, chans, served)
       local G = e[1] .. '#g'
       redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
       redis.call('ZADD', G, now + claim, ticket)
+      grantsAdded[e[1]] = true
     end
     redis.call('ZADD', e[1], 'GT', now + claim, ticket)
     if new then
@@ -306,9 +308,9 @@ end
 -- coverGrants covers the keys grants were made on, and their grants.
 local function coverGrants(claim)
   for _, k in ipairs(grantedList) do
-    cover(k .. '#g', claim)
+    if grantsAdded[k] then cover(k .. '#g', claim) end
     coverLeases(k, claim)
-    grantedOn[k] = nil
+    grantedOn[k], grantsAdded[k] = nil, nil
   end
   grantedList = {}
 end

@@ -941,3 +941,22 @@ func TestQueueKeysAllExpire(t *testing.T) {
 	assert.GreaterOrEqual(t, c, now+3*qTTL)
 	expiring("covered again")
 }
+
+// A claim weighs its lease with the units its call sends, as a call made
+// again does (the fleet's client sends a ticket's own units every time).
+func TestQueueClaimWeighsItsCallsUnits(t *testing.T) {
+	rig := newQueueRig(t)
+	units := func() int {
+		t.Helper()
+		n, err := countScript.Run(context.Background(), rig.rdb, []string{qKey}).Int()
+		require.NoError(t, err)
+		return n
+	}
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "a", units: 2}, 3).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "x", units: 2, wait: true}, 3).status)
+	rig.release("a", 3)
+	require.Equal(t, []string{"x"}, rig.holders())
+	require.Equal(t, 2, units(), "the grant weighs the ticket's units")
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "x", units: 3, wait: true}, 3).status)
+	assert.Equal(t, 3, units(), "the claim weighs its call's units")
+}

@@ -109,7 +109,8 @@ local function extend()
     redis.call('ZADD', e[1], 'XX', now + ttl, id)
     -- A grant weighs its ticket's units already; a call made again sets
     -- the same.
-    if ungrant(e[1], id) == 0 and units > 1 then weigh(e[1], id, units) end
+    if units > 1 then weigh(e[1], id, units) end
+    ungrant(e[1], id)
     coverLeases(e[1], ttl)
   end
   return admitted(kl, t, now, epoch)
