@@ -45,6 +45,9 @@ var releaseSQL string
 //go:embed serve.sql
 var serveSQL string
 
+//go:embed count.sql
+var countSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -67,18 +70,19 @@ var schemaV1 = withConstants(schemaSQL)
 // revision 5 makes the small functions the calls run PL/pgSQL, whose
 // plans a connection keeps, revision 6 lets lighter waiters pass a heavy
 // one up to a bound, revision 7 serves a key's queue once per release
-// call, and revision 8 counts a key's units once per serving and again
-// after each grant. A revision adds, or replaces a function keeping its
+// call, revision 8 counts a key's units once per serving and again after
+// each grant, and revision 9 carries the count from grant to grant. A
+// revision adds, or replaces a function keeping its
 // signature and the meaning of its answers, so a release that knows fewer
 // of them works on the schema as it is (a rolling deploy has both side by
 // side); one that changes what is there makes a new SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL)}
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 8
+	SchemaRevision = 9
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/driver"
@@ -37,9 +38,9 @@ func TestBatchReleaseGoesOnPastServingsBound(t *testing.T) {
 	countIs(t, s, "k", n, "every unit freed granted")
 }
 
-// Serving stops once a grant fills the key (schema revision 8 counts the
-// key's units again after each grant): a dead process's ticket behind the
-// waiter granted is not reached (nor dropped) by that serving.
+// Serving stops once a grant fills the key (it adds each grant's units to
+// the key's count): a dead process's ticket behind the waiter granted is
+// not reached (nor dropped) by that serving.
 func TestServingStopsWhenAGrantFillsTheKey(t *testing.T) {
 	s, admin := fastStore(t)
 	ctx := context.Background()
@@ -56,4 +57,27 @@ func TestServingStopsWhenAGrantFillsTheKey(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT coalesce(array_agg(ticket), '{}') FROM inflight_ticket WHERE fleet = $1 AND key = 'k'",
 		fastFleet).Scan(&queued))
 	require.Equal(t, []string{"d"}, queued, "serving stopped at the full key, before d")
+}
+
+// A grant to a ticket that holds a lease on the key already (put back
+// while it waited: the lease counts) adds nothing to the key's count, and
+// serving goes on to the next waiter.
+func TestServingGrantsPastALeaseHeldAlready(t *testing.T) {
+	s, admin := fastStore(t)
+	ctx := context.Background()
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("h", 2, false), fastTTL).Status)
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("o", 2, false), fastTTL).Status)
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("w", 2, true), fastTTL).Status)
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("x", 2, true), fastTTL).Status)
+	// w's lease put back while it waits (as a renewal after a loss does),
+	// in o's place: the key stays full.
+	_, err := admin.Exec(ctx, `UPDATE inflight_lease SET lease = 'w' WHERE fleet = $1 AND key = 'k' AND lease = 'o'`, fastFleet)
+	require.NoError(t, err)
+	countIs(t, s, "k", 2, "h and w's lease")
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "h", Limit: 2}}}))
+	var leases []string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT array_agg(lease ORDER BY lease) FROM inflight_lease WHERE fleet = $1 AND key = 'k'",
+		fastFleet).Scan(&leases))
+	assert.Equal(t, []string{"w", "x"}, leases, "w's grant kept its lease, and x took h's place")
+	countIs(t, s, "k", 2, "w and x")
 }
