@@ -81,3 +81,24 @@ func TestServingGrantsPastALeaseHeldAlready(t *testing.T) {
 	assert.Equal(t, []string{"w", "x"}, leases, "w's grant kept its lease, and x took h's place")
 	countIs(t, s, "k", 2, "w and x")
 }
+
+// A release under a claim window of 0 (the fleet's client sends at least
+// 10 ms; a store's own caller may not) grants the room it freed and no
+// more: the serving counts each grant it makes (revision 9 carries the
+// count; revision 8 recounted, and a grant expiring at the serving's now
+// was not counted, so it granted all three), and the window goes to the
+// functions as at least a millisecond (as on Redis), so the grant outlives
+// the serving that makes it.
+func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
+	s, admin := fastStore(t)
+	ctx := context.Background()
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("h", 1, false), fastTTL).Status)
+	for _, id := range []string{"w", "x", "y"} {
+		require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall(id, 1, true), fastTTL).Status)
+	}
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: 0, Pairs: []driver.Release{{Key: "k", Lease: "h", Limit: 1}}}))
+	var leases []string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT coalesce(array_agg(lease ORDER BY lease), '{}') FROM inflight_lease WHERE fleet = $1 AND key = 'k'",
+		fastFleet).Scan(&leases))
+	assert.Equal(t, []string{"w"}, leases, "one grant, to the head")
+}

@@ -8,10 +8,11 @@
 -- LargeAmongSmall). Its answers are the same; its signature too, so a
 -- process of an earlier release calls this one.
 
--- inflight_serve grants k's waiters in order, from the one at index
--- from (0: the head), while k has room under lim: each that can take room
--- for its units on all of its keys; a waiter of a dead process is
--- dropped. It goes past a heavy waiter of one key, one whose units, at
+-- inflight_serve (replaced by count.sql, revision 9, which carries the
+-- count from grant to grant) grants k's waiters in order, from the one at
+-- index from (0: the head), while k has room under lim: each that can
+-- take room for its units on all of its keys; a waiter of a dead process
+-- is dropped. It goes past a heavy waiter of one key, one whose units, at
 -- most lim, find no room on k under lim, up to its bound (see above and
 -- driver.ReleaseCall), and stops at any other, returning -1: nobody
 -- behind it, nor a newcomer, takes k's room. A waiter passed over for

@@ -12,8 +12,8 @@
 //
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
-// turns.sql, plans.sql, pass.sql, release.sql and serve.sql), in one
-// transaction of its own: no connection is held by a holder and no
+// turns.sql, plans.sql, pass.sql, release.sql, serve.sql and count.sql),
+// in one transaction of its own: no connection is held by a holder and no
 // session state is kept. Behind PgBouncer in transaction mode without its
 // prepared statements (before 1.21, or with
 // max_prepared_statements = 0), give the pool's connection string
@@ -252,11 +252,17 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 	case c.Wait:
 		sql = passingSQL
 	}
-	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), c.TTL.Milliseconds(), c.NotAfter, c.Epoch,
-		c.Pause.Milliseconds(), c.Wait, c.Starts, c.Claim.Milliseconds(), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
+	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), ms(c.TTL), c.NotAfter, c.Epoch,
+		c.Pause.Milliseconds(), c.Wait, c.Starts, ms(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
 		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
 	return decodeAdmit(c, res, err)
 }
+
+// ms is a lease's TTL or a grant's claim window as the functions take
+// it: whole milliseconds, at least one, so that a lease or a grant the call
+// makes expires after the call's now (a claim window of 0 would make a
+// grant that has expired as it is made).
+func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
 // units is what a lease of n units weighs in the tables: 1 for 0 (or
 // less), at most what an int column holds (slots.MaxUnits).
@@ -306,7 +312,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	}
 	var res []int64
 	err := s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		s.name, c.TTL.Milliseconds(), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
+		s.name, ms(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
 	switch {
 	case err != nil:
 		return driver.RenewResult{}, pooled(err)
@@ -328,7 +334,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	for i, p := range c.Pairs {
 		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
-	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, c.Claim.Milliseconds(), keys, leases, ls, s.async)
+	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, ms(c.Claim), keys, leases, ls, s.async)
 	return pooled(err)
 }
 
@@ -346,7 +352,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			ls = limits(c.Limits)
 		}
 		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
-			s.name, c.Lease, storedKeys(c.Keys), ls, c.TTL.Milliseconds(), c.NotAfter, c.Claim.Milliseconds(), s.async)
+			s.name, c.Lease, storedKeys(c.Keys), ls, ms(c.TTL), c.NotAfter, ms(c.Claim), s.async)
 		errs[i] = pooled(errs[i])
 	}
 	return errs, nil

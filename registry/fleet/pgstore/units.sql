@@ -51,10 +51,11 @@ BEGIN
 	RETURN least(inflight_units(f, k, now), 2147483647);
 END $$;
 
--- inflight_room returns the units k has free under lim for ticket t,
--- which arrived at arrival (t null: a newcomer): its free capacity, less
--- the place kept for k's oldest urgent ticket (its units) unless that is
--- t or came later. A caller of u units has room if it is at least u. An
+-- inflight_room (a call of inflight_room_of since count.sql, revision 9)
+-- returns the units k has free under lim for ticket t, which arrived at
+-- arrival (t null: a newcomer): its free capacity, less the place kept
+-- for k's oldest urgent ticket (its units) unless that is t or came
+-- later. A caller of u units has room if it is at least u. An
 -- urgent ticket whose process is dead is dropped first.
 CREATE OR REPLACE FUNCTION inflight_room(f text, k text, lim bigint, t text, arrival bigint, now bigint, claim bigint) RETURNS bigint LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
