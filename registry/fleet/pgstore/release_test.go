@@ -85,10 +85,9 @@ func TestServingGrantsPastALeaseHeldAlready(t *testing.T) {
 // A release under a claim window of 0 (the fleet's client sends at least
 // 10 ms; a store's own caller may not) grants the room it freed and no
 // more: the serving counts each grant it makes (revision 9 carries the
-// count; revision 8 recounted, and a grant expiring at the serving's now
-// was not counted, so it granted all three), and the window goes to the
-// functions as at least a millisecond (as on Redis), so the grant outlives
-// the serving that makes it.
+// count, where revision 8 counted the key's leases again after a grant),
+// and the window goes to the functions as at least a millisecond (as on
+// Redis), so the grant outlives the serving that makes it.
 func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 	s, admin := fastStore(t)
 	ctx := context.Background()
