@@ -3,7 +3,9 @@ package pgstore
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"math"
 	"strings"
+	"time"
 	"unicode/utf8"
 )
 
@@ -56,3 +58,22 @@ func storedKeys(keys []string) []string {
 // validName reports whether name can be a fleet's name or a process's:
 // text the tables keep as it is.
 func validName(name string) bool { return name != "" && keptAsIs(name) }
+
+// ms is a TTL or a claim window in whole milliseconds, at least one: what
+// a call makes expires after the call's now.
+func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
+// units is what a lease of n units weighs in the tables: 1 for 0 (or
+// less), at most what an int column holds (slots.MaxUnits).
+func units(n int) int32 {
+	return int32(min(max(n, 1), math.MaxInt32))
+}
+
+// limits are ls as the functions take them.
+func limits(ls []int) []int64 {
+	out := make([]int64, len(ls))
+	for i, n := range ls {
+		out[i] = int64(n)
+	}
+	return out
+}

@@ -80,7 +80,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"math"
 	"strings"
 	"time"
 
@@ -256,27 +255,6 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 		c.Pause.Milliseconds(), c.Wait, c.Starts, ms(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
 		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
 	return decodeAdmit(c, res, err)
-}
-
-// ms is a lease's TTL or a grant's claim window as the functions take
-// it: whole milliseconds, at least one, so that a lease or a grant the call
-// makes expires after the call's now (a claim window of 0 would make a
-// grant that has expired as it is made).
-func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
-
-// units is what a lease of n units weighs in the tables: 1 for 0 (or
-// less), at most what an int column holds (slots.MaxUnits).
-func units(n int) int32 {
-	return int32(min(max(n, 1), math.MaxInt32))
-}
-
-// limits are ls as the functions take them.
-func limits(ls []int) []int64 {
-	out := make([]int64, len(ls))
-	for i, n := range ls {
-		out[i] = int64(n)
-	}
-	return out
 }
 
 // errReply is a reply not shaped as the function's.
