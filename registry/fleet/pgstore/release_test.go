@@ -82,15 +82,18 @@ func TestServingGrantsPastALeaseHeldAlready(t *testing.T) {
 	countIs(t, s, "k", 2, "w and x")
 }
 
-// A release under a claim window of 0 (the fleet's client sends at least
-// 10 ms; a store's own caller may not) grants the room it freed and no
-// more: the serving counts each grant it makes (revision 9 carries the
-// count, where revision 8 counted the key's leases again after a grant),
-// and the window goes to the functions as at least a millisecond (as on
-// Redis), so the grant outlives the serving that makes it.
+// A claim window under a millisecond goes to the functions as one, as
+// on Redis (the fleet's client sends at least 10 ms; a store's own caller
+// may not): a grant made under a claim of 0 expires after the serving's
+// now, so it counts, and no more than the room freed is granted. The
+// database's clock is stopped, so that "after now" is seen at once.
 func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 	s, admin := fastStore(t)
 	ctx := context.Background()
+	var now int64
+	require.NoError(t, admin.QueryRow(ctx, "SELECT inflight_now_us()").Scan(&now))
+	_, err := admin.Exec(ctx, fmt.Sprintf("CREATE OR REPLACE FUNCTION inflight_now_us() RETURNS bigint LANGUAGE sql VOLATILE AS $$ SELECT %d::bigint $$", now))
+	require.NoError(t, err)
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("h", 1, false), fastTTL).Status)
 	for _, id := range []string{"w", "x", "y"} {
 		require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall(id, 1, true), fastTTL).Status)
@@ -100,4 +103,5 @@ func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 	require.NoError(t, admin.QueryRow(ctx, "SELECT coalesce(array_agg(lease ORDER BY lease), '{}') FROM inflight_lease WHERE fleet = $1 AND key = 'k'",
 		fastFleet).Scan(&leases))
 	assert.Equal(t, []string{"w"}, leases, "one grant, to the head")
+	countIs(t, s, "k", 1, "w's grant, not expired at the serving's now")
 }
