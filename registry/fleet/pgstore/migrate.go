@@ -72,10 +72,10 @@ var schemaV1 = withConstants(schemaSQL)
 // one up to a bound, revision 7 serves a key's queue once per release
 // call, revision 8 counts a key's units once per serving and again after
 // each grant, and revision 9 carries the count from grant to grant. A
-// revision adds, or replaces a function keeping its
-// signature and the meaning of its answers, so a release that knows fewer
-// of them works on the schema as it is (a rolling deploy has both side by
-// side); one that changes what is there makes a new SchemaVersion.
+// revision adds, or replaces a function keeping its signature and the
+// meaning of its answers, so a release that knows fewer of them works on
+// the schema as it is (a rolling deploy has both side by side); one that
+// changes what is there makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
