@@ -172,7 +172,8 @@ type AdmitCall struct {
 	// Claim is how long a waiter has to claim a grant; Live how long Proc
 	// counts as alive after a call that queues or keeps a ticket queued,
 	// at least 3 Claim windows (a store may rely on it: the fleet's client
-	// sets 3 to 5).
+	// sets 3 to 5). A store takes TTL and Claim as Millis has them, and
+	// Live as LiveMillis.
 	Claim, Live time.Duration
 	// Class (0 first), Flow and Weight (>= 1) place a waiter in the queue:
 	// by class, then flows' weighted turns counted in units (see
@@ -484,3 +485,12 @@ func BudgetReply(res []int64) (BudgetResult, error) {
 	return BudgetResult{Charged: res[0] == 1, Step: res[1], Used: [3]int64{res[2], res[3], res[4]},
 		At: res[5], Binding: int(res[6]), Now: res[7]}, nil
 }
+
+// Millis is d as a store takes a TTL or a claim window: whole
+// milliseconds, at least one, so that what a call makes with it (a lease,
+// a grant, a learned state) expires after the call's now.
+func Millis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
+
+// LiveMillis is c.Live as a store takes it: whole milliseconds, and at
+// least 3 claim windows as Millis has them, which the stores rely on.
+func (c *AdmitCall) LiveMillis() int64 { return max(c.Live.Milliseconds(), 3*Millis(c.Claim)) }

@@ -31,7 +31,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 		return driver.AdmitResult{Status: driver.StatusTooLate, Key: -1, Now: now}
 	}
 	s.swept(now)
-	ttl, claim := c.TTL.Milliseconds(), c.Claim.Milliseconds()
+	ttl, claim := driver.Millis(c.TTL), driver.Millis(c.Claim)
 	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
 	res := func(st driver.Status, i int) driver.AdmitResult {
 		r := driver.AdmitResult{Status: st, Key: i, Now: now, Epoch: epoch}
@@ -95,7 +95,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 		return r
 	}
 	if mine = s.queuedOn(c.Keys[0], c.Lease); mine != nil {
-		s.alive(c.Proc, now, c.Live)
+		s.alive(c.Proc, now, c.LiveMillis())
 		mine.expires = now + 3*ttl
 		return res(driver.StatusQueued, s.firstFull(c, kept, now, 0))
 	}
@@ -134,7 +134,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	}
 	t := &ticket{id: c.Lease, proc: c.Proc, flow: c.Flow, rank: c.Class, units: max(c.Units, 1), keys: slices.Clone(c.Keys), limits: slices.Clone(c.Limits), expires: now + 3*ttl}
 	s.enqueue(t, c.Weight)
-	s.alive(c.Proc, now, c.Live)
+	s.alive(c.Proc, now, c.LiveMillis())
 	return res(driver.StatusQueued, full)
 }
 
@@ -174,7 +174,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	if c.NotAfter > 0 && now > c.NotAfter {
 		return driver.RenewResult{TooLate: true, Now: now}, nil
 	}
-	ttl := c.TTL.Milliseconds()
+	ttl := driver.Millis(c.TTL)
 	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
 	out := driver.RenewResult{Epoch: epoch, Now: now, Leases: make([]driver.Fate, len(c.Leases))}
 	for j, l := range c.Leases {
@@ -242,7 +242,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	}
 	for _, k := range order {
 		if !s.declared(now) {
-			s.serve(k, limits[k], now, c.Claim.Milliseconds())
+			s.serve(k, limits[k], now, driver.Millis(c.Claim))
 		}
 		s.tidy(k)
 	}
@@ -264,10 +264,10 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			}
 			s.key(name).drop(c.Lease)
 		}
-		s.data.tombs[c.Lease] = max(now+c.TTL.Milliseconds(), c.NotAfter+1)
+		s.data.tombs[c.Lease] = max(now+driver.Millis(c.TTL), c.NotAfter+1)
 		if c.Limits != nil && !s.declared(now) {
 			for i, name := range c.Keys {
-				s.serve(name, c.Limits[i], now, c.Claim.Milliseconds())
+				s.serve(name, c.Limits[i], now, driver.Millis(c.Claim))
 			}
 		}
 		for _, name := range c.Keys {

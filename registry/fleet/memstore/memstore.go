@@ -178,7 +178,7 @@ func (s *Store) epochOf(now, us, known int64, pause, ttl time.Duration) (epoch, 
 		s.lastEpoch = d.epoch
 	}
 	born := d.epoch / 1000
-	p, t := pause.Milliseconds(), ttl.Milliseconds()
+	p, t := pause.Milliseconds(), driver.Millis(ttl)
 	if known > 0 && known != d.epoch && p > 0 && d.pauseUntil <= now {
 		if until := born + min(p, t); until > now {
 			d.pauseUntil = until
@@ -227,9 +227,9 @@ func (s *Store) key(name string) *key {
 	return k
 }
 
-// alive renews proc's liveness.
-func (s *Store) alive(proc string, now int64, live time.Duration) {
-	s.data.procs[proc] = now + live.Milliseconds()
+// alive renews proc's liveness for live milliseconds.
+func (s *Store) alive(proc string, now, live int64) {
+	s.data.procs[proc] = now + live
 }
 
 // dead reports whether proc is within 1.5 claim windows of its liveness
@@ -298,7 +298,7 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 			v = m[1]
 		}
 	}
-	ttl := c.TTL.Milliseconds()
+	ttl := driver.Millis(c.TTL)
 	if c.State != "" && v == c.Presumed {
 		s.data.learned[c.Key] = learned{c.State, now + ttl}
 		s.publish("", event{kind: learnedState, payload: c.State})

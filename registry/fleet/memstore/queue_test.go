@@ -170,3 +170,24 @@ func TestTurnCostPerKey(t *testing.T) {
 	assert.Equal(t, 3.0, s.Finish("k", 0, "A"))
 	assert.Equal(t, 1.0, s.Finish("j", 0, "A"))
 }
+
+// A grant under a claim window of 0 to a waiter whose liveness is 1 ms
+// (the fleet's client sends at least 10 ms and 3 claim windows; a store's
+// own caller may not) is made for a millisecond, and the waiter lives 3
+// (driver.Millis, AdmitCall.LiveMillis), as on Redis and PostgreSQL: the
+// grant outlives the serving that made it, and the waiter is not taken
+// for dead there.
+func TestGrantUnderAClaimOfNoTimeCounts(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	require.Equal(t, driver.StatusAdmitted, admit(t, s, call("held", 1, false, "", 1)))
+	for _, id := range []string{"w", "x"} {
+		c := call(id, 1, true, "", 1)
+		c.Claim, c.Live = 0, time.Millisecond
+		require.Equal(t, driver.StatusQueued, admit(t, s, c))
+	}
+	require.NoError(t, s.Release(context.Background(), &driver.ReleaseCall{Claim: 0, Pairs: []driver.Release{{Key: "k", Lease: "held", Limit: 1}}}))
+	n, err := s.Count(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "w's grant")
+	assert.Equal(t, driver.StatusFull, admit(t, s, call("new", 1, false, "", 1)), "w's grant holds the room")
+}

@@ -5,7 +5,6 @@ import (
 	"encoding/hex"
 	"math"
 	"strings"
-	"time"
 	"unicode/utf8"
 )
 
@@ -58,10 +57,6 @@ func storedKeys(keys []string) []string {
 // validName reports whether name can be a fleet's name or a process's:
 // text the tables keep as it is.
 func validName(name string) bool { return name != "" && keptAsIs(name) }
-
-// ms is a TTL or a claim window in whole milliseconds, at least one: what
-// a call makes expires after the call's now.
-func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
 // units is what a lease of n units weighs in the tables: 1 for 0 (or
 // less), at most what an int column holds (slots.MaxUnits).

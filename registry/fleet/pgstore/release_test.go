@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -82,12 +83,13 @@ func TestServingGrantsPastALeaseHeldAlready(t *testing.T) {
 	countIs(t, s, "k", 2, "w and x")
 }
 
-// A claim window under a millisecond goes to the functions as one, as
-// on Redis (the fleet's client sends at least 10 ms; a store's own caller
-// may not): a grant made under a claim of 0 expires after the serving's
-// now, so it counts, and no more than the room freed is granted. The
-// database's clock is stopped, so that "after now" is seen at once.
-func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
+// A grant under a claim window of 0 to a waiter whose liveness is 1 ms
+// (the fleet's client sends at least 10 ms and 3 claim windows; a store's
+// own caller may not) is made for a millisecond, and the waiter lives 3
+// (driver.Millis, AdmitCall.LiveMillis), as on Redis: the grant outlives
+// the serving that made it, and the waiter is not taken for dead there.
+// The database's clock is stopped, so that "after now" is seen at once.
+func TestAGrantUnderAClaimOfNoTimeCounts(t *testing.T) {
 	s, admin := fastStore(t)
 	ctx := context.Background()
 	var now int64
@@ -96,7 +98,9 @@ func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("h", 1, false), fastTTL).Status)
 	for _, id := range []string{"w", "x", "y"} {
-		require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall(id, 1, true), fastTTL).Status)
+		c := kcall(id, 1, true)
+		c.Claim, c.Live = 0, time.Millisecond
+		require.Equal(t, driver.StatusQueued, admitIn(t, s, c, fastTTL).Status)
 	}
 	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: 0, Pairs: []driver.Release{{Key: "k", Lease: "h", Limit: 1}}}))
 	var leases []string
@@ -104,4 +108,32 @@ func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 		fastFleet).Scan(&leases))
 	assert.Equal(t, []string{"w"}, leases, "one grant, to the head")
 	countIs(t, s, "k", 1, "w's grant, not expired at the serving's now")
+}
+
+// Within one serving under a claim window of 0, a grant made on two keys
+// is not taken for expired by the next waiter's room check on the other
+// key (which drops that key's expired leases): a waits on k and j, b
+// behind it; both of k's holders go; a is granted on both keys, and b,
+// with no room left on j, stays queued. (A review's case: without the
+// millisecond, b was granted on both keys past a, whose grant on j was
+// dropped.)
+func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
+	s, admin := fastStore(t)
+	ctx := context.Background()
+	two := func(id string) *driver.AdmitCall {
+		c := kcall(id, 2, true)
+		c.Keys, c.Limits = []string{"k", "j"}, []int{2, 1}
+		return c
+	}
+	for _, id := range []string{"h1", "h2"} {
+		require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall(id, 2, false), fastTTL).Status)
+	}
+	for _, id := range []string{"a", "b"} {
+		require.Equal(t, driver.StatusQueued, admitIn(t, s, two(id), fastTTL).Status)
+	}
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: 0, Pairs: []driver.Release{{Key: "k", Lease: "h1", Limit: 2}, {Key: "k", Lease: "h2", Limit: 2}}}))
+	var leases []string
+	require.NoError(t, admin.QueryRow(ctx, "SELECT coalesce(array_agg(key || ':' || lease ORDER BY key, lease), '{}') FROM inflight_lease WHERE fleet = $1",
+		fastFleet).Scan(&leases))
+	assert.Equal(t, []string{"j:a", "k:a"}, leases, "a granted on both keys, b left queued")
 }

@@ -251,9 +251,9 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 	case c.Wait:
 		sql = passingSQL
 	}
-	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), ms(c.TTL), c.NotAfter, c.Epoch,
-		c.Pause.Milliseconds(), c.Wait, c.Starts, ms(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
-		c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
+	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), driver.Millis(c.TTL), c.NotAfter, c.Epoch,
+		c.Pause.Milliseconds(), c.Wait, c.Starts, driver.Millis(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
+		c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
 	return decodeAdmit(c, res, err)
 }
 
@@ -290,7 +290,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	}
 	var res []int64
 	err := s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		s.name, ms(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
+		s.name, driver.Millis(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
 	switch {
 	case err != nil:
 		return driver.RenewResult{}, pooled(err)
@@ -312,7 +312,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	for i, p := range c.Pairs {
 		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
-	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, ms(c.Claim), keys, leases, ls, s.async)
+	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, driver.Millis(c.Claim), keys, leases, ls, s.async)
 	return pooled(err)
 }
 
@@ -330,7 +330,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			ls = limits(c.Limits)
 		}
 		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
-			s.name, c.Lease, storedKeys(c.Keys), ls, ms(c.TTL), c.NotAfter, ms(c.Claim), s.async)
+			s.name, c.Lease, storedKeys(c.Keys), ls, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.async)
 		errs[i] = pooled(errs[i])
 	}
 	return errs, nil
@@ -356,7 +356,7 @@ func (s *Store) Count(ctx context.Context, key string) (int, error) {
 // SyncLearned reads, and maybe writes, a learned state in one transaction.
 func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
 	var res []string
-	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, c.TTL.Milliseconds()).Scan(&res)
+	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, driver.Millis(c.TTL)).Scan(&res)
 	switch {
 	case err != nil:
 		return driver.LearnedResult{}, pooled(err)

@@ -131,3 +131,46 @@ func TestGrantsLeaveNothingBehind(t *testing.T) {
 	n := g.admit("n", 3, false, time.Hour, driver.StatusAdmitted)
 	assert.Equal(t, []int64{2}, n.Counts, "the holder and n; keep's grant left out")
 }
+
+// A grant under a claim window of 0 to a waiter whose liveness is 1 ms
+// (the fleet's client sends at least 10 ms and 3 claim windows; a store's
+// own caller may not) is made for a millisecond, and the waiter lives 3
+// (driver.Millis, AdmitCall.LiveMillis): so the grant outlives the
+// serving that made it, and the waiter is not taken for dead there. On a
+// clock that stands still, a grant expiring at the serving's now was not
+// counted, and a waiter alive until then was dropped.
+func TestGrantUnderAClaimOfNoTimeCounts(t *testing.T) {
+	g := newGrantRig(t)
+	g.admit("a", 1, false, time.Hour, driver.StatusAdmitted)
+	for _, id := range []string{"w", "x"} {
+		res, err := g.s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: id, Keys: []string{"k"}, Limits: []int{1},
+			TTL: time.Hour, Wait: true, Live: time.Millisecond, Proc: "q", Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
+		require.NoError(t, err)
+		require.Equal(t, driver.StatusQueued, res.Status, id)
+	}
+	g.release("a", 1, 0)
+	n, err := g.s.Count(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "w's grant")
+	assert.Equal(t, int64(1), g.grants(), "one grant")
+}
+
+// Within one serving under a claim window of 0, a grant made on two keys
+// is not taken for expired by the next waiter's room check on the other
+// key: a waits on k and j, b behind it; both of k's holders go; a is
+// granted on both keys, and b, with no room left on j, stays queued.
+func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
+	g := newGrantRig(t)
+	ctx := context.Background()
+	g.admit("h1", 2, false, time.Hour, driver.StatusAdmitted)
+	g.admit("h2", 2, false, time.Hour, driver.StatusAdmitted)
+	for _, id := range []string{"a", "b"} {
+		res, err := g.s.AdmitOne(ctx, &driver.AdmitCall{Lease: id, Keys: []string{"k", "j"}, Limits: []int{2, 1},
+			TTL: time.Hour, Wait: true, Claim: time.Hour, Live: 5 * time.Hour, Proc: "p", Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
+		require.NoError(t, err)
+		require.Equal(t, driver.StatusQueued, res.Status, id)
+	}
+	require.NoError(t, g.s.Release(ctx, &driver.ReleaseCall{Claim: 0, Pairs: []driver.Release{{Key: "k", Lease: "h1", Limit: 2}, {Key: "k", Lease: "h2", Limit: 2}}}))
+	assert.Equal(t, []string{"a"}, g.m.Leases("g", "k"), "a granted on k")
+	assert.Equal(t, []string{"a"}, g.m.Leases("g", "j"), "and on j; b left queued")
+}

@@ -156,8 +156,8 @@ func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 	if c.Starts {
 		wait += 2
 	}
-	args = append(args, c.Lease, ms(c.TTL), len(c.Keys), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), wait,
-		ms(c.Claim), c.Class, c.Flow, c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.Live.Milliseconds(),
+	args = append(args, c.Lease, driver.Millis(c.TTL), len(c.Keys), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), wait,
+		driver.Millis(c.Claim), c.Class, c.Flow, c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(),
 		max(c.Units, 1))
 	for _, n := range c.Limits {
 		args = append(args, n)
@@ -196,7 +196,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	keys := make([]string, 0, 2+2*len(c.Leases))
 	args := make([]any, 0, 4+6*len(c.Leases))
 	keys = append(keys, s.epochKey, s.pauseKey)
-	args = append(args, ms(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds())
+	args = append(args, driver.Millis(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds())
 	for _, x := range c.Leases {
 		for _, k := range x.Keys {
 			keys = append(keys, s.key(k))
@@ -228,7 +228,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	keys := make([]string, 0, 2+len(c.Pairs))
 	args := make([]any, 0, 2+2*len(c.Pairs))
 	keys = append(keys, s.pauseKey, s.procsKey)
-	args = append(args, ms(c.Claim), s.wakePrefix)
+	args = append(args, driver.Millis(c.Claim), s.wakePrefix)
 	for _, p := range c.Pairs {
 		keys = append(keys, s.key(p.Key))
 		args = append(args, p.Lease, p.Limit)
@@ -246,7 +246,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			keys[i] = append(keys[i], s.key(k))
 		}
 		keys[i] = append(keys[i], s.tombstone(c.Lease))
-		args[i] = []any{c.Lease, ms(c.TTL), c.NotAfter, ms(c.Claim), s.wakePrefix}
+		args[i] = []any{c.Lease, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.wakePrefix}
 		for _, n := range c.Limits {
 			args[i] = append(args[i], n)
 		}
@@ -315,7 +315,7 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 
 // SyncLearned runs the learned state's script.
 func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
-	res, err := learnWriteScript.Run(ctx, s.rdb, []string{s.learnPrefix + c.Key}, c.Presumed, c.State, s.learnChan, c.TTL.Milliseconds()).Slice()
+	res, err := learnWriteScript.Run(ctx, s.rdb, []string{s.learnPrefix + c.Key}, c.Presumed, c.State, s.learnChan, driver.Millis(c.TTL)).Slice()
 	if err != nil {
 		return driver.LearnedResult{}, err
 	}
@@ -366,9 +366,3 @@ func evalAll(ctx context.Context, rdb redis.UniversalClient, script *redis.Scrip
 	_, _ = pipe.Exec(ctx)
 	return cmds
 }
-
-// ms is a lease's TTL or a grant's claim window as the scripts take it:
-// whole milliseconds, at least one, so that every lease a script adds or
-// extends expires after the script's now (the scripts drop a key's expired
-// leases once per run).
-func ms(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
