@@ -486,9 +486,10 @@ func BudgetReply(res []int64) (BudgetResult, error) {
 		At: res[5], Binding: int(res[6]), Now: res[7]}, nil
 }
 
-// Millis is d as a store takes a TTL or a claim window: whole
+// Millis is d as a store takes a TTL or a claim window of any call
+// (AdmitCall, RenewCall, ReleaseCall, AbandonCall, LearnedCall): whole
 // milliseconds, at least one, so that what a call makes with it (a lease,
-// a grant, a learned state) expires after the call's now.
+// a grant, a tombstone, a learned state) expires after the call's now.
 func Millis(d time.Duration) int64 { return max(d.Milliseconds(), 1) }
 
 // LiveMillis is c.Live as a store takes it: whole milliseconds, and at

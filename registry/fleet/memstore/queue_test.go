@@ -191,3 +191,18 @@ func TestGrantUnderAClaimOfNoTimeCounts(t *testing.T) {
 	assert.Equal(t, 1, n, "w's grant")
 	assert.Equal(t, driver.StatusFull, admit(t, s, call("new", 1, false, "", 1)), "w's grant holds the room")
 }
+
+// A learned state written for less than a millisecond is kept for one
+// (driver.Millis), as on Redis and PostgreSQL: read back on a clock that
+// stands still, where it had expired as it was written.
+func TestLearnedStateForUnderAMillisecond(t *testing.T) {
+	s := memstore.NewWithClock(still)
+	ctx := context.Background()
+	w, err := s.SyncLearned(ctx, &driver.LearnedCall{Key: "c", Presumed: "-", State: `{"v":1}`, TTL: 500 * time.Microsecond})
+	require.NoError(t, err)
+	require.True(t, w.Wrote)
+	r, err := s.SyncLearned(ctx, &driver.LearnedCall{Key: "c", TTL: 500 * time.Microsecond})
+	require.NoError(t, err)
+	assert.True(t, r.Found)
+	assert.Equal(t, "1", r.Version)
+}

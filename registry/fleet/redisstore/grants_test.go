@@ -155,10 +155,12 @@ func TestGrantUnderAClaimOfNoTimeCounts(t *testing.T) {
 	assert.Equal(t, int64(1), g.grants(), "one grant")
 }
 
-// Within one serving under a claim window of 0, a grant made on two keys
-// is not taken for expired by the next waiter's room check on the other
-// key: a waits on k and j, b behind it; both of k's holders go; a is
-// granted on both keys, and b, with no room left on j, stays queued.
+// A serving under a claim window of 0 that grants a waiter of two keys
+// holds the grant on both: a waits on k and j, b behind it; both of k's
+// holders go; a is granted on both keys, and b, with no room left on j,
+// stays queued. (Without the millisecond, the grant made both keys' sets
+// of leases anew, and covering them for 0 ms deleted them: a's grant was
+// gone.)
 func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 	g := newGrantRig(t)
 	ctx := context.Background()
@@ -173,4 +175,19 @@ func TestServingUnderAClaimOfNoTimeGrantsOnlyTheRoom(t *testing.T) {
 	require.NoError(t, g.s.Release(ctx, &driver.ReleaseCall{Claim: 0, Pairs: []driver.Release{{Key: "k", Lease: "h1", Limit: 2}, {Key: "k", Lease: "h2", Limit: 2}}}))
 	assert.Equal(t, []string{"a"}, g.m.Leases("g", "k"), "a granted on k")
 	assert.Equal(t, []string{"a"}, g.m.Leases("g", "j"), "and on j; b left queued")
+}
+
+// A learned state written for less than a millisecond is kept for one
+// (driver.Millis): read back on a clock that stands still, where Redis
+// refused the write ("invalid expire time").
+func TestLearnedStateForUnderAMillisecond(t *testing.T) {
+	g := newGrantRig(t)
+	ctx := context.Background()
+	w, err := g.s.SyncLearned(ctx, &driver.LearnedCall{Key: "c", Presumed: "-", State: `{"v":1}`, TTL: 500 * time.Microsecond})
+	require.NoError(t, err)
+	require.True(t, w.Wrote)
+	r, err := g.s.SyncLearned(ctx, &driver.LearnedCall{Key: "c", TTL: 500 * time.Microsecond})
+	require.NoError(t, err)
+	assert.True(t, r.Found)
+	assert.Equal(t, "1", r.Version)
 }
