@@ -49,3 +49,6 @@ func TestNeedsRedisB(t *testing.T) {
 	redistest.Start(t)
 	t.Fatal("not skipped without a redis-server on PATH")
 }
+
+// The package's example, run.
+func TestFleetOnRedis(t *testing.T) { fleetOnRedis(t) }
