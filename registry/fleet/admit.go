@@ -310,7 +310,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	r.held.leases[l] = struct{}{}
 	r.held.leasesPeak = max(r.held.leasesPeak, len(r.held.leases))
-	learned := !degraded && l.start.counts != nil && r.startedLocked(l)
+	learned := !degraded && l.start.counts != nil && r.started(l)
 	r.mu.Unlock()
 	if learned {
 		for _, k := range l.keys {

@@ -53,7 +53,7 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 	if w != nil {
 		c.call.Wait, c.call.Class, c.call.Flow, c.call.Weight = true, w.rank, w.flow, w.weight
 	}
-	if r.learned.learning != nil && slices.ContainsFunc(l.keys, func(k K) bool { return r.learned.learning[k] != nil }) {
+	if r.learned.anyOf(l.keys) {
 		c.call.Starts = true // the reply tells what a learned cap needs
 		c.learned = true
 	}

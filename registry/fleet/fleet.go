@@ -58,7 +58,7 @@ type Registry[K comparable] struct {
 	limitsSet[K]                   // guarded by mu
 	held            heldLeases[K]  // guarded by mu
 	waits           waitQueues     // its own lock (after mu, when both are held)
-	learned         learnedCaps[K] // learned caps (see learn.go)
+	learned         learnedCaps[K] // its own lock (after mu, when both are held)
 	lanes                          // acquire calls on their way or queued
 	removalQueue[K]                // its own lock
 	storeLink                      // its own locks, or atomics
@@ -211,6 +211,7 @@ func (r *Registry[K]) Close() {
 	}
 	r.closed = true
 	r.mu.Unlock()
+	r.learned.close()
 	r.calls.close()
 	r.claims.close()
 	r.leaveLiveness()
@@ -307,8 +308,8 @@ func (r *Registry[K]) Limit(key K) int {
 
 func (r *Registry[K]) limitLocked(key K) int {
 	n := r.staticLimitLocked(key)
-	if r.learned.learning != nil {
-		if l, ok := r.learnedLimitLocked(key); ok {
+	if r.learned.ever.Load() {
+		if l, ok := r.learnedLimit(key); ok {
 			return min(n, l)
 		}
 	}

@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -31,7 +32,8 @@ import (
 // the store is unreachable: the oldest goes first.
 const maxLearnPending = 256
 
-// learning is a key whose cap is learned. Guarded by r.mu.
+// learning is a key whose cap is learned. Guarded by the learned caps' mu
+// (see learnedCaps).
 type learning struct {
 	name     string // the key's name (Keys.Name)
 	settings learn.Settings
@@ -114,7 +116,8 @@ type start struct {
 	counts []int64 // per key of the lease
 }
 
-// learnChange is a change of a learned cap, to log once r.mu is unlocked.
+// learnChange is a change of a learned cap, to log once the learned caps'
+// mu is unlocked.
 type learnChange struct {
 	key                        string
 	old, cap, oldCeiling, ceil int
@@ -154,6 +157,7 @@ func (r *Registry[K]) Learn(key K, a upstream.AdaptiveConfig) error {
 }
 
 func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
+	name := r.keyName(key)
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
 	if r.closed {
@@ -161,35 +165,39 @@ func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
 	}
 	configured := r.configuredLocked(key)
 	if err := a.Validate(configured); err != nil {
-		return fmt.Errorf("fleet: Learn %s: %w", r.keyName(key), err)
+		return fmt.Errorf("fleet: Learn %s: %w", name, err)
 	}
 	s := learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS)
-	lk := r.learned.learning[key]
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lk := c.learning[key]
 	if lk == nil {
-		name := r.keyName(key)
 		lk = &learning{name: name, cap: *s.New(configured), applied: -1}
 		lk.base, lk.told = lk.cap, [2]int{lk.cap.Lo, lk.cap.Hi}
 		lk.changes = 1 // the first setting, as upstream.Learned counts it
-		if r.learned.learning == nil {
-			r.learned.learning, r.learned.learnedBy = map[K]*learning{}, map[string]K{}
+		if c.learning == nil {
+			c.learning, c.learnedBy = map[K]*learning{}, map[string]K{}
 		}
-		r.learned.learning[key], r.learned.learnedBy[name] = lk, key
+		c.learning[key], c.learnedBy[name] = lk, key
+		c.ever.Store(true)
 	}
 	lk.settings = s
-	r.reconfigureLocked(key)
+	lk.configureLocked(configured)
 	lk.staleLocked()
 	return nil
 }
 
 // Forget returns key to the limit it has without learning.
 func (r *Registry[K]) Forget(key K) {
-	r.mu.Lock()
-	lk := r.learned.learning[key]
+	c := &r.learned
+	c.mu.Lock()
+	lk := c.learning[key]
 	if lk != nil {
-		delete(r.learned.learning, key)
-		delete(r.learned.learnedBy, lk.name)
+		delete(c.learning, key)
+		delete(c.learnedBy, lk.name)
 	}
-	r.mu.Unlock()
+	c.mu.Unlock()
 	if lk == nil {
 		return
 	}
@@ -204,9 +212,8 @@ func (r *Registry[K]) forgetLocal(key K) {
 	defer r.learned.learnMu.Unlock()
 	r.mu.Lock()
 	n, set := r.limits[key]
-	relearned := r.learned.learning[key] != nil
 	r.mu.Unlock()
-	if relearned {
+	if r.learned.of(key) != nil {
 		return // learned again: its Learn applies the learned limit
 	}
 	if set {
@@ -216,18 +223,55 @@ func (r *Registry[K]) forgetLocal(key K) {
 	}
 }
 
-// reconfigureLocked applies key's settings and its limit without learning
-// (its ceiling) to its learned cap; it reports whether key is learned.
+// of returns key's learning; nil if it is not learned.
+func (c *learnedCaps[K]) of(key K) *learning {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.learning[key]
+}
+
+// anyOf reports whether any of keys is learned.
+func (c *learnedCaps[K]) anyOf(keys []K) bool {
+	if !c.ever.Load() {
+		return false
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return slices.ContainsFunc(keys, func(k K) bool { return c.learning[k] != nil })
+}
+
+// close marks the learned caps closed: Report and a flush do nothing
+// from then on.
+func (c *learnedCaps[K]) close() {
+	c.mu.Lock()
+	c.closed = true
+	c.mu.Unlock()
+}
+
+// reconfigureLocked applies key's limit without learning (its ceiling) to
+// its learned cap, under r.mu; it reports whether key is learned.
 func (r *Registry[K]) reconfigureLocked(key K) bool {
-	lk := r.learned.learning[key]
+	if !r.learned.ever.Load() {
+		return false
+	}
+	configured := r.configuredLocked(key)
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lk := c.learning[key]
 	if lk == nil {
 		return false
 	}
-	c := r.configuredLocked(key)
-	lk.settings.Configure(&lk.cap, c)
-	lk.settings.Configure(&lk.base, c)
-	lk.gen++
+	lk.configureLocked(configured)
 	return true
+}
+
+// configureLocked applies lk's settings and the ceiling configured to its
+// cap and its base.
+func (lk *learning) configureLocked(configured int) {
+	lk.settings.Configure(&lk.cap, configured)
+	lk.settings.Configure(&lk.base, configured)
+	lk.gen++
 }
 
 // configuredLocked returns key's limit without learning, as a learned
@@ -240,9 +284,12 @@ func (r *Registry[K]) configuredLocked(key K) int {
 	return n
 }
 
-// learnedLimitLocked returns the limit of key if it is learned.
-func (r *Registry[K]) learnedLimitLocked(key K) (int, bool) {
-	lk := r.learned.learning[key]
+// learnedLimit returns the limit of key if it is learned.
+func (r *Registry[K]) learnedLimit(key K) (int, bool) {
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lk := c.learning[key]
 	if lk == nil {
 		return 0, false
 	}
@@ -290,21 +337,22 @@ func (r *Registry[K]) Report(s *slots.Slot, v upstream.Verdict) {
 // reportLocked applies the verdict v on l to its learned keys, and returns
 // the keys whose caps changed and whether one was cut.
 func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K, cut bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.closed || l.answered || l.start.counts == nil || len(r.learned.learning) == 0 {
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed || l.answered || l.start.counts == nil || len(c.learning) == 0 {
 		return nil, false
 	}
 	l.answered = true
 	last := -1 // the last learned key: a refusal's
 	for i, k := range l.keys {
-		if r.learned.learning[k] != nil {
+		if c.learning[k] != nil {
 			last = i
 		}
 	}
 	ev := learnEvent{id: l.start.id, at: l.start.at, now: r.clock.nanos(), seq: r.clock.startCeiling()}
 	for i, k := range l.keys {
-		lk := r.learned.learning[k]
+		lk := c.learning[k]
 		if lk == nil {
 			continue
 		}
@@ -325,7 +373,7 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 		default:
 			continue // a rate limit, a quota: not about this cap (a Gate pauses for them)
 		}
-		if r.noteLocked(lk, e) {
+		if c.noteLocked(lk, e) {
 			changed = append(changed, k)
 			cut = cut || e.kind == evRefused || e.kind == evOverloaded
 		}
@@ -333,12 +381,19 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 	return changed, cut
 }
 
-// startedLocked notes the admission of l in the store on its learned keys.
-func (r *Registry[K]) startedLocked(l *lease[K]) (changed bool) {
+// started notes the admission of l in the store on its learned keys; it
+// reports whether a cap changed.
+func (r *Registry[K]) started(l *lease[K]) (changed bool) {
+	if !r.learned.ever.Load() {
+		return false
+	}
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	for i, k := range l.keys {
-		if lk := r.learned.learning[k]; lk != nil {
+		if lk := c.learning[k]; lk != nil {
 			e := learnEvent{kind: evStarted, n: int(l.start.counts[i]), id: l.start.id, at: l.start.at, now: l.start.at}
-			changed = r.noteLocked(lk, e) || changed
+			changed = c.noteLocked(lk, e) || changed
 		}
 	}
 	return changed
@@ -346,7 +401,7 @@ func (r *Registry[K]) startedLocked(l *lease[K]) (changed bool) {
 
 // noteLocked applies e to lk's cap, and queues it for the store if it changed
 // the cap; it reports whether it did.
-func (r *Registry[K]) noteLocked(lk *learning, e learnEvent) bool {
+func (c *learnedCaps[K]) noteLocked(lk *learning, e learnEvent) bool {
 	before := lk.cap
 	e.apply(&lk.cap)
 	if lk.cap == before {
@@ -357,29 +412,30 @@ func (r *Registry[K]) noteLocked(lk *learning, e learnEvent) bool {
 	}
 	lk.pending = append(lk.pending, e)
 	lk.queued++
-	r.toldLocked(lk, e.kind.String())
+	c.toldLocked(lk, e.kind.String())
 	return true
 }
 
 // toldLocked queues a change of lk's cap or ceiling since the last one
 // told, to be logged after the lock (see applyLearned).
-func (r *Registry[K]) toldLocked(lk *learning, by string) {
+func (c *learnedCaps[K]) toldLocked(lk *learning, by string) {
 	if lk.cap.Lo == lk.told[0] && lk.cap.Hi == lk.told[1] {
 		return
 	}
 	lk.changes++
-	if len(r.learned.learnLog) < maxLearnPending {
-		r.learned.learnLog = append(r.learned.learnLog, learnChange{key: lk.name, old: lk.told[0], cap: lk.cap.Lo, oldCeiling: lk.told[1], ceil: lk.cap.Hi, by: by})
+	if len(c.learnLog) < maxLearnPending {
+		c.learnLog = append(c.learnLog, learnChange{key: lk.name, old: lk.told[0], cap: lk.cap.Lo, oldCeiling: lk.told[1], ceil: lk.cap.Hi, by: by})
 	}
 	lk.told = [2]int{lk.cap.Lo, lk.cap.Hi}
 }
 
 // logLearned logs the changes queued by toldLocked.
 func (r *Registry[K]) logLearned() {
-	r.mu.Lock()
-	changes := r.learned.learnLog
-	r.learned.learnLog = nil
-	r.mu.Unlock()
+	c := &r.learned
+	c.mu.Lock()
+	changes := c.learnLog
+	c.learnLog = nil
+	c.mu.Unlock()
 	for _, c := range changes {
 		r.logSafely(slog.LevelInfo, "fleet: learned cap changed", slog.String("registry", r.prefix), slog.String("key", c.key),
 			slog.Int("old", c.old), slog.Int("new", c.cap), slog.Int("old_ceiling", c.oldCeiling), slog.Int("ceiling", c.ceil), slog.String("by", c.by))
@@ -390,14 +446,18 @@ func (r *Registry[K]) logLearned() {
 // not learned), as this process knows it, and the answers it reported.
 func (r *Registry[K]) Learned(key K) upstream.Learned {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	lk := r.learned.learning[key]
+	defer r.mu.Unlock() // the LimitFunc may panic
+	static := r.staticLimitLocked(key)
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lk := c.learning[key]
 	if lk == nil {
 		return upstream.Learned{}
 	}
 	st := lk.answers
 	st.Enabled = true
-	st.Limit = r.limitLocked(key)
+	st.Limit = min(static, lk.cap.Limit(r.clock.nanos()))
 	st.Cap, st.Ceiling, st.Floor, st.Max, st.Changes = lk.cap.Lo, lk.cap.Hi, lk.cap.Floor, lk.cap.Ceil, lk.changes
 	return st
 }
@@ -423,11 +483,15 @@ func (r *Registry[K]) applyLearned(key K) {
 func (r *Registry[K]) learnedFor(key K) (n, old int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
-	lk := r.learned.learning[key]
+	static := r.staticLimitLocked(key)
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lk := c.learning[key]
 	if lk == nil {
 		return 0, 0, false
 	}
-	n, old = r.limitLocked(key), lk.applied
+	n, old = min(static, lk.cap.Limit(r.clock.nanos())), lk.applied
 	lk.applied = n
 	return n, old, true
 }

@@ -72,12 +72,15 @@ func learnPQ(t *testing.T, c *redis.Client, name string) *Registry[string] {
 	return r
 }
 
-// lockFree reports whether r.mu can be taken within a second.
+// lockFree reports whether r.mu and the learned caps' mu can be taken
+// within a second.
 func lockFree(r *Registry[string]) bool {
 	done := make(chan struct{})
 	go func() {
 		r.mu.Lock()
 		defer r.mu.Unlock() // taken: that is all this asks
+		r.learned.mu.Lock()
+		defer r.learned.mu.Unlock()
 		close(done)
 	}()
 	select {
@@ -88,10 +91,10 @@ func lockFree(r *Registry[string]) bool {
 	}
 }
 
-// learnOf returns a copy of key's learning in r, under r.mu.
+// learnOf returns a copy of key's learning in r, under its lock.
 func learnOf(r *Registry[string], key string) learning {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.learned.mu.Lock()
+	defer r.learned.mu.Unlock()
 	return *r.learned.learning[key]
 }
 
@@ -114,11 +117,11 @@ func TestLearnedCapLogHandlerPanics(t *testing.T) {
 	require.NoError(t, err)
 	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
 	require.True(t, fired.Load())
-	require.True(t, lockFree(r), "r.mu left locked by a panicking log handler")
+	require.True(t, lockFree(r), "a lock left locked by a panicking log handler")
 	s.Release()
 }
 
-// A LimitFunc that panics in the learner's round leaves r.mu free.
+// A LimitFunc that panics in the learner's round leaves the locks free.
 func TestLearnedCapLimitFuncPanics(t *testing.T) {
 	srv := redistest.Start(t)
 	var armed, fired atomic.Bool
@@ -134,7 +137,7 @@ func TestLearnedCapLimitFuncPanics(t *testing.T) {
 	settled(t, r, "p")
 	armed.Store(true)
 	fwUntil(t, "the learner calls Keys.Limit", fired.Load)
-	require.True(t, lockFree(r), "r.mu left locked by a Keys.Limit panic in the learner")
+	require.True(t, lockFree(r), "a lock left locked by a Keys.Limit panic in the learner")
 	settled(t, r, "p") // and it goes on
 }
 
@@ -164,12 +167,12 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 	var r *Registry[string]
 	h := &stateHook{}
 	h.fn = func(string) {
-		r.mu.Lock()
-		defer r.mu.Unlock()
+		r.learned.mu.Lock()
+		defer r.learned.mu.Unlock()
 		lk := r.learned.learning["p"]
 		for i := range 300 {
 			at := time.Now().Add(time.Hour)
-			r.noteLocked(lk, learnEvent{kind: evStarted, n: lk.cap.Lo + 1, id: uint64(at.UnixMicro()) + uint64(i), now: at.UnixNano() + int64(i)})
+			r.learned.noteLocked(lk, learnEvent{kind: evStarted, n: lk.cap.Lo + 1, id: uint64(at.UnixMicro()) + uint64(i), now: at.UnixNano() + int64(i)})
 		}
 	}
 	c.AddHook(h)
@@ -577,11 +580,11 @@ func TestLearnedCapForgottenInARound(t *testing.T) {
 	if strings.HasSuffix(first, ":q") {
 		other = "p"
 	}
-	r.mu.Lock()
+	r.learned.mu.Lock()
 	lk := r.learned.learning[other]
 	require.True(t, lk.syncing)
 	synced := lk.synced
-	r.mu.Unlock()
+	r.learned.mu.Unlock()
 	r.Forget(other)
 	close(proceed)
 	select {
@@ -819,19 +822,19 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
 	settled(t, r, "p")
-	r.mu.Lock()
+	r.learned.mu.Lock()
 	lk := r.learned.learning["p"]
 	lk.syncingLocked() // the learner leaves p alone: this test syncs it
-	r.mu.Unlock()
+	r.learned.mu.Unlock()
 	before, err := admin.Get(context.Background(), learnKey(r, lk.name)).Result()
 	require.NoError(t, err)
 	r.SetLimit("p", 10)
 	r.SetLimit("p", 100)
-	r.mu.Lock()
+	r.learned.mu.Lock()
 	at := time.Now()
 	// A start at 31, over the fleet's cap of 30: a probe, evidence to write.
-	r.noteLocked(lk, learnEvent{kind: evStarted, n: 31, id: uint64(at.UnixMicro()), now: at.UnixNano()})
-	r.mu.Unlock()
+	r.learned.noteLocked(lk, learnEvent{kind: evStarted, n: 31, id: uint64(at.UnixMicro()), now: at.UnixNano()})
+	r.learned.mu.Unlock()
 	r.syncLearned("p", lk)
 	raw, err := admin.Get(context.Background(), learnKey(r, lk.name)).Bytes()
 	require.NoError(t, err)

@@ -387,8 +387,8 @@ func TestReportWritesACutBeforeItReturns(t *testing.T) {
 	// A message that cannot be read makes the process read the state.
 	rs[0].learnedMessage("not json")
 	fwUntil(t, "read again", func() bool {
-		rs[0].mu.Lock()
-		defer rs[0].mu.Unlock()
+		rs[0].learned.mu.Lock()
+		defer rs[0].learned.mu.Unlock()
 		return !rs[0].learned.learning["p"].stale
 	})
 	assert.Equal(t, 2, rs[0].Learned("p").Cap)

@@ -132,17 +132,18 @@ type dueKey[K comparable] struct {
 // returns the keys to write or read now, marked syncing, and every learned
 // key; it lowers *next to when a key's limit next changes with time.
 func (r *Registry[K]) dueLocked(next *time.Duration) (due []dueKey[K], keys []K) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	now := r.clock.nanos()
 	// Before a reply has told the server's clock, time proves nothing: a
 	// probe in a state read from the store was timed by another clock.
 	timed := r.clock.told()
-	for k, lk := range r.learned.learning {
+	for k, lk := range c.learning {
 		keys = append(keys, k)
 		if at := lk.cap.WakeAt(now); at != 0 && timed {
 			if at <= now {
-				r.noteLocked(lk, learnEvent{kind: evTick, now: now})
+				c.noteLocked(lk, learnEvent{kind: evTick, now: now})
 			} else {
 				*next = min(*next, time.Duration(at-now))
 			}
@@ -170,22 +171,23 @@ func (lk *learning) syncingLocked() {
 func (r *Registry[K]) flushLearned(key K) {
 	timeout := time.NewTimer(r.cfg.opTimeout)
 	defer timeout.Stop()
+	c := &r.learned
 	for {
-		r.mu.Lock()
-		lk := r.learned.learning[key]
-		if lk == nil || r.closed || len(lk.pending) == 0 {
-			r.mu.Unlock()
+		c.mu.Lock()
+		lk := c.learning[key]
+		if lk == nil || c.closed || len(lk.pending) == 0 {
+			c.mu.Unlock()
 			return
 		}
 		if !lk.syncing {
 			lk.syncingLocked()
-			r.mu.Unlock()
+			c.mu.Unlock()
 			r.syncLearned(key, lk)
 			r.applyLearned(key)
 			return
 		}
 		synced := lk.synced
-		r.mu.Unlock()
+		c.mu.Unlock()
 		select {
 		case <-synced: // it may have written this evidence; if not, again
 		case <-timeout.C:
@@ -221,7 +223,7 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	// Whatever happens (a LimitFunc or a client hook may panic, the key be
 	// forgotten meanwhile), the sync ends.
 	defer func() { r.syncedLocked(key, snap, fresh, done) }()
-	if r.learningOf(key) != lk {
+	if r.learned.of(key) != lk {
 		return true // forgotten
 	}
 	snap = r.snapshotLocked(key, lk)
@@ -246,19 +248,15 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	return later // the store answered: read again at the usual pace
 }
 
-// learningOf returns key's learning; nil if it is not learned.
-func (r *Registry[K]) learningOf(key K) *learning {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.learned.learning[key]
-}
-
 // snapshotLocked takes what a sync of key, learned as lk, starts from.
 func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
+	configured := r.configuredLocked(key)
+	r.learned.mu.Lock()
+	defer r.learned.mu.Unlock()
 	snap := syncSnapshot{lk: lk, evs: append([]learnEvent(nil), lk.pending...), upto: lk.queued, gen: lk.gen, staleN: lk.staleN,
-		s: lk.settings, configured: r.configuredLocked(key)}
+		s: lk.settings, configured: configured}
 	// Missing from the store (it lost its data, or nobody has learned it for
 	// learnedStateTTL), a state this process knew goes back: it is the
 	// best knowledge there is.
@@ -362,12 +360,19 @@ func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult)
 func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, done bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
+	configured := 0
+	if done {
+		configured = r.configuredLocked(key)
+	}
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	lk := snap.lk
 	if lk.syncing {
 		lk.syncing = false
 		close(lk.synced)
 	}
-	if !done || r.learned.learning[key] != lk {
+	if !done || c.learning[key] != lk {
 		return
 	}
 	// pending holds the events numbered after queued-len(pending); those
@@ -381,7 +386,7 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 	// loss its version may be lower than the one known here).
 	if lk.version == snap.start.V || fresh.V >= lk.version {
 		lk.stored, lk.base, lk.version = fresh.Cap, fresh.Cap, fresh.V
-		lk.settings.Configure(&lk.base, r.configuredLocked(key))
+		lk.settings.Configure(&lk.base, configured)
 	}
 	if lk.gen != snap.gen { // configured anew meanwhile
 		lk.staleLocked()
@@ -391,7 +396,7 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 	if lk.staleN == snap.staleN { // else a message (or Learn) came meanwhile: read again
 		lk.stale = false
 	}
-	r.toldLocked(lk, "the fleet's state")
+	c.toldLocked(lk, "the fleet's state")
 }
 
 // learnedMessage takes a message on the learned channel: a state written,
@@ -418,29 +423,40 @@ func (r *Registry[K]) learnedMessage(payload string) {
 // takeMessage takes st as the state of its key if it is later than the one
 // known (taken), or marks states to be read (read).
 func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock() // the LimitFunc may panic
+	c := &r.learned
 	if bad {
-		for _, lk := range r.learned.learning {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, lk := range c.learning {
 			lk.staleLocked()
 		}
 		return k, false, true
 	}
-	k, ok := r.learned.learnedBy[st.Key]
+	c.mu.Lock()
+	k, ok := c.learnedBy[st.Key]
+	c.mu.Unlock()
 	if !ok {
 		return k, false, false
 	}
-	lk := r.learned.learning[k]
+	r.mu.Lock()
+	defer r.mu.Unlock() // the LimitFunc may panic
+	configured := r.configuredLocked(k)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	lk := c.learning[k]
+	if lk == nil || c.learnedBy[st.Key] != k {
+		return k, false, false // forgotten meanwhile
+	}
 	if st.E == 0 || st.E != r.epoch.Load() { // another database's, or data's
 		lk.staleLocked()
 		return k, false, true
 	}
 	if st.V > lk.version {
 		lk.stored = st.Cap
-		lk.settings.Configure(&st.Cap, r.configuredLocked(k))
+		lk.settings.Configure(&st.Cap, configured)
 		lk.base, lk.version, lk.known = st.Cap, st.V, true
 		lk.rebaseLocked()
-		r.toldLocked(lk, "another process")
+		c.toldLocked(lk, "another process")
 	}
 	return k, true, false
 }
@@ -448,12 +464,13 @@ func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool
 // learnedStale marks every learned state to be read again (a subscription
 // made again may have missed messages).
 func (r *Registry[K]) learnedStale() {
-	r.mu.Lock()
-	for _, lk := range r.learned.learning {
+	c := &r.learned
+	c.mu.Lock()
+	for _, lk := range c.learning {
 		lk.staleLocked()
 	}
-	n := len(r.learned.learning)
-	r.mu.Unlock()
+	n := len(c.learning)
+	c.mu.Unlock()
 	if n > 0 {
 		r.kickLearner()
 	}

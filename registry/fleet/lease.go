@@ -41,7 +41,7 @@ type lease[K comparable] struct {
 
 	// start is what the store told of its admission, for learned caps (no
 	// counts: admitted outside the store); answered: Report has been called
-	// for it (guarded by r.mu).
+	// for it (guarded by the learned caps' mu).
 	start    start
 	answered bool
 

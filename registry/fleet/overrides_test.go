@@ -33,8 +33,8 @@ func TestOverridesRecordIsNotALearnedState(t *testing.T) {
 		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
 		synctest.Wait() // settled: time stands until the test blocks
 		stale := func() uint64 {
-			r.mu.Lock()
-			defer r.mu.Unlock()
+			r.learned.mu.Lock()
+			defer r.learned.mu.Unlock()
 			return r.learned.learning["p"].staleN
 		}
 		before := stale()

@@ -84,15 +84,24 @@ type waitQueues struct {
 	waiting     int // callers in the queues
 }
 
-// learnedCaps are the keys whose caps a Registry learns (see learn.go):
-// learning, learnedBy (those keys by name) and learnLog (changes to log,
-// see toldLocked) are guarded by the Registry's mu; learnKick wakes the
-// learner goroutine, and learnMu orders the settings of learned limits in
-// the local registry.
+// learnedCaps are the keys whose caps a Registry learns (see learn.go),
+// under a lock of their own: mu guards learning, learnedBy, learnLog
+// (changes to log, see toldLocked), closed (Close was called) and every
+// learning's fields, and the answered flag of the leases. A learned cap's
+// ceiling is its key's limit, which the Registry's mu guards: where both
+// are held, the Registry's mu is taken first, and nothing is taken under
+// mu but the server clock's. ever (read without mu) tells whether a key was
+// ever learned, so that a Registry that learns none never takes mu.
+// learnKick wakes the learner goroutine, and learnMu (taken before the
+// Registry's mu) orders the settings of learned limits in the local
+// registry.
 type learnedCaps[K comparable] struct {
+	mu          sync.Mutex
 	learning    map[K]*learning
 	learnedBy   map[string]K
 	learnLog    []learnChange
+	closed      bool
+	ever        atomic.Bool
 	learnKick   chan struct{}
 	learnMu     sync.Mutex
 	learnErrLog core.Every // a failed write of a learned state
