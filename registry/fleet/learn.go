@@ -190,19 +190,22 @@ func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
 
 // Forget returns key to the limit it has without learning.
 func (r *Registry[K]) Forget(key K) {
-	c := &r.learned
+	if r.learned.forget(key) {
+		r.forgetLocal(key)
+		r.wakeAll()
+	}
+}
+
+// forget drops key's learning; it reports whether key was learned.
+func (c *learnedCaps[K]) forget(key K) bool {
 	c.mu.Lock()
+	defer c.mu.Unlock() // a key that cannot be hashed panics
 	lk := c.learning[key]
 	if lk != nil {
 		delete(c.learning, key)
 		delete(c.learnedBy, lk.name)
 	}
-	c.mu.Unlock()
-	if lk == nil {
-		return
-	}
-	r.forgetLocal(key)
-	r.wakeAll()
+	return lk != nil
 }
 
 // forgetLocal gives key in the local registry the limit it has without
@@ -210,9 +213,12 @@ func (r *Registry[K]) Forget(key K) {
 func (r *Registry[K]) forgetLocal(key K) {
 	r.learned.learnMu.Lock()
 	defer r.learned.learnMu.Unlock()
-	r.mu.Lock()
-	n, set := r.limits[key]
-	r.mu.Unlock()
+	n, set := func() (int, bool) {
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		n, set := r.limits[key]
+		return n, set
+	}()
 	if r.learned.of(key) != nil {
 		return // learned again: its Learn applies the learned limit
 	}
@@ -223,8 +229,13 @@ func (r *Registry[K]) forgetLocal(key K) {
 	}
 }
 
-// of returns key's learning; nil if it is not learned.
+// of returns key's learning; nil if it is not learned. Under the
+// Registry's mu, a key it finds not learned stays so until the mu is
+// unlocked (Learn holds it).
 func (c *learnedCaps[K]) of(key K) *learning {
+	if !c.ever.Load() {
+		return nil
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.learning[key]
@@ -251,8 +262,8 @@ func (c *learnedCaps[K]) close() {
 // reconfigureLocked applies key's limit without learning (its ceiling) to
 // its learned cap, under r.mu; it reports whether key is learned.
 func (r *Registry[K]) reconfigureLocked(key K) bool {
-	if !r.learned.ever.Load() {
-		return false
+	if r.learned.of(key) == nil {
+		return false // not asking the LimitFunc for it
 	}
 	configured := r.configuredLocked(key)
 	c := &r.learned
@@ -314,7 +325,7 @@ func (r *Registry[K]) learnedLimit(key K) (int, bool) {
 // arrives: so s's release, which follows, lets few of them start another
 // request under the cap they knew.
 func (r *Registry[K]) Report(s *slots.Slot, v upstream.Verdict) {
-	if s == nil || s.Bypassed() {
+	if s == nil || s.Bypassed() || !r.learned.ever.Load() {
 		return
 	}
 	h := (*core.Handle)(s).Hold()
@@ -447,12 +458,15 @@ func (r *Registry[K]) logLearned() {
 func (r *Registry[K]) Learned(key K) upstream.Learned {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
+	if r.learned.of(key) == nil {
+		return upstream.Learned{}
+	}
 	static := r.staticLimitLocked(key)
 	c := &r.learned
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	lk := c.learning[key]
-	if lk == nil {
+	if lk == nil { // forgotten meanwhile
 		return upstream.Learned{}
 	}
 	st := lk.answers
@@ -483,12 +497,15 @@ func (r *Registry[K]) applyLearned(key K) {
 func (r *Registry[K]) learnedFor(key K) (n, old int, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
+	if r.learned.of(key) == nil {
+		return 0, 0, false
+	}
 	static := r.staticLimitLocked(key)
 	c := &r.learned
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	lk := c.learning[key]
-	if lk == nil {
+	if lk == nil { // forgotten meanwhile
 		return 0, 0, false
 	}
 	n, old = min(static, lk.cap.Limit(r.clock.nanos())), lk.applied

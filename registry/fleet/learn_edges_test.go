@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -119,6 +120,75 @@ func TestLearnedCapLogHandlerPanics(t *testing.T) {
 	require.True(t, fired.Load())
 	require.True(t, lockFree(r), "a lock left locked by a panicking log handler")
 	s.Release()
+}
+
+// calledFrom reports whether the calling goroutine's stack runs through
+// fn (a method's name, as ".syncedLocked(").
+func calledFrom(fn ...string) bool {
+	buf := make([]byte, 16<<10)
+	stack := string(buf[:runtime.Stack(buf, false)])
+	for _, f := range fn {
+		if strings.Contains(stack, f) {
+			return true
+		}
+	}
+	return false
+}
+
+// A LimitFunc that panics at the end of a sync the store answered still
+// ends the sync, with what it wrote no longer pending: the learner syncs
+// the key again, and a cut's Report writes it before it returns.
+func TestLearnedCapLimitFuncPanicEndsTheSync(t *testing.T) {
+	srv := redistest.Start(t)
+	var armed, fired atomic.Bool
+	r := NewWithKeys(redisstore.New(srv.Client(), "le-synced"), 100, Keys[string]{Limit: func(string) int {
+		if armed.Load() && calledFrom(".syncedLocked(") && armed.CompareAndSwap(true, false) {
+			fired.Store(true)
+			panic("limit func panics at the end of a sync")
+		}
+		return 50
+	}}, WithLogger(quiet()))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	settled(t, r, "p")
+	armed.Store(true)
+	r.learnedStale() // a read, which the store answers
+	fwUntil(t, "Keys.Limit panics at the end of a sync", fired.Load)
+	require.True(t, lockFree(r), "a lock left locked by the panic")
+	settled(t, r, "p") // synced again, by the learner
+
+	held := holdP(t, 30, r)
+	r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency})
+	assert.Empty(t, learnOf(r, "p").pending, "the cut is written when Report returns")
+	assert.Equal(t, 29, r.Learned("p").Cap)
+	for _, s := range held {
+		s.Release()
+	}
+}
+
+// Once a key is learned, the LimitFunc is still asked only where a limit
+// is needed: not by ClearLimit, Learned or an admission's learned limits
+// for a key that is not learned (a LimitFunc that fails for keys it does
+// not know would break them).
+func TestLimitFuncNotAskedForKeysNotLearned(t *testing.T) {
+	srv := redistest.Start(t)
+	var asked atomic.Int64
+	r := NewWithKeys(redisstore.New(srv.Client(), "le-unlearned"), 100, Keys[string]{Limit: func(k string) int {
+		if k == "x" && calledFrom(".reconfigureLocked(", ".learnedFor(", ".Learned(", ".syncedLocked(", ".takeMessage(") {
+			asked.Add(1)
+		}
+		return 50
+	}}, WithLogger(quiet()))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	settled(t, r, "p")
+	r.SetLimit("x", 5)
+	r.ClearLimit("x")
+	assert.False(t, r.Learned("x").Enabled)
+	s, err := r.TryAcquireAll("p", "x") // its learned limits applied, key by key
+	require.NoError(t, err)
+	s.Release()
+	assert.Zero(t, asked.Load(), "Keys.Limit asked for a key that is not learned")
 }
 
 // A LimitFunc that panics in the learner's round leaves the locks free.

@@ -69,6 +69,16 @@ func (lk *learning) rebaseLocked() {
 	}
 }
 
+// writtenLocked drops from lk's pending evidence the events up to upto
+// (lk.queued when they were taken), which a sync has written. pending holds
+// the events numbered after queued-len(pending).
+func (lk *learning) writtenLocked(upto uint64) {
+	first := lk.queued - uint64(len(lk.pending))
+	if upto > first {
+		lk.pending = lk.pending[min(upto-first, uint64(len(lk.pending))):]
+	}
+}
+
 // kickLearner wakes the goroutine that writes and reads learned states.
 func (r *Registry[K]) kickLearner() {
 	select {
@@ -358,29 +368,32 @@ func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult)
 // syncedLocked ends a sync of key from snap: with done, the store has fresh,
 // which becomes the base, with the evidence queued meanwhile on top.
 func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, done bool) {
+	c, lk := &r.learned, snap.lk
+	// The sync ends whatever happens: if the LimitFunc panics, after the
+	// Registry's mu is unlocked, with what it wrote no longer pending.
+	defer func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		if done {
+			lk.writtenLocked(snap.upto)
+		}
+		if lk.syncing {
+			lk.syncing = false
+			close(lk.synced)
+		}
+	}()
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
-	configured := 0
-	if done {
-		configured = r.configuredLocked(key)
-	}
-	c := &r.learned
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	lk := snap.lk
-	if lk.syncing {
-		lk.syncing = false
-		close(lk.synced)
-	}
-	if !done || c.learning[key] != lk {
+	if !done || c.of(key) != lk {
 		return
 	}
-	// pending holds the events numbered after queued-len(pending); those
-	// up to snap.upto are written.
-	first := lk.queued - uint64(len(lk.pending))
-	if snap.upto > first {
-		lk.pending = lk.pending[min(snap.upto-first, uint64(len(lk.pending))):]
+	configured := r.configuredLocked(key)
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.learning[key] != lk { // forgotten meanwhile
+		return
 	}
+	lk.writtenLocked(snap.upto)
 	// A message may have brought a later version meanwhile, with what was
 	// written here in it; else what the store has is the state (after a data
 	// loss its version may be lower than the one known here).
@@ -423,42 +436,49 @@ func (r *Registry[K]) learnedMessage(payload string) {
 // takeMessage takes st as the state of its key if it is later than the one
 // known (taken), or marks states to be read (read).
 func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool) {
-	c := &r.learned
-	if bad {
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		for _, lk := range c.learning {
-			lk.staleLocked()
-		}
-		return k, false, true
-	}
-	c.mu.Lock()
-	k, ok := c.learnedBy[st.Key]
-	c.mu.Unlock()
-	if !ok {
-		return k, false, false
+	k, lk, later, read := r.learned.message(st, bad, r.epoch.Load())
+	if lk == nil || !later {
+		return k, lk != nil, read
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
 	configured := r.configuredLocked(k)
+	c := &r.learned
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	lk := c.learning[k]
-	if lk == nil || c.learnedBy[st.Key] != k {
-		return k, false, false // forgotten meanwhile
+	if c.learning[k] != lk || st.V <= lk.version { // forgotten, or overtaken
+		return k, true, false
 	}
-	if st.E == 0 || st.E != r.epoch.Load() { // another database's, or data's
-		lk.staleLocked()
-		return k, false, true
-	}
-	if st.V > lk.version {
-		lk.stored = st.Cap
-		lk.settings.Configure(&st.Cap, configured)
-		lk.base, lk.version, lk.known = st.Cap, st.V, true
-		lk.rebaseLocked()
-		c.toldLocked(lk, "another process")
-	}
+	lk.stored = st.Cap
+	lk.settings.Configure(&st.Cap, configured)
+	lk.base, lk.version, lk.known = st.Cap, st.V, true
+	lk.rebaseLocked()
+	c.toldLocked(lk, "another process")
 	return k, true, false
+}
+
+// message finds the learning st is a state of (nil: none, or bad), and
+// whether st is later than the state it knows; a message that cannot be
+// read or is of another epoch than epoch marks states to be read (read).
+func (c *learnedCaps[K]) message(st storedCap, bad bool, epoch int64) (k K, lk *learning, later, read bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if bad {
+		for _, lk := range c.learning {
+			lk.staleLocked()
+		}
+		return k, nil, false, true
+	}
+	k, ok := c.learnedBy[st.Key]
+	if !ok {
+		return k, nil, false, false
+	}
+	lk = c.learning[k]
+	if st.E == 0 || st.E != epoch { // another database's, or data's
+		lk.staleLocked()
+		return k, nil, false, true
+	}
+	return k, lk, st.V > lk.version, false
 }
 
 // learnedStale marks every learned state to be read again (a subscription

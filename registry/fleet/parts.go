@@ -91,7 +91,8 @@ type waitQueues struct {
 // ceiling is its key's limit, which the Registry's mu guards: where both
 // are held, the Registry's mu is taken first, and nothing is taken under
 // mu but the server clock's. ever (read without mu) tells whether a key was
-// ever learned, so that a Registry that learns none never takes mu.
+// ever learned, so that admissions and reports on a Registry that learns
+// none never take mu.
 // learnKick wakes the learner goroutine, and learnMu (taken before the
 // Registry's mu) orders the settings of learned limits in the local
 // registry.
