@@ -455,11 +455,22 @@ func (r *Registry[K]) logLearned() {
 
 // Learned returns the state of key's learned cap (Enabled false if it is
 // not learned), as this process knows it, and the answers it reported.
-func (r *Registry[K]) Learned(key K) upstream.Learned {
+func (r *Registry[K]) Learned(key K) (st upstream.Learned) {
+	r.withLearned(key, func(lk *learning, limit int) {
+		st = lk.answers
+		st.Enabled, st.Limit = true, limit
+		st.Cap, st.Ceiling, st.Floor, st.Max, st.Changes = lk.cap.Lo, lk.cap.Hi, lk.cap.Floor, lk.cap.Ceil, lk.changes
+	})
+	return st
+}
+
+// withLearned calls fn with key's learning and its limit now, under the
+// learned caps' mu; it reports whether key is learned.
+func (r *Registry[K]) withLearned(key K, fn func(lk *learning, limit int)) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
 	if r.learned.of(key) == nil {
-		return upstream.Learned{}
+		return false // not asking the LimitFunc for it
 	}
 	static := r.staticLimitLocked(key)
 	c := &r.learned
@@ -467,13 +478,10 @@ func (r *Registry[K]) Learned(key K) upstream.Learned {
 	defer c.mu.Unlock()
 	lk := c.learning[key]
 	if lk == nil { // forgotten meanwhile
-		return upstream.Learned{}
+		return false
 	}
-	st := lk.answers
-	st.Enabled = true
-	st.Limit = min(static, lk.cap.Limit(r.clock.nanos()))
-	st.Cap, st.Ceiling, st.Floor, st.Max, st.Changes = lk.cap.Lo, lk.cap.Hi, lk.cap.Floor, lk.cap.Ceil, lk.changes
-	return st
+	fn(lk, min(static, lk.cap.Limit(r.clock.nanos())))
+	return true
 }
 
 // applyLearned sets key's limit in the local registry to its learned one,
@@ -495,20 +503,8 @@ func (r *Registry[K]) applyLearned(key K) {
 // learnedFor returns key's limit now and the one last applied, and records
 // that it is applied; false if key is not learned.
 func (r *Registry[K]) learnedFor(key K) (n, old int, ok bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock() // the LimitFunc may panic
-	if r.learned.of(key) == nil {
-		return 0, 0, false
-	}
-	static := r.staticLimitLocked(key)
-	c := &r.learned
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	lk := c.learning[key]
-	if lk == nil { // forgotten meanwhile
-		return 0, 0, false
-	}
-	n, old = min(static, lk.cap.Limit(r.clock.nanos())), lk.applied
-	lk.applied = n
-	return n, old, true
+	ok = r.withLearned(key, func(lk *learning, limit int) {
+		n, old, lk.applied = limit, lk.applied, limit
+	})
+	return n, old, ok
 }

@@ -73,11 +73,13 @@ func learnPQ(t *testing.T, c *redis.Client, name string) *Registry[string] {
 	return r
 }
 
-// lockFree reports whether r.mu and the learned caps' mu can be taken
-// within a second.
+// lockFree reports whether the learned caps' learnMu, r.mu and the learned
+// caps' mu can be taken, in that order, within a second.
 func lockFree(r *Registry[string]) bool {
 	done := make(chan struct{})
 	go func() {
+		r.learned.learnMu.Lock()
+		defer r.learned.learnMu.Unlock()
 		r.mu.Lock()
 		defer r.mu.Unlock() // taken: that is all this asks
 		r.learned.mu.Lock()

@@ -233,10 +233,10 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	// Whatever happens (a LimitFunc or a client hook may panic, the key be
 	// forgotten meanwhile), the sync ends.
 	defer func() { r.syncedLocked(key, snap, fresh, done) }()
-	if r.learned.of(key) != lk {
+	var learned bool
+	if snap, learned = r.snapshotLocked(key, lk); !learned {
 		return true // forgotten
 	}
-	snap = r.snapshotLocked(key, lk)
 	if !r.brk.allow() {
 		return false
 	}
@@ -258,10 +258,14 @@ func (r *Registry[K]) syncLearned(key K, lk *learning) bool {
 	return later // the store answered: read again at the usual pace
 }
 
-// snapshotLocked takes what a sync of key, learned as lk, starts from.
-func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
+// snapshotLocked takes what a sync of key, learned as lk, starts from;
+// false if key is no longer learned as lk.
+func (r *Registry[K]) snapshotLocked(key K, lk *learning) (syncSnapshot, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
+	if r.learned.of(key) != lk {
+		return syncSnapshot{lk: lk}, false
+	}
 	configured := r.configuredLocked(key)
 	r.learned.mu.Lock()
 	defer r.learned.mu.Unlock()
@@ -277,7 +281,7 @@ func (r *Registry[K]) snapshotLocked(key K, lk *learning) syncSnapshot {
 		snap.start.Cap = lk.stored
 		snap.s.Configure(&snap.start.Cap, snap.configured)
 	}
-	return snap
+	return snap, true
 }
 
 // maxLearnTries bounds the tries of a sync that other processes' writes
@@ -370,7 +374,9 @@ func (r *Registry[K]) decodeLearned(snap syncSnapshot, res driver.LearnedResult)
 func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, done bool) {
 	c, lk := &r.learned, snap.lk
 	// The sync ends whatever happens: if the LimitFunc panics, after the
-	// Registry's mu is unlocked, with what it wrote no longer pending.
+	// Registry's mu is unlocked, with what it wrote no longer pending (a
+	// cap that took this write's message before it, with that evidence
+	// twice, stays so until the next sync then).
 	defer func() {
 		c.mu.Lock()
 		defer c.mu.Unlock()
@@ -382,9 +388,12 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 			close(lk.synced)
 		}
 	}()
+	if !done {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
-	if !done || c.of(key) != lk {
+	if c.of(key) != lk {
 		return
 	}
 	configured := r.configuredLocked(key)
@@ -442,6 +451,9 @@ func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock() // the LimitFunc may panic
+	if r.learned.of(k) != lk {
+		return k, true, false // forgotten meanwhile
+	}
 	configured := r.configuredLocked(k)
 	c := &r.learned
 	c.mu.Lock()
