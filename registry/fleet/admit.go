@@ -183,6 +183,15 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 	}
 	if c.learned {
 		l.start = start{id: uint64(res.Start), at: res.Start * int64(time.Microsecond), counts: res.Counts}
+		if i, limit := r.overLearned(l); i >= 0 {
+			// A cut that reached this process while the call was on its
+			// way put the key's cap below the count this start would make:
+			// the upstream would refuse it. It waits, or is refused, as
+			// under a full key.
+			r.abandon(l)
+			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units, Limit: limit, RetryAfter: time.Second}
+			return outcome{err: le, full: i, inFlight: le.InFlight}
+		}
 	}
 	return r.hold(ctx, l, false, epoch)
 }

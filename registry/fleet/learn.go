@@ -323,7 +323,8 @@ func (r *Registry[K]) learnedLimit(key K) (int, bool) {
 // A report that lowers a cap writes it to the store before it returns, within
 // the call timeout, and the other processes take it as its message
 // arrives: so s's release, which follows, lets few of them start another
-// request under the cap they knew.
+// request under the cap they knew. An admission whose reply comes after
+// the cut, at a count over it, is not handed out (see PROTOCOL.md).
 func (r *Registry[K]) Report(s *slots.Slot, v upstream.Verdict) {
 	if s == nil || s.Bypassed() || !r.learned.ever.Load() {
 		return
@@ -390,6 +391,24 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 		}
 	}
 	return changed, cut
+}
+
+// overLearned returns the first learned key of l, just admitted, whose
+// cap is now below its count with l's start (the limit l's call sent was
+// higher: a cut came meanwhile), and that cap; -1 if none.
+func (r *Registry[K]) overLearned(l *lease[K]) (int, int) {
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := r.clock.nanos()
+	for i, k := range l.keys {
+		if lk := c.learning[k]; lk != nil {
+			if limit := lk.cap.Limit(now); int(l.start.counts[i]) > limit {
+				return i, limit
+			}
+		}
+	}
+	return -1, 0
 }
 
 // started notes the admission of l in the store on its learned keys; it
