@@ -72,6 +72,7 @@ type outcome struct {
 	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
 	queued  bool          // waiting in the fleet's queue; full is the index of a full key
 	retry   bool          // a waiter's call timed out, the breaker closed: it asks again
+	overCut bool          // admitted over a learned cap cut meanwhile: see attempt
 	// With full: that key's lease count and queue length, as the reply
 	// told them.
 	inFlight, queuedN int
@@ -107,6 +108,23 @@ func (r *Registry[K]) limitsLocked(l *lease[K]) {
 // under ctx: a caller whose longest wait runs out as the store admits it
 // holds the lease.
 func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *waiter) outcome {
+	o := r.attemptOnce(ctx, callCtx, l, w, false)
+	if o.overCut {
+		// The store admitted l over a learned cap cut while its call was
+		// on its way (the upstream would refuse it): the same call again,
+		// with the limits now. The store gives the lease back and serves
+		// the queues under them (driver.AdmitCall, step 6), then decides
+		// as for a newcomer: a waiter queues, past the queue's bounds.
+		o = r.attemptOnce(ctx, callCtx, l, w, true)
+	}
+	return o
+}
+
+// attemptOnce is one call of attempt. An admission over a learned cap
+// cut meanwhile is an outcome with overCut; when again (it is the call
+// made again), its lease is given back instead, and l refused as under
+// a full key.
+func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *waiter, again bool) outcome {
 	var c acquireCall[K]
 	var rp reply
 	for try := 0; ; try++ {
@@ -182,16 +200,18 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		return r.refused(l, res)
 	}
 	if c.learned {
-		l.start = start{id: uint64(res.Start), at: res.Start * int64(time.Microsecond), counts: res.Counts}
-		if i, limit := r.overLearned(l); i >= 0 {
-			// A cut that reached this process while the call was on its
-			// way put the key's cap below the count this start would make:
-			// the upstream would refuse it. It waits, or is refused, as
-			// under a full key.
+		st := start{id: uint64(res.Start), at: res.Start * int64(time.Microsecond), counts: res.Counts}
+		if i, limit := r.overLearned(l, st); i >= 0 {
+			if !again {
+				return outcome{full: -1, overCut: true}
+			}
+			// A second cut meanwhile: given back (its removal serves under
+			// the limits of the call made again, after the first cut).
 			r.abandon(l)
 			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units, Limit: limit, RetryAfter: time.Second}
 			return outcome{err: le, full: i, inFlight: le.InFlight}
 		}
+		l.start = st
 	}
 	return r.hold(ctx, l, false, epoch)
 }

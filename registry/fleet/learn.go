@@ -393,17 +393,17 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 	return changed, cut
 }
 
-// overLearned returns the first learned key of l, just admitted, whose
-// cap is now below its count with l's start (the limit l's call sent was
-// higher: a cut came meanwhile), and that cap; -1 if none.
-func (r *Registry[K]) overLearned(l *lease[K]) (int, int) {
+// overLearned returns the first learned key of l, just admitted as st
+// tells, whose cap is now below its count with that start (the limit l's
+// call sent was higher: a cut came meanwhile), and that cap; -1 if none.
+func (r *Registry[K]) overLearned(l *lease[K], st start) (int, int) {
 	c := &r.learned
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := r.clock.nanos()
 	for i, k := range l.keys {
 		if lk := c.learning[k]; lk != nil {
-			if limit := lk.cap.Limit(now); int(l.start.counts[i]) > limit {
+			if limit := lk.cap.Limit(now); int(st.counts[i]) > limit {
 				return i, limit
 			}
 		}

@@ -118,3 +118,203 @@ func TestAdmissionOverACutMeanwhileIsGivenBack(t *testing.T) {
 		})
 	}
 }
+
+// faultyCutStore is cutMidCall with hooks on the abandon and on the
+// admission calls that follow the cut, which can also fail.
+type faultyCutStore struct {
+	cutMidCall
+	beforeNext atomic.Pointer[func()] // run once before the next Abandon or admission after the cut
+	failAdmits atomic.Int32           // the next n admission calls fail
+	abandons   atomic.Pointer[[]*driver.AbandonCall]
+}
+
+var errStoreDown = errors.New("store down: connection refused")
+
+func (s *faultyCutStore) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
+	if f := s.beforeNext.Swap(nil); f != nil {
+		(*f)()
+	}
+	cs := append([]*driver.AbandonCall(nil), calls...)
+	s.abandons.Store(&cs)
+	return s.cutMidCall.Store.Abandon(ctx, calls)
+}
+
+func (s *faultyCutStore) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if !s.armed.Load() {
+		if f := s.beforeNext.Swap(nil); f != nil {
+			(*f)()
+		}
+	}
+	if !s.armed.Load() && s.failAdmits.Add(-1) >= 0 {
+		return driver.AdmitResult{Err: errStoreDown}, errStoreDown
+	}
+	return s.cutMidCall.AdmitOne(ctx, c)
+}
+
+// An admission over a cut made meanwhile leaves the store served under the
+// cut limit, not the one its call carried (10): another process's waiter,
+// queued before the lease is given back, is not granted over the cap the
+// process now knows.
+func TestGivenBackAdmissionServesUnderTheCut(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		mem := memstore.New()
+		s := &faultyCutStore{cutMidCall: cutMidCall{Store: mem}}
+		r := New[string](s, 100, WithLogger(quiet()))
+		defer r.Close()
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+		synctest.Wait()
+		var held []*slots.Slot
+		for range 9 {
+			time.Sleep(time.Millisecond)
+			held = append(held, holdP(t, 1, r)...)
+		}
+		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+		// Another process's waiter, queued while the given-back lease is in
+		// the store (count 10, its limit 10).
+		queued := func() {
+			res, err := mem.AdmitOne(context.Background(), &driver.AdmitCall{
+				Lease: "other-waiter", Keys: []string{"p"}, Limits: []int{10}, Units: 1,
+				TTL: 10 * time.Second, Wait: true, Claim: time.Second, Live: 5 * time.Second,
+				Weight: 1, Proc: "other", MaxQueue: -1, MaxFlowQueue: -1,
+			})
+			require.NoError(t, err)
+			require.Equal(t, driver.StatusQueued, res.Status)
+		}
+		s.beforeNext.Store(&queued)
+		s.armed.Store(true)
+		_, err := r.TryAcquire("p")
+		require.ErrorIs(t, err, slots.ErrLimitReached)
+		synctest.Wait() // the abandon reaches the store
+		cut := r.Limit("p")
+		require.Less(t, cut, 10)
+		var served []int
+		if abandons := s.abandons.Load(); abandons != nil {
+			served = (*abandons)[0].Limits
+		}
+		n, err := r.InFlight(context.Background(), "p")
+		require.NoError(t, err)
+		assert.LessOrEqual(t, n, max(cut, 9),
+			"the given-back lease's abandon granted a waiter at %d, over the cut cap %d (the abandon served under limits %v)", n, cut, served)
+		releaseAll(t, r, held)
+	})
+}
+
+// A waiter whose admission over a cut is given back, and which is then
+// admitted outside the store (its next call fails: FallbackLocal admits it
+// under the local registry), carries no start: a report on its Slot
+// changes no cap, as for any Slot admitted while the store is unreachable.
+func TestGivenBackStartIsNoEvidence(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		s := &faultyCutStore{cutMidCall: cutMidCall{Store: memstore.New()}}
+		r := New[string](s, 100, WithLogger(quiet()))
+		defer r.Close()
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+		synctest.Wait()
+		var held []*slots.Slot
+		for range 9 {
+			time.Sleep(time.Millisecond)
+			held = append(held, holdP(t, 1, r)...)
+		}
+		s.cut = func() {
+			r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency})
+			time.Sleep(5 * time.Millisecond) // the call waits for the row lock: its start is after the cut
+			s.failAdmits.Store(1 << 20)      // the store is unreachable from the waiter's next call on
+		}
+		s.armed.Store(true)
+		got := make(chan *slots.Slot, 1)
+		go func() {
+			sl, err := r.Acquire(context.Background(), "p")
+			if err != nil {
+				t.Errorf("Acquire: %v", err)
+			}
+			got <- sl
+		}()
+		synctest.Wait()
+		time.Sleep(6 * time.Millisecond) // the cut's sleep (the row lock) ends: the admission comes back
+		synctest.Wait()
+		cut := r.Limit("p")
+		require.Less(t, cut, 10)
+		// Room under the cut cap, locally: the waiter's next call fails, and
+		// it is admitted under the local registry.
+		for _, h := range held[5:] {
+			h.Release()
+		}
+		held = held[:5]
+		sl := <-got
+		require.NotNil(t, sl)
+		require.True(t, sl.Degraded())
+		before := r.Learned("p")
+		r.Report(sl, pacing.Verdict{Kind: pacing.Admitted})
+		after := r.Learned("p")
+		assert.Equal(t, before.Cap, after.Cap, "a report on a Slot admitted outside the store moved the cap (by the given-back start's count)")
+		sl.Release()
+		for _, h := range held {
+			h.Release()
+		}
+	})
+}
+
+// A waiter granted, whose claim is admitted at a count over a cut made
+// while the claim was on its way, is given back by the store and waits
+// again past the queue's bound (slots.WithMaxQueue), as the store's own
+// give-back of a grant claimed under a lowered limit does: it does not fail
+// with ErrQueueFull, having been at the head of the queue.
+func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		mem := memstore.New()
+		s := &faultyCutStore{cutMidCall: cutMidCall{Store: mem}}
+		r := New[string](s, 100, WithLogger(quiet()), WithLocalOptions(slots.WithMaxQueue(1)))
+		defer r.Close()
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+		synctest.Wait()
+		var held []*slots.Slot
+		for range 10 {
+			time.Sleep(time.Millisecond)
+			held = append(held, holdP(t, 1, r)...)
+		}
+		got := make(chan error, 1)
+		go func() {
+			sl, err := r.Acquire(context.Background(), "p")
+			if err == nil {
+				sl.Release()
+			}
+			got <- err
+		}()
+		synctest.Wait() // queued in the store
+		other := func(id string) {
+			res, err := mem.AdmitOne(context.Background(), &driver.AdmitCall{
+				Lease: id, Keys: []string{"p"}, Limits: []int{10}, Units: 1,
+				TTL: 10 * time.Second, Wait: true, Claim: time.Second, Live: 5 * time.Second,
+				Weight: 1, Proc: "other", MaxQueue: -1, MaxFlowQueue: -1,
+			})
+			require.NoError(t, err)
+			require.Equal(t, driver.StatusQueued, res.Status)
+		}
+		// The claim's call meets the cut on its way; two waiters of another
+		// process queue behind it meanwhile.
+		s.cut = func() {
+			r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency})
+			other("o1")
+			other("o2")
+		}
+		s.armed.Store(true)
+		held[9].Release() // grants the waiter
+		synctest.Wait()
+		require.False(t, s.armed.Load(), "the claim met the cut")
+		time.Sleep(time.Second) // its backoff
+		synctest.Wait()
+		returned := false
+		select {
+		case err := <-got:
+			assert.NoError(t, err, "the waiter, granted at the head of the queue, failed after its claim was given back")
+			returned = true
+		default: // still waiting, as after the store's own give-back
+		}
+		for _, h := range held[:9] {
+			h.Release()
+		}
+		if !returned {
+			require.NoError(t, <-got, "admitted once the holders left")
+		}
+	})
+}
