@@ -125,6 +125,15 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 // made again), its lease is given back instead, and l refused as under
 // a full key.
 func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *waiter, again bool) outcome {
+	// again: l's id is in the store (the first call admitted it). Any way
+	// out before the store has answered this call (or the call's abandon
+	// took it) takes it back, a panic included.
+	pending := again
+	defer func() {
+		if pending {
+			r.takeBack(l)
+		}
+	}()
 	var c acquireCall[K]
 	var rp reply
 	for try := 0; ; try++ {
@@ -136,7 +145,10 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 		if !r.brk.allow() {
 			// It may be admitted outside the store: under a new id, which its
 			// ticket's tombstone does not keep out when it is put back.
-			if r.leaveQueue(l, w) {
+			if pending {
+				pending = false
+				r.takeBack(l)
+			} else if r.leaveQueue(l, w) {
 				l.id = newLeaseID() // l is not shared yet
 			}
 			return r.unavailable(ctx, l)
@@ -149,6 +161,9 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 		if rp.err != nil || rp.res.Status != driver.StatusTooLate || try > 0 {
 			break
 		}
+	}
+	if rp.err == nil || rp.sent {
+		pending = false // answered (its lease given back or kept), or abandoned below
 	}
 	res := rp.res
 	if err := rp.err; errors.Is(err, driver.ErrBadReply) {
@@ -205,8 +220,9 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			if !again {
 				return outcome{full: -1, overCut: true}
 			}
-			// A second cut meanwhile: given back (its removal serves under
-			// the limits of the call made again, after the first cut).
+			// A second cut meanwhile: given back, its removal serving the
+			// queues under the caps now.
+			r.cutLimits(l)
 			r.abandon(l)
 			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units, Limit: limit, RetryAfter: time.Second}
 			return outcome{err: le, full: i, inFlight: le.InFlight}
@@ -278,6 +294,28 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 		r.waits.mu.Unlock()
 	}
 	return rp
+}
+
+// takeBack takes l's id out of the store (see sendAbandonment) and gives
+// l a new id.
+func (r *Registry[K]) takeBack(l *lease[K]) {
+	r.sendAbandonment(l)
+	l.id = newLeaseID()
+}
+
+// sendAbandonment takes whatever l's id holds out of the store: through
+// the releaser, without waiting for the store, while the Registry runs;
+// once it is closed, now (the releaser has stopped), within the call
+// timeout.
+func (r *Registry[K]) sendAbandonment(l *lease[K]) {
+	r.mu.Lock()
+	closed := r.closed
+	r.mu.Unlock()
+	if closed {
+		r.remove(context.Background(), []*lease[K]{l.abandonment()})
+	} else {
+		r.queueRelease(l.abandonment())
+	}
 }
 
 // abandon queues the removal of whatever a failed call for l may have put

@@ -411,6 +411,20 @@ func (r *Registry[K]) overLearned(l *lease[K], st start) (int, int) {
 	return -1, 0
 }
 
+// cutLimits lowers l's limits to its learned keys' caps now, so that the
+// removal of l, given back over a cut, serves the queues under them.
+func (r *Registry[K]) cutLimits(l *lease[K]) {
+	c := &r.learned
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := r.clock.nanos()
+	for i, k := range l.keys {
+		if lk := c.learning[k]; lk != nil {
+			l.limits[i] = min(l.limits[i], lk.cap.Limit(now))
+		}
+	}
+}
+
 // started notes the admission of l in the store on its learned keys; it
 // reports whether a cap changed.
 func (r *Registry[K]) started(l *lease[K]) (changed bool) {

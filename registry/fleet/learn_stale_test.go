@@ -318,3 +318,143 @@ func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
 		}
 	})
 }
+
+// cutAroundCall runs cut before its next armed admission call, and after
+// once that call has come back from the store (before the client reads
+// the reply).
+type cutAroundCall struct {
+	driver.Store
+	armed      atomic.Bool
+	cut, after func()
+}
+
+func (s *cutAroundCall) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if !s.armed.CompareAndSwap(true, false) {
+		return s.Store.AdmitOne(ctx, c)
+	}
+	s.cut()
+	res, err := s.Store.AdmitOne(ctx, c)
+	if s.after != nil {
+		s.after()
+	}
+	return res, err
+}
+
+func (s *cutAroundCall) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	if !s.armed.CompareAndSwap(true, false) {
+		return s.Store.Admit(ctx, calls)
+	}
+	s.cut()
+	res, err := s.Store.Admit(ctx, calls)
+	if s.after != nil {
+		s.after()
+	}
+	return res, err
+}
+
+// holdSpaced takes n slots of "p", a millisecond apart (each its own start).
+func holdSpaced(t *testing.T, r *Registry[string], n int) []*slots.Slot {
+	var held []*slots.Slot
+	for range n {
+		time.Sleep(time.Millisecond)
+		held = append(held, holdP(t, 1, r)...)
+	}
+	return held
+}
+
+// The caller's context ends after the first call's admission over the
+// cut came back, before the call made again is sent: that call is never
+// sent, and the lease the first call put in the store is taken back (not
+// left there, unrenewed, until the lease TTL).
+func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		s := &cutAroundCall{Store: memstore.New()}
+		r := New[string](s, 100, WithLogger(quiet()))
+		defer r.Close()
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+		synctest.Wait()
+		held := holdSpaced(t, r, 9)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.after = cancel
+		s.armed.Store(true)
+		_, err := r.Acquire(ctx, "p")
+		require.ErrorIs(t, err, context.Canceled)
+		require.Less(t, r.Limit("p"), 10, "the cap was cut mid-call")
+		for _, h := range held {
+			h.Release()
+		}
+		synctest.Wait() // the releases reach the store
+		n, err := r.InFlight(context.Background(), "p")
+		require.NoError(t, err)
+		assert.Zero(t, n, "the lease admitted by the first call is taken back")
+	})
+}
+
+// A cut below the lease's units: the call made again fails before
+// anything is sent (ErrExceedsLimit), and the lease the first call put in
+// the store is taken back.
+func TestOverACutBelowTheUnits(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		s := &cutAroundCall{Store: memstore.New()}
+		r := New[string](s, 100, WithLogger(quiet()))
+		defer r.Close()
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+		synctest.Wait()
+		held := holdSpaced(t, r, 4)
+		s.cut = func() { r.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.armed.Store(true)
+		_, err := r.TryAcquireN("p", 6) // sent with limit 10: admitted at 10
+		require.Less(t, r.Limit("p"), 6, "the cap was cut below the units")
+		require.ErrorIs(t, err, slots.ErrExceedsLimit)
+		for _, h := range held {
+			h.Release()
+		}
+		synctest.Wait()
+		n, err := r.InFlight(context.Background(), "p")
+		require.NoError(t, err)
+		assert.Zero(t, n, "the 6-unit lease admitted by the first call is taken back")
+	})
+}
+
+// The breaker opens between the two calls (other calls failed meanwhile):
+// the call made again is not made, unavailable answers (FailClosed), and
+// the lease the first call put in the store is taken back once the store
+// answers again.
+func TestOverACutBreakerOpenBetweenTheCalls(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		s := &cutAroundCall{Store: memstore.New()}
+		var openNext atomic.Bool
+		var r *Registry[string]
+		r = NewWithKeys[string](s, 100, Keys[string]{Limit: func(string) int {
+			if openNext.CompareAndSwap(true, false) {
+				r.brk.isOpen.Store(true) // stands for failures of other calls meanwhile
+			}
+			return 100
+		}}, WithLogger(quiet()), WithUnavailable(FailClosed))
+		defer r.Close()
+		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+		synctest.Wait()
+		held := holdSpaced(t, r, 9)
+		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.after = func() {
+			synctest.Wait() // the learner's LimitFunc calls are done
+			openNext.Store(true)
+		}
+		s.armed.Store(true)
+		_, err := r.TryAcquire("p")
+		require.ErrorIs(t, err, ErrUnavailable)
+		require.Less(t, r.Limit("p"), 10)
+		// The store answers again: the releaser sends what it kept.
+		r.brk.success()
+		r.recovered()
+		for _, h := range held {
+			h.Release()
+		}
+		synctest.Wait()
+		n, err := r.InFlight(context.Background(), "p")
+		require.NoError(t, err)
+		assert.Zero(t, n, "the lease the first call put in the store is taken back")
+	})
+}

@@ -104,23 +104,14 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 
 // leaveQueue takes back w's place in the fleet's queue, or the grant it
 // has not claimed, if it was queued as l's current id, and reports whether
-// it did. While the Registry runs this goes through the releaser, without
-// waiting for the store; once it is closed, it is sent now (the releaser has
-// stopped), within the call timeout. It leaves l as it is: l may be on its
-// way out already (given back), read by the releaser.
+// it did (see sendAbandonment). It leaves l as it is: l may be on its way
+// out already (given back), read by the releaser.
 func (r *Registry[K]) leaveQueue(l *lease[K], w *waiter) bool {
 	if w == nil || w.queuedAs == "" || w.queuedAs != l.id {
 		return false
 	}
 	w.queuedAs = ""
-	r.mu.Lock()
-	closed := r.closed
-	r.mu.Unlock()
-	if closed {
-		r.remove(context.Background(), []*lease[K]{l.abandonment()})
-	} else {
-		r.queueRelease(l.abandonment())
-	}
+	r.sendAbandonment(l)
 	return true
 }
 

@@ -118,6 +118,7 @@ var (
 		{"NewcomerDoesNotPass", newcomerDoesNotPass},
 		{"LearnedCapShared", learnedCapShared},
 		{"CountsLeaveOutGrants", countsLeaveOutGrants},
+		{"AdmittedOverALoweredLimit", admittedOverALoweredLimit},
 		{"AnyKey", anyKey},
 		{"OverridesShared", overridesShared},
 		{"BudgetShared", budgetShared},
