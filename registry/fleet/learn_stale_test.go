@@ -55,15 +55,8 @@ func TestAdmissionOverACutMeanwhileIsGivenBack(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
 				s := &cutMidCall{Store: memstore.New()}
-				r := New[string](s, 100, WithLogger(quiet()))
-				defer r.Close()
-				require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-				synctest.Wait()
-				var held []*slots.Slot
-				for range 9 { // starts a millisecond apart: each its own number
-					time.Sleep(time.Millisecond)
-					held = append(held, holdP(t, 1, r)...)
-				}
+				r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
+				held := holdSpaced(t, r, 9)
 				require.Equal(t, 10, r.Limit("p"))
 				// The ninth start is refused by the upstream, and reported
 				// while the tenth's call is on its way with limit 10.
@@ -159,15 +152,8 @@ func TestGivenBackAdmissionServesUnderTheCut(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		mem := memstore.New()
 		s := &faultyCutStore{cutMidCall: cutMidCall{Store: mem}}
-		r := New[string](s, 100, WithLogger(quiet()))
-		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-		synctest.Wait()
-		var held []*slots.Slot
-		for range 9 {
-			time.Sleep(time.Millisecond)
-			held = append(held, holdP(t, 1, r)...)
-		}
+		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
+		held := holdSpaced(t, r, 9)
 		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
 		// Another process's waiter, queued while the given-back lease is in
 		// the store (count 10, its limit 10).
@@ -206,15 +192,8 @@ func TestGivenBackAdmissionServesUnderTheCut(t *testing.T) {
 func TestGivenBackStartIsNoEvidence(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		s := &faultyCutStore{cutMidCall: cutMidCall{Store: memstore.New()}}
-		r := New[string](s, 100, WithLogger(quiet()))
-		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-		synctest.Wait()
-		var held []*slots.Slot
-		for range 9 {
-			time.Sleep(time.Millisecond)
-			held = append(held, holdP(t, 1, r)...)
-		}
+		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
+		held := holdSpaced(t, r, 9)
 		s.cut = func() {
 			r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency})
 			time.Sleep(5 * time.Millisecond) // the call waits for the row lock: its start is after the cut
@@ -263,15 +242,8 @@ func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		mem := memstore.New()
 		s := &faultyCutStore{cutMidCall: cutMidCall{Store: mem}}
-		r := New[string](s, 100, WithLogger(quiet()), WithLocalOptions(slots.WithMaxQueue(1)))
-		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-		synctest.Wait()
-		var held []*slots.Slot
-		for range 10 {
-			time.Sleep(time.Millisecond)
-			held = append(held, holdP(t, 1, r)...)
-		}
+		r := learnsTen(t, New[string](s, 100, WithLogger(quiet()), WithLocalOptions(slots.WithMaxQueue(1))))
+		held := holdSpaced(t, r, 10)
 		got := make(chan error, 1)
 		go func() {
 			sl, err := r.Acquire(context.Background(), "p")
@@ -352,6 +324,28 @@ func (s *cutAroundCall) Admit(ctx context.Context, calls []*driver.AdmitCall) ([
 	return res, err
 }
 
+// learnsTen has r learn "p" from a cap of 10, its most, closes r at the
+// end of t, and returns it once its state is read.
+func learnsTen(t *testing.T, r *Registry[string]) *Registry[string] {
+	t.Cleanup(r.Close)
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+	synctest.Wait()
+	return r
+}
+
+// releasedAll releases held and checks that the store counts nothing on
+// "p" once the releases have reached it (what says why, if not).
+func releasedAll(t *testing.T, r *Registry[string], held []*slots.Slot, what string) {
+	t.Helper()
+	for _, h := range held {
+		h.Release()
+	}
+	synctest.Wait() // the releases reach the store
+	n, err := r.InFlight(context.Background(), "p")
+	require.NoError(t, err)
+	assert.Zero(t, n, what)
+}
+
 // holdSpaced takes n slots of "p", a millisecond apart (each its own start).
 func holdSpaced(t *testing.T, r *Registry[string], n int) []*slots.Slot {
 	var held []*slots.Slot
@@ -369,10 +363,7 @@ func holdSpaced(t *testing.T, r *Registry[string], n int) []*slots.Slot {
 func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		s := &cutAroundCall{Store: memstore.New()}
-		r := New[string](s, 100, WithLogger(quiet()))
-		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-		synctest.Wait()
+		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 9)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
@@ -382,13 +373,7 @@ func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
 		_, err := r.Acquire(ctx, "p")
 		require.ErrorIs(t, err, context.Canceled)
 		require.Less(t, r.Limit("p"), 10, "the cap was cut mid-call")
-		for _, h := range held {
-			h.Release()
-		}
-		synctest.Wait() // the releases reach the store
-		n, err := r.InFlight(context.Background(), "p")
-		require.NoError(t, err)
-		assert.Zero(t, n, "the lease admitted by the first call is taken back")
+		releasedAll(t, r, held, "the lease admitted by the first call is taken back")
 	})
 }
 
@@ -398,23 +383,14 @@ func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
 func TestOverACutBelowTheUnits(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		s := &cutAroundCall{Store: memstore.New()}
-		r := New[string](s, 100, WithLogger(quiet()))
-		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-		synctest.Wait()
+		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 4)
 		s.cut = func() { r.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency}) }
 		s.armed.Store(true)
 		_, err := r.TryAcquireN("p", 6) // sent with limit 10: admitted at 10
 		require.Less(t, r.Limit("p"), 6, "the cap was cut below the units")
 		require.ErrorIs(t, err, slots.ErrExceedsLimit)
-		for _, h := range held {
-			h.Release()
-		}
-		synctest.Wait()
-		n, err := r.InFlight(context.Background(), "p")
-		require.NoError(t, err)
-		assert.Zero(t, n, "the 6-unit lease admitted by the first call is taken back")
+		releasedAll(t, r, held, "the 6-unit lease admitted by the first call is taken back")
 	})
 }
 
@@ -433,9 +409,7 @@ func TestOverACutBreakerOpenBetweenTheCalls(t *testing.T) {
 			}
 			return 100
 		}}, WithLogger(quiet()), WithUnavailable(FailClosed))
-		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
-		synctest.Wait()
+		learnsTen(t, r)
 		held := holdSpaced(t, r, 9)
 		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
 		s.after = func() {
@@ -449,12 +423,6 @@ func TestOverACutBreakerOpenBetweenTheCalls(t *testing.T) {
 		// The store answers again: the releaser sends what it kept.
 		r.brk.success()
 		r.recovered()
-		for _, h := range held {
-			h.Release()
-		}
-		synctest.Wait()
-		n, err := r.InFlight(context.Background(), "p")
-		require.NoError(t, err)
-		assert.Zero(t, n, "the lease the first call put in the store is taken back")
+		releasedAll(t, r, held, "the lease the first call put in the store is taken back")
 	})
 }
