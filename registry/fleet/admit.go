@@ -175,6 +175,11 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			// The call may still run in the store: take back what it
 			// adds, and go on under a new lease id.
 			r.abandon(l)
+		} else if pending {
+			// Not sent: the first call's lease goes back now, before l may
+			// be held (unavailable) under a new id.
+			pending = false
+			r.takeBack(l)
 		}
 		switch {
 		case errors.Is(err, ErrClosed):

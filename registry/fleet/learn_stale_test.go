@@ -3,6 +3,8 @@ package fleet
 import (
 	"context"
 	"errors"
+	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -425,4 +427,120 @@ func TestOverACutBreakerOpenBetweenTheCalls(t *testing.T) {
 		r.recovered()
 		releasedAll(t, r, held, "the lease the first call put in the store is taken back")
 	})
+}
+
+// cutThenQueue is a store whose armed AdmitOne runs cut before the call
+// and after once the store has answered; a pipeline with a call on "q"
+// waits for release; the abandon of the armed call's lease id runs
+// onAbandon.
+type cutThenQueue struct {
+	driver.Store
+	armed      atomic.Bool
+	cut, after func()
+	firstID    atomic.Pointer[string]
+	release    chan struct{}
+	onAbandon  func()
+	once       sync.Once
+}
+
+func (s *cutThenQueue) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if !s.armed.CompareAndSwap(true, false) {
+		return s.Store.AdmitOne(ctx, c)
+	}
+	id := c.Lease
+	s.firstID.Store(&id)
+	s.cut()
+	res, err := s.Store.AdmitOne(ctx, c)
+	s.after()
+	return res, err
+}
+
+func (s *cutThenQueue) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	if slices.ContainsFunc(calls, func(c *driver.AdmitCall) bool { return slices.Contains(c.Keys, "q") }) {
+		<-s.release
+	}
+	return s.Store.Admit(ctx, calls)
+}
+
+func (s *cutThenQueue) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
+	if id := s.firstID.Load(); id != nil {
+		for _, c := range calls {
+			if c.Lease == *id {
+				s.once.Do(s.onAbandon)
+			}
+		}
+	}
+	return s.Store.Abandon(ctx, calls)
+}
+
+// The call made again over a cut, queued for a pipeline and not sent in
+// time (as one the breaker stops in the queue): the first call's lease is
+// taken back before the caller is admitted under the local registry
+// (FallbackLocal), not after, when the held lease's id is read by the
+// releaser, the heartbeat and other admissions' carries (under -race, a
+// race of the id's write with the releaser's read).
+func TestOverACutQueueTimeoutTakesBackBeforeHold(t *testing.T) {
+	testrig.Bubble(t, queueTimeoutOverACut)
+}
+
+func queueTimeoutOverACut(t *testing.T) {
+	ms := memstore.New()
+	s := &cutThenQueue{Store: ms, release: make(chan struct{})}
+	r := New[string](s, 100, WithLogger(quiet()), WithTimeout(100*time.Millisecond))
+	t.Cleanup(r.Close)
+	r.calls.max = 1
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+	r2 := New[string](ms, 100, WithLogger(quiet()))
+	t.Cleanup(r2.Close)
+	synctest.Wait()
+	held2 := holdSpaced(t, r2, 8)
+	time.Sleep(time.Millisecond) // virtual: the ninth start its own
+	h, err := r.TryAcquire("p")  // the ninth start
+	require.NoError(t, err)
+
+	s.cut = func() { r.Report(h, pacing.Verdict{Kind: pacing.Concurrency}) }
+	blocker := make(chan error, 1)
+	s.after = func() {
+		go func() {
+			sl, err := r.TryAcquire("q")
+			if err == nil {
+				sl.Release()
+			}
+			blocker <- err
+		}()
+		synctest.Wait()
+		require.Equal(t, 1, r.queued(), "the blocker's call queues")
+	}
+	abandoned := make(chan []string, 1)
+	s.onAbandon = func() {
+		// The releaser, sending the takeBack's abandon: what does this
+		// process hold as degraded leases now?
+		r.mu.Lock()
+		var ids []string
+		for d := range r.held.degraded {
+			ids = append(ids, d.id)
+		}
+		r.mu.Unlock()
+		abandoned <- ids
+	}
+	s.armed.Store(true)
+	sl, err := r.TryAcquire("p")
+	require.NoError(t, err)
+	assert.True(t, sl.Degraded(), "the call made again timed out in the queue: FallbackLocal")
+	// Nothing that locks r.mu here before the releaser has read: that
+	// would order the write of l.id before its read.
+	select {
+	case ids := <-abandoned:
+		assert.NotContains(t, ids, *s.firstID.Load(), "a held lease under the id being abandoned")
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first call's lease was never taken back")
+	}
+	assert.Less(t, r.Limit("p"), 10, "the cap was cut mid-call")
+	close(s.release)
+	<-blocker
+	sl.Release()
+	h.Release()
+	for _, x := range held2 {
+		x.Release()
+	}
 }
