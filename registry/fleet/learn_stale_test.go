@@ -20,27 +20,38 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// cutMidCall is a store whose next admission call, once armed, first runs cut: a
-// cut of a learned cap that reaches the process while its admission call
-// is on its way (on PostgreSQL, a call waiting for the key's row lock).
+// cutMidCall is a store whose next admission call, once armed, first runs
+// cut: a cut of a learned cap that reaches the process while its
+// admission call is on its way (on PostgreSQL, a call waiting for the
+// key's row lock); after, if set, runs once the store has answered, before
+// the client reads the reply.
 type cutMidCall struct {
 	driver.Store
-	armed atomic.Bool
-	cut   func()
+	armed      atomic.Bool
+	cut, after func()
 }
 
-func (s *cutMidCall) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
-	if s.armed.CompareAndSwap(true, false) {
-		s.cut()
+// around runs call, armed with the cut before it and after after it.
+func (s *cutMidCall) around(call func()) {
+	if !s.armed.CompareAndSwap(true, false) {
+		call()
+		return
 	}
-	return s.Store.Admit(ctx, calls)
+	s.cut()
+	call()
+	if s.after != nil {
+		s.after()
+	}
 }
 
-func (s *cutMidCall) AdmitOne(ctx context.Context, call *driver.AdmitCall) (driver.AdmitResult, error) {
-	if s.armed.CompareAndSwap(true, false) {
-		s.cut()
-	}
-	return s.Store.AdmitOne(ctx, call)
+func (s *cutMidCall) Admit(ctx context.Context, calls []*driver.AdmitCall) (res []driver.AdmitResult, err error) {
+	s.around(func() { res, err = s.Store.Admit(ctx, calls) })
+	return res, err
+}
+
+func (s *cutMidCall) AdmitOne(ctx context.Context, call *driver.AdmitCall) (res driver.AdmitResult, err error) {
+	s.around(func() { res, err = s.Store.AdmitOne(ctx, call) })
+	return res, err
 }
 
 // An admission whose call went with a learned limit that a cut lowered
@@ -293,39 +304,6 @@ func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
 	})
 }
 
-// cutAroundCall runs cut before its next armed admission call, and after
-// once that call has come back from the store (before the client reads
-// the reply).
-type cutAroundCall struct {
-	driver.Store
-	armed      atomic.Bool
-	cut, after func()
-}
-
-func (s *cutAroundCall) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
-	if !s.armed.CompareAndSwap(true, false) {
-		return s.Store.AdmitOne(ctx, c)
-	}
-	s.cut()
-	res, err := s.Store.AdmitOne(ctx, c)
-	if s.after != nil {
-		s.after()
-	}
-	return res, err
-}
-
-func (s *cutAroundCall) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
-	if !s.armed.CompareAndSwap(true, false) {
-		return s.Store.Admit(ctx, calls)
-	}
-	s.cut()
-	res, err := s.Store.Admit(ctx, calls)
-	if s.after != nil {
-		s.after()
-	}
-	return res, err
-}
-
 // learnsTen has r learn "p" from a cap of 10, its most, closes r at the
 // end of t, and returns it once its state is read.
 func learnsTen(t *testing.T, r *Registry[string]) *Registry[string] {
@@ -364,7 +342,7 @@ func holdSpaced(t *testing.T, r *Registry[string], n int) []*slots.Slot {
 // left there, unrenewed, until the lease TTL).
 func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		s := &cutAroundCall{Store: memstore.New()}
+		s := &cutMidCall{Store: memstore.New()}
 		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 9)
 		ctx, cancel := context.WithCancel(context.Background())
@@ -384,7 +362,7 @@ func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
 // the store is taken back.
 func TestOverACutBelowTheUnits(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		s := &cutAroundCall{Store: memstore.New()}
+		s := &cutMidCall{Store: memstore.New()}
 		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 4)
 		s.cut = func() { r.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency}) }
@@ -402,7 +380,7 @@ func TestOverACutBelowTheUnits(t *testing.T) {
 // answers again.
 func TestOverACutBreakerOpenBetweenTheCalls(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		s := &cutAroundCall{Store: memstore.New()}
+		s := &cutMidCall{Store: memstore.New()}
 		var openNext atomic.Bool
 		var r *Registry[string]
 		r = NewWithKeys[string](s, 100, Keys[string]{Limit: func(string) int {

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 	"testing"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -59,6 +60,34 @@ func TestWrittenEvidenceDroppedOnce(t *testing.T) {
 	}
 }
 
+// syncWithHook opens a Registry named name on c that learns "p", its state
+// read, and marks p syncing (the learner leaves it alone: the test syncs
+// it) with 3 events pending; a func stored in hook runs once, in the
+// LimitFunc, when the sync's end asks it (under r.mu, the learned caps' mu
+// free). r is closed at the end of t.
+func syncWithHook(t *testing.T, c *redis.Client, name string) (r *Registry[string], lk *learning, synced chan struct{}, hook *atomic.Pointer[func()]) {
+	t.Helper()
+	hook = new(atomic.Pointer[func()])
+	r = NewWithKeys(redisstore.New(c, name), 100, Keys[string]{Limit: func(string) int {
+		if f := hook.Load(); f != nil && calledFrom(".syncedLocked(") {
+			hook.Store(nil)
+			(*f)()
+		}
+		return 50
+	}}, WithLogger(quiet()))
+	t.Cleanup(r.Close)
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	settled(t, r, "p")
+	r.learned.mu.Lock()
+	defer r.learned.mu.Unlock()
+	lk = r.learned.learning["p"]
+	lk.syncingLocked()
+	for range 3 {
+		queueNoop(lk)
+	}
+	return r, lk, lk.synced, hook
+}
+
 // A sync that the store answers ends, with what it wrote no longer pending
 // and what came meanwhile still pending, whether the LimitFunc panics at its
 // end or not, and whether the bound dropped the oldest meanwhile.
@@ -67,25 +96,7 @@ func TestSyncEndsWithEvidenceMeanwhile(t *testing.T) {
 	for _, between := range []int{2, 300} {
 		for _, panics := range []bool{false, true} {
 			t.Run(fmt.Sprintf("between=%d,panics=%v", between, panics), func(t *testing.T) {
-				var hook atomic.Pointer[func()]
-				r := NewWithKeys(redisstore.New(srv.Client(), fmt.Sprintf("ls-end-%d-%v", between, panics)), 100, Keys[string]{Limit: func(string) int {
-					if f := hook.Load(); f != nil && calledFrom(".syncedLocked(") {
-						hook.Store(nil)
-						(*f)()
-					}
-					return 50
-				}}, WithLogger(quiet()))
-				defer r.Close()
-				require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
-				settled(t, r, "p")
-				r.learned.mu.Lock()
-				lk := r.learned.learning["p"]
-				lk.syncingLocked() // the learner leaves p alone: this test syncs it
-				synced := lk.synced
-				for range 3 {
-					queueNoop(lk)
-				}
-				r.learned.mu.Unlock()
+				r, lk, synced, hook := syncWithHook(t, srv.Client(), fmt.Sprintf("ls-end-%d-%v", between, panics))
 				f := func() {
 					r.learned.mu.Lock() // under r.mu: the documented order
 					for range between {
@@ -126,25 +137,7 @@ func TestSyncEndsOnAKeyForgottenMeanwhile(t *testing.T) {
 	srv := redistest.Start(t)
 	for _, panics := range []bool{false, true} {
 		t.Run(fmt.Sprintf("panics=%v", panics), func(t *testing.T) {
-			var hook atomic.Pointer[func()]
-			r := NewWithKeys(redisstore.New(srv.Client(), fmt.Sprintf("ls-forgot-%v", panics)), 100, Keys[string]{Limit: func(string) int {
-				if f := hook.Load(); f != nil && calledFrom(".syncedLocked(") {
-					hook.Store(nil)
-					(*f)()
-				}
-				return 50
-			}}, WithLogger(quiet()))
-			defer r.Close()
-			require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
-			settled(t, r, "p")
-			r.learned.mu.Lock()
-			lk := r.learned.learning["p"]
-			lk.syncingLocked()
-			synced := lk.synced
-			for range 3 {
-				queueNoop(lk)
-			}
-			r.learned.mu.Unlock()
+			r, lk, synced, hook := syncWithHook(t, srv.Client(), fmt.Sprintf("ls-forgot-%v", panics))
 			relearned := make(chan error, 1)
 			f := func() {
 				// Forget's first half (its second takes r.mu, held here),
