@@ -58,7 +58,6 @@ type Cap struct {
 	ProbeAt    int64         // when its last start went
 	ProbeTop   int           // the limit while the batch is out
 	Step       int           // the next batch's width
-	Gap        time.Duration // how long a probe goes unanswered before it counts as admitted
 	Refusal    time.Duration // moving average of how long a refusal takes; 0: none seen
 	RefusalDev time.Duration // moving mean deviation of the refusal time from Refusal
 
@@ -75,7 +74,7 @@ type Cap struct {
 // New returns a Cap that starts at initial, within [floor, ceil], and
 // re-tests a ceiling found after retest.
 func New(floor, ceil, initial int, retest time.Duration) *Cap {
-	l := &Cap{Gap: 500 * time.Millisecond, Step: 1}
+	l := &Cap{Step: 1}
 	l.Configure(floor, ceil, retest)
 	l.Lo = min(max(initial, l.Floor), l.Ceil)
 	l.Hi = l.Ceil
@@ -152,7 +151,7 @@ func (l *Cap) Limit(now int64) int {
 // WakeAt is when the limit next changes by itself (0: only on evidence).
 func (l *Cap) WakeAt(now int64) int64 {
 	if l.ProbeN != 0 {
-		return l.ProbeAt + int64(l.Gap) // the batch taken as admitted
+		return l.ProbeAt + int64(l.Gap()) // the batch taken as admitted
 	}
 	var at int64
 	if l.Lo >= l.Hi && l.Lo < l.Ceil {
@@ -201,7 +200,7 @@ func (l *Cap) GivenBack(n int, at int64) {
 
 // Tick presumes an unanswered probe admitted once gap has passed.
 func (l *Cap) Tick(now int64) {
-	if l.ProbeN != 0 && now >= l.ProbeAt+int64(l.Gap) {
+	if l.ProbeN != 0 && now >= l.ProbeAt+int64(l.Gap()) {
 		l.batchDone(l.ProbeN)
 	}
 }
@@ -277,7 +276,7 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		top := m
 		if l.ProbeN != 0 {
 			top = max(l.ProbeN, m)
-			l.BatchTop, l.BatchAfter, l.BatchEnd, l.BatchUntil = top, l.CutSeq, seq, now+int64(l.Gap)
+			l.BatchTop, l.BatchAfter, l.BatchEnd, l.BatchUntil = top, l.CutSeq, seq, now+int64(l.Gap())
 			l.BatchSeen, l.BatchN = [batchSeenMax]uint64{id}, 1
 		}
 		// A refusal never raises a ceiling (one over Hi is a retest; a
@@ -329,30 +328,41 @@ func (l *Cap) countBatch(m int, id uint64) {
 	l.Lo = min(l.Lo, l.Hi)
 }
 
-// Bounds of Gap.
+// Bounds of Gap, and its value before any refusal was timed.
 const (
-	minGap = 20 * time.Millisecond
-	maxGap = 2 * time.Second
+	minGap     = 20 * time.Millisecond
+	maxGap     = 2 * time.Second
+	initialGap = 500 * time.Millisecond
 )
 
 // timeRefusal takes d, the time a refusal took, into the refusal time and
-// its deviation, and sets Gap from them as TCP sets its retransmission
-// timeout from round trips (RFC 6298): a probe is taken as admitted once
-// its refusal is later than nearly any seen, however much they vary, up to
-// maxGap. While they vary little, that is twice the time a refusal takes;
-// after the first refusal, three times it. A refusal slower than maxGap
+// its deviation, from which Gap follows. A refusal slower than maxGap
 // counts as maxGap, so that one reported very late (say, after its client
-// stalled) does not hold Gap at its bound for long.
+// stalled) does not hold Gap at its bound for long; one of no time at all
+// (a virtual clock's) counts as a nanosecond, so that Refusal is 0 only
+// while none has been timed.
 func (l *Cap) timeRefusal(d time.Duration) {
-	d = min(d, maxGap)
+	d = min(max(d, 1), maxGap)
 	if l.Refusal == 0 {
 		l.Refusal, l.RefusalDev = d, d/2
 	} else {
 		l.RefusalDev = (3*l.RefusalDev + (l.Refusal - d).Abs()) / 4
 		l.Refusal = (3*l.Refusal + d) / 4
 	}
+}
+
+// Gap is how long a probe goes unanswered before it counts as admitted,
+// set from the refusal time and its deviation as TCP sets its
+// retransmission timeout from round trips (RFC 6298): a probe is taken as
+// admitted once its refusal is later than nearly any seen, however much
+// they vary, within [minGap, maxGap]. While they vary little, that is
+// twice the time a refusal takes; after the first refusal, three times it.
+func (l *Cap) Gap() time.Duration {
+	if l.Refusal == 0 {
+		return initialGap
+	}
 	gap := max(2*l.Refusal, l.Refusal+4*l.RefusalDev)
-	l.Gap = min(max(gap, minGap), maxGap)
+	return min(max(gap, minGap), maxGap)
 }
 
 // Inconclusive notes that start number id, with n in flight, was refused
@@ -382,7 +392,7 @@ func (l *Cap) Overloaded(id, seq uint64) {
 // Valid reports whether l is a state a Cap can be in, its bounds aside
 // (Configure applies them): one decoded from elsewhere may not be.
 func (l *Cap) Valid() bool {
-	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Gap > 0 && l.Refusal >= 0 && l.RefusalDev >= 0 && l.Streak >= 0 &&
+	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Refusal >= 0 && l.RefusalDev >= 0 && l.Streak >= 0 &&
 		l.BatchLo >= 0 && l.BatchTop >= 0 && l.BatchN >= 0 && l.BatchN <= len(l.BatchSeen) &&
 		l.ProbeN >= 0 && l.ProbeTop >= 0 && l.Retest >= 0
 }

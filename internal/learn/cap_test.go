@@ -12,7 +12,6 @@ func TestValid(t *testing.T) {
 	}
 	for name, bad := range map[string]func(*Cap){
 		"zero value": func(c *Cap) { *c = Cap{} },
-		"no gap":     func(c *Cap) { c.Gap = 0 },
 		"no step":    func(c *Cap) { c.Step = 0 },
 		"cap 0":      func(c *Cap) { c.Lo = 0 },
 		"streak < 0": func(c *Cap) { c.Streak = -1 },
@@ -38,8 +37,8 @@ func TestGapCoversVaryingRefusals(t *testing.T) {
 	for _, d := range []time.Duration{10, 10, 10, 10, 80, 10, 10} {
 		timeRefusals(c, &now, d*time.Millisecond)
 	}
-	if c.Gap <= 60*time.Millisecond || c.Gap >= 90*time.Millisecond {
-		t.Fatalf("gap %v after refusals of 10 ms and one of 80 ms: want between 60 and 90 ms", c.Gap)
+	if c.Gap() <= 60*time.Millisecond || c.Gap() >= 90*time.Millisecond {
+		t.Fatalf("gap %v after refusals of 10 ms and one of 80 ms: want between 60 and 90 ms", c.Gap())
 	}
 	// A batch of probes goes out: demand fills Lo, and the limit lets one over.
 	lo := c.Lo
@@ -74,8 +73,8 @@ func TestGapSteadyRefusals(t *testing.T) {
 	for range 20 {
 		timeRefusals(c, &now, 50*time.Millisecond)
 	}
-	if c.Gap < 100*time.Millisecond || c.Gap > 101*time.Millisecond {
-		t.Fatalf("gap %v with every refusal 50 ms: want 100 ms", c.Gap)
+	if c.Gap() < 100*time.Millisecond || c.Gap() > 101*time.Millisecond {
+		t.Fatalf("gap %v with every refusal 50 ms: want 100 ms", c.Gap())
 	}
 }
 
@@ -221,11 +220,11 @@ func TestGapAfterAVeryLateRefusal(t *testing.T) {
 		refuse(50 * time.Millisecond)
 	}
 	refuse(time.Hour)
-	if c.Gap != maxGap {
-		t.Fatalf("gap %v after a refusal an hour late: want %v", c.Gap, maxGap)
+	if c.Gap() != maxGap {
+		t.Fatalf("gap %v after a refusal an hour late: want %v", c.Gap(), maxGap)
 	}
 	n := 0
-	for c.Gap > 150*time.Millisecond {
+	for c.Gap() > 150*time.Millisecond {
 		refuse(50 * time.Millisecond)
 		n++
 	}
@@ -478,5 +477,24 @@ func TestRefusalOverACut(t *testing.T) {
 	s.refuse(lo, now)
 	if c.Streak != streak+1 || c.Lo >= lo {
 		t.Fatalf("a refusal within Lo while a start over it is the cut's test: %+v, want a further cut from %d", c, lo)
+	}
+}
+
+// Before any refusal is timed the gap is its initial one; a refusal of no
+// time at all (on a virtual clock) counts as timed, at the shortest gap,
+// and is not taken for none by the refusals after it.
+func TestGapAfterARefusalOfNoTime(t *testing.T) {
+	c := New(1, 64, 4, 10*time.Second)
+	if c.Gap() != initialGap {
+		t.Fatalf("gap %v before any refusal: want %v", c.Gap(), initialGap)
+	}
+	now := int64(0)
+	timeRefusals(c, &now, 0)
+	if c.Refusal == 0 || c.Gap() != minGap {
+		t.Fatalf("after a refusal of no time: refusal %v, gap %v; want one timed, gap %v", c.Refusal, c.Gap(), minGap)
+	}
+	timeRefusals(c, &now, 400*time.Millisecond)
+	if want := 100 * time.Millisecond; c.Refusal != want {
+		t.Fatalf("refusal %v after one of no time and one of 400 ms: want the average %v", c.Refusal, want)
 	}
 }

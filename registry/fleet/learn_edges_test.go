@@ -450,7 +450,7 @@ func TestLearnedStateNotACap(t *testing.T) {
 		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4}))
 		settled(t, r, "p")
 		lk := learnOf(r, "p")
-		assert.NotZero(t, lk.cap.Gap, v)
+		assert.NotZero(t, lk.cap.Gap(), v)
 		assert.Equal(t, 4, lk.cap.Lo, "the initial cap, as for a missing state: %s", v)
 		assert.Contains(t, c.Get(context.Background(), learnKey(r, "p")).Val(), `"k":"p"`, "written over: %s", v)
 	}

@@ -4,7 +4,9 @@ import (
 	"context"
 	"encoding/json"
 	"log/slog"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -19,13 +21,13 @@ import (
 )
 
 // A learned state in a later format (a later release's, during a rolling
-// deploy; its "f" a number over 1, or anything but a whole number) is
+// deploy; its "f" a number over 2, or anything but a whole number) is
 // neither read nor written over: the process goes on with its own cap and
 // says why, and the state stays as the later release wrote it. A message
 // of one, of this fleet's epoch and a cap this release could read, is not
 // taken either.
 func TestLearnedStateOfALaterFormatLeftAlone(t *testing.T) {
-	for _, f := range []string{`2`, `"2"`, `2.5`} {
+	for _, f := range []string{`3`, `"3"`, `2.5`} {
 		t.Run("f="+f, func(t *testing.T) { laterFormatLeftAlone(t, f) })
 	}
 }
@@ -52,7 +54,7 @@ func laterFormatLeftAlone(t *testing.T, f string) {
 	msg.V, msg.E, msg.Cap.Lo = st.V+1000, r.epoch.Load(), 50
 	b, err := json.Marshal(msg)
 	require.NoError(t, err)
-	r.learnedMessage(strings.Replace(string(b), `"f":1`, `"f":`+f, 1))
+	r.learnedMessage(strings.Replace(string(b), `"f":2`, `"f":`+f, 1))
 	assert.Equal(t, 10, r.Learned("p").Cap, "the message not taken")
 
 	later := `{"k":"p","v":` + res.Version + `9,"f":` + f + `,"cap":{"limit":{"requests":3,"tokens":4096}}}`
@@ -69,35 +71,87 @@ func laterFormatLeftAlone(t *testing.T, f string) {
 	assert.Equal(t, later, now.State, "left as the later release wrote it")
 }
 
-// goldenState is a learned state in format 1, every field of its cap set,
-// as the release before the record of its own (capRecord) wrote it, from
-// the learner's struct.
-const goldenState = `{"k":"provider","v":42,"e":7,"f":1,"cap":{"floor":1,"ceil":64,"retest":10000000000,"lo":12,"hi":20,"hi_at":1700000000000000001,"cut_seq":77,"streak":2,"probe_n":13,"probe_at":1700000000000000002,"probe_top":14,"step":3,"gap":500000000,"refusal":40000000,"refusal_dev":5000000,"batch_lo":11,"batch_top":15,"batch_after":100,"batch_end":108,"batch_seen":[101,103,107,0,0,0,0,0],"batch_n":3,"batch_until":1700000000000000003}}`
-
-// The stored learned state is a record of its own: format 1 reads and
-// writes byte for byte what the learner's struct did when it was the
-// record, so processes of both releases share a state in a rolling deploy.
-func TestLearnedStateRecordIsFormatOne(t *testing.T) {
-	var st storedCap
-	require.NoError(t, json.Unmarshal([]byte(goldenState), &st))
-	want := storedCap{Key: "provider", V: 42, E: 7, F: 1}
-	want.Cap.Floor, want.Cap.Ceil, want.Cap.Retest = 1, 64, 10*time.Second
-	want.Cap.Lo, want.Cap.Hi, want.Cap.HiAt, want.Cap.CutSeq, want.Cap.Streak = 12, 20, 1700000000000000001, 77, 2
-	want.Cap.ProbeN, want.Cap.ProbeAt, want.Cap.ProbeTop, want.Cap.Step = 13, 1700000000000000002, 14, 3
-	want.Cap.Gap, want.Cap.Refusal, want.Cap.RefusalDev = 500*time.Millisecond, 40*time.Millisecond, 5*time.Millisecond
-	want.Cap.BatchLo, want.Cap.BatchTop, want.Cap.BatchAfter, want.Cap.BatchEnd = 11, 15, 100, 108
-	want.Cap.BatchSeen[0], want.Cap.BatchSeen[1], want.Cap.BatchSeen[2] = 101, 103, 107
-	want.Cap.BatchN, want.Cap.BatchUntil = 3, 1700000000000000003
-	assert.Equal(t, want, st, "read")
-	b, err := json.Marshal(st)
+// In a rolling deploy from the release before, this release takes the
+// state that release wrote (format 1) and writes its evidence over it in
+// format 2; a process of the release before then goes on with its own cap
+// and says why (TestLearnedStateOfALaterFormatLeftAlone, as that release
+// tests it).
+func TestLearnedStateOfTheReleaseBeforeTaken(t *testing.T) {
+	ctx := context.Background()
+	ms := memstore.New()
+	one := `{"k":"p","v":5,"f":1,"cap":{"floor":1,"ceil":100,"retest":60000000000,"lo":12,"hi":100,"hi_at":0,"cut_seq":0,"streak":0,` +
+		`"probe_n":0,"probe_at":0,"probe_top":0,"step":1,"gap":500000000,"refusal":0,"refusal_dev":0,"batch_lo":0,"batch_top":0,` +
+		`"batch_after":0,"batch_end":0,"batch_seen":[0,0,0,0,0,0,0,0],"batch_n":0,"batch_until":0}}`
+	w, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", Presumed: "-", State: one, TTL: time.Hour})
 	require.NoError(t, err)
-	assert.Equal(t, goldenState, string(b), "written back")
-	assert.Equal(t, learnedFormat, 1, "a change of capRecord is a new format, and this test's golden a new one")
+	require.True(t, w.Wrote)
+
+	r := New[string](ms, 100, WithLogger(slog.New(slog.DiscardHandler)))
+	defer r.Close()
+	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 3, Max: 50}))
+	settled(t, r, "p")
+	assert.Equal(t, 12, r.Learned("p").Cap, "the release before's cap taken")
+	assert.Equal(t, 50, r.Learned("p").Max, "under this process's bounds")
+
+	s, err := r.TryAcquire("p")
+	require.NoError(t, err)
+	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // at 1 in flight: the cap is cut to 1
+	s.Release()
+	r.flushLearned("p")
+	now, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", TTL: time.Hour})
+	require.NoError(t, err)
+	var st storedCap
+	require.NoError(t, json.Unmarshal([]byte(now.State), &st))
+	assert.Equal(t, 2, st.F, "written over in format 2")
+	assert.Equal(t, 1, st.Cap.Lo)
+	assert.Greater(t, st.V, uint64(5))
+	assert.NotContains(t, now.State, `"floor"`, "the bounds are each process's own")
+}
+
+// goldenOne is a learned state in format 1, every field of its cap set, as
+// the release before format 2 wrote it.
+const goldenOne = `{"k":"provider","v":42,"e":7,"f":1,"cap":{"floor":1,"ceil":64,"retest":10000000000,"lo":12,"hi":20,"hi_at":1700000000000000001,"cut_seq":77,"streak":2,"probe_n":13,"probe_at":1700000000000000002,"probe_top":14,"step":3,"gap":500000000,"refusal":40000000,"refusal_dev":5000000,"batch_lo":11,"batch_top":15,"batch_after":100,"batch_end":108,"batch_seen":[101,103,107,0,0,0,0,0],"batch_n":3,"batch_until":1700000000000000003}}`
+
+// goldenTwo is the same state in format 2.
+const goldenTwo = `{"k":"provider","v":42,"e":7,"f":2,"cap":{"lo":12,"hi":20,"hi_at":1700000000000000001,"cut":77,"streak":2,"step":3,"refusal":{"mean":40000000,"dev":5000000},"probe":{"n":13,"at":1700000000000000002,"top":14},"batch":{"lo":11,"top":15,"after":100,"end":108,"seen":[101,103,107],"until":1700000000000000003}}}`
+
+// goldenCap is the learner's state both goldens hold, but for what the
+// reader's configuration sets (bounds, re-test interval).
+func goldenCap() learn.Cap {
+	c := learn.Cap{Lo: 12, Hi: 20, HiAt: 1700000000000000001, CutSeq: 77, Streak: 2,
+		ProbeN: 13, ProbeAt: 1700000000000000002, ProbeTop: 14, Step: 3,
+		Refusal: 40 * time.Millisecond, RefusalDev: 5 * time.Millisecond,
+		BatchLo: 11, BatchTop: 15, BatchAfter: 100, BatchEnd: 108, BatchN: 3, BatchUntil: 1700000000000000003}
+	c.BatchSeen[0], c.BatchSeen[1], c.BatchSeen[2] = 101, 103, 107
+	return c
+}
+
+// A state written by the release before (format 1) is read, and written
+// back in format 2; format 2 reads and writes byte for byte.
+func TestLearnedStateFormats(t *testing.T) {
+	want := storedCap{Key: "provider", V: 42, E: 7, F: 1, Cap: goldenCap()}
+	for _, golden := range []string{goldenOne, goldenTwo} {
+		var st storedCap
+		require.NoError(t, json.Unmarshal([]byte(golden), &st))
+		assert.Equal(t, want, st, "read")
+		b, err := json.Marshal(st)
+		require.NoError(t, err)
+		assert.Equal(t, goldenTwo, string(b), "written")
+		want.F = 2
+	}
+	assert.Equal(t, 2, learnedFormat, "a change of capRecord is a new format, and this test's golden a new one")
+
+	var st storedCap
+	seen := strings.Replace(goldenTwo, `[101,103,107]`, `[1,2,3,4,5,6,7,8,9]`, 1)
+	require.ErrorIs(t, json.Unmarshal([]byte(seen), &st), errBatchSeen, "more refusals counted than a learner keeps")
+	later := strings.Replace(goldenTwo, `"f":2`, `"f":3`, 1)
+	require.ErrorIs(t, json.Unmarshal([]byte(later), &st), errLearnedFormat)
 }
 
 // Every field of the learner's state, each set to a value of its own, goes
-// through the record and back: a field added to learn.Cap that capRecord
-// does not carry (or a longer batch) fails here, and needs a new format.
+// through the record and back, but for the reader's configuration: a field
+// added to learn.Cap that capRecord does not carry (or a longer batch)
+// fails here, and needs a new format, or a reason it need not be stored.
 func TestCapRecordCarriesEveryField(t *testing.T) {
 	var c learn.Cap
 	next := uint64(1)
@@ -122,9 +176,95 @@ func TestCapRecordCarriesEveryField(t *testing.T) {
 	for i := range v.NumField() {
 		fill(v.Field(i))
 	}
-	b, err := json.Marshal(storedCap{Key: "k", V: 1, F: learnedFormat, Cap: c})
+	c.BatchN = len(c.BatchSeen)
+	b, err := json.Marshal(storedCap{Key: "k", V: 1, Cap: c})
 	require.NoError(t, err)
 	var st storedCap
 	require.NoError(t, json.Unmarshal(b, &st))
+	st.Cap.Floor, st.Cap.Ceil, st.Cap.Retest = c.Floor, c.Ceil, c.Retest // the reader's
 	assert.Equal(t, c, st.Cap)
+}
+
+// A learner whose state goes through the record after every step behaves
+// as one whose state stays in memory, over random evidence: what the
+// record leaves out (a probe's start and top once it is answered, the
+// refusals of a batch past those counted) is never read again.
+func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
+	var probes, batches, streaks int // the states the walks went through
+	for seed := range uint64(20) {
+		rng := rand.New(rand.NewPCG(seed, 7))
+		s := learn.FromMS(1, 40, 8, 300)
+		mem, rec := s.New(40), s.New(40)
+		now, seq := int64(1_000_000_000), uint64(0)
+		type start struct {
+			n  int
+			id uint64
+			at int64
+		}
+		var out []start
+		for step := range 3000 {
+			now += rng.Int64N(int64(60 * time.Millisecond))
+			var op string
+			switch k := rng.IntN(8); {
+			case k < 3:
+				seq++
+				n := rng.IntN(mem.Limit(now)) + 1
+				mem.Started(n, now)
+				rec.Started(n, now)
+				out = append(out, start{n, seq, now})
+				op = "start"
+			case k < 7 && len(out) > 0:
+				i := rng.IntN(len(out))
+				st := out[i]
+				out = slices.Delete(out, i, i+1)
+				switch rng.IntN(4) {
+				case 0, 1:
+					mem.Admitted(st.n, st.id)
+					rec.Admitted(st.n, st.id)
+				case 2:
+					mem.Refused(st.n, st.id, st.at, now, seq)
+					rec.Refused(st.n, st.id, st.at, now, seq)
+				default:
+					mem.Inconclusive(st.n, st.id)
+					rec.Inconclusive(st.n, st.id)
+				}
+				op = "answer"
+			case k == 7 && rng.IntN(10) == 0:
+				mem.Overloaded(seq, seq)
+				rec.Overloaded(seq, seq)
+				op = "overloaded"
+			default:
+				mem.Tick(now)
+				rec.Tick(now)
+				op = "tick"
+			}
+			b, err := json.Marshal(storedCap{Key: "k", V: 1, Cap: *rec})
+			require.NoError(t, err)
+			var st storedCap
+			require.NoError(t, json.Unmarshal(b, &st))
+			require.True(t, st.Cap.Valid())
+			s.Configure(&st.Cap, 40)
+			*rec = st.Cap
+			require.Equal(t, mem.Limit(now), rec.Limit(now), "seed %d step %d (%s)", seed, step, op)
+			require.Equal(t, mem.WakeAt(now), rec.WakeAt(now), "seed %d step %d (%s)", seed, step, op)
+			require.Equal(t, live(*mem), live(*rec), "seed %d step %d (%s)", seed, step, op)
+			probes += min(mem.ProbeN, 1)
+			batches += min(max(mem.BatchN-1, 0), 1)
+			streaks += min(max(mem.Streak-2, 0), 1)
+		}
+	}
+	t.Logf("steps with a probe out: %d, with a batch's second refusal counted: %d, with a streak of 3 or more: %d", probes, batches, streaks)
+	assert.Positive(t, probes)
+	assert.Positive(t, batches)
+	assert.Positive(t, streaks)
+}
+
+// live is c without what the learner does not read again: a probe's start
+// and top once none is out, the refusals counted past BatchN.
+func live(c learn.Cap) learn.Cap {
+	if c.ProbeN == 0 {
+		c.ProbeAt, c.ProbeTop = 0, 0
+	}
+	clear(c.BatchSeen[c.BatchN:])
+	return c
 }
