@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -143,15 +142,11 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			return failed(err)
 		}
 		if !r.brk.allow() {
-			// It may be admitted outside the store: under a new id, which its
-			// ticket's tombstone does not keep out when it is put back.
 			if pending {
 				pending = false
 				r.takeBack(l)
-			} else if r.leaveQueue(l, w) {
-				l.id = newLeaseID() // l is not shared yet
 			}
-			return r.unavailable(ctx, l)
+			return r.unqueued(ctx, l, w)
 		}
 		rp = r.callOrAbandon(callCtx, l, c, w)
 		// Refused as late, with nothing done: the store's clock is ahead
@@ -193,7 +188,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			// would take the fleet over its cap while the store is there.
 			return outcome{full: -1, retry: true}
 		}
-		return r.unavailable(ctx, l) // a failure, or the breaker opened while it was queued
+		return r.unqueued(ctx, l, w) // a failure, or the breaker opened while the call was queued
 	}
 	if res.Status < 0 || res.Key >= len(l.keys) {
 		r.abandon(l)
@@ -447,53 +442,4 @@ func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, boo
 		}
 	}
 	return outcome{err: le, full: 0}, false
-}
-
-// bypass admits l with a Bypassed Slot that holds nothing (Degraded too if
-// the store is unavailable).
-func (r *Registry[K]) bypass(l *lease[K], degraded bool) outcome {
-	x := new(core.Handle)
-	h := x.Hold()
-	h.Owner, l.hold = l, h
-	h.At = time.Now().UnixNano()
-	h.Bypassed, h.Degraded, h.Extra = true, degraded, int32(l.units-1)
-	r.stats.bypassed.Add(1)
-	return outcome{slot: (*slots.Slot)(x), full: -1}
-}
-
-// unavailable admits l, or not, while the store cannot be reached.
-func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
-	switch r.cfg.onUnavailable {
-	case FailClosed:
-		return failed(ErrUnavailable)
-	case FailOpen:
-		if err := ctx.Err(); err != nil {
-			return failed(fmt.Errorf("fleet: acquire: %w", err))
-		}
-		r.mu.Lock()
-		closed := r.closed
-		r.mu.Unlock()
-		if closed {
-			return failed(ErrClosed)
-		}
-		return r.bypass(l, true)
-	}
-	return r.hold(ctx, l, true, 0)
-}
-
-// timedOut reports whether err is a call's timeout: the call's own
-// deadline, a network timeout, or a queued call not sent in time.
-func timedOut(err error) bool {
-	var t interface{ Timeout() bool }
-	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, errQueueTimeout) || errors.As(err, &t) && t.Timeout()
-}
-
-func (r *Registry[K]) storeFailed(err error) {
-	if r.stopping.Err() != nil {
-		return // Close cancelled it: not the store's failure
-	}
-	r.stats.storeErrors.Add(1)
-	if r.brk.failure() {
-		r.logSafely(slog.LevelWarn, "fleet: store unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
-	}
 }
