@@ -114,6 +114,7 @@ func (r *Registry[K]) attempt(ctx, callCtx context.Context, l *lease[K], w *wait
 		// with the limits now. The store gives the lease back and serves
 		// the queues under them (driver.AdmitCall, step 6), then decides
 		// as for a newcomer: a waiter queues, past the queue's bounds.
+		r.stats.givenBack.Add(1)
 		o = r.attemptOnce(ctx, callCtx, l, w, true)
 	}
 	return o

@@ -82,6 +82,7 @@ type counters struct {
 	acquired, rejected, degraded, bypassed atomic.Uint64
 	lost, reasserted, storeErrors, paused  atomic.Uint64
 	doubleReleases, removalsDropped        atomic.Uint64
+	givenBack                              atomic.Uint64
 }
 
 // New returns a Registry of keys capped at defaultLimit holders each
@@ -340,6 +341,10 @@ type Stats struct {
 	Paused         uint64 // tries refused while new admissions waited after the store lost its data (each try of a wait)
 	StoreErrors    uint64 // failed calls to the store
 	DoubleReleases uint64
+	// GivenBack are admissions the store made over a learned cap cut while
+	// their call was on its way, given back and decided again under the
+	// cut (PROTOCOL.md, Learned caps).
+	GivenBack uint64
 	// RemovalsPending are removals from the store (of released leases, and of
 	// abandoned calls' lease ids) waiting to be sent now, or sent again.
 	RemovalsPending int
@@ -369,6 +374,7 @@ func (r *Registry[K]) Stats() Stats {
 	st.Bypassed = r.stats.bypassed.Load()
 	st.Lost = r.stats.lost.Load()
 	st.Reasserted = r.stats.reasserted.Load()
+	st.GivenBack = r.stats.givenBack.Load()
 	st.Paused = r.stats.paused.Load()
 	st.StoreErrors = r.stats.storeErrors.Load()
 	st.DoubleReleases = r.stats.doubleReleases.Load()

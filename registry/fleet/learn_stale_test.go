@@ -106,6 +106,7 @@ func TestAdmissionOverACutMeanwhileIsGivenBack(t *testing.T) {
 				assert.False(t, s.armed.Load(), "the cut came mid-call")
 				assert.Less(t, r.Limit("p"), 10, "the cap was cut")
 				assert.Equal(t, len(held), r.Stats().Held)
+				assert.Equal(t, uint64(1), r.Stats().GivenBack)
 				for _, sl := range held {
 					sl.Release()
 				}
