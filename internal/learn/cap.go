@@ -22,7 +22,7 @@ import (
 // one probe over a known ceiling (a retest); and after a retest is
 // admitted, one wide again. A batch that the upstream admits, or that has
 // not been refused within Gap (twice the time a refusal takes while
-// refusal times vary little, more while they vary: see timeRefusal),
+// refusal times vary little, more while they vary),
 // raises Lo to its top; so the climb takes a batch per Gap or less and
 // overshoots by less than a batch.
 //
@@ -392,7 +392,8 @@ func (l *Cap) Overloaded(id, seq uint64) {
 // Valid reports whether l is a state a Cap can be in, its bounds aside
 // (Configure applies them): one decoded from elsewhere may not be.
 func (l *Cap) Valid() bool {
-	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Refusal >= 0 && l.RefusalDev >= 0 && l.Streak >= 0 &&
+	return l.Lo >= 1 && l.Hi >= 1 && l.Step >= 1 && l.Step <= maxStep && l.Streak >= 0 &&
+		l.Refusal >= 0 && l.Refusal <= maxGap && l.RefusalDev >= 0 && l.RefusalDev <= maxGap &&
 		l.BatchLo >= 0 && l.BatchTop >= 0 && l.BatchN >= 0 && l.BatchN <= len(l.BatchSeen) &&
 		l.ProbeN >= 0 && l.ProbeTop >= 0 && l.Retest >= 0
 }

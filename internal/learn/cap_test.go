@@ -17,6 +17,11 @@ func TestValid(t *testing.T) {
 		"streak < 0": func(c *Cap) { c.Streak = -1 },
 		"dev < 0":    func(c *Cap) { c.RefusalDev = -1 },
 		"batch < 0":  func(c *Cap) { c.BatchTop = -1 },
+		// Past what the learner makes (a refusal counts as maxGap at
+		// most), where Gap would overflow.
+		"step too wide":    func(c *Cap) { c.Step = maxStep + 1 },
+		"refusal too long": func(c *Cap) { c.Refusal = maxGap + 1 },
+		"dev too long":     func(c *Cap) { c.RefusalDev = 1 << 61 },
 	} {
 		c := New(1, 64, 4, 10*time.Second)
 		bad(c)

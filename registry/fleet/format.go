@@ -111,12 +111,21 @@ type batchRecord struct {
 	Until int64    `json:"until,omitempty"`
 }
 
+// recordSeen is how many refusals of a batch a record counts, in formats
+// 1 and 2: as many as the learner, and a change of either does not
+// compile here (it is a new format).
+const recordSeen = 8
+
+const _ = uint(len(learn.Cap{}.BatchSeen)-recordSeen) + uint(recordSeen-len(learn.Cap{}.BatchSeen))
+
 // recordOf returns c as format 2 records it.
 func recordOf(c learn.Cap) capRecord {
 	r := capRecord{Lo: c.Lo, Hi: c.Hi, HiAt: c.HiAt, Cut: c.CutSeq, Streak: c.Streak, Step: c.Step,
 		Refusal: refusalRecord{Mean: int64(c.Refusal), Dev: int64(c.RefusalDev)},
-		Batch: batchRecord{Lo: c.BatchLo, Top: c.BatchTop, After: c.BatchAfter, End: c.BatchEnd,
-			Seen: slices.Clone(c.BatchSeen[:min(max(c.BatchN, 0), len(c.BatchSeen))]), Until: c.BatchUntil}}
+		Batch:   batchRecord{Lo: c.BatchLo, Top: c.BatchTop, After: c.BatchAfter, End: c.BatchEnd, Until: c.BatchUntil}}
+	if n := min(c.BatchN, recordSeen); n > 0 {
+		r.Batch.Seen = slices.Clone(c.BatchSeen[:n])
+	}
 	if c.ProbeN != 0 {
 		r.Probe = probeRecord{N: c.ProbeN, At: c.ProbeAt, Top: c.ProbeTop}
 	}
@@ -135,7 +144,7 @@ func (r capRecord) cap() (learn.Cap, error) {
 		ProbeN: r.Probe.N, ProbeAt: r.Probe.At, ProbeTop: r.Probe.Top,
 		BatchLo: r.Batch.Lo, BatchTop: r.Batch.Top, BatchAfter: r.Batch.After, BatchEnd: r.Batch.End,
 		BatchN: len(r.Batch.Seen), BatchUntil: r.Batch.Until}
-	if len(r.Batch.Seen) > len(c.BatchSeen) {
+	if len(r.Batch.Seen) > recordSeen {
 		return c, errBatchSeen
 	}
 	copy(c.BatchSeen[:], r.Batch.Seen)
@@ -152,13 +161,22 @@ type storedRecord struct {
 	Cap json.RawMessage `json:"cap"`
 }
 
-// MarshalJSON writes s as its record, in format 2 whatever its F.
+// MarshalJSON writes s as its record: in format 1 if its F is 1 (see
+// WithLearnedFormat), else in format 2.
 func (s storedCap) MarshalJSON() ([]byte, error) {
-	c, err := json.Marshal(recordOf(s.Cap))
+	var c []byte
+	var err error
+	f := learnedFormat
+	if s.F == 1 {
+		f = 1
+		c, err = json.Marshal(formatOneOf(s.Cap))
+	} else {
+		c, err = json.Marshal(recordOf(s.Cap))
+	}
 	if err != nil {
 		return nil, err
 	}
-	return json.Marshal(storedRecord{Key: s.Key, V: s.V, E: s.E, F: learnedFormat, Cap: c})
+	return json.Marshal(storedRecord{Key: s.Key, V: s.V, E: s.E, F: f, Cap: c})
 }
 
 // UnmarshalJSON reads s from its record, in format 1 or 2.
@@ -185,16 +203,20 @@ func (s *storedCap) UnmarshalJSON(b []byte) error {
 	return err
 }
 
-// formatOne reads a learned cap as format 1 wrote it: the learner's
-// fields as its struct had them, flat (the bounds and re-test interval
-// are read over by the reader's configuration, the gap follows from the
-// refusal times). This release does not write it.
+// formatOne is a learned cap as format 1 has it: the learner's fields of
+// the release that wrote it, flat. This release reads it, and writes it
+// when told to (WithLearnedFormat), for processes of a release that reads
+// nothing later. A reader applies its own bounds and re-test interval over
+// the record's.
 type formatOne struct {
 	formatOneCap
 	formatOneBatch
 }
 
 type formatOneCap struct {
+	Floor      int    `json:"floor"`
+	Ceil       int    `json:"ceil"`
+	Retest     int64  `json:"retest"`
 	Lo         int    `json:"lo"`
 	Hi         int    `json:"hi"`
 	HiAt       int64  `json:"hi_at"`
@@ -204,28 +226,48 @@ type formatOneCap struct {
 	ProbeAt    int64  `json:"probe_at"`
 	ProbeTop   int    `json:"probe_top"`
 	Step       int    `json:"step"`
+	Gap        int64  `json:"gap"`
 	Refusal    int64  `json:"refusal"`
 	RefusalDev int64  `json:"refusal_dev"`
 }
 
 type formatOneBatch struct {
-	BatchLo    int       `json:"batch_lo"`
-	BatchTop   int       `json:"batch_top"`
-	BatchAfter uint64    `json:"batch_after"`
-	BatchEnd   uint64    `json:"batch_end"`
-	BatchSeen  [8]uint64 `json:"batch_seen"`
-	BatchN     int       `json:"batch_n"`
-	BatchUntil int64     `json:"batch_until"`
+	BatchLo    int                `json:"batch_lo"`
+	BatchTop   int                `json:"batch_top"`
+	BatchAfter uint64             `json:"batch_after"`
+	BatchEnd   uint64             `json:"batch_end"`
+	BatchSeen  [recordSeen]uint64 `json:"batch_seen"`
+	BatchN     int                `json:"batch_n"`
+	BatchUntil int64              `json:"batch_until"`
+}
+
+// formatOneOf returns c as format 1 records it, its gap as it follows
+// from its refusal times.
+func formatOneOf(c learn.Cap) formatOne {
+	r := formatOne{
+		formatOneCap{Floor: c.Floor, Ceil: c.Ceil, Retest: int64(c.Retest), Lo: c.Lo, Hi: c.Hi, HiAt: c.HiAt,
+			CutSeq: c.CutSeq, Streak: c.Streak, ProbeN: c.ProbeN, ProbeAt: c.ProbeAt, ProbeTop: c.ProbeTop,
+			Step: c.Step, Gap: int64(c.Gap()), Refusal: int64(c.Refusal), RefusalDev: int64(c.RefusalDev)},
+		formatOneBatch{BatchLo: c.BatchLo, BatchTop: c.BatchTop, BatchAfter: c.BatchAfter, BatchEnd: c.BatchEnd,
+			BatchN: c.BatchN, BatchUntil: c.BatchUntil}}
+	copy(r.BatchSeen[:], c.BatchSeen[:])
+	return r
 }
 
 // cap returns the learner's state that r records; a BatchN out of range
-// is left for Valid to refuse.
+// is left for Valid to refuse. A release before this one kept a refusal
+// of no time (on a virtual clock), or a mean worn down to nothing, as a
+// refusal time of 0 beside a gap it had set: taken here as timed at a
+// nanosecond, so that the gap stays about what it was.
 func (r formatOne) cap() learn.Cap {
-	c := learn.Cap{Lo: r.Lo, Hi: r.Hi, HiAt: r.HiAt, CutSeq: r.CutSeq, Streak: r.Streak,
-		ProbeN: r.ProbeN, ProbeAt: r.ProbeAt, ProbeTop: r.ProbeTop, Step: r.Step,
+	c := learn.Cap{Floor: r.Floor, Ceil: r.Ceil, Retest: time.Duration(r.Retest), Lo: r.Lo, Hi: r.Hi, HiAt: r.HiAt,
+		CutSeq: r.CutSeq, Streak: r.Streak, ProbeN: r.ProbeN, ProbeAt: r.ProbeAt, ProbeTop: r.ProbeTop, Step: r.Step,
 		Refusal: time.Duration(r.Refusal), RefusalDev: time.Duration(r.RefusalDev),
 		BatchLo: r.BatchLo, BatchTop: r.BatchTop, BatchAfter: r.BatchAfter, BatchEnd: r.BatchEnd,
 		BatchN: r.BatchN, BatchUntil: r.BatchUntil}
+	if c.Refusal == 0 && r.Gap > 0 && time.Duration(r.Gap) != new(learn.Cap).Gap() {
+		c.Refusal = 1
+	}
 	copy(c.BatchSeen[:], r.BatchSeen[:])
 	return c
 }

@@ -38,9 +38,8 @@ type learning struct {
 	settings learn.Settings
 	gen      uint64    // counts the settings and ceilings applied (see syncLearned)
 	cap      learn.Cap // base with pending applied: the cap this process admits under
-	base     learn.Cap // stored, configured here (or initial)
-	stored   learn.Cap // as last read from or written to the store: the state at version, as the store has it
-	version  uint64    // stored's (see storedCap)
+	base     learn.Cap // stored's, configured here (or initial)
+	stored   storedCap // as last read from or written to the store, as the store has it
 	known    bool      // base was read from or written to the store
 	// pending is the evidence applied to cap and not yet written to
 	// the store, oldest first; queued counts the events ever queued, of

@@ -108,6 +108,56 @@ func TestLearnedStateOfTheReleaseBeforeTaken(t *testing.T) {
 	assert.NotContains(t, now.State, `"floor"`, "the bounds are each process's own")
 }
 
+// A process told to write format 1 (WithLearnedFormat, for a rolling
+// deploy from a release that reads nothing later, or a rollback to one)
+// writes its evidence in format 1, and writes a state it reads in format 2
+// over in format 1 with no evidence at all; a process of the default
+// leaves a state in format 1 as it is until it has evidence to write.
+func TestLearnedFormatOne(t *testing.T) {
+	assert.PanicsWithValue(t, "fleet: learned state format 3: 1 or 2", func() { WithLearnedFormat(3) })
+	ctx := context.Background()
+	read := func(ms *memstore.Store) storedCap {
+		t.Helper()
+		res, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", TTL: time.Hour})
+		require.NoError(t, err)
+		require.True(t, res.Found)
+		var st storedCap
+		require.NoError(t, json.Unmarshal([]byte(res.State), &st))
+		require.True(t, st.Cap.Valid())
+		return st
+	}
+
+	ms := memstore.New()
+	two := New[string](ms, 100, WithLogger(quiet()))
+	defer two.Close()
+	require.NoError(t, two.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	settled(t, two, "p")
+	require.Equal(t, 2, read(ms).F, "the default writes format 2")
+
+	one := New[string](ms, 100, WithLogger(quiet()), WithLearnedFormat(1))
+	defer one.Close()
+	require.NoError(t, one.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	settled(t, one, "p")
+	st := read(ms)
+	assert.Equal(t, 1, st.F, "written over in format 1, with no evidence")
+	assert.Equal(t, 10, st.Cap.Lo)
+	assert.Equal(t, 500*time.Millisecond, time.Duration(formatOneOf(st.Cap).Gap), "the gap the release before reads")
+
+	s, err := one.TryAcquire("p")
+	require.NoError(t, err)
+	one.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // at 1 in flight: the cap is cut to 1
+	s.Release()
+	one.flushLearned("p")
+	st = read(ms)
+	assert.Equal(t, 1, st.F, "its evidence in format 1")
+	assert.Equal(t, 1, st.Cap.Lo)
+
+	// The default process reads it (each second), and leaves it be.
+	fwUntil(t, "the cut taken", func() bool { return two.Learned("p").Cap == 1 })
+	two.flushLearned("p")
+	assert.Equal(t, 1, read(ms).F, "no evidence: left in format 1")
+}
+
 // goldenOne is a learned state in format 1, every field of its cap set, as
 // the release before format 2 wrote it.
 const goldenOne = `{"k":"provider","v":42,"e":7,"f":1,"cap":{"floor":1,"ceil":64,"retest":10000000000,"lo":12,"hi":20,"hi_at":1700000000000000001,"cut_seq":77,"streak":2,"probe_n":13,"probe_at":1700000000000000002,"probe_top":14,"step":3,"gap":500000000,"refusal":40000000,"refusal_dev":5000000,"batch_lo":11,"batch_top":15,"batch_after":100,"batch_end":108,"batch_seen":[101,103,107,0,0,0,0,0],"batch_n":3,"batch_until":1700000000000000003}}`
@@ -126,32 +176,60 @@ func goldenCap() learn.Cap {
 	return c
 }
 
-// A state written by the release before (format 1) is read, and written
-// back in format 2; format 2 reads and writes byte for byte.
+// A state written by the release before (format 1) is read, and so is one
+// in format 2; each is written in the format its F says (the writer's:
+// WithLearnedFormat), format 1 as the release before wrote it (its gap as
+// it follows from the refusal times), format 2 byte for byte.
 func TestLearnedStateFormats(t *testing.T) {
+	var one, two storedCap
+	require.NoError(t, json.Unmarshal([]byte(goldenOne), &one))
 	want := storedCap{Key: "provider", V: 42, E: 7, F: 1, Cap: goldenCap()}
-	for _, golden := range []string{goldenOne, goldenTwo} {
-		var st storedCap
-		require.NoError(t, json.Unmarshal([]byte(golden), &st))
-		assert.Equal(t, want, st, "read")
-		b, err := json.Marshal(st)
-		require.NoError(t, err)
-		assert.Equal(t, goldenTwo, string(b), "written")
-		want.F = 2
-	}
+	want.Cap.Floor, want.Cap.Ceil, want.Cap.Retest = 1, 64, 10*time.Second // format 1 keeps the writer's, for no reader
+	assert.Equal(t, want, one, "format 1 read")
+	require.NoError(t, json.Unmarshal([]byte(goldenTwo), &two))
+	assert.Equal(t, storedCap{Key: "provider", V: 42, E: 7, F: 2, Cap: goldenCap()}, two, "format 2 read")
+
+	b, err := json.Marshal(one)
+	require.NoError(t, err)
+	assert.Equal(t, strings.Replace(goldenOne, `"gap":500000000`, `"gap":80000000`, 1), string(b), "format 1 written")
+	one.F = 2
+	b, err = json.Marshal(one)
+	require.NoError(t, err)
+	assert.Equal(t, goldenTwo, string(b), "format 2 written")
 	assert.Equal(t, 2, learnedFormat, "a change of capRecord is a new format, and this test's golden a new one")
+
+	// A new cap, its record as small as it gets.
+	b, err = json.Marshal(storedCap{Key: "p", V: 1, Cap: *learn.FromMS(1, 40, 8, 0).New(40)})
+	require.NoError(t, err)
+	assert.Equal(t, `{"k":"p","v":1,"f":2,"cap":{"lo":8,"hi":40,"step":1}}`, string(b))
 
 	var st storedCap
 	seen := strings.Replace(goldenTwo, `[101,103,107]`, `[1,2,3,4,5,6,7,8,9]`, 1)
 	require.ErrorIs(t, json.Unmarshal([]byte(seen), &st), errBatchSeen, "more refusals counted than a learner keeps")
 	later := strings.Replace(goldenTwo, `"f":2`, `"f":3`, 1)
 	require.ErrorIs(t, json.Unmarshal([]byte(later), &st), errLearnedFormat)
+	long := strings.Replace(goldenTwo, `"mean":40000000`, `"mean":4611686018427387904`, 1)
+	require.NoError(t, json.Unmarshal([]byte(long), &st))
+	assert.False(t, st.Cap.Valid(), "a refusal time no learner makes, whose gap would overflow")
+
+	// The release before kept a refusal of no time as a refusal time of 0
+	// beside the shortest gap: read as timed at a nanosecond, the gap
+	// stays the shortest.
+	zero := strings.NewReplacer(`"gap":500000000,"refusal":40000000,"refusal_dev":5000000`, `"gap":20000000,"refusal":0,"refusal_dev":0`).Replace(goldenOne)
+	require.NoError(t, json.Unmarshal([]byte(zero), &st))
+	assert.Equal(t, 20*time.Millisecond, st.Cap.Gap())
+	assert.Equal(t, time.Duration(1), st.Cap.Refusal)
+	untimed := strings.NewReplacer(`"refusal":40000000,"refusal_dev":5000000`, `"refusal":0,"refusal_dev":0`).Replace(goldenOne)
+	require.NoError(t, json.Unmarshal([]byte(untimed), &st))
+	assert.Equal(t, 500*time.Millisecond, st.Cap.Gap(), "none timed")
+	assert.Zero(t, st.Cap.Refusal)
 }
 
 // Every field of the learner's state, each set to a value of its own, goes
-// through the record and back, but for the reader's configuration: a field
-// added to learn.Cap that capRecord does not carry (or a longer batch)
-// fails here, and needs a new format, or a reason it need not be stored.
+// through the record and back, in either format (format 2 but for the
+// reader's configuration): a field added to learn.Cap that the record does
+// not carry fails here, and needs a new format, or a reason it need not be
+// stored (a longer batch does not compile: recordSeen).
 func TestCapRecordCarriesEveryField(t *testing.T) {
 	var c learn.Cap
 	next := uint64(1)
@@ -177,46 +255,65 @@ func TestCapRecordCarriesEveryField(t *testing.T) {
 		fill(v.Field(i))
 	}
 	c.BatchN = len(c.BatchSeen)
-	b, err := json.Marshal(storedCap{Key: "k", V: 1, Cap: c})
-	require.NoError(t, err)
-	var st storedCap
-	require.NoError(t, json.Unmarshal(b, &st))
-	st.Cap.Floor, st.Cap.Ceil, st.Cap.Retest = c.Floor, c.Ceil, c.Retest // the reader's
-	assert.Equal(t, c, st.Cap)
+	for _, f := range []int{1, 2} {
+		b, err := json.Marshal(storedCap{Key: "k", V: 1, F: f, Cap: c})
+		require.NoError(t, err)
+		var st storedCap
+		require.NoError(t, json.Unmarshal(b, &st))
+		assert.Equal(t, f, st.F)
+		if f == 2 {
+			st.Cap.Floor, st.Cap.Ceil, st.Cap.Retest = c.Floor, c.Ceil, c.Retest // the reader's
+		}
+		assert.Equal(t, c, st.Cap, "format %d", f)
+	}
 }
 
-// A learner whose state goes through the record after every step behaves
-// as one whose state stays in memory, over random evidence: what the
-// record leaves out (a probe's start and top once it is answered, the
-// refusals of a batch past those counted) is never read again.
+// A learner whose state goes through the record after every step, in
+// either format, under the reader's configuration, behaves as one whose
+// state stays in memory, over random evidence as a fleet makes it: starts
+// over the limit (another process's, under the limit it had), answers
+// that come twice and late, a clock that steps back, bounds configured
+// anew. What the record leaves out (a probe's start and top once it is
+// answered, the refusals of a batch past those counted) is never read
+// again.
 func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
-	var probes, batches, streaks int // the states the walks went through
-	for seed := range uint64(20) {
+	var probes, batches, streaks, twice int // the states and answers the walks went through
+	for seed := range uint64(40) {
 		rng := rand.New(rand.NewPCG(seed, 7))
-		s := learn.FromMS(1, 40, 8, 300)
-		mem, rec := s.New(40), s.New(40)
+		configured := 40
+		s := learn.FromMS(1, configured, 8, 300)
+		mem, rec := s.New(configured), s.New(configured)
 		now, seq := int64(1_000_000_000), uint64(0)
 		type start struct {
 			n  int
 			id uint64
 			at int64
 		}
-		var out []start
+		var out, answered []start
 		for step := range 3000 {
 			now += rng.Int64N(int64(60 * time.Millisecond))
+			if rng.IntN(50) == 0 {
+				now -= rng.Int64N(int64(3 * time.Second)) // the clock steps back
+			}
 			var op string
-			switch k := rng.IntN(8); {
-			case k < 3:
+			switch k := rng.IntN(20); {
+			case k < 7:
 				seq++
-				n := rng.IntN(mem.Limit(now)) + 1
+				n := rng.IntN(mem.Limit(now)+2) + 1 // now and then over the limit
 				mem.Started(n, now)
 				rec.Started(n, now)
 				out = append(out, start{n, seq, now})
 				op = "start"
-			case k < 7 && len(out) > 0:
+			case k < 16 && len(out) > 0:
 				i := rng.IntN(len(out))
 				st := out[i]
-				out = slices.Delete(out, i, i+1)
+				if rng.IntN(8) == 0 && len(answered) > 0 {
+					st = answered[rng.IntN(len(answered))] // once more
+					twice++
+				} else {
+					out = slices.Delete(out, i, i+1)
+					answered = append(answered, st)
+				}
 				switch rng.IntN(4) {
 				case 0, 1:
 					mem.Admitted(st.n, st.id)
@@ -229,21 +326,27 @@ func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
 					rec.Inconclusive(st.n, st.id)
 				}
 				op = "answer"
-			case k == 7 && rng.IntN(10) == 0:
+			case k == 16 && rng.IntN(10) == 0:
 				mem.Overloaded(seq, seq)
 				rec.Overloaded(seq, seq)
 				op = "overloaded"
+			case k == 17 && rng.IntN(20) == 0:
+				configured = 20 + rng.IntN(40)
+				s = learn.FromMS(1+rng.IntN(3), configured, 8, int64(100+rng.IntN(500)))
+				s.Configure(mem, configured)
+				s.Configure(rec, configured)
+				op = "configured"
 			default:
 				mem.Tick(now)
 				rec.Tick(now)
 				op = "tick"
 			}
-			b, err := json.Marshal(storedCap{Key: "k", V: 1, Cap: *rec})
+			b, err := json.Marshal(storedCap{Key: "k", V: 1, F: 1 + step%2, Cap: *rec})
 			require.NoError(t, err)
 			var st storedCap
 			require.NoError(t, json.Unmarshal(b, &st))
 			require.True(t, st.Cap.Valid())
-			s.Configure(&st.Cap, 40)
+			s.Configure(&st.Cap, configured)
 			*rec = st.Cap
 			require.Equal(t, mem.Limit(now), rec.Limit(now), "seed %d step %d (%s)", seed, step, op)
 			require.Equal(t, mem.WakeAt(now), rec.WakeAt(now), "seed %d step %d (%s)", seed, step, op)
@@ -253,10 +356,12 @@ func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
 			streaks += min(max(mem.Streak-2, 0), 1)
 		}
 	}
-	t.Logf("steps with a probe out: %d, with a batch's second refusal counted: %d, with a streak of 3 or more: %d", probes, batches, streaks)
+	t.Logf("steps with a probe out: %d, with a batch's second refusal counted: %d, with a streak of 3 or more: %d; answers given twice: %d",
+		probes, batches, streaks, twice)
 	assert.Positive(t, probes)
 	assert.Positive(t, batches)
 	assert.Positive(t, streaks)
+	assert.Positive(t, twice)
 }
 
 // live is c without what the learner does not read again: a probe's start

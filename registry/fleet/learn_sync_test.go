@@ -192,7 +192,7 @@ func TestMessageForAKeyForgottenMeanwhile(t *testing.T) {
 	s.Release()
 	require.NotZero(t, r.epoch.Load())
 	lk := learnOf(r, "p")
-	b, err := json.Marshal(storedCap{Key: lk.name, V: lk.version + 1, E: r.epoch.Load(), F: learnedFormat, Cap: lk.stored})
+	b, err := json.Marshal(storedCap{Key: lk.name, V: lk.stored.V + 1, E: r.epoch.Load(), F: learnedFormat, Cap: lk.stored.Cap})
 	require.NoError(t, err)
 
 	r.mu.Lock()

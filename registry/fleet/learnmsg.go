@@ -46,12 +46,12 @@ func (r *Registry[K]) takeMessage(st storedCap, bad bool) (k K, taken, read bool
 	c := &r.learned
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.learning[k] != lk || st.V <= lk.version { // forgotten, or overtaken
+	if c.learning[k] != lk || st.V <= lk.stored.V { // forgotten, or overtaken
 		return k, true, false
 	}
-	lk.stored = st.Cap
+	lk.stored = st
 	lk.settings.Configure(&st.Cap, configured)
-	lk.base, lk.version, lk.known = st.Cap, st.V, true
+	lk.base, lk.known = st.Cap, true
 	lk.rebaseLocked()
 	c.toldLocked(lk, "another process")
 	return k, true, false
@@ -78,7 +78,7 @@ func (c *learnedCaps[K]) message(st storedCap, bad bool, epoch int64) (k K, lk *
 		lk.staleLocked()
 		return k, nil, false, true
 	}
-	return k, lk, st.V > lk.version, false
+	return k, lk, st.V > lk.stored.V, false
 }
 
 // learnedStale marks every learned state to be read again (a subscription

@@ -273,11 +273,11 @@ func (r *Registry[K]) snapshotLocked(key K, lk *learning) (syncSnapshot, bool) {
 	// Missing from the store (it lost its data, or nobody has learned it for
 	// learnedStateTTL), a state this process knew goes back: it is the
 	// best knowledge there is.
-	snap.start = storedCap{Key: lk.name, V: lk.version, Cap: *snap.s.New(snap.configured)}
+	snap.start = storedCap{Key: lk.name, V: lk.stored.V, Cap: *snap.s.New(snap.configured)}
 	if lk.known {
 		snap.known = true
-		snap.stored = storedCap{Key: lk.name, V: lk.version, Cap: lk.stored}
-		snap.start.Cap = lk.stored
+		snap.stored = lk.stored
+		snap.start.Cap = lk.stored.Cap
 		snap.s.Configure(&snap.start.Cap, snap.configured)
 	}
 	return snap, true
@@ -317,12 +317,15 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 				e.apply(&next.Cap)
 			}
 			switch {
-			case !cur.found || next.Cap != cur.st.Cap:
+			case !cur.found || next.Cap != cur.st.Cap || cur.stored.F > r.cfg.learnedFormat:
+				// Evidence to write, or a state in a later format
+				// than this process writes (WithLearnedFormat) to
+				// write in its own.
 				// Versions follow the server's clock as well as each
 				// other: after a data loss, a state written anew still
 				// comes after those before.
 				next.V = max(cur.st.V+1, r.clock.startCeiling())
-				next.E, next.F = r.epoch.Load(), learnedFormat
+				next.E, next.F = r.epoch.Load(), r.cfg.learnedFormat
 				b, _ := json.Marshal(next) // numbers and a string: cannot fail
 				payload = string(b)
 			case try > 0:
@@ -405,8 +408,8 @@ func (r *Registry[K]) syncedLocked(key K, snap syncSnapshot, fresh storedCap, do
 	// A message may have brought a later version meanwhile, with what was
 	// written here in it; else what the store has is the state (after a data
 	// loss its version may be lower than the one known here).
-	if lk.version == snap.start.V || fresh.V >= lk.version {
-		lk.stored, lk.base, lk.version = fresh.Cap, fresh.Cap, fresh.V
+	if lk.stored.V == snap.start.V || fresh.V >= lk.stored.V {
+		lk.stored, lk.base = fresh, fresh.Cap
 		lk.settings.Configure(&lk.base, configured)
 	}
 	if lk.gen != snap.gen { // configured anew meanwhile

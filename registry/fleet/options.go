@@ -90,6 +90,7 @@ type config struct {
 	logger        *slog.Logger
 	local         []registry.Option
 	observer      slots.Observer // nil: none
+	learnedFormat int            // of the learned states written (WithLearnedFormat)
 }
 
 func defaults() config {
@@ -100,6 +101,8 @@ func defaults() config {
 		opTimeout:  500 * time.Millisecond,
 		pollMin:    10 * time.Millisecond,
 		pollMax:    500 * time.Millisecond,
+
+		learnedFormat: learnedFormat,
 	}
 }
 
@@ -118,6 +121,20 @@ func WithLeaseTTL(ttl time.Duration) Option {
 		panic(fmt.Sprintf("fleet: lease TTL %v under 30ms", ttl))
 	}
 	return optionFunc(func(c *config) { c.ttl = ttl })
+}
+
+// WithLearnedFormat sets the format of the learned states this process
+// writes (PROTOCOL.md, Learned caps): 2, the default, or 1, the only one
+// that releases before format 2 read. Set 1 on every process for a rolling
+// deploy from such a release, so that the fleet goes on sharing its
+// learned caps, and drop it once every process runs this release; set it
+// too before rolling back to one. With 1, a state read in format 2 is
+// written over in format 1. It panics for any other format.
+func WithLearnedFormat(f int) Option {
+	if f != 1 && f != learnedFormat {
+		panic(fmt.Sprintf("fleet: learned state format %d: 1 or %d", f, learnedFormat))
+	}
+	return optionFunc(func(c *config) { c.learnedFormat = f })
 }
 
 // WithUnavailable sets what happens while the store cannot be reached (default
