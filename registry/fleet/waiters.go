@@ -16,7 +16,8 @@ type waiter struct {
 	// guarded by r.waits.mu.
 	ticket string
 	// queuedAs is the lease id under which a reply last told it queued
-	// ("": never), in queuedEpoch; its own goroutine's.
+	// ("": never, or it left the queue since), in queuedEpoch; its own
+	// goroutine's.
 	queuedAs    string
 	queuedEpoch int64
 	// blocked are the keys on which it holds back later waiters: all of its
