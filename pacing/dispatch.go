@@ -72,25 +72,16 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		gr.n = g.provider.Holders.Len()
 		// A learner's limit may change with each start (the test of a cut
 		// lets no other start go): the rest of this pass runs under it.
-		if l := g.ad.l; l != nil {
-			l.Started(gr.n, now)
-			l.lane.Limit = l.Limit(now)
-		}
+		g.ad.l.started(gr.n, now)
 		ml.lane.Holders.Add(w.Hold, &gr.idx[1])
 		gr.mN = ml.lane.Holders.Len()
 		g.tok.held += int(gr.units)
 		ml.tok.held += int(gr.units)
-		if l := ml.l; l != nil {
-			l.Started(gr.mN, now)
-			l.lane.Limit = l.Limit(now)
-		}
+		ml.l.started(gr.mN, now)
 		if key != nil {
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 			gr.keyN = key.lane.Holders.Len()
-			if l := key.l; l != nil {
-				l.Started(gr.keyN, now)
-				l.lane.Limit = l.Limit(now)
-			}
+			key.l.started(gr.keyN, now)
 		}
 		gr.prev = starts{g.started, g.last, g.next}
 		gr.modelPrev = starts{ml.started, ml.last, ml.next}

@@ -131,12 +131,7 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 		return nil, err
 	}
 	var st core.Settings
-	for _, o := range opts {
-		if o == nil {
-			continue // a nil option is no option
-		}
-		o.Apply(&st)
-	}
+	core.Apply(&st, opts)
 	p := st.Policy
 	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
 	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer, Wants: p.Wants}

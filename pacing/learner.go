@@ -31,6 +31,16 @@ func (l *learner) configure(a *AdaptiveConfig, configured int) {
 	learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS).Configure(&l.Cap, configured)
 }
 
+// started notes a start with n in flight on l's lane at now, and applies
+// the limit that follows; a nil learner (the lane learns nothing) does
+// nothing.
+func (l *learner) started(n int, now int64) {
+	if l != nil {
+		l.Started(n, now)
+		l.lane.Limit = l.Limit(now)
+	}
+}
+
 // stop stops the timer; a nil learner has none.
 func (l *learner) stop() {
 	if l != nil && l.timer != nil {

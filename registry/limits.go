@@ -319,24 +319,18 @@ func (r *Registry[K]) Limit(key K) int {
 // InFlight returns the units key's live holders hold: their number, when
 // each weighs one unit.
 func (r *Registry[K]) InFlight(key K) int {
-	return r.laneCount(key, func(ln *core.Lane) int { return ln.Holders.Units() })
+	return laneOf(r, key, func(ln *core.Lane) int { return ln.Holders.Units() })
 }
 
 // Waiting returns the number of callers waiting on key.
 func (r *Registry[K]) Waiting(key K) int {
-	return r.laneCount(key, func(ln *core.Lane) int { return ln.Waiters.Len() })
+	return laneOf(r, key, func(ln *core.Lane) int { return ln.Waiters.Len() })
 }
 
 // Queue describes the callers waiting on key now: per priority class, and
 // the flows with the most waiters.
 func (r *Registry[K]) Queue(key K) slots.QueueStats {
-	sh, hash := r.shardFor(key)
-	sh.mu.Lock()
-	defer sh.mu.Unlock()
-	if e := sh.lookup(key, hash); e != nil {
-		return queueStats(&e.lane.Waiters)
-	}
-	return slots.QueueStats{}
+	return laneOf(r, key, func(ln *core.Lane) slots.QueueStats { return queueStats(&ln.Waiters) })
 }
 
 // queueStats describes q as slots.Limiter.Queue does.
@@ -349,14 +343,16 @@ func queueStats(q *core.Queue) slots.QueueStats {
 	return st
 }
 
-func (r *Registry[K]) laneCount(key K, f func(*core.Lane) int) int {
+// laneOf returns f of key's lane, read under its shard's lock, or f's
+// zero value if the key is idle.
+func laneOf[K comparable, T any](r *Registry[K], key K, f func(*core.Lane) T) (v T) {
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.lookup(key, hash); e != nil {
-		return f(&e.lane)
+		v = f(&e.lane)
 	}
-	return 0
+	return v
 }
 
 // Keys returns the number of keys tracked now: those with a live holder or a

@@ -195,12 +195,7 @@ func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 		panic(fmt.Sprintf("registry: negative default limit %d", defaultLimit))
 	}
 	st := core.Settings{Shards: DefaultShards, MaxKeyBytes: DefaultMaxKeyBytes}
-	for _, o := range opts {
-		if o == nil {
-			continue // a nil option is no option
-		}
-		o.Apply(&st)
-	}
+	core.Apply(&st, opts)
 	n := 1 << bits.Len(uint(min(st.Shards, MaxShards)-1))
 	r := &Registry[K]{
 		defaultLimit: defaultLimit,
@@ -255,18 +250,15 @@ func (r *Registry[K]) checkKey(ctx context.Context, key K) error {
 // never find again: a NaN (or a struct or interface holding one) is unequal to
 // itself, and an interface holding a slice cannot be hashed at all.
 func (r *Registry[K]) validKey(key K) error {
-	if s, ok := any(key).(string); ok { // the common key type: no NaN, only a length
-		if r.maxKeyBytes > 0 && len(s) > r.maxKeyBytes {
-			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, len(s), r.maxKeyBytes)
-		}
-		return nil
+	s, str := any(key).(string) // the common key type
+	n := len(s)
+	if !str && r.stringKeys && r.maxKeyBytes > 0 {
+		n = reflect.ValueOf(key).Len()
 	}
-	if r.stringKeys && r.maxKeyBytes > 0 {
-		if n := reflect.ValueOf(key).Len(); n > r.maxKeyBytes {
-			return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.maxKeyBytes)
-		}
+	if r.maxKeyBytes > 0 && n > r.maxKeyBytes {
+		return fmt.Errorf("%w: %d bytes, over the %d-byte bound", ErrInvalidKey, n, r.maxKeyBytes)
 	}
-	if !equalsItself(key) {
+	if !str && !r.stringKeys && !equalsItself(key) { // a string holds no NaN
 		return fmt.Errorf("%w: the key is not equal to itself (NaN) or not comparable", ErrInvalidKey)
 	}
 	return nil

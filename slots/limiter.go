@@ -47,12 +47,7 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 		panic(fmt.Sprintf("slots: negative limit %d", limit))
 	}
 	var st core.Settings
-	for _, o := range opts {
-		if o == nil {
-			continue // a nil option is no option
-		}
-		o.Apply(&st)
-	}
+	core.Apply(&st, opts)
 	l := &Limiter{}
 	l.eng.Policy = st.Policy
 	l.engine()

@@ -213,3 +213,12 @@ type Settings struct {
 	Shards      int
 	MaxKeyBytes int
 }
+
+// Apply applies opts to st in order; a nil option is no option.
+func Apply[O interface{ Apply(*Settings) }](st *Settings, opts []O) {
+	for _, o := range opts {
+		if any(o) != nil {
+			o.Apply(st)
+		}
+	}
+}

@@ -35,16 +35,23 @@ var admissionFiles = []string{
 // asked before an Event is built (the OpenTelemetry adapter's cost per
 // Limiter admission, without an SDK, from 1.40x a bare one to 1.26x), and
 // 50 for lighter waiters passing a heavy one up to a bound (the small
-// requests among 500,000-token prompts done after 10 s instead of 2m8s).
-// The goal is 4,000.
-const maxAdmissionLines = 5818
+// requests among 500,000-token prompts done after 10 s instead of 2m8s);
+// lowered since to 5,796 (the options applied in one place, a learner's
+// start noted by the learner, a lane read by one function, a key's
+// length checked once). The goal is 4,000.
+const maxAdmissionLines = 5796
+
+// maxAdmissionCode is what its lines of code (neither blank nor a
+// comment) may not grow past; the restatement proposed for the goal is
+// 4,000 of these.
+const maxAdmissionCode = 3994
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
-// files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it)
-// and keeps it from growing.
+// files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
+// and of them those of code, and keeps both from growing.
 func TestAdmissionCodeSize(t *testing.T) {
 	root := filepath.Join("..", "..")
-	total := 0
+	total, code := 0, 0
 	for _, pattern := range admissionFiles {
 		files, err := filepath.Glob(filepath.Join(root, pattern))
 		if err != nil || len(files) == 0 {
@@ -59,10 +66,19 @@ func TestAdmissionCodeSize(t *testing.T) {
 				t.Fatal(err)
 			}
 			total += bytes.Count(b, []byte("\n"))
+			for line := range bytes.Lines(b) {
+				line = bytes.TrimSpace(line)
+				if len(line) > 0 && !bytes.HasPrefix(line, []byte("//")) {
+					code++
+				}
+			}
 		}
 	}
-	t.Logf("admission code: %d lines (goal 4,000)", total)
+	t.Logf("admission code: %d lines, %d of them code, neither blank nor a comment (goal 4,000)", total, code)
 	if total > maxAdmissionLines {
 		t.Errorf("the admission code is %d lines, more than %d", total, maxAdmissionLines)
+	}
+	if code > maxAdmissionCode {
+		t.Errorf("the admission code has %d lines of code, more than %d", code, maxAdmissionCode)
 	}
 }
