@@ -21,13 +21,21 @@ func TestValid(t *testing.T) {
 		// most), where Gap would overflow.
 		"step too wide":    func(c *Cap) { c.Step = maxStep + 1 },
 		"refusal too long": func(c *Cap) { c.Refusal = maxGap + 1 },
-		"dev too long":     func(c *Cap) { c.RefusalDev = 1 << 61 },
+		"dev too long":     func(c *Cap) { c.RefusalDev = maxGap + 1 },
 	} {
 		c := New(1, 64, 4, 10*time.Second)
 		bad(c)
 		if c.Valid() {
 			t.Errorf("%s: valid: %+v", name, c)
 		}
+	}
+	// The learner's own bounds: a batch maxStep wide, a refusal timed at
+	// maxGap or more.
+	c = New(1, 64, 4, 10*time.Second)
+	c.Step = maxStep
+	timeRefusals(c, new(int64), time.Hour)
+	if c.Refusal != maxGap || !c.Valid() {
+		t.Fatalf("at the learner's bounds (refusal %v): not valid: %+v", c.Refusal, c)
 	}
 }
 

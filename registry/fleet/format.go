@@ -16,8 +16,9 @@ import (
 	"github.com/inflight-go/inflight/internal/learn"
 )
 
-// learnedFormat is the format of the learned states this code writes, and
-// the latest it reads (it reads format 1 too). A state in a later one (a
+// learnedFormat is the format of the learned states this code writes
+// unless told otherwise (WithLearnedFormat), and the latest it reads (it
+// reads format 1 too). A state in a later one (a
 // later release's, during a rolling deploy) is neither read nor written
 // over: the process goes on with its own cap for the key and logs why
 // (errLearnedFormat), until it is upgraded.
@@ -232,13 +233,13 @@ type formatOneCap struct {
 }
 
 type formatOneBatch struct {
-	BatchLo    int                `json:"batch_lo"`
-	BatchTop   int                `json:"batch_top"`
-	BatchAfter uint64             `json:"batch_after"`
-	BatchEnd   uint64             `json:"batch_end"`
-	BatchSeen  [recordSeen]uint64 `json:"batch_seen"`
-	BatchN     int                `json:"batch_n"`
-	BatchUntil int64              `json:"batch_until"`
+	BatchLo    int       `json:"batch_lo"`
+	BatchTop   int       `json:"batch_top"`
+	BatchAfter uint64    `json:"batch_after"`
+	BatchEnd   uint64    `json:"batch_end"`
+	BatchSeen  [8]uint64 `json:"batch_seen"` // as format 1 has it, whatever the learner's
+	BatchN     int       `json:"batch_n"`
+	BatchUntil int64     `json:"batch_until"`
 }
 
 // formatOneOf returns c as format 1 records it, its gap as it follows

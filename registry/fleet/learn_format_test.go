@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"reflect"
@@ -25,18 +26,21 @@ import (
 // neither read nor written over: the process goes on with its own cap and
 // says why, and the state stays as the later release wrote it. A message
 // of one, of this fleet's epoch and a cap this release could read, is not
-// taken either.
+// taken either. So too with WithLearnedFormat(1), which writes a state of
+// format 2 over in its own, but none of a later one.
 func TestLearnedStateOfALaterFormatLeftAlone(t *testing.T) {
-	for _, f := range []string{`3`, `"3"`, `2.5`} {
-		t.Run("f="+f, func(t *testing.T) { laterFormatLeftAlone(t, f) })
+	for _, written := range []int{2, 1} {
+		for _, f := range []string{`3`, `"3"`, `2.5`} {
+			t.Run(fmt.Sprintf("writes %d, f=%s", written, f), func(t *testing.T) { laterFormatLeftAlone(t, written, f) })
+		}
 	}
 }
 
-func laterFormatLeftAlone(t *testing.T, f string) {
+func laterFormatLeftAlone(t *testing.T, written int, f string) {
 	ctx := context.Background()
 	ms := memstore.New()
 	var logged logs
-	r := New[string](ms, 100, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+	r := New[string](ms, 100, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))), WithLearnedFormat(written))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
 	settled(t, r, "p")
@@ -54,7 +58,7 @@ func laterFormatLeftAlone(t *testing.T, f string) {
 	msg.V, msg.E, msg.Cap.Lo = st.V+1000, r.epoch.Load(), 50
 	b, err := json.Marshal(msg)
 	require.NoError(t, err)
-	r.learnedMessage(strings.Replace(string(b), `"f":2`, `"f":`+f, 1))
+	r.learnedMessage(strings.Replace(string(b), fmt.Sprintf(`"f":%d`, written), `"f":`+f, 1))
 	assert.Equal(t, 10, r.Learned("p").Cap, "the message not taken")
 
 	later := `{"k":"p","v":` + res.Version + `9,"f":` + f + `,"cap":{"limit":{"requests":3,"tokens":4096}}}`
@@ -152,10 +156,17 @@ func TestLearnedFormatOne(t *testing.T) {
 	assert.Equal(t, 1, st.F, "its evidence in format 1")
 	assert.Equal(t, 1, st.Cap.Lo)
 
-	// The default process reads it (each second), and leaves it be.
+	// The default process reads it (as it does each second), and leaves
+	// it be.
 	fwUntil(t, "the cut taken", func() bool { return two.Learned("p").Cap == 1 })
-	two.flushLearned("p")
-	assert.Equal(t, 1, read(ms).F, "no evidence: left in format 1")
+	two.learned.mu.Lock()
+	two.learned.learning["p"].staleLocked()
+	two.learned.mu.Unlock()
+	two.kickLearner()
+	settled(t, two, "p")
+	again := read(ms)
+	assert.Equal(t, 1, again.F, "no evidence: left in format 1")
+	assert.Equal(t, st.V, again.V, "not written")
 }
 
 // goldenOne is a learned state in format 1, every field of its cap set, as

@@ -38,7 +38,7 @@ type storedCap struct {
 	Key string
 	V   uint64
 	E   int64 // the writer's epoch (see PROTOCOL.md); 0: not known
-	F   int   // the format it was read in; 0 (none) and 1 are the first, and a write is in learnedFormat
+	F   int   // the format it was read in (0, none, and 1 are the first), or is to be written in (WithLearnedFormat)
 	Cap learn.Cap
 }
 
