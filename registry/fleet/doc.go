@@ -55,7 +55,8 @@
 //     leases into the store once it answers; FailClosed refuses
 //     (ErrUnavailable); FailOpen admits a Bypassed Slot.
 //   - A learned cap (Learn, Report) is the fleet's: a 429 reported by one
-//     process lowers it for all of them.
+//     process lowers it for all of them. Deploying over (or rolling back
+//     to) a release that reads only format 1 of its state: WithLearnedFormat.
 //   - A Budget per minute (NewBudget: tokens, input and output apart,
 //     requests) is the fleet's: a request reserves its estimate before it
 //     starts (ReserveAll: of a provider's, a model's and a tenant's at
