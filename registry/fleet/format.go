@@ -18,10 +18,10 @@ import (
 
 // learnedFormat is the format of the learned states this code writes
 // unless told otherwise (WithLearnedFormat), and the latest it reads (it
-// reads format 1 too). A state in a later one (a
-// later release's, during a rolling deploy) is neither read nor written
-// over: the process goes on with its own cap for the key and logs why
-// (errLearnedFormat), until it is upgraded.
+// reads format 1 too). A state in a later one (a later release's, during
+// a rolling deploy) is neither read nor written over: the process goes on
+// with its own cap for the key and logs why (errLearnedFormat), until it
+// is upgraded.
 const learnedFormat = 2
 
 // errLearnedFormat is the error of a sync that met a state in a later
@@ -112,9 +112,9 @@ type batchRecord struct {
 	Until int64    `json:"until,omitempty"`
 }
 
-// recordSeen is how many refusals of a batch a record counts, in formats
-// 1 and 2: as many as the learner, and a change of either does not
-// compile here (it is a new format).
+// recordSeen is how many refusals of a batch format 2 counts: as many as
+// the learner, and a change of either does not compile here (it is a new
+// format). Format 1 holds 8, as it always did.
 const recordSeen = 8
 
 const _ = uint(len(learn.Cap{}.BatchSeen)-recordSeen) + uint(recordSeen-len(learn.Cap{}.BatchSeen))

@@ -318,12 +318,11 @@ func (r *Registry[K]) writeLearned(ctx context.Context, snap syncSnapshot) (fres
 			}
 			switch {
 			case !cur.found || next.Cap != cur.st.Cap || cur.stored.F > r.cfg.learnedFormat:
-				// Evidence to write, or a state in a later format
-				// than this process writes (WithLearnedFormat) to
-				// write in its own.
-				// Versions follow the server's clock as well as each
-				// other: after a data loss, a state written anew still
-				// comes after those before.
+				// Evidence to write, or a state in a later format than
+				// this process writes (WithLearnedFormat): written in its
+				// own. Versions follow the server's clock as well as
+				// each other: after a data loss, a state written anew
+				// still comes after those before.
 				next.V = max(cur.st.V+1, r.clock.startCeiling())
 				next.E, next.F = r.epoch.Load(), r.cfg.learnedFormat
 				b, _ := json.Marshal(next) // numbers and a string: cannot fail
