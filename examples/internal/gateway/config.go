@@ -254,6 +254,11 @@ type FleetConfig struct {
 	// three times it per fleet. At most a third of the lease TTL (the
 	// default is cut to that).
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// LearnedFormat is the format of the learned caps' state the gateway
+	// writes in the store: 2 (0: the default), or 1 through a rolling
+	// deploy from, or before a rollback to, a release that reads only
+	// format 1 (fleet.WithLearnedFormat).
+	LearnedFormat int `json:"learned_format,omitempty"`
 }
 
 // leaseTTL returns the fleet's lease TTL (see LeaseTTLMS).
@@ -391,6 +396,9 @@ func ParseConfig(data []byte) (Config, error) {
 		}
 		if _, err := fleet.ParseUnavailable(f.OnUnavailable); err != nil {
 			return Config{}, fmt.Errorf("config: fleet.on_unavailable: %w", err)
+		}
+		if f.LearnedFormat != 0 && f.LearnedFormat != 1 && f.LearnedFormat != 2 {
+			return Config{}, fmt.Errorf("config: fleet.learned_format: %d is not 1 or 2", f.LearnedFormat)
 		}
 		// A key pool's caps stay per gateway, and a key's cap learned from
 		// one gateway's count would be wrong for the fleet.

@@ -95,6 +95,9 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	onUnavailable, _ := fleet.ParseUnavailable(cfg.Fleet.OnUnavailable) // checked by ParseConfig
 	common := []fleet.Option{fleet.WithLeaseTTL(ttl), fleet.WithUnavailable(onUnavailable), fleet.WithLogger(g.log),
 		fleet.WithTimeout(cfg.Fleet.timeout())}
+	if f := cfg.Fleet.LearnedFormat; f != 0 {
+		common = append(common, fleet.WithLearnedFormat(f)) // checked by ParseConfig
+	}
 
 	tenantKeys := fleet.Keys[tenant]{
 		Name:  func(k tenant) string { return strconv.Quote(k.Org) + "/" + strconv.Quote(k.Model) },

@@ -580,12 +580,17 @@ func TestConfigFleet(t *testing.T) {
 		`{"upstream":"http://x","fleet":{"redis_url":"http://x"}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","lease_ttl_ms":5}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","on_unavailable":"maybe"}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","learned_format":3}}`,
 	} {
 		_, err := ParseConfig([]byte(bad))
 		assert.Error(t, err, bad)
 	}
 	_, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://127.0.0.1:6379/0","on_unavailable":"closed"}}`))
 	assert.NoError(t, err)
+	for _, f := range []string{"1", "2"} {
+		_, err = ParseConfig([]byte(`{"upstream":"http://x","fleet":{"redis_url":"redis://x","learned_format":` + f + `}}`))
+		assert.NoError(t, err, "learned_format %s", f)
+	}
 	pg, err := ParseConfig([]byte(`{"upstream":"http://x","fleet":{"postgres_url":"postgres://gw@127.0.0.1:5432/gw"}}`))
 	assert.NoError(t, err)
 	// The store's calls time out after 2 s on PostgreSQL, 500 ms on Redis,

@@ -386,6 +386,32 @@ func TestMetricsLearnedCapFleet(t *testing.T) {
 	wg.Wait()
 }
 
+// With fleet.learned_format 1 the learned cap's state goes to the store in
+// format 1, which a release that reads only that format can share.
+func TestFleetLearnedFormatOne(t *testing.T) {
+	redisSrv := redistest.Start(t)
+	u := newUpstream(t)
+	_, gw := startGatewayWith(t, u.srv.URL, `{
+	"upstream": "%s",
+	"provider": {"max_concurrent_requests": 8, "adaptive": {"initial": 1}},
+	"fleet": {"redis_url": "redis://`+redisSrv.Addr+`/0", "learned_format": 1}
+}`)
+	ctx := context.Background()
+	c := redisSrv.Client()
+	var state string
+	waitFor(t, "the learned state written", func() bool {
+		keys, err := c.Keys(ctx, "*#learn:*").Result()
+		if err != nil || len(keys) != 1 {
+			return false
+		}
+		state = c.Get(ctx, keys[0]).Val()
+		return state != ""
+	})
+	assert.Contains(t, state, `"f":1,`)
+	assert.Contains(t, state, `"probe_n":`, "format 1's flat fields")
+	assert.Equal(t, 1, gw.Learned().Cap)
+}
+
 // A wait that runs out on a model's cap is answered as the model's
 // refusal and counted once, under the model; a tenant's refusal is the
 // tenant's. With metrics.per_org, refusals are counted per org too;
