@@ -83,14 +83,7 @@ func TestAdmissionOverACutMeanwhileIsGivenBack(t *testing.T) {
 					assert.Equal(t, "p", le.Key)
 					assert.Equal(t, 9, le.InFlight)
 				} else {
-					got := make(chan error, 1)
-					go func() {
-						sl, err := r.Acquire(context.Background(), "p")
-						if err == nil {
-							sl.Release()
-						}
-						got <- err
-					}()
+					got := acquireThenRelease(r, "p")
 					synctest.Wait()
 					select {
 					case err := <-got:
@@ -258,14 +251,7 @@ func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
 		s := &faultyCutStore{cutMidCall: cutMidCall{Store: mem}}
 		r := learnsTen(t, New[string](s, 100, WithLogger(quiet()), WithLocalOptions(slots.WithMaxQueue(1))))
 		held := holdSpaced(t, r, 10)
-		got := make(chan error, 1)
-		go func() {
-			sl, err := r.Acquire(context.Background(), "p")
-			if err == nil {
-				sl.Release()
-			}
-			got <- err
-		}()
+		got := acquireThenRelease(r, "p")
 		synctest.Wait() // queued in the store
 		other := func(id string) {
 			res, err := mem.AdmitOne(context.Background(), &driver.AdmitCall{
@@ -312,6 +298,20 @@ func learnsTen(t *testing.T, r *Registry[string]) *Registry[string] {
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
 	synctest.Wait()
 	return r
+}
+
+// acquireThenRelease acquires key on r in a goroutine of its own,
+// releases what it got at once, and sends Acquire's error.
+func acquireThenRelease(r *Registry[string], key string) <-chan error {
+	got := make(chan error, 1)
+	go func() {
+		sl, err := r.Acquire(context.Background(), key)
+		if err == nil {
+			sl.Release()
+		}
+		got <- err
+	}()
+	return got
 }
 
 // releasedAll releases held and checks that the store counts nothing on
