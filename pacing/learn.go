@@ -144,7 +144,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		}
 		l.timer = nil
 		now := g.eng.Clock.Nanos()
-		l.Tick(now)
+		l.Tick(now, g.seq)
 		g.learnedLocked(now)
 		// The hook runs on this goroutine, where a panic would end the
 		// process: it is logged instead.
@@ -269,7 +269,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	for i, p := range path[:np] {
 		switch learn.Route(learn.Kind(v.Kind), i == 0) {
 		case learn.Proved:
-			p.l.Admitted(p.n, gr.id)
+			p.l.Admitted(p.n, gr.id, g.seq)
 		case learn.Cut:
 			p.l.Refused(p.n, gr.id, gr.at, now, g.seq)
 		case learn.Eased:

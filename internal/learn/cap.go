@@ -19,12 +19,15 @@ import (
 // A start over Lo is a probe, and happens only when demand fills Lo, so an
 // app-limited client never grows. Probes go in batches: up to Lo+1 at first,
 // then up to Lo+2 and Lo+4 (maxStep), no higher than a known ceiling Hi;
-// one probe over a known ceiling (a retest); and after a retest is
-// admitted, one wide again. A batch that the upstream admits, or that has
-// not been refused within Gap (twice the time a refusal takes while
-// refusal times vary little, more while they vary),
+// one probe over a known ceiling (a retest). A batch that the upstream
+// admits, or that has not been refused within Gap (twice the time a
+// refusal takes while refusal times vary little, more while they vary),
 // raises Lo to its top; so the climb takes a batch per Gap or less and
-// overshoots by less than a batch.
+// overshoots by less than a batch. A count over a known ceiling (a retest
+// admitted) only makes the ceiling unknown again: Lo stays at the old
+// ceiling, and the climb from there begins with one probe (at the
+// retest's count), since a count can be over what the upstream had (see
+// raise).
 //
 // A refusal of a probe sets the ceiling Hi: the batch's top less the
 // batch's refusals, counted for a Gap while no probe goes, since which of a
@@ -51,7 +54,7 @@ type Cap struct {
 	Lo     int    // starts up to Lo go without a test
 	Hi     int    // the cap is at most Hi, as of HiAt (Ceil: unknown)
 	HiAt   int64  // clock nanos
-	CutSeq uint64 // starts numbered up to it came before the last cut: stale evidence
+	CutSeq uint64 // starts numbered up to it came before the last cut or reopened ceiling: stale evidence
 	Streak int    // refusals since the last admission after a cut
 
 	ProbeN     int           // the highest start of the batch out; 0: none
@@ -61,7 +64,10 @@ type Cap struct {
 	Refusal    time.Duration // moving average of how long a refusal takes; 0: none seen
 	RefusalDev time.Duration // moving mean deviation of the refusal time from Refusal
 
-	// The count of a refused batch's refusals (see Refused and countBatch).
+	// The count of a refused batch's refusals (see Refused and countBatch);
+	// with no batch counted and no refusal seen (BatchTop and BatchN 0),
+	// BatchAfter and BatchEnd hold the starts counted by the last
+	// reopening of the ceiling (see raise).
 	BatchLo    int                  // Lo when the last batch of probes began
 	BatchTop   int                  // the top of the refused batch being counted; 0: none
 	BatchAfter uint64               // its starts are numbered above this,
@@ -198,50 +204,68 @@ func (l *Cap) GivenBack(n int, at int64) {
 	}
 }
 
-// Tick presumes an unanswered probe admitted once gap has passed.
-func (l *Cap) Tick(now int64) {
+// Tick presumes an unanswered probe admitted once gap has passed; seq
+// numbers the last start so far.
+func (l *Cap) Tick(now int64, seq uint64) {
 	if l.ProbeN != 0 && now >= l.ProbeAt+int64(l.Gap()) {
-		l.batchDone(l.ProbeN)
+		l.batchDone(l.ProbeN, seq)
 	}
 }
 
-// raise takes n as a count the upstream admits now.
-func (l *Cap) raise(n int) {
-	if n > l.Lo {
-		l.Lo = min(n, l.Ceil)
+// raise takes n as a count the upstream admits now; seq numbers the last
+// start so far.
+func (l *Cap) raise(n int, seq uint64) {
+	if n > l.Hi && l.Hi < l.Ceil {
+		// Over a known ceiling: the cap rose, or the count was over what
+		// the upstream had (an end the client has not seen yet; in a
+		// fleet, a release still on its way to the store), and one
+		// admission cannot tell which. The ceiling is unknown again, but
+		// Lo goes no higher than the old ceiling: the climb from there
+		// proves the count again, one probe at first, however wide the
+		// climb to the ceiling went. So a count one over costs that
+		// probe's 429, rather than the refusals of starts under a cap one
+		// over the upstream's (which would cut it). The count of a refused
+		// batch ends: it would lower the ceiling again.
+		//
+		// The starts numbered up to seq are stale from here, as after a
+		// cut, and a batch still out is withdrawn: the fleet may apply
+		// the same evidence again, which must not prove the count twice,
+		// and their admissions prove nothing more. Their refusals over Lo
+		// still count: the retest's own, when it was taken as admitted
+		// before its refusal came, sets the ceiling back (see Refused).
+		// (BatchAfter, BatchEnd] holds them, with no refusal seen (a
+		// refused batch's always has one).
+		l.Lo, l.Hi = l.Hi, l.Ceil
+		l.ProbeN, l.Step, l.BatchTop, l.BatchN = 0, 1, 0, 0
+		l.BatchAfter, l.BatchEnd = l.CutSeq, max(l.CutSeq, seq)
+		l.CutSeq = l.BatchEnd
+		return
 	}
-	if l.Lo > l.Hi {
-		// The ceiling rose: it is unknown again. That shows the cap rose,
-		// or that the count was over what the upstream had (an end not
-		// seen yet): the next batch is one wide, however wide the climb
-		// to the ceiling went, so that noise of one takes Lo one over at
-		// most. A refused batch's count is over: it would undo this.
-		l.Hi = l.Ceil
-		l.Step, l.BatchTop = 1, 0
-	}
+	l.Lo = min(max(l.Lo, n), l.Ceil)
 }
 
-// Admitted notes that start number id, with n in flight, was admitted.
-func (l *Cap) Admitted(n int, id uint64) {
+// Admitted notes that start number id, with n in flight, was admitted;
+// seq numbers the last start so far.
+func (l *Cap) Admitted(n int, id, seq uint64) {
 	if id <= l.CutSeq {
 		return // started before the last cut: proves what the cut undid
 	}
 	if l.ProbeN != 0 && n >= l.ProbeN {
-		l.batchDone(n)
+		l.batchDone(n, seq)
 		return
 	}
 	l.Streak = 0
-	l.raise(n)
+	l.raise(n, seq)
 }
 
 // batchDone takes the batch of probes up to n as admitted; the next one may
 // be wider (or one wide, over a ceiling: see raise).
-func (l *Cap) batchDone(n int) {
+func (l *Cap) batchDone(n int, seq uint64) {
 	if n > l.Lo {
 		l.Step = min(2*max(l.Step, 1), maxStep)
 	}
 	l.ProbeN, l.Streak = 0, 0
-	l.raise(n)
+	l.raise(n, seq)
 }
 
 // Refused notes a concurrency refusal of start number id, made at with m
@@ -250,10 +274,21 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	if d := time.Duration(now - at); d >= 0 {
 		l.timeRefusal(d)
 	}
-	if id <= l.CutSeq {
-		// Counted by the cut or the ceiling that followed its start, but
-		// for the refused batch's.
+	switch {
+	case id <= l.CutSeq && !l.reopenedBy(id):
+		// Counted by the cut, the ceiling or the reopened ceiling that
+		// followed its start, but for the refused batch's.
 		l.countBatch(m, id)
+		return
+	case id <= l.CutSeq && m > l.Lo:
+		// A start counted by the reopening of the ceiling, refused over
+		// the cap: the retest itself, taken as admitted before its
+		// refusal came, or another start at its count. The ceiling is
+		// below it again, as for a refused probe. (One refused within
+		// the cap goes on as any refusal: the cap fell, or it is noise.)
+		l.Hi = min(m-1, l.Ceil)
+		l.HiAt, l.CutSeq = now, max(l.CutSeq, seq)
+		l.ProbeN, l.Step = 0, 1
 		return
 	}
 	if m > l.Lo && l.Streak > 0 {
@@ -326,6 +361,14 @@ func (l *Cap) countBatch(m int, id uint64) {
 	l.BatchN++
 	l.Hi = min(l.Hi, max(l.BatchTop-l.BatchN, l.BatchLo, l.Floor), l.Ceil)
 	l.Lo = min(l.Lo, l.Hi)
+}
+
+// reopenedBy reports whether start number id is one of those counted by the
+// last reopening of the ceiling (see raise), with no ceiling, cut or
+// refused batch since (a refused batch leaves a refusal seen).
+func (l *Cap) reopenedBy(id uint64) bool {
+	return l.Hi == l.Ceil && l.Streak == 0 && l.BatchTop == 0 && l.BatchN == 0 && l.CutSeq == l.BatchEnd &&
+		l.BatchAfter < id && id <= l.BatchEnd
 }
 
 // Bounds of Gap, and its value before any refusal was timed.

@@ -59,11 +59,11 @@ func TestGapCoversVaryingRefusals(t *testing.T) {
 		t.Fatalf("no probe may go: %+v", c)
 	}
 	c.Started(lo+1, now)
-	c.Tick(now + 60*ms)
+	c.Tick(now+60*ms, 1)
 	if c.ProbeN == 0 || c.Lo != lo {
 		t.Fatalf("a probe unanswered for 60 ms was taken as admitted: %+v", c)
 	}
-	c.Tick(now + 90*ms)
+	c.Tick(now+90*ms, 1)
 	if c.ProbeN != 0 || c.Lo != lo+1 {
 		t.Fatalf("a probe unanswered for 90 ms is still out: %+v", c)
 	}
@@ -91,11 +91,12 @@ func TestGapSteadyRefusals(t *testing.T) {
 	}
 }
 
-// A retest admitted reopens the ceiling, but the next batch is one probe
-// wide, as the first batch is: a count one over what the upstream had (an
-// end the client has not seen yet) can pass a retest of an unchanged cap,
-// and a wider batch would then take the cap two over. Batches widen again
-// as they are admitted.
+// A retest admitted reopens the ceiling, but the cap stays at it, and the
+// next batch is one probe at the retest's count: a count one over what the
+// upstream had (an end the client has not seen yet, or in a fleet a
+// release on its way to the store) can pass a retest of an unchanged cap,
+// and a cap raised to it would have starts over the upstream's refused.
+// Batches widen again as they are admitted.
 func TestRetestAdmittedClimbsOneAtATime(t *testing.T) {
 	s := &starts{c: New(1, 64, 20, 10*time.Second)}
 	c := s.c
@@ -106,14 +107,187 @@ func TestRetestAdmittedClimbsOneAtATime(t *testing.T) {
 		t.Fatalf("after a refusal at 21: %+v", c)
 	}
 	now = s.retestAdmitted(t, now)
-	// That probe admitted: the next batch is two wide.
-	c.Admitted(22, s.start(22, now))
-	if got := c.Limit(now); got != 24 {
-		t.Fatalf("limit %d after the probe at 22 admitted: want 24", got)
+	// The probe at 21 admitted too: the cap is 21, and the next batch is
+	// two wide.
+	s.admitted(21, s.start(21, now))
+	if got := c.Limit(now); c.Lo != 21 || got != 23 {
+		t.Fatalf("limit %d after the probe at 21 admitted: want 23 (%+v)", got, c)
+	}
+}
+
+// A retest admitted on a count over what the upstream has: the probe that
+// follows it, at the same count, is refused, and the cap stays at the
+// ceiling with no start refused within it, so the cap is not cut.
+func TestRetestAdmittedOverTheUpstreamsCount(t *testing.T) {
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	c := s.c
+	now := sec
+	s.refuse(21, now)
+	now = s.retestAdmitted(t, now)
+	s.refuse(21, now)
+	if c.Lo != 20 || c.Hi != 20 || c.Streak != 0 {
+		t.Fatalf("after the probe that followed the retest refused: %+v, want the cap and ceiling 20 and no cut", c)
+	}
+	if got := c.Limit(now); got != 20 {
+		t.Fatalf("limit %d after the probe refused: want 20 until the next retest", got)
+	}
+}
+
+// The same when the retest is taken as admitted because its refusal came
+// later than the gap (a slow answer, or in a fleet one that reached this
+// process through the store): the refusal, once it comes, sets the
+// ceiling back, and cuts nothing.
+func TestRetestTakenAsAdmittedThenRefused(t *testing.T) {
+	s, now := retestDue()
+	c := s.c
+	retest := s.start(21, now)
+	now += int64(c.Gap())
+	c.Tick(now, s.seq)
+	if got := c.Limit(now); c.Lo != 20 || c.Hi != c.Ceil || got != 21 {
+		t.Fatalf("limit %d after the retest taken as admitted: want the cap 20, no ceiling and a probe at 21 (%+v)", got, c)
+	}
+	probe := s.start(21, now)
+	ms := int64(time.Millisecond)
+	c.Refused(21, retest, now-int64(c.Gap()), now+ms, s.seq)
+	if got := c.Limit(now + 2*ms); c.Lo != 20 || c.Hi != 20 || c.Streak != 0 || got != 20 {
+		t.Fatalf("limit %d after the retest's refusal came late: %+v, want the cap, ceiling and limit 20 and no cut", got, c)
+	}
+	// The probe made meanwhile is withdrawn: neither time nor its
+	// answer, made at the count refused, proves it.
+	c.Tick(now+int64(c.Gap())+ms, s.seq)
+	s.admitted(21, probe)
+	if got := c.Limit(now + int64(c.Gap()) + 2*ms); c.Hi != 20 || got != 20 {
+		t.Fatalf("limit %d after the probe made before the retest's refusal was admitted: %+v, want the ceiling 20 until the next retest", got, c)
+	}
+	// Or refused: the same.
+	c2 := *c
+	c2.Refused(21, probe, now, now+2*ms, s.seq)
+	if c2.Lo != 20 || c2.Hi != 20 || c2.Streak != 0 {
+		t.Fatalf("after the retest's refusal came late, and the probe's: %+v, want the cap and ceiling 20 and no cut", c2)
+	}
+}
+
+// A refused batch's starts are not taken for a reopening's when the
+// ceiling is at the bound again (a process configured with a lower max):
+// one of its refusals come again does not lower the ceiling.
+func TestRefusedBatchIsNoReopening(t *testing.T) {
+	s := &starts{c: New(1, 64, 16, 10*time.Second)}
+	c := s.c
+	c.Step = 4
+	now := sec
+	ids := map[int]uint64{}
+	for n := 17; n <= 20; n++ {
+		ids[n] = s.start(n, now)
+	}
+	ans := now + int64(50*time.Millisecond)
+	c.Refused(17, ids[17], now, ans, s.seq)
+	c.Refused(20, ids[20], now, ans, s.seq)
+	if c.Hi != 18 {
+		t.Fatalf("after refusals at 17 and 20 of a batch up to 20: %+v, want the ceiling 18", c)
+	}
+	c.Configure(1, 18, c.Retest) // the ceiling is the bound now
+	now = ans + 2*int64(c.Gap())
+	s.start(c.Limit(now), now) // the next batch: none is counted
+	if c.BatchTop != 0 || c.Hi != c.Ceil {
+		t.Fatalf("the next batch: %+v", c)
+	}
+	c.Refused(17, ids[17], now, now, s.seq)
+	if c.Hi != 18 {
+		t.Fatalf("the batch's refusal at 17 come again: %+v, want the ceiling 18", c)
+	}
+}
+
+// A count admitted over a known ceiling withdraws a batch out over it (a
+// start made under a limit from before the ceiling was found): time does
+// not take it for admitted.
+func TestReopeningWithdrawsABatchOver(t *testing.T) {
+	c := New(1, 64, 16, 10*time.Second)
+	c.Hi, c.HiAt = 20, sec
+	now := 2 * sec
+	c.Started(22, now)
+	c.Admitted(21, 1, 2)
+	c.Tick(now+int64(time.Second), 2)
+	if c.Lo != 20 || c.ProbeN != 0 {
+		t.Fatalf("after an admission at 21 over the ceiling 20, with a start at 22 out: %+v, want the cap 20 and no batch out", c)
+	}
+}
+
+// A start made before the retest and refused within the cap after the
+// retest was admitted is a refusal within the cap as any other: the cap
+// fell, or it is noise, and it is cut.
+func TestRefusalWithinTheCapAfterAReopening(t *testing.T) {
+	s, now := retestDue()
+	c := s.c
+	early := s.start(18, now)
+	s.admitted(21, s.start(21, now))
+	c.Refused(18, early, now, now+int64(50*time.Millisecond), s.seq)
+	if c.Lo != 17 || c.Streak != 1 {
+		t.Fatalf("after a refusal at 18 of a start made before the reopening: %+v, want the cap cut to 17", c)
+	}
+}
+
+// The retest's admission told twice (a fleet may apply evidence again)
+// proves its count once; a refusal of a start made before the retest, at
+// its count, does not set the ceiling back as the retest's own would.
+func TestRetestAdmittedTwiceProvesOnce(t *testing.T) {
+	s, now := retestDue()
+	c := s.c
+	before := s.seq // the probe refused at 21
+	retest := s.start(21, now)
+	s.admitted(21, retest)
+	s.admitted(21, retest)
+	if got := c.Limit(now); c.Lo != 20 || c.Hi != c.Ceil || got != 21 {
+		t.Fatalf("limit %d after the retest's admission told twice: want the cap 20, no ceiling and 21 (%+v)", got, c)
+	}
+	c.Refused(21, before, now-sec, now, s.seq)
+	if c.Hi != c.Ceil {
+		t.Fatalf("a refusal of the start before the retest, told again: %+v, want no ceiling", c)
+	}
+}
+
+// The retest taken as admitted unanswered, and then the probe at its count
+// too: the cap climbs, the next batch two wide.
+func TestRetestAndProbeTakenAsAdmitted(t *testing.T) {
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	c := s.c
+	now := sec
+	s.refuse(21, now)
+	for range 2 {
+		now += int64(c.Retest) + sec
+		s.start(21, now)
+		now += int64(c.Gap())
+		c.Tick(now, s.seq)
+	}
+	if got := c.Limit(now); c.Lo != 21 || c.Hi != c.Ceil || got != 23 {
+		t.Fatalf("limit %d after the retest and the probe at 21 taken as admitted: want the cap 21 and 23 (%+v)", got, c)
+	}
+}
+
+// A count admitted over a known ceiling while the climb to it is under way
+// (a start another process made, or one over what the upstream had) takes
+// the cap to the ceiling, not to the count.
+func TestAdmittedOverTheCeilingMidClimb(t *testing.T) {
+	c := New(1, 64, 12, 10*time.Second)
+	c.Hi, c.HiAt = 16, sec
+	c.Admitted(18, 1, 1)
+	if c.Lo != 16 || c.Hi != c.Ceil || c.Step != 1 {
+		t.Fatalf("after an admission at 18 under a ceiling of 16: %+v, want the cap 16, no ceiling and a batch one wide", c)
+	}
+	c.Admitted(18, 2, 2)
+	if c.Lo != 18 {
+		t.Fatalf("after a second admission at 18: %+v, want the cap 18", c)
 	}
 }
 
 const sec = int64(time.Second)
+
+// retestDue has a cap of 20 under the ceiling a probe refused at 21 found,
+// and returns the time its retest is due.
+func retestDue() (*starts, int64) {
+	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	s.refuse(21, sec)
+	return s, sec + int64(s.c.Retest) + sec
+}
 
 // starts numbers the starts of c, as its owner does.
 type starts struct {
@@ -127,6 +301,9 @@ func (s *starts) start(n int, now int64) uint64 {
 	s.c.Started(n, now)
 	return s.seq
 }
+
+// admitted has the upstream admit start number id, with n in flight.
+func (s *starts) admitted(n int, id uint64) { s.c.Admitted(n, id, s.seq) }
 
 // refuse starts one with m in flight, refused 50 ms later.
 func (s *starts) refuse(m int, now int64) {
@@ -145,12 +322,12 @@ func (s *starts) retestAdmitted(t *testing.T, now int64) int64 {
 	if got := c.Limit(now); got != lo+1 {
 		t.Fatalf("limit %d when the retest is due, want %d (%+v)", got, lo+1, c)
 	}
-	c.Admitted(lo+1, s.start(lo+1, now))
-	if c.Lo != lo+1 || c.Hi != c.Ceil {
-		t.Fatalf("after the retest admitted: %+v", c)
+	s.admitted(lo+1, s.start(lo+1, now))
+	if c.Lo != lo || c.Hi != c.Ceil {
+		t.Fatalf("after the retest admitted: %+v, want the cap %d and no ceiling", c, lo)
 	}
-	if got := c.Limit(now); got != lo+2 {
-		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want %d (%+v)", got, lo+2, c)
+	if got := c.Limit(now); got != lo+1 {
+		t.Fatalf("limit %d after the retest admitted: the next batch is one probe at its count, want %d (%+v)", got, lo+1, c)
 	}
 	return now
 }
@@ -176,9 +353,9 @@ func TestRetestAdmittedAfterItsBatchWasWithdrawn(t *testing.T) {
 	if c.ProbeN != 0 {
 		t.Fatalf("the batch is still out after a failure at its count: %+v", c)
 	}
-	c.Admitted(17, retest)
-	if got := c.Limit(now); c.Lo != 17 || got != 18 {
-		t.Fatalf("limit %d after the retest admitted: the next batch is one probe, want 18 (%+v)", got, c)
+	s.admitted(17, retest)
+	if got := c.Limit(now); c.Lo != 16 || got != 17 {
+		t.Fatalf("limit %d after the retest admitted: the next batch is one probe at its count, want 17 (%+v)", got, c)
 	}
 }
 
@@ -206,14 +383,14 @@ func climbedAfterACut(t *testing.T) (*starts, int64) {
 	t.Helper()
 	s, now := cutThrice(t)
 	c := s.c
-	c.Admitted(8, s.start(8, now)) // the test of the cut
+	s.admitted(8, s.start(8, now)) // the test of the cut
 	for c.Lo < c.Hi {
 		top := c.Limit(now)
 		var id uint64
 		for n := c.Lo + 1; n <= top; n++ {
 			id = s.start(n, now)
 		}
-		c.Admitted(top, id)
+		s.admitted(top, id)
 		now += sec
 	}
 	if c.Lo != 16 || c.Step < 2 {
@@ -278,8 +455,8 @@ func TestBatchRefusalsSetTheCeilingInAnyOrder(t *testing.T) {
 	ans := now + int64(50*time.Millisecond)
 	c.Refused(17, ids[17], now, ans, s.seq)
 	c.Refused(20, ids[20], now, ans, s.seq)
-	c.Admitted(18, ids[18])
-	c.Admitted(19, ids[19])
+	s.admitted(18, ids[18])
+	s.admitted(19, ids[19])
 	if c.Hi != 18 || c.Lo != 16 {
 		t.Fatalf("after refusals at 17 and 20 of a batch up to 20: %+v, want the ceiling 18 over 16", c)
 	}
@@ -426,11 +603,11 @@ func TestBatchCountEdges(t *testing.T) {
 	t.Run("an admission over the ceiling ends the count", func(t *testing.T) {
 		s, now := refused(t)
 		c := s.c
-		batch := s.seq
-		c.Admitted(20, s.start(20, now))
+		batch, hi := s.seq, c.Hi
+		s.admitted(20, s.start(20, now))
 		c.Refused(19, batch-1, now-50*ms, now, s.seq)
-		if c.Lo != 20 || c.Hi != c.Ceil {
-			t.Fatalf("a refusal of the batch after a later start at 20 was admitted: %+v, want 20 and no ceiling", c)
+		if c.Lo != hi || c.Hi != c.Ceil {
+			t.Fatalf("a refusal of the batch after a later start at 20 was admitted: %+v, want the cap at the old ceiling %d and no ceiling", c, hi)
 		}
 	})
 	t.Run("a count set by a clock since stepped back ends at the next start", func(t *testing.T) {
@@ -472,7 +649,7 @@ func TestRefusalOverACut(t *testing.T) {
 	if c.Lo != 8 || c.Hi != 11 || c.Streak != 3 || c.ProbeN != 8 {
 		t.Fatalf("after a refusal at 12 during the cut's test: %+v, want the ceiling 11 and the test out", c)
 	}
-	c.Admitted(8, test)
+	s.admitted(8, test)
 	if c.Streak != 0 || c.Lo != 8 {
 		t.Fatalf("the cut's test admitted: %+v, want the cut over", c)
 	}

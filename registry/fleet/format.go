@@ -76,7 +76,7 @@ type capRecord struct {
 	Lo      int           `json:"lo"`               // starts may reach it without a test
 	Hi      int           `json:"hi"`               // the cap is at most this, as of HiAt
 	HiAt    int64         `json:"hi_at,omitempty"`  // when the last cut or ceiling was found
-	Cut     uint64        `json:"cut,omitempty"`    // starts numbered up to it came before that
+	Cut     uint64        `json:"cut,omitempty"`    // starts numbered up to it came before that (or the last reopened ceiling)
 	Streak  int           `json:"streak,omitempty"` // refusals since the last admission after a cut
 	Step    int           `json:"step"`             // the next batch of probes' width
 	Refusal refusalRecord `json:"refusal,omitzero"`
@@ -102,7 +102,8 @@ type probeRecord struct {
 // batchRecord is the last batch of probes: the cap when it began, and if
 // it was refused, its top, the starts that belong to it (numbered above
 // After, up to End) and those of them refused so far; no probe goes before
-// Until while they come in.
+// Until while they come in. With no top and none seen, After and End hold
+// the starts of the last reopened ceiling instead (see learn.Cap).
 type batchRecord struct {
 	Lo    int      `json:"lo"`
 	Top   int      `json:"top,omitempty"`

@@ -80,7 +80,7 @@ type learnEvent struct {
 	kind    eventKind
 	n       int    // the key's count with the start
 	id      uint64 // the start's number
-	seq     uint64 // the last start's number when the answer came (refusals, overloads)
+	seq     uint64 // the last start's number when the answer came (or the tick)
 	at, now int64  // the start's time and the event's, server nanoseconds
 }
 
@@ -94,7 +94,7 @@ func (e learnEvent) apply(c *learn.Cap) {
 			c.Started(e.n, e.now)
 		}
 	case evAdmitted:
-		c.Admitted(e.n, e.id)
+		c.Admitted(e.n, e.id, e.seq)
 	case evRefused:
 		c.Refused(e.n, e.id, e.at, e.now, e.seq)
 	case evInconclusive:
@@ -102,7 +102,7 @@ func (e learnEvent) apply(c *learn.Cap) {
 	case evOverloaded:
 		c.Overloaded(e.id, e.seq)
 	case evTick:
-		c.Tick(e.now)
+		c.Tick(e.now, e.seq)
 	}
 }
 

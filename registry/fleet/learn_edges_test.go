@@ -848,6 +848,48 @@ func TestLearnedCapEvidenceAppliedTwice(t *testing.T) {
 	assert.Equal(t, written.Lo, lk.cap.Lo)
 }
 
+// The same for a retest of a known ceiling, admitted or taken as admitted
+// unanswered: its count reopens the ceiling but leaves the cap at it, and
+// applied again it does not prove the count a second time. A refusal of
+// the retest that came after it was taken as admitted sets the ceiling
+// back, once.
+func TestLearnedCapRetestAppliedTwice(t *testing.T) {
+	sec := int64(time.Second)
+	for _, tc := range []struct {
+		name    string
+		answers []learnEvent
+		hi      int // the ceiling after them
+	}{
+		{"admitted", []learnEvent{{kind: evAdmitted, n: 21, id: 100, seq: 101}}, 64},
+		{"unanswered", []learnEvent{{kind: evTick, now: 12 * sec, seq: 101}}, 64},
+		{"unanswered, then refused", []learnEvent{{kind: evTick, now: 12 * sec, seq: 101},
+			{kind: evRefused, n: 21, id: 100, seq: 101, at: 11 * sec, now: 12*sec + 1e7}}, 20},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := learn.New(1, 64, 20, 10*time.Second)
+			c.Hi, c.HiAt = 20, sec // a ceiling of 20, found a second in
+			lk := &learning{base: *c}
+			now := 11 * sec // the retest is due
+			require.Equal(t, 21, lk.base.Limit(now), "the retest's limit")
+			lk.pending = append([]learnEvent{{kind: evStarted, n: 21, id: 100, at: now, now: now}}, tc.answers...)
+			lk.rebaseLocked()
+			written := lk.cap
+			require.Equal(t, 20, written.Lo, "the cap stays at the old ceiling: %+v", written)
+			require.Equal(t, tc.hi, written.Hi, "the ceiling: %+v", written)
+			lk.base = written
+			lk.rebaseLocked()
+			// (A refusal's time is taken twice, as before: the gap moves
+			// a little.)
+			again := lk.cap
+			again.Refusal, again.RefusalDev = written.Refusal, written.RefusalDev
+			assert.Equal(t, written, again, "the same evidence applied again")
+			if tc.hi == 64 {
+				assert.Equal(t, 21, lk.cap.Limit(now+sec), "the next probe goes at the retest's count")
+			}
+		})
+	}
+}
+
 // A stored state whose version a Lua number cannot hold exactly (over
 // 2^53, over 2^63, not a whole number) is still written over by the next
 // write: the write script compares versions as digits.

@@ -327,8 +327,8 @@ func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
 				}
 				switch rng.IntN(4) {
 				case 0, 1:
-					mem.Admitted(st.n, st.id)
-					rec.Admitted(st.n, st.id)
+					mem.Admitted(st.n, st.id, seq)
+					rec.Admitted(st.n, st.id, seq)
 				case 2:
 					mem.Refused(st.n, st.id, st.at, now, seq)
 					rec.Refused(st.n, st.id, st.at, now, seq)
@@ -348,8 +348,8 @@ func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
 				s.Configure(rec, configured)
 				op = "configured"
 			default:
-				mem.Tick(now)
-				rec.Tick(now)
+				mem.Tick(now, seq)
+				rec.Tick(now, seq)
 				op = "tick"
 			}
 			b, err := json.Marshal(storedCap{Key: "k", V: 1, F: 1 + step%2, Cap: *rec})

@@ -152,7 +152,7 @@ func (r *Registry[K]) dueLocked(next *time.Duration) (due []dueKey[K], keys []K)
 		keys = append(keys, k)
 		if at := lk.cap.WakeAt(now); at != 0 && timed {
 			if at <= now {
-				c.noteLocked(lk, learnEvent{kind: evTick, now: now})
+				c.noteLocked(lk, learnEvent{kind: evTick, now: now, seq: r.clock.startCeiling()})
 			} else {
 				*next = min(*next, time.Duration(at-now))
 			}
