@@ -294,8 +294,13 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	if m > l.Lo && l.Streak > 0 {
 		// A start over Lo while a cut is tested: another process of a
 		// fleet made it under the limit it had before the cut reached it.
-		// It lowers the ceiling; the cut and its test go on.
+		// It lowers the ceiling; the cut goes on. If it was taken for the
+		// cut's test (the first start after the cut), it tested nothing,
+		// and the next start does: time must not take it for admitted.
 		l.Hi = min(l.Hi, max(m-1, l.Lo, l.Floor))
+		if l.ProbeN == m && l.ProbeAt == at {
+			l.ProbeN = 0
+		}
 		return
 	}
 	if m > l.Lo || l.Streak == 0 && l.ProbeN != 0 && m > 2*l.Lo-l.ProbeN {

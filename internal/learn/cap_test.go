@@ -212,6 +212,29 @@ func TestReopeningWithdrawsABatchOver(t *testing.T) {
 	}
 }
 
+// After a cut, a start over the cap made by another process of a fleet
+// (under the limit it had before the cut reached it) is taken for the cut's
+// test; refused, it tested nothing: time does not take it for admitted,
+// and the next start tests the cut.
+func TestCutsTestOverTheCapRefused(t *testing.T) {
+	s, now := cutThrice(t)
+	c := s.c
+	lo, streak := c.Lo, c.Streak
+	over := s.start(lo+3, now)
+	if c.ProbeN != lo+3 {
+		t.Fatalf("the start at %d after the cut: %+v, want it taken for the cut's test", lo+3, c)
+	}
+	c.Refused(lo+3, over, now, now+int64(50*time.Millisecond), s.seq)
+	c.Tick(now+int64(time.Second), s.seq)
+	if c.Streak != streak || c.Lo != lo || c.ProbeN != 0 {
+		t.Fatalf("after the test over the cap refused and a second: %+v, want the cut (streak %d, cap %d) with no test out", c, streak, lo)
+	}
+	s.start(lo, now+int64(time.Second))
+	if c.ProbeN != lo {
+		t.Fatalf("the next start: %+v, want it the cut's test", c)
+	}
+}
+
 // A start made before the retest and refused within the cap after the
 // retest was admitted is a refusal within the cap as any other: the cap
 // fell, or it is noise, and it is cut.
