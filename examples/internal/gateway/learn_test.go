@@ -144,10 +144,10 @@ func learnsTheCap(t *testing.T, gw *Gateway, hidden int, u *pacingtest.Upstream,
 	}
 	// The upstream ends a request a moment before the gateway sees its
 	// end, so now and then a probe finds room that is not there: the
-	// learned cap can go one over (a retest passed so only reopens the
-	// ceiling, but a probe of the climb after it passed so raises the
-	// cap), and the first refusal at a count once admitted takes it one
-	// below that count.
+	// learned cap can go one over (a retest admitted so only reopens the
+	// ceiling, but the probe of the climb that follows, admitted so too,
+	// raises the cap), and the first refusal at a count once admitted
+	// takes it one below that count.
 	assert.LessOrEqual(t, maxCap, hidden+1, "the learned cap never goes more than one over")
 	assert.GreaterOrEqual(t, samples-off, samples*8/10, "the learned cap stays within one of %d nearly all the time", hidden)
 	// A retest sends one probe over the cap; a batch of probes, when the
