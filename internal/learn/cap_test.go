@@ -271,12 +271,9 @@ func TestRetestAdmittedTwiceProvesOnce(t *testing.T) {
 // The retest taken as admitted unanswered, and then the probe at its count
 // too: the cap climbs, the next batch two wide.
 func TestRetestAndProbeTakenAsAdmitted(t *testing.T) {
-	s := &starts{c: New(1, 64, 20, 10*time.Second)}
+	s, now := retestDue()
 	c := s.c
-	now := sec
-	s.refuse(21, now)
 	for range 2 {
-		now += int64(c.Retest) + sec
 		s.start(21, now)
 		now += int64(c.Gap())
 		c.Tick(now, s.seq)
