@@ -141,9 +141,10 @@ type Listener interface {
 //     liveness and its place's expiry, unless serving stopped short of it
 //     (not at a heavy waiter: see ReleaseCall) and it can take room on
 //     every key: then it is admitted;
-//  9. a newcomer is admitted if every key has room for its Units, serving
-//     stopped at no heavy waiter of a key, and no waiter it has looked at
-//     could take that room; else, without Wait, refused
+//  9. a newcomer (a call whose Lease is on none of its keys, an expired
+//     lease counting as none) is admitted if every key has room for its
+//     Units, serving stopped at no heavy waiter of a key, and no waiter it
+//     has looked at could take that room; else, without Wait, refused
 //     (StatusFull); with Wait, refused if a queue is at MaxQueue
 //     (StatusQueueMax) or its flow at MaxFlowQueue (StatusFlowMax), else
 //     queued on every key (StatusQueued), its ticket being Lease.

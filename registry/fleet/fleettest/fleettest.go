@@ -119,6 +119,7 @@ var (
 		{"LearnedCapShared", learnedCapShared},
 		{"CountsLeaveOutGrants", countsLeaveOutGrants},
 		{"AdmittedOverALoweredLimit", admittedOverALoweredLimit},
+		{"ExpiredLeasePasses", expiredLeasePasses},
 		{"AnyKey", anyKey},
 		{"OverridesShared", overridesShared},
 		{"BudgetShared", budgetShared},

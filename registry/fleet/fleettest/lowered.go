@@ -2,6 +2,7 @@ package fleettest
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -82,4 +83,49 @@ func admittedOverALoweredLimit(t *testing.T, srv Server) {
 			}
 		})
 	}
+}
+
+// A call whose lease has expired (a grant not claimed in time, or a
+// holder that stopped renewing) is a newcomer when it is made again, even
+// while the expired lease is still stored: one of one key that waits and
+// is admitted beside a heavy waiter is counted against it (driver.Pass),
+// as any newcomer. Behind a waiter of 5 units on a key with 4 free, a
+// lease of one unit that will expire and PassFactor*5-2 other newcomers of
+// one unit pass it; once the lease has expired, its call made again is the
+// last to pass: the next newcomer waits.
+func expiredLeasePasses(t *testing.T, srv Server) {
+	ctx := context.Background()
+	s := srv.Store(t, "expiredpass")
+	var epoch int64
+	admit := func(lease string, units int, wait bool, ttl time.Duration) driver.AdmitResult {
+		t.Helper()
+		res, err := s.AdmitOne(ctx, &driver.AdmitCall{Lease: lease, Keys: []string{"k"}, Limits: []int{10}, Units: units,
+			TTL: ttl, Wait: wait, Starts: true, Claim: time.Second, Live: time.Minute, Weight: 1, Proc: "p-" + lease,
+			MaxQueue: -1, MaxFlowQueue: -1, Epoch: epoch})
+		require.NoError(t, err)
+		epoch = res.Epoch
+		return res
+	}
+	require.Equal(t, driver.StatusAdmitted, admit("filler", 6, false, time.Minute).Status)
+	require.Equal(t, driver.StatusQueued, admit("heavy", 5, true, time.Minute).Status, "6 + 5 over 10")
+	const ttl = 500 * time.Millisecond
+	require.Equal(t, driver.StatusAdmitted, admit("late", 1, true, ttl).Status, "it passes the heavy waiter")
+	for i := range driver.PassFactor*5 - 2 {
+		l := fmt.Sprintf("n%d", i)
+		res := admit(l, 1, true, time.Minute)
+		require.Equal(t, driver.StatusAdmitted, res.Status, "pass %d: 7 + 1 fits, and the heavy waiter's bound is not reached", i+2)
+		require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: "k", Lease: l, Limit: 10}}}))
+	}
+	require.Eventually(t, func() bool {
+		n, err := s.Count(ctx, "k")
+		return err == nil && n == 6
+	}, wait, 10*time.Millisecond, "the lease of one unit expires")
+	res := admit("late", 1, true, time.Minute)
+	require.Equal(t, driver.StatusAdmitted, res.Status, "its call made again passes the heavy waiter: %+v", res)
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: "k", Lease: "late", Limit: 10}}}))
+	res = admit("next", 1, true, time.Minute)
+	assert.Equal(t, driver.StatusQueued, res.Status, "the heavy waiter's bound reached, counting the expired lease's call: %+v", res)
+	n, err := s.Count(ctx, "k")
+	require.NoError(t, err)
+	assert.Equal(t, 6, n, "the free units kept for the heavy waiter")
 }

@@ -48,6 +48,9 @@ var serveSQL string
 //go:embed count.sql
 var countSQL string
 
+//go:embed newcomer.sql
+var newcomerSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -67,22 +70,23 @@ var schemaV1 = withConstants(schemaSQL)
 // admit, and keeping the signatures the releases before call), revision 3
 // answers a waiter behind a heavy waiter, and a waiter's claim of its
 // grant, without the key's lock, revision 4 counts flows' turns in units,
-// revision 5 makes the small functions the calls run PL/pgSQL, whose
-// plans a connection keeps, revision 6 lets lighter waiters pass a heavy
-// one up to a bound, revision 7 serves a key's queue once per release
-// call, revision 8 counts a key's units once per serving and again after
-// each grant, and revision 9 carries the count from grant to grant. A
-// revision adds, or replaces a function keeping its signature and the
-// meaning of its answers, so a release that knows fewer of them works on
-// the schema as it is (a rolling deploy has both side by side); one that
-// changes what is there makes a new SchemaVersion.
-var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL)}
+// revision 5 makes the small functions the calls run PL/pgSQL, whose plans
+// a connection keeps, revision 6 lets lighter waiters pass a heavy one up
+// to a bound, revision 7 serves a key's queue once per release call,
+// revision 8 counts a key's units once per serving and again after each
+// grant, revision 9 carries the count from grant to grant, and revision 10
+// counts a call whose lease has expired as a newcomer when it passes a
+// heavy waiter. A revision adds, or replaces a function keeping its
+// signature and the meaning of its answers, so a release that knows fewer
+// of them works on the schema as it is (a rolling deploy has both side by
+// side); one that changes what is there makes a new SchemaVersion.
+var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 9
+	SchemaRevision = 10
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows
