@@ -130,12 +130,12 @@ type Listener interface {
 //     ReleaseCall); a store may skip serving for a call with Wait whose
 //     Lease is on every key, where no lease has expired and no key is
 //     over its limit (a claim: it frees nothing, and step 6 admits it);
-//  6. if Lease is on every key (a grant claimed), extends it to TTL and
-//     admits it, unless a key holds more than its limit (the grant was made
-//     under a higher limit): then it gives the grant back, serves the
-//     queues, and goes on as a newcomer that may queue past MaxQueue and
-//     MaxFlowQueue; a grant on some of its keys only (a part whose claim
-//     ran out) is dropped;
+//  6. if Lease is on every key, not expired (a grant claimed), extends it
+//     to TTL and admits it, unless a key holds more than its limit (the
+//     grant was made under a higher limit): then it gives the grant back,
+//     serves the queues, and goes on as a newcomer that may queue past
+//     MaxQueue and MaxFlowQueue; a grant on some of its keys only (a part
+//     whose claim ran out) is dropped;
 //  7. if paused, refuses it (StatusPaused);
 //  8. a ticket queued already stays queued (StatusQueued), renewing Proc's
 //     liveness and its place's expiry, unless serving stopped short of it

@@ -89,10 +89,10 @@ func admittedOverALoweredLimit(t *testing.T, srv Server) {
 // holder that stopped renewing) is a newcomer when it is made again, even
 // while the expired lease is still stored: one of one key that waits and
 // is admitted beside a heavy waiter is counted against it (driver.Pass),
-// as any newcomer. Behind a waiter of 5 units on a key with 4 free, a
-// lease of one unit that will expire and PassFactor*5-2 other newcomers of
-// one unit pass it; once the lease has expired, its call made again is the
-// last to pass: the next newcomer waits.
+// as any newcomer. Behind a waiter of 5 units on a key with 4 free,
+// PassFactor*5-2 newcomers of one unit pass it, then a lease of one unit
+// that expires; its call made again is the last to pass: the next newcomer
+// waits.
 func expiredLeasePasses(t *testing.T, srv Server) {
 	ctx := context.Background()
 	s := srv.Store(t, "expiredpass")
@@ -108,14 +108,17 @@ func expiredLeasePasses(t *testing.T, srv Server) {
 	}
 	require.Equal(t, driver.StatusAdmitted, admit("filler", 6, false, time.Minute).Status)
 	require.Equal(t, driver.StatusQueued, admit("heavy", 5, true, time.Minute).Status, "6 + 5 over 10")
-	const ttl = 500 * time.Millisecond
-	require.Equal(t, driver.StatusAdmitted, admit("late", 1, true, ttl).Status, "it passes the heavy waiter")
 	for i := range driver.PassFactor*5 - 2 {
 		l := fmt.Sprintf("n%d", i)
 		res := admit(l, 1, true, time.Minute)
-		require.Equal(t, driver.StatusAdmitted, res.Status, "pass %d: 7 + 1 fits, and the heavy waiter's bound is not reached", i+2)
+		require.Equal(t, driver.StatusAdmitted, res.Status, "pass %d: 6 + 1 fits, and the heavy waiter's bound is not reached", i+1)
 		require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: time.Second, Pairs: []driver.Release{{Key: "k", Lease: l, Limit: 10}}}))
 	}
+	// No call but Count touches k from here until "late" is made again, so
+	// a store that deletes expired leases only in its calls still has the
+	// expired one then, however long the loop above took.
+	const ttl = 100 * time.Millisecond
+	require.Equal(t, driver.StatusAdmitted, admit("late", 1, true, ttl).Status, "it passes the heavy waiter")
 	require.Eventually(t, func() bool {
 		n, err := s.Count(ctx, "k")
 		return err == nil && n == 6

@@ -7,10 +7,14 @@
 -- as a newcomer. Revision 6's inflight_admit_passing took any stored lease
 -- of the caller's, expired or not, for a claim, and did not count such a
 -- newcomer against the heavy waiter it passed. It is replaced with the same
--- signature and answers: only a lease not expired makes a claim, looked at
--- under the key's lock when there is one, so that no lease expires between
--- the look and inflight_admit's (within the millisecond of the store's
--- clock that both take).
+-- signature and answers: it reads the stored lease's expiry under the
+-- keys' locks, and after inflight_admit, a lease expired at that call's
+-- clock (its reply's now) made no claim, as inflight_admit found.
+--
+-- Unlike the reference store, a lease not expired is taken for a claim
+-- even when it is given back (its key over the call's limit) and the call
+-- is admitted again at once, which needs the call to weigh fewer units
+-- than the lease it made before: the fleet's client never sends that.
 
 CREATE OR REPLACE FUNCTION inflight_admit_passing(f text, l text, keys text[], limits bigint[], ttl bigint, not_after bigint, known bigint,
 	pause bigint, wait bool, starts bool, claim bigint, r smallint, fl text, weight int, p text, max_q int, max_f int,
@@ -19,6 +23,7 @@ CREATE OR REPLACE FUNCTION inflight_admit_passing(f text, l text, keys text[], l
 DECLARE
 	res bigint[];
 	newcomer bool := false;
+	e bigint; -- the expiry of the caller's stored lease on keys[1] (NULL: none)
 	b inflight_ticket;
 BEGIN
 	-- Only a key with a weighted waiter (one probe of their index) may
@@ -29,17 +34,18 @@ BEGIN
 		AND EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.units > 1) THEN
 		newcomer := NOT EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.ticket = l);
 		IF newcomer AND EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[1] AND x.lease = l) THEN
-			-- The keys inflight_admit locks, in its order: it takes them
-			-- again at no cost.
+			-- The keys inflight_admit locks, in its order (it takes them
+			-- again at no cost), after its check of the isolation level.
+			PERFORM inflight_begin(async);
 			PERFORM inflight_lock(f, keys || coalesce(carried_keys, '{}'));
-			newcomer := NOT EXISTS (SELECT 1 FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[1] AND x.lease = l
-				AND x.expires > inflight_now_us() / 1000);
+			SELECT x.expires INTO e FROM inflight_lease x WHERE x.fleet = f AND x.key = keys[1] AND x.lease = l;
 		END IF;
 		PERFORM set_config('inflight.pass', 'on', true);
 	END IF;
 	res := inflight_admit(f, l, keys, limits, ttl, not_after, known, pause, wait, starts, claim, r, fl, weight, p,
 		max_q, max_f, live, async, carried_keys, carried_leases, units, carried_units);
-	IF res[1] = 1 AND newcomer THEN
+	-- res[5] is inflight_admit's clock: a lease expired then made no claim.
+	IF res[1] = 1 AND newcomer AND (e IS NULL OR e <= res[5]) THEN
 		-- Under the key's lock (inflight_admit took it): the first
 		-- heavy waiter of one key still queued is one it went past.
 		SELECT * INTO b FROM inflight_ticket x WHERE x.fleet = f AND x.key = keys[1] AND x.units > 1

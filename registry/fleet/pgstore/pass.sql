@@ -133,9 +133,11 @@ BEGIN
 	END LOOP;
 END $$;
 
--- inflight_admit_passing is the admission call (fleet.AdmitCall), as
--- inflight_admit makes it, and for a newcomer of one key that waits and is
--- admitted beside a heavy waiter (serving went past it), counts its units
+-- inflight_admit_passing (replaced by newcomer.sql, revision 10, which
+-- counts a call whose lease has expired as a newcomer) is the admission
+-- call (fleet.AdmitCall), as inflight_admit makes it, and for a newcomer
+-- of one key that waits and is admitted beside a heavy waiter (serving
+-- went past it), counts its units
 -- against the first such waiter (inflight_pass). Only such a call sets
 -- inflight.pass on for its transaction: in any other (a call that does
 -- not wait or is of several keys, or a release's, or inflight_admit
