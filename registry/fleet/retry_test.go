@@ -189,8 +189,8 @@ type netTimeout struct{}
 func (netTimeout) Error() string { return "i/o timeout" }
 func (netTimeout) Timeout() bool { return true }
 
-// slow is a call's timeout, as the store's client returns it.
-var slow = fmt.Errorf("a slow store: %w", context.DeadlineExceeded)
+// errSlow is a call's timeout, as the store's client returns it.
+var errSlow = fmt.Errorf("a slow store: %w", context.DeadlineExceeded)
 
 // A waiter decided as WithUnavailable says (here FallbackLocal: admitted
 // under the local registry alone, Degraded): at once when its call fails
@@ -205,7 +205,7 @@ func TestWaiterDecidedAsUnavailable(t *testing.T) {
 		open   bool
 	}{
 		{"an error", errors.New("a store error"), 1, false},
-		{"timeouts that open the breaker", slow, 3, true},
+		{"timeouts that open the breaker", errSlow, 3, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ms := memstore.New()
@@ -240,7 +240,7 @@ func TestWaiterRetryEndsWithItsContext(t *testing.T) {
 		mode := tc.mode
 		t.Run(tc.name, func(t *testing.T) {
 			ms := memstore.New()
-			st := &failWaits{Store: ms, late: true, err: slow}
+			st := &failWaits{Store: ms, late: true, err: errSlow}
 			b := New[string](st, 1, WithBreaker(1000, time.Hour), WithUnavailable(mode), WithLogger(quiet()))
 			t.Cleanup(func() { closeWithin(t, b) })
 			st.fail.Store(1 << 30)
@@ -267,7 +267,7 @@ func TestWaiterRetryEndsWithItsContext(t *testing.T) {
 // slots.ErrWaitTimeout.
 func TestWaiterRetryEndsWithTheLongestWait(t *testing.T) {
 	ms := memstore.New()
-	st := &failWaits{Store: ms, err: slow}
+	st := &failWaits{Store: ms, err: errSlow}
 	b := New[string](st, 1, WithBreaker(1000, time.Hour), WithLogger(quiet()),
 		WithLocalOptions(slots.WithMaxWait(200*time.Millisecond)))
 	t.Cleanup(func() { closeWithin(t, b) })

@@ -37,7 +37,7 @@ func ExampleNew() {
 	wait := spans.Ended()[0]
 	fmt.Println(wait.Name(), "under", spans.Ended()[1].Name())
 	for _, kv := range wait.Attributes() {
-		fmt.Printf("  %s=%s\n", kv.Key, kv.Value.Emit())
+		fmt.Printf("  %s=%s\n", kv.Key, kv.Value.String())
 	}
 	// Output:
 	// acquire tenant under POST /v1/chat/completions

@@ -58,7 +58,7 @@ func attrs(s attribute.Set) string {
 		if out != "" {
 			out += ","
 		}
-		out += string(kv.Key) + "=" + kv.Value.Emit()
+		out += string(kv.Key) + "=" + kv.Value.String()
 	}
 	return out
 }
@@ -206,7 +206,7 @@ func tracing(t *testing.T, opts ...sdktrace.TracerProviderOption) (*tracetest.Sp
 func attrMap(kvs []attribute.KeyValue) map[string]string {
 	out := map[string]string{}
 	for _, kv := range kvs {
-		out[string(kv.Key)] = kv.Value.Emit()
+		out[string(kv.Key)] = kv.Value.String()
 	}
 	return out
 }

@@ -183,11 +183,3 @@ func (g *Gateway) startFleet(cfg Config, local []registry.Option) (pacing.Config
 	}
 	return provider, nil
 }
-
-// capKeys returns the fleet keys a request for model takes.
-func (g *Gateway) capKeys(model string) []string {
-	if g.caps.Limit("model:"+model) != slots.Unlimited {
-		return []string{"provider", "model:" + model}
-	}
-	return []string{"provider"}
-}

@@ -46,7 +46,7 @@ func (b *syncBuffer) String() string {
 func attrsOf(kvs []attribute.KeyValue) map[string]string {
 	out := map[string]string{}
 	for _, kv := range kvs {
-		out[string(kv.Key)] = kv.Value.Emit()
+		out[string(kv.Key)] = kv.Value.String()
 	}
 	return out
 }
@@ -149,7 +149,7 @@ func TestGatewayTelemetry(t *testing.T) {
 			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
 				c, _ := p.Attributes.Value("inflight.cap")
 				r, _ := p.Attributes.Value("inflight.result")
-				requests[c.Emit()+"/"+r.Emit()] += p.Value
+				requests[c.String()+"/"+r.String()] += p.Value
 			}
 		}
 	}
