@@ -131,7 +131,14 @@ func (b *classifying) Read(p []byte) (int, error) {
 }
 
 func (b *classifying) Close() error {
+	decided := false
+	defer func() {
+		if !decided {
+			b.body.Close() // the report panicked: the body goes all the same
+		}
+	}()
 	b.decide() // before the body goes: a Slot may be released after it
+	decided = true
 	return b.body.Close()
 }
 

@@ -22,6 +22,9 @@ import (
 // answer to the Gate before the request's slot can be freed, and holds the
 // slot until the response body is done, as a slots.Transport does. A
 // request that fails, or is refused, returns its error with nothing held.
+// It reads answers as they pass (a refusal's first bytes, the usage), so it
+// sends requests without the client's Accept-Encoding: net/http's
+// Transport then asks for gzip itself and decompresses.
 //
 // A refusal is returned as the error of the Gate or the fleet (a
 // *slots.LimitError, or the context's error), marked as a refusal:
@@ -164,12 +167,19 @@ type exchange struct {
 	caps    *slots.Slot // the fleet's; nil without a fleet
 	tokens  *slots.Slot // the fleet's token caps; nil without them
 	weighed bool        // admitted under WithTokens: its answer's usage settles it
+	// admitted: admit returned a Slot (a request under slots.WithoutSlot
+	// is sent without one, and its Trace hears nothing of it).
+	admitted bool
 	// dropUsage: the Transport asked the stream for its usage
 	// (WithStreamUsage); the client gets no usage chunk.
 	dropUsage bool
 }
 
 type exchangeKey struct{}
+
+// errNoAnswer is a base RoundTripper's nil response with a nil error, which
+// net/http's own Client reports as an error too.
+var errNoAnswer = errors.New("pacing: the RoundTripper returned a nil *Response with a nil error")
 
 // RoundTrip admits req, sends it with its API key, and ties the slot to
 // the response body (see Transport). It never modifies req. A request
@@ -317,6 +327,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps), (*core.Handle)(x.tokens)))
 	a.Held = held
 	trs.admitted(a, h)
+	x.admitted = true
 	returned = true
 	return held, nil
 }
@@ -329,22 +340,44 @@ type reporter struct{ t *Transport }
 func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := r.t
 	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
-	if x != nil && t.credential != nil {
+	if x != nil && (t.credential != nil || req.Header.Get("Accept-Encoding") != "") {
 		req = req.Clone(req.Context()) // its own headers; the body is shared
-		if err := credential(t.credential, req, x.grant.Key); err != nil {
-			return nil, err
+		// The answer is read as it passes (a refusal's first bytes, the
+		// usage): it must come as the upstream's words, not compressed
+		// for the client. Without the client's Accept-Encoding, net/http's
+		// Transport asks for gzip itself and decompresses.
+		req.Header.Del("Accept-Encoding")
+		if t.credential != nil {
+			if err := credential(t.credential, req, x.grant.Key); err != nil {
+				return nil, err
+			}
 		}
 	}
 	resp, err := t.base.RoundTrip(req)
 	if x == nil {
 		return resp, err
 	}
+	if err == nil && resp == nil {
+		err = errNoAnswer // reported as any failure to send
+	}
+	// A panic from here on (a Classifier's, a Trace hook's) leaves with the
+	// answer's body closed, so that its connection does not stay open once
+	// the slot is freed.
+	var onPanic io.Closer // nil once returned
+	if err == nil && resp.Body != nil {
+		onPanic = resp.Body
+	}
+	defer func() {
+		if onPanic != nil {
+			onPanic.Close()
+		}
+	}()
 	// A slot that holds nothing (a bypass) is no evidence for its cap.
 	toGate := x.grant.Slot != nil && !x.grant.Slot.Bypassed()
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
 	trs := tracesOf(req.Context())
 	weighed := x.weighed && err == nil
-	hears := err == nil && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
+	hears := err == nil && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool
 	settled := func(st Settlement) { // the Trace hears it once
 		if told.CompareAndSwap(false, true) {
@@ -378,15 +411,19 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	if t.rateLimitHeaders && err == nil {
 		SetRateLimitHeaders(resp.Header, t.gate.Budgets(), x.model, x.grant.Key)
 	}
-	if weighed && resp.StatusCode/100 == 2 { // its budgets are settled with the usage the answer reports
+	// An answer without a body reports no usage: its estimate stands, and
+	// the slots Transport frees its slot at once.
+	hasBody := err == nil && resp.Body != nil && resp.Body != http.NoBody
+	if weighed && hasBody && resp.StatusCode/100 == 2 { // its budgets are settled with the usage the answer reports
 		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
 			t.gate.Settle(x.grant, used) // nothing for a bypass
 			settled(Settlement{Served: true, Used: used})
 		})
 	}
-	if x.dropUsage && err == nil && resp.StatusCode/100 == 2 {
+	if x.dropUsage && hasBody && resp.StatusCode/100 == 2 {
 		dropUsage(resp) // read by WatchUsage if weighed, kept from the client who did not ask
 	}
+	onPanic = nil
 	return resp, err
 }
 

@@ -31,18 +31,20 @@ func newMiddlewareConfig(opts []MiddlewareOption) middlewareConfig {
 	return cfg
 }
 
-// status is HTTPStatus with the configured status for a rejection.
+// status is HTTPStatus with the configured status for a rejection; a
+// request heavier than its whole cap stays 413 (waiting cannot help).
 func (c middlewareConfig) status(err error) (int, time.Duration) {
 	status, retryAfter := httpStatus(err)
 	var le *LimitError
-	if errors.As(err, &le) {
+	if errors.As(err, &le) && !errors.Is(err, ErrExceedsLimit) {
 		status = c.rejectStatus
 	}
 	return status, retryAfter
 }
 
 // WithRejectStatus sets a *LimitError's status (429 by default; 503 to shed
-// load). It panics unless code is 4xx or 5xx.
+// load), but for one wrapping ErrExceedsLimit, which stays 413. It panics
+// unless code is 4xx or 5xx.
 func WithRejectStatus(code int) MiddlewareOption {
 	if code < 400 || code > 599 {
 		panic(fmt.Sprintf("slots: WithRejectStatus(%d): a rejection needs a 4xx or 5xx status", code))

@@ -416,3 +416,26 @@ func TestRetryAfterMsEdges(t *testing.T) {
 	assert.Equal(t, "60", rec.Header().Get("Retry-After"))
 	assert.Empty(t, rec.Header().Get("retry-after-ms"), "not 300 beside the writer's 60 s")
 }
+
+// A request heavier than its whole cap is answered 413 (waiting cannot
+// help) by Middleware and ProxyErrorHandler, as by WriteError, whatever
+// status WithRejectStatus sets for the other refusals.
+func TestExceedsLimitIs413Everywhere(t *testing.T) {
+	lim := slots.NewLimiter(10)
+	admit := func(*http.Request) (*slots.Slot, error) { return lim.TryAcquireN(11) }
+	_, err := admit(nil)
+	require.ErrorIs(t, err, slots.ErrExceedsLimit)
+	rec := httptest.NewRecorder()
+	slots.WriteError(rec, err)
+	assert.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, "WriteError")
+	for _, opts := range [][]slots.MiddlewareOption{nil, {slots.WithRejectStatus(http.StatusServiceUnavailable)}} {
+		rec = httptest.NewRecorder()
+		slots.Middleware(admit, opts...)(http.NotFoundHandler()).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", nil))
+		assert.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, "Middleware %v", opts)
+		assert.Empty(t, rec.Header().Get("Retry-After"))
+		_, rtErr := slots.NewTransport(http.DefaultTransport, admit).RoundTrip(httptest.NewRequest(http.MethodPost, "http://x.invalid/", nil))
+		rec = httptest.NewRecorder()
+		slots.ProxyErrorHandler(opts...)(rec, httptest.NewRequest(http.MethodPost, "/", nil), rtErr)
+		assert.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, "ProxyErrorHandler %v", opts)
+	}
+}

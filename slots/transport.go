@@ -78,6 +78,20 @@ func NewTransport(base http.RoundTripper, admit AdmitFunc, opts ...TransportOpti
 	return t
 }
 
+// admitClosing is admit that closes req's body if admit panics (a hook's
+// panic, say), as a RoundTripper that does not send must.
+func (t *Transport) admitClosing(req *http.Request) (*Slot, error) {
+	returned := false
+	defer func() {
+		if !returned && req.Body != nil {
+			req.Body.Close()
+		}
+	}()
+	s, err := t.admit(req)
+	returned = true
+	return s, err
+}
+
 // RoundTrip admits req, sends it, and ties the slot to the response body.
 // A refusal closes req.Body and returns admit's error, sending nothing.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -86,7 +100,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if withoutSlot(ctx) {
 		return t.base.RoundTrip(req)
 	}
-	s, err := t.admit(req)
+	s, err := t.admitClosing(req)
 	if err != nil {
 		s.releaseQuietly() // an admit that returned a slot along with its error
 		if req.Body != nil {

@@ -1,0 +1,301 @@
+package pacing_test
+
+import (
+	"compress/gzip"
+	"context"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Answers a base RoundTripper may give that the Transport must take
+// without a panic and without holding anything: no response and no error
+// (net/http's Client reports that as an error), and a response without a
+// body, with and without the options that read the body.
+func TestTransportOddAnswers(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		ctx  func(context.Context) context.Context
+		opts []pacing.TransportOption
+	}{
+		{"plain", func(ctx context.Context) context.Context { return ctx }, nil},
+		{"WithTokens", func(ctx context.Context) context.Context {
+			return pacing.WithTokens(ctx, pacing.Tokens{Input: 10, Output: 10})
+		}, nil},
+		{"WithRateLimitHeaders", func(ctx context.Context) context.Context { return ctx }, []pacing.TransportOption{pacing.WithRateLimitHeaders()}},
+		{"WithStreamUsage", func(ctx context.Context) context.Context {
+			return pacing.WithTokens(ctx, pacing.Tokens{Input: 10, Output: 10})
+		}, []pacing.TransportOption{pacing.WithStreamUsage()}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := tc.ctx(pacing.WithModelName(t.Context(), "m"))
+			t.Run("no response, no error", func(t *testing.T) {
+				base := roundTripFunc(func(*http.Request) (*http.Response, error) { return nil, nil })
+				gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+				// A failure that may have reached the upstream keeps its
+				// slot for the cut linger: none here.
+				opts := append([]pacing.TransportOption{pacing.WithCutLinger(0)}, tc.opts...)
+				resp, err := pacing.NewTransport(base, gate, opts...).RoundTrip(post(t, ctx, `{"model":"m"}`))
+				assert.Error(t, err)
+				assert.Nil(t, resp)
+				assert.Zero(t, gate.Status().InFlight)
+				_, err = (&http.Client{Transport: pacing.NewTransport(base, gate, opts...)}).Do(post(t, ctx, `{"model":"m"}`))
+				assert.Error(t, err)
+				assert.Zero(t, gate.Status().InFlight)
+			})
+			for _, body := range []io.ReadCloser{nil, http.NoBody} {
+				t.Run("no body", func(t *testing.T) {
+					base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+						return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: body, Request: r}, nil
+					})
+					gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+					resp, err := pacing.NewTransport(base, gate, tc.opts...).RoundTrip(post(t, ctx, `{"model":"m"}`))
+					require.NoError(t, err)
+					assert.Zero(t, gate.Status().InFlight, "an answer without a body is complete: its slot goes at once")
+					if resp.Body != nil {
+						_, err = io.Copy(io.Discard, resp.Body)
+						assert.NoError(t, err)
+						assert.NoError(t, resp.Body.Close())
+					}
+				})
+			}
+		})
+	}
+}
+
+// An answer to a HEAD request (http.NoBody, through net/http) frees its
+// slot at once, also under WithTokens, whose usage it cannot report.
+func TestTransportHeadFreesAtOnce(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusNoContent) }))
+	t.Cleanup(up.Close)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	rt := pacing.NewTransport(base, gate, pacing.WithModel(func(*http.Request) string { return "m" }))
+	for _, weighed := range []bool{false, true} {
+		ctx := context.Background()
+		if weighed {
+			ctx = pacing.WithTokens(ctx, pacing.Tokens{Input: 1, Output: 1})
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodHead, up.URL, nil)
+		require.NoError(t, err)
+		resp, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		assert.Zero(t, gate.Status().InFlight, "weighed %v: freed before the body is closed", weighed)
+		require.NoError(t, resp.Body.Close())
+	}
+}
+
+// A Classifier that panics: the panic goes on to the caller, the slot is
+// freed, and the answer's body is closed, so that its connection to the
+// upstream does not stay open (with net/http's goroutines for it) under a
+// context that never ends.
+func TestTransportClassifierPanicClosesTheAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		use    func(*http.Response)
+	}{
+		{"200: the panic in RoundTrip", http.StatusOK, nil},
+		{"429 closed unread: the panic in Close", http.StatusTooManyRequests, func(r *http.Response) { r.Body.Close() }},
+		{"429 read: the panic in Read", http.StatusTooManyRequests, func(r *http.Response) { _, _ = io.Copy(io.Discard, r.Body) }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var open atomic.Int64
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				w.WriteHeader(tc.status)
+				_, _ = io.WriteString(w, `{"error":{"type":"x"}}`)
+			}))
+			up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+				switch s {
+				case http.StateNew:
+					open.Add(1)
+				case http.StateClosed, http.StateHijacked:
+					open.Add(-1)
+				}
+			}
+			up.Start()
+			t.Cleanup(up.Close)
+			ignore := goleak.IgnoreCurrent()
+			base := &http.Transport{}
+			gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+			panicky := func(int, http.Header, []byte) pacing.Verdict { panic("a classifier's bug") }
+			rt := pacing.NewTransport(base, gate, pacing.WithClassifier(panicky))
+			req, err := http.NewRequestWithContext(context.Background(), http.MethodPost, up.URL, strings.NewReader(`{"model":"m"}`))
+			require.NoError(t, err)
+			var p any
+			func() {
+				defer func() { p = recover() }()
+				resp, err := rt.RoundTrip(req)
+				require.NoError(t, err)
+				tc.use(resp)
+			}()
+			assert.Equal(t, "a classifier's bug", p, "the panic goes on")
+			assert.Zero(t, gate.Status().InFlight, "the slot is freed")
+			base.CloseIdleConnections()
+			assert.Eventually(t, func() bool { return open.Load() == 0 }, 5*time.Second, 5*time.Millisecond,
+				"the upstream's connection closed")
+			assert.NoError(t, goleak.Find(ignore), "net/http's goroutines for the connection gone")
+		})
+	}
+}
+
+// gzipUpstream answers body with status, compressed when the request
+// accepts gzip, as most API front ends do.
+func gzipUpstream(t *testing.T, status int, body string) *url.URL {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		if !strings.Contains(r.Header.Get("Accept-Encoding"), "gzip") {
+			w.WriteHeader(status)
+			_, _ = io.WriteString(w, body)
+			return
+		}
+		w.Header().Set("Content-Encoding", "gzip")
+		w.WriteHeader(status)
+		zw := gzip.NewWriter(w)
+		_, _ = io.WriteString(zw, body)
+		_ = zw.Close()
+	}))
+	t.Cleanup(up.Close)
+	u, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	return u
+}
+
+// Behind an httputil.ReverseProxy, which passes the client's
+// Accept-Encoding on (Python's clients send gzip by default), the answer is
+// read as the upstream's words all the same: a 429 for a quota is
+// classified Quota, and a usage settles the request's budgets, whether
+// the client accepts gzip or not.
+func TestTransportReadsAnswersTheClientAcceptsCompressed(t *testing.T) {
+	send := func(t *testing.T, h http.Handler, acceptEncoding string) int {
+		gw := httptest.NewServer(h)
+		t.Cleanup(gw.Close)
+		req, err := http.NewRequest(http.MethodPost, gw.URL+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		if acceptEncoding != "" {
+			req.Header.Set("Accept-Encoding", acceptEncoding)
+		}
+		client := &http.Transport{DisableCompression: true} // as the client sent it, undecoded
+		t.Cleanup(client.CloseIdleConnections)
+		resp, err := client.RoundTrip(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		return resp.StatusCode
+	}
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	t.Run("quota", func(t *testing.T) {
+		target := gzipUpstream(t, http.StatusTooManyRequests, `{"error":{"message":"You exceeded your current quota","type":"insufficient_quota","code":"insufficient_quota"}}`)
+		var mu sync.Mutex
+		var kinds []pacing.Kind
+		classify := func(status int, h http.Header, b []byte) pacing.Verdict {
+			v := pacing.DefaultClassifier(status, h, b)
+			mu.Lock()
+			kinds = append(kinds, v.Kind)
+			mu.Unlock()
+			return v
+		}
+		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 4})
+		proxy := &httputil.ReverseProxy{
+			Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+			Transport: pacing.NewTransport(base, gate, pacing.WithClassifier(classify)),
+		}
+		for _, ae := range []string{"", "gzip, deflate"} {
+			assert.Equal(t, http.StatusTooManyRequests, send(t, proxy, ae))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		assert.Equal(t, []pacing.Kind{pacing.Quota, pacing.Quota}, kinds, "plain, then with gzip accepted")
+	})
+	t.Run("usage", func(t *testing.T) {
+		target := gzipUpstream(t, http.StatusOK, `{"id":"x","choices":[],"usage":{"prompt_tokens":7,"completion_tokens":5}}`)
+		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 4})
+		var mu sync.Mutex
+		var settled []pacing.Settlement
+		tr := &pacing.Trace{Settled: func(s pacing.Settlement) { mu.Lock(); settled = append(settled, s); mu.Unlock() }}
+		proxy := &httputil.ReverseProxy{
+			Rewrite:   func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+			Transport: pacing.NewTransport(base, gate),
+		}
+		h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			ctx := pacing.WithTrace(pacing.WithTokens(r.Context(), pacing.Tokens{Input: 100, Output: 100}), tr)
+			proxy.ServeHTTP(w, r.WithContext(ctx))
+		})
+		for _, ae := range []string{"", "gzip"} {
+			assert.Equal(t, http.StatusOK, send(t, h, ae))
+		}
+		mu.Lock()
+		defer mu.Unlock()
+		want := pacing.Settlement{Served: true, Used: pacing.Tokens{Input: 7, Output: 5}}
+		assert.Equal(t, []pacing.Settlement{want, want}, settled)
+	})
+}
+
+// A request sent under slots.WithoutSlot is not admitted, and its Trace
+// hears nothing of it, whatever the answer.
+func TestTransportWithoutSlotIsNotSettled(t *testing.T) {
+	for _, status := range []int{http.StatusOK, http.StatusBadRequest, http.StatusTooManyRequests} {
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: status, Header: http.Header{}, Body: io.NopCloser(strings.NewReader(`{"error":{}}`)), Request: r}, nil
+		})
+		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+		var heard atomic.Int32
+		tr := &pacing.Trace{
+			Admitted: func(pacing.Admission) { heard.Add(1) },
+			Settled:  func(pacing.Settlement) { heard.Add(1) },
+		}
+		ctx := pacing.WithTrace(slots.WithoutSlot(pacing.WithModelName(t.Context(), "m")), tr)
+		resp, err := pacing.NewTransport(base, gate).RoundTrip(post(t, ctx, `{"model":"m"}`))
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		assert.Zero(t, heard.Load(), "status %d", status)
+	}
+}
+
+// A Trace hook that panics while the request is admitted or refused: the
+// panic goes on, nothing is held, and the request's body is closed, as a
+// RoundTripper that does not send must.
+func TestTransportHookPanicClosesTheRequestBody(t *testing.T) {
+	for _, name := range []string{"Admitted", "Refused"} {
+		t.Run(name, func(t *testing.T) {
+			base, _ := recording(t)
+			gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+			ctx := pacing.WithModelName(context.Background(), "m")
+			tr := &pacing.Trace{Admitted: func(pacing.Admission) { panic("a hook's bug") }}
+			if name == "Refused" {
+				c, cancel := context.WithCancel(ctx)
+				cancel()
+				ctx = c
+				tr = &pacing.Trace{Refused: func(error) { panic("a hook's bug") }}
+			}
+			req, body := postCounting(t, pacing.WithTrace(ctx, tr), `{"model":"m"}`)
+			var p any
+			func() {
+				defer func() { p = recover() }()
+				_, _ = pacing.NewTransport(base, gate).RoundTrip(req)
+			}()
+			assert.Equal(t, "a hook's bug", p, "the panic goes on")
+			assert.Zero(t, gate.Status().InFlight)
+			assert.Equal(t, int32(1), body.closes.Load(), "the request's body closed once")
+		})
+	}
+}
