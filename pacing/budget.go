@@ -125,7 +125,9 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // *slots.LimitError wrapping ErrOverBudget, whose RetryAfter is when the
 // budget will have refilled enough, behind the requests told to come back
 // before it (on_wait_timeout "proceed" does not let it through: going
-// ahead would only draw the upstream's refusal). A refused request
+// ahead would only draw the upstream's refusal). So is one whose wait
+// times out while a budget (the provider's, its model's, or every key's)
+// still cannot take it, under "proceed" too. A refused request
 // charges nothing, nor does one whose grant is given back (its caller's
 // context ended as it came) or is reported as refused by the upstream
 // (Report with a verdict other than Admitted and Other), not even its
@@ -215,6 +217,41 @@ func (g *Gate) keyBudgetBindingLocked(t Tokens, now int64) (name string, used, l
 		return CapAPIKey, 0, 0, 0
 	}
 	return name, used, limit, at
+}
+
+// overBudgetNowLocked returns the refusal of a request for ml costing t
+// that a budget keeps from starting now: the provider's, the model's, or
+// that of every key of the pool not out of quota (a key without budgets
+// takes any request); nil when none does.
+func (g *Gate) overBudgetNowLocked(ml *modelLane, t Tokens, now int64) *core.Rejection {
+	if at, name := g.budgetsAt(ml, t, afterNone, now); name != "" {
+		return g.overBudgetRejectLocked(ml, t, name, at, now, 0)
+	}
+	if !g.keyBudgets {
+		return nil
+	}
+	var at int64
+	var binding *keyLane
+	name := ""
+	for _, k := range g.keys {
+		if k.outUntil > now {
+			continue
+		}
+		a, n := k.bud.binding("api_key_", t, afterNone, now)
+		if a == 0 {
+			return nil // this key's budgets take it
+		}
+		if at == 0 || a < at {
+			at, name, binding = a, n, k
+		}
+	}
+	if binding == nil {
+		return nil // every key out of quota: not a budget's doing
+	}
+	g.rejects++
+	used, limit := binding.bud.use(name[len("api_key_"):], now)
+	return &core.Rejection{Err: ErrOverBudget, Key: g.name + "/" + ml.name, Cap: name, Queued: g.provider.Waiters.Len(),
+		RetryAfter: retryAt(at, now), InFlight: used, Limit: limit}
 }
 
 // budgetsAt returns when the provider's and ml's budgets will take t,

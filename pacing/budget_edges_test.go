@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"strings"
+	"sync"
 	"testing"
 	"testing/iotest"
 	"testing/synctest"
@@ -201,4 +202,81 @@ func TestWatchUsageStreamEdges(t *testing.T) {
 	io.Copy(io.Discard, rc)
 	rc.Close()
 	assert.Equal(t, []pacing.Tokens{{Input: 3, Output: 4}}, got)
+}
+
+// Under on_wait_timeout "proceed", a request whose wait times out while a
+// budget still cannot take it is refused over budget, not let through
+// uncharged: here every key's budget (keys' budgets are not estimated at
+// admission, so such a request waits out its queue wait).
+func TestProceedDoesNotPassAKeysBudget(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxQueueWaitMS: 1000, OnWaitTimeout: pacing.Proceed,
+			APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}}}})
+		held, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
+		require.NoError(t, err)
+		defer held.Slot.Release()
+		for i := range 3 {
+			gr, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
+			if err == nil {
+				gr.Slot.Release()
+			}
+			require.ErrorIs(t, err, pacing.ErrOverBudget, "request %d: 900 + 900 over the key's 1000", i+1)
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			assert.Equal(t, "api_key_tokens_per_minute", le.Cap)
+			assert.Positive(t, le.RetryAfter)
+		}
+		assert.Zero(t, g.Status().Bypassed, "none went ahead without a slot")
+	})
+}
+
+// The same for the provider's budget: requests that the queue estimate
+// let wait (it scales the waiting requests by the used-to-estimated ratio
+// of the last ones, here 1/100) but that the budget cannot start within
+// the wait. With "proceed", those still held back by the budget when the
+// wait ends are refused over budget; the tokens started in the minute stay
+// within the budget.
+func TestProceedDoesNotPassTheProvidersBudget(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		const limit = 1000
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: limit},
+			MaxQueueWaitMS: 5000, OnWaitTimeout: pacing.Proceed, MaxQueue: 1000})
+		ctx := context.Background()
+		for range 40 { // requests that use 1% of their estimates
+			gr, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1, Output: 99})
+			require.NoError(t, err)
+			g.Settle(gr, pacing.Tokens{Input: 1})
+			gr.Slot.Release()
+		}
+		time.Sleep(2 * time.Minute)
+		full, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: limit}) // the window full for a minute
+		require.NoError(t, err)
+		time.Sleep(57 * time.Second)
+		var mu sync.Mutex
+		var started, overBudget int
+		var wg sync.WaitGroup
+		for range 50 {
+			wg.Go(func() {
+				gr, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 50, Output: 50})
+				mu.Lock()
+				if err == nil {
+					started++
+				} else if assert.ErrorIs(t, err, pacing.ErrOverBudget) {
+					overBudget++
+				}
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+				time.Sleep(30 * time.Second) // a long answer that uses its whole estimate
+				g.Settle(gr, pacing.Tokens{Input: 50, Output: 50})
+				gr.Slot.Release()
+			})
+		}
+		wg.Wait()
+		full.Slot.Release()
+		assert.Equal(t, limit/100, started, "as many as the budget takes once the full minute has passed")
+		assert.Equal(t, 50-limit/100, overBudget)
+		assert.Zero(t, g.Status().Bypassed, "none went ahead without a slot")
+	})
 }

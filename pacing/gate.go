@@ -195,7 +195,8 @@ func (g *Gate) Close() {
 // with a *slots.LimitError wrapping slots.ErrQueueFull (MaxQueue waiting
 // already) or slots.ErrWaitTimeout (waited MaxQueueWait, with on_wait_timeout
 // "reject"), or with an error wrapping ctx.Err(). With "proceed", a wait
-// that times out returns a Grant whose Slot is Bypassed.
+// that times out returns a Grant whose Slot is Bypassed, unless a token
+// budget still keeps the request back (see AcquireTokens).
 func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	return g.acquire(ctx, model, Tokens{Input: 1})
 }
@@ -315,6 +316,12 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		g.dropIfIdleLocked(gr.model)
 		return core.Ending{Rej: gr.refused} // made when it was refused
 	case g.cfg.FailOpen(): // as configured now, not when the wait began
+		if rej := g.overBudgetNowLocked(gr.model, gr.cost(), g.eng.Clock.Nanos()); rej != nil {
+			// Held back by a budget: going ahead would only draw the
+			// upstream's refusal, and would charge nothing (see AcquireTokens).
+			g.dropIfIdleLocked(gr.model)
+			return core.Ending{Rej: rej}
+		}
 		g.bypassed++
 		return core.Ending{Bypass: "provider", Attrs: []slog.Attr{slog.String("provider", g.name), slog.String("model", gr.model.name)}}
 	}
