@@ -23,8 +23,10 @@ import (
 // slot until the response body is done, as a slots.Transport does. A
 // request that fails, or is refused, returns its error with nothing held.
 // It reads answers as they pass (a refusal's first bytes, the usage), so it
-// sends requests without the client's Accept-Encoding: net/http's
-// Transport then asks for gzip itself and decompresses.
+// sends requests without the client's Accept-Encoding (but "identity"):
+// net/http's Transport then asks for gzip itself, unless its
+// DisableCompression is set, and decompresses, so the caller gets the
+// answer uncompressed (and a ReverseProxy relays it so).
 //
 // A refusal is returned as the error of the Gate or the fleet (a
 // *slots.LimitError, or the context's error), marked as a refusal:
@@ -340,13 +342,15 @@ type reporter struct{ t *Transport }
 func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := r.t
 	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
-	if x != nil && (t.credential != nil || req.Header.Get("Accept-Encoding") != "") {
+	if ae := req.Header.Get("Accept-Encoding"); x != nil && (t.credential != nil || ae != "" && ae != "identity") {
 		req = req.Clone(req.Context()) // its own headers; the body is shared
 		// The answer is read as it passes (a refusal's first bytes, the
 		// usage): it must come as the upstream's words, not compressed
 		// for the client. Without the client's Accept-Encoding, net/http's
 		// Transport asks for gzip itself and decompresses.
-		req.Header.Del("Accept-Encoding")
+		if ae != "identity" {
+			req.Header.Del("Accept-Encoding")
+		}
 		if t.credential != nil {
 			if err := credential(t.credential, req, x.grant.Key); err != nil {
 				return nil, err
@@ -364,7 +368,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	// answer's body closed, so that its connection does not stay open once
 	// the slot is freed.
 	var onPanic io.Closer // nil once returned
-	if err == nil && resp.Body != nil {
+	if resp != nil && resp.Body != nil {
 		onPanic = resp.Body
 	}
 	defer func() {
@@ -409,6 +413,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		})
 	}
 	if t.rateLimitHeaders && err == nil {
+		if resp.Header == nil {
+			resp.Header = make(http.Header) // a base's answer without one
+		}
 		SetRateLimitHeaders(resp.Header, t.gate.Budgets(), x.model, x.grant.Key)
 	}
 	// An answer without a body reports no usage: its estimate stands, and

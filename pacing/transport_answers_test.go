@@ -3,6 +3,7 @@ package pacing_test
 import (
 	"compress/gzip"
 	"context"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -104,7 +105,8 @@ func TestTransportHeadFreesAtOnce(t *testing.T) {
 // A Classifier that panics: the panic goes on to the caller, the slot is
 // freed, and the answer's body is closed, so that its connection to the
 // upstream does not stay open (with net/http's goroutines for it) under a
-// context that never ends.
+// context that never ends. The upstream sends more than MaxClassifyBody
+// bytes and holds its answer open, as a stream does.
 func TestTransportClassifierPanicClosesTheAnswer(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -113,13 +115,17 @@ func TestTransportClassifierPanicClosesTheAnswer(t *testing.T) {
 	}{
 		{"200: the panic in RoundTrip", http.StatusOK, nil},
 		{"429 closed unread: the panic in Close", http.StatusTooManyRequests, func(r *http.Response) { r.Body.Close() }},
-		{"429 read: the panic in Read", http.StatusTooManyRequests, func(r *http.Response) { _, _ = io.Copy(io.Discard, r.Body) }},
+		{"429 read: the panic in Read", http.StatusTooManyRequests, func(r *http.Response) {
+			_, _ = io.ReadFull(r.Body, make([]byte, pacing.MaxClassifyBody)) // the verdict's bytes, and no more
+		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var open atomic.Int64
-			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				w.WriteHeader(tc.status)
-				_, _ = io.WriteString(w, `{"error":{"type":"x"}}`)
+				_, _ = io.WriteString(w, `{"error":{"type":"x"}}`+strings.Repeat(" ", 2*pacing.MaxClassifyBody))
+				w.(http.Flusher).Flush()
+				<-r.Context().Done() // open until the client lets the connection go
 			}))
 			up.Config.ConnState = func(_ net.Conn, s http.ConnState) {
 				switch s {
@@ -130,7 +136,10 @@ func TestTransportClassifierPanicClosesTheAnswer(t *testing.T) {
 				}
 			}
 			up.Start()
-			t.Cleanup(up.Close)
+			t.Cleanup(func() {
+				up.CloseClientConnections() // left open by a failure
+				up.Close()
+			})
 			ignore := goleak.IgnoreCurrent()
 			base := &http.Transport{}
 			gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
@@ -298,4 +307,42 @@ func TestTransportHookPanicClosesTheRequestBody(t *testing.T) {
 			assert.Equal(t, int32(1), body.closes.Load(), "the request's body closed once")
 		})
 	}
+}
+
+// An answer without a Header (a base's that net/http would not give) takes
+// the rate-limit headers all the same.
+func TestTransportRateLimitHeadersOnAnAnswerWithoutHeader(t *testing.T) {
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	})
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}})
+	resp, err := pacing.NewTransport(base, gate, pacing.WithRateLimitHeaders()).RoundTrip(post(t, pacing.WithModelName(t.Context(), "m"), `{"model":"m"}`))
+	require.NoError(t, err)
+	assert.Equal(t, "1000", resp.Header.Get("x-ratelimit-limit-tokens"))
+	assert.Zero(t, gate.Status().InFlight)
+}
+
+// panickyFleet is a FleetCaps whose Report panics.
+type panickyFleet struct{ lim *slots.Limiter }
+
+func (f panickyFleet) AcquireAll(ctx context.Context, _ ...string) (*slots.Slot, error) {
+	return f.lim.Acquire(ctx)
+}
+func (panickyFleet) Report(*slots.Slot, pacing.Verdict) { panic("a fleet's bug") }
+func (panickyFleet) Limit(string) int                   { return slots.Unlimited }
+
+// A fleet's Report that panics on an answer that came with an error: the
+// answer's body is closed, and every slot is freed.
+func TestTransportReportPanicClosesAnAnswerWithAnError(t *testing.T) {
+	body := &closeCounter{Reader: strings.NewReader("partial")}
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusOK, Body: body, Request: r}, errors.New("cut mid-answer")
+	})
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	fleetLim := slots.NewLimiter(1)
+	rt := pacing.NewTransport(base, gate, pacing.WithFleet(panickyFleet{fleetLim}), pacing.WithCutLinger(0))
+	assert.PanicsWithValue(t, "a fleet's bug", func() { _, _ = rt.RoundTrip(post(t, pacing.WithModelName(t.Context(), "m"), `{"model":"m"}`)) })
+	assert.Equal(t, 1, body.closed, "the answer's body closed once")
+	assert.Zero(t, gate.Status().InFlight)
+	assert.Zero(t, fleetLim.InFlight())
 }

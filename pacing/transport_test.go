@@ -398,6 +398,18 @@ func TestTransportAllocations(t *testing.T) {
 	})
 	t.Logf("%.0f allocations a request", allocs)
 	assert.LessOrEqual(t, allocs, 15.0)
+	// A client's Accept-Encoding (a proxied request has one) is not sent
+	// on: the request is copied, its headers with it.
+	req.Header.Set("Accept-Encoding", "gzip")
+	allocs = testing.AllocsPerRun(200, func() {
+		resp, err := rt.RoundTrip(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+	})
+	t.Logf("%.0f allocations a request with an Accept-Encoding", allocs)
+	assert.LessOrEqual(t, allocs, 20.0)
 	assert.Zero(t, gate.Status().InFlight)
 }
 

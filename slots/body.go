@@ -133,7 +133,7 @@ func (b *slotBody) Read(p []byte) (n int, err error) {
 	returned := false
 	defer func() {
 		if !returned {
-			b.end(endPanic, false)
+			b.broken()
 		}
 	}()
 	n, err = b.rc.Read(p)
@@ -156,6 +156,14 @@ func (b *slotBody) Read(p []byte) (n int, err error) {
 
 func (b *slotBody) Close() error { return b.cut(false) }
 
+// broken ends a body whose Read (or WriteTo) panicked, a wrapper's on the
+// way, say: the exchange is broken, so rc is closed before the slot goes
+// (as by cut), and the slot goes even if that Close panics too.
+func (b *slotBody) broken() {
+	defer b.end(endPanic, false)
+	_ = b.closeBody()
+}
+
 // writerToBody keeps the body's WriteTo, which io.Copy prefers.
 type writerToBody struct{ slotBody }
 
@@ -166,7 +174,7 @@ func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
 	returned := false
 	defer func() {
 		if !returned {
-			b.end(endPanic, false)
+			b.broken()
 		}
 	}()
 	n, err = b.rc.(io.WriterTo).WriteTo(w)

@@ -77,3 +77,56 @@ func TestBodiesThatPanic(t *testing.T) {
 		assert.Equal(t, 0, lim.InFlight())
 	})
 }
+
+// closeCountingBody panics in Read and WriteTo, and counts its Closes,
+// noting whether its slot was still held at the first.
+type closeCountingBody struct {
+	lim         *slots.Limiter
+	closes      int
+	heldAtFirst bool
+}
+
+func (b *closeCountingBody) Read([]byte) (int, error)         { panic("a wrapper's bug") }
+func (b *closeCountingBody) WriteTo(io.Writer) (int64, error) { panic("a wrapper's bug") }
+func (b *closeCountingBody) Close() error {
+	b.closes++
+	if b.closes == 1 {
+		b.heldAtFirst = b.lim.InFlight() == 1
+	}
+	return nil
+}
+
+// A body whose Read or WriteTo panics (a wrapper's, on the way) is closed
+// before its slot goes, once, as a broken exchange is: its connection does
+// not stay open after the slot is free, and a later Close does nothing.
+func TestBodyThatPanicsIsClosedFirst(t *testing.T) {
+	use := map[string]func(io.ReadCloser){
+		"Read":    func(b io.ReadCloser) { _, _ = b.Read(make([]byte, 8)) },
+		"WriteTo": func(b io.ReadCloser) { _, _ = b.(io.WriterTo).WriteTo(io.Discard) },
+	}
+	for _, method := range []string{"Read", "WriteTo"} {
+		for _, via := range []string{"WrapBody", "Transport"} {
+			t.Run(via+", in "+method, func(t *testing.T) {
+				lim := slots.NewLimiter(1)
+				body := &closeCountingBody{lim: lim}
+				var b io.ReadCloser
+				if via == "WrapBody" {
+					s, err := lim.TryAcquire()
+					require.NoError(t, err)
+					b = slots.WrapBody(body, s)
+				} else {
+					tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+					resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+					require.NoError(t, err)
+					b = resp.Body
+				}
+				assert.PanicsWithValue(t, "a wrapper's bug", func() { use[method](b) })
+				assert.Equal(t, 0, lim.InFlight())
+				assert.Equal(t, 1, body.closes, "closed by the panic")
+				assert.True(t, body.heldAtFirst, "closed before the slot went")
+				require.NoError(t, b.Close())
+				assert.Equal(t, 1, body.closes, "a later Close does nothing")
+			})
+		}
+	}
+}
