@@ -280,3 +280,44 @@ func TestProceedDoesNotPassTheProvidersBudget(t *testing.T) {
 		assert.Zero(t, g.Status().Bypassed, "none went ahead without a slot")
 	})
 }
+
+// A budget that Reconfigure takes out and puts back within the minute (its
+// limits set to 0, or its model or API key taken out of the configuration)
+// goes on counting what started under it: after a request of the whole
+// budget, the next one waits until that request's second has left the
+// minute.
+func TestBudgetTakenOutAndPutBackKeepsItsMinute(t *testing.T) {
+	budget := pacing.BudgetLimits{TokensPerMinute: 1000}
+	for name, tc := range map[string]struct{ on, off pacing.Config }{
+		"provider": {
+			on:  pacing.Config{BudgetLimits: budget},
+			off: pacing.Config{},
+		},
+		"model": {
+			on:  pacing.Config{Models: map[string]pacing.ModelConfig{"m": {BudgetLimits: budget}}},
+			off: pacing.Config{},
+		},
+		"key": {
+			on:  pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: budget}}},
+			off: pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "other"}}},
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				g := newGate(t, tc.on)
+				first, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 1000})
+				require.NoError(t, err)
+				first.Slot.Release()
+				start := time.Now()
+				require.NoError(t, g.Reconfigure(tc.off))
+				time.Sleep(time.Second)
+				require.NoError(t, g.Reconfigure(tc.on))
+				next, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 1000})
+				require.NoError(t, err)
+				next.Slot.Release()
+				assert.GreaterOrEqual(t, time.Since(start), 60*time.Second,
+					"1,000 tokens started in the second before, under a budget of 1,000 a minute")
+			})
+		})
+	}
+}

@@ -63,6 +63,10 @@ type Gate struct {
 	// keyBudgets: some key of the pool has token budgets, so a key is
 	// picked for the request that starts.
 	keyBudgets bool
+	// retired are the budgets Reconfigure took out (all limits 0, a model
+	// or key gone), by "provider", "model:" or "key:" and the name, while
+	// their minute counts anything: put back, they go on counting.
+	retired map[string]*budgets
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -151,8 +155,10 @@ var ErrGateClosed = errors.New("pacing: provider removed")
 // Reconfigure applies cfg to the live Gate: caps and spacing change at once,
 // no holder loses its slot (a lowered cap admits again once enough holders
 // have released), and raised caps admit waiters at once. A key dropped from
-// the pool gets no new requests; its holders keep it until they release. It
-// returns cfg's validation error and changes nothing then.
+// the pool gets no new requests; its holders keep it until they release. A
+// budget taken out (its limits 0, its model or key gone) and put back by a
+// later Reconfigure within the minute counts what started under it before.
+// It returns cfg's validation error and changes nothing then.
 func (g *Gate) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err

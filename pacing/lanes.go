@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -48,11 +49,18 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
 	g.provider.Shares = cfg.shares()
 	g.tok.limit = cfg.MaxInflightTokens
-	g.bud = newBudgets(g.bud, limitsOf(cfg.BudgetLimits))
+	now := g.eng.Clock.Nanos()
+	for name, b := range g.retired {
+		if b.empty(now) {
+			delete(g.retired, name)
+		}
+	}
+	g.bud = g.budgetsForLocked("provider", g.bud, limitsOf(cfg.BudgetLimits))
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
 			ml.lane.Limit, ml.interval, ml.capCfg, ml.tok.limit = slots.Unlimited, 0, 0, 0
+			g.retireLocked("model:"+name, ml.bud)
 			ml.bud = nil
 			g.dropIfIdleLocked(ml)
 		}
@@ -66,12 +74,17 @@ func (g *Gate) applyLocked(cfg Config) {
 		ml.configured = true
 		ml.lane.Limit, ml.capCfg = limitOf(m.MaxConcurrentRequests), m.MaxConcurrentRequests
 		ml.tok.limit = m.MaxInflightTokens
-		ml.bud = newBudgets(ml.bud, limitsOf(m.BudgetLimits))
+		ml.bud = g.budgetsForLocked("model:"+name, ml.bud, limitsOf(m.BudgetLimits))
 		ml.interval = cfg.ModelInterval(name)
 	}
 	// Keys keep their lanes (and so their holders) by id; a key no longer
 	// in the pool leaves the pick list and drains.
 	g.keys, g.keyBudgets = g.keys[:0], false
+	for id, kl := range g.keyByID {
+		if !slices.ContainsFunc(cfg.APIKeys, func(k KeyConfig) bool { return k.ID == id }) {
+			g.retireLocked("key:"+id, kl.bud)
+		}
+	}
 	pool := make(map[string]*keyLane, len(cfg.APIKeys))
 	for _, k := range cfg.APIKeys {
 		kl := g.keyByID[k.ID]
@@ -79,13 +92,41 @@ func (g *Gate) applyLocked(cfg Config) {
 			kl = &keyLane{id: k.ID}
 		}
 		kl.lane.Limit, kl.configured = limitOf(k.MaxConcurrentRequests), k.MaxConcurrentRequests
-		kl.bud = newBudgets(kl.bud, limitsOf(k.BudgetLimits))
+		kl.bud = g.budgetsForLocked("key:"+k.ID, kl.bud, limitsOf(k.BudgetLimits))
 		g.keyBudgets = g.keyBudgets || kl.bud != nil
 		g.keys = append(g.keys, kl)
 		pool[k.ID] = kl
 	}
 	g.keyByID = pool
 	g.adaptLocked()
+}
+
+// budgetsForLocked returns the budgets named name under limits: cur, or
+// those retired under name if it has none, so that a budget taken out
+// and put back within a minute goes on counting what started under it
+// (not what started while it was out); nil when limits are all 0, cur
+// then retired.
+func (g *Gate) budgetsForLocked(name string, cur *budgets, limits [budgetParts]int) *budgets {
+	if cur == nil {
+		cur = g.retired[name]
+	}
+	delete(g.retired, name)
+	b := newBudgets(cur, limits)
+	if b == nil {
+		g.retireLocked(name, cur)
+	}
+	return b
+}
+
+// retireLocked keeps b aside under name (nil: nothing to keep).
+func (g *Gate) retireLocked(name string, b *budgets) {
+	if b == nil {
+		return
+	}
+	if g.retired == nil {
+		g.retired = make(map[string]*budgets)
+	}
+	g.retired[name] = b
 }
 
 // modelLocked returns model's lane, creating an unconfigured one (no cap,

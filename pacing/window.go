@@ -154,6 +154,17 @@ func newBudgets(old *budgets, limits [budgetParts]int) *budgets {
 	return b
 }
 
+// empty reports whether b's minute counts nothing at now.
+func (b *budgets) empty(now int64) bool {
+	for i := range b.w {
+		b.w[i].advance(now)
+		if b.w[i].total != 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // fitAt is window.fitAt over all of b: 0 when t fits each, else the latest
 // of their times, with the index of the budget that binds then. Zero
 // Tokens (a request whose tokens nobody counted) fit every token budget.
