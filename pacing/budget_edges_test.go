@@ -288,18 +288,19 @@ func TestProceedDoesNotPassTheProvidersBudget(t *testing.T) {
 // minute.
 func TestBudgetTakenOutAndPutBackKeepsItsMinute(t *testing.T) {
 	budget := pacing.BudgetLimits{TokensPerMinute: 1000}
+	const wait = 90_000 // ms: the next request's wait does not end as the budget takes it
 	for name, tc := range map[string]struct{ on, off pacing.Config }{
 		"provider": {
-			on:  pacing.Config{BudgetLimits: budget},
-			off: pacing.Config{},
+			on:  pacing.Config{BudgetLimits: budget, MaxQueueWaitMS: wait},
+			off: pacing.Config{MaxQueueWaitMS: wait},
 		},
 		"model": {
-			on:  pacing.Config{Models: map[string]pacing.ModelConfig{"m": {BudgetLimits: budget}}},
-			off: pacing.Config{},
+			on:  pacing.Config{Models: map[string]pacing.ModelConfig{"m": {BudgetLimits: budget}}, MaxQueueWaitMS: wait},
+			off: pacing.Config{MaxQueueWaitMS: wait},
 		},
 		"key": {
-			on:  pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: budget}}},
-			off: pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "other"}}},
+			on:  pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: budget}}, MaxQueueWaitMS: wait},
+			off: pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "other"}}, MaxQueueWaitMS: wait},
 		},
 	} {
 		t.Run(name, func(t *testing.T) {
@@ -320,4 +321,43 @@ func TestBudgetTakenOutAndPutBackKeepsItsMinute(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A request that "proceed" lets go ahead without a slot (the provider's cap
+// full, its budget with room) starts its tokens all the same: its estimate
+// is charged to the budget. Waves of requests that the held cap turns into
+// bypasses then start at most the budget in the minute; the rest are
+// refused over budget.
+func TestProceedChargesTheBypassToItsBudget(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000},
+			MaxConcurrentRequests: 1, MaxQueueWaitMS: 1000, OnWaitTimeout: pacing.Proceed, MaxQueue: 1000})
+		held, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 1})
+		require.NoError(t, err)
+		defer held.Slot.Release()
+		var mu sync.Mutex
+		var bypassed, overBudget int
+		for range 10 { // ten waves of 20, in ten seconds
+			var wg sync.WaitGroup
+			for range 20 {
+				wg.Go(func() {
+					gr, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 100})
+					mu.Lock()
+					defer mu.Unlock()
+					if err != nil {
+						assert.ErrorIs(t, err, pacing.ErrOverBudget)
+						overBudget++
+						return
+					}
+					assert.True(t, gr.Slot.Bypassed())
+					bypassed++
+					gr.Slot.Release()
+				})
+			}
+			wg.Wait()
+		}
+		assert.Equal(t, 9, bypassed, "1 token held, then 9 of 100 under 1,000 a minute")
+		assert.Equal(t, 200-9, overBudget)
+		assert.Equal(t, 1000-1-9*100, g.Status().Budgets[0].Left, "charged with the bypasses")
+	})
 }

@@ -79,7 +79,7 @@ const (
 // On-wait-timeout policies.
 const (
 	Reject  = "reject"  // a request queued past max_queue_wait_ms is rejected (the default)
-	Proceed = "proceed" // it goes ahead without a slot (fail-open), counted, unless a budget holds it back
+	Proceed = "proceed" // it goes ahead without a slot (fail-open), counted and charged to the budgets, unless a budget holds it back
 )
 
 // Config is one provider's policy. Every field is optional, and a field left

@@ -322,11 +322,17 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		g.dropIfIdleLocked(gr.model)
 		return core.Ending{Rej: gr.refused} // made when it was refused
 	case g.cfg.FailOpen(): // as configured now, not when the wait began
-		if rej := g.overBudgetNowLocked(gr.model, gr.cost(), g.eng.Clock.Nanos()); rej != nil {
+		now := g.eng.Clock.Nanos()
+		if rej := g.overBudgetNowLocked(gr.model, gr.cost(), now); rej != nil {
 			// Held back by a budget: going ahead would only draw the
-			// upstream's refusal, and would charge nothing (see AcquireTokens).
-			g.dropIfIdleLocked(gr.model)
+			// upstream's refusal (see AcquireTokens).
 			return core.Ending{Rej: rej}
+		}
+		// It goes ahead without a slot, but its tokens start: its estimate
+		// is charged to the provider's and its model's budgets, where it
+		// stands (a bypass is not settled). It has no key, nor a key's budget.
+		for _, b := range g.budgetsOf(gr.model) {
+			b.charge(gr.cost(), now)
 		}
 		g.bypassed++
 		return core.Ending{Bypass: "provider", Attrs: []slog.Attr{slog.String("provider", g.name), slog.String("model", gr.model.name)}}

@@ -105,7 +105,9 @@ func (g *Gate) applyLocked(cfg Config) {
 // those retired under name if it has none, so that a budget taken out
 // and put back within a minute goes on counting what started under it
 // (not what started while it was out); nil when limits are all 0, cur
-// then retired.
+// then retired. A retired budget whose minute counts nothing at a
+// Reconfigure is dropped: what a request still in flight then settles into
+// it later is not counted once the budget is put back.
 func (g *Gate) budgetsForLocked(name string, cur *budgets, limits [budgetParts]int) *budgets {
 	if cur == nil {
 		cur = g.retired[name]
