@@ -216,6 +216,13 @@ type BudgetReservation struct {
 	step    [2]int64 // per record: the step charged
 	used    [upstream.BudgetParts]int64
 	done    bool
+	// gone, per record: Start found its charge out of the window and the
+	// budget, spent by others, refused it again: nothing is charged there.
+	gone [2]bool
+	// debt, per record: Start found its charge out of the window and could
+	// not charge it again for the store's error: Settle charges what the
+	// request used there as a debt, Cancel nothing.
+	debt [2]bool
 }
 
 // Left returns, per part (all, input, output, requests), what the budget
@@ -292,15 +299,24 @@ func (b *Budget) refusal(rec int, res driver.BudgetResult, cost [upstream.Budget
 // Start moves the reservation's charges to the second its request starts
 // in, for a request that may have waited (in a queue) since Reserve: the
 // budget counts a request when it starts, as the upstream does. It is one
-// store call per record, each atomic; if one fails, its charge stays
-// where it was. Call it before Settle, from the goroutine that settles.
+// atomic store call per record; if one fails, its charge stays where it
+// was. Call it before Settle, from the goroutine that settles.
+//
+// A charge that has left the budget's minute meanwhile (its request waited
+// longer than that) is charged again in the current second only if it
+// fits, as Reserve charges (two more calls): if it does not, Start returns
+// a *slots.LimitError wrapping ErrOverBudget (with a RetryAfter), and the
+// request must not start; Cancel it. If the store fails then, Start returns
+// its error, and Settle charges what the request used as a debt. (A store
+// that lost the charge's second otherwise, as in a restart without its
+// data, is not seen: the move charges the current second unchecked.)
 func (r *BudgetReservation) Start(ctx context.Context) error {
 	if r == nil || r.done {
 		return nil
 	}
 	var errs []error
 	for rec, charged := range r.charged {
-		if !charged {
+		if !charged || r.gone[rec] || r.debt[rec] {
 			continue
 		}
 		c := r.b.callOf(rec, r.cost)
@@ -310,9 +326,47 @@ func (r *BudgetReservation) Start(ctx context.Context) error {
 			errs = append(errs, err)
 			continue
 		}
-		r.step[rec] = res.Step
+		if res.Step-r.step[rec] > driver.BudgetSteps {
+			// The charge had left the window: the move charged the
+			// current second without a check. It goes back, and is
+			// charged again if it fits.
+			err = r.charge(ctx, rec, res.Step)
+		} else {
+			r.step[rec] = res.Step
+		}
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	return errors.Join(errs...)
+}
+
+// charge takes back the charge that Start's move put in step st without a
+// check, and charges it again if it fits. It returns a refusal's error, or
+// a store's: after the first call's, the charge stands in st; after the
+// second's, what the request uses is charged as a debt (Settle).
+func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) error {
+	var back [upstream.BudgetParts]int64
+	for i, n := range r.cost {
+		back[i] = -n
+	}
+	c := r.b.callOf(rec, back)
+	c.Correct, c.Step = true, st
+	if _, err := r.b.call(ctx, rec, c); err != nil {
+		r.step[rec] = st
+		return err
+	}
+	res, err := r.b.call(ctx, rec, r.b.callOf(rec, r.cost))
+	switch {
+	case err != nil: // nothing charged, as far as this process knows
+		r.debt[rec] = true
+		return err
+	case !res.Charged:
+		r.gone[rec] = true
+		return r.b.refusal(rec, res, r.cost)
+	}
+	r.step[rec] = res.Step
+	return nil
 }
 
 // Settle corrects the reservation with what the request used: an
@@ -342,6 +396,20 @@ func (r *BudgetReservation) correct(ctx context.Context, used [upstream.BudgetPa
 	}
 	var errs []error
 	for rec, charged := range r.charged {
+		if r.gone[rec] {
+			continue // nothing charged there
+		}
+		if r.debt[rec] { // its estimate is not in the store: what it used is a debt
+			c := r.b.callOf(rec, used)
+			if c.Cost == [3]int64{} {
+				continue // cancelled: nothing used
+			}
+			c.Correct, c.Step = true, -1
+			if _, err := r.b.call(ctx, rec, c); err != nil {
+				errs = append(errs, err)
+			}
+			continue
+		}
 		c := r.b.callOf(rec, d)
 		step := r.step[rec]
 		if !charged && rec == tokensRecord && r.b.uses(rec) {

@@ -75,7 +75,9 @@ func (rs *Reservations) Reserved() []*BudgetReservation {
 }
 
 // Start moves each reservation's charges to the second its request
-// starts in (BudgetReservation.Start).
+// starts in (BudgetReservation.Start); a charge that has left its
+// budget's minute is charged again only if it fits, else Start returns
+// the budget's refusal, and the request must not start: Cancel them.
 func (rs *Reservations) Start(ctx context.Context) error {
 	return rs.each(func(r *BudgetReservation) error { return r.Start(ctx) })
 }

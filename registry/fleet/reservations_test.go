@@ -2,8 +2,11 @@ package fleet_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -197,4 +200,107 @@ func ExampleReserveAll() {
 	// the tenant's budget had 1000 tokens left after the estimate
 	// refused by the tenant's budget: true
 	// the tenant's minute counts 3200 tokens
+}
+
+// A reservation whose request waited longer than the budget's minute
+// before Start: its charge has left the window, and another request took
+// the whole budget meanwhile. Start charges it again only if it fits: here
+// it does not, so Start refuses the request over budget (and it charges
+// nothing, nor does its Cancel); once the other's second has left the
+// minute, a late Start that fits is charged again in its own second, and
+// settled there. The requests record is counted alike.
+func TestStartAfterTheMinuteChargesAgainIfItFits(t *testing.T) {
+	ctx := context.Background()
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	s := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	b := newBudget(t, s, "b", pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 2})
+
+	late, err := b.Reserve(ctx, pacing.Tokens{Input: 60}) // admitted, then queued for the provider
+	require.NoError(t, err)
+	advance(61 * time.Second)
+	other, err := b.Reserve(ctx, pacing.Tokens{Input: 100}) // late's charge has left: the window is empty
+	require.NoError(t, err)
+	require.NoError(t, other.Start(ctx))
+	err = late.Start(ctx)
+	require.ErrorIs(t, err, pacing.ErrOverBudget, "60 more over the 100 started in this minute")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Positive(t, le.RetryAfter)
+	require.NoError(t, late.Cancel(ctx))
+	tokens, requests := used(t, b)
+	assert.Equal(t, []int{100, 1}, []int{tokens, requests}, "the other's alone")
+
+	again, err := b.Reserve(ctx, pacing.Tokens{Input: 30}) // the budget is spent for this minute
+	if err == nil {
+		require.NoError(t, again.Cancel(ctx))
+	}
+	require.ErrorIs(t, err, pacing.ErrOverBudget)
+
+	// A late Start that fits: charged again in its own second.
+	advance(61 * time.Second) // the other's second has left the minute
+	later, err := b.Reserve(ctx, pacing.Tokens{Input: 40})
+	require.NoError(t, err)
+	advance(61 * time.Second)
+	require.NoError(t, later.Start(ctx), "40 fits the empty minute")
+	tokens, requests = used(t, b)
+	assert.Equal(t, []int{40, 1}, []int{tokens, requests}, "charged again in the second it starts")
+	require.NoError(t, later.Settle(ctx, pacing.Tokens{Input: 25}))
+	tokens, _ = used(t, b)
+	assert.Equal(t, 25, tokens, "settled in that second")
+}
+
+// failingBudgets is a store whose Budget calls fail while fail is set.
+type failingBudgets struct {
+	driver.Store
+	mu     sync.Mutex
+	calls  int
+	failAt int // the call number that fails (1-based); 0: none
+}
+
+func (s *failingBudgets) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	s.mu.Lock()
+	s.calls++
+	fail := s.calls == s.failAt
+	s.mu.Unlock()
+	if fail {
+		return driver.BudgetResult{}, errors.New("the store went away")
+	}
+	return s.Store.Budget(ctx, c)
+}
+
+// A Start past the minute whose charge again fails for the store's error:
+// Start returns that error, and what the request used is charged as a debt
+// when it settles (it went ahead); cancelled, it charges nothing.
+func TestStartAfterTheMinuteStoreErrorChargesTheUseAsDebt(t *testing.T) {
+	for _, settle := range []bool{true, false} {
+		ctx := context.Background()
+		var mu sync.Mutex
+		now := time.Unix(1_800_000_000, 0)
+		s := &failingBudgets{Store: memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })}
+		b := newBudget(t, s, "b", pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 10})
+		late, err := b.Reserve(ctx, pacing.Tokens{Input: 60})
+		require.NoError(t, err)
+		mu.Lock()
+		now = now.Add(61 * time.Second)
+		mu.Unlock()
+		s.mu.Lock()
+		s.failAt = s.calls + 3 // the tokens' move, its taking back, then their charge again
+		s.mu.Unlock()
+		err = late.Start(ctx)
+		require.Error(t, err)
+		require.NotErrorIs(t, err, pacing.ErrOverBudget)
+		if settle {
+			require.NoError(t, late.Settle(ctx, pacing.Tokens{Input: 80}))
+		} else {
+			require.NoError(t, late.Cancel(ctx))
+		}
+		tokens, requests := used(t, b)
+		if settle {
+			assert.Equal(t, []int{80, 1}, []int{tokens, requests}, "its use charged as a debt")
+		} else {
+			assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "cancelled: nothing")
+		}
+	}
 }

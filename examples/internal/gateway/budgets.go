@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/pacing"
@@ -160,8 +161,51 @@ func (s *spending) fleetLeft() []pacing.BudgetStatus {
 }
 
 // start moves the fleet's charges to the second the request starts in
-// (fleet.Reservations.Start): it may have waited for the provider.
-func (s *spending) start() { s.each(s.fleet.Start) }
+// (fleet.Reservations.Start): it may have waited for the provider. It
+// returns the refusal of a budget that a reservation has left (its request
+// waited longer than the budget's minute) and that can no longer take it;
+// a store's error leaves the estimates as they stand.
+func (s *spending) start() error {
+	var refused error
+	s.each(func(ctx context.Context) error {
+		var le *slots.LimitError
+		if err := s.fleet.Start(ctx); errors.As(err, &le) {
+			refused = le
+		}
+		return nil
+	})
+	return refused
+}
+
+// budgetStart is the provider's RoundTripper under its caps: it starts
+// each admitted request's fleet budgets (spending.start) as the request
+// is sent, and does not send one whose budgets refuse it then (answered
+// as a refusal of the provider's, with its Retry-After).
+type budgetStart struct{ next http.RoundTripper }
+
+func (t budgetStart) RoundTrip(req *http.Request) (*http.Response, error) {
+	if x, _ := req.Context().Value(exchangeKey{}).(*exchange); x != nil && x.spent != nil {
+		if err := x.spent.start(); err != nil {
+			x.spent.cancel()
+			// Named as a refusal at its reservation names it: the budget's
+			// key says whose it is.
+			var le *slots.LimitError
+			prefix := ""
+			if errors.As(err, &le) && strings.HasPrefix(le.Key, "model:") {
+				prefix = "model"
+			} else if le != nil && strings.HasPrefix(le.Key, "org") {
+				prefix = "tenant"
+			}
+			budgetCap(prefix, tenant{x.org, x.model}, err)
+			x.refused = err
+			if req.Body != nil {
+				req.Body.Close()
+			}
+			return nil, err
+		}
+	}
+	return t.next.RoundTrip(req)
+}
 
 func (s *spending) cancel() {
 	s.local.Cancel()

@@ -133,6 +133,7 @@ type exchangeKey struct{}
 // the provider's Transport.
 type exchange struct {
 	model    string
+	org      string
 	admitted *pacing.Admission // nil: not admitted
 	refused  error             // the provider's refusal, if any
 	spent    *spending         // its reservations of the budgets kept beside the Gate's
@@ -429,7 +430,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	if cost.Total() > 0 {
 		ctx = pacing.WithTokens(ctx, cost)
 	}
-	x := &exchange{model: model, spent: spent}
+	x := &exchange{model: model, org: org, spent: spent}
 	asked := time.Now()
 	// The metrics' Traces first (inflightprom; inflightotel, under the
 	// request's span), then the gateway's own.
@@ -438,8 +439,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		ctx = pacing.WithTrace(ctx, g.tel.provider.Trace(ctx))
 	}
 	ctx = pacing.WithTrace(ctx, &pacing.Trace{
-		Admitted: func(a pacing.Admission) {
-			spent.start()
+		Admitted: func(a pacing.Admission) { // its budgets start as it is sent (budgetStart)
 			x.admitted = &a
 			info.waited, info.caps = a.Wait, g.capsHeld(a, model)
 		},
@@ -477,7 +477,7 @@ func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.Rou
 	if g.budgets && g.fleetBudgets == nil { // a fleet's are told by budgetAnswer
 		opts = append(opts, pacing.WithRateLimitHeaders())
 	}
-	return pacing.NewTransport(g.tracedTransport(base), g.gate, opts...)
+	return pacing.NewTransport(budgetStart{g.tracedTransport(base)}, g.gate, opts...)
 }
 
 // maxNameBytes bounds an org or model name: each is part of a key in

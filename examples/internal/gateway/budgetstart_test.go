@@ -1,0 +1,106 @@
+package gateway
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A request whose reservation of a fleet budget left the budget's minute
+// while it waited for the provider, and that the budget, spent by others
+// meanwhile, can no longer take, is not sent: budgetStart answers the
+// budget's refusal (the proxy's ErrorHandler answers it as a refusal of
+// the provider's), and its reservations are returned. One that still fits
+// is sent, charged in the second it starts.
+func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	store := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	b, err := fleet.NewBudget(store, "provider", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	reserve := func(tokens int) *exchange {
+		rs, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: tokens}, nil, b)
+		require.NoError(t, err)
+		return &exchange{model: "m", spent: &spending{fleet: rs, down: func() bool { return false }, timeout: time.Second}}
+	}
+	sent := 0
+	st := budgetStart{next: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent++
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	})}
+	send := func(x *exchange) (*http.Response, error) {
+		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", nil)
+		return st.RoundTrip(req.WithContext(context.WithValue(req.Context(), exchangeKey{}, x)))
+	}
+
+	late := reserve(60)
+	advance(61 * time.Second) // its charge has left the minute
+	other := reserve(100)
+	_, err = send(other)
+	require.NoError(t, err)
+	_, err = send(late)
+	require.ErrorIs(t, err, pacing.ErrOverBudget, "60 more over the 100 started in this minute")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Positive(t, le.RetryAfter)
+	assert.Equal(t, "tokens_per_minute", le.Cap, "the provider's budget")
+	assert.Equal(t, err, late.refused, "answered as a refusal")
+	assert.Equal(t, 1, sent, "the late request not sent")
+	used, err := b.Used(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 100, used[0], "the late request charges nothing")
+
+	advance(61 * time.Second)
+	fits := reserve(40)
+	advance(61 * time.Second)
+	_, err = send(fits)
+	require.NoError(t, err, "40 fits the empty minute")
+	assert.Equal(t, 2, sent)
+	used, err = b.Used(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 40, used[0], "charged again in the second it starts")
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// A model's or an org's budget that refuses a request at its start is
+// named as at its reservation (model_..., tenant_...).
+func TestBudgetStartNamesTheBudget(t *testing.T) {
+	for name, want := range map[string]string{"model:m": "model_tokens_per_minute", orgBudgetName("acme"): "tenant_tokens_per_minute"} {
+		var mu sync.Mutex
+		now := time.Unix(1_800_000_000, 0)
+		store := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+		b, err := fleet.NewBudget(store, name, pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+		require.NoError(t, err)
+		late, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 60}, nil, b)
+		require.NoError(t, err)
+		mu.Lock()
+		now = now.Add(61 * time.Second)
+		mu.Unlock()
+		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
+		require.NoError(t, err)
+		require.NoError(t, other.Start(context.Background()))
+		x := &exchange{model: "m", org: "acme", spent: &spending{fleet: late, down: func() bool { return false }, timeout: time.Second}}
+		st := budgetStart{next: roundTripFunc(func(*http.Request) (*http.Response, error) { panic("sent") })}
+		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", nil)
+		_, err = st.RoundTrip(req.WithContext(context.WithValue(req.Context(), exchangeKey{}, x)))
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le, name)
+		assert.Equal(t, want, le.Cap, name)
+		assert.Equal(t, want, refusedBy(x.refused), name)
+	}
+}
