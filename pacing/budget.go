@@ -5,6 +5,7 @@ package pacing
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -277,4 +278,77 @@ func (b *budgets) binding(prefix string, t Tokens, after int, now int64) (at int
 		return 0, ""
 	}
 	return at, prefix + budgetCaps[i]
+}
+
+// retireBudgetsLocked, as Reconfigure applies cfg, drops the retired
+// budgets whose minute counts nothing, keeps aside those of the models and
+// keys that cfg takes out (see budgetsForLocked), and returns the
+// provider's budgets under cfg.
+func (g *Gate) retireBudgetsLocked(cfg Config) *budgets {
+	now := g.eng.Clock.Nanos()
+	for name, b := range g.retired {
+		if b.empty(now) {
+			delete(g.retired, name)
+		}
+	}
+	for name, ml := range g.models {
+		if _, still := cfg.Models[name]; !still && ml.configured {
+			g.retireLocked("model:"+name, ml.bud)
+		}
+	}
+	for id, kl := range g.keyByID {
+		if !slices.ContainsFunc(cfg.APIKeys, func(k KeyConfig) bool { return k.ID == id }) {
+			g.retireLocked("key:"+id, kl.bud)
+		}
+	}
+	return g.budgetsForLocked("provider", g.bud, limitsOf(cfg.BudgetLimits))
+}
+
+// budgetsForLocked returns the budgets named name ("provider", "model:"
+// or "key:" and its name) under limits, as Reconfigure applies them: cur, or
+// those retired under name if it has none, so that a budget taken out
+// and put back within a minute goes on counting what started under it
+// (not what started while it was out); nil when limits are all 0, cur
+// then retired. A retired budget whose minute counts nothing at a
+// Reconfigure is dropped: what a request still in flight then settles into
+// it later is not counted once the budget is put back.
+func (g *Gate) budgetsForLocked(name string, cur *budgets, limits [budgetParts]int) *budgets {
+	if cur == nil {
+		cur = g.retired[name]
+	}
+	delete(g.retired, name)
+	b := newBudgets(cur, limits)
+	if b == nil {
+		g.retireLocked(name, cur)
+	}
+	return b
+}
+
+// retireLocked keeps b aside under name (nil: nothing to keep).
+func (g *Gate) retireLocked(name string, b *budgets) {
+	if b == nil {
+		return
+	}
+	if g.retired == nil {
+		g.retired = make(map[string]*budgets)
+	}
+	g.retired[name] = b
+}
+
+// proceedLocked reports whether a wait that timed out under "proceed"
+// goes ahead as a bypass: not while a budget still keeps the request back
+// (going ahead would only draw the upstream's refusal, see AcquireTokens),
+// whose refusal it leaves in gr.refused; if it does, its estimate is
+// charged to the provider's and its model's budgets, where it stands (a
+// bypass is not settled; it has no key, nor a key's budget).
+func (g *Gate) proceedLocked(gr *grant) bool {
+	now := g.eng.Clock.Nanos()
+	if gr.refused = g.overBudgetNowLocked(gr.model, gr.cost(), now); gr.refused != nil {
+		return false
+	}
+	for _, b := range g.budgetsOf(gr.model) {
+		b.charge(gr.cost(), now)
+	}
+	g.bypassed++
+	return true
 }

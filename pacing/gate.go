@@ -63,10 +63,7 @@ type Gate struct {
 	// keyBudgets: some key of the pool has token budgets, so a key is
 	// picked for the request that starts.
 	keyBudgets bool
-	// retired are the budgets Reconfigure took out (all limits 0, a model
-	// or key gone), by "provider", "model:" or "key:" and the name, while
-	// their minute counts anything: put back, they go on counting.
-	retired map[string]*budgets
+	retired    map[string]*budgets // budgets taken out by Reconfigure (budgetsForLocked)
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -82,8 +79,8 @@ type grant struct {
 	estIn, estOut int32
 	step          int32
 	settled       bool // Settle (or a refusal, a give-back) has corrected its charges
-	// refused is the refusal of a waiter that a lowered token cap can no
-	// longer hold, made then (refuseHeavyLocked); read after its wake.
+	// refused is a waiter's refusal made before Ended reads it: by a lowered
+	// token cap (refuseHeavyLocked), or a budget as it timed out (proceedLocked).
 	refused *core.Rejection
 	n       int // the provider's requests in flight at the start, this one included
 	keyN    int // the same for its key
@@ -155,10 +152,8 @@ var ErrGateClosed = errors.New("pacing: provider removed")
 // Reconfigure applies cfg to the live Gate: caps and spacing change at once,
 // no holder loses its slot (a lowered cap admits again once enough holders
 // have released), and raised caps admit waiters at once. A key dropped from
-// the pool gets no new requests; its holders keep it until they release. A
-// budget taken out (its limits 0, its model or key gone) and put back by a
-// later Reconfigure within the minute counts what started under it before.
-// It returns cfg's validation error and changes nothing then.
+// the pool gets no new requests; its holders keep it until they release. It
+// returns cfg's validation error and changes nothing then.
 func (g *Gate) Reconfigure(cfg Config) error {
 	if err := cfg.Validate(); err != nil {
 		return err
@@ -201,8 +196,7 @@ func (g *Gate) Close() {
 // with a *slots.LimitError wrapping slots.ErrQueueFull (MaxQueue waiting
 // already) or slots.ErrWaitTimeout (waited MaxQueueWait, with on_wait_timeout
 // "reject"), or with an error wrapping ctx.Err(). With "proceed", a wait
-// that times out returns a Grant whose Slot is Bypassed, unless a token
-// budget still keeps the request back (see AcquireTokens).
+// that times out returns a Grant whose Slot is Bypassed (see AcquireTokens).
 func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 	return g.acquire(ctx, model, Tokens{Input: 1})
 }
@@ -318,24 +312,11 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		return core.Ending{}
 	case out == core.OutRefused && gr.refused == nil: // by Close
 		return core.Ending{Reason: ErrGateClosed, Err: g.closedError()}
-	case out == core.OutRefused: // a token cap was lowered below it
+	case out != core.OutRefused && g.cfg.FailOpen() && g.proceedLocked(gr): // as configured now; unless a budget holds it back
+		return core.Ending{Bypass: "provider", Attrs: []slog.Attr{slog.String("provider", g.name), slog.String("model", gr.model.name)}}
+	case gr.refused != nil: // a token cap was lowered below it, or a budget holds it back
 		g.dropIfIdleLocked(gr.model)
 		return core.Ending{Rej: gr.refused} // made when it was refused
-	case g.cfg.FailOpen(): // as configured now, not when the wait began
-		now := g.eng.Clock.Nanos()
-		if rej := g.overBudgetNowLocked(gr.model, gr.cost(), now); rej != nil {
-			// Held back by a budget: going ahead would only draw the
-			// upstream's refusal (see AcquireTokens).
-			return core.Ending{Rej: rej}
-		}
-		// It goes ahead without a slot, but its tokens start: its estimate
-		// is charged to the provider's and its model's budgets, where it
-		// stands (a bypass is not settled). It has no key, nor a key's budget.
-		for _, b := range g.budgetsOf(gr.model) {
-			b.charge(gr.cost(), now)
-		}
-		g.bypassed++
-		return core.Ending{Bypass: "provider", Attrs: []slog.Attr{slog.String("provider", g.name), slog.String("model", gr.model.name)}}
 	}
 	return core.Ending{Rej: g.rejectLocked(slots.ErrWaitTimeout, gr.model, gr.cost(), g.eng.Clock.Nanos())}
 }

@@ -1,7 +1,6 @@
 package pacing
 
 import (
-	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -49,18 +48,11 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.provider.Limit = limitOf(cfg.MaxConcurrentRequests)
 	g.provider.Shares = cfg.shares()
 	g.tok.limit = cfg.MaxInflightTokens
-	now := g.eng.Clock.Nanos()
-	for name, b := range g.retired {
-		if b.empty(now) {
-			delete(g.retired, name)
-		}
-	}
-	g.bud = g.budgetsForLocked("provider", g.bud, limitsOf(cfg.BudgetLimits))
+	g.bud = g.retireBudgetsLocked(cfg)
 	for name, ml := range g.models {
 		if _, still := cfg.Models[name]; !still && ml.configured {
 			ml.configured = false
 			ml.lane.Limit, ml.interval, ml.capCfg, ml.tok.limit = slots.Unlimited, 0, 0, 0
-			g.retireLocked("model:"+name, ml.bud)
 			ml.bud = nil
 			g.dropIfIdleLocked(ml)
 		}
@@ -80,11 +72,6 @@ func (g *Gate) applyLocked(cfg Config) {
 	// Keys keep their lanes (and so their holders) by id; a key no longer
 	// in the pool leaves the pick list and drains.
 	g.keys, g.keyBudgets = g.keys[:0], false
-	for id, kl := range g.keyByID {
-		if !slices.ContainsFunc(cfg.APIKeys, func(k KeyConfig) bool { return k.ID == id }) {
-			g.retireLocked("key:"+id, kl.bud)
-		}
-	}
 	pool := make(map[string]*keyLane, len(cfg.APIKeys))
 	for _, k := range cfg.APIKeys {
 		kl := g.keyByID[k.ID]
@@ -99,36 +86,6 @@ func (g *Gate) applyLocked(cfg Config) {
 	}
 	g.keyByID = pool
 	g.adaptLocked()
-}
-
-// budgetsForLocked returns the budgets named name under limits: cur, or
-// those retired under name if it has none, so that a budget taken out
-// and put back within a minute goes on counting what started under it
-// (not what started while it was out); nil when limits are all 0, cur
-// then retired. A retired budget whose minute counts nothing at a
-// Reconfigure is dropped: what a request still in flight then settles into
-// it later is not counted once the budget is put back.
-func (g *Gate) budgetsForLocked(name string, cur *budgets, limits [budgetParts]int) *budgets {
-	if cur == nil {
-		cur = g.retired[name]
-	}
-	delete(g.retired, name)
-	b := newBudgets(cur, limits)
-	if b == nil {
-		g.retireLocked(name, cur)
-	}
-	return b
-}
-
-// retireLocked keeps b aside under name (nil: nothing to keep).
-func (g *Gate) retireLocked(name string, b *budgets) {
-	if b == nil {
-		return
-	}
-	if g.retired == nil {
-		g.retired = make(map[string]*budgets)
-	}
-	g.retired[name] = b
 }
 
 // modelLocked returns model's lane, creating an unconfigured one (no cap,

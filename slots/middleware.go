@@ -43,8 +43,7 @@ func (c middlewareConfig) status(err error) (int, time.Duration) {
 }
 
 // WithRejectStatus sets a *LimitError's status (429 by default; 503 to shed
-// load), but for one wrapping ErrExceedsLimit, which stays 413. It panics
-// unless code is 4xx or 5xx.
+// load; ErrExceedsLimit's stays 413). It panics unless code is 4xx or 5xx.
 func WithRejectStatus(code int) MiddlewareOption {
 	if code < 400 || code > 599 {
 		panic(fmt.Sprintf("slots: WithRejectStatus(%d): a rejection needs a 4xx or 5xx status", code))
