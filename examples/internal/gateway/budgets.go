@@ -164,7 +164,8 @@ func (s *spending) fleetLeft() []pacing.BudgetStatus {
 // (fleet.Reservations.Start): it may have waited for the provider. It
 // returns the refusal of a budget that a reservation has left (its request
 // waited longer than the budget's minute) and that can no longer take it;
-// a store's error leaves the estimates as they stand.
+// after a store's error the request goes, and what it uses is charged as
+// it settles.
 func (s *spending) start() error {
 	var refused error
 	s.each(func(ctx context.Context) error {
@@ -179,16 +180,15 @@ func (s *spending) start() error {
 
 // budgetStart is the provider's RoundTripper under its caps: it starts
 // each admitted request's fleet budgets (spending.start) as the request
-// is sent, and does not send one whose budgets refuse it then (answered
-// as a refusal of the provider's, with its Retry-After).
+// is sent, and does not send one whose budgets refuse it then: it is
+// answered as a refusal, with its Retry-After.
 type budgetStart struct{ next http.RoundTripper }
 
 func (t budgetStart) RoundTrip(req *http.Request) (*http.Response, error) {
 	if x, _ := req.Context().Value(exchangeKey{}).(*exchange); x != nil && x.spent != nil {
 		if err := x.spent.start(); err != nil {
 			x.spent.cancel()
-			// Named as a refusal at its reservation names it: the budget's
-			// key says whose it is.
+			// Named as at its reservation: the budget's key says whose.
 			var le *slots.LimitError
 			prefix := ""
 			if errors.As(err, &le) && strings.HasPrefix(le.Key, "model:") {
