@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -474,14 +475,19 @@ func WithModelName(ctx context.Context, model string) context.Context {
 
 // ModelField returns the "model" of a JSON request body, as an
 // OpenAI-compatible or Anthropic API puts it: "" if it has none (or it is
-// null). A body that is not a JSON object, or a model that is not a
-// string, is a *slots.BadRequestError.
+// null). A body that is not a JSON object, a model that is not a string,
+// or a key that differs from "model" only in case (encoding/json would
+// read it as the model, an upstream that reads keys as written would not:
+// see FoldedKey) is a *slots.BadRequestError.
 func ModelField(body []byte) (string, error) {
 	var v struct {
 		Model json.RawMessage `json:"model"`
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		return "", &slots.BadRequestError{Reason: "the request body is not a JSON object"}
+	}
+	if k := FoldedKey(body, "model"); k != "" {
+		return "", &slots.BadRequestError{Reason: fmt.Sprintf("%q: a key that differs from \"model\" only in case", k)}
 	}
 	var model *string
 	if len(v.Model) > 0 {
@@ -493,4 +499,48 @@ func ModelField(body []byte) (string, error) {
 		return "", nil
 	}
 	return *model, nil
+}
+
+// FoldedKey returns the first key at the top level of the JSON object
+// body that encoding/json matches to one of names (it folds case) but that
+// is not that name as written; "" if there is none, or body is not valid
+// JSON. A server that reads keys as written (as most outside Go do) sees
+// such a key as another field: a request whose caps were read from it
+// could go to the upstream as something else.
+func FoldedKey(body []byte, names ...string) string {
+	if !json.Valid(body) {
+		return ""
+	}
+	depth := 0
+	for i := 0; i < len(body); i++ {
+		switch body[i] {
+		case '{', '[':
+			depth++
+		case '}', ']':
+			depth--
+		case '"':
+			j := i + 1
+			for ; body[j] != '"'; j++ { // valid JSON: the string ends
+				if body[j] == '\\' {
+					j++
+				}
+			}
+			k := j + 1
+			for k < len(body) && (body[k] == ' ' || body[k] == '\t' || body[k] == '\n' || body[k] == '\r') {
+				k++
+			}
+			if depth == 1 && k < len(body) && body[k] == ':' { // a key of the top level
+				var key string
+				if json.Unmarshal(body[i:j+1], &key) == nil {
+					for _, name := range names {
+						if key != name && strings.EqualFold(key, name) {
+							return key
+						}
+					}
+				}
+			}
+			i = j
+		}
+	}
+	return ""
 }

@@ -346,3 +346,32 @@ func TestTransportReportPanicClosesAnAnswerWithAnError(t *testing.T) {
 	assert.Zero(t, gate.Status().InFlight)
 	assert.Zero(t, fleetLim.InFlight())
 }
+
+// A body with a key that differs from "model" only in case is refused:
+// encoding/json would take it for the model (and cap the request under
+// it), an upstream that reads keys as written would serve the other.
+// FoldedKey finds such keys at the top level only, escaped ones too.
+func TestModelFieldRefusesACaseVariantKey(t *testing.T) {
+	for body, want := range map[string]string{
+		`{"model":"glm-5","Model":"cheap"}`:            "Model",
+		`{"MODEL":"cheap"}`:                            "MODEL",
+		`{"\u004dodel":"cheap","model":"glm-5"}`:       "Model",
+		`{"model":"glm-5","messages":[{"Model":"x"}]}`: "",
+		`{"model":"glm-5","x":{"Model":"y"}}`:          "",
+		`{"model":"glm-5","note":"Model"}`:             "",
+		`{"model":"glm-5"}`:                            "",
+	} {
+		assert.Equal(t, want, pacing.FoldedKey([]byte(body), "model"), body)
+		m, err := pacing.ModelField([]byte(body))
+		if want == "" {
+			assert.NoError(t, err, body)
+			assert.Equal(t, "glm-5", m, body)
+			continue
+		}
+		var bad *slots.BadRequestError
+		require.ErrorAs(t, err, &bad, body)
+		assert.Contains(t, bad.Reason, want)
+	}
+	assert.Equal(t, "", pacing.FoldedKey([]byte(`{"Model":`), "model"), "not JSON: nothing")
+	assert.Equal(t, "Max_Tokens", pacing.FoldedKey([]byte(`{"messages":[],"Max_Tokens":1}`), "messages", "max_tokens"))
+}

@@ -43,6 +43,7 @@ import (
 	"net/url"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -373,9 +374,14 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	if org == "" {
 		org = "default"
 	}
-	// Both become keys in memory and in Redis, and labels of log lines.
+	// Both become keys in memory and in Redis, and labels of log lines
+	// and metrics (which must be UTF-8).
 	if len(org) > maxNameBytes {
 		writeOpenAIError(w, http.StatusBadRequest, OrgHeader+": want a name of at most 256 bytes")
+		return
+	}
+	if !utf8.ValidString(org) {
+		writeOpenAIError(w, http.StatusBadRequest, OrgHeader+": want UTF-8")
 		return
 	}
 	if len(model) > maxNameBytes {

@@ -40,22 +40,15 @@ func requestModel(r *http.Request, maxBytes int64) (string, []byte, error) {
 	r.Body = io.NopCloser(bytes.NewReader(buf))
 	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(buf)), nil }
 	r.ContentLength = int64(len(buf))
-	var v struct {
-		Model json.RawMessage `json:"model"`
+	model, err := pacing.ModelField(buf)
+	if err != nil {
+		return "", nil, errors.New(slots.ErrorMessage(err))
 	}
-	if err := json.Unmarshal(buf, &v); err != nil {
-		return "", nil, errors.New("the request body is not a JSON object")
+	// The fields the token estimate reads, as the upstream will read them.
+	if k := pacing.FoldedKey(buf, "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "stream_options"); k != "" {
+		return "", nil, fmt.Errorf("%q: a key that differs from a field's name only in case", k)
 	}
-	var model *string
-	if len(v.Model) > 0 {
-		if err := json.Unmarshal(v.Model, &model); err != nil {
-			return "", nil, errors.New("model: want a string")
-		}
-	}
-	if model == nil { // absent or null
-		return "", buf, nil
-	}
-	return *model, buf, nil
+	return model, buf, nil
 }
 
 // writeOpenAIError is a slots.ErrorWriter that answers in OpenAI's error

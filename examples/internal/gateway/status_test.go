@@ -81,6 +81,21 @@ func TestGatewayStatuses(t *testing.T) {
 		assert.Contains(t, e.Error.Message, "disabled")
 		assert.Contains(t, logs.String(), `msg="gateway: request rejected" cap=tenant status=403 reason=limit_reached org=switched-off model=glm-5`)
 	})
+	t.Run("a key that differs from a field's name only in case is a 400", func(t *testing.T) {
+		// Capped as the one encoding/json reads, sent as the one the
+		// upstream reads: refused.
+		resp, e := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5","Model":"cheap"}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, `"Model": a key that differs from "model" only in case`, e.Error.Message)
+		resp, e = postBody(t, client, srv.URL, "org-a", `{"model":"glm-5","messages":[],"Max_Tokens":1}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, `"Max_Tokens": a key that differs from a field's name only in case`, e.Error.Message)
+	})
+	t.Run("an org that is not UTF-8 is a 400", func(t *testing.T) {
+		resp, e := postBody(t, client, srv.URL, "\xff\xfe", `{"model":"glm-5"}`)
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+		assert.Equal(t, "X-Org-ID: want UTF-8", e.Error.Message)
+	})
 	t.Run("a model that is not a string is a 400 that says so", func(t *testing.T) {
 		resp, e := postBody(t, client, srv.URL, "org-a", `{"model":5}`)
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
