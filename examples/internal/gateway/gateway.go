@@ -246,7 +246,8 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		public.HandleFunc("POST "+p, g.model)
 	}
 	public.HandleFunc("GET /v1/models", func(w http.ResponseWriter, r *http.Request) {
-		g.proxy.ServeHTTP(w, r.WithContext(slots.WithoutSlot(r.Context())))
+		// No model, so its body (a GET has none to read) is not looked at.
+		g.proxy.ServeHTTP(w, r.WithContext(pacing.WithModelName(slots.WithoutSlot(r.Context()), "")))
 	})
 	public.Handle("GET /metrics", promhttp.HandlerFor(g.metrics, promhttp.HandlerOpts{}))
 	if cfg.Admin != nil {

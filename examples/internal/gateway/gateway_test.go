@@ -272,6 +272,14 @@ func TestGatewayModelsTakeNoSlot(t *testing.T) {
 	resp.Body.Close()
 	assert.Contains(t, string(body), "glm-5.3")
 	assert.Zero(t, gw.gate.Status().InFlight)
+	// A listing has no model to read: a body it comes with is not looked at.
+	req, err := http.NewRequest(http.MethodGet, srv.URL+"/v1/models", strings.NewReader("not JSON"))
+	require.NoError(t, err)
+	resp, err = http.DefaultClient.Do(req)
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusOK, resp.StatusCode)
 	http.DefaultTransport.(*http.Transport).CloseIdleConnections()
 }
 

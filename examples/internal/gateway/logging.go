@@ -1,6 +1,7 @@
 package gateway
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -119,12 +120,13 @@ func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model 
 	}
 	status, _, msg := admissionAnswer(err)
 	writeAdmissionError(w, capName, err)
+	org := cmp.Or(r.Header.Get(OrgHeader), "default") // as model caps it
 	if g.orgRejections != nil {
-		g.orgRejections.WithLabelValues(r.Header.Get(OrgHeader), capName, rejectReason(err)).Inc()
+		g.orgRejections.WithLabelValues(org, capName, rejectReason(err)).Inc()
 	}
 	if ok, suppressed := g.rejections.allow(time.Now()); ok {
 		g.log.Warn("gateway: request rejected", slog.String("cap", capName), slog.Int("status", status),
-			slog.String("reason", rejectReason(err)), slog.String("org", r.Header.Get(OrgHeader)),
+			slog.String("reason", rejectReason(err)), slog.String("org", org),
 			slog.String("model", model), slog.String("detail", msg), slog.Int("suppressed_since_last", suppressed))
 	}
 }

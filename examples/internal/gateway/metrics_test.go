@@ -440,6 +440,8 @@ func TestRefusalsNamedAndCountedOnce(t *testing.T) {
 		assert.Equal(t, "model", e.Error.Cap)
 		assert.Equal(t, "wait_timeout", e.Error.Reason)
 		assert.Equal(t, "too many requests in flight under the model cap: 1 of 1, 0 queued (timed out waiting)", e.Error.Message)
+		resp, _ = postBody(t, client, srv.URL, "", `{"model":"glm-5.3","stream":true}`) // no org: capped as "default"
+		require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 
 		// org-t's cap of 1, taken by a stream of another model.
 		tdone := make(chan struct{}, 1)
@@ -459,11 +461,12 @@ func TestRefusalsNamedAndCountedOnce(t *testing.T) {
 		assert.Equal(t, "limit_reached", e.Error.Reason)
 
 		text := scrape(t, client, srv.URL)
-		assert.Contains(t, text, `inflight_rejected_total{cap="model:glm-5.3",reason="wait_timeout"} 1`)
+		assert.Contains(t, text, `inflight_rejected_total{cap="model:glm-5.3",reason="wait_timeout"} 2`)
 		assert.Contains(t, text, `inflight_rejected_total{cap="provider",reason="wait_timeout"} 0`, "not counted twice")
 		assert.Contains(t, text, `inflight_rejected_total{cap="tenant",reason="limit_reached"} 1`)
 		if perOrg {
 			assert.Contains(t, text, `inflight_org_rejected_total{cap="model",org="org-w",reason="wait_timeout"} 1`)
+			assert.Contains(t, text, `inflight_org_rejected_total{cap="model",org="default",reason="wait_timeout"} 1`, "named as capped")
 			assert.Contains(t, text, `inflight_org_rejected_total{cap="tenant",org="org-t",reason="limit_reached"} 1`)
 		} else {
 			assert.NotContains(t, text, "org-")

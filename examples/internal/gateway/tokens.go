@@ -164,7 +164,8 @@ var errContent = &slots.BadRequestError{Status: http.StatusBadRequest, Reason: "
 
 // count returns the tokens of a message's content or a prompt: a string,
 // a list of strings, or a list of parts whose "text" is counted (images
-// and other parts count nothing here).
+// and other parts count nothing here); a completion's prompt may also be
+// token ids (a list of numbers, or of lists of them), one token each.
 func (e *estimator) count(raw json.RawMessage) (int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, nil
@@ -182,9 +183,17 @@ func (e *estimator) count(raw json.RawMessage) (int, error) {
 		var text struct {
 			Text string `json:"text"`
 		}
-		if json.Unmarshal(p, &s) == nil {
+		var ids []float64
+		switch {
+		case json.Unmarshal(p, &s) == nil:
 			text.Text = s
-		} else if err := json.Unmarshal(p, &text); err != nil {
+		case json.Unmarshal(p, new(float64)) == nil: // a token id
+			n++
+			continue
+		case json.Unmarshal(p, &ids) == nil: // a prompt of token ids
+			n += len(ids)
+			continue
+		case json.Unmarshal(p, &text) != nil:
 			return 0, errContent
 		}
 		k, err := e.codec.Count(text.Text)

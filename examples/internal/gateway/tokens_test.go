@@ -36,6 +36,8 @@ func TestEstimateTokens(t *testing.T) {
 		{"parts: text counted, images not", "m", `{"messages":[{"content":[{"type":"text","text":"hello world"},{"type":"image_url","image_url":{"url":"x"}}]}]}`, 2 + perMessage + 100},
 		{"a completion's prompt", "m", `{"prompt":"hello world","max_tokens":0}`, 2},
 		{"nothing: at least one", "m", `{"max_tokens":0}`, 1},
+		{"a prompt of token ids", "m", `{"prompt":[1,2,3],"max_tokens":0}`, 3},
+		{"prompts of token ids", "m", `{"prompt":[[1,2],[3]],"max_tokens":0}`, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			n, err := e.estimate([]byte(tc.body), tc.model)
