@@ -46,20 +46,29 @@ func (g *Gateway) logRequests(next http.Handler) http.Handler {
 		info := new(requestInfo)
 		rec := &statusRecorder{ResponseWriter: w}
 		start := time.Now()
+		served := false
+		// Logged also when the handler panics: the proxy aborts a stream cut
+		// by its client or by the upstream so (http.ErrAbortHandler).
+		defer func() {
+			if rec.status == 0 {
+				rec.status = http.StatusOK
+			}
+			attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.Path),
+				slog.String("org", info.org), slog.String("model", info.model), slog.Int("status", rec.status),
+				slog.Duration("took", time.Since(start)), slog.Duration("waited", info.waited)}
+			if info.caps != nil {
+				attrs = append(attrs, slog.Any("caps", info.caps))
+			}
+			if info.refusedBy != "" {
+				attrs = append(attrs, slog.String("refused_by", info.refusedBy))
+			}
+			if !served {
+				attrs = append(attrs, slog.Bool("aborted", true))
+			}
+			g.log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request", attrs...)
+		}()
 		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
-		if rec.status == 0 {
-			rec.status = http.StatusOK
-		}
-		attrs := []slog.Attr{slog.String("method", r.Method), slog.String("path", r.URL.Path),
-			slog.String("org", info.org), slog.String("model", info.model), slog.Int("status", rec.status),
-			slog.Duration("took", time.Since(start)), slog.Duration("waited", info.waited)}
-		if info.caps != nil {
-			attrs = append(attrs, slog.Any("caps", info.caps))
-		}
-		if info.refusedBy != "" {
-			attrs = append(attrs, slog.String("refused_by", info.refusedBy))
-		}
-		g.log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request", attrs...)
+		served = true
 	})
 }
 
