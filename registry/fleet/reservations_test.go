@@ -211,10 +211,8 @@ func ExampleReserveAll() {
 // settled there. The requests record is counted alike.
 func TestStartAfterTheMinuteChargesAgainIfItFits(t *testing.T) {
 	ctx := context.Background()
-	var mu sync.Mutex
-	now := time.Unix(1_800_000_000, 0)
-	s := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	now, advance := stepClock()
+	s := memstore.NewWithClock(now)
 	b := newBudget(t, s, "b", pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 2})
 
 	late, err := b.Reserve(ctx, pacing.Tokens{Input: 60}) // admitted, then queued for the provider
@@ -276,15 +274,12 @@ func (s *failingBudgets) Budget(ctx context.Context, c *driver.BudgetCall) (driv
 func TestStartAfterTheMinuteStoreErrorChargesTheUseAsDebt(t *testing.T) {
 	for _, settle := range []bool{true, false} {
 		ctx := context.Background()
-		var mu sync.Mutex
-		now := time.Unix(1_800_000_000, 0)
-		s := &failingBudgets{Store: memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })}
+		now, advance := stepClock()
+		s := &failingBudgets{Store: memstore.NewWithClock(now)}
 		b := newBudget(t, s, "b", pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 10})
 		late, err := b.Reserve(ctx, pacing.Tokens{Input: 60})
 		require.NoError(t, err)
-		mu.Lock()
-		now = now.Add(61 * time.Second)
-		mu.Unlock()
+		advance(61 * time.Second)
 		s.mu.Lock()
 		s.failAt = s.calls + 3 // the tokens' move, its taking back, then their charge again
 		s.mu.Unlock()
@@ -303,4 +298,13 @@ func TestStartAfterTheMinuteStoreErrorChargesTheUseAsDebt(t *testing.T) {
 			assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "cancelled: nothing")
 		}
 	}
+}
+
+// stepClock is a clock for a store that moves only when advance is
+// called.
+func stepClock() (now func() time.Time, advance func(time.Duration)) {
+	var mu sync.Mutex
+	at := time.Unix(1_800_000_000, 0)
+	return func() time.Time { mu.Lock(); defer mu.Unlock(); return at },
+		func(d time.Duration) { mu.Lock(); at = at.Add(d); mu.Unlock() }
 }

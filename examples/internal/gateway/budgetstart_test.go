@@ -24,10 +24,8 @@ import (
 // the provider's), and its reservations are returned. One that still fits
 // is sent, charged in the second it starts.
 func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
-	var mu sync.Mutex
-	now := time.Unix(1_800_000_000, 0)
-	store := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
-	advance := func(d time.Duration) { mu.Lock(); now = now.Add(d); mu.Unlock() }
+	now, advance := stepClock()
+	store := memstore.NewWithClock(now)
 	b, err := fleet.NewBudget(store, "provider", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
 	require.NoError(t, err)
 	reserve := func(tokens int) *exchange {
@@ -81,16 +79,13 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // named as at its reservation (model_..., tenant_...).
 func TestBudgetStartNamesTheBudget(t *testing.T) {
 	for name, want := range map[string]string{"model:m": "model_tokens_per_minute", orgBudgetName("acme"): "tenant_tokens_per_minute"} {
-		var mu sync.Mutex
-		now := time.Unix(1_800_000_000, 0)
-		store := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+		now, advance := stepClock()
+		store := memstore.NewWithClock(now)
 		b, err := fleet.NewBudget(store, name, pacing.BudgetLimits{TokensPerMinute: 100}, 0)
 		require.NoError(t, err)
 		late, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 60}, nil, b)
 		require.NoError(t, err)
-		mu.Lock()
-		now = now.Add(61 * time.Second)
-		mu.Unlock()
+		advance(61 * time.Second)
 		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
 		require.NoError(t, err)
 		require.NoError(t, other.Start(context.Background()))
@@ -103,4 +98,13 @@ func TestBudgetStartNamesTheBudget(t *testing.T) {
 		assert.Equal(t, want, le.Cap, name)
 		assert.Equal(t, want, refusedBy(x.refused), name)
 	}
+}
+
+// stepClock is a clock for a store that moves only when advance is
+// called.
+func stepClock() (now func() time.Time, advance func(time.Duration)) {
+	var mu sync.Mutex
+	at := time.Unix(1_800_000_000, 0)
+	return func() time.Time { mu.Lock(); defer mu.Unlock(); return at },
+		func(d time.Duration) { mu.Lock(); at = at.Add(d); mu.Unlock() }
 }
