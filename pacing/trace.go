@@ -24,8 +24,9 @@ type Trace struct {
 	// Settled is called once for an admitted request (with a slot or
 	// without) with how it ended, when the answer tells: not Served for an
 	// answer that refused it (a verdict other than Admitted and Other: a
-	// 429, an overload), which is then no request of the upstream's and
-	// charges nothing; Served with zero Used for another 4xx (sent, but
+	// 429, an overload) and for one its base did not send (an error
+	// wrapping slots.ErrNotSent), which are then no request of the
+	// upstream's and charge nothing; Served with zero Used for another 4xx (sent, but
 	// nothing used); for a request admitted under WithTokens, Served with
 	// the usage its answer reported (WatchUsage). It is not called when
 	// none of these is known (a failed exchange, a served request without

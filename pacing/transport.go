@@ -19,7 +19,9 @@ import (
 // granted API key's credential on it, sends it, reports the upstream's
 // answer to the Gate before the request's slot can be freed, and holds the
 // slot until the response body is done, as a slots.Transport does. A
-// request that fails, or is refused, returns its error with nothing held.
+// request that fails, or is refused, returns its error with nothing held;
+// one that base chose not to send (its error wraps slots.ErrNotSent)
+// charges the Gate's budgets nothing.
 // It reads answers as they pass (a refusal's first bytes, the usage), so it
 // sends requests without the client's Accept-Encoding (but "identity"):
 // net/http's Transport then asks for gzip itself, unless its
@@ -347,7 +349,10 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
 	trs := tracesOf(req.Context())
 	weighed := x.weighed && err == nil
-	hears := err == nil && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
+	// A request the base chose not to send used nothing: as one the
+	// upstream refused, it charges nothing.
+	notSent := errors.Is(err, slots.ErrNotSent)
+	hears := (err == nil || notSent) && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool
 	settled := func(st Settlement) { // the Trace hears it once
 		if told.CompareAndSwap(false, true) {
@@ -369,6 +374,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 				t.caps.Report(x.caps, v)
 			}
 			switch {
+			case notSent:
+				t.gate.settle(x.grant, Tokens{}, endedUnserved)
+				settled(Settlement{})
 			case err != nil:
 			case v.Kind != Admitted && v.Kind != Other:
 				settled(Settlement{}) // refused by the upstream: as the Gate's budgets (Report)

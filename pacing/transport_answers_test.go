@@ -4,6 +4,7 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -374,4 +375,52 @@ func TestModelFieldRefusesACaseVariantKey(t *testing.T) {
 	}
 	assert.Equal(t, "", pacing.FoldedKey([]byte(`{"Model":`), "model"), "not JSON: nothing")
 	assert.Equal(t, "Max_Tokens", pacing.FoldedKey([]byte(`{"messages":[],"Max_Tokens":1}`), "messages", "max_tokens"))
+}
+
+// A request its base chose not to send (an error wrapping slots.ErrNotSent:
+// a budget of the caller's own that refused it as it was about to go)
+// charges the Gate's budgets nothing, its request neither, is told Settled
+// as not Served, and frees its slot at once: it kept no upstream busy, so
+// there is no cut linger.
+func TestTransportNotSentChargesNothing(t *testing.T) {
+	limits := pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10}
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1, APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: limits}}})
+	over := &slots.LimitError{Err: pacing.ErrOverBudget, Cap: "tenant", RetryAfter: 2 * time.Second}
+	var sent atomic.Int32
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		if sent.Add(1) == 1 {
+			return nil, fmt.Errorf("%w: %w", slots.ErrNotSent, over)
+		}
+		return &http.Response{StatusCode: http.StatusOK, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+	})
+	var mu sync.Mutex
+	var settled []pacing.Settlement
+	tr := &pacing.Trace{Settled: func(st pacing.Settlement) { mu.Lock(); settled = append(settled, st); mu.Unlock() }}
+	ctx := pacing.WithTrace(pacing.WithTokens(pacing.WithModelName(t.Context(), "m"), pacing.Tokens{Input: 300, Output: 100}), tr)
+	rt := pacing.NewTransport(base, gate) // the default cut linger
+	_, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
+	require.ErrorIs(t, err, slots.ErrNotSent)
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Zero(t, gate.Status().InFlight, "freed at once, without the cut linger")
+	left := map[string]int{}
+	for _, b := range gate.Budgets() {
+		left[b.Cap] = b.Left
+	}
+	assert.Equal(t, 1000, left["tokens_per_minute"], "no tokens charged: %v", gate.Budgets())
+	assert.Equal(t, 10, left["max_requests_per_minute"], "nor its request")
+	mu.Lock()
+	assert.Equal(t, []pacing.Settlement{{}}, settled, "told once, not Served")
+	mu.Unlock()
+
+	// The next one is sent and charged its estimate, which its answer
+	// (no usage) leaves standing.
+	resp, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	for _, b := range gate.Budgets() {
+		left[b.Cap] = b.Left
+	}
+	assert.Equal(t, 600, left["tokens_per_minute"])
+	assert.Equal(t, 9, left["max_requests_per_minute"])
 }

@@ -2,7 +2,6 @@ package slots
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -31,9 +30,6 @@ func (p Priority) String() string {
 	}
 	return "default"
 }
-
-// ErrBadPriority: ParsePriority met an unknown name (HTTPStatus: 400).
-var ErrBadPriority = errors.New("slots: unknown priority")
 
 // ParsePriority parses "interactive", "default" or "batch" (any case).
 func ParsePriority(s string) (Priority, error) {

@@ -26,6 +26,10 @@ var (
 	ErrExceedsLimit = core.ErrExceedsLimit
 	// ErrBadUnits: an admission weighs less than 1 or more than MaxUnits.
 	ErrBadUnits = core.ErrBadUnits
+	// ErrBadPriority: ParsePriority met an unknown name (HTTPStatus: 400).
+	ErrBadPriority = errors.New("slots: unknown priority")
+	// ErrNotSent: a Transport's base wraps it for a request it chose not to send.
+	ErrNotSent = errors.New("slots: request not sent")
 )
 
 // MaxUnits is the most units one admission may weigh.

@@ -1,6 +1,7 @@
 package slots
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -18,11 +19,10 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 
 // Transport is an http.RoundTripper that holds a Slot for each request from
 // before it is sent until its response body is read to the end, closed, or
-// cut off by the end of the request's context: a streamed answer keeps its
-// slot for the whole stream. A cut exchange's slot goes back after its body
-// is closed (WithLinger: later), within 5 s of the context's end even if
-// Close hangs. An upgraded connection (101) keeps it until closed. The zero
-// value is not usable.
+// cut off by its context's end: a streamed answer keeps its slot throughout.
+// A cut exchange's slot goes back after its body is closed (WithLinger:
+// later), within 5 s of the context's end even if Close hangs. An upgraded
+// connection (101) keeps it until closed. The zero value is not usable.
 type Transport struct {
 	base   http.RoundTripper
 	admit  AdmitFunc
@@ -49,11 +49,7 @@ func WithLinger(d time.Duration) TransportOption {
 
 // WithLingerClock sets the clock that times WithLinger; for tests.
 func WithLingerClock(c clock.Clock) TransportOption {
-	return transportOptionFunc(func(t *Transport) {
-		if c != nil {
-			t.clock = c
-		}
-	})
+	return transportOptionFunc(func(t *Transport) { t.clock = cmp.Or(c, t.clock) }) // nil: ignored
 }
 
 // NewTransport returns a Transport that admits each request with admit and
@@ -93,7 +89,7 @@ func (t *Transport) admitClosing(req *http.Request) (*Slot, error) {
 }
 
 // RoundTrip admits req, sends it, and ties the slot to the response body.
-// A refusal closes req.Body and returns admit's error, sending nothing.
+// A refusal (admit's, or a base's error wrapping ErrNotSent) holds nothing.
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	req = withSentBody(req)
@@ -116,6 +112,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		defer t.free(s, mayHaveBeenSent(err)) // also if Close panics
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close() // a response that came with an error is dropped
+		}
+		if errors.Is(err, ErrNotSent) {
+			return nil, &admitError{err} // the base's refusal
 		}
 		return nil, err
 	}
@@ -168,10 +167,11 @@ func (t *Transport) free(s *Slot, cut bool) {
 }
 
 // mayHaveBeenSent reports whether a round trip that failed with err may
-// have reached the upstream: every failure but a dial error may have.
+// have reached the upstream: every failure but a dial error and a base's
+// ErrNotSent may have.
 func mayHaveBeenSent(err error) bool {
 	var op *net.OpError
-	return !errors.As(err, &op) || op.Op != "dial"
+	return !errors.Is(err, ErrNotSent) && (!errors.As(err, &op) || op.Op != "dial")
 }
 
 // sendHolding sends req with the base transport; if the base panics, s is

@@ -258,6 +258,21 @@ func TestTransportLinger(t *testing.T) {
 			assert.Equal(t, 0, lim.InFlight())
 		})
 	})
+	t.Run("a request its base chose not to send frees at once, answered as a refusal", func(t *testing.T) {
+		over := &slots.LimitError{Err: errors.New("over budget"), Cap: "budget", RetryAfter: 3 * time.Second}
+		notSent := roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, fmt.Errorf("%w: %w", slots.ErrNotSent, over)
+		})
+		rig(t, notSent, func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
+			_, err := tr.RoundTrip(get(context.Background()))
+			require.ErrorIs(t, err, slots.ErrNotSent)
+			assert.Equal(t, 0, lim.InFlight(), "no linger for a request never sent")
+			w := httptest.NewRecorder()
+			slots.ProxyErrorHandler()(w, get(context.Background()), err)
+			assert.Equal(t, http.StatusTooManyRequests, w.Code, "a refusal, not the upstream's failure: %s", w.Body)
+			assert.Equal(t, "3", w.Header().Get("Retry-After"))
+		})
+	})
 	t.Run("a body read to its end frees at once", func(t *testing.T) {
 		rig(t, stream(), func(t *testing.T, lim *slots.Limiter, clk *clock.Mock, tr *slots.Transport) {
 			ctx, cancel := context.WithCancel(context.Background())

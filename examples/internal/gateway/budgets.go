@@ -181,7 +181,7 @@ func (s *spending) start() error {
 // budgetStart is the provider's RoundTripper under its caps: it starts
 // each admitted request's fleet budgets (spending.start) as the request
 // is sent, and does not send one whose budgets refuse it then: it is
-// answered as a refusal, with its Retry-After.
+// answered as a refusal, with its Retry-After, and charges nothing.
 type budgetStart struct{ next http.RoundTripper }
 
 func (t budgetStart) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -201,7 +201,9 @@ func (t budgetStart) RoundTrip(req *http.Request) (*http.Response, error) {
 			if req.Body != nil {
 				req.Body.Close()
 			}
-			return nil, err
+			// Not sent: the Transport frees its slots at once, and the
+			// Gate's budgets (its key's) charge it nothing.
+			return nil, fmt.Errorf("%w: %w", slots.ErrNotSent, err)
 		}
 	}
 	return t.next.RoundTrip(req)
