@@ -202,22 +202,40 @@ const (
 )
 
 // keyBudgetBindingLocked names the key budget that keeps a request
-// costing t from every key with room: that of the key that takes it first,
-// with its tokens in the last minute, its limit, and when.
+// costing t from every key with room, for its refusal (keyBudgetsAtLocked),
+// with its tokens in the last minute, its limit, and when it takes it.
 func (g *Gate) keyBudgetBindingLocked(t Tokens, now int64) (name string, used, limit int, at int64) {
-	for _, k := range g.keys {
-		if k.lane.Limit-k.lane.Holders.Len() <= 0 {
-			continue
-		}
-		if a, n := k.bud.binding("api_key_", t, afterNone, now); a != 0 && (at == 0 || a < at) {
-			at, name = a, n
-			used, limit = k.bud.use(n[len("api_key_"):], now)
-		}
-	}
-	if name == "" {
+	k, at, name := g.keyBudgetsAtLocked(t, true, now)
+	if k == nil {
 		return CapAPIKey, 0, 0, 0
 	}
+	used, limit = k.bud.use(name[len("api_key_"):], now)
 	return name, used, limit, at
+}
+
+// keyBudgetsAtLocked returns the key whose budgets take a request costing
+// t first, among the keys not out of quota (with room: and below their
+// cap), after the refused requests told to come back to it; when, and the
+// name of its budget that binds until then. It is for a refusal: the key's
+// budgets are told the request comes back then, so that later refusals
+// come back after it, spread over the keys' refills. A nil key: one takes
+// it now, or none is in the pool.
+func (g *Gate) keyBudgetsAtLocked(t Tokens, room bool, now int64) (k *keyLane, at int64, name string) {
+	for _, kl := range g.keys {
+		if kl.outUntil > now || room && kl.lane.Limit-kl.lane.Holders.Len() <= 0 {
+			continue
+		}
+		if a, _ := kl.bud.binding("", t, afterNone, now); a == 0 {
+			return nil, 0, "" // this key's budgets take it now
+		}
+		if a, n := kl.bud.binding("api_key_", t, afterTold, now); k == nil || a < at {
+			k, at, name = kl, a, n
+		}
+	}
+	if k != nil {
+		k.bud.tell(t, at, now)
+	}
+	return k, at, name
 }
 
 // overBudgetNowLocked returns the refusal of a request for ml costing t
@@ -231,26 +249,12 @@ func (g *Gate) overBudgetNowLocked(ml *modelLane, t Tokens, now int64) *core.Rej
 	if !g.keyBudgets {
 		return nil
 	}
-	var at int64
-	var binding *keyLane
-	name := ""
-	for _, k := range g.keys {
-		if k.outUntil > now {
-			continue
-		}
-		a, n := k.bud.binding("api_key_", t, afterNone, now)
-		if a == 0 {
-			return nil // this key's budgets take it
-		}
-		if at == 0 || a < at {
-			at, name, binding = a, n, k
-		}
-	}
-	if binding == nil {
-		return nil // every key out of quota: not a budget's doing
+	k, at, name := g.keyBudgetsAtLocked(t, false, now)
+	if k == nil {
+		return nil // a key takes it, or every key is out of quota: not a budget's doing
 	}
 	g.rejects++
-	used, limit := binding.bud.use(name[len("api_key_"):], now)
+	used, limit := k.bud.use(name[len("api_key_"):], now)
 	return &core.Rejection{Err: ErrOverBudget, Key: g.name + "/" + ml.name, Cap: name, Queued: g.provider.Waiters.Len(),
 		RetryAfter: retryAt(at, now), InFlight: used, Limit: limit}
 }

@@ -1,6 +1,7 @@
 package pacing_test
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"testing"
@@ -237,6 +238,50 @@ func TestMaxRequestsPerMinuteWakesWaiters(t *testing.T) {
 				assert.Greater(t, time.Since(start), time.Minute)
 				assert.LessOrEqual(t, time.Since(start), time.Minute+time.Second)
 				r.g.Slot.Release()
+			})
+		})
+	}
+}
+
+// Requests that every key's budget keeps out are told to come back one
+// after another over the keys' refills, as the provider's budget tells
+// them: timed out in the queue (the default), and under "proceed", where
+// a key's budget refuses a request that waited its longest.
+func TestKeyBudgetSpreadsRefusals(t *testing.T) {
+	for _, onTimeout := range []string{"", "proceed"} {
+		t.Run(cmp.Or(onTimeout, "reject"), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				ctx := context.Background()
+				keys := []pacing.KeyConfig{
+					{ID: "a", BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}},
+					{ID: "b", BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}},
+				}
+				g := newGate(t, pacing.Config{APIKeys: keys, MaxQueueWaitMS: 1, OnWaitTimeout: onTimeout})
+				for range 2 {
+					gr, err := g.Acquire(ctx, "m")
+					require.NoError(t, err)
+					gr.Slot.Release()
+				}
+				var told []time.Duration
+				start := time.Now()
+				for range 6 {
+					_, err := g.Acquire(ctx, "m")
+					var le *slots.LimitError
+					require.ErrorAs(t, err, &le)
+					if onTimeout == "" {
+						require.ErrorIs(t, err, slots.ErrWaitTimeout) // it waited for a key's budget
+					} else {
+						require.ErrorIs(t, err, pacing.ErrOverBudget)
+					}
+					assert.Equal(t, "api_key_max_requests_per_minute", le.Cap)
+					told = append(told, time.Since(start)+le.RetryAfter) // when, since the first refusal began
+				}
+				t.Logf("told to come back at %v", told)
+				assert.IsNonDecreasing(t, told)
+				// Two keys, one request a minute each: two refused come back
+				// as the keys refill, the next two a minute later, and so on.
+				assert.GreaterOrEqual(t, told[2]-told[0], 59*time.Second, "the later refused come back after the earlier ones")
+				assert.GreaterOrEqual(t, told[4]-told[2], 59*time.Second)
 			})
 		})
 	}
