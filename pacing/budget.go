@@ -120,15 +120,17 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // budget's first request passes even when it is larger than the budget.
 //
 // Order on a budget is strict: while a request waits for a refill, the
-// budget fills for it and nothing stands idle. A request whose
-// budget cannot take it within Config's queue wait, counting the requests
-// already waiting for that budget, is refused at once with a
+// budget fills for it and nothing stands idle. A request that a budget
+// (the provider's, its model's, or every key's not out of quota) cannot
+// take within Config's queue wait, counting the requests already waiting
+// for the provider's and the model's, is refused at once with a
 // *slots.LimitError wrapping ErrOverBudget, whose RetryAfter is when the
-// budget will have refilled enough, behind the requests told to come back
-// before it (on_wait_timeout "proceed" does not let it through: going
-// ahead would only draw the upstream's refusal). So is one whose wait
-// times out while a budget (the provider's, its model's, or every key's)
-// still cannot take it, under "proceed" too. A refused request
+// budget will have refilled enough, less that wait, behind the requests
+// told to come back before it (on_wait_timeout "proceed" does not let it
+// through: going ahead would only draw the upstream's refusal). One whose
+// wait times out while a budget still cannot take it is refused with
+// slots.ErrWaitTimeout and the budget named in Cap; under "proceed", with
+// ErrOverBudget. A refused request
 // charges nothing, nor does one whose grant is given back (its caller's
 // context ended as it came) or is reported as refused by the upstream
 // (Report with a verdict other than Admitted and Other), not even its
@@ -202,10 +204,11 @@ const (
 )
 
 // keyBudgetBindingLocked names the key budget that keeps a request
-// costing t from every key with room, for its refusal (keyBudgetsAtLocked),
-// with its tokens in the last minute, its limit, and when it takes it.
+// costing t from every key with room, for its refusal (it is told to come
+// back, see keyRefusalLocked), with its tokens in the last minute, its
+// limit, and when it takes the request.
 func (g *Gate) keyBudgetBindingLocked(t Tokens, now int64) (name string, used, limit int, at int64) {
-	k, at, name := g.keyBudgetsAtLocked(t, true, now)
+	k, at, name := g.keyRefusalLocked(t, true, 0, now)
 	if k == nil {
 		return CapAPIKey, 0, 0, 0
 	}
@@ -215,48 +218,62 @@ func (g *Gate) keyBudgetBindingLocked(t Tokens, now int64) (name string, used, l
 
 // keyBudgetsAtLocked returns the key whose budgets take a request costing
 // t first, among the keys not out of quota (with room: and below their
-// cap), after the refused requests told to come back to it; when, and the
-// name of its budget that binds until then. It is for a refusal: the key's
-// budgets are told the request comes back then, so that later refusals
-// come back after it, spread over the keys' refills. A nil key: one takes
-// it now, or none is in the pool.
-func (g *Gate) keyBudgetsAtLocked(t Tokens, room bool, now int64) (k *keyLane, at int64, name string) {
+// cap), placed after whom after says; when, and the name of its budget
+// that binds until then. A nil key: one takes it now, or none is usable.
+func (g *Gate) keyBudgetsAtLocked(t Tokens, room bool, after int, now int64) (k *keyLane, at int64, name string) {
 	for _, kl := range g.keys {
 		if kl.outUntil > now || room && kl.lane.Limit-kl.lane.Holders.Len() <= 0 {
 			continue
 		}
-		if a, _ := kl.bud.binding("", t, afterNone, now); a == 0 {
+		a, n := kl.bud.binding("api_key_", t, after, now)
+		if a == 0 {
 			return nil, 0, "" // this key's budgets take it now
 		}
-		if a, n := kl.bud.binding("api_key_", t, afterTold, now); k == nil || a < at {
+		if k == nil || a < at {
 			k, at, name = kl, a, n
 		}
-	}
-	if k != nil {
-		k.bud.tell(t, at, now)
 	}
 	return k, at, name
 }
 
-// overBudgetNowLocked returns the refusal of a request for ml costing t
-// that a budget keeps from starting now: the provider's, the model's, or
-// that of every key of the pool not out of quota (a key without budgets
-// takes any request); nil when none does.
-func (g *Gate) overBudgetNowLocked(ml *modelLane, t Tokens, now int64) *core.Rejection {
-	if at, name := g.budgetsAt(ml, t, afterNone, now); name != "" {
-		return g.overBudgetRejectLocked(ml, t, name, at, now, 0)
+// keyRefusalLocked is keyBudgetsAtLocked for a request refused by the
+// keys' budgets: placed after the refused requests told to come back to
+// each key, and told itself to come back to the one that takes it first,
+// wait before it does (it may queue for the rest), so that refused
+// clients come back spread over the keys' refills.
+func (g *Gate) keyRefusalLocked(t Tokens, room bool, wait time.Duration, now int64) (k *keyLane, at int64, name string) {
+	if k, at, name = g.keyBudgetsAtLocked(t, room, afterTold, now); k != nil {
+		k.bud.tell(t, now+int64(retryAt(at-int64(wait), now)), now)
+	}
+	return k, at, name
+}
+
+// overBudgetLocked returns the refusal of a request for ml costing t that
+// a budget cannot start within wait, placed after whom after says: the
+// provider's, the model's, or that of every key of the pool not out of
+// quota (a key without budgets takes any request); nil when none does.
+func (g *Gate) overBudgetLocked(ml *modelLane, t Tokens, after int, wait time.Duration, now int64) *core.Rejection {
+	if at, name := g.budgetsAt(ml, t, after, now); at > now+int64(wait) {
+		return g.overBudgetRejectLocked(ml, t, name, at, now, wait)
 	}
 	if !g.keyBudgets {
 		return nil
 	}
-	k, at, name := g.keyBudgetsAtLocked(t, false, now)
-	if k == nil {
-		return nil // a key takes it, or every key is out of quota: not a budget's doing
+	// Nil: a key takes it, or every key is out of quota (not a budget's doing).
+	if k, at, _ := g.keyBudgetsAtLocked(t, false, afterNone, now); k == nil || at <= now+int64(wait) {
+		return nil
 	}
+	return g.keyOverBudgetLocked(ml, t, wait, now)
+}
+
+// keyOverBudgetLocked builds the refusal of a request for ml costing t
+// that no key's budgets take within wait (keyRefusalLocked).
+func (g *Gate) keyOverBudgetLocked(ml *modelLane, t Tokens, wait time.Duration, now int64) *core.Rejection {
 	g.rejects++
+	k, at, name := g.keyRefusalLocked(t, false, wait, now)
 	used, limit := k.bud.use(name[len("api_key_"):], now)
 	return &core.Rejection{Err: ErrOverBudget, Key: g.name + "/" + ml.name, Cap: name, Queued: g.provider.Waiters.Len(),
-		RetryAfter: retryAt(at, now), InFlight: used, Limit: limit}
+		RetryAfter: retryAt(at-int64(wait), now), InFlight: used, Limit: limit}
 }
 
 // budgetsAt returns when the provider's and ml's budgets will take t,
@@ -347,7 +364,7 @@ func (g *Gate) retireLocked(name string, b *budgets) {
 // bypass is not settled; it has no key, nor a key's budget).
 func (g *Gate) proceedLocked(gr *grant) bool {
 	now := g.eng.Clock.Nanos()
-	if gr.refused = g.overBudgetNowLocked(gr.model, gr.cost(), now); gr.refused != nil {
+	if gr.refused = g.overBudgetLocked(gr.model, gr.cost(), afterNone, 0, now); gr.refused != nil {
 		return false
 	}
 	for _, b := range g.budgetsOf(gr.model) {

@@ -265,8 +265,7 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 		g.dropIfIdleLocked(gr.model)
 		return core.Refuse(rej), false
 	}
-	if at, name := g.budgetsAt(gr.model, t, afterQueued, now); at > now+int64(queueWait) {
-		rej := g.overBudgetRejectLocked(gr.model, t, name, at, now, queueWait)
+	if rej := g.overBudgetLocked(gr.model, t, afterQueued, queueWait, now); rej != nil {
 		g.dropIfIdleLocked(gr.model)
 		return core.Refuse(rej), false
 	}
