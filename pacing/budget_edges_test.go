@@ -206,26 +206,40 @@ func TestWatchUsageStreamEdges(t *testing.T) {
 
 // Under on_wait_timeout "proceed", a request whose wait times out while a
 // budget still cannot take it is refused over budget, not let through
-// uncharged: here every key's budget (keys' budgets are not estimated at
-// admission, so such a request waits out its queue wait).
+// uncharged: here every key's budget. One that the key's budget cannot
+// take within the wait is refused at once; two that it can, each alone,
+// wait (waiting requests are not counted on a key's budget), and the one
+// the refill does not take is refused as its wait ends.
 func TestProceedDoesNotPassAKeysBudget(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxQueueWaitMS: 1000, OnWaitTimeout: pacing.Proceed,
 			APIKeys: []pacing.KeyConfig{{ID: "k", BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}}}})
 		held, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
 		require.NoError(t, err)
-		defer held.Slot.Release()
-		for i := range 3 {
-			gr, err := g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
-			if err == nil {
-				gr.Slot.Release()
-			}
-			require.ErrorIs(t, err, pacing.ErrOverBudget, "request %d: 900 + 900 over the key's 1000", i+1)
+		held.Slot.Release()
+		overBudget := func(err error, what string) {
+			t.Helper()
+			require.ErrorIs(t, err, pacing.ErrOverBudget, what)
 			var le *slots.LimitError
 			require.ErrorAs(t, err, &le)
 			assert.Equal(t, "api_key_tokens_per_minute", le.Cap)
 			assert.Positive(t, le.RetryAfter)
 		}
+		_, err = g.AcquireTokens(context.Background(), "m", pacing.Tokens{Input: 900})
+		overBudget(err, "900 + 900 over the key's 1000 for a minute")
+
+		time.Sleep(60*time.Second + 500*time.Millisecond) // the 900 leaves the minute within the wait
+		a := acquireTokensAsync(context.Background(), g, "m", pacing.Tokens{Input: 900})
+		b := acquireTokensAsync(context.Background(), g, "m", pacing.Tokens{Input: 900})
+		synctest.Wait()
+		assert.Equal(t, 2, g.Status().Queued, "each fits the refill: both wait")
+		ra, rb := <-a, <-b
+		if ra.err != nil {
+			ra, rb = rb, ra
+		}
+		require.NoError(t, ra.err, "the refill takes one")
+		ra.g.Slot.Release()
+		overBudget(rb.err, "the other is still held back as its wait ends")
 		assert.Zero(t, g.Status().Bypassed, "none went ahead without a slot")
 	})
 }
