@@ -31,16 +31,19 @@ func TestUsageDropper(t *testing.T) {
 // Events read a byte at a time, CRLF line ends and comments pass whole;
 // only the usage chunk is taken out.
 func TestUsageDropperSplitReads(t *testing.T) {
-	in := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\r\n\r\n" +
-		": keepalive\n\n" +
-		"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n" +
-		"data: [DONE]\n\n"
-	want := strings.Replace(in, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n", "", 1)
-	src := io.NopCloser(iotest.OneByteReader(strings.NewReader(in)))
-	d := &usageDropper{rc: src, r: bufio.NewReader(src)}
-	got, err := io.ReadAll(iotest.OneByteReader(d))
-	require.NoError(t, err)
-	assert.Equal(t, want, string(got))
+	for _, le := range []string{"\n", "\r\n", "\r"} {
+		usage := "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}" + le + le
+		in := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}],\"usage\":null}\r\n\r\n" +
+			": keepalive" + le + le +
+			"event: chunk" + le + usage +
+			"data: [DONE]" + le + le
+		want := strings.Replace(in, "event: chunk"+le+usage, "", 1) // the whole event
+		src := io.NopCloser(iotest.OneByteReader(strings.NewReader(in)))
+		d := &usageDropper{rc: src, r: bufio.NewReader(src)}
+		got, err := io.ReadAll(iotest.OneByteReader(d))
+		require.NoError(t, err)
+		assert.Equal(t, want, string(got), "line end %q", le)
+	}
 }
 
 // An event is passed on as soon as it is whole, not held until the next.

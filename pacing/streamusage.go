@@ -116,6 +116,7 @@ type usageDropper struct {
 	pending []byte // the rest of an event being passed on
 	passing bool   // within an event too long to hold: passed on as read
 	midLine bool   // and within one of its lines
+	afterCR bool   // the last line ended in a "\r" last of what was read: a "\n" may follow
 	err     error
 }
 
@@ -148,11 +149,13 @@ func (d *usageDropper) Close() error { return d.rc.Close() }
 // returns what it read, not ended.
 func (d *usageDropper) readEvent() (ev []byte, ended bool, err error) {
 	for {
-		line, err := d.r.ReadSlice('\n')
+		line, tail, err := d.readLine()
 		ev = append(ev, line...)
-		if err == bufio.ErrBufferFull {
+		switch {
+		case tail: // the end of the line before
+		case err == bufio.ErrBufferFull:
 			d.midLine = true // what follows is the end of this line
-		} else {
+		default:
 			blank := !d.midLine && len(bytes.TrimRight(line, "\r\n")) == 0
 			d.midLine = false
 			if err != nil || blank {
@@ -165,14 +168,61 @@ func (d *usageDropper) readEvent() (ev []byte, ended bool, err error) {
 	}
 }
 
+// readLine reads one line through its end: "\n", "\r\n" or a lone "\r",
+// as an event stream may end its lines; or, with bufio.ErrBufferFull, the
+// part of a longer one that fills the buffer. tail says that the line is
+// the "\n" of a "\r\n" whose "\r" ended the line before, read apart.
+// The line is valid until the next read, as bufio.Reader.ReadSlice's.
+func (d *usageDropper) readLine() (line []byte, tail bool, err error) {
+	buf, err := d.r.Peek(1)
+	if err != nil {
+		return nil, false, err
+	}
+	if d.afterCR {
+		d.afterCR = false
+		if buf[0] == '\n' {
+			d.r.Discard(1)
+			return buf, true, nil
+		}
+	}
+	for {
+		buf, _ = d.r.Peek(d.r.Buffered())
+		if i := bytes.IndexAny(buf, "\r\n"); i >= 0 {
+			n := i + 1
+			if buf[i] == '\r' && n < len(buf) && buf[n] == '\n' {
+				n++
+			} else if buf[i] == '\r' && n == len(buf) {
+				d.afterCR = true // its "\n", if one follows, is not read yet
+			}
+			d.r.Discard(n)
+			return buf[:n], false, nil
+		}
+		if len(buf) == d.r.Size() {
+			d.r.Discard(len(buf))
+			return buf, false, bufio.ErrBufferFull
+		}
+		if _, err = d.r.Peek(len(buf) + 1); err != nil { // the stream's end
+			buf, _ = d.r.Peek(d.r.Buffered())
+			d.r.Discard(len(buf))
+			return buf, false, err
+		}
+	}
+}
+
 // usageOnly reports whether an event is a chunk of usage alone:
 // data {"choices":[], "usage":{...}}.
 func usageOnly(ev []byte) bool {
 	if !bytes.Contains(ev, []byte(`"usage"`)) {
 		return false
 	}
-	for line := range bytes.Lines(ev) {
-		data, ok := bytes.CutPrefix(bytes.TrimRight(line, "\r\n"), []byte("data:"))
+	for len(ev) > 0 {
+		line := ev
+		if i := bytes.IndexAny(ev, "\r\n"); i >= 0 {
+			line, ev = ev[:i], ev[i+1:]
+		} else {
+			ev = nil
+		}
+		data, ok := bytes.CutPrefix(line, []byte("data:"))
 		if !ok {
 			continue
 		}

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -105,4 +106,49 @@ func TestTransportStreamUsage(t *testing.T) {
 	plain := &http.Client{Transport: pacing.NewTransport(up.Client().Transport, g)}
 	send(plain, true, `{"model":"m","stream":true}`)
 	assert.Equal(t, 1000-110, left(g), "without the option, no usage: the estimate stands")
+}
+
+// An event stream may end its lines with "\n", "\r\n" or a lone "\r":
+// under WithStreamUsage each event reaches the client as it comes (not
+// held back waiting for a line end that never comes), the usage chunk is
+// kept from the client who did not ask, and the budget is settled with
+// the usage reported.
+func TestTransportStreamUsageLineEnds(t *testing.T) {
+	for name, le := range map[string]string{"LF": "\n", "CRLF": "\r\n", "CR": "\r"} {
+		t.Run(name, func(t *testing.T) {
+			first := "data: {\"choices\":[{\"delta\":{\"content\":\"hi\"}}]}" + le + le
+			done := "data: [DONE]" + le + le
+			next := make(chan struct{})
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, first)
+				w.(http.Flusher).Flush()
+				select {
+				case <-next:
+				case <-r.Context().Done():
+					return
+				}
+				fmt.Fprint(w, "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":7,\"completion_tokens\":2}}"+le+le+done)
+			}))
+			t.Cleanup(up.Close)
+			g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}})
+			client := &http.Client{Transport: pacing.NewTransport(up.Client().Transport, g, pacing.WithStreamUsage())}
+			ctx, cancel := context.WithTimeout(pacing.WithTokens(pacing.WithModelName(t.Context(), "m"), pacing.Tokens{Input: 10, Output: 100}), 10*time.Second)
+			defer cancel()
+			req, err := http.NewRequestWithContext(ctx, http.MethodPost, up.URL, strings.NewReader(`{"model":"m","stream":true}`))
+			require.NoError(t, err)
+			resp, err := client.Do(req)
+			require.NoError(t, err)
+			defer resp.Body.Close()
+			got := make([]byte, len(first))
+			_, err = io.ReadFull(resp.Body, got)
+			require.NoError(t, err, "the first event, before the upstream sends more")
+			assert.Equal(t, first, string(got))
+			close(next)
+			rest, err := io.ReadAll(resp.Body)
+			require.NoError(t, err)
+			assert.Equal(t, done, string(rest), "no usage chunk: the client did not ask")
+			assert.Equal(t, 1000-9, providerBudget(t, g.Status(), pacing.CapTokensPerMinute).Left, "settled with the 7 + 2 reported")
+		})
+	}
 }

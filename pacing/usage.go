@@ -126,7 +126,7 @@ func (b *usageBody) feed(p []byte) {
 		return
 	}
 	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
+		i := bytes.IndexAny(p, "\r\n") // a line ends in "\n", "\r\n" or "\r": "\r\n" is two, the second empty
 		if i < 0 {
 			if len(b.buf)+len(p) > MaxUsageBody {
 				b.tooLong, b.buf = true, b.buf[:0] // this line is skipped
@@ -150,7 +150,7 @@ func (b *usageBody) feed(p []byte) {
 
 // line reads one line of an event stream: a data line that mentions usage.
 func (b *usageBody) line(l []byte) {
-	data, ok := bytes.CutPrefix(bytes.TrimRight(l, "\r"), []byte("data:"))
+	data, ok := bytes.CutPrefix(l, []byte("data:"))
 	if ok && bytes.Contains(data, []byte(`"usage"`)) {
 		b.parse(data)
 	}
