@@ -365,22 +365,7 @@ func (gr *grant) Release(h *core.Hold) bool {
 		gr.key.lane.Holders.Remove(h, &gr.idx[2])
 	}
 	if h.GivenBack {
-		g.settleLocked(gr, Tokens{}, endedUnserved) // never sent: it charges nothing (dispatched below)
-		if g.seq == h.ID {                          // no grant since: the provider's start is undone
-			g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
-		}
-		if ml := gr.model; ml.lastID == h.ID {
-			ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
-		}
-		if g.ad.l != nil { // a probe that was never sent proves nothing
-			g.ad.l.GivenBack(gr.n, h.At)
-		}
-		if gr.key != nil && gr.key.l != nil {
-			gr.key.l.GivenBack(gr.keyN, h.At)
-		}
-		if gr.model.l != nil {
-			gr.model.l.GivenBack(gr.mN, h.At)
-		}
+		g.unsentLocked(gr, h.ID, h.At)
 	}
 	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	g.dropIfIdleLocked(gr.model)

@@ -315,6 +315,48 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	g.redispatchLocked(now)
 }
 
+// unsent takes gr's request as never sent (its base's error wrapped
+// slots.ErrNotSent), as a grant given back: see unsentLocked. It is no
+// answer either: a later Report counts nothing.
+func (g *Gate) unsent(gr Grant) {
+	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
+		return
+	}
+	own, _ := (*core.Handle)(gr.Slot).Hold().Owner.(*grant)
+	if own == nil {
+		return
+	}
+	var wk core.Wakes
+	g.mu.Lock()
+	own.reported = true
+	g.unsentLocked(own, gr.id, gr.at)
+	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
+	g.mu.Unlock()
+	wk.Wake()
+}
+
+// unsentLocked takes back what the start numbered id, at, of gr did: it
+// charges nothing, its interval is undone if no start came since, and a
+// probe it was is withdrawn.
+func (g *Gate) unsentLocked(gr *grant, id uint64, at int64) {
+	g.settleLocked(gr, Tokens{}, endedUnserved)
+	if g.seq == id {
+		g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
+	}
+	if ml := gr.model; ml.lastID == id {
+		ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
+	}
+	if g.ad.l != nil {
+		g.ad.l.GivenBack(gr.n, at)
+	}
+	if gr.key != nil && gr.key.l != nil {
+		gr.key.l.GivenBack(gr.keyN, at)
+	}
+	if gr.model.l != nil {
+		gr.model.l.GivenBack(gr.mN, at)
+	}
+}
+
 // Learned returns the state of the learned cap and the answers reported.
 func (g *Gate) Learned() Learned {
 	g.mu.Lock()

@@ -51,7 +51,7 @@ type Trace struct {
 // A Settlement is how an admitted request ended, for budgets (see
 // Trace.Settled).
 type Settlement struct {
-	Served bool   // false: refused by the upstream, no request
+	Served bool   // false: refused by the upstream, or not sent; no request
 	Used   Tokens // the usage its answer reported, when Served
 }
 

@@ -367,7 +367,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		// An error answer is classified from its first bytes as they pass, by
 		// the body's end or Close at the latest: before the slot goes.
 		ClassifyAsRead(answer, t.classifier, func(v Verdict) {
-			if toGate {
+			if toGate && !notSent { // no answer: nothing to learn
 				t.gate.Report(x.grant, v)
 			}
 			if toFleet {
@@ -375,7 +375,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			switch {
 			case notSent:
-				t.gate.settle(x.grant, Tokens{}, endedUnserved)
+				t.gate.unsent(x.grant)
 				settled(Settlement{})
 			case err != nil:
 			case v.Kind != Admitted && v.Kind != Other:

@@ -22,6 +22,7 @@ const StatusClientClosedRequest = 499
 //	wraps context.Canceled                499, 0 (the client went away)
 //	wraps ErrBadPriority                  400, 0
 //	*BadRequestError                      its Status (400 by default), 0
+//	wraps ErrNotSent (and none of these)  503, 0
 //	anything else                         500, 0
 func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 	status, retryAfter = httpStatus(err)
@@ -51,6 +52,9 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 	var bad *BadRequestError
 	if errors.As(err, &bad) {
 		return bad.status(), 0
+	}
+	if errors.Is(err, ErrNotSent) { // a base's refusal that says no more
+		return http.StatusServiceUnavailable, 0
 	}
 	return http.StatusInternalServerError, 0
 }

@@ -94,7 +94,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	req = withSentBody(req)
 	if withoutSlot(ctx) {
-		return t.base.RoundTrip(req)
+		resp, err := t.base.RoundTrip(req)
+		if err != nil && errors.Is(err, ErrNotSent) {
+			if resp != nil && resp.Body != nil {
+				resp.Body.Close()
+			}
+			return nil, &admitError{err} // the base's refusal, as with a slot
+		}
+		return resp, err
 	}
 	s, err := t.admitClosing(req)
 	if err != nil {
@@ -195,6 +202,9 @@ type admitError struct{ err error }
 
 func (e *admitError) Error() string { return e.err.Error() }
 func (e *admitError) Unwrap() error { return e.err }
+
+// Is makes a refusal a request not sent, for a Transport above this one.
+func (e *admitError) Is(target error) bool { return target == ErrNotSent }
 
 var errNilResponse = errors.New("slots: RoundTripper returned a nil *Response with a nil error")
 

@@ -292,7 +292,8 @@ func TestProviderKeyBudgetsAndNames(t *testing.T) {
 	assert.Equal(t, "api_key_"+pacing.CapMaxRequestsPerMinute, le.Cap)
 	p.Trace("m").Refused(err)
 	got := rejections(t, p) // a pedantic registry: no two caps share a label
-	assert.Equal(t, 1.0, got["api_keys/wait_timeout"], "waited for a key with budget left, in vain")
+	assert.Equal(t, 1.0, got["api_keys/over_budget"], "refused at once: no key's budget takes it within the wait")
+	assert.Zero(t, got["api_keys/wait_timeout"])
 	assert.Zero(t, got["provider/wait_timeout"])
 	_, ok := p.Snapshot("model:other (unnamed) (unnamed)")
 	assert.True(t, ok, "the unnamed models' cap takes a name no model has")

@@ -121,7 +121,9 @@ type fleetBudgets struct {
 // spending is what a request reserved of the budgets the gateway keeps
 // beside the Gate's: its org's (here or in the fleet's store) and, with a
 // fleet, the provider's and its model's. Its settle and cancel are called
-// once, from one goroutine at a time.
+// from one goroutine at a time; the first ends its reservations, a later
+// one does nothing (budgetStart cancels a request it does not send, which
+// its Trace then settles as not served).
 type spending struct {
 	local   *pacing.Reservation
 	fleet   *fleet.Reservations
