@@ -35,7 +35,9 @@
 //	inflight.slots.long_held        gauge         {slot}    slots held past a sweep's threshold (see ObserveSweep)
 //
 // inflight.result is acquired, bypassed (fail-open, without a slot),
-// limit_reached, queue_full, wait_timeout, canceled, invalid_key or other;
+// limit_reached, queue_full, wait_timeout, canceled, invalid_key,
+// exceeds_limit (heavier than the cap can hold), over_budget (a pacing
+// budget's refusal) or other;
 // the requests and their time in queue also carry inflight.priority
 // (interactive, default, batch) when the caller passed a context, and
 // inflight.flow only with WithFlowAttribute. The counts by result and the
@@ -79,6 +81,7 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
@@ -151,11 +154,14 @@ const (
 	resultWaitTimeout
 	resultCanceled
 	resultInvalidKey
+	resultExceedsLimit
+	resultOverBudget
 	resultOther
 	results
 )
 
-var resultNames = [results]string{"acquired", "bypassed", "limit_reached", "queue_full", "wait_timeout", "canceled", "invalid_key", "other"}
+var resultNames = [results]string{"acquired", "bypassed", "limit_reached", "queue_full", "wait_timeout", "canceled", "invalid_key",
+	"exceeds_limit", "over_budget", "other"}
 
 // resultOf names e's result.
 func resultOf(e slots.Event) int {
@@ -174,6 +180,10 @@ func resultOf(e slots.Event) int {
 		return resultCanceled
 	case errors.Is(e.Err, registry.ErrInvalidKey):
 		return resultInvalidKey
+	case errors.Is(e.Err, slots.ErrExceedsLimit):
+		return resultExceedsLimit
+	case errors.Is(e.Err, pacing.ErrOverBudget):
+		return resultOverBudget
 	}
 	return resultOther
 }

@@ -16,8 +16,13 @@ import (
 // request's trace when ctx carries a recording span; then its slots'
 // release and how long they were held. Attach it beside the program's own
 // with pacing.WithTrace(ctx, c.Trace(ctx)), just before the request is
-// sent: the wait is timed from here.
+// sent: the wait is timed from here. It is nil, and pacing.WithTrace adds
+// nothing, when c records nothing (no SDK installed, and no recording span
+// in ctx): a request then costs nothing more.
 func (c *Cap) Trace(ctx context.Context) *pacing.Trace {
+	if !c.Enabled(ctx) {
+		return nil
+	}
 	start := time.Now()
 	return &pacing.Trace{
 		Admitted: func(a pacing.Admission) {
