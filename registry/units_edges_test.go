@@ -305,3 +305,28 @@ func TestRegistryAcquireAllPassesNoBlocker(t *testing.T) {
 		assert.Equal(t, 0, reg.InFlight("p"))
 	})
 }
+
+// A caller heavier than its key's cap gets no Retry-After in its
+// LimitError (coming back cannot help), on a key with holders whose hold
+// times are known and on a key of its own, single and several at once.
+func TestExceedsLimitNoRetryAfter(t *testing.T) {
+	r := registry.New[string](2)
+	warm, err := r.TryAcquire("busy")
+	require.NoError(t, err)
+	warm.Release() // a hold time known
+	held, err := r.TryAcquire("busy")
+	require.NoError(t, err)
+	defer held.Release()
+	for _, try := range []func() (*slots.Slot, error){
+		func() (*slots.Slot, error) { return r.TryAcquireN("busy", 3) },
+		func() (*slots.Slot, error) { return r.TryAcquireN("fresh", 3) },
+		func() (*slots.Slot, error) { return r.AcquireN(context.Background(), "busy", 3) },
+		func() (*slots.Slot, error) { return r.TryAcquireAllN(3, "busy", "fresh") },
+	} {
+		_, err := try()
+		require.ErrorIs(t, err, slots.ErrExceedsLimit)
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.Zero(t, le.RetryAfter, "%v", err)
+	}
+}

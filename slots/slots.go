@@ -55,8 +55,11 @@ func (e *LimitError) Error() string {
 	if e.Limit == Unlimited {
 		limit = "unlimited"
 	}
-	return fmt.Sprintf("%v (%s%d in flight, limit %s, %d queued; retry after %v)",
-		e.Err, key, e.InFlight, limit, e.Queued, e.RetryAfter)
+	var retry string // none for a refusal that coming back cannot help
+	if e.RetryAfter > 0 {
+		retry = fmt.Sprintf("; retry after %v", e.RetryAfter)
+	}
+	return fmt.Sprintf("%v (%s%d in flight, limit %s, %d queued%s)", e.Err, key, e.InFlight, limit, e.Queued, retry)
 }
 
 func (e *LimitError) Unwrap() error { return e.Err }

@@ -413,13 +413,21 @@ func TestLimiterUnitsInEvents(t *testing.T) {
 }
 
 // A caller heavier than its cap is answered 413 without a Retry-After:
-// coming back cannot help.
+// coming back cannot help. Its LimitError carries none either, for a Go
+// caller that reads it (see also registry's TestExceedsLimitNoRetryAfter).
 func TestExceedsLimitAnswer(t *testing.T) {
 	l := slots.NewLimiter(10)
-	_, err := l.TryAcquireN(11)
+	warm, err := l.TryAcquire()
+	require.NoError(t, err)
+	warm.Release() // a hold time known: a Retry-After could be estimated
+	_, err = l.TryAcquireN(11)
 	require.ErrorIs(t, err, slots.ErrExceedsLimit)
 	status, retry := slots.HTTPStatus(err)
 	assert.Equal(t, 413, status)
 	assert.Zero(t, retry)
 	assert.Equal(t, "the request weighs more than its cap can ever hold (limit 10)", slots.ErrorMessage(err))
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Zero(t, le.RetryAfter)
+	assert.NotContains(t, err.Error(), "retry after")
 }

@@ -79,14 +79,11 @@ func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *
 // RejectLane builds the rejection for reason of a caller of ln, with
 // ln's counts and a Retry-After from when its holders started, spread
 // from those told to the others refused on it: a caller heavier than ln
-// can ever hold (ErrExceedsLimit) is told no return, since coming back
-// cannot help; one that timed out (ErrWaitTimeout) is told to come back
+// can ever hold (ErrExceedsLimit) is told no Retry-After, since coming
+// back cannot help; one that timed out (ErrWaitTimeout) is told to come back
 // before its slot frees, by half its wait (see RejectLaneTurns).
 func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
-	switch reason {
-	case ErrExceedsLimit:
-		return e.Reject(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len())
-	case ErrWaitTimeout:
+	if reason == ErrWaitTimeout {
 		return e.RejectLaneTurns(reason, key, ln, ln.Limit, e.MaxWait)
 	}
 	return e.RejectLaneTurns(reason, key, ln, ln.Limit, 0)
@@ -110,12 +107,16 @@ func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int, 
 }
 
 func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots int, starts []int64, wait time.Duration, told *Told) *Rejection {
+	rej := &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued}
+	if reason == ErrExceedsLimit {
+		return rej // coming back cannot help: no Retry-After, and none booked
+	}
 	lead := wait / 2
 	if slots > 0 {
 		lead = min(lead, time.Duration(e.hold.ewma.Load()/int64(slots)/2))
 	}
-	return &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued,
-		RetryAfter: e.hold.RetryAfter(e.Clock.Coarse(), queued, slots, starts, lead, told)}
+	rej.RetryAfter = e.hold.RetryAfter(e.Clock.Coarse(), queued, slots, starts, lead, told)
+	return rej
 }
 
 // Rejected reports a rejection for reason of a caller that waited wait,

@@ -40,13 +40,15 @@ var admissionFiles = []string{
 // requests among 500,000-token prompts done after 10 s instead of 2m8s);
 // lowered since to 5,796 (the options applied in one place, a learner's
 // start noted by the learner, a lane read by one function, a key's
-// length checked once). The goal is 4,000.
-const maxAdmissionLines = 5796
+// length checked once), and to 5,784 (the Gate's undoing of a start that
+// was never sent moved to its learning and pacing, in learn.go). The goal
+// is 4,000.
+const maxAdmissionLines = 5784
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3994
+const maxAdmissionCode = 3982
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
