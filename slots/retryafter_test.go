@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
@@ -83,4 +84,39 @@ func TestRetryAfterSpreadsReturns(t *testing.T) {
 	assert.GreaterOrEqual(t, first, 0.45, "first retries admitted")
 	assert.LessOrEqual(t, sum.GaveUp, sum.Requests/100, "requests given up")
 	assert.LessOrEqual(t, free, 0.2, "moments a slot sat free while clients waited")
+}
+
+// Callers refused together while every holder is past the mean hold are
+// told to come back one after another as the slots free, not all at the
+// same instant: an overdue holder frees any moment, so the first four are
+// told soon, and the next four a mean hold later, and so on. (They were
+// all told 1 ms: the return booked for now was taken as come back by the
+// very next refusal.)
+func TestRetryAfterSpreadsPastOverdueHolders(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		lim := slots.NewLimiter(4)
+		for range 16 { // a mean hold of 100 ms
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			time.Sleep(100 * time.Millisecond)
+			s.Release()
+		}
+		for range 4 {
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			defer s.Release()
+		}
+		time.Sleep(time.Second) // every holder ten times past the mean
+		var told []time.Duration
+		for range 20 {
+			_, err := lim.TryAcquire()
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			told = append(told, le.RetryAfter)
+		}
+		t.Logf("told: %v", told)
+		assert.IsNonDecreasing(t, told)
+		assert.Less(t, told[3], 100*time.Millisecond, "the first four within a mean hold")
+		assert.GreaterOrEqual(t, told[19], 400*time.Millisecond, "the twentieth after four more rounds of the four slots")
+	})
 }

@@ -162,9 +162,9 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 	k := min(max(queued, 0), bound) // the slots that go before this caller's
 	book := false
 	if told != nil {
-		// Returns already due have come back (or will not).
+		// Returns due before now have come back (or will not).
 		i := 0
-		for i < len(told.dues) && told.dues[i] <= now {
+		for i < len(told.dues) && told.dues[i] < now {
 			i++
 		}
 		told.dues = told.dues[:copy(told.dues, told.dues[i:])]
@@ -183,8 +183,8 @@ func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead
 		}
 		round, j := k/n, k%n
 		at = float64(starts[j]) + float64(mean)*float64(1+round)
-		// A holder past its mean frees any moment: its turn is from now.
-		at = max(at, float64(now)+float64(mean)*float64(round))
+		// Holders past their mean free any moment, spread over the next mean.
+		at = max(at, float64(now)+float64(mean)*(float64(round)+float64(j)/float64(n)))
 	} else {
 		at = float64(now) + float64(mean)/float64(limit)*float64(k+1)
 	}

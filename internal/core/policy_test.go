@@ -118,7 +118,7 @@ func TestRetryAfterBounded(t *testing.T) {
 		e.RetryAfter(0, 0, 2, nil, 0, told)
 	}
 	assert.Equal(t, 8500*time.Millisecond, e.RetryAfter(0, 0, 2, nil, 0, told), "8 rounds of 2 slots of 1 s, and one more turn")
-	assert.Equal(t, 3500*time.Millisecond, e.RetryAfter(int64(5*time.Second), 0, 2, nil, 0, told), "those due by 5 s gone: 6 returns ahead")
+	assert.Equal(t, 4*time.Second, e.RetryAfter(int64(5*time.Second), 0, 2, nil, 0, told), "those due before 5 s gone: 7 returns ahead")
 }
 
 // Holders' starts count only when the lane is full, and of more holders
