@@ -157,13 +157,20 @@ func (g *Gate) Settle(gr Grant, used Tokens) {
 	g.settle(gr, used, endedUsage)
 }
 
+// own returns the record behind gr's Slot (one Grant copied, or its Slot,
+// share it); nil for another Gate's grant, a bypass, or no grant.
+func (g *Gate) own(gr Grant) *grant {
+	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
+		return nil
+	}
+	own, _ := (*core.Handle)(gr.Slot).Hold().Owner.(*grant)
+	return own
+}
+
 // settle corrects gr's charges to used, for a request that ended so
 // (endedUsage...).
 func (g *Gate) settle(gr Grant, used Tokens, ended int) {
-	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
-		return
-	}
-	own, _ := (*core.Handle)(gr.Slot).Hold().Owner.(*grant)
+	own := g.own(gr)
 	if own == nil {
 		return
 	}

@@ -319,10 +319,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 // slots.ErrNotSent), as a grant given back: see unsentLocked. It is no
 // answer either: a later Report counts nothing.
 func (g *Gate) unsent(gr Grant) {
-	if gr.gate != g || gr.Slot == nil || gr.Slot.Bypassed() || gr.InFlight == 0 {
-		return
-	}
-	own, _ := (*core.Handle)(gr.Slot).Hold().Owner.(*grant)
+	own := g.own(gr)
 	if own == nil {
 		return
 	}
