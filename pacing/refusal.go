@@ -103,7 +103,7 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	if reason == slots.ErrWaitTimeout {
 		wait = g.cfg.QueueWait()
 	}
-	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, min(g.provider.Limit, ml.lane.Limit), wait)
+	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, 1, min(g.provider.Limit, ml.lane.Limit), wait)
 	rej.Cap = CapProvider
 	var at int64 // when a binding budget takes it
 	if reason == slots.ErrWaitTimeout {

@@ -132,7 +132,7 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 		h.Class = place.Class
 	}
 	if reason := r.refusalLocked(ctx, e, h.Class, n, place.Flow); reason != nil {
-		rej := r.rejectLocked(reason, key, e)
+		rej := r.rejectLocked(reason, key, e, n)
 		e.shard.dropUnusedLocked(e)
 		return core.Refuse(rej)
 	}
@@ -208,7 +208,7 @@ func (kw *keyWait[K]) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 // lowered below its weight) or that it waited on (see core.Waits).
 func (r *Registry[K]) ended(w *core.Waiter, out core.Outcome, sh *shard[K], key K) core.Ending {
 	if out == core.OutRefused { // counted by the limit change that refused it
-		return core.Ending{Rej: r.rejectKey(slots.ErrExceedsLimit, key)}
+		return core.Ending{Rej: r.rejectKey(slots.ErrExceedsLimit, key, w.Hold.Units())}
 	}
 	sh.mu.Lock()
 	switch {
@@ -225,16 +225,17 @@ func (r *Registry[K]) ended(w *core.Waiter, out core.Outcome, sh *shard[K], key 
 	}
 	sh.st.waitTimeouts++
 	sh.mu.Unlock()
-	return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key)}
+	return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key, w.Hold.Units())}
 }
 
-// rejectKey builds a rejection for key under its shard's lock.
-func (r *Registry[K]) rejectKey(reason error, key K) *core.Rejection {
+// rejectKey builds a rejection for key, of a caller weighing n units, under
+// its shard's lock.
+func (r *Registry[K]) rejectKey(reason error, key K, n int) *core.Rejection {
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.lookup(key, hash); e != nil {
-		return r.rejectLocked(reason, key, e)
+		return r.rejectLocked(reason, key, e, n)
 	}
 	return r.eng.Reject(reason, keyString(key), 0, r.limitLocked(sh, key), 0)
 }

@@ -364,3 +364,36 @@ func TestRegistryHeavyWaiterServedInOrderAsTheLimiter(t *testing.T) {
 		}
 	}
 }
+
+// A weighted caller of a key is told when the units it needs free: a
+// holder's end frees all it holds, whichever path refused it.
+func TestRegistryRetryAfterCountsUnits(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		reg := registry.New[string](100, slots.WithMaxWait(100*time.Millisecond))
+		for range 16 { // a mean hold of a second
+			s, err := reg.TryAcquire("org")
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			s.Release()
+		}
+		big, err := reg.TryAcquireN("org", 60)
+		require.NoError(t, err)
+		defer big.Release()
+		time.Sleep(300 * time.Millisecond)
+		var le *slots.LimitError
+		_, err = reg.TryAcquireN("org", 50)
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, 700*time.Millisecond, le.RetryAfter, "50 units beside a holder of 60: when it ends")
+
+		_, err = reg.TryAcquireAllN(45, "org", "other")
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, 700*time.Millisecond, le.RetryAfter, "several keys: the same, behind the 50 told (95 of 100)")
+
+		_, err = reg.AcquireN(context.Background(), "org", 50)
+		require.ErrorAs(t, err, &le)
+		require.ErrorIs(t, err, slots.ErrWaitTimeout)
+		// At 400 ms, behind 95 units told: 1.6 s less its lead, half a
+		// hundredth of a hold.
+		assert.Equal(t, 1595*time.Millisecond, le.RetryAfter, "a wait timed out: a round later, as 145 units are needed")
+	})
+}

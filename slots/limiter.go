@@ -153,7 +153,7 @@ func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, 
 		}
 	}
 	l.countRefusalLocked(reason)
-	return core.Refuse(l.eng.RejectLane(reason, "", &l.lane))
+	return core.Refuse(l.eng.RejectLane(reason, "", &l.lane, n))
 }
 
 // Ended implements core.Waits: a wait that took nothing.
@@ -166,7 +166,7 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		l.stats.Canceled++
 		return core.Ending{}
 	case out == core.OutRefused: // counted by the SetLimit that refused it
-		return core.Ending{Rej: l.eng.RejectLane(ErrExceedsLimit, "", &l.lane)}
+		return core.Ending{Rej: l.eng.RejectLane(ErrExceedsLimit, "", &l.lane, w.Hold.Units())}
 	case l.eng.FailOpen:
 		l.stats.Bypassed++
 		l.seq++
@@ -175,7 +175,7 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 			slog.Int("limit", l.lane.Limit), slog.Int("queued", l.lane.Waiters.Len())}}
 	}
 	l.stats.WaitTimeouts++
-	return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane)}
+	return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane, w.Hold.Units())}
 }
 
 // refusalLocked returns why a caller at place, weighing n units, that

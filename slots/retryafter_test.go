@@ -120,3 +120,40 @@ func TestRetryAfterSpreadsPastOverdueHolders(t *testing.T) {
 		assert.GreaterOrEqual(t, told[19], 400*time.Millisecond, "the twentieth after four more rounds of the four slots")
 	})
 }
+
+// A weighted caller is told when the units it needs free, not a turn of
+// one unit: a holder's end frees all it holds.
+func TestRetryAfterCountsUnits(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		lim := slots.NewLimiter(100)
+		for range 16 { // a mean hold of a second
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			s.Release()
+		}
+		big, err := lim.TryAcquireN(60)
+		require.NoError(t, err)
+		defer big.Release()
+		_, err = lim.TryAcquireN(50)
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, time.Second, le.RetryAfter, "50 units beside a holder of 60: when it ends, not a hundredth of a hold")
+
+		all, err := lim.TryAcquireN(40)
+		require.NoError(t, err)
+		defer all.Release()
+		time.Sleep(200 * time.Millisecond)
+		var told []time.Duration
+		for range 100 {
+			_, err := lim.TryAcquire()
+			require.ErrorAs(t, err, &le)
+			told = append(told, le.RetryAfter)
+		}
+		t.Logf("told: %v ... %v", told[:3], told[97:])
+		// The caller of 50 told to come back at 1 s goes first.
+		assert.Equal(t, 800*time.Millisecond, told[49], "the 50th one-unit caller: when the holders of 60 and 40 end")
+		assert.Equal(t, 1800*time.Millisecond, told[50], "the 51st: a mean hold later")
+		assert.Equal(t, 1800*time.Millisecond, told[99])
+	})
+}

@@ -73,40 +73,42 @@ func (e *Engine) Full(q *Queue, flow string) bool {
 // (call under the owner's lock) and a Retry-After estimated from them (see
 // HoldTime.RetryAfter). Report it with Rejected once the lock is released.
 func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *Rejection {
-	return e.rejectAt(reason, key, inFlight, limit, queued, limit, nil, 0, nil)
+	return e.rejectAt(reason, key, inFlight, limit, queued, limit, 1, queued+1, nil, 0, nil)
 }
 
-// RejectLane builds the rejection for reason of a caller of ln, with
-// ln's counts and a Retry-After from when its holders started, spread
-// from those told to the others refused on it: a caller heavier than ln
-// can ever hold (ErrExceedsLimit) is told no Retry-After, since coming
-// back cannot help; one that timed out (ErrWaitTimeout) is told to come back
-// before its slot frees, by half its wait (see RejectLaneTurns).
-func (e *Engine) RejectLane(reason error, key string, ln *Lane) *Rejection {
+// RejectLane builds the rejection for reason of a caller of ln weighing n
+// units, with ln's counts and a Retry-After from when its holders started,
+// spread from those told to the others refused on it: a caller heavier
+// than ln can ever hold (ErrExceedsLimit) is told no Retry-After, since
+// coming back cannot help; one that timed out (ErrWaitTimeout) is told to
+// come back before its room frees, by half its wait (see RejectLaneTurns).
+func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int) *Rejection {
 	if reason == ErrWaitTimeout {
-		return e.RejectLaneTurns(reason, key, ln, ln.Limit, e.MaxWait)
+		return e.RejectLaneTurns(reason, key, ln, n, ln.Limit, e.MaxWait)
 	}
-	return e.RejectLaneTurns(reason, key, ln, ln.Limit, 0)
+	return e.RejectLaneTurns(reason, key, ln, n, ln.Limit, 0)
 }
 
 // RejectLaneTurns is RejectLane whose Retry-After counts turns of slots
-// slots, where a tighter cap than ln's limit binds, and tells the caller to
-// come back before its slot frees, by half of wait (at most half a turn):
-// pass the wait it may spend queued on its return (one that timed out in
-// the queue), 0 for one that cannot queue.
-func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, slots int, wait time.Duration) *Rejection {
-	var buf [startsScan]int64
-	var starts []int64
-	if slots == ln.Limit && ln.Holders.Units() >= slots { // full: its holders' ends free the slots
-		starts = ln.Holders.starts(buf[:0])
+// units, where a tighter cap than ln's limit binds (its holders' ends and
+// its free units then left out), and tells the caller to come back before
+// its room frees, by half of wait (at most half a turn): pass the wait it
+// may spend queued on its return (one that timed out in the queue), 0 for
+// one that cannot queue.
+func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots int, wait time.Duration) *Rejection {
+	var buf [endsScan]End
+	var ends []End
+	need := ln.Waiters.Units() + n
+	if slots == ln.Limit {
+		ends, need = ln.Holders.ends(buf[:0]), need-ln.Free()
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)
 	}
-	return e.rejectAt(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len(), slots, starts, wait, ln.Told)
+	return e.rejectAt(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len(), slots, n, need, ends, wait, ln.Told)
 }
 
-func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots int, starts []int64, wait time.Duration, told *Told) *Rejection {
+func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots, n, need int, ends []End, wait time.Duration, told *Told) *Rejection {
 	rej := &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued}
 	if reason == ErrExceedsLimit {
 		return rej // coming back cannot help: no Retry-After, and none booked
@@ -115,16 +117,14 @@ func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slo
 	if slots > 0 {
 		lead = min(lead, time.Duration(e.hold.ewma.Load()/int64(slots)/2))
 	}
-	rej.RetryAfter = e.hold.RetryAfter(e.Clock.Coarse(), queued, slots, starts, lead, told)
+	rej.RetryAfter = e.hold.RetryAfter(e.Clock.Coarse(), n, need, slots, ends, lead, told)
 	return rej
 }
 
 // Rejected reports a rejection for reason of a caller that waited wait,
 // under ctx (nil: a call without a context); call without locks.
 func (e *Engine) Rejected(ctx context.Context, reason error, wait time.Duration) {
-	if e.observes(ctx) {
-		e.Observer(Event{Kind: EventRejected, Err: reason, Wait: wait, Ctx: ctx})
-	}
+	e.Emit(Event{Kind: EventRejected, Err: reason, Wait: wait, Ctx: ctx})
 }
 
 // Released samples h's hold time for Retry-After and reports the release.

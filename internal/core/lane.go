@@ -37,19 +37,19 @@ func (s *HolderSet) Len() int { return s.n }
 // Units returns the units the holders weigh together.
 func (s *HolderSet) Units() int { return s.n + s.x }
 
-// startsScan bounds the holders Starts reads.
-const startsScan = 64
+// endsScan bounds the holders ends reads.
+const endsScan = 64
 
-// starts appends the holders' starts (Hold.At) to buf, unless there are
-// more than startsScan of them: then the order of their ends says little
+// ends appends the holders' starts (Hold.At) and units to buf, unless there
+// are more than endsScan of them: then the order of their ends says little
 // that a mean does not, and it returns buf as it is.
-func (s *HolderSet) starts(buf []int64) []int64 {
-	if s.n == 0 || s.n > startsScan {
+func (s *HolderSet) ends(buf []End) []End {
+	if s.n > endsScan {
 		return buf
 	}
-	buf = append(buf, s.one.h.At)
-	for _, r := range s.more[:s.n-1] {
-		buf = append(buf, r.h.At)
+	for i := range s.n {
+		h := s.rec(i).h
+		buf = append(buf, End{h.At, h.Units()})
 	}
 	return buf
 }

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"math"
@@ -80,9 +81,15 @@ type HoldTime struct {
 }
 
 // Told is the returns told to the callers refused on a lane and not yet
-// due, in order: the callers expected back, who go before a caller refused
-// later. Its owner's lock guards it.
-type Told struct{ dues []int64 }
+// due, in order, with the units each needs: the callers expected back, who
+// go before a caller refused later. Its owner's lock guards it.
+type Told struct{ dues []End }
+
+// An End is a holder's start (Hold.At), or a return told, and its units.
+type End struct {
+	At    int64
+	Units int
+}
 
 // SampleMask picks the releases that feed the estimate (IDs with these bits
 // clear), so that most releases do not read the clock; the first
@@ -122,81 +129,92 @@ func (t *HoldTime) Observe(d int64) {
 // MaxRetryAfter caps the estimate: past an hour it says nothing useful.
 const MaxRetryAfter = time.Hour
 
-// toldRounds bounds the returns a Told keeps to this many rounds of the
-// slots (and maxDues in all): a caller that asks again without waiting
-// books a return each time, and past the bound it is told the bound's
-// time without booking, so that a flood of refusals pushes the others'
-// returns back by at most toldRounds mean holds.
+// toldRounds bounds the units a Told counts to this many rounds of the
+// lane (and maxDues returns in all): a caller that asks again without
+// waiting books a return each time, and past the bound it is told the
+// bound's time without booking, so that a flood of refusals pushes the
+// others' returns back by at most toldRounds mean holds.
 const (
 	toldRounds = 8
 	maxDues    = 1024
 )
 
-// RetryAfter is when a caller refused at now (nanoseconds on the caller's
-// clock, the same for every call) should come back, with queued callers
-// ahead of it and, ahead of them, the callers told (when told is not nil)
-// to come back later than now: when the slot it would get is expected to
-// free, lead earlier (a caller that can queue on its return is then in
-// line when the slot frees; 0 for one that cannot). Each slot frees a mean
-// hold after its holder started, then every mean hold (starts holds the
-// starts of a full lane's holders, in any order, when few; nil: a slot
-// frees every mean hold over limit, from now). Of more holders than limit
-// (a limit lowered under them), the oldest free nothing: only the limit
-// youngest count. The return is booked in told, so that callers refused
-// together come back one by one, as slots free, rather than all at once
-// into a full queue. Rounded up to the millisecond; one second when limit
-// is not positive; at most MaxRetryAfter. Call under the lock that guards
-// told.
-func (t *HoldTime) RetryAfter(now int64, queued, limit int, starts []int64, lead time.Duration, told *Told) time.Duration {
+// RetryAfter is when a caller of n units refused at now (nanoseconds on the
+// caller's clock, the same for every call) should come back, with need
+// units to free before it fits (its own, those queued before it, less those
+// free) and, before them, those of the callers told (when told is not nil)
+// to come back later than now: when that much is expected to have freed,
+// lead earlier (a caller that can queue on its return is then in line as
+// its room frees; 0 for one that cannot). Each holder frees its units a
+// mean hold after it started, then every mean hold with the rest of the
+// lane's limit (ends holds the holders' starts and units, in any order,
+// when few; nil: limit units free every mean hold, evenly, from now). The
+// return is booked in told, so that callers refused together come back one
+// by one as room frees, rather than all at once into a full queue. Rounded
+// up to the millisecond; one second when limit is not positive; at most
+// MaxRetryAfter. Call under the lock that guards told.
+func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead time.Duration, told *Told) time.Duration {
 	if limit <= 0 {
 		return time.Second
 	}
-	mean := t.ewma.Load()
+	mean := float64(t.ewma.Load())
 	if mean <= 0 {
-		mean = int64(time.Second)
+		mean = float64(time.Second)
 	}
-	bound := maxDues
-	if limit < maxDues/toldRounds {
-		bound = toldRounds * limit
-	}
-	k := min(max(queued, 0), bound) // the slots that go before this caller's
+	bound := float64(toldRounds) * float64(limit) // floats: no overflow
+	u := float64(need)
 	book := false
 	if told != nil {
 		// Returns due before now have come back (or will not).
-		i := 0
-		for i < len(told.dues) && told.dues[i] < now {
-			i++
-		}
+		i, _ := slices.BinarySearchFunc(told.dues, now, byAt)
 		told.dues = told.dues[:copy(told.dues, told.dues[i:])]
 		if len(told.dues) == 0 && cap(told.dues) > 64 {
 			told.dues = nil // a flood's list is given back once it is over
 		}
-		k += len(told.dues)
-		book = len(told.dues) < bound
-	}
-	k = min(k, bound)
-	var at float64 // float: no overflow
-	if n := len(starts); n > 0 {
-		slices.Sort(starts)
-		if n > limit {
-			starts, n = starts[n-limit:], limit
+		for _, d := range told.dues {
+			u += float64(d.Units)
 		}
-		round, j := k/n, k%n
-		at = float64(starts[j]) + float64(mean)*float64(1+round)
+		book = len(told.dues) < maxDues && u-float64(n) < bound
+	}
+	u = min(u, bound+float64(max(n, 1)))
+	var at float64
+	if u > 0 && len(ends) > 0 {
+		slices.SortFunc(ends, func(a, b End) int { return byAt(a, b.At) })
+		held := 0.0
+		for _, h := range ends {
+			held += float64(h.Units)
+		}
+		// Past the holders' units, every round of a mean hold frees the
+		// limit, at the holders' ends' times.
+		r := 0.0
+		if u > held {
+			r = math.Ceil((u - held) / float64(limit))
+			u = math.Ceil((u - held - (r-1)*float64(limit)) * held / float64(limit))
+		}
+		j, over := 0, 0.0
+		for ; j < len(ends)-1 && float64(ends[j].Units) < u; j++ {
+			u -= float64(ends[j].Units)
+			if float64(ends[j].At)+mean <= float64(now) {
+				over += float64(ends[j].Units)
+			}
+		}
+		at = float64(ends[j].At) + mean*(1+r)
 		// Holders past their mean free any moment, spread over the next mean.
-		at = max(at, float64(now)+float64(mean)*(float64(round)+float64(j)/float64(n)))
-	} else {
-		at = float64(now) + float64(mean)/float64(limit)*float64(k+1)
+		at = max(at, float64(now)+mean*(r+over/held))
+	} else { // or it fits the free units (refused for the queue): a unit's turn
+		at = float64(now) + mean/float64(limit)*max(u, 1)
 	}
 	if book {
-		due := int64(min(at, float64(now)+float64(MaxRetryAfter)))
-		j, _ := slices.BinarySearch(told.dues, due)
+		due := End{int64(min(at, float64(now)+float64(MaxRetryAfter))), max(n, 1)}
+		j, _ := slices.BinarySearchFunc(told.dues, due.At, byAt)
 		told.dues = slices.Insert(told.dues, j, due)
 	}
 	// The lead comes off before the bound: a long wait told less its lead
 	// stays long.
 	return roundMs(at - float64(max(lead, 0)) - float64(now))
 }
+
+func byAt(d End, at int64) int { return cmp.Compare(d.At, at) }
 
 // roundMs is d nanoseconds rounded up to the millisecond, within 1 ms
 // and MaxRetryAfter: a client that honours it does not come back early.

@@ -56,8 +56,10 @@ func Rank(c uint8) uint8 { return rank[c] }
 // The zero value is empty. Use it under its owner's lock.
 type Queue struct {
 	n int
-	// heavy counts the waiters weighing more than one unit, per class.
+	// heavy counts the waiters weighing more than one unit, per class, and
+	// extra the units they weigh beyond one each.
 	heavy [NumClasses]int32
+	extra int
 	mixed bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
 	def   flow // the default class's default flow
 	x     *sched
@@ -101,6 +103,9 @@ const (
 
 // Len returns the number of waiters.
 func (q *Queue) Len() int { return q.n }
+
+// Units returns the units the waiters weigh together.
+func (q *Queue) Units() int { return q.n + q.extra }
 
 // Heavy returns the number of waiters weighing more than one unit.
 func (q *Queue) Heavy() int { return int(q.heavy[0] + q.heavy[1] + q.heavy[2]) }
@@ -148,6 +153,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	q.n++
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]++
+		q.extra += int(w.Hold.Extra)
 	}
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
@@ -228,6 +234,7 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	q.n--
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]--
+		q.extra -= int(w.Hold.Extra)
 	}
 	if !q.mixed {
 		return true

@@ -93,7 +93,7 @@ func (h *keyHolds) retryAfter(name string, queued, limit int, lead time.Duration
 		return 0, false
 	}
 	lead = min(lead, kh.hold.Mean()/time.Duration(limit)/2)
-	return kh.hold.RetryAfter(time.Now().UnixNano(), queued, limit, nil, lead, &kh.told), true
+	return kh.hold.RetryAfter(time.Now().UnixNano(), 1, queued+1, limit, nil, lead, &kh.told), true
 }
 
 // refusalRetryAfter is the Retry-After of a caller refused on the key named
