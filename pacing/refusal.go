@@ -113,6 +113,9 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	if at > now {
 		ra = max(ra, retryAt(at, now))
 	}
+	// Its tokens: when those it needs are expected to free.
+	n := t.Total()
+	ra = max(ra, g.tok.retryAfterLocked(g, &g.provider, nil, n, wait, now), ml.tok.retryAfterLocked(g, &ml.lane, ml, n, wait, now))
 	next := int64(0)
 	if g.started {
 		next = g.next

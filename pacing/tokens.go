@@ -6,6 +6,7 @@ package pacing
 import (
 	"context"
 	"math"
+	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/slots"
@@ -21,6 +22,41 @@ const (
 type tokens struct {
 	held  int
 	limit int // 0: no cap
+	// told is the returns told to the requests refused while the cap
+	// was set (retryAfterLocked).
+	told core.Told
+}
+
+// retryAfterLocked is when a request of n tokens refused at now is
+// expected to fit the cap t, whose holders are ln's: as a weighted
+// caller's on a lane (core.HoldTime.RetryAfter), from when its holders
+// started and the tokens each holds, behind the tokens of the requests
+// queued for it (of ml, or any model: nil) and of the returns told to the
+// others refused on it, half of wait earlier. 0 without a cap.
+func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, ml *modelLane, n int, wait time.Duration, now int64) time.Duration {
+	if t.limit == 0 {
+		return 0
+	}
+	var buf [64]core.End
+	var ends []core.End
+	if ln.Holders.Len() <= len(buf) { // else the order of their ends says little
+		ends = buf[:0]
+		for i := range ln.Holders.Len() {
+			h := ln.Holders.At(i)
+			ends = append(ends, core.End{At: h.At, Units: int(h.Owner.(*grant).units)})
+		}
+	}
+	need := n - (t.limit - t.held)
+	for _, c := range core.Order {
+		for el := range g.provider.Waiters.Class(c) {
+			if gr := el.Value.Hold.Owner.(*grant); ml == nil || gr.model == ml {
+				need += int(gr.units)
+			}
+		}
+	}
+	hold := g.eng.HoldTime()
+	lead := min(wait/2, time.Duration(float64(hold.Mean())*float64(n)/float64(t.limit)/2))
+	return hold.RetryAfter(now, n, need, t.limit, ends, lead, &t.told)
 }
 
 // fits reports whether n more tokens fit under the cap.

@@ -121,6 +121,10 @@ func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slo
 	return rej
 }
 
+// HoldTime returns the estimate of how long holders keep their capacity,
+// for a Retry-After on a cap of the owner's own (see HoldTime.RetryAfter).
+func (e *Engine) HoldTime() *HoldTime { return &e.hold }
+
 // Rejected reports a rejection for reason of a caller that waited wait,
 // under ctx (nil: a call without a context); call without locks.
 func (e *Engine) Rejected(ctx context.Context, reason error, wait time.Duration) {

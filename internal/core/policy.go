@@ -157,10 +157,7 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 	if limit <= 0 {
 		return time.Second
 	}
-	mean := float64(t.ewma.Load())
-	if mean <= 0 {
-		mean = float64(time.Second)
-	}
+	mean := float64(cmp.Or(t.ewma.Load(), int64(time.Second))) // never negative
 	bound := float64(toldRounds) * float64(limit) // floats: no overflow
 	u := float64(need)
 	book := false

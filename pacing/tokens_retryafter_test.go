@@ -1,0 +1,67 @@
+package pacing_test
+
+import (
+	"context"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A Gate capped on tokens in flight alone tells a refused request when the
+// tokens it needs are expected to free (its holders' ends, the tokens
+// queued before it and told to come back), not a turn of its unlimited
+// count of requests: it was told 1 ms.
+func TestTokensRetryAfter(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  pacing.Config
+	}{
+		{"provider", pacing.Config{MaxInflightTokens: 1000, MaxQueue: 1, MaxQueueWaitMS: 60_000}},
+		{"model", pacing.Config{MaxQueue: 1, MaxQueueWaitMS: 60_000, Models: map[string]pacing.ModelConfig{"m": {MaxInflightTokens: 1000}}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				g := newGate(t, tc.cfg)
+				defer g.Close()
+				ctx := context.Background()
+				for range 16 { // a mean hold of a second
+					gr, err := g.AcquireN(ctx, "m", 1)
+					require.NoError(t, err)
+					time.Sleep(time.Second)
+					gr.Slot.Release()
+				}
+				big, err := g.AcquireN(ctx, "m", 800)
+				require.NoError(t, err)
+				time.Sleep(200 * time.Millisecond)
+				queued := acquireNAsync(ctx, g, "m", 300) // 200 free: it waits
+				synctest.Wait()
+
+				var told []time.Duration
+				for range 3 {
+					_, err = g.AcquireN(ctx, "m", 250) // the queue of one is full
+					var le *slots.LimitError
+					require.ErrorAs(t, err, &le)
+					require.ErrorIs(t, err, slots.ErrQueueFull)
+					told = append(told, le.RetryAfter)
+				}
+				t.Logf("told: %v", told)
+				assert.Equal(t, 800*time.Millisecond, told[0], "350 tokens short (50 of its own, 300 queued): when the holder of 800 ends")
+				assert.Equal(t, 800*time.Millisecond, told[1], "600 short, with the 250 told before it")
+				assert.Equal(t, 1800*time.Millisecond, told[2], "850 short: a mean hold later")
+
+				big.Slot.Release()
+				synctest.Wait()
+				q := <-queued
+				require.NoError(t, q.err)
+				q.g.Slot.Release()
+			})
+		})
+	}
+}
