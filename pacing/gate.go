@@ -203,7 +203,7 @@ func (g *Gate) Acquire(ctx context.Context, model string) (Grant, error) {
 
 // acquire is AcquireTokens with t checked.
 func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, error) {
-	if err := g.eng.CheckContext(ctx); err != nil {
+	if err := g.eng.Check(ctx, 1, true); err != nil {
 		return Grant{}, err
 	}
 	n := t.Total()

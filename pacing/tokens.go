@@ -82,7 +82,7 @@ func (t tokens) fits(n int) bool { return t.limit == 0 || n <= t.limit-t.held }
 // while it waits when Reconfigure lowers the cap below it. n outside
 // 1..slots.MaxUnits fails with slots.ErrBadUnits.
 func (g *Gate) AcquireN(ctx context.Context, model string, n int) (Grant, error) {
-	if err := g.eng.CheckUnits(ctx, n); err != nil {
+	if err := g.eng.Check(ctx, n, false); err != nil {
 		return Grant{}, err
 	}
 	return g.acquire(ctx, model, Tokens{Input: n})

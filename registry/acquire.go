@@ -27,7 +27,7 @@ func (r *Registry[K]) Acquire(ctx context.Context, key K) (*slots.Slot, error) {
 
 // TryAcquireN is TryAcquire for a Slot that weighs n units (see AcquireN).
 func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
-	if err := r.eng.CheckUnits(nil, n); err != nil {
+	if err := r.eng.Check(nil, n, false); err != nil {
 		return nil, err
 	}
 	return r.acquireOne(nil, key, n)
@@ -42,10 +42,7 @@ func (r *Registry[K]) TryAcquireN(key K, n int) (*slots.Slot, error) {
 // can never hold n: at once, or while it waits once the limit is lowered
 // below n (a limit of 0 is a pause and refuses nobody).
 func (r *Registry[K]) AcquireN(ctx context.Context, key K, n int) (*slots.Slot, error) {
-	if err := r.eng.CheckUnits(ctx, n); err != nil {
-		return nil, err
-	}
-	if err := r.eng.CheckContext(ctx); err != nil {
+	if err := r.eng.Check(ctx, n, true); err != nil {
 		return nil, err
 	}
 	return r.acquireOne(ctx, key, n)
@@ -90,7 +87,9 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 		}
 	}
 	d := core.Cancel()
-	if !core.Ended(ctx) {
+	if core.Ended(ctx) {
+		sh.st.canceled++
+	} else {
 		if e == nil {
 			// Dropped again if the caller neither holds nor waits.
 			e = sh.addLocked(r, key, hash, r.limitLocked(sh, key))

@@ -166,7 +166,7 @@ func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, e
 // TryAcquireAllN is TryAcquireAll for a Slot that weighs n units of every
 // key (see AcquireAllN).
 func (r *Registry[K]) TryAcquireAllN(n int, keys ...K) (*slots.Slot, error) {
-	if err := r.eng.CheckUnits(nil, n); err != nil {
+	if err := r.eng.Check(nil, n, false); err != nil {
 		return nil, err
 	}
 	return r.acquireAll(nil, keys, n)
@@ -177,10 +177,7 @@ func (r *Registry[K]) TryAcquireAllN(n int, keys ...K) (*slots.Slot, error) {
 // provider's caps), all freed by its Release. It fails as AcquireN does,
 // the error naming the key that refused.
 func (r *Registry[K]) AcquireAllN(ctx context.Context, n int, keys ...K) (*slots.Slot, error) {
-	if err := r.eng.CheckUnits(ctx, n); err != nil {
-		return nil, err
-	}
-	if err := r.eng.CheckContext(ctx); err != nil {
+	if err := r.eng.Check(ctx, n, true); err != nil {
 		return nil, err
 	}
 	return r.acquireAll(ctx, keys, n)
@@ -237,6 +234,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	set, serve := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
 	defer r.unlockShards(set)
 	if core.Ended(ctx) {
+		shs[0].st.canceled++
 		return core.Cancel()
 	}
 	// Entries made here are dropped again if the caller neither holds nor

@@ -35,7 +35,7 @@ type Stats struct {
 	QueueFull      uint64 // rejections by WithMaxQueue
 	ExceedsLimit   uint64 // rejections: heavier than the limit can hold
 	WaitTimeouts   uint64 // fail-closed rejections by WithMaxWait
-	Canceled       uint64 // waits ended by the context
+	Canceled       uint64 // callers whose context ended before a grant (one given back as it came counts as Acquired and Released)
 	DoubleReleases uint64 // Release calls on a slot already released
 	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)
 }
@@ -67,7 +67,7 @@ func (l *Limiter) TryAcquire() (*Slot, error) { return l.acquire(nil, 1) }
 
 // TryAcquireN is TryAcquire for n units (see AcquireN).
 func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
-	if err := l.engine().CheckUnits(nil, n); err != nil {
+	if err := l.engine().Check(nil, n, false); err != nil {
 		return nil, err
 	}
 	return l.acquire(nil, n)
@@ -77,7 +77,7 @@ func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
 // ErrQueueFull, ErrWaitTimeout or the context's error (even if a slot is
 // free); WithFailOpen bypasses instead.
 func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
-	if err := l.engine().CheckContext(ctx); err != nil {
+	if err := l.engine().Check(ctx, 1, true); err != nil {
 		return nil, err
 	}
 	return l.acquire(ctx, 1)
@@ -87,10 +87,7 @@ func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
 // bound (package doc). It fails with ErrBadUnits, or ErrExceedsLimit when
 // the limit, less other classes' guarantees, can never hold n (0: a pause).
 func (l *Limiter) AcquireN(ctx context.Context, n int) (*Slot, error) {
-	if err := l.engine().CheckUnits(ctx, n); err != nil {
-		return nil, err
-	}
-	if err := l.engine().CheckContext(ctx); err != nil {
+	if err := l.engine().Check(ctx, n, true); err != nil {
 		return nil, err
 	}
 	return l.acquire(ctx, n)
@@ -114,6 +111,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	switch {
 	case core.Ended(ctx): // under the lock, with the admission (see core.Ended)
 		d = core.Cancel()
+		l.stats.Canceled++
 	case l.lane.Admits(h.Class, n):
 		l.admitLocked(h)
 	default:

@@ -71,7 +71,8 @@ type Waits interface {
 	// w's leaving unblocks.
 	Withdraw(w *Waiter) bool
 	// Ended counts a wait that took nothing (out is OutCanceled,
-	// OutRefused or OutExpired) and says how to answer it.
+	// OutRefused or OutExpired) and says how to answer it; not called for
+	// a grant given back (Hold.GivenBack), which its release counted.
 	Ended(w *Waiter, out Outcome) Ending
 }
 
@@ -110,24 +111,19 @@ func (e *Engine) Begin(owner Owner, n, skip int) (x *Handle, h *Hold, t *Tracked
 	return x, h, t
 }
 
-// CheckContext returns ErrNilContext, reported as a rejection, for a nil
-// ctx; else nil.
-func (e *Engine) CheckContext(ctx context.Context) error {
-	if ctx == nil {
+// Check returns the error, reported as a rejection under ctx, for a weight
+// n outside 1..MaxUnits (see CheckUnits), or else for a nil ctx of a call
+// that waits (ErrNilContext); or nil.
+func (e *Engine) Check(ctx context.Context, n int, waits bool) error {
+	if err := CheckUnits(n); err != nil {
+		e.Rejected(ctx, ErrBadUnits, 0)
+		return err
+	}
+	if waits && ctx == nil {
 		e.Rejected(nil, ErrNilContext, 0)
 		return ErrNilContext
 	}
 	return nil
-}
-
-// CheckUnits returns the error for a weight n outside 1..MaxUnits (see
-// CheckUnits), reporting the rejection under ctx, or nil.
-func (e *Engine) CheckUnits(ctx context.Context, n int) error {
-	err := CheckUnits(n)
-	if err != nil {
-		e.Rejected(ctx, ErrBadUnits, 0)
-	}
-	return err
 }
 
 // Finish ends the admission of x (with t, its tracked hold, or nil) as the
@@ -166,7 +162,9 @@ func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 		if out == OutGranted {
 			return e.acquired(ctx, x, t, time.Duration(w.Hold.At-w.Start)), nil
 		}
-		end = w.ends.Ended(w, out)
+		if !w.Hold.GivenBack { // else its owner counted a grant and its release
+			end = w.ends.Ended(w, out)
+		}
 		waited = time.Duration(e.Clock.Nanos() - w.Start)
 		if out == OutExpired && end.Rej == nil && end.Err == nil && end.Bypass != "" {
 			e.bypass(ctx, w, end.Bypass, end.Attrs...)

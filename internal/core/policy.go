@@ -158,7 +158,7 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 		return time.Second
 	}
 	mean := float64(cmp.Or(t.ewma.Load(), int64(time.Second))) // never negative
-	bound := float64(toldRounds) * float64(limit) // floats: no overflow
+	bound := float64(toldRounds) * float64(limit)              // floats: no overflow
 	u := float64(need)
 	book := false
 	if told != nil {

@@ -44,14 +44,16 @@ var admissionFiles = []string{
 // was never sent moved to its learning and pacing, in learn.go); then 27
 // for a Retry-After counted in units (a waiter's units counted by its
 // queue, a holder's by its end, the returns told with theirs), and 1 for
-// the hold time read by the Gate's token caps, to 5,812.
+// the hold time read by the Gate's token caps, to 5,812; lowered since
+// to 5,805 (a weight and a context checked by one call) with Stats that
+// count each caller once.
 // The goal is 4,000.
-const maxAdmissionLines = 5812
+const maxAdmissionLines = 5805
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
-// 4,000 of these (3,982 before the Retry-After counted in units).
-const maxAdmissionCode = 3997
+// 4,000 of these.
+const maxAdmissionCode = 3991
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),

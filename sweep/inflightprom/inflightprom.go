@@ -18,11 +18,19 @@
 //	inflight_limit                 gauge     the limit (one-pool caps; +Inf when unlimited)
 //	inflight_acquired_total        counter   admissions that took capacity
 //	inflight_rejected_total        counter   rejections, by reason: limit_reached, queue_full,
-//	                                         wait_timeout, canceled, invalid_key (a Provider's
-//	                                         caps: RejectReasons)
+//	                                         exceeds_limit, wait_timeout, canceled, invalid_key
+//	                                         (a Provider's caps: RejectReasons)
 //	inflight_bypassed_total        counter   fail-open admissions without a slot
 //	inflight_released_total        counter   capacity given back
 //	inflight_double_releases_total counter   Release calls on a slot already released
+//	inflight_leaked_total          counter   slots dropped while held, and reclaimed
+//
+// Each caller counts once among acquired and rejected. A grant whose
+// caller's context ends as it comes is given back at once: it counts as
+// acquired and released (the capacity was taken and freed), not as
+// canceled, so that the counters never go back; the OpenTelemetry adapter,
+// which counts what callers were told, counts it as canceled.
+//
 //	inflight_wait_seconds          histogram how long admitted callers queued (0 for most)
 //	inflight_hold_seconds          histogram how long slots were held
 //
@@ -109,6 +117,7 @@ type Snapshot struct {
 // Counts are a source's totals.
 type Counts struct {
 	Acquired, Bypassed, Released, DoubleReleases uint64
+	Leaked                                       uint64            // slots dropped while held and reclaimed
 	Rejected                                     map[string]uint64 // by reason
 }
 
@@ -121,6 +130,7 @@ type Collector struct {
 	inFlight, waiting, keys, limit *prometheus.Desc
 	acquired, rejected, bypassed   *prometheus.Desc
 	released, doubleReleases       *prometheus.Desc
+	leaked                         *prometheus.Desc
 	waitSeconds, holdSeconds       prometheus.Histogram
 }
 
@@ -148,6 +158,7 @@ func New(capName string) *Collector {
 		bypassed:       desc("bypassed_total", "Fail-open admissions without a slot."),
 		released:       desc("released_total", "Capacity given back."),
 		doubleReleases: desc("double_releases_total", "Release calls on a slot already released."),
+		leaked:         desc("leaked_total", "Slots dropped while held, and reclaimed (leak detection on)."),
 		waitSeconds: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:        "inflight_wait_seconds",
 			Help:        "How long admitted callers queued for their slot.",
@@ -175,8 +186,9 @@ func WatchLimiter(c *Collector, l *slots.Limiter) {
 			InFlight: st.InFlight, Waiting: st.Waiting, Keys: -1, Limit: st.Limit,
 			Counts: &Counts{
 				Acquired: st.Acquired, Bypassed: st.Bypassed, Released: st.Released, DoubleReleases: st.DoubleReleases,
+				Leaked: st.Leaked,
 				Rejected: map[string]uint64{
-					"limit_reached": st.LimitReached, "queue_full": st.QueueFull,
+					"limit_reached": st.LimitReached, "queue_full": st.QueueFull, "exceeds_limit": st.ExceedsLimit,
 					"wait_timeout": st.WaitTimeouts, "canceled": st.Canceled,
 				},
 			},
@@ -193,8 +205,9 @@ func WatchRegistry[K comparable](c *Collector, r *registry.Registry[K]) {
 			InFlight: st.InFlight, Waiting: st.Waiting, Keys: st.Keys, Limit: -1,
 			Counts: &Counts{
 				Acquired: st.Acquired, Bypassed: st.Bypassed, Released: st.Released, DoubleReleases: st.DoubleReleases,
+				Leaked: st.Leaked,
 				Rejected: map[string]uint64{
-					"limit_reached": st.LimitReached, "queue_full": st.QueueFull,
+					"limit_reached": st.LimitReached, "queue_full": st.QueueFull, "exceeds_limit": st.ExceedsLimit,
 					"wait_timeout": st.WaitTimeouts, "canceled": st.Canceled, "invalid_key": st.InvalidKeys,
 				},
 			},
@@ -228,7 +241,7 @@ func (c *Collector) ObserveHold(d time.Duration) {
 
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.inFlight, c.waiting, c.keys, c.limit, c.acquired, c.rejected, c.bypassed, c.released, c.doubleReleases} {
+	for _, d := range []*prometheus.Desc{c.inFlight, c.waiting, c.keys, c.limit, c.acquired, c.rejected, c.bypassed, c.released, c.doubleReleases, c.leaked} {
 		ch <- d
 	}
 	c.waitSeconds.Describe(ch)
@@ -272,5 +285,6 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.bypassed, n.Bypassed)
 		counter(c.released, n.Released)
 		counter(c.doubleReleases, n.DoubleReleases)
+		counter(c.leaked, n.Leaked)
 	}
 }

@@ -1,6 +1,8 @@
 package inflightprom_test
 
 import (
+	"log/slog"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -28,6 +30,8 @@ func TestRegistryMetrics(t *testing.T) {
 	require.Error(t, err)
 	b, err := reg.TryAcquire("org-b")
 	require.NoError(t, err)
+	_, err = reg.TryAcquireN("org-c", 2)
+	require.ErrorIs(t, err, slots.ErrExceedsLimit)
 	mock.Add(3 * time.Second)
 	b.Release()
 	b.Release()
@@ -48,6 +52,7 @@ inflight_keys{cap="tenant"} 1
 # HELP inflight_rejected_total Rejections, by reason.
 # TYPE inflight_rejected_total counter
 inflight_rejected_total{cap="tenant",reason="canceled"} 0
+inflight_rejected_total{cap="tenant",reason="exceeds_limit"} 1
 inflight_rejected_total{cap="tenant",reason="invalid_key"} 0
 inflight_rejected_total{cap="tenant",reason="limit_reached"} 1
 inflight_rejected_total{cap="tenant",reason="queue_full"} 0
@@ -91,12 +96,29 @@ inflight_hold_seconds_count{cap="tenant"} 1
 func TestLimiterMetrics(t *testing.T) {
 	c := inflightprom.New("upstream")
 	assert.Equal(t, 0, testutil.CollectAndCount(c), "before Watch and before any observation: nothing")
-	lim := slots.NewLimiter(8, slots.WithObserver(c))
+	lim := slots.NewLimiter(8, slots.WithObserver(c), slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.DiscardHandler)))
 	inflightprom.WatchLimiter(c, lim)
 	s, _ := lim.TryAcquire()
 	assert.Equal(t, 8.0, testutil.ToFloat64(collectorFor(c, "inflight_limit")))
 	assert.Equal(t, 1.0, testutil.ToFloat64(collectorFor(c, "inflight_in_flight")))
 	s.Release()
+	_, err := lim.TryAcquireN(9)
+	require.ErrorIs(t, err, slots.ErrExceedsLimit)
+	func() { _, _ = lim.TryAcquire() }() // dropped while held
+	for i := 0; lim.Stats().Leaked == 0 && i < 1000; i++ {
+		runtime.GC()
+		runtime.Gosched()
+	}
+	assert.Equal(t, 1.0, testutil.ToFloat64(collectorFor(c, "inflight_leaked_total")), "a slot dropped while held")
+	assert.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(`
+# HELP inflight_rejected_total Rejections, by reason.
+# TYPE inflight_rejected_total counter
+inflight_rejected_total{cap="upstream",reason="canceled"} 0
+inflight_rejected_total{cap="upstream",reason="exceeds_limit"} 1
+inflight_rejected_total{cap="upstream",reason="limit_reached"} 0
+inflight_rejected_total{cap="upstream",reason="queue_full"} 0
+inflight_rejected_total{cap="upstream",reason="wait_timeout"} 0
+`), "inflight_rejected_total"))
 	assert.Zero(t, testutil.CollectAndCount(c, "inflight_keys"), "a limiter has no keys gauge")
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
