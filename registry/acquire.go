@@ -136,7 +136,7 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 		return core.Refuse(rej)
 	}
 	h.Owner = e
-	w := core.NewWaiter(h, r.eng.MaxWait)
+	w := r.eng.Waiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
 	e.lane.Waiters.Push(&w.Elem)

@@ -258,7 +258,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 		}
 		return core.Refuse(rej)
 	}
-	w := core.NewWaiter(h, r.eng.MaxWait)
+	w := r.eng.Waiter(h)
 	w.Seq = r.waitSeq.Add(1)
 	w.Place(place)
 	m.waitKey = keys[full]

@@ -135,7 +135,7 @@ func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, 
 		// Beside a heavy waiter a newcomer queues even where it might be
 		// served (a higher class, or with shares, Lane.Admits): serve the
 		// queue, in order, before a bound on it turns the newcomer away.
-		w := core.NewWaiter(h, l.eng.MaxWait)
+		w := l.eng.Waiter(h)
 		w.Place(place)
 		l.lane.Waiters.Push(&w.Elem)
 		if l.lane.Waiters.Heavy() > 0 {

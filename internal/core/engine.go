@@ -121,6 +121,15 @@ func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slo
 	return rej
 }
 
+// Waiter is NewWaiter for h under the Policy's MaxWait, come now by an
+// exact reading (h.At may be coarse): its wait is timed on exact readings,
+// so that it is told (Event.Wait) within the caller's own span of time.
+func (e *Engine) Waiter(h *Hold) *Waiter {
+	w := NewWaiter(h, e.MaxWait)
+	w.Start = e.Clock.Nanos()
+	return w
+}
+
 // HoldTime returns the estimate of how long holders keep their capacity,
 // for a Retry-After on a cap of the owner's own (see HoldTime.RetryAfter).
 func (e *Engine) HoldTime() *HoldTime { return &e.hold }

@@ -158,9 +158,10 @@ func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 		}
 		out := Await(ctx, w, expire, w.ends.Withdraw)
 		stop()
-		// w.Start, not w.Hold.At: a grant overwrites that.
+		// w.Start, not w.Hold.At: a grant overwrites that. Timed now,
+		// not at the grant, whose reading may be coarse.
 		if out == OutGranted {
-			return e.acquired(ctx, x, t, time.Duration(w.Hold.At-w.Start)), nil
+			return e.acquired(ctx, x, t, time.Duration(e.Clock.Nanos()-w.Start)), nil
 		}
 		if !w.Hold.GivenBack { // else its owner counted a grant and its release
 			end = w.ends.Ended(w, out)

@@ -46,14 +46,15 @@ var admissionFiles = []string{
 // queue, a holder's by its end, the returns told with theirs), and 1 for
 // the hold time read by the Gate's token caps, to 5,812; lowered since
 // to 5,805 (a weight and a context checked by one call) with Stats that
-// count each caller once.
+// count each caller once; then 10 for waits timed on exact readings
+// (Engine.Waiter), to 5,815.
 // The goal is 4,000.
-const maxAdmissionLines = 5805
+const maxAdmissionLines = 5815
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3991
+const maxAdmissionCode = 3996
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),

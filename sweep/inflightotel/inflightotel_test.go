@@ -296,3 +296,52 @@ func TestNoAllocationWithoutSpanOrSDK(t *testing.T) {
 	}
 	assert.Equal(t, run(bare), run(observed))
 }
+
+// A wait's span starts within its request's span, granted or timed out,
+// on a Limiter and a Registry: their waits are timed on exact readings (a
+// coarse start, up to a tick early, put most of them before their parent).
+func TestWaitSpansStartWithinTheirRequest(t *testing.T) {
+	sr, tp := tracing(t)
+	c, err := inflightotel.New("tenant")
+	require.NoError(t, err)
+	lim := slots.NewLimiter(1, slots.WithObserver(c), slots.WithMaxWait(time.Millisecond))
+	reg := registry.New[string](1, slots.WithObserver(c), slots.WithMaxWait(time.Millisecond))
+	for _, acquire := range []func(context.Context) (*slots.Slot, error){
+		lim.Acquire,
+		func(ctx context.Context) (*slots.Slot, error) { return reg.Acquire(ctx, "org") },
+	} {
+		for range 20 {
+			held, err := acquire(context.Background())
+			require.NoError(t, err)
+			ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
+			_, err = acquire(ctx) // waits a millisecond, and is turned away
+			require.ErrorIs(t, err, slots.ErrWaitTimeout)
+
+			got := make(chan error, 1)
+			go func() {
+				s, err := acquire(ctx)
+				if err == nil {
+					s.Release()
+				}
+				got <- err
+			}()
+			held.Release()
+			require.NoError(t, <-got)
+			parent.End()
+		}
+	}
+	byParent := map[trace.SpanID]sdktrace.ReadOnlySpan{}
+	for _, sp := range sr.Ended() {
+		if sp.Name() == "request" {
+			byParent[sp.SpanContext().SpanID()] = sp
+		}
+	}
+	early := 0
+	for _, sp := range sr.Ended() {
+		if p, ok := byParent[sp.Parent().SpanID()]; ok && sp.StartTime().Before(p.StartTime()) {
+			early++
+			t.Logf("%s (%s) started %v before its request", sp.Name(), attrMap(sp.Attributes())["inflight.result"], p.StartTime().Sub(sp.StartTime()))
+		}
+	}
+	assert.Zero(t, early, "waits' spans that start before their request's")
+}
