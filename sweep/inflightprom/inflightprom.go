@@ -199,20 +199,25 @@ func WatchLimiter(c *Collector, l *slots.Limiter) {
 // WatchRegistry makes c report r's counts. A registry's limits are per key,
 // so it has no limit series.
 func WatchRegistry[K comparable](c *Collector, r *registry.Registry[K]) {
-	Watch(c, func() Snapshot {
-		st := r.Stats()
-		return Snapshot{
-			InFlight: st.InFlight, Waiting: st.Waiting, Keys: st.Keys, Limit: -1,
-			Counts: &Counts{
-				Acquired: st.Acquired, Bypassed: st.Bypassed, Released: st.Released, DoubleReleases: st.DoubleReleases,
-				Leaked: st.Leaked,
-				Rejected: map[string]uint64{
-					"limit_reached": st.LimitReached, "queue_full": st.QueueFull, "exceeds_limit": st.ExceedsLimit,
-					"wait_timeout": st.WaitTimeouts, "canceled": st.Canceled, "invalid_key": st.InvalidKeys,
-				},
+	Watch(c, func() Snapshot { return RegistrySnapshot(r) })
+}
+
+// RegistrySnapshot is what WatchRegistry reports of r now: for a source
+// (Watch) that adds what is counted before r, such as refusals made
+// ahead of it.
+func RegistrySnapshot[K comparable](r *registry.Registry[K]) Snapshot {
+	st := r.Stats()
+	return Snapshot{
+		InFlight: st.InFlight, Waiting: st.Waiting, Keys: st.Keys, Limit: -1,
+		Counts: &Counts{
+			Acquired: st.Acquired, Bypassed: st.Bypassed, Released: st.Released, DoubleReleases: st.DoubleReleases,
+			Leaked: st.Leaked,
+			Rejected: map[string]uint64{
+				"limit_reached": st.LimitReached, "queue_full": st.QueueFull, "exceeds_limit": st.ExceedsLimit,
+				"wait_timeout": st.WaitTimeouts, "canceled": st.Canceled, "invalid_key": st.InvalidKeys,
 			},
-		}
-	})
+		},
+	}
 }
 
 // Observe implements slots.Observer: it feeds the wait and hold histograms.

@@ -42,6 +42,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -70,8 +71,12 @@ func (t tenant) String() string { return t.Org + "/" + t.Model }
 type Gateway struct {
 	// tenants holds this process's tenant slots: the only cap, or with a
 	// fleet the local mirror of fleetTenants (for sweeps and metrics).
-	tenants      *registry.Registry[tenant]
-	admitTenant  func(tenant) (*slots.Slot, error)
+	tenants     *registry.Registry[tenant]
+	admitTenant func(tenant) (*slots.Slot, error)
+	// tenantEvents observes the tenant cap's admissions; disabledOrgs
+	// counts the refusals of orgs switched off, made before the cap.
+	tenantEvents slots.Observer
+	disabledOrgs atomic.Uint64
 	fleetTenants *fleet.Registry[tenant] // nil without a fleet
 	caps         *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
 	fleetLearns  bool                    // some of caps are learned
@@ -183,7 +188,8 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 	collector := inflightprom.New("tenant")
 	// An org's limit applies to each of its models, looked up per key; a
 	// PATCH marks the org's cached limits due (RefreshLimits).
-	local := []registry.Option{slots.WithObserver(g.tenantObserver(collector)), slots.WithLogger(g.log)}
+	g.tenantEvents = g.tenantObserver(collector)
+	local := []registry.Option{slots.WithObserver(g.tenantEvents), slots.WithLogger(g.log)}
 	provider := cfg.Provider
 	if cfg.Fleet != nil {
 		if provider, err = g.startFleet(cfg, local); err != nil {
@@ -199,7 +205,11 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		g.Close()
 		return nil, err
 	}
-	inflightprom.WatchRegistry(collector, g.tenants)
+	inflightprom.Watch(collector, func() inflightprom.Snapshot {
+		s := inflightprom.RegistrySnapshot(g.tenants)
+		s.Counts.Rejected["limit_reached"] += g.disabledOrgs.Load() // refused before the cap
+		return s
+	})
 	g.metrics.MustRegister(collector)
 	g.registerMetrics(cfg)
 	if err := g.watchTelemetry(); err != nil {
@@ -399,7 +409,10 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}
 	// An org switched off is refused here, before any admission: the
 	// answer is then the same whether the fleet's Redis is reachable or not.
+	// It counts among the tenant cap's refusals, as the cap's own would.
 	if g.orgLimit(org) == 0 {
+		g.disabledOrgs.Add(1)
+		g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached, Context: r.Context()})
 		g.reject(w, r, "tenant", model, &slots.LimitError{Err: slots.ErrLimitReached, Key: tenant{org, model}.String()})
 		return
 	}

@@ -220,3 +220,55 @@ func TestConfigTelemetry(t *testing.T) {
 		}
 	}
 }
+
+// An org switched off (a limit of 0) is refused before the tenant cap, and
+// counted among the tenant cap's refusals all the same: on /metrics, and
+// by the OpenTelemetry adapter, whose wait span on the request's trace
+// says why.
+func TestGatewayCountsDisabledOrgs(t *testing.T) {
+	spans := tracetest.NewSpanRecorder()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	u := newUpstream(t)
+	close(u.gate)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 3, "limits": {"org-off": 0}}
+	}`, WithTelemetry(tp, mp))
+
+	for range 2 {
+		resp, err := post(context.Background(), t, srv.Client(), srv.URL, "org-off", "glm-5.3")
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, resp.Body.Close())
+		require.Equal(t, http.StatusForbidden, resp.StatusCode)
+	}
+	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="limit_reached"} 2`)
+
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	requests := map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "inflight.requests" {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
+				c, _ := p.Attributes.Value("inflight.cap")
+				r, _ := p.Attributes.Value("inflight.result")
+				requests[c.String()+"/"+r.String()] += p.Value
+			}
+		}
+	}
+	assert.Equal(t, map[string]int64{"tenant/limit_reached": 2}, requests)
+	refusals := 0
+	for _, s := range spans.Ended() {
+		if s.Name() == "acquire tenant" && attrsOf(s.Attributes())["inflight.result"] == "limit_reached" {
+			refusals++
+		}
+	}
+	assert.Equal(t, 2, refusals, "each refusal on its request's trace")
+}
