@@ -163,6 +163,28 @@ const (
 var resultNames = [results]string{"acquired", "bypassed", "limit_reached", "queue_full", "wait_timeout", "canceled", "invalid_key",
 	"exceeds_limit", "over_budget", "other"}
 
+// resultErrs are the errors that make each result, whose text describes
+// a refusal's span (statusOf).
+var resultErrs = [results]error{resultLimitReached: slots.ErrLimitReached, resultQueueFull: slots.ErrQueueFull,
+	resultWaitTimeout: slots.ErrWaitTimeout, resultInvalidKey: registry.ErrInvalidKey,
+	resultExceedsLimit: slots.ErrExceedsLimit, resultOverBudget: pacing.ErrOverBudget}
+
+// statusOf describes a refusal for err of result r on its span: by the
+// error that makes r (for a context's end, the context's error), not by
+// err, whose text may name a key (a tenant, an API key) that a trace
+// should not carry; by err itself only for a result of other.
+func statusOf(err error, r int) string {
+	switch {
+	case resultErrs[r] != nil:
+		return resultErrs[r].Error()
+	case r == resultCanceled && errors.Is(err, context.DeadlineExceeded):
+		return context.DeadlineExceeded.Error()
+	case r == resultCanceled:
+		return context.Canceled.Error()
+	}
+	return err.Error()
+}
+
 // resultOf names e's result.
 func resultOf(e slots.Event) int {
 	switch {
@@ -266,7 +288,9 @@ var (
 
 // New returns the instruments of the cap capName (for example "tenant",
 // "provider", "model:glm-5"), measured with the attribute
-// inflight.cap=capName. Caps of different names share the instruments.
+// inflight.cap=capName. Caps of different names share the instruments;
+// two Caps of one name on one MeterProvider would have their counts added
+// together, so give each cap its own.
 // Point it at its source with WatchLimiter, WatchRegistry or Watch for the
 // counts of slots, waiters, keys and the limit. It fails if the meter
 // refuses an instrument.
@@ -421,7 +445,9 @@ func (c *Cap) Observe(e slots.Event) {
 		if c.requests.Enabled(bg) || c.timeInQueue.Enabled(bg) {
 			m := c.byOutcome[r][priorityOf(e.Context)]
 			if c.cfg.flow && e.Context != nil {
-				m = measures(c.withFlow(r, e.Context))
+				if flow, _ := slots.FlowFrom(e.Context); flow != "" {
+					m = measures(c.withFlow(r, e.Context, flow))
+				}
 			}
 			c.requests.Add(bg, 1, m.add...)
 			c.timeInQueue.Record(bg, seconds(e.Wait), m.record...)
@@ -445,9 +471,9 @@ func (c *Cap) Observe(e slots.Event) {
 // or hold under 100 days.
 func seconds(d time.Duration) float64 { return float64(d) * 1e-9 }
 
-// withFlow is the attributes of an admission of result r with its flow.
-func (c *Cap) withFlow(r int, ctx context.Context) metric.MeasurementOption {
-	flow, _ := slots.FlowFrom(ctx)
+// withFlow is the attributes of an admission of result r under ctx with
+// its flow.
+func (c *Cap) withFlow(r int, ctx context.Context, flow string) metric.MeasurementOption {
 	return metric.WithAttributes(AttrCap.String(c.name), AttrResult.String(resultNames[r]),
 		AttrPriority.String(priorityNames[priorityOf(ctx)]), AttrFlow.String(flow))
 }
@@ -476,7 +502,7 @@ func (c *Cap) trace(e slots.Event, r int) {
 	_, span := tracer.Start(e.Context, c.spanName, trace.WithTimestamp(end.Add(-e.Wait)),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))
 	if e.Kind == slots.EventRejected {
-		span.SetStatus(codes.Error, e.Err.Error())
+		span.SetStatus(codes.Error, statusOf(e.Err, r))
 	}
 	span.End(trace.WithTimestamp(end))
 }

@@ -2,6 +2,7 @@ package inflightotel_test
 
 import (
 	"context"
+	"fmt"
 	"runtime"
 	"testing"
 	"time"
@@ -173,6 +174,9 @@ func TestRegistryMetrics(t *testing.T) {
 	require.NoError(t, err)
 	b, err := reg.TryAcquire("org-b")
 	require.NoError(t, err)
+	d, err := reg.Acquire(context.Background(), "org-d") // no flow: no empty inflight.flow
+	require.NoError(t, err)
+	d.Release()
 	_, err = reg.TryAcquire("much too long")
 	require.ErrorIs(t, err, registry.ErrInvalidKey)
 	c.ObserveSweep(sweep.Tick{InUse: 2, Keys: 2, MaxPerKey: 1, OverThreshold: 1, NewlyOver: 1})
@@ -184,6 +188,7 @@ func TestRegistryMetrics(t *testing.T) {
 	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 1}, ints(t, got["inflight.slots.long_held"]))
 	assert.Equal(t, map[string]int64{
 		"inflight.cap=tenant,inflight.flow=org-a,inflight.priority=default,inflight.result=acquired": 1,
+		"inflight.cap=tenant,inflight.priority=default,inflight.result=acquired":                     1,
 		"inflight.cap=tenant,inflight.result=acquired":                                               1,
 		"inflight.cap=tenant,inflight.result=invalid_key":                                            1,
 	}, ints(t, got["inflight.requests"]))
@@ -344,4 +349,29 @@ func TestWaitSpansStartWithinTheirRequest(t *testing.T) {
 		}
 	}
 	assert.Zero(t, early, "waits' spans that start before their request's")
+}
+
+// A refusal's span is described by its reason, never by an error's text
+// that names the key refused (a fleet Registry reports its whole
+// *slots.LimitError): a tenant or an API key is not put on traces.
+func TestRefusalSpanNamesNoKey(t *testing.T) {
+	sr, tp := tracing(t)
+	c, err := inflightotel.New("tenant")
+	require.NoError(t, err)
+	ctx, parent := tp.Tracer("test").Start(context.Background(), "request")
+	refusal := &slots.LimitError{Err: slots.ErrLimitReached, Key: "org-secret/glm-5", InFlight: 2, Limit: 2}
+	c.Observe(slots.Event{Kind: slots.EventRejected, Err: refusal, Context: ctx})
+	c.Observe(slots.Event{Kind: slots.EventRejected, Err: fmt.Errorf("store down for org-secret: %w", context.DeadlineExceeded), Context: ctx})
+	parent.End()
+	var got []string
+	for _, sp := range sr.Ended() {
+		if sp.Name() == "acquire tenant" {
+			assert.Equal(t, codes.Error, sp.Status().Code)
+			got = append(got, sp.Status().Description)
+		}
+	}
+	require.Len(t, got, 2)
+	assert.Equal(t, slots.ErrLimitReached.Error(), got[0])
+	assert.NotContains(t, got[0], "org-secret")
+	assert.Equal(t, context.DeadlineExceeded.Error(), got[1], "a context's end: the context's error")
 }
