@@ -65,3 +65,46 @@ func TestTokensRetryAfter(t *testing.T) {
 		})
 	}
 }
+
+// Requests refused by a full queue that waits for tokens, while request
+// slots are free, are told to come back when the tokens free, not a turn
+// of the free slots: the holder of all 100 ends in a second, and frees
+// room for the three queued and seven of those refused.
+func TestQueueFullBehindTokenWaitersRetryAfter(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 10, MaxInflightTokens: 100, MaxQueue: 3, MaxQueueWaitMS: 60_000})
+		defer g.Close()
+		ctx := context.Background()
+		for range 16 { // a mean hold of a second
+			gr, err := g.Acquire(ctx, "m")
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			gr.Slot.Release()
+		}
+		big, err := g.AcquireN(ctx, "m", 100)
+		require.NoError(t, err)
+		var waiting []chan result
+		for range 3 {
+			waiting = append(waiting, acquireNAsync(ctx, g, "m", 10))
+		}
+		synctest.Wait()
+		require.Equal(t, 3, g.Status().Queued)
+		var told []time.Duration
+		for range 8 {
+			_, err = g.AcquireN(ctx, "m", 10)
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			require.ErrorIs(t, err, slots.ErrQueueFull)
+			told = append(told, le.RetryAfter)
+		}
+		t.Logf("told: %v", told)
+		s := time.Second
+		assert.Equal(t, []time.Duration{s, s, s, s, s, s, s, 2 * s}, told)
+		big.Slot.Release()
+		for _, w := range waiting {
+			r := <-w
+			require.NoError(t, r.err)
+			r.g.Slot.Release()
+		}
+	})
+}

@@ -157,3 +157,34 @@ func TestRetryAfterCountsUnits(t *testing.T) {
 		assert.Equal(t, 1800*time.Millisecond, told[99])
 	})
 }
+
+// Callers refused beside free units that are not theirs (reserved for
+// another class) are told turns of the whole lane, one after another, not
+// all the same short answer as if the free units were theirs.
+func TestRetryAfterBesideAReserve(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		lim := slots.NewLimiter(10, slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 5}))
+		for range 16 { // a mean hold of a second
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			s.Release()
+		}
+		for range 5 {
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			defer s.Release()
+		}
+		var told []time.Duration
+		for range 8 {
+			_, err := lim.TryAcquire()
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			told = append(told, le.RetryAfter)
+		}
+		t.Logf("told: %v", told)
+		assert.Equal(t, []time.Duration{100 * time.Millisecond, 200 * time.Millisecond, 300 * time.Millisecond, 400 * time.Millisecond,
+			500 * time.Millisecond, 600 * time.Millisecond, 700 * time.Millisecond, 800 * time.Millisecond}, told,
+			"a tenth of a mean hold apart, the turns of ten slots")
+	})
+}

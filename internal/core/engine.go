@@ -99,8 +99,11 @@ func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots in
 	var buf [endsScan]End
 	var ends []End
 	need := ln.Waiters.Units() + n
-	if slots == ln.Limit {
-		ends, need = ln.Holders.ends(buf[:0]), need-ln.Free()
+	if free := ln.Free(); slots == ln.Limit && need > free {
+		// Room binds: the holders' ends free what it lacks. Otherwise
+		// (shares, or a Gate's tokens, budgets, pacing) the free units
+		// are not this caller's: turns of the whole lane.
+		ends, need = ln.Holders.ends(buf[:0]), need-free
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)

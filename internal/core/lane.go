@@ -139,7 +139,7 @@ type Lane struct {
 	// Shares, if not nil, guarantees parts of Limit to classes (CanTake).
 	Shares *Shares
 	// Told, if not nil, is the returns told to callers refused here
-	// (RejectLane makes it).
+	// (RejectLaneTurns makes it).
 	Told *Told
 }
 

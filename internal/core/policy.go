@@ -52,12 +52,7 @@ func (w *Policy) flowQueueFull(waiting int) bool {
 func (w *Policy) QueueFull(waiting int) bool { return w.BoundQueue && waiting >= w.MaxQueue }
 
 // Log returns the logger to use now.
-func (w *Policy) Log() *slog.Logger {
-	if w.Logger != nil {
-		return w.Logger
-	}
-	return slog.Default()
-}
+func (w *Policy) Log() *slog.Logger { return cmp.Or(w.Logger, slog.Default()) }
 
 // Every lets an event through at most once per interval; for log lines that
 // must not flood under saturation. The zero value lets the first one through.
@@ -83,7 +78,10 @@ type HoldTime struct {
 // Told is the returns told to the callers refused on a lane and not yet
 // due, in order, with the units each needs: the callers expected back, who
 // go before a caller refused later. Its owner's lock guards it.
-type Told struct{ dues []End }
+type Told struct {
+	dues  []End
+	units int // the dues' units together
+}
 
 // An End is a holder's start (Hold.At), or a return told, and its units.
 type End struct {
@@ -141,8 +139,8 @@ const (
 
 // RetryAfter is when a caller of n units refused at now (nanoseconds on the
 // caller's clock, the same for every call) should come back, with need
-// units to free before it fits (its own, those queued before it, less those
-// free) and, before them, those of the callers told (when told is not nil)
+// units to free before it fits (its own and those queued, less those free)
+// and, before them, those of the callers told (when told is not nil)
 // to come back later than now: when that much is expected to have freed,
 // lead earlier (a caller that can queue on its return is then in line as
 // its room frees; 0 for one that cannot). Each holder frees its units a
@@ -164,13 +162,14 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 	if told != nil {
 		// Returns due before now have come back (or will not).
 		i, _ := slices.BinarySearchFunc(told.dues, now, byAt)
+		for _, d := range told.dues[:i] {
+			told.units -= d.Units
+		}
 		told.dues = told.dues[:copy(told.dues, told.dues[i:])]
 		if len(told.dues) == 0 && cap(told.dues) > 64 {
 			told.dues = nil // a flood's list is given back once it is over
 		}
-		for _, d := range told.dues {
-			u += float64(d.Units)
-		}
+		u += float64(told.units)
 		book = len(told.dues) < maxDues && u-float64(n) < bound
 	}
 	u = min(u, bound+float64(max(n, 1)))
@@ -205,6 +204,7 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 		due := End{int64(min(at, float64(now)+float64(MaxRetryAfter))), max(n, 1)}
 		j, _ := slices.BinarySearchFunc(told.dues, due.At, byAt)
 		told.dues = slices.Insert(told.dues, j, due)
+		told.units += due.Units
 	}
 	// The lead comes off before the bound: a long wait told less its lead
 	// stays long.

@@ -121,8 +121,8 @@ func TestRetryAfterBounded(t *testing.T) {
 	assert.Equal(t, 4*time.Second, e.RetryAfter(int64(5*time.Second), 1, 1, 2, nil, 0, told), "those due before 5 s gone: 7 returns ahead")
 }
 
-// Holders' starts count only when the lane is full, and of more holders
-// than the limit (a limit lowered under them) the oldest free nothing.
+// Of more holders than the limit (a limit lowered under them), all those
+// that must end before there is room count: the youngest's end frees it.
 func TestRetryAfterFromStarts(t *testing.T) {
 	sec := int64(time.Second)
 	var h core.HoldTime

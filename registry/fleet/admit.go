@@ -246,7 +246,7 @@ func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 	}
 	if res.Status != driver.StatusFull {
 		le.Err = slots.ErrQueueFull
-		le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, le.Limit, 0, r.holdTime.RetryAfter(0, 1, le.Queued+1, le.Limit, nil, 0, nil))
+		le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, le.Limit, 0, r.holdTime.RetryAfter(0, 1, needOf(le.Queued), le.Limit, nil, 0, nil))
 		return failed(le)
 	}
 	// A key at its limit: its earliest lease's expiry, which a live holder

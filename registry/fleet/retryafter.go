@@ -93,7 +93,7 @@ func (h *keyHolds) retryAfter(name string, queued, limit int, lead time.Duration
 		return 0, false
 	}
 	lead = min(lead, kh.hold.Mean()/time.Duration(limit)/2)
-	return kh.hold.RetryAfter(time.Now().UnixNano(), 1, queued+1, limit, nil, lead, &kh.told), true
+	return kh.hold.RetryAfter(time.Now().UnixNano(), 1, needOf(queued), limit, nil, lead, &kh.told), true
 }
 
 // refusalRetryAfter is the Retry-After of a caller refused on the key named
@@ -104,3 +104,9 @@ func (r *Registry[K]) refusalRetryAfter(name string, queued, limit int, lead, fa
 	}
 	return fallback
 }
+
+// needOf is what a caller refused behind queued callers in the store
+// needs to free (core.HoldTime.RetryAfter), one slot each: a reply out of
+// range (negative, or so large it would wrap) counts as none, or as many
+// as can be said.
+func needOf(queued int) int { return min(max(queued, 0), math.MaxInt32) + 1 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -189,4 +191,17 @@ func TestKeyHoldsKeepTheKeysInUse(t *testing.T) {
 	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
 	_, ok := h.retryAfter("hot", 0, 1, 0)
 	assert.True(t, ok, "the key in use keeps its estimate")
+}
+
+// A store's count of queued callers out of range (a bad reply) gives a
+// long Retry-After, not a short one: a count that would wrap is as many
+// as can be said, and a negative one is none.
+func TestRetryAfterOfAQueueOutOfRange(t *testing.T) {
+	var h core.HoldTime
+	h.Observe(int64(time.Second))
+	assert.Equal(t, 9*time.Second, h.RetryAfter(0, 1, needOf(math.MaxInt), 1, nil, 0, nil), "a queue of MaxInt does not wrap: eight rounds of the slot, at most, and a turn")
+	assert.Equal(t, time.Second, h.RetryAfter(0, 1, needOf(-5), 1, nil, 0, nil), "a negative queue counts as none")
+	told := new(core.Told)
+	h.RetryAfter(0, 1, needOf(0), 1, nil, 0, told)
+	assert.Equal(t, 2*time.Second, h.RetryAfter(0, 1, needOf(-5), 1, nil, 0, told), "and cancels no return told")
 }

@@ -90,7 +90,7 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 	if len(l.limits) > i {
 		le.Limit = l.limits[i]
 	}
-	le.RetryAfter = r.holdTime.RetryAfter(0, 1, le.Queued+1, le.Limit, nil, 0, nil)
+	le.RetryAfter = r.holdTime.RetryAfter(0, 1, needOf(le.Queued), le.Limit, nil, 0, nil)
 	if last.full >= 0 && i < len(l.names) {
 		ahead := le.Queued
 		if last.queued {
