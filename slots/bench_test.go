@@ -276,3 +276,36 @@ func (h *xsyncHandle) release() {
 		h.sem.Release(1)
 	}
 }
+
+// BenchmarkLimiterRefusal: a TryAcquire refused by a full Limiter of 1,000
+// slots, each refusal told its Retry-After and booked among the returns
+// told (a flood: past the bound of eight rounds, the list at its 1,024),
+// against x/sync's semaphore saying false, which tells nothing.
+func BenchmarkLimiterRefusal(b *testing.B) {
+	b.Run("inflight", func(b *testing.B) {
+		lim := slots.NewLimiter(1000)
+		for range 1000 {
+			if _, err := lim.TryAcquire(); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if _, err := lim.TryAcquire(); err == nil {
+				b.Fatal("admitted")
+			}
+		}
+	})
+	b.Run("xsync", func(b *testing.B) {
+		sem := semaphore.NewWeighted(1000)
+		if !sem.TryAcquire(1000) {
+			b.Fatal("semaphore busy")
+		}
+		b.ReportAllocs()
+		for b.Loop() {
+			if sem.TryAcquire(1) {
+				b.Fatal("admitted")
+			}
+		}
+	})
+}
