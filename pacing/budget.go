@@ -38,13 +38,16 @@ type Tokens = upstream.Tokens
 // cost is gr's request's estimated cost.
 func (gr *grant) cost() Tokens { return Tokens{Input: int(gr.estIn), Output: int(gr.estOut)} }
 
-// queue counts gr's estimate as waiting on its budgets; unqueue takes it
-// off those it was counted on.
+// queue counts gr's estimate as waiting on its budgets, and its tokens as
+// queued for the provider's and its model's token caps; unqueue takes
+// them off.
 func (gr *grant) queue() {
 	gr.bud = gr.g.budgetsOf(gr.model)
 	for _, b := range gr.bud {
 		b.queue(gr.cost(), 1)
 	}
+	gr.g.tok.queued += int(gr.units)
+	gr.model.tok.queued += int(gr.units)
 }
 
 func (gr *grant) unqueue() {
@@ -52,6 +55,8 @@ func (gr *grant) unqueue() {
 		b.queue(gr.cost(), -1)
 	}
 	gr.bud = [3]*budgets{}
+	gr.g.tok.queued -= int(gr.units)
+	gr.model.tok.queued -= int(gr.units)
 }
 
 // ErrOverBudget: a token budget per minute (BudgetLimits) cannot take the

@@ -115,7 +115,7 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	}
 	// Its tokens: when those it needs are expected to free.
 	n := t.Total()
-	ra = max(ra, g.tok.retryAfterLocked(g, &g.provider, nil, n, wait, now), ml.tok.retryAfterLocked(g, &ml.lane, ml, n, wait, now))
+	ra = max(ra, g.tok.retryAfterLocked(g, &g.provider, n, wait, now), ml.tok.retryAfterLocked(g, &ml.lane, n, wait, now))
 	next := int64(0)
 	if g.started {
 		next = g.next

@@ -20,8 +20,9 @@ const (
 
 // tokens counts the tokens of the requests in flight under one cap.
 type tokens struct {
-	held  int
-	limit int // 0: no cap
+	held   int
+	queued int // the tokens of the requests queued (grant.queue)
+	limit  int // 0: no cap
 	// told is the returns told to the requests refused while the cap
 	// was set (retryAfterLocked).
 	told core.Told
@@ -31,9 +32,9 @@ type tokens struct {
 // expected to fit the cap t, whose holders are ln's: as a weighted
 // caller's on a lane (core.HoldTime.RetryAfter), from when its holders
 // started and the tokens each holds, behind the tokens of the requests
-// queued for it (of ml, or any model: nil) and of the returns told to the
-// others refused on it, half of wait earlier. 0 without a cap.
-func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, ml *modelLane, n int, wait time.Duration, now int64) time.Duration {
+// queued for it and of the returns told to the others refused on it, half
+// of wait earlier. 0 without a cap.
+func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, n int, wait time.Duration, now int64) time.Duration {
 	if t.limit == 0 {
 		return 0
 	}
@@ -46,14 +47,7 @@ func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, ml *modelLane, n int, 
 			ends = append(ends, core.End{At: h.At, Units: int(h.Owner.(*grant).units)})
 		}
 	}
-	need := n - (t.limit - t.held)
-	for _, c := range core.Order {
-		for el := range g.provider.Waiters.Class(c) {
-			if gr := el.Value.Hold.Owner.(*grant); ml == nil || gr.model == ml {
-				need += int(gr.units)
-			}
-		}
-	}
+	need := n - (t.limit - t.held) + t.queued
 	hold := g.eng.HoldTime()
 	lead := min(wait/2, time.Duration(float64(hold.Mean())*float64(n)/float64(t.limit)/2))
 	return hold.RetryAfter(now, n, need, t.limit, ends, lead, &t.told)

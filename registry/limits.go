@@ -384,7 +384,7 @@ type Stats struct {
 	QueueFull      uint64
 	ExceedsLimit   uint64 // callers heavier than a key's limit could ever hold (weighted admissions)
 	WaitTimeouts   uint64
-	Canceled       uint64 // callers whose context ended before a grant (one given back as it came counts as Acquired and Released)
+	Canceled       uint64 // calls whose context ended before a grant (one given back as it came counts as Acquired and Released)
 	InvalidKeys    uint64
 	DoubleReleases uint64
 	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)

@@ -35,7 +35,7 @@ type Stats struct {
 	QueueFull      uint64 // rejections by WithMaxQueue
 	ExceedsLimit   uint64 // rejections: heavier than the limit can hold
 	WaitTimeouts   uint64 // fail-closed rejections by WithMaxWait
-	Canceled       uint64 // callers whose context ended before a grant (one given back as it came counts as Acquired and Released)
+	Canceled       uint64 // calls whose context ended before a grant (one given back as it came counts as Acquired and Released)
 	DoubleReleases uint64 // Release calls on a slot already released
 	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)
 }

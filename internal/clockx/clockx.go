@@ -47,6 +47,17 @@ func (c *Clock) Nanos() int64 {
 	return int64(c.c.Now().Sub(c.epoch))
 }
 
+// WaitEnd is when a wait granted at grant (a reading of c) ends for the
+// caller now waking: now, exactly, on the real clock, where the grant's
+// reading may be coarse; the grant itself on an injected clock, which
+// moves only when told, and may be moved before the caller runs.
+func (c *Clock) WaitEnd(grant int64) int64 {
+	if c.c != nil {
+		return grant
+	}
+	return c.Nanos()
+}
+
 // Coarse returns Nanos to within about CoarseTick on the real clock, and
 // exactly on an injected one or inside a testing/synctest bubble. The first
 // reading after a quiet spell starts a ticker goroutine that refreshes the

@@ -158,15 +158,15 @@ func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 		}
 		out := Await(ctx, w, expire, w.ends.Withdraw)
 		stop()
-		// w.Start, not w.Hold.At: a grant overwrites that. Timed now,
-		// not at the grant, whose reading may be coarse.
+		// w.Start, not w.Hold.At: a grant overwrites that. Never
+		// negative, should an injected clock be set back.
 		if out == OutGranted {
-			return e.acquired(ctx, x, t, time.Duration(e.Clock.Nanos()-w.Start)), nil
+			return e.acquired(ctx, x, t, time.Duration(max(e.Clock.WaitEnd(w.Hold.At)-w.Start, 0))), nil
 		}
 		if !w.Hold.GivenBack { // else its owner counted a grant and its release
 			end = w.ends.Ended(w, out)
 		}
-		waited = time.Duration(e.Clock.Nanos() - w.Start)
+		waited = time.Duration(max(e.Clock.Nanos()-w.Start, 0))
 		if out == OutExpired && end.Rej == nil && end.Err == nil && end.Bypass != "" {
 			e.bypass(ctx, w, end.Bypass, end.Attrs...)
 			e.handOut(x, t)
@@ -242,7 +242,7 @@ func (e *Engine) bypass(ctx context.Context, w *Waiter, what string, attrs ...sl
 		e.Log().LogAttrs(context.Background(), slog.LevelWarn,
 			e.name+": "+what+" saturated; admitting without a slot (fail-open)", attrs...)
 	}
-	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(h.At - start), Ctx: ctx, Units: h.Units()})
+	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(max(h.At-start, 0)), Ctx: ctx, Units: h.Units()})
 }
 
 // Canceled reports a caller whose context ended before it was admitted,

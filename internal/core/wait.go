@@ -27,9 +27,8 @@ type Waiter struct {
 	Class uint8 // the hold's class, copied here for the queue
 	Hold  *Hold // the caller's hold; counted by its lane(s) once granted
 	Seq   uint64
-	// Start is when the caller came (its hold's start before it queued:
-	// once queued, a grant may overwrite that at any moment); MaxWait is
-	// how long it may wait (<= 0: until its context ends).
+	// Start is when the caller came (Engine.Waiter: an exact reading);
+	// MaxWait is how long it may wait (<= 0: until its context ends).
 	Start   int64
 	MaxWait time.Duration
 	ends    Waits // how its wait ends (Wait)
@@ -59,9 +58,9 @@ func (w *Waiter) Pass(w2 *Waiter, n int64) {
 }
 
 // NewWaiter returns a waiter for h in state Waiting, which came at h.At
-// and may wait maxWait. Waiters are not
-// pooled: a channel belongs to the testing/synctest bubble that made it, and
-// a pooled one would cross from one test's bubble into another.
+// (Engine.Waiter: an exact reading) and may wait maxWait. Waiters are not
+// pooled: a channel belongs to the testing/synctest bubble that made it,
+// and a pooled one would cross from one test's bubble into another.
 func NewWaiter(h *Hold, maxWait time.Duration) *Waiter {
 	w := &Waiter{ready: make(chan struct{}, 1), Hold: h, Class: h.Class, Start: h.At, MaxWait: maxWait, Cost: h.Extra + 1}
 	w.Elem.Value = w

@@ -24,13 +24,6 @@
 //	inflight_released_total        counter   capacity given back
 //	inflight_double_releases_total counter   Release calls on a slot already released
 //	inflight_leaked_total          counter   slots dropped while held, and reclaimed
-//
-// Each caller counts once among acquired and rejected. A grant whose
-// caller's context ends as it comes is given back at once: it counts as
-// acquired and released (the capacity was taken and freed), not as
-// canceled, so that the counters never go back; the OpenTelemetry adapter,
-// which counts what callers were told, counts it as canceled.
-//
 //	inflight_wait_seconds          histogram how long admitted callers queued (0 for most)
 //	inflight_hold_seconds          histogram how long slots were held
 //
@@ -39,6 +32,14 @@
 // calls when the Collector is its Observer, or by ObserveWait and
 // ObserveHold for a source without one, and appear from their first
 // observation on.
+//
+// Each call with a valid weight and context counts once among acquired,
+// bypassed and rejected (one without is refused before it is counted). A
+// grant whose caller's context ends as it comes is given back at once: it
+// counts as acquired and released (the capacity was taken and freed), not
+// as canceled, so that the counters never go back, and it is not in the
+// wait histogram; the OpenTelemetry adapter, which counts what callers
+// were told, counts it as canceled.
 //
 // # A provider's caps
 //
