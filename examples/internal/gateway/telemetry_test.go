@@ -138,21 +138,7 @@ func TestGatewayTelemetry(t *testing.T) {
 	assert.Equal(t, codes.Error, timedOut.Status().Code)
 	assert.GreaterOrEqual(t, timedOut.EndTime().Sub(timedOut.StartTime()), 300*time.Millisecond, "the span covers the wait")
 
-	var rm metricdata.ResourceMetrics
-	require.NoError(t, reader.Collect(context.Background(), &rm))
-	requests := map[string]int64{}
-	for _, sm := range rm.ScopeMetrics {
-		for _, m := range sm.Metrics {
-			if m.Name != "inflight.requests" {
-				continue
-			}
-			for _, p := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				c, _ := p.Attributes.Value("inflight.cap")
-				r, _ := p.Attributes.Value("inflight.result")
-				requests[c.String()+"/"+r.String()] += p.Value
-			}
-		}
-	}
+	requests := requestsByResult(t, reader)
 	assert.Equal(t, map[string]int64{"tenant/acquired": 2, "provider/acquired": 1, "provider/wait_timeout": 1}, requests)
 
 	lines := strings.Split(logs.String(), "\n")
@@ -248,6 +234,21 @@ func TestGatewayCountsDisabledOrgs(t *testing.T) {
 	}
 	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="limit_reached"} 2`)
 
+	requests := requestsByResult(t, reader)
+	assert.Equal(t, map[string]int64{"tenant/limit_reached": 2}, requests)
+	refusals := 0
+	for _, s := range spans.Ended() {
+		if s.Name() == "acquire tenant" && attrsOf(s.Attributes())["inflight.result"] == "limit_reached" {
+			refusals++
+		}
+	}
+	assert.Equal(t, 2, refusals, "each refusal on its request's trace")
+}
+
+// requestsByResult reads inflight.requests from reader, by cap and result
+// ("tenant/acquired").
+func requestsByResult(t *testing.T, reader sdkmetric.Reader) map[string]int64 {
+	t.Helper()
 	var rm metricdata.ResourceMetrics
 	require.NoError(t, reader.Collect(context.Background(), &rm))
 	requests := map[string]int64{}
@@ -263,12 +264,5 @@ func TestGatewayCountsDisabledOrgs(t *testing.T) {
 			}
 		}
 	}
-	assert.Equal(t, map[string]int64{"tenant/limit_reached": 2}, requests)
-	refusals := 0
-	for _, s := range spans.Ended() {
-		if s.Name() == "acquire tenant" && attrsOf(s.Attributes())["inflight.result"] == "limit_reached" {
-			refusals++
-		}
-	}
-	assert.Equal(t, 2, refusals, "each refusal on its request's trace")
+	return requests
 }
