@@ -43,7 +43,7 @@ type LimitError struct {
 	InFlight   int           // units held at the decision: holders, when each weighs one
 	Limit      int           // the limit at the decision
 	Queued     int           // waiters at the decision
-	RetryAfter time.Duration // when its slot should free, after those told before it
+	RetryAfter time.Duration // when the units it needs should free, after those told before it
 }
 
 func (e *LimitError) Error() string {
