@@ -246,12 +246,12 @@ func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 	}
 	if res.Status != driver.StatusFull {
 		le.Err = slots.ErrQueueFull
-		le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, le.Limit, 0, r.holdTime.RetryAfter(0, 1, needOf(le.Queued), le.Limit, nil, 0, nil))
+		le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, l.units, le.Limit, 0, r.holdTime.RetryAfter(0, l.units, needOf(le.Queued, l.units), le.Limit, nil, 0, nil))
 		return failed(le)
 	}
 	// A key at its limit: its earliest lease's expiry, which a live holder
 	// keeps renewing, is a bound, not a time; the key's holds tell one.
-	le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, le.Limit, 0, le.RetryAfter)
+	le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, l.units, le.Limit, 0, le.RetryAfter)
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
 }
 

@@ -80,12 +80,13 @@ func (h *keyHolds) evictLocked() {
 	delete(h.m, drop)
 }
 
-// retryAfter is the Retry-After of a caller refused on the key named name,
-// with queued callers ahead of it in the store, under limit: when the slot
-// it would get is expected to free, from the key's holds, behind the
-// returns told before it here, lead earlier (a caller that may queue on its
-// return). It reports false when no hold of the key has ended here yet.
-func (h *keyHolds) retryAfter(name string, queued, limit int, lead time.Duration) (time.Duration, bool) {
+// retryAfter is the Retry-After of a caller of units refused on the key
+// named name, with queued callers ahead of it in the store, under limit:
+// when the units it needs are expected to free, from the key's holds,
+// behind the returns told before it here, lead earlier (a caller that may
+// queue on its return). It reports false when no hold of the key has ended
+// here yet.
+func (h *keyHolds) retryAfter(name string, queued, units, limit int, lead time.Duration) (time.Duration, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	kh := h.m[name]
@@ -93,20 +94,21 @@ func (h *keyHolds) retryAfter(name string, queued, limit int, lead time.Duration
 		return 0, false
 	}
 	lead = min(lead, kh.hold.Mean()/time.Duration(limit)/2)
-	return kh.hold.RetryAfter(time.Now().UnixNano(), 1, needOf(queued), limit, nil, lead, &kh.told), true
+	return kh.hold.RetryAfter(time.Now().UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
 }
 
 // refusalRetryAfter is the Retry-After of a caller refused on the key named
 // name: from the key's holds (see keyHolds.retryAfter), or cold, fallback.
-func (r *Registry[K]) refusalRetryAfter(name string, queued, limit int, lead, fallback time.Duration) time.Duration {
-	if d, ok := r.holds.retryAfter(name, queued, limit, lead); ok {
+func (r *Registry[K]) refusalRetryAfter(name string, queued, units, limit int, lead, fallback time.Duration) time.Duration {
+	if d, ok := r.holds.retryAfter(name, queued, units, limit, lead); ok {
 		return d
 	}
 	return fallback
 }
 
-// needOf is what a caller refused behind queued callers in the store
-// needs to free (core.HoldTime.RetryAfter), one slot each: a reply out of
-// range (negative, or so large it would wrap) counts as none, or as many
-// as can be said.
-func needOf(queued int) int { return min(max(queued, 0), math.MaxInt32) + 1 }
+// needOf is what a caller of units refused behind queued callers in the
+// store needs to free (core.HoldTime.RetryAfter), taking the others at a
+// unit each (the store counts them, not their units): a reply out of range
+// (negative, or so large it would wrap) counts as none, or as many as can
+// be said.
+func needOf(queued, units int) int { return min(max(queued, 0), math.MaxInt32) + units }

@@ -189,7 +189,7 @@ func TestKeyHoldsKeepTheKeysInUse(t *testing.T) {
 		}
 	}
 	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
-	_, ok := h.retryAfter("hot", 0, 1, 0)
+	_, ok := h.retryAfter("hot", 0, 1, 1, 0)
 	assert.True(t, ok, "the key in use keeps its estimate")
 }
 
@@ -199,9 +199,41 @@ func TestKeyHoldsKeepTheKeysInUse(t *testing.T) {
 func TestRetryAfterOfAQueueOutOfRange(t *testing.T) {
 	var h core.HoldTime
 	h.Observe(int64(time.Second))
-	assert.Equal(t, 9*time.Second, h.RetryAfter(0, 1, needOf(math.MaxInt), 1, nil, 0, nil), "a queue of MaxInt does not wrap: eight rounds of the slot, at most, and a turn")
-	assert.Equal(t, time.Second, h.RetryAfter(0, 1, needOf(-5), 1, nil, 0, nil), "a negative queue counts as none")
+	assert.Equal(t, 9*time.Second, h.RetryAfter(0, 1, needOf(math.MaxInt, 1), 1, nil, 0, nil), "a queue of MaxInt does not wrap: eight rounds of the slot, at most, and a turn")
+	assert.Equal(t, time.Second, h.RetryAfter(0, 1, needOf(-5, 1), 1, nil, 0, nil), "a negative queue counts as none")
 	told := new(core.Told)
-	h.RetryAfter(0, 1, needOf(0), 1, nil, 0, told)
-	assert.Equal(t, 2*time.Second, h.RetryAfter(0, 1, needOf(-5), 1, nil, 0, told), "and cancels no return told")
+	h.RetryAfter(0, 1, needOf(0, 1), 1, nil, 0, told)
+	assert.Equal(t, 2*time.Second, h.RetryAfter(0, 1, needOf(-5, 1), 1, nil, 0, told), "and cancels no return told")
+}
+
+// A weighted caller refused on a full key is told when the units it needs
+// should free, not a turn of one unit: 50 units of a key of 100 take half
+// the key's turn of a mean hold, one unit a hundredth. On a virtual Redis,
+// in virtual time.
+func TestFullKeyRetryAfterCountsUnits(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		srv := newVirtualRedis(t, fwLatency)
+		r := fwFleet(t, srv, "units", 1, 100, WithLeaseTTL(30*time.Second), WithLogger(quiet()))[0]
+		for range 3 { // a mean hold of 2 s
+			s, err := r.Acquire(context.Background(), "k")
+			require.NoError(t, err)
+			time.Sleep(2 * time.Second)
+			s.Release()
+		}
+		s, err := r.AcquireN(context.Background(), "k", 100)
+		require.NoError(t, err)
+		defer s.Release()
+		time.Sleep(10 * time.Millisecond)
+		refused := func(n int) time.Duration {
+			_, err := r.TryAcquireN("k", n)
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			require.ErrorIs(t, err, slots.ErrLimitReached)
+			return le.RetryAfter
+		}
+		one, fifty := refused(1), refused(50)
+		t.Logf("told: one unit %v, fifty units %v", one, fifty)
+		assert.Less(t, one, 100*time.Millisecond, "a hundredth of a mean hold")
+		assert.GreaterOrEqual(t, fifty, time.Second, "fifty hundredths of it, behind the one told before")
+	})
 }

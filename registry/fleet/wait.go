@@ -90,14 +90,14 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 	if len(l.limits) > i {
 		le.Limit = l.limits[i]
 	}
-	le.RetryAfter = r.holdTime.RetryAfter(0, 1, needOf(le.Queued), le.Limit, nil, 0, nil)
+	le.RetryAfter = r.holdTime.RetryAfter(0, l.units, needOf(le.Queued, l.units), le.Limit, nil, 0, nil)
 	if last.full >= 0 && i < len(l.names) {
 		ahead := le.Queued
 		if last.queued {
 			ahead-- // the store's count was its own ticket's too: it has left
 		}
 		// It may queue again on its return: told to come a little early.
-		le.RetryAfter = r.refusalRetryAfter(l.names[i], ahead, le.Limit, r.maxWait/2, le.RetryAfter)
+		le.RetryAfter = r.refusalRetryAfter(l.names[i], ahead, l.units, le.Limit, r.maxWait/2, le.RetryAfter)
 	}
 	return failed(le)
 }
