@@ -156,7 +156,8 @@ func (g *Gate) AcquireTokens(ctx context.Context, model string, t Tokens) (Grant
 // returned to the budget, an underestimate charged as debt that later
 // requests wait for. It may come after the Slot is released. Only the first
 // call (or refusal by Report) for a grant counts; each part counts within
-// 0..slots.MaxUnits.
+// 0..slots.MaxUnits. A grant that went ahead without a slot (Bypassed, on
+// on_wait_timeout "proceed") is not settled: its estimate stands.
 func (g *Gate) Settle(gr Grant, used Tokens) {
 	used.Input, used.Output = min(max(used.Input, 0), slots.MaxUnits), min(max(used.Output, 0), slots.MaxUnits)
 	g.settle(gr, used, endedUsage)

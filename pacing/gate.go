@@ -64,6 +64,7 @@ type Gate struct {
 	// picked for the request that starts.
 	keyBudgets bool
 	retired    map[string]*budgets // budgets taken out by Reconfigure (budgetsForLocked)
+	goneKeys   map[string]*keyLane // keys taken out of the pool while requests hold them
 }
 
 // grant is the Owner of one admission's hold: its model and key, and its
@@ -134,7 +135,7 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	var st core.Settings
 	core.Apply(&st, opts)
 	p := st.Policy
-	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}}
+	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}, goneKeys: map[string]*keyLane{}}
 	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer, Wants: p.Wants}
 	g.eng.Init("pacing", func(rej *core.Rejection) error { return (*slots.LimitError)(rej) })
 	g.clk = g.eng.Policy.Clock
@@ -326,6 +327,9 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	g.mu.Lock()
 	defer wk.Wake() // deferred first, so it runs after the unlock
 	defer g.mu.Unlock()
+	// A waiter whose turn comes at the very moment its wait ends (as a
+	// client that honoured a budget's Retry-After does) starts.
+	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
 	if w.State != core.Waiting {
 		return false
 	}

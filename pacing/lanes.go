@@ -1,6 +1,8 @@
 package pacing
 
 import (
+	"cmp"
+	"maps"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -31,12 +33,8 @@ type keyLane struct {
 	bud        *budgets // its token budgets (KeyConfig.BudgetLimits), or nil
 }
 
-func limitOf(n int) int {
-	if n == 0 {
-		return slots.Unlimited
-	}
-	return n
-}
+// limitOf is a configured cap as a lane's limit: 0 is none.
+func limitOf(n int) int { return cmp.Or(n, slots.Unlimited) }
 
 // applyLocked installs cfg's limits and spacing; lanes keep their holders.
 func (g *Gate) applyLocked(cfg Config) {
@@ -58,12 +56,8 @@ func (g *Gate) applyLocked(cfg Config) {
 		}
 	}
 	for name, m := range cfg.Models {
-		ml := g.models[name]
-		if ml == nil {
-			ml = &modelLane{name: name}
-			g.models[name] = ml
-		}
-		ml.configured = true
+		ml := cmp.Or(g.models[name], &modelLane{name: name})
+		g.models[name], ml.configured = ml, true
 		ml.lane.Limit, ml.capCfg = limitOf(m.MaxConcurrentRequests), m.MaxConcurrentRequests
 		ml.tok.limit = m.MaxInflightTokens
 		ml.bud = g.budgetsForLocked("model:"+name, ml.bud, limitsOf(m.BudgetLimits))
@@ -74,16 +68,20 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.keys, g.keyBudgets = g.keys[:0], false
 	pool := make(map[string]*keyLane, len(cfg.APIKeys))
 	for _, k := range cfg.APIKeys {
-		kl := g.keyByID[k.ID]
-		if kl == nil {
-			kl = &keyLane{id: k.ID}
-		}
+		kl := cmp.Or(g.keyByID[k.ID], g.goneKeys[k.ID], &keyLane{id: k.ID}) // put back: its holders still count
+		delete(g.goneKeys, k.ID)
 		kl.lane.Limit, kl.configured = limitOf(k.MaxConcurrentRequests), k.MaxConcurrentRequests
 		kl.bud = g.budgetsForLocked("key:"+k.ID, kl.bud, limitsOf(k.BudgetLimits))
 		g.keyBudgets = g.keyBudgets || kl.bud != nil
 		g.keys = append(g.keys, kl)
 		pool[k.ID] = kl
 	}
+	for id, kl := range g.keyByID { // taken out: kept while its requests are in flight
+		if pool[id] == nil {
+			g.goneKeys[id] = kl
+		}
+	}
+	maps.DeleteFunc(g.goneKeys, func(_ string, kl *keyLane) bool { return kl.lane.Holders.Len() == 0 })
 	g.keyByID = pool
 	g.adaptLocked()
 }

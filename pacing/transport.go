@@ -21,7 +21,8 @@ import (
 // slot until the response body is done, as a slots.Transport does. A
 // request that fails, or is refused, returns its error with nothing held;
 // one that base chose not to send (its error wraps slots.ErrNotSent)
-// charges the Gate's budgets nothing.
+// charges the Gate's budgets nothing, unless it went ahead without a slot
+// (on_wait_timeout "proceed"), whose estimate stands (see Gate.Settle).
 // It reads answers as they pass (a refusal's first bytes, the usage), so it
 // sends requests without the client's Accept-Encoding (but "identity"):
 // net/http's Transport then asks for gzip itself, unless its

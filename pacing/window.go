@@ -181,14 +181,20 @@ func (b *budgets) fitAt(t Tokens, extra charges, now int64) (at int64, which int
 			continue // tokens nobody counted wait for no token budget
 		}
 		w := &b.w[i]
-		c, more := ch[i]+extra[i], int64(0)
+		own := ch[i]
+		if w.limit > 0 && extra[i] > 0 {
+			// A request larger than the budget takes one empty minute (its
+			// first request passes), not one per budget's worth of it.
+			own = min(own, w.limit)
+		}
+		c, more := own+extra[i], int64(0)
 		if w.limit > 0 && extra[i] > 0 && c > w.limit {
 			more = (c - 1) / w.limit
 			c -= more * w.limit
 		}
 		a := w.fitAt(c, now)
 		if more > 0 {
-			a = max(a, now) + more*int64(budgetWindow)
+			a = max(a, now) + more*int64(budgetWindow+budgetStep)
 		}
 		if a > at {
 			at, which = a, i
@@ -307,6 +313,11 @@ func (b *budgets) tell(t Tokens, at, now int64) {
 	}
 	// In the order they are due, so that dueTold drops a prefix.
 	c := upstream.Charge(t)
+	for j := range c {
+		if b.w[j].limit > 0 {
+			c[j] = min(c[j], b.w[j].limit) // a minute of the budget at most, as fitAt counts it
+		}
+	}
 	i, _ := slices.BinarySearchFunc(b.told, at, func(e toldEntry, at int64) int { return cmp.Compare(e.at, at+1) })
 	b.told = slices.Insert(b.told, i, toldEntry{at, c})
 	b.addTold(c, 1)

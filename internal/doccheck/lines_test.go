@@ -48,14 +48,15 @@ var admissionFiles = []string{
 // to 5,805 (a weight and a context checked by one call) with Stats that
 // count each caller once; then 10 for waits timed on exact readings
 // (Engine.Waiter), to 5,815, and 3 for a Retry-After that leaves free
-// units that are not the caller's out, to 5,818; lowered since to 5,817.
+// units that are not the caller's out, to 5,818; lowered since to 5,817;
+// then 2 for an API key put back with its requests in flight, to 5,819.
 // The goal is 4,000.
-const maxAdmissionLines = 5817
+const maxAdmissionLines = 5819
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3996
+const maxAdmissionCode = 3995
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
