@@ -21,7 +21,8 @@ type multi[K comparable] struct {
 	waits   []ilist.Elem[*core.Waiter]
 	links   []ilist.Elem[*core.Waiter] // in each entry's multis
 	shards  []int                      // sorted, unique
-	// waitKey is the key that was full when the waiter queued;
+	// waitKey is the key that holds the waiter back: full when it queued,
+	// or the one found as it is withdrawn (withdrawShared);
 	// refusedBy, the key that refused it, its limit lowered below what it
 	// weighs (refuseOverweightLocked), written before its wake, read after.
 	waitKey, refusedBy K
@@ -418,6 +419,12 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 		return false
 	}
 	if m != nil {
+		// Named by the key that holds it back now: the one full as it
+		// queued may have freed since.
+		n := w.Hold.Units()
+		if i := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) }); i >= 0 {
+			m.waitKey = m.entries[i].key
+		}
 		r.unlinkWaiterLocked(w, m, false)
 	} else {
 		entries[0].lane.Waiters.Remove(&w.Elem)

@@ -207,6 +207,7 @@ func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
 	}
 	r.eng.Policy = st.Policy
 	r.eng.Init("registry", asError)
+	r.eng.SampleShift = r.shardBits
 	for i := range r.shards {
 		r.shards[i].idx = i
 		r.shards[i].lanes.shift = uint32(r.shardBits)

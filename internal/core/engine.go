@@ -23,6 +23,9 @@ type Engine struct {
 	Policy
 	Clock *clockx.Clock
 	name  string // the owner's package, in errors and logs
+	// SampleShift is how many low bits of a hold's ID are not its owner's
+	// sequence number (a Registry's shard index): sampling skips them.
+	SampleShift uint
 	// asError turns a rejection into the owner's error (a
 	// *slots.LimitError).
 	asError func(*Rejection) error
@@ -103,7 +106,9 @@ func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots in
 		// Room binds: the holders' ends free what it lacks. Otherwise
 		// (shares, or a Gate's tokens, budgets, pacing) the free units
 		// are not this caller's: turns of the whole lane.
-		ends, need = ln.Holders.ends(buf[:0]), need-free
+		if ends, need = ln.Holders.ends(buf[:0]), need-free; len(ends) == 0 {
+			slots = max(slots, ln.Holders.Units()) // too many to read: they end within about a mean hold
+		}
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)
@@ -159,7 +164,7 @@ func (e *Engine) Released(h *Hold) {
 	if h.GivenBack {
 		return
 	}
-	if h.ID&SampleMask == 0 || e.hold.Warming() {
+	if (h.ID>>e.SampleShift)&SampleMask == 0 || e.hold.Warming() {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
 	if e.observes(nil) {

@@ -1,5 +1,7 @@
 package core
 
+import "github.com/inflight-go/inflight/internal/ilist"
+
 // Len and Cap report the returns told and the room their list takes.
 func (t *Told) Len() int { return len(t.dues) }
 func (t *Told) Cap() int { return cap(t.dues) }
@@ -19,4 +21,20 @@ func (q *Queue) CheckFirsts() bool {
 		}
 	}
 	return x.costs == q.x.costs && x.bits == q.x.bits
+}
+
+// Head returns the waiter of class c to serve next, or nil: the first that
+// Class yields.
+func (q *Queue) Head(c uint8) *ilist.Elem[*Waiter] {
+	if !q.mixed {
+		if c != ClassDefault {
+			return nil
+		}
+		return q.def.waiters.Front()
+	}
+	fe := q.x.rings[c].Front()
+	if fe == nil {
+		return nil
+	}
+	return fe.Value.waiters.Front()
 }

@@ -304,21 +304,6 @@ func (q *Queue) quantum(c uint8, cost int32) int64 {
 	return max(int64(cost), int64(1)<<bits.Len32(q.x.bits[c])>>1) // 0 if none
 }
 
-// Head returns the waiter of class c to serve next, or nil.
-func (q *Queue) Head(c uint8) *ilist.Elem[*Waiter] {
-	if !q.mixed {
-		if c != ClassDefault {
-			return nil
-		}
-		return q.def.waiters.Front()
-	}
-	fe := q.x.rings[c].Front()
-	if fe == nil {
-		return nil
-	}
-	return fe.Value.waiters.Front()
-}
-
 // Class yields the waiters of class c in the order they are to be served
 // when any may be passed over (one that cannot be served yet does not hold
 // back the ones after it): flows in turn order, each flow's waiters in

@@ -49,14 +49,16 @@ var admissionFiles = []string{
 // count each caller once; then 10 for waits timed on exact readings
 // (Engine.Waiter), to 5,815, and 3 for a Retry-After that leaves free
 // units that are not the caller's out, to 5,818; lowered since to 5,817;
-// then 2 for an API key put back with its requests in flight, to 5,819.
+// then 2 for an API key put back with its requests in flight, to 5,819;
+// lowered since to 5,817 (the queue's Head, used by tests alone, moved to
+// them).
 // The goal is 4,000.
-const maxAdmissionLines = 5819
+const maxAdmissionLines = 5817
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3995
+const maxAdmissionCode = 3990
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
