@@ -132,7 +132,10 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // *slots.LimitError wrapping ErrOverBudget, whose RetryAfter is when the
 // budget will have refilled enough, less that wait, behind the requests
 // told to come back before it (on_wait_timeout "proceed" does not let it
-// through: going ahead would only draw the upstream's refusal). One whose
+// through: going ahead would only draw the upstream's refusal). Those
+// ahead count as a budget's worth each minute, each at most a budget's
+// worth: an estimate, which is early when their sizes do not fill the
+// minutes evenly (60 and 60 of 100 take two). One whose
 // wait times out while a budget still cannot take it is refused with
 // slots.ErrWaitTimeout and the budget named in Cap; under "proceed", with
 // ErrOverBudget. A refused request
@@ -367,6 +370,27 @@ func (g *Gate) retireLocked(name string, b *budgets) {
 		g.retired = make(map[string]*budgets)
 	}
 	g.retired[name] = b
+}
+
+// requeueLocked counts the queued requests anew on the budgets they are
+// queued for (grant.queue), after Reconfigure changed their limits: each
+// counts at most a limit's worth, of the limits now.
+func (g *Gate) requeueLocked() {
+	for pass := range 2 {
+		for _, c := range core.Order {
+			for el := range g.provider.Waiters.Class(c) {
+				gr := el.Value.Hold.Owner.(*grant)
+				for _, b := range gr.bud {
+					if b != nil && pass == 0 {
+						for i := range b.w {
+							b.w[i].queued = 0
+						}
+					}
+					b.queue(gr.cost(), int64(pass))
+				}
+			}
+		}
+	}
 }
 
 // proceedLocked reports whether a wait that timed out under "proceed"

@@ -329,7 +329,9 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	defer g.mu.Unlock()
 	// A waiter whose turn comes at the very moment its wait ends (as a
 	// client that honoured a budget's Retry-After does) starts.
-	g.dispatchLocked(g.eng.Clock.Nanos(), &wk)
+	if now := g.eng.Clock.Nanos(); g.timer != nil && g.timerAt <= now {
+		g.dispatchLocked(now, &wk)
+	}
 	if w.State != core.Waiting {
 		return false
 	}

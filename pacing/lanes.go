@@ -79,10 +79,12 @@ func (g *Gate) applyLocked(cfg Config) {
 	for id, kl := range g.keyByID { // taken out: kept while its requests are in flight
 		if pool[id] == nil {
 			g.goneKeys[id] = kl
+			kl.l.stop() // its learning stops; armed anew if it comes back
 		}
 	}
 	maps.DeleteFunc(g.goneKeys, func(_ string, kl *keyLane) bool { return kl.lane.Holders.Len() == 0 })
 	g.keyByID = pool
+	g.requeueLocked()
 	g.adaptLocked()
 }
 

@@ -252,12 +252,19 @@ func (b *budgets) ratio(i int) float64 {
 	return min(max(b.usedSum[i]/b.estSum[i], 1.0/16), 4)
 }
 
+// queue counts (sign 1) or uncounts (-1) a request costing t as queued
+// for b: each part at most its limit, as fitAt counts a request larger than
+// its budget (one empty minute of it). Gate.requeueLocked counts the
+// queue anew when limits change.
 func (b *budgets) queue(t Tokens, sign int64) {
 	if b == nil {
 		return
 	}
 	c := upstream.Charge(t)
 	for i := range b.w {
+		if b.w[i].limit > 0 {
+			c[i] = min(c[i], b.w[i].limit)
+		}
 		b.w[i].queued += sign * c[i]
 	}
 }

@@ -51,14 +51,16 @@ var admissionFiles = []string{
 // units that are not the caller's out, to 5,818; lowered since to 5,817;
 // then 2 for an API key put back with its requests in flight, to 5,819;
 // lowered since to 5,817 (the queue's Head, used by tests alone, moved to
-// them).
+// them); then 4 for a key's learning stopped while it is out of the pool, a
+// queue counted anew when budgets change, and a withdrawal that serves a
+// turn come due, to 5,821.
 // The goal is 4,000.
-const maxAdmissionLines = 5817
+const maxAdmissionLines = 5821
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3990
+const maxAdmissionCode = 3994
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
