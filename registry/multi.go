@@ -422,7 +422,10 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 		// Named by the key that holds it back now: the one full as it
 		// queued may have freed since.
 		n := w.Hold.Units()
-		if i := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) }); i >= 0 {
+		var t turns[K] // as multi.canTake: a heavy waiter ahead keeps its place
+		if i := slices.IndexFunc(m.entries, func(e *entry[K]) bool {
+			return !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) || e.lane.HeavyAhead(w.Class) && !t.come(e, w)
+		}); i >= 0 {
 			m.waitKey = m.entries[i].key
 		}
 		r.unlinkWaiterLocked(w, m, false)

@@ -106,9 +106,7 @@ func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots in
 		// Room binds: the holders' ends free what it lacks. Otherwise
 		// (shares, or a Gate's tokens, budgets, pacing) the free units
 		// are not this caller's: turns of the whole lane.
-		if ends, need = ln.Holders.ends(buf[:0]), need-free; len(ends) == 0 {
-			slots = max(slots, ln.Holders.Units()) // too many to read: they end within about a mean hold
-		}
+		ends, need = ln.Holders.ends(buf[:0]), need-free
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)

@@ -53,14 +53,15 @@ var admissionFiles = []string{
 // lowered since to 5,817 (the queue's Head, used by tests alone, moved to
 // them); then 4 for a key's learning stopped while it is out of the pool, a
 // queue counted anew when budgets change, and a withdrawal that serves a
-// turn come due, to 5,821.
+// turn come due, to 5,821, and 1 for a timed-out multi-key waiter named by
+// the key a heavier waiter holds, to 5,822.
 // The goal is 4,000.
-const maxAdmissionLines = 5821
+const maxAdmissionLines = 5822
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3994
+const maxAdmissionCode = 3995
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
