@@ -188,3 +188,28 @@ func TestRetryAfterBesideAReserve(t *testing.T) {
 			"a tenth of a mean hold apart, the turns of ten slots")
 	})
 }
+
+// The hold-time estimate samples releases spread over their sequence, so a
+// workload that alternates short and long holds is estimated from both: a
+// fixed one in sixteen saw only one of them (every sampled ID even), and
+// told 10 ms where half the holds last 10 s.
+func TestHoldEstimateOfAlternatingHolds(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		lim := slots.NewLimiter(1)
+		for i := range 400 {
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			time.Sleep([]time.Duration{10 * time.Millisecond, 10 * time.Second}[i%2])
+			s.Release()
+		}
+		s, err := lim.TryAcquire()
+		require.NoError(t, err)
+		defer s.Release()
+		_, err = lim.TryAcquire()
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		t.Logf("told %v: holds of 10 ms and 10 s in turn", le.RetryAfter)
+		assert.Greater(t, le.RetryAfter, time.Second)
+		assert.Less(t, le.RetryAfter, 9*time.Second)
+	})
+}

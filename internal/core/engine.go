@@ -162,7 +162,7 @@ func (e *Engine) Released(h *Hold) {
 	if h.GivenBack {
 		return
 	}
-	if (h.ID>>e.SampleShift)&SampleMask == 0 || e.hold.Warming() {
+	if Sampled(h.ID>>e.SampleShift) || e.hold.Warming() {
 		e.hold.Observe(e.Clock.Nanos() - h.At)
 	}
 	if e.observes(nil) {

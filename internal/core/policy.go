@@ -89,10 +89,12 @@ type End struct {
 	Units int
 }
 
-// SampleMask picks the releases that feed the estimate (IDs with these bits
-// clear), so that most releases do not read the clock; the first
-// warmSamples releases all feed it (see Warming).
-const SampleMask = 15
+// Sampled reports whether the release of the hold numbered seq feeds the
+// estimate: one in 16, spread over the sequence by a multiplicative hash
+// (a fixed stride would see one of alternating workloads only), so that
+// most releases do not read the clock; the first warmSamples releases all
+// feed it (see Warming).
+func Sampled(seq uint64) bool { return seq*0x9E3779B97F4A7C15>>60 == 0 }
 
 // warmSamples is how many releases feed the estimate before sampling
 // starts: a refusal soon after the start has an estimate to go by.

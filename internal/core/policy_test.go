@@ -167,3 +167,21 @@ func TestRetryAfterUnits(t *testing.T) {
 	assert.Equal(t, 600*time.Millisecond, h.RetryAfter(0, 30, 30, 100, nil, 0, told), "behind the 30 told before it")
 	assert.Equal(t, 610*time.Millisecond, h.RetryAfter(0, 1, 1, 100, nil, 0, told), "one unit behind the 60 told: 61 units")
 }
+
+// One release in sixteen is sampled, spread over the sequence: odd and even
+// numbers alike, and every residue of a stride of 16.
+func TestSampled(t *testing.T) {
+	n, parity, residues := 0, [2]int{}, [16]int{}
+	for seq := range uint64(16_000) {
+		if core.Sampled(seq) {
+			n++
+			parity[seq%2]++
+			residues[seq%16]++
+		}
+	}
+	assert.InDelta(t, 1000, n, 50, "one in sixteen")
+	assert.InDelta(t, parity[0], parity[1], 100, "odd and even alike")
+	for r, c := range residues {
+		assert.Positive(t, c, "residue %d of 16", r)
+	}
+}

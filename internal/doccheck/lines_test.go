@@ -54,9 +54,10 @@ var admissionFiles = []string{
 // them); then 4 for a key's learning stopped while it is out of the pool, a
 // queue counted anew when budgets change, and a withdrawal that serves a
 // turn come due, to 5,821, and 1 for a timed-out multi-key waiter named by
-// the key a heavier waiter holds, to 5,822.
+// the key a heavier waiter holds, to 5,822, and 2 of comment for releases
+// sampled by a hash of their sequence, to 5,824.
 // The goal is 4,000.
-const maxAdmissionLines = 5822
+const maxAdmissionLines = 5824
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
