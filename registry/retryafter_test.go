@@ -128,3 +128,88 @@ func TestAcquireAllTimeoutNamesTheKeyAHeavyWaiterHolds(t *testing.T) {
 		<-heavy
 	})
 }
+
+// On a key whose limit was lowered under its holders, a refused caller is
+// told when enough of them have ended, however many they are (past 64 they
+// are sampled), and a flood of refusals is spread over the turns of the
+// lowered limit after them, not booked faster than room frees. Found by a
+// bug hunt and an adversarial review: 65 holders due within 500 ms were
+// told 5.6 s; ten holders of 100 units under a limit cut to 10 were told
+// 1 ms though the last ends in 900 ms.
+func TestRetryAfterUnderALoweredLimit(t *testing.T) {
+	for _, tc := range []struct {
+		holders, units int
+		first          [2]time.Duration // the first caller's answer, within
+	}{
+		{64, 1, [2]time.Duration{400 * time.Millisecond, time.Second}},
+		{65, 1, [2]time.Duration{400 * time.Millisecond, time.Second}},
+		{200, 1, [2]time.Duration{400 * time.Millisecond, time.Second}},
+		{10, 100, [2]time.Duration{800 * time.Millisecond, time.Second}},
+	} {
+		t.Run(fmt.Sprintf("%dx%d", tc.holders, tc.units), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				reg := registry.New[string](1000)
+				for range 16 { // a mean hold of a second
+					s, err := reg.TryAcquire("warm")
+					require.NoError(t, err)
+					time.Sleep(time.Second)
+					s.Release()
+				}
+				for range tc.holders {
+					s, err := reg.TryAcquireN("org", tc.units)
+					require.NoError(t, err)
+					defer s.Release()
+					if tc.units > 1 {
+						time.Sleep(100 * time.Millisecond) // one after another
+					}
+				}
+				reg.SetLimit("org", 10) // an operator cuts a noisy tenant down
+				if tc.units == 1 {
+					time.Sleep(500 * time.Millisecond)
+				}
+				var told []time.Duration
+				for range 200 {
+					_, err := reg.TryAcquire("org")
+					var le *slots.LimitError
+					require.ErrorAs(t, err, &le)
+					told = append(told, le.RetryAfter)
+				}
+				t.Logf("%d holders of %d: first told %v, the 10th %v, the 80th %v, the last %v", tc.holders, tc.units, told[0], told[9], told[79], told[199])
+				assert.GreaterOrEqual(t, told[0], tc.first[0])
+				assert.LessOrEqual(t, told[0], tc.first[1])
+				assert.IsNonDecreasing(t, told)
+				// Ten units a mean hold past the holders: the 80th waits
+				// about seven turns of the lowered limit after them.
+				assert.GreaterOrEqual(t, told[79], 7*time.Second)
+			})
+		})
+	}
+}
+
+// A full key is told much the same with 64 holders as with 65 (sampled).
+func TestRetryAfterFullKeyManyHolders(t *testing.T) {
+	var told [2]time.Duration
+	for i, holders := range []int{64, 65} {
+		testrig.Bubble(t, func(t *testing.T) {
+			reg := registry.New[string](holders)
+			for range 16 { // a mean hold of a second
+				s, err := reg.TryAcquire("warm")
+				require.NoError(t, err)
+				time.Sleep(time.Second)
+				s.Release()
+			}
+			for range holders {
+				s, err := reg.TryAcquire("org")
+				require.NoError(t, err)
+				defer s.Release()
+			}
+			time.Sleep(500 * time.Millisecond)
+			_, err := reg.TryAcquire("org")
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			told[i] = le.RetryAfter
+		})
+	}
+	t.Logf("64 holders started 500 ms ago, mean hold 1 s: told %v; 65: %v", told[0], told[1])
+	assert.InDelta(t, float64(told[0]), float64(told[1]), float64(50*time.Millisecond))
+}

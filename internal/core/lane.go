@@ -40,16 +40,19 @@ func (s *HolderSet) Units() int { return s.n + s.x }
 // endsScan bounds the holders ends reads.
 const endsScan = 64
 
-// ends appends the holders' starts (Hold.At) and units to buf, unless there
-// are more than endsScan of them: then the order of their ends says little
-// that a mean does not, and it returns buf as it is.
+// ends appends the holders' starts (Hold.At) and units to buf; of more than
+// endsScan holders, a sample of endsScan spread over the set (which is in
+// no order), each standing for an equal share of the units held.
 func (s *HolderSet) ends(buf []End) []End {
-	if s.n > endsScan {
+	if s.n <= endsScan {
+		for i := range s.n {
+			h := s.rec(i).h
+			buf = append(buf, End{h.At, h.Units()})
+		}
 		return buf
 	}
-	for i := range s.n {
-		h := s.rec(i).h
-		buf = append(buf, End{h.At, h.Units()})
+	for i, total := 0, s.Units(); i < endsScan; i++ {
+		buf = append(buf, End{s.rec(i * s.n / endsScan).h.At, total*(i+1)/endsScan - total*i/endsScan})
 	}
 	return buf
 }

@@ -147,8 +147,9 @@ const (
 // lead earlier (a caller that can queue on its return is then in line as
 // its room frees; 0 for one that cannot). Each holder frees its units a
 // mean hold after it started, then every mean hold with the rest of the
-// lane's limit (ends holds the holders' starts and units, in any order,
-// when few; nil: limit units free every mean hold, evenly, from now). The
+// lane's limit (ends holds the holders' starts and units, in any order, or
+// a sample of them; nil: limit units free every mean hold, evenly, from
+// now). The
 // return is booked in told, so that callers refused together come back one
 // by one as room frees, rather than all at once into a full queue. Rounded
 // up to the millisecond; one second when limit is not positive; at most
@@ -158,7 +159,12 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 		return time.Second
 	}
 	mean := float64(cmp.Or(t.ewma.Load(), int64(time.Second))) // never negative
-	bound := float64(toldRounds) * float64(limit)              // floats: no overflow
+	held := 0.0
+	for _, h := range ends {
+		held += float64(h.Units)
+	}
+	// Floats: no overflow. Past the units held over a lowered limit.
+	bound := float64(toldRounds)*float64(limit) + max(held-float64(limit), 0)
 	u := float64(need)
 	book := false
 	if told != nil {
@@ -178,10 +184,6 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 	var at float64
 	if u > 0 && len(ends) > 0 {
 		slices.SortFunc(ends, func(a, b End) int { return byAt(a, b.At) })
-		held := 0.0
-		for _, h := range ends {
-			held += float64(h.Units)
-		}
 		// Past the holders' units, every round of a mean hold frees the
 		// limit, at the holders' ends' times.
 		r := 0.0

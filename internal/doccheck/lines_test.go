@@ -55,14 +55,16 @@ var admissionFiles = []string{
 // queue counted anew when budgets change, and a withdrawal that serves a
 // turn come due, to 5,821, and 1 for a timed-out multi-key waiter named by
 // the key a heavier waiter holds, to 5,822, and 2 of comment for releases
-// sampled by a hash of their sequence, to 5,824.
+// sampled by a hash of their sequence, to 5,824, and 5 for a sample of
+// the ends of more than 64 holders, and a bound past a lowered limit's
+// excess, to 5,829.
 // The goal is 4,000.
-const maxAdmissionLines = 5824
+const maxAdmissionLines = 5829
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3995
+const maxAdmissionCode = 3998
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
