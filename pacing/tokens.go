@@ -38,14 +38,19 @@ func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, n int, wait time.Durat
 	if t.limit == 0 {
 		return 0
 	}
+	// Of more holders than buf takes, a sample spread over the set (in no
+	// order), each standing for an equal share of the tokens held.
 	var buf [64]core.End
-	var ends []core.End
-	if ln.Holders.Len() <= len(buf) { // else the order of their ends says little
-		ends = buf[:0]
-		for i := range ln.Holders.Len() {
-			h := ln.Holders.At(i)
-			ends = append(ends, core.End{At: h.At, Units: int(h.Owner.(*grant).units)})
+	ends := buf[:0]
+	holders := ln.Holders.Len()
+	k := min(holders, len(buf))
+	for i := range k {
+		h := ln.Holders.At(i * holders / k)
+		units := int(h.Owner.(*grant).units)
+		if holders > k {
+			units = t.held*(i+1)/k - t.held*i/k
 		}
+		ends = append(ends, core.End{At: h.At, Units: units})
 	}
 	need := n - (t.limit - t.held) + t.queued
 	hold := g.eng.HoldTime()

@@ -108,3 +108,33 @@ func TestQueueFullBehindTokenWaitersRetryAfter(t *testing.T) {
 		}
 	})
 }
+
+// Past 64 holders a token cap reads a sample of their ends: a hundred
+// requests of a token each that started together, under a cap of 100, end
+// together, so a request of 10 tokens is told when they do (it was told a
+// tenth of a mean hold, as if they ended evenly from now).
+func TestTokensRetryAfterManyHolders(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxInflightTokens: 100, MaxQueueWaitMS: 1})
+		defer g.Close()
+		ctx := context.Background()
+		for range 16 { // a mean hold of a second
+			gr, err := g.AcquireN(ctx, "m", 1)
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			gr.Slot.Release()
+		}
+		for range 100 {
+			gr, err := g.AcquireN(ctx, "m", 1)
+			require.NoError(t, err)
+			defer gr.Slot.Release()
+		}
+		time.Sleep(500 * time.Millisecond)
+		_, err := g.AcquireN(ctx, "m", 10)
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		require.ErrorIs(t, err, slots.ErrWaitTimeout)
+		t.Logf("%v", err)
+		assert.InDelta(t, float64(500*time.Millisecond), float64(le.RetryAfter), float64(2*time.Millisecond), "when the hundred end, less the millisecond it waited")
+	})
+}
