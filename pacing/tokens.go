@@ -39,18 +39,24 @@ func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, n int, wait time.Durat
 		return 0
 	}
 	// Of more holders than buf takes, a sample spread over the set (in no
-	// order), each standing for an equal share of the tokens held.
+	// order), their tokens scaled to stand for all those held, as a lane's
+	// (core.HolderSet).
 	var buf [64]core.End
 	ends := buf[:0]
-	holders := ln.Holders.Len()
+	holders, sum := ln.Holders.Len(), 0
 	k := min(holders, len(buf))
 	for i := range k {
 		h := ln.Holders.At(i * holders / k)
-		units := int(h.Owner.(*grant).units)
-		if holders > k {
-			units = t.held*(i+1)/k - t.held*i/k
+		ends = append(ends, core.End{At: h.At, Units: int(h.Owner.(*grant).units)})
+		sum += ends[i].Units
+	}
+	if holders > k {
+		f, acc := float64(t.held)/float64(sum), 0.0
+		for i := range ends {
+			prev := int(acc)
+			acc += float64(ends[i].Units) * f
+			ends[i].Units = max(int(acc)-prev, 1)
 		}
-		ends = append(ends, core.End{At: h.At, Units: units})
 	}
 	need := n - (t.limit - t.held) + t.queued
 	hold := g.eng.HoldTime()

