@@ -149,11 +149,10 @@ const (
 // mean hold after it started, then every mean hold with the rest of the
 // lane's limit (ends holds the holders' starts and units, in any order, or
 // a sample of them; nil: limit units free every mean hold, evenly, from
-// now). The
-// return is booked in told, so that callers refused together come back one
-// by one as room frees, rather than all at once into a full queue. Rounded
-// up to the millisecond; one second when limit is not positive; at most
-// MaxRetryAfter. Call under the lock that guards told.
+// now). The return is booked in told, so that callers refused together
+// come back one by one as room frees, rather than all at once into a full
+// queue. Rounded up to the millisecond; one second when limit is not
+// positive; at most MaxRetryAfter. Call under the lock that guards told.
 func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead time.Duration, told *Told) time.Duration {
 	if limit <= 0 {
 		return time.Second

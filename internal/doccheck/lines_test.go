@@ -58,9 +58,9 @@ var admissionFiles = []string{
 // sampled by a hash of their sequence, to 5,824, and 5 for a sample of
 // the ends of more than 64 holders, and a bound past a lowered limit's
 // excess, to 5,829, and 4 for the sample's units scaled by their weights,
-// to 5,833.
+// to 5,833; lowered since to 5,832.
 // The goal is 4,000.
-const maxAdmissionLines = 5833
+const maxAdmissionLines = 5832
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
