@@ -209,7 +209,8 @@ func (w *statusWriter) WriteHeader(code int) {
 // own: clients read the millisecond header first, and it must not
 // contradict the writer's.
 func (w *statusWriter) agree() {
-	if w.retryAfter != "" && w.Header().Get("Retry-After") != w.retryAfter {
+	// An ErrorWriter's own Retry-After keeps its own ms, not the library's.
+	if w.retryAfter != "" && w.Header().Get("Retry-After") != w.retryAfter && w.Header().Get(HeaderRetryAfterMs) == w.retryAfterMs {
 		w.Header().Del(HeaderRetryAfterMs)
 	}
 }

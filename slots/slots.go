@@ -74,13 +74,6 @@ type Slot core.Handle
 // hold returns the record of the admission inside s.
 func (s *Slot) hold() *core.Hold { return (*core.Handle)(s).Hold() }
 
-// tracked reports whether s stands in for a hold kept apart from it
-// (leak detection); such a Slot must not be kept reachable by the library.
-func (s *Slot) tracked() bool {
-	_, ok := s.hold().Owner.(*core.Tracked)
-	return ok
-}
-
 // holds reports whether s came from an admission.
 func (s *Slot) holds() bool { return s != nil && s.hold().Owner != nil }
 

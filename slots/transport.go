@@ -7,10 +7,13 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"time"
 	"weak"
 
 	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 // AdmitFunc admits one request and returns its Slot or a refusal (a nil
@@ -147,7 +150,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// costs three allocations.
 	if ctx.Done() != nil {
 		b.ctx = ctx
-		if s.tracked() {
+		if tracked((*core.Handle)(s)) {
 			// With leak detection the watch must not keep the body (and so
 			// s) reachable: a dropped body would then never be found.
 			wp := weak.Make(b)
@@ -256,4 +259,17 @@ func withSentBody(req *http.Request) *http.Request {
 	r := *req
 	r.Body = &sentBody{ReadCloser: req.Body, left: req.ContentLength}
 	return &r
+}
+
+// tracked reports whether x stands in for a hold kept apart from it, or
+// combines one that does (Combine, pacing's Transport): with leak
+// detection, such a Slot must not be kept reachable by the library.
+func tracked(x *core.Handle) bool {
+	switch o := x.Hold().Owner.(type) {
+	case *core.Tracked:
+		return true
+	case interface{ Parts() []*core.Handle }:
+		return slices.ContainsFunc(o.Parts(), tracked)
+	}
+	return false
 }

@@ -58,6 +58,9 @@ func (c *combined) Release(h *Hold) bool {
 	return true
 }
 
+// Parts returns the handles combined (for their kind: slots' Transport).
+func (c *combined) Parts() []*Handle { return c.parts }
+
 // Misuse implements Owner: a second release frees nothing more.
 func (c *combined) Misuse(*Hold) {}
 

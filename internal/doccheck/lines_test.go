@@ -58,14 +58,15 @@ var admissionFiles = []string{
 // sampled by a hash of their sequence, to 5,824, and 5 for a sample of
 // the ends of more than 64 holders, and a bound past a lowered limit's
 // excess, to 5,829, and 4 for the sample's units scaled by their weights,
-// to 5,833; lowered since to 5,832.
+// to 5,833; lowered since to 5,832, and to 5,828 (whether a Slot is kept
+// apart for leak detection asked by the Transport, which alone needs it).
 // The goal is 4,000.
-const maxAdmissionLines = 5832
+const maxAdmissionLines = 5828
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 4000
+const maxAdmissionCode = 3997
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
