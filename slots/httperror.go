@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"net/http"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -210,7 +211,7 @@ func (w *statusWriter) WriteHeader(code int) {
 // contradict the writer's.
 func (w *statusWriter) agree() {
 	// An ErrorWriter's own Retry-After keeps its own ms, not the library's.
-	if w.retryAfter != "" && w.Header().Get("Retry-After") != w.retryAfter && w.Header().Get(HeaderRetryAfterMs) == w.retryAfterMs {
+	if w.retryAfter != "" && w.Header().Get("Retry-After") != w.retryAfter && slices.Equal(w.Header().Values(HeaderRetryAfterMs), []string{w.retryAfterMs}) {
 		w.Header().Del(HeaderRetryAfterMs)
 	}
 }

@@ -262,14 +262,17 @@ func withSentBody(req *http.Request) *http.Request {
 }
 
 // tracked reports whether x stands in for a hold kept apart from it, or
-// combines one that does (Combine, pacing's Transport): with leak
-// detection, such a Slot must not be kept reachable by the library.
+// combines only ones that do (Combine, pacing's Transport): with leak
+// detection, such a Slot must not be kept reachable by the library. One
+// that combines an untracked hold too is watched as any other, so that
+// the context's end frees it (dropped, the untracked part would have
+// nothing to free it); a dropped body is then not reported as a leak.
 func tracked(x *core.Handle) bool {
 	switch o := x.Hold().Owner.(type) {
 	case *core.Tracked:
 		return true
 	case interface{ Parts() []*core.Handle }:
-		return slices.ContainsFunc(o.Parts(), tracked)
+		return !slices.ContainsFunc(o.Parts(), func(p *core.Handle) bool { return !tracked(p) })
 	}
 	return false
 }

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -81,4 +82,44 @@ func TestErrorWriterKeepsItsOwnRetryHeaders(t *testing.T) {
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
 	assert.Equal(t, "30", rec.Header().Get("Retry-After"))
 	assert.Empty(t, rec.Header().Get(slots.HeaderRetryAfterMs), "not the library's, which would disagree")
+}
+
+// A Slot that combines a leak-tracked hold with an untracked one (pacing's
+// Transport combines its Gate's grant, never tracked, with a fleet's caps)
+// is watched on the request's context as before: dropped unread, it is
+// freed, all of it, when the context ends. Found by an adversarial review:
+// taken as tracked, its untracked part had nothing left to free it.
+func TestTransportFreesAMixedCombinedSlotDropped(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = io.WriteString(w, "body") }))
+	t.Cleanup(up.Close)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
+	a := slots.NewLimiter(1, slots.WithLeakDetection(), quiet)
+	b := slots.NewLimiter(1, quiet) // untracked
+	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+		sa, err := a.TryAcquire()
+		if err != nil {
+			return nil, err
+		}
+		sb, err := b.TryAcquire()
+		if err != nil {
+			sa.Release()
+			return nil, err
+		}
+		return slots.Combine(sa, sb), nil
+	})}
+	ctx, cancel := context.WithCancel(context.Background())
+	func() {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
+		require.NoError(t, err)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		_ = resp // dropped unread
+	}()
+	for range 10 {
+		runtime.GC()
+	}
+	cancel()
+	waitFor(t, "both parts freed once the context ends", func() bool { return a.InFlight() == 0 && b.InFlight() == 0 })
 }
