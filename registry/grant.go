@@ -139,7 +139,7 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 
 // candidateLocked returns the waiter of e to serve next, or nil: the
 // first in e's order that no older multi-key waiter keeps the slot from
-// and that, if it needs other keys too, may take a slot of each (canTake,
+// and that, if it needs other keys too, may take a slot of each (blocking,
 // with t caching what the other keys answer during one search).
 //
 // With turns it serves nobody: it records there the multi-key waiters whose
@@ -159,7 +159,7 @@ func (r *Registry[K]) candidateLocked(e *entry[K], t *turns[K], turns map[*core.
 		case multi && passing:
 			return false // a waiter of several keys passes no blocker
 		case turns == nil:
-			return !multi || m.canTake(w, n, t)
+			return !multi || m.blocking(w, n, t) < 0
 		case multi:
 			turns[w] = n == 1 || e.lane.CanTake(w.Class, n)
 			return false
@@ -236,18 +236,18 @@ func kept[K comparable](e *entry[K], from *[core.NumClasses]uint64, w *core.Wait
 	return false
 }
 
-// canTake reports whether m's waiter w may take n units of every key it
-// needs now: room, none kept for an urgent multi-key waiter, and no heavy
-// waiter keeping its place before w in the key's order (its turn has come,
-// t.come), so that every key judges w by its own order, whichever key an
-// event is on.
-func (m *multi[K]) canTake(w *core.Waiter, n int, t *turns[K]) bool {
-	for _, e := range m.entries {
+// blocking returns the index of the first key of m's waiter w that it may
+// not take n units of now, or -1 when it may take every key: room, none
+// kept for an urgent multi-key waiter, and no heavy waiter keeping its
+// place before w in the key's order (its turn has come, t.come), so that
+// every key judges w by its own order, whichever key an event is on.
+func (m *multi[K]) blocking(w *core.Waiter, n int, t *turns[K]) int {
+	for i, e := range m.entries {
 		if !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) || e.lane.HeavyAhead(w.Class) && !t.come(e, w) {
-			return false
+			return i
 		}
 	}
-	return true
+	return -1
 }
 
 func (r *Registry[K]) grantOneLocked(e *entry[K], w, passed *core.Waiter, now int64, wk *core.Wakes) {

@@ -421,11 +421,7 @@ func (r *Registry[K]) withdrawShared(entries []*entry[K], w *core.Waiter, m *mul
 	if m != nil {
 		// Named by the key that holds it back now: the one full as it
 		// queued may have freed since.
-		n := w.Hold.Units()
-		var t turns[K] // as multi.canTake: a heavy waiter ahead keeps its place
-		if i := slices.IndexFunc(m.entries, func(e *entry[K]) bool {
-			return !e.lane.CanTake(w.Class, n) || blockedLocked(e, w.Class, w.Seq, n) || e.lane.HeavyAhead(w.Class) && !t.come(e, w)
-		}); i >= 0 {
+		if i := m.blocking(w, w.Hold.Units(), new(turns[K])); i >= 0 {
 			m.waitKey = m.entries[i].key
 		}
 		r.unlinkWaiterLocked(w, m, false)

@@ -51,7 +51,7 @@ func (r *Registry[K]) servableWaiter() string {
 						if blockedLocked(e, c, w.Seq, 1) {
 							continue
 						}
-						if m, ok := w.Hold.Owner.(*multi[K]); ok && !m.canTake(w, 1, new(turns[K])) {
+						if m, ok := w.Hold.Owner.(*multi[K]); ok && m.blocking(w, 1, new(turns[K])) >= 0 {
 							continue
 						}
 						msg += fmt.Sprintf("key %v: a class %d waiter could be served (limit %d, %d holders, %d waiting)\n",
