@@ -38,26 +38,8 @@ func (t *tokens) retryAfterLocked(g *Gate, ln *core.Lane, n int, wait time.Durat
 	if t.limit == 0 {
 		return 0
 	}
-	// Of more holders than buf takes, a sample spread over the set (in no
-	// order), their tokens scaled to stand for all those held, as a lane's
-	// (core.HolderSet).
-	var buf [64]core.End
-	ends := buf[:0]
-	holders, sum := ln.Holders.Len(), 0
-	k := min(holders, len(buf))
-	for i := range k {
-		h := ln.Holders.At(i * holders / k)
-		ends = append(ends, core.End{At: h.At, Units: int(h.Owner.(*grant).units)})
-		sum += ends[i].Units
-	}
-	if holders > k {
-		f, acc := float64(t.held)/float64(sum), 0.0
-		for i := range ends {
-			prev := int(acc)
-			acc += float64(ends[i].Units) * f
-			ends[i].Units = max(int(acc)-prev, 1)
-		}
-	}
+	var buf [core.EndsScan]core.End
+	ends := ln.Holders.Ends(buf[:0], func(h *core.Hold) int { return int(h.Owner.(*grant).units) }, t.held)
 	need := n - (t.limit - t.held) + t.queued
 	hold := g.eng.HoldTime()
 	lead := min(wait/2, time.Duration(float64(hold.Mean())*float64(n)/float64(t.limit)/2))

@@ -99,14 +99,14 @@ func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int) *Rejectio
 // may spend queued on its return (one that timed out in the queue), 0 for
 // one that cannot queue.
 func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots int, wait time.Duration) *Rejection {
-	var buf [endsScan]End
+	var buf [EndsScan]End
 	var ends []End
 	need := ln.Waiters.Units() + n
 	if free := ln.Free(); slots == ln.Limit && need > free {
 		// Room binds: the holders' ends free what it lacks. Otherwise
 		// (shares, or a Gate's tokens, budgets, pacing) the free units
 		// are not this caller's: turns of the whole lane.
-		ends, need = ln.Holders.ends(buf[:0]), need-free
+		ends, need = ln.Holders.Ends(buf[:0], (*Hold).Units, ln.Holders.Units()), need-free
 	}
 	if ln.Told == nil {
 		ln.Told = new(Told)

@@ -37,22 +37,23 @@ func (s *HolderSet) Len() int { return s.n }
 // Units returns the units the holders weigh together.
 func (s *HolderSet) Units() int { return s.n + s.x }
 
-// endsScan bounds the holders ends reads.
-const endsScan = 64
+// EndsScan bounds the holders Ends reads.
+const EndsScan = 64
 
-// ends appends the holders' starts (Hold.At) and units to buf; of more than
-// endsScan holders, a sample of endsScan spread over the set (which is in
-// no order), their units scaled to stand for all those held (a heavy
+// Ends appends the holders' starts (Hold.At) and units (as units counts
+// them, total in all: Hold.Units and Units for a lane's own) to buf; of more
+// than EndsScan holders, a sample of EndsScan spread over the set (which is
+// in no order), their units scaled to stand for all those held (a heavy
 // holder left out of the sample is missed).
-func (s *HolderSet) ends(buf []End) []End {
-	k, sum, start := min(s.n, endsScan), 0, len(buf)
+func (s *HolderSet) Ends(buf []End, units func(*Hold) int, total int) []End {
+	k, sum, start := min(s.n, EndsScan), 0, len(buf)
 	for i := range k {
 		h := s.rec(i * s.n / k).h
-		buf = append(buf, End{h.At, h.Units()})
-		sum += h.Units()
+		buf = append(buf, End{h.At, units(h)})
+		sum += buf[len(buf)-1].Units
 	}
 	// Scaled (by 1 when all are read), rounded so that they add up.
-	f, acc := float64(s.Units())/float64(sum), 0.0
+	f, acc := float64(total)/float64(sum), 0.0
 	for i := range buf[start:] {
 		prev := int(acc)
 		acc += float64(buf[start+i].Units) * f
