@@ -376,19 +376,15 @@ func (g *Gate) retireLocked(name string, b *budgets) {
 // queued for (grant.queue), after Reconfigure changed their limits: each
 // counts at most a limit's worth, of the limits now.
 func (g *Gate) requeueLocked() {
-	for pass := range 2 {
-		for _, c := range core.Order {
-			for el := range g.provider.Waiters.Class(c) {
-				gr := el.Value.Hold.Owner.(*grant)
-				for _, b := range gr.bud {
-					if b != nil && pass == 0 {
-						for i := range b.w {
-							b.w[i].queued = 0
-						}
-					}
-					b.queue(gr.cost(), int64(pass))
-				}
-			}
+	for w := range g.queuedLocked() {
+		for _, b := range w.Hold.Owner.(*grant).bud {
+			b.unqueueAll()
+		}
+	}
+	for w := range g.queuedLocked() {
+		gr := w.Hold.Owner.(*grant)
+		for _, b := range gr.bud {
+			b.queue(gr.cost(), 1)
 		}
 	}
 }

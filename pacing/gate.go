@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"sync"
 	"time"
 
@@ -179,13 +180,7 @@ func (g *Gate) Close() {
 		g.timer = nil
 	}
 	g.stopTimersLocked()
-	var all []*core.Waiter
-	for _, c := range core.Order {
-		for el := range g.provider.Waiters.Class(c) {
-			all = append(all, el.Value)
-		}
-	}
-	for _, w := range all {
+	for _, w := range slices.Collect(g.queuedLocked()) {
 		g.unqueueLocked(w)
 		wk.Refuse(w) // with no refusal of its own: ended as closed (grant.Ended)
 	}

@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"iter"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -39,23 +40,21 @@ func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, i
 		return g.keyBudgetBindingLocked(t, now)
 	}
 	// Behind a request that waits for tokens or a budget, which none may pass.
-	for _, c := range core.Order {
-		for el := range g.provider.Waiters.Class(c) {
-			gr := el.Value.Hold.Owner.(*grant)
-			switch n := int(gr.units); {
-			case !g.tok.fits(n):
-				return CapTokens, g.tok.held, g.tok.limit, 0
-			case gr.model == ml && !ml.tok.fits(n):
-				return CapModelTokens, ml.tok.held, ml.tok.limit, 0
-			}
-			at, name = g.bud.binding("", gr.cost(), afterNone, now)
-			if name == "" && gr.model == ml {
-				at, name = ml.bud.binding("model_", gr.cost(), afterNone, now)
-			}
-			if name != "" {
-				inFlight, limit = g.budgetUseLocked(ml, name, now)
-				return name, inFlight, limit, at
-			}
+	for w := range g.queuedLocked() {
+		gr := w.Hold.Owner.(*grant)
+		switch n := int(gr.units); {
+		case !g.tok.fits(n):
+			return CapTokens, g.tok.held, g.tok.limit, 0
+		case gr.model == ml && !ml.tok.fits(n):
+			return CapModelTokens, ml.tok.held, ml.tok.limit, 0
+		}
+		at, name = g.bud.binding("", gr.cost(), afterNone, now)
+		if name == "" && gr.model == ml {
+			at, name = ml.bud.binding("model_", gr.cost(), afterNone, now)
+		}
+		if name != "" {
+			inFlight, limit = g.budgetUseLocked(ml, name, now)
+			return name, inFlight, limit, at
 		}
 	}
 	return CapProvider, g.provider.Holders.Len(), g.provider.Limit, 0
@@ -85,6 +84,20 @@ func (g *Gate) capBindingLocked(ml *modelLane, n int, now int64) (name string, i
 		return CapPacing, g.provider.Holders.Len(), g.provider.Limit
 	}
 	return "", 0, 0
+}
+
+// queuedLocked yields the Gate's waiters, class by class in its queue's
+// order (Queue.Class); the queue must not change meanwhile.
+func (g *Gate) queuedLocked() iter.Seq[*core.Waiter] {
+	return func(yield func(*core.Waiter) bool) {
+		for _, c := range core.Order {
+			for el := range g.provider.Waiters.Class(c) {
+				if !yield(el.Value) {
+					return
+				}
+			}
+		}
+	}
 }
 
 // addLimits adds two limits; with one slots.Unlimited, the sum is too.

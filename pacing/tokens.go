@@ -123,12 +123,10 @@ func (g *Gate) refuseHeavyLocked(wk *core.Wakes) {
 		return // its waiters fail with ErrGateClosed
 	}
 	var heavy []*core.Waiter
-	for _, c := range core.Order {
-		for el := range g.provider.Waiters.Class(c) {
-			gr := el.Value.Hold.Owner.(*grant)
-			if name, _, _ := g.tooHeavyLocked(gr.model, int(gr.units)); name != "" {
-				heavy = append(heavy, el.Value)
-			}
+	for w := range g.queuedLocked() {
+		gr := w.Hold.Owner.(*grant)
+		if name, _, _ := g.tooHeavyLocked(gr.model, int(gr.units)); name != "" {
+			heavy = append(heavy, w)
 		}
 	}
 	for _, w := range heavy {

@@ -176,16 +176,15 @@ func (b *budgets) fitAt(t Tokens, extra charges, now int64) (at int64, which int
 	}
 	which = -1
 	ch := upstream.Charge(t)
+	capped := b.capped(ch) // a copy
 	for i := range b.w {
 		if t == (Tokens{}) && i < budgetParts-1 {
 			continue // tokens nobody counted wait for no token budget
 		}
 		w := &b.w[i]
 		own := ch[i]
-		if w.limit > 0 && extra[i] > 0 {
-			// A request larger than the budget takes one empty minute (its
-			// first request passes), not one per budget's worth of it.
-			own = min(own, w.limit)
+		if extra[i] > 0 { // behind others: it needs but one empty minute (capped)
+			own = capped[i]
 		}
 		c, more := own+extra[i], int64(0)
 		if w.limit > 0 && extra[i] > 0 && c > w.limit {
@@ -253,20 +252,38 @@ func (b *budgets) ratio(i int) float64 {
 }
 
 // queue counts (sign 1) or uncounts (-1) a request costing t as queued
-// for b: each part at most its limit, as fitAt counts a request larger than
-// its budget (one empty minute of it). Gate.requeueLocked counts the
-// queue anew when limits change.
+// for b, capped as fitAt counts it. Gate.requeueLocked counts the queue
+// anew when limits change.
 func (b *budgets) queue(t Tokens, sign int64) {
 	if b == nil {
 		return
 	}
-	c := upstream.Charge(t)
+	c := b.capped(upstream.Charge(t))
 	for i := range b.w {
-		if b.w[i].limit > 0 {
-			c[i] = min(c[i], b.w[i].limit)
-		}
 		b.w[i].queued += sign * c[i]
 	}
+}
+
+// unqueueAll counts nothing as queued for b.
+func (b *budgets) unqueueAll() {
+	if b == nil {
+		return
+	}
+	for i := range b.w {
+		b.w[i].queued = 0
+	}
+}
+
+// capped is c with each part at most its budget's limit: a request larger
+// than a budget takes one empty minute of it (a window's first request
+// passes), not one per budget's worth of it.
+func (b *budgets) capped(c charges) charges {
+	for i := range c {
+		if l := b.w[i].limit; l > 0 {
+			c[i] = min(c[i], l)
+		}
+	}
+	return c
 }
 
 // waiting returns what the requests queued for b's budgets are estimated
@@ -319,12 +336,7 @@ func (b *budgets) tell(t Tokens, at, now int64) {
 		b.told = b.told[:len(b.told)-1]
 	}
 	// In the order they are due, so that dueTold drops a prefix.
-	c := upstream.Charge(t)
-	for j := range c {
-		if b.w[j].limit > 0 {
-			c[j] = min(c[j], b.w[j].limit) // a minute of the budget at most, as fitAt counts it
-		}
-	}
+	c := b.capped(upstream.Charge(t)) // as fitAt counts it
 	i, _ := slices.BinarySearchFunc(b.told, at, func(e toldEntry, at int64) int { return cmp.Compare(e.at, at+1) })
 	b.told = slices.Insert(b.told, i, toldEntry{at, c})
 	b.addTold(c, 1)

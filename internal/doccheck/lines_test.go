@@ -59,14 +59,16 @@ var admissionFiles = []string{
 // the ends of more than 64 holders, and a bound past a lowered limit's
 // excess, to 5,829, and 4 for the sample's units scaled by their weights,
 // to 5,833; lowered since to 5,832, and to 5,828 (whether a Slot is kept
-// apart for leak detection asked by the Transport, which alone needs it).
+// apart for leak detection asked by the Transport, which alone needs it),
+// and to 5,820 (a read of the Gate's queue written once, a multi-key
+// waiter's blocking key found by one function).
 // The goal is 4,000.
-const maxAdmissionLines = 5828
+const maxAdmissionLines = 5820
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these.
-const maxAdmissionCode = 3997
+const maxAdmissionCode = 3988
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
