@@ -71,7 +71,6 @@ package inflightotel
 
 import (
 	"context"
-	"errors"
 	"sync/atomic"
 	"time"
 
@@ -81,7 +80,6 @@ import (
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
@@ -143,71 +141,6 @@ func configure(opts []Option) config {
 		c.meters = otel.GetMeterProvider()
 	}
 	return c
-}
-
-// The results of an admission, as inflight.result says them.
-const (
-	resultAcquired = iota
-	resultBypassed
-	resultLimitReached
-	resultQueueFull
-	resultWaitTimeout
-	resultCanceled
-	resultInvalidKey
-	resultExceedsLimit
-	resultOverBudget
-	resultOther
-	results
-)
-
-var resultNames = [results]string{"acquired", "bypassed", "limit_reached", "queue_full", "wait_timeout", "canceled", "invalid_key",
-	"exceeds_limit", "over_budget", "other"}
-
-// resultErrs are the errors that make each result, whose text describes
-// a refusal's span (statusOf).
-var resultErrs = [results]error{resultLimitReached: slots.ErrLimitReached, resultQueueFull: slots.ErrQueueFull,
-	resultWaitTimeout: slots.ErrWaitTimeout, resultInvalidKey: registry.ErrInvalidKey,
-	resultExceedsLimit: slots.ErrExceedsLimit, resultOverBudget: pacing.ErrOverBudget}
-
-// statusOf describes a refusal for err of result r on its span: by the
-// error that makes r (for a context's end, the context's error), not by
-// err, whose text may name a key (a tenant, an API key) that a trace
-// should not carry; by err itself only for a result of other.
-func statusOf(err error, r int) string {
-	switch {
-	case resultErrs[r] != nil:
-		return resultErrs[r].Error()
-	case r == resultCanceled && errors.Is(err, context.DeadlineExceeded):
-		return context.DeadlineExceeded.Error()
-	case r == resultCanceled:
-		return context.Canceled.Error()
-	}
-	return err.Error()
-}
-
-// resultOf names e's result.
-func resultOf(e slots.Event) int {
-	switch {
-	case e.Kind == slots.EventAcquired:
-		return resultAcquired
-	case e.Kind == slots.EventBypassed:
-		return resultBypassed
-	case errors.Is(e.Err, slots.ErrLimitReached):
-		return resultLimitReached
-	case errors.Is(e.Err, slots.ErrQueueFull):
-		return resultQueueFull
-	case errors.Is(e.Err, slots.ErrWaitTimeout):
-		return resultWaitTimeout
-	case errors.Is(e.Err, context.Canceled), errors.Is(e.Err, context.DeadlineExceeded):
-		return resultCanceled
-	case errors.Is(e.Err, registry.ErrInvalidKey):
-		return resultInvalidKey
-	case errors.Is(e.Err, slots.ErrExceedsLimit):
-		return resultExceedsLimit
-	case errors.Is(e.Err, pacing.ErrOverBudget):
-		return resultOverBudget
-	}
-	return resultOther
 }
 
 // The priorities as inflight.priority says them; noPriority for an
