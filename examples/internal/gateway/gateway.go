@@ -205,12 +205,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		g.Close()
 		return nil, err
 	}
-	inflightprom.Watch(collector, func() inflightprom.Snapshot {
-		s := inflightprom.RegistrySnapshot(g.tenants)
-		s.Counts.Rejected["limit_reached"] += g.disabledOrgs.Load() // refused before the cap
-		return s
-	})
-	g.metrics.MustRegister(collector)
+	g.watchTenants(collector)
 	g.registerMetrics(cfg)
 	if err := g.watchTelemetry(); err != nil {
 		g.Close()
@@ -409,11 +404,8 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	}
 	// An org switched off is refused here, before any admission: the
 	// answer is then the same whether the fleet's Redis is reachable or not.
-	// It counts among the tenant cap's refusals, as the cap's own would.
 	if g.orgLimit(org) == 0 {
-		g.disabledOrgs.Add(1)
-		g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached, Context: r.Context()})
-		g.reject(w, r, "tenant", model, &slots.LimitError{Err: slots.ErrLimitReached, Key: tenant{org, model}.String()})
+		g.rejectDisabled(w, r, org, model)
 		return
 	}
 	// The tenant's own cap: over it is the tenant's doing, answered at once.

@@ -121,6 +121,16 @@ func (l *rejectLog) allow(now time.Time) (bool, int) {
 	return true, n
 }
 
+// rejectDisabled answers a request of an org switched off (a limit of 0),
+// refused before any admission, and counts it among the tenant cap's
+// refusals as the cap's own would be: on /metrics (watchTenants), and to
+// its Observer (the OpenTelemetry adapter, the request's trace).
+func (g *Gateway) rejectDisabled(w http.ResponseWriter, r *http.Request, org, model string) {
+	g.disabledOrgs.Add(1)
+	g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached, Context: r.Context()})
+	g.reject(w, r, "tenant", model, &slots.LimitError{Err: slots.ErrLimitReached, Key: tenant{org, model}.String()})
+}
+
 // reject answers an admission error and logs it (rate-limited). The client
 // gone while waiting is not a rejection: nothing is written to nobody.
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model string, err error) {

@@ -9,6 +9,18 @@ import (
 	"github.com/inflight-go/inflight/sweep/inflightprom"
 )
 
+// watchTenants exports the tenant cap, whose Observer c is: its registry's
+// counts, with the refusals of orgs switched off, made before the cap
+// (rejectDisabled), among its limit_reached.
+func (g *Gateway) watchTenants(c *inflightprom.Collector) {
+	inflightprom.Watch(c, func() inflightprom.Snapshot {
+		s := inflightprom.RegistrySnapshot(g.tenants)
+		s.Counts.Rejected["limit_reached"] += g.disabledOrgs.Load()
+		return s
+	})
+	g.metrics.MustRegister(c)
+}
+
 // registerMetrics exports every cap as series of the inflight_* families,
 // told apart by the label cap: "tenant" (registered by New); the provider's
 // caps as inflightprom.Provider names and counts them ("provider",
