@@ -31,12 +31,7 @@ func TestTokensRetryAfter(t *testing.T) {
 				g := newGate(t, tc.cfg)
 				defer g.Close()
 				ctx := context.Background()
-				for range 16 { // a mean hold of a second
-					gr, err := g.AcquireN(ctx, "m", 1)
-					require.NoError(t, err)
-					time.Sleep(time.Second)
-					gr.Slot.Release()
-				}
+				testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { gr, err := g.AcquireN(ctx, "m", 1); return gr.Slot, err })
 				big, err := g.AcquireN(ctx, "m", 800)
 				require.NoError(t, err)
 				time.Sleep(200 * time.Millisecond)
@@ -75,12 +70,7 @@ func TestQueueFullBehindTokenWaitersRetryAfter(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxConcurrentRequests: 10, MaxInflightTokens: 100, MaxQueue: 3, MaxQueueWaitMS: 60_000})
 		defer g.Close()
 		ctx := context.Background()
-		for range 16 { // a mean hold of a second
-			gr, err := g.Acquire(ctx, "m")
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			gr.Slot.Release()
-		}
+		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { gr, err := g.Acquire(ctx, "m"); return gr.Slot, err })
 		big, err := g.AcquireN(ctx, "m", 100)
 		require.NoError(t, err)
 		var waiting []chan result
@@ -118,12 +108,7 @@ func TestTokensRetryAfterManyHolders(t *testing.T) {
 		g := newGate(t, pacing.Config{MaxInflightTokens: 100, MaxQueueWaitMS: 1})
 		defer g.Close()
 		ctx := context.Background()
-		for range 16 { // a mean hold of a second
-			gr, err := g.AcquireN(ctx, "m", 1)
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			gr.Slot.Release()
-		}
+		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { gr, err := g.AcquireN(ctx, "m", 1); return gr.Slot, err })
 		for range 100 {
 			gr, err := g.AcquireN(ctx, "m", 1)
 			require.NoError(t, err)

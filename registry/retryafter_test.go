@@ -62,12 +62,7 @@ func TestHoldEstimateFollowsEveryShard(t *testing.T) {
 func TestAcquireAllTimeoutNamesTheKeyStillFull(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](100, slots.WithMaxWait(5*time.Second))
-		for range 16 { // a mean hold of 10 s
-			s, err := reg.TryAcquire("warm")
-			require.NoError(t, err)
-			time.Sleep(10 * time.Second)
-			s.Release()
-		}
+		testrig.WarmHolds(t, 10*time.Second, func() (*slots.Slot, error) { return reg.TryAcquire("warm") })
 		reg.SetLimit("b", 1)
 		a, err := reg.TryAcquireN("a", 100)
 		require.NoError(t, err)
@@ -149,12 +144,7 @@ func TestRetryAfterUnderALoweredLimit(t *testing.T) {
 		t.Run(fmt.Sprintf("%dx%d", tc.holders, tc.units), func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
 				reg := registry.New[string](1000)
-				for range 16 { // a mean hold of a second
-					s, err := reg.TryAcquire("warm")
-					require.NoError(t, err)
-					time.Sleep(time.Second)
-					s.Release()
-				}
+				testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return reg.TryAcquire("warm") })
 				for range tc.holders {
 					s, err := reg.TryAcquireN("org", tc.units)
 					require.NoError(t, err)
@@ -192,12 +182,7 @@ func TestRetryAfterFullKeyManyHolders(t *testing.T) {
 	for i, holders := range []int{64, 65} {
 		testrig.Bubble(t, func(t *testing.T) {
 			reg := registry.New[string](holders)
-			for range 16 { // a mean hold of a second
-				s, err := reg.TryAcquire("warm")
-				require.NoError(t, err)
-				time.Sleep(time.Second)
-				s.Release()
-			}
+			testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return reg.TryAcquire("warm") })
 			for range holders {
 				s, err := reg.TryAcquire("org")
 				require.NoError(t, err)
@@ -220,12 +205,7 @@ func TestRetryAfterFullKeyManyHolders(t *testing.T) {
 func TestRetryAfterSampleKeepsWeights(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](10_100)
-		for range 16 { // a mean hold of a second
-			s, err := reg.TryAcquire("warm")
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			s.Release()
-		}
+		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return reg.TryAcquire("warm") })
 		heavy, err := reg.TryAcquireN("org", 10_000)
 		require.NoError(t, err)
 		defer heavy.Release()

@@ -370,12 +370,7 @@ func TestRegistryHeavyWaiterServedInOrderAsTheLimiter(t *testing.T) {
 func TestRegistryRetryAfterCountsUnits(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		reg := registry.New[string](100, slots.WithMaxWait(100*time.Millisecond))
-		for range 16 { // a mean hold of a second
-			s, err := reg.TryAcquire("org")
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			s.Release()
-		}
+		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return reg.TryAcquire("org") })
 		big, err := reg.TryAcquireN("org", 60)
 		require.NoError(t, err)
 		defer big.Release()

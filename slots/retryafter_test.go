@@ -95,12 +95,7 @@ func TestRetryAfterSpreadsReturns(t *testing.T) {
 func TestRetryAfterSpreadsPastOverdueHolders(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		lim := slots.NewLimiter(4)
-		for range 16 { // a mean hold of 100 ms
-			s, err := lim.TryAcquire()
-			require.NoError(t, err)
-			time.Sleep(100 * time.Millisecond)
-			s.Release()
-		}
+		testrig.WarmHolds(t, 100*time.Millisecond, lim.TryAcquire)
 		for range 4 {
 			s, err := lim.TryAcquire()
 			require.NoError(t, err)
@@ -126,12 +121,7 @@ func TestRetryAfterSpreadsPastOverdueHolders(t *testing.T) {
 func TestRetryAfterCountsUnits(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		lim := slots.NewLimiter(100)
-		for range 16 { // a mean hold of a second
-			s, err := lim.TryAcquire()
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			s.Release()
-		}
+		testrig.WarmHolds(t, time.Second, lim.TryAcquire)
 		big, err := lim.TryAcquireN(60)
 		require.NoError(t, err)
 		defer big.Release()
@@ -164,12 +154,7 @@ func TestRetryAfterCountsUnits(t *testing.T) {
 func TestRetryAfterBesideAReserve(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		lim := slots.NewLimiter(10, slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 5}))
-		for range 16 { // a mean hold of a second
-			s, err := lim.TryAcquire()
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			s.Release()
-		}
+		testrig.WarmHolds(t, time.Second, lim.TryAcquire)
 		for range 5 {
 			s, err := lim.TryAcquire()
 			require.NoError(t, err)

@@ -28,18 +28,7 @@ func TestTransportLeakOfACombinedSlot(t *testing.T) {
 	quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
 	a := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithObserver(&ev), quiet)
 	b := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithObserver(&ev), quiet)
-	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
-		sa, err := a.TryAcquire()
-		if err != nil {
-			return nil, err
-		}
-		sb, err := b.TryAcquire()
-		if err != nil {
-			sa.Release()
-			return nil, err
-		}
-		return slots.Combine(sa, sb), nil
-	})}
+	client := &http.Client{Transport: slots.NewTransport(base, admitBoth(a, b))}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel() // alive until the leaks are found
 	func() {
@@ -97,18 +86,7 @@ func TestTransportFreesAMixedCombinedSlotDropped(t *testing.T) {
 	quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
 	a := slots.NewLimiter(1, slots.WithLeakDetection(), quiet)
 	b := slots.NewLimiter(1, quiet) // untracked
-	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
-		sa, err := a.TryAcquire()
-		if err != nil {
-			return nil, err
-		}
-		sb, err := b.TryAcquire()
-		if err != nil {
-			sa.Release()
-			return nil, err
-		}
-		return slots.Combine(sa, sb), nil
-	})}
+	client := &http.Client{Transport: slots.NewTransport(base, admitBoth(a, b))}
 	ctx, cancel := context.WithCancel(context.Background())
 	func() {
 		req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
@@ -122,4 +100,20 @@ func TestTransportFreesAMixedCombinedSlotDropped(t *testing.T) {
 	}
 	cancel()
 	waitFor(t, "both parts freed once the context ends", func() bool { return a.InFlight() == 0 && b.InFlight() == 0 })
+}
+
+// admitBoth admits a request with a slot of a and one of b, combined.
+func admitBoth(a, b *slots.Limiter) slots.AdmitFunc {
+	return func(*http.Request) (*slots.Slot, error) {
+		sa, err := a.TryAcquire()
+		if err != nil {
+			return nil, err
+		}
+		sb, err := b.TryAcquire()
+		if err != nil {
+			sa.Release()
+			return nil, err
+		}
+		return slots.Combine(sa, sb), nil
+	}
 }
