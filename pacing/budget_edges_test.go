@@ -375,3 +375,31 @@ func TestProceedChargesTheBypassToItsBudget(t *testing.T) {
 		assert.Equal(t, 1000-1-9*100, g.Status().Budgets[0].Left, "charged with the bypasses")
 	})
 }
+
+// A refusal told to come back while a part of its budget had no limit is
+// counted, once Reconfigure gives that part a limit, as the request is
+// charged to it: at most the whole limit (one empty minute), not its
+// tokens in full. A request of a million tokens refused by the requests
+// budget made the next refusal, once a budget of 1,000 tokens was added,
+// wait for a thousand minutes.
+func TestBudgetToldCappedByALimitAdded(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		cfg := pacing.Config{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}, MaxQueueWaitMS: 100}
+		g := newGate(t, cfg)
+		ctx := context.Background()
+		big := pacing.Tokens{Input: 1_000_000}
+		first, err := g.AcquireTokens(ctx, "m", big)
+		require.NoError(t, err)
+		first.Slot.Release()
+		_, err = g.AcquireTokens(ctx, "m", big)
+		require.ErrorIs(t, err, pacing.ErrOverBudget)
+
+		cfg.TokensPerMinute = 1000
+		require.NoError(t, g.Reconfigure(cfg))
+		_, err = g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 10})
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		t.Logf("told %v", le.RetryAfter)
+		assert.LessOrEqual(t, le.RetryAfter, 3*time.Minute, "behind one refused request of the whole budget, then its own minute")
+	})
+}

@@ -151,6 +151,13 @@ func newBudgets(old *budgets, limits [budgetParts]int) *budgets {
 	for i, l := range limits {
 		b.w[i].limit = int64(l)
 	}
+	// The refusals told to come back count as tell counted them, capped
+	// at the limits now: a part given a limit since counts at most it.
+	b.toldSum = charges{}
+	for j := range b.told {
+		b.told[j].c = b.capped(b.told[j].c)
+		b.addTold(b.told[j].c, 1)
+	}
 	return b
 }
 
