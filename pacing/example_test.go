@@ -38,10 +38,18 @@ func ExampleParse() {
 // request, before it hands the body on: the learned cap moves on
 // concurrency 429s and on admissions, and Retry-After pauses new starts.
 func ExampleGate_Report() {
-	gate, _ := pacing.NewGate("zai", pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
+	gate, err := pacing.NewGate("zai", pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4}})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer gate.Close()
 	var grants []pacing.Grant
 	for range 5 { // the fifth start tests the cap: 4 is not proven
-		gt, _ := gate.Acquire(context.Background(), "glm-5")
+		gt, err := gate.Acquire(context.Background(), "glm-5")
+		if err != nil {
+			log.Fatal(err)
+		}
+		defer gt.Slot.Release() // the four others, when their answers end
 		grants = append(grants, gt)
 	}
 	// The upstream refuses the fifth: it allows at most 4 at once.
@@ -54,7 +62,6 @@ func ExampleGate_Report() {
 	resp.Body.Close()
 
 	l := gate.Learned()
-	gate.Close()
 	fmt.Println(v.Kind, v.RetryAfter, len(body) > 0)
 	fmt.Println("cap", l.Cap, "ceiling", l.Ceiling, "limit", l.Limit)
 	// Output:

@@ -64,8 +64,9 @@ func ExampleLimiter_SetLimit() {
 	s.Release()
 
 	lim.SetLimit(slots.Unlimited)
-	_, err := lim.TryAcquire()
+	s, err := lim.TryAcquire()
 	fmt.Println(err)
+	s.Release()
 	// Output:
 	// 1 0
 	// <nil>

@@ -37,7 +37,7 @@ func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxWait = d })
 }
 
-// WithMaxQueue bounds the waiters (ErrQueueFull); 0: none; < 0: no bound.
+// WithMaxQueue bounds waiters (ErrQueueFull); 0: none; unset, < 0: no cap.
 func WithMaxQueue(n int) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxQueue, w.BoundQueue = n, n >= 0 })
 }

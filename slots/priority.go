@@ -148,7 +148,7 @@ func shareCheck(pkg string, s Share) {
 	}
 }
 
-// WithMaxQueuePerFlow bounds each flow's waiters (0: none; < 0: no bound).
+// WithMaxQueuePerFlow bounds a flow's waiters; 0: none; unset, < 0: no cap.
 func WithMaxQueuePerFlow(n int) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxFlowQueue, w.BoundFlowQueue = n, n >= 0 })
 }

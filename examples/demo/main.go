@@ -21,10 +21,10 @@
 // and through one that learns the cap from the provider's answers; a third
 // table compares the 429s, the work served and the latencies (moving.go).
 //
-// While each phase runs, a progress line on stderr shows the requests done,
-// those open at the provider and the upstream 429s so far. The simulated
-// provider is examples/internal/upstream, which ./examples/upstream runs on
-// its own for the gateway.
+// While each phase runs, a progress line on stderr shows the requests
+// ended (completed or failed), those open at the provider and the upstream
+// 429s so far. The simulated provider is examples/internal/upstream, which
+// ./examples/upstream runs on its own for the gateway.
 //
 //	go run ./examples/demo [-batch 40] [-interactive 40] [-account-limit 5] [-model-cap 3] [-phase 6s] [-fleet]
 //	go run ./examples/demo -h    # every flag
@@ -128,12 +128,13 @@ func runWith(name string, baseURLs []string, p *upstream.Provider, reqs []reques
 			done.Add(1)
 			mu.Lock()
 			defer mu.Unlock()
-			if ok {
+			switch {
+			case !ok: // a failed turn's latency would flatter its run
+			case r.interactive:
 				completed++
-			}
-			if r.interactive {
 				latencies = append(latencies, took)
-			} else {
+			default:
+				completed++
 				batchLat = append(batchLat, took)
 			}
 		})
@@ -306,7 +307,7 @@ func run(args []string, stdout, stderr io.Writer) error {
   completed              requests answered 200 and streamed to their end
   upstream 429s          the provider's refusals, retries included
   peak open at provider  the most requests the provider had open at once, refused ones included
-  interactive p50, p95   latencies of the interactive turns, from the first attempt to the end
+  interactive p50, p95   latencies of the completed interactive turns, from the first attempt to the end
 `)
 	fmt.Fprintf(stdout, "\nthe batch on the whole account (no model cap), through the gateway capped at %d:\n"+
 		"  one queue         every request waits in arrival order\n"+
@@ -319,7 +320,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 			r.p50.Round(time.Millisecond), r.p95.Round(time.Millisecond), r.batchP95.Round(time.Millisecond), r.wall.Round(10*time.Millisecond))
 	}
 	tw.Flush()
-	fmt.Fprint(stdout, "\n  batch p95  the 95th percentile latency of the batch turns; the other columns as above\n")
+	fmt.Fprint(stdout, "\n  batch p95  the 95th percentile latency of the completed batch turns; the other columns as above\n")
 	// With -fleet, one store for the fleet's runs (the moving cap's and
 	// the three gateways').
 	var store *fleetStore

@@ -50,8 +50,8 @@ func TestDemo(t *testing.T) {
 		"a client retries a 429\n                       twice",
 		"the gateway caps the provider at 5 and glm-5 at 3",
 		"  peak open at provider  the most requests the provider had open at once",
-		"  interactive p50, p95   latencies of the interactive turns",
-		"  batch p95  the 95th percentile latency of the batch turns",
+		"  interactive p50, p95   latencies of the completed interactive turns",
+		"  batch p95  the 95th percentile latency of the completed batch turns",
 	} {
 		assert.Contains(t, out.String(), said)
 	}
@@ -78,17 +78,17 @@ func TestDemoHelpListsTheFlags(t *testing.T) {
 }
 
 // TestDemoShowsProgress: away from a terminal, each phase prints progress
-// lines (requests done, open at the provider, 429s so far) as it runs.
+// lines (requests ended, open at the provider, 429s so far) as it runs.
 func TestDemoShowsProgress(t *testing.T) {
 	var stderr strings.Builder
 	require.NoError(t, run([]string{"-batch", "4", "-interactive", "4", "-scale", "0.1", "-phase", "300ms"}, io.Discard, &stderr))
 	for _, phase := range []string{"direct", "through the gateway", "one queue", "priority classes"} {
-		assert.Regexp(t, phase+` +8 of 8 requests done, +\d+ open at the provider now, +\d+ upstream 429s so far`, stderr.String())
+		assert.Regexp(t, phase+` +8 of 8 requests ended \(completed or failed\), +\d+ open at the provider now, +\d+ upstream 429s so far`, stderr.String())
 	}
 	// One line for the four runs of the moving cap, each run's figures
 	// named.
 	n := 4 * lastOutcome.moving[0].requests
-	assert.Regexp(t, fmt.Sprintf(`hidden cap moving, the 4 runs together %d of %d requests done, at each run's provider now `+
+	assert.Regexp(t, fmt.Sprintf(`hidden cap moving, the 4 runs together %d of %d requests ended \(completed or failed\), at each run's provider now `+
 		`\(static cap 5: \d+ open, \d+ 429s; static cap 20: \d+ open, \d+ 429s; static cap 40: \d+ open, \d+ 429s; learned \(adaptive\): \d+ open, \d+ 429s\)`, n, n), stderr.String())
 }
 

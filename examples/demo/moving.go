@@ -146,13 +146,15 @@ func runMoving(stdout io.Writer, phase time.Duration, seed uint64, store *fleetS
 	tw.Flush()
 	fmt.Fprintf(stdout, `
   completed      turns streamed to their end, of those sent to the run's gateway
-  upstream 429s  the provider's refusals, passed on to the clients (who do not retry)
-  of attempts    those 429s as a share of the requests that reached the provider
+  upstream 429s  the provider's refusals within the %v of the phases (the progress
+                 line counts on while the queues drain), passed on to the clients,
+                 who do not retry
+  of attempts    those 429s as a share of the requests that reached the provider then
   turned away    turns the gateway refused itself: its queue full, or %v waited
   capacity used  the work the provider served, as a share of its hidden cap
                  times the %v of the phases
   p50, p95       latencies of the completed turns, from arrival to the stream's end
-`, time.Duration(queue.MaxQueueWaitMS)*time.Millisecond, window)
+`, window, time.Duration(queue.MaxQueueWaitMS)*time.Millisecond, window)
 	for _, r := range results {
 		if r.learnedAt != nil {
 			fmt.Fprintf(stdout, "\n%s: the learned cap at the end of each phase: %s (the hidden cap: %s)",

@@ -44,7 +44,7 @@ func (p *progress) startWith(name string, total int, done *atomic.Int64, state f
 	}
 	began := time.Now()
 	line := func() string {
-		return fmt.Sprintf("%-20s %3d of %d requests done, %s, %5.1fs", name, done.Load(), total, state(), time.Since(began).Seconds())
+		return fmt.Sprintf("%-20s %3d of %d requests ended (completed or failed), %s, %5.1fs", name, done.Load(), total, state(), time.Since(began).Seconds())
 	}
 	quit, finished := make(chan struct{}), make(chan struct{})
 	go func() {

@@ -96,7 +96,7 @@ func runTokens(stdout io.Writer, cache int, d func(int) time.Duration, rng *rand
 	tw.Flush()
 	fmt.Fprint(stdout, `
   peak tokens held    the most tokens the server was asked to hold at once, refused requests included
-  small p50, p95      latencies of the small requests, from the first attempt to the end
+  small p50, p95      latencies of the completed small requests, from the first attempt to the end
   large p95           the same for the large prompts; the other columns as in the first table
 `)
 	return nil

@@ -140,14 +140,14 @@ func FleetOnPostgres(ctx context.Context, pool *pgxpool.Pool) (*fleet.Registry[s
 // Observer is one value, so one function calls both adapters.
 func NewObservedServer(app http.Handler) (http.Handler, error) {
 	prom := inflightprom.New("server")
-	otel, err := inflightotel.New("server") // metrics to otel.GetMeterProvider()
+	ot, err := inflightotel.New("server") // metrics to otel.GetMeterProvider()
 	if err != nil {
 		return nil, err
 	}
-	both := slots.ObserverFunc(func(e slots.Event) { prom.Observe(e); otel.Observe(e) })
+	both := slots.ObserverFunc(func(e slots.Event) { prom.Observe(e); ot.Observe(e) })
 	lim := slots.NewLimiter(100, slots.WithMaxQueue(50), slots.WithObserver(both))
 	inflightprom.WatchLimiter(prom, lim)
-	inflightotel.WatchLimiter(otel, lim)
+	inflightotel.WatchLimiter(ot, lim)
 	metrics := prometheus.NewRegistry()
 	metrics.MustRegister(prom)
 	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }
