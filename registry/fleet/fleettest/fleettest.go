@@ -121,6 +121,8 @@ var (
 		{"AdmittedOverALoweredLimit", admittedOverALoweredLimit},
 		{"ExpiredLeasePasses", expiredLeasePasses},
 		{"AnyKey", anyKey},
+		{"KeysNamedLikeAStoresOwn", keysNamedLikeAStoresOwn},
+		{"FlowsNamedLikeAClasssCounts", flowsNamedLikeAClasssCounts},
 		{"OverridesShared", overridesShared},
 		{"BudgetShared", budgetShared},
 		{"BudgetRequests", budgetRequests},

@@ -32,7 +32,7 @@ func TestConformanceSentinel(t *testing.T) {
 
 // queued counts the tickets in the fleet's queue of key on c.
 func queued(c redis.UniversalClient, fleet, key string) (int, error) {
-	n, err := c.ZCard(context.Background(), "inflight:{"+fleet+"}:"+key+"#q").Result()
+	n, err := c.ZCard(context.Background(), redisstore.KeyOf(redisstore.New(c, fleet), key)+"#q").Result()
 	return int(n), err
 }
 

@@ -19,7 +19,12 @@
 // more. The scripts of that release count a weighted lease as one unit,
 // and leave its extra units counted when they drop it expired: a fleet
 // that weighs its leases needs every process at this release (or later)
-// before its first weighted call.
+// before its first weighted call. A key whose name has a '#' or starts
+// "abandoned:", and a flow whose name has a '|', are kept under marked
+// names since this release: the release before could take them for what
+// it keeps beside another key (its units, its queue, a flow's count in a
+// class), and so admit past a cap. During a rolling deploy from it, the
+// processes of the two releases count such a key apart, as two.
 //
 // Give the client short timeouts, so that a dead server fails fast, and
 // let it honour each call's deadline:

@@ -103,11 +103,38 @@ func WithListenRetry(d time.Duration) Option {
 // String names the store in the fleet's logs: the start of its keys.
 func (s *Store) String() string { return s.prefix }
 
-// key is the Redis key of a capped key's leases.
-func (s *Store) key(name string) string { return s.prefix + name }
+// key is the Redis key of a capped key's leases: the fleet's prefix, then
+// the key's name, kept apart from the names the scripts build from it
+// (its name and a suffix after '#': its queue, its units...) and from the
+// tombstones (abandoned: and a lease id). A name that has a '#' or starts
+// as a tombstone is marked with a '#' before it, and each of its '#'s is
+// doubled: every '#' of such a name is then in a run of even length but
+// the first, and a suffix makes its name's last run odd. Other names are
+// kept as they are, as the release before this one kept every name.
+func (s *Store) key(name string) string {
+	if !strings.Contains(name, "#") && !strings.HasPrefix(name, tombstones) {
+		return s.prefix + name
+	}
+	return s.prefix + "#" + strings.ReplaceAll(name, "#", "##")
+}
+
+// flowName is flow as a key's queue counts it: a flow's count is its name
+// after "n|", a class's flow's is the class, '|' and the name, so a name
+// that has a '|' is marked with a '|' before it (a class is a digit).
+// Other names are kept as they are, as the release before this one kept
+// every name.
+func flowName(flow string) string {
+	if strings.Contains(flow, "|") {
+		return "|" + flow
+	}
+	return flow
+}
+
+// tombstones starts the name of a lease id's tombstone, after the prefix.
+const tombstones = "abandoned:"
 
 // tombstone is the key that marks lease id abandoned.
-func (s *Store) tombstone(id string) string { return s.prefix + "abandoned:" + id }
+func (s *Store) tombstone(id string) string { return s.prefix + tombstones + id }
 
 // errReply is a reply not shaped as the script's.
 var errReply = fmt.Errorf("%w (redis)", driver.ErrBadReply)
@@ -157,7 +184,7 @@ func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 		wait += 2
 	}
 	args = append(args, c.Lease, driver.Millis(c.TTL), len(c.Keys), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), wait,
-		driver.Millis(c.Claim), c.Class, c.Flow, c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(),
+		driver.Millis(c.Claim), c.Class, flowName(c.Flow), c.Weight, c.Proc, s.wakePrefix, c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(),
 		max(c.Units, 1))
 	for _, n := range c.Limits {
 		args = append(args, n)

@@ -42,7 +42,8 @@ func (m *Mini) Client() *redis.Client {
 }
 
 // Leases returns the leases on key of the fleet named fleet (under the
-// default prefix). The key may go at any moment (a background release
+// default prefix): a key without '#' that does not start "abandoned:"
+// (the store keeps those under a name of their own). The key may go at any moment (a background release
 // removes its last lease), so a missing key is no lease, not an error:
 // asking first whether it exists would race.
 func (m *Mini) Leases(fleet, key string) []string {
