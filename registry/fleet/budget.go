@@ -20,7 +20,8 @@ import (
 // first request passes, however large). Like pacing.Budget it never makes
 // a request wait: Reserve takes a request now or refuses it with when the
 // budget will take it. Create one with NewBudget; it holds no goroutine
-// and needs no Close.
+// and needs no Close. Its calls take a nil context as
+// context.Background().
 //
 // The store keeps a budget as up to two records (driver.BudgetCall): its
 // tokens under its name, and its requests, when MaxRequestsPerMinute is
@@ -250,6 +251,9 @@ func (r *BudgetReservation) Left() (left, limits [upstream.BudgetParts]int) {
 func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReservation, error) {
 	if err := t.CheckCharge(); err != nil {
 		return nil, err
+	}
+	if ctx == nil {
+		ctx = context.Background() // as call takes it; the refusal's take-back below needs one
 	}
 	r := &BudgetReservation{b: b, cost: upstream.Charge(t)}
 	for rec := range r.charged {

@@ -30,6 +30,9 @@ type Reservations struct {
 // still refuse it). On success the index is -1. A panic in uncounted
 // cancels the reservations made, as a refusal does.
 func ReserveAll(ctx context.Context, t upstream.Tokens, uncounted func(i int, err error), budgets ...*Budget) (*Reservations, int, error) {
+	if ctx == nil {
+		ctx = context.Background() // as Budget's calls take it
+	}
 	rs := &Reservations{}
 	taken := false
 	defer func() { // after a refusal, or a panic in uncounted

@@ -274,3 +274,24 @@ func TestBudgetZeroTokensSettled(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, [4]int{500, 500, 0, 1}, used, "cancelled: nothing")
 }
+
+// A nil context is context.Background to a Budget's calls, refusals
+// included: a refusal that takes back an earlier record's charge, alone
+// or under ReserveAll, panicked making that charge's context of its own.
+func TestBudgetNilContext(t *testing.T) {
+	b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 1}, 0)
+	require.NoError(t, err)
+	//lint:ignore SA1012 a nil context, on purpose
+	r, err := b.Reserve(nil, pacing.Tokens{Input: 80})
+	require.NoError(t, err)
+	require.NoError(t, r.Settle(context.Background(), pacing.Tokens{Input: 80}))
+	//lint:ignore SA1012 a nil context, on purpose
+	_, err = b.Reserve(nil, pacing.Tokens{Input: 80}) // the tokens taken, then refused by the requests
+	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	//lint:ignore SA1012 a nil context, on purpose
+	_, _, err = fleet.ReserveAll(nil, pacing.Tokens{Input: 80}, nil, b)
+	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	used, err := b.Used(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 80, used[0], "the refused requests' tokens taken back")
+}
