@@ -6,7 +6,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -133,4 +135,23 @@ func TestTraceSettledRequests(t *testing.T) {
 	status = http.StatusTooManyRequests // last: the Gate pauses after it
 	assert.Equal(t, []pacing.Settlement{{}}, send(false))
 	assert.Equal(t, want, left(), "refused for a rate: not counted")
+}
+
+// A Trace.Settled that panics for an error answer its client left unread
+// runs where the request's context ends, on the Transport's watch of it:
+// the process goes on (it crashed), and the slots are freed.
+func TestTraceSettledPanicAtTheContextsEnd(t *testing.T) {
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{},
+			Body: io.NopCloser(strings.NewReader(`{"error":{}}`)), Request: r}, nil
+	})
+	rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(0))
+	ctx, cancel := context.WithCancel(context.Background())
+	ctx = pacing.WithTrace(ctx, &pacing.Trace{Settled: func(pacing.Settlement) { panic("a hook's bug") }})
+	resp, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
+	require.NoError(t, err)
+	cancel() // the client goes away without reading the answer
+	require.Eventually(t, func() bool { return gate.Status().InFlight == 0 }, 10*time.Second, time.Millisecond)
+	assert.NoError(t, resp.Body.Close())
 }

@@ -3,6 +3,7 @@ package slots
 import (
 	"context"
 	"io"
+	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -118,7 +119,16 @@ func (b *slotBody) cut(fromWatch bool) error {
 // The end of the context frees the slot whatever the body does: if its
 // Close has not returned within cutCloseWait (it waits for a Read stuck
 // on a silent upstream, say), the slot goes all the same.
+//
+// It runs on a goroutine of its own, where a panic in the body's Close (a
+// wrapper's hook, say) would end the process: the slot is freed by cut,
+// and the panic logged to slog's default logger.
 func (b *slotBody) watch() {
+	defer func() {
+		if p := recover(); p != nil {
+			slog.Error("slots: a response body's Close panicked at its request's end; the slot is freed", slog.Any("panic", p))
+		}
+	}()
 	b.watchCut.Store(true)
 	late := b.t.clock.AfterFunc(cutCloseWait, func() { b.end(endCut, true) })
 	defer late.Stop()

@@ -1,12 +1,17 @@
 package slots_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -129,4 +134,43 @@ func TestBodyThatPanicsIsClosedFirst(t *testing.T) {
 			})
 		}
 	}
+}
+
+// A body whose Close panics when the request's context ends, closed by the
+// Transport's watch on a goroutine of its own, frees its slot and is
+// logged there: the panic has no caller to go up to, and would end the
+// process.
+func TestBodyThatPanicsClosedByTheWatch(t *testing.T) {
+	var logged syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	lim := slots.NewLimiter(1)
+	tr := slots.NewTransport(answering(panickyBody{"Close"}), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+	ctx, cancel := context.WithCancel(context.Background())
+	resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+	require.NoError(t, err)
+	cancel() // the client walks away without reading or closing
+	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond, "the slot freed")
+	require.Eventually(t, func() bool { return strings.Contains(logged.String(), "body bug in Close") }, 10*time.Second, time.Millisecond)
+	t.Log(logged.String())
+	assert.NoError(t, resp.Body.Close(), "closed once, by the watch")
+}
+
+// syncBuffer is a bytes.Buffer safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }
