@@ -16,8 +16,8 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 	}
 	var wakeAt int64
 	for g.provider.Waiters.Len() > 0 {
-		if g.started && g.next > now {
-			wakeAt = g.next
+		if next := nextStart(g.started, g.last, g.interval); next > now {
+			wakeAt = next
 			break
 		}
 		if g.ad.pauseUntil > now { // the upstream asked for a pause
@@ -83,10 +83,10 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			gr.keyN = key.lane.Holders.Len()
 			key.l.started(gr.keyN, now)
 		}
-		gr.prev = starts{g.started, g.last, g.next}
-		gr.modelPrev = starts{ml.started, ml.last, ml.next}
-		g.started, g.last, g.next = true, now, now+int64(g.interval)
-		ml.started, ml.last, ml.next, ml.lastID = true, now, now+int64(ml.interval), w.Hold.ID
+		gr.prev = starts{g.started, g.last}
+		gr.modelPrev = starts{ml.started, ml.last}
+		g.started, g.last = true, now
+		ml.started, ml.last, ml.lastID = true, now, w.Hold.ID
 		wk.Grant(w)
 	}
 	g.learnedLocked(now) // a probe that started arms its timer
@@ -107,9 +107,9 @@ func (g *Gate) nextLocked(now int64, wakeAt *int64, tf *tokensFit) *core.Waiter 
 		if !ml.lane.HasRoom() {
 			return false
 		}
-		if ml.interval > 0 && ml.started && ml.next > now {
-			if *wakeAt == 0 || ml.next < *wakeAt {
-				*wakeAt = ml.next
+		if next := nextStart(ml.started, ml.last, ml.interval); next > now {
+			if *wakeAt == 0 || next < *wakeAt {
+				*wakeAt = next
 			}
 			return false
 		}

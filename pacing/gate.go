@@ -48,7 +48,6 @@ type Gate struct {
 	models   map[string]*modelLane
 	keys     []*keyLane // the pool, in the configured order
 	keyByID  map[string]*keyLane
-	next     int64 // provider's next allowed start, clock nanos
 	last     int64 // provider's last start, clock nanos; 0 before any
 	started  bool
 	timer    *clock.Timer // a pending dispatch at timerAt, or nil
@@ -99,8 +98,8 @@ type grant struct {
 }
 
 type starts struct {
-	started    bool
-	last, next int64
+	started bool
+	last    int64
 }
 
 // Grant is an admission: the Slot that holds its capacity and the API key to

@@ -14,7 +14,7 @@ type modelLane struct {
 	lane       core.Lane // lane.Waiters unused: the Gate has one queue
 	waiting    int
 	interval   time.Duration
-	next, last int64
+	last       int64
 	started    bool     // a start has been granted (last is meaningful)
 	lastID     uint64   // the hold that made the last start
 	configured bool     // kept while idle, so its spacing holds

@@ -332,16 +332,26 @@ func (g *Gate) unsent(gr Grant) {
 	wk.Wake()
 }
 
+// nextStart is when a start spaced interval after the last one (at last,
+// if one started) is allowed, clock nanos: the interval in force now, so
+// that Reconfigure changes the spacing at once.
+func nextStart(started bool, last int64, interval time.Duration) int64 {
+	if !started {
+		return 0
+	}
+	return last + int64(interval)
+}
+
 // unsentLocked takes back what the start numbered id, at, of gr did: it
 // charges nothing, its interval is undone if no start came since, and a
 // probe it was is withdrawn.
 func (g *Gate) unsentLocked(gr *grant, id uint64, at int64) {
 	g.settleLocked(gr, Tokens{}, endedUnserved)
 	if g.seq == id {
-		g.started, g.last, g.next = gr.prev.started, gr.prev.last, gr.prev.next
+		g.started, g.last = gr.prev.started, gr.prev.last
 	}
 	if ml := gr.model; ml.lastID == id {
-		ml.started, ml.last, ml.next = gr.modelPrev.started, gr.modelPrev.last, gr.modelPrev.next
+		ml.started, ml.last = gr.modelPrev.started, gr.modelPrev.last
 	}
 	if g.ad.l != nil {
 		g.ad.l.GivenBack(gr.n, at)

@@ -80,7 +80,7 @@ func (g *Gate) capBindingLocked(ml *modelLane, n int, now int64) (name string, i
 		return CapAPIKey, inFlight, limit
 	case g.ad.pauseUntil > now:
 		return CapPause, g.provider.Holders.Len(), g.provider.Limit
-	case g.started && g.next > now, ml.interval > 0 && ml.started && ml.next > now:
+	case nextStart(g.started, g.last, g.interval) > now, nextStart(ml.started, ml.last, ml.interval) > now:
 		return CapPacing, g.provider.Holders.Len(), g.provider.Limit
 	}
 	return "", 0, 0
@@ -129,13 +129,7 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	// Its tokens: when those it needs are expected to free.
 	n := t.Total()
 	ra = max(ra, g.tok.retryAfterLocked(g, &g.provider, n, wait, now), ml.tok.retryAfterLocked(g, &ml.lane, n, wait, now))
-	next := int64(0)
-	if g.started {
-		next = g.next
-	}
-	if ml.interval > 0 && ml.started {
-		next = max(next, ml.next)
-	}
+	next := max(nextStart(g.started, g.last, g.interval), nextStart(ml.started, ml.last, ml.interval))
 	if next > now {
 		// Rounded up: a client that honours it does not come back early.
 		ra = max(ra, retryAt(next, now))

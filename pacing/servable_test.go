@@ -20,7 +20,7 @@ func (g *Gate) startable() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.eng.Clock.Nanos()
-	if g.started && g.next > now || len(g.keys) > 0 && g.pickKeyLocked(now) == nil || g.ad.pauseUntil > now {
+	if nextStart(g.started, g.last, g.interval) > now || len(g.keys) > 0 && g.pickKeyLocked(now) == nil || g.ad.pauseUntil > now {
 		return ""
 	}
 	msg := ""
@@ -30,7 +30,7 @@ func (g *Gate) startable() string {
 		}
 		for el := range g.provider.Waiters.Class(c) {
 			ml := el.Value.Hold.Owner.(*grant).model
-			if !ml.lane.HasRoom() || ml.interval > 0 && ml.started && ml.next > now {
+			if !ml.lane.HasRoom() || nextStart(ml.started, ml.last, ml.interval) > now {
 				continue
 			}
 			msg += fmt.Sprintf("a class %d request for %s could start\n", c, ml.name)

@@ -113,8 +113,8 @@ func (g *Gate) Status() Status {
 	}
 	if g.started {
 		st.LastStart = g.eng.Clock.Time(g.last)
-		if g.next > now {
-			st.NextStartIn = time.Duration(g.next - now)
+		if next := nextStart(g.started, g.last, g.interval); next > now {
+			st.NextStartIn = time.Duration(next - now)
 		}
 	}
 	return st
