@@ -131,8 +131,10 @@ func (b *budgets) use(name string, now int64) (used, limit int) {
 // for the provider's and the model's, is refused at once with a
 // *slots.LimitError wrapping ErrOverBudget, whose RetryAfter is when the
 // budget will have refilled enough, less that wait, behind the requests
-// told to come back before it (on_wait_timeout "proceed" does not let it
-// through: going ahead would only draw the upstream's refusal). Those
+// told to come back before it (eight budgets' worth of them at most, so
+// that a caller asking in a loop cannot push the others back by hours;
+// on_wait_timeout "proceed" does not let it through: going ahead would
+// only draw the upstream's refusal). Those
 // ahead count as a budget's worth each minute, each at most a budget's
 // worth: an estimate, which is early when their sizes do not fill the
 // minutes evenly (60 and 60 of 100 take two). One whose

@@ -305,7 +305,7 @@ func (b *budgets) waiting(told bool, now int64) (q charges) {
 	for i := range b.w {
 		q[i] = b.w[i].queued
 		if told {
-			q[i] += b.toldSum[i]
+			q[i] += b.toldBound(i)
 		}
 		q[i] = int64(float64(q[i]) * b.ratio(i))
 	}
@@ -370,3 +370,18 @@ func (b *budgets) dueTold(now int64) {
 
 // maxTold bounds the refused requests a budget spreads.
 const maxTold = 4096
+
+// toldBudgets bounds the returns told that a refusal counts ahead of it to
+// this many budgets' worth (minutes of refill): a caller that asks again
+// without waiting books a return each time, and would push every other
+// caller's return back by a minute per budget it asked for.
+const toldBudgets = 8
+
+// toldBound is the sum of the returns told for part i, at most
+// toldBudgets of its limit.
+func (b *budgets) toldBound(i int) int64 {
+	if l := b.w[i].limit; l > 0 {
+		return min(b.toldSum[i], toldBudgets*l)
+	}
+	return b.toldSum[i]
+}

@@ -146,8 +146,9 @@ func (b *Budget) spread(cost [upstream.BudgetParts]int64, after time.Duration) t
 		}
 		var ahead int64
 		for _, t := range b.told {
-			ahead += t.cost[p]
+			ahead += min(t.cost[p], l) // a request larger than the budget needs one empty minute
 		}
+		ahead = min(ahead, toldBudgets*l)
 		more = max(more, time.Duration(float64(ahead)/float64(l)*float64(time.Minute)))
 	}
 	after += more
@@ -161,6 +162,11 @@ func (b *Budget) spread(cost [upstream.BudgetParts]int64, after time.Duration) t
 
 // maxTold bounds the refused requests a Budget spreads.
 const maxTold = 4096
+
+// toldBudgets bounds the returns told that a refusal counts ahead of it to
+// this many budgets' worth (minutes of refill), as pacing's budgets do: a
+// caller that asks again without waiting books a return each time.
+const toldBudgets = 8
 
 // DefaultBudgetTimeout bounds each of a Budget's calls to the store.
 const DefaultBudgetTimeout = 500 * time.Millisecond
@@ -242,8 +248,9 @@ func (r *BudgetReservation) Left() (left, limits [upstream.BudgetParts]int) {
 // whose Cap names the binding budget, InFlight and Limit what it counted
 // in the last minute and its limit, and RetryAfter when it will take t:
 // the store's answer, later by the refill that the requests this process
-// refused before, and told to come back sooner, will take, so that
-// refused clients come back spread out. When the store cannot be reached
+// refused before, and told to come back sooner, will take (each at most a
+// budget, eight budgets in all), so that refused clients come back spread
+// out. When the store cannot be reached
 // (or takes longer than the timeout) it returns an error wrapping
 // ErrUnavailable, and what follows is the caller's to choose. t is checked
 // as pacing.Budget's Reserve checks it: zero Tokens are a request whose

@@ -295,3 +295,26 @@ func TestBudgetNilContext(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 80, used[0], "the refused requests' tokens taken back")
 }
+
+// A client that asks again and again without waiting books a return each
+// time, but the returns told count at most eight budgets' worth, and a
+// request larger than the budget one budget (it needs one empty minute):
+// the next client is told to come back within eight minutes and a little
+// more, not after every booking.
+func TestBudgetRefusalFloodIsBounded(t *testing.T) {
+	ctx := context.Background()
+	b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	_, err = b.Reserve(ctx, pacing.Tokens{Input: 100})
+	require.NoError(t, err)
+	var told []time.Duration
+	for range 500 {
+		_, err := b.Reserve(ctx, pacing.Tokens{Input: 1000})
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		told = append(told, le.RetryAfter)
+	}
+	t.Logf("told %v, %v ... %v", told[0], told[1], told[len(told)-1])
+	assert.InDelta(t, float64(time.Minute), float64(told[1]-told[0]), float64(time.Second), "a request of ten budgets' worth takes one minute of the refill")
+	assert.LessOrEqual(t, told[len(told)-1], 10*time.Minute)
+}
