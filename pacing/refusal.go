@@ -108,6 +108,28 @@ func addLimits(a, b int) int {
 	return a + b
 }
 
+// poolLocked returns the slots of the pool's keys that are not out of
+// quota (slots.Unlimited without a pool), and when every key is: when the
+// first is back (then the slots are the whole pool's, from then on).
+func (g *Gate) poolLocked(now int64) (pool int, back int64) {
+	if len(g.keys) == 0 {
+		return slots.Unlimited, 0
+	}
+	all := 0
+	for _, k := range g.keys {
+		all = addLimits(all, k.lane.Limit)
+		if k.outUntil > now {
+			lower(&back, k.outUntil)
+		} else {
+			pool = addLimits(pool, k.lane.Limit)
+		}
+	}
+	if pool == 0 {
+		return all, back
+	}
+	return pool, 0
+}
+
 // rejectLocked builds a rejection with a Retry-After from when a slot or a
 // start is next expected; report it with rejected once unlocked.
 func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *core.Rejection {
@@ -116,15 +138,23 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	if reason == slots.ErrWaitTimeout {
 		wait = g.cfg.QueueWait()
 	}
-	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, 1, min(g.provider.Limit, ml.lane.Limit), wait)
+	pool, back := g.poolLocked(now)
+	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, 1, min(g.provider.Limit, ml.lane.Limit, pool), wait)
 	rej.Cap = CapProvider
 	var at int64 // when a binding budget takes it
-	if reason == slots.ErrWaitTimeout {
+	switch reason {
+	case slots.ErrWaitTimeout:
 		rej.Cap, rej.InFlight, rej.Limit, at = g.bindingLocked(ml, t, now)
+	case slots.ErrQueueFull: // the provider's queue, whatever its waiters wait for
+		_, _, _, at = g.bindingLocked(ml, t, now)
 	}
 	ra := rej.RetryAfter
-	if at > now {
-		ra = max(ra, retryAt(at, now))
+	// When a binding budget takes it, the first key is back from its
+	// quota, or the upstream's pause ends.
+	for _, at := range []int64{at, back, g.ad.pauseUntil} {
+		if at > now {
+			ra = max(ra, retryAt(at, now))
+		}
 	}
 	// Its tokens: when those it needs are expected to free.
 	n := t.Total()
