@@ -19,12 +19,17 @@
 // more. The scripts of that release count a weighted lease as one unit,
 // and leave its extra units counted when they drop it expired: a fleet
 // that weighs its leases needs every process at this release (or later)
-// before its first weighted call. A key whose name has a '#' or starts
-// "abandoned:", and a flow whose name has a '|', are kept under marked
-// names since this release: the release before could take them for what
-// it keeps beside another key (its units, its queue, a flow's count in a
-// class), and so admit past a cap. During a rolling deploy from it, the
-// processes of the two releases count such a key apart, as two.
+// before its first weighted call.
+//
+// A key whose name has a '#' or starts "abandoned:", and a flow whose name
+// has a '|', are kept under marked names since this release: the release
+// before took a key named k#w for the units of k, say, and k#q for its
+// queue, and so admitted past a cap and lost waiters. A process of that
+// release still does, so a fleet whose keys or flows may have such names
+// (names that come from requests: an org's, a tenant's) should not run
+// both releases at once: stop the old before the new starts, or keep such
+// names out of both until every process runs this one. Other names are
+// kept as before.
 //
 // Give the client short timeouts, so that a dead server fails fast, and
 // let it honour each call's deadline:

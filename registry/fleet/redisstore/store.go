@@ -32,7 +32,8 @@ var _ driver.Store = (*Store)(nil)
 // New returns the store of the fleet named name on rdb (a standalone,
 // Sentinel or Cluster client): every process of a fleet uses the same
 // name, and fleets of other names share rdb without meeting. Its keys are
-// <prefix>{<name>}:<key>, and the fleet's own <prefix>{<name>}#...: one
+// <prefix>{<name>}:<key> (a key with a '#', or that starts "abandoned:",
+// marked: see key), and the fleet's own <prefix>{<name>}#...: one
 // hash tag, so that each script's keys are in one slot of a Cluster. It
 // panics if rdb is nil, or if name is empty or has a brace.
 //
