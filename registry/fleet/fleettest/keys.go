@@ -95,9 +95,9 @@ var lookalikes = []string{
 
 // keysNamedLikeAStoresOwn: each of lookalikes is a key of its own, capped
 // at its limit across two processes, while "k" has a weighted holder and a
-// waiter queued (each in a flow whose name looks like another's counts),
-// and none of it is a store error or touches "k": its waiter is handed
-// its release.
+// heavy waiter queued, and none of it is a store error or touches "k": a
+// TryAcquire of k's free unit is still refused for its waiter, who is
+// handed its release.
 func keysNamedLikeAStoresOwn(t *testing.T, srv Server) {
 	a, b := process(t, srv, "lookalike", 4), process(t, srv, "lookalike", 4)
 	held, err := a.TryAcquireN("k", 3)
@@ -123,6 +123,8 @@ func keysNamedLikeAStoresOwn(t *testing.T, srv Server) {
 		}
 		_, err := b.TryAcquire(k)
 		require.ErrorIs(t, err, slots.ErrLimitReached, "%q: capped at 4 across the fleet", k)
+		_, err = a.TryAcquire("k")
+		require.ErrorIs(t, err, slots.ErrLimitReached, "%q: k's waiter keeps its place, and k its units", k)
 		for _, s := range slots4 {
 			s.Release()
 		}
