@@ -3,11 +3,12 @@ package slots
 import (
 	"context"
 	"io"
-	"log/slog"
 	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 // WrapBody returns a body that releases s once: on the first Close, Read
@@ -119,18 +120,16 @@ func (b *slotBody) cut(fromWatch bool) error {
 // The end of the context frees the slot whatever the body does: if its
 // Close has not returned within cutCloseWait (it waits for a Read stuck
 // on a silent upstream, say), the slot goes all the same.
-//
-// It runs on a goroutine of its own, where a panic in the body's Close (a
-// wrapper's hook, say) would end the process: the slot is freed by cut,
-// and the panic logged to slog's default logger.
+// It runs on a goroutine of its own, where a panic in the body's Close
+// would end the process: it is logged (core.Recovered), once cut has
+// freed the slot.
 func (b *slotBody) watch() {
-	defer func() {
-		if p := recover(); p != nil {
-			slog.Error("slots: a response body's Close panicked at its request's end; the slot is freed", slog.Any("panic", p))
-		}
-	}()
+	defer core.Recovered("the watch of a request's context")
 	b.watchCut.Store(true)
-	late := b.t.clock.AfterFunc(cutCloseWait, func() { b.end(endCut, true) })
+	late := b.t.clock.AfterFunc(cutCloseWait, func() {
+		defer core.Recovered("a slow Close's timer")
+		b.end(endCut, true)
+	})
 	defer late.Stop()
 	_ = b.cut(true)
 }

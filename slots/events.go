@@ -33,6 +33,7 @@ type Event struct {
 // possibly concurrently: it must be quick. One with Enabled(ctx) bool is
 // asked first, as a slog.Handler is (ctx nil for Events without one), and
 // what it declines is not built. Otherwise admissions pair with releases.
+// A panic in it goes up, or is logged on the library's goroutines (timers).
 type Observer interface {
 	Observe(Event)
 }

@@ -8,11 +8,13 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"runtime"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -173,4 +175,66 @@ func (b *syncBuffer) String() string {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.b.String()
+}
+
+// An Observer that panics on a release the library makes on a goroutine
+// of its own (a linger's timer, a slow Close's timer, the reclaim of a
+// dropped Slot) is logged, not the end of the process; the slot is freed.
+func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
+	var logged syncBuffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+	t.Cleanup(func() { slog.SetDefault(old) })
+	panicky := slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventReleased || e.Kind == slots.EventLeaked {
+			panic("an observer's bug")
+		}
+	}))
+	t.Run("a linger's timer", func(t *testing.T) {
+		lim := slots.NewLimiter(1, panicky)
+		tr := slots.NewTransport(answering(io.NopCloser(strings.NewReader("data"))), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
+			slots.WithLinger(time.Millisecond))
+		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close()) // closed before its end: a cut, freed after the linger
+		require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond)
+	})
+	t.Run("a slow Close's timer", func(t *testing.T) {
+		lim := slots.NewLimiter(1, panicky)
+		mock := clock.NewMock()
+		closing, done := make(chan struct{}), make(chan struct{})
+		body := &blockingClose{entered: closing, release: done}
+		tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
+			slots.WithLingerClock(mock))
+		ctx, cancel := context.WithCancel(context.Background())
+		_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
+		require.NoError(t, err)
+		cancel() // the watch closes the body, whose Close hangs
+		<-closing
+		require.Eventually(t, func() bool { mock.Add(time.Second); return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond)
+		close(done)
+	})
+	t.Run("a dropped Slot reclaimed", func(t *testing.T) {
+		lim := slots.NewLimiter(1, panicky, slots.WithLeakDetection())
+		func() {
+			_, err := lim.TryAcquire()
+			require.NoError(t, err)
+		}()
+		require.Eventually(t, func() bool { runtime.GC(); return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond)
+	})
+	require.Eventually(t, func() bool { return strings.Count(logged.String(), "an observer's bug") >= 3 }, 10*time.Second, time.Millisecond)
+	t.Log(logged.String())
+}
+
+// blockingClose is a body whose Close waits for release, telling entered.
+type blockingClose struct {
+	entered, release chan struct{}
+	once             sync.Once
+}
+
+func (b *blockingClose) Read([]byte) (int, error) { return 0, io.EOF }
+func (b *blockingClose) Close() error {
+	b.once.Do(func() { close(b.entered) })
+	<-b.release
+	return nil
 }

@@ -135,8 +135,7 @@ type Share struct {
 	Reserved int
 }
 
-// WithShare guarantees class p the share s of the limit (see Share). It
-// panics if a count is negative.
+// WithShare guarantees class p share s of the limit; a negative count panics.
 func WithShare(p Priority, s Share) Option {
 	shareCheck("slots", s)
 	return optionFunc(func(w *core.Policy) { w.SetShare(p.class(), s.Min, s.Reserved) })

@@ -170,7 +170,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // may still be counting the exchange.
 func (t *Transport) free(s *Slot, cut bool) {
 	if cut && t.linger > 0 {
-		t.clock.AfterFunc(t.linger, s.releaseQuietly)
+		t.clock.AfterFunc(t.linger, func() {
+			defer core.Recovered("a linger's timer") // an Observer told of the release
+			s.releaseQuietly()
+		})
 		return
 	}
 	s.releaseQuietly()

@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"log/slog"
 	"runtime"
 	"strings"
 	"time"
@@ -81,11 +82,22 @@ func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 // reclaim runs when a Slot was dropped without Release: it frees the hold.
 // It runs on a runtime goroutine, outside any testing/synctest bubble.
 func reclaim(t *Tracked) {
+	defer Recovered("a dropped slot's reclaim")
 	if l, ok := t.Hold.Owner.(Leaker); ok && !t.Hold.Bypassed {
 		l.Reclaim(t)
 		return
 	}
 	t.Hold.ReleaseQuietly() // a bypassed hold holds no capacity: nothing to report
+}
+
+// Recovered, deferred on a goroutine of the library's own (a timer's, a
+// cleanup's), logs a panic there to slog's default logger instead of
+// ending the process: one in the user's code that what calls (an Observer
+// told of a release, a body's Close), after the slot is freed.
+func Recovered(what string) {
+	if p := recover(); p != nil {
+		slog.Error("inflight: a panic on "+what+" was recovered; the slot is freed", slog.Any("panic", p))
+	}
 }
 
 // Release implements Owner for the stand-in: it frees the tracked hold. A

@@ -61,14 +61,18 @@ var admissionFiles = []string{
 // to 5,833; lowered since to 5,832, and to 5,828 (whether a Slot is kept
 // apart for leak detection asked by the Transport, which alone needs it),
 // and to 5,820 (a read of the Gate's queue written once, a multi-key
-// waiter's blocking key found by one function).
+// waiter's blocking key found by one function), and to 5,819 (the next
+// start of the Gate's spacing read from the interval in force, in
+// learn.go with its pacing); then 12 for a panic on the library's own
+// goroutines logged, not the end of the process (core.Recovered: a
+// dropped Slot's reclaim, and the Transport's timers), to 5,831.
 // The goal is 4,000.
-const maxAdmissionLines = 5820
+const maxAdmissionLines = 5831
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
-// 4,000 of these.
-const maxAdmissionCode = 3988
+// 4,000 of these. 3,987 before core.Recovered (7).
+const maxAdmissionCode = 3994
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
