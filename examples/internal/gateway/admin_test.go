@@ -137,7 +137,7 @@ func TestAdminNeedsTheToken(t *testing.T) {
 		} {
 			status, answer := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", body))
 			assert.Equal(t, http.StatusBadRequest, status, body)
-			assert.Contains(t, answer, `want one JSON object, {\"limit\": N} with N \u003e= 0`, body)
+			assert.Contains(t, answer, `want one JSON object, {\"limit\": N} with N >= 0`, body)
 		}
 		assert.Equal(t, 2, gw.orgLimit("org-a"), "none went through: the configured limit still")
 		status, _ := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org-a/concurrent-limit", "{\"limit\":5}\n"))

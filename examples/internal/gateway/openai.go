@@ -91,7 +91,9 @@ func writeOpenAIErrorWith(w http.ResponseWriter, status int, message, capName, r
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(body)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // JSON, not sniffed: ">= 0" reads as written, not \u003e
+	_ = enc.Encode(body)
 }
 
 // unavailableRetryAfter is the Retry-After of a 503 for a fleet store that
