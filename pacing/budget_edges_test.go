@@ -2,6 +2,7 @@ package pacing_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -407,24 +408,37 @@ func TestBudgetToldCappedByALimitAdded(t *testing.T) {
 // A client that asks again and again without waiting books a return each
 // time, but the returns told count at most eight budgets' worth: the next
 // client is told to come back within eight minutes and a little more, not
-// after every booking (5,000 refusals of a whole budget told it 69 hours).
+// after every booking (5,000 refusals of a whole budget told it 69 hours),
+// also once requests have used four times their estimates (the bound was
+// scaled by that ratio: 33 minutes).
 func TestBudgetRefusalFloodIsBounded(t *testing.T) {
-	testrig.Bubble(t, func(t *testing.T) {
-		ctx := context.Background()
-		g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 1})
-		gr, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1000})
-		require.NoError(t, err)
-		gr.Slot.Release()
-		var told []time.Duration
-		for range 5000 {
-			_, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1000})
-			var le *slots.LimitError
-			require.ErrorAs(t, err, &le)
-			told = append(told, le.RetryAfter)
-		}
-		t.Logf("told %v, %v, %v ... %v", told[0], told[1], told[2], told[len(told)-1])
-		assert.IsNonDecreasing(t, told)
-		assert.InDelta(t, float64(time.Minute), float64(told[1]-told[0]), float64(2*time.Second), "the second behind the first: a minute later")
-		assert.LessOrEqual(t, told[len(told)-1], 10*time.Minute)
-	})
+	for _, used := range []int{1, 4} {
+		t.Run(fmt.Sprintf("requests use %dx their estimates", used), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				ctx := context.Background()
+				g := newGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}, MaxQueueWaitMS: 1})
+				for range 200 {
+					gr, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1})
+					require.NoError(t, err)
+					g.Settle(gr, pacing.Tokens{Input: used})
+					gr.Slot.Release()
+				}
+				time.Sleep(3 * time.Minute) // the settled requests out of the minute
+				gr, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1000})
+				require.NoError(t, err)
+				gr.Slot.Release()
+				var told []time.Duration
+				for range 5000 {
+					_, err := g.AcquireTokens(ctx, "m", pacing.Tokens{Input: 1000})
+					var le *slots.LimitError
+					require.ErrorAs(t, err, &le)
+					told = append(told, le.RetryAfter)
+				}
+				t.Logf("told %v, %v, %v ... %v", told[0], told[1], told[2], told[len(told)-1])
+				assert.IsNonDecreasing(t, told)
+				assert.Greater(t, told[1], told[0], "spread")
+				assert.LessOrEqual(t, told[len(told)-1], 10*time.Minute)
+			})
+		})
+	}
 }

@@ -145,16 +145,17 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *c
 	switch reason {
 	case slots.ErrWaitTimeout:
 		rej.Cap, rej.InFlight, rej.Limit, at = g.bindingLocked(ml, t, now)
-	case slots.ErrQueueFull: // the provider's queue, whatever its waiters wait for
-		_, _, _, at = g.bindingLocked(ml, t, now)
+	case slots.ErrQueueFull: // the provider's queue: its budgets for the caller (not a walk of the queue)
+		at, _ = g.budgetsAt(ml, t, afterNone, now)
 	}
 	ra := rej.RetryAfter
-	// When a binding budget takes it, the first key is back from its
-	// quota, or the upstream's pause ends.
-	for _, at := range []int64{at, back, g.ad.pauseUntil} {
-		if at > now {
-			ra = max(ra, retryAt(at, now))
-		}
+	// Nothing starts before the first key is back from its quota or the
+	// upstream's pause ends: the turns count from then.
+	if from := max(back, g.ad.pauseUntil); from > now {
+		ra += retryAt(from, now)
+	}
+	if at > now { // when a binding budget takes it
+		ra = max(ra, retryAt(at, now))
 	}
 	// Its tokens: when those it needs are expected to free.
 	n := t.Total()

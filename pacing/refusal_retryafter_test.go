@@ -80,6 +80,26 @@ func TestRefusalRetryAfterPastTheCaps(t *testing.T) {
 			assert.InDelta(t, float64(time.Minute-100*time.Millisecond), float64(ra), float64(time.Second), "told %v: when the first key is back", ra)
 		})
 	})
+	t.Run("every key of a full pool out of quota", func(t *testing.T) {
+		testrig.Bubble(t, func(t *testing.T) {
+			g := newGate(t, pacing.Config{MaxQueueWaitMS: 100, APIKeys: pool})
+			testrig.WarmHolds(t, 10*time.Second, func() (*slots.Slot, error) { gr, err := g.Acquire(context.Background(), "m"); return gr.Slot, err })
+			for range 2 {
+				gr, err := g.Acquire(context.Background(), "m")
+				require.NoError(t, err)
+				g.Report(gr, pacing.Verdict{Kind: pacing.Quota, RetryAfter: time.Minute})
+				gr.Slot.Release()
+			}
+			var told []time.Duration
+			for range 10 {
+				told = append(told, refused(t, firstErr(g.Acquire(context.Background(), "m")), pacing.CapAPIKey))
+			}
+			t.Logf("told %v", told)
+			assert.IsNonDecreasing(t, told)
+			assert.GreaterOrEqual(t, told[0], time.Minute-100*time.Millisecond, "not before the first key is back")
+			assert.GreaterOrEqual(t, told[9], told[0]+20*time.Second, "then spread over the pool's turns, not all at once")
+		})
+	})
 	t.Run("a pause", func(t *testing.T) {
 		testrig.Bubble(t, func(t *testing.T) {
 			g := newGate(t, pacing.Config{MaxConcurrentRequests: 5, MaxQueueWaitMS: 100})

@@ -303,11 +303,10 @@ func (b *budgets) waiting(told bool, now int64) (q charges) {
 	}
 	b.dueTold(now)
 	for i := range b.w {
-		q[i] = b.w[i].queued
+		q[i] = int64(float64(b.w[i].queued) * b.ratio(i))
 		if told {
 			q[i] += b.toldBound(i)
 		}
-		q[i] = int64(float64(q[i]) * b.ratio(i))
 	}
 	return q
 }
@@ -377,11 +376,12 @@ const maxTold = 4096
 // caller's return back by a minute per budget it asked for.
 const toldBudgets = 8
 
-// toldBound is the sum of the returns told for part i, at most
-// toldBudgets of its limit.
+// toldBound is the sum of the returns told for part i, scaled as waiting
+// scales estimates, at most toldBudgets of its limit.
 func (b *budgets) toldBound(i int) int64 {
+	t := int64(float64(b.toldSum[i]) * b.ratio(i))
 	if l := b.w[i].limit; l > 0 {
-		return min(b.toldSum[i], toldBudgets*l)
+		return min(t, toldBudgets*l)
 	}
-	return b.toldSum[i]
+	return t
 }

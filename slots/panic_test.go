@@ -238,3 +238,47 @@ func (b *blockingClose) Close() error {
 	<-b.release
 	return nil
 }
+
+// A combined Slot whose first part's Observer panics when told of its
+// release frees its other parts all the same: on the caller's goroutine,
+// where the panic then goes up, and on a linger's timer, where it is
+// logged. (The second part stayed held.)
+func TestCombinedSlotPartPanicsOnRelease(t *testing.T) {
+	panicky := slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventReleased {
+			panic("an observer's bug")
+		}
+	}))
+	both := func(t *testing.T) (a, b *slots.Limiter, admit func(*http.Request) (*slots.Slot, error)) {
+		a, b = slots.NewLimiter(1, panicky), slots.NewLimiter(1)
+		return a, b, func(r *http.Request) (*slots.Slot, error) {
+			sa, err := a.TryAcquire()
+			require.NoError(t, err)
+			sb, err := b.TryAcquire()
+			require.NoError(t, err)
+			return slots.Combine(sa, sb), nil
+		}
+	}
+	t.Run("released by its caller", func(t *testing.T) {
+		a, b, admit := both(t)
+		s, err := admit(nil)
+		require.NoError(t, err)
+		assert.PanicsWithValue(t, "an observer's bug", func() { s.Release() })
+		assert.Equal(t, 0, a.InFlight())
+		assert.Equal(t, 0, b.InFlight(), "the second part")
+	})
+	t.Run("on a linger's timer", func(t *testing.T) {
+		var logged syncBuffer
+		old := slog.Default()
+		slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
+		t.Cleanup(func() { slog.SetDefault(old) })
+		a, b, admit := both(t)
+		tr := slots.NewTransport(answering(io.NopCloser(strings.NewReader("data"))), admit, slots.WithLinger(time.Millisecond))
+		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close()) // a cut: freed after the linger
+		require.Eventually(t, func() bool { return strings.Contains(logged.String(), "an observer's bug") }, 10*time.Second, time.Millisecond)
+		assert.Equal(t, 0, a.InFlight())
+		assert.Equal(t, 0, b.InFlight(), "the second part")
+	})
+}

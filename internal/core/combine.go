@@ -8,8 +8,9 @@ import (
 // Combine returns a Handle holding those of parts that hold something (nil
 // if none does): Bypassed or Degraded if one of them is, acquired when the
 // last was. Released, it releases each part once, quietly, and then calls
-// done, if not nil, on the releasing goroutine (a panic there comes after
-// the parts are freed). Releasing a part itself does not call done.
+// done, if not nil, on the releasing goroutine (a panic there, or in a
+// part's release, goes on after every part is freed and done is called).
+// Releasing a part itself does not call done.
 func Combine(done func(), parts ...*Handle) *Handle {
 	var held []*Handle
 	for _, p := range parts {
@@ -48,14 +49,22 @@ func (c *combined) Release(h *Hold) bool {
 	if h != c.hold {
 		return false // a copy: it releases nothing
 	}
-	for _, p := range c.parts {
-		p.h.ReleaseQuietly()
-		runtime.KeepAlive(p) // with leak detection, see slots.Slot.Release
-	}
 	if c.done != nil {
-		c.done()
+		defer c.done()
 	}
+	c.releaseFrom(0)
 	return true
+}
+
+// releaseFrom releases parts[i:], each once: a panic in one's release (an
+// Observer's, told of it) goes on once the rest are released.
+func (c *combined) releaseFrom(i int) {
+	if i == len(c.parts) {
+		return
+	}
+	defer c.releaseFrom(i + 1)
+	c.parts[i].h.ReleaseQuietly()
+	runtime.KeepAlive(c.parts[i]) // with leak detection, see slots.Slot.Release
 }
 
 // Parts returns the handles combined (for their kind: slots' Transport).

@@ -65,14 +65,17 @@ var admissionFiles = []string{
 // start of the Gate's spacing read from the interval in force, in
 // learn.go with its pacing); then 12 for a panic on the library's own
 // goroutines logged, not the end of the process (core.Recovered: a
-// dropped Slot's reclaim, and the Transport's timers), to 5,831.
+// dropped Slot's reclaim, and the Transport's timers), to 5,831, and 9
+// for a combined Slot that frees every part when one's release panics, to
+// 5,840.
 // The goal is 4,000.
-const maxAdmissionLines = 5831
+const maxAdmissionLines = 5840
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
-// 4,000 of these. 3,987 before core.Recovered (7).
-const maxAdmissionCode = 3994
+// 4,000 of these. 3,987 before core.Recovered (7) and a combined Slot's
+// release past a part's panic (5).
+const maxAdmissionCode = 3999
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),

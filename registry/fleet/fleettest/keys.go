@@ -29,11 +29,11 @@ var oddKeys = []string{
 
 // Any key the fleet accepts is a key of its own on the store: each of
 // oddKeys is capped at 1 across two processes without meeting the others,
-// its leases are renewed beside ordinary ones (a TTL of 600 ms, held for
+// its leases are renewed beside ordinary ones (a TTL of 1.2 s, held for
 // three), a waiter on it, in a flow whose name is no better, is handed its
 // release, and none of it is a store error.
 func anyKey(t *testing.T, srv Server) {
-	ttl := fleet.WithLeaseTTL(600 * time.Millisecond)
+	ttl := fleet.WithLeaseTTL(1200 * time.Millisecond) // calls time out at 400 ms: 200 ms failed on busy machines
 	a, b := process(t, srv, "anykey", 1, ttl), process(t, srv, "anykey", 1, ttl)
 	held := make([]*slots.Slot, len(oddKeys))
 	for i, k := range oddKeys {
@@ -45,7 +45,7 @@ func anyKey(t *testing.T, srv Server) {
 		_, err := b.TryAcquire(k)
 		require.ErrorIs(t, err, slots.ErrLimitReached, "%.40q: held in the other process", k)
 	}
-	for deadline := time.Now().Add(1800 * time.Millisecond); time.Now().Before(deadline); {
+	for deadline := time.Now().Add(3600 * time.Millisecond); time.Now().Before(deadline); {
 		for _, k := range oddKeys {
 			n, err := b.InFlight(context.Background(), k)
 			require.NoError(t, err)
@@ -76,8 +76,8 @@ func anyKey(t *testing.T, srv Server) {
 		st := r.Stats()
 		// A key the store could not keep fails each of its calls: a store
 		// error per key at least, renewal after renewal. A call that ran
-		// past its timeout (a third of the 600 ms TTL) on a loaded machine
-		// is one error, of any key: seen once in CI.
+		// past its timeout (a third of the TTL) on a loaded machine is one
+		// error, of any key: seen in CI, four with a timeout of 200 ms.
 		assert.Less(t, st.StoreErrors, uint64(3), "store errors")
 		assert.Zero(t, st.Degraded, "admitted by the store, not locally")
 		assert.Zero(t, st.Lost, "leases lost")
