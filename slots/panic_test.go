@@ -1,7 +1,6 @@
 package slots_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"io"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -143,7 +143,7 @@ func TestBodyThatPanicsIsClosedFirst(t *testing.T) {
 // logged there: the panic has no caller to go up to, and would end the
 // process.
 func TestBodyThatPanicsClosedByTheWatch(t *testing.T) {
-	var logged syncBuffer
+	var logged testrig.Buffer
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
@@ -159,29 +159,11 @@ func TestBodyThatPanicsClosedByTheWatch(t *testing.T) {
 	assert.NoError(t, resp.Body.Close(), "closed once, by the watch")
 }
 
-// syncBuffer is a bytes.Buffer safe for concurrent use.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
-}
-
 // An Observer that panics on a release the library makes on a goroutine
 // of its own (a linger's timer, a slow Close's timer, the reclaim of a
 // dropped Slot) is logged, not the end of the process; the slot is freed.
 func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
-	var logged syncBuffer
+	var logged testrig.Buffer
 	old := slog.Default()
 	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 	t.Cleanup(func() { slog.SetDefault(old) })
@@ -268,7 +250,7 @@ func TestCombinedSlotPartPanicsOnRelease(t *testing.T) {
 		assert.Equal(t, 0, b.InFlight(), "the second part")
 	})
 	t.Run("on a linger's timer", func(t *testing.T) {
-		var logged syncBuffer
+		var logged testrig.Buffer
 		old := slog.Default()
 		slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
 		t.Cleanup(func() { slog.SetDefault(old) })

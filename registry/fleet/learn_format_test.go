@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/learn"
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
@@ -39,7 +40,7 @@ func TestLearnedStateOfALaterFormatLeftAlone(t *testing.T) {
 func laterFormatLeftAlone(t *testing.T, written int, f string) {
 	ctx := context.Background()
 	ms := memstore.New()
-	var logged logs
+	var logged testrig.Buffer
 	r := New[string](ms, 100, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))), WithLearnedFormat(written))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))

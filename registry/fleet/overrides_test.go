@@ -110,7 +110,7 @@ func TestOverridesOutliveTheStoresData(t *testing.T) {
 // a change of another name is still told.
 func TestOverridesOnChangePanics(t *testing.T) {
 	ctx := context.Background()
-	var logged logs
+	var logged testrig.Buffer
 	var mu sync.Mutex
 	var told []string
 	ov, err := NewOverrides(memstore.New(), "orgs", func(name string) {

@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
@@ -65,24 +65,6 @@ func (p *provider) since(t time.Time) (n int, first time.Time) {
 	return n, first
 }
 
-// logs keeps what the Registries log, for a test that fails to show.
-type logs struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *logs) Write(b []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(b)
-}
-
-func (l *logs) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // startsSince returns when requests started after t, and with how many in
 // flight.
 func (p *provider) startsSince(t time.Time) []string {
@@ -117,7 +99,7 @@ func TestRestartUnderLoadKeepsTheCap(t *testing.T) {
 	const limit, replicas, workers = 5, 3, 12
 	const ttl = time.Second // renewals every 333 ms
 	up := &provider{limit: limit}
-	logged := &logs{}
+	logged := &testrig.Buffer{}
 	var regs []*Registry[string]
 	for i := range replicas {
 		log := slog.New(slog.NewTextHandler(logged, nil)).With("replica", i)

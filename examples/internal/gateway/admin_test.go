@@ -1,7 +1,6 @@
 package gateway
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"io"
@@ -14,31 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
-// logBuffer collects a logger's lines, for tests.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func newTestLogger(level slog.Level) (*slog.Logger, *logBuffer) {
-	b := new(logBuffer)
+func newTestLogger(level slog.Level) (*slog.Logger, *testrig.Buffer) {
+	b := new(testrig.Buffer)
 	return slog.New(slog.NewTextHandler(b, &slog.HandlerOptions{Level: level})), b
 }
 
