@@ -203,6 +203,7 @@ func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
 			require.NoError(t, err)
 		}()
 		require.Eventually(t, func() bool { runtime.GC(); return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond)
+		require.Eventually(t, func() bool { return lim.Stats().Leaked == 1 }, 10*time.Second, time.Millisecond, "the leak counted, the Observer's panic on its release notwithstanding")
 	})
 	require.Eventually(t, func() bool { return strings.Count(logged.String(), "an observer's bug") >= 3 }, 10*time.Second, time.Millisecond)
 	t.Log(logged.String())

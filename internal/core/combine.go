@@ -59,12 +59,11 @@ func (c *combined) Release(h *Hold) bool {
 // releaseFrom releases parts[i:], each once: a panic in one's release (an
 // Observer's, told of it) goes on once the rest are released.
 func (c *combined) releaseFrom(i int) {
-	if i == len(c.parts) {
-		return
+	if i < len(c.parts) {
+		defer c.releaseFrom(i + 1)
+		c.parts[i].h.ReleaseQuietly()
+		runtime.KeepAlive(c.parts[i]) // with leak detection, see slots.Slot.Release
 	}
-	defer c.releaseFrom(i + 1)
-	c.parts[i].h.ReleaseQuietly()
-	runtime.KeepAlive(c.parts[i]) // with leak detection, see slots.Slot.Release
 }
 
 // Parts returns the handles combined (for their kind: slots' Transport).

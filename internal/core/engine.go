@@ -185,9 +185,10 @@ func (e *Engine) Misuses() uint64 { return e.misuses.Load() }
 // the leak, with attrs naming what it held (a Registry's key). The owner
 // reads them before, while t still counts.
 func (e *Engine) Reclaim(t *Tracked, attrs ...slog.Attr) {
-	if !t.ReleaseQuietly() {
+	if !t.released.CompareAndSwap(false, true) {
 		return
 	}
+	// Counted and reported before the release, whose Observer may panic.
 	held := time.Duration(e.Clock.Nanos() - t.At)
 	e.leaks.Add(1)
 	attrs = append(attrs, slog.Uint64("slot_id", t.ID), slog.Duration("held_for", held.Round(time.Millisecond)))
@@ -195,7 +196,8 @@ func (e *Engine) Reclaim(t *Tracked, attrs ...slog.Attr) {
 		attrs = append(attrs, slog.String("acquired_at", site))
 	}
 	e.Log().LogAttrs(context.Background(), slog.LevelWarn, e.name+": slot dropped without Release; capacity reclaimed", attrs...)
-	e.Emit(Event{Kind: EventLeaked, Hold: held, Units: t.Units()})
+	defer e.Emit(Event{Kind: EventLeaked, Hold: held, Units: t.Units()})
+	t.Owner.Release(&t.Hold)
 }
 
 // Leaks returns the number of leaks reclaimed.

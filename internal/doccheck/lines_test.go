@@ -67,9 +67,9 @@ var admissionFiles = []string{
 // goroutines logged, not the end of the process (core.Recovered: a
 // dropped Slot's reclaim, and the Transport's timers), to 5,831, and 9
 // for a combined Slot that frees every part when one's release panics, to
-// 5,840.
+// 5,840, and 1 (a comment) for a leak counted before its release, to 5,841.
 // The goal is 4,000.
-const maxAdmissionLines = 5840
+const maxAdmissionLines = 5841
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
