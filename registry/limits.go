@@ -63,7 +63,7 @@ func (r *Registry[K]) RefreshLimits(match func(K) bool) {
 		sh.mu.Lock()
 		for k, rv := range sh.resolved {
 			if match(k) {
-				rv.at = staleAt
+				rv.at, rv.again = staleAt, rv.fetch != nil
 				sh.resolved[k] = rv
 			}
 		}
@@ -141,6 +141,9 @@ func (r *Registry[K]) refuseOverweightLocked(e *entry[K], wk *core.Wakes) {
 // NewWithLimitFunc). It fails only when ctx ends while it waits for another
 // caller's first fetch of the key.
 func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
+	if ctx == nil {
+		ctx = context.Background()
+	}
 	now := r.eng.Clock.Coarse()
 	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.refresh)) {
 		r.pruneIdleShards(now)
@@ -159,15 +162,11 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		if stale {
 			return nil // keep using the last known limit meanwhile
 		}
-		var done <-chan struct{}
-		if ctx != nil {
-			done = ctx.Done()
-		}
 		start := r.eng.Clock.Nanos()
 		select {
 		case <-fetch:
 			return nil
-		case <-done:
+		case <-ctx.Done():
 			// The caller gave up while queued behind the first fetch.
 			sh.mu.Lock()
 			sh.st.canceled++
@@ -186,9 +185,6 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	}
 	sh.mu.Unlock()
 
-	if ctx == nil {
-		ctx = context.Background()
-	}
 	n, gen, err := r.fetchLimit(ctx, sh, key, now, fetch)
 	if err != nil {
 		if r.limitLog.Allow(now, 10*time.Second) {
@@ -231,6 +227,9 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		rv.fetch = nil
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true
+			if rv.again { // fetched anew by the next admission
+				rv.at, rv.again = staleAt, false
+			}
 			rv.gen++
 			gen = rv.gen
 		}

@@ -253,3 +253,38 @@ func TestRegistryRefusalsKeepTheFetchedLimit(t *testing.T) {
 	}
 	assert.Zero(t, reg.Keys(), "no entry left by the refusals")
 }
+
+// A RefreshLimits made while the key's limit is being fetched (the fetch
+// read the old limit) still makes the next admission fetch it again: the
+// fetch under way recorded its old value as fresh for a whole refresh
+// interval, and an org lowered from 3 to 1 took a second and a third slot.
+func TestRefreshDuringAFetchIsKept(t *testing.T) {
+	var limit atomic.Int64
+	limit.Store(3)
+	read, release := make(chan struct{}), make(chan struct{})
+	var first atomic.Bool
+	first.Store(true)
+	reg := registry.NewWithLimitFunc[string](3, func(context.Context, string) (int, error) {
+		n := int(limit.Load())
+		if first.CompareAndSwap(true, false) {
+			close(read)
+			<-release
+		}
+		return n, nil
+	}, time.Minute)
+	got := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := reg.TryAcquire("org")
+		assert.NoError(t, err)
+		got <- s
+	}()
+	<-read // the lookup has read 3
+	limit.Store(1)
+	reg.RefreshLimits(func(string) bool { return true })
+	close(release)
+	held := <-got
+	defer held.Release()
+	_, err := reg.TryAcquire("org")
+	require.ErrorIs(t, err, slots.ErrLimitReached, "a second slot under a limit of 1, refreshed before it was asked for")
+	assert.Equal(t, 1, reg.Limit("org"))
+}

@@ -125,6 +125,7 @@ type resolved struct {
 	ok    bool          // n came from a successful fetch
 	fetch chan struct{} // non-nil while a fetch runs; closed when it ends
 	gen   uint64        // counts successful fetches, so a late one yields
+	again bool          // RefreshLimits came while a fetch ran: what it read may be older
 }
 
 // entry is one live key: its lane of capacity. It is the Owner of the holds
