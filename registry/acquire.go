@@ -130,26 +130,25 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	if reason := r.refusalLocked(ctx, e, h.Class, n, place.Flow); reason != nil {
-		rej := r.rejectLocked(reason, key, e, n)
-		e.shard.dropUnusedLocked(e)
-		return core.Refuse(rej)
-	}
-	h.Owner = e
-	w := r.eng.Waiter(h)
-	w.Seq = r.waitSeq.Add(1)
-	w.Place(place)
-	e.lane.Waiters.Push(&w.Elem)
-	if e.lane.Waiters.Heavy() > 0 {
-		// Beside a heavy waiter a newcomer may queue where it might be
-		// served (core.Lane.Admits, admitsLocked): serve the queue, in
-		// order.
+	reason := r.refusalLocked(ctx, e, h.Class, n, place.Flow)
+	if reason == nil || reason == slots.ErrQueueFull && e.lane.Waiters.Heavy() > 0 {
+		h.Owner = e
+		w := r.eng.Waiter(h)
+		w.Seq = r.waitSeq.Add(1)
+		w.Place(place)
 		// Beside multi-key waiters the shards they need are locked (set),
 		// and the others were served in lockBeside: the newcomer changed
 		// this key's queue alone.
-		r.grantLocked([]*entry[K]{e}, wk)
+		if e.lane.Waiters.Beside(w, reason, func() { r.grantLocked([]*entry[K]{e}, wk) }) {
+			return core.Wait(w, &keyWait[K]{e: e, key: key})
+		}
 	}
-	return core.Wait(w, &keyWait[K]{e: e, key: key})
+	if reason == slots.ErrQueueFull {
+		e.shard.st.queueFull++
+	}
+	rej := r.rejectLocked(reason, key, e, n)
+	e.shard.dropUnusedLocked(e)
+	return core.Refuse(rej)
 }
 
 // lockBeside takes the locks to decide an admission under key, on which
@@ -183,8 +182,7 @@ func (r *Registry[K]) refusalLocked(ctx context.Context, e *entry[K], c uint8, n
 	case ctx == nil:
 		e.shard.st.limitReached++
 		return slots.ErrLimitReached
-	case r.eng.Full(&e.lane.Waiters, flow):
-		e.shard.st.queueFull++
+	case r.eng.Full(&e.lane.Waiters, flow): // counted by the refusal
 		return slots.ErrQueueFull
 	}
 	return nil

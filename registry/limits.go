@@ -151,8 +151,8 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	sh.mu.Lock()
 	r.pruneResolvedLocked(sh, now)
 	_, overridden := sh.overrides[key]
-	rv, known := sh.resolved[key]
-	if overridden || rv.ok && r.fresh(rv, now) {
+	rv := sh.resolved[key]
+	if overridden || rv.ok && now-rv.at < int64(r.refresh) { // fresh
 		sh.mu.Unlock()
 		return nil
 	}
@@ -180,9 +180,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	fetch := make(chan struct{})
 	rv.fetch = fetch
 	sh.resolved[key] = rv
-	if !known {
-		sh.resolvedPeak = max(sh.resolvedPeak, len(sh.resolved))
-	}
+	sh.resolvedPeak = max(sh.resolvedPeak, len(sh.resolved))
 	sh.mu.Unlock()
 
 	n, gen, err := r.fetchLimit(ctx, sh, key, now, fetch)
@@ -203,10 +201,6 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		return n, true
 	})
 	return nil
-}
-
-func (r *Registry[K]) fresh(rv resolved, now int64) bool {
-	return now-rv.at < int64(r.refresh)
 }
 
 // retained reports whether an idle key's cached limit is still worth keeping

@@ -132,22 +132,10 @@ func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, 
 	}
 	reason := l.refusalLocked(ctx, place, n)
 	if reason == nil || reason == ErrQueueFull && l.lane.Waiters.Heavy() > 0 {
-		// Beside a heavy waiter a newcomer queues even where it might be
-		// served (a higher class, or with shares, Lane.Admits): serve the
-		// queue, in order, before a bound on it turns the newcomer away.
 		w := l.eng.Waiter(h)
 		w.Place(place)
-		l.lane.Waiters.Push(&w.Elem)
-		if l.lane.Waiters.Heavy() > 0 {
-			l.grantLocked(wk)
-		}
-		if reason == nil || w.State == core.Granted { // granted: its wait ends at once
+		if l.lane.Waiters.Beside(w, reason, func() { l.grantLocked(wk) }) {
 			return core.Wait(w, l.owner())
-		}
-		l.lane.Waiters.Remove(&w.Elem)
-		w.State = core.Gone
-		if l.lane.Shares != nil {
-			l.grantLocked(wk) // its class stopped waiting
 		}
 	}
 	l.countRefusalLocked(reason)

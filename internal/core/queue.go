@@ -214,6 +214,27 @@ func (q *Queue) newFlow(k flowKey) *flow {
 // it was queued here.
 func (q *Queue) Remove(el *ilist.Elem[*Waiter]) bool { return q.take(el, false) }
 
+// Beside queues w, a newcomer that cannot be admitted now and was refused
+// for reason (nil: none). Beside a heavy waiter a newcomer queues even
+// where it might be served (a higher class, shares: Lane.Admits), so grant
+// serves the queue, in order, before a bound on it (reason) turns the
+// newcomer away. It reports whether w waits, or was granted at once; if
+// not, w has left the queue again, and grant has served what its leaving
+// lets in (its class no longer waits).
+func (q *Queue) Beside(w *Waiter, reason error, grant func()) bool {
+	q.Push(&w.Elem)
+	if q.Heavy() > 0 {
+		grant()
+	}
+	if reason == nil || w.State == Granted {
+		return true
+	}
+	q.Remove(&w.Elem)
+	w.State = Gone
+	grant()
+	return false
+}
+
 // Served unlinks el, a waiter granted now, charging its flow's turn.
 func (q *Queue) Served(el *ilist.Elem[*Waiter]) bool { return q.take(el, true) }
 

@@ -67,9 +67,12 @@ var admissionFiles = []string{
 // goroutines logged, not the end of the process (core.Recovered: a
 // dropped Slot's reclaim, and the Transport's timers), to 5,831, and 9
 // for a combined Slot that frees every part when one's release panics, to
-// 5,840, and 1 (a comment) for a leak counted before its release, to 5,841.
+// 5,840, and 1 (a comment) for a leak counted before its release, to 5,841,
+// and 1 for a Registry key's newcomer served beside a heavy waiter though
+// its queue's bound is reached (Queue.Beside, written once for the Limiter
+// and the Registry), to 5,842.
 // The goal is 4,000.
-const maxAdmissionLines = 5841
+const maxAdmissionLines = 5842
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
