@@ -218,11 +218,12 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 	defer func() {
 		sh.mu.Lock()
 		rv := sh.resolved[key]
-		rv.fetch = nil
+		again := rv.again
+		rv.fetch, rv.again = nil, false // a failed fetch leaves it stale
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true
-			if rv.again { // fetched anew by the next admission
-				rv.at, rv.again = staleAt, false
+			if again { // fetched anew by the next admission
+				rv.at = staleAt
 			}
 			rv.gen++
 			gen = rv.gen

@@ -70,15 +70,17 @@ var admissionFiles = []string{
 // 5,840, and 1 (a comment) for a leak counted before its release, to 5,841,
 // and 1 for a Registry key's newcomer served beside a heavy waiter though
 // its queue's bound is reached (Queue.Beside, written once for the Limiter
-// and the Registry), to 5,842.
+// and the Registry), to 5,842, and 1 for a refresh that came during a
+// failed fetch, to 5,843.
 // The goal is 4,000.
-const maxAdmissionLines = 5842
+const maxAdmissionLines = 5843
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
-// 4,000 of these. 3,987 before core.Recovered (7) and a combined Slot's
-// release past a part's panic (5).
-const maxAdmissionCode = 3999
+// 4,000 of these. 3,987 before core.Recovered (7), a combined Slot's
+// release past a part's panic (5), and a refresh during a failed fetch (1);
+// a newcomer beside a heavy waiter (8) was written with less elsewhere.
+const maxAdmissionCode = 4000
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
