@@ -77,18 +77,7 @@ func TestBudgetStartMovesTheCharge(t *testing.T) {
 // refill: each after the ones told before it, by the minute's share their
 // tokens take.
 func TestBudgetRefusalsSpread(t *testing.T) {
-	ctx := context.Background()
-	b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
-	require.NoError(t, err)
-	_, err = b.Reserve(ctx, pacing.Tokens{Input: 100})
-	require.NoError(t, err)
-	var waits []time.Duration
-	for range 4 {
-		_, err := b.Reserve(ctx, pacing.Tokens{Input: 50})
-		var le *slots.LimitError
-		require.ErrorAs(t, err, &le)
-		waits = append(waits, le.RetryAfter)
-	}
+	waits := refusedOnAFullBudget(t, 4, pacing.Tokens{Input: 50})
 	for i := 1; i < len(waits); i++ {
 		step := waits[i] - waits[i-1]
 		assert.InDelta(t, float64(30*time.Second), float64(step), float64(time.Second), "%v", waits)
@@ -302,19 +291,26 @@ func TestBudgetNilContext(t *testing.T) {
 // the next client is told to come back within eight minutes and a little
 // more, not after every booking.
 func TestBudgetRefusalFloodIsBounded(t *testing.T) {
+	told := refusedOnAFullBudget(t, 500, pacing.Tokens{Input: 1000})
+	t.Logf("told %v, %v ... %v", told[0], told[1], told[len(told)-1])
+	assert.InDelta(t, float64(time.Minute), float64(told[1]-told[0]), float64(time.Second), "a request of ten budgets' worth takes one minute of the refill")
+	assert.LessOrEqual(t, told[len(told)-1], 10*time.Minute)
+}
+
+// refusedOnAFullBudget returns what n requests costing t, refused one
+// after another by a budget of 100 tokens a minute that one request has
+// just filled, were told.
+func refusedOnAFullBudget(t *testing.T, n int, cost pacing.Tokens) (told []time.Duration) {
 	ctx := context.Background()
 	b, err := fleet.NewBudget(memstore.New(), "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
 	require.NoError(t, err)
 	_, err = b.Reserve(ctx, pacing.Tokens{Input: 100})
 	require.NoError(t, err)
-	var told []time.Duration
-	for range 500 {
-		_, err := b.Reserve(ctx, pacing.Tokens{Input: 1000})
+	for range n {
+		_, err := b.Reserve(ctx, cost)
 		var le *slots.LimitError
 		require.ErrorAs(t, err, &le)
 		told = append(told, le.RetryAfter)
 	}
-	t.Logf("told %v, %v ... %v", told[0], told[1], told[len(told)-1])
-	assert.InDelta(t, float64(time.Minute), float64(told[1]-told[0]), float64(time.Second), "a request of ten budgets' worth takes one minute of the refill")
-	assert.LessOrEqual(t, told[len(told)-1], 10*time.Minute)
+	return told
 }
