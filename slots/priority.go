@@ -91,7 +91,7 @@ func WithFlow(ctx context.Context, id string) context.Context {
 }
 
 // WithFlowWeight is WithFlow with a weight (at least 1): flows weighted 3
-// and 1 are admitted 3:1 while both wait, as their latest waiters say.
+// and 1 are admitted 3:1 while both wait (a turn takes its first waiter's weight).
 func WithFlowWeight(ctx context.Context, id string, weight int) context.Context {
 	pl := core.PlaceOf(ctx)
 	pl.Flow = id

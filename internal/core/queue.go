@@ -43,7 +43,8 @@ func Rank(c uint8) uint8 { return rank[c] }
 // highest class first; within a class, flows take turns (deficit round
 // robin over each flow's weight, in units); within a flow, arrival order.
 //
-// A turn is worth the flow's weight times the highest Cost (units) of the
+// A turn is worth the Weight of the waiter that starts it (so one that
+// left without a grant weighs nothing) times the highest Cost (units) of the
 // flows' first waiters, rounded up to a power of 2, and a grant charges
 // its Cost: flows share units, not grants, by weight. What a turn leaves
 // (less than the flow's next waiter) carries over while the flow waits.
@@ -69,7 +70,6 @@ type flow struct {
 	waiters ilist.List[*Waiter]
 	link    ilist.Elem[*flow] // in its class's ring while it has waiters
 	key     flowKey
-	weight  int32 // quanta per turn
 	inTurn  bool  // its turn is under way
 	credit  int64 // units left in its turn, or carried to its next
 }
@@ -167,7 +167,6 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	if f == nil {
 		f = q.newFlow(k)
 	}
-	f.weight = max(w.Weight, 1) // the latest arrival's weight
 	if f.waiters.Len() == 0 {
 		f.credit, f.inTurn = 0, false
 		q.x.rings[k.class].PushBack(&f.link)
@@ -185,7 +184,7 @@ func (q *Queue) mix() {
 		q.def.link.Value = &q.def
 	}
 	q.mixed = true
-	q.def.weight, q.def.credit, q.def.inTurn = 1, 0, false // its waiters so far all have weight 1
+	q.def.credit, q.def.inTurn = 0, false
 	if n := q.def.waiters.Len(); n > 0 {
 		q.x.rings[ClassDefault].PushBack(&q.def.link)
 		q.x.count[ClassDefault] = n
@@ -275,8 +274,8 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 			}
 		}
 	default:
-		if charge && !f.inTurn { // its turn starts
-			f.credit, f.inTurn = f.credit+int64(f.weight)*q.quantum(c, w.Cost), true
+		if charge && !f.inTurn { // its turn starts, weighted by the waiter served
+			f.credit, f.inTurn = f.credit+int64(max(w.Weight, 1))*q.quantum(c, w.Cost), true
 		}
 		if charge {
 			f.credit -= int64(w.Cost)
