@@ -40,8 +40,7 @@ type Stats struct {
 	Leaked         uint64 // slots dropped while held and reclaimed (WithLeakDetection)
 }
 
-// NewLimiter returns a Limiter of limit units (Unlimited never binds). It
-// panics if limit is negative.
+// NewLimiter returns a Limiter of limit units; it panics if limit < 0.
 func NewLimiter(limit int, opts ...Option) *Limiter {
 	if limit < 0 {
 		panic(fmt.Sprintf("slots: negative limit %d", limit))

@@ -36,3 +36,17 @@ func TestCombine(t *testing.T) {
 	assert.Zero(t, a.Stats().DoubleReleases)
 	assert.Zero(t, b.InFlight())
 }
+
+// A Combine slot weighs what its largest part weighs: one request held at
+// a cap counting 3 units and at one counting 5.
+func TestCombineUnits(t *testing.T) {
+	a, b := slots.NewLimiter(10), slots.NewLimiter(10)
+	sa, err := a.TryAcquireN(3)
+	require.NoError(t, err)
+	sb, err := b.TryAcquireN(5)
+	require.NoError(t, err)
+	c := slots.Combine(sa, sb)
+	assert.Equal(t, 5, c.Units())
+	c.Release()
+	assert.Zero(t, a.InFlight()+b.InFlight())
+}

@@ -27,6 +27,7 @@ func Combine(done func(), parts ...*Handle) *Handle {
 	for _, p := range held {
 		x.h.Bypassed = x.h.Bypassed || p.h.Bypassed
 		x.h.Degraded = x.h.Degraded || p.h.Degraded
+		x.h.Extra = max(x.h.Extra, p.h.Extra) // its Units: the largest part's
 		if at := p.h.Owner.Time(p.h.At); at.After(c.at) {
 			c.at = at
 		}
