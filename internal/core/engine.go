@@ -86,22 +86,22 @@ func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *
 // coming back cannot help; one that timed out (ErrWaitTimeout) is told to
 // come back before its room frees, by half its wait (see RejectLaneTurns).
 func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int) *Rejection {
-	if reason == ErrWaitTimeout {
-		return e.RejectLaneTurns(reason, key, ln, n, ln.Limit, e.MaxWait)
-	}
-	return e.RejectLaneTurns(reason, key, ln, n, ln.Limit, 0)
+	return e.RejectLaneTurns(reason, key, ln, n, ln.Limit, e.MaxWait)
 }
 
 // RejectLaneTurns is RejectLane whose Retry-After counts turns of slots
 // units, where a tighter cap than ln's limit binds (its holders' ends and
-// its free units then left out), and tells the caller to come back before
-// its room frees, by half of wait (at most half a turn): pass the wait it
-// may spend queued on its return (one that timed out in the queue), 0 for
-// one that cannot queue.
+// free units left out). One that timed out was at the head: the waiters left
+// count after it (waits ending together are told returns one by one), and
+// it is told to come back half of wait, the wait it may spend queued again
+// (at most half a turn), before its room frees.
 func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots int, wait time.Duration) *Rejection {
 	var buf [EndsScan]End
 	var ends []End
-	need := ln.Waiters.Units() + n
+	need := n
+	if reason != ErrWaitTimeout {
+		need, wait = need+ln.Waiters.Units(), 0
+	}
 	if free := ln.Free(); slots == ln.Limit && need > free {
 		// Room binds: the holders' ends free what it lacks. Otherwise
 		// (shares, or a Gate's tokens, budgets, pacing) the free units

@@ -1,0 +1,64 @@
+package slots_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// Callers whose waits time out together are told to come back as the
+// slots free, two by two, not all at one time. Two holders of 1 s (the
+// mean hold) started at 4 s; six callers came at 4 s and waited 500 ms.
+// The first two are told to come when the holders end (5 s), less a lead
+// of half their wait, so that they are queued then: 250 ms. The next two
+// a hold later, and so on. (All six were told 2.25 s: each caller that
+// timed out counted those still queued, who were to be told after it.)
+func TestRetryAfterSpreadsWaitsThatEndTogether(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(2, slots.WithMaxWait(500*time.Millisecond))
+		for range 4 { // a mean hold of 1 s
+			a, err := l.TryAcquire()
+			require.NoError(t, err)
+			b, err := l.TryAcquire()
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			a.Release()
+			b.Release()
+		}
+		a, err := l.TryAcquire()
+		require.NoError(t, err)
+		defer a.Release()
+		b, err := l.TryAcquire()
+		require.NoError(t, err)
+		defer b.Release()
+		var mu sync.Mutex
+		var told []time.Duration
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() {
+				_, err := l.Acquire(context.Background())
+				var le *slots.LimitError
+				if assert.True(t, errors.As(err, &le)) && assert.ErrorIs(t, err, slots.ErrWaitTimeout) {
+					mu.Lock()
+					told = append(told, le.RetryAfter)
+					mu.Unlock()
+				}
+			})
+		}
+		synctest.Wait()
+		wg.Wait()
+		slices.Sort(told)
+		ms := time.Millisecond
+		assert.Equal(t, []time.Duration{250 * ms, 250 * ms, 1250 * ms, 1250 * ms, 2250 * ms, 2250 * ms}, told)
+	})
+}
