@@ -10,6 +10,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inflight-go/inflight/internal/httpx"
 	"github.com/inflight-go/inflight/pacing/upstream"
 )
 
@@ -93,7 +94,7 @@ func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 	case resp.StatusCode < 400:
 		report(c(resp.StatusCode, resp.Header, nil))
 		return
-	case resp.Body == nil || resp.Body == http.NoBody:
+	case httpx.Bodiless(httpx.Method(resp), resp):
 		report(c(resp.StatusCode, resp.Header, nil))
 		return
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/httpx"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -395,7 +396,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	// An answer without a body reports no usage: its estimate stands, and
 	// the slots Transport frees its slot at once.
-	hasBody := err == nil && resp.Body != nil && resp.Body != http.NoBody
+	hasBody := err == nil && !httpx.Bodiless(req.Method, resp)
 	if weighed && hasBody && resp.StatusCode/100 == 2 { // its budgets are settled with the usage the answer reports
 		resp.Body = WatchUsage(resp.Body, resp.Header.Get("Content-Type"), func(used Tokens) {
 			t.gate.Settle(x.grant, used) // nothing for a bypass

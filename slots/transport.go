@@ -14,6 +14,7 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/internal/httpx"
 )
 
 // AdmitFunc admits one request and returns its Slot or a refusal (a nil
@@ -131,7 +132,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if !s.holds() {
 		return resp, nil // admit chose to take no slot
 	}
-	if resp.Body == nil || resp.Body == http.NoBody {
+	if httpx.Bodiless(req.Method, resp) {
 		s.releaseQuietly() // the answer is complete
 		return resp, nil
 	}
