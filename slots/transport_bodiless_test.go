@@ -21,6 +21,7 @@ func TestTransportBodilessAnswersFreeAtOnce(t *testing.T) {
 		up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			status, _ := strconv.Atoi(r.URL.Query().Get("status"))
 			w.WriteHeader(status)
+			w.Write([]byte(r.URL.Query().Get("body"))) // none where HTTP has none
 		}))
 		up.EnableHTTP2 = h2
 		up.StartTLS()
@@ -40,7 +41,7 @@ func TestTransportBodilessAnswersFreeAtOnce(t *testing.T) {
 			require.NoError(t, resp.Body.Close())
 		}
 		// An answer with a body keeps its slot until it is closed.
-		resp, err := client.Get(up.URL + "/?status=200")
+		resp, err := client.Get(up.URL + "/?status=200&body=x")
 		require.NoError(t, err)
 		assert.Equal(t, 1, lim.InFlight())
 		require.NoError(t, resp.Body.Close())
