@@ -59,7 +59,7 @@ func (g *Gate) adaptLocked() {
 			ml.l.stop()
 			ml.l = nil
 		case ml.l == nil:
-			ml.l = newLearner(m, ml.capCfg)
+			ml.l = newLearner(m, ml.capCfg, g.seq)
 			ml.l.lane, ml.l.model = &ml.lane, name
 		default:
 			ml.l.configure(m, ml.capCfg)
@@ -70,7 +70,7 @@ func (g *Gate) adaptLocked() {
 		case a == nil:
 			kl.stopLearning()
 		case kl.l == nil:
-			kl.l = newLearner(a, kl.configured)
+			kl.l = newLearner(a, kl.configured, g.seq)
 			kl.l.lane, kl.l.key = &kl.lane, kl.id
 		default:
 			kl.l.configure(a, kl.configured)
@@ -78,7 +78,7 @@ func (g *Gate) adaptLocked() {
 	}
 	if a != nil && len(g.keys) == 0 {
 		if g.ad.l == nil {
-			g.ad.l = newLearner(a, g.cfg.MaxConcurrentRequests)
+			g.ad.l = newLearner(a, g.cfg.MaxConcurrentRequests, g.seq)
 		} else {
 			g.ad.l.configure(a, g.cfg.MaxConcurrentRequests)
 		}
@@ -276,8 +276,6 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 			p.l.Overloaded(gr.id, g.seq)
 		case learn.Withdrawn:
 			p.l.Inconclusive(p.n, gr.id)
-			continue
-		default:
 			continue
 		}
 		p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}

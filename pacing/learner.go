@@ -23,8 +23,13 @@ type learner struct {
 	ev      Evidence    // the answer behind the change not yet reported, if any
 }
 
-func newLearner(a *AdaptiveConfig, configured int) *learner {
-	return &learner{Cap: *learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS).New(configured)}
+// newLearner returns a learner of a's cap, configured at most; seq numbers
+// the Gate's last start: those up to it were made under a cap it did not
+// set, so their answers are no evidence of its own (see learn.Cap.CutSeq).
+func newLearner(a *AdaptiveConfig, configured int, seq uint64) *learner {
+	l := &learner{Cap: *learn.FromMS(a.Min, a.Max, a.Initial, a.RetestMS).New(configured)}
+	l.CutSeq = seq
+	return l
 }
 
 func (l *learner) configure(a *AdaptiveConfig, configured int) {

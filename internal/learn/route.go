@@ -18,9 +18,11 @@ const (
 type Step uint8
 
 const (
-	// Nothing: the answer is not about this cap (a rate limit, a quota:
-	// the caller pauses for those).
-	Nothing Step = iota
+	// Withdrawn: the answer proves nothing of this cap (a refusal laid to
+	// a more specific one, a rate limit, a quota, a failure); a test of it
+	// the request was is withdrawn (Cap.Inconclusive), so that time does
+	// not take it for admitted.
+	Withdrawn Step = iota
 	// Proved: the upstream took the request under this cap (Cap.Admitted).
 	Proved
 	// Cut: refused for concurrency, and laid to this cap (Cap.Refused).
@@ -28,32 +30,22 @@ const (
 	// Eased: the provider is overloaded; this cap comes down a little
 	// (Cap.Overloaded).
 	Eased
-	// Withdrawn: the answer proves nothing of this cap; a test of it the
-	// request was is withdrawn (Cap.Inconclusive).
-	Withdrawn
 )
 
 // Route is the one rule by which an answer of kind k reaches the learned
 // caps a request was admitted under (a provider's, an API key's, a
-// model's; a fleet's keys): an admission proves each of them, a refusal is
-// laid to the most specific one (specific) and proves nothing of the
-// others, and an answer about something else proves nothing. The pacing
-// Gate and a fleet Registry both route their reports by it.
+// model's; a fleet's keys): an admission proves each of them, a refusal
+// for concurrency or an overload is laid to the most specific one
+// (specific), and anything else proves nothing. The pacing Gate and a
+// fleet Registry both route their reports by it.
 func Route(k Kind, specific bool) Step {
-	switch k {
-	case KindAdmitted:
+	switch {
+	case k == KindAdmitted:
 		return Proved
-	case KindConcurrency:
-		if specific {
-			return Cut
-		}
-		return Withdrawn
-	case KindOverload:
-		if specific {
-			return Eased
-		}
-	case KindOther:
-		return Withdrawn
+	case specific && k == KindConcurrency:
+		return Cut
+	case specific && k == KindOverload:
+		return Eased
 	}
-	return Nothing
+	return Withdrawn
 }

@@ -16,11 +16,13 @@ func TestRoute(t *testing.T) {
 	}{
 		{KindAdmitted, Proved, Proved},
 		{KindConcurrency, Cut, Withdrawn},
-		{KindOverload, Eased, Nothing},
+		{KindOverload, Eased, Withdrawn},
 		{KindOther, Withdrawn, Withdrawn},
-		{KindRate, Nothing, Nothing},
-		{KindQuota, Nothing, Nothing},
-		{Kind(200), Nothing, Nothing},
+		// A rate limit's or a quota's refusal proves nothing of a cap in
+		// flight: a probe it answered is withdrawn, not taken for admitted.
+		{KindRate, Withdrawn, Withdrawn},
+		{KindQuota, Withdrawn, Withdrawn},
+		{Kind(200), Withdrawn, Withdrawn},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprint(c.kind), func(t *testing.T) {

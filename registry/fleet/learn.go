@@ -290,8 +290,6 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 			e.kind = evOverloaded
 		case learn.Withdrawn:
 			e.kind = evInconclusive
-		default:
-			continue // a rate limit, a quota: not about this cap (a Gate pauses for them)
 		}
 		if c.noteLocked(lk, e) {
 			changed = append(changed, k)
