@@ -3,6 +3,7 @@ package pacing
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -286,7 +287,7 @@ func resetIn(v string) time.Duration {
 	if d, err := time.ParseDuration(v); err == nil {
 		return secondsUpToMax(d.Seconds())
 	}
-	if f, err := strconv.ParseFloat(v, 64); err == nil {
+	if f, ok := number(v); ok {
 		now := float64(time.Now().UnixMilli()) / 1000
 		switch {
 		case f >= unixMillisFrom:
@@ -300,6 +301,15 @@ func resetIn(v string) time.Duration {
 		return secondsUpToMax(time.Until(t).Seconds())
 	}
 	return 0
+}
+
+// number parses v as a float, +Inf for one too large (strconv.ErrRange).
+func number(v string) (float64, bool) {
+	if v == "" {
+		return 0, false // without the error's allocation
+	}
+	f, err := strconv.ParseFloat(v, 64)
+	return f, err == nil || errors.Is(err, strconv.ErrRange)
 }
 
 // A bare number in a reset header past these is a Unix time.
@@ -325,17 +335,18 @@ func secondsUpToMax(f float64) time.Duration {
 	return time.Duration(f * float64(time.Second))
 }
 
+// retryAfter reads Retry-After-Ms, if it asks for a wait, else Retry-After
+// (seconds or an HTTP date); a number too large for a float asks for the
+// most.
 func retryAfter(h http.Header) time.Duration {
-	if ms := h.Get("Retry-After-Ms"); ms != "" {
-		if f, err := strconv.ParseFloat(ms, 64); err == nil {
-			return secondsUpToMax(f / 1000)
-		}
+	if f, ok := number(h.Get("Retry-After-Ms")); ok && f > 0 {
+		return secondsUpToMax(f / 1000)
 	}
 	ra := h.Get("Retry-After")
 	if ra == "" {
 		return 0
 	}
-	if f, err := strconv.ParseFloat(ra, 64); err == nil {
+	if f, ok := number(ra); ok {
 		return secondsUpToMax(f)
 	}
 	if t, err := http.ParseTime(ra); err == nil {
