@@ -398,7 +398,9 @@ type LearnedResult struct {
 // A correction (Correct) adds Cost[i], which may be negative, to step
 // Step's part i while Step is in the window; once it has left, a positive
 // Cost[i] is added to the current step (a debt) and a negative one is
-// dropped. It is always Charged; one of zero reads Used. With Move, the
+// dropped. No step's part goes below zero: a store that lost its data
+// does not take back what it forgot (nor count the window short of its
+// charges). It is always Charged; one of zero reads Used. With Move, the
 // correction moves the charge Cost made in Step to the current step: it
 // takes Cost from Step, if it is still in the window, and adds it to the
 // current step; nothing when Step is the current step.

@@ -183,3 +183,68 @@ func reserveAtOnce(t *testing.T, bs []*fleet.Budget, n int, cost upstream.Tokens
 	wg.Wait()
 	return charged
 }
+
+// budgetCorrectionsFloor: a correction takes no step's part below zero,
+// so a store that lost its data (or a client that gives back more than it
+// charged) cannot leave the window counting less than nothing, which a
+// budget would take for an empty one and fill again. A correction or a
+// move of nothing writes nothing.
+func budgetCorrectionsFloor(t *testing.T, srv Server) {
+	ctx := context.Background()
+	st := srv.Store(t, "floor")
+	call := func(c driver.BudgetCall) driver.BudgetResult {
+		t.Helper()
+		res, err := st.Budget(ctx, &c)
+		require.NoError(t, err)
+		return res
+	}
+	limits := [3]int64{100}
+	res := call(driver.BudgetCall{Key: "k", Limits: limits, Cost: [3]int64{60, 60}})
+	require.True(t, res.Charged)
+	s := res.Step
+	res = call(driver.BudgetCall{Key: "k", Limits: limits, Cost: [3]int64{-200, -200, -50}, Correct: true, Step: s})
+	assert.Equal(t, [3]int64{0, 0, 0}, res.Used, "no more than was charged comes back")
+	res = call(driver.BudgetCall{Key: "k", Limits: limits, Cost: [3]int64{-30, -30}, Correct: true, Step: s - 1})
+	assert.Equal(t, [3]int64{0, 0, 0}, res.Used, "nothing comes back from a second never charged")
+	res = call(driver.BudgetCall{Key: "k", Limits: limits, Cost: [3]int64{}, Correct: true, Move: true, Step: s - 2})
+	assert.Equal(t, [3]int64{0, 0, 0}, res.Used, "a move of nothing")
+
+	// The window is empty: a charge of the whole limit fits, one more does not.
+	res = call(driver.BudgetCall{Key: "k", Limits: limits, Cost: [3]int64{100, 100}})
+	require.True(t, res.Charged)
+	res = call(driver.BudgetCall{Key: "k", Limits: limits, Cost: [3]int64{1, 1}})
+	assert.False(t, res.Charged, "the limit is spent: nothing was counted below zero")
+	assert.Equal(t, [3]int64{100, 100, 0}, res.Used)
+}
+
+// budgetLost: reservations still open when the store lost its data are
+// cancelled after it; the budget then admits no more than its limit in
+// the minute (the cancels gave back what the store had forgotten, and the
+// window counted less than nothing: twice the limit was admitted).
+func budgetLost(t *testing.T, srv Server) {
+	f, ok := srv.(Faults)
+	if !ok {
+		t.Skip("no Faults")
+	}
+	ctx := context.Background()
+	b := budgets(t, srv, "budget-lost", "provider", upstream.BudgetLimits{TokensPerMinute: 1000}, 1)[0]
+	var open []*fleet.BudgetReservation
+	for range 10 {
+		r, err := b.Reserve(ctx, upstream.Tokens{Input: 100})
+		require.NoError(t, err)
+		open = append(open, r)
+	}
+	f.Lose()
+	for _, r := range open {
+		require.NoError(t, r.Cancel(ctx))
+	}
+	admitted := 0
+	for range 30 {
+		if _, err := b.Reserve(ctx, upstream.Tokens{Input: 100}); err == nil {
+			admitted++
+		} else {
+			require.ErrorIs(t, err, upstream.ErrOverBudget)
+		}
+	}
+	assert.Equal(t, 10, admitted, "1,000 tokens a minute, 100 a request")
+}

@@ -126,6 +126,7 @@ var (
 		{"OverridesShared", overridesShared},
 		{"BudgetShared", budgetShared},
 		{"BudgetRequests", budgetRequests},
+		{"BudgetCorrectionsFloor", budgetCorrectionsFloor},
 		{"UnitsCap", unitsCap},
 		{"UnitsCounted", unitsCounted},
 		{"HeavyWaiterFirst", heavyWaiterFirst},
@@ -140,6 +141,7 @@ var (
 	faulty = []test{
 		{"Killed", killed},
 		{"Lost", lost},
+		{"BudgetLost", budgetLost},
 		{"StoppedPastTTL", stoppedPastTTL},
 		{"Unavailable", unavailable},
 	}

@@ -38,19 +38,24 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 		}
 	}
 	res := driver.BudgetResult{Now: now, Step: cur}
-	// add adds cost to step st, and to what the window counts.
+	// add adds cost to step st, and to what the window counts, taking no
+	// part below zero (what a lost store forgot is not given back), and
+	// writes nothing for no change.
 	add := func(st int64, cost [3]int64) {
-		n := steps[st]
+		was := steps[st]
+		n := was
 		for i, d := range cost {
-			n[i] += d
-			used[i] += d
+			n[i] = max(n[i]+d, 0)
+			used[i] += n[i] - was[i]
 		}
-		steps[st] = n
+		if n != was {
+			steps[st] = n
+		}
 	}
 	switch {
 	case c.Correct && c.Move:
 		if c.Step != cur {
-			if _, ok := steps[c.Step]; ok && c.Step >= first {
+			if c.Step >= first {
 				add(c.Step, [3]int64{-c.Cost[0], -c.Cost[1], -c.Cost[2]})
 			}
 			add(cur, c.Cost)
@@ -67,9 +72,7 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 				cost[i] = d
 			}
 		}
-		if cost != [3]int64{} { // a correction of zero (a read) writes nothing
-			add(at, cost)
-		}
+		add(at, cost)
 		res.Charged = true
 	case driver.Fits(c.Limits, used, c.Cost):
 		add(cur, c.Cost)

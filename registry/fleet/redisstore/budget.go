@@ -41,20 +41,25 @@ for i = 1, #raw, 2 do
     for p = 1, 3 do used[p] = used[p] + v[p] end
   end
 end
+-- add adds d to step st, taking no part below zero (what a lost store
+-- forgot is not given back); no change (a read) writes nothing.
 local function add(st, d)
-  if d[1] == 0 and d[2] == 0 and d[3] == 0 then return end -- a read writes nothing
   local v = counts[st] or {0, 0, 0}
+  local changed = false
   for p = 1, 3 do
-    v[p] = v[p] + d[p]
-    used[p] = used[p] + d[p]
+    local n = math.max(v[p] + d[p], 0)
+    if n ~= v[p] then changed = true end
+    used[p] = used[p] + n - v[p]
+    v[p] = n
   end
+  if not changed then return end
   counts[st] = v
   redis.call('HSET', KEYS[1], st, string.format('%d,%d,%d', v[1], v[2], v[3]))
   redis.call('PEXPIRE', KEYS[1], math.max((cur + 62) * 1000 - now, 62000))
 end
 if ARGV[9] == '1' then -- a move
   if step ~= cur then
-    if counts[step] and step >= first then add(step, {-cost[1], -cost[2], -cost[3]}) end
+    if step >= first then add(step, {-cost[1], -cost[2], -cost[3]}) end
     add(cur, cost)
   end
   return {1, cur, used[1], used[2], used[3], 0, 0, now}
