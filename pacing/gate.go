@@ -279,7 +279,7 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 		// is never queued).
 		g.unqueueLocked(w)
 		w.State = core.Gone
-		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, t, now)
+		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, t, w.Class, now)
 		// Its class may have stopped waiting, and stopped keeping its
 		// minimum share from the others; a request waiting for tokens
 		// that leaves stops holding back the ones after it.
@@ -312,7 +312,7 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		g.dropIfIdleLocked(gr.model)
 		return core.Ending{Rej: gr.refused} // made when it was refused
 	}
-	return core.Ending{Rej: g.rejectLocked(slots.ErrWaitTimeout, gr.model, gr.cost(), g.eng.Clock.Nanos())}
+	return core.Ending{Rej: g.rejectLocked(slots.ErrWaitTimeout, gr.model, gr.cost(), w.Class, g.eng.Clock.Nanos())}
 }
 
 // withdraw takes w out of the queue if it is still waiting: it took nothing.

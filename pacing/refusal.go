@@ -130,16 +130,17 @@ func (g *Gate) poolLocked(now int64) (pool int, back int64) {
 	return pool, 0
 }
 
-// rejectLocked builds a rejection with a Retry-After from when a slot or a
-// start is next expected; report it with rejected once unlocked.
-func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, now int64) *core.Rejection {
+// rejectLocked builds a rejection of a caller of class c with a
+// Retry-After from when a slot or a start is next expected; report it with
+// rejected once unlocked.
+func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, c uint8, now int64) *core.Rejection {
 	g.rejects++
 	var wait time.Duration // the wait a caller timed out in may be spent queued again
 	if reason == slots.ErrWaitTimeout {
 		wait = g.cfg.QueueWait()
 	}
 	pool, back := g.poolLocked(now)
-	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, 1, min(g.provider.Limit, ml.lane.Limit, pool), wait)
+	rej := g.eng.RejectLaneTurns(reason, g.name+"/"+ml.name, &g.provider, 1, c, min(g.provider.Limit, ml.lane.Limit, pool), wait)
 	rej.Cap = CapProvider
 	var at int64 // when a binding budget takes it
 	switch reason {

@@ -146,7 +146,7 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 	if reason == slots.ErrQueueFull {
 		e.shard.st.queueFull++
 	}
-	rej := r.rejectLocked(reason, key, e, n)
+	rej := r.rejectLocked(reason, key, e, n, h.Class)
 	e.shard.dropUnusedLocked(e)
 	return core.Refuse(rej)
 }
@@ -205,7 +205,7 @@ func (kw *keyWait[K]) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 // lowered below its weight) or that it waited on (see core.Waits).
 func (r *Registry[K]) ended(w *core.Waiter, out core.Outcome, sh *shard[K], key K) core.Ending {
 	if out == core.OutRefused { // counted by the limit change that refused it
-		return core.Ending{Rej: r.rejectKey(slots.ErrExceedsLimit, key, w.Hold.Units())}
+		return core.Ending{Rej: r.rejectKey(slots.ErrExceedsLimit, key, w)}
 	}
 	sh.mu.Lock()
 	switch {
@@ -222,17 +222,16 @@ func (r *Registry[K]) ended(w *core.Waiter, out core.Outcome, sh *shard[K], key 
 	}
 	sh.st.waitTimeouts++
 	sh.mu.Unlock()
-	return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key, w.Hold.Units())}
+	return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key, w)}
 }
 
-// rejectKey builds a rejection for key, of a caller weighing n units, under
-// its shard's lock.
-func (r *Registry[K]) rejectKey(reason error, key K, n int) *core.Rejection {
+// rejectKey builds a rejection for key, of waiter w, under its shard's lock.
+func (r *Registry[K]) rejectKey(reason error, key K, w *core.Waiter) *core.Rejection {
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
 	if e := sh.lookup(key, hash); e != nil {
-		return r.rejectLocked(reason, key, e, n)
+		return r.rejectLocked(reason, key, e, w.Hold.Units(), w.Class)
 	}
 	return r.eng.Reject(reason, keyString(key), 0, r.limitLocked(sh, key), 0)
 }

@@ -310,18 +310,18 @@ func (r *Registry[K]) refuseAllLocked(ctx context.Context, m *multi[K], keys []K
 	for i, e := range m.entries {
 		if n > 1 && e.lane.TooHeavy(c, n) {
 			r.exceedsLimit.Add(1)
-			return r.rejectLocked(slots.ErrExceedsLimit, keys[i], e, n)
+			return r.rejectLocked(slots.ErrExceedsLimit, keys[i], e, n, c)
 		}
 	}
 	if ctx == nil {
 		first.st.limitReached++
-		return r.rejectLocked(slots.ErrLimitReached, keys[full], m.entries[full], n)
+		return r.rejectLocked(slots.ErrLimitReached, keys[full], m.entries[full], n, c)
 	}
 	for j := range keys {
 		i := (full + j) % len(keys)
 		if e := m.entries[i]; r.eng.Full(&e.lane.Waiters, flow) {
 			first.st.queueFull++
-			return r.rejectLocked(slots.ErrQueueFull, keys[i], e, n)
+			return r.rejectLocked(slots.ErrQueueFull, keys[i], e, n, c)
 		}
 	}
 	return nil

@@ -199,14 +199,14 @@ func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
 	r.eng.Reclaim(t, slog.String("key", keyString(key)))
 }
 
-// rejectLocked builds a rejection for key, from its entry e, of a caller
-// weighing n units.
-func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], n int) *core.Rejection {
+// rejectLocked builds a rejection for key, from its entry e, of a caller of
+// class c weighing n units.
+func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], n int, c uint8) *core.Rejection {
 	if e.lane.Holders.Len() == 0 && e.lane.Waiters.Len() == 0 {
 		// An entry made to decide for this caller: no return to book.
 		return r.eng.Reject(reason, keyString(key), 0, e.lane.Limit, 0)
 	}
-	return r.eng.RejectLane(reason, keyString(key), &e.lane, n)
+	return r.eng.RejectLane(reason, keyString(key), &e.lane, n, c)
 }
 
 // keyString formats a key for errors and logs, cut to a readable length.

@@ -138,7 +138,7 @@ func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, 
 		}
 	}
 	l.countRefusalLocked(reason)
-	return core.Refuse(l.eng.RejectLane(reason, "", &l.lane, n))
+	return core.Refuse(l.eng.RejectLane(reason, "", &l.lane, n, h.Class))
 }
 
 // Ended implements core.Waits: a wait that took nothing.
@@ -151,7 +151,7 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 		l.stats.Canceled++
 		return core.Ending{}
 	case out == core.OutRefused: // counted by the SetLimit that refused it
-		return core.Ending{Rej: l.eng.RejectLane(ErrExceedsLimit, "", &l.lane, w.Hold.Units())}
+		return core.Ending{Rej: l.eng.RejectLane(ErrExceedsLimit, "", &l.lane, w.Hold.Units(), w.Class)}
 	case l.eng.FailOpen:
 		l.stats.Bypassed++
 		l.seq++
@@ -160,7 +160,7 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 			slog.Int("limit", l.lane.Limit), slog.Int("queued", l.lane.Waiters.Len())}}
 	}
 	l.stats.WaitTimeouts++
-	return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane, w.Hold.Units())}
+	return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane, w.Hold.Units(), w.Class)}
 }
 
 // refusalLocked returns why a caller at place, weighing n units, that
@@ -315,12 +315,9 @@ func (l *Limiter) Waiting() int {
 func (l *Limiter) Stats() Stats {
 	l.mu.Lock()
 	st := l.stats
-	st.InFlight = l.lane.Holders.Units()
-	st.Waiting = l.lane.Waiters.Len()
-	st.Limit = l.lane.Limit
+	st.InFlight, st.Waiting, st.Limit = l.lane.Holders.Units(), l.lane.Waiters.Len(), l.lane.Limit
 	l.mu.Unlock()
-	st.DoubleReleases = l.engine().Misuses()
-	st.Leaked = l.engine().Leaks()
+	st.DoubleReleases, st.Leaked = l.engine().Misuses(), l.engine().Leaks()
 	return st
 }
 

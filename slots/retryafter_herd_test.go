@@ -62,3 +62,42 @@ func TestRetryAfterSpreadsWaitsThatEndTogether(t *testing.T) {
 		assert.Equal(t, []time.Duration{250 * ms, 250 * ms, 1250 * ms, 1250 * ms, 2250 * ms, 2250 * ms}, told)
 	})
 }
+
+// A caller that timed out counts the waiters of higher classes, which
+// came after it but are served first, ahead of it: a batch caller behind
+// two interactive ones on one slot of 1 s holds is told to come back for
+// the third turn, not the next (where it would queue behind them and time
+// out again). An interactive caller in its place is told the next turn.
+func TestRetryAfterOfATimeoutBehindHigherClasses(t *testing.T) {
+	for _, tc := range []struct {
+		p    slots.Priority
+		want time.Duration
+	}{{slots.PriorityBatch, 1500 * time.Millisecond}, {slots.PriorityInteractive, time.Millisecond}} {
+		t.Run(tc.p.String(), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				l := slots.NewLimiter(1, slots.WithMaxWait(time.Second))
+				testrig.WarmHolds(t, time.Second, l.TryAcquire)
+				held, err := l.TryAcquire()
+				require.NoError(t, err)
+				defer held.Release()
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				told := make(chan time.Duration, 1)
+				go func() {
+					_, err := l.Acquire(slots.WithPriority(ctx, tc.p))
+					var le *slots.LimitError
+					if assert.True(t, errors.As(err, &le)) {
+						told <- le.RetryAfter
+					}
+				}()
+				time.Sleep(500 * time.Millisecond)
+				for range 2 {
+					go l.Acquire(slots.WithPriority(ctx, slots.PriorityInteractive))
+				}
+				synctest.Wait()
+				require.Equal(t, 3, l.Waiting())
+				assert.Equal(t, tc.want, <-told)
+			})
+		})
+	}
+}

@@ -79,28 +79,31 @@ func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *
 	return e.rejectAt(reason, key, inFlight, limit, queued, limit, 1, queued+1, nil, 0, nil)
 }
 
-// RejectLane builds the rejection for reason of a caller of ln weighing n
-// units, with ln's counts and a Retry-After from when its holders started,
+// RejectLane builds the rejection for reason of a caller of ln (class c, n
+// units), with ln's counts and a Retry-After from when its holders started,
 // spread from those told to the others refused on it: a caller heavier
 // than ln can ever hold (ErrExceedsLimit) is told no Retry-After, since
 // coming back cannot help; one that timed out (ErrWaitTimeout) is told to
 // come back before its room frees, by half its wait (see RejectLaneTurns).
-func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int) *Rejection {
-	return e.RejectLaneTurns(reason, key, ln, n, ln.Limit, e.MaxWait)
+func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int, c uint8) *Rejection {
+	return e.RejectLaneTurns(reason, key, ln, n, c, ln.Limit, e.MaxWait)
 }
 
 // RejectLaneTurns is RejectLane whose Retry-After counts turns of slots
 // units, where a tighter cap than ln's limit binds (its holders' ends and
-// free units left out). One that timed out was at the head: the waiters left
-// count after it (waits ending together are told returns one by one), and
-// it is told to come back half of wait, the wait it may spend queued again
-// (at most half a turn), before its room frees.
-func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n, slots int, wait time.Duration) *Rejection {
+// free units left out). One that timed out counts only the waiters of
+// higher classes ahead (those of its class and lower came after it, and are
+// served or told after it), and is told to come back half of wait (what it
+// may spend queued again, at most half a turn) before its room frees.
+func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n int, c uint8, slots int, wait time.Duration) *Rejection {
 	var buf [EndsScan]End
 	var ends []End
 	need := n
+	for _, o := range Order[:rank[c]] { // the classes served before it
+		need += ln.Waiters.ClassLen(o)
+	}
 	if reason != ErrWaitTimeout {
-		need, wait = need+ln.Waiters.Units(), 0
+		need, wait = n+ln.Waiters.Units(), 0
 	}
 	if free := ln.Free(); slots == ln.Limit && need > free {
 		// Room binds: the holders' ends free what it lacks. Otherwise
