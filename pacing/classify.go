@@ -339,8 +339,10 @@ func secondsUpToMax(f float64) time.Duration {
 // (seconds or an HTTP date); a number too large for a float asks for the
 // most.
 func retryAfter(h http.Header) time.Duration {
-	if f, ok := number(h.Get("Retry-After-Ms")); ok && f > 0 {
-		return secondsUpToMax(f / 1000)
+	if f, ok := number(h.Get("Retry-After-Ms")); ok {
+		if d := secondsUpToMax(f / 1000); d > 0 {
+			return d
+		}
 	}
 	ra := h.Get("Retry-After")
 	if ra == "" {

@@ -41,3 +41,12 @@ func TestRetryAfterHeadersOddValues(t *testing.T) {
 		assert.Equal(t, tc.want, v.RetryAfter, "%v", h)
 	}
 }
+
+// A Retry-After-Ms too small to be a wait (under a nanosecond) falls back
+// to Retry-After too.
+func TestRetryAfterMsBelowANanosecond(t *testing.T) {
+	for _, ms := range []string{"1e-7", "0.0000009"} {
+		h := http.Header{"Retry-After-Ms": {ms}, "Retry-After": {"30"}}
+		assert.Equal(t, 30*time.Second, pacing.DefaultClassifier(http.StatusTooManyRequests, h, nil).RetryAfter, ms)
+	}
+}

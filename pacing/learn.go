@@ -275,7 +275,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		case learn.Eased:
 			p.l.Overloaded(gr.id, g.seq)
 		case learn.Withdrawn:
-			p.l.Inconclusive(p.n, gr.id)
+			p.l.Inconclusive(p.n, gr.id, gr.at)
 			continue
 		}
 		p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}

@@ -334,6 +334,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	if err == nil && resp == nil {
 		err = errNoAnswer // reported as any failure to send
 	}
+	if resp != nil && resp.Request == nil {
+		resp.Request = req // as net/http's own do: ClassifyAsRead reads the method there
+	}
 	// A panic from here on (a Classifier's, a Trace hook's) leaves with the
 	// answer's body closed, so that its connection does not stay open once
 	// the slot is freed.

@@ -2,9 +2,11 @@ package pacing_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -52,4 +54,25 @@ func TestTransportBodilessAnswersOverHTTP2(t *testing.T) {
 		assert.Equal(t, tc.want, settled, "%s %d: after", tc.method, tc.status)
 	}
 	assert.Equal(t, 10_000-3*20, providerBudget(t, g.Status(), pacing.CapTokensPerMinute).Left, "three answers kept their estimates; the 429 charged nothing")
+}
+
+// A base whose answers do not name their request (net/http's do) is read
+// the same: a HEAD's 429 with a Body that is not http.NoBody is classified
+// before its slot goes, and charges nothing.
+func TestTransportBodilessAnswerWithoutItsRequest(t *testing.T) {
+	base := roundTripFunc(func(*http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: http.StatusTooManyRequests, Header: http.Header{"Retry-After": {"5"}}, Body: io.NopCloser(strings.NewReader(""))}, nil
+	})
+	g := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	var settled []pacing.Settlement
+	ctx := pacing.WithTrace(pacing.WithTokens(pacing.WithModelName(context.Background(), "m"), pacing.Tokens{Input: 1}),
+		&pacing.Trace{Settled: func(st pacing.Settlement) { settled = append(settled, st) }})
+	req, err := http.NewRequestWithContext(ctx, http.MethodHead, "http://upstream.invalid/", nil)
+	require.NoError(t, err)
+	resp, err := pacing.NewTransport(base, g).RoundTrip(req)
+	require.NoError(t, err)
+	assert.Zero(t, g.Status().InFlight)
+	assert.Equal(t, []pacing.Settlement{{}}, settled, "refused, before its body is closed")
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, []pacing.Settlement{{}}, settled)
 }

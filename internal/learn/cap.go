@@ -413,15 +413,15 @@ func (l *Cap) Gap() time.Duration {
 	return min(max(gap, minGap), maxGap)
 }
 
-// Inconclusive notes that start number id, with n in flight, was refused
-// for another cap or failed: if it was a probe of this one, its batch
-// proves nothing and is withdrawn; if it tested a cut, the next start tests
-// it again.
-func (l *Cap) Inconclusive(n int, id uint64) {
+// Inconclusive notes that start number id, made at with n in flight, was
+// refused for another cap or failed: if it was a probe of this one, its
+// batch proves nothing and is withdrawn; if it tested a cut, the next start
+// tests it again.
+func (l *Cap) Inconclusive(n int, id uint64, at int64) {
 	if id <= l.CutSeq {
 		return // started before the last cut: not one of its probes, nor its test
 	}
-	if l.ProbeN != 0 && (n > l.Lo || l.Streak > 0 && n == l.ProbeN) {
+	if l.ProbeN != 0 && (n > l.Lo || l.Streak > 0 && n == l.ProbeN && at == l.ProbeAt) {
 		l.ProbeN = 0
 	}
 }

@@ -369,7 +369,7 @@ func TestRetestAdmittedAfterItsBatchWasWithdrawn(t *testing.T) {
 	now += int64(c.Retest) + sec
 	retest := s.start(17, now)
 	other := s.start(17, now+int64(time.Millisecond))
-	c.Inconclusive(17, other)
+	c.Inconclusive(17, other, now+int64(time.Millisecond))
 	if c.ProbeN != 0 {
 		t.Fatalf("the batch is still out after a failure at its count: %+v", c)
 	}

@@ -98,7 +98,7 @@ func (e learnEvent) apply(c *learn.Cap) {
 	case evRefused:
 		c.Refused(e.n, e.id, e.at, e.now, e.seq)
 	case evInconclusive:
-		c.Inconclusive(e.n, e.id)
+		c.Inconclusive(e.n, e.id, e.at)
 	case evOverloaded:
 		c.Overloaded(e.id, e.seq)
 	case evTick:

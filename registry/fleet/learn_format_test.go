@@ -334,8 +334,8 @@ func TestCapRecordLosesNothingTheLearnerReads(t *testing.T) {
 					mem.Refused(st.n, st.id, st.at, now, seq)
 					rec.Refused(st.n, st.id, st.at, now, seq)
 				default:
-					mem.Inconclusive(st.n, st.id)
-					rec.Inconclusive(st.n, st.id)
+					mem.Inconclusive(st.n, st.id, st.at)
+					rec.Inconclusive(st.n, st.id, st.at)
 				}
 				op = "answer"
 			case k == 16 && rng.IntN(10) == 0:
