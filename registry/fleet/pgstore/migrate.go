@@ -104,7 +104,8 @@ const migrationLock = 0x696e666c69676874 // "inflight"
 
 // Migrate brings the database's schema to SchemaVersion, in one
 // transaction under an advisory lock, so that any number of processes may
-// call it at once; it does nothing if the schema is there. New calls it.
+// call it at once; if the schema is there it only reads its version, so a
+// role that may not create objects can call it. New calls it.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return migrate(ctx, pool, SchemaRevision)
 }
@@ -120,6 +121,12 @@ const migrationTries = 10
 // for each lock (the fleet's calls wait behind it meanwhile), and is made
 // again, after a backoff, if it times out or deadlocks with a call.
 func migrate(ctx context.Context, pool *pgxpool.Pool, revision int) error {
+	// A schema that is current needs no lock and no DDL: a role that may
+	// use the tables but not create any (the schema migrated by its owner)
+	// finds it so, where a CREATE ... IF NOT EXISTS would be refused.
+	if current, err := schemaCurrent(ctx, pool, revision); err != nil || current {
+		return err
+	}
 	backoff := 50 * time.Millisecond
 	for try := 1; ; try++ {
 		err := migrateOnce(ctx, pool, revision)
@@ -136,6 +143,26 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 		}
 		backoff = min(2*backoff, 2*time.Second)
 	}
+}
+
+// schemaCurrent reports whether the database's schema is at
+// SchemaVersion and at revision or later, reading without DDL; it fails
+// with ErrSchemaNewer for a later version.
+func schemaCurrent(ctx context.Context, pool *pgxpool.Pool, revision int) (bool, error) {
+	var tables bool
+	err := pool.QueryRow(ctx, "SELECT to_regclass('inflight_schema') IS NOT NULL AND to_regclass('inflight_schema_revision') IS NOT NULL").Scan(&tables)
+	if err != nil || !tables {
+		return false, err
+	}
+	var v, r *int
+	err = pool.QueryRow(ctx, "SELECT (SELECT max(version) FROM inflight_schema), (SELECT max(revision) FROM inflight_schema_revision)").Scan(&v, &r)
+	switch {
+	case err != nil:
+		return false, fmt.Errorf("pgstore: schema version: %w", err)
+	case v != nil && *v > SchemaVersion:
+		return false, fmt.Errorf("%w: %d, this release knows %d", ErrSchemaNewer, *v, SchemaVersion)
+	}
+	return v != nil && *v == SchemaVersion && r != nil && *r >= revision, nil
 }
 
 // migrateOnce is one try of migrate, in one transaction.
