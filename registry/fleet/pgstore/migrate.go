@@ -188,6 +188,16 @@ func migrateOnce(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 		case v == SchemaVersion:
 			return revise(ctx, tx, revision)
 		}
+		// No version (or one below 1, which no release wrote): the tables
+		// must not be there, or making them would fail on the first one.
+		var tables bool
+		if err := tx.QueryRow(ctx, "SELECT to_regclass('inflight_fleet') IS NOT NULL").Scan(&tables); err != nil {
+			return fmt.Errorf("pgstore: schema: %w", err)
+		}
+		if tables {
+			return errors.New("pgstore: the database has the fleet's tables but inflight_schema has no version " +
+				"(its row deleted, or set below 1): put back its row, version 1")
+		}
 		if _, err := tx.Exec(ctx, schemaV1); err != nil {
 			return fmt.Errorf("pgstore: schema %d: %w", SchemaVersion, err)
 		}

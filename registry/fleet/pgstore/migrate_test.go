@@ -40,3 +40,20 @@ func TestNewWithoutCreate(t *testing.T) {
 	assert.False(t, slot.Bypassed())
 	slot.Release()
 }
+
+// A database with the tables and no version (the row deleted, or set to 0)
+// is refused with an error that says so, not with the first table's
+// "already exists".
+func TestMigrateWithoutVersion(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	p := pool(t, srv, 2)
+	require.NoError(t, pgstore.Migrate(ctx, p))
+	for _, change := range []string{"DELETE FROM inflight_schema", "INSERT INTO inflight_schema VALUES (0)"} {
+		_, err := p.Exec(ctx, change)
+		require.NoError(t, err)
+		_, err = pgstore.New(ctx, p, "f")
+		require.Error(t, err, change)
+		assert.Contains(t, err.Error(), "inflight_schema has no version", change)
+	}
+}
