@@ -74,14 +74,20 @@
 // admissions and hand-offs wait one renewal round while the holders put
 // their leases back. (Redis cannot tell a loss from a first start, and
 // leaves the pause to the first process that knew the old epoch.) A clean
-// restart keeps the marker and loses nothing.
+// restart keeps the marker and loses nothing. A database replaced by an
+// empty one (a new cluster, a failover to another database) has no schema:
+// the first call that finds it missing makes it again (see Migrate; at most
+// every 5 s, and Ping fails while it is missing), and the processes that
+// knew the old epoch then declare the pause, as on Redis.
 package pgstore
 
 import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -99,6 +105,11 @@ type Store struct {
 	retry  time.Duration
 	check  time.Duration   // Listen's health check (WithListenCheck)
 	listen *pgx.ConnConfig // nil: the pool's
+	logger *slog.Logger    // nil: slog.Default()
+
+	mu         sync.Mutex // protects the fields below; held while migrating again
+	migratedAt time.Time  // when the schema was last made again (see remigrated)
+	migrateErr error      // what that migration returned
 }
 
 // Option configures a Store; a nil one is ignored.
@@ -119,6 +130,17 @@ func Durable() Option { return optionFunc(func(s *Store) { s.async = false }) }
 // PgBouncer in transaction mode.
 func WithListenConfig(cfg *pgx.ConnConfig) Option {
 	return optionFunc(func(s *Store) { s.listen = cfg })
+}
+
+// WithLogger sets the logger (nil, the default: slog.Default()) of what
+// the store does on its own: making the schema again, a Listen that fails.
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(s *Store) { s.logger = l }) }
+
+func (s *Store) log() *slog.Logger {
+	if s.logger != nil {
+		return s.logger
+	}
+	return slog.Default()
 }
 
 // WithListenRetry sets how long Listen waits before it connects again
@@ -184,6 +206,50 @@ func pooled(err error) error {
 	return err
 }
 
+// remigrateEvery bounds how often a store makes the schema again.
+const remigrateEvery = 5 * time.Second
+
+// remigrated reports whether a call that failed with err may be made
+// again because the schema it lacked was made again: a database replaced
+// by an empty one (a new cluster, a failover to another database) has no
+// functions or tables, and only a migration brings the fleet back. The
+// next call then starts a new epoch, and the fleet repairs the loss as
+// after a Redis that lost its data (the holders put their leases back).
+// One migration at a time runs, on db, at most once per remigrateEvery;
+// the calls that fail meanwhile take its outcome.
+func (s *Store) remigrated(ctx context.Context, db database, err error) bool {
+	var pe *pgconn.PgError
+	if !errors.As(err, &pe) || pe.Code != "42883" && pe.Code != "42P01" { // undefined function, table
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if time.Since(s.migratedAt) < remigrateEvery {
+		return s.migrateErr == nil
+	}
+	s.migratedAt = time.Now()
+	s.migrateErr = migrate(ctx, db, SchemaRevision)
+	if s.migrateErr != nil {
+		s.log().Error("pgstore: the schema is missing and could not be made again", slog.String("fleet", s.name),
+			slog.Any("error", err), slog.Any("migration_error", s.migrateErr))
+		return false
+	}
+	s.log().Warn("pgstore: the schema was missing (a database replaced by an empty one?); made it again", slog.String("fleet", s.name),
+		slog.Any("error", err))
+	return true
+}
+
+// call runs f, which queries db, and runs it once more if it failed for
+// want of the schema and the schema was made again (see remigrated): a
+// call that fails so has changed nothing.
+func (s *Store) call(ctx context.Context, db database, f func() error) error {
+	err := f()
+	if s.remigrated(ctx, db, err) {
+		err = f()
+	}
+	return pooled(err)
+}
+
 // String names the fleet, for logs.
 func (s *Store) String() string { return "postgres:" + s.name }
 
@@ -236,7 +302,7 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) driver.AdmitResult {
+func (s *Store) admit(ctx context.Context, q database, c *driver.AdmitCall) driver.AdmitResult {
 	var carriedKeys, carriedLeases []string
 	var carriedUnits []int32
 	for _, p := range c.Carried {
@@ -252,9 +318,11 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 	case c.Wait:
 		sql = passingSQL
 	}
-	err := q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), driver.Millis(c.TTL), c.NotAfter, c.Epoch,
-		c.Pause.Milliseconds(), c.Wait, c.Starts, driver.Millis(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
-		c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
+	err := s.call(ctx, q, func() error {
+		return q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), driver.Millis(c.TTL), c.NotAfter, c.Epoch,
+			c.Pause.Milliseconds(), c.Wait, c.Starts, driver.Millis(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
+			c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
+	})
 	return decodeAdmit(c, res, err)
 }
 
@@ -263,7 +331,7 @@ var errReply = fmt.Errorf("%w (postgres)", driver.ErrBadReply)
 
 func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult {
 	if err != nil {
-		return driver.AdmitResult{Err: pooled(err)}
+		return driver.AdmitResult{Err: err}
 	}
 	if len(res) < 7 {
 		return driver.AdmitResult{Err: fmt.Errorf("%w: %v", errReply, res)}
@@ -290,11 +358,13 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 		ls = append(ls, limits(x.Limits)...)
 	}
 	var res []int64
-	err := s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
-		s.name, driver.Millis(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
+	err := s.call(ctx, s.pool, func() error {
+		return s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
+			s.name, driver.Millis(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
+	})
 	switch {
 	case err != nil:
-		return driver.RenewResult{}, pooled(err)
+		return driver.RenewResult{}, err
 	case len(res) == 2 && res[0] == int64(driver.StatusTooLate):
 		return driver.RenewResult{TooLate: true, Now: res[1]}, nil
 	case len(res) != 2+n:
@@ -313,8 +383,10 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	for i, p := range c.Pairs {
 		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
-	_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, driver.Millis(c.Claim), keys, leases, ls, s.async)
-	return pooled(err)
+	return s.call(ctx, s.pool, func() error {
+		_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, driver.Millis(c.Claim), keys, leases, ls, s.async)
+		return err
+	})
 }
 
 // Abandon makes each abandon a transaction of its own, one after another.
@@ -330,37 +402,52 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 		if c.Limits != nil {
 			ls = limits(c.Limits)
 		}
-		_, errs[i] = conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
-			s.name, c.Lease, storedKeys(c.Keys), ls, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.async)
-		errs[i] = pooled(errs[i])
+		errs[i] = s.call(ctx, conn, func() error {
+			_, err := conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
+				s.name, c.Lease, storedKeys(c.Keys), ls, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.async)
+			return err
+		})
 	}
 	return errs, nil
 }
 
 // Leave deletes proc's liveness.
 func (s *Store) Leave(ctx context.Context, proc string) error {
-	_, err := s.pool.Exec(ctx, `DELETE FROM inflight_proc WHERE fleet = $1 AND proc = $2`, s.name, proc)
-	return pooled(err)
+	return s.call(ctx, s.pool, func() error {
+		_, err := s.pool.Exec(ctx, `DELETE FROM inflight_proc WHERE fleet = $1 AND proc = $2`, s.name, proc)
+		return err
+	})
 }
 
-// Ping pings the database.
-func (s *Store) Ping(ctx context.Context) error { return s.pool.Ping(ctx) }
+// Ping calls one of the schema's functions: a database that answers
+// without the schema (replaced by an empty one) fails it, unless the
+// schema can be made again.
+func (s *Store) Ping(ctx context.Context) error {
+	return s.call(ctx, s.pool, func() error {
+		_, err := s.pool.Exec(ctx, `SELECT inflight_now_us()`)
+		return err
+	})
+}
 
 // Count returns the units of key's leases not expired on the database's
 // clock.
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	var n int
-	err := s.pool.QueryRow(ctx, `SELECT inflight_units($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
-	return n, pooled(err)
+	err := s.call(ctx, s.pool, func() error {
+		return s.pool.QueryRow(ctx, `SELECT inflight_units($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
+	})
+	return n, err
 }
 
 // SyncLearned reads, and maybe writes, a learned state in one transaction.
 func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
 	var res []string
-	err := s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, driver.Millis(c.TTL)).Scan(&res)
+	err := s.call(ctx, s.pool, func() error {
+		return s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, driver.Millis(c.TTL)).Scan(&res)
+	})
 	switch {
 	case err != nil:
-		return driver.LearnedResult{}, pooled(err)
+		return driver.LearnedResult{}, err
 	case len(res) == 0:
 		return driver.LearnedResult{}, fmt.Errorf("%w: %v", errReply, res)
 	case res[0] == "1":
@@ -475,10 +562,12 @@ func (s *Store) answer() time.Duration { return max(s.check, time.Second) }
 // Budget charges or corrects a budget per minute in one transaction.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	var res []int64
-	err := s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), c.Correct, c.Correct && c.Move,
-		c.Step, c.Limits[:], c.Cost[:]).Scan(&res)
+	err := s.call(ctx, s.pool, func() error {
+		return s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), c.Correct, c.Correct && c.Move,
+			c.Step, c.Limits[:], c.Cost[:]).Scan(&res)
+	})
 	if err != nil {
-		return driver.BudgetResult{}, pooled(err)
+		return driver.BudgetResult{}, err
 	}
 	return driver.BudgetReply(res)
 }
