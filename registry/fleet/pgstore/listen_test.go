@@ -2,13 +2,16 @@ package pgstore_test
 
 import (
 	"context"
+	"log/slog"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -66,4 +69,105 @@ func TestListenNoticesASilentConnection(t *testing.T) {
 	require.Eventually(t, func() bool { return c.listening.Load() >= 2 }, 10*time.Second, 5*time.Millisecond,
 		"listens anew on a connection of its own")
 	grant("a grant on the new connection")
+}
+
+// listen runs s.Listen for proc until the test's end, and returns what it
+// delivers.
+func listen(t *testing.T, s *pgstore.Store, proc string) *counter {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	var c counter
+	var wg sync.WaitGroup
+	wg.Go(func() { s.Listen(ctx, proc, &c) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	return &c
+}
+
+// Listen's connection is made as the pool makes its own, through its
+// hooks: with the credentials a BeforeConnect gives (a token made for each
+// connection), and the search_path an AfterConnect sets. Without them it
+// would fail to listen, and waiters would learn of their grants only when
+// they ask again.
+func TestListenThroughThePoolsHooks(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		setup string
+		hook  func(*pgxpool.Config)
+	}{
+		{"with the credentials from BeforeConnect", "", func(cfg *pgxpool.Config) {
+			cfg.ConnConfig.User = "nobody" // refused: BeforeConnect sets the one that logs in
+			cfg.BeforeConnect = func(_ context.Context, cc *pgx.ConnConfig) error {
+				cc.User = "inflight"
+				return nil
+			}
+		}},
+		{"in the schema that AfterConnect picks", "CREATE SCHEMA tenant", func(cfg *pgxpool.Config) {
+			cfg.AfterConnect = func(ctx context.Context, conn *pgx.Conn) error {
+				_, err := conn.Exec(ctx, "SET search_path = tenant")
+				return err
+			}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			srv := pgtest.Start(t) // public empty: a listen connection in it finds no schema
+			ctx := context.Background()
+			if tc.setup != "" {
+				_, err := pool(t, srv, 1).Exec(ctx, tc.setup)
+				require.NoError(t, err)
+			}
+			cfg, err := pgxpool.ParseConfig(srv.URL)
+			require.NoError(t, err)
+			tc.hook(cfg)
+			p, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(p.Close)
+			s, err := pgstore.New(ctx, p, "hooks", pgstore.WithListenRetry(50*time.Millisecond))
+			require.NoError(t, err)
+
+			c := listen(t, s, "p")
+			require.Eventually(t, func() bool { return c.listening.Load() == 1 }, 10*time.Second, time.Millisecond, "listens")
+			_, err = p.Exec(ctx, "SELECT pg_notify(inflight_channel($1, $2), 'ticket')", "hooks", "p")
+			require.NoError(t, err)
+			require.Eventually(t, func() bool { return c.granted.Load() == 1 }, 10*time.Second, time.Millisecond, "a grant")
+		})
+	}
+}
+
+// logs is a log's text, written from any goroutine.
+type logs struct {
+	mu sync.Mutex // protects b
+	b  strings.Builder
+}
+
+func (l *logs) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logs) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A Listen that cannot listen says so in the log, once while it keeps
+// failing, and again when it listens after.
+func TestListenFailureIsLogged(t *testing.T) {
+	srv := pgtest.Start(t)
+	refused, err := pgx.ParseConfig(strings.Replace(srv.URL, "inflight@", "nobody@", 1))
+	require.NoError(t, err)
+	var l logs
+	s := store(t, srv, "logged", pgstore.WithListenConfig(refused), pgstore.WithListenRetry(10*time.Millisecond),
+		pgstore.WithLogger(slog.New(slog.NewTextHandler(&l, nil))))
+	c := listen(t, s, "p")
+	require.Eventually(t, func() bool { return strings.Contains(l.String(), "Listen failed") }, 10*time.Second, time.Millisecond)
+	_, err = pool(t, srv, 1).Exec(context.Background(), "CREATE ROLE nobody LOGIN")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return c.listening.Load() == 1 }, 10*time.Second, time.Millisecond, "listens")
+	assert.Equal(t, 1, strings.Count(l.String(), "Listen failed"), l.String())
+	assert.Contains(t, l.String(), "listening again")
 }

@@ -125,9 +125,11 @@ func (f optionFunc) apply(c *Store) { f(c) }
 // renewal round), and each call waits for its commit's flush.
 func Durable() Option { return optionFunc(func(s *Store) { s.async = false }) }
 
-// WithListenConfig sets the connection Listen makes (default: the pool's
-// settings), e.g. straight to the database when the pool goes through
-// PgBouncer in transaction mode.
+// WithListenConfig sets the connection Listen makes (default: as the pool
+// makes its own, through its BeforeConnect and AfterConnect), e.g. straight
+// to the database when the pool goes through PgBouncer in transaction
+// mode. Its hooks are not the pool's: its config must name the database
+// and the credentials itself.
 func WithListenConfig(cfg *pgx.ConnConfig) Option {
 	return optionFunc(func(s *Store) { s.listen = cfg })
 }
@@ -467,20 +469,29 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 	return out, nil
 }
 
-// channel is the name of a channel of the fleet, as inflight_channel
-// makes it.
-func (s *Store) channel(ctx context.Context, conn *pgx.Conn, name string) (string, error) {
-	var ch string
-	err := conn.QueryRow(ctx, `SELECT inflight_channel($1, $2)`, s.name, name).Scan(&ch)
-	return ch, err
-}
-
 // Listen listens on proc's channel and the learned states', on a
-// connection of its own made with the pool's settings, until ctx ends;
-// when the connection fails it connects again after the retry interval.
+// connection of its own, until ctx ends; when the connection fails it
+// connects again after the retry interval. The connection is made with
+// the listen config (WithListenConfig) or else as the pool makes its own,
+// through its BeforeConnect and AfterConnect. A failure to listen is
+// logged, once until Listen listens again: meanwhile the fleet's waiters
+// learn of their grants only when they ask again.
 func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
+	failing := false
 	for ctx.Err() == nil {
-		s.listenOnce(ctx, proc, l)
+		conn, learned, err := s.listenOn(ctx, proc)
+		switch {
+		case err == nil:
+			if failing {
+				failing = false
+				s.log().Info("pgstore: listening again", slog.String("fleet", s.name))
+			}
+			s.receive(ctx, conn, learned, l)
+		case ctx.Err() == nil && !failing:
+			failing = true
+			s.log().Warn("pgstore: Listen failed; until it listens, waiters learn of their grants only when they ask again",
+				slog.String("fleet", s.name), slog.Any("error", err))
+		}
 		t := time.NewTimer(s.retry)
 		select {
 		case <-ctx.Done():
@@ -490,16 +501,9 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	}
 }
 
-// listenOnce listens on one connection until it fails or ctx ends.
-func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) {
-	cfg := s.listen
-	if cfg == nil {
-		cfg = s.pool.Config().ConnConfig
-	}
-	conn, learned, err := s.listenOn(ctx, cfg, proc)
-	if err != nil {
-		return
-	}
+// receive delivers what conn receives until it fails or ctx ends, and
+// closes it.
+func (s *Store) receive(ctx context.Context, conn *pgx.Conn, learned string, l driver.Listener) {
 	defer conn.Close(context.Background())
 	l.Listening()
 	for {
@@ -528,19 +532,24 @@ func (s *Store) listenOnce(ctx context.Context, proc string, l driver.Listener) 
 	}
 }
 
-// listenOn connects with cfg and listens on proc's channel and the learned
+// listenOn connects and listens on proc's channel and the learned
 // states', within the time a check waits for an answer: a peer that takes
-// the connection and says nothing does not hold Listen.
-func (s *Store) listenOn(ctx context.Context, cfg *pgx.ConnConfig, proc string) (conn *pgx.Conn, learned string, err error) {
+// the connection and says nothing does not hold Listen. The channels'
+// names are asked of the pool, whose connections find the schema (a
+// listen config's may have another search_path).
+func (s *Store) listenOn(ctx context.Context, proc string) (conn *pgx.Conn, learned string, err error) {
 	ctx, cancel := context.WithTimeout(ctx, s.answer())
 	defer cancel()
-	conn, err = pgx.ConnectConfig(ctx, cfg)
+	var wake string
+	err = s.call(ctx, s.pool, func() error {
+		return s.pool.QueryRow(ctx, `SELECT inflight_channel($1, $2), inflight_channel($1, '#learned')`, s.name, proc).Scan(&wake, &learned)
+	})
+	if err != nil {
+		return nil, "", fmt.Errorf("pgstore: channel names: %w", err)
+	}
+	conn, err = s.connect(ctx)
 	if err != nil {
 		return nil, "", err
-	}
-	wake, err := s.channel(ctx, conn, proc)
-	if err == nil {
-		learned, err = s.channel(ctx, conn, "#learned")
 	}
 	for _, ch := range []string{wake, learned} {
 		if err == nil {
@@ -552,6 +561,33 @@ func (s *Store) listenOn(ctx context.Context, cfg *pgx.ConnConfig, proc string) 
 		return nil, "", err
 	}
 	return conn, learned, nil
+}
+
+// connect makes Listen's connection: with the listen config if there is
+// one, else as the pool makes its connections, through its hooks (a
+// BeforeConnect may set the password, a token made for each connection; an
+// AfterConnect the search_path).
+func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
+	if s.listen != nil {
+		return pgx.ConnectConfig(ctx, s.listen)
+	}
+	pc := s.pool.Config()
+	if pc.BeforeConnect != nil {
+		if err := pc.BeforeConnect(ctx, pc.ConnConfig); err != nil {
+			return nil, err
+		}
+	}
+	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	if err != nil {
+		return nil, err
+	}
+	if pc.AfterConnect != nil {
+		if err := pc.AfterConnect(ctx, conn); err != nil {
+			conn.Close(context.Background())
+			return nil, err
+		}
+	}
+	return conn, nil
 }
 
 // answer is how long Listen waits for the server to answer: the check's
