@@ -24,8 +24,11 @@ import (
 // Each process keeps a copy, read without a store call (Get, All). A change
 // (Set, Delete) is written to the store at once, compared and swapped, so
 // two processes changing different names at the same moment both keep their
-// change. The store publishes it: the other processes take it as soon as
+// change. The store publishes it: the other processes read it as soon as
 // the message arrives, and in any case at their next read, every second.
+// (A message only makes them read: another fleet of the same name on
+// another installation may share the channels, as Redis's databases share
+// its pub/sub and the schemas of a PostgreSQL database its NOTIFY.)
 // The onChange function given to NewOverrides tells a process which names
 // changed, so that it can apply them (registry.Registry.RefreshLimits, or
 // fleet.Registry.SetLimit).
@@ -61,6 +64,10 @@ type Overrides struct {
 	// tell serializes taking a record and telling onChange of it, so that
 	// onChange hears the changes in their order.
 	tell sync.Mutex
+
+	// read asks the background loop to read the record now (see
+	// overridesListener).
+	readNow chan struct{}
 
 	closed atomic.Bool
 	cancel context.CancelFunc
@@ -126,7 +133,7 @@ func NewOverrides(store driver.Store, name string, onChange func(name string), l
 	ctx, cancel := context.WithCancel(context.Background())
 	o := &Overrides{
 		store: store, key: overridesPrefix + name, onChange: onChange, log: logger,
-		limits: map[string]int{}, cancel: cancel, done: make(chan struct{}),
+		limits: map[string]int{}, readNow: make(chan struct{}, 1), cancel: cancel, done: make(chan struct{}),
 	}
 	go o.run(ctx)
 	return o, nil

@@ -256,13 +256,17 @@ func (o *Overrides) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-o.readNow:
 		}
 	}
 }
 
-// overridesListener takes the records the store publishes: its own, later
-// than the copy. A subscription made anew may have missed some: the next
-// read, within a second, brings them.
+// overridesListener reads the record at once when the store publishes one
+// of its key later than the copy. It does not take the published record:
+// a channel may carry another store's (the same fleet and key in another
+// Redis database, or another schema of the database), which the epoch
+// that guards learned caps cannot tell apart here. A subscription made
+// anew may have missed some: the next read, within a second, brings them.
 type overridesListener struct{ o *Overrides }
 
 func (overridesListener) Listening()     {}
@@ -272,8 +276,11 @@ func (l overridesListener) Learned(payload string) {
 		return // a learned cap's
 	}
 	rec, err := l.o.decode(payload)
-	if err != nil {
-		return // another's, or one the reads will tell of
+	if err != nil || rec.V <= l.o.seen() {
+		return // another's, one the reads will tell of, or one taken
 	}
-	l.o.take(rec, noRead)
+	select {
+	case l.o.readNow <- struct{}{}:
+	default: // a read is asked for already
+	}
 }
