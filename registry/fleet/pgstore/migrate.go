@@ -110,12 +110,6 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) error {
 	return migrate(ctx, pool, SchemaRevision)
 }
 
-// database is a pool or one of its connections: what a migration needs.
-type database interface {
-	querier
-	Begin(ctx context.Context) (pgx.Tx, error)
-}
-
 // migrationTries bounds the tries of a migration that a fleet's calls
 // keep from its locks (see migrate).
 const migrationTries = 10
@@ -126,7 +120,7 @@ const migrationTries = 10
 // the tables in either order: so the migration waits at most a second
 // for each lock (the fleet's calls wait behind it meanwhile), and is made
 // again, after a backoff, if it times out or deadlocks with a call.
-func migrate(ctx context.Context, pool database, revision int) error {
+func migrate(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 	// A schema that is current needs no lock and no DDL: a role that may
 	// use the tables but not create any (the schema migrated by its owner)
 	// finds it so, where a CREATE ... IF NOT EXISTS would be refused.
@@ -154,7 +148,7 @@ func migrate(ctx context.Context, pool database, revision int) error {
 // schemaCurrent reports whether the database's schema is at
 // SchemaVersion and at revision or later, reading without DDL; it fails
 // with ErrSchemaNewer for a later version.
-func schemaCurrent(ctx context.Context, pool database, revision int) (bool, error) {
+func schemaCurrent(ctx context.Context, pool *pgxpool.Pool, revision int) (bool, error) {
 	var tables bool
 	err := pool.QueryRow(ctx, "SELECT to_regclass('inflight_schema') IS NOT NULL AND to_regclass('inflight_schema_revision') IS NOT NULL").Scan(&tables)
 	if err != nil || !tables {
@@ -172,7 +166,7 @@ func schemaCurrent(ctx context.Context, pool database, revision int) (bool, erro
 }
 
 // migrateOnce is one try of migrate, in one transaction.
-func migrateOnce(ctx context.Context, pool database, revision int) error {
+func migrateOnce(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
 			return fmt.Errorf("pgstore: migration lock: %w", err)

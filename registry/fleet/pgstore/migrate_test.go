@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
@@ -70,38 +72,51 @@ func TestMigrateWithoutVersion(t *testing.T) {
 }
 
 // The database replaced by an empty one (a new cluster, a failover to a
-// new database: here its schema emptied) under a fleet of two processes at a cap of 1, one of them
-// holding the key: the next calls make the schema again and start a new
-// epoch, and the fleet repairs it as after a Redis that lost its data. The
-// other process is refused all along (it does not fall back to its local
-// cap, as it would on a store it held unreachable), until the holder
-// releases; and no process holds the store unavailable.
-func TestMigrateAgainOnAnEmptyDatabase(t *testing.T) {
+// new database: here its schema emptied) under a fleet of two processes at
+// a cap of 1, one of them holding the key: every call fails, Ping too, so
+// the fleet holds the store unavailable (FailClosed: the other process is
+// refused) rather than reachable with every call failing; the missing
+// schema is logged. Once Migrate makes it again, the holder's lease is put
+// back before the other process is admitted, and it is admitted once the
+// holder releases.
+func TestEmptiedDatabase(t *testing.T) {
 	srv := pgtest.Start(t)
 	ctx := context.Background()
-	opts := []fleet.Option{fleet.WithTimeout(2 * time.Second), fleet.WithLeaseTTL(time.Second)}
-	a := process(t, srv, "fresh", 1, opts...)
-	b := process(t, srv, "fresh", 1, opts...)
+	var logs testrig.Buffer
+	opts := []fleet.Option{fleet.WithTimeout(2 * time.Second), fleet.WithLeaseTTL(time.Second),
+		fleet.WithUnavailable(fleet.FailClosed), fleet.WithBreaker(1, 50*time.Millisecond)}
+	a := process(t, srv, "emptied", 1, opts...)
+	bStore, err := pgstore.New(ctx, pool(t, srv, 4), "emptied", pgstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	require.NoError(t, err)
+	b := fleet.New[string](bStore, 1, opts...)
+	t.Cleanup(b.Close)
 	held, err := a.TryAcquire("k")
 	require.NoError(t, err)
 	_, err = b.TryAcquire("k")
 	require.ErrorIs(t, err, slots.ErrLimitReached)
 
 	// Emptied in place: the processes' connections stay, so that no
-	// connection error (which a failover also brings, and the fleet
-	// answers as an outage of a moment) hides what follows.
-	_, err = pool(t, srv, 1).Exec(ctx, "DROP SCHEMA public CASCADE; CREATE SCHEMA public")
+	// connection error (which a failover also brings) hides what follows.
+	owner := pool(t, srv, 1)
+	_, err = owner.Exec(ctx, "DROP SCHEMA public CASCADE; CREATE SCHEMA public")
 	require.NoError(t, err)
-
 	admitted := 0
-	assert.Eventually(t, func() bool {
+	try := func() {
 		if s, err := b.TryAcquire("k"); err == nil {
 			admitted++
 			s.Release()
 		}
+	}
+	require.Eventually(t, func() bool { try(); return b.StoreUnavailable() }, 15*time.Second, 20*time.Millisecond,
+		"the store held unavailable while its schema is missing")
+	assert.Contains(t, logs.String(), "schema is missing")
+
+	require.NoError(t, pgstore.Migrate(ctx, owner))
+	assert.Eventually(t, func() bool {
+		try()
 		n, err := b.InFlight(ctx, "k")
 		return err == nil && n == 1
-	}, 15*time.Second, 20*time.Millisecond, "the holder's lease put back in the new database")
+	}, 15*time.Second, 20*time.Millisecond, "the holder's lease put back in the new schema")
 	assert.Zero(t, admitted, "admissions of the other process while the key's one slot was held")
 
 	held.Release()
@@ -112,8 +127,6 @@ func TestMigrateAgainOnAnEmptyDatabase(t *testing.T) {
 		}
 		return err == nil
 	}, 15*time.Second, 20*time.Millisecond, "the other process admitted once the holder released")
-	assert.False(t, a.StoreUnavailable())
-	assert.False(t, b.StoreUnavailable())
 }
 
 // A database that answers without the schema, which the store's role may

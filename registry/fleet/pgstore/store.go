@@ -76,9 +76,10 @@
 // leaves the pause to the first process that knew the old epoch.) A clean
 // restart keeps the marker and loses nothing. A database replaced by an
 // empty one (a new cluster, a failover to another database) has no schema:
-// the first call that finds it missing makes it again (see Migrate; at most
-// every 5 s, and Ping fails while it is missing), and the processes that
-// knew the old epoch then declare the pause, as on Redis.
+// every call fails, and is logged, until Migrate makes it again (New
+// does); Ping fails meanwhile, so the fleet holds the store unavailable.
+// The processes that knew the old epoch then declare the pause, as on
+// Redis.
 package pgstore
 
 import (
@@ -107,9 +108,8 @@ type Store struct {
 	listen *pgx.ConnConfig // nil: the pool's
 	logger *slog.Logger    // nil: slog.Default()
 
-	mu         sync.Mutex // protects the fields below; held while migrating again
-	migratedAt time.Time  // when the schema was last made again (see remigrated)
-	migrateErr error      // what that migration returned
+	mu        sync.Mutex // guards missingAt
+	missingAt time.Time  // when a missing schema was last logged (see call)
 }
 
 // Option configures a Store; a nil one is ignored.
@@ -135,7 +135,7 @@ func WithListenConfig(cfg *pgx.ConnConfig) Option {
 }
 
 // WithLogger sets the logger (nil, the default: slog.Default()) of what
-// the store does on its own: making the schema again, a Listen that fails.
+// the store does on its own: a schema found missing, a Listen that fails.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(s *Store) { s.logger = l }) }
 
 func (s *Store) log() *slog.Logger {
@@ -208,46 +208,32 @@ func pooled(err error) error {
 	return err
 }
 
-// remigrateEvery bounds how often a store makes the schema again.
-const remigrateEvery = 5 * time.Second
+// missingEvery spaces the errors logged for a missing schema.
+const missingEvery = 5 * time.Second
 
-// remigrated reports whether a call that failed with err may be made
-// again because the schema it lacked was made again: a database replaced
-// by an empty one (a new cluster, a failover to another database) has no
-// functions or tables, and only a migration brings the fleet back. The
-// next call then starts a new epoch, and the fleet repairs the loss as
-// after a Redis that lost its data (the holders put their leases back).
-// One migration at a time runs, on db, at most once per remigrateEvery;
-// the calls that fail meanwhile take its outcome.
-func (s *Store) remigrated(ctx context.Context, db database, err error) bool {
-	var pe *pgconn.PgError
-	if !errors.As(err, &pe) || pe.Code != "42883" && pe.Code != "42P01" { // undefined function, table
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if time.Since(s.migratedAt) < remigrateEvery {
-		return s.migrateErr == nil
-	}
-	s.migratedAt = time.Now()
-	s.migrateErr = migrate(ctx, db, SchemaRevision)
-	if s.migrateErr != nil {
-		s.log().Error("pgstore: the schema is missing and could not be made again", slog.String("fleet", s.name),
-			slog.Any("error", err), slog.Any("migration_error", s.migrateErr))
-		return false
-	}
-	s.log().Warn("pgstore: the schema was missing (a database replaced by an empty one?); made it again", slog.String("fleet", s.name),
-		slog.Any("error", err))
-	return true
-}
-
-// call runs f, which queries db, and runs it once more if it failed for
-// want of the schema and the schema was made again (see remigrated): a
-// call that fails so has changed nothing.
-func (s *Store) call(ctx context.Context, db database, f func() error) error {
+// call runs f, a call to the database, and logs (at most every
+// missingEvery) a failure for want of the schema: a database replaced by
+// an empty one (a new cluster, a failover to another database) has none,
+// and every call fails until it is made again (Migrate: New does, with a
+// role that may create it). It is not made again here: a process cannot
+// tell that from a connection that does not see the schema (a search_path
+// set otherwise), where making one would make a second fleet beside the
+// first. Meanwhile Ping fails too, so the fleet holds the store
+// unavailable (see fleet.WithUnavailable).
+func (s *Store) call(f func() error) error {
 	err := f()
-	if s.remigrated(ctx, db, err) {
-		err = f()
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42P01") { // undefined function, table
+		s.mu.Lock()
+		now, log := time.Now(), time.Since(s.missingAt) >= missingEvery
+		if log {
+			s.missingAt = now
+		}
+		s.mu.Unlock()
+		if log {
+			s.log().Error("pgstore: the fleet's schema is missing from the database (replaced by an empty one?); "+
+				"run pgstore.Migrate, which New runs, with a role that may create it", slog.String("fleet", s.name), slog.Any("error", err))
+		}
 	}
 	return pooled(err)
 }
@@ -304,7 +290,7 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func (s *Store) admit(ctx context.Context, q database, c *driver.AdmitCall) driver.AdmitResult {
+func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) driver.AdmitResult {
 	var carriedKeys, carriedLeases []string
 	var carriedUnits []int32
 	for _, p := range c.Carried {
@@ -320,7 +306,7 @@ func (s *Store) admit(ctx context.Context, q database, c *driver.AdmitCall) driv
 	case c.Wait:
 		sql = passingSQL
 	}
-	err := s.call(ctx, q, func() error {
+	err := s.call(func() error {
 		return q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), driver.Millis(c.TTL), c.NotAfter, c.Epoch,
 			c.Pause.Milliseconds(), c.Wait, c.Starts, driver.Millis(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
 			c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
@@ -360,7 +346,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 		ls = append(ls, limits(x.Limits)...)
 	}
 	var res []int64
-	err := s.call(ctx, s.pool, func() error {
+	err := s.call(func() error {
 		return s.pool.QueryRow(ctx, `SELECT inflight_renew($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13)`,
 			s.name, driver.Millis(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds(), s.async, ids, modes, epochs, nkeys, keys, ls, us).Scan(&res)
 	})
@@ -385,7 +371,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	for i, p := range c.Pairs {
 		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
-	return s.call(ctx, s.pool, func() error {
+	return s.call(func() error {
 		_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, driver.Millis(c.Claim), keys, leases, ls, s.async)
 		return err
 	})
@@ -404,7 +390,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 		if c.Limits != nil {
 			ls = limits(c.Limits)
 		}
-		errs[i] = s.call(ctx, conn, func() error {
+		errs[i] = s.call(func() error {
 			_, err := conn.Exec(ctx, `SELECT inflight_abandon($1, $2, $3, $4, $5, $6, $7, $8)`,
 				s.name, c.Lease, storedKeys(c.Keys), ls, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.async)
 			return err
@@ -415,7 +401,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 
 // Leave deletes proc's liveness.
 func (s *Store) Leave(ctx context.Context, proc string) error {
-	return s.call(ctx, s.pool, func() error {
+	return s.call(func() error {
 		_, err := s.pool.Exec(ctx, `DELETE FROM inflight_proc WHERE fleet = $1 AND proc = $2`, s.name, proc)
 		return err
 	})
@@ -425,7 +411,7 @@ func (s *Store) Leave(ctx context.Context, proc string) error {
 // without the schema (replaced by an empty one) fails it, unless the
 // schema can be made again.
 func (s *Store) Ping(ctx context.Context) error {
-	return s.call(ctx, s.pool, func() error {
+	return s.call(func() error {
 		_, err := s.pool.Exec(ctx, `SELECT inflight_now_us()`)
 		return err
 	})
@@ -435,7 +421,7 @@ func (s *Store) Ping(ctx context.Context) error {
 // clock.
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	var n int
-	err := s.call(ctx, s.pool, func() error {
+	err := s.call(func() error {
 		return s.pool.QueryRow(ctx, `SELECT inflight_units($1, $2, (inflight_now_us() / 1000))`, s.name, StoredKey(key)).Scan(&n)
 	})
 	return n, err
@@ -444,7 +430,7 @@ func (s *Store) Count(ctx context.Context, key string) (int, error) {
 // SyncLearned reads, and maybe writes, a learned state in one transaction.
 func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
 	var res []string
-	err := s.call(ctx, s.pool, func() error {
+	err := s.call(func() error {
 		return s.pool.QueryRow(ctx, `SELECT inflight_learned($1, $2, $3, $4, $5)`, s.name, StoredKey(c.Key), c.Presumed, c.State, driver.Millis(c.TTL)).Scan(&res)
 	})
 	switch {
@@ -541,7 +527,7 @@ func (s *Store) listenOn(ctx context.Context, proc string) (conn *pgx.Conn, lear
 	ctx, cancel := context.WithTimeout(ctx, s.answer())
 	defer cancel()
 	var wake string
-	err = s.call(ctx, s.pool, func() error {
+	err = s.call(func() error {
 		return s.pool.QueryRow(ctx, `SELECT inflight_channel($1, $2), inflight_channel($1, '#learned')`, s.name, proc).Scan(&wake, &learned)
 	})
 	if err != nil {
@@ -598,7 +584,7 @@ func (s *Store) answer() time.Duration { return max(s.check, time.Second) }
 // Budget charges or corrects a budget per minute in one transaction.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	var res []int64
-	err := s.call(ctx, s.pool, func() error {
+	err := s.call(func() error {
 		return s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), c.Correct, c.Correct && c.Move,
 			c.Step, c.Limits[:], c.Cost[:]).Scan(&res)
 	})
