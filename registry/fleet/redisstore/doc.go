@@ -61,4 +61,10 @@
 // fleet tells it by an epoch kept beside the keys, and new admissions wait
 // while the live holders put their leases back (see the fleet's
 // PROTOCOL.md). Package redistest runs real redis-servers for tests.
+//
+// The server must not evict the fleet's keys: give it maxmemory-policy
+// noeviction, or no memory limit (a managed Redis's default policy is
+// often volatile-lru). A key's leases evicted look expired, not lost: the
+// epoch stays, and others may take their place over live holders. Listen
+// logs a warning when the server it reaches may evict them.
 package redisstore

@@ -3,6 +3,7 @@ package redisstore
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strings"
 	"time"
 
@@ -24,7 +25,8 @@ type Store struct {
 	learnPrefix, learnChan       string // + a key: its learned state; the states' channel
 	budgetPrefix                 string // + a key: its budget (budget.go)
 	// retry is how long Listen waits to subscribe again after a failure.
-	retry time.Duration
+	retry  time.Duration
+	logger *slog.Logger // nil: slog.Default()
 }
 
 var _ driver.Store = (*Store)(nil)
@@ -57,6 +59,7 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 	return &Store{
 		rdb:         rdb,
 		retry:       cfg.retry,
+		logger:      cfg.logger,
 		prefix:      tag + ":",
 		epochKey:    tag + "#epoch",
 		pauseKey:    tag + "#pause",
@@ -80,6 +83,7 @@ func (f optionFunc) apply(c *config) { f(c) }
 type config struct {
 	prefix string
 	retry  time.Duration
+	logger *slog.Logger
 }
 
 // WithPrefix sets the start of every key's name (default "inflight:"). It
@@ -99,6 +103,47 @@ func WithListenRetry(d time.Duration) Option {
 		panic(fmt.Sprintf("redisstore: WithListenRetry(%v)", d))
 	}
 	return optionFunc(func(c *config) { c.retry = d })
+}
+
+// WithLogger sets the logger (nil, the default: slog.Default()) of what the
+// store finds on its own: a server that may evict the fleet's keys.
+func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
+
+func (s *Store) log() *slog.Logger {
+	if s.logger != nil {
+		return s.logger
+	}
+	return slog.Default()
+}
+
+// checkEviction logs a warning when the server may evict the fleet's keys:
+// it has a memory limit and a maxmemory-policy other than noeviction. A
+// key's leases are kept with an expiry (that of the latest), so that every
+// volatile-* policy may evict them, and allkeys-* too; their epoch is not
+// lost with them, so the holders' leases count as expired, and go back
+// only where another process has not taken their place (see the fleet's
+// PROTOCOL.md). Asked of the server the client reaches (in a Cluster, one
+// node).
+func (s *Store) checkEviction(ctx context.Context) {
+	info, err := s.rdb.Info(ctx, "memory").Result()
+	if err != nil {
+		return // told by the calls that fail
+	}
+	var limit, policy string
+	for _, line := range strings.Split(info, "\n") {
+		k, v, _ := strings.Cut(strings.TrimSpace(line), ":")
+		switch k {
+		case "maxmemory":
+			limit = v
+		case "maxmemory_policy":
+			policy = v
+		}
+	}
+	if limit != "" && limit != "0" && policy != "" && policy != "noeviction" {
+		s.log().Warn("redisstore: the server may evict the fleet's keys, and an evicted key's leases count as expired, "+
+			"which others may take over their live holders: set maxmemory-policy noeviction",
+			slog.String("fleet", s.prefix), slog.String("maxmemory_policy", policy), slog.String("maxmemory", limit))
+	}
 }
 
 // String names the store in the fleet's logs: the start of its keys.
@@ -302,8 +347,10 @@ func (s *Store) Count(ctx context.Context, key string) (int, error) {
 }
 
 // Listen subscribes to proc's channel and the learned states' channel.
-// While Redis cannot be reached it tries again every s.retry.
+// While Redis cannot be reached it tries again every s.retry. As it starts
+// it warns if the server may evict the fleet's keys (checkEviction).
 func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
+	s.checkEviction(ctx)
 	wake := s.wakePrefix + proc
 	ps := s.rdb.Subscribe(ctx, wake, s.learnChan)
 	// Receive does not end with its context: closing ps ends it.
