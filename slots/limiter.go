@@ -291,25 +291,13 @@ func (l *Limiter) SetLimit(n int) {
 }
 
 // Limit returns the current limit.
-func (l *Limiter) Limit() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lane.Limit
-}
+func (l *Limiter) Limit() int { return l.Stats().Limit }
 
 // InFlight returns the units held now (bypassed slots hold none).
-func (l *Limiter) InFlight() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lane.Holders.Units()
-}
+func (l *Limiter) InFlight() int { return l.Stats().InFlight }
 
 // Waiting returns the number of callers waiting in Acquire now.
-func (l *Limiter) Waiting() int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.lane.Waiters.Len()
-}
+func (l *Limiter) Waiting() int { return l.Stats().Waiting }
 
 // Stats returns the counts.
 func (l *Limiter) Stats() Stats {

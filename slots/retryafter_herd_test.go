@@ -101,3 +101,51 @@ func TestRetryAfterOfATimeoutBehindHigherClasses(t *testing.T) {
 		})
 	}
 }
+
+// The waiters of higher classes count by their units: a batch caller behind
+// one interactive caller of 2 units on a limit of 2 is told what it is
+// told behind two of one unit. With a share of the limit owed to its class,
+// it counts none of them: it is served before them.
+func TestRetryAfterOfATimeoutBehindHigherUnits(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		share  bool
+		queued []int // the interactive callers queued ahead, by units
+		want   time.Duration
+	}{
+		{"two of one unit", false, []int{1, 1}, 750 * time.Millisecond},
+		{"one of two units", false, []int{2}, 750 * time.Millisecond},
+		{"owed its share", true, []int{1, 1}, time.Millisecond},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				opts := []slots.Option{slots.WithMaxWait(time.Second)}
+				if tc.share {
+					opts = append(opts, slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+				}
+				l := slots.NewLimiter(2, opts...)
+				testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return l.TryAcquireN(2) })
+				held, err := l.TryAcquireN(2)
+				require.NoError(t, err)
+				defer held.Release()
+				ctx, cancel := context.WithCancel(context.Background())
+				defer cancel()
+				told := make(chan time.Duration, 1)
+				go func() {
+					_, err := l.Acquire(slots.WithPriority(ctx, slots.PriorityBatch))
+					var le *slots.LimitError
+					if assert.True(t, errors.As(err, &le)) {
+						told <- le.RetryAfter
+					}
+				}()
+				time.Sleep(500 * time.Millisecond)
+				for _, n := range tc.queued {
+					go l.AcquireN(slots.WithPriority(ctx, slots.PriorityInteractive), n)
+				}
+				synctest.Wait()
+				require.Equal(t, 1+len(tc.queued), l.Waiting())
+				assert.Equal(t, tc.want, <-told)
+			})
+		})
+	}
+}

@@ -93,14 +93,17 @@ func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int, c uint8) 
 // units, where a tighter cap than ln's limit binds (its holders' ends and
 // free units left out). One that timed out counts only the waiters of
 // higher classes ahead (those of its class and lower came after it, and are
-// served or told after it), and is told to come back half of wait (what it
-// may spend queued again, at most half a turn) before its room frees.
+// served or told after it; none if its class is owed its share), and is
+// told to come back half of wait (what it may spend queued again, at most
+// half a turn) before its room frees.
 func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n int, c uint8, slots int, wait time.Duration) *Rejection {
 	var buf [EndsScan]End
 	var ends []End
 	need := n
-	for _, o := range Order[:rank[c]] { // the classes served before it
-		need += ln.Waiters.ClassLen(o)
+	if !ln.Short(c) { // else its class is owed its share, and goes first
+		for _, o := range Order[:rank[c]] { // the classes served before it
+			need += ln.Waiters.ClassUnits(o)
+		}
 	}
 	if reason != ErrWaitTimeout {
 		need, wait = n+ln.Waiters.Units(), 0

@@ -57,10 +57,10 @@ func Rank(c uint8) uint8 { return rank[c] }
 // The zero value is empty. Use it under its owner's lock.
 type Queue struct {
 	n int
-	// heavy counts the waiters weighing more than one unit, per class, and
-	// extra the units they weigh beyond one each.
+	// heavy counts the waiters weighing more than one unit, and extra the
+	// units they weigh beyond one each, per class.
 	heavy [NumClasses]int32
-	extra int
+	extra [NumClasses]int
 	mixed bool // a waiter outside the default flow (or weighing more) came since the queue was last empty
 	def   flow // the default class's default flow
 	x     *sched
@@ -105,7 +105,10 @@ const (
 func (q *Queue) Len() int { return q.n }
 
 // Units returns the units the waiters weigh together.
-func (q *Queue) Units() int { return q.n + q.extra }
+func (q *Queue) Units() int { return q.n + q.extra[0] + q.extra[1] + q.extra[2] }
+
+// ClassUnits returns the units the waiters of class c weigh together.
+func (q *Queue) ClassUnits(c uint8) int { return q.ClassLen(c) + q.extra[c] }
 
 // Heavy returns the number of waiters weighing more than one unit.
 func (q *Queue) Heavy() int { return int(q.heavy[0] + q.heavy[1] + q.heavy[2]) }
@@ -153,7 +156,7 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	q.n++
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]++
-		q.extra += int(w.Hold.Extra)
+		q.extra[w.Class] += int(w.Hold.Extra)
 	}
 	if !q.mixed {
 		if w.Class == ClassDefault && w.Flow == "" && w.Weight <= 1 {
@@ -254,7 +257,7 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	q.n--
 	if w.Hold.Extra != 0 {
 		q.heavy[w.Class]--
-		q.extra -= int(w.Hold.Extra)
+		q.extra[w.Class] -= int(w.Hold.Extra)
 	}
 	if !q.mixed {
 		return true

@@ -71,16 +71,20 @@ var admissionFiles = []string{
 // and 1 for a Registry key's newcomer served beside a heavy waiter though
 // its queue's bound is reached (Queue.Beside, written once for the Limiter
 // and the Registry), to 5,842, and 1 for a refresh that came during a
-// failed fetch, to 5,843.
+// failed fetch, to 5,843; lowered to 5,836 (the Limiter's Limit, InFlight
+// and Waiting read from Stats, which made room for a timed-out caller's
+// Retry-After counting the units of the classes ahead of it).
 // The goal is 4,000.
-const maxAdmissionLines = 5843
+const maxAdmissionLines = 5836
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
 // 4,000 of these. 3,987 before core.Recovered (7), a combined Slot's
 // release past a part's panic (5), and a refresh during a failed fetch (1);
-// a newcomer beside a heavy waiter (8) was written with less elsewhere.
-const maxAdmissionCode = 4000
+// a newcomer beside a heavy waiter (8) was written with less elsewhere;
+// 3,990 since a timed-out caller counts the classes ahead of it (+8) and
+// the Limiter's counts are read from Stats (-12).
+const maxAdmissionCode = 3990
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),

@@ -311,7 +311,11 @@ func (b *Budget) refusal(rec int, res driver.BudgetResult, cost [upstream.Budget
 // in, for a request that may have waited (in a queue) since Reserve: the
 // budget counts a request when it starts, as the upstream does. It is one
 // atomic store call per record; if one fails, its charge stays where it
-// was. Call it before Settle, from the goroutine that settles.
+// was, or was moved with its reply lost: Settle then returns what the
+// request did not use to the second it was reserved in, which no longer
+// holds it, and the budget counts that part for the rest of the minute
+// (no second counts below zero). Call it before Settle, from the goroutine
+// that settles.
 //
 // A charge that has left the budget's minute meanwhile (its request waited
 // longer than that) is charged again in the current second only if it
