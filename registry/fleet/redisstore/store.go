@@ -347,7 +347,8 @@ func (s *Store) Count(ctx context.Context, key string) (int, error) {
 }
 
 // Listen subscribes to proc's channel and the learned states' channel.
-// While Redis cannot be reached it tries again every s.retry. As it starts
+// After its connection breaks it subscribes again at once, then every
+// s.retry while Redis cannot be reached. As it starts
 // it warns if the server may evict the fleet's keys (checkEviction).
 func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	s.checkEviction(ctx)
@@ -357,13 +358,20 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	defer stop()
 	defer ps.Close()
+	failed := false // the last Receive failed
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			// Redis unreachable: the client dials again on the next call.
+			// The client dials again on the next call: at once after a
+			// connection that broke (killed, or a failover), then every
+			// s.retry while Redis cannot be reached.
+			if !failed {
+				failed = true
+				continue
+			}
 			t := time.NewTimer(s.retry)
 			select {
 			case <-ctx.Done():
@@ -373,6 +381,7 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 			}
 			continue
 		}
+		failed = false
 		switch m := msg.(type) {
 		case *redis.Subscription:
 			if m.Channel == wake {
