@@ -266,6 +266,11 @@ func (c Config) Validate() error {
 		if err := upstream.CheckBudgets(field+".", k.BudgetLimits); err != nil {
 			return err
 		}
+		if c.Adaptive != nil { // each key learns its own cap, within its own
+			if lo, hi := c.Adaptive.Bounds(k.MaxConcurrentRequests); lo > hi {
+				return bad(field+".max_concurrent_requests", k.MaxConcurrentRequests, fmt.Sprintf("is under adaptive.min (%d), which each key's learned cap keeps", lo))
+			}
+		}
 		seen[k.ID] = true
 	}
 	for name, m := range c.Models {

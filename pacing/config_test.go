@@ -112,3 +112,13 @@ func TestLoad(t *testing.T) {
 	_, err = pacing.Load(filepath.Join(dir, "missing.json"))
 	assert.Error(t, err)
 }
+
+// Each key of a pool learns its own cap under the provider's adaptive
+// section, within the key's cap: a key whose cap is under adaptive.min is
+// refused (the test of a cut took the floor, 4, over the key's cap of 2).
+func TestKeyCapUnderAdaptiveMin(t *testing.T) {
+	err := pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: 4}, APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}}}.Validate()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "api_keys[0].max_concurrent_requests")
+	assert.NoError(t, pacing.Config{Adaptive: &pacing.AdaptiveConfig{Min: 2}, APIKeys: []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 2}}}.Validate())
+}

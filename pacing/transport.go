@@ -107,7 +107,8 @@ func WithModel(f func(*http.Request) string) TransportOption {
 
 // WithCredential sets how a request is given its API key: f is called
 // with the outgoing request's headers (a copy) and the id of the key the
-// Gate granted from Config.APIKeys, for every request the Transport sends:
+// Gate granted from Config.APIKeys, for every request the Transport sends
+// but an http.Client's redirect to another host, which goes without it:
 // with key "" for one granted no key (no pool, a bypass after the longest
 // wait, a request under slots.WithoutSlot), which f may send with a key of
 // its choice or none. Without it, requests go with the credentials they
@@ -123,7 +124,7 @@ func WithCredential(f func(h http.Header, key string)) TransportOption {
 // upstream.
 func BearerKeys(secrets map[string]string) func(h http.Header, key string) {
 	return func(h http.Header, key string) {
-		if s := secrets[key]; s != "" {
+		if s := secrets[key]; key != "" && s != "" {
 			h.Set("Authorization", "Bearer "+s)
 			return
 		}
@@ -321,7 +322,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		if ae != "identity" {
 			req.Header.Del("Accept-Encoding")
 		}
-		if t.credential != nil {
+		if t.credential != nil && !offHost(req) {
 			if err := credential(t.credential, req, x.grant.Key); err != nil {
 				return nil, err
 			}
@@ -411,6 +412,18 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	onPanic = nil
 	return resp, err
+}
+
+// offHost reports whether req is a redirect (made by an http.Client) to
+// another host than its first request's: a key's credential is for the
+// upstream, and is not sent on to a host it redirects to (as net/http's
+// Client does not send a caller's Authorization there).
+func offHost(req *http.Request) bool {
+	first := req
+	for first.Response != nil && first.Response.Request != nil {
+		first = first.Response.Request
+	}
+	return first != req && first.URL.Hostname() != req.URL.Hostname()
 }
 
 // credential puts key's credential on req with f; if f panics, req's body

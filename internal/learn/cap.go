@@ -87,9 +87,11 @@ func New(floor, ceil, initial int, retest time.Duration) *Cap {
 	return l
 }
 
-// Configure sets the bounds the cap moves within and the re-test interval.
+// Configure sets the bounds the cap moves within and the re-test interval;
+// a floor over the ceiling is taken as the ceiling (the limit is never
+// over it).
 func (l *Cap) Configure(floor, ceil int, retest time.Duration) {
-	l.Floor, l.Ceil, l.Retest = floor, ceil, retest
+	l.Floor, l.Ceil, l.Retest = min(floor, ceil), ceil, retest
 	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
 	l.Hi = min(max(l.Hi, l.Lo), l.Ceil)
 	// A batch of probes (or the test of a cut) out when the bounds change

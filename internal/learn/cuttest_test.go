@@ -26,3 +26,17 @@ func TestCutTestWithdrawnOnlyByItsOwnAnswer(t *testing.T) {
 		t.Fatalf("the test's own failure did not withdraw it: %+v", c)
 	}
 }
+
+// A floor over the ceiling is taken as the ceiling: the test of a cut,
+// whose limit is the floor, stays within it.
+func TestFloorOverTheCeiling(t *testing.T) {
+	c := New(4, 2, 2, time.Minute)
+	for id := uint64(1); id <= 2; id++ {
+		c.Started(int(id), int64(id))
+	}
+	c.Refused(2, 2, 2, 100, 2)
+	c.Started(1, 200)
+	if got := c.Limit(200); got > 2 {
+		t.Fatalf("limit %d over the ceiling 2: %+v", got, c)
+	}
+}
