@@ -109,6 +109,7 @@ func TestEmptiedDatabase(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { try(); return b.StoreUnavailable() }, 15*time.Second, 20*time.Millisecond,
 		"the store held unavailable while its schema is missing")
+	assert.Error(t, bStore.Ping(ctx), "Ping while the schema is missing")
 	assert.Contains(t, logs.String(), "schema is missing")
 
 	require.NoError(t, pgstore.Migrate(ctx, owner))

@@ -200,6 +200,9 @@ func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (
 // transaction mode (PgBouncer's) between the pool and the database, with
 // pgx's statement cache on.
 func pooled(err error) error {
+	if err == nil {
+		return nil
+	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && (pgErr.Code == "42P05" || pgErr.Code == "26000") {
 		return fmt.Errorf("%w (through a pooler in transaction mode, such as PgBouncer's, give the pool's "+
@@ -222,6 +225,9 @@ const missingEvery = 5 * time.Second
 // unavailable (see fleet.WithUnavailable).
 func (s *Store) call(f func() error) error {
 	err := f()
+	if err == nil {
+		return nil // without the allocation of pe, which escapes
+	}
 	var pe *pgconn.PgError
 	if errors.As(err, &pe) && (pe.Code == "42883" || pe.Code == "42P01") { // undefined function, table
 		s.mu.Lock()
@@ -408,8 +414,8 @@ func (s *Store) Leave(ctx context.Context, proc string) error {
 }
 
 // Ping calls one of the schema's functions: a database that answers
-// without the schema (replaced by an empty one) fails it, unless the
-// schema can be made again.
+// without the schema (replaced by an empty one) fails it, so that the
+// fleet holds the store unavailable until Migrate.
 func (s *Store) Ping(ctx context.Context) error {
 	return s.call(func() error {
 		_, err := s.pool.Exec(ctx, `SELECT inflight_now_us()`)

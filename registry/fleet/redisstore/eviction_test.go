@@ -55,3 +55,29 @@ func TestListenWarnsOfEviction(t *testing.T) {
 		assert.Equal(t, tc.warns, strings.Contains(logs.String(), "may evict"), "maxmemory %s, %s: %q", tc.limit, tc.policy, logs.String())
 	}
 }
+
+// On a Cluster every master is asked: one that may evict is warned of
+// whichever node the client would have asked.
+func TestListenWarnsOfEvictionOnACluster(t *testing.T) {
+	cl := redistest.StartCluster(t, 3)
+	ctx := context.Background()
+	one := cl.Nodes[1].Client()
+	require.NoError(t, one.ConfigSet(ctx, "maxmemory", "1gb").Err())
+	require.NoError(t, one.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
+	for range 4 {
+		var logs testrig.Buffer
+		s := redisstore.New(cl.Client(), "evict", redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+		lctx, cancel := context.WithCancel(ctx)
+		l := &listening{c: make(chan struct{})}
+		done := make(chan struct{})
+		go func() { s.Listen(lctx, "p", l); close(done) }()
+		select {
+		case <-l.c:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Listen did not subscribe")
+		}
+		cancel()
+		<-done
+		assert.Contains(t, logs.String(), "may evict")
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
@@ -43,4 +44,37 @@ func TestListenAgainAtOnceAfterAKill(t *testing.T) {
 			t.Fatal("Listen did not subscribe again within 10 s (its retry interval is a minute)")
 		}
 	}
+}
+
+// A connection that breaks as soon as it subscribes is not dialled again
+// without pause: Listen subscribes again at once at most every 100 ms,
+// else after its retry interval. (It subscribed some 4,000 times a second,
+// and each subscription woke every waiter.)
+func TestListenAgainNotInALoop(t *testing.T) {
+	srv := redistest.Start(t)
+	admin := srv.Client()
+	s := redisstore.New(srv.Client(), "loop", redisstore.WithListenRetry(time.Second))
+	ctx, cancel := context.WithCancel(context.Background())
+	l := make(listens, 1000)
+	done := make(chan struct{})
+	go func() { s.Listen(ctx, "p", l); close(done) }()
+	<-l
+	// Each subscription's connection killed as soon as it is seen.
+	require.NoError(t, admin.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err())
+	stop := time.After(2 * time.Second)
+	n := 0
+	for loop := true; loop; {
+		select {
+		case <-l:
+			n++
+			require.NoError(t, admin.ClientKillByFilter(context.Background(), "TYPE", "pubsub").Err())
+		case <-stop:
+			loop = false
+		}
+	}
+	cancel()
+	<-done
+	t.Logf("%d subscriptions in 2 s", n)
+	assert.LessOrEqual(t, n, 25, "at most one each 100 ms")
+	assert.GreaterOrEqual(t, n, 2, "not one each retry interval (1 s)")
 }

@@ -122,10 +122,22 @@ func (s *Store) log() *slog.Logger {
 // volatile-* policy may evict them, and allkeys-* too; their epoch is not
 // lost with them, so the holders' leases count as expired, and go back
 // only where another process has not taken their place (see the fleet's
-// PROTOCOL.md). Asked of the server the client reaches (in a Cluster, one
-// node).
+// PROTOCOL.md). Asked of the server the client reaches, or of each master
+// of a Cluster.
 func (s *Store) checkEviction(ctx context.Context) {
-	info, err := s.rdb.Info(ctx, "memory").Result()
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		_ = cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			s.checkEvictionOf(ctx, c)
+			return nil
+		})
+		return
+	}
+	s.checkEvictionOf(ctx, s.rdb)
+}
+
+// checkEvictionOf is checkEviction of the server c reaches.
+func (s *Store) checkEvictionOf(ctx context.Context, c redis.Cmdable) {
+	info, err := c.Info(ctx, "memory").Result()
 	if err != nil {
 		return // told by the calls that fail
 	}
@@ -346,6 +358,10 @@ func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	return n, err
 }
 
+// listenAgainGap is the least time between two subscriptions Listen makes
+// at once after its connection broke.
+const listenAgainGap = 100 * time.Millisecond
+
 // Listen subscribes to proc's channel and the learned states' channel.
 // After its connection breaks it subscribes again at once, then every
 // s.retry while Redis cannot be reached. As it starts
@@ -358,7 +374,8 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	defer stop()
 	defer ps.Close()
-	failed := false // the last Receive failed
+	failed := false     // the last Receive failed
+	var again time.Time // when Listen subscribed again after its last break
 	for {
 		msg, err := ps.Receive(ctx)
 		if err != nil {
@@ -366,13 +383,19 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 				return
 			}
 			// The client dials again on the next call: at once after a
-			// connection that broke (killed, or a failover), then every
-			// s.retry while Redis cannot be reached.
+			// connection that broke (killed, or a failover), but not more
+			// often than listenAgainGap (a connection that breaks as it
+			// subscribes), then every s.retry while Redis cannot be reached.
+			wait := s.retry
 			if !failed {
-				failed = true
+				wait = max(min(listenAgainGap-time.Since(again), s.retry), 0)
+				again = time.Now().Add(wait)
+			}
+			failed = true
+			if wait == 0 {
 				continue
 			}
-			t := time.NewTimer(s.retry)
+			t := time.NewTimer(wait)
 			select {
 			case <-ctx.Done():
 				t.Stop()
