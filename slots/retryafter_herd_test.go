@@ -63,6 +63,31 @@ func TestRetryAfterSpreadsWaitsThatEndTogether(t *testing.T) {
 	})
 }
 
+// timedOutBehind returns the Retry-After told to a caller of class p on l,
+// all of whose units are held, whose wait of 1 s times out while
+// interactive callers of the given units, who came 500 ms after it, wait
+// too. In a bubble.
+func timedOutBehind(t *testing.T, l *slots.Limiter, p slots.Priority, queued ...int) time.Duration {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	told := make(chan time.Duration, 1)
+	go func() {
+		_, err := l.Acquire(slots.WithPriority(ctx, p))
+		var le *slots.LimitError
+		if assert.True(t, errors.As(err, &le)) {
+			told <- le.RetryAfter
+		}
+	}()
+	time.Sleep(500 * time.Millisecond)
+	for _, n := range queued {
+		go l.AcquireN(slots.WithPriority(ctx, slots.PriorityInteractive), n)
+	}
+	synctest.Wait()
+	require.Equal(t, 1+len(queued), l.Waiting())
+	return <-told
+}
+
 // A caller that timed out counts the waiters of higher classes, which
 // came after it but are served first, ahead of it: a batch caller behind
 // two interactive ones on one slot of 1 s holds is told to come back for
@@ -80,23 +105,7 @@ func TestRetryAfterOfATimeoutBehindHigherClasses(t *testing.T) {
 				held, err := l.TryAcquire()
 				require.NoError(t, err)
 				defer held.Release()
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				told := make(chan time.Duration, 1)
-				go func() {
-					_, err := l.Acquire(slots.WithPriority(ctx, tc.p))
-					var le *slots.LimitError
-					if assert.True(t, errors.As(err, &le)) {
-						told <- le.RetryAfter
-					}
-				}()
-				time.Sleep(500 * time.Millisecond)
-				for range 2 {
-					go l.Acquire(slots.WithPriority(ctx, slots.PriorityInteractive))
-				}
-				synctest.Wait()
-				require.Equal(t, 3, l.Waiting())
-				assert.Equal(t, tc.want, <-told)
+				assert.Equal(t, tc.want, timedOutBehind(t, l, tc.p, 1, 1))
 			})
 		})
 	}
@@ -128,23 +137,7 @@ func TestRetryAfterOfATimeoutBehindHigherUnits(t *testing.T) {
 				held, err := l.TryAcquireN(2)
 				require.NoError(t, err)
 				defer held.Release()
-				ctx, cancel := context.WithCancel(context.Background())
-				defer cancel()
-				told := make(chan time.Duration, 1)
-				go func() {
-					_, err := l.Acquire(slots.WithPriority(ctx, slots.PriorityBatch))
-					var le *slots.LimitError
-					if assert.True(t, errors.As(err, &le)) {
-						told <- le.RetryAfter
-					}
-				}()
-				time.Sleep(500 * time.Millisecond)
-				for _, n := range tc.queued {
-					go l.AcquireN(slots.WithPriority(ctx, slots.PriorityInteractive), n)
-				}
-				synctest.Wait()
-				require.Equal(t, 1+len(tc.queued), l.Waiting())
-				assert.Equal(t, tc.want, <-told)
+				assert.Equal(t, tc.want, timedOutBehind(t, l, slots.PriorityBatch, tc.queued...))
 			})
 		})
 	}

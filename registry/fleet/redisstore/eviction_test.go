@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -26,6 +27,26 @@ func (l *listening) Listening()   { l.once.Do(func() { close(l.c) }) }
 func (*listening) Granted(string) {}
 func (*listening) Learned(string) {}
 
+// listenOnce runs a store's Listen on rdb until it has subscribed, and
+// returns what it logged.
+func listenOnce(t *testing.T, rdb redis.UniversalClient) string {
+	t.Helper()
+	var logs testrig.Buffer
+	s := redisstore.New(rdb, "evict", redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
+	ctx, cancel := context.WithCancel(context.Background())
+	l := &listening{c: make(chan struct{})}
+	done := make(chan struct{})
+	go func() { s.Listen(ctx, "p", l); close(done) }()
+	select {
+	case <-l.c:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Listen did not subscribe")
+	}
+	cancel()
+	<-done
+	return logs.String()
+}
+
 // Listen warns when the server may evict the fleet's keys (a memory limit
 // and a policy other than noeviction), and not otherwise: an evicted key's
 // leases would count as expired, and be taken over their live holders.
@@ -39,20 +60,8 @@ func TestListenWarnsOfEviction(t *testing.T) {
 	}{{"0", "volatile-lru", false}, {"1gb", "noeviction", false}, {"1gb", "volatile-lru", true}, {"1gb", "allkeys-lru", true}} {
 		require.NoError(t, admin.ConfigSet(ctx, "maxmemory", tc.limit).Err())
 		require.NoError(t, admin.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err())
-		var logs testrig.Buffer
-		s := redisstore.New(srv.Client(), "evict", redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-		lctx, cancel := context.WithCancel(ctx)
-		l := &listening{c: make(chan struct{})}
-		done := make(chan struct{})
-		go func() { s.Listen(lctx, "p", l); close(done) }()
-		select {
-		case <-l.c:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Listen did not subscribe")
-		}
-		cancel()
-		<-done
-		assert.Equal(t, tc.warns, strings.Contains(logs.String(), "may evict"), "maxmemory %s, %s: %q", tc.limit, tc.policy, logs.String())
+		logs := listenOnce(t, srv.Client())
+		assert.Equal(t, tc.warns, strings.Contains(logs, "may evict"), "maxmemory %s, %s: %q", tc.limit, tc.policy, logs)
 	}
 }
 
@@ -65,19 +74,7 @@ func TestListenWarnsOfEvictionOnACluster(t *testing.T) {
 	require.NoError(t, one.ConfigSet(ctx, "maxmemory", "1gb").Err())
 	require.NoError(t, one.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
 	for range 4 {
-		var logs testrig.Buffer
-		s := redisstore.New(cl.Client(), "evict", redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
-		lctx, cancel := context.WithCancel(ctx)
-		l := &listening{c: make(chan struct{})}
-		done := make(chan struct{})
-		go func() { s.Listen(lctx, "p", l); close(done) }()
-		select {
-		case <-l.c:
-		case <-time.After(10 * time.Second):
-			t.Fatal("Listen did not subscribe")
-		}
-		cancel()
-		<-done
-		assert.Contains(t, logs.String(), "may evict")
+		logs := listenOnce(t, cl.Client())
+		assert.Contains(t, logs, "may evict")
 	}
 }
