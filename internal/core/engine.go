@@ -99,14 +99,13 @@ func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int, c uint8) 
 func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n int, c uint8, slots int, wait time.Duration) *Rejection {
 	var buf [EndsScan]End
 	var ends []End
-	need := n
-	if !ln.Short(c) { // else its class is owed its share, and goes first
+	need := n + ln.Waiters.Units()
+	if reason != ErrWaitTimeout {
+		wait = 0
+	} else if need = n; !ln.Short(c) { // else its class is owed its share, and goes first
 		for _, o := range Order[:rank[c]] { // the classes served before it
 			need += ln.Waiters.ClassUnits(o)
 		}
-	}
-	if reason != ErrWaitTimeout {
-		need, wait = n+ln.Waiters.Units(), 0
 	}
 	if free := ln.Free(); slots == ln.Limit && need > free {
 		// Room binds: the holders' ends free what it lacks. Otherwise
