@@ -266,10 +266,13 @@ func (r *Registry[K]) renew() bool {
 // renewBatch renews leases in calls of up to batchSize pairs, and adds to
 // requeue the leases whose removal must be sent (again). It reports whether
 // every call worked; once a call has failed and the breaker is open, it
-// sends no more. Call it with storeMu held.
+// sends no more. With no lease it makes one call all the same: a process
+// that holds nothing is heard by the store each renewal round too, so that
+// a store that hears nobody for half a TTL knows that no live holder could
+// reach it (see driver.Store). Call it with storeMu held.
 func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool {
 	ok := true
-	for len(leases) > 0 {
+	for first := true; first || len(leases) > 0; first = false {
 		// The not-after time goes in at each try.
 		call := &driver.RenewCall{TTL: r.cfg.ttl, Epoch: r.epoch.Load(), Pause: r.pause}
 		var batch []renewal[K]

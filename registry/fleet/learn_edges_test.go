@@ -496,7 +496,7 @@ func TestLearnedCapWriteRefused(t *testing.T) {
 	srv := redistest.Start(t)
 	admin := srv.Client()
 	require.NoError(t, admin.Do(context.Background(), "ACL", "SETUSER", "nolearn", "on", ">pw", "&*", "+@all",
-		"~inflight:{le-acl}:*", "~inflight:{le-acl}#epoch", "~inflight:{le-acl}#pause", "~inflight:{le-acl}#procs").Err())
+		"~inflight:{le-acl}:*", "~inflight:{le-acl}#epoch", "~inflight:{le-acl}#pause", "~inflight:{le-acl}#procs", "~inflight:{le-acl}#heard").Err())
 	c := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "nolearn", Password: "pw"})
 	defer c.Close()
 	var logged atomic.Int64

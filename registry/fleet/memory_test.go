@@ -37,7 +37,7 @@ func TestMemoryFollowsHoldersAfterABurst(t *testing.T) {
 	const n = 50_000
 	drained := func() bool {
 		keys, err := c.DBSize(context.Background()).Result()
-		return err == nil && r.Stats().RemovalsPending == 0 && keys <= 1 // the epoch key stays
+		return err == nil && r.Stats().RemovalsPending == 0 && keys <= 2 // the epoch and heard keys stay
 	}
 	burst := func(n int) {
 		held := make([]*slots.Slot, 0, n)

@@ -147,7 +147,7 @@ func TestPendingRemovalsAreBounded(t *testing.T) {
 	eventually(t, "the first removal and the ten kept are sent", func() bool {
 		return r.Stats().RemovalsPending == 0 && len(m.leases("k")) == 14
 	})
-	m.advance(3 * time.Second) // the TTL: the dropped ones expire
+	m.pass(3*time.Second, 3*time.Second) // the TTL, the store hearing the fleet: the dropped ones expire
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)
 	s.Release()

@@ -174,7 +174,7 @@ func (r *Registry[K]) flushRemovals() {
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.storeMu.Lock()
 	defer r.storeMu.Unlock()
-	call := &driver.ReleaseCall{Claim: r.claim}
+	call := &driver.ReleaseCall{TTL: r.cfg.ttl, Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {

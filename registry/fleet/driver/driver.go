@@ -34,6 +34,29 @@ import (
 // milliseconds unless said otherwise (Now in each reply): processes need
 // not agree on the time.
 //
+// A lease's TTL runs only while the store is heard. A store keeps, per
+// fleet, when it last ran a call that carries a TTL (heard; it may keep it
+// up to TTL/16 coarse, a step to spare writes). A call with a TTL that
+// finds more than TTL/2 since was not heard from by anyone: every live
+// process calls at least each TTL/3 (a renewal, with no lease if it holds
+// none), so the store hung, or every process was cut off from it or
+// stopped. The live holders could not renew, so no lease that had not
+// expired at heard (the silence's start) expires before now + TTL: they
+// renew once they reach the store, and no newcomer takes their room
+// before. Then, and on any call with a TTL, heard is now. A call that
+// finds its clock before heard (a clock stepped back) finds no silence.
+// The caller's TTL judges, and sets the grace's length: with processes of
+// different TTLs (a rolling deploy that changes it), a silence shorter
+// than half the caller's TTL is not found, and a holder of a longer TTL
+// may renew after the grace. A silence that began inside a grace (the
+// store hung again before the holders could renew) keeps the grace's
+// start, but graces that follow one another hold a lease five minutes at
+// most (a fleet whose only calls are far apart, from processes that never
+// live through a renewal round). The cost: a lease whose holder died, or
+// was released but its removal given up, before or during a silence keeps
+// its room up to TTL after it. A store may hold other leases until the
+// grace ends too. Count honours a silence another call found.
+//
 // Each method's call is atomic on its own: a call that returns an error may
 // or may not have run (the client then takes back what it may have added,
 // with Abandon). An admission or a renewal must change nothing once the
@@ -62,7 +85,8 @@ type Store interface {
 	Leave(ctx context.Context, proc string) error
 	// Ping tells whether the store answers.
 	Ping(ctx context.Context) error
-	// Count returns the units of key's leases not expired now.
+	// Count returns the units of key's leases not expired now (a silence
+	// honoured, see above).
 	Count(ctx context.Context, key string) (int, error)
 	// Listen delivers to l the grants made to proc's tickets and the
 	// learned states published, until ctx ends; it returns then. It
@@ -330,6 +354,9 @@ const (
 // it) is passed over too. With waiters of one unit each, serving is what
 // it was without units.
 type ReleaseCall struct {
+	// TTL is the caller's lease TTL, for the store's silence (see Store);
+	// 0: the call finds none.
+	TTL   time.Duration
 	Claim time.Duration
 	Pairs []Release
 }

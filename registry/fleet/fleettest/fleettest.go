@@ -120,6 +120,7 @@ var (
 		{"CountsLeaveOutGrants", countsLeaveOutGrants},
 		{"AdmittedOverALoweredLimit", admittedOverALoweredLimit},
 		{"ExpiredLeasePasses", expiredLeasePasses},
+		{"SilenceKeepsLeases", silenceKeepsLeases},
 		{"AnyKey", anyKey},
 		{"KeysNamedLikeAStoresOwn", keysNamedLikeAStoresOwn},
 		{"FlowsNamedLikeAClasssCounts", flowsNamedLikeAClasssCounts},

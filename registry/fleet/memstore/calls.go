@@ -30,6 +30,7 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 	if c.NotAfter > 0 && now > c.NotAfter {
 		return driver.AdmitResult{Status: driver.StatusTooLate, Key: -1, Now: now}
 	}
+	s.silence(now, c.TTL)
 	s.swept(now)
 	ttl, claim := driver.Millis(c.TTL), driver.Millis(c.Claim)
 	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
@@ -174,6 +175,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	if c.NotAfter > 0 && now > c.NotAfter {
 		return driver.RenewResult{TooLate: true, Now: now}, nil
 	}
+	s.silence(now, c.TTL)
 	ttl := driver.Millis(c.TTL)
 	epoch, paused := s.epochOf(now, us, c.Epoch, c.Pause, c.TTL)
 	out := driver.RenewResult{Epoch: epoch, Now: now, Leases: make([]driver.Fate, len(c.Leases))}
@@ -229,6 +231,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	}
 	defer s.mu.Unlock()
 	now, _ := s.now()
+	s.silence(now, c.TTL)
 	var order []string
 	limits := make(map[string]int, len(c.Pairs))
 	for _, p := range c.Pairs {
@@ -258,6 +261,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 	defer s.mu.Unlock()
 	now, _ := s.now()
 	for _, c := range calls {
+		s.silence(now, c.TTL)
 		for _, name := range c.Keys {
 			if t := s.queuedOn(name, c.Lease); t != nil {
 				s.unqueue(t, true)

@@ -44,6 +44,9 @@ type Store struct {
 // data is what a loss takes: everything but the listeners.
 type data struct {
 	epoch      int64 // µs; 0: none yet
+	heard      int64 // ms: the last call with a TTL (0: none yet)
+	graceFrom  int64 // ms: the start of the latest grace's silences (see silence)
+	graceUntil int64 // ms: its end
 	pauseUntil int64 // ms; a pause declared until then (0: none)
 	keys       map[string]*key
 	tombs      map[string]int64 // lease: abandoned until (ms)
@@ -168,6 +171,8 @@ func (s *Store) now() (ms, us int64) {
 
 const maxPause = 5 * 60 * 1000 // ms: no pause is honoured further than this (or a TTL) ahead
 
+const keepGraces = 5 * 60 * 1000 // ms: graces that follow one another hold leases this long at most
+
 // epochOf reads the epoch, making it if missing; declares the pause if
 // the caller knew another epoch; and returns the epoch and the end of an
 // honoured pause (0: none). See AdmitCall step 2.
@@ -189,6 +194,42 @@ func (s *Store) epochOf(now, us, known int64, pause, ttl time.Duration) (epoch, 
 		return d.epoch, 0
 	}
 	return d.epoch, d.pauseUntil
+}
+
+// silence applies the rule of a call with ttl (driver.Store): if nothing
+// was heard for more than ttl/2, no lease that had not expired at heard
+// expires before now + ttl. Then heard is now. A silence that began inside
+// a grace (the holders it held may not have been heard since) is counted
+// from the grace's start, and once that is more than keepGraces ago, it
+// holds no lease: graces that follow one another (a fleet whose only
+// calls are far apart, from processes that never live through a renewal
+// round) hold a dead holder's lease that long at most, as the Redis store
+// does. A silence of its own is honoured however long.
+func (s *Store) silence(now int64, ttl time.Duration) {
+	if ttl <= 0 {
+		return
+	}
+	t, d := driver.Millis(ttl), &s.data
+	if d.heard > 0 && now-d.heard > t/2 {
+		from := d.heard
+		if d.graceUntil > d.heard { // it began inside a grace
+			if now-d.graceFrom > keepGraces {
+				d.heard = now
+				return
+			}
+			from = min(d.graceFrom, d.heard)
+		}
+		d.graceFrom, d.graceUntil = from, max(d.graceUntil, now+t)
+		for _, k := range d.keys {
+			for l, exp := range k.leases {
+				if exp > d.heard && exp < now+t {
+					k.leases[l] = now + t // a grant stays one
+					k.changed()
+				}
+			}
+		}
+	}
+	d.heard = now
 }
 
 // declared reports whether a pause is declared now, honoured or not: a

@@ -92,6 +92,7 @@ BEGIN
 	RETURN ARRAY[3, 1, inflight_units(f, keys[1], now), inflight_earliest(f, keys[1], now), now, known, inflight_queued(f, keys[1], now)];
 END $$;
 
+-- (Replaced by silence.sql, revision 12: it writes heard.)
 -- inflight_claim answers a waiter's call that claims its grant (a lease
 -- of it on each of its keys, made by a release that served the queue, or
 -- held already) without locking the keys: a grant counts on each key from

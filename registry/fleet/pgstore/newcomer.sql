@@ -15,6 +15,9 @@
 -- even when it is given back (its key over the call's limit) and the call
 -- is admitted again at once, which needs the call to weigh fewer units
 -- than the lease it made before: the fleet's client never sends that.
+--
+-- (Replaced by silence.sql, revision 12: it applies the silence before it
+-- reads the stored lease's expiry.)
 
 CREATE OR REPLACE FUNCTION inflight_admit_passing(f text, l text, keys text[], limits bigint[], ttl bigint, not_after bigint, known bigint,
 	pause bigint, wait bool, starts bool, claim bigint, r smallint, fl text, weight int, p text, max_q int, max_f int,

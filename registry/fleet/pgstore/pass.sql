@@ -176,6 +176,7 @@ BEGIN
 	RETURN res;
 END $$;
 
+-- (Replaced by silence.sql, revision 12: it writes heard.)
 -- inflight_still_queued answers a queued waiter's ask without the keys'
 -- locks, as revision 3 made it, where the head of a key it fits keeps the
 -- room; a head that a waiter of one key may still pass (it is of one key

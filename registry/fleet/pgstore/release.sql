@@ -10,6 +10,9 @@
 -- it goes on from there, up to once for each pair on the key, as serving
 -- once per lease did. The signature is the same, so a process of an
 -- earlier release calls this one.
+--
+-- (Replaced by silence.sql, revision 12, by a call of the signature with
+-- ttl, which finds no silence.)
 
 CREATE OR REPLACE FUNCTION inflight_release(f text, claim bigint, keys text[], leases text[], limits bigint[], async bool) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable

@@ -12,8 +12,8 @@
 //
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
-// turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql and
-// newcomer.sql),
+// turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
+// newcomer.sql, budgetfloor.sql and silence.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. Behind PgBouncer in transaction mode without its
 // prepared statements (before 1.21, or with
@@ -370,14 +370,19 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	return out, nil
 }
 
-// Release removes the pairs in one transaction.
+// Release removes the pairs in one transaction. A TTL of 0 stays 0 (not
+// Millis's 1 ms): the call finds no silence (schema revision 12).
 func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	keys, leases, ls := make([]string, len(c.Pairs)), make([]string, len(c.Pairs)), make([]int64, len(c.Pairs))
 	for i, p := range c.Pairs {
 		keys[i], leases[i], ls[i] = StoredKey(p.Key), p.Lease, int64(p.Limit)
 	}
+	var ttl int64
+	if c.TTL > 0 {
+		ttl = driver.Millis(c.TTL)
+	}
 	return s.call(func() error {
-		_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6)`, s.name, driver.Millis(c.Claim), keys, leases, ls, s.async)
+		_, err := s.pool.Exec(ctx, `SELECT inflight_release($1, $2, $3, $4, $5, $6, $7)`, s.name, driver.Millis(c.Claim), keys, leases, ls, s.async, ttl)
 		return err
 	})
 }

@@ -356,6 +356,7 @@ BEGIN
 	RETURN res;
 END $$;
 
+-- (Replaced by silence.sql, revision 12: it never shortens a lease.)
 -- inflight_admit is the admission call (fleet.AdmitCall, which tells its
 -- steps), for a lease of units (0 or NULL: 1) on each key; carried_units
 -- are the carried pairs' (NULL: 1 each). It returns {status, index of the
@@ -566,6 +567,7 @@ BEGIN
 	RETURN ARRAY[3, fk, inflight_units(f, keys[fk], now), inflight_earliest(f, keys[fk], now), now, ep, qn + 1];
 END $$;
 
+-- (Replaced by silence.sql, revision 12: it never shortens a lease.)
 -- inflight_renew is the renewal call (fleet.RenewCall). Leases come as
 -- parallel arrays; each lease's keys and limits are the next nkeys[i] of
 -- keys and limits, and units[i] what it weighs where it is put back (0 or

@@ -62,6 +62,14 @@
 // while the live holders put their leases back (see the fleet's
 // PROTOCOL.md). Package redistest runs real redis-servers for tests.
 //
+// A hang of the server (or a silence of every process) longer than half
+// the lease TTL does not let newcomers take the room of live holders:
+// leases count their TTL only while the server is heard (driver.Store),
+// kept in <prefix>{<name>}#heard, a key new in this release beside
+// #epoch, #pause and #procs (an ACL that names the fleet's keys one by one
+// must name it too). A key of leases lives five minutes past its latest
+// lease, so that the leases are there after such a silence.
+//
 // The server must not evict the fleet's keys: give it maxmemory-policy
 // noeviction, or no memory limit (a managed Redis's default policy is
 // often volatile-lru). A key's leases evicted look expired, not lost: the

@@ -4,10 +4,11 @@ package redisstore
 // (after queueLua): the scripts that release and abandon leave it out, as
 // each function a script defines costs every run of it.
 const queueAdmitLua = `
--- earliestOf returns when k's earliest lease expires (0: none).
+-- earliestOf returns when k's earliest lease expires (0: none): in a
+-- grace (see silence.go), not before its end.
 local function earliestOf(k)
   local first = redis.call('ZRANGE', k, 0, 0, 'WITHSCORES')
-  if first[2] then return tonumber(first[2]) end
+  if first[2] then return math.max(tonumber(first[2]), graceEnd) end
   return 0
 end
 -- enqueue queues ticket, of units, on each of its keys (kl), numbering

@@ -122,7 +122,7 @@ end
 -- lease is not one, and an expired member goes with its lease's expiry
 -- (admitted and grant drop the expired ones before they count).
 local function ungrant(k, id) redis.call('ZREM', k .. '#g', id) end
-` + unitsLua
+` + silenceLua + unitsLua
 
 // queueLua is the queue's part of the scripts (after baseLua).
 var queueLua = `
@@ -288,7 +288,7 @@ local function grant(kl, ticket, units, proc, now, claim, chans, served)
     local new = not redis.call('ZSCORE', e[1], ticket)
     if new then
       local G = e[1] .. '#g'
-      redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
+      redis.call('ZREMRANGEBYSCORE', G, '-inf', expiredBy(now))
       redis.call('ZADD', G, now + claim, ticket)
       grantsAdded[e[1]] = true
     end

@@ -78,7 +78,7 @@ func queueKeysUnderStress(t *testing.T, seed uint64) {
 		for _, k := range tk.keys {
 			args = append(args, stressLimits[k])
 		}
-		res, err := acquireScript.Run(ctx, rdb, keys, args...).Int64Slice()
+		res, err := acquireScript.Run(ctx, rdb, append(keys, qHeard), args...).Int64Slice()
 		require.NoError(t, err)
 		tk.lastAsk = nowMS()
 		switch res[0] {
@@ -96,12 +96,13 @@ func queueKeysUnderStress(t *testing.T, seed uint64) {
 		for _, k := range tk.keys {
 			args = append(args, tk.id, stressLimits[k])
 		}
-		require.NoError(t, releaseScript.Run(ctx, rdb, append([]string{"q{n}#pause", qProcs}, tk.keys...), args...).Err())
+		keys := append([]string{"q{n}#pause", qProcs}, tk.keys...)
+		require.NoError(t, releaseScript.Run(ctx, rdb, append(keys, qHeard), append(args, tk.proc.ttl)...).Err())
 		tk.held = false
 	}
 	withdraw := func(tk *stressTicket) {
 		keys := append([]string{"q{n}#pause", qProcs}, tk.keys...)
-		keys = append(keys, "q{n}:abandoned:"+tk.id)
+		keys = append(keys, "q{n}:abandoned:"+tk.id, qHeard)
 		args := []any{tk.id, tk.proc.ttl, 0, tk.proc.claim, qWake}
 		for _, k := range tk.keys {
 			args = append(args, stressLimits[k])

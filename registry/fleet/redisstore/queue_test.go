@@ -33,6 +33,7 @@ type queueRig struct {
 const (
 	qKey   = "q{n}:k"
 	qProcs = "q{n}#procs"
+	qHeard = "q{n}#heard"
 	qWake  = "q{n}#wake:"
 )
 
@@ -96,7 +97,7 @@ func (rig *queueRig) admit(tk ticket, limit int) queueReply {
 			args = append(args, limit)
 		}
 	}
-	res, err := acquireScript.Run(context.Background(), rig.rdb, keys, args...).Int64Slice()
+	res, err := acquireScript.Run(context.Background(), rig.rdb, append(keys, qHeard), args...).Int64Slice()
 	require.NoError(rig.t, err)
 	requireReply(rig.t, res, len(tk.keys))
 	return queueReply{status: int(res[0]), index: int(res[1]), count: int(res[2]), earliest: res[3], now: res[4], queued: int(res[6])}
@@ -114,13 +115,14 @@ func (rig *queueRig) releaseFrom(id string, keys []string, limits []int, claim i
 	for i := range keys {
 		args = append(args, id, limits[i])
 	}
-	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append([]string{"q{n}#pause", qProcs}, keys...), args...).Err())
+	keys = append([]string{"q{n}#pause", qProcs}, keys...)
+	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append(keys, qHeard), append(args, qTTL)...).Err())
 }
 
 // withdraw takes ticket id back: its place, or its grant, on qKey.
 func (rig *queueRig) withdraw(id string, limit int) {
 	rig.t.Helper()
-	keys := []string{"q{n}#pause", qProcs, qKey, "q{n}:abandoned:" + id}
+	keys := []string{"q{n}#pause", qProcs, qKey, "q{n}:abandoned:" + id, qHeard}
 	require.NoError(rig.t, abandonScript.Run(context.Background(), rig.rdb, keys, id, qTTL, 0, qClaim, qWake, limit).Err())
 }
 
@@ -878,7 +880,7 @@ func TestQueueClaimCountsItsCarriedPairs(t *testing.T) {
 	require.NoError(t, rig.rdb.ZAdd(ctx, qKey, redis.Z{Score: ms + qTTL, Member: "h"}, redis.Z{Score: ms + qClaim, Member: "x"}).Err())
 	keys := []string{"q{n}#epoch", "q{n}#pause", "q{n}:abandoned:x", qProcs, qKey, qKey, "q{n}:abandoned:carried"}
 	args := []any{"x", qTTL, 1, 0, 0, 0, 1, qClaim, 0, "", 1, "p1", qWake, -1, -1, qTTL, 1, 2, "carried", 1}
-	res, err := acquireScript.Run(ctx, rig.rdb, keys, args...).Int64Slice()
+	res, err := acquireScript.Run(ctx, rig.rdb, append(keys, qHeard), args...).Int64Slice()
 	require.NoError(t, err)
 	assert.NotEqual(t, int64(acquireAdmitted), res[0], "the carried lease puts the key over 2")
 	assert.ElementsMatch(t, []string{"h", "carried"}, rig.holders())
@@ -948,7 +950,7 @@ func TestQueueClaimWeighsItsCallsUnits(t *testing.T) {
 	rig := newQueueRig(t)
 	units := func() int {
 		t.Helper()
-		n, err := countScript.Run(context.Background(), rig.rdb, []string{qKey}).Int()
+		n, err := countScript.Run(context.Background(), rig.rdb, []string{qKey, qHeard}).Int()
 		require.NoError(t, err)
 		return n
 	}

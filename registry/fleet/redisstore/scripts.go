@@ -8,10 +8,12 @@ import "github.com/redis/go-redis/v9"
 //
 // Each capped key is a sorted set: member = lease id, score = the lease's
 // expiry in server milliseconds; a lease of more than one unit has its
-// units in a hash beside it (see units.go). A key's own expiry is its
-// latest lease's: a lease added or extended sets it only if it would come
-// later (processes with different TTLs share keys). Keys whose holders all
-// died go away by themselves.
+// units in a hash beside it (see units.go). A lease has expired once the
+// server's time passes its expiry, but in the grace after a silence (see
+// silence.go). A key's own expiry is five minutes after its latest
+// lease's: a lease added or extended sets it only if it would come later
+// (processes with different TTLs share keys). Keys whose holders all died
+// go away by themselves.
 
 // The fixed keys and arguments of an acquire call, before its capped keys
 // and their limits.
@@ -25,7 +27,8 @@ const (
 //
 //	KEYS: the epoch key, the pause key, the lease id's tombstone, the
 //	      name's #procs, the n capped keys, then for each carried (key,
-//	      lease) pair the key and the lease id's tombstone
+//	      lease) pair the key and the lease id's tombstone, then the
+//	      name's #heard (silence.go)
 //	ARGV: 1 lease id, 2 ttl ms, 3 n, 4 the call's not-after time (0:
 //	      none), 5 the epoch the caller last saw (0: none), 6 the pause ms
 //	      it declares, 7 wait (1: queue if full) + 2 if a key is learned
@@ -72,18 +75,20 @@ local function admitted(kl, t, now, epoch)
   local out = {1, 0, 0, tonumber(t[1]) * 1000000 + tonumber(t[2]), now, epoch, 0}
   for i, e in ipairs(kl) do
     local G = e[1] .. '#g'
-    redis.call('ZREMRANGEBYSCORE', G, '-inf', now)
+    redis.call('ZREMRANGEBYSCORE', G, '-inf', expiredBy(now))
     local grants = redis.call('ZCARD', G)
     if grants > 0 and weighted(e[1]) then grants = grants + extraOf(e[1], redis.call('ZRANGE', G, 0, -1), false) end
     out[7 + i] = countOf(e[1]) - grants
   end
   return out
 end
+local H = table.remove(KEYS)
 local t = redis.call('TIME')
 local now = nowMS(t)
 local notAfter = tonumber(ARGV[4])
 if notAfter > 0 and now > notAfter then return {-2, 0, 0, 0, now, 0, 0} end
 local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
+heard(H, now, ttl)
 local claim, P, chans = tonumber(ARGV[8]), KEYS[4], ARGV[13]
 local units = math.max(tonumber(ARGV[17]), 1)
 local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), ttl)
@@ -125,7 +130,8 @@ end
 local mine = tonumber(ARGV[7]) % 2 == 1
 for _, e in ipairs(kl) do
   if not mine then break end
-  mine = tonumber(redis.call('ZSCORE', e[1], id)) ~= nil and earliestOf(e[1]) > now and countOf(e[1]) <= e[2]
+  local first = redis.call('ZRANGE', e[1], 0, 0, 'WITHSCORES')
+  mine = tonumber(redis.call('ZSCORE', e[1], id)) ~= nil and tonumber(first[2]) > expiredBy(now) and countOf(e[1]) <= e[2]
 end
 if mine then return extend() end
 local stopped = paused > now and capped(18, n)
@@ -136,7 +142,7 @@ if (n > 1 or units > 1) and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
     if redis.call('HEXISTS', e[1] .. '#t', id) == 1 then redis.call('HSET', e[1] .. '#t', 'k|' .. id, packed) end
   end
 end
-local held, cut = 0, 0
+local held, stop = 0, 0
 for i, e in ipairs(kl) do
   -- e[3]: k has a queue (or had one before serving it); e[4]: where
   -- serving it stopped short, or -1 if at a heavy waiter; e[5]: the heavy
@@ -144,7 +150,7 @@ for i, e in ipairs(kl) do
   e[3] = hasQueue(e[1])
   e[4] = 0
   if e[3] and not stopped then e[4], e[5] = serve(e[1], e[2], now, claim, chans, P, 0) end
-  if e[4] > 0 and cut == 0 then cut = i end
+  if e[4] > 0 and stop == 0 then stop = i end
   expire(e[1], now)
   if redis.call('ZSCORE', e[1], id) then held = held + 1 end
 end
@@ -183,7 +189,7 @@ if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
   -- heavy waiter may be ahead of it: serving stopped at one, one waits
   -- between where serving stopped and this ticket, or one stands before
   -- it by its own limit.
-  local clear = cut > 0
+  local clear = stop > 0
   for _, e in ipairs(kl) do
     if e[4] < 0 or (clear and e[4] > 0 and heavyBefore(e[1], id, e[4] - 1, e[2], now, P, claim))
       or (clear and heavyBefore(e[1], id, 0, nil, now, P, claim)) then clear = false end
@@ -286,7 +292,7 @@ const (
 // renewScript extends leases that still exist, in one call for many.
 //
 //	KEYS: the epoch key, the pause key, then for each lease its capped keys
-//	      and its tombstone
+//	      and its tombstone, then the name's #heard
 //	ARGV: ttl ms, the call's not-after time (0: none), the epoch the caller
 //	      last saw (0: none), the pause ms it declares, then for each
 //	      lease: its id, its mode, the epoch under which it was last known
@@ -308,11 +314,13 @@ const (
 // lease released meanwhile). It returns the epoch, now (server
 // milliseconds), then each lease's status.
 var renewScript = redis.NewScript(baseLua + epochLua + `
+local H = table.remove(KEYS)
 local t = redis.call('TIME')
 local now = nowMS(t)
 local notAfter = tonumber(ARGV[2])
 if notAfter > 0 and now > notAfter then return {-2, now} end
 local ttl = tonumber(ARGV[1])
+heard(H, now, ttl)
 local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ttl)
 local out = {epoch, now}
 local a, k = 5, 3
@@ -323,7 +331,7 @@ while a <= #ARGV do
   for i = 0, n - 1 do
     local key = KEYS[k + i]
     local score = redis.call('ZSCORE', key, id)
-    if score and tonumber(score) > now then
+    if score and tonumber(score) > expiredBy(now) then
       redis.call('ZADD', key, 'XX', now + ttl, id)
       coverLeases(key, ttl)
     else
@@ -375,11 +383,13 @@ return out
 // once for each pair on the key, as serving once per lease did.
 //
 //	KEYS: the pause key, the name's #procs, then the capped keys, one per
-//	      (key, lease) pair
+//	      (key, lease) pair, then the name's #heard
 //	ARGV: claim ms, the channel prefix, then the lease id and the key's
-//	      limit of each pair
+//	      limit of each pair, then the caller's ttl ms (0: none)
 var releaseScript = redis.NewScript(baseLua + queueLua + `
+local H = table.remove(KEYS)
 local now = nowMS(redis.call('TIME'))
+heard(H, now, tonumber(table.remove(ARGV)))
 local serving = redis.call('EXISTS', KEYS[1]) == 0
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
 local order, limits, npairs = {}, {}, {}
@@ -412,14 +422,16 @@ return 0
 // paused).
 //
 //	KEYS: the pause key, the name's #procs, the capped keys, then the lease
-//	      id's tombstone
+//	      id's tombstone and the name's #heard
 //	ARGV: lease id, ttl ms, the calls' latest not-after time (0: none),
 //	      claim ms, the channel prefix, then each key's limit (none: no
 //	      serving)
 var abandonScript = redis.NewScript(baseLua + queueLua + `
+local H = table.remove(KEYS)
 local tomb = table.remove(KEYS)
 local id = ARGV[1]
 local now = nowMS(redis.call('TIME'))
+heard(H, now, tonumber(ARGV[2]))
 local serving = redis.call('EXISTS', KEYS[1]) == 0
 for i = 3, #KEYS do
   local k = KEYS[i]

@@ -42,7 +42,8 @@ func runAcquire(ctx context.Context, c redis.Scripter, keys []string, args ...an
 	procs := strings.TrimSuffix(keys[0], "#epoch") + "#procs"
 	keys = slices.Insert(slices.Clone(keys), 3, procs)
 	args = slices.Insert(slices.Clone(args), 6, 0, 1000, 0, "", 1, "test", "wake:", -1, -1, 3000, 1)
-	return acquireScript.Run(ctx, c, keys, args...)
+	heard := strings.TrimSuffix(keys[0], "#epoch") + "#heard"
+	return acquireScript.Run(ctx, c, append(keys, heard), args...)
 }
 
 // The script is idempotent per lease id: a retried call holds one lease.
@@ -108,7 +109,7 @@ func TestPauseScripts(t *testing.T) {
 	}
 	renew := func(id string, mode int, leaseEpoch, known int64) int64 {
 		t.Helper()
-		res, err := renewScript.Run(ctx, c, []string{epochKey, pauseKey, key, "inflight:{t}:abandoned:" + id},
+		res, err := renewScript.Run(ctx, c, []string{epochKey, pauseKey, key, "inflight:{t}:abandoned:" + id, "inflight:{t}#heard"},
 			60000, 0, known, 2000, id, mode, leaseEpoch, 1, 1, 5).Int64Slice()
 		require.NoError(t, err)
 		require.Len(t, res, 3)
@@ -166,7 +167,7 @@ func TestScriptsRefuseToRunLate(t *testing.T) {
 		"inflight:{t}:k", "inflight:{t}:abandoned:y"}, "x", 3000, 1, late, 1, 1000, 1, "y").Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{tooLate, m.Now.UnixMilli()}, []int64{res[0], res[4]})
-	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k", "inflight:{t}:abandoned:x"},
+	res, err = renewScript.Run(ctx, c, []string{"inflight:{t}#epoch", "inflight:{t}#pause", "inflight:{t}:k", "inflight:{t}:abandoned:x", "inflight:{t}#heard"},
 		3000, late, 1, 1000, "x", putBack, 0, 1, 1, 1).Int64Slice()
 	require.NoError(t, err)
 	assert.Equal(t, []int64{tooLate, m.Now.UnixMilli()}, res)

@@ -21,6 +21,7 @@ type Store struct {
 	prefix string
 	// The fleet's own keys: see scripts.go and queue.go.
 	epochKey, pauseKey, procsKey string
+	heardKey                     string // the silence (silence.go)
 	wakePrefix                   string // + a process: its grants' channel
 	learnPrefix, learnChan       string // + a key: its learned state; the states' channel
 	budgetPrefix                 string // + a key: its budget (budget.go)
@@ -64,6 +65,7 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 		epochKey:    tag + "#epoch",
 		pauseKey:    tag + "#pause",
 		procsKey:    tag + "#procs",
+		heardKey:    tag + "#heard",
 		wakePrefix:  tag + "#wake:",
 		learnPrefix: tag + "#learn:",
 		learnChan:   tag + "#learned",
@@ -228,7 +230,7 @@ var _ driver.Pipeliner = (*Store)(nil)
 
 // admitArgs returns the acquire script's keys and arguments for c.
 func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
-	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried))
+	keys := make([]string, 0, acquireKeys+len(c.Keys)+2*len(c.Carried)+1)
 	args := make([]any, 0, acquireArgs+len(c.Keys)+2*len(c.Carried))
 	keys = append(keys, s.epochKey, s.pauseKey, s.tombstone(c.Lease), s.procsKey)
 	for _, k := range c.Keys {
@@ -251,7 +253,7 @@ func (s *Store) admitArgs(c *driver.AdmitCall) ([]string, []any) {
 		keys = append(keys, s.key(p.Key), s.tombstone(p.Lease))
 		args = append(args, p.Lease, max(p.Units, 1))
 	}
-	return keys, args
+	return append(keys, s.heardKey), args
 }
 
 // replyLen is the length of the acquire script's reply, but for an
@@ -278,7 +280,7 @@ func decodeAdmit(c *driver.AdmitCall, res []int64, err error) driver.AdmitResult
 
 // Renew runs the renew script.
 func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
-	keys := make([]string, 0, 2+2*len(c.Leases))
+	keys := make([]string, 0, 3+2*len(c.Leases))
 	args := make([]any, 0, 4+6*len(c.Leases))
 	keys = append(keys, s.epochKey, s.pauseKey)
 	args = append(args, driver.Millis(c.TTL), c.NotAfter, c.Epoch, c.Pause.Milliseconds())
@@ -292,7 +294,7 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 			args = append(args, n)
 		}
 	}
-	res, err := renewScript.Run(ctx, s.rdb, keys, args...).Int64Slice()
+	res, err := renewScript.Run(ctx, s.rdb, append(keys, s.heardKey), args...).Int64Slice()
 	switch {
 	case err != nil:
 		return driver.RenewResult{}, err
@@ -310,27 +312,31 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 
 // Release runs the release script.
 func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
-	keys := make([]string, 0, 2+len(c.Pairs))
-	args := make([]any, 0, 2+2*len(c.Pairs))
+	keys := make([]string, 0, 3+len(c.Pairs))
+	args := make([]any, 0, 3+2*len(c.Pairs))
 	keys = append(keys, s.pauseKey, s.procsKey)
 	args = append(args, driver.Millis(c.Claim), s.wakePrefix)
 	for _, p := range c.Pairs {
 		keys = append(keys, s.key(p.Key))
 		args = append(args, p.Lease, p.Limit)
 	}
-	return releaseScript.Run(ctx, s.rdb, keys, args...).Err()
+	ttl := int64(0) // none: the call finds no silence
+	if c.TTL > 0 {
+		ttl = driver.Millis(c.TTL)
+	}
+	return releaseScript.Run(ctx, s.rdb, append(keys, s.heardKey), append(args, ttl)...).Err()
 }
 
 // Abandon runs the abandon script for each call, in one pipeline.
 func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]error, error) {
 	keys, args := make([][]string, len(calls)), make([][]any, len(calls))
 	for i, c := range calls {
-		keys[i] = make([]string, 0, 3+len(c.Keys))
+		keys[i] = make([]string, 0, 4+len(c.Keys))
 		keys[i] = append(keys[i], s.pauseKey, s.procsKey)
 		for _, k := range c.Keys {
 			keys[i] = append(keys[i], s.key(k))
 		}
-		keys[i] = append(keys[i], s.tombstone(c.Lease))
+		keys[i] = append(keys[i], s.tombstone(c.Lease), s.heardKey)
 		args[i] = []any{c.Lease, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.wakePrefix}
 		for _, n := range c.Limits {
 			args[i] = append(args[i], n)
@@ -354,7 +360,7 @@ func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 // Count returns the units of the key's leases that expire after the
 // server's time now (countScript).
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
-	n, err := countScript.Run(ctx, s.rdb, []string{s.key(key)}).Int()
+	n, err := countScript.Run(ctx, s.rdb, []string{s.key(key), s.heardKey}).Int()
 	return n, err
 }
 

@@ -23,8 +23,9 @@ import "github.com/redis/go-redis/v9"
 // and one released, abandoned, given back or found expired by a renewal
 // (removeLease). The hash is deleted when #extra comes to 0, and it
 // expires when its key does, at the same time (coverLeases): the key
-// expires with its latest lease, so the hash outlives none of its weighted
-// leases, and a key that expired leaves no units behind.
+// expires five minutes after its latest lease (silence.go), so the hash
+// outlives none of its weighted leases, and a key that expired leaves no
+// units behind.
 //
 // Scripts of an older release know nothing of the hash: a weighted lease
 // counts one unit with them, and one they remove (expired) leaves its
@@ -94,19 +95,20 @@ local function extraOf(k, ids, drop)
   end
   return extra
 end
--- expire drops k's expired leases, and their units: once per key in a
--- script, as its time stands still and every lease it adds or extends
--- expires later.
+-- expire drops k's expired leases (expiredBy: a grace keeps some), and
+-- their units: once per key in a script, as its time stands still and
+-- every lease it adds or extends expires later.
 local expired = {}
 local function expire(k, now)
-  if expired[k] == now then return end
-  expired[k] = now
+  local by = expiredBy(now)
+  if expired[k] == by then return end
+  expired[k] = by
   if weighted(k) then
-    local gone = redis.call('ZRANGEBYSCORE', k, '-inf', now)
+    local gone = redis.call('ZRANGEBYSCORE', k, '-inf', by)
     if #gone == 0 then return end
     extraOf(k, gone, true)
   end
-  redis.call('ZREMRANGEBYSCORE', k, '-inf', now)
+  redis.call('ZREMRANGEBYSCORE', k, '-inf', by)
 end
 -- removeLease takes lease id off k, with its units (a field left for an
 -- id not in the set goes too).
@@ -132,23 +134,28 @@ local function weigh(k, id, u)
   end
   return u - was
 end
--- coverLeases is cover for a key of leases: its hash of units expires
--- when it does, not a millisecond later or sooner (see above).
+-- coverLeases is cover for a key of leases, which outlives its latest
+-- lease by keepLeases ms so that a grace finds the leases a silence of up
+-- to that long expired (see silence.go): its hash of units expires when
+-- it does, not a millisecond later or sooner (see above).
 local function coverLeases(k, ttl)
-  local ms = cover(k, ttl)
+  local ms = cover(k, ttl + keepLeases)
   if weighted(k) and ms > 0 then redis.call('PEXPIRE', k .. '#w', ms) end
 end
 `
 
 // countScript counts a key's units held now: the units of its leases not
-// expired, without dropping the expired ones (a read).
+// expired (a grace of a silence honoured: see silence.go), without
+// dropping the expired ones (a read).
 //
-//	KEYS: the capped key
+//	KEYS: the capped key, the fleet's #heard
 var countScript = redis.NewScript(baseLua + `
 local k, now = KEYS[1], nowMS(redis.call('TIME'))
-local n = redis.call('ZCOUNT', k, '(' .. now, '+inf')
+heard(KEYS[2], now, 0)
+local by = expiredBy(now)
+local n = redis.call('ZCOUNT', k, '(' .. by, '+inf')
 if n == 0 or not weighted(k) then return n end
 -- #extra counts the expired weighted leases too, not dropped yet.
-local gone = redis.call('ZRANGEBYSCORE', k, '-inf', now)
+local gone = redis.call('ZRANGEBYSCORE', k, '-inf', by)
 return n + (tonumber(redis.call('HGET', k .. '#w', '#extra')) or 0) - extraOf(k, gone, false)
 `)
