@@ -154,7 +154,9 @@ func WithLostLeases(l Lost) Option { return optionFunc(func(c *config) { c.lost 
 // at each renewal's time (LeaseTTL/3) if that comes sooner; at the probe
 // interval, while the breaker is closed, it puts into the store the leases
 // admitted under the local registry alone when a call failed, and makes
-// again a renewal that failed. It panics if n < 1 or probe <= 0.
+// again a renewal that failed. A Registry that holds no lease renews too,
+// with none (the store must hear every live process: see driver.Store), so
+// its calls count here like any other's. It panics if n < 1 or probe <= 0.
 func WithBreaker(n int, probe time.Duration) Option {
 	if n < 1 || probe <= 0 {
 		panic(fmt.Sprintf("fleet: WithBreaker(%d, %v): need n >= 1 and probe > 0", n, probe))

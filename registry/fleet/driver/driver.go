@@ -55,7 +55,10 @@ import (
 // live through a renewal round). The cost: a lease whose holder died, or
 // was released but its removal given up, before or during a silence keeps
 // its room up to TTL after it. A store may hold other leases until the
-// grace ends too. Count honours a silence another call found.
+// grace ends too, and may bound how long a silence it honours (the Redis
+// store keeps a key of leases five minutes past its latest lease: after a
+// longer silence the leases are gone, and their holders put them back
+// only if there is room). Count honours a silence another call found.
 //
 // Each method's call is atomic on its own: a call that returns an error may
 // or may not have run (the client then takes back what it may have added,

@@ -198,32 +198,38 @@ func (s *Store) epochOf(now, us, known int64, pause, ttl time.Duration) (epoch, 
 
 // silence applies the rule of a call with ttl (driver.Store): if nothing
 // was heard for more than ttl/2, no lease that had not expired at heard
-// expires before now + ttl. Then heard is now. A silence that began inside
-// a grace (the holders it held may not have been heard since) is counted
-// from the grace's start, and once that is more than keepGraces ago, it
-// holds no lease: graces that follow one another (a fleet whose only
-// calls are far apart, from processes that never live through a renewal
-// round) hold a dead holder's lease that long at most, as the Redis store
-// does. A silence of its own is honoured however long.
+// expires before now + ttl. Then heard is now. A lease a grace moved is
+// marked (graced) until its holder extends it. A silence that began
+// inside a grace (the holders it held may not have been heard since) is
+// counted from the grace's start; once that is more than keepGraces ago,
+// it moves only the leases not marked (until a silence that begins after
+// a grace's end starts a count of its own): graces that
+// follow one another (a fleet whose only calls are far apart, from
+// processes that never live through a renewal round) hold a dead holder's
+// lease that long at most, as the Redis store does, while holders that
+// renewed are held by every silence. A silence of its own is honoured
+// however long.
 func (s *Store) silence(now int64, ttl time.Duration) {
 	if ttl <= 0 {
 		return
 	}
 	t, d := driver.Millis(ttl), &s.data
 	if d.heard > 0 && now-d.heard > t/2 {
-		from := d.heard
-		if d.graceUntil > d.heard { // it began inside a grace
-			if now-d.graceFrom > keepGraces {
-				d.heard = now
-				return
-			}
-			from = min(d.graceFrom, d.heard)
+		marked := true // move the leases a grace moved too
+		switch {
+		case d.graceUntil <= d.heard: // a silence of its own
+			d.graceFrom = d.heard
+		case now-d.graceFrom <= keepGraces: // inside a grace, within the bound
+			d.graceFrom = min(d.graceFrom, d.heard)
+		default: // past it: until a silence of its own, only the leases renewed since
+			marked = false
 		}
-		d.graceFrom, d.graceUntil = from, max(d.graceUntil, now+t)
+		d.graceUntil = max(d.graceUntil, now+t)
 		for _, k := range d.keys {
 			for l, exp := range k.leases {
-				if exp > d.heard && exp < now+t {
+				if exp > d.heard && exp < now+t && (marked || !k.graced[l]) {
 					k.leases[l] = now + t // a grant stays one
+					k.graced[l] = true
 					k.changed()
 				}
 			}
@@ -261,7 +267,7 @@ func (s *Store) tombstoned(lease string, now int64) bool {
 func (s *Store) key(name string) *key {
 	k := s.data.keys[name]
 	if k == nil {
-		k = &key{leases: map[string]int64{}, units: map[string]int{}, grants: map[string]bool{}, finish: map[flowKey]float64{}, flows: map[string]int{},
+		k = &key{leases: map[string]int64{}, units: map[string]int{}, grants: map[string]bool{}, graced: map[string]bool{}, finish: map[flowKey]float64{}, flows: map[string]int{},
 			queued: map[flowKey]int{}, base: map[flowKey]float64{}}
 		s.data.keys[name] = k
 	}

@@ -13,6 +13,7 @@ type key struct {
 	leases map[string]int64 // lease: expiry (ms)
 	units  map[string]int   // lease: its units, if more than 1
 	grants map[string]bool  // leases that are grants not claimed yet
+	graced map[string]bool  // leases a grace moved, not extended by their holders since
 	queue  []*place         // by class rank, then start tag, then sequence
 	vt     [3]float64       // each class's virtual time: the start tag last granted
 	finish map[flowKey]float64
@@ -67,6 +68,7 @@ func (k *key) dropExpired(now int64) {
 func (k *key) hold(lease string, exp int64) {
 	k.leases[lease] = exp
 	delete(k.grants, lease)
+	delete(k.graced, lease)
 	k.changed()
 }
 
@@ -94,6 +96,7 @@ func (k *key) drop(lease string) {
 	delete(k.leases, lease)
 	delete(k.units, lease)
 	delete(k.grants, lease)
+	delete(k.graced, lease)
 	k.changed()
 }
 
@@ -350,6 +353,7 @@ func (s *Store) grant(t *ticket, now, claim int64) {
 			k.weigh(t.id, t.units)
 		} else if exp < now+claim {
 			k.leases[t.id] = now + claim
+			delete(k.graced, t.id)
 		}
 		k.changed()
 	}

@@ -18,17 +18,42 @@
 -- past the TTL deleted the holder's lease as expired and was admitted:
 -- two holders on a key capped at 1.
 --
--- Graces that follow one another hold a lease five minutes at most, as
--- Redis's do. The fleet's row keeps the latest grace's start (grace_from)
--- and end (grace_until, the latest expiry it made): a silence that began
--- inside it (heard before grace_until: the holders it held may not have
--- been heard since) counts from grace_from, and makes no lease last (it
--- writes heard alone) once grace_from is more than five minutes ago; a
--- silence of its own is honoured however long. Without the bound, processes that never live through a renewal
--- round (cron jobs, command-line tools), calling every ttl/2 to ttl, would
--- find a silence each time and hold a dead holder's lease forever. A
--- grace ends with the expiries it made, so a silence after it counts
--- afresh, from heard.
+-- Graces that follow one another hold a lease that its holder does not
+-- extend five minutes at most, as Redis's do. The fleet's row keeps the
+-- latest grace's start (grace_from) and end (grace_until, the latest
+-- expiry it made); a silence that began inside it (heard before
+-- grace_until: the holders it held may not have been heard since) counts
+-- from grace_from. A lease a grace moves is marked (inflight_lease.graced)
+-- until its holder extends it: within five minutes of grace_from, a
+-- silence moves every lease that had not expired at heard, marked or not;
+-- past them, only those not marked (it marks them), and grace_from stays,
+-- so that graces keep past the bound until a silence begins outside one.
+-- So a dead holder's lease (never extended: it stays marked) is held
+-- through one chain of graces, five minutes and a TTL at most, while a
+-- live holder that renewed since (renewals move heard forward, but it
+-- stays before grace_until for up to a TTL: "inside a grace" does not
+-- mean unheard) is held by every silence. Before the mark, a silence past
+-- the bound moved nothing, and a holder that renewed during a grace and
+-- was then caught by a hang past TTL/2 was dropped and a newcomer admitted
+-- over it. (Starting the bound afresh from heard instead would hold a
+-- dead holder's lease forever: the next silence, within five minutes of
+-- the new start, would move the marked lease again.) A silence of its own
+-- is honoured however long. Without the bound, processes that never live
+-- through a renewal round (cron jobs, command-line tools), calling every
+-- ttl/2 to ttl, would find a silence each time and hold a dead holder's
+-- lease forever. A grace ends with the expiries it made, so a silence
+-- after it counts afresh, from heard, and moves every lease.
+--
+-- The mark is cleared (graced = false) by every write by which a holder
+-- extends or takes its own lease: a renewal (its put back is a new row),
+-- the admission of its holder again, of a waiter taking its room or of a
+-- newcomer's lease met there, a claim, a carried pair put back, all in
+-- the functions replaced here. A grant (inflight_grant, units.sql's,
+-- replaced here) is a new row, unmarked; one that extends a lease its
+-- ticket holds already (put back) clears it too, as a new grant would
+-- be: its waiter's process is alive (serving drops a dead one's), and
+-- claims it or lets it expire. One that finds a later expiry leaves the
+-- mark, as it leaves the expiry.
 --
 -- No call shortens a live lease: wherever one is extended (a renewal, the
 -- admission of its holder again or of a waiter taking its room, a claim, a
@@ -39,9 +64,9 @@
 -- it would undo the grace, the lease already expired then: the next
 -- newcomer on its key would delete it and be admitted over a holder told
 -- it renewed. So inflight_admit and inflight_renew (units.sql's) are
--- replaced here, keeping their signatures, and inflight_claim. (The cost:
--- a lease renewed with a TTL shorter than before keeps the longer expiry
--- until it passes.)
+-- replaced here, keeping their signatures, and inflight_claim (and
+-- inflight_grant, for the mark). (The cost: a lease renewed with a TTL
+-- shorter than before keeps the longer expiry until it passes.)
 --
 -- The check runs in inflight_epoch (replaced), which every call with a
 -- TTL runs first under its keys' locks, with the clock it then works by:
@@ -81,25 +106,29 @@
 ALTER TABLE inflight_fleet ADD COLUMN IF NOT EXISTS heard bigint;
 ALTER TABLE inflight_fleet ADD COLUMN IF NOT EXISTS grace_from bigint;
 ALTER TABLE inflight_fleet ADD COLUMN IF NOT EXISTS grace_until bigint;
+-- A constant default: no rewrite of the table (PostgreSQL 11 and later).
+ALTER TABLE inflight_lease ADD COLUMN IF NOT EXISTS graced bool NOT NULL DEFAULT false;
 
 -- inflight_heard applies the silence of a call with ttl (ms; 0 or less:
 -- the call finds none and writes nothing) at now: if heard is more than
 -- ttl/2 before now, every lease of the fleet that had not expired at heard
--- lasts until now + ttl, unless the silence began inside a grace that
--- started more than five minutes ago (see above), and heard is now (with rewrite;
--- without it, it returns false and changes nothing, for a call answered
--- without the keys' locks to take the whole path). Else it writes heard
--- if it is missing, more than ttl/16 before now, or more than ttl after
--- now (a clock stepped back far; one stepped back less, or a call whose
--- clock is stale, finds no silence and leaves heard), and returns true.
+-- lasts until now + ttl, and is marked (graced); if the silence began
+-- inside a grace that started more than five minutes ago, only the leases
+-- not marked (see above). Then heard is now (with rewrite; without it, it
+-- returns false and changes nothing, for a call answered without the
+-- keys' locks to take the whole path). Else it writes heard if it is
+-- missing, more than ttl/16 before now, or more than ttl after now (a
+-- clock stepped back far; one stepped back less, or a call whose clock is
+-- stale, finds no silence and leaves heard), and returns true.
 CREATE OR REPLACE FUNCTION inflight_heard(f text, now bigint, ttl bigint, rewrite bool) RETURNS bool LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 DECLARE
-	keep_graces bigint := 300000; -- ms: graces that follow one another hold a lease this long at most
+	keep_graces bigint := 300000; -- ms: graces that follow one another hold a lease not extended this long at most
 	h bigint;
 	gf bigint;
 	gu bigint;
 	start bigint;
+	marked bool := true; -- the leases a grace moved are moved too
 BEGIN
 	IF coalesce(ttl, 0) <= 0 THEN
 		RETURN true;
@@ -116,14 +145,14 @@ BEGIN
 		IF now - h > ttl / 2 THEN
 			start := h;
 			IF gu > h THEN -- begun inside the latest grace: counted from its start
-				IF now - gf > keep_graces THEN -- graces in a row for too long: none
-					UPDATE inflight_fleet x SET heard = now WHERE x.fleet = f;
-					RETURN true;
-				END IF;
 				start := least(gf, h);
+				-- Graces in a row for too long: only the leases their
+				-- holders extended since a grace moved them.
+				marked := now - gf <= keep_graces;
 			END IF;
 			-- Unindexed columns: HOT updates, as renewals are.
-			UPDATE inflight_lease x SET expires = now + ttl WHERE x.fleet = f AND x.expires > h AND x.expires < now + ttl;
+			UPDATE inflight_lease x SET expires = now + ttl, graced = true
+				WHERE x.fleet = f AND x.expires > h AND x.expires < now + ttl AND (marked OR NOT x.graced);
 			UPDATE inflight_fleet x SET heard = now, grace_from = start, grace_until = greatest(gu, now + ttl) WHERE x.fleet = f;
 			RETURN true;
 		END IF;
@@ -350,12 +379,50 @@ BEGIN
 			OR NOT inflight_heard(f, now, ttl, false) THEN
 			RAISE EXCEPTION USING ERRCODE = 'IF003'; -- the whole path's, with the rows let go
 		END IF;
-		UPDATE inflight_lease x SET expires = greatest(x.expires, now + ttl), granted = false
+		UPDATE inflight_lease x SET expires = greatest(x.expires, now + ttl), granted = false, graced = false
 			WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
 	EXCEPTION WHEN lock_not_available OR SQLSTATE 'IF003' THEN
 		RETURN NULL;
 	END;
 	RETURN inflight_admitted(f, keys, n, starts, now, now_us, known, not_after);
+END $$;
+
+-- inflight_grant (units.sql's), which unmarks a lease its ticket holds
+-- already (put back) where it extends it: a grant is a new lease, of a
+-- waiter whose process serving found alive. The rest is units.sql's: it
+-- gives ticket t, of units, a lease of the claim window on each of its
+-- keys, weighing its units, takes it out of their queues (moving each
+-- class's virtual time to its start tag there, and dropping the finish
+-- tags that passes), and wakes its process. The signature without units
+-- stays units.sql's call of this one.
+CREATE OR REPLACE FUNCTION inflight_grant(f text, keys text[], t text, p text, now bigint, claim bigint, units int)
+	RETURNS void LANGUAGE plpgsql AS $$
+#variable_conflict use_variable
+DECLARE
+	k text;
+	q inflight_ticket;
+BEGIN
+	FOREACH k IN ARRAY keys LOOP
+		SELECT * INTO q FROM inflight_ticket x WHERE x.fleet = f AND x.key = k AND x.ticket = t;
+		IF FOUND THEN
+			PERFORM inflight_unqueue(f, k, t, false);
+			-- A statement of its own: it sees the unqueue (an emptied queue
+			-- starts its tags from 0 again).
+			IF EXISTS (SELECT 1 FROM inflight_ticket x WHERE x.fleet = f AND x.key = k) THEN
+				UPDATE inflight_key x SET vt[q.rank + 1] = q.tag WHERE x.fleet = f AND x.key = k AND x.vt[q.rank + 1] < q.tag;
+				IF FOUND THEN
+					UPDATE inflight_flow x SET finish = NULL WHERE x.fleet = f AND x.key = k AND x.rank = q.rank AND x.finish <= q.tag;
+					DELETE FROM inflight_flow x WHERE x.fleet = f AND x.key = k AND x.rank = q.rank AND x.finish IS NULL AND x.n = 0;
+				END IF;
+			END IF;
+		END IF;
+		-- A lease the ticket holds already (put back) is not shortened, and
+		-- weighs what it weighs; extended, it is unmarked, as a new grant.
+		INSERT INTO inflight_lease AS x (fleet, key, lease, expires, granted, units) VALUES (f, k, t, now + claim, true, units)
+			ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires),
+				graced = x.graced AND x.expires >= EXCLUDED.expires;
+	END LOOP;
+	PERFORM pg_notify(inflight_channel(f, p), t);
 END $$;
 
 -- inflight_admit (units.sql's), which never shortens a lease: the
@@ -416,7 +483,7 @@ BEGIN
 			-- Put back weighing its units; a pair there already keeps its own.
 			INSERT INTO inflight_lease AS x (fleet, key, lease, expires, units)
 				VALUES (f, carried_keys[j], carried_leases[j], now + ttl, greatest(coalesce(carried_units[j], 1), 1))
-				ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires);
+				ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires), graced = false;
 		END IF;
 	END LOOP;
 	IF inflight_abandoned(f, l, now) THEN
@@ -453,7 +520,7 @@ BEGIN
 			END IF;
 		END LOOP;
 		IF NOT given_back THEN
-			UPDATE inflight_lease x SET expires = greatest(x.expires, now + ttl), granted = false
+			UPDATE inflight_lease x SET expires = greatest(x.expires, now + ttl), granted = false, graced = false
 				WHERE x.fleet = f AND x.key = ANY (keys) AND x.lease = l;
 			RETURN inflight_admitted(f, keys, n, starts, now, now_us, ep, not_after);
 		END IF;
@@ -504,7 +571,7 @@ BEGIN
 				PERFORM inflight_unqueue(f, keys[i], l, false);
 			END LOOP;
 			INSERT INTO inflight_lease AS x (fleet, key, lease, expires, units) SELECT f, k, l, now + ttl, mine.units FROM unnest(keys) k
-				ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires);
+				ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires), graced = false;
 			RETURN inflight_admitted(f, keys, n, starts, now, now_us, ep, not_after);
 		END IF;
 		-- It names the first of its keys without room for its units, or
@@ -546,7 +613,8 @@ BEGIN
 	END IF;
 	IF fk = 0 THEN
 		INSERT INTO inflight_lease AS x (fleet, key, lease, expires, units) SELECT f, k, l, now + ttl, u FROM unnest(keys) k
-			ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires), units = EXCLUDED.units;
+			ON CONFLICT (fleet, key, lease) DO UPDATE SET expires = greatest(x.expires, EXCLUDED.expires), units = EXCLUDED.units,
+				graced = false;
 		RETURN inflight_admitted(f, keys, n, starts, now, now_us, ep, not_after);
 	END IF;
 	qn := inflight_queued(f, keys[fk], now);
@@ -614,7 +682,7 @@ BEGIN
 		u := greatest(coalesce(units[i], 1), 1);
 		missing := '{}';
 		FOR j IN 1..nkeys[i] LOOP
-			UPDATE inflight_lease x SET expires = greatest(x.expires, now + ttl)
+			UPDATE inflight_lease x SET expires = greatest(x.expires, now + ttl), graced = false
 				WHERE x.fleet = f AND x.key = ks[j] AND x.lease = leases[i] AND x.expires > now;
 			IF NOT FOUND THEN
 				DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = ks[j] AND x.lease = leases[i];

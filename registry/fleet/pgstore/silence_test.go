@@ -349,3 +349,75 @@ func TestLongSilenceHonoured(t *testing.T) {
 		"the newcomer after the silence")
 	assert.Greater(t, leaseLeft(t, admin, fastFleet, "j", "h"), int64(0), "h's lease lasts")
 }
+
+// graced reports whether lease's row on key is marked as a grace moved it.
+func graced(t *testing.T, admin *pgxpool.Pool, fleet, key, lease string) bool {
+	t.Helper()
+	var g bool
+	require.NoError(t, admin.QueryRow(context.Background(), "SELECT graced FROM inflight_lease WHERE fleet = $1 AND key = $2 AND lease = $3",
+		fleet, key, lease).Scan(&g))
+	return g
+}
+
+// A holder whose lease a grace moved, and which extended it since (a
+// renewal, its admission made again, a waiter's claim of its grant: the
+// mark cleared), is held by the next silence even past the bound on
+// graces in a row. The reviewer's case, set by SQL: heard 70 s ago (a
+// hang past TTL/2), inside a grace (grace_until 50 s after heard) whose
+// chain began 6 min ago, the holder's lease expired 10 s ago. A newcomer
+// on its key, capped at 1, is refused, and the holder's renewal finds its
+// lease. Before, a silence past the bound moved nothing: the newcomer was
+// admitted over the holder, whose renewal found its lease gone.
+func TestRenewedHeldPastGraceBound(t *testing.T) {
+	ctx := context.Background()
+	for _, extend := range []string{"renewal", "admission", "claim"} {
+		t.Run(extend, func(t *testing.T) {
+			s, admin := fastStore(t)
+			key, lease := "j", "h"
+			require.Equal(t, driver.StatusAdmitted, admitIn(t, s, onKey("h", "j", 1, false), 10*time.Second).Status)
+			w := kcall("w", 1, true)
+			if extend == "claim" { // w granted o's room, on "k"
+				key, lease = "k", "w"
+				require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("o", 1, false), 10*time.Second).Status)
+				rw := admitIn(t, s, w, 10*time.Second)
+				require.Equal(t, driver.StatusQueued, rw.Status)
+				w.Epoch = rw.Epoch
+				require.NoError(t, s.Release(ctx, &driver.ReleaseCall{Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "o", Limit: 1}}}))
+			}
+			// A grace moves the lease, and marks it.
+			setHeard(t, admin, fastFleet, -40*time.Second)
+			setExpires(t, admin, fastFleet, lease, -5*time.Second)
+			_, err := s.Renew(ctx, &driver.RenewCall{TTL: fastTTL, Pause: fastTTL})
+			require.NoError(t, err)
+			require.Greater(t, leaseLeft(t, admin, fastFleet, key, lease), int64(0), "the grace moves the lease")
+			require.True(t, graced(t, admin, fastFleet, key, lease), "the grace marks the lease")
+
+			switch extend {
+			case "renewal":
+				res, err := s.Renew(ctx, renewal("h", "j", 1, driver.ModeReport))
+				require.NoError(t, err)
+				require.Equal(t, []driver.Fate{driver.FateRenewed}, res.Leases)
+			case "admission":
+				require.Equal(t, driver.StatusAdmitted, admitIn(t, s, onKey("h", "j", 1, false), 10*time.Second).Status)
+			case "claim":
+				require.Equal(t, driver.StatusAdmitted, admitIn(t, s, w, 10*time.Second).Status, "w claims its grant")
+			}
+			assert.False(t, graced(t, admin, fastFleet, key, lease), "the holder's %s clears the mark", extend)
+
+			// The holder renewed during the grace; then the store hung 70 s.
+			_, err = admin.Exec(ctx, `UPDATE inflight_fleet SET heard = inflight_now_us() / 1000 - 70000,
+				grace_from = inflight_now_us() / 1000 - 360000, grace_until = inflight_now_us() / 1000 - 20000 WHERE fleet = $1`, fastFleet)
+			require.NoError(t, err)
+			setExpires(t, admin, fastFleet, lease, -10*time.Second)
+
+			r := admitIn(t, s, onKey("n", key, 1, false), 10*time.Second)
+			assert.Equal(t, driver.StatusFull, r.Status, "the newcomer after the silence")
+			assert.Greater(t, leaseLeft(t, admin, fastFleet, key, lease), (fastTTL - 10*time.Second).Milliseconds(),
+				"the holder's lease lasts a TTL from the end of the silence")
+			assert.True(t, graced(t, admin, fastFleet, key, lease), "and is marked again")
+			res, err := s.Renew(ctx, renewal(lease, key, 1, driver.ModeReport))
+			require.NoError(t, err)
+			assert.Equal(t, []driver.Fate{driver.FateRenewed}, res.Leases, "the holder renews its lease")
+		})
+	}
+}

@@ -153,3 +153,39 @@ func TestGracesInARowEnd(t *testing.T) {
 		})
 	}
 }
+
+// A holder that renewed in a grace whose silences began more than five
+// minutes ago is held by the next silence all the same: the bound ends
+// the leases that graces moved and nobody renewed, not a live holder's.
+// (Past the bound, memstore held no lease, and a newcomer was admitted
+// over the holder.)
+func TestRenewedHolderAfterALongGrace(t *testing.T) {
+	for _, st := range silenceStores(t) {
+		t.Run(st.name, func(t *testing.T) {
+			var epoch int64
+			call := func(lease string) driver.Status {
+				t.Helper()
+				res, err := st.s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: lease, Keys: []string{"k"}, Limits: []int{1}, Units: 1,
+					TTL: time.Minute, Claim: time.Second, Live: time.Hour, Weight: 1, Proc: "p-" + lease, MaxQueue: -1, MaxFlowQueue: -1, Epoch: epoch})
+				require.NoError(t, err)
+				epoch = res.Epoch
+				return res.Status
+			}
+			renew := func() driver.Fate {
+				t.Helper()
+				res, err := st.s.Renew(context.Background(), &driver.RenewCall{TTL: time.Minute, Epoch: epoch, Leases: []driver.Renewal{
+					{Lease: "held", Units: 1, Mode: driver.ModeReport, Epoch: epoch, Keys: []string{"k"}, Limits: []int{1}}}})
+				require.NoError(t, err)
+				return res.Leases[0]
+			}
+			require.Equal(t, driver.StatusAdmitted, call("held"))
+			st.advance(5*time.Minute + 10*time.Second) // a long hang
+			assert.Equal(t, driver.StatusFull, call("x"), "after the long hang")
+			st.advance(time.Second)
+			require.Equal(t, driver.FateRenewed, renew(), "the holder renews in the grace")
+			st.advance(90 * time.Second) // a second hang, past the holder's TTL
+			assert.Equal(t, driver.StatusFull, call("y"), "after the second hang")
+			assert.Equal(t, driver.FateRenewed, renew(), "the holder's renewal")
+		})
+	}
+}
