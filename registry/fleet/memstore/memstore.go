@@ -207,7 +207,9 @@ func (s *Store) epochOf(now, us, known int64, pause, ttl time.Duration) (epoch, 
 // follow one another (a fleet whose only calls are far apart, from
 // processes that never live through a renewal round) hold a dead holder's
 // lease that long at most, as the Redis store does, while holders that
-// renewed are held by every silence. A silence of its own is honoured
+// renewed are held by every silence (past the bound, for as long as the
+// store keeps falling silent within a TTL of the last grace, only those
+// that renewed between two silences). A silence of its own is honoured
 // however long.
 func (s *Store) silence(now int64, ttl time.Duration) {
 	if ttl <= 0 {

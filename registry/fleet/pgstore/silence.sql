@@ -37,7 +37,11 @@
 -- was then caught by a hang past TTL/2 was dropped and a newcomer admitted
 -- over it. (Starting the bound afresh from heard instead would hold a
 -- dead holder's lease forever: the next silence, within five minutes of
--- the new start, would move the marked lease again.) A silence of its own
+-- the new start, would move the marked lease again.) Past the bound, a
+-- chain lasts while the store keeps falling silent within a TTL of the
+-- last grace (a flapping server), however long: meanwhile a live holder
+-- is held only if it renewed between two silences (its breaker's probe
+-- renews within 250 ms of the store answering, by default). A silence of its own
 -- is honoured however long. Without the bound, processes that never live
 -- through a renewal round (cron jobs, command-line tools), calling every
 -- ttl/2 to ttl, would find a silence each time and hold a dead holder's
