@@ -2,6 +2,7 @@ package inflightotel_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"runtime"
 	"testing"
@@ -311,6 +312,7 @@ func TestWaitSpansStartWithinTheirRequest(t *testing.T) {
 	require.NoError(t, err)
 	lim := slots.NewLimiter(1, slots.WithObserver(c), slots.WithMaxWait(time.Millisecond))
 	reg := registry.New[string](1, slots.WithObserver(c), slots.WithMaxWait(time.Millisecond))
+	granted := 0
 	for _, acquire := range []func(context.Context) (*slots.Slot, error){
 		lim.Acquire,
 		func(ctx context.Context) (*slots.Slot, error) { return reg.Acquire(ctx, "org") },
@@ -331,10 +333,16 @@ func TestWaitSpansStartWithinTheirRequest(t *testing.T) {
 				got <- err
 			}()
 			held.Release()
-			require.NoError(t, <-got)
+			err = <-got
 			parent.End()
+			if errors.Is(err, slots.ErrWaitTimeout) {
+				continue // the release came after the wait's millisecond (a busy machine): turned away too
+			}
+			require.NoError(t, err)
+			granted++
 		}
 	}
+	require.Positive(t, granted, "waits granted")
 	byParent := map[trace.SpanID]sdktrace.ReadOnlySpan{}
 	for _, sp := range sr.Ended() {
 		if sp.Name() == "request" {
