@@ -134,7 +134,7 @@ func (r *Reservation) finish(used Tokens, ended int) bool {
 func (b *Budget) Status() []BudgetStatus {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.b.status(nil, "", b.clk.Nanos())
+	return b.b.status(nil, "", "", b.clk.Nanos())
 }
 
 // Idle reports whether nothing is counted in the last minute: a Budget

@@ -18,7 +18,7 @@ type Status struct {
 	// request waits for its model's cap, its model's spacing or the
 	// provider's, whichever binds.
 	WaitingByModel map[string]int
-	ByKey          map[string]int // in flight per API key
+	ByKey          map[string]int // in flight per API key, also one taken out of the pool while in flight
 	// Tokens are the tokens of the requests in flight (AcquireN; a request
 	// of Acquire weighs one), in all and per model with any; TokenLimit is
 	// Config.MaxInflightTokens (0: none).
@@ -64,7 +64,7 @@ func (g *Gate) Budgets() []BudgetStatus {
 }
 
 func (g *Gate) budgetsLocked(now int64) []BudgetStatus {
-	st := g.bud.status(nil, "", now)
+	st := g.bud.status(nil, "", "", now)
 	names := make([]string, 0, len(g.models))
 	for name, ml := range g.models {
 		if ml.bud != nil {
@@ -73,14 +73,10 @@ func (g *Gate) budgetsLocked(now int64) []BudgetStatus {
 	}
 	slices.Sort(names)
 	for _, name := range names {
-		st = g.models[name].bud.status(st, name, now)
+		st = g.models[name].bud.status(st, name, "", now)
 	}
 	for _, k := range g.keys {
-		n := len(st)
-		st = k.bud.status(st, "", now)
-		for i := n; i < len(st); i++ {
-			st[i].Key = k.id
-		}
+		st = k.bud.status(st, "", k.id, now)
 	}
 	return st
 }
@@ -110,6 +106,11 @@ func (g *Gate) Status() Status {
 	st.Budgets = g.budgetsLocked(now)
 	for _, k := range g.keys {
 		st.ByKey[k.id] = k.lane.Holders.Len()
+	}
+	for id, k := range g.goneKeys {
+		if n := k.lane.Holders.Len(); n > 0 {
+			st.ByKey[id] = n
+		}
 	}
 	if g.started {
 		st.LastStart = g.eng.Clock.Time(g.last)

@@ -56,3 +56,25 @@ func TestStatusWaitingByModel(t *testing.T) {
 		r2.g.Slot.Release()
 	})
 }
+
+// A key taken out of the pool stays in ByKey while requests on it are in
+// flight, so that ByKey sums to InFlight, and leaves it once they end.
+// Found by a bug hunt: it left at once, its requests counted only in
+// InFlight.
+func TestStatusByKeyOfAKeyTakenOut(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		with := pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "k", MaxConcurrentRequests: 1}, {ID: "j", MaxConcurrentRequests: 1}}}
+		without := pacing.Config{APIKeys: []pacing.KeyConfig{{ID: "j", MaxConcurrentRequests: 1}}}
+		g := newGate(t, with)
+		defer g.Close()
+		a, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		require.Equal(t, "k", a.Key)
+		require.NoError(t, g.Reconfigure(without))
+		st := g.Status()
+		assert.Equal(t, 1, st.InFlight)
+		assert.Equal(t, map[string]int{"k": 1, "j": 0}, st.ByKey, "k's request still in flight")
+		a.Slot.Release()
+		assert.Equal(t, map[string]int{"j": 0}, g.Status().ByKey, "k gone once its request ended")
+	})
+}

@@ -311,15 +311,15 @@ func (b *budgets) waiting(told bool, now int64) (q charges) {
 	return q
 }
 
-// status appends b's budgets that are set to st, for model ("" for the
-// provider's).
-func (b *budgets) status(st []BudgetStatus, model string, now int64) []BudgetStatus {
+// status appends b's budgets that are set to st, for model or key (both
+// "" for the provider's).
+func (b *budgets) status(st []BudgetStatus, model, key string, now int64) []BudgetStatus {
 	if b == nil {
 		return st
 	}
 	for i := range b.w {
 		if w := &b.w[i]; w.limit > 0 {
-			st = append(st, BudgetStatus{Cap: budgetCaps[i], Model: model, Limit: int(w.limit), Left: int(w.left(now)),
+			st = append(st, BudgetStatus{Cap: budgetCaps[i], Model: model, Key: key, Limit: int(w.limit), Left: int(w.left(now)),
 				ResetIn: w.resetIn(now), Queued: int(w.queued)})
 		}
 	}
