@@ -213,7 +213,8 @@ type errorBody struct {
 // RetryAfter is read from Retry-After (seconds or an HTTP date) or
 // retry-after-ms; without either, from the reset header of each allowance
 // at 0 (x-ratelimit-reset-*, anthropic-ratelimit-*-reset), the latest of
-// them.
+// them. Their numbers are decimal (Inf, NaN and hex floats are not read),
+// and a wait is at most 24 hours.
 func DefaultClassifier(status int, h http.Header, body []byte) Verdict {
 	v := Verdict{RetryAfter: retryAfter(h)}
 	if status < 400 {
@@ -284,8 +285,8 @@ func resetIn(v string) time.Duration {
 	if v == "" {
 		return 0
 	}
-	if d, err := time.ParseDuration(v); err == nil {
-		return secondsUpToMax(d.Seconds())
+	if f, ok := durationSeconds(v); ok {
+		return secondsUpToMax(f)
 	}
 	if f, ok := number(v); ok {
 		now := float64(time.Now().UnixMilli()) / 1000
@@ -303,14 +304,47 @@ func resetIn(v string) time.Duration {
 	return 0
 }
 
-// number parses v as a float, +Inf for one too large (strconv.ErrRange).
+// number parses v as a decimal number (a sign, a fraction and an exponent
+// allowed), +Inf for one too large (strconv.ErrRange). What else
+// strconv.ParseFloat reads (Inf, NaN, hex floats, underscores) is not a
+// number here: no header means a wait by it.
 func number(v string) (float64, bool) {
-	if v == "" {
-		return 0, false // without the error's allocation
+	if v == "" || strings.TrimLeft(v, "0123456789.eE+-") != "" {
+		return 0, false // also without the error's allocation
 	}
 	f, err := strconv.ParseFloat(v, 64)
 	return f, err == nil || errors.Is(err, strconv.ErrRange)
 }
+
+// durationSeconds reads v as a Go duration ("1.5s", "6m0s") in seconds,
+// however long: time.ParseDuration fails past about 290 years, which a
+// reset header asking for the most must not read as none.
+func durationSeconds(v string) (float64, bool) {
+	if d, err := time.ParseDuration(v); err == nil {
+		return d.Seconds(), true
+	}
+	sum, any := 0.0, false
+	for v != "" {
+		i := strings.IndexFunc(v, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+		j := strings.IndexAny(v[max(i, 0):], "0123456789.")
+		if i <= 0 || j == 0 {
+			return 0, false
+		}
+		if j < 0 {
+			j = len(v) - i
+		}
+		f, ok := number(v[:i])
+		unit, known := durationUnits[v[i:i+j]]
+		if !ok || !known {
+			return 0, false
+		}
+		sum, any, v = sum+f*unit, true, v[i+j:]
+	}
+	return sum, any
+}
+
+// durationUnits are time.ParseDuration's units, in seconds.
+var durationUnits = map[string]float64{"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "μs": 1e-6, "ms": 1e-3, "s": 1, "m": 60, "h": 3600}
 
 // A bare number in a reset header past these is a Unix time.
 const (

@@ -50,3 +50,37 @@ func TestRetryAfterMsBelowANanosecond(t *testing.T) {
 		assert.Equal(t, 30*time.Second, pacing.DefaultClassifier(http.StatusTooManyRequests, h, nil).RetryAfter, ms)
 	}
 }
+
+// The headers' numbers are decimal (an exponent allowed): what else
+// strconv reads (Inf, hex floats and their underscores) is not a wait, and
+// a header of one falls back as an unreadable one does (Inf was a wait of
+// 24 h, 0x1p4 one of 16 s). A reset that is a duration past Go's range
+// (about 290 years) asks for the most, as a large number does (it read as
+// none).
+func TestRetryAfterHeadersOnlyDecimal(t *testing.T) {
+	for _, tc := range []struct {
+		name, value string
+		want        time.Duration
+	}{
+		{"Retry-After-Ms", "Inf", 7 * time.Second},
+		{"Retry-After-Ms", "+Infinity", 7 * time.Second},
+		{"Retry-After-Ms", "0x1p12", 7 * time.Second},
+		{"Retry-After", "Inf", 0},
+		{"Retry-After", "0x_1p4", 0},
+		{"Retry-After", "0x10", 0},
+		{"Retry-After", "+2.5", 2500 * time.Millisecond},
+		{"X-Ratelimit-Reset-Tokens", "3000000h", 24 * time.Hour},
+		{"X-Ratelimit-Reset-Tokens", "2h30m", 2*time.Hour + 30*time.Minute},
+		{"X-Ratelimit-Reset-Tokens", "0x1p4", 0},
+		{"X-Ratelimit-Reset-Tokens", "Inf", 0},
+	} {
+		h := http.Header{tc.name: {tc.value}}
+		switch tc.name {
+		case "Retry-After-Ms":
+			h.Set("Retry-After", "7")
+		case "X-Ratelimit-Reset-Tokens":
+			h.Set("X-Ratelimit-Remaining-Tokens", "0")
+		}
+		assert.Equal(t, tc.want, pacing.DefaultClassifier(http.StatusTooManyRequests, h, nil).RetryAfter, "%s: %s", tc.name, tc.value)
+	}
+}
