@@ -9,6 +9,17 @@ package redisstore
 // that Redis lost it, while a lease missing under the same epoch expired.
 // The acquire and renew scripts set it when it is missing and return it.
 //
+// A failover keeps the epoch (the replica had it) but may lose the last
+// writes before it, leases among them: those would look expired, and a
+// newcomer would take their room on top of their live holders. So the
+// scripts also make a new epoch when the server that runs them is another
+// than the one before: #heard (silence.go) keeps the replication ID that
+// INFO gave a script (r) and when (k), and a script that finds another ID
+// (a replica promoted; also a restart that made a new one, a Cluster slot
+// moved to another master) takes it as a loss. INFO is read at most every
+// replCheckMS (a failover takes longer, on a clock set within that of the
+// server before); a server whose INFO gives no ID is never found another.
+//
 // The pause: when Redis has lost its data, the leases of live holders are
 // missing until each holder's next renewal puts its lease back (without a
 // cap check: the holder is still working). Admitting new leases into the
@@ -44,16 +55,32 @@ package redisstore
 // admissions are paused (0: not paused). It follows baseLua; call it after
 // now is known.
 const epochLua = `
-local maxPauseMS, unlimited = 300000, 9e18
-local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl)
+local maxPauseMS, unlimited, replCheckMS = 300000, 9e18, 10
+-- failedOver reports whether the server that runs the script is another
+-- than the one that ran the last script to look (its replication ID is
+-- another: a replica promoted, a restart), looking at most every
+-- replCheckMS; H is the name's #heard, which keeps the ID (r) and when it
+-- was read (k).
+local function failedOver(H, now)
+  local got = redis.call('HMGET', H, 'r', 'k')
+  local k = tonumber(got[2])
+  if k and k <= now and now - k < replCheckMS then return false end
+  local info = redis.pcall('INFO', 'replication')
+  local id = type(info) == 'string' and string.match(info, 'master_replid:(%x+)')
+  if not id then return false end
+  redis.call('HSET', H, 'r', id, 'k', string.format('%.0f', now))
+  return got[1] ~= false and got[1] ~= id
+end
+local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl, H)
   local got = redis.call('MGET', epochKey, pauseKey)
   local epoch, paused = tonumber(got[1]), tonumber(got[2])
-  if not epoch then
+  local failed = failedOver(H, now)
+  if not epoch or failed then
     epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', epochKey, string.format('%.0f', epoch))
   end
   local born = math.floor(epoch / 1000)
-  if known > 0 and known ~= epoch and pause > 0 and not got[2] then
+  if (failed or known > 0 and known ~= epoch) and pause > 0 and (failed or not got[2]) then
     local untilT = born + math.min(pause, ttl)
     if untilT > now then
       redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))

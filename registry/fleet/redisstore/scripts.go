@@ -91,7 +91,7 @@ local id, ttl, n = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 heard(H, now, ttl)
 local claim, P, chans = tonumber(ARGV[8]), KEYS[4], ARGV[13]
 local units = math.max(tonumber(ARGV[17]), 1)
-local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), ttl)
+local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[5]), tonumber(ARGV[6]), ttl, H)
 for j = 1, (#KEYS - 4 - n) / 2 do
   local k, tomb = KEYS[3 + n + 2 * j], KEYS[4 + n + 2 * j]
   local lease = ARGV[16 + n + 2 * j]
@@ -321,7 +321,7 @@ local notAfter = tonumber(ARGV[2])
 if notAfter > 0 and now > notAfter then return {-2, now} end
 local ttl = tonumber(ARGV[1])
 heard(H, now, ttl)
-local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ttl)
+local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ttl, H)
 local out = {epoch, now}
 local a, k = 5, 3
 while a <= #ARGV do

@@ -4,7 +4,8 @@ package redisstore
 // heard. <prefix>{<name>}#heard is a hash with no expiry: h, the server
 // time (ms) of the last script with a TTL, written when it is TTL/16 old or
 // more (so that most calls only read it); and, after a silence, c, the
-// time it began (the h it found), and u, the end of its grace.
+// time it began (the h it found), and u, the end of its grace. (r and k
+// tell a failover: see epoch.go.)
 //
 // A script with a TTL that finds h more than TTL/2 before now (every live
 // process calls each TTL/3, holding leases or not: a hang of Redis, or
