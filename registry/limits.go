@@ -24,9 +24,6 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 			slog.String("key", keyString(key)), slog.Int("limit", n))
 		return
 	}
-	if r.validKey(key) != nil {
-		return
-	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		if sh.overrides == nil {
 			sh.overrides = make(map[K]int)
@@ -39,9 +36,6 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 // ClearLimit removes key's SetLimit override: the key goes back to
 // its LimitFunc's limit or the default, at once if it is live.
 func (r *Registry[K]) ClearLimit(key K) {
-	if r.validKey(key) != nil {
-		return
-	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		delete(sh.overrides, key)
 		return r.limitLocked(sh, key), true
@@ -81,6 +75,9 @@ const staleAt = math.MinInt64 / 2
 // is taken before anything changes, so no caller can take the new room ahead
 // of a waiter that could be served.
 func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
+	if r.validKey(key) != nil {
+		return // a key admissions refuse has no limit to set
+	}
 	sh, hash := r.shardFor(key)
 	var wk core.Wakes
 	defer wk.Wake() // deferred first, so it runs after every unlock
@@ -299,8 +296,12 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 	sh.resolved = ikeys.Remade(sh.resolved, &sh.resolvedPeak, 0)
 }
 
-// Limit returns the limit key has now, or would start with.
+// Limit returns the limit key has now, or would start with (0 for a key
+// unequal to itself or not comparable, which admissions refuse).
 func (r *Registry[K]) Limit(key K) int {
+	if !r.hashable(key) {
+		return 0
+	}
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
@@ -338,8 +339,11 @@ func queueStats(q *core.Queue) slots.QueueStats {
 }
 
 // laneOf returns f of key's lane, read under its shard's lock, or f's
-// zero value if the key is idle.
+// zero value if the key is idle (or unequal to itself, or not comparable).
 func laneOf[K comparable, T any](r *Registry[K], key K, f func(*core.Lane) T) (v T) {
+	if !r.hashable(key) {
+		return v
+	}
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()

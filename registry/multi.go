@@ -48,6 +48,15 @@ const newcomer = math.MaxUint64
 // with multiMu held.
 func (m *multi[K]) urgent() bool { return m.passed >= MaxPassed }
 
+// keeps reports whether m keeps units of its keys from later callers: it
+// is urgent, and none of its keys is paused (a limit of 0: it cannot be
+// served until that is raised, and units kept meanwhile would idle its
+// other keys). Call with multiMu held: a queued key's limit changes only
+// under it (applyLimit).
+func (m *multi[K]) keeps() bool {
+	return m.urgent() && !slices.ContainsFunc(m.entries, func(e *entry[K]) bool { return e.lane.Limit == 0 })
+}
+
 // outranks reports whether a multi-key waiter w, on a lane where class c
 // is short of its share (WithShare) or not, goes before a later caller of
 // class c: if it is of c's class, or of a higher one and the slot is not
@@ -58,9 +67,9 @@ func outranks(w *core.Waiter, c uint8, short bool) bool {
 
 // blockedLocked reports whether a caller of class c that arrived at seq,
 // weighing n units, must leave the free units of e to older multi-key
-// waiters: each one that outranks it and has been passed over MaxPassed
-// times keeps its units of e, so the caller may take n only if n more are
-// free. Call with multiMu and e's shard held.
+// waiters: each one that outranks it and keeps units (passed over MaxPassed
+// times, none of its keys paused) keeps its units of e, so the caller may
+// take n only if n more are free. Call with multiMu and e's shard held.
 func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64, n int) bool {
 	if e.lane.Multi == 0 || e.urgent == 0 {
 		return false
@@ -68,7 +77,7 @@ func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64, n int) bool {
 	short, kept := e.lane.Short(c), 0
 	for el := e.multis.Front(); el != nil; el = el.Next() {
 		w := el.Value
-		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).urgent() {
+		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).keeps() {
 			kept += w.Hold.Units()
 		}
 	}

@@ -228,6 +228,11 @@ func equalsItself[K comparable](k K) (ok bool) {
 	return k == k
 }
 
+// hashable is false for a key that validKey refuses as unequal to itself
+// or not comparable (shardFor would panic on an interface holding a
+// slice): a read of one finds nothing.
+func (r *Registry[K]) hashable(key K) bool { return r.stringKeys || equalsItself(key) }
+
 // shardFor returns key's shard and hash; the hash also indexes the shard's
 // table, so a key is hashed once per operation.
 func (r *Registry[K]) shardFor(key K) (*shard[K], uint64) {

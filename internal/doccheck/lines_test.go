@@ -73,9 +73,11 @@ var admissionFiles = []string{
 // and the Registry), to 5,842, and 1 for a refresh that came during a
 // failed fetch, to 5,843; lowered to 5,836 (the Limiter's Limit, InFlight
 // and Waiting read from Stats, which made room for a timed-out caller's
-// Retry-After counting the units of the classes ahead of it).
-// The goal is 4,000.
-const maxAdmissionLines = 5836
+// Retry-After counting the units of the classes ahead of it); then 18 for
+// two faults a hunt found (a passed-over AcquireAll on a paused key keeps
+// nothing, and reads of a key that cannot be hashed find nothing), to
+// 5,854. The goal is 4,000.
+const maxAdmissionLines = 5854
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
@@ -83,8 +85,11 @@ const maxAdmissionLines = 5836
 // release past a part's panic (5), and a refresh during a failed fetch (1);
 // a newcomer beside a heavy waiter (8) was written with less elsewhere;
 // 3,990 since a timed-out caller counts the classes ahead of it (+8) and
-// the Limiter's counts are read from Stats (-12).
-const maxAdmissionCode = 3990
+// the Limiter's counts are read from Stats (-12); 3,997 since a waiter on
+// a paused key keeps nothing (+3) and a read of a key that cannot be
+// hashed finds nothing (+7, and -3 for SetLimit and ClearLimit checking
+// the key in one place).
+const maxAdmissionCode = 3997
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
