@@ -81,9 +81,10 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 // the first of: that many bytes read, the body's end or a read error, its
 // Close (a body cut short that would be a Concurrency refusal is Other: its
 // lost bytes might have said quota or rate). An answer under 400, without a
-// body, or nil (classified as Other) is reported at once. report may be
-// called on the goroutine that reads or closes the body, before the Read or
-// Close returns.
+// body, or nil (classified as Other) is reported at once. c gets resp's
+// headers as they are when ClassifyAsRead is called: a change made to them
+// after does not change the verdict. report may be called on the goroutine
+// that reads or closes the body, before the Read or Close returns.
 func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 	if c == nil {
 		c = DefaultClassifier
@@ -99,7 +100,10 @@ func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 		report(c(resp.StatusCode, resp.Header, nil))
 		return
 	}
-	resp.Body = &classifying{body: resp.Body, status: resp.StatusCode, header: resp.Header, c: c, report: report}
+	// The verdict is taken later, from the headers as they came: the
+	// caller may set its own before the body is read (a Transport's
+	// WithRateLimitHeaders, a ReverseProxy's ModifyResponse).
+	resp.Body = &classifying{body: resp.Body, status: resp.StatusCode, header: resp.Header.Clone(), c: c, report: report}
 }
 
 // classifying is a body whose first bytes are kept, as they pass, for its

@@ -242,3 +242,22 @@ func TestClassifyAsRead(t *testing.T) {
 		assert.Len(t, got(), 1)
 	})
 }
+
+// The verdict of an error body classified as it is read comes from its
+// answer's headers as they were when ClassifyAsRead was called: headers
+// set on the answer after (a Transport's or a proxy's own) are not the
+// upstream's. Before, the body kept the answer's Header map itself, and a
+// rate-limit header written into it before the body was read (an
+// allowance at 0) made a concurrency refusal Rate.
+func TestClassifyAsReadKeepsTheHeadersItWasGiven(t *testing.T) {
+	var got []pacing.Verdict
+	resp := &http.Response{StatusCode: 429, Header: http.Header{"Retry-After": {"1"}},
+		Body: io.NopCloser(strings.NewReader(`{"error":{"code":"1302"}}`))}
+	pacing.ClassifyAsRead(resp, nil, func(v pacing.Verdict) { got = append(got, v) })
+	resp.Header.Set("X-Ratelimit-Remaining-Requests", "0")
+	resp.Header.Set("Retry-After", "60")
+	_, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	require.NoError(t, resp.Body.Close())
+	assert.Equal(t, []pacing.Verdict{{Kind: pacing.Concurrency, RetryAfter: time.Second}}, got)
+}

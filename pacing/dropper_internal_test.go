@@ -3,6 +3,8 @@ package pacing
 import (
 	"bufio"
 	"io"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -102,4 +104,113 @@ func TestUsageDropperLongEvent(t *testing.T) {
 	rest, err := io.ReadAll(d)
 	require.NoError(t, err)
 	assert.Equal(t, long+"\"}\n\ndata: [DONE]\n\n", string(first[:n])+string(rest), "the long one whole, the usage chunk after it dropped")
+}
+
+// chunked gives its parts one per Read, as a network gives what arrived.
+type chunked struct{ parts []string }
+
+func (c *chunked) Read(p []byte) (int, error) {
+	for len(c.parts) > 0 && c.parts[0] == "" {
+		c.parts = c.parts[1:]
+	}
+	if len(c.parts) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, c.parts[0])
+	c.parts[0] = c.parts[0][n:]
+	return n, nil
+}
+
+func (c *chunked) Close() error { return nil }
+
+func newDropper(parts ...string) *usageDropper {
+	src := &chunked{parts: parts}
+	return &usageDropper{rc: src, r: bufio.NewReader(src)}
+}
+
+// A usage chunk whose closing "\r\n" comes in two reads ("\r" last of
+// one, "\n" first of the next) is dropped whole. Before, its "\n" was
+// taken for the start of the next event and passed on.
+func TestUsageDropperDropsASplitCRLF(t *testing.T) {
+	d := newDropper("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\r\n\r",
+		"\ndata: [DONE]\r\n\r\n")
+	got, err := io.ReadAll(d)
+	require.NoError(t, err)
+	assert.Equal(t, "data: [DONE]\r\n\r\n", string(got))
+}
+
+// An event passed on whose closing "\r\n" comes in two reads, before the
+// usage chunk: its "\n" is passed on with it. Before, it was taken for the
+// start of the usage chunk and dropped with it.
+func TestUsageDropperPassesASplitCRLF(t *testing.T) {
+	content := "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\r\n\r\n"
+	d := newDropper(content[:len(content)-1],
+		"\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\r\n\r\n",
+		"data: [DONE]\r\n\r\n")
+	got, err := io.ReadAll(d)
+	require.NoError(t, err)
+	assert.Equal(t, content+"data: [DONE]\r\n\r\n", string(got))
+}
+
+// Streams of events with lines ended at random by "\n", "\r\n" or "\r",
+// come in reads of random sizes and read in reads of random sizes, through
+// a reader of 16 bytes (lines longer than it) or of 4 KiB: the client gets
+// each byte of the stream but the usage chunks', unchanged and in order.
+// Before, a "\r\n" split between reads at an event's end lost or leaked
+// a "\n" (the two tests above).
+func TestUsageDropperRoundTrip(t *testing.T) {
+	events := []struct {
+		lines []string
+		usage bool
+	}{
+		{[]string{`data: {"choices":[{"delta":{"content":"a"}}]}`}, false},
+		{[]string{`data: {"choices":[{"delta":{}}],"usage":null}`}, false},
+		{[]string{": ping"}, false},
+		{[]string{"event: chunk", "id: 7", `data: {"choices":[{}]}`}, false},
+		{[]string{`data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`}, true},
+		{[]string{"event: usage", `data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":4}}`}, true},
+	}
+	ends := []string{"\n", "\r\n", "\r"}
+	for seed := range uint64(2000) {
+		rng := rand.New(rand.NewPCG(seed, 0))
+		var in, want strings.Builder
+		for range 1 + rng.IntN(8) {
+			ev := events[rng.IntN(len(events))]
+			var b strings.Builder
+			end := ""
+			for _, l := range ev.lines {
+				end = ends[rng.IntN(len(ends))]
+				b.WriteString(l + end)
+			}
+			blank := ends[rng.IntN(len(ends))]
+			for end == "\r" && blank == "\n" { // "\r" then "\n" is one line end, not a blank line
+				blank = ends[rng.IntN(len(ends))]
+			}
+			b.WriteString(blank)
+			in.WriteString(b.String())
+			if !ev.usage {
+				want.WriteString(b.String())
+			}
+		}
+		in.WriteString("data: [DONE]\n\n")
+		want.WriteString("data: [DONE]\n\n")
+		var parts []string
+		for s := in.String(); s != ""; {
+			n := min(1+rng.IntN(12), len(s))
+			parts, s = append(parts, s[:n]), s[n:]
+		}
+		src := &chunked{parts: slices.Clone(parts)} // parts kept whole for the message
+		d := &usageDropper{rc: src, r: bufio.NewReaderSize(src, []int{16, 4096}[rng.IntN(2)])}
+		var got []byte
+		for {
+			p := make([]byte, 1+rng.IntN(9))
+			n, err := d.Read(p)
+			got = append(got, p[:n]...)
+			if err == io.EOF {
+				break
+			}
+			require.NoError(t, err)
+		}
+		require.Equal(t, want.String(), string(got), "seed %d, in %q, in reads %q", seed, in.String(), parts)
+	}
 }

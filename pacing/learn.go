@@ -314,8 +314,8 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 }
 
 // unsent takes gr's request as never sent (its base's error wrapped
-// slots.ErrNotSent), as a grant given back: see unsentLocked. It is no
-// answer either: a later Report counts nothing.
+// slots.ErrNotSent, or was a dial error), as a grant given back: see
+// unsentLocked. It is no answer either: a later Report counts nothing.
 func (g *Gate) unsent(gr Grant) {
 	own := g.own(gr)
 	if own == nil {

@@ -3,16 +3,41 @@ package pacing
 import (
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
 // WithRateLimitHeaders makes a Transport tell each answer's client what
 // the Gate's budgets per minute have left, as OpenAI's API does
 // (SetRateLimitHeaders, from Gate.Budgets, for the request's model and
-// granted key).
+// granted key), in place of the upstream's own. An answer that is not a
+// 2xx and carries x-ratelimit-* headers of the upstream's keeps them as
+// they came, and gets none of the Gate's: they say why the upstream
+// refused and when to come back (a 429 with a requests allowance at 0 and
+// its reset), which the Gate's numbers would contradict. The answer is
+// classified from the upstream's headers either way (see ClassifyAsRead).
 func WithRateLimitHeaders() TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.rateLimitHeaders = true })
 }
+
+// setRateLimitHeaders sets the Gate's rate-limit headers on resp, the
+// answer to a request for model sent with key, unless it is an upstream's
+// refusal that has its own (see WithRateLimitHeaders).
+func setRateLimitHeaders(resp *http.Response, g *Gate, model, key string) {
+	if resp.Header == nil {
+		resp.Header = make(http.Header) // a base's answer without one
+	}
+	if resp.StatusCode/100 != 2 {
+		for name := range resp.Header {
+			if len(name) >= len(rateLimitPrefix) && strings.EqualFold(name[:len(rateLimitPrefix)], rateLimitPrefix) {
+				return
+			}
+		}
+	}
+	SetRateLimitHeaders(resp.Header, g.Budgets(), model, key)
+}
+
+const rateLimitPrefix = "X-Ratelimit-"
 
 // SetRateLimitHeaders sets OpenAI's x-ratelimit-limit-tokens,
 // x-ratelimit-remaining-tokens and x-ratelimit-reset-tokens (a duration,

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -76,4 +77,83 @@ func TestTransportRateLimitHeaders(t *testing.T) {
 		assert.Equal(t, "10", resp.Header.Get("X-Ratelimit-Limit-Requests"))
 		assert.Equal(t, "9", resp.Header.Get("X-Ratelimit-Remaining-Requests"))
 	}
+}
+
+// An upstream's 429 whose own headers say its requests allowance ran out
+// (x-ratelimit-remaining-requests 0, reset in 7 s) is a rate refusal with
+// WithRateLimitHeaders as without, and its client gets the upstream's
+// headers on it, not the Gate's; an error answer without headers of its
+// own, and a 2xx whatever it carries, get the Gate's. Before, the Gate's
+// were written over the upstream's before the body, and so the verdict,
+// was read: the refusal was Concurrency with no wait (a learned cap cut,
+// starts not paused), and its client was told 99 requests were left.
+func TestTransportRateLimitHeadersOnTheUpstreamsAnswers(t *testing.T) {
+	upstreams := http.Header{"X-Ratelimit-Limit-Requests": {"60"}, "X-Ratelimit-Remaining-Requests": {"0"}, "X-Ratelimit-Reset-Requests": {"7s"}}
+	const refusal = `{"error":{"message":"too many requests"}}`
+	for _, tc := range []struct {
+		name      string
+		status    int
+		header    http.Header
+		want      pacing.Verdict
+		remaining string // what the client is told of the requests left
+	}{
+		{"a 429 of the upstream's keeps its headers", 429, upstreams, pacing.Verdict{Kind: pacing.Rate, RetryAfter: 7 * time.Second}, "0"},
+		{"a 429 without headers gets the Gate's", 429, http.Header{}, pacing.Verdict{Kind: pacing.Concurrency}, "99"},
+		{"a 200 gets the Gate's in place of the upstream's", 200, upstreams, pacing.Verdict{Kind: pacing.Admitted}, "99"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			require.Equal(t, tc.want, pacing.DefaultClassifier(tc.status, tc.header, []byte(refusal)), "the answer alone")
+			for _, headers := range []bool{false, true} {
+				gate := tGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 100}})
+				base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+					h := tc.header.Clone()
+					h.Set("Content-Type", "application/json")
+					return &http.Response{StatusCode: tc.status, Header: h, Body: io.NopCloser(strings.NewReader(refusal)), Request: r}, nil
+				})
+				var got []pacing.Verdict
+				classify := func(status int, h http.Header, body []byte) pacing.Verdict {
+					v := pacing.DefaultClassifier(status, h, body)
+					got = append(got, v)
+					return v
+				}
+				opts := []pacing.TransportOption{pacing.WithClassifier(classify)}
+				if headers {
+					opts = append(opts, pacing.WithRateLimitHeaders())
+				}
+				resp, err := pacing.NewTransport(base, gate, opts...).RoundTrip(post(t, t.Context(), `{"model":"m"}`))
+				require.NoError(t, err)
+				done(t, resp)
+				assert.Equal(t, []pacing.Verdict{tc.want}, got, "WithRateLimitHeaders %v: the verdict", headers)
+				if headers {
+					assert.Equal(t, tc.remaining, resp.Header.Get("X-Ratelimit-Remaining-Requests"))
+				}
+			}
+		})
+	}
+}
+
+// The Gate's own rate-limit headers, set on an upstream's 429 that had
+// none, are not taken for the upstream's: with one request a minute, the
+// Gate's say none is left (remaining 0, reset in a minute), but the 429
+// itself said nothing of a rate, and is Concurrency. Before, its body was
+// classified, as it was read, from the answer's headers as they were by
+// then, the Gate's: Rate, pausing starts for a minute.
+func TestTransportRateLimitHeadersAreNotTheUpstreams(t *testing.T) {
+	gate := tGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}})
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 429, Header: http.Header{"Content-Type": {"application/json"}},
+			Body: io.NopCloser(strings.NewReader(`{"error":{"message":"too many requests"}}`)), Request: r}, nil
+	})
+	var got []pacing.Verdict
+	classify := func(status int, h http.Header, body []byte) pacing.Verdict {
+		v := pacing.DefaultClassifier(status, h, body)
+		got = append(got, v)
+		return v
+	}
+	resp, err := pacing.NewTransport(base, gate, pacing.WithClassifier(classify), pacing.WithRateLimitHeaders()).RoundTrip(post(t, t.Context(), `{"model":"m"}`))
+	require.NoError(t, err)
+	require.Equal(t, "0", resp.Header.Get("X-Ratelimit-Remaining-Requests"), "the Gate's, set before the body is read")
+	done(t, resp)
+	assert.Equal(t, []pacing.Verdict{{Kind: pacing.Concurrency}}, got)
+	assert.Equal(t, uint64(1), gate.Learned().ByKind[pacing.Concurrency], "answers by kind: %v", gate.Learned().ByKind)
 }

@@ -117,6 +117,7 @@ type usageDropper struct {
 	passing bool   // within an event too long to hold: passed on as read
 	midLine bool   // and within one of its lines
 	afterCR bool   // the last line ended in a "\r" last of what was read: a "\n" may follow
+	dropped bool   // the last event was dropped: so is the "\n" of its last "\r\n", read apart
 	err     error
 }
 
@@ -129,11 +130,13 @@ func (d *usageDropper) Read(p []byte) (int, error) {
 		if d.err != nil {
 			return 0, d.err
 		}
-		ev, ended, err := d.readEvent()
+		ev, lead, ended, err := d.readEvent()
 		d.err = err
-		if d.passing || !ended || !usageOnly(ev) {
-			d.pending = ev
+		d.dropped = !d.passing && ended && usageOnly(ev[lead:])
+		if d.dropped {
+			ev = ev[:lead] // the end of the event before, passed on as it was
 		}
+		d.pending = ev
 		d.passing = !ended
 	}
 	n := copy(p, d.pending)
@@ -146,10 +149,18 @@ func (d *usageDropper) Close() error { return d.rc.Close() }
 // readEvent reads one event, or the rest of one: its lines up to and
 // including the blank line that ends it (or what is left at the end of
 // the stream), and reports whether it ended; past maxHeldEvent bytes it
-// returns what it read, not ended.
-func (d *usageDropper) readEvent() (ev []byte, ended bool, err error) {
+// returns what it read, not ended. The "\n" of a "\r\n" that ended what
+// was read before, read apart from its "\r", goes as that went: its first
+// lead bytes (0 or 1) if that was passed on, nowhere if it was dropped.
+func (d *usageDropper) readEvent() (ev []byte, lead int, ended bool, err error) {
 	for {
 		line, tail, err := d.readLine()
+		if tail && len(ev) == 0 {
+			if d.dropped {
+				continue
+			}
+			lead = len(line)
+		}
 		ev = append(ev, line...)
 		switch {
 		case tail: // the end of the line before
@@ -159,11 +170,11 @@ func (d *usageDropper) readEvent() (ev []byte, ended bool, err error) {
 			blank := !d.midLine && len(bytes.TrimRight(line, "\r\n")) == 0
 			d.midLine = false
 			if err != nil || blank {
-				return ev, true, err
+				return ev, lead, true, err
 			}
 		}
 		if len(ev) > maxHeldEvent {
-			return ev, false, nil
+			return ev, lead, false, nil
 		}
 	}
 }

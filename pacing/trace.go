@@ -24,16 +24,17 @@ type Trace struct {
 	// Settled is called once for an admitted request (with a slot or
 	// without) with how it ended, when the answer tells: not Served for an
 	// answer that refused it (a verdict other than Admitted and Other: a
-	// 429, an overload) and for one its base did not send (an error
-	// wrapping slots.ErrNotSent), which are then no request of the
-	// upstream's and charge nothing; Served with zero Used for another 4xx (sent, but
-	// nothing used); for a request admitted under WithTokens, Served with
-	// the usage its answer reported (WatchUsage). It is not called when
-	// none of these is known (a failed exchange, a served request without
-	// WithTokens, an answer with no usage): the estimate stands. It may
-	// run on the goroutine that reads the answer's body. For budgets of
-	// the caller's own, kept beside the Gate's (a tenant's, with a Budget:
-	// Cancel its Reservation when not Served, Settle it with Used else).
+	// 429, an overload) and for one never sent (its base's error wraps
+	// slots.ErrNotSent, or it failed to dial), which are then no request
+	// of the upstream's and charge nothing; Served with zero Used for
+	// another 4xx (sent, but nothing used); for a request admitted under
+	// WithTokens, Served with the usage its answer reported (WatchUsage).
+	// It is not called when none of these is known (a failed exchange, a
+	// served request without WithTokens, an answer with no usage): the
+	// estimate stands. It may run on the goroutine that reads the answer's
+	// body. For budgets of the caller's own, kept beside the Gate's (a
+	// tenant's, with a Budget: Cancel its Reservation when not Served,
+	// Settle it with Used else).
 	Settled func(Settlement)
 	// Released is called once an admitted request's slots are free again,
 	// with its Admission and how long it held them since Admitted: when

@@ -21,9 +21,11 @@ import (
 // answer to the Gate before the request's slot can be freed, and holds the
 // slot until the response body is done, as a slots.Transport does. A
 // request that fails, or is refused, returns its error with nothing held;
-// one that base chose not to send (its error wraps slots.ErrNotSent)
-// charges the Gate's budgets nothing, unless it went ahead without a slot
-// (on_wait_timeout "proceed"), whose estimate stands (see Gate.Settle).
+// one that base chose not to send (its error wraps slots.ErrNotSent), or
+// that failed to connect (a dial error), charges the Gate's budgets
+// nothing and takes no start of its spacing, unless it went ahead without
+// a slot (on_wait_timeout "proceed"), whose estimate stands (see
+// Gate.Settle).
 // It reads answers as they pass (a refusal's first bytes, the usage), so it
 // sends requests without the client's Accept-Encoding (but "identity"):
 // net/http's Transport then asks for gzip itself, unless its
@@ -355,9 +357,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
 	trs := tracesOf(req.Context())
 	weighed := x.weighed && err == nil
-	// A request the base chose not to send used nothing: as one the
-	// upstream refused, it charges nothing.
-	notSent := errors.Is(err, slots.ErrNotSent)
+	// A request the base chose not to send, or that never connected, used
+	// nothing: as one the upstream refused, it charges nothing.
+	notSent := httpx.NotSent(err, slots.ErrNotSent)
 	hears := (err == nil || notSent) && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool
 	settled := func(st Settlement) { // the Trace hears it once
@@ -393,10 +395,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		})
 	}
 	if t.rateLimitHeaders && err == nil {
-		if resp.Header == nil {
-			resp.Header = make(http.Header) // a base's answer without one
-		}
-		SetRateLimitHeaders(resp.Header, t.gate.Budgets(), x.model, x.grant.Key)
+		setRateLimitHeaders(resp, t.gate, x.model, x.grant.Key)
 	}
 	// An answer without a body reports no usage: its estimate stands, and
 	// the slots Transport frees its slot at once.

@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -149,4 +152,61 @@ func TestTransportNotSentSettledPanics(t *testing.T) {
 	for _, b := range gate.Budgets() {
 		assert.Equal(t, b.Limit, b.Left)
 	}
+}
+
+// A request that never connects (net/http's dial error, as a real
+// refused dial gives it) never reached the upstream: as one its base did
+// not send, it charges the budgets nothing, and its Trace hears it settled
+// unserved. Before dial errors were taken as unsent, each spent a request
+// of MaxRequestsPerMinute and its estimate's tokens: the third attempt
+// was refused over budget instead of failing to dial.
+func TestTransportDialErrorChargesNothing(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close()) // nothing listens: every dial is refused
+	gate := tGate(t, pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 2}})
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	rt := pacing.NewTransport(base, gate)
+	for i := range 3 {
+		var log notSentLog
+		ctx := pacing.WithTrace(pacing.WithTokens(t.Context(), pacing.Tokens{Input: 100, Output: 100}), log.trace())
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		_, err = rt.RoundTrip(req)
+		var op *net.OpError
+		require.ErrorAs(t, err, &op, "attempt %d", i)
+		assert.Equal(t, "dial", op.Op, "attempt %d", i)
+		assert.Equal(t, []string{"admitted", "settled served=false", "released"}, log.get(), "attempt %d", i)
+	}
+	for _, b := range gate.Budgets() {
+		assert.Equal(t, b.Limit, b.Left, "a request never sent charged %+v", b)
+	}
+	assert.Zero(t, gate.Status().InFlight)
+}
+
+// As TestTransportNotSentTakesNoStart, for a request that failed to dial:
+// it takes no start of the Gate's spacing, so the next request does not
+// wait the interval. Before, the dial error took a start and the next
+// request waited 10 s (of the bubble's time).
+func TestTransportDialErrorTakesNoStart(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		gate := tGate(t, pacing.Config{RequestsPerMinute: 6}) // 10 s apart
+		var n atomic.Int32
+		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			if n.Add(1) == 1 {
+				return nil, &net.OpError{Op: "dial", Net: "tcp", Err: syscall.ECONNREFUSED}
+			}
+			return &http.Response{StatusCode: 200, Header: http.Header{}, Body: http.NoBody, Request: r}, nil
+		})
+		rt := pacing.NewTransport(base, gate)
+		_, err := rt.RoundTrip(post(t, t.Context(), `{"model":"m"}`))
+		require.ErrorIs(t, err, syscall.ECONNREFUSED)
+		start := time.Now()
+		resp, err := rt.RoundTrip(post(t, t.Context(), `{"model":"m"}`))
+		require.NoError(t, err)
+		resp.Body.Close()
+		assert.Zero(t, time.Since(start), "the request never sent took no start of the upstream's")
+	})
 }

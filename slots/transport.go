@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"slices"
 	"time"
@@ -120,7 +119,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if err == nil {
 			err = errNilResponse
 		}
-		defer t.free(s, mayHaveBeenSent(err)) // also if Close panics
+		defer t.free(s, !httpx.NotSent(err, ErrNotSent)) // a cut only if it may have been sent; also if Close panics
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close() // a response that came with an error is dropped
 		}
@@ -178,14 +177,6 @@ func (t *Transport) free(s *Slot, cut bool) {
 		return
 	}
 	s.releaseQuietly()
-}
-
-// mayHaveBeenSent reports whether a round trip that failed with err may
-// have reached the upstream: every failure but a dial error and a base's
-// ErrNotSent may have.
-func mayHaveBeenSent(err error) bool {
-	var op *net.OpError
-	return !errors.Is(err, ErrNotSent) && (!errors.As(err, &op) || op.Op != "dial")
 }
 
 // sendHolding sends req with the base transport; if the base panics, s is

@@ -2,7 +2,28 @@
 // packages apply.
 package httpx
 
-import "net/http"
+import (
+	"errors"
+	"net"
+	"net/http"
+)
+
+// NotSent reports whether a round trip that failed with err never reached
+// the upstream: a base chose not to send it (err wraps notSent, which is
+// slots.ErrNotSent: this package cannot import slots, which imports it),
+// or it could not connect (a dial error). Any other failure may have been
+// sent. A nil err is no failure: false, without the allocation of the
+// search.
+func NotSent(err, notSent error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, notSent) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
 
 // Bodiless reports whether resp, the answer to a request of method, has no
 // body to read: none, http.NoBody, or one that HTTP rules out (an answer to
