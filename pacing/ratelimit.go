@@ -20,10 +20,12 @@ func WithRateLimitHeaders() TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.rateLimitHeaders = true })
 }
 
-// setRateLimitHeaders sets the Gate's rate-limit headers on resp, the
-// answer to a request for model sent with key, unless it is an upstream's
-// refusal that has its own (see WithRateLimitHeaders).
-func setRateLimitHeaders(resp *http.Response, g *Gate, model, key string) {
+// SetAnswerRateLimitHeaders sets on resp, the answer to a request for
+// model sent with key, the rate-limit headers of budgets as
+// SetRateLimitHeaders does, unless it is an upstream's refusal that has
+// its own (see WithRateLimitHeaders): for a proxy that counts budgets of
+// its own beside the Gate's.
+func SetAnswerRateLimitHeaders(resp *http.Response, budgets []BudgetStatus, model, key string) {
 	if resp.Header == nil {
 		resp.Header = make(http.Header) // a base's answer without one
 	}
@@ -34,7 +36,7 @@ func setRateLimitHeaders(resp *http.Response, g *Gate, model, key string) {
 			}
 		}
 	}
-	SetRateLimitHeaders(resp.Header, g.Budgets(), model, key)
+	SetRateLimitHeaders(resp.Header, budgets, model, key)
 }
 
 const rateLimitPrefix = "X-Ratelimit-"

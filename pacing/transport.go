@@ -395,7 +395,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		})
 	}
 	if t.rateLimitHeaders && err == nil {
-		setRateLimitHeaders(resp, t.gate, x.model, x.grant.Key)
+		SetAnswerRateLimitHeaders(resp, t.gate.Budgets(), x.model, x.grant.Key)
 	}
 	// An answer without a body reports no usage: its estimate stands, and
 	// the slots Transport frees its slot at once.

@@ -47,8 +47,8 @@ func budgetsTokens(p pacing.Config) bool {
 
 // budgetAnswer adds, with a fleet, the rate-limit headers of the fleet's
 // budgets (what they had left when the request was reserved) and of the
-// Gate's own (its API keys'); without one they are the Transport's
-// (pacing.WithRateLimitHeaders).
+// Gate's own (its API keys'), unless the upstream refused with its own;
+// without one they are the Transport's (pacing.WithRateLimitHeaders).
 func (g *Gateway) budgetAnswer(resp *http.Response) {
 	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
 	if g.fleetBudgets == nil || x == nil || x.spent == nil {
@@ -58,7 +58,7 @@ func (g *Gateway) budgetAnswer(resp *http.Response) {
 	if x.admitted != nil {
 		key = x.admitted.Grant.Key
 	}
-	pacing.SetRateLimitHeaders(resp.Header, append(x.spent.fleetLeft(), g.gate.Budgets()...), x.model, key)
+	pacing.SetAnswerRateLimitHeaders(resp, append(x.spent.fleetLeft(), g.gate.Budgets()...), x.model, key)
 }
 
 // registerBudgets exports the Gate's budgets (inflightprom.Budgets:

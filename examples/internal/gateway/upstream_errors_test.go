@@ -63,3 +63,29 @@ func TestGatewayUpstreamRateRefusal(t *testing.T) {
 	assert.Equal(t, "2s", resp.Header.Get("X-Ratelimit-Reset-Requests"))
 	assert.Empty(t, resp.Header.Get("X-Ratelimit-Limit-Requests"), "none of the gateway's added")
 }
+
+// The same through a fleet of gateways, whose budgets are the store's:
+// the upstream's refusal keeps its own rate-limit headers there too (the
+// fleet's were written over them).
+func TestGatewayFleetUpstreamRateRefusal(t *testing.T) {
+	for name, store := range fleetStores {
+		t.Run(name, func(t *testing.T) {
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+				w.Header().Set("X-Ratelimit-Reset-Requests", "2s")
+				w.WriteHeader(http.StatusTooManyRequests)
+				io.WriteString(w, `{"error":{"message":"too many requests"}}`)
+			}))
+			t.Cleanup(up.Close)
+			srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
+				"provider": {"max_requests_per_minute": 100},
+				"fleet": {`+store(t)+`, "on_unavailable": "closed"}}`)
+			resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, nil)
+			require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
+			assert.Equal(t, "0", resp.Header.Get("X-Ratelimit-Remaining-Requests"), "the upstream's own word on its 429")
+			assert.Equal(t, "2s", resp.Header.Get("X-Ratelimit-Reset-Requests"))
+			assert.Empty(t, resp.Header.Get("X-Ratelimit-Limit-Requests"), "none of the fleet's added")
+		})
+	}
+}
