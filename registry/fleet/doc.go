@@ -34,8 +34,9 @@
 //     it (the store hung, or every process was cut off from it), the
 //     leases it found are held a TTL more, so that their holders renew
 //     before anyone takes their room (PROTOCOL.md, A silent store).
-//   - If the store loses its data (Redis restarted without persistence,
-//     PostgreSQL recovered from a crash with asynchronous commits), new
+//   - If the store loses its data (Redis restarted without persistence or
+//     failed over to a replica, PostgreSQL recovered from a crash with
+//     asynchronous commits), new
 //     admissions across the fleet wait one renewal round (ErrPaused) while
 //     live holders put their leases back, so the cap holds across the loss.
 //   - Waiters of every process stand in one queue per key: by priority

@@ -60,7 +60,10 @@
 // Without persistence, a restart of the server loses every lease: the
 // fleet tells it by an epoch kept beside the keys, and new admissions wait
 // while the live holders put their leases back (see the fleet's
-// PROTOCOL.md). Package redistest runs real redis-servers for tests.
+// PROTOCOL.md). A failover to a replica may lose the latest leases: the
+// scripts find it by the server's replication IDs (INFO replication,
+// which an ACL must then allow), and new admissions wait the same way.
+// Package redistest runs real redis-servers for tests.
 //
 // A hang of the server (or a silence of every process) longer than half
 // the lease TTL does not let newcomers take the room of live holders:

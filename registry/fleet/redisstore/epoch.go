@@ -11,14 +11,22 @@ package redisstore
 //
 // A failover keeps the epoch (the replica had it) but may lose the last
 // writes before it, leases among them: those would look expired, and a
-// newcomer would take their room on top of their live holders. So the
-// scripts also make a new epoch when the server that runs them is another
-// than the one before: #heard (silence.go) keeps the replication ID that
-// INFO gave a script (r) and when (k), and a script that finds another ID
-// (a replica promoted; also a restart that made a new one, a Cluster slot
-// moved to another master) takes it as a loss. INFO is read at most every
-// replCheckMS (a failover takes longer, on a clock set within that of the
-// server before); a server whose INFO gives no ID is never found another.
+// newcomer would take their room before their live holders renew. So a
+// failover pauses new admissions for a renewal round too, without a new
+// epoch: #heard (silence.go) keeps the replication ID that INFO gave the
+// last script to look (r) and when it looked (k, at most every
+// replCheckMS), and a script that finds its server's former ID
+// (master_replid2) to be r, a replica promoted from the server before,
+// declares the pause from now and marks it a failover's (f). Under the
+// same epoch, the holders' missing leases go back only if there is room,
+// as after an expiry, and in a failover's pause, unlike a loss's, they
+// may: the room is theirs, since newcomers wait. A lease that had expired
+// before the failover, its room taken, stays out. A restart under a new ID
+// (Redis 7 takes one at each start), or a Cluster slot moved to another
+// master, is no failover: nothing was lost. A failover is missed if the
+// new server's clock reads within replCheckMS of the last look (failovers
+// take longer) or if INFO cannot be run (an ACL without it: k is still
+// written, so that it is tried at most every replCheckMS).
 //
 // The pause: when Redis has lost its data, the leases of live holders are
 // missing until each holder's next renewal puts its lease back (without a
@@ -51,49 +59,65 @@ package redisstore
 
 // epochLua is the start the acquire and renew scripts share: it reads the
 // epoch, making it if missing, declares the pause if the caller saw
-// another epoch, and returns the epoch and the time until which new
-// admissions are paused (0: not paused). It follows baseLua; call it after
+// another epoch or the server failed over, and returns the epoch and the
+// time until which new admissions are paused (0: not paused). It follows baseLua; call it after
 // now is known.
 const epochLua = `
 local maxPauseMS, unlimited, replCheckMS = 300000, 9e18, 10
--- failedOver reports whether the server that runs the script is another
--- than the one that ran the last script to look (its replication ID is
--- another: a replica promoted, a restart), looking at most every
--- replCheckMS; H is the name's #heard, which keeps the ID (r) and when it
--- was read (k).
+-- failedOver reports whether the server that runs the script is a replica
+-- promoted from the one that ran the last script to look: its former
+-- replication ID (master_replid2) is the one that script saw (replID,
+-- read by heard). It looks at most every replCheckMS, and writes what it
+-- finds in H: the ID (r) and when it looked (k, also when INFO gave none).
 local function failedOver(H, now)
-  local got = redis.call('HMGET', H, 'r', 'k')
-  local k = tonumber(got[2])
-  if k and k <= now and now - k < replCheckMS then return false end
+  if replAt and replAt <= now and now - replAt < replCheckMS then return false end
   local info = redis.pcall('INFO', 'replication')
-  local id = type(info) == 'string' and string.match(info, 'master_replid:(%x+)')
-  if not id then return false end
+  local id, former
+  if type(info) == 'string' then
+    id, former = string.match(info, 'master_replid:(%x+)'), string.match(info, 'master_replid2:(%x+)')
+  end
+  if not id then
+    redis.call('HSET', H, 'k', string.format('%.0f', now))
+    return false
+  end
   redis.call('HSET', H, 'r', id, 'k', string.format('%.0f', now))
-  return got[1] ~= false and got[1] ~= id
+  return replID ~= false and replID ~= id and replID == former
 end
+-- epochOf returns the epoch, the end of the pause of new admissions (0:
+-- none) and whether that pause is a failover's (renewals then put leases
+-- back if there is room).
 local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl, H)
   local got = redis.call('MGET', epochKey, pauseKey)
   local epoch, paused = tonumber(got[1]), tonumber(got[2])
-  local failed = failedOver(H, now)
-  if not epoch or failed then
+  if not epoch then
     epoch = tonumber(t[1]) * 1000000 + tonumber(t[2])
     redis.call('SET', epochKey, string.format('%.0f', epoch))
   end
   local born = math.floor(epoch / 1000)
-  if (failed or known > 0 and known ~= epoch) and pause > 0 and (failed or not got[2]) then
+  if failedOver(H, now) and not got[2] then
+    -- The replica may lack the latest leases: new admissions wait one
+    -- renewal round from now, while the holders put theirs back.
+    local p = pause
+    if p <= 0 then p = ttl / 2 end
+    local untilT = now + math.min(p, ttl)
+    redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
+    redis.call('HSET', H, 'f', string.format('%.0f', untilT))
+    paused, failPause = untilT, untilT
+  elseif known > 0 and known ~= epoch and pause > 0 and not got[2] then
     local untilT = born + math.min(pause, ttl)
     if untilT > now then
       redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
       paused = untilT
     end
   end
-  if not paused then return epoch, 0 end
-  -- No pause our scripts declare ends later than a TTL after the birth;
-  -- one that does, or that a server clock stepped back has moved far
-  -- ahead of now, is not honoured.
+  if not paused then return epoch, 0, false end
+  -- No pause our scripts declare ends later than a TTL after the birth
+  -- (a failover's: after now); one that does, or that a server clock
+  -- stepped back has moved far ahead of now, is not honoured.
+  local failover = paused == failPause
   local bound = math.max(ttl, maxPauseMS)
-  if paused > born + bound or paused > now + bound then return epoch, 0 end
-  return epoch, paused
+  if not failover and paused > born + bound or paused > now + bound then return epoch, 0, false end
+  return epoch, paused, failover
 end
 -- capped reports whether any of the n limits from ARGV[first] on binds:
 -- a key at slots.Unlimited takes no part in a pause.

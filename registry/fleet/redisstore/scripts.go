@@ -309,7 +309,7 @@ const (
 // (it expired), or if it was not known to be in Redis (it was lost before),
 // it is put back only if every key it is missing from has room for its
 // units by its limit, and new admissions are not paused (it would be
-// one), else on none. A lease put back weighs its units there. Nothing is
+// one; a failover's pause excepted, see epoch.go), else on none. A lease put back weighs its units there. Nothing is
 // put back whose tombstone exists (a late renewal must not bring back a
 // lease released meanwhile). It returns the epoch, now (server
 // milliseconds), then each lease's status.
@@ -321,7 +321,7 @@ local notAfter = tonumber(ARGV[2])
 if notAfter > 0 and now > notAfter then return {-2, now} end
 local ttl = tonumber(ARGV[1])
 heard(H, now, ttl)
-local epoch, paused = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ttl, H)
+local epoch, paused, failover = epochOf(t, now, KEYS[1], KEYS[2], tonumber(ARGV[3]), tonumber(ARGV[4]), ttl, H)
 local out = {epoch, now}
 local a, k = 5, 3
 while a <= #ARGV do
@@ -345,7 +345,7 @@ while a <= #ARGV do
     status = 3
     if mode > 0 and redis.call('EXISTS', KEYS[k + n]) == 0 then
       local checked = mode == 1 and (known == 0 or known == epoch)
-      local room = not (checked and paused > now and capped(a + 5, n))
+      local room = not (checked and paused > now and not failover and capped(a + 5, n))
       if checked and room then
         for _, i in ipairs(missing) do
           local key = KEYS[k + i]

@@ -4,8 +4,8 @@ package redisstore
 // heard. <prefix>{<name>}#heard is a hash with no expiry: h, the server
 // time (ms) of the last script with a TTL, written when it is TTL/16 old or
 // more (so that most calls only read it); and, after a silence, c, the
-// time it began (the h it found), and u, the end of its grace. (r and k
-// tell a failover: see epoch.go.)
+// time it began (the h it found), and u, the end of its grace. (r, k and
+// f tell of failovers: see epoch.go.)
 //
 // A script with a TTL that finds h more than TTL/2 before now (every live
 // process calls each TTL/3, holding leases or not: a hang of Redis, or
@@ -38,12 +38,17 @@ local keepLeases = 300000
 -- silence.go); graceEnd: the end of a grace (0: none), when every lease
 -- held past its expiry by it has expired.
 local cut, graceEnd = nil, 0
+-- replID, replAt and failPause are what H says of failovers (epoch.go):
+-- the replication ID a script last saw (false: none), when (nil: never),
+-- and the end of the pause the last failover found declared.
+local replID, replAt, failPause = false, nil, nil
 -- heard reads the silence from H at now for a script with ttl (0: a
 -- script that only reads: it honours a grace and declares none), and
--- sets cut.
+-- sets cut (and what H says of failovers).
 local function heard(H, now, ttl)
-  local got = redis.call('HMGET', H, 'h', 'c', 'u')
+  local got = redis.call('HMGET', H, 'h', 'c', 'u', 'r', 'k', 'f')
   local h, c, u = tonumber(got[1]), tonumber(got[2]), tonumber(got[3])
+  replID, replAt, failPause = got[4], tonumber(got[5]), tonumber(got[6])
   cut = now
   if c and u and u > now then cut, graceEnd = math.min(c, now), u end
   if ttl <= 0 then return end

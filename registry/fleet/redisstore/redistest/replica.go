@@ -48,15 +48,15 @@ type Switch struct {
 	t  testing.TB
 }
 
-// NewSwitch returns a Switch to s.
-func NewSwitch(t testing.TB, s *Server) *Switch {
+// NewSwitch returns a Switch to addr (a Server's, or a Proxy's).
+func NewSwitch(t testing.TB, addr string) *Switch {
 	sw := &Switch{t: t}
-	sw.MoveTo(s)
+	sw.MoveTo(addr)
 	return sw
 }
 
-// MoveTo makes new connections go to s. Those open stay where they are.
-func (sw *Switch) MoveTo(s *Server) { sw.to.Store(&s.Addr) }
+// MoveTo makes new connections go to addr. Those open stay where they are.
+func (sw *Switch) MoveTo(addr string) { sw.to.Store(&addr) }
 
 // Client returns a client that dials the server the Switch is at, with the
 // timeouts the fleet package recommends, closed at the test's cleanup.
@@ -69,4 +69,12 @@ func (sw *Switch) Client() *redis.Client {
 	c := redis.NewClient(o)
 	sw.t.Cleanup(func() { c.Close() })
 	return c
+}
+
+// StartDurable starts a redis-server that writes every change to its
+// append-only file before it answers (appendfsync always), in a directory
+// of the test's: a Kill and Restart keep all it had.
+func StartDurable(t testing.TB) *Server {
+	t.Helper()
+	return start(t, Server{args: []string{"--dir", t.TempDir(), "--appendonly", "yes", "--appendfsync", "always"}})
 }
