@@ -300,8 +300,12 @@ func (r *Registry[K]) setLimitLocked(key K, n int, set bool) bool {
 	return r.reconfigureLocked(key)
 }
 
-// Limit returns key's limit.
+// Limit returns key's limit (0 for a key admissions refuse with
+// registry.ErrInvalidKey).
 func (r *Registry[K]) Limit(key K) int {
+	if r.validKey(key) != nil {
+		return 0
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	return r.limitLocked(key)

@@ -188,7 +188,7 @@ func (r *Registry[K]) learnLocked(key K, a upstream.AdaptiveConfig) error {
 
 // Forget returns key to the limit it has without learning.
 func (r *Registry[K]) Forget(key K) {
-	if r.learned.forget(key) {
+	if r.validKey(key) == nil && r.learned.forget(key) {
 		r.forgetLocal(key)
 		r.wakeAll()
 	}
