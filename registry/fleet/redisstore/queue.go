@@ -217,12 +217,21 @@ end
 local function drop(k, limit, ticket)
   for _, e in ipairs(ticketKeys(k .. '#t', ticket, k, limit)) do unqueue(e[1], ticket, true) end
 end
+-- paused reports whether a key of kl has a limit of 0: a ticket on it
+-- cannot be served until that is raised.
+local function paused(kl)
+  for _, e in ipairs(kl) do
+    if tonumber(e[2]) == 0 then return true end
+  end
+  return false
+end
 -- roomFor returns the units k has, under limit, for ticket, which
 -- arrived at arrival (both nil: a newcomer): its free units, less those
 -- kept for k's oldest urgent ticket (its units) unless that is ticket or
 -- came later. An urgent ticket no longer queued, or whose process is dead,
--- is dropped first; past scanMax of them, one unit is kept. count is k's
--- count where the caller has it (serve), else nil.
+-- is dropped first; one with a key paused (a limit of 0) keeps nothing
+-- and the next one is looked at; past scanMax of them, one unit is kept.
+-- count is k's count where the caller has it (serve), else nil.
 local function roomFor(k, limit, ticket, arrival, now, P, claim, count)
   if not count then
     expire(k, now)
@@ -230,14 +239,17 @@ local function roomFor(k, limit, ticket, arrival, now, P, claim, count)
   end
   local free = limit - count
   if free <= 0 then return free end
+  local i = 0
   for _ = 1, scanMax do
-    local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
+    local oldest = redis.call('ZRANGE', k .. '#u', i, i, 'WITHSCORES')
     if not oldest[1] then return free end
-    local f = redis.call('HMGET', k .. '#t', oldest[1], 'w|' .. oldest[1])
+    local f = redis.call('HMGET', k .. '#t', oldest[1], 'w|' .. oldest[1], 'k|' .. oldest[1])
     if not f[1] then
       redis.call('ZREM', k .. '#u', oldest[1])
     elseif dead(P, f[1], now, claim) then
       drop(k, limit, oldest[1])
+    elseif paused(keysOf(f[3], f[2], nil, k, limit)) then
+      i = i + 1
     else
       -- Its units are kept, unless over the limit: it cannot be served
       -- under it (its process refuses it).
