@@ -24,6 +24,13 @@ type virtualRedis struct {
 	// order on each connection): calls on two connections may then pass
 	// each other. It is called from many goroutines at once.
 	jitter func() time.Duration
+	// arrived, if set, is called with each write a client makes (a
+	// command, or a pipeline of them) once the server has read it, before
+	// the commands run (synctest.Wait for them to have run): a test can
+	// act on Redis while a given call is there and its reply is not back.
+	// Set it before the first Client dials; it is called from many
+	// goroutines at once.
+	arrived func(b []byte)
 }
 
 // newVirtualRedis starts a virtual Redis, closed at the test's end; call it
@@ -75,7 +82,7 @@ func (v *virtualRedis) Client() *redis.Client {
 		if err != nil {
 			return nil, err
 		}
-		return relay(server, v.latency, v.jitter), nil
+		return relay(server, v.latency, v.jitter, v.arrived), nil
 	}})
 	t.Cleanup(func() { c.Close() })
 	return c
@@ -86,11 +93,12 @@ func (v *virtualRedis) Client() *redis.Client {
 // reply while go-redis may still be writing a pipeline, so the two would
 // wait on each other. The buffer holds relayChunks writes, more than the
 // replies to the longest pipeline the fleet sends (batchSize calls);
-// past that a writer waits, as over a TCP window.
-func relay(server net.Conn, latency time.Duration, jitter func() time.Duration) net.Conn {
+// past that a writer waits, as over a TCP window. arrived, if not nil, is
+// called with each write of the client's once the server has read it.
+func relay(server net.Conn, latency time.Duration, jitter func() time.Duration, arrived func([]byte)) net.Conn {
 	client, mine := net.Pipe()
-	go pump(server, mine, latency, jitter)
-	go pump(mine, server, latency, jitter)
+	go pump(server, mine, latency, jitter, nil)
+	go pump(mine, server, latency, jitter, arrived)
 	return client
 }
 
@@ -98,8 +106,9 @@ const relayChunks = 4 * batchSize
 
 // pump copies from src to dst, reading src as fast as it writes and
 // delivering each chunk latency (and jitter's draw, if not nil) after it
-// was read, in order.
-func pump(src, dst net.Conn, latency time.Duration, jitter func() time.Duration) {
+// was read, in order; then, if delivered is not nil, calling it with the
+// chunk.
+func pump(src, dst net.Conn, latency time.Duration, jitter func() time.Duration, delivered func([]byte)) {
 	type chunk struct {
 		b  []byte
 		at time.Time
@@ -114,6 +123,9 @@ func pump(src, dst net.Conn, latency time.Duration, jitter func() time.Duration)
 				for range ch {
 				}
 				return
+			}
+			if delivered != nil {
+				delivered(c.b)
 			}
 		}
 	}()
