@@ -3,3 +3,6 @@ package pgstore
 // MigrateTo is Migrate up to a revision: the database as a release before
 // this one leaves it.
 var MigrateTo = migrate
+
+// ProbePayload is the payload of Listen's probes.
+const ProbePayload = probePayload

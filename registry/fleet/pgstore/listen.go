@@ -20,17 +20,28 @@ import (
 // through its BeforeConnect and AfterConnect. A failure to listen is
 // logged, once until Listen listens again: meanwhile the fleet's waiters
 // learn of their grants only when they ask again.
+//
+// A connection may listen and still receive nothing: through a pooler in
+// transaction mode (PgBouncer's), LISTEN holds only for the transaction
+// that ran it, on whichever server connection ran it. So once it listens,
+// and then at each check of a quiet connection (see WithListenCheck)
+// unless a probe is awaited, Listen sends a probe to its own channel
+// through the pool, as the fleet's grants are sent; the probe is dropped
+// when it arrives, never delivered to l. A probe that has not arrived
+// within the time a check waits for an answer is logged as a warning,
+// once until a probe arrives again.
 func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	failing := false
+	var pr probe
 	for ctx.Err() == nil {
-		conn, learned, err := s.listenOn(ctx, proc)
+		conn, ch, err := s.listenOn(ctx, proc)
 		switch {
 		case err == nil:
 			if failing {
 				failing = false
 				s.log().Info("pgstore: listening again", slog.String("fleet", s.name))
 			}
-			s.receive(ctx, conn, learned, l)
+			s.receive(ctx, conn, ch, l, &pr)
 		case ctx.Err() == nil && !failing:
 			failing = true
 			s.log().Warn("pgstore: Listen failed; until it listens, waiters learn of their grants only when they ask again",
@@ -47,10 +58,12 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 
 // receive delivers what conn receives until it fails or ctx ends, and
 // closes it.
-func (s *Store) receive(ctx context.Context, conn *pgx.Conn, learned string, l driver.Listener) {
+func (s *Store) receive(ctx context.Context, conn *pgx.Conn, ch channels, l driver.Listener, pr *probe) {
 	defer conn.Close(context.Background())
 	l.Listening()
+	s.sendProbe(ctx, ch.wake, pr)
 	for {
+		s.probeOverdue(pr)
 		wctx, cancel := context.WithTimeout(ctx, s.check)
 		n, err := conn.WaitForNotification(wctx)
 		cancel()
@@ -62,49 +75,115 @@ func (s *Store) receive(ctx context.Context, conn *pgx.Conn, learned string, l d
 			err = conn.Ping(pctx)
 			cancel()
 			if err == nil {
+				// And does what is sent to it reach it?
+				if pr.sent.IsZero() {
+					s.sendProbe(ctx, ch.wake, pr)
+				}
 				continue
 			}
 		}
 		if err != nil {
 			return
 		}
-		if strings.EqualFold(n.Channel, learned) {
+		switch {
+		case strings.EqualFold(n.Channel, ch.learned):
 			l.Learned(n.Payload)
-		} else {
+		case n.Payload == probePayload:
+			s.probeArrived(pr)
+		default:
 			l.Granted(n.Payload)
 		}
 	}
 }
+
+// probePayload is the payload of Listen's probe. A grant's is its ticket,
+// 32 hex digits, so a probe is never taken for one.
+const probePayload = "#probe"
+
+// probe is what Listen knows of its probes (see Listen).
+type probe struct {
+	sent   time.Time // when the probe awaited was sent; zero: none is
+	warned bool      // its not arriving was logged, and none has arrived since
+}
+
+// sendProbe sends a probe to channel through the pool, as the fleet's
+// calls send grants, and awaits it (no other). One that cannot be sent
+// (the pool's calls failing) is not awaited: it tells nothing of Listen's
+// connection.
+func (s *Store) sendProbe(ctx context.Context, channel string, pr *probe) {
+	ctx, cancel := context.WithTimeout(ctx, s.answer())
+	defer cancel()
+	pr.sent = time.Time{}
+	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", channel, probePayload); err == nil {
+		pr.sent = time.Now()
+	}
+}
+
+// probeOverdue logs, once until a probe arrives again, a probe awaited
+// for longer than the time a check waits for an answer, and awaits it no
+// more (the next quiet check sends another).
+func (s *Store) probeOverdue(pr *probe) {
+	if pr.sent.IsZero() || time.Since(pr.sent) < s.answer() {
+		return
+	}
+	pr.sent = time.Time{}
+	if pr.warned {
+		return
+	}
+	pr.warned = true
+	why := "is a pooler in transaction mode (PgBouncer's) between it and the database? LISTEN is session state: " +
+		"give WithListenConfig a connection straight to the database"
+	if s.listen != nil {
+		why = "does the connection of WithListenConfig reach the database that the pool's calls run on, " +
+			"straight and not through a pooler in transaction mode?"
+	}
+	s.log().Warn("pgstore: Listen's connection listens but receives nothing: a probe sent to it through the pool did not arrive; "+
+		why+"; until it receives, waiters learn of their grants only when they ask again",
+		slog.String("fleet", s.name), slog.Duration("waited", s.answer()))
+}
+
+// probeArrived takes note of a probe that arrived, and logs it if its not
+// arriving was logged.
+func (s *Store) probeArrived(pr *probe) {
+	pr.sent = time.Time{}
+	if pr.warned {
+		pr.warned = false
+		s.log().Info("pgstore: Listen's connection receives again", slog.String("fleet", s.name))
+	}
+}
+
+// channels are the names of the channels Listen listens on.
+type channels struct{ wake, learned string }
 
 // listenOn connects and listens on proc's channel and the learned
 // states', within the time a check waits for an answer: a peer that takes
 // the connection and says nothing does not hold Listen. The channels'
 // names are asked of the pool, whose connections find the schema (a
 // listen config's may have another search_path).
-func (s *Store) listenOn(ctx context.Context, proc string) (conn *pgx.Conn, learned string, err error) {
+func (s *Store) listenOn(ctx context.Context, proc string) (*pgx.Conn, channels, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.answer())
 	defer cancel()
-	var wake string
-	err = s.call(func() error {
-		return s.pool.QueryRow(ctx, `SELECT inflight_channel($1, $2), inflight_channel($1, '#learned')`, s.name, proc).Scan(&wake, &learned)
+	var ch channels
+	err := s.call(func() error {
+		return s.pool.QueryRow(ctx, `SELECT inflight_channel($1, $2), inflight_channel($1, '#learned')`, s.name, proc).Scan(&ch.wake, &ch.learned)
 	})
 	if err != nil {
-		return nil, "", fmt.Errorf("pgstore: channel names: %w", err)
+		return nil, channels{}, fmt.Errorf("pgstore: channel names: %w", err)
 	}
-	conn, err = s.connect(ctx)
+	conn, err := s.connect(ctx)
 	if err != nil {
-		return nil, "", err
+		return nil, channels{}, err
 	}
-	for _, ch := range []string{wake, learned} {
+	for _, name := range []string{ch.wake, ch.learned} {
 		if err == nil {
-			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{ch}.Sanitize())
+			_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{name}.Sanitize())
 		}
 	}
 	if err != nil {
 		conn.Close(context.Background())
-		return nil, "", err
+		return nil, channels{}, err
 	}
-	return conn, learned, nil
+	return conn, ch, nil
 }
 
 // connect makes Listen's connection: with the listen config if there is

@@ -171,3 +171,91 @@ func TestListenFailureIsLogged(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(l.String(), "Listen failed"), l.String())
 	assert.Contains(t, l.String(), "listening again")
 }
+
+// probes counts, on a connection of the test's own straight to srv's
+// database, Listen's probes sent to proc's channel in fleet until the
+// test's end.
+func probes(t *testing.T, srv *pgtest.Server, fleet, proc string) *atomic.Int64 {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	conn, err := pgx.Connect(ctx, srv.URL)
+	require.NoError(t, err)
+	var channel string
+	require.NoError(t, conn.QueryRow(ctx, "SELECT inflight_channel($1, $2)", fleet, proc).Scan(&channel))
+	_, err = conn.Exec(ctx, "LISTEN "+pgx.Identifier{channel}.Sanitize())
+	require.NoError(t, err)
+	var n atomic.Int64
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		defer conn.Close(context.Background())
+		for {
+			note, err := conn.WaitForNotification(ctx)
+			if err != nil {
+				return // the test's end
+			}
+			if note.Payload == pgstore.ProbePayload {
+				n.Add(1)
+			}
+		}
+	})
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait()
+	})
+	return &n
+}
+
+// Listen through PgBouncer in transaction mode, as the pool connects
+// (no WithListenConfig), listens but receives nothing: LISTEN holds only
+// for its transaction, on the server connection that ran it. Its probes,
+// sent through the pool, do not arrive, and it says so, once while they
+// keep not arriving, naming the likely cause; a probe is never taken for
+// a grant.
+func TestListenWarnsWhenNothingArrives(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	cfg, err := pgxpool.ParseConfig(srv.Bouncer())
+	require.NoError(t, err)
+	cfg.ConnConfig.DefaultQueryExecMode = pgx.QueryExecModeExec // as the package comment says
+	p, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(p.Close)
+	var l logs
+	s, err := pgstore.New(ctx, p, "pooled", pgstore.WithListenCheck(100*time.Millisecond),
+		pgstore.WithLogger(slog.New(slog.NewTextHandler(&l, nil))))
+	require.NoError(t, err)
+	sent := probes(t, srv, "pooled", "p")
+	c := listen(t, s, "p")
+
+	require.Eventually(t, func() bool { return strings.Contains(l.String(), "receives nothing") }, time.Minute, time.Millisecond,
+		"a warning")
+	assert.Contains(t, l.String(), "level=WARN")
+	assert.Contains(t, l.String(), "transaction mode")
+	assert.Contains(t, l.String(), "WithListenConfig")
+	// Three more probes sent: each of the first two was awaited until it
+	// went unanswered (the next is sent only then), with no warning again.
+	after := sent.Load()
+	require.Eventually(t, func() bool { return sent.Load() >= after+3 }, time.Minute, time.Millisecond, "probes sent again")
+	assert.Equal(t, 1, strings.Count(l.String(), "receives nothing"), "warned once while nothing arrives: %s", l.String())
+	assert.Positive(t, c.listening.Load())
+	assert.Zero(t, c.granted.Load(), "probes delivered as grants")
+}
+
+// Listen straight to the database receives its probes, drops them (they
+// are no grants), and logs nothing of them.
+func TestListenReceivesItsProbes(t *testing.T) {
+	srv := pgtest.Start(t)
+	var l logs
+	s := store(t, srv, "direct", pgstore.WithListenCheck(100*time.Millisecond),
+		pgstore.WithLogger(slog.New(slog.NewTextHandler(&l, nil))))
+	sent := probes(t, srv, "direct", "p")
+	c := listen(t, s, "p")
+	// A probe is sent after the one before arrived, and the connection was
+	// quiet for a check since.
+	require.Eventually(t, func() bool { return sent.Load() >= 5 }, time.Minute, time.Millisecond, "probes")
+	assert.NotContains(t, l.String(), "receives nothing")
+	assert.Zero(t, c.granted.Load(), "probes delivered as grants")
+	_, err := pool(t, srv, 1).Exec(context.Background(), "SELECT pg_notify(inflight_channel($1, $2), 'ticket')", "direct", "p")
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return c.granted.Load() == 1 }, time.Minute, time.Millisecond, "a grant delivered beside them")
+}

@@ -57,6 +57,9 @@ var budgetFloorSQL string
 //go:embed silence.sql
 var silenceSQL string
 
+//go:embed sweep.sql
+var sweepSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -82,21 +85,23 @@ var schemaV1 = withConstants(schemaSQL)
 // revision 8 counts a key's units once per serving and again after each
 // grant, revision 9 carries the count from grant to grant, and revision 10
 // counts a call whose lease has expired as a newcomer when it passes a
-// heavy waiter, revision 11 takes no budget's step below zero, and
-// revision 12 runs a lease's TTL only while the store is heard (the
-// fleet's silence, driver.Store). A revision adds, or replaces a function
+// heavy waiter, revision 11 takes no budget's step below zero, revision
+// 12 runs a lease's TTL only while the store is heard (the fleet's
+// silence, driver.Store), and revision 13 deletes the rows of keys left
+// idle, and takes a key's lock in one statement that makes the row again
+// if it was deleted meanwhile. A revision adds, or replaces a function
 // keeping its signature and the meaning of its answers, so a release that
 // knows fewer of them works on the schema as it is (a rolling deploy has
 // both side by side); one that changes what is there makes a new
 // SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
-	withConstants(silenceSQL)}
+	withConstants(silenceSQL), sweepSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 12
+	SchemaRevision = 13
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

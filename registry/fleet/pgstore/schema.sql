@@ -213,6 +213,8 @@ END $$;
 -- their order, so that calls on the same keys wait for each other and
 -- calls on several keys cannot deadlock. Only missing rows are inserted:
 -- an insert that meets a row another call has updated would wait for it.
+-- (Replaced by sweep.sql, revision 13, which deletes idle keys' rows: a
+-- row deleted between this insert and this lock was not locked.)
 CREATE FUNCTION inflight_lock(f text, keys text[]) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 BEGIN
@@ -227,8 +229,8 @@ END $$;
 -- whether it did, never waiting: serving one key's queue may grant a
 -- ticket of several keys, whose other keys are locked so (a wait there
 -- could deadlock); a ticket whose keys are busy waits for their calls,
--- which serve it. The rows of a queued ticket's keys exist (rows are never
--- deleted).
+-- which serve it. The rows of a queued ticket's keys exist (a key's row
+-- is deleted only with nothing on it, sweep.sql).
 CREATE FUNCTION inflight_trylock(f text, k text) RETURNS bool LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 BEGIN

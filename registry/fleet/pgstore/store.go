@@ -13,16 +13,18 @@
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
-// newcomer.sql, budgetfloor.sql and silence.sql),
+// newcomer.sql, budgetfloor.sql, silence.sql and sweep.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. Behind PgBouncer in transaction mode without its
 // prepared statements (before 1.21, or with
 // max_prepared_statements = 0), give the pool's connection string
 // default_query_exec_mode=exec (pgx's statement cache is session state:
-// without it calls fail, with errors that say why). In every case Listen
-// a connection of its own straight to the database (WithListenConfig):
-// LISTEN is session state too (ExampleWithListenConfig). The conformance
-// suite is run so, through PgBouncer in transaction mode
+// without it calls fail, with errors that say why). In every case give
+// Listen a connection of its own straight to the database
+// (WithListenConfig): LISTEN is session state too
+// (ExampleWithListenConfig), and Listen logs a warning when it finds that
+// what is sent to it does not arrive. The conformance suite is run so,
+// through PgBouncer in transaction mode
 // (TestConformanceBehindPgBouncer). After a failed login to a database
 // that restarts, PgBouncer turns clients away for its server_login_retry
 // (15 s by default), and the fleet's calls fail meanwhile. Every time is
@@ -160,8 +162,9 @@ func WithListenRetry(d time.Duration) Option {
 // of their grants only when they ask again. A check that gets no answer
 // within the same time (at least a second) makes Listen connect anew, as
 // does a connection or its LISTEN that takes that long. (The connection
-// given up is closed in the background by pgx, within 15 s.) It panics
-// unless d > 0.
+// given up is closed in the background by pgx, within 15 s.) A check also
+// sends a probe to Listen's channel, and a probe that does not arrive
+// within that time is logged (see Listen). It panics unless d > 0.
 func WithListenCheck(d time.Duration) Option {
 	if d <= 0 {
 		panic(fmt.Sprintf("pgstore: WithListenCheck(%v)", d))
