@@ -15,9 +15,10 @@ import (
 )
 
 // A failover to a replica that lacks the latest lease is a loss of data,
-// not an expiry: the store finds that the server now answering is another
-// (its replication ID changed), makes a new epoch, and new admissions wait
-// for a renewal round while the holder puts its lease back. Before, the
+// not an expiry: the store finds that the server now answering is a
+// replica promoted from the one before (by their replication IDs), and new
+// admissions wait for a renewal round while the holder puts its lease
+// back. Before, the
 // lease looked expired: a newcomer took the key's one slot at once, on top
 // of the live holder (158 admissions over it in two TTLs of tries), and
 // the holder's renewal found no room for its lease.
@@ -150,4 +151,70 @@ func TestFailoverKeepsAnExpiredLeaseOut(t *testing.T) {
 	n, err := other.InFlight(ctx, "k")
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "one lease on a cap of 1")
+}
+
+// A second failover inside the first one's pause (A to B, then B to C
+// before the pause ends; C had B's pause but not the holder's lease put
+// back on B) pauses admissions again from its own start. Found by review:
+// it declared no pause (one was there), and newcomers were admitted over
+// the live holder at the end of B's (587 times in two TTLs of tries).
+func TestSecondFailoverInsideThePause(t *testing.T) {
+	ctx := context.Background()
+	a := redistest.Start(t)
+	linkAB := redistest.StartProxy(t, a)
+	b := redistest.StartReplica(t, linkAB.Addr)
+	linkBC := redistest.StartProxy(t, b)
+	c := redistest.StartReplica(t, linkBC.Addr) // C replicates B
+	sw := redistest.NewSwitch(t, a.Addr)
+	const ttl = 6 * time.Second // renewals every 2 s
+	opts := []Option{WithLeaseTTL(ttl), WithTimeout(100 * time.Millisecond), WithBreaker(3, 50*time.Millisecond)}
+	holder := New[string](redisstore.New(sw.Client(), "t"), 1, opts...)
+	defer holder.Close()
+	other := New[string](redisstore.New(sw.Client(), "t"), 1, append(opts, WithUnavailable(FailClosed))...)
+	defer other.Close()
+	start := time.Now()
+	warm, err := other.TryAcquire("warm")
+	require.NoError(t, err)
+	warm.Release()
+	require.NoError(t, a.Client().Do(ctx, "WAIT", 1, 5000).Err())
+	require.Eventually(t, func() bool {
+		seen := a.Client().HGet(ctx, "inflight:{t}#heard", "r").Val()
+		return seen != "" && c.Client().HGet(ctx, "inflight:{t}#heard", "r").Val() == seen
+	}, 5*time.Second, 5*time.Millisecond, "C has what B has")
+
+	linkAB.Cut() // B misses the holder's lease
+	held, err := holder.TryAcquire("k")
+	require.NoError(t, err)
+	defer held.Release()
+	a.Kill()
+	time.Sleep(20 * time.Millisecond) // a failover takes longer than 10 ms (epoch.go)
+	b.Promote()
+	sw.MoveTo(b.Addr)
+	require.Eventually(t, func() bool {
+		_, err := other.TryAcquire("k")
+		return errors.Is(err, ErrPaused)
+	}, 5*time.Second, 5*time.Millisecond, "B's failover pause")
+	require.NoError(t, b.Client().Do(ctx, "WAIT", 1, 5000).Err()) // C has B's pause
+	linkBC.Cut()                                                  // C misses what the holder puts back on B
+	require.Eventually(t, func() bool { return holder.Stats().Lost > 0 }, 5*time.Second, 5*time.Millisecond,
+		"the holder finds its lease missing on B, and puts it back")
+	b.Kill()
+	time.Sleep(20 * time.Millisecond)
+	c.Promote()
+	sw.MoveTo(c.Addr)
+
+	over := 0
+	for time.Since(start) < 2*ttl {
+		s, err := other.TryAcquire("k")
+		switch {
+		case err == nil:
+			over++
+			s.Release()
+		case errors.Is(err, slots.ErrLimitReached):
+		default:
+			require.ErrorIs(t, err, ErrUnavailable, "during the switch")
+		}
+		time.Sleep(5 * time.Millisecond) // a client's pace
+	}
+	assert.Zero(t, over, "admitted on top of the live holder after the second failover")
 }

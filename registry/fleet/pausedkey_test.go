@@ -14,12 +14,23 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// An AcquireAll waiting on a paused key (a limit of 0) keeps no place of
-// its other keys in Redis's queues, however often passed over: it cannot
-// be served until the pause is lifted, and the place it kept stopped a
-// provider key of limit 1 for good, with nothing in flight. Found by
-// review (the local registry had the same fault).
+// AcquireAlls waiting on a paused key (a limit of 0) keep no place of
+// their other keys in Redis's queues, however often passed over: they
+// cannot be served until the pause is lifted, and the place kept for one
+// stopped a provider key of limit 1 for good, with nothing in flight.
+// Found by review (the local registry had the same fault); a second
+// review found that looking past them in the urgent ones made every
+// serving cost up to 64 times more, and that more than 64 stopped the key
+// again: they are no longer among them.
 func TestTicketOnAPausedKeyKeepsNoPlace(t *testing.T) {
+	// One of them, and more than a key looks at for its urgent tickets
+	// (driver.PassScan).
+	for _, onPaused := range []int{1, 70} {
+		t.Run(fmt.Sprint(onPaused), func(t *testing.T) { testTicketOnAPausedKey(t, onPaused) })
+	}
+}
+
+func testTicketOnAPausedKey(t *testing.T, onPaused int) {
 	srv := redistest.Start(t)
 	r := New[string](redisstore.New(srv.Client(), "qw"), 1) // queuedIn reads the name "qw"
 	defer r.Close()
@@ -28,8 +39,10 @@ func TestTicketOnAPausedKeyKeepsNoPlace(t *testing.T) {
 	defer cancel()
 	held, err := r.TryAcquire("p")
 	require.NoError(t, err)
-	go func() { _, _ = r.AcquireAll(ctx, "p", "m1") }()
-	eventually(t, "the waiter on p and the paused m1 queued", func() bool { return queuedIn(t, srv, "p") == 1 })
+	for range onPaused {
+		go func() { _, _ = r.AcquireAll(ctx, "p", "m1") }()
+	}
+	eventually(t, "the waiters on p and the paused m1 queued", func() bool { return queuedIn(t, srv, "p") == onPaused })
 	got := make(chan *slots.Slot, registry.MaxPassed+2)
 	for i := range registry.MaxPassed + 2 {
 		go func() {
@@ -37,7 +50,7 @@ func TestTicketOnAPausedKeyKeepsNoPlace(t *testing.T) {
 				got <- s
 			}
 		}()
-		eventually(t, fmt.Sprint("waiter ", i+1, " of p and m2 queued"), func() bool { return queuedIn(t, srv, "p") == i+2 })
+		eventually(t, fmt.Sprint("waiter ", i+1, " of p and m2 queued"), func() bool { return queuedIn(t, srv, "p") == onPaused+i+1 })
 	}
 	// Each release hands p to the next waiter of p and m2, passing the
 	// one on m1 over: past registry.MaxPassed, p goes on being served.
@@ -51,4 +64,7 @@ func TestTicketOnAPausedKeyKeepsNoPlace(t *testing.T) {
 		}
 	}
 	held.Release()
+	urgent, err := srv.Client().ZCard(context.Background(), "inflight:{qw}:p#u").Result()
+	require.NoError(t, err)
+	require.Zero(t, urgent, "no waiter on a paused key among p's urgent ones")
 }

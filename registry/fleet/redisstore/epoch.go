@@ -21,12 +21,21 @@ package redisstore
 // same epoch, the holders' missing leases go back only if there is room,
 // as after an expiry, and in a failover's pause, unlike a loss's, they
 // may: the room is theirs, since newcomers wait. A lease that had expired
-// before the failover, its room taken, stays out. A restart under a new ID
-// (Redis 7 takes one at each start), or a Cluster slot moved to another
-// master, is no failover: nothing was lost. A failover is missed if the
-// new server's clock reads within replCheckMS of the last look (failovers
-// take longer) or if INFO cannot be run (an ACL without it: k is still
-// written, so that it is tried at most every replCheckMS).
+// before the failover, its room taken, stays out. A failover inside a
+// pause makes it end no sooner than a pause of its own would; one inside
+// a loss's pause leaves it a loss's. A restart under a new ID (Redis 7
+// takes one at each start), or a Cluster slot moved to another master, is
+// no failover: nothing was lost. But a master that has had replicas and
+// restarts from its snapshot comes back with its old ID as its former
+// one, which the scripts cannot tell from a failover: new admissions then
+// wait a renewal round for nothing (a snapshot older than the last lease
+// may have lost it, too). A failover is missed if the new server's clock
+// reads within replCheckMS of the last look (failovers take longer), if
+// no script ran on a server between (A to B to C, B gone before any call
+// reached it), or if INFO cannot be run (an ACL without it: k is still
+// written, so that it is tried at most every replCheckMS); and a release
+// that reaches the new server first serves its queues before any pause:
+// a waiter that could take the room in order, which a lost lease had.
 //
 // The pause: when Redis has lost its data, the leases of live holders are
 // missing until each holder's next renewal puts its lease back (without a
@@ -94,15 +103,24 @@ local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl, H)
     redis.call('SET', epochKey, string.format('%.0f', epoch))
   end
   local born = math.floor(epoch / 1000)
-  if failedOver(H, now) and not got[2] then
+  if failedOver(H, now) then
     -- The replica may lack the latest leases: new admissions wait one
-    -- renewal round from now, while the holders put theirs back.
+    -- renewal round from now, while the holders put theirs back; a pause
+    -- under way (a failover's, replicated) ends no sooner. One of a loss
+    -- stays a loss's: its holders' leases go back unchecked, and a
+    -- checked one must not take their room.
     local p = pause
     if p <= 0 then p = ttl / 2 end
     local untilT = now + math.min(p, ttl)
-    redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
-    redis.call('HSET', H, 'f', string.format('%.0f', untilT))
-    paused, failPause = untilT, untilT
+    local loss = paused and paused > now and paused ~= failPause
+    if not paused or untilT > paused then
+      redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
+      paused = untilT
+    end
+    if not loss then
+      redis.call('HSET', H, 'f', string.format('%.0f', paused))
+      failPause = paused
+    end
   elseif known > 0 and known ~= epoch and pause > 0 and not got[2] then
     local untilT = born + math.min(pause, ttl)
     if untilT > now then

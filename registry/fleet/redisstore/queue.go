@@ -229,9 +229,9 @@ end
 -- arrived at arrival (both nil: a newcomer): its free units, less those
 -- kept for k's oldest urgent ticket (its units) unless that is ticket or
 -- came later. An urgent ticket no longer queued, or whose process is dead,
--- is dropped first; one with a key paused (a limit of 0) keeps nothing
--- and the next one is looked at; past scanMax of them, one unit is kept.
--- count is k's count where the caller has it (serve), else nil.
+-- is dropped first; past scanMax of them, one unit is kept. (A ticket with
+-- a key paused is not among the urgent ones: see urge.) count is k's
+-- count where the caller has it (serve), else nil.
 local function roomFor(k, limit, ticket, arrival, now, P, claim, count)
   if not count then
     expire(k, now)
@@ -239,17 +239,14 @@ local function roomFor(k, limit, ticket, arrival, now, P, claim, count)
   end
   local free = limit - count
   if free <= 0 then return free end
-  local i = 0
   for _ = 1, scanMax do
-    local oldest = redis.call('ZRANGE', k .. '#u', i, i, 'WITHSCORES')
+    local oldest = redis.call('ZRANGE', k .. '#u', 0, 0, 'WITHSCORES')
     if not oldest[1] then return free end
-    local f = redis.call('HMGET', k .. '#t', oldest[1], 'w|' .. oldest[1], 'k|' .. oldest[1])
+    local f = redis.call('HMGET', k .. '#t', oldest[1], 'w|' .. oldest[1])
     if not f[1] then
       redis.call('ZREM', k .. '#u', oldest[1])
     elseif dead(P, f[1], now, claim) then
       drop(k, limit, oldest[1])
-    elseif paused(keysOf(f[3], f[2], nil, k, limit)) then
-      i = i + 1
     else
       -- Its units are kept, unless over the limit: it cannot be served
       -- under it (its process refuses it).
@@ -260,14 +257,27 @@ local function roomFor(k, limit, ticket, arrival, now, P, claim, count)
   end
   return free - 1
 end
+-- urge makes ticket, queued on k with its keys kl, one of k's urgent
+-- tickets (by arrival) once it has been passed over maxPassed times, but
+-- not while a key of kl is paused: it cannot be served then, and a place
+-- kept for it would idle k (its process's calls, which send kl, put it
+-- back once the pause is lifted).
+local function urge(k, ticket, kl)
+  local Q, T = qkeys(k)
+  local U = k .. '#u'
+  if paused(kl) then
+    redis.call('ZREM', U, ticket)
+  elseif (tonumber(redis.call('HGET', T, 'p|' .. ticket)) or 0) >= maxPassed then
+    redis.call('ZADD', U, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, ticket)
+    cover(U, redis.call('PTTL', Q))
+  end
+end
 -- passOver counts a grant on k that passed ticket over: at maxPassed it is
--- one of k's urgent tickets, by arrival.
+-- one of k's urgent tickets (see urge).
 local function passOver(k, ticket)
   local Q, T = qkeys(k)
   if redis.call('HINCRBY', T, 'p|' .. ticket, 1) == maxPassed then
-    local U = k .. '#u'
-    redis.call('ZADD', U, tonumber(redis.call('HGET', T, 'a|' .. ticket)) or 0, ticket)
-    cover(U, redis.call('PTTL', Q))
+    urge(k, ticket, keysOf(redis.call('HGET', T, 'k|' .. ticket), nil, nil, k, 9e18))
   end
 end
 -- grant gives ticket a lease of the claim window, weighing its units, on

@@ -136,10 +136,14 @@ end
 if mine then return extend() end
 local stopped = paused > now and capped(18, n)
 if (n > 1 or units > 1) and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
-  -- Queued: its keys' limits as the caller has them now, before serving.
+  -- Queued: its keys' limits as the caller has them now, before serving
+  -- (and, with a key paused or no longer, whether it is urgent: urge).
   local packed = cjson.encode(kl)
   for _, e in ipairs(kl) do
-    if redis.call('HEXISTS', e[1] .. '#t', id) == 1 then redis.call('HSET', e[1] .. '#t', 'k|' .. id, packed) end
+    if redis.call('HEXISTS', e[1] .. '#t', id) == 1 then
+      redis.call('HSET', e[1] .. '#t', 'k|' .. id, packed)
+      if n > 1 then urge(e[1], id, kl) end
+    end
   end
 end
 local held, stop = 0, 0
