@@ -13,7 +13,7 @@
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
-// newcomer.sql, budgetfloor.sql, silence.sql and sweep.sql),
+// newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql and paused.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. Behind PgBouncer in transaction mode without its
 // prepared statements (before 1.21, or with
