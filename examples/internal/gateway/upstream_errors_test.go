@@ -44,15 +44,7 @@ func TestGatewayUnreachableUpstreamSpendsNoBudget(t *testing.T) {
 // it was learned as a concurrency refusal, cutting the learned cap, and
 // its client was told 99 requests were left.
 func TestGatewayUpstreamRateRefusal(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
-		w.Header().Set("X-Ratelimit-Reset-Requests", "2s")
-		w.WriteHeader(http.StatusTooManyRequests)
-		io.WriteString(w, `{"error":{"message":"too many requests"}}`)
-	}))
-	t.Cleanup(up.Close)
-	srv, g := startGatewayWith(t, up.URL, `{"upstream": "%s",
+	srv, g := startGatewayWith(t, rateRefusing(t), `{"upstream": "%s",
 		"provider": {"max_requests_per_minute": 100, "adaptive": {"max": 8}}}`)
 	resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, nil)
 	require.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
@@ -70,15 +62,7 @@ func TestGatewayUpstreamRateRefusal(t *testing.T) {
 func TestGatewayFleetUpstreamRateRefusal(t *testing.T) {
 	for name, store := range fleetStores {
 		t.Run(name, func(t *testing.T) {
-			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "application/json")
-				w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
-				w.Header().Set("X-Ratelimit-Reset-Requests", "2s")
-				w.WriteHeader(http.StatusTooManyRequests)
-				io.WriteString(w, `{"error":{"message":"too many requests"}}`)
-			}))
-			t.Cleanup(up.Close)
-			srv, _ := startGatewayWith(t, up.URL, `{"upstream": "%s",
+			srv, _ := startGatewayWith(t, rateRefusing(t), `{"upstream": "%s",
 				"provider": {"max_requests_per_minute": 100},
 				"fleet": {`+store(t)+`, "on_unavailable": "closed"}}`)
 			resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, nil)
@@ -88,4 +72,19 @@ func TestGatewayFleetUpstreamRateRefusal(t *testing.T) {
 			assert.Empty(t, resp.Header.Get("X-Ratelimit-Limit-Requests"), "none of the fleet's added")
 		})
 	}
+}
+
+// rateRefusing starts an upstream that refuses every request for its
+// rate, as OpenAI's API does (a 429 with the requests allowance at 0 and
+// its reset), and returns its URL.
+func rateRefusing(t *testing.T) string {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("X-Ratelimit-Remaining-Requests", "0")
+		w.Header().Set("X-Ratelimit-Reset-Requests", "2s")
+		w.WriteHeader(http.StatusTooManyRequests)
+		io.WriteString(w, `{"error":{"message":"too many requests"}}`)
+	}))
+	t.Cleanup(up.Close)
+	return up.URL
 }
