@@ -109,15 +109,28 @@ type probe struct {
 // sendProbe sends a probe to channel through the pool, as the fleet's
 // calls send grants, and awaits it (no other). One that cannot be sent
 // (the pool's calls failing) is not awaited: it tells nothing of Listen's
-// connection.
+// connection. Nor is one for which the pool has no connection within
+// probeWait: Listen reads nothing while it sends, and a busy pool is when
+// grants come (a review measured a grant 2.96 s late, waiting behind a
+// probe); the next quiet check sends another.
 func (s *Store) sendProbe(ctx context.Context, channel string, pr *probe) {
-	ctx, cancel := context.WithTimeout(ctx, s.answer())
-	defer cancel()
 	pr.sent = time.Time{}
-	if _, err := s.pool.Exec(ctx, "SELECT pg_notify($1, $2)", channel, probePayload); err == nil {
+	actx, cancel := context.WithTimeout(ctx, min(probeWait, s.answer()))
+	c, err := s.pool.Acquire(actx)
+	cancel()
+	if err != nil {
+		return
+	}
+	defer c.Release()
+	ctx, cancel = context.WithTimeout(ctx, s.answer())
+	defer cancel()
+	if _, err := c.Exec(ctx, "SELECT pg_notify($1, $2)", channel, probePayload); err == nil {
 		pr.sent = time.Now()
 	}
 }
+
+// probeWait is how long a probe waits for a connection of the pool.
+const probeWait = 100 * time.Millisecond
 
 // probeOverdue logs, once until a probe arrives again, a probe awaited
 // for longer than the time a check waits for an answer, and awaits it no

@@ -77,13 +77,17 @@ CREATE TABLE IF NOT EXISTS inflight_idle (
 	PRIMARY KEY (fleet, key)
 );
 
--- Granted to the roles inflight_key is granted to (see above).
+-- Granted to the roles inflight_key is granted to (see above), its owner
+-- among them (the role that made the schema, when another role migrates
+-- it), as inflight_key's privileges are: the sweep of a role without
+-- DELETE on inflight_key does nothing (see inflight_gc).
 DO $$
 DECLARE
 	g record;
 BEGIN
-	FOR g IN SELECT a.grantee, a.privilege_type FROM pg_class c, aclexplode(c.relacl) a
-		WHERE c.oid = 'inflight_key'::regclass AND a.grantee <> c.relowner LOOP
+	FOR g IN SELECT DISTINCT a.grantee, a.privilege_type FROM pg_class c,
+		aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+		WHERE c.oid = 'inflight_key'::regclass AND a.grantee <> (SELECT oid FROM pg_roles WHERE rolname = current_user) LOOP
 		EXECUTE format('GRANT %s ON inflight_sweeper, inflight_idle TO %s', g.privilege_type,
 			CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
 	END LOOP;
@@ -183,5 +187,12 @@ BEGIN
 		(SELECT y.ctid FROM inflight_proc y WHERE y.fleet = f AND y.alive_until < now - 600000 LIMIT 16 FOR UPDATE SKIP LOCKED);
 	DELETE FROM inflight_budget x WHERE x.ctid IN
 		(SELECT y.ctid FROM inflight_budget y WHERE y.fleet = f AND y.step < now / 1000 - 60 LIMIT 64 FOR UPDATE SKIP LOCKED);
-	PERFORM inflight_sweep(f, now);
+	-- The sweep never fails the renewal that runs it: a role that may not
+	-- read its tables, or delete keys' rows, sweeps nothing (and the
+	-- server's log says so).
+	BEGIN
+		PERFORM inflight_sweep(f, now);
+	EXCEPTION WHEN insufficient_privilege THEN
+		RAISE WARNING 'inflight: keys'' rows of fleet % not swept: %', f, SQLERRM;
+	END;
 END $$;
