@@ -165,10 +165,10 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // every key it needs has had a slot free. Waiters that came before it, and
 // callers of a higher class, go first as everywhere; a slot that a lower
 // class's share (WithShare) owes that class still goes to it. Keys it does
-// not need are never held back. Several such waiters on one key each keep
-// a slot, the oldest served first, so none deadlocks. A TryAcquire that
-// finds only a kept slot fails with slots.ErrLimitReached although the key
-// shows room.
+// not need are never held back, nor are any while a key it needs is
+// paused (a limit of 0). Several such waiters on one key each keep a slot,
+// the oldest served first, so none deadlocks. A TryAcquire that finds only
+// a kept slot fails with slots.ErrLimitReached although the key shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	return r.AcquireAllN(ctx, 1, keys...)
 }
