@@ -16,7 +16,7 @@
 // newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql and paused.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. The rows of keys idle for ten minutes are
-// deleted by the renewals (sweep.sql), if the role may: give it DELETE
+// deleted after renewals (sweep.sql), if the role may: give it DELETE
 // on inflight_key (without it, the rows stay, and the server's log says
 // so). Behind PgBouncer in transaction mode without its
 // prepared statements (before 1.21, or with
@@ -373,6 +373,9 @@ func (s *Store) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewRes
 	for i, f := range res[2:] {
 		out.Leases[i] = driver.Fate(f)
 	}
+	// The rows of idle keys are swept after the renewal, in a transaction
+	// of its own (sweep.sql); a sweep that fails is the next one's to do.
+	_, _ = s.pool.Exec(ctx, "SELECT inflight_sweep_keys($1)", s.name)
 	return out, nil
 }
 

@@ -138,9 +138,10 @@ func TestSweepDeletesIdleKeys(t *testing.T) {
 // A database at revision 12, whose key rows the release before made, is
 // brought to revision 13 by its owner, after the gateway's role was
 // granted the tables there were: the new tables are granted to it alike.
-// The release before's renewals then sweep (the functions are the
-// database's) under that role, its rows among the others, and its calls
-// take a key whose row was deleted anew.
+// A process of this release then sweeps under that role (after its
+// renewals), the release before's rows among the others, while the
+// release before's calls go on, and take a key whose row was deleted
+// anew.
 func TestMigrateSweepFromRevision12(t *testing.T) {
 	srv := pgtest.Start(t)
 	ctx := context.Background()
@@ -155,15 +156,22 @@ func TestMigrateSweepFromRevision12(t *testing.T) {
 	var revision int
 	require.NoError(t, owner.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&revision))
 	require.Equal(t, pgstore.SchemaRevision, revision)
-	until(t, "the idle key marked by the release before's renewal", func() bool {
+	s, err := pgstore.New(ctx, old.p, sweepFleet) // this release's process, under the gateway's role
+	require.NoError(t, err)
+	renew := func() {
 		require.Equal(t, driver.FateRenewed, old.renew("h", "held", 1))
+		_, err := s.Renew(ctx, &driver.RenewCall{TTL: fastTTL})
+		require.NoError(t, err)
+	}
+	until(t, "the idle key marked after a renewal of this release", func() bool {
+		renew()
 		return marks(t, owner, "i.key = 'idle'") == 1
 	})
 	assert.Zero(t, marks(t, owner, "i.key = 'held'"))
-	_, err := owner.Exec(ctx, "UPDATE inflight_idle SET since = since - 600000 WHERE fleet = $1", sweepFleet)
+	_, err = owner.Exec(ctx, "UPDATE inflight_idle SET since = since - 600000 WHERE fleet = $1", sweepFleet)
 	require.NoError(t, err)
 	until(t, "the idle key's row deleted", func() bool {
-		require.Equal(t, driver.FateRenewed, old.renew("h", "held", 1))
+		renew()
 		return keyRows(t, owner, "true") == 1
 	})
 	assert.Equal(t, 1, keyRows(t, owner, "x.key = 'held'"))
