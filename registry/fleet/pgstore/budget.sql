@@ -104,8 +104,8 @@ BEGIN
 END $$;
 
 -- inflight_gc (schema version 1's) deletes also, a few at a time, the
--- steps of budgets nobody calls any more. (Replaced by sweep.sql,
--- revision 13: it sweeps idle keys' rows too.)
+-- steps of budgets nobody calls any more. (The rows of idle keys are
+-- swept apart: sweep.sql, revision 13.)
 CREATE OR REPLACE FUNCTION inflight_gc(f text, now bigint) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 BEGIN

@@ -28,7 +28,8 @@
 -- waiting). So a key is deleted once every sweep that looked at it over
 -- ten minutes found it idle; one used only between two sweeps may be
 -- deleted sooner, which costs its next call an insert, no more. The calls
--- never read or write a mark: they pay nothing for the sweep. The delete
+-- never read or write a mark: they pay nothing for the sweep but, for a
+-- renewal, the sweep's call after it. The delete
 -- looks again, under the row's lock, for a lease (expired or not: a
 -- silence may extend one that expired, inflight_heard), a ticket or a
 -- flow, and every call that adds one holds the row's lock: inflight_lock
@@ -180,11 +181,18 @@ BEGIN
 END $$;
 
 -- inflight_sweep_keys sweeps f's keys' rows now, if a sweep is due (see
--- above). It never fails: a role that may not read the sweep's tables, or
--- delete keys' rows, sweeps nothing (and the server's log says so).
+-- above), committing asynchronously (a sweep lost in a crash is the next
+-- one's to do). A role that may not read the sweep's tables, or delete
+-- keys' rows, sweeps nothing (and the server's log says so), and so does
+-- a transaction not at READ COMMITTED, whose snapshot would not see what
+-- the calls that held a row committed.
 CREATE OR REPLACE FUNCTION inflight_sweep_keys(f text) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
 BEGIN
+	IF current_setting('transaction_isolation') <> 'read committed' THEN
+		RETURN;
+	END IF;
+	PERFORM set_config('synchronous_commit', 'off', true);
 	PERFORM inflight_sweep(f, inflight_now_us() / 1000);
 EXCEPTION WHEN insufficient_privilege THEN
 	RAISE WARNING 'inflight: keys'' rows of fleet % not swept: %', f, SQLERRM;

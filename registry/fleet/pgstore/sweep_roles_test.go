@@ -23,14 +23,17 @@ func rolePool(t *testing.T, srv *pgtest.Server, role string) *pgxpool.Pool {
 	return p
 }
 
-// renewals makes n renewals of fleet f on p, holding nothing, and returns
-// the first error.
+// renewals makes n renewals of fleet f on p, holding nothing, each with
+// a sweep of its own (Renew's are not told), and returns the first error.
 func renewals(t *testing.T, p *pgxpool.Pool, n int) error {
 	t.Helper()
 	s, err := pgstore.New(context.Background(), p, "f")
 	require.NoError(t, err)
 	for range n {
 		if _, err := s.Renew(context.Background(), &driver.RenewCall{TTL: fastTTL}); err != nil {
+			return err
+		}
+		if _, err := p.Exec(context.Background(), "SELECT inflight_sweep_keys('f')"); err != nil {
 			return err
 		}
 	}
@@ -51,11 +54,14 @@ func TestSweepAfterAnotherRolesMigration(t *testing.T) {
 	require.NoError(t, pgstore.MigrateTo(ctx, p, 12))
 	require.NoError(t, pgstore.Migrate(ctx, admin))
 	assert.NoError(t, renewals(t, p, 3), "the fleet's role renews after the migration")
+	var sweepers int
+	require.NoError(t, admin.QueryRow(ctx, "SELECT count(*) FROM inflight_sweeper WHERE fleet = 'f'").Scan(&sweepers))
+	assert.Equal(t, 1, sweepers, "and sweeps")
 }
 
 // A role that may not delete keys' rows (no release before needed it to)
-// renews all the same: its sweep does nothing. Found by review: every
-// renewal was refused.
+// renews all the same, and its sweep does nothing and fails nothing.
+// Found by review: every renewal was refused.
 func TestSweepOfARoleWithoutDelete(t *testing.T) {
 	srv := pgtest.Start(t)
 	ctx := context.Background()
