@@ -174,7 +174,7 @@ func (r *Registry[K]) flushRemovals() {
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.storeMu.Lock()
 	defer r.storeMu.Unlock()
-	call := &driver.ReleaseCall{TTL: r.cfg.ttl, Claim: r.claim}
+	call := &driver.ReleaseCall{TTL: r.cfg.ttl, Pause: r.pause, Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
@@ -220,7 +220,7 @@ func (r *Registry[K]) release(ctx context.Context, call *driver.ReleaseCall, lea
 func (r *Registry[K]) abandonAll(ctx context.Context, leases []*lease[K]) []*lease[K] {
 	calls := make([]*driver.AbandonCall, len(leases))
 	for i, l := range leases {
-		calls[i] = &driver.AbandonCall{Lease: l.id, Keys: l.names, TTL: r.cfg.ttl, NotAfter: scriptUntil(l.until), Claim: r.claim}
+		calls[i] = &driver.AbandonCall{Lease: l.id, Keys: l.names, TTL: r.cfg.ttl, NotAfter: scriptUntil(l.until), Pause: r.pause, Claim: r.claim}
 		if len(l.limits) == len(l.names) { // serving the queues needs them
 			calls[i].Limits = l.limits
 		}

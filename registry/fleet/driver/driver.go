@@ -297,7 +297,11 @@ type AdmitResult struct {
 type ReleaseCall struct {
 	// TTL is the caller's lease TTL, for the store's silence (see Store);
 	// 0: the call finds none.
-	TTL   time.Duration
+	TTL time.Duration
+	// Pause is AdmitCall's: a store that finds on this call that it lost
+	// the latest writes (a failover) declares the pause it gives, and
+	// serves nothing.
+	Pause time.Duration
 	Claim time.Duration
 	Pairs []Release
 }
@@ -320,6 +324,7 @@ type AbandonCall struct {
 	Limits   []int // nil: no serving
 	TTL      time.Duration
 	NotAfter int64
+	Pause    time.Duration // as ReleaseCall's
 	Claim    time.Duration
 }
 

@@ -33,9 +33,9 @@ package redisstore
 // reads within replCheckMS of the last look (failovers take longer), if
 // no script ran on a server between (A to B to C, B gone before any call
 // reached it), or if INFO cannot be run (an ACL without it: k is still
-// written, so that it is tried at most every replCheckMS); and a release
-// that reaches the new server first serves its queues before any pause:
-// a waiter that could take the room in order, which a lost lease had.
+// written, so that it is tried at most every replCheckMS). A release or
+// an abandon looks too, and serves no queue when it finds a failover: a
+// waiter would take the room a lost lease had.
 //
 // The pause: when Redis has lost its data, the leases of live holders are
 // missing until each holder's next renewal puts its lease back (without a
@@ -66,13 +66,10 @@ package redisstore
 // whose keys are all at slots.Unlimited is not paused: there is no cap to
 // keep.
 
-// epochLua is the start the acquire and renew scripts share: it reads the
-// epoch, making it if missing, declares the pause if the caller saw
-// another epoch or the server failed over, and returns the epoch and the
-// time until which new admissions are paused (0: not paused). It follows baseLua; call it after
-// now is known.
-const epochLua = `
-local maxPauseMS, unlimited, replCheckMS = 300000, 9e18, 10
+// failoverLua finds a failover and declares its pause (release and
+// abandon scripts include it alone). It follows baseLua.
+const failoverLua = `
+local replCheckMS = 10
 -- failedOver reports whether the server that runs the script is a replica
 -- promoted from the one that ran the last script to look: its former
 -- replication ID (master_replid2) is the one that script saw (replID,
@@ -92,6 +89,47 @@ local function failedOver(H, now)
   redis.call('HSET', H, 'r', id, 'k', string.format('%.0f', now))
   return replID ~= false and replID ~= id and replID == former
 end
+-- failoverPause declares the pause of a failover found at now and
+-- returns its end, paused being the end of the one declared (nil: none).
+-- The replica may lack the latest leases: new admissions wait one renewal
+-- round from now (pause, or ttl/2 without one), while the holders put
+-- theirs back; a pause under way (a failover's, replicated) ends no
+-- sooner. One of a loss stays a loss's: its holders' leases go back
+-- unchecked, and a checked one must not take their room.
+local function failoverPause(H, now, pauseKey, paused, pause, ttl)
+  local p = pause
+  if p <= 0 then p = ttl / 2 end
+  local untilT = now + math.min(p, ttl)
+  local loss = paused and paused > now and paused ~= failPause
+  if not paused or untilT > paused then
+    redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
+    paused = untilT
+  end
+  if not loss then
+    redis.call('HSET', H, 'f', string.format('%.0f', paused))
+    failPause = paused
+  end
+  return paused
+end
+-- servesAfterFailover is the start of a release or an abandon, which
+-- serve queues: it reports whether they may, having declared the pause of
+-- a failover it finds (with ttl > 0: a call of this release).
+local function servesAfterFailover(H, now, pauseKey, pause, ttl)
+  if ttl > 0 and failedOver(H, now) then
+    failoverPause(H, now, pauseKey, tonumber(redis.call('GET', pauseKey)), pause, ttl)
+    return false
+  end
+  return redis.call('EXISTS', pauseKey) == 0
+end
+`
+
+// epochLua is the start the acquire and renew scripts share: it reads the
+// epoch, making it if missing, declares the pause if the caller saw
+// another epoch or the server failed over, and returns the epoch and the
+// time until which new admissions are paused (0: not paused). It follows
+// baseLua; call it after now is known.
+const epochLua = failoverLua + `
+local maxPauseMS, unlimited = 300000, 9e18
 -- epochOf returns the epoch, the end of the pause of new admissions (0:
 -- none) and whether that pause is a failover's (renewals then put leases
 -- back if there is room).
@@ -104,23 +142,7 @@ local function epochOf(t, now, epochKey, pauseKey, known, pause, ttl, H)
   end
   local born = math.floor(epoch / 1000)
   if failedOver(H, now) then
-    -- The replica may lack the latest leases: new admissions wait one
-    -- renewal round from now, while the holders put theirs back; a pause
-    -- under way (a failover's, replicated) ends no sooner. One of a loss
-    -- stays a loss's: its holders' leases go back unchecked, and a
-    -- checked one must not take their room.
-    local p = pause
-    if p <= 0 then p = ttl / 2 end
-    local untilT = now + math.min(p, ttl)
-    local loss = paused and paused > now and paused ~= failPause
-    if not paused or untilT > paused then
-      redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
-      paused = untilT
-    end
-    if not loss then
-      redis.call('HSET', H, 'f', string.format('%.0f', paused))
-      failPause = paused
-    end
+    paused = failoverPause(H, now, pauseKey, paused, pause, ttl)
   elseif known > 0 and known ~= epoch and pause > 0 and not got[2] then
     local untilT = born + math.min(pause, ttl)
     if untilT > now then

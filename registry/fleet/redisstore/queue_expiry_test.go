@@ -97,13 +97,13 @@ func queueKeysUnderStress(t *testing.T, seed uint64) {
 			args = append(args, tk.id, stressLimits[k])
 		}
 		keys := append([]string{"q{n}#pause", qProcs}, tk.keys...)
-		require.NoError(t, releaseScript.Run(ctx, rdb, append(keys, qHeard), append(args, tk.proc.ttl)...).Err())
+		require.NoError(t, releaseScript.Run(ctx, rdb, append(keys, qHeard), append(args, tk.proc.ttl, 0)...).Err())
 		tk.held = false
 	}
 	withdraw := func(tk *stressTicket) {
 		keys := append([]string{"q{n}#pause", qProcs}, tk.keys...)
 		keys = append(keys, "q{n}:abandoned:"+tk.id, qHeard)
-		args := []any{tk.id, tk.proc.ttl, 0, tk.proc.claim, qWake}
+		args := []any{tk.id, tk.proc.ttl, 0, tk.proc.claim, qWake, 0}
 		for _, k := range tk.keys {
 			args = append(args, stressLimits[k])
 		}

@@ -116,14 +116,14 @@ func (rig *queueRig) releaseFrom(id string, keys []string, limits []int, claim i
 		args = append(args, id, limits[i])
 	}
 	keys = append([]string{"q{n}#pause", qProcs}, keys...)
-	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append(keys, qHeard), append(args, qTTL)...).Err())
+	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append(keys, qHeard), append(args, qTTL, 0)...).Err())
 }
 
 // withdraw takes ticket id back: its place, or its grant, on qKey.
 func (rig *queueRig) withdraw(id string, limit int) {
 	rig.t.Helper()
 	keys := []string{"q{n}#pause", qProcs, qKey, "q{n}:abandoned:" + id, qHeard}
-	require.NoError(rig.t, abandonScript.Run(context.Background(), rig.rdb, keys, id, qTTL, 0, qClaim, qWake, limit).Err())
+	require.NoError(rig.t, abandonScript.Run(context.Background(), rig.rdb, keys, id, qTTL, 0, qClaim, qWake, 0, limit).Err())
 }
 
 // serverMS returns the server's clock in milliseconds, as the scripts

@@ -380,7 +380,8 @@ return out
 `)
 
 // releaseScript removes leases, then serves the queue of each key
-// (unless new admissions are paused), in the order the keys first come,
+// (unless new admissions are paused, or it finds a failover: see
+// epoch.go), in the order the keys first come,
 // under the lowest limit its pairs name: a batch of many leases on one key
 // serves its queue with all the room they freed, not once per lease. Where
 // serving stops at its bound with room left, it goes on from there, up to
@@ -389,12 +390,14 @@ return out
 //	KEYS: the pause key, the name's #procs, then the capped keys, one per
 //	      (key, lease) pair, then the name's #heard
 //	ARGV: claim ms, the channel prefix, then the lease id and the key's
-//	      limit of each pair, then the caller's ttl ms (0: none)
-var releaseScript = redis.NewScript(baseLua + queueLua + `
+//	      limit of each pair, then the caller's ttl ms (0: none) and the
+//	      pause ms it declares after a failover
+var releaseScript = redis.NewScript(baseLua + failoverLua + queueLua + `
 local H = table.remove(KEYS)
 local now = nowMS(redis.call('TIME'))
-heard(H, now, tonumber(table.remove(ARGV)))
-local serving = redis.call('EXISTS', KEYS[1]) == 0
+local pause, ttl = tonumber(table.remove(ARGV)), tonumber(table.remove(ARGV))
+heard(H, now, ttl)
+local serving = servesAfterFailover(H, now, KEYS[1], pause, ttl)
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
 local order, limits, npairs = {}, {}, {}
 for i = 3, #KEYS do
@@ -423,26 +426,26 @@ return 0
 // The tombstone stays for the TTL, and at least until the latest not-after
 // time of the calls that may add the lease. With the keys' limits it then
 // serves their queues, as a release does (unless new admissions are
-// paused).
+// paused, or a failover is found: see epoch.go).
 //
 //	KEYS: the pause key, the name's #procs, the capped keys, then the lease
 //	      id's tombstone and the name's #heard
 //	ARGV: lease id, ttl ms, the calls' latest not-after time (0: none),
-//	      claim ms, the channel prefix, then each key's limit (none: no
-//	      serving)
-var abandonScript = redis.NewScript(baseLua + queueLua + `
+//	      claim ms, the channel prefix, the pause ms it declares after a
+//	      failover, then each key's limit (none: no serving)
+var abandonScript = redis.NewScript(baseLua + failoverLua + queueLua + `
 local H = table.remove(KEYS)
 local tomb = table.remove(KEYS)
 local id = ARGV[1]
 local now = nowMS(redis.call('TIME'))
 heard(H, now, tonumber(ARGV[2]))
-local serving = redis.call('EXISTS', KEYS[1]) == 0
+local serving = servesAfterFailover(H, now, KEYS[1], tonumber(ARGV[6]), tonumber(ARGV[2]))
 for i = 3, #KEYS do
   local k = KEYS[i]
   unqueue(k, id, true)
   removeLease(k, id)
   ungrant(k, id)
-  local limit = tonumber(ARGV[3 + i])
+  local limit = tonumber(ARGV[4 + i])
   if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2], 0) end
 end
 local stay = tonumber(ARGV[2])

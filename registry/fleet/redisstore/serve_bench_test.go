@@ -64,7 +64,7 @@ func BenchmarkServeWave(b *testing.B) {
 		for h := range released {
 			keys, args = append(keys, qKey), append(args, fmt.Sprint("h", h), limit)
 		}
-		require.NoError(b, releaseScript.Run(ctx, rig.rdb, append(keys, qHeard), append(args, qTTL)...).Err())
+		require.NoError(b, releaseScript.Run(ctx, rig.rdb, append(keys, qHeard), append(args, qTTL, 0)...).Err())
 		after := serverStats(b, rig)
 		granted, err := rig.rdb.ZRange(ctx, qKey+"#g", 0, -1).Result()
 		require.NoError(b, err)

@@ -324,7 +324,7 @@ func (s *Store) Release(ctx context.Context, c *driver.ReleaseCall) error {
 	if c.TTL > 0 {
 		ttl = driver.Millis(c.TTL)
 	}
-	return releaseScript.Run(ctx, s.rdb, append(keys, s.heardKey), append(args, ttl)...).Err()
+	return releaseScript.Run(ctx, s.rdb, append(keys, s.heardKey), append(args, ttl, c.Pause.Milliseconds())...).Err()
 }
 
 // Abandon runs the abandon script for each call, in one pipeline.
@@ -337,7 +337,7 @@ func (s *Store) Abandon(ctx context.Context, calls []*driver.AbandonCall) ([]err
 			keys[i] = append(keys[i], s.key(k))
 		}
 		keys[i] = append(keys[i], s.tombstone(c.Lease), s.heardKey)
-		args[i] = []any{c.Lease, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.wakePrefix}
+		args[i] = []any{c.Lease, driver.Millis(c.TTL), c.NotAfter, driver.Millis(c.Claim), s.wakePrefix, c.Pause.Milliseconds()}
 		for _, n := range c.Limits {
 			args[i] = append(args[i], n)
 		}

@@ -461,7 +461,7 @@ func (rig *queueRig) releaseBatch(ids []string, limits []int) {
 		keys = append(keys, qKey)
 		args = append(args, id, limits[i])
 	}
-	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append(keys, qHeard), append(args, qTTL)...).Err())
+	require.NoError(rig.t, releaseScript.Run(context.Background(), rig.rdb, append(keys, qHeard), append(args, qTTL, 0)...).Err())
 }
 
 // Serving keeps its window of waiters across a grant and goes on from
