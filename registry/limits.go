@@ -142,8 +142,14 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		ctx = context.Background()
 	}
 	now := r.eng.Clock.Coarse()
+	// Once a refresh interval, every shard's cache not pruned since: one
+	// whose keys have all gone quiet would otherwise keep their limits.
 	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.refresh)) {
-		r.pruneIdleShards(now)
+		for i := range r.shards {
+			r.shards[i].mu.Lock()
+			r.pruneResolvedLocked(&r.shards[i], now)
+			r.shards[i].mu.Unlock()
+		}
 	}
 	sh.mu.Lock()
 	r.pruneResolvedLocked(sh, now)
@@ -207,12 +213,16 @@ func (r *Registry[K]) retained(rv resolved, now int64) bool {
 }
 
 // fetchLimit calls the LimitFunc and records the outcome. The record is made
-// in a deferred call, so that even a LimitFunc that exits its goroutine
-// (runtime.Goexit, as t.FailNow does) cannot leave the fetch marked as under
-// way and its waiters blocked.
+// in a deferred call, which turns a panic into an error, so that even a
+// LimitFunc that panics or exits its goroutine (runtime.Goexit, as
+// t.FailNow does) cannot leave the fetch marked as under way and its
+// waiters blocked.
 func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now int64, fetch chan struct{}) (n int, gen uint64, err error) {
 	n, err = -1, errors.New("registry: LimitFunc did not return")
 	defer func() {
+		if p := recover(); p != nil {
+			n, err = -1, panicError{p}
+		}
 		sh.mu.Lock()
 		rv := sh.resolved[key]
 		again := rv.again
@@ -229,22 +239,11 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		sh.mu.Unlock()
 		close(fetch)
 	}()
-	n, err = r.callLimitFunc(ctx, key)
+	n, err = r.limitFunc(ctx, key)
 	if err == nil && n < 0 {
 		err = fmt.Errorf("registry: LimitFunc returned a negative limit %d", n)
 	}
 	return n, 0, err
-}
-
-// callLimitFunc calls the LimitFunc, turning a panic into an error so that a
-// bad lookup cannot leave the key marked as being fetched forever.
-func (r *Registry[K]) callLimitFunc(ctx context.Context, key K) (n int, err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			n, err = -1, panicError{p}
-		}
-	}()
-	return r.limitFunc(ctx, key)
 }
 
 type panicError struct{ v any }
@@ -257,19 +256,6 @@ func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
 	rv, ok := sh.resolved[key]
 	if ok && rv.fetch == nil && !r.retained(rv, r.eng.Clock.Coarse()) {
 		delete(sh.resolved, key)
-	}
-}
-
-// pruneIdleShards prunes the caches of the shards that no acquire has
-// pruned for a refresh interval: a shard whose keys have all gone quiet
-// would otherwise keep their limits. One acquire a refresh interval does
-// it, one shard at a time.
-func (r *Registry[K]) pruneIdleShards(now int64) {
-	for i := range r.shards {
-		sh := &r.shards[i]
-		sh.mu.Lock()
-		r.pruneResolvedLocked(sh, now)
-		sh.mu.Unlock()
 	}
 }
 

@@ -48,13 +48,14 @@ const newcomer = math.MaxUint64
 // with multiMu held.
 func (m *multi[K]) urgent() bool { return m.passed >= MaxPassed }
 
-// keeps reports whether m keeps units of its keys from later callers: it
-// is urgent, and none of its keys is paused (a limit of 0: it cannot be
-// served until that is raised, and units kept meanwhile would idle its
-// other keys). Call with multiMu held: a queued key's limit changes only
-// under it (applyLimit).
-func (m *multi[K]) keeps() bool {
-	return m.urgent() && !slices.ContainsFunc(m.entries, func(e *entry[K]) bool { return e.lane.Limit == 0 })
+// keeps reports whether m, of class c, keeps units of its keys from later
+// callers: it is urgent, and none of its keys is paused for c (a limit of
+// 0, or one that higher classes' Reserved take whole: core.Lane.Closed; it
+// cannot be served until that is raised, and units kept meanwhile would
+// idle its other keys). Call with multiMu held: a queued key's limit
+// changes only under it (applyLimit).
+func (m *multi[K]) keeps(c uint8) bool {
+	return m.urgent() && !slices.ContainsFunc(m.entries, func(e *entry[K]) bool { return e.lane.Closed(c) })
 }
 
 // outranks reports whether a multi-key waiter w, on a lane where class c
@@ -77,7 +78,7 @@ func blockedLocked[K comparable](e *entry[K], c uint8, seq uint64, n int) bool {
 	short, kept := e.lane.Short(c), 0
 	for el := e.multis.Front(); el != nil; el = el.Next() {
 		w := el.Value
-		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).keeps() {
+		if w.Seq < seq && outranks(w, c, short) && w.Hold.Owner.(*multi[K]).keeps(w.Class) {
 			kept += w.Hold.Units()
 		}
 	}

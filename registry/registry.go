@@ -84,7 +84,7 @@ type Registry[K comparable] struct {
 	// exceedsLimit counts the refusals of callers heavier than a key's
 	// limit: rare, so kept here rather than in each shard's counters.
 	exceedsLimit atomic.Uint64
-	sweepAt      atomic.Int64 // when the next acquire prunes idle shards' caches (pruneIdleShards)
+	sweepAt      atomic.Int64 // when the next acquire prunes idle shards' caches (refreshLimit)
 	limitLog     core.Every
 }
 

@@ -215,7 +215,7 @@ func (ln *Lane) CanTake(c uint8, n int) bool {
 	if ln.Shares == nil {
 		return true
 	}
-	g := ln.guarantees(c, false)
+	g := ln.guarantees(c, ln.waits)
 	above, below, own := ln.owed(c, &g, ln.Holders.classUnits)
 	// What is left free once it took n: as if it took them one at a time.
 	return free-n >= above && (n <= own || free-n >= above+below)
@@ -239,16 +239,16 @@ func (ln *Lane) owed(c uint8, g *[NumClasses]int, held func(uint8) int) (above, 
 	return above, below, own
 }
 
-// guarantees returns g(d) for every class d, with c counted as waiting:
-// max(Min, Reserved) while d waits, Reserved while it is idle; cut from the
-// highest class down to what the limit leaves. With all true, every class
-// is taken to be waiting. Only with shares.
-func (ln *Lane) guarantees(c uint8, all bool) [NumClasses]int {
+// guarantees returns g(d) for every class d, with c counted as waiting
+// and the others as waits says: max(Min, Reserved) while d waits, Reserved
+// while it is idle; cut from the highest class down to what the limit
+// leaves. Only with shares.
+func (ln *Lane) guarantees(c uint8, waits func(d uint8) bool) [NumClasses]int {
 	var g [NumClasses]int
 	left := ln.Limit
 	for _, d := range Order {
 		want := ln.Shares.Reserved[d]
-		if d == c || all || ln.Waiters.ClassLen(d) > 0 {
+		if d == c || waits(d) {
 			want = max(ln.Shares.Min[d], want)
 		}
 		g[d] = min(want, left)
@@ -267,11 +267,26 @@ func (ln *Lane) Capacity(c uint8) int {
 	if ln.Shares == nil {
 		return ln.Limit
 	}
-	// CanTake on an empty lane whose other classes all wait, solved for n.
-	g := ln.guarantees(c, true)
+	return ln.room(c, func(uint8) bool { return true })
+}
+
+// Closed reports whether class c can take no unit of the lane until its
+// limit is raised, however idle the others are: the limit is 0, or the
+// other classes' Reserved leave c none. For c it is a pause: a waiter of
+// one unit waits (Capacity, counting their Min too, refuses heavier ones).
+func (ln *Lane) Closed(c uint8) bool {
+	return ln.Limit == 0 || ln.Shares != nil && ln.room(c, func(uint8) bool { return false }) < 1
+}
+
+// room is what CanTake lets class c take of an empty lane whose other
+// classes wait as waits says, solved for n. Only with shares.
+func (ln *Lane) room(c uint8, waits func(d uint8) bool) int {
+	g := ln.guarantees(c, waits)
 	above, below, own := ln.owed(c, &g, func(uint8) int { return 0 })
 	return min(ln.Limit-above, max(own, ln.Limit-above-below))
 }
+
+func (ln *Lane) waits(d uint8) bool { return ln.Waiters.ClassLen(d) > 0 }
 
 // Short reports whether class c holds less than its guarantee (counting c
 // as waiting): a unit it takes then is one it is owed. Always false
@@ -280,7 +295,7 @@ func (ln *Lane) Short(c uint8) bool {
 	if ln.Shares == nil {
 		return false
 	}
-	return ln.Holders.classUnits(c) < ln.guarantees(c, false)[c]
+	return ln.Holders.classUnits(c) < ln.guarantees(c, ln.waits)[c]
 }
 
 // Candidate returns the waiter of ln to serve next among those for which
@@ -392,7 +407,7 @@ func (ln *Lane) HeavyAhead(c uint8) bool {
 // ever admit under its limit now (Capacity), and returns it: call under the
 // owner's lock after the limit changed, and refuse them (Wakes.Refuse). A
 // limit of 0 pauses the lane rather than shrinking it: nobody is refused
-// then.
+// then (nor a waiter of one unit whose class is Closed).
 func (ln *Lane) Overweight(dst []*Waiter) []*Waiter {
 	if ln.Waiters.Heavy() == 0 || ln.Limit <= 0 {
 		return dst

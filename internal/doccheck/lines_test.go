@@ -76,8 +76,10 @@ var admissionFiles = []string{
 // Retry-After counting the units of the classes ahead of it); then 18 for
 // two faults a hunt found (a passed-over AcquireAll on a paused key keeps
 // nothing, and reads of a key that cannot be hashed find nothing), to
-// 5,854. The goal is 4,000.
-const maxAdmissionLines = 5854
+// 5,854, and 2 for a class that other classes' Reserved shut out of a key
+// (core.Lane.Closed, a pause for its multi-key waiters), to 5,856. The
+// goal is 4,000.
+const maxAdmissionLines = 5856
 
 // maxAdmissionCode is what its lines of code (neither blank nor a
 // comment) may not grow past; the restatement proposed for the goal is
@@ -88,8 +90,12 @@ const maxAdmissionLines = 5854
 // the Limiter's counts are read from Stats (-12); 3,997 since a waiter on
 // a paused key keeps nothing (+3) and a read of a key that cannot be
 // hashed finds nothing (+7, and -3 for SetLimit and ClearLimit checking
-// the key in one place).
-const maxAdmissionCode = 3997
+// the key in one place); 3,995 since a class shut out of a key by others'
+// Reserved is a pause for its multi-key waiters (+7: core.Lane.Closed,
+// with Capacity's sum written once in room), a LimitFunc's panic turned
+// into an error in the deferred record and idle shards pruned in place
+// (-9).
+const maxAdmissionCode = 3995
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
 // files (go test -v -run AdmissionCodeSize ./internal/doccheck prints it),
