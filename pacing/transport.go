@@ -7,6 +7,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptrace"
 	"sync/atomic"
 	"time"
 
@@ -167,8 +168,12 @@ func NewTransport(base http.RoundTripper, gate *Gate, opts ...TransportOption) *
 	return t
 }
 
-// exchange is one request's admission, from RoundTrip to the reporter.
+// exchange is one request's admission, from RoundTrip to the reporter. It
+// is the request's context on its way (Value finds it by exchangeKey),
+// with trace on.
 type exchange struct {
+	context.Context
+	trace   httptrace.ClientTrace
 	model   string
 	grant   Grant
 	caps    *slots.Slot // the fleet's; nil without a fleet
@@ -180,9 +185,20 @@ type exchange struct {
 	// dropUsage: the Transport asked the stream for its usage
 	// (WithStreamUsage); the client gets no usage chunk.
 	dropUsage bool
+	// asked and got: net/http's Transport asked for a connection for the
+	// request, and got one (httptrace): a failure between the two sent
+	// nothing.
+	asked, got atomic.Bool
 }
 
 type exchangeKey struct{}
+
+func (x *exchange) Value(key any) any {
+	if key == (exchangeKey{}) {
+		return x
+	}
+	return x.Context.Value(key)
+}
 
 // errNoAnswer is a base RoundTripper's nil response with a nil error, which
 // net/http's own Client reports as an error too.
@@ -203,7 +219,10 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			return nil, err
 		}
 	}
-	return t.inner.RoundTrip(out.WithContext(context.WithValue(out.Context(), exchangeKey{}, x)))
+	x.trace.GetConn = func(string) { x.asked.Store(true) }
+	x.trace.GotConn = func(httptrace.GotConnInfo) { x.got.Store(true) }
+	x.Context = httptrace.WithClientTrace(out.Context(), &x.trace)
+	return t.inner.RoundTrip(out.WithContext(x))
 }
 
 // admit takes the fleet's caps, then waits for the Gate. Whatever it
@@ -330,12 +349,29 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 		}
 	}
-	resp, err := t.base.RoundTrip(req)
+	var resp *http.Response
+	var err error
+	if cause := context.Cause(req.Context()); cause != nil && x != nil {
+		// Ended after the admission: net/http would give it up unsent.
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		err = fmt.Errorf("%w: %w", slots.ErrNotSent, cause)
+	} else {
+		resp, err = t.base.RoundTrip(req)
+	}
 	if x == nil {
 		return resp, err
 	}
 	if err == nil && resp == nil {
 		err = errNoAnswer // reported as any failure to send
+	}
+	if err != nil && x.asked.Load() && !x.got.Load() && !httpx.NotSent(err, slots.ErrNotSent) {
+		// net/http's Transport gave up waiting for a connection (its context
+		// ended meanwhile, during a dial say): sent nothing, which it tells
+		// with the bare context error. So that the slots Transport frees
+		// the slot at once, not after a linger:
+		err = fmt.Errorf("%w: %w", slots.ErrNotSent, err)
 	}
 	if resp != nil && resp.Request == nil {
 		resp.Request = req // as net/http's own do: ClassifyAsRead reads the method there
@@ -357,8 +393,8 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	toFleet := t.caps != nil && x.caps != nil && !x.caps.Bypassed()
 	trs := tracesOf(req.Context())
 	weighed := x.weighed && err == nil
-	// A request the base chose not to send, or that never connected, used
-	// nothing: as one the upstream refused, it charges nothing.
+	// A request that was not sent used nothing: as one the upstream
+	// refused, it charges nothing.
 	notSent := httpx.NotSent(err, slots.ErrNotSent)
 	hears := (err == nil || notSent) && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool

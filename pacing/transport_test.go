@@ -381,7 +381,9 @@ func TestTransportModelWithoutTheBody(t *testing.T) {
 }
 
 // The Transport's own cost over its base, per request: the body read to
-// find the model aside.
+// find the model aside. (Two more since the Transport tells a request
+// net/http gave up before it had a connection: the httptrace hooks, 15
+// and 20 before.)
 func TestTransportAllocations(t *testing.T) {
 	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		return &http.Response{StatusCode: 200, Body: http.NoBody, Request: r}, nil
@@ -397,7 +399,7 @@ func TestTransportAllocations(t *testing.T) {
 		resp.Body.Close()
 	})
 	t.Logf("%.0f allocations a request", allocs)
-	assert.LessOrEqual(t, allocs, 15.0)
+	assert.LessOrEqual(t, allocs, 17.0)
 	// A client's Accept-Encoding (a proxied request has one) is not sent
 	// on: the request is copied, its headers with it.
 	req.Header.Set("Accept-Encoding", "gzip")
@@ -409,7 +411,7 @@ func TestTransportAllocations(t *testing.T) {
 		resp.Body.Close()
 	})
 	t.Logf("%.0f allocations a request with an Accept-Encoding", allocs)
-	assert.LessOrEqual(t, allocs, 20.0)
+	assert.LessOrEqual(t, allocs, 22.0)
 	assert.Zero(t, gate.Status().InFlight)
 }
 

@@ -1,0 +1,90 @@
+package pacing_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// budgetsLeft returns what each budget of gate has left, by cap.
+func budgetsLeft(gate *pacing.Gate) map[string]int {
+	m := map[string]int{}
+	for _, b := range gate.Budgets() {
+		m[b.Cap+"/"+b.Model+"/"+b.Key] = b.Left
+	}
+	return m
+}
+
+// A request whose context ends after its admission, before net/http's
+// Transport has a connection for it, never reached the upstream: it
+// charges nothing, its slot is free at once, and its Trace hears it
+// settled unserved. Both ways net/http gives up such a request: its
+// context ended before it was handed over, and it ended while it waited
+// for a connection (here behind MaxConnsPerHost, as behind a slow dial).
+// Before, the error was the bare context's, which the Transport took for
+// a request that may have been sent: its estimate and its request stood
+// charged (found by a bug hunt).
+func TestTransportContextEndedBeforeSending(t *testing.T) {
+	var hits atomic.Int32
+	hold := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hits.Add(1)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		<-hold
+		w.Write([]byte(`{"usage":{"prompt_tokens":1,"completion_tokens":1}}`))
+	}))
+	defer srv.Close()
+	defer close(hold) // before the server closes: its handlers return
+	base := &http.Transport{MaxConnsPerHost: 1}
+	defer base.CloseIdleConnections()
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10,
+		BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 10000, MaxRequestsPerMinute: 10}})
+	rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(time.Hour))
+	send := func(ctx context.Context) (*http.Response, error) {
+		ctx = pacing.WithTokens(pacing.WithModelName(ctx, "m"), pacing.Tokens{Input: 1000, Output: 1000})
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		return rt.RoundTrip(req)
+	}
+
+	t.Run("ended before it was handed over", func(t *testing.T) {
+		ctx, cancel := context.WithCancel(t.Context())
+		var settled []pacing.Settlement
+		ctx = pacing.WithTrace(ctx, &pacing.Trace{Admitted: func(pacing.Admission) { cancel() },
+			Settled: func(st pacing.Settlement) { settled = append(settled, st) }})
+		_, err := send(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.ErrorIs(t, err, slots.ErrNotSent)
+		assert.Zero(t, hits.Load(), "nothing reached the upstream")
+		assert.Equal(t, map[string]int{"tokens_per_minute//": 10000, "max_requests_per_minute//": 10}, budgetsLeft(gate))
+		assert.Equal(t, []pacing.Settlement{{}}, settled, "settled once, unserved")
+		assert.Zero(t, gate.Status().InFlight, "no linger: nothing was sent")
+	})
+
+	t.Run("ended waiting for a connection", func(t *testing.T) {
+		first, err := send(t.Context()) // holds the one connection
+		require.NoError(t, err)
+		defer first.Body.Close()
+		ctx, cancel := context.WithTimeout(t.Context(), 100*time.Millisecond)
+		defer cancel()
+		_, err = send(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		assert.ErrorIs(t, err, slots.ErrNotSent)
+		assert.Equal(t, int32(1), hits.Load(), "the second never reached the upstream")
+		assert.Equal(t, map[string]int{"tokens_per_minute//": 8000, "max_requests_per_minute//": 9}, budgetsLeft(gate),
+			"the first one's estimate only")
+		assert.Equal(t, 1, gate.Status().InFlight, "the first one's slot only: no linger for the second")
+	})
+}
