@@ -25,9 +25,10 @@ type Trace struct {
 	// without) with how it ended, when the answer tells: not Served for an
 	// answer that refused it (a verdict other than Admitted and Other: a
 	// 429, an overload) and for one never sent (its base's error wraps
-	// slots.ErrNotSent, or it failed to dial), which are then no request
-	// of the upstream's and charge nothing; Served with zero Used for
-	// another 4xx (sent, but nothing used); for a request admitted under
+	// slots.ErrNotSent, it failed to dial, or its context ended before it
+	// had a connection), which are then no request of the upstream's and
+	// charge nothing; Served with zero Used for a redirect or another 4xx
+	// (sent, but nothing used); for a request admitted under
 	// WithTokens, Served with the usage its answer reported (WatchUsage).
 	// It is not called when none of these is known (a failed exchange, a
 	// served request without WithTokens, an answer with no usage): the

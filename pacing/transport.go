@@ -424,7 +424,8 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			case err != nil:
 			case v.Kind != Admitted && v.Kind != Other:
 				settled(Settlement{}) // refused by the upstream: as the Gate's budgets (Report)
-			case resp.StatusCode/100 == 4: // a client error: it used nothing, but it was sent
+			case resp.StatusCode/100 == 4 || resp.StatusCode/100 == 3 && resp.Header.Get("Location") != "":
+				// A client error, a redirect: it used nothing, but it was sent.
 				t.gate.settle(x.grant, Tokens{}, endedSent)
 				settled(Settlement{Served: true})
 			}

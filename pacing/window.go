@@ -222,7 +222,7 @@ func (b *budgets) charge(t Tokens, now int64) {
 // How a request ended, for its budgets' correction (budgets.correct).
 const (
 	endedUsage    = iota // served, with the usage the upstream reported: counted in the ratio of use to estimate
-	endedSent            // answered without use (a client error): its tokens back, its request stays
+	endedSent            // answered without use (a redirect, a client error): its tokens back, its request stays
 	endedUnserved        // refused by the upstream, given back, never sent: all of it back, its request too
 )
 
