@@ -352,11 +352,12 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	var resp *http.Response
 	var err error
 	if cause := context.Cause(req.Context()); cause != nil && x != nil {
-		// Ended after the admission: net/http would give it up unsent.
+		// Ended after the admission: net/http would give it up unsent,
+		// with this error.
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		err = fmt.Errorf("%w: %w", slots.ErrNotSent, cause)
+		err = &httpx.Unsent{Err: cause}
 	} else {
 		resp, err = t.base.RoundTrip(req)
 	}
@@ -371,7 +372,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		// ended meanwhile, during a dial say): sent nothing, which it tells
 		// with the bare context error. So that the slots Transport frees
 		// the slot at once, not after a linger:
-		err = fmt.Errorf("%w: %w", slots.ErrNotSent, err)
+		err = &httpx.Unsent{Err: err}
 	}
 	if resp != nil && resp.Request == nil {
 		resp.Request = req // as net/http's own do: ClassifyAsRead reads the method there
@@ -395,7 +396,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	weighed := x.weighed && err == nil
 	// A request that was not sent used nothing: as one the upstream
 	// refused, it charges nothing.
-	notSent := httpx.NotSent(err, slots.ErrNotSent)
+	// A failed dial after a connection was had is net/http's retry of a
+	// request that may have been sent on it.
+	notSent := httpx.NotSent(err, slots.ErrNotSent) && (!x.got.Load() || errors.Is(err, slots.ErrNotSent))
 	hears := (err == nil || notSent) && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool
 	settled := func(st Settlement) { // the Trace hears it once

@@ -2,8 +2,11 @@ package pacing_test
 
 import (
 	"context"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -66,7 +69,7 @@ func TestTransportContextEndedBeforeSending(t *testing.T) {
 			Settled: func(st pacing.Settlement) { settled = append(settled, st) }})
 		_, err := send(ctx)
 		require.ErrorIs(t, err, context.Canceled)
-		assert.ErrorIs(t, err, slots.ErrNotSent)
+		assert.NotErrorIs(t, err, slots.ErrNotSent, "no refusal of the base's: the context's error, as net/http's")
 		assert.Zero(t, hits.Load(), "nothing reached the upstream")
 		assert.Equal(t, map[string]int{"tokens_per_minute//": 10000, "max_requests_per_minute//": 10}, budgetsLeft(gate))
 		assert.Equal(t, []pacing.Settlement{{}}, settled, "settled once, unserved")
@@ -81,10 +84,72 @@ func TestTransportContextEndedBeforeSending(t *testing.T) {
 		defer cancel()
 		_, err = send(ctx)
 		require.ErrorIs(t, err, context.DeadlineExceeded)
-		assert.ErrorIs(t, err, slots.ErrNotSent)
+		assert.NotErrorIs(t, err, slots.ErrNotSent)
 		assert.Equal(t, int32(1), hits.Load(), "the second never reached the upstream")
 		assert.Equal(t, map[string]int{"tokens_per_minute//": 8000, "max_requests_per_minute//": 9}, budgetsLeft(gate),
 			"the first one's estimate only")
 		assert.Equal(t, 1, gate.Status().InFlight, "the first one's slot only: no linger for the second")
 	})
+}
+
+// A request net/http never had a connection for is answered by a proxy as
+// an upstream's failure, not as a refusal of the Gate's: a failed TLS
+// handshake is a 502, and it charges nothing. (Marking such requests with
+// slots.ErrNotSent made it a 503 "could not be admitted"; found by
+// review.)
+func TestTransportUnconnectedIsTheUpstreamsFailure(t *testing.T) {
+	srv := httptest.NewTLSServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) {}))
+	defer srv.Close()
+	u, err := url.Parse(srv.URL)
+	require.NoError(t, err)
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 10}})
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = pacing.NewTransport(&http.Transport{}, gate) // does not trust the server's certificate
+	rp.ErrorHandler = slots.ProxyErrorHandler()
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(`{"model":"m"}`))
+	rp.ServeHTTP(rec, req.WithContext(pacing.WithModelName(req.Context(), "m")))
+	assert.Equal(t, http.StatusBadGateway, rec.Code)
+	assert.Equal(t, map[string]int{"max_requests_per_minute//": 10}, budgetsLeft(gate), "never sent: nothing charged")
+}
+
+// A request written on a reused connection that breaks, which net/http
+// then tries again on a new one whose dial fails, may have reached the
+// upstream: it stays charged. (Any dial error was taken for a request
+// never sent; found by review.)
+func TestTransportRetryDialAfterSendingIsCharged(t *testing.T) {
+	var hits atomic.Int32
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if hits.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{}`))
+			return
+		}
+		srv.Listener.Close() // the retry's dial is refused
+		c, _, err := w.(http.Hijacker).Hijack()
+		if err == nil {
+			c.Close() // read, then gone without an answer
+		}
+	}))
+	defer srv.Close()
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 10}})
+	rt := pacing.NewTransport(&http.Transport{}, gate, pacing.WithCutLinger(0))
+	send := func(key string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(pacing.WithModelName(t.Context(), "m"), http.MethodPost, srv.URL, strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key) // net/http may send it again
+		}
+		return rt.RoundTrip(req)
+	}
+	resp, err := send("")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	_, err = send("k1")
+	require.Error(t, err)
+	require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
+	assert.Equal(t, map[string]int{"max_requests_per_minute//": 8}, budgetsLeft(gate), "both reached the upstream")
 }

@@ -11,19 +11,29 @@ import (
 // NotSent reports whether a round trip that failed with err never reached
 // the upstream: a base chose not to send it (err wraps notSent, which is
 // slots.ErrNotSent: this package cannot import slots, which imports it),
-// or it could not connect (a dial error). Any other failure may have been
-// sent. A nil err is no failure: false, without the allocation of the
-// search.
+// it never had a connection (Unsent), or it could not connect (a dial
+// error). Any other failure may have been sent. A nil err is no failure:
+// false, without the allocation of the search.
 func NotSent(err, notSent error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, notSent) {
+	var u *Unsent
+	if errors.Is(err, notSent) || errors.As(err, &u) {
 		return true
 	}
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
 }
+
+// Unsent is the error of a round trip that never had a connection, as a
+// RoundTripper that watched it tells (its context ended while it waited
+// for one, which net/http reports with the bare context error): its text
+// and what it wraps are Err's, so that callers see what they would have.
+type Unsent struct{ Err error }
+
+func (e *Unsent) Error() string { return e.Err.Error() }
+func (e *Unsent) Unwrap() error { return e.Err }
 
 // Bodiless reports whether resp, the answer to a request of method, has no
 // body to read: none, http.NoBody, or one that HTTP rules out (an answer to
