@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -163,14 +164,14 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 	}
 	res := rp.res
 	if err := rp.err; errors.Is(err, driver.ErrBadReply) {
-		r.abandon(l)
+		r.takeBack(l)
 		return failed(err)
 	}
 	if err := rp.err; err != nil {
 		if rp.sent {
 			// The call may still run in the store: take back what it
 			// adds, and go on under a new lease id.
-			r.abandon(l)
+			r.takeBack(l)
 		} else if pending {
 			// Not sent: the first call's lease goes back now, before l may
 			// be held (unavailable) under a new id.
@@ -191,8 +192,8 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 		}
 		return r.unqueued(ctx, l, w) // a failure, or the breaker opened while the call was queued
 	}
-	if res.Status < 0 || res.Key >= len(l.keys) {
-		r.abandon(l)
+	if res.Status < 0 || res.Key >= len(l.keys) || c.learned && res.Status == driver.StatusAdmitted && len(res.Counts) != len(l.keys) {
+		r.takeBack(l)
 		return failed(fmt.Errorf("fleet: unexpected admission result %+v", res))
 	}
 	epoch := res.Epoch
@@ -224,7 +225,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			// A second cut meanwhile: given back, its removal serving the
 			// queues under the caps now.
 			r.cutLimits(l)
-			r.abandon(l)
+			r.takeBack(l)
 			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units, Limit: limit, RetryAfter: time.Second}
 			return outcome{err: le, full: i, inFlight: le.InFlight}
 		}
@@ -297,8 +298,9 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	return rp
 }
 
-// takeBack takes l's id out of the store (see sendAbandonment) and gives
-// l a new id.
+// takeBack takes whatever l's id holds, or a failed call for l may have
+// put, out of the store (see sendAbandonment), and gives l a new id for
+// what comes next.
 func (r *Registry[K]) takeBack(l *lease[K]) {
 	r.sendAbandonment(l)
 	l.id = newLeaseID()
@@ -319,13 +321,6 @@ func (r *Registry[K]) sendAbandonment(l *lease[K]) {
 	}
 }
 
-// abandon queues the removal of whatever a failed call for l may have put
-// into the store, and gives l a new id for what comes next.
-func (r *Registry[K]) abandon(l *lease[K]) {
-	r.queueRelease(l.abandonment())
-	l.id = newLeaseID()
-}
-
 // hold finishes an admission: the local mirror slot, the lease record, and
 // the Slot. With degraded, the lease is not in the store (yet); else the store
 // admitted it under epoch. A caller whose context has ended by the time the
@@ -342,6 +337,16 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			break
 		}
 		if !degraded {
+			var le *slots.LimitError
+			if errors.As(err, &le) && r.degradedOn(l) {
+				// A lease admitted outside the store since l's call left
+				// (which carried none in) holds the room: the store admitted
+				// l without counting it. l goes back; its next call carries
+				// that lease in.
+				r.takeBack(l)
+				o, _ := r.localFull(l, le)
+				return o
+			}
 			// This process holds more than the store counts (leases lost and
 			// not put back, or local limits other than the fleet's):
 			// admit anyway; the store has counted this one.
@@ -429,6 +434,21 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 	s, err := r.local.TryAcquireAllN(l.units, l.keys...)
 	ok = true
 	return s, err
+}
+
+// degradedOn reports whether this process holds a lease admitted outside
+// the store, not in it yet, on one of l's keys.
+func (r *Registry[K]) degradedOn(l *lease[K]) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for d := range r.held.degraded {
+		for _, k := range d.keys {
+			if slices.Contains(l.keys, k) {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 // localFull tells the local registry's refusal le of l again, naming the

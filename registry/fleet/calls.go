@@ -400,22 +400,23 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	if perr == nil && len(results) != len(batch) {
 		perr = fmt.Errorf("fleet: %d results for %d admission calls", len(results), len(batch))
 	}
+	if r.stopping.Err() != nil {
+		// The callers learn at once; Close waits for this goroutine, so
+		// the abandon still comes before Close returns. Also when Close
+		// cut the pipeline (perr): its calls may have run.
+		for _, c := range batch {
+			c.reply = reply{err: ErrClosed}
+			close(c.done)
+		}
+		r.abandonCalls(batch)
+		return
+	}
 	if perr != nil { // the store failed them all, or panicked (a client hook): fail the calls, keep the process
 		r.storeFailed(perr)
 		for _, c := range batch {
 			c.reply = reply{err: perr, sent: true}
 			close(c.done)
 		}
-		return
-	}
-	if r.stopping.Err() != nil {
-		// The callers learn at once; Close waits for this goroutine, so
-		// the abandon still comes before Close returns.
-		for _, c := range batch {
-			c.reply = reply{err: ErrClosed}
-			close(c.done)
-		}
-		r.abandonCalls(batch)
 		return
 	}
 	var failure error

@@ -1,0 +1,202 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/pacing/upstream"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// These faults were found by a bug hunt with stores that fail or stall
+// one call at a chosen moment.
+
+var errInjected = errors.New("test: the store's call failed")
+
+// heldFirst holds the first AdmitOne until open is closed (telling
+// arrived once it is there); while failing > 0, a call fails before it
+// runs.
+type heldFirst struct {
+	driver.Store
+	once          sync.Once
+	arrived, open chan struct{}
+	failing       atomic.Int32
+}
+
+func (s *heldFirst) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.failing.Add(-1) >= 0 {
+		return driver.AdmitResult{}, errInjected
+	}
+	first := false
+	s.once.Do(func() { first = true })
+	if first {
+		close(s.arrived)
+		<-s.open
+	}
+	return s.Store.AdmitOne(ctx, c)
+}
+
+// A lease admitted outside the store (one call failed, the breaker still
+// closed) while another caller's call is on its way counts for that
+// call's admission: the store, which did not count it, admitted the other,
+// which is then refused and taken back. Before, the process held two slots
+// of a key limited to 1, and its heartbeat put the second into the store
+// without a check.
+func TestLeaseAdmittedOutsideTheStoreMeanwhileCounts(t *testing.T) {
+	ms := memstore.New()
+	st := &heldFirst{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithLogger(quiet())) // FallbackLocal
+	defer closeWithin(t, r)
+	first := make(chan error, 1)
+	go func() {
+		s, err := r.TryAcquire("k")
+		if err == nil {
+			defer s.Release()
+		}
+		first <- err
+	}()
+	<-st.arrived
+	st.failing.Store(1)
+	local, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.True(t, local.Degraded(), "admitted outside the store")
+	close(st.open)
+	assert.ErrorIs(t, <-first, slots.ErrLimitReached, "the store admitted it without the lease held outside")
+	assert.False(t, r.Stats().BreakerOpen)
+	assert.Equal(t, 1, r.Stats().Held)
+	local.Release()
+	require.Eventually(t, func() bool {
+		n, err := ms.Count(context.Background(), "k")
+		return err == nil && n == 0
+	}, 5*time.Second, time.Millisecond, "the refused one's lease taken back from the store (its TTL is 30 s)")
+}
+
+// pipeCutByClose stalls each AdmitOne until open is closed; a pipeline
+// (Admit) runs its calls, then answers only when its context ends, with
+// that error: the calls ran, and Close cut the reply.
+type pipeCutByClose struct {
+	driver.Store
+	open, ran chan struct{}
+	alone     atomic.Int32
+	once      sync.Once
+}
+
+func (s *pipeCutByClose) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	s.alone.Add(1)
+	<-s.open
+	return s.Store.AdmitOne(ctx, c)
+}
+
+func (s *pipeCutByClose) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	_, _ = s.Store.Admit(context.Background(), calls)
+	s.once.Do(func() { close(s.ran) })
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A pipeline of admission calls that Close cuts after they ran is taken
+// back before Close returns, as one whose reply came is. Before, its
+// callers were told the store failed, and its leases, held by nobody,
+// stayed in the store for a TTL.
+func TestCloseTakesBackACutPipeline(t *testing.T) {
+	ms := memstore.New()
+	st := &pipeCutByClose{Store: ms, open: make(chan struct{}), ran: make(chan struct{})}
+	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithTimeout(5*time.Second), WithLogger(quiet()))
+	var wg sync.WaitGroup
+	for i, k := range []string{"a", "b", "c"} {
+		wg.Go(func() {
+			if s, err := r.TryAcquire(k); err == nil {
+				s.Release()
+			}
+		})
+		if k != "c" { // a and b take both places for calls alone; c waits for a pipeline
+			require.Eventually(t, func() bool { return st.alone.Load() == int32(i+1) }, 5*time.Second, time.Millisecond)
+		}
+	}
+	require.Eventually(t, func() bool { return r.queued() == 1 }, 5*time.Second, time.Millisecond)
+	close(st.open)
+	<-st.ran
+	closeWithin(t, r)
+	wg.Wait()
+	n, err := ms.Count(context.Background(), "c")
+	require.NoError(t, err)
+	assert.Zero(t, n, "units left on c after Close")
+}
+
+// ranThenFailed runs each AdmitOne, then waits for open and fails it: the
+// call ran, its reply was lost.
+type ranThenFailed struct {
+	driver.Store
+	ran, open chan struct{}
+}
+
+func (s *ranThenFailed) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if _, err := s.Store.AdmitOne(ctx, c); err != nil {
+		return driver.AdmitResult{}, err
+	}
+	close(s.ran)
+	<-s.open
+	return driver.AdmitResult{}, errInjected
+}
+
+// An admission call that ran but failed as Close began is taken back
+// before the caller returns. Before, the take-back went to the releaser,
+// which had stopped: the lease stayed in the store for a TTL.
+func TestCloseTakesBackACallThatRan(t *testing.T) {
+	ms := memstore.New()
+	st := &ranThenFailed{Store: ms, ran: make(chan struct{}), open: make(chan struct{})}
+	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithUnavailable(FailClosed), WithLogger(quiet()))
+	done := make(chan error, 1)
+	go func() {
+		_, err := r.TryAcquire("k")
+		done <- err
+	}()
+	<-st.ran
+	closeWithin(t, r)
+	close(st.open)
+	require.Error(t, <-done)
+	n, err := ms.Count(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Zero(t, n, "units left on k after Close")
+}
+
+// withoutCounts answers admissions without their Counts, as a store that
+// breaks the contract (or one of another version) may.
+type withoutCounts struct{ driver.Store }
+
+func (s withoutCounts) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	res, err := s.Store.AdmitOne(ctx, c)
+	res.Counts = nil
+	return res, err
+}
+
+// An admission of a learned key whose reply lacks its Counts is an error,
+// and its lease is taken back. Before, TryAcquire panicked (an index out
+// of range) and left the lease in the store for a TTL.
+func TestLearnedAdmissionWithoutCounts(t *testing.T) {
+	ms := memstore.New()
+	r := New[string](withoutCounts{ms}, 4, WithLogger(quiet()))
+	defer closeWithin(t, r)
+	require.NoError(t, r.Learn("k", upstream.AdaptiveConfig{Max: 4}))
+	var err error
+	require.NotPanics(t, func() {
+		var s *slots.Slot
+		if s, err = r.TryAcquire("k"); err == nil {
+			s.Release()
+		}
+	})
+	assert.ErrorContains(t, err, "unexpected admission result")
+	require.Eventually(t, func() bool {
+		n, err := ms.Count(context.Background(), "k")
+		return err == nil && n == 0
+	}, 5*time.Second, time.Millisecond, "its lease taken back")
+}
