@@ -158,18 +158,18 @@ func (r *Registry[K]) TryAcquireAll(keys ...K) (*slots.Slot, error) {
 // Failures are those of Acquire; a *slots.LimitError names the key that was
 // full.
 //
-// Bound: while it waits, callers that came after it, of its priority class
-// or a lower one, are admitted on its keys ahead of it at most MaxPassed
-// times (an admission that takes several of its keys counts once). From
-// then on each of its keys keeps one slot for it: such callers may still
-// take a key's other free slots, never the last one, so it is served once
-// every key it needs has had a slot free. Waiters that came before it, and
-// callers of a higher class, go first as everywhere; a slot that a lower
-// class's share (WithShare) owes that class still goes to it. Keys it does
-// not need are never held back, nor are any while a key it needs is
-// paused (a limit of 0). Several such waiters on one key each keep a slot,
-// the oldest served first, so none deadlocks. A TryAcquire that finds only
-// a kept slot fails with slots.ErrLimitReached although the key shows room.
+// Bound: while it waits, callers that came after it, of its priority class or
+// a lower one, are admitted on its keys ahead of it at most MaxPassed times
+// (an admission that takes several of its keys counts once). From then on each
+// of its keys keeps one slot for it: such callers may still take a key's other
+// free slots, never the last one, so it is served once every key it needs has
+// had a slot free. Waiters that came before it, and callers of a higher class,
+// go first as everywhere; a slot that a lower class's share (WithShare) owes
+// that class still goes to it. Keys it does not need are never held back, nor
+// are any while a key it needs is paused for it (a limit of 0, or one reserved
+// whole for higher classes). Several such waiters on one key each keep a slot,
+// the oldest served first, so none deadlocks. A TryAcquire that finds only a
+// kept slot fails with slots.ErrLimitReached although the key shows room.
 func (r *Registry[K]) AcquireAll(ctx context.Context, keys ...K) (*slots.Slot, error) {
 	return r.AcquireAllN(ctx, 1, keys...)
 }

@@ -298,9 +298,10 @@ type ReleaseCall struct {
 	// TTL is the caller's lease TTL, for the store's silence (see Store);
 	// 0: the call finds none.
 	TTL time.Duration
-	// Pause is AdmitCall's: a store that finds on this call that it lost
-	// the latest writes (a failover) declares the pause it gives, and
-	// serves nothing.
+	// Pause is as AdmitCall's: a store that finds on a call with a TTL
+	// that it lost the latest writes (a failover) declares a pause of new
+	// admissions (of Pause; a store's own length if 0), and serves
+	// nothing.
 	Pause time.Duration
 	Claim time.Duration
 	Pairs []Release

@@ -34,8 +34,9 @@ package redisstore
 // no script ran on a server between (A to B to C, B gone before any call
 // reached it), or if INFO cannot be run (an ACL without it: k is still
 // written, so that it is tried at most every replCheckMS). A release or
-// an abandon looks too, and serves no queue when it finds a failover: a
-// waiter would take the room a lost lease had.
+// an abandon with a TTL looks too, and serves no queue when it finds a
+// failover: a waiter would take the room a lost lease had (those of the
+// release before, and calls without a TTL, do not look).
 //
 // The pause: when Redis has lost its data, the leases of live holders are
 // missing until each holder's next renewal puts its lease back (without a
@@ -99,7 +100,7 @@ end
 local function failoverPause(H, now, pauseKey, paused, pause, ttl)
   local p = pause
   if p <= 0 then p = ttl / 2 end
-  local untilT = now + math.min(p, ttl)
+  local untilT = now + math.max(1, math.min(p, ttl))
   local loss = paused and paused > now and paused ~= failPause
   if not paused or untilT > paused then
     redis.call('SET', pauseKey, string.format('%.0f', untilT), 'PX', string.format('%.0f', untilT - now))
@@ -113,7 +114,8 @@ local function failoverPause(H, now, pauseKey, paused, pause, ttl)
 end
 -- servesAfterFailover is the start of a release or an abandon, which
 -- serve queues: it reports whether they may, having declared the pause of
--- a failover it finds (with ttl > 0: a call of this release).
+-- a failover it finds (only with ttl > 0: a call without a TTL does not
+-- look, as its pause's bound is unknown).
 local function servesAfterFailover(H, now, pauseKey, pause, ttl)
   if ttl > 0 and failedOver(H, now) then
     failoverPause(H, now, pauseKey, tonumber(redis.call('GET', pauseKey)), pause, ttl)

@@ -395,7 +395,8 @@ return out
 var releaseScript = redis.NewScript(baseLua + failoverLua + queueLua + `
 local H = table.remove(KEYS)
 local now = nowMS(redis.call('TIME'))
-local pause, ttl = tonumber(table.remove(ARGV)), tonumber(table.remove(ARGV))
+local pause = tonumber(table.remove(ARGV))
+local ttl = tonumber(table.remove(ARGV))
 heard(H, now, ttl)
 local serving = servesAfterFailover(H, now, KEYS[1], pause, ttl)
 local claim, chans = tonumber(ARGV[1]), ARGV[2]
