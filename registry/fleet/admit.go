@@ -271,7 +271,7 @@ func (r *Registry[K]) callOrAbandon(ctx context.Context, l *lease[K], c acquireC
 	ok := false
 	defer func() {
 		if !ok {
-			r.queueRelease(l.abandonment())
+			r.sendAbandonment(l)
 		}
 	}()
 	var placed func()
@@ -337,15 +337,18 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			break
 		}
 		if !degraded {
+			// A lease admitted outside the store since l's call left
+			// (which carried none in) may hold the room: the store
+			// admitted l without counting it. If the full key holds one,
+			// and more than the limit the store admitted l under, l goes
+			// back; its next call carries that lease in.
 			var le *slots.LimitError
-			if errors.As(err, &le) && r.degradedOn(l) {
-				// A lease admitted outside the store since l's call left
-				// (which carried none in) holds the room: the store admitted
-				// l without counting it. l goes back; its next call carries
-				// that lease in.
-				r.takeBack(l)
-				o, _ := r.localFull(l, le)
-				return o
+			if errors.As(err, &le) {
+				o, full := r.localFull(l, le)
+				if i := o.full; full && r.local.InFlight(l.keys[i])+l.units > l.limits[i] && r.degradedOn(l.keys[i]) {
+					r.takeBack(l)
+					return o
+				}
 			}
 			// This process holds more than the store counts (leases lost and
 			// not put back, or local limits other than the fleet's):
@@ -428,7 +431,7 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 	ok := false
 	defer func() {
 		if !ok && !degraded {
-			r.queueRelease(l.abandonment())
+			r.sendAbandonment(l)
 		}
 	}()
 	s, err := r.local.TryAcquireAllN(l.units, l.keys...)
@@ -437,15 +440,13 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 }
 
 // degradedOn reports whether this process holds a lease admitted outside
-// the store, not in it yet, on one of l's keys.
-func (r *Registry[K]) degradedOn(l *lease[K]) bool {
+// the store, not in it yet, on key k.
+func (r *Registry[K]) degradedOn(k K) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for d := range r.held.degraded {
-		for _, k := range d.keys {
-			if slices.Contains(l.keys, k) {
-				return true
-			}
+		if slices.Contains(d.keys, k) {
+			return true
 		}
 	}
 	return false

@@ -441,7 +441,7 @@ func (r *Registry[K]) sendPipeline(batch []*scriptCall) {
 	}
 }
 
-// abandonCalls takes back what the calls may have added (see abandon),
+// abandonCalls takes back what the calls may have added (see takeBack),
 // unless the store is unreachable: then the leases expire after the TTL.
 func (r *Registry[K]) abandonCalls(batch []*scriptCall) {
 	if !r.brk.allow() {

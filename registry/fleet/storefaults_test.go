@@ -200,3 +200,59 @@ func TestLearnedAdmissionWithoutCounts(t *testing.T) {
 		return err == nil && n == 0
 	}, 5*time.Second, time.Millisecond, "its lease taken back")
 }
+
+// heldWhenArmed holds the next AdmitOne after armed is set until open is
+// closed (telling arrived once it is there); while failing > 0, a call
+// fails before it runs.
+type heldWhenArmed struct {
+	driver.Store
+	armed         atomic.Bool
+	arrived, open chan struct{}
+	failing       atomic.Int32
+}
+
+func (s *heldWhenArmed) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.failing.Add(-1) >= 0 {
+		return driver.AdmitResult{}, errInjected
+	}
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.arrived)
+		<-s.open
+	}
+	return s.Store.AdmitOne(ctx, c)
+}
+
+// The refusal above holds only past the limit the store admitted under: a
+// local limit not refreshed yet (Keys.Limit raised from 1 to 2) does not
+// refuse an admission that, with the lease held outside the store, is
+// within the fleet's. (The first fix refused it; found by review.)
+func TestLeaseOutsideTheStoreWithinTheLimitIsNoRefusal(t *testing.T) {
+	ms := memstore.New()
+	st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+	var limit atomic.Int64
+	limit.Store(1)
+	r := NewWithKeys[string](st, 1, Keys[string]{Limit: func(string) int { return int(limit.Load()) }},
+		WithLeaseTTL(30*time.Second), WithLogger(quiet()))
+	defer closeWithin(t, r)
+	warm, err := r.TryAcquire("k") // the local registry has the limit 1
+	require.NoError(t, err)
+	warm.Release()
+	limit.Store(2)
+	st.armed.Store(true)
+	first := make(chan error, 1)
+	go func() {
+		s, err := r.TryAcquire("k")
+		if err == nil {
+			defer s.Release()
+		}
+		first <- err
+	}()
+	<-st.arrived
+	st.failing.Store(1)
+	local, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.True(t, local.Degraded())
+	defer local.Release()
+	close(st.open)
+	assert.NoError(t, <-first, "the fleet's limit is 2: one outside the store and this one")
+}
