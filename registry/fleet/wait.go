@@ -156,9 +156,12 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 		case o.paused:
 			// Nothing is admitted before the pause ends: wait for it (or
 			// a wake-up), jittered so that the fleet's waiters do not all
-			// ask at the same instant. Still waiting, not an error.
+			// ask at the same instant. Still waiting, not an error. A
+			// queued one asks within a claim window meanwhile, as its
+			// process's liveness, which keeps its place, is renewed only
+			// so (a pause outlasts it).
 			r.blockedOn(w, l.names[o.full])
-			sleep = o.retryIn + jitter(r.cfg.pollMin)
+			sleep = min(o.retryIn+jitter(r.cfg.pollMin), jitter(r.claim))
 		default:
 			// Full under the local registry (the store unreachable): wait for
 			// a wake-up, at most the backoff (jittered).

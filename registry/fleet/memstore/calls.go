@@ -90,14 +90,16 @@ func (s *Store) admit(c *driver.AdmitCall) driver.AdmitResult {
 		}
 		serve()
 	}
+	if mine = s.queuedOn(c.Keys[0], c.Lease); mine != nil { // also while paused: its place outlasts the pause
+		s.alive(c.Proc, now, c.LiveMillis())
+		mine.expires = now + 3*ttl
+	}
 	if stopped {
 		r := res(driver.StatusPaused, 0)
 		r.Key, r.Earliest, r.Queue = -1, paused, 0
 		return r
 	}
-	if mine = s.queuedOn(c.Keys[0], c.Lease); mine != nil {
-		s.alive(c.Proc, now, c.LiveMillis())
-		mine.expires = now + 3*ttl
+	if mine != nil {
 		return res(driver.StatusQueued, s.firstFull(c, kept, now, 0))
 	}
 	// A newcomer passes a heavy waiter as a waiter would: one of one key

@@ -181,14 +181,17 @@ if held > 0 then
     end
   end
 end
+local proc, live = ARGV[12], tonumber(ARGV[16])
+local T1 = KEYS[5] .. '#t'
+local queued = kl[1][3] and redis.call('HEXISTS', T1, id) == 1
+if queued then -- also while paused: its place outlasts the pause
+  alive(P, proc, now, live)
+  keepQueued(kl, ttl, now, false)
+end
 if stopped then
   return {2, 0, countOf(KEYS[5]), paused, now, epoch, 0}
 end
-local proc, live = ARGV[12], tonumber(ARGV[16])
-local T1 = KEYS[5] .. '#t'
-if kl[1][3] and redis.call('HEXISTS', T1, id) == 1 then
-  alive(P, proc, now, live)
-  keepQueued(kl, ttl, now, false)
+if queued then
   -- Serving stopped short of it: it takes the room if it can, unless a
   -- heavy waiter may be ahead of it: serving stopped at one, one waits
   -- between where serving stopped and this ticket, or one stands before
