@@ -121,6 +121,7 @@ var (
 		{"AdmittedOverALoweredLimit", admittedOverALoweredLimit},
 		{"ExpiredLeasePasses", expiredLeasePasses},
 		{"SilenceKeepsLeases", silenceKeepsLeases},
+		{"PausedAskKeepsItsPlace", pausedAskKeepsItsPlace},
 		{"AnyKey", anyKey},
 		{"KeysNamedLikeAStoresOwn", keysNamedLikeAStoresOwn},
 		{"FlowsNamedLikeAClasssCounts", flowsNamedLikeAClasssCounts},

@@ -63,6 +63,9 @@ var sweepSQL string
 //go:embed paused.sql
 var pausedSQL string
 
+//go:embed pausedask.sql
+var pausedAskSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -92,20 +95,21 @@ var schemaV1 = withConstants(schemaSQL)
 // 12 runs a lease's TTL only while the store is heard (the fleet's
 // silence, driver.Store), and revision 13 deletes the rows of keys left
 // idle, and takes a key's lock in one statement that makes the row again
-// if it was deleted meanwhile, and revision 14 keeps no place for an
-// urgent ticket with a paused key. A revision adds, or replaces a function
+// if it was deleted meanwhile, revision 14 keeps no place for an urgent
+// ticket with a paused key, and revision 15 keeps a waiter's place across
+// a pause of new admissions. A revision adds, or replaces a function
 // keeping its signature and the meaning of its answers, so a release that
 // knows fewer of them works on the schema as it is (a rolling deploy has
 // both side by side); one that changes what is there makes a new
 // SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
-	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL)}
+	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 14
+	SchemaRevision = 15
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows
