@@ -22,29 +22,6 @@ import (
 
 var errInjected = errors.New("test: the store's call failed")
 
-// heldFirst holds the first AdmitOne until open is closed (telling
-// arrived once it is there); while failing > 0, a call fails before it
-// runs.
-type heldFirst struct {
-	driver.Store
-	once          sync.Once
-	arrived, open chan struct{}
-	failing       atomic.Int32
-}
-
-func (s *heldFirst) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
-	if s.failing.Add(-1) >= 0 {
-		return driver.AdmitResult{}, errInjected
-	}
-	first := false
-	s.once.Do(func() { first = true })
-	if first {
-		close(s.arrived)
-		<-s.open
-	}
-	return s.Store.AdmitOne(ctx, c)
-}
-
 // A lease admitted outside the store (one call failed, the breaker still
 // closed) while another caller's call is on its way counts for that
 // call's admission: the store, which did not count it, admitted the other,
@@ -53,7 +30,8 @@ func (s *heldFirst) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.A
 // without a check.
 func TestLeaseAdmittedOutsideTheStoreMeanwhileCounts(t *testing.T) {
 	ms := memstore.New()
-	st := &heldFirst{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+	st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+	st.armed.Store(true)
 	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithLogger(quiet())) // FallbackLocal
 	defer closeWithin(t, r)
 	first := make(chan error, 1)
