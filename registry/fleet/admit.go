@@ -339,15 +339,17 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 		if !degraded {
 			// A lease admitted outside the store since l's call left
 			// (which carried none in) may hold the room: the store
-			// admitted l without counting it. If the full key holds one,
-			// and more than the limit the store admitted l under, l goes
-			// back; its next call carries that lease in.
+			// admitted l without counting it. If a key full here holds
+			// one, and more than the limit the store admitted l under, l
+			// goes back; its next call carries that lease in.
 			var le *slots.LimitError
 			if errors.As(err, &le) {
-				o, full := r.localFull(l, le)
-				if i := o.full; full && r.local.InFlight(l.keys[i])+l.units > l.limits[i] && r.degradedOn(l.keys[i]) {
-					r.takeBack(l)
-					return o
+				for i, k := range l.keys {
+					if n := r.local.InFlight(k); n+l.units > r.local.Limit(k) && n+l.units > l.limits[i] && r.degradedOn(k) {
+						r.takeBack(l)
+						err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: l.limits[i], RetryAfter: le.RetryAfter}
+						return outcome{err: err, full: i, inFlight: n}
+					}
 				}
 			}
 			// This process holds more than the store counts (leases lost and

@@ -234,3 +234,49 @@ func TestLeaseOutsideTheStoreWithinTheLimitIsNoRefusal(t *testing.T) {
 	close(st.open)
 	assert.NoError(t, <-first, "the fleet's limit is 2: one outside the store and this one")
 }
+
+// The refusal looks at every key of an admission of several: here a is
+// full locally only under its local limit not refreshed yet (the fleet's
+// is 2), and b, of limit 1, holds a lease admitted outside the store. (The
+// second fix looked at the first full key only, a, and held the admission
+// beside the lease on b: 2 of a cap of 1; found by review.)
+func TestLeaseOutsideTheStoreOnAnotherKeyCounts(t *testing.T) {
+	ms := memstore.New()
+	st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+	var limitA atomic.Int64
+	limitA.Store(1)
+	r := NewWithKeys[string](st, 1, Keys[string]{Limit: func(k string) int {
+		if k == "a" {
+			return int(limitA.Load())
+		}
+		return 1
+	}}, WithLeaseTTL(30*time.Second), WithLogger(quiet()))
+	defer closeWithin(t, r)
+	warm, err := r.TryAcquire("a") // the local registry has a's limit 1
+	require.NoError(t, err)
+	warm.Release()
+	limitA.Store(2)
+	held, err := r.TryAcquire("a") // 1 of the fleet's 2, full under the local 1
+	require.NoError(t, err)
+	require.False(t, held.Degraded())
+	defer held.Release()
+	st.armed.Store(true)
+	both := make(chan error, 1)
+	go func() {
+		s, err := r.TryAcquireAll("a", "b")
+		if err == nil {
+			defer s.Release()
+		}
+		both <- err
+	}()
+	<-st.arrived
+	st.failing.Store(1)
+	local, err := r.TryAcquire("b")
+	require.NoError(t, err)
+	require.True(t, local.Degraded())
+	defer local.Release()
+	close(st.open)
+	var le *slots.LimitError
+	require.ErrorAs(t, <-both, &le, "b's limit is 1, and this process holds one outside the store there")
+	assert.Equal(t, "b", le.Key)
+}

@@ -161,7 +161,10 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			// process's liveness, which keeps its place, is renewed only
 			// so (a pause outlasts it).
 			r.blockedOn(w, l.names[o.full])
-			sleep = min(o.retryIn+jitter(r.cfg.pollMin), jitter(r.claim))
+			sleep = o.retryIn + jitter(r.cfg.pollMin)
+			if w.queuedAs == l.id {
+				sleep = min(sleep, jitter(r.claim))
+			}
 		default:
 			// Full under the local registry (the store unreachable): wait for
 			// a wake-up, at most the backoff (jittered).

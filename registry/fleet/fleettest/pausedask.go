@@ -16,17 +16,18 @@ import (
 // served in its order once the pause is over. (A paused ask that renewed
 // nothing let the waiters' liveness lapse in a pause, and the first
 // serving after it dropped them all as dead processes' tickets.) The pause
-// is declared by a caller that saw another epoch, of 2 s from the
-// epoch's birth; the waiters' processes live 1 s after each ask, and they
-// ask every 100 ms, a client's pace.
+// is declared by a caller that saw another epoch, of 3 s from the
+// epoch's birth; the waiters' processes live 3 s after each ask, less a
+// margin of 1.5 claim windows of 1 s, and they ask every 100 ms, a
+// client's pace.
 func pausedAskKeepsItsPlace(t *testing.T, srv Server) {
 	ctx := context.Background()
 	s := srv.Store(t, "pausedask")
-	const ttl, pause = 6 * time.Second, 2 * time.Second
+	const ttl, pause, claim = 6 * time.Second, 3 * time.Second, time.Second
 	ask := func(lease, proc, key string, wait bool, epoch int64) driver.AdmitResult {
 		t.Helper()
 		res, err := s.AdmitOne(ctx, &driver.AdmitCall{Lease: lease, Keys: []string{key}, Limits: []int{1},
-			TTL: ttl, Epoch: epoch, Pause: pause, Wait: wait, Claim: 200 * time.Millisecond, Live: time.Second,
+			TTL: ttl, Epoch: epoch, Pause: pause, Wait: wait, Claim: claim, Live: 3 * claim,
 			Proc: proc, Weight: 1, MaxQueue: -1, MaxFlowQueue: -1})
 		require.NoError(t, err)
 		require.NoError(t, res.Err)
@@ -44,7 +45,7 @@ func pausedAskKeepsItsPlace(t *testing.T, srv Server) {
 		}
 		time.Sleep(100 * time.Millisecond) // the waiters' pace
 	}
-	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: ttl, Pause: pause, Claim: 200 * time.Millisecond,
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: ttl, Pause: pause, Claim: claim,
 		Pairs: []driver.Release{{Key: "k", Lease: "b", Limit: 1}}}))
 	assert.Equal(t, driver.StatusQueued, ask("v2", "p2", "k", true, held.Epoch).Status, "v2 behind v1")
 	assert.Equal(t, driver.StatusAdmitted, ask("v1", "p1", "k", true, held.Epoch).Status, "v1 first, as it queued")
