@@ -13,8 +13,8 @@ import (
 
 // WrapBody returns a body that releases s once: on the first Close, Read
 // error, io.EOF, WriteTo's end or panic, after closing body on a Close or
-// failed Read. It keeps body's io.WriterTo and io.Writer (a 101's
-// upgraded connection); a nil body or http.NoBody releases s at once.
+// failed Read. It keeps body's io.WriterTo, io.Writer and CloseWrite (a
+// 101's upgraded connection); a nil body or http.NoBody releases s at once.
 func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
 	if s == nil {
 		return body
@@ -27,13 +27,20 @@ func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
 	return rc
 }
 
-// newSlotBody wraps body, keeping its io.Writer and io.WriterTo, and returns
-// the wrapper along with its slotBody. t is the Transport whose response
-// body it is, or nil for WrapBody.
+// newSlotBody wraps body, keeping its io.Writer, io.WriterTo and (with
+// io.Writer) CloseWrite, and returns the wrapper along with its slotBody. t
+// is the Transport whose response body it is, or nil for WrapBody.
 func newSlotBody(body io.ReadCloser, s *Slot, t *Transport) (io.ReadCloser, *slotBody) {
 	_, writable := body.(io.Writer)
 	_, writerTo := body.(io.WriterTo)
+	_, closeWriter := body.(closeWriter)
 	switch {
+	case writable && writerTo && closeWriter:
+		w := &closeWriterWriterToBody{writableWriterToBody{writerToBody{slotBody{rc: body, s: s, t: t}}}}
+		return w, &w.slotBody
+	case writable && closeWriter:
+		w := &closeWriterBody{writableBody{slotBody{rc: body, s: s, t: t}}}
+		return w, &w.slotBody
 	case writable && writerTo:
 		w := &writableWriterToBody{writerToBody{slotBody{rc: body, s: s, t: t}}}
 		return w, &w.slotBody
@@ -203,3 +210,17 @@ func (b *writableBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Wr
 type writableWriterToBody struct{ writerToBody }
 
 func (b *writableWriterToBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }
+
+// closeWriter is an upgraded connection that can be half-closed, as
+// net/http's is: httputil.ReverseProxy half-closes the backend's once the
+// client has, and without it tears both down before the backend's last
+// words come. A half-close does not free the slot.
+type closeWriter interface{ CloseWrite() error }
+
+type closeWriterBody struct{ writableBody }
+
+func (b *closeWriterBody) CloseWrite() error { return b.rc.(closeWriter).CloseWrite() }
+
+type closeWriterWriterToBody struct{ writableWriterToBody }
+
+func (b *closeWriterWriterToBody) CloseWrite() error { return b.rc.(closeWriter).CloseWrite() }

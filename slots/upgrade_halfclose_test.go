@@ -1,0 +1,65 @@
+package slots_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// An upgraded connection through a ReverseProxy whose Transport is a
+// slots.Transport can be half-closed: the client sends, half-closes, and
+// still gets the backend's last words, as through net/http's Transport
+// alone; the slot goes once the connection closes. Before, the wrapped
+// connection lacked CloseWrite: the proxy tore both connections down at
+// the client's half-close, and the client got nothing (found by a bug
+// hunt).
+func TestUpgradeHalfCloseThroughAProxy(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = brw.Flush()
+		got, _ := io.ReadAll(brw) // until the client's half-close
+		fmt.Fprintf(conn, "%sbye\n", got)
+	}))
+	defer up.Close()
+	target, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	lim := slots.NewLimiter(1)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() })})
+	defer gw.Close()
+	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprint(conn, "GET /x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	assert.Equal(t, 1, lim.InFlight(), "held by the upgraded connection")
+	fmt.Fprint(conn, "hello\n")
+	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	rest, _ := io.ReadAll(br)
+	assert.Equal(t, "hello\nbye\n", string(rest), "the backend's answer after the half-close")
+	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
+		"freed once the connection closed")
+}
