@@ -153,3 +153,40 @@ func TestTransportRetryDialAfterSendingIsCharged(t *testing.T) {
 	require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
 	assert.Equal(t, map[string]int{"max_requests_per_minute//": 8}, budgetsLeft(gate), "both reached the upstream")
 }
+
+// A 101 that a ReverseProxy cannot switch to is closed by
+// slots.ProxyErrorHandler through a pacing Transport too (it finds the
+// connection by the request's context, which the Transport wraps): the
+// Gate's slot goes (found by a bug hunt, on the slots Transport).
+func TestTransportUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		_, _ = brw.WriteString("HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: other\r\n\r\n")
+		_ = brw.Flush()
+		_, _ = io.Copy(io.Discard, conn)
+	}))
+	defer up.Close()
+	u, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.Transport = pacing.NewTransport(base, gate, pacing.WithModel(func(*http.Request) string { return "m" }))
+	rp.ErrorHandler = slots.ProxyErrorHandler()
+	gw := httptest.NewServer(rp)
+	defer gw.Close()
+	req, err := http.NewRequest(http.MethodGet, gw.URL+"/ws", nil)
+	require.NoError(t, err)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", "websocket")
+	resp, err := http.DefaultTransport.RoundTrip(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
+	require.Eventually(t, func() bool { return gate.Status().InFlight == 0 }, 5*time.Second, time.Millisecond, "the Gate's slot freed")
+}

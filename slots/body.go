@@ -78,6 +78,11 @@ type slotBody struct {
 	// ctx is the request's context, when the Transport watches it.
 	ctx context.Context
 
+	// listed: an upgraded connection nobody has used yet, listed under
+	// upgradeOf (upgrade.go).
+	listed    atomic.Bool
+	upgradeOf <-chan struct{}
+
 	watchCut  atomic.Bool // the watch closed rc because ctx ended
 	ended     atomic.Bool // the slot's release has been decided
 	closeOnce sync.Once   // rc is closed once, and a second closer waits for the first
@@ -90,6 +95,9 @@ type slotBody struct {
 func (b *slotBody) end(e ending, fromWatch bool) {
 	if !b.ended.CompareAndSwap(false, true) {
 		return
+	}
+	if b.listed.Load() {
+		b.unlist()
 	}
 	if !fromWatch && b.stop != nil {
 		b.stop()
@@ -146,6 +154,9 @@ func (b *slotBody) watch() {
 const cutCloseWait = 5 * time.Second
 
 func (b *slotBody) Read(p []byte) (n int, err error) {
+	if b.listed.Load() {
+		b.unlist()
+	}
 	returned := false
 	defer func() {
 		if !returned {
@@ -187,6 +198,9 @@ type writerToBody struct{ slotBody }
 // read to its end; when it stops early (w failed) the slot stays held until
 // Close, as the body may still be open.
 func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
+	if b.listed.Load() {
+		b.unlist()
+	}
 	returned := false
 	defer func() {
 		if !returned {
@@ -204,12 +218,22 @@ func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
 // writableBody keeps Write, for the connection of an upgraded response.
 type writableBody struct{ slotBody }
 
-func (b *writableBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }
+func (b *writableBody) Write(p []byte) (int, error) {
+	if b.listed.Load() {
+		b.unlist()
+	}
+	return b.rc.(io.Writer).Write(p)
+}
 
 // writableWriterToBody keeps both, as for a raw network connection.
 type writableWriterToBody struct{ writerToBody }
 
-func (b *writableWriterToBody) Write(p []byte) (int, error) { return b.rc.(io.Writer).Write(p) }
+func (b *writableWriterToBody) Write(p []byte) (int, error) {
+	if b.listed.Load() {
+		b.unlist()
+	}
+	return b.rc.(io.Writer).Write(p)
+}
 
 // closeWriter is an upgraded connection that can be half-closed, as
 // net/http's is: httputil.ReverseProxy half-closes the backend's once the

@@ -236,12 +236,13 @@ func (w *statusWriter) writeStatus() {
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 
-// ProxyErrorHandler returns an httputil.ReverseProxy ErrorHandler for a
-// slots Transport: a refusal is answered as by Middleware, other errors as
-// the upstream's (504 past the deadline, else 502); nothing to a client gone.
+// ProxyErrorHandler returns a ReverseProxy ErrorHandler for a slots Transport:
+// a refusal answered as by Middleware, others as the upstream's (504 past the
+// deadline, else 502); none to a client gone; a dropped 101 closed.
 func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http.Request, error) {
 	cfg := newMiddlewareConfig(opts)
 	return func(w http.ResponseWriter, r *http.Request, err error) {
+		closeUnusedUpgrades(r.Context())
 		if errors.Is(r.Context().Err(), context.Canceled) {
 			return // the client has gone: nobody to answer
 		}

@@ -140,7 +140,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The caller owns the upgraded connection: net/http does not close
 		// it when the request's context ends, so the slot stays with it
-		// until it is closed or fails.
+		// until it is closed or fails (or a ReverseProxy drops it unused:
+		// upgrade.go).
+		b.listUpgrade(ctx)
 		return resp, nil
 	}
 	// net/http tears the connection down when the request's context ends,

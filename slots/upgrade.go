@@ -1,0 +1,83 @@
+package slots
+
+import (
+	"context"
+	"sync"
+	"weak"
+)
+
+// unusedUpgrades are the upgraded connections (101 answers) of Transports
+// that nobody has used or closed yet, by their request's context's Done
+// channel (also found through a context that wraps it, as a pacing
+// Transport's does). httputil.ReverseProxy drops one it cannot switch to
+// (the backend named another protocol; the server's ResponseWriter cannot
+// be hijacked) without closing it (golang/go#80875): its slot would be held
+// for good. It tells its ErrorHandler with the request whose context this
+// is, and ProxyErrorHandler closes it (closeUnusedUpgrades). The list does
+// not keep a body reachable: one dropped unused is still found by leak
+// detection.
+var unusedUpgrades struct {
+	sync.Mutex
+	m map[<-chan struct{}][]weak.Pointer[slotBody]
+}
+
+// listUpgrade lists b, an upgraded connection's body, under ctx until it
+// is first used or ends. A context that can never end is not listed: no
+// server's request has one.
+func (b *slotBody) listUpgrade(ctx context.Context) {
+	done := ctx.Done()
+	if done == nil {
+		return
+	}
+	b.upgradeOf = done
+	b.listed.Store(true)
+	unusedUpgrades.Lock()
+	defer unusedUpgrades.Unlock()
+	if unusedUpgrades.m == nil {
+		unusedUpgrades.m = map[<-chan struct{}][]weak.Pointer[slotBody]{}
+	}
+	unusedUpgrades.m[done] = append(unusedUpgrades.m[done], weak.Make(b))
+}
+
+// unlist takes b out of the list, once: it has been used, or has ended.
+func (b *slotBody) unlist() {
+	if !b.listed.CompareAndSwap(true, false) {
+		return
+	}
+	unusedUpgrades.Lock()
+	defer unusedUpgrades.Unlock()
+	list, wp := unusedUpgrades.m[b.upgradeOf], weak.Make(b)
+	for i, o := range list {
+		if o == wp {
+			list = append(list[:i], list[i+1:]...)
+			break
+		}
+	}
+	if len(list) == 0 {
+		delete(unusedUpgrades.m, b.upgradeOf)
+	} else {
+		unusedUpgrades.m[b.upgradeOf] = list
+	}
+}
+
+// closeUnusedUpgrades closes the upgraded connections of ctx's request
+// that nobody has used: their slots go.
+func closeUnusedUpgrades(ctx context.Context) {
+	done := ctx.Done()
+	if done == nil {
+		return
+	}
+	unusedUpgrades.Lock()
+	list := unusedUpgrades.m[done]
+	delete(unusedUpgrades.m, done)
+	var bodies []*slotBody
+	for _, wp := range list {
+		if b := wp.Value(); b != nil && b.listed.CompareAndSwap(true, false) {
+			bodies = append(bodies, b)
+		}
+	}
+	unusedUpgrades.Unlock()
+	for _, b := range bodies {
+		_ = b.Close()
+	}
+}

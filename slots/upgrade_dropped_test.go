@@ -1,0 +1,82 @@
+package slots_test
+
+import (
+	"bufio"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// upgradingBackend answers every request 101 to protocol, then holds the
+// connection until the client hangs up.
+func upgradingBackend(t *testing.T, protocol string) *url.URL {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprintf(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: %s\r\n\r\n", protocol)
+		_ = brw.Flush()
+		_, _ = io.Copy(io.Discard, conn)
+	}))
+	t.Cleanup(up.Close)
+	u, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	return u
+}
+
+// noHijack is a server's ResponseWriter wrapped by middleware that keeps
+// neither Hijack nor Unwrap, as many logging wrappers do.
+type noHijack struct{ http.ResponseWriter }
+
+// A 101 that a ReverseProxy cannot switch to (the backend names another
+// protocol than the client asked for; the server's ResponseWriter cannot
+// be hijacked) is dropped by the proxy without closing it
+// (golang/go#80875). ProxyErrorHandler closes it, and its slot goes.
+// Before, the slot was held for good: with a Limiter of 1, every later
+// request was refused (found by a bug hunt).
+func TestUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		protocol string
+		wrap     func(http.ResponseWriter) http.ResponseWriter
+	}{
+		{"another protocol", "other", func(w http.ResponseWriter) http.ResponseWriter { return w }},
+		{"no hijacker", "websocket", func(w http.ResponseWriter) http.ResponseWriter { return noHijack{w} }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := upgradingBackend(t, tc.protocol)
+			lim := slots.NewLimiter(1)
+			base := &http.Transport{}
+			t.Cleanup(base.CloseIdleConnections)
+			rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+				Transport:    slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }),
+				ErrorHandler: slots.ProxyErrorHandler()}
+			gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { rp.ServeHTTP(tc.wrap(w), r) }))
+			t.Cleanup(gw.Close)
+			for i := range 3 {
+				conn, err := net.Dial("tcp", gw.Listener.Addr().String())
+				require.NoError(t, err)
+				fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+				resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+				require.NoError(t, err)
+				assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "request %d: the proxy's failure, not a refusal", i+1)
+				conn.Close()
+				require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
+					"request %d's slot freed", i+1)
+			}
+		})
+	}
+}
