@@ -75,16 +75,13 @@ type slotBody struct {
 	// itself may already run while it is being set, so the watch's end
 	// never reads it (end checks fromWatch first).
 	stop func() bool
-	// ctx is the request's context, when the Transport watches it.
+	// ctx is the request's context, when the Transport watches it, or
+	// when the body is an upgraded connection (which it does not watch).
 	ctx context.Context
-
-	// listed: an upgraded connection nobody has used yet, listed under
-	// upgradeOf (upgrade.go).
-	listed    atomic.Bool
-	upgradeOf <-chan struct{}
 
 	watchCut  atomic.Bool // the watch closed rc because ctx ended
 	ended     atomic.Bool // the slot's release has been decided
+	listed    atomic.Bool // an upgraded connection nobody has used yet (upgrade.go)
 	closeOnce sync.Once   // rc is closed once, and a second closer waits for the first
 	closeErr  error       // rc's Close error, written inside closeOnce
 }

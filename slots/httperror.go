@@ -242,12 +242,14 @@ func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
 func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http.Request, error) {
 	cfg := newMiddlewareConfig(opts)
 	return func(w http.ResponseWriter, r *http.Request, err error) {
-		closeUnusedUpgrades(r.Context())
+		var refused *admitError
+		var bad *BadRequestError
+		if !errors.As(err, &refused) && !errors.As(err, &bad) { // those come before any answer
+			closeUnusedUpgrades(r.Context())
+		}
 		if errors.Is(r.Context().Err(), context.Canceled) {
 			return // the client has gone: nobody to answer
 		}
-		var refused *admitError
-		var bad *BadRequestError
 		switch {
 		case errors.As(err, &refused):
 			status, retryAfter := cfg.status(refused.err)

@@ -2,6 +2,7 @@ package slots
 
 import (
 	"context"
+	"runtime"
 	"sync"
 	"weak"
 )
@@ -15,7 +16,7 @@ import (
 // for good. It tells its ErrorHandler with the request whose context this
 // is, and ProxyErrorHandler closes it (closeUnusedUpgrades). The list does
 // not keep a body reachable: one dropped unused is still found by leak
-// detection.
+// detection, and its entry goes with it (prune).
 var unusedUpgrades struct {
 	sync.Mutex
 	m map[<-chan struct{}][]weak.Pointer[slotBody]
@@ -29,7 +30,7 @@ func (b *slotBody) listUpgrade(ctx context.Context) {
 	if done == nil {
 		return
 	}
-	b.upgradeOf = done
+	b.ctx = ctx
 	b.listed.Store(true)
 	unusedUpgrades.Lock()
 	defer unusedUpgrades.Unlock()
@@ -37,6 +38,25 @@ func (b *slotBody) listUpgrade(ctx context.Context) {
 		unusedUpgrades.m = map[<-chan struct{}][]weak.Pointer[slotBody]{}
 	}
 	unusedUpgrades.m[done] = append(unusedUpgrades.m[done], weak.Make(b))
+	runtime.AddCleanup(b, prune, done)
+}
+
+// prune drops the entries of done's bodies that have been collected.
+func prune(done <-chan struct{}) {
+	unusedUpgrades.Lock()
+	defer unusedUpgrades.Unlock()
+	list := unusedUpgrades.m[done]
+	kept := list[:0]
+	for _, wp := range list {
+		if wp.Value() != nil {
+			kept = append(kept, wp)
+		}
+	}
+	if len(kept) == 0 {
+		delete(unusedUpgrades.m, done)
+	} else {
+		unusedUpgrades.m[done] = kept
+	}
 }
 
 // unlist takes b out of the list, once: it has been used, or has ended.
@@ -46,7 +66,8 @@ func (b *slotBody) unlist() {
 	}
 	unusedUpgrades.Lock()
 	defer unusedUpgrades.Unlock()
-	list, wp := unusedUpgrades.m[b.upgradeOf], weak.Make(b)
+	done := b.ctx.Done()
+	list, wp := unusedUpgrades.m[done], weak.Make(b)
 	for i, o := range list {
 		if o == wp {
 			list = append(list[:i], list[i+1:]...)
@@ -54,9 +75,9 @@ func (b *slotBody) unlist() {
 		}
 	}
 	if len(list) == 0 {
-		delete(unusedUpgrades.m, b.upgradeOf)
+		delete(unusedUpgrades.m, done)
 	} else {
-		unusedUpgrades.m[b.upgradeOf] = list
+		unusedUpgrades.m[done] = list
 	}
 }
 
@@ -78,6 +99,6 @@ func closeUnusedUpgrades(ctx context.Context) {
 	}
 	unusedUpgrades.Unlock()
 	for _, b := range bodies {
-		_ = b.Close()
+		defer b.Close() // each, also if one panics
 	}
 }

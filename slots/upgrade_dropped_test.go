@@ -2,13 +2,16 @@ package slots_test
 
 import (
 	"bufio"
+	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"runtime"
 	"testing"
 	"time"
 
@@ -79,4 +82,48 @@ func TestUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// An upgraded connection dropped unused, which no error handler closes,
+// leaves no entry in the list of unused ones once it is collected (its
+// slot is leak detection's to find). Found by review: each left its entry
+// for good.
+func TestUpgradeDroppedUnusedLeavesNoEntry(t *testing.T) {
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		_ = brw.Flush()
+	}))
+	defer up.Close()
+	lim := slots.NewLimiter(100, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.DiscardHandler)))
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	rt := slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	func() {
+		for range 20 {
+			req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
+			require.NoError(t, err)
+			req.Header.Set("Connection", "Upgrade")
+			req.Header.Set("Upgrade", "websocket")
+			resp, err := rt.RoundTrip(req)
+			require.NoError(t, err)
+			require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+			// dropped: neither used nor closed
+		}
+	}()
+	require.Equal(t, 1, slots.UnusedUpgrades(), "listed under the one context")
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return slots.UnusedUpgrades() == 0
+	}, 10*time.Second, 10*time.Millisecond, "the entries go with the bodies")
+	require.Eventually(t, func() bool {
+		runtime.GC()
+		return lim.InFlight() == 0
+	}, 10*time.Second, 10*time.Millisecond, "leak detection reclaims the slots")
 }
