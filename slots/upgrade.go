@@ -43,12 +43,25 @@ func (b *slotBody) listUpgrade(ctx context.Context) {
 
 // prune drops the entries of done's bodies that have been collected.
 func prune(done <-chan struct{}) {
+	keepListed(done, func(wp weak.Pointer[slotBody]) bool { return wp.Value() != nil })
+}
+
+// unlist takes b out of the list, once: it has been used, or has ended.
+func (b *slotBody) unlist() {
+	if b.listed.CompareAndSwap(true, false) {
+		me := weak.Make(b)
+		keepListed(b.ctx.Done(), func(wp weak.Pointer[slotBody]) bool { return wp != me })
+	}
+}
+
+// keepListed keeps of done's entries those for which keep holds.
+func keepListed(done <-chan struct{}, keep func(weak.Pointer[slotBody]) bool) {
 	unusedUpgrades.Lock()
 	defer unusedUpgrades.Unlock()
 	list := unusedUpgrades.m[done]
 	kept := list[:0]
 	for _, wp := range list {
-		if wp.Value() != nil {
+		if keep(wp) {
 			kept = append(kept, wp)
 		}
 	}
@@ -56,28 +69,6 @@ func prune(done <-chan struct{}) {
 		delete(unusedUpgrades.m, done)
 	} else {
 		unusedUpgrades.m[done] = kept
-	}
-}
-
-// unlist takes b out of the list, once: it has been used, or has ended.
-func (b *slotBody) unlist() {
-	if !b.listed.CompareAndSwap(true, false) {
-		return
-	}
-	unusedUpgrades.Lock()
-	defer unusedUpgrades.Unlock()
-	done := b.ctx.Done()
-	list, wp := unusedUpgrades.m[done], weak.Make(b)
-	for i, o := range list {
-		if o == wp {
-			list = append(list[:i], list[i+1:]...)
-			break
-		}
-	}
-	if len(list) == 0 {
-		delete(unusedUpgrades.m, done)
-	} else {
-		unusedUpgrades.m[done] = list
 	}
 }
 

@@ -31,24 +31,10 @@ var errInjected = errors.New("test: the store's call failed")
 func TestLeaseAdmittedOutsideTheStoreMeanwhileCounts(t *testing.T) {
 	ms := memstore.New()
 	st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
-	st.armed.Store(true)
 	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithLogger(quiet())) // FallbackLocal
 	defer closeWithin(t, r)
-	first := make(chan error, 1)
-	go func() {
-		s, err := r.TryAcquire("k")
-		if err == nil {
-			defer s.Release()
-		}
-		first <- err
-	}()
-	<-st.arrived
-	st.failing.Store(1)
-	local, err := r.TryAcquire("k")
-	require.NoError(t, err)
-	require.True(t, local.Degraded(), "admitted outside the store")
-	close(st.open)
-	assert.ErrorIs(t, <-first, slots.ErrLimitReached, "the store admitted it without the lease held outside")
+	local, err := whileHeld(t, r, st, func() (*slots.Slot, error) { return r.TryAcquire("k") }, "k")
+	assert.ErrorIs(t, err, slots.ErrLimitReached, "the store admitted it without the lease held outside")
 	assert.False(t, r.Stats().BreakerOpen)
 	assert.Equal(t, 1, r.Stats().Held)
 	local.Release()
@@ -200,6 +186,30 @@ func (s *heldWhenArmed) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driv
 	return s.Store.AdmitOne(ctx, c)
 }
 
+// whileHeld runs acquire on a goroutine of its own, and once its call is
+// held at st takes key outside the store (its call fails), then lets the
+// held call go on. It returns the lease taken outside the store and
+// acquire's error (its slot released).
+func whileHeld(t *testing.T, r *Registry[string], st *heldWhenArmed, acquire func() (*slots.Slot, error), key string) (*slots.Slot, error) {
+	t.Helper()
+	st.armed.Store(true)
+	done := make(chan error, 1)
+	go func() {
+		s, err := acquire()
+		if err == nil {
+			defer s.Release()
+		}
+		done <- err
+	}()
+	<-st.arrived
+	st.failing.Store(1)
+	local, err := r.TryAcquire(key)
+	require.NoError(t, err)
+	require.True(t, local.Degraded(), "admitted outside the store")
+	close(st.open)
+	return local, <-done
+}
+
 // The refusal above holds only past the limit the store admitted under: a
 // local limit not refreshed yet (Keys.Limit raised from 1 to 2) does not
 // refuse an admission that, with the lease held outside the store, is
@@ -216,23 +226,9 @@ func TestLeaseOutsideTheStoreWithinTheLimitIsNoRefusal(t *testing.T) {
 	require.NoError(t, err)
 	warm.Release()
 	limit.Store(2)
-	st.armed.Store(true)
-	first := make(chan error, 1)
-	go func() {
-		s, err := r.TryAcquire("k")
-		if err == nil {
-			defer s.Release()
-		}
-		first <- err
-	}()
-	<-st.arrived
-	st.failing.Store(1)
-	local, err := r.TryAcquire("k")
-	require.NoError(t, err)
-	require.True(t, local.Degraded())
+	local, err := whileHeld(t, r, st, func() (*slots.Slot, error) { return r.TryAcquire("k") }, "k")
 	defer local.Release()
-	close(st.open)
-	assert.NoError(t, <-first, "the fleet's limit is 2: one outside the store and this one")
+	assert.NoError(t, err, "the fleet's limit is 2: one outside the store and this one")
 }
 
 // The refusal looks at every key of an admission of several: here a is
@@ -260,23 +256,9 @@ func TestLeaseOutsideTheStoreOnAnotherKeyCounts(t *testing.T) {
 	require.NoError(t, err)
 	require.False(t, held.Degraded())
 	defer held.Release()
-	st.armed.Store(true)
-	both := make(chan error, 1)
-	go func() {
-		s, err := r.TryAcquireAll("a", "b")
-		if err == nil {
-			defer s.Release()
-		}
-		both <- err
-	}()
-	<-st.arrived
-	st.failing.Store(1)
-	local, err := r.TryAcquire("b")
-	require.NoError(t, err)
-	require.True(t, local.Degraded())
+	local, err := whileHeld(t, r, st, func() (*slots.Slot, error) { return r.TryAcquireAll("a", "b") }, "b")
 	defer local.Release()
-	close(st.open)
 	var le *slots.LimitError
-	require.ErrorAs(t, <-both, &le, "b's limit is 1, and this process holds one outside the store there")
+	require.ErrorAs(t, err, &le, "b's limit is 1, and this process holds one outside the store there")
 	assert.Equal(t, "b", le.Key)
 }

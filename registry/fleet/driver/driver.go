@@ -163,7 +163,8 @@ type Listener interface {
 //     serves the queues, and goes on as a newcomer that may queue past
 //     MaxQueue and MaxFlowQueue; a grant on some of its keys only (a part
 //     whose claim ran out) is dropped;
-//  7. if paused, refuses it (StatusPaused);
+//  7. if paused, refuses it (StatusPaused), renewing a queued ticket's
+//     Proc liveness and place's expiry first (a pause outlasts them);
 //  8. a ticket queued already stays queued (StatusQueued), renewing Proc's
 //     liveness and its place's expiry, unless serving stopped short of it
 //     (not at a heavy waiter: see ReleaseCall) and it can take room on
