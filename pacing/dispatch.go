@@ -108,9 +108,7 @@ func (g *Gate) nextLocked(now int64, wakeAt *int64, tf *tokensFit) *core.Waiter 
 			return false
 		}
 		if next := nextStart(ml.started, ml.last, ml.interval); next > now {
-			if *wakeAt == 0 || next < *wakeAt {
-				*wakeAt = next
-			}
+			lower(wakeAt, next)
 			return false
 		}
 		return tf.ok(g, w, now, wakeAt)

@@ -174,10 +174,7 @@ func (g *Gate) Close() {
 	var wk core.Wakes
 	g.mu.Lock()
 	g.isClosed = true
-	if g.timer != nil {
-		g.timer.Stop()
-		g.timer = nil
-	}
+	g.armLocked(0, 0) // no dispatch is needed any more
 	g.stopTimersLocked()
 	for _, w := range slices.Collect(g.queuedLocked()) {
 		g.unqueueLocked(w)
@@ -227,13 +224,10 @@ func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, erro
 	if h.Bypassed {
 		return Grant{Slot: (*slots.Slot)(x)}, nil
 	}
-	var gt Grant
+	gt := Grant{Slot: (*slots.Slot)(x), InFlight: gr.n, gate: g, at: h.At, id: h.ID, keyN: gr.keyN, model: gr.model.name, modelN: gr.mN}
 	if gr.key != nil {
 		gt.Key = gr.key.id
 	}
-	gt.gate, gt.InFlight, gt.at, gt.id, gt.keyN = g, gr.n, h.At, h.ID, gr.keyN
-	gt.model, gt.modelN = gr.model.name, gr.mN
-	gt.Slot = (*slots.Slot)(x)
 	return gt, nil
 }
 
@@ -353,16 +347,16 @@ func (gr *grant) Release(h *core.Hold) bool {
 	g := gr.g
 	var wk core.Wakes
 	g.mu.Lock()
-	if !g.provider.Holders.Remove(h, &gr.idx[0]) {
+	if !g.provider.Remove(h, &gr.idx[0]) {
 		g.mu.Unlock()
 		gr.Misuse(h) // a copied Slot: it holds nothing
 		return false
 	}
-	gr.model.lane.Holders.Remove(h, &gr.idx[1])
+	gr.model.lane.Remove(h, &gr.idx[1])
 	g.tok.held -= int(gr.units)
 	gr.model.tok.held -= int(gr.units)
 	if gr.key != nil {
-		gr.key.lane.Holders.Remove(h, &gr.idx[2])
+		gr.key.lane.Remove(h, &gr.idx[2])
 	}
 	if h.GivenBack {
 		g.unsentLocked(gr, h.ID, h.At)

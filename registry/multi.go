@@ -301,12 +301,7 @@ func (r *Registry[K]) newMulti(shs []*shard[K]) *multi[K] {
 // anyHeavy reports whether a waiter weighing more than one unit queues on
 // any of entries.
 func anyHeavy[K comparable](entries []*entry[K]) bool {
-	for _, e := range entries {
-		if e.lane.Waiters.Heavy() > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(entries, func(e *entry[K]) bool { return e.lane.Waiters.Heavy() > 0 })
 }
 
 // refuseAllLocked returns the rejection of a caller of class c weighing n

@@ -101,7 +101,7 @@ func (e *entry[K]) Release(h *core.Hold) bool {
 	r := sh.r
 	sh.mu.Lock()
 	if e.lane.Multi == 0 {
-		if !e.lane.Holders.Remove(h, &h.Idx) {
+		if !e.lane.Remove(h, &h.Idx) {
 			sh.mu.Unlock()
 			r.eng.Misuse(h) // a copied Slot: it holds nothing
 			return false
@@ -157,7 +157,7 @@ func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]
 		if m != nil {
 			idx = &m.idx[i]
 		}
-		if !e.lane.Holders.Remove(h, idx) {
+		if !e.lane.Remove(h, idx) {
 			// A copied Slot holds nothing; its first key shows it, and
 			// nothing has been removed yet. The caller counts the misuse
 			// once the locks are released.
@@ -212,10 +212,8 @@ func (r *Registry[K]) rejectLocked(reason error, key K, e *entry[K], n int, c ui
 // keyString formats a key for errors and logs, cut to a readable length.
 func keyString[K comparable](key K) string {
 	const max = 256
-	var s string
-	if ks, ok := any(key).(string); ok {
-		s = ks
-	} else {
+	s, ok := any(key).(string)
+	if !ok {
 		s = fmt.Sprint(key)
 	}
 	if len(s) > max {

@@ -75,12 +75,7 @@ func (l *Limiter) TryAcquireN(n int) (*Slot, error) {
 // Acquire admits a Slot, waiting while the limiter is full. It fails with
 // ErrQueueFull, ErrWaitTimeout or the context's error (even if a slot is
 // free); WithFailOpen bypasses instead.
-func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) {
-	if err := l.engine().Check(ctx, 1, true); err != nil {
-		return nil, err
-	}
-	return l.acquire(ctx, 1)
-}
+func (l *Limiter) Acquire(ctx context.Context) (*Slot, error) { return l.AcquireN(ctx, 1) }
 
 // AcquireN is Acquire for n units, which later callers may pass up to a
 // bound (package doc). It fails with ErrBadUnits, or ErrExceedsLimit when
@@ -137,7 +132,9 @@ func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, 
 			return core.Wait(w, l.owner())
 		}
 	}
-	l.countRefusalLocked(reason)
+	if reason == ErrQueueFull {
+		l.stats.QueueFull++
+	}
 	return core.Refuse(l.eng.RejectLane(reason, "", &l.lane, n, h.Class))
 }
 
@@ -164,30 +161,20 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 }
 
 // refusalLocked returns why a caller at place, weighing n units, that
-// cannot be admitted now may not queue either, or nil; ctx == nil is a
-// call that does not wait.
+// cannot be admitted now may not queue either (and counts it), or nil;
+// ctx == nil is a call that does not wait.
 func (l *Limiter) refusalLocked(ctx context.Context, place core.Place, n int) error {
 	switch {
 	case l.lane.TooHeavy(place.Class, n):
+		l.stats.ExceedsLimit++
 		return ErrExceedsLimit
 	case ctx == nil:
+		l.stats.LimitReached++
 		return ErrLimitReached
-	case l.engine().Full(&l.lane.Waiters, place.Flow):
+	case l.engine().Full(&l.lane.Waiters, place.Flow): // counted by the refusal
 		return ErrQueueFull
 	}
 	return nil
-}
-
-// countRefusalLocked counts a refusal for reason.
-func (l *Limiter) countRefusalLocked(reason error) {
-	switch reason {
-	case ErrExceedsLimit:
-		l.stats.ExceedsLimit++
-	case ErrLimitReached:
-		l.stats.LimitReached++
-	default:
-		l.stats.QueueFull++
-	}
 }
 
 // Withdraw implements core.Waits: it takes w out of the queue if it is
@@ -243,7 +230,7 @@ func (l *Limiter) owner() *owner { return (*owner)(l) }
 func (o *owner) Release(h *core.Hold) bool {
 	l := (*Limiter)(o)
 	l.mu.Lock()
-	if !l.lane.Holders.Remove(h, &h.Idx) {
+	if !l.lane.Remove(h, &h.Idx) {
 		l.mu.Unlock()
 		o.Misuse(h) // a copied Slot: it holds nothing
 		return false

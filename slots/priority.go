@@ -137,14 +137,10 @@ type Share struct {
 
 // WithShare guarantees class p share s of the limit; a negative count panics.
 func WithShare(p Priority, s Share) Option {
-	shareCheck("slots", s)
-	return optionFunc(func(w *core.Policy) { w.SetShare(p.class(), s.Min, s.Reserved) })
-}
-
-func shareCheck(pkg string, s Share) {
 	if s.Min < 0 || s.Reserved < 0 {
-		panic(fmt.Sprintf("%s: negative share %+v", pkg, s))
+		panic(fmt.Sprintf("slots: negative share %+v", s))
 	}
+	return optionFunc(func(w *core.Policy) { w.SetShare(p.class(), s.Min, s.Reserved) })
 }
 
 // WithMaxQueuePerFlow bounds a flow's waiters; 0: none; unset, < 0: no cap.

@@ -3,6 +3,7 @@ package slots_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"testing"
@@ -18,29 +19,15 @@ import (
 
 // Callers whose waits time out together are told to come back as the
 // slots free, two by two, not all at one time. Two holders of 1 s (the
-// mean hold) started at 4 s; six callers came at 4 s and waited 500 ms.
-// The first two are told to come when the holders end (5 s), less a lead
+// mean hold) started together; six callers came then and waited 500 ms.
+// The first two are told to come when the holders end (1 s on), less a lead
 // of half their wait, so that they are queued then: 250 ms. The next two
 // a hold later, and so on. (All six were told 2.25 s: each caller that
 // timed out counted those still queued, who were to be told after it.)
 func TestRetryAfterSpreadsWaitsThatEndTogether(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(2, slots.WithMaxWait(500*time.Millisecond))
-		for range 4 { // a mean hold of 1 s
-			a, err := l.TryAcquire()
-			require.NoError(t, err)
-			b, err := l.TryAcquire()
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			a.Release()
-			b.Release()
-		}
-		a, err := l.TryAcquire()
-		require.NoError(t, err)
-		defer a.Release()
-		b, err := l.TryAcquire()
-		require.NoError(t, err)
-		defer b.Release()
+		defer holdBoth(t, l)()
 		var mu sync.Mutex
 		var told []time.Duration
 		var wg sync.WaitGroup
@@ -61,6 +48,19 @@ func TestRetryAfterSpreadsWaitsThatEndTogether(t *testing.T) {
 		ms := time.Millisecond
 		assert.Equal(t, []time.Duration{250 * ms, 250 * ms, 1250 * ms, 1250 * ms, 2250 * ms, 2250 * ms}, told)
 	})
+}
+
+// holdBoth makes the mean hold of l, a Limiter of 2, 1 s (four holds of
+// both slots), then holds both slots, started together, until the returned
+// function frees them. In a bubble.
+func holdBoth(t *testing.T, l *slots.Limiter) (free func()) {
+	t.Helper()
+	testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return l.TryAcquireN(2) })
+	a, err := l.TryAcquire()
+	require.NoError(t, err)
+	b, err := l.TryAcquire()
+	require.NoError(t, err)
+	return func() { a.Release(); b.Release() }
 }
 
 // timedOutBehind returns the Retry-After told to a caller of class p on l,
@@ -138,6 +138,143 @@ func TestRetryAfterOfATimeoutBehindHigherUnits(t *testing.T) {
 				require.NoError(t, err)
 				defer held.Release()
 				assert.Equal(t, tc.want, timedOutBehind(t, l, slots.PriorityBatch, tc.queued...))
+			})
+		})
+	}
+}
+
+// Callers refused for a full queue count the callers queued ahead of them;
+// when those time out, they are told to come back behind the returns told
+// before: each return has a slot freeing for it, two a round on two slots.
+// Two holders of 1 s (the mean hold) started together, four callers queued
+// with a wait of 500 ms, six more refused. (The four that timed out were
+// told the fourth and fifth rounds, already told to four of the six: four
+// callers for the two slots of each, of whom two timed out again.)
+func TestRetryAfterOfTimeoutsBehindThoseToldBefore(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(2, slots.WithMaxQueue(4), slots.WithMaxWait(500*time.Millisecond))
+		defer holdBoth(t, l)()
+		start := time.Now()
+		var mu sync.Mutex
+		// The callers that come back for each round of the holds, the
+		// releases at 1 s, 2 s, ... from start.
+		rounds := map[time.Duration]int{}
+		note := func(err error) (told time.Duration) {
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			mu.Lock()
+			defer mu.Unlock()
+			rounds[(time.Since(start)+le.RetryAfter+time.Second-1)/time.Second]++
+			return le.RetryAfter
+		}
+		var timedOut []time.Duration
+		var wg sync.WaitGroup
+		for range 4 {
+			wg.Go(func() {
+				_, err := l.Acquire(context.Background())
+				assert.ErrorIs(t, err, slots.ErrWaitTimeout)
+				told := note(err)
+				mu.Lock()
+				timedOut = append(timedOut, told)
+				mu.Unlock()
+			})
+		}
+		synctest.Wait()
+		var queueFull []time.Duration
+		for range 6 {
+			_, err := l.Acquire(context.Background())
+			require.ErrorIs(t, err, slots.ErrQueueFull)
+			queueFull = append(queueFull, note(err))
+		}
+		wg.Wait()
+		slices.Sort(timedOut)
+		ms := time.Millisecond
+		assert.Equal(t, []time.Duration{3 * time.Second, 3 * time.Second, 4 * time.Second, 4 * time.Second, 5 * time.Second, 5 * time.Second}, queueFull,
+			"two a round from the third (four queued ahead)")
+		assert.Equal(t, []time.Duration{5250 * ms, 5250 * ms, 6250 * ms, 6250 * ms}, timedOut,
+			"behind the six, at 500 ms: the sixth and seventh rounds, a lead of 250 ms (half the wait) before")
+		for r, n := range rounds {
+			assert.LessOrEqual(t, n, 2, "callers told to come for the release of round %d, of two slots", r)
+		}
+	})
+}
+
+// Before any hold has ended, a caller that times out is told to come back
+// a lead before its room frees, as later ones are: half its wait, within
+// half a turn of the hold assumed until one is known (1 s). It was told
+// to come as the room frees, and timed out again behind the queue.
+func TestRetryAfterOfATimeoutBeforeAnyHoldEnded(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(1, slots.WithMaxWait(400*time.Millisecond))
+		held, err := l.TryAcquire()
+		require.NoError(t, err)
+		defer held.Release()
+		_, err = l.Acquire(context.Background())
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		require.ErrorIs(t, err, slots.ErrWaitTimeout)
+		assert.Equal(t, 400*time.Millisecond, le.RetryAfter, "the holder ends at 1 s; at 400 ms, 200 ms before")
+	})
+}
+
+// An interactive caller that timed out is told to come back before a batch
+// caller refused for a full queue after it came: the batch caller counted
+// it among the queued, but goes behind it, not the other way round. On one
+// slot of 1 s holds, with a queue of two and a wait of 1 s: the interactive
+// caller is back at 1.5 s (half its wait before the holder's next end at
+// 2 s), the batch one at 3 s. (Booked by the count of units freed without
+// the classes, the interactive caller was told to come at 3.5 s.)
+func TestRetryAfterOfATimeoutBeforeLowerClassesToldAfterIt(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(1, slots.WithMaxQueue(2), slots.WithMaxWait(time.Second))
+		testrig.WarmHolds(t, time.Second, l.TryAcquire)
+		held, err := l.TryAcquire()
+		require.NoError(t, err)
+		defer held.Release()
+		start := time.Now()
+		back := func(ctx context.Context) time.Duration {
+			_, err := l.Acquire(ctx)
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			return time.Since(start) + le.RetryAfter
+		}
+		interactive := make(chan time.Duration, 1)
+		go func() { interactive <- back(slots.WithPriority(context.Background(), slots.PriorityInteractive)) }()
+		time.Sleep(100 * time.Millisecond)
+		queued := make(chan time.Duration, 1)
+		go func() { queued <- back(slots.WithPriority(context.Background(), slots.PriorityBatch)) }()
+		synctest.Wait()
+		batch := back(slots.WithPriority(context.Background(), slots.PriorityBatch)) // the queue is full
+		assert.Equal(t, 3*time.Second, batch)
+		assert.Equal(t, 1500*time.Millisecond, <-interactive)
+		<-queued // times out at 1.1 s
+	})
+}
+
+// A caller that comes back as told while the holders run past the mean is
+// told the same again, not later each time: its own return, due as it
+// comes, is no longer ahead of it, also when the coarse clock reads its
+// return as a few milliseconds ahead (here: it comes 5 ms early). (Booked
+// by the count of units freed, which does not move while nothing frees,
+// it was told 1 s, 1.5 s, 2 s...)
+func TestRetryAfterOfACallerBackPastTheMean(t *testing.T) {
+	for _, early := range []time.Duration{0, 5 * time.Millisecond} {
+		t.Run(fmt.Sprint(early, " early"), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				l := slots.NewLimiter(2)
+				defer holdBoth(t, l)()
+				var told []time.Duration
+				for range 10 { // the holders run on
+					_, err := l.TryAcquire()
+					var le *slots.LimitError
+					require.ErrorAs(t, err, &le)
+					told = append(told, le.RetryAfter)
+					time.Sleep(le.RetryAfter - min(early, le.RetryAfter))
+				}
+				t.Logf("told: %v", told)
+				for _, d := range told[3:] {
+					assert.Equal(t, 500*time.Millisecond, d, "a turn of the two slots each time")
+				}
 			})
 		})
 	}

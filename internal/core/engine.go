@@ -1,6 +1,7 @@
 package core
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"sync/atomic"
@@ -76,7 +77,7 @@ func (e *Engine) Full(q *Queue, flow string) bool {
 // (call under the owner's lock) and a Retry-After estimated from them (see
 // HoldTime.RetryAfter). Report it with Rejected once the lock is released.
 func (e *Engine) Reject(reason error, key string, inFlight, limit, queued int) *Rejection {
-	return e.rejectAt(reason, key, inFlight, limit, queued, limit, 1, queued+1, nil, 0, nil)
+	return e.rejectAt(reason, key, inFlight, limit, queued, limit, 1, Uncounted, queued+1, nil, 0, nil)
 }
 
 // RejectLane builds the rejection for reason of a caller of ln (class c, n
@@ -95,7 +96,8 @@ func (e *Engine) RejectLane(reason error, key string, ln *Lane, n int, c uint8) 
 // higher classes ahead (those of its class and lower came after it, and are
 // served or told after it; none if its class is owed its share), and is
 // told to come back half of wait (what it may spend queued again, at most
-// half a turn) before its room frees.
+// half a turn) before its room frees. Returns are booked in the order ln's
+// units free too (Told).
 func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n int, c uint8, slots int, wait time.Duration) *Rejection {
 	var buf [EndsScan]End
 	var ends []End
@@ -116,19 +118,22 @@ func (e *Engine) RejectLaneTurns(reason error, key string, ln *Lane, n int, c ui
 	if ln.Told == nil {
 		ln.Told = new(Told)
 	}
-	return e.rejectAt(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len(), slots, n, need, ends, wait, ln.Told)
+	if slots != ln.Limit || reason == ErrWaitTimeout && ln.Short(c) {
+		c = Uncounted // its turns are a tighter cap's, or its class goes first
+	}
+	return e.rejectAt(reason, key, ln.Holders.Units(), ln.Limit, ln.Waiters.Len(), slots, n, c, need, ends, wait, ln.Told)
 }
 
-func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots, n, need int, ends []End, wait time.Duration, told *Told) *Rejection {
+func (e *Engine) rejectAt(reason error, key string, inFlight, limit, queued, slots, n int, c uint8, need int, ends []End, wait time.Duration, told *Told) *Rejection {
 	rej := &Rejection{Err: reason, Key: key, InFlight: inFlight, Limit: limit, Queued: queued}
 	if reason == ErrExceedsLimit {
 		return rej // coming back cannot help: no Retry-After, and none booked
 	}
 	lead := wait / 2
-	if slots > 0 {
-		lead = min(lead, time.Duration(e.hold.ewma.Load()/int64(slots)/2))
+	if slots > 0 { // half a turn, of a second's hold before one is known
+		lead = min(lead, time.Duration(cmp.Or(e.hold.ewma.Load(), int64(time.Second))/int64(slots)/2))
 	}
-	rej.RetryAfter = e.hold.RetryAfter(e.Clock.Coarse(), n, need, slots, ends, lead, told)
+	rej.RetryAfter = e.hold.retryAfter(e.Clock.Coarse(), n, c, need, slots, ends, lead, told)
 	return rej
 }
 

@@ -218,11 +218,10 @@ func (e *Engine) acquired(ctx context.Context, x *Handle, t *Tracked, wait time.
 
 // handOut finishes an admission without reporting it (a bypass): with leak
 // detection, x becomes the stand-in of its tracked hold t.
-func (e *Engine) handOut(x *Handle, t *Tracked) *Handle {
+func (e *Engine) handOut(x *Handle, t *Tracked) {
 	if t != nil {
 		AttachTo(t, x, &x.h)
 	}
-	return x
 }
 
 // bypass admits w's hold by fail-open once its wait timed out: it holds no

@@ -141,14 +141,26 @@ type Lane struct {
 	// change only when someone waits.
 	Limit   int
 	Holders HolderSet
+	// Told, if not nil, is the returns told to callers refused here
+	// (RejectLaneTurns makes it); a release reads it beside Multi.
+	Told *Told
 	// Multi counts the waiters in Waiters that need other lanes too.
 	Multi   int
 	Waiters Queue
 	// Shares, if not nil, guarantees parts of Limit to classes (CanTake).
 	Shares *Shares
-	// Told, if not nil, is the returns told to callers refused here
-	// (RejectLaneTurns makes it).
-	Told *Told
+}
+
+// Remove removes h from the holders (HolderSet.Remove, which see), and
+// counts the units it frees for the returns told on ln.
+func (ln *Lane) Remove(h *Hold, idx *int32) bool {
+	if !ln.Holders.Remove(h, idx) {
+		return false
+	}
+	if ln.Told != nil {
+		ln.Told.freed += uint64(h.Units())
+	}
+	return true
 }
 
 // HasRoom reports whether one more unit fits under the limit.

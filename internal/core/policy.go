@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/benbjohnson/clock"
+
+	"github.com/inflight-go/inflight/internal/clockx"
 )
 
 // Policy is how an owner's callers wait, and what it reports: set by
@@ -77,10 +79,23 @@ type HoldTime struct {
 
 // Told is the returns told to the callers refused on a lane and not yet
 // due, in order, with the units each needs: the callers expected back, who
-// go before a caller refused later. Its owner's lock guards it.
+// go before a caller refused later. A lane's Told (RejectLaneTurns) also
+// counts the units freed on the lane (Lane.Remove) and books each return
+// at the count by which it fits: a caller refused later goes behind the
+// last return still to come of its class and of each higher one, an order
+// their times alone do not keep (a caller refused for a full queue counts
+// those queued ahead of it, who are told after it if they time out). Its
+// owner's lock guards it.
 type Told struct {
 	dues  []End
-	units int // the dues' units together
+	units int    // the dues' units together
+	freed uint64 // the units freed on its lane since it was made
+	// last is, per class, the last return booked: when its room frees,
+	// and the count of units freed by which it fits.
+	last [NumClasses]struct {
+		at  int64
+		pos uint64
+	}
 }
 
 // An End is a holder's start (Hold.At), or a return told, and its units.
@@ -154,6 +169,19 @@ const (
 // queue. Rounded up to the millisecond; one second when limit is not
 // positive; at most MaxRetryAfter. Call under the lock that guards told.
 func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead time.Duration, told *Told) time.Duration {
+	return t.retryAfter(now, n, Uncounted, need, limit, ends, lead, told)
+}
+
+// Uncounted is the class of a caller that a lane's Told does not place by
+// the units freed on the lane (retryAfter).
+const Uncounted = NumClasses
+
+// retryAfter is RetryAfter for a caller of class c: on a lane's Told, it
+// also goes behind the last return still to come of its class and of
+// each higher one (Told), and its own is booked so, unless c is Uncounted.
+// A return due within two ticks of the coarse clock (which lags by up to
+// one) has come: its caller, told to the millisecond, may be this one.
+func (t *HoldTime) retryAfter(now int64, n int, c uint8, need, limit int, ends []End, lead time.Duration, told *Told) time.Duration {
 	if limit <= 0 {
 		return time.Second
 	}
@@ -177,9 +205,15 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 			told.dues = nil // a flood's list is given back once it is over
 		}
 		u += float64(told.units)
+		for k, d := range told.last { // on a lane: by the count of units freed, too
+			if c < Uncounted && d.at > now+int64(2*clockx.CoarseTick) && rank[k] <= rank[c] && d.pos > told.freed {
+				u = max(u, float64(d.pos-told.freed)+float64(max(n, 1)))
+			}
+		}
 		book = len(told.dues) < maxDues && u-float64(n) < bound
 	}
 	u = min(u, bound+float64(max(n, 1)))
+	pos := u // the units to free before it fits
 	var at float64
 	if u > 0 && len(ends) > 0 {
 		slices.SortFunc(ends, func(a, b End) int { return byAt(a, b.At) })
@@ -208,6 +242,9 @@ func (t *HoldTime) RetryAfter(now int64, n, need, limit int, ends []End, lead ti
 		j, _ := slices.BinarySearchFunc(told.dues, due.At, byAt)
 		told.dues = slices.Insert(told.dues, j, due)
 		told.units += due.Units
+		if c < Uncounted {
+			told.last[c].at, told.last[c].pos = due.At, told.freed+uint64(pos)
+		}
 	}
 	// The lead comes off before the bound: a long wait told less its lead
 	// stays long.

@@ -56,11 +56,8 @@ func (t *Tracked) callSite() string {
 		f, more := frames.Next()
 		if pkg := packageOf(f.Function); !strings.HasPrefix(pkg, modulePrefix) || strings.HasSuffix(pkg, "_test") {
 			out = append(out, fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line))
-			if len(out) == 3 {
-				break
-			}
 		}
-		if !more {
+		if !more || len(out) == 3 {
 			break
 		}
 	}

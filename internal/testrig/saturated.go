@@ -1,8 +1,10 @@
 package testrig
 
 import (
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
+	"testing"
 	"time"
 )
 
@@ -105,4 +107,44 @@ func Saturate(clients, requests int, attempt func(c int) (admitted bool, retryAf
 	close(done)
 	<-sampled // its last moment counted, and no write after the return
 	return out
+}
+
+// Turns returns turns of 1 s, give or take 10%, drawn from seed: the
+// holds of Saturate's clients. Safe for concurrent use.
+func Turns(seed uint64) func() time.Duration {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	var mu sync.Mutex
+	return func() time.Duration {
+		mu.Lock()
+		defer mu.Unlock()
+		return time.Duration((0.9 + 0.2*rng.Float64()) * float64(time.Second))
+	}
+}
+
+// ScoreReturns checks runs of Saturate against the goals of a Retry-After
+// that clients can trust: each run finished its requests (requests of
+// them), and together at least 80% of first retries were admitted, no
+// request was given up, and a slot was free in at most 20% of the moments
+// clients waited. It logs the figures.
+func ScoreReturns(t testing.TB, requests int, runs []Saturated) {
+	t.Helper()
+	var sum Saturated
+	for i, r := range runs {
+		if r.Requests != requests {
+			t.Errorf("run %d: %d requests done, want %d", i, r.Requests, requests)
+		}
+		sum.Add(r)
+	}
+	first, free := sum.FirstRetries(), sum.Free()
+	t.Logf("%d requests: %d refused at first, %d of them admitted at their first retry (%.0f%%); %d gave up; a slot free in %.1f%% of %d moments clients waited",
+		sum.Requests, sum.FirstRefused, sum.FirstRetryAdmitted, 100*first, sum.GaveUp, 100*free, sum.WaitingMoments)
+	if first < 0.8 {
+		t.Errorf("%.1f%% of first retries admitted, want at least 80%%", 100*first)
+	}
+	if sum.GaveUp != 0 {
+		t.Errorf("%d requests given up, want none", sum.GaveUp)
+	}
+	if free > 0.2 {
+		t.Errorf("a slot free in %.1f%% of the moments clients waited, want at most 20%%", 100*free)
+	}
 }
