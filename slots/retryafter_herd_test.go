@@ -279,3 +279,40 @@ func TestRetryAfterOfACallerBackPastTheMean(t *testing.T) {
 		})
 	}
 }
+
+// A caller whose class is owed its share and that timed out goes first:
+// it counts the returns told, but is not placed behind the last return
+// still to come of the higher classes. On two slots of 1 s holds, with a
+// share of one for batch callers: a batch caller queued and timed out at
+// 1 s, while four interactive callers were refused for a full queue (told
+// 2 s, 2 s, 3 s and 3 s). It comes for the round at 3 s, a lead of 250 ms
+// before, where its share serves it first. (Placed behind the interactive
+// returns, it was told to come at 3.75 s.)
+func TestRetryAfterOfATimeoutOwedItsShare(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(2, slots.WithMaxQueue(2), slots.WithMaxWait(time.Second),
+			slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
+		defer holdBoth(t, l)()
+		start := time.Now()
+		back := func(ctx context.Context) time.Duration {
+			_, err := l.Acquire(ctx)
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			return time.Since(start) + le.RetryAfter
+		}
+		interactive := slots.WithPriority(context.Background(), slots.PriorityInteractive)
+		batch := make(chan time.Duration, 1)
+		go func() { batch <- back(slots.WithPriority(context.Background(), slots.PriorityBatch)) }()
+		time.Sleep(100 * time.Millisecond)
+		queued := make(chan time.Duration, 1)
+		go func() { queued <- back(interactive) }()
+		synctest.Wait()
+		var told []time.Duration
+		for range 4 {
+			told = append(told, back(interactive))
+		}
+		assert.Equal(t, []time.Duration{2 * time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}, told)
+		assert.Equal(t, 2750*time.Millisecond, <-batch, "the round at 3 s, less a lead of a quarter of a hold")
+		<-queued
+	})
+}
