@@ -63,6 +63,19 @@ func holdBoth(t *testing.T, l *slots.Limiter) (free func()) {
 	return func() { a.Release(); b.Release() }
 }
 
+// backAt returns a function that acquires from l under a context, which
+// must be refused, and returns when the caller is told to come back, from
+// the time backAt was called. In a bubble.
+func backAt(t *testing.T, l *slots.Limiter) func(context.Context) time.Duration {
+	start := time.Now()
+	return func(ctx context.Context) time.Duration {
+		_, err := l.Acquire(ctx)
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		return time.Since(start) + le.RetryAfter
+	}
+}
+
 // timedOutBehind returns the Retry-After told to a caller of class p on l,
 // all of whose units are held, whose wait of 1 s times out while
 // interactive callers of the given units, who came 500 ms after it, wait
@@ -231,13 +244,7 @@ func TestRetryAfterOfATimeoutBeforeLowerClassesToldAfterIt(t *testing.T) {
 		held, err := l.TryAcquire()
 		require.NoError(t, err)
 		defer held.Release()
-		start := time.Now()
-		back := func(ctx context.Context) time.Duration {
-			_, err := l.Acquire(ctx)
-			var le *slots.LimitError
-			require.ErrorAs(t, err, &le)
-			return time.Since(start) + le.RetryAfter
-		}
+		back := backAt(t, l)
 		interactive := make(chan time.Duration, 1)
 		go func() { interactive <- back(slots.WithPriority(context.Background(), slots.PriorityInteractive)) }()
 		time.Sleep(100 * time.Millisecond)
@@ -293,13 +300,7 @@ func TestRetryAfterOfATimeoutOwedItsShare(t *testing.T) {
 		l := slots.NewLimiter(2, slots.WithMaxQueue(2), slots.WithMaxWait(time.Second),
 			slots.WithShare(slots.PriorityBatch, slots.Share{Min: 1}))
 		defer holdBoth(t, l)()
-		start := time.Now()
-		back := func(ctx context.Context) time.Duration {
-			_, err := l.Acquire(ctx)
-			var le *slots.LimitError
-			require.ErrorAs(t, err, &le)
-			return time.Since(start) + le.RetryAfter
-		}
+		back := backAt(t, l)
 		interactive := slots.WithPriority(context.Background(), slots.PriorityInteractive)
 		batch := make(chan time.Duration, 1)
 		go func() { batch <- back(slots.WithPriority(context.Background(), slots.PriorityBatch)) }()
