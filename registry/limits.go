@@ -153,13 +153,17 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 	}
 	sh.mu.Lock()
 	r.pruneResolvedLocked(sh, now)
-	_, overridden := sh.overrides[key]
-	rv := sh.resolved[key]
-	if overridden || rv.ok && now-rv.at < int64(r.refresh) { // fresh
-		sh.mu.Unlock()
-		return nil
-	}
-	if rv.fetch != nil {
+	var rv resolved
+	for {
+		_, overridden := sh.overrides[key]
+		rv = sh.resolved[key]
+		if overridden || rv.ok && now-rv.at < int64(r.refresh) { // fresh
+			sh.mu.Unlock()
+			return nil
+		}
+		if rv.fetch == nil {
+			break
+		}
 		fetch, stale := rv.fetch, rv.ok
 		sh.mu.Unlock()
 		if stale {
@@ -168,7 +172,6 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		start := r.eng.Clock.Nanos()
 		select {
 		case <-fetch:
-			return nil
 		case <-ctx.Done():
 			// The caller gave up while queued behind the first fetch.
 			sh.mu.Lock()
@@ -176,6 +179,12 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Unlock()
 			return r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
 		}
+		sh.mu.Lock()
+		if !sh.resolved[key].left {
+			sh.mu.Unlock()
+			return nil
+		}
+		// Its caller left: that says nothing of the limit; fetch again.
 	}
 	if sh.resolved == nil {
 		sh.resolved = make(map[K]resolved)
@@ -227,6 +236,7 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		rv := sh.resolved[key]
 		again := rv.again
 		rv.fetch, rv.again = nil, false // a failed fetch leaves it stale
+		rv.left = err != nil && ctx.Err() != nil
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true
 			if again { // fetched anew by the next admission

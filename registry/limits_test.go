@@ -124,6 +124,57 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 	})
 }
 
+// The caller whose acquire runs a key's first fetch leaves while others
+// wait for it: the fetch ends with that caller's context, which says
+// nothing of the key's limit, so the callers waiting fetch it again (one
+// of them, the others waiting for that fetch) rather than take the
+// default. Before, all five waiting were admitted under the default of 64
+// on a key whose limit is 1.
+func TestRegistryLimitFuncFirstFetchersCallerLeaves(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		var calls atomic.Int32
+		fn := func(ctx context.Context, org string) (int, error) {
+			if calls.Add(1) == 1 {
+				<-ctx.Done()
+				return 0, ctx.Err()
+			}
+			return 1, nil
+		}
+		reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+		ctx, cancel := context.WithCancel(context.Background())
+		first := make(chan error, 1)
+		go func() {
+			s, err := reg.Acquire(ctx, "org")
+			if err == nil {
+				s.Release()
+			}
+			first <- err
+		}()
+		synctest.Wait()
+		var admitted atomic.Int32
+		var held sync.Map
+		var wg sync.WaitGroup
+		for i := range 5 {
+			wg.Go(func() {
+				if s, err := reg.TryAcquire("org"); err == nil {
+					admitted.Add(1)
+					held.Store(i, s)
+				} else {
+					assert.ErrorIs(t, err, slots.ErrLimitReached)
+				}
+			})
+		}
+		synctest.Wait()
+		cancel()
+		assert.ErrorIs(t, <-first, context.Canceled)
+		wg.Wait()
+		assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched again, not the default")
+		assert.Equal(t, int32(2), calls.Load(), "fetched again once, for all that waited")
+		assert.Equal(t, 1, reg.Limit("org"))
+		held.Range(func(_, s any) bool { s.(*slots.Slot).Release(); return true })
+	})
+}
+
 func TestRegistryLimitFuncGoexit(t *testing.T) {
 	var calls atomic.Int32
 	fn := func(ctx context.Context, org string) (int, error) {

@@ -126,6 +126,7 @@ type resolved struct {
 	fetch chan struct{} // non-nil while a fetch runs; closed when it ends
 	gen   uint64        // counts successful fetches, so a late one yields
 	again bool          // RefreshLimits came while a fetch ran: what it read may be older
+	left  bool          // the last fetch failed as its caller's context ended
 }
 
 // entry is one live key: its lane of capacity. It is the Owner of the holds
@@ -164,8 +165,9 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 //
 // One fetch per key runs at a time. Callers that find the key's first fetch
 // under way wait for it (or for their context), so a burst on a new key is
-// capped by the fetched limit, not the default; callers that find a refresh
-// under way use the last known limit. TryAcquire and TryAcquireAll may
+// capped by the fetched limit, not the default (should the fetch fail
+// because its caller's context ended, one of them fetches again); callers
+// that find a refresh under way use the last known limit. TryAcquire and TryAcquireAll may
 // therefore wait for fn. When fn fails, returns a negative limit, or panics,
 // the last limit it returned for the key stays in force and the fetch is
 // retried on a later acquire; a key never fetched successfully gets
