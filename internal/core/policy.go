@@ -90,6 +90,10 @@ type Told struct {
 	dues  []End
 	units int    // the dues' units together
 	freed uint64 // the units freed on its lane since it was made
+	// Elsewhere is the units of returns taken to be told elsewhere for
+	// each unit told here (a fleet's other processes tell their own
+	// callers of the same key's frees); 0: none. Its owner sets it.
+	Elsewhere float64
 	// last is, per class, the last return booked: when its room frees,
 	// and the count of units freed by which it fits.
 	last [NumClasses]struct {
@@ -204,7 +208,7 @@ func (t *HoldTime) retryAfter(now int64, n int, c uint8, need, limit int, ends [
 		if len(told.dues) == 0 && cap(told.dues) > 64 {
 			told.dues = nil // a flood's list is given back once it is over
 		}
-		u += float64(told.units)
+		u += float64(told.units) * (1 + max(told.Elsewhere, 0))
 		for k, d := range told.last { // on a lane: by the count of units freed, too
 			if c < Uncounted && d.at > now+int64(2*clockx.CoarseTick) && rank[k] <= rank[c] && d.pos > told.freed {
 				u = max(u, float64(d.pos-told.freed)+float64(max(n, 1)))

@@ -247,12 +247,12 @@ func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 	}
 	if res.Status != driver.StatusFull {
 		le.Err = slots.ErrQueueFull
-		le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, l.units, le.Limit, 0, r.holdTime.RetryAfter(0, l.units, needOf(le.Queued, l.units), le.Limit, nil, 0, nil))
+		le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, 0, true)
 		return failed(le)
 	}
 	// A key at its limit: its earliest lease's expiry, which a live holder
 	// keeps renewing, is a bound, not a time; the key's holds tell one.
-	le.RetryAfter = r.refusalRetryAfter(l.names[i], le.Queued, l.units, le.Limit, 0, le.RetryAfter)
+	le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, 0, false)
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
 }
 

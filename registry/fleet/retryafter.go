@@ -1,11 +1,13 @@
 package fleet
 
 import (
+	"cmp"
 	"math"
 	"sync"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // keyHolds estimates, per key, how long this process's holders keep their
@@ -49,18 +51,25 @@ func (h *keyHolds) observe(names []string, held int64) {
 	for _, name := range names {
 		kh := h.m[name]
 		if kh == nil {
-			if h.m == nil {
-				h.m = map[string]*keyHold{}
-			}
-			if len(h.m) >= maxKeyHolds {
-				h.evictLocked()
-			}
-			kh = new(keyHold)
-			h.m[name] = kh
+			kh = h.addLocked(name, now)
 		}
 		kh.hold.Observe(held)
 		kh.used = now
 	}
+}
+
+// addLocked adds the key named name, used at now, dropping another past
+// maxKeyHolds.
+func (h *keyHolds) addLocked(name string, now int64) *keyHold {
+	if h.m == nil {
+		h.m = map[string]*keyHold{}
+	}
+	if len(h.m) >= maxKeyHolds {
+		h.evictLocked()
+	}
+	kh := &keyHold{used: now}
+	h.m[name] = kh
+	return kh
 }
 
 // evictLocked drops, of a few keys (the map's order picks them), the one
@@ -83,27 +92,48 @@ func (h *keyHolds) evictLocked() {
 // retryAfter is the Retry-After of a caller of units refused on the key
 // named name, with queued callers ahead of it in the store, under limit:
 // when the units it needs are expected to free, from the key's holds,
-// behind the returns told before it here, lead earlier (a caller that may
-// queue on its return). It reports false when no hold of the key has ended
-// here yet.
-func (h *keyHolds) retryAfter(name string, queued, units, limit int, lead time.Duration) (time.Duration, bool) {
+// behind the returns told before it, lead earlier (a caller that may
+// queue on its return). The store's queue is the fleet's, but the returns
+// told are this process's: the other processes tell their own callers of
+// the same frees, and are taken to tell as many per unit held as this one
+// does, which holds mine of the key's held units. While no hold of the key
+// has ended here, cold estimates them, and the return is booked all the
+// same, so that callers refused together at the start are spread too;
+// with cold nil it reports false then.
+func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int, lead time.Duration, cold *core.HoldTime) (time.Duration, bool) {
+	if limit <= 0 {
+		return 0, false
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	kh := h.m[name]
-	if kh == nil || !kh.hold.Known() || limit <= 0 {
+	est := cold
+	switch {
+	case kh != nil && kh.hold.Known():
+		est = &kh.hold
+	case cold == nil:
 		return 0, false
+	case kh == nil:
+		kh = h.addLocked(name, time.Now().UnixNano())
 	}
-	lead = min(lead, kh.hold.Mean()/time.Duration(limit)/2)
-	return kh.hold.RetryAfter(time.Now().UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
+	kh.told.Elsewhere = max(float64(held)/float64(max(mine, 1))-1, 0)
+	lead = min(lead, cmp.Or(est.Mean(), time.Second)/time.Duration(limit)/2)
+	return est.RetryAfter(time.Now().UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
 }
 
-// refusalRetryAfter is the Retry-After of a caller refused on the key named
-// name: from the key's holds (see keyHolds.retryAfter), or cold, fallback.
-func (r *Registry[K]) refusalRetryAfter(name string, queued, units, limit int, lead, fallback time.Duration) time.Duration {
-	if d, ok := r.holds.retryAfter(name, queued, units, limit, lead); ok {
+// refusalRetryAfter is the Retry-After of le, a refusal of l on its key i
+// with queued callers ahead of it in the store: from the key's holds (see
+// keyHolds.retryAfter), or, while none has ended here, from this
+// Registry's with cold set, else le's.
+func (r *Registry[K]) refusalRetryAfter(l *lease[K], i int, le *slots.LimitError, queued int, lead time.Duration, cold bool) time.Duration {
+	var est *core.HoldTime
+	if cold {
+		est = &r.holdTime
+	}
+	if d, ok := r.holds.retryAfter(l.names[i], queued, l.units, le.Limit, r.local.InFlight(l.keys[i]), le.InFlight, lead, est); ok {
 		return d
 	}
-	return fallback
+	return le.RetryAfter
 }
 
 // needOf is what a caller of units refused behind queued callers in the

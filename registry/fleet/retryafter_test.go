@@ -57,15 +57,17 @@ func runFleetSaturated(t *testing.T, seed uint64) (out testrig.Saturated) {
 // key's Retry-After, over ten runs, come back as its slots free. The runs
 // are not quite the same each time (the order in which goroutines reach the
 // store varies), so the test asserts loose bounds and logs its figures;
-// TestFullKeyRetryAfterFollowsItsHolds and
-// TestFleetRetryAfterOfATimeoutAndOfSeveralKeys are the ones that tell the
-// rules apart. Seen here, eighteen runs of the test: 38-45% of first
-// retries admitted, 4-13 of 480 requests given up, a slot free in 2.0-5.3%
-// of the moments clients waited. Before (one estimate for the whole
-// Registry, callers refused together told the same time, a timed-out
-// caller counted ahead of itself), three runs: 34-36%, 17-19 and 4.4-5.8%.
-// The goal of 80% is not met here either, for the reason slots'
-// TestRetryAfterSpreadsReturns gives.
+// TestFullKeyRetryAfterFollowsItsHolds, the tests below it and
+// TestFleetRetryAfterCountsTheOtherProcessesReturns are the ones that
+// tell the rules apart. Seen here, seven runs of the test: 50-59% of
+// first retries admitted, 0-3 of 480 requests given up, a slot free in
+// 5.3-7.3% of the moments clients waited. Before each process counted the
+// returns the other tells, and spread the callers refused before a hold
+// of the key had ended, eighteen runs: 38-45%, 4-13 and 2.0-5.3%. The
+// issue's goal of 80%, met on one process's caps, is not met here: the
+// returns told are each process's, so two processes tell theirs on the
+// same frees out of step (with the returns told kept in one place for
+// both, in a trial, 61-63%, a slot free in 18-21% of the moments).
 func TestFleetRetryAfterFollowsTheKey(t *testing.T) {
 	if testing.Short() {
 		t.Skip("ten virtual runs of some 20 s")
@@ -84,8 +86,8 @@ func TestFleetRetryAfterFollowsTheKey(t *testing.T) {
 	t.Logf("%d requests: %d refused at first, %d of them admitted at their first retry (%.0f%%); %d gave up; a slot free in %.1f%% of %d moments clients waited; mean Retry-After %v of %d",
 		sum.Requests, sum.FirstRefused, sum.FirstRetryAdmitted, 100*first, sum.GaveUp, 100*free, sum.WaitingMoments,
 		(told / time.Duration(max(len(sum.Told), 1))).Round(time.Millisecond), len(sum.Told))
-	assert.GreaterOrEqual(t, first, 0.30, "first retries admitted")
-	assert.LessOrEqual(t, sum.GaveUp, sum.Requests/20, "requests given up")
+	assert.GreaterOrEqual(t, first, 0.45, "first retries admitted")
+	assert.LessOrEqual(t, sum.GaveUp, 10, "requests given up")
 	assert.LessOrEqual(t, free, 0.2, "moments a slot sat free while clients waited")
 }
 
@@ -189,7 +191,7 @@ func TestKeyHoldsKeepTheKeysInUse(t *testing.T) {
 		}
 	}
 	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
-	_, ok := h.retryAfter("hot", 0, 1, 1, 0)
+	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, nil)
 	assert.True(t, ok, "the key in use keeps its estimate")
 }
 
@@ -235,5 +237,77 @@ func TestFullKeyRetryAfterCountsUnits(t *testing.T) {
 		t.Logf("told: one unit %v, fifty units %v", one, fifty)
 		assert.Less(t, one, 100*time.Millisecond, "a hundredth of a mean hold")
 		assert.GreaterOrEqual(t, fifty, time.Second, "fifty hundredths of it, behind the one told before")
+	})
+}
+
+// Callers refused together before any hold of the key has ended here are
+// spread as later ones are, from this Registry's holds (or a second's
+// hold, before any): not all told the same time. On a virtual Redis, in
+// virtual time.
+func TestFleetRetryAfterSpreadsCallersRefusedAtTheStart(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		srv := newVirtualRedis(t, fwLatency)
+		r := fwFleet(t, srv, "cold", 1, 1, WithLogger(quiet()), WithLocalOptions(slots.WithMaxQueue(0)))[0]
+		s, err := r.Acquire(context.Background(), "k")
+		require.NoError(t, err)
+		defer s.Release()
+		var told []time.Duration
+		for range 3 {
+			_, err := r.Acquire(context.Background(), "k")
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			require.ErrorIs(t, err, slots.ErrQueueFull)
+			told = append(told, le.RetryAfter)
+		}
+		t.Logf("told %v", told)
+		for i := 1; i < len(told); i++ {
+			assert.GreaterOrEqual(t, told[i]-told[i-1], 900*time.Millisecond, "a turn of the slot after the one told before")
+		}
+	})
+}
+
+// A process that holds part of a fleet key spreads its refused callers
+// over its part of the key's frees: the other processes tell their own
+// callers of the same frees, as many per unit held as this one is taken
+// to. Holding one of two slots, each refusal here is told a turn of the
+// key (a mean hold over the limit) for itself and one for the callers the
+// other process tells; holding both, a turn for itself. On a virtual
+// Redis, in virtual time.
+func TestFleetRetryAfterCountsTheOtherProcessesReturns(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		srv := newVirtualRedis(t, fwLatency)
+		rs := fwFleet(t, srv, "shared", 2, 2, WithLogger(quiet()), WithLocalOptions(slots.WithMaxQueue(0)))
+		hold := func(r *Registry[string], key string) func() {
+			s, err := r.Acquire(context.Background(), key)
+			require.NoError(t, err)
+			return func() { s.Release() }
+		}
+		for _, key := range []string{"shared", "mine"} { // a mean hold of 1 s here
+			for range 3 {
+				release := hold(rs[0], key)
+				time.Sleep(time.Second)
+				release()
+			}
+		}
+		spacing := func(key string) time.Duration {
+			var told []time.Duration
+			for range 3 {
+				_, err := rs[0].Acquire(context.Background(), key)
+				var le *slots.LimitError
+				require.ErrorAs(t, err, &le)
+				require.ErrorIs(t, err, slots.ErrQueueFull)
+				told = append(told, le.RetryAfter)
+			}
+			t.Logf("%s: told %v", key, told)
+			return (told[2] - told[0]) / 2
+		}
+		defer hold(rs[0], "shared")()
+		defer hold(rs[1], "shared")()
+		defer hold(rs[0], "mine")()
+		defer hold(rs[0], "mine")()
+		time.Sleep(10 * time.Millisecond) // the releases above have reached the store
+		shared, mine := spacing("shared"), spacing("mine")
+		assert.InDelta(t, float64(time.Second), float64(shared), float64(100*time.Millisecond), "holding half the key: a turn for each process")
+		assert.InDelta(t, float64(500*time.Millisecond), float64(mine), float64(50*time.Millisecond), "holding all of it: a turn of the key")
 	})
 }

@@ -97,7 +97,7 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 			ahead-- // the store's count was its own ticket's too: it has left
 		}
 		// It may queue again on its return: told to come a little early.
-		le.RetryAfter = r.refusalRetryAfter(l.names[i], ahead, l.units, le.Limit, r.maxWait/2, le.RetryAfter)
+		le.RetryAfter = r.refusalRetryAfter(l, i, le, ahead, r.maxWait/2, true)
 	}
 	return failed(le)
 }
