@@ -171,7 +171,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		}
 		start := r.eng.Clock.Nanos()
 		select {
-		case <-fetch:
+		case <-fetch.done:
 		case <-ctx.Done():
 			// The caller gave up while queued behind the first fetch.
 			sh.mu.Lock()
@@ -179,17 +179,17 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Unlock()
 			return r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
 		}
-		sh.mu.Lock()
-		if !sh.resolved[key].left {
-			sh.mu.Unlock()
+		if !fetch.left { // written before done was closed
 			return nil
 		}
 		// Its caller left: that says nothing of the limit; fetch again.
+		now = r.eng.Clock.Coarse()
+		sh.mu.Lock()
 	}
 	if sh.resolved == nil {
 		sh.resolved = make(map[K]resolved)
 	}
-	fetch := make(chan struct{})
+	fetch := &fetching{done: make(chan struct{})}
 	rv.fetch = fetch
 	sh.resolved[key] = rv
 	sh.resolvedPeak = max(sh.resolvedPeak, len(sh.resolved))
@@ -226,7 +226,7 @@ func (r *Registry[K]) retained(rv resolved, now int64) bool {
 // LimitFunc that panics or exits its goroutine (runtime.Goexit, as
 // t.FailNow does) cannot leave the fetch marked as under way and its
 // waiters blocked.
-func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now int64, fetch chan struct{}) (n int, gen uint64, err error) {
+func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now int64, fetch *fetching) (n int, gen uint64, err error) {
 	n, err = -1, errors.New("registry: LimitFunc did not return")
 	defer func() {
 		if p := recover(); p != nil {
@@ -236,7 +236,7 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		rv := sh.resolved[key]
 		again := rv.again
 		rv.fetch, rv.again = nil, false // a failed fetch leaves it stale
-		rv.left = err != nil && ctx.Err() != nil
+		fetch.left = err != nil && ctx.Err() != nil
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true
 			if again { // fetched anew by the next admission
@@ -247,7 +247,7 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		}
 		sh.resolved[key] = rv
 		sh.mu.Unlock()
-		close(fetch)
+		close(fetch.done)
 	}()
 	n, err = r.limitFunc(ctx, key)
 	if err == nil && n < 0 {

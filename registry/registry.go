@@ -121,12 +121,20 @@ type counters struct {
 
 type resolved struct {
 	n     int
-	at    int64         // clock nanos of the last successful fetch
-	ok    bool          // n came from a successful fetch
-	fetch chan struct{} // non-nil while a fetch runs; closed when it ends
-	gen   uint64        // counts successful fetches, so a late one yields
-	again bool          // RefreshLimits came while a fetch ran: what it read may be older
-	left  bool          // the last fetch failed as its caller's context ended
+	at    int64     // clock nanos of the last successful fetch
+	ok    bool      // n came from a successful fetch
+	fetch *fetching // non-nil while a fetch runs
+	gen   uint64    // counts successful fetches, so a late one yields
+	again bool      // RefreshLimits came while a fetch ran: what it read may be older
+}
+
+// fetching is a fetch under way: done is closed when it ends, and left
+// is set before that if it failed as its caller's context ended (which
+// says nothing of the limit: those waiting fetch again). It stays with
+// those waiting for it, whatever becomes of the key's record.
+type fetching struct {
+	done chan struct{}
+	left bool
 }
 
 // entry is one live key: its lane of capacity. It is the Owner of the holds

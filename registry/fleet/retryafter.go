@@ -39,6 +39,14 @@ const (
 	evictSample = 8
 )
 
+// maxElsewhere bounds the returns taken to be told elsewhere for each one
+// told here (core.Told.Elsewhere): a key shared evenly by up to four
+// processes is counted whole. A process that holds little of a key (its
+// callers refused, say) would otherwise book each return as many times
+// over as its share is small, reach the bound of the returns told within
+// a few refusals, and tell every caller after them the same time.
+const maxElsewhere = 3
+
 // observe folds a hold of held nanoseconds into the estimates of the keys
 // named names.
 func (h *keyHolds) observe(names []string, held int64) {
@@ -98,8 +106,9 @@ func (h *keyHolds) evictLocked() {
 // the same frees, and are taken to tell as many per unit held as this one
 // does, which holds mine of the key's held units. While no hold of the key
 // has ended here, cold estimates them, and the return is booked all the
-// same, so that callers refused together at the start are spread too;
-// with cold nil it reports false then.
+// same, so that callers refused together at the start are spread too
+// (the key's entry, made by a refusal, goes first when entries are
+// dropped); with cold nil it reports false then.
 func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int, lead time.Duration, cold *core.HoldTime) (time.Duration, bool) {
 	if limit <= 0 {
 		return 0, false
@@ -114,9 +123,9 @@ func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int,
 	case cold == nil:
 		return 0, false
 	case kh == nil:
-		kh = h.addLocked(name, time.Now().UnixNano())
+		kh = h.addLocked(name, 0) // no hold ended: the first to go
 	}
-	kh.told.Elsewhere = max(float64(held)/float64(max(mine, 1))-1, 0)
+	kh.told.Elsewhere = min(max(float64(held)/float64(max(mine, 1))-1, 0), maxElsewhere)
 	lead = min(lead, cmp.Or(est.Mean(), time.Second)/time.Duration(limit)/2)
 	return est.RetryAfter(time.Now().UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
 }

@@ -311,3 +311,37 @@ func TestFleetRetryAfterCountsTheOtherProcessesReturns(t *testing.T) {
 		assert.InDelta(t, float64(500*time.Millisecond), float64(mine), float64(50*time.Millisecond), "holding all of it: a turn of the key")
 	})
 }
+
+// Refusals on keys none of whose holds has ended here (full in other
+// processes) make entries of their own, which go before a key whose holds
+// are known: a flood of them on many keys leaves that key its estimate.
+func TestKeyHoldsKeepKnownKeysPastRefusals(t *testing.T) {
+	var h keyHolds
+	var cold core.HoldTime
+	h.observe([]string{"hot"}, int64(time.Second))
+	for i := range 20 * maxKeyHolds {
+		_, ok := h.retryAfter(fmt.Sprint("refused-", i), 0, 1, 1, 0, 1, 0, &cold)
+		require.True(t, ok)
+	}
+	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
+	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, nil)
+	assert.True(t, ok, "the key whose holds are known keeps its estimate")
+}
+
+// A process that holds little of a key counts the returns told elsewhere
+// as if the key were shared by four processes at most: its refused
+// callers are still spread, not told the bound's time one after another.
+func TestRetryAfterOfAProcessHoldingLittleOfAKey(t *testing.T) {
+	var h keyHolds
+	h.observe([]string{"k"}, int64(time.Second))
+	var last time.Duration
+	for i := range 20 {
+		d, ok := h.retryAfter("k", 0, 1, 100, 1, 100, 0, nil)
+		require.True(t, ok)
+		if i > 0 {
+			assert.Greater(t, d, last, "refusal %d told after the one before", i)
+		}
+		last = d
+	}
+	t.Logf("the 20th told %v", last)
+}
