@@ -10,6 +10,7 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -132,6 +133,9 @@ func TestProxyErrorHandler(t *testing.T) {
 		resp, body := get(gw)
 		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+		ms, err := strconv.Atoi(resp.Header.Get(slots.HeaderRetryAfterMs))
+		assert.NoError(t, err, "retry-after-ms, read before Retry-After by the OpenAI and Anthropic SDKs")
+		assert.True(t, ms > 0 && ms <= 1000, "retry-after-ms %d within the second Retry-After says", ms)
 		assert.Equal(t, "too many requests in flight: 1 of 1, 0 queued (limit reached)\n", body)
 	})
 	t.Run("WithRejectStatus and WithErrorWriter apply", func(t *testing.T) {

@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // waitMetric scrapes addr's /metrics until it has the line want.
@@ -63,6 +64,7 @@ func TestDrainTurnsAwayTheProviderQueue(t *testing.T) {
 	defer resp.Body.Close()
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
 	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Equal(t, "1000", resp.Header.Get(slots.HeaderRetryAfterMs), "the clients that read retry-after-ms first")
 	assert.True(t, resp.Close, "Connection: close")
 	var e struct {
 		Error struct{ Message, Type string }

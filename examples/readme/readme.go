@@ -137,7 +137,9 @@ func FleetOnPostgres(ctx context.Context, pool *pgxpool.Pool) (*fleet.Registry[s
 // outside: the cap's series on a Prometheus registry (served as /metrics)
 // and on OpenTelemetry, and each request's wait for a slot as a span of
 // the request's trace, under the span otelhttp's handler gives it. An
-// Observer is one value, so one function calls both adapters.
+// Observer is one value, so one function calls both adapters. (A Cap given
+// alone, slots.WithObserver(ot), is asked first whether it wants each
+// Event: without an SDK or a span, it costs next to nothing.)
 func NewObservedServer(app http.Handler) (http.Handler, error) {
 	prom := inflightprom.New("server")
 	ot, err := inflightotel.New("server") // metrics to otel.GetMeterProvider()

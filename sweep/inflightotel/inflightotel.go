@@ -19,20 +19,21 @@
 //
 // # Metrics
 //
-// Instruments, named in the style of OpenTelemetry's semantic conventions
-// (those of ASP.NET Core's rate limiting are the nearest), each with the
-// attribute inflight.cap and no key (keys are tenants, models, API keys:
-// too many, and sometimes sensitive):
+// Instruments, named by OpenTelemetry's semantic conventions (their
+// naming rules: namespaces and UpDownCounters in the singular, counters of
+// things in the plural; ASP.NET Core's rate limiting is the nearest
+// convention), each with the attribute inflight.cap and no key (keys are
+// tenants, models, API keys: too many, and sometimes sensitive):
 //
-//	inflight.slots.active           updowncounter {slot}    slots held now (a multi-key slot counts per key)
-//	inflight.requests.queued        updowncounter {request} callers waiting now
-//	inflight.keys.active            updowncounter {key}     keys with a holder or a waiter (registries)
-//	inflight.slots.limit            gauge         {slot}    the limit (one-pool caps, when bounded)
-//	inflight.requests               counter       {request} admissions decided, by inflight.result
-//	inflight.request.time_in_queue  histogram     s         how long each waited for its decision, by inflight.result
+//	inflight.slot.active            updowncounter {slot}    slots held now (a multi-key slot counts per key)
+//	inflight.slot.limit             gauge         {slot}    the limit (one-pool caps, when bounded)
 //	inflight.slot.duration          histogram     s         how long slots were held
+//	inflight.slot.long_held         gauge         {slot}    slots held past a sweep's threshold (see ObserveSweep)
 //	inflight.slot.misuses           counter       {call}    by inflight.misuse: double_release, leaked
-//	inflight.slots.long_held        gauge         {slot}    slots held past a sweep's threshold (see ObserveSweep)
+//	inflight.request.queued         updowncounter {request} callers waiting now
+//	inflight.request.time_in_queue  histogram     s         how long each waited for its decision, by inflight.result
+//	inflight.requests               counter       {request} admissions decided, by inflight.result
+//	inflight.key.active             updowncounter {key}     keys with a holder or a waiter (registries)
 //
 // inflight.result is acquired, bypassed (fail-open, without a slot),
 // limit_reached, queue_full, wait_timeout, canceled, invalid_key,
@@ -283,27 +284,27 @@ func New(capName string, opts ...Option) (*Cap, error) {
 // observeCounts registers the instruments read from the source at each
 // collection.
 func (c *Cap) observeCounts(m metric.Meter) error {
-	active, err := m.Int64ObservableUpDownCounter("inflight.slots.active", metric.WithUnit("{slot}"),
+	active, err := m.Int64ObservableUpDownCounter("inflight.slot.active", metric.WithUnit("{slot}"),
 		metric.WithDescription("Slots held now; a slot held under several keys counts once per key."))
 	if err != nil {
 		return err
 	}
-	queued, err := m.Int64ObservableUpDownCounter("inflight.requests.queued", metric.WithUnit("{request}"),
+	queued, err := m.Int64ObservableUpDownCounter("inflight.request.queued", metric.WithUnit("{request}"),
 		metric.WithDescription("Callers waiting for a slot now."))
 	if err != nil {
 		return err
 	}
-	keys, err := m.Int64ObservableUpDownCounter("inflight.keys.active", metric.WithUnit("{key}"),
+	keys, err := m.Int64ObservableUpDownCounter("inflight.key.active", metric.WithUnit("{key}"),
 		metric.WithDescription("Keys with a holder or a waiter now."))
 	if err != nil {
 		return err
 	}
-	limit, err := m.Int64ObservableGauge("inflight.slots.limit", metric.WithUnit("{slot}"),
+	limit, err := m.Int64ObservableGauge("inflight.slot.limit", metric.WithUnit("{slot}"),
 		metric.WithDescription("The limit, while bounded."))
 	if err != nil {
 		return err
 	}
-	longHeld, err := m.Int64ObservableGauge("inflight.slots.long_held", metric.WithUnit("{slot}"),
+	longHeld, err := m.Int64ObservableGauge("inflight.slot.long_held", metric.WithUnit("{slot}"),
 		metric.WithDescription("Slots held past the threshold at the last sweep."))
 	if err != nil {
 		return err
@@ -359,7 +360,7 @@ func WatchRegistry[K comparable](c *Cap, r *registry.Registry[K]) {
 }
 
 // ObserveSweep implements sweep.Observer: pass the Cap to the Monitor of
-// its source (sweep.WithObserver), and inflight.slots.long_held reports
+// its source (sweep.WithObserver), and inflight.slot.long_held reports
 // the slots over the Monitor's threshold.
 func (c *Cap) ObserveSweep(t sweep.Tick) { c.over.Store(int64(t.OverThreshold)) }
 

@@ -124,11 +124,11 @@ func TestLimiterMetrics(t *testing.T) {
 	require.ErrorIs(t, err, slots.ErrQueueFull)
 
 	got := m.collect(t)
-	assert.Equal(t, map[string]int64{"inflight.cap=provider": 1}, ints(t, got["inflight.slots.active"]))
-	assert.Equal(t, map[string]int64{"inflight.cap=provider": 1}, ints(t, got["inflight.requests.queued"]))
-	assert.Equal(t, map[string]int64{"inflight.cap=provider": 1}, ints(t, got["inflight.slots.limit"]))
-	assert.NotContains(t, got, "inflight.keys.active", "a Limiter has no keys")
-	assert.NotContains(t, got, "inflight.slots.long_held", "no sweep yet")
+	assert.Equal(t, map[string]int64{"inflight.cap=provider": 1}, ints(t, got["inflight.slot.active"]))
+	assert.Equal(t, map[string]int64{"inflight.cap=provider": 1}, ints(t, got["inflight.request.queued"]))
+	assert.Equal(t, map[string]int64{"inflight.cap=provider": 1}, ints(t, got["inflight.slot.limit"]))
+	assert.NotContains(t, got, "inflight.key.active", "a Limiter has no keys")
+	assert.NotContains(t, got, "inflight.slot.long_held", "no sweep yet")
 
 	for done := false; !done; { // the waiter's timer is set at a moment the test cannot see
 		select {
@@ -159,7 +159,7 @@ func TestLimiterMetrics(t *testing.T) {
 	assert.Equal(t, map[string]uint64{"inflight.cap=provider": 1}, n)
 	assert.InDelta(t, 3.0, sum["inflight.cap=provider"], 0.11, "held while the waiter timed out, and a second more")
 	assert.Equal(t, map[string]int64{"inflight.cap=provider,inflight.misuse=double_release": 1}, ints(t, got["inflight.slot.misuses"]))
-	assert.Equal(t, map[string]int64{"inflight.cap=provider": 0}, ints(t, got["inflight.slots.active"]))
+	assert.Equal(t, map[string]int64{"inflight.cap=provider": 0}, ints(t, got["inflight.slot.active"]))
 }
 
 // A Registry's keys are counted (never named), an invalid key is a result
@@ -183,10 +183,10 @@ func TestRegistryMetrics(t *testing.T) {
 	c.ObserveSweep(sweep.Tick{InUse: 2, Keys: 2, MaxPerKey: 1, OverThreshold: 1, NewlyOver: 1})
 
 	got := m.collect(t)
-	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 2}, ints(t, got["inflight.keys.active"]))
-	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 2}, ints(t, got["inflight.slots.active"]))
-	assert.NotContains(t, got, "inflight.slots.limit", "a registry's limits are per key")
-	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 1}, ints(t, got["inflight.slots.long_held"]))
+	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 2}, ints(t, got["inflight.key.active"]))
+	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 2}, ints(t, got["inflight.slot.active"]))
+	assert.NotContains(t, got, "inflight.slot.limit", "a registry's limits are per key")
+	assert.Equal(t, map[string]int64{"inflight.cap=tenant": 1}, ints(t, got["inflight.slot.long_held"]))
 	assert.Equal(t, map[string]int64{
 		"inflight.cap=tenant,inflight.flow=org-a,inflight.priority=default,inflight.result=acquired": 1,
 		"inflight.cap=tenant,inflight.priority=default,inflight.result=acquired":                     1,
@@ -197,7 +197,7 @@ func TestRegistryMetrics(t *testing.T) {
 	b.Release()
 	require.NoError(t, c.Close())
 	got = m.collect(t)
-	assert.NotContains(t, got, "inflight.slots.active", "no longer read after Close")
+	assert.NotContains(t, got, "inflight.slot.active", "no longer read after Close")
 }
 
 // tracing is a TracerProvider that records every span, and a parent span
@@ -361,7 +361,9 @@ func TestWaitSpansStartWithinTheirRequest(t *testing.T) {
 
 // A refusal's span is described by its reason, never by an error's text
 // that names the key refused (a fleet Registry reports its whole
-// *slots.LimitError): a tenant or an API key is not put on traces.
+// *slots.LimitError): the key refused (a tenant, an API key) is not put
+// on traces. (A flow is, as inflight.flow: the caller chose to name it
+// with slots.WithFlow.)
 func TestRefusalSpanNamesNoKey(t *testing.T) {
 	sr, tp := tracing(t)
 	c, err := inflightotel.New("tenant")

@@ -83,3 +83,39 @@ func TestLearnedCaps(t *testing.T) {
 	require.NoError(t, lc.Close())
 	assert.Empty(t, m.collect(t), "nothing read after Close")
 }
+
+// A Gate whose API keys learn their caps: each key's measurements carry
+// inflight.cap=api_key:<id>, with the numbers Gate.Learned gives.
+func TestLearnedCapsOfKeys(t *testing.T) {
+	m := newMeters(t)
+	g := newGate(t, pacing.Config{
+		MaxConcurrentRequests: 10,
+		Adaptive:              &pacing.AdaptiveConfig{Initial: 2, RetestMS: int64(time.Minute / time.Millisecond)},
+		APIKeys:               []pacing.KeyConfig{{ID: "k1", MaxConcurrentRequests: 4}, {ID: "k2", MaxConcurrentRequests: 6}},
+	})
+	lc, err := inflightotel.NewLearnedCaps("zai", g, inflightotel.WithMeterProvider(m))
+	require.NoError(t, err)
+	defer lc.Close()
+	grants := acquire(t, g, "glm-5", 3)
+	g.Report(grants[2], pacing.Verdict{Kind: pacing.Concurrency})
+
+	got := m.collect(t)
+	learned := g.Learned().Keys
+	require.Len(t, learned, 2)
+	for name, of := range map[string]func(pacing.Learned) int{
+		"inflight.learned.cap":     func(l pacing.Learned) int { return l.Cap },
+		"inflight.learned.ceiling": func(l pacing.Learned) int { return l.Ceiling },
+		"inflight.learned.limit":   func(l pacing.Learned) int { return l.Limit },
+		"inflight.learned.floor":   func(l pacing.Learned) int { return l.Floor },
+		"inflight.learned.max":     func(l pacing.Learned) int { return l.Max },
+		"inflight.learned.changes": func(l pacing.Learned) int { return int(l.Changes) },
+	} {
+		want := map[string]int64{}
+		for id, l := range learned {
+			want["inflight.cap=api_key:"+id+",inflight.provider=zai"] = int64(of(l))
+		}
+		assert.Equal(t, want, ints(t, got[name]), name)
+	}
+	assert.Equal(t, 4, learned["k1"].Max, "each key learns up to its own configured cap")
+	assert.Equal(t, 6, learned["k2"].Max)
+}

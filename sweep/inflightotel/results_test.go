@@ -2,11 +2,14 @@ package inflightotel_test
 
 import (
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -107,3 +110,39 @@ func TestTraceCostsNothingWithoutSpanOrSDK(t *testing.T) {
 type roundTripFunc func(*http.Request) (*http.Response, error)
 
 func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// The results and misuse the tests above do not reach: a fail-open
+// admission (bypassed), a caller whose context ends while it waits
+// (canceled), an error of no kind the adapter knows (other, named on no
+// attribute but the result), and a Slot reclaimed by leak detection
+// (leaked). In virtual time.
+func TestEveryResultCounted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := newMeters(t)
+		c, err := inflightotel.New("l", inflightotel.WithMeterProvider(m))
+		require.NoError(t, err)
+		l := slots.NewLimiter(1, slots.WithObserver(c), slots.WithMaxWait(time.Second), slots.WithFailOpen())
+		held, err := l.TryAcquire()
+		require.NoError(t, err)
+		bypass, err := l.Acquire(context.Background()) // waits its second, then goes ahead without a slot
+		require.NoError(t, err)
+		assert.True(t, bypass.Bypassed(), "fail-open: no slot")
+		bypass.Release()
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err = l.Acquire(ctx)
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		held.Release()
+		c.Observe(slots.Event{Kind: slots.EventRejected, Err: errors.New("a store's own failure")})
+		c.Observe(slots.Event{Kind: slots.EventLeaked, Hold: time.Second, Units: 1})
+
+		got := m.collect(t)
+		assert.Equal(t, map[string]int64{
+			"inflight.cap=l,inflight.result=acquired":                           1,
+			"inflight.cap=l,inflight.priority=default,inflight.result=bypassed": 1,
+			"inflight.cap=l,inflight.priority=default,inflight.result=canceled": 1,
+			"inflight.cap=l,inflight.result=other":                              1,
+		}, ints(t, got["inflight.requests"]))
+		assert.Equal(t, map[string]int64{"inflight.cap=l,inflight.misuse=leaked": 1}, ints(t, got["inflight.slot.misuses"]))
+	})
+}

@@ -41,6 +41,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -74,9 +75,11 @@ type Gateway struct {
 	tenants     *registry.Registry[tenant]
 	admitTenant func(tenant) (*slots.Slot, error)
 	// tenantEvents observes the tenant cap's admissions; disabledOrgs
-	// counts the refusals of orgs switched off, made before the cap.
+	// counts the refusals of orgs switched off, made before the cap, and
+	// overBudget those of orgs over their budgets, made after it.
 	tenantEvents slots.Observer
 	disabledOrgs atomic.Uint64
+	overBudget   atomic.Uint64
 	fleetTenants *fleet.Registry[tenant] // nil without a fleet
 	caps         *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
 	fleetLearns  bool                    // some of caps are learned
@@ -431,6 +434,13 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	// over one, the request is answered at once.
 	spent, capName, err := g.reserveBudgets(r.Context(), tenant{org, model}, cost)
 	if err != nil {
+		info.refusedBy = capName
+		if strings.HasPrefix(capName, "tenant") {
+			// The org's own budget: counted among the tenant cap's refusals
+			// (which admitted the request first) as over_budget.
+			g.overBudget.Add(1)
+			g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
+		}
 		g.reject(w, r, capName, model, err)
 		return
 	}

@@ -8,12 +8,12 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
-	"strconv"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Active returns the number of model requests being served now (a stream
@@ -153,7 +153,7 @@ func (g *Gateway) Close() {
 func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model string, err error) {
 	if g.draining.Err() != nil && r.Context().Err() == nil {
 		w.Header().Set("Connection", "close")
-		w.Header().Set("Retry-After", strconv.Itoa(int(drainRetryAfter/time.Second)))
+		slots.SetRetryAfter(w.Header(), drainRetryAfter)
 		writeOpenAIError(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request")
 		return
 	}

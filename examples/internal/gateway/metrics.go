@@ -16,6 +16,7 @@ func (g *Gateway) watchTenants(c *inflightprom.Collector) {
 	inflightprom.Watch(c, func() inflightprom.Snapshot {
 		s := inflightprom.RegistrySnapshot(g.tenants)
 		s.Counts.Rejected["limit_reached"] += g.disabledOrgs.Load()
+		s.Counts.Rejected["over_budget"] += g.overBudget.Load()
 		return s
 	})
 	g.metrics.MustRegister(c)

@@ -24,6 +24,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/pacing"
 )
 
 func attrsOf(kvs []attribute.KeyValue) map[string]string {
@@ -35,14 +36,15 @@ func attrsOf(kvs []attribute.KeyValue) map[string]string {
 }
 
 // One request admitted and one turned away after its wait, through the
-// gateway with telemetry: each request's span has the wait for the
+// gateway with telemetry, its spans exported by the SDK's in-memory
+// exporter: each request's span has the wait for the
 // provider's caps as a child span with its result (the refused one an
 // error, as long as its wait), the upstream exchange is a client span
 // under the admitted request's, the caps' metrics count both, and the
 // access log line says what each waited and held or what refused it.
 func TestGatewayTelemetry(t *testing.T) {
-	spans := tracetest.NewSpanRecorder()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	spans := tracetest.NewInMemoryExporter() // the SDK's in-memory exporter, synchronous
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
 	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
 	reader := sdkmetric.NewManualReader()
 	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
@@ -76,40 +78,40 @@ func TestGatewayTelemetry(t *testing.T) {
 	require.NoError(t, held.Body.Close())
 	waitFor(t, "both requests' spans ended", func() bool {
 		n := 0
-		for _, s := range spans.Ended() {
-			if s.SpanKind() == trace.SpanKindServer {
+		for _, s := range spans.GetSpans() {
+			if s.SpanKind == trace.SpanKindServer {
 				n++
 			}
 		}
 		return n == 2
 	})
 
-	byParent := map[trace.SpanID][]sdktrace.ReadOnlySpan{}
-	var servers []sdktrace.ReadOnlySpan
-	for _, s := range spans.Ended() {
-		byParent[s.Parent().SpanID()] = append(byParent[s.Parent().SpanID()], s)
-		if s.SpanKind() == trace.SpanKindServer {
+	byParent := map[trace.SpanID][]tracetest.SpanStub{}
+	var servers []tracetest.SpanStub
+	for _, s := range spans.GetSpans() {
+		byParent[s.Parent.SpanID()] = append(byParent[s.Parent.SpanID()], s)
+		if s.SpanKind == trace.SpanKindServer {
 			servers = append(servers, s)
 		}
 	}
-	results := map[string]sdktrace.ReadOnlySpan{}
+	results := map[string]tracetest.SpanStub{}
 	for _, server := range servers {
-		var wait, client sdktrace.ReadOnlySpan
-		for _, c := range byParent[server.SpanContext().SpanID()] {
+		var wait, client *tracetest.SpanStub
+		for _, c := range byParent[server.SpanContext.SpanID()] {
 			switch {
-			case c.Name() == "acquire provider":
-				wait = c
-			case c.SpanKind() == trace.SpanKindClient:
-				client = c
+			case c.Name == "acquire provider":
+				wait = &c
+			case c.SpanKind == trace.SpanKindClient:
+				client = &c
 			}
 		}
 		require.NotNil(t, wait, "the wait, a child of the request's span")
-		a := attrsOf(wait.Attributes())
-		results[a["inflight.result"]] = wait
+		a := attrsOf(wait.Attributes)
+		results[a["inflight.result"]] = *wait
 		assert.Equal(t, "provider", a["inflight.cap"])
 		if a["inflight.result"] == "acquired" {
 			require.NotNil(t, client, "the upstream exchange, under the request's span")
-			assert.Equal(t, server.SpanContext().TraceID(), client.SpanContext().TraceID())
+			assert.Equal(t, server.SpanContext.TraceID(), client.SpanContext.TraceID())
 			assert.Equal(t, "org-a", a["inflight.flow"])
 		} else {
 			assert.Nil(t, client, "a refused request never went upstream")
@@ -118,8 +120,8 @@ func TestGatewayTelemetry(t *testing.T) {
 	require.Contains(t, results, "acquired")
 	require.Contains(t, results, "wait_timeout")
 	timedOut := results["wait_timeout"]
-	assert.Equal(t, codes.Error, timedOut.Status().Code)
-	assert.GreaterOrEqual(t, timedOut.EndTime().Sub(timedOut.StartTime()), 300*time.Millisecond, "the span covers the wait")
+	assert.Equal(t, codes.Error, timedOut.Status.Code)
+	assert.GreaterOrEqual(t, timedOut.EndTime.Sub(timedOut.StartTime), 300*time.Millisecond, "the span covers the wait")
 
 	requests := requestsByResult(t, reader)
 	assert.Equal(t, map[string]int64{"tenant/acquired": 2, "provider/acquired": 1, "provider/wait_timeout": 1}, requests)
@@ -226,6 +228,44 @@ func TestGatewayCountsDisabledOrgs(t *testing.T) {
 		}
 	}
 	assert.Equal(t, 2, refusals, "each refusal on its request's trace")
+}
+
+// A request over its org's token budget is refused before the provider's
+// caps, and counted among the tenant cap's refusals as over_budget (the
+// cap admitted it first: two admissions, and one refusal after): on
+// /metrics, by the OpenTelemetry adapter (its request's trace says why),
+// and in the access log, which names the budget.
+func TestGatewayCountsOrgBudgetRefusals(t *testing.T) {
+	spans := tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader := sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	var logs testrig.Buffer
+	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	u := newUpstream(t)
+	close(u.gate)
+	srv, _ := startGatewayWith(t, u.srv.URL, orgCfg, WithTelemetry(tp, mp), WithLogger(log))
+
+	body := `{"model":"glm-5.3","messages":[{"content":"` + strings.Repeat("hello ", 1500) + `"}]}` // over the 1,000 of the minute
+	first, _ := sendOrg(t, srv.URL, "org-a", body, nil)
+	assert.Equal(t, http.StatusOK, first.StatusCode, "a budget's first request passes, however large")
+	refused, msg := sendOrg(t, srv.URL, "org-a", body, nil)
+	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode, msg)
+	assert.Equal(t, "tenant_"+pacing.CapTokensPerMinute, refused.Header.Get(CapHeader))
+
+	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="over_budget"} 1`)
+	assert.Equal(t, map[string]int64{"tenant/acquired": 2, "provider/acquired": 1, "tenant/over_budget": 1}, requestsByResult(t, reader))
+	refusals := 0
+	for _, s := range spans.GetSpans() {
+		if s.Name == "acquire tenant" && attrsOf(s.Attributes)["inflight.result"] == "over_budget" {
+			assert.Equal(t, codes.Error, s.Status.Code)
+			refusals++
+		}
+	}
+	assert.Equal(t, 1, refusals, "the refusal on its request's trace")
+	assert.Contains(t, logs.String(), "refused_by=tenant_"+pacing.CapTokensPerMinute)
 }
 
 // requestsByResult reads inflight.requests from reader, by cap and result
