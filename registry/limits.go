@@ -182,9 +182,15 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		if !fetch.left { // written before done was closed
 			return nil
 		}
-		// Its caller left: that says nothing of the limit; fetch again.
+		// Its caller left: that says nothing of the limit; fetch again,
+		// unless this one has left too.
 		now = r.eng.Clock.Coarse()
 		sh.mu.Lock()
+		if ctx.Err() != nil {
+			sh.st.canceled++
+			sh.mu.Unlock()
+			return r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
+		}
 	}
 	if sh.resolved == nil {
 		sh.resolved = make(map[K]resolved)
@@ -217,8 +223,10 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 
 // retained reports whether an idle key's cached limit is still worth keeping
 // (one marked stale by RefreshLimits is dropped with the key going idle).
+// One fetched within the last refresh interval is kept all the same: those
+// that waited for its fetch are about to take it.
 func (r *Registry[K]) retained(rv resolved, now int64) bool {
-	return rv.ok && rv.at != staleAt && now-rv.at < LimitRetention*int64(r.refresh)
+	return rv.ok && (rv.at != staleAt && now-rv.at < LimitRetention*int64(r.refresh) || now-rv.ended < int64(r.refresh))
 }
 
 // fetchLimit calls the LimitFunc and records the outcome. The record is made
@@ -235,7 +243,7 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		sh.mu.Lock()
 		rv := sh.resolved[key]
 		again := rv.again
-		rv.fetch, rv.again = nil, false // a failed fetch leaves it stale
+		rv.fetch, rv.again, rv.ended = nil, false, r.eng.Clock.Coarse() // a failed fetch leaves it stale
 		fetch.left = err != nil && ctx.Err() != nil
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true

@@ -235,6 +235,59 @@ func TestRegistryLimitFuncRefetchOutlivesAPrune(t *testing.T) {
 	})
 }
 
+// A limit fetched while the key's record is not worth keeping once idle
+// (RefreshLimits came during the fetch; or the fetch took longer than
+// the record is kept) is still the limit of those that waited for it,
+// though a prune comes before they take it: here the sweep of every
+// shard, due and run by each caller's fetch of its second key's limit.
+// Before, all six were admitted under the default of 64, and the key
+// kept it.
+func TestRegistryLimitFuncFetchedLimitOutlivesAPrune(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		fetch   time.Duration
+		refresh bool
+	}{
+		{"RefreshLimits during the fetch", 2 * time.Minute, true},
+		{"a fetch longer than the record is kept", (registry.LimitRetention + 1) * time.Minute, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				fn := func(ctx context.Context, org string) (int, error) {
+					if org != "org" {
+						return 1000, nil
+					}
+					time.Sleep(tc.fetch)
+					return 1, nil
+				}
+				reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+				var admitted atomic.Int32
+				hold := make(chan struct{})
+				var wg sync.WaitGroup
+				for range 6 {
+					wg.Go(func() {
+						if s, err := reg.TryAcquireAll("org", "other"); err == nil {
+							admitted.Add(1)
+							<-hold
+							s.Release()
+						}
+					})
+					synctest.Wait()
+				}
+				if tc.refresh {
+					reg.RefreshLimits(func(string) bool { return true })
+				}
+				time.Sleep(tc.fetch + time.Minute)
+				synctest.Wait()
+				assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched")
+				assert.Equal(t, 1, reg.Limit("org"))
+				close(hold)
+				wg.Wait()
+			})
+		})
+	}
+}
+
 // The limit fetched again by a waiter is as fresh as its fetch, not as
 // the moment the waiter began to wait: after a wait longer than the
 // refresh interval, the next acquire does not fetch it once more.

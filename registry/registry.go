@@ -124,6 +124,7 @@ type resolved struct {
 	at    int64     // clock nanos of the last successful fetch
 	ok    bool      // n came from a successful fetch
 	fetch *fetching // non-nil while a fetch runs
+	ended int64     // clock nanos when the last fetch ended
 	gen   uint64    // counts successful fetches, so a late one yields
 	again bool      // RefreshLimits came while a fetch ran: what it read may be older
 }

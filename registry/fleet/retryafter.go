@@ -47,6 +47,12 @@ const (
 // a few refusals, and tell every caller after them the same time.
 const maxElsewhere = 3
 
+// refusedAge is how long ago a key refused here, none of whose holds has
+// ended here, is taken to have been used, for evictLocked: it goes before
+// the keys whose holds ended within that time, and after the keys refused
+// longer ago.
+const refusedAge = 24 * time.Hour
+
 // observe folds a hold of held nanoseconds into the estimates of the keys
 // named names.
 func (h *keyHolds) observe(names []string, held int64) {
@@ -107,8 +113,8 @@ func (h *keyHolds) evictLocked() {
 // does, which holds mine of the key's held units. While no hold of the key
 // has ended here, cold estimates them, and the return is booked all the
 // same, so that callers refused together at the start are spread too
-// (the key's entry, made by a refusal, goes first when entries are
-// dropped); with cold nil it reports false then.
+// (see refusedAge for when such an entry is dropped); with cold nil it
+// reports false then.
 func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int, lead time.Duration, cold *core.HoldTime) (time.Duration, bool) {
 	if limit <= 0 {
 		return 0, false
@@ -123,7 +129,10 @@ func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int,
 	case cold == nil:
 		return 0, false
 	case kh == nil:
-		kh = h.addLocked(name, 0) // no hold ended: the first to go
+		kh = h.addLocked(name, 0)
+	}
+	if !kh.hold.Known() { // used as by a hold that ended a day ago: it goes before those of keys held
+		kh.used = time.Now().Add(-refusedAge).UnixNano()
 	}
 	kh.told.Elsewhere = min(max(float64(held)/float64(max(mine, 1))-1, 0), maxElsewhere)
 	lead = min(lead, cmp.Or(est.Mean(), time.Second)/time.Duration(limit)/2)

@@ -314,16 +314,24 @@ func TestFleetRetryAfterCountsTheOtherProcessesReturns(t *testing.T) {
 
 // Refusals on keys none of whose holds has ended here (full in other
 // processes) make entries of their own, which go before a key whose holds
-// are known: a flood of them on many keys leaves that key its estimate.
+// are known: a flood of them on many keys leaves that key its estimate,
+// and a key refused all along its returns told.
 func TestKeyHoldsKeepKnownKeysPastRefusals(t *testing.T) {
 	var h keyHolds
 	var cold core.HoldTime
 	h.observe([]string{"hot"}, int64(time.Second))
+	dropped := 0
 	for i := range 20 * maxKeyHolds {
 		_, ok := h.retryAfter(fmt.Sprint("refused-", i), 0, 1, 1, 0, 1, 0, &cold)
 		require.True(t, ok)
+		if h.m["steady"] == nil && i > 0 {
+			dropped++
+		}
+		_, ok = h.retryAfter("steady", 0, 1, 1, 0, 1, 0, &cold) // refused all along
+		require.True(t, ok)
 	}
 	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
+	assert.Zero(t, dropped, "a key refused all along keeps its returns told")
 	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, nil)
 	assert.True(t, ok, "the key whose holds are known keeps its estimate")
 }

@@ -435,7 +435,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	spent, capName, err := g.reserveBudgets(r.Context(), tenant{org, model}, cost)
 	if err != nil {
 		info.refusedBy = capName
-		if strings.HasPrefix(capName, "tenant") {
+		if strings.HasPrefix(capName, "tenant") && errors.Is(err, pacing.ErrOverBudget) {
 			// The org's own budget: counted among the tenant cap's refusals
 			// (which admitted the request first) as over_budget.
 			g.overBudget.Add(1)
