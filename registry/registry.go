@@ -176,8 +176,8 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 // under way wait for it (or for their context), so a burst on a new key is
 // capped by the fetched limit, not the default (should the fetch fail
 // because its caller's context ended, one of them fetches again); callers
-// that find a refresh under way use the last known limit. TryAcquire and TryAcquireAll may
-// therefore wait for fn. When fn fails, returns a negative limit, or panics,
+// that find a refresh under way use the last known limit. TryAcquire and
+// TryAcquireAll may therefore wait for fn. When fn fails, returns a negative limit, or panics,
 // the last limit it returned for the key stays in force and the fetch is
 // retried on a later acquire; a key never fetched successfully gets
 // defaultLimit for that call only, so a fallback is never cached.
