@@ -57,8 +57,10 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 		return nil, err
 	}
 	sh, hash := r.shardFor(key)
+	fetched := -1
 	if r.limitFunc != nil {
-		if err := r.refreshLimit(ctx, sh, key); err != nil {
+		var err error
+		if fetched, err = r.refreshLimit(ctx, sh, key); err != nil {
 			return nil, err
 		}
 	}
@@ -92,7 +94,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 	} else {
 		if e == nil {
 			// Dropped again if the caller neither holds nor waits.
-			e = sh.addLocked(r, key, hash, r.limitLocked(sh, key))
+			e = sh.addLocked(r, key, hash, r.limitLocked(sh, key, fetched))
 		}
 		// Waiters that also need other keys may be queued while a key has
 		// room; only a waiter for this key alone would be passed, or the
@@ -233,5 +235,5 @@ func (r *Registry[K]) rejectKey(reason error, key K, w *core.Waiter) *core.Rejec
 	if e := sh.lookup(key, hash); e != nil {
 		return r.rejectLocked(reason, key, e, w.Hold.Units(), w.Class)
 	}
-	return r.eng.Reject(reason, keyString(key), 0, r.limitLocked(sh, key), 0)
+	return r.eng.Reject(reason, keyString(key), 0, r.limitLocked(sh, key, -1), 0)
 }

@@ -34,11 +34,16 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 }
 
 // ClearLimit removes key's SetLimit override: the key goes back to
-// its LimitFunc's limit or the default, at once if it is live.
+// its LimitFunc's limit or the default, at once if it is live (while its
+// first fetch runs, once that ends: the override stays in force till
+// then, so that a burst is not let in under the default meanwhile).
 func (r *Registry[K]) ClearLimit(key K) {
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		delete(sh.overrides, key)
-		return r.limitLocked(sh, key), true
+		if rv := sh.resolved[key]; rv.fetch != nil && !rv.ok {
+			return 0, false // the fetch sets it (refreshLimit)
+		}
+		return r.limitLocked(sh, key, -1), true
 	})
 }
 
@@ -135,9 +140,11 @@ func (r *Registry[K]) refuseOverweightLocked(e *entry[K], wk *core.Wakes) {
 }
 
 // refreshLimit fetches key's limit from the LimitFunc if it is due (see
-// NewWithLimitFunc). It fails only when ctx ends while it waits for another
-// caller's first fetch of the key.
-func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) error {
+// NewWithLimitFunc), and returns the limit fetched, or the last known one
+// (-1: none), for the caller to start key's lane with should the key's
+// record be gone by then (limitLocked). It fails only when ctx ends while
+// it waits for another caller's first fetch of the key.
+func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (int, error) {
 	if ctx == nil {
 		ctx = context.Background()
 	}
@@ -159,7 +166,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		rv = sh.resolved[key]
 		if overridden || rv.ok && now-rv.at < int64(r.refresh) { // fresh
 			sh.mu.Unlock()
-			return nil
+			return rv.known(), nil
 		}
 		if rv.fetch == nil {
 			break
@@ -167,7 +174,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		fetch, stale := rv.fetch, rv.ok
 		sh.mu.Unlock()
 		if stale {
-			return nil // keep using the last known limit meanwhile
+			return rv.n, nil // keep using the last known limit meanwhile
 		}
 		start := r.eng.Clock.Nanos()
 		select {
@@ -177,10 +184,10 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			sh.mu.Lock()
 			sh.st.canceled++
 			sh.mu.Unlock()
-			return r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
+			return -1, r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
 		}
 		if !fetch.left { // written before done was closed
-			return nil
+			return fetch.n, nil
 		}
 		// Its caller left: that says nothing of the limit; fetch again,
 		// unless this one has left too.
@@ -189,7 +196,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		if ctx.Err() != nil {
 			sh.st.canceled++
 			sh.mu.Unlock()
-			return r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
+			return -1, r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
 		}
 	}
 	if sh.resolved == nil {
@@ -207,7 +214,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 			r.eng.Log().Warn("registry: limit lookup failed; keeping the last known limit",
 				slog.String("key", keyString(key)), slog.Any("error", err), slog.Bool("known", rv.ok))
 		}
-		return nil
+		return rv.known(), nil
 	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		if _, overridden := sh.overrides[key]; overridden {
@@ -218,15 +225,21 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) err
 		}
 		return n, true
 	})
-	return nil
+	return n, nil
 }
 
 // retained reports whether an idle key's cached limit is still worth keeping
 // (one marked stale by RefreshLimits is dropped with the key going idle).
-// One fetched within the last refresh interval is kept all the same: those
-// that waited for its fetch are about to take it.
 func (r *Registry[K]) retained(rv resolved, now int64) bool {
-	return rv.ok && (rv.at != staleAt && now-rv.at < LimitRetention*int64(r.refresh) || now-rv.ended < int64(r.refresh))
+	return rv.ok && rv.at != staleAt && now-rv.at < LimitRetention*int64(r.refresh)
+}
+
+// known is rv's limit, if a fetch gave one; else -1.
+func (rv resolved) known() int {
+	if rv.ok {
+		return rv.n
+	}
+	return -1
 }
 
 // fetchLimit calls the LimitFunc and records the outcome. The record is made
@@ -243,8 +256,8 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 		sh.mu.Lock()
 		rv := sh.resolved[key]
 		again := rv.again
-		rv.fetch, rv.again, rv.ended = nil, false, r.eng.Clock.Coarse() // a failed fetch leaves it stale
-		fetch.left = err != nil && ctx.Err() != nil
+		rv.fetch, rv.again = nil, false // a failed fetch leaves it stale
+		fetch.n, fetch.left = -1, err != nil && ctx.Err() != nil
 		if err == nil {
 			rv.n, rv.at, rv.ok = n, now, true
 			if again { // fetched anew by the next admission
@@ -252,6 +265,9 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 			}
 			rv.gen++
 			gen = rv.gen
+		}
+		if err == nil {
+			fetch.n = n
 		}
 		sh.resolved[key] = rv
 		sh.mu.Unlock()
@@ -312,7 +328,7 @@ func (r *Registry[K]) Limit(key K) int {
 	if e := sh.lookup(key, hash); e != nil {
 		return e.lane.Limit
 	}
-	return r.limitLocked(sh, key)
+	return r.limitLocked(sh, key, -1)
 }
 
 // InFlight returns the units key's live holders hold: their number, when

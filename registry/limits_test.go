@@ -2,6 +2,7 @@ package registry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -286,6 +287,134 @@ func TestRegistryLimitFuncFetchedLimitOutlivesAPrune(t *testing.T) {
 			})
 		})
 	}
+}
+
+// A multi-key caller resolves its first key's limit, then waits for its
+// second key's first fetch, longer than a refresh interval; meanwhile the
+// first key's record is marked stale (RefreshLimits) or grows older than
+// it is kept, and a prune drops it (the sweep of every shard, run by an
+// acquire of another key). The lanes are made with the limits the caller
+// resolved, not the default: before, all six were admitted on a key of 1.
+func TestRegistryLimitFuncMultiKeyWaitOutlivesAPrune(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		slow    time.Duration
+		refresh bool
+	}{
+		{"RefreshLimits while it waits", 2 * time.Minute, true},
+		{"a second fetch longer than the first key's record is kept", (registry.LimitRetention + 2) * time.Minute, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				fn := func(ctx context.Context, k string) (int, error) {
+					switch k {
+					case "org":
+						return 1, nil
+					case "slow":
+						time.Sleep(tc.slow)
+					}
+					return 1000, nil
+				}
+				reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+				var admitted atomic.Int32
+				hold := make(chan struct{})
+				var wg sync.WaitGroup
+				for range 6 {
+					wg.Go(func() {
+						if s, err := reg.TryAcquireAll("org", "slow"); err == nil {
+							admitted.Add(1)
+							<-hold
+							s.Release()
+						}
+					})
+					synctest.Wait()
+				}
+				if tc.refresh {
+					time.Sleep(30 * time.Second)
+					reg.RefreshLimits(func(k string) bool { return k == "org" })
+					time.Sleep(time.Minute)
+				} else {
+					time.Sleep(tc.slow - time.Minute)
+				}
+				s, err := reg.TryAcquire("x") // the sweep, before the second fetch ends
+				require.NoError(t, err)
+				s.Release()
+				require.Equal(t, 64, reg.Limit("org"), "the first key's record is gone while its callers wait")
+				time.Sleep(2 * time.Minute)
+				synctest.Wait()
+				assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched for the first key")
+				assert.Equal(t, 1, reg.Limit("org"))
+				close(hold)
+				wg.Wait()
+			})
+		})
+	}
+}
+
+// ClearLimit while a key's first fetch runs leaves the override's limit in
+// force until the fetch ends: the callers queued under it are not let in
+// under the default meanwhile (before, five were, on a key of 1).
+func TestRegistryClearLimitDuringTheFirstFetch(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		fn := func(ctx context.Context, k string) (int, error) {
+			time.Sleep(2 * time.Minute)
+			return 1, nil
+		}
+		reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+		hold := make(chan struct{})
+		var admitted atomic.Int32
+		var wg sync.WaitGroup
+		acquire := func() {
+			if s, err := reg.Acquire(context.Background(), "org"); err == nil {
+				admitted.Add(1)
+				<-hold
+				s.Release()
+			}
+		}
+		wg.Go(acquire) // runs the first fetch
+		synctest.Wait()
+		reg.SetLimit("org", 1)
+		for range 5 {
+			wg.Go(acquire)
+		}
+		synctest.Wait()
+		reg.ClearLimit("org")
+		synctest.Wait()
+		assert.Equal(t, int32(1), admitted.Load(), "the override's limit, while the fetch runs")
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		assert.Equal(t, int32(1), admitted.Load(), "the limit fetched")
+		assert.Equal(t, 1, reg.Limit("org"))
+		close(hold)
+		wg.Wait()
+	})
+}
+
+// While the source is down, a key's last fetched limit is kept until it
+// is LimitRetention refresh intervals old, as documented, also for a key
+// acquired every refresh interval (each failed fetch leaves it as old).
+func TestRegistryLimitFuncForgetsAfterRetentionWhileDown(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		var down atomic.Bool
+		fn := func(ctx context.Context, k string) (int, error) {
+			if down.Load() {
+				return 0, errors.New("down")
+			}
+			return 1, nil
+		}
+		reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+		s, err := reg.TryAcquire("org")
+		require.NoError(t, err)
+		s.Release()
+		down.Store(true)
+		for range 3 * registry.LimitRetention {
+			time.Sleep(50 * time.Second)
+			if s, err := reg.TryAcquire("org"); err == nil {
+				s.Release()
+			}
+		}
+		assert.Equal(t, 64, reg.Limit("org"), "forgotten once LimitRetention intervals old")
+	})
 }
 
 // The limit fetched again by a waiter is as fresh as its fetch, not as

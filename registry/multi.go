@@ -213,24 +213,29 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.S
 	}
 	shs := make([]*shard[K], len(uniq))
 	hashes := make([]uint64, len(uniq))
+	var fetched []int // the limits each key's refreshLimit resolved
+	if r.limitFunc != nil {
+		fetched = make([]int, len(uniq))
+	}
 	for i, k := range uniq {
 		shs[i], hashes[i] = r.shardFor(k)
 		if r.limitFunc != nil {
-			if err := r.refreshLimit(ctx, shs[i], k); err != nil {
+			var err error
+			if fetched[i], err = r.refreshLimit(ctx, shs[i], k); err != nil {
 				return nil, err
 			}
 		}
 	}
 	m := r.newMulti(shs)
 	x, h, t := r.eng.Begin(m, n, 1)
-	d := r.decideAll(ctx, m, shs, uniq, hashes, h, n)
+	d := r.decideAll(ctx, m, shs, uniq, hashes, fetched, h, n)
 	x, err := r.eng.Finish(ctx, x, t, d)
 	return (*slots.Slot)(x), err
 }
 
 // decideAll takes the locks to decide for a caller of h, weighing n units,
 // under the keys of m, decides and releases them.
-func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K], keys []K, hashes []uint64, h *core.Hold, n int) core.Decision {
+func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K], keys []K, hashes []uint64, fetched []int, h *core.Hold, n int) core.Decision {
 	// The class matters to this admission if any key has shares or
 	// multi-key waiters; read it here, before the locks.
 	var place core.Place
@@ -250,7 +255,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	}
 	// Entries made here are dropped again if the caller neither holds nor
 	// waits.
-	r.entriesLocked(m, shs, keys, hashes)
+	r.entriesLocked(m, shs, keys, hashes, fetched)
 	full := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !admitsLocked(e, h.Class, n) })
 	if full < 0 {
 		var counted []*core.Waiter
@@ -371,12 +376,17 @@ func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, has
 	return set, serve
 }
 
-// entriesLocked fills m.entries, creating the lanes that do not exist yet.
-func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K, hashes []uint64) {
+// entriesLocked fills m.entries, creating the lanes that do not exist yet
+// (with the limits fetched for them, nil: none; see limitLocked).
+func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K, hashes []uint64, fetched []int) {
 	for i, k := range keys {
 		e := shs[i].lookup(k, hashes[i])
 		if e == nil {
-			e = shs[i].addLocked(r, k, hashes[i], r.limitLocked(shs[i], k))
+			f := -1
+			if fetched != nil {
+				f = fetched[i]
+			}
+			e = shs[i].addLocked(r, k, hashes[i], r.limitLocked(shs[i], k, f))
 		}
 		m.entries[i] = e
 	}

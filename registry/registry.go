@@ -124,17 +124,18 @@ type resolved struct {
 	at    int64     // clock nanos of the last successful fetch
 	ok    bool      // n came from a successful fetch
 	fetch *fetching // non-nil while a fetch runs
-	ended int64     // clock nanos when the last fetch ended
 	gen   uint64    // counts successful fetches, so a late one yields
 	again bool      // RefreshLimits came while a fetch ran: what it read may be older
 }
 
-// fetching is a fetch under way: done is closed when it ends, and left
-// is set before that if it failed as its caller's context ended (which
-// says nothing of the limit: those waiting fetch again). It stays with
-// those waiting for it, whatever becomes of the key's record.
+// fetching is a fetch under way: done is closed when it ends, and n (the
+// limit fetched, -1 if it failed) and left are set before that; left if it
+// failed as its caller's context ended (which says nothing of the limit:
+// those waiting fetch again). It stays with those waiting for it, whatever
+// becomes of the key's record (a prune may drop it before they take it).
 type fetching struct {
 	done chan struct{}
+	n    int
 	left bool
 }
 
@@ -289,8 +290,11 @@ func (r *Registry[K]) validKey(key K) error {
 // key on (as package registry/fleet does before it goes to Redis).
 func (r *Registry[K]) CheckKey(key K) error { return r.validKey(key) }
 
-// limitLocked returns the limit a key without a lane would start with.
-func (r *Registry[K]) limitLocked(sh *shard[K], key K) int {
+// limitLocked returns the limit a key without a lane would start with:
+// its override, its fetched limit, or fetched (the one the caller's
+// refreshLimit resolved, if any: the key's record may have been pruned
+// since), or the default.
+func (r *Registry[K]) limitLocked(sh *shard[K], key K, fetched int) int {
 	// The lengths first: most registries have neither, and the two lookups
 	// cost about 20 ns of an admission even in empty maps
 	// (BenchmarkRegistryTryAcquireRelease: 103 ns with them, 83 without).
@@ -303,6 +307,9 @@ func (r *Registry[K]) limitLocked(sh *shard[K], key K) int {
 		if rv, ok := sh.resolved[key]; ok && rv.ok {
 			return rv.n
 		}
+	}
+	if fetched >= 0 {
+		return fetched
 	}
 	return r.defaultLimit
 }
