@@ -88,23 +88,11 @@ func TestRegistryLimitFuncColdBurst(t *testing.T) {
 			return 1, nil
 		}
 		reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
-		var admitted atomic.Int32
-		var held sync.Map
-		var wg sync.WaitGroup
-		for i := range 10 {
-			wg.Go(func() {
-				if s, err := reg.TryAcquire("new-org"); err == nil {
-					admitted.Add(1)
-					held.Store(i, s)
-				}
-			})
-		}
-		synctest.Wait()
+		b := startBurst(t, reg, 10, "new-org")
 		assert.Equal(t, int32(1), calls.Load(), "one fetch for the burst")
 		close(proceed)
-		wg.Wait()
-		assert.Equal(t, int32(1), admitted.Load(), "the burst is capped by the fetched limit, not the default")
-		held.Range(func(_, s any) bool { s.(*slots.Slot).Release(); return true })
+		assert.Equal(t, int32(1), b.wait(), "the burst is capped by the fetched limit, not the default")
+		b.release()
 	})
 	t.Run("a waiting caller's context ends", func(t *testing.T) {
 		testrig.Bubble(t, func(t *testing.T) {
@@ -154,27 +142,13 @@ func TestRegistryLimitFuncFirstFetchersCallerLeaves(t *testing.T) {
 			first <- err
 		}()
 		synctest.Wait()
-		var admitted atomic.Int32
-		var held sync.Map
-		var wg sync.WaitGroup
-		for i := range 5 {
-			wg.Go(func() {
-				if s, err := reg.TryAcquire("org"); err == nil {
-					admitted.Add(1)
-					held.Store(i, s)
-				} else {
-					assert.ErrorIs(t, err, slots.ErrLimitReached)
-				}
-			})
-		}
-		synctest.Wait()
+		b := startBurst(t, reg, 5, "org")
 		cancel()
 		assert.ErrorIs(t, <-first, context.Canceled)
-		wg.Wait()
-		assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched again, not the default")
+		assert.Equal(t, int32(1), b.wait(), "capped by the limit fetched again, not the default")
 		assert.Equal(t, int32(2), calls.Load(), "fetched again once, for all that waited")
 		assert.Equal(t, 1, reg.Limit("org"))
-		held.Range(func(_, s any) bool { s.(*slots.Slot).Release(); return true })
+		b.release()
 	})
 }
 
@@ -215,24 +189,12 @@ func TestRegistryLimitFuncRefetchOutlivesAPrune(t *testing.T) {
 			first <- err
 		}()
 		synctest.Wait()
-		var admitted atomic.Int32
-		var held sync.Map
-		var wg sync.WaitGroup
-		for i := range 5 {
-			wg.Go(func() {
-				if s, err := reg.TryAcquire("org"); err == nil {
-					admitted.Add(1)
-					held.Store(i, s)
-				}
-			})
-		}
-		synctest.Wait()
+		b := startBurst(t, reg, 5, "org")
 		time.Sleep(2 * time.Minute) // the sweep is due
 		cancel()
 		assert.ErrorIs(t, <-first, context.Canceled)
-		wg.Wait()
-		assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched again")
-		held.Range(func(_, s any) bool { s.(*slots.Slot).Release(); return true })
+		assert.Equal(t, int32(1), b.wait(), "capped by the limit fetched again")
+		b.release()
 	})
 }
 
@@ -262,28 +224,14 @@ func TestRegistryLimitFuncFetchedLimitOutlivesAPrune(t *testing.T) {
 					return 1, nil
 				}
 				reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
-				var admitted atomic.Int32
-				hold := make(chan struct{})
-				var wg sync.WaitGroup
-				for range 6 {
-					wg.Go(func() {
-						if s, err := reg.TryAcquireAll("org", "other"); err == nil {
-							admitted.Add(1)
-							<-hold
-							s.Release()
-						}
-					})
-					synctest.Wait()
-				}
+				b := startBurst(t, reg, 6, "org", "other")
 				if tc.refresh {
 					reg.RefreshLimits(func(string) bool { return true })
 				}
 				time.Sleep(tc.fetch + time.Minute)
-				synctest.Wait()
-				assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched")
+				assert.Equal(t, int32(1), b.wait(), "capped by the limit fetched")
 				assert.Equal(t, 1, reg.Limit("org"))
-				close(hold)
-				wg.Wait()
+				b.release()
 			})
 		})
 	}
@@ -316,19 +264,7 @@ func TestRegistryLimitFuncMultiKeyWaitOutlivesAPrune(t *testing.T) {
 					return 1000, nil
 				}
 				reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
-				var admitted atomic.Int32
-				hold := make(chan struct{})
-				var wg sync.WaitGroup
-				for range 6 {
-					wg.Go(func() {
-						if s, err := reg.TryAcquireAll("org", "slow"); err == nil {
-							admitted.Add(1)
-							<-hold
-							s.Release()
-						}
-					})
-					synctest.Wait()
-				}
+				b := startBurst(t, reg, 6, "org", "slow")
 				if tc.refresh {
 					time.Sleep(30 * time.Second)
 					reg.RefreshLimits(func(k string) bool { return k == "org" })
@@ -341,11 +277,9 @@ func TestRegistryLimitFuncMultiKeyWaitOutlivesAPrune(t *testing.T) {
 				s.Release()
 				require.Equal(t, 64, reg.Limit("org"), "the first key's record is gone while its callers wait")
 				time.Sleep(2 * time.Minute)
-				synctest.Wait()
-				assert.Equal(t, int32(1), admitted.Load(), "capped by the limit fetched for the first key")
+				assert.Equal(t, int32(1), b.wait(), "capped by the limit fetched for the first key")
 				assert.Equal(t, 1, reg.Limit("org"))
-				close(hold)
-				wg.Wait()
+				b.release()
 			})
 		})
 	}
@@ -443,6 +377,50 @@ func TestRegistryLimitFuncRefetchIsFresh(t *testing.T) {
 		s.Release()
 		assert.Equal(t, int32(2), calls.Load(), "the limit fetched a moment ago is not fetched again")
 	})
+}
+
+// burst is callers of TryAcquireAll started one after another, each
+// keeping what it is admitted with (startBurst).
+type burst struct {
+	wg       sync.WaitGroup
+	admitted atomic.Int32
+	mu       sync.Mutex
+	held     []*slots.Slot
+}
+
+// startBurst starts n callers of reg.TryAcquireAll(keys...), each once
+// the one before has blocked or returned; those not admitted must be
+// refused for the limit.
+func startBurst(t *testing.T, reg *registry.Registry[string], n int, keys ...string) *burst {
+	b := new(burst)
+	for range n {
+		b.wg.Go(func() {
+			s, err := reg.TryAcquireAll(keys...)
+			if err != nil {
+				assert.ErrorIs(t, err, slots.ErrLimitReached)
+				return
+			}
+			b.admitted.Add(1)
+			b.mu.Lock()
+			b.held = append(b.held, s)
+			b.mu.Unlock()
+		})
+		synctest.Wait()
+	}
+	return b
+}
+
+// wait waits for the callers to return, and tells how many were admitted.
+func (b *burst) wait() int32 {
+	b.wg.Wait()
+	return b.admitted.Load()
+}
+
+// release releases what the callers hold.
+func (b *burst) release() {
+	for _, s := range b.held {
+		s.Release()
+	}
 }
 
 // hookHandler is a slog.Handler that calls its function with each record.
