@@ -43,20 +43,13 @@ func attrsOf(kvs []attribute.KeyValue) map[string]string {
 // under the admitted request's, the caps' metrics count both, and the
 // access log line says what each waited and held or what refused it.
 func TestGatewayTelemetry(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter() // the SDK's in-memory exporter, synchronous
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var logs testrig.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	spans, reader, tel, logs := newTelemetry(t)
 
 	u := newUpstream(t)
 	srv, _ := startGatewayWith(t, u.srv.URL, `{
 		"upstream": "%s",
 		"provider": {"max_concurrent_requests": 1, "max_queue_wait_ms": 300}
-	}`, WithTelemetry(tp, mp), WithLogger(log))
+	}`, tel...)
 
 	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
 	require.NoError(t, err)
@@ -236,17 +229,10 @@ func TestGatewayCountsDisabledOrgs(t *testing.T) {
 // /metrics, by the OpenTelemetry adapter (its request's trace says why),
 // and in the access log, which names the budget.
 func TestGatewayCountsOrgBudgetRefusals(t *testing.T) {
-	spans := tracetest.NewInMemoryExporter()
-	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
-	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
-	reader := sdkmetric.NewManualReader()
-	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
-	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
-	var logs testrig.Buffer
-	log := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	spans, reader, tel, logs := newTelemetry(t)
 	u := newUpstream(t)
 	close(u.gate)
-	srv, _ := startGatewayWith(t, u.srv.URL, orgCfg, WithTelemetry(tp, mp), WithLogger(log))
+	srv, _ := startGatewayWith(t, u.srv.URL, orgCfg, tel...)
 
 	body := `{"model":"glm-5.3","messages":[{"content":"` + strings.Repeat("hello ", 1500) + `"}]}` // over the 1,000 of the minute
 	first, _ := sendOrg(t, srv.URL, "org-a", body, nil)
@@ -266,6 +252,22 @@ func TestGatewayCountsOrgBudgetRefusals(t *testing.T) {
 	}
 	assert.Equal(t, 1, refusals, "the refusal on its request's trace")
 	assert.Contains(t, logs.String(), "refused_by=tenant_"+pacing.CapTokensPerMinute)
+}
+
+// newTelemetry is what a gateway's telemetry test reads: its spans,
+// exported by the SDK's in-memory exporter (synchronously), its metrics'
+// reader, and its log at debug level; tel are the gateway's options that
+// send them there.
+func newTelemetry(t *testing.T) (spans *tracetest.InMemoryExporter, reader *sdkmetric.ManualReader, tel []Option, logs *testrig.Buffer) {
+	spans = tracetest.NewInMemoryExporter()
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSyncer(spans))
+	t.Cleanup(func() { _ = tp.Shutdown(context.Background()) })
+	reader = sdkmetric.NewManualReader()
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+	t.Cleanup(func() { _ = mp.Shutdown(context.Background()) })
+	logs = new(testrig.Buffer)
+	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	return spans, reader, []Option{WithTelemetry(tp, mp), WithLogger(log)}, logs
 }
 
 // requestsByResult reads inflight.requests from reader, by cap and result
