@@ -17,7 +17,9 @@ import (
 // applies it at once to a live key. Raising it admits waiters at once;
 // lowering it never takes capacity from a holder: admissions resume when
 // enough holders have released. A negative n is ignored (and logged). The
-// override is kept until ClearLimit, also while the key is idle.
+// override is kept until ClearLimit, also while the key is idle. Set
+// while a key's first LimitFunc fetch runs, it takes effect once that
+// ends: callers wait for the fetch all the same.
 func (r *Registry[K]) SetLimit(key K, n int) {
 	if n < 0 {
 		r.eng.Log().Warn("registry: SetLimit with a negative limit ignored",
@@ -34,15 +36,10 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 }
 
 // ClearLimit removes key's SetLimit override: the key goes back to
-// its LimitFunc's limit or the default, at once if it is live (while its
-// first fetch runs, once that ends: the override stays in force till
-// then, so that a burst is not let in under the default meanwhile).
+// its LimitFunc's limit or the default, at once if it is live.
 func (r *Registry[K]) ClearLimit(key K) {
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		delete(sh.overrides, key)
-		if rv := sh.resolved[key]; rv.fetch != nil && !rv.ok {
-			return 0, false // the fetch sets it (refreshLimit)
-		}
 		return r.limitLocked(sh, key, -1), true
 	})
 }
@@ -164,7 +161,10 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 	for {
 		_, overridden := sh.overrides[key]
 		rv = sh.resolved[key]
-		if overridden || rv.ok && now-rv.at < int64(r.refresh) { // fresh
+		// Fresh; or overridden, unless the key's first fetch runs: its
+		// callers wait for it all the same, so that no lane is made at
+		// the default, should the override go meanwhile (ClearLimit).
+		if rv.ok && now-rv.at < int64(r.refresh) || overridden && (rv.fetch == nil || rv.ok) {
 			sh.mu.Unlock()
 			return rv.known(), nil
 		}

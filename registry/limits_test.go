@@ -285,42 +285,107 @@ func TestRegistryLimitFuncMultiKeyWaitOutlivesAPrune(t *testing.T) {
 	}
 }
 
-// ClearLimit while a key's first fetch runs leaves the override's limit in
-// force until the fetch ends: the callers queued under it are not let in
-// under the default meanwhile (before, five were, on a key of 1).
+// Callers that find an override on a key whose first fetch runs wait for
+// the fetch all the same, so that a ClearLimit meanwhile does not let them
+// in under the default. Before, one was admitted under the override while
+// the fetch ran and the rest queued, then let in under the default once
+// it was cleared (five on a key of 1); and callers of two keys waiting
+// for the other key's shorter fetch made their lanes at the default.
 func TestRegistryClearLimitDuringTheFirstFetch(t *testing.T) {
+	for _, keys := range [][]string{{"org"}, {"org", "b"}} {
+		t.Run(strings.Join(keys, ","), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				fn := func(ctx context.Context, k string) (int, error) {
+					if k == "b" {
+						time.Sleep(time.Minute)
+						return 1000, nil
+					}
+					time.Sleep(2 * time.Minute)
+					return 1, nil
+				}
+				reg := registry.NewWithLimitFunc[string](64, fn, time.Hour, slots.WithLogger(quiet))
+				hold := make(chan struct{})
+				var admitted atomic.Int32
+				var wg sync.WaitGroup
+				acquire := func() {
+					if s, err := reg.AcquireAll(context.Background(), keys...); err == nil {
+						admitted.Add(1)
+						<-hold
+						s.Release()
+					}
+				}
+				wg.Go(acquire) // runs the first fetch
+				synctest.Wait()
+				reg.SetLimit("org", 1)
+				for range 5 {
+					wg.Go(acquire)
+				}
+				synctest.Wait()
+				reg.ClearLimit("org")
+				time.Sleep(90 * time.Second) // org's fetch runs; b's would have ended
+				synctest.Wait()
+				assert.Zero(t, admitted.Load(), "waiting for the fetch, override or not")
+				time.Sleep(2 * time.Minute) // org's, then b's
+				synctest.Wait()
+				assert.Equal(t, int32(1), admitted.Load(), "the limit fetched")
+				assert.Equal(t, 1, reg.Limit("org"))
+				close(hold)
+				wg.Wait()
+			})
+		})
+	}
+}
+
+// A key's first fetch that fails after its override was cleared leaves the
+// key at the default (no override, no limit fetched), not at the override
+// that was cleared.
+func TestRegistryClearLimitThenTheFirstFetchFails(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		fn := func(ctx context.Context, k string) (int, error) {
 			time.Sleep(2 * time.Minute)
+			return 0, errors.New("down")
+		}
+		reg := registry.NewWithLimitFunc[string](1, fn, time.Minute, slots.WithLogger(quiet))
+		first := startBurst(t, reg, 1, "org") // runs the first fetch
+		reg.SetLimit("org", 4)
+		b := startBurst(t, reg, 4, "org")
+		reg.ClearLimit("org")
+		time.Sleep(3 * time.Minute)
+		assert.Equal(t, 1, reg.Limit("org"), "the default")
+		assert.Equal(t, int32(1), first.wait()+b.wait(), "admitted under the default, for the fetch failed")
+		assert.Equal(t, 1, reg.InFlight("org"))
+		first.release()
+		b.release()
+	})
+}
+
+// A LimitFunc's 0 (a tenant switched off) is a limit like any other: a
+// burst on the new key, and a multi-key caller whose record of it was
+// pruned while it waited for its other key, admit nobody.
+func TestRegistryLimitFuncOfZero(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		fn := func(ctx context.Context, k string) (int, error) {
+			switch k {
+			case "slow":
+				time.Sleep(2 * time.Minute)
+				return 1000, nil
+			case "off":
+				time.Sleep(time.Second)
+				return 0, nil
+			}
 			return 1, nil
 		}
 		reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
-		hold := make(chan struct{})
-		var admitted atomic.Int32
-		var wg sync.WaitGroup
-		acquire := func() {
-			if s, err := reg.Acquire(context.Background(), "org"); err == nil {
-				admitted.Add(1)
-				<-hold
-				s.Release()
-			}
-		}
-		wg.Go(acquire) // runs the first fetch
-		synctest.Wait()
-		reg.SetLimit("org", 1)
-		for range 5 {
-			wg.Go(acquire)
-		}
-		synctest.Wait()
-		reg.ClearLimit("org")
-		synctest.Wait()
-		assert.Equal(t, int32(1), admitted.Load(), "the override's limit, while the fetch runs")
-		time.Sleep(3 * time.Minute)
-		synctest.Wait()
-		assert.Equal(t, int32(1), admitted.Load(), "the limit fetched")
-		assert.Equal(t, 1, reg.Limit("org"))
-		close(hold)
-		wg.Wait()
+		assert.Zero(t, startBurst(t, reg, 10, "off").wait(), "a burst on the new key")
+		b := startBurst(t, reg, 6, "off", "slow")
+		time.Sleep(30 * time.Second)
+		reg.RefreshLimits(func(k string) bool { return k == "off" })
+		time.Sleep(time.Minute)
+		s, err := reg.TryAcquire("x") // the sweep: off's record goes
+		require.NoError(t, err)
+		s.Release()
+		require.Equal(t, 64, reg.Limit("off"), "off's record pruned")
+		assert.Zero(t, b.wait(), "multi-key callers that resolved 0")
 	})
 }
 
