@@ -19,7 +19,8 @@ import (
 // enough holders have released. A negative n is ignored (and logged). The
 // override is kept until ClearLimit, also while the key is idle. Set
 // while a key's first LimitFunc fetch runs, it takes effect once that
-// ends: callers wait for the fetch all the same.
+// ends: callers wait for the fetch all the same (a LimitFunc that never
+// returns holds them; give it a deadline of its own).
 func (r *Registry[K]) SetLimit(key K, n int) {
 	if n < 0 {
 		r.eng.Log().Warn("registry: SetLimit with a negative limit ignored",
@@ -36,7 +37,10 @@ func (r *Registry[K]) SetLimit(key K, n int) {
 }
 
 // ClearLimit removes key's SetLimit override: the key goes back to
-// its LimitFunc's limit or the default, at once if it is live.
+// its LimitFunc's limit or the default, at once if it is live. A key never
+// fetched (overridden from its start) has the default until an acquire
+// fetches its limit, also for callers that found the override and make
+// the key's lane after it went.
 func (r *Registry[K]) ClearLimit(key K) {
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
 		delete(sh.overrides, key)
