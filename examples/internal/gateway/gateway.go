@@ -41,7 +41,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -434,14 +433,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	// over one, the request is answered at once.
 	spent, capName, err := g.reserveBudgets(r.Context(), tenant{org, model}, cost)
 	if err != nil {
-		info.refusedBy = capName
-		if strings.HasPrefix(capName, "tenant") && errors.Is(err, pacing.ErrOverBudget) {
-			// The org's own budget: counted among the tenant cap's refusals
-			// (which admitted the request first) as over_budget.
-			g.overBudget.Add(1)
-			g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
-		}
-		g.reject(w, r, capName, model, err)
+		g.rejectBudget(w, r, capName, model, err)
 		return
 	}
 	defer spent.done() // the org's budget is kept while this request may settle into it

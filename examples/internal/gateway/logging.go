@@ -131,6 +131,20 @@ func (g *Gateway) rejectDisabled(w http.ResponseWriter, r *http.Request, org, mo
 	g.reject(w, r, "tenant", model, &slots.LimitError{Err: slots.ErrLimitReached, Key: tenant{org, model}.String()})
 }
 
+// rejectBudget answers a request refused by a budget (reserveBudgets) that
+// capName names, and names it in the request's log line. A refusal by the
+// org's own budget is counted among the tenant cap's refusals (which
+// admitted the request first) as over_budget: on /metrics (watchTenants),
+// and to its Observer.
+func (g *Gateway) rejectBudget(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
+	requestInfoFrom(r.Context()).refusedBy = capName
+	if strings.HasPrefix(capName, "tenant") && errors.Is(err, pacing.ErrOverBudget) {
+		g.overBudget.Add(1)
+		g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
+	}
+	g.reject(w, r, capName, model, err)
+}
+
 // reject answers an admission error and logs it (rate-limited). The client
 // gone while waiting is not a rejection: nothing is written to nobody.
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
