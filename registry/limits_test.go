@@ -216,14 +216,7 @@ func TestRegistryLimitFuncFetchedLimitOutlivesAPrune(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
-				fn := func(ctx context.Context, org string) (int, error) {
-					if org != "org" {
-						return 1000, nil
-					}
-					time.Sleep(tc.fetch)
-					return 1, nil
-				}
-				reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+				reg := registry.NewWithLimitFunc(64, slowLimits("org", tc.fetch), time.Minute, slots.WithLogger(quiet))
 				b := startBurst(t, reg, 6, "org", "other")
 				if tc.refresh {
 					reg.RefreshLimits(func(string) bool { return true })
@@ -254,16 +247,7 @@ func TestRegistryLimitFuncMultiKeyWaitOutlivesAPrune(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
-				fn := func(ctx context.Context, k string) (int, error) {
-					switch k {
-					case "org":
-						return 1, nil
-					case "slow":
-						time.Sleep(tc.slow)
-					}
-					return 1000, nil
-				}
-				reg := registry.NewWithLimitFunc[string](64, fn, time.Minute, slots.WithLogger(quiet))
+				reg := registry.NewWithLimitFunc(64, slowLimits("slow", tc.slow), time.Minute, slots.WithLogger(quiet))
 				b := startBurst(t, reg, 6, "org", "slow")
 				if tc.refresh {
 					time.Sleep(30 * time.Second)
@@ -442,6 +426,20 @@ func TestRegistryLimitFuncRefetchIsFresh(t *testing.T) {
 		s.Release()
 		assert.Equal(t, int32(2), calls.Load(), "the limit fetched a moment ago is not fetched again")
 	})
+}
+
+// slowLimits is a LimitFunc whose fetch of the key slow takes d: "org"
+// has a limit of 1, every other key 1000.
+func slowLimits(slow string, d time.Duration) registry.LimitFunc[string] {
+	return func(ctx context.Context, k string) (int, error) {
+		if k == slow {
+			time.Sleep(d)
+		}
+		if k == "org" {
+			return 1, nil
+		}
+		return 1000, nil
+	}
 }
 
 // burst is callers of TryAcquireAll started one after another, each
