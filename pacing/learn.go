@@ -267,15 +267,9 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 		np++
 	}
 	for i, p := range path[:np] {
-		switch learn.Route(learn.Kind(v.Kind), i == 0) {
-		case learn.Proved:
-			p.l.Admitted(p.n, gr.id, g.seq)
-		case learn.Cut:
-			p.l.Refused(p.n, gr.id, gr.at, now, g.seq)
-		case learn.Eased:
-			p.l.Overloaded(gr.id, g.seq)
-		case learn.Withdrawn:
-			p.l.Inconclusive(p.n, gr.id, gr.at)
+		step := learn.Route(learn.Kind(v.Kind), i == 0)
+		p.l.Take(learn.Answer{Step: step, N: p.n, ID: gr.id, Seq: g.seq, At: gr.at, Now: now})
+		if step == learn.Withdrawn {
 			continue
 		}
 		p.l.ev = Evidence{Kind: v.Kind, InFlight: p.n}

@@ -49,3 +49,28 @@ func Route(k Kind, specific bool) Step {
 	}
 	return Withdrawn
 }
+
+// Answer is one answer on a request's path as one learned cap hears it:
+// the step Route gave it, the cap's count with the request's start (N),
+// the start's number and time (ID, At), the answer's time (Now) and the
+// last start's number when it came (Seq).
+type Answer struct {
+	Step    Step
+	N       int
+	ID, Seq uint64
+	At, Now int64
+}
+
+// Take applies a to l: the one place a Step becomes a change of a cap.
+func (l *Cap) Take(a Answer) {
+	switch a.Step {
+	case Proved:
+		l.Admitted(a.N, a.ID, a.Seq)
+	case Cut:
+		l.Refused(a.N, a.ID, a.At, a.Now, a.Seq)
+	case Eased:
+		l.Overloaded(a.ID, a.Seq)
+	default:
+		l.Inconclusive(a.N, a.ID, a.At)
+	}
+}

@@ -63,27 +63,36 @@ type learning struct {
 type eventKind uint8
 
 const (
-	evStarted eventKind = iota
-	evAdmitted
-	evRefused
-	evInconclusive
-	evOverloaded
-	evTick
+	evAnswer  eventKind = iota // an answer, as its step tells
+	evStarted                  // a start in the store
+	evTick                     // time passed without an answer to a probe
 )
 
-var eventNames = [...]string{"a start", "an admission", "a refusal", "no evidence", "an overload", "a probe unanswered"}
+// String names e in a log line.
+func (e learnEvent) String() string {
+	switch e.kind {
+	case evStarted:
+		return "a start"
+	case evTick:
+		return "a probe unanswered"
+	}
+	return stepNames[e.step]
+}
 
-func (k eventKind) String() string { return eventNames[k] }
+var stepNames = [...]string{learn.Withdrawn: "no evidence", learn.Proved: "an admission",
+	learn.Cut: "a refusal", learn.Eased: "an overload"}
 
 // learnEvent is one piece of evidence about a learned cap.
 type learnEvent struct {
 	kind    eventKind
-	n       int    // the key's count with the start
-	id      uint64 // the start's number
-	seq     uint64 // the last start's number when the answer came (or the tick)
-	at, now int64  // the start's time and the event's, server nanoseconds
+	step    learn.Step // of an evAnswer
+	n       int        // the key's count with the start
+	id      uint64     // the start's number
+	seq     uint64     // the last start's number when the answer came (or the tick)
+	at, now int64      // the start's time and the event's, server nanoseconds
 }
 
+// apply applies e to c.
 func (e learnEvent) apply(c *learn.Cap) {
 	switch e.kind {
 	case evStarted:
@@ -93,14 +102,8 @@ func (e learnEvent) apply(c *learn.Cap) {
 		if e.id > c.CutSeq {
 			c.Started(e.n, e.now)
 		}
-	case evAdmitted:
-		c.Admitted(e.n, e.id, e.seq)
-	case evRefused:
-		c.Refused(e.n, e.id, e.at, e.now, e.seq)
-	case evInconclusive:
-		c.Inconclusive(e.n, e.id, e.at)
-	case evOverloaded:
-		c.Overloaded(e.id, e.seq)
+	case evAnswer:
+		c.Take(learn.Answer{Step: e.step, N: e.n, ID: e.id, Seq: e.seq, At: e.at, Now: e.now})
 	case evTick:
 		c.Tick(e.now, e.seq)
 	}
@@ -281,19 +284,10 @@ func (r *Registry[K]) reportLocked(l *lease[K], v upstream.Verdict) (changed []K
 		}
 		e := ev
 		e.n = int(l.start.counts[i])
-		switch learn.Route(learn.Kind(v.Kind), i == last) {
-		case learn.Proved:
-			e.kind = evAdmitted
-		case learn.Cut:
-			e.kind = evRefused
-		case learn.Eased:
-			e.kind = evOverloaded
-		case learn.Withdrawn:
-			e.kind = evInconclusive
-		}
+		e.step = learn.Route(learn.Kind(v.Kind), i == last)
 		if c.noteLocked(lk, e) {
 			changed = append(changed, k)
-			cut = cut || e.kind == evRefused || e.kind == evOverloaded
+			cut = cut || e.step == learn.Cut || e.step == learn.Eased
 		}
 	}
 	return changed, cut
@@ -330,7 +324,7 @@ func (c *learnedCaps[K]) noteLocked(lk *learning, e learnEvent) bool {
 	}
 	lk.pending = append(lk.pending, e)
 	lk.queued++
-	c.toldLocked(lk, e.kind.String())
+	c.toldLocked(lk, e.String())
 	return true
 }
 

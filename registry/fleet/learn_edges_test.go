@@ -520,7 +520,7 @@ func TestLearnedCapWriteRefused(t *testing.T) {
 func TestLearnedCapStartBeforeACut(t *testing.T) {
 	c := *learn.Settings{Initial: 4, Max: 64}.New(0)
 	at := int64(1_000_000_000_000)
-	learnEvent{kind: evRefused, n: 4, id: 100, at: at, now: at + int64(5*time.Millisecond), seq: 300}.apply(&c)
+	learnEvent{step: learn.Cut, n: 4, id: 100, at: at, now: at + int64(5*time.Millisecond), seq: 300}.apply(&c)
 	require.Equal(t, 3, c.Lo)
 	require.Equal(t, 3, c.Hi)
 	learnEvent{kind: evStarted, n: 5, id: 200, at: at + 1000, now: at + 1000}.apply(&c) // numbered before the cut
@@ -837,8 +837,8 @@ func TestLearnedCapEvidenceAppliedTwice(t *testing.T) {
 		lk.pending = append(lk.pending, learnEvent{kind: evStarted, n: n, id: uint64(100 + i), at: sec, now: sec})
 	}
 	lk.pending = append(lk.pending,
-		learnEvent{kind: evRefused, n: 20, id: 103, seq: 103, at: sec, now: sec + 5e7},
-		learnEvent{kind: evRefused, n: 19, id: 102, seq: 103, at: sec, now: sec + 5e7})
+		learnEvent{step: learn.Cut, n: 20, id: 103, seq: 103, at: sec, now: sec + 5e7},
+		learnEvent{step: learn.Cut, n: 19, id: 102, seq: 103, at: sec, now: sec + 5e7})
 	lk.rebaseLocked()
 	written := lk.cap
 	require.Equal(t, 18, written.Hi, "refusals at 20 and 19 of a batch up to 20: %+v", written)
@@ -860,10 +860,10 @@ func TestLearnedCapRetestAppliedTwice(t *testing.T) {
 		answers []learnEvent
 		hi      int // the ceiling after them
 	}{
-		{"admitted", []learnEvent{{kind: evAdmitted, n: 21, id: 100, seq: 101}}, 64},
+		{"admitted", []learnEvent{{step: learn.Proved, n: 21, id: 100, seq: 101}}, 64},
 		{"unanswered", []learnEvent{{kind: evTick, now: 12 * sec, seq: 101}}, 64},
 		{"unanswered, then refused", []learnEvent{{kind: evTick, now: 12 * sec, seq: 101},
-			{kind: evRefused, n: 21, id: 100, seq: 101, at: 11 * sec, now: 12*sec + 1e7}}, 20},
+			{step: learn.Cut, n: 21, id: 100, seq: 101, at: 11 * sec, now: 12*sec + 1e7}}, 20},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := learn.New(1, 64, 20, 10*time.Second)
