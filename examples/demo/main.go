@@ -36,6 +36,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -365,6 +366,10 @@ func runGateway(cfg gateway.Config, work func(gwURL string) result) (result, err
 	return runGateways(1, cfg, func(urls []string) result { return work(urls[0]) })
 }
 
+// warnings is the demo's gateways' logger: their warnings on stderr,
+// without the access line of each request.
+var warnings = gateway.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+
 // runGateways is runGateway with n gateways of cfg.
 func runGateways(n int, cfg gateway.Config, work func(urls []string) result) (result, error) {
 	upstream := &http.Transport{MaxIdleConnsPerHost: 256}
@@ -372,7 +377,7 @@ func runGateways(n int, cfg gateway.Config, work func(urls []string) result) (re
 	var gws []*gateway.Gateway
 	var urls []string
 	for range n {
-		gw, err := gateway.New(cfg, upstream)
+		gw, err := gateway.New(cfg, upstream, warnings)
 		if err != nil {
 			return result{}, err
 		}
@@ -431,7 +436,7 @@ func runFleet(stdout io.Writer, provURL string, store *fleetStore, prov *upstrea
 		for range 3 {
 			upstream := &http.Transport{MaxIdleConnsPerHost: 256}
 			defer upstream.CloseIdleConnections()
-			gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: orgs, Provider: caps, Fleet: run.fleet}, upstream)
+			gw, err := gateway.New(gateway.Config{Upstream: provURL, Orgs: orgs, Provider: caps, Fleet: run.fleet}, upstream, warnings)
 			if err != nil {
 				return err
 			}

@@ -70,7 +70,7 @@ func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 	configPath := fs.String("config", "", "configuration file (JSON)")
 	listen := fs.String("listen", "", "address to listen on (overrides the file)")
 	upstream := fs.String("upstream", "", "upstream base URL (overrides the file)")
-	level := fs.String("log-level", "info", "debug (one line per request), info, warn or error")
+	level := fs.String("log-level", "info", "debug, info (one line per request), warn or error")
 	format := fs.String("log-format", "text", "text or json")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {

@@ -27,7 +27,7 @@ func TestAccessLogOfACutStream(t *testing.T) {
 		}
 	}))
 	t.Cleanup(up.Close)
-	log, logs := newTestLogger(slog.LevelDebug)
+	log, logs := newTestLogger(slog.LevelInfo)
 	srv, gw := startGatewayWith(t, up.URL, testConfig, WithLogger(log))
 	resp, err := post(context.Background(), t, srv.Client(), srv.URL, "org-z", "glm-5.3")
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"runtime"
@@ -23,6 +24,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	// A gateway given no logger logs to slog.Default: without the access
+	// line of each request, as before it was at info level.
+	slog.SetLogLoggerLevel(slog.LevelWarn)
 	redistest.Main(m, "examples/internal/gateway")
 }
 

@@ -36,10 +36,11 @@ func requestInfoFrom(ctx context.Context) *requestInfo {
 	return new(requestInfo)
 }
 
-// logRequests logs each request at debug level once it has been answered.
+// logRequests logs each request at info level once it has been answered:
+// the access log, off below info (-log-level warn).
 func (g *Gateway) logRequests(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !g.log.Enabled(r.Context(), slog.LevelDebug) {
+		if !g.log.Enabled(r.Context(), slog.LevelInfo) {
 			next.ServeHTTP(w, r)
 			return
 		}
@@ -65,7 +66,7 @@ func (g *Gateway) logRequests(next http.Handler) http.Handler {
 			if !served {
 				attrs = append(attrs, slog.Bool("aborted", true))
 			}
-			g.log.LogAttrs(r.Context(), slog.LevelDebug, "gateway: request", attrs...)
+			g.log.LogAttrs(r.Context(), slog.LevelInfo, "gateway: request", attrs...)
 		}()
 		next.ServeHTTP(rec, r.WithContext(context.WithValue(r.Context(), requestInfoKey{}, info)))
 		served = true
@@ -137,7 +138,6 @@ func (g *Gateway) rejectDisabled(w http.ResponseWriter, r *http.Request, org, mo
 // admitted the request first) as over_budget: on /metrics (watchTenants),
 // and to its Observer.
 func (g *Gateway) rejectBudget(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
-	requestInfoFrom(r.Context()).refusedBy = capName
 	if strings.HasPrefix(capName, "tenant") && errors.Is(err, pacing.ErrOverBudget) {
 		g.overBudget.Add(1)
 		g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
@@ -145,12 +145,14 @@ func (g *Gateway) rejectBudget(w http.ResponseWriter, r *http.Request, capName, 
 	g.reject(w, r, capName, model, err)
 }
 
-// reject answers an admission error and logs it (rate-limited). The client
-// gone while waiting is not a rejection: nothing is written to nobody.
+// reject answers an admission error, names capName in the request's
+// access line and logs it (rate-limited). The client gone while waiting is
+// not a rejection: nothing is written to nobody.
 func (g *Gateway) reject(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
 	if errors.Is(err, context.Canceled) && r.Context().Err() != nil {
 		return
 	}
+	requestInfoFrom(r.Context()).refusedBy = capName
 	status, _, msg := admissionAnswer(err)
 	writeAdmissionError(w, capName, err)
 	org := cmp.Or(r.Header.Get(OrgHeader), "default") // as model caps it

@@ -57,7 +57,7 @@ func postBody(t *testing.T, client *http.Client, url, org, body string, header .
 func TestGatewayStatuses(t *testing.T) {
 	u := newUpstream(t)
 	close(u.gate)
-	log, logs := newTestLogger(slog.LevelDebug)
+	log, logs := newTestLogger(slog.LevelInfo)
 	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"default_limit": 4, "limits": {"switched-off": 0}}}`, WithLogger(log))
 	client := srv.Client()
 
@@ -80,6 +80,7 @@ func TestGatewayStatuses(t *testing.T) {
 		assert.Equal(t, "permission_error", e.Error.Type)
 		assert.Contains(t, e.Error.Message, "disabled")
 		assert.Contains(t, logs.String(), `msg="gateway: request rejected" cap=tenant status=403 reason=limit_reached org=switched-off model=glm-5`)
+		assert.Regexp(t, `msg="gateway: request" method=POST path=/v1/chat/completions org=switched-off model=glm-5 status=403 took=\S+ waited=0s refused_by=tenant\n`, logs.String())
 	})
 	t.Run("a key that differs from a field's name only in case is a 400", func(t *testing.T) {
 		// Capped as the one encoding/json reads, sent as the one the
@@ -118,10 +119,10 @@ func TestGatewayStatuses(t *testing.T) {
 		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
 		assert.Equal(t, "X-Priority: want interactive, default or batch", e.Error.Message)
 	})
-	t.Run("a request is logged at debug level", func(t *testing.T) {
+	t.Run("a request is logged at info level, the default", func(t *testing.T) {
 		resp, _ := postBody(t, client, srv.URL, "org-a", `{"model":"glm-5"}`)
 		assert.Equal(t, http.StatusOK, resp.StatusCode)
-		assert.Contains(t, logs.String(), `msg="gateway: request" method=POST path=/v1/chat/completions org=org-a model=glm-5 status=200`)
+		assert.Regexp(t, `msg="gateway: request" method=POST path=/v1/chat/completions org=org-a model=glm-5 status=200 took=\S+ waited=\S+ caps="\[tenant provider\]"\n`, logs.String())
 	})
 }
 
