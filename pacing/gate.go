@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -138,10 +139,7 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}, goneKeys: map[string]*keyLane{}}
 	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer, Wants: p.Wants}
 	g.eng.Init("pacing", func(rej *core.Rejection) error { return (*slots.LimitError)(rej) })
-	g.clk = g.eng.Policy.Clock
-	if g.clk == nil {
-		g.clk = clock.New()
-	}
+	g.clk = cmp.Or(g.eng.Policy.Clock, clock.New())
 	g.applyLocked(cfg)
 	return g, nil
 }

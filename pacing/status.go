@@ -1,6 +1,7 @@
 package pacing
 
 import (
+	"maps"
 	"slices"
 	"time"
 
@@ -65,15 +66,8 @@ func (g *Gate) Budgets() []BudgetStatus {
 
 func (g *Gate) budgetsLocked(now int64) []BudgetStatus {
 	st := g.bud.status(nil, "", "", now)
-	names := make([]string, 0, len(g.models))
-	for name, ml := range g.models {
-		if ml.bud != nil {
-			names = append(names, name)
-		}
-	}
-	slices.Sort(names)
-	for _, name := range names {
-		st = g.models[name].bud.status(st, name, "", now)
+	for _, name := range slices.Sorted(maps.Keys(g.models)) {
+		st = g.models[name].bud.status(st, name, "", now) // none without budgets
 	}
 	for _, k := range g.keys {
 		st = k.bud.status(st, "", k.id, now)
@@ -89,11 +83,7 @@ func (g *Gate) Status() Status {
 	st := Status{InFlight: g.provider.Holders.Len(), Queued: g.provider.Waiters.Len(), ByModel: map[string]int{}, WaitingByModel: map[string]int{}, ByKey: map[string]int{},
 		Tokens: g.tok.held, TokenLimit: g.tok.limit, TokensByModel: map[string]int{},
 		Rejected: g.rejects, Bypassed: g.bypassed, DoubleReleases: g.eng.Misuses()}
-	by, top := g.provider.Waiters.Top(core.TopFlows)
-	st.Queue = slots.QueueStats{Waiting: st.Queued, Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
-	for _, f := range top {
-		st.Queue.TopFlows = append(st.Queue.TopFlows, slots.FlowStat(f))
-	}
+	st.Queue = core.QueueStats[slots.QueueStats, slots.FlowStat](&g.provider.Waiters)
 	for name, ml := range g.models {
 		if n := ml.lane.Holders.Len(); n > 0 {
 			st.ByModel[name] = n

@@ -180,24 +180,20 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 		if stale {
 			return rv.n, nil // keep using the last known limit meanwhile
 		}
-		start := r.eng.Clock.Nanos()
+		start, left := r.eng.Clock.Nanos(), false
 		select {
 		case <-fetch.done:
-		case <-ctx.Done():
-			// The caller gave up while queued behind the first fetch.
-			sh.mu.Lock()
-			sh.st.canceled++
-			sh.mu.Unlock()
-			return -1, r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
+			if !fetch.left { // written before done was closed
+				return fetch.n, nil
+			}
+			// Its caller left: that says nothing of the limit; fetch
+			// again, unless this one has left too.
+		case <-ctx.Done(): // the caller gave up while queued behind the first fetch
+			left = true // (so even a context whose Err lags its Done)
 		}
-		if !fetch.left { // written before done was closed
-			return fetch.n, nil
-		}
-		// Its caller left: that says nothing of the limit; fetch again,
-		// unless this one has left too.
 		now = r.eng.Clock.Coarse()
 		sh.mu.Lock()
-		if ctx.Err() != nil {
+		if left || ctx.Err() != nil {
 			sh.st.canceled++
 			sh.mu.Unlock()
 			return -1, r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
@@ -269,8 +265,6 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 			}
 			rv.gen++
 			gen = rv.gen
-		}
-		if err == nil {
 			fetch.n = n
 		}
 		sh.resolved[key] = rv
@@ -349,17 +343,9 @@ func (r *Registry[K]) Waiting(key K) int {
 // Queue describes the callers waiting on key now: per priority class, and
 // the flows with the most waiters.
 func (r *Registry[K]) Queue(key K) slots.QueueStats {
-	return laneOf(r, key, func(ln *core.Lane) slots.QueueStats { return queueStats(&ln.Waiters) })
-}
-
-// queueStats describes q as slots.Limiter.Queue does.
-func queueStats(q *core.Queue) slots.QueueStats {
-	by, top := q.Top(core.TopFlows)
-	st := slots.QueueStats{Waiting: q.Len(), Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
-	for _, f := range top {
-		st.TopFlows = append(st.TopFlows, slots.FlowStat(f))
-	}
-	return st
+	return laneOf(r, key, func(ln *core.Lane) slots.QueueStats {
+		return core.QueueStats[slots.QueueStats, slots.FlowStat](&ln.Waiters)
+	})
 }
 
 // laneOf returns f of key's lane, read under its shard's lock, or f's

@@ -100,52 +100,52 @@ func (e *entry[K]) Release(h *core.Hold) bool {
 	sh := e.shard
 	r := sh.r
 	sh.mu.Lock()
-	if e.lane.Multi == 0 {
-		if !e.lane.Remove(h, &h.Idx) {
-			sh.mu.Unlock()
-			r.eng.Misuse(h) // a copied Slot: it holds nothing
-			return false
-		}
-		sh.released++
-		if e.lane.Waiters.Len() == 0 {
-			// Nobody to serve (BenchmarkRegistryTryAcquireRelease).
-			sh.dropIfIdleLocked(r, e)
-			sh.mu.Unlock()
-		} else {
-			var wk core.Wakes
-			r.grantLocked([]*entry[K]{e}, &wk)
-			sh.dropIfIdleLocked(r, e)
-			sh.mu.Unlock()
-			wk.Wake()
-		}
-	} else {
+	if e.lane.Multi > 0 {
 		// Multi-key waiters queue here: serving them needs multiMu, which
 		// comes before this lock. The hold stays counted meanwhile, so no
 		// room shows before they can be served.
 		sh.mu.Unlock()
-		if !r.releaseSlow(h, []*entry[K]{e}, nil) {
-			r.eng.Misuse(h) // a copied Slot: it holds nothing
-			return false
-		}
+		return r.releaseSlow(h, []*entry[K]{e}, nil)
+	}
+	if !e.lane.Remove(h, &h.Idx) {
+		sh.mu.Unlock()
+		r.eng.Misuse(h) // a copied Slot: it holds nothing
+		return false
+	}
+	sh.released++
+	if e.lane.Waiters.Len() == 0 {
+		// Nobody to serve (BenchmarkRegistryTryAcquireRelease).
+		sh.dropIfIdleLocked(r, e)
+		sh.mu.Unlock()
+	} else {
+		var wk core.Wakes
+		r.grantLocked([]*entry[K]{e}, &wk)
+		sh.dropIfIdleLocked(r, e)
+		sh.mu.Unlock()
+		wk.Wake()
 	}
 	r.eng.Released(h)
 	return true
 }
 
 // Release implements core.Owner for multi-key holds.
-func (m *multi[K]) Release(h *core.Hold) bool {
-	if !m.r.releaseSlow(h, m.entries, m) {
-		m.r.eng.Misuse(h) // a copied Slot: it holds nothing
+func (m *multi[K]) Release(h *core.Hold) bool { return m.r.releaseSlow(h, m.entries, m) }
+
+// releaseSlow frees h's capacity on entries (m describes a multi-key hold),
+// serves the waiters that can now be served, multi-key ones included, and
+// reports the release; or, for a copied Slot, which holds nothing, the
+// misuse, and false.
+func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) bool {
+	if !r.freeLocking(h, entries, m) {
+		r.eng.Misuse(h) // once the locks are released
 		return false
 	}
-	m.r.eng.Released(h)
+	r.eng.Released(h)
 	return true
 }
 
-// releaseSlow frees h's capacity on entries (m describes a multi-key hold)
-// and serves the waiters that can now be served, multi-key ones included.
-// It reports false for a copied Slot, which holds nothing.
-func (r *Registry[K]) releaseSlow(h *core.Hold, entries []*entry[K], m *multi[K]) bool {
+// freeLocking is releaseSlow's part under multiMu and the shards it needs.
+func (r *Registry[K]) freeLocking(h *core.Hold, entries []*entry[K], m *multi[K]) bool {
 	var wk core.Wakes
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()

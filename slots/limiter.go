@@ -94,8 +94,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	// The caller's place matters to an admission only with shares; without
 	// them it is read once the caller has to wait.
 	var place core.Place
-	placed := ctx != nil && l.lane.Shares != nil
-	if placed {
+	if ctx != nil && l.lane.Shares != nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
@@ -109,7 +108,7 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 	case l.lane.Admits(h.Class, n):
 		l.admitLocked(h)
 	default:
-		d = l.refuseOrQueueLocked(ctx, h, n, place, placed, &wk)
+		d = l.refuseOrQueueLocked(ctx, h, n, place, &wk)
 	}
 	l.mu.Unlock()
 	wk.Wake()
@@ -118,9 +117,9 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 }
 
 // refuseOrQueueLocked decides for a caller of h, weighing n units, at place
-// (read already if placed), that cannot be admitted now.
-func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, place core.Place, placed bool, wk *core.Wakes) core.Decision {
-	if ctx != nil && !placed {
+// (read already with shares), that cannot be admitted now.
+func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, place core.Place, wk *core.Wakes) core.Decision {
+	if ctx != nil && l.lane.Shares == nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
@@ -300,7 +299,7 @@ func (l *Limiter) Stats() Stats {
 func (l *Limiter) Queue() QueueStats {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return queueStats(&l.lane.Waiters)
+	return core.QueueStats[QueueStats, FlowStat](&l.lane.Waiters)
 }
 
 // Holder describes one live holder, for sweeps and debugging.

@@ -20,16 +20,14 @@ const (
 
 func (p Priority) class() uint8 { return core.ClassOf(int8(p)) }
 
+// The priority of each class (core.ClassOf's inverse), and its name.
+var (
+	priorities    = [core.NumClasses]Priority{core.ClassHigh: PriorityInteractive, core.ClassDefault: PriorityDefault, core.ClassLow: PriorityBatch}
+	priorityNames = [core.NumClasses]string{core.ClassHigh: "interactive", core.ClassDefault: "default", core.ClassLow: "batch"}
+)
+
 // String returns "interactive", "default" or "batch".
-func (p Priority) String() string {
-	switch p.class() {
-	case core.ClassHigh:
-		return "interactive"
-	case core.ClassLow:
-		return "batch"
-	}
-	return "default"
-}
+func (p Priority) String() string { return priorityNames[p.class()] }
 
 // ParsePriority parses "interactive", "default" or "batch" (any case).
 func ParsePriority(s string) (Priority, error) {
@@ -74,15 +72,7 @@ func WithPriority(ctx context.Context, p Priority) context.Context {
 }
 
 // PriorityFrom returns the priority ctx carries (PriorityDefault if none).
-func PriorityFrom(ctx context.Context) Priority {
-	switch core.PlaceOf(ctx).Class {
-	case core.ClassHigh:
-		return PriorityInteractive
-	case core.ClassLow:
-		return PriorityBatch
-	}
-	return PriorityDefault
-}
+func PriorityFrom(ctx context.Context) Priority { return priorities[core.PlaceOf(ctx).Class] }
 
 // WithFlow returns a copy of ctx whose waits belong to flow id (an org, an
 // API key), so one flow's backlog cannot hold back another's request.
@@ -159,14 +149,4 @@ type QueueStats struct {
 type FlowStat struct {
 	Flow    string
 	Waiting int
-}
-
-// queueStats builds QueueStats from a queue.
-func queueStats(q *core.Queue) QueueStats {
-	by, top := q.Top(core.TopFlows)
-	st := QueueStats{Waiting: q.Len(), Interactive: by[core.ClassHigh], Default: by[core.ClassDefault], Batch: by[core.ClassLow]}
-	for _, f := range top {
-		st.TopFlows = append(st.TopFlows, FlowStat(f))
-	}
-	return st
 }

@@ -10,8 +10,10 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// Unlimited is a limit that never binds.
-const Unlimited = math.MaxInt
+const (
+	Unlimited = math.MaxInt   // a limit that never binds
+	MaxUnits  = core.MaxUnits // the most units one admission may weigh
+)
 
 var (
 	// ErrLimitReached: TryAcquire found no free capacity.
@@ -31,9 +33,6 @@ var (
 	// ErrNotSent: a Transport's base wraps it for a request it chose not to send.
 	ErrNotSent = errors.New("slots: request not sent")
 )
-
-// MaxUnits is the most units one admission may weigh.
-const MaxUnits = core.MaxUnits
 
 // LimitError is a rejection with the numbers behind it.
 type LimitError struct {
@@ -100,12 +99,7 @@ func (s *Slot) releaseQuietly() {
 }
 
 // Released reports whether the slot was released or given back.
-func (s *Slot) Released() bool {
-	if !s.holds() {
-		return true
-	}
-	return s.hold().Released()
-}
+func (s *Slot) Released() bool { return !s.holds() || s.hold().Released() }
 
 // Bypassed reports whether fail-open admitted the slot without capacity.
 func (s *Slot) Bypassed() bool { return s.holds() && s.hold().Bypassed }

@@ -64,12 +64,9 @@ func (e *Engine) observes(ctx context.Context) bool {
 }
 
 // Full reports whether a caller of flow must be turned away from q instead
-// of queued, by the queue bound and the per-flow bound. A nil q is empty.
-// Call under the owner's lock.
+// of queued, by the queue bound and the per-flow bound. Call under the
+// owner's lock.
 func (e *Engine) Full(q *Queue, flow string) bool {
-	if q == nil {
-		return e.QueueFull(0) || e.flowQueueFull(0)
-	}
 	return e.QueueFull(q.Len()) || e.BoundFlowQueue && e.flowQueueFull(q.FlowLen(flow))
 }
 

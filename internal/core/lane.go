@@ -393,10 +393,6 @@ func (ln *Lane) Admits(c uint8, n int) bool {
 		// than 2^32 holders.
 		return ln.Holders.n+ln.Holders.x+n <= ln.Limit && ln.Waiters.n == ln.Multi
 	}
-	return ln.admitsShared(c, n)
-}
-
-func (ln *Lane) admitsShared(c uint8, n int) bool {
 	return ln.CanTake(c, n) && !ln.HeavyAhead(c)
 }
 

@@ -388,3 +388,23 @@ func (q *Queue) Top(n int) (byClass [NumClasses]int, top []FlowCount) {
 	}
 	return byClass, top
 }
+
+// QueueStats describes q as slots.QueueStats (S) does, its flows as
+// slots.FlowStat (F): the one report of every owner's queue. The
+// constraints are those types' fields, so a field added there must be
+// added here too.
+func QueueStats[S ~struct {
+	Waiting                     int
+	Interactive, Default, Batch int
+	TopFlows                    []F
+}, F ~struct {
+	Flow    string
+	Waiting int
+}](q *Queue) S {
+	by, top := q.Top(TopFlows)
+	var flows []F
+	for _, f := range top {
+		flows = append(flows, F(f))
+	}
+	return S{Waiting: q.Len(), Interactive: by[ClassHigh], Default: by[ClassDefault], Batch: by[ClassLow], TopFlows: flows}
+}

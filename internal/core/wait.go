@@ -139,26 +139,23 @@ func Await(ctx context.Context, w *Waiter, expire <-chan time.Time, withdraw fun
 	done := ctx.Done()
 	if done == nil && expire == nil {
 		<-w.ready // nothing else can end this wait; a plain receive is cheaper
-		if w.State == Refused {
-			return OutRefused
-		}
-		return OutGranted
-	}
-	select {
-	case <-w.ready:
-	case <-done:
-		if withdraw(w) {
-			return OutCanceled
-		}
-		<-w.ready
-	case <-expire:
-		if withdraw(w) {
-			if isDone(done) {
+	} else {
+		select {
+		case <-w.ready:
+		case <-done:
+			if withdraw(w) {
 				return OutCanceled
 			}
-			return OutExpired
+			<-w.ready
+		case <-expire:
+			if withdraw(w) {
+				if isDone(done) {
+					return OutCanceled
+				}
+				return OutExpired
+			}
+			<-w.ready
 		}
-		<-w.ready
 	}
 	// Set under the owner's lock before the wake this goroutine received.
 	if w.State == Refused {
