@@ -6,6 +6,7 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/internal/keys"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Budgets keeps a Budget per key (an org, a tenant: a budget of the
@@ -50,16 +51,14 @@ const minPrune = 1024
 // asked on each Reserve: nil means k has no budget (nothing is reserved,
 // from a Budget kept for k either); other limits are those of k's Budget
 // when it is made, and a change of them takes effect once it has been
-// dropped. The clock is the real one, or clk (a mock, in tests) when
-// given. It panics if limitsOf is nil.
-func NewBudgets[K comparable](limitsOf func(K) *BudgetLimits, clk ...clock.Clock) *Budgets[K] {
+// dropped. The clock is the real one, unless slots.WithClock gives
+// another (a mock, in tests). It panics if limitsOf is nil.
+func NewBudgets[K comparable](limitsOf func(K) *BudgetLimits, opts ...slots.ClockOption) *Budgets[K] {
 	if limitsOf == nil {
 		panic("pacing: NewBudgets needs a function of the keys' limits")
 	}
 	s := &Budgets[K]{limitsOf: limitsOf, live: map[K]*keyedBudget[K]{}, pruneAt: minPrune}
-	if len(clk) > 0 {
-		s.clk = clk[0]
-	}
+	s.clk = clockOf(opts)
 	return s
 }
 
@@ -74,7 +73,7 @@ func (s *Budgets[K]) Reserve(key K, t Tokens) (*Reservation, error) {
 	s.mu.Lock()
 	e := s.live[key]
 	if e == nil {
-		b, err := NewBudget(*limits, s.clk)
+		b, err := NewBudget(*limits, slots.WithClock(s.clk))
 		if err != nil {
 			s.mu.Unlock()
 			return nil, err

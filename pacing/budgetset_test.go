@@ -2,6 +2,7 @@ package pacing_test
 
 import (
 	"fmt"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
@@ -28,7 +29,7 @@ func orgLimits(key string) *pacing.BudgetLimits {
 
 func TestBudgetsPerKey(t *testing.T) {
 	mock := clock.NewMock()
-	s := pacing.NewBudgets(orgLimits, mock)
+	s := pacing.NewBudgets(orgLimits, slots.WithClock(mock))
 
 	r, err := s.Reserve("anonymous", pacing.Tokens{Input: 5000})
 	assert.NoError(t, err)
@@ -61,7 +62,7 @@ func TestBudgetsPerKey(t *testing.T) {
 // nothing behind.
 func TestBudgetsKeptWhileOpen(t *testing.T) {
 	mock := clock.NewMock()
-	s := pacing.NewBudgets(orgLimits, mock)
+	s := pacing.NewBudgets(orgLimits, slots.WithClock(mock))
 	long, err := s.Reserve("org-a", pacing.Tokens{Input: 10, Output: 100})
 	require.NoError(t, err)
 	mock.Add(61 * time.Second) // the stream goes on
@@ -91,7 +92,7 @@ func TestBudgetsKeptWhileOpen(t *testing.T) {
 // on many goroutines leave every Budget droppable.
 func TestBudgetsConcurrent(t *testing.T) {
 	mock := clock.NewMock()
-	s := pacing.NewBudgets(orgLimits, mock)
+	s := pacing.NewBudgets(orgLimits, slots.WithClock(mock))
 	var wg sync.WaitGroup
 	for g := range 8 {
 		wg.Go(func() {
@@ -136,8 +137,8 @@ func TestBudgetsCostAndLimits(t *testing.T) {
 			return nil
 		}
 		return limits
-	}, mock)
-	b, err := pacing.NewBudget(pacing.BudgetLimits{TokensPerMinute: 1 << 40}, mock)
+	}, slots.WithClock(mock))
+	b, err := pacing.NewBudget(pacing.BudgetLimits{TokensPerMinute: 1 << 40}, slots.WithClock(mock))
 	require.NoError(t, err)
 	alone := testing.AllocsPerRun(100, func() {
 		r, _ := b.Reserve(pacing.Tokens{Input: 1})
@@ -153,4 +154,31 @@ func TestBudgetsCostAndLimits(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Nil(t, r)
 	assert.Panics(t, func() { pacing.NewBudgets[string](nil) })
+}
+
+// TestBudgetOptionsAreTyped: budgets of their own take slots.WithClock
+// alone; an option they could not honour (a wait's bound, a logger, an
+// Observer) does not compile for them. A nil option is ignored.
+func TestBudgetOptionsAreTyped(t *testing.T) {
+	clockOption := reflect.TypeFor[slots.ClockOption]()
+	assert.True(t, reflect.TypeOf(slots.WithClock(nil)).Implements(clockOption))
+	for name, o := range map[string]slots.Option{
+		"max wait": slots.WithMaxWait(time.Second),
+		"logger":   slots.WithLogger(nil),
+		"observer": slots.WithObserver(nil),
+		"share":    slots.WithShare(slots.PriorityBatch, slots.Share{}),
+	} {
+		assert.False(t, reflect.TypeOf(o).Implements(clockOption), "%s is no ClockOption", name)
+	}
+	mock := clock.NewMock()
+	b, err := pacing.NewBudget(pacing.BudgetLimits{MaxRequestsPerMinute: 1}, nil, slots.WithClock(mock))
+	require.NoError(t, err)
+	_, err = b.Reserve(pacing.Tokens{})
+	require.NoError(t, err)
+	_, err = b.Reserve(pacing.Tokens{})
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	mock.Add(le.RetryAfter)
+	_, err = b.Reserve(pacing.Tokens{})
+	assert.NoError(t, err, "refilled on the mock's time")
 }

@@ -6,6 +6,7 @@ import (
 	"github.com/benbjohnson/clock"
 
 	"github.com/inflight-go/inflight/internal/clockx"
+	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -32,17 +33,24 @@ type Budget struct {
 }
 
 // NewBudget returns a Budget with those limits. Its clock is the real
-// one, or clk (a mock, in tests) when given.
-func NewBudget(limits BudgetLimits, clk ...clock.Clock) (*Budget, error) {
+// one, unless slots.WithClock gives another (a mock, in tests).
+func NewBudget(limits BudgetLimits, opts ...slots.ClockOption) (*Budget, error) {
 	if err := upstream.CheckBudgets("", limits); err != nil {
 		return nil, err
 	}
 	l := limitsOf(limits)
-	b := &Budget{b: newBudgets(nil, l), clk: clockx.New(nil)}
-	if len(clk) > 0 && clk[0] != nil {
-		b.clk = clockx.New(clk[0])
+	return &Budget{b: newBudgets(nil, l), clk: clockx.New(clockOf(opts))}, nil
+}
+
+// clockOf is the clock opts set; nil: the real one.
+func clockOf(opts []slots.ClockOption) clock.Clock {
+	var s core.Settings
+	for _, o := range opts {
+		if o != nil {
+			o.Apply(&s)
+		}
 	}
-	return b, nil
+	return s.Policy.Clock
 }
 
 // Reservation is what a request took of a Budget: settle it with what the

@@ -11,8 +11,10 @@ import (
 	"time"
 )
 
-// StatusClientClosedRequest answers a client gone while it waited (nginx).
-const StatusClientClosedRequest = 499
+const (
+	StatusClientClosedRequest = 499              // answers a client gone while it waited (nginx)
+	HeaderRetryAfterMs        = "Retry-After-Ms" // Retry-After in ms, which the OpenAI SDKs read first
+)
 
 // HTTPStatus maps an admission error to the answer an HTTP layer gives:
 //
@@ -160,9 +162,6 @@ func WriteError(w http.ResponseWriter, err error) {
 	status, retryAfter := httpStatus(err)
 	writeError(w, WritePlainError, status, retryAfter, ErrorMessage(err))
 }
-
-// HeaderRetryAfterMs is Retry-After in ms, which the OpenAI SDKs read first.
-const HeaderRetryAfterMs = "Retry-After-Ms"
 
 // SetRetryAfter sets Retry-After (whole seconds) and HeaderRetryAfterMs to
 // d, rounded up, as this package's answers do; nothing for d <= 0.

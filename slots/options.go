@@ -32,6 +32,17 @@ type baseOption struct{ optionFunc }
 
 func (baseOption) base() {}
 
+// A ClockOption is WithClock's; a Transport and pacing's budgets take it too.
+type ClockOption interface {
+	BaseOption
+	TransportOption
+}
+
+type clockOption struct {
+	baseOption
+	c clock.Clock
+}
+
 // WithMaxWait bounds a wait (ErrWaitTimeout); d <= 0, the default: no bound.
 func WithMaxWait(d time.Duration) Option {
 	return optionFunc(func(w *core.Policy) { w.MaxWait = d })
@@ -47,9 +58,9 @@ func WithFailOpen() Option {
 	return optionFunc(func(w *core.Policy) { w.FailOpen = true })
 }
 
-// WithClock sets the clock of acquire times and waits; for tests.
-func WithClock(c clock.Clock) BaseOption {
-	return baseOption{func(w *core.Policy) { w.Clock = c }}
+// WithClock sets the clock of acquire times, waits and lingers; for tests.
+func WithClock(c clock.Clock) ClockOption {
+	return clockOption{baseOption{func(w *core.Policy) { w.Clock = c }}, c}
 }
 
 // WithLogger sets the warnings' logger (nil: slog.Default()).

@@ -187,7 +187,7 @@ func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
 		closing, done := make(chan struct{}), make(chan struct{})
 		body := &blockingClose{entered: closing, release: done}
 		tr := slots.NewTransport(answering(body), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
-			slots.WithLingerClock(mock))
+			slots.WithClock(mock))
 		ctx, cancel := context.WithCancel(context.Background())
 		_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
 		require.NoError(t, err)

@@ -22,10 +22,9 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 
 // Transport is an http.RoundTripper that holds a Slot for each request from
 // before it is sent until its response body is read to the end, closed, or
-// cut off by its context's end: a streamed answer keeps its slot throughout.
-// A cut exchange's slot goes back after its body is closed (WithLinger:
-// later), within 5 s of the context's end even if Close hangs. An upgraded
-// connection (101) keeps it until closed. The zero value is not usable.
+// cut off by its context's end (a stream keeps it throughout). A cut
+// exchange's slot goes back once its body is closed (WithLinger: later), at
+// most 5 s after its context's end; a 101's, once closed. Not usable as zero.
 type Transport struct {
 	base   http.RoundTripper
 	admit  AdmitFunc
@@ -43,17 +42,15 @@ type transportOptionFunc func(*Transport)
 
 func (f transportOptionFunc) applyTransport(c *Transport) { f(c) }
 
-// WithLinger keeps a cut exchange's slot (context ended, body closed early
-// or failed, round trip failed once sent) d more, for an upstream that
-// counts a request until it notices the cut. d <= 0: none, the default.
+// WithLinger keeps a cut exchange's slot (body closed early or failed,
+// round trip failed once sent) d more (d <= 0: none, the default), for an
+// upstream that counts a request until it notices the cut.
 func WithLinger(d time.Duration) TransportOption {
 	return transportOptionFunc(func(t *Transport) { t.linger = d })
 }
 
-// WithLingerClock sets the clock that times WithLinger; for tests.
-func WithLingerClock(c clock.Clock) TransportOption {
-	return transportOptionFunc(func(t *Transport) { t.clock = cmp.Or(c, t.clock) }) // nil: ignored
-}
+// applyTransport makes WithClock's clock time WithLinger (nil: ignored).
+func (o clockOption) applyTransport(t *Transport) { t.clock = cmp.Or(o.c, t.clock) }
 
 // NewTransport returns a Transport that admits each request with admit and
 // sends it with base (nil: http.DefaultTransport). It panics if admit is nil.

@@ -183,7 +183,7 @@ func TestTransportLinger(t *testing.T) {
 			lim := slots.NewLimiter(1)
 			clk := clock.NewMock()
 			tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
-				slots.WithLinger(linger), slots.WithLingerClock(clk))
+				slots.WithLinger(linger), slots.WithClock(clk))
 			f(t, lim, clk, tr)
 		})
 	}
@@ -330,7 +330,7 @@ func ExampleWithLinger() {
 	defer base.CloseIdleConnections()
 	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
 		return lim.Acquire(r.Context())
-	}, slots.WithLinger(time.Second), slots.WithLingerClock(clk))}
+	}, slots.WithLinger(time.Second), slots.WithClock(clk))}
 
 	resp, err := client.Get(upstream.URL + "/v1/chat/completions")
 	if err != nil {

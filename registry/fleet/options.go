@@ -192,12 +192,23 @@ func WithPoll(minimum, maximum time.Duration) Option {
 // WithLogger sets the logger (nil, the default: slog.Default()).
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
-// WithLocalOptions passes options to the local registry: the wait options
-// of package slots (the queue's bounds and wait, which the fleet's queue
-// keeps too) and registry's own. The local registry's key rule
-// (registry.WithMaxKeyBytes) is the fleet's: a key it refuses fails with
-// registry.ErrInvalidKey before anything is sent to the store, whether the
-// store is reachable or not.
+// WithLocalOptions passes options to the local registry (Local), which
+// mirrors this process's holders and, while the store is unavailable under
+// FallbackLocal, caps alone. What each option does there:
+//   - slots.WithMaxWait, WithMaxQueue, WithMaxQueuePerFlow and WithFailOpen
+//     bound the fleet's waits as well;
+//   - registry.WithMaxKeyBytes is the fleet's key rule: a key it refuses
+//     fails with registry.ErrInvalidKey before anything is sent to the
+//     store, whether the store is reachable or not;
+//   - slots.WithShare, WithClock, WithLogger and registry.WithShards apply
+//     to the local registry alone, and so to waits only while the store is
+//     unavailable: the fleet's queue orders by class without shares, on
+//     the real clock, and logs to this package's WithLogger;
+//   - slots.WithObserver sees the local registry's admissions, made after
+//     the store's decision, without a context or a wait; this package's
+//     WithObserver replaces it;
+//   - slots.WithLeakDetection finds nothing: the fleet keeps a Slot's
+//     local hold until the Slot is released.
 func WithLocalOptions(opts ...registry.Option) Option {
 	return optionFunc(func(c *config) { c.local = append(c.local, opts...) })
 }

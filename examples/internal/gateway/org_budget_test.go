@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
 )
 
 func orgLeft(t *testing.T, g *Gateway, org string) int {
@@ -122,7 +123,7 @@ func TestOrgBudgetEndsEachReservation(t *testing.T) {
 	srv, g := startGatewayWith(t, up.URL, `{"upstream": "%s",
 		"orgs": {"default_limit": 10, "budget": {"tokens_per_minute": 1000}}, "tokens": {"expected_output": 100}}`)
 	mock := clock.NewMock()
-	g.orgBudgets = pacing.NewBudgets(g.orgLimits, mock)
+	g.orgBudgets = pacing.NewBudgets(g.orgLimits, slots.WithClock(mock))
 	for _, hdr := range []map[string]string{nil, {"X-Usage": "1"}} {
 		resp, _ := sendOrg(t, srv.URL, "org-a", `{"model":"m","messages":[{"content":"hello"}]}`, hdr)
 		require.Equal(t, http.StatusOK, resp.StatusCode)
