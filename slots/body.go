@@ -13,8 +13,10 @@ import (
 
 // WrapBody returns a body that releases s once: on the first Close, Read
 // error, io.EOF, WriteTo's end or panic, after closing body on a Close or
-// failed Read. It keeps body's io.WriterTo, io.Writer and CloseWrite (a
-// 101's upgraded connection); a nil body or http.NoBody releases s at once.
+// failed Read. It keeps body's io.WriterTo, io.Writer and CloseWrite; one
+// with Write and CloseWrite (a connection) is open until closed: its
+// io.EOF says only that the other side is done sending. A nil body or
+// http.NoBody releases s at once.
 func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
 	if s == nil {
 		return body
@@ -36,10 +38,10 @@ func newSlotBody(body io.ReadCloser, s *Slot, t *Transport) (io.ReadCloser, *slo
 	_, closeWriter := body.(closeWriter)
 	switch {
 	case writable && writerTo && closeWriter:
-		w := &closeWriterWriterToBody{writableWriterToBody{writerToBody{slotBody{rc: body, s: s, t: t}}}}
+		w := &closeWriterWriterToBody{writableWriterToBody{writerToBody{slotBody{rc: body, s: s, t: t, conn: true}}}}
 		return w, &w.slotBody
 	case writable && closeWriter:
-		w := &closeWriterBody{writableBody{slotBody{rc: body, s: s, t: t}}}
+		w := &closeWriterBody{writableBody{slotBody{rc: body, s: s, t: t, conn: true}}}
 		return w, &w.slotBody
 	case writable && writerTo:
 		w := &writableWriterToBody{writerToBody{slotBody{rc: body, s: s, t: t}}}
@@ -79,7 +81,13 @@ type slotBody struct {
 	// when the body is an upgraded connection (which it does not watch).
 	ctx context.Context
 
+	// conn marks a connection (a 101's, or a body with Write and
+	// CloseWrite): its reading side's end is not the connection's, so only
+	// Close ends it. Set before the body is handed out.
+	conn bool
+
 	watchCut  atomic.Bool // the watch closed rc because ctx ended
+	drained   atomic.Bool // a conn's reading side reached its end: a Close then is no cut
 	ended     atomic.Bool // the slot's release has been decided
 	listed    atomic.Bool // an upgraded connection nobody has used yet (upgrade.go)
 	closeOnce sync.Once   // rc is closed once, and a second closer waits for the first
@@ -124,8 +132,22 @@ func (b *slotBody) cut(fromWatch bool) error {
 	}()
 	err := b.closeBody()
 	returned = true
-	b.end(endCut, fromWatch)
+	if b.drained.Load() {
+		b.end(endClean, fromWatch)
+	} else {
+		b.end(endCut, fromWatch)
+	}
 	return err
+}
+
+// drain ends a body read to its end, or notes it for a conn, which stays
+// open until closed.
+func (b *slotBody) drain() {
+	if b.conn {
+		b.drained.Store(true)
+		return
+	}
+	b.end(endClean, false)
 }
 
 // watch is the Transport's reaction to the end of the request's context.
@@ -171,7 +193,7 @@ func (b *slotBody) Read(p []byte) (n int, err error) {
 	}
 	switch {
 	case err == io.EOF:
-		b.end(endClean, false)
+		b.drain()
 	case err != nil:
 		_ = b.cut(false) // the exchange is broken: let the connection go first
 	}
@@ -192,8 +214,8 @@ func (b *slotBody) broken() {
 type writerToBody struct{ slotBody }
 
 // WriteTo copies the body to w. It releases the slot when the body has been
-// read to its end; when it stops early (w failed) the slot stays held until
-// Close, as the body may still be open.
+// read to its end (a conn's: see drain); when it stops early (w failed)
+// the slot stays held until Close, as the body may still be open.
 func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
 	if b.listed.Load() {
 		b.unlist()
@@ -207,7 +229,7 @@ func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
 	n, err = b.rc.(io.WriterTo).WriteTo(w)
 	returned = true
 	if err == nil {
-		b.end(endClean, false)
+		b.drain()
 	}
 	return n, err
 }

@@ -139,6 +139,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// it when the request's context ends, so the slot stays with it
 		// until it is closed or fails (or a ReverseProxy drops it unused:
 		// upgrade.go).
+		b.conn = true // whatever its methods: its reading side's end is not its end
 		b.listUpgrade(ctx)
 		return resp, nil
 	}

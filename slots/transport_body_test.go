@@ -6,6 +6,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -101,4 +103,61 @@ func TestTransportBodyClosedAtItsEnd(t *testing.T) {
 		assert.Error(t, err)
 		assert.Zero(t, lim.InFlight())
 	})
+}
+
+// A body with Write and CloseWrite (a connection) is open until closed: reading
+// to io.EOF, by Read or by WriteTo, says only that the other side is done
+// sending, so the slot stays; the Close that follows frees it at once, as
+// the end of the exchange rather than a cut (no linger).
+func TestWritableBodyHeldUntilClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		read func(io.Reader) error
+	}{
+		{"Read", func(r io.Reader) error { _, err := io.ReadAll(struct{ io.Reader }{r}); return err }},
+		{"WriteTo", func(r io.Reader) error { _, err := r.(io.WriterTo).WriteTo(io.Discard); return err }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			lim := slots.NewLimiter(1)
+			s, err := lim.TryAcquire()
+			require.NoError(t, err)
+			body := slots.WrapBody(&connBody{Reader: strings.NewReader("bye")}, s)
+			require.NoError(t, tc.read(body))
+			assert.Equal(t, 1, lim.InFlight(), "read to its end, but open")
+			_, err = body.(io.Writer).Write([]byte("more"))
+			require.NoError(t, err, "still writable")
+			require.NoError(t, body.Close())
+			assert.Equal(t, 0, lim.InFlight(), "freed by the Close")
+		})
+	}
+}
+
+// connBody is a connection's body: it reads r, takes writes, can be
+// half-closed, and has WriteTo.
+type connBody struct {
+	*strings.Reader
+	closed bool
+}
+
+func (c *connBody) Write(p []byte) (int, error) { return len(p), nil }
+func (c *connBody) CloseWrite() error           { return nil }
+func (c *connBody) Close() error                { c.closed = true; return nil }
+
+// A body with Write but no CloseWrite is no connection: an *os.File (even
+// opened read-only) read to its end frees its slot, as any body does, also
+// when only the raw file is closed after (as exec.Cmd.Wait closes its
+// pipes). Found by review: taking every body with Write for a connection
+// held such a slot for good.
+func TestFileBodyFreedAtItsEnd(t *testing.T) {
+	p := filepath.Join(t.TempDir(), "f")
+	require.NoError(t, os.WriteFile(p, []byte("a long answer"), 0o600))
+	f, err := os.Open(p)
+	require.NoError(t, err)
+	defer f.Close()
+	lim := slots.NewLimiter(1)
+	s, err := lim.TryAcquire()
+	require.NoError(t, err)
+	_, err = io.Copy(io.Discard, slots.WrapBody(f, s))
+	require.NoError(t, err)
+	assert.Equal(t, 0, lim.InFlight(), "read to its end: freed")
 }

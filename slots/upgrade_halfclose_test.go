@@ -63,3 +63,60 @@ func TestUpgradeHalfCloseThroughAProxy(t *testing.T) {
 	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
 		"freed once the connection closed")
 }
+
+// An upgraded connection whose backend half-closes first keeps its slot
+// while the client may still send and the backend reads: the end of the
+// backend's side is not the end of the connection, which the upstream
+// counts until it closes. Before, the slot went back as the proxy read the
+// backend's EOF, and a second connection could be admitted while the
+// backend still held the first open. A connection closed after both
+// sides are done is no cut: the linger does not hold its slot.
+func TestUpgradeBackendHalfCloseKeepsTheSlot(t *testing.T) {
+	open := make(chan struct{}) // the backend is reading what the client sends
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\nhello\n")
+		_ = brw.Flush()
+		_ = conn.(*net.TCPConn).CloseWrite() // done sending
+		close(open)
+		got, _ := io.ReadAll(brw) // still reading, until the client's half-close
+		if string(got) != "more\n" {
+			t.Errorf("the backend read %q after its half-close", got)
+		}
+	}))
+	defer up.Close()
+	target, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	lim := slots.NewLimiter(1)
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() },
+			slots.WithLinger(time.Hour))})
+	defer gw.Close()
+	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
+	require.NoError(t, err)
+	defer conn.Close()
+	fmt.Fprint(conn, "GET /x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
+	got, err := io.ReadAll(br) // the backend's half-close, passed on by the proxy
+	require.NoError(t, err)
+	assert.Equal(t, "hello\n", string(got))
+	<-open
+	assert.Equal(t, 1, lim.InFlight(), "the backend still reads: the connection is open")
+	if s, err := lim.TryAcquire(); assert.ErrorIs(t, err, slots.ErrLimitReached, "no second connection while the first is open") == false {
+		s.Release()
+	}
+	fmt.Fprint(conn, "more\n")
+	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
+	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
+		"freed once the connection closed: its end, not a cut (no linger)")
+}
