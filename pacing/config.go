@@ -106,9 +106,11 @@ type Config struct {
 	// MinIntervalMS is a floor on the spacing of starts, in milliseconds.
 	MinIntervalMS int64 `json:"min_interval_ms,omitempty"`
 	// MaxQueue bounds the requests waiting; the newest over it is rejected.
-	// 0, like leaving it out, is DefaultMaxQueue (see QueueLimit).
+	// 0, like leaving it out, is DefaultMaxQueue (see QueueLimit); to let
+	// none wait, set MaxQueuePerFlow to 0.
 	MaxQueue int `json:"max_queue,omitempty"`
-	// MaxQueueWaitMS bounds how long a request waits, in milliseconds.
+	// MaxQueueWaitMS bounds how long a request waits, in milliseconds: at
+	// most MaxMS; 0, like leaving it out, is DefaultMaxQueueWait.
 	MaxQueueWaitMS int64 `json:"max_queue_wait_ms,omitempty"`
 	// OnWaitTimeout is Reject (the default) or Proceed.
 	OnWaitTimeout string `json:"on_wait_timeout,omitempty"`
