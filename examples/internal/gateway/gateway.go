@@ -42,7 +42,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"sync"
-	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -73,28 +72,27 @@ type Gateway struct {
 	// fleet the local mirror of fleetTenants (for sweeps and metrics).
 	tenants     *registry.Registry[tenant]
 	admitTenant func(tenant) (*slots.Slot, error)
-	// tenantEvents observes the tenant cap's admissions; disabledOrgs
-	// counts the refusals of orgs switched off, made before the cap, and
-	// overBudget those of orgs over their budgets, made after it.
-	tenantEvents slots.Observer
-	disabledOrgs atomic.Uint64
-	overBudget   atomic.Uint64
-	fleetTenants *fleet.Registry[tenant] // nil without a fleet
-	caps         *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
-	fleetLearns  bool                    // some of caps are learned
-	fleetModels  []string                // the models whose caps the fleet learns
-	rdb          *redis.Client           // the fleet's on Redis; nil without one
-	pool         *pgxpool.Pool           // the fleet's on PostgreSQL; nil without one
-	listen       *pgx.ConnConfig         // the fleet's listening connection's (postgres_listen_url); nil: the pool's
-	gate         *pacing.Gate
-	monitor      *sweep.Monitor[tenant]
-	proxy        *httputil.ReverseProxy
-	public       http.Handler // the model API and /metrics (and admin without its own listener)
-	admin        http.Handler // the admin and debug endpoints behind the token; nil without admin
-	adminApart   bool         // admin is served on its own listener
-	metrics      *prometheus.Registry
-	prom         *inflightprom.Provider // the provider's caps on /metrics, counted from each request's Trace
-	named        map[string]struct{}    // the models the config names; read-only after New
+	// tenantEvents observes the tenant cap's admissions; tenantRefused
+	// counts its refusals by reason, with those of orgs switched off (made
+	// before the cap) and over their budgets (made after it).
+	tenantEvents  slots.Observer
+	tenantRefused refusalCounts
+	fleetTenants  *fleet.Registry[tenant] // nil without a fleet
+	caps          *fleet.Registry[string] // the provider and model caps across the fleet; nil without one
+	fleetLearns   bool                    // some of caps are learned
+	fleetModels   []string                // the models whose caps the fleet learns
+	rdb           *redis.Client           // the fleet's on Redis; nil without one
+	pool          *pgxpool.Pool           // the fleet's on PostgreSQL; nil without one
+	listen        *pgx.ConnConfig         // the fleet's listening connection's (postgres_listen_url); nil: the pool's
+	gate          *pacing.Gate
+	monitor       *sweep.Monitor[tenant]
+	proxy         *httputil.ReverseProxy
+	public        http.Handler // the model API and /metrics (and admin without its own listener)
+	admin         http.Handler // the admin and debug endpoints behind the token; nil without admin
+	adminApart    bool         // admin is served on its own listener
+	metrics       *prometheus.Registry
+	prom          *inflightprom.Provider // the provider's caps on /metrics, counted from each request's Trace
+	named         map[string]struct{}    // the models the config names; read-only after New
 	// orgRejections counts refusals by org, with metrics.per_org; else nil.
 	orgRejections *prometheus.CounterVec
 	apiKeys       map[string]string // each API key's secret, by id; read-only after New
@@ -413,7 +411,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	// The tenant's own cap: over it is the tenant's doing, answered at once.
 	ts, err := g.admitTenant(tenant{org, model})
 	if err != nil {
-		g.reject(w, r, "tenant", model, err)
+		g.rejectTenant(w, r, model, err)
 		return
 	}
 	defer ts.Release() // the handler runs until the stream has been relayed

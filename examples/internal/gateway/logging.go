@@ -127,9 +127,21 @@ func (l *rejectLog) allow(now time.Time) (bool, int) {
 // refusals as the cap's own would be: on /metrics (watchTenants), and to
 // its Observer (the OpenTelemetry adapter, the request's trace).
 func (g *Gateway) rejectDisabled(w http.ResponseWriter, r *http.Request, org, model string) {
-	g.disabledOrgs.Add(1)
+	g.tenantRefused.add("limit_reached")
 	g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: slots.ErrLimitReached, Context: r.Context()})
 	g.reject(w, r, "tenant", model, &slots.LimitError{Err: slots.ErrLimitReached, Key: tenant{org, model}.String()})
+}
+
+// rejectTenant answers a request over its tenant cap. The cap's TryAcquire
+// told its Observer without a context; the OpenTelemetry adapter is told
+// here instead, with the request's, so that the refusal is on its trace
+// (see tenantObserver).
+func (g *Gateway) rejectTenant(w http.ResponseWriter, r *http.Request, model string, err error) {
+	g.tenantRefused.add(rejectReason(err))
+	if g.tel != nil {
+		g.tel.tenants.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
+	}
+	g.reject(w, r, "tenant", model, err)
 }
 
 // rejectBudget answers a request refused by a budget (reserveBudgets) that
@@ -139,7 +151,7 @@ func (g *Gateway) rejectDisabled(w http.ResponseWriter, r *http.Request, org, mo
 // and to its Observer.
 func (g *Gateway) rejectBudget(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
 	if strings.HasPrefix(capName, "tenant") && errors.Is(err, pacing.ErrOverBudget) {
-		g.overBudget.Add(1)
+		g.tenantRefused.add("over_budget")
 		g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
 	}
 	g.reject(w, r, capName, model, err)

@@ -1,6 +1,8 @@
 package gateway
 
 import (
+	"sync"
+
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 
@@ -10,13 +12,18 @@ import (
 )
 
 // watchTenants exports the tenant cap, whose Observer c is: its registry's
-// counts, with the refusals of orgs switched off, made before the cap
-// (rejectDisabled), among its limit_reached.
+// counts, but for the refusals, counted as they are answered (rejectTenant,
+// and those of orgs switched off before the cap or over their budgets
+// after it: rejectDisabled, rejectBudget); with a fleet, the store refuses
+// without the registry's knowing.
 func (g *Gateway) watchTenants(c *inflightprom.Collector) {
 	inflightprom.Watch(c, func() inflightprom.Snapshot {
 		s := inflightprom.RegistrySnapshot(g.tenants)
-		s.Counts.Rejected["limit_reached"] += g.disabledOrgs.Load()
-		s.Counts.Rejected["over_budget"] += g.overBudget.Load()
+		for reason := range s.Counts.Rejected {
+			s.Counts.Rejected[reason] = 0 // the registry's: with a fleet, the store's refusals are not among them
+		}
+		s.Counts.Rejected["over_budget"] = 0
+		g.tenantRefused.into(s.Counts.Rejected)
 		return s
 	})
 	g.metrics.MustRegister(c)
@@ -128,4 +135,29 @@ func (g *Gateway) capsHeld(a pacing.Admission, model string) []string {
 		caps = append(caps, "api_key:"+a.Grant.Key)
 	}
 	return caps
+}
+
+// refusalCounts counts a cap's refusals by reason (rejectReason) as they
+// are answered.
+type refusalCounts struct {
+	mu sync.Mutex
+	by map[string]uint64
+}
+
+func (c *refusalCounts) add(reason string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.by == nil {
+		c.by = map[string]uint64{}
+	}
+	c.by[reason]++
+}
+
+// into writes the counts into m.
+func (c *refusalCounts) into(m map[string]uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for reason, n := range c.by {
+		m[reason] = n
+	}
 }

@@ -174,6 +174,9 @@ func (g *Gateway) tenantObserver(prom slots.Observer) slots.Observer {
 	}
 	return slots.ObserverFunc(func(e slots.Event) {
 		prom.Observe(e)
+		if e.Kind == slots.EventRejected && e.Context == nil {
+			return // the gateway's TryAcquire: told with its request's context (rejectTenant)
+		}
 		g.tel.tenants.Observe(e)
 	})
 }

@@ -25,6 +25,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
 func attrsOf(kvs []attribute.KeyValue) map[string]string {
@@ -290,4 +291,60 @@ func requestsByResult(t *testing.T, reader sdkmetric.Reader) map[string]int64 {
 		}
 	}
 	return requests
+}
+
+// A request over its org's tenant cap is refused at once (TryAcquire, no
+// context), and counted once by the OpenTelemetry adapter all the same:
+// with its request's context, so that the refusal is on its trace.
+func TestGatewayTracesTenantCapRefusals(t *testing.T) {
+	spans, reader, tel, _ := newTelemetry(t)
+	u := newUpstream(t)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"default_limit": 1}}`, tel...)
+
+	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3") // streams until the gate opens
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, held.StatusCode)
+	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, refused.Body)
+	require.NoError(t, refused.Body.Close())
+	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	close(u.gate)
+	_, _ = io.Copy(io.Discard, held.Body)
+	require.NoError(t, held.Body.Close())
+
+	assert.Equal(t, int64(1), requestsByResult(t, reader)["tenant/limit_reached"], "counted once")
+	refusals := 0
+	for _, s := range spans.GetSpans() {
+		if s.Name == "acquire tenant" && attrsOf(s.Attributes)["inflight.result"] == "limit_reached" {
+			assert.Equal(t, codes.Error, s.Status.Code)
+			assert.True(t, s.Parent.IsValid(), "a child of the request's span")
+			refusals++
+		}
+	}
+	assert.Equal(t, 1, refusals, "the refusal on its request's trace")
+}
+
+// With a fleet the store refuses a request over its org's tenant cap, not
+// this gateway's registry: the refusal is counted all the same, once, on
+// /metrics and by the OpenTelemetry adapter. Before, /metrics counted none.
+func TestGatewayCountsFleetTenantRefusals(t *testing.T) {
+	_, reader, tel, _ := newTelemetry(t)
+	u := newUpstream(t)
+	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"default_limit": 1},
+		"fleet": {"redis_url": "redis://`+redistest.Start(t).Addr+`/0"}}`, tel...)
+	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	require.Equal(t, http.StatusOK, held.StatusCode)
+	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, refused.Body)
+	require.NoError(t, refused.Body.Close())
+	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	close(u.gate)
+	_, _ = io.Copy(io.Discard, held.Body)
+	require.NoError(t, held.Body.Close())
+
+	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="limit_reached"} 1`)
+	assert.Equal(t, int64(1), requestsByResult(t, reader)["tenant/limit_reached"])
 }
