@@ -44,3 +44,16 @@ func Remade[M ~map[K]V, K comparable, V any](m M, peak *int, minPeak int) M {
 	*peak = n
 	return fresh
 }
+
+// Trimmed is Remade for a slice: s, or, once it has shrunk to a quarter of
+// its array (of minCap or more), a copy of it, as slices.Delete keeps the
+// array; nil when s is empty.
+func Trimmed[S ~[]E, E any](s S, minCap int) S {
+	switch {
+	case len(s) == 0:
+		return nil
+	case cap(s) >= minCap && len(s)*4 <= cap(s):
+		return slices.Clone(s)
+	}
+	return s
+}

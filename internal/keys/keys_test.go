@@ -50,3 +50,15 @@ func TestRemade(t *testing.T) {
 	kept["z"] = 1
 	assert.Equal(t, 1, m["z"], "under minPeak: kept")
 }
+
+// TestTrimmed: a slice keeps its array until it is down to a quarter of
+// it (from minCap on); then the copy holds only what is live. Empty is nil.
+func TestTrimmed(t *testing.T) {
+	s := make([]int, 100)
+	assert.Equal(t, 100, cap(Trimmed(s[:26], 64)), "over a quarter: kept")
+	trimmed := Trimmed(s[:25], 64)
+	assert.Len(t, trimmed, 25)
+	assert.Less(t, cap(trimmed), 100, "a quarter: copied")
+	assert.Equal(t, 50, cap(Trimmed(make([]int, 1, 50), 64)), "under minCap: kept")
+	assert.Nil(t, Trimmed(s[:0], 64))
+}

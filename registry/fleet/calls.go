@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/inflight-go/inflight/internal/keys"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
@@ -211,14 +212,7 @@ func (q *calls) removeLocked(c *scriptCall) {
 
 // trimLocked lets the array of the queue go once a burst has passed:
 // slices.Delete keeps a slice's capacity.
-func (q *calls) trimLocked() {
-	switch {
-	case len(q.pending) == 0:
-		q.pending = nil
-	case cap(q.pending) >= minRemade && len(q.pending)*4 <= cap(q.pending):
-		q.pending = slices.Clone(q.pending)
-	}
-}
+func (q *calls) trimLocked() { q.pending = keys.Trimmed(q.pending, minRemade) }
 
 // callAlone sends one call alone, and lets the breaker count how it went
 // (unless the caller's ctx ended: that is not the store's failure). The

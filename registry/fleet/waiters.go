@@ -4,6 +4,8 @@ import (
 	"math/rand/v2"
 	"slices"
 	"time"
+
+	"github.com/inflight-go/inflight/internal/keys"
 )
 
 // waiter is one caller of this process waiting in Acquire.
@@ -106,12 +108,9 @@ func (r *Registry[K]) dequeue(w *waiter) {
 		} else {
 			q = slices.Delete(q, i, i+1)
 		}
-		switch {
-		case len(q) == 0:
+		if q = keys.Trimmed(q, minRemade); q == nil {
 			delete(r.waits.queues, k)
 			continue
-		case cap(q) >= minRemade && len(q)*4 <= cap(q):
-			q = slices.Clone(q) // let a burst's array go
 		}
 		r.waits.queues[k] = q
 		if slices.Contains(w.blocked, k) {
