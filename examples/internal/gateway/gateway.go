@@ -86,6 +86,7 @@ type Gateway struct {
 	listen        *pgx.ConnConfig         // the fleet's listening connection's (postgres_listen_url); nil: the pool's
 	gate          *pacing.Gate
 	monitor       *sweep.Monitor[tenant]
+	sweepOpts     []sweep.Option // WithSweep's
 	proxy         *httputil.ReverseProxy
 	public        http.Handler // the model API and /metrics (and admin without its own listener)
 	admin         http.Handler // the admin and debug endpoints behind the token; nil without admin
@@ -211,7 +212,7 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 		g.Close()
 		return nil, err
 	}
-	g.monitor = sweep.New(g.tenants, sweep.WithLogger(g.log))
+	g.monitor = sweep.New(g.tenants, g.sweepOptions()...)
 
 	g.proxy = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {

@@ -20,6 +20,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep"
 	"github.com/inflight-go/inflight/sweep/inflightotel"
 )
 
@@ -164,6 +165,24 @@ func (g *Gateway) watchTelemetry() error {
 	var err error
 	g.tel.learned, err = inflightotel.NewLearnedCaps("provider", g, inflightotel.WithMeterProvider(g.tel.meters))
 	return err
+}
+
+// WithSweep adds options to the Monitor of the tenants' holders (sweep.New):
+// how often it sweeps and past what a slot is held long (defaults 60 s and
+// 30 min); for tests.
+func WithSweep(opts ...sweep.Option) Option {
+	return func(g *Gateway) { g.sweepOpts = append(g.sweepOpts, opts...) }
+}
+
+// sweepOptions are the Monitor's: its log, WithSweep's, and with telemetry
+// the OpenTelemetry adapter, which exports the slots it finds held long
+// (inflight.slot.long_held).
+func (g *Gateway) sweepOptions() []sweep.Option {
+	opts := append([]sweep.Option{sweep.WithLogger(g.log)}, g.sweepOpts...)
+	if g.tel != nil {
+		opts = append(opts, sweep.WithObserver(g.tel.tenants))
+	}
+	return opts
 }
 
 // tenantObserver is what the tenants' registry reports to: the Prometheus

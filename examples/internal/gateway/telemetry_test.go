@@ -26,6 +26,7 @@ import (
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
+	"github.com/inflight-go/inflight/sweep"
 )
 
 func attrsOf(kvs []attribute.KeyValue) map[string]string {
@@ -303,6 +304,7 @@ func TestGatewayTracesTenantCapRefusals(t *testing.T) {
 
 	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3") // streams until the gate opens
 	require.NoError(t, err)
+	defer held.Body.Close() // should the test fail first: the upstream waits for it
 	require.Equal(t, http.StatusOK, held.StatusCode)
 	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
 	require.NoError(t, err)
@@ -335,6 +337,7 @@ func TestGatewayCountsFleetTenantRefusals(t *testing.T) {
 		"fleet": {"redis_url": "redis://`+redistest.Start(t).Addr+`/0"}}`, tel...)
 	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
 	require.NoError(t, err)
+	defer held.Body.Close() // should the test fail first: the upstream waits for it
 	require.Equal(t, http.StatusOK, held.StatusCode)
 	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
 	require.NoError(t, err)
@@ -347,4 +350,43 @@ func TestGatewayCountsFleetTenantRefusals(t *testing.T) {
 
 	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="limit_reached"} 1`)
 	assert.Equal(t, int64(1), requestsByResult(t, reader)["tenant/limit_reached"])
+}
+
+// A tenant slot held past the sweep's threshold is exported over
+// OpenTelemetry as inflight.slot.long_held, and no longer once it is
+// released. Before, the gateway's Monitor only logged it.
+func TestGatewayExportsLongHeldSlots(t *testing.T) {
+	_, reader, tel, _ := newTelemetry(t)
+	u := newUpstream(t)
+	opts := append(tel, WithSweep(sweep.WithInterval(5*time.Millisecond), sweep.WithThreshold(time.Millisecond)))
+	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s"}`, opts...)
+	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3") // streams until the gate opens
+	require.NoError(t, err)
+	defer held.Body.Close() // should the test fail first: the upstream waits for it
+	require.Equal(t, http.StatusOK, held.StatusCode)
+	waitFor(t, "the stream's tenant slot exported as long held", func() bool { return longHeld(t, reader) == 1 })
+	close(u.gate)
+	_, _ = io.Copy(io.Discard, held.Body)
+	require.NoError(t, held.Body.Close())
+	waitFor(t, "no slot held long once it is released", func() bool { return longHeld(t, reader) == 0 })
+}
+
+// longHeld reads the tenant cap's inflight.slot.long_held from reader.
+func longHeld(t *testing.T, reader sdkmetric.Reader) int64 {
+	t.Helper()
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if m.Name != "inflight.slot.long_held" {
+				continue
+			}
+			for _, p := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+				if c, _ := p.Attributes.Value("inflight.cap"); c.AsString() == "tenant" {
+					return p.Value
+				}
+			}
+		}
+	}
+	return -1
 }
