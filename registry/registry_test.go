@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"strings"
 	"sync"
@@ -777,3 +778,21 @@ func (k *keyLog) Handle(_ context.Context, r slog.Record) error {
 }
 func (k *keyLog) WithAttrs([]slog.Attr) slog.Handler { return k }
 func (k *keyLog) WithGroup(string) slog.Handler      { return k }
+
+// TestLimiterOptionsAreTyped: a Registry takes every option of package
+// slots and its own; a Limiter does not take the Registry's, and passing
+// one to NewLimiter does not compile.
+func TestLimiterOptionsAreTyped(t *testing.T) {
+	limiterOption := reflect.TypeFor[slots.Option]()
+	registryOption := reflect.TypeFor[registry.Option]()
+	for name, o := range map[string]registry.Option{
+		"shards":    registry.WithShards(4),
+		"key bytes": registry.WithMaxKeyBytes(8),
+	} {
+		assert.False(t, reflect.TypeOf(o).Implements(limiterOption), "%s is no slots.Option", name)
+	}
+	assert.True(t, reflect.TypeOf(slots.WithMaxWait(time.Second)).Implements(registryOption), "a Registry takes the options of slots")
+	assert.True(t, reflect.TypeOf(slots.WithClock(nil)).Implements(registryOption))
+	_ = registry.New[string](1, slots.WithMaxWait(time.Second), registry.WithShards(4))
+	assert.NotNil(t, registry.New[string](1, nil), "a nil option is ignored")
+}

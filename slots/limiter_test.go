@@ -6,7 +6,6 @@ import (
 	"log/slog"
 	"math/rand/v2"
 	"net/http"
-	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -19,7 +18,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
-	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -503,23 +501,6 @@ func (h sinkHandler) Handle(_ context.Context, r slog.Record) error {
 func (h sinkHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h sinkHandler) WithGroup(string) slog.Handler      { return h }
 
-// TestLimiterOptionsAreTyped: a Registry takes every option of package
-// slots and its own; a Limiter does not take the Registry's, and passing
-// one to NewLimiter does not compile.
-func TestLimiterOptionsAreTyped(t *testing.T) {
-	limiterOption := reflect.TypeFor[slots.Option]()
-	registryOption := reflect.TypeFor[registry.Option]()
-	for name, o := range map[string]registry.Option{
-		"shards":    registry.WithShards(4),
-		"key bytes": registry.WithMaxKeyBytes(8),
-	} {
-		assert.False(t, reflect.TypeOf(o).Implements(limiterOption), "%s is no slots.Option", name)
-	}
-	assert.True(t, reflect.TypeOf(slots.WithMaxWait(time.Second)).Implements(registryOption), "a Registry takes the options of slots")
-	assert.True(t, reflect.TypeOf(slots.WithClock(nil)).Implements(registryOption))
-	_ = registry.New[string](1, slots.WithMaxWait(time.Second), registry.WithShards(4))
-}
-
 // TestNilOptionsAreIgnored: a nil option configures nothing, on every
 // constructor of the package, rather than a nil call's panic.
 func TestNilOptionsAreIgnored(t *testing.T) {
@@ -531,7 +512,6 @@ func TestNilOptionsAreIgnored(t *testing.T) {
 	s.Release()
 	assert.NotNil(t, slots.NewTransport(http.DefaultTransport, func(*http.Request) (*slots.Slot, error) { return nil, nil }, nil))
 	assert.NotNil(t, slots.Middleware(func(*http.Request) (*slots.Slot, error) { return nil, nil }, nil))
-	assert.NotNil(t, registry.New[string](1, nil))
 }
 
 // TestZeroLimitersKeepTheirOwnCounts: zero-value Limiters are apart, as

@@ -19,7 +19,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
@@ -67,7 +67,7 @@ func learnPQ(t *testing.T, c *redis.Client, name string) *Registry[string] {
 	t.Helper()
 	r := New[string](redisstore.New(c, name), 100, WithLogger(quiet()))
 	for _, k := range []string{"p", "q"} {
-		require.NoError(t, r.Learn(k, pacing.AdaptiveConfig{}))
+		require.NoError(t, r.Learn(k, upstream.AdaptiveConfig{}))
 		settled(t, r, k)
 	}
 	return r
@@ -115,10 +115,10 @@ func TestLearnedCapLogHandlerPanics(t *testing.T) {
 	var fired atomic.Bool
 	r := New[string](redisstore.New(srv.Client(), "le-log"), 100, WithLogger(slog.New(panicHandler{match: "learned cap", fired: &fired})))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	s, err := r.TryAcquire("p")
 	require.NoError(t, err)
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency})
 	require.True(t, fired.Load())
 	require.True(t, lockFree(r), "a lock left locked by a panicking log handler")
 	s.Release()
@@ -151,7 +151,7 @@ func TestLearnedCapLimitFuncPanicEndsTheSync(t *testing.T) {
 		return 50
 	}}, WithLogger(quiet()))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30}))
 	settled(t, r, "p")
 	armed.Store(true)
 	r.learnedStale() // a read, which the store answers
@@ -160,7 +160,7 @@ func TestLearnedCapLimitFuncPanicEndsTheSync(t *testing.T) {
 	settled(t, r, "p") // synced again, by the learner
 
 	held := holdP(t, 30, r)
-	r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(held[29], upstream.Verdict{Kind: upstream.Concurrency})
 	assert.Empty(t, learnOf(r, "p").pending, "the cut is written when Report returns")
 	assert.Equal(t, 29, r.Learned("p").Cap)
 	for _, s := range held {
@@ -182,7 +182,7 @@ func TestLimitFuncNotAskedForKeysNotLearned(t *testing.T) {
 		return 50
 	}}, WithLogger(quiet()))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30}))
 	settled(t, r, "p")
 	r.SetLimit("x", 5)
 	r.ClearLimit("x")
@@ -205,7 +205,7 @@ func TestLearnedCapLimitFuncPanics(t *testing.T) {
 		return 50
 	}}, WithLogger(quiet()))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{}))
 	settled(t, r, "p")
 	armed.Store(true)
 	fwUntil(t, "the learner calls Keys.Limit", fired.Load)
@@ -250,7 +250,7 @@ func TestLearnedCapEvidenceDuringASync(t *testing.T) {
 	c.AddHook(h)
 	r = New[string](redisstore.New(c, "le-pending"), 100)
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{}))
 	settled(t, r, "p")
 	h.armed.Store(true)
 	r.learnedStale()
@@ -266,11 +266,11 @@ func TestLearnDuringASync(t *testing.T) {
 	c := srv.Client()
 	var r *Registry[string]
 	h := &stateHook{}
-	h.fn = func(string) { _ = r.Learn("p", pacing.AdaptiveConfig{Max: 8}) }
+	h.fn = func(string) { _ = r.Learn("p", upstream.AdaptiveConfig{Max: 8}) }
 	c.AddHook(h)
 	r = New[string](redisstore.New(c, "le-relearn"), 100)
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Max: 64, Initial: 30}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Max: 64, Initial: 30}))
 	settled(t, r, "p")
 	h.armed.Store(true)
 	r.learnedStale()
@@ -314,7 +314,7 @@ func TestLearnedCapMessageDuringASync(t *testing.T) {
 	c.AddHook(h)
 	r = New[string](redisstore.New(c, "le-stale"), 100)
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30}))
 	s, err := r.TryAcquire("q") // a reply tells r the epoch, which messages carry
 	require.NoError(t, err)
 	s.Release()
@@ -334,11 +334,11 @@ func TestLearnedCapRefusalGoesToTheLastKey(t *testing.T) {
 	defer r.Close()
 	keys := []string{"a", "b", "c", "d", "e", "f"}
 	for _, k := range keys[:5] {
-		require.NoError(t, r.Learn(k, pacing.AdaptiveConfig{Initial: 10}))
+		require.NoError(t, r.Learn(k, upstream.AdaptiveConfig{Initial: 10}))
 	}
 	s, err := r.TryAcquireAll(keys...)
 	require.NoError(t, err)
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency})
 	s.Release()
 	assert.Equal(t, 10, r.Learned("d").Cap, "d is not the last learned key")
 	assert.Less(t, r.Learned("e").Cap, 10, "e, the last learned key, takes the refusal")
@@ -351,7 +351,7 @@ func TestForgetReturnsTheLocalLimit(t *testing.T) {
 	lim.Store(10)
 	r := NewWithKeys(redisstore.New(srv.Client(), "le-forget"), 100, Keys[string]{Limit: func(string) int { return int(lim.Load()) }})
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 4}))
 	require.Equal(t, 5, r.Local().Limit("p"), "the learned limit: 4, and a probe")
 	r.Forget("p")
 	lim.Store(3)
@@ -381,7 +381,7 @@ func TestLearnedStateKeptWhileRead(t *testing.T) {
 	c := srv.Client()
 	r := New[string](redisstore.New(c, "le-ttl"), 100)
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 64}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10, Max: 64}))
 	settled(t, r, "p")
 	key := learnKey(r, "p")
 	require.NoError(t, c.PExpire(context.Background(), key, 3*time.Second).Err()) // as if the day had nearly passed
@@ -399,7 +399,7 @@ func TestLearnedStateKeptWhileRead(t *testing.T) {
 func TestStartCeiling(t *testing.T) {
 	srv := redistest.Start(t)
 	rs := fwFleet(t, srv, "le-ceiling", 2, 1000)
-	require.NoError(t, rs[1].Learn("k", pacing.AdaptiveConfig{Initial: 1000})) // starts of a learned key are numbered
+	require.NoError(t, rs[1].Learn("k", upstream.AdaptiveConfig{Initial: 1000})) // starts of a learned key are numbered
 	base := time.Now()
 	wallAhead := func() int64 { // the wall clock's lead on the monotonic one since base, µs
 		now := time.Now()
@@ -447,7 +447,7 @@ func TestLearnedStateNotACap(t *testing.T) {
 	for _, v := range []string{"null", `{"k":"p","v":3,"cap":{}}`, `{"k":"q","v":3,"cap":{"lo":2,"hi":2,"step":1,"gap":1}}`} {
 		require.NoError(t, c.Set(context.Background(), learnKey(r, "p"), v, time.Hour).Err())
 		r.Forget("p")
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4}))
+		require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 4}))
 		settled(t, r, "p")
 		lk := learnOf(r, "p")
 		assert.True(t, lk.cap.Valid(), v)
@@ -463,10 +463,10 @@ func TestLearnedCapOnCluster(t *testing.T) {
 	defer a.Close()
 	b := New[string](redisstore.New(cl.Client(), "le-cluster"), 100)
 	defer b.Close()
-	require.NoError(t, a.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
-	require.NoError(t, b.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, a.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, b.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	held := holdP(t, 5, a)
-	a.Report(held[4], pacing.Verdict{Kind: pacing.Concurrency})
+	a.Report(held[4], upstream.Verdict{Kind: upstream.Concurrency})
 	fwUntil(t, "the other process learns the cut", func() bool { return b.Learned("p").Cap == 4 })
 	for _, s := range held {
 		s.Release()
@@ -502,7 +502,7 @@ func TestLearnedCapWriteRefused(t *testing.T) {
 	var logged atomic.Int64
 	r := New[string](redisstore.New(c, "le-acl"), 100, WithLogger(slog.New(recordHandler{match: "learned cap not written", n: &logged})))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{}))
 	fwUntil(t, "the refusal logged", func() bool { return logged.Load() > 0 })
 	for range 20 {
 		s, err := r.TryAcquire("q")
@@ -541,7 +541,7 @@ func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
 	defer a.Close()
 	b := New[string](redisstore.New(srv.Client(), "le-stale-start"), 100, WithLogger(quiet()))
 	defer b.Close()
-	cfg := pacing.AdaptiveConfig{Initial: 4, Max: 64}
+	cfg := upstream.AdaptiveConfig{Initial: 4, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
 	require.NoError(t, b.Learn("p", cfg))
 	settled(t, a, "p")
@@ -550,7 +550,7 @@ func TestLearnedCapStartBeforeACutFleet(t *testing.T) {
 	h.armed.Store(true)         // A's next write of p waits for B's cut
 	s, err := a.TryAcquire("p") // count 5: a probe
 	require.NoError(t, err)
-	b.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency}) // count 4: a cut, written now
+	b.Report(held[3], upstream.Verdict{Kind: upstream.Concurrency}) // count 4: a cut, written now
 	require.Equal(t, 3, b.Learned("p").Cap)
 	close(cutDone)
 	for _, r := range []*Registry[string]{a, b} {
@@ -578,7 +578,7 @@ func TestLearnedCapClearLimitPanics(t *testing.T) {
 		}
 		return 50
 	}}, WithLogger(quiet()))
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{}))
 	armed.Store(true)
 	func() {
 		defer func() { _ = recover() }()
@@ -611,7 +611,7 @@ func TestLearnedCapMessageLimitFuncPanics(t *testing.T) {
 			return 100
 		}}, WithLogger(quiet()))
 		defer b.Close()
-		cfg := pacing.AdaptiveConfig{Initial: 4}
+		cfg := upstream.AdaptiveConfig{Initial: 4}
 		require.NoError(t, a.Learn("p", cfg))
 		require.NoError(t, b.Learn("p", cfg))
 		settled(t, a, "p")
@@ -619,7 +619,7 @@ func TestLearnedCapMessageLimitFuncPanics(t *testing.T) {
 		s, err := a.TryAcquire("p")
 		require.NoError(t, err)
 		armed.Store(true)
-		a.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // published: b takes it
+		a.Report(s, upstream.Verdict{Kind: upstream.Concurrency}) // published: b takes it
 		s.Release()
 		fwUntil(t, "b takes the message", panicked.Load)
 		armed.Store(false)
@@ -674,12 +674,12 @@ func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
 	admin := srv.Client()
 	a := New[string](redisstore.New(srv.Client(), "le-loss-version"), 100, WithLogger(quiet()))
 	defer a.Close()
-	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
+	cfg := upstream.AdaptiveConfig{Initial: 10, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
 	settled(t, a, "p")
 	held := holdP(t, 10, a)
-	a.Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
-	a.Report(held[0], pacing.Verdict{Kind: pacing.Concurrency})
+	a.Report(held[9], upstream.Verdict{Kind: upstream.Concurrency})
+	a.Report(held[0], upstream.Verdict{Kind: upstream.Concurrency})
 	for _, s := range held {
 		s.Release()
 	}
@@ -693,7 +693,7 @@ func TestLearnedCapVersionsAfterDataLoss(t *testing.T) {
 	settled(t, c, "p")
 	s, err := c.TryAcquire("p")
 	require.NoError(t, err)
-	c.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	c.Report(s, upstream.Verdict{Kind: upstream.Concurrency})
 	s.Release()
 	cut := c.Learned("p").Cap
 	within(t, 300*time.Millisecond, "a takes c's cut from its message", func() bool { return a.Learned("p").Cap == cut })
@@ -706,7 +706,7 @@ func TestForgetRacesSetLimit(t *testing.T) {
 	defer r.Close()
 	bad := 0
 	for i := range 10000 {
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{}))
+		require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{}))
 		n := 10 + i%50
 		done := make(chan struct{})
 		go func() { r.SetLimit("p", n); close(done) }()
@@ -731,7 +731,7 @@ func TestLearnedCapTwoDatabases(t *testing.T) {
 	defer a.Close()
 	b := New[string](redisstore.New(c2, "le-dbs"), 100, WithLogger(quiet()))
 	defer b.Close()
-	cfg := pacing.AdaptiveConfig{Initial: 10, Max: 64}
+	cfg := upstream.AdaptiveConfig{Initial: 10, Max: 64}
 	require.NoError(t, a.Learn("p", cfg))
 	require.NoError(t, b.Learn("p", cfg))
 	held := holdP(t, 10, a)
@@ -740,7 +740,7 @@ func TestLearnedCapTwoDatabases(t *testing.T) {
 	s.Release()
 	settled(t, b, "p")
 	readAt, changes := learnOf(b, "p").readAt, b.Learned("p").Changes
-	a.Report(held[9], pacing.Verdict{Kind: pacing.Concurrency}) // a's cut, published
+	a.Report(held[9], upstream.Verdict{Kind: upstream.Concurrency}) // a's cut, published
 	require.Equal(t, 9, a.Learned("p").Cap)
 	for _, s := range held {
 		s.Release()
@@ -755,7 +755,7 @@ func TestLearnRacesForget(t *testing.T) {
 	srv := redistest.Start(t)
 	r := New[string](redisstore.New(srv.Client(), "le-learn-forget"), 100, WithLogger(quiet()))
 	defer r.Close()
-	cfg := pacing.AdaptiveConfig{Initial: 4}
+	cfg := upstream.AdaptiveConfig{Initial: 4}
 	bad := 0
 	for range 20000 {
 		require.NoError(t, r.Learn("p", cfg))
@@ -799,7 +799,7 @@ func TestLearnedCapCutAfterASlowReply(t *testing.T) {
 	c.AddHook(h)
 	r := New[string](redisstore.New(c, "le-cutseq"), 100, WithLogger(quiet()))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 4, Max: 64}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 4, Max: 64}))
 	settled(t, r, "p")
 	var held []*slots.Slot
 	for i := range 4 {
@@ -808,7 +808,7 @@ func TestLearnedCapCutAfterASlowReply(t *testing.T) {
 		require.NoError(t, err)
 		held = append(held, s)
 	}
-	r.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(held[3], upstream.Verdict{Kind: upstream.Concurrency})
 	cut := int64(learnOf(r, "p").cap.CutSeq) * 1000
 	ahead := time.Duration(cut - r.clock.nanos())
 	assert.Less(t, ahead, 10*time.Millisecond, "the cut's number is a few milliseconds ahead at most, not a slow reply's 150")
@@ -900,7 +900,7 @@ func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
 		t.Run(v, func(t *testing.T) {
 			r := New[string](redisstore.New(srv.Client(), fmt.Sprintf("le-odd-%d", i)), 100, WithLogger(quiet()))
 			defer r.Close()
-			require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
+			require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30, Max: 64}))
 			settled(t, r, "p")
 			lk := learnOf(r, "p")
 			raw, err := admin.Get(context.Background(), learnKey(r, lk.name)).Result()
@@ -913,7 +913,7 @@ func TestLearnedCapOddVersionIsWrittenOver(t *testing.T) {
 			require.NoError(t, admin.Set(context.Background(), learnKey(r, lk.name), odd, time.Hour).Err())
 
 			held := holdP(t, 30, r)
-			r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency}) // a cut, written before Report returns
+			r.Report(held[29], upstream.Verdict{Kind: upstream.Concurrency}) // a cut, written before Report returns
 			for _, s := range held {
 				s.Release()
 			}
@@ -934,7 +934,7 @@ func TestLearnedCapWriteStartsFromTheStoredState(t *testing.T) {
 	admin := srv.Client()
 	r := New[string](redisstore.New(srv.Client(), "le-clamp"), 100, WithLogger(quiet()))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30, Max: 64}))
 	settled(t, r, "p")
 	r.learned.mu.Lock()
 	lk := r.learned.learning["p"]
@@ -970,10 +970,10 @@ func TestLearnedCapSetNotPublished(t *testing.T) {
 	var logged atomic.Int64
 	r := New[string](redisstore.New(c, "le-nopub"), 100, WithLogger(slog.New(recordHandler{match: "not published", n: &logged})))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30, Max: 64}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30, Max: 64}))
 	settled(t, r, "p")
 	held := holdP(t, 30, r)
-	r.Report(held[29], pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(held[29], upstream.Verdict{Kind: upstream.Concurrency})
 	for _, s := range held {
 		s.Release()
 	}

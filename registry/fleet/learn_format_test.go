@@ -17,7 +17,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/learn"
 	"github.com/inflight-go/inflight/internal/testrig"
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 )
@@ -43,7 +43,7 @@ func laterFormatLeftAlone(t *testing.T, written int, f string) {
 	var logged testrig.Buffer
 	r := New[string](ms, 100, WithLogger(slog.New(slog.NewTextHandler(&logged, nil))), WithLearnedFormat(written))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	settled(t, r, "p")
 	res, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", TTL: time.Hour})
 	require.NoError(t, err)
@@ -66,7 +66,7 @@ func laterFormatLeftAlone(t *testing.T, written int, f string) {
 	w, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", Presumed: res.Version, State: later, TTL: time.Hour})
 	require.NoError(t, err)
 	require.True(t, w.Wrote)
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // at 1 in flight: the cap is cut to 1
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency}) // at 1 in flight: the cap is cut to 1
 	s.Release()
 	r.flushLearned("p")
 	assert.Equal(t, 1, r.Learned("p").Cap, "its own evidence, on its own cap")
@@ -93,14 +93,14 @@ func TestLearnedStateOfTheReleaseBeforeTaken(t *testing.T) {
 
 	r := New[string](ms, 100, WithLogger(slog.New(slog.DiscardHandler)))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 3, Max: 50}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 3, Max: 50}))
 	settled(t, r, "p")
 	assert.Equal(t, 12, r.Learned("p").Cap, "the release before's cap taken")
 	assert.Equal(t, 50, r.Learned("p").Max, "under this process's bounds")
 
 	s, err := r.TryAcquire("p")
 	require.NoError(t, err)
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // at 1 in flight: the cap is cut to 1
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency}) // at 1 in flight: the cap is cut to 1
 	s.Release()
 	r.flushLearned("p")
 	now, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: "p", TTL: time.Hour})
@@ -135,13 +135,13 @@ func TestLearnedFormatOne(t *testing.T) {
 	ms := memstore.New()
 	two := New[string](ms, 100, WithLogger(quiet()))
 	defer two.Close()
-	require.NoError(t, two.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, two.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	settled(t, two, "p")
 	require.Equal(t, 2, read(ms).F, "the default writes format 2")
 
 	one := New[string](ms, 100, WithLogger(quiet()), WithLearnedFormat(1))
 	defer one.Close()
-	require.NoError(t, one.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+	require.NoError(t, one.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	settled(t, one, "p")
 	st := read(ms)
 	assert.Equal(t, 1, st.F, "written over in format 1, with no evidence")
@@ -150,7 +150,7 @@ func TestLearnedFormatOne(t *testing.T) {
 
 	s, err := one.TryAcquire("p")
 	require.NoError(t, err)
-	one.Report(s, pacing.Verdict{Kind: pacing.Concurrency}) // at 1 in flight: the cap is cut to 1
+	one.Report(s, upstream.Verdict{Kind: upstream.Concurrency}) // at 1 in flight: the cap is cut to 1
 	s.Release()
 	one.flushLearned("p")
 	st = read(ms)

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
@@ -73,7 +73,7 @@ func TestAdmissionOverACutMeanwhileIsGivenBack(t *testing.T) {
 				require.Equal(t, 10, r.Limit("p"))
 				// The ninth start is refused by the upstream, and reported
 				// while the tenth's call is on its way with limit 10.
-				s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+				s.cut = func() { r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency}) }
 				s.armed.Store(true)
 				if !wait {
 					_, err := r.TryAcquire("p")
@@ -161,7 +161,7 @@ func TestGivenBackAdmissionServesUnderTheCut(t *testing.T) {
 		s := &faultyCutStore{cutMidCall: cutMidCall{Store: mem}}
 		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 9)
-		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.cut = func() { r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency}) }
 		// Another process's waiter, queued while the given-back lease is in
 		// the store (count 10, its limit 10).
 		queued := func() {
@@ -202,7 +202,7 @@ func TestGivenBackStartIsNoEvidence(t *testing.T) {
 		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 9)
 		s.cut = func() {
-			r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency})
+			r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency})
 			time.Sleep(5 * time.Millisecond) // the call waits for the row lock: its start is after the cut
 			s.failAdmits.Store(1 << 20)      // the store is unreachable from the waiter's next call on
 		}
@@ -230,7 +230,7 @@ func TestGivenBackStartIsNoEvidence(t *testing.T) {
 		require.NotNil(t, sl)
 		require.True(t, sl.Degraded())
 		before := r.Learned("p")
-		r.Report(sl, pacing.Verdict{Kind: pacing.Admitted})
+		r.Report(sl, upstream.Verdict{Kind: upstream.Admitted})
 		after := r.Learned("p")
 		assert.Equal(t, before.Cap, after.Cap, "a report on a Slot admitted outside the store moved the cap (by the given-back start's count)")
 		sl.Release()
@@ -265,7 +265,7 @@ func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
 		// The claim's call meets the cut on its way; two waiters of another
 		// process queue behind it meanwhile.
 		s.cut = func() {
-			r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency})
+			r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency})
 			other("o1")
 			other("o2")
 		}
@@ -295,7 +295,7 @@ func TestGivenBackClaimWaitsPastTheQueueBound(t *testing.T) {
 // end of t, and returns it once its state is read.
 func learnsTen(t *testing.T, r *Registry[string]) *Registry[string] {
 	t.Cleanup(r.Close)
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10, Max: 10}))
 	synctest.Wait()
 	return r
 }
@@ -348,7 +348,7 @@ func TestOverACutCtxEndsBetweenTheCalls(t *testing.T) {
 		held := holdSpaced(t, r, 9)
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.cut = func() { r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency}) }
 		s.after = cancel
 		s.armed.Store(true)
 		_, err := r.Acquire(ctx, "p")
@@ -366,7 +366,7 @@ func TestOverACutBelowTheUnits(t *testing.T) {
 		s := &cutMidCall{Store: memstore.New()}
 		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
 		held := holdSpaced(t, r, 4)
-		s.cut = func() { r.Report(held[3], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.cut = func() { r.Report(held[3], upstream.Verdict{Kind: upstream.Concurrency}) }
 		s.armed.Store(true)
 		_, err := r.TryAcquireN("p", 6) // sent with limit 10: admitted at 10
 		require.Less(t, r.Limit("p"), 6, "the cap was cut below the units")
@@ -392,7 +392,7 @@ func TestOverACutBreakerOpenBetweenTheCalls(t *testing.T) {
 		}}, WithLogger(quiet()), WithUnavailable(FailClosed))
 		learnsTen(t, r)
 		held := holdSpaced(t, r, 9)
-		s.cut = func() { r.Report(held[8], pacing.Verdict{Kind: pacing.Concurrency}) }
+		s.cut = func() { r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency}) }
 		s.after = func() {
 			synctest.Wait() // the learner's LimitFunc calls are done
 			openNext.Store(true)
@@ -468,7 +468,7 @@ func queueTimeoutOverACut(t *testing.T) {
 	r := New[string](s, 100, WithLogger(quiet()), WithTimeout(100*time.Millisecond))
 	t.Cleanup(r.Close)
 	r.calls.max = 1
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10, Max: 10}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10, Max: 10}))
 	r2 := New[string](ms, 100, WithLogger(quiet()))
 	t.Cleanup(r2.Close)
 	synctest.Wait()
@@ -477,7 +477,7 @@ func queueTimeoutOverACut(t *testing.T) {
 	h, err := r.TryAcquire("p")  // the ninth start
 	require.NoError(t, err)
 
-	s.cut = func() { r.Report(h, pacing.Verdict{Kind: pacing.Concurrency}) }
+	s.cut = func() { r.Report(h, upstream.Verdict{Kind: upstream.Concurrency}) }
 	blocker := make(chan error, 1)
 	s.after = func() {
 		go func() {

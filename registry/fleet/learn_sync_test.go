@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
@@ -76,7 +76,7 @@ func syncWithHook(t *testing.T, c *redis.Client, name string) (r *Registry[strin
 		return 50
 	}}, WithLogger(quiet()))
 	t.Cleanup(r.Close)
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30}))
 	settled(t, r, "p")
 	r.learned.mu.Lock()
 	defer r.learned.mu.Unlock()
@@ -143,7 +143,7 @@ func TestSyncEndsOnAKeyForgottenMeanwhile(t *testing.T) {
 				// Forget's first half (its second takes r.mu, held here),
 				// and a Learn that waits for r.mu.
 				require.True(t, r.learned.forget("p"))
-				go func() { relearned <- r.Learn("p", pacing.AdaptiveConfig{Initial: 20}) }()
+				go func() { relearned <- r.Learn("p", upstream.AdaptiveConfig{Initial: 20}) }()
 				if panics {
 					panic("limit func panics at the end of a sync")
 				}
@@ -185,7 +185,7 @@ func TestMessageForAKeyForgottenMeanwhile(t *testing.T) {
 		return 50
 	}}, WithLogger(quiet()))
 	defer r.Close()
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 30}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 30}))
 	settled(t, r, "p")
 	s, err := r.TryAcquire("p") // the epoch, told by a reply
 	require.NoError(t, err)

@@ -18,6 +18,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
@@ -26,7 +27,7 @@ import (
 
 // learnFleet opens n Registries named name on srv, each learning key "p"
 // under a.
-func learnFleet(t *testing.T, srv redisServer, name string, n int, a pacing.AdaptiveConfig) []*Registry[string] {
+func learnFleet(t *testing.T, srv redisServer, name string, n int, a upstream.AdaptiveConfig) []*Registry[string] {
 	t.Helper()
 	rs := fwFleet(t, srv, name, n, slots.Unlimited, WithLogger(quiet()))
 	for _, r := range rs {
@@ -39,14 +40,14 @@ func learnFleet(t *testing.T, srv redisServer, name string, n int, a pacing.Adap
 // process; an admission one of them reports raises it for all.
 func TestLearnedCapIsTheFleets(t *testing.T) {
 	srv := redistest.Start(t)
-	rs := learnFleet(t, srv, "learn-share", 3, pacing.AdaptiveConfig{Initial: 10, Max: 64})
+	rs := learnFleet(t, srv, "learn-share", 3, upstream.AdaptiveConfig{Initial: 10, Max: 64})
 	for _, r := range rs {
 		assert.Equal(t, 10, r.Learned("p").Cap)
 	}
 
 	// Ten holders across the fleet; the tenth start is refused upstream.
 	held := holdP(t, 10, rs...)
-	rs[0].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
+	rs[0].Report(held[9], upstream.Verdict{Kind: upstream.Concurrency})
 	for i, r := range rs {
 		fwUntil(t, fmt.Sprintf("registry %d learns the cut", i), func() bool {
 			l := r.Learned("p")
@@ -62,7 +63,7 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 	fwUntil(t, "the server's clock passes the cut's number", func() bool { return rs[1].clock.nanos() > cut+int64(2*time.Millisecond) })
 	s, err := rs[1].TryAcquire("p")
 	require.NoError(t, err)
-	rs[1].Report(s, pacing.Verdict{Kind: pacing.Admitted})
+	rs[1].Report(s, upstream.Verdict{Kind: upstream.Admitted})
 	releaseAll(t, rs[1], []*slots.Slot{s})
 	// The ceiling is retested only after RetestMS (10 s by default): the
 	// limit stays at the cap meanwhile, in every process, once each knows
@@ -76,8 +77,8 @@ func TestLearnedCapIsTheFleets(t *testing.T) {
 	_, err = rs[0].TryAcquire("p")
 	require.ErrorIs(t, err, slots.ErrLimitReached, "nine are in flight across the fleet")
 	releaseAll(t, rs[0], held)
-	assert.Equal(t, uint64(1), rs[0].Learned("p").ByKind[pacing.Concurrency], "the refusal is counted where it was reported")
-	assert.Equal(t, uint64(1), rs[1].Learned("p").ByKind[pacing.Admitted])
+	assert.Equal(t, uint64(1), rs[0].Learned("p").ByKind[upstream.Concurrency], "the refusal is counted where it was reported")
+	assert.Equal(t, uint64(1), rs[1].Learned("p").ByKind[upstream.Admitted])
 }
 
 // releaseAll releases held and waits until Redis counts none on "p" (a
@@ -110,10 +111,10 @@ func releaseAll(t *testing.T, r *Registry[string], held []*slots.Slot) {
 // admitted raises the cap of all.
 func TestLearnedCapRisesForAll(t *testing.T) {
 	srv := redistest.Start(t)
-	rs := learnFleet(t, srv, "learn-rise", 3, pacing.AdaptiveConfig{Initial: 4, Max: 64})
+	rs := learnFleet(t, srv, "learn-rise", 3, upstream.AdaptiveConfig{Initial: 4, Max: 64})
 	require.Equal(t, 5, rs[0].Learned("p").Limit, "one probe over the cap may go")
 	held := holdP(t, 5, rs[0])
-	rs[0].Report(held[4], pacing.Verdict{Kind: pacing.Admitted})
+	rs[0].Report(held[4], upstream.Verdict{Kind: upstream.Admitted})
 	for i, r := range rs {
 		fwUntil(t, fmt.Sprintf("registry %d learns the probe", i), func() bool { return r.Learned("p").Cap == 5 })
 	}
@@ -127,37 +128,37 @@ func TestLearnEdges(t *testing.T) {
 	srv := redistest.Start(t)
 	r := New[string](redisstore.New(srv.Client(), "learn-edges"), 3)
 	defer r.Close()
-	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Min: 5}), "a floor over the configured limit")
-	require.Error(t, r.Learn("p", pacing.AdaptiveConfig{Initial: -1}))
+	require.Error(t, r.Learn("p", upstream.AdaptiveConfig{Min: 5}), "a floor over the configured limit")
+	require.Error(t, r.Learn("p", upstream.AdaptiveConfig{Initial: -1}))
 	assert.False(t, r.Learned("p").Enabled)
-	require.ErrorIs(t, r.Learn("p\xff", pacing.AdaptiveConfig{}), registry.ErrInvalidKey, "a name the stored state cannot carry")
+	require.ErrorIs(t, r.Learn("p\xff", upstream.AdaptiveConfig{}), registry.ErrInvalidKey, "a name the stored state cannot carry")
 	assert.False(t, r.Learned("p\xff").Enabled)
 
-	require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 8}))
+	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 8}))
 	l := r.Learned("p")
 	assert.Equal(t, 3, l.Max, "the configured limit is the ceiling")
 	assert.Equal(t, 3, l.Cap)
 
 	// Reports that are no evidence: nil, a Slot of another key's only,
 	// another Registry's, a second report.
-	r.Report(nil, pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(nil, upstream.Verdict{Kind: upstream.Concurrency})
 	s, err := r.TryAcquire("q")
 	require.NoError(t, err)
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency})
 	s.Release()
 	other := New[string](redisstore.New(srv.Client(), "learn-edges-other"), 3)
 	defer other.Close()
 	s, err = other.TryAcquire("p")
 	require.NoError(t, err)
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency})
 	s.Release()
 	s, err = r.TryAcquire("p")
 	require.NoError(t, err)
-	r.Report(s, pacing.Verdict{Kind: pacing.Admitted})
-	r.Report(s, pacing.Verdict{Kind: pacing.Concurrency})
+	r.Report(s, upstream.Verdict{Kind: upstream.Admitted})
+	r.Report(s, upstream.Verdict{Kind: upstream.Concurrency})
 	s.Release()
 	assert.Equal(t, 3, r.Learned("p").Cap)
-	assert.Equal(t, uint64(0), r.Learned("p").ByKind[pacing.Concurrency])
+	assert.Equal(t, uint64(0), r.Learned("p").ByKind[upstream.Concurrency])
 
 	// SetLimit moves the ceiling; Forget returns the key to its limit.
 	r.SetLimit("p", 2)
@@ -167,7 +168,7 @@ func TestLearnEdges(t *testing.T) {
 	assert.Equal(t, 2, r.Limit("p"))
 
 	r.Close()
-	require.ErrorIs(t, r.Learn("p", pacing.AdaptiveConfig{}), ErrClosed)
+	require.ErrorIs(t, r.Learn("p", upstream.AdaptiveConfig{}), ErrClosed)
 }
 
 // learnScenario is a run of a fleet learning a hidden cap that moves, in
@@ -239,7 +240,7 @@ func runLearning(t *testing.T, rs []*Registry[string], sc learnScenario) learnRe
 			req.Header.Set(pacingtest.ServiceHeader, service.String())
 			resp, err := u.RoundTrip(req)
 			if err != nil {
-				r.Report(s, pacing.Verdict{Kind: pacing.Other})
+				r.Report(s, upstream.Verdict{Kind: upstream.Other})
 				return
 			}
 			r.Report(s, pacing.Classify(resp, nil))
@@ -287,7 +288,7 @@ func TestFleetLearnsAMovingCap(t *testing.T) {
 	const ceiling = 10
 	rs := fwFleet(t, srv, "learn-run", 3, slots.Unlimited, WithLogger(quiet()), WithUnavailable(FailClosed))
 	for _, r := range rs {
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Max: ceiling, RetestMS: sc.retest.Milliseconds()}))
+		require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Max: ceiling, RetestMS: sc.retest.Milliseconds()}))
 	}
 	res := runLearning(t, rs, sc)
 	logLearning(t, sc, len(rs), res)
@@ -317,9 +318,9 @@ func TestFleetLearnsAMovingCap(t *testing.T) {
 // and while Redis is down each goes on under its copy.
 func TestLearnedCapAfterRedisLosesItsData(t *testing.T) {
 	srv := redistest.Start(t)
-	rs := learnFleet(t, srv, "learn-loss", 2, pacing.AdaptiveConfig{Initial: 10, Max: 64})
+	rs := learnFleet(t, srv, "learn-loss", 2, upstream.AdaptiveConfig{Initial: 10, Max: 64})
 	held := holdP(t, 10, rs...)
-	rs[1].Report(held[9], pacing.Verdict{Kind: pacing.Concurrency})
+	rs[1].Report(held[9], upstream.Verdict{Kind: upstream.Concurrency})
 	for i, r := range rs {
 		fwUntil(t, fmt.Sprintf("registry %d learns the cut", i), func() bool { return r.Learned("p").Cap == 9 })
 	}
@@ -369,9 +370,9 @@ func TestServerClockNanos(t *testing.T) {
 // the cap it knew.
 func TestReportWritesACutBeforeItReturns(t *testing.T) {
 	srv := redistest.Start(t)
-	rs := learnFleet(t, srv, "learn-flush", 1, pacing.AdaptiveConfig{Initial: 3, Max: 64})
+	rs := learnFleet(t, srv, "learn-flush", 1, upstream.AdaptiveConfig{Initial: 3, Max: 64})
 	held := holdP(t, 3, rs[0])
-	rs[0].Report(held[2], pacing.Verdict{Kind: pacing.Concurrency})
+	rs[0].Report(held[2], upstream.Verdict{Kind: upstream.Concurrency})
 	assert.Empty(t, learnOf(rs[0], "p").pending, "the cut is written when Report returns")
 	raw, err := srv.Client().Get(context.Background(), "inflight:{learn-flush}#learn:p").Bytes()
 	require.NoError(t, err, "the state is in Redis")

@@ -10,8 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
-	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/pacing/pacingtest"
+	"github.com/inflight-go/inflight/pacing/upstream"
 )
 
 // movingCap is a hidden cap that drops and rises, in phases of 4 s, under
@@ -26,7 +26,7 @@ var movingCap = learnScenario{
 func learnVirtual(t *testing.T, sc learnScenario, n int, latency time.Duration) (res learnResult) {
 	testrig.Bubble(t, func(t *testing.T) {
 		v := newVirtualRedis(t, latency)
-		rs := learnFleet(t, v, "learn-virtual", n, pacing.AdaptiveConfig{Max: 64, RetestMS: sc.retest.Milliseconds()})
+		rs := learnFleet(t, v, "learn-virtual", n, upstream.AdaptiveConfig{Max: 64, RetestMS: sc.retest.Milliseconds()})
 		res = runLearning(t, rs, sc)
 	})
 	return res

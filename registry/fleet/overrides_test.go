@@ -16,7 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
@@ -30,7 +30,7 @@ func TestOverridesRecordIsNotALearnedState(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		r := New[string](memstore.New(), 100)
 		defer r.Close()
-		require.NoError(t, r.Learn("p", pacing.AdaptiveConfig{Initial: 10}))
+		require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 		synctest.Wait() // settled: time stands until the test blocks
 		stale := func() uint64 {
 			r.learned.mu.Lock()
@@ -46,7 +46,7 @@ func TestOverridesRecordIsNotALearnedState(t *testing.T) {
 		assert.Greater(t, stale(), before, "as one that cannot be read is")
 		assert.Equal(t, 10, r.Learned("p").Cap)
 
-		assert.ErrorIs(t, r.Learn(overridesPrefix+"orgs", pacing.AdaptiveConfig{Initial: 1}), registry.ErrInvalidKey)
+		assert.ErrorIs(t, r.Learn(overridesPrefix+"orgs", upstream.AdaptiveConfig{Initial: 1}), registry.ErrInvalidKey)
 	})
 }
 

@@ -11,7 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
@@ -26,7 +26,7 @@ func used(t *testing.T, b *fleet.Budget) (tokens, requests int) {
 	return u[0], u[3]
 }
 
-func newBudget(t *testing.T, s driver.Store, name string, limits pacing.BudgetLimits) *fleet.Budget {
+func newBudget(t *testing.T, s driver.Store, name string, limits upstream.BudgetLimits) *fleet.Budget {
 	t.Helper()
 	b, err := fleet.NewBudget(s, name, limits, 0)
 	require.NoError(t, err)
@@ -40,10 +40,10 @@ func newBudget(t *testing.T, s driver.Store, name string, limits pacing.BudgetLi
 func TestReserveAll(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	provider := newBudget(t, s, "provider", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10})
-	model := newBudget(t, s, "model", pacing.BudgetLimits{TokensPerMinute: 100})
+	provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10})
+	model := newBudget(t, s, "model", upstream.BudgetLimits{TokensPerMinute: 100})
 
-	rs, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 60, Output: 20}, nil, provider, nil, model)
+	rs, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 60, Output: 20}, nil, provider, nil, model)
 	require.NoError(t, err)
 	assert.Equal(t, -1, i)
 	require.Len(t, rs.Reserved(), 2)
@@ -51,14 +51,14 @@ func TestReserveAll(t *testing.T) {
 	assert.Equal(t, 20, left[0], "the model's budget: 100 less 80")
 	assert.Equal(t, 100, limits[0])
 	require.NoError(t, rs.Start(ctx))
-	require.NoError(t, rs.Settle(ctx, pacing.Tokens{Input: 60, Output: 5}))
+	require.NoError(t, rs.Settle(ctx, upstream.Tokens{Input: 60, Output: 5}))
 	tokens, requests := used(t, provider)
 	assert.Equal(t, []int{65, 1}, []int{tokens, requests}, "settled in the provider's budget")
 	tokens, _ = used(t, model)
 	assert.Equal(t, 65, tokens, "and in the model's")
 
-	_, i, err = fleet.ReserveAll(ctx, pacing.Tokens{Input: 50}, nil, provider, nil, model)
-	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	_, i, err = fleet.ReserveAll(ctx, upstream.Tokens{Input: 50}, nil, provider, nil, model)
+	require.ErrorIs(t, err, upstream.ErrOverBudget)
 	assert.Equal(t, 2, i, "the model's budget refused: 65 + 50 over 100")
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le)
@@ -66,7 +66,7 @@ func TestReserveAll(t *testing.T) {
 	tokens, requests = used(t, provider)
 	assert.Equal(t, []int{65, 1}, []int{tokens, requests}, "the provider's charge went back, its request too")
 
-	rs, _, err = fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, nil, provider, model)
+	rs, _, err = fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, model)
 	require.NoError(t, err)
 	require.NoError(t, rs.Cancel(ctx))
 	tokens, requests = used(t, provider)
@@ -81,18 +81,18 @@ func TestReserveAll(t *testing.T) {
 func TestReserveAllUnavailable(t *testing.T) {
 	ctx := context.Background()
 	up, down := memstore.New(), memstore.New()
-	provider := newBudget(t, up, "provider", pacing.BudgetLimits{TokensPerMinute: 1000})
-	tenant := newBudget(t, down, "tenant", pacing.BudgetLimits{TokensPerMinute: 1000})
+	provider := newBudget(t, up, "provider", upstream.BudgetLimits{TokensPerMinute: 1000})
+	tenant := newBudget(t, down, "tenant", upstream.BudgetLimits{TokensPerMinute: 1000})
 	down.Kill()
 
-	_, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, nil, provider, tenant)
+	_, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, tenant)
 	require.ErrorIs(t, err, fleet.ErrUnavailable)
 	assert.Equal(t, 1, i)
 	tokens, _ := used(t, provider)
 	assert.Zero(t, tokens, "nothing left charged")
 
 	var told []int
-	rs, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, func(i int, err error) {
+	rs, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, func(i int, err error) {
 		assert.ErrorIs(t, err, fleet.ErrUnavailable)
 		told = append(told, i)
 	}, provider, tenant)
@@ -104,7 +104,7 @@ func TestReserveAllUnavailable(t *testing.T) {
 	assert.Equal(t, 10, tokens)
 
 	var none *fleet.Reservations
-	assert.NoError(t, none.Settle(ctx, pacing.Tokens{Input: 1}), "a nil Reservations does nothing")
+	assert.NoError(t, none.Settle(ctx, upstream.Tokens{Input: 1}), "a nil Reservations does nothing")
 	assert.NoError(t, none.Cancel(ctx))
 	assert.Empty(t, none.Reserved())
 }
@@ -115,13 +115,13 @@ func TestReserveAllUnavailable(t *testing.T) {
 func TestReserveAllStopsAtARefusal(t *testing.T) {
 	ctx := context.Background()
 	s := memstore.New()
-	model := newBudget(t, s, "model", pacing.BudgetLimits{TokensPerMinute: 100})
-	provider := newBudget(t, s, "provider", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10})
-	_, _, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 100}, nil, model) // a budget's first request passes, however large
+	model := newBudget(t, s, "model", upstream.BudgetLimits{TokensPerMinute: 100})
+	provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10})
+	_, _, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 100}, nil, model) // a budget's first request passes, however large
 	require.NoError(t, err)
-	_, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 50}, func(int, error) { t.Error("uncounted told of an over-budget refusal") },
+	_, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 50}, func(int, error) { t.Error("uncounted told of an over-budget refusal") },
 		model, provider)
-	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	require.ErrorIs(t, err, upstream.ErrOverBudget)
 	assert.Equal(t, 0, i)
 	tokens, requests := used(t, provider)
 	assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "the provider's budget never asked")
@@ -149,9 +149,9 @@ func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
 	t.Run("context ended", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s := endingStore{Store: memstore.New(), after: cancel}
-		provider := newBudget(t, s, "provider", pacing.BudgetLimits{TokensPerMinute: 1000})
-		model := newBudget(t, s, "model", pacing.BudgetLimits{TokensPerMinute: 1000})
-		_, i, err := fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, nil, provider, model)
+		provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 1000})
+		model := newBudget(t, s, "model", upstream.BudgetLimits{TokensPerMinute: 1000})
+		_, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, model)
 		require.ErrorIs(t, err, context.Canceled)
 		assert.Equal(t, 1, i)
 		s.after = func() {}
@@ -161,11 +161,11 @@ func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
 	t.Run("uncounted panics", func(t *testing.T) {
 		ctx := context.Background()
 		up, down := memstore.New(), memstore.New()
-		provider := newBudget(t, up, "provider", pacing.BudgetLimits{TokensPerMinute: 1000})
-		tenant := newBudget(t, down, "tenant", pacing.BudgetLimits{TokensPerMinute: 1000})
+		provider := newBudget(t, up, "provider", upstream.BudgetLimits{TokensPerMinute: 1000})
+		tenant := newBudget(t, down, "tenant", upstream.BudgetLimits{TokensPerMinute: 1000})
 		down.Kill()
 		assert.PanicsWithValue(t, "uncounted", func() {
-			_, _, _ = fleet.ReserveAll(ctx, pacing.Tokens{Input: 10}, func(int, error) { panic("uncounted") }, provider, tenant)
+			_, _, _ = fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, func(int, error) { panic("uncounted") }, provider, tenant)
 		})
 		tokens, _ := used(t, provider)
 		assert.Zero(t, tokens, "the provider's charge went back")
@@ -178,19 +178,19 @@ func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
 func ExampleReserveAll() {
 	store := memstore.New() // each gateway's client of the fleet's Redis or PostgreSQL
 	ctx := context.Background()
-	provider, _ := fleet.NewBudget(store, "provider", pacing.BudgetLimits{TokensPerMinute: 100_000}, 0)
-	model, _ := fleet.NewBudget(store, "model:small", pacing.BudgetLimits{TokensPerMinute: 20_000}, 0)
-	tenant, _ := fleet.NewBudget(store, "tenant:acme", pacing.BudgetLimits{TokensPerMinute: 5_000}, 0)
+	provider, _ := fleet.NewBudget(store, "provider", upstream.BudgetLimits{TokensPerMinute: 100_000}, 0)
+	model, _ := fleet.NewBudget(store, "model:small", upstream.BudgetLimits{TokensPerMinute: 20_000}, 0)
+	tenant, _ := fleet.NewBudget(store, "tenant:acme", upstream.BudgetLimits{TokensPerMinute: 5_000}, 0)
 	names := []string{"provider", "model", "tenant"}
 
-	for _, estimate := range []pacing.Tokens{{Input: 3_000, Output: 1_000}, {Input: 1_500, Output: 1_000}} {
+	for _, estimate := range []upstream.Tokens{{Input: 3_000, Output: 1_000}, {Input: 1_500, Output: 1_000}} {
 		rs, i, err := fleet.ReserveAll(ctx, estimate, nil, provider, model, tenant)
 		if err != nil {
 			fmt.Printf("refused by the %s's budget: %v\n", names[i], err != nil)
 			continue
 		}
 		// ... the request is sent; the upstream reports what it used.
-		_ = rs.Settle(ctx, pacing.Tokens{Input: 3_000, Output: 200})
+		_ = rs.Settle(ctx, upstream.Tokens{Input: 3_000, Output: 200})
 		left, _ := rs.Reserved()[2].Left()
 		fmt.Println("the tenant's budget had", left[0], "tokens left after the estimate")
 	}
@@ -213,16 +213,16 @@ func TestStartAfterTheMinuteChargesAgainIfItFits(t *testing.T) {
 	ctx := context.Background()
 	now, advance := stepClock()
 	s := memstore.NewWithClock(now)
-	b := newBudget(t, s, "b", pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 2})
+	b := newBudget(t, s, "b", upstream.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 2})
 
-	late, err := b.Reserve(ctx, pacing.Tokens{Input: 60}) // admitted, then queued for the provider
+	late, err := b.Reserve(ctx, upstream.Tokens{Input: 60}) // admitted, then queued for the provider
 	require.NoError(t, err)
 	advance(61 * time.Second)
-	other, err := b.Reserve(ctx, pacing.Tokens{Input: 100}) // late's charge has left: the window is empty
+	other, err := b.Reserve(ctx, upstream.Tokens{Input: 100}) // late's charge has left: the window is empty
 	require.NoError(t, err)
 	require.NoError(t, other.Start(ctx))
 	err = late.Start(ctx)
-	require.ErrorIs(t, err, pacing.ErrOverBudget, "60 more over the 100 started in this minute")
+	require.ErrorIs(t, err, upstream.ErrOverBudget, "60 more over the 100 started in this minute")
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le)
 	assert.Positive(t, le.RetryAfter)
@@ -230,21 +230,21 @@ func TestStartAfterTheMinuteChargesAgainIfItFits(t *testing.T) {
 	tokens, requests := used(t, b)
 	assert.Equal(t, []int{100, 1}, []int{tokens, requests}, "the other's alone")
 
-	again, err := b.Reserve(ctx, pacing.Tokens{Input: 30}) // the budget is spent for this minute
+	again, err := b.Reserve(ctx, upstream.Tokens{Input: 30}) // the budget is spent for this minute
 	if err == nil {
 		require.NoError(t, again.Cancel(ctx))
 	}
-	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	require.ErrorIs(t, err, upstream.ErrOverBudget)
 
 	// A late Start that fits: charged again in its own second.
 	advance(61 * time.Second) // the other's second has left the minute
-	later, err := b.Reserve(ctx, pacing.Tokens{Input: 40})
+	later, err := b.Reserve(ctx, upstream.Tokens{Input: 40})
 	require.NoError(t, err)
 	advance(61 * time.Second)
 	require.NoError(t, later.Start(ctx), "40 fits the empty minute")
 	tokens, requests = used(t, b)
 	assert.Equal(t, []int{40, 1}, []int{tokens, requests}, "charged again in the second it starts")
-	require.NoError(t, later.Settle(ctx, pacing.Tokens{Input: 25}))
+	require.NoError(t, later.Settle(ctx, upstream.Tokens{Input: 25}))
 	tokens, _ = used(t, b)
 	assert.Equal(t, 25, tokens, "settled in that second")
 }
@@ -276,8 +276,8 @@ func TestStartAfterTheMinuteStoreErrorChargesTheUseAsDebt(t *testing.T) {
 		ctx := context.Background()
 		now, advance := stepClock()
 		s := &failingBudgets{Store: memstore.NewWithClock(now)}
-		b := newBudget(t, s, "b", pacing.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 10})
-		late, err := b.Reserve(ctx, pacing.Tokens{Input: 60})
+		b := newBudget(t, s, "b", upstream.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 10})
+		late, err := b.Reserve(ctx, upstream.Tokens{Input: 60})
 		require.NoError(t, err)
 		advance(61 * time.Second)
 		s.mu.Lock()
@@ -285,9 +285,9 @@ func TestStartAfterTheMinuteStoreErrorChargesTheUseAsDebt(t *testing.T) {
 		s.mu.Unlock()
 		err = late.Start(ctx)
 		require.Error(t, err)
-		require.NotErrorIs(t, err, pacing.ErrOverBudget)
+		require.NotErrorIs(t, err, upstream.ErrOverBudget)
 		if settle {
-			require.NoError(t, late.Settle(ctx, pacing.Tokens{Input: 80}))
+			require.NoError(t, late.Settle(ctx, upstream.Tokens{Input: 80}))
 		} else {
 			require.NoError(t, late.Cancel(ctx))
 		}
