@@ -63,11 +63,7 @@ func TestGatewayTelemetry(t *testing.T) {
 	_, _ = io.Copy(io.Discard, refused.Body)
 	require.NoError(t, refused.Body.Close())
 	assert.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
-	ms, err := strconv.Atoi(refused.Header.Get("Retry-After-Ms"))
-	require.NoError(t, err, "retry-after-ms, to the millisecond")
-	secs, err := strconv.Atoi(refused.Header.Get("Retry-After"))
-	require.NoError(t, err)
-	assert.Equal(t, max((ms+999)/1000, 1), secs, "Retry-After: the same, in whole seconds rounded up")
+	assertRetryAfter(t, refused.Header)
 	close(u.gate)
 	_, _ = io.Copy(io.Discard, held.Body)
 	require.NoError(t, held.Body.Close())
@@ -242,6 +238,7 @@ func TestGatewayCountsOrgBudgetRefusals(t *testing.T) {
 	refused, msg := sendOrg(t, srv.URL, "org-a", body, nil)
 	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode, msg)
 	assert.Equal(t, "tenant_"+pacing.CapTokensPerMinute, refused.Header.Get(CapHeader))
+	assertRetryAfter(t, refused.Header)
 
 	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="over_budget"} 1`)
 	assert.Equal(t, map[string]int64{"tenant/acquired": 2, "provider/acquired": 1, "tenant/over_budget": 1}, requestsByResult(t, reader))
@@ -311,6 +308,7 @@ func TestGatewayTracesTenantCapRefusals(t *testing.T) {
 	_, _ = io.Copy(io.Discard, refused.Body)
 	require.NoError(t, refused.Body.Close())
 	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	assertRetryAfter(t, refused.Header)
 	close(u.gate)
 	_, _ = io.Copy(io.Discard, held.Body)
 	require.NoError(t, held.Body.Close())
@@ -344,6 +342,7 @@ func TestGatewayCountsFleetTenantRefusals(t *testing.T) {
 	_, _ = io.Copy(io.Discard, refused.Body)
 	require.NoError(t, refused.Body.Close())
 	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	assertRetryAfter(t, refused.Header)
 	close(u.gate)
 	_, _ = io.Copy(io.Discard, held.Body)
 	require.NoError(t, held.Body.Close())
@@ -389,4 +388,17 @@ func longHeld(t *testing.T, reader sdkmetric.Reader) int64 {
 		}
 	}
 	return -1
+}
+
+// assertRetryAfter checks a refusal's Retry-After: retry-after-ms to the
+// millisecond, which the OpenAI and Anthropic SDKs read first, and the
+// same in whole seconds, rounded up.
+func assertRetryAfter(t *testing.T, h http.Header) {
+	t.Helper()
+	ms, err := strconv.Atoi(h.Get("Retry-After-Ms"))
+	require.NoError(t, err, "retry-after-ms, to the millisecond")
+	assert.Positive(t, ms)
+	secs, err := strconv.Atoi(h.Get("Retry-After"))
+	require.NoError(t, err)
+	assert.Equal(t, max((ms+999)/1000, 1), secs, "Retry-After: the same, in whole seconds rounded up")
 }
