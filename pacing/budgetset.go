@@ -73,7 +73,7 @@ func (s *Budgets[K]) Reserve(key K, t Tokens) (*Reservation, error) {
 	s.mu.Lock()
 	e := s.live[key]
 	if e == nil {
-		b, err := NewBudget(*limits, slots.WithClock(s.clk))
+		b, err := newBudget(*limits, s.clk)
 		if err != nil {
 			s.mu.Unlock()
 			return nil, err

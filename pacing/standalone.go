@@ -35,11 +35,15 @@ type Budget struct {
 // NewBudget returns a Budget with those limits. Its clock is the real
 // one, unless slots.WithClock gives another (a mock, in tests).
 func NewBudget(limits BudgetLimits, opts ...slots.ClockOption) (*Budget, error) {
+	return newBudget(limits, clockOf(opts))
+}
+
+// newBudget is NewBudget on clk (nil: the real clock).
+func newBudget(limits BudgetLimits, clk clock.Clock) (*Budget, error) {
 	if err := upstream.CheckBudgets("", limits); err != nil {
 		return nil, err
 	}
-	l := limitsOf(limits)
-	return &Budget{b: newBudgets(nil, l), clk: clockx.New(clockOf(opts))}, nil
+	return &Budget{b: newBudgets(nil, limitsOf(limits)), clk: clockx.New(clk)}, nil
 }
 
 // clockOf is the clock opts set; nil: the real one.

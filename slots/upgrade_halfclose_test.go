@@ -37,23 +37,9 @@ func TestUpgradeHalfCloseThroughAProxy(t *testing.T) {
 		got, _ := io.ReadAll(brw) // until the client's half-close
 		fmt.Fprintf(conn, "%sbye\n", got)
 	}))
-	defer up.Close()
-	target, err := url.Parse(up.URL)
-	require.NoError(t, err)
+	t.Cleanup(up.Close)
 	lim := slots.NewLimiter(1)
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() })})
-	defer gw.Close()
-	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
-	require.NoError(t, err)
-	defer conn.Close()
-	fmt.Fprint(conn, "GET /x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	conn, br := upgradeThroughProxy(t, up, lim)
 	assert.Equal(t, 1, lim.InFlight(), "held by the upgraded connection")
 	fmt.Fprint(conn, "hello\n")
 	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
@@ -88,24 +74,9 @@ func TestUpgradeBackendHalfCloseKeepsTheSlot(t *testing.T) {
 			t.Errorf("the backend read %q after its half-close", got)
 		}
 	}))
-	defer up.Close()
-	target, err := url.Parse(up.URL)
-	require.NoError(t, err)
+	t.Cleanup(up.Close)
 	lim := slots.NewLimiter(1)
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() },
-			slots.WithLinger(time.Hour))})
-	defer gw.Close()
-	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
-	require.NoError(t, err)
-	defer conn.Close()
-	fmt.Fprint(conn, "GET /x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-	br := bufio.NewReader(conn)
-	resp, err := http.ReadResponse(br, nil)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	conn, br := upgradeThroughProxy(t, up, lim, slots.WithLinger(time.Hour))
 	require.NoError(t, conn.SetReadDeadline(time.Now().Add(5*time.Second)))
 	got, err := io.ReadAll(br) // the backend's half-close, passed on by the proxy
 	require.NoError(t, err)
@@ -119,4 +90,28 @@ func TestUpgradeBackendHalfCloseKeepsTheSlot(t *testing.T) {
 	require.NoError(t, conn.(*net.TCPConn).CloseWrite())
 	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
 		"freed once the connection closed: its end, not a cut (no linger)")
+}
+
+// upgradeThroughProxy upgrades a raw client connection to up through a
+// ReverseProxy whose Transport (with opts) admits by lim.TryAcquire, and
+// returns it, with its reader past the 101. All of it is closed at the
+// test's end.
+func upgradeThroughProxy(t *testing.T, up *httptest.Server, lim *slots.Limiter, opts ...slots.TransportOption) (net.Conn, *bufio.Reader) {
+	t.Helper()
+	target, err := url.Parse(up.URL)
+	require.NoError(t, err)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	gw := httptest.NewServer(&httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }, opts...)})
+	t.Cleanup(gw.Close)
+	conn, err := net.Dial("tcp", gw.Listener.Addr().String())
+	require.NoError(t, err)
+	t.Cleanup(func() { conn.Close() })
+	fmt.Fprint(conn, "GET /x HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+	br := bufio.NewReader(conn)
+	resp, err := http.ReadResponse(br, nil)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+	return conn, br
 }

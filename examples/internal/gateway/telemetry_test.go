@@ -299,19 +299,7 @@ func TestGatewayTracesTenantCapRefusals(t *testing.T) {
 	u := newUpstream(t)
 	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"default_limit": 1}}`, tel...)
 
-	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3") // streams until the gate opens
-	require.NoError(t, err)
-	defer held.Body.Close() // should the test fail first: the upstream waits for it
-	require.Equal(t, http.StatusOK, held.StatusCode)
-	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, refused.Body)
-	require.NoError(t, refused.Body.Close())
-	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
-	assertRetryAfter(t, refused.Header)
-	close(u.gate)
-	_, _ = io.Copy(io.Discard, held.Body)
-	require.NoError(t, held.Body.Close())
+	refuseOverTenantCap(t, srv, u)
 
 	assert.Equal(t, int64(1), requestsByResult(t, reader)["tenant/limit_reached"], "counted once")
 	refusals := 0
@@ -333,19 +321,7 @@ func TestGatewayCountsFleetTenantRefusals(t *testing.T) {
 	u := newUpstream(t)
 	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s", "orgs": {"default_limit": 1},
 		"fleet": {"redis_url": "redis://`+redistest.Start(t).Addr+`/0"}}`, tel...)
-	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
-	require.NoError(t, err)
-	defer held.Body.Close() // should the test fail first: the upstream waits for it
-	require.Equal(t, http.StatusOK, held.StatusCode)
-	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, refused.Body)
-	require.NoError(t, refused.Body.Close())
-	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
-	assertRetryAfter(t, refused.Header)
-	close(u.gate)
-	_, _ = io.Copy(io.Discard, held.Body)
-	require.NoError(t, held.Body.Close())
+	refuseOverTenantCap(t, srv, u)
 
 	assert.Contains(t, scrape(t, srv.Client(), srv.URL), `inflight_rejected_total{cap="tenant",reason="limit_reached"} 1`)
 	assert.Equal(t, int64(1), requestsByResult(t, reader)["tenant/limit_reached"])
@@ -359,10 +335,7 @@ func TestGatewayExportsLongHeldSlots(t *testing.T) {
 	u := newUpstream(t)
 	opts := append(tel, WithSweep(sweep.WithInterval(5*time.Millisecond), sweep.WithThreshold(time.Millisecond)))
 	srv, _ := startGatewayWith(t, u.srv.URL, `{"upstream": "%s"}`, opts...)
-	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3") // streams until the gate opens
-	require.NoError(t, err)
-	defer held.Body.Close() // should the test fail first: the upstream waits for it
-	require.Equal(t, http.StatusOK, held.StatusCode)
+	held := holdStream(t, srv)
 	waitFor(t, "the stream's tenant slot exported as long held", func() bool { return longHeld(t, reader) == 1 })
 	close(u.gate)
 	_, _ = io.Copy(io.Discard, held.Body)
@@ -401,4 +374,33 @@ func assertRetryAfter(t *testing.T, h http.Header) {
 	secs, err := strconv.Atoi(h.Get("Retry-After"))
 	require.NoError(t, err)
 	assert.Equal(t, max((ms+999)/1000, 1), secs, "Retry-After: the same, in whole seconds rounded up")
+}
+
+// holdStream starts a stream of org-a, which lasts until u's gate opens.
+// Its body is closed at the test's end, should the test fail first: the
+// upstream waits for it.
+func holdStream(t *testing.T, srv *httptest.Server) *http.Response {
+	t.Helper()
+	held, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	t.Cleanup(func() { held.Body.Close() })
+	require.Equal(t, http.StatusOK, held.StatusCode)
+	return held
+}
+
+// refuseOverTenantCap holds a stream of org-a, at a tenant cap of 1, while
+// a second request of it is refused with a Retry-After; then the stream
+// ends.
+func refuseOverTenantCap(t *testing.T, srv *httptest.Server, u *upstream) {
+	t.Helper()
+	held := holdStream(t, srv)
+	refused, err := post(context.Background(), t, srv.Client(), srv.URL, "org-a", "glm-5.3")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, refused.Body)
+	require.NoError(t, refused.Body.Close())
+	require.Equal(t, http.StatusTooManyRequests, refused.StatusCode)
+	assertRetryAfter(t, refused.Header)
+	close(u.gate)
+	_, _ = io.Copy(io.Discard, held.Body)
+	require.NoError(t, held.Body.Close())
 }
