@@ -226,7 +226,9 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			// queues under the caps now.
 			r.cutLimits(l)
 			r.takeBack(l)
-			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units, Limit: limit, RetryAfter: time.Second}
+			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units,
+				Limit: limit, RetryAfter: time.Second}
+			le.RetryAfter = r.refusalRetryAfter(l, i, le, 0, 0, true) // as a full key's
 			return outcome{err: le, full: i, inFlight: le.InFlight}
 		}
 		l.start = st

@@ -523,3 +523,58 @@ func queueTimeoutOverACut(t *testing.T) {
 		x.Release()
 	}
 }
+
+// A second cut that comes while the call made again is on its way (the
+// store admits it, and the cap now stands below its count) refuses the
+// caller as a full key refuses it, with a Retry-After estimated from the
+// key's holds (here a few milliseconds each), not a fixed second; and the
+// lease goes back to the store.
+func TestSecondCutMeanwhileRetryAfterIsEstimated(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		s := &cutMidCall{Store: memstore.New()}
+		r := learnsTen(t, New[string](s, 100, WithLogger(quiet())))
+		held := holdSpaced(t, r, 9)
+		s.cut = func() { r.Report(held[8], upstream.Verdict{Kind: upstream.Concurrency}) }
+		s.after = func() {
+			// Between the two calls: four holds end, after a pause a
+			// start is admitted (the cap leaves one start at a time), and
+			// another is taken; the call made again is admitted at 8 of 8,
+			// and that other start's refusal cuts the cap below it.
+			releasedSome(held[:4])
+			time.Sleep(2 * time.Second)
+			x := holdP(t, 1, r)[0]
+			r.Report(x, upstream.Verdict{Kind: upstream.Admitted})
+			y := holdP(t, 1, r)[0]
+			held = append(held[4:], x, y)
+			s.cut = func() {}
+			s.after = func() { r.Report(y, upstream.Verdict{Kind: upstream.Concurrency}) }
+			s.armed.Store(true)
+		}
+		s.armed.Store(true)
+		_, err := r.TryAcquire("p")
+		var le *slots.LimitError
+		require.True(t, errors.As(err, &le), "admitted over a second cut: %v", err)
+		require.False(t, s.armed.Load(), "the second cut came during the call made again")
+		assert.ErrorIs(t, err, slots.ErrLimitReached)
+		assert.Equal(t, len(held), le.InFlight)
+		assert.Positive(t, le.RetryAfter)
+		assert.Less(t, le.RetryAfter, 100*time.Millisecond, "from holds of a few milliseconds")
+		// The next refusal on the key, the store's own, is told from the
+		// same holds, behind the return told first.
+		_, err = r.TryAcquire("p")
+		var next *slots.LimitError
+		require.True(t, errors.As(err, &next), "admitted over the cut: %v", err)
+		assert.GreaterOrEqual(t, next.RetryAfter, le.RetryAfter)
+		assert.Less(t, next.RetryAfter, 100*time.Millisecond)
+		t.Logf("Retry-After %v, then %v", le.RetryAfter, next.RetryAfter)
+		releasedAll(t, r, held, "the lease given back left the store")
+	})
+}
+
+// releasedSome releases held and waits for the releases to reach the store.
+func releasedSome(held []*slots.Slot) {
+	for _, h := range held {
+		h.Release()
+	}
+	synctest.Wait()
+}
