@@ -10,11 +10,9 @@
 //	}
 //	defer s.Release()
 //
-// A client or proxy wraps its transport: NewTransport holds each request's
-// slot until the response body is read to the end or closed (a whole
-// stream). Middleware does the same for a server's handlers, WrapBody for
-// any body. Package registry caps per key (tenant, model) with the same
-// *Slot.
+// NewTransport holds each request's slot until its response body is read
+// to the end or closed (a whole stream); Middleware a handler's run,
+// WrapBody any body's. Package registry caps per key with the same *Slot.
 //
 // A Slot must not be copied. Release may be called from any goroutine, any
 // number of times; only the first frees capacity. Time never frees a slot.

@@ -25,6 +25,7 @@ const (
 //	wraps context.Canceled                499, 0 (the client went away)
 //	wraps ErrBadPriority                  400, 0
 //	*BadRequestError                      its Status (400 by default), 0
+//	has a RetryAfter() time.Duration      503, RetryAfter() (fleet's store unreachable)
 //	wraps ErrNotSent (and none of these)  503, 0
 //	anything else                         500, 0
 func HTTPStatus(err error) (status int, retryAfter time.Duration) {
@@ -55,6 +56,10 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 	var bad *BadRequestError
 	if errors.As(err, &bad) {
 		return bad.status(), 0
+	}
+	var later interface{ RetryAfter() time.Duration }
+	if errors.As(err, &later) {
+		return http.StatusServiceUnavailable, max(later.RetryAfter(), time.Millisecond)
 	}
 	if errors.Is(err, ErrNotSent) { // a base's refusal that says no more
 		return http.StatusServiceUnavailable, 0

@@ -38,6 +38,7 @@ func TestHTTPStatus(t *testing.T) {
 		{"something else", errors.New("boom"), 500, 0},
 		{"a bad request", fmt.Errorf("pacing: %w", &slots.BadRequestError{Reason: "model: want a string"}), 400, 0},
 		{"a bad request with its status", &slots.BadRequestError{Status: 413, Reason: "too large"}, 413, 0},
+		{"a store that cannot be reached, wrapped", fmt.Errorf("gateway: %w", unreachable(2500*time.Millisecond)), 503, 3 * time.Second},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, ra := slots.HTTPStatus(tc.err)
@@ -45,6 +46,22 @@ func TestHTTPStatus(t *testing.T) {
 			assert.Equal(t, tc.retryAfter, ra)
 		})
 	}
+}
+
+// unreachable is an error that says when to try again, as the fleet's
+// *UnavailableError does.
+type unreachable time.Duration
+
+func (u unreachable) Error() string             { return "store unavailable" }
+func (u unreachable) RetryAfter() time.Duration { return time.Duration(u) }
+
+// WriteError tells such an error's Retry-After to the millisecond too.
+func TestWriteErrorOfAnUnreachableStore(t *testing.T) {
+	rec := httptest.NewRecorder()
+	slots.WriteError(rec, unreachable(2500*time.Millisecond))
+	assert.Equal(t, 503, rec.Code)
+	assert.Equal(t, "3", rec.Header().Get("Retry-After"))
+	assert.Equal(t, "2500", rec.Header().Get(slots.HeaderRetryAfterMs))
 }
 
 // A client is told a bad request's reason, and nothing of an error the

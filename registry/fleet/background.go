@@ -22,6 +22,7 @@ type breaker struct {
 	threshold int32
 	fails     atomic.Int32
 	isOpen    atomic.Bool
+	outage
 }
 
 func (b *breaker) allow() bool { return !b.isOpen.Load() }
@@ -30,19 +31,23 @@ func (b *breaker) open() bool { return b.isOpen.Load() }
 
 // failure counts a failed call and reports whether it opened the breaker.
 func (b *breaker) failure() bool {
+	b.failed()
 	return b.fails.Add(1) >= b.threshold && b.isOpen.CompareAndSwap(false, true)
 }
 
 // success counts a call that worked and reports whether it closed the
 // breaker.
 func (b *breaker) success() bool {
-	b.fails.Store(0)
+	b.ok()
 	return b.isOpen.CompareAndSwap(true, false)
 }
 
 // ok counts a call that worked without closing the breaker: only the probe
 // closes it, after putting the degraded leases back.
-func (b *breaker) ok() { b.fails.Store(0) }
+func (b *breaker) ok() {
+	b.fails.Store(0)
+	b.answered()
+}
 
 // recovered is called when the store answers again (a call closed the breaker)
 // or degraded leases wait to go in: it wakes the heartbeat, which puts the

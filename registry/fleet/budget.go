@@ -328,7 +328,9 @@ func (b *Budget) call(ctx context.Context, rec int, c *driver.BudgetCall) (drive
 		if errors.Is(err, driver.ErrBadReply) {
 			return res, fmt.Errorf("fleet: budget %q: %w", b.key, err)
 		}
-		return res, fmt.Errorf("%w: budget %q: %v", ErrUnavailable, b.key, err)
+		// A Budget keeps no record of the store's earlier calls (one is
+		// often made per request): the Registry's default probe interval.
+		return res, new(outage).refusal(defaultProbeEvery, fmt.Sprintf(": budget %q: %v", b.key, err))
 	}
 	return res, nil
 }

@@ -58,7 +58,8 @@
 //     FallbackLocal (the default) admits under this process's local caps
 //     alone (R processes: up to R times the cap, by design) and puts those
 //     leases into the store once it answers; FailClosed refuses
-//     (ErrUnavailable); FailOpen admits a Bypassed Slot.
+//     (*UnavailableError, with a RetryAfter that grows with the outage);
+//     FailOpen admits a Bypassed Slot.
 //   - A learned cap (Learn, Report) is the fleet's: a 429 reported by one
 //     process lowers it for all of them. Deploying over (or rolling back
 //     to) a release that reads only format 1 of its state: WithLearnedFormat.

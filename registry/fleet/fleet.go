@@ -17,7 +17,8 @@ import (
 
 var (
 	// ErrUnavailable: the store could not be reached and the Registry fails
-	// closed (FailClosed).
+	// closed (FailClosed). It comes wrapped in an *UnavailableError, which
+	// says when to try again.
 	ErrUnavailable = errors.New("fleet: store unavailable")
 	// ErrClosed: the Registry was closed.
 	ErrClosed = errors.New("fleet: registry closed")
@@ -422,3 +423,18 @@ func (m chanMutex) Unlock() {
 // probe gets an answer. Other users of the store (a Budget) may skip it
 // meanwhile.
 func (r *Registry[K]) StoreUnavailable() bool { return r.brk.open() }
+
+// Unavailable returns, while the Registry holds its store unavailable
+// (StoreUnavailable), the *UnavailableError its FailClosed admissions are
+// refused with now, what (if not "") told after ErrUnavailable's text;
+// else nil. A program that skips other calls to the store meanwhile (a
+// Budget's) may answer them with it.
+func (r *Registry[K]) Unavailable(what string) error {
+	if !r.brk.open() {
+		return nil
+	}
+	if what != "" {
+		what = ": " + what
+	}
+	return r.brk.refusal(r.cfg.probeEvery, what)
+}

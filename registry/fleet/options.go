@@ -18,7 +18,8 @@ const (
 	// the store once it answers again, before this process's next admission
 	// is decided. The default.
 	FallbackLocal Unavailable = iota
-	// FailClosed fails with ErrUnavailable (an HTTP layer answers 503).
+	// FailClosed fails with an *UnavailableError, which wraps
+	// ErrUnavailable (slots.HTTPStatus answers 503 with its RetryAfter).
 	FailClosed
 	// FailOpen admits a Bypassed, Degraded Slot that holds no capacity.
 	FailOpen
@@ -93,11 +94,15 @@ type config struct {
 	learnedFormat int            // of the learned states written (WithLearnedFormat)
 }
 
+// defaultProbeEvery is how often an open breaker probes the store, by
+// default (WithBreaker).
+const defaultProbeEvery = 250 * time.Millisecond
+
 func defaults() config {
 	return config{
 		ttl:        DefaultLeaseTTL,
 		breakAfter: 3,
-		probeEvery: 250 * time.Millisecond,
+		probeEvery: defaultProbeEvery,
 		opTimeout:  500 * time.Millisecond,
 		pollMin:    10 * time.Millisecond,
 		pollMax:    500 * time.Millisecond,

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -41,7 +43,7 @@ func (r *Registry[K]) unqueued(ctx context.Context, l *lease[K], w *waiter) outc
 func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 	switch r.cfg.onUnavailable {
 	case FailClosed:
-		return failed(ErrUnavailable)
+		return failed(r.brk.refusal(r.cfg.probeEvery, ""))
 	case FailOpen:
 		if err := ctx.Err(); err != nil {
 			return failed(fmt.Errorf("fleet: acquire: %w", err))
@@ -72,4 +74,49 @@ func (r *Registry[K]) storeFailed(err error) {
 	if r.brk.failure() {
 		r.logSafely(slog.LevelWarn, "fleet: store unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
 	}
+}
+
+// UnavailableError is the error of a call refused because the store
+// cannot be reached: an admission under FailClosed, a Budget's charge. It
+// wraps ErrUnavailable. slots.HTTPStatus answers it 503 with its
+// RetryAfter.
+type UnavailableError struct {
+	after time.Duration
+	msg   string // what could not be done, after ErrUnavailable's text
+}
+
+func (e *UnavailableError) Error() string { return ErrUnavailable.Error() + e.msg }
+
+func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
+
+// RetryAfter is when to try again, estimated from how long the store has
+// failed so far: as long again (an outage that has lasted is likely to
+// last a while more), at least the Registry's probe interval (the soonest
+// it may find the store back; 250 ms for a Budget) and at most 30 s,
+// spread over half as long again, so that callers refused together do
+// not come back together.
+func (e *UnavailableError) RetryAfter() time.Duration { return e.after }
+
+// maxOutageRetry bounds an UnavailableError's RetryAfter.
+const maxOutageRetry = 30 * time.Second
+
+// outage keeps when the store's calls began to fail in a row (unix ns; 0:
+// the last call was answered).
+type outage struct{ since atomic.Int64 }
+
+// failed counts a failed call.
+func (o *outage) failed() { o.since.CompareAndSwap(0, time.Now().UnixNano()) }
+
+// answered counts a call the store answered: the outage, if any, is over.
+func (o *outage) answered() { o.since.Store(0) }
+
+// refusal is the UnavailableError of a call refused now, msg saying what
+// it was, with a RetryAfter of at least floor (see RetryAfter).
+func (o *outage) refusal(floor time.Duration, msg string) *UnavailableError {
+	d := floor
+	if since := o.since.Load(); since != 0 {
+		d = max(time.Since(time.Unix(0, since)), floor)
+	}
+	d = min(d, maxOutageRetry)
+	return &UnavailableError{after: d + rand.N(d/2+1), msg: msg}
 }

@@ -238,11 +238,11 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 	s := &spending{}
 	org, model := t.Org, t.Model
 	if fb := g.fleetBudgets; fb != nil {
-		if g.caps.StoreUnavailable() { // the store held unavailable: no call waits for it
+		if err := g.caps.Unavailable("the budgets' store"); err != nil { // held unavailable: no call waits for it
 			if fb.closed {
-				return nil, pacing.CapProvider, fmt.Errorf("%w: the budgets' store", fleet.ErrUnavailable)
+				return nil, pacing.CapProvider, err
 			}
-			g.uncounted(fb, fleet.ErrUnavailable)
+			g.uncounted(fb, err)
 			return s, "", nil
 		}
 		s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout

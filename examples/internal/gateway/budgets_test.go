@@ -371,6 +371,9 @@ func TestGatewayFleetBudgetStoreDown(t *testing.T) {
 				defer resp.Body.Close()
 				_, err = io.Copy(io.Discard, resp.Body)
 				require.NoError(t, err)
+				if resp.StatusCode == http.StatusServiceUnavailable { // when to come back, as the fleet estimates it
+					assert.GreaterOrEqual(t, assertRetryAfter(t, resp.Header), 250)
+				}
 				return resp.StatusCode
 			}
 			require.Equal(t, http.StatusOK, send())

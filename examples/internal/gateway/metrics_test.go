@@ -254,10 +254,18 @@ func TestMetricsFleetClosedIsNotDegraded(t *testing.T) {
 	close(u.gate)
 	srv, gw := startGatewayWith(t, u.srv.URL, `{"upstream": "%s",
 		"fleet": {"redis_url": "redis://`+addr+`/0", "on_unavailable": "closed"}}`)
+	var told []int
 	for i := 0; i < 20 && !gw.fleetTenants.Stats().BreakerOpen; i++ {
 		resp, _ := postBody(t, srv.Client(), srv.URL, "org-a", `{"model":"glm-5"}`)
 		require.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
+		// As long as Redis has failed so far, from the probe interval
+		// (250 ms) to 30 s, spread over half as long again.
+		ms := assertRetryAfter(t, resp.Header)
+		assert.GreaterOrEqual(t, ms, 250)
+		assert.LessOrEqual(t, ms, 45000)
+		told = append(told, ms)
 	}
+	t.Logf("retry-after-ms told while Redis could not be reached: %v", told)
 	require.True(t, gw.fleetTenants.Stats().BreakerOpen, "failed calls open the breaker")
 	text := scrape(t, srv.Client(), srv.URL)
 	assert.Contains(t, text, `inflight_fleet_redis_unavailable{fleet="tenants"} 1`)

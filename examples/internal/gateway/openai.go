@@ -96,10 +96,6 @@ func writeOpenAIErrorWith(w http.ResponseWriter, status int, message, capName, r
 	_ = enc.Encode(body)
 }
 
-// unavailableRetryAfter is the Retry-After of a 503 for a fleet store that
-// cannot be reached: about when the fleet's breaker probes Redis again.
-const unavailableRetryAfter = 5 * time.Second
-
 // admissionAnswer is the status, Retry-After and message for an admission
 // error: as slots.HTTPStatus maps it, but a cap of 0 (an org switched off)
 // is a 403, which clients do not retry, and a fleet store that cannot be
@@ -108,11 +104,12 @@ const unavailableRetryAfter = 5 * time.Second
 // carry no figures (one on the provider's caps was seen with limit 0).
 func admissionAnswer(err error) (status int, retryAfter time.Duration, msg string) {
 	var le *slots.LimitError
+	var down *fleet.UnavailableError
 	switch {
 	case errors.As(err, &le) && le.Limit == 0 && errors.Is(err, slots.ErrLimitReached):
 		return http.StatusForbidden, 0, "this organisation is disabled: its concurrency limit is 0"
-	case errors.Is(err, fleet.ErrUnavailable):
-		return http.StatusServiceUnavailable, unavailableRetryAfter, "the shared concurrency caps cannot be checked now"
+	case errors.As(err, &down): // when to come back, as the fleet estimates it
+		return http.StatusServiceUnavailable, down.RetryAfter(), "the shared concurrency caps cannot be checked now"
 	}
 	status, retryAfter = slots.HTTPStatus(err)
 	if errors.As(err, &le) && retryAfter > 0 { // none for a request heavier than its cap

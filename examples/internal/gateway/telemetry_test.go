@@ -366,7 +366,7 @@ func longHeld(t *testing.T, reader sdkmetric.Reader) int64 {
 // assertRetryAfter checks a refusal's Retry-After: retry-after-ms to the
 // millisecond, which the OpenAI and Anthropic SDKs read first, and the
 // same in whole seconds, rounded up.
-func assertRetryAfter(t *testing.T, h http.Header) {
+func assertRetryAfter(t *testing.T, h http.Header) (ms int) {
 	t.Helper()
 	ms, err := strconv.Atoi(h.Get("Retry-After-Ms"))
 	require.NoError(t, err, "retry-after-ms, to the millisecond")
@@ -374,6 +374,7 @@ func assertRetryAfter(t *testing.T, h http.Header) {
 	secs, err := strconv.Atoi(h.Get("Retry-After"))
 	require.NoError(t, err)
 	assert.Equal(t, max((ms+999)/1000, 1), secs, "Retry-After: the same, in whole seconds rounded up")
+	return ms
 }
 
 // holdStream starts a stream of org-a, which lasts until u's gate opens.

@@ -184,13 +184,21 @@ func (s failingRequests) Budget(ctx context.Context, c *driver.BudgetCall) (driv
 }
 
 // A reservation whose requests record cannot be reached after its tokens
-// were charged takes its tokens back and fails with ErrUnavailable.
+// were charged takes its tokens back and fails with ErrUnavailable, in an
+// *UnavailableError that says to come back after the Registry's default
+// probe interval (250 ms, spread to 375 ms): a Budget keeps no record of
+// an outage.
 func TestBudgetRequestsUnreachable(t *testing.T) {
 	s := memstore.New()
 	b, err := fleet.NewBudget(failingRequests{s}, "b", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10}, 0)
 	require.NoError(t, err)
 	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 300})
 	require.ErrorIs(t, err, fleet.ErrUnavailable)
+	var down *fleet.UnavailableError
+	require.ErrorAs(t, err, &down)
+	assert.GreaterOrEqual(t, down.RetryAfter(), 250*time.Millisecond)
+	assert.LessOrEqual(t, down.RetryAfter(), 375*time.Millisecond)
+	assert.Equal(t, `fleet: store unavailable: budget "b": connection refused`, err.Error())
 	tokens, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 1000}, 0)
 	require.NoError(t, err)
 	used, err := tokens.Used(context.Background())
