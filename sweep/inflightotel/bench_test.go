@@ -10,14 +10,16 @@ import (
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep/inflightotel"
+	"go.opentelemetry.io/otel/trace"
 )
 
 // BenchmarkAdmission: Acquire and Release under a context without a span,
 // with no MeterProvider installed, beside the same without an Observer,
-// with an Observer that does nothing (the floor of one told every Event)
-// and with one whose Enabled declines at once (the floor of one asked
-// first): what the adapter adds to an admission when nothing is traced or
-// collected.
+// with an Observer that does nothing (the floor of one told every Event),
+// with one whose Enabled declines at once (the floor of one asked first)
+// and with one that only looks for a recording span in the context (the
+// floor of one that puts admissions on their traces): what the adapter
+// adds to an admission when nothing is traced or collected.
 func BenchmarkAdmission(b *testing.B) {
 	c, err := inflightotel.New("provider")
 	if err != nil {
@@ -32,6 +34,7 @@ func BenchmarkAdmission(b *testing.B) {
 		{"bare", nil},
 		{"nop-observer", []slots.Option{slots.WithObserver(nop)}},
 		{"declining-observer", []slots.Option{slots.WithObserver(declining{})}},
+		{"span-lookup-observer", []slots.Option{slots.WithObserver(spanLookup{})}},
 		{"inflightotel", []slots.Option{slots.WithObserver(c)}},
 	} {
 		b.Run("limiter/"+tc.name, func(b *testing.B) {
@@ -61,6 +64,15 @@ func BenchmarkAdmission(b *testing.B) {
 			}
 		})
 	}
+}
+
+// spanLookup is an Observer that wants an Event only under a recording
+// span: the least one that traces admissions (the wait on the trace) can
+// ask.
+type spanLookup struct{ declining }
+
+func (spanLookup) Enabled(ctx context.Context) bool {
+	return ctx != nil && trace.SpanFromContext(ctx).IsRecording()
 }
 
 // declining is an Observer that wants no Event.
