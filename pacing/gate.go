@@ -296,6 +296,10 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 	switch {
 	case out == core.OutCanceled:
 		return core.Ending{}
+	case out == core.OutDeadline: // told as if it had timed out
+		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, gr.cost(), w.Class, g.eng.Clock.Nanos())
+		g.rejects-- // which rejectLocked counts: this one is a cancellation
+		return core.Ending{Rej: rej}
 	case out == core.OutRefused && gr.refused == nil: // by Close
 		return core.Ending{Reason: ErrGateClosed, Err: g.closedError()}
 	case out != core.OutRefused && g.cfg.FailOpen() && g.proceedLocked(gr): // as configured now; unless a budget holds it back

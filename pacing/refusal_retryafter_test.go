@@ -2,6 +2,7 @@ package pacing_test
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -130,3 +131,44 @@ func TestRefusalRetryAfterPastTheCaps(t *testing.T) {
 
 // firstErr is the error of a call that returns a Grant and an error.
 func firstErr(_ pacing.Grant, err error) error { return err }
+
+// As on a Limiter (slots' TestRetryAfterOfWaitsADeadlineEnded), requests
+// whose context's deadline passes while they wait for the provider are
+// told when their turn was expected, one turn apart; the error stays the
+// context's, and the Gate counts no refusal.
+func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MaxConcurrentRequests: 2})
+		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { gr, err := g.Acquire(context.Background(), "m"); return gr.Slot, err })
+		for range 2 {
+			gr, err := g.Acquire(context.Background(), "m")
+			require.NoError(t, err)
+			t.Cleanup(func() { gr.Slot.Release() })
+		}
+		rejected := g.Status().Rejected
+		told := make(chan time.Duration, 4)
+		for range 4 {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				err := firstErr(g.Acquire(ctx, "m"))
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+				var later interface{ RetryAfter() time.Duration }
+				if assert.ErrorAs(t, err, &later) {
+					told <- later.RetryAfter()
+				} else {
+					told <- 0
+				}
+			}()
+		}
+		var got []time.Duration
+		for range 4 {
+			got = append(got, <-told)
+		}
+		slices.Sort(got)
+		t.Logf("told %v", got)
+		assert.Positive(t, got[0])
+		assert.Greater(t, got[3], got[0], "spread over the provider's turns")
+		assert.Equal(t, rejected, g.Status().Rejected, "no refusal counted")
+	})
+}

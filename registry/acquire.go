@@ -215,6 +215,10 @@ func (r *Registry[K]) ended(w *core.Waiter, out core.Outcome, sh *shard[K], key 
 		sh.st.canceled++
 		sh.mu.Unlock()
 		return core.Ending{}
+	case out == core.OutDeadline: // told as if it had timed out
+		sh.st.canceled++
+		sh.mu.Unlock()
+		return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key, w)}
 	case r.eng.FailOpen:
 		sh.st.bypassed++
 		sh.seq++

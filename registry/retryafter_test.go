@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -252,4 +253,45 @@ func TestRegistryRetryAfterSpreadsReturns(t *testing.T) {
 		})
 	}
 	testrig.ScoreReturns(t, 48, runs)
+}
+
+// As on a Limiter (slots' TestRetryAfterOfWaitsADeadlineEnded), callers of
+// one key, or of several, whose context's deadline passes while they wait
+// are told when their turn on the key was expected, one turn apart; the
+// error stays the context's.
+func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
+	for _, keys := range [][]string{{"k"}, {"k", "other"}} {
+		t.Run(fmt.Sprint(len(keys), " keys"), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				reg := registry.New[string](2)
+				testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return reg.TryAcquireN("k", 2) })
+				held, err := reg.TryAcquireN("k", 2)
+				require.NoError(t, err)
+				told := make(chan time.Duration, 4)
+				for range 4 {
+					go func() {
+						ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+						defer cancel()
+						_, err := reg.AcquireAll(ctx, keys...)
+						assert.ErrorIs(t, err, context.DeadlineExceeded)
+						var later interface{ RetryAfter() time.Duration }
+						if assert.ErrorAs(t, err, &later) {
+							told <- later.RetryAfter()
+						} else {
+							told <- 0
+						}
+					}()
+				}
+				var got []time.Duration
+				for range 4 {
+					got = append(got, <-told)
+				}
+				held.Release()
+				slices.Sort(got)
+				ms := time.Millisecond
+				assert.Equal(t, []time.Duration{500 * ms, 500 * ms, 1500 * ms, 1500 * ms}, got)
+				assert.Equal(t, uint64(4), reg.Stats().Canceled)
+			})
+		})
+	}
 }

@@ -21,11 +21,11 @@ const (
 //	nil                                   200, 0
 //	wraps ErrExceedsLimit                 413, 0 (waiting cannot help)
 //	*LimitError (any other reason)        429, RetryAfter rounded up to seconds
+//	has a RetryAfter() time.Duration      503, it (a deadline passed in a queue; a store down)
 //	wraps context.DeadlineExceeded        503, 1 s (the server's deadline passed)
 //	wraps context.Canceled                499, 0 (the client went away)
 //	wraps ErrBadPriority                  400, 0
 //	*BadRequestError                      its Status (400 by default), 0
-//	has a RetryAfter() time.Duration      503, RetryAfter() (fleet's store unreachable)
 //	wraps ErrNotSent (and none of these)  503, 0
 //	anything else                         500, 0
 func HTTPStatus(err error) (status int, retryAfter time.Duration) {
@@ -39,6 +39,7 @@ func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 // httpStatus is HTTPStatus with the Retry-After as estimated.
 func httpStatus(err error) (status int, retryAfter time.Duration) {
 	var le *LimitError
+	var later interface{ RetryAfter() time.Duration }
 	switch {
 	case err == nil:
 		return http.StatusOK, 0
@@ -46,6 +47,8 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 		return http.StatusRequestEntityTooLarge, 0
 	case errors.As(err, &le):
 		return http.StatusTooManyRequests, max(le.RetryAfter, time.Millisecond)
+	case errors.As(err, &later):
+		return http.StatusServiceUnavailable, max(later.RetryAfter(), time.Millisecond)
 	case errors.Is(err, context.DeadlineExceeded):
 		return http.StatusServiceUnavailable, time.Second
 	case errors.Is(err, context.Canceled):
@@ -56,10 +59,6 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 	var bad *BadRequestError
 	if errors.As(err, &bad) {
 		return bad.status(), 0
-	}
-	var later interface{ RetryAfter() time.Duration }
-	if errors.As(err, &later) {
-		return http.StatusServiceUnavailable, max(later.RetryAfter(), time.Millisecond)
 	}
 	if errors.Is(err, ErrNotSent) { // a base's refusal that says no more
 		return http.StatusServiceUnavailable, 0

@@ -146,6 +146,9 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 	case out == core.OutCanceled:
 		l.stats.Canceled++
 		return core.Ending{}
+	case out == core.OutDeadline: // told as if it had timed out
+		l.stats.Canceled++
+		return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane, w.Hold.Units(), w.Class)}
 	case out == core.OutRefused: // counted by the SetLimit that refused it
 		return core.Ending{Rej: l.eng.RejectLane(ErrExceedsLimit, "", &l.lane, w.Hold.Units(), w.Class)}
 	case l.eng.FailOpen:

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
 	"testing"
@@ -315,5 +316,51 @@ func TestRetryAfterOfATimeoutOwedItsShare(t *testing.T) {
 		assert.Equal(t, []time.Duration{2 * time.Second, 2 * time.Second, 3 * time.Second, 3 * time.Second}, told)
 		assert.Equal(t, 2750*time.Millisecond, <-batch, "the round at 3 s, less a lead of a quarter of a hold")
 		<-queued
+	})
+}
+
+// Callers whose context's deadline (a server's) passes while they wait are
+// told when their turn was expected, as if their wait had timed out:
+// spread one turn apart, not all a fixed second. Their error is still the
+// context's, and HTTPStatus answers it 503 with that time; a caller that
+// went away (its context cancelled) is told nothing.
+func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		l := slots.NewLimiter(2)
+		defer holdBoth(t, l)()
+		var mu sync.Mutex
+		var told []time.Duration
+		var wg sync.WaitGroup
+		for range 6 {
+			wg.Go(func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				_, err := l.Acquire(ctx)
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+				assert.False(t, errors.As(err, new(*slots.LimitError)), "the context's error, not a refusal")
+				var later interface{ RetryAfter() time.Duration }
+				if !assert.ErrorAs(t, err, &later) {
+					return
+				}
+				status, retryAfter := slots.HTTPStatus(err)
+				assert.Equal(t, http.StatusServiceUnavailable, status)
+				assert.Equal(t, (later.RetryAfter() + time.Second - 1).Truncate(time.Second), retryAfter)
+				mu.Lock()
+				told = append(told, later.RetryAfter())
+				mu.Unlock()
+			})
+		}
+		synctest.Wait()
+		wg.Wait()
+		slices.Sort(told)
+		ms := time.Millisecond
+		assert.Equal(t, []time.Duration{500 * ms, 500 * ms, 1500 * ms, 1500 * ms, 2500 * ms, 2500 * ms}, told)
+		assert.Equal(t, uint64(6), l.Stats().Canceled, "counted as calls whose context ended")
+
+		ctx, cancel := context.WithCancel(context.Background())
+		time.AfterFunc(100*time.Millisecond, cancel)
+		_, err := l.Acquire(ctx)
+		require.ErrorIs(t, err, context.Canceled)
+		assert.False(t, errors.As(err, new(interface{ RetryAfter() time.Duration })), "a caller gone is told nothing")
 	})
 }

@@ -3,6 +3,7 @@ package core
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"runtime"
@@ -71,8 +72,11 @@ type Waits interface {
 	// w's leaving unblocks.
 	Withdraw(w *Waiter) bool
 	// Ended counts a wait that took nothing (out is OutCanceled,
-	// OutRefused or OutExpired) and says how to answer it; not called for
-	// a grant given back (Hold.GivenBack), which its release counted.
+	// OutDeadline, OutRefused or OutExpired) and says how to answer it;
+	// not called for a grant given back (Hold.GivenBack), which its
+	// release counted. For OutDeadline, its Rej is what the caller would
+	// have been told had its wait timed out instead: its RetryAfter goes
+	// with the context's error.
 	Ended(w *Waiter, out Outcome) Ending
 }
 
@@ -163,10 +167,20 @@ func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 		if out == OutGranted {
 			return e.acquired(ctx, x, t, time.Duration(max(e.Clock.WaitEnd(w.Hold.At)-w.Start, 0))), nil
 		}
+		if out == OutCanceled && errors.Is(ctx.Err(), context.DeadlineExceeded) {
+			out = OutDeadline
+		}
 		if !w.Hold.GivenBack { // else its owner counted a grant and its release
 			end = w.ends.Ended(w, out)
 		}
 		waited = time.Duration(max(e.Clock.Nanos()-w.Start, 0))
+		if out == OutDeadline {
+			err := e.Canceled(ctx, waited)
+			if end.Rej != nil {
+				err = &deadlineError{err, end.Rej.RetryAfter}
+			}
+			return nil, err
+		}
 		if out == OutExpired && end.Rej == nil && end.Err == nil && end.Bypass != "" {
 			e.bypass(ctx, w, end.Bypass, end.Attrs...)
 			e.handOut(x, t)
@@ -243,6 +257,18 @@ func (e *Engine) bypass(ctx context.Context, w *Waiter, what string, attrs ...sl
 	}
 	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(max(h.At-start, 0)), Ctx: ctx, Units: h.Units()})
 }
+
+// deadlineError is the error of a caller whose context's deadline passed
+// while it waited: the context's error, with when the caller's turn was
+// expected (slots.HTTPStatus answers it 503 with that).
+type deadlineError struct {
+	error
+	after time.Duration
+}
+
+func (e *deadlineError) Unwrap() error { return e.error }
+
+func (e *deadlineError) RetryAfter() time.Duration { return e.after }
 
 // Canceled reports a caller whose context ended before it was admitted,
 // after waiting wait, and returns its error. Call without locks.

@@ -123,6 +123,10 @@ const (
 	OutCanceled                // ctx ended first; the caller holds nothing
 	OutExpired                 // the max wait passed first; the caller holds nothing
 	OutRefused                 // the owner refused it (Wakes.Refuse); the caller holds nothing
+	// OutDeadline is OutCanceled by the context's deadline (Finish tells
+	// the two apart): a server's, whose client may come back, so its owner
+	// says when (Waits.Ended).
+	OutDeadline
 )
 
 // Await blocks until w is granted, ctx ends or expire fires (nil: never).
