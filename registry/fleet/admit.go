@@ -228,7 +228,9 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 			r.takeBack(l)
 			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: int(res.Counts[i]) - l.units,
 				Limit: limit, RetryAfter: time.Second}
-			le.RetryAfter = r.refusalRetryAfter(l, i, le, 0, 0, true) // as a full key's
+			// From the key's holds (the Registry's, before any ended
+			// here), its units over the cap counted ahead of it.
+			le.RetryAfter = r.refusalRetryAfter(l, i, le, le.InFlight-limit, 0, true)
 			return outcome{err: le, full: i, inFlight: le.InFlight}
 		}
 		l.start = st

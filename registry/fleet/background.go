@@ -217,6 +217,9 @@ func (r *Registry[K]) probe() bool {
 	err := r.store.Ping(ctx)
 	cancel()
 	if err != nil {
+		if r.stopping.Err() == nil {
+			r.brk.failed() // the outage goes on, should a late answer have ended it
+		}
 		return false
 	}
 	if !r.renew() {

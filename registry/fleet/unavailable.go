@@ -92,9 +92,11 @@ func (e *UnavailableError) Unwrap() error { return ErrUnavailable }
 // RetryAfter is when to try again, estimated from how long the store has
 // failed so far: as long again (an outage that has lasted is likely to
 // last a while more), at least the Registry's probe interval (the soonest
-// it may find the store back; 250 ms for a Budget) and at most 30 s,
-// spread over half as long again, so that callers refused together do
-// not come back together.
+// it may find the store back; 250 ms for a Budget, which keeps no record
+// of the store's earlier calls) and at most 30 s or that interval, spread
+// over half as long again, so that callers refused together do not come
+// back together. It runs on the wall clock: a clock set forward meanwhile
+// makes it longer, to that bound.
 func (e *UnavailableError) RetryAfter() time.Duration { return e.after }
 
 // maxOutageRetry bounds an UnavailableError's RetryAfter.
@@ -117,6 +119,6 @@ func (o *outage) refusal(floor time.Duration, msg string) *UnavailableError {
 	if since := o.since.Load(); since != 0 {
 		d = max(time.Since(time.Unix(0, since)), floor)
 	}
-	d = min(d, maxOutageRetry)
+	d = min(d, max(maxOutageRetry, floor))
 	return &UnavailableError{after: d + rand.N(d/2+1), msg: msg}
 }

@@ -1,9 +1,11 @@
 package fleet
 
 import (
+	"context"
 	"errors"
 	"net/http"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -12,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -74,5 +77,65 @@ func TestUnavailableRetryAfterFollowsTheOutage(t *testing.T) {
 		st.Kill()
 		d, _ = refused()
 		within(d, defaultProbeEvery, "a new outage starts short again")
+
+		// A probe interval over 30 s is the least told, as documented.
+		within(new(outage).refusal(time.Minute, "").RetryAfter(), time.Minute, "a probe a minute")
+	})
+}
+
+// slowRenewal is a memstore whose armed next renewal is answered, then
+// held back until release is closed; and whose admissions fail while
+// failAdmits is set.
+type slowRenewal struct {
+	*memstore.Store
+	armed      atomic.Bool
+	renewing   chan struct{}
+	release    chan struct{}
+	failAdmits atomic.Bool
+}
+
+func (s *slowRenewal) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
+	res, err := s.Store.Renew(ctx, c)
+	if s.armed.CompareAndSwap(true, false) {
+		close(s.renewing)
+		<-s.release
+	}
+	return res, err
+}
+
+func (s *slowRenewal) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.failAdmits.Load() {
+		return driver.AdmitResult{Err: errStoreDown}, errStoreDown
+	}
+	return s.Store.AdmitOne(ctx, c)
+}
+
+// An answer that comes late, after the breaker opened (a renewal sent
+// while the store still answered), does not end the outage for good: the
+// probes that fail after it start it again. Before, the refusals of the
+// outage that followed were told 250–375 ms to its end. Found by a review.
+func TestUnavailableAfterALateAnswer(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		st := &slowRenewal{Store: memstore.New(), renewing: make(chan struct{}), release: make(chan struct{})}
+		r := New[string](st, 4, WithLeaseTTL(3*time.Second), WithUnavailable(FailClosed), WithLogger(quiet()))
+		t.Cleanup(r.Close)
+		s, err := r.TryAcquire("k") // a lease for the heartbeat to renew
+		require.NoError(t, err)
+		defer s.Release()
+		st.armed.Store(true)
+		<-st.renewing // answered, and held on its way back
+		st.failAdmits.Store(true)
+		for range 3 {
+			_, err := r.TryAcquire("k")
+			require.ErrorIs(t, err, ErrUnavailable)
+		}
+		require.True(t, r.Stats().BreakerOpen)
+		st.Kill()
+		close(st.release) // the renewal's answer arrives now
+		time.Sleep(20 * time.Second)
+		_, err = r.TryAcquire("k")
+		var down *UnavailableError
+		require.ErrorAs(t, err, &down)
+		assert.GreaterOrEqual(t, down.RetryAfter(), 19*time.Second, "about 20 s into the outage")
 	})
 }
