@@ -82,7 +82,9 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 	e := sh.lookup(key, hash)
 	if e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
-		e, set, serve = r.lockBeside(sh, key, hash, &wk)
+		r.multiMu.Lock()
+		e, set, serve = r.lockBeside(sh, key, hash)
+		r.grantLocked(serve, &wk) // first (see lockBeside)
 		if ctx != nil && r.eng.Shares == nil {
 			place = core.PlaceOf(ctx) // the class matters beside them
 			h.Class = place.Class
@@ -153,23 +155,24 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 	return core.Refuse(rej)
 }
 
-// lockBeside takes the locks to decide an admission under key, on which
-// multi-key waiters queue: multiMu and, while such waiters are still there,
-// their shards; and it serves what they can take now, so that a newcomer
-// neither passes one that could be served nor takes a slot kept for one
-// (admitsLocked). It returns key's entry (nil if it went meanwhile) and the
-// shards it locked.
-func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64, wk *core.Wakes) (*entry[K], []int, []*entry[K]) {
-	r.multiMu.Lock()
+// lockBeside takes the shard locks to decide an admission under key, or
+// to change its limit, where multi-key waiters may queue: key's shard (sh)
+// and, while such waiters are there, their shards (lockForGrant). Call
+// with multiMu held. It returns key's entry (nil if it is not live), the
+// shards it locked, and the entries to serve (nil without such waiters).
+// An admission serves them before it decides, so that a newcomer neither
+// passes one that could be served nor takes a slot kept for one
+// (admitsLocked).
+func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64) (*entry[K], []int, []*entry[K]) {
 	sh.mu.Lock()
 	e := sh.lookup(key, hash)
 	if e == nil || e.lane.Multi == 0 {
 		return e, []int{sh.idx}, nil
 	}
-	// Its multi-key waiters leave only under multiMu, so e stays live.
+	// Its multi-key waiters leave only under multiMu, so e stays live and
+	// they stay queued while the shards they need are locked.
 	sh.mu.Unlock()
 	set, serve := r.lockForGrant([]*entry[K]{e}, nil)
-	r.grantLocked(serve, wk)
 	return e, set, serve
 }
 

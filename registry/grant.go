@@ -126,12 +126,8 @@ func (r *Registry[K]) grantLocked(entries []*entry[K], wk *core.Wakes) {
 			continue
 		}
 		r.unlinkWaiterLocked(best, m, true)
-		var counted []*core.Waiter
-		for _, e := range m.entries {
-			counted = passLocked(e, best.Class, best.Seq, counted)
-		}
 		best.Hold.At = now
-		r.holdMultiLocked(best.Hold, m)
+		r.holdMultiLocked(best.Hold, m, best.Class, best.Seq)
 		m.entries[0].shard.st.waited++
 		wk.Grant(best)
 	}

@@ -58,17 +58,14 @@ func (r *Registry[K]) RefreshLimits(match func(K) bool) {
 	if r.limitFunc == nil {
 		return
 	}
-	for i := range r.shards {
-		sh := &r.shards[i]
-		sh.mu.Lock()
+	r.eachShard(func(sh *shard[K]) {
 		for k, rv := range sh.resolved {
 			if match(k) {
 				rv.at, rv.again = staleAt, rv.fetch != nil
 				sh.resolved[k] = rv
 			}
 		}
-		sh.mu.Unlock()
-	}
+	})
 }
 
 // staleAt is a fetch time that no refresh interval counts as fresh. The limit
@@ -81,7 +78,7 @@ const staleAt = math.MinInt64 / 2
 // is taken before anything changes, so no caller can take the new room ahead
 // of a waiter that could be served.
 func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
-	if r.validKey(key) != nil {
+	if r.CheckKey(key) != nil {
 		return // a key admissions refuse has no limit to set
 	}
 	sh, hash := r.shardFor(key)
@@ -89,15 +86,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	sh.mu.Lock()
-	locked := []int{sh.idx}
-	var serve []*entry[K]
-	if e := sh.lookup(key, hash); e != nil && e.lane.Multi > 0 {
-		sh.mu.Unlock()
-		// e's multi-key waiters leave only under multiMu (held), so e stays
-		// live and they stay queued while the shards they need are locked.
-		locked, serve = r.lockForGrant([]*entry[K]{e}, nil)
-	}
+	_, locked, serve := r.lockBeside(sh, key, hash)
 	defer r.unlockShards(locked)
 	n, ok := set(sh)
 	e := sh.lookup(key, hash)
@@ -123,20 +112,18 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 func (r *Registry[K]) refuseOverweightLocked(e *entry[K], wk *core.Wakes) {
 	for _, w := range e.lane.Overweight(nil) {
 		r.exceedsLimit.Add(1)
-		m, ok := w.Hold.Owner.(*multi[K])
-		if !ok {
-			e.lane.Waiters.Remove(&w.Elem)
-			wk.Refuse(w)
-			continue
-		}
-		r.unlinkWaiterLocked(w, m, false)
-		m.refusedBy = e.key
-		wk.Refuse(w)
-		for _, me := range m.entries {
-			if me != e {
-				me.shard.dropIfIdleLocked(r, me)
+		if m, ok := w.Hold.Owner.(*multi[K]); ok {
+			r.unlinkWaiterLocked(w, m, false)
+			m.refusedBy = e.key
+			for _, me := range m.entries {
+				if me != e {
+					me.shard.dropIfIdleLocked(r, me)
+				}
 			}
+		} else {
+			e.lane.Waiters.Remove(&w.Elem)
 		}
+		wk.Refuse(w)
 	}
 }
 
@@ -153,11 +140,7 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 	// Once a refresh interval, every shard's cache not pruned since: one
 	// whose keys have all gone quiet would otherwise keep their limits.
 	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.refresh)) {
-		for i := range r.shards {
-			r.shards[i].mu.Lock()
-			r.pruneResolvedLocked(&r.shards[i], now)
-			r.shards[i].mu.Unlock()
-		}
+		r.eachShard(func(sh *shard[K]) { r.pruneResolvedLocked(sh, now) })
 	}
 	sh.mu.Lock()
 	r.pruneResolvedLocked(sh, now)
@@ -282,15 +265,6 @@ type panicError struct{ v any }
 
 func (p panicError) Error() string { return "registry: LimitFunc panicked: " + keyString(p.v) }
 
-// forgetLimitLocked drops key's cached limit as the key goes idle, unless it
-// is being fetched or still retained.
-func (r *Registry[K]) forgetLimitLocked(sh *shard[K], key K) {
-	rv, ok := sh.resolved[key]
-	if ok && rv.fetch == nil && !r.retained(rv, r.eng.Clock.Coarse()) {
-		delete(sh.resolved, key)
-	}
-}
-
 // pruneResolvedLocked drops the limits of idle keys that are no longer
 // retained: keys that went idle while their limit was retained are
 // forgotten here. It runs on an acquire of the shard once a refresh
@@ -367,12 +341,7 @@ func laneOf[K comparable, T any](r *Registry[K], key K, f func(*core.Lane) T) (v
 // waiter. Idle keys are not tracked.
 func (r *Registry[K]) Keys() int {
 	n := 0
-	for i := range r.shards {
-		sh := &r.shards[i]
-		sh.mu.Lock()
-		n += int(sh.lanes.n)
-		sh.mu.Unlock()
-	}
+	r.eachShard(func(sh *shard[K]) { n += int(sh.lanes.n) })
 	return n
 }
 
@@ -402,25 +371,22 @@ type Stats struct {
 // so the sums are not one instant's, but each shard's part is.
 func (r *Registry[K]) Stats() Stats {
 	var st Stats
-	for i := range r.shards {
-		sh := &r.shards[i]
-		sh.mu.Lock()
+	r.eachShard(func(sh *shard[K]) {
 		st.Keys += int(sh.lanes.n)
 		sh.lanes.each(func(e *entry[K]) {
 			st.InFlight += e.lane.Holders.Units()
 			st.Waiting += e.lane.Waiters.Len()
 		})
-		c, seq, released := sh.st, sh.seq, sh.released
-		sh.mu.Unlock()
-		st.Acquired += seq - c.bypassed
+		c := &sh.st
+		st.Acquired += sh.seq - c.bypassed
 		st.Waited += c.waited
-		st.Released += released
+		st.Released += sh.released
 		st.Bypassed += c.bypassed
 		st.LimitReached += c.limitReached
 		st.QueueFull += c.queueFull
 		st.WaitTimeouts += c.waitTimeouts
 		st.Canceled += c.canceled
-	}
+	})
 	st.InvalidKeys = r.invalidKeys.Load()
 	st.ExceedsLimit = r.exceedsLimit.Load()
 	st.DoubleReleases = r.eng.Misuses()

@@ -258,11 +258,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	r.entriesLocked(m, shs, keys, hashes, fetched)
 	full := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !admitsLocked(e, h.Class, n) })
 	if full < 0 {
-		var counted []*core.Waiter
-		for _, e := range m.entries {
-			counted = passLocked(e, h.Class, newcomer, counted)
-		}
-		r.holdMultiLocked(h, m)
+		r.holdMultiLocked(h, m, h.Class, newcomer)
 		if anyHeavy(serve) || anyHeavy(m.entries) {
 			r.grantLocked(append(serve, m.entries...), &wk)
 		}
@@ -356,8 +352,8 @@ func queueMultiLocked[K comparable](m *multi[K], w *core.Waiter) {
 
 // lockBesideAll locks the shards of a multi-key admission (under multiMu)
 // and, if multi-key waiters queue on any of its keys, theirs too, and
-// serves what they can take now, as lockBeside does for one key. It
-// returns the shards it locked.
+// serves what they can take now, as acquireOne does for one key
+// (lockBeside). It returns the shards it locked and the entries served.
 func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, hashes []uint64, wk *core.Wakes) ([]int, []*entry[K]) {
 	r.lockShards(shards)
 	var beside []*entry[K]
@@ -392,13 +388,18 @@ func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K, hash
 	}
 }
 
-func (r *Registry[K]) holdMultiLocked(h *core.Hold, m *multi[K]) {
-	for i, e := range m.entries {
-		if i == 0 {
-			e.shard.holdLocked(r, e, h, &m.idx[0])
-		} else {
-			e.lane.Holders.Add(h, &m.idx[i])
-		}
+// holdMultiLocked counts h, of a caller of class c that arrived at seq, as
+// a holder of every key of m, once it has counted the admission against
+// the multi-key waiters it passes over there (passLocked, once per waiter).
+func (r *Registry[K]) holdMultiLocked(h *core.Hold, m *multi[K], c uint8, seq uint64) {
+	var counted []*core.Waiter
+	for _, e := range m.entries {
+		counted = passLocked(e, c, seq, counted)
+	}
+	first := m.entries[0]
+	first.shard.holdLocked(r, first, h, &m.idx[0])
+	for i, e := range m.entries[1:] {
+		e.lane.Holders.Add(h, &m.idx[i+1])
 	}
 }
 

@@ -165,7 +165,29 @@ const maxFreeEntries = 32
 // slots.WithObserver, ...) and this package's own. It panics if
 // defaultLimit is negative.
 func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
-	return newRegistry[K](defaultLimit, opts)
+	if defaultLimit < 0 {
+		panic(fmt.Sprintf("registry: negative default limit %d", defaultLimit))
+	}
+	st := core.Settings{Shards: DefaultShards, MaxKeyBytes: DefaultMaxKeyBytes}
+	core.Apply(&st, opts)
+	n := 1 << bits.Len(uint(min(st.Shards, MaxShards)-1))
+	r := &Registry[K]{
+		defaultLimit: defaultLimit,
+		maxKeyBytes:  st.MaxKeyBytes,
+		stringKeys:   reflect.TypeFor[K]().Kind() == reflect.String,
+		seed:         maphash.MakeSeed(),
+		shards:       make([]shard[K], n),
+		shardBits:    uint(bits.Len(uint(n - 1))),
+	}
+	r.eng.Policy = st.Policy
+	r.eng.Init("registry", asError)
+	r.eng.SampleShift = r.shardBits
+	for i := range r.shards {
+		r.shards[i].idx = i
+		r.shards[i].lanes.shift = uint32(r.shardBits)
+		r.shards[i].r = r
+	}
+	return r
 }
 
 // NewWithLimitFunc is New for keys whose limits come from fn, for example an
@@ -198,49 +220,19 @@ func NewWithLimitFunc[K comparable](defaultLimit int, fn LimitFunc[K], refresh t
 	if refresh <= 0 {
 		panic(fmt.Sprintf("registry: NewWithLimitFunc needs a positive refresh interval, got %v", refresh))
 	}
-	r := newRegistry[K](defaultLimit, opts)
+	r := New[K](defaultLimit, opts...)
 	r.limitFunc, r.refresh = fn, refresh
-	return r
-}
-
-func newRegistry[K comparable](defaultLimit int, opts []Option) *Registry[K] {
-	if defaultLimit < 0 {
-		panic(fmt.Sprintf("registry: negative default limit %d", defaultLimit))
-	}
-	st := core.Settings{Shards: DefaultShards, MaxKeyBytes: DefaultMaxKeyBytes}
-	core.Apply(&st, opts)
-	n := 1 << bits.Len(uint(min(st.Shards, MaxShards)-1))
-	r := &Registry[K]{
-		defaultLimit: defaultLimit,
-		maxKeyBytes:  st.MaxKeyBytes,
-		stringKeys:   reflect.TypeFor[K]().Kind() == reflect.String,
-		seed:         maphash.MakeSeed(),
-		shards:       make([]shard[K], n),
-		shardBits:    uint(bits.Len(uint(n - 1))),
-	}
-	r.eng.Policy = st.Policy
-	r.eng.Init("registry", asError)
-	r.eng.SampleShift = r.shardBits
-	for i := range r.shards {
-		r.shards[i].idx = i
-		r.shards[i].lanes.shift = uint32(r.shardBits)
-		r.shards[i].r = r
-	}
 	return r
 }
 
 // equalsItself is false for a key that no map lookup could find again (it
 // holds a NaN) or that cannot be hashed (it holds an uncomparable value).
 func equalsItself[K comparable](k K) (ok bool) {
-	defer func() {
-		if recover() != nil {
-			ok = false
-		}
-	}()
+	defer func() { recover() }() // a panic leaves ok false
 	return k == k
 }
 
-// hashable is false for a key that validKey refuses as unequal to itself
+// hashable is false for a key that CheckKey refuses as unequal to itself
 // or not comparable (shardFor would panic on an interface holding a
 // slice): a read of one finds nothing.
 func (r *Registry[K]) hashable(key K) bool { return r.stringKeys || equalsItself(key) }
@@ -252,12 +244,22 @@ func (r *Registry[K]) shardFor(key K) (*shard[K], uint64) {
 	return &r.shards[h&uint64(len(r.shards)-1)], h
 }
 
+// eachShard calls fn with each shard in turn, under that shard's lock.
+func (r *Registry[K]) eachShard(fn func(*shard[K])) {
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		fn(sh)
+		sh.mu.Unlock()
+	}
+}
+
 // lookup returns key's live entry in sh, or nil.
 func (sh *shard[K]) lookup(key K, h uint64) *entry[K] { return sh.lanes.get(key, h) }
 
-// checkKey is validKey for an admission: a bad key is a counted rejection.
+// checkKey is CheckKey for an admission: a bad key is a counted rejection.
 func (r *Registry[K]) checkKey(ctx context.Context, key K) error {
-	err := r.validKey(key)
+	err := r.CheckKey(key)
 	if err != nil {
 		r.invalidKeys.Add(1)
 		r.eng.Rejected(ctx, ErrInvalidKey, 0)
@@ -265,10 +267,16 @@ func (r *Registry[K]) checkKey(ctx context.Context, key K) error {
 	return err
 }
 
-// validKey rejects keys over the length bound, and keys that a map could
-// never find again: a NaN (or a struct or interface holding one) is unequal to
-// itself, and an interface holding a slice cannot be hashed at all.
-func (r *Registry[K]) validKey(key K) error {
+// CheckKey returns an error wrapping ErrInvalidKey if admissions would
+// refuse key: over the WithMaxKeyBytes bound, or unequal to itself (it
+// holds a NaN) or not comparable; nil otherwise. Admissions check it
+// themselves; it is for a layer that must refuse a key before it passes the
+// key on (as package registry/fleet does before it goes to Redis).
+//
+// It refuses the keys that a map could never find again: a NaN (or a
+// struct or interface holding one) is unequal to itself, and an interface
+// holding a slice cannot be hashed at all.
+func (r *Registry[K]) CheckKey(key K) error {
 	s, str := any(key).(string) // the common key type
 	n := len(s)
 	if !str && r.stringKeys && r.maxKeyBytes > 0 {
@@ -282,13 +290,6 @@ func (r *Registry[K]) validKey(key K) error {
 	}
 	return nil
 }
-
-// CheckKey returns an error wrapping ErrInvalidKey if admissions would
-// refuse key: over the WithMaxKeyBytes bound, or unequal to itself (it
-// holds a NaN) or not comparable; nil otherwise. Admissions check it
-// themselves; it is for a layer that must refuse a key before it passes the
-// key on (as package registry/fleet does before it goes to Redis).
-func (r *Registry[K]) CheckKey(key K) error { return r.validKey(key) }
 
 // limitLocked returns the limit a key without a lane would start with:
 // its override, its fetched limit, or fetched (the one the caller's

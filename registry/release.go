@@ -65,11 +65,14 @@ func (sh *shard[K]) holdLocked(r *Registry[K], e *entry[K], h *core.Hold, idx *i
 }
 
 // dropIfIdleLocked removes e once it has neither holders nor waiters, and
-// forgets its key's fetched limit unless that is retained.
+// forgets its key's fetched limit unless that is being fetched or still
+// retained.
 func (sh *shard[K]) dropIfIdleLocked(r *Registry[K], e *entry[K]) {
 	key := e.key
 	if sh.dropUnusedLocked(e) && sh.resolved != nil {
-		r.forgetLimitLocked(sh, key)
+		if rv, ok := sh.resolved[key]; ok && rv.fetch == nil && !r.retained(rv, r.eng.Clock.Coarse()) {
+			delete(sh.resolved, key)
+		}
 	}
 }
 
@@ -182,22 +185,19 @@ func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.eng.Clock.Time(at
 // Time implements core.Owner.
 func (m *multi[K]) Time(at int64) time.Time { return m.r.eng.Clock.Time(at) }
 
-// Leaked implements core.Leaker: a Slot of key was dropped while held, and
-// its capacity has just been reclaimed.
-func (e *entry[K]) Reclaim(t *core.Tracked) { e.shard.r.reclaim(t, e) }
-
-// Reclaim implements core.Leaker, naming the multi-key slot's first key.
-func (m *multi[K]) Reclaim(t *core.Tracked) { m.r.reclaim(t, m.entries[0]) }
-
-// reclaim frees a dropped Slot's hold and reports the leak. The key is read
-// first, under its shard's lock: the hold still counts then, so e is still
-// the key's entry; once freed, e may go idle and serve another key.
-func (r *Registry[K]) reclaim(t *core.Tracked, e *entry[K]) {
+// Reclaim implements core.Leaker: it frees a dropped Slot's hold and
+// reports the leak. The key is read first, under its shard's lock: the hold
+// still counts then, so e is still the key's entry; once freed, e may go
+// idle and serve another key.
+func (e *entry[K]) Reclaim(t *core.Tracked) {
 	e.shard.mu.Lock()
 	key := e.key
 	e.shard.mu.Unlock()
-	r.eng.Reclaim(t, slog.String("key", keyString(key)))
+	e.shard.r.eng.Reclaim(t, slog.String("key", keyString(key)))
 }
+
+// Reclaim implements core.Leaker, naming the multi-key slot's first key.
+func (m *multi[K]) Reclaim(t *core.Tracked) { m.entries[0].Reclaim(t) }
 
 // rejectLocked builds a rejection for key, from its entry e, of a caller of
 // class c weighing n units.
