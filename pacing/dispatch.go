@@ -29,9 +29,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			var fit int64 // when a key whose requests budget is spent takes requests again
 			if key = g.pickKeyForLocked(now, &Tokens{}, &fit); key == nil {
 				wakeAt = g.keyBackAtLocked(now) // or a release will dispatch again
-				if fit != 0 {
-					lower(&wakeAt, fit)
-				}
+				lower(&wakeAt, fit)
 				break
 			}
 		}
@@ -46,9 +44,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			// the request keeps its place and the pass stops.
 			c := gr.cost()
 			if key = g.pickKeyForLocked(now, &c, &wakeAt); key == nil {
-				if back := g.keyBackAtLocked(now); back != 0 {
-					lower(&wakeAt, back)
-				}
+				lower(&wakeAt, g.keyBackAtLocked(now))
 				break // or a release will dispatch again
 			}
 		}

@@ -118,14 +118,12 @@ func (g *Gate) poolLocked(now int64) (pool int, back int64) {
 	all := 0
 	for _, k := range g.keys {
 		all = addLimits(all, k.lane.Limit)
-		if k.outUntil > now {
-			lower(&back, k.outUntil)
-		} else {
+		if k.outUntil <= now {
 			pool = addLimits(pool, k.lane.Limit)
 		}
 	}
 	if pool == 0 {
-		return all, back
+		return all, g.keyBackAtLocked(now)
 	}
 	return pool, 0
 }

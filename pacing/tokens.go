@@ -246,9 +246,9 @@ func (t *tokensFit) served(w *core.Waiter) {
 	}
 }
 
-// lower lowers *at to t; an *at of 0 is none yet.
+// lower lowers *at to t; 0, as either, is none (a t of 0 changes nothing).
 func lower(at *int64, t int64) {
-	if *at == 0 || t < *at {
+	if t != 0 && (*at == 0 || t < *at) {
 		*at = t
 	}
 }
