@@ -147,23 +147,20 @@ func (g *Gate) rejectLocked(reason error, ml *modelLane, t Tokens, c uint8, now 
 	case slots.ErrQueueFull: // the provider's queue: its budgets for the caller (not a walk of the queue)
 		at, _ = g.budgetsAt(ml, t, afterNone, now)
 	}
-	ra := rej.RetryAfter
 	// Nothing starts before the first key is back from its quota or the
 	// upstream's pause ends: the turns count from then.
 	if from := max(back, g.ad.pauseUntil); from > now {
-		ra += retryAt(from, now)
-	}
-	if at > now { // when a binding budget takes it
-		ra = max(ra, retryAt(at, now))
+		rej.RetryAfter += retryAt(from, now)
 	}
 	// Its tokens: when those it needs are expected to free.
 	n := t.Total()
-	ra = max(ra, g.tok.retryAfterLocked(g, &g.provider, n, wait, now), ml.tok.retryAfterLocked(g, &ml.lane, n, wait, now))
-	next := max(nextStart(g.started, g.last, g.interval), nextStart(ml.started, ml.last, ml.interval))
+	rej.RetryAfter = max(rej.RetryAfter, g.tok.retryAfterLocked(g, &g.provider, n, wait, now), ml.tok.retryAfterLocked(g, &ml.lane, n, wait, now))
+	// When a binding budget takes it, and when the provider's and the
+	// model's next starts are allowed; rounded up (retryAt), so that a
+	// client that honours it does not come back early.
+	next := max(at, nextStart(g.started, g.last, g.interval), nextStart(ml.started, ml.last, ml.interval))
 	if next > now {
-		// Rounded up: a client that honours it does not come back early.
-		ra = max(ra, retryAt(next, now))
+		rej.RetryAfter = max(rej.RetryAfter, retryAt(next, now))
 	}
-	rej.RetryAfter = ra
 	return rej
 }
