@@ -38,10 +38,11 @@ type Tokens = upstream.Tokens
 // cost is gr's request's estimated cost.
 func (gr *grant) cost() Tokens { return Tokens{Input: int(gr.estIn), Output: int(gr.estOut)} }
 
-// queue counts gr's estimate as waiting on its budgets, and its tokens as
-// queued for the provider's and its model's token caps; unqueue takes
-// them off.
+// queue counts gr as waiting for its model, its estimate as waiting on its
+// budgets, and its tokens as queued for the provider's and its model's
+// token caps; unqueue takes them off.
 func (gr *grant) queue() {
+	gr.model.waiting++
 	gr.bud = gr.g.budgetsOf(gr.model)
 	for _, b := range gr.bud {
 		b.queue(gr.cost(), 1)
@@ -51,6 +52,7 @@ func (gr *grant) queue() {
 }
 
 func (gr *grant) unqueue() {
+	gr.model.waiting--
 	for _, b := range gr.bud {
 		b.queue(gr.cost(), -1)
 	}

@@ -258,7 +258,6 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 	}
 	w.Cost = g.turnCostLocked(n)
 	g.provider.Waiters.Push(&w.Elem)
-	gr.model.waiting++
 	gr.queue()
 	g.dispatchLocked(now, wk)
 	if w.State == core.Granted {
@@ -339,7 +338,6 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 func (g *Gate) unqueueLocked(w *core.Waiter) {
 	g.provider.Waiters.Remove(&w.Elem)
 	gr := w.Hold.Owner.(*grant)
-	gr.model.waiting--
 	gr.unqueue()
 	g.dropIfIdleLocked(gr.model)
 }

@@ -12,7 +12,7 @@ import (
 type modelLane struct {
 	name       string
 	lane       core.Lane // lane.Waiters unused: the Gate has one queue
-	waiting    int
+	waiting    int       // its requests queued (grant.queue)
 	interval   time.Duration
 	last       int64
 	started    bool     // a start has been granted (last is meaningful)
