@@ -51,16 +51,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		ml := gr.model
 		g.provider.Serve(w)
 		tf.served(w) // the blockers it passed, on the token caps
-		ml.waiting--
 		gr.unqueue()
-		gr.bud, gr.step = g.budgetsOf(ml), int32(now/int64(budgetStep))
-		if key != nil {
-			gr.bud[2] = key.bud
-		}
-		for _, b := range gr.bud {
-			b.charge(gr.cost(), now)
-		}
-		gr.key = key
 		w.Hold.At = now
 		g.seq++
 		w.Hold.ID = g.seq
@@ -74,10 +65,16 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		g.tok.held += int(gr.units)
 		ml.tok.held += int(gr.units)
 		ml.l.started(gr.mN, now)
+		gr.bud, gr.step = g.budgetsOf(ml), int32(now/int64(budgetStep))
 		if key != nil {
+			gr.key = key
+			gr.bud[2] = key.bud
 			key.lane.Holders.Add(w.Hold, &gr.idx[2])
 			gr.keyN = key.lane.Holders.Len()
 			key.l.started(gr.keyN, now)
+		}
+		for _, b := range gr.bud {
+			b.charge(gr.cost(), now)
 		}
 		gr.prev = starts{g.started, g.last}
 		gr.modelPrev = starts{ml.started, ml.last}
