@@ -27,7 +27,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 		var key *keyLane
 		if len(g.keys) > 0 {
 			var fit int64 // when a key whose requests budget is spent takes requests again
-			if key = g.pickKeyForLocked(now, &Tokens{}, &fit); key == nil {
+			if key = g.pickKeyLocked(now, &Tokens{}, &fit); key == nil {
 				wakeAt = g.keyBackAtLocked(now) // or a release will dispatch again
 				lower(&wakeAt, fit)
 				break
@@ -43,7 +43,7 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 			// The key must take the request's cost too; if none can now,
 			// the request keeps its place and the pass stops.
 			c := gr.cost()
-			if key = g.pickKeyForLocked(now, &c, &wakeAt); key == nil {
+			if key = g.pickKeyLocked(now, &c, &wakeAt); key == nil {
 				lower(&wakeAt, g.keyBackAtLocked(now))
 				break // or a release will dispatch again
 			}

@@ -109,17 +109,13 @@ func (g *Gate) dropIfIdleLocked(ml *modelLane) {
 }
 
 // pickKeyLocked returns the key with the most free capacity, first in the
-// pool's order on a tie, whatever its budgets; nil when the pool is empty
-// or full. A key out of quota until after now is passed over.
-func (g *Gate) pickKeyLocked(now int64) *keyLane {
-	return g.pickKeyForLocked(now, nil, nil)
-}
-
-// pickKeyForLocked is pickKeyLocked for a request costing *t: a key whose
-// budgets (KeyConfig.BudgetLimits) cannot take it now is passed over too
-// (zero Tokens: the least any request costs, its one request), and *fitAt,
-// if not nil, is lowered to when the first such key with room would.
-func (g *Gate) pickKeyForLocked(now int64, t *Tokens, fitAt *int64) *keyLane {
+// pool's order on a tie; nil when the pool is empty or full. A key out of
+// quota until after now is passed over. With t nil, whatever its budgets;
+// for a request costing *t, a key whose budgets (KeyConfig.BudgetLimits)
+// cannot take it now is passed over too (zero Tokens: the least any
+// request costs, its one request), and *fitAt, if not nil, is lowered to
+// when the first such key with room would.
+func (g *Gate) pickKeyLocked(now int64, t *Tokens, fitAt *int64) *keyLane {
 	var best *keyLane
 	bestFree := 0
 	for _, k := range g.keys {

@@ -36,7 +36,7 @@ func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, i
 		inFlight, limit = g.budgetUseLocked(ml, name, now)
 		return name, inFlight, limit, at
 	}
-	if g.keyBudgets && g.pickKeyForLocked(now, &t, nil) == nil {
+	if g.keyBudgets && g.pickKeyLocked(now, &t, nil) == nil {
 		return g.keyBudgetBindingLocked(t, now)
 	}
 	// Behind a request that waits for tokens or a budget, which none may pass.
@@ -72,7 +72,7 @@ func (g *Gate) capBindingLocked(ml *modelLane, n int, now int64) (name string, i
 		return CapTokens, g.tok.held, g.tok.limit
 	case !ml.tok.fits(n):
 		return CapModelTokens, ml.tok.held, ml.tok.limit
-	case len(g.keys) > 0 && g.pickKeyLocked(now) == nil:
+	case len(g.keys) > 0 && g.pickKeyLocked(now, nil, nil) == nil:
 		for _, k := range g.keys {
 			inFlight += k.lane.Holders.Len()
 			limit = addLimits(limit, k.lane.Limit)

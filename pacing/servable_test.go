@@ -20,7 +20,7 @@ func (g *Gate) startable() string {
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	now := g.eng.Clock.Nanos()
-	if nextStart(g.started, g.last, g.interval) > now || len(g.keys) > 0 && g.pickKeyLocked(now) == nil || g.ad.pauseUntil > now {
+	if nextStart(g.started, g.last, g.interval) > now || len(g.keys) > 0 && g.pickKeyLocked(now, nil, nil) == nil || g.ad.pauseUntil > now {
 		return ""
 	}
 	msg := ""
