@@ -104,9 +104,7 @@ func (g *Gate) Status() Status {
 	}
 	if g.started {
 		st.LastStart = g.eng.Clock.Time(g.last)
-		if next := nextStart(g.started, g.last, g.interval); next > now {
-			st.NextStartIn = time.Duration(next - now)
-		}
+		st.NextStartIn = max(time.Duration(nextStart(g.started, g.last, g.interval)-now), 0)
 	}
 	return st
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"testing"
 	"testing/synctest"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -76,5 +77,23 @@ func TestStatusByKeyOfAKeyTakenOut(t *testing.T) {
 		assert.Equal(t, map[string]int{"k": 1, "j": 0}, st.ByKey, "k's request still in flight")
 		a.Slot.Release()
 		assert.Equal(t, map[string]int{"j": 0}, g.Status().ByKey, "k gone once its request ended")
+	})
+}
+
+// NextStartIn counts down to the provider's next start that its spacing
+// allows, and is 0 (not negative) once that has come.
+func TestStatusNextStartIn(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		g := newGate(t, pacing.Config{MinIntervalMS: 100})
+		defer g.Close()
+		assert.Zero(t, g.Status().NextStartIn, "no start yet")
+		a, err := g.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		defer a.Slot.Release()
+		assert.Equal(t, 100*time.Millisecond, g.Status().NextStartIn)
+		time.Sleep(40 * time.Millisecond) // the bubble's clock
+		assert.Equal(t, 60*time.Millisecond, g.Status().NextStartIn)
+		time.Sleep(time.Second)
+		assert.Zero(t, g.Status().NextStartIn, "past due")
 	})
 }
