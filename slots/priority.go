@@ -1,9 +1,11 @@
 package slots
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -20,7 +22,8 @@ const (
 
 func (p Priority) class() uint8 { return core.ClassOf(int8(p)) }
 
-// The priority of each class (core.ClassOf's inverse), and its name.
+// The priority of each class (core.ClassOf's inverse), and its name (for
+// String and ParsePriority).
 var (
 	priorities    = [core.NumClasses]Priority{core.ClassHigh: PriorityInteractive, core.ClassDefault: PriorityDefault, core.ClassLow: PriorityBatch}
 	priorityNames = [core.NumClasses]string{core.ClassHigh: "interactive", core.ClassDefault: "default", core.ClassLow: "batch"}
@@ -31,13 +34,9 @@ func (p Priority) String() string { return priorityNames[p.class()] }
 
 // ParsePriority parses "interactive", "default" or "batch" (any case).
 func ParsePriority(s string) (Priority, error) {
-	switch strings.ToLower(strings.TrimSpace(s)) {
-	case "interactive":
-		return PriorityInteractive, nil
-	case "", "default":
-		return PriorityDefault, nil
-	case "batch":
-		return PriorityBatch, nil
+	name := cmp.Or(strings.ToLower(strings.TrimSpace(s)), "default") // none: the default
+	if c := slices.Index(priorityNames[:], name); c >= 0 {
+		return priorities[c], nil
 	}
 	return PriorityDefault, fmt.Errorf("%w %q (want interactive, default or batch)", ErrBadPriority, s)
 }
