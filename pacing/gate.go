@@ -196,8 +196,7 @@ func (g *Gate) acquire(ctx context.Context, model string, t Tokens) (Grant, erro
 	if err := g.eng.Check(ctx, 1, true); err != nil {
 		return Grant{}, err
 	}
-	n := t.Total()
-	gr := &grant{g: g, units: int32(n), estIn: int32(t.Input), estOut: int32(t.Output)}
+	gr := &grant{g: g, units: int32(t.Total()), estIn: int32(t.Input), estOut: int32(t.Output)}
 	x, h, _ := g.eng.Begin(gr, 1, 0) // no leak detection: never a tracked hold
 	place := core.PlaceOf(ctx)
 	h.Class = place.Class
@@ -269,7 +268,6 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 		// cannot start now: the newest is turned away (one that can start
 		// is never queued).
 		g.unqueueLocked(w)
-		w.State = core.Gone
 		rej := g.rejectLocked(slots.ErrQueueFull, gr.model, t, w.Class, now)
 		// Its class may have stopped waiting, and stopped keeping its
 		// minimum share from the others; a request waiting for tokens
@@ -325,7 +323,6 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 		return false
 	}
 	g.unqueueLocked(w)
-	w.State = core.Gone
 	// A class that stops waiting stops keeping its minimum share from the
 	// others, and a request waiting for tokens stops holding back the ones
 	// after it: they may now start.
@@ -333,10 +330,11 @@ func (g *Gate) withdraw(w *core.Waiter) bool {
 	return true
 }
 
-// unqueueLocked takes w out of the queue: it took nothing, and its model
-// goes if nothing else uses it.
+// unqueueLocked takes w out of the queue, Gone (a refusal then marks it
+// Refused): it took nothing, and its model goes if nothing else uses it.
 func (g *Gate) unqueueLocked(w *core.Waiter) {
 	g.provider.Waiters.Remove(&w.Elem)
+	w.State = core.Gone
 	gr := w.Hold.Owner.(*grant)
 	gr.unqueue()
 	g.dropIfIdleLocked(gr.model)
