@@ -27,8 +27,7 @@ const (
 // request that could start but for those ahead of it in the queue waited
 // for the provider's cap. at is when a binding budget will take it.
 func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, inFlight, limit int, at int64) {
-	n := t.Total()
-	name, inFlight, limit = g.capBindingLocked(ml, n, now)
+	name, inFlight, limit = g.capBindingLocked(ml, t.Total(), now)
 	if name != "" {
 		return name, inFlight, limit, 0
 	}
