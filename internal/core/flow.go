@@ -177,7 +177,7 @@ func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 		if out == OutDeadline {
 			err := e.Canceled(ctx, waited)
 			if end.Rej != nil {
-				err = &deadlineError{err, end.Rej.RetryAfter}
+				err = RetryLater(err, end.Rej.RetryAfter)
 			}
 			return nil, err
 		}
@@ -258,9 +258,11 @@ func (e *Engine) bypass(ctx context.Context, w *Waiter, what string, attrs ...sl
 	e.Emit(Event{Kind: EventBypassed, Wait: time.Duration(max(h.At-start, 0)), Ctx: ctx, Units: h.Units()})
 }
 
-// deadlineError is the error of a caller whose context's deadline passed
-// while it waited: the context's error, with when the caller's turn was
-// expected (slots.HTTPStatus answers it 503 with that).
+// RetryLater returns err, the context's error of a caller whose deadline
+// passed while it waited, with when its turn was expected: RetryAfter,
+// which slots.HTTPStatus answers 503 with.
+func RetryLater(err error, after time.Duration) error { return &deadlineError{err, after} }
+
 type deadlineError struct {
 	error
 	after time.Duration

@@ -139,3 +139,58 @@ func TestUnavailableAfterALateAnswer(t *testing.T) {
 		assert.GreaterOrEqual(t, down.RetryAfter(), 19*time.Second, "about 20 s into the outage")
 	})
 }
+
+// Callers whose context's deadline (a server's) passes while they wait on
+// a full fleet key are told when their turn was expected, as callers whose
+// wait timed out are (waitedTooLong), not a fixed second. The error stays
+// the context's. (Which turn each is told varies from run to run, even in
+// virtual time: the waiters' tries reach the store in the scheduler's
+// order.)
+func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		r := New[string](memstore.New(), 2, WithLogger(quiet()))
+		t.Cleanup(r.Close)
+		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return r.TryAcquire("k") })
+		synctest.Wait() // the last release reaches the store
+		held := holdK(t, r, 2)
+		told := make(chan time.Duration, 4)
+		for range 4 {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+				defer cancel()
+				_, err := r.Acquire(ctx, "k")
+				assert.ErrorIs(t, err, context.DeadlineExceeded)
+				assert.False(t, errors.As(err, new(*slots.LimitError)), "the context's error, not a refusal")
+				var later interface{ RetryAfter() time.Duration }
+				if assert.ErrorAs(t, err, &later) {
+					told <- later.RetryAfter()
+				} else {
+					told <- 0
+				}
+			}()
+		}
+		var got []time.Duration
+		for range 4 {
+			got = append(got, <-told)
+		}
+		for _, s := range held {
+			s.Release()
+		}
+		slices.Sort(got)
+		t.Logf("told %v", got)
+		assert.Positive(t, got[0])
+		assert.LessOrEqual(t, got[3], 4*time.Second, "within the turns of the two held and the four waiting, on 2 slots of 1 s")
+	})
+}
+
+// holdK takes n slots of "k" on r.
+func holdK(t *testing.T, r *Registry[string], n int) []*slots.Slot {
+	t.Helper()
+	var held []*slots.Slot
+	for range n {
+		s, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	return held
+}

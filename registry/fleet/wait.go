@@ -65,7 +65,13 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 	case errors.Is(o.err, ErrClosed) || closed:
 		return nil, ErrClosed
 	case ctx.Err() != nil:
-		return nil, fmt.Errorf("fleet: acquire: %w", ctx.Err())
+		err := fmt.Errorf("fleet: acquire: %w", ctx.Err())
+		if errors.Is(err, context.DeadlineExceeded) && last.full >= 0 {
+			// A server's deadline: told when its turn was expected, as if
+			// its wait had timed out.
+			err = core.RetryLater(err, r.timedOut(l, last).RetryAfter)
+		}
+		return nil, err
 	case wctx.Err() != nil && errors.Is(o.err, context.DeadlineExceeded):
 		o = r.waitedTooLong(l, last)
 	}
@@ -85,6 +91,12 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 		}
 		return r.bypass(l, false)
 	}
+	return failed(r.timedOut(l, last))
+}
+
+// timedOut is the refusal of a wait for l that timed out, whose last try
+// found it waiting as last.
+func (r *Registry[K]) timedOut(l *lease[K], last outcome) *slots.LimitError {
 	i := max(last.full, 0)
 	le := &slots.LimitError{Err: slots.ErrWaitTimeout, Key: r.keyName(l.keys[i]), InFlight: last.inFlight, Queued: last.queuedN}
 	if len(l.limits) > i {
@@ -99,7 +111,7 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 		// It may queue again on its return: told to come a little early.
 		le.RetryAfter = r.refusalRetryAfter(l, i, le, ahead, r.maxWait/2, true)
 	}
-	return failed(le)
+	return le
 }
 
 // leaveQueue takes back w's place in the fleet's queue, or the grant it
