@@ -2,6 +2,7 @@ package core
 
 import (
 	"runtime"
+	"slices"
 	"time"
 )
 
@@ -12,12 +13,7 @@ import (
 // part's release, goes on after every part is freed and done is called).
 // Releasing a part itself does not call done.
 func Combine(done func(), parts ...*Handle) *Handle {
-	var held []*Handle
-	for _, p := range parts {
-		if p != nil && p.h.Owner != nil {
-			held = append(held, p)
-		}
-	}
+	held := slices.DeleteFunc(slices.Clone(parts), func(p *Handle) bool { return p == nil || p.h.Owner == nil })
 	if len(held) == 0 {
 		return nil
 	}

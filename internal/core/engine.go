@@ -67,7 +67,7 @@ func (e *Engine) observes(ctx context.Context) bool {
 // of queued, by the queue bound and the per-flow bound. Call under the
 // owner's lock.
 func (e *Engine) Full(q *Queue, flow string) bool {
-	return e.QueueFull(q.Len()) || e.BoundFlowQueue && e.flowQueueFull(q.FlowLen(flow))
+	return e.QueueFull(q.Len()) || e.BoundFlowQueue && q.FlowLen(flow) >= e.MaxFlowQueue
 }
 
 // Reject builds the rejection for reason with the counts at the decision

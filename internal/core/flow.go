@@ -101,17 +101,20 @@ type Ending struct {
 // attaches. skip is the number of frames between Begin's caller and the
 // user's code (0 when the caller is what the user called), for leak sites.
 func (e *Engine) Begin(owner Owner, n, skip int) (x *Handle, h *Hold, t *Tracked) {
+	x = new(Handle)
 	if e.LeakCheck {
-		x, h, t = e.newTracked(owner, skip+1)
+		t = new(Tracked)
+		t.Owner = owner
+		h = &t.Hold
+		if e.LeakSites {
+			t.recordSite(skip + 2) // above Begin, its caller and skip more
+		}
 	} else {
-		x = new(Handle)
 		x.h.Owner = owner
 		h = &x.h
 	}
 	h.At = e.Clock.Coarse()
-	if n != 1 {
-		h.setUnits(n)
-	}
+	h.Extra = int32(n - 1) // its Units
 	return x, h, t
 }
 
@@ -196,16 +199,6 @@ func (e *Engine) finish(ctx context.Context, x *Handle, t *Tracked, d Decision) 
 		return nil, end.Err
 	}
 	return nil, e.Canceled(ctx, waited)
-}
-
-// newTracked is Begin with leak detection.
-func (e *Engine) newTracked(owner Owner, skip int) (*Handle, *Hold, *Tracked) {
-	t := new(Tracked)
-	t.Owner = owner
-	if e.LeakSites {
-		t.recordSite(skip + 2) // above newTracked, its caller and skip more
-	}
-	return new(Handle), &t.Hold, t
 }
 
 // acquired hands out an admitted Slot and reports it after waiting wait,

@@ -75,9 +75,6 @@ const TopFlows = 10
 // Units returns the units of capacity the hold takes.
 func (h *Hold) Units() int { return int(h.Extra) + 1 }
 
-// setUnits makes the hold take n units, 1 <= n <= MaxUnits.
-func (h *Hold) setUnits(n int) { h.Extra = int32(n - 1) }
-
 // Release frees the hold's capacity once and reports whether this call did.
 func (h *Hold) Release() bool {
 	if !h.released.CompareAndSwap(false, true) {
@@ -106,26 +103,22 @@ func (h *Hold) ReleaseQuietly() bool {
 // path, so the allocation is paid only there).
 func bypassHold(h *Hold) {
 	h.Bypassed = true
-	h.Owner = &bypassed{owner: h.Owner, hold: h}
+	h.Owner = &bypassed{Owner: h.Owner, hold: h}
 }
 
 // bypassed is the Owner of a fail-open hold.
 type bypassed struct {
-	owner Owner // counts misuse and converts times
+	Owner // the hold's own: counts misuse and converts times
 	hold  *Hold
 }
 
 func (b *bypassed) Release(h *Hold) bool {
 	if h != b.hold {
-		b.owner.Misuse(h)
+		b.Misuse(h)
 		return false
 	}
 	return true
 }
-
-func (b *bypassed) Misuse(h *Hold) { b.owner.Misuse(h) }
-
-func (b *bypassed) Time(at int64) time.Time { return b.owner.Time(at) }
 
 // Handle is the record behind a user's *slots.Slot, which package slots
 // declares as a Handle (type Slot core.Handle): every package of the module

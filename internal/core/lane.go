@@ -1,5 +1,7 @@
 package core
 
+import "slices"
+
 // HolderSet is the set of a lane's holders, each knowing its place through
 // an index it owns (Hold.Idx, or an entry of a multi-lane record): removal
 // moves the last holder into the freed place. It counts the holders and
@@ -113,10 +115,8 @@ func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
 		*s.rec(i) = moved
 		*moved.idx = int32(i)
 	}
-	if last == 0 {
-		s.one = holderRec{}
-	} else {
-		s.more[last-1] = holderRec{}
+	*s.rec(last) = holderRec{}
+	if last > 0 {
 		s.more = s.more[:last-1]
 		if last == 1 && cap(s.more) > maxKeptMore {
 			s.more = nil // a burst's capacity is not kept by a quiet lane
@@ -304,10 +304,7 @@ func (ln *Lane) waits(d uint8) bool { return ln.Waiters.ClassLen(d) > 0 }
 // as waiting): a unit it takes then is one it is owed. Always false
 // without shares.
 func (ln *Lane) Short(c uint8) bool {
-	if ln.Shares == nil {
-		return false
-	}
-	return ln.Holders.classUnits(c) < ln.guarantees(c, ln.waits)[c]
+	return ln.Shares != nil && ln.Holders.classUnits(c) < ln.guarantees(c, ln.waits)[c]
 }
 
 // Candidate returns the waiter of ln to serve next among those for which
@@ -403,12 +400,7 @@ func (ln *Lane) Admits(c uint8, n int) bool {
 // although they may be passed: the newcomer queues, and its owner serves
 // the queue at once if it can.
 func (ln *Lane) HeavyAhead(c uint8) bool {
-	for d := range NumClasses {
-		if rank[d] <= rank[c] && ln.Waiters.heavy[d] > 0 {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(Order[:rank[c]+1], func(d uint8) bool { return ln.Waiters.heavy[d] > 0 })
 }
 
 // Overweight appends to dst the waiters of ln that weigh more than it can

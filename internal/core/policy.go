@@ -43,12 +43,6 @@ func (w *Policy) SetShare(c uint8, minimum, reserved int) {
 	w.Shares.Min[c], w.Shares.Reserved[c] = minimum, reserved
 }
 
-// flowQueueFull reports whether a caller whose flow has waiting callers
-// must be rejected instead of queued.
-func (w *Policy) flowQueueFull(waiting int) bool {
-	return w.BoundFlowQueue && waiting >= w.MaxFlowQueue
-}
-
 // QueueFull reports whether a caller finding waiting callers ahead must be
 // rejected instead of queued.
 func (w *Policy) QueueFull(waiting int) bool { return w.BoundQueue && waiting >= w.MaxQueue }

@@ -188,11 +188,9 @@ func (q *Queue) mix() {
 	}
 	q.mixed = true
 	q.def.credit, q.def.inTurn = 0, false
-	if n := q.def.waiters.Len(); n > 0 {
-		q.x.rings[ClassDefault].PushBack(&q.def.link)
-		q.x.count[ClassDefault] = n
-	}
 	if el := q.def.waiters.Front(); el != nil {
+		q.x.rings[ClassDefault].PushBack(&q.def.link)
+		q.x.count[ClassDefault] = q.def.waiters.Len()
 		q.x.counted(ClassDefault, el.Value.Cost, 1)
 	}
 }
@@ -383,10 +381,7 @@ func (q *Queue) Top(n int) (byClass [NumClasses]int, top []FlowCount) {
 	slices.SortFunc(top, func(a, b FlowCount) int {
 		return cmp.Or(cmp.Compare(b.Waiting, a.Waiting), cmp.Compare(a.Flow, b.Flow))
 	})
-	if len(top) > n {
-		top = top[:n]
-	}
-	return byClass, top
+	return byClass, top[:min(n, len(top))]
 }
 
 // QueueStats describes q as slots.QueueStats (S) does, its flows as
