@@ -3,6 +3,7 @@ package registry_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -54,4 +55,34 @@ func TestRefreshDuringAFailedFetch(t *testing.T) {
 	require.NoError(t, err)
 	s.Release()
 	assert.Equal(t, int64(3), calls.Load(), "fetch 3 started after every RefreshLimits, yet its value was recorded stale and fetched once more")
+}
+
+// A RefreshLimits whose match panics leaves no shard locked: the panic
+// reaches its caller, and the keys of every shard are still admitted,
+// counted and refreshed. Found by a review (the shard it panicked in
+// stayed locked for good).
+func TestRefreshLimitsMatchPanics(t *testing.T) {
+	reg := registry.NewWithLimitFunc[string](3, func(context.Context, string) (int, error) { return 5, nil }, time.Minute)
+	for i := range 64 { // keys in many shards, their limits cached
+		s, err := reg.TryAcquire(fmt.Sprint("org-", i))
+		require.NoError(t, err)
+		s.Release()
+	}
+	assert.Panics(t, func() { reg.RefreshLimits(func(string) bool { panic("the caller's bug") }) })
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for i := range 64 {
+			s, err := reg.TryAcquire(fmt.Sprint("org-", i))
+			assert.NoError(t, err)
+			s.Release()
+		}
+		reg.Stats()
+		reg.RefreshLimits(func(string) bool { return true })
+	}()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a shard stayed locked after the panic")
+	}
 }

@@ -244,13 +244,15 @@ func (r *Registry[K]) shardFor(key K) (*shard[K], uint64) {
 	return &r.shards[h&uint64(len(r.shards)-1)], h
 }
 
-// eachShard calls fn with each shard in turn, under that shard's lock.
+// eachShard calls fn with each shard in turn, under that shard's lock,
+// which a panic of fn (RefreshLimits' match is the caller's) releases.
 func (r *Registry[K]) eachShard(fn func(*shard[K])) {
 	for i := range r.shards {
-		sh := &r.shards[i]
-		sh.mu.Lock()
-		fn(sh)
-		sh.mu.Unlock()
+		func(sh *shard[K]) {
+			sh.mu.Lock()
+			defer sh.mu.Unlock()
+			fn(sh)
+		}(&r.shards[i])
 	}
 }
 

@@ -51,10 +51,11 @@ var admissionFiles = []string{
 // Then 1 for core.RetryLater (a fleet's deadline), and 29 fewer in core:
 // Begin with leak detection written in one place, the flow bound
 // compared where it is used, a bypassed hold's owner embedded, stdlib
-// helpers for a filter and two class scans, and smaller cuts.
+// helpers for a filter and two class scans, and smaller cuts. Then 1 for
+// a shard's lock released when RefreshLimits' match panics.
 const (
-	maxAdmissionLines = 6034
-	maxAdmissionCode  = 4078
+	maxAdmissionLines = 6036
+	maxAdmissionCode  = 4079
 )
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
