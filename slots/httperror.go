@@ -1,6 +1,7 @@
 package slots
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -21,11 +22,11 @@ const (
 //	nil                                   200, 0
 //	wraps ErrExceedsLimit                 413, 0 (waiting cannot help)
 //	*LimitError (any other reason)        429, RetryAfter rounded up to seconds
-//	has a RetryAfter() time.Duration      503, it (a deadline passed in a queue; a store down)
-//	wraps context.DeadlineExceeded        503, 1 s (the server's deadline passed)
+//	wraps context.DeadlineExceeded        503, its RetryAfter() or else 1 s (a server's deadline passed)
 //	wraps context.Canceled                499, 0 (the client went away)
 //	wraps ErrBadPriority                  400, 0
 //	*BadRequestError                      its Status (400 by default), 0
+//	has a RetryAfter() time.Duration      503, it (a fleet's store cannot be reached)
 //	wraps ErrNotSent (and none of these)  503, 0
 //	anything else                         500, 0
 func HTTPStatus(err error) (status int, retryAfter time.Duration) {
@@ -39,7 +40,6 @@ func HTTPStatus(err error) (status int, retryAfter time.Duration) {
 // httpStatus is HTTPStatus with the Retry-After as estimated.
 func httpStatus(err error) (status int, retryAfter time.Duration) {
 	var le *LimitError
-	var later interface{ RetryAfter() time.Duration }
 	switch {
 	case err == nil:
 		return http.StatusOK, 0
@@ -47,10 +47,8 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 		return http.StatusRequestEntityTooLarge, 0
 	case errors.As(err, &le):
 		return http.StatusTooManyRequests, max(le.RetryAfter, time.Millisecond)
-	case errors.As(err, &later):
-		return http.StatusServiceUnavailable, max(later.RetryAfter(), time.Millisecond)
 	case errors.Is(err, context.DeadlineExceeded):
-		return http.StatusServiceUnavailable, time.Second
+		return http.StatusServiceUnavailable, cmp.Or(retryLater(err), time.Second)
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest, 0
 	case errors.Is(err, ErrBadPriority):
@@ -60,10 +58,23 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 	if errors.As(err, &bad) {
 		return bad.status(), 0
 	}
+	if d := retryLater(err); d > 0 {
+		return http.StatusServiceUnavailable, d
+	}
 	if errors.Is(err, ErrNotSent) { // a base's refusal that says no more
 		return http.StatusServiceUnavailable, 0
 	}
 	return http.StatusInternalServerError, 0
+}
+
+// retryLater is the RetryAfter() of an error in err's tree that has one,
+// at least 1 ms; else 0.
+func retryLater(err error) time.Duration {
+	var later interface{ RetryAfter() time.Duration }
+	if !errors.As(err, &later) {
+		return 0
+	}
+	return max(later.RetryAfter(), time.Millisecond)
 }
 
 // ceilMs is d in milliseconds, rounded up, without overflow.

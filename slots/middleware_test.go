@@ -39,6 +39,9 @@ func TestHTTPStatus(t *testing.T) {
 		{"a bad request", fmt.Errorf("pacing: %w", &slots.BadRequestError{Reason: "model: want a string"}), 400, 0},
 		{"a bad request with its status", &slots.BadRequestError{Status: 413, Reason: "too large"}, 413, 0},
 		{"a store that cannot be reached, wrapped", fmt.Errorf("gateway: %w", unreachable(2500*time.Millisecond)), 503, 3 * time.Second},
+		{"a deadline that says when", errors.Join(context.DeadlineExceeded, unreachable(2500*time.Millisecond)), 503, 3 * time.Second},
+		{"a client gone, beside an error that says when", errors.Join(context.Canceled, unreachable(time.Second)), 499, 0},
+		{"a bad priority, beside an error that says when", errors.Join(slots.ErrBadPriority, unreachable(time.Second)), 400, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, ra := slots.HTTPStatus(tc.err)
@@ -54,6 +57,18 @@ type unreachable time.Duration
 
 func (u unreachable) Error() string             { return "store unavailable" }
 func (u unreachable) RetryAfter() time.Duration { return time.Duration(u) }
+
+// HTTPStatus allocates nothing more than the LimitError it looks for
+// (found or not), for a refusal or a client gone: it is asked at each
+// one. A passed deadline costs one more (is there a RetryAfter?), an
+// error it does not know three.
+func TestHTTPStatusAllocs(t *testing.T) {
+	for _, err := range []error{nil, &slots.LimitError{Err: slots.ErrQueueFull}, context.Canceled} {
+		assert.LessOrEqual(t, testing.AllocsPerRun(100, func() { slots.HTTPStatus(err) }), 1.0, "%v", err)
+	}
+	deadline := fmt.Errorf("slots: acquire: %w", context.DeadlineExceeded)
+	assert.LessOrEqual(t, testing.AllocsPerRun(100, func() { slots.HTTPStatus(deadline) }), 2.0)
+}
 
 // WriteError tells such an error's Retry-After to the millisecond too.
 func TestWriteErrorOfAnUnreachableStore(t *testing.T) {
