@@ -2,7 +2,6 @@ package pacing_test
 
 import (
 	"context"
-	"slices"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -146,26 +145,9 @@ func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
 			t.Cleanup(func() { gr.Slot.Release() })
 		}
 		rejected := g.Status().Rejected
-		told := make(chan time.Duration, 4)
-		for range 4 {
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-				defer cancel()
-				err := firstErr(g.Acquire(ctx, "m"))
-				assert.ErrorIs(t, err, context.DeadlineExceeded)
-				var later interface{ RetryAfter() time.Duration }
-				if assert.ErrorAs(t, err, &later) {
-					told <- later.RetryAfter()
-				} else {
-					told <- 0
-				}
-			}()
-		}
-		var got []time.Duration
-		for range 4 {
-			got = append(got, <-told)
-		}
-		slices.Sort(got)
+		got := testrig.DeadlineRetries(t, 4, 500*time.Millisecond, func(ctx context.Context) error {
+			return firstErr(g.Acquire(ctx, "m"))
+		})
 		t.Logf("told %v", got)
 		assert.Positive(t, got[0])
 		assert.Greater(t, got[3], got[0], "spread over the provider's turns")

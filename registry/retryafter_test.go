@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"testing"
 	"time"
 
@@ -267,27 +266,11 @@ func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
 				testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return reg.TryAcquireN("k", 2) })
 				held, err := reg.TryAcquireN("k", 2)
 				require.NoError(t, err)
-				told := make(chan time.Duration, 4)
-				for range 4 {
-					go func() {
-						ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-						defer cancel()
-						_, err := reg.AcquireAll(ctx, keys...)
-						assert.ErrorIs(t, err, context.DeadlineExceeded)
-						var later interface{ RetryAfter() time.Duration }
-						if assert.ErrorAs(t, err, &later) {
-							told <- later.RetryAfter()
-						} else {
-							told <- 0
-						}
-					}()
-				}
-				var got []time.Duration
-				for range 4 {
-					got = append(got, <-told)
-				}
+				got := testrig.DeadlineRetries(t, 4, 500*time.Millisecond, func(ctx context.Context) error {
+					_, err := reg.AcquireAll(ctx, keys...)
+					return err
+				})
 				held.Release()
-				slices.Sort(got)
 				ms := time.Millisecond
 				assert.Equal(t, []time.Duration{500 * ms, 500 * ms, 1500 * ms, 1500 * ms}, got)
 				assert.Equal(t, uint64(4), reg.Stats().Canceled)

@@ -328,31 +328,17 @@ func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		l := slots.NewLimiter(2)
 		defer holdBoth(t, l)()
-		var mu sync.Mutex
-		var told []time.Duration
-		var wg sync.WaitGroup
-		for range 6 {
-			wg.Go(func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-				defer cancel()
-				_, err := l.Acquire(ctx)
-				assert.ErrorIs(t, err, context.DeadlineExceeded)
-				assert.False(t, errors.As(err, new(*slots.LimitError)), "the context's error, not a refusal")
-				var later interface{ RetryAfter() time.Duration }
-				if !assert.ErrorAs(t, err, &later) {
-					return
-				}
+		told := testrig.DeadlineRetries(t, 6, 500*time.Millisecond, func(ctx context.Context) error {
+			_, err := l.Acquire(ctx)
+			assert.False(t, errors.As(err, new(*slots.LimitError)), "the context's error, not a refusal")
+			var later interface{ RetryAfter() time.Duration }
+			if errors.As(err, &later) {
 				status, retryAfter := slots.HTTPStatus(err)
 				assert.Equal(t, http.StatusServiceUnavailable, status)
 				assert.Equal(t, (later.RetryAfter() + time.Second - 1).Truncate(time.Second), retryAfter)
-				mu.Lock()
-				told = append(told, later.RetryAfter())
-				mu.Unlock()
-			})
-		}
-		synctest.Wait()
-		wg.Wait()
-		slices.Sort(told)
+			}
+			return err
+		})
 		ms := time.Millisecond
 		assert.Equal(t, []time.Duration{500 * ms, 500 * ms, 1500 * ms, 1500 * ms, 2500 * ms, 2500 * ms}, told)
 		assert.Equal(t, uint64(6), l.Stats().Canceled, "counted as calls whose context ended")

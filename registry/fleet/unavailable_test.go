@@ -153,30 +153,14 @@ func TestRetryAfterOfWaitsADeadlineEnded(t *testing.T) {
 		testrig.WarmHolds(t, time.Second, func() (*slots.Slot, error) { return r.TryAcquire("k") })
 		synctest.Wait() // the last release reaches the store
 		held := holdK(t, r, 2)
-		told := make(chan time.Duration, 4)
-		for range 4 {
-			go func() {
-				ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
-				defer cancel()
-				_, err := r.Acquire(ctx, "k")
-				assert.ErrorIs(t, err, context.DeadlineExceeded)
-				assert.False(t, errors.As(err, new(*slots.LimitError)), "the context's error, not a refusal")
-				var later interface{ RetryAfter() time.Duration }
-				if assert.ErrorAs(t, err, &later) {
-					told <- later.RetryAfter()
-				} else {
-					told <- 0
-				}
-			}()
-		}
-		var got []time.Duration
-		for range 4 {
-			got = append(got, <-told)
-		}
+		got := testrig.DeadlineRetries(t, 4, 500*time.Millisecond, func(ctx context.Context) error {
+			_, err := r.Acquire(ctx, "k")
+			assert.False(t, errors.As(err, new(*slots.LimitError)), "the context's error, not a refusal")
+			return err
+		})
 		for _, s := range held {
 			s.Release()
 		}
-		slices.Sort(got)
 		t.Logf("told %v", got)
 		assert.Positive(t, got[0])
 		assert.LessOrEqual(t, got[3], 4*time.Second, "within the turns of the two held and the four waiting, on 2 slots of 1 s")
