@@ -59,6 +59,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/inflight-go/inflight/internal/badfield"
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/slots"
@@ -196,9 +197,7 @@ func Load(path string) (Config, error) {
 }
 
 // bad is the error of a field out of range, named by its JSON path.
-func bad(field string, v any, why string) error {
-	return fmt.Errorf("pacing: %s: %v %s", field, v, why)
-}
+var bad = badfield.Error
 
 // validPacing checks the pacing fields of a provider or a model, whose
 // fields' paths start with prefix.

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/inflight-go/inflight/internal/badfield"
 	"github.com/inflight-go/inflight/internal/learn"
 )
 
@@ -50,9 +51,7 @@ func (a AdaptiveConfig) Validate(configured int) error { return a.Check("adaptiv
 // Check is Validate for a section at path in a configuration file (such
 // as `models["glm-5"].adaptive`): its errors name the field by its JSON path.
 func (a AdaptiveConfig) Check(path string, configured int) error {
-	bad := func(field string, v any, why string) error {
-		return fmt.Errorf("pacing: %s.%s: %v %s", path, field, v, why)
-	}
+	bad := func(field string, v any, why string) error { return badfield.Error(path+"."+field, v, why) }
 	switch {
 	case a.Min < 0:
 		return bad("min", a.Min, "is negative")

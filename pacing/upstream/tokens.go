@@ -2,8 +2,8 @@ package upstream
 
 import (
 	"errors"
-	"fmt"
 
+	"github.com/inflight-go/inflight/internal/badfield"
 	"github.com/inflight-go/inflight/internal/core"
 )
 
@@ -76,7 +76,7 @@ func Charge(t Tokens) [BudgetParts]int64 {
 func CheckBudgets(prefix string, l BudgetLimits) error {
 	for i, n := range l.Parts() {
 		if n < 0 {
-			return fmt.Errorf("pacing: %s%s: %d is negative", prefix, budgetCaps[i], n)
+			return badfield.Error(prefix+budgetCaps[i], n, "is negative")
 		}
 	}
 	return nil
