@@ -12,7 +12,7 @@ import (
 // admissions wait after the store lost its data (see the package
 // documentation): errors.Is finds it, and slots.ErrLimitReached, which it
 // wraps, so that an HTTP layer answers it as any refusal at the cap, with a
-// Retry-After for the end of the pause.
+// Retry-After from the end of the pause (see PROTOCOL.md).
 var ErrPaused = fmt.Errorf("fleet: admissions paused after the store lost its data: %w", slots.ErrLimitReached)
 
 // pauseFor returns how long new admissions wait after the store lost its data,
@@ -75,9 +75,14 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
 	// the pause so too): no value in the store, however far ahead, makes a
 	// waiter sleep for long.
 	retryIn := min(time.Duration(max(until-now, 0))*time.Millisecond, r.cfg.ttl)
-	// Retry-After in whole seconds, not before the pause ends.
-	after := max(time.Second, (retryIn + time.Second - 1).Truncate(time.Second))
-	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0], RetryAfter: after}
+	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0],
+		RetryAfter: max(retryIn, time.Millisecond)}
+	// Not before the pause ends, and from then as a key at its limit (the
+	// leases put back hold it) behind the callers told before: those
+	// refused during a pause come back one after another, not together.
+	if d, ok := r.holds.retryAfter(l.names[0], int(n)-le.Limit, l.units, le.Limit, r.local.InFlight(l.keys[0]), int(n), 0, retryIn, &r.holdTime); ok {
+		le.RetryAfter = d
+	}
 	return outcome{err: le, full: 0, retryIn: retryIn, paused: true, inFlight: int(n)}
 }
 

@@ -4,11 +4,13 @@ import (
 	"context"
 	"strconv"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -65,7 +67,7 @@ func TestPauseAfterDataLoss(t *testing.T) {
 	assert.ErrorIs(t, err, slots.ErrLimitReached, "answered as any refusal at the cap")
 	assert.Equal(t, "k", le.Key)
 	assert.Equal(t, 2, le.Limit)
-	assert.Equal(t, pauseWait, le.RetryAfter)
+	assertPauseLeft(t, le, pauseWait)
 	assert.Subset(t, []string{id}, m.leases("k"), "nothing admitted but the holder's lease")
 	until, err := m.Srv.Get("inflight:{t}#pause")
 	require.NoError(t, err)
@@ -83,7 +85,7 @@ func TestPauseAfterDataLoss(t *testing.T) {
 	assert.ErrorIs(t, err, ErrPaused, "still paused")
 	assert.Equal(t, "k", le.Key, "a paused refusal names the first key")
 	assert.Equal(t, 1, le.InFlight)
-	assert.Equal(t, 2*time.Second, le.RetryAfter, "1.5 s, in whole seconds")
+	assertPauseLeft(t, le, 1500*time.Millisecond)
 	m.advance(1500 * time.Millisecond)
 	s, err := other.TryAcquire("k")
 	require.NoError(t, err, "the pause is over")
@@ -94,6 +96,55 @@ func TestPauseAfterDataLoss(t *testing.T) {
 	assert.NotErrorIs(t, err, ErrPaused)
 	s.Release()
 	assert.Equal(t, uint64(2), other.Stats().Paused, "each paused try")
+}
+
+// assertPauseLeft asserts that a caller refused while left of a pause
+// remains is told to come back at its end, to the millisecond, and a
+// turn of the key later: here, where holds take microseconds, within
+// 100 ms.
+func assertPauseLeft(t *testing.T, le *slots.LimitError, left time.Duration) {
+	t.Helper()
+	assert.GreaterOrEqual(t, le.RetryAfter, left, "not before the pause ends")
+	assert.Less(t, le.RetryAfter, left+100*time.Millisecond, "the pause's end, to the millisecond")
+}
+
+// Callers refused during a pause are told its end, and after it one by
+// one as the key's slots free (its holds take a second here), not all
+// the same instant. In virtual time, on a virtual Redis.
+func TestPausedCallersComeBackOneByOne(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		srv := newVirtualRedis(t, fwLatency)
+		rs := fwFleet(t, srv, "paused", 2, 2, WithLogger(quiet()))
+		holder, other := rs[0], rs[1]
+		for range 3 { // other's holds of k take a second
+			s, err := other.Acquire(context.Background(), "k")
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			s.Release()
+		}
+		for range 2 {
+			s, err := holder.Acquire(context.Background(), "k")
+			require.NoError(t, err)
+			defer s.Release()
+		}
+		synctest.Wait()
+		srv.srv.FlushAll()
+		var told []time.Duration
+		for range 6 {
+			_, err := other.TryAcquire("k")
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			require.ErrorIs(t, err, ErrPaused)
+			told = append(told, le.RetryAfter)
+		}
+		t.Logf("a pause of %v; told %v", other.pause, told)
+		assert.GreaterOrEqual(t, told[0], other.pause-time.Second, "not before the pause ends")
+		assert.Less(t, told[0], other.pause+time.Second, "the first at the pause's end, give or take a turn")
+		for i := 1; i < len(told); i++ {
+			assert.Greater(t, told[i], told[i-1], "caller %d after the one before", i)
+		}
+		assert.GreaterOrEqual(t, told[5]-told[0], 2*time.Second, "six callers over two slots of a second: three rounds")
+	})
 }
 
 // A waiting Acquire keeps waiting through the pause, and is admitted when
@@ -167,7 +218,7 @@ func TestPauseCountsFromTheEpochsBirth(t *testing.T) {
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le)
 	assert.ErrorIs(t, err, ErrPaused, "the loss told by a process that saw the old epoch")
-	assert.Equal(t, pauseWait-5*time.Second, le.RetryAfter, "counted from the epoch's birth")
+	assertPauseLeft(t, le, pauseWait-5*time.Second) // counted from the epoch's birth
 	_, err = newcomer.TryAcquire("k")
 	assert.ErrorIs(t, err, ErrPaused, "every process honours it")
 

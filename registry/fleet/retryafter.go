@@ -114,8 +114,9 @@ func (h *keyHolds) evictLocked() {
 // has ended here, cold estimates them, and the return is booked all the
 // same, so that callers refused together at the start are spread too
 // (see refusedAge for when such an entry is dropped); with cold nil it
-// reports false then.
-func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int, lead time.Duration, cold *core.HoldTime) (time.Duration, bool) {
+// reports false then. Nothing frees before from has passed (a pause):
+// the return is estimated, and booked, as if refused then.
+func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int, lead, from time.Duration, cold *core.HoldTime) (time.Duration, bool) {
 	if limit <= 0 {
 		return 0, false
 	}
@@ -136,7 +137,8 @@ func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int,
 	}
 	kh.told.Elsewhere = min(max(float64(held)/float64(max(mine, 1))-1, 0), maxElsewhere)
 	lead = min(lead, cmp.Or(est.Mean(), time.Second)/time.Duration(limit)/2)
-	return est.RetryAfter(time.Now().UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
+	from = max(from, 0)
+	return from + est.RetryAfter(time.Now().Add(from).UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
 }
 
 // refusalRetryAfter is the Retry-After of le, a refusal of l on its key i
@@ -148,7 +150,7 @@ func (r *Registry[K]) refusalRetryAfter(l *lease[K], i int, le *slots.LimitError
 	if cold {
 		est = &r.holdTime
 	}
-	if d, ok := r.holds.retryAfter(l.names[i], queued, l.units, le.Limit, r.local.InFlight(l.keys[i]), le.InFlight, lead, est); ok {
+	if d, ok := r.holds.retryAfter(l.names[i], queued, l.units, le.Limit, r.local.InFlight(l.keys[i]), le.InFlight, lead, 0, est); ok {
 		return d
 	}
 	return le.RetryAfter

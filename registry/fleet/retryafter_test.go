@@ -191,7 +191,7 @@ func TestKeyHoldsKeepTheKeysInUse(t *testing.T) {
 		}
 	}
 	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
-	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, nil)
+	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, 0, nil)
 	assert.True(t, ok, "the key in use keeps its estimate")
 }
 
@@ -322,17 +322,17 @@ func TestKeyHoldsKeepKnownKeysPastRefusals(t *testing.T) {
 	h.observe([]string{"hot"}, int64(time.Second))
 	dropped := 0
 	for i := range 20 * maxKeyHolds {
-		_, ok := h.retryAfter(fmt.Sprint("refused-", i), 0, 1, 1, 0, 1, 0, &cold)
+		_, ok := h.retryAfter(fmt.Sprint("refused-", i), 0, 1, 1, 0, 1, 0, 0, &cold)
 		require.True(t, ok)
 		if h.m["steady"] == nil && i > 0 {
 			dropped++
 		}
-		_, ok = h.retryAfter("steady", 0, 1, 1, 0, 1, 0, &cold) // refused all along
+		_, ok = h.retryAfter("steady", 0, 1, 1, 0, 1, 0, 0, &cold) // refused all along
 		require.True(t, ok)
 	}
 	assert.LessOrEqual(t, len(h.m), maxKeyHolds)
 	assert.Zero(t, dropped, "a key refused all along keeps its returns told")
-	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, nil)
+	_, ok := h.retryAfter("hot", 0, 1, 1, 1, 1, 0, 0, nil)
 	assert.True(t, ok, "the key whose holds are known keeps its estimate")
 }
 
@@ -344,7 +344,7 @@ func TestRetryAfterOfAProcessHoldingLittleOfAKey(t *testing.T) {
 	h.observe([]string{"k"}, int64(time.Second))
 	var last time.Duration
 	for i := range 20 {
-		d, ok := h.retryAfter("k", 0, 1, 100, 1, 100, 0, nil)
+		d, ok := h.retryAfter("k", 0, 1, 100, 1, 100, 0, 0, nil)
 		require.True(t, ok)
 		if i > 0 {
 			assert.Greater(t, d, last, "refusal %d told after the one before", i)
