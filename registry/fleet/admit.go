@@ -70,6 +70,7 @@ type outcome struct {
 	full    int           // with ErrLimitReached: the index of the full key; else -1
 	retryIn time.Duration // with full or queued: until its earliest lease expires (0: unknown), or the pause ends
 	paused  bool          // refused because new admissions are paused (see pause.go); full is 0
+	resume  time.Time     // with paused: when the pause ends, on this process's clock
 	queued  bool          // waiting in the fleet's queue; full is the index of a full key
 	retry   bool          // a waiter's call timed out, the breaker closed: it asks again
 	overCut bool          // admitted over a learned cap cut meanwhile: see attempt
@@ -230,7 +231,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 				Limit: limit, RetryAfter: time.Second}
 			// From the key's holds (the Registry's, before any ended
 			// here), its units over the cap counted ahead of it.
-			le.RetryAfter = r.refusalRetryAfter(l, i, le, le.InFlight-limit, 0, true)
+			le.RetryAfter = r.refusalRetryAfter(l, i, le, le.InFlight-limit, 0, 0, true)
 			return outcome{err: le, full: i, inFlight: le.InFlight}
 		}
 		l.start = st
@@ -251,12 +252,12 @@ func (r *Registry[K]) refused(l *lease[K], res driver.AdmitResult) outcome {
 	}
 	if res.Status != driver.StatusFull {
 		le.Err = slots.ErrQueueFull
-		le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, 0, true)
+		le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, 0, 0, true)
 		return failed(le)
 	}
 	// A key at its limit: its earliest lease's expiry, which a live holder
 	// keeps renewing, is a bound, not a time; the key's holds tell one.
-	le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, 0, false)
+	le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, 0, 0, false)
 	return outcome{err: le, full: i, retryIn: retryIn, inFlight: le.InFlight, queuedN: le.Queued}
 }
 

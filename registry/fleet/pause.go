@@ -80,10 +80,8 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
 	// Not before the pause ends, and from then as a key at its limit (the
 	// leases put back hold it) behind the callers told before: those
 	// refused during a pause come back one after another, not together.
-	if d, ok := r.holds.retryAfter(l.names[0], int(n)-le.Limit, l.units, le.Limit, r.local.InFlight(l.keys[0]), int(n), 0, retryIn, &r.holdTime); ok {
-		le.RetryAfter = d
-	}
-	return outcome{err: le, full: 0, retryIn: retryIn, paused: true, inFlight: int(n)}
+	le.RetryAfter = r.refusalRetryAfter(l, 0, le, int(n)-le.Limit, 0, retryIn, true)
+	return outcome{err: le, full: 0, retryIn: retryIn, paused: true, resume: time.Now().Add(retryIn), inFlight: int(n)}
 }
 
 // lostRecently reports whether this process found a data loss within the

@@ -147,6 +147,36 @@ func TestPausedCallersComeBackOneByOne(t *testing.T) {
 	})
 }
 
+// A waiter whose longest wait ends during a pause is told to come back
+// once the pause has ended, not from the key's holds as if it were over.
+// In virtual time, on a virtual Redis.
+func TestTimedOutDuringAPauseComesBackAfterIt(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		srv := newVirtualRedis(t, fwLatency)
+		rs := fwFleet(t, srv, "paused-wait", 2, 1, WithLogger(quiet()),
+			WithLocalOptions(slots.WithMaxWait(500*time.Millisecond)))
+		holder, other := rs[0], rs[1]
+		s, err := other.Acquire(context.Background(), "k") // other has seen the epoch
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond) // a hold of k ended here
+		s.Release()
+		s, err = holder.Acquire(context.Background(), "k")
+		require.NoError(t, err)
+		defer s.Release()
+		synctest.Wait()
+		srv.srv.FlushAll()
+		start := time.Now()
+		_, err = other.Acquire(context.Background(), "k")
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		require.ErrorIs(t, err, slots.ErrWaitTimeout)
+		waited := time.Since(start)
+		t.Logf("a pause of %v; timed out after %v, told %v", other.pause, waited, le.RetryAfter)
+		assert.GreaterOrEqual(t, waited+le.RetryAfter, other.pause, "not back before the pause ends")
+		assert.Less(t, waited+le.RetryAfter, other.pause+time.Second, "nor long after it")
+	})
+}
+
 // A waiting Acquire keeps waiting through the pause, and is admitted when
 // it ends; one whose context ends meanwhile gets the context's error, and
 // nothing stays in Redis.

@@ -142,15 +142,16 @@ func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int,
 }
 
 // refusalRetryAfter is the Retry-After of le, a refusal of l on its key i
-// with queued callers ahead of it in the store: from the key's holds (see
-// keyHolds.retryAfter), or, while none has ended here, from this
-// Registry's with cold set, else le's.
-func (r *Registry[K]) refusalRetryAfter(l *lease[K], i int, le *slots.LimitError, queued int, lead time.Duration, cold bool) time.Duration {
+// with queued callers ahead of it in the store, nothing freeing before
+// from has passed: from the key's holds (see keyHolds.retryAfter), or,
+// while none has ended here, from this Registry's with cold set, else
+// le's.
+func (r *Registry[K]) refusalRetryAfter(l *lease[K], i int, le *slots.LimitError, queued int, lead, from time.Duration, cold bool) time.Duration {
 	var est *core.HoldTime
 	if cold {
 		est = &r.holdTime
 	}
-	if d, ok := r.holds.retryAfter(l.names[i], queued, l.units, le.Limit, r.local.InFlight(l.keys[i]), le.InFlight, lead, 0, est); ok {
+	if d, ok := r.holds.retryAfter(l.names[i], queued, l.units, le.Limit, r.local.InFlight(l.keys[i]), le.InFlight, lead, from, est); ok {
 		return d
 	}
 	return le.RetryAfter

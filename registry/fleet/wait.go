@@ -108,8 +108,9 @@ func (r *Registry[K]) timedOut(l *lease[K], last outcome) *slots.LimitError {
 		if last.queued {
 			ahead-- // the store's count was its own ticket's too: it has left
 		}
-		// It may queue again on its return: told to come a little early.
-		le.RetryAfter = r.refusalRetryAfter(l, i, le, ahead, r.maxWait/2, true)
+		// It may queue again on its return: told to come a little early
+		// (not before a pause it waited in ends).
+		le.RetryAfter = r.refusalRetryAfter(l, i, le, ahead, r.maxWait/2, time.Until(last.resume), true)
 	}
 	return le
 }
