@@ -204,7 +204,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 	r.carriedIn(c.carried, epoch)
 	switch res.Status {
 	case driver.StatusPaused:
-		return r.pausedOutcome(l, res.Count, res.Earliest, res.Now)
+		return r.pausedOutcome(l, w, res.Count, res.Earliest, res.Now)
 	case driver.StatusQueued:
 		if w != nil {
 			w.queuedEpoch = epoch // its place is in this store's queue

@@ -66,10 +66,10 @@ func (r *Registry[K]) lostData() {
 	}
 }
 
-// pausedOutcome is the refusal of l's admission while new admissions wait
-// until the server time until, told by a reply at the server time now, with
-// n leases on l's first key.
-func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
+// pausedOutcome is the refusal of l's admission, waiting as w if not nil,
+// while new admissions wait until the server time until, told by a reply
+// at the server time now, with n leases on l's first key.
+func (r *Registry[K]) pausedOutcome(l *lease[K], w *waiter, n, until, now int64) outcome {
 	r.stats.paused.Add(1)
 	// A reply cannot hold a caller for longer than a TTL (the script bounds
 	// the pause so too): no value in the store, however far ahead, makes a
@@ -80,7 +80,14 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], n, until, now int64) outcome {
 	// Not before the pause ends, and from then as a key at its limit (the
 	// leases put back hold it) behind the callers told before: those
 	// refused during a pause come back one after another, not together.
-	le.RetryAfter = r.refusalRetryAfter(l, 0, le, int(n)-le.Limit, 0, retryIn, true)
+	// A waiter's try is told nothing (it sleeps until the pause ends, or
+	// a claim window, and tries again; see wait): booked, its return would
+	// be booked again at each try, and push back the callers told after
+	// it to the bound of the returns told (a waiter that times out in the
+	// pause is told, and booked, then: see timedOut).
+	if w == nil {
+		le.RetryAfter = r.refusalRetryAfter(l, 0, le, int(n)-le.Limit, 0, retryIn, true)
+	}
 	return outcome{err: le, full: 0, retryIn: retryIn, paused: true, resume: time.Now().Add(retryIn), inFlight: int(n)}
 }
 

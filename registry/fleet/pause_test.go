@@ -174,6 +174,70 @@ func TestTimedOutDuringAPauseComesBackAfterIt(t *testing.T) {
 		t.Logf("a pause of %v; timed out after %v, told %v", other.pause, waited, le.RetryAfter)
 		assert.GreaterOrEqual(t, waited+le.RetryAfter, other.pause, "not back before the pause ends")
 		assert.Less(t, waited+le.RetryAfter, other.pause+time.Second, "nor long after it")
+		assert.Zero(t, le.RetryAfter%time.Millisecond, "to the millisecond")
+	})
+}
+
+// The tries of a waiter during a pause (a queued one asks every claim
+// window) book no return: the callers refused meanwhile are still told
+// one after another from the pause's end, not the bound of the returns
+// told (eight rounds of the key), all the same; and one refused later in
+// the pause after them. In virtual time, on a virtual Redis.
+func TestPausedWaitersDoNotPushTriesBack(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		srv := newVirtualRedis(t, fwLatency)
+		rs := fwFleet(t, srv, "paused-waiters", 2, 2, WithLogger(quiet()))
+		holder, other := rs[0], rs[1]
+		for range 3 { // other's holds of k take a second
+			s, err := other.Acquire(context.Background(), "k")
+			require.NoError(t, err)
+			time.Sleep(time.Second)
+			s.Release()
+		}
+		for range 2 {
+			s, err := holder.Acquire(context.Background(), "k")
+			require.NoError(t, err)
+			defer s.Release()
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { // queued in the store before the loss
+			if s, err := other.Acquire(ctx, "k"); err == nil {
+				s.Release()
+			}
+		}()
+		time.Sleep(100 * time.Millisecond) // its call's round trip
+		synctest.Wait()
+		srv.srv.FlushAll()
+		_, err := holder.TryAcquire("k") // the pause starts
+		require.ErrorIs(t, err, ErrPaused)
+		start := time.Now()
+		time.Sleep(5 * time.Second) // the waiter asks a few times meanwhile
+		var told []time.Duration
+		for range 3 {
+			_, err := other.TryAcquire("k")
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			require.ErrorIs(t, err, ErrPaused)
+			told = append(told, le.RetryAfter)
+		}
+		left := other.pause - time.Since(start)
+		t.Logf("%v of the pause left; told %v", left, told)
+		assert.GreaterOrEqual(t, told[0], left, "not before the pause ends")
+		assert.Less(t, told[0], left+2*time.Second, "the pause's end, and a turn or two")
+		for i := 1; i < len(told); i++ {
+			assert.Greater(t, told[i], told[i-1], "caller %d after the one before", i)
+		}
+		// One refused 2 s later comes back after them too: the returns
+		// are booked as from the pause's end, not due (and dropped)
+		// before it.
+		back := start.Add(5*time.Second + told[len(told)-1])
+		time.Sleep(2 * time.Second)
+		_, err = other.TryAcquire("k")
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		require.ErrorIs(t, err, ErrPaused)
+		assert.True(t, time.Now().Add(le.RetryAfter).After(back), "told %v, 2 s later", le.RetryAfter)
 	})
 }
 

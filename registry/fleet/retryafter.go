@@ -115,7 +115,8 @@ func (h *keyHolds) evictLocked() {
 // same, so that callers refused together at the start are spread too
 // (see refusedAge for when such an entry is dropped); with cold nil it
 // reports false then. Nothing frees before from has passed (a pause):
-// the return is estimated, and booked, as if refused then.
+// the return is estimated, and booked, as if refused then. Rounded up to
+// the millisecond; at most core.MaxRetryAfter, or from and a millisecond.
 func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int, lead, from time.Duration, cold *core.HoldTime) (time.Duration, bool) {
 	if limit <= 0 {
 		return 0, false
@@ -137,8 +138,12 @@ func (h *keyHolds) retryAfter(name string, queued, units, limit, mine, held int,
 	}
 	kh.told.Elsewhere = min(max(float64(held)/float64(max(mine, 1))-1, 0), maxElsewhere)
 	lead = min(lead, cmp.Or(est.Mean(), time.Second)/time.Duration(limit)/2)
-	from = max(from, 0)
-	return from + est.RetryAfter(time.Now().Add(from).UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told), true
+	// Rounded up to the millisecond, as the estimate is (a waiter's from
+	// is a pause's end less the time now, to the nanosecond), and within
+	// MaxRetryAfter, unless the pause itself is longer.
+	from = (max(from, 0) + time.Millisecond - 1).Truncate(time.Millisecond)
+	d := est.RetryAfter(time.Now().Add(from).UnixNano(), units, needOf(queued, units), limit, nil, lead, &kh.told)
+	return min(from+d, max(core.MaxRetryAfter, from+time.Millisecond)), true
 }
 
 // refusalRetryAfter is the Retry-After of le, a refusal of l on its key i

@@ -353,3 +353,27 @@ func TestRetryAfterOfAProcessHoldingLittleOfAKey(t *testing.T) {
 	}
 	t.Logf("the 20th told %v", last)
 }
+
+// A return told from a time before which nothing frees (a pause's end) is
+// rounded up to the millisecond, as the estimate is, and says no more than
+// core.MaxRetryAfter past a pause shorter than it.
+func TestRetryAfterFromAPause(t *testing.T) {
+	var h keyHolds
+	h.observe([]string{"k"}, int64(time.Second))
+	from := 10*time.Second + 500*time.Microsecond + 1
+	d, ok := h.retryAfter("k", 0, 1, 2, 1, 2, 0, from, nil)
+	require.True(t, ok)
+	assert.Zero(t, d%time.Millisecond, "to the millisecond: %v", d)
+	assert.Greater(t, d, from, "not before the pause ends")
+
+	var slow keyHolds
+	slow.observe([]string{"k"}, int64(time.Hour))
+	for range 20 { // told up to eight rounds of an hour's holds
+		d, ok = slow.retryAfter("k", 0, 1, 1, 1, 1, 0, time.Minute, nil)
+		require.True(t, ok)
+		assert.LessOrEqual(t, d, core.MaxRetryAfter)
+	}
+	d, ok = slow.retryAfter("k", 0, 1, 1, 1, 1, 0, 2*time.Hour, nil)
+	require.True(t, ok)
+	assert.Greater(t, d, 2*time.Hour, "not before a pause longer than the cap ends")
+}
