@@ -77,9 +77,12 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], w *waiter, n, until, now int64)
 	retryIn := min(time.Duration(max(until-now, 0))*time.Millisecond, r.cfg.ttl)
 	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0],
 		RetryAfter: max(retryIn, time.Millisecond)}
-	// Not before the pause ends, and from then as a key at its limit (the
-	// leases put back hold it) behind the callers told before: those
-	// refused during a pause come back one after another, not together.
+	// Not before the pause ends, and from then as a key at its limit
+	// behind the callers told before: those refused during a pause come
+	// back one after another, not together. The key's count now says
+	// little of its room then (the live holders put their leases back
+	// over the pause: the count is 0 at its start), so even the first is
+	// told a turn of the key past the pause's end.
 	// A waiter's try is told nothing (it sleeps until the pause ends, or
 	// a claim window, and tries again; see wait): booked, its return would
 	// be booked again at each try, and push back the callers told after
