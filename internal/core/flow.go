@@ -103,8 +103,7 @@ type Ending struct {
 func (e *Engine) Begin(owner Owner, n, skip int) (x *Handle, h *Hold, t *Tracked) {
 	x = new(Handle)
 	if e.LeakCheck {
-		t = new(Tracked)
-		t.Owner = owner
+		t = &Tracked{Hold: Hold{Owner: owner}}
 		h = &t.Hold
 		if e.LeakSites {
 			t.recordSite(skip + 2) // above Begin, its caller and skip more
@@ -238,7 +237,8 @@ func (e *Engine) handOut(x *Handle, t *Tracked) {
 // numbers bypasses).
 func (e *Engine) bypass(ctx context.Context, w *Waiter, what string, attrs ...slog.Attr) {
 	h, start, maxWait := w.Hold, w.Start, w.MaxWait
-	bypassHold(h)
+	h.Bypassed = true
+	h.Owner = &bypassed{Owner: h.Owner, hold: h}
 	h.At = e.Clock.Nanos() // exact: start may be an exact reading too
 	if e.satLog.Allow(h.At, saturationLogEvery) {
 		if h.ID != 0 {

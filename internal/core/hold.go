@@ -91,22 +91,13 @@ func (h *Hold) Released() bool { return h.released.Load() }
 // use (a body's EOF, then its Close, then its context's end): a call after
 // the first is expected there, not misuse, and is not counted.
 func (h *Hold) ReleaseQuietly() bool {
-	if !h.released.CompareAndSwap(false, true) {
-		return false
-	}
-	return h.Owner.Release(h)
+	return h.released.CompareAndSwap(false, true) && h.Owner.Release(h)
 }
 
-// bypassHold marks h as admitted by fail-open: it holds no capacity, so its
-// release frees nothing, but a copy of its Slot must still be told from it.
-// Its owner from then on is a small record of h (fail-open is the rare
-// path, so the allocation is paid only there).
-func bypassHold(h *Hold) {
-	h.Bypassed = true
-	h.Owner = &bypassed{Owner: h.Owner, hold: h}
-}
-
-// bypassed is the Owner of a fail-open hold.
+// bypassed is the Owner of a fail-open hold (Engine.bypass): it holds no
+// capacity, so its release frees nothing, but a copy of its Slot must
+// still be told from it. It is a small record of the hold (fail-open is
+// the rare path, so the allocation is paid only there).
 type bypassed struct {
 	Owner // the hold's own: counts misuse and converts times
 	hold  *Hold

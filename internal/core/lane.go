@@ -104,10 +104,7 @@ func (s *HolderSet) Add(h *Hold, idx *int32) {
 // index: it is refused instead of removing someone else.
 func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
 	i, last := int(*idx), s.n-1
-	if i < 0 || i > last {
-		return false
-	}
-	if r := s.rec(i); r.h != h || r.idx != idx {
+	if i < 0 || i > last || *s.rec(i) != (holderRec{h, idx}) {
 		return false
 	}
 	if i != last {

@@ -58,10 +58,7 @@ type Every struct{ next atomic.Int64 }
 // may be logged, and if so suppresses the following ones for interval.
 func (e *Every) Allow(now int64, interval time.Duration) bool {
 	next := e.next.Load()
-	if now < next && next != 0 {
-		return false
-	}
-	return e.next.CompareAndSwap(next, now+int64(interval))
+	return (next == 0 || now >= next) && e.next.CompareAndSwap(next, now+int64(interval))
 }
 
 // HoldTime is a running estimate of how long holders keep their capacity,

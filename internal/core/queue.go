@@ -263,8 +263,7 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 	c := f.key.class
 	q.x.count[c]--
 	ring := &q.x.rings[c]
-	switch {
-	case f.waiters.Len() == 0:
+	if f.waiters.Len() == 0 {
 		ring.Remove(&f.link)
 		f.credit, f.inTurn = 0, false
 		if f != &q.def {
@@ -274,7 +273,7 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 				q.x.spare = append(q.x.spare, f)
 			}
 		}
-	default:
+	} else {
 		if charge && !f.inTurn { // its turn starts, weighted by the waiter served
 			f.credit, f.inTurn = f.credit+int64(max(w.Weight, 1))*q.quantum(c, w.Cost), true
 		}
