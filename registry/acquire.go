@@ -214,23 +214,22 @@ func (r *Registry[K]) ended(w *core.Waiter, out core.Outcome, sh *shard[K], key 
 	}
 	sh.mu.Lock()
 	switch {
-	case out == core.OutCanceled:
+	case out == core.OutCanceled || out == core.OutDeadline:
 		sh.st.canceled++
-		sh.mu.Unlock()
-		return core.Ending{}
-	case out == core.OutDeadline: // told as if it had timed out
-		sh.st.canceled++
-		sh.mu.Unlock()
-		return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key, w)}
 	case r.eng.FailOpen:
 		sh.st.bypassed++
 		sh.seq++
 		w.Hold.ID = sh.seq<<r.shardBits | uint64(sh.idx)
 		sh.mu.Unlock()
 		return core.Ending{Bypass: "key", Attrs: []slog.Attr{slog.String("key", keyString(key))}}
+	default:
+		sh.st.waitTimeouts++
 	}
-	sh.st.waitTimeouts++
 	sh.mu.Unlock()
+	if out == core.OutCanceled {
+		return core.Ending{}
+	}
+	// Timed out; or its deadline passed, told as if it had timed out.
 	return core.Ending{Rej: r.rejectKey(slots.ErrWaitTimeout, key, w)}
 }
 

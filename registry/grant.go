@@ -224,12 +224,9 @@ func (r *Registry[K]) keptFromLocked(e *entry[K]) *[core.NumClasses]uint64 {
 // each other (it, and an older multi-key waiter passed over too often)
 // cannot hold each other back.
 func kept[K comparable](e *entry[K], from *[core.NumClasses]uint64, w *core.Waiter) bool {
-	for c, seq := range from {
-		if w.Seq > seq && (uint8(c) == w.Class || core.Rank(uint8(c)) < core.Rank(w.Class) && !e.lane.Short(w.Class)) {
-			return true
-		}
-	}
-	return false
+	return slices.ContainsFunc(core.Order[:], func(c uint8) bool {
+		return w.Seq > from[c] && (c == w.Class || core.Rank(c) < core.Rank(w.Class) && !e.lane.Short(w.Class))
+	})
 }
 
 // blocking returns the index of the first key of m's waiter w that it may

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math"
 	"time"
 
@@ -158,16 +159,15 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 		if rv.fetch == nil {
 			break
 		}
-		fetch, stale := rv.fetch, rv.ok
-		sh.mu.Unlock()
-		if stale {
+		sh.mu.Unlock() // rv is a copy, and its fetch stays with those waiting for it
+		if rv.ok {
 			return rv.n, nil // keep using the last known limit meanwhile
 		}
 		start, left := r.eng.Clock.Nanos(), false
 		select {
-		case <-fetch.done:
-			if !fetch.left { // written before done was closed
-				return fetch.n, nil
+		case <-rv.fetch.done:
+			if !rv.fetch.left { // written before done was closed
+				return rv.fetch.n, nil
 			}
 			// Its caller left: that says nothing of the limit; fetch
 			// again, unless this one has left too.
@@ -274,14 +274,10 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 	if len(sh.resolved) < sh.pruneAt && now-sh.prunedAt < int64(r.refresh) {
 		return
 	}
-	for k, rv := range sh.resolved {
-		if _, h := r.shardFor(k); sh.lookup(k, h) != nil || rv.fetch != nil {
-			continue
-		}
-		if !r.retained(rv, now) {
-			delete(sh.resolved, k)
-		}
-	}
+	maps.DeleteFunc(sh.resolved, func(k K, rv resolved) bool {
+		_, h := r.shardFor(k)
+		return sh.lookup(k, h) == nil && rv.fetch == nil && !r.retained(rv, now)
+	})
 	sh.prunedAt = now
 	sh.pruneAt = 2*len(sh.resolved) + 64
 	// So that the memory of a burst of keys goes with them.

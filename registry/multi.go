@@ -93,10 +93,7 @@ func heavyAheadLocked[K comparable](e *entry[K], c uint8) bool {
 	if !e.lane.HeavyAhead(c) {
 		return false
 	}
-	for _, d := range core.Order {
-		if core.Rank(d) > core.Rank(c) {
-			break
-		}
+	for _, d := range core.Order[:core.Rank(c)+1] {
 		for el := range e.lane.Waiters.Class(d) {
 			if _, multi := el.Value.Hold.Owner.(*multi[K]); el.Value.Hold.Extra > 0 && !multi {
 				return true
@@ -226,7 +223,18 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.S
 			}
 		}
 	}
-	m := r.newMulti(shs)
+	// The record of the admission, the Owner of its hold.
+	m := &multi[K]{
+		r:       r,
+		entries: make([]*entry[K], len(shs)),
+		idx:     make([]int32, len(shs)),
+	}
+	for _, sh := range shs {
+		if !slices.Contains(m.shards, sh.idx) {
+			m.shards = append(m.shards, sh.idx)
+		}
+	}
+	slices.Sort(m.shards)
 	x, h, t := r.eng.Begin(m, n, 1)
 	d := r.decideAll(ctx, m, shs, uniq, hashes, fetched, h, n)
 	x, err := r.eng.Finish(ctx, x, t, d)
@@ -281,22 +289,6 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 		r.grantLocked(m.entries, &wk)
 	}
 	return core.Wait(w, m)
-}
-
-// newMulti returns the record of a multi-key admission on keys of shs.
-func (r *Registry[K]) newMulti(shs []*shard[K]) *multi[K] {
-	m := &multi[K]{
-		r:       r,
-		entries: make([]*entry[K], len(shs)),
-		idx:     make([]int32, len(shs)),
-	}
-	for _, sh := range shs {
-		if !slices.Contains(m.shards, sh.idx) {
-			m.shards = append(m.shards, sh.idx)
-		}
-	}
-	slices.Sort(m.shards)
-	return m
 }
 
 // anyHeavy reports whether a waiter weighing more than one unit queues on
