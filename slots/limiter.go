@@ -47,11 +47,8 @@ func NewLimiter(limit int, opts ...Option) *Limiter {
 	}
 	var st core.Settings
 	core.Apply(&st, opts)
-	l := &Limiter{}
-	l.eng.Policy = st.Policy
+	l := &Limiter{eng: core.Engine{Policy: st.Policy}, lane: core.Lane{Limit: limit, Shares: st.Shares}}
 	l.engine()
-	l.lane.Limit = limit
-	l.lane.Shares = st.Shares
 	return l
 }
 
