@@ -93,11 +93,8 @@ func (g *Gate) dispatchLocked(now int64, wk *core.Wakes) {
 // the choice passed, to count once the waiter is served.
 func (g *Gate) nextLocked(now int64, wakeAt *int64, tf *tokensFit) *core.Waiter {
 	w, _ := g.provider.Candidate(func(w *core.Waiter, _ bool) bool {
-		if tf.stopped || tf.scanned() {
-			return false
-		}
 		ml := w.Hold.Owner.(*grant).model
-		if !ml.lane.HasRoom() {
+		if tf.stopped || tf.scanned() || !ml.lane.HasRoom() {
 			return false
 		}
 		if next := nextStart(ml.started, ml.last, ml.interval); next > now {

@@ -135,9 +135,8 @@ func NewGate(name string, cfg Config, opts ...GateOption) (*Gate, error) {
 	}
 	var st core.Settings
 	core.Apply(&st, opts)
-	p := st.Policy
 	g := &Gate{name: name, models: map[string]*modelLane{}, keyByID: map[string]*keyLane{}, goneKeys: map[string]*keyLane{}}
-	g.eng.Policy = core.Policy{Clock: p.Clock, Logger: p.Logger, Observer: p.Observer, Wants: p.Wants}
+	g.eng.Policy = core.Policy{Clock: st.Clock, Logger: st.Logger, Observer: st.Observer, Wants: st.Wants}
 	g.eng.Init("pacing", func(rej *core.Rejection) error { return (*slots.LimitError)(rej) })
 	g.clk = cmp.Or(g.eng.Policy.Clock, clock.New())
 	g.applyLocked(cfg)
@@ -245,7 +244,10 @@ func (g *Gate) decideLocked(ctx context.Context, gr *grant, w *core.Waiter, mode
 	queueWait := g.cfg.QueueWait()
 	w.Hold.At, w.Start, w.MaxWait = now, now, queueWait // w.Hold.At is the grant's once queued
 	n := t.Total()
-	gr.model = g.modelLocked(model)
+	if gr.model = g.models[model]; gr.model == nil { // an unconfigured model: no cap, no spacing
+		gr.model = &modelLane{name: model, lane: core.Lane{Limit: slots.Unlimited}}
+		g.models[model] = gr.model
+	}
 	if name, _, _ := g.tooHeavyLocked(gr.model, n); name != "" {
 		rej := g.exceedsLocked(gr.model, n)
 		g.dropIfIdleLocked(gr.model)
@@ -293,10 +295,8 @@ func (gr *grant) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 	switch {
 	case out == core.OutCanceled:
 		return core.Ending{}
-	case out == core.OutDeadline: // told as if it had timed out
-		rej := g.rejectLocked(slots.ErrWaitTimeout, gr.model, gr.cost(), w.Class, g.eng.Clock.Nanos())
+	case out == core.OutDeadline: // told as if it had timed out, below
 		g.rejects-- // which rejectLocked counts: this one is a cancellation
-		return core.Ending{Rej: rej}
 	case out == core.OutRefused && gr.refused == nil: // by Close
 		return core.Ending{Reason: ErrGateClosed, Err: g.closedError()}
 	case out != core.OutRefused && g.cfg.FailOpen() && g.proceedLocked(gr): // as configured now; unless a budget holds it back

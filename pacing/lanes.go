@@ -88,17 +88,6 @@ func (g *Gate) applyLocked(cfg Config) {
 	g.adaptLocked()
 }
 
-// modelLocked returns model's lane, creating an unconfigured one (no cap,
-// no spacing) on demand.
-func (g *Gate) modelLocked(model string) *modelLane {
-	ml := g.models[model]
-	if ml == nil {
-		ml = &modelLane{name: model, lane: core.Lane{Limit: slots.Unlimited}}
-		g.models[model] = ml
-	}
-	return ml
-}
-
 // dropIfIdleLocked forgets an unconfigured model's lane once nothing uses it.
 func (g *Gate) dropIfIdleLocked(ml *modelLane) {
 	// Only the lane the map holds: one a refused waiter still points to
