@@ -92,9 +92,9 @@ type grant struct {
 	// grant has moved them: a start that never happened takes no interval.
 	prev, modelPrev starts
 	reported        bool // Report has taken its verdict
-	// The request's estimated cost, and what it counts on in the budgets:
-	// The budgets it counts on: while it waits (queue), then those charged
-	// once started: the provider's, its model's, its key's.
+	// The budgets the request counts on: while it waits (queue), then
+	// those charged once it has started: the provider's, its model's, its
+	// key's.
 	bud [3]*budgets
 }
 
