@@ -11,12 +11,12 @@ import (
 	"github.com/inflight-go/inflight/internal/core"
 )
 
-// WrapBody returns a body that releases s once: on the first Close, Read
-// error, io.EOF, WriteTo's end or panic, after closing body on a Close or
-// failed Read. It keeps body's io.WriterTo, io.Writer and CloseWrite; one
-// with Write and CloseWrite (a connection) is open until closed: its
-// io.EOF says only that the other side is done sending. A nil body or
-// http.NoBody releases s at once.
+// WrapBody returns a body that releases s once, at its first Close, Read
+// error, io.EOF, WriteTo's end or panic (closing body first on a Close or
+// failed Read). It keeps body's WriteTo, Write and CloseWrite; one with
+// Write and CloseWrite (a connection) is open until closed: its io.EOF says
+// only that the peer is done sending. A nil or http.NoBody body frees s at
+// once.
 func WrapBody(body io.ReadCloser, s *Slot) io.ReadCloser {
 	if s == nil {
 		return body
@@ -72,8 +72,9 @@ type slotBody struct {
 	// t is the Transport that sent the request, or nil (WrapBody). With a
 	// Transport, a cut keeps the slot for the Transport's linger.
 	t *Transport
-	// stop ends the Transport's watch of the request's context; nil when
-	// there is none. It is set before the body is handed out, but the watch
+	// stop ends the Transport's watch of the request's context (for an
+	// upgraded connection, the check that it was not dropped unused:
+	// upgrade.go); nil when there is none. It is set before the body is handed out, but the watch
 	// itself may already run while it is being set, so the watch's end
 	// never reads it (end checks fromWatch first).
 	stop func() bool

@@ -24,7 +24,8 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // before it is sent until its response body is read to the end, closed, or
 // cut off by its context's end (a stream keeps it throughout). A cut
 // exchange's slot goes back once its body is closed (WithLinger: later), at
-// most 5 s after its context's end; a 101's, once closed. Not usable as zero.
+// most 5 s after; a 101's, once closed (or unused 1 s after its server's
+// request: dropped). Not usable as zero.
 type Transport struct {
 	base   http.RoundTripper
 	admit  AdmitFunc

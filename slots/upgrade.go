@@ -1,10 +1,16 @@
 package slots
 
 import (
+	"cmp"
 	"context"
+	"net/http"
 	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 	"weak"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 // unusedUpgrades are the upgraded connections (101 answers) of Transports
@@ -22,9 +28,19 @@ var unusedUpgrades struct {
 	m map[<-chan struct{}][]weak.Pointer[slotBody]
 }
 
+// droppedUpgradeWait is how long an upgraded connection of a server's
+// request that nobody has used is kept after that request ended (0: a
+// second): then it is taken for dropped, and closed. A ReverseProxy with
+// an ErrorHandler of the program's own drops one it cannot switch to,
+// and the request ends as its handler returns; one it switches to is
+// used before. A handler that keeps a connection for later use must use
+// it before it returns, or within the wait. Set by tests.
+var droppedUpgradeWait atomic.Int64
+
 // listUpgrade lists b, an upgraded connection's body, under ctx until it
 // is first used or ends. A context that can never end is not listed: no
-// server's request has one.
+// server's request has one. Under a server's request it is closed if it
+// is still unused droppedUpgradeWait after the request ended.
 func (b *slotBody) listUpgrade(ctx context.Context) {
 	done := ctx.Done()
 	if done == nil {
@@ -32,13 +48,27 @@ func (b *slotBody) listUpgrade(ctx context.Context) {
 	}
 	b.ctx = ctx
 	b.listed.Store(true)
+	wp := weak.Make(b)
 	unusedUpgrades.Lock()
 	defer unusedUpgrades.Unlock()
 	if unusedUpgrades.m == nil {
 		unusedUpgrades.m = map[<-chan struct{}][]weak.Pointer[slotBody]{}
 	}
-	unusedUpgrades.m[done] = append(unusedUpgrades.m[done], weak.Make(b))
+	unusedUpgrades.m[done] = append(unusedUpgrades.m[done], wp)
 	runtime.AddCleanup(b, prune, done)
+	if ctx.Value(http.ServerContextKey) != nil {
+		// Neither closure keeps b: one dropped is still found by leak
+		// detection.
+		b.stop = context.AfterFunc(ctx, func() {
+			time.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
+				if b := wp.Value(); b != nil && b.listed.CompareAndSwap(true, false) {
+					keepListed(done, func(x weak.Pointer[slotBody]) bool { return x != wp })
+					defer core.Recovered("an unused upgraded connection's Close")
+					_ = b.Close()
+				}
+			})
+		})
+	}
 }
 
 // prune drops the entries of done's bodies that have been collected.
@@ -51,6 +81,9 @@ func (b *slotBody) unlist() {
 	if b.listed.CompareAndSwap(true, false) {
 		me := weak.Make(b)
 		keepListed(b.ctx.Done(), func(wp weak.Pointer[slotBody]) bool { return wp != me })
+		if b.stop != nil {
+			b.stop() // it is not dropped
+		}
 	}
 }
 

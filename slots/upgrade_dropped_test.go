@@ -84,6 +84,93 @@ func TestUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
 	}
 }
 
+// A 101 that a ReverseProxy drops, with an ErrorHandler of the program's
+// own that knows nothing of slots, is closed once it has been left unused
+// for DroppedUpgradeWait after its server request ended, and its slot
+// goes. Before, the slot was held for good.
+func TestUpgradeDroppedUnderAnErrorHandlerOfItsOwn(t *testing.T) {
+	defer slots.SetDroppedUpgradeWait(10 * time.Millisecond)()
+	target := upgradingBackend(t, "other")
+	lim := slots.NewLimiter(1)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
+		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }),
+		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
+			http.Error(w, "upstream: "+err.Error(), http.StatusBadGateway)
+		}}
+	gw := httptest.NewServer(rp)
+	t.Cleanup(gw.Close)
+	for i := range 3 {
+		conn, err := net.Dial("tcp", gw.Listener.Addr().String())
+		require.NoError(t, err)
+		fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
+		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+		require.NoError(t, err)
+		assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "request %d: the proxy's failure, not a refusal", i+1)
+		conn.Close()
+		require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
+			"request %d's slot freed", i+1)
+	}
+}
+
+// A server's handler that takes an upgraded connection on its request's
+// context and hands it on, used, keeps it past the request's end: only a
+// connection nobody has used is taken for dropped.
+func TestUpgradeUsedAfterItsServerRequestEndsIsKept(t *testing.T) {
+	defer slots.SetDroppedUpgradeWait(10 * time.Millisecond)()
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		conn, brw, err := w.(http.Hijacker).Hijack()
+		if err != nil {
+			return
+		}
+		defer conn.Close()
+		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
+		_ = brw.Flush()
+		_, _ = io.Copy(conn, brw)
+	}))
+	t.Cleanup(up.Close)
+	lim := slots.NewLimiter(1)
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	rt := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+	conns := make(chan io.ReadWriteCloser, 1)
+	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, err := http.NewRequestWithContext(r.Context(), http.MethodGet, up.URL, nil)
+		if !assert.NoError(t, err) {
+			return
+		}
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "echo")
+		resp, err := rt.RoundTrip(req)
+		if !assert.NoError(t, err) || !assert.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode) {
+			return
+		}
+		conn := resp.Body.(io.ReadWriteCloser)
+		_, err = fmt.Fprint(conn, "first\n") // used before the request ends
+		assert.NoError(t, err)
+		conns <- conn
+	}))
+	t.Cleanup(gw.Close)
+	resp, err := http.Get(gw.URL)
+	require.NoError(t, err)
+	resp.Body.Close()
+	conn := <-conns
+	defer conn.Close()
+	assert.Zero(t, slots.UnusedUpgrades(), "used: not listed, so nothing takes it for dropped")
+	for range 3 {
+		_, err = fmt.Fprint(conn, "again\n")
+		require.NoError(t, err)
+	}
+	r := bufio.NewReader(conn)
+	for _, want := range []string{"first\n", "again\n"} {
+		line, err := r.ReadString('\n')
+		require.NoError(t, err)
+		assert.Equal(t, want, line)
+	}
+	assert.Equal(t, 1, lim.InFlight(), "the live connection keeps its slot")
+}
+
 // An upgraded connection dropped unused, which no error handler closes,
 // leaves no entry in the list of unused ones once it is collected (its
 // slot is leak detection's to find). Found by review: each left its entry
