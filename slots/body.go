@@ -74,9 +74,11 @@ type slotBody struct {
 	t *Transport
 	// stop ends the Transport's watch of the request's context (for an
 	// upgraded connection, the check that it was not dropped unused:
-	// upgrade.go); nil when there is none. It is set before the body is handed out, but the watch
-	// itself may already run while it is being set, so the watch's end
-	// never reads it (end checks fromWatch first).
+	// upgrade.go); nil when there is none. It is set before the body is
+	// handed out, but the watch itself may already run while it is being
+	// set, so the watch's end never reads it (end checks fromWatch first).
+	// The check's Close reads it after taking the list's lock, which
+	// listUpgrade holds while setting it.
 	stop func() bool
 	// ctx is the request's context, when the Transport watches it, or
 	// when the body is an upgraded connection (which it does not watch).

@@ -24,8 +24,8 @@ type AdmitFunc func(r *http.Request) (*Slot, error)
 // before it is sent until its response body is read to the end, closed, or
 // cut off by its context's end (a stream keeps it throughout). A cut
 // exchange's slot goes back once its body is closed (WithLinger: later), at
-// most 5 s after; a 101's, once closed (or unused 1 s after its server's
-// request: dropped). Not usable as zero.
+// most 5 s after; a 101's, once closed (or, of a server's request passed
+// on as by a ReverseProxy, unused 1 s after it: dropped). Not usable as zero.
 type Transport struct {
 	base   http.RoundTripper
 	admit  AdmitFunc
@@ -141,7 +141,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// until it is closed or fails (or a ReverseProxy drops it unused:
 		// upgrade.go).
 		b.conn = true // whatever its methods: its reading side's end is not its end
-		b.listUpgrade(ctx)
+		b.listUpgrade(ctx, req.RequestURI != "")
 		return resp, nil
 	}
 	// net/http tears the connection down when the request's context ends,

@@ -29,19 +29,22 @@ var unusedUpgrades struct {
 }
 
 // droppedUpgradeWait is how long an upgraded connection of a server's
-// request that nobody has used is kept after that request ended (0: a
-// second): then it is taken for dropped, and closed. A ReverseProxy with
-// an ErrorHandler of the program's own drops one it cannot switch to,
-// and the request ends as its handler returns; one it switches to is
-// used before. A handler that keeps a connection for later use must use
-// it before it returns, or within the wait. Set by tests.
+// request passed on (as a ReverseProxy does) that nobody has used is kept
+// after that request's context ended (0: a second): then it is taken for
+// dropped, and closed. A ReverseProxy with an ErrorHandler of the
+// program's own drops one it cannot switch to, and the request ends as
+// its handler returns; one it switches to is read before. A request of a
+// handler's own (http.NewRequest) is not one passed on, whatever its
+// context: its connection may wait unused past a handshake timeout of
+// that context, as any client's. Set by tests.
 var droppedUpgradeWait atomic.Int64
 
 // listUpgrade lists b, an upgraded connection's body, under ctx until it
 // is first used or ends. A context that can never end is not listed: no
-// server's request has one. Under a server's request it is closed if it
-// is still unused droppedUpgradeWait after the request ended.
-func (b *slotBody) listUpgrade(ctx context.Context) {
+// server's request has one. The request of a server passed on (passedOn:
+// its RequestURI is set, which http.Client refuses, and its context is a
+// server's) is closed if still unused droppedUpgradeWait after ctx ended.
+func (b *slotBody) listUpgrade(ctx context.Context, passedOn bool) {
 	done := ctx.Done()
 	if done == nil {
 		return
@@ -56,12 +59,17 @@ func (b *slotBody) listUpgrade(ctx context.Context) {
 	}
 	unusedUpgrades.m[done] = append(unusedUpgrades.m[done], wp)
 	runtime.AddCleanup(b, prune, done)
-	if ctx.Value(http.ServerContextKey) != nil {
-		// Neither closure keeps b: one dropped is still found by leak
-		// detection.
+	if passedOn && ctx.Value(http.ServerContextKey) != nil {
+		// Without leak detection the closures keep b: collected before the
+		// wait is over, its slot would be held for good. With it they do
+		// not: one dropped is still found by leak detection.
+		body := wp.Value
+		if !tracked((*core.Handle)(b.s)) {
+			body = func() *slotBody { return b }
+		}
 		b.stop = context.AfterFunc(ctx, func() {
 			time.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
-				if b := wp.Value(); b != nil && b.listed.CompareAndSwap(true, false) {
+				if b := body(); b != nil && b.listed.CompareAndSwap(true, false) {
 					keepListed(done, func(x weak.Pointer[slotBody]) bool { return x != wp })
 					defer core.Recovered("an unused upgraded connection's Close")
 					_ = b.Close()
