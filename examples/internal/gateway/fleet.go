@@ -58,7 +58,9 @@ func (g *Gateway) fleetStores(cfg Config) (tenants, provider driver.Store, err e
 		return t, p, nil
 	}
 	opt, _ := redis.ParseURL(cfg.Fleet.RedisURL) // checked by ParseConfig
-	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, 250*time.Millisecond, 250*time.Millisecond
+	// Reads and writes end at the fleet's timeout (timeout_ms), not before:
+	// go-redis ends each at the sooner of its own timeout and the call's.
+	opt.DialTimeout, opt.ReadTimeout, opt.WriteTimeout = 250*time.Millisecond, cfg.Fleet.timeout(), cfg.Fleet.timeout()
 	opt.ContextTimeoutEnabled, opt.MaxRetries, opt.Protocol = true, 1, 2
 	if u, err := url.Parse(cfg.Fleet.RedisURL); err == nil && u.Query().Get("pool_size") == "" {
 		opt.PoolSize = max(opt.PoolSize, 64) // token budgets make a call per request (see redisstore)

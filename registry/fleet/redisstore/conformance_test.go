@@ -19,17 +19,18 @@ func TestConformance(t *testing.T) {
 	fleettest.Run(t, func(t *testing.T) fleettest.Server { return standalone{redistest.Start(t)} })
 }
 
-// patient is the read and write timeout of the Cluster's and the
-// Sentinel's clients in the suite: its longest bound on a store's call
-// (fleet.WithTimeout of 10 s, in the tests that count the store's errors
-// and assert the cap with every admission made by the store). With the
-// recommended 250 ms, go-redis ended each read after 250 ms whatever the
-// call's deadline, and on two busy cores a reply took longer now and
-// then: the call failed, the breaker opened, and the local fallback
-// admitted past the fleet's cap (LargeAmongSmall: "i/o timeout", a peak
-// of 1,500,000 tokens of 1,000,000). ContextTimeoutEnabled stays on: each
-// call still ends at the deadline the fleet gives it (500 ms by default).
-// These servers have no Faults, so no test here waits on a hung server.
+// patient is the read and write timeout of the stores' clients in the
+// suite: its longest bound on a store's call (fleet.WithTimeout of 10 s,
+// in the tests that count the store's errors and assert the cap with
+// every admission made by the store). A client's timeouts must be no
+// shorter than the fleet's (see the package documentation): with 250 ms,
+// go-redis ended each read after 250 ms whatever the call's deadline, and
+// on two busy cores a reply took longer now and then: the call failed,
+// the breaker opened, and the local fallback admitted past the fleet's
+// cap (LargeAmongSmall: "i/o timeout", a peak of 1,500,000 tokens of
+// 1,000,000). ContextTimeoutEnabled stays on: each call still ends at the
+// deadline the fleet gives it (500 ms by default), so a standalone
+// server's faults (a kill, a SIGSTOP) are felt as soon.
 const patient = 10 * time.Second
 
 func TestConformanceCluster(t *testing.T) {
@@ -55,7 +56,7 @@ func queued(c redis.UniversalClient, fleet, key string) (int, error) {
 type standalone struct{ *redistest.Server }
 
 func (s standalone) Store(t testing.TB, fleet string) driver.Store {
-	return redisstore.New(s.ClientFor(t), fleet)
+	return redisstore.New(s.PatientClientFor(t, patient), fleet)
 }
 
 func (s standalone) Address() string { return s.Addr }

@@ -31,14 +31,17 @@
 // names out of both until every process runs this one. Other names are
 // kept as before.
 //
-// Give the client short timeouts, so that a dead server fails fast, and
-// let it honour each call's deadline:
+// Give the client short timeouts, so that a dead server fails fast, but
+// no shorter than the fleet's fleet.WithTimeout (500 ms by default), and
+// let it honour each call's deadline: go-redis ends a read at the sooner
+// of its ReadTimeout and the call's deadline, so a shorter one would cut
+// every call the fleet makes.
 //
 //	redis.NewClient(&redis.Options{
 //		Addr:                  "127.0.0.1:6379",
 //		DialTimeout:           250 * time.Millisecond,
-//		ReadTimeout:           250 * time.Millisecond,
-//		WriteTimeout:          250 * time.Millisecond,
+//		ReadTimeout:           500 * time.Millisecond, // the fleet's WithTimeout, or more
+//		WriteTimeout:          500 * time.Millisecond,
 //		ContextTimeoutEnabled: true, // honour each call's context deadline
 //		MaxRetries:            1,
 //		Protocol:              2, // RESP3's push notifications cost a check per call

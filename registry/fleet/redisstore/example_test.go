@@ -19,8 +19,8 @@ func Example() {
 	rdb := redis.NewClient(&redis.Options{
 		Addr:                  "redis.internal:6379",
 		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
+		ReadTimeout:           500 * time.Millisecond, // no shorter than fleet.WithTimeout
+		WriteTimeout:          500 * time.Millisecond,
 		ContextTimeoutEnabled: true,
 		MaxRetries:            1,
 		Protocol:              2,

@@ -176,6 +176,17 @@ func (s *Server) Client() *redis.Client { return client(s.t, s.Addr) }
 // test that started the server: for a server shared by subtests.
 func (s *Server) ClientFor(t testing.TB) *redis.Client { return client(t, s.Addr) }
 
+// PatientClientFor is ClientFor with read and write timeouts of d in
+// place of the recommended ones (see Cluster.PatientClient).
+func (s *Server) PatientClientFor(t testing.TB, d time.Duration) *redis.Client {
+	o := recommended(s.Addr).Simple()
+	o.PoolSize = 64
+	o.ReadTimeout, o.WriteTimeout = d, d
+	c := redis.NewClient(o)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // ClientAt returns a client of the server at addr (a proxy's, say), as
 // Client does.
 func ClientAt(t testing.TB, addr string) *redis.Client { return client(t, addr) }
@@ -211,8 +222,8 @@ func recommended(addrs ...string) *redis.UniversalOptions {
 	return &redis.UniversalOptions{
 		Addrs:                 addrs,
 		DialTimeout:           250 * time.Millisecond,
-		ReadTimeout:           250 * time.Millisecond,
-		WriteTimeout:          250 * time.Millisecond,
+		ReadTimeout:           500 * time.Millisecond, // the fleet's default WithTimeout
+		WriteTimeout:          500 * time.Millisecond,
 		ContextTimeoutEnabled: true,
 		MaxRetries:            1,
 		Protocol:              2, // RESP3 makes the client check for push notifications before each call
@@ -280,7 +291,7 @@ func (cl *Cluster) Client() *redis.ClusterClient {
 }
 
 // PatientClient is Client with read and write timeouts of d in place of
-// the recommended 250 ms, so that each call is bounded by its context's
+// the recommended 500 ms, so that each call is bounded by its context's
 // deadline up to d: a fleet's WithTimeout longer than the client's
 // ReadTimeout has no effect (go-redis ends a read at the sooner of the
 // two). For tests that give the store's calls a long WithTimeout because
@@ -363,7 +374,7 @@ func (st *Sentinel) Client() *redis.Client {
 }
 
 // PatientClient is Client with read and write timeouts of d in place of
-// the recommended 250 ms (see Cluster.PatientClient), for its calls to the
+// the recommended 500 ms (see Cluster.PatientClient), for its calls to the
 // master and to the Sentinel alike.
 func (st *Sentinel) PatientClient(d time.Duration) *redis.Client {
 	o := recommended(st.Sentinel.Addr)
