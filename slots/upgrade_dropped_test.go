@@ -3,6 +3,7 @@ package slots_test
 import (
 	"bufio"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -91,35 +92,19 @@ func TestUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
 // goes. Before, the slot was held for good.
 func TestUpgradeDroppedUnderAnErrorHandlerOfItsOwn(t *testing.T) {
 	defer slots.SetDroppedUpgradeWait(10 * time.Millisecond)()
-	target := upgradingBackend(t, "other")
 	lim := slots.NewLimiter(1)
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }),
-		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
-			http.Error(w, "upstream: "+err.Error(), http.StatusBadGateway)
-		}}
-	gw := httptest.NewServer(rp)
-	t.Cleanup(gw.Close)
+	gw := droppingProxy(t, lim)
 	for i := range 3 {
-		conn, err := net.Dial("tcp", gw.Listener.Addr().String())
-		require.NoError(t, err)
-		fmt.Fprint(conn, "GET /ws HTTP/1.1\r\nHost: gw\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n\r\n")
-		resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-		require.NoError(t, err)
-		assert.Equal(t, http.StatusBadGateway, resp.StatusCode, "request %d: the proxy's failure, not a refusal", i+1)
-		conn.Close()
+		askUpgrade(t, gw)
 		require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond,
 			"request %d's slot freed", i+1)
 	}
 }
 
-// A server's handler that passes its request on for an upgraded
-// connection and hands it on, used, keeps it past the request's end: only
-// a connection nobody has used is taken for dropped.
-func TestUpgradeUsedAfterItsServerRequestEndsIsKept(t *testing.T) {
-	defer slots.SetDroppedUpgradeWait(10 * time.Millisecond)()
+// echoing starts a backend that switches every request to the echo
+// protocol and sends back what it reads, and returns it with a slots
+// Transport taking the slot of a Limiter of 1.
+func echoing(t *testing.T) (*httptest.Server, *slots.Limiter, *slots.Transport) {
 	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		conn, brw, err := w.(http.Hijacker).Hijack()
 		if err != nil {
@@ -134,7 +119,15 @@ func TestUpgradeUsedAfterItsServerRequestEndsIsKept(t *testing.T) {
 	lim := slots.NewLimiter(1)
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
-	rt := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+	return up, lim, slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+}
+
+// A server's handler that passes its request on for an upgraded
+// connection and hands it on, used, keeps it past the request's end: only
+// a connection nobody has used is taken for dropped.
+func TestUpgradeUsedAfterItsServerRequestEndsIsKept(t *testing.T) {
+	defer slots.SetDroppedUpgradeWait(10 * time.Millisecond)()
+	up, lim, rt := echoing(t)
 	conns := make(chan io.ReadWriteCloser, 1)
 	gw := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		u, err := url.Parse(up.URL)
@@ -254,11 +247,10 @@ func TestUpgradeDroppedIsClosedThoughTheGCRunsMeanwhile(t *testing.T) {
 	defer slots.SetDroppedUpgradeWait(300 * time.Millisecond)()
 	lim := slots.NewLimiter(1)
 	askUpgrade(t, droppingProxy(t, lim))
-	for range 10 {
-		runtime.GC()
-		time.Sleep(10 * time.Millisecond)
-	}
-	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond, "the slot freed")
+	require.Eventually(t, func() bool {
+		runtime.GC() // some thirty collections within the wait
+		return lim.InFlight() == 0
+	}, 5*time.Second, 10*time.Millisecond, "the slot freed")
 }
 
 // With leak detection, a dropped 101 is closed after the wait, or found
@@ -286,21 +278,7 @@ func TestUpgradeDroppedUnderLeakDetection(t *testing.T) {
 // by review: it was closed a second after the handshake, in use.
 func TestUpgradeOfAHandlersOwnRequestOutlivesAHandshakeTimeout(t *testing.T) {
 	defer slots.SetDroppedUpgradeWait(20 * time.Millisecond)()
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		conn, brw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-		_ = brw.Flush()
-		_, _ = io.Copy(conn, brw)
-	}))
-	t.Cleanup(up.Close)
-	lim := slots.NewLimiter(1)
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	rt := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+	up, lim, rt := echoing(t)
 	dial := func(ctx context.Context) (io.ReadWriteCloser, error) {
 		ctx, cancel := context.WithTimeout(ctx, 5*time.Second) // the handshake's
 		defer cancel()
@@ -324,7 +302,11 @@ func TestUpgradeOfAHandlersOwnRequestOutlivesAHandshakeTimeout(t *testing.T) {
 				return err
 			}
 			defer conn.Close()
-			time.Sleep(200 * time.Millisecond) // ten waits, within the server's request
+			// Ten waits, within the server's request: the connection,
+			// unused, keeps its slot throughout.
+			if !assert.Never(t, func() bool { return lim.InFlight() == 0 }, 200*time.Millisecond, 5*time.Millisecond) {
+				return errors.New("closed unused while the request ran")
+			}
 			if _, err := fmt.Fprint(conn, "hi\n"); err != nil {
 				return err
 			}

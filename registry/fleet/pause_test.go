@@ -108,25 +108,34 @@ func assertPauseLeft(t *testing.T, le *slots.LimitError, left time.Duration) {
 	assert.Less(t, le.RetryAfter, left+100*time.Millisecond, "the pause's end, to the millisecond")
 }
 
+// fullAfterHolds returns a virtual Redis and two processes of the fleet
+// named name on it, with a limit of 2: other has held k three times for a
+// second, and holder holds k's two slots until the test's end. Call it in
+// a bubble.
+func fullAfterHolds(t *testing.T, name string) (srv *virtualRedis, holder, other *Registry[string]) {
+	srv = newVirtualRedis(t, fwLatency)
+	rs := fwFleet(t, srv, name, 2, 2, WithLogger(quiet()))
+	holder, other = rs[0], rs[1]
+	for range 3 {
+		s, err := other.Acquire(context.Background(), "k")
+		require.NoError(t, err)
+		time.Sleep(time.Second)
+		s.Release()
+	}
+	for range 2 {
+		s, err := holder.Acquire(context.Background(), "k")
+		require.NoError(t, err)
+		t.Cleanup(func() { s.Release() })
+	}
+	return srv, holder, other
+}
+
 // Callers refused during a pause are told its end, and after it one by
 // one as the key's slots free (its holds take a second here), not all
 // the same instant. In virtual time, on a virtual Redis.
 func TestPausedCallersComeBackOneByOne(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		srv := newVirtualRedis(t, fwLatency)
-		rs := fwFleet(t, srv, "paused", 2, 2, WithLogger(quiet()))
-		holder, other := rs[0], rs[1]
-		for range 3 { // other's holds of k take a second
-			s, err := other.Acquire(context.Background(), "k")
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			s.Release()
-		}
-		for range 2 {
-			s, err := holder.Acquire(context.Background(), "k")
-			require.NoError(t, err)
-			defer s.Release()
-		}
+		srv, _, other := fullAfterHolds(t, "paused")
 		synctest.Wait()
 		srv.srv.FlushAll()
 		var told []time.Duration
@@ -185,20 +194,7 @@ func TestTimedOutDuringAPauseComesBackAfterIt(t *testing.T) {
 // the pause after them. In virtual time, on a virtual Redis.
 func TestPausedWaitersDoNotPushTriesBack(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		srv := newVirtualRedis(t, fwLatency)
-		rs := fwFleet(t, srv, "paused-waiters", 2, 2, WithLogger(quiet()))
-		holder, other := rs[0], rs[1]
-		for range 3 { // other's holds of k take a second
-			s, err := other.Acquire(context.Background(), "k")
-			require.NoError(t, err)
-			time.Sleep(time.Second)
-			s.Release()
-		}
-		for range 2 {
-			s, err := holder.Acquire(context.Background(), "k")
-			require.NoError(t, err)
-			defer s.Release()
-		}
+		srv, holder, other := fullAfterHolds(t, "paused-waiters")
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
 		go func() { // queued in the store before the loss
