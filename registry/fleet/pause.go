@@ -83,6 +83,7 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], w *waiter, n, until, now int64)
 	// little of its room then (the live holders put their leases back
 	// over the pause: the count is 0 at its start), so even the first is
 	// told a turn of the key past the pause's end.
+	//
 	// A waiter's try is told nothing (it sleeps until the pause ends, or
 	// a claim window, and tries again; see wait): booked, its return would
 	// be booked again at each try, and push back the callers told after
