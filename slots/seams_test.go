@@ -87,21 +87,8 @@ func TestTransportOddPartners(t *testing.T) {
 // ends (a websocket dialer cancels its handshake timeout once connected), so
 // the slot stays until the connection is closed.
 func TestTransportUpgradeOutlivesItsContext(t *testing.T) {
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		conn, brw, err := w.(http.Hijacker).Hijack()
-		if err != nil {
-			return
-		}
-		defer conn.Close()
-		fmt.Fprint(brw, "HTTP/1.1 101 Switching Protocols\r\nConnection: Upgrade\r\nUpgrade: echo\r\n\r\n")
-		brw.Flush()
-		io.Copy(conn, brw)
-	}))
-	t.Cleanup(up.Close)
-	lim := slots.NewLimiter(1)
-	base := &http.Transport{}
-	t.Cleanup(base.CloseIdleConnections)
-	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })}
+	up, lim, rt := echoing(t)
+	client := &http.Client{Transport: rt}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
