@@ -50,7 +50,8 @@ func WithLinger(d time.Duration) TransportOption {
 	return transportOptionFunc(func(t *Transport) { t.linger = d })
 }
 
-// applyTransport makes WithClock's clock time WithLinger (nil: ignored).
+// applyTransport makes WithClock's clock time the Transport's waits
+// (WithLinger, a cut body's close, a dropped 101's); nil is ignored.
 func (o clockOption) applyTransport(t *Transport) { t.clock = cmp.Or(o.c, t.clock) }
 
 // NewTransport returns a Transport that admits each request with admit and

@@ -43,7 +43,8 @@ var droppedUpgradeWait atomic.Int64
 // is first used or ends. A context that can never end is not listed: no
 // server's request has one. The request of a server passed on (passedOn:
 // its RequestURI is set, which http.Client refuses, and its context is a
-// server's) is closed if still unused droppedUpgradeWait after ctx ended.
+// server's) is closed if still unused droppedUpgradeWait after ctx ended (on
+// the Transport's clock).
 func (b *slotBody) listUpgrade(ctx context.Context, passedOn bool) {
 	done := ctx.Done()
 	if done == nil {
@@ -68,7 +69,7 @@ func (b *slotBody) listUpgrade(ctx context.Context, passedOn bool) {
 			body = func() *slotBody { return b }
 		}
 		b.stop = context.AfterFunc(ctx, func() {
-			time.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
+			b.t.clock.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
 				if b := body(); b != nil && b.listed.CompareAndSwap(true, false) {
 					keepListed(done, func(x weak.Pointer[slotBody]) bool { return x != wp })
 					defer core.Recovered("an unused upgraded connection's Close")

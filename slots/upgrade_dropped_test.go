@@ -17,6 +17,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -84,6 +85,23 @@ func TestUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
 			}
 		})
 	}
+}
+
+// The wait before a dropped 101 is closed is timed by the Transport's
+// clock, as its other waits are: with a mock clock, the connection is kept
+// while the clock stands still, however long that is, and closed once the
+// clock has moved the wait. Before, it was timed by the real clock.
+func TestUpgradeDroppedWaitsOnTheTransportsClock(t *testing.T) {
+	defer slots.SetDroppedUpgradeWait(10 * time.Millisecond)()
+	clk := clock.NewMock()
+	lim := slots.NewLimiter(1)
+	askUpgrade(t, droppingProxy(t, lim, slots.WithClock(clk)))
+	assert.Never(t, func() bool { return lim.InFlight() == 0 }, 200*time.Millisecond, 5*time.Millisecond,
+		"kept while the mock clock stands still")
+	require.Eventually(t, func() bool {
+		clk.Add(10 * time.Millisecond)
+		return lim.InFlight() == 0
+	}, 5*time.Second, time.Millisecond, "freed once the clock moved the wait")
 }
 
 // A 101 that a ReverseProxy drops, with an ErrorHandler of the program's
@@ -214,12 +232,12 @@ func TestUpgradeDroppedUnusedLeavesNoEntry(t *testing.T) {
 // droppingProxy is a ReverseProxy to a backend that switches to another
 // protocol than asked, with an ErrorHandler that knows nothing of slots,
 // through a slots Transport taking lim's slots.
-func droppingProxy(t *testing.T, lim *slots.Limiter) *httptest.Server {
+func droppingProxy(t *testing.T, lim *slots.Limiter, opts ...slots.TransportOption) *httptest.Server {
 	target := upgradingBackend(t, "other")
 	base := &http.Transport{}
 	t.Cleanup(base.CloseIdleConnections)
 	rp := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) },
-		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }),
+		Transport: slots.NewTransport(base, func(*http.Request) (*slots.Slot, error) { return lim.TryAcquire() }, opts...),
 		ErrorHandler: func(w http.ResponseWriter, _ *http.Request, err error) {
 			http.Error(w, "upstream: "+err.Error(), http.StatusBadGateway)
 		}}
