@@ -451,9 +451,9 @@ func (r *Registry[K]) afterFailedRenew(batch []renewal[K], until int64) []*lease
 }
 
 // subscribe listens, until Close, for the grants of this process's
-// waiters queued in the store and for the learned states published. Once
-// the store listens anew after a break, every waiter asks again (a grant
-// may have been made meanwhile) and every learned state is read again.
+// waiters queued in the store and for the learned states published. Each
+// time the store listens, the first time too, every waiter asks again (a
+// grant may have been made before) and every learned state is read again.
 func (r *Registry[K]) subscribe() {
 	defer r.done.Done()
 	r.store.Listen(r.stopping, r.proc, listener[K]{r})
@@ -464,12 +464,15 @@ type listener[K comparable] struct{ r *Registry[K] }
 
 func (l listener[K]) Listening() {
 	select {
-	case <-l.r.subscribed: // anew: what was sent meanwhile is missed
-		l.r.wakeAll()
-		l.r.learnedStale()
+	case <-l.r.subscribed:
 	default:
 		close(l.r.subscribed)
 	}
+	// What was published while the store did not listen (before its first
+	// subscription too) was missed: a waiter's grant, whose claim window
+	// may end before the waiter's next ask, and learned states.
+	l.r.wakeAll()
+	l.r.learnedStale()
 }
 
 func (l listener[K]) Granted(ticket string) { l.r.granted(ticket) }

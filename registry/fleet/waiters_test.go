@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/core"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -111,5 +113,62 @@ func TestWaitersByClass(t *testing.T) {
 		a := next()
 		assert.Equal(t, slots.PriorityBatch, a.prio)
 		a.s.Release()
+	}
+}
+
+// lateListen is a store whose Listen begins only once start is closed: a
+// process that subscribes for the first time after its waiters queued (a
+// Cluster's first calls can be slow).
+type lateListen struct {
+	driver.Store
+	start chan struct{}
+}
+
+func (s *lateListen) Listen(ctx context.Context, proc string, l driver.Listener) {
+	select {
+	case <-s.start:
+	case <-ctx.Done():
+		return
+	}
+	s.Store.Listen(ctx, proc, l)
+}
+
+// A grant made before the waiter's process first subscribed is claimed once
+// it does: the first Listening wakes the waiters, as every later one does.
+// Without it the waiter would ask again only at its next poll, here half a
+// minute on, and the grant's claim window may be over by then.
+func TestGrantBeforeTheFirstSubscription(t *testing.T) {
+	ms := memstore.New()
+	a := New[string](ms, 1, WithLeaseTTL(5*time.Minute), WithLogger(quiet()))
+	t.Cleanup(func() { closeWithin(t, a) })
+	late := &lateListen{Store: ms, start: make(chan struct{})}
+	b := New[string](late, 1, WithLeaseTTL(5*time.Minute), WithLogger(quiet()))
+	t.Cleanup(func() { closeWithin(t, b) })
+	askWhenWoken(b)
+	<-a.subscribed
+
+	hold, err := a.TryAcquire("k")
+	require.NoError(t, err)
+	got := make(chan result, 1)
+	go func() {
+		s, err := b.Acquire(context.Background(), "k")
+		got <- result{s, err}
+	}()
+	require.Eventually(t, func() bool { return ms.Queued("k") == 1 }, 10*time.Second, time.Millisecond, "b's waiter is queued in the store")
+	hold.Release() // the store grants b's waiter, and no one hears it
+	require.Eventually(t, func() bool { return ms.Queued("k") == 0 }, 10*time.Second, time.Millisecond, "the grant is made")
+	select {
+	case <-b.subscribed:
+		t.Fatal("b listened before it was let")
+	default:
+	}
+	close(late.start)
+	select {
+	case g := <-got:
+		require.NoError(t, g.err)
+		assert.Equal(t, 1, b.Local().InFlight("k"))
+		g.s.Release()
+	case <-time.After(10 * time.Second):
+		t.Fatal("the grant made before b first listened was not claimed")
 	}
 }

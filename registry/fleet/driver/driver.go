@@ -94,7 +94,8 @@ type Store interface {
 	// Listen delivers to l the grants made to proc's tickets and the
 	// learned states published, until ctx ends; it returns then. It
 	// tells l Listening once it listens, and each time it listens anew
-	// after a break (what was sent meanwhile may be missed).
+	// after a break: what was sent before, the first time too, may be
+	// missed, and the client asks again.
 	Listen(ctx context.Context, proc string, l Listener)
 	// SyncLearned reads key's learned state and, with a State to write,
 	// writes it if the store has the version presumed, and publishes it
@@ -130,7 +131,7 @@ var ErrBadReply = errors.New("fleet driver: the store's reply is not its operati
 // Listen's goroutine, one at a time, and must not block for long.
 type Listener interface {
 	// Listening tells that Listen listens: the first time, or anew after
-	// a break.
+	// a break. What was sent before it may have been missed.
 	Listening()
 	// Granted tells that the ticket (a lease id) was granted room.
 	Granted(ticket string)
