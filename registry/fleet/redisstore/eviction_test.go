@@ -27,20 +27,34 @@ func (l *listening) Listening()   { l.once.Do(func() { close(l.c) }) }
 func (*listening) Granted(string) {}
 func (*listening) Learned(string) {}
 
-// listenOnce runs a store's Listen on rdb until it has subscribed, and
-// returns what it logged.
-func listenOnce(t *testing.T, rdb redis.UniversalClient) string {
+// listenOnce runs a store's Listen on rdb until it has subscribed and its
+// eviction check, which runs beside the subscription, has had the INFO of
+// each of the masters it reaches answered, and returns what it logged
+// (Listen returns once the check is over).
+func listenOnce(t *testing.T, rdb redis.UniversalClient, masters int) string {
 	t.Helper()
+	let := make(chan struct{})
+	close(let)
+	h := hookInfo(rdb, let)
 	var logs testrig.Buffer
 	s := redisstore.New(rdb, "evict", redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	l := &listening{c: make(chan struct{})}
 	done := make(chan struct{})
 	go func() { s.Listen(ctx, "p", l); close(done) }()
+	timeout := time.After(10 * time.Second)
 	select {
 	case <-l.c:
-	case <-time.After(10 * time.Second):
+	case <-timeout:
 		t.Fatal("Listen did not subscribe")
+	}
+	for range masters {
+		select {
+		case <-h.answered:
+		case <-timeout:
+			t.Fatal("Listen did not check eviction")
+		}
 	}
 	cancel()
 	<-done
@@ -60,7 +74,7 @@ func TestListenWarnsOfEviction(t *testing.T) {
 	}{{"0", "volatile-lru", false}, {"1gb", "noeviction", false}, {"1gb", "volatile-lru", true}, {"1gb", "allkeys-lru", true}} {
 		require.NoError(t, admin.ConfigSet(ctx, "maxmemory", tc.limit).Err())
 		require.NoError(t, admin.ConfigSet(ctx, "maxmemory-policy", tc.policy).Err())
-		logs := listenOnce(t, srv.Client())
+		logs := listenOnce(t, srv.Client(), 1)
 		assert.Equal(t, tc.warns, strings.Contains(logs, "may evict"), "maxmemory %s, %s: %q", tc.limit, tc.policy, logs)
 	}
 }
@@ -74,7 +88,86 @@ func TestListenWarnsOfEvictionOnACluster(t *testing.T) {
 	require.NoError(t, one.ConfigSet(ctx, "maxmemory", "1gb").Err())
 	require.NoError(t, one.ConfigSet(ctx, "maxmemory-policy", "allkeys-lru").Err())
 	for range 4 {
-		logs := listenOnce(t, cl.Client())
+		logs := listenOnce(t, cl.Client(), 3)
 		assert.Contains(t, logs, "may evict")
+	}
+}
+
+// infoHook holds every INFO until let is closed (or its context ends) and
+// tells each that is answered on answered.
+type infoHook struct {
+	let      chan struct{}
+	answered chan struct{}
+}
+
+func (infoHook) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h infoHook) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if cmd.Name() != "info" {
+			return next(ctx, cmd)
+		}
+		select {
+		case <-h.let:
+		case <-ctx.Done():
+		}
+		err := next(ctx, cmd)
+		h.answered <- struct{}{}
+		return err
+	}
+}
+func (infoHook) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+// hookInfo installs on rdb (a client, or each node of a Cluster's) an
+// infoHook that lets INFO through once let is closed.
+func hookInfo(rdb redis.UniversalClient, let chan struct{}) infoHook {
+	h := infoHook{let: let, answered: make(chan struct{}, 64)}
+	switch c := rdb.(type) {
+	case *redis.ClusterClient:
+		c.OnNewNode(func(n *redis.Client) { n.AddHook(h) })
+	case *redis.Client:
+		c.AddHook(h)
+	}
+	return h
+}
+
+// heard records what Listen tells.
+type heard struct {
+	listening chan struct{}
+	granted   chan string
+}
+
+func (h heard) Listening()       { h.listening <- struct{}{} }
+func (h heard) Granted(t string) { h.granted <- t }
+func (heard) Learned(string)     {}
+
+// Listen listens, and delivers the grants published, while its check of
+// eviction waits for the server (a Cluster's master slow to answer, a
+// client with long timeouts): a waiter's grant heard only once the check
+// ends may be past its claim window, and the fleet wakes its waiters (a
+// grant may have been missed) only once Listen tells Listening.
+func TestListenDoesNotWaitForTheEvictionCheck(t *testing.T) {
+	srv := redistest.Start(t)
+	rdb := srv.Client()
+	let := make(chan struct{})
+	hookInfo(rdb, let)
+	s := redisstore.New(rdb, "slowcheck")
+	ctx, cancel := context.WithCancel(context.Background())
+	l := heard{listening: make(chan struct{}, 4), granted: make(chan string, 4)}
+	done := make(chan struct{})
+	go func() { s.Listen(ctx, "p", l); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	select {
+	case <-l.listening:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Listen did not tell Listening while its eviction check waited")
+	}
+	require.NoError(t, srv.Client().Publish(ctx, redisstore.WakeChannel(s, "p"), "ticket").Err())
+	select {
+	case got := <-l.granted:
+		assert.Equal(t, "ticket", got)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the grant was not delivered while the eviction check waited")
 	}
 }

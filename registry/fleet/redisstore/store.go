@@ -370,16 +370,25 @@ const listenAgainGap = 100 * time.Millisecond
 
 // Listen subscribes to proc's channel and the learned states' channel.
 // After its connection breaks it subscribes again at once, then every
-// s.retry while Redis cannot be reached. As it starts
-// it warns if the server may evict the fleet's keys (checkEviction).
+// s.retry while Redis cannot be reached. Beside the subscription it warns
+// if the server may evict the fleet's keys (checkEviction), and returns
+// once the check is over too: the check's calls (every master's INFO on a
+// Cluster) may take seconds, a client's timeouts, and meanwhile Listen
+// tells l Listening and delivers the grants, whose claim windows are
+// shorter.
 func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
-	s.checkEviction(ctx)
 	wake := s.wakePrefix + proc
 	ps := s.rdb.Subscribe(ctx, wake, s.learnChan)
 	// Receive does not end with its context: closing ps ends it.
 	stop := context.AfterFunc(ctx, func() { ps.Close() })
 	defer stop()
 	defer ps.Close()
+	checked := make(chan struct{})
+	go func() {
+		defer close(checked)
+		s.checkEviction(ctx)
+	}()
+	defer func() { <-checked }()
 	failed := false     // the last Receive failed
 	var again time.Time // when Listen subscribed again after its last break
 	for {

@@ -177,11 +177,7 @@ func (s *Server) Client() *redis.Client { return client(s.t, s.Addr) }
 func (s *Server) ClientFor(t testing.TB) *redis.Client { return client(t, s.Addr) }
 
 // PatientClientFor is ClientFor with read and write timeouts of d in
-// place of the recommended 500 ms, so that each call is bounded by its
-// context's deadline up to d: a fleet's WithTimeout longer than the
-// client's ReadTimeout has no effect (go-redis ends a read at the sooner
-// of the two). For tests that give the store's calls a long WithTimeout
-// because a call that times out is an error they count.
+// place of the recommended ones (see Cluster.PatientClient).
 func (s *Server) PatientClientFor(t testing.TB, d time.Duration) *redis.Client {
 	o := recommended(s.Addr).Simple()
 	o.PoolSize = 64
@@ -294,6 +290,24 @@ func (cl *Cluster) Client() *redis.ClusterClient {
 	return c
 }
 
+// PatientClient is Client with read and write timeouts of d in place of
+// the recommended 500 ms, so that each call is bounded by its context's
+// deadline up to d: a fleet's WithTimeout longer than the client's
+// ReadTimeout has no effect (go-redis ends a read at the sooner of the
+// two). For tests that give the store's calls a long WithTimeout because
+// a call that times out is an error they count.
+func (cl *Cluster) PatientClient(d time.Duration) *redis.ClusterClient {
+	addrs := make([]string, len(cl.Nodes))
+	for i, s := range cl.Nodes {
+		addrs[i] = s.Addr
+	}
+	o := recommended(addrs...)
+	o.ReadTimeout, o.WriteTimeout = d, d
+	c := redis.NewClusterClient(o.Cluster())
+	cl.t.Cleanup(func() { c.Close() })
+	return c
+}
+
 // Sentinel is a master, one replica of it, and one Sentinel watching them
 // (quorum 1), under the master name SentinelMaster: killing the master
 // makes the Sentinel promote the replica within a few seconds.
@@ -360,7 +374,7 @@ func (st *Sentinel) Client() *redis.Client {
 }
 
 // PatientClient is Client with read and write timeouts of d in place of
-// the recommended 500 ms (see Server.PatientClientFor), for its calls to the
+// the recommended 500 ms (see Cluster.PatientClient), for its calls to the
 // master and to the Sentinel alike.
 func (st *Sentinel) PatientClient(d time.Duration) *redis.Client {
 	o := recommended(st.Sentinel.Addr)
