@@ -331,6 +331,10 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 // slot: a refusal lowers a learned cap before the next request starts.
 type reporter struct{ t *Transport }
 
+// TellsUnsent: reporter reports a request never sent as httpx.Unsent (and
+// one that may have been sent though it failed to dial as httpx.Sent).
+func (reporter) TellsUnsent() {}
+
 func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	t := r.t
 	x, _ := req.Context().Value(exchangeKey{}).(*exchange)
@@ -373,6 +377,11 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		// with the bare context error. So that the slots Transport frees
 		// the slot at once, not after a linger:
 		err = &httpx.Unsent{Err: err}
+	} else if x.got.Load() && httpx.NotSent(err, slots.ErrNotSent) && !errors.Is(err, slots.ErrNotSent) {
+		// A failed dial after a connection was had is net/http's retry of
+		// a request that may have been sent on it: so that the slots
+		// Transport keeps the slot for the linger, as a cut's:
+		err = &httpx.Sent{Err: err}
 	}
 	if resp != nil && resp.Request == nil {
 		resp.Request = req // as net/http's own do: ClassifyAsRead reads the method there

@@ -3,6 +3,7 @@ package pacing_test
 import (
 	"context"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/http/httputil"
@@ -189,4 +190,48 @@ func TestTransportUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	require.Eventually(t, func() bool { return gate.Status().InFlight == 0 }, 5*time.Second, time.Millisecond, "the Gate's slot freed")
+}
+
+// As TestTransportRetryDialAfterSendingIsCharged, with a linger: the
+// request may have reached the upstream, so its slot is kept for the
+// linger as a cut's, not freed as a request's never sent.
+func TestTransportRetryDialAfterSendingLingers(t *testing.T) {
+	var hits atomic.Int32
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if hits.Add(1) == 1 {
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{}`))
+			return
+		}
+		srv.Listener.Close() // the retry's dial is refused
+		if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			c.Close() // read, then gone without an answer
+		}
+	}))
+	defer srv.Close()
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 10}})
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(time.Hour))
+	send := func(key string) (*http.Response, error) {
+		req, err := http.NewRequestWithContext(pacing.WithModelName(t.Context(), "m"), http.MethodPost, srv.URL, strings.NewReader(`{"model":"m"}`))
+		require.NoError(t, err)
+		if key != "" {
+			req.Header.Set("Idempotency-Key", key) // net/http may send it again
+		}
+		return rt.RoundTrip(req)
+	}
+	resp, err := send("")
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.Zero(t, gate.Status().InFlight)
+	_, err = send("k1")
+	var op *net.OpError
+	require.ErrorAs(t, err, &op)
+	require.Equal(t, "dial", op.Op)
+	require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
+	assert.Equal(t, 1, gate.Status().InFlight, "it may have been sent: held for the linger")
 }

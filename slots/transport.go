@@ -6,7 +6,9 @@ import (
 	"errors"
 	"io"
 	"net/http"
+	"net/http/httptrace"
 	"slices"
+	"sync/atomic"
 	"time"
 	"weak"
 
@@ -113,12 +115,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, &admitError{err}
 	}
+	req, conn := t.watchConn(req)
 	resp, err := t.sendHolding(req, s)
 	if err != nil || resp == nil {
 		if err == nil {
 			err = errNilResponse
 		}
-		defer t.free(s, !httpx.NotSent(err, ErrNotSent)) // a cut only if it may have been sent; also if Close panics
+		defer t.free(s, conn.cut(err)) // also if Close panics
 		if resp != nil && resp.Body != nil {
 			resp.Body.Close() // a response that came with an error is dropped
 		}
@@ -179,6 +182,41 @@ func (t *Transport) free(s *Slot, cut bool) {
 		return
 	}
 	s.releaseQuietly()
+}
+
+// connWatch tells whether net/http's Transport was asked for a connection
+// for a request and gave it one. One whose context ended while it waited
+// for a connection (during a dial, say) was given up unsent, which it
+// tells only with the bare context error.
+type connWatch struct {
+	trace      httptrace.ClientTrace
+	asked, got atomic.Bool
+}
+
+// watchConn returns req with a connWatch on its context, with WithLinger
+// alone (only a linger tells a cut from a request never sent), unless its
+// base tells that itself.
+func (t *Transport) watchConn(req *http.Request) (*http.Request, *connWatch) {
+	if _, tells := t.base.(httpx.UnsentTeller); t.linger <= 0 || tells {
+		return req, nil
+	}
+	w := &connWatch{}
+	w.trace.GetConn = func(string) { w.asked.Store(true) }
+	w.trace.GotConn = func(httptrace.GotConnInfo) { w.got.Store(true) }
+	return req.WithContext(httptrace.WithClientTrace(req.Context(), &w.trace)), w
+}
+
+// cut reports whether a round trip that failed with err may have been
+// sent. One that had a connection may have, whatever the error, unless its
+// base chose not to send it: a dial error after a connection was had is
+// net/http's retry, on a new connection, of a request written on a reused
+// one that broke. One asked a connection for and never given one was not.
+// w may be nil (no watch): then err alone tells.
+func (w *connWatch) cut(err error) bool {
+	if w != nil && w.got.Load() && !errors.Is(err, ErrNotSent) {
+		return true
+	}
+	return !httpx.NotSent(err, ErrNotSent) && !(w != nil && w.asked.Load() && !w.got.Load())
 }
 
 // sendHolding sends req with the base transport; if the base panics, s is

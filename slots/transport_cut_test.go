@@ -8,7 +8,9 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httptrace"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -258,6 +260,44 @@ func TestTransportLinger(t *testing.T) {
 			assert.Equal(t, 0, lim.InFlight())
 		})
 	})
+	t.Run("a request whose context ends while it waits for a connection frees at once", func(t *testing.T) {
+		// net/http's Transport gives it up unsent, and says so only with
+		// the bare context error.
+		arrived, release := make(chan struct{}, 1), make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			arrived <- struct{}{}
+			select {
+			case <-release:
+			case <-r.Context().Done():
+			}
+		}))
+		t.Cleanup(up.Close)
+		base := &http.Transport{MaxConnsPerHost: 1} // the first request's connection is the only one
+		t.Cleanup(base.CloseIdleConnections)
+		lim := slots.NewLimiter(2)
+		tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
+			slots.WithLinger(linger), slots.WithClock(clock.NewMock()))
+		first := make(chan error, 1)
+		go func() {
+			resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, up.URL, nil))
+			if err == nil {
+				_, err = io.ReadAll(resp.Body)
+				resp.Body.Close()
+			}
+			first <- err
+		}()
+		<-arrived
+		asked := make(chan struct{})
+		ctx, cancel := context.WithCancel(httptrace.WithClientTrace(context.Background(),
+			&httptrace.ClientTrace{GetConn: func(string) { close(asked) }}))
+		go func() { <-asked; cancel() }()
+		_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, up.URL, nil).WithContext(ctx))
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, 1, lim.InFlight(), "the first request's slot only: no linger for one never sent")
+		close(release)
+		require.NoError(t, <-first)
+		assert.Equal(t, 0, lim.InFlight())
+	})
 	t.Run("a request its base chose not to send frees at once, answered as a refusal", func(t *testing.T) {
 		over := &slots.LimitError{Err: errors.New("over budget"), Cap: "budget", RetryAfter: 3 * time.Second}
 		notSent := roundTripFunc(func(*http.Request) (*http.Response, error) {
@@ -390,4 +430,43 @@ func TestTransportContextEndsAsTheResponseComes(t *testing.T) {
 		require.NoError(t, resp.Body.Close())
 	}
 	assert.Zero(t, lim.InFlight())
+}
+
+// A request written on a reused connection that breaks, which net/http
+// then tries again on a new one whose dial fails, may have reached the
+// upstream (it read it here): a cut, which keeps its slot for the linger,
+// not a request never sent.
+func TestTransportLingerRetryDialAfterSending(t *testing.T) {
+	var hits atomic.Int32
+	var srv *httptest.Server
+	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if hits.Add(1) == 1 {
+			return
+		}
+		srv.Listener.Close() // the retry's dial is refused
+		if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+			c.Close() // read, then gone without an answer
+		}
+	}))
+	defer srv.Close()
+	base := &http.Transport{}
+	defer base.CloseIdleConnections()
+	lim := slots.NewLimiter(2)
+	clk := clock.NewMock()
+	tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
+		slots.WithLinger(time.Hour), slots.WithClock(clk))
+	resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, srv.URL, nil))
+	require.NoError(t, err)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	require.NoError(t, resp.Body.Close())
+	require.Equal(t, 0, lim.InFlight())
+
+	_, err = tr.RoundTrip(httptest.NewRequest(http.MethodGet, srv.URL, nil))
+	var op *net.OpError
+	require.ErrorAs(t, err, &op)
+	require.Equal(t, "dial", op.Op, "net/http tried it again on a new connection, whose dial failed")
+	require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
+	assert.Equal(t, 1, lim.InFlight(), "it may have been sent: held for the linger")
+	clk.Add(time.Hour)
+	require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 5*time.Second, time.Millisecond)
 }
