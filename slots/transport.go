@@ -116,7 +116,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, &admitError{err}
 	}
 	req, conn := t.watchConn(req)
-	resp, err := t.sendHolding(req, s)
+	var resp *http.Response
+	if cause := context.Cause(ctx); conn != nil && cause != nil {
+		// Ended since: net/http gives it up unsent, before it asks for
+		// a connection, with this error; not a cut.
+		if req.Body != nil {
+			req.Body.Close()
+		}
+		err = &httpx.Unsent{Err: cause}
+	} else {
+		resp, err = t.sendHolding(req, s)
+	}
 	if err != nil || resp == nil {
 		if err == nil {
 			err = errNilResponse

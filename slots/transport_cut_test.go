@@ -260,6 +260,23 @@ func TestTransportLinger(t *testing.T) {
 			assert.Equal(t, 0, lim.InFlight())
 		})
 	})
+	t.Run("a request whose context ends as it is admitted frees at once", func(t *testing.T) {
+		var hits atomic.Int32
+		up := httptest.NewServer(http.HandlerFunc(func(http.ResponseWriter, *http.Request) { hits.Add(1) }))
+		t.Cleanup(up.Close)
+		base := &http.Transport{}
+		t.Cleanup(base.CloseIdleConnections)
+		lim := slots.NewLimiter(1)
+		ctx, cancel := context.WithCancel(context.Background())
+		tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) {
+			defer cancel() // the caller goes away as the slot is granted
+			return lim.Acquire(r.Context())
+		}, slots.WithLinger(linger), slots.WithClock(clock.NewMock()))
+		_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, up.URL, nil).WithContext(ctx))
+		require.ErrorIs(t, err, context.Canceled)
+		assert.Equal(t, 0, lim.InFlight(), "never sent: no linger")
+		assert.Zero(t, hits.Load())
+	})
 	t.Run("a request whose context ends while it waits for a connection frees at once", func(t *testing.T) {
 		// net/http's Transport gives it up unsent, and says so only with
 		// the bare context error.
