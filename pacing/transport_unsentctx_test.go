@@ -2,6 +2,7 @@ package pacing_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -116,43 +117,57 @@ func TestTransportUnconnectedIsTheUpstreamsFailure(t *testing.T) {
 
 // A request written on a reused connection that breaks, which net/http
 // then tries again on a new one whose dial fails, may have reached the
-// upstream: it stays charged. (Any dial error was taken for a request
-// never sent; found by review.)
-func TestTransportRetryDialAfterSendingIsCharged(t *testing.T) {
-	var hits atomic.Int32
-	var srv *httptest.Server
-	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if hits.Add(1) == 1 {
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{}`))
-			return
-		}
-		srv.Listener.Close() // the retry's dial is refused
-		c, _, err := w.(http.Hijacker).Hijack()
-		if err == nil {
-			c.Close() // read, then gone without an answer
-		}
-	}))
-	defer srv.Close()
-	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 10}})
-	rt := pacing.NewTransport(&http.Transport{}, gate, pacing.WithCutLinger(0))
-	send := func(key string) (*http.Response, error) {
-		req, err := http.NewRequestWithContext(pacing.WithModelName(t.Context(), "m"), http.MethodPost, srv.URL, strings.NewReader(`{"model":"m"}`))
-		require.NoError(t, err)
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key) // net/http may send it again
-		}
-		return rt.RoundTrip(req)
+// upstream: it stays charged, and with a linger its slot is kept for it,
+// as a cut's. (Any dial error was taken for a request never sent; found
+// by review, each.)
+func TestTransportRetryDialAfterSending(t *testing.T) {
+	for _, linger := range []time.Duration{0, time.Hour} {
+		t.Run(fmt.Sprint("linger ", linger), func(t *testing.T) {
+			var hits atomic.Int32
+			var srv *httptest.Server
+			srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				if hits.Add(1) == 1 {
+					w.Header().Set("Content-Type", "application/json")
+					_, _ = w.Write([]byte(`{}`))
+					return
+				}
+				srv.Listener.Close() // the retry's dial is refused
+				if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
+					c.Close() // read, then gone without an answer
+				}
+			}))
+			defer srv.Close()
+			gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 10}})
+			base := &http.Transport{}
+			defer base.CloseIdleConnections()
+			rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(linger))
+			send := func(key string) (*http.Response, error) {
+				req, err := http.NewRequestWithContext(pacing.WithModelName(t.Context(), "m"), http.MethodPost, srv.URL, strings.NewReader(`{"model":"m"}`))
+				require.NoError(t, err)
+				if key != "" {
+					req.Header.Set("Idempotency-Key", key) // net/http may send it again
+				}
+				return rt.RoundTrip(req)
+			}
+			resp, err := send("")
+			require.NoError(t, err)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			require.NoError(t, resp.Body.Close())
+			require.Zero(t, gate.Status().InFlight)
+			_, err = send("k1")
+			var op *net.OpError
+			require.ErrorAs(t, err, &op)
+			require.Equal(t, "dial", op.Op, "net/http tried it again on a new connection, whose dial failed")
+			require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
+			assert.Equal(t, map[string]int{"max_requests_per_minute//": 8}, budgetsLeft(gate), "both reached the upstream")
+			if linger > 0 {
+				assert.Equal(t, 1, gate.Status().InFlight, "it may have been sent: held for the linger")
+			} else {
+				assert.Zero(t, gate.Status().InFlight)
+			}
+		})
 	}
-	resp, err := send("")
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	require.NoError(t, resp.Body.Close())
-	_, err = send("k1")
-	require.Error(t, err)
-	require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
-	assert.Equal(t, map[string]int{"max_requests_per_minute//": 8}, budgetsLeft(gate), "both reached the upstream")
 }
 
 // A 101 that a ReverseProxy cannot switch to is closed by
@@ -190,48 +205,4 @@ func TestTransportUpgradeDroppedByTheProxyFreesItsSlot(t *testing.T) {
 	resp.Body.Close()
 	assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 	require.Eventually(t, func() bool { return gate.Status().InFlight == 0 }, 5*time.Second, time.Millisecond, "the Gate's slot freed")
-}
-
-// As TestTransportRetryDialAfterSendingIsCharged, with a linger: the
-// request may have reached the upstream, so its slot is kept for the
-// linger as a cut's, not freed as a request's never sent.
-func TestTransportRetryDialAfterSendingLingers(t *testing.T) {
-	var hits atomic.Int32
-	var srv *httptest.Server
-	srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		if hits.Add(1) == 1 {
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write([]byte(`{}`))
-			return
-		}
-		srv.Listener.Close() // the retry's dial is refused
-		if c, _, err := w.(http.Hijacker).Hijack(); err == nil {
-			c.Close() // read, then gone without an answer
-		}
-	}))
-	defer srv.Close()
-	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 10, BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 10}})
-	base := &http.Transport{}
-	defer base.CloseIdleConnections()
-	rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(time.Hour))
-	send := func(key string) (*http.Response, error) {
-		req, err := http.NewRequestWithContext(pacing.WithModelName(t.Context(), "m"), http.MethodPost, srv.URL, strings.NewReader(`{"model":"m"}`))
-		require.NoError(t, err)
-		if key != "" {
-			req.Header.Set("Idempotency-Key", key) // net/http may send it again
-		}
-		return rt.RoundTrip(req)
-	}
-	resp, err := send("")
-	require.NoError(t, err)
-	_, _ = io.Copy(io.Discard, resp.Body)
-	require.NoError(t, resp.Body.Close())
-	require.Zero(t, gate.Status().InFlight)
-	_, err = send("k1")
-	var op *net.OpError
-	require.ErrorAs(t, err, &op)
-	require.Equal(t, "dial", op.Op)
-	require.Equal(t, int32(2), hits.Load(), "the upstream read the second request")
-	assert.Equal(t, 1, gate.Status().InFlight, "it may have been sent: held for the linger")
 }
