@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -51,24 +52,27 @@ func roundTripAllocs(t *testing.T, rt http.RoundTripper, req *http.Request) floa
 // base: the Slot and the body wrapper; and, when the request's context can
 // end, the three allocations of the context.AfterFunc that frees the slot at
 // that end (AfterFunc's context and stop func, and the func it is given).
+// With WithLinger, the watch of the request's connection adds five: its
+// record, its two hooks, the trace's context and the request's copy.
 func TestTransportAllocs(t *testing.T) {
 	lim := slots.NewLimiter(8)
-	tr := slots.NewTransport(stubRoundTripper{}, func(r *http.Request) (*slots.Slot, error) {
-		return lim.Acquire(r.Context())
-	})
+	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }
+	tr := slots.NewTransport(stubRoundTripper{}, admit)
+	lingering := slots.NewTransport(stubRoundTripper{}, admit, slots.WithLinger(time.Second))
 
 	cancelable, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for _, tc := range []struct {
 		name  string
 		ctx   context.Context
-		body  string // "server": a body of known length, as a server hands it on; "memory": a client's own
+		body  string // "server": a body of known length, as a server hands it on; "memory": a client's own; "linger": none, WithLinger
 		extra float64
 	}{
 		{"context that cannot end", context.Background(), "", 2},
 		{"context that can end", cancelable, "", 5},
 		{"a server's body of known length", context.Background(), "server", 4},
 		{"a body in memory", context.Background(), "memory", 2},
+		{"with a linger", context.Background(), "linger", 7},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequestWithContext(tc.ctx, http.MethodGet, "http://upstream.invalid/v1/models", nil)
@@ -81,7 +85,11 @@ func TestTransportAllocs(t *testing.T) {
 				require.NoError(t, err)
 			}
 			bare := roundTripAllocs(t, stubRoundTripper{}, req)
-			wrapped := roundTripAllocs(t, tr, req)
+			rt := tr
+			if tc.body == "linger" {
+				rt = lingering
+			}
+			wrapped := roundTripAllocs(t, rt, req)
 			assert.LessOrEqual(t, wrapped-bare, tc.extra, "bare %v, through the Transport %v", bare, wrapped)
 			assert.Equal(t, 0, lim.InFlight(), "every slot was freed")
 		})
