@@ -13,8 +13,8 @@ import (
 // slots.ErrNotSent: this package cannot import slots, which imports it),
 // it never had a connection (Unsent), or it could not connect (a dial
 // error) unless a RoundTripper that watched it tells it Sent. Any other
-// failure may have been sent. A nil err is no failure:
-// false, without the allocation of the search.
+// failure may have been sent. A nil err is no failure: false, without the
+// allocation of the search.
 func NotSent(err, notSent error) bool {
 	if err == nil {
 		return false
