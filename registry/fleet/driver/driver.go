@@ -95,7 +95,10 @@ type Store interface {
 	// learned states published, until ctx ends; it returns then. It
 	// tells l Listening once it listens, and each time it listens anew
 	// after a break: what was sent before, the first time too, may be
-	// missed, and the client asks again.
+	// missed, and the client asks again. A break includes a connection
+	// lost without a word: a store checks a quiet one (both shipped
+	// stores have a WithListenCheck), or waiters hear of their grants
+	// only when they ask again.
 	Listen(ctx context.Context, proc string, l Listener)
 	// SyncLearned reads key's learned state and, with a State to write,
 	// writes it if the store has the version presumed, and publishes it

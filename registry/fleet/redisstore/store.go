@@ -25,9 +25,11 @@ type Store struct {
 	wakePrefix                   string // + a process: its grants' channel
 	learnPrefix, learnChan       string // + a key: its learned state; the states' channel
 	budgetPrefix                 string // + a key: its budget (budget.go)
-	// retry is how long Listen waits to subscribe again after a failure.
-	retry  time.Duration
-	logger *slog.Logger // nil: slog.Default()
+	// retry is how long Listen waits to subscribe again after a failure;
+	// check, how long it waits on a quiet connection before it asks it
+	// for an answer (WithListenCheck).
+	retry, check time.Duration
+	logger       *slog.Logger // nil: slog.Default()
 }
 
 var _ driver.Store = (*Store)(nil)
@@ -49,7 +51,7 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 	if name == "" || strings.ContainsAny(name, "{}") {
 		panic(fmt.Sprintf("redisstore: fleet name %q: need a non-empty name without braces", name))
 	}
-	cfg := config{prefix: "inflight:", retry: 500 * time.Millisecond}
+	cfg := config{prefix: "inflight:", retry: 500 * time.Millisecond, check: 15 * time.Second}
 	for _, o := range opts {
 		if o == nil {
 			continue // a nil option is no option
@@ -60,6 +62,7 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 	return &Store{
 		rdb:         rdb,
 		retry:       cfg.retry,
+		check:       cfg.check,
 		logger:      cfg.logger,
 		prefix:      tag + ":",
 		epochKey:    tag + "#epoch",
@@ -83,9 +86,9 @@ type optionFunc func(*config)
 func (f optionFunc) apply(c *config) { f(c) }
 
 type config struct {
-	prefix string
-	retry  time.Duration
-	logger *slog.Logger
+	prefix       string
+	retry, check time.Duration
+	logger       *slog.Logger
 }
 
 // WithPrefix sets the start of every key's name (default "inflight:"). It
@@ -105,6 +108,20 @@ func WithListenRetry(d time.Duration) Option {
 		panic(fmt.Sprintf("redisstore: WithListenRetry(%v)", d))
 	}
 	return optionFunc(func(c *config) { c.retry = d })
+}
+
+// WithListenCheck sets how long Listen's connection may be quiet before
+// Listen asks it for an answer (a PING; default 15 s). A connection lost
+// without a word (a peer's host gone, a firewall or a load balancer that
+// drops an idle connection's packets) stays open, and waiters would learn
+// of their grants only when they ask again: one that does not answer
+// within the same time (at least a second) is given up, and Listen
+// subscribes anew on a connection of its own. It panics unless d > 0.
+func WithListenCheck(d time.Duration) Option {
+	if d <= 0 {
+		panic(fmt.Sprintf("redisstore: WithListenCheck(%v)", d))
+	}
+	return optionFunc(func(c *config) { c.check = d })
 }
 
 // WithLogger sets the logger (nil, the default: slog.Default()) of what the
@@ -362,77 +379,6 @@ func (s *Store) Ping(ctx context.Context) error { return s.rdb.Ping(ctx).Err() }
 func (s *Store) Count(ctx context.Context, key string) (int, error) {
 	n, err := countScript.Run(ctx, s.rdb, []string{s.key(key), s.heardKey}).Int()
 	return n, err
-}
-
-// listenAgainGap is the least time between two subscriptions Listen makes
-// at once after its connection broke.
-const listenAgainGap = 100 * time.Millisecond
-
-// Listen subscribes to proc's channel and the learned states' channel.
-// After its connection breaks it subscribes again at once, then every
-// s.retry while Redis cannot be reached. Beside the subscription it warns
-// if the server may evict the fleet's keys (checkEviction), and returns
-// once the check is over too: the check's calls (every master's INFO on a
-// Cluster) may take seconds, a client's timeouts, and meanwhile Listen
-// tells l Listening and delivers the grants, whose claim windows are
-// shorter.
-func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
-	wake := s.wakePrefix + proc
-	ps := s.rdb.Subscribe(ctx, wake, s.learnChan)
-	// Receive does not end with its context: closing ps ends it.
-	stop := context.AfterFunc(ctx, func() { ps.Close() })
-	defer stop()
-	defer ps.Close()
-	checked := make(chan struct{})
-	go func() {
-		defer close(checked)
-		s.checkEviction(ctx)
-	}()
-	defer func() { <-checked }()
-	failed := false     // the last Receive failed
-	var again time.Time // when Listen subscribed again after its last break
-	for {
-		msg, err := ps.Receive(ctx)
-		if err != nil {
-			if ctx.Err() != nil {
-				return
-			}
-			// The client dials again on the next call: at once after a
-			// connection that broke (killed, or a failover), but not more
-			// often than listenAgainGap (a connection that breaks as it
-			// subscribes), then every s.retry while Redis cannot be reached.
-			wait := s.retry
-			if !failed {
-				wait = max(min(listenAgainGap-time.Since(again), s.retry), 0)
-				again = time.Now().Add(wait)
-			}
-			failed = true
-			if wait == 0 {
-				continue
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.C:
-			}
-			continue
-		}
-		failed = false
-		switch m := msg.(type) {
-		case *redis.Subscription:
-			if m.Channel == wake {
-				l.Listening()
-			}
-		case *redis.Message:
-			if m.Channel == s.learnChan {
-				l.Learned(m.Payload)
-			} else {
-				l.Granted(m.Payload)
-			}
-		}
-	}
 }
 
 // SyncLearned runs the learned state's script.
