@@ -125,7 +125,8 @@ func WithListenCheck(d time.Duration) Option {
 }
 
 // WithLogger sets the logger (nil, the default: slog.Default()) of what the
-// store finds on its own: a server that may evict the fleet's keys.
+// store finds on its own: a server that may evict the fleet's keys, and
+// Listen's connection given up or refused.
 func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.logger = l }) }
 
 func (s *Store) log() *slog.Logger {
