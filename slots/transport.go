@@ -117,13 +117,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	req, conn := t.watchConn(req)
 	var resp *http.Response
-	if cause := context.Cause(ctx); conn != nil && cause != nil {
+	if conn != nil && ctx.Err() != nil {
 		// Ended since: net/http gives it up unsent, before it asks for
-		// a connection, with this error; not a cut.
+		// a connection, with its cause; not a cut.
 		if req.Body != nil {
 			req.Body.Close()
 		}
-		err = &httpx.Unsent{Err: cause}
+		err = &httpx.Unsent{Err: context.Cause(ctx)}
 	} else {
 		resp, err = t.sendHolding(req, s)
 	}
