@@ -207,7 +207,10 @@ type connWatch struct {
 // alone (only a linger tells a cut from a request never sent), unless its
 // base tells that itself.
 func (t *Transport) watchConn(req *http.Request) (*http.Request, *connWatch) {
-	if _, tells := t.base.(httpx.UnsentTeller); t.linger <= 0 || tells {
+	if t.linger <= 0 {
+		return req, nil
+	}
+	if _, tells := t.base.(httpx.UnsentTeller); tells {
 		return req, nil
 	}
 	w := &connWatch{}
