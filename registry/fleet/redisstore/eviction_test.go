@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,16 +15,6 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
-
-// listening tells when Listen has subscribed.
-type listening struct {
-	once sync.Once
-	c    chan struct{}
-}
-
-func (l *listening) Listening()   { l.once.Do(func() { close(l.c) }) }
-func (*listening) Granted(string) {}
-func (*listening) Learned(string) {}
 
 // listenOnce runs a store's Listen on rdb until it has subscribed and its
 // eviction check, which runs beside the subscription, has had the INFO of
@@ -40,15 +29,11 @@ func listenOnce(t *testing.T, rdb redis.UniversalClient, masters int) string {
 	s := redisstore.New(rdb, "evict", redisstore.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	l := &listening{c: make(chan struct{})}
+	var c counter
 	done := make(chan struct{})
-	go func() { s.Listen(ctx, "p", l); close(done) }()
+	go func() { s.Listen(ctx, "p", &c); close(done) }()
+	require.Eventually(t, func() bool { return c.listening.Load() >= 1 }, 10*time.Second, time.Millisecond, "Listen subscribes")
 	timeout := time.After(10 * time.Second)
-	select {
-	case <-l.c:
-	case <-timeout:
-		t.Fatal("Listen did not subscribe")
-	}
 	for range masters {
 		select {
 		case <-h.answered:
@@ -132,16 +117,6 @@ func hookInfo(rdb redis.UniversalClient, let chan struct{}) infoHook {
 	return h
 }
 
-// heard records what Listen tells.
-type heard struct {
-	listening chan struct{}
-	granted   chan string
-}
-
-func (h heard) Listening()       { h.listening <- struct{}{} }
-func (h heard) Granted(t string) { h.granted <- t }
-func (heard) Learned(string)     {}
-
 // Listen listens, and delivers the grants published, while its check of
 // eviction waits for the server (a Cluster's master slow to answer, a
 // client with long timeouts): a waiter's grant heard only once the check
@@ -153,21 +128,9 @@ func TestListenDoesNotWaitForTheEvictionCheck(t *testing.T) {
 	let := make(chan struct{})
 	hookInfo(rdb, let)
 	s := redisstore.New(rdb, "slowcheck")
-	ctx, cancel := context.WithCancel(context.Background())
-	l := heard{listening: make(chan struct{}, 4), granted: make(chan string, 4)}
-	done := make(chan struct{})
-	go func() { s.Listen(ctx, "p", l); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	select {
-	case <-l.listening:
-	case <-time.After(10 * time.Second):
-		t.Fatal("Listen did not tell Listening while its eviction check waited")
-	}
-	require.NoError(t, srv.Client().Publish(ctx, redisstore.WakeChannel(s, "p"), "ticket").Err())
-	select {
-	case got := <-l.granted:
-		assert.Equal(t, "ticket", got)
-	case <-time.After(10 * time.Second):
-		t.Fatal("the grant was not delivered while the eviction check waited")
-	}
+	c := listenCounting(t, s) // it tells Listening while INFO is held
+	require.NoError(t, srv.Client().Publish(context.Background(), redisstore.WakeChannel(s, "p"), "ticket").Err())
+	require.Eventually(t, func() bool { return c.granted.Load() == 1 }, 10*time.Second, time.Millisecond,
+		"the grant delivered while the eviction check waited")
+	assert.Equal(t, "ticket", c.ticket.Load())
 }

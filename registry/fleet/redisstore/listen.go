@@ -34,7 +34,7 @@ func (s *Store) Listen(ctx context.Context, proc string, l driver.Listener) {
 	defer func() { <-checked }()
 	for s.listenOn(ctx, proc, l) {
 		s.log().Warn("redisstore: Listen's connection did not answer a PING; subscribing anew on another",
-			slog.Duration("waited", s.check))
+			slog.Duration("quiet", s.check), slog.Duration("waited", max(s.check, time.Second)))
 	}
 }
 

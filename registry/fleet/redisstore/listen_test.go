@@ -19,11 +19,18 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
-// counter counts what a Listen delivers.
-type counter struct{ listening, granted atomic.Int64 }
+// counter counts what a Listen delivers, and keeps the last ticket
+// granted.
+type counter struct {
+	listening, granted atomic.Int64
+	ticket             atomic.Value
+}
 
-func (c *counter) Listening()     { c.listening.Add(1) }
-func (c *counter) Granted(string) { c.granted.Add(1) }
+func (c *counter) Listening() { c.listening.Add(1) }
+func (c *counter) Granted(ticket string) {
+	c.ticket.Store(ticket)
+	c.granted.Add(1)
+}
 func (c *counter) Learned(string) {}
 
 // Listen's connection lost without a word (a black hole: it stays open
