@@ -54,7 +54,10 @@ func (t *Tracked) callSite() string {
 	frames := runtime.CallersFrames(t.site)
 	for {
 		f, more := frames.Next()
-		if pkg := packageOf(f.Function); !strings.HasPrefix(pkg, modulePrefix) || strings.HasSuffix(pkg, "_test") {
+		// The last element of its package's path, from a name such as
+		// "github.com/x/y.(*T).M.func1": y.
+		pkg, _, _ := strings.Cut(f.Function[strings.LastIndex(f.Function, "/")+1:], ".")
+		if !strings.HasPrefix(f.Function, modulePrefix) || strings.HasSuffix(pkg, "_test") {
 			out = append(out, fmt.Sprintf("%s (%s:%d)", f.Function, f.File, f.Line))
 		}
 		if !more || len(out) == 3 {
@@ -113,13 +116,3 @@ func (t *Tracked) Misuse(*Hold) { t.Hold.Owner.Misuse(&t.Hold) }
 
 // Time implements Owner for the stand-in.
 func (t *Tracked) Time(at int64) time.Time { return t.Hold.Owner.Time(at) }
-
-// packageOf returns the import path of a function's package, from a name
-// such as "github.com/x/y.(*T).M.func1".
-func packageOf(function string) string {
-	slash := strings.LastIndex(function, "/")
-	if dot := strings.Index(function[slash+1:], "."); dot >= 0 {
-		return function[:slash+1+dot]
-	}
-	return function
-}
