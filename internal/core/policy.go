@@ -242,18 +242,14 @@ func (t *HoldTime) retryAfter(now int64, n int, c uint8, need, limit int, ends [
 		}
 	}
 	// The lead comes off before the bound: a long wait told less its lead
-	// stays long.
-	return roundMs(at - float64(max(lead, 0)) - float64(now))
-}
-
-func byAt(d End, at int64) int { return cmp.Compare(d.At, at) }
-
-// roundMs is d nanoseconds rounded up to the millisecond, within 1 ms
-// and MaxRetryAfter: a client that honours it does not come back early.
-func roundMs(d float64) time.Duration {
+	// stays long. Rounded up to the millisecond, within 1 ms and
+	// MaxRetryAfter: a client that honours it does not come back early.
+	d := at - float64(max(lead, 0)) - float64(now)
 	d = min(max(d, float64(time.Millisecond)), float64(MaxRetryAfter))
 	return time.Duration(math.Ceil(d/float64(time.Millisecond))) * time.Millisecond
 }
+
+func byAt(d End, at int64) int { return cmp.Compare(d.At, at) }
 
 // Settings is what the module's options set: the Policy, which every owner
 // reads, and what a Registry alone reads (its options' types keep them
