@@ -127,13 +127,10 @@ func (t *HoldTime) Observe(d int64) {
 	if t.samples.Load() < warmSamples {
 		t.samples.Add(1)
 	}
-	old := t.ewma.Load()
-	if old == 0 {
-		t.ewma.Store(max(d, 1))
-		return
-	}
-	// A lost update under a race only drops one sample.
-	t.ewma.Store(old + (d-old)/8)
+	// The first hold is the estimate (at least 1 ns, so that it is known). A
+	// lost update under a race only drops one sample.
+	old := cmp.Or(t.ewma.Load(), d)
+	t.ewma.Store(max(old+(d-old)/8, 1))
 }
 
 // MaxRetryAfter caps the estimate: past an hour it says nothing useful.
