@@ -7,7 +7,7 @@ func (t *Told) Len() int { return len(t.dues) }
 func (t *Told) Cap() int { return cap(t.dues) }
 
 // CheckFirsts reports whether the counts of the flows' first waiters by
-// cost (what quantum reads) are those of the flows queued now.
+// cost (what a turn's worth reads, Served) are those of the flows queued now.
 func (q *Queue) CheckFirsts() bool {
 	if q.x == nil {
 		return true

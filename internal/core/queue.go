@@ -274,8 +274,14 @@ func (q *Queue) take(el *ilist.Elem[*Waiter], charge bool) bool {
 			}
 		}
 	} else {
-		if charge && !f.inTurn { // its turn starts, weighted by the waiter served
-			f.credit, f.inTurn = f.credit+int64(max(w.Weight, 1))*q.quantum(c, w.Cost), true
+		if charge && !f.inTurn {
+			// Its turn starts, weighted by the waiter served, and worth per
+			// weight at least that waiter's Cost and at least the Cost of
+			// the first waiter of every flow of c, rounded up to a power of
+			// 2 (0 if none): a turn covers its first grant, and flows'
+			// turns are worth alike.
+			quantum := max(int64(w.Cost), int64(1)<<bits.Len32(q.x.bits[c])>>1)
+			f.credit, f.inTurn = f.credit+int64(max(w.Weight, 1))*quantum, true
 		}
 		if charge {
 			f.credit -= int64(w.Cost)
@@ -314,14 +320,6 @@ func (x *sched) counted(c uint8, cost, d int32) {
 	} else {
 		x.bits[c] |= 1 << b
 	}
-}
-
-// quantum returns what a turn of class c is worth per weight as one
-// starts with a grant of cost: at least cost, and at least the Cost of
-// the first waiter of every flow of c, rounded up to a power of 2, so that
-// a turn covers its first grant and flows' turns are worth alike.
-func (q *Queue) quantum(c uint8, cost int32) int64 {
-	return max(int64(cost), int64(1)<<bits.Len32(q.x.bits[c])>>1) // 0 if none
 }
 
 // Class yields the waiters of class c in the order they are to be served
