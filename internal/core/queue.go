@@ -167,8 +167,17 @@ func (q *Queue) Push(el *ilist.Elem[*Waiter]) {
 	}
 	k := flowKey{w.Class, w.Flow}
 	f := q.lookup(k)
-	if f == nil {
-		f = q.newFlow(k)
+	if f == nil { // a new flow, on a spare record if one is kept
+		if n := len(q.x.spare); n > 0 {
+			f = q.x.spare[n-1]
+			q.x.spare = q.x.spare[:n-1]
+		} else {
+			f = new(flow)
+			f.link.Value = f
+		}
+		f.key = k
+		q.x.flows[k] = f
+		q.x.peak = max(q.x.peak, len(q.x.flows))
 	}
 	if f.waiters.Len() == 0 {
 		f.credit, f.inTurn = 0, false
@@ -193,21 +202,6 @@ func (q *Queue) mix() {
 		q.x.count[ClassDefault] = q.def.waiters.Len()
 		q.x.counted(ClassDefault, el.Value.Cost, 1)
 	}
-}
-
-func (q *Queue) newFlow(k flowKey) *flow {
-	var f *flow
-	if n := len(q.x.spare); n > 0 {
-		f = q.x.spare[n-1]
-		q.x.spare = q.x.spare[:n-1]
-	} else {
-		f = new(flow)
-		f.link.Value = f
-	}
-	f.key = k
-	q.x.flows[k] = f
-	q.x.peak = max(q.x.peak, len(q.x.flows))
-	return f
 }
 
 // Remove unlinks el (a waiter leaving without a grant) and reports whether
