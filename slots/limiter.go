@@ -114,13 +114,24 @@ func (l *Limiter) acquire(ctx context.Context, n int) (*Slot, error) {
 }
 
 // refuseOrQueueLocked decides for a caller of h, weighing n units, at place
-// (read already with shares), that cannot be admitted now.
+// (read already with shares), that cannot be admitted now: it queues, or
+// it is refused (ctx == nil: a call that does not wait), and counted.
 func (l *Limiter) refuseOrQueueLocked(ctx context.Context, h *core.Hold, n int, place core.Place, wk *core.Wakes) core.Decision {
 	if ctx != nil && l.lane.Shares == nil {
 		place = core.PlaceOf(ctx)
 		h.Class = place.Class
 	}
-	reason := l.refusalLocked(ctx, place, n)
+	var reason error // why it may not queue either
+	switch {
+	case l.lane.TooHeavy(place.Class, n):
+		l.stats.ExceedsLimit++
+		reason = ErrExceedsLimit
+	case ctx == nil:
+		l.stats.LimitReached++
+		reason = ErrLimitReached
+	case l.engine().Full(&l.lane.Waiters, place.Flow): // counted once refused
+		reason = ErrQueueFull
+	}
 	if reason == nil || reason == ErrQueueFull && l.lane.Waiters.Heavy() > 0 {
 		w := l.eng.Waiter(h)
 		w.Place(place)
@@ -157,23 +168,6 @@ func (o *owner) Ended(w *core.Waiter, out core.Outcome) core.Ending {
 	}
 	l.stats.WaitTimeouts++
 	return core.Ending{Rej: l.eng.RejectLane(ErrWaitTimeout, "", &l.lane, w.Hold.Units(), w.Class)}
-}
-
-// refusalLocked returns why a caller at place, weighing n units, that
-// cannot be admitted now may not queue either (and counts it), or nil;
-// ctx == nil is a call that does not wait.
-func (l *Limiter) refusalLocked(ctx context.Context, place core.Place, n int) error {
-	switch {
-	case l.lane.TooHeavy(place.Class, n):
-		l.stats.ExceedsLimit++
-		return ErrExceedsLimit
-	case ctx == nil:
-		l.stats.LimitReached++
-		return ErrLimitReached
-	case l.engine().Full(&l.lane.Waiters, place.Flow): // counted by the refusal
-		return ErrQueueFull
-	}
-	return nil
 }
 
 // Withdraw implements core.Waits: it takes w out of the queue if it is
