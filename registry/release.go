@@ -116,17 +116,13 @@ func (e *entry[K]) Release(h *core.Hold) bool {
 		return false
 	}
 	sh.released++
-	if e.lane.Waiters.Len() == 0 {
-		// Nobody to serve (BenchmarkRegistryTryAcquireRelease).
-		sh.dropIfIdleLocked(r, e)
-		sh.mu.Unlock()
-	} else {
-		var wk core.Wakes
+	var wk core.Wakes
+	if e.lane.Waiters.Len() > 0 {
 		r.grantLocked([]*entry[K]{e}, &wk)
-		sh.dropIfIdleLocked(r, e)
-		sh.mu.Unlock()
-		wk.Wake()
 	}
+	sh.dropIfIdleLocked(r, e)
+	sh.mu.Unlock()
+	wk.Wake() // nothing to wake if nobody waits (BenchmarkRegistryTryAcquireRelease)
 	r.eng.Released(h)
 	return true
 }
