@@ -242,7 +242,10 @@ func (r *Registry[K]) acquireAll(ctx context.Context, keys []K, n int) (*slots.S
 }
 
 // decideAll takes the locks to decide for a caller of h, weighing n units,
-// under the keys of m, decides and releases them.
+// under the keys of m, decides and releases them. It locks the keys'
+// shards (under multiMu) and, if multi-key waiters queue on any of the
+// keys, theirs too, and serves what they can take now, as acquireOne does
+// for one key (lockBeside), before it decides.
 func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K], keys []K, hashes []uint64, fetched []int, h *core.Hold, n int) core.Decision {
 	// The class matters to this admission if any key has shares or
 	// multi-key waiters; read it here, before the locks.
@@ -255,15 +258,39 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	defer wk.Wake() // deferred first, so it runs after every unlock
 	r.multiMu.Lock()
 	defer r.multiMu.Unlock()
-	set, serve := r.lockBesideAll(m.shards, shs, keys, hashes, &wk)
+	r.lockShards(m.shards)
+	set := m.shards
+	var beside, serve []*entry[K]
+	for i, k := range keys {
+		if e := shs[i].lookup(k, hashes[i]); e != nil && e.lane.Multi > 0 {
+			beside = append(beside, e)
+		}
+	}
+	if beside != nil {
+		// Their multi-key waiters leave only under multiMu: they stay live.
+		r.unlockShards(set)
+		set, serve = r.lockForGrant(beside, set)
+		r.grantLocked(serve, &wk)
+	}
 	defer r.unlockShards(set)
 	if core.Ended(ctx) {
 		shs[0].st.canceled++
 		return core.Cancel()
 	}
-	// Entries made here are dropped again if the caller neither holds nor
-	// waits.
-	r.entriesLocked(m, shs, keys, hashes, fetched)
+	// Fill m.entries, making the lanes that do not exist yet at the limits
+	// fetched for them (fetched nil: none; see limitLocked). Lanes made
+	// here are dropped again if the caller neither holds nor waits.
+	for i, k := range keys {
+		e := shs[i].lookup(k, hashes[i])
+		if e == nil {
+			f := -1
+			if fetched != nil {
+				f = fetched[i]
+			}
+			e = shs[i].addLocked(r, k, hashes[i], r.limitLocked(shs[i], k, f))
+		}
+		m.entries[i] = e
+	}
 	full := slices.IndexFunc(m.entries, func(e *entry[K]) bool { return !admitsLocked(e, h.Class, n) })
 	if full < 0 {
 		r.holdMultiLocked(h, m, h.Class, newcomer)
@@ -339,44 +366,6 @@ func queueMultiLocked[K comparable](m *multi[K], w *core.Waiter) {
 		e.lane.Multi++
 		m.links[i].Value = w
 		e.multis.PushBack(&m.links[i])
-	}
-}
-
-// lockBesideAll locks the shards of a multi-key admission (under multiMu)
-// and, if multi-key waiters queue on any of its keys, theirs too, and
-// serves what they can take now, as acquireOne does for one key
-// (lockBeside). It returns the shards it locked and the entries served.
-func (r *Registry[K]) lockBesideAll(shards []int, shs []*shard[K], keys []K, hashes []uint64, wk *core.Wakes) ([]int, []*entry[K]) {
-	r.lockShards(shards)
-	var beside []*entry[K]
-	for i, k := range keys {
-		if e := shs[i].lookup(k, hashes[i]); e != nil && e.lane.Multi > 0 {
-			beside = append(beside, e)
-		}
-	}
-	if beside == nil {
-		return shards, nil
-	}
-	// Their multi-key waiters leave only under multiMu: they stay live.
-	r.unlockShards(shards)
-	set, serve := r.lockForGrant(beside, shards)
-	r.grantLocked(serve, wk)
-	return set, serve
-}
-
-// entriesLocked fills m.entries, creating the lanes that do not exist yet
-// (with the limits fetched for them, nil: none; see limitLocked).
-func (r *Registry[K]) entriesLocked(m *multi[K], shs []*shard[K], keys []K, hashes []uint64, fetched []int) {
-	for i, k := range keys {
-		e := shs[i].lookup(k, hashes[i])
-		if e == nil {
-			f := -1
-			if fetched != nil {
-				f = fetched[i]
-			}
-			e = shs[i].addLocked(r, k, hashes[i], r.limitLocked(shs[i], k, f))
-		}
-		m.entries[i] = e
 	}
 }
 
