@@ -79,7 +79,7 @@ func (r *Registry[K]) acquireOne(ctx context.Context, key K, n int) (*slots.Slot
 	// the shards held, with multiMu (lockBeside).
 	var set []int
 	var serve []*entry[K]
-	e := sh.lookup(key, hash)
+	e := sh.lanes.get(key, hash)
 	if e != nil && e.lane.Multi > 0 {
 		sh.mu.Unlock()
 		r.multiMu.Lock()
@@ -165,7 +165,7 @@ func (r *Registry[K]) refuseOrQueueLocked(ctx context.Context, key K, e *entry[K
 // (admitsLocked).
 func (r *Registry[K]) lockBeside(sh *shard[K], key K, hash uint64) (*entry[K], []int, []*entry[K]) {
 	sh.mu.Lock()
-	e := sh.lookup(key, hash)
+	e := sh.lanes.get(key, hash)
 	if e == nil || e.lane.Multi == 0 {
 		return e, []int{sh.idx}, nil
 	}
@@ -238,7 +238,7 @@ func (r *Registry[K]) rejectKey(reason error, key K, w *core.Waiter) *core.Rejec
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.lookup(key, hash); e != nil {
+	if e := sh.lanes.get(key, hash); e != nil {
 		return r.rejectLocked(reason, key, e, w.Hold.Units(), w.Class)
 	}
 	return r.eng.Reject(reason, keyString(key), 0, r.limitLocked(sh, key, -1), 0)

@@ -70,5 +70,5 @@ func (r *Registry[K]) entryOf(key K) *entry[K] {
 	sh, h := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	return sh.lookup(key, h)
+	return sh.lanes.get(key, h)
 }

@@ -90,7 +90,7 @@ func (r *Registry[K]) applyLimit(key K, set func(*shard[K]) (int, bool)) {
 	_, locked, serve := r.lockBeside(sh, key, hash)
 	defer r.unlockShards(locked)
 	n, ok := set(sh)
-	e := sh.lookup(key, hash)
+	e := sh.lanes.get(key, hash)
 	if !ok || e == nil {
 		return
 	}
@@ -200,13 +200,10 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 		return rv.known(), nil
 	}
 	r.applyLimit(key, func(sh *shard[K]) (int, bool) {
-		if _, overridden := sh.overrides[key]; overridden {
-			return 0, false
-		}
-		if sh.resolved[key].gen != gen {
-			return 0, false // a later fetch has recorded (and applies) its own
-		}
-		return n, true
+		// Not over an override, nor once a later fetch has recorded (and
+		// applies) its own.
+		_, overridden := sh.overrides[key]
+		return n, !overridden && sh.resolved[key].gen == gen
 	})
 	return n, nil
 }
@@ -276,7 +273,7 @@ func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
 	}
 	maps.DeleteFunc(sh.resolved, func(k K, rv resolved) bool {
 		_, h := r.shardFor(k)
-		return sh.lookup(k, h) == nil && rv.fetch == nil && !r.retained(rv, now)
+		return sh.lanes.get(k, h) == nil && rv.fetch == nil && !r.retained(rv, now)
 	})
 	sh.prunedAt = now
 	sh.pruneAt = 2*len(sh.resolved) + 64
@@ -293,7 +290,7 @@ func (r *Registry[K]) Limit(key K) int {
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.lookup(key, hash); e != nil {
+	if e := sh.lanes.get(key, hash); e != nil {
 		return e.lane.Limit
 	}
 	return r.limitLocked(sh, key, -1)
@@ -327,7 +324,7 @@ func laneOf[K comparable, T any](r *Registry[K], key K, f func(*core.Lane) T) (v
 	sh, hash := r.shardFor(key)
 	sh.mu.Lock()
 	defer sh.mu.Unlock()
-	if e := sh.lookup(key, hash); e != nil {
+	if e := sh.lanes.get(key, hash); e != nil {
 		v = f(&e.lane)
 	}
 	return v

@@ -262,7 +262,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	set := m.shards
 	var beside, serve []*entry[K]
 	for i, k := range keys {
-		if e := shs[i].lookup(k, hashes[i]); e != nil && e.lane.Multi > 0 {
+		if e := shs[i].lanes.get(k, hashes[i]); e != nil && e.lane.Multi > 0 {
 			beside = append(beside, e)
 		}
 	}
@@ -281,7 +281,7 @@ func (r *Registry[K]) decideAll(ctx context.Context, m *multi[K], shs []*shard[K
 	// fetched for them (fetched nil: none; see limitLocked). Lanes made
 	// here are dropped again if the caller neither holds nor waits.
 	for i, k := range keys {
-		e := shs[i].lookup(k, hashes[i])
+		e := shs[i].lanes.get(k, hashes[i])
 		if e == nil {
 			f := -1
 			if fetched != nil {

@@ -170,18 +170,18 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 	}
 	st := core.Settings{Shards: DefaultShards, MaxKeyBytes: DefaultMaxKeyBytes}
 	core.Apply(&st, opts)
-	n := 1 << bits.Len(uint(min(st.Shards, MaxShards)-1))
+	// 1<<shardBits shards: as many as asked, rounded up to a power of two.
+	shardBits := uint(bits.Len(uint(min(st.Shards, MaxShards) - 1)))
 	r := &Registry[K]{
+		eng:          core.Engine{Policy: st.Policy, SampleShift: shardBits},
 		defaultLimit: defaultLimit,
 		maxKeyBytes:  st.MaxKeyBytes,
 		stringKeys:   reflect.TypeFor[K]().Kind() == reflect.String,
 		seed:         maphash.MakeSeed(),
-		shards:       make([]shard[K], n),
-		shardBits:    uint(bits.Len(uint(n - 1))),
+		shards:       make([]shard[K], 1<<shardBits),
+		shardBits:    shardBits,
 	}
-	r.eng.Policy = st.Policy
 	r.eng.Init("registry", asError)
-	r.eng.SampleShift = r.shardBits
 	for i := range r.shards {
 		r.shards[i].idx = i
 		r.shards[i].lanes.shift = uint32(r.shardBits)
@@ -255,9 +255,6 @@ func (r *Registry[K]) eachShard(fn func(*shard[K])) {
 		}(&r.shards[i])
 	}
 }
-
-// lookup returns key's live entry in sh, or nil.
-func (sh *shard[K]) lookup(key K, h uint64) *entry[K] { return sh.lanes.get(key, h) }
 
 // checkKey is CheckKey for an admission: a bad key is a counted rejection.
 func (r *Registry[K]) checkKey(ctx context.Context, key K) error {

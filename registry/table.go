@@ -34,11 +34,13 @@ const (
 )
 
 // home is where a hash's probe starts. The low bits chose the shard, so the
-// index comes from the bits above them.
+// index comes from the bits above them; occupiedBit, far above the index,
+// changes nothing (remove passes a hash without it).
 func (t *table[K]) home(h uint64) int {
 	return int((h >> t.shift) & uint64(len(t.slots)-1))
 }
 
+// get returns key's live entry, h its hash, or nil.
 func (t *table[K]) get(key K, h uint64) *entry[K] {
 	if t.n == 0 {
 		return nil
@@ -76,7 +78,6 @@ func (t *table[K]) insert(e *entry[K], h uint64) {
 
 // remove deletes e, which must be in t.
 func (t *table[K]) remove(e *entry[K], h uint64) {
-	h |= occupiedBit
 	mask := len(t.slots) - 1
 	i := t.home(h)
 	for t.slots[i].e != e {
