@@ -27,9 +27,26 @@ const (
 // request that could start but for those ahead of it in the queue waited
 // for the provider's cap. at is when a binding budget will take it.
 func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, inFlight, limit int, at int64) {
-	name, inFlight, limit = g.capBindingLocked(ml, t.Total(), now)
-	if name != "" {
-		return name, inFlight, limit, 0
+	// The caps in flight, the pool, pauses and spacing first.
+	switch n := t.Total(); {
+	case !g.provider.HasRoom():
+		return CapProvider, g.provider.Holders.Len(), g.provider.Limit, 0
+	case !ml.lane.HasRoom():
+		return CapModel, ml.lane.Holders.Len(), ml.lane.Limit, 0
+	case !g.tok.fits(n):
+		return CapTokens, g.tok.held, g.tok.limit, 0
+	case !ml.tok.fits(n):
+		return CapModelTokens, ml.tok.held, ml.tok.limit, 0
+	case len(g.keys) > 0 && g.pickKeyLocked(now, nil, nil) == nil:
+		for _, k := range g.keys {
+			inFlight += k.lane.Holders.Len()
+			limit = addLimits(limit, k.lane.Limit)
+		}
+		return CapAPIKey, inFlight, limit, 0
+	case g.ad.pauseUntil > now:
+		return CapPause, g.provider.Holders.Len(), g.provider.Limit, 0
+	case nextStart(g.started, g.last, g.interval) > now, nextStart(ml.started, ml.last, ml.interval) > now:
+		return CapPacing, g.provider.Holders.Len(), g.provider.Limit, 0
 	}
 	if at, name = g.budgetsAt(ml, t, afterNone, now); name != "" {
 		inFlight, limit = g.budgetUseLocked(ml, name, now)
@@ -57,32 +74,6 @@ func (g *Gate) bindingLocked(ml *modelLane, t Tokens, now int64) (name string, i
 		}
 	}
 	return CapProvider, g.provider.Holders.Len(), g.provider.Limit, 0
-}
-
-// capBindingLocked is bindingLocked's part for the caps in flight, the
-// pool, pauses and spacing; "" when none binds.
-func (g *Gate) capBindingLocked(ml *modelLane, n int, now int64) (name string, inFlight, limit int) {
-	switch {
-	case !g.provider.HasRoom():
-		return CapProvider, g.provider.Holders.Len(), g.provider.Limit
-	case !ml.lane.HasRoom():
-		return CapModel, ml.lane.Holders.Len(), ml.lane.Limit
-	case !g.tok.fits(n):
-		return CapTokens, g.tok.held, g.tok.limit
-	case !ml.tok.fits(n):
-		return CapModelTokens, ml.tok.held, ml.tok.limit
-	case len(g.keys) > 0 && g.pickKeyLocked(now, nil, nil) == nil:
-		for _, k := range g.keys {
-			inFlight += k.lane.Holders.Len()
-			limit = addLimits(limit, k.lane.Limit)
-		}
-		return CapAPIKey, inFlight, limit
-	case g.ad.pauseUntil > now:
-		return CapPause, g.provider.Holders.Len(), g.provider.Limit
-	case nextStart(g.started, g.last, g.interval) > now, nextStart(ml.started, ml.last, ml.interval) > now:
-		return CapPacing, g.provider.Holders.Len(), g.provider.Limit
-	}
-	return "", 0, 0
 }
 
 // queuedLocked yields the Gate's waiters, class by class in its queue's
