@@ -105,9 +105,8 @@ func (e *Engine) Begin(owner Owner, n, skip int) (x *Handle, h *Hold, t *Tracked
 	if e.LeakCheck {
 		t = &Tracked{Hold: Hold{Owner: owner}}
 		h = &t.Hold
-		if e.LeakSites { // about a microsecond: the stack above Begin, its caller and skip more
-			t.site = make([]uintptr, 16)
-			t.site = t.site[:runtime.Callers(skip+3, t.site)]
+		if e.LeakSites {
+			t.recordSite(skip + 2) // above Begin, its caller and skip more
 		}
 	} else {
 		x.h.Owner = owner
