@@ -372,3 +372,6 @@ func (gr *grant) Misuse(h *core.Hold) { gr.g.eng.Misuse(h) }
 
 // Time implements core.Owner.
 func (gr *grant) Time(at int64) time.Time { return gr.g.eng.Clock.Time(at) }
+
+// Log implements core.Owner.
+func (gr *grant) Log() *slog.Logger { return gr.g.eng.Log() }

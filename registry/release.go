@@ -181,6 +181,12 @@ func (e *entry[K]) Time(at int64) time.Time { return e.shard.r.eng.Clock.Time(at
 // Time implements core.Owner.
 func (m *multi[K]) Time(at int64) time.Time { return m.r.eng.Clock.Time(at) }
 
+// Log implements core.Owner.
+func (e *entry[K]) Log() *slog.Logger { return e.shard.r.eng.Log() }
+
+// Log implements core.Owner.
+func (m *multi[K]) Log() *slog.Logger { return m.r.eng.Log() }
+
 // Reclaim implements core.Leaker: it frees a dropped Slot's hold and
 // reports the leak. The key is read first, under its shard's lock: the hold
 // still counts then, so e is still the key's entry; once freed, e may go

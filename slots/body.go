@@ -161,10 +161,10 @@ func (b *slotBody) drain() {
 // would end the process: it is logged (core.Recovered), once cut has
 // freed the slot.
 func (b *slotBody) watch() {
-	defer core.Recovered("the watch of a request's context")
+	defer core.Recovered("the watch of a request's context", b.s.hold())
 	b.watchCut.Store(true)
 	late := b.t.clock.AfterFunc(cutCloseWait, func() {
-		defer core.Recovered("a slow Close's timer")
+		defer core.Recovered("a slow Close's timer", b.s.hold())
 		b.end(endCut, true)
 	})
 	defer late.Stop()

@@ -247,6 +247,9 @@ func (o *owner) Misuse(h *core.Hold) { (*Limiter)(o).engine().Misuse(h) }
 // Time implements core.Owner.
 func (o *owner) Time(at int64) time.Time { return (*Limiter)(o).engine().Clock.Time(at) }
 
+// Log implements core.Owner.
+func (o *owner) Log() *slog.Logger { return (*Limiter)(o).engine().Log() }
+
 // Reclaim implements core.Leaker: a Slot was dropped while held.
 func (o *owner) Reclaim(t *core.Tracked) { (*Limiter)(o).engine().Reclaim(t) }
 

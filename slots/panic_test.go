@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/benbjohnson/clock"
@@ -138,16 +139,28 @@ func TestBodyThatPanicsIsClosedFirst(t *testing.T) {
 	}
 }
 
+// recoveredLogs returns a logger for WithLogger and what it logs, and
+// sets slog's default logger for the rest of the test to one whose records
+// the test's end checks: a panic recovered on a goroutine of the
+// library's own is logged to its slot's logger, and never to the default.
+func recoveredLogs(t *testing.T) (*slog.Logger, *testrig.Buffer) {
+	var logged, elsewhere testrig.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&elsewhere, nil)))
+	t.Cleanup(func() {
+		slog.SetDefault(old)
+		assert.NotContains(t, elsewhere.String(), "recovered", "logged to slog's default logger")
+	})
+	return slog.New(slog.NewTextHandler(&logged, nil)), &logged
+}
+
 // A body whose Close panics when the request's context ends, closed by the
 // Transport's watch on a goroutine of its own, frees its slot and is
-// logged there: the panic has no caller to go up to, and would end the
-// process.
+// logged there, to the slot's logger: the panic has no caller to go up
+// to, and would end the process.
 func TestBodyThatPanicsClosedByTheWatch(t *testing.T) {
-	var logged testrig.Buffer
-	old := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
-	t.Cleanup(func() { slog.SetDefault(old) })
-	lim := slots.NewLimiter(1)
+	logger, logged := recoveredLogs(t)
+	lim := slots.NewLimiter(1, slots.WithLogger(logger))
 	tr := slots.NewTransport(answering(panickyBody{"Close"}), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
 	ctx, cancel := context.WithCancel(context.Background())
 	resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil).WithContext(ctx))
@@ -161,19 +174,17 @@ func TestBodyThatPanicsClosedByTheWatch(t *testing.T) {
 
 // An Observer that panics on a release the library makes on a goroutine
 // of its own (a linger's timer, a slow Close's timer, the reclaim of a
-// dropped Slot) is logged, not the end of the process; the slot is freed.
+// dropped Slot) is logged to the slot's logger, not the end of the
+// process; the slot is freed.
 func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
-	var logged testrig.Buffer
-	old := slog.Default()
-	slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
-	t.Cleanup(func() { slog.SetDefault(old) })
+	logger, logged := recoveredLogs(t)
 	panicky := slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
 		if e.Kind == slots.EventReleased || e.Kind == slots.EventLeaked {
 			panic("an observer's bug")
 		}
 	}))
 	t.Run("a linger's timer", func(t *testing.T) {
-		lim := slots.NewLimiter(1, panicky)
+		lim := slots.NewLimiter(1, panicky, slots.WithLogger(logger))
 		tr := slots.NewTransport(answering(io.NopCloser(strings.NewReader("data"))), func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
 			slots.WithLinger(time.Millisecond))
 		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
@@ -182,7 +193,7 @@ func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
 		require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond)
 	})
 	t.Run("a slow Close's timer", func(t *testing.T) {
-		lim := slots.NewLimiter(1, panicky)
+		lim := slots.NewLimiter(1, panicky, slots.WithLogger(logger))
 		mock := clock.NewMock()
 		closing, done := make(chan struct{}), make(chan struct{})
 		body := &blockingClose{entered: closing, release: done}
@@ -197,7 +208,7 @@ func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
 		close(done)
 	})
 	t.Run("a dropped Slot reclaimed", func(t *testing.T) {
-		lim := slots.NewLimiter(1, panicky, slots.WithLeakDetection())
+		lim := slots.NewLimiter(1, panicky, slots.WithLeakDetection(), slots.WithLogger(logger))
 		func() {
 			_, err := lim.TryAcquire()
 			require.NoError(t, err)
@@ -207,6 +218,43 @@ func TestObserverPanicOffTheCallersGoroutine(t *testing.T) {
 	})
 	require.Eventually(t, func() bool { return strings.Count(logged.String(), "an observer's bug") >= 3 }, 10*time.Second, time.Millisecond)
 	t.Log(logged.String())
+}
+
+// A logger that panics on the warning of a leak (a handler's bug) does
+// not keep the dropped Slot's capacity, nor end the process when the
+// panic, recovered, is logged to it again.
+func TestLoggerThatPanicsOnAReclaim(t *testing.T) {
+	lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(panickyHandler{})))
+	func() {
+		_, err := lim.TryAcquire()
+		require.NoError(t, err)
+	}()
+	require.Eventually(t, func() bool { runtime.GC(); return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond, "the slot reclaimed")
+	assert.Equal(t, uint64(1), lim.Stats().Leaked)
+}
+
+// panickyHandler is a slog.Handler that panics on every record.
+type panickyHandler struct{}
+
+func (panickyHandler) Enabled(context.Context, slog.Level) bool  { return true }
+func (panickyHandler) Handle(context.Context, slog.Record) error { panic("a handler's bug") }
+func (h panickyHandler) WithAttrs([]slog.Attr) slog.Handler      { return h }
+func (h panickyHandler) WithGroup(string) slog.Handler           { return h }
+
+// A request the admit function let go without a slot (nil) and whose
+// exchange was cut arms no linger: there is nothing to free, and a timer
+// that went looking for the slot's logger would find none. In a bubble,
+// so that the linger's time passes.
+func TestTransportLingerWithoutASlot(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		tr := slots.NewTransport(roundTripFunc(func(*http.Request) (*http.Response, error) {
+			return nil, errors.New("connection reset by peer")
+		}), func(*http.Request) (*slots.Slot, error) { return nil, nil }, slots.WithLinger(time.Millisecond))
+		_, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
+		require.ErrorContains(t, err, "connection reset")
+		time.Sleep(time.Second) // virtual: past the linger, whose timer would run now
+		synctest.Wait()
+	})
 }
 
 // blockingClose is a body whose Close waits for release, telling entered.
@@ -225,15 +273,15 @@ func (b *blockingClose) Close() error {
 // A combined Slot whose first part's Observer panics when told of its
 // release frees its other parts all the same: on the caller's goroutine,
 // where the panic then goes up, and on a linger's timer, where it is
-// logged. (The second part stayed held.)
+// logged to the first part's logger. (The second part stayed held.)
 func TestCombinedSlotPartPanicsOnRelease(t *testing.T) {
 	panicky := slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
 		if e.Kind == slots.EventReleased {
 			panic("an observer's bug")
 		}
 	}))
-	both := func(t *testing.T) (a, b *slots.Limiter, admit func(*http.Request) (*slots.Slot, error)) {
-		a, b = slots.NewLimiter(1, panicky), slots.NewLimiter(1)
+	both := func(t *testing.T, opts ...slots.Option) (a, b *slots.Limiter, admit func(*http.Request) (*slots.Slot, error)) {
+		a, b = slots.NewLimiter(1, append(opts, panicky)...), slots.NewLimiter(1)
 		return a, b, func(r *http.Request) (*slots.Slot, error) {
 			sa, err := a.TryAcquire()
 			require.NoError(t, err)
@@ -251,11 +299,8 @@ func TestCombinedSlotPartPanicsOnRelease(t *testing.T) {
 		assert.Equal(t, 0, b.InFlight(), "the second part")
 	})
 	t.Run("on a linger's timer", func(t *testing.T) {
-		var logged testrig.Buffer
-		old := slog.Default()
-		slog.SetDefault(slog.New(slog.NewTextHandler(&logged, nil)))
-		t.Cleanup(func() { slog.SetDefault(old) })
-		a, b, admit := both(t)
+		logger, logged := recoveredLogs(t)
+		a, b, admit := both(t, slots.WithLogger(logger))
 		tr := slots.NewTransport(answering(io.NopCloser(strings.NewReader("data"))), admit, slots.WithLinger(time.Millisecond))
 		resp, err := tr.RoundTrip(httptest.NewRequest(http.MethodGet, "http://upstream/", nil))
 		require.NoError(t, err)

@@ -184,9 +184,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // free releases s: at once, or after the linger when cut says the upstream
 // may still be counting the exchange.
 func (t *Transport) free(s *Slot, cut bool) {
-	if cut && t.linger > 0 {
+	if cut && t.linger > 0 && s.holds() {
 		t.clock.AfterFunc(t.linger, func() {
-			defer core.Recovered("a linger's timer") // an Observer told of the release
+			defer core.Recovered("a linger's timer", s.hold()) // an Observer told of the release
 			s.releaseQuietly()
 		})
 		return

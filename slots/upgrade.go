@@ -72,7 +72,7 @@ func (b *slotBody) listUpgrade(ctx context.Context, passedOn bool) {
 			b.t.clock.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
 				if b := body(); b != nil && b.listed.CompareAndSwap(true, false) {
 					keepListed(done, func(x weak.Pointer[slotBody]) bool { return x != wp })
-					defer core.Recovered("an unused upgraded connection's Close")
+					defer core.Recovered("an unused upgraded connection's Close", b.s.hold())
 					_ = b.Close()
 				}
 			})

@@ -1,6 +1,7 @@
 package core
 
 import (
+	"log/slog"
 	"runtime"
 	"slices"
 	"time"
@@ -71,3 +72,6 @@ func (c *combined) Misuse(*Hold) {}
 
 // Time implements Owner.
 func (c *combined) Time(int64) time.Time { return c.at }
+
+// Log implements Owner: the first part's logger.
+func (c *combined) Log() *slog.Logger { return c.parts[0].h.Owner.Log() }

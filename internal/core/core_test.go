@@ -2,6 +2,7 @@ package core_test
 
 import (
 	"context"
+	"log/slog"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -20,6 +21,7 @@ type owner struct{ released, misused atomic.Int32 }
 func (o *owner) Release(*core.Hold) bool { o.released.Add(1); return true }
 func (o *owner) Misuse(*core.Hold)       { o.misused.Add(1) }
 func (o *owner) Time(int64) time.Time    { return time.Time{} }
+func (o *owner) Log() *slog.Logger       { return slog.Default() }
 
 func TestHoldReleasesOnce(t *testing.T) {
 	o := &owner{}

@@ -202,9 +202,9 @@ func (e *Engine) Reclaim(t *Tracked, attrs ...slog.Attr) {
 	if site := t.callSite(); site != "" {
 		attrs = append(attrs, slog.String("acquired_at", site))
 	}
-	e.Log().LogAttrs(context.Background(), slog.LevelWarn, e.name+": slot dropped without Release; capacity reclaimed", attrs...)
 	defer e.Emit(Event{Kind: EventLeaked, Hold: held, Units: t.Units()})
-	t.Owner.Release(&t.Hold)
+	defer t.Owner.Release(&t.Hold) // also if the logger panics
+	e.Log().LogAttrs(context.Background(), slog.LevelWarn, e.name+": slot dropped without Release; capacity reclaimed", attrs...)
 }
 
 // Leaks returns the number of leaks reclaimed.

@@ -3,6 +3,7 @@ package core
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"sync/atomic"
 	"time"
 )
@@ -18,6 +19,8 @@ type Owner interface {
 	Misuse(h *Hold)
 	// Time converts an acquire time (owner clock nanoseconds) to a time.Time.
 	Time(at int64) time.Time
+	// Log returns the logger of warnings about its holds (WithLogger).
+	Log() *slog.Logger
 }
 
 // Hold is the record of one admission: the holder that a lane counts.

@@ -82,7 +82,7 @@ func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 // reclaim runs when a Slot was dropped without Release: it frees the hold.
 // It runs on a runtime goroutine, outside any testing/synctest bubble.
 func reclaim(t *Tracked) {
-	defer Recovered("a dropped slot's reclaim")
+	defer Recovered("a dropped slot's reclaim", &t.Hold)
 	if l, ok := t.Hold.Owner.(Leaker); ok && !t.Hold.Bypassed {
 		l.Reclaim(t)
 		return
@@ -91,12 +91,15 @@ func reclaim(t *Tracked) {
 }
 
 // Recovered, deferred on a goroutine of the library's own (a timer's, a
-// cleanup's), logs a panic there to slog's default logger instead of
-// ending the process: one in the user's code that what calls (an Observer
-// told of a release, a body's Close), after the slot is freed.
-func Recovered(what string) {
+// cleanup's), logs a panic there to the logger of h's owner (h is the
+// hold of an admission) instead of ending the process: one in the user's
+// code that what calls (an Observer told of a release, a body's Close, a
+// logger), after the slot is freed. A logger that panics again is not
+// told.
+func Recovered(what string, h *Hold) {
 	if p := recover(); p != nil {
-		slog.Error("inflight: a panic on "+what+" was recovered; the slot is freed", slog.Any("panic", p))
+		defer func() { _ = recover() }()
+		h.Owner.Log().Error("inflight: a panic on "+what+" was recovered; the slot is freed", slog.Any("panic", p))
 	}
 }
 
@@ -116,3 +119,6 @@ func (t *Tracked) Misuse(*Hold) { t.Hold.Owner.Misuse(&t.Hold) }
 
 // Time implements Owner for the stand-in.
 func (t *Tracked) Time(at int64) time.Time { return t.Hold.Owner.Time(at) }
+
+// Log implements Owner for the stand-in.
+func (t *Tracked) Log() *slog.Logger { return t.Hold.Owner.Log() }

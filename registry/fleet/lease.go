@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -154,6 +155,9 @@ func (l *lease[K]) Misuse(*core.Hold) {
 
 // Time implements core.Owner.
 func (l *lease[K]) Time(at int64) time.Time { return time.Unix(0, at) }
+
+// Log implements core.Owner.
+func (l *lease[K]) Log() *slog.Logger { return l.r.cfg.log() }
 
 func newLeaseID() string {
 	var b [16]byte
