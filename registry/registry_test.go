@@ -753,6 +753,35 @@ func TestRegistryLeakDetection(t *testing.T) {
 	assert.Equal(t, 0, reg.Keys())
 }
 
+// An Observer that panics when told of the release of a dropped slot,
+// reclaimed on a goroutine of the runtime's, is logged to the Registry's
+// logger (WithLogger), for one key and for several; slog's default logger
+// hears nothing of it.
+func TestRegistryReclaimPanicLoggedToItsLogger(t *testing.T) {
+	var logged, elsewhere testrig.Buffer
+	old := slog.Default()
+	slog.SetDefault(slog.New(slog.NewTextHandler(&elsewhere, nil)))
+	defer slog.SetDefault(old)
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventReleased {
+			panic("an observer's bug")
+		}
+	})
+	reg := registry.New[string](1, slots.WithLeakDetection(), slots.WithObserver(obs), slots.WithLogger(slog.New(slog.NewTextHandler(&logged, nil))))
+	func() {
+		_, err := reg.TryAcquire("org-a")
+		require.NoError(t, err)
+		_, err = reg.TryAcquireAll("zai", "zai/glm-5")
+		require.NoError(t, err)
+	}()
+	require.Eventually(t, func() bool { runtime.GC(); return reg.Stats().Leaked == 2 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool {
+		return strings.Count(logged.String(), "an observer's bug") == 2
+	}, 10*time.Second, time.Millisecond, "%s", logged.String())
+	assert.Equal(t, 0, reg.Keys(), "the capacity freed")
+	assert.NotContains(t, elsewhere.String(), "recovered")
+}
+
 // keyLog keeps the "key" attribute of each record.
 type keyLog struct {
 	mu   sync.Mutex
