@@ -74,6 +74,7 @@ import (
 	"context"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
@@ -334,28 +335,46 @@ func (c *Cap) observeCounts(m metric.Meter) error {
 	return err
 }
 
-// Close stops reading the Cap's source at collections (the Cap's other
-// instruments stay; a program that drops a cap drops its Cap too).
-func (c *Cap) Close() error { return c.registration.Unregister() }
+// Close stops reading the Cap's source at collections, and lets it go
+// (the Cap's other instruments stay; a program that drops a cap drops
+// its Cap too).
+func (c *Cap) Close() error {
+	c.source.Store(nil)
+	return c.registration.Unregister()
+}
 
 // Watch makes c report what f returns at each collection. f is called from
 // the collecting goroutine and may run concurrently with itself.
 func Watch(c *Cap, f func() Snapshot) { c.source.Store(&f) }
 
-// WatchLimiter makes c report l's counts.
+// WatchLimiter makes c report l's counts while l is in use: c does not
+// keep l alive (nor a sweep.Monitor of l that c observes for running),
+// and reports nothing of it once it is gone.
 func WatchLimiter(c *Cap, l *slots.Limiter) {
-	Watch(c, func() Snapshot {
+	watchWeakly(c, l, func(l *slots.Limiter) Snapshot {
 		st := l.Stats()
 		return Snapshot{InFlight: st.InFlight, Waiting: st.Waiting, Keys: -1, Limit: st.Limit}
 	})
 }
 
-// WatchRegistry makes c report r's counts. A registry's limits are per
-// key, so it has no limit.
+// WatchRegistry makes c report r's counts, as WatchLimiter does a
+// Limiter's. A registry's limits are per key, so it has no limit.
 func WatchRegistry[K comparable](c *Cap, r *registry.Registry[K]) {
-	Watch(c, func() Snapshot {
+	watchWeakly(c, r, func(r *registry.Registry[K]) Snapshot {
 		st := r.Stats()
 		return Snapshot{InFlight: st.InFlight, Waiting: st.Waiting, Keys: st.Keys, Limit: -1}
+	})
+}
+
+// watchWeakly makes c report read(v) while v is in use, and nothing once
+// it is gone.
+func watchWeakly[T any](c *Cap, v *T, read func(*T) Snapshot) {
+	wp := weak.Make(v)
+	Watch(c, func() Snapshot {
+		if v := wp.Value(); v != nil {
+			return read(v)
+		}
+		return Snapshot{InFlight: -1, Waiting: -1, Keys: -1, Limit: -1}
 	})
 }
 

@@ -95,6 +95,7 @@ import (
 	"math"
 	"sync/atomic"
 	"time"
+	"weak"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -102,9 +103,9 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// Snapshot is what a scrape reads from a source. A negative Waiting, Keys
-// or Limit is not known for the source, and its series is left out; a
-// Limit of slots.Unlimited is exported as +Inf.
+// Snapshot is what a scrape reads from a source. A negative InFlight,
+// Waiting, Keys or Limit is not known for the source, and its series is
+// left out; a Limit of slots.Unlimited is exported as +Inf.
 type Snapshot struct {
 	InFlight int
 	Waiting  int
@@ -179,9 +180,10 @@ func New(capName string) *Collector {
 // scraping goroutine and may run concurrently with itself.
 func Watch(c *Collector, f func() Snapshot) { c.source.Store(&f) }
 
-// WatchLimiter makes c report l's counts.
+// WatchLimiter makes c report l's counts while l is in use: c does not
+// keep l alive, and reports nothing of it once it is gone.
 func WatchLimiter(c *Collector, l *slots.Limiter) {
-	Watch(c, func() Snapshot {
+	watchWeakly(c, l, func(l *slots.Limiter) Snapshot {
 		st := l.Stats()
 		return Snapshot{
 			InFlight: st.InFlight, Waiting: st.Waiting, Keys: -1, Limit: st.Limit,
@@ -197,10 +199,22 @@ func WatchLimiter(c *Collector, l *slots.Limiter) {
 	})
 }
 
-// WatchRegistry makes c report r's counts. A registry's limits are per key,
-// so it has no limit series.
+// WatchRegistry makes c report r's counts, as WatchLimiter does a
+// Limiter's. A registry's limits are per key, so it has no limit series.
 func WatchRegistry[K comparable](c *Collector, r *registry.Registry[K]) {
-	Watch(c, func() Snapshot { return RegistrySnapshot(r) })
+	watchWeakly(c, r, RegistrySnapshot[K])
+}
+
+// watchWeakly makes c report read(v) while v is in use, and nothing once
+// it is gone.
+func watchWeakly[T any](c *Collector, v *T, read func(*T) Snapshot) {
+	wp := weak.Make(v)
+	Watch(c, func() Snapshot {
+		if v := wp.Value(); v != nil {
+			return read(v)
+		}
+		return Snapshot{InFlight: -1, Waiting: -1, Keys: -1, Limit: -1}
+	})
 }
 
 // RegistrySnapshot is what WatchRegistry reports of r now: for a source

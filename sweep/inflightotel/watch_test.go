@@ -1,0 +1,69 @@
+package inflightotel_test
+
+import (
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/benbjohnson/clock"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/slots"
+	"github.com/inflight-go/inflight/sweep"
+	"github.com/inflight-go/inflight/sweep/inflightotel"
+)
+
+// A Cap wired as its package says (the Observer of a registry that it
+// watches, and of the registry's Monitor) keeps neither the registry alive
+// nor its Monitor running once the program drops the registry, and then
+// reports nothing of it; likewise for a Limiter.
+func TestWatchedSourceDropped(t *testing.T) {
+	for _, kind := range []string{"registry", "limiter"} {
+		t.Run(kind, func(t *testing.T) {
+			m := newMeters(t)
+			c, err := inflightotel.New("tenant", inflightotel.WithMeterProvider(m))
+			require.NoError(t, err)
+			mock := clock.NewMock()
+			collected := make(chan struct{})
+			mon := func() interface{ Done() <-chan struct{} } {
+				if kind == "limiter" {
+					l := slots.NewLimiter(1, slots.WithObserver(c))
+					inflightotel.WatchLimiter(c, l)
+					runtime.AddCleanup(l, func(ch chan struct{}) { close(ch) }, collected)
+					return sweep.NewForLimiter(l, sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(c))
+				}
+				r := registry.New[string](1, slots.WithObserver(c))
+				inflightotel.WatchRegistry(c, r)
+				runtime.AddCleanup(r, func(ch chan struct{}) { close(ch) }, collected)
+				s, err := r.TryAcquire("org-a")
+				require.NoError(t, err)
+				s.Release()
+				return sweep.New(r, sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(c))
+			}()
+			assert.Contains(t, m.collect(t), "inflight.slot.active", "read while in use")
+			require.Eventually(t, func() bool {
+				runtime.GC()
+				mock.Add(time.Second)
+				select {
+				case <-mon.Done():
+					return true
+				default:
+					return false
+				}
+			}, 10*time.Second, time.Millisecond, "the Monitor ended with its source")
+			require.Eventually(t, func() bool {
+				runtime.GC()
+				select {
+				case <-collected:
+					return true
+				default:
+					return false
+				}
+			}, 10*time.Second, time.Millisecond, "the source collected")
+			assert.NotContains(t, m.collect(t), "inflight.slot.active", "nothing read of a source gone")
+			require.NoError(t, c.Close())
+		})
+	}
+}
