@@ -10,6 +10,7 @@ import (
 	"slices"
 	"strconv"
 	"time"
+	"unicode/utf8"
 
 	"github.com/benbjohnson/clock"
 
@@ -27,8 +28,11 @@ const MaxHandlerLimit = 10_000
 // HolderJSON is one holder as a Handler serves it. Every field name is
 // snake_case; durations are in seconds, as fractions.
 type HolderJSON struct {
-	Key        string    `json:"key"`     // as fmt prints it; "" for a Limiter
+	// Key is as fmt prints it ("" for a Limiter); quoted as Go would
+	// (strconv.Quote) when that is not valid UTF-8, so that keys stay apart.
+	Key        string    `json:"key"`
 	SlotID     uint64    `json:"slot_id"` // one slot held under several keys has one id
+	Units      int       `json:"units"`   // the units it holds of the key
 	AcquiredAt time.Time `json:"acquired_at"`
 	AgeSeconds float64   `json:"age_seconds"`
 	LongHeld   bool      `json:"long_held"` // held for the threshold or longer
@@ -38,6 +42,7 @@ type HolderJSON struct {
 type HoldersJSON struct {
 	Now              time.Time    `json:"now"`
 	InUse            int          `json:"in_use"` // every holder, listed or not (a multi-key slot counts per key)
+	Units            int          `json:"units"`  // the units they hold, summed over keys: what the caps count
 	Keys             int          `json:"keys"`   // keys with a holder (0 for a Limiter)
 	LongHeld         int          `json:"long_held"`
 	ThresholdSeconds float64      `json:"threshold_seconds"`
@@ -60,6 +65,9 @@ type HoldersJSON struct {
 // and one shard's copy, however many holders there are.
 func Handler[K comparable](reg *registry.Registry[K], opts ...Option) http.Handler {
 	return newHolderHandler(func(visit func([]registry.Holder[K])) {
+		if reg == nil {
+			return // nothing held, as New(nil) watches nothing
+		}
 		var buf []registry.Holder[K]
 		for i := range reg.Shards() {
 			buf = reg.HoldersInShard(i, buf[:0])
@@ -69,12 +77,16 @@ func Handler[K comparable](reg *registry.Registry[K], opts ...Option) http.Handl
 }
 
 // LimiterHandler is Handler for a Limiter, whose holders have the key "".
+// A nil reg or l serves no holders.
 func LimiterHandler(l *slots.Limiter, opts ...Option) http.Handler {
 	return newHolderHandler(func(visit func([]registry.Holder[string])) {
+		if l == nil {
+			return
+		}
 		hs := l.Holders(nil)
 		buf := make([]registry.Holder[string], len(hs))
 		for i, h := range hs {
-			buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt}
+			buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt, Units: h.Units}
 		}
 		visit(buf)
 	}, false, opts)
@@ -115,6 +127,7 @@ func (h *holderHandler[K]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.walk(func(hs []registry.Holder[K]) {
 		for _, hd := range hs {
 			out.InUse++
+			out.Units += hd.Units
 			if now.Sub(hd.AcquiredAt) >= h.threshold {
 				out.LongHeld++
 			}
@@ -129,8 +142,12 @@ func (h *holderHandler[K]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	slices.SortFunc(oldest.hs, func(a, b registry.Holder[K]) int { return compareAge(b, a) })
 	for _, hd := range oldest.hs {
 		age := now.Sub(hd.AcquiredAt)
+		key := fmt.Sprint(hd.Key)
+		if !utf8.ValidString(key) {
+			key = strconv.Quote(key)
+		}
 		out.Holders = append(out.Holders, HolderJSON{
-			Key: fmt.Sprint(hd.Key), SlotID: hd.ID, AcquiredAt: hd.AcquiredAt.UTC(),
+			Key: key, SlotID: hd.ID, Units: hd.Units, AcquiredAt: hd.AcquiredAt.UTC(),
 			AgeSeconds: age.Seconds(), LongHeld: age >= h.threshold,
 		})
 	}

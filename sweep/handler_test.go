@@ -80,7 +80,7 @@ func TestHandler(t *testing.T) {
 		assert.ElementsMatch(t, []string{"org-b/glm-5", "provider"}, []string{out.Holders[1].Key, out.Holders[2].Key})
 		assert.Equal(t, mock.Now().UTC(), out.Now)
 		first := loose["holders"].([]any)[0].(map[string]any)
-		assert.ElementsMatch(t, []string{"key", "slot_id", "acquired_at", "age_seconds", "long_held"}, keysOf(first), "one naming style")
+		assert.ElementsMatch(t, []string{"key", "slot_id", "units", "acquired_at", "age_seconds", "long_held"}, keysOf(first), "one naming style")
 	})
 	t.Run("limit lists the oldest and says the list is cut", func(t *testing.T) {
 		status, out, _ := getHolders(t, srv.URL+"?limit=1")
@@ -94,6 +94,49 @@ func TestHandler(t *testing.T) {
 		status, _, _ := getHolders(t, srv.URL+"?limit=-1")
 		assert.Equal(t, http.StatusBadRequest, status)
 	})
+}
+
+// Weighted holders: each holder's units, and their sum, which is what the
+// caps count (Stats.InFlight), beside the holders counted; keys that are
+// not valid UTF-8 stay apart; a handler of nothing serves no holders.
+func TestHandlerUnitsAndOddKeys(t *testing.T) {
+	reg := registry.New[string](10)
+	heavy, err := reg.TryAcquireN("a\xffb", 8)
+	require.NoError(t, err)
+	defer heavy.Release()
+	light, err := reg.TryAcquire("a\xfeb")
+	require.NoError(t, err)
+	defer light.Release()
+	srv := httptest.NewServer(sweep.Handler(reg))
+	t.Cleanup(srv.Close)
+	status, out, _ := getHolders(t, srv.URL)
+	require.Equal(t, http.StatusOK, status)
+	assert.Equal(t, 2, out.InUse)
+	assert.Equal(t, reg.Stats().InFlight, out.Units)
+	assert.Equal(t, 9, out.Units)
+	units := map[string]int{}
+	for _, h := range out.Holders {
+		units[h.Key] = h.Units
+	}
+	assert.Equal(t, map[string]int{`"a\xffb"`: 8, `"a\xfeb"`: 1}, units, "quoted as Go would, each its own")
+
+	lim := slots.NewLimiter(4)
+	s, err := lim.TryAcquireN(3)
+	require.NoError(t, err)
+	defer s.Release()
+	limSrv := httptest.NewServer(sweep.LimiterHandler(lim))
+	t.Cleanup(limSrv.Close)
+	_, out, _ = getHolders(t, limSrv.URL)
+	assert.Equal(t, 3, out.Units)
+	require.Len(t, out.Holders, 1)
+	assert.Equal(t, 3, out.Holders[0].Units)
+
+	for name, h := range map[string]http.Handler{"Handler": sweep.Handler[string](nil), "LimiterHandler": sweep.LimiterHandler(nil)} {
+		rec := httptest.NewRecorder()
+		require.NotPanics(t, func() { h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil)) }, name)
+		assert.Equal(t, http.StatusOK, rec.Code, name)
+		assert.Contains(t, rec.Body.String(), `"holders":[]`, name)
+	}
 }
 
 func TestLimiterHandler(t *testing.T) {

@@ -45,11 +45,14 @@ type Held[K comparable] struct {
 
 // Report is what one sweep saw.
 type Report[K comparable] struct {
-	At         time.Time
-	InUse      int // holders, summed over keys (a multi-key slot counts per key)
+	At    time.Time
+	InUse int // holders, summed over keys (a multi-key slot counts per key)
+	// Units is the units they hold, summed over keys: what the caps count
+	// (Stats.InFlight), and InUse when every slot weighs 1.
+	Units      int
 	Keys       int // keys with at least one holder
-	MaxPerKey  int
-	BusiestKey K // a key with MaxPerKey holders; the zero K when nothing is held
+	MaxPerKey  int // the most units held under one key
+	BusiestKey K   // a key with MaxPerKey units held; the zero K when nothing is held
 	// LongHeld lists the holders over the threshold, per key;
 	// NewlyLongHeld those of them not reported by an earlier sweep, once
 	// per slot.
@@ -62,6 +65,7 @@ type Report[K comparable] struct {
 // Tick is the part of a Report that metrics want: totals, no key labels.
 type Tick struct {
 	InUse         int
+	Units         int
 	Keys          int
 	MaxPerKey     int
 	OverThreshold int // slots held over the threshold now (a multi-key slot once)
@@ -173,7 +177,7 @@ func NewForLimiter(l *slots.Limiter, opts ...Option) *Monitor[string] {
 		hs := lim.Holders(nil)
 		buf := make([]registry.Holder[string], len(hs))
 		for i, h := range hs {
-			buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt}
+			buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt, Units: h.Units}
 		}
 		visit(buf)
 		return true
@@ -245,7 +249,8 @@ func (m *Monitor[K]) sweep(now time.Time) (Report[K], bool) {
 	ok := m.walk(func(hs []registry.Holder[K]) {
 		for _, h := range hs {
 			rep.InUse++
-			perKey[h.Key]++
+			rep.Units += h.Units
+			perKey[h.Key] += h.Units
 			held := now.Sub(h.AcquiredAt)
 			if held < m.cfg.threshold {
 				if _, before := m.reported[h.ID]; before {
@@ -311,7 +316,7 @@ func (m *Monitor[K]) observe(rep Report[K]) {
 		}
 	}()
 	m.cfg.observer.ObserveSweep(Tick{
-		InUse: rep.InUse, Keys: rep.Keys, MaxPerKey: rep.MaxPerKey,
+		InUse: rep.InUse, Units: rep.Units, Keys: rep.Keys, MaxPerKey: rep.MaxPerKey,
 		OverThreshold: rep.over, NewlyOver: len(rep.NewlyLongHeld),
 	})
 }

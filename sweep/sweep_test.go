@@ -89,9 +89,40 @@ func TestSweepBusiestKey(t *testing.T) {
 	assert.Equal(t, "b", rep.BusiestKey)
 	assert.Equal(t, 3, rep.MaxPerKey)
 	assert.Equal(t, 5, rep.InUse)
+	assert.Equal(t, 5, rep.Units)
 	for _, s := range held {
 		s.Release()
 	}
+}
+
+// Under weights the busiest key is the one holding the most units, as
+// Registry.InFlight counts them, and Units is what Stats.InFlight counts;
+// also for a Limiter's Monitor.
+func TestSweepWeighted(t *testing.T) {
+	reg := registry.New[string](10)
+	m := sweep.New(reg)
+	defer m.Stop()
+	heavy, err := reg.TryAcquireN("a", 8)
+	require.NoError(t, err)
+	defer heavy.Release()
+	for range 2 {
+		s, err := reg.TryAcquire("b")
+		require.NoError(t, err)
+		defer s.Release()
+	}
+	rep := m.Sweep(time.Now())
+	assert.Equal(t, "a", rep.BusiestKey)
+	assert.Equal(t, reg.InFlight("a"), rep.MaxPerKey)
+	assert.Equal(t, 3, rep.InUse)
+	assert.Equal(t, reg.Stats().InFlight, rep.Units)
+
+	lim := slots.NewLimiter(4)
+	lm := sweep.NewForLimiter(lim)
+	defer lm.Stop()
+	s, err := lim.TryAcquireN(3)
+	require.NoError(t, err)
+	defer s.Release()
+	assert.Equal(t, 3, lm.Sweep(time.Now()).Units)
 }
 
 // TestMonitorTicks: the monitor sweeps every interval (not at start), warns
@@ -119,7 +150,7 @@ func TestMonitorTicks(t *testing.T) {
 
 	mock.Add(time.Minute) // second tick: 2 min held, over the threshold
 	tk := <-ticks
-	assert.Equal(t, sweep.Tick{InUse: 1, Keys: 1, MaxPerKey: 1, OverThreshold: 1, NewlyOver: 1}, tk)
+	assert.Equal(t, sweep.Tick{InUse: 1, Units: 1, Keys: 1, MaxPerKey: 1, OverThreshold: 1, NewlyOver: 1}, tk)
 	mock.Add(time.Minute)
 	tk = <-ticks
 	assert.Equal(t, 0, tk.NewlyOver)
