@@ -335,9 +335,9 @@ func (c *Cap) observeCounts(m metric.Meter) error {
 	return err
 }
 
-// Close stops reading the Cap's source at collections, and lets it go
-// (the Cap's other instruments stay; a program that drops a cap drops
-// its Cap too).
+// Close stops the Cap's gauges, read at collections (its source's counts
+// and the long-held slots), and lets its source go; its counters and
+// histograms stay (a program that drops a cap drops its Cap too).
 func (c *Cap) Close() error {
 	c.source.Store(nil)
 	return c.registration.Unregister()
