@@ -115,6 +115,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, &admitError{err}
 	}
+	// With leak detection, the reclaim of a Slot dropped with its
+	// response ends the exchange, through a context of its own (a
+	// response body may reach the response, and so the Slot: it cannot be
+	// kept for a Close), before its capacity is handed out again.
+	var abort context.CancelFunc
+	if s.holds() && tracked((*core.Handle)(s)) {
+		var sent context.Context
+		sent, abort = context.WithCancel(ctx)
+		req = req.WithContext(sent)
+		onReclaim((*core.Handle)(s), abort)
+	}
 	req, conn := t.watchConn(req)
 	var resp *http.Response
 	if conn != nil && ctx.Err() != nil {
@@ -126,6 +137,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		err = &httpx.Unsent{Err: context.Cause(ctx)}
 	} else {
 		resp, err = t.sendHolding(req, s)
+	}
+	if abort != nil && (err != nil || resp == nil || httpx.Bodiless(req.Method, resp)) {
+		defer abort() // the exchange is over
 	}
 	if err != nil || resp == nil {
 		if err == nil {
@@ -165,15 +179,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// costs three allocations.
 	if ctx.Done() != nil {
 		b.ctx = ctx
-		if tracked((*core.Handle)(s)) {
+		if abort != nil {
 			// With leak detection the watch must not keep the body (and so
-			// s) reachable: a dropped body would then never be found.
+			// s) reachable: a dropped body would then never be found. Its
+			// end ends the exchange's context too.
 			wp := weak.Make(b)
-			b.stop = context.AfterFunc(ctx, func() {
+			stop := context.AfterFunc(ctx, func() {
 				if b := wp.Value(); b != nil {
 					b.watch()
 				}
 			})
+			b.stop = func() bool { abort(); return stop() }
 		} else {
 			b.stop = context.AfterFunc(ctx, b.watch)
 		}
@@ -307,6 +323,20 @@ func withSentBody(req *http.Request) *http.Request {
 	r := *req
 	r.Body = &sentBody{ReadCloser: req.Body, left: req.ContentLength}
 	return &r
+}
+
+// onReclaim makes the reclaim of x's holds (leak detection's, of a Slot
+// dropped while held) call f first (core.Tracked.First): once for each
+// part of a Combine.
+func onReclaim(x *core.Handle, f func()) {
+	switch o := x.Hold().Owner.(type) {
+	case *core.Tracked:
+		o.First.Store(&f)
+	case interface{ Parts() []*core.Handle }:
+		for _, p := range o.Parts() {
+			onReclaim(p, f)
+		}
+	}
 }
 
 // tracked reports whether x stands in for a hold kept apart from it, or

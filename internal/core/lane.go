@@ -91,9 +91,7 @@ func (s *HolderSet) Add(h *Hold, idx *int32) {
 		s.more = append(s.more, holderRec{h, idx})
 	}
 	s.n++
-	if h.Extra != 0 {
-		s.x += int(h.Extra)
-	}
+	s.x += int(h.Extra)
 	if h.Class != ClassDefault {
 		s.by[h.Class-1] += int(h.Extra) + 1
 	}
@@ -120,9 +118,7 @@ func (s *HolderSet) Remove(h *Hold, idx *int32) bool {
 		}
 	}
 	s.n--
-	if h.Extra != 0 {
-		s.x -= int(h.Extra)
-	}
+	s.x -= int(h.Extra)
 	if h.Class != ClassDefault {
 		s.by[h.Class-1] -= int(h.Extra) + 1
 	}

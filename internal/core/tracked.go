@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"runtime"
 	"strings"
+	"sync/atomic"
 	"time"
 	"weak"
 )
@@ -23,6 +24,10 @@ type Tracked struct {
 	// strong pointer would keep the Slot alive, and its cleanup would never
 	// run.
 	standIn weak.Pointer[Hold]
+	// First, if set, is called first by a reclaim, on the runtime's
+	// cleanup goroutine: quick, and it must not panic (a Transport's
+	// cancel of the exchange of a response dropped with its Slot).
+	First atomic.Pointer[func()]
 }
 
 // A Leaker reclaims a Tracked hold whose Slot was dropped: it reads what it
@@ -83,6 +88,9 @@ func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 // It runs on a runtime goroutine, outside any testing/synctest bubble.
 func reclaim(t *Tracked) {
 	defer Recovered("a dropped slot's reclaim", &t.Hold)
+	if f := t.First.Swap(nil); f != nil {
+		(*f)()
+	}
 	if l, ok := t.Hold.Owner.(Leaker); ok && !t.Hold.Bypassed {
 		l.Reclaim(t)
 		return

@@ -1,0 +1,89 @@
+package slots_test
+
+import (
+	"context"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"runtime"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// A stream dropped while its slot is held, neither read nor closed (the
+// caller's bug that leak detection is for), is closed when its slot is
+// reclaimed, before the slot goes: the upstream's exchange ends, where it
+// went on streaming (and counting against the upstream's cap) while the
+// capacity was handed to the next request. Under a context that can end
+// (the watch holds the body weakly) and one that cannot (no watch); and a
+// combined slot's, whose every part is tracked.
+func TestTransportLeakedStreamIsClosed(t *testing.T) {
+	for _, tc := range []struct {
+		name     string
+		ctx      func(t *testing.T) context.Context
+		combined bool
+	}{
+		{"a context that can end", func(t *testing.T) context.Context { return t.Context() }, false},
+		{"a context that cannot end", func(*testing.T) context.Context { return context.Background() }, false},
+		{"a combined slot", func(t *testing.T) context.Context { return t.Context() }, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var open atomic.Int64
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				open.Add(1)
+				defer open.Add(-1)
+				tick := time.NewTicker(5 * time.Millisecond)
+				defer tick.Stop()
+				for {
+					if _, err := w.Write([]byte("data: more\n\n")); err != nil {
+						return
+					}
+					w.(http.Flusher).Flush()
+					select {
+					case <-r.Context().Done():
+						return
+					case <-tick.C:
+					}
+				}
+			}))
+			t.Cleanup(up.Close)
+			t.Cleanup(up.CloseClientConnections) // first: a stream left open ends
+			base := &http.Transport{}
+			t.Cleanup(base.CloseIdleConnections)
+			quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
+			a, b := slots.NewLimiter(1, slots.WithLeakDetection(), quiet), slots.NewLimiter(1, slots.WithLeakDetection(), quiet)
+			admit := func(r *http.Request) (*slots.Slot, error) {
+				s, err := a.Acquire(r.Context())
+				if err != nil || !tc.combined {
+					return s, err
+				}
+				s2, err := b.Acquire(r.Context())
+				require.NoError(t, err)
+				return slots.Combine(s, s2), nil
+			}
+			client := &http.Client{Transport: slots.NewTransport(base, admit)}
+			func() {
+				req, err := http.NewRequestWithContext(tc.ctx(t), http.MethodGet, up.URL, nil)
+				require.NoError(t, err)
+				resp, err := client.Do(req)
+				require.NoError(t, err)
+				require.Equal(t, http.StatusOK, resp.StatusCode)
+				_ = resp // dropped: neither read nor closed
+			}()
+			require.Eventually(t, func() bool { return open.Load() == 1 }, 10*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool {
+				runtime.GC()
+				return a.Stats().Leaked == 1 && a.InFlight() == 0 && b.InFlight() == 0
+			}, 10*time.Second, time.Millisecond, "reclaimed")
+			require.Eventually(t, func() bool { return open.Load() == 0 }, 10*time.Second, time.Millisecond,
+				"the dropped exchange goes on at the upstream after its slot was reclaimed")
+			assert.Equal(t, 0, a.InFlight())
+		})
+	}
+}
