@@ -2,6 +2,7 @@ package slots_test
 
 import (
 	"context"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
 
 	"github.com/inflight-go/inflight/slots"
 )
@@ -85,5 +87,65 @@ func TestTransportLeakedStreamIsClosed(t *testing.T) {
 				"the dropped exchange goes on at the upstream after its slot was reclaimed")
 			assert.Equal(t, 0, a.InFlight())
 		})
+	}
+}
+
+// opaqueContext hides the cancellable context inside it, as a context of
+// another library's may: a context made from it waits for its end on a
+// goroutine of its own until it is cancelled itself.
+type opaqueContext struct{ context.Context }
+
+func (opaqueContext) Value(any) any { return nil }
+
+// With leak detection, the context of the Transport's own under which an
+// exchange goes out is cancelled once the exchange is over, also for an
+// upgraded connection, which net/http watches no longer: before, each
+// upgrade under a long-lived context left a context (here, a goroutine)
+// behind it until that context ended. And the response's Request is the
+// one the Transport was given, whose context is still the caller's.
+func TestTransportLeakDetectionLeavesNoContextBehind(t *testing.T) {
+	up, _, _ := echoing(t)
+	lim := slots.NewLimiter(1, slots.WithLeakDetection())
+	base := &http.Transport{}
+	t.Cleanup(base.CloseIdleConnections)
+	rt := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+	parent, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ctx := opaqueContext{parent}
+	before := goleak.IgnoreCurrent()
+	for range 5 {
+		req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
+		require.NoError(t, err)
+		req.Header.Set("Connection", "Upgrade")
+		req.Header.Set("Upgrade", "echo")
+		resp, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
+		assert.Same(t, req, resp.Request)
+		conn := resp.Body.(io.ReadWriteCloser)
+		_, err = conn.Write([]byte("ping"))
+		require.NoError(t, err)
+		got := make([]byte, 4)
+		_, err = io.ReadFull(conn, got)
+		require.NoError(t, err)
+		assert.Equal(t, "ping", string(got), "the connection works, its context's end notwithstanding")
+		require.NoError(t, conn.Close())
+	}
+	base.CloseIdleConnections()
+	goleak.VerifyNone(t, before)
+	assert.Equal(t, 0, lim.InFlight())
+
+	plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = w.Write([]byte("done")) }))
+	t.Cleanup(plain.Close)
+	for _, method := range []string{http.MethodGet, http.MethodHead} {
+		req, err := http.NewRequestWithContext(ctx, method, plain.URL, nil)
+		require.NoError(t, err)
+		resp, err := rt.RoundTrip(req)
+		require.NoError(t, err)
+		_, err = io.Copy(io.Discard, resp.Body)
+		require.NoError(t, err)
+		require.NoError(t, resp.Body.Close())
+		assert.Same(t, req, resp.Request, method)
+		assert.NoError(t, resp.Request.Context().Err(), method)
 	}
 }

@@ -120,6 +120,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// response body may reach the response, and so the Slot: it cannot be
 	// kept for a Close), before its capacity is handed out again.
 	var abort context.CancelFunc
+	asked := req
 	if s.holds() && tracked((*core.Handle)(s)) {
 		var sent context.Context
 		sent, abort = context.WithCancel(ctx)
@@ -138,8 +139,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	} else {
 		resp, err = t.sendHolding(req, s)
 	}
-	if abort != nil && (err != nil || resp == nil || httpx.Bodiless(req.Method, resp)) {
-		defer abort() // the exchange is over
+	if abort != nil {
+		if resp != nil && resp.Request == req {
+			resp.Request = asked // not the copy whose context is cancelled
+		}
+		if err != nil || resp == nil || httpx.Bodiless(req.Method, resp) || resp.StatusCode == http.StatusSwitchingProtocols {
+			defer abort() // the exchange is over, or (a 101) net/http watches the context no more
+		}
 	}
 	if err != nil || resp == nil {
 		if err == nil {

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/testrig"
@@ -194,6 +195,30 @@ func TestTrackedRefusesACopy(t *testing.T) {
 	assert.True(t, s.h.Release())
 	assert.Equal(t, int32(1), o.released.Load())
 	runtime.KeepAlive(s)
+}
+
+// A dropped stand-in's reclaim calls the Tracked's First, then frees the
+// hold: also when First panics (the panic is logged, not the end of the
+// process, and the capacity is not lost).
+func TestReclaimCallsFirstThenFrees(t *testing.T) {
+	for _, panics := range []bool{false, true} {
+		o := &owner{}
+		tr := &core.Tracked{Hold: core.Hold{Owner: o}}
+		var called atomic.Bool
+		first := func() {
+			called.Store(true)
+			if panics {
+				panic("a first call's bug")
+			}
+		}
+		tr.First.Store(&first)
+		func() {
+			type slot struct{ h core.Hold }
+			core.AttachTo(tr, &slot{}, new(core.Hold))
+		}()
+		require.Eventually(t, func() bool { runtime.GC(); return o.released.Load() == 1 }, 10*time.Second, time.Millisecond, "panics: %v", panics)
+		assert.True(t, called.Load())
+	}
 }
 
 // A Hold is the whole of a Slot's allocation: 48 bytes, a size class of

@@ -147,13 +147,11 @@ type Lane struct {
 // Remove removes h from the holders (HolderSet.Remove, which see), and
 // counts the units it frees for the returns told on ln.
 func (ln *Lane) Remove(h *Hold, idx *int32) bool {
-	if !ln.Holders.Remove(h, idx) {
-		return false
-	}
-	if ln.Told != nil {
+	removed := ln.Holders.Remove(h, idx)
+	if removed && ln.Told != nil {
 		ln.Told.freed += uint64(h.Units())
 	}
-	return true
+	return removed
 }
 
 // HasRoom reports whether one more unit fits under the limit.

@@ -25,8 +25,9 @@ type Tracked struct {
 	// run.
 	standIn weak.Pointer[Hold]
 	// First, if set, is called first by a reclaim, on the runtime's
-	// cleanup goroutine: quick, and it must not panic (a Transport's
-	// cancel of the exchange of a response dropped with its Slot).
+	// cleanup goroutine, so it must be quick (a Transport's cancel of the
+	// exchange of a response dropped with its Slot); the hold is freed
+	// after it, also if it panics.
 	First atomic.Pointer[func()]
 }
 
@@ -89,7 +90,9 @@ func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 func reclaim(t *Tracked) {
 	defer Recovered("a dropped slot's reclaim", &t.Hold)
 	if f := t.First.Swap(nil); f != nil {
+		defer reclaim(t) // once f has returned, or panicked
 		(*f)()
+		return
 	}
 	if l, ok := t.Hold.Owner.(Leaker); ok && !t.Hold.Bypassed {
 		l.Reclaim(t)
