@@ -36,8 +36,9 @@ func TestTransportLeakedStreamIsClosed(t *testing.T) {
 		{"a combined slot", func(t *testing.T) context.Context { return t.Context() }, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var open atomic.Int64
+			var open, came atomic.Int64
 			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				came.Add(1)
 				open.Add(1)
 				defer open.Add(-1)
 				tick := time.NewTicker(5 * time.Millisecond)
@@ -78,7 +79,7 @@ func TestTransportLeakedStreamIsClosed(t *testing.T) {
 				require.Equal(t, http.StatusOK, resp.StatusCode)
 				_ = resp // dropped: neither read nor closed
 			}()
-			require.Eventually(t, func() bool { return open.Load() == 1 }, 10*time.Second, time.Millisecond)
+			require.Eventually(t, func() bool { return came.Load() == 1 }, 10*time.Second, time.Millisecond)
 			require.Eventually(t, func() bool {
 				runtime.GC()
 				return a.Stats().Leaked == 1 && a.InFlight() == 0 && b.InFlight() == 0
