@@ -124,12 +124,15 @@ inflight_rejected_total{cap="upstream",reason="wait_timeout"} 0
 	problems, err := testutil.CollectAndLint(c)
 	require.NoError(t, err)
 	assert.Empty(t, problems)
+	runtime.KeepAlive(lim) // watched weakly: a Limiter gone reports nothing
 }
 
 func TestCapsShareFamilies(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	tenants := inflightprom.New("tenant")
-	inflightprom.WatchRegistry(tenants, registry.New[string](4))
+	tenantsReg := registry.New[string](4)
+	defer runtime.KeepAlive(tenantsReg) // watched weakly
+	inflightprom.WatchRegistry(tenants, tenantsReg)
 	provider := inflightprom.New("provider")
 	inflightprom.Watch(provider, func() inflightprom.Snapshot {
 		return inflightprom.Snapshot{InFlight: 5, Waiting: 8, Keys: -1, Limit: 5,
