@@ -83,13 +83,18 @@ func LimiterHandler(l *slots.Limiter, opts ...Option) http.Handler {
 		if l == nil {
 			return
 		}
-		hs := l.Holders(nil)
-		buf := make([]registry.Holder[string], len(hs))
-		for i, h := range hs {
-			buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt, Units: h.Units}
-		}
-		visit(buf)
+		visit(limiterHolders(l))
 	}, false, opts)
+}
+
+// limiterHolders returns l's holders as a Registry's, with the key "".
+func limiterHolders(l *slots.Limiter) []registry.Holder[string] {
+	hs := l.Holders(nil)
+	buf := make([]registry.Holder[string], len(hs))
+	for i, h := range hs {
+		buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt, Units: h.Units}
+	}
+	return buf
 }
 
 type holderHandler[K comparable] struct {

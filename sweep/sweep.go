@@ -174,12 +174,7 @@ func NewForLimiter(l *slots.Limiter, opts ...Option) *Monitor[string] {
 		if lim == nil {
 			return false
 		}
-		hs := lim.Holders(nil)
-		buf := make([]registry.Holder[string], len(hs))
-		for i, h := range hs {
-			buf[i] = registry.Holder[string]{ID: h.ID, AcquiredAt: h.AcquiredAt, Units: h.Units}
-		}
-		visit(buf)
+		visit(limiterHolders(lim))
 		return true
 	}, opts)
 }
