@@ -57,6 +57,13 @@ func newSlotBody(body io.ReadCloser, s *Slot, t *Transport) (io.ReadCloser, *slo
 	return b, b
 }
 
+// copied is a response handed out as a copy of the base's (out), which
+// takes base's Trailer when its body has been read to its end.
+type copied struct {
+	out  http.Response
+	base *http.Response
+}
+
 // An ending says how a body ended, which decides when its slot goes.
 type ending uint8
 
@@ -84,6 +91,10 @@ type slotBody struct {
 	// when the body is an upgraded connection (which it does not watch).
 	ctx context.Context
 
+	// copied is the response handed out in place of the base's (leak
+	// detection: RoundTrip), or nil.
+	copied *copied
+
 	// conn marks a connection (a 101's, or a body with Write and
 	// CloseWrite): its reading side's end is not the connection's, so only
 	// Close ends it. Set before the body is handed out.
@@ -109,6 +120,11 @@ func (b *slotBody) end(e ending, fromWatch bool) {
 	}
 	if !fromWatch && b.stop != nil {
 		b.stop()
+	}
+	if e == endClean && b.copied != nil {
+		// Read to its end (on the reader's goroutine: a clean end is
+		// never the watch's), after the base set the Trailer it has.
+		b.copied.out.Trailer = b.copied.base.Trailer
 	}
 	if b.t == nil {
 		b.s.releaseQuietly()

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"runtime"
 	"sync/atomic"
 	"testing"
@@ -24,8 +26,17 @@ import (
 // went on streaming (and counting against the upstream's cap) while the
 // capacity was handed to the next request. Under a context that can end
 // (the watch holds the body weakly) and one that cannot (no watch); and a
-// combined slot's, whose every part is tracked.
+// combined slot's, whose every part is tracked. Over HTTP/1.1 and HTTP/2,
+// whose client keeps the response it returned while the stream is open
+// (before, an HTTP/2 stream's dropped Slot stayed reachable from it, and
+// was never reclaimed).
 func TestTransportLeakedStreamIsClosed(t *testing.T) {
+	for _, h2 := range []bool{false, true} {
+		t.Run(map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2], func(t *testing.T) { leakedStreamIsClosed(t, h2) })
+	}
+}
+
+func leakedStreamIsClosed(t *testing.T, h2 bool) {
 	for _, tc := range []struct {
 		name     string
 		ctx      func(t *testing.T) context.Context
@@ -37,7 +48,7 @@ func TestTransportLeakedStreamIsClosed(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var open, came atomic.Int64
-			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				came.Add(1)
 				open.Add(1)
 				defer open.Add(-1)
@@ -55,9 +66,11 @@ func TestTransportLeakedStreamIsClosed(t *testing.T) {
 					}
 				}
 			}))
+			up.EnableHTTP2 = h2
+			up.StartTLS()
 			t.Cleanup(up.Close)
 			t.Cleanup(up.CloseClientConnections) // first: a stream left open ends
-			base := &http.Transport{}
+			base := up.Client().Transport.(*http.Transport)
 			t.Cleanup(base.CloseIdleConnections)
 			quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
 			a, b := slots.NewLimiter(1, slots.WithLeakDetection(), quiet), slots.NewLimiter(1, slots.WithLeakDetection(), quiet)
@@ -77,6 +90,7 @@ func TestTransportLeakedStreamIsClosed(t *testing.T) {
 				resp, err := client.Do(req)
 				require.NoError(t, err)
 				require.Equal(t, http.StatusOK, resp.StatusCode)
+				require.Equal(t, map[bool]int{false: 1, true: 2}[h2], resp.ProtoMajor)
 				_ = resp // dropped: neither read nor closed
 			}()
 			require.Eventually(t, func() bool { return came.Load() == 1 }, 10*time.Second, time.Millisecond)
@@ -148,5 +162,75 @@ func TestTransportLeakDetectionLeavesNoContextBehind(t *testing.T) {
 		require.NoError(t, resp.Body.Close())
 		assert.Same(t, req, resp.Request, method)
 		assert.NoError(t, resp.Request.Context().Err(), method)
+	}
+}
+
+// With leak detection the Transport hands out a copy of the base's
+// response; the copy still has the answer's trailers once its body has been
+// read to its end, declared ones and ones sent without notice, over
+// HTTP/1.1 and HTTP/2. Through httputil.ReverseProxy (which copies them to
+// its client after the body) its client gets what it gets with the base
+// alone (over HTTP/2, net/http's proxy forwards none here, with or without
+// the Transport).
+func TestTransportLeakDetectionKeepsTrailers(t *testing.T) {
+	for _, tc := range []struct {
+		h2, declared bool
+	}{{false, true}, {false, false}, {true, true}, {true, false}} {
+		h2 := tc.h2
+		name := map[bool]string{false: "HTTP/1.1", true: "HTTP/2"}[h2] + map[bool]string{false: ", none declared", true: ", one declared"}[tc.declared]
+		t.Run(name, func(t *testing.T) {
+			up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+				if tc.declared {
+					w.Header().Set("Trailer", "X-Declared")
+				}
+				_, _ = io.WriteString(w, "data: done\n\n")
+				w.(http.Flusher).Flush() // chunked: a length known up front leaves no room for trailers
+				w.Header().Set("X-Declared", "told")
+				w.Header().Set(http.TrailerPrefix+"X-Unannounced", "late")
+			}))
+			up.EnableHTTP2 = h2
+			up.StartTLS()
+			t.Cleanup(up.Close)
+			base := up.Client().Transport.(*http.Transport)
+			t.Cleanup(base.CloseIdleConnections)
+			lim := slots.NewLimiter(1, slots.WithLeakDetection())
+			rt := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
+			trailers := func(t *testing.T, resp *http.Response, err error) http.Header {
+				t.Helper()
+				require.NoError(t, err)
+				body, err := io.ReadAll(resp.Body)
+				require.NoError(t, err)
+				require.NoError(t, resp.Body.Close())
+				assert.Equal(t, "data: done\n\n", string(body))
+				assert.Equal(t, 0, lim.InFlight())
+				return resp.Trailer
+			}
+
+			req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, up.URL, nil)
+			require.NoError(t, err)
+			resp, err := rt.RoundTrip(req)
+			require.Equal(t, map[bool]int{false: 1, true: 2}[h2], resp.ProtoMajor)
+			got := trailers(t, resp, err)
+			if tc.declared {
+				assert.Equal(t, "told", got.Get("X-Declared"))
+			}
+			assert.Equal(t, "late", got.Get("X-Unannounced"))
+
+			target, err := url.Parse(up.URL)
+			require.NoError(t, err)
+			proxied := func(rt http.RoundTripper) http.Header {
+				proxy := httputil.NewSingleHostReverseProxy(target)
+				proxy.Transport = rt
+				front := httptest.NewServer(proxy)
+				defer front.Close()
+				resp, err := front.Client().Get(front.URL)
+				return trailers(t, resp, err)
+			}
+			want := proxied(base)
+			if !h2 {
+				assert.Equal(t, "late", want.Get("X-Unannounced"), "the base alone")
+			}
+			assert.Equal(t, want, proxied(rt), "through a ReverseProxy, as with the base alone")
+		})
 	}
 }

@@ -168,6 +168,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, nil
 	}
 	body, b := newSlotBody(resp.Body, s, t)
+	if abort != nil && resp.StatusCode != http.StatusSwitchingProtocols {
+		// With leak detection the caller gets a copy of the response: a
+		// base may keep the one it returned while the exchange is open
+		// (net/http's HTTP/2 client does, to set its Trailer), and would
+		// keep the body, and so s, reachable: a dropped one would never be
+		// found. The copy takes the base's Trailer at the body's end.
+		c := &copied{out: *resp, base: resp}
+		b.copied, resp = c, &c.out
+	}
 	resp.Body = body
 	if resp.StatusCode == http.StatusSwitchingProtocols {
 		// The caller owns the upgraded connection: net/http does not close
