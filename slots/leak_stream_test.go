@@ -129,10 +129,7 @@ func TestTransportLeakDetectionLeavesNoContextBehind(t *testing.T) {
 	ctx := opaqueContext{parent}
 	before := goleak.IgnoreCurrent()
 	for range 5 {
-		req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
-		require.NoError(t, err)
-		req.Header.Set("Connection", "Upgrade")
-		req.Header.Set("Upgrade", "echo")
+		req := upgradeRequest(t, ctx, up.URL, "echo")
 		resp, err := rt.RoundTrip(req)
 		require.NoError(t, err)
 		require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)

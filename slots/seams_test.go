@@ -91,10 +91,7 @@ func TestTransportUpgradeOutlivesItsContext(t *testing.T) {
 	client := &http.Client{Transport: rt}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
-	req.Header.Set("Connection", "Upgrade")
-	req.Header.Set("Upgrade", "echo")
-	resp, err := client.Do(req)
+	resp, err := client.Do(upgradeRequest(t, ctx, up.URL, "echo"))
 	require.NoError(t, err)
 	require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
 	cancel() // the handshake is done

@@ -119,6 +119,17 @@ func TestUpgradeDroppedUnderAnErrorHandlerOfItsOwn(t *testing.T) {
 	}
 }
 
+// upgradeRequest returns a GET of url under ctx that asks to switch to
+// protocol.
+func upgradeRequest(t *testing.T, ctx context.Context, url, protocol string) *http.Request {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	require.NoError(t, err)
+	req.Header.Set("Connection", "Upgrade")
+	req.Header.Set("Upgrade", protocol)
+	return req
+}
+
 // echoing starts a backend that switches every request to the echo
 // protocol and sends back what it reads, and returns it with a slots
 // Transport taking the slot of a Limiter of 1.
@@ -208,11 +219,7 @@ func TestUpgradeDroppedUnusedLeavesNoEntry(t *testing.T) {
 	defer cancel()
 	func() {
 		for range 20 {
-			req, err := http.NewRequestWithContext(ctx, http.MethodGet, up.URL, nil)
-			require.NoError(t, err)
-			req.Header.Set("Connection", "Upgrade")
-			req.Header.Set("Upgrade", "websocket")
-			resp, err := rt.RoundTrip(req)
+			resp, err := rt.RoundTrip(upgradeRequest(t, ctx, up.URL, "websocket"))
 			require.NoError(t, err)
 			require.Equal(t, http.StatusSwitchingProtocols, resp.StatusCode)
 			// dropped: neither used nor closed
