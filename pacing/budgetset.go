@@ -10,11 +10,11 @@ import (
 )
 
 // Budgets keeps a Budget per key (an org, a tenant: a budget of the
-// program's own, beside a Gate's), each made with the limits limitsOf
-// gives when its key first reserves, and dropped once it is idle and none
-// of its reservations is open, so that memory follows the keys in use
-// (keys from request headers cannot pile up). Safe for concurrent use;
-// create it with NewBudgets.
+// program's own, beside a Gate's), under the limits limitsOf gives at each
+// of its key's reservations, and drops the idle ones with none of their
+// reservations open once there are many, so that memory follows the keys
+// in use (keys from request headers cannot pile up). Safe for concurrent
+// use; create it with NewBudgets.
 //
 // A reservation stays open until Settle, Cancel or Close ends it: its key's
 // Budget is kept meanwhile, so a request longer than a minute settles into
@@ -30,11 +30,13 @@ type Budgets[K comparable] struct {
 	pruneAt int // the idle ones are dropped once live has this many
 }
 
-// keyedBudget is a key's Budget and how many of its reservations are open.
+// keyedBudget is a key's Budget, the limits it has, and how many of its
+// reservations are open.
 type keyedBudget[K comparable] struct {
-	s    *Budgets[K]
-	b    *Budget
-	open int // guarded by s.mu
+	s      *Budgets[K]
+	b      *Budget
+	limits BudgetLimits // guarded by s.mu
+	open   int          // guarded by s.mu
 }
 
 // end implements ender: one of e's reservations has ended.
@@ -49,10 +51,12 @@ const minPrune = 1024
 
 // NewBudgets returns Budgets whose key k has the limits limitsOf(k),
 // asked on each Reserve: nil means k has no budget (nothing is reserved,
-// from a Budget kept for k either); other limits are those of k's Budget
-// when it is made, and a change of them takes effect once it has been
-// dropped. The clock is the real one, unless slots.WithClock gives
-// another (a mock, in tests). It panics if limitsOf is nil.
+// from a Budget kept for k either); a change of other limits takes effect
+// at that Reserve, what k's requests started in the last minute counting
+// against the new ones (a plan cut from 1,000 tokens a minute to 150 after
+// 100 lets 50 more through in that minute). The clock is the real one,
+// unless slots.WithClock gives another (a mock, in tests). It panics if
+// limitsOf is nil.
 func NewBudgets[K comparable](limitsOf func(K) *BudgetLimits, opts ...slots.ClockOption) *Budgets[K] {
 	if limitsOf == nil {
 		panic("pacing: NewBudgets needs a function of the keys' limits")
@@ -79,9 +83,15 @@ func (s *Budgets[K]) Reserve(key K, t Tokens) (*Reservation, error) {
 			return nil, err
 		}
 		s.pruneLocked()
-		e = &keyedBudget[K]{s: s, b: b}
+		e = &keyedBudget[K]{s: s, b: b, limits: *limits}
 		s.live[key] = e
 		s.peak = max(s.peak, len(s.live))
+	} else if e.limits != *limits {
+		if err := e.b.setLimits(*limits); err != nil {
+			s.mu.Unlock()
+			return nil, err
+		}
+		e.limits = *limits
 	}
 	e.open++
 	s.mu.Unlock()

@@ -182,3 +182,64 @@ func TestBudgetOptionsAreTyped(t *testing.T) {
 	_, err = b.Reserve(pacing.Tokens{})
 	assert.NoError(t, err, "refilled on the mock's time")
 }
+
+// A key's changed limits take effect at its next Reserve, whether or not
+// its Budget is idle, counting what started in the last minute against
+// them (before, they waited until the Budget was dropped, which a program
+// with fewer than 1,024 keys never saw: a plan cut from 1,000 tokens a
+// minute to 150 let 200 through in a minute). A reservation open across
+// the change settles against the new limits; limits all 0 lift the budget;
+// limits that NewBudget refuses are Reserve's error, and change nothing.
+func TestBudgetsLimitsChangeAtOnce(t *testing.T) {
+	mock := clock.NewMock()
+	var mu sync.Mutex
+	limits := &pacing.BudgetLimits{TokensPerMinute: 1000}
+	set := func(l *pacing.BudgetLimits) { mu.Lock(); limits = l; mu.Unlock() }
+	s := pacing.NewBudgets(func(string) *pacing.BudgetLimits { mu.Lock(); defer mu.Unlock(); return limits }, slots.WithClock(mock))
+	left := func() (int, int) { st := s.Status("org"); require.NotEmpty(t, st); return st[0].Left, st[0].Limit }
+
+	open, err := s.Reserve("org", pacing.Tokens{Input: 100})
+	require.NoError(t, err)
+	set(&pacing.BudgetLimits{TokensPerMinute: 150}) // the tenant's plan is cut
+	_, err = s.Reserve("org", pacing.Tokens{Input: 100})
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le, "200 tokens in a minute under a limit of 150")
+	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, 150, le.Limit)
+	r, err := s.Reserve("org", pacing.Tokens{Input: 50})
+	require.NoError(t, err, "the 50 left under the new limit")
+	r.Settle(pacing.Tokens{Input: 50})
+	open.Settle(pacing.Tokens{Input: 130}) // 30 more than its estimate: debt, against the new limit
+	l, lim := left()
+	assert.Equal(t, 150, lim)
+	assert.Equal(t, -30, l, "the debt")
+
+	set(&pacing.BudgetLimits{TokensPerMinute: -1})
+	_, err = s.Reserve("org", pacing.Tokens{Input: 1})
+	require.Error(t, err, "a negative limit")
+	assert.NotErrorIs(t, err, pacing.ErrOverBudget)
+	_, lim = left()
+	assert.Equal(t, 150, lim, "refused limits change nothing")
+
+	set(&pacing.BudgetLimits{TokensPerMinute: 1000}) // raised again
+	r, err = s.Reserve("org", pacing.Tokens{Input: 500})
+	require.NoError(t, err)
+	r.Settle(pacing.Tokens{Input: 500})
+	l, lim = left()
+	assert.Equal(t, 1000, lim)
+	assert.Equal(t, 1000-180-500, l, "what started before the changes still counts")
+
+	set(&pacing.BudgetLimits{}) // lifted
+	for range 3 {
+		r, err = s.Reserve("org", pacing.Tokens{Input: 5000})
+		require.NoError(t, err, "no limit")
+		r.Settle(pacing.Tokens{Input: 5000})
+	}
+	set(&pacing.BudgetLimits{TokensPerMinute: 100})
+	r, err = s.Reserve("org", pacing.Tokens{Input: 100})
+	require.NoError(t, err, "a budget made again counts from nothing")
+	r.Close()
+	_, err = s.Reserve("org", pacing.Tokens{Input: 1})
+	assert.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, 1, s.Len())
+}

@@ -56,6 +56,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"time"
 
@@ -177,8 +178,8 @@ func Parse(data []byte) (Config, error) {
 	if err := dec.Decode(&c); err != nil {
 		return Config{}, fmt.Errorf("pacing: %w", err)
 	}
-	if dec.More() {
-		return Config{}, errors.New("pacing: more than one JSON value")
+	if dec.Decode(new(json.RawMessage)) != io.EOF { // a stray '}' too, which More misses
+		return Config{}, errors.New("pacing: data after the JSON object")
 	}
 	return c, c.Validate()
 }

@@ -113,6 +113,19 @@ func TestLoad(t *testing.T) {
 	assert.Error(t, err)
 }
 
+// A configuration is one JSON object and nothing after it: a second value,
+// or a stray closing '}' or ']' (which json.Decoder.More does not see, so
+// both read as the object alone before), is an error; space is not.
+func TestParseRefusesDataAfterTheObject(t *testing.T) {
+	for _, js := range []string{`{"max_concurrent_requests":1}}`, `{"max_concurrent_requests":1}]`, `{"max_concurrent_requests":1} x`, `{"max_concurrent_requests":1} {}`} {
+		_, err := pacing.Parse([]byte(js))
+		assert.ErrorContains(t, err, "pacing: data after the JSON object", js)
+	}
+	c, err := pacing.Parse([]byte("{\"max_concurrent_requests\":1}\n \t"))
+	require.NoError(t, err)
+	assert.Equal(t, 1, c.MaxConcurrentRequests)
+}
+
 // Each key of a pool learns its own cap under the provider's adaptive
 // section, within the key's cap: a key whose cap is under adaptive.min is
 // refused (the test of a cut took the floor, 4, over the key's cap of 2).

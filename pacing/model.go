@@ -70,7 +70,7 @@ func ModelField(body []byte) (string, error) {
 	var v struct {
 		Model json.RawMessage `json:"model"`
 	}
-	if err := json.Unmarshal(body, &v); err != nil {
+	if err := json.Unmarshal(body, &v); err != nil || string(bytes.TrimSpace(body)) == "null" { // which Unmarshal takes for no fields
 		return "", &slots.BadRequestError{Reason: "the request body is not a JSON object"}
 	}
 	if k := FoldedKey(body, "model"); k != "" {

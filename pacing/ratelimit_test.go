@@ -157,3 +157,38 @@ func TestTransportRateLimitHeadersAreNotTheUpstreams(t *testing.T) {
 	assert.Equal(t, []pacing.Verdict{{Kind: pacing.Concurrency}}, got)
 	assert.Equal(t, uint64(1), gate.Learned().ByKind[pacing.Concurrency], "answers by kind: %v", gate.Learned().ByKind)
 }
+
+// On a 2xx, the Gate's numbers take the place of every x-ratelimit-*
+// header of the upstream's, also of the kinds the Gate has no budget of
+// (before, a Gate that counts tokens alone left the upstream's requests
+// allowance, one key's, beside its own tokens), and of a reset its budget
+// has none of yet; a Gate with no budget to tell leaves the upstream's as
+// they came.
+func TestTransportRateLimitHeadersReplaceEveryKind(t *testing.T) {
+	upstreams := http.Header{
+		"X-Ratelimit-Limit-Requests": {"10000"}, "X-Ratelimit-Remaining-Requests": {"9999"}, "X-Ratelimit-Reset-Requests": {"6ms"},
+		"X-Ratelimit-Limit-Tokens": {"2000000"}, "X-Ratelimit-Reset-Tokens": {"1ms"},
+	}
+	base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		return &http.Response{StatusCode: 200, Header: upstreams.Clone(), Body: io.NopCloser(strings.NewReader(`{}`)), Request: r}, nil
+	})
+	send := func(cfg pacing.Config) http.Header {
+		gate := tGate(t, cfg)
+		resp, err := pacing.NewTransport(base, gate, pacing.WithRateLimitHeaders()).RoundTrip(post(t, pacing.WithTokens(t.Context(), pacing.Tokens{Input: 10}), `{"model":"m"}`))
+		require.NoError(t, err)
+		done(t, resp)
+		return resp.Header
+	}
+	h := send(pacing.Config{BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}})
+	assert.Equal(t, "1000", h.Get("X-Ratelimit-Limit-Tokens"))
+	assert.Equal(t, "990", h.Get("X-Ratelimit-Remaining-Tokens"))
+	assert.NotEqual(t, "1ms", h.Get("X-Ratelimit-Reset-Tokens"), "not the upstream's reset")
+	for name := range h {
+		assert.False(t, strings.HasSuffix(name, "-Requests"), "the upstream's %s: %s", name, h.Get(name))
+	}
+	h = send(pacing.Config{MaxConcurrentRequests: 4})
+	for name, v := range upstreams {
+		assert.Equal(t, v, h[name], "no budget: the upstream's %s, as it came", name)
+	}
+	assert.Empty(t, h.Get("X-Ratelimit-Remaining-Tokens"))
+}

@@ -46,6 +46,18 @@ func newBudget(limits BudgetLimits, clk clock.Clock) (*Budget, error) {
 	return &Budget{b: newBudgets(nil, limitsOf(limits)), clk: clockx.New(clk)}, nil
 }
 
+// setLimits gives b those limits from now on; what started in the last
+// minute counts against them (limits all 0: none, and nothing counted).
+func (b *Budget) setLimits(limits BudgetLimits) error {
+	if err := upstream.CheckBudgets("", limits); err != nil {
+		return err
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.b = newBudgets(b.b, limitsOf(limits))
+	return nil
+}
+
 // clockOf is the clock opts set; nil: the real one.
 func clockOf(opts []slots.ClockOption) clock.Clock {
 	var s core.Settings

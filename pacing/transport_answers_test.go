@@ -424,3 +424,20 @@ func TestTransportNotSentChargesNothing(t *testing.T) {
 	assert.Equal(t, 600, left["tokens_per_minute"])
 	assert.Equal(t, 9, left["max_requests_per_minute"])
 }
+
+// A body that is not a JSON object is a *slots.BadRequestError, null too
+// (which json.Unmarshal takes for an object without fields: before, it read
+// as a request that names no model); an object without "model" names none.
+func TestModelFieldRefusesWhatIsNotAnObject(t *testing.T) {
+	for _, body := range []string{`null`, ` null `, `[]`, `"glm-5"`, `1`, ``, `{`} {
+		_, err := pacing.ModelField([]byte(body))
+		var bad *slots.BadRequestError
+		require.ErrorAs(t, err, &bad, "%q", body)
+		assert.Contains(t, bad.Reason, "not a JSON object", "%q", body)
+	}
+	for _, body := range []string{`{}`, ` {"model": null} `, `{"messages":[]}`} {
+		m, err := pacing.ModelField([]byte(body))
+		require.NoError(t, err, body)
+		assert.Empty(t, m, body)
+	}
+}

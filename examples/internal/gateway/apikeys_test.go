@@ -107,6 +107,17 @@ func TestConfigRedactsURLs(t *testing.T) {
 	assert.Equal(t, "https://user:upstream-pass@api.example.com/v1", cfg.Upstream, "Redacted leaves the config itself alone")
 }
 
+// The configuration is one JSON object and nothing after it (before, a
+// stray '}' or a second object after it was not read, and not refused).
+func TestConfigRefusesDataAfterTheObject(t *testing.T) {
+	for _, js := range []string{`{"upstream": "http://x"}}`, `{"upstream": "http://x"} {"upstream": "http://y"}`} {
+		_, err := ParseConfig([]byte(js))
+		assert.ErrorContains(t, err, "config: data after the JSON object", js)
+	}
+	_, err := ParseConfig([]byte("{\"upstream\": \"http://x\"}\n"))
+	assert.NoError(t, err)
+}
+
 // A request that goes ahead without a slot after the longest wait
 // (on_wait_timeout "proceed") is granted no key of the pool: it goes with
 // no credential, never with the client's own.

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/url"
 	"os"
@@ -312,6 +313,9 @@ func ParseConfig(data []byte) (Config, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&c); err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	if dec.Decode(new(json.RawMessage)) != io.EOF {
+		return Config{}, errors.New("config: data after the JSON object")
 	}
 	if c.Upstream == "" {
 		return Config{}, errors.New("config: upstream: missing")
