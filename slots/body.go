@@ -64,6 +64,23 @@ type copied struct {
 	base *http.Response
 }
 
+// takeTrailer gives the copy handed out the base's Trailer, once its body
+// has met its end on the reader's goroutine (where net/http sets it), as
+// net/http does: merged into one the caller set, if any.
+func (b *slotBody) takeTrailer() {
+	c := b.copied
+	if c == nil || c.base.Trailer == nil {
+		return
+	}
+	if c.out.Trailer == nil {
+		c.out.Trailer = c.base.Trailer
+		return
+	}
+	for k, vv := range c.base.Trailer { // a no-op when it is the base's own map
+		c.out.Trailer[k] = vv
+	}
+}
+
 // An ending says how a body ended, which decides when its slot goes.
 type ending uint8
 
@@ -120,11 +137,6 @@ func (b *slotBody) end(e ending, fromWatch bool) {
 	}
 	if !fromWatch && b.stop != nil {
 		b.stop()
-	}
-	if e == endClean && b.copied != nil {
-		// Read to its end (on the reader's goroutine: a clean end is
-		// never the watch's), after the base set the Trailer it has.
-		b.copied.out.Trailer = b.copied.base.Trailer
 	}
 	if b.t == nil {
 		b.s.releaseQuietly()
@@ -212,6 +224,7 @@ func (b *slotBody) Read(p []byte) (n int, err error) {
 	}
 	switch {
 	case err == io.EOF:
+		b.takeTrailer()
 		b.drain()
 	case err != nil:
 		_ = b.cut(false) // the exchange is broken: let the connection go first
@@ -248,6 +261,7 @@ func (b *writerToBody) WriteTo(w io.Writer) (n int64, err error) {
 	n, err = b.rc.(io.WriterTo).WriteTo(w)
 	returned = true
 	if err == nil {
+		b.takeTrailer()
 		b.drain()
 	}
 	return n, err

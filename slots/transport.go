@@ -125,7 +125,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		var sent context.Context
 		sent, abort = context.WithCancel(ctx)
 		req = req.WithContext(sent)
-		onReclaim((*core.Handle)(s), abort)
+		first := abort
+		if body := req.Body; body != nil && body != http.NoBody {
+			// net/http's HTTP/2 client does not end a stream whose
+			// request body's Read is blocked when its context ends: the
+			// body's Close ends that Read.
+			first = func() { abort(); body.Close() }
+		}
+		onReclaim((*core.Handle)(s), first)
 	}
 	req, conn := t.watchConn(req)
 	var resp *http.Response
