@@ -52,7 +52,7 @@ import (
 
 var (
 	// ErrInvalidKey: the key is over the WithMaxKeyBytes bound.
-	ErrInvalidKey = errors.New("registry: invalid key")
+	ErrInvalidKey = core.ErrInvalidKey
 	// ErrNoKeys: AcquireAll or TryAcquireAll was given no key.
 	ErrNoKeys = errors.New("registry: no keys")
 )

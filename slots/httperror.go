@@ -10,6 +10,8 @@ import (
 	"slices"
 	"strconv"
 	"time"
+
+	"github.com/inflight-go/inflight/internal/core"
 )
 
 const (
@@ -24,7 +26,7 @@ const (
 //	*LimitError (any other reason)        429, RetryAfter rounded up to seconds
 //	wraps context.DeadlineExceeded        503, its RetryAfter() or else 1 s (a server's deadline passed)
 //	wraps context.Canceled                499, 0 (the client went away)
-//	wraps ErrBadPriority                  400, 0
+//	wraps ErrBadPriority, ErrInvalidKey   400, 0 (registry's: a key from the request)
 //	*BadRequestError                      its Status (400 by default), 0
 //	has a RetryAfter() time.Duration      503, it (a fleet's store cannot be reached)
 //	wraps ErrNotSent (and none of these)  503, 0
@@ -51,7 +53,7 @@ func httpStatus(err error) (status int, retryAfter time.Duration) {
 		return http.StatusServiceUnavailable, cmp.Or(retryLater(err), time.Second)
 	case errors.Is(err, context.Canceled):
 		return StatusClientClosedRequest, 0
-	case errors.Is(err, ErrBadPriority):
+	case errors.Is(err, ErrBadPriority), errors.Is(err, core.ErrInvalidKey): // a key from the request, too long
 		return http.StatusBadRequest, 0
 	}
 	var bad *BadRequestError
@@ -249,6 +251,18 @@ func (w *statusWriter) writeStatus() {
 
 // Unwrap lets http.ResponseController reach the server's writer.
 func (w *statusWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// FlushError writes the status first, if nothing has yet: a flush would
+// send the server's 200. http.ResponseController calls it.
+func (w *statusWriter) FlushError() error {
+	if !w.wroteHeader {
+		w.writeStatus()
+	}
+	return http.NewResponseController(w.ResponseWriter).Flush()
+}
+
+// Flush is FlushError for an http.Flusher.
+func (w *statusWriter) Flush() { _ = w.FlushError() }
 
 // ProxyErrorHandler returns a ReverseProxy ErrorHandler for a slots Transport:
 // a refusal answered as by Middleware, others as the upstream's (504 past the

@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -42,6 +43,7 @@ func TestHTTPStatus(t *testing.T) {
 		{"a deadline that says when", errors.Join(context.DeadlineExceeded, unreachable(2500*time.Millisecond)), 503, 3 * time.Second},
 		{"a client gone, beside an error that says when", errors.Join(context.Canceled, unreachable(time.Second)), 499, 0},
 		{"a bad priority, beside an error that says when", errors.Join(slots.ErrBadPriority, unreachable(time.Second)), 400, 0},
+		{"a registry key too long (before, 500)", fmt.Errorf("%w: 5000 bytes, over the 4096-byte bound", registry.ErrInvalidKey), 400, 0},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			status, ra := slots.HTTPStatus(tc.err)
@@ -362,6 +364,17 @@ func TestErrorWriterStatusIsEnforced(t *testing.T) {
 	}{
 		{"a writer that writes nothing", func(http.ResponseWriter, int, string) {}, ""},
 		{"a writer that writes a body without WriteHeader", func(w http.ResponseWriter, _ int, msg string) {
+			io.WriteString(w, "busy: "+msg)
+		}, "busy: too many requests in flight: 0 of 0, 0 queued (limit reached)"},
+		// Before, a Flush before WriteHeader reached the server's writer
+		// past the status (through Unwrap), and the refusal went out as 200;
+		// through http.Flusher, it panicked.
+		{"a writer that flushes through ResponseController before WriteHeader", func(w http.ResponseWriter, _ int, msg string) {
+			_ = http.NewResponseController(w).Flush()
+			io.WriteString(w, "busy: "+msg)
+		}, "busy: too many requests in flight: 0 of 0, 0 queued (limit reached)"},
+		{"a writer that flushes as an http.Flusher before WriteHeader", func(w http.ResponseWriter, _ int, msg string) {
+			w.(http.Flusher).Flush()
 			io.WriteString(w, "busy: "+msg)
 		}, "busy: too many requests in flight: 0 of 0, 0 queued (limit reached)"},
 	}

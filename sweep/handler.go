@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -29,7 +30,8 @@ const MaxHandlerLimit = 10_000
 // snake_case; durations are in seconds, as fractions.
 type HolderJSON struct {
 	// Key is as fmt prints it ("" for a Limiter); quoted as Go would
-	// (strconv.Quote) when that is not valid UTF-8, so that keys stay apart.
+	// (strconv.Quote) when that is not valid UTF-8 or starts with a quote,
+	// so that keys stay apart.
 	Key        string    `json:"key"`
 	SlotID     uint64    `json:"slot_id"` // one slot held under several keys has one id
 	Units      int       `json:"units"`   // the units it holds of the key
@@ -148,7 +150,7 @@ func (h *holderHandler[K]) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	for _, hd := range oldest.hs {
 		age := now.Sub(hd.AcquiredAt)
 		key := fmt.Sprint(hd.Key)
-		if !utf8.ValidString(key) {
+		if !utf8.ValidString(key) || strings.HasPrefix(key, `"`) { // a quoted one's spelling
 			key = strconv.Quote(key)
 		}
 		out.Holders = append(out.Holders, HolderJSON{

@@ -107,18 +107,26 @@ func TestHandlerUnitsAndOddKeys(t *testing.T) {
 	light, err := reg.TryAcquire("a\xfeb")
 	require.NoError(t, err)
 	defer light.Release()
+	// A valid key spelled as the invalid one is quoted (before, both read
+	// "a\xffb"), and so is one that only starts with a quote.
+	spelled, err := reg.TryAcquire(`"a\xffb"`)
+	require.NoError(t, err)
+	defer spelled.Release()
+	quote, err := reg.TryAcquire(`"x`)
+	require.NoError(t, err)
+	defer quote.Release()
 	srv := httptest.NewServer(sweep.Handler(reg))
 	t.Cleanup(srv.Close)
 	status, out, _ := getHolders(t, srv.URL)
 	require.Equal(t, http.StatusOK, status)
-	assert.Equal(t, 2, out.InUse)
+	assert.Equal(t, 4, out.InUse)
 	assert.Equal(t, reg.Stats().InFlight, out.Units)
-	assert.Equal(t, 9, out.Units)
+	assert.Equal(t, 11, out.Units)
 	units := map[string]int{}
 	for _, h := range out.Holders {
 		units[h.Key] = h.Units
 	}
-	assert.Equal(t, map[string]int{`"a\xffb"`: 8, `"a\xfeb"`: 1}, units, "quoted as Go would, each its own")
+	assert.Equal(t, map[string]int{`"a\xffb"`: 8, `"a\xfeb"`: 1, `"\"a\\xffb\""`: 1, `"\"x"`: 1}, units, "quoted as Go would, each its own")
 
 	lim := slots.NewLimiter(4)
 	s, err := lim.TryAcquireN(3)

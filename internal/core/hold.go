@@ -61,6 +61,7 @@ var (
 	ErrExceedsLimit = errors.New("slots: weight exceeds the limit")
 	ErrWaitTimeout  = errors.New("slots: wait timeout")
 	ErrNilContext   = errors.New("slots: nil context")
+	ErrInvalidKey   = errors.New("registry: invalid key") // of package registry, whose keys come from requests
 )
 
 // CheckUnits returns an error wrapping ErrBadUnits for a weight n outside

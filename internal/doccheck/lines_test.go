@@ -72,10 +72,12 @@ var admissionFiles = []string{
 // exchange of a response dropped with its Slot), and 4 fewer: a holder's
 // extra units added and taken without a test for 0. Then 2 for a reclaim
 // that frees the hold also when First panics, and 2 fewer in a lane's
-// Remove.
+// Remove. Then 1 for registry's ErrInvalidKey declared in core, so that
+// slots.HTTPStatus answers it 400 (the client's key, too long), not 500:
+// 4,000 lines of code, the restated goal.
 const (
-	maxAdmissionLines = 5960
-	maxAdmissionCode  = 3999
+	maxAdmissionLines = 5961
+	maxAdmissionCode  = 4000
 )
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
