@@ -50,7 +50,8 @@ func (e *keyedBudget[K]) end() {
 const minPrune = 1024
 
 // NewBudgets returns Budgets whose key k has the limits limitsOf(k),
-// asked on each Reserve: nil means k has no budget (nothing is reserved,
+// asked on each Reserve under Budgets' lock (so it must be quick, and call
+// no method of the Budgets): nil means k has no budget (nothing is reserved,
 // from a Budget kept for k either); a change of other limits takes effect
 // at that Reserve, what k's requests started in the last minute counting
 // against the new ones (a plan cut from 1,000 tokens a minute to 150 after
@@ -70,11 +71,12 @@ func NewBudgets[K comparable](limitsOf func(K) *BudgetLimits, opts ...slots.Cloc
 // without a budget reserves nothing (a nil Reservation, whose methods do
 // nothing, and no error). Limits that NewBudget refuses are its error.
 func (s *Budgets[K]) Reserve(key K, t Tokens) (*Reservation, error) {
-	limits := s.limitsOf(key)
+	s.mu.Lock()
+	limits := s.limitsOf(key) // under the lock: limits read before a change are not applied after it
 	if limits == nil {
+		s.mu.Unlock()
 		return nil, nil
 	}
-	s.mu.Lock()
 	e := s.live[key]
 	if e == nil {
 		b, err := newBudget(*limits, s.clk)

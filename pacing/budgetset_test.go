@@ -185,11 +185,12 @@ func TestBudgetOptionsAreTyped(t *testing.T) {
 
 // A key's changed limits take effect at its next Reserve, whether or not
 // its Budget is idle, counting what started in the last minute against
-// them (before, they waited until the Budget was dropped, which a program
-// with fewer than 1,024 keys never saw: a plan cut from 1,000 tokens a
-// minute to 150 let 200 through in a minute). A reservation open across
-// the change settles against the new limits; limits all 0 lift the budget;
-// limits that NewBudget refuses are Reserve's error, and change nothing.
+// them, also while they were all 0 (before, they waited until the Budget
+// was dropped, which a program with fewer than 1,024 keys never saw: a plan
+// cut from 1,000 tokens a minute to 150 let 200 through in a minute). A
+// reservation open across the change settles against the new limits;
+// limits all 0 lift the budget; limits that NewBudget refuses are
+// Reserve's error, and change nothing.
 func TestBudgetsLimitsChangeAtOnce(t *testing.T) {
 	mock := clock.NewMock()
 	var mu sync.Mutex
@@ -236,8 +237,11 @@ func TestBudgetsLimitsChangeAtOnce(t *testing.T) {
 		r.Settle(pacing.Tokens{Input: 5000})
 	}
 	set(&pacing.BudgetLimits{TokensPerMinute: 100})
+	_, err = s.Reserve("org", pacing.Tokens{Input: 100})
+	assert.ErrorIs(t, err, pacing.ErrOverBudget, "what started while it was lifted counts")
+	mock.Add(time.Minute + time.Second)
 	r, err = s.Reserve("org", pacing.Tokens{Input: 100})
-	require.NoError(t, err, "a budget made again counts from nothing")
+	require.NoError(t, err, "past the minute")
 	r.Close()
 	_, err = s.Reserve("org", pacing.Tokens{Input: 1})
 	assert.ErrorIs(t, err, pacing.ErrOverBudget)

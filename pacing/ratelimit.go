@@ -87,6 +87,11 @@ func setRateLimits(h http.Header, tight [2]*BudgetStatus) {
 		if b == nil {
 			continue
 		}
+		for name := range h { // a map built by hand may spell them otherwise
+			if c := http.CanonicalHeaderKey(name); c != name && strings.HasPrefix(c, rateLimitPrefix) && strings.HasSuffix(c, suffix) {
+				delete(h, name)
+			}
+		}
 		h.Set("X-Ratelimit-Limit"+suffix, strconv.Itoa(b.Limit))
 		h.Set("X-Ratelimit-Remaining"+suffix, strconv.Itoa(max(b.Left, 0)))
 		if b.ResetIn > 0 {

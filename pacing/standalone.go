@@ -43,18 +43,35 @@ func newBudget(limits BudgetLimits, clk clock.Clock) (*Budget, error) {
 	if err := upstream.CheckBudgets("", limits); err != nil {
 		return nil, err
 	}
-	return &Budget{b: newBudgets(nil, limitsOf(limits)), clk: clockx.New(clk)}, nil
+	return &Budget{b: windowsFor(nil, limits), clk: clockx.New(clk)}, nil
+}
+
+// windowsFor returns old (new ones if nil) under limits. It is never nil:
+// under limits all 0 the windows count still, so that what started in the
+// last minute counts when limits come back, and a reservation settles into
+// the windows it was charged to.
+func windowsFor(old *budgets, limits BudgetLimits) *budgets {
+	if b := newBudgets(old, limitsOf(limits)); b != nil {
+		return b
+	}
+	if old == nil {
+		old = new(budgets)
+	}
+	for i := range old.w {
+		old.w[i].limit = 0
+	}
+	return old
 }
 
 // setLimits gives b those limits from now on; what started in the last
-// minute counts against them (limits all 0: none, and nothing counted).
+// minute counts against them.
 func (b *Budget) setLimits(limits BudgetLimits) error {
 	if err := upstream.CheckBudgets("", limits); err != nil {
 		return err
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	b.b = newBudgets(b.b, limitsOf(limits))
+	b.b = windowsFor(b.b, limits)
 	return nil
 }
 

@@ -26,7 +26,7 @@ const (
 //	*LimitError (any other reason)        429, RetryAfter rounded up to seconds
 //	wraps context.DeadlineExceeded        503, its RetryAfter() or else 1 s (a server's deadline passed)
 //	wraps context.Canceled                499, 0 (the client went away)
-//	wraps ErrBadPriority, ErrInvalidKey   400, 0 (registry's: a key from the request)
+//	wraps ErrBadPriority, ErrInvalidKey   400, 0 (registry.ErrInvalidKey: the request's key)
 //	*BadRequestError                      its Status (400 by default), 0
 //	has a RetryAfter() time.Duration      503, it (a fleet's store cannot be reached)
 //	wraps ErrNotSent (and none of these)  503, 0

@@ -31,7 +31,8 @@ const MaxHandlerLimit = 10_000
 type HolderJSON struct {
 	// Key is as fmt prints it ("" for a Limiter); quoted as Go would
 	// (strconv.Quote) when that is not valid UTF-8 or starts with a quote,
-	// so that keys stay apart.
+	// so that string keys stay apart (keys of other types that fmt prints
+	// alike read alike).
 	Key        string    `json:"key"`
 	SlotID     uint64    `json:"slot_id"` // one slot held under several keys has one id
 	Units      int       `json:"units"`   // the units it holds of the key
