@@ -98,12 +98,7 @@ func TestTransportLeakedStreamVariants(t *testing.T) {
 						}
 					}
 				}))
-				up.EnableHTTP2 = h2
-				up.StartTLS()
-				t.Cleanup(up.Close)
-				t.Cleanup(up.CloseClientConnections)
-				base := up.Client().Transport.(*http.Transport)
-				t.Cleanup(base.CloseIdleConnections)
+				base := startTLS(t, up, h2)
 				quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
 				a, b := slots.NewLimiter(1, slots.WithLeakDetection(), quiet), slots.NewLimiter(1, slots.WithLeakDetection(), quiet)
 				admit := func(r *http.Request) (*slots.Slot, error) {

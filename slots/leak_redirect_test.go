@@ -33,11 +33,7 @@ func TestTransportRedirectsWithLeakDetection(t *testing.T) {
 				w.Header().Set("X-End", "yes")
 			})
 			up := httptest.NewUnstartedServer(mux)
-			up.EnableHTTP2 = h2
-			up.StartTLS()
-			t.Cleanup(up.Close)
-			base := up.Client().Transport.(*http.Transport)
-			t.Cleanup(base.CloseIdleConnections)
+			base := startTLS(t, up, h2)
 			lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.DiscardHandler)))
 			client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })}
 			resp, err := client.Get(up.URL + "/a")

@@ -66,12 +66,7 @@ func leakedStreamIsClosed(t *testing.T, h2 bool) {
 					}
 				}
 			}))
-			up.EnableHTTP2 = h2
-			up.StartTLS()
-			t.Cleanup(up.Close)
-			t.Cleanup(up.CloseClientConnections) // first: a stream left open ends
-			base := up.Client().Transport.(*http.Transport)
-			t.Cleanup(base.CloseIdleConnections)
+			base := startTLS(t, up, h2)
 			quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
 			a, b := slots.NewLimiter(1, slots.WithLeakDetection(), quiet), slots.NewLimiter(1, slots.WithLeakDetection(), quiet)
 			admit := func(r *http.Request) (*slots.Slot, error) {
@@ -103,6 +98,18 @@ func leakedStreamIsClosed(t *testing.T, h2 bool) {
 			assert.Equal(t, 0, a.InFlight())
 		})
 	}
+}
+
+// startTLS starts up over TLS, with HTTP/2 if h2, and returns a client
+// transport for it. Both end with t; an open stream is cut first.
+func startTLS(t *testing.T, up *httptest.Server, h2 bool) *http.Transport {
+	up.EnableHTTP2 = h2
+	up.StartTLS()
+	t.Cleanup(up.Close)
+	t.Cleanup(up.CloseClientConnections) // first: a stream left open ends
+	base := up.Client().Transport.(*http.Transport)
+	t.Cleanup(base.CloseIdleConnections)
+	return base
 }
 
 // opaqueContext hides the cancellable context inside it, as a context of
@@ -185,11 +192,7 @@ func TestTransportLeakDetectionKeepsTrailers(t *testing.T) {
 				w.Header().Set("X-Declared", "told")
 				w.Header().Set(http.TrailerPrefix+"X-Unannounced", "late")
 			}))
-			up.EnableHTTP2 = h2
-			up.StartTLS()
-			t.Cleanup(up.Close)
-			base := up.Client().Transport.(*http.Transport)
-			t.Cleanup(base.CloseIdleConnections)
+			base := startTLS(t, up, h2)
 			lim := slots.NewLimiter(1, slots.WithLeakDetection())
 			rt := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
 			trailers := func(t *testing.T, resp *http.Response, err error) http.Header {

@@ -24,12 +24,7 @@ func trailing(t *testing.T, h2 bool) (*httptest.Server, *http.Transport) {
 		w.(http.Flusher).Flush()
 		w.Header().Set(http.TrailerPrefix+"X-Unannounced", "late")
 	}))
-	up.EnableHTTP2 = h2
-	up.StartTLS()
-	t.Cleanup(up.Close)
-	base := up.Client().Transport.(*http.Transport)
-	t.Cleanup(base.CloseIdleConnections)
-	return up, base
+	return up, startTLS(t, up, h2)
 }
 
 // eofHooked is a base that calls hook when its body first meets io.EOF,
