@@ -199,7 +199,7 @@ func (t budgetStart) RoundTrip(req *http.Request) (*http.Response, error) {
 				prefix = "tenant"
 			}
 			budgetCap(prefix, tenant{x.org, x.model}, err)
-			x.refused = err
+			x.refused, x.startRefused = err, true
 			if req.Body != nil {
 				req.Body.Close()
 			}

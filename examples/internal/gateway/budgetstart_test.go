@@ -55,6 +55,8 @@ func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
 	assert.Positive(t, le.RetryAfter)
 	assert.Equal(t, "tokens_per_minute", le.Cap, "the provider's budget")
 	assert.ErrorIs(t, err, late.refused, "answered as a refusal")
+	assert.True(t, late.startRefused, "counted where it is answered: the provider's Traces heard nothing of it")
+	assert.False(t, other.startRefused)
 	assert.ErrorIs(t, err, slots.ErrNotSent, "told as not sent: its slot goes at once, its key's budgets charge nothing")
 	assert.Equal(t, 1, sent, "the late request not sent")
 	used, err := b.Used(context.Background())

@@ -144,6 +144,9 @@ type exchange struct {
 	admitted *pacing.Admission // nil: not admitted
 	refused  error             // the provider's refusal, if any
 	spent    *spending         // its reservations of the budgets kept beside the Gate's
+	// startRefused: refused by budgetStart, as it was to be sent, which
+	// the provider's Traces were not told of (it is not sent).
+	startRefused bool
 }
 
 // An Option configures a Gateway.
@@ -235,6 +238,9 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 				return // the client has gone: nobody to answer
 			}
 			if x, _ := r.Context().Value(exchangeKey{}).(*exchange); x != nil && x.refused != nil {
+				if x.startRefused {
+					g.providerRefused(r.Context(), x.model, x.refused)
+				}
 				g.rejectWait(w, r, x.model, x.refused)
 				return
 			}

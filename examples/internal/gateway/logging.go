@@ -148,13 +148,29 @@ func (g *Gateway) rejectTenant(w http.ResponseWriter, r *http.Request, model str
 // capName names, and names it in the request's log line. A refusal by the
 // org's own budget is counted among the tenant cap's refusals (which
 // admitted the request first) as over_budget: on /metrics (watchTenants),
-// and to its Observer.
+// and to its Observer. One by a fleet's budget of the provider or a model,
+// or by their store held unavailable, is counted as the provider's caps
+// count theirs.
 func (g *Gateway) rejectBudget(w http.ResponseWriter, r *http.Request, capName, model string, err error) {
-	if strings.HasPrefix(capName, "tenant") && errors.Is(err, pacing.ErrOverBudget) {
+	switch {
+	case !strings.HasPrefix(capName, "tenant"):
+		g.providerRefused(r.Context(), model, err)
+	case errors.Is(err, pacing.ErrOverBudget):
 		g.tenantRefused.add("over_budget")
 		g.tenantEvents.Observe(slots.Event{Kind: slots.EventRejected, Err: err, Context: r.Context()})
 	}
 	g.reject(w, r, capName, model, err)
+}
+
+// providerRefused counts a refusal of the provider's or a model's (a
+// fleet's budget of theirs) that was made outside the provider's
+// Transport, whose Traces count the rest: the metrics' (inflightprom, under
+// the cap the refusal names), and the OpenTelemetry adapter's.
+func (g *Gateway) providerRefused(ctx context.Context, model string, err error) {
+	g.prom.Trace(model).Refused(err)
+	if g.tel != nil {
+		g.tel.provider.Trace(ctx).Refused(err)
+	}
 }
 
 // reject answers an admission error, names capName in the request's

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"mime"
 	"net/http"
 	"strings"
 	"time"
@@ -43,6 +44,12 @@ func requestModel(r *http.Request, maxBytes int64) (string, []byte, error) {
 	model, err := pacing.ModelField(buf)
 	if err != nil {
 		return "", nil, errors.New(slots.ErrorMessage(err))
+	}
+	// A JSON object, whatever its Content-Type said (curl -d sends a
+	// form's): it goes on as JSON, so that the upstream, and the
+	// Transport's ask for a stream's usage, read it as the gateway did.
+	if mt, _, _ := mime.ParseMediaType(r.Header.Get("Content-Type")); mt != "application/json" {
+		r.Header.Set("Content-Type", "application/json")
 	}
 	// The fields the token estimate reads, as the upstream will read them.
 	if k := pacing.FoldedKey(buf, "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "stream_options"); k != "" {
