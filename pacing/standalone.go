@@ -29,7 +29,7 @@ func limitsOf(l BudgetLimits) [budgetParts]int { return l.Parts() }
 type Budget struct {
 	clk *clockx.Clock
 	mu  sync.Mutex
-	b   *budgets // nil: no limit set
+	b   *budgets // never nil: under limits all 0, windows that count still (windowsFor)
 }
 
 // NewBudget returns a Budget with those limits. Its clock is the real
