@@ -84,19 +84,7 @@ func TestTransportLeakedStreamVariants(t *testing.T) {
 						out = zw
 						flush = func() { _ = zw.Flush(); w.(http.Flusher).Flush() }
 					}
-					tick := time.NewTicker(5 * time.Millisecond)
-					defer tick.Stop()
-					for {
-						if _, err := out.Write([]byte("data: more\n\n")); err != nil {
-							return
-						}
-						flush()
-						select {
-						case <-r.Context().Done():
-							return
-						case <-tick.C:
-						}
-					}
+					streamUntilGone(r, out, flush)
 				}))
 				base := startTLS(t, up, h2)
 				quiet := slots.WithLogger(slog.New(slog.DiscardHandler))

@@ -52,19 +52,7 @@ func leakedStreamIsClosed(t *testing.T, h2 bool) {
 				came.Add(1)
 				open.Add(1)
 				defer open.Add(-1)
-				tick := time.NewTicker(5 * time.Millisecond)
-				defer tick.Stop()
-				for {
-					if _, err := w.Write([]byte("data: more\n\n")); err != nil {
-						return
-					}
-					w.(http.Flusher).Flush()
-					select {
-					case <-r.Context().Done():
-						return
-					case <-tick.C:
-					}
-				}
+				streamUntilGone(r, w, w.(http.Flusher).Flush)
 			}))
 			base := startTLS(t, up, h2)
 			quiet := slots.WithLogger(slog.New(slog.DiscardHandler))
@@ -97,6 +85,24 @@ func leakedStreamIsClosed(t *testing.T, h2 bool) {
 				"the dropped exchange goes on at the upstream after its slot was reclaimed")
 			assert.Equal(t, 0, a.InFlight())
 		})
+	}
+}
+
+// streamUntilGone writes an event to w, flushed, every 5 ms until r's
+// context ends or a write fails: a stream that never ends by itself.
+func streamUntilGone(r *http.Request, w io.Writer, flush func()) {
+	tick := time.NewTicker(5 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if _, err := w.Write([]byte("data: more\n\n")); err != nil {
+			return
+		}
+		flush()
+		select {
+		case <-r.Context().Done():
+			return
+		case <-tick.C:
+		}
 	}
 }
 
