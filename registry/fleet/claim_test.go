@@ -144,18 +144,25 @@ func TestClaimDoesNotWaitForPipelines(t *testing.T) {
 	assert.False(t, got.s.Degraded(), "admitted by the store")
 	assert.Equal(t, int32(maxSending), st.held.Load(), "the calls on other are still stuck")
 
-	// The waiter's calls: one that queued it, then the claim, each alone.
+	// The waiter's calls: one that queued it, its asks again under the same
+	// ticket (one each claim window, a second at most, in case a wake-up
+	// was lost: on a slow machine one may come before the grant, as in CI
+	// at 4331b87), then the claim, alone.
 	var mine []admission
 	for _, a := range st.admissions() {
 		if slices.Equal(a.keys, []string{"k"}) && a.wait {
 			mine = append(mine, a)
 		}
 	}
-	require.Len(t, mine, 2, "the waiter's calls: %+v", mine)
-	assert.Equal(t, driver.StatusQueued, mine[0].status)
-	assert.Equal(t, driver.StatusAdmitted, mine[1].status, "the claim")
-	assert.Equal(t, mine[0].lease, mine[1].lease, "the claim is the queued ticket's")
-	assert.True(t, mine[1].alone, "the claim goes alone (AdmitOne), not in a pipeline")
+	require.GreaterOrEqual(t, len(mine), 2, "the waiter's calls: %+v", mine)
+	claim := mine[len(mine)-1]
+	for _, a := range mine[:len(mine)-1] {
+		assert.Equal(t, driver.StatusQueued, a.status, "the waiter's calls: %+v", mine)
+		assert.Equal(t, mine[0].lease, a.lease, "one ticket")
+	}
+	assert.Equal(t, driver.StatusAdmitted, claim.status, "the claim")
+	assert.Equal(t, mine[0].lease, claim.lease, "the claim is the queued ticket's")
+	assert.True(t, claim.alone, "the claim goes alone (AdmitOne), not in a pipeline")
 
 	letGo()
 	for range maxSending {
