@@ -295,3 +295,40 @@ func writeJSON(w http.ResponseWriter, v any) {
 	w.Header().Set("Cache-Control", "no-store")
 	_ = json.NewEncoder(w).Encode(v)
 }
+
+// orgLimit returns an org's limit in force.
+func (g *Gateway) orgLimit(org string) int {
+	n, _ := g.orgLimitFrom(org)
+	return n
+}
+
+// Where an org's limit comes from (orgLimitFrom).
+const (
+	fromOverride = "override" // set through the admin API
+	fromConfig   = "config"   // orgs.limits
+	fromDefault  = "default"  // orgs.default_limit
+)
+
+// orgLimitFrom returns an org's limit and where it comes from.
+func (g *Gateway) orgLimitFrom(org string) (int, string) {
+	if n, ok := g.orgs().Get(org); ok {
+		return n, fromOverride
+	}
+	return g.configuredLimit(org)
+}
+
+// orgs returns the orgs' overrides.
+func (g *Gateway) orgs() orgOverrides {
+	g.mu.RLock()
+	defer g.mu.RUnlock()
+	return g.overrides
+}
+
+// configuredLimit returns the limit the config gives an org, and whether
+// it names the org (fromConfig) or not (fromDefault).
+func (g *Gateway) configuredLimit(org string) (int, string) {
+	if n, ok := g.configured[org]; ok {
+		return n, fromConfig
+	}
+	return g.defLimit, fromDefault
+}

@@ -332,42 +332,6 @@ func (g *Gateway) Learned() pacing.Learned {
 // TenantKeys returns the number of (org, model) keys holding or waiting.
 func (g *Gateway) TenantKeys() int { return g.tenants.Keys() }
 
-func (g *Gateway) orgLimit(org string) int {
-	n, _ := g.orgLimitFrom(org)
-	return n
-}
-
-// Where an org's limit comes from (orgLimitFrom).
-const (
-	fromOverride = "override" // set through the admin API
-	fromConfig   = "config"   // orgs.limits
-	fromDefault  = "default"  // orgs.default_limit
-)
-
-// orgLimitFrom returns an org's limit and where it comes from.
-func (g *Gateway) orgLimitFrom(org string) (int, string) {
-	if n, ok := g.orgs().Get(org); ok {
-		return n, fromOverride
-	}
-	return g.configuredLimit(org)
-}
-
-// orgs returns the orgs' overrides.
-func (g *Gateway) orgs() orgOverrides {
-	g.mu.RLock()
-	defer g.mu.RUnlock()
-	return g.overrides
-}
-
-// configuredLimit returns the limit the config gives an org, and whether
-// it names the org (fromConfig) or not (fromDefault).
-func (g *Gateway) configuredLimit(org string) (int, string) {
-	if n, ok := g.configured[org]; ok {
-		return n, fromConfig
-	}
-	return g.defLimit, fromDefault
-}
-
 // model handles a model request: the tenant cap at once, then the provider's
 // caps and pacing (waiting), then the upstream, holding both until done.
 func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
