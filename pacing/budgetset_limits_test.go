@@ -16,6 +16,15 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
+// budgetsOfLimits returns Budgets on mock whose every key has the limits
+// last given to set, from first.
+func budgetsOfLimits(mock clock.Clock, first *pacing.BudgetLimits) (s *pacing.Budgets[string], set func(*pacing.BudgetLimits)) {
+	var mu sync.Mutex
+	limits := first
+	set = func(l *pacing.BudgetLimits) { mu.Lock(); limits = l; mu.Unlock() }
+	return pacing.NewBudgets(func(string) *pacing.BudgetLimits { mu.Lock(); defer mu.Unlock(); return limits }, slots.WithClock(mock)), set
+}
+
 // A reservation open while a key's limits go to all 0 and come back
 // settles (Cancel, or an overestimate) into the windows it was charged to,
 // which went on counting (before, the windows were made anew: the step
@@ -23,10 +32,7 @@ import (
 // minute).
 func TestBudgetsLimitsThroughZeroWithAReservationOpen(t *testing.T) {
 	mock := clock.NewMock()
-	var mu sync.Mutex
-	limits := &pacing.BudgetLimits{TokensPerMinute: 150}
-	set := func(l *pacing.BudgetLimits) { mu.Lock(); limits = l; mu.Unlock() }
-	s := pacing.NewBudgets(func(string) *pacing.BudgetLimits { mu.Lock(); defer mu.Unlock(); return limits }, slots.WithClock(mock))
+	s, set := budgetsOfLimits(mock, &pacing.BudgetLimits{TokensPerMinute: 150})
 
 	open, err := s.Reserve("org", pacing.Tokens{Input: 140}) // in flight across the changes
 	require.NoError(t, err)
@@ -62,10 +68,7 @@ func TestBudgetsLimitsThroughZeroWithAReservationOpen(t *testing.T) {
 // estimate counts against them until it settles.
 func TestBudgetsLimitsFromZeroWithAReservationOpen(t *testing.T) {
 	mock := clock.NewMock()
-	var mu sync.Mutex
-	limits := &pacing.BudgetLimits{}
-	set := func(l *pacing.BudgetLimits) { mu.Lock(); limits = l; mu.Unlock() }
-	s := pacing.NewBudgets(func(string) *pacing.BudgetLimits { mu.Lock(); defer mu.Unlock(); return limits }, slots.WithClock(mock))
+	s, set := budgetsOfLimits(mock, &pacing.BudgetLimits{})
 
 	open, err := s.Reserve("org", pacing.Tokens{Input: 1000})
 	require.NoError(t, err)

@@ -193,10 +193,7 @@ func TestBudgetOptionsAreTyped(t *testing.T) {
 // Reserve's error, and change nothing.
 func TestBudgetsLimitsChangeAtOnce(t *testing.T) {
 	mock := clock.NewMock()
-	var mu sync.Mutex
-	limits := &pacing.BudgetLimits{TokensPerMinute: 1000}
-	set := func(l *pacing.BudgetLimits) { mu.Lock(); limits = l; mu.Unlock() }
-	s := pacing.NewBudgets(func(string) *pacing.BudgetLimits { mu.Lock(); defer mu.Unlock(); return limits }, slots.WithClock(mock))
+	s, set := budgetsOfLimits(mock, &pacing.BudgetLimits{TokensPerMinute: 1000})
 	left := func() (int, int) { st := s.Status("org"); require.NotEmpty(t, st); return st[0].Left, st[0].Limit }
 
 	open, err := s.Reserve("org", pacing.Tokens{Input: 100})
