@@ -46,14 +46,21 @@ func (t *Transport) fleetTokens(ctx context.Context, model string, n int) (*slot
 		return nil, nil
 	}
 	s, err := t.tokenCaps.AcquireAllN(ctx, n, keys...)
+	return s, nameFleetCap(err, CapTokens, FleetModelTokens, CapModelTokens)
+}
+
+// nameFleetCap sets the Cap of the fleet's refusal err, made for this
+// call, as the Gate names its own: modelCap when its key starts with
+// modelPrefix, whole otherwise. It returns err.
+func nameFleetCap(err error, whole, modelPrefix, modelCap string) error {
 	var le *slots.LimitError
 	if errors.As(err, &le) && le.Cap == "" {
-		le.Cap = CapTokens
-		if strings.HasPrefix(le.Key, FleetModelTokens) {
-			le.Cap = CapModelTokens
+		le.Cap = whole
+		if strings.HasPrefix(le.Key, modelPrefix) {
+			le.Cap = modelCap
 		}
 	}
-	return s, err
+	return err
 }
 
 // WithFleetTokens makes requests take the fleet's caps on tokens in flight

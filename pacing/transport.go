@@ -62,7 +62,8 @@ var _ http.RoundTripper = (*Transport)(nil)
 // Gate; every answer is reported to it as to the Gate. In the fleet's
 // queue, flows take turns in each key's own units: requests on these
 // keys, tokens on those of WithFleetTokens (the Gate's own queue weighs a
-// request by the cap that binds, see AcquireN).
+// request by the cap that binds, see AcquireN). A refusal there has its
+// LimitError's Cap set to CapProvider or CapModel, as the Gate's would.
 type FleetCaps interface {
 	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
 	Report(s *slots.Slot, v Verdict)
@@ -283,6 +284,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 					keys = append(keys, mk)
 				}
 				x.caps, err = t.caps.AcquireAll(ctx, keys...)
+				err = nameFleetCap(err, CapProvider, "model:", CapModel)
 			}
 			if err == nil && t.tokenCaps != nil {
 				x.tokens, err = t.fleetTokens(ctx, x.model, cost.Total())

@@ -66,11 +66,14 @@ func TestDrainTurnsAwayTheProviderQueue(t *testing.T) {
 	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
 	assert.Equal(t, "1000", resp.Header.Get(slots.HeaderRetryAfterMs), "the clients that read retry-after-ms first")
 	assert.True(t, resp.Close, "Connection: close")
+	assert.Equal(t, "provider", resp.Header.Get("X-Inflight-Cap"), "the cap it waited for")
 	var e struct {
-		Error struct{ Message, Type string }
+		Error struct{ Message, Type, Cap, Reason string }
 	}
 	require.NoError(t, json.NewDecoder(resp.Body).Decode(&e))
 	assert.Equal(t, "overloaded_error", e.Error.Type)
+	assert.Equal(t, "provider", e.Error.Cap)
+	assert.Equal(t, "shutting_down", e.Error.Reason)
 	assert.Equal(t, "the gateway is shutting down; retry the request", e.Error.Message)
 
 	close(release)

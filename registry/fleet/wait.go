@@ -99,18 +99,17 @@ func (r *Registry[K]) waitedTooLong(l *lease[K], last outcome) outcome {
 func (r *Registry[K]) timedOut(l *lease[K], last outcome) *slots.LimitError {
 	i := max(last.full, 0)
 	le := &slots.LimitError{Err: slots.ErrWaitTimeout, Key: r.keyName(l.keys[i]), InFlight: last.inFlight, Queued: last.queuedN}
+	if last.queued && last.full >= 0 {
+		le.Queued = max(le.Queued-1, 0) // the store's count was its own ticket's too: it has left
+	}
 	if len(l.limits) > i {
 		le.Limit = l.limits[i]
 	}
 	le.RetryAfter = r.holdTime.RetryAfter(0, l.units, needOf(le.Queued, l.units), le.Limit, nil, 0, nil)
 	if last.full >= 0 && i < len(l.names) {
-		ahead := le.Queued
-		if last.queued {
-			ahead-- // the store's count was its own ticket's too: it has left
-		}
 		// It may queue again on its return: told to come a little early
 		// (not before a pause it waited in ends).
-		le.RetryAfter = r.refusalRetryAfter(l, i, le, ahead, r.maxWait/2, time.Until(last.resume), true)
+		le.RetryAfter = r.refusalRetryAfter(l, i, le, le.Queued, r.maxWait/2, time.Until(last.resume), true)
 	}
 	return le
 }

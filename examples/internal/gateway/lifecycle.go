@@ -147,15 +147,19 @@ func (g *Gateway) Close() {
 	}
 }
 
-// rejectWait answers a provider wait that ended without a grant: with 503
-// and "Connection: close" when Drain ended it (the client is still there),
-// else as reject does.
+// rejectWait answers a provider wait that ended without a grant: when
+// Drain ended it (the client is still there) with 503, "Connection: close"
+// and the cap it waited for, for the reason "shutting_down" (counted by
+// the provider's metrics as a wait cancelled), else as reject does.
 func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model string, err error) {
+	capName := refusedBy(err)
 	if g.draining.Err() != nil && r.Context().Err() == nil {
+		requestInfoFrom(r.Context()).refusedBy = capName
 		w.Header().Set("Connection", "close")
+		w.Header().Set(CapHeader, capName)
 		slots.SetRetryAfter(w.Header(), drainRetryAfter)
-		writeOpenAIError(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request")
+		writeOpenAIErrorWith(w, http.StatusServiceUnavailable, "the gateway is shutting down; retry the request", capName, "shutting_down")
 		return
 	}
-	g.reject(w, r, refusedBy(err), model, err)
+	g.reject(w, r, capName, model, err)
 }
