@@ -119,8 +119,9 @@ type Config struct {
 	// APIKeys is a pool of keys, each with its own cap; a request is given
 	// the key with the most free capacity.
 	APIKeys []KeyConfig `json:"api_keys,omitempty"`
-	// Models adds per-model caps and spacing, by upstream model id. A model
-	// cap tightens the provider cap; a model's spacing only adds delay.
+	// Models adds per-model caps and spacing, by upstream model id (not
+	// empty). A model cap tightens the provider cap; a model's spacing only
+	// adds delay.
 	Models map[string]ModelConfig `json:"models,omitempty"`
 	// Shares guarantees priority classes ("interactive", "default",
 	// "batch") a part of the provider cap; see slots.Share.
@@ -276,6 +277,9 @@ func (c Config) Validate() error {
 		seen[k.ID] = true
 	}
 	for name, m := range c.Models {
+		if name == "" { // a fleet's caps would not hold it either
+			return bad("models", `""`, "is not a model's name (a request that names no model takes the provider's caps alone)")
+		}
 		field := fmt.Sprintf("models[%q]", name)
 		if err := validPacing(field+".", m.MaxConcurrentRequests, m.RequestsPerMinute, m.MinIntervalMS); err != nil {
 			return err

@@ -55,6 +55,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{`{"api_keys": [{"id": "a"}, {"id": "a"}]}`, `api_keys[1].id: "a" appears twice`},
 		{`{"api_keys": [{"id": "a", "max_concurrent_requests": -2}]}`, "api_keys[0].max_concurrent_requests: -2 is negative"},
 		{`{"models": {"glm-5.3": {"max_concurrent_requests": -1}}}`, `models["glm-5.3"].max_concurrent_requests: -1 is negative`},
+		{`{"models": {"": {"max_concurrent_requests": 1}}}`, `models: "" is not a model's name (a request that names no model takes the provider's caps alone)`},
 		{`{"models": {"glm-5.3": {"requests_per_minute": 70000}}}`, `models["glm-5.3"].requests_per_minute: 70000 is outside`},
 		{`{"models": {"glm-5.3": {"min_interval_ms": -1}}}`, `models["glm-5.3"].min_interval_ms: -1 is negative`},
 		// Past a day, and far past what a time.Duration holds: no overflow

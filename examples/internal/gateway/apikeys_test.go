@@ -156,3 +156,28 @@ func TestBypassUnderAKeyPoolSendsNoClientCredential(t *testing.T) {
 	defer mu.Unlock()
 	assert.Equal(t, []string{"Bearer sk-pool", ""}, seen, "the pool's key, then none")
 }
+
+// A name that no request can carry is refused in the configuration, not
+// kept as a cap that never applies: a model or an org over 256 bytes (a
+// request naming one is answered 400), an empty one (a request without
+// X-Org-ID is the org "default"; one without a model takes the
+// provider's caps alone).
+func TestConfigRefusesNamesNoRequestCarries(t *testing.T) {
+	long := strings.Repeat("m", 257)
+	for _, tc := range []struct{ json, err string }{
+		{`{"provider": {"models": {"` + long + `": {"max_concurrent_requests": 1}}}}`, `config: provider: models["mmm`},
+		{`{"provider": {"models": {"": {"max_concurrent_requests": 1}}}}`, `config: provider: pacing: models: "" is not a model's name`},
+		{`{"orgs": {"limits": {"` + long + `": 1}}}`, `config: orgs.limits["mmm`},
+		{`{"orgs": {"limits": {"": 1}}}`, `config: orgs.limits[""]: not an org's name (1 to 256 bytes)`},
+		{`{"orgs": {"priorities": {"": "batch"}}}`, `config: orgs.priorities[""]: not an org's name`},
+		{`{"orgs": {"weights": {"` + long + `": 2}}}`, `config: orgs.weights["mmm`},
+		{`{"orgs": {"budgets": {"": {"tokens_per_minute": 10}}}}`, `config: orgs.budgets[""]: not an org's name`},
+	} {
+		js := `{"upstream": "http://x", ` + tc.json[1:]
+		_, err := ParseConfig([]byte(js))
+		assert.ErrorContains(t, err, tc.err, tc.json)
+	}
+	// 256 bytes is a name.
+	_, err := ParseConfig([]byte(`{"upstream": "http://x", "orgs": {"limits": {"` + long[:256] + `": 1}}, "provider": {"models": {"` + long[:256] + `": {}}}}`))
+	assert.NoError(t, err)
+}

@@ -6,6 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"iter"
+	"maps"
 	"math"
 	"net/url"
 	"os"
@@ -354,6 +356,9 @@ func ParseConfig(data []byte) (Config, error) {
 			return Config{}, fmt.Errorf("config: orgs.budgets[%q]: %w", org, err)
 		}
 	}
+	if err := c.checkNames(); err != nil {
+		return Config{}, err
+	}
 	if c.Orgs.DefaultLimit < 0 {
 		return Config{}, fmt.Errorf("config: orgs.default_limit: %d is negative", c.Orgs.DefaultLimit)
 	}
@@ -417,6 +422,29 @@ func ParseConfig(data []byte) (Config, error) {
 		return Config{}, err
 	}
 	return c, nil
+}
+
+// checkNames refuses the names of orgs and models that no request can
+// carry, whose settings would never apply: over maxNameBytes (a request
+// naming one is answered 400), or an empty org (a request without
+// OrgHeader is "default"; pacing refuses an empty model).
+func (c *Config) checkNames() error {
+	for field, names := range map[string]iter.Seq[string]{
+		"orgs.limits": maps.Keys(c.Orgs.Limits), "orgs.priorities": maps.Keys(c.Orgs.Priorities),
+		"orgs.weights": maps.Keys(c.Orgs.Weights), "orgs.budgets": maps.Keys(c.Orgs.Budgets),
+	} {
+		for org := range names {
+			if org == "" || len(org) > maxNameBytes {
+				return fmt.Errorf("config: %s[%q]: not an org's name (1 to %d bytes)", field, org, maxNameBytes)
+			}
+		}
+	}
+	for model := range c.Provider.Models {
+		if len(model) > maxNameBytes {
+			return fmt.Errorf("config: provider: models[%q]: not a model's name (at most %d bytes)", model, maxNameBytes)
+		}
+	}
+	return nil
 }
 
 // readAPIKeys reads each API key's secret from the variable APIKeyEnv names.
