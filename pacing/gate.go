@@ -165,8 +165,8 @@ func (g *Gate) Reconfigure(cfg Config) error {
 	return nil
 }
 
-// Close removes the provider: every waiter fails with ErrGateClosed, and so
-// does every later Acquire. Holders keep their slots until they release.
+// Close removes the provider: waiters and later Acquires fail with
+// ErrGateClosed, holders keep their slots, and learned caps stop learning.
 func (g *Gate) Close() {
 	var wk core.Wakes
 	g.mu.Lock()

@@ -130,7 +130,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		l.timer.Stop()
 		l.timer = nil
 	}
-	if at == 0 || l.timer != nil {
+	if at == 0 || l.timer != nil || g.isClosed { // closed: Close stopped them for good
 		return
 	}
 	l.timerAt = at
@@ -138,7 +138,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 	gen := l.timerGen
 	l.timer = g.clk.AfterFunc(time.Duration(max(at-now, 0)), func() {
 		g.mu.Lock()
-		if !g.learningLocked(l) || l.timerGen != gen {
+		if g.isClosed || !g.learningLocked(l) || l.timerGen != gen {
 			g.mu.Unlock()
 			return
 		}

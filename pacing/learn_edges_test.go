@@ -393,3 +393,24 @@ func TestLoweringMinDuringTheTestOfACut(t *testing.T) {
 		g.Close()
 	})
 }
+
+// TestReconfigureAfterCloseArmsNothing: a closed Gate given a new
+// configuration arms none of its learners' timers again (Close stopped
+// them; they fired later and went on learning for a Gate that was gone).
+func TestReconfigureAfterCloseArmsNothing(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		cfg := pacing.Config{Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 1000},
+			Models: map[string]pacing.ModelConfig{"m": {Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 1000}}}}
+		g := newGate(t, cfg)
+		held := acquireN(t, g, 4)
+		g.Report(held[3], refused) // a cut: its test is armed
+		require.Positive(t, pacing.ArmedTimers(g), "the scene arms a timer")
+		g.Close()
+		require.Zero(t, pacing.ArmedTimers(g))
+		require.NoError(t, g.Reconfigure(cfg))
+		assert.Zero(t, pacing.ArmedTimers(g), "none armed again")
+		for _, h := range held {
+			h.Slot.Release()
+		}
+	})
+}
