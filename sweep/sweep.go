@@ -70,11 +70,15 @@ type Tick struct {
 	MaxPerKey     int
 	OverThreshold int // slots held over the threshold now (a multi-key slot once)
 	NewlyOver     int // of them, those seen over it for the first time
+	// Stopped marks the last Tick, with no counts: the Monitor has ended
+	// (Stop, or its source was collected), and what it told is stale.
+	Stopped bool
 }
 
-// An Observer receives a Tick after each sweep of a running Monitor. It is
-// called from the Monitor's goroutine, without any lock held; a panic in it
-// is recovered and logged, and the next tick is delivered as usual.
+// An Observer receives a Tick after each sweep of a running Monitor, and a
+// last one (Tick.Stopped) when the Monitor ends. It is called from the
+// Monitor's goroutine, without any lock held; a panic in it is recovered
+// and logged, and the next tick is delivered as usual.
 type Observer interface {
 	ObserveSweep(Tick)
 }
@@ -209,6 +213,7 @@ func (m *Monitor[K]) Done() <-chan struct{} { return m.done }
 // a tick that finds the previous sweep still running is dropped, not queued.
 func (m *Monitor[K]) run(t *clock.Ticker) {
 	defer close(m.done)
+	defer m.observe(Tick{Stopped: true}) // before Stop returns
 	defer t.Stop()
 	for {
 		select {
@@ -220,7 +225,8 @@ func (m *Monitor[K]) run(t *clock.Ticker) {
 				return // the source is gone
 			}
 			m.warn(rep)
-			m.observe(rep)
+			m.observe(Tick{InUse: rep.InUse, Units: rep.Units, Keys: rep.Keys, MaxPerKey: rep.MaxPerKey,
+				OverThreshold: rep.over, NewlyOver: len(rep.NewlyLongHeld)})
 		}
 	}
 }
@@ -301,7 +307,7 @@ func (m *Monitor[K]) warn(rep Report[K]) {
 	}
 }
 
-func (m *Monitor[K]) observe(rep Report[K]) {
+func (m *Monitor[K]) observe(t Tick) {
 	if m.cfg.observer == nil {
 		return
 	}
@@ -310,8 +316,5 @@ func (m *Monitor[K]) observe(rep Report[K]) {
 			m.log().Error("sweep: observer panicked", slog.Any("panic", p))
 		}
 	}()
-	m.cfg.observer.ObserveSweep(Tick{
-		InUse: rep.InUse, Units: rep.Units, Keys: rep.Keys, MaxPerKey: rep.MaxPerKey,
-		OverThreshold: rep.over, NewlyOver: len(rep.NewlyLongHeld),
-	})
+	m.cfg.observer.ObserveSweep(t)
 }

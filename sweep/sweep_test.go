@@ -158,6 +158,41 @@ func TestMonitorTicks(t *testing.T) {
 	s.Release()
 	mock.Add(time.Minute)
 	assert.Equal(t, sweep.Tick{}, <-ticks)
+	m.Stop()
+	require.Len(t, ticks, 1, "told it ended, before Stop returned")
+	assert.Equal(t, sweep.Tick{Stopped: true}, <-ticks)
+}
+
+// TestMonitorEndingIsTold: a Monitor whose source is collected tells its
+// Observer it has ended, as Stop does, so that a figure it fed does not
+// stay at its last value.
+func TestMonitorEndingIsTold(t *testing.T) {
+	mock := clock.NewMock()
+	ticks := make(chan sweep.Tick, 1)
+	obs := sweep.ObserverFunc(func(tk sweep.Tick) {
+		select {
+		case ticks <- tk:
+		default: // keep the last only
+			<-ticks
+			ticks <- tk
+		}
+	})
+	m := func() *sweep.Monitor[string] {
+		return sweep.New(registry.New[string](1), sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(obs))
+	}()
+	for i := 0; ; i++ {
+		runtime.GC()
+		mock.Add(time.Second)
+		select {
+		case <-m.Done():
+			require.Len(t, ticks, 1, "told it ended, before Done was closed")
+			assert.Equal(t, sweep.Tick{Stopped: true}, <-ticks)
+			return
+		default:
+		}
+		require.Less(t, i, 1000, "the monitor kept running after its registry was dropped")
+		runtime.Gosched()
+	}
 }
 
 // TestMonitorEndsWithItsRegistry: the monitor keeps only a weak pointer, so

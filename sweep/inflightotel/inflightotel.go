@@ -380,8 +380,14 @@ func watchWeakly[T any](c *Cap, v *T, read func(*T) Snapshot) {
 
 // ObserveSweep implements sweep.Observer: pass the Cap to the Monitor of
 // its source (sweep.WithObserver), and inflight.slot.long_held reports
-// the slots over the Monitor's threshold.
-func (c *Cap) ObserveSweep(t sweep.Tick) { c.over.Store(int64(t.OverThreshold)) }
+// the slots over the Monitor's threshold, until the Monitor ends.
+func (c *Cap) ObserveSweep(t sweep.Tick) {
+	if t.Stopped {
+		c.over.Store(-1) // no figure is better than a stale one
+		return
+	}
+	c.over.Store(int64(t.OverThreshold))
+}
 
 // Observe implements slots.Observer: it counts each admission by result,
 // records its time in queue and each hold, and puts the admission on its

@@ -193,6 +193,8 @@ func TestRegistryMetrics(t *testing.T) {
 		"inflight.cap=tenant,inflight.result=acquired":                                               1,
 		"inflight.cap=tenant,inflight.result=invalid_key":                                            1,
 	}, ints(t, got["inflight.requests"]))
+	c.ObserveSweep(sweep.Tick{Stopped: true}) // its Monitor ended
+	assert.NotContains(t, m.collect(t), "inflight.slot.long_held", "no stale figure once the Monitor has ended")
 	a.Release()
 	b.Release()
 	require.NoError(t, c.Close())
