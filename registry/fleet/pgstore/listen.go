@@ -205,15 +205,15 @@ func (s *Store) listenOn(ctx context.Context, proc string) (*pgx.Conn, channels,
 // AfterConnect the search_path).
 func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
 	if s.listen != nil {
-		return pgx.ConnectConfig(ctx, s.listen)
+		return pgx.ConnectConfig(ctx, ownNotifications(s.listen.Copy()))
 	}
-	pc := s.pool.Config()
+	pc := s.pool.Config() // a copy, with its ConnConfig's
 	if pc.BeforeConnect != nil {
 		if err := pc.BeforeConnect(ctx, pc.ConnConfig); err != nil {
 			return nil, err
 		}
 	}
-	conn, err := pgx.ConnectConfig(ctx, pc.ConnConfig)
+	conn, err := pgx.ConnectConfig(ctx, ownNotifications(pc.ConnConfig))
 	if err != nil {
 		return nil, err
 	}
@@ -230,3 +230,13 @@ func (s *Store) connect(ctx context.Context) (*pgx.Conn, error) {
 // interval, and at least a second, so that a busy server or process is
 // not taken for a dead connection.
 func (s *Store) answer() time.Duration { return max(s.check, time.Second) }
+
+// ownNotifications takes out of cfg, a copy, the notification handler of
+// the connections it was made for (an application that listens on its
+// pool's): pgx hands each notification to such a handler instead of
+// WaitForNotification, which would then deliver nothing to Listen. The
+// notifications of Listen's connection are the fleet's.
+func ownNotifications(cfg *pgx.ConnConfig) *pgx.ConnConfig {
+	cfg.OnNotification = nil
+	return cfg
+}
