@@ -66,6 +66,9 @@ var pausedSQL string
 //go:embed pausedask.sql
 var pausedAskSQL string
 
+//go:embed sweepdenied.sql
+var sweepDeniedSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -96,20 +99,22 @@ var schemaV1 = withConstants(schemaSQL)
 // silence, driver.Store), and revision 13 deletes the rows of keys left
 // idle, and takes a key's lock in one statement that makes the row again
 // if it was deleted meanwhile, revision 14 keeps no place for an urgent
-// ticket with a paused key, and revision 15 keeps a waiter's place across
-// a pause of new admissions. A revision adds, or replaces a function
+// ticket with a paused key, revision 15 keeps a waiter's place across
+// a pause of new admissions, and revision 16 counts a sweep that the role
+// may not make as made, so that it is tried (and logged) once a sweep
+// interval rather than at every renewal. A revision adds, or replaces a function
 // keeping its signature and the meaning of its answers, so a release that
 // knows fewer of them works on the schema as it is (a rolling deploy has
 // both side by side); one that changes what is there makes a new
 // SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
-	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL)}
+	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 15
+	SchemaRevision = 16
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -13,12 +13,13 @@
 // Each operation is one call of a function that New installs (see
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
-// newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql and paused.sql),
+// newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql, paused.sql,
+// pausedask.sql and sweepdenied.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. The rows of keys idle for ten minutes are
 // deleted after renewals (sweep.sql), if the role may: give it DELETE
 // on inflight_key (without it, the rows stay, and the server's log says
-// so). Behind PgBouncer in transaction mode without its
+// so, once a second). Behind PgBouncer in transaction mode without its
 // prepared statements (before 1.21, or with
 // max_prepared_statements = 0), give the pool's connection string
 // default_query_exec_mode=exec (pgx's statement cache is session state:
