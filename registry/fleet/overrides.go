@@ -41,7 +41,7 @@ import (
 // failover to a replica that lagged) has the overrides written back by the
 // processes that knew them, the latest copy winning: they live as long as
 // one process does, and for a year after the last one read them. A process
-// that has seen no overrides waits a second before its first change to a
+// that has seen no overrides waits two seconds before its first change to a
 // store that has none, so that those processes can write them back first.
 //
 // It is meant for tens to a few thousand names: the whole map is one record
@@ -98,6 +98,14 @@ const overridesRefresh = time.Second
 
 // overridesTries bounds the compare-and-swap rounds of one change.
 const overridesTries = 64
+
+// overridesWriteBack is how long a process that has seen no overrides
+// waits before its first change to a store that has none, so that the
+// processes that knew them write them back first: each begins a read every
+// overridesRefresh, and the read with its write-back may take as long
+// again (its timeout). A process that waited one refresh only wrote the
+// record of its change alone over theirs when their store answered slowly.
+const overridesWriteBack = 2 * overridesRefresh
 
 var (
 	// ErrOverridesConflict is returned by Set and Delete when other
@@ -259,13 +267,22 @@ func (o *Overrides) change(ctx context.Context, edit func(map[string]int) (bool,
 			// at its next read. Give it that time, once, rather than write
 			// a record of this change alone over theirs.
 			waited = true
-			t := time.NewTimer(overridesRefresh)
+			t := time.NewTimer(overridesWriteBack)
 			select {
 			case <-ctx.Done():
 				t.Stop()
 				return false, ctx.Err()
 			case <-t.C:
 			}
+			continue
+		}
+		if rec.V < o.seen() {
+			// Older than this process's copy, and not written back: the
+			// store lost its data (or failed over to a replica that
+			// lagged) as another read of this process took a later
+			// record. A change made on it would be the latest record, of
+			// the store's old overrides alone, and every process would
+			// take it: read again, which writes the copy back.
 			continue
 		}
 		m := maps.Clone(rec.Limits)

@@ -134,7 +134,8 @@ func (o *Overrides) decode(state string) (overridesRecord, error) {
 // write must presume. If the store's record is older than this process's
 // copy (the store lost its data, or failed over to a replica that lagged),
 // or cannot be read, it writes the copy back and returns no presumed
-// version.
+// version; an older record is returned as read if another record was
+// taken while it was read (the next read writes the copy back).
 func (o *Overrides) sync(ctx context.Context) (overridesRecord, string, error) {
 	o.mu.RLock()
 	since := o.taken

@@ -265,3 +265,123 @@ func TestOverridesLeaveALaterFormatAlone(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, later, res.State, "left as it was")
 }
+
+// slowStore is a memstore whose calls to the overrides' record take a
+// while, once the test says so: as a store just back from a restart
+// answers, within the overrides' read timeout.
+type slowStore struct {
+	*memstore.Store
+	slow atomic.Bool
+}
+
+// slowCall is how long a slowStore's call takes: a read and its write-back
+// together within the overrides' read timeout.
+const slowCall = 400 * time.Millisecond
+
+func (s *slowStore) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
+	if s.slow.Load() {
+		t := time.NewTimer(slowCall)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return driver.LearnedResult{}, ctx.Err()
+		case <-t.C:
+		}
+	}
+	return s.Store.SyncLearned(ctx, c)
+}
+
+// A process that has seen no overrides, changing them in a store that lost
+// its data, waits until the processes that knew them have written them
+// back: each reads every second, and a read with its write-back may take a
+// second too (its timeout). It used to wait one second only, and the record
+// of its change alone then went over theirs, later than their copies, which
+// took it: org x, turned off, was on again on every process.
+func TestOverridesWaitForTheWriteBackOfASlowStore(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ctx := context.Background()
+		ms := memstore.New()
+		slow := &slowStore{Store: ms}
+		a, err := NewOverrides(slow, "orgs", nil, nil)
+		require.NoError(t, err)
+		defer a.Close()
+		require.NoError(t, a.Set(ctx, "x", 0))
+		slow.slow.Store(true)
+
+		// Just after a's read of this second has found the record (its
+		// reads begin on the bubble's whole seconds): a finds the store
+		// empty at its next read, and writes its copy back a call later.
+		time.Sleep(overridesRefresh - time.Duration(time.Now().UnixNano()%int64(overridesRefresh)) + overridesRefresh/2)
+		ms.Kill()
+		ms.Restart() // empty
+		c, err := NewOverrides(ms, "orgs", nil, nil)
+		require.NoError(t, err)
+		defer c.Close()
+		require.NoError(t, c.Set(ctx, "y", 1))
+
+		require.NoError(t, a.Sync(ctx))
+		require.NoError(t, c.Sync(ctx))
+		assert.Equal(t, map[string]int{"x": 0, "y": 1}, c.All(), "c's change made over the copy written back")
+		assert.Equal(t, map[string]int{"x": 0, "y": 1}, a.All())
+	})
+}
+
+// racedStore is a memstore on which a change's read, once the test arms
+// it, races another read of the same process: that one is served first,
+// and takes the record the store has; then the store loses its data, and
+// the change's read finds none. Messages to the process are dropped, so
+// that it reads only when the test says.
+type racedStore struct {
+	*memstore.Store
+	armed atomic.Bool
+	other func() // the other read
+}
+
+func (s *racedStore) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.LearnedResult, error) {
+	if c.State == "" && s.armed.CompareAndSwap(true, false) {
+		s.other()
+		s.Kill()
+		s.Restart() // empty
+	}
+	return s.Store.SyncLearned(ctx, c)
+}
+
+func (s *racedStore) Listen(ctx context.Context, proc string, l driver.Listener) {
+	s.Store.Listen(ctx, proc, deafListener{l})
+}
+
+// deafListener drops the learned states published.
+type deafListener struct{ driver.Listener }
+
+func (deafListener) Learned(string) {}
+
+// A change whose read finds the store older than this process's copy (it
+// lost its data, or failed over to a replica that lagged) while another
+// read of the process took a later record is made on the copy written
+// back, not on what the store had: it used to be made on the empty record,
+// and the record of that change alone, the latest, took every other
+// override away from every process.
+func TestOverridesChangeNotMadeOnALostRecord(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ctx := context.Background()
+		ms := memstore.New()
+		rs := &racedStore{Store: ms}
+		a, err := NewOverrides(rs, "orgs", nil, nil)
+		require.NoError(t, err)
+		defer a.Close()
+		b, err := NewOverrides(ms, "orgs", nil, nil)
+		require.NoError(t, err)
+		defer b.Close()
+		require.NoError(t, a.Set(ctx, "x", 0))
+		synctest.Wait() // a reads again on its next tick only: time stands until the test blocks
+		require.NoError(t, b.Set(ctx, "z", 1))
+		rs.other = func() { assert.NoError(t, a.Sync(ctx)) }
+		rs.armed.Store(true)
+
+		require.NoError(t, a.Set(ctx, "y", 2))
+		assert.False(t, rs.armed.Load(), "the race was run")
+		assert.Equal(t, map[string]int{"x": 0, "y": 2, "z": 1}, a.All())
+		require.NoError(t, b.Sync(ctx))
+		assert.Equal(t, map[string]int{"x": 0, "y": 2, "z": 1}, b.All())
+	})
+}
