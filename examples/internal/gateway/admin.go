@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -205,11 +206,11 @@ func (g *Gateway) deleteOrgLimit(w http.ResponseWriter, r *http.Request) {
 const adminStoreTimeout = 5 * time.Second
 
 // changeFailed answers a change the overrides did not take: 409 when there
-// are too many, else 503 (the fleet's store did not answer, or other
-// gateways changed them at every try).
+// are too many (with or without a fleet), else 503 (the fleet's store did
+// not answer, or other gateways changed them at every try).
 func (g *Gateway) changeFailed(w http.ResponseWriter, r *http.Request, what, org string, err error) {
 	if errors.Is(err, fleet.ErrOverridesFull) {
-		writeOpenAIError(w, http.StatusConflict, "the fleet holds as many org limits as it can: remove some first")
+		writeOpenAIError(w, http.StatusConflict, "as many org limits are set as can be: remove some first")
 		return
 	}
 	if r.Context().Err() == nil {
@@ -256,7 +257,10 @@ type orgOverrides interface {
 	Delete(ctx context.Context, org string) (bool, error)
 }
 
-// localOverrides are this gateway's own overrides, kept in memory.
+// localOverrides are this gateway's own overrides, kept in memory: as
+// many as a fleet's (fleet.MaxOverrides), so that orgs sent without end
+// do not grow the gateway without end, and a PATCH past them is a 409 as
+// with a fleet.
 type localOverrides struct {
 	mu sync.Mutex
 	m  map[string]int
@@ -272,6 +276,9 @@ func (l *localOverrides) Get(org string) (int, bool) {
 func (l *localOverrides) Set(_ context.Context, org string, n int) error {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if _, ok := l.m[org]; !ok && len(l.m) >= fleet.MaxOverrides {
+		return fmt.Errorf("%w: %q: %d orgs already", fleet.ErrOverridesFull, org, fleet.MaxOverrides)
+	}
 	l.m[org] = n
 	return nil
 }

@@ -3,6 +3,7 @@ package gateway
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
@@ -17,6 +18,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/registry/fleet"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
 
@@ -315,4 +317,30 @@ func orgALimitAt(t *testing.T, client *http.Client, gw *httptest.Server) string 
 	status, body := do(t, client, adminRequest(t, http.MethodGet, gw.URL+orgALimitPath, ""))
 	require.Equal(t, http.StatusOK, status, body)
 	return body
+}
+
+// Without a fleet, the admin API holds as many org limits as a fleet does
+// (fleet.MaxOverrides), kept in the gateway's memory: past that, a PATCH of
+// another org is a 409, as with a fleet, while the orgs it holds can still
+// be changed and removed. It used to take every org it was sent, without
+// bound.
+func TestAdminOrgLimitsWithoutAFleetAreBounded(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u.srv.URL, testConfig)
+	client := srv.Client()
+	ctx := context.Background()
+	for i := range fleet.MaxOverrides {
+		require.NoError(t, gw.orgs().Set(ctx, fmt.Sprintf("org-%d", i), 1))
+	}
+	limitPath := func(org string) string { return srv.URL + "/admin/orgs/" + org + "/concurrent-limit" }
+	status, body := do(t, client, adminRequest(t, http.MethodPatch, limitPath("one-more"), `{"limit":5}`))
+	assert.Equal(t, http.StatusConflict, status, body)
+	_, ok := gw.orgs().Get("one-more")
+	assert.False(t, ok, "not taken")
+	status, body = do(t, client, adminRequest(t, http.MethodPatch, limitPath("org-7"), `{"limit":5}`))
+	assert.Equal(t, http.StatusOK, status, body)
+	status, body = do(t, client, adminRequest(t, http.MethodDelete, limitPath("org-7"), ""))
+	assert.Equal(t, http.StatusOK, status, body)
+	status, body = do(t, client, adminRequest(t, http.MethodPatch, limitPath("one-more"), `{"limit":5}`))
+	assert.Equal(t, http.StatusOK, status, "a place was freed: %s", body)
 }
