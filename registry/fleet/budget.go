@@ -20,8 +20,10 @@ import (
 // first request passes, however large). Like pacing.Budget it never makes
 // a request wait: Reserve takes a request now or refuses it with when the
 // budget will take it. Create one with NewBudget; it holds no goroutine
-// and needs no Close. Its calls take a nil context as
-// context.Background().
+// (but for a charge whose caller's context ended before the store
+// answered: it waits for the answer, within the timeout, to take back
+// what the store charged) and needs no Close. Its calls take a nil
+// context as context.Background().
 //
 // The store keeps a budget as up to two records (driver.BudgetCall): its
 // tokens under its name, and its requests, when MaxRequestsPerMinute is
@@ -245,7 +247,7 @@ func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReserva
 			b.mu.Unlock()
 			continue
 		}
-		res, err := b.call(ctx, rec, b.callOf(rec, r.cost))
+		res, err := b.chargeCall(ctx, rec, b.callOf(rec, r.cost))
 		if err == nil && !res.Charged {
 			err = b.refusal(rec, res, r.cost)
 		}
@@ -302,6 +304,57 @@ func (b *Budget) Used(ctx context.Context) ([upstream.BudgetParts]int, error) {
 	return used, nil
 }
 
+// chargeCall makes c, a charge, on the store within the timeout, on record
+// rec, as call does, and returns ctx's error if ctx ends first. The store
+// may still make a charge its caller gave up on (it was sent): the call
+// goes on, within the timeout, and a charge made is taken back when its
+// reply comes, since no request starts for it. (Given up with the call,
+// it stood for the rest of the minute: a client that hung up while the
+// store was slow to answer cost the budget its estimate.)
+func (b *Budget) chargeCall(ctx context.Context, rec int, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	if ctx == nil {
+		ctx = context.Background()
+	}
+	if ctx.Done() == nil {
+		return b.call(ctx, rec, c) // it cannot be given up
+	}
+	if err := ctx.Err(); err != nil {
+		return driver.BudgetResult{}, err // not sent
+	}
+	type reply struct {
+		res driver.BudgetResult
+		err error
+	}
+	done := make(chan reply, 1)
+	go func() {
+		res, err := b.call(context.WithoutCancel(ctx), rec, c)
+		done <- reply{res, err}
+	}()
+	select {
+	case r := <-done:
+		return r.res, r.err
+	case <-ctx.Done():
+	}
+	select {
+	case r := <-done: // it came as ctx ended: the caller takes it
+		return r.res, r.err
+	default:
+	}
+	back := *c
+	for i, n := range c.Cost {
+		back.Cost[i] = -n
+	}
+	go func() {
+		r := <-done
+		if r.err != nil || !r.res.Charged {
+			return
+		}
+		back.Correct, back.Step = true, r.res.Step
+		_, _ = b.call(context.WithoutCancel(ctx), rec, &back) // if that fails, it stays charged, as an estimate does
+	}()
+	return driver.BudgetResult{}, ctx.Err()
+}
+
 // call makes c on the store within the timeout, on record rec.
 func (b *Budget) call(ctx context.Context, rec int, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	if ctx == nil {
@@ -316,7 +369,14 @@ func (b *Budget) call(ctx context.Context, rec int, c *driver.BudgetCall) (drive
 	res, err := b.store.Budget(cctx, c)
 	if err == nil {
 		b.mu.Lock()
-		if r := &b.seen[rec]; res.Now > r.now || res.Now == r.now && seq > r.seq {
+		// An answer overtaken by a later call's has a time at most the
+		// timeout before that call's (each was made within the timeout
+		// of being sent, the later sent after the earlier); a later call's
+		// answer with a time earlier still comes from a store whose clock
+		// went back, and is the latest count.
+		r := &b.seen[rec]
+		back := seq > r.seq && res.Now < r.now-b.timeout.Milliseconds()
+		if res.Now > r.now || res.Now == r.now && seq > r.seq || back {
 			*r = seenRecord{used: res.Used, at: time.Now(), now: res.Now, seq: seq}
 		}
 		b.mu.Unlock()

@@ -101,7 +101,7 @@ func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) error
 		r.step[rec] = st
 		return err
 	}
-	res, err := r.b.call(ctx, rec, r.b.callOf(rec, r.cost))
+	res, err := r.b.chargeCall(ctx, rec, r.b.callOf(rec, r.cost))
 	switch {
 	case err != nil: // nothing charged, as far as this process knows
 		r.debt[rec] = true
@@ -157,10 +157,12 @@ func (r *BudgetReservation) correct(ctx context.Context, used [upstream.BudgetPa
 		}
 		c := r.b.callOf(rec, d)
 		step := r.step[rec]
-		if !charged && rec == tokensRecord && r.b.uses(rec) {
+		if !charged && rec == tokensRecord && r.b.uses(rec) && [3]int64(r.cost[:3]) == [3]int64{} {
 			// A request whose tokens nobody counted charged none: what it
 			// used is charged now, in the second its request was counted
-			// (pacing.Budget does so).
+			// (pacing.Budget does so). One with tokens that were not
+			// charged (refused, or the store's error) has nothing to
+			// correct there.
 			charged, step = true, r.step[requestsRecord]
 			if !r.charged[requestsRecord] {
 				step = -1 // no second: the current one, as a debt

@@ -127,36 +127,49 @@ func TestReserveAllStopsAtARefusal(t *testing.T) {
 	assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "the provider's budget never asked")
 }
 
-// endingStore is a memstore whose budget calls fail once ctx has ended,
-// and that runs after once a call is made.
+// endingStore is a memstore that, at a charge of the budget key, runs
+// ending and holds the call until release is closed (or the call's
+// context ends): the caller's context ends while the store has the call.
 type endingStore struct {
 	*memstore.Store
-	after func()
+	key     string
+	ending  func()
+	release chan struct{}
 }
 
 func (s endingStore) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
-	if err := ctx.Err(); err != nil {
-		return driver.BudgetResult{}, err
+	if c.Key != s.key || c.Correct {
+		return s.Store.Budget(ctx, c)
 	}
-	defer s.after()
+	s.ending()
+	select {
+	case <-s.release:
+	case <-ctx.Done():
+		return driver.BudgetResult{}, ctx.Err()
+	}
 	return s.Store.Budget(ctx, c)
 }
 
 // The reservations made are cancelled whether the caller's context has
-// ended (here, just after the first Budget took the request) or uncounted
-// panics.
+// ended (here, just after the first Budget took the request, while the
+// second's store had the call) or uncounted panics; the second's charge,
+// made once the caller had gone, is taken back when its reply comes.
 func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
 	t.Run("context ended", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		s := endingStore{Store: memstore.New(), after: cancel}
+		s := endingStore{Store: memstore.New(), key: "model", ending: cancel, release: make(chan struct{})}
 		provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 1000})
 		model := newBudget(t, s, "model", upstream.BudgetLimits{TokensPerMinute: 1000})
 		_, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, model)
 		require.ErrorIs(t, err, context.Canceled)
 		assert.Equal(t, 1, i)
-		s.after = func() {}
 		tokens, _ := used(t, provider)
 		assert.Zero(t, tokens, "the provider's charge went back")
+		close(s.release)
+		require.Eventually(t, func() bool {
+			u, err := model.Used(context.Background())
+			return err == nil && u[0] == 0
+		}, 10*time.Second, time.Millisecond, "the model's charge went back once made")
 	})
 	t.Run("uncounted panics", func(t *testing.T) {
 		ctx := context.Background()

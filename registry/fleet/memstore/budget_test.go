@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -321,4 +322,96 @@ func refusedOnAFullBudget(t *testing.T, n int, cost pacing.Tokens) (told []time.
 		told = append(told, le.RetryAfter)
 	}
 	return told
+}
+
+// countingStore counts the calls made on its budgets.
+type countingStore struct {
+	*memstore.Store
+	calls atomic.Int32
+}
+
+func (s *countingStore) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	s.calls.Add(1)
+	return s.Store.Budget(ctx, c)
+}
+
+// A request that its budget refuses costs the store one call, the charge
+// refused: it had nothing to take back. (Its Reserve sent a second, a
+// correction of its whole estimate in no second, which the store drops:
+// twice the calls while a spent budget refuses every request, and, with a
+// store that hangs, a refusal that waited the whole timeout for it.)
+func TestBudgetRefusalMakesOneCall(t *testing.T) {
+	s := &countingStore{Store: memstore.New()}
+	b, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 100})
+	require.NoError(t, err)
+	s.calls.Store(0)
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 10})
+	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, int32(1), s.calls.Load(), "the charge refused, and nothing more")
+}
+
+// A store's clock set back (a failover to a host whose clock is behind)
+// does not freeze Status: an answer that comes after another, with a time
+// earlier than the other's by more than a call can take, is the later
+// one. (It was taken for an answer that a later one had overtaken: Status
+// kept the count from before the clock went back, then, a minute on,
+// told all of the budget left, until the store's clock caught up.)
+func TestBudgetStatusAfterTheStoreClockWentBack(t *testing.T) {
+	var mu sync.Mutex
+	now := time.Unix(1_800_000_000, 0)
+	s := memstore.NewWithClock(func() time.Time { mu.Lock(); defer mu.Unlock(); return now })
+	b, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 1000}, 0)
+	require.NoError(t, err)
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 900})
+	require.NoError(t, err)
+	assert.Equal(t, 100, b.Status().Left[0])
+	mu.Lock()
+	now = now.Add(-5 * time.Minute)
+	mu.Unlock()
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 50})
+	require.NoError(t, err, "the store counts 900: 50 more fit")
+	assert.Equal(t, 50, b.Status().Left[0], "the store's latest count, 950")
+}
+
+// lateReply makes each charge at once and holds its reply until hold is
+// closed, or the call's context ends: a store slow to answer.
+type lateReply struct {
+	*memstore.Store
+	hold chan struct{}
+}
+
+func (s *lateReply) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	res, err := s.Store.Budget(context.WithoutCancel(ctx), c)
+	if c.Correct {
+		return res, err
+	}
+	select {
+	case <-s.hold:
+		return res, err
+	case <-ctx.Done():
+		return driver.BudgetResult{}, ctx.Err()
+	}
+}
+
+// A Reserve given up by its caller while the store had the charges but
+// had not answered returns the context's error at once, and charges
+// nothing once the store answers: each charge made is taken back, the
+// requests record's too. (They stood for the rest of the minute.)
+func TestBudgetReserveGivenUpTakesBackLateCharges(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		s := &lateReply{Store: memstore.New(), hold: make(chan struct{})}
+		b, err := fleet.NewBudget(s, "b", pacing.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 10}, time.Second)
+		require.NoError(t, err)
+		ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+		defer cancel()
+		_, err = b.Reserve(ctx, pacing.Tokens{Input: 600})
+		require.ErrorIs(t, err, context.DeadlineExceeded)
+		close(s.hold)
+		synctest.Wait()
+		used, err := b.Used(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, [4]int{}, used, "the request was never sent")
+	})
 }
