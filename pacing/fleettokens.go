@@ -49,19 +49,35 @@ func (t *Transport) fleetTokens(ctx context.Context, model string, n int) (*slot
 	return s, nameFleetCap(err, CapTokens, FleetModelTokens, CapModelTokens)
 }
 
-// nameFleetCap sets the Cap of the fleet's refusal err, made for this
-// call, as the Gate names its own: modelCap when its key starts with
-// modelPrefix, whole otherwise. It returns err.
+// nameFleetCap names the Cap of the fleet's refusal err as the Gate names
+// its own: modelCap when its key starts with modelPrefix, whole otherwise.
+// It names a copy: the fleet handed its refusal to its Observer as well,
+// which may still read it on another goroutine.
 func nameFleetCap(err error, whole, modelPrefix, modelCap string) error {
 	var le *slots.LimitError
-	if errors.As(err, &le) && le.Cap == "" {
-		le.Cap = whole
-		if strings.HasPrefix(le.Key, modelPrefix) {
-			le.Cap = modelCap
-		}
+	if !errors.As(err, &le) || le.Cap != "" {
+		return err
 	}
-	return err
+	named := *le
+	named.Cap = whole
+	if strings.HasPrefix(le.Key, modelPrefix) {
+		named.Cap = modelCap
+	}
+	if err == error(le) {
+		return &named
+	}
+	return namedRefusal{err: err, named: &named}
 }
+
+// namedRefusal is a refusal wrapped in err whose LimitError was named: its
+// errors.As finds the named copy first.
+type namedRefusal struct {
+	err   error
+	named *slots.LimitError
+}
+
+func (e namedRefusal) Error() string   { return e.err.Error() }
+func (e namedRefusal) Unwrap() []error { return []error{e.named, e.err} }
 
 // WithFleetTokens makes requests take the fleet's caps on tokens in flight
 // too (see FleetTokenCaps). It may be the Registry given to WithFleet.
