@@ -197,9 +197,10 @@ func start[K comparable](walk func(func([]registry.Holder[K])) bool, opts []Opti
 	return m
 }
 
-// Stop ends the Monitor's goroutine and waits for it. It is safe to call
-// more than once and after the Monitor has ended by itself, but not from the
-// Observer, which runs on that goroutine.
+// Stop ends the Monitor's goroutine and waits for it, which gives the
+// Observer its last Tick (Tick.Stopped) first. It is safe to call more than
+// once and after the Monitor has ended by itself, but not from the
+// Observer, which runs on that goroutine, nor holding a lock it takes.
 func (m *Monitor[K]) Stop() {
 	m.stopOnce.Do(func() { close(m.stop) })
 	<-m.done

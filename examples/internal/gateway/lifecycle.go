@@ -149,8 +149,9 @@ func (g *Gateway) Close() {
 
 // rejectWait answers a provider wait that ended without a grant: when
 // Drain ended it (the client is still there) with 503, "Connection: close"
-// and the cap it waited for, for the reason "shutting_down" (counted by
-// the provider's metrics as a wait cancelled), else as reject does.
+// and the cap named as the provider's metrics count the wait cancelled
+// ("provider", whose queue it waited in, whichever of the provider's caps
+// held it), for the reason "shutting_down"; else as reject does.
 func (g *Gateway) rejectWait(w http.ResponseWriter, r *http.Request, model string, err error) {
 	capName := refusedBy(err)
 	if g.draining.Err() != nil && r.Context().Err() == nil {

@@ -17,9 +17,9 @@ import (
 )
 
 // A request waiting for the provider when the gateway drains is answered
-// 503 and, like every refusal, names the cap it waited for (header, error
-// body, access line) and why: "shutting_down". It is counted once, under
-// that cap, as a wait cancelled.
+// 503 and, like every refusal, names a cap (header, error body, access
+// line) and why: "provider", whose queue it waited in, and
+// "shutting_down". It is counted once, there, as a wait cancelled.
 func TestDrainRefusalNamesItsCap(t *testing.T) {
 	u := newUpstream(t)
 	log, logs := newTestLogger(slog.LevelInfo)

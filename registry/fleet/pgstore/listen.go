@@ -85,6 +85,9 @@ func (s *Store) receive(ctx context.Context, conn *pgx.Conn, ch channels, l driv
 		if err != nil {
 			return
 		}
+		if n == nil { // none and no error: not from a connection made as connect makes it
+			continue
+		}
 		switch {
 		case strings.EqualFold(n.Channel, ch.learned):
 			l.Learned(n.Payload)
