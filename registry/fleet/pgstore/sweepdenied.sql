@@ -7,9 +7,11 @@
 -- process found the sweep due again, looked at up to 256 keys once more
 -- and wrote one more warning to the server's log. A refused sweep now
 -- takes the sweeper's time as a sweep does: the warning, and the work,
--- come at most once a sweep interval per fleet. inflight_sweep_keys keeps
--- its signature; this revision only replaces it, and can be made again
--- over itself.
+-- come at most once a sweep interval per fleet. (In a fleet whose
+-- processes run under roles with and without DELETE, a refused sweep
+-- takes its turn too: the keys are swept less often, none skipped.)
+-- inflight_sweep_keys keeps its signature; this revision only replaces
+-- it, and can be made again over itself.
 
 CREATE OR REPLACE FUNCTION inflight_sweep_keys(f text) RETURNS void LANGUAGE plpgsql AS $$
 #variable_conflict use_variable
