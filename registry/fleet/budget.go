@@ -21,9 +21,9 @@ import (
 // a request wait: Reserve takes a request now or refuses it with when the
 // budget will take it. Create one with NewBudget; it holds no goroutine
 // (but for a charge whose caller's context ended before the store
-// answered: it waits for the answer, within the timeout, to take back
-// what the store charged) and needs no Close. Its calls take a nil
-// context as context.Background().
+// answered: it waits for the answer, and takes back what the store
+// charged, each within the timeout) and needs no Close. Its calls take a
+// nil context as context.Background().
 //
 // The store keeps a budget as up to two records (driver.BudgetCall): its
 // tokens under its name, and its requests, when MaxRequestsPerMinute is
@@ -310,7 +310,9 @@ func (b *Budget) Used(ctx context.Context) ([upstream.BudgetParts]int, error) {
 // goes on, within the timeout, and a charge made is taken back when its
 // reply comes, since no request starts for it. (Given up with the call,
 // it stood for the rest of the minute: a client that hung up while the
-// store was slow to answer cost the budget its estimate.)
+// store was slow to answer cost the budget its estimate.) The price: a
+// store slow enough that callers give up still runs their charges, and
+// their take-backs after them.
 func (b *Budget) chargeCall(ctx context.Context, rec int, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	if ctx == nil {
 		ctx = context.Background()
@@ -366,7 +368,11 @@ func (b *Budget) call(ctx context.Context, rec int, c *driver.BudgetCall) (drive
 	b.sent++
 	seq := b.sent
 	b.mu.Unlock()
-	res, err := b.store.Budget(cctx, c)
+	// A panic in the store (a client's, a hook's) is its error, as the
+	// Registry's calls have it: a charge runs on a goroutine of its own
+	// when the caller's context can end (chargeCall), where it would end
+	// the process.
+	res, err := safeStore(func() (driver.BudgetResult, error) { return b.store.Budget(cctx, c) })
 	if err == nil {
 		b.mu.Lock()
 		// An answer overtaken by a later call's has a time at most the

@@ -128,12 +128,14 @@ func TestReserveAllStopsAtARefusal(t *testing.T) {
 }
 
 // endingStore is a memstore that, at a charge of the budget key, runs
-// ending and holds the call until release is closed (or the call's
-// context ends): the caller's context ends while the store has the call.
+// ending, makes the charge and holds its reply until release is closed
+// (or the call's context ends): the caller's context ends while the store
+// has the call, as a server that was sent it makes it.
 type endingStore struct {
 	*memstore.Store
 	key     string
 	ending  func()
+	made    chan struct{} // closed once the charge is made
 	release chan struct{}
 }
 
@@ -142,12 +144,14 @@ func (s endingStore) Budget(ctx context.Context, c *driver.BudgetCall) (driver.B
 		return s.Store.Budget(ctx, c)
 	}
 	s.ending()
+	res, err := s.Store.Budget(context.WithoutCancel(ctx), c) // the server has the call: it makes it
+	close(s.made)
 	select {
 	case <-s.release:
+		return res, err
 	case <-ctx.Done():
 		return driver.BudgetResult{}, ctx.Err()
 	}
-	return s.Store.Budget(ctx, c)
 }
 
 // The reservations made are cancelled whether the caller's context has
@@ -157,7 +161,7 @@ func (s endingStore) Budget(ctx context.Context, c *driver.BudgetCall) (driver.B
 func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
 	t.Run("context ended", func(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
-		s := endingStore{Store: memstore.New(), key: "model", ending: cancel, release: make(chan struct{})}
+		s := endingStore{Store: memstore.New(), key: "model", ending: cancel, made: make(chan struct{}), release: make(chan struct{})}
 		provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 1000})
 		model := newBudget(t, s, "model", upstream.BudgetLimits{TokensPerMinute: 1000})
 		_, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, model)
@@ -165,6 +169,9 @@ func TestReserveAllCancelsAfterTheEnd(t *testing.T) {
 		assert.Equal(t, 1, i)
 		tokens, _ := used(t, provider)
 		assert.Zero(t, tokens, "the provider's charge went back")
+		<-s.made
+		tokens, _ = used(t, model)
+		assert.Equal(t, 10, tokens, "the model's charge stands while its reply is held")
 		close(s.release)
 		require.Eventually(t, func() bool {
 			u, err := model.Used(context.Background())

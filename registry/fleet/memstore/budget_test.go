@@ -415,3 +415,25 @@ func TestBudgetReserveGivenUpTakesBackLateCharges(t *testing.T) {
 		assert.Equal(t, [4]int{}, used, "the request was never sent")
 	})
 }
+
+// panickingBudgets is a store whose budget calls panic: a client's bug.
+type panickingBudgets struct{ *memstore.Store }
+
+func (panickingBudgets) Budget(context.Context, *driver.BudgetCall) (driver.BudgetResult, error) {
+	panic("a client's bug")
+}
+
+// A store that panics in a charge made for a caller whose context can end
+// (made on a goroutine of its own) fails the charge, as the Registry's
+// calls fail: it does not end the process, which no caller can recover.
+func TestBudgetStorePanicIsAnError(t *testing.T) {
+	b, err := fleet.NewBudget(panickingBudgets{memstore.New()}, "b", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, err = b.Reserve(ctx, pacing.Tokens{Input: 1})
+	require.ErrorIs(t, err, fleet.ErrUnavailable)
+	assert.ErrorContains(t, err, "a client's bug")
+	_, err = b.Reserve(context.Background(), pacing.Tokens{Input: 1})
+	require.ErrorIs(t, err, fleet.ErrUnavailable, "the same without a goroutine")
+}
