@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
@@ -46,20 +45,13 @@ func TestSweepRefusedWaitsForTheNextInterval(t *testing.T) {
 	p, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(p.Close)
-	s, err := pgstore.New(ctx, p, "f")
-	require.NoError(t, err)
 	// The sweeper's row, and a sweep due at once.
 	_, err = p.Exec(ctx, "SELECT inflight_sweep_keys('f')")
 	require.NoError(t, err)
 	_, err = owner.Exec(ctx, "UPDATE inflight_sweeper SET swept = 0")
 	require.NoError(t, err)
 	start := time.Now()
-	for range 20 {
-		_, err := s.Renew(ctx, &driver.RenewCall{TTL: fastTTL})
-		require.NoError(t, err)
-		_, err = p.Exec(ctx, "SELECT inflight_sweep_keys('f')")
-		require.NoError(t, err)
-	}
+	require.NoError(t, renewals(t, p, 20))
 	// One sweep is due at first, and one more each second since.
 	due := int32(time.Since(start)/time.Second) + 1
 	assert.LessOrEqual(t, warned.Load(), due, "warnings for 20 renewals, each with a sweep, in %v", time.Since(start))
