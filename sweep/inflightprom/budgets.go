@@ -85,11 +85,11 @@ func (c *Budgets) Collect(ch chan<- prometheus.Metric) {
 	for _, k := range order {
 		b := latest[k]
 		if b.Budget == pacing.CapMaxRequestsPerMinute {
-			ch <- prometheus.MustNewConstMetric(c.requestsLeft, prometheus.GaugeValue, float64(b.Left), b.Cap)
-			ch <- prometheus.MustNewConstMetric(c.requestsLimit, prometheus.GaugeValue, float64(b.Limit), b.Cap)
+			ch <- constMetric(c.requestsLeft, prometheus.GaugeValue, float64(b.Left), b.Cap)
+			ch <- constMetric(c.requestsLimit, prometheus.GaugeValue, float64(b.Limit), b.Cap)
 			continue
 		}
-		ch <- prometheus.MustNewConstMetric(c.tokensLeft, prometheus.GaugeValue, float64(b.Left), b.Cap, b.Budget)
-		ch <- prometheus.MustNewConstMetric(c.tokensLimit, prometheus.GaugeValue, float64(b.Limit), b.Cap, b.Budget)
+		ch <- constMetric(c.tokensLeft, prometheus.GaugeValue, float64(b.Left), b.Cap, b.Budget)
+		ch <- constMetric(c.tokensLimit, prometheus.GaugeValue, float64(b.Limit), b.Cap, b.Budget)
 	}
 }

@@ -12,7 +12,7 @@
 // The families, each with the label cap and no key label (keys are
 // tenants, models, API keys: too many, and sometimes sensitive):
 //
-//	inflight_in_flight             gauge     slots held now (a multi-key slot counts per key)
+//	inflight_in_flight             gauge     units held now (a slot weighs its units; per key)
 //	inflight_waiting               gauge     callers waiting now
 //	inflight_keys                  gauge     keys tracked now (registries)
 //	inflight_limit                 gauge     the limit (one-pool caps; +Inf when unlimited)
@@ -177,8 +177,15 @@ func New(capName string) *Collector {
 }
 
 // Watch makes c report what f returns at each scrape. f is called from the
-// scraping goroutine and may run concurrently with itself.
-func Watch(c *Collector, f func() Snapshot) { c.source.Store(&f) }
+// scraping goroutine and may run concurrently with itself. A nil f stops
+// watching: c then reports no source's series, as before its first Watch.
+func Watch(c *Collector, f func() Snapshot) {
+	if f == nil {
+		c.source.Store(nil)
+		return
+	}
+	c.source.Store(&f)
+}
 
 // WatchLimiter makes c report l's counts while l is in use: c does not
 // keep l alive, and reports nothing of it once it is gone.
@@ -278,22 +285,22 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	f := c.source.Load()
 	if f == nil {
-		return // not watching anything yet
+		return // not watching anything (yet, or any more)
 	}
 	s := (*f)()
 	gauge := func(d *prometheus.Desc, v int) {
 		if v >= 0 {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v))
+			ch <- constMetric(d, prometheus.GaugeValue, float64(v))
 		}
 	}
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), labels...)
+		ch <- constMetric(d, prometheus.CounterValue, float64(v), labels...)
 	}
 	gauge(c.inFlight, s.InFlight)
 	gauge(c.waiting, s.Waiting)
 	gauge(c.keys, s.Keys)
 	if s.Limit == slots.Unlimited {
-		ch <- prometheus.MustNewConstMetric(c.limit, prometheus.GaugeValue, math.Inf(1))
+		ch <- constMetric(c.limit, prometheus.GaugeValue, math.Inf(1))
 	} else {
 		gauge(c.limit, s.Limit)
 	}
@@ -307,4 +314,18 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.doubleReleases, n.DoubleReleases)
 		counter(c.leaked, n.Leaked)
 	}
+}
+
+// constMetric is prometheus.MustNewConstMetric without its panic. Collect
+// runs on a registry's own goroutines, where a panic ends the process, and
+// a label value Prometheus refuses (one that is not UTF-8: a model's name,
+// a key's, a reason from a program's own source) is the caller's data, not
+// a bug of this package: it makes an invalid metric instead, which fails
+// that series of the scrape with an error and leaves the others.
+func constMetric(d *prometheus.Desc, t prometheus.ValueType, v float64, labels ...string) prometheus.Metric {
+	m, err := prometheus.NewConstMetric(d, t, v, labels...)
+	if err != nil {
+		return prometheus.NewInvalidMetric(d, err)
+	}
+	return m
 }

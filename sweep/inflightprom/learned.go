@@ -61,7 +61,7 @@ func (c *LearnedCaps) Describe(ch chan<- *prometheus.Desc) {
 func (c *LearnedCaps) Collect(ch chan<- prometheus.Metric) {
 	st := c.gate.Learned()
 	for k, n := range st.ByKind {
-		ch <- prometheus.MustNewConstMetric(c.answers, prometheus.CounterValue, float64(n), pacing.Kind(k).String())
+		ch <- constMetric(c.answers, prometheus.CounterValue, float64(n), pacing.Kind(k).String())
 	}
 	if st.Floor > 0 { // the provider's own cap is learned
 		c.collectCap(ch, "provider", st)
@@ -76,12 +76,12 @@ func (c *LearnedCaps) Collect(ch chan<- prometheus.Metric) {
 
 func (c *LearnedCaps) collectCap(ch chan<- prometheus.Metric, capName string, l pacing.Learned) {
 	gauge := func(d *prometheus.Desc, v int) {
-		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, float64(v), capName)
+		ch <- constMetric(d, prometheus.GaugeValue, float64(v), capName)
 	}
 	gauge(c.limit, l.Limit)
 	gauge(c.learned, l.Cap)
 	gauge(c.ceiling, l.Ceiling)
 	gauge(c.floor, l.Floor)
 	gauge(c.max, l.Max)
-	ch <- prometheus.MustNewConstMetric(c.changes, prometheus.CounterValue, float64(l.Changes), capName)
+	ch <- constMetric(c.changes, prometheus.CounterValue, float64(l.Changes), capName)
 }

@@ -3,6 +3,7 @@ package inflightprom
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -67,8 +68,13 @@ func (f providerOption) applyProvider(p *Provider) { f(p) }
 // WithLearner makes a Provider read the learned caps of the provider and
 // its models from l (a program's view that joins a fleet's learned caps to
 // the Gate's) rather than from the Gate; those of API keys are the Gate's.
+// A nil l is ignored, as a nil option is: each scrape would call it.
 func WithLearner(l Learner) ProviderOption {
-	return providerOption(func(p *Provider) { p.learner = l })
+	return providerOption(func(p *Provider) {
+		if l != nil {
+			p.learner = l
+		}
+	})
 }
 
 // WithRejectReason names the reason of a refusal the Provider does not
@@ -142,10 +148,15 @@ func NewProvider(gate *pacing.Gate, cfg pacing.Config, opts ...ProviderOption) *
 		})
 	}
 	if len(cfg.APIKeys) > 0 {
+		// The pool reads its keys at each scrape: from a copy, since the
+		// caller's Config shares its slice, and an edit of it in place (the
+		// next Config for Gate.Reconfigure) would change the pool's limit
+		// but not its keys', and race with the scrape.
+		keys := slices.Clone(cfg.APIKeys)
 		p.pool = p.newCap("api_keys", true, func(st pacing.Status, c *capCounts) Snapshot {
 			learned := gate.Learned().Keys
 			s := Snapshot{Waiting: -1, Keys: -1}
-			for _, k := range cfg.APIKeys {
+			for _, k := range keys {
 				s.InFlight += st.ByKey[k.ID]
 				limit := limitOf(k.MaxConcurrentRequests)
 				if l, ok := learned[k.ID]; ok {
