@@ -23,6 +23,13 @@ func (v learnedView) Learned() pacing.Learned { return v.l }
 // process, since Collect runs on the registry's own goroutines where no
 // caller can recover it.
 func gatherWithoutPanic(t *testing.T, c prometheus.Collector) error {
+	_, err := gatherSeries(t, c)
+	return err
+}
+
+// gatherSeries is gatherWithoutPanic that also returns how many series
+// the registry gathered, the refused ones left out.
+func gatherSeries(t *testing.T, c prometheus.Collector) (int, error) {
 	t.Helper()
 	require.NotPanics(t, func() {
 		ch := make(chan prometheus.Metric, 256)
@@ -33,8 +40,12 @@ func gatherWithoutPanic(t *testing.T, c prometheus.Collector) error {
 	}, "Collect panicked on a label value Prometheus refuses")
 	reg := prometheus.NewPedanticRegistry()
 	require.NoError(t, reg.Register(c))
-	_, err := reg.Gather()
-	return err
+	families, err := reg.Gather()
+	n := 0
+	for _, f := range families {
+		n += len(f.GetMetric())
+	}
+	return n, err
 }
 
 // A learned cap whose model name is not UTF-8 (a program's own Learner, or
@@ -45,8 +56,9 @@ func TestLearnedCapsRefuseANonUTF8ModelWithoutPanicking(t *testing.T) {
 		"\xff": {Limit: 2, Cap: 2, Ceiling: 4, Floor: 1, Max: 4},
 		"ok":   {Limit: 3, Cap: 3, Ceiling: 4, Floor: 1, Max: 4},
 	}}
-	err := gatherWithoutPanic(t, inflightprom.NewLearnedCaps("zai", learnedView{l}))
+	n, err := gatherSeries(t, inflightprom.NewLearnedCaps("zai", learnedView{l}))
 	assert.ErrorContains(t, err, "UTF-8")
+	assert.Equal(t, 6+6, n, "model:ok's six series, and the six answer kinds' counts, still gathered")
 }
 
 // A budget whose cap names a key that is not UTF-8 fails that series of
