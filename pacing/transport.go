@@ -55,21 +55,6 @@ type Transport struct {
 
 var _ http.RoundTripper = (*Transport)(nil)
 
-// FleetCaps is the fleet-wide side of a provider's caps: a
-// fleet.Registry[string] whose keys are "provider" and "model:" followed by
-// the model's name. A request takes the provider's key and, when its
-// limit is not slots.Unlimited, the model's, before it waits for the
-// Gate; every answer is reported to it as to the Gate. In the fleet's
-// queue, flows take turns in each key's own units: requests on these
-// keys, tokens on those of WithFleetTokens (the Gate's own queue weighs a
-// request by the cap that binds, see AcquireN). A refusal there has its
-// LimitError's Cap set to CapProvider or CapModel, as the Gate's would.
-type FleetCaps interface {
-	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
-	Report(s *slots.Slot, v Verdict)
-	Limit(key string) int
-}
-
 // A TransportOption configures a Transport; a nil one is ignored.
 type TransportOption interface{ applyTransport(*transportConfig) }
 
@@ -279,12 +264,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 				defer done() // x.caps is set by then: a panic in it frees them
 			}
 			if t.caps != nil {
-				keys := []string{"provider"}
-				if mk := "model:" + x.model; x.model != "" && t.caps.Limit(mk) != slots.Unlimited {
-					keys = append(keys, mk)
-				}
-				x.caps, err = t.caps.AcquireAll(ctx, keys...)
-				err = nameFleetCap(err, CapProvider, "model:", CapModel)
+				x.caps, err = t.fleetCaps(ctx, x.model)
 			}
 			if err == nil && t.tokenCaps != nil {
 				x.tokens, err = t.fleetTokens(ctx, x.model, cost.Total())

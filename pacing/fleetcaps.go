@@ -1,7 +1,7 @@
 package pacing
 
-// The fleet's caps on tokens in flight, as a Transport takes them
-// (WithFleetTokens).
+// The fleet's caps, as a Transport takes them: on requests (WithFleet)
+// and on tokens in flight (WithFleetTokens).
 
 import (
 	"context"
@@ -10,6 +10,32 @@ import (
 
 	"github.com/inflight-go/inflight/slots"
 )
+
+// FleetCaps is the fleet-wide side of a provider's caps: a
+// fleet.Registry[string] whose keys are "provider" and "model:" followed by
+// the model's name. A request takes the provider's key and, when its
+// limit is not slots.Unlimited, the model's, before it waits for the
+// Gate; every answer is reported to it as to the Gate. In the fleet's
+// queue, flows take turns in each key's own units: requests on these
+// keys, tokens on those of WithFleetTokens (the Gate's own queue weighs a
+// request by the cap that binds, see AcquireN). A refusal there has its
+// LimitError's Cap set to CapProvider or CapModel, as the Gate's would.
+type FleetCaps interface {
+	AcquireAll(ctx context.Context, keys ...string) (*slots.Slot, error)
+	Report(s *slots.Slot, v Verdict)
+	Limit(key string) int
+}
+
+// fleetCaps takes the fleet's caps of a request for model: the
+// provider's, and the model's when its limit is not slots.Unlimited.
+func (t *Transport) fleetCaps(ctx context.Context, model string) (*slots.Slot, error) {
+	keys := []string{"provider"}
+	if mk := "model:" + model; model != "" && t.caps.Limit(mk) != slots.Unlimited {
+		keys = append(keys, mk)
+	}
+	s, err := t.caps.AcquireAll(ctx, keys...)
+	return s, nameFleetCap(err, CapProvider, "model:", CapModel)
+}
 
 // FleetTokenCaps is the fleet-wide side of a provider's caps on tokens in
 // flight, as Config.MaxInflightTokens and ModelConfig.MaxInflightTokens
