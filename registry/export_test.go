@@ -33,3 +33,15 @@ func (r *Registry[K]) MultiBusy() bool {
 	}
 	return true
 }
+
+// PrunedAt returns when each shard's cache of fetched limits was last
+// pruned (clock nanos), and how many limits it keeps.
+func (r *Registry[K]) PrunedAt() (at []int64, kept []int) {
+	for i := range r.shards {
+		sh := &r.shards[i]
+		sh.mu.Lock()
+		at, kept = append(at, sh.prunedAt), append(kept, len(sh.resolved))
+		sh.mu.Unlock()
+	}
+	return at, kept
+}

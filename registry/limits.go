@@ -138,9 +138,9 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 		ctx = context.Background()
 	}
 	now := r.eng.Clock.Coarse()
-	// Once a refresh interval, every shard's cache not pruned since: one
+	// Once pruneEvery, every shard's cache not pruned since: one
 	// whose keys have all gone quiet would otherwise keep their limits.
-	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+int64(r.refresh)) {
+	if at := r.sweepAt.Load(); now >= at && r.sweepAt.CompareAndSwap(at, now+r.pruneEvery) {
 		r.eachShard(func(sh *shard[K]) { r.pruneResolvedLocked(sh, now) })
 	}
 	sh.mu.Lock()
@@ -181,9 +181,6 @@ func (r *Registry[K]) refreshLimit(ctx context.Context, sh *shard[K], key K) (in
 			sh.mu.Unlock()
 			return -1, r.eng.Canceled(ctx, time.Duration(r.eng.Clock.Nanos()-start))
 		}
-	}
-	if sh.resolved == nil {
-		sh.resolved = make(map[K]resolved)
 	}
 	fetch := &fetching{done: make(chan struct{})}
 	rv.fetch = fetch
@@ -264,11 +261,11 @@ func (p panicError) Error() string { return "registry: LimitFunc panicked: " + k
 
 // pruneResolvedLocked drops the limits of idle keys that are no longer
 // retained: keys that went idle while their limit was retained are
-// forgotten here. It runs on an acquire of the shard once a refresh
-// interval has passed since the last prune, or once the cache has doubled
-// since then, so it costs O(1) per acquire amortised.
+// forgotten here. It runs on an acquire of the shard once pruneEvery has
+// passed since the last prune, or once the cache has doubled since then:
+// at most one walk of the live keys a second, however short the refresh.
 func (r *Registry[K]) pruneResolvedLocked(sh *shard[K], now int64) {
-	if len(sh.resolved) < sh.pruneAt && now-sh.prunedAt < int64(r.refresh) {
+	if len(sh.resolved) < sh.pruneAt && now-sh.prunedAt < r.pruneEvery {
 		return
 	}
 	maps.DeleteFunc(sh.resolved, func(k K, rv resolved) bool {

@@ -60,3 +60,41 @@ func TestIdleKeysCachedLimitsAreDropped(t *testing.T) {
 }
 
 func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+
+// With a short refresh interval and many live keys, the cache of fetched
+// limits is not walked on every acquire: the prunes of idle keys' limits
+// come at most once a second (or a refresh interval, if longer), so that
+// the entries walked stay within a few times the acquires made. Before,
+// with a 1 ms refresh, each acquire a millisecond after the last walked
+// its shard's live keys, and the sweep of quiet shards walked every shard:
+// all 2,000 live keys walked per acquire here.
+func TestShortRefreshDoesNotWalkLiveKeysPerAcquire(t *testing.T) {
+	mock := clock.NewMock()
+	fetch := func(context.Context, string) (int, error) { return 2, nil }
+	reg := registry.NewWithLimitFunc[string](1, fetch, time.Millisecond, slots.WithClock(mock))
+	const live = 2000
+	for i := range live {
+		s, err := reg.TryAcquire(fmt.Sprintf("tenant-%05d", i))
+		require.NoError(t, err)
+		defer s.Release()
+	}
+	walked := 0
+	at, _ := reg.PrunedAt()
+	const acquires = 300 // three seconds, an acquire every 10 ms
+	for i := range acquires {
+		mock.Add(10 * time.Millisecond)
+		s, err := reg.TryAcquire(fmt.Sprintf("tenant-%05d", i%live))
+		require.NoError(t, err)
+		s.Release()
+		now, kept := reg.PrunedAt()
+		for sh := range now {
+			if now[sh] != at[sh] {
+				walked += kept[sh]
+			}
+		}
+		at = now
+	}
+	t.Logf("%d acquires over %d live keys walked %d cached limits", acquires, live, walked)
+	assert.LessOrEqual(t, walked, 4*(acquires+live), "entries walked by prunes")
+	assert.Equal(t, live, reg.CachedLimits(), "a live key's limit is kept")
+}

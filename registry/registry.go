@@ -69,6 +69,7 @@ type Registry[K comparable] struct {
 	stringKeys   bool // K is a string type, bounded by maxKeyBytes
 	limitFunc    LimitFunc[K]
 	refresh      time.Duration // of limitFunc's limits
+	pruneEvery   int64         // the refresh interval, and at least a second (pruneResolvedLocked)
 
 	// multiMu serialises everything that involves a waiter needing several
 	// keys: AcquireAll, the release or limit change of a key such waiters
@@ -103,7 +104,7 @@ type shard[K comparable] struct {
 	overrides map[K]int   // SetLimit
 	resolved  map[K]resolved
 	// The cache of fetched limits is pruned when it reaches pruneAt
-	// entries or a refresh interval after prunedAt (clock nanos), and made
+	// entries or pruneEvery after prunedAt (clock nanos), and made
 	// anew when it has shrunk well below resolvedPeak (pruneResolvedLocked).
 	pruneAt      int
 	prunedAt     int64
@@ -208,8 +209,8 @@ func New[K comparable](defaultLimit int, opts ...Option) *Registry[K] {
 // A key's last fetched limit is kept while the key is live and until it is
 // LimitRetention refresh intervals old, so an idle tenant that comes back
 // while the source is down keeps its own limit; after that it is forgotten
-// (by the first acquire on its lock shard a refresh interval after the last
-// prune, at most), and the memory goes with it: the cache holds only keys
+// (by the first acquire on its lock shard a refresh interval, and at least
+// a second, after the last prune), and the memory goes with it: the cache holds only keys
 // used recently. RefreshLimits makes chosen keys fetch again at once.
 //
 // It panics if defaultLimit is negative, fn is nil or refresh <= 0.
@@ -221,7 +222,8 @@ func NewWithLimitFunc[K comparable](defaultLimit int, fn LimitFunc[K], refresh t
 		panic(fmt.Sprintf("registry: NewWithLimitFunc needs a positive refresh interval, got %v", refresh))
 	}
 	r := New[K](defaultLimit, opts...)
-	r.limitFunc, r.refresh = fn, refresh
+	r.limitFunc, r.refresh, r.pruneEvery = fn, refresh, max(int64(refresh), int64(time.Second))
+	r.eachShard(func(sh *shard[K]) { sh.resolved = map[K]resolved{} })
 	return r
 }
 
