@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -239,4 +240,40 @@ func TestTransportLeakDetectionKeepsTrailers(t *testing.T) {
 			assert.Equal(t, want, proxied(rt), "through a ReverseProxy, as with the base alone")
 		})
 	}
+}
+
+// With WithLinger, the slot of an exchange reclaimed by leak detection is
+// kept the linger after the reclaim ends the exchange, as a cut's is: the
+// upstream may count the stream until it notices the cut. Before, the
+// slot went at once, and the next request could reach an upstream still
+// counting the dropped one.
+func TestTransportLeakedStreamLingers(t *testing.T) {
+	var open, came atomic.Int64
+	up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		came.Add(1)
+		open.Add(1)
+		defer open.Add(-1)
+		streamUntilGone(r, w, w.(http.Flusher).Flush)
+	}))
+	base := startTLS(t, up, true)
+	mock := clock.NewMock()
+	lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.DiscardHandler)))
+	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
+		slots.WithLinger(time.Second), slots.WithClock(mock))}
+	func() {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, up.URL, nil)
+		require.NoError(t, err)
+		resp, err := client.Do(req)
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, resp.StatusCode)
+		_ = resp // dropped: neither read nor closed
+	}()
+	require.Eventually(t, func() bool { return came.Load() == 1 }, 10*time.Second, time.Millisecond)
+	require.Eventually(t, func() bool { runtime.GC(); return open.Load() == 0 }, 10*time.Second, time.Millisecond,
+		"the reclaim ends the dropped exchange")
+	assert.Equal(t, 1, lim.InFlight(), "the slot is kept for the linger")
+	assert.Zero(t, lim.Stats().Leaked, "reported as it is freed")
+	mock.Add(time.Second)
+	require.Eventually(t, func() bool { return lim.InFlight() == 0 && lim.Stats().Leaked == 1 }, 10*time.Second, time.Millisecond,
+		"freed once the linger is over")
 }

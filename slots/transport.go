@@ -46,8 +46,8 @@ type transportOptionFunc func(*Transport)
 func (f transportOptionFunc) applyTransport(c *Transport) { f(c) }
 
 // WithLinger keeps a cut exchange's slot (body closed early or failed,
-// round trip failed once sent) d more (d <= 0: none, the default), for an
-// upstream that counts a request until it notices the cut.
+// round trip failed once sent, dropped under leak detection) d more (d <= 0:
+// none, the default), for an upstream that counts it until it sees the cut.
 func WithLinger(d time.Duration) TransportOption {
 	return transportOptionFunc(func(t *Transport) { t.linger = d })
 }
@@ -125,14 +125,19 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		var sent context.Context
 		sent, abort = context.WithCancel(ctx)
 		req = req.WithContext(sent)
-		first := abort
-		if body := req.Body; body != nil && body != http.NoBody {
-			// net/http's HTTP/2 client does not end a stream whose
-			// request body's Read is blocked when its context ends: the
-			// body's Close ends that Read.
-			first = func() { abort(); body.Close() }
-		}
-		onReclaim((*core.Handle)(s), first)
+		body := req.Body
+		onReclaim((*core.Handle)(s), func(rest func()) {
+			// Freed after the linger, as a cut's: the upstream may count
+			// the exchange until it notices its end.
+			defer t.later(rest)
+			abort()
+			if body != nil && body != http.NoBody {
+				// net/http's HTTP/2 client does not end a stream whose
+				// request body's Read is blocked when its context ends:
+				// the body's Close ends that Read.
+				body.Close()
+			}
+		})
 	}
 	req, conn := t.watchConn(req)
 	var resp *http.Response
@@ -223,13 +228,22 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 // may still be counting the exchange.
 func (t *Transport) free(s *Slot, cut bool) {
 	if cut && t.linger > 0 && s.holds() {
-		t.clock.AfterFunc(t.linger, func() {
+		t.later(func() {
 			defer core.Recovered("a linger's timer", s.hold()) // an Observer told of the release
 			s.releaseQuietly()
 		})
 		return
 	}
 	s.releaseQuietly()
+}
+
+// later calls f after the linger, or at once without one.
+func (t *Transport) later(f func()) {
+	if t.linger > 0 {
+		t.clock.AfterFunc(t.linger, f)
+		return
+	}
+	f()
 }
 
 // connWatch tells whether net/http's Transport was asked for a connection
@@ -348,9 +362,9 @@ func withSentBody(req *http.Request) *http.Request {
 }
 
 // onReclaim makes the reclaim of x's holds (leak detection's, of a Slot
-// dropped while held) call f first (core.Tracked.First): once for each
-// part of a Combine.
-func onReclaim(x *core.Handle, f func()) {
+// dropped while held) call f first (core.Tracked.First), which must call
+// the rest of the reclaim: once for each part of a Combine.
+func onReclaim(x *core.Handle, f func(rest func())) {
 	switch o := x.Hold().Owner.(type) {
 	case *core.Tracked:
 		o.First.Store(&f)

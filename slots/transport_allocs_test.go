@@ -56,8 +56,9 @@ func roundTripAllocs(t *testing.T, rt http.RoundTripper, req *http.Request) floa
 // record, its two hooks, the trace's context and the request's copy. With
 // leak detection, the Slot's tracked record and its cleanup, the weak
 // watch, the exchange's own context that a reclaim cancels (with the
-// request's copy) and the response's copy come to 11 in all, 16 when the
-// context can end.
+// request's copy), the reclaim's cut (which frees the slot after the
+// linger, as a cut's) and the response's copy come to 12 in all, 17 when
+// the context can end.
 func TestTransportAllocs(t *testing.T) {
 	lim := slots.NewLimiter(8)
 	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }
@@ -79,8 +80,8 @@ func TestTransportAllocs(t *testing.T) {
 		{"a server's body of known length", context.Background(), "server", 4},
 		{"a body in memory", context.Background(), "memory", 2},
 		{"with a linger", context.Background(), "linger", 7},
-		{"with leak detection", context.Background(), "leak", 11},
-		{"with leak detection, a context that can end", cancelable, "leak", 16},
+		{"with leak detection", context.Background(), "leak", 12},
+		{"with leak detection, a context that can end", cancelable, "leak", 17},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			req, err := http.NewRequestWithContext(tc.ctx, http.MethodGet, "http://upstream.invalid/v1/models", nil)

@@ -197,15 +197,17 @@ func TestTrackedRefusesACopy(t *testing.T) {
 	runtime.KeepAlive(s)
 }
 
-// A dropped stand-in's reclaim calls the Tracked's First, then frees the
-// hold: also when First panics (the panic is logged, not the end of the
-// process, and the capacity is not lost).
+// A dropped stand-in's reclaim calls the Tracked's First, which frees the
+// hold with the rest of the reclaim: also when First panics after it has
+// arranged for it (the panic is logged, not the end of the process, and
+// the capacity is not lost).
 func TestReclaimCallsFirstThenFrees(t *testing.T) {
 	for _, panics := range []bool{false, true} {
 		o := &owner{}
 		tr := &core.Tracked{Hold: core.Hold{Owner: o}}
 		var called atomic.Bool
-		first := func() {
+		first := func(rest func()) {
+			defer rest()
 			called.Store(true)
 			if panics {
 				panic("a first call's bug")

@@ -26,9 +26,10 @@ type Tracked struct {
 	standIn weak.Pointer[Hold]
 	// First, if set, is called first by a reclaim, on the runtime's
 	// cleanup goroutine, so it must be quick (a Transport's cancel of the
-	// exchange of a response dropped with its Slot); the hold is freed
-	// after it, also if it panics.
-	First atomic.Pointer[func()]
+	// exchange of a response dropped with its Slot). It is given the rest
+	// of the reclaim, which frees the hold: it must call it once, at once
+	// or later (a Transport's linger), also if it panics.
+	First atomic.Pointer[func(rest func())]
 }
 
 // A Leaker reclaims a Tracked hold whose Slot was dropped: it reads what it
@@ -90,8 +91,7 @@ func AttachTo[S any](t *Tracked, slot *S, standIn *Hold) {
 func reclaim(t *Tracked) {
 	defer Recovered("a dropped slot's reclaim", &t.Hold)
 	if f := t.First.Swap(nil); f != nil {
-		defer reclaim(t) // once f has returned, or panicked
-		(*f)()
+		(*f)(func() { reclaim(t) })
 		return
 	}
 	if l, ok := t.Hold.Owner.(Leaker); ok && !t.Hold.Bypassed {

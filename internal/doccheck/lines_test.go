@@ -77,9 +77,11 @@ var admissionFiles = []string{
 // 4,000 lines of code, the restated goal. Then 1 for a LimitFunc's cache
 // pruned at most once a second (a 1 ms refresh walked the live keys on
 // every acquire), and 2 fewer: the shards' caches made with the registry.
+// Then 1 fewer: a reclaim's First is handed the rest of the reclaim (a
+// Transport frees a reclaimed exchange's slot after its linger).
 const (
 	maxAdmissionLines = 5960
-	maxAdmissionCode  = 3999
+	maxAdmissionCode  = 3998
 )
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
