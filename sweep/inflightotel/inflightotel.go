@@ -286,7 +286,7 @@ func New(capName string, opts ...Option) (*Cap, error) {
 // collection.
 func (c *Cap) observeCounts(m metric.Meter) error {
 	active, err := m.Int64ObservableUpDownCounter("inflight.slot.active", metric.WithUnit("{slot}"),
-		metric.WithDescription("Slots held now; a slot held under several keys counts once per key."))
+		metric.WithDescription("Units held now (one per slot unless weighted); a slot held under several keys counts under each."))
 	if err != nil {
 		return err
 	}

@@ -28,7 +28,7 @@ func ExampleNew() {
 	s, _ := reg.TryAcquire("org-a")
 	defer s.Release()
 	err := testutil.GatherAndCompare(registerer, strings.NewReader(`
-# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# HELP inflight_in_flight Units held now (one per slot unless weighted); a slot held under several keys counts under each.
 # TYPE inflight_in_flight gauge
 inflight_in_flight{cap="tenant"} 1
 `), "inflight_in_flight")

@@ -151,7 +151,7 @@ func New(capName string) *Collector {
 		return prometheus.NewDesc(prometheus.BuildFQName("inflight", "", m), help, variable, labels)
 	}
 	return &Collector{
-		inFlight:       desc("in_flight", "Slots held now; a slot held under several keys counts once per key."),
+		inFlight:       desc("in_flight", "Units held now (one per slot unless weighted); a slot held under several keys counts under each."),
 		waiting:        desc("waiting", "Callers waiting for a slot now."),
 		keys:           desc("keys", "Keys tracked now: with a holder or a waiter."),
 		limit:          desc("limit", "The limit; +Inf when unlimited."),

@@ -43,7 +43,7 @@ inflight_acquired_total{cap="tenant"} 2
 # HELP inflight_double_releases_total Release calls on a slot already released.
 # TYPE inflight_double_releases_total counter
 inflight_double_releases_total{cap="tenant"} 1
-# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# HELP inflight_in_flight Units held now (one per slot unless weighted); a slot held under several keys counts under each.
 # TYPE inflight_in_flight gauge
 inflight_in_flight{cap="tenant"} 1
 # HELP inflight_keys Keys tracked now: with a holder or a waiter.
@@ -146,7 +146,7 @@ func TestCapsShareFamilies(t *testing.T) {
 	reg.MustRegister(tenants, provider, model)
 
 	const want = `
-# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# HELP inflight_in_flight Units held now (one per slot unless weighted); a slot held under several keys counts under each.
 # TYPE inflight_in_flight gauge
 inflight_in_flight{cap="model:glm-5"} 2
 inflight_in_flight{cap="provider"} 5

@@ -110,7 +110,7 @@ inflight_acquired_total{cap="api_keys"} 0
 inflight_acquired_total{cap="model:glm-5"} 1
 inflight_acquired_total{cap="model:other"} 1
 inflight_acquired_total{cap="provider"} 2
-# HELP inflight_in_flight Slots held now; a slot held under several keys counts once per key.
+# HELP inflight_in_flight Units held now (one per slot unless weighted); a slot held under several keys counts under each.
 # TYPE inflight_in_flight gauge
 inflight_in_flight{cap="api_key:k1"} 1
 inflight_in_flight{cap="api_key:k2"} 1
