@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
@@ -256,7 +255,7 @@ func TestTransportLeakedStreamLingers(t *testing.T) {
 		streamUntilGone(r, w, w.(http.Flusher).Flush)
 	}))
 	base := startTLS(t, up, true)
-	mock := clock.NewMock()
+	mock := newSettingClock()
 	lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.DiscardHandler)))
 	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
 		slots.WithLinger(time.Second), slots.WithClock(mock))}
@@ -271,6 +270,10 @@ func TestTransportLeakedStreamLingers(t *testing.T) {
 	require.Eventually(t, func() bool { return came.Load() == 1 }, 10*time.Second, time.Millisecond)
 	require.Eventually(t, func() bool { runtime.GC(); return open.Load() == 0 }, 10*time.Second, time.Millisecond,
 		"the reclaim ends the dropped exchange")
+	// The upstream may see the end before the reclaim has set the linger's
+	// timer (it does once the request body's Close has returned): advanced
+	// before, the mock would never fire it (TestReclaimLingerBeginsAfterTheCut).
+	mock.waitSet(t, 1, time.Second)
 	assert.Equal(t, 1, lim.InFlight(), "the slot is kept for the linger")
 	assert.Zero(t, lim.Stats().Leaked, "reported as it is freed")
 	mock.Add(time.Second)
