@@ -14,6 +14,10 @@ import (
 // that proxies the request. Attach it with WithTrace; any of its functions
 // may be nil.
 type Trace struct {
+	// Waiting is called as the request starts to wait for its admission,
+	// once its model is known: its Admission.Wait, and the wait of a
+	// refusal that comes after it, are timed from then.
+	Waiting func()
 	// FleetWait is called as the request starts to take the fleet's caps
 	// (WithFleet); the function it returns, if not nil, as that ends.
 	FleetWait func() (done func())
@@ -46,7 +50,7 @@ type Trace struct {
 	// part or the fleet's went ahead without capacity), nor for a Trace
 	// whose Admitted was not called (one attached after a Trace whose
 	// Admitted panicked). A panic in it is logged and goes no further: the
-	// slots are free then.
+	// slots are free then, and the other Traces are told all the same.
 	Released func(a Admission, held time.Duration)
 }
 
@@ -115,15 +119,19 @@ func (trs traces) fleetWait() (done func()) {
 
 // endAll calls each of dones, also after one panics, and returns the
 // first panic's value (nil: none).
-func endAll(dones []func()) (first any) {
-	for _, d := range dones {
+func endAll(dones []func()) any { return eachOf(len(dones), func(i int) { dones[i]() }) }
+
+// eachOf calls f(i) for i from 0 to n-1, also after one panics, and returns
+// the first panic's value (nil: none).
+func eachOf(n int, f func(i int)) (first any) {
+	for i := range n {
 		func() {
 			defer func() {
 				if p := recover(); p != nil && first == nil {
 					first = p
 				}
 			}()
-			d()
+			f(i)
 		}()
 	}
 	return first
@@ -171,10 +179,24 @@ func (trs traces) settled(st Settlement) {
 // hears reports whether one of trs has a function f returns.
 func (trs traces) hears(f func(*Trace) bool) bool { return slices.ContainsFunc(trs, f) }
 
+// released tells each Trace a's release, also after one panics (each
+// told Admitted hears Released), then goes on with the first panic.
 func (trs traces) released(a Admission, held time.Duration) {
+	first := eachOf(len(trs), func(i int) {
+		if f := trs[i].Released; f != nil {
+			f(a, held)
+		}
+	})
+	if first != nil {
+		panic(first)
+	}
+}
+
+// waiting tells each Trace that the request starts to wait.
+func (trs traces) waiting() {
 	for _, tr := range trs {
-		if tr.Released != nil {
-			tr.Released(a, held)
+		if tr.Waiting != nil {
+			tr.Waiting()
 		}
 	}
 }

@@ -248,6 +248,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		x.grant, x.caps, x.tokens = Grant{}, nil, nil
 	}()
 	start := time.Now()
+	trs.waiting()
 	cost, weighed := tokensOf(ctx)
 	if !weighed {
 		cost = Tokens{Input: 1}

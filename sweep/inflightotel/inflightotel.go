@@ -44,7 +44,9 @@
 // inflight.flow only with WithFlowAttribute. The counts by result and the
 // histograms come from the Cap's Observe; the others are read from the
 // source given to Watch at each collection. The learned caps of a
-// pacing.Gate are exported by LearnedCaps.
+// pacing.Gate are exported by LearnedCaps. A name, a flow or a refusal's
+// text that is not UTF-8 is exported with U+FFFD in place of its bad
+// bytes: OTLP refuses such a string, and with it the whole export.
 //
 // # Traces
 //
@@ -72,8 +74,10 @@ package inflightotel
 
 import (
 	"context"
+	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 	"weak"
 
 	"go.opentelemetry.io/otel"
@@ -230,6 +234,7 @@ var (
 // counts of slots, waiters, keys and the limit. It fails if the meter
 // refuses an instrument.
 func New(capName string, opts ...Option) (*Cap, error) {
+	capName = utf8Only(capName)
 	c := &Cap{name: capName, cfg: configure(opts), spanName: "acquire " + capName}
 	c.over.Store(-1)
 	if c.cfg.tracers != nil {
@@ -434,7 +439,17 @@ func seconds(d time.Duration) float64 { return float64(d) * 1e-9 }
 // its flow.
 func (c *Cap) withFlow(r int, ctx context.Context, flow string) metric.MeasurementOption {
 	return metric.WithAttributes(AttrCap.String(c.name), AttrResult.String(resultNames[r]),
-		AttrPriority.String(priorityNames[priorityOf(ctx)]), AttrFlow.String(flow))
+		AttrPriority.String(priorityNames[priorityOf(ctx)]), AttrFlow.String(utf8Only(flow)))
+}
+
+// utf8Only is s with each run of bytes that are not UTF-8 replaced by
+// U+FFFD: OTLP's protobuf refuses a string that is not UTF-8, and with it
+// every span or point exported in the same request.
+func utf8Only(s string) string {
+	if utf8.ValidString(s) {
+		return s
+	}
+	return strings.ToValidUTF8(s, "\uFFFD")
 }
 
 // trace adds the admission e, of result r, to the span of its context as
@@ -456,7 +471,7 @@ func (c *Cap) trace(e slots.Event, r int) {
 		AttrResult.String(resultNames[r]),
 	}
 	if flow != "" {
-		attrs = append(attrs, AttrFlow.String(flow))
+		attrs = append(attrs, AttrFlow.String(utf8Only(flow)))
 	}
 	_, span := tracer.Start(e.Context, c.spanName, trace.WithTimestamp(end.Add(-e.Wait)),
 		trace.WithSpanKind(trace.SpanKindInternal), trace.WithAttributes(attrs...))

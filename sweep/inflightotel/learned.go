@@ -29,7 +29,7 @@ const (
 // "model:<name>", "api_key:<id>"), one per cap that the Gate's config
 // makes learn:
 //
-//	inflight.learned.limit    gauge   {request} the limit admissions run under now (0 while a cut is tested)
+//	inflight.learned.limit    gauge   {request} the limit admissions run under now (the floor while a cut is tested)
 //	inflight.learned.cap      gauge   {request} the learned cap
 //	inflight.learned.ceiling  gauge   {request} the cap is at most this, as last seen
 //	inflight.learned.floor    gauge   {request} the lowest the cap may go, as configured
@@ -49,7 +49,7 @@ type LearnedCaps struct {
 func NewLearnedCaps(provider string, l Learner, opts ...Option) (*LearnedCaps, error) {
 	m := configure(opts).meters.Meter(scope)
 	gauges := map[string]string{
-		"limit":   "The limit a learned cap lets admissions run under now: the cap, more while probes may go, 0 while a cut is tested.",
+		"limit":   "The limit a learned cap lets admissions run under now: the cap, more while probes may go, the floor while a cut is tested.",
 		"cap":     "The learned cap: starts up to it go without a test.",
 		"ceiling": "The learned cap is at most this, as last seen; inflight.learned.max while unknown.",
 		"floor":   "The lowest the learned cap may go, as configured.",
@@ -76,9 +76,9 @@ func NewLearnedCaps(provider string, l Learner, opts ...Option) (*LearnedCaps, e
 		return nil, err
 	}
 	all = append(all, changes, answers)
-	pv := AttrProvider.String(provider)
+	pv := AttrProvider.String(utf8Only(provider))
 	observeCap := func(o metric.Observer, capName string, st pacing.Learned) {
-		set := metric.WithAttributeSet(attribute.NewSet(pv, AttrCap.String(capName)))
+		set := metric.WithAttributeSet(attribute.NewSet(pv, AttrCap.String(utf8Only(capName))))
 		for name, v := range map[string]int{"limit": st.Limit, "cap": st.Cap, "ceiling": st.Ceiling, "floor": st.Floor, "max": st.Max} {
 			o.ObserveInt64(g[name], int64(v), set)
 		}

@@ -45,8 +45,10 @@ func statusOf(err error, r int) string {
 		return context.DeadlineExceeded.Error()
 	case r == resultCanceled:
 		return context.Canceled.Error()
+	case err == nil: // a refusal told without its error
+		return resultNames[r]
 	}
-	return err.Error()
+	return utf8Only(err.Error())
 }
 
 // resultOf names e's result: by the first error of resultErrs that its

@@ -15,8 +15,9 @@ import (
 // together), or its refusal and the time it waited until then, each on the
 // request's trace when ctx carries a recording span; then its slots'
 // release and how long they were held. Attach it beside the program's own
-// with pacing.WithTrace(ctx, c.Trace(ctx)), just before the request is
-// sent: the wait is timed from here. It is nil, and pacing.WithTrace adds
+// with pacing.WithTrace(ctx, c.Trace(ctx)): the wait is timed from its
+// start (pacing.Trace.Waiting; from here, for a refusal that comes before
+// it). It is nil, and pacing.WithTrace adds
 // nothing, when c records nothing (no SDK installed, and no recording span
 // in ctx): a request then costs nothing more.
 func (c *Cap) Trace(ctx context.Context) *pacing.Trace {
@@ -25,6 +26,7 @@ func (c *Cap) Trace(ctx context.Context) *pacing.Trace {
 	}
 	start := time.Now()
 	return &pacing.Trace{
+		Waiting: func() { start = time.Now() },
 		Admitted: func(a pacing.Admission) {
 			kind := slots.EventAcquired
 			if a.Held.Bypassed() {

@@ -63,7 +63,7 @@
 // well ("provider" for the provider's own, "model:<name>", "api_key:<id>"),
 // one per cap that the Gate's config makes learn:
 //
-//	inflight_learned_limit          gauge   the limit admissions run under now (0 while a cut is tested)
+//	inflight_learned_limit          gauge   the limit admissions run under now (the floor while a cut is tested)
 //	inflight_learned_cap            gauge   the learned cap
 //	inflight_learned_ceiling        gauge   the cap is at most this, as last seen
 //	inflight_learned_floor          gauge   the lowest the cap may go, as configured

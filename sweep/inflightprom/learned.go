@@ -39,7 +39,7 @@ func NewLearnedCaps(provider string, gate Learner) *LearnedCaps {
 	}
 	return &LearnedCaps{
 		gate:    gate,
-		limit:   desc("learned_limit", "The limit a learned cap lets admissions run under now: the cap, more while probes may go, 0 while a cut is tested.", "cap"),
+		limit:   desc("learned_limit", "The limit a learned cap lets admissions run under now: the cap, more while probes may go, the floor while a cut is tested.", "cap"),
 		learned: desc("learned_cap", "The learned cap: starts up to it go without a test.", "cap"),
 		ceiling: desc("learned_ceiling", "The learned cap is at most this, as last seen; inflight_learned_max while unknown.", "cap"),
 		floor:   desc("learned_floor", "The lowest the learned cap may go, as configured.", "cap"),

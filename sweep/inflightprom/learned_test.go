@@ -76,7 +76,7 @@ inflight_learned_changes_total{cap="provider",provider="zai"} 2
 # TYPE inflight_learned_floor gauge
 inflight_learned_floor{cap="model:glm-5",provider="zai"} 1
 inflight_learned_floor{cap="provider",provider="zai"} 1
-# HELP inflight_learned_limit The limit a learned cap lets admissions run under now: the cap, more while probes may go, 0 while a cut is tested.
+# HELP inflight_learned_limit The limit a learned cap lets admissions run under now: the cap, more while probes may go, the floor while a cut is tested.
 # TYPE inflight_learned_limit gauge
 inflight_learned_limit{cap="model:glm-5",provider="zai"} 2
 inflight_learned_limit{cap="provider",provider="zai"} 4

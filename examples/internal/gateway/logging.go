@@ -169,7 +169,11 @@ func (g *Gateway) rejectBudget(w http.ResponseWriter, r *http.Request, capName, 
 func (g *Gateway) providerRefused(ctx context.Context, model string, err error) {
 	g.prom.Trace(model).Refused(err)
 	if g.tel != nil {
-		g.tel.provider.Trace(ctx).Refused(err)
+		// nil when the Cap would record nothing (no recording span, its
+		// instruments disabled).
+		if tr := g.tel.provider.Trace(ctx); tr != nil {
+			tr.Refused(err)
+		}
 	}
 }
 
