@@ -110,6 +110,12 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	if l.degraded {
 		delete(r.held.degraded, l)
 		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
+	}
+	if l.degraded || r.brk.open() {
+		// Its local room is free now: while the store cannot be reached,
+		// the waiters of this process wait for it under the local
+		// registry, and the fleet's queue, which its removal serves,
+		// wakes none of them.
 		for _, name := range l.names {
 			r.wokenBy(name) // r.mu before r.waits.mu
 		}

@@ -36,7 +36,29 @@ func (r *Registry[K]) unqueued(ctx context.Context, l *lease[K], w *waiter) outc
 	if r.leaveQueue(l, w) {
 		l.id = newLeaseID() // l is not shared yet
 	}
+	if w == nil && r.cfg.onUnavailable == FallbackLocal {
+		// A newcomer does not pass this process's waiters, which wait
+		// in its own order while the store cannot be reached.
+		if o, ok := r.waitedFor(l); ok {
+			return o
+		}
+	}
 	return r.unavailable(ctx, l)
+}
+
+// waitedFor returns the refusal of newcomer l if a waiter of this process
+// that could take the room it finds under the local registry waits on one
+// of its keys, held back there (see waiters.go).
+func (r *Registry[K]) waitedFor(l *lease[K]) (outcome, bool) {
+	for i, k := range l.keys {
+		n, limit := r.local.InFlight(k), r.local.Limit(k)
+		if !r.waiterFits(l.names[i], limit-n) {
+			continue
+		}
+		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: n, Limit: limit, RetryAfter: time.Second}
+		return outcome{err: le, full: i, inFlight: n}, true
+	}
+	return outcome{}, false
 }
 
 // unavailable admits l, or not, while the store cannot be reached.

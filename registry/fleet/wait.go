@@ -31,7 +31,7 @@ func (r *Registry[K]) admit(ctx context.Context, l *lease[K], wait bool) (*slots
 	}
 	place := core.PlaceOf(ctx)
 	w := &waiter{rank: core.Rank(place.Class), flow: place.Flow, weight: max(int(place.Weight), 1),
-		keys: l.names, wake: make(chan struct{}, 1)}
+		keys: l.names, units: l.units, wake: make(chan struct{}, 1)}
 	if err := r.enqueue(w); err != nil {
 		return nil, err
 	}

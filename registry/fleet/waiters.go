@@ -13,6 +13,7 @@ type waiter struct {
 	rank   uint8 // its priority class's rank (core.Rank): lower goes first
 	flow   string
 	weight int      // its flow's weight, >= 1
+	units  int      // what it weighs on each key
 	keys   []string // its keys in the store
 	// ticket is the lease id under which it last asked the store ("": never);
 	// guarded by r.waits.mu.
@@ -247,6 +248,19 @@ func (r *Registry[K]) wokenBy(key string) {
 			return
 		}
 	}
+}
+
+// waiterFits reports whether a waiter of key that holds it back (one
+// waiting under the local registry) weighs at most free units.
+func (r *Registry[K]) waiterFits(key string, free int) bool {
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
+	for _, v := range r.waits.queues[key] {
+		if slices.Contains(v.blocked, key) && v.units <= free {
+			return true
+		}
+	}
+	return false
 }
 
 // granted wakes the waiter queued as ticket: the fleet's queue granted it.
