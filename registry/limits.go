@@ -339,7 +339,7 @@ func (r *Registry[K]) Keys() int {
 // A slot admitted under several keys counts once in the totals and once per
 // key in InFlight.
 type Stats struct {
-	InFlight int // live holders, summed over keys
+	InFlight int // units live holders hold, summed over keys
 	Waiting  int // waiters, summed over keys
 	Keys     int // tracked keys
 
