@@ -46,17 +46,22 @@ func (r *Registry[K]) unqueued(ctx context.Context, l *lease[K], w *waiter) outc
 	return r.unavailable(ctx, l)
 }
 
-// waitedFor returns the refusal of newcomer l if a waiter of this process
-// that could take the room it finds under the local registry waits on one
-// of its keys, held back there (see waiters.go).
+// waitedFor returns the refusal of newcomer l if, on one of its keys, the
+// room it finds under the local registry is for this process's waiters in
+// line there (see waitedOn); a key without room for it is left to the
+// local registry to refuse.
 func (r *Registry[K]) waitedFor(l *lease[K]) (outcome, bool) {
 	for i, k := range l.keys {
 		n, limit := r.local.InFlight(k), r.local.Limit(k)
-		if !r.waiterFits(l.names[i], limit-n) {
+		if limit-n < l.units {
 			continue
 		}
-		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: n, Limit: limit, RetryAfter: time.Second}
-		return outcome{err: le, full: i, inFlight: n}, true
+		queued, ok := r.waitedOn(l.names[i], limit-n, l.units)
+		if !ok {
+			continue
+		}
+		le := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: n, Limit: limit, Queued: queued, RetryAfter: time.Second}
+		return outcome{err: le, full: i, inFlight: n, queuedN: queued}, true
 	}
 	return outcome{}, false
 }
@@ -95,6 +100,10 @@ func (r *Registry[K]) storeFailed(err error) {
 	r.stats.storeErrors.Add(1)
 	if r.brk.failure() {
 		r.logSafely(slog.LevelWarn, "fleet: store unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
+		// The waiters queued in the store, which hold back nothing here,
+		// ask again at once, in this process's order under the local
+		// registry, rather than after their claim window.
+		r.wakeAll()
 	}
 }
 

@@ -28,8 +28,13 @@ type waiter struct {
 	// once its call to the store has its place in line (see placed), until a
 	// reply tells it a key is full again. Guarded by r.waits.mu.
 	blocked []string
-	queued  bool          // in r.waits.queues (guarded by r.waits.mu)
-	wake    chan struct{} // buffered 1
+	queued  bool // in r.waits.queues (guarded by r.waits.mu)
+	// inLine: it waits in this process's order for its blocked keys, told
+	// a key was full (or held back by an earlier waiter), until its next
+	// try begins; not one that has not been told yet, which may be taking
+	// the room now. Guarded by r.waits.mu.
+	inLine bool
+	wake   chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
 	// guarded by r.waits.mu. Its calls under that ticket, claims, go in
 	// the claims' lane (see Registry.call), again after one that failed or
@@ -173,6 +178,7 @@ func (r *Registry[K]) mayTry(w *waiter) bool {
 	if len(ahead) == 0 {
 		return true
 	}
+	w.inLine = true
 	if !slices.Equal(ahead, w.blocked) {
 		r.reblockLocked(w, ahead)
 	}
@@ -198,6 +204,7 @@ func (r *Registry[K]) placed(w *waiter) {
 func (r *Registry[K]) blockedOn(w *waiter, key string) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
+	w.inLine = true
 	if len(w.blocked) == 1 && w.blocked[0] == key {
 		return
 	}
@@ -210,6 +217,7 @@ func (r *Registry[K]) blockedOn(w *waiter, key string) {
 func (r *Registry[K]) expect(w *waiter, ticket string) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
+	w.inLine = false // trying: it may take the room itself
 	if !w.queued || w.ticket == ticket {
 		return
 	}
@@ -250,17 +258,33 @@ func (r *Registry[K]) wokenBy(key string) {
 	}
 }
 
-// waiterFits reports whether a waiter of key that holds it back (one
-// waiting under the local registry) weighs at most free units.
-func (r *Registry[K]) waiterFits(key string, free int) bool {
+// waitedOn reports whether a newcomer of units, which finds free units of
+// key under the local registry (at least its units), is to leave them to
+// this process's waiters in line for key (see inLine): they take them
+// first, in turn; a heavy one (its units more than what is left) keeps
+// them, as a newcomer that does not wait passes no heavy waiter
+// (PROTOCOL.md, Waiting). It wakes the first that fits, so that it takes
+// the room now (a release the store admitted before the breaker opened
+// woke none), and returns how many waiters it counted.
+func (r *Registry[K]) waitedOn(key string, free, units int) (n int, ok bool) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
+	woke := false
 	for _, v := range r.waits.queues[key] {
-		if slices.Contains(v.blocked, key) && v.units <= free {
-			return true
+		if !v.inLine || !slices.Contains(v.blocked, key) {
+			continue
+		}
+		n++
+		if v.units > free {
+			return n, true
+		}
+		free -= v.units
+		if !woke {
+			v.signal()
+			woke = true
 		}
 	}
-	return false
+	return n, n > 0 && free < units
 }
 
 // granted wakes the waiter queued as ticket: the fleet's queue granted it.

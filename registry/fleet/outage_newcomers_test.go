@@ -1,0 +1,187 @@
+package fleet
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// acquireIn runs acquire in a goroutine; its Slot (nil: it failed) comes
+// on the channel returned.
+func acquireIn(acquire func() (*slots.Slot, error)) chan *slots.Slot {
+	got := make(chan *slots.Slot, 1)
+	go func() {
+		s, err := acquire()
+		if err != nil {
+			s = nil
+		}
+		got <- s
+	}()
+	return got
+}
+
+// A waiter that has not been told a key is full (it holds back its keys
+// from enqueue until its first reply) is not waiting for room: here it is
+// being admitted under the local registry, and holds one unit of two. A
+// TryAcquire made then has room beside it, and is refused.
+func TestOutageNewcomerNotRefusedByAWaiterBeingAdmitted(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		var armed atomic.Bool
+		in, out := make(chan struct{}), make(chan struct{})
+		obs := slots.ObserverFunc(func(e slots.Event) {
+			if e.Kind == slots.EventAcquired && armed.CompareAndSwap(true, false) {
+				in <- struct{}{}
+				<-out
+			}
+		})
+		ms := memstore.New()
+		r := New[string](ms, 2, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(5*time.Second, 5*time.Second),
+			WithLocalOptions(slots.WithObserver(obs)))
+		defer r.Close()
+		ms.Kill()
+		s, err := r.TryAcquire("k") // its call fails: the breaker opens
+		require.NoError(t, err)
+		s.Release()
+		require.True(t, r.Stats().BreakerOpen)
+		armed.Store(true)
+		got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+		<-in // the waiter holds its local mirror: one unit of two
+		require.Equal(t, 1, r.Local().InFlight("k"))
+		s, err = r.TryAcquire("k")
+		close(out)
+		if assert.NoError(t, err, "room for both: the waiter took one unit of two") {
+			s.Release()
+		}
+		if w := <-got; assert.NotNil(t, w) {
+			w.Release()
+		}
+	})
+}
+
+// A lease the store admitted, released after the store stopped answering
+// but before the breaker opened (WithBreaker's threshold above 1), wakes
+// no waiter: the waiter, told full under the local registry, sleeps out
+// its backoff (WithPoll) while every newcomer is refused for it, the room
+// idle.
+func TestOutageRoomNotIdleForASleepingWaiter(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ms := memstore.New()
+		r := New[string](ms, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(5*time.Second, 5*time.Second))
+		defer r.Close()
+		held, err := r.TryAcquire("k") // in the store
+		require.NoError(t, err)
+		ms.Kill()
+		got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+		synctest.Wait()
+		require.Equal(t, 1, r.Stats().Waiting)
+		held.Release()
+		synctest.Wait()
+		start, refused := time.Now(), 0
+		var w *slots.Slot
+		for w == nil && time.Since(start) < 10*time.Second {
+			s, err := r.TryAcquire("k")
+			if err == nil {
+				t.Errorf("a newcomer passed the waiter")
+				s.Release()
+			} else {
+				refused++
+			}
+			synctest.Wait()
+			select {
+			case w = <-got:
+				require.NotNil(t, w)
+			default:
+				time.Sleep(100 * time.Millisecond)
+			}
+		}
+		if w != nil {
+			w.Release()
+		}
+		assert.Less(t, time.Since(start), 200*time.Millisecond,
+			"the room stood idle while %d newcomers were refused for the waiter", refused)
+	})
+}
+
+// A waiter queued in the fleet's queue (it holds back nothing here) when
+// the store stops answering: the holder's release wakes nobody, and a
+// newcomer decided under the local registry takes the room ahead of it.
+func TestOutageNewcomerDoesNotPassAWaiterQueuedInTheStore(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ms := memstore.New()
+		r := New[string](ms, 1, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(5*time.Second, 5*time.Second))
+		defer r.Close()
+		held, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+		synctest.Wait()
+		require.Equal(t, 1, ms.Queued("k"))
+		ms.Kill()
+		held.Release()
+		synctest.Wait()
+		s, err := r.TryAcquire("k")
+		if err == nil {
+			t.Errorf("a TryAcquire passed the waiter queued in the store (breaker open: %v)", r.Stats().BreakerOpen)
+			s.Release()
+		}
+		ms.Restart()
+		if w := <-got; w != nil {
+			w.Release()
+		}
+	})
+}
+
+// A heavy waiter (AcquireN) under the local registry while the store
+// cannot be reached: TryAcquire newcomers of one unit take each unit
+// freed (a newcomer that does not wait passes no heavy waiter, in the
+// store), and it waits on.
+func TestOutageHeavyWaiterNotStarvedByNewcomers(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ms := memstore.New()
+		r := New[string](ms, 3, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(time.Second, time.Second))
+		defer r.Close()
+		ms.Kill()
+		var held []*slots.Slot
+		for range 3 {
+			s, err := r.TryAcquire("k")
+			require.NoError(t, err)
+			held = append(held, s)
+		}
+		require.True(t, r.Stats().BreakerOpen)
+		got := acquireIn(func() (*slots.Slot, error) { return r.AcquireN(context.Background(), "k", 3) })
+		synctest.Wait()
+		require.Equal(t, 1, r.Stats().Waiting)
+		passed := 0
+		for i := range 30 {
+			held[i%3].Release()
+			s, err := r.TryAcquire("k")
+			var le *slots.LimitError
+			if errors.As(err, &le) {
+				held[i%3] = nil
+				break
+			}
+			require.NoError(t, err)
+			held[i%3] = s
+			passed++
+			time.Sleep(time.Second)
+		}
+		assert.Zero(t, passed, "newcomers of one unit passed the heavy waiter")
+		for _, s := range held {
+			if s != nil {
+				s.Release()
+			}
+		}
+		if w := <-got; w != nil {
+			w.Release()
+		}
+	})
+}
