@@ -15,7 +15,9 @@
 // Proxied, a process cut off from it past the lease TTL; and, when it
 // offers Faults, the cap across a crash, a hang past the lease TTL and a
 // loss of the store's data, and what each Unavailable mode does while the
-// store cannot be reached.
+// store cannot be reached. A few tests call the store's own operations
+// (driver.Store) as one process would, for the order rules of a serving
+// that a fleet of processes only shows now and then.
 //
 // The tests run on real clocks: they assert what must hold whatever the
 // machine's load, with generous bounds on how long it may take. Bench
@@ -138,6 +140,14 @@ var (
 		{"UnitsPutBack", unitsPutBack},
 		{"BatchRelease", batchRelease},
 		{"LargeAmongSmall", largeAmongSmall},
+		{"PassBoundWithinOneServing", passBoundWithinOneServing},
+		{"NewcomerDoesNotPassAtBound", newcomerDoesNotPassAtBound},
+		{"OwnCallGrantOnLaterKey", ownCallGrantOnLaterKey},
+		{"AbandonServesAfterRemovingAll", abandonServesAfterRemovingAll},
+		{"RefusalNamesTheFirstKey", refusalNamesTheFirstKey},
+		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
+		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
+		{"OddKeysSeveral", oddKeysSeveral},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

@@ -69,6 +69,9 @@ var pausedAskSQL string
 //go:embed sweepdenied.sql
 var sweepDeniedSQL string
 
+//go:embed serving.sql
+var servingSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -100,21 +103,26 @@ var schemaV1 = withConstants(schemaSQL)
 // idle, and takes a key's lock in one statement that makes the row again
 // if it was deleted meanwhile, revision 14 keeps no place for an urgent
 // ticket with a paused key, revision 15 keeps a waiter's place across
-// a pause of new admissions, and revision 16 counts a sweep that the role
+// a pause of new admissions, revision 16 counts a sweep that the role
 // may not make as made, so that it is tried (and logged) once a sweep
-// interval rather than at every renewal. A revision adds, or replaces a function
+// interval rather than at every renewal, and revision 17 stops serving
+// where a waiter it went past needs the room (a heavy waiter passed its
+// bound, one of several keys heavy since), counts a waiter's grants once
+// its own call has served all of its keys, and takes an abandoned lease
+// off every key before serving any. A revision adds, or replaces a function
 // keeping its signature and the meaning of its answers, so a release that
 // knows fewer of them works on the schema as it is (a rolling deploy has
 // both side by side); one that changes what is there makes a new
 // SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
-	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL}
+	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
+	withConstants(servingSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 16
+	SchemaRevision = 17
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

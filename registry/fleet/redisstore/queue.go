@@ -324,14 +324,16 @@ local function canTake(T, kl, ticket, units, now, P, claim, served, arrival, cou
   return true
 end
 -- charge counts units of a waiter of flow and rank (its queue member's
--- prefix) granted past blocker, queued in T (driver.Pass).
+-- prefix) granted past blocker, queued in T (driver.Pass), and reports
+-- whether blocker has been passed its bound now.
 local function charge(T, blocker, flow, rank, units)
   local m = redis.call('HGET', T, blocker)
-  if not m then return end
+  if not m then return false end
   if flow ~= (redis.call('HGET', T, 'f|' .. blocker) or '') or tostring(rank) ~= string.match(m, '^(%d+)|') then
     units = units * 2 * passFactor
   end
-  redis.call('HINCRBY', T, 'u|' .. blocker, units)
+  local past = redis.call('HINCRBY', T, 'u|' .. blocker, units)
+  return past >= passFactor * (tonumber(redis.call('HGET', T, 'w|' .. blocker)) or 1)
 end
 -- noneFits answers for serve, at the cost of a few looks, where no
 -- ticket queued on k fits its room (the least units among them, <k>#m,
@@ -350,7 +352,27 @@ local function noneFits(k, Q, T, limit, count, now, P, claim)
   local ticket = string.match(m, '|([^|]+)$')
   local kl, units, past = ticketKeys(T, ticket, k, limit)
   if units > limit or dead(P, m, now, claim) then return nil end
-  if #kl == 1 and past < passFactor * units and n <= scanMax then return 0, ticket end
+  if #kl == 1 and past < passFactor * units and n <= scanMax then
+    -- A newcomer may pass the head, unless serving, past it, would stop
+    -- at a heavy waiter behind it: one of several keys, or one passed its
+    -- bound already. Serving looks then.
+    local rest = redis.call('ZRANGE', Q, 1, -1)
+    if #rest > 0 then
+      local fields = {}
+      for j, w in ipairs(rest) do
+        local id = string.match(w, '|([^|]+)$')
+        fields[3 * j - 2], fields[3 * j - 1], fields[3 * j] = 'k|' .. id, 'w|' .. id, 'u|' .. id
+      end
+      local meta = redis.call('HMGET', T, unpack(fields))
+      for j = 1, #rest do
+        local u, p = tonumber(meta[3 * j - 1]) or 1, tonumber(meta[3 * j]) or 0
+        if u <= limit and ((meta[3 * j - 2] and string.find(meta[3 * j - 2], '],[', 1, true)) or p >= passFactor * u) then
+          return nil
+        end
+      end
+    end
+    return 0, ticket
+  end
   return -1 -- nobody queued fits, and a newcomer is past serving's places
 end
 -- serveFrom grants k's waiters in order, from the one at index from (0: the
@@ -367,6 +389,7 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
   local i, steps, passed, blocker = from, 0, {}, nil
+  local passedUnits = {} -- of the waiters of several keys passed, of live processes
   expire(k, now) -- once: no lease expires while a script runs
   local count = countOf(k) -- and what each grant adds
   if from == 0 and count < limit then
@@ -422,17 +445,31 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
       elseif keeps then
         return -1
       elseif not heavy and (not blocker or #kl == 1) and canTake(T, kl, ticket, units, now, P, claim, k, arrival, count) then
+        local bound = false
         if blocker then -- before the grant takes its flow away
-          charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
+          bound = charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
         end
         count, w = count + grant(kl, ticket, units, proc, now, claim, chans, k), w + 1
         for _, p in ipairs(passed) do passOver(k, p) end
+        -- The heavy waiter it went past has been passed its bound, or a
+        -- waiter of several keys it passed is heavy now: serving stops
+        -- there, as it would meeting it now.
+        if bound and count < limit then return -1 end
+        if count < limit then
+          for _, p in ipairs(passed) do
+            local u = passedUnits[p]
+            if u and u > 1 and u <= limit and count + u > limit then return -1 end
+          end
+        end
       elseif heavy or units > 1 and units <= limit and roomFor(k, limit, ticket, arrival, now, P, claim, count) < units then
         if #kl > 1 or past >= passFactor * units then return -1 end
         blocker = blocker or ticket
         i, w = i + 1, w + 1
       else
-        if #kl > 1 then passed[#passed + 1] = ticket end
+        if #kl > 1 then
+          passed[#passed + 1] = ticket
+          if living then passedUnits[ticket] = units end
+        end
         i, w = i + 1, w + 1
       end
     end

@@ -155,6 +155,10 @@ for i, e in ipairs(kl) do
   e[4] = 0
   if e[3] and not stopped then e[4], e[5] = serve(e[1], e[2], now, claim, chans, P, 0) end
   if e[4] > 0 and stop == 0 then stop = i end
+end
+-- Counted once every key is served: serving a later key may grant the
+-- ticket on all of its keys, those served before too.
+for _, e in ipairs(kl) do
   expire(e[1], now)
   if redis.call('ZSCORE', e[1], id) then held = held + 1 end
 end
@@ -169,9 +173,13 @@ if held == n then
   if not givenBack then return extend() end
 end
 if held > 0 then
+  -- Off every key before any is served: a waiter of several of them
+  -- needs the room on each.
   for _, e in ipairs(kl) do
     removeLease(e[1], id)
     ungrant(e[1], id)
+  end
+  for _, e in ipairs(kl) do
     if e[3] and not stopped then
       -- Serving again may stop at a heavy waiter the room given back is
       -- not enough for, or get past one it stopped at.
@@ -233,12 +241,14 @@ for i, e in ipairs(kl) do
   end
   if e[4] < 0 or (e[5] and (n > 1 or tonumber(ARGV[7]) % 2 == 0)) then full = i break end
 end
-if full == 0 then
-  for i, e in ipairs(kl) do
-    local room
-    if e[3] then room = roomFor(e[1], e[2], nil, nil, now, P, claim) else room = e[2] - countOf(e[1]) end
-    if room < units then full = i break end
-  end
+-- The first key without room names the refusal, if it comes before one
+-- kept for a heavy waiter.
+local last = #kl
+if full > 0 then last = full - 1 end
+for i = 1, last do
+  local e, room = kl[i], nil
+  if e[3] then room = roomFor(e[1], e[2], nil, nil, now, P, claim) else room = e[2] - countOf(e[1]) end
+  if room < units then full = i break end
 end
 if full == 0 then
   for _, e in ipairs(kl) do
@@ -449,8 +459,12 @@ for i = 3, #KEYS do
   unqueue(k, id, true)
   removeLease(k, id)
   ungrant(k, id)
+end
+-- Served once the lease is gone from every key: a waiter of several of
+-- them needs its room on each.
+for i = 3, #KEYS do
   local limit = tonumber(ARGV[4 + i])
-  if serving and limit then serve(k, limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2], 0) end
+  if serving and limit then serve(KEYS[i], limit, now, tonumber(ARGV[4]), ARGV[5], KEYS[2], 0) end
 end
 local stay = tonumber(ARGV[2])
 local latest = tonumber(ARGV[3])

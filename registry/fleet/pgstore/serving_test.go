@@ -1,0 +1,144 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
+)
+
+// A database at revision 16 is brought to 17 by this release's New: the
+// functions revision 17 replaces keep their signatures (no overload is
+// added), stay PL/pgSQL, and a connection that ran revision 16's
+// functions before runs 17's after.
+func TestMigrate16To17KeepsTheFunctions(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	p := pool(t, srv, 1)
+	require.NoError(t, pgstore.MigrateTo(ctx, p, 16))
+	procs := func() []string {
+		rows, err := p.Query(ctx, `SELECT p.oid::regprocedure::text || ' ' || l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+			WHERE p.proname LIKE 'inflight\_%' ORDER BY 1`)
+		require.NoError(t, err)
+		var out []string
+		for rows.Next() {
+			var s string
+			require.NoError(t, rows.Scan(&s))
+			out = append(out, s)
+		}
+		require.NoError(t, rows.Err())
+		return out
+	}
+	before := procs()
+	// Revision 16's functions run on this connection (their plans kept).
+	_, err := p.Exec(ctx, `SELECT inflight_serve('f', 'k', 1, 0, 0, 0)`)
+	require.NoError(t, err)
+	s, err := pgstore.New(ctx, p, fastFleet)
+	require.NoError(t, err)
+	assert.Equal(t, before, procs(), "revision 17 replaces functions under their signatures, in their languages")
+	var r int
+	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
+	assert.Equal(t, 17, r)
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("A", 1, false), 10*time.Second).Status)
+	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("B", 1, true), 10*time.Second).Status)
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
+	countIs(t, s, "k", 1, "B granted")
+}
+
+// Concurrent abandons and releases of leases on the same two keys, given
+// in either order, serving their queues, never deadlock.
+func TestAbandonsInEitherOrder(t *testing.T) {
+	s, _ := fastStore(t)
+	ctx := context.Background()
+	keys := [][]string{{"a", "b"}, {"b", "a"}}
+	// Waiters of both keys and of one, so that serving grants across keys.
+	for i := range 6 {
+		c := kcall(fmt.Sprint("w", i), 2, true)
+		c.Keys, c.Limits = keys[i%2], []int{2, 2}
+		if i%3 == 2 {
+			c.Keys, c.Limits = []string{"a"}, []int{2}
+		}
+		admitIn(t, s, c, 10*time.Second)
+	}
+	var wg sync.WaitGroup
+	errs := make(chan error, 1000)
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 40 {
+				id := fmt.Sprint("g", g, "-", i)
+				ks := keys[(g+i)%2]
+				c := kcall(id, 3, false)
+				c.Keys, c.Limits = ks, []int{3, 3}
+				r, err := s.AdmitOne(ctx, c)
+				if err != nil {
+					errs <- err
+					return
+				}
+				if r.Status != driver.StatusAdmitted {
+					continue
+				}
+				if i%2 == 0 {
+					res, err := s.Abandon(ctx, []*driver.AbandonCall{{Lease: id, Keys: slices.Clone(keys[(g+i+1)%2]), Limits: []int{2, 2},
+						TTL: fastTTL, Claim: fastClaim}})
+					if err == nil {
+						err = res[0]
+					}
+					if err != nil {
+						errs <- err
+						return
+					}
+				} else {
+					ks2 := keys[(g+i+1)%2]
+					if err := s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{
+						{Key: ks2[0], Lease: id, Limit: 2}, {Key: ks2[1], Lease: id, Limit: 2}}}); err != nil {
+						errs <- err
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+}
+
+// A release of two leases on one key whose first serving stops at its
+// bound on the waiters it looks at (driver.PassScan waiters of two keys,
+// passed for want of room on their other key) goes on from there; the
+// grants it makes then leave one of those waiters heavy on the key:
+// serving stops there, as memstore's does (driver.ReleaseCall: it stops
+// at once at a heavy waiter of several keys).
+func TestContinuationStopsAtSeveralKeysTurnedHeavy(t *testing.T) {
+	s, _ := fastStore(t)
+	ctx := context.Background()
+	ucallOn := func(id string, keys []string, units int, limits []int, wait bool) *driver.AdmitCall {
+		c := kcall(id, limits[0], wait)
+		c.Keys, c.Limits, c.Units = keys, limits, units
+		return c
+	}
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucallOn("H1", []string{"a"}, 2, []int{4}, false), 10*time.Second).Status)
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucallOn("H2", []string{"a"}, 2, []int{4}, false), 10*time.Second).Status)
+	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucallOn("G", []string{"b"}, 2, []int{2}, false), 10*time.Second).Status)
+	for i := range driver.PassScan {
+		require.Equal(t, driver.StatusQueued, admitIn(t, s, ucallOn(fmt.Sprint("W", i), []string{"a", "b"}, 2, []int{4, 2}, true), 10*time.Second).Status)
+	}
+	for i := range 4 {
+		require.Equal(t, driver.StatusQueued, admitIn(t, s, ucallOn(fmt.Sprint("L", i), []string{"a"}, 1, []int{4}, true), 10*time.Second).Status)
+	}
+	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{
+		{Key: "a", Lease: "H1", Limit: 4}, {Key: "a", Lease: "H2", Limit: 4}}}))
+	// L0, L1 and L2 take 3 units; W0 (2) is heavy then.
+	countIs(t, s, "a", 3, "serving went on past W0, heavy on a")
+}
