@@ -148,6 +148,7 @@ var (
 		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},
+		{"ContinuationStopsAtSeveralKeysTurnedHeavy", continuationStopsAtSeveralKeysTurnedHeavy},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{
