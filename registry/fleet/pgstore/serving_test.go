@@ -113,32 +113,3 @@ func TestAbandonsInEitherOrder(t *testing.T) {
 		t.Error(err)
 	}
 }
-
-// A release of two leases on one key whose first serving stops at its
-// bound on the waiters it looks at (driver.PassScan waiters of two keys,
-// passed for want of room on their other key) goes on from there; the
-// grants it makes then leave one of those waiters heavy on the key:
-// serving stops there, as memstore's does (driver.ReleaseCall: it stops
-// at once at a heavy waiter of several keys).
-func TestContinuationStopsAtSeveralKeysTurnedHeavy(t *testing.T) {
-	s, _ := fastStore(t)
-	ctx := context.Background()
-	ucallOn := func(id string, keys []string, units int, limits []int, wait bool) *driver.AdmitCall {
-		c := kcall(id, limits[0], wait)
-		c.Keys, c.Limits, c.Units = keys, limits, units
-		return c
-	}
-	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucallOn("H1", []string{"a"}, 2, []int{4}, false), 10*time.Second).Status)
-	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucallOn("H2", []string{"a"}, 2, []int{4}, false), 10*time.Second).Status)
-	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, ucallOn("G", []string{"b"}, 2, []int{2}, false), 10*time.Second).Status)
-	for i := range driver.PassScan {
-		require.Equal(t, driver.StatusQueued, admitIn(t, s, ucallOn(fmt.Sprint("W", i), []string{"a", "b"}, 2, []int{4, 2}, true), 10*time.Second).Status)
-	}
-	for i := range 4 {
-		require.Equal(t, driver.StatusQueued, admitIn(t, s, ucallOn(fmt.Sprint("L", i), []string{"a"}, 1, []int{4}, true), 10*time.Second).Status)
-	}
-	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{
-		{Key: "a", Lease: "H1", Limit: 4}, {Key: "a", Lease: "H2", Limit: 4}}}))
-	// L0, L1 and L2 take 3 units; W0 (2) is heavy then.
-	countIs(t, s, "a", 3, "serving went on past W0, heavy on a")
-}
