@@ -148,7 +148,6 @@ var (
 		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},
-		{"ContinuationStopsAtSeveralKeysTurnedHeavy", continuationStopsAtSeveralKeysTurnedHeavy},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{

@@ -243,28 +243,3 @@ func oddKeysSeveral(t *testing.T, srv Server) {
 		}
 	}
 }
-
-// A release of two leases on one key whose first serving stops at its
-// look bound (driver.PassScan waiters of two keys, passed for want of room
-// on their other key) goes on from there; the grants it makes then leave
-// one of those waiters heavy on the key: serving stops there, as it would
-// meeting it (driver.ReleaseCall: it stops at once at a heavy waiter of
-// several keys), though this serving did not pass it itself.
-func continuationStopsAtSeveralKeysTurnedHeavy(t *testing.T, srv Server) {
-	s := srv.Store(t, "continuationStopsAtSeveralKeysTurnedHeavy")
-	h := storeCall{t, s}
-	ab := []string{"a", "b"}
-	require.Equal(t, driver.StatusAdmitted, h.admit("H1", "a", 2, 4, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("H2", "a", 2, 4, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 2, 2, 0, "f", false).Status)
-	for i := range driver.PassScan {
-		require.Equal(t, driver.StatusQueued, h.admitKeys(fmt.Sprint("W", i), ab, 2, []int{4, 2}, 0, true).Status)
-	}
-	for i := range 4 {
-		require.Equal(t, driver.StatusQueued, h.admit(fmt.Sprint("L", i), "a", 1, 4, 0, "f", true).Status)
-	}
-	require.NoError(t, s.Release(context.Background(), &driver.ReleaseCall{TTL: time.Hour, Claim: time.Minute, Pairs: []driver.Release{
-		{Key: "a", Lease: leaseID("H1"), Limit: 4}, {Key: "a", Lease: leaseID("H2"), Limit: 4}}}))
-	// L0, L1 and L2 take 3 units; W0 (2) is heavy then.
-	require.Equal(t, 3, h.count("a"), "serving went on past W0, heavy on a")
-}

@@ -396,30 +396,6 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
     local r, b = noneFits(k, Q, T, limit, count, now, P, claim)
     if r then return r, b end
   end
-  -- Going on from where a serving stopped at its look bound: the live
-  -- waiters of several keys before from are passed by this one too (a
-  -- waiter of one key heavy there would have stopped it).
-  -- Read scanMax at a time: unpack takes a bounded number of values.
-  local before = {}
-  if count < limit then
-    for at = 0, from - 1, scanMax do
-      local ms, fields, procs = redis.call('ZRANGE', Q, at, math.min(at + scanMax, from) - 1), {}, {}
-      for j, m in ipairs(ms) do
-        local proc, id = string.match(m, '|([^|]*)|([^|]+)$')
-        fields[2 * j - 1], fields[2 * j], procs[j] = 'k|' .. id, 'w|' .. id, proc
-      end
-      if #ms == 0 then break end
-      local meta, live = redis.call('HMGET', T, unpack(fields)), redis.call('HMGET', P, unpack(procs))
-      for j = 1, #ms do
-        local u = tonumber(meta[2 * j]) or 1
-        if meta[2 * j - 1] and string.find(meta[2 * j - 1], '],[', 1, true) and u > 1 and u <= limit
-            and (tonumber(live[j]) or 0) > now + 1.5 * claim then
-          if count + u > limit then return -1 end
-          before[#before + 1] = u
-        end
-      end
-    end
-  end
   -- The members from i on, read scanMax at a time, with their keys,
   -- units, units passed and arrival (meta, four fields each) and their
   -- processes' liveness deadlines (live). A grant keeps it: it takes its
@@ -483,9 +459,6 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
           for _, p in ipairs(passed) do
             local u = passedUnits[p]
             if u and u > 1 and u <= limit and count + u > limit then return -1 end
-          end
-          for _, u in ipairs(before) do
-            if count + u > limit then return -1 end
           end
         end
       elseif heavy or units > 1 and units <= limit and roomFor(k, limit, ticket, arrival, now, P, claim, count) < units then
