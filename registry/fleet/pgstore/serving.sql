@@ -8,13 +8,13 @@
 -- keys it had passed over for want of room on another key once the grants
 -- behind it left too little room on this one for its units: it stops
 -- there now, as it would meeting either then (driver.ReleaseCall), and
--- returns -1; going on from where a serving stopped at its bound on the
--- waiters it looks at (start > 0), it counts the waiters of several keys
--- before start as passed, as memstore's serving, which looks again from
--- the head after each grant, meets them. inflight_admit counted the keys its lease holds while it
--- served them, so that a grant its own call made on all of its keys while
--- serving a later one was counted on that key only, given back and queued
--- again: it counts once every key is served. inflight_abandon served each
+-- returns -1 (a serving that goes on from where one stopped at its look
+-- bound, start > 0, does not know the waiters of several keys before
+-- start: memstore's, which looks again from the head after each grant,
+-- does). inflight_admit counted the keys its lease holds while it served
+-- them, so that a grant its own call made on all of its keys while serving
+-- a later one was counted on that key only, given back and queued again:
+-- it counts once every key is served. inflight_abandon served each
 -- key as soon as the lease left it, before it left the next: a waiter of
 -- several keys found no room on those and was passed over; it takes the
 -- lease off every key first. All three keep their signatures and the
@@ -47,20 +47,6 @@ BEGIN
 	-- ticket holds a lease on k already (put back), which it keeps.
 	DELETE FROM inflight_lease x WHERE x.fleet = f AND x.key = k AND x.expires <= now; -- expired
 	c := inflight_units(f, k, now);
-	IF start > 0 AND c < lim THEN
-		-- Going on from where a serving stopped at its bound on the waiters
-		-- it looks at: the waiters of several keys it passed, before start,
-		-- are passed by this one too (a waiter of one key heavy there would
-		-- have stopped it).
-		SELECT coalesce(array_agg(x.units), '{}') INTO passed_u FROM (SELECT y.units, y.keys, y.proc, y.expires FROM inflight_ticket y
-			WHERE y.fleet = f AND y.key = k ORDER BY y.rank, y.tag, y.seq LIMIT start) x
-			WHERE array_length(x.keys, 1) > 1 AND x.units > 1 AND x.units <= lim AND x.expires > now AND NOT inflight_dead(f, x.proc, now, claim);
-		FOR j IN 1..coalesce(array_length(passed_u, 1), 0) LOOP
-			IF c + passed_u[j] > lim THEN
-				RETURN -1;
-			END IF;
-		END LOOP;
-	END IF;
 	LOOP
 		IF c >= lim THEN
 			RETURN 0;
