@@ -1,7 +1,6 @@
 package slots_test
 
 import (
-	"bytes"
 	"context"
 	"io"
 	"log/slog"
@@ -17,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -161,7 +161,7 @@ func TestReclaimBodyClosePanics(t *testing.T) {
 	for _, linger := range []time.Duration{0, time.Second} {
 		t.Run(linger.String(), func(t *testing.T) {
 			mock := newSettingClock()
-			var logs syncBuffer
+			var logs testrig.Buffer
 			lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 			tr := slots.NewTransport(&openBase{}, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
 				slots.WithLinger(linger), slots.WithClock(mock))
@@ -226,23 +226,6 @@ func TestReclaimLingerCombined(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return a.InFlight() == 0 && b.InFlight() == 0 && a.Stats().Leaked == 1 && b.Stats().Leaked == 1
 	}, 10*time.Second, time.Millisecond)
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // closeBody is a response body that tells when it is closed.

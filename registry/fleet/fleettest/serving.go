@@ -17,17 +17,26 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
+// storeCall makes the store's calls of one process, "p", failing t on an
+// error.
 type storeCall struct {
 	t *testing.T
 	s driver.Store
 }
 
+// leaseID is a lease id made of name, of the length the fleet's are.
 func leaseID(name string) string { return fmt.Sprintf("%032x", name) }
 
 // admit makes lease name's call on key k.
 func (h storeCall) admit(name, k string, units, limit int, class uint8, flow string, wait bool) driver.AdmitResult {
 	h.t.Helper()
-	r, err := h.s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: []string{k}, Limits: []int{limit},
+	return h.call(name, []string{k}, units, []int{limit}, class, flow, wait)
+}
+
+// call makes lease name's call on keys, in flow.
+func (h storeCall) call(name string, keys []string, units int, limits []int, class uint8, flow string, wait bool) driver.AdmitResult {
+	h.t.Helper()
+	r, err := h.s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: keys, Limits: limits,
 		Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: wait, Class: class, Flow: flow, Weight: 1,
 		Proc: "p", MaxQueue: -1, MaxFlowQueue: -1})
 	require.NoError(h.t, err)
@@ -47,58 +56,50 @@ func (h storeCall) count(k string) int {
 	return n
 }
 
-// admitKeys makes lease name's call on keys.
+// admitKeys makes lease name's call on keys, in flow "f".
 func (h storeCall) admitKeys(name string, keys []string, units int, limits []int, class uint8, wait bool) driver.AdmitResult {
 	h.t.Helper()
-	r, err := h.s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: keys, Limits: limits,
-		Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: wait, Class: class, Flow: "f", Weight: 1,
-		Proc: "p", MaxQueue: -1, MaxFlowQueue: -1})
-	require.NoError(h.t, err)
-	return r
+	return h.call(name, keys, units, limits, class, "f", wait)
 }
 
 // A release that frees room for light waiters behind a heavy one grants
 // them only until the units granted past it reach PassFactor times its
 // own (driver.ReleaseCall): then serving stops there.
 func passBoundWithinOneServing(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "passBoundWithinOneServing")
-		h := storeCall{t, s}
-		const lim = 10
-		require.Equal(t, driver.StatusAdmitted, h.admit("H", "k", 7, lim, 0, "f0", false).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("F", "k", 3, lim, 0, "f0", false).Status)
-		// B: 4 units, bound 4*4 = 16; each light waiter of another flow
-		// counts 2*4 = 8 against it.
-		require.Equal(t, driver.StatusQueued, h.admit("B", "k", 4, lim, 0, "f0", true).Status)
-		for _, l := range []string{"L1", "L2", "L3"} {
-			require.Equal(t, driver.StatusQueued, h.admit(l, "k", 1, lim, 0, "f1", true).Status)
-		}
-		h.release("F", "k", lim) // 3 units free: B (4) cannot take them
-		// L1 (8 past B) and L2 (16: B's bound) are granted; L3 is not.
-		require.Equal(t, 9, h.count("k"), "units held after the release: serving passed B past its bound")
+	s := srv.Store(t, "passBoundWithinOneServing")
+	h := storeCall{t, s}
+	const lim = 10
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "k", 7, lim, 0, "f0", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("F", "k", 3, lim, 0, "f0", false).Status)
+	// B: 4 units, bound 4*4 = 16; each light waiter of another flow
+	// counts 2*4 = 8 against it.
+	require.Equal(t, driver.StatusQueued, h.admit("B", "k", 4, lim, 0, "f0", true).Status)
+	for _, l := range []string{"L1", "L2", "L3"} {
+		require.Equal(t, driver.StatusQueued, h.admit(l, "k", 1, lim, 0, "f1", true).Status)
 	}
+	h.release("F", "k", lim) // 3 units free: B (4) cannot take them
+	// L1 (8 past B) and L2 (16: B's bound) are granted; L3 is not.
+	require.Equal(t, 9, h.count("k"), "units held after the release: serving passed B past its bound")
 }
 
 // A newcomer does not pass a heavy waiter of one key that has been passed
 // its bound, though the head of the queue (another heavy waiter, under
 // its bound) would let it pass.
 func newcomerDoesNotPassAtBound(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "newcomerDoesNotPassAtBound")
-		h := storeCall{t, s}
-		const lim = 4
-		require.Equal(t, driver.StatusAdmitted, h.admit("H", "k", 3, lim, 0, "f0", false).Status)
-		// B: 2 units, class 1, bound 8; a newcomer of another flow that
-		// passes it counts 8: B is at its bound.
-		require.Equal(t, driver.StatusQueued, h.admit("B", "k", 2, lim, 1, "f0", true).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("N1", "k", 1, lim, 1, "f1", true).Status)
-		h.release("N1", "k", lim)
-		// A: 3 units, class 0, at the head, under its bound.
-		require.Equal(t, driver.StatusQueued, h.admit("A", "k", 3, lim, 0, "f0", true).Status)
-		// C: 1 unit, class 1: it would pass B, at its bound.
-		r := h.admit("C", "k", 1, lim, 1, "f1", true)
-		require.Equal(t, driver.StatusQueued, r.Status, "a newcomer passed B, passed over its bound already")
-	}
+	s := srv.Store(t, "newcomerDoesNotPassAtBound")
+	h := storeCall{t, s}
+	const lim = 4
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "k", 3, lim, 0, "f0", false).Status)
+	// B: 2 units, class 1, bound 8; a newcomer of another flow that
+	// passes it counts 8: B is at its bound.
+	require.Equal(t, driver.StatusQueued, h.admit("B", "k", 2, lim, 1, "f0", true).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("N1", "k", 1, lim, 1, "f1", true).Status)
+	h.release("N1", "k", lim)
+	// A: 3 units, class 0, at the head, under its bound.
+	require.Equal(t, driver.StatusQueued, h.admit("A", "k", 3, lim, 0, "f0", true).Status)
+	// C: 1 unit, class 1: it would pass B, at its bound.
+	r := h.admit("C", "k", 1, lim, 1, "f1", true)
+	require.Equal(t, driver.StatusQueued, r.Status, "a newcomer passed B, passed over its bound already")
 }
 
 // A waiter of several keys whose own call grants it room while serving
@@ -107,64 +108,58 @@ func newcomerDoesNotPassAtBound(t *testing.T, srv Server) {
 // keys, not a part of one to drop. (Processes with different limits: Y's
 // has 5 for a and c, W's 3 for a and b, Z2's 2 for a.)
 func ownCallGrantOnLaterKey(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "ownCallGrantOnLaterKey")
-		h := storeCall{t, s}
-		require.Equal(t, driver.StatusAdmitted, h.admit("Z2", "a", 1, 2, 0, "f", false).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("Z1", "a", 2, 5, 0, "f", false).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("C", "c", 5, 5, 0, "f", false).Status)
-		// Y (2 units) waits on a and c: c is full.
-		require.Equal(t, driver.StatusQueued, h.admitKeys("Y", []string{"a", "c"}, 2, []int{5, 5}, 0, true).Status)
-		// W (1 unit) waits on a and b: a is full under W's 3.
-		require.Equal(t, driver.StatusQueued, h.admitKeys("W", []string{"a", "b"}, 1, []int{3, 3}, 0, true).Status)
-		// Z2 leaves; its release serves a under its 2: a holds 2.
-		h.release("Z2", "a", 2)
-		require.Equal(t, 2, h.count("a"))
-		// W asks: serving a under W's 3 stops at Y (heavy there, of two
-		// keys); serving b finds room for W on a and b (Y, by its own 5,
-		// is not heavy on a) and grants it on both.
-		r := h.admitKeys("W", []string{"a", "b"}, 1, []int{3, 3}, 0, true)
-		require.Equal(t, driver.StatusAdmitted, r.Status, "W was granted by its own call's serving of b, then given back: %+v", r)
-		require.Equal(t, 3, h.count("a"))
-		require.Equal(t, 1, h.count("b"))
-	}
+	s := srv.Store(t, "ownCallGrantOnLaterKey")
+	h := storeCall{t, s}
+	require.Equal(t, driver.StatusAdmitted, h.admit("Z2", "a", 1, 2, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("Z1", "a", 2, 5, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("C", "c", 5, 5, 0, "f", false).Status)
+	// Y (2 units) waits on a and c: c is full.
+	require.Equal(t, driver.StatusQueued, h.admitKeys("Y", []string{"a", "c"}, 2, []int{5, 5}, 0, true).Status)
+	// W (1 unit) waits on a and b: a is full under W's 3.
+	require.Equal(t, driver.StatusQueued, h.admitKeys("W", []string{"a", "b"}, 1, []int{3, 3}, 0, true).Status)
+	// Z2 leaves; its release serves a under its 2: a holds 2.
+	h.release("Z2", "a", 2)
+	require.Equal(t, 2, h.count("a"))
+	// W asks: serving a under W's 3 stops at Y (heavy there, of two
+	// keys); serving b finds room for W on a and b (Y, by its own 5,
+	// is not heavy on a) and grants it on both.
+	r := h.admitKeys("W", []string{"a", "b"}, 1, []int{3, 3}, 0, true)
+	require.Equal(t, driver.StatusAdmitted, r.Status, "W was granted by its own call's serving of b, then given back: %+v", r)
+	require.Equal(t, 3, h.count("a"))
+	require.Equal(t, 1, h.count("b"))
 }
 
 // An abandon of a lease on several keys serves their queues once the lease
 // is gone from all of them (driver.AbandonCall: "then"): the head, a
 // waiter of the same keys, takes the room, not a waiter behind it.
 func abandonServesAfterRemovingAll(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "abandonServesAfterRemovingAll")
-		h := storeCall{t, s}
-		ab := []string{"a", "b"}
-		require.Equal(t, driver.StatusAdmitted, h.admitKeys("L", ab, 1, []int{1, 1}, 0, false).Status)
-		require.Equal(t, driver.StatusQueued, h.admitKeys("W", ab, 1, []int{1, 1}, 0, true).Status)
-		require.Equal(t, driver.StatusQueued, h.admit("X", "a", 1, 1, 0, "f", true).Status)
-		_, err := h.s.Abandon(context.Background(), []*driver.AbandonCall{{Lease: leaseID("L"), Keys: ab, Limits: []int{1, 1},
-			TTL: time.Hour, Claim: time.Minute}})
-		require.NoError(t, err)
-		r := h.admitKeys("W", ab, 1, []int{1, 1}, 0, true)
-		require.Equal(t, driver.StatusAdmitted, r.Status, "the head W was passed over: %+v", r)
-		require.Equal(t, driver.StatusQueued, h.admit("X", "a", 1, 1, 0, "f", true).Status)
-	}
+	s := srv.Store(t, "abandonServesAfterRemovingAll")
+	h := storeCall{t, s}
+	ab := []string{"a", "b"}
+	require.Equal(t, driver.StatusAdmitted, h.admitKeys("L", ab, 1, []int{1, 1}, 0, false).Status)
+	require.Equal(t, driver.StatusQueued, h.admitKeys("W", ab, 1, []int{1, 1}, 0, true).Status)
+	require.Equal(t, driver.StatusQueued, h.admit("X", "a", 1, 1, 0, "f", true).Status)
+	_, err := h.s.Abandon(context.Background(), []*driver.AbandonCall{{Lease: leaseID("L"), Keys: ab, Limits: []int{1, 1},
+		TTL: time.Hour, Claim: time.Minute}})
+	require.NoError(t, err)
+	r := h.admitKeys("W", ab, 1, []int{1, 1}, 0, true)
+	require.Equal(t, driver.StatusAdmitted, r.Status, "the head W was passed over: %+v", r)
+	require.Equal(t, driver.StatusQueued, h.admit("X", "a", 1, 1, 0, "f", true).Status)
 }
 
 // A newcomer refused names its first key that refuses it: here the first
 // is full, the second kept for a heavy waiter (memstore's firstFull).
 func refusalNamesTheFirstKey(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "refusalNamesTheFirstKey")
-		h := storeCall{t, s}
-		require.Equal(t, driver.StatusAdmitted, h.admit("H", "a", 1, 1, 0, "f", false).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 1, 3, 0, "f", false).Status)
-		// Y (3 units) waits on b and c: heavy on b.
-		require.Equal(t, driver.StatusQueued, h.admitKeys("Y", []string{"b", "c"}, 3, []int{3, 3}, 0, true).Status)
-		r := h.admitKeys("N", []string{"a", "b"}, 1, []int{1, 3}, 0, false)
-		require.Equal(t, driver.StatusFull, r.Status)
-		require.Equal(t, 0, r.Key, "the key named: %+v", r)
-		require.EqualValues(t, 1, r.Count)
-	}
+	s := srv.Store(t, "refusalNamesTheFirstKey")
+	h := storeCall{t, s}
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "a", 1, 1, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 1, 3, 0, "f", false).Status)
+	// Y (3 units) waits on b and c: heavy on b.
+	require.Equal(t, driver.StatusQueued, h.admitKeys("Y", []string{"b", "c"}, 3, []int{3, 3}, 0, true).Status)
+	r := h.admitKeys("N", []string{"a", "b"}, 1, []int{1, 3}, 0, false)
+	require.Equal(t, driver.StatusFull, r.Status)
+	require.Equal(t, 0, r.Key, "the key named: %+v", r)
+	require.EqualValues(t, 1, r.Count)
 }
 
 // Serving stops at a waiter of several keys once it is heavy (its units
@@ -173,47 +168,43 @@ func refusalNamesTheFirstKey(t *testing.T, srv Server) {
 // take the room it waits for (driver.ReleaseCall: "It stops at once at a
 // heavy waiter of several keys").
 func severalKeysWaiterTurnsHeavy(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "severalKeysWaiterTurnsHeavy")
-		h := storeCall{t, s}
-		require.Equal(t, driver.StatusAdmitted, h.admit("H", "a", 4, 4, 0, "f", false).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 4, 4, 0, "f", false).Status)
-		require.Equal(t, driver.StatusQueued, h.admitKeys("W", []string{"a", "b"}, 3, []int{4, 4}, 0, true).Status)
-		for _, l := range []string{"L1", "L2", "L3", "L4"} {
-			require.Equal(t, driver.StatusQueued, h.admit(l, "a", 1, 4, 0, "f", true).Status)
-		}
-		h.release("H", "a", 4)
-		// L1 and L2 take 2 units; W (3) is heavy then: serving stops.
-		require.Equal(t, 2, h.count("a"), "serving went past W, heavy on a")
+	s := srv.Store(t, "severalKeysWaiterTurnsHeavy")
+	h := storeCall{t, s}
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "a", 4, 4, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 4, 4, 0, "f", false).Status)
+	require.Equal(t, driver.StatusQueued, h.admitKeys("W", []string{"a", "b"}, 3, []int{4, 4}, 0, true).Status)
+	for _, l := range []string{"L1", "L2", "L3", "L4"} {
+		require.Equal(t, driver.StatusQueued, h.admit(l, "a", 1, 4, 0, "f", true).Status)
 	}
+	h.release("H", "a", 4)
+	// L1 and L2 take 2 units; W (3) is heavy then: serving stops.
+	require.Equal(t, 2, h.count("a"), "serving went past W, heavy on a")
 }
 
 // A grant given back (its key's limit lowered since: driver.AdmitCall
 // step 6) leaves every one of its keys before their queues are served, so
 // that the waiter of the same keys behind it takes the room, in order.
 func givenBackLeavesEveryKeyFirst(t *testing.T, srv Server) {
-	{
-		s := srv.Store(t, "givenBackLeavesEveryKeyFirst")
-		h := storeCall{t, s}
-		ab := []string{"a", "b"}
-		require.Equal(t, driver.StatusAdmitted, h.admit("Ha", "a", 4, 4, 0, "f", false).Status)
-		require.Equal(t, driver.StatusAdmitted, h.admit("Hb", "b", 2, 2, 0, "f", false).Status)
-		require.Equal(t, driver.StatusQueued, h.admitKeys("W", ab, 2, []int{4, 2}, 0, true).Status)
-		require.Equal(t, driver.StatusQueued, h.admitKeys("Y", ab, 1, []int{4, 2}, 0, true).Status)
-		for _, z := range []string{"Z1", "Z2"} {
-			require.Equal(t, driver.StatusQueued, h.admitKeys(z, []string{"a"}, 1, []int{4}, 0, true).Status)
-		}
-		require.Equal(t, driver.StatusQueued, h.admitKeys("Z3", []string{"a"}, 2, []int{4}, 0, true).Status)
-		h.release("Hb", "b", 2)
-		h.release("Ha", "a", 4) // W, Z1, Z2 granted; Y waits for b
-		require.Equal(t, 4, h.count("a"))
-		require.Equal(t, 2, h.count("b"))
-		// W claims under a lower limit of b: its grant is given back.
-		require.Equal(t, driver.StatusQueued, h.admitKeys("W", ab, 2, []int{4, 1}, 0, true).Status)
-		// Y, before Z3, takes a unit of a and one of b.
-		require.Equal(t, 1, h.count("b"), "Y was not served")
-		require.Equal(t, 3, h.count("a"))
+	s := srv.Store(t, "givenBackLeavesEveryKeyFirst")
+	h := storeCall{t, s}
+	ab := []string{"a", "b"}
+	require.Equal(t, driver.StatusAdmitted, h.admit("Ha", "a", 4, 4, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("Hb", "b", 2, 2, 0, "f", false).Status)
+	require.Equal(t, driver.StatusQueued, h.admitKeys("W", ab, 2, []int{4, 2}, 0, true).Status)
+	require.Equal(t, driver.StatusQueued, h.admitKeys("Y", ab, 1, []int{4, 2}, 0, true).Status)
+	for _, z := range []string{"Z1", "Z2"} {
+		require.Equal(t, driver.StatusQueued, h.admitKeys(z, []string{"a"}, 1, []int{4}, 0, true).Status)
 	}
+	require.Equal(t, driver.StatusQueued, h.admitKeys("Z3", []string{"a"}, 2, []int{4}, 0, true).Status)
+	h.release("Hb", "b", 2)
+	h.release("Ha", "a", 4) // W, Z1, Z2 granted; Y waits for b
+	require.Equal(t, 4, h.count("a"))
+	require.Equal(t, 2, h.count("b"))
+	// W claims under a lower limit of b: its grant is given back.
+	require.Equal(t, driver.StatusQueued, h.admitKeys("W", ab, 2, []int{4, 1}, 0, true).Status)
+	// Y, before Z3, takes a unit of a and one of b.
+	require.Equal(t, 1, h.count("b"), "Y was not served")
+	require.Equal(t, 3, h.count("a"))
 }
 
 func oddKeysSeveral(t *testing.T, srv Server) {
