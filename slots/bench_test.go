@@ -90,24 +90,40 @@ func BenchmarkLimiterContended(b *testing.B) {
 			})
 		})
 
-		b.Run("xsync"+w.suffix, func(b *testing.B) {
-			sem := semaphore.NewWeighted(int64(benchLimit * w.units))
-			n := int64(w.units)
-			b.ReportAllocs()
-			setContenders(b)
-			b.RunParallel(func(pb *testing.PB) {
-				x := uint64(1)
-				for pb.Next() {
-					if err := sem.Acquire(ctx, n); err != nil {
-						b.Error(err)
-						return
+		// xsync-handle is x/sync with the handle the Slot contract asks of
+		// every admission (see BenchmarkLimiterTryAcquireRelease): the floor
+		// of a limiter that hands out a *Slot, queued as x/sync queues.
+		for _, handle := range []bool{false, true} {
+			name := "xsync" + w.suffix
+			if handle {
+				name = "xsync-handle" + w.suffix
+			}
+			b.Run(name, func(b *testing.B) {
+				sem := semaphore.NewWeighted(int64(benchLimit * w.units))
+				n := int64(w.units)
+				b.ReportAllocs()
+				setContenders(b)
+				b.RunParallel(func(pb *testing.PB) {
+					x := uint64(1)
+					kept := make([]*xsyncHandle, 1) // on the heap: a handle stored here escapes
+					for pb.Next() {
+						if err := sem.Acquire(ctx, n); err != nil {
+							b.Error(err)
+							return
+						}
+						x = holdWork(x)
+						if handle {
+							h := &xsyncHandle{sem: sem, n: n}
+							kept[0] = h
+							h.release()
+						} else {
+							sem.Release(n)
+						}
 					}
-					x = holdWork(x)
-					sem.Release(n)
-				}
-				sink.Add(x)
+					sink.Add(x)
+				})
 			})
-		})
+		}
 	}
 
 	// The channel semaphore and three probes built on it, in one loop so
@@ -265,16 +281,17 @@ func BenchmarkLimiterTryAcquireRelease(b *testing.B) {
 	})
 }
 
-// xsyncHandle is the xsync-handle probe's Slot: 48 bytes, like a Slot.
+// xsyncHandle is the xsync-handle probes' Slot: 48 bytes, like a Slot.
 type xsyncHandle struct {
 	released atomic.Bool
 	sem      *semaphore.Weighted
-	_        [4]uint64
+	n        int64 // units held; 0 is 1
+	_        [3]uint64
 }
 
 func (h *xsyncHandle) release() {
 	if h.released.CompareAndSwap(false, true) {
-		h.sem.Release(1)
+		h.sem.Release(max(h.n, 1))
 	}
 }
 
