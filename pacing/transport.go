@@ -17,10 +17,11 @@ import (
 )
 
 // Transport is the provider boundary as an http.RoundTripper: it admits
-// each request under a Gate (and a fleet's caps, with WithFleet), puts the
-// granted API key's credential on it, sends it, reports the upstream's
-// answer to the Gate before the request's slot can be freed, and holds the
-// slot until the response body is done, as a slots.Transport does. A
+// each request under a Gate (and a fleet's caps and budgets, with
+// WithFleet and WithFleetBudgets), puts the granted API key's credential
+// on it, sends it, reports the upstream's answer to the Gate before the
+// request's slot can be freed, and holds the slot until the response body
+// is done, as a slots.Transport does. A
 // request that fails, or is refused, returns its error with nothing held;
 // one that base chose not to send (its error wraps slots.ErrNotSent), or
 // that failed to connect (a dial error), charges the Gate's budgets
@@ -47,6 +48,7 @@ type Transport struct {
 	model            func(*http.Request) string // nil: the body's "model"
 	caps             FleetCaps
 	tokenCaps        FleetTokenCaps
+	reserve          func(context.Context, string, Tokens) (FleetReservation, error) // WithFleetBudgets
 	credential       func(h http.Header, key string)
 	classifier       Classifier
 	streamUsage      bool // WithStreamUsage
@@ -94,33 +96,6 @@ func WithModel(f func(*http.Request) string) TransportOption {
 	})
 }
 
-// WithCredential sets how a request is given its API key: f is called
-// with the outgoing request's headers (a copy) and the id of the key the
-// Gate granted from Config.APIKeys, for every request the Transport sends
-// but an http.Client's redirect to another host, which goes without it:
-// with key "" for one granted no key (no pool, a bypass after the longest
-// wait, a request under slots.WithoutSlot), which f may send with a key of
-// its choice or none. Without it, requests go with the credentials they
-// came with. See BearerKeys.
-func WithCredential(f func(h http.Header, key string)) TransportOption {
-	return transportOptionFunc(func(c *transportConfig) { c.t.credential = f })
-}
-
-// BearerKeys returns a credential function for WithCredential that sends
-// the secret of each key id as "Authorization: Bearer <secret>", and
-// removes the Authorization header for a key without a secret and for a
-// request granted no key: a client's own credential never reaches the
-// upstream.
-func BearerKeys(secrets map[string]string) func(h http.Header, key string) {
-	return func(h http.Header, key string) {
-		if s := secrets[key]; key != "" && s != "" {
-			h.Set("Authorization", "Bearer "+s)
-			return
-		}
-		h.Del("Authorization")
-	}
-}
-
 // WithFleet makes requests take the fleet's caps too (see FleetCaps).
 func WithFleet(caps FleetCaps) TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.caps = caps })
@@ -159,12 +134,16 @@ func NewTransport(base http.RoundTripper, gate *Gate, opts ...TransportOption) *
 // with trace on.
 type exchange struct {
 	context.Context
-	trace   httptrace.ClientTrace
-	model   string
-	grant   Grant
-	caps    *slots.Slot // the fleet's; nil without a fleet
-	tokens  *slots.Slot // the fleet's token caps; nil without them
-	weighed bool        // admitted under WithTokens: its answer's usage settles it
+	trace  httptrace.ClientTrace
+	model  string
+	grant  Grant
+	caps   *slots.Slot // the fleet's; nil without a fleet
+	tokens *slots.Slot // the fleet's token caps; nil without them
+	// spend is what it reserved of the fleet's budgets (WithFleetBudgets;
+	// nil: nothing), settled or cancelled once (spendEnded).
+	spend      FleetReservation
+	spendEnded atomic.Bool
+	weighed    bool // admitted under WithTokens: its answer's usage settles it
 	// admitted: admit returned a Slot (a request under slots.WithoutSlot
 	// is sent without one, and its Trace hears nothing of it).
 	admitted bool
@@ -238,7 +217,8 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		if returned {
 			return
 		}
-		if held != nil { // the Traces that heard Admitted hear Released
+		defer endBudgets(x, Settlement{}) // after the slots: it charges nothing
+		if held != nil {                  // the Traces that heard Admitted hear Released
 			held.Release()
 		} else {
 			x.grant.Slot.Release()
@@ -258,6 +238,12 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		return nil, err
 	}
 	x.weighed = weighed
+	if t.reserve != nil {
+		if err := t.reserveBudgets(ctx, x); err != nil {
+			trs.refused(err)
+			return nil, err
+		}
+	}
 	if t.caps != nil || t.tokenCaps != nil {
 		var err error
 		func() {
@@ -279,10 +265,18 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		}
 	}
 	x.grant, err = t.gate.AcquireTokens(ctx, x.model, cost)
+	if err == nil {
+		if err = startBudgets(ctx, x); err != nil {
+			t.gate.unsent(x.grant) // not sent: it charges the Gate's budgets nothing
+			x.grant.Slot.Release()
+			x.grant = Grant{}
+		}
+	}
 	if err != nil {
 		x.caps.Release() // before the Trace hears of it
 		x.tokens.Release()
 		x.caps, x.tokens = nil, nil
+		endBudgets(x, Settlement{})
 		trs.refused(err)
 		return nil, err
 	}
@@ -393,12 +387,13 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	notSent := httpx.NotSent(err, slots.ErrNotSent) && (!x.got.Load() || errors.Is(err, slots.ErrNotSent))
 	hears := (err == nil || notSent) && x.admitted && trs.hears(func(tr *Trace) bool { return tr.Settled != nil })
 	var told atomic.Bool
-	settled := func(st Settlement) { // the Trace hears it once
+	settled := func(st Settlement) { // the budgets and the Trace hear it once
 		if told.CompareAndSwap(false, true) {
+			endBudgets(x, st)
 			trs.settled(st)
 		}
 	}
-	if toGate || toFleet || hears {
+	if toGate || toFleet || hears || x.spend != nil {
 		answer := resp
 		if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
 			answer = nil // no answer, or no admission of a model request
@@ -427,7 +422,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		})
 	}
 	if t.rateLimitHeaders && err == nil {
-		SetAnswerRateLimitHeaders(resp, t.gate.Budgets(), x.model, x.grant.Key)
+		SetAnswerRateLimitHeaders(resp, append(budgetsLeft(x), t.gate.Budgets()...), x.model, x.grant.Key)
 	}
 	// An answer without a body reports no usage: its estimate stands, and
 	// the slots Transport frees its slot at once.
@@ -443,33 +438,6 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	onPanic = nil
 	return resp, err
-}
-
-// offHost reports whether req is a redirect (made by an http.Client) to
-// another host than its first request's: a key's credential is for the
-// upstream, and is not sent on to a host it redirects to (as net/http's
-// Client does not send a caller's Authorization there).
-func offHost(req *http.Request) bool {
-	first := req
-	for first.Response != nil && first.Response.Request != nil {
-		first = first.Response.Request
-	}
-	return first != req && first.URL.Hostname() != req.URL.Hostname()
-}
-
-// credential puts key's credential on req with f; if f panics, req's body
-// is closed first, as a RoundTripper that does not send must.
-func credential(f func(http.Header, string), req *http.Request, key string) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			if req.Body != nil {
-				req.Body.Close()
-			}
-			panic(p)
-		}
-	}()
-	f(req.Header, key)
-	return nil
 }
 
 type waitKey struct{}

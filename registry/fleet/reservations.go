@@ -77,6 +77,23 @@ func (rs *Reservations) Reserved() []*BudgetReservation {
 	return rs.rs
 }
 
+// Left returns, per part (all tokens, input, output, requests), the
+// least that the reservations' Budgets limiting it had left once they
+// were charged, with that Budget's limit (0: none limits it). A
+// pacing.Transport tells it in an answer's rate-limit headers
+// (pacing.WithFleetBudgets, pacing.WithRateLimitHeaders).
+func (rs *Reservations) Left() (left, limits [upstream.BudgetParts]int) {
+	for _, r := range rs.Reserved() {
+		l, lim := r.Left()
+		for i := range lim {
+			if lim[i] > 0 && (limits[i] == 0 || l[i] < left[i]) {
+				left[i], limits[i] = l[i], lim[i]
+			}
+		}
+	}
+	return left, limits
+}
+
 // Start moves each reservation's charges to the second its request
 // starts in (BudgetReservation.Start); a charge that has left its
 // budget's minute is charged again only if it fits, else Start returns

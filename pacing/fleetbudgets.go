@@ -1,0 +1,136 @@
+package pacing
+
+// The budgets per minute a Transport reserves outside its Gate
+// (WithFleetBudgets): a fleet's, kept in its store.
+
+import (
+	"context"
+	"errors"
+	"strings"
+
+	"github.com/inflight-go/inflight/slots"
+)
+
+// FleetReservation is what one request reserved of budgets per minute
+// kept outside the Gate, as WithFleetBudgets makes it: a
+// *fleet.Reservations (the fleet's budgets, in its store), or the
+// caller's own. The Transport calls its methods from one goroutine at a
+// time, Start at most once, and then at most one of Settle and Cancel; a
+// request whose end tells nothing (a failed exchange, an answer without
+// usage) calls neither, and its estimate stands. Each is called on the
+// path of the request (Settle as its answer's body ends), so each should
+// bound its own wait (a fleet.Budget's calls time out).
+type FleetReservation interface {
+	// Start is called once the request has its slots, as it is about to
+	// be sent: a budget that counts a request when it starts moves its
+	// charge there. A *slots.LimitError refuses the request: it is not
+	// sent, and Cancel is called; any other error lets it go.
+	Start(ctx context.Context) error
+	// Settle corrects the reservation with what the request used (the
+	// usage its answer reported), or, for a redirect or another 4xx, with
+	// none: it was sent, and counts as a request.
+	Settle(ctx context.Context, used Tokens) error
+	// Cancel takes the reservation back whole: the request charges
+	// nothing (refused by the Gate, the fleet, a budget or the upstream,
+	// or never sent).
+	Cancel(ctx context.Context) error
+}
+
+// FleetBudgetsLeft is a FleetReservation that can say what its budgets
+// had left, per part as BudgetCap names them, with their limits (0:
+// none): with WithRateLimitHeaders, an answer's headers count them
+// beside the Gate's budgets (a *fleet.Reservations is one).
+type FleetBudgetsLeft interface {
+	Left() (left, limits [budgetParts]int)
+}
+
+// WithFleetBudgets makes each request reserve its estimate of budgets per
+// minute kept outside the Gate with reserve, called with the request's
+// model and its cost (WithTokens; none for a request without, which
+// counts one request): first, before it takes the fleet's caps and waits
+// for the Gate. An error refuses the request there, with nothing held;
+// a *slots.LimitError whose Key starts with "model:" has its Cap named
+// as the Gate names its model's budgets ("model_" before it). What it
+// reserved is started, settled or cancelled as FleetReservation says: a
+// request refused later, or not sent, charges nothing. A nil
+// FleetReservation with a nil error reserves nothing. With a fleet's
+// Budgets (each gateway's fleet.Budget of the same name counts in one
+// store):
+//
+//	pacing.WithFleetBudgets(func(ctx context.Context, model string, cost pacing.Tokens) (pacing.FleetReservation, error) {
+//		rs, _, err := fleet.ReserveAll(ctx, cost, nil, provider, models[model])
+//		return rs, err
+//	})
+func WithFleetBudgets(reserve func(ctx context.Context, model string, cost Tokens) (FleetReservation, error)) TransportOption {
+	return transportOptionFunc(func(c *transportConfig) { c.t.reserve = reserve })
+}
+
+// reserveBudgets reserves x's request's cost of the fleet's budgets.
+func (t *Transport) reserveBudgets(ctx context.Context, x *exchange) error {
+	cost, _ := tokensOf(ctx)
+	r, err := t.reserve(ctx, x.model, cost)
+	if err != nil {
+		return nameBudget(err)
+	}
+	x.spend = r
+	return nil
+}
+
+// startBudgets starts what x reserved, as its request is about to be
+// sent: the refusal of a budget that can no longer take it, if any.
+func startBudgets(ctx context.Context, x *exchange) error {
+	if x.spend == nil {
+		return nil
+	}
+	var le *slots.LimitError
+	if err := x.spend.Start(context.WithoutCancel(ctx)); errors.As(err, &le) {
+		return nameBudget(err)
+	}
+	return nil
+}
+
+// endBudgets settles what x reserved with st (Served: with its usage), or
+// cancels it, once: a later call does nothing.
+func endBudgets(x *exchange, st Settlement) {
+	if x.spend == nil || !x.spendEnded.CompareAndSwap(false, true) {
+		return
+	}
+	ctx := context.WithoutCancel(x.Context)
+	if st.Served {
+		_ = x.spend.Settle(ctx, st.Used)
+	} else {
+		_ = x.spend.Cancel(ctx)
+	}
+}
+
+// budgetsLeft returns what x's reservation had left, as a Gate's Budgets
+// tells its own (no reset time).
+func budgetsLeft(x *exchange) []BudgetStatus {
+	bl, ok := x.spend.(FleetBudgetsLeft)
+	if !ok {
+		return nil
+	}
+	left, limits := bl.Left()
+	var st []BudgetStatus
+	for i, l := range limits {
+		if l > 0 {
+			st = append(st, BudgetStatus{Cap: BudgetCap(i), Limit: l, Left: left[i]})
+		}
+	}
+	return st
+}
+
+// nameBudget names the Cap of a model's budget's refusal err as the Gate
+// names its own, "model_" before it, on a copy (see nameFleetCap).
+func nameBudget(err error) error {
+	var le *slots.LimitError
+	if !errors.As(err, &le) || le.Cap == "" || !strings.HasPrefix(le.Key, "model:") || strings.HasPrefix(le.Cap, "model_") {
+		return err
+	}
+	named := *le
+	named.Cap = "model_" + le.Cap
+	if err == error(le) {
+		return &named
+	}
+	return namedRefusal{err: err, named: &named}
+}
