@@ -48,14 +48,16 @@ type FleetBudgetsLeft interface {
 // minute kept outside the Gate with reserve, called with the request's
 // model and its cost (WithTokens; none for a request without, which
 // counts one request): first, before it takes the fleet's caps and waits
-// for the Gate. An error refuses the request there, with nothing held;
-// a *slots.LimitError whose Key starts with "model:" has its Cap named
-// as the Gate names its model's budgets ("model_" before it). What it
-// reserved is started, settled or cancelled as FleetReservation says: a
-// request refused later, or not sent, charges nothing. A nil
-// FleetReservation with a nil error reserves nothing. With a fleet's
-// Budgets (each gateway's fleet.Budget of the same name counts in one
-// store):
+// for the Gate. An error refuses the request there, with nothing held
+// (reserve gives back whatever it took: a FleetReservation returned with
+// an error is not used); a *slots.LimitError whose Key starts with
+// "model:" has its Cap named as the Gate names its model's budgets
+// ("model_" before it). What it reserved is started, settled or
+// cancelled as FleetReservation says: a request refused later, or not
+// sent, charges nothing (but a bypass's estimate in the Gate's budgets,
+// as Transport says). A nil FleetReservation with a nil error reserves
+// nothing. With a fleet's Budgets (each gateway's fleet.Budget of the
+// same name counts in one store):
 //
 //	pacing.WithFleetBudgets(func(ctx context.Context, model string, cost pacing.Tokens) (pacing.FleetReservation, error) {
 //		rs, _, err := fleet.ReserveAll(ctx, cost, nil, provider, models[model])
@@ -77,15 +79,25 @@ func (t *Transport) reserveBudgets(ctx context.Context, x *exchange) error {
 }
 
 // startBudgets starts what x reserved, as its request is about to be
-// sent: the refusal of a budget that can no longer take it, if any.
-func startBudgets(ctx context.Context, x *exchange) error {
+// sent: the refusal of a budget that can no longer take it, if any. A
+// refusal, or a panic in Start, gives x's grant back to the Gate first
+// (not sent: it charges the Gate's budgets and spacing nothing); the
+// caller releases it.
+func (t *Transport) startBudgets(ctx context.Context, x *exchange) error {
 	if x.spend == nil {
 		return nil
 	}
+	sent := false
+	defer func() {
+		if !sent {
+			t.gate.unsent(x.grant)
+		}
+	}()
 	var le *slots.LimitError
 	if err := x.spend.Start(context.WithoutCancel(ctx)); errors.As(err, &le) {
 		return nameBudget(err)
 	}
+	sent = true
 	return nil
 }
 
@@ -95,7 +107,7 @@ func endBudgets(x *exchange, st Settlement) {
 	if x.spend == nil || !x.spendEnded.CompareAndSwap(false, true) {
 		return
 	}
-	ctx := context.WithoutCancel(x.Context)
+	ctx := context.WithoutCancel(x.parent)
 	if st.Served {
 		_ = x.spend.Settle(ctx, st.Used)
 	} else {

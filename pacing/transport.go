@@ -154,6 +154,11 @@ type exchange struct {
 	// request, and got one (httptrace): a failure between the two sent
 	// nothing.
 	asked, got atomic.Bool
+	// parent is the request's own context, without the httptrace that
+	// sets asked and got: the context of the calls made on its behalf
+	// (the fleet's caps, its budgets' reservation), whose connections (a
+	// store that speaks HTTP) are not the request's.
+	parent context.Context
 }
 
 type exchangeKey struct{}
@@ -186,7 +191,8 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	x.trace.GetConn = func(string) { x.asked.Store(true) }
 	x.trace.GotConn = func(httptrace.GotConnInfo) { x.got.Store(true) }
-	x.Context = httptrace.WithClientTrace(out.Context(), &x.trace)
+	x.parent = out.Context()
+	x.Context = httptrace.WithClientTrace(x.parent, &x.trace)
 	return t.inner.RoundTrip(out.WithContext(x))
 }
 
@@ -198,7 +204,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	if x == nil {
 		return nil, errors.New("pacing: a request not sent through the Transport's RoundTrip")
 	}
-	ctx := req.Context()
+	ctx := x.parent // req's, but for the exchange's httptrace (see exchange.parent)
 	trs := tracesOf(ctx)
 	if wait, ok := ctx.Value(waitKey{}).(context.Context); ok {
 		if err := wait.Err(); err != nil { // ended already: no admission races it
@@ -266,8 +272,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	}
 	x.grant, err = t.gate.AcquireTokens(ctx, x.model, cost)
 	if err == nil {
-		if err = startBudgets(ctx, x); err != nil {
-			t.gate.unsent(x.grant) // not sent: it charges the Gate's budgets nothing
+		if err = t.startBudgets(ctx, x); err != nil { // given back to the Gate: it charges nothing, unless a bypass
 			x.grant.Slot.Release()
 			x.grant = Grant{}
 		}
@@ -325,9 +330,16 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Header.Del("Accept-Encoding")
 		}
 		if t.credential != nil && !offHost(req) {
+			ok := false
+			defer func() {
+				if !ok { // it panicked: the request is not sent
+					endBudgets(x, Settlement{})
+				}
+			}()
 			if err := credential(t.credential, req, x.grant.Key); err != nil {
 				return nil, err
 			}
+			ok = true
 		}
 	}
 	var resp *http.Response

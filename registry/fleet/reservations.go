@@ -77,6 +77,17 @@ func (rs *Reservations) Reserved() []*BudgetReservation {
 	return rs.rs
 }
 
+// Join returns rs with more's reservations after its own (either may be
+// nil): what a request reserved in two steps, to start, settle and cancel
+// together.
+func (rs *Reservations) Join(more *Reservations) *Reservations {
+	if rs == nil {
+		return more
+	}
+	rs.rs = append(rs.rs, more.Reserved()...)
+	return rs
+}
+
 // Left returns, per part (all tokens, input, output, requests), the
 // least that the reservations' Budgets limiting it had left once they
 // were charged, with that Budget's limit (0: none limits it). A

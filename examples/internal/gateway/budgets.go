@@ -11,9 +11,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -43,22 +41,6 @@ func budgetsTokens(p pacing.Config) bool {
 		}
 	}
 	return false
-}
-
-// budgetAnswer adds, with a fleet, the rate-limit headers of the fleet's
-// budgets (what they had left when the request was reserved) and of the
-// Gate's own (its API keys'), unless the upstream refused with its own;
-// without one they are the Transport's (pacing.WithRateLimitHeaders).
-func (g *Gateway) budgetAnswer(resp *http.Response) {
-	x, _ := resp.Request.Context().Value(exchangeKey{}).(*exchange)
-	if g.fleetBudgets == nil || x == nil || x.spent == nil {
-		return
-	}
-	var key string
-	if x.admitted != nil {
-		key = x.admitted.Grant.Key
-	}
-	pacing.SetAnswerRateLimitHeaders(resp, append(x.spent.fleetLeft(), g.gate.Budgets()...), x.model, key)
 }
 
 // registerBudgets exports the Gate's budgets (inflightprom.Budgets:
@@ -119,60 +101,60 @@ type fleetBudgets struct {
 }
 
 // spending is what a request reserved of the budgets the gateway keeps
-// beside the Gate's: its org's (here or in the fleet's store) and, with a
-// fleet, the provider's and its model's. Its settle and cancel are called
-// from one goroutine at a time; the first ends its reservations, a later
-// one does nothing (budgetStart cancels a request it does not send, which
-// its Trace then settles as not served).
+// beside the Gate's: its org's (here, or in the fleet's store), reserved
+// by the handler, and with a fleet its provider's and its model's,
+// reserved by the provider's Transport before it takes a slot
+// (reserveFleet). It is the Transport's pacing.FleetReservation, which
+// starts, settles or cancels it; a later settle or cancel does nothing.
 type spending struct {
+	t       tenant
 	local   *pacing.Reservation
-	fleet   *fleet.Reservations
-	down    func() bool   // the fleet's store held unavailable: its calls are skipped
-	timeout time.Duration // bounds each correction sent to the store
+	fleet   *fleet.Reservations // the org's, then the provider's and its model's
+	down    func() bool         // the fleet's store held unavailable: its calls are skipped
+	timeout time.Duration       // bounds each correction sent to the store
 }
 
 // done ends the request's hold on its org's budget: an estimate not
 // settled by then stands.
 func (s *spending) done() { s.local.Close() }
 
-// settle corrects the reservations with what the request used; one the
-// upstream refused (not Served) takes them back whole, its request too.
-func (s *spending) settle(st pacing.Settlement) {
-	if !st.Served {
-		s.cancel()
-		return
-	}
-	s.local.Settle(st.Used)
-	s.each(func(ctx context.Context) error { return s.fleet.Settle(ctx, st.Used) })
+// Settle corrects the reservations with what the request used.
+func (s *spending) Settle(_ context.Context, used pacing.Tokens) error {
+	s.local.Settle(used)
+	s.each(func(ctx context.Context) error { return s.fleet.Settle(ctx, used) })
+	return nil
 }
 
-// fleetLeft returns what the fleet's budgets had left when the request was
-// reserved, as a Gate's Budgets tells it (no reset time: the store's
-// reply does not carry it).
-func (s *spending) fleetLeft() []pacing.BudgetStatus {
-	var st []pacing.BudgetStatus
-	for _, r := range s.fleet.Reserved() {
-		left, limits := r.Left()
-		for i, l := range limits {
-			if l > 0 {
-				st = append(st, pacing.BudgetStatus{Cap: pacing.BudgetCap(i), Limit: l, Left: left[i]})
-			}
-		}
-	}
-	return st
+// Cancel takes the reservations back whole, the request's too.
+func (s *spending) Cancel(context.Context) error {
+	s.local.Cancel()
+	s.each(s.fleet.Cancel)
+	return nil
 }
 
-// start moves the fleet's charges to the second the request starts in
+// Left returns, per part, the least the fleet's budgets had left when the
+// request was reserved, with their limits (fleet.Reservations.Left).
+func (s *spending) Left() (left, limits [4]int) { return s.fleet.Left() }
+
+// Start moves the fleet's charges to the second the request starts in
 // (fleet.Reservations.Start): it may have waited for the provider. It
 // returns the refusal of a budget that a reservation has left (its request
-// waited longer than the budget's minute) and that can no longer take it;
-// after a store's error the request goes, and what it uses is charged as
-// it settles.
-func (s *spending) start() error {
+// waited longer than the budget's minute) and that can no longer take it,
+// named as at its reservation; the Transport then does not send it. After
+// a store's error the request goes, and what it uses is charged as it
+// settles.
+func (s *spending) Start(context.Context) error {
 	var refused error
 	s.each(func(ctx context.Context) error {
 		var le *slots.LimitError
 		if err := s.fleet.Start(ctx); errors.As(err, &le) {
+			prefix := ""
+			if strings.HasPrefix(le.Key, "model:") {
+				prefix = "model"
+			} else if strings.HasPrefix(le.Key, "org") {
+				prefix = "tenant"
+			}
+			budgetCap(prefix, s.t, le)
 			refused = le
 		}
 		return nil
@@ -180,47 +162,11 @@ func (s *spending) start() error {
 	return refused
 }
 
-// budgetStart is the provider's RoundTripper under its caps: it starts
-// each admitted request's fleet budgets (spending.start) as the request
-// is sent, and does not send one whose budgets refuse it then: it is
-// answered as a refusal, with its Retry-After, and charges nothing.
-type budgetStart struct{ next http.RoundTripper }
-
-func (t budgetStart) RoundTrip(req *http.Request) (*http.Response, error) {
-	if x, _ := req.Context().Value(exchangeKey{}).(*exchange); x != nil && x.spent != nil {
-		if err := x.spent.start(); err != nil {
-			x.spent.cancel()
-			// Named as at its reservation: the budget's key says whose.
-			var le *slots.LimitError
-			prefix := ""
-			if errors.As(err, &le) && strings.HasPrefix(le.Key, "model:") {
-				prefix = "model"
-			} else if le != nil && strings.HasPrefix(le.Key, "org") {
-				prefix = "tenant"
-			}
-			budgetCap(prefix, tenant{x.org, x.model}, err)
-			x.refused, x.startRefused = err, true
-			if req.Body != nil {
-				req.Body.Close()
-			}
-			// Not sent: the Transport frees its slots at once, and the
-			// Gate's budgets (its key's) charge it nothing.
-			return nil, fmt.Errorf("%w: %w", slots.ErrNotSent, err)
-		}
-	}
-	return t.next.RoundTrip(req)
-}
-
-func (s *spending) cancel() {
-	s.local.Cancel()
-	s.each(s.fleet.Cancel)
-}
-
 // each sends a correction of the fleet's reservations, unless the store
 // is held unavailable: the estimates stand then, as they do when a
 // correction is lost.
 func (s *spending) each(f func(context.Context) error) {
-	if len(s.fleet.Reserved()) == 0 || s.down() {
+	if len(s.fleet.Reserved()) == 0 || s.down != nil && s.down() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
@@ -228,52 +174,101 @@ func (s *spending) each(f func(context.Context) error) {
 	_ = f(ctx)
 }
 
-// reserveBudgets reserves cost, for t's request, of its org's budget and,
-// with a fleet, the provider's and the model's. It returns what it
-// reserved, or the refusal of the first that cannot take it (nothing
-// reserved then) with the cap to name. A fleet budget whose store cannot
-// be reached refuses the request with fleet.on_unavailable "closed" (503),
-// and else lets it through uncounted (logged).
+// reserveBudgets reserves cost, for t's request, of its org's budget, here
+// or with a fleet in its store. It returns what it reserved, or the
+// refusal of the budget (nothing reserved then) with the cap to name. With
+// a fleet whose store is held unavailable, fleet.on_unavailable "closed"
+// refuses the request (503), and else lets it through uncounted (logged).
 func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Tokens) (*spending, string, error) {
-	s := &spending{}
-	org, model := t.Org, t.Model
+	s := &spending{t: t}
 	if fb := g.fleetBudgets; fb != nil {
-		if err := g.caps.Unavailable("the budgets' store"); err != nil { // held unavailable: no call waits for it
-			if fb.closed {
+		if held, err := g.storeHeld(fb); held {
+			if err != nil {
 				return nil, pacing.CapProvider, err
 			}
-			g.uncounted(fb, err)
 			return s, "", nil
 		}
 		s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout
-		var orgs *fleet.Budget
-		if limits := g.orgLimits(org); limits != nil {
-			var err error
-			if orgs, err = fleet.NewBudget(fb.tenants, orgBudgetName(org), *limits, fb.timeout); err != nil {
-				return nil, "tenant", err
-			}
+		limits := g.orgLimits(t.Org)
+		if limits == nil {
+			return s, "", nil
 		}
-		var uncounted func(int, error)
-		if !fb.closed {
-			uncounted = func(_ int, err error) { g.uncounted(fb, err) }
+		orgs, err := fleet.NewBudget(fb.tenants, orgBudgetName(t.Org), *limits, fb.timeout)
+		if err != nil {
+			return nil, "tenant", err
 		}
-		// The budgets, and the prefixes of their refusals' caps.
-		budgets, prefixes := []*fleet.Budget{orgs, fb.provider, fb.models[model]}, []string{"tenant", "", "model"}
-		var i int
-		var err error
-		if s.fleet, i, err = fleet.ReserveAll(ctx, cost, uncounted, budgets...); err != nil {
-			return nil, budgetCap(prefixes[i], t, err), err
+		rs, _, err := fleet.ReserveAll(ctx, cost, fb.uncounted(g), orgs)
+		if err != nil {
+			return nil, budgetCap("tenant", t, err), err
 		}
+		s.fleet = rs
 		return s, "", nil
 	}
 	if g.orgBudgets == nil {
 		return s, "", nil
 	}
 	var err error
-	if s.local, err = g.orgBudgets.Reserve(org, cost); err != nil {
+	if s.local, err = g.orgBudgets.Reserve(t.Org, cost); err != nil {
 		return nil, budgetCap("tenant", t, err), err
 	}
 	return s, "", nil
+}
+
+// reserveFleet is the provider's Transport's reservation of a request's
+// budgets (pacing.WithFleetBudgets): its spending, with, with a fleet, its
+// provider's and its model's budgets reserved too. A refusal there gives
+// the org's reservation back; the Transport names the budget (the model's
+// as model_...) and answers it as the provider's caps' refusals.
+func (g *Gateway) reserveFleet(ctx context.Context, model string, cost pacing.Tokens) (pacing.FleetReservation, error) {
+	x, _ := ctx.Value(exchangeKey{}).(*exchange)
+	if x == nil || x.spent == nil {
+		return nil, nil
+	}
+	s, fb := x.spent, g.fleetBudgets
+	if fb == nil || fb.provider == nil && fb.models[model] == nil {
+		return s, nil
+	}
+	if held, err := g.storeHeld(fb); held {
+		if err != nil {
+			_ = s.Cancel(ctx)
+			return nil, err
+		}
+		return s, nil
+	}
+	s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout
+	rs, _, err := fleet.ReserveAll(ctx, cost, fb.uncounted(g), fb.provider, fb.models[model])
+	if err != nil {
+		_ = s.Cancel(ctx)
+		return nil, err
+	}
+	s.fleet = s.fleet.Join(rs)
+	return s, nil
+}
+
+// storeHeld reports whether the fleet's store is held unavailable (no
+// call waits for it then), with the error that refuses the request if
+// fleet.on_unavailable is "closed"; else the request goes uncounted
+// (logged).
+func (g *Gateway) storeHeld(fb *fleetBudgets) (bool, error) {
+	err := g.caps.Unavailable("the budgets' store")
+	if err == nil {
+		return false, nil
+	}
+	if fb.closed {
+		return true, err
+	}
+	g.uncounted(fb, err)
+	return true, nil
+}
+
+// uncounted returns, unless fleet.on_unavailable is "closed", what
+// fleet.ReserveAll tells of a budget whose store cannot be reached: the
+// request goes on uncounted there, logged.
+func (fb *fleetBudgets) uncounted(g *Gateway) func(int, error) {
+	if fb.closed {
+		return nil
+	}
+	return func(_ int, err error) { g.uncounted(fb, err) }
 }
 
 // uncounted logs, at most every 10 s, that requests go through uncounted

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -19,34 +20,45 @@ import (
 
 // A request whose reservation of a fleet budget left the budget's minute
 // while it waited for the provider, and that the budget, spent by others
-// meanwhile, can no longer take, is not sent: budgetStart answers the
-// budget's refusal (the proxy's ErrorHandler answers it as a refusal of
-// the provider's), and its reservations are returned. One that still fits
-// is sent, charged in the second it starts.
+// meanwhile, can no longer take, is not sent: spending.Start answers the
+// budget's refusal, which the provider's Transport returns as its refusal
+// (the proxy's ErrorHandler answers it as the provider's caps' refusals),
+// and its reservations are returned. One that still fits is sent, charged
+// in the second it starts.
 func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
 	now, advance := stepClock()
 	store := memstore.NewWithClock(now)
 	b, err := fleet.NewBudget(store, "provider", pacing.BudgetLimits{TokensPerMinute: 100}, 0)
 	require.NoError(t, err)
-	reserve := func(tokens int) *exchange {
+	reserve := func(tokens int) *spending {
 		rs, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: tokens}, nil, b)
 		require.NoError(t, err)
-		return &exchange{model: "m", spent: &spending{fleet: rs, down: func() bool { return false }, timeout: time.Second}}
+		return &spending{t: tenant{"acme", "m"}, fleet: rs, down: func() bool { return false }, timeout: time.Second}
 	}
 	sent := 0
-	st := budgetStart{next: roundTripFunc(func(r *http.Request) (*http.Response, error) {
+	gate, err := pacing.NewGate("p", pacing.Config{})
+	require.NoError(t, err)
+	defer gate.Close()
+	var next *spending
+	rt := pacing.NewTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		sent++
 		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
-	})}
-	send := func(x *exchange) (*http.Response, error) {
-		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", nil)
-		return st.RoundTrip(req.WithContext(context.WithValue(req.Context(), exchangeKey{}, x)))
+	}), gate, pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
+		return next, nil
+	}))
+	send := func(s *spending) (*http.Response, error) {
+		next = s
+		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return resp, err
 	}
 
 	late := reserve(60)
 	advance(61 * time.Second) // its charge has left the minute
-	other := reserve(100)
-	_, err = send(other)
+	_, err = send(reserve(100))
 	require.NoError(t, err)
 	_, err = send(late)
 	require.ErrorIs(t, err, pacing.ErrOverBudget, "60 more over the 100 started in this minute")
@@ -54,10 +66,6 @@ func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
 	require.ErrorAs(t, err, &le)
 	assert.Positive(t, le.RetryAfter)
 	assert.Equal(t, "tokens_per_minute", le.Cap, "the provider's budget")
-	assert.ErrorIs(t, err, late.refused, "answered as a refusal")
-	assert.True(t, late.startRefused, "counted where it is answered: the provider's Traces heard nothing of it")
-	assert.False(t, other.startRefused)
-	assert.ErrorIs(t, err, slots.ErrNotSent, "told as not sent: its slot goes at once, its key's budgets charge nothing")
 	assert.Equal(t, 1, sent, "the late request not sent")
 	used, err := b.Used(context.Background())
 	require.NoError(t, err)
@@ -92,14 +100,12 @@ func TestBudgetStartNamesTheBudget(t *testing.T) {
 		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
 		require.NoError(t, err)
 		require.NoError(t, other.Start(context.Background()))
-		x := &exchange{model: "m", org: "acme", spent: &spending{fleet: late, down: func() bool { return false }, timeout: time.Second}}
-		st := budgetStart{next: roundTripFunc(func(*http.Request) (*http.Response, error) { panic("sent") })}
-		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", nil)
-		_, err = st.RoundTrip(req.WithContext(context.WithValue(req.Context(), exchangeKey{}, x)))
+		s := &spending{t: tenant{"acme", "m"}, fleet: late, down: func() bool { return false }, timeout: time.Second}
+		err = s.Start(context.Background())
 		var le *slots.LimitError
 		require.ErrorAs(t, err, &le, name)
 		assert.Equal(t, want, le.Cap, name)
-		assert.Equal(t, want, refusedBy(x.refused), name)
+		assert.Equal(t, want, refusedBy(err), name)
 	}
 }
 

@@ -144,9 +144,6 @@ type exchange struct {
 	admitted *pacing.Admission // nil: not admitted
 	refused  error             // the provider's refusal, if any
 	spent    *spending         // its reservations of the budgets kept beside the Gate's
-	// startRefused: refused by budgetStart, as it was to be sent, which
-	// the provider's Traces were not told of (it is not sent).
-	startRefused bool
 }
 
 // An Option configures a Gateway.
@@ -230,7 +227,6 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 			if resp.StatusCode == http.StatusSwitchingProtocols {
 				return errUnexpectedUpgrade
 			}
-			g.budgetAnswer(resp)
 			return nil
 		},
 		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
@@ -238,9 +234,6 @@ func New(cfg Config, base http.RoundTripper, opts ...Option) (*Gateway, error) {
 				return // the client has gone: nobody to answer
 			}
 			if x, _ := r.Context().Value(exchangeKey{}).(*exchange); x != nil && x.refused != nil {
-				if x.startRefused {
-					g.providerRefused(r.Context(), x.model, x.refused)
-				}
 				g.rejectWait(w, r, x.model, x.refused)
 				return
 			}
@@ -398,8 +391,9 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	} else if !ok {
 		prio = slots.PriorityDefault
 	}
-	// The org's budget, and with a fleet the provider's and the model's:
-	// over one, the request is answered at once.
+	// The org's budget: over it, the request is answered at once. With a
+	// fleet, the provider's and the model's are reserved by the provider's
+	// Transport (reserveFleet), which starts, settles or cancels them all.
 	spent, capName, err := g.reserveBudgets(r.Context(), tenant{org, model}, cost)
 	if err != nil {
 		g.rejectBudget(w, r, capName, model, err)
@@ -422,13 +416,12 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		ctx = pacing.WithTrace(ctx, g.tel.provider.Trace(ctx))
 	}
 	ctx = pacing.WithTrace(ctx, &pacing.Trace{
-		Admitted: func(a pacing.Admission) { // its budgets start as it is sent (budgetStart)
+		Admitted: func(a pacing.Admission) {
 			x.admitted = &a
 			info.waited, info.caps = a.Wait, g.capsHeld(a, model)
 		},
-		Settled: spent.settle,
 		Refused: func(err error) {
-			spent.cancel()
+			_ = spent.Cancel(r.Context()) // taken back by the Transport already, if it took it
 			x.refused = err
 			info.waited, info.refusedBy = time.Since(asked), refusedBy(err)
 		},
@@ -457,10 +450,13 @@ func (g *Gateway) providerTransport(cfg Config, base http.RoundTripper) http.Rou
 		// its usage, which its client does not get unless it asked.
 		opts = append(opts, pacing.WithStreamUsage())
 	}
-	if g.budgets && g.fleetBudgets == nil { // a fleet's are told by budgetAnswer
+	if g.budgets || g.orgBudgets != nil || g.fleetBudgets != nil {
+		opts = append(opts, pacing.WithFleetBudgets(g.reserveFleet))
+	}
+	if g.budgets || g.fleetBudgets != nil { // the Gate's budgets, and the fleet's (spending.Left)
 		opts = append(opts, pacing.WithRateLimitHeaders())
 	}
-	return pacing.NewTransport(budgetStart{g.tracedTransport(base)}, g.gate, opts...)
+	return pacing.NewTransport(g.tracedTransport(base), g.gate, opts...)
 }
 
 // maxNameBytes bounds an org or model name: each is part of a key in
