@@ -160,7 +160,12 @@ type Listener interface {
 //     limits; unless paused, serves the queue of each key (see
 //     ReleaseCall); a store may skip serving for a call with Wait whose
 //     Lease is on every key, where no lease has expired and no key is
-//     over its limit (a claim: it frees nothing, and step 6 admits it);
+//     over its limit (a claim: it frees nothing, and step 6 admits it),
+//     and for an ask of a ticket queued already that no key has room for
+//     (each full for its Units, or its first waiter one that serving
+//     stops at): room no release served (a raised limit, a lapsed grant)
+//     is then served at the next call that serves, the ask of a waiter
+//     that fits it included;
 //  6. if Lease is on every key, not expired (a grant claimed), extends it
 //     to TTL and admits it, unless a key holds more than its limit (the
 //     grant was made under a higher limit): then it gives the grant back,

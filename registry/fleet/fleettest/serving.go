@@ -4,7 +4,9 @@ package fleettest
 // the bounds on passing a heavy waiter within one serving and for a
 // newcomer, the order of removal and serving when a lease leaves several
 // keys, a grant on every key made by its waiter's own call, the key a
-// refusal names, and waiters of several keys named with odd bytes.
+// refusal names and the one a queued waiter's ask names, the room a raised
+// limit makes served by an ask, and waiters of several keys named with odd
+// bytes.
 
 import (
 	"context"
@@ -160,6 +162,85 @@ func refusalNamesTheFirstKey(t *testing.T, srv Server) {
 	require.Equal(t, driver.StatusFull, r.Status)
 	require.Equal(t, 0, r.Key, "the key named: %+v", r)
 	require.EqualValues(t, 1, r.Count)
+}
+
+// A queued waiter that asks again names the key it waits on: the first
+// of its keys without room for its units, or where serving stopped at a
+// heavy waiter (memstore's firstFull), not one where serving only went
+// past a heavy waiter behind it. W waits on a (room for it) and b (full);
+// Y, heavy on a, waits behind it: W's ask names b, its count and queue.
+func queuedNamesTheKeyItWaitsOn(t *testing.T, srv Server) {
+	s := srv.Store(t, "queuedNamesTheKeyItWaitsOn")
+	h := storeCall{t, s}
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "a", 2, 3, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 1, 1, 0, "f", false).Status)
+	r := h.admitKeys("W", []string{"a", "b"}, 1, []int{3, 1}, 0, true)
+	require.Equal(t, driver.StatusQueued, r.Status)
+	require.Equal(t, 1, r.Key, "a newcomer queued names b: %+v", r)
+	require.Equal(t, driver.StatusQueued, h.admit("Y", "a", 2, 3, 0, "f", true).Status) // heavy: 1 unit free on a
+	r = h.admitKeys("W", []string{"a", "b"}, 1, []int{3, 1}, 0, true)
+	require.Equal(t, driver.StatusQueued, r.Status)
+	require.Equal(t, 1, r.Key, "W waits on b, not on a (room for it; Y is behind it): %+v", r)
+	require.EqualValues(t, 1, r.Count, "b's count")
+	require.EqualValues(t, 1, r.Queue, "b's queue: W")
+}
+
+// As QueuedNamesTheKeyItWaitsOn, for an ask made as the fleet's client
+// makes it (the epoch it saw, a pause), which a store may answer without
+// serving (PostgreSQL does, while no key has room for the waiter): Y,
+// heavy on a, waits before W this time; W's ask names b, where it has no
+// room (serving goes past Y, a waiter of one key under its bound: a is not
+// kept for it, though W, of two keys, does not pass it).
+func queuedAskNamesTheKeyItWaitsOn(t *testing.T, srv Server) {
+	s := srv.Store(t, "queuedAskNamesTheKeyItWaitsOn")
+	var epoch int64
+	call := func(name string, keys []string, units int, limits []int) driver.AdmitResult {
+		t.Helper()
+		r, err := s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: keys, Limits: limits,
+			Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: true, Weight: 1, Proc: "p",
+			MaxQueue: -1, MaxFlowQueue: -1, Epoch: epoch, Pause: time.Hour})
+		require.NoError(t, err)
+		epoch = r.Epoch
+		return r
+	}
+	require.Equal(t, driver.StatusAdmitted, call("H", []string{"a"}, 2, []int{3}).Status)
+	require.Equal(t, driver.StatusAdmitted, call("G", []string{"b"}, 1, []int{1}).Status)
+	require.Equal(t, driver.StatusQueued, call("Y", []string{"a"}, 2, []int{3}).Status) // heavy: 1 unit free on a
+	require.Equal(t, driver.StatusQueued, call("W", []string{"a", "b"}, 1, []int{3, 1}).Status)
+	r := call("W", []string{"a", "b"}, 1, []int{3, 1})
+	require.Equal(t, driver.StatusQueued, r.Status)
+	require.Equal(t, 1, r.Key, "W waits on b: %+v", r)
+	require.EqualValues(t, 1, r.Count, "b's count")
+	require.EqualValues(t, 1, r.Queue, "b's queue: W")
+}
+
+// A limit raised makes room that no release serves: the next waiter's
+// ask serves it (driver.AdmitCall step 5), going past a heavy waiter of
+// one key as a release would. H holds 3 of 3; W (3 units) waits at the
+// head, L (2) behind it; the limit goes to 5: L's ask, made as the
+// fleet's client makes it (the epoch it saw, a pause), takes the 2 units
+// W cannot use, and W's ask leaves it queued.
+func raisedLimitServedOnAsk(t *testing.T, srv Server) {
+	s := srv.Store(t, "raisedLimitServedOnAsk")
+	var epoch int64
+	call := func(name string, units, limit int, wait bool) driver.AdmitResult {
+		t.Helper()
+		r, err := s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: []string{"k"}, Limits: []int{limit},
+			Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: wait, Weight: 1, Proc: "p",
+			MaxQueue: -1, MaxFlowQueue: -1, Epoch: epoch, Pause: time.Hour})
+		require.NoError(t, err)
+		epoch = r.Epoch
+		return r
+	}
+	require.Equal(t, driver.StatusAdmitted, call("H", 3, 3, false).Status)
+	require.Equal(t, driver.StatusQueued, call("W", 3, 3, true).Status)
+	require.Equal(t, driver.StatusQueued, call("L", 2, 3, true).Status)
+	r := call("L", 2, 5, true)
+	require.Equal(t, driver.StatusAdmitted, r.Status, "L takes the room the raised limit made, past W: %+v", r)
+	require.Equal(t, driver.StatusQueued, call("W", 3, 5, true).Status)
+	n, err := s.Count(context.Background(), "k")
+	require.NoError(t, err)
+	require.Equal(t, 5, n, "H and L")
 }
 
 // Serving stops at a waiter of several keys once it is heavy (its units

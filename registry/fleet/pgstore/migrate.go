@@ -72,6 +72,9 @@ var sweepDeniedSQL string
 //go:embed serving.sql
 var servingSQL string
 
+//go:embed queuedkey.sql
+var queuedKeySQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -109,20 +112,22 @@ var schemaV1 = withConstants(schemaSQL)
 // where a waiter it went past needs the room (a heavy waiter passed its
 // bound, one of several keys heavy since), counts a waiter's grants once
 // its own call has served all of its keys, and takes an abandoned lease
-// off every key before serving any. A revision adds, or replaces a function
-// keeping its signature and the meaning of its answers, so a release that
-// knows fewer of them works on the schema as it is (a rolling deploy has
-// both side by side); one that changes what is there makes a new
-// SchemaVersion.
+// off every key before serving any, and revision 18 has a queued waiter
+// of several keys name the key it waits on (a key whose serving only went
+// past a heavy waiter is not kept from it). A revision adds, or replaces a
+// function keeping its signature and the meaning of its answers, so a
+// release that knows fewer of them works on the schema as it is (a
+// rolling deploy has both side by side); one that changes what is there
+// makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
-	withConstants(servingSQL)}
+	withConstants(servingSQL), withConstants(queuedKeySQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 17
+	SchemaRevision = 18
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

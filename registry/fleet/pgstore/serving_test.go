@@ -16,7 +16,7 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
 
-// A database at revision 16 is brought to 17 by this release's New: the
+// A database at revision 16 is brought to 17 (as revision 17's New did): the
 // functions revision 17 replaces keep their signatures (no overload is
 // added), stay PL/pgSQL, and a connection that ran revision 16's
 // functions before runs 17's after.
@@ -42,12 +42,13 @@ func TestMigrate16To17KeepsTheFunctions(t *testing.T) {
 	// Revision 16's functions run on this connection (their plans kept).
 	_, err := p.Exec(ctx, `SELECT inflight_serve('f', 'k', 1, 0, 0, 0)`)
 	require.NoError(t, err)
-	s, err := pgstore.New(ctx, p, fastFleet)
-	require.NoError(t, err)
+	require.NoError(t, pgstore.MigrateTo(ctx, p, 17)) // as the release of revision 17's New did
 	assert.Equal(t, before, procs(), "revision 17 replaces functions under their signatures, in their languages")
 	var r int
 	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
 	assert.Equal(t, 17, r)
+	s, err := pgstore.New(ctx, p, fastFleet)
+	require.NoError(t, err)
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("A", 1, false), 10*time.Second).Status)
 	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("B", 1, true), 10*time.Second).Status)
 	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
