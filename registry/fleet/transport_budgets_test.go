@@ -2,12 +2,15 @@ package fleet_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -94,4 +97,43 @@ func TestTransportWithFleetBudgets(t *testing.T) {
 	tokens, requests = used(t, provider)
 	assert.Equal(t, []int{50, 1}, []int{tokens, requests}, "refused upstream: it charges nothing")
 	assert.Zero(t, gate.Status().InFlight)
+}
+
+// A pacing.Transport reserves each request's estimate of the fleet's
+// budgets before the request waits for its slots, and settles them with
+// the usage its answer reports; a request the budgets cannot take is
+// refused before it is sent, charging nothing.
+func ExampleReservations_transport() {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"usage":{"prompt_tokens":900,"completion_tokens":100}}`)
+	}))
+	defer srv.Close()
+	store := memstore.New() // each gateway's client of the fleet's Redis or PostgreSQL
+	provider, _ := fleet.NewBudget(store, "provider", pacing.BudgetLimits{TokensPerMinute: 3_000}, time.Second)
+	gate, _ := pacing.NewGate("provider", pacing.Config{MaxConcurrentRequests: 8})
+	defer gate.Close()
+	client := &http.Client{Transport: pacing.NewTransport(nil, gate, pacing.WithFleetBudgets(
+		func(ctx context.Context, _ string, cost pacing.Tokens) (pacing.FleetReservation, error) {
+			rs, _, err := fleet.ReserveAll(ctx, cost, nil, provider)
+			return rs, err
+		}))}
+
+	for range 3 {
+		ctx := pacing.WithTokens(context.Background(), pacing.Tokens{Input: 900, Output: 600}) // an estimate of 1,500
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader(`{"model":"small"}`))
+		resp, err := client.Do(req)
+		if err != nil {
+			fmt.Println("refused, over budget:", errors.Is(err, pacing.ErrOverBudget))
+			continue
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		_ = resp.Body.Close()
+		used, _ := provider.Used(context.Background())
+		fmt.Println("sent; the minute counts", used[0], "tokens")
+	}
+	// Output:
+	// sent; the minute counts 1000 tokens
+	// sent; the minute counts 2000 tokens
+	// refused, over budget: true
 }
