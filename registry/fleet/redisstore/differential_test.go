@@ -29,7 +29,8 @@ import (
 // DIFF_SHORT (claim windows that lapse, processes that die), DIFF_STARTS
 // (compare the counts of learned keys), DIFF_KEYS (compare the key named
 // and its count too), DIFF_TRACE (log the queue), DIFF_REAL (a real
-// redis-server, on its own clock).
+// redis-server, on its own clock). After each call the Redis store's
+// summaries of its queues are checked against walks of them.
 
 // diffPair runs the same driver calls on memstore and on the Redis store
 // (a miniredis on the same fake clock) and compares what they answer.
@@ -374,6 +375,35 @@ func diffRun(t *testing.T, seed uint64, multi bool) {
 		}
 		p.count("a")
 		p.count("b")
+		p.summary("a")
+		p.summary("b")
+	}
+}
+
+// summary fails the run if the summary of key's queue on the Redis store
+// (see clearBehind in queue.go) is not what a walk of the queue finds
+// (the miniredis only).
+func (p *diffPair) summary(key string) {
+	if p.real != nil {
+		return
+	}
+	srv, k := p.mini.Srv, "inflight:{h}:"+key
+	q, _ := srv.ZMembers(k + "#q")
+	if len(q) == 0 {
+		return
+	}
+	marked := 0
+	for _, m := range q {
+		id := m[strings.LastIndex(m, "|")+1:]
+		if strings.Contains(srv.HGet(k+"#t", "k|"+id), "],[") || srv.HGet(k+"#t", "u|"+id) != "" {
+			marked++
+		}
+	}
+	fields, _ := srv.HKeys(k + "#t")
+	want := fmt.Sprint("1 ", marked, " ", len(fields)+len(q)<<24, " ", srv.HGet(k+"#v", "seq"))
+	got := fmt.Sprint(srv.HGet(k+"#v", "xi"), " ", srv.HGet(k+"#v", "x"), " ", srv.HGet(k+"#v", "xe"), " ", srv.HGet(k+"#v", "xs"))
+	if got != want {
+		p.fail("the summary of %s's queue (xi x xe xs) is %s, its walk %s", key, got, want)
 	}
 }
 

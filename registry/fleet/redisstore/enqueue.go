@@ -30,16 +30,27 @@ local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
     local finish = math.min(tag + math.ceil(units / step) / weight, maxTag)
     redis.call('ZADD', F, finish, flow)
     local seq = redis.call('HINCRBY', V, 'seq', 1)
+    if seq == 1 then
+      -- A queue begins (its hash of counts goes when it empties): so does
+      -- its summary (see clearBehind). Where the hash went alone (an
+      -- eviction), with tickets queued, the summary counts none of them,
+      -- and xe tells.
+      redis.call('HSET', V, 'xi', 1, 'x', 0, 'xe', redis.call('HLEN', T), 'xs', 0)
+    end
     local m = string.format('%d|%020.6f|%012d|%s|%s', rank, tag, seq, proc, ticket)
-    redis.call('ZADD', Q, 0, m)
+    local added = redis.call('ZADD', Q, 0, m)
     redis.call('ZADD', e[1] .. '#m', units, ticket)
-    redis.call('HSET', T, ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish)
-    if packed then redis.call('HSET', T, 'k|' .. ticket, packed) end
+    local fields = {ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish}
+    if packed then fields[#fields + 1], fields[#fields + 2] = 'k|' .. ticket, packed end
+    if units > 1 then fields[#fields + 1], fields[#fields + 2] = 'w|' .. ticket, units end
+    added = summaryLen * added + redis.call('HSET', T, unpack(fields))
     if units > 1 then
-      redis.call('HSET', T, 'w|' .. ticket, units)
       redis.call('HINCRBY', V, 'weighted', 1)
       weightedWaiters[e[1]] = true
     end
+    redis.call('HINCRBY', V, 'xe', added)
+    redis.call('HINCRBY', V, 'xs', 1)
+    if #kl > 1 then redis.call('HINCRBY', V, 'x', 1) end
     redis.call('HINCRBY', V, 'n|' .. flow, 1)
     local cf = rank .. '|' .. flow
     if redis.call('HINCRBY', V, 'n|' .. cf, 1) == 1 then redis.call('HSET', V, 'b|' .. cf, tag) end

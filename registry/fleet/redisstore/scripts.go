@@ -140,8 +140,13 @@ if (n > 1 or units > 1) and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
   -- (and, with a key paused or no longer, whether it is urgent: urge).
   local packed = cjson.encode(kl)
   for _, e in ipairs(kl) do
-    if redis.call('HEXISTS', e[1] .. '#t', id) == 1 then
-      redis.call('HSET', e[1] .. '#t', 'k|' .. id, packed)
+    local T, V = e[1] .. '#t', e[1] .. '#v'
+    local f = redis.call('HMGET', T, id, 'k|' .. id, 'u|' .. id)
+    if f[1] then
+      -- The queue's summary follows (see clearBehind in queue.go).
+      if redis.call('HSET', T, 'k|' .. id, packed) == 1 then redis.call('HINCRBY', V, 'xe', 1) end
+      local was, is = marked(f[2], f[3]), marked(packed, f[3])
+      if was ~= is then redis.call('HINCRBY', V, 'x', is and 1 or -1) end
       if n > 1 then urge(e[1], id, kl) end
     end
   end

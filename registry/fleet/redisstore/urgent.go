@@ -62,8 +62,10 @@ end
 -- passOver counts a grant on k that passed ticket over: at maxPassed it is
 -- one of k's urgent tickets (see urge).
 local function passOver(k, ticket)
-  local Q, T = qkeys(k)
-  if redis.call('HINCRBY', T, 'p|' .. ticket, 1) == maxPassed then
+  local Q, T, V = qkeys(k)
+  local passes = redis.call('HINCRBY', T, 'p|' .. ticket, 1)
+  if passes == 1 then redis.call('HINCRBY', V, 'xe', 1) end -- a field new to T (see clearBehind)
+  if passes == maxPassed then
     urge(k, ticket, keysOf(redis.call('HGET', T, 'k|' .. ticket), nil, nil, k, 9e18))
   end
 end
