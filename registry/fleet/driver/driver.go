@@ -162,10 +162,11 @@ type Listener interface {
 //     Lease is on every key, where no lease has expired and no key is
 //     over its limit (a claim: it frees nothing, and step 6 admits it),
 //     and for an ask of a ticket queued already that no key has room for
-//     (each full for its Units, or its first waiter one that serving
-//     stops at): room no release served (a raised limit, a lapsed grant)
-//     is then served at the next call that serves, the ask of a waiter
-//     that fits it included;
+//     (each full for its Units, or its first waiter heavy: one that
+//     serving stops at, or, for a ticket of several keys, one of one key
+//     that serving goes past and the ticket may not pass): room no release
+//     served (a raised limit, a lapsed grant) is then served at the next
+//     call that serves, the ask of a waiter that fits it included;
 //  6. if Lease is on every key, not expired (a grant claimed), extends it
 //     to TTL and admits it, unless a key holds more than its limit (the
 //     grant was made under a higher limit): then it gives the grant back,

@@ -148,6 +148,7 @@ var (
 		{"QueuedNamesTheKeyItWaitsOn", queuedNamesTheKeyItWaitsOn},
 		{"QueuedAskNamesTheKeyItWaitsOn", queuedAskNamesTheKeyItWaitsOn},
 		{"RaisedLimitServedOnAsk", raisedLimitServedOnAsk},
+		{"DroppedWaiterIsANewcomer", droppedWaiterIsANewcomer},
 		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},

@@ -5,8 +5,8 @@ package fleettest
 // newcomer, the order of removal and serving when a lease leaves several
 // keys, a grant on every key made by its waiter's own call, the key a
 // refusal names and the one a queued waiter's ask names, the room a raised
-// limit makes served by an ask, and waiters of several keys named with odd
-// bytes.
+// limit makes served by an ask, a waiter its own ask's serving drops going
+// on as a newcomer, and waiters of several keys named with odd bytes.
 
 import (
 	"context"
@@ -212,6 +212,36 @@ func queuedAskNamesTheKeyItWaitsOn(t *testing.T, srv Server) {
 	require.Equal(t, 1, r.Key, "W waits on b: %+v", r)
 	require.EqualValues(t, 1, r.Count, "b's count")
 	require.EqualValues(t, 1, r.Queue, "b's queue: W")
+}
+
+// A queued waiter of several keys whose ticket its own ask's serving drops
+// (its process stalled past its liveness: dead, 1.5 claim windows before
+// its deadline) is a newcomer there, and a newcomer of several keys is
+// kept out of a key whose serving went past a heavy waiter (Y, of one key,
+// under its bound), as any newcomer of several keys: it queues again
+// naming a, and Y keeps a's room. Its ask takes b's limit to 2, so that
+// only a's heavy waiter keeps it out.
+func droppedWaiterIsANewcomer(t *testing.T, srv Server) {
+	s := srv.Store(t, "droppedWaiterIsANewcomer")
+	h := storeCall{t, s}
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "a", 2, 3, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("G", "b", 1, 1, 0, "f", false).Status)
+	require.Equal(t, driver.StatusQueued, h.admit("Y", "a", 2, 3, 0, "f", true).Status) // heavy: 1 unit free on a
+	claim := 20 * time.Millisecond                                                      // its process lives 3 claim windows
+	ask := func(limits []int) driver.AdmitResult {
+		t.Helper()
+		r, err := s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"a", "b"}, Limits: limits,
+			Units: 1, TTL: time.Hour, Claim: claim, Wait: true, Flow: "f", Weight: 1, Proc: "pw", MaxQueue: -1, MaxFlowQueue: -1})
+		require.NoError(t, err)
+		return r
+	}
+	r := ask([]int{3, 1})
+	require.Equal(t, driver.StatusQueued, r.Status, "%+v", r)
+	time.Sleep(10 * claim) // W's process is dead: its ticket is dropped where serving meets it
+	r = ask([]int{3, 2})
+	require.Equal(t, driver.StatusQueued, r.Status, "W, a newcomer of two keys, does not pass Y on a: %+v", r)
+	require.Equal(t, 0, r.Key, "a is kept for Y: %+v", r)
+	require.Equal(t, 2, h.count("a"), "H's 2 units: Y's room kept")
 }
 
 // A limit raised makes room that no release serves: the next waiter's

@@ -14,7 +14,11 @@
 -- when the serving of another only went past a heavy waiter. A waiter of
 -- one key was not concerned: inflight_admit_passing sets inflight.pass on
 -- for it (when a weighted waiter is queued). inflight_admit sets it on for
--- a ticket queued on every key too.
+-- a ticket queued on every key too; where its own serving takes the ticket
+-- out (its process found dead, its ticket expired) it goes on as a
+-- newcomer, which a key whose serving went past a heavy waiter keeps out
+-- (fleettest's DroppedWaiterIsANewcomer): it sets inflight.pass back and
+-- serves those queues again first.
 --
 -- inflight_still_queued, which answers such an ask without the keys'
 -- locks, named the first key always: it names the first without room for
@@ -45,6 +49,8 @@ DECLARE
 	queued bool[] := '{}';
 	any_queued bool;
 	stop_at int[] := '{}';
+	passing bool := false; -- inflight.pass set on by this call (above)
+	was_pass text;
 	again int;
 	given_back bool := false;
 	room bigint;
@@ -94,7 +100,11 @@ BEGIN
 	-- keeps nothing from it (as inflight_admit_passing has it for a call on
 	-- one key), and it names a key so kept only where serving stopped.
 	IF any_queued AND (SELECT count(*) FROM inflight_ticket x WHERE x.fleet = f AND x.key = ANY (keys) AND x.ticket = l) = n THEN
-		PERFORM set_config('inflight.pass', 'on', true);
+		was_pass := coalesce(current_setting('inflight.pass', true), '');
+		IF was_pass IS DISTINCT FROM 'on' THEN
+			passing := true;
+			PERFORM set_config('inflight.pass', 'on', true);
+		END IF;
 	END IF;
 	-- stop_at[i] is how serving keys[i] ended (see inflight_serve): > 0 at
 	-- its bound on the waiters it looks at, -1 at a heavy waiter, who keeps
@@ -192,6 +202,21 @@ BEGIN
 			END IF;
 		END LOOP;
 		RETURN ARRAY[3, w, inflight_units(f, keys[w], now), inflight_earliest(f, keys[w], now), now, ep, inflight_queued(f, keys[w], now)];
+	END IF;
+	-- Queued on every key when its call began, it is not now (its own
+	-- serving dropped its ticket, its process found dead or its ticket
+	-- expired, or granted it a grant given back): a newcomer, which a key
+	-- whose serving went past a heavy waiter keeps out (unless of one key
+	-- and passing, as the call had inflight.pass). Serving with inflight.pass
+	-- on did not tell those keys: their queues are served again as the
+	-- newcomer's, with the setting as it was.
+	IF passing THEN
+		PERFORM set_config('inflight.pass', was_pass, true);
+		FOR i IN 1..n LOOP
+			IF queued[i] AND stop_at[i] >= 0 THEN
+				stop_at[i] := inflight_serve(f, keys[i], limits[i], now, claim, 0);
+			END IF;
+		END LOOP;
 	END IF;
 	-- A newcomer: where serving stopped short, it looks further (and a
 	-- heavy waiter found there keeps the room); it takes the room only if
