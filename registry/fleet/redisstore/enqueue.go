@@ -43,14 +43,23 @@ local function enqueue(kl, ticket, units, rank, flow, weight, proc, ttl, P)
     local fields = {ticket, m, 'f|' .. ticket, flow, 'a|' .. ticket, arrival, 's|' .. ticket, tag, 'e|' .. ticket, finish}
     if packed then fields[#fields + 1], fields[#fields + 2] = 'k|' .. ticket, packed end
     if units > 1 then fields[#fields + 1], fields[#fields + 2] = 'w|' .. ticket, units end
-    added = summaryLen * added + redis.call('HSET', T, unpack(fields))
+    local new = redis.call('HSET', T, unpack(fields))
+    added = summaryLen * added + new
+    -- Whether it counts in the summary (see clearBehind): as marked reads
+    -- the fields the walk reads, and those it had already where it had
+    -- any (an eviction took the queue and left T: its u| is still read).
+    local mark = marked(packed, nil)
+    if 2 * new < #fields then
+      local f = redis.call('HMGET', T, 'k|' .. ticket, 'u|' .. ticket)
+      mark = marked(f[1], f[2])
+    end
     if units > 1 then
       redis.call('HINCRBY', V, 'weighted', 1)
       weightedWaiters[e[1]] = true
     end
     redis.call('HINCRBY', V, 'xe', added)
     redis.call('HINCRBY', V, 'xs', 1)
-    if #kl > 1 then redis.call('HINCRBY', V, 'x', 1) end
+    if mark then redis.call('HINCRBY', V, 'x', 1) end
     redis.call('HINCRBY', V, 'n|' .. flow, 1)
     local cf = rank .. '|' .. flow
     if redis.call('HINCRBY', V, 'n|' .. cf, 1) == 1 then redis.call('HSET', V, 'b|' .. cf, tag) end

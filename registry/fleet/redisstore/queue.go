@@ -115,9 +115,12 @@ import (
 // begins with the queue's first ticket (xi) and is deleted with the
 // queue's keys when the last one leaves; a store that lost its data, or
 // an eviction, loses it with the queue, or alone, and then it is not
-// trusted. Limits are not in it (a waiter over the caller's limit, which
-// the look leaves out, is counted: the look is made then), and it is
-// kept in the key's hash slot, with the queue.
+// trusted (an eviction that takes the queue and its hash of counts but
+// leaves <k>#t leaves a waiter's fields, u| with them: its next call
+// queues it again, and enqueue counts it by the fields it has). Limits
+// are not in it (a waiter over the caller's limit, which the look leaves
+// out, is counted: the look is made then), and it is kept in the key's
+// hash slot, with the queue.
 //
 // A script of the release before keeps no summary, and may run beside
 // this release's in a rolling deploy (or after a rollback): so the

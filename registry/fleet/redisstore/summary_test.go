@@ -267,3 +267,37 @@ func oldEnqueue(t *testing.T, rig *queueRig) {
 		"k|W", `[["`+qKey+`",4],["`+qKey2+`",4]]`, "w|W", 2).Err())
 	require.NoError(t, rig.rdb.ZAdd(ctx, qKey+"#m", redis.Z{Score: 2, Member: "W"}).Err())
 }
+
+// An eviction takes a queue (<k>#q, its hash of counts and <k>#m) and
+// leaves its tickets' hash: a waiter's next call queues it again, and its
+// fields are there already, charged to its bound here. The summary that
+// begins then counts it (its u| is what the walk reads), so a newcomer
+// does not pass it.
+func TestQueueSummaryAfterAnEviction(t *testing.T) {
+	ctx := context.Background()
+	rig := newQueueRig(t)
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "H", units: 3, flow: "f0"}, 4).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "B", units: 2, rank: 1, flow: "f0", wait: true}, 4).status)
+	// N, of another flow, passes B: 2 * PassFactor units charged, B's bound.
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "N", rank: 1, flow: "f1", wait: true}, 4).status)
+	rig.release("N", 4)
+	require.NoError(t, rig.rdb.Del(ctx, qKey+"#q", qKey+"#v", qKey+"#m").Err())
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "B", units: 2, rank: 1, flow: "f0", wait: true}, 4).status)
+	requireSummary(t, rig, "B queued again")
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "A", units: 3, rank: 0, flow: "f0", wait: true}, 4).status)
+	requireSummary(t, rig, "A queued")
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "C", rank: 1, flow: "f1", wait: true}, 4).status,
+		"a newcomer passed B, at its bound")
+}
+
+// A key whose name holds "],[" makes the k| of a ticket of that key alone
+// read as one of several keys where the look reads it: the summary counts
+// it as the look does (marked), not by the number of keys.
+func TestQueueSummaryOfAnOddKeyName(t *testing.T) {
+	rig := newQueueRig(t)
+	odd := "q{n}:a],[b"
+	require.Equal(t, acquireAdmitted, rig.admit(ticket{id: "H", units: 3, flow: "f0", keys: []string{odd}}, 4).status)
+	require.Equal(t, acquireQueued, rig.admit(ticket{id: "B", units: 2, flow: "f0", wait: true, keys: []string{odd}}, 4).status)
+	want, got := summaryOf(t, rig, odd)
+	require.Equal(t, want, got, "the summary of %s", odd)
+}
