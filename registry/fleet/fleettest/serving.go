@@ -45,6 +45,26 @@ func (h storeCall) call(name string, keys []string, units int, limits []int, cla
 	return r
 }
 
+// clientCalls makes lease calls as the fleet's client makes them: with
+// the epoch the store last told and a pause (driver.AdmitCall step 2),
+// so that a store's shortcuts for a waiter's ask run.
+type clientCalls struct {
+	t     *testing.T
+	s     driver.Store
+	epoch int64
+}
+
+// call makes lease name's call on keys.
+func (c *clientCalls) call(name string, keys []string, units int, limits []int, wait bool) driver.AdmitResult {
+	c.t.Helper()
+	r, err := c.s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: keys, Limits: limits,
+		Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: wait, Weight: 1, Proc: "p",
+		MaxQueue: -1, MaxFlowQueue: -1, Epoch: c.epoch, Pause: time.Hour})
+	require.NoError(c.t, err)
+	c.epoch = r.Epoch
+	return r
+}
+
 func (h storeCall) release(name, k string, limit int) {
 	h.t.Helper()
 	require.NoError(h.t, h.s.Release(context.Background(), &driver.ReleaseCall{TTL: time.Hour, Claim: time.Minute,
@@ -192,16 +212,10 @@ func queuedNamesTheKeyItWaitsOn(t *testing.T, srv Server) {
 // room (serving goes past Y, a waiter of one key under its bound: a is not
 // kept for it, though W, of two keys, does not pass it).
 func queuedAskNamesTheKeyItWaitsOn(t *testing.T, srv Server) {
-	s := srv.Store(t, "queuedAskNamesTheKeyItWaitsOn")
-	var epoch int64
+	c := &clientCalls{t: t, s: srv.Store(t, "queuedAskNamesTheKeyItWaitsOn")}
 	call := func(name string, keys []string, units int, limits []int) driver.AdmitResult {
 		t.Helper()
-		r, err := s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: keys, Limits: limits,
-			Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: true, Weight: 1, Proc: "p",
-			MaxQueue: -1, MaxFlowQueue: -1, Epoch: epoch, Pause: time.Hour})
-		require.NoError(t, err)
-		epoch = r.Epoch
-		return r
+		return c.call(name, keys, units, limits, true)
 	}
 	require.Equal(t, driver.StatusAdmitted, call("H", []string{"a"}, 2, []int{3}).Status)
 	require.Equal(t, driver.StatusAdmitted, call("G", []string{"b"}, 1, []int{1}).Status)
@@ -252,15 +266,10 @@ func droppedWaiterIsANewcomer(t *testing.T, srv Server) {
 // W cannot use, and W's ask leaves it queued.
 func raisedLimitServedOnAsk(t *testing.T, srv Server) {
 	s := srv.Store(t, "raisedLimitServedOnAsk")
-	var epoch int64
+	c := &clientCalls{t: t, s: s}
 	call := func(name string, units, limit int, wait bool) driver.AdmitResult {
 		t.Helper()
-		r, err := s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: leaseID(name), Keys: []string{"k"}, Limits: []int{limit},
-			Units: units, TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: wait, Weight: 1, Proc: "p",
-			MaxQueue: -1, MaxFlowQueue: -1, Epoch: epoch, Pause: time.Hour})
-		require.NoError(t, err)
-		epoch = r.Epoch
-		return r
+		return c.call(name, []string{"k"}, units, []int{limit}, wait)
 	}
 	require.Equal(t, driver.StatusAdmitted, call("H", 3, 3, false).Status)
 	require.Equal(t, driver.StatusQueued, call("W", 3, 3, true).Status)

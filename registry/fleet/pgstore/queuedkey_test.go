@@ -16,35 +16,23 @@ import (
 // A database at revision 17 is brought to 18 by this release's New: the
 // functions revision 18 replaces (inflight_admit, inflight_still_queued)
 // keep their signatures (no overload is added) and stay PL/pgSQL, a
-// connection that ran revision 17's before runs 18's after, and a queued waiter of two keys that asks
-// again names the key it waits on (fleettest's QueuedNamesTheKeyItWaitsOn:
-// at revision 17 it named the key with room, a heavy waiter behind it).
+// connection that ran revision 17's before runs 18's after, and a queued
+// waiter of two keys that asks again names the key it waits on
+// (fleettest's QueuedNamesTheKeyItWaitsOn: at revision 17 it named the
+// key with room, a heavy waiter behind it).
 func TestMigrate17To18KeepsTheFunctions(t *testing.T) {
 	srv := pgtest.Start(t)
 	ctx := context.Background()
 	p := pool(t, srv, 1)
 	require.NoError(t, pgstore.MigrateTo(ctx, p, 17))
-	procs := func() []string {
-		rows, err := p.Query(ctx, `SELECT p.oid::regprocedure::text || ' ' || l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-			WHERE p.proname LIKE 'inflight\_%' ORDER BY 1`)
-		require.NoError(t, err)
-		var out []string
-		for rows.Next() {
-			var s string
-			require.NoError(t, rows.Scan(&s))
-			out = append(out, s)
-		}
-		require.NoError(t, rows.Err())
-		return out
-	}
-	before := procs()
+	before := inflightFunctions(t, p)
 	// Revision 17's inflight_admit runs on this connection (its plans kept).
 	_, err := p.Exec(ctx, `SELECT inflight_admit('f', 'x', '{k}', '{1}', 1000, 0, 0, 0, false, false, 1000, 0::smallint, '', 1, 'p', -1, -1,
 		3000, false, '{}', '{}', 1, '{}')`)
 	require.NoError(t, err)
 	s, err := pgstore.New(ctx, p, fastFleet)
 	require.NoError(t, err)
-	assert.Equal(t, before, procs(), "revision 18 replaces functions under their signatures, in their languages")
+	assert.Equal(t, before, inflightFunctions(t, p), "revision 18 replaces functions under their signatures, in their languages")
 	var r int
 	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
 	assert.Equal(t, 18, r)

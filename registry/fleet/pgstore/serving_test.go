@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -25,25 +26,12 @@ func TestMigrate16To17KeepsTheFunctions(t *testing.T) {
 	ctx := context.Background()
 	p := pool(t, srv, 1)
 	require.NoError(t, pgstore.MigrateTo(ctx, p, 16))
-	procs := func() []string {
-		rows, err := p.Query(ctx, `SELECT p.oid::regprocedure::text || ' ' || l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
-			WHERE p.proname LIKE 'inflight\_%' ORDER BY 1`)
-		require.NoError(t, err)
-		var out []string
-		for rows.Next() {
-			var s string
-			require.NoError(t, rows.Scan(&s))
-			out = append(out, s)
-		}
-		require.NoError(t, rows.Err())
-		return out
-	}
-	before := procs()
+	before := inflightFunctions(t, p)
 	// Revision 16's functions run on this connection (their plans kept).
 	_, err := p.Exec(ctx, `SELECT inflight_serve('f', 'k', 1, 0, 0, 0)`)
 	require.NoError(t, err)
 	require.NoError(t, pgstore.MigrateTo(ctx, p, 17)) // as the release of revision 17's New did
-	assert.Equal(t, before, procs(), "revision 17 replaces functions under their signatures, in their languages")
+	assert.Equal(t, before, inflightFunctions(t, p), "revision 17 replaces functions under their signatures, in their languages")
 	var r int
 	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
 	assert.Equal(t, 17, r)
@@ -53,6 +41,24 @@ func TestMigrate16To17KeepsTheFunctions(t *testing.T) {
 	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("B", 1, true), 10*time.Second).Status)
 	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
 	countIs(t, s, "k", 1, "B granted")
+}
+
+// inflightFunctions lists the schema's functions, each with its
+// signature and its language, for a revision's test that it replaces
+// functions under their signatures (no overload added), in their language.
+func inflightFunctions(t *testing.T, p *pgxpool.Pool) []string {
+	t.Helper()
+	rows, err := p.Query(context.Background(), `SELECT p.oid::regprocedure::text || ' ' || l.lanname FROM pg_proc p JOIN pg_language l ON l.oid = p.prolang
+		WHERE p.proname LIKE 'inflight\_%' ORDER BY 1`)
+	require.NoError(t, err)
+	var out []string
+	for rows.Next() {
+		var s string
+		require.NoError(t, rows.Scan(&s))
+		out = append(out, s)
+	}
+	require.NoError(t, rows.Err())
+	return out
 }
 
 // Concurrent abandons and releases of leases on the same two keys, given

@@ -13,6 +13,7 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
+// lease is a lease of RenewRun, with what each store last told of it.
 type lease struct {
 	id       string
 	keys     []string
