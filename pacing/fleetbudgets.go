@@ -6,6 +6,7 @@ package pacing
 import (
 	"context"
 	"errors"
+	"slices"
 	"strings"
 
 	"github.com/inflight-go/inflight/slots"
@@ -133,11 +134,13 @@ func budgetsLeft(x *exchange) []BudgetStatus {
 }
 
 // nameBudget names the Cap of a model's budget's refusal err as the Gate
-// names its own, "model_" before it, on a copy (see nameFleetCap).
+// names its own, "model_" before it, on a copy (see nameFleetCap): a
+// refusal whose Key starts with "model:" and whose Cap is a budget's part
+// as BudgetCap names it, not one named already.
 func nameBudget(err error) error {
 	var le *slots.LimitError
-	if !errors.As(err, &le) || le.Cap == "" || !strings.HasPrefix(le.Key, "model:") || strings.HasPrefix(le.Cap, "model_") {
-		return err
+	if !errors.As(err, &le) || !strings.HasPrefix(le.Key, "model:") || !slices.ContainsFunc(budgetCaps[:], func(c string) bool { return c == le.Cap }) {
+		return err // not a model's, or named already (a tenant's, say)
 	}
 	named := *le
 	named.Cap = "model_" + le.Cap

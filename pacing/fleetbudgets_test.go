@@ -137,6 +137,13 @@ func TestFleetBudgetsRefusalHoldsNothing(t *testing.T) {
 	assert.Empty(t, f.acquired, "no fleet cap taken")
 	assert.Zero(t, gate.Status().InFlight)
 
+	// A refusal named already keeps its name, whatever its key (a tenant's
+	// named "model:x", say).
+	refusal = &slots.LimitError{Err: pacing.ErrOverBudget, Key: "model:x/m", Cap: "tenant_" + pacing.CapTokensPerMinute}
+	_, err = rt.RoundTrip(post(t, t.Context(), `{"model":"m"}`))
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, "tenant_"+pacing.CapTokensPerMinute, le.Cap)
+
 	// The provider's budget keeps its name.
 	refusal = &slots.LimitError{Err: pacing.ErrOverBudget, Key: "provider", Cap: pacing.CapTokensPerMinute}
 	_, err = rt.RoundTrip(post(t, t.Context(), `{"model":"m"}`))

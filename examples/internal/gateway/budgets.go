@@ -107,11 +107,10 @@ type fleetBudgets struct {
 // (reserveFleet). It is the Transport's pacing.FleetReservation, which
 // starts, settles or cancels it; a later settle or cancel does nothing.
 type spending struct {
-	t       tenant
-	local   *pacing.Reservation
-	fleet   *fleet.Reservations // the org's, then the provider's and its model's
-	down    func() bool         // the fleet's store held unavailable: its calls are skipped
-	timeout time.Duration       // bounds each correction sent to the store
+	t     tenant
+	local *pacing.Reservation
+	fleet *fleet.Reservations // the org's, then the provider's and its model's
+	down  func() bool         // the fleet's store held unavailable: its calls are skipped
 }
 
 // done ends the request's hold on its org's budget: an estimate not
@@ -164,14 +163,13 @@ func (s *spending) Start(context.Context) error {
 
 // each sends a correction of the fleet's reservations, unless the store
 // is held unavailable: the estimates stand then, as they do when a
-// correction is lost.
+// correction is lost. Each of its calls to the store is bounded by its
+// Budget's timeout (one for them all ran out before the last budgets').
 func (s *spending) each(f func(context.Context) error) {
 	if len(s.fleet.Reserved()) == 0 || s.down != nil && s.down() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), s.timeout)
-	defer cancel()
-	_ = f(ctx)
+	_ = f(context.Background())
 }
 
 // reserveBudgets reserves cost, for t's request, of its org's budget, here
@@ -188,7 +186,7 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 			}
 			return s, "", nil
 		}
-		s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout
+		s.down = g.caps.StoreUnavailable
 		limits := g.orgLimits(t.Org)
 		if limits == nil {
 			return s, "", nil
@@ -235,7 +233,7 @@ func (g *Gateway) reserveFleet(ctx context.Context, model string, cost pacing.To
 		}
 		return s, nil
 	}
-	s.down, s.timeout = g.caps.StoreUnavailable, fb.timeout
+	s.down = g.caps.StoreUnavailable
 	rs, _, err := fleet.ReserveAll(ctx, cost, fb.uncounted(g), fb.provider, fb.models[model])
 	if err != nil {
 		_ = s.Cancel(ctx)

@@ -14,6 +14,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -33,7 +34,7 @@ func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
 	reserve := func(tokens int) *spending {
 		rs, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: tokens}, nil, b)
 		require.NoError(t, err)
-		return &spending{t: tenant{"acme", "m"}, fleet: rs, down: func() bool { return false }, timeout: time.Second}
+		return &spending{t: tenant{"acme", "m"}, fleet: rs, down: func() bool { return false }}
 	}
 	sent := 0
 	gate, err := pacing.NewGate("p", pacing.Config{})
@@ -100,7 +101,7 @@ func TestBudgetStartNamesTheBudget(t *testing.T) {
 		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
 		require.NoError(t, err)
 		require.NoError(t, other.Start(context.Background()))
-		s := &spending{t: tenant{"acme", "m"}, fleet: late, down: func() bool { return false }, timeout: time.Second}
+		s := &spending{t: tenant{"acme", "m"}, fleet: late, down: func() bool { return false }}
 		err = s.Start(context.Background())
 		var le *slots.LimitError
 		require.ErrorAs(t, err, &le, name)
@@ -116,4 +117,76 @@ func stepClock() (now func() time.Time, advance func(time.Duration)) {
 	at := time.Unix(1_800_000_000, 0)
 	return func() time.Time { mu.Lock(); defer mu.Unlock(); return at },
 		func(d time.Duration) { mu.Lock(); at = at.Add(d); mu.Unlock() }
+}
+
+// An org's budget that refuses its request at the start is named
+// tenant_... by the provider's Transport too, whatever the org's name: an
+// org named "model:x" was named model_tenant_... (the Transport took the
+// refusal's key, the org's, for a model's).
+func TestBudgetStartNamesAnOrgNamedLikeAModel(t *testing.T) {
+	for _, org := range []string{"acme", "model:x"} {
+		now, advance := stepClock()
+		store := memstore.NewWithClock(now)
+		b, err := fleet.NewBudget(store, orgBudgetName(org), pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+		require.NoError(t, err)
+		late, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 60}, nil, b)
+		require.NoError(t, err)
+		advance(61 * time.Second)
+		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
+		require.NoError(t, err)
+		require.NoError(t, other.Start(context.Background()))
+		gate, err := pacing.NewGate("p", pacing.Config{})
+		require.NoError(t, err)
+		defer gate.Close()
+		s := &spending{t: tenant{org, "m"}, fleet: late, down: func() bool { return false }}
+		rt := pacing.NewTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+			return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+		}), gate, pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
+			return s, nil
+		}))
+		_, err = rt.RoundTrip(httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", strings.NewReader(`{"model":"m"}`)))
+		require.Error(t, err)
+		assert.Equal(t, "tenant_tokens_per_minute", refusedBy(err), "org %q", org)
+	}
+}
+
+// slowBudgets is a store whose budget calls each take delay.
+type slowBudgets struct {
+	*memstore.Store
+	delay time.Duration
+}
+
+func (s slowBudgets) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	select {
+	case <-time.After(s.delay):
+	case <-ctx.Done():
+		return driver.BudgetResult{}, ctx.Err()
+	}
+	return s.Store.Budget(ctx, c)
+}
+
+// A request's corrections reach each of its budgets (its org's, the
+// provider's, its model's), each call within its Budget's timeout: with
+// one timeout for them all, a store whose calls each take well within it
+// left the last budget's overestimate unreturned.
+func TestSpendingSettlesEveryBudgetOnASlowStore(t *testing.T) {
+	store := slowBudgets{Store: memstore.New(), delay: 150 * time.Millisecond}
+	const timeout = 400 * time.Millisecond
+	var bs []*fleet.Budget
+	for _, name := range []string{orgBudgetName("acme"), "provider", "model:m"} {
+		b, err := fleet.NewBudget(store, name, pacing.BudgetLimits{TokensPerMinute: 10_000}, timeout)
+		require.NoError(t, err)
+		bs = append(bs, b)
+	}
+	org, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100, Output: 100}, nil, bs[0])
+	require.NoError(t, err)
+	rest, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100, Output: 100}, nil, bs[1], bs[2])
+	require.NoError(t, err)
+	s := &spending{t: tenant{"acme", "m"}, fleet: org.Join(rest), down: func() bool { return false }}
+	require.NoError(t, s.Settle(context.Background(), pacing.Tokens{Input: 30, Output: 20}))
+	for i, name := range []string{"org", "provider", "model"} {
+		used, err := bs[i].Used(context.Background())
+		require.NoError(t, err)
+		assert.Equal(t, 50, used[0], "%s: settled with the usage", name)
+	}
 }
