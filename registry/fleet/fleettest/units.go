@@ -165,7 +165,10 @@ func heavyWaiterPassedByOtherFlows(t *testing.T, srv Server) {
 // (a release on b), and is admitted after the heavy one (the two do not
 // fit together).
 func heavyWaiterFirstOnSeveralKeys(t *testing.T, srv Server) {
-	rs := processes(t, srv, "heavyall", 3, 10, fleet.WithTimeout(slowCalls))
+	// Its grants wait for their claims: a grant the heavy waiter claimed
+	// late (a busy machine) would go to the light waiter, as the protocol
+	// says.
+	rs := patientProcesses(t, srv, "heavyall", 3, 10, fleet.WithTimeout(slowCalls))
 	holder, heavy, light := rs[0], rs[1], rs[2]
 	for _, r := range rs {
 		r.SetLimit("b", 3)
