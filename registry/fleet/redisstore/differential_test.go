@@ -116,7 +116,7 @@ func (s *redisSide) Trace(p *storediff.Pair) {
 }
 
 // Check fails the run if the summary of key's queue on the Redis store
-// (see clearBehind in queue.go) is not what a walk of the queue finds
+// (see clearBehind in summary.go) is not what a walk of the queue finds
 // (the miniredis only).
 func (s *redisSide) Check(p *storediff.Pair, key string) {
 	if s.real != nil {

@@ -13,7 +13,7 @@ import (
 // of one key, 50 to 59 units each, behind a holder of 60 units under a
 // limit of 100; each newcomer of 45 units is refused. It reports the
 // server's script time and the Redis commands per call (see
-// BenchmarkServeWave). The queue's summary (queue.go) lets the newcomer
+// BenchmarkServeWave). The queue's summary (summary.go) lets the newcomer
 // pass the head without reading the waiters behind it: some 44 µs of
 // script time per call, where reading them (the queue's hash, <key>#t,
 // some 440 fields, is a listpack under Redis's defaults, where each HMGET

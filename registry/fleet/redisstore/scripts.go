@@ -143,7 +143,7 @@ if (n > 1 or units > 1) and redis.call('HEXISTS', KEYS[5] .. '#t', id) == 1 then
     local T, V = e[1] .. '#t', e[1] .. '#v'
     local f = redis.call('HMGET', T, id, 'k|' .. id, 'u|' .. id)
     if f[1] then
-      -- The queue's summary follows (see clearBehind in queue.go).
+      -- The queue's summary follows (see clearBehind in summary.go).
       if redis.call('HSET', T, 'k|' .. id, packed) == 1 then redis.call('HINCRBY', V, 'xe', 1) end
       local was, is = marked(f[2], f[3]), marked(packed, f[3])
       if was ~= is then redis.call('HINCRBY', V, 'x', is and 1 or -1) end

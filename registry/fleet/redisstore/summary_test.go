@@ -14,7 +14,7 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
-// The queue's summary (clearBehind in queue.go): what <k>#v says of the
+// The queue's summary (clearBehind in summary.go): what <k>#v says of the
 // queue is checked against a walk of it after every call of a random run
 // of the real scripts, and a summary that a script of the release before
 // left behind is not trusted.
