@@ -86,13 +86,15 @@ func clockOf(opts []slots.ClockOption) clock.Clock {
 	return s.Policy.Clock
 }
 
-// Reservation is what a request took of a Budget: settle it with what the
+// Reservation is what a request took of a Budget: start it when its
+// request starts, if it may have waited since; settle it with what the
 // request used, or cancel it if the request was never served.
 type Reservation struct {
 	b       *Budget
 	est     Tokens
-	step    int64
+	step    int64 // guarded by b.mu: the second its charge is counted in
 	settled bool  // guarded by b.mu
+	gone    bool  // guarded by b.mu: Start refused it, and it charges nothing
 	owner   ender // told once it ends (Budgets' count of open ones); nil: none
 }
 
@@ -123,6 +125,46 @@ func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
 	}
 	b.b.charge(t, now)
 	return &Reservation{b: b, est: t, step: now / int64(budgetStep)}, nil
+}
+
+// Start moves the reservation's charge to the second its request starts
+// in, for a request that may have waited since Reserve (for a slot, in a
+// queue): the budget counts a request when it starts, as the upstream
+// does, and a charge left in the second it was reserved in would leave
+// the minute early and let more start in it than the budget. Call it as
+// the request is sent; a reservation started, ended or nil does nothing.
+//
+// A charge that has left the budget's minute meanwhile (its request waited
+// longer than that) is charged again only if it fits now, as Reserve
+// charges: if it does not, Start returns Reserve's *slots.LimitError
+// wrapping ErrOverBudget, the reservation charges nothing from then on, and
+// its request must not start (Cancel it; Settle does nothing either).
+func (r *Reservation) Start() error {
+	if r == nil {
+		return nil
+	}
+	b := r.b
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	now := b.clk.Nanos()
+	s := now / int64(budgetStep)
+	if r.settled || r.gone || s == r.step {
+		return nil
+	}
+	if s-r.step <= budgetSteps { // still in the minute: moved, unchecked, as it was taken
+		b.b.correct(r.step, r.est, Tokens{}, endedMoved, now)
+		b.b.charge(r.est, now)
+		r.step = s
+		return nil
+	}
+	if at, name := b.b.binding("", r.est, afterNone, now); at != 0 {
+		r.gone = true
+		used, limit := b.b.use(name, now)
+		return &slots.LimitError{Err: ErrOverBudget, Cap: name, InFlight: used, Limit: limit, RetryAfter: retryAt(at, now)}
+	}
+	b.b.charge(r.est, now)
+	r.step = s
+	return nil
 }
 
 // Settle corrects the reservation with what the request used, as the
@@ -165,7 +207,7 @@ func (r *Reservation) finish(used Tokens, ended int) bool {
 		return false
 	}
 	r.settled = true
-	if ended != endedNone {
+	if ended != endedNone && !r.gone {
 		b.b.correct(r.step, r.est, used, ended, b.clk.Nanos())
 	}
 	return true

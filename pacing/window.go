@@ -224,6 +224,7 @@ const (
 	endedUsage    = iota // served, with the usage the upstream reported: counted in the ratio of use to estimate
 	endedSent            // answered without use (a redirect, a client error): its tokens back, its request stays
 	endedUnserved        // refused by the upstream, given back, never sent: all of it back, its request too
+	endedMoved           // not ended: all of it back from its step, to be charged again in another (Reservation.Start)
 )
 
 // correct changes what was charged in step s from was to is, for a
@@ -233,7 +234,7 @@ func (b *budgets) correct(s int64, was, is Tokens, ended int, now int64) {
 		return
 	}
 	from, to := upstream.Charge(was), upstream.Charge(is)
-	if ended == endedUnserved {
+	if ended == endedUnserved || ended == endedMoved {
 		to[budgetParts-1] = 0
 	}
 	for i := range b.w {

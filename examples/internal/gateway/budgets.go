@@ -135,14 +135,19 @@ func (s *spending) Cancel(context.Context) error {
 // request was reserved, with their limits (fleet.Reservations.Left).
 func (s *spending) Left() (left, limits [4]int) { return s.fleet.Left() }
 
-// Start moves the fleet's charges to the second the request starts in
-// (fleet.Reservations.Start): it may have waited for the provider. It
+// Start moves the request's charges to the second it starts in: its
+// org's here (pacing.Reservation.Start), and the fleet's
+// (fleet.Reservations.Start); it may have waited for the provider. It
 // returns the refusal of a budget that a reservation has left (its request
 // waited longer than the budget's minute) and that can no longer take it,
-// named as at its reservation; the Transport then does not send it. After
-// a store's error the request goes, and what it uses is charged as it
-// settles.
+// named as at its reservation; the Transport then does not send it, and
+// cancels the rest. After a store's error the request goes, and what it
+// uses is charged as it settles.
 func (s *spending) Start(context.Context) error {
+	if err := s.local.Start(); err != nil {
+		budgetCap("tenant", s.t, err)
+		return err
+	}
 	var refused error
 	s.each(func(ctx context.Context) error {
 		var le *slots.LimitError

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -148,6 +149,63 @@ func TestBudgetStartNamesAnOrgNamedLikeAModel(t *testing.T) {
 		require.Error(t, err)
 		assert.Equal(t, "tenant_tokens_per_minute", refusedBy(err), "org %q", org)
 	}
+}
+
+// Without a fleet, an org's budget kept here is moved to the request's
+// start too: a reservation that left the minute while its request waited
+// for the provider is refused at its start if the org's budget, spent by
+// others meanwhile, can no longer take it (named tenant_..., not sent,
+// charged nothing), and one reserved before a wait still counts a minute
+// from its start. Before, the charge stayed in its reservation's second:
+// 600 reserved at 0 and started at 61 s went beside 600 reserved and
+// started at 61 s, 1,200 started in a minute against 1,000.
+func TestBudgetStartMovesAnOrgsLocalReservation(t *testing.T) {
+	clk := clock.NewMock()
+	orgs := pacing.NewBudgets(func(string) *pacing.BudgetLimits {
+		return &pacing.BudgetLimits{TokensPerMinute: 1000}
+	}, slots.WithClock(clk))
+	reserve := func(tokens int) *spending {
+		r, err := orgs.Reserve("acme", pacing.Tokens{Input: tokens})
+		require.NoError(t, err)
+		return &spending{t: tenant{"acme", "m"}, local: r}
+	}
+	gate, err := pacing.NewGate("p", pacing.Config{})
+	require.NoError(t, err)
+	defer gate.Close()
+	sent := 0
+	var next *spending
+	rt := pacing.NewTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		sent++
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	}), gate, pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
+		return next, nil
+	}))
+	send := func(s *spending) error {
+		next = s
+		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}
+
+	late := reserve(600)
+	clk.Add(61 * time.Second)
+	require.NoError(t, send(reserve(600)))
+	err = send(late)
+	require.ErrorIs(t, err, pacing.ErrOverBudget)
+	assert.Equal(t, "tenant_tokens_per_minute", refusedBy(err))
+	assert.Equal(t, 1, sent, "the late request not sent")
+
+	clk.Add(61 * time.Second)
+	waited := reserve(600)
+	clk.Add(30 * time.Second)
+	require.NoError(t, send(waited))
+	clk.Add(31 * time.Second) // 61 s after its reservation, 31 s after its start
+	_, err = orgs.Reserve("acme", pacing.Tokens{Input: 500})
+	assert.ErrorIs(t, err, pacing.ErrOverBudget, "the 600 started 31 s ago count")
+	assert.Equal(t, 2, sent)
 }
 
 // slowBudgets is a store whose budget calls each take delay.
