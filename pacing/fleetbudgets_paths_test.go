@@ -460,3 +460,31 @@ func TestFleetBudgetsStartPanicChargesTheGateNothing(t *testing.T) {
 	assert.Equal(t, 1000, st.Budgets[0].Left, "the Gate's budget charged nothing")
 	assert.True(t, st.LastStart.IsZero(), "nor its spacing")
 }
+
+// A panic in an Admitted hook sends nothing either: the Gate's budget and
+// spacing charge the request nothing, as for a Start that panics, with or
+// without budgets kept outside the Gate. (Its estimate stood, and its
+// start spaced the next, before.)
+func TestAdmittedPanicChargesTheGateNothing(t *testing.T) {
+	for _, outside := range []bool{false, true} {
+		base, sent := answering(200, usageAnswer)
+		gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: 1000}})
+		var opts []pacing.TransportOption
+		r := &spend{}
+		if outside {
+			opts = append(opts, reserving(r))
+		}
+		rt := pacing.NewTransport(base, gate, opts...)
+		ctx := pacing.WithTrace(pacing.WithTokens(t.Context(), pacing.Tokens{Input: 100}), &pacing.Trace{Admitted: func(pacing.Admission) { panic("metrics") }})
+		assert.PanicsWithValue(t, "metrics", func() { _, _ = rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
+		assert.Zero(t, sent())
+		st := gate.Status()
+		assert.Zero(t, st.InFlight)
+		require.NotEmpty(t, st.Budgets)
+		assert.Equal(t, 1000, st.Budgets[0].Left, "outside %v: the Gate's budget charged nothing", outside)
+		assert.True(t, st.LastStart.IsZero(), "outside %v: nor its spacing", outside)
+		if outside {
+			assert.Equal(t, []string{"start", "cancel"}, r.Calls())
+		}
+	}
+}

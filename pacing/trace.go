@@ -38,8 +38,9 @@ type Trace struct {
 	// served request without WithTokens, an answer with no usage): the
 	// estimate stands. It may run on the goroutine that reads the answer's
 	// body. For budgets of the caller's own, kept beside the Gate's (a
-	// tenant's, with a Budget: Cancel its Reservation when not Served,
-	// Settle it with Used else).
+	// tenant's, with a Budget: Start its Reservation in Admitted, Cancel
+	// it when not Served, Settle it with Used else), WithFleetBudgets does
+	// all of it, and sends no request whose Start is refused.
 	Settled func(Settlement)
 	// Released is called once an admitted request's slots are free again,
 	// with its Admission and how long it held them since Admitted: when

@@ -218,13 +218,16 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		defer context.AfterFunc(wait, cancel)()
 	}
 	var held *slots.Slot
-	returned := false
+	returned, granted := false, false
 	defer func() {
 		if returned {
 			return
 		}
 		defer endBudgets(x, Settlement{}) // after the slots: it charges nothing
-		if held != nil {                  // the Traces that heard Admitted hear Released
+		if granted {                      // not sent: the Gate's grant is given back, as startBudgets gives it
+			t.gate.unsent(x.grant)
+		}
+		if held != nil { // the Traces that heard Admitted hear Released
 			held.Release()
 		} else {
 			x.grant.Slot.Release()
@@ -285,6 +288,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		trs.refused(err)
 		return nil, err
 	}
+	granted = true // from here a panic (in a Trace's Admitted) sends nothing
 	at := time.Now()
 	a := Admission{Grant: x.grant, Wait: at.Sub(start)}
 	var released func() // the Traces hear when the slots go, unless one part held nothing
