@@ -218,7 +218,10 @@ func (g *Gate) keyBackAtLocked(now int64) int64 {
 // withdrawn. A grant never reported is taken as admitted a moment after its
 // start, as a probe that no refusal followed. A bypassed grant reports
 // nothing. A refusal (any verdict but Admitted and Other) returns what the
-// request charged the token budgets (Settle).
+// request charged the token budgets (Settle). A 429 whose body was cut
+// before it told the refusal's kind is Other (ClassifyAsRead): reported
+// here it leaves the request's charge standing, which a Transport, that
+// sees the status, returns.
 //
 // Only the first call for a grant counts: a later one, with whatever
 // verdict, changes nothing and is not counted in Learned.ByKind.

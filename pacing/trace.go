@@ -28,7 +28,8 @@ type Trace struct {
 	// Settled is called once for an admitted request (with a slot or
 	// without) with how it ended, when the answer tells: not Served for an
 	// answer that refused it (a verdict other than Admitted and Other: a
-	// 429, an overload) and for one never sent (its base's error wraps
+	// 429, an overload; and any 429, its body cut before its kind was
+	// told) and for one never sent (its base's error wraps
 	// slots.ErrNotSent, it failed to dial, or its context ended before it
 	// had a connection), which are then no request of the upstream's and
 	// charge nothing; Served with zero Used for a redirect or another 4xx

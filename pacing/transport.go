@@ -430,6 +430,11 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			case err != nil:
 			case v.Kind != Admitted && v.Kind != Other:
 				settled(Settlement{}) // refused by the upstream: as the Gate's budgets (Report)
+			case resp.StatusCode == http.StatusTooManyRequests:
+				// A refusal whose kind its body, cut, no longer tells
+				// (ClassifyAsRead): nothing learned, nothing served.
+				t.gate.settle(x.grant, Tokens{}, endedUnserved)
+				settled(Settlement{})
 			case resp.StatusCode/100 == 4 || resp.StatusCode/100 == 3 && resp.Header.Get("Location") != "":
 				// A client error, a redirect: it used nothing, but it was sent.
 				t.gate.settle(x.grant, Tokens{}, endedSent)
