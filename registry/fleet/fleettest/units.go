@@ -100,7 +100,7 @@ func unitsCounted(t *testing.T, srv Server) {
 // keeps that unit from a lighter newcomer and from a lighter waiter behind
 // it, and is admitted first once its units are free.
 func heavyWaiterFirst(t *testing.T, srv Server) {
-	rs := processes(t, srv, "heavy", 3, 4, fleet.WithTimeout(slowCalls))
+	rs := patientProcesses(t, srv, "heavy", 3, 4, fleet.WithTimeout(slowCalls))
 	holder, heavy, light := rs[0], rs[1], rs[2]
 	held, err := holder.TryAcquireN("k", 3)
 	require.NoError(t, err)
@@ -136,7 +136,7 @@ func heavyWaiterPassedByOtherFlows(t *testing.T, srv Server) {
 		"class": func(ctx context.Context) context.Context { return slots.WithPriority(ctx, slots.PriorityBatch) },
 	} {
 		t.Run(name, func(t *testing.T) {
-			rs := processes(t, srv, "heavy"+name, 3, 4, fleet.WithTimeout(slowCalls))
+			rs := patientProcesses(t, srv, "heavy"+name, 3, 4, fleet.WithTimeout(slowCalls))
 			holder, heavy, light := rs[0], rs[1], rs[2]
 			held, err := holder.TryAcquireN("k", 3)
 			require.NoError(t, err)
