@@ -94,7 +94,10 @@ type Reservation struct {
 	est     Tokens
 	step    int64 // guarded by b.mu: the second its charge is counted in
 	settled bool  // guarded by b.mu
-	gone    bool  // guarded by b.mu: Start refused it, and it charges nothing
+	started bool  // guarded by b.mu: Start was called; a later one changes nothing
+	// refused, guarded by b.mu: Start's refusal (Cap set), after which the
+	// reservation charges nothing and each Start returns it again.
+	refused slots.LimitError
 	owner   ender // told once it ends (Budgets' count of open ones); nil: none
 }
 
@@ -132,13 +135,15 @@ func (b *Budget) Reserve(t Tokens) (*Reservation, error) {
 // queue): the budget counts a request when it starts, as the upstream
 // does, and a charge left in the second it was reserved in would leave
 // the minute early and let more start in it than the budget. Call it as
-// the request is sent; a reservation started, ended or nil does nothing.
+// the request is sent, once; a reservation started before, ended or nil
+// is not moved again.
 //
 // A charge that has left the budget's minute meanwhile (its request waited
 // longer than that) is charged again only if it fits now, as Reserve
 // charges: if it does not, Start returns Reserve's *slots.LimitError
-// wrapping ErrOverBudget, the reservation charges nothing from then on, and
-// its request must not start (Cancel it; Settle does nothing either).
+// wrapping ErrOverBudget (and so does each later Start), the reservation
+// charges nothing from then on, and its request must not start (Cancel
+// it; Settle does nothing either).
 func (r *Reservation) Start() error {
 	if r == nil {
 		return nil
@@ -146,9 +151,17 @@ func (r *Reservation) Start() error {
 	b := r.b
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if r.refused.Cap != "" {
+		le := r.refused // a copy: a caller may name it as its own
+		return &le
+	}
+	if r.settled || r.started {
+		return nil
+	}
+	r.started = true
 	now := b.clk.Nanos()
 	s := now / int64(budgetStep)
-	if r.settled || r.gone || s == r.step {
+	if s <= r.step { // its second still (or a clock that went back): charged where it is
 		return nil
 	}
 	if s-r.step <= budgetSteps { // still in the minute: moved, unchecked, as it was taken
@@ -158,9 +171,10 @@ func (r *Reservation) Start() error {
 		return nil
 	}
 	if at, name := b.b.binding("", r.est, afterNone, now); at != 0 {
-		r.gone = true
 		used, limit := b.b.use(name, now)
-		return &slots.LimitError{Err: ErrOverBudget, Cap: name, InFlight: used, Limit: limit, RetryAfter: retryAt(at, now)}
+		r.refused = slots.LimitError{Err: ErrOverBudget, Cap: name, InFlight: used, Limit: limit, RetryAfter: retryAt(at, now)}
+		le := r.refused
+		return &le
 	}
 	b.b.charge(r.est, now)
 	r.step = s
@@ -207,7 +221,7 @@ func (r *Reservation) finish(used Tokens, ended int) bool {
 		return false
 	}
 	r.settled = true
-	if ended != endedNone && !r.gone {
+	if ended != endedNone && r.refused.Cap == "" {
 		b.b.correct(r.step, r.est, used, ended, b.clk.Nanos())
 	}
 	return true

@@ -69,7 +69,9 @@ func TestBudgetStartPastTheMinute(t *testing.T) {
 		assert.Equal(t, 600, le.InFlight)
 		assert.Equal(t, 1000, le.Limit)
 		assert.Greater(t, le.RetryAfter, 59*time.Second)
-		require.NoError(t, late.Start(), "refused once: nothing left to start")
+		again := late.Start()
+		require.ErrorIs(t, again, pacing.ErrOverBudget, "refused once, refused again")
+		assert.NotSame(t, le, again, "a copy each time: a caller may name it as its own")
 		late.Settle(pacing.Tokens{Input: 900}) // a misuse: it was not sent
 		late.Cancel()
 		st := b.Status()

@@ -2,6 +2,7 @@ package pacing
 
 import (
 	"context"
+	"log/slog"
 	"slices"
 	"time"
 
@@ -38,10 +39,13 @@ type Trace struct {
 	// It is not called when none of these is known (a failed exchange, a
 	// served request without WithTokens, an answer with no usage): the
 	// estimate stands. It may run on the goroutine that reads the answer's
-	// body. For budgets of the caller's own, kept beside the Gate's (a
-	// tenant's, with a Budget: Start its Reservation in Admitted, Cancel
-	// it when not Served, Settle it with Used else), WithFleetBudgets does
-	// all of it, and sends no request whose Start is refused.
+	// body. A request whose Admitted panicked is not sent: the Traces told
+	// Admitted hear Settled, not Served. For budgets of the caller's own,
+	// kept beside the Gate's (a tenant's, with a Budget), use
+	// WithFleetBudgets: it starts a reservation as its request is sent, and
+	// sends none whose Start is refused, which a hook cannot do (Start in
+	// Admitted, Cancel when not Served, Settle with Used else, and a
+	// refused Start still lets its request go).
 	Settled func(Settlement)
 	// Released is called once an admitted request's slots are free again,
 	// with its Admission and how long it held them since Admitted: when
@@ -147,18 +151,33 @@ type heard struct {
 	n int
 }
 
-// admitted tells each Trace a, counting them in h if not nil.
-func (trs traces) admitted(a Admission, h *heard) {
+// admitted tells each Trace a, counting those told in *told (and in h,
+// if not nil).
+func (trs traces) admitted(a Admission, h *heard, told *int) {
 	if h != nil {
 		h.a = a
 	}
 	for i, tr := range trs {
+		*told = i + 1
 		if h != nil {
 			h.n = i + 1
 		}
 		if tr.Admitted != nil {
 			tr.Admitted(a)
 		}
+	}
+}
+
+// unsentAfterPanic tells each Trace, told Admitted of a request that a
+// panic then kept from being sent, that it was not (Settled, not Served).
+// A panic of theirs is logged: the first one goes on.
+func (trs traces) unsentAfterPanic(log *slog.Logger) {
+	if p := eachOf(len(trs), func(i int) {
+		if f := trs[i].Settled; f != nil {
+			f(Settlement{})
+		}
+	}); p != nil {
+		log.Error("pacing: a Trace's Settled panicked after a Trace's Admitted did", slog.Any("panic", p))
 	}
 }
 

@@ -219,12 +219,14 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	}
 	var held *slots.Slot
 	returned, granted := false, false
+	told := 0 // the Traces told Admitted
 	defer func() {
 		if returned {
 			return
 		}
-		defer endBudgets(x, Settlement{}) // after the slots: it charges nothing
-		if granted {                      // not sent: the Gate's grant is given back, as startBudgets gives it
+		defer trs[:told].unsentAfterPanic(t.gate.eng.Log()) // last: the Traces told Admitted hear it was not sent
+		defer endBudgets(x, Settlement{})                   // after the slots: it charges nothing
+		if granted {                                        // not sent: the Gate's grant is given back, as startBudgets gives it
 			t.gate.unsent(x.grant)
 		}
 		if held != nil { // the Traces that heard Admitted hear Released
@@ -306,7 +308,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 	}
 	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps), (*core.Handle)(x.tokens)))
 	a.Held = held
-	trs.admitted(a, h)
+	trs.admitted(a, h, &told)
 	x.admitted = true
 	returned = true
 	return held, nil
@@ -337,6 +339,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			ok := false
 			defer func() {
 				if !ok { // it panicked: the request is not sent
+					t.gate.unsent(x.grant) // its grant given back, as admit gives it on a panic
 					endBudgets(x, Settlement{})
 				}
 			}()
