@@ -92,23 +92,30 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // named as at its reservation (model_..., tenant_...).
 func TestBudgetStartNamesTheBudget(t *testing.T) {
 	for name, want := range map[string]string{"model:m": "model_tokens_per_minute", orgBudgetName("acme"): "tenant_tokens_per_minute"} {
-		now, advance := stepClock()
-		store := memstore.NewWithClock(now)
-		b, err := fleet.NewBudget(store, name, pacing.BudgetLimits{TokensPerMinute: 100}, 0)
-		require.NoError(t, err)
-		late, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 60}, nil, b)
-		require.NoError(t, err)
-		advance(61 * time.Second)
-		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
-		require.NoError(t, err)
-		require.NoError(t, other.Start(context.Background()))
-		s := &spending{t: tenant{"acme", "m"}, fleet: late, down: func() bool { return false }}
-		err = s.Start(context.Background())
+		s := &spending{t: tenant{"acme", "m"}, fleet: lateReservation(t, name), down: func() bool { return false }}
+		err := s.Start(context.Background())
 		var le *slots.LimitError
 		require.ErrorAs(t, err, &le, name)
 		assert.Equal(t, want, le.Cap, name)
 		assert.Equal(t, want, refusedBy(err), name)
 	}
+}
+
+// lateReservation returns a reservation of 60 tokens of the fleet's
+// budget name (100 a minute) that has left the budget's minute while 100
+// more started: its Start is refused.
+func lateReservation(t *testing.T, name string) *fleet.Reservations {
+	t.Helper()
+	now, advance := stepClock()
+	b, err := fleet.NewBudget(memstore.NewWithClock(now), name, pacing.BudgetLimits{TokensPerMinute: 100}, 0)
+	require.NoError(t, err)
+	late, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 60}, nil, b)
+	require.NoError(t, err)
+	advance(61 * time.Second)
+	other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
+	require.NoError(t, err)
+	require.NoError(t, other.Start(context.Background()))
+	return late
 }
 
 // stepClock is a clock for a store that moves only when advance is
@@ -126,16 +133,7 @@ func stepClock() (now func() time.Time, advance func(time.Duration)) {
 // refusal's key, the org's, for a model's).
 func TestBudgetStartNamesAnOrgNamedLikeAModel(t *testing.T) {
 	for _, org := range []string{"acme", "model:x"} {
-		now, advance := stepClock()
-		store := memstore.NewWithClock(now)
-		b, err := fleet.NewBudget(store, orgBudgetName(org), pacing.BudgetLimits{TokensPerMinute: 100}, 0)
-		require.NoError(t, err)
-		late, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 60}, nil, b)
-		require.NoError(t, err)
-		advance(61 * time.Second)
-		other, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: 100}, nil, b)
-		require.NoError(t, err)
-		require.NoError(t, other.Start(context.Background()))
+		late := lateReservation(t, orgBudgetName(org))
 		gate, err := pacing.NewGate("p", pacing.Config{})
 		require.NoError(t, err)
 		defer gate.Close()
