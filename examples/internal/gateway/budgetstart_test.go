@@ -37,38 +37,18 @@ func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
 		require.NoError(t, err)
 		return &spending{t: tenant{"acme", "m"}, fleet: rs, down: func() bool { return false }}
 	}
-	sent := 0
-	gate, err := pacing.NewGate("p", pacing.Config{})
-	require.NoError(t, err)
-	defer gate.Close()
-	var next *spending
-	rt := pacing.NewTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		sent++
-		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
-	}), gate, pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
-		return next, nil
-	}))
-	send := func(s *spending) (*http.Response, error) {
-		next = s
-		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
-		resp, err := rt.RoundTrip(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return resp, err
-	}
+	send, sent := spendingSender(t)
 
 	late := reserve(60)
 	advance(61 * time.Second) // its charge has left the minute
-	_, err = send(reserve(100))
-	require.NoError(t, err)
-	_, err = send(late)
+	require.NoError(t, send(reserve(100)))
+	err = send(late)
 	require.ErrorIs(t, err, pacing.ErrOverBudget, "60 more over the 100 started in this minute")
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le)
 	assert.Positive(t, le.RetryAfter)
 	assert.Equal(t, "tokens_per_minute", le.Cap, "the provider's budget")
-	assert.Equal(t, 1, sent, "the late request not sent")
+	assert.Equal(t, 1, sent(), "the late request not sent")
 	used, err := b.Used(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 100, used[0], "the late request charges nothing")
@@ -76,12 +56,38 @@ func TestBudgetStartRefusesAReservationPastItsMinute(t *testing.T) {
 	advance(61 * time.Second)
 	fits := reserve(40)
 	advance(61 * time.Second)
-	_, err = send(fits)
+	err = send(fits)
 	require.NoError(t, err, "40 fits the empty minute")
-	assert.Equal(t, 2, sent)
+	assert.Equal(t, 2, sent())
 	used, err = b.Used(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 40, used[0], "charged again in the second it starts")
+}
+
+// spendingSender returns send, which sends a request through a provider's
+// Transport whose WithFleetBudgets reserves s, and the count of requests
+// its base sent (each answered 200).
+func spendingSender(t *testing.T) (send func(s *spending) error, sent func() int) {
+	gate, err := pacing.NewGate("p", pacing.Config{})
+	require.NoError(t, err)
+	t.Cleanup(gate.Close)
+	n := 0
+	var next *spending
+	rt := pacing.NewTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		n++
+		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
+	}), gate, pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
+		return next, nil
+	}))
+	return func(s *spending) error {
+		next = s
+		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
+		resp, err := rt.RoundTrip(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		return err
+	}, func() int { return n }
 }
 
 type roundTripFunc func(*http.Request) (*http.Response, error)
@@ -167,34 +173,15 @@ func TestBudgetStartMovesAnOrgsLocalReservation(t *testing.T) {
 		require.NoError(t, err)
 		return &spending{t: tenant{"acme", "m"}, local: r}
 	}
-	gate, err := pacing.NewGate("p", pacing.Config{})
-	require.NoError(t, err)
-	defer gate.Close()
-	sent := 0
-	var next *spending
-	rt := pacing.NewTransport(roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		sent++
-		return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody, Request: r}, nil
-	}), gate, pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
-		return next, nil
-	}))
-	send := func(s *spending) error {
-		next = s
-		req := httptest.NewRequest(http.MethodPost, "http://upstream/v1/chat/completions", strings.NewReader(`{"model":"m"}`))
-		resp, err := rt.RoundTrip(req)
-		if err == nil {
-			resp.Body.Close()
-		}
-		return err
-	}
+	send, sent := spendingSender(t)
 
 	late := reserve(600)
 	clk.Add(61 * time.Second)
 	require.NoError(t, send(reserve(600)))
-	err = send(late)
+	err := send(late)
 	require.ErrorIs(t, err, pacing.ErrOverBudget)
 	assert.Equal(t, "tenant_tokens_per_minute", refusedBy(err))
-	assert.Equal(t, 1, sent, "the late request not sent")
+	assert.Equal(t, 1, sent(), "the late request not sent")
 
 	clk.Add(61 * time.Second)
 	waited := reserve(600)
@@ -203,7 +190,7 @@ func TestBudgetStartMovesAnOrgsLocalReservation(t *testing.T) {
 	clk.Add(31 * time.Second) // 61 s after its reservation, 31 s after its start
 	_, err = orgs.Reserve("acme", pacing.Tokens{Input: 500})
 	assert.ErrorIs(t, err, pacing.ErrOverBudget, "the 600 started 31 s ago count")
-	assert.Equal(t, 2, sent)
+	assert.Equal(t, 2, sent())
 }
 
 // slowBudgets is a store whose budget calls each take delay.
