@@ -105,12 +105,12 @@ func reclaim(t *Tracked) {
 // cleanup's), logs a panic there to the logger of h's owner (h is the
 // hold of an admission) instead of ending the process: one in the user's
 // code that what calls (an Observer told of a release, a body's Close, a
-// logger), after the slot is freed. A logger that panics again is not
-// told.
+// logger), after the slot is freed (a cut exchange's, by a reclaim's
+// First, after its linger). A logger that panics again is not told.
 func Recovered(what string, h *Hold) {
 	if p := recover(); p != nil {
 		defer func() { _ = recover() }()
-		h.Owner.Log().Error("inflight: a panic on "+what+" was recovered; the slot is freed", slog.Any("panic", p))
+		h.Owner.Log().Error("inflight: a panic on "+what+" was recovered; the slot is freed (a cut exchange's once its linger ends)", slog.Any("panic", p))
 	}
 }
 
