@@ -341,6 +341,9 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 				if !ok { // it panicked: the request is not sent
 					t.gate.unsent(x.grant) // its grant given back, as admit gives it on a panic
 					endBudgets(x, Settlement{})
+					if x.admitted { // the Traces told Admitted hear it was not sent, as admit tells them
+						tracesOf(req.Context()).unsentAfterPanic(t.gate.eng.Log())
+					}
 				}
 			}()
 			if err := credential(t.credential, req, x.grant.Key); err != nil {

@@ -408,6 +408,14 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 		ctx = pacing.WithTokens(ctx, cost)
 	}
 	x := &exchange{model: model, org: org, spent: spent}
+	defer func() {
+		// Neither admitted nor refused: the proxy answered it before the
+		// provider's Transport saw it (an Upgrade it cannot relay, say),
+		// so it was never sent and charges nothing.
+		if x.admitted == nil && x.refused == nil {
+			_ = spent.Cancel(r.Context())
+		}
+	}()
 	asked := time.Now()
 	// The metrics' Traces first (inflightprom; inflightotel, under the
 	// request's span), then the gateway's own.
