@@ -283,7 +283,9 @@ type AdmitResult struct {
 // that key (a lease taken before a limit was raised carries the lower
 // one: waiters the higher limit would let in wait for their next call).
 // Where serving stops at a bound on the waiters it looks at, with room
-// left, it may go on from there, up to once for each pair on the key.
+// left, it may go on from there, up to once for each pair on the key,
+// knowing the waiters of several keys before where it goes on as passed
+// (it stops where one of them is heavy, below).
 // While the key has room under that limit, serving drops expired leases
 // and grants the first waiter that can take room for its units on all of
 // its keys (a ticket of a dead process is dropped) a lease of Claim on

@@ -150,6 +150,7 @@ var (
 		{"RaisedLimitServedOnAsk", raisedLimitServedOnAsk},
 		{"DroppedWaiterIsANewcomer", droppedWaiterIsANewcomer},
 		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
+		{"SeveralKeysWaiterBeforeTheLookBound", severalKeysWaiterBeforeTheLookBound},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},
 		{"NetworkCut", networkCut},

@@ -75,6 +75,9 @@ var servingSQL string
 //go:embed queuedkey.sql
 var queuedKeySQL string
 
+//go:embed lookbound.sql
+var lookBoundSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -114,20 +117,22 @@ var schemaV1 = withConstants(schemaSQL)
 // its own call has served all of its keys, and takes an abandoned lease
 // off every key before serving any, and revision 18 has a queued waiter
 // of several keys name the key it waits on (a key whose serving only went
-// past a heavy waiter is not kept from it). A revision adds, or replaces a
-// function keeping its signature and the meaning of its answers, so a
-// release that knows fewer of them works on the schema as it is (a
-// rolling deploy has both side by side); one that changes what is there
-// makes a new SchemaVersion.
+// past a heavy waiter is not kept from it), and revision 19 has a serving
+// that goes on past its look bound know the waiters of several keys before
+// where it goes on (it stops where one of them is heavy). A revision adds,
+// or replaces a function keeping its signature and the meaning of its
+// answers, so a release that knows fewer of them works on the schema as it
+// is (a rolling deploy has both side by side); one that changes what is
+// there makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
-	withConstants(servingSQL), withConstants(queuedKeySQL)}
+	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 18
+	SchemaRevision = 19
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

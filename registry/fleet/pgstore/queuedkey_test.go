@@ -13,7 +13,7 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 )
 
-// A database at revision 17 is brought to 18 by this release's New: the
+// A database at revision 17 is brought to 18 (as revision 18's New did): the
 // functions revision 18 replaces (inflight_admit, inflight_still_queued)
 // keep their signatures (no overload is added) and stay PL/pgSQL, a
 // connection that ran revision 17's before runs 18's after, and a queued
@@ -30,12 +30,13 @@ func TestMigrate17To18KeepsTheFunctions(t *testing.T) {
 	_, err := p.Exec(ctx, `SELECT inflight_admit('f', 'x', '{k}', '{1}', 1000, 0, 0, 0, false, false, 1000, 0::smallint, '', 1, 'p', -1, -1,
 		3000, false, '{}', '{}', 1, '{}')`)
 	require.NoError(t, err)
-	s, err := pgstore.New(ctx, p, fastFleet)
-	require.NoError(t, err)
+	require.NoError(t, pgstore.MigrateTo(ctx, p, 18))
 	assert.Equal(t, before, inflightFunctions(t, p), "revision 18 replaces functions under their signatures, in their languages")
 	var r int
 	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
 	assert.Equal(t, 18, r)
+	s, err := pgstore.New(ctx, p, fastFleet)
+	require.NoError(t, err)
 	call := func(id string, keys []string, units int, limits []int, wait bool) driver.AdmitResult {
 		c := kcall(id, 0, wait)
 		c.Keys, c.Limits, c.Units = keys, limits, units

@@ -92,7 +92,11 @@ import (
 //
 // Serving looks at 64 waiters from the head; where it stops short with room
 // left, a newcomer looks at 64 more, and a waiter further back takes the
-// room on its own next call. The looks for heavy waiters go as far
+// room on its own next call. A look that goes on (a newcomer's, a
+// release's of several pairs on the key) knows the waiters of several keys
+// that the looks before it in the same script passed, and stops where a
+// grant leaves one of them heavy (passedBefore), as a serving from the
+// head would. The looks for heavy waiters go as far
 // (heavyBefore): a heavy waiter more than 64 places past where serving
 // stopped, behind waiters held up on their other keys, may be passed by a
 // lighter waiter further back, on that waiter's own call or through another
@@ -336,6 +340,27 @@ local function canTake(T, kl, ticket, units, now, P, claim, served, arrival, cou
   return true
 end
 ` + summaryLua + `
+-- passedBefore holds, per key, the units of the waiters of several keys
+-- (of live processes) that its serving passed from its head on, for the
+-- length of a script: a serving that goes on from where one stopped short
+-- at its look bound (from > 0) knows them, as one from the head does
+-- (memstore's, which looks again from the head after each grant). A
+-- serving from the head begins them anew.
+local passedBefore = {}
+-- heavyPassed reports whether a waiter of several keys that serving k
+-- passed (passedUnits: ticket to units), still queued there, has no room
+-- left for its units, at most limit, at count: heavy, it keeps the room.
+-- One no longer queued (granted through another of its keys since) is
+-- forgotten.
+local function heavyPassed(T, passedUnits, limit, count)
+  for p, u in pairs(passedUnits) do
+    if u > 1 and u <= limit and count + u > limit then
+      if redis.call('HEXISTS', T, p) == 1 then return true end
+      passedUnits[p] = nil
+    end
+  end
+  return false
+end
 -- serveFrom grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take room for its
 -- units on all of its keys; a waiter of a dead process is dropped. If it
@@ -346,17 +371,27 @@ end
 -- else may take, -1, and so it does at its bound once it went past one;
 -- else 0, and the heavy waiter of one key it went past (up to its bound,
 -- see driver.ReleaseCall), if any: a waiter of several keys passes none.
+-- From from > 0 it knows the waiters of several keys that the servings of
+-- k before it in the script passed (passedBefore), and stops where one
+-- is heavy, as past one of its own.
 local function serveFrom(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
   local i, steps, passed, blocker = from, 0, {}, nil
-  local passedUnits = {} -- of the waiters of several keys passed, of live processes
+  -- The units of the waiters of several keys passed, of live processes,
+  -- from the head on: those before from too (passedBefore).
+  local passedUnits = from > 0 and passedBefore[k] or {}
+  passedBefore[k] = passedUnits
   expire(k, now) -- once: no lease expires while a script runs
   local count = countOf(k) -- and what each grant adds
   if from == 0 and count < limit then
     local r, b = noneFits(k, Q, T, limit, count, now, P, claim)
     if r then return r, b end
   end
+  -- Going on past the look bound: a waiter of several keys before from
+  -- that is heavy now keeps the room, as a serving from the head would
+  -- stop at it.
+  if from > 0 and count < limit and heavyPassed(T, passedUnits, limit, count) then return -1 end
   -- The members from i on, read scanMax at a time, with their keys,
   -- units, units passed and arrival (meta, four fields each) and their
   -- processes' liveness deadlines (live). A grant keeps it: it takes its
@@ -416,12 +451,7 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
         -- waiter of several keys it passed is heavy now: serving stops
         -- there, as it would meeting it now.
         if bound and count < limit then return -1 end
-        if count < limit then
-          for _, p in ipairs(passed) do
-            local u = passedUnits[p]
-            if u and u > 1 and u <= limit and count + u > limit then return -1 end
-          end
-        end
+        if count < limit and heavyPassed(T, passedUnits, limit, count) then return -1 end
       elseif heavy or units > 1 and units <= limit and roomFor(k, limit, ticket, arrival, now, P, claim, count) < units then
         if #kl > 1 or past >= passFactor * units then return -1 end
         blocker = blocker or ticket
