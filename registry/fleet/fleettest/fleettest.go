@@ -151,6 +151,7 @@ var (
 		{"DroppedWaiterIsANewcomer", droppedWaiterIsANewcomer},
 		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
 		{"SeveralKeysWaiterBeforeTheLookBound", severalKeysWaiterBeforeTheLookBound},
+		{"SeveralKeysWaiterSlidBeforeTheLookBound", severalKeysWaiterSlidBeforeTheLookBound},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},
 		{"NetworkCut", networkCut},

@@ -403,3 +403,42 @@ func severalKeysWaiterBeforeTheLookBound(t *testing.T, srv Server) {
 		require.LessOrEqual(t, h.count("a"), 8)
 	})
 }
+
+// As SeveralKeysWaiterBeforeTheLookBound, with the heavy waiter of several
+// keys not looked at by the serving that stopped at its bound: it was the
+// first waiter past the bound, and a waiter before it (X, of a and b) was
+// granted through b's serving before the newcomer's look further on a, so
+// that it stands before where that look goes on. a: P holds 7 of 10; X
+// (1 unit, a and b) waits, held up on b by Hb (2 units of b under its own
+// limit of 2, before X there: heavy by its own limit); 63 waiters F (1
+// unit, a and c) wait for c; W (3 units, a and c) waits for c; then L1 and
+// L2 (1 unit, a). Q's 3 units leave a: serving a looks at X and the Fs,
+// and stops at its bound. A newcomer N of a and b (limit 10 on b) serves
+// a (as the release did), then b, whose serving grants X (Hb is not heavy
+// under 10): a has 8, and W's 3 units have no room on a. W, the first
+// waiter the look further on a goes on from, keeps the room: L2 (and N)
+// do not take it (memstore, looking from the head, grants X, stops at W).
+func severalKeysWaiterSlidBeforeTheLookBound(t *testing.T, srv Server) {
+	const lim = 10
+	h := storeCall{t, srv.Store(t, "severalKeysWaiterSlidBeforeTheLookBound")}
+	require.Equal(t, driver.StatusAdmitted, h.admit("Gb", "b", 1, lim, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("Gc", "c", 1, 1, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("P", "a", 7, lim, 0, "f", false).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("Q", "a", 3, lim, 0, "f", false).Status)
+	require.Equal(t, driver.StatusQueued, h.admitKeys("Hb", []string{"b", "d"}, 2, []int{2, lim}, 0, true).Status)
+	require.Equal(t, driver.StatusQueued, h.admitKeys("X", []string{"a", "b"}, 1, []int{lim, lim}, 0, true).Status)
+	for i := range driver.PassScan - 1 {
+		r := h.admitKeys(fmt.Sprintf("F%d", i), []string{"a", "c"}, 1, []int{lim, 1}, 0, true)
+		require.Equal(t, driver.StatusQueued, r.Status, "F%d: %+v", i, r)
+	}
+	require.Equal(t, driver.StatusQueued, h.admitKeys("W", []string{"a", "c"}, 3, []int{lim, 1}, 0, true).Status)
+	for _, l := range []string{"L1", "L2"} {
+		require.Equal(t, driver.StatusQueued, h.admit(l, "a", 1, lim, 0, "f", true).Status, "%s", l)
+	}
+	h.release("Q", "a", lim)
+	r := h.admitKeys("N", []string{"a", "b"}, 1, []int{lim, lim}, 0, false)
+	assert.Equal(t, driver.StatusFull, r.Status, "%+v", r)
+	assert.LessOrEqual(t, h.count("a"), 9, "grants went past W, heavy on a once X was granted, a waiter of several keys")
+	r = h.admit("L2", "a", 1, lim, 0, "f", true)
+	assert.Equal(t, driver.StatusQueued, r.Status, "L2 was granted past W, heavy on a: %+v", r)
+}

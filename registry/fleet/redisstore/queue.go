@@ -347,6 +347,9 @@ end
 -- (memstore's, which looks again from the head after each grant). A
 -- serving from the head begins them anew.
 local passedBefore = {}
+-- lookedTo holds, per key, the member of the first waiter a serving that
+-- stopped at its look bound did not look at, for the length of a script.
+local lookedTo = {}
 -- heavyPassed reports whether a waiter of several keys that serving k
 -- passed (passedUnits: ticket to units), still queued there, has no room
 -- left for its units, at most limit, at count: heavy, it keeps the room.
@@ -377,21 +380,31 @@ end
 local function serveFrom(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
+  local resumed = from > 0
+  -- Going on, it goes on from the first waiter the serving before it did
+  -- not look at (lookedTo): waiters before it may have left since (granted
+  -- through another of their keys), and an index would skip as many
+  -- waiters it never looked at. Members sort by their bytes (all score 0).
+  if not resumed then
+    lookedTo[k] = nil
+  elseif lookedTo[k] then
+    from = redis.call('ZLEXCOUNT', Q, '-', '(' .. lookedTo[k])
+  end
   local i, steps, passed, blocker = from, 0, {}, nil
   -- The units of the waiters of several keys passed, of live processes,
   -- from the head on: those before from too (passedBefore).
-  local passedUnits = from > 0 and passedBefore[k] or {}
+  local passedUnits = resumed and passedBefore[k] or {}
   passedBefore[k] = passedUnits
   expire(k, now) -- once: no lease expires while a script runs
   local count = countOf(k) -- and what each grant adds
-  if from == 0 and count < limit then
+  if not resumed and count < limit then
     local r, b = noneFits(k, Q, T, limit, count, now, P, claim)
     if r then return r, b end
   end
   -- Going on past the look bound: a waiter of several keys before from
   -- that is heavy now keeps the room, as a serving from the head would
   -- stop at it.
-  if from > 0 and count < limit and heavyPassed(T, passedUnits, limit, count) then return -1 end
+  if resumed and count < limit and heavyPassed(T, passedUnits, limit, count) then return -1 end
   -- The members from i on, read scanMax at a time, with their keys,
   -- units, units passed and arrival (meta, four fields each) and their
   -- processes' liveness deadlines (live). A grant keeps it: it takes its
@@ -416,6 +429,7 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
     if not m then return 0, blocker end
     if i >= from + scanMax or steps >= 4 * scanMax then
       if blocker then return -1 end
+      lookedTo[k] = m
       return i + 1
     end
     steps = steps + 1
@@ -459,7 +473,7 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
       else
         if #kl > 1 then
           passed[#passed + 1] = ticket
-          if living then passedUnits[ticket] = units end
+          if living and units > 1 then passedUnits[ticket] = units end -- one unit is never heavy
         end
         i, w = i + 1, w + 1
       end
