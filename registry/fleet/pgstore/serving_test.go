@@ -22,25 +22,47 @@ import (
 // added), stay PL/pgSQL, and a connection that ran revision 16's
 // functions before runs 17's after.
 func TestMigrate16To17KeepsTheFunctions(t *testing.T) {
-	srv := pgtest.Start(t)
+	s := migratedStore(t, 16, `SELECT inflight_serve('f', 'k', 1, 0, 0, 0)`)
 	ctx := context.Background()
-	p := pool(t, srv, 1)
-	require.NoError(t, pgstore.MigrateTo(ctx, p, 16))
-	before := inflightFunctions(t, p)
-	// Revision 16's functions run on this connection (their plans kept).
-	_, err := p.Exec(ctx, `SELECT inflight_serve('f', 'k', 1, 0, 0, 0)`)
-	require.NoError(t, err)
-	require.NoError(t, pgstore.MigrateTo(ctx, p, 17)) // as the release of revision 17's New did
-	assert.Equal(t, before, inflightFunctions(t, p), "revision 17 replaces functions under their signatures, in their languages")
-	var r int
-	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
-	assert.Equal(t, 17, r)
-	s, err := pgstore.New(ctx, p, fastFleet)
-	require.NoError(t, err)
 	require.Equal(t, driver.StatusAdmitted, admitIn(t, s, kcall("A", 1, false), 10*time.Second).Status)
 	require.Equal(t, driver.StatusQueued, admitIn(t, s, kcall("B", 1, true), 10*time.Second).Status)
 	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim, Pairs: []driver.Release{{Key: "k", Lease: "A", Limit: 1}}}))
 	countIs(t, s, "k", 1, "B granted")
+}
+
+// migratedStore brings a new database to revision from, runs probe there
+// (a call of the functions the next revision replaces, whose plans the
+// connection then keeps), migrates it to from+1, as that revision's New
+// did, and checks that the functions kept their signatures (no overload
+// added) and their languages, and the revision. It returns a Store on the
+// database, whose New finds nothing more to do than a release's own.
+func migratedStore(t *testing.T, from int, probe string) *pgstore.Store {
+	t.Helper()
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	p := pool(t, srv, 1)
+	require.NoError(t, pgstore.MigrateTo(ctx, p, from))
+	before := inflightFunctions(t, p)
+	_, err := p.Exec(ctx, probe)
+	require.NoError(t, err)
+	require.NoError(t, pgstore.MigrateTo(ctx, p, from+1))
+	assert.Equal(t, before, inflightFunctions(t, p), "revision %d replaces functions under their signatures, in their languages", from+1)
+	var r int
+	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
+	assert.Equal(t, from+1, r)
+	s, err := pgstore.New(ctx, p, fastFleet)
+	require.NoError(t, err)
+	return s
+}
+
+// keysCaller returns call, which admits id on keys (their limits) for
+// units on s, waiting if wait.
+func keysCaller(t *testing.T, s driver.Store) func(id string, keys []string, units int, limits []int, wait bool) driver.AdmitResult {
+	return func(id string, keys []string, units int, limits []int, wait bool) driver.AdmitResult {
+		c := kcall(id, 0, wait)
+		c.Keys, c.Limits, c.Units = keys, limits, units
+		return admitIn(t, s, c, 10*time.Second)
+	}
 }
 
 // inflightFunctions lists the schema's functions, each with its
