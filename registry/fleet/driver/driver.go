@@ -136,7 +136,11 @@ type Listener interface {
 	// Listening tells that Listen listens: the first time, or anew after
 	// a break. What was sent before it may have been missed.
 	Listening()
-	// Granted tells that the ticket (a lease id) was granted room.
+	// Granted tells that the ticket (a lease id) was granted room, or
+	// that its waiter should ask again now: a store may send it for a
+	// ticket whose grant is held up (pgstore, for a key another call
+	// holds). The waiter's next call asks as a claim does, and finds it
+	// granted or still queued.
 	Granted(ticket string)
 	// Learned tells a learned state that a SyncLearned published.
 	Learned(state string)

@@ -74,3 +74,9 @@ func patientProcesses(t testing.TB, srv Server, name string, n, limit int, opts 
 	}
 	return rs
 }
+
+// Patient returns s with every call's Claim stretched to the suite's wait
+// (patientClaims), for a store's own tests of the order its waiters are
+// admitted in through fleet.Registry: on a busy machine a woken waiter
+// may claim its grant after the client's claim window, and lose it.
+func Patient(s driver.Store) driver.Store { return patientClaims{s} }

@@ -14,8 +14,8 @@
 // schema.sql and its revisions: budget.sql, units.sql, asks.sql,
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
 // newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql, paused.sql,
-// pausedask.sql, sweepdenied.sql, serving.sql, queuedkey.sql and
-// lookbound.sql),
+// pausedask.sql, sweepdenied.sql, serving.sql, queuedkey.sql,
+// lookbound.sql and busykey.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. The rows of keys idle for ten minutes are
 // deleted after renewals (sweep.sql), if the role may: give it DELETE
