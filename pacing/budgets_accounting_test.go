@@ -48,8 +48,9 @@ func leftOf(st []pacing.BudgetStatus) map[string]int {
 }
 
 // Many concurrent requests through a real server, of every kind of answer
-// and ending, each charging the Gate's budgets, a budget kept outside
-// (WithFleetBudgets over a standalone Budget) and a Trace: what each
+// and ending, each charging the Gate's budgets, a tenant's kept here
+// (WithBudgets), a budget kept outside (WithFleetBudgets over a
+// standalone Budget) and a Trace: what each
 // budget counts at the end is what the requests' endings say, counted
 // here independently.
 func TestStressAccounting(t *testing.T) {
@@ -128,7 +129,10 @@ func TestStressAccounting(t *testing.T) {
 	require.NoError(t, err)
 	var resMu sync.Mutex
 	var all []*budgetRes
-	rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(0), pacing.WithStreamUsage(), pacing.WithFleetBudgets(func(_ context.Context, _ string, cost pacing.Tokens) (pacing.FleetReservation, error) {
+	tenants := pacing.NewBudgets(func(string) *pacing.BudgetLimits { return &limits })
+	rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(0), pacing.WithStreamUsage(), pacing.WithBudgets(func(_ context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
+		return tenants.Reserve("t", cost)
+	}), pacing.WithFleetBudgets(func(_ context.Context, _ string, cost pacing.Tokens) (pacing.FleetReservation, error) {
 		r, err := own.Reserve(cost)
 		if err != nil {
 			return nil, err
@@ -239,6 +243,9 @@ func TestStressAccounting(t *testing.T) {
 	ol := leftOf(own.Status())
 	assert.Equal(t, big-traceTotal.tokens, ol["//tokens_per_minute"], "the standalone budget's tokens")
 	assert.Equal(t, big-traceTotal.reqs, ol["//max_requests_per_minute"], "the standalone budget's requests")
+	tl := leftOf(tenants.Status("t"))
+	assert.Equal(t, big-traceTotal.tokens, tl["//tokens_per_minute"], "the tenant's tokens (WithBudgets)")
+	assert.Equal(t, big-traceTotal.reqs, tl["//max_requests_per_minute"], "the tenant's requests (WithBudgets)")
 	assert.Zero(t, gate.Status().InFlight)
 	_ = errors.New
 }

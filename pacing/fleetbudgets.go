@@ -1,7 +1,7 @@
 package pacing
 
-// The budgets per minute a Transport reserves outside its Gate
-// (WithFleetBudgets): a fleet's, kept in its store.
+// The budgets per minute a Transport reserves outside its Gate: kept
+// here (WithBudgets), and a fleet's, kept in its store (WithFleetBudgets).
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 // FleetReservation is what one request reserved of budgets per minute
 // kept outside the Gate, as WithFleetBudgets makes it: a
 // *fleet.Reservations (the fleet's budgets, in its store), or the
-// caller's own. The Transport calls its methods from one goroutine at a
+// caller's own (a Budget's Reservation needs none: WithBudgets). The Transport calls its methods from one goroutine at a
 // time, Start at most once, and then at most one of Settle and Cancel; a
 // request whose end tells nothing (a failed exchange, an answer without
 // usage) calls neither, and its estimate stands. Each is called on the
@@ -68,9 +68,44 @@ func WithFleetBudgets(reserve func(ctx context.Context, model string, cost Token
 	return transportOptionFunc(func(c *transportConfig) { c.t.reserve = reserve })
 }
 
-// reserveBudgets reserves x's request's cost of the fleet's budgets.
+// WithBudgets makes each request reserve its estimate of budgets per
+// minute kept in this process beside the Gate's (a tenant's: a Budget, or
+// a key's of Budgets) with reserve, called with the request's model and
+// its cost (WithTokens; none for a request without, which counts one
+// request): first, before WithFleetBudgets' reservation, the fleet's caps
+// and the Gate. An error refuses the request there, with nothing held
+// (a Reservation returned with an error is not used: reserve ends it); a
+// nil Reservation reserves nothing. The Transport starts the reservation
+// as its request is sent (one whose Start is refused is not sent, and the
+// Transport returns that *slots.LimitError), settles it with the usage
+// its answer reports, cancels it when the request is refused (here or
+// by the upstream) or not sent, and closes it once the request's slots
+// are free: an estimate its answer did not settle stands, and Budgets
+// may drop the key's Budget once idle. With Budgets per tenant:
+//
+//	tenants := pacing.NewBudgets(limitsOf)
+//	pacing.WithBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
+//		return tenants.Reserve(tenantOf(ctx), cost)
+//	})
+func WithBudgets(reserve func(ctx context.Context, model string, cost Tokens) (*Reservation, error)) TransportOption {
+	return transportOptionFunc(func(c *transportConfig) { c.t.reserveHere = reserve })
+}
+
+// reserveBudgets reserves x's request's cost of the budgets kept beside
+// the Gate: here, then the fleet's. On an error admit ends what it
+// reserved (endBudgets).
 func (t *Transport) reserveBudgets(ctx context.Context, x *exchange) error {
 	cost, _ := tokensOf(ctx)
+	if t.reserveHere != nil {
+		r, err := t.reserveHere(ctx, x.model, cost)
+		if err != nil {
+			return err
+		}
+		x.here = r
+	}
+	if t.reserve == nil {
+		return nil
+	}
 	r, err := t.reserve(ctx, x.model, cost)
 	if err != nil {
 		return nameBudget(err)
@@ -85,7 +120,7 @@ func (t *Transport) reserveBudgets(ctx context.Context, x *exchange) error {
 // (not sent: it charges the Gate's budgets and spacing nothing); the
 // caller releases it.
 func (t *Transport) startBudgets(ctx context.Context, x *exchange) error {
-	if x.spend == nil {
+	if x.spend == nil && x.here == nil {
 		return nil
 	}
 	sent := false
@@ -94,9 +129,14 @@ func (t *Transport) startBudgets(ctx context.Context, x *exchange) error {
 			t.gate.unsent(x.grant)
 		}
 	}()
+	if err := x.here.Start(); err != nil {
+		return err
+	}
 	var le *slots.LimitError
-	if err := x.spend.Start(context.WithoutCancel(ctx)); errors.As(err, &le) {
-		return nameBudget(err)
+	if x.spend != nil {
+		if err := x.spend.Start(context.WithoutCancel(ctx)); errors.As(err, &le) {
+			return nameBudget(err)
+		}
 	}
 	sent = true
 	return nil
@@ -105,7 +145,15 @@ func (t *Transport) startBudgets(ctx context.Context, x *exchange) error {
 // endBudgets settles what x reserved with st (Served: with its usage), or
 // cancels it, once: a later call does nothing.
 func endBudgets(x *exchange, st Settlement) {
-	if x.spend == nil || !x.spendEnded.CompareAndSwap(false, true) {
+	if x.spend == nil && x.here == nil || !x.spendEnded.CompareAndSwap(false, true) {
+		return
+	}
+	if st.Served {
+		x.here.Settle(st.Used)
+	} else {
+		x.here.Cancel()
+	}
+	if x.spend == nil {
 		return
 	}
 	ctx := context.WithoutCancel(x.parent)

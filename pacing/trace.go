@@ -42,12 +42,9 @@ type Trace struct {
 	// body. A request whose Admitted panicked, or whose credential
 	// function (WithCredential) did, is not sent: the Traces told Admitted
 	// hear Settled, not Served. For budgets of the caller's own, kept
-	// beside the Gate's (a tenant's, with a Budget), use WithFleetBudgets
-	// (its Reservation wrapped as a FleetReservation, and Closed once the
-	// request is done): it starts a reservation as its request is sent,
-	// and sends none whose Start is refused, which a hook cannot do (Start
-	// in Admitted, Cancel when not Served, Settle with Used else, and a
-	// refused Start still lets its request go).
+	// beside the Gate's (a tenant's Budget), use WithBudgets: it starts a
+	// reservation as its request is sent, and sends none whose Start is
+	// refused, which a hook cannot do.
 	Settled func(Settlement)
 	// Released is called once an admitted request's slots are free again,
 	// with its Admission and how long it held them since Admitted: when

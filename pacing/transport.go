@@ -17,11 +17,11 @@ import (
 )
 
 // Transport is the provider boundary as an http.RoundTripper: it admits
-// each request under a Gate (and a fleet's caps and budgets, with
-// WithFleet and WithFleetBudgets), puts the granted API key's credential
-// on it, sends it, reports the upstream's answer to the Gate before the
-// request's slot can be freed, and holds the slot until the response body
-// is done, as a slots.Transport does. A
+// each request under a Gate (and budgets kept beside it, WithBudgets; a
+// fleet's caps and budgets, WithFleet and WithFleetBudgets), puts the
+// granted API key's credential on it, sends it, reports the upstream's
+// answer to the Gate before the request's slot can be freed, and holds
+// the slot until the response body is done, as a slots.Transport does. A
 // request that fails, or is refused, returns its error with nothing held;
 // one that base chose not to send (its error wraps slots.ErrNotSent), or
 // that failed to connect (a dial error), charges the Gate's budgets
@@ -49,6 +49,7 @@ type Transport struct {
 	caps             FleetCaps
 	tokenCaps        FleetTokenCaps
 	reserve          func(context.Context, string, Tokens) (FleetReservation, error) // WithFleetBudgets
+	reserveHere      func(context.Context, string, Tokens) (*Reservation, error)     // WithBudgets
 	credential       func(h http.Header, key string)
 	classifier       Classifier
 	streamUsage      bool // WithStreamUsage
@@ -139,8 +140,11 @@ type exchange struct {
 	grant  Grant
 	caps   *slots.Slot // the fleet's; nil without a fleet
 	tokens *slots.Slot // the fleet's token caps; nil without them
-	// spend is what it reserved of the fleet's budgets (WithFleetBudgets;
-	// nil: nothing), settled or cancelled once (spendEnded).
+	// here and spend are what it reserved of the budgets kept here
+	// (WithBudgets) and of the fleet's (WithFleetBudgets; nil: nothing),
+	// settled or cancelled once (spendEnded); here is closed once its
+	// slots are free.
+	here       *Reservation
 	spend      FleetReservation
 	spendEnded atomic.Bool
 	weighed    bool // admitted under WithTokens: its answer's usage settles it
@@ -249,7 +253,7 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 		return nil, err
 	}
 	x.weighed = weighed
-	if t.reserve != nil {
+	if t.reserve != nil || t.reserveHere != nil {
 		if err := t.reserveBudgets(ctx, x); err != nil {
 			trs.refused(err)
 			return nil, err
@@ -306,7 +310,18 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 			trs[:h.n].released(h.a, time.Since(at))
 		}
 	}
+	if here, traced := x.here, released; here != nil { // closed once the slots are free: what was not settled stands
+		released = func() {
+			defer here.Close()
+			if traced != nil {
+				traced()
+			}
+		}
+	}
 	held = (*slots.Slot)(core.Combine(released, (*core.Handle)(x.grant.Slot), (*core.Handle)(x.caps), (*core.Handle)(x.tokens)))
+	if held == nil {
+		x.here.Close() // nothing held: nothing to wait for
+	}
 	a.Held = held
 	trs.admitted(a, h, &told)
 	x.admitted = true
@@ -415,7 +430,7 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			trs.settled(st)
 		}
 	}
-	if toGate || toFleet || hears || x.spend != nil {
+	if toGate || toFleet || hears || x.spend != nil || x.here != nil {
 		answer := resp
 		if err != nil || resp != nil && resp.StatusCode == http.StatusSwitchingProtocols {
 			answer = nil // no answer, or no admission of a model request
