@@ -68,8 +68,9 @@ func WithFleetBudgets(reserve func(ctx context.Context, model string, cost Token
 	return transportOptionFunc(func(c *transportConfig) { c.t.reserve = reserve })
 }
 
-// WithBudgets makes each request reserve its estimate of budgets per
-// minute kept in this process beside the Gate's (a tenant's: a Budget, or
+// WithBudgets makes each request (but one under slots.WithoutSlot, which
+// takes nothing) reserve its estimate of budgets per minute kept in this
+// process beside the Gate's (a tenant's: a Budget, or
 // a key's of Budgets) with reserve, called with the request's model and
 // its cost (WithTokens; none for a request without, which counts one
 // request): first, before WithFleetBudgets' reservation, the fleet's caps
@@ -78,7 +79,7 @@ func WithFleetBudgets(reserve func(ctx context.Context, model string, cost Token
 // nil Reservation reserves nothing. The Transport starts the reservation
 // as its request is sent (one whose Start is refused is not sent, and the
 // Transport returns that *slots.LimitError), settles it with the usage
-// its answer reports, cancels it when the request is refused (here or
+// its answer reports (under WithTokens), cancels it when the request is refused (here or
 // by the upstream) or not sent, and closes it once the request's slots
 // are free: an estimate its answer did not settle stands, and Budgets
 // may drop the key's Budget once idle. With Budgets per tenant:

@@ -24,7 +24,8 @@ type Trace struct {
 	FleetWait func() (done func())
 	// Admitted is called once the request holds its slots.
 	Admitted func(Admission)
-	// Refused is called with the fleet's or the Gate's refusal.
+	// Refused is called with the refusal of the fleet, the Gate or a
+	// budget kept beside it.
 	Refused func(err error)
 	// Settled is called once for an admitted request (with a slot or
 	// without) with how it ended, when the answer tells: not Served for an

@@ -234,6 +234,9 @@ func (t *Transport) admit(req *http.Request) (_ *slots.Slot, err error) {
 			t.gate.unsent(x.grant)
 		}
 		if held != nil { // the Traces that heard Admitted hear Released
+			// Cancelled before the release, which closes it (its estimate
+			// would stand): not sent, it charges nothing.
+			x.here.Cancel()
 			held.Release()
 		} else {
 			x.grant.Slot.Release()

@@ -193,3 +193,22 @@ func TestWithBudgetsStartsAsSent(t *testing.T) {
 		assert.Zero(t, gate.Status().InFlight)
 	})
 }
+
+// A request whose Trace's Admitted panicked is not sent: its tenant's
+// reservation is cancelled, not left standing by the release of the
+// slots (which closes it) that comes first.
+func TestWithBudgetsAdmittedPanicChargesNothing(t *testing.T) {
+	base, sent := answering(200, usageAnswer)
+	gate := tGate(t, pacing.Config{MaxConcurrentRequests: 1})
+	tenants, rt := tenantBudgets(gate, base)
+	var heard []pacing.Settlement
+	ctx := pacing.WithTrace(tenantCtx(t.Context(), "a", pacing.Tokens{Input: 600}), &pacing.Trace{
+		Admitted: func(pacing.Admission) { panic("hook") },
+		Settled:  func(st pacing.Settlement) { heard = append(heard, st) },
+	})
+	assert.Panics(t, func() { _, _ = rt.RoundTrip(post(t, ctx, `{"model":"m"}`)) })
+	assert.Zero(t, sent())
+	assert.Equal(t, []pacing.Settlement{{}}, heard, "the Trace hears it was not sent")
+	assert.Equal(t, 1000, tenants.Status("a")[0].Left, "not sent: the tenant charged nothing")
+	assert.Zero(t, gate.Status().InFlight)
+}
