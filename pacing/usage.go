@@ -30,8 +30,9 @@ func tokensOf(ctx context.Context) (Tokens, bool) {
 	return t, ok
 }
 
-// MaxUsageBody bounds the JSON answer WatchUsage keeps to read its usage
-// at the end; a larger one passes through unread.
+// MaxUsageBody bounds what WatchUsage keeps to read a usage: a line of a
+// stream (a longer one passes through unread), or a JSON answer's usage
+// object. A JSON answer is not kept: its usage is found as it passes.
 const MaxUsageBody = 1 << 20
 
 // WatchUsage returns body, unchanged as it is read, that calls f once with
@@ -40,7 +41,8 @@ const MaxUsageBody = 1 << 20
 //   - a JSON answer (contentType other than text/event-stream): its
 //     "usage" (OpenAI's prompt_tokens and completion_tokens, or
 //     input_tokens and output_tokens as Anthropic and OpenAI's Responses
-//     API say), read at the end, if the answer is at most MaxUsageBody;
+//     API say), or its message's or response's, whatever the answer's
+//     length, once it has passed whole;
 //   - a stream of server-sent events: the latest of each count that any
 //     event's "usage" (or its message's or response's) carried. OpenAI
 //     sends it in a last chunk only when the request asked for it with
@@ -51,7 +53,7 @@ const MaxUsageBody = 1 << 20
 // before the end without one: its estimate stands.
 func WatchUsage(body io.ReadCloser, contentType string, f func(Tokens)) io.ReadCloser {
 	mt, _, _ := mime.ParseMediaType(contentType)
-	return &usageBody{rc: body, stream: mt == "text/event-stream", f: f}
+	return &usageBody{rc: body, stream: mt == "text/event-stream", f: f, scan: newUsageScan()}
 }
 
 type usageBody struct {
@@ -60,8 +62,9 @@ type usageBody struct {
 	f      func(Tokens)
 
 	mu       sync.Mutex
-	buf      []byte // the JSON answer so far, or a stream's unfinished line
-	tooLong  bool   // the JSON answer outgrew MaxUsageBody, or a line did
+	scan     usageScan // a JSON answer's
+	buf      []byte    // a stream's unfinished line
+	tooLong  bool      // that line outgrew MaxUsageBody
 	in, out  int
 	gotIn    bool
 	gotOut   bool // an output count that ends the answer has come
@@ -82,11 +85,10 @@ func (b *usageBody) Read(p []byte) (int, error) {
 	report := false
 	if err == io.EOF {
 		switch {
-		case b.tooLong:
-		case b.stream:
+		case !b.stream:
+			b.scanned()
+		case !b.tooLong:
 			b.line(b.buf) // a last line with no newline
-		default:
-			b.parse(b.buf)
 		}
 		used, report = b.finishLocked(true)
 	}
@@ -102,8 +104,8 @@ func (b *usageBody) Read(p []byte) (int, error) {
 func (b *usageBody) Close() error {
 	err := b.rc.Close()
 	b.mu.Lock()
-	if !b.stream && !b.tooLong && !b.finished {
-		b.parse(b.buf) // reads nothing from an answer cut short: it is no JSON
+	if !b.stream && !b.finished {
+		b.scanned() // reads nothing from an answer cut short: it is no JSON
 	}
 	used, report := b.finishLocked(!b.stream || b.gotOut)
 	b.mu.Unlock()
@@ -116,13 +118,7 @@ func (b *usageBody) Close() error {
 // feed takes the next bytes of the answer.
 func (b *usageBody) feed(p []byte) {
 	if !b.stream {
-		if !b.tooLong {
-			if len(b.buf)+len(p) > MaxUsageBody {
-				b.tooLong, b.buf = true, nil
-				return
-			}
-			b.buf = append(b.buf, p...)
-		}
+		b.scan.feed(p)
 		return
 	}
 	for len(p) > 0 {
@@ -164,7 +160,7 @@ type usageJSON struct {
 	OutputTokens     *int `json:"output_tokens"`
 }
 
-// parse reads the usage of one JSON answer or event, if it has one.
+// parse reads the usage of one event of a stream, if it has one.
 func (b *usageBody) parse(data []byte) {
 	var v struct {
 		Usage    *usageJSON                  `json:"usage"`
@@ -174,18 +170,38 @@ func (b *usageBody) parse(data []byte) {
 	if json.Unmarshal(data, &v) != nil {
 		return
 	}
-	for i, u := range []*usageJSON{nested(v.Message), v.Usage, nested(v.Response)} {
-		if u == nil {
+	for i, u := range [usagePlaces]*usageJSON{nested(v.Message), v.Usage, nested(v.Response)} {
+		b.apply(i, u)
+	}
+}
+
+// scanned reads the usage objects a JSON answer's scan found, once the
+// answer has passed whole.
+func (b *usageBody) scanned() {
+	if !b.scan.ended || b.scan.bad {
+		return
+	}
+	for i, data := range b.scan.found {
+		var u *usageJSON
+		if data != nil && json.Unmarshal(data, &u) != nil {
 			continue
 		}
-		if p := cmpOr(u.PromptTokens, u.InputTokens); p != nil {
-			b.in, b.gotIn = max(*p, 0), true
-		}
-		if c := cmpOr(u.CompletionTokens, u.OutputTokens); c != nil {
-			// A message's usage (Anthropic's message_start) comes first,
-			// before the answer: its output count is not the answer's.
-			b.out, b.gotOut = max(*c, 0), i > 0
-		}
+		b.apply(i, u)
+	}
+}
+
+// apply takes the counts of a usage found at place i (inMessage, ...).
+func (b *usageBody) apply(i int, u *usageJSON) {
+	if u == nil {
+		return
+	}
+	if p := cmpOr(u.PromptTokens, u.InputTokens); p != nil {
+		b.in, b.gotIn = max(*p, 0), true
+	}
+	if c := cmpOr(u.CompletionTokens, u.OutputTokens); c != nil {
+		// A message's usage (Anthropic's message_start) comes first,
+		// before the answer: its output count is not the answer's.
+		b.out, b.gotOut = max(*c, 0), i != inMessage
 	}
 }
 

@@ -64,6 +64,18 @@ func TestWatchUsage(t *testing.T) {
 		{"anthropic stream", anthropicStream, "text/event-stream; charset=utf-8", []pacing.Tokens{{Input: 25, Output: 15}}},
 		{"stream without usage", "data: {\"choices\":[]}\n\ndata: [DONE]\n\n", "text/event-stream", nil},
 		{"negative counts", `{"usage":{"prompt_tokens":-5,"completion_tokens":3}}`, "application/json", []pacing.Tokens{{Input: 0, Output: 3}}},
+		// The answer's own usage, not one in its content or deeper in it.
+		{"usage first, pretty", "{\n  \"usage\" : {\n \"prompt_tokens\": 2, \"completion_tokens\": 3 },\n  \"choices\": [ ]\n}\n", "application/json", []pacing.Tokens{{Input: 2, Output: 3}}},
+		{"usage in a string", `{"choices":[{"message":{"content":"say \"usage\":{\"prompt_tokens\":99} \\"}}],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, "application/json", []pacing.Tokens{{Input: 1, Output: 2}}},
+		{"usage deeper", `{"choices":[{"usage":{"prompt_tokens":9}}],"data":{"x":{"usage":{"prompt_tokens":8}}}}`, "application/json", nil},
+		{"usage as a value", `{"object":"usage","usage":null,"data":{"usage":"x"}}`, "application/json", nil},
+		{"escaped key", `{"us\u0061ge":{"prompt_tokens":1,"completion_tokens":1}}`, "application/json", nil},
+		{"message a string", `{"message":"hi","usage":{"input_tokens":4,"output_tokens":5}}`, "application/json", []pacing.Tokens{{Input: 4, Output: 5}}},
+		{"message's usage", `{"message":{"id":"m","usage":{"input_tokens":6,"output_tokens":7}}}`, "application/json", []pacing.Tokens{{Input: 6, Output: 7}}},
+		{"last of a key twice", `{"usage":{"prompt_tokens":1,"completion_tokens":1},"usage":{"prompt_tokens":2,"completion_tokens":2}}`, "application/json", []pacing.Tokens{{Input: 2, Output: 2}}},
+		{"an array", `[{"usage":{"prompt_tokens":1,"completion_tokens":1}}]`, "application/json", nil},
+		{"closed too often", `{"a":1}}{"usage":{"prompt_tokens":1,"completion_tokens":1}}`, "application/json", nil},
+		{"cut", `{"usage":{"prompt_tokens":1,"completion_tokens":1}`, "application/json", nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			// However the body is cut into reads, the same report, once.
@@ -86,16 +98,20 @@ func TestWatchUsageClosedEarly(t *testing.T) {
 	assert.Empty(t, watch(t, anthropicStream, "text/event-stream", 8, msgStart), "the input alone is not the usage")
 }
 
-// A JSON answer over MaxUsageBody passes through whole, unread; so does
-// a line of a stream over it, and the lines after it are read.
+// A JSON answer over MaxUsageBody passes through whole, and its usage is
+// read all the same (it was not, when the answer was kept to be read at
+// its end); a line of a stream over it passes through unread, and the
+// lines after it are read.
 func TestWatchUsageBounds(t *testing.T) {
-	big := `{"pad":"` + strings.Repeat("x", pacing.MaxUsageBody) + `","usage":{"prompt_tokens":1,"completion_tokens":1}}`
+	big := `{"pad":"` + strings.Repeat("x", 3*pacing.MaxUsageBody) + `","usage":{"prompt_tokens":1,"completion_tokens":1}}`
 	var got []pacing.Tokens
 	rc := pacing.WatchUsage(io.NopCloser(strings.NewReader(big)), "application/json", func(u pacing.Tokens) { got = append(got, u) })
 	b, err := io.ReadAll(rc)
 	require.NoError(t, err)
 	assert.Equal(t, big, string(b))
-	assert.Empty(t, got)
+	assert.Equal(t, []pacing.Tokens{{Input: 1, Output: 1}}, got)
+	over := `{"usage":{"prompt_tokens":1,"pad":"` + strings.Repeat("x", pacing.MaxUsageBody) + `"}}`
+	assert.Empty(t, watch(t, over, "application/json", 4096, 0), "a usage object over MaxUsageBody is not read")
 
 	long := "data: {\"pad\":\"" + strings.Repeat("y", pacing.MaxUsageBody) + "\",\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":9}}\n\n" +
 		"data: {\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":2}}\n\n"
