@@ -70,8 +70,8 @@ func checkWindows(t *testing.T, name string, all []started, limit int) {
 // their answers taking up to 90 s and using from a fifth to twice their
 // estimates, some refused by the upstream: over every 60 s window, the
 // tokens started are at most the Gate's budget plus the estimate errors
-// of the requests started in that window (a Budget kept outside the Gate,
-// WithFleetBudgets, charges along; its windows are not checked here). With
+// of the requests started in that window, and so are they for a tenant's
+// Budget of 700 kept beside it (WithBudgets), the one that binds. With
 // one request at a time the bound is the largest single error; with three
 // in flight, their underestimates add up (logged, not an error: each
 // started while the others' usage was unknown).
@@ -79,9 +79,9 @@ func TestWindowsThroughTransport(t *testing.T) {
 	for _, conc := range []int{1, 3} {
 		t.Run(fmt.Sprint("concurrency ", conc), func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
-				const limit = 1000
+				const limit, ownLimit = 1000, 700 // the tenant's binds first
 				gate := tGate(t, pacing.Config{MaxConcurrentRequests: conc, BudgetLimits: pacing.BudgetLimits{TokensPerMinute: limit}, MaxQueueWaitMS: 200_000})
-				own, err := pacing.NewBudget(pacing.BudgetLimits{TokensPerMinute: limit})
+				own, err := pacing.NewBudget(pacing.BudgetLimits{TokensPerMinute: ownLimit})
 				require.NoError(t, err)
 				var mu sync.Mutex
 				var all []started
@@ -106,14 +106,8 @@ func TestWindowsThroughTransport(t *testing.T) {
 					return &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"application/json"}},
 						Body: &delayedBody{d: d, r: strings.NewReader(fmt.Sprintf(`{"usage":{"prompt_tokens":%d,"completion_tokens":0}}`, used))}, Request: r}, nil
 				})
-				var ownMu sync.Mutex
-				var ownStarts []started
-				rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(0), pacing.WithFleetBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (pacing.FleetReservation, error) {
-					r, err := own.Reserve(cost)
-					if err != nil {
-						return nil, err
-					}
-					return &recStart{r: r, cost: cost, mu: &ownMu, starts: &ownStarts}, nil
+				rt := pacing.NewTransport(base, gate, pacing.WithCutLinger(0), pacing.WithBudgets(func(_ context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
+					return own.Reserve(cost)
 				}))
 				end := time.Now().Add(10 * time.Minute)
 				var wg sync.WaitGroup
@@ -141,28 +135,10 @@ func TestWindowsThroughTransport(t *testing.T) {
 				wg.Wait()
 				t.Logf("%d requests served", len(all))
 				checkWindows(t, "the Gate's", all, limit)
-				ownMu.Lock()
-				defer ownMu.Unlock()
-				_ = ownStarts
+				checkWindows(t, "the tenant's", all, ownLimit)
 			})
 		})
 	}
 }
 
 type estKey struct{}
-
-// recStart is a FleetReservation over a Budget's Reservation that records
-// when it started.
-type recStart struct {
-	r      *pacing.Reservation
-	cost   pacing.Tokens
-	mu     *sync.Mutex
-	starts *[]started
-}
-
-func (s *recStart) Start(context.Context) error { return s.r.Start() }
-func (s *recStart) Settle(_ context.Context, used pacing.Tokens) error {
-	s.r.Settle(used)
-	return nil
-}
-func (s *recStart) Cancel(context.Context) error { s.r.Cancel(); return nil }
