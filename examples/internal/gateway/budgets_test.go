@@ -26,7 +26,8 @@ import (
 // budgetRun is what a flood of requests through the gateway got.
 type budgetRun struct {
 	ok, refused, other int
-	usageSeen          int // answers that carried a usage chunk to the client
+	refusedBy          map[string]int // the refusals by the cap they name
+	usageSeen          int            // answers that carried a usage chunk to the client
 	firstRetry         string
 	limitHeader        string
 }
@@ -34,16 +35,25 @@ type budgetRun struct {
 // flood sends n streamed requests at once, each built by body(i), and
 // reads every answer to its end.
 func flood(t *testing.T, url string, n int, body func(i int) map[string]any) budgetRun {
+	run := floodAll(t, []string{url}, n, body)
+	for capName := range run.refusedBy {
+		assert.Equal(t, pacing.CapTokensPerMinute, capName, "refused by the budget alone")
+	}
+	return run
+}
+
+// floodAll is flood over several gateways, request i to urls[i%len(urls)].
+func floodAll(t *testing.T, urls []string, n int, body func(i int) map[string]any) budgetRun {
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: n}}
 	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
 	var mu sync.Mutex
-	var run budgetRun
+	run := budgetRun{refusedBy: map[string]int{}}
 	var wg sync.WaitGroup
 	for i := range n {
 		b, err := json.Marshal(body(i))
 		require.NoError(t, err)
 		wg.Go(func() {
-			resp, err := client.Post(url+"/v1/chat/completions", "application/json", bytes.NewReader(b))
+			resp, err := client.Post(urls[i%len(urls)]+"/v1/chat/completions", "application/json", bytes.NewReader(b))
 			if !assert.NoError(t, err) {
 				return
 			}
@@ -61,9 +71,11 @@ func flood(t *testing.T, url string, n int, body func(i int) map[string]any) bud
 				run.limitHeader = resp.Header.Get("X-Ratelimit-Limit-Tokens")
 			case http.StatusTooManyRequests:
 				run.refused++
-				assert.Equal(t, pacing.CapTokensPerMinute, resp.Header.Get(CapHeader))
-				assert.Contains(t, string(got), "over the tokens_per_minute budget")
-				assert.Contains(t, string(got), `"over_budget"`)
+				run.refusedBy[resp.Header.Get(CapHeader)]++
+				if resp.Header.Get(CapHeader) == pacing.CapTokensPerMinute {
+					assert.Contains(t, string(got), "over the tokens_per_minute budget")
+					assert.Contains(t, string(got), `"over_budget"`)
+				}
 				if run.firstRetry == "" {
 					run.firstRetry = resp.Header.Get("Retry-After")
 				}
