@@ -76,3 +76,49 @@ func TestGatewayFleetTokenBudgetFlood(t *testing.T) {
 		})
 	}
 }
+
+// Three gateways sharing a provider's budget of 5,000 tokens a minute in
+// the fleet's store, on each store, whose estimates fall short: each
+// request expects 5 tokens of answer and streams up to 21 (a 400 ms turn
+// of 20 ms chunks). 300 sent at once: the tokens the upstream sees start
+// in the minute are at most the budget plus the estimate errors of the
+// requests started in it (the bound with several requests in flight: each
+// started while the others' usage was unknown), and the budget is used.
+func TestGatewayFleetTokenBudgetUnderestimates(t *testing.T) {
+	for name, store := range fleetStores {
+		t.Run(name, func(t *testing.T) {
+			const perMinute, expected, turnMS = 5000, 5, 400
+			const maxError = turnMS/20 + 1 - expected // the most an answer passes its estimate by
+			up := simulated.New(10_000)
+			require.NoError(t, up.SetTokensPerMinute(1_000_000)) // counts, refuses nothing
+			upSrv := httptest.NewServer(up)
+			t.Cleanup(upSrv.Close)
+			format := `{
+				"upstream": "%s",
+				"orgs": {"default_limit": 10000},
+				"tokens": {"expected_output": ` + strconv.Itoa(expected) + `},
+				"provider": {"tokens_per_minute": ` + strconv.Itoa(perMinute) + `, "max_queue": 2000, "max_queue_wait_ms": 5000},
+				"fleet": {` + store(t) + `, "on_unavailable": "closed", "timeout_ms": 5000}
+			}`
+			var urls []string
+			for range 3 {
+				srv, _ := startGatewayWith(t, upSrv.URL, format)
+				urls = append(urls, srv.URL)
+			}
+			prompt := strings.Repeat("hello world ", 20)
+			run := floodAll(t, urls, 300, func(int) map[string]any {
+				return map[string]any{"model": "glm-5", "stream": true, "turn_ms": turnMS,
+					"messages": []map[string]string{{"content": prompt}}}
+			})
+			worst, started := up.WorstMinute()
+			assert.Equal(t, started, run.ok)
+			assert.Equal(t, 300, run.ok+run.refused, "served or refused for the budget")
+			require.Positive(t, run.ok)
+			assert.LessOrEqual(t, worst, int64(perMinute+started*maxError), "the budget and the errors of the requests started")
+			each := worst / int64(run.ok) // about the same each
+			t.Logf("estimates short by up to %d: %d served, %d refused; the upstream's worst minute %d of %d tokens (at most %d)",
+				maxError, run.ok, run.refused, worst, perMinute, perMinute+started*maxError)
+			assert.Greater(t, worst, int64(perMinute)-each, "the budget is used")
+		})
+	}
+}
