@@ -20,31 +20,13 @@ import (
 // larger than the budget passes, and the next, through another gateway,
 // waits for the refill. (A request may also be refused for its wait, the
 // store's calls under the flood counting in it: 62 of 999 behind
-// PgBouncer in one run with a wait of 500 ms; 5 s here. The store's
-// calls may take 5 s too: under -race, at Redis's default of 500 ms,
-// they timed out, the breaker opened, and "closed" answered 503.)
+// PgBouncer in one run with a wait of 500 ms; 5 s here, see budgetFleet.)
 func TestGatewayFleetTokenBudgetFlood(t *testing.T) {
 	for name, store := range fleetStores {
 		t.Run(name, func(t *testing.T) {
 			const perMinute = 5000
-			up := simulated.New(10_000)
-			require.NoError(t, up.SetTokensPerMinute(1_000_000)) // counts, refuses nothing
-			upSrv := httptest.NewServer(up)
-			t.Cleanup(upSrv.Close)
-			gateways := func() []string {
-				format := `{
-					"upstream": "%s",
-					"orgs": {"default_limit": 10000},
-					"provider": {"tokens_per_minute": ` + strconv.Itoa(perMinute) + `, "max_queue": 2000, "max_queue_wait_ms": 5000},
-					"fleet": {` + store(t) + `, "on_unavailable": "closed", "timeout_ms": 5000}
-				}`
-				var urls []string
-				for range 3 {
-					srv, _ := startGatewayWith(t, upSrv.URL, format)
-					urls = append(urls, srv.URL)
-				}
-				return urls
-			}
+			up, upURL := minuteUpstream(t)
+			gateways := func() []string { return budgetFleet(t, upURL, store(t), perMinute, "") }
 			prompt := strings.Repeat("hello world ", 20)
 			run := floodAll(t, gateways(), 999, func(int) map[string]any {
 				return map[string]any{"model": "glm-5", "stream": true, "turn_ms": 1000, "max_tokens": 1,
@@ -89,22 +71,8 @@ func TestGatewayFleetTokenBudgetUnderestimates(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			const perMinute, expected, turnMS = 5000, 5, 400
 			const maxError = turnMS/20 + 1 - expected // the most an answer passes its estimate by
-			up := simulated.New(10_000)
-			require.NoError(t, up.SetTokensPerMinute(1_000_000)) // counts, refuses nothing
-			upSrv := httptest.NewServer(up)
-			t.Cleanup(upSrv.Close)
-			format := `{
-				"upstream": "%s",
-				"orgs": {"default_limit": 10000},
-				"tokens": {"expected_output": ` + strconv.Itoa(expected) + `},
-				"provider": {"tokens_per_minute": ` + strconv.Itoa(perMinute) + `, "max_queue": 2000, "max_queue_wait_ms": 5000},
-				"fleet": {` + store(t) + `, "on_unavailable": "closed", "timeout_ms": 5000}
-			}`
-			var urls []string
-			for range 3 {
-				srv, _ := startGatewayWith(t, upSrv.URL, format)
-				urls = append(urls, srv.URL)
-			}
+			up, upURL := minuteUpstream(t)
+			urls := budgetFleet(t, upURL, store(t), perMinute, `"tokens": {"expected_output": `+strconv.Itoa(expected)+`},`)
 			prompt := strings.Repeat("hello world ", 20)
 			run := floodAll(t, urls, 300, func(int) map[string]any {
 				return map[string]any{"model": "glm-5", "stream": true, "turn_ms": turnMS,
@@ -121,4 +89,35 @@ func TestGatewayFleetTokenBudgetUnderestimates(t *testing.T) {
 			assert.Greater(t, worst, int64(perMinute)-each, "the budget is used")
 		})
 	}
+}
+
+// minuteUpstream starts a simulated upstream that counts the tokens
+// started in each minute and refuses nothing.
+func minuteUpstream(t *testing.T) (*simulated.Provider, string) {
+	up := simulated.New(10_000)
+	require.NoError(t, up.SetTokensPerMinute(1_000_000))
+	srv := httptest.NewServer(up)
+	t.Cleanup(srv.Close)
+	return up, srv.URL
+}
+
+// budgetFleet starts three gateways on store sharing a provider's budget
+// of perMinute tokens a minute in it, with extra fields of the config
+// ("" or ending in a comma), and returns their URLs. The store's calls
+// may take 5 s, and so may a request's wait: under a flood of requests
+// at once, under -race, calls at Redis's default of 500 ms timed out, the
+// breaker opened, and "closed" answered 503.
+func budgetFleet(t *testing.T, upstreamURL, store string, perMinute int, extra string) []string {
+	format := `{
+		"upstream": "%s",
+		"orgs": {"default_limit": 10000},` + extra + `
+		"provider": {"tokens_per_minute": ` + strconv.Itoa(perMinute) + `, "max_queue": 2000, "max_queue_wait_ms": 5000},
+		"fleet": {` + store + `, "on_unavailable": "closed", "timeout_ms": 5000}
+	}`
+	var urls []string
+	for range 3 {
+		srv, _ := startGatewayWith(t, upstreamURL, format)
+		urls = append(urls, srv.URL)
+	}
+	return urls
 }
