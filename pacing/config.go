@@ -37,7 +37,8 @@
 // tells clients what is left with WithRateLimitHeaders);
 // max_requests_per_minute counts the requests themselves. A Budget stands
 // alone, for a cap of the caller's, and never makes a request wait;
-// Budgets keeps one per tenant while it is in use.
+// Budgets keeps one per tenant while it is in use, and a Transport
+// reserves, starts and settles them with WithBudgets.
 //
 // With an "adaptive" section the provider's cap is learned from the
 // upstream's answers instead of configured: report each one before its
