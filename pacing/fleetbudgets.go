@@ -12,15 +12,16 @@ import (
 	"github.com/inflight-go/inflight/slots"
 )
 
-// FleetReservation is what one request reserved of budgets per minute
-// kept outside the Gate, as WithFleetBudgets makes it: a
-// *fleet.Reservations (the fleet's budgets, in its store), or the
-// caller's own (a Budget's Reservation needs none: WithBudgets). The Transport calls its methods from one goroutine at a
-// time, Start at most once, and then at most one of Settle and Cancel; a
-// request whose end tells nothing (a failed exchange, an answer without
-// usage) calls neither, and its estimate stands. Each is called on the
-// path of the request (Settle as its answer's body ends), so each should
-// bound its own wait (a fleet.Budget's calls time out).
+// FleetReservation is what one request reserved of budgets per minute kept
+// outside the Gate, as WithFleetBudgets makes it: a *fleet.Reservations
+// (the fleet's budgets, in its store), or the caller's own (a Budget's
+// Reservation needs none: WithBudgets). The Transport calls its methods
+// from one goroutine at a time, Start at most once, and then at most one
+// of Settle and Cancel; a request whose end tells nothing (a failed
+// exchange, an answer without usage) calls neither, and its estimate
+// stands. Each is called on the path of the request (Settle as its
+// answer's body ends), so each should bound its own wait (a fleet.Budget's
+// calls time out).
 type FleetReservation interface {
 	// Start is called once the request has its slots, as it is about to
 	// be sent: a budget that counts a request when it starts moves its
@@ -70,19 +71,19 @@ func WithFleetBudgets(reserve func(ctx context.Context, model string, cost Token
 
 // WithBudgets makes each request (but one under slots.WithoutSlot, which
 // takes nothing) reserve its estimate of budgets per minute kept in this
-// process beside the Gate's (a tenant's: a Budget, or
-// a key's of Budgets) with reserve, called with the request's model and
-// its cost (WithTokens; none for a request without, which counts one
-// request): first, before WithFleetBudgets' reservation, the fleet's caps
-// and the Gate. An error refuses the request there, with nothing held
-// (a Reservation returned with an error is not used: reserve ends it); a
-// nil Reservation reserves nothing. The Transport starts the reservation
-// as its request is sent (one whose Start is refused is not sent, and the
-// Transport returns that *slots.LimitError), settles it with the usage
-// its answer reports (under WithTokens), cancels it when the request is refused (here or
-// by the upstream) or not sent, and closes it once the request's slots
-// are free: an estimate its answer did not settle stands, and Budgets
-// may drop the key's Budget once idle. With Budgets per tenant:
+// process beside the Gate's (a tenant's: a Budget, or a key's of Budgets)
+// with reserve, called with the request's model and its cost (WithTokens;
+// none for a request without, which counts one request): first, before
+// WithFleetBudgets' reservation, the fleet's caps and the Gate. An error
+// refuses the request there, with nothing held (a Reservation returned
+// with an error is not used: reserve ends it); a nil Reservation reserves
+// nothing. The Transport starts the reservation as its request is sent
+// (one whose Start is refused is not sent, and the Transport returns that
+// *slots.LimitError), settles it with the usage its answer reports (under
+// WithTokens), cancels it when the request is refused (here or by the
+// upstream) or not sent, and closes it once the request's slots are free:
+// an estimate its answer did not settle stands, and Budgets may drop the
+// key's Budget once idle. With Budgets per tenant:
 //
 //	tenants := pacing.NewBudgets(limitsOf)
 //	pacing.WithBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
