@@ -29,8 +29,8 @@ type usageScan struct {
 	// the place whose object is at level 2 (-1: none).
 	obj   [3]bool
 	place [3]int
-	// next: what comes next in the innermost container: a key, or a
-	// value (after a colon, or in an array).
+	// wantKey: the next string is a key (after the opening brace or a
+	// comma of an object at level 1 or 2).
 	wantKey bool
 	key     [8]byte // the last key read at level 1 or 2 (its first bytes)
 	keyLen  int     // its length; more than len(key): none of ours
