@@ -46,7 +46,7 @@ func randomJSON(rng *rand.Rand, depth int) any {
 // usageOf is what WatchUsage should report for a JSON answer, as the
 // library decoded it when it kept the whole answer (with encoding/json),
 // each key decoded on its own: nil when there is none.
-func usageOf(t *testing.T, doc []byte) []pacing.Tokens {
+func usageOf(doc []byte) []pacing.Tokens {
 	var top map[string]json.RawMessage
 	if json.Unmarshal(doc, &top) != nil {
 		return nil
@@ -121,7 +121,7 @@ func TestWatchUsageScansAsJSONDecodes(t *testing.T) {
 			doc, err = json.MarshalIndent(m, "", "  ")
 			require.NoError(t, err)
 		}
-		want := usageOf(t, doc)
+		want := usageOf(doc)
 		found += len(want)
 		var got []pacing.Tokens
 		rc := pacing.WatchUsage(io.NopCloser(&pieces{r: strings.NewReader(string(doc)), rng: rng}), "application/json",

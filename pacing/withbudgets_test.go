@@ -27,15 +27,26 @@ func tenantOf(ctx context.Context) string {
 }
 
 // tenantBudgets returns Budgets of 1,000 tokens a minute for each tenant,
-// and a Transport on gate and base that reserves them (WithBudgets).
-func tenantBudgets(gate *pacing.Gate, base http.RoundTripper, opts ...slots.ClockOption) (*pacing.Budgets[string], *pacing.Transport) {
+// and a Transport on gate and base, with opts, that reserves them
+// (WithBudgets).
+func tenantBudgets(gate *pacing.Gate, base http.RoundTripper, opts ...pacing.TransportOption) (*pacing.Budgets[string], *pacing.Transport) {
+	return tenantBudgetsOn(nil, gate, base, opts...)
+}
+
+// tenantBudgetsOn is tenantBudgets whose Budgets run on clk (nil: the
+// real clock).
+func tenantBudgetsOn(clk clock.Clock, gate *pacing.Gate, base http.RoundTripper, opts ...pacing.TransportOption) (*pacing.Budgets[string], *pacing.Transport) {
+	var clocks []slots.ClockOption
+	if clk != nil {
+		clocks = append(clocks, slots.WithClock(clk))
+	}
 	tenants := pacing.NewBudgets(func(string) *pacing.BudgetLimits {
 		return &pacing.BudgetLimits{TokensPerMinute: 1000}
-	}, opts...)
-	rt := pacing.NewTransport(base, gate, pacing.WithBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
+	}, clocks...)
+	reserve := pacing.WithBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
 		return tenants.Reserve(tenantOf(ctx), cost)
-	}))
-	return tenants, rt
+	})
+	return tenants, pacing.NewTransport(base, gate, append([]pacing.TransportOption{reserve}, opts...)...)
 }
 
 // tenantCtx is a request's context for tenant, estimated at cost.
@@ -111,11 +122,7 @@ func TestWithBudgetsCancelsAndCloses(t *testing.T) {
 	t.Run("refused by a fleet's budget", func(t *testing.T) {
 		base, sent := answering(200, usageAnswer)
 		over := &slots.LimitError{Err: pacing.ErrOverBudget, Cap: pacing.CapTokensPerMinute, Limit: 10}
-		tenants := pacing.NewBudgets(func(string) *pacing.BudgetLimits { return &pacing.BudgetLimits{TokensPerMinute: 1000} })
-		rt := pacing.NewTransport(base, tGate(t, pacing.Config{MaxConcurrentRequests: 1}),
-			pacing.WithBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
-				return tenants.Reserve(tenantOf(ctx), cost)
-			}),
+		tenants, rt := tenantBudgets(tGate(t, pacing.Config{MaxConcurrentRequests: 1}), base,
 			pacing.WithFleetBudgets(func(context.Context, string, pacing.Tokens) (pacing.FleetReservation, error) {
 				return nil, over
 			}))
@@ -126,11 +133,7 @@ func TestWithBudgetsCancelsAndCloses(t *testing.T) {
 	})
 	t.Run("a credential function that panics", func(t *testing.T) {
 		base, sent := answering(200, usageAnswer)
-		tenants := pacing.NewBudgets(func(string) *pacing.BudgetLimits { return &pacing.BudgetLimits{TokensPerMinute: 1000} })
-		rt := pacing.NewTransport(base, tGate(t, pacing.Config{MaxConcurrentRequests: 1}),
-			pacing.WithBudgets(func(ctx context.Context, _ string, cost pacing.Tokens) (*pacing.Reservation, error) {
-				return tenants.Reserve(tenantOf(ctx), cost)
-			}),
+		tenants, rt := tenantBudgets(tGate(t, pacing.Config{MaxConcurrentRequests: 1}), base,
 			pacing.WithCredential(func(http.Header, string) { panic("vault") }))
 		assert.Panics(t, func() {
 			_, _ = rt.RoundTrip(post(t, tenantCtx(t.Context(), "a", pacing.Tokens{Input: 600}), `{"model":"m"}`))
@@ -141,7 +144,7 @@ func TestWithBudgetsCancelsAndCloses(t *testing.T) {
 	t.Run("no usage told, closed once free", func(t *testing.T) {
 		clk := clock.NewMock()
 		base, _ := answering(200, `{"choices":[]}`)
-		tenants, rt := tenantBudgets(tGate(t, pacing.Config{MaxConcurrentRequests: 4}), base, slots.WithClock(clk))
+		tenants, rt := tenantBudgetsOn(clk, tGate(t, pacing.Config{MaxConcurrentRequests: 4}), base)
 		const many = 1024 // the count at which Budgets first drops the idle ones
 		for i := range many {
 			resp, err := rt.RoundTrip(post(t, tenantCtx(t.Context(), fmt.Sprint("t", i), pacing.Tokens{Input: 10}), `{"model":"m"}`))
