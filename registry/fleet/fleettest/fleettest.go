@@ -152,6 +152,7 @@ var (
 		{"SeveralKeysWaiterTurnsHeavy", severalKeysWaiterTurnsHeavy},
 		{"SeveralKeysWaiterBeforeTheLookBound", severalKeysWaiterBeforeTheLookBound},
 		{"SeveralKeysWaiterSlidBeforeTheLookBound", severalKeysWaiterSlidBeforeTheLookBound},
+		{"LightWaiterSlidBeforeTheLookBound", lightWaiterSlidBeforeTheLookBound},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},
 		{"NetworkCut", networkCut},

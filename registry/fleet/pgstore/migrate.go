@@ -81,6 +81,9 @@ var lookBoundSQL string
 //go:embed busykey.sql
 var busyKeySQL string
 
+//go:embed resume.sql
+var resumeSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units.
@@ -122,22 +125,24 @@ var schemaV1 = withConstants(schemaSQL)
 // of several keys name the key it waits on (a key whose serving only went
 // past a heavy waiter is not kept from it), and revision 19 has a serving
 // that goes on past its look bound know the waiters of several keys before
-// where it goes on (it stops where one of them is heavy), and revision 20
+// where it goes on (it stops where one of them is heavy), revision 20
 // has a waiter of several keys passed over only for a key another call
-// holds keep the room of the key served. A revision adds,
+// holds keep the room of the key served, and revision 21 has a serving
+// that goes on past its look bound look again from the head. A revision adds,
 // or replaces a function keeping its signature and the meaning of its
 // answers, so a release that knows fewer of them works on the schema as it
 // is (a rolling deploy has both side by side); one that changes what is
 // there makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
-	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL)}
+	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL),
+	withConstants(resumeSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 20
+	SchemaRevision = 21
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

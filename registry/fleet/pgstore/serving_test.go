@@ -34,9 +34,10 @@ func TestMigrate16To17KeepsTheFunctions(t *testing.T) {
 // (a call of the functions the next revision replaces, whose plans the
 // connection then keeps), migrates it to from+1, as that revision's New
 // did, and checks that the functions kept their signatures (no overload
-// added) and their languages, and the revision. It returns a Store on the
+// added) and their languages, that the only new ones are added (each as
+// "name(types) language"), and the revision. It returns a Store on the
 // database, whose New finds nothing more to do than a release's own.
-func migratedStore(t *testing.T, from int, probe string) *pgstore.Store {
+func migratedStore(t *testing.T, from int, probe string, added ...string) *pgstore.Store {
 	t.Helper()
 	srv := pgtest.Start(t)
 	ctx := context.Background()
@@ -46,7 +47,8 @@ func migratedStore(t *testing.T, from int, probe string) *pgstore.Store {
 	_, err := p.Exec(ctx, probe)
 	require.NoError(t, err)
 	require.NoError(t, pgstore.MigrateTo(ctx, p, from+1))
-	assert.Equal(t, before, inflightFunctions(t, p), "revision %d replaces functions under their signatures, in their languages", from+1)
+	want := slices.Sorted(slices.Values(append(before, added...)))
+	assert.Equal(t, want, inflightFunctions(t, p), "revision %d replaces functions under their signatures, in their languages", from+1)
 	var r int
 	require.NoError(t, p.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r))
 	assert.Equal(t, from+1, r)

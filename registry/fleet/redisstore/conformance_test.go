@@ -86,3 +86,10 @@ type shared struct{ c redis.UniversalClient }
 func (s shared) Store(_ testing.TB, fleet string) driver.Store { return redisstore.New(s.c, fleet) }
 
 func (s shared) Queued(fleet, key string) (int, error) { return queued(s.c, fleet, key) }
+
+// The grants of a serving that goes on past its look bound (a release of
+// several pairs on a key) pass the waiters before where it goes on, as
+// grants from the head do: they count towards MaxPassed.
+func TestUrgentPastTheLookBound(t *testing.T) {
+	fleettest.UrgentPastTheLookBound(t, standalone{redistest.Start(t)}.Store(t, "f"))
+}

@@ -94,9 +94,10 @@ import (
 // left, a newcomer looks at 64 more, and a waiter further back takes the
 // room on its own next call. A look that goes on (a newcomer's, a
 // release's of several pairs on the key) knows the waiters of several keys
-// that the looks before it in the same script passed, and stops where a
-// grant leaves one of them heavy (passedBefore), as a serving from the
-// head would. The looks for heavy waiters go as far
+// that the looks before it in the same script passed: it stops where a
+// grant leaves one of them heavy (passedBefore), and its grants pass them
+// (passedBy, towards registry.MaxPassed), as a serving from the head
+// would. The looks for heavy waiters go as far
 // (heavyBefore): a heavy waiter more than 64 places past where serving
 // stopped, behind waiters held up on their other keys, may be passed by a
 // lighter waiter further back, on that waiter's own call or through another
@@ -347,6 +348,11 @@ end
 -- (memstore's, which looks again from the head after each grant). A
 -- serving from the head begins them anew.
 local passedBefore = {}
+-- passedBy holds, per key, the tickets of the waiters of several keys
+-- that its serving passed over from its head on, for the length of a
+-- script: the grants of a serving that goes on from where one stopped
+-- short pass them too (passOver), as grants from the head do.
+local passedBy = {}
 -- lookedTo holds, per key, the member of the first waiter a serving that
 -- stopped at its look bound did not look at, for the length of a script.
 local lookedTo = {}
@@ -375,8 +381,8 @@ end
 -- else 0, and the heavy waiter of one key it went past (up to its bound,
 -- see driver.ReleaseCall), if any: a waiter of several keys passes none.
 -- From from > 0 it knows the waiters of several keys that the servings of
--- k before it in the script passed (passedBefore), and stops where one
--- is heavy, as past one of its own.
+-- k before it in the script passed (passedBefore, passedBy): it stops
+-- where one is heavy, as past one of its own, and its grants pass them.
 local function serveFrom(k, limit, now, claim, chans, P, from)
   local Q, T = k .. '#q', k .. '#t'
   if redis.call('EXISTS', Q) == 0 then return 0 end
@@ -390,7 +396,16 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
   elseif lookedTo[k] then
     from = redis.call('ZLEXCOUNT', Q, '-', '(' .. lookedTo[k])
   end
-  local i, steps, passed, blocker = from, 0, {}, nil
+  local i, steps, blocker = from, 0, nil
+  -- Those passed before from (the first carried of passed, which goes on
+  -- as passedBefore does) are passed by its grants too. Whether one is
+  -- still queued (not granted through another of its keys since) is
+  -- looked at as a grant passes it, not at each serving (as many looks
+  -- per serving as waiters before it); one gone, or urgent (passing it
+  -- again changes nothing), is forgotten.
+  local passed = resumed and passedBy[k] or {}
+  local carried = #passed
+  passedBy[k] = passed
   -- The units of the waiters of several keys passed, of live processes,
   -- from the head on: those before from too (passedBefore).
   local passedUnits = resumed and passedBefore[k] or {}
@@ -460,7 +475,17 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
           bound = charge(T, blocker, redis.call('HGET', T, 'f|' .. ticket) or '', string.match(m, '^(%d+)|'), units)
         end
         count, w = count + grant(kl, ticket, units, proc, now, claim, chans, k), w + 1
-        for _, p in ipairs(passed) do passOver(k, p) end
+        local n, kept = 0, 0
+        for j, p in ipairs(passed) do
+          -- Passed by this serving, it is queued; carried, it may have left.
+          if (j > carried or redis.call('HEXISTS', T, p) == 1) and passOver(k, p) < maxPassed then
+            n = n + 1
+            passed[n] = p
+            if j <= carried then kept = kept + 1 end
+          end
+        end
+        for j = #passed, n + 1, -1 do passed[j] = nil end
+        carried = kept
         -- The heavy waiter it went past has been passed its bound, or a
         -- waiter of several keys it passed is heavy now: serving stops
         -- there, as it would meeting it now.

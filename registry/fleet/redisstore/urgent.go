@@ -60,7 +60,7 @@ local function urge(k, ticket, kl)
   end
 end
 -- passOver counts a grant on k that passed ticket over: at maxPassed it is
--- one of k's urgent tickets (see urge).
+-- one of k's urgent tickets (see urge). It returns the count.
 local function passOver(k, ticket)
   local Q, T, V = qkeys(k)
   local passes = redis.call('HINCRBY', T, 'p|' .. ticket, 1)
@@ -68,5 +68,6 @@ local function passOver(k, ticket)
   if passes == maxPassed then
     urge(k, ticket, keysOf(redis.call('HGET', T, 'k|' .. ticket), nil, nil, k, 9e18))
   end
+  return passes
 end
 `

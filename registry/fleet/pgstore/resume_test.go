@@ -1,0 +1,121 @@
+package pgstore_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/pgstore"
+)
+
+// A release of n pairs on a key whose queue holds n × PassScan waiters of
+// several keys, each held up on its other key, serves the key n times,
+// each going PassScan waiters further: every waiter is looked at (its room
+// checked, inflight_take_stop) about once, not once per serving before it.
+// Revision 21's servings look again from the head, as far as start +
+// PassScan: n(n+1)/2 × PassScan looks, and an OFFSET scan of the queue per
+// step (a release of 32 pairs over 2048 such waiters took 25 s on two
+// cores, 1.7 s at revision 20, holding the key's lock throughout).
+func TestBatchReleaseLooksAtEachWaiterAboutOnce(t *testing.T) {
+	s, admin := fastStore(t)
+	ctx := context.Background()
+	call := keysCaller(t, s)
+	const n = 8
+	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
+	var keys, leases []string
+	var limits []int64
+	for i := range n {
+		id := fmt.Sprint("H", i)
+		require.Equal(t, driver.StatusAdmitted, call(id, []string{"a"}, 1, []int{n}, false).Status)
+		keys, leases, limits = append(keys, pgstore.StoredKey("a")), append(leases, id), append(limits, n)
+	}
+	for i := range n * driver.PassScan {
+		require.Equal(t, driver.StatusQueued, call(fmt.Sprint("W", i), []string{"a", "c"}, 1, []int{n, 1}, true).Status)
+	}
+	// The release as Store.Release makes it, in a transaction of the
+	// test's that counts the functions' calls, rolled back.
+	tx, err := admin.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, "SET LOCAL track_functions = 'pl'")
+	require.NoError(t, err)
+	t0 := time.Now()
+	_, err = tx.Exec(ctx, "SELECT inflight_release($1, $2, $3, $4, $5, false, $6)", fastFleet, driver.Millis(fastClaim),
+		keys, leases, limits, driver.Millis(fastTTL))
+	require.NoError(t, err)
+	t.Logf("a release of %d pairs over %d waiters: %v", n, n*driver.PassScan, time.Since(t0).Round(time.Millisecond))
+	var serves, looks int
+	require.NoError(t, tx.QueryRow(ctx, `SELECT coalesce(sum(calls) FILTER (WHERE funcname = 'inflight_serve'), 0),
+		coalesce(sum(calls) FILTER (WHERE funcname = 'inflight_take_stop'), 0) FROM pg_stat_xact_user_functions`).Scan(&serves, &looks))
+	require.Equal(t, n, serves, "one serving per pair: each stops at its look bound")
+	assert.LessOrEqual(t, looks, 2*n*driver.PassScan, "the waiters' rooms checked once per serving before them")
+}
+
+// A look further on a key goes on from the waiter the look before it did
+// not reach, by that look's mark (inflight_looked) or, with no mark (a
+// serving of the key from the head since took it away), by looking again
+// from the head as far: either way V, which slid before where the look
+// stopped when X (before it, of a and b) was granted through b, is served
+// before L behind it. The servings are made one by one, in a transaction
+// of the test's, as a newcomer's call on a and b makes them.
+func TestLookFurtherFindsTheSlidWaiter(t *testing.T) {
+	for _, mark := range []bool{true, false} {
+		t.Run(map[bool]string{true: "Mark", false: "FromTheHead"}[mark], func(t *testing.T) {
+			s, admin := fastStore(t)
+			ctx := context.Background()
+			call := keysCaller(t, s)
+			const lim = 10
+			require.Equal(t, driver.StatusAdmitted, call("Gb", []string{"b"}, 1, []int{lim}, false).Status)
+			require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
+			require.Equal(t, driver.StatusAdmitted, call("P", []string{"a"}, 7, []int{lim}, false).Status)
+			require.Equal(t, driver.StatusAdmitted, call("Q", []string{"a"}, 3, []int{lim}, false).Status)
+			require.Equal(t, driver.StatusQueued, call("Hb", []string{"b", "d"}, 2, []int{2, lim}, true).Status)
+			require.Equal(t, driver.StatusQueued, call("X", []string{"a", "b"}, 1, []int{lim, lim}, true).Status)
+			for i := range driver.PassScan - 1 {
+				require.Equal(t, driver.StatusQueued, call(fmt.Sprint("F", i), []string{"a", "c"}, 1, []int{lim, 1}, true).Status)
+			}
+			for _, l := range []string{"V", "L"} {
+				require.Equal(t, driver.StatusQueued, call(l, []string{"a"}, 1, []int{lim}, true).Status)
+			}
+			// Q's release serves a, which stops at its bound: 3 units free.
+			require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim,
+				Pairs: []driver.Release{{Key: "a", Lease: "Q", Limit: lim}}}))
+			countIs(t, s, "a", 7, "P")
+			tx, err := admin.Begin(ctx)
+			require.NoError(t, err)
+			defer func() { _ = tx.Rollback(ctx) }()
+			serve := func(k string, start int) int {
+				var r int
+				require.NoError(t, tx.QueryRow(ctx, "SELECT inflight_serve($1, $2, $3, inflight_now_us() / 1000, $4, $5)",
+					fastFleet, pgstore.StoredKey(k), lim, driver.Millis(fastClaim), start).Scan(&r))
+				return r
+			}
+			_, err = tx.Exec(ctx, "SELECT inflight_lock($1, $2)", fastFleet, []string{pgstore.StoredKey("a"), pgstore.StoredKey("b")})
+			require.NoError(t, err)
+			stop := serve("a", 0)
+			require.Equal(t, driver.PassScan+1, stop, "a's serving stops at its look bound, at V")
+			require.Zero(t, serve("b", 0), "b's serving grants X")
+			if !mark {
+				_, err = tx.Exec(ctx, "SELECT set_config('inflight.looked', '', true)")
+				require.NoError(t, err)
+			}
+			assert.Zero(t, serve("a", stop-1), "the look further fills a")
+			var granted []string
+			rows, err := tx.Query(ctx, "SELECT lease FROM inflight_lease WHERE fleet = $1 AND key = $2 AND lease <> 'P' ORDER BY lease",
+				fastFleet, pgstore.StoredKey("a"))
+			require.NoError(t, err)
+			for rows.Next() {
+				var l string
+				require.NoError(t, rows.Scan(&l))
+				granted = append(granted, l)
+			}
+			require.NoError(t, rows.Err())
+			assert.Equal(t, []string{"L", "V", "X"}, granted)
+		})
+	}
+}
