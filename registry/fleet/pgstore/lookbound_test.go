@@ -81,8 +81,8 @@ func TestMigrate20To21KeepsTheFunctions(t *testing.T) {
 }
 
 // The grants of a serving that goes on past its look bound pass the
-// waiters before it (revision 21: it looks again from the head; at 20 it
-// went on from an index, and grants past W did not count).
+// waiters of several keys before it (revision 21: they are read again
+// from the queue; at 20 grants past W did not count).
 func TestUrgentPastTheLookBound(t *testing.T) {
 	fleettest.UrgentPastTheLookBound(t, store(t, pgtest.Start(t), "f"))
 }

@@ -128,7 +128,8 @@ var schemaV1 = withConstants(schemaSQL)
 // where it goes on (it stops where one of them is heavy), revision 20
 // has a waiter of several keys passed over only for a key another call
 // holds keep the room of the key served, and revision 21 has a serving
-// that goes on past its look bound look again from the head. A revision adds,
+// that goes on past its look bound go on from the waiter the look before
+// it did not reach, wherever it stands now. A revision adds,
 // or replaces a function keeping its signature and the meaning of its
 // answers, so a release that knows fewer of them works on the schema as it
 // is (a rolling deploy has both side by side); one that changes what is
