@@ -24,6 +24,12 @@
 -- (busykey.sql) only if a busy key stopped it. It keeps its signature and
 -- the meaning of its answers.
 
+-- A key's oldest urgent ticket (inflight_room_of's look, at each waiter
+-- a serving looks at) is found through an index of the urgent tickets:
+-- without it, each look read the key's whole queue, and a release of many
+-- pairs on a long queue read it once per waiter it looked at.
+CREATE INDEX IF NOT EXISTS inflight_ticket_urgent ON inflight_ticket (fleet, key, arrival) WHERE urgent;
+
 -- inflight_take_stop is inflight_can_take that says where it stopped: 0
 -- if t can take room for its units on all of keys, else the index of the
 -- first key that stopped it, negative if another call holds that key
@@ -74,9 +80,10 @@ END $$;
 -- of a waiter of several keys that the looks from the head passed (more
 -- than one, at most the limit); with r 0, it takes k's mark away. Its tag
 -- is written as the float it is (any extra_float_digits above 0 writes
--- the shortest text that reads back the same).
+-- the shortest text that reads back the same from PostgreSQL 12 on; 3,
+-- 17 digits, before it).
 CREATE OR REPLACE FUNCTION inflight_look_to(k text, r int, q inflight_ticket, pmax int) RETURNS void LANGUAGE plpgsql
-	SET extra_float_digits = 1 AS $$
+	SET extra_float_digits = 3 AS $$
 BEGIN
 	PERFORM set_config('inflight.looked', coalesce(concat_ws(',', (SELECT string_agg(x, ',')
 			FROM unnest(string_to_array(current_setting('inflight.looked', true), ',')) x WHERE left(x, 32) <> md5(k)),
