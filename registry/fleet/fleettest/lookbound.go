@@ -82,16 +82,7 @@ func severalKeysWaiterBeforeTheLookBound(t *testing.T, srv Server) {
 func severalKeysWaiterSlidBeforeTheLookBound(t *testing.T, srv Server) {
 	const lim = 10
 	h := storeCall{t, srv.Store(t, "severalKeysWaiterSlidBeforeTheLookBound")}
-	require.Equal(t, driver.StatusAdmitted, h.admit("Gb", "b", 1, lim, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("Gc", "c", 1, 1, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("P", "a", 7, lim, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("Q", "a", 3, lim, 0, "f", false).Status)
-	require.Equal(t, driver.StatusQueued, h.admitKeys("Hb", []string{"b", "d"}, 2, []int{2, lim}, 0, true).Status)
-	require.Equal(t, driver.StatusQueued, h.admitKeys("X", []string{"a", "b"}, 1, []int{lim, lim}, 0, true).Status)
-	for i := range driver.PassScan - 1 {
-		r := h.admitKeys(fmt.Sprintf("F%d", i), []string{"a", "c"}, 1, []int{lim, 1}, 0, true)
-		require.Equal(t, driver.StatusQueued, r.Status, "F%d: %+v", i, r)
-	}
+	queueBehindX(h, lim)
 	require.Equal(t, driver.StatusQueued, h.admitKeys("W", []string{"a", "c"}, 3, []int{lim, 1}, 0, true).Status)
 	for _, l := range []string{"L1", "L2"} {
 		require.Equal(t, driver.StatusQueued, h.admit(l, "a", 1, lim, 0, "f", true).Status, "%s", l)
@@ -102,6 +93,23 @@ func severalKeysWaiterSlidBeforeTheLookBound(t *testing.T, srv Server) {
 	assert.LessOrEqual(t, h.count("a"), 9, "grants went past W, heavy on a once X was granted, a waiter of several keys")
 	r = h.admit("L2", "a", 1, lim, 0, "f", true)
 	assert.Equal(t, driver.StatusQueued, r.Status, "L2 was granted past W, heavy on a: %+v", r)
+}
+
+// queueBehindX makes the queue of SeveralKeysWaiterSlidBeforeTheLookBound
+// up to the Fs: a full (P 7 units, Q 3, of lim), X waiting on a and b
+// behind Hb, and PassScan-1 waiters F of a and c behind Gc.
+func queueBehindX(h storeCall, lim int) {
+	h.t.Helper()
+	require.Equal(h.t, driver.StatusAdmitted, h.admit("Gb", "b", 1, lim, 0, "f", false).Status)
+	require.Equal(h.t, driver.StatusAdmitted, h.admit("Gc", "c", 1, 1, 0, "f", false).Status)
+	require.Equal(h.t, driver.StatusAdmitted, h.admit("P", "a", 7, lim, 0, "f", false).Status)
+	require.Equal(h.t, driver.StatusAdmitted, h.admit("Q", "a", 3, lim, 0, "f", false).Status)
+	require.Equal(h.t, driver.StatusQueued, h.admitKeys("Hb", []string{"b", "d"}, 2, []int{2, lim}, 0, true).Status)
+	require.Equal(h.t, driver.StatusQueued, h.admitKeys("X", []string{"a", "b"}, 1, []int{lim, lim}, 0, true).Status)
+	for i := range driver.PassScan - 1 {
+		r := h.admitKeys(fmt.Sprintf("F%d", i), []string{"a", "c"}, 1, []int{lim, 1}, 0, true)
+		require.Equal(h.t, driver.StatusQueued, r.Status, "F%d: %+v", i, r)
+	}
 }
 
 // As SeveralKeysWaiterSlidBeforeTheLookBound, with a light waiter of one
@@ -115,16 +123,7 @@ func severalKeysWaiterSlidBeforeTheLookBound(t *testing.T, srv Server) {
 func lightWaiterSlidBeforeTheLookBound(t *testing.T, srv Server) {
 	const lim = 10
 	h := storeCall{t, srv.Store(t, "lightWaiterSlidBeforeTheLookBound")}
-	require.Equal(t, driver.StatusAdmitted, h.admit("Gb", "b", 1, lim, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("Gc", "c", 1, 1, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("P", "a", 7, lim, 0, "f", false).Status)
-	require.Equal(t, driver.StatusAdmitted, h.admit("Q", "a", 3, lim, 0, "f", false).Status)
-	require.Equal(t, driver.StatusQueued, h.admitKeys("Hb", []string{"b", "d"}, 2, []int{2, lim}, 0, true).Status)
-	require.Equal(t, driver.StatusQueued, h.admitKeys("X", []string{"a", "b"}, 1, []int{lim, lim}, 0, true).Status)
-	for i := range driver.PassScan - 1 {
-		r := h.admitKeys(fmt.Sprintf("F%d", i), []string{"a", "c"}, 1, []int{lim, 1}, 0, true)
-		require.Equal(t, driver.StatusQueued, r.Status, "F%d: %+v", i, r)
-	}
+	queueBehindX(h, lim)
 	for _, l := range []string{"V", "L"} {
 		require.Equal(t, driver.StatusQueued, h.admit(l, "a", 1, lim, 0, "f", true).Status, "%s", l)
 	}

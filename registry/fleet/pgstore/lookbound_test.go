@@ -54,17 +54,24 @@ func TestMigrate20To21KeepsTheFunctions(t *testing.T) {
 		"inflight_heavy_before(text,text,bigint,bigint,text[],bigint,bigint) plpgsql",
 		"inflight_look_to(text,integer,inflight_ticket,integer) plpgsql", "inflight_looked(text) plpgsql",
 		"inflight_take_stop(text,text,text[],bigint[],text,bigint,integer,bigint,bigint,bigint) plpgsql")
-	ctx := context.Background()
 	call := keysCaller(t, s)
+	slidQueue(t, s, call)
+	assert.Equal(t, driver.StatusFull, call("N", []string{"a", "b"}, 1, []int{10, 10}, false).Status,
+		"the newcomer took V's room")
+	countIs(t, s, "a", 10, "P, X, V and L")
+}
+
+// slidQueue makes fleettest's LightWaiterSlidBeforeTheLookBound queue on s
+// through call, up to Q's release, which serves a and stops at its look
+// bound, at V: a holds P's 7 units of 10; X (a and b) waits behind Hb on
+// b, PassScan-1 waiters F (a and c) behind Gc on c, then V and L (a).
+func slidQueue(t *testing.T, s driver.Store, call caller) {
+	t.Helper()
 	const lim = 10
-	for _, h := range []struct {
-		id    string
-		key   string
-		units int
-	}{{"Gb", "b", 1}, {"P", "a", 7}, {"Q", "a", 3}} {
-		require.Equal(t, driver.StatusAdmitted, call(h.id, []string{h.key}, h.units, []int{lim}, false).Status)
-	}
+	require.Equal(t, driver.StatusAdmitted, call("Gb", []string{"b"}, 1, []int{lim}, false).Status)
 	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
+	require.Equal(t, driver.StatusAdmitted, call("P", []string{"a"}, 7, []int{lim}, false).Status)
+	require.Equal(t, driver.StatusAdmitted, call("Q", []string{"a"}, 3, []int{lim}, false).Status)
 	require.Equal(t, driver.StatusQueued, call("Hb", []string{"b", "d"}, 2, []int{2, lim}, true).Status)
 	require.Equal(t, driver.StatusQueued, call("X", []string{"a", "b"}, 1, []int{lim, lim}, true).Status)
 	for i := range driver.PassScan - 1 {
@@ -73,11 +80,9 @@ func TestMigrate20To21KeepsTheFunctions(t *testing.T) {
 	for _, l := range []string{"V", "L"} {
 		require.Equal(t, driver.StatusQueued, call(l, []string{"a"}, 1, []int{lim}, true).Status)
 	}
-	require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim,
+	require.NoError(t, s.Release(context.Background(), &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim,
 		Pairs: []driver.Release{{Key: "a", Lease: "Q", Limit: lim}}}))
-	assert.Equal(t, driver.StatusFull, call("N", []string{"a", "b"}, 1, []int{lim, lim}, false).Status,
-		"the newcomer took V's room")
-	countIs(t, s, "a", lim, "P, X, V and L")
+	countIs(t, s, "a", 7, "P")
 }
 
 // The grants of a serving that goes on past its look bound pass the

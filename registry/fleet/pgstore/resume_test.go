@@ -27,14 +27,7 @@ func TestBatchReleaseLooksAtEachWaiterAboutOnce(t *testing.T) {
 	ctx := context.Background()
 	call := keysCaller(t, s)
 	const n = 8
-	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
-	var keys, leases []string
-	var limits []int64
-	for i := range n {
-		id := fmt.Sprint("H", i)
-		require.Equal(t, driver.StatusAdmitted, call(id, []string{"a"}, 1, []int{n}, false).Status)
-		keys, leases, limits = append(keys, pgstore.StoredKey("a")), append(leases, id), append(limits, n)
-	}
+	keys, leases, limits := heldPairs(t, call, n)
 	for i := range n * driver.PassScan {
 		require.Equal(t, driver.StatusQueued, call(fmt.Sprint("W", i), []string{"a", "c"}, 1, []int{n, 1}, true).Status)
 	}
@@ -69,24 +62,8 @@ func TestLookFurtherFindsTheSlidWaiter(t *testing.T) {
 		t.Run(map[bool]string{true: "Mark", false: "FromTheHead"}[mark], func(t *testing.T) {
 			s, admin := fastStore(t)
 			ctx := context.Background()
-			call := keysCaller(t, s)
+			slidQueue(t, s, keysCaller(t, s))
 			const lim = 10
-			require.Equal(t, driver.StatusAdmitted, call("Gb", []string{"b"}, 1, []int{lim}, false).Status)
-			require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
-			require.Equal(t, driver.StatusAdmitted, call("P", []string{"a"}, 7, []int{lim}, false).Status)
-			require.Equal(t, driver.StatusAdmitted, call("Q", []string{"a"}, 3, []int{lim}, false).Status)
-			require.Equal(t, driver.StatusQueued, call("Hb", []string{"b", "d"}, 2, []int{2, lim}, true).Status)
-			require.Equal(t, driver.StatusQueued, call("X", []string{"a", "b"}, 1, []int{lim, lim}, true).Status)
-			for i := range driver.PassScan - 1 {
-				require.Equal(t, driver.StatusQueued, call(fmt.Sprint("F", i), []string{"a", "c"}, 1, []int{lim, 1}, true).Status)
-			}
-			for _, l := range []string{"V", "L"} {
-				require.Equal(t, driver.StatusQueued, call(l, []string{"a"}, 1, []int{lim}, true).Status)
-			}
-			// Q's release serves a, which stops at its bound: 3 units free.
-			require.NoError(t, s.Release(ctx, &driver.ReleaseCall{TTL: fastTTL, Claim: fastClaim,
-				Pairs: []driver.Release{{Key: "a", Lease: "Q", Limit: lim}}}))
-			countIs(t, s, "a", 7, "P")
 			tx, err := admin.Begin(ctx)
 			require.NoError(t, err)
 			defer func() { _ = tx.Rollback(ctx) }()
@@ -135,14 +112,7 @@ func TestBatchReleaseFindsTheOldestUrgentTicketByItsIndex(t *testing.T) {
 	ctx := context.Background()
 	call := keysCaller(t, s)
 	const n = 16
-	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
-	var keys, leases []string
-	var limits []int64
-	for i := range n {
-		id := fmt.Sprint("H", i)
-		require.Equal(t, driver.StatusAdmitted, call(id, []string{"a"}, 1, []int{n}, false).Status)
-		keys, leases, limits = append(keys, pgstore.StoredKey("a")), append(leases, id), append(limits, n)
-	}
+	keys, leases, limits := heldPairs(t, call, n)
 	for j := range n {
 		for i := range driver.PassScan {
 			require.Equal(t, driver.StatusQueued, call(fmt.Sprint("W", j, "-", i), []string{"a", "c"}, 1, []int{n, 1}, true).Status)
@@ -168,4 +138,17 @@ func TestBatchReleaseFindsTheOldestUrgentTicketByItsIndex(t *testing.T) {
 		fastFleet, pgstore.StoredKey("a")).Scan(&granted))
 	require.Equal(t, n-1, granted, "each look further grants a light waiter")
 	assert.LessOrEqual(t, read, int64(200*waiters), "the queue's rows read per waiter looked at")
+}
+
+// heldPairs fills c (Gc, its limit 1) and a with n leases of 1 unit under
+// a limit of n, and returns them as a release's arguments.
+func heldPairs(t *testing.T, call caller, n int) (keys, leases []string, limits []int64) {
+	t.Helper()
+	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false).Status)
+	for i := range n {
+		id := fmt.Sprint("H", i)
+		require.Equal(t, driver.StatusAdmitted, call(id, []string{"a"}, 1, []int{n}, false).Status)
+		keys, leases, limits = append(keys, pgstore.StoredKey("a")), append(leases, id), append(limits, int64(n))
+	}
+	return keys, leases, limits
 }

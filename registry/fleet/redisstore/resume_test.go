@@ -28,13 +28,7 @@ func TestResumedServingPassesOnlyQueuedWaiters(t *testing.T) {
 	c := redistest.Start(t).ClientFor(t)
 	s := redisstore.New(c, "f")
 	ctx := context.Background()
-	call := func(id string, keys []string, units int, limits []int, wait bool) driver.Status {
-		t.Helper()
-		r, err := s.AdmitOne(ctx, &driver.AdmitCall{Lease: id, Keys: keys, Limits: limits, Units: units, TTL: time.Hour,
-			Claim: time.Minute, Live: time.Hour, Wait: wait, Flow: "f", Weight: 1, Proc: "p", MaxQueue: -1, MaxFlowQueue: -1})
-		require.NoError(t, err)
-		return r.Status
-	}
+	call := statusCaller(t, s)
 	const lim = 10
 	require.Equal(t, driver.StatusAdmitted, call("Gb", []string{"b"}, 1, []int{lim}, false))
 	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false))
@@ -82,13 +76,7 @@ func TestResumedServingsPassEachWaiterAFewTimes(t *testing.T) {
 	c := srv.PatientClientFor(t, time.Minute)
 	s := redisstore.New(c, "f")
 	ctx := context.Background()
-	call := func(id string, keys []string, units int, limits []int, wait bool) driver.Status {
-		t.Helper()
-		r, err := s.AdmitOne(ctx, &driver.AdmitCall{Lease: id, Keys: keys, Limits: limits, Units: units, TTL: time.Hour,
-			Claim: time.Minute, Live: time.Hour, Wait: wait, Flow: "f", Weight: 1, Proc: "p", MaxQueue: -1, MaxFlowQueue: -1})
-		require.NoError(t, err)
-		return r.Status
-	}
+	call := statusCaller(t, s)
 	const n = 64
 	require.Equal(t, driver.StatusAdmitted, call("Gc", []string{"c"}, 1, []int{1}, false))
 	var pairs []driver.Release
@@ -125,4 +113,17 @@ func TestResumedServingsPassEachWaiterAFewTimes(t *testing.T) {
 	count, err := s.Count(ctx, "a")
 	require.NoError(t, err)
 	assert.Equal(t, n-1, count, "the light waiters but one: a keeps a place for the first waiter of several keys, urgent")
+}
+
+// statusCaller returns call, which makes lease id's call on keys (their
+// limits) for units on s, waiting if wait, and returns its status.
+func statusCaller(t *testing.T, s driver.Store) func(id string, keys []string, units int, limits []int, wait bool) driver.Status {
+	return func(id string, keys []string, units int, limits []int, wait bool) driver.Status {
+		t.Helper()
+		r, err := s.AdmitOne(context.Background(), &driver.AdmitCall{Lease: id, Keys: keys, Limits: limits, Units: units,
+			TTL: time.Hour, Claim: time.Minute, Live: time.Hour, Wait: wait, Flow: "f", Weight: 1, Proc: "p",
+			MaxQueue: -1, MaxFlowQueue: -1})
+		require.NoError(t, err)
+		return r.Status
+	}
 }
