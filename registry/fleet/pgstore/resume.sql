@@ -15,7 +15,9 @@
 -- (its place in the queue's order, in a setting local to the transaction,
 -- inflight.looked), and one with start > 0 goes on from that place, the
 -- waiters of several keys before it counted as passed, as Redis's scripts
--- carry them (lookedTo, passedBy). Serving steps through the queue by its
+-- carry them (lookedTo, passedBy); with no mark of that look (a serving
+-- of the key from the head took it away since), it looks again from the
+-- head, as far. Serving steps through the queue by its
 -- order from the last waiter passed over, not by OFFSET (a look at the
 -- i-th waiter read i index entries), and counts a grant's passes in one
 -- statement, forgetting a ticket once urgent (a pass more changes
