@@ -22,7 +22,11 @@
 // The tests run on real clocks: they assert what must hold whatever the
 // machine's load, with generous bounds on how long it may take. Bench
 // measures what they do not assert (how well a store keeps a cache of
-// tokens used), as benchmarks.
+// tokens used), as benchmarks. Beside Run, a store's own tests may call
+// Patient (its calls' claims stretched, for order tests through
+// fleet.Registry on a busy machine) and UrgentPastTheLookBound (for a
+// store that keeps a place for a waiter passed over many times, which the
+// contract does not ask).
 package fleettest
 
 import (
