@@ -27,12 +27,18 @@ func TestWatchedSourceDropped(t *testing.T) {
 			require.NoError(t, err)
 			mock := clock.NewMock()
 			collected := make(chan struct{})
+			// The source is read while it is in use: kept alive until the
+			// read is done (it is unreachable once the func returns, and a
+			// collection then, before the read, would find it gone).
 			mon := func() interface{ Done() <-chan struct{} } {
 				if kind == "limiter" {
 					l := slots.NewLimiter(1, slots.WithObserver(c))
 					inflightotel.WatchLimiter(c, l)
 					runtime.AddCleanup(l, func(ch chan struct{}) { close(ch) }, collected)
-					return sweep.NewForLimiter(l, sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(c))
+					mon := sweep.NewForLimiter(l, sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(c))
+					assert.Contains(t, m.collect(t), "inflight.slot.active", "read while in use")
+					runtime.KeepAlive(l)
+					return mon
 				}
 				r := registry.New[string](1, slots.WithObserver(c))
 				inflightotel.WatchRegistry(c, r)
@@ -40,9 +46,11 @@ func TestWatchedSourceDropped(t *testing.T) {
 				s, err := r.TryAcquire("org-a")
 				require.NoError(t, err)
 				s.Release()
-				return sweep.New(r, sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(c))
+				mon := sweep.New(r, sweep.WithClock(mock), sweep.WithInterval(time.Second), sweep.WithObserver(c))
+				assert.Contains(t, m.collect(t), "inflight.slot.active", "read while in use")
+				runtime.KeepAlive(r)
+				return mon
 			}()
-			assert.Contains(t, m.collect(t), "inflight.slot.active", "read while in use")
 			require.Eventually(t, func() bool {
 				runtime.GC()
 				mock.Add(time.Second)

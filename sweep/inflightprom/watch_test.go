@@ -22,18 +22,24 @@ func TestWatchedSourceDropped(t *testing.T) {
 		t.Run(kind, func(t *testing.T) {
 			c := inflightprom.New("tenant")
 			collected := make(chan struct{})
+			// The source is read while it is in use: kept alive until the
+			// read is done (it is unreachable once the func returns, and a
+			// collection then, before the read, would find it gone).
 			func() {
 				if kind == "limiter" {
 					l := slots.NewLimiter(1, slots.WithObserver(c))
 					inflightprom.WatchLimiter(c, l)
 					runtime.AddCleanup(l, func(ch chan struct{}) { close(ch) }, collected)
+					assert.Equal(t, 1, testutil.CollectAndCount(c, "inflight_in_flight"), "read while in use")
+					runtime.KeepAlive(l)
 					return
 				}
 				r := registry.New[string](1, slots.WithObserver(c))
 				inflightprom.WatchRegistry(c, r)
 				runtime.AddCleanup(r, func(ch chan struct{}) { close(ch) }, collected)
+				assert.Equal(t, 1, testutil.CollectAndCount(c, "inflight_in_flight"), "read while in use")
+				runtime.KeepAlive(r)
 			}()
-			assert.Equal(t, 1, testutil.CollectAndCount(c, "inflight_in_flight"), "read while in use")
 			require.Eventually(t, func() bool {
 				runtime.GC()
 				select {
