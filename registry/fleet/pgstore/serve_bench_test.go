@@ -16,10 +16,10 @@ import (
 // before it grants: a (limit 10) is full, and PassScan-1 waiters of a and
 // c, passed over while c is paused (a limit of 0: they keep no place on
 // a however often they are passed), stand before the light waiters of a.
-// Each op releases the lease granted by the op before it (its serving
-// passes the waiters of a and c, and grants the next light waiter), and
-// queues one more light waiter at the tail (its call serves a from the
-// head too). Run it with
+// Each op queues one more light waiter at the tail (its call serves a
+// from the head too), releases the lease granted by the op before it (its
+// serving passes the waiters of a and c, and grants the next light
+// waiter), and claims that grant. Run it with
 //
 //	go test -run '^$' -bench DeepServe ./registry/fleet/pgstore
 func BenchmarkDeepServe(b *testing.B) {
