@@ -340,36 +340,7 @@ local function canTake(T, kl, ticket, units, now, P, claim, served, arrival, cou
   end
   return true
 end
-` + summaryLua + `
--- passedBefore holds, per key, the units of the waiters of several keys
--- (of live processes) that its serving passed from its head on, for the
--- length of a script: a serving that goes on from where one stopped short
--- at its look bound (from > 0) knows them, as one from the head does
--- (memstore's, which looks again from the head after each grant). A
--- serving from the head begins them anew.
-local passedBefore = {}
--- passedBy holds, per key, the tickets of the waiters of several keys
--- that its serving passed over from its head on, for the length of a
--- script: the grants of a serving that goes on from where one stopped
--- short pass them too (passOver), as grants from the head do.
-local passedBy = {}
--- lookedTo holds, per key, the member of the first waiter a serving that
--- stopped at its look bound did not look at, for the length of a script.
-local lookedTo = {}
--- heavyPassed reports whether a waiter of several keys that serving k
--- passed (passedUnits: ticket to units), still queued there, has no room
--- left for its units, at most limit, at count: heavy, it keeps the room.
--- One no longer queued (granted through another of its keys since) is
--- forgotten.
-local function heavyPassed(T, passedUnits, limit, count)
-  for p, u in pairs(passedUnits) do
-    if u > 1 and u <= limit and count + u > limit then
-      if redis.call('HEXISTS', T, p) == 1 then return true end
-      passedUnits[p] = nil
-    end
-  end
-  return false
-end
+` + summaryLua + lookBoundLua + `
 -- serveFrom grants k's waiters in order, from the one at index from (0: the
 -- head), while k has room under limit: each that can take room for its
 -- units on all of its keys; a waiter of a dead process is dropped. If it
