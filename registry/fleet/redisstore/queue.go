@@ -362,6 +362,10 @@ local function serveFrom(k, limit, now, claim, chans, P, from)
   -- not look at (lookedTo): waiters before it may have left since (granted
   -- through another of their keys), and an index would skip as many
   -- waiters it never looked at. Members sort by their bytes (all score 0).
+  -- With no mark, a serving of k from the head since (a grant given back)
+  -- ended short of its bound: k full, its queue looked at to the end, or
+  -- none of it fitting. The script only adds leases, so this look grants
+  -- nothing (and passes nobody twice); it may meet a heavy waiter.
   if not resumed then
     lookedTo[k] = nil
   elseif lookedTo[k] then
