@@ -84,7 +84,9 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 // body, or nil (classified as Other) is reported at once. c gets resp's
 // headers as they are when ClassifyAsRead is called: a change made to them
 // after does not change the verdict. report may be called on the goroutine
-// that reads or closes the body, before the Read or Close returns.
+// that reads or closes the body, before the Read or Close returns; a Close
+// that comes while another goroutine's Read is reporting returns once
+// report has (report must not close the body itself).
 func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 	if c == nil {
 		c = DefaultClassifier
@@ -115,10 +117,15 @@ type classifying struct {
 	c      Classifier
 	report func(Verdict)
 
-	mu     sync.Mutex // guards prefix, ended and done; never held across the body's calls
+	mu     sync.Mutex // guards prefix, ended, done and reported; never held across the body's calls
 	prefix []byte
 	ended  bool // the body's end was read
 	done   bool
+	// reported is closed once report has returned (or panicked): a
+	// decide that comes while another is reporting waits for it, so that
+	// a Close concurrent with the Read that took the verdict does not
+	// return (and free the slot) before the verdict is reported.
+	reported chan struct{}
 }
 
 func (b *classifying) Read(p []byte) (int, error) {
@@ -157,10 +164,14 @@ func (b *classifying) Close() error {
 func (b *classifying) decide() {
 	b.mu.Lock()
 	if b.done {
+		reported := b.reported
 		b.mu.Unlock()
+		<-reported // taken by another call: reported once it returns
 		return
 	}
 	b.done = true
+	b.reported = make(chan struct{})
+	defer close(b.reported) // also if the Classifier or report panics
 	prefix := b.prefix
 	cut := !b.ended && len(prefix) < MaxClassifyBody && !json.Valid(prefix)
 	b.mu.Unlock()
