@@ -8,11 +8,12 @@ import "net/http"
 // WithCredential sets how a request is given its API key: f is called
 // with the outgoing request's headers (a copy) and the id of the key the
 // Gate granted from Config.APIKeys, for every request the Transport sends
-// but an http.Client's redirect to another host, which goes without it:
-// with key "" for one granted no key (no pool, a bypass after the longest
-// wait, a request under slots.WithoutSlot), which f may send with a key of
-// its choice or none. Without it, requests go with the credentials they
-// came with. See BearerKeys.
+// but an http.Client's redirect to another host, which goes without it
+// and without the caller's own Authorization (net/http's Client sends
+// that on to a subdomain): with key "" for one granted no key (no pool, a
+// bypass after the longest wait, a request under slots.WithoutSlot),
+// which f may send with a key of its choice or none. Without it, requests
+// go with the credentials they came with. See BearerKeys.
 func WithCredential(f func(h http.Header, key string)) TransportOption {
 	return transportOptionFunc(func(c *transportConfig) { c.t.credential = f })
 }

@@ -353,7 +353,12 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 		if ae != "identity" {
 			req.Header.Del("Accept-Encoding")
 		}
-		if t.credential != nil && !offHost(req) {
+		if t.credential != nil && offHost(req) {
+			// Without the key's secret, and without the caller's own
+			// Authorization, which net/http's Client sends on to a
+			// subdomain of the first host (it drops it for others).
+			req.Header.Del("Authorization")
+		} else if t.credential != nil {
 			ok := false
 			defer func() {
 				if !ok { // it panicked: the request is not sent
