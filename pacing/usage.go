@@ -50,7 +50,9 @@ const MaxUsageBody = 1 << 20
 //     and message_delta (output).
 //
 // f is not called for an answer that reports no usage, or that is closed
-// before the end without one: its estimate stands.
+// before the end without one: its estimate stands. f runs on the goroutine
+// that reads the end or closes the body; a Close that comes while a Read
+// runs f returns once f has (so f must not close the body itself).
 func WatchUsage(body io.ReadCloser, contentType string, f func(Tokens)) io.ReadCloser {
 	mt, _, _ := mime.ParseMediaType(contentType)
 	return &usageBody{rc: body, stream: mt == "text/event-stream", f: f, scan: newUsageScan()}
@@ -69,6 +71,10 @@ type usageBody struct {
 	gotIn    bool
 	gotOut   bool // an output count that ends the answer has come
 	finished bool // f has been called, or will not be
+	// reported is closed once f has returned (or panicked), if a Read
+	// calls it: a Close meanwhile returns only then, so that the slot a
+	// Transport frees on Close goes after the usage is settled.
+	reported chan struct{}
 }
 
 func (b *usageBody) Read(p []byte) (int, error) {
@@ -92,6 +98,10 @@ func (b *usageBody) Read(p []byte) (int, error) {
 		}
 		used, report = b.finishLocked(true)
 	}
+	if report {
+		b.reported = make(chan struct{})
+		defer close(b.reported)
+	}
 	b.mu.Unlock()
 	if report {
 		b.f(used)
@@ -108,9 +118,12 @@ func (b *usageBody) Close() error {
 		b.scanned() // reads nothing from an answer cut short: it is no JSON
 	}
 	used, report := b.finishLocked(!b.stream || b.gotOut)
+	reported := b.reported // a Read's report of the usage, under way or done
 	b.mu.Unlock()
 	if report {
 		b.f(used)
+	} else if reported != nil {
+		<-reported
 	}
 	return err
 }
