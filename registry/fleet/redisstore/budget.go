@@ -2,6 +2,8 @@ package redisstore
 
 import (
 	"context"
+	"crypto/rand"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -13,7 +15,30 @@ import (
 // tokens charged in it. Steps older than the window are deleted as the
 // script meets them, and the hash expires a little after its latest step
 // has left the window.
+//
+// A call is run once: a client sends it again when its connection breaks
+// before the reply (go-redis's MaxRetries), and a charge or a take-back
+// run twice would count twice. Each call has an id of its own; one that
+// changed the budget keeps its reply in <prefix>{<name>}#budgetcall:<id>
+// (ARGV[10] ms, past the call's deadline), and the same call again gets
+// that reply and changes nothing. A call that changed nothing (a refusal,
+// a read) keeps nothing: run again, it answers anew.
 var budgetScript = redis.NewScript(`
+local seen = redis.call('GET', KEYS[2])
+if seen then
+  local r = {}
+  for v in string.gmatch(seen, '[^,]+') do r[#r + 1] = tonumber(v) end
+  return r
+end
+local wrote = false
+local function done(r)
+  if wrote then
+    local f = {}
+    for i, v in ipairs(r) do f[i] = string.format('%d', v) end
+    redis.call('SET', KEYS[2], table.concat(f, ','), 'PX', tonumber(ARGV[10]))
+  end
+  return r
+end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local correct = ARGV[1] == '1'
@@ -53,6 +78,7 @@ local function add(st, d)
     v[p] = n
   end
   if not changed then return end
+  wrote = true
   counts[st] = v
   redis.call('HSET', KEYS[1], st, string.format('%d,%d,%d', v[1], v[2], v[3]))
   redis.call('PEXPIRE', KEYS[1], math.max((cur + 62) * 1000 - now, 62000))
@@ -62,7 +88,7 @@ if ARGV[9] == '1' then -- a move
     if step >= first then add(step, {-cost[1], -cost[2], -cost[3]}) end
     add(cur, cost)
   end
-  return {1, cur, used[1], used[2], used[3], 0, 0, now}
+  return done({1, cur, used[1], used[2], used[3], 0, 0, now})
 end
 if correct then
   if step >= first and step <= cur then
@@ -70,7 +96,7 @@ if correct then
   else
     add(cur, {math.max(cost[1], 0), math.max(cost[2], 0), math.max(cost[3], 0)})
   end
-  return {1, cur, used[1], used[2], used[3], 0, 0, now}
+  return done({1, cur, used[1], used[2], used[3], 0, 0, now})
 end
 local fits = true
 for p = 1, 3 do
@@ -78,7 +104,7 @@ for p = 1, 3 do
 end
 if fits then
   add(cur, cost)
-  return {1, cur, used[1], used[2], used[3], 0, 0, now}
+  return done({1, cur, used[1], used[2], used[3], 0, 0, now})
 end
 local at, binding = 0, 0
 for p = 1, 3 do
@@ -96,8 +122,12 @@ for p = 1, 3 do
     end
   end
 end
-return {0, cur, used[1], used[2], used[3], at, binding, now}
+return done({0, cur, used[1], used[2], used[3], at, binding, now})
 `)
+
+// budgetCallKept is how long a budget call's reply is kept at least (see
+// budgetScript).
+const budgetCallKept = 10 * time.Second
 
 // Budget runs the budget's script.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
@@ -107,8 +137,15 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 		}
 		return 0
 	}
-	res, err := budgetScript.Run(ctx, s.rdb, []string{s.budgetPrefix + c.Key}, flag(c.Correct), c.Step,
-		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2], flag(c.Correct && c.Move)).Int64Slice()
+	// The id's reply is kept past the latest a client may send the call
+	// again: its deadline (go-redis sends no retry past it), within a
+	// minute (a retry comes within its backoff of the break).
+	keep := budgetCallKept
+	if d, ok := ctx.Deadline(); ok {
+		keep = min(max(keep, time.Until(d)+time.Second), time.Minute)
+	}
+	res, err := budgetScript.Run(ctx, s.rdb, []string{s.budgetPrefix + c.Key, s.budgetCallPrefix + rand.Text()}, flag(c.Correct), c.Step,
+		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2], flag(c.Correct && c.Move), keep.Milliseconds()).Int64Slice()
 	if err != nil {
 		return driver.BudgetResult{}, err
 	}

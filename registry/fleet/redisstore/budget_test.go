@@ -3,6 +3,10 @@ package redisstore_test
 import (
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -55,4 +59,100 @@ func TestBudgetReserveGivenUpChargesNothing(t *testing.T) {
 	assert.Equal(t, 0, used[0], "the request was never sent: nothing stays charged")
 	_, err = b.Reserve(context.Background(), upstream.Tokens{Input: 600})
 	assert.NoError(t, err, "the budget has room for it")
+}
+
+// replyDropper forwards connections to a Redis server and, once armed,
+// drops the next reply the server sends and closes that client's
+// connection: the server ran the call, its reply was lost to a broken
+// connection, and go-redis tries the call again (io.EOF is retried, up to
+// MaxRetries: 1 in the recommended options).
+type replyDropper struct {
+	addr    string
+	armed   atomic.Bool
+	dropped atomic.Int32
+}
+
+func startReplyDropper(t *testing.T, to string) *replyDropper {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	d := &replyDropper{addr: ln.Addr().String()}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", to)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			wg.Go(func() { _, _ = io.Copy(s, c); s.Close(); c.Close() })
+			wg.Go(func() {
+				defer func() { s.Close(); c.Close() }()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && d.armed.CompareAndSwap(true, false) {
+						d.dropped.Add(1)
+						return // the reply is lost with the connection
+					}
+					if n > 0 {
+						if _, err := c.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return d
+}
+
+// A budget call is run once, whatever the client does when its reply is
+// lost: go-redis sends a call again when the connection breaks before its
+// reply (MaxRetries, 1 in the recommended options), and the script, run
+// twice, took a cancelled reservation back twice: the second take-back
+// took another request's charge, which then did not count, and the budget
+// admitted 150 tokens in a minute against 100.
+func TestBudgetCallRetriedRunsOnce(t *testing.T) {
+	srv := redistest.Start(t)
+	d := startReplyDropper(t, srv.Addr)
+	s := redisstore.New(redistest.ClientAt(t, d.addr), "retried")
+	b, err := fleet.NewBudget(s, "provider", upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
+	require.NoError(t, err)
+	ctx := context.Background()
+	used := func() int {
+		t.Helper()
+		u, err := b.Used(ctx)
+		require.NoError(t, err)
+		return u[0]
+	}
+
+	first, err := b.Reserve(ctx, upstream.Tokens{Input: 50})
+	require.NoError(t, err)
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 50}) // another request, under way
+	require.NoError(t, err)
+	d.armed.Store(true)
+	require.NoError(t, first.Cancel(ctx), "its reply lost, then the call again")
+	require.Equal(t, int32(1), d.dropped.Load())
+	assert.Equal(t, 50, used(), "the other request's charge stands")
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 100})
+	assert.ErrorIs(t, err, upstream.ErrOverBudget, "100 started in this minute already")
+
+	other, err := fleet.NewBudget(s, "model", upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
+	require.NoError(t, err)
+	d.armed.Store(true)
+	_, err = other.Reserve(ctx, upstream.Tokens{Input: 30})
+	require.NoError(t, err)
+	require.Equal(t, int32(2), d.dropped.Load())
+	u, err := other.Used(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 30, u[0], "a charge sent again is charged once")
 }

@@ -25,6 +25,7 @@ type Store struct {
 	wakePrefix                   string // + a process: its grants' channel
 	learnPrefix, learnChan       string // + a key: its learned state; the states' channel
 	budgetPrefix                 string // + a key: its budget (budget.go)
+	budgetCallPrefix             string // + a budget call's id: its reply (budget.go)
 	// retry is how long Listen waits to subscribe again after a failure;
 	// check, how long it waits on a quiet connection before it asks it
 	// for an answer (WithListenCheck).
@@ -73,7 +74,8 @@ func New(rdb redis.UniversalClient, name string, opts ...Option) *Store {
 		learnPrefix: tag + "#learn:",
 		learnChan:   tag + "#learned",
 
-		budgetPrefix: tag + "#budget:",
+		budgetPrefix:     tag + "#budget:",
+		budgetCallPrefix: tag + "#budgetcall:",
 	}
 }
 
