@@ -25,6 +25,8 @@ type BudgetReservation struct {
 	// not charge it again for the store's error: Settle charges what the
 	// request used there as a debt, Cancel nothing.
 	debt [2]bool
+	// refused is Start's refusal (gone), returned again if Start is.
+	refused error
 }
 
 // Left returns, per part (all, input, output, requests), what the budget
@@ -50,14 +52,18 @@ func (r *BudgetReservation) Left() (left, limits [upstream.BudgetParts]int) {
 // A charge that has left the budget's minute meanwhile (its request waited
 // longer than that) is charged again in the current second only if it
 // fits, as Reserve charges (two more calls): if it does not, Start returns
-// a *slots.LimitError wrapping ErrOverBudget (with a RetryAfter), and the
-// request must not start; Cancel it. If the store fails then, Start returns
+// a *slots.LimitError wrapping ErrOverBudget (with a RetryAfter), again if
+// called again, and the request must not start; Cancel it. If the store
+// fails then, Start returns
 // its error, and Settle charges what the request used as a debt. (A store
 // that lost the charge's second otherwise, as in a restart without its
 // data, is not seen: the move charges the current second unchecked.)
 func (r *BudgetReservation) Start(ctx context.Context) error {
 	if r == nil || r.done {
 		return nil
+	}
+	if r.refused != nil {
+		return r.refused
 	}
 	var errs []error
 	for rec, charged := range r.charged {
@@ -108,7 +114,8 @@ func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) error
 		return err
 	case !res.Charged:
 		r.gone[rec] = true
-		return r.b.refusal(rec, res, r.cost)
+		r.refused = r.b.refusal(rec, res, r.cost)
+		return r.refused
 	}
 	r.step[rec] = res.Step
 	return nil

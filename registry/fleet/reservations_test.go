@@ -225,8 +225,8 @@ func ExampleReserveAll() {
 // A reservation whose request waited longer than the budget's minute
 // before Start: its charge has left the window, and another request took
 // the whole budget meanwhile. Start charges it again only if it fits: here
-// it does not, so Start refuses the request over budget (and it charges
-// nothing, nor does its Cancel); once the other's second has left the
+// it does not, so Start refuses the request over budget, again if asked
+// again (and it charges nothing, nor does its Cancel); once the other's second has left the
 // minute, a late Start that fits is charged again in its own second, and
 // settled there. The requests record is counted alike.
 func TestStartAfterTheMinuteChargesAgainIfItFits(t *testing.T) {
@@ -246,6 +246,7 @@ func TestStartAfterTheMinuteChargesAgainIfItFits(t *testing.T) {
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le)
 	assert.Positive(t, le.RetryAfter)
+	assert.ErrorIs(t, late.Start(ctx), upstream.ErrOverBudget, "asked again, still refused: its request must not go")
 	require.NoError(t, late.Cancel(ctx))
 	tokens, requests := used(t, b)
 	assert.Equal(t, []int{100, 1}, []int{tokens, requests}, "the other's alone")
