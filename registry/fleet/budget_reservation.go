@@ -54,10 +54,10 @@ func (r *BudgetReservation) Left() (left, limits [upstream.BudgetParts]int) {
 // fits, as Reserve charges (two more calls): if it does not, Start returns
 // a *slots.LimitError wrapping ErrOverBudget (with a RetryAfter), again if
 // called again, and the request must not start; Cancel it. If the store
-// fails then, Start returns
-// its error, and Settle charges what the request used as a debt. (A store
-// that lost the charge's second otherwise, as in a restart without its
-// data, is not seen: the move charges the current second unchecked.)
+// fails then, Start returns its error, and Settle charges what the request
+// used as a debt. (A store that lost the charge's second otherwise, as in
+// a restart without its data, is not seen: the move charges the current
+// second unchecked.)
 func (r *BudgetReservation) Start(ctx context.Context) error {
 	if r == nil || r.done {
 		return nil
