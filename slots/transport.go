@@ -120,9 +120,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	// response body may reach the response, and so the Slot: it cannot be
 	// kept for a Close), before its capacity is handed out again.
 	var abort context.CancelFunc
+	var sent context.Context // the exchange's own context, with abort
 	asked := req
 	if s.holds() && tracked((*core.Handle)(s)) {
-		var sent context.Context
 		sent, abort = context.WithCancel(ctx)
 		req = req.WithContext(sent)
 		body := req.Body
@@ -149,7 +149,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		err = &httpx.Unsent{Err: context.Cause(ctx)}
 	} else {
-		resp, err = t.sendHolding(req, s)
+		resp, err = t.sendHolding(req, s, abort)
 	}
 	if abort != nil {
 		if resp != nil && resp.Request == req {
@@ -208,15 +208,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		b.ctx = ctx
 		if abort != nil {
 			// With leak detection the watch must not keep the body (and so
-			// s) reachable: a dropped body would then never be found. Its
-			// end ends the exchange's context too.
+			// s) reachable: a dropped body would then never be found. It
+			// watches the exchange's own context, which ends with ctx and
+			// which the reclaim of a dropped body ends (abort), so that it
+			// is not left on ctx, a long-lived one, once the body is gone.
+			// Its end ends the exchange's context too, once it is stopped.
 			wp := weak.Make(b)
-			stop := context.AfterFunc(ctx, func() {
+			stop := context.AfterFunc(sent, func() {
 				if b := wp.Value(); b != nil {
 					b.watch()
 				}
 			})
-			b.stop = func() bool { abort(); return stop() }
+			b.stop = func() bool { ok := stop(); abort(); return ok }
 		} else {
 			b.stop = context.AfterFunc(ctx, b.watch)
 		}
@@ -285,11 +288,15 @@ func (w *connWatch) cut(err error) bool {
 }
 
 // sendHolding sends req with the base transport; if the base panics, s is
-// released before the panic goes on (no recover: the panic keeps its stack).
-func (t *Transport) sendHolding(req *http.Request, s *Slot) (*http.Response, error) {
+// released, and the exchange's context ended (abort, if not nil), before
+// the panic goes on (no recover: the panic keeps its stack).
+func (t *Transport) sendHolding(req *http.Request, s *Slot, abort context.CancelFunc) (*http.Response, error) {
 	sent := false
 	defer func() {
 		if !sent {
+			if abort != nil {
+				defer abort() // also if the release's Observer panics
+			}
 			s.releaseQuietly()
 		}
 	}()

@@ -63,13 +63,15 @@ func (b *slotBody) listUpgrade(ctx context.Context, passedOn bool) {
 	if passedOn && ctx.Value(http.ServerContextKey) != nil {
 		// Without leak detection the closures keep b: collected before the
 		// wait is over, its slot would be held for good. With it they do
-		// not: one dropped is still found by leak detection.
+		// not (neither reads b itself, clk is the Transport's clock): one
+		// dropped is still found by leak detection.
 		body := wp.Value
 		if !tracked((*core.Handle)(b.s)) {
 			body = func() *slotBody { return b }
 		}
+		clk := b.t.clock
 		b.stop = context.AfterFunc(ctx, func() {
-			b.t.clock.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
+			clk.AfterFunc(cmp.Or(time.Duration(droppedUpgradeWait.Load()), time.Second), func() {
 				if b := body(); b != nil && b.listed.CompareAndSwap(true, false) {
 					keepListed(done, func(x weak.Pointer[slotBody]) bool { return x != wp })
 					defer core.Recovered("an unused upgraded connection's Close", b.s.hold())
