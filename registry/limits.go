@@ -240,8 +240,8 @@ func (r *Registry[K]) fetchLimit(ctx context.Context, sh *shard[K], key K, now i
 			if again { // fetched anew by the next admission
 				rv.at = staleAt
 			}
-			rv.gen++
-			gen = rv.gen
+			sh.fetched++ // the shard's, not the record's: a record made anew after a prune starts no count again
+			rv.gen, gen = sh.fetched, sh.fetched
 			fetch.n = n
 		}
 		sh.resolved[key] = rv

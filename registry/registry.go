@@ -109,6 +109,7 @@ type shard[K comparable] struct {
 	pruneAt      int
 	prunedAt     int64
 	resolvedPeak int
+	fetched      uint64 // successful fetches of the shard's keys' limits (resolved.gen)
 	st           counters
 	_            [64]byte // keep neighbouring shards off this cache line
 }
@@ -125,7 +126,7 @@ type resolved struct {
 	at    int64     // clock nanos of the last successful fetch
 	ok    bool      // n came from a successful fetch
 	fetch *fetching // non-nil while a fetch runs
-	gen   uint64    // counts successful fetches, so a late one yields
+	gen   uint64    // the shard's count of successful fetches at its last, so a late one yields
 	again bool      // RefreshLimits came while a fetch ran: what it read may be older
 }
 

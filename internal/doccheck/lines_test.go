@@ -78,10 +78,13 @@ var admissionFiles = []string{
 // pruned at most once a second (a 1 ms refresh walked the live keys on
 // every acquire), and 2 fewer: the shards' caches made with the registry.
 // Then 1 fewer: a reclaim's First is handed the rest of the reclaim (a
-// Transport frees a reclaimed exchange's slot after its linger).
+// Transport frees a reclaimed exchange's slot after its linger). Then 1
+// for a shard's count of its keys' limit fetches: a fetch recorded before
+// its key's record was pruned no longer passes for one recorded after
+// (each record counted from zero), 3,999 lines of code.
 const (
-	maxAdmissionLines = 5960
-	maxAdmissionCode  = 3998
+	maxAdmissionLines = 5961
+	maxAdmissionCode  = 3999
 )
 
 // TestAdmissionCodeSize counts the lines of the admission code's non-test
