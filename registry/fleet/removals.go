@@ -15,15 +15,24 @@ import (
 const maxRemovals = 1 << 16
 
 // queueRelease hands l's removal from the store to the releaser. It never
-// waits: past maxRemovals pending, the oldest that may go is dropped (see
-// droppable); after Close l is dropped. Call it with neither r.mu nor
+// waits while the Registry runs: past maxRemovals pending, the oldest that
+// may go is dropped (see droppable). Once Close has stopped the releaser
+// (or as it sends what is queued), l is removed now, within the call
+// timeout, as sendAbandonment does once the Registry is closed: a removal
+// queued then would never be sent (a renewal that Close cut after it put
+// back a lease released meanwhile, an admission whose caller left as Close
+// came, a Release that began before Close). Call it with neither r.mu nor
 // storeMu held.
 func (r *Registry[K]) queueRelease(l *lease[K]) {
-	if r.stopping.Err() != nil {
-		return
-	}
 	now := time.Now()
 	r.remMu.Lock()
+	// Under remMu: the releaser's last sending, which follows the stop,
+	// takes what was queued before it.
+	if r.stopping.Err() != nil {
+		r.remMu.Unlock()
+		r.remove(context.Background(), []*lease[K]{l})
+		return
+	}
 	if l.since.IsZero() {
 		l.since = now
 	}

@@ -6,6 +6,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -270,4 +271,149 @@ func TestLeaseOutsideTheStoreOnAnotherKeyCounts(t *testing.T) {
 	var le *slots.LimitError
 	require.ErrorAs(t, err, &le, "b's limit is 1, and this process holds one outside the store there")
 	assert.Equal(t, "b", le.Key, "%v", le)
+}
+
+// renewCutByClose fails the AdmitOne calls while failing > 0; the first
+// renewal that puts a lease back (ModePutBack) waits for its context to
+// end (Close cuts it), then runs all the same and fails with the
+// context's error: the call ran, Close cut its reply.
+type renewCutByClose struct {
+	driver.Store
+	failing atomic.Int32
+	armed   atomic.Bool
+	arrived chan struct{}
+}
+
+func (s *renewCutByClose) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.failing.Add(-1) >= 0 {
+		return driver.AdmitResult{}, errInjected
+	}
+	return s.Store.AdmitOne(ctx, c)
+}
+
+func (s *renewCutByClose) Renew(ctx context.Context, c *driver.RenewCall) (driver.RenewResult, error) {
+	if len(c.Leases) > 0 && c.Leases[0].Mode == driver.ModePutBack && s.armed.CompareAndSwap(true, false) {
+		close(s.arrived)
+		<-ctx.Done()
+		_, _ = s.Store.Renew(context.Background(), c)
+		return driver.RenewResult{}, ctx.Err()
+	}
+	return s.Store.Renew(ctx, c)
+}
+
+// A lease admitted outside the store and released while the renewal that
+// puts it back is on its way, a renewal that Close cuts after it ran, is
+// taken out of the store before Close returns. Before, its abandon went
+// to the releaser's queue once Close had stopped it, and was dropped: the
+// lease, held by nobody, stayed in the store for a TTL.
+func TestCloseTakesBackARenewalThatPutBackAReleasedLease(t *testing.T) {
+	ms := memstore.New()
+	st := &renewCutByClose{Store: ms, arrived: make(chan struct{})}
+	st.failing.Store(1)
+	st.armed.Store(true)
+	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithLogger(quiet())) // FallbackLocal
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	require.True(t, s.Degraded(), "admitted outside the store: its call failed")
+	<-st.arrived // the heartbeat puts it back
+	s.Release()  // nothing to remove yet: it is not in the store
+	closeWithin(t, r)
+	n, err := ms.Count(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Zero(t, n, "units left on k after Close")
+}
+
+// An admission that the store made as its caller's context ended, and
+// whose reply comes after Close, is taken back before the caller returns.
+// Before, its give-back went to the releaser, which Close had stopped: the
+// lease, held by nobody, stayed in the store for a TTL.
+func TestCloseTakesBackAnAdmissionWhoseCallerLeft(t *testing.T) {
+	ms := memstore.New()
+	st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+	st.armed.Store(true)
+	r := New[string](st, 1, WithLeaseTTL(30*time.Second), WithLogger(quiet()))
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		s, err := r.Acquire(ctx, "k")
+		if err == nil {
+			s.Release()
+		}
+		done <- err
+	}()
+	<-st.arrived
+	cancel()
+	closeWithin(t, r)
+	// The store admits it all the same: its reply raced the cancel.
+	close(st.open)
+	require.Error(t, <-done) // ErrClosed
+	n, err := ms.Count(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Zero(t, n, "units left on k after Close")
+}
+
+// A Release under way as Close comes (its local Observer still running)
+// removes its lease from the store before it returns. Before, its removal
+// went to the releaser once Close had stopped it, and was dropped: the
+// lease stayed in the store for a TTL, though Release was called before
+// Close.
+func TestCloseTakesBackAReleaseUnderWay(t *testing.T) {
+	ms := memstore.New()
+	var armed atomic.Bool
+	entered, unblock := make(chan struct{}), make(chan struct{})
+	obs := slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == slots.EventReleased && armed.CompareAndSwap(true, false) {
+			close(entered)
+			<-unblock
+		}
+	})
+	r := New[string](ms, 1, WithLeaseTTL(30*time.Second), WithLogger(quiet()), WithLocalOptions(slots.WithObserver(obs)))
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	armed.Store(true)
+	released := make(chan struct{})
+	go func() {
+		defer close(released)
+		s.Release()
+	}()
+	<-entered // its lease left the held ones; its local slot is being released
+	closeWithin(t, r)
+	close(unblock)
+	<-released
+	n, err := ms.Count(context.Background(), "k")
+	require.NoError(t, err)
+	assert.Zero(t, n, "units left on k after Close")
+}
+
+// A lease the store admits while the local registry's limit of its key
+// lags the fleet's (Keys.Limit raised, asked again at most once a
+// LocalLimitRefresh) is counted in the local mirror, so that the local
+// cap, which caps alone once the store fails, holds. Before, it was held
+// without a mirror: once the local limit caught up, a call that failed
+// was admitted under the local registry as a third holder of a cap of 2.
+func TestLocalCapHoldsAfterALaggingLocalLimit(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		ms := memstore.New()
+		st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+		var limit atomic.Int64
+		limit.Store(1)
+		r := NewWithKeys[string](st, 1, Keys[string]{Limit: func(string) int { return int(limit.Load()) }},
+			WithLeaseTTL(30*time.Second), WithLogger(quiet())) // FallbackLocal
+		defer r.Close()
+		a, err := r.TryAcquire("k") // the local registry has the limit 1
+		require.NoError(t, err)
+		defer a.Release()
+		limit.Store(2)
+		b, err := r.TryAcquire("k") // 2 of the fleet's 2
+		require.NoError(t, err)
+		defer b.Release()
+		assert.Equal(t, 2, r.Local().InFlight("k"), "both held in the local mirror")
+		time.Sleep(2 * LocalLimitRefresh) // the local limit is 2 by now in any case
+		st.failing.Store(1)
+		c, err := r.TryAcquire("k") // its call fails: the local registry decides
+		if err == nil {
+			c.Release()
+		}
+		assert.ErrorIs(t, err, slots.ErrLimitReached, "this process holds 2 of its cap of 2")
+	})
 }
