@@ -86,7 +86,8 @@ func Classify(resp *http.Response, c Classifier) Verdict {
 // after does not change the verdict. report may be called on the goroutine
 // that reads or closes the body, before the Read or Close returns; a Close
 // that comes while another goroutine's Read is reporting returns once
-// report has (report must not close the body itself).
+// report has, or after 5 s (report should not close the body itself:
+// that Close waits so long).
 func ClassifyAsRead(resp *http.Response, c Classifier, report func(Verdict)) {
 	if c == nil {
 		c = DefaultClassifier
@@ -166,7 +167,7 @@ func (b *classifying) decide() {
 	if b.done {
 		reported := b.reported
 		b.mu.Unlock()
-		<-reported // taken by another call: reported once it returns
+		awaitReport(reported) // taken by another call: reported once it returns
 		return
 	}
 	b.done = true
@@ -180,6 +181,28 @@ func (b *classifying) decide() {
 		v.Kind = Other
 	}
 	b.report(v)
+}
+
+// reportWait bounds how long a body's Close waits for the report that a
+// Read on another goroutine is making (ClassifyAsRead, WatchUsage), so
+// that a slot freed on Close goes after it: a report that takes longer
+// (a store's call, a Trace's hook), or one that closes the body itself,
+// lets Close return then.
+const reportWait = 5 * time.Second
+
+// awaitReport waits until reported is closed, at most reportWait.
+func awaitReport(reported <-chan struct{}) {
+	select {
+	case <-reported:
+		return
+	default:
+	}
+	t := time.NewTimer(reportWait)
+	defer t.Stop()
+	select {
+	case <-reported:
+	case <-t.C:
+	}
 }
 
 // prefixed is a body whose first bytes were read and put back.

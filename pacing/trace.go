@@ -40,7 +40,8 @@ type Trace struct {
 	// It is not called when none of these is known (a failed exchange, a
 	// served request without WithTokens, an answer with no usage): the
 	// estimate stands. It may run on the goroutine that reads the answer's
-	// body. A request whose Admitted panicked, or whose credential
+	// body, and should not close that body (a Close there waits 5 s for
+	// the report it is part of). A request whose Admitted panicked, or whose credential
 	// function (WithCredential) did, is not sent: the Traces told Admitted
 	// hear Settled, not Served. For budgets of the caller's own, kept
 	// beside the Gate's (a tenant's Budget), use WithBudgets: it starts a

@@ -52,7 +52,8 @@ const MaxUsageBody = 1 << 20
 // f is not called for an answer that reports no usage, or that is closed
 // before the end without one: its estimate stands. f runs on the goroutine
 // that reads the end or closes the body; a Close that comes while a Read
-// runs f returns once f has (so f must not close the body itself).
+// runs f returns once f has, or after 5 s (f should not close the body
+// itself: that Close waits so long).
 func WatchUsage(body io.ReadCloser, contentType string, f func(Tokens)) io.ReadCloser {
 	mt, _, _ := mime.ParseMediaType(contentType)
 	return &usageBody{rc: body, stream: mt == "text/event-stream", f: f, scan: newUsageScan()}
@@ -123,7 +124,7 @@ func (b *usageBody) Close() error {
 	if report {
 		b.f(used)
 	} else if reported != nil {
-		<-reported
+		awaitReport(reported)
 	}
 	return err
 }
