@@ -19,10 +19,11 @@ import (
 // A call is run once: a client sends it again when its connection breaks
 // before the reply (go-redis's MaxRetries), and a charge or a take-back
 // run twice would count twice. Each call has an id of its own; one that
-// changed the budget keeps its reply in <prefix>{<name>}#budgetcall:<id>
-// (ARGV[10] ms, past the call's deadline), and the same call again gets
-// that reply and changes nothing. A call that changed nothing (a refusal,
-// a read) keeps nothing: run again, it answers anew.
+// may change the budget (a cost, refused or not) keeps its reply in
+// <prefix>{<name>}#budgetcall:<id> (ARGV[10] ms, past the call's
+// deadline), and the same call again gets that reply and changes nothing:
+// a refusal too, whose first sending may reach the server after its retry
+// ran. A read (no cost) keeps nothing: run again, it answers anew.
 var budgetScript = redis.NewScript(`
 local seen = redis.call('GET', KEYS[2])
 if seen then
@@ -30,9 +31,9 @@ if seen then
   for v in string.gmatch(seen, '[^,]+') do r[#r + 1] = tonumber(v) end
   return r
 end
-local wrote = false
+local keep = ARGV[6] ~= '0' or ARGV[7] ~= '0' or ARGV[8] ~= '0'
 local function done(r)
-  if wrote then
+  if keep then
     local f = {}
     for i, v in ipairs(r) do f[i] = string.format('%d', v) end
     redis.call('SET', KEYS[2], table.concat(f, ','), 'PX', tonumber(ARGV[10]))
@@ -78,7 +79,6 @@ local function add(st, d)
     v[p] = n
   end
   if not changed then return end
-  wrote = true
   counts[st] = v
   redis.call('HSET', KEYS[1], st, string.format('%d,%d,%d', v[1], v[2], v[3]))
   redis.call('PEXPIRE', KEYS[1], math.max((cur + 62) * 1000 - now, 62000))

@@ -156,3 +156,127 @@ func TestBudgetCallRetriedRunsOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 30, u[0], "a charge sent again is charged once")
 }
+
+// callHolder forwards connections to a Redis server and, once armed,
+// holds the next call a client sends until released (as a packet lost and
+// sent again reaches the server late, after the client gave up that
+// connection): go-redis's read times out, and it sends the call again on
+// another connection, which runs first. ran is closed once the server has
+// answered the held call.
+type callHolder struct {
+	addr    string
+	armed   atomic.Bool
+	held    chan struct{} // closed once a call is held
+	release chan struct{}
+	ran     chan struct{}
+}
+
+func startCallHolder(t *testing.T, to string) *callHolder {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	h := &callHolder{addr: ln.Addr().String(), held: make(chan struct{}), release: make(chan struct{}), ran: make(chan struct{})}
+	var wg sync.WaitGroup
+	t.Cleanup(func() {
+		select {
+		case <-h.release:
+		default:
+			close(h.release)
+		}
+		ln.Close()
+		wg.Wait()
+	})
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, err := net.Dial("tcp", to)
+			if err != nil {
+				c.Close()
+				continue
+			}
+			var late atomic.Bool // this connection's held call has gone to the server
+			answered := make(chan struct{})
+			wg.Go(func() { // the server's answers
+				defer c.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := s.Read(buf)
+					if n > 0 && late.Load() {
+						close(h.ran)
+						close(answered)
+						return
+					}
+					if n > 0 {
+						_, _ = c.Write(buf[:n])
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+			wg.Go(func() { // the client's calls
+				defer s.Close()
+				buf := make([]byte, 32<<10)
+				for {
+					n, err := c.Read(buf)
+					if n > 0 && h.armed.CompareAndSwap(true, false) {
+						call := append([]byte(nil), buf[:n]...)
+						close(h.held)
+						<-h.release
+						late.Store(true)
+						if _, err := s.Write(call); err == nil {
+							<-answered
+						}
+						return
+					}
+					if n > 0 {
+						if _, err := s.Write(buf[:n]); err != nil {
+							return
+						}
+					}
+					if err != nil {
+						return
+					}
+				}
+			})
+		}
+	})
+	return h
+}
+
+// A charge refused when it ran keeps its reply too: the same call run
+// later (its first sending, held up on the way and delivered after
+// go-redis's retry of it was refused) answers as the retry did and
+// charges nothing. Found by review: it charged 50 tokens then, which the
+// caller, told it was refused, never took back.
+func TestBudgetRefusedCallRunLateChargesNothing(t *testing.T) {
+	srv := redistest.Start(t)
+	h := startCallHolder(t, srv.Addr)
+	s := redisstore.New(redistest.ClientAt(t, h.addr), "late")
+	b, err := fleet.NewBudget(s, "provider", upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
+	require.NoError(t, err)
+	ctx := context.Background()
+	used := func() int {
+		t.Helper()
+		u, err := b.Used(ctx)
+		require.NoError(t, err)
+		return u[0]
+	}
+	first, err := b.Reserve(ctx, upstream.Tokens{Input: 50})
+	require.NoError(t, err)
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 50})
+	require.NoError(t, err)
+
+	h.armed.Store(true)
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 50}) // held, timed out, sent again: refused
+	<-h.held
+	require.ErrorIs(t, err, upstream.ErrOverBudget)
+	require.NoError(t, first.Cancel(ctx)) // room for 50 again
+	require.Equal(t, 50, used())
+	close(h.release) // the call first sent reaches the server
+	<-h.ran
+	assert.Equal(t, 50, used(), "the refused call, run late, charges nothing")
+}
