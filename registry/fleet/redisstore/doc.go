@@ -55,7 +55,11 @@
 // so a release that grants many waiters at once takes no more; its
 // heartbeat, its releaser, its learned caps' sync and its subscription
 // take one each. A fleet Budget makes a call of its own for each
-// reservation and settlement. With too few connections (go-redis's default
+// reservation and settlement; it counts in <prefix>{<name>}#budget:<key>,
+// and each call that charges keeps its reply in
+// <prefix>{<name>}#budgetcall:<id> for ten seconds or so, so that a call
+// go-redis sends again after a lost reply runs once (an ACL that names the
+// fleet's keys must name both). With too few connections (go-redis's default
 // pool has ten per GOMAXPROCS) and a server some milliseconds away, calls
 // wait for one, the calls behind them may pass their deadline, and
 // admissions fall back to the fleet's WithUnavailable meanwhile.
