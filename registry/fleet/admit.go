@@ -357,15 +357,6 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 					}
 				}
 			}
-			if try == 0 && r.limitFunc != nil && r.localLimitsLag(l) {
-				// The local limits lag the fleet's (Keys.Limit is asked
-				// again at most once a LocalLimitRefresh): asked again,
-				// and tried once more, so that the mirror counts this
-				// lease. Without it, once the local limit caught up,
-				// FallbackLocal would admit one more here than the cap.
-				r.local.RefreshLimits(func(k K) bool { return slices.Contains(l.keys, k) })
-				continue
-			}
 			// This process holds more than the store counts (leases lost and
 			// not put back, or local limits other than the fleet's):
 			// admit anyway; the store has counted this one.
@@ -453,17 +444,6 @@ func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, err
 	s, err := r.local.TryAcquireAllN(l.units, l.keys...)
 	ok = true
 	return s, err
-}
-
-// localLimitsLag reports whether the local registry's limit of one of l's
-// keys is below the one l was admitted under in the store.
-func (r *Registry[K]) localLimitsLag(l *lease[K]) bool {
-	for i, k := range l.keys {
-		if r.local.Limit(k) < l.limits[i] {
-			return true
-		}
-	}
-	return false
 }
 
 // degradedOn reports whether this process holds a lease admitted outside

@@ -248,11 +248,7 @@ func (r *Registry[K]) renew() bool {
 	var requeue []*lease[K]
 	// Queued once storeMu is unlocked (the releaser takes it), even if a
 	// renewal panics.
-	defer func() {
-		for _, l := range requeue {
-			r.queueRelease(l)
-		}
-	}()
+	defer func() { r.queueReleases(requeue) }()
 	r.storeMu.Lock()
 	defer r.storeMu.Unlock()
 	r.mu.Lock()

@@ -29,7 +29,9 @@
 //     in the store, on every key or none, on the store's clock.
 //   - A lease lives while its holder does: the heartbeat renews every held
 //     lease each LeaseTTL/3; a process that dies frees its leases after at
-//     most LeaseTTL. Release never waits for the store. A lease's TTL runs
+//     most LeaseTTL. Release does not wait for the store (but one that
+//     races Close, which removes its lease itself, within a call
+//     timeout). A lease's TTL runs
 //     only while the store is heard: after a silence of more than half of
 //     it (the store hung, or every process was cut off from it), the
 //     leases it found are held a TTL more, so that their holders renew

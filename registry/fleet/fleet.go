@@ -409,6 +409,16 @@ type chanMutex chan struct{}
 
 func (m chanMutex) Lock() { m <- struct{}{} }
 
+// lockCtx locks m, unless ctx ends first; it reports whether it did.
+func (m chanMutex) lockCtx(ctx context.Context) bool {
+	select {
+	case m <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // Unlock panics if m is not locked, as sync.Mutex's does.
 func (m chanMutex) Unlock() {
 	select {

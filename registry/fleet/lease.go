@@ -58,7 +58,9 @@ func (l *lease[K]) abandonment() *lease[K] {
 }
 
 // Release implements core.Owner: it frees the local mirror at once and
-// queues the removal from the store. It never waits for the store.
+// queues the removal from the store. It does not wait for the store, but
+// once Close has stopped the releaser, when it removes the lease itself
+// (removeAfterStop), within a call timeout.
 func (l *lease[K]) Release(h *core.Hold) bool {
 	if h != l.hold {
 		l.Misuse(h) // a copied Slot: it holds nothing

@@ -17,31 +17,63 @@ const maxRemovals = 1 << 16
 // queueRelease hands l's removal from the store to the releaser. It never
 // waits while the Registry runs: past maxRemovals pending, the oldest that
 // may go is dropped (see droppable). Once Close has stopped the releaser
-// (or as it sends what is queued), l is removed now, within the call
-// timeout, as sendAbandonment does once the Registry is closed: a removal
-// queued then would never be sent (a renewal that Close cut after it put
-// back a lease released meanwhile, an admission whose caller left as Close
-// came, a Release that began before Close). Call it with neither r.mu nor
-// storeMu held.
+// (or as it sends what is queued), l is removed now (see removeAfterStop):
+// a removal queued then would never be sent (a renewal that Close cut after
+// it put back a lease released meanwhile, an admission whose caller left as
+// Close came, a Release that began before Close). Call it with neither r.mu
+// nor storeMu held.
 func (r *Registry[K]) queueRelease(l *lease[K]) {
+	r.queueReleases([]*lease[K]{l})
+}
+
+// queueReleases is queueRelease of several leases: once the releaser has
+// stopped, they are removed together, within one call timeout in all.
+func (r *Registry[K]) queueReleases(ls []*lease[K]) {
+	if len(ls) == 0 {
+		return
+	}
 	now := time.Now()
 	r.remMu.Lock()
 	// Under remMu: the releaser's last sending, which follows the stop,
 	// takes what was queued before it.
 	if r.stopping.Err() != nil {
 		r.remMu.Unlock()
-		r.remove(context.Background(), []*lease[K]{l})
+		r.removeAfterStop(ls)
 		return
 	}
-	if l.since.IsZero() {
-		l.since = now
+	for _, l := range ls {
+		if l.since.IsZero() {
+			l.since = now
+		}
 	}
-	r.removals = append(r.removals, l)
+	r.removals = append(r.removals, ls...)
 	r.dropOverLocked()
 	r.remMu.Unlock()
 	select {
 	case r.kick <- struct{}{}:
 	default:
+	}
+}
+
+// removeAfterStop removes leases from the store once the releaser has
+// stopped: at once, in one go, within one call timeout in all (the wait for
+// storeMu included, which other removals after the stop may hold), and not
+// while the breaker is open, as the releaser's flush would not. What it
+// cannot send is dropped: those leases expire after the TTL.
+func (r *Registry[K]) removeAfterStop(ls []*lease[K]) {
+	if !r.brk.allow() {
+		r.stats.removalsDropped.Add(uint64(len(ls)))
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
+	defer cancel()
+	if !r.storeMu.lockCtx(ctx) {
+		r.stats.removalsDropped.Add(uint64(len(ls)))
+		return
+	}
+	defer r.storeMu.Unlock()
+	if failed := r.removeLocked(ctx, ls); len(failed) > 0 {
+		r.stats.removalsDropped.Add(uint64(len(failed)))
 	}
 }
 
@@ -183,6 +215,11 @@ func (r *Registry[K]) flushRemovals() {
 func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	r.storeMu.Lock()
 	defer r.storeMu.Unlock()
+	return r.removeLocked(ctx, leases)
+}
+
+// removeLocked is remove with storeMu held.
+func (r *Registry[K]) removeLocked(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
 	call := &driver.ReleaseCall{TTL: r.cfg.ttl, Pause: r.pause, Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {

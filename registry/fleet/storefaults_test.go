@@ -6,7 +6,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
@@ -383,37 +382,4 @@ func TestCloseTakesBackAReleaseUnderWay(t *testing.T) {
 	n, err := ms.Count(context.Background(), "k")
 	require.NoError(t, err)
 	assert.Zero(t, n, "units left on k after Close")
-}
-
-// A lease the store admits while the local registry's limit of its key
-// lags the fleet's (Keys.Limit raised, asked again at most once a
-// LocalLimitRefresh) is counted in the local mirror, so that the local
-// cap, which caps alone once the store fails, holds. Before, it was held
-// without a mirror: once the local limit caught up, a call that failed
-// was admitted under the local registry as a third holder of a cap of 2.
-func TestLocalCapHoldsAfterALaggingLocalLimit(t *testing.T) {
-	synctest.Test(t, func(t *testing.T) {
-		ms := memstore.New()
-		st := &heldWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
-		var limit atomic.Int64
-		limit.Store(1)
-		r := NewWithKeys[string](st, 1, Keys[string]{Limit: func(string) int { return int(limit.Load()) }},
-			WithLeaseTTL(30*time.Second), WithLogger(quiet())) // FallbackLocal
-		defer r.Close()
-		a, err := r.TryAcquire("k") // the local registry has the limit 1
-		require.NoError(t, err)
-		defer a.Release()
-		limit.Store(2)
-		b, err := r.TryAcquire("k") // 2 of the fleet's 2
-		require.NoError(t, err)
-		defer b.Release()
-		assert.Equal(t, 2, r.Local().InFlight("k"), "both held in the local mirror")
-		time.Sleep(2 * LocalLimitRefresh) // the local limit is 2 by now in any case
-		st.failing.Store(1)
-		c, err := r.TryAcquire("k") // its call fails: the local registry decides
-		if err == nil {
-			c.Release()
-		}
-		assert.ErrorIs(t, err, slots.ErrLimitReached, "this process holds 2 of its cap of 2")
-	})
 }
