@@ -15,11 +15,13 @@ type Evidence struct {
 // that has not returned: past it, the oldest queued is dropped.
 const MaxPendingChanges = 1024
 
-// redispatchLocked dispatches after a change of limits, unlocks, and
-// delivers the changes made (unless another caller is delivering them).
-func (g *Gate) redispatchLocked(now int64) {
-	var wk core.Wakes
-	g.dispatchLocked(now, &wk)
+// redispatchLocked dispatches after a change of limits, unlocks, wakes the
+// waiters in wk (granted or refused under the lock, by the caller too) and
+// the ones it grants, and delivers the changes made (unless another caller
+// is delivering them): the waiters are woken before the hook runs, so that
+// a hook that panics or blocks cannot strand them.
+func (g *Gate) redispatchLocked(now int64, wk *core.Wakes) {
+	g.dispatchLocked(now, wk)
 	deliver := len(g.ad.pending) > 0 && !g.ad.delivering
 	if deliver {
 		g.ad.delivering = true

@@ -160,8 +160,7 @@ func (g *Gate) Reconfigure(cfg Config) error {
 	g.mu.Lock()
 	g.applyLocked(cfg)
 	g.refuseHeavyLocked(&wk)
-	g.redispatchLocked(g.eng.Clock.Nanos())
-	wk.Wake()
+	g.redispatchLocked(g.eng.Clock.Nanos(), &wk)
 	return nil
 }
 

@@ -153,7 +153,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 				g.eng.Policy.Log().Error("pacing: OnLimitChange hook panicked", slog.String("provider", g.name), slog.Any("panic", v))
 			}
 		}()
-		g.redispatchLocked(now)
+		g.redispatchLocked(now, &core.Wakes{})
 	})
 }
 
@@ -307,7 +307,7 @@ func (g *Gate) Report(gr Grant, v Verdict) {
 	if own != nil && v.Kind != Admitted && v.Kind != Other {
 		g.settleLocked(own, Tokens{}, endedUnserved)
 	}
-	g.redispatchLocked(now)
+	g.redispatchLocked(now, &core.Wakes{})
 }
 
 // unsent takes gr's request as never sent (its base's error wrapped
