@@ -208,6 +208,12 @@ func (r *Registry[K]) flushRemovals() {
 	ctx, cancel := context.WithTimeout(context.Background(), r.cfg.opTimeout)
 	defer cancel()
 	r.survive("removal", func() { r.sendRemovals(ctx) })
+	// What is left is given up (nothing queues after the stop: see
+	// queueReleases), and counted so, as removeAfterStop counts its own.
+	r.remMu.Lock()
+	r.stats.removalsDropped.Add(uint64(len(r.removals)))
+	r.removals = nil
+	r.remMu.Unlock()
 }
 
 // remove deletes leases from the store and serves their keys' queues, each call
@@ -220,7 +226,6 @@ func (r *Registry[K]) remove(ctx context.Context, leases []*lease[K]) (failed []
 
 // removeLocked is remove with storeMu held.
 func (r *Registry[K]) removeLocked(ctx context.Context, leases []*lease[K]) (failed []*lease[K]) {
-	call := &driver.ReleaseCall{TTL: r.cfg.ttl, Pause: r.pause, Claim: r.claim}
 	var abandons, plain []*lease[K]
 	for _, l := range leases {
 		if l.abandoned {
@@ -228,14 +233,26 @@ func (r *Registry[K]) removeLocked(ctx context.Context, leases []*lease[K]) (fai
 			continue
 		}
 		plain = append(plain, l)
-		for i, name := range l.names {
-			call.Pairs = append(call.Pairs, driver.Release{Key: name, Lease: l.id, Limit: l.limits[i]})
-		}
 	}
 	// The releases go first: they free places, and each abandon may be a
-	// call of its own.
-	if len(plain) > 0 {
-		failed = append(failed, r.release(ctx, call, plain)...)
+	// call of its own. Calls of up to batchSize pairs (a lease's all in
+	// one): removeAfterStop may be handed more.
+	for first := true; len(plain) > 0; first = false {
+		call := &driver.ReleaseCall{TTL: r.cfg.ttl, Pause: r.pause, Claim: r.claim}
+		var chunk []*lease[K]
+		for len(plain) > 0 && len(call.Pairs)+len(plain[0].names) <= max(batchSize, len(plain[0].names)) {
+			l := plain[0]
+			plain = plain[1:]
+			chunk = append(chunk, l)
+			for i, name := range l.names {
+				call.Pairs = append(call.Pairs, driver.Release{Key: name, Lease: l.id, Limit: l.limits[i]})
+			}
+		}
+		if !first && !r.brk.allow() { // the store unreachable: sent again later
+			failed = append(failed, chunk...)
+			continue
+		}
+		failed = append(failed, r.release(ctx, call, chunk)...)
 	}
 	for chunk := range slices.Chunk(abandons, batchSize) {
 		if !r.brk.allow() { // the store unreachable: sent again later
