@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"strings"
 	"sync"
 	"testing"
@@ -126,4 +127,31 @@ func TestPreparedThroughPooler(t *testing.T) {
 	t.Logf("%d errors of a prepared statement with the hint, %d without", hinted, bare)
 	assert.Positive(t, hinted, "no prepared statement met the pooler's other connections")
 	assert.Zero(t, bare)
+}
+
+// A queue's bounds are ints, as slots.WithMaxQueue and
+// WithMaxQueuePerFlow take them: one past what an int column holds (a
+// bound of math.MaxInt, "as good as none") bounds nothing that a queue
+// could reach, and the calls work as with no bound. On the server, and
+// through PgBouncer in transaction mode.
+func TestQueueBoundsBeyondInt32(t *testing.T) {
+	srv := pgtest.Start(t)
+	t.Run("direct", func(t *testing.T) { queueBoundsBeyondInt32(t, store(t, srv, "direct")) })
+	via := srv.Bouncer() // on the test's goroutine: it may skip the test
+	t.Run("pgbouncer", func(t *testing.T) { queueBoundsBeyondInt32(t, server{Server: srv, via: via}.Store(t, "bounced")) })
+}
+
+func queueBoundsBeyondInt32(t *testing.T, st driver.Store) {
+	ctx := context.Background()
+	for i, id := range []string{"1", "2", "3"} {
+		c := kcall(id, 1, true)
+		c.MaxQueue, c.MaxFlowQueue = math.MaxInt, math.MaxInt32+1
+		r, err := st.AdmitOne(ctx, c)
+		require.NoError(t, err, "call %d", i)
+		want := driver.StatusQueued
+		if i == 0 {
+			want = driver.StatusAdmitted
+		}
+		assert.Equal(t, want, r.Status, "call %d", i)
+	}
 }

@@ -64,6 +64,14 @@ func units(n int) int32 {
 	return int32(min(max(n, 1), math.MaxInt32))
 }
 
+// bound is a queue's bound (driver.AdmitCall's MaxQueue, MaxFlowQueue) as
+// the functions take it, an int: a bound past what an int holds bounds no
+// queue that can be, and is kept at the most an int holds (a negative
+// one, no bound, stays negative).
+func bound(n int) int32 {
+	return int32(min(max(n, -1), math.MaxInt32))
+}
+
 // limits are ls as the functions take them.
 func limits(ls []int) []int64 {
 	out := make([]int64, len(ls))

@@ -322,7 +322,7 @@ func (s *Store) admit(ctx context.Context, q querier, c *driver.AdmitCall) drive
 	err := s.call(func() error {
 		return q.QueryRow(ctx, sql, s.name, c.Lease, storedKeys(c.Keys), limits(c.Limits), driver.Millis(c.TTL), c.NotAfter, c.Epoch,
 			c.Pause.Milliseconds(), c.Wait, c.Starts, driver.Millis(c.Claim), int16(c.Class), StoredKey(c.Flow), c.Weight, c.Proc,
-			c.MaxQueue, c.MaxFlowQueue, c.LiveMillis(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
+			bound(c.MaxQueue), bound(c.MaxFlowQueue), c.LiveMillis(), s.async, carriedKeys, carriedLeases, units(c.Units), carriedUnits).Scan(&res)
 	})
 	return decodeAdmit(c, res, err)
 }
