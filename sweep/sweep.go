@@ -123,9 +123,14 @@ func WithThreshold(d time.Duration) Option {
 	return optionFunc(func(c *config) { c.threshold = d })
 }
 
-// WithClock sets the clock of the ticks; for tests. The default is the real
-// clock.
-func WithClock(c clock.Clock) Option { return optionFunc(func(cfg *config) { cfg.clock = c }) }
+// WithClock sets the clock of the ticks; for tests. The default (and nil)
+// is the real clock.
+func WithClock(c clock.Clock) Option {
+	if c == nil {
+		c = clock.New()
+	}
+	return optionFunc(func(cfg *config) { cfg.clock = c })
+}
 
 // WithLogger sets the logger for long-held warnings (key and slot id, never
 // request content) and observer panics. nil (the default) means

@@ -3,6 +3,8 @@ package sweep_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -259,4 +261,23 @@ func TestSweepTimesOutOfOrder(t *testing.T) {
 	}
 	assert.Equal(t, []int{1, 0, 0}, newly)
 	s.Release()
+}
+
+// WithClock(nil) is the real clock, as slots.WithClock(nil) is and as
+// WithLogger(nil) is the default logger: neither a Monitor nor a Handler
+// panics on it.
+func TestNilClockIsTheRealClock(t *testing.T) {
+	reg := registry.New[string](1)
+	s, err := reg.TryAcquire("org-a")
+	require.NoError(t, err)
+	defer s.Release()
+	var m *sweep.Monitor[string]
+	require.NotPanics(t, func() { m = sweep.New(reg, sweep.WithClock(nil)) })
+	assert.Equal(t, 1, m.Sweep(time.Now()).InUse)
+	m.Stop()
+	rec := httptest.NewRecorder()
+	require.NotPanics(t, func() {
+		sweep.Handler(reg, sweep.WithClock(nil)).ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/", nil))
+	})
+	assert.Equal(t, http.StatusOK, rec.Code)
 }

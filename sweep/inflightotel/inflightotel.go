@@ -349,8 +349,16 @@ func (c *Cap) Close() error {
 }
 
 // Watch makes c report what f returns at each collection. f is called from
-// the collecting goroutine and may run concurrently with itself.
-func Watch(c *Cap, f func() Snapshot) { c.source.Store(&f) }
+// the collecting goroutine and may run concurrently with itself. A nil f
+// stops watching: c then reports no source's counts, as before its first
+// Watch.
+func Watch(c *Cap, f func() Snapshot) {
+	if f == nil {
+		c.source.Store(nil)
+		return
+	}
+	c.source.Store(&f)
+}
 
 // WatchLimiter makes c report l's counts while l is in use: c does not
 // keep l alive (nor a sweep.Monitor of l that c observes for running),

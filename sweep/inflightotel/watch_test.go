@@ -8,6 +8,7 @@ import (
 	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
@@ -74,4 +75,21 @@ func TestWatchedSourceDropped(t *testing.T) {
 			require.NoError(t, c.Close())
 		})
 	}
+}
+
+// Watch with a nil function stops watching, as inflightprom's does: a
+// collection then reads no source, as before the first Watch, rather than
+// calling nil on the SDK's collecting goroutine.
+func TestWatchNilStopsWatchingWithoutPanicking(t *testing.T) {
+	m := newMeters(t)
+	c, err := inflightotel.New("tenant", inflightotel.WithMeterProvider(m))
+	require.NoError(t, err)
+	inflightotel.Watch(c, func() inflightotel.Snapshot {
+		return inflightotel.Snapshot{InFlight: 1, Waiting: 0, Keys: -1, Limit: 2}
+	})
+	assert.Contains(t, m.collect(t), "inflight.slot.active")
+	inflightotel.Watch(c, nil)
+	var got map[string]metricdata.Aggregation
+	require.NotPanics(t, func() { got = m.collect(t) })
+	assert.NotContains(t, got, "inflight.slot.active", "nothing watched")
 }
