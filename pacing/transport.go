@@ -354,9 +354,8 @@ func (r reporter) RoundTrip(req *http.Request) (*http.Response, error) {
 			req.Header.Del("Accept-Encoding")
 		}
 		if t.credential != nil && offHost(req) {
-			// Without the key's secret, and without the caller's own
-			// Authorization, which net/http's Client sends on to a
-			// subdomain of the first host (it drops it for others).
+			// No key's secret, nor the caller's own Authorization (net/http's
+			// Client sends it on to a subdomain of the first host).
 			req.Header.Del("Authorization")
 		} else if t.credential != nil {
 			ok := false
