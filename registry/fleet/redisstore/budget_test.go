@@ -73,10 +73,40 @@ type replyDropper struct {
 }
 
 func startReplyDropper(t *testing.T, to string) *replyDropper {
+	d := &replyDropper{}
+	d.addr = relay(t, to, func(c, s net.Conn, wg *sync.WaitGroup) {
+		wg.Go(func() { _, _ = io.Copy(s, c); s.Close(); c.Close() })
+		wg.Go(func() {
+			defer func() { s.Close(); c.Close() }()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 && d.armed.CompareAndSwap(true, false) {
+					d.dropped.Add(1)
+					return // the reply is lost with the connection
+				}
+				if n > 0 {
+					if _, err := c.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	})
+	return d
+}
+
+// relay forwards the connections made to the address it returns to a
+// server at to: each pair, the client's (c) and the server's (s), is
+// handed to conn, which starts the goroutines that copy between them on
+// wg. The test's cleanup closes the listener and waits for them.
+func relay(t *testing.T, to string, conn func(c, s net.Conn, wg *sync.WaitGroup)) string {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	require.NoError(t, err)
-	d := &replyDropper{addr: ln.Addr().String()}
 	var wg sync.WaitGroup
 	t.Cleanup(func() { ln.Close(); wg.Wait() })
 	wg.Go(func() {
@@ -90,29 +120,24 @@ func startReplyDropper(t *testing.T, to string) *replyDropper {
 				c.Close()
 				continue
 			}
-			wg.Go(func() { _, _ = io.Copy(s, c); s.Close(); c.Close() })
-			wg.Go(func() {
-				defer func() { s.Close(); c.Close() }()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 && d.armed.CompareAndSwap(true, false) {
-						d.dropped.Add(1)
-						return // the reply is lost with the connection
-					}
-					if n > 0 {
-						if _, err := c.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
+			conn(c, s, &wg)
 		}
 	})
-	return d
+	return ln.Addr().String()
+}
+
+// budgetOf100 returns a Budget of 100 tokens a minute named name on s,
+// and a reader of the tokens it counts.
+func budgetOf100(t *testing.T, s *redisstore.Store, name string) (*fleet.Budget, func() int) {
+	t.Helper()
+	b, err := fleet.NewBudget(s, name, upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
+	require.NoError(t, err)
+	return b, func() int {
+		t.Helper()
+		u, err := b.Used(context.Background())
+		require.NoError(t, err)
+		return u[0]
+	}
 }
 
 // A budget call is run once, whatever the client does when its reply is
@@ -125,15 +150,8 @@ func TestBudgetCallRetriedRunsOnce(t *testing.T) {
 	srv := redistest.Start(t)
 	d := startReplyDropper(t, srv.Addr)
 	s := redisstore.New(redistest.ClientAt(t, d.addr), "retried")
-	b, err := fleet.NewBudget(s, "provider", upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
-	require.NoError(t, err)
+	b, used := budgetOf100(t, s, "provider")
 	ctx := context.Background()
-	used := func() int {
-		t.Helper()
-		u, err := b.Used(ctx)
-		require.NoError(t, err)
-		return u[0]
-	}
 
 	first, err := b.Reserve(ctx, upstream.Tokens{Input: 50})
 	require.NoError(t, err)
@@ -146,15 +164,12 @@ func TestBudgetCallRetriedRunsOnce(t *testing.T) {
 	_, err = b.Reserve(ctx, upstream.Tokens{Input: 100})
 	assert.ErrorIs(t, err, upstream.ErrOverBudget, "100 started in this minute already")
 
-	other, err := fleet.NewBudget(s, "model", upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
-	require.NoError(t, err)
+	other, otherUsed := budgetOf100(t, s, "model")
 	d.armed.Store(true)
 	_, err = other.Reserve(ctx, upstream.Tokens{Input: 30})
 	require.NoError(t, err)
 	require.Equal(t, int32(2), d.dropped.Load())
-	u, err := other.Used(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, 30, u[0], "a charge sent again is charged once")
+	assert.Equal(t, 30, otherUsed(), "a charge sent again is charged once")
 }
 
 // callHolder forwards connections to a Redis server and, once armed,
@@ -172,76 +187,59 @@ type callHolder struct {
 }
 
 func startCallHolder(t *testing.T, to string) *callHolder {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	h := &callHolder{addr: ln.Addr().String(), held: make(chan struct{}), release: make(chan struct{}), ran: make(chan struct{})}
-	var wg sync.WaitGroup
-	t.Cleanup(func() {
+	h := &callHolder{held: make(chan struct{}), release: make(chan struct{}), ran: make(chan struct{})}
+	h.addr = relay(t, to, func(c, s net.Conn, wg *sync.WaitGroup) {
+		var late atomic.Bool // this connection's held call has gone to the server
+		answered := make(chan struct{})
+		wg.Go(func() { // the server's answers
+			defer c.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := s.Read(buf)
+				if n > 0 && late.Load() {
+					close(h.ran)
+					close(answered)
+					return
+				}
+				if n > 0 {
+					_, _ = c.Write(buf[:n])
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+		wg.Go(func() { // the client's calls
+			defer s.Close()
+			buf := make([]byte, 32<<10)
+			for {
+				n, err := c.Read(buf)
+				if n > 0 && h.armed.CompareAndSwap(true, false) {
+					call := append([]byte(nil), buf[:n]...)
+					close(h.held)
+					<-h.release
+					late.Store(true)
+					if _, err := s.Write(call); err == nil {
+						<-answered
+					}
+					return
+				}
+				if n > 0 {
+					if _, err := s.Write(buf[:n]); err != nil {
+						return
+					}
+				}
+				if err != nil {
+					return
+				}
+			}
+		})
+	})
+	t.Cleanup(func() { // before the relay's (cleanups run last first): a held call goes on
 		select {
 		case <-h.release:
 		default:
 			close(h.release)
-		}
-		ln.Close()
-		wg.Wait()
-	})
-	wg.Go(func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			s, err := net.Dial("tcp", to)
-			if err != nil {
-				c.Close()
-				continue
-			}
-			var late atomic.Bool // this connection's held call has gone to the server
-			answered := make(chan struct{})
-			wg.Go(func() { // the server's answers
-				defer c.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := s.Read(buf)
-					if n > 0 && late.Load() {
-						close(h.ran)
-						close(answered)
-						return
-					}
-					if n > 0 {
-						_, _ = c.Write(buf[:n])
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
-			wg.Go(func() { // the client's calls
-				defer s.Close()
-				buf := make([]byte, 32<<10)
-				for {
-					n, err := c.Read(buf)
-					if n > 0 && h.armed.CompareAndSwap(true, false) {
-						call := append([]byte(nil), buf[:n]...)
-						close(h.held)
-						<-h.release
-						late.Store(true)
-						if _, err := s.Write(call); err == nil {
-							<-answered
-						}
-						return
-					}
-					if n > 0 {
-						if _, err := s.Write(buf[:n]); err != nil {
-							return
-						}
-					}
-					if err != nil {
-						return
-					}
-				}
-			})
 		}
 	})
 	return h
@@ -255,16 +253,8 @@ func startCallHolder(t *testing.T, to string) *callHolder {
 func TestBudgetRefusedCallRunLateChargesNothing(t *testing.T) {
 	srv := redistest.Start(t)
 	h := startCallHolder(t, srv.Addr)
-	s := redisstore.New(redistest.ClientAt(t, h.addr), "late")
-	b, err := fleet.NewBudget(s, "provider", upstream.BudgetLimits{TokensPerMinute: 100}, 5*time.Second)
-	require.NoError(t, err)
+	b, used := budgetOf100(t, redisstore.New(redistest.ClientAt(t, h.addr), "late"), "provider")
 	ctx := context.Background()
-	used := func() int {
-		t.Helper()
-		u, err := b.Used(ctx)
-		require.NoError(t, err)
-		return u[0]
-	}
 	first, err := b.Reserve(ctx, upstream.Tokens{Input: 50})
 	require.NoError(t, err)
 	_, err = b.Reserve(ctx, upstream.Tokens{Input: 50})
