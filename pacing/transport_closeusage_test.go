@@ -1,7 +1,6 @@
 package pacing_test
 
 import (
-	"io"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -38,26 +37,7 @@ func TestTransportCloseDuringTheUsageWaitsForIt(t *testing.T) {
 		resp, err := rt.RoundTrip(post(t, ctx, `{"model":"m"}`))
 		require.NoError(t, err)
 
-		read := make(chan struct{})
-		go func() {
-			defer close(read)
-			_, _ = io.Copy(io.Discard, resp.Body) // its end: the usage is settled here
-		}()
-		<-entered
-		closed := make(chan struct{})
-		go func() {
-			defer close(closed)
-			resp.Body.Close()
-		}()
-		synctest.Wait()
-		select {
-		case <-closed:
-			assert.Fail(t, "Close returned before the usage was settled", "in flight %d", gate.Status().InFlight)
-		default:
-		}
-		close(release)
-		<-read
-		<-closed
+		assert.False(t, closesBeforeTheReport(resp, entered, release), "Close returned before the usage was settled")
 
 		assert.Zero(t, gate.Status().InFlight)
 		assert.Equal(t, 1000-8, tenants.Status("a")[0].Left, "settled with the 8 tokens used")

@@ -101,18 +101,7 @@ func TestNoServableWaiterLeftWithLimitFunc(t *testing.T) {
 						}
 					})
 				case op < 9:
-					mu.Lock()
-					var s *slots.Slot
-					if len(held) > 0 {
-						i := rng.IntN(len(held))
-						s = held[i]
-						held = append(held[:i], held[i+1:]...)
-					}
-					mu.Unlock()
-					if s != nil {
-						trace = append(trace, "release")
-						s.Release()
-					}
+					releaseAny(rng, &mu, &held, &trace)
 				case op < 10:
 					if len(cancels) > 0 {
 						trace = append(trace, "cancel")

@@ -145,18 +145,7 @@ func checkServable(t *testing.T, maxUnits int, shares bool, keys []string, steps
 						}
 					}()
 				case op < 8:
-					mu.Lock()
-					var s *slots.Slot
-					if len(held) > 0 {
-						i := rng.IntN(len(held))
-						s = held[i]
-						held = append(held[:i], held[i+1:]...)
-					}
-					mu.Unlock()
-					if s != nil {
-						trace = append(trace, "release")
-						s.Release()
-					}
+					releaseAny(rng, &mu, &held, &trace)
 				case op < 9:
 					if len(cancels) > 0 {
 						trace = append(trace, "cancel")
@@ -186,5 +175,22 @@ func checkServable(t *testing.T, maxUnits int, shares bool, keys []string, steps
 				t.Fatalf("seed %d: %d keys left", seed, reg.Keys())
 			}
 		})
+	}
+}
+
+// releaseAny releases one of held, picked by rng, if any (held is guarded
+// by mu), and notes it in trace.
+func releaseAny(rng *rand.Rand, mu *sync.Mutex, held *[]*slots.Slot, trace *[]string) {
+	mu.Lock()
+	var s *slots.Slot
+	if len(*held) > 0 {
+		i := rng.IntN(len(*held))
+		s = (*held)[i]
+		*held = append((*held)[:i], (*held)[i+1:]...)
+	}
+	mu.Unlock()
+	if s != nil {
+		*trace = append(*trace, "release")
+		s.Release()
 	}
 }

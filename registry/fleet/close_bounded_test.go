@@ -66,17 +66,7 @@ func TestCloseBoundedAfterACutRenewal(t *testing.T) {
 		const n = 20
 		st := &hangsAtClose{Store: memstore.New(), arrived: make(chan struct{})}
 		r := New[string](st, n, WithLeaseTTL(30*time.Second), WithLogger(quiet()))
-		var held []*slots.Slot
-		for range n {
-			s, err := r.TryAcquire("k")
-			require.NoError(t, err)
-			held = append(held, s)
-		}
-		st.armed.Store(true)
-		<-st.arrived // the heartbeat's renewal is on its way, storeMu held
-		for _, s := range held {
-			s.Release() // queued; the releaser waits for storeMu
-		}
+		releaseDuringARenewal(t, r, n, &st.armed, st.arrived)
 		st.hang.Store(true)
 		start := time.Now()
 		r.Close()
@@ -141,4 +131,22 @@ func TestReleaseAfterCloseWithTheBreakerOpenIsBounded(t *testing.T) {
 		t.Logf("longest Release: %v; %d Release calls to the store", longest, st.releases.Load())
 		assert.LessOrEqual(t, longest, 500*time.Millisecond, "a Release waits at most a call timeout, and none with the breaker open")
 	})
+}
+
+// releaseDuringARenewal takes n slots of "k" on r, arms its store's next
+// renewal (armed), waits until that renewal is on its way (arrived; it
+// holds storeMu), and releases every slot: their removals wait for it.
+func releaseDuringARenewal(t *testing.T, r *Registry[string], n int, armed *atomic.Bool, arrived <-chan struct{}) {
+	t.Helper()
+	var held []*slots.Slot
+	for range n {
+		s, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		held = append(held, s)
+	}
+	armed.Store(true)
+	<-arrived
+	for _, s := range held {
+		s.Release()
+	}
 }

@@ -63,17 +63,7 @@ func TestRemovalsAfterTheStopKeepToBatchSize(t *testing.T) {
 		const n = 300
 		st := &putsBackLate{Store: memstore.New(), arrived: make(chan struct{})}
 		r := New[string](st, n, WithLeaseTTL(30*time.Second), WithLogger(quiet()))
-		var held []*slots.Slot
-		for range n {
-			s, err := r.TryAcquire("k")
-			require.NoError(t, err)
-			held = append(held, s)
-		}
-		st.armed.Store(true)
-		<-st.arrived // the renewal is on its way, storeMu held
-		for _, s := range held {
-			s.Release()
-		}
+		releaseDuringARenewal(t, r, n, &st.armed, st.arrived)
 		r.Close()
 		t.Logf("%d Release calls, the largest of %d pairs; dropped %d", st.releases.Load(), st.maxPairs.Load(), r.Stats().RemovalsDropped)
 		assert.LessOrEqual(t, int(st.maxPairs.Load()), batchSize, "a release call of at most batchSize pairs")
