@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"math"
 	"runtime/debug"
 	"strings"
 	"time"
@@ -117,6 +118,11 @@ func (o *Overrides) decode(state string) (overridesRecord, error) {
 	}
 	if head.Key != o.key {
 		return overridesRecord{}, errors.New("another record's key")
+	}
+	if head.V == math.MaxUint64 {
+		// No version is over it: a change written on it would wrap
+		// around, older than the copy that read it.
+		return overridesRecord{}, errors.New("a version no other follows")
 	}
 	rec := overridesRecord{V: head.V, Key: head.Key, Format: formatOf(head.Format)}
 	if rec.Format > overridesFormat {

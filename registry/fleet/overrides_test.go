@@ -385,3 +385,33 @@ func TestOverridesChangeNotMadeOnALostRecord(t *testing.T) {
 		assert.Equal(t, map[string]int{"x": 0, "y": 2, "z": 1}, b.All())
 	})
 }
+
+// A record whose version is the highest there is (a hostile or broken
+// writer's) leaves no version over it: a change written on it, under a
+// version that wrapped around, would be older than the copy that read it,
+// and the copy written back over it at the next read. It is taken for a
+// record that cannot be read, and written over by the copy.
+func TestOverridesTopVersionIsWrittenOver(t *testing.T) {
+	ctx := context.Background()
+	ms := memstore.New()
+	ov, err := NewOverrides(ms, "orgs", nil, nil)
+	require.NoError(t, err)
+	defer ov.Close()
+	require.NoError(t, ov.Set(ctx, "a", 1))
+	res, err := ms.SyncLearned(ctx, &driver.LearnedCall{Key: overridesPrefix + "orgs", TTL: time.Hour})
+	require.NoError(t, err)
+	top := `{"v":18446744073709551615,"k":"\u0000overrides/orgs","f":1,"limits":{"a":1}}`
+	res, err = ms.SyncLearned(ctx, &driver.LearnedCall{Key: overridesPrefix + "orgs", Presumed: res.Version, State: top, TTL: time.Hour})
+	require.NoError(t, err)
+	require.True(t, res.Wrote)
+
+	_ = ov.Sync(ctx)
+	require.NoError(t, ov.Set(ctx, "b", 2))
+	assert.Equal(t, map[string]int{"a": 1, "b": 2}, ov.All())
+	require.NoError(t, ov.Sync(ctx))
+	other, err := NewOverrides(ms, "orgs", nil, nil)
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, other.Sync(ctx))
+	assert.Equal(t, map[string]int{"a": 1, "b": 2}, other.All(), "the change holds")
+}
