@@ -131,7 +131,27 @@ func orgFromPath(w http.ResponseWriter, r *http.Request) string {
 		writeOpenAIError(w, http.StatusBadRequest, "org: want a name of 1 to 256 bytes of UTF-8")
 		return ""
 	}
+	if !carriedInHeader(org) {
+		writeOpenAIError(w, http.StatusBadRequest, "org: want a name an X-Org-ID header can carry: no spaces or tabs around it, no control characters but tabs in it")
+		return ""
+	}
 	return org
+}
+
+// carriedInHeader reports whether a request can carry org in OrgHeader:
+// net/http drops the spaces and tabs around a header's value, and answers
+// 400 to one with a control character other than a tab in it. A limit set
+// for another name would never apply.
+func carriedInHeader(org string) bool {
+	if strings.Trim(org, " \t") != org {
+		return false
+	}
+	for i := range len(org) {
+		if b := org[i]; b < ' ' && b != '\t' || b == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 func (g *Gateway) setOrgLimit(w http.ResponseWriter, r *http.Request) {

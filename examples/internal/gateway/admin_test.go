@@ -344,3 +344,24 @@ func TestAdminOrgLimitsWithoutAFleetAreBounded(t *testing.T) {
 	status, body = do(t, client, adminRequest(t, http.MethodPatch, limitPath("one-more"), `{"limit":5}`))
 	assert.Equal(t, http.StatusOK, status, "a place was freed: %s", body)
 }
+
+// An org that no request can carry in X-Org-ID is a 400, not an override
+// that never applies: spaces or tabs around it (net/http drops them from
+// the header, so " org-a" would be answered 200 and org-a left as it was),
+// a control character other than a tab in it (net/http answers 400 to such
+// a header). A tab inside is carried.
+func TestAdminRefusesOrgsNoRequestCarries(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u.srv.URL, testConfig)
+	client := srv.Client()
+	for _, org := range []string{"%20org-a", "org-a%20", "%09org-a", "org-a%09", "org%0Aa", "org%00a", "org%7Fa"} {
+		for _, method := range []string{http.MethodPatch, http.MethodGet, http.MethodDelete} {
+			status, body := do(t, client, adminRequest(t, method, srv.URL+"/admin/orgs/"+org+"/concurrent-limit", `{"limit":0}`))
+			assert.Equal(t, http.StatusBadRequest, status, "%s %s: %s", method, org, body)
+		}
+	}
+	assert.Empty(t, gw.orgs().(*localOverrides).m, "none taken")
+	status, body := do(t, client, adminRequest(t, http.MethodPatch, srv.URL+"/admin/orgs/org%09a/concurrent-limit", `{"limit":0}`))
+	assert.Equal(t, http.StatusOK, status, body)
+	assert.Equal(t, 0, gw.orgLimit("org\ta"))
+}

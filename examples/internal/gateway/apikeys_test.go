@@ -161,7 +161,9 @@ func TestBypassUnderAKeyPoolSendsNoClientCredential(t *testing.T) {
 // kept as a cap that never applies: a model or an org over 256 bytes (a
 // request naming one is answered 400), an empty one (a request without
 // X-Org-ID is the org "default"; one without a model takes the
-// provider's caps alone).
+// provider's caps alone), an org with spaces or tabs around it or a
+// control character other than a tab in it (net/http drops the former
+// from an X-Org-ID header, and answers 400 to a header with the latter).
 func TestConfigRefusesNamesNoRequestCarries(t *testing.T) {
 	long := strings.Repeat("m", 257)
 	for _, tc := range []struct{ json, err string }{
@@ -172,12 +174,17 @@ func TestConfigRefusesNamesNoRequestCarries(t *testing.T) {
 		{`{"orgs": {"priorities": {"": "batch"}}}`, `config: orgs.priorities[""]: not an org's name`},
 		{`{"orgs": {"weights": {"` + long + `": 2}}}`, `config: orgs.weights["mmm`},
 		{`{"orgs": {"budgets": {"": {"tokens_per_minute": 10}}}}`, `config: orgs.budgets[""]: not an org's name`},
+		{`{"orgs": {"limits": {" org-a": 1}}}`, `config: orgs.limits[" org-a"]: not an org's name`},
+		{`{"orgs": {"limits": {"org-a\t": 1}}}`, `config: orgs.limits["org-a\t"]: not an org's name`},
+		{`{"orgs": {"priorities": {"org\na": "batch"}}}`, `config: orgs.priorities["org\na"]: not an org's name`},
+		{`{"orgs": {"weights": {"org\u0000a": 2}}}`, `config: orgs.weights["org\x00a"]: not an org's name`},
+		{`{"orgs": {"budgets": {"org\u007fa": {"tokens_per_minute": 10}}}}`, `config: orgs.budgets["org\x7fa"]: not an org's name`},
 	} {
 		js := `{"upstream": "http://x", ` + tc.json[1:]
 		_, err := ParseConfig([]byte(js))
 		assert.ErrorContains(t, err, tc.err, tc.json)
 	}
-	// 256 bytes is a name.
-	_, err := ParseConfig([]byte(`{"upstream": "http://x", "orgs": {"limits": {"` + long[:256] + `": 1}}, "provider": {"models": {"` + long[:256] + `": {}}}}`))
+	// 256 bytes is a name; so is one with a tab inside.
+	_, err := ParseConfig([]byte(`{"upstream": "http://x", "orgs": {"limits": {"` + long[:256] + `": 1, "org\ta": 1}}, "provider": {"models": {"` + long[:256] + `": {}}}}`))
 	assert.NoError(t, err)
 }

@@ -426,8 +426,9 @@ func ParseConfig(data []byte) (Config, error) {
 
 // checkNames refuses the names of orgs and models that no request can
 // carry, whose settings would never apply: over maxNameBytes (a request
-// naming one is answered 400), or an empty org (a request without
-// OrgHeader is "default"; pacing refuses an empty model).
+// naming one is answered 400), an empty org (a request without
+// OrgHeader is "default"; pacing refuses an empty model), or one that
+// OrgHeader cannot carry (carriedInHeader).
 func (c *Config) checkNames() error {
 	for field, names := range map[string]iter.Seq[string]{
 		"orgs.limits": maps.Keys(c.Orgs.Limits), "orgs.priorities": maps.Keys(c.Orgs.Priorities),
@@ -436,6 +437,9 @@ func (c *Config) checkNames() error {
 		for org := range names {
 			if org == "" || len(org) > maxNameBytes {
 				return fmt.Errorf("config: %s[%q]: not an org's name (1 to %d bytes)", field, org, maxNameBytes)
+			}
+			if !carriedInHeader(org) {
+				return fmt.Errorf("config: %s[%q]: not an org's name (%s cannot carry it: spaces or tabs around it, or control characters but tabs in it)", field, org, OrgHeader)
 			}
 		}
 	}
