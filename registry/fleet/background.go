@@ -15,6 +15,17 @@ import (
 // batchSize bounds the (key, lease) pairs of one renewal or release call.
 const batchSize = 256
 
+// cutBatch returns the first of items whose pairs (pairs of each) come to
+// at most batchSize, at least one (a lease of more keys goes alone), and
+// the rest.
+func cutBatch[T any](items []T, pairs func(T) int) (batch, rest []T) {
+	n, i := 0, 0
+	for ; i < len(items) && (i == 0 || n+pairs(items[i]) <= batchSize); i++ {
+		n += pairs(items[i])
+	}
+	return items[:i:i], items[i:]
+}
+
 // breaker opens after threshold consecutive failed calls, so that while
 // the store is unreachable a decision costs no round trip; the heartbeat's
 // probe closes it.
@@ -280,12 +291,8 @@ func (r *Registry[K]) renewBatch(leases []renewal[K], requeue *[]*lease[K]) bool
 		// The not-after time goes in at each try.
 		call := &driver.RenewCall{TTL: r.cfg.ttl, Epoch: r.epoch.Load(), Pause: r.pause}
 		var batch []renewal[K]
-		pairs := 0
-		for len(leases) > 0 && pairs+len(leases[0].l.names) <= max(batchSize, len(leases[0].l.names)) {
-			x := leases[0]
-			leases = leases[1:]
-			batch = append(batch, x)
-			pairs += len(x.l.names)
+		batch, leases = cutBatch(leases, func(x renewal[K]) int { return len(x.l.names) })
+		for _, x := range batch {
 			call.Leases = append(call.Leases, driver.Renewal{Lease: x.l.id, Units: x.l.units, Mode: x.mode, Epoch: x.epoch, Keys: x.l.names, Limits: x.limits})
 		}
 		res, until, err := r.renewCall(call)

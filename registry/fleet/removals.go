@@ -240,10 +240,8 @@ func (r *Registry[K]) removeLocked(ctx context.Context, leases []*lease[K]) (fai
 	for first := true; len(plain) > 0; first = false {
 		call := &driver.ReleaseCall{TTL: r.cfg.ttl, Pause: r.pause, Claim: r.claim}
 		var chunk []*lease[K]
-		for len(plain) > 0 && len(call.Pairs)+len(plain[0].names) <= max(batchSize, len(plain[0].names)) {
-			l := plain[0]
-			plain = plain[1:]
-			chunk = append(chunk, l)
+		chunk, plain = cutBatch(plain, func(l *lease[K]) int { return len(l.names) })
+		for _, l := range chunk {
 			for i, name := range l.names {
 				call.Pairs = append(call.Pairs, driver.Release{Key: name, Lease: l.id, Limit: l.limits[i]})
 			}
