@@ -106,7 +106,8 @@ func (r *Registry[K]) dropOverLocked() {
 	}
 }
 
-// nextRemovals takes the oldest pending removals, up to a batch of pairs.
+// nextRemovals takes the oldest pending removals, up to a batch of pairs
+// (a lease's all in one, as cutBatch takes them).
 // Those queued a lease TTL ago or more are dropped if they may be (see
 // droppable): their leases have expired by now.
 func (r *Registry[K]) nextRemovals() []*lease[K] {
@@ -115,13 +116,17 @@ func (r *Registry[K]) nextRemovals() []*lease[K] {
 	defer r.remMu.Unlock()
 	var batch []*lease[K]
 	pairs, i := 0, 0
-	for ; i < len(r.removals) && pairs < batchSize; i++ {
+	for ; i < len(r.removals); i++ {
 		l := r.removals[i]
-		r.removals[i] = nil
 		if now.Sub(l.since) >= r.cfg.ttl && r.droppable(l, false) {
+			r.removals[i] = nil
 			r.stats.removalsDropped.Add(1)
 			continue
 		}
+		if len(batch) > 0 && pairs+len(l.names) > batchSize { // as cutBatch cuts
+			break
+		}
+		r.removals[i] = nil
 		batch = append(batch, l)
 		pairs += len(l.names)
 	}

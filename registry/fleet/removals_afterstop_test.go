@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -94,4 +95,33 @@ func TestRemovalsGivenUpAtCloseAreCountedDropped(t *testing.T) {
 		assert.Zero(t, st.RemovalsPending, "nothing is pending once Close returned: the releaser is gone")
 		assert.EqualValues(t, 3, st.RemovalsDropped, "the removals given up at Close are counted, as removeAfterStop counts its own")
 	})
+}
+
+// The releaser takes its batches as removeLocked cuts its calls: at most
+// batchSize pairs, a lease's all in one, none left behind. It took one
+// lease more than that (258 pairs of leases of three keys).
+func TestNextRemovalsKeepToBatchSize(t *testing.T) {
+	r := New[string](memstore.New(), 4, WithLogger(quiet()))
+	defer r.Close()
+	var queued []*lease[string]
+	for range 100 {
+		queued = append(queued, &lease[string]{names: []string{"a", "b", "c"}, since: time.Now()})
+	}
+	r.remMu.Lock()
+	r.removals = slices.Clone(queued)
+	r.remMu.Unlock()
+	var taken []*lease[string]
+	for {
+		batch := r.nextRemovals()
+		if batch == nil {
+			break
+		}
+		pairs := 0
+		for _, l := range batch {
+			pairs += len(l.names)
+		}
+		assert.LessOrEqual(t, pairs, batchSize, "a batch's pairs")
+		taken = append(taken, batch...)
+	}
+	assert.Equal(t, queued, taken, "every removal, in order")
 }
