@@ -337,7 +337,11 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	var local *slots.Slot
 	for try := 0; ; try++ {
 		var err error
-		local, err = r.localAcquire(l, degraded)
+		if degraded {
+			local, err = r.fallbackAcquire(l)
+		} else {
+			local, err = r.localAcquire(l)
+		}
 		if err == nil {
 			break
 		}
@@ -359,7 +363,8 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			}
 			// This process holds more than the store counts (leases lost and
 			// not put back, or local limits other than the fleet's):
-			// admit anyway; the store has counted this one.
+			// admit anyway; the store has counted this one. It is held
+			// without a local slot (heldLeases.unmirrored).
 			local = nil
 			break
 		}
@@ -393,6 +398,10 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	r.held.leases[l] = struct{}{}
 	r.held.leasesPeak = max(r.held.leasesPeak, len(r.held.leases))
+	if local == nil {
+		l.unmirrored = true
+		r.held.unmirror(l, 1)
+	}
 	learned := !degraded && l.start.counts != nil && r.started(l)
 	r.mu.Unlock()
 	if learned {
@@ -431,13 +440,14 @@ func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, close
 	return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 }
 
-// localAcquire takes l's mirror in the local registry. If that panics (an
-// Observer, a local LimitFunc), a lease the store admitted is taken back, as in
-// Release: it is not held, so nothing would renew or remove it.
-func (r *Registry[K]) localAcquire(l *lease[K], degraded bool) (*slots.Slot, error) {
+// localAcquire takes the mirror of l, which the store admitted, in the
+// local registry. If that panics (an Observer, a local LimitFunc), the
+// lease is taken back, as in Release: it is not held, so nothing would
+// renew or remove it.
+func (r *Registry[K]) localAcquire(l *lease[K]) (*slots.Slot, error) {
 	ok := false
 	defer func() {
-		if !ok && !degraded {
+		if !ok {
 			r.sendAbandonment(l)
 		}
 	}()
@@ -464,7 +474,7 @@ func (r *Registry[K]) degradedOn(k K) bool {
 // by the store names it. It reports false if none is full any more.
 func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, bool) {
 	for i, k := range l.keys {
-		n, limit := r.local.InFlight(k), r.local.Limit(k)
+		n, limit := r.localHeld(k), r.local.Limit(k)
 		if n+l.units > limit {
 			err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: limit, RetryAfter: le.RetryAfter}
 			return outcome{err: err, full: i, inFlight: n}, true

@@ -150,7 +150,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 		keyRules:  keyRules[K]{keyName: func(k K) string { return fmt.Sprint(k) }, defLimit: defaultLimit},
 		prefix:    label,
 		limitsSet: limitsSet[K]{limits: map[K]int{}},
-		held:      heldLeases[K]{leases: map[*lease[K]]struct{}{}, degraded: map[*lease[K]]struct{}{}},
+		held:      heldLeases[K]{leases: map[*lease[K]]struct{}{}, degraded: map[*lease[K]]struct{}{}, unmirrored: map[K]int{}},
 		removalQueue: removalQueue[K]{maxPending: maxRemovals, kick: make(chan struct{}, 1),
 			resume: make(chan struct{}, 1)},
 		storeLink: storeLink{storeMu: make(chanMutex, 1)},

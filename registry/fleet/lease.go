@@ -26,6 +26,9 @@ type lease[K comparable] struct {
 	hold     *core.Hold  // the Slot's own hold: a copy of the Slot frees nothing
 	degraded bool        // not in the store yet: admitted while the store was unavailable (guarded by r.mu)
 	reported bool        // found missing and reported lost; guarded by r.mu
+	// unmirrored: admitted by the store and held with no local slot, it is
+	// counted in r.held.unmirrored until released. Guarded by r.mu.
+	unmirrored bool
 	// sent: a call that may put it (back) into the store was made, and may still
 	// run: a release abandons it (with a tombstone) rather than just
 	// removing it. Guarded by r.mu; never cleared.
@@ -112,6 +115,9 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	if l.degraded {
 		delete(r.held.degraded, l)
 		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
+	}
+	if l.unmirrored {
+		r.held.unmirror(l, -1)
 	}
 	if l.degraded || r.brk.open() {
 		// Its local room is free now: while the store cannot be reached,

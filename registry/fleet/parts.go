@@ -64,8 +64,26 @@ type heldLeases[K comparable] struct {
 	leases map[*lease[K]]struct{}
 	// degraded are the leases in leases with degraded set.
 	degraded map[*lease[K]]struct{}
+	// unmirrored are the units per key of the leases in leases that hold
+	// no slot in the local registry: the store admitted them while the
+	// local registry had no room for them (its limit not yet caught up
+	// with a raised one, or this process holding leases the store lost).
+	// FallbackLocal counts them as held (see fallbackAcquire).
+	unmirrored map[K]int
 	// The most entries of each map since it was last made (see remade).
-	leasesPeak, degradedPeak int
+	leasesPeak, degradedPeak, unmirroredPeak int
+}
+
+// unmirror counts l, held without a slot in the local registry, on each
+// of its keys, or with by -1 no longer.
+func (h *heldLeases[K]) unmirror(l *lease[K], by int) {
+	for _, k := range l.keys {
+		if h.unmirrored[k] += by * l.units; h.unmirrored[k] == 0 {
+			delete(h.unmirrored, k)
+		}
+	}
+	h.unmirroredPeak = max(h.unmirroredPeak, len(h.unmirrored))
+	h.unmirrored = remade(h.unmirrored, &h.unmirroredPeak)
 }
 
 // waitQueues are a Registry's waiters, guarded by their mu (taken after

@@ -52,7 +52,7 @@ func (r *Registry[K]) unqueued(ctx context.Context, l *lease[K], w *waiter) outc
 // local registry to refuse.
 func (r *Registry[K]) waitedFor(l *lease[K]) (outcome, bool) {
 	for i, k := range l.keys {
-		n, limit := r.local.InFlight(k), r.local.Limit(k)
+		n, limit := r.localHeld(k), r.local.Limit(k)
 		if limit-n < l.units {
 			continue
 		}
@@ -64,6 +64,43 @@ func (r *Registry[K]) waitedFor(l *lease[K]) (outcome, bool) {
 		return outcome{err: le, full: i, inFlight: n, queuedN: queued}, true
 	}
 	return outcome{}, false
+}
+
+// fallbackAcquire takes l's slot in the local registry, whose caps are
+// the caps while the store cannot be reached (FallbackLocal). The leases
+// held without a slot there (heldLeases.unmirrored) count as held: else,
+// once the local limit has caught up with the raised one the store
+// admitted them under, the local registry would admit past it. They are
+// counted after the local admission, not before: it fetches the key's
+// limit when due (a count before it would read a stale limit, and keep
+// it stale while they are held), and admissions made at the same time
+// then count one another: they may all give their room back, but never
+// keep more than there is.
+func (r *Registry[K]) fallbackAcquire(l *lease[K]) (*slots.Slot, error) {
+	s, err := r.local.TryAcquireAllN(l.units, l.keys...)
+	if err != nil {
+		return nil, err
+	}
+	for i, k := range l.keys {
+		if n, limit := r.localHeld(k), r.local.Limit(k); n > limit {
+			s.Release()
+			le := &slots.LimitError{Err: slots.ErrLimitReached, Key: r.keyName(k), InFlight: n - l.units,
+				Limit: limit, RetryAfter: time.Second}
+			le.RetryAfter = r.refusalRetryAfter(l, i, le, 0, 0, 0, true) // from the key's holds, as the store's refusals
+			return nil, le
+		}
+	}
+	return s, nil
+}
+
+// localHeld returns the units this process holds on k as FallbackLocal
+// counts them: the local registry's, and those of the leases held without
+// a slot there.
+func (r *Registry[K]) localHeld(k K) int {
+	r.mu.Lock()
+	n := r.held.unmirrored[k]
+	r.mu.Unlock()
+	return n + r.local.InFlight(k)
 }
 
 // unavailable admits l, or not, while the store cannot be reached.
