@@ -9,6 +9,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"math"
 	"mime"
 	"sync"
 )
@@ -41,7 +42,8 @@ const MaxUsageBody = 1 << 20
 //   - a JSON answer (contentType other than text/event-stream): its
 //     "usage" (OpenAI's prompt_tokens and completion_tokens, or
 //     input_tokens and output_tokens as Anthropic and OpenAI's Responses
-//     API say), or its message's or response's, whatever the answer's
+//     API say, with Anthropic's cache_creation_input_tokens counted as
+//     input), or its message's or response's, whatever the answer's
 //     length, once it has passed whole;
 //   - a stream of server-sent events: the latest of each count that any
 //     event's "usage" (or its message's or response's) carried. OpenAI
@@ -49,11 +51,12 @@ const MaxUsageBody = 1 << 20
 //     stream_options.include_usage; Anthropic in message_start (input)
 //     and message_delta (output).
 //
-// f is not called for an answer that reports no usage, or that is closed
-// before the end without one: its estimate stands. f runs on the goroutine
-// that reads the end or closes the body; a Close that comes while a Read
-// runs f returns once f has, or after 5 s (f should not close the body
-// itself: that Close waits so long).
+// f is not called for an answer that reports no usage (for a stream, no
+// output count of its answer: a message_start's alone is none), or that
+// is closed before the end without one: its estimate stands. f runs on
+// the goroutine that reads the end or closes the body; a Close that comes
+// while a Read runs f returns once f has, or after 5 s (f should not
+// close the body itself: that Close waits so long).
 func WatchUsage(body io.ReadCloser, contentType string, f func(Tokens)) io.ReadCloser {
 	mt, _, _ := mime.ParseMediaType(contentType)
 	return &usageBody{rc: body, stream: mt == "text/event-stream", f: f, scan: newUsageScan()}
@@ -97,7 +100,10 @@ func (b *usageBody) Read(p []byte) (int, error) {
 		case !b.tooLong:
 			b.line(b.buf) // a last line with no newline
 		}
-		used, report = b.finishLocked(true)
+		// A stream's usage is its answer's output count, as at Close: an
+		// Anthropic stream cut by an error event after its message_start
+		// has said nothing of its answer.
+		used, report = b.finishLocked(!b.stream || b.gotOut)
 	}
 	if report {
 		b.reported = make(chan struct{})
@@ -172,6 +178,10 @@ type usageJSON struct {
 	CompletionTokens *int `json:"completion_tokens"`
 	InputTokens      *int `json:"input_tokens"`
 	OutputTokens     *int `json:"output_tokens"`
+	// Anthropic's input_tokens leaves out the prompt's tokens written to
+	// its cache, which its input tokens per minute count (not those read
+	// from it, nor OpenAI's cached tokens, counted in prompt_tokens).
+	CacheCreationInputTokens *int `json:"cache_creation_input_tokens"`
 }
 
 // parse reads the usage of one event of a stream, if it has one.
@@ -210,7 +220,11 @@ func (b *usageBody) apply(i int, u *usageJSON) {
 		return
 	}
 	if p := cmpOr(u.PromptTokens, u.InputTokens); p != nil {
-		b.in, b.gotIn = max(*p, 0), true
+		in := max(*p, 0)
+		if u.PromptTokens == nil && u.CacheCreationInputTokens != nil {
+			in += min(max(*u.CacheCreationInputTokens, 0), math.MaxInt-in)
+		}
+		b.in, b.gotIn = in, true
 	}
 	if c := cmpOr(u.CompletionTokens, u.OutputTokens); c != nil {
 		// A message's usage (Anthropic's message_start) comes first,

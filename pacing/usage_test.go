@@ -151,3 +151,37 @@ func TestTransportSettlesUsage(t *testing.T) {
 	send(context.Background()) // not weighed: one token, and nothing settled
 	assert.Equal(t, 10_000-10, providerBudget(t, g.Status(), pacing.CapTokensPerMinute).Left)
 }
+
+// An Anthropic stream that ends after its message_start without a
+// message_delta (an error event mid-stream, as its overloaded_error, then
+// the stream's clean end) never said what its answer used: as when it is
+// closed early, its estimate stands. Before, it reported the input with
+// the message_start's output of 1, which is not the answer's: the output
+// estimate was given back for an answer that had streamed.
+func TestWatchUsageStreamEndedWithoutItsOutput(t *testing.T) {
+	cut := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":25,\"output_tokens\":1}}}\n\n" +
+		"event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"delta\":{\"text\":\"the answer so far\"}}\n\n" +
+		"event: error\ndata: {\"type\":\"error\",\"error\":{\"type\":\"overloaded_error\",\"message\":\"Overloaded\"}}\n\n"
+	for _, size := range []int{1, 7, 4096} {
+		assert.Empty(t, watch(t, cut, "text/event-stream", size, 0), "reads of %d bytes", size)
+	}
+	// A JSON answer's input alone is its usage (an embedding's).
+	assert.Equal(t, []pacing.Tokens{{Input: 8}}, watch(t, `{"data":[],"usage":{"prompt_tokens":8,"total_tokens":8}}`, "application/json", 7, 0))
+}
+
+// Anthropic's input_tokens leaves out the prompt's tokens written to its
+// cache (cache_creation_input_tokens), which its input tokens per minute
+// count all the same (those read from the cache they do not): the input
+// settled is both. Before, a prompt of 10 005 tokens written to the cache
+// settled 5, and the 10 000 went back to the budget.
+func TestWatchUsageCountsAnthropicCacheWrites(t *testing.T) {
+	json := `{"type":"message","usage":{"input_tokens":5,"cache_creation_input_tokens":10000,"cache_read_input_tokens":4000,"output_tokens":7}}`
+	assert.Equal(t, []pacing.Tokens{{Input: 10_005, Output: 7}}, watch(t, json, "application/json", 7, 0))
+	stream := "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"usage\":{\"input_tokens\":5,\"cache_creation_input_tokens\":10000,\"cache_read_input_tokens\":4000,\"output_tokens\":1}}}\n\n" +
+		"event: message_delta\ndata: {\"type\":\"message_delta\",\"usage\":{\"output_tokens\":15}}\n\n" +
+		"event: message_stop\ndata: {\"type\":\"message_stop\"}\n\n"
+	assert.Equal(t, []pacing.Tokens{{Input: 10_005, Output: 15}}, watch(t, stream, "text/event-stream", 7, 0))
+	// OpenAI's prompt_tokens counts its cached tokens already.
+	openai := `{"usage":{"prompt_tokens":100,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":90}}}`
+	assert.Equal(t, []pacing.Tokens{{Input: 100, Output: 2}}, watch(t, openai, "application/json", 7, 0))
+}
