@@ -361,7 +361,7 @@ func (g *Gateway) model(w http.ResponseWriter, r *http.Request) {
 	info.org, info.model = org, model
 	var cost pacing.Tokens // the request's tokens, for the provider's token caps and budgets
 	if g.tokens != nil && body != nil {
-		if cost, err = g.tokens.estimate(body, model); err != nil {
+		if cost, err = g.tokens.estimate(body, model, r.URL.Path == "/v1/embeddings"); err != nil {
 			writeOpenAIError(w, http.StatusBadRequest, slots.ErrorMessage(err))
 			return
 		}

@@ -52,7 +52,7 @@ func requestModel(r *http.Request, maxBytes int64) (string, []byte, error) {
 		r.Header.Set("Content-Type", "application/json")
 	}
 	// The fields the token estimate reads, as the upstream will read them.
-	if k := pacing.FoldedKey(buf, "messages", "prompt", "max_tokens", "max_completion_tokens", "stream", "stream_options"); k != "" {
+	if k := pacing.FoldedKey(buf, "messages", "prompt", "input", "max_tokens", "max_completion_tokens", "n", "stream", "stream_options"); k != "" {
 		return "", nil, fmt.Errorf("%q: a key that differs from a field's name only in case", k)
 	}
 	return model, buf, nil

@@ -118,17 +118,19 @@ func (g *Gateway) registerTokens(cfg Config) {
 const perMessage = 4
 
 // estimate returns the tokens of a request for model whose JSON body is
-// body: the prompt's (the chat messages' text, or a completion's prompt)
-// and the answer it may take. A body whose messages cannot be read is a
-// *slots.BadRequestError.
-func (e *estimator) estimate(body []byte, model string) (pacing.Tokens, error) {
+// body: the prompt's (the chat messages' text, a completion's prompt, an
+// embedding's input) and the answer it may take (none for an embedding).
+// A body whose messages cannot be read is a *slots.BadRequestError.
+func (e *estimator) estimate(body []byte, model string, embedding bool) (pacing.Tokens, error) {
 	var v struct {
 		Messages []struct {
 			Content json.RawMessage `json:"content"`
 		} `json:"messages"`
 		Prompt              json.RawMessage `json:"prompt"`
+		Input               json.RawMessage `json:"input"`
 		MaxTokens           *int            `json:"max_tokens"`
 		MaxCompletionTokens *int            `json:"max_completion_tokens"`
+		N                   *int            `json:"n"` // choices: each an answer
 	}
 	if err := json.Unmarshal(body, &v); err != nil {
 		return pacing.Tokens{}, &slots.BadRequestError{Reason: "messages: " + err.Error()}
@@ -140,6 +142,13 @@ func (e *estimator) estimate(body []byte, model string) (pacing.Tokens, error) {
 			return pacing.Tokens{}, err
 		}
 		n += k + perMessage
+	}
+	if embedding { // its input, and no answer
+		k, err := e.count(v.Input)
+		if err != nil {
+			return pacing.Tokens{}, err
+		}
+		return pacing.Tokens{Input: min(max(n+k, 1), slots.MaxUnits)}, nil
 	}
 	k, err := e.count(v.Prompt)
 	if err != nil {
@@ -156,16 +165,24 @@ func (e *estimator) estimate(body []byte, model string) (pacing.Tokens, error) {
 		}
 	}
 	out = min(out, slots.MaxUnits)
+	if v.N != nil && *v.N > 1 { // n choices: as many answers
+		if out > slots.MaxUnits / *v.N {
+			out = slots.MaxUnits
+		} else {
+			out *= *v.N
+		}
+	}
 	// At least one token, and no more than an admission may weigh.
 	return pacing.Tokens{Input: min(max(n, 1-out), slots.MaxUnits-out), Output: out}, nil
 }
 
 var errContent = &slots.BadRequestError{Status: http.StatusBadRequest, Reason: "content: want a string or a list of parts"}
 
-// count returns the tokens of a message's content or a prompt: a string,
-// a list of strings, or a list of parts whose "text" is counted (images
-// and other parts count nothing here); a completion's prompt may also be
-// token ids (a list of numbers, or of lists of them), one token each.
+// count returns the tokens of a message's content, a prompt or an
+// embedding's input: a string, a list of strings, or a list of parts
+// whose "text" is counted (images and other parts count nothing here); a
+// completion's prompt and an embedding's input may also be token ids (a
+// list of numbers, or of lists of them), one token each.
 func (e *estimator) count(raw json.RawMessage) (int, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return 0, nil

@@ -17,6 +17,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	simulated "github.com/inflight-go/inflight/examples/internal/upstream"
+	"github.com/inflight-go/inflight/pacing"
+	"github.com/inflight-go/inflight/slots"
 )
 
 func TestEstimateTokens(t *testing.T) {
@@ -40,13 +42,33 @@ func TestEstimateTokens(t *testing.T) {
 		{"prompts of token ids", "m", `{"prompt":[[1,2],[3]],"max_tokens":0}`, 3},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			n, err := e.estimate([]byte(tc.body), tc.model)
+			n, err := e.estimate([]byte(tc.body), tc.model, false)
 			require.NoError(t, err)
 			assert.Equal(t, tc.want, n.Total())
 		})
 	}
-	_, err = e.estimate([]byte(`{"messages":[{"content":42}]}`), "m")
+	_, err = e.estimate([]byte(`{"messages":[{"content":42}]}`), "m", false)
 	assert.Error(t, err, "content that is neither text nor parts")
+}
+
+// A request for n choices may take n answers, each up to its max_tokens
+// (OpenAI charges the tokens of all of them): a server generating them
+// holds them all. Before, n was not read and one answer was counted.
+func TestEstimateTokensOfNChoices(t *testing.T) {
+	e, err := newEstimator(&TokensConfig{ExpectedOutput: 100})
+	require.NoError(t, err)
+	for body, want := range map[string]pacing.Tokens{
+		`{"messages":[{"content":"hello world"}],"max_tokens":10,"n":3}`: {Input: 2 + perMessage, Output: 30},
+		`{"messages":[{"content":"hello world"}],"n":4}`:                 {Input: 2 + perMessage, Output: 400},
+		`{"messages":[{"content":"hello world"}],"n":1}`:                 {Input: 2 + perMessage, Output: 100},
+		`{"messages":[{"content":"hello world"}],"n":null}`:              {Input: 2 + perMessage, Output: 100},
+		`{"prompt":"hello world","max_tokens":0,"n":5}`:                  {Input: 2},
+		`{"prompt":"hello world","n":100000000}`:                         {Output: slots.MaxUnits}, // no more than an admission may weigh
+	} {
+		got, err := e.estimate([]byte(body), "m", false)
+		require.NoError(t, err)
+		assert.Equal(t, want, got, body)
+	}
 }
 
 const tokensConfig = `{
@@ -174,4 +196,38 @@ func underTheCache(t *testing.T, gateways int, fleet string) {
 	assert.Zero(t, c.Tokens)
 	t.Logf("%d gateway(s): 128 requests (8 of about 15,000 tokens) in %v; the server's token peak %d of %d, %d requests at once at most",
 		gateways, time.Since(start).Round(time.Millisecond), c.TokenPeak, cache, c.Peak)
+}
+
+// An embeddings request weighs its input's tokens, and no answer: it has
+// none to take. Before, its "input" was not counted and it was weighed as
+// the expected answer alone (100 here), whatever its size: one of 6000
+// tokens went past a cap of 1000, and every one held 100 tokens of output
+// budget it never used.
+func TestGatewayWeighsEmbeddingsByTheirInput(t *testing.T) {
+	u := newUpstream(t)
+	srv, gw := startGatewayWith(t, u.srv.URL, tokensConfig)
+	client := &http.Client{Transport: &http.Transport{}}
+	t.Cleanup(client.Transport.(*http.Transport).CloseIdleConnections)
+	send := func(input any) *http.Response {
+		body, err := json.Marshal(map[string]any{"model": "e", "input": input})
+		require.NoError(t, err)
+		resp, err := client.Post(srv.URL+"/v1/embeddings", "application/json", strings.NewReader(string(body)))
+		require.NoError(t, err)
+		return resp
+	}
+	resp := send([]string{"hello world", "hello world"})
+	defer resp.Body.Close()
+	waitFor(t, "the request is upstream", func() bool { return u.get(u.cur, "all") == 1 })
+	assert.Equal(t, 2+2, gw.gate.Status().Tokens, "its input's tokens, and no answer")
+
+	big := send(strings.Repeat("hello world ", 3000))
+	defer big.Body.Close()
+	assert.Equal(t, http.StatusRequestEntityTooLarge, big.StatusCode)
+	assert.Equal(t, "tokens", big.Header.Get(CapHeader))
+	assert.Equal(t, 1, u.get(u.peak, "all"), "the upstream never saw it")
+
+	close(u.gate)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	waitFor(t, "its tokens are freed", func() bool { return gw.gate.Status().Tokens == 0 })
 }
