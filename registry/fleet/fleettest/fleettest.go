@@ -140,6 +140,7 @@ var (
 		{"HeavyWaiterFirst", heavyWaiterFirst},
 		{"HeavyWaiterPassedByOtherFlows", heavyWaiterPassedByOtherFlows},
 		{"HeavyWaiterFirstOnSeveralKeys", heavyWaiterFirstOnSeveralKeys},
+		{"HeavyWaiterOfManyUnits", heavyWaiterOfManyUnits},
 		{"ExceedsLimit", exceedsLimit},
 		{"UnitsPutBack", unitsPutBack},
 		{"BatchRelease", batchRelease},

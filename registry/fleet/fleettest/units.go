@@ -193,6 +193,34 @@ func heavyWaiterFirstOnSeveralKeys(t *testing.T, srv Server) {
 	assert.Equal(t, []string{"heavy", "light"}, adm.done(t))
 }
 
+// A heavy waiter of 600,000,000 units on a key whose limit is
+// slots.MaxUnits, held by 1,600,000,000: its bound, PassFactor times its
+// units, and the 2*PassFactor times their units that waiters of another
+// flow count against it are past what 32 bits hold. A caller of its flow
+// passes it, a release serves the key past it, one of another flow takes
+// it to its bound, and then it keeps the room from a newcomer; once the
+// holder releases it is granted, and the newcomer behind it.
+func heavyWaiterOfManyUnits(t *testing.T, srv Server) {
+	h := storeCall{t, srv.Store(t, "heavyWaiterOfManyUnits")}
+	const lim = slots.MaxUnits
+	require.Equal(t, driver.StatusAdmitted, h.admit("H", "k", 1_600_000_000, lim, 0, "f0", false).Status)
+	require.Equal(t, driver.StatusQueued, h.admit("B", "k", 600_000_000, lim, 0, "f0", true).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admit("P", "k", 300_000_000, lim, 0, "f0", true).Status,
+		"a caller of its flow passes it (300,000,000 of its bound)")
+	h.release("P", "k", lim)
+	require.Equal(t, 1_600_000_000, h.count("k"), "nobody granted past it: nobody waits behind it")
+	require.Equal(t, driver.StatusAdmitted, h.admit("O", "k", 300_000_000, lim, 0, "f1", true).Status,
+		"a caller of another flow passes it (counted 2,400,000,000: past its bound)")
+	require.Equal(t, driver.StatusQueued, h.admit("N", "k", 1, lim, 0, "f1", true).Status,
+		"past its bound, it keeps the room from a newcomer")
+	h.release("O", "k", lim)
+	require.Equal(t, 1_600_000_000, h.count("k"), "past its bound, it keeps the room from the waiter behind it")
+	h.release("H", "k", lim)
+	require.Equal(t, 600_000_001, h.count("k"), "it is granted, then the waiter behind it")
+	require.Equal(t, driver.StatusAdmitted, h.admit("B", "k", 600_000_000, lim, 0, "f0", true).Status, "its grant claimed")
+	require.Equal(t, driver.StatusAdmitted, h.admit("N", "k", 1, lim, 0, "f1", true).Status, "its grant claimed")
+}
+
 // A weight over a key's limit is refused at once, with nothing sent to
 // wait for; a waiter whose key's limit is lowered below its weight is
 // refused too, and leaves the queue.

@@ -6,3 +6,6 @@ var MigrateTo = migrate
 
 // ProbePayload is the payload of Listen's probes.
 const ProbePayload = probePayload
+
+// Function is function: a function's definition taken from a file.
+var Function = function

@@ -86,13 +86,50 @@ var resumeSQL string
 
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
-// the local registry counts them, and how turns count units.
+// the local registry counts them, and how turns count units. PassFactor
+// is a bigint: it multiplies a waiter's units, an int, and an int times
+// an int is an int, which PassFactor times more than 536,870,911 units
+// is past (the releases before revision 22 made it an int: see
+// bigintBounds).
 func withConstants(sql string) string {
 	return strings.NewReplacer("{{maxPassed}}", strconv.Itoa(registry.MaxPassed),
 		"{{maxTag}}", strconv.FormatFloat(driver.MaxTag, 'f', -1, 64),
-		"{{turnSteps}}", strconv.Itoa(driver.TurnSteps), "{{passFactor}}", strconv.Itoa(driver.PassFactor),
+		"{{turnSteps}}", strconv.Itoa(driver.TurnSteps), "{{passFactor}}", strconv.Itoa(driver.PassFactor)+"::bigint",
 		"{{passScan}}", strconv.Itoa(driver.PassScan)).Replace(sql)
 }
+
+// function returns the statement of sql that creates the function name,
+// from its CREATE OR REPLACE FUNCTION to the $$; that ends its body (the
+// next $$, as PostgreSQL reads it). It panics unless sql creates name once,
+// with a body in $$: the texts are the package's own files.
+func function(sql, name string) string {
+	head := "CREATE OR REPLACE FUNCTION " + name + "("
+	if n := strings.Count(sql, head); n != 1 {
+		panic(fmt.Sprintf("pgstore: %d definitions of %s in one file", n, name))
+	}
+	start := strings.Index(sql, head)
+	open := strings.Index(sql[start:], "$$")
+	if open < 0 || strings.Contains(sql[start:start+open], ";") {
+		panic("pgstore: no body in $$ for " + name)
+	}
+	open += start + 2
+	end := strings.Index(sql[open:], "$$;")
+	if end < 0 || strings.Index(sql[open:], "$$") != end {
+		panic("pgstore: the body of " + name + " does not end with $$;")
+	}
+	return sql[start : open+end+3]
+}
+
+// bigintBounds is revision 22: the functions whose bodies multiply a
+// waiter's units by PassFactor made again, from the files that hold their
+// latest definitions, with PassFactor a bigint (see withConstants).
+// Before it, a call that looked at a heavy waiter of more than
+// 536,870,911 units, or granted a waiter of another flow or class of more
+// than 268,435,455 past a heavy one (driver.Pass), failed with "integer
+// out of range": every release and admission on the key failed until the
+// heavy waiter left.
+var bigintBounds = withConstants(function(passSQL, "inflight_pass") + "\n\n" +
+	function(resumeSQL, "inflight_serve") + "\n\n" + function(queuedKeySQL, "inflight_still_queued"))
 
 // schemaV1 is the schema, with the fleet's constants in it.
 var schemaV1 = withConstants(schemaSQL)
@@ -129,7 +166,8 @@ var schemaV1 = withConstants(schemaSQL)
 // has a waiter of several keys passed over only for a key another call
 // holds keep the room of the key served, and revision 21 has a serving
 // that goes on past its look bound go on from the waiter the look before
-// it did not reach, wherever it stands now. A revision adds,
+// it did not reach, wherever it stands now, and revision 22 counts a
+// heavy waiter's bound in bigints (bigintBounds). A revision adds,
 // or replaces a function keeping its signature and the meaning of its
 // answers, so a release that knows fewer of them works on the schema as it
 // is (a rolling deploy has both side by side); one that changes what is
@@ -137,13 +175,13 @@ var schemaV1 = withConstants(schemaSQL)
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
 	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL),
-	withConstants(resumeSQL)}
+	withConstants(resumeSQL), bigintBounds}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 21
+	SchemaRevision = 22
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -2,6 +2,7 @@ package pgstore_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"strings"
 	"testing"
@@ -13,6 +14,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore"
 	"github.com/inflight-go/inflight/registry/fleet/pgstore/pgtest"
 	"github.com/inflight-go/inflight/slots"
@@ -152,4 +154,83 @@ func TestPingWithoutSchema(t *testing.T) {
 		GRANT EXECUTE ON ALL FUNCTIONS IN SCHEMA public TO gateway`)
 	require.NoError(t, err)
 	assert.NoError(t, s.Ping(ctx), "the schema back")
+}
+
+// Revision 22 makes again the functions that multiply a waiter's units by
+// PassFactor, with PassFactor a bigint: on a database at revision 21 as
+// the release before left it (PassFactor an int in their bodies), it
+// makes each of them as this release's revisions do, and changes nothing
+// else.
+func TestMigrate21To22MakesTheBoundsBigints(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	p := pool(t, srv, 1)
+	require.NoError(t, pgstore.MigrateTo(ctx, p, 21))
+	want := functionDefinitions(t, p)
+	factor := fmt.Sprint(driver.PassFactor)
+	var made []string
+	for name, def := range want {
+		if strings.Contains(def, factor+"::bigint") {
+			made = append(made, name)
+			_, err := p.Exec(ctx, strings.ReplaceAll(def, factor+"::bigint", factor))
+			require.NoError(t, err)
+		}
+	}
+	assert.ElementsMatch(t, []string{
+		"inflight_pass(text,text,inflight_ticket,text,smallint,integer)",
+		"inflight_serve(text,text,bigint,bigint,bigint,integer)",
+		"inflight_still_queued(text,text,text[],bigint[],bigint,bigint,bigint,bigint,text,bigint)",
+	}, made, "the functions whose latest definitions use PassFactor, made as the release before made them")
+	require.NoError(t, pgstore.MigrateTo(ctx, p, 22))
+	assert.Equal(t, want, functionDefinitions(t, p))
+}
+
+// functionDefinitions returns the definition of each of the schema's
+// functions (pg_get_functiondef), by signature.
+func functionDefinitions(t *testing.T, p *pgxpool.Pool) map[string]string {
+	t.Helper()
+	rows, err := p.Query(context.Background(), `SELECT p.oid::regprocedure::text, pg_get_functiondef(p.oid) FROM pg_proc p
+		WHERE p.proname LIKE 'inflight\_%'`)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for rows.Next() {
+		var name, def string
+		require.NoError(t, rows.Scan(&name, &def))
+		out[name] = def
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+// A function's definition is taken from a file from its CREATE OR REPLACE
+// FUNCTION to the $$; that ends its body, and only if the file has one
+// definition of it, with a body in $$.
+func TestFunctionFromAFile(t *testing.T) {
+	const sql = `-- inflight_serve serves.
+CREATE OR REPLACE FUNCTION inflight_serve_one(k text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN 1;
+END $$;
+
+CREATE OR REPLACE FUNCTION inflight_serve(k text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN 2; -- $ alone
+END $$;
+
+CREATE OR REPLACE FUNCTION inflight_twice(k text) RETURNS int LANGUAGE sql AS $$ SELECT 1 $$;
+CREATE OR REPLACE FUNCTION inflight_twice(k int) RETURNS int LANGUAGE sql AS $$ SELECT 2 $$;
+CREATE OR REPLACE FUNCTION inflight_quoted(k text) RETURNS int LANGUAGE sql AS 'SELECT 1';
+CREATE OR REPLACE FUNCTION inflight_open(k text) RETURNS int LANGUAGE sql AS $$ SELECT 1 $$
+`
+	assert.Equal(t, `CREATE OR REPLACE FUNCTION inflight_serve(k text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN 2; -- $ alone
+END $$;`, pgstore.Function(sql, "inflight_serve"))
+	assert.Equal(t, `CREATE OR REPLACE FUNCTION inflight_serve_one(k text) RETURNS int LANGUAGE plpgsql AS $$
+BEGIN
+	RETURN 1;
+END $$;`, pgstore.Function(sql, "inflight_serve_one"))
+	for _, name := range []string{"inflight_none", "inflight_twice", "inflight_quoted", "inflight_open"} {
+		assert.Panics(t, func() { pgstore.Function(sql, name) }, name)
+	}
 }

@@ -5,8 +5,8 @@
 -- room on the key): the units free beside it stood idle until enough were
 -- freed for it. Now a heavy waiter of one key lets waiters of one key
 -- behind it, and newcomers of one key that wait, take the room until the
--- units granted past it count {{passFactor}} times its own (driver.Pass: a
--- waiter of another flow or class counts 2*{{passFactor}} times its
+-- units granted past it count PassFactor times its own (driver.Pass: a
+-- waiter of another flow or class counts 2*PassFactor times its
 -- units), looking at most {{passScan}} waiters from where serving starts;
 -- then serving stops there, as before (driver.ReleaseCall). A waiter of
 -- several keys passes none, and a heavy waiter of several keys is passed

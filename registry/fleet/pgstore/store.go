@@ -15,7 +15,7 @@
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
 // newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql, paused.sql,
 // pausedask.sql, sweepdenied.sql, serving.sql, queuedkey.sql,
-// lookbound.sql and busykey.sql),
+// lookbound.sql, busykey.sql and resume.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. The rows of keys idle for ten minutes are
 // deleted after renewals (sweep.sql), if the role may: give it DELETE
@@ -43,7 +43,9 @@
 //
 // Leases weigh units (fleet's AcquireN and the like): a key's count is
 // the sum of its leases' units, and lighter waiters pass a heavy one up to
-// a bound (see driver.ReleaseCall; schema revision 6). The units are a column
+// a bound (see driver.ReleaseCall; schema revision 6), up to slots.MaxUnits
+// a lease: a key's count and limit are bigints, and so is a heavy waiter's
+// bound since schema revision 22. The units are a column
 // of the lease and ticket tables, added with the functions that weigh them
 // by schema revision 2 (units.sql), which New makes (see Migrate): nothing
 // is to be done by hand. The revision keeps the signatures that the
