@@ -59,6 +59,25 @@ func TestRefusalNamesItsCap(t *testing.T) {
 	}
 }
 
+// A refusal by a budget per minute tells the client what started in the
+// last minute, not a count in flight: before, a request refused by
+// max_requests_per_minute after the minute's one had ended read "too many
+// requests in flight under the max_requests_per_minute cap: 1 of 1", with
+// none in flight.
+func TestRefusalByABudgetSaysSo(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		gate, err := pacing.NewGate("p", pacing.Config{BudgetLimits: pacing.BudgetLimits{MaxRequestsPerMinute: 1}, MaxQueueWaitMS: 100})
+		require.NoError(t, err)
+		defer gate.Close()
+		gt, err := gate.Acquire(context.Background(), "m")
+		require.NoError(t, err)
+		gt.Slot.Release()
+		_, err = gate.Acquire(context.Background(), "m")
+		require.ErrorIs(t, err, pacing.ErrOverBudget)
+		assert.Equal(t, "over the max_requests_per_minute budget: 1 of 1 requests started in the last minute", slots.ErrorMessage(err))
+	})
+}
+
 // A full queue is the provider's: its bound, not a cap's count, refused.
 func TestQueueFullIsTheProviders(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {

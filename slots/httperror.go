@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -116,6 +117,19 @@ func ErrorMessage(err error) string {
 				return "the request weighs more than its cap can ever hold"
 			}
 			return fmt.Sprintf("the request weighs more than its cap can ever hold (limit %d)", le.Limit)
+		}
+		// A budget per minute (pacing's and a fleet's Caps end so) counts
+		// what started in the last minute, not what is in flight.
+		if strings.HasSuffix(le.Cap, "_per_minute") {
+			what := "tokens"
+			if strings.HasSuffix(le.Cap, "requests_per_minute") {
+				what = "requests"
+			}
+			msg := fmt.Sprintf("over the %s budget: %d of %d %s started in the last minute", le.Cap, le.InFlight, le.Limit, what)
+			if errors.Is(le.Err, ErrQueueFull) || errors.Is(le.Err, ErrWaitTimeout) { // else "over budget" says it
+				msg += " (" + reason + ")"
+			}
+			return msg
 		}
 		switch le.Cap {
 		case "pacing":

@@ -88,6 +88,32 @@ func TestErrorMessageOfABadRequest(t *testing.T) {
 	assert.Equal(t, "the request could not be admitted", slots.ErrorMessage(errors.New("dial tcp 10.0.0.7:443: secret-host")))
 }
 
+// A refusal by a budget per minute (as pacing and a fleet name them) is
+// told as what started in the last minute: before, it read "too many
+// requests in flight under the tokens_per_minute cap", with nothing in
+// flight, and its tokens counted as requests.
+func TestErrorMessageOfABudgetPerMinute(t *testing.T) {
+	overBudget := errors.New("pacing: over budget") // pacing.ErrOverBudget's text
+	for _, tc := range []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"tokens, refused at once", &slots.LimitError{Err: overBudget, Cap: "tokens_per_minute", InFlight: 900, Limit: 1000, RetryAfter: time.Minute},
+			"over the tokens_per_minute budget: 900 of 1000 tokens started in the last minute"},
+		{"a model's requests", fmt.Errorf("gateway: %w", &slots.LimitError{Err: overBudget, Cap: "model_max_requests_per_minute", InFlight: 1, Limit: 1}),
+			"over the model_max_requests_per_minute budget: 1 of 1 requests started in the last minute"},
+		{"a key's output tokens, after a wait", &slots.LimitError{Err: slots.ErrWaitTimeout, Cap: "api_key_output_tokens_per_minute", InFlight: 5000, Limit: 5000, Queued: 2},
+			"over the api_key_output_tokens_per_minute budget: 5000 of 5000 tokens started in the last minute (timed out waiting)"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			msg := slots.ErrorMessage(tc.err)
+			assert.Equal(t, tc.want, msg)
+			assert.NotContains(t, msg, "in flight")
+		})
+	}
+}
+
 func TestMiddleware(t *testing.T) {
 	t.Run("the handler runs holding a slot; a rejection is a 429 with Retry-After and a plain message", func(t *testing.T) {
 		lim := slots.NewLimiter(1)
