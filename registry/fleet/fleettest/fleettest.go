@@ -141,6 +141,7 @@ var (
 		{"HeavyWaiterPassedByOtherFlows", heavyWaiterPassedByOtherFlows},
 		{"HeavyWaiterFirstOnSeveralKeys", heavyWaiterFirstOnSeveralKeys},
 		{"HeavyWaiterOfManyUnits", heavyWaiterOfManyUnits},
+		{"HeavyWaiterOfManyUnitsAsked", heavyWaiterOfManyUnitsAsked},
 		{"ExceedsLimit", exceedsLimit},
 		{"UnitsPutBack", unitsPutBack},
 		{"BatchRelease", batchRelease},

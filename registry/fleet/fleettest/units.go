@@ -221,6 +221,24 @@ func heavyWaiterOfManyUnits(t *testing.T, srv Server) {
 	require.Equal(t, driver.StatusAdmitted, h.admit("N", "k", 1, lim, 0, "f1", true).Status, "its grant claimed")
 }
 
+// A waiter's ask, as the fleet's client makes it (with the epoch the
+// store last told: a store's shortcut for a waiter still queued runs),
+// behind a heavy waiter of 600,000,000 units, PassFactor times which is
+// past what 32 bits hold: W queues behind B, and once the limit it asks
+// under has room for it, though not for B, its ask passes B as a
+// newcomer's would; B's ask under that limit keeps it queued.
+func heavyWaiterOfManyUnitsAsked(t *testing.T, srv Server) {
+	c := &clientCalls{t: t, s: srv.Store(t, "heavyWaiterOfManyUnitsAsked")}
+	k := []string{"k"}
+	require.Equal(t, driver.StatusAdmitted, c.call("H", k, 1_600_000_000, []int{1_700_000_000}, true).Status)
+	require.Equal(t, driver.StatusQueued, c.call("B", k, 600_000_000, []int{1_700_000_000}, true).Status)
+	require.Equal(t, driver.StatusQueued, c.call("W", k, 200_000_000, []int{1_700_000_000}, true).Status,
+		"no room for it")
+	require.Equal(t, driver.StatusAdmitted, c.call("W", k, 200_000_000, []int{1_800_000_000}, true).Status,
+		"room for it under the limit it asks with, and B far from its bound")
+	require.Equal(t, driver.StatusQueued, c.call("B", k, 600_000_000, []int{1_800_000_000}, true).Status)
+}
+
 // A weight over a key's limit is refused at once, with nothing sent to
 // wait for; a waiter whose key's limit is lowered below its weight is
 // refused too, and leaves the queue.
