@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -342,30 +341,31 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 		} else {
 			local, err = r.localAcquire(l)
 		}
-		if err == nil {
-			break
-		}
 		if !degraded {
 			// A lease admitted outside the store since l's call left
 			// (which carried none in) may hold the room: the store
 			// admitted l without counting it. If a key full here holds
 			// one, and more than the limit the store admitted l under, l
-			// goes back; its next call carries that lease in.
+			// goes back; its next call carries that lease in. Full here
+			// counts the leases held without a local slot: the local
+			// registry, which does not, may have room for l.
 			var le *slots.LimitError
-			if errors.As(err, &le) {
-				for i, k := range l.keys {
-					if n := r.local.InFlight(k); n+l.units > r.local.Limit(k) && n+l.units > l.limits[i] && r.degradedOn(k) {
-						r.takeBack(l)
-						err := &slots.LimitError{Err: le.Err, Key: r.keyName(k), InFlight: n, Limit: l.limits[i], RetryAfter: le.RetryAfter}
-						return outcome{err: err, full: i, inFlight: n}
-					}
+			if err == nil || errors.As(err, &le) {
+				if o, back := r.outsideMeanwhile(l, local, le); back {
+					return o
 				}
+			}
+			if err == nil {
+				break
 			}
 			// This process holds more than the store counts (leases lost and
 			// not put back, or local limits other than the fleet's):
 			// admit anyway; the store has counted this one. It is held
 			// without a local slot (heldLeases.unmirrored).
 			local = nil
+			break
+		}
+		if err == nil {
 			break
 		}
 		// The local cap is the cap now. One it can never hold fails for
@@ -454,19 +454,6 @@ func (r *Registry[K]) localAcquire(l *lease[K]) (*slots.Slot, error) {
 	s, err := r.local.TryAcquireAllN(l.units, l.keys...)
 	ok = true
 	return s, err
-}
-
-// degradedOn reports whether this process holds a lease admitted outside
-// the store, not in it yet, on key k.
-func (r *Registry[K]) degradedOn(k K) bool {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	for d := range r.held.degraded {
-		if slices.Contains(d.keys, k) {
-			return true
-		}
-	}
-	return false
 }
 
 // localFull tells the local registry's refusal le of l again, naming the

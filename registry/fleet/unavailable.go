@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"sync/atomic"
 	"time"
 
@@ -91,6 +92,53 @@ func (r *Registry[K]) fallbackAcquire(l *lease[K]) (*slots.Slot, error) {
 		}
 	}
 	return s, nil
+}
+
+// outsideMeanwhile gives l back, which the store admitted, and returns
+// its refusal, if on one of its keys this process holds a lease admitted
+// outside the store and, with l, more than the local limit and the limit
+// the store admitted l under (see hold). local is l's local slot (nil:
+// the local registry refused it, with le).
+func (r *Registry[K]) outsideMeanwhile(l *lease[K], local *slots.Slot, le *slots.LimitError) (outcome, bool) {
+	for i, k := range l.keys {
+		if !r.degradedOn(k) { // none, as a rule: nothing more to read
+			continue
+		}
+		n := r.localHeld(k)
+		if local != nil {
+			n -= l.units // its own
+		}
+		if n+l.units <= r.local.Limit(k) || n+l.units <= l.limits[i] {
+			continue
+		}
+		func() {
+			defer r.takeBack(l) // even if the local release panics (an Observer)
+			if local != nil {
+				local.Release()
+			}
+		}()
+		err := &slots.LimitError{Err: slots.ErrLimitReached, Key: l.names[i], InFlight: n, Limit: l.limits[i], RetryAfter: time.Second}
+		if le != nil {
+			err.Err, err.RetryAfter = le.Err, le.RetryAfter
+		} else {
+			err.RetryAfter = r.refusalRetryAfter(l, i, err, 0, 0, 0, true) // from the key's holds, as the store's refusals
+		}
+		return outcome{err: err, full: i, inFlight: n}, true
+	}
+	return outcome{}, false
+}
+
+// degradedOn reports whether this process holds a lease admitted outside
+// the store, not in it yet, on key k.
+func (r *Registry[K]) degradedOn(k K) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for d := range r.held.degraded {
+		if slices.Contains(d.keys, k) {
+			return true
+		}
+	}
+	return false
 }
 
 // localHeld returns the units this process holds on k as FallbackLocal
