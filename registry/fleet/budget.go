@@ -30,7 +30,9 @@ import (
 // set, under its name followed by requestsKey. A request is charged on
 // each in turn, and a refusal by the second takes back the first's
 // charge: until it does, another process may count the first (it may be
-// refused for it, never admitted over the budget).
+// refused for it, never admitted over the budget). A refusal by the
+// first asks the second when it would take the request (a check, which
+// charges nothing): the request is told to come back when both do.
 type Budget struct {
 	store   driver.Store
 	key     string
@@ -249,7 +251,7 @@ func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReserva
 		}
 		res, err := b.chargeCall(ctx, rec, b.callOf(rec, r.cost))
 		if err == nil && !res.Charged {
-			err = b.refusal(rec, res, r.cost)
+			err = b.refused(ctx, rec, res, r.cost)
 		}
 		if err != nil {
 			// What an earlier record took goes back (with a context of its
@@ -264,6 +266,26 @@ func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReserva
 		setParts(&r.used, rec, res.Used)
 	}
 	return r, nil
+}
+
+// refused is the error of a request that Reserve's charge on record rec
+// refused with res. It is told to come back when every record takes it:
+// when the tokens' record refuses, the requests' record, not charged yet,
+// is asked when it would take the request (a check, which charges
+// nothing), and the later time binds. (Told the tokens' time alone, a
+// request came back while its requests were still spent, and was refused
+// again.) A record that charged the request before takes it now, and a
+// window only sheds what it counts as time passes: it needs no check. If
+// the check fails, the tokens' answer stands.
+func (b *Budget) refused(ctx context.Context, rec int, res driver.BudgetResult, cost [upstream.BudgetParts]int64) error {
+	if rec == tokensRecord && b.uses(requestsRecord) {
+		c := b.callOf(requestsRecord, cost)
+		c.Check = true
+		if rr, err := b.call(ctx, requestsRecord, c); err == nil && rr.At-rr.Now > res.At-res.Now {
+			rec, res = requestsRecord, rr
+		}
+	}
+	return b.refusal(rec, res, cost)
 }
 
 // refusal is the error of a request that record rec refused with res.

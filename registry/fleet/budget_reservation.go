@@ -66,6 +66,9 @@ func (r *BudgetReservation) Start(ctx context.Context) error {
 		return r.refused
 	}
 	var errs []error
+	// When both records refuse the charge again, the later binds: its
+	// request is told to come back when both take it.
+	refusedBy, refusal := -1, driver.BudgetResult{}
 	for rec, charged := range r.charged {
 		if !charged || r.gone[rec] || r.debt[rec] {
 			continue
@@ -81,7 +84,11 @@ func (r *BudgetReservation) Start(ctx context.Context) error {
 			// The charge had left the window: the move charged the
 			// current second without a check. It goes back, and is
 			// charged again if it fits.
-			err = r.charge(ctx, rec, res.Step)
+			var again driver.BudgetResult
+			again, err = r.charge(ctx, rec, res.Step)
+			if err == nil && !again.Charged && (refusedBy < 0 || again.At-again.Now > refusal.At-refusal.Now) {
+				refusedBy, refusal = rec, again
+			}
 		} else {
 			r.step[rec] = res.Step
 		}
@@ -89,14 +96,19 @@ func (r *BudgetReservation) Start(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	if refusedBy >= 0 {
+		r.refused = r.b.refusal(refusedBy, refusal, r.cost)
+		errs = append([]error{r.refused}, errs...)
+	}
 	return errors.Join(errs...)
 }
 
 // charge takes back the charge that Start's move put in step st without a
-// check, and charges it again if it fits. It returns a refusal's error, or
-// a store's: after the first call's, the charge stands in st; after the
-// second's, what the request uses is charged as a debt (Settle).
-func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) error {
+// check, and charges it again if it fits. It returns the store's answer
+// (not Charged: refused, nothing charged there), or its error: after the
+// first call's, the charge stands in st; after the second's, what the
+// request uses is charged as a debt (Settle).
+func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) (driver.BudgetResult, error) {
 	var back [upstream.BudgetParts]int64
 	for i, n := range r.cost {
 		back[i] = -n
@@ -105,20 +117,18 @@ func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) error
 	c.Correct, c.Step = true, st
 	if _, err := r.b.call(ctx, rec, c); err != nil {
 		r.step[rec] = st
-		return err
+		return driver.BudgetResult{}, err
 	}
 	res, err := r.b.chargeCall(ctx, rec, r.b.callOf(rec, r.cost))
 	switch {
 	case err != nil: // nothing charged, as far as this process knows
 		r.debt[rec] = true
-		return err
 	case !res.Charged:
 		r.gone[rec] = true
-		r.refused = r.b.refusal(rec, res, r.cost)
-		return r.refused
+	default:
+		r.step[rec] = res.Step
 	}
-	r.step[rec] = res.Step
-	return nil
+	return res, err
 }
 
 // Settle corrects the reservation with what the request used: an

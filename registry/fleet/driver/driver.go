@@ -369,7 +369,8 @@ type LearnedResult struct {
 }
 
 // BudgetCall charges Cost to the budget Key if it fits, or, with Correct,
-// changes by Cost the charge made in Step.
+// changes by Cost the charge made in Step, or, with Check, tells when Cost
+// would fit.
 //
 // A budget counts, per part (0: all tokens, 1: input, 2: output), what was
 // charged in each second of the store's clock (a step: its milliseconds
@@ -396,6 +397,12 @@ type LearnedResult struct {
 // takes Cost from Step, if it is still in the window, and adds it to the
 // current step; nothing when Step is the current step.
 //
+// A check (Check, whatever Correct and Move say) charges nothing and
+// answers as a charge of Cost that did not fit would (Charged false, At,
+// Binding), At being 0 if Cost fits now: a client refused by one budget
+// asks it of another it has not charged, to tell its caller when both
+// will take the request. Like a read, it writes nothing.
+//
 // Used is each part's count in the window after the call. The calls of
 // one budget are atomic with respect to each other, and each reads the
 // store's clock once it has the budget to itself. A store's clock set
@@ -410,14 +417,15 @@ type BudgetCall struct {
 	Correct bool
 	Move    bool // with Correct: see below
 	Step    int64
+	Check   bool
 }
 
 // BudgetResult is how a BudgetCall went.
 type BudgetResult struct {
 	Charged bool
-	Step    int64 // the step charged (the current one for a correction)
+	Step    int64 // the step charged (the current one for a correction or a check)
 	Used    [3]int64
-	At      int64 // not Charged: when the charge would fit, store ms
+	At      int64 // not Charged: when the charge would fit, store ms (a check's: 0 if now)
 	Binding int   // not Charged: the part that binds at At
 	Now     int64 // store ms
 }

@@ -217,6 +217,55 @@ func budgetCorrectionsFloor(t *testing.T, srv Server) {
 	assert.Equal(t, [3]int64{100, 100, 0}, res.Used)
 }
 
+// budgetCheck: a check (driver.BudgetCall's Check) charges nothing and
+// answers as a charge's refusal would, on the window as it is: when the
+// cost would fit and the part that binds then, or that it fits now (At
+// not after Now). A budget's first request fits, however large.
+func budgetCheck(t *testing.T, srv Server) {
+	ctx := context.Background()
+	st := srv.Store(t, "check")
+	call := func(c driver.BudgetCall) driver.BudgetResult {
+		t.Helper()
+		res, err := st.Budget(ctx, &c)
+		require.NoError(t, err)
+		return res
+	}
+	check := func(cost [3]int64) driver.BudgetResult {
+		t.Helper()
+		return call(driver.BudgetCall{Key: "k", Limits: [3]int64{100, 0, 50}, Cost: cost, Check: true})
+	}
+	res := check([3]int64{500, 0, 500})
+	assert.False(t, res.Charged)
+	assert.LessOrEqual(t, res.At, res.Now, "an empty budget takes any cost")
+	assert.Equal(t, [3]int64{}, res.Used)
+
+	res = call(driver.BudgetCall{Key: "k", Limits: [3]int64{100, 0, 50}, Cost: [3]int64{60, 60, 30}})
+	require.True(t, res.Charged)
+	s := res.Step
+	res = check([3]int64{30, 30, 10})
+	assert.False(t, res.Charged, "fits, but a check charges nothing")
+	assert.LessOrEqual(t, res.At, res.Now, "fits now")
+	assert.Equal(t, [3]int64{60, 60, 30}, res.Used)
+	for _, c := range []struct {
+		cost    [3]int64
+		binding int
+	}{{[3]int64{50, 50, 0}, 0}, {[3]int64{10, 0, 30}, 2}, {[3]int64{50, 0, 30}, 0}} {
+		res = check(c.cost)
+		assert.False(t, res.Charged, "%v", c.cost)
+		assert.Equal(t, (s+driver.BudgetSteps+1)*1000, res.At, "%v: when the charge's second leaves the window", c.cost)
+		assert.Greater(t, res.At, res.Now)
+		assert.Equal(t, c.binding, res.Binding, "%v", c.cost)
+		assert.GreaterOrEqual(t, res.Step, s)
+		assert.Equal(t, [3]int64{60, 60, 30}, res.Used, "%v", c.cost)
+		refused := call(driver.BudgetCall{Key: "k", Limits: [3]int64{100, 0, 50}, Cost: c.cost})
+		assert.False(t, refused.Charged, "%v", c.cost)
+		assert.Equal(t, []int64{res.At, int64(res.Binding)}, []int64{refused.At, int64(refused.Binding)}, "%v: as the charge's refusal", c.cost)
+	}
+	res = call(driver.BudgetCall{Key: "k", Limits: [3]int64{100, 0, 50}, Cost: [3]int64{40, 40, 20}})
+	assert.True(t, res.Charged, "the checks charged nothing: the rest of the limit fits")
+	assert.Equal(t, [3]int64{100, 100, 50}, res.Used)
+}
+
 // budgetLost: reservations still open when the store lost its data are
 // cancelled after it; the budget then admits no more than its limit in
 // the minute (the cancels gave back what the store had forgotten, and the

@@ -135,6 +135,7 @@ var (
 		{"BudgetShared", budgetShared},
 		{"BudgetRequests", budgetRequests},
 		{"BudgetCorrectionsFloor", budgetCorrectionsFloor},
+		{"BudgetCheck", budgetCheck},
 		{"UnitsCap", unitsCap},
 		{"UnitsCounted", unitsCounted},
 		{"HeavyWaiterFirst", heavyWaiterFirst},

@@ -6,8 +6,8 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
-// Budget charges or corrects a budget per minute: one map of steps per
-// budget, its counts per part.
+// Budget charges, corrects or checks a budget per minute: one map of
+// steps per budget, its counts per part.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	if err := s.enter(ctx); err != nil {
 		return driver.BudgetResult{}, err
@@ -52,7 +52,17 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 			steps[st] = n
 		}
 	}
+	// fitAt tells when c.Cost fits (0: now), and the part that binds then.
+	fitAt := func() (int64, int) {
+		counts := make([][3]int64, driver.BudgetSteps+1)
+		for st, n := range steps {
+			counts[st-first] = n
+		}
+		return driver.FitAt(c.Limits, c.Cost, first, counts)
+	}
 	switch {
+	case c.Check:
+		res.At, res.Binding = fitAt()
 	case c.Correct && c.Move:
 		if c.Step != cur {
 			if c.Step >= first {
@@ -78,11 +88,7 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 		add(cur, c.Cost)
 		res.Charged = true
 	default:
-		counts := make([][3]int64, driver.BudgetSteps+1)
-		for st, n := range steps {
-			counts[st-first] = n
-		}
-		res.At, res.Binding = driver.FitAt(c.Limits, c.Cost, first, counts)
+		res.At, res.Binding = fitAt()
 	}
 	if len(steps) == 0 {
 		delete(s.data.budgets, c.Key)

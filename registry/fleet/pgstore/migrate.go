@@ -84,6 +84,9 @@ var busyKeySQL string
 //go:embed resume.sql
 var resumeSQL string
 
+//go:embed budgetcheck.sql
+var budgetCheckSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units. PassFactor
@@ -166,22 +169,23 @@ var schemaV1 = withConstants(schemaSQL)
 // has a waiter of several keys passed over only for a key another call
 // holds keep the room of the key served, and revision 21 has a serving
 // that goes on past its look bound go on from the waiter the look before
-// it did not reach, wherever it stands now, and revision 22 counts a
-// heavy waiter's bound in bigints (bigintBounds). A revision adds,
-// or replaces a function keeping its signature and the meaning of its
-// answers, so a release that knows fewer of them works on the schema as it
-// is (a rolling deploy has both side by side); one that changes what is
-// there makes a new SchemaVersion.
+// it did not reach, wherever it stands now, revision 22 counts a heavy
+// waiter's bound in bigints (bigintBounds), and revision 23 lets a
+// budget's call check when a cost would fit, charging nothing. A revision
+// adds, or replaces a function keeping its signature and the meaning of
+// its answers, so a release that knows fewer of them works on the schema
+// as it is (a rolling deploy has both side by side); one that changes what
+// is there makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
 	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL),
-	withConstants(resumeSQL), bigintBounds}
+	withConstants(resumeSQL), bigintBounds, budgetCheckSQL}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 22
+	SchemaRevision = 23
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -15,7 +15,7 @@
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
 // newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql, paused.sql,
 // pausedask.sql, sweepdenied.sql, serving.sql, queuedkey.sql,
-// lookbound.sql, busykey.sql and resume.sql),
+// lookbound.sql, busykey.sql, resume.sql and budgetcheck.sql),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. The rows of keys idle for ten minutes are
 // deleted after renewals (sweep.sql), if the role may: give it DELETE
@@ -476,11 +476,13 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 	return out, nil
 }
 
-// Budget charges or corrects a budget per minute in one transaction.
+// Budget charges, corrects or checks a budget per minute in one
+// transaction. A check is sent as move without correct (budgetcheck.sql).
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	var res []int64
+	correct := c.Correct && !c.Check
 	err := s.call(func() error {
-		return s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), c.Correct, c.Correct && c.Move,
+		return s.pool.QueryRow(ctx, `SELECT inflight_budget($1, $2, $3, $4, $5, $6, $7)`, s.name, StoredKey(c.Key), correct, correct && c.Move || c.Check,
 			c.Step, c.Limits[:], c.Cost[:]).Scan(&res)
 	})
 	if err != nil {

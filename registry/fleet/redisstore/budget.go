@@ -23,7 +23,8 @@ import (
 // <prefix>{<name>}#budgetcall:<id> (ARGV[10] ms, past the call's
 // deadline), and the same call again gets that reply and changes nothing:
 // a refusal too, whose first sending may reach the server after its retry
-// ran. A read (no cost) keeps nothing: run again, it answers anew.
+// ran. A read (no cost) or a check (ARGV[11]) keeps nothing: it changes
+// nothing, and run again, it answers anew.
 var budgetScript = redis.NewScript(`
 local seen = redis.call('GET', KEYS[2])
 if seen then
@@ -31,7 +32,8 @@ if seen then
   for v in string.gmatch(seen, '[^,]+') do r[#r + 1] = tonumber(v) end
   return r
 end
-local keep = ARGV[6] ~= '0' or ARGV[7] ~= '0' or ARGV[8] ~= '0'
+local check = ARGV[11] == '1'
+local keep = not check and (ARGV[6] ~= '0' or ARGV[7] ~= '0' or ARGV[8] ~= '0')
 local function done(r)
   if keep then
     local f = {}
@@ -42,7 +44,7 @@ local function done(r)
 end
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local correct = ARGV[1] == '1'
+local correct = ARGV[1] == '1' and not check
 local step = tonumber(ARGV[2])
 local limits = {tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[5])}
 local cost = {tonumber(ARGV[6]), tonumber(ARGV[7]), tonumber(ARGV[8])}
@@ -83,7 +85,7 @@ local function add(st, d)
   redis.call('HSET', KEYS[1], st, string.format('%d,%d,%d', v[1], v[2], v[3]))
   redis.call('PEXPIRE', KEYS[1], math.max((cur + 62) * 1000 - now, 62000))
 end
-if ARGV[9] == '1' then -- a move
+if ARGV[9] == '1' and not check then -- a move
   if step ~= cur then
     if step >= first then add(step, {-cost[1], -cost[2], -cost[3]}) end
     add(cur, cost)
@@ -102,7 +104,7 @@ local fits = true
 for p = 1, 3 do
   if limits[p] > 0 and used[p] > 0 and used[p] + cost[p] > limits[p] then fits = false end
 end
-if fits then
+if fits and not check then
   add(cur, cost)
   return done({1, cur, used[1], used[2], used[3], 0, 0, now})
 end
@@ -129,7 +131,9 @@ return done({0, cur, used[1], used[2], used[3], at, binding, now})
 // budgetScript).
 const budgetCallKept = 10 * time.Second
 
-// Budget runs the budget's script.
+// Budget runs the budget's script. A client of a release before checks
+// runs the script it knows (each is loaded by its text's hash), so both
+// work on the same server.
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	flag := func(b bool) int {
 		if b {
@@ -145,7 +149,7 @@ func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.Budget
 		keep = min(max(keep, time.Until(d)+time.Second), time.Minute)
 	}
 	res, err := budgetScript.Run(ctx, s.rdb, []string{s.budgetPrefix + c.Key, s.budgetCallPrefix + rand.Text()}, flag(c.Correct), c.Step,
-		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2], flag(c.Correct && c.Move), keep.Milliseconds()).Int64Slice()
+		c.Limits[0], c.Limits[1], c.Limits[2], c.Cost[0], c.Cost[1], c.Cost[2], flag(c.Correct && c.Move), keep.Milliseconds(), flag(c.Check)).Int64Slice()
 	if err != nil {
 		return driver.BudgetResult{}, err
 	}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 )
@@ -269,4 +270,28 @@ func TestBudgetRefusedCallRunLateChargesNothing(t *testing.T) {
 	close(h.release) // the call first sent reaches the server
 	<-h.ran
 	assert.Equal(t, 50, used(), "the refused call, run late, charges nothing")
+}
+
+// A check (driver.BudgetCall's Check) changes nothing, so it keeps no
+// reply under its call's id (run again, it answers anew), and writes no
+// step.
+func TestBudgetCheckKeepsNothing(t *testing.T) {
+	m := redistest.StartMini(t)
+	s := redisstore.New(m.Client(), "check")
+	ctx := context.Background()
+	call := func(cost int64, check bool) driver.BudgetResult {
+		t.Helper()
+		res, err := s.Budget(ctx, &driver.BudgetCall{Key: "k", Limits: [3]int64{100}, Cost: [3]int64{cost, cost}, Check: check})
+		require.NoError(t, err)
+		return res
+	}
+	assert.False(t, call(60, true).Charged)
+	assert.Empty(t, m.Srv.Keys(), "nothing written")
+	require.True(t, call(60, false).Charged)
+	keys := m.Srv.Keys()
+	require.Len(t, keys, 2, "the budget, and the charge's reply")
+	assert.False(t, call(50, true).Charged)
+	assert.False(t, call(30, true).Charged)
+	assert.Equal(t, keys, m.Srv.Keys(), "no reply kept, no step written")
+	assert.Equal(t, [3]int64{60, 60, 0}, call(0, true).Used)
 }

@@ -136,8 +136,8 @@ func RenewRun(p *Pair, seed uint64) {
 	}
 }
 
-// BudgetRun drives one budget with charges, corrections and moves on
-// both stores.
+// BudgetRun drives one budget with charges, corrections, moves and checks
+// on both stores.
 func BudgetRun(p *Pair, seed uint64) {
 	t := p.T
 	ctx := context.Background()
@@ -149,7 +149,7 @@ func BudgetRun(p *Pair, seed uint64) {
 		for j := range c.Cost {
 			c.Cost[j] = int64(rng.IntN(12))
 		}
-		switch rng.IntN(5) {
+		switch rng.IntN(6) {
 		case 0, 1:
 		case 2:
 			if len(steps) == 0 {
@@ -164,6 +164,8 @@ func BudgetRun(p *Pair, seed uint64) {
 				continue
 			}
 			c.Correct, c.Move, c.Step = true, true, steps[rng.IntN(len(steps))]
+		case 4:
+			c.Check = true
 		default:
 			p.Advance(time.Duration(rng.IntN(30000)) * time.Millisecond)
 			continue
