@@ -279,17 +279,57 @@ func (b *Budget) Reserve(ctx context.Context, t upstream.Tokens) (*BudgetReserva
 // the check fails, the tokens' answer stands.
 func (b *Budget) refused(ctx context.Context, rec int, res driver.BudgetResult, cost [upstream.BudgetParts]int64) error {
 	if rec == tokensRecord && b.uses(requestsRecord) {
-		c := b.callOf(requestsRecord, cost)
-		c.Check = true
-		if rr, err := b.call(ctx, requestsRecord, c); err == nil && rr.At-rr.Now > res.At-res.Now {
+		if rr, err := b.check(ctx, requestsRecord, cost); err == nil && rr.At-rr.Now > res.At-res.Now {
 			rec, res = requestsRecord, rr
 		}
 	}
 	return b.refusal(rec, res, cost)
 }
 
+// check asks record rec when it would take cost (a check, which charges
+// nothing): At 0 if now. A store that knows no checks (a driver.Store
+// written before them) makes it a charge: one it made is taken back, and
+// the record took the request now. (It stood for the rest of the minute,
+// for a request that was refused.)
+func (b *Budget) check(ctx context.Context, rec int, cost [upstream.BudgetParts]int64) (driver.BudgetResult, error) {
+	c := b.callOf(rec, cost)
+	c.Check = true
+	res, err := b.call(ctx, rec, c)
+	if err != nil || !res.Charged {
+		return res, err
+	}
+	var back [upstream.BudgetParts]int64
+	for i, n := range cost {
+		back[i] = -n
+	}
+	c = b.callOf(rec, back)
+	c.Correct, c.Step = true, res.Step
+	_, _ = b.call(context.WithoutCancel(ctx), rec, c) // if that fails, it stays charged, as an estimate does
+	res.Charged, res.At, res.Binding = false, 0, 0
+	return res, nil
+}
+
+// whenTaken asks b when it would take a request of t, as Reserve charges
+// it: each record Reserve would charge is asked (a check, which charges
+// nothing), and it returns the one whose time is the later, with its
+// answer; -1 if each would take it now, or a store's error left that
+// unknown.
+func (b *Budget) whenTaken(ctx context.Context, t upstream.Tokens) (int, driver.BudgetResult) {
+	by, at := -1, driver.BudgetResult{}
+	for rec := range b.seen {
+		if !b.uses(rec) || rec == tokensRecord && t == (upstream.Tokens{}) {
+			continue
+		}
+		res, err := b.check(ctx, rec, upstream.Charge(t))
+		if err == nil && res.At > res.Now && (by < 0 || res.At-res.Now > at.At-at.Now) {
+			by, at = rec, res
+		}
+	}
+	return by, at
+}
+
 // refusal is the error of a request that record rec refused with res.
-func (b *Budget) refusal(rec int, res driver.BudgetResult, cost [upstream.BudgetParts]int64) error {
+func (b *Budget) refusal(rec int, res driver.BudgetResult, cost [upstream.BudgetParts]int64) *slots.LimitError {
 	i := min(max(res.Binding, 0), 2)
 	part := i
 	if rec == requestsRecord {

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/pacing/upstream"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -111,4 +112,39 @@ func TestBudgetStartRefusedByBothRecords(t *testing.T) {
 	require.NoError(t, late.Cancel(ctx))
 	tokens, requests := used(t, b)
 	assert.Equal(t, []int{100, 2}, []int{tokens, requests}, "nothing of late's is charged")
+}
+
+// noChecks is a store of a release before checks (driver.BudgetCall's
+// Check): it knows no such field, and makes a check a charge.
+type noChecks struct{ *memstore.Store }
+
+func (s noChecks) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	old := *c
+	old.Check = false
+	return s.Store.Budget(ctx, &old)
+}
+
+// A store that knows no checks charges the check that a refusal by the
+// tokens budget makes of the requests budget: the client takes that
+// charge back, and the requests budget counts no request that was
+// refused. (It stood for the rest of the minute: two requests refused,
+// two requests per minute spent.)
+func TestBudgetCheckOnAStoreThatKnowsNone(t *testing.T) {
+	ctx := context.Background()
+	now, advance := stepClock()
+	b := newBudget(t, noChecks{memstore.NewWithClock(now)}, "b", upstream.BudgetLimits{TokensPerMinute: 100, MaxRequestsPerMinute: 3})
+
+	_, err := b.Reserve(ctx, upstream.Tokens{Input: 100})
+	require.NoError(t, err)
+	advance(10 * time.Second)
+	for range 2 {
+		_, err = b.Reserve(ctx, upstream.Tokens{Input: 1})
+		var le *slots.LimitError
+		require.ErrorAs(t, err, &le)
+		assert.Equal(t, upstream.CapTokensPerMinute, le.Cap)
+	}
+	tokens, requests := used(t, b)
+	assert.Equal(t, []int{100, 1}, []int{tokens, requests}, "the refused requests are not counted")
+	_, err = b.Reserve(ctx, upstream.Tokens{})
+	assert.NoError(t, err, "the requests budget has room")
 }

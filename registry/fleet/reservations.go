@@ -3,8 +3,10 @@ package fleet
 import (
 	"context"
 	"errors"
+	"time"
 
 	"github.com/inflight-go/inflight/pacing/upstream"
+	"github.com/inflight-go/inflight/slots"
 )
 
 // Reservations are what one request reserved of several fleet Budgets at
@@ -23,7 +25,13 @@ type Reservations struct {
 // that estimate standing) and returns the index of the Budget that
 // refused, among the arguments, with its error: a *slots.LimitError
 // wrapping pacing.ErrOverBudget, t's own error (see Budget.Reserve), the
-// context's, or the store's. A Budget whose store cannot be reached
+// context's, or the store's. A refusal over budget asks the Budgets after
+// it when they would take the request (a check of each of their records,
+// which charges nothing; one that fails is left out), and returns the
+// refusal, and the index, of the one that would take it last: the request
+// is told to come back when each of them takes it. (Told the first
+// refusal's time alone, it came back when that Budget took it, and a
+// later one refused it again.) A Budget whose store cannot be reached
 // refuses so too, with an error wrapping ErrUnavailable, unless uncounted
 // is not nil: uncounted is then told of it (its index and the error), and
 // the request goes on, uncounted in that Budget (a later Budget may
@@ -51,11 +59,36 @@ func ReserveAll(ctx context.Context, t upstream.Tokens, uncounted func(i int, er
 		case uncounted != nil && errors.Is(err, ErrUnavailable):
 			uncounted(i, err)
 		default:
+			rs.cancelMade(ctx) // first: the checks count none of this request's charges
+			rs.rs = nil
+			i, err = laterRefusal(ctx, t, budgets, i, err)
 			return nil, i, err
 		}
 	}
 	taken = true
 	return rs, -1, nil
+}
+
+// laterRefusal returns err, budgets[i]'s refusal of a request of t, with
+// i, or, if err is over budget, the refusal of a Budget after it that
+// would take the request later still, with its index (see ReserveAll).
+// The Budgets before i took the request now: they need no check.
+func laterRefusal(ctx context.Context, t upstream.Tokens, budgets []*Budget, i int, err error) (int, error) {
+	var le *slots.LimitError
+	if !errors.As(err, &le) || !errors.Is(err, upstream.ErrOverBudget) {
+		return i, err
+	}
+	for j := i + 1; j < len(budgets); j++ {
+		if budgets[j] == nil {
+			continue
+		}
+		b := budgets[j]
+		if rec, res := b.whenTaken(ctx, t); rec >= 0 && time.Duration(res.At-res.Now)*time.Millisecond > le.RetryAfter {
+			le = b.refusal(rec, res, upstream.Charge(t)) // spread, as Reserve's refusal
+			i, err = j, le
+		}
+	}
+	return i, err
 }
 
 // cancelMade cancels the reservations made, each under its Budget's
@@ -109,8 +142,28 @@ func (rs *Reservations) Left() (left, limits [upstream.BudgetParts]int) {
 // starts in (BudgetReservation.Start); a charge that has left its
 // budget's minute is charged again only if it fits, else Start returns
 // the budget's refusal, and the request must not start: Cancel them.
+// Refused by several budgets, it returns first the refusal that tells the
+// latest time (the one errors.As finds): the request is told to come back
+// when each of them takes it.
 func (rs *Reservations) Start(ctx context.Context) error {
-	return rs.each(func(r *BudgetReservation) error { return r.Start(ctx) })
+	var errs []error
+	latest := -1
+	var after time.Duration
+	for _, r := range rs.Reserved() {
+		err := r.Start(ctx)
+		if err == nil {
+			continue
+		}
+		var le *slots.LimitError
+		if errors.As(r.refused, &le) && (latest < 0 || le.RetryAfter > after) {
+			latest, after = len(errs), le.RetryAfter
+		}
+		errs = append(errs, err)
+	}
+	if latest > 0 {
+		errs[0], errs[latest] = errs[latest], errs[0]
+	}
+	return errors.Join(errs...)
 }
 
 // Settle corrects each reservation with what the request used

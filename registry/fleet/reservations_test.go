@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -124,7 +125,7 @@ func TestReserveAllStopsAtARefusal(t *testing.T) {
 	require.ErrorIs(t, err, upstream.ErrOverBudget)
 	assert.Equal(t, 0, i)
 	tokens, requests := used(t, provider)
-	assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "the provider's budget never asked")
+	assert.Equal(t, []int{0, 0}, []int{tokens, requests}, "the provider's budget charged nothing (asked, it had room)")
 }
 
 // endingStore is a memstore that, at a charge of the budget key, runs
@@ -328,4 +329,101 @@ func stepClock() (now func() time.Time, advance func(time.Duration)) {
 	at := time.Unix(1_800_000_000, 0)
 	return func() time.Time { mu.Lock(); defer mu.Unlock(); return at },
 		func(d time.Duration) { mu.Lock(); at = at.Add(d); mu.Unlock() }
+}
+
+// A request refused by one Budget is told to come back when every Budget
+// of the call takes it: the Budgets after the one that refused are asked
+// when they would (a check, which charges nothing), and the refusal of
+// the one that takes it last is returned, with its index. (Told the first
+// refusal's time alone, the request came back when the provider's budget
+// took it, and the model's refused it again.) Here the provider's tokens
+// are spent until second 61, and the model's requests until 71: asked in
+// second 20, the request is told 51 s, the model's requests binding.
+// Taken, it costs no call more than before; refused, one per record of
+// each Budget after the one that refused.
+func TestReserveAllRefusalWaitsForTheLaterBudgets(t *testing.T) {
+	ctx := context.Background()
+	now, advance := stepClock()
+	s := &countingBudgets{Store: memstore.NewWithClock(now)}
+	provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 100})
+	model := newBudget(t, s, "model", upstream.BudgetLimits{TokensPerMinute: 1000, MaxRequestsPerMinute: 1})
+	tenant := newBudget(t, s, "tenant", upstream.BudgetLimits{TokensPerMinute: 1000})
+
+	_, _, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 100}, nil, provider)
+	require.NoError(t, err)
+	advance(10 * time.Second)
+	_, _, err = fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, model)
+	require.NoError(t, err)
+	advance(10 * time.Second)
+
+	s.calls.Store(0)
+	_, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, nil, model, tenant)
+	require.ErrorIs(t, err, upstream.ErrOverBudget)
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, 51*time.Second, le.RetryAfter, "when the model's budget takes it, not the provider's 41 s")
+	assert.Equal(t, []any{"model", upstream.CapMaxRequestsPerMinute, 1, 1}, []any{le.Key, le.Cap, le.InFlight, le.Limit}, "the budget that binds")
+	assert.Equal(t, 2, i, "its index")
+	assert.Equal(t, int32(1+2+1), s.calls.Load(), "the provider's charge refused, then a check per record of the model's and the tenant's")
+	tokens, _ := used(t, provider)
+	assert.Equal(t, 100, tokens)
+	tokens, requests := used(t, model)
+	assert.Equal(t, []int{10, 1}, []int{tokens, requests}, "the checks charged nothing")
+	tokens, _ = used(t, tenant)
+	assert.Zero(t, tokens)
+
+	advance(le.RetryAfter)
+	s.calls.Store(0)
+	rs, i, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider, nil, model, tenant)
+	require.NoError(t, err, "back when told: taken")
+	assert.Equal(t, -1, i)
+	assert.Len(t, rs.Reserved(), 3)
+	assert.Equal(t, int32(1+2+1), s.calls.Load(), "a charge per record, and no check")
+}
+
+// countingBudgets counts the calls made on its budgets.
+type countingBudgets struct {
+	driver.Store
+	calls atomic.Int32
+}
+
+func (s *countingBudgets) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
+	s.calls.Add(1)
+	return s.Store.Budget(ctx, c)
+}
+
+// Start, for a request that waited past the minute, charges it again on
+// each Budget: when several refuse, the refusal first in its error (the
+// one errors.As finds) is the one that tells the latest time, so the
+// request comes back when each of them takes it. Here A is spent by
+// another request in second 61, until 122, and B in second 71, until
+// 132: started in second 80, the request is told B's 52 s, not A's 42 s.
+func TestReservationsStartRefusedByTwoBudgets(t *testing.T) {
+	ctx := context.Background()
+	now, advance := stepClock()
+	s := memstore.NewWithClock(now)
+	a := newBudget(t, s, "a", upstream.BudgetLimits{TokensPerMinute: 100})
+	b := newBudget(t, s, "b", upstream.BudgetLimits{TokensPerMinute: 100})
+
+	late, _, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, a, b) // admitted, then queued past the minute
+	require.NoError(t, err)
+	advance(61 * time.Second)
+	_, err = a.Reserve(ctx, upstream.Tokens{Input: 100})
+	require.NoError(t, err)
+	advance(10 * time.Second)
+	_, err = b.Reserve(ctx, upstream.Tokens{Input: 100})
+	require.NoError(t, err)
+	advance(9 * time.Second)
+
+	err = late.Start(ctx)
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, []any{"b", 52 * time.Second}, []any{le.Key, le.RetryAfter}, "when B takes it, not A's 42 s")
+	require.ErrorAs(t, late.Start(ctx), &le)
+	assert.Equal(t, []any{"b", 52 * time.Second}, []any{le.Key, le.RetryAfter}, "asked again: the same")
+	require.NoError(t, late.Cancel(ctx))
+	for _, x := range []*fleet.Budget{a, b} {
+		tokens, _ := used(t, x)
+		assert.Equal(t, 100, tokens, "nothing of late's is charged")
+	}
 }
