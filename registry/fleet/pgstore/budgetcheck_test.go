@@ -10,7 +10,7 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
-// Revision 23 (budgetcheck.sql) replaces inflight_budget under its
+// Revision 23 (budgetCheck) replaces inflight_budget under its
 // signature, on a connection that kept the plans of revision 22's: this
 // release's check charges nothing and tells when the cost fits, and a
 // charge (as the releases before send it) is taken or refused as before.

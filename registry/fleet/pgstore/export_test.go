@@ -9,3 +9,6 @@ const ProbePayload = probePayload
 
 // Function is function: a function's definition taken from a file.
 var Function = function
+
+// Edited is edited: a function's text with one line changed.
+var Edited = edited

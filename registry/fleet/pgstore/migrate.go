@@ -84,9 +84,6 @@ var busyKeySQL string
 //go:embed resume.sql
 var resumeSQL string
 
-//go:embed budgetcheck.sql
-var budgetCheckSQL string
-
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units. PassFactor
@@ -134,6 +131,26 @@ func function(sql, name string) string {
 var bigintBounds = withConstants(function(passSQL, "inflight_pass") + "\n\n" +
 	function(resumeSQL, "inflight_serve") + "\n\n" + function(queuedKeySQL, "inflight_still_queued"))
 
+// budgetCheck is revision 23: a budget's check (driver.BudgetCall's
+// Check). inflight_budget (budgetfloor.sql's) is made again, one line
+// changed: move without correct, which no release before this one sends
+// (it sends move only with correct), charges nothing and answers as a
+// charge of cost that did not fit, at 0 if cost fits now. A client
+// refused by a budget's tokens asks so of its requests, to tell when both
+// take the request. The function keeps its signature and the meaning of
+// the answers the releases before get.
+var budgetCheck = edited(function(budgetFloorSQL, "inflight_budget"),
+	"\tIF fits THEN\n", "\tIF fits AND NOT move THEN -- move here, without correct, is a check\n")
+
+// edited is sql with old, which it holds once, replaced by new; it panics
+// otherwise (the texts are the package's own files).
+func edited(sql, old, new string) string {
+	if n := strings.Count(sql, old); n != 1 {
+		panic(fmt.Sprintf("pgstore: %d places to edit, want one", n))
+	}
+	return strings.Replace(sql, old, new, 1)
+}
+
 // schemaV1 is the schema, with the fleet's constants in it.
 var schemaV1 = withConstants(schemaSQL)
 
@@ -179,7 +196,7 @@ var schemaV1 = withConstants(schemaSQL)
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
 	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL),
-	withConstants(resumeSQL), bigintBounds, budgetCheckSQL}
+	withConstants(resumeSQL), bigintBounds, budgetCheck}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.

@@ -233,4 +233,9 @@ END $$;`, pgstore.Function(sql, "inflight_serve_one"))
 	for _, name := range []string{"inflight_none", "inflight_twice", "inflight_quoted", "inflight_open"} {
 		assert.Panics(t, func() { pgstore.Function(sql, name) }, name)
 	}
+	// An edit changes the one place it names, and panics if there is
+	// none, or more than one.
+	assert.Equal(t, "BEGIN\n\tRETURN 3;\nEND", pgstore.Edited("BEGIN\n\tRETURN 2;\nEND", "RETURN 2;", "RETURN 3;"))
+	assert.Panics(t, func() { pgstore.Edited("RETURN 2;", "RETURN 3;", "RETURN 4;") }, "none")
+	assert.Panics(t, func() { pgstore.Edited("RETURN 2; RETURN 2;", "RETURN 2;", "RETURN 4;") }, "two")
 }

@@ -15,7 +15,8 @@
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
 // newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql, paused.sql,
 // pausedask.sql, sweepdenied.sql, serving.sql, queuedkey.sql,
-// lookbound.sql, busykey.sql, resume.sql and budgetcheck.sql),
+// lookbound.sql, busykey.sql and resume.sql; migrate.go makes some of
+// their functions again, as revisions 22 and 23),
 // in one transaction of its own: no connection is held by a holder and no
 // session state is kept. The rows of keys idle for ten minutes are
 // deleted after renewals (sweep.sql), if the role may: give it DELETE
@@ -477,7 +478,7 @@ func (s *Store) SyncLearned(ctx context.Context, c *driver.LearnedCall) (driver.
 }
 
 // Budget charges, corrects or checks a budget per minute in one
-// transaction. A check is sent as move without correct (budgetcheck.sql).
+// transaction. A check is sent as move without correct (budgetCheck).
 func (s *Store) Budget(ctx context.Context, c *driver.BudgetCall) (driver.BudgetResult, error) {
 	var res []int64
 	correct := c.Correct && !c.Check
