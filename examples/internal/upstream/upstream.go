@@ -67,7 +67,8 @@ const DefaultMaxTokens = 1024
 // server that reserves its KV cache per request, the provider then also
 // answers 429 once the requests open hold more than n tokens, a request
 // holding its prompt's (its messages' text, counted with o200k_base) and
-// its max_tokens (DefaultMaxTokens without one). Call it before serving.
+// its max_tokens or max_completion_tokens (DefaultMaxTokens without
+// either). Call it before serving.
 func (p *Provider) SetTokenLimit(n int64) error {
 	if _, err := codec(); n > 0 && err != nil {
 		return err
@@ -77,9 +78,7 @@ func (p *Provider) SetTokenLimit(n int64) error {
 }
 
 // tokensOf is what a request holds in the token mode.
-func (p *Provider) tokensOf(messages []struct {
-	Content string `json:"content"`
-}, maxTokens *int) int64 {
+func (p *Provider) tokensOf(messages []message, maxTokens *int) int64 {
 	n := int64(DefaultMaxTokens)
 	if maxTokens != nil {
 		n = int64(max(*maxTokens, 0))
@@ -87,29 +86,62 @@ func (p *Provider) tokensOf(messages []struct {
 	return n + p.promptOf(messages)
 }
 
+// message is a chat message: its content a string, or a list of parts
+// (strings, or objects whose "text" is counted).
+type message struct {
+	Content json.RawMessage `json:"content"`
+}
+
+// texts are a message's text: its content's, or each of its parts'.
+func (m message) texts() []string {
+	var s string
+	if json.Unmarshal(m.Content, &s) == nil {
+		return []string{s}
+	}
+	var parts []json.RawMessage
+	_ = json.Unmarshal(m.Content, &parts)
+	var texts []string
+	for _, part := range parts {
+		var text struct {
+			Text string `json:"text"`
+		}
+		if json.Unmarshal(part, &s) == nil {
+			text.Text = s
+		} else {
+			_ = json.Unmarshal(part, &text)
+		}
+		texts = append(texts, text.Text)
+	}
+	return texts
+}
+
 // promptOf counts a request's prompt: its messages' text, as a gateway
 // would estimate it (o200k_base, and 4 tokens a message beside its text).
-func (p *Provider) promptOf(messages []struct {
-	Content string `json:"content"`
-}) int64 {
+func (p *Provider) promptOf(messages []message) int64 {
 	c, err := codec()
 	if err != nil {
 		return 0
 	}
 	var n int64
 	for _, m := range messages {
-		k, _ := c.Count(m.Content)
-		n += int64(k) + 4
+		for _, text := range m.texts() {
+			k, _ := c.Count(text)
+			n += int64(k)
+		}
+		n += 4
 	}
 	return n
 }
 
-// ResetCounts starts the peak and the refusals afresh, between runs.
+// ResetCounts starts the refusals afresh, and the peaks from what is open
+// now, between runs.
 func (p *Provider) ResetCounts() {
 	p.peak.Store(0)
+	raise(&p.peak, p.inFlight.Load()) // after the store: an arrival meanwhile raises it too
 	p.refused.Store(0)
 	p.served.Store(0)
 	p.tokenPeak.Store(0)
+	raise(&p.tokenPeak, p.tokens.Load())
 }
 
 func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -119,17 +151,19 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	req := struct {
-		Model    string `json:"model"`
-		TurnMS   *int   `json:"turn_ms"`
-		Messages []struct {
-			Content string `json:"content"`
-		} `json:"messages"`
-		MaxTokens     *int `json:"max_tokens"`
-		StreamOptions struct {
+		Model               string    `json:"model"`
+		TurnMS              *int      `json:"turn_ms"`
+		Messages            []message `json:"messages"`
+		MaxTokens           *int      `json:"max_tokens"`
+		MaxCompletionTokens *int      `json:"max_completion_tokens"` // max_tokens' newer name
+		StreamOptions       struct {
 			IncludeUsage bool `json:"include_usage"`
 		} `json:"stream_options"`
 	}{}
 	_ = json.NewDecoder(r.Body).Decode(&req)
+	if m := req.MaxCompletionTokens; m != nil && (req.MaxTokens == nil || *m < *req.MaxTokens) {
+		req.MaxTokens = m // the tighter bounds the answer
+	}
 	n := p.inFlight.Add(1)
 	defer p.inFlight.Add(-1)
 	raise(&p.peak, n)
@@ -163,11 +197,11 @@ func (p *Provider) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	var out int64 // the answer's tokens, one a chunk
-	defer func() { p.minute.add(started, out) }()
 	for time.Now().Before(deadline) && (req.MaxTokens == nil || out < int64(*req.MaxTokens)) {
 		fmt.Fprint(w, "data: {\"choices\":[{\"delta\":{\"content\":\"tok\"}}]}\n\n")
 		w.(http.Flusher).Flush()
 		out++
+		p.minute.add(started, 1) // the minute counts the answer as it streams
 		select {
 		case <-tick.C:
 		case <-r.Context().Done():
