@@ -55,14 +55,14 @@ func (s *Server) Bouncer() string {
 	if major > 1 || major == 1 && minor >= 21 {
 		prepared = "max_prepared_statements = 0\n"
 	}
-	port := freePort(s.t)
 	// trust: the user must still be named in the auth file. The pool is
 	// larger than any test's pools together, so that no client waits for a
 	// server connection behind another's transaction for long. After a
 	// failed login to the server (one down, or restarting) PgBouncer turns
 	// clients away for server_login_retry (15 s by default): 1 s, so that
 	// a test of a restart sees the server back within its wait.
-	ini := fmt.Sprintf(`[databases]
+	ini := func(port int) string {
+		return fmt.Sprintf(`[databases]
 inflight = host=127.0.0.1 port=%d dbname=inflight user=inflight
 
 [pgbouncer]
@@ -80,33 +80,46 @@ ignore_startup_parameters = extra_float_digits
 log_connections = 0
 log_disconnections = 0
 %s`, s.port, port, filepath.Join(dir, "users.txt"), prepared)
-	for name, text := range map[string]string{"pgbouncer.ini": ini, "users.txt": `"inflight" ""` + "\n"} {
-		if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
-			s.t.Fatalf("pgtest: %v", err)
+	}
+	// The port was free when freePort chose it, but another process may
+	// take it before PgBouncer binds it: then it exits at once, and starts
+	// again on another.
+	for try := 1; ; try++ {
+		port := pickPort(s.t)
+		for name, text := range map[string]string{"pgbouncer.ini": ini(port), "users.txt": `"inflight" ""` + "\n"} {
+			if err := os.WriteFile(filepath.Join(dir, name), []byte(text), 0o644); err != nil {
+				s.t.Fatalf("pgtest: %v", err)
+			}
+		}
+		cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
+		cmd.Dir = dir
+		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
+		cmd.Stderr = &tail{}
+		if err := cmd.Start(); err != nil {
+			s.t.Fatalf("pgtest: start pgbouncer: %v", err)
+		}
+		exit := make(chan struct{})
+		go func() {
+			_ = cmd.Wait()
+			close(exit)
+		}()
+		s.t.Cleanup(func() {
+			_ = cmd.Process.Kill()
+			<-exit
+		})
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		err := listening(addr, exit)
+		if err == nil {
+			return fmt.Sprintf("postgres://inflight@%s/inflight?sslmode=disable", addr)
+		}
+		if !errors.Is(err, errExited) || try == 3 {
+			s.t.Fatalf("pgtest: pgbouncer on %s: %v\n%s", addr, err, cmd.Stderr)
 		}
 	}
-	cmd := exec.Command(bin, filepath.Join(dir, "pgbouncer.ini"))
-	cmd.Dir = dir
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: s.cred}
-	cmd.Stderr = &tail{}
-	if err := cmd.Start(); err != nil {
-		s.t.Fatalf("pgtest: start pgbouncer: %v", err)
-	}
-	exit := make(chan struct{})
-	go func() {
-		_ = cmd.Wait()
-		close(exit)
-	}()
-	s.t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exit
-	})
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	if err := listening(addr, exit); err != nil {
-		s.t.Fatalf("pgtest: pgbouncer on %s: %v\n%s", addr, err, cmd.Stderr)
-	}
-	return fmt.Sprintf("postgres://inflight@%s/inflight?sslmode=disable", addr)
 }
+
+// errExited is listening's error for a process that exited at start.
+var errExited = errors.New("exited at start")
 
 // listening waits until addr accepts connections, or the process's exit
 // is closed, or 30 s have passed.
@@ -119,7 +132,7 @@ func listening(addr string, exit <-chan struct{}) error {
 		}
 		select {
 		case <-exit:
-			return errors.New("exited at start")
+			return errExited
 		default:
 		}
 		if time.Now().After(deadline) {

@@ -62,7 +62,7 @@ func Start(t testing.TB) *Server {
 func start(t tb) *Server {
 	t.Helper()
 	bin := binDir(t)
-	s := &Server{t: t, bin: bin, port: freePort(t)}
+	s := &Server{t: t, bin: bin, port: pickPort(t)}
 	s.URL = fmt.Sprintf("postgres://inflight@127.0.0.1:%d/inflight?sslmode=disable", s.port)
 	root, err := os.MkdirTemp("", "inflight-pg-")
 	if err != nil {
@@ -90,7 +90,17 @@ func start(t tb) *Server {
 	}
 	s.run("initdb", "-D", s.dir, "-U", "inflight", "--auth=trust", "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions")
 	t.Cleanup(s.Kill) // before the start: a server that fails to answer is killed too
-	s.Restart()
+	// The port was free when freePort chose it, but another process may
+	// take it before the server binds it (a client's connection takes its
+	// port from the same range): then the server exits at once, and
+	// starts again on another.
+	for try := 1; !s.launch(); try++ {
+		if try == 3 || !strings.Contains(s.cmd.Stderr.(*tail).String(), "could not create any TCP/IP sockets") {
+			t.Fatalf("pgtest: postgres exited at start: %v\n%s", s.cmd.ProcessState, s.cmd.Stderr)
+		}
+		s.port = pickPort(t)
+		s.URL = fmt.Sprintf("postgres://inflight@127.0.0.1:%d/inflight?sslmode=disable", s.port)
+	}
 	conn := s.connect("postgres")
 	defer conn.Close(context.Background())
 	if _, err := conn.Exec(context.Background(), "CREATE DATABASE inflight"); err != nil {
@@ -205,6 +215,10 @@ func version(dir string) int {
 	return n
 }
 
+// pickPort chooses a server's port (a test of the retries takes one that
+// is not free).
+var pickPort = freePort
+
 func freePort(t tb) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -237,6 +251,15 @@ func (s *Server) run(name string, args ...string) {
 // committed asynchronously in the last moments may be lost.
 func (s *Server) Restart() {
 	s.t.Helper()
+	if !s.launch() {
+		s.t.Fatalf("pgtest: postgres exited at start: %v\n%s", s.cmd.ProcessState, s.cmd.Stderr)
+	}
+}
+
+// launch starts the server on its port and waits until it accepts
+// connections: false if it exited first.
+func (s *Server) launch() bool {
+	s.t.Helper()
 	s.cmd = s.command("postgres", "-D", s.dir, "-p", strconv.Itoa(s.port),
 		"-c", "listen_addresses=127.0.0.1", "-c", "unix_socket_directories=",
 		"-c", "fsync=on", "-c", "synchronous_commit=on", "-c", "max_connections=200",
@@ -257,11 +280,11 @@ func (s *Server) Restart() {
 		cancel()
 		if err == nil {
 			_ = conn.Close(context.Background())
-			return
+			return true
 		}
 		select {
 		case <-s.exit:
-			s.t.Fatalf("pgtest: postgres exited at start: %v\n%s", s.cmd.ProcessState, s.cmd.Stderr)
+			return false
 		default:
 		}
 		if time.Now().After(deadline) {
