@@ -58,13 +58,23 @@ func start(t testing.TB, like Server) *Server {
 		t.Fatalf("redis-server: %v", err)
 	}
 	s := &Server{t: t, bin: bin, port: like.port, args: like.args, conf: like.conf}
-	if s.port == 0 {
-		s.port = freePort(t)
-	}
-	s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
-	s.Restart()
 	t.Cleanup(s.Kill)
-	return s
+	// A port of its own choosing was free when freePort chose it, but
+	// another process may take it before the server binds it (a client's
+	// connection takes its port from the same range): then the server
+	// exits at once, and starts again on another.
+	for try := 1; ; try++ {
+		if like.port == 0 {
+			s.port = pickPort(t)
+		}
+		s.Addr = "127.0.0.1:" + strconv.Itoa(s.port)
+		if s.launch() {
+			return s
+		}
+		if like.port != 0 || try == 3 {
+			t.Fatalf("redistest: redis-server exited at start: %v", s.cmd.ProcessState)
+		}
+	}
 }
 
 // freeClusterPort returns a free port for a cluster node: its cluster bus
@@ -87,6 +97,10 @@ func freeClusterPort(t testing.TB) int {
 	return 0
 }
 
+// pickPort chooses a server's port (a test of the retries takes one that
+// is not free).
+var pickPort = freePort
+
 func freePort(t testing.TB) int {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -99,6 +113,15 @@ func freePort(t testing.TB) int {
 // Restart starts the server again on the same port, empty, after Kill; it
 // returns once the server answers.
 func (s *Server) Restart() {
+	s.t.Helper()
+	if !s.launch() {
+		s.t.Fatalf("redistest: redis-server exited at start: %v", s.cmd.ProcessState)
+	}
+}
+
+// launch starts the server on its port and waits until it answers: false
+// if it exited first.
+func (s *Server) launch() bool {
 	s.t.Helper()
 	var args []string
 	if s.conf != "" {
@@ -124,11 +147,11 @@ func (s *Server) Restart() {
 		err := c.Ping(ctx).Err()
 		cancel()
 		if err == nil {
-			return
+			return true
 		}
 		select {
 		case <-s.exit:
-			s.t.Fatalf("redistest: redis-server exited at start: %v", s.cmd.ProcessState)
+			return false
 		default:
 		}
 		if time.Now().After(deadline) {

@@ -1,0 +1,42 @@
+package redistest
+
+import (
+	"context"
+	"syscall"
+	"testing"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// A port taken between freePort's choice and the server's bind (a client
+// connection's, say) costs a start on another port, not the test:
+// redis-server exits at once on a port in use.
+func TestStartOnAPortTakenMeanwhile(t *testing.T) {
+	SkipWithoutRedis(t)
+	// Bound, not listening, as a client connection's port is.
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	require.NoError(t, err)
+	defer syscall.Close(fd)
+	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
+	sa, err := syscall.Getsockname(fd)
+	require.NoError(t, err)
+	port := sa.(*syscall.SockaddrInet4).Port
+	picks := 0
+	pickPort = func(t testing.TB) int {
+		picks++
+		if picks == 1 {
+			return port
+		}
+		return freePort(t)
+	}
+	defer func() { pickPort = freePort }()
+
+	s := Start(t)
+	assert.NotEqual(t, port, s.port, "started on another port")
+	assert.Equal(t, 2, picks, "started again once")
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	defer c.Close()
+	require.NoError(t, c.Ping(context.Background()).Err())
+}
