@@ -136,6 +136,8 @@ func ErrorMessage(err error) string {
 			return fmt.Sprintf("waiting for the spacing of starts to the upstream: %d in flight, %d queued (%s)", le.InFlight, le.Queued, reason)
 		case "pause":
 			return fmt.Sprintf("the upstream asked for a pause in new requests: %d in flight, %d queued (%s)", le.InFlight, le.Queued, reason)
+		case "fleet_pause": // registry/fleet's CapPaused
+			return "new requests wait while the fleet's store takes back the requests in flight it lost"
 		}
 		at := ""
 		if le.Cap != "" {

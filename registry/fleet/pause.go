@@ -15,6 +15,11 @@ import (
 // Retry-After from the end of the pause (see PROTOCOL.md).
 var ErrPaused = fmt.Errorf("fleet: admissions paused after the store lost its data: %w", slots.ErrLimitReached)
 
+// CapPaused is the Cap of ErrPaused's refusals: slots.ErrorMessage tells
+// a client of a pause, not of a count in flight, which says little of the
+// key's room during it.
+const CapPaused = "fleet_pause"
+
 // pauseFor returns how long new admissions wait after the store lost its data,
 // as a Registry with cfg declares it (see PROTOCOL.md): until every live
 // holder has renewed once. The heartbeat renews every TTL/3, so each
@@ -75,7 +80,7 @@ func (r *Registry[K]) pausedOutcome(l *lease[K], w *waiter, n, until, now int64)
 	// the pause so too): no value in the store, however far ahead, makes a
 	// waiter sleep for long.
 	retryIn := min(time.Duration(max(until-now, 0))*time.Millisecond, r.cfg.ttl)
-	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), InFlight: int(n), Limit: l.limits[0],
+	le := &slots.LimitError{Err: ErrPaused, Key: r.keyName(l.keys[0]), Cap: CapPaused, InFlight: int(n), Limit: l.limits[0],
 		RetryAfter: max(retryIn, time.Millisecond)}
 	// Not before the pause ends, and from then as a key at its limit
 	// behind the callers told before: those refused during a pause come

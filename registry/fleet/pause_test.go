@@ -66,6 +66,8 @@ func TestPauseAfterDataLoss(t *testing.T) {
 	assert.ErrorIs(t, err, ErrPaused)
 	assert.ErrorIs(t, err, slots.ErrLimitReached, "answered as any refusal at the cap")
 	assert.Equal(t, "k", le.Key)
+	// Told as a pause: "too many requests in flight: 0 of 2" before.
+	assert.Equal(t, "new requests wait while the fleet's store takes back the requests in flight it lost", slots.ErrorMessage(err))
 	assert.Equal(t, 2, le.Limit)
 	assertPauseLeft(t, le, pauseWait)
 	assert.Subset(t, []string{id}, m.leases("k"), "nothing admitted but the holder's lease")

@@ -212,7 +212,8 @@ func (g *Gateway) logLimitChanges() {
 
 // refusedBy names the provider's cap that refused a request with err:
 // as the Gate names it (pacing.CapProvider, CapModel, CapAPIKey,
-// CapPacing, CapPause), or the fleet's key ("provider", "model:<name>");
+// CapPacing, CapPause), the fleet's pause (fleet.CapPaused), or the
+// fleet's key ("provider", "model:<name>");
 // a wait that ended otherwise (the client left, the fleet's store
 // unreachable) is the provider's.
 func refusedBy(err error) string {
