@@ -298,15 +298,22 @@ func (b *Budget) check(ctx context.Context, rec int, cost [upstream.BudgetParts]
 	if err != nil || !res.Charged {
 		return res, err
 	}
+	_ = b.takeBack(context.WithoutCancel(ctx), rec, cost, res.Step) // if that fails, it stays charged, as an estimate does
+	res.Charged, res.At, res.Binding = false, 0, 0
+	return res, nil
+}
+
+// takeBack takes back from record rec the charge of cost made in step (a
+// correction).
+func (b *Budget) takeBack(ctx context.Context, rec int, cost [upstream.BudgetParts]int64, step int64) error {
 	var back [upstream.BudgetParts]int64
 	for i, n := range cost {
 		back[i] = -n
 	}
-	c = b.callOf(rec, back)
-	c.Correct, c.Step = true, res.Step
-	_, _ = b.call(context.WithoutCancel(ctx), rec, c) // if that fails, it stays charged, as an estimate does
-	res.Charged, res.At, res.Binding = false, 0, 0
-	return res, nil
+	c := b.callOf(rec, back)
+	c.Correct, c.Step = true, step
+	_, err := b.call(ctx, rec, c)
+	return err
 }
 
 // whenTaken asks b when it would take a request of t, as Reserve charges

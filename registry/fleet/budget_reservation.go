@@ -109,13 +109,7 @@ func (r *BudgetReservation) Start(ctx context.Context) error {
 // first call's, the charge stands in st; after the second's, what the
 // request uses is charged as a debt (Settle).
 func (r *BudgetReservation) charge(ctx context.Context, rec int, st int64) (driver.BudgetResult, error) {
-	var back [upstream.BudgetParts]int64
-	for i, n := range r.cost {
-		back[i] = -n
-	}
-	c := r.b.callOf(rec, back)
-	c.Correct, c.Step = true, st
-	if _, err := r.b.call(ctx, rec, c); err != nil {
+	if err := r.b.takeBack(ctx, rec, r.cost, st); err != nil {
 		r.step[rec] = st
 		return driver.BudgetResult{}, err
 	}
