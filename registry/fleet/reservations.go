@@ -70,19 +70,38 @@ func ReserveAll(ctx context.Context, t upstream.Tokens, uncounted func(i int, er
 }
 
 // laterRefusal returns err, budgets[i]'s refusal of a request of t, with
-// i, or, if err is over budget, the refusal of a Budget after it that
-// would take the request later still, with its index (see ReserveAll).
-// The Budgets before i took the request now: they need no check.
+// i, or the refusal of a Budget after it that would take the request later
+// still, with its index (see ReserveAll). The Budgets before i took the
+// request now: they need no check.
 func laterRefusal(ctx context.Context, t upstream.Tokens, budgets []*Budget, i int, err error) (int, error) {
+	if j, later := LaterRefusal(ctx, t, err, budgets[i+1:]...); j >= 0 {
+		return i + 1 + j, later
+	}
+	return i, err
+}
+
+// LaterRefusal returns the refusal of a request of t by the one of budgets
+// that would take it last, with its index among them, if err, a Budget's
+// refusal of that request over budget (as Reserve returns it), tells a
+// time sooner than that Budget's; else err, with -1. Each Budget is asked
+// with a check of its records, which charges nothing; one that fails, or
+// a nil one, is left out. It is ReserveAll's rule for a caller that
+// reserves its Budgets in steps (a tenant's as a request comes in, its
+// provider's once it is routed, say): a request refused by the first is
+// told to come back when the others would take it too.
+func LaterRefusal(ctx context.Context, t upstream.Tokens, err error, budgets ...*Budget) (int, error) {
 	var le *slots.LimitError
 	if !errors.As(err, &le) || !errors.Is(err, upstream.ErrOverBudget) {
-		return i, err
+		return -1, err
 	}
-	for j := i + 1; j < len(budgets); j++ {
-		if budgets[j] == nil {
+	if ctx == nil {
+		ctx = context.Background() // as Budget's calls take it
+	}
+	i := -1
+	for j, b := range budgets {
+		if b == nil {
 			continue
 		}
-		b := budgets[j]
 		if rec, res := b.whenTaken(ctx, t); rec >= 0 && time.Duration(res.At-res.Now)*time.Millisecond > le.RetryAfter {
 			le = b.refusal(rec, res, upstream.Charge(t)) // spread, as Reserve's refusal
 			i, err = j, le

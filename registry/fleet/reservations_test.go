@@ -427,3 +427,44 @@ func TestReservationsStartRefusedByTwoBudgets(t *testing.T) {
 		assert.Equal(t, 100, tokens, "nothing of late's is charged")
 	}
 }
+
+// LaterRefusal is ReserveAll's rule for Budgets reserved in steps: a
+// refusal over budget is replaced by that of the Budget that would take
+// the request last, with its index; a refusal that tells a later time
+// than each of them, or an error that is no refusal over budget (which
+// asks none), stands, with -1.
+func TestLaterRefusal(t *testing.T) {
+	ctx := context.Background()
+	now, advance := stepClock()
+	s := &countingBudgets{Store: memstore.NewWithClock(now)}
+	tenant := newBudget(t, s, "tenant", upstream.BudgetLimits{TokensPerMinute: 100})
+	provider := newBudget(t, s, "provider", upstream.BudgetLimits{TokensPerMinute: 100})
+	roomy := newBudget(t, s, "roomy", upstream.BudgetLimits{TokensPerMinute: 1000})
+	_, _, err := fleet.ReserveAll(ctx, upstream.Tokens{Input: 100}, nil, tenant)
+	require.NoError(t, err)
+	advance(10 * time.Second)
+	_, _, err = fleet.ReserveAll(ctx, upstream.Tokens{Input: 100}, nil, provider)
+	require.NoError(t, err)
+	advance(10 * time.Second)
+
+	_, _, refused := fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, tenant)
+	require.ErrorIs(t, refused, upstream.ErrOverBudget)
+	i, err := fleet.LaterRefusal(ctx, upstream.Tokens{Input: 10}, refused, roomy, nil, provider)
+	assert.Equal(t, 2, i, "the provider's, which takes it in second 71")
+	var le *slots.LimitError
+	require.ErrorAs(t, err, &le)
+	assert.Equal(t, []any{"provider", 51 * time.Second}, []any{le.Key, le.RetryAfter})
+
+	_, _, refused = fleet.ReserveAll(ctx, upstream.Tokens{Input: 10}, nil, provider)
+	i, err = fleet.LaterRefusal(ctx, upstream.Tokens{Input: 10}, refused, tenant, roomy)
+	assert.Equal(t, -1, i, "the tenant's takes it sooner, in second 61")
+	assert.Same(t, refused, err)
+
+	s.calls.Store(0)
+	for _, other := range []error{nil, context.Canceled, fleet.ErrUnavailable} {
+		i, err = fleet.LaterRefusal(ctx, upstream.Tokens{Input: 10}, other, provider)
+		assert.Equal(t, -1, i)
+		assert.Equal(t, other, err)
+	}
+	assert.Zero(t, s.calls.Load(), "no refusal over budget: nothing asked")
+}

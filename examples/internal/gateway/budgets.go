@@ -179,7 +179,9 @@ func (s *spending) each(f func(context.Context) error) {
 
 // reserveBudgets reserves cost, for t's request, of its org's budget, here
 // or with a fleet in its store. It returns what it reserved, or the
-// refusal of the budget (nothing reserved then) with the cap to name. With
+// refusal of the budget (nothing reserved then) with the cap to name: with
+// a fleet, that of the provider's or the model's budget instead if it
+// would take the request later than the org's (fleet.LaterRefusal). With
 // a fleet whose store is held unavailable, fleet.on_unavailable "closed"
 // refuses the request (503), and else lets it through uncounted (logged).
 func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Tokens) (*spending, string, error) {
@@ -202,7 +204,17 @@ func (g *Gateway) reserveBudgets(ctx context.Context, t tenant, cost pacing.Toke
 		}
 		rs, _, err := fleet.ReserveAll(ctx, cost, fb.uncounted(g), orgs)
 		if err != nil {
-			return nil, budgetCap("tenant", t, err), err
+			// Told when the provider's and the model's budgets, which its
+			// Transport reserves, would take the request too: told the
+			// org's time alone, it came back then to be refused by them.
+			switch i, later := fleet.LaterRefusal(ctx, cost, err, fb.provider, fb.models[t.Model]); i {
+			case -1:
+				return nil, budgetCap("tenant", t, err), err
+			case 0:
+				return nil, budgetCap("", t, later), later
+			default:
+				return nil, budgetCap("model", t, later), later
+			}
 		}
 		s.fleet = rs
 		return s, "", nil

@@ -2,6 +2,7 @@ package gateway
 
 import (
 	"context"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -231,5 +232,81 @@ func TestSpendingSettlesEveryBudgetOnASlowStore(t *testing.T) {
 		used, err := bs[i].Used(context.Background())
 		require.NoError(t, err)
 		assert.Equal(t, 50, used[0], "%s: settled with the usage", name)
+	}
+}
+
+// An org's fleet budget that refuses a request tells it when the
+// provider's and its model's budgets, which the Transport reserves later,
+// would take it too, and names the one that takes it last. Here the org
+// has room again at 60 s and the provider only at 90 s: the request was
+// told 29 s, came back, and was refused by the provider.
+func TestOrgRefusalAsksTheProvidersBudgets(t *testing.T) {
+	now, advance := stepClock()
+	store := memstore.NewWithClock(now)
+	caps := fleet.New[string](memstore.New(), 1, fleet.WithLogger(slog.New(slog.DiscardHandler)))
+	t.Cleanup(caps.Close)
+	limits := pacing.BudgetLimits{TokensPerMinute: 100}
+	budget := func(name string, tpm int) *fleet.Budget {
+		b, err := fleet.NewBudget(store, name, pacing.BudgetLimits{TokensPerMinute: tpm}, 0)
+		require.NoError(t, err)
+		return b
+	}
+	fb := &fleetBudgets{tenants: store, timeout: time.Second, models: map[string]*fleet.Budget{}}
+	g := &Gateway{caps: caps, fleetBudgets: fb, orgLimits: func(string) *pacing.BudgetLimits { return &limits }}
+	acme := tenant{"acme", "m"}
+	spend := func(tokens int, budgets ...*fleet.Budget) {
+		rs, _, err := fleet.ReserveAll(context.Background(), pacing.Tokens{Input: tokens}, nil, budgets...)
+		require.NoError(t, err)
+		require.NoError(t, rs.Start(context.Background()))
+	}
+
+	for _, tc := range []struct {
+		name     string
+		provider bool // the provider's budget binds, else the model's
+		want     string
+	}{
+		{name: "the provider's budget", provider: true, want: "tokens_per_minute"},
+		{name: "the model's budget", want: "model_tokens_per_minute"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			advance(10 * time.Minute) // every minute before is over
+			var later *fleet.Budget
+			if tc.provider {
+				later = budget("provider", 150)
+				fb.provider, fb.models["m"] = later, budget("model:m", 1000)
+			} else {
+				later = budget("model:m", 150)
+				fb.provider, fb.models["m"] = budget("provider", 1000), later
+			}
+			org := budget(orgBudgetName("acme"), 100)
+			spend(50, org, later) // acme's, at 0 s
+			advance(30 * time.Second)
+			spend(100, later) // another org's, at 30 s
+			advance(time.Second)
+
+			s, capName, err := g.reserveBudgets(context.Background(), acme, pacing.Tokens{Input: 60})
+			require.Nil(t, s)
+			require.ErrorIs(t, err, pacing.ErrOverBudget)
+			var le *slots.LimitError
+			require.ErrorAs(t, err, &le)
+			assert.Equal(t, tc.want, capName)
+			assert.Equal(t, tc.want, le.Cap)
+			assert.GreaterOrEqual(t, le.RetryAfter, 59*time.Second, "when the %s takes 60 more, at 90 s", tc.name)
+
+			used, err := org.Used(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 50, used[0], "the refused request charges the org nothing")
+			used, err = later.Used(context.Background())
+			require.NoError(t, err)
+			assert.Equal(t, 150, used[0], "nor the budget asked")
+
+			// With room in the provider's and the model's budgets, the
+			// org's own refusal stands: its time, its name.
+			fb.provider, fb.models["m"] = nil, nil
+			_, capName, err = g.reserveBudgets(context.Background(), acme, pacing.Tokens{Input: 60})
+			require.ErrorAs(t, err, &le)
+			assert.Equal(t, "tenant_tokens_per_minute", capName)
+			assert.Less(t, le.RetryAfter, 59*time.Second, "the org's 50 leave its minute at 60 s")
+		})
 	}
 }
