@@ -200,7 +200,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 	if r.sawEpoch(epoch) {
 		r.lostData()
 	}
-	r.carriedIn(c.carried, epoch)
+	seen := c.wentIn + r.carriedIn(c.carried, epoch) // its own: the store counted them
 	switch res.Status {
 	case driver.StatusPaused:
 		return r.pausedOutcome(l, w, res.Count, res.Earliest, res.Now)
@@ -235,7 +235,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 		}
 		l.start = st
 	}
-	return r.hold(ctx, l, false, epoch)
+	return r.hold(ctx, l, false, epoch, seen)
 }
 
 // refused tells the store's refusal res of l: a full key, or a queue at
@@ -329,17 +329,28 @@ func (r *Registry[K]) sendAbandonment(l *lease[K]) {
 // the Slot. With degraded, the lease is not in the store (yet); else the store
 // admitted it under epoch. A caller whose context has ended by the time the
 // lease is recorded is not admitted: the lease is given back.
-func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoch int64) outcome {
+//
+// l is counted before its local slot is tried (see counting), so that an
+// admission of the other kind made meanwhile counts it whichever goes
+// first: a store's admission as held without a local slot until the local
+// registry holds it, one outside the store as such until it is in the
+// store.
+//
+// seen is heldLeases.wentIn as the store decided l's admission, with the
+// leases its own call put in (see outsideMeanwhile); degraded, unused.
+func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoch int64, seen uint64) outcome {
 	if ctx.Err() != nil {
 		return r.giveBack(ctx, l, degraded, false)
 	}
+	c := r.counting(l, degraded)
+	defer c.undo() // unless the lease, recorded, has taken the count over
 	var local *slots.Slot
 	for try := 0; ; try++ {
 		var err error
 		if degraded {
 			local, err = r.fallbackAcquire(l)
-		} else {
-			local, err = r.localAcquire(l)
+		} else if local, err = r.localAcquire(l); err == nil {
+			c.undo() // the local registry counts it now
 		}
 		if !degraded {
 			// A lease admitted outside the store since l's call left
@@ -351,7 +362,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			// registry, which does not, may have room for l.
 			var le *slots.LimitError
 			if err == nil || errors.As(err, &le) {
-				if o, back := r.outsideMeanwhile(l, local, le); back {
+				if o, back := r.outsideMeanwhile(l, local, le, seen); back {
 					return o
 				}
 			}
@@ -385,6 +396,9 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	h.Owner, l.hold = l, h
 	h.At = time.Now().UnixNano()
 	h.Degraded, h.Extra = degraded, int32(l.units-1)
+	if r.holdHook != nil {
+		r.holdHook()
+	}
 	r.mu.Lock()
 	if r.closed || ctx.Err() != nil {
 		closed := r.closed
@@ -398,10 +412,8 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 	}
 	r.held.leases[l] = struct{}{}
 	r.held.leasesPeak = max(r.held.leasesPeak, len(r.held.leases))
-	if local == nil {
-		l.unmirrored = true
-		r.held.unmirror(l, 1)
-	}
+	l.unmirrored = !degraded && local == nil
+	c.done = true // released with the lease (see releasing)
 	learned := !degraded && l.start.counts != nil && r.started(l)
 	r.mu.Unlock()
 	if learned {

@@ -24,6 +24,10 @@ type acquireCall[K comparable] struct {
 	// epoch is the epoch the call carries (0: this process has had no
 	// reply from the store yet).
 	epoch int64
+	// wentIn is heldLeases.wentIn as the call was made: a lease put into
+	// the store since, but by the call itself, may not have counted
+	// against its admission (see outsideMeanwhile).
+	wentIn uint64
 }
 
 // lateSpan is how long after it is made a call may still be running as a
@@ -43,7 +47,7 @@ func (r *Registry[K]) scriptArgs(l *lease[K], w *waiter) (acquireCall[K], error)
 	if err := r.tooHeavyLocked(l); err != nil {
 		return acquireCall[K]{}, err
 	}
-	c := acquireCall[K]{until: r.clock.notAfter(r.lateSpan()), epoch: r.epoch.Load()}
+	c := acquireCall[K]{until: r.clock.notAfter(r.lateSpan()), epoch: r.epoch.Load(), wentIn: r.held.wentIn}
 	c.call = &driver.AdmitCall{
 		Lease: l.id, Keys: l.names, Limits: slices.Clone(l.limits),
 		TTL: r.cfg.ttl, NotAfter: scriptUntil(c.until), Epoch: c.epoch, Pause: r.pause,
@@ -89,10 +93,11 @@ func (r *Registry[K]) carryLocked(l *lease[K], c *acquireCall[K]) {
 
 // carriedIn records that the carried leases are in the store, under epoch. One
 // released meanwhile was abandoned (it was marked sent): its tombstone kept
-// it out, or its removal takes it out.
-func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
+// it out, or its removal takes it out. It returns how many it put in
+// (heldLeases.wentIn).
+func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) (n uint64) {
 	if len(carried) == 0 {
-		return
+		return 0
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -100,8 +105,10 @@ func (r *Registry[K]) carriedIn(carried []*lease[K], epoch int64) {
 		if _, live := r.held.leases[d]; live && d.degraded {
 			r.inStoreLocked(d, epoch)
 			r.stats.reasserted.Add(1)
+			n++
 		}
 	}
+	return n
 }
 
 // inStoreLocked records that l is in the store under epoch.
@@ -110,6 +117,8 @@ func (r *Registry[K]) inStoreLocked(l *lease[K], epoch int64) {
 		l.degraded = false
 		delete(r.held.degraded, l)
 		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
+		r.held.admittedOutside(l, -1)
+		r.held.wentIn++
 	}
 	l.epoch, l.reported = epoch, false
 }

@@ -66,6 +66,8 @@ type Registry[K comparable] struct {
 	stats           counters
 	lifecycle
 	survived // the panics the background goroutines survived
+
+	holdHook func() // for tests: called by hold before it records a lease
 }
 
 // storeLink is what the Registry knows of its link to the store.
@@ -150,7 +152,7 @@ func newRegistry[K comparable](store driver.Store, label string, defaultLimit in
 		keyRules:  keyRules[K]{keyName: func(k K) string { return fmt.Sprint(k) }, defLimit: defaultLimit},
 		prefix:    label,
 		limitsSet: limitsSet[K]{limits: map[K]int{}},
-		held:      heldLeases[K]{leases: map[*lease[K]]struct{}{}, degraded: map[*lease[K]]struct{}{}, unmirrored: map[K]int{}},
+		held:      heldLeases[K]{leases: map[*lease[K]]struct{}{}, degraded: map[*lease[K]]struct{}{}, unmirrored: map[K]int{}, outside: map[K]int{}},
 		removalQueue: removalQueue[K]{maxPending: maxRemovals, kick: make(chan struct{}, 1),
 			resume: make(chan struct{}, 1)},
 		storeLink: storeLink{storeMu: make(chanMutex, 1)},

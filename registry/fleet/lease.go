@@ -115,6 +115,7 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	if l.degraded {
 		delete(r.held.degraded, l)
 		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
+		r.held.admittedOutside(l, -1)
 	}
 	if l.unmirrored {
 		r.held.unmirror(l, -1)

@@ -61,3 +61,96 @@ func TestLeaseOutsideTheStoreMeanwhileCountsBesideAnUnmirroredOne(t *testing.T) 
 		assert.Equal(t, 2, r.Stats().Held)
 	})
 }
+
+// An admission of each kind, the store's and one outside it, counts the
+// other when their checks and their records interleave: each is counted
+// from before it tries the local registry. holdHook runs the other
+// admission between the first one's checks and its record, where neither
+// count was seen before: a store's admission refused by the local
+// registry (on a limit not refreshed yet) was counted only once recorded,
+// and a lease admitted outside the store only once recorded too. Each
+// ended with 3 held against a limit of 2.
+func TestAdmissionsOfBothKindsCountEachOtherMidway(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		first string // "store" or "outside"
+	}{
+		{name: "an admission outside the store midway through the store's", first: "store"},
+		{name: "the store's admission midway through one outside it", first: "outside"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				ms := memstore.New()
+				st := &heldWhenArmed{Store: ms}
+				var limit atomic.Int64
+				limit.Store(2)
+				if tc.first == "store" {
+					limit.Store(1)
+				}
+				r := NewWithKeys[string](st, 1, Keys[string]{Limit: func(string) int { return int(limit.Load()) }},
+					WithLeaseTTL(30*time.Second), WithLogger(quiet()))
+				defer r.Close()
+				a, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				defer a.Release()
+
+				var held []*slots.Slot
+				defer func() {
+					for _, s := range held {
+						s.Release()
+					}
+				}()
+				var armed atomic.Bool
+				armed.Store(true)
+				var second error
+				r.holdHook = func() {
+					if !armed.CompareAndSwap(true, false) {
+						return
+					}
+					var s *slots.Slot
+					if tc.first == "store" {
+						// The store admitted the first one, which the
+						// local registry, on the limit 1, refused. Now
+						// the local limit is 2, and the store fails.
+						time.Sleep(LocalLimitRefresh + time.Millisecond)
+						st.failing.Store(1)
+						s, second = r.TryAcquire("k")
+						assert.Zero(t, st.failing.Load(), "its call failed: refused, if so, outside the store")
+						if second == nil {
+							assert.True(t, s.Degraded())
+						}
+					} else {
+						// The first is admitted outside the store, with
+						// its local slot; the store then admits one
+						// beside a, not knowing the first.
+						s, second = r.TryAcquire("k")
+						assert.Equal(t, int32(-1), st.failing.Load(), "the store decided it: refused, if so, as it was held")
+						if second == nil {
+							assert.False(t, s.Degraded())
+						}
+					}
+					if second == nil {
+						held = append(held, s)
+					}
+				}
+				if tc.first == "store" {
+					limit.Store(2) // the store learns it now, the local registry a LocalLimitRefresh later
+				} else {
+					st.failing.Store(1)
+				}
+				s, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				held = append(held, s)
+				assert.False(t, armed.Load(), "the hook ran")
+				assert.ErrorIs(t, second, slots.ErrLimitReached, "the second admission, beside the first")
+				assert.Equal(t, 2, r.Stats().Held)
+				assert.LessOrEqual(t, r.localHeld("k"), 2, "held in this process, with the limit 2")
+				for _, s := range held {
+					s.Release()
+				}
+				held = nil
+				countsAreZero(t, r) // a, with its local slot, counts in neither
+			})
+		})
+	}
+}

@@ -64,26 +64,85 @@ type heldLeases[K comparable] struct {
 	leases map[*lease[K]]struct{}
 	// degraded are the leases in leases with degraded set.
 	degraded map[*lease[K]]struct{}
-	// unmirrored are the units per key of the leases in leases that hold
-	// no slot in the local registry: the store admitted them while the
-	// local registry had no room for them (its limit not yet caught up
-	// with a raised one, or this process holding leases the store lost).
-	// FallbackLocal counts them as held (see fallbackAcquire).
+	// unmirrored are the units per key of the leases the store admitted
+	// that hold no slot in the local registry: it had no room for them (its
+	// limit not yet caught up with a raised one, or this process holding
+	// leases the store lost). FallbackLocal counts them as held (see
+	// fallbackAcquire). A store's admission is counted here from before it
+	// tries the local registry until that admits it (see hold).
 	unmirrored map[K]int
+	// outside are the leases per key admitted outside the store and not
+	// in it yet, counted from before their local slot is taken (see hold):
+	// a store's admission beside one counts it (outsideMeanwhile).
+	outside map[K]int
+	// wentIn counts the leases admitted outside the store that have been
+	// put into it since (see inStoreLocked): a store's admission decided
+	// before one went in did not count it, yet the lease no longer counts
+	// in outside (see outsideMeanwhile).
+	wentIn uint64
 	// The most entries of each map since it was last made (see remade).
-	leasesPeak, degradedPeak, unmirroredPeak int
+	leasesPeak, degradedPeak, unmirroredPeak, outsidePeak int
 }
 
 // unmirror counts l, held without a slot in the local registry, on each
 // of its keys, or with by -1 no longer.
 func (h *heldLeases[K]) unmirror(l *lease[K], by int) {
-	for _, k := range l.keys {
-		if h.unmirrored[k] += by * l.units; h.unmirrored[k] == 0 {
-			delete(h.unmirrored, k)
+	h.unmirrored = counted(h.unmirrored, &h.unmirroredPeak, l.keys, by*l.units)
+}
+
+// admittedOutside counts l, admitted outside the store, on each of its
+// keys, or with by -1 no longer.
+func (h *heldLeases[K]) admittedOutside(l *lease[K], by int) {
+	h.outside = counted(h.outside, &h.outsidePeak, l.keys, by)
+}
+
+// counted adds by to m's count of each of keys, drops the counts that
+// reach 0, and returns m, made again if it has shrunk (see remade).
+func counted[K comparable](m map[K]int, peak *int, keys []K, by int) map[K]int {
+	for _, k := range keys {
+		if m[k] += by; m[k] == 0 {
+			delete(m, k)
 		}
 	}
-	h.unmirroredPeak = max(h.unmirroredPeak, len(h.unmirrored))
-	h.unmirrored = remade(h.unmirrored, &h.unmirroredPeak)
+	*peak = max(*peak, len(m))
+	return remade(m, peak)
+}
+
+// count is the count of a lease being admitted, which hold takes before
+// its local slot is tried: among the leases held without a local slot if
+// the store admitted it, else among those admitted outside the store.
+type count[K comparable] struct {
+	r        *Registry[K]
+	l        *lease[K]
+	degraded bool
+	done     bool // undone, or taken over by the recorded lease
+}
+
+// counting counts l, as count says.
+func (r *Registry[K]) counting(l *lease[K], degraded bool) count[K] {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if degraded {
+		r.held.admittedOutside(l, 1)
+	} else {
+		r.held.unmirror(l, 1)
+	}
+	return count[K]{r: r, l: l, degraded: degraded}
+}
+
+// undo takes the count back, once.
+func (c *count[K]) undo() {
+	if c.done {
+		return
+	}
+	c.done = true
+	c.r.mu.Lock()
+	defer c.r.mu.Unlock()
+	if c.degraded {
+		c.r.held.admittedOutside(c.l, -1)
+	} else {
+		c.r.held.unmirror(c.l, -1)
+	}
 }
 
 // waitQueues are a Registry's waiters, guarded by their mu (taken after

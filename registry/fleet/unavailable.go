@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
-	"slices"
 	"sync/atomic"
 	"time"
 
@@ -69,10 +68,11 @@ func (r *Registry[K]) waitedFor(l *lease[K]) (outcome, bool) {
 
 // fallbackAcquire takes l's slot in the local registry, whose caps are
 // the caps while the store cannot be reached (FallbackLocal). The leases
-// held without a slot there (heldLeases.unmirrored) count as held: else,
-// once the local limit has caught up with the raised one the store
-// admitted them under, the local registry would admit past it. They are
-// counted after the local admission, not before: it fetches the key's
+// held without a slot there (heldLeases.unmirrored), and the store's
+// admissions on their way to it, count as held: else, once the local
+// limit has caught up with the raised one the store admitted them under,
+// the local registry would admit past it. They are counted after the
+// local admission, not before: it fetches the key's
 // limit when due (a count before it would read a stale limit, and keep
 // it stale while they are held), and admissions made at the same time
 // then count one another: they may all give their room back, but never
@@ -96,18 +96,20 @@ func (r *Registry[K]) fallbackAcquire(l *lease[K]) (*slots.Slot, error) {
 
 // outsideMeanwhile gives l back, which the store admitted, and returns
 // its refusal, if on one of its keys this process holds a lease admitted
-// outside the store and, with l, more than the local limit and the limit
-// the store admitted l under (see hold). local is l's local slot (nil:
-// the local registry refused it, with le).
-func (r *Registry[K]) outsideMeanwhile(l *lease[K], local *slots.Slot, le *slots.LimitError) (outcome, bool) {
+// outside the store, or is admitting one, and with l more than the local
+// limit and the limit the store admitted l under (see hold). local is l's
+// local slot (nil: the local registry refused it, with le, and l is
+// counted among the leases held without one). A lease outside the store
+// when the store decided, and put into it since by another call or a
+// renewal, counts too, though outside no longer counts it: seen is
+// heldLeases.wentIn as the store decided, with the leases l's own call
+// put in; any other put in since makes each of l's keys checked.
+func (r *Registry[K]) outsideMeanwhile(l *lease[K], local *slots.Slot, le *slots.LimitError, seen uint64) (outcome, bool) {
 	for i, k := range l.keys {
-		if !r.degradedOn(k) { // none, as a rule: nothing more to read
+		if !r.outsideOn(k, seen) { // none, as a rule: nothing more to read
 			continue
 		}
-		n := r.localHeld(k)
-		if local != nil {
-			n -= l.units // its own
-		}
+		n := r.localHeld(k) - l.units // without its own, counted either way
 		if n+l.units <= r.local.Limit(k) || n+l.units <= l.limits[i] {
 			continue
 		}
@@ -128,17 +130,14 @@ func (r *Registry[K]) outsideMeanwhile(l *lease[K], local *slots.Slot, le *slots
 	return outcome{}, false
 }
 
-// degradedOn reports whether this process holds a lease admitted outside
-// the store, not in it yet, on key k.
-func (r *Registry[K]) degradedOn(k K) bool {
+// outsideOn reports whether this process holds a lease admitted outside
+// the store, not in it yet, on key k, or is admitting one; or whether one
+// went into the store since heldLeases.wentIn was seen (on any key). Both
+// are read at once: a lease that goes in leaves outside as wentIn counts it.
+func (r *Registry[K]) outsideOn(k K, seen uint64) bool {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	for d := range r.held.degraded {
-		if slices.Contains(d.keys, k) {
-			return true
-		}
-	}
-	return false
+	return r.held.outside[k] > 0 || r.held.wentIn != seen
 }
 
 // localHeld returns the units this process holds on k as FallbackLocal
@@ -168,7 +167,7 @@ func (r *Registry[K]) unavailable(ctx context.Context, l *lease[K]) outcome {
 		}
 		return r.bypass(l, true)
 	}
-	return r.hold(ctx, l, true, 0)
+	return r.hold(ctx, l, true, 0, 0)
 }
 
 // timedOut reports whether err is a call's timeout: the call's own
