@@ -10,31 +10,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
-	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
-
-// answeredWhenArmed holds an admission's reply, once armed, after the
-// store has decided it; failing makes that many calls fail first.
-type answeredWhenArmed struct {
-	driver.Store
-	armed         atomic.Bool
-	arrived, open chan struct{}
-	failing       atomic.Int32
-}
-
-func (s *answeredWhenArmed) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
-	if s.failing.Add(-1) >= 0 {
-		return driver.AdmitResult{}, errInjected
-	}
-	res, err := s.Store.AdmitOne(ctx, c)
-	if s.armed.CompareAndSwap(true, false) {
-		close(s.arrived)
-		<-s.open
-	}
-	return res, err
-}
 
 // countsAreZero asserts that r counts no lease held without a local slot
 // and none outside the store.
@@ -55,7 +33,7 @@ func countsAreZero(t *testing.T, r *Registry[string]) {
 func TestLeaseCarriedInBeforeTheStoresAdmissionIsHeldCounts(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		ms := memstore.New()
-		st := &answeredWhenArmed{Store: ms, arrived: make(chan struct{}), open: make(chan struct{})}
+		st := &heldWhenArmed{Store: ms, decided: true, arrived: make(chan struct{}), open: make(chan struct{})}
 		r := New[string](st, 2, WithLeaseTTL(30*time.Second), WithLogger(quiet()))
 		defer r.Close()
 		a, err := r.TryAcquire("k")

@@ -173,22 +173,30 @@ func releasedInStore(t *testing.T, ms *memstore.Store, key string) {
 }
 
 // heldWhenArmed holds the next AdmitOne after armed is set until open is
-// closed (telling arrived once it is there); while failing > 0, a call
-// fails before it runs.
+// closed (telling arrived once it is there): before it runs, or with
+// decided, after the store has decided it, holding its reply. While
+// failing > 0, a call fails before it runs.
 type heldWhenArmed struct {
 	driver.Store
 	armed         atomic.Bool
+	decided       bool
 	arrived, open chan struct{}
 	failing       atomic.Int32
 }
 
-func (s *heldWhenArmed) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+func (s *heldWhenArmed) AdmitOne(ctx context.Context, c *driver.AdmitCall) (res driver.AdmitResult, err error) {
 	if s.failing.Add(-1) >= 0 {
 		return driver.AdmitResult{}, errInjected
+	}
+	if s.decided {
+		res, err = s.Store.AdmitOne(ctx, c)
 	}
 	if s.armed.CompareAndSwap(true, false) {
 		close(s.arrived)
 		<-s.open
+	}
+	if s.decided {
+		return res, err
 	}
 	return s.Store.AdmitOne(ctx, c)
 }
