@@ -114,9 +114,7 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		c := LimitChange{Seq: g.ad.seq, Provider: g.name, Model: l.model, Key: l.key, OldCap: l.told.Cap, Cap: l.Lo, OldCeiling: l.told.Ceiling, Ceiling: l.Hi, Evidence: ev}
 		l.told.Cap, l.told.Ceiling = l.Lo, l.Hi
 		l.changes++
-		g.eng.Policy.Log().Debug("pacing: learned cap", slog.Uint64("seq", c.Seq), slog.String("provider", g.name), slog.String("model", l.model), slog.String("key", l.key),
-			slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
-			slog.String("evidence", ev.Kind.String()), slog.Int("in_flight_at_start", ev.InFlight))
+		g.logChangeLocked(c)
 		if g.ad.onChange != nil {
 			if len(g.ad.pending) >= MaxPendingChanges {
 				g.ad.pending = g.ad.pending[1:] // the oldest goes; Seq shows the gap
@@ -155,6 +153,17 @@ func (g *Gate) syncLocked(l *learner, now int64) {
 		}()
 		g.redispatchLocked(now, &core.Wakes{})
 	})
+}
+
+// logChangeLocked logs the change c, under the Gate's lock: a logger
+// that panics there would leave the lock held (and every later call, the
+// releases of the slots held among them, hung), so its panic goes no
+// further.
+func (g *Gate) logChangeLocked(c LimitChange) {
+	defer func() { _ = recover() }()
+	g.eng.Policy.Log().Debug("pacing: learned cap", slog.Uint64("seq", c.Seq), slog.String("provider", g.name), slog.String("model", c.Model), slog.String("key", c.Key),
+		slog.Int("old", c.OldCap), slog.Int("new", c.Cap), slog.Int("old_ceiling", c.OldCeiling), slog.Int("ceiling", c.Ceiling),
+		slog.String("evidence", c.Evidence.Kind.String()), slog.Int("in_flight_at_start", c.Evidence.InFlight))
 }
 
 // learningLocked reports whether l is still one of the Gate's learners.

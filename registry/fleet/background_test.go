@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 )
@@ -162,24 +162,6 @@ func TestRenewalStopsOnceTheBreakerOpens(t *testing.T) {
 	m.Srv.SetError("")
 }
 
-// panicHandler is a log handler that panics on records whose message
-// contains match.
-type panicHandler struct {
-	match string
-	fired *atomic.Bool
-}
-
-func (h panicHandler) Enabled(context.Context, slog.Level) bool { return true }
-func (h panicHandler) Handle(_ context.Context, rec slog.Record) error {
-	if strings.Contains(rec.Message, h.match) {
-		h.fired.Store(true)
-		panic("log handler panics")
-	}
-	return nil
-}
-func (h panicHandler) WithAttrs([]slog.Attr) slog.Handler { return h }
-func (h panicHandler) WithGroup(string) slog.Handler      { return h }
-
 // A removal that fails and opens the breaker, with a log handler that
 // panics on the breaker's warning: the batch the releaser took off its
 // queue is still sent again, so the released lease leaves Redis.
@@ -189,7 +171,7 @@ func TestRemovalSurvivesALogHandlerThatPanics(t *testing.T) {
 	h := &panicOnce{Store: redisstore.New(c, "t"), op: "release"}
 	var logged atomic.Bool
 	r := New[string](h, 1, WithLeaseTTL(time.Minute), WithBreaker(1, 10*time.Millisecond),
-		WithLogger(slog.New(panicHandler{match: "breaker open", fired: &logged})))
+		WithLogger(slog.New(testrig.PanicHandler{Match: "breaker open", Fired: &logged})))
 	defer closeWithin(t, r)
 	s, err := r.TryAcquire("k")
 	require.NoError(t, err)

@@ -19,6 +19,7 @@ import (
 
 	"github.com/inflight-go/inflight/internal/core"
 	"github.com/inflight-go/inflight/internal/learn"
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
@@ -113,7 +114,7 @@ func settled(t *testing.T, r *Registry[string], key string) {
 func TestLearnedCapLogHandlerPanics(t *testing.T) {
 	srv := redistest.Start(t)
 	var fired atomic.Bool
-	r := New[string](redisstore.New(srv.Client(), "le-log"), 100, WithLogger(slog.New(panicHandler{match: "learned cap", fired: &fired})))
+	r := New[string](redisstore.New(srv.Client(), "le-log"), 100, WithLogger(slog.New(testrig.PanicHandler{Match: "learned cap", Fired: &fired})))
 	defer r.Close()
 	require.NoError(t, r.Learn("p", upstream.AdaptiveConfig{Initial: 10}))
 	s, err := r.TryAcquire("p")
