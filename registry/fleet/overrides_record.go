@@ -188,7 +188,14 @@ func (o *Overrides) take(rec overridesRecord, since uint64) (restore bool) {
 	defer o.tell.Unlock()
 	o.mu.Lock()
 	read := since != noRead
-	if read && rec.V == o.version && o.synced {
+	// A read of the copy's version with the copy's limits only confirms
+	// it. With other limits, the store holds another record of that
+	// version (a write lost in a failover to a replica that lagged, and
+	// another made on the replica over the same record, while the
+	// versions ran ahead of the clocks): the store's is taken, the one the
+	// other processes read, or this one would keep its own until the next
+	// change and neither copy would ever be written over.
+	if read && rec.V == o.version && o.synced && maps.Equal(rec.Limits, o.limits) {
 		o.mu.Unlock()
 		return false
 	}
