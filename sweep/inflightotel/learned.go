@@ -44,8 +44,8 @@ type LearnedCaps struct {
 	registration metric.Registration
 }
 
-// NewLearnedCaps starts exporting l's learned caps as those of provider.
-// It fails if the meter refuses an instrument.
+// NewLearnedCaps starts exporting l's learned caps as those of provider
+// (a nil l: none). It fails if the meter refuses an instrument.
 func NewLearnedCaps(provider string, l Learner, opts ...Option) (*LearnedCaps, error) {
 	m := configure(opts).meters.Meter(scope)
 	gauges := map[string]string{
@@ -85,6 +85,9 @@ func NewLearnedCaps(provider string, l Learner, opts ...Option) (*LearnedCaps, e
 		o.ObserveInt64(changes, int64(st.Changes), set)
 	}
 	reg, err := m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		if l == nil {
+			return nil // the SDK's collecting goroutine is no place to panic
+		}
 		st := l.Learned()
 		for k, n := range st.ByKind {
 			o.ObserveInt64(answers, int64(n), metric.WithAttributes(pv, AttrAnswer.String(pacing.Kind(k).String())))

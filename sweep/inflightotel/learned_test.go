@@ -119,3 +119,17 @@ func TestLearnedCapsOfKeys(t *testing.T) {
 	assert.Equal(t, 4, learned["k1"].Max, "each key learns up to its own configured cap")
 	assert.Equal(t, 6, learned["k2"].Max)
 }
+
+// A nil Learner exports nothing, as a nil Watch does: the collection
+// panicked, on the SDK's goroutine in a program, which ends it.
+func TestLearnedCapsOfNilExportNothing(t *testing.T) {
+	m := newMeters(t)
+	lc, err := inflightotel.NewLearnedCaps("zai", nil, inflightotel.WithMeterProvider(m))
+	require.NoError(t, err)
+	defer lc.Close()
+	require.NotPanics(t, func() {
+		got := m.collect(t)
+		assert.NotContains(t, got, "inflight.learned.cap")
+		assert.NotContains(t, got, "inflight.upstream.answers")
+	})
+}

@@ -31,6 +31,7 @@ type Budget struct {
 
 // NewBudgets returns a Collector of the budgets read returns at each
 // scrape. Of two budgets with the same Cap and Budget, the later counts.
+// A nil read exports none.
 func NewBudgets(read func() []Budget) *Budgets {
 	desc := func(m, help string, labels ...string) *prometheus.Desc {
 		return prometheus.NewDesc(prometheus.BuildFQName("inflight", "budget", m), help, labels, nil)
@@ -73,6 +74,9 @@ func (c *Budgets) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector.
 func (c *Budgets) Collect(ch chan<- prometheus.Metric) {
 	type id struct{ cap, budget string }
+	if c.read == nil {
+		return // a scrape's goroutine is no place to panic
+	}
 	latest := map[id]Budget{}
 	var order []id
 	for _, b := range c.read() {

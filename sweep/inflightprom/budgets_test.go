@@ -51,3 +51,12 @@ inflight_budget_tokens_limit{budget="tokens_per_minute",cap="tenant"} 100
 `
 	require.NoError(t, testutil.CollectAndCompare(c, strings.NewReader(want)))
 }
+
+// A nil source exports nothing, as a nil Watch does: the scrape's
+// goroutine panicked, which ends the program.
+func TestNilSourcesExportNothing(t *testing.T) {
+	require.NotPanics(t, func() {
+		require.Zero(t, testutil.CollectAndCount(inflightprom.NewBudgets(nil)))
+		require.Zero(t, testutil.CollectAndCount(inflightprom.NewLearnedCaps("zai", nil)))
+	})
+}

@@ -31,7 +31,8 @@ type Learner interface {
 // label cap, named as the caps of a gateway are: "provider" for the
 // provider's own, "model:<name>" for a model's, "api_key:<id>" for a key's
 // when a key pool learns. Models and keys are those of the Gate's config
-// that learn, so the series are as many as the config makes them.
+// that learn, so the series are as many as the config makes them. A nil
+// gate exports nothing.
 func NewLearnedCaps(provider string, gate Learner) *LearnedCaps {
 	labels := prometheus.Labels{"provider": provider}
 	desc := func(m, help string, variable ...string) *prometheus.Desc {
@@ -59,6 +60,9 @@ func (c *LearnedCaps) Describe(ch chan<- *prometheus.Desc) {
 // Collect implements prometheus.Collector. A Gate that learns no cap has
 // only the answers' series.
 func (c *LearnedCaps) Collect(ch chan<- prometheus.Metric) {
+	if c.gate == nil {
+		return // a scrape's goroutine is no place to panic
+	}
 	st := c.gate.Learned()
 	for k, n := range st.ByKind {
 		ch <- constMetric(c.answers, prometheus.CounterValue, float64(n), pacing.Kind(k).String())
