@@ -202,8 +202,19 @@ func SetRetryAfter(h http.Header, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	h.Set("Retry-After", strconv.FormatInt(int64(wholeSeconds(d)/time.Second), 10))
+	h.Set("Retry-After", strconv.FormatInt(ceilSeconds(d), 10))
 	h.Set(HeaderRetryAfterMs, strconv.FormatInt(ceilMs(d), 10))
+}
+
+// ceilSeconds is d (> 0) in whole seconds, rounded up, without overflow:
+// near the top of time.Duration, wholeSeconds rounds down to stay one, and
+// the header would say less than HeaderRetryAfterMs.
+func ceilSeconds(d time.Duration) int64 {
+	s := int64(d / time.Second)
+	if d%time.Second > 0 {
+		s++
+	}
+	return s
 }
 
 // writeError runs ew, making sure the answer goes out with status: a
@@ -296,7 +307,7 @@ func ProxyErrorHandler(opts ...MiddlewareOption) func(http.ResponseWriter, *http
 		}
 		switch {
 		case errors.As(err, &refused):
-			status, retryAfter := cfg.status(refused.err)
+			status, retryAfter := cfg.status(r, refused.err)
 			writeError(w, cfg.writeError, status, retryAfter, ErrorMessage(refused.err))
 		case errors.As(err, &bad):
 			writeError(w, cfg.writeError, bad.status(), 0, bad.Reason)

@@ -32,9 +32,15 @@ func newMiddlewareConfig(opts []MiddlewareOption) middlewareConfig {
 }
 
 // status is HTTPStatus with the configured status for a rejection; a
-// request heavier than its whole cap stays 413 (waiting cannot help).
-func (c middlewareConfig) status(err error) (int, time.Duration) {
+// request heavier than its whole cap stays 413 (waiting cannot help). A
+// wait cancelled while r's client is still there (the server ended it, as
+// a drain does through pacing.WithWaitContext) is no 499, which says the
+// client went away: the service is unavailable.
+func (c middlewareConfig) status(r *http.Request, err error) (int, time.Duration) {
 	status, retryAfter := httpStatus(err)
+	if status == StatusClientClosedRequest && r.Context().Err() == nil {
+		status = http.StatusServiceUnavailable
+	}
 	var le *LimitError
 	if errors.As(err, &le) && !errors.Is(err, ErrExceedsLimit) {
 		status = c.rejectStatus
@@ -72,7 +78,7 @@ func Middleware(admit AdmitFunc, opts ...MiddlewareOption) func(http.Handler) ht
 			s, err := admit(r)
 			if err != nil {
 				s.releaseQuietly() // a slot returned along with an error
-				status, retryAfter := cfg.status(err)
+				status, retryAfter := cfg.status(r, err)
 				writeError(w, cfg.writeError, status, retryAfter, ErrorMessage(err))
 				return
 			}
