@@ -59,6 +59,27 @@ func TestRefusalNamesItsCap(t *testing.T) {
 	}
 }
 
+// The error a caller logs names the cap that refused beside the Gate's key
+// (the provider's and the request's model's name): before, a request for
+// an uncapped model refused by the provider's cap read `key "p/other": 2 in
+// flight, limit 2`, the provider's figures under the model's name.
+func TestRefusalErrorNamesItsCap(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		gate, err := pacing.NewGate("p", pacing.Config{MaxConcurrentRequests: 2, MaxQueueWaitMS: 100,
+			Models: map[string]pacing.ModelConfig{"m": {MaxConcurrentRequests: 1}}})
+		require.NoError(t, err)
+		defer gate.Close()
+		for _, model := range []string{"m", "other"} {
+			gt, err := gate.Acquire(context.Background(), model)
+			require.NoError(t, err)
+			defer gt.Slot.Release()
+		}
+		_, err = gate.Acquire(context.Background(), "other")
+		require.ErrorIs(t, err, slots.ErrWaitTimeout)
+		assert.Contains(t, err.Error(), `(key "p/other", cap "provider": 2 in flight, limit 2, 0 queued`)
+	})
+}
+
 // A refusal by a budget per minute tells the client what started in the
 // last minute, not a count in flight: before, a request refused by
 // max_requests_per_minute after the minute's one had ended read "too many

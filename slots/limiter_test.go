@@ -467,6 +467,10 @@ func TestLimitErrorFormat(t *testing.T) {
 	err := &slots.LimitError{Err: slots.ErrQueueFull, Key: "org-a", InFlight: 4, Limit: slots.Unlimited, Queued: 9, RetryAfter: 2 * time.Second}
 	assert.Equal(t, `slots: queue full (key "org-a": 4 in flight, limit unlimited, 9 queued; retry after 2s)`, err.Error())
 	assert.True(t, errors.Is(err, slots.ErrQueueFull))
+	err.Cap = "provider" // an owner of several caps names the one that refused, beside its key
+	assert.Equal(t, `slots: queue full (key "org-a", cap "provider": 4 in flight, limit unlimited, 9 queued; retry after 2s)`, err.Error())
+	err.Key = ""
+	assert.Equal(t, `slots: queue full (cap "provider": 4 in flight, limit unlimited, 9 queued; retry after 2s)`, err.Error())
 }
 
 // logSink collects log records for assertions.

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"strings"
 	"time"
 
 	"github.com/inflight-go/inflight/internal/core"
@@ -37,7 +38,7 @@ var (
 // LimitError is a rejection with the numbers behind it.
 type LimitError struct {
 	Err        error         // ErrLimitReached, ErrQueueFull, ErrWaitTimeout, ErrExceedsLimit or another package's reason
-	Key        string        // the key that was at its limit; empty for a Limiter
+	Key        string        // the key refused (a Gate's "provider/model", whichever Cap refused); empty for a Limiter
 	Cap        string        // which of an owner's caps refused (a Gate's "model"); no tenant
 	InFlight   int           // units held at the decision: holders, when each weighs one
 	Limit      int           // the limit at the decision
@@ -46,9 +47,9 @@ type LimitError struct {
 }
 
 func (e *LimitError) Error() string {
-	var key string
-	if e.Key != "" {
-		key = fmt.Sprintf("key %q: ", e.Key)
+	var key string // `key "k", cap "c": ` less an empty one's part; a Gate's key names its provider and model whichever cap refused
+	if e.Key != "" || e.Cap != "" {
+		key = strings.TrimPrefix(strings.Replace(fmt.Sprintf("key %q, cap %q: ", e.Key, e.Cap), `, cap "": `, ": ", 1), `key "", `)
 	}
 	limit := fmt.Sprint(e.Limit)
 	if e.Limit == Unlimited {
