@@ -2,6 +2,7 @@ package upstream
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/inflight-go/inflight/internal/badfield"
 	"github.com/inflight-go/inflight/internal/core"
@@ -23,8 +24,9 @@ func (t Tokens) Total() int { return t.Input + t.Output }
 // part, or a total outside 1..slots.MaxUnits (both wrap
 // slots.ErrBadUnits); nil else.
 func (t Tokens) Check() error {
-	if t.Input < 0 || t.Output < 0 {
-		return core.CheckUnits(-1)
+	if t.Input < 0 || t.Output < 0 || t.Total() < 0 { // a negative part, or a sum past MaxInt
+		return fmt.Errorf("%w: input %d, output %d (want neither negative, a total of 1 to %d)",
+			core.ErrBadUnits, t.Input, t.Output, core.MaxUnits)
 	}
 	return core.CheckUnits(t.Total())
 }

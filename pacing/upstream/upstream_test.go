@@ -3,6 +3,7 @@ package upstream_test
 import (
 	"errors"
 	"fmt"
+	"math"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -69,6 +70,19 @@ func TestTokensCheck(t *testing.T) {
 	for _, bad := range []upstream.Tokens{{}, {Input: -1, Output: 5}, {Input: slots.MaxUnits, Output: 1}} {
 		assert.ErrorIs(t, bad.Check(), slots.ErrBadUnits, "%+v", bad)
 	}
+}
+
+// TestTokensCheckNamesTheParts: a cost with a negative part, or whose
+// parts overflow when summed, is refused naming the parts it was given,
+// not a weight of -1 (or a wrapped sum) that the caller never passed.
+func TestTokensCheckNamesTheParts(t *testing.T) {
+	err := upstream.Tokens{Input: -50, Output: 60}.Check()
+	assert.ErrorIs(t, err, slots.ErrBadUnits)
+	assert.EqualError(t, err, "slots: units out of range: input -50, output 60 (want neither negative, a total of 1 to 2147483647)")
+	huge := upstream.Tokens{Input: math.MaxInt, Output: math.MaxInt}
+	assert.ErrorIs(t, huge.Check(), slots.ErrBadUnits)
+	assert.Contains(t, huge.Check().Error(), fmt.Sprintf("input %d, output %d", math.MaxInt, math.MaxInt))
+	assert.EqualError(t, upstream.Tokens{Input: 0, Output: 0}.Check(), "slots: units out of range: 0 (want 1 to 2147483647)")
 }
 
 func TestNames(t *testing.T) {
