@@ -80,13 +80,15 @@ func retryLater(err error) time.Duration {
 	return max(later.RetryAfter(), time.Millisecond)
 }
 
-// ceilMs is d in milliseconds, rounded up, without overflow.
-func ceilMs(d time.Duration) int64 {
-	ms := int64(d / time.Millisecond)
-	if d%time.Millisecond > 0 {
-		ms++
+// ceilIn is d in units of unit, rounded up, without overflow (in an
+// int64, where rounding d itself up to a whole unit could pass the largest
+// Duration).
+func ceilIn(d, unit time.Duration) int64 {
+	n := int64(d / unit)
+	if d%unit > 0 {
+		n++
 	}
-	return ms
+	return n
 }
 
 func wholeSeconds(d time.Duration) time.Duration {
@@ -202,19 +204,8 @@ func SetRetryAfter(h http.Header, d time.Duration) {
 	if d <= 0 {
 		return
 	}
-	h.Set("Retry-After", strconv.FormatInt(ceilSeconds(d), 10))
-	h.Set(HeaderRetryAfterMs, strconv.FormatInt(ceilMs(d), 10))
-}
-
-// ceilSeconds is d (> 0) in whole seconds, rounded up, without overflow:
-// near the top of time.Duration, wholeSeconds rounds down to stay one, and
-// the header would say less than HeaderRetryAfterMs.
-func ceilSeconds(d time.Duration) int64 {
-	s := int64(d / time.Second)
-	if d%time.Second > 0 {
-		s++
-	}
-	return s
+	h.Set("Retry-After", strconv.FormatInt(ceilIn(d, time.Second), 10))
+	h.Set(HeaderRetryAfterMs, strconv.FormatInt(ceilIn(d, time.Millisecond), 10))
 }
 
 // writeError runs ew, making sure the answer goes out with status: a
