@@ -2,9 +2,9 @@ package redistest
 
 import (
 	"context"
-	"syscall"
 	"testing"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -15,14 +15,7 @@ import (
 // redis-server exits at once on a port in use.
 func TestStartOnAPortTakenMeanwhile(t *testing.T) {
 	SkipWithoutRedis(t)
-	// Bound, not listening, as a client connection's port is.
-	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
-	require.NoError(t, err)
-	defer syscall.Close(fd)
-	require.NoError(t, syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}))
-	sa, err := syscall.Getsockname(fd)
-	require.NoError(t, err)
-	port := sa.(*syscall.SockaddrInet4).Port
+	port := testrig.TakenPort(t)
 	picks := 0
 	pickPort = func(t testing.TB) int {
 		picks++
