@@ -2,7 +2,6 @@ package registry_test
 
 import (
 	"context"
-	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -12,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/slots/slotstest"
@@ -94,7 +94,7 @@ type requestKey struct{}
 // passed (for a span on it), and a rejection after a wait says how long
 // the caller waited; TryAcquire's carry none.
 func TestEventsCarryTheCallersContext(t *testing.T) {
-	mock := clock.NewMock()
+	mock := testrig.NewSettingClock()
 	var obs slotstest.Recorder
 	reg := registry.New[string](1, slots.WithClock(mock), slots.WithObserver(&obs), slots.WithMaxWait(2*time.Second))
 	ctx := context.WithValue(context.Background(), requestKey{}, "req")
@@ -106,7 +106,10 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 	} {
 		errc := make(chan error, 1)
 		go func() { errc <- acquire() }()
-		require.ErrorIs(t, stepUntil(mock, errc), slots.ErrWaitTimeout)
+		// The clock moves once, when the waiter's timer is set (SettingClock).
+		mock.WaitSet(t, 1, 2*time.Second)
+		mock.Add(2 * time.Second)
+		require.ErrorIs(t, <-errc, slots.ErrWaitTimeout)
 	}
 	held.Release()
 	s, err := reg.AcquireAll(ctx, "j", "k")
@@ -120,29 +123,12 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 	for _, e := range evs[1:3] {
 		assert.Equal(t, slots.EventRejected, e.Kind)
 		assert.Equal(t, "req", e.Context.Value(requestKey{}))
-		assert.True(t, e.Wait >= 2*time.Second && e.Wait <= 2*time.Second+step, "timed out after its wait: %v", e.Wait)
+		assert.Equal(t, 2*time.Second, e.Wait, "timed out after its wait")
 	}
 	assert.Equal(t, slots.EventReleased, evs[3].Kind)
 	assert.Equal(t, slots.EventAcquired, evs[4].Kind)
 	assert.Equal(t, "req", evs[4].Context.Value(requestKey{}))
 	assert.Nil(t, evs[5].Context, "a release has no context")
-}
-
-// step is how far stepUntil moves the clock at a time.
-const step = 10 * time.Millisecond
-
-// stepUntil moves mock on, a step at a time, until errc has a result: a
-// waiter's timer is set once it is queued, at a moment the test cannot see.
-func stepUntil(mock *clock.Mock, errc <-chan error) error {
-	for {
-		select {
-		case err := <-errc:
-			return err
-		default:
-			mock.Add(step)
-			runtime.Gosched()
-		}
-	}
 }
 
 // The returns told to callers refused on one key spread them over that

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/slots/slotstest"
 )
@@ -153,7 +154,7 @@ type requestKey struct{}
 // says how long the caller waited; TryAcquire's events and releases carry
 // none.
 func TestEventsCarryTheCallersContext(t *testing.T) {
-	mock := clock.NewMock()
+	mock := testrig.NewSettingClock()
 	var log slotstest.Recorder
 	l := slots.NewLimiter(1, slots.WithClock(mock), slots.WithObserver(&log), slots.WithMaxWait(2*time.Second))
 	ctx := context.WithValue(context.Background(), requestKey{}, "req")
@@ -171,20 +172,11 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 		}
 		return errc
 	}
-	// The waiter's timer is set once it is queued, at a moment the test
-	// cannot see: the clock moves on a step at a time until it fires.
-	const step = 10 * time.Millisecond
+	// The clock moves once, when the waiter's timer is set (SettingClock).
 	errc := acquire(ctx)
-	for timedOut := false; !timedOut; {
-		select {
-		case err := <-errc:
-			require.ErrorIs(t, err, slots.ErrWaitTimeout)
-			timedOut = true
-		default:
-			mock.Add(step)
-			runtimeGosched()
-		}
-	}
+	mock.WaitSet(t, 1, 2*time.Second)
+	mock.Add(2 * time.Second)
+	require.ErrorIs(t, <-errc, slots.ErrWaitTimeout)
 	cctx, cancel := context.WithCancel(ctx)
 	errc = acquire(cctx)
 	mock.Add(500 * time.Millisecond)
@@ -201,7 +193,7 @@ func TestEventsCarryTheCallersContext(t *testing.T) {
 	all := log.Events()
 	assert.Nil(t, all[0].Context, "TryAcquire has no context")
 	assert.Equal(t, "req", all[1].Context.Value(requestKey{}))
-	assert.True(t, all[1].Wait >= 2*time.Second && all[1].Wait <= 2*time.Second+step, "timed out after its wait: %v", all[1].Wait)
+	assert.Equal(t, 2*time.Second, all[1].Wait, "timed out after its wait")
 	assert.Equal(t, cctx, all[2].Context)
 	assert.Equal(t, 500*time.Millisecond, all[2].Wait, "gave up after its wait")
 	assert.Nil(t, all[3].Context, "a release has no context")

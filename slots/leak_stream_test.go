@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
 
@@ -255,7 +256,7 @@ func TestTransportLeakedStreamLingers(t *testing.T) {
 		streamUntilGone(r, w, w.(http.Flusher).Flush)
 	}))
 	base := startTLS(t, up, true)
-	mock := newSettingClock()
+	mock := testrig.NewSettingClock()
 	lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.DiscardHandler)))
 	client := &http.Client{Transport: slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
 		slots.WithLinger(time.Second), slots.WithClock(mock))}
@@ -273,7 +274,7 @@ func TestTransportLeakedStreamLingers(t *testing.T) {
 	// The upstream may see the end before the reclaim has set the linger's
 	// timer (it does once the request body's Close has returned): advanced
 	// before, the mock would never fire it (TestReclaimLingerBeginsAfterTheCut).
-	mock.waitSet(t, 1, time.Second)
+	mock.WaitSet(t, 1, time.Second)
 	assert.Equal(t, 1, lim.InFlight(), "the slot is kept for the linger")
 	assert.Zero(t, lim.Stats().Leaked, "reported as it is freed")
 	mock.Add(time.Second)

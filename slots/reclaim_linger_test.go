@@ -12,50 +12,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/slots"
 )
-
-// settingClock is a mock clock that tells, on set, each AfterFunc once it
-// is registered: a test that advances the mock must know that the timer
-// it means to fire exists (a reclaim sets its linger's on the runtime's
-// cleanup goroutine, after the exchange's end is already visible).
-type settingClock struct {
-	*clock.Mock
-	set chan time.Duration
-}
-
-func newSettingClock() *settingClock {
-	return &settingClock{Mock: clock.NewMock(), set: make(chan time.Duration, 64)}
-}
-
-func (c *settingClock) AfterFunc(d time.Duration, f func()) *clock.Timer {
-	t := c.Mock.AfterFunc(d, f)
-	select {
-	case c.set <- d:
-	default: // more timers than a test waits for: never block the caller
-	}
-	return t
-}
-
-// waitSet waits for n AfterFuncs of d to be registered (others are skipped).
-func (c *settingClock) waitSet(t *testing.T, n int, d time.Duration) {
-	t.Helper()
-	for n > 0 {
-		select {
-		case got := <-c.set:
-			if got == d {
-				n--
-			}
-		case <-time.After(10 * time.Second):
-			require.FailNow(t, "no timer was set")
-		}
-	}
-}
 
 // openBase answers at once with a body nobody reads, and counts the
 // exchanges whose context has not ended: the upstream's view.
@@ -131,7 +93,7 @@ func leakLimiter(opts ...slots.Option) *slots.Limiter {
 // it now waits for the timer to be set. Here the window is held open by a
 // Close that waits.
 func TestReclaimLingerBeginsAfterTheCut(t *testing.T) {
-	mock := newSettingClock()
+	mock := testrig.NewSettingClock()
 	base := &openBase{}
 	lim := leakLimiter()
 	tr := slots.NewTransport(base, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
@@ -142,13 +104,13 @@ func TestReclaimLingerBeginsAfterTheCut(t *testing.T) {
 	require.Eventually(t, func() bool { return base.open.Load() == 0 }, 10*time.Second, time.Millisecond,
 		"the reclaim ends the exchange")
 	select {
-	case <-mock.set:
+	case <-mock.Set():
 		require.FailNow(t, "the timer was set while the body's Close had not returned")
 	default: // the upstream has seen the end; the linger has not begun
 	}
 	mock.Add(time.Second) // what TestTransportLeakedStreamLingers did at this point
 	close(body.unblock)
-	mock.waitSet(t, 1, time.Second)
+	mock.WaitSet(t, 1, time.Second)
 	assert.Equal(t, 1, lim.InFlight(), "the linger counts from the end of the cut")
 	mock.Add(time.Second)
 	require.Eventually(t, func() bool { return lim.InFlight() == 0 && lim.Stats().Leaked == 1 }, 10*time.Second, time.Millisecond)
@@ -160,7 +122,7 @@ func TestReclaimLingerBeginsAfterTheCut(t *testing.T) {
 func TestReclaimBodyClosePanics(t *testing.T) {
 	for _, linger := range []time.Duration{0, time.Second} {
 		t.Run(linger.String(), func(t *testing.T) {
-			mock := newSettingClock()
+			mock := testrig.NewSettingClock()
 			var logs testrig.Buffer
 			lim := slots.NewLimiter(1, slots.WithLeakDetection(), slots.WithLogger(slog.New(slog.NewTextHandler(&logs, nil))))
 			tr := slots.NewTransport(&openBase{}, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
@@ -174,7 +136,7 @@ func TestReclaimBodyClosePanics(t *testing.T) {
 				require.Eventually(t, func() bool { return strings.Contains(logs.String(), "a request body's Close bug") }, 10*time.Second, time.Millisecond)
 				return
 			}
-			mock.waitSet(t, 1, time.Second)
+			mock.WaitSet(t, 1, time.Second)
 			require.Eventually(t, func() bool { return strings.Contains(logs.String(), "a request body's Close bug") }, 10*time.Second, time.Millisecond,
 				"the panic is logged")
 			assert.Equal(t, 1, lim.InFlight(), "kept for the linger")
@@ -190,7 +152,7 @@ func TestReclaimBodyClosePanics(t *testing.T) {
 // An Observer that panics when told of the release inside the linger's
 // timer does not end the process, and the slot is freed and counted.
 func TestReclaimLingerObserverPanics(t *testing.T) {
-	mock := newSettingClock()
+	mock := testrig.NewSettingClock()
 	var told atomic.Int32
 	lim := leakLimiter(slots.WithObserver(slots.ObserverFunc(func(e slots.Event) {
 		if e.Kind == slots.EventReleased || e.Kind == slots.EventLeaked {
@@ -201,7 +163,7 @@ func TestReclaimLingerObserverPanics(t *testing.T) {
 	tr := slots.NewTransport(&openBase{}, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) },
 		slots.WithLinger(time.Second), slots.WithClock(mock))
 	dropResponse(t, tr, newReqBody())
-	mock.waitSet(t, 1, time.Second)
+	mock.WaitSet(t, 1, time.Second)
 	assert.Equal(t, 1, lim.InFlight())
 	mock.Add(time.Second)
 	require.Eventually(t, func() bool { return lim.InFlight() == 0 && lim.Stats().Leaked == 1 && told.Load() >= 1 }, 10*time.Second, time.Millisecond)
@@ -210,7 +172,7 @@ func TestReclaimLingerObserverPanics(t *testing.T) {
 // A combined slot's parts are each kept for the linger and freed after it,
 // each reported once.
 func TestReclaimLingerCombined(t *testing.T) {
-	mock := newSettingClock()
+	mock := testrig.NewSettingClock()
 	a, b := leakLimiter(), leakLimiter()
 	tr := slots.NewTransport(&openBase{}, func(r *http.Request) (*slots.Slot, error) {
 		s1, err := a.Acquire(r.Context())
@@ -220,7 +182,7 @@ func TestReclaimLingerCombined(t *testing.T) {
 		return slots.Combine(s1, s2), nil
 	}, slots.WithLinger(time.Second), slots.WithClock(mock))
 	dropResponse(t, tr, newReqBody())
-	mock.waitSet(t, 2, time.Second)
+	mock.WaitSet(t, 2, time.Second)
 	assert.Equal(t, []int{1, 1}, []int{a.InFlight(), b.InFlight()}, "both parts kept for the linger")
 	mock.Add(time.Second)
 	require.Eventually(t, func() bool {
@@ -244,7 +206,7 @@ func TestReclaimRacesContextEnd(t *testing.T) {
 	var byWatch, byReclaim int
 	defer func() { t.Logf("freed by the watch %d times, by the reclaim %d", byWatch, byReclaim) }()
 	for range 20 {
-		mock := newSettingClock()
+		mock := testrig.NewSettingClock()
 		lim := leakLimiter()
 		respClosed := make(chan struct{})
 		base := roundTripFunc(func(r *http.Request) (*http.Response, error) {
@@ -272,7 +234,7 @@ func TestReclaimRacesContextEnd(t *testing.T) {
 				return body.isClosed() // the reclaim did
 			}
 		}, 10*time.Second, time.Millisecond)
-		mock.waitSet(t, 1, time.Second)
+		mock.WaitSet(t, 1, time.Second)
 		assert.Equal(t, 1, lim.InFlight(), "kept for the linger")
 		mock.Add(time.Second)
 		require.Eventually(t, func() bool { return lim.InFlight() == 0 }, 10*time.Second, time.Millisecond)

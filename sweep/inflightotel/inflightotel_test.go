@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/benbjohnson/clock"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.opentelemetry.io/otel/attribute"
@@ -19,6 +18,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/inflight-go/inflight/internal/testrig"
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
 	"github.com/inflight-go/inflight/sweep"
@@ -103,7 +103,7 @@ func TestLimiterMetrics(t *testing.T) {
 	m := newMeters(t)
 	c, err := inflightotel.New("provider", inflightotel.WithMeterProvider(m))
 	require.NoError(t, err)
-	mock := clock.NewMock()
+	mock := testrig.NewSettingClock()
 	l := slots.NewLimiter(1, slots.WithClock(mock), slots.WithObserver(c), slots.WithMaxQueue(1), slots.WithMaxWait(2*time.Second))
 	inflightotel.WatchLimiter(c, l)
 
@@ -130,16 +130,10 @@ func TestLimiterMetrics(t *testing.T) {
 	assert.NotContains(t, got, "inflight.key.active", "a Limiter has no keys")
 	assert.NotContains(t, got, "inflight.slot.long_held", "no sweep yet")
 
-	for done := false; !done; { // the waiter's timer is set at a moment the test cannot see
-		select {
-		case err := <-errc:
-			require.ErrorIs(t, err, slots.ErrWaitTimeout)
-			done = true
-		default:
-			mock.Add(100 * time.Millisecond)
-			runtime.Gosched()
-		}
-	}
+	// The clock moves once, when the waiter's timer is set (SettingClock).
+	mock.WaitSet(t, 1, 2*time.Second)
+	mock.Add(2 * time.Second)
+	require.ErrorIs(t, <-errc, slots.ErrWaitTimeout)
 	mock.Add(time.Second)
 	held.Release()
 	held.Release()
