@@ -309,7 +309,7 @@ func spentAllowances(h http.Header) (spent bool, reset time.Duration) {
 			continue
 		}
 		spent = true
-		reset = max(reset, resetIn(h.Get(resetName)))
+		reset = max(reset, resetIn(headerValue(h, resetName)))
 	}
 	return spent, reset
 }
@@ -411,12 +411,12 @@ func secondsUpToMax(f float64) time.Duration {
 // (seconds or an HTTP date); a number too large for a float asks for the
 // most.
 func retryAfter(h http.Header) time.Duration {
-	if f, ok := number(h.Get("Retry-After-Ms")); ok {
+	if f, ok := number(headerValue(h, "Retry-After-Ms")); ok {
 		if d := secondsUpToMax(f / 1000); d > 0 {
 			return d
 		}
 	}
-	ra := h.Get("Retry-After")
+	ra := headerValue(h, "Retry-After")
 	if ra == "" {
 		return 0
 	}
@@ -429,4 +429,19 @@ func retryAfter(h http.Header) time.Duration {
 		}
 	}
 	return 0
+}
+
+// headerValue is h's first value of name in any spelling of it: a header
+// map built by hand (a base RoundTripper's literal) may spell it otherwise
+// than Get looks it up, and the allowances at 0 beside it are read so.
+func headerValue(h http.Header, name string) string {
+	if v := h.Get(name); v != "" {
+		return v
+	}
+	for k, v := range h {
+		if len(v) > 0 && strings.EqualFold(k, name) {
+			return v[0]
+		}
+	}
+	return ""
 }
