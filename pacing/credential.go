@@ -45,8 +45,9 @@ func offHost(req *http.Request) bool {
 	return first != req && first.URL.Hostname() != req.URL.Hostname()
 }
 
-// credential puts key's credential on req with f; if f panics, req's body
-// is closed first, as a RoundTripper that does not send must.
+// credential puts key's credential on req, the Transport's own copy, with
+// f; if f panics, req's body is closed first, as a RoundTripper that does
+// not send must.
 func credential(f func(http.Header, string), req *http.Request, key string) (err error) {
 	defer func() {
 		if p := recover(); p != nil {
@@ -56,6 +57,12 @@ func credential(f func(http.Header, string), req *http.Request, key string) (err
 			panic(p)
 		}
 	}()
+	if req.Header == nil {
+		// A request built without one (RoundTrip called directly; an
+		// http.Client makes one): req is the Transport's own copy, and f
+		// must have a Header it can set.
+		req.Header = make(http.Header)
+	}
 	f(req.Header, key)
 	return nil
 }
