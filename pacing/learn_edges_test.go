@@ -414,3 +414,44 @@ func TestReconfigureAfterCloseArmsNothing(t *testing.T) {
 		}
 	})
 }
+
+// TestRaisedCeilingIsNoCeilingFound: a configured cap raised before any
+// 429 has found a ceiling leaves none found: the learned cap climbs from
+// where it is at once, as it would have under the higher cap from the
+// start, rather than holding the old bound as a ceiling until a retest.
+func TestRaisedCeilingIsNoCeilingFound(t *testing.T) {
+	for name, cfg := range map[string]func(n int) pacing.Config{
+		"max_concurrent_requests": func(n int) pacing.Config {
+			return pacing.Config{MaxConcurrentRequests: n, Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 3_600_000}}
+		},
+		"adaptive max": func(n int) pacing.Config {
+			return pacing.Config{Adaptive: &pacing.AdaptiveConfig{Max: n, Initial: 4, RetestMS: 3_600_000}}
+		},
+		"a model's": func(n int) pacing.Config {
+			return pacing.Config{Models: map[string]pacing.ModelConfig{
+				"m": {MaxConcurrentRequests: n, Adaptive: &pacing.AdaptiveConfig{Initial: 4, RetestMS: 3_600_000}}}}
+		},
+	} {
+		t.Run(name, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				g := newGate(t, cfg(4))
+				held := acquireN(t, g, 4)
+				for _, h := range held {
+					g.Report(h, admitted)
+				}
+				require.NoError(t, g.Reconfigure(cfg(8)))
+				l := g.Learned()
+				if l.Models != nil {
+					l = l.Models["m"]
+				}
+				assert.Equal(t, 8, l.Ceiling, "no ceiling found: the bound (Max when unknown)")
+				require.Equal(t, 5, l.Limit, "a probe may go at once")
+				held = append(held, acquireN(t, g, 1)...)
+				for _, h := range held {
+					h.Slot.Release()
+				}
+				g.Close()
+			})
+		})
+	}
+}

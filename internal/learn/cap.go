@@ -91,8 +91,15 @@ func New(floor, ceil, initial int, retest time.Duration) *Cap {
 // a floor over the ceiling is taken as the ceiling (the limit is never
 // over it).
 func (l *Cap) Configure(floor, ceil int, retest time.Duration) {
+	// A ceiling at the bound is no ceiling found (Hi == Ceil: unknown): it
+	// follows the bound, or a raised bound would hold as a ceiling until a
+	// retest, though no refusal ever found it.
+	unknown := l.Hi == l.Ceil
 	l.Floor, l.Ceil, l.Retest = min(floor, ceil), ceil, retest
 	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
+	if unknown {
+		l.Hi = l.Ceil
+	}
 	l.Hi = min(max(l.Hi, l.Lo), l.Ceil)
 	// A batch of probes (or the test of a cut) out when the bounds change
 	// keeps its evidence, but its top must stay within them: the limit is
