@@ -277,9 +277,13 @@ func schemaCurrent(ctx context.Context, pool *pgxpool.Pool, revision int) (bool,
 	return v != nil && *v == SchemaVersion && r != nil && *r >= revision, nil
 }
 
-// migrateOnce is one try of migrate, in one transaction.
+// migrateOnce is one try of migrate, in one transaction at READ
+// COMMITTED whatever the role's default: a migration that waited for
+// another's lock must read the schema that one made, where a snapshot
+// taken before the wait (REPEATABLE READ, SERIALIZABLE) finds the tables
+// without their version, or the revision the other replaced.
 func migrateOnce(ctx context.Context, pool *pgxpool.Pool, revision int) error {
-	return pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+	return pgx.BeginTxFunc(ctx, pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
 		if _, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock($1)", int64(migrationLock)); err != nil {
 			return fmt.Errorf("pgstore: migration lock: %w", err)
 		}
@@ -327,8 +331,17 @@ func migrateOnce(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 // revision, under Migrate's lock. The revision is kept in a table of its
 // own, which a release that knows none does not read.
 func revise(ctx context.Context, tx pgx.Tx, revision int) error {
+	var made bool
+	if err := tx.QueryRow(ctx, "SELECT to_regclass('inflight_schema_revision') IS NULL").Scan(&made); err != nil {
+		return fmt.Errorf("pgstore: schema revision table: %w", err)
+	}
 	if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS inflight_schema_revision (revision int NOT NULL)"); err != nil {
 		return fmt.Errorf("pgstore: schema revision table: %w", err)
+	}
+	if made { // every role of the schema reads it (schemaCurrent)
+		if _, err := tx.Exec(ctx, grantAsKey("inflight_schema_revision", "SELECT")); err != nil {
+			return fmt.Errorf("pgstore: schema revision table: %w", err)
+		}
 	}
 	var r int
 	err := tx.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r)
@@ -343,10 +356,35 @@ func revise(ctx context.Context, tx pgx.Tx, revision int) error {
 		if _, err := tx.Exec(ctx, revisions[i]); err != nil {
 			return fmt.Errorf("pgstore: schema revision %d: %w", i+1, err)
 		}
+		if i == 0 { // the budgets' table, made without grants
+			if _, err := tx.Exec(ctx, grantAsKey("inflight_budget", "SELECT", "INSERT", "UPDATE", "DELETE")); err != nil {
+				return fmt.Errorf("pgstore: schema revision 1: %w", err)
+			}
+		}
 	}
 	if _, err := tx.Exec(ctx, "DELETE FROM inflight_schema_revision"); err != nil {
 		return err
 	}
 	_, err = tx.Exec(ctx, "INSERT INTO inflight_schema_revision (revision) VALUES ($1)", revision)
 	return err
+}
+
+// grantAsKey is a statement that grants table, which the migration has
+// just made, to the roles inflight_key is granted to, with those of
+// privileges that they have on inflight_key, as sweep.sql grants its
+// tables: a schema that its owner migrates, for roles granted the tables
+// there were, must not refuse them what the new release reads.
+func grantAsKey(table string, privileges ...string) string {
+	return `DO $$
+DECLARE
+	g record;
+BEGIN
+	FOR g IN SELECT DISTINCT a.grantee, a.privilege_type FROM pg_class c,
+		aclexplode(coalesce(c.relacl, acldefault('r', c.relowner))) a
+		WHERE c.oid = 'inflight_key'::regclass AND a.grantee <> (SELECT oid FROM pg_roles WHERE rolname = current_user)
+		AND a.privilege_type IN ('` + strings.Join(privileges, "', '") + `') LOOP
+		EXECUTE format('GRANT %s ON ` + table + ` TO %s', g.privilege_type,
+			CASE WHEN g.grantee = 0 THEN 'PUBLIC' ELSE g.grantee::regrole::text END);
+	END LOOP;
+END $$`
 }

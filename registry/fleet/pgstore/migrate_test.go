@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -238,4 +239,76 @@ END $$;`, pgstore.Function(sql, "inflight_serve_one"))
 	assert.Equal(t, "BEGIN\n\tRETURN 3;\nEND", pgstore.Edited("BEGIN\n\tRETURN 2;\nEND", "RETURN 2;", "RETURN 3;"))
 	assert.Panics(t, func() { pgstore.Edited("RETURN 2;", "RETURN 3;", "RETURN 4;") }, "none")
 	assert.Panics(t, func() { pgstore.Edited("RETURN 2; RETURN 2;", "RETURN 2;", "RETURN 4;") }, "two")
+}
+
+// A schema that a release before the revisions made (version 1, no
+// revision table), for a role granted its tables by their owner, stays
+// the role's once the owner migrates it: the tables the revisions add
+// are granted to it as inflight_key is, so that it reads the revision
+// and keeps budgets. Found by review: New failed, "permission denied for
+// table inflight_schema_revision", for every process of this release.
+func TestNewAfterTheOwnersMigrationFromVersion1(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	owner := pool(t, srv, 1)
+	require.NoError(t, pgstore.MigrateTo(ctx, owner, 0))
+	_, err := owner.Exec(ctx, "DROP TABLE inflight_schema_revision") // as the release before left it
+	require.NoError(t, err)
+	p := gatewayRole(t, srv, owner)
+
+	require.NoError(t, pgstore.Migrate(ctx, owner))
+	s, err := pgstore.New(ctx, p, "f")
+	require.NoError(t, err)
+	res, err := s.Budget(ctx, &driver.BudgetCall{Key: "b", Limits: [3]int64{10}, Cost: [3]int64{4, 4}})
+	require.NoError(t, err)
+	assert.True(t, res.Charged)
+}
+
+// Two replicas that migrate at once, on connections whose transactions
+// default to REPEATABLE READ (a role or a connection string set so), into
+// an empty database and over a release before's revision: the second
+// waits for the first's lock, and must then read the schema the first
+// made, not the snapshot it took before the wait. Found by review: it
+// found the tables without a version ("put back its row"), or the
+// revision before, which it made again and failed to record.
+func TestMigrateAtOnceUnderRepeatableRead(t *testing.T) {
+	for _, from := range []int{-1, 21} {
+		srv := pgtest.Start(t)
+		ctx := context.Background()
+		holder := pool(t, srv, 2)
+		if from >= 0 {
+			require.NoError(t, pgstore.MigrateTo(ctx, holder, from))
+		}
+		conn, err := holder.Acquire(ctx)
+		require.NoError(t, err)
+		// The migration lock held, so that both replicas begin their
+		// transactions before either migrates.
+		const lock = 0x696e666c69676874 // migrate.go's migrationLock
+		_, err = conn.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(lock))
+		require.NoError(t, err)
+		var wg sync.WaitGroup
+		errs := make([]error, 2)
+		for i := range errs {
+			cfg, err := pgxpool.ParseConfig(srv.URL)
+			require.NoError(t, err)
+			cfg.ConnConfig.RuntimeParams["default_transaction_isolation"] = "repeatable read"
+			p, err := pgxpool.NewWithConfig(ctx, cfg)
+			require.NoError(t, err)
+			t.Cleanup(p.Close)
+			wg.Go(func() { errs[i] = pgstore.Migrate(ctx, p) })
+		}
+		waiting := assert.Eventually(t, func() bool {
+			var n int
+			err := holder.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&n)
+			return err == nil && n == 2
+		}, 10*time.Second, 10*time.Millisecond, "both replicas wait for the migration lock (from revision %d)", from)
+		_, err = conn.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(lock))
+		conn.Release()
+		require.NoError(t, err)
+		wg.Wait()
+		require.True(t, waiting)
+		for i, err := range errs {
+			assert.NoError(t, err, "replica %d, from revision %d", i, from)
+		}
+	}
 }
