@@ -209,6 +209,14 @@ const (
 // (a process of an older release in a fleet that a newer one migrated).
 var ErrSchemaNewer = errors.New("pgstore: the database's schema is newer than this release's")
 
+// ErrNotMigrated: the database's schema is missing or older than this
+// release's and the role may not make or migrate it (the schema's owner
+// does, and the processes' role only uses it): the owner runs Migrate
+// with this release before its processes start. The database's refusal
+// is wrapped beside it.
+var ErrNotMigrated = errors.New("pgstore: the database's schema is missing or older than this release's, and this role may not migrate it: " +
+	"have the schema's owner run pgstore.Migrate with this release")
+
 // migrationLock is the key of the transaction-level advisory lock that
 // serializes migrations: replicas that start at once migrate one after
 // another, and each finds the schema made by the first.
@@ -243,6 +251,9 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 	for try := 1; ; try++ {
 		err := migrateOnce(ctx, pool, revision)
 		var pe *pgconn.PgError
+		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+			return fmt.Errorf("%w: %w", ErrNotMigrated, err)
+		}
 		if err == nil || try == migrationTries || !errors.As(err, &pe) || (pe.Code != "40P01" && pe.Code != "55P03") {
 			return err
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -311,4 +312,27 @@ func TestMigrateAtOnceUnderRepeatableRead(t *testing.T) {
 			assert.NoError(t, err, "replica %d, from revision %d", i, from)
 		}
 	}
+}
+
+// A role that may use the tables but create nothing, on a schema its
+// owner has not yet migrated to this release's revision, is refused with
+// an error that says so and what to do (ErrNotMigrated), not with the
+// first DDL statement's "permission denied for schema public".
+func TestNewOnAnOlderRevisionWithoutCreate(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	owner := pool(t, srv, 1)
+	require.NoError(t, pgstore.MigrateTo(ctx, owner, pgstore.SchemaRevision-1))
+	p := gatewayRole(t, srv, owner)
+
+	_, err := pgstore.New(ctx, p, "f")
+	require.ErrorIs(t, err, pgstore.ErrNotMigrated)
+	assert.Contains(t, err.Error(), "run pgstore.Migrate")
+	var pe *pgconn.PgError
+	require.ErrorAs(t, err, &pe, "the database's own error is kept")
+	assert.Equal(t, "42501", pe.Code)
+
+	require.NoError(t, pgstore.Migrate(ctx, owner))
+	_, err = pgstore.New(ctx, p, "f")
+	require.NoError(t, err, "once the owner has migrated it")
 }

@@ -181,10 +181,12 @@ func WithListenCheck(d time.Duration) Option {
 }
 
 // New returns the Store of the fleet name on pool, after bringing the
-// database's schema to this release's (see Migrate). Every process of a
-// fleet uses the same name; fleets with other names share the tables. A
-// name is kept as it is, so it must be one that StoredKey keeps as it is
-// (New says so otherwise); keys and flows can be any strings.
+// database's schema to this release's (see Migrate; a role that may not
+// migrate it fails with ErrNotMigrated until its owner has). Every
+// process of a fleet uses the same name; fleets with other names share
+// the tables. A name is kept as it is, so it must be one that StoredKey
+// keeps as it is (New says so otherwise); keys and flows can be any
+// strings.
 func New(ctx context.Context, pool *pgxpool.Pool, name string, opts ...Option) (*Store, error) {
 	if pool == nil {
 		return nil, errors.New("pgstore: nil pool")
