@@ -124,7 +124,7 @@ func ExampleMiddleware() {
 	fmt.Print(rec.Body.String())
 	// Output:
 	// 429 1
-	// too many requests in flight: 0 of 0, 0 queued (limit reached)
+	// {"error":{"type":"rate_limit_error","message":"too many requests in flight: 0 of 0, 0 queued (limit reached)"}}
 }
 
 func ExampleWrapBody() {

@@ -3,6 +3,7 @@ package slots
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -183,7 +184,7 @@ func (e *BadRequestError) status() int {
 // (Retry-After is set); one that forgets WriteHeader still answers status.
 type ErrorWriter func(w http.ResponseWriter, status int, message string)
 
-// WritePlainError is the default ErrorWriter: message as text/plain.
+// WritePlainError is an ErrorWriter of message as text/plain.
 func WritePlainError(w http.ResponseWriter, status int, message string) {
 	h := w.Header()
 	h.Set("Content-Type", "text/plain; charset=utf-8")
@@ -192,10 +193,40 @@ func WritePlainError(w http.ResponseWriter, status int, message string) {
 	fmt.Fprintln(w, message)
 }
 
-// WriteError answers an admission error as Middleware does, in plain text.
+// writeJSONError is the default ErrorWriter: the error shape of the LLM
+// APIs (OpenAI's, Anthropic's), which their clients' SDKs read, the type
+// named after the status.
+func writeJSONError(w http.ResponseWriter, status int, message string) {
+	kind := "api_error"
+	switch {
+	case status == http.StatusTooManyRequests:
+		kind = "rate_limit_error"
+	case status == http.StatusServiceUnavailable:
+		kind = "overloaded_error"
+	case status >= 400 && status < 500:
+		kind = "invalid_request_error"
+	}
+	var body struct {
+		Error struct {
+			Type    string `json:"type"`
+			Message string `json:"message"`
+		} `json:"error"`
+	}
+	body.Error.Type, body.Error.Message = kind, message
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("X-Content-Type-Options", "nosniff")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // not sniffed (nosniff): "<" reads as written
+	_ = enc.Encode(body)
+}
+
+// WriteError answers an admission error as Middleware does, in JSON:
+// {"error":{"type":"rate_limit_error","message":...}} (type by status).
 func WriteError(w http.ResponseWriter, err error) {
 	status, retryAfter := httpStatus(err)
-	writeError(w, WritePlainError, status, retryAfter, ErrorMessage(err))
+	writeError(w, writeJSONError, status, retryAfter, ErrorMessage(err))
 }
 
 // SetRetryAfter sets Retry-After (whole seconds) and HeaderRetryAfterMs to

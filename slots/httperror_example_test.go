@@ -38,7 +38,7 @@ func ExampleProxyErrorHandler() {
 	fmt.Print(string(body))
 	// Output:
 	// 429 1
-	// too many requests in flight: 0 of 0, 0 queued (limit reached)
+	// {"error":{"type":"rate_limit_error","message":"too many requests in flight: 0 of 0, 0 queued (limit reached)"}}
 }
 
 func ExampleWithErrorWriter() {

@@ -21,7 +21,7 @@ type middlewareConfig struct {
 }
 
 func newMiddlewareConfig(opts []MiddlewareOption) middlewareConfig {
-	cfg := middlewareConfig{rejectStatus: http.StatusTooManyRequests, writeError: WritePlainError}
+	cfg := middlewareConfig{rejectStatus: http.StatusTooManyRequests, writeError: writeJSONError}
 	for _, o := range opts {
 		if o == nil {
 			continue // a nil option is no option
@@ -57,7 +57,7 @@ func WithRejectStatus(code int) MiddlewareOption {
 	return middlewareOptionFunc(func(c *middlewareConfig) { c.rejectStatus = code })
 }
 
-// WithErrorWriter sets the writer of error answers (nil: WritePlainError).
+// WithErrorWriter sets the writer of error answers (nil: WriteError's JSON).
 func WithErrorWriter(f ErrorWriter) MiddlewareOption {
 	return middlewareOptionFunc(func(c *middlewareConfig) {
 		if f != nil {

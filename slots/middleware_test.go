@@ -2,6 +2,7 @@ package slots_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -137,8 +138,8 @@ func TestMiddleware(t *testing.T) {
 		h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/chat/completions", nil))
 		assert.Equal(t, http.StatusTooManyRequests, rec.Code)
 		assert.Equal(t, "1", rec.Header().Get("Retry-After"))
-		assert.Equal(t, "text/plain; charset=utf-8", rec.Header().Get("Content-Type"))
-		assert.Equal(t, "too many requests in flight: 1 of 1, 0 queued (limit reached)\n", rec.Body.String())
+		assert.Equal(t, "application/json", rec.Header().Get("Content-Type"))
+		assert.JSONEq(t, errorBody("rate_limit_error", "too many requests in flight: 1 of 1, 0 queued (limit reached)"), rec.Body.String())
 
 		close(leave)
 		wg.Wait()
@@ -222,7 +223,7 @@ func TestWriteError(t *testing.T) {
 	assert.Equal(t, "40", rec.Header().Get("Retry-After"))
 	assert.Equal(t, "40000", rec.Header().Get(slots.HeaderRetryAfterMs))
 	assert.NotContains(t, rec.Body.String(), "sk-secret-key", "keys may be credentials: never in a response")
-	assert.Equal(t, "too many requests in flight: 8 of 8, 256 queued (queue full)\n", rec.Body.String())
+	assert.JSONEq(t, errorBody("rate_limit_error", "too many requests in flight: 8 of 8, 256 queued (queue full)"), rec.Body.String())
 }
 
 // A refusal's Retry-After goes out in whole seconds, rounded up, and to
@@ -509,4 +510,14 @@ func TestExceedsLimitIs413Everywhere(t *testing.T) {
 		slots.ProxyErrorHandler(opts...)(rec, httptest.NewRequest(http.MethodPost, "/", nil), rtErr)
 		assert.Equal(t, http.StatusRequestEntityTooLarge, rec.Code, "ProxyErrorHandler %v", opts)
 	}
+}
+
+// errorBody is the JSON answer Middleware, ProxyErrorHandler and
+// WriteError give by default: the LLM APIs' error shape.
+func errorBody(kind, message string) string {
+	b, err := json.Marshal(map[string]any{"error": map[string]string{"type": kind, "message": message}})
+	if err != nil {
+		panic(err)
+	}
+	return string(b)
 }

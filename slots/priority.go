@@ -73,8 +73,7 @@ func WithPriority(ctx context.Context, p Priority) context.Context {
 // PriorityFrom returns the priority ctx carries (PriorityDefault if none).
 func PriorityFrom(ctx context.Context) Priority { return priorities[core.PlaceOf(ctx).Class] }
 
-// WithFlow returns a copy of ctx whose waits belong to flow id (an org, an
-// API key), so one flow's backlog cannot hold back another's request.
+// WithFlow returns ctx whose waits belong to flow id (an org, an API key).
 func WithFlow(ctx context.Context, id string) context.Context {
 	return WithFlowWeight(ctx, id, 1)
 }

@@ -77,7 +77,7 @@ func TestProxyErrorHandler(t *testing.T) {
 		ms, err := strconv.Atoi(resp.Header.Get(slots.HeaderRetryAfterMs))
 		assert.NoError(t, err, "retry-after-ms, read before Retry-After by the OpenAI and Anthropic SDKs")
 		assert.True(t, ms > 0 && ms <= 1000, "retry-after-ms %d within the second Retry-After says", ms)
-		assert.Equal(t, "too many requests in flight: 1 of 1, 0 queued (limit reached)\n", body)
+		assert.JSONEq(t, errorBody("rate_limit_error", "too many requests in flight: 1 of 1, 0 queued (limit reached)"), body)
 	})
 	t.Run("WithRejectStatus and WithErrorWriter apply", func(t *testing.T) {
 		lim, gw := newProxy(up.URL, slots.WithRejectStatus(http.StatusServiceUnavailable),
@@ -100,7 +100,7 @@ func TestProxyErrorHandler(t *testing.T) {
 		resp, body := get(gw)
 		assert.Equal(t, http.StatusBadGateway, resp.StatusCode)
 		assert.Empty(t, resp.Header.Get("Retry-After"))
-		assert.Equal(t, "the upstream could not be reached\n", body)
+		assert.JSONEq(t, errorBody("api_error", "the upstream could not be reached"), body)
 		assert.NotContains(t, body, ln.Addr().String(), "the upstream's address is not the client's business")
 		assert.Equal(t, 0, lim.InFlight())
 	})
@@ -151,7 +151,7 @@ func TestProxyErrorHandlerTellsAdmissionFromUpstream(t *testing.T) {
 		status, ra, body := serve(t, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
 		assert.Equal(t, http.StatusGatewayTimeout, status)
 		assert.Empty(t, ra)
-		assert.Equal(t, "the upstream did not answer in time\n", body)
+		assert.JSONEq(t, errorBody("api_error", "the upstream did not answer in time"), body)
 		waitFor(t, "the slot is freed", func() bool { return lim.InFlight() == 0 })
 	})
 	t.Run("a wait for capacity cut by the deadline is a 503 with Retry-After", func(t *testing.T) {
@@ -159,20 +159,22 @@ func TestProxyErrorHandlerTellsAdmissionFromUpstream(t *testing.T) {
 		status, ra, body := serve(t, func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) })
 		assert.Equal(t, http.StatusServiceUnavailable, status)
 		assert.Equal(t, "1", ra)
-		assert.Equal(t, "timed out waiting for capacity\n", body)
+		assert.JSONEq(t, errorBody("overloaded_error", "timed out waiting for capacity"), body)
 	})
 	t.Run("an admit function's unknown error is a 500, not the upstream's 502", func(t *testing.T) {
 		status, _, body := serve(t, func(*http.Request) (*slots.Slot, error) { return nil, errors.New("store down") })
 		assert.Equal(t, http.StatusInternalServerError, status)
-		assert.Equal(t, "the request could not be admitted\n", body)
+		assert.JSONEq(t, errorBody("api_error", "the request could not be admitted"), body)
 	})
 	full := func(*http.Request) (*slots.Slot, error) { return slots.NewLimiter(0).TryAcquire() }
-	for _, code := range []int{slots.StatusClientClosedRequest, http.StatusInternalServerError, http.StatusBadGateway} {
+	// The error's type follows the status it is answered with.
+	for code, kind := range map[int]string{slots.StatusClientClosedRequest: "invalid_request_error",
+		http.StatusInternalServerError: "api_error", http.StatusBadGateway: "api_error"} {
 		t.Run(fmt.Sprintf("WithRejectStatus(%d) answers a rejection with %[1]d and its reason", code), func(t *testing.T) {
 			status, ra, body := serve(t, full, slots.WithRejectStatus(code))
 			assert.Equal(t, code, status)
 			assert.Equal(t, "1", ra)
-			assert.Equal(t, "too many requests in flight: 0 of 0, 0 queued (limit reached)\n", body)
+			assert.JSONEq(t, errorBody(kind, "too many requests in flight: 0 of 0, 0 queued (limit reached)"), body)
 		})
 	}
 	t.Run("HTTPStatus still reads a Transport's refusal through the client's error", func(t *testing.T) {

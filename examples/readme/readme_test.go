@@ -241,7 +241,7 @@ func TestNewProxy(t *testing.T) {
 		resp.Body.Close()
 		assert.Equal(t, http.StatusTooManyRequests, resp.StatusCode)
 		assert.Equal(t, "1", resp.Header.Get("Retry-After"))
-		assert.Equal(t, "too many requests in flight: 2 of 2, 0 queued (timed out waiting)\n", string(body))
+		assert.JSONEq(t, `{"error":{"type":"rate_limit_error","message":"too many requests in flight: 2 of 2, 0 queued (timed out waiting)"}}`, string(body))
 	})
 	t.Run("another model still gets through, within the provider cap", func(t *testing.T) {
 		resp := openStream(t, client, gw.URL, "glm-4-air")
