@@ -118,6 +118,21 @@ func TestConfigRefusesDataAfterTheObject(t *testing.T) {
 	assert.NoError(t, err)
 }
 
+// A listen address left empty, or an upstream that is no HTTP URL, is
+// refused at load: net.Listen takes "" as every interface on a random
+// port, and a typo in the scheme loaded, then answered every request 502.
+func TestConfigRefusesAnEmptyListenAndANonHTTPUpstream(t *testing.T) {
+	_, err := ParseConfig([]byte(`{"upstream": "http://x", "listen": ""}`))
+	assert.ErrorContains(t, err, "config: listen: empty")
+	for _, up := range []string{"htp://127.0.0.1:9000", "ws://127.0.0.1:9000", "redis://127.0.0.1:6379"} {
+		_, err := ParseConfig([]byte(`{"upstream": "` + up + `"}`))
+		assert.ErrorContains(t, err, "config: upstream:", up)
+	}
+	cfg, err := ParseConfig([]byte(`{"upstream": "HTTPS://api.example.com"}`))
+	require.NoError(t, err)
+	assert.Equal(t, "127.0.0.1:8080", cfg.Listen, "left out, the default")
+}
+
 // A request that goes ahead without a slot after the longest wait
 // (on_wait_timeout "proceed") is granted no key of the pool: it goes with
 // no credential, never with the client's own.

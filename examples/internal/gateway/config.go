@@ -322,8 +322,15 @@ func ParseConfig(data []byte) (Config, error) {
 	if c.Upstream == "" {
 		return Config{}, errors.New("config: upstream: missing")
 	}
-	if u, err := url.Parse(c.Upstream); err != nil || u.Scheme == "" || u.Host == "" {
-		return Config{}, fmt.Errorf("config: upstream: %q is not an absolute URL", redactURL(c.Upstream))
+	// The proxy's Transport speaks HTTP alone: another scheme would load,
+	// then answer every request 502.
+	if u, err := url.Parse(c.Upstream); err != nil || u.Host == "" || !strings.EqualFold(u.Scheme, "http") && !strings.EqualFold(u.Scheme, "https") {
+		return Config{}, fmt.Errorf("config: upstream: %q is not an absolute http or https URL", redactURL(c.Upstream))
+	}
+	// net.Listen takes "" as every interface on a random port: left out,
+	// listen is the default.
+	if c.Listen == "" {
+		return Config{}, errors.New("config: listen: empty (leave it out for 127.0.0.1:8080)")
 	}
 	if c.CutLingerMS > MaxCutLingerMS {
 		return Config{}, fmt.Errorf("config: cut_linger_ms: %d is over %d", c.CutLingerMS, MaxCutLingerMS)
