@@ -141,3 +141,39 @@ func TestCutDrainLeavesNoLeaseInRedis(t *testing.T) {
 	_, _ = io.ReadAll(stream)
 	assert.Empty(t, leases(), "no lease left behind")
 }
+
+// A stream cut by its client during a drain keeps its provider slot for
+// cut_linger_ms after its handler has returned: a drain that completes
+// meanwhile lets it go before the gateway closes, so that its lease is not
+// left in Redis to expire a lease TTL later, holding a slot of the fleet's
+// for nobody.
+func TestDrainLeavesNoLingeringLeaseInRedis(t *testing.T) {
+	redisSrv := redistest.Start(t)
+	up, release := streamingUpstream(t)
+	defer close(release)
+	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`",
+		"provider":{"max_concurrent_requests":2},"cut_linger_ms":1000,"shutdown_timeout_ms":20000,
+		"fleet":{"redis_url":"redis://`+redisSrv.Addr+`/0","lease_ttl_ms":60000}}`)
+	rdb := redisSrv.Client()
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	leases := func() []string {
+		keys, err := rdb.Keys(ctx, "*").Result()
+		require.NoError(t, err)
+		var held []string
+		for _, k := range keys {
+			if typ, err := rdb.Type(ctx, k).Result(); err == nil && typ == "zset" {
+				held = append(held, k)
+			}
+		}
+		return held
+	}
+	resp, _ := openStream(t, p.addr)
+	require.NotEmpty(t, leases(), "the stream holds leases")
+
+	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+	p.waitLine(t, `msg="gateway: draining"`)
+	resp.Body.Close() // the client walks away: its handler returns, its provider slot lingers
+	assert.Equal(t, 0, p.exitCode(t), "nothing was cut by the drain")
+	assert.Empty(t, leases(), "no lease left behind")
+}

@@ -100,8 +100,10 @@ func run(args []string, stderr io.Writer, signals <-chan os.Signal) int {
 	}
 	gw, err := gateway.New(cfg, http.DefaultTransport, gateway.WithLogger(log))
 	if err != nil {
+		// The configuration has been checked: what fails here is the
+		// world (the fleet's store), which a later start may find up.
 		log.Error("gateway: cannot start", slog.Any("error", err))
-		return 2
+		return 1
 	}
 	defer gw.Close()
 
@@ -203,6 +205,11 @@ func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os
 			slog.Duration("took", time.Since(start)), slog.Bool("released", idle), slog.Any("error", err))
 		return 1
 	}
+	// A stream cut by its client keeps its provider slots for
+	// cut_linger_ms after its handler has returned: let them go before
+	// the gateway closes, within the drain's bound, so that no fleet lease
+	// is left in the store, holding a slot for nobody until it expires.
+	gw.WaitIdle(ctx)
 	log.Info("gateway: drained", slog.Int("requests", inFlight), slog.Duration("took", time.Since(start)),
 		slog.Int("tenant_keys_held", gw.TenantKeys()), slog.Int("provider_in_flight", gw.Provider().InFlight))
 	return 0

@@ -76,6 +76,23 @@ func TestGatewayBadConfigExits2(t *testing.T) {
 	assert.Contains(t, usage.String(), "-log-level")
 }
 
+// A gateway that cannot start for want of its store (a PostgreSQL fleet
+// whose database does not answer, so its tables cannot be made) exits 1,
+// as run says: 2 tells a supervisor the configuration is bad, and a
+// retry cannot help.
+func TestGatewayThatCannotStartExits1(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	dead := ln.Addr().String()
+	ln.Close()
+	path := filepath.Join(t.TempDir(), "gateway.json")
+	require.NoError(t, os.WriteFile(path, []byte(`{"upstream":"http://127.0.0.1:1",
+		"fleet":{"postgres_url":"postgres://gateway@`+dead+`/gateway"}}`), 0o600))
+	var stderr strings.Builder
+	assert.Equal(t, 1, run([]string{"-config", path}, &stderr, nil))
+	assert.Contains(t, stderr.String(), `msg="gateway: cannot start"`)
+}
+
 // process is a gateway started from the test binary.
 type process struct {
 	cmd   *exec.Cmd
