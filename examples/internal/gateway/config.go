@@ -26,7 +26,10 @@ import (
 
 // Config is the gateway's configuration file.
 type Config struct {
-	Listen   string     `json:"listen"`
+	Listen string `json:"listen"`
+	// Upstream is the provider's http or https URL; a path in it goes
+	// before each request's own ("https://api.openai.com", not ".../v1",
+	// for clients that send /v1/chat/completions).
 	Upstream string     `json:"upstream"`
 	Orgs     OrgsConfig `json:"orgs"`
 	// Provider is the provider's policy (package pacing). With an
