@@ -93,8 +93,10 @@ func New(floor, ceil, initial int, retest time.Duration) *Cap {
 func (l *Cap) Configure(floor, ceil int, retest time.Duration) {
 	// A ceiling at the bound is no ceiling found (Hi == Ceil: unknown): it
 	// follows the bound, or a raised bound would hold as a ceiling until a
-	// retest, though no refusal ever found it.
-	unknown := l.Hi == l.Ceil
+	// retest, though no refusal ever found it. One found (HiAt set: a
+	// refusal's, a cut's) that a lowered bound met stays where it was
+	// found: raised again, the bound must not forget it.
+	unknown := l.Hi == l.Ceil && l.HiAt == 0
 	l.Floor, l.Ceil, l.Retest = min(floor, ceil), ceil, retest
 	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
 	if unknown {
@@ -244,7 +246,7 @@ func (l *Cap) raise(n int, seq uint64) {
 		// before its refusal came, sets the ceiling back (see Refused).
 		// (BatchAfter, BatchEnd] holds them, with no refusal seen (a
 		// refused batch's always has one).
-		l.Lo, l.Hi = l.Hi, l.Ceil
+		l.Lo, l.Hi, l.HiAt = l.Hi, l.Ceil, 0 // none found (see Configure)
 		l.ProbeN, l.Step, l.BatchTop, l.BatchN = 0, 1, 0, 0
 		l.BatchAfter, l.BatchEnd = l.CutSeq, max(l.CutSeq, seq)
 		l.CutSeq = l.BatchEnd

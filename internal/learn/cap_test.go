@@ -708,3 +708,20 @@ func TestGapAfterARefusalOfNoTime(t *testing.T) {
 		t.Fatalf("refusal %v after one of no time and one of 400 ms: want the average %v", c.Refusal, want)
 	}
 }
+
+// A ceiling a refusal found, which a bound lowered to it meets, is still
+// found when the bound is raised again: it holds until its retest. The
+// bound's Hi == Ceil ("unknown") must not take it for none found.
+func TestFoundCeilingAtALoweredBoundSurvivesItsRaise(t *testing.T) {
+	c := New(1, 20, 8, time.Hour)
+	now := int64(time.Second)
+	c.Refused(9, 1, now, now, 1) // the upstream's cap is 8
+	if c.Hi != 8 || c.Lo != 8 {
+		t.Fatalf("after the refusal at 9: Lo %d Hi %d, want 8 and 8", c.Lo, c.Hi)
+	}
+	c.Configure(1, 8, time.Hour)  // the bound lowered to the cap found
+	c.Configure(1, 20, time.Hour) // and raised back, a minute later
+	if got := c.Limit(now + int64(time.Minute)); got != 8 || c.Hi != 8 {
+		t.Fatalf("limit %d, Hi %d: the ceiling found a minute ago is forgotten, probes go over it", got, c.Hi)
+	}
+}
