@@ -252,6 +252,15 @@ func migrate(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 		err := migrateOnce(ctx, pool, revision)
 		var pe *pgconn.PgError
 		if errors.As(err, &pe) && pe.Code == "42501" { // insufficient_privilege
+			// The schema may have been migrated by its owner while this
+			// call waited for the lock: a role that may not migrate it
+			// finds it current now, as it would have before the wait.
+			switch current, cerr := schemaCurrent(ctx, pool, revision); {
+			case current:
+				return nil
+			case errors.Is(cerr, ErrSchemaNewer):
+				return cerr
+			}
 			return fmt.Errorf("%w: %w", ErrNotMigrated, err)
 		}
 		if err == nil || try == migrationTries || !errors.As(err, &pe) || (pe.Code != "40P01" && pe.Code != "55P03") {

@@ -336,3 +336,32 @@ func TestNewOnAnOlderRevisionWithoutCreate(t *testing.T) {
 	_, err = pgstore.New(ctx, p, "f")
 	require.NoError(t, err, "once the owner has migrated it")
 }
+
+// A role that may not migrate, which found the schema older and then
+// waited for the owner's migration to end, finds it current once it
+// holds the lock: New succeeds, where it failed with ErrNotMigrated
+// ("missing or older") for a schema already migrated (gateways that start
+// while their owner's migration runs, as a rolling deploy has them).
+func TestNewWaitingForTheOwnersMigration(t *testing.T) {
+	srv := pgtest.Start(t)
+	ctx := context.Background()
+	owner := pool(t, srv, 1) // one connection: the one that holds the lock
+	require.NoError(t, pgstore.MigrateTo(ctx, owner, pgstore.SchemaRevision-1))
+	p := gatewayRole(t, srv, owner)
+	const lock = 0x696e666c69676874 // migrate.go's migrationLock
+	_, err := owner.Exec(ctx, "SELECT pg_advisory_lock($1)", int64(lock))
+	require.NoError(t, err)
+
+	done := make(chan error, 1)
+	go func() { _, err := pgstore.New(ctx, p, "f"); done <- err }()
+	require.Eventually(t, func() bool {
+		var n int
+		err := owner.QueryRow(ctx, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&n)
+		return err == nil && n == 1
+	}, 10*time.Second, 10*time.Millisecond, "the gateway waits for the migration lock")
+	// The owner migrates on the connection that holds the lock, then lets it go.
+	require.NoError(t, pgstore.Migrate(ctx, owner))
+	_, err = owner.Exec(ctx, "SELECT pg_advisory_unlock($1)", int64(lock))
+	require.NoError(t, err)
+	assert.NoError(t, <-done, "the schema is current by the time the gateway holds the lock")
+}
