@@ -187,8 +187,9 @@ var schemaV1 = withConstants(schemaSQL)
 // holds keep the room of the key served, and revision 21 has a serving
 // that goes on past its look bound go on from the waiter the look before
 // it did not reach, wherever it stands now, revision 22 counts a heavy
-// waiter's bound in bigints (bigintBounds), and revision 23 lets a
-// budget's call check when a cost would fit, charging nothing. A revision
+// waiter's bound in bigints (bigintBounds), revision 23 lets a
+// budget's call check when a cost would fit, charging nothing, and
+// revision 24 grants the tables made without grants (tableGrants). A revision
 // adds, or replaces a function keeping its signature and the meaning of
 // its answers, so a release that knows fewer of them works on the schema
 // as it is (a rolling deploy has both side by side); one that changes what
@@ -196,13 +197,13 @@ var schemaV1 = withConstants(schemaSQL)
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
 	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL),
-	withConstants(resumeSQL), bigintBounds, budgetCheck}
+	withConstants(resumeSQL), bigintBounds, budgetCheck, tableGrants}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 23
+	SchemaRevision = 24
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows
@@ -351,17 +352,8 @@ func migrateOnce(ctx context.Context, pool *pgxpool.Pool, revision int) error {
 // revision, under Migrate's lock. The revision is kept in a table of its
 // own, which a release that knows none does not read.
 func revise(ctx context.Context, tx pgx.Tx, revision int) error {
-	var made bool
-	if err := tx.QueryRow(ctx, "SELECT to_regclass('inflight_schema_revision') IS NULL").Scan(&made); err != nil {
-		return fmt.Errorf("pgstore: schema revision table: %w", err)
-	}
 	if _, err := tx.Exec(ctx, "CREATE TABLE IF NOT EXISTS inflight_schema_revision (revision int NOT NULL)"); err != nil {
 		return fmt.Errorf("pgstore: schema revision table: %w", err)
-	}
-	if made { // every role of the schema reads it (schemaCurrent)
-		if _, err := tx.Exec(ctx, grantAsKey("inflight_schema_revision", "SELECT")); err != nil {
-			return fmt.Errorf("pgstore: schema revision table: %w", err)
-		}
 	}
 	var r int
 	err := tx.QueryRow(ctx, "SELECT revision FROM inflight_schema_revision").Scan(&r)
@@ -376,11 +368,6 @@ func revise(ctx context.Context, tx pgx.Tx, revision int) error {
 		if _, err := tx.Exec(ctx, revisions[i]); err != nil {
 			return fmt.Errorf("pgstore: schema revision %d: %w", i+1, err)
 		}
-		if i == 0 { // the budgets' table, made without grants
-			if _, err := tx.Exec(ctx, grantAsKey("inflight_budget", "SELECT", "INSERT", "UPDATE", "DELETE")); err != nil {
-				return fmt.Errorf("pgstore: schema revision 1: %w", err)
-			}
-		}
 	}
 	if _, err := tx.Exec(ctx, "DELETE FROM inflight_schema_revision"); err != nil {
 		return err
@@ -389,11 +376,17 @@ func revise(ctx context.Context, tx pgx.Tx, revision int) error {
 	return err
 }
 
-// grantAsKey is a statement that grants table, which the migration has
-// just made, to the roles inflight_key is granted to, with those of
-// privileges that they have on inflight_key, as sweep.sql grants its
-// tables: a schema that its owner migrates, for roles granted the tables
-// there were, must not refuse them what the new release reads.
+// tableGrants is revision 24: the tables made without grants since
+// version 1 (the revisions' own, and budget.sql's budgets) are granted
+// as sweep.sql grants its tables. A schema that its owner migrates, for
+// roles granted the tables there were, refused them what a later release
+// reads: New failed ("permission denied for table
+// inflight_schema_revision"), then every budget call.
+var tableGrants = grantAsKey("inflight_schema_revision", "SELECT") + ";\n" +
+	grantAsKey("inflight_budget", "SELECT", "INSERT", "UPDATE", "DELETE")
+
+// grantAsKey is a statement that grants table to the roles inflight_key
+// is granted to, with those of privileges that they have on inflight_key.
 func grantAsKey(table string, privileges ...string) string {
 	return `DO $$
 DECLARE

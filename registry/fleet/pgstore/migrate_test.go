@@ -245,9 +245,11 @@ END $$;`, pgstore.Function(sql, "inflight_serve_one"))
 // A schema that a release before the revisions made (version 1, no
 // revision table), for a role granted its tables by their owner, stays
 // the role's once the owner migrates it: the tables the revisions add
-// are granted to it as inflight_key is, so that it reads the revision
-// and keeps budgets. Found by review: New failed, "permission denied for
-// table inflight_schema_revision", for every process of this release.
+// are granted to it as inflight_key is (revision 24), so that it reads
+// the revision and keeps budgets. Found by a hunt: New failed,
+// "permission denied for table inflight_schema_revision", for every
+// process of a release that the owner had migrated to; a database the
+// release before this one migrated so is mended by this one's Migrate.
 func TestNewAfterTheOwnersMigrationFromVersion1(t *testing.T) {
 	srv := pgtest.Start(t)
 	ctx := context.Background()
@@ -257,6 +259,9 @@ func TestNewAfterTheOwnersMigrationFromVersion1(t *testing.T) {
 	require.NoError(t, err)
 	p := gatewayRole(t, srv, owner)
 
+	require.NoError(t, pgstore.MigrateTo(ctx, owner, pgstore.SchemaRevision-1)) // the release before
+	_, err = pgstore.New(ctx, p, "f")
+	require.ErrorContains(t, err, "permission denied for table inflight_schema_revision")
 	require.NoError(t, pgstore.Migrate(ctx, owner))
 	s, err := pgstore.New(ctx, p, "f")
 	require.NoError(t, err)
