@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -106,6 +107,21 @@ func TestDrainClosesTheAdminListenerToo(t *testing.T) {
 	assert.Equal(t, 0, p.exitCode(t))
 }
 
+// redisLeases lists the keys of rdb that hold leases (sorted sets).
+func redisLeases(t *testing.T, rdb *redis.Client) []string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, "*").Result()
+	require.NoError(t, err)
+	var held []string
+	for _, k := range keys {
+		if typ, err := rdb.Type(ctx, k).Result(); err == nil && typ == "zset" {
+			held = append(held, k)
+		}
+	}
+	return held
+}
+
 // A drain cut short lets the cut requests release their fleet leases
 // before the gateway closes: none is left in Redis to expire a lease TTL
 // later.
@@ -118,18 +134,7 @@ func TestCutDrainLeavesNoLeaseInRedis(t *testing.T) {
 		"fleet":{"redis_url":"redis://`+redisSrv.Addr+`/0","lease_ttl_ms":60000}}`)
 	rdb := redisSrv.Client()
 	t.Cleanup(func() { rdb.Close() })
-	ctx := context.Background()
-	leases := func() []string {
-		keys, err := rdb.Keys(ctx, "*").Result()
-		require.NoError(t, err)
-		var held []string
-		for _, k := range keys {
-			if typ, err := rdb.Type(ctx, k).Result(); err == nil && typ == "zset" {
-				held = append(held, k)
-			}
-		}
-		return held
-	}
+	leases := func() []string { return redisLeases(t, rdb) }
 	_, stream := openStream(t, p.addr)
 	require.NotEmpty(t, leases(), "the stream holds leases")
 
@@ -146,34 +151,37 @@ func TestCutDrainLeavesNoLeaseInRedis(t *testing.T) {
 // cut_linger_ms after its handler has returned: a drain that completes
 // meanwhile lets it go before the gateway closes, so that its lease is not
 // left in Redis to expire a lease TTL later, holding a slot of the fleet's
-// for nobody.
+// for nobody; a drain whose bound passes first says it was cut short.
 func TestDrainLeavesNoLingeringLeaseInRedis(t *testing.T) {
-	redisSrv := redistest.Start(t)
-	up, release := streamingUpstream(t)
-	defer close(release)
-	p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`",
-		"provider":{"max_concurrent_requests":2},"cut_linger_ms":1000,"shutdown_timeout_ms":20000,
-		"fleet":{"redis_url":"redis://`+redisSrv.Addr+`/0","lease_ttl_ms":60000}}`)
-	rdb := redisSrv.Client()
-	t.Cleanup(func() { rdb.Close() })
-	ctx := context.Background()
-	leases := func() []string {
-		keys, err := rdb.Keys(ctx, "*").Result()
-		require.NoError(t, err)
-		var held []string
-		for _, k := range keys {
-			if typ, err := rdb.Type(ctx, k).Result(); err == nil && typ == "zset" {
-				held = append(held, k)
-			}
-		}
-		return held
-	}
-	resp, _ := openStream(t, p.addr)
-	require.NotEmpty(t, leases(), "the stream holds leases")
+	for _, tc := range []struct {
+		name, timings string
+		exit          int
+	}{
+		{"the linger ends within the drain's bound", `"cut_linger_ms":1000,"shutdown_timeout_ms":20000`, 0},
+		{"the drain's bound ends first", `"cut_linger_ms":30000,"shutdown_timeout_ms":500`, 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			redisSrv := redistest.Start(t)
+			up, release := streamingUpstream(t)
+			defer close(release)
+			p := startProcess(t, `{"listen":"127.0.0.1:0","upstream":"`+up.URL+`",
+				"provider":{"max_concurrent_requests":2},`+tc.timings+`,
+				"fleet":{"redis_url":"redis://`+redisSrv.Addr+`/0","lease_ttl_ms":60000}}`)
+			rdb := redisSrv.Client()
+			t.Cleanup(func() { rdb.Close() })
+			resp, _ := openStream(t, p.addr)
+			require.NotEmpty(t, redisLeases(t, rdb), "the stream holds leases")
 
-	require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
-	p.waitLine(t, `msg="gateway: draining"`)
-	resp.Body.Close() // the client walks away: its handler returns, its provider slot lingers
-	assert.Equal(t, 0, p.exitCode(t), "nothing was cut by the drain")
-	assert.Empty(t, leases(), "no lease left behind")
+			require.NoError(t, p.cmd.Process.Signal(syscall.SIGTERM))
+			p.waitLine(t, `msg="gateway: draining"`)
+			resp.Body.Close() // the client walks away: its handler returns, its provider slot lingers
+			require.Equal(t, tc.exit, p.exitCode(t))
+			if tc.exit == 0 {
+				assert.Empty(t, redisLeases(t, rdb), "no lease left behind")
+				return
+			}
+			assert.Contains(t, p.logged(), `msg="gateway: drain cut short" drained=1 cut=0`)
+			assert.Contains(t, p.logged(), "released=false")
+		})
+	}
 }

@@ -17,11 +17,12 @@
 //	 "shutdown_timeout_ms": 30000, "cut_linger_ms": 250}
 //
 // On SIGTERM or SIGINT the gateway stops accepting connections and lets the
-// requests and streams in flight finish, for up to shutdown_timeout_ms
-// (default 30 s); then it logs what it drained and exits 0. Requests still
-// waiting for the provider are answered 503 at once. A second signal, or the
-// timeout, cuts what is left and exits 1, once the cut requests have
-// released their slots (for 2 s at most).
+// requests and streams in flight finish, and the slots of streams cut
+// meanwhile linger out, for up to shutdown_timeout_ms (default 30 s); then
+// it logs what it drained and exits 0. Requests still waiting for the
+// provider are answered 503 at once. A second signal, or the timeout, cuts
+// what is left and exits 1, once the cut requests have released their
+// slots (for 2 s at most).
 //
 // An API key's id is a name; its secret is read from the environment
 // variable api_key_env names for it, and never logged or exported.
@@ -209,7 +210,11 @@ func drain(log *slog.Logger, gw *gateway.Gateway, servers []*http.Server, sig os
 	// cut_linger_ms after its handler has returned: let them go before
 	// the gateway closes, within the drain's bound, so that no fleet lease
 	// is left in the store, holding a slot for nobody until it expires.
-	gw.WaitIdle(ctx)
+	if !gw.WaitIdle(ctx) {
+		log.Warn("gateway: drain cut short", slog.Int("drained", inFlight), slog.Int("cut", 0),
+			slog.Duration("took", time.Since(start)), slog.Bool("released", false), slog.Any("error", ctx.Err()))
+		return 1
+	}
 	log.Info("gateway: drained", slog.Int("requests", inFlight), slog.Duration("took", time.Since(start)),
 		slog.Int("tenant_keys_held", gw.TenantKeys()), slog.Int("provider_in_flight", gw.Provider().InFlight))
 	return 0
