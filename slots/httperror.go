@@ -193,26 +193,36 @@ func WritePlainError(w http.ResponseWriter, status int, message string) {
 	fmt.Fprintln(w, message)
 }
 
+// ErrorType names an error answered with status in the LLM APIs' shape.
+func ErrorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status == http.StatusServiceUnavailable:
+		return "overloaded_error"
+	case status >= 400 && status < 500:
+		return "invalid_request_error"
+	}
+	return "api_error"
+}
+
 // writeJSONError is the default ErrorWriter: the error shape of the LLM
 // APIs (OpenAI's, Anthropic's), which their clients' SDKs read, the type
-// named after the status.
+// named after the status (ErrorType).
 func writeJSONError(w http.ResponseWriter, status int, message string) {
-	kind := "api_error"
-	switch {
-	case status == http.StatusTooManyRequests:
-		kind = "rate_limit_error"
-	case status == http.StatusServiceUnavailable:
-		kind = "overloaded_error"
-	case status >= 400 && status < 500:
-		kind = "invalid_request_error"
-	}
 	var body struct {
 		Error struct {
 			Type    string `json:"type"`
 			Message string `json:"message"`
 		} `json:"error"`
 	}
-	body.Error.Type, body.Error.Message = kind, message
+	body.Error.Type, body.Error.Message = ErrorType(status), message
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("X-Content-Type-Options", "nosniff")
@@ -229,8 +239,7 @@ func WriteError(w http.ResponseWriter, err error) {
 	writeError(w, writeJSONError, status, retryAfter, ErrorMessage(err))
 }
 
-// SetRetryAfter sets Retry-After (whole seconds) and HeaderRetryAfterMs to
-// d, rounded up, as this package's answers do; nothing for d <= 0.
+// SetRetryAfter sets Retry-After and HeaderRetryAfterMs to d > 0, rounded up.
 func SetRetryAfter(h http.Header, d time.Duration) {
 	if d <= 0 {
 		return

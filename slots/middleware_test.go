@@ -521,3 +521,12 @@ func errorBody(kind, message string) string {
 	}
 	return string(b)
 }
+
+// An error's type in the LLM APIs' shape follows its status.
+func TestErrorType(t *testing.T) {
+	for status, want := range map[int]string{401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+		413: "invalid_request_error", 429: "rate_limit_error", 499: "invalid_request_error", 500: "api_error",
+		502: "api_error", 503: "overloaded_error", 200: "api_error"} {
+		assert.Equal(t, want, slots.ErrorType(status), "%d", status)
+	}
+}

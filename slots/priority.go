@@ -78,8 +78,7 @@ func WithFlow(ctx context.Context, id string) context.Context {
 	return WithFlowWeight(ctx, id, 1)
 }
 
-// WithFlowWeight is WithFlow with a weight (at least 1): flows weighted 3
-// and 1 are admitted 3:1 while both wait (a turn takes its first waiter's weight).
+// WithFlowWeight is WithFlow weighted (at least 1): flows of 3 and 1 go 3:1.
 func WithFlowWeight(ctx context.Context, id string, weight int) context.Context {
 	pl := core.PlaceOf(ctx)
 	pl.Flow = id
@@ -93,8 +92,7 @@ func FlowFrom(ctx context.Context) (id string, weight int) {
 	return pl.Flow, max(int(pl.Weight), 1)
 }
 
-// AdmitByHeaders returns an AdmitFunc that places a request by its headers
-// (PlaceFromHeaders) and admits it with acquire, such as lim.Acquire.
+// AdmitByHeaders admits a request placed by its headers (PlaceFromHeaders).
 func AdmitByHeaders(acquire func(context.Context) (*Slot, error)) AdmitFunc {
 	return func(r *http.Request) (*Slot, error) {
 		ctx, err := PlaceFromHeaders(r.Context(), r.Header)

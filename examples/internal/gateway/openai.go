@@ -60,7 +60,7 @@ func requestModel(r *http.Request, maxBytes int64) (string, []byte, error) {
 
 // writeOpenAIError is a slots.ErrorWriter that answers in OpenAI's error
 // shape, {"error":{"message":...,"type":...,"code":...}}, the type named
-// after the status.
+// after the status (slots.ErrorType).
 func writeOpenAIError(w http.ResponseWriter, status int, message string) {
 	writeOpenAIErrorWith(w, status, message, "", "")
 }
@@ -68,21 +68,6 @@ func writeOpenAIError(w http.ResponseWriter, status int, message string) {
 // writeOpenAIErrorWith is writeOpenAIError with a refusal's cap and reason
 // in the error, when not empty.
 func writeOpenAIErrorWith(w http.ResponseWriter, status int, message, capName, reason string) {
-	kind := "api_error"
-	switch {
-	case status == http.StatusUnauthorized:
-		kind = "authentication_error"
-	case status == http.StatusForbidden:
-		kind = "permission_error"
-	case status == http.StatusNotFound:
-		kind = "not_found_error"
-	case status == http.StatusTooManyRequests:
-		kind = "rate_limit_error"
-	case status == http.StatusServiceUnavailable:
-		kind = "overloaded_error"
-	case status >= 400 && status < 500:
-		kind = "invalid_request_error"
-	}
 	var body struct {
 		Error struct {
 			Message string  `json:"message"`
@@ -92,7 +77,7 @@ func writeOpenAIErrorWith(w http.ResponseWriter, status int, message, capName, r
 			Reason  string  `json:"reason,omitempty"`
 		} `json:"error"`
 	}
-	body.Error.Message, body.Error.Type = message, kind
+	body.Error.Message, body.Error.Type = message, slots.ErrorType(status)
 	body.Error.Cap, body.Error.Reason = capName, reason
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
