@@ -298,7 +298,7 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		// below it again, as for a refused probe. (One refused within
 		// the cap goes on as any refusal: the cap fell, or it is noise.)
 		l.Hi = min(m-1, l.Ceil)
-		l.HiAt, l.CutSeq = now, max(l.CutSeq, seq)
+		l.HiAt, l.CutSeq = found(now), max(l.CutSeq, seq)
 		l.ProbeN, l.Step = 0, 1
 		return
 	}
@@ -335,7 +335,7 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 		// process had before).
 		l.Hi = min(l.Hi, max(top-1, l.Lo, l.Floor), l.Ceil)
 		l.Lo = min(max(m-1, l.Lo, l.Floor), l.Hi)
-		l.HiAt, l.CutSeq = now, seq
+		l.HiAt, l.CutSeq = found(now), seq
 		l.ProbeN, l.Step = 0, 1
 		return
 	}
@@ -359,9 +359,13 @@ func (l *Cap) Refused(m int, id uint64, at, now int64, seq uint64) {
 	}
 	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
 	l.Hi = max(min(m-1, l.Ceil), l.Lo)
-	l.HiAt, l.CutSeq = now, seq
+	l.HiAt, l.CutSeq = found(now), seq
 	l.ProbeN, l.Step = 0, 1
 }
+
+// found is HiAt for a ceiling or cut found at now: never 0, which says
+// none was found (see Configure), also for one found at a clock's start.
+func found(now int64) int64 { return max(now, 1) }
 
 // countBatch counts a refusal of start number id, made with m in flight,
 // if it is one of the refused batch's starts and was not counted yet (the

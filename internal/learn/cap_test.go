@@ -725,3 +725,18 @@ func TestFoundCeilingAtALoweredBoundSurvivesItsRaise(t *testing.T) {
 		t.Fatalf("limit %d, Hi %d: the ceiling found a minute ago is forgotten, probes go over it", got, c.Hi)
 	}
 }
+
+// A ceiling found at the very start of its clock (now 0, as a Gate's
+// clock reads when it was just made) is found all the same: raised, the
+// bound does not take it for none found.
+func TestCeilingFoundAtTheClocksStart(t *testing.T) {
+	c := New(1, 8, 8, time.Hour)
+	c.Refused(9, 1, 0, 0, 1) // the bound is the upstream's cap, found at 0
+	if c.Hi != 8 || c.HiAt == 0 {
+		t.Fatalf("after the refusal at 9: Hi %d HiAt %d, want 8 and a time", c.Hi, c.HiAt)
+	}
+	c.Configure(1, 20, time.Hour)
+	if got := c.Limit(int64(time.Minute)); got != 8 || c.Hi != 8 {
+		t.Fatalf("limit %d, Hi %d: the ceiling found at 0 is forgotten", got, c.Hi)
+	}
+}
