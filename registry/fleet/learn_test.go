@@ -20,6 +20,7 @@ import (
 	"github.com/inflight-go/inflight/pacing/pacingtest"
 	"github.com/inflight-go/inflight/pacing/upstream"
 	"github.com/inflight-go/inflight/registry"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore"
 	"github.com/inflight-go/inflight/registry/fleet/redisstore/redistest"
 	"github.com/inflight-go/inflight/slots"
@@ -393,4 +394,30 @@ func TestReportWritesACutBeforeItReturns(t *testing.T) {
 		return !rs[0].learned.learning["p"].stale
 	})
 	assert.Equal(t, 2, rs[0].Learned("p").Cap)
+}
+
+// A state written by a process whose Max is 4, which has found no
+// ceiling, holds 4 as its ceiling (its bound): a process whose Max is 8
+// reads no ceiling in it, and its probe at 5, admitted, raises the cap as
+// in a fleet of one configuration (TestLearnedCapRisesForAll). It took 4
+// for a ceiling found: the probe was a retest, whose admission leaves the
+// cap at 4 and proves 5 again.
+func TestLearnedCeilingOfANarrowerProcessIsItsBound(t *testing.T) {
+	ms := memstore.New()
+	narrow := New[string](ms, slots.Unlimited, WithLogger(quiet()))
+	defer narrow.Close()
+	require.NoError(t, narrow.Learn("p", upstream.AdaptiveConfig{Initial: 4, Max: 4}))
+	settled(t, narrow, "p")
+	wide := New[string](ms, slots.Unlimited, WithLogger(quiet()))
+	defer wide.Close()
+	require.NoError(t, wide.Learn("p", upstream.AdaptiveConfig{Initial: 4, Max: 8}))
+	settled(t, wide, "p")
+	assert.Equal(t, 8, wide.Learned("p").Ceiling, "no refusal found a ceiling")
+
+	held := holdP(t, 5, wide)
+	wide.Report(held[4], upstream.Verdict{Kind: upstream.Admitted})
+	assert.Equal(t, 5, wide.Learned("p").Cap, "the probe admitted raises the cap")
+	for _, s := range held {
+		s.Release()
+	}
 }
