@@ -104,8 +104,9 @@ func NewSharedLimiter() *slots.Limiter {
 // NewServer caps a server's own handlers at 100 in flight (a streaming
 // handler holds its slot for the whole stream), with 50 waiting at most;
 // a rejection is a 429 with Retry-After and a JSON reason
-// ({"error":{"type":"rate_limit_error",...}}), or what WithErrorWriter writes. /debug/slots lists what holds the cap:
-// serve it behind your operators' access control.
+// ({"error":{"type":"rate_limit_error",...}}), or what WithErrorWriter
+// writes. /debug/slots lists what holds the cap: serve it behind your
+// operators' access control.
 func NewServer(app http.Handler) http.Handler {
 	lim := slots.NewLimiter(100, slots.WithMaxQueue(50))
 	admit := func(r *http.Request) (*slots.Slot, error) { return lim.Acquire(r.Context()) }

@@ -187,12 +187,12 @@ var schemaV1 = withConstants(schemaSQL)
 // holds keep the room of the key served, and revision 21 has a serving
 // that goes on past its look bound go on from the waiter the look before
 // it did not reach, wherever it stands now, revision 22 counts a heavy
-// waiter's bound in bigints (bigintBounds), revision 23 lets a
-// budget's call check when a cost would fit, charging nothing, and
-// revision 24 grants the tables made without grants (tableGrants). A revision
-// adds, or replaces a function keeping its signature and the meaning of
-// its answers, so a release that knows fewer of them works on the schema
-// as it is (a rolling deploy has both side by side); one that changes what
+// waiter's bound in bigints (bigintBounds), revision 23 lets a budget's
+// call check when a cost would fit, charging nothing, and revision 24
+// grants the tables made without grants (tableGrants). A revision adds,
+// or replaces a function keeping its signature and the meaning of its
+// answers, so a release that knows fewer of them works on the schema as
+// it is (a rolling deploy has both side by side); one that changes what
 // is there makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
