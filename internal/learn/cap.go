@@ -20,14 +20,14 @@ import (
 // app-limited client never grows. Probes go in batches: up to Lo+1 at first,
 // then up to Lo+2 and Lo+4 (maxStep), no higher than a known ceiling Hi;
 // one probe over a known ceiling (a retest). A batch that the upstream
-// admits, or that has not been refused within Gap (twice the time a
-// refusal takes while refusal times vary little, more while they vary),
-// raises Lo to its top; so the climb takes a batch per Gap or less and
-// overshoots by less than a batch. A count over a known ceiling (a retest
-// admitted) only makes the ceiling unknown again: Lo stays at the old
-// ceiling, and the climb from there begins with one probe (at the
-// retest's count), since a count can be over what the upstream had (see
-// raise).
+// admits, or that has not been refused within Gap of its highest start
+// (twice the time a refusal takes while refusal times vary little, more
+// while they vary), raises Lo to its top; so the climb takes a batch per
+// Gap or less and overshoots by less than a batch. A count over a known
+// ceiling (a retest admitted) only makes the ceiling unknown again: Lo
+// stays at the old ceiling, and the climb from there begins with one probe
+// (at the retest's count), since a count can be over what the upstream had
+// (see raise).
 //
 // A refusal of a probe sets the ceiling Hi: the batch's top less the
 // batch's refusals, counted for a Gap while no probe goes, since which of a
@@ -58,7 +58,7 @@ type Cap struct {
 	Streak int    // refusals since the last admission after a cut
 
 	ProbeN     int           // the highest start of the batch out; 0: none
-	ProbeAt    int64         // when its last start went
+	ProbeAt    int64         // when its highest start went
 	ProbeTop   int           // the limit while the batch is out
 	Step       int           // the next batch's width
 	Refusal    time.Duration // moving average of how long a refusal takes; 0: none seen
@@ -205,7 +205,14 @@ func (l *Cap) Started(n int, now int64) {
 		l.ProbeTop = l.Lo + l.width()
 		l.BatchLo, l.BatchTop = l.Lo, 0
 	}
-	l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
+	// The batch ends a Gap after its highest start: a later start at a
+	// count it reached already tests nothing more, and under steady load
+	// (a slot freed, another taken) would put off its end for as long as
+	// the load lasts. A refusal of such a start that comes after the end
+	// is one of a count within the cap, as after an admission.
+	if n > l.ProbeN {
+		l.ProbeN, l.ProbeAt = n, now
+	}
 }
 
 // GivenBack notes that the start with n in flight at was given back unsent.

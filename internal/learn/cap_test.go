@@ -740,3 +740,25 @@ func TestCeilingFoundAtTheClocksStart(t *testing.T) {
 		t.Fatalf("limit %d, Hi %d: the ceiling found at 0 is forgotten", got, c.Hi)
 	}
 }
+
+// A batch of probes ends a Gap after its highest start, however many starts
+// at that count follow it (under steady load, a slot freed and another
+// taken): they put off its end for as long as the load lasted. A refusal of
+// one of them that comes after the end is one of a count within the cap,
+// as after an admission: a step down, and the cut's test.
+func TestBatchEndsAGapAfterItsHighestStart(t *testing.T) {
+	ms := int64(time.Millisecond)
+	c := New(1, 16, 4, time.Minute)
+	for n := 1; n <= 5; n++ {
+		c.Started(n, 0) // the fifth is the batch's one probe
+	}
+	c.Started(5, 400*ms) // start 6: one of the five ended, and it took its place
+	c.Tick(500*ms, 6)
+	if c.ProbeN != 0 || c.Lo != 5 {
+		t.Fatalf("a Gap after the probe, the batch is still out: %+v", c)
+	}
+	c.Refused(5, 6, 400*ms, 700*ms, 6)
+	if c.Lo != 4 || c.Hi != 4 || c.Streak != 1 {
+		t.Fatalf("a refusal within the cap after the batch ended: want cap 4, ceiling 4, one refusal: %+v", c)
+	}
+}

@@ -91,8 +91,8 @@ type refusalRecord struct {
 	Dev  int64 `json:"dev"`
 }
 
-// probeRecord is a batch of probes out: the highest start of it, when its
-// last start went, and the limit while it is out.
+// probeRecord is a batch of probes out: the highest start of it, when that
+// start went, and the limit while it is out.
 type probeRecord struct {
 	N   int   `json:"n"`
 	At  int64 `json:"at"`
