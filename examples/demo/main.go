@@ -181,11 +181,13 @@ func send(client *http.Client, baseURL string, r request, classes bool) bool {
 	return err == nil && resp.StatusCode == http.StatusOK && strings.HasSuffix(string(data), "data: [DONE]\n\n")
 }
 
+// percentile is the nearest rank: the smallest latency that p% of them
+// do not exceed (of six, the 95th is the slowest, not the second slowest).
 func percentile(sorted []time.Duration, p int) time.Duration {
 	if len(sorted) == 0 {
 		return 0
 	}
-	return sorted[(len(sorted)-1)*p/100]
+	return sorted[max((len(sorted)*p+99)/100-1, 0)]
 }
 
 // outcome is what the demo measured, for its test.
@@ -231,10 +233,15 @@ func run(args []string, stdout, stderr io.Writer) error {
 		}
 		return usageError{err}
 	}
+	// -fleet is a boolean flag, so "-fleet postgres" is -fleet (Redis)
+	// followed by an argument: refused, rather than run on Redis.
+	if fs.NArg() > 0 {
+		return usageError{fmt.Errorf("unexpected argument %q (a flag's value follows it after =, as in -fleet=postgres)", fs.Arg(0))}
+	}
 	if *batch < 0 || *interactive < 0 || *accountLimit < 1 || *modelCap < 1 || !(*scale > 0 && *scale <= maxScale) || *phase < 0 || *phase > maxPhase ||
-		*cache < 0 || *cache > maxCache {
-		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d], -phase in [0, %v], -tokens in [0, %d]",
-			maxScale, maxPhase, maxCache)}
+		*cache < 0 || (*cache > 0 && *cache < minCache) || *cache > maxCache {
+		return usageError{fmt.Errorf("-batch and -interactive must be >= 0, -account-limit and -model-cap >= 1, -scale in (0, %d], -phase in [0, %v], -tokens 0 or in [%d, %d]",
+			maxScale, maxPhase, minCache, maxCache)}
 	}
 	d := func(ms int) time.Duration { return time.Duration(float64(ms) * *scale * float64(time.Millisecond)) }
 	rng := rand.New(rand.NewPCG(*seed, 0))
@@ -330,7 +337,7 @@ func run(args []string, stdout, stderr io.Writer) error {
 		if err != nil {
 			fmt.Fprintf(stdout, "\nthe fleet's runs are skipped: %v\n", err)
 		} else {
-			defer stop()
+			defer untilSignal(stop)()
 			store = st
 		}
 	}

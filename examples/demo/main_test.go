@@ -1,10 +1,18 @@
 package main
 
 import (
+	"bufio"
 	"fmt"
 	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strconv"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -14,7 +22,88 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if args, ok := os.LookupEnv(demoArgs); ok { // the demo, run by TestDemoStopsItsStoreOnSignal
+		if err := run(strings.Fields(args), os.Stdout, io.Discard); err != nil {
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	redistest.Main(m, "examples/demo")
+}
+
+// demoArgs, set, makes the test binary run the demo with its flags.
+const demoArgs = "INFLIGHT_DEMO_ARGS"
+
+// TestDemoStopsItsStoreOnSignal ends the demo with SIGTERM while its
+// moving cap's part runs on a redis-server it started: the server stops
+// and its temporary directory goes with it.
+func TestDemoStopsItsStoreOnSignal(t *testing.T) {
+	redistest.SkipWithoutRedis(t)
+	if runtime.GOOS != "linux" {
+		t.Skip("finds a left server by its working directory in /proc")
+	}
+	tmp := t.TempDir()
+	t.Cleanup(func() { killUnder(tmp) }) // a server left, if the test fails
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), demoArgs+"=-batch 0 -interactive 0 -tokens 0 -phase 1m -fleet", "TMPDIR="+tmp)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	exited := make(chan error, 1)
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	moving := make(chan struct{})
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			if strings.HasPrefix(sc.Text(), "a provider whose cap is hidden and moves") {
+				close(moving)
+				break
+			}
+		}
+		_, _ = io.Copy(io.Discard, stdout)
+		exited <- cmd.Wait()
+	}()
+	select {
+	case <-moving:
+	case <-time.After(time.Minute):
+		t.Fatal("the moving cap's part did not start")
+	}
+	left, err := os.ReadDir(tmp)
+	require.NoError(t, err)
+	require.NotEmpty(t, left, "the redis-server's directory, while it runs")
+	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case <-exited:
+		exited <- nil // for the cleanup
+	case <-time.After(30 * time.Second):
+		t.Fatal("the demo did not end on SIGTERM")
+	}
+	left, err = os.ReadDir(tmp)
+	require.NoError(t, err)
+	assert.Empty(t, left, "the redis-server's directory is removed")
+	assert.Empty(t, killUnder(tmp), "no server left running")
+}
+
+// killUnder kills the processes working in a directory under dir (the
+// redis-servers the demo started there), and returns their ids.
+func killUnder(dir string) []int {
+	var pids []int
+	procs, _ := filepath.Glob("/proc/[0-9]*/cwd")
+	for _, p := range procs {
+		cwd, err := os.Readlink(p)
+		if err != nil || !strings.HasPrefix(cwd, dir+string(filepath.Separator)) {
+			continue
+		}
+		pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+		if err == nil {
+			pids = append(pids, pid)
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+	return pids
 }
 
 // TestDemo runs a smaller, faster workload over real HTTP: straight at the
@@ -67,6 +156,38 @@ func TestDemoFlags(t *testing.T) {
 	assert.ErrorAs(t, run([]string{"-phase", "-1s"}, &strings.Builder{}, io.Discard), &usage)
 	assert.ErrorAs(t, run([]string{"-phase", "1000h"}, &strings.Builder{}, io.Discard), &usage)
 	assert.ErrorAs(t, run([]string{"-tokens", "-1"}, &strings.Builder{}, io.Discard), &usage)
+}
+
+// -fleet is a boolean flag: "-fleet postgres" is -fleet (Redis) and an
+// argument, which the demo must refuse rather than run on Redis.
+func TestDemoRefusesArguments(t *testing.T) {
+	var usage usageError
+	err := run([]string{"-batch", "0", "-interactive", "0", "-tokens", "0", "-phase", "0", "-fleet", "postgres"}, &strings.Builder{}, io.Discard)
+	require.ErrorAs(t, err, &usage)
+	assert.ErrorContains(t, err, "-fleet=postgres")
+}
+
+// A cache too small for the token run's requests is refused up front: the
+// gateway would turn every request away as heavier than its cap, and the
+// demo fail at the end of the run.
+func TestDemoRefusesATinyCache(t *testing.T) {
+	var usage usageError
+	assert.ErrorAs(t, run([]string{"-batch", "0", "-interactive", "0", "-phase", "0", "-tokens", "100"}, &strings.Builder{}, io.Discard), &usage)
+}
+
+// A percentile is the nearest rank: the 95th of six latencies is the
+// slowest, not the second slowest.
+func TestPercentile(t *testing.T) {
+	six := []time.Duration{1, 2, 3, 4, 5, 6}
+	assert.Equal(t, time.Duration(6), percentile(six, 95))
+	assert.Equal(t, time.Duration(3), percentile(six, 50))
+	var forty []time.Duration
+	for i := range 40 {
+		forty = append(forty, time.Duration(i+1))
+	}
+	assert.Equal(t, time.Duration(38), percentile(forty, 95))
+	assert.Equal(t, time.Duration(20), percentile(forty, 50))
+	assert.Equal(t, time.Duration(1), percentile(forty[:1], 95))
 }
 
 func TestDemoHelpListsTheFlags(t *testing.T) {

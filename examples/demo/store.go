@@ -8,7 +8,10 @@ import (
 	"net/url"
 	"os"
 	"os/exec"
+	"os/signal"
 	"strconv"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -84,6 +87,30 @@ func startPostgres() (*fleetStore, func(), error) {
 	return &fleetStore{label: "PostgreSQL", server: "a PostgreSQL server",
 		moving: &gateway.FleetConfig{PostgresURL: u.String()},
 		shared: &gateway.FleetConfig{PostgresURL: srv.URL}}, srv.Close, nil
+}
+
+// untilSignal returns stop, safe to call more than once, and calls it
+// itself and ends the process if SIGINT or SIGTERM comes first: a signal
+// ends the demo without its deferred calls, and the store's server would
+// outlive it, PostgreSQL's cluster in its temporary directory too.
+func untilSignal(stop func()) func() {
+	once := sync.OnceFunc(stop)
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sig:
+			once()
+			os.Exit(128 + int(s.(syscall.Signal))) // the shell's code for a process a signal ended
+		case <-done:
+		}
+	}()
+	return func() {
+		signal.Stop(sig)
+		close(done)
+		once()
+	}
 }
 
 // startRedis runs a redis-server on a free loopback port, without
