@@ -209,9 +209,12 @@ func (l *Cap) Started(n int, now int64) {
 	// count it reached already tests nothing more, and under steady load
 	// (a slot freed, another taken) would put off its end for as long as
 	// the load lasts. A refusal of such a start that comes after the end
-	// is one of a count within the cap, as after an admission.
-	if n > l.ProbeN {
-		l.ProbeN, l.ProbeAt = n, now
+	// is one of a count within the cap, as after an admission. A time set
+	// by a clock that has since stepped back (more than maxGap ahead, as
+	// for batchStale) is dropped at the next start at its count: the batch
+	// would stay out until the clock came back to it.
+	if n > l.ProbeN || l.ProbeAt-now > int64(maxGap) {
+		l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
 	}
 }
 

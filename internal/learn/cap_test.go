@@ -762,3 +762,23 @@ func TestBatchEndsAGapAfterItsHighestStart(t *testing.T) {
 		t.Fatalf("a refusal within the cap after the batch ended: want cap 4, ceiling 4, one refusal: %+v", c)
 	}
 }
+
+// A batch's time set by a clock that has since stepped back (by more than
+// maxGap) is dropped at the next start at its count, as a count's end is
+// (batchStale): otherwise a batch whose slots are never reported stays out
+// until the clock comes back to it, and the cap does not climb meanwhile.
+// (Before a batch ended a Gap after its highest start, every start at its
+// count moved its time, which mended it.)
+func TestBatchTimeSetByAClockSinceSteppedBack(t *testing.T) {
+	sec := int64(time.Second)
+	c := New(1, 16, 4, time.Minute)
+	for n := 1; n <= 5; n++ {
+		c.Started(n, 100*sec) // the fifth is the batch's one probe
+	}
+	back := 40 * sec // the clock steps back a minute
+	c.Started(5, back)
+	c.Tick(back+sec, 6)
+	if c.ProbeN != 0 || c.Lo != 5 {
+		t.Fatalf("a Gap after a start at the batch's count with the clock a minute back, the batch is still out (until %d): %+v", c.WakeAt(back+sec), c)
+	}
+}
