@@ -52,7 +52,7 @@ type Cap struct {
 	Retest time.Duration
 
 	Lo     int    // starts up to Lo go without a test
-	Hi     int    // the cap is at most Hi, as of HiAt (Ceil: unknown)
+	Hi     int    // the cap is at most Hi, as of HiAt (HiAt 0: none found, Hi is Ceil)
 	HiAt   int64  // clock nanos
 	CutSeq uint64 // starts numbered up to it came before the last cut or reopened ceiling: stale evidence
 	Streak int    // refusals since the last admission after a cut
@@ -91,12 +91,13 @@ func New(floor, ceil, initial int, retest time.Duration) *Cap {
 // a floor over the ceiling is taken as the ceiling (the limit is never
 // over it).
 func (l *Cap) Configure(floor, ceil int, retest time.Duration) {
-	// A ceiling at the bound is no ceiling found (Hi == Ceil: unknown): it
+	// A ceiling no refusal found (no HiAt: Hi is the bound, of this
+	// process or, read from a fleet's store, of the one that wrote it)
 	// follows the bound, or a raised bound would hold as a ceiling until a
-	// retest, though no refusal ever found it. One found (HiAt set: a
-	// refusal's, a cut's) that a lowered bound met stays where it was
-	// found: raised again, the bound must not forget it.
-	unknown := l.Hi == l.Ceil && l.HiAt == 0
+	// retest. One found (HiAt set: a refusal's, a cut's) that a lowered
+	// bound met stays where it was found: raised again, the bound must
+	// not forget it.
+	unknown := l.HiAt == 0
 	l.Floor, l.Ceil, l.Retest = min(floor, ceil), ceil, retest
 	l.Lo = min(max(l.Lo, l.Floor), l.Ceil)
 	if unknown {
@@ -137,13 +138,13 @@ const batchSeenMax = 2 * maxStep
 // batchPending reports whether the refusals of a refused batch are still
 // coming in at now, so that no probe goes.
 func (l *Cap) batchPending(now int64) bool {
-	return now < l.BatchUntil && !l.batchStale(now)
+	return now < l.BatchUntil && !ahead(l.BatchUntil, now)
 }
 
-// batchStale reports whether BatchUntil is more than maxGap ahead of now:
-// set by a clock that has since stepped back, it is ignored (and dropped
-// at the next start).
-func (l *Cap) batchStale(now int64) bool { return l.BatchUntil-now > int64(maxGap) }
+// ahead reports whether time t is more than maxGap ahead of now: set by
+// a clock that has since stepped back, it is ignored (and dropped at the
+// next start).
+func ahead(t, now int64) bool { return t-now > int64(maxGap) }
 
 // MayProbe reports whether a batch of probes may start now.
 func (l *Cap) MayProbe(now int64) bool {
@@ -185,7 +186,7 @@ func (l *Cap) WakeAt(now int64) int64 {
 
 // Started notes a start with n in flight.
 func (l *Cap) Started(n int, now int64) {
-	if l.batchStale(now) {
+	if ahead(l.BatchUntil, now) {
 		l.BatchUntil = 0
 	}
 	switch {
@@ -209,11 +210,10 @@ func (l *Cap) Started(n int, now int64) {
 	// count it reached already tests nothing more, and under steady load
 	// (a slot freed, another taken) would put off its end for as long as
 	// the load lasts. A refusal of such a start that comes after the end
-	// is one of a count within the cap, as after an admission. A time set
-	// by a clock that has since stepped back (more than maxGap ahead, as
-	// for batchStale) is dropped at the next start at its count: the batch
-	// would stay out until the clock came back to it.
-	if n > l.ProbeN || l.ProbeAt-now > int64(maxGap) {
+	// is one of a count within the cap, as after an admission. A time
+	// ahead (a clock since stepped back) is dropped at the next start at
+	// its count: the batch would stay out until the clock came back to it.
+	if n > l.ProbeN || ahead(l.ProbeAt, now) {
 		l.ProbeN, l.ProbeAt = max(l.ProbeN, n), now
 	}
 }

@@ -765,7 +765,7 @@ func TestBatchEndsAGapAfterItsHighestStart(t *testing.T) {
 
 // A batch's time set by a clock that has since stepped back (by more than
 // maxGap) is dropped at the next start at its count, as a count's end is
-// (batchStale): otherwise a batch whose slots are never reported stays out
+// (ahead): otherwise a batch whose slots are never reported stays out
 // until the clock comes back to it, and the cap does not climb meanwhile.
 // (Before a batch ended a Gap after its highest start, every start at its
 // count moved its time, which mended it.)

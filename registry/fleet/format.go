@@ -139,19 +139,15 @@ func recordOf(c learn.Cap) capRecord {
 var errBatchSeen = errors.New("fleet: a learned state counts more refusals of a batch than a learner keeps")
 
 // cap returns the learner's state that r records, its bounds and re-test
-// interval left for the reader's configuration to set. A ceiling with no
-// time is none found: the writer's bound, which may not be the reader's,
-// so it is read as the bound (learn.Cap's Configure then puts the
-// reader's in its place).
+// interval left for the reader's configuration to set (a ceiling with no
+// time is the writer's bound, none found: Configure puts the reader's in
+// its place).
 func (r capRecord) cap() (learn.Cap, error) {
 	c := learn.Cap{Lo: r.Lo, Hi: r.Hi, HiAt: r.HiAt, CutSeq: r.Cut, Streak: r.Streak, Step: r.Step,
 		Refusal: time.Duration(r.Refusal.Mean), RefusalDev: time.Duration(r.Refusal.Dev),
 		ProbeN: r.Probe.N, ProbeAt: r.Probe.At, ProbeTop: r.Probe.Top,
 		BatchLo: r.Batch.Lo, BatchTop: r.Batch.Top, BatchAfter: r.Batch.After, BatchEnd: r.Batch.End,
 		BatchN: len(r.Batch.Seen), BatchUntil: r.Batch.Until}
-	if r.HiAt == 0 {
-		c.Ceil = r.Hi
-	}
 	if len(r.Batch.Seen) > recordSeen {
 		return c, errBatchSeen
 	}
