@@ -78,7 +78,7 @@ func WithFlow(ctx context.Context, id string) context.Context {
 	return WithFlowWeight(ctx, id, 1)
 }
 
-// WithFlowWeight is WithFlow weighted (at least 1): flows of 3 and 1 go 3:1.
+// WithFlowWeight is WithFlow weighted (1 to 1<<20): flows of 3 and 1 go 3:1.
 func WithFlowWeight(ctx context.Context, id string, weight int) context.Context {
 	pl := core.PlaceOf(ctx)
 	pl.Flow = id

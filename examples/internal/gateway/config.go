@@ -383,8 +383,8 @@ func ParseConfig(data []byte) (Config, error) {
 		}
 	}
 	for org, w := range c.Orgs.Weights {
-		if w < 1 {
-			return Config{}, fmt.Errorf("config: orgs.weights[%q]: %d is below 1", org, w)
+		if w < 1 || w > 1<<20 {
+			return Config{}, fmt.Errorf("config: orgs.weights[%q]: %d is not from 1 to 1048576 (slots.WithFlowWeight)", org, w)
 		}
 	}
 	if f := c.Fleet; f != nil {

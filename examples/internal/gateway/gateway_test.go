@@ -425,10 +425,13 @@ func TestConfigPrioritiesAndWeights(t *testing.T) {
 		`{"upstream":"http://x","orgs":{"priorities":{"a":"urgent"}}}`,
 		`{"upstream":"http://x","orgs":{"priorities":{"a":""}}}`,
 		`{"upstream":"http://x","orgs":{"weights":{"a":0}}}`,
+		`{"upstream":"http://x","orgs":{"weights":{"a":1048577}}}`, // over slots.WithFlowWeight's bound
 	} {
 		_, err := ParseConfig([]byte(bad))
 		assert.Error(t, err, bad)
 	}
+	_, err := ParseConfig([]byte(`{"upstream":"http://x","orgs":{"weights":{"a":1048576}}}`))
+	assert.NoError(t, err, "the bound itself")
 }
 
 // fleetStores start, for a test, each store a fleet of gateways runs on,
