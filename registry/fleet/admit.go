@@ -72,7 +72,12 @@ type outcome struct {
 	resume  time.Time     // with paused: when the pause ends, on this process's clock
 	queued  bool          // waiting in the fleet's queue; full is the index of a full key
 	retry   bool          // a waiter's call timed out, the breaker closed: it asks again
+	local   bool          // with full: full under the local registry (FallbackLocal, the store unreachable)
 	overCut bool          // admitted over a learned cap cut meanwhile: see attempt
+	// gone: the store admitted l, given back (see giveBack): its id is on
+	// its way out of the store, its place in the queue with it (a waiter
+	// queued as that id claimed it), nothing left to take back.
+	gone bool
 	// With full: that key's lease count and queue length, as the reply
 	// told them.
 	inFlight, queuedN int
@@ -313,13 +318,15 @@ func (r *Registry[K]) takeBack(l *lease[K]) {
 // sendAbandonment takes whatever l's id holds out of the store: through
 // the releaser, without waiting for the store, while the Registry runs;
 // once it is closed, now (the releaser has stopped), within the call
-// timeout.
+// timeout, the wait for storeMu included (see removeAfterStop): the
+// waiters that Close ends each take their place back at once, not one
+// after another.
 func (r *Registry[K]) sendAbandonment(l *lease[K]) {
 	r.mu.Lock()
 	closed := r.closed
 	r.mu.Unlock()
 	if closed {
-		r.remove(context.Background(), []*lease[K]{l.abandonment()})
+		r.removeAfterStop([]*lease[K]{l.abandonment()})
 	} else {
 		r.queueRelease(l.abandonment())
 	}
@@ -386,6 +393,7 @@ func (r *Registry[K]) hold(ctx context.Context, l *lease[K], degraded bool, epoc
 			return failed(err)
 		}
 		if o, ok := r.localFull(l, le); ok || try == 2 {
+			o.local = true
 			return o
 		}
 		// No key is full any more: a release came in between. Try again.
@@ -440,16 +448,18 @@ func (r *Registry[K]) giveBack(ctx context.Context, l *lease[K], degraded, close
 		switch {
 		case degraded:
 		case closed:
-			defer r.remove(context.Background(), []*lease[K]{l.abandonment()}) // the releaser may have stopped
+			defer r.removeAfterStop([]*lease[K]{l.abandonment()}) // the releaser may have stopped
 		default:
 			defer r.queueRelease(l)
 		}
 		l.releaseLocal()
 	}()
-	if closed {
-		return failed(ErrClosed)
+	o := failed(ErrClosed)
+	if !closed {
+		o = failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
 	}
-	return failed(fmt.Errorf("fleet: acquire: %w", ctx.Err()))
+	o.gone = !degraded
+	return o
 }
 
 // localAcquire takes the mirror of l, which the store admitted, in the

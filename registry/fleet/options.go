@@ -3,6 +3,7 @@ package fleet
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/inflight-go/inflight/registry"
@@ -118,12 +119,18 @@ func (c *config) log() *slog.Logger {
 	return slog.Default()
 }
 
+// MaxLeaseTTL bounds WithLeaseTTL: a day, longer than a dead process's
+// slots should stay taken, and far from where a lease's expiry, the
+// store's clock plus the TTL, would overflow (as "never", math.MaxInt64,
+// did: the lease counted for nothing).
+const MaxLeaseTTL = 24 * time.Hour
+
 // WithLeaseTTL sets how long a lease outlives its last renewal: how soon a
 // dead process's slots free up. The heartbeat renews every ttl/3. It panics
-// if ttl is under 30 ms.
+// if ttl is under 30 ms or over MaxLeaseTTL.
 func WithLeaseTTL(ttl time.Duration) Option {
-	if ttl < 30*time.Millisecond {
-		panic(fmt.Sprintf("fleet: lease TTL %v under 30ms", ttl))
+	if ttl < 30*time.Millisecond || ttl > MaxLeaseTTL {
+		panic(fmt.Sprintf("fleet: lease TTL %v not within 30ms and %v", ttl, MaxLeaseTTL))
 	}
 	return optionFunc(func(c *config) { c.ttl = ttl })
 }
@@ -161,12 +168,15 @@ func WithLostLeases(l Lost) Option { return optionFunc(func(c *config) { c.lost 
 // admitted under the local registry alone when a call failed, and makes
 // again a renewal that failed. A Registry that holds no lease renews too,
 // with none (the store must hear every live process: see driver.Store), so
-// its calls count here like any other's. It panics if n < 1 or probe <= 0.
+// its calls count here like any other's. An n past math.MaxInt32 counts as
+// math.MaxInt32. It panics if n < 1 or probe <= 0.
 func WithBreaker(n int, probe time.Duration) Option {
 	if n < 1 || probe <= 0 {
 		panic(fmt.Sprintf("fleet: WithBreaker(%d, %v): need n >= 1 and probe > 0", n, probe))
 	}
-	return optionFunc(func(c *config) { c.breakAfter, c.probeEvery = int32(n), probe })
+	// Converted as it is, a larger n would wrap (to a negative threshold, or
+	// 0), and the breaker would open at the first failed call.
+	return optionFunc(func(c *config) { c.breakAfter, c.probeEvery = int32(min(n, math.MaxInt32)), probe })
 }
 
 // WithTimeout bounds each call to the store on the request path (default 500
@@ -205,10 +215,14 @@ func WithLogger(l *slog.Logger) Option { return optionFunc(func(c *config) { c.l
 //   - registry.WithMaxKeyBytes is the fleet's key rule: a key it refuses
 //     fails with registry.ErrInvalidKey before anything is sent to the
 //     store, whether the store is reachable or not;
-//   - slots.WithShare, WithClock, WithLogger and registry.WithShards apply
-//     to the local registry alone, and so to waits only while the store is
-//     unavailable: the fleet's queue orders by class without shares, on
-//     the real clock, and logs to this package's WithLogger;
+//   - slots.WithShare applies to callers of Local alone: the fleet's queue
+//     orders by class without shares, and its admissions under the local
+//     registry (also while the store is unavailable) are all made as the
+//     default class, so units reserved for a class go unused there;
+//   - slots.WithClock, WithLogger and registry.WithShards apply to the
+//     local registry alone, and so to waits only while the store is
+//     unavailable: the fleet's queue runs on the real clock and logs to
+//     this package's WithLogger;
 //   - slots.WithObserver sees the local registry's admissions, made after
 //     the store's decision, without a context or a wait; this package's
 //     WithObserver replaces it;

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
@@ -235,5 +236,7 @@ func (o *outage) refusal(floor time.Duration, msg string) *UnavailableError {
 		d = max(time.Since(time.Unix(0, since)), floor)
 	}
 	d = min(d, max(maxOutageRetry, floor))
-	return &UnavailableError{after: d + rand.N(d/2+1), msg: msg}
+	// The spread stops at the longest Duration: a floor near it (a probe
+	// interval of math.MaxInt64, never in effect) would overflow.
+	return &UnavailableError{after: d + min(rand.N(d/2+1), math.MaxInt64-d), msg: msg}
 }

@@ -3,6 +3,7 @@ package fleet
 import (
 	"context"
 	"errors"
+	"math"
 	"net/http"
 	"slices"
 	"sync/atomic"
@@ -177,4 +178,47 @@ func holdK(t *testing.T, r *Registry[string], n int) []*slots.Slot {
 		held = append(held, s)
 	}
 	return held
+}
+
+// A breaker told to open after more failed calls than an int32 holds
+// (math.MaxInt: never, in effect) does not open at the first one. Found by
+// review: the count was converted to an int32 as it was, which wrapped to a
+// negative threshold (or 0), every count reached.
+func TestBreakerOfAHugeCountStaysClosed(t *testing.T) {
+	for _, n := range []int{math.MaxInt32, math.MaxInt} {
+		testrig.Bubble(t, func(t *testing.T) {
+			st := memstore.New()
+			r := New[string](st, 4, WithUnavailable(FailClosed), WithBreaker(n, time.Hour), WithLogger(quiet()))
+			t.Cleanup(r.Close)
+			st.Kill()
+			for range 3 {
+				_, err := r.TryAcquire("k")
+				require.ErrorIs(t, err, ErrUnavailable, "the call failed")
+			}
+			assert.False(t, r.Stats().BreakerOpen, "WithBreaker(%d): open after 3 failed calls", n)
+		})
+	}
+}
+
+// A probe interval near the longest Duration (math.MaxInt64: never, in
+// effect) tells a refused caller to come back after at least that
+// interval, as RetryAfter says. Found by review: spread over half as long
+// again, it overflowed into a negative RetryAfter.
+func TestUnavailableRetryAfterOfAHugeProbeInterval(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		st := memstore.New()
+		r := New[string](st, 4, WithUnavailable(FailClosed), WithBreaker(3, math.MaxInt64), WithLogger(quiet()))
+		t.Cleanup(r.Close)
+		st.Kill()
+		for range 5 {
+			_, err := r.TryAcquire("k")
+			var down *UnavailableError
+			require.ErrorAs(t, err, &down)
+			assert.GreaterOrEqual(t, down.RetryAfter(), time.Duration(math.MaxInt64), "at least the probe interval")
+		}
+		require.True(t, r.Stats().BreakerOpen)
+		var down *UnavailableError
+		require.ErrorAs(t, r.Unavailable("a charge"), &down)
+		assert.GreaterOrEqual(t, down.RetryAfter(), time.Duration(math.MaxInt64), "at least the probe interval")
+	})
 }

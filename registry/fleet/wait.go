@@ -134,7 +134,12 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 	backoff := r.cfg.pollMin
 	last = failed(nil)
 	for {
-		if !r.mayTry(w) {
+		if ok, held := r.mayTry(w); !ok {
+			if held >= 0 {
+				if i, n := r.lineUp(w, held); i >= 0 {
+					return r.queueFull(l, i, n), last
+				}
+			}
 			if err := r.sleep(wctx, w, r.cfg.pollMax); err != nil {
 				return failed(err), last
 			}
@@ -142,6 +147,13 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 		}
 		r.expect(w, l.id)
 		o = r.attempt(ctx, wctx, l, w)
+		if o.gone && w.queuedAs == l.id {
+			// Its grant, claimed, went back with the lease (the caller
+			// left, or Close came): its place is gone already; a second
+			// abandon of the id (leaveQueue) would only wait for the store
+			// again, and once the Registry is closed, count a second drop.
+			w.queuedAs = ""
+		}
 		if o.full >= 0 {
 			last = o
 		}
@@ -172,15 +184,23 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			// queued one asks within a claim window meanwhile, as its
 			// process's liveness, which keeps its place, is renewed only
 			// so (a pause outlasts it).
-			r.blockedOn(w, l.names[o.full])
+			r.blockedOn(w, l.names[o.full], false)
 			sleep = o.retryIn + jitter(r.cfg.pollMin)
 			if w.queuedAs == l.id {
 				sleep = min(sleep, jitter(r.claim))
 			}
 		default:
-			// Full under the local registry (the store unreachable): wait for
-			// a wake-up, at most the backoff (jittered).
-			r.blockedOn(w, l.names[o.full])
+			// Full under the local registry (the store unreachable): wait,
+			// within the queue's bounds (see lineUp), for a wake-up, at
+			// most the backoff (jittered). (Else the store admitted l, given
+			// back for a lease admitted outside it meanwhile, or over a
+			// learned cap cut twice: the store's bounds bound it.)
+			if o.local {
+				if i, n := r.lineUp(w, o.full); i >= 0 {
+					return r.queueFull(l, i, n), last
+				}
+			}
+			r.blockedOn(w, l.names[o.full], o.local)
 			sleep = jitter(backoff)
 			backoff = min(2*backoff, r.cfg.pollMax)
 		}
@@ -188,6 +208,16 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			return failed(err), last
 		}
 	}
+}
+
+// queueFull is the refusal of l, whose i-th key has queued waiters in
+// this process's order at a bound of the queue (see lineUp).
+func (r *Registry[K]) queueFull(l *lease[K], i, queued int) outcome {
+	k := l.keys[i]
+	le := &slots.LimitError{Err: slots.ErrQueueFull, Key: l.names[i], InFlight: r.localHeld(k), Limit: r.local.Limit(k),
+		Queued: queued, RetryAfter: time.Second}
+	le.RetryAfter = r.refusalRetryAfter(l, i, le, queued, 0, 0, true)
+	return failed(le)
 }
 
 func (r *Registry[K]) sleep(ctx context.Context, w *waiter, d time.Duration) error {

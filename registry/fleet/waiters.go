@@ -29,12 +29,22 @@ type waiter struct {
 	// reply tells it a key is full again. Guarded by r.waits.mu.
 	blocked []string
 	queued  bool // in r.waits.queues (guarded by r.waits.mu)
+	// waiting: it holds a place in a queue, the fleet's (queuedIn) or this
+	// process's order while the store cannot be reached (lineUp), and
+	// counts against the queue's bounds there. Guarded by r.waits.mu.
+	waiting bool
 	// inLine: it waits in this process's order for its blocked keys, told
 	// a key was full (or held back by an earlier waiter), until its next
 	// try begins; not one that has not been told yet, which may be taking
 	// the room now. Guarded by r.waits.mu.
 	inLine bool
-	wake   chan struct{} // buffered 1
+	// local: in line (see inLine) for a key full under the local registry
+	// (the store unreachable), or behind a waiter that is: its place
+	// counts against the local queue bounds (see lineUp); not one told of
+	// a pause, which waits through it whatever the bounds, as it would
+	// in the store. Guarded by r.waits.mu.
+	local bool
+	wake  chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
 	// guarded by r.waits.mu. Its calls under that ticket, claims, go in
 	// the claims' lane (see Registry.call), again after one that failed or
@@ -159,30 +169,74 @@ func (r *Registry[K]) reblockLocked(w *waiter, blocked []string) {
 
 // mayTry reports whether w may ask the store now: no earlier waiter of this
 // process holds back any of its keys. If some do, w from then on holds back
-// later waiters on those keys alone, not on its others.
-func (r *Registry[K]) mayTry(w *waiter) bool {
+// later waiters on those keys alone, not on its others; held is then the
+// index of the first of w's keys held back by a waiter in line for the
+// local registry (told the key was full there, the store unreachable: see
+// local), -1 if none: not a pause's, which bounds no queue.
+func (r *Registry[K]) mayTry(w *waiter) (ok bool, held int) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	var ahead []string // w's keys held back by earlier waiters, in w's order
-	for _, k := range w.keys {
+	held = -1
+	for i, k := range w.keys {
 		for _, v := range r.waits.queues[k] {
 			if v == w {
 				break
 			}
 			if slices.Contains(v.blocked, k) {
 				ahead = append(ahead, k)
+				if held < 0 && v.inLine && v.local {
+					held = i
+				}
 				break
 			}
 		}
 	}
 	if len(ahead) == 0 {
-		return true
+		return true, -1
 	}
-	w.inLine = true
+	w.inLine, w.local = true, held >= 0
 	if !slices.Equal(ahead, w.blocked) {
 		r.reblockLocked(w, ahead)
 	}
-	return false
+	return false, held
+}
+
+// lineUp takes w's place in this process's order, which it waits in for
+// its keys from full on (the first of its keys that was full under the
+// local registry, or held back by a waiter in line there), or returns the
+// index of the first of those keys whose waiters here are at the queue's
+// bound (slots.WithMaxQueue) or w's flow's (WithMaxQueuePerFlow), and
+// their count: while the local caps are the caps, their bounds are the
+// bounds, as in a local registry. A waiter that holds a place already (in
+// the fleet's queue too) keeps it.
+func (r *Registry[K]) lineUp(w *waiter, full int) (key, queued int) {
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
+	if w.waiting || r.maxQueue < 0 && r.maxFlowQueue < 0 {
+		w.waiting = true
+		return -1, 0
+	}
+	for j := range w.keys {
+		i := (full + j) % len(w.keys)
+		n, f := 0, 0
+		for _, v := range r.waits.queues[w.keys[i]] {
+			if v != w && v.waiting {
+				n++
+				if v.flow == w.flow {
+					f++
+				}
+			}
+		}
+		switch {
+		case r.maxQueue >= 0 && n >= r.maxQueue:
+			return i, n
+		case r.maxFlowQueue >= 0 && f >= r.maxFlowQueue:
+			return i, f
+		}
+	}
+	w.waiting = true
+	return -1, 0
 }
 
 // placed records that w's call to the store has its place in line, before the
@@ -199,12 +253,13 @@ func (r *Registry[K]) placed(w *waiter) {
 	}
 }
 
-// blockedOn records that w found key full: from now on it holds back later
-// waiters on that key only, so those on its other keys may try.
-func (r *Registry[K]) blockedOn(w *waiter, key string) {
+// blockedOn records that w found key full (under the local registry, if
+// local: see waiter.local): from now on it holds back later waiters on
+// that key only, so those on its other keys may try.
+func (r *Registry[K]) blockedOn(w *waiter, key string, local bool) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
-	w.inLine = true
+	w.inLine, w.local = true, local
 	if len(w.blocked) == 1 && w.blocked[0] == key {
 		return
 	}
@@ -239,6 +294,7 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 	w.queuedAs = ticket
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
+	w.waiting = true
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
 	}

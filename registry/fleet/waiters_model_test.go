@@ -52,7 +52,7 @@ func simWaiters(seed uint64, steps int) string {
 			switch {
 			case s.state == 0:
 				can = append(can, func() {
-					if r.mayTry(s.w) {
+					if ok, _ := r.mayTry(s.w); ok {
 						s.state = 2
 						log = append(log, fmt.Sprintf("%v may try", s.w.keys))
 					} else {
@@ -66,7 +66,7 @@ func simWaiters(seed uint64, steps int) string {
 				can = append(can, func() {
 					for i, k := range s.w.keys {
 						if !room(k) {
-							r.blockedOn(s.w, k)
+							r.blockedOn(s.w, k, true)
 							s.state = 1
 							log = append(log, fmt.Sprintf("%v full on %s (index %d)", s.w.keys, k, i))
 							return

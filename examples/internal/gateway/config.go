@@ -247,7 +247,7 @@ type FleetConfig struct {
 	// statements go unprepared (pgx's default_query_exec_mode=exec)
 	// unless PostgresURL says otherwise.
 	PostgresListenURL string `json:"postgres_listen_url,omitempty"`
-	LeaseTTLMS        int64  `json:"lease_ttl_ms,omitempty"`   // default 30000
+	LeaseTTLMS        int64  `json:"lease_ttl_ms,omitempty"`   // default 30000, from 30 to a day
 	OnUnavailable     string `json:"on_unavailable,omitempty"` // "local" (default), "closed" or "open"
 	// TimeoutMS is how long a call to the store (a lease's, a budget's)
 	// may take before it counts as failed; three in a row open the
@@ -410,8 +410,8 @@ func ParseConfig(data []byte) (Config, error) {
 		if f.TimeoutMS < 0 || f.TimeoutMS > 0 && millis(f.TimeoutMS) > f.leaseTTL()/3 {
 			return Config{}, fmt.Errorf("config: fleet.timeout_ms: %d is not within 1 and a third of the lease TTL (%d)", f.TimeoutMS, f.leaseTTL().Milliseconds()/3)
 		}
-		if f.LeaseTTLMS != 0 && f.LeaseTTLMS < 30 {
-			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is under 30", f.LeaseTTLMS)
+		if f.LeaseTTLMS != 0 && (f.LeaseTTLMS < 30 || millis(f.LeaseTTLMS) > fleet.MaxLeaseTTL) {
+			return Config{}, fmt.Errorf("config: fleet.lease_ttl_ms: %d is not from 30 to %d (a day)", f.LeaseTTLMS, fleet.MaxLeaseTTL.Milliseconds())
 		}
 		if _, err := fleet.ParseUnavailable(f.OnUnavailable); err != nil {
 			return Config{}, fmt.Errorf("config: fleet.on_unavailable: %w", err)

@@ -594,6 +594,7 @@ func TestConfigFleet(t *testing.T) {
 	for _, bad := range []string{
 		`{"upstream":"http://x","fleet":{"redis_url":"http://x"}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","lease_ttl_ms":5}}`,
+		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","lease_ttl_ms":86400001}}`, // over fleet.MaxLeaseTTL: WithLeaseTTL would panic
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","on_unavailable":"maybe"}}`,
 		`{"upstream":"http://x","fleet":{"redis_url":"redis://x","learned_format":3}}`,
 	} {
