@@ -17,7 +17,7 @@ import (
 // A pause of new admissions after the store lost its data is no outage:
 // the store is reachable, and the waiters that meet it wait through it
 // ("still waiting, not an error"), whatever the local queue bounds, and
-// are admitted once it ends if the key has room. Found by review: the
+// are admitted once it ends if the key has room. Before its fix, the
 // waiters held back in this process's order by a paused waiter were lined
 // up against the local bounds, the paused one not counted: with
 // WithMaxQueue(0), the second waiter of a pause failed with ErrQueueFull

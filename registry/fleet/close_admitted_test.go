@@ -16,7 +16,7 @@ import (
 // A waiter granted its turn in the fleet's queue as Close comes (the store
 // hanging from then on) gives its lease back (hold, giveBack): one abandon
 // of its id, within a call timeout, one removal dropped if it cannot be
-// sent. Found by review: admit then took its place in the queue back too
+// sent. Before its fix, admit then took its place in the queue back too
 // (leaveQueue: the waiter was still queued as that id), a second abandon
 // of the same id after the first, which doubled its wait (two call
 // timeouts) and counted the one lease twice in RemovalsDropped.
