@@ -5,7 +5,9 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/inflight-go/inflight/registry"
 	"github.com/inflight-go/inflight/slots"
@@ -64,6 +66,51 @@ func BenchmarkAdmission(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkAdmissionInterleaved is BenchmarkAdmission's Limiter bare,
+// with the span-lookup Observer and with the adapter, run in turns of
+// 1,000 admissions each, in an order that rotates, so that a busy
+// machine's drift falls on all three alike. It reports the median of the
+// turns' ns per admission and of the adapter's ratios to the others in
+// the same round (the goal: at most 1.05 the span lookup's, which putting
+// admissions on traces needs anyway).
+func BenchmarkAdmissionInterleaved(b *testing.B) {
+	c, err := inflightotel.New("provider")
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx := slots.WithPriority(context.Background(), slots.PriorityBatch)
+	lims := [3]*slots.Limiter{slots.NewLimiter(8), slots.NewLimiter(8, slots.WithObserver(spanLookup{})),
+		slots.NewLimiter(8, slots.WithObserver(c))}
+	const turn = 1000
+	var took [3][]float64 // ns per admission, each round
+	var xSpan, xBare []float64
+	round := 0
+	for b.Loop() {
+		var d [3]float64
+		for j := range lims {
+			i := (round + j) % len(lims)
+			start := time.Now()
+			for range turn {
+				s, err := lims[i].Acquire(ctx)
+				if err != nil {
+					b.Fatal(err)
+				}
+				s.Release()
+			}
+			d[i] = float64(time.Since(start)) / turn
+			took[i] = append(took[i], d[i])
+		}
+		xSpan, xBare = append(xSpan, d[2]/d[1]), append(xBare, d[2]/d[0])
+		round++
+	}
+	median := func(v []float64) float64 { slices.Sort(v); return v[len(v)/2] }
+	for i, name := range []string{"bare", "span", "inflightotel"} {
+		b.ReportMetric(median(took[i]), name+"-ns/adm")
+	}
+	b.ReportMetric(median(xSpan), "x-span")
+	b.ReportMetric(median(xBare), "x-bare")
 }
 
 // spanLookup is an Observer that wants an Event only under a recording

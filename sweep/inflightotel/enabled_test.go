@@ -102,3 +102,52 @@ func TestEnabledOnceTheSDKIsInstalled(t *testing.T) {
 	}
 	assert.Equal(t, int64(2), acquired, "the admissions after the SDK was installed")
 }
+
+// A Cap made on the global MeterProvider before the program installs an
+// SDK whose views drop inflight.requests and keep the slots' duration
+// learns at the SDK's first collection that it is wanted, and records the
+// holds after it (its requests counter cannot tell it sooner). In a
+// process of its own, as above.
+func TestEnabledOnceAViewDropsTheRequestsCounter(t *testing.T) {
+	if os.Getenv("INFLIGHTOTEL_GLOBAL_CHILD") != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^TestEnabledOnceAViewDropsTheRequestsCounter$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "INFLIGHTOTEL_GLOBAL_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: TestEnabledOnceAViewDropsTheRequestsCounter")
+		return
+	}
+	c, err := inflightotel.New("provider")
+	require.NoError(t, err)
+	l := slots.NewLimiter(2, slots.WithObserver(c))
+	admit := func() {
+		s, err := l.Acquire(context.Background())
+		require.NoError(t, err)
+		s.Release()
+	}
+	reader := sdkmetric.NewManualReader()
+	dropRequests := sdkmetric.NewView(sdkmetric.Instrument{Name: "inflight.requests"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}})
+	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader), sdkmetric.WithView(dropRequests))
+	defer func() { _ = mp.Shutdown(context.Background()) }()
+	otel.SetMeterProvider(mp)
+	assert.False(t, c.Enabled(nil), "the gap metered documents: before the SDK's first collection")
+	admit() // not recorded
+	var rm metricdata.ResourceMetrics
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	require.True(t, c.Enabled(nil), "after it")
+	admit()
+	admit()
+	require.NoError(t, reader.Collect(context.Background(), &rm))
+	var holds uint64
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			assert.NotEqual(t, "inflight.requests", m.Name, "dropped by the view")
+			if m.Name == "inflight.slot.duration" {
+				for _, dp := range m.Data.(metricdata.Histogram[float64]).DataPoints {
+					holds += dp.Count
+				}
+			}
+		}
+	}
+	assert.Equal(t, uint64(2), holds, "the holds after the first collection")
+}

@@ -65,11 +65,10 @@
 //
 // Owners ask a Cap whether it wants an Event before they build it (see
 // Enabled). Without an SDK and without a recording span it answers no
-// after asking one instrument, comparing the global provider with the one
-// it started on, and looking for a span: no allocation, and about as much
-// time as an Observer that does nothing but is told every Event
-// (BenchmarkAdmission). A request sent over the network does not feel it
-// (BenchmarkRoundTrip).
+// after asking one instrument and looking for a span: no allocation, and
+// about as much time as an Observer that does nothing but is told every
+// Event (BenchmarkAdmission). A request sent over the network does not
+// feel it (BenchmarkRoundTrip).
 package inflightotel
 
 import (
@@ -205,9 +204,11 @@ type Cap struct {
 	registration metric.Registration
 	tracer       trace.Tracer // nil: the span's provider's
 	spanName     string
-	// unset is the global MeterProvider when c's meter came from it while
-	// it had no SDK behind it (see metered); nil otherwise.
-	unset metric.MeterProvider
+	// delegated: c's meter came from the global MeterProvider while it had
+	// no SDK behind it (see metered); others is what the last collection
+	// found of othersEnabled.
+	delegated bool
+	others    atomic.Bool
 }
 
 // measured is the options of an admission's measurements.
@@ -241,9 +242,7 @@ func New(capName string, opts ...Option) (*Cap, error) {
 		c.tracer = c.cfg.tracers.Tracer(scope)
 	}
 	m := c.cfg.meters.Meter(scope)
-	if c.cfg.meters == otel.GetMeterProvider() && noSDK(m) {
-		c.unset = c.cfg.meters
-	}
+	c.delegated = noSDK(m)
 	var err error
 	c.requests, err = m.Int64Counter("inflight.requests", metric.WithUnit("{request}"),
 		metric.WithDescription("Admissions decided, by result."))
@@ -316,6 +315,7 @@ func (c *Cap) observeCounts(m metric.Meter) error {
 		return err
 	}
 	c.registration, err = m.RegisterCallback(func(_ context.Context, o metric.Observer) error {
+		c.others.Store(c.othersEnabled())
 		if n := c.over.Load(); n >= 0 {
 			o.ObserveInt64(longHeld, n, c.plain)
 		}
