@@ -53,21 +53,9 @@ func TestEnabled(t *testing.T) {
 // SDK wants Events once it does, and counts every admission after: run in
 // a process of its own, since the global provider cannot be unset.
 func TestEnabledOnceTheSDKIsInstalled(t *testing.T) {
-	if os.Getenv("INFLIGHTOTEL_GLOBAL_CHILD") != "1" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestEnabledOnceTheSDKIsInstalled$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "INFLIGHTOTEL_GLOBAL_CHILD=1")
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "--- PASS: TestEnabledOnceTheSDKIsInstalled")
+	c, admit, child := globalCap(t)
+	if !child {
 		return
-	}
-	c, err := inflightotel.New("provider")
-	require.NoError(t, err)
-	l := slots.NewLimiter(2, slots.WithObserver(c))
-	admit := func() {
-		s, err := l.Acquire(context.Background())
-		require.NoError(t, err)
-		s.Release()
 	}
 	require.False(t, c.Enabled(nil))
 	admit() // not counted: nothing collects yet
@@ -109,21 +97,9 @@ func TestEnabledOnceTheSDKIsInstalled(t *testing.T) {
 // holds after it (its requests counter cannot tell it sooner). In a
 // process of its own, as above.
 func TestEnabledOnceAViewDropsTheRequestsCounter(t *testing.T) {
-	if os.Getenv("INFLIGHTOTEL_GLOBAL_CHILD") != "1" {
-		cmd := exec.Command(os.Args[0], "-test.run=^TestEnabledOnceAViewDropsTheRequestsCounter$", "-test.count=1", "-test.v")
-		cmd.Env = append(os.Environ(), "INFLIGHTOTEL_GLOBAL_CHILD=1")
-		out, err := cmd.CombinedOutput()
-		require.NoError(t, err, "%s", out)
-		require.Contains(t, string(out), "--- PASS: TestEnabledOnceAViewDropsTheRequestsCounter")
+	c, admit, child := globalCap(t)
+	if !child {
 		return
-	}
-	c, err := inflightotel.New("provider")
-	require.NoError(t, err)
-	l := slots.NewLimiter(2, slots.WithObserver(c))
-	admit := func() {
-		s, err := l.Acquire(context.Background())
-		require.NoError(t, err)
-		s.Release()
 	}
 	reader := sdkmetric.NewManualReader()
 	dropRequests := sdkmetric.NewView(sdkmetric.Instrument{Name: "inflight.requests"}, sdkmetric.Stream{Aggregation: sdkmetric.AggregationDrop{}})
@@ -150,4 +126,28 @@ func TestEnabledOnceAViewDropsTheRequestsCounter(t *testing.T) {
 		}
 	}
 	assert.Equal(t, uint64(2), holds, "the holds after the first collection")
+}
+
+// globalCap runs the calling test again in a process of its own (the
+// global provider cannot be unset) and reports false once it passed
+// there; in that process it returns a Cap made on the global provider, and
+// admit, which admits and releases a slot of a Limiter it observes.
+func globalCap(t *testing.T) (c *inflightotel.Cap, admit func(), child bool) {
+	t.Helper()
+	if os.Getenv("INFLIGHTOTEL_GLOBAL_CHILD") != "1" {
+		cmd := exec.Command(os.Args[0], "-test.run=^"+t.Name()+"$", "-test.count=1", "-test.v")
+		cmd.Env = append(os.Environ(), "INFLIGHTOTEL_GLOBAL_CHILD=1")
+		out, err := cmd.CombinedOutput()
+		require.NoError(t, err, "%s", out)
+		require.Contains(t, string(out), "--- PASS: "+t.Name())
+		return nil, nil, false
+	}
+	c, err := inflightotel.New("provider")
+	require.NoError(t, err)
+	l := slots.NewLimiter(2, slots.WithObserver(c))
+	return c, func() {
+		s, err := l.Acquire(context.Background())
+		require.NoError(t, err)
+		s.Release()
+	}, true
 }
