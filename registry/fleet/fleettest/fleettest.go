@@ -17,7 +17,11 @@
 // loss of the store's data, and what each Unavailable mode does while the
 // store cannot be reached. A few tests call the store's own operations
 // (driver.Store) as one process would, for the order rules of a serving
-// that a fleet of processes only shows now and then.
+// that a fleet of processes only shows now and then, and for promises of
+// the contract the client leans on that it shows as rarely (a call past
+// its NotAfter, an abandoned lease, a renewal, a pause, a process gone,
+// the queue's bounds, a claimed grant, a release's pairs, a learned
+// state's compare-and-write).
 //
 // The tests run on real clocks: they assert what must hold whatever the
 // machine's load, with generous bounds on how long it may take. Bench
@@ -162,6 +166,17 @@ var (
 		{"LightWaiterSlidBeforeTheLookBound", lightWaiterSlidBeforeTheLookBound},
 		{"GivenBackLeavesEveryKeyFirst", givenBackLeavesEveryKeyFirst},
 		{"OddKeysSeveral", oddKeysSeveral},
+		{"NotAfterChangesNothing", notAfterChangesNothing},
+		{"AbandonedStaysOut", abandonedStaysOut},
+		{"AbandonWithLimitsServes", abandonWithLimitsServes},
+		{"RenewalBringsBackNothing", renewalBringsBackNothing},
+		{"PauseHoldsQueuesAndPutBacks", pauseHoldsQueuesAndPutBacks},
+		{"LeftProcessIsNotGranted", leftProcessIsNotGranted},
+		{"QueueBoundsExact", queueBoundsExact},
+		{"ClaimedGrantHoldsForTTL", claimedGrantHoldsForTTL},
+		{"ReleaseRemovesOnlyItsPairs", releaseRemovesOnlyItsPairs},
+		{"CarriedPutBackWithUnits", carriedPutBackWithUnits},
+		{"LearnedCompareAndWrite", learnedCompareAndWrite},
 		{"NetworkCut", networkCut},
 	}
 	faulty = []test{
