@@ -259,7 +259,7 @@ func TestNewAfterTheOwnersMigrationFromVersion1(t *testing.T) {
 	require.NoError(t, err)
 	p := gatewayRole(t, srv, owner)
 
-	require.NoError(t, pgstore.MigrateTo(ctx, owner, pgstore.SchemaRevision-1)) // the release before
+	require.NoError(t, pgstore.MigrateTo(ctx, owner, 23)) // the release before revision 24
 	_, err = pgstore.New(ctx, p, "f")
 	require.ErrorContains(t, err, "permission denied for table inflight_schema_revision")
 	require.NoError(t, pgstore.Migrate(ctx, owner))
