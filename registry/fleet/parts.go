@@ -159,6 +159,10 @@ type waitQueues struct {
 	tickets     map[string]*waiter
 	ticketsPeak int
 	waiting     int // callers in the queues
+	// unlined counts the waiters in the queues in line (waiter.inLine)
+	// that have not taken a place (waiter.waiting): while there are none,
+	// blockedOn has none to wake.
+	unlined int
 }
 
 // learnedCaps are the keys whose caps a Registry learns (see learn.go),

@@ -188,7 +188,7 @@ func (r *Registry[K]) storeFailed(err error) {
 		// The waiters queued in the store, which hold back nothing here,
 		// ask again at once, in this process's order under the local
 		// registry, rather than after their claim window.
-		r.wakeAll()
+		r.backInLine()
 	}
 }
 

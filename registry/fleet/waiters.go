@@ -106,6 +106,7 @@ func (r *Registry[K]) dequeue(w *waiter) {
 	if !w.queued {
 		return
 	}
+	r.setLineLocked(w, false, w.waiting)
 	w.queued = false
 	r.waits.waiting--
 	if w.ticket != "" && r.waits.tickets[w.ticket] == w {
@@ -154,6 +155,19 @@ func freeLocked(q []*waiter, i int, key string) {
 	}
 }
 
+// setLineLocked sets w's inLine and waiting, and keeps count of the
+// queued waiters in line without a place (r.waits.unlined).
+func (r *Registry[K]) setLineLocked(w *waiter, inLine, waiting bool) {
+	before := w.queued && w.inLine && !w.waiting
+	w.inLine, w.waiting = inLine, waiting
+	switch after := w.queued && w.inLine && !w.waiting; {
+	case before && !after:
+		r.waits.unlined--
+	case after && !before:
+		r.waits.unlined++
+	}
+}
+
 // reblockLocked makes blocked the keys on which w holds back later waiters,
 // and wakes those it no longer holds back.
 func (r *Registry[K]) reblockLocked(w *waiter, blocked []string) {
@@ -195,7 +209,8 @@ func (r *Registry[K]) mayTry(w *waiter) (ok bool, held int) {
 	if len(ahead) == 0 {
 		return true, -1
 	}
-	w.inLine, w.local = true, held >= 0
+	r.setLineLocked(w, true, w.waiting)
+	w.local = held >= 0
 	if !slices.Equal(ahead, w.blocked) {
 		r.reblockLocked(w, ahead)
 	}
@@ -214,7 +229,7 @@ func (r *Registry[K]) lineUp(w *waiter, full int) (key, queued int) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	if w.waiting || r.maxQueue < 0 && r.maxFlowQueue < 0 {
-		w.waiting = true
+		r.setLineLocked(w, w.inLine, true)
 		return -1, 0
 	}
 	for j := range w.keys {
@@ -235,7 +250,7 @@ func (r *Registry[K]) lineUp(w *waiter, full int) (key, queued int) {
 			return i, f
 		}
 	}
-	w.waiting = true
+	r.setLineLocked(w, w.inLine, true)
 	return -1, 0
 }
 
@@ -255,11 +270,23 @@ func (r *Registry[K]) placed(w *waiter) {
 
 // blockedOn records that w found key full (under the local registry, if
 // local: see waiter.local): from now on it holds back later waiters on
-// that key only, so those on its other keys may try.
+// that key only, so those on its other keys may try. If local, the
+// waiters it held back on key that have not taken their places in line
+// (see lineUp) are woken to take them now, in their order, before a
+// waiter that comes after them does.
 func (r *Registry[K]) blockedOn(w *waiter, key string, local bool) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
-	w.inLine, w.local = true, local
+	r.setLineLocked(w, true, w.waiting)
+	w.local = local
+	if local && (r.maxQueue >= 0 || r.maxFlowQueue >= 0) && r.waits.unlined > 0 {
+		q := r.waits.queues[key]
+		for _, v := range q[slices.Index(q, w)+1:] {
+			if v.inLine && !v.waiting {
+				v.signal()
+			}
+		}
+	}
 	if len(w.blocked) == 1 && w.blocked[0] == key {
 		return
 	}
@@ -272,7 +299,7 @@ func (r *Registry[K]) blockedOn(w *waiter, key string, local bool) {
 func (r *Registry[K]) expect(w *waiter, ticket string) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
-	w.inLine = false // trying: it may take the room itself
+	r.setLineLocked(w, false, w.waiting) // trying: it may take the room itself
 	if !w.queued || w.ticket == ticket {
 		return
 	}
@@ -294,7 +321,7 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 	w.queuedAs = ticket
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
-	w.waiting = true
+	r.setLineLocked(w, w.inLine, true)
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
 	}
@@ -360,6 +387,24 @@ func (r *Registry[K]) wakeAll() {
 	defer r.waits.mu.Unlock()
 	for _, q := range r.waits.queues {
 		for _, v := range q {
+			v.signal()
+		}
+	}
+}
+
+// backInLine puts back in this process's order the waiters that hold back
+// none of their keys (queued in the fleet's queue, or their calls placed
+// there), and wakes every waiter: the store cannot be reached, and the
+// fleet's queue no longer orders them. Else the room a release frees
+// under the local registry would go to whichever of them runs first.
+func (r *Registry[K]) backInLine() {
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
+	for _, q := range r.waits.queues {
+		for _, v := range q {
+			if len(v.blocked) == 0 {
+				v.blocked = v.keys
+			}
 			v.signal()
 		}
 	}

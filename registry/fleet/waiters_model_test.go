@@ -135,6 +135,15 @@ func simWaiters(seed uint64, steps int) string {
 		default: // quiescence: nobody may be left asleep who could go
 			for move() {
 			}
+			unlined := 0
+			for _, w := range r.allWaiters() {
+				if w.inLine && !w.waiting {
+					unlined++
+				}
+			}
+			if unlined != r.waits.unlined {
+				return fail("%d waiters in line without a place, counted %d", unlined, r.waits.unlined)
+			}
 			for _, w := range r.allWaiters() {
 				for _, k := range w.blocked {
 					if room(k) {
