@@ -36,14 +36,7 @@ func acquireIn(acquire func() (*slots.Slot, error)) chan *slots.Slot {
 // TryAcquire made then has room beside it, and is refused.
 func TestOutageNewcomerNotRefusedByAWaiterBeingAdmitted(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		var armed atomic.Bool
-		in, out := make(chan struct{}), make(chan struct{})
-		obs := slots.ObserverFunc(func(e slots.Event) {
-			if e.Kind == slots.EventAcquired && armed.CompareAndSwap(true, false) {
-				in <- struct{}{}
-				<-out
-			}
-		})
+		obs, armed, in, out := stopAt(slots.EventAcquired)
 		ms := memstore.New()
 		r := New[string](ms, 2, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(5*time.Second, 5*time.Second),
 			WithLocalOptions(slots.WithObserver(obs)))
@@ -184,4 +177,18 @@ func TestOutageHeavyWaiterNotStarvedByNewcomers(t *testing.T) {
 			w.Release()
 		}
 	})
+}
+
+// stopAt returns an Observer (of a local registry) that, once armed, stops
+// the next Event of kind k in its owner's call: it sends on in and waits
+// for out (closed by the test) before the call goes on.
+func stopAt(k slots.EventKind) (obs slots.Observer, armed *atomic.Bool, in, out chan struct{}) {
+	armed = new(atomic.Bool)
+	in, out = make(chan struct{}), make(chan struct{})
+	return slots.ObserverFunc(func(e slots.Event) {
+		if e.Kind == k && armed.CompareAndSwap(true, false) {
+			in <- struct{}{}
+			<-out
+		}
+	}), armed, in, out
 }

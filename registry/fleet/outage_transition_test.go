@@ -2,7 +2,6 @@ package fleet
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -67,14 +66,7 @@ func TestOutageKeepsTheOrderOfWaitersQueuedInTheStore(t *testing.T) {
 // the later one.
 func TestOutageQueueBoundsKeepArrivalOrder(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
-		var armed atomic.Bool
-		in, out := make(chan struct{}), make(chan struct{})
-		obs := slots.ObserverFunc(func(e slots.Event) {
-			if e.Kind == slots.EventRejected && armed.CompareAndSwap(true, false) {
-				in <- struct{}{}
-				<-out
-			}
-		})
+		obs, armed, in, out := stopAt(slots.EventRejected)
 		ms := memstore.New()
 		r := New[string](ms, 1, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(5*time.Second, 5*time.Second),
 			WithLocalOptions(slots.WithMaxQueue(2), slots.WithObserver(obs)))
