@@ -22,18 +22,11 @@ import (
 	"github.com/inflight-go/inflight/registry/fleet/driver"
 )
 
-// contractCall makes the store's calls of this file's tests, failing t on
-// an error.
-type contractCall struct {
-	t *testing.T
-	s driver.Store
-}
-
-// admit makes c, filled in where c leaves a field zero: an hour's TTL
+// admitCall makes c, filled in where c leaves a field zero: an hour's TTL
 // and Live, a minute's claim window, process "p", one unit, a limit of 1
 // on each key, and no bound on the queues (so a bound of 0 cannot be
-// asked here).
-func (h contractCall) admit(c driver.AdmitCall) driver.AdmitResult {
+// asked here); it fails h's test on an error, the call's own too.
+func (h storeCall) admitCall(c driver.AdmitCall) driver.AdmitResult {
 	h.t.Helper()
 	if c.TTL == 0 {
 		c.TTL = time.Hour
@@ -69,7 +62,8 @@ func (h contractCall) admit(c driver.AdmitCall) driver.AdmitResult {
 	return r
 }
 
-func (h contractCall) renew(c driver.RenewCall) driver.RenewResult {
+// renew makes c, with an hour's TTL if c leaves it zero.
+func (h storeCall) renew(c driver.RenewCall) driver.RenewResult {
 	h.t.Helper()
 	if c.TTL == 0 {
 		c.TTL = time.Hour
@@ -79,16 +73,11 @@ func (h contractCall) renew(c driver.RenewCall) driver.RenewResult {
 	return r
 }
 
-func (h contractCall) release(pairs ...driver.Release) {
+// releasePairs releases pairs, with an hour's TTL and a minute's claim
+// window.
+func (h storeCall) releasePairs(pairs ...driver.Release) {
 	h.t.Helper()
 	require.NoError(h.t, h.s.Release(context.Background(), &driver.ReleaseCall{TTL: time.Hour, Claim: time.Minute, Pairs: pairs}))
-}
-
-func (h contractCall) count(k string) int {
-	h.t.Helper()
-	n, err := h.s.Count(context.Background(), k)
-	require.NoError(h.t, err)
-	return n
 }
 
 // An admission or a renewal made once the store's clock has passed its
@@ -97,17 +86,17 @@ func (h contractCall) count(k string) int {
 // admits, queues nor puts back; one before its NotAfter runs.
 func notAfterChangesNothing(t *testing.T, srv Server) {
 	const name = "notafter"
-	h := contractCall{t, srv.Store(t, name)}
-	first := h.admit(driver.AdmitCall{Lease: leaseID("A"), Keys: []string{"a"}})
+	h := storeCall{t, srv.Store(t, name)}
+	first := h.admitCall(driver.AdmitCall{Lease: leaseID("A"), Keys: []string{"a"}})
 	require.Equal(t, driver.StatusAdmitted, first.Status)
 	past := first.Now - 1 // the store's clock has passed it
 	for _, wait := range []bool{false, true} {
-		r := h.admit(driver.AdmitCall{Lease: leaseID("L"), Keys: []string{"k"}, NotAfter: past, Wait: wait})
+		r := h.admitCall(driver.AdmitCall{Lease: leaseID("L"), Keys: []string{"k"}, NotAfter: past, Wait: wait})
 		assert.Equal(t, driver.StatusTooLate, r.Status, "an admission past its NotAfter (wait %v): %+v", wait, r)
 		assert.Zero(t, r.Epoch, "a call too late tells no epoch: %+v", r)
 		assert.Equal(t, 0, h.count("k"), "an admission past its NotAfter added a lease (wait %v)", wait)
 		// On a full key, with Wait: not queued either.
-		r = h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"a"}, NotAfter: past, Wait: wait})
+		r = h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"a"}, NotAfter: past, Wait: wait})
 		assert.Equal(t, driver.StatusTooLate, r.Status, "on a full key (wait %v): %+v", wait, r)
 		n, err := srv.Queued(name, "a")
 		require.NoError(t, err)
@@ -124,7 +113,7 @@ func notAfterChangesNothing(t *testing.T, srv Server) {
 	require.False(t, r.TooLate, "%+v", r)
 	assert.Equal(t, []driver.Fate{driver.FatePutBack}, r.Leases)
 	assert.Equal(t, 1, h.count("k"))
-	assert.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("B"), Keys: []string{"b"}, NotAfter: later}).Status)
+	assert.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("B"), Keys: []string{"b"}, NotAfter: later}).Status)
 }
 
 // An abandoned lease stays out for the abandon's TTL and at least until
@@ -136,19 +125,19 @@ func notAfterChangesNothing(t *testing.T, srv Server) {
 // its TTL is short, its NotAfter far: the calls after the TTL still find
 // it abandoned.
 func abandonedStaysOut(t *testing.T, srv Server) {
-	h := contractCall{t, srv.Store(t, "abandoned")}
+	h := storeCall{t, srv.Store(t, "abandoned")}
 	ctx := context.Background()
-	probe := h.admit(driver.AdmitCall{Lease: leaseID("A"), Keys: []string{"a"}})
+	probe := h.admitCall(driver.AdmitCall{Lease: leaseID("A"), Keys: []string{"a"}})
 	require.Equal(t, driver.StatusAdmitted, probe.Status)
 	x := leaseID("X")
 	_, err := h.s.Abandon(ctx, []*driver.AbandonCall{{Lease: x, Keys: []string{"k"}, TTL: 50 * time.Millisecond,
 		NotAfter: probe.Now + time.Hour.Milliseconds(), Claim: time.Minute}})
 	require.NoError(t, err)
 	time.Sleep(300 * time.Millisecond) // past the abandon's TTL, far before its NotAfter
-	r := h.admit(driver.AdmitCall{Lease: x, Keys: []string{"k"}, Limits: []int{5}})
+	r := h.admitCall(driver.AdmitCall{Lease: x, Keys: []string{"k"}, Limits: []int{5}})
 	assert.Equal(t, driver.StatusAbandoned, r.Status, "an admission of a lease abandoned, before the abandon's NotAfter: %+v", r)
 	assert.Equal(t, 0, h.count("k"))
-	r = h.admit(driver.AdmitCall{Lease: leaseID("Y"), Keys: []string{"k"}, Limits: []int{5},
+	r = h.admitCall(driver.AdmitCall{Lease: leaseID("Y"), Keys: []string{"k"}, Limits: []int{5},
 		Carried: []driver.Pair{{Key: "k", Lease: x, Units: 1}}})
 	assert.Equal(t, driver.StatusAdmitted, r.Status, "%+v", r)
 	assert.Equal(t, 1, h.count("k"), "a call put back the abandoned lease it carried")
@@ -164,13 +153,13 @@ func abandonedStaysOut(t *testing.T, srv Server) {
 // that expired while the store was heard, or was released, is missing,
 // and a renewal that reports it does not bring it back.
 func renewalBringsBackNothing(t *testing.T, srv Server) {
-	h := contractCall{t, srv.Store(t, "renewnothing")}
+	h := storeCall{t, srv.Store(t, "renewnothing")}
 	// The first call, so that none before it was heard: a TTL of 100 ms.
-	r := h.admit(driver.AdmitCall{Lease: leaseID("E"), Keys: []string{"e"}, TTL: 100 * time.Millisecond})
+	r := h.admitCall(driver.AdmitCall{Lease: leaseID("E"), Keys: []string{"e"}, TTL: 100 * time.Millisecond})
 	require.Equal(t, driver.StatusAdmitted, r.Status)
 	epoch := r.Epoch
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("R"), Keys: []string{"r"}}).Status)
-	h.release(driver.Release{Key: "r", Lease: leaseID("R"), Limit: 1})
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("R"), Keys: []string{"r"}}).Status)
+	h.releasePairs(driver.Release{Key: "r", Lease: leaseID("R"), Limit: 1})
 	time.Sleep(300 * time.Millisecond) // E expires; calls of an hour's TTL find no silence
 	rr := h.renew(driver.RenewCall{Epoch: epoch, Leases: []driver.Renewal{
 		{Lease: leaseID("E"), Units: 1, Mode: driver.ModeReport, Epoch: epoch, Keys: []string{"e"}, Limits: []int{1}},
@@ -178,7 +167,7 @@ func renewalBringsBackNothing(t *testing.T, srv Server) {
 	assert.Equal(t, []driver.Fate{driver.FateGone, driver.FateGone}, rr.Leases, "a renewal of an expired lease and of a released one")
 	assert.Equal(t, 0, h.count("e"), "the expired lease came back")
 	assert.Equal(t, 0, h.count("r"), "the released lease came back")
-	assert.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("N"), Keys: []string{"e"}}).Status)
+	assert.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("N"), Keys: []string{"e"}}).Status)
 }
 
 // While a pause of new admissions is honoured (a caller that saw another
@@ -188,20 +177,20 @@ func renewalBringsBackNothing(t *testing.T, srv Server) {
 // without a check runs (RenewCall).
 func pauseHoldsQueuesAndPutBacks(t *testing.T, srv Server) {
 	const name = "pauseholds"
-	h := contractCall{t, srv.Store(t, name)}
+	h := storeCall{t, srv.Store(t, name)}
 	const pause = 30 * time.Second // from the epoch's birth: far longer than the test
-	held := h.admit(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}})
+	held := h.admitCall(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}})
 	require.Equal(t, driver.StatusAdmitted, held.Status)
 	epoch := held.Epoch
-	require.Equal(t, driver.StatusQueued, h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Epoch: epoch, Pause: pause}).Status)
-	r := h.admit(driver.AdmitCall{Lease: leaseID("N"), Keys: []string{"other"}, Epoch: epoch + 1, Pause: pause})
+	require.Equal(t, driver.StatusQueued, h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Epoch: epoch, Pause: pause}).Status)
+	r := h.admitCall(driver.AdmitCall{Lease: leaseID("N"), Keys: []string{"other"}, Epoch: epoch + 1, Pause: pause})
 	require.Equal(t, driver.StatusPaused, r.Status, "a caller that saw another epoch declares a pause: %+v", r)
 	require.NoError(t, h.s.Release(context.Background(), &driver.ReleaseCall{TTL: time.Hour, Pause: pause, Claim: time.Minute,
 		Pairs: []driver.Release{{Key: "k", Lease: leaseID("H"), Limit: 1}}}))
 	assert.Equal(t, 0, h.count("k"), "a release served the queue in a pause")
-	r = h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Epoch: epoch, Pause: pause})
+	r = h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Epoch: epoch, Pause: pause})
 	assert.Equal(t, driver.StatusPaused, r.Status, "a queued waiter in a pause: %+v", r)
-	r = h.admit(driver.AdmitCall{Lease: leaseID("M"), Keys: []string{"m"}, Epoch: epoch, Pause: pause})
+	r = h.admitCall(driver.AdmitCall{Lease: leaseID("M"), Keys: []string{"m"}, Epoch: epoch, Pause: pause})
 	assert.Equal(t, driver.StatusPaused, r.Status, "a newcomer in a pause: %+v", r)
 	assert.Equal(t, 0, h.count("k"))
 	assert.Equal(t, 0, h.count("m"))
@@ -222,20 +211,20 @@ func pauseHoldsQueuesAndPutBacks(t *testing.T, srv Server) {
 // and the room goes to the next waiter.
 func leftProcessIsNotGranted(t *testing.T, srv Server) {
 	const name = "leftproc"
-	h := contractCall{t, srv.Store(t, name)}
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}}).Status)
-	require.Equal(t, driver.StatusQueued, h.admit(driver.AdmitCall{Lease: leaseID("W1"), Keys: []string{"k"}, Wait: true, Proc: "gone"}).Status)
-	require.Equal(t, driver.StatusQueued, h.admit(driver.AdmitCall{Lease: leaseID("W2"), Keys: []string{"k"}, Wait: true, Proc: "lapsed",
+	h := storeCall{t, srv.Store(t, name)}
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}}).Status)
+	require.Equal(t, driver.StatusQueued, h.admitCall(driver.AdmitCall{Lease: leaseID("W1"), Keys: []string{"k"}, Wait: true, Proc: "gone"}).Status)
+	require.Equal(t, driver.StatusQueued, h.admitCall(driver.AdmitCall{Lease: leaseID("W2"), Keys: []string{"k"}, Wait: true, Proc: "lapsed",
 		Claim: 20 * time.Millisecond, Live: 60 * time.Millisecond}).Status)
-	require.Equal(t, driver.StatusQueued, h.admit(driver.AdmitCall{Lease: leaseID("W3"), Keys: []string{"k"}, Wait: true, Proc: "stays"}).Status)
+	require.Equal(t, driver.StatusQueued, h.admitCall(driver.AdmitCall{Lease: leaseID("W3"), Keys: []string{"k"}, Wait: true, Proc: "stays"}).Status)
 	require.NoError(t, h.s.Leave(context.Background(), "gone"))
 	time.Sleep(300 * time.Millisecond) // W2's process is not heard of for 5 times its Live
-	h.release(driver.Release{Key: "k", Lease: leaseID("H"), Limit: 1})
+	h.releasePairs(driver.Release{Key: "k", Lease: leaseID("H"), Limit: 1})
 	assert.Equal(t, 1, h.count("k"), "the release granted nothing")
 	n, err := srv.Queued(name, "k")
 	require.NoError(t, err)
 	assert.Zero(t, n, "the tickets of the process that left and of the one whose liveness lapsed are dropped, the next granted")
-	r := h.admit(driver.AdmitCall{Lease: leaseID("W3"), Keys: []string{"k"}, Wait: true, Proc: "stays"})
+	r := h.admitCall(driver.AdmitCall{Lease: leaseID("W3"), Keys: []string{"k"}, Wait: true, Proc: "stays"})
 	assert.Equal(t, driver.StatusAdmitted, r.Status, "the waiter of the process that stays, after those of processes gone: %+v", r)
 	assert.Equal(t, 1, h.count("k"))
 }
@@ -245,12 +234,12 @@ func leftProcessIsNotGranted(t *testing.T, srv Server) {
 // StatusFlowMax with the flow's part as Queue), naming the key.
 func queueBoundsExact(t *testing.T, srv Server) {
 	const name = "queuebounds"
-	h := contractCall{t, srv.Store(t, name)}
+	h := storeCall{t, srv.Store(t, name)}
 	ab := []string{"a", "b"}
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"b"}}).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"b"}}).Status)
 	ask := func(lease, flow string) driver.AdmitResult {
 		t.Helper()
-		return h.admit(driver.AdmitCall{Lease: leaseID(lease), Keys: ab, Limits: []int{5, 1}, Wait: true, Flow: flow,
+		return h.admitCall(driver.AdmitCall{Lease: leaseID(lease), Keys: ab, Limits: []int{5, 1}, Wait: true, Flow: flow,
 			MaxQueue: 3, MaxFlowQueue: 2})
 	}
 	require.Equal(t, driver.StatusQueued, ask("Q1", "f").Status)
@@ -274,30 +263,30 @@ func queueBoundsExact(t *testing.T, srv Server) {
 // it and extends it to the TTL (AdmitCall step 6): the claimed lease is
 // held long after the window.
 func claimedGrantHoldsForTTL(t *testing.T, srv Server) {
-	h := contractCall{t, srv.Store(t, "claimed")}
+	h := storeCall{t, srv.Store(t, "claimed")}
 	const claim = 300 * time.Millisecond
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}, Claim: claim}).Status)
-	require.Equal(t, driver.StatusQueued, h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Claim: claim}).Status)
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}, Claim: claim}).Status)
+	require.Equal(t, driver.StatusQueued, h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Claim: claim}).Status)
 	require.NoError(t, h.s.Release(context.Background(), &driver.ReleaseCall{TTL: time.Hour, Claim: claim,
 		Pairs: []driver.Release{{Key: "k", Lease: leaseID("H"), Limit: 1}}}))
-	r := h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Claim: claim})
+	r := h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true, Claim: claim})
 	require.Equal(t, driver.StatusAdmitted, r.Status, "W claims its grant: %+v", r)
 	time.Sleep(5 * claim)
 	assert.Equal(t, 1, h.count("k"), "the claimed grant expired at the end of its claim window")
-	r = h.admit(driver.AdmitCall{Lease: leaseID("N"), Keys: []string{"k"}, Claim: claim})
+	r = h.admitCall(driver.AdmitCall{Lease: leaseID("N"), Keys: []string{"k"}, Claim: claim})
 	assert.Equal(t, driver.StatusFull, r.Status, "%+v", r)
 }
 
 // A release removes the pairs it names and no other (Store.Release): a
 // lease on two keys released on one of them is still held on the other.
 func releaseRemovesOnlyItsPairs(t *testing.T, srv Server) {
-	h := contractCall{t, srv.Store(t, "releasepairs")}
+	h := storeCall{t, srv.Store(t, "releasepairs")}
 	ab := []string{"a", "b"}
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("L"), Keys: ab, Units: 2, Limits: []int{3, 3}}).Status)
-	h.release(driver.Release{Key: "a", Lease: leaseID("L"), Limit: 3})
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("L"), Keys: ab, Units: 2, Limits: []int{3, 3}}).Status)
+	h.releasePairs(driver.Release{Key: "a", Lease: leaseID("L"), Limit: 3})
 	assert.Equal(t, 0, h.count("a"))
 	assert.Equal(t, 2, h.count("b"), "the release of the pair on a removed the lease from b")
-	h.release(driver.Release{Key: "a", Lease: leaseID("Z"), Limit: 3}, driver.Release{Key: "b", Lease: leaseID("Z"), Limit: 3})
+	h.releasePairs(driver.Release{Key: "a", Lease: leaseID("Z"), Limit: 3}, driver.Release{Key: "b", Lease: leaseID("Z"), Limit: 3})
 	assert.Equal(t, 2, h.count("b"), "a release of a lease the store does not hold removed another")
 }
 
@@ -340,9 +329,9 @@ func learnedCompareAndWrite(t *testing.T, srv Server) {
 // be reached) are put back without a cap check, each weighing its units
 // (AdmitCall step 3): over a full key, they count in full.
 func carriedPutBackWithUnits(t *testing.T, srv Server) {
-	h := contractCall{t, srv.Store(t, "carried")}
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}, Units: 2, Limits: []int{2}}).Status)
-	r := h.admit(driver.AdmitCall{Lease: leaseID("Y"), Keys: []string{"y"}, Limits: []int{4},
+	h := storeCall{t, srv.Store(t, "carried")}
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("H"), Keys: []string{"k"}, Units: 2, Limits: []int{2}}).Status)
+	r := h.admitCall(driver.AdmitCall{Lease: leaseID("Y"), Keys: []string{"y"}, Limits: []int{4},
 		Carried: []driver.Pair{{Key: "k", Lease: leaseID("C"), Units: 3}, {Key: "y", Lease: leaseID("C"), Units: 3}}})
 	assert.Equal(t, driver.StatusAdmitted, r.Status, "Y, beside the 3 units carried on y: %+v", r)
 	assert.Equal(t, 5, h.count("k"), "the carried lease's 3 units, put back over k's 2 held")
@@ -354,9 +343,9 @@ func carriedPutBackWithUnits(t *testing.T, srv Server) {
 // abandon itself, before it asks again.
 func abandonWithLimitsServes(t *testing.T, srv Server) {
 	const name = "abandonserves"
-	h := contractCall{t, srv.Store(t, name)}
-	require.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("L"), Keys: []string{"k"}}).Status)
-	require.Equal(t, driver.StatusQueued, h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true}).Status)
+	h := storeCall{t, srv.Store(t, name)}
+	require.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("L"), Keys: []string{"k"}}).Status)
+	require.Equal(t, driver.StatusQueued, h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true}).Status)
 	_, err := h.s.Abandon(context.Background(), []*driver.AbandonCall{{Lease: leaseID("L"), Keys: []string{"k"}, Limits: []int{1},
 		TTL: time.Hour, Claim: time.Minute}})
 	require.NoError(t, err)
@@ -364,5 +353,5 @@ func abandonWithLimitsServes(t *testing.T, srv Server) {
 	n, err := srv.Queued(name, "k")
 	require.NoError(t, err)
 	assert.Zero(t, n, "the waiter left the queue, granted")
-	assert.Equal(t, driver.StatusAdmitted, h.admit(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true}).Status)
+	assert.Equal(t, driver.StatusAdmitted, h.admitCall(driver.AdmitCall{Lease: leaseID("W"), Keys: []string{"k"}, Wait: true}).Status)
 }

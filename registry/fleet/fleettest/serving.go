@@ -67,8 +67,7 @@ func (c *clientCalls) call(name string, keys []string, units int, limits []int, 
 
 func (h storeCall) release(name, k string, limit int) {
 	h.t.Helper()
-	require.NoError(h.t, h.s.Release(context.Background(), &driver.ReleaseCall{TTL: time.Hour, Claim: time.Minute,
-		Pairs: []driver.Release{{Key: k, Lease: leaseID(name), Limit: limit}}}))
+	h.releasePairs(driver.Release{Key: k, Lease: leaseID(name), Limit: limit})
 }
 
 func (h storeCall) count(k string) int {
