@@ -67,7 +67,8 @@ type Registry[K comparable] struct {
 	lifecycle
 	survived // the panics the background goroutines survived
 
-	holdHook func() // for tests: called by hold before it records a lease
+	holdHook    func() // for tests: called by hold before it records a lease
+	releaseHook func() // for tests: called by Release before it frees the local mirror
 }
 
 // storeLink is what the Registry knows of its link to the store.

@@ -82,10 +82,22 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 			}
 		}()
 	}
-	out, limitPanic := l.releasing()
+	out, wake, limitPanic := l.releasing()
+	if l.r.releaseHook != nil {
+		l.r.releaseHook()
+	}
 	func() {
 		if out != nil { // even if the local release panics (an Observer)
 			defer l.r.queueRelease(out)
+		}
+		if wake {
+			// Once its local room is free: a waiter woken before would
+			// find the key full still, and sleep out its backoff.
+			defer func() {
+				for _, name := range l.names {
+					l.r.wokenBy(name)
+				}
+			}()
 		}
 		l.releaseLocal()
 	}()
@@ -105,8 +117,10 @@ func remade[M ~map[K]V, K comparable, V any](m M, peak *int) M {
 }
 
 // releasing drops l from the held leases and returns what to remove from
-// the store (nil: nothing), and what the LimitFunc panicked with, if it did.
-func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
+// the store (nil: nothing), whether to wake this process's waiters on its
+// keys once its local mirror is freed, and what the LimitFunc panicked
+// with, if it did.
+func (l *lease[K]) releasing() (out *lease[K], wake bool, limitPanic any) {
 	r := l.r
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -120,19 +134,14 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 	if l.unmirrored {
 		r.held.unmirror(l, -1)
 	}
-	if l.degraded || r.brk.open() {
-		// Its local room is free now: while the store cannot be reached,
-		// the waiters of this process wait for it under the local
-		// registry, and the fleet's queue, which its removal serves,
-		// wakes none of them.
-		for _, name := range l.names {
-			r.wokenBy(name) // r.mu before r.waits.mu
-		}
-	}
+	// While the store cannot be reached, the waiters of this process wait
+	// for its local room under the local registry, and the fleet's queue,
+	// which its removal serves, wakes none of them.
+	wake = l.degraded || r.brk.open()
 	// A degraded lease is not in the store: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	if (l.degraded && !l.sent) || r.closed {
-		return nil, nil
+		return nil, wake, nil
 	}
 	// The wake-up is for a key full by its limit now or, if the LimitFunc
 	// panics, by its limit at the admission.
@@ -149,9 +158,9 @@ func (l *lease[K]) releasing() (out *lease[K], limitPanic any) {
 		done = true
 	}()
 	if l.sent {
-		return l.abandonment(), limitPanic // a renewal may still put it back
+		return l.abandonment(), wake, limitPanic // a renewal may still put it back
 	}
-	return l, limitPanic
+	return l, wake, limitPanic
 }
 
 func (l *lease[K]) releaseLocal() {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -93,4 +94,67 @@ func TestOutageNewcomerDoesNotPassWaiter(t *testing.T) {
 			s.Release()
 		}
 	})
+}
+
+// A release while the store cannot be reached wakes this process's next
+// waiter once the lease's local room is free, not before: a waiter woken
+// first found the key still full under the local registry, and slept out
+// its backoff (here an hour) before it looked again. releaseHook gives the
+// waiter all the time it needs between the release of the lease and the
+// freeing of its local mirror, for a lease admitted in the store before
+// the outage and for one admitted during it (degraded).
+func TestOutageReleaseWakesWaiterOnceRoomIsFree(t *testing.T) {
+	for _, degraded := range []bool{false, true} {
+		t.Run(fmt.Sprintf("degraded=%v", degraded), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				ms := memstore.New()
+				r := New[string](ms, 1, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(time.Hour, time.Hour))
+				defer r.Close()
+				if degraded {
+					ms.Kill()
+				}
+				held, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				require.Equal(t, degraded, held.Degraded())
+				ms.Kill()
+				got := make(chan *slots.Slot, 1)
+				go func() {
+					s, err := r.Acquire(context.Background(), "k")
+					if err == nil {
+						got <- s
+					}
+					close(got)
+				}()
+				synctest.Wait()
+				require.True(t, r.Stats().BreakerOpen)
+				require.Equal(t, 1, r.Stats().Waiting)
+				hooked := false
+				r.releaseHook = func() {
+					hooked = true
+					synctest.Wait() // a waiter woken now runs its try to the end
+					select {
+					case <-got:
+						t.Errorf("the waiter was admitted before the local room was free")
+					default:
+					}
+				}
+				released := time.Now()
+				held.Release()
+				r.releaseHook = nil
+				require.True(t, hooked)
+				synctest.Wait()
+				var s *slots.Slot
+				select {
+				case s = <-got:
+				default:
+					s = <-got // after its backoff
+					t.Errorf("the waiter was admitted %v after the release, not at once", time.Since(released))
+				}
+				require.NotNil(t, s)
+				_, err = r.TryAcquire("k")
+				require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter holds the one slot")
+				s.Release()
+			})
+		})
+	}
 }
