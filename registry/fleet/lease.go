@@ -90,15 +90,17 @@ func (l *lease[K]) Release(h *core.Hold) bool {
 		if out != nil { // even if the local release panics (an Observer)
 			defer l.r.queueRelease(out)
 		}
-		if wake {
-			// Once its local room is free: a waiter woken before would
-			// find the key full still, and sleep out its backoff.
-			defer func() {
+		// Once its local room is free: a waiter woken before would find
+		// the key full still, and sleep out its backoff. The breaker is
+		// read again: one that opened since releasing read it woke the
+		// fleet's waiters (backInLine) before the room was free.
+		defer func() {
+			if wake || l.r.brk.open() {
 				for _, name := range l.names {
 					l.r.wokenBy(name)
 				}
-			}()
-		}
+			}
+		}()
 		l.releaseLocal()
 	}()
 	if limitPanic != nil {

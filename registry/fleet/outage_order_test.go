@@ -158,3 +158,53 @@ func TestOutageReleaseWakesWaiterOnceRoomIsFree(t *testing.T) {
 		})
 	}
 }
+
+// A release wakes this process's next waiter also when the breaker opens
+// between its look at the breaker (releasing, closed) and the freeing of
+// its local mirror: the breaker's opening woke the waiters in the fleet's
+// queue (backInLine), which found the key full still under the local
+// registry and went to sleep for their backoff (here an hour).
+func TestBreakerOpeningAsAReleaseFreesItsRoomWakesTheWaiter(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ms := memstore.New()
+		r := New[string](ms, 1, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(time.Hour, time.Hour))
+		defer r.Close()
+		held, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		require.False(t, held.Degraded())
+		got := make(chan *slots.Slot, 1)
+		go func() {
+			s, err := r.Acquire(context.Background(), "k")
+			if err == nil {
+				got <- s
+			}
+			close(got)
+		}()
+		synctest.Wait()
+		require.Equal(t, 1, r.Stats().Waiting, "queued in the store")
+		var other *slots.Slot
+		r.releaseHook = func() {
+			ms.Kill()
+			other, err = r.TryAcquire("other") // its failed call opens the breaker
+			require.NoError(t, err)
+			synctest.Wait()
+			require.True(t, r.Stats().BreakerOpen)
+		}
+		released := time.Now()
+		held.Release()
+		r.releaseHook = nil
+		synctest.Wait()
+		var s *slots.Slot
+		select {
+		case s = <-got:
+		default:
+			s = <-got // after its backoff
+			t.Errorf("the waiter was admitted %v after the release, not at once", time.Since(released))
+		}
+		require.NotNil(t, s)
+		_, err = r.TryAcquire("k")
+		require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter holds the one slot")
+		s.Release()
+		other.Release()
+	})
+}
