@@ -69,6 +69,7 @@ type Registry[K comparable] struct {
 
 	holdHook    func() // for tests: called by hold before it records a lease
 	releaseHook func() // for tests: called by Release before it frees the local mirror
+	fullHook    func() // for tests: called by wait when a try found a key full here, before it records so
 }
 
 // storeLink is what the Registry knows of its link to the store.

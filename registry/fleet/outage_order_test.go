@@ -3,13 +3,16 @@ package fleet
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
 	"github.com/inflight-go/inflight/registry/fleet/memstore"
 	"github.com/inflight-go/inflight/slots"
 )
@@ -206,5 +209,143 @@ func TestBreakerOpeningAsAReleaseFreesItsRoomWakesTheWaiter(t *testing.T) {
 		require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter holds the one slot")
 		s.Release()
 		other.Release()
+	})
+}
+
+// failingAdmits is a store whose admission calls fail while fail is set;
+// its other calls are answered, so that only the admissions count against
+// the breaker. With hold set, the next admission call is made in the store,
+// then tells arrived and waits for gate before it answers.
+type failingAdmits struct {
+	*memstore.Store
+	fail          atomic.Bool
+	hold          atomic.Bool
+	arrived, gate chan struct{}
+}
+
+func (s *failingAdmits) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.fail.Load() {
+		return driver.AdmitResult{Err: errStoreDown}, errStoreDown
+	}
+	defer s.held()
+	return s.Store.AdmitOne(ctx, c)
+}
+
+func (s *failingAdmits) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	if s.fail.Load() {
+		return nil, errStoreDown
+	}
+	defer s.held()
+	return s.Store.Admit(ctx, calls)
+}
+
+func (s *failingAdmits) held() {
+	if s.hold.CompareAndSwap(true, false) {
+		close(s.arrived)
+		<-s.gate
+	}
+}
+
+// A release of a lease admitted outside the store (the store's call for it
+// failed, the breaker closed) wakes a waiter that found the key full
+// because of it, though the release came after the waiter's try looked
+// and before it recorded the key it found full: its call, placed in the
+// fleet's line, had left it holding back no key, and the release, which
+// wakes only a waiter that holds the key back (wokenBy), passed it by. It
+// slept out its backoff (here an hour). fullHook releases the lease in
+// that gap, for a waiter whose own call failed too (full under the local
+// registry) and for one whose call the store answered, admitted, as the
+// lease was admitted outside it, and that gave its lease back for that one
+// (see outsideMeanwhile).
+func TestOutsideReleaseWakesWaiterBeforeItRecordsTheKeyFull(t *testing.T) {
+	for _, answered := range []bool{false, true} {
+		t.Run(fmt.Sprintf("answered=%v", answered), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+				r := New[string](st, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
+				defer r.Close()
+				s, err := r.TryAcquire("k") // a reply: the waiter's call is placed in line (see placed)
+				require.NoError(t, err)
+				s.Release()
+				synctest.Wait()
+				var held *slots.Slot
+				outside := func() {
+					st.fail.Store(true)
+					held, err = r.TryAcquire("k")
+					require.NoError(t, err)
+					require.True(t, held.Degraded())
+					st.fail.Store(false)
+				}
+				if answered {
+					st.hold.Store(true) // the waiter's call, once the store has admitted it
+				} else {
+					outside()
+					st.fail.Store(true)
+				}
+				hooked := false
+				r.fullHook = func() {
+					r.fullHook = nil
+					hooked = true
+					held.Release()
+				}
+				got := make(chan *slots.Slot, 1)
+				go func() {
+					s, err := r.Acquire(context.Background(), "k")
+					if err == nil {
+						got <- s
+					}
+					close(got)
+				}()
+				if answered {
+					<-st.arrived
+					outside() // after the waiter's call left, without it
+					close(st.gate)
+				}
+				released := time.Now()
+				s = <-got
+				require.True(t, hooked)
+				require.False(t, r.Stats().BreakerOpen)
+				require.NotNil(t, s)
+				if d := time.Since(released); d > time.Minute {
+					t.Errorf("the waiter was admitted %v after the release, not at once", d)
+				}
+				require.Equal(t, !answered, s.Degraded())
+				_, err = r.TryAcquire("k")
+				require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter holds the one slot")
+				s.Release()
+			})
+		})
+	}
+}
+
+// A waiter that the local registry refuses while its key has room by the
+// count (here the room is reserved for another class: slots.WithShare)
+// sleeps out its backoff as before, and does not look again at once, over
+// and over: the look after it records the key is for a release since its
+// try counted the key.
+func TestOutageWaiterRefusedWithRoomLeftDoesNotSpin(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		ms := memstore.New()
+		r := New[string](ms, 2, WithLogger(quiet()), WithBreaker(1, time.Hour), WithPoll(time.Minute, time.Minute),
+			WithLocalOptions(slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1})))
+		defer r.Close()
+		ms.Kill()
+		held, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		require.True(t, r.Stats().BreakerOpen)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+		defer cancel()
+		var looks atomic.Int32
+		r.fullHook = func() {
+			if looks.Add(1) > 100 {
+				cancel() // a spin: end it
+			}
+		}
+		start := time.Now()
+		_, err = r.Acquire(ctx, "k")
+		require.Error(t, err)
+		r.fullHook = nil
+		assert.LessOrEqual(t, looks.Load(), int32(20), "looks at the full key in %v", time.Since(start))
+		held.Release()
 	})
 }

@@ -200,7 +200,20 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 					return r.queueFull(l, i, n), last
 				}
 			}
+			if r.fullHook != nil {
+				r.fullHook()
+			}
 			r.blockedOn(w, l.names[o.full], o.local)
+			if (o.local || o.outside) && r.localHeld(l.keys[o.full]) < o.inFlight {
+				// A release freed room on the key since the try counted its
+				// holders, before w recorded the key: its wake-up (wokenBy)
+				// passed w by, which held back no key while its call had its
+				// place in line (see placed). Once recorded, a later release
+				// wakes w; one before is seen now. (A refusal by the local
+				// registry with room left by the count, reserved for another
+				// class, counted none: w sleeps, not tries again at once.)
+				continue
+			}
 			sleep = jitter(backoff)
 			backoff = min(2*backoff, r.cfg.pollMax)
 		}
