@@ -87,6 +87,9 @@ var resumeSQL string
 //go:embed servereads.sql
 var serveReadsSQL string
 
+//go:embed admitreads.sql
+var admitReadsSQL string
+
 // withConstants puts the fleet's constants in the schema's text: the
 // grants that pass a ticket of several keys over before it is urgent, as
 // the local registry counts them, and how turns count units. PassFactor
@@ -192,23 +195,25 @@ var schemaV1 = withConstants(schemaSQL)
 // it did not reach, wherever it stands now, revision 22 counts a heavy
 // waiter's bound in bigints (bigintBounds), revision 23 lets a budget's
 // call check when a cost would fit, charging nothing, and revision 24
-// grants the tables made without grants (tableGrants), and revision 25
-// reads less per serving, under the key's lock (servereads.sql). A
-// revision adds,
-// or replaces a function keeping its signature and the meaning of its
-// answers, so a release that knows fewer of them works on the schema as
-// it is (a rolling deploy has both side by side); one that changes what
-// is there makes a new SchemaVersion.
+// grants the tables made without grants (tableGrants), revision 25
+// reads less per serving, under the key's lock (servereads.sql), and
+// revision 26 reads a key's leases fewer times per admission and per
+// queued waiter's ask (admitreads.sql). A revision adds, or replaces a
+// function keeping its signature and the meaning of its answers, so a
+// release that knows fewer of them works on the schema as it is (a
+// rolling deploy has both side by side); one that changes what is there
+// makes a new SchemaVersion.
 var revisions = []string{budgetSQL, withConstants(unitsSQL), asksSQL, withConstants(turnsSQL), plansSQL, withConstants(passSQL), releaseSQL, withConstants(serveSQL), withConstants(countSQL), newcomerSQL, budgetFloorSQL,
 	withConstants(silenceSQL), sweepSQL, withConstants(pausedSQL), withConstants(pausedAskSQL), sweepDeniedSQL,
 	withConstants(servingSQL), withConstants(queuedKeySQL), withConstants(lookBoundSQL), withConstants(busyKeySQL),
-	withConstants(resumeSQL), bigintBounds, budgetCheck, tableGrants, withConstants(serveReadsSQL)}
+	withConstants(resumeSQL), bigintBounds, budgetCheck, tableGrants, withConstants(serveReadsSQL),
+	withConstants(admitReadsSQL)}
 
 // SchemaVersion is the version of the tables and functions this package
 // uses; SchemaRevision, the additions to it it needs.
 const (
 	SchemaVersion  = 1
-	SchemaRevision = 25
+	SchemaRevision = 26
 )
 
 // ErrSchemaNewer: the database has a newer schema than this package knows

@@ -15,7 +15,8 @@
 // turns.sql, plans.sql, pass.sql, release.sql, serve.sql, count.sql,
 // newcomer.sql, budgetfloor.sql, silence.sql, sweep.sql, paused.sql,
 // pausedask.sql, sweepdenied.sql, serving.sql, queuedkey.sql,
-// lookbound.sql, busykey.sql, resume.sql and servereads.sql; migrate.go
+// lookbound.sql, busykey.sql, resume.sql, servereads.sql and
+// admitreads.sql; migrate.go
 // makes some of their functions again, as revisions 22 and 23, and grants
 // tables, as 24),
 // in one transaction of its own: no connection is held by a holder and no
