@@ -481,7 +481,8 @@ func (r *Registry[K]) localAcquire(l *lease[K]) (*slots.Slot, error) {
 
 // localFull tells the local registry's refusal le of l again, naming the
 // first of l's keys that is full there by its name in the store, as a refusal
-// by the store names it. It reports false if none is full any more.
+// by the store names it. It reports false if none is full any more (le
+// is kept, told as of the first key, with its holders counted now).
 func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, bool) {
 	for i, k := range l.keys {
 		n, limit := r.localHeld(k), r.local.Limit(k)
@@ -490,5 +491,5 @@ func (r *Registry[K]) localFull(l *lease[K], le *slots.LimitError) (outcome, boo
 			return outcome{err: err, full: i, inFlight: n}, true
 		}
 	}
-	return outcome{err: le, full: 0}, false
+	return outcome{err: le, full: 0, inFlight: r.localHeld(l.keys[0])}, false
 }

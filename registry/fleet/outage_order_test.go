@@ -349,3 +349,47 @@ func TestOutageWaiterRefusedWithRoomLeftDoesNotSpin(t *testing.T) {
 		held.Release()
 	})
 }
+
+// The gap of TestOutsideReleaseWakesWaiterBeforeItRecordsTheKeyFull, for a
+// waiter the local registry refuses with room left by the count (a class's
+// reserved share): its refusal counts the key's holders as well, so that a
+// release between its try and its record of the key is seen.
+func TestRefusedWithRoomLeftSeesAReleaseBeforeItRecordsTheKey(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+		r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour),
+			WithLocalOptions(slots.WithShare(slots.PriorityInteractive, slots.Share{Reserved: 1})))
+		defer r.Close()
+		s, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		s.Release()
+		synctest.Wait()
+		st.fail.Store(true)
+		held, err := r.TryAcquire("k")
+		require.NoError(t, err)
+		require.True(t, held.Degraded())
+		require.False(t, r.Stats().BreakerOpen)
+		hooked := false
+		r.fullHook = func() {
+			r.fullHook = nil
+			hooked = true
+			held.Release()
+		}
+		got := make(chan *slots.Slot, 1)
+		go func() {
+			s, err := r.Acquire(context.Background(), "k")
+			if err == nil {
+				got <- s
+			}
+			close(got)
+		}()
+		start := time.Now()
+		s = <-got
+		require.True(t, hooked)
+		require.NotNil(t, s)
+		if d := time.Since(start); d > time.Minute {
+			t.Errorf("the waiter was admitted %v after the release, not at once", d)
+		}
+		s.Release()
+	})
+}
