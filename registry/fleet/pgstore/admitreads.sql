@@ -38,6 +38,11 @@
 --     a lease; inflight_still_queued's, without the lock, is of the same
 --     call, as its reply's was, an instant before.
 --
+-- inflight_units' and inflight_earliest's condition (a lease not expired
+-- at now) is written out in the reads that count a key's units and find
+-- its earliest expiry at once: a revision that changes either function
+-- must make these two again too.
+--
 -- inflight_claim (silence.sql's) is left as it is. Its block with an
 -- exception handler is a subtransaction per claim, and it is what lets
 -- the lease's rows go when a check made after locking them fails, before
