@@ -393,3 +393,58 @@ func TestRefusedWithRoomLeftSeesAReleaseBeforeItRecordsTheKey(t *testing.T) {
 		s.Release()
 	})
 }
+
+// A waiter the store admitted and that gave its lease back for a lease this
+// process admitted outside the store meanwhile (outsideMeanwhile) is not
+// in the fleet's queue: once it has recorded the key, a release here wakes
+// it, of the lease outside the store or of one in it (the breaker closed),
+// as long as this process holds a lease outside the store.
+func TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere(t *testing.T) {
+	for _, which := range []string{"degraded", "store"} {
+		t.Run(which, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+				r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
+				defer r.Close()
+				s, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				s.Release()
+				synctest.Wait()
+				x, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				require.False(t, x.Degraded())
+				st.hold.Store(true)
+				looks := 0
+				r.fullHook = func() { looks++ }
+				got := make(chan *slots.Slot, 1)
+				go func() {
+					s, err := r.Acquire(context.Background(), "k")
+					if err == nil {
+						got <- s
+					}
+					close(got)
+				}()
+				<-st.arrived
+				st.fail.Store(true)
+				d, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				require.True(t, d.Degraded())
+				st.fail.Store(false)
+				close(st.gate)
+				synctest.Wait() // the waiter, given back, sleeps
+				require.Equal(t, 1, looks)
+				released := time.Now()
+				if which == "store" {
+					x.Release()
+				} else {
+					d.Release()
+				}
+				s = <-got
+				require.NotNil(t, s)
+				if d := time.Since(released); d > time.Minute {
+					t.Errorf("%s release: the waiter was admitted %v after it, not at once", which, d)
+				}
+			})
+		})
+	}
+}
