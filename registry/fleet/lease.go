@@ -139,9 +139,10 @@ func (l *lease[K]) releasing() (out *lease[K], wake bool, limitPanic any) {
 	// While the store cannot be reached, the waiters of this process wait
 	// for its local room under the local registry, and the fleet's queue,
 	// which its removal serves, wakes none of them; nor, while this
-	// process holds a lease admitted outside the store, a waiter the store
-	// admitted and that gave its lease back for that one (outsideMeanwhile).
-	wake = l.degraded || r.brk.open() || len(r.held.degraded) > 0
+	// process holds or is admitting a lease outside the store, a waiter the
+	// store admitted and that gave its lease back for that one
+	// (outsideMeanwhile).
+	wake = l.degraded || r.brk.open() || len(r.held.outside) > 0
 	// A degraded lease is not in the store: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.
 	if (l.degraded && !l.sent) || r.closed {

@@ -209,11 +209,12 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 				// holders, before w recorded the key: its wake-up (wokenBy)
 				// passed w by, which held back no key while its call had its
 				// place in line (see placed). Once recorded, a later release
-				// wakes w while the breaker is open or this process holds a
-				// lease outside the store (see releasing); one before is seen
-				// now. (Once the lease outside was put into the store, by a
-				// renewal, a release wakes the fleet's queue, which w, given
-				// back, is not in: w looks again after its backoff.)
+				// wakes w while the breaker is open or this process holds or
+				// admits a lease outside the store (see releasing); one before
+				// is seen now. (Once the lease outside was put into the store,
+				// by a renewal or a call that carried it, a release wakes the
+				// fleet's queue, which w, given back, is not in: w looks again
+				// after its backoff.)
 				continue
 			}
 			sleep = jitter(backoff)
