@@ -398,10 +398,14 @@ func TestRefusedWithRoomLeftSeesAReleaseBeforeItRecordsTheKey(t *testing.T) {
 // process admitted outside the store meanwhile (outsideMeanwhile) is not
 // in the fleet's queue: once it has recorded the key, a release here wakes
 // it, of the lease outside the store or of one in it (the breaker closed),
-// as long as this process holds a lease outside the store.
+// as long as this process holds a lease outside the store, or is admitting
+// one: counted outside, not yet recorded as held (holdHook keeps it there).
 func TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere(t *testing.T) {
-	for _, which := range []string{"degraded", "store"} {
-		t.Run(which, func(t *testing.T) {
+	for _, c := range []struct {
+		name               string
+		inStore, recording bool
+	}{{"outside", false, false}, {"in the store", true, false}, {"in the store, the outside one being admitted", true, true}} {
+		t.Run(c.name, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
 				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
 				r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
@@ -426,95 +430,58 @@ func TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere(t *testing.T) {
 				}()
 				<-st.arrived
 				st.fail.Store(true)
-				d, err := r.TryAcquire("k")
-				require.NoError(t, err)
-				require.True(t, d.Degraded())
+				var d *slots.Slot
+				dc, inHold, letGo := make(chan *slots.Slot, 1), make(chan struct{}), make(chan struct{})
+				if c.recording {
+					r.holdHook = func() {
+						r.holdHook = nil
+						close(inHold)
+						<-letGo
+					}
+					go func() {
+						d, err := r.TryAcquire("k")
+						if err != nil {
+							t.Error(err)
+						}
+						dc <- d
+					}()
+					<-inHold
+					r.mu.Lock()
+					nd, no := len(r.held.degraded), len(r.held.outside)
+					r.mu.Unlock()
+					require.Equal(t, [2]int{0, 1}, [2]int{nd, no}, "the lease outside counted, not recorded as held")
+				} else {
+					d, err = r.TryAcquire("k")
+					require.NoError(t, err)
+					require.True(t, d.Degraded())
+				}
 				st.fail.Store(false)
 				close(st.gate)
 				synctest.Wait() // the waiter, given back, sleeps
 				require.Equal(t, 1, looks)
 				released := time.Now()
-				if which == "store" {
+				if c.inStore {
 					x.Release()
 				} else {
 					d.Release()
 				}
+				if c.recording {
+					close(letGo)
+					d = <-dc
+					require.True(t, d.Degraded())
+				}
 				s = <-got
 				require.NotNil(t, s)
-				if d := time.Since(released); d > time.Minute {
-					t.Errorf("%s release: the waiter was admitted %v after it, not at once", which, d)
+				if el := time.Since(released); el > time.Minute {
+					t.Errorf("the waiter was admitted %v after the release, not at once", el)
+				}
+				s.Release()
+				if c.inStore {
+					d.Release()
+				} else {
+					x.Release()
 				}
 			})
 		})
 	}
-}
-
-// TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere, with the
-// lease outside the store still being admitted (counted outside, not yet
-// recorded as held) when the waiter is given back for it and when a lease
-// in the store is released.
-func TestGivenBackForALeaseBeingAdmittedOutsideTheStoreIsWoken(t *testing.T) {
-	testrig.Bubble(t, func(t *testing.T) {
-		st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
-		r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
-		defer r.Close()
-		s, err := r.TryAcquire("k")
-		require.NoError(t, err)
-		s.Release()
-		synctest.Wait()
-		x, err := r.TryAcquire("k")
-		require.NoError(t, err)
-		require.False(t, x.Degraded())
-		st.hold.Store(true)
-		looks := 0
-		r.fullHook = func() { looks++ }
-		got := make(chan *slots.Slot, 1)
-		go func() {
-			s, err := r.Acquire(context.Background(), "k")
-			if err == nil {
-				got <- s
-			}
-			close(got)
-		}()
-		<-st.arrived
-		st.fail.Store(true)
-		inHold, letGo := make(chan struct{}), make(chan struct{})
-		first := true
-		r.holdHook = func() {
-			if first {
-				first = false
-				close(inHold)
-				<-letGo
-			}
-		}
-		dc := make(chan *slots.Slot, 1)
-		go func() {
-			d, err := r.TryAcquire("k")
-			if err != nil {
-				t.Error(err)
-			}
-			dc <- d
-		}()
-		<-inHold // D counted outside, its local slot taken, not recorded yet
-		r.mu.Lock()
-		nd, no := len(r.held.degraded), len(r.held.outside)
-		r.mu.Unlock()
-		require.Equal(t, [2]int{0, 1}, [2]int{nd, no}, "the lease outside counted, not recorded as held")
-		st.fail.Store(false)
-		close(st.gate)
-		synctest.Wait() // the waiter, given back, sleeps
-		require.Equal(t, 1, looks)
-		released := time.Now()
-		x.Release()
-		close(letGo)
-		d := <-dc
-		require.True(t, d.Degraded())
-		s = <-got
-		require.NotNil(t, s)
-		if el := time.Since(released); el > time.Minute {
-			t.Errorf("the waiter was admitted %v after the release, not at once", el)
-		}
-		s.Release()
-		d.Release()
-	})
 }
