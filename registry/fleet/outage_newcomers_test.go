@@ -3,6 +3,9 @@ package fleet
 import (
 	"context"
 	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"testing/synctest"
@@ -192,3 +195,90 @@ func stopAt(k slots.EventKind) (obs slots.Observer, armed *atomic.Bool, in, out 
 		}
 	}), armed, in, out
 }
+
+// A waiter queued in the fleet's queue when the breaker opens is put back
+// in this process's order (backInLine), in line for its keys as it was in
+// the fleet's: a newcomer that comes before its next try leaves the room
+// to it. It was put back holding its keys, but not in line (inLine), and
+// the newcomer, decided under the local registry, took the one unit the
+// waiter was woken for. Its next try is held here by its call to the
+// store, made within a claim window as a queued waiter's is, and kept
+// there (failingAdmits) until the newcomer has been decided: one that
+// comes once the waiters are woken, and one that comes while the
+// breaker's opening is logged (a Logger's handler may take its time),
+// which was logged before the waiters were put back.
+func TestOutageNewcomerLeavesTheRoomToAWaiterPutBackInLine(t *testing.T) {
+	for _, whileLogged := range []bool{false, true} {
+		t.Run(fmt.Sprintf("whileLogged=%v", whileLogged), func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+				var r *Registry[string]
+				tried := false
+				newcomer := func() {
+					tried = true
+					// Maybe in the goroutine of the call that failed: no require.
+					assert.Zero(t, r.Local().InFlight("k"), "the key's room is free under the local registry")
+					s, err := r.TryAcquire("k")
+					if err == nil {
+						t.Errorf("a newcomer took the room ahead of the waiter put back in line")
+						s.Release()
+						return
+					}
+					assert.ErrorIs(t, err, slots.ErrLimitReached)
+				}
+				var armed atomic.Bool
+				logged := onLog{match: "breaker open", hook: func() {
+					if armed.CompareAndSwap(true, false) {
+						newcomer()
+					}
+				}}
+				r = New[string](st, 1, WithLogger(slog.New(logged)), WithBreaker(1, time.Hour), WithPoll(time.Hour, time.Hour))
+				defer r.Close()
+				other := New[string](st.Store, 1, WithLogger(quiet())) // another process, which holds the key's unit
+				defer other.Close()
+				held, err := other.TryAcquire("k")
+				require.NoError(t, err)
+				got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+				synctest.Wait()
+				require.Equal(t, 1, st.Queued("k"))
+				st.hold.Store(true)
+				<-st.arrived // the waiter asks again, queued: its place is kept
+				st.fail.Store(true)
+				armed.Store(whileLogged)
+				o, err := r.TryAcquire("other") // its call fails: the breaker opens
+				require.NoError(t, err)
+				require.True(t, r.Stats().BreakerOpen)
+				if !whileLogged {
+					newcomer()
+				}
+				require.True(t, tried)
+				close(st.gate)
+				w := <-got
+				require.NotNil(t, w, "the waiter is admitted under the local registry")
+				require.True(t, w.Degraded())
+				_, err = r.TryAcquire("k")
+				require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter holds the one unit")
+				w.Release()
+				o.Release()
+				st.fail.Store(false)
+				held.Release()
+			})
+		})
+	}
+}
+
+// onLog calls hook for each log record whose message holds match.
+type onLog struct {
+	match string
+	hook  func()
+}
+
+func (h onLog) Enabled(context.Context, slog.Level) bool { return true }
+func (h onLog) Handle(_ context.Context, rec slog.Record) error {
+	if strings.Contains(rec.Message, h.match) {
+		h.hook()
+	}
+	return nil
+}
+func (h onLog) WithAttrs([]slog.Attr) slog.Handler { return h }
+func (h onLog) WithGroup(string) slog.Handler      { return h }

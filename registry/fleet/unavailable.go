@@ -184,11 +184,12 @@ func (r *Registry[K]) storeFailed(err error) {
 	}
 	r.stats.storeErrors.Add(1)
 	if r.brk.failure() {
-		r.logSafely(slog.LevelWarn, "fleet: store unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
 		// The waiters queued in the store, which hold back nothing here,
 		// ask again at once, in this process's order under the local
-		// registry, rather than after their claim window.
+		// registry, rather than after their claim window. Before the log,
+		// which may take its time: a newcomer meanwhile would pass them.
 		r.backInLine()
+		r.logSafely(slog.LevelWarn, "fleet: store unavailable; breaker open", slog.String("registry", r.prefix), slog.Any("error", err))
 	}
 }
 

@@ -397,6 +397,9 @@ func (r *Registry[K]) wakeAll() {
 // there), and wakes every waiter: the store cannot be reached, and the
 // fleet's queue no longer orders them. Else the room a release frees
 // under the local registry would go to whichever of them runs first.
+// Those that held a place in the fleet's queue, told a key was full,
+// are in line here (see inLine) until their next try: a newcomer that
+// comes before it leaves them the room (waitedOn).
 func (r *Registry[K]) backInLine() {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
@@ -404,6 +407,9 @@ func (r *Registry[K]) backInLine() {
 		for _, v := range q {
 			if len(v.blocked) == 0 {
 				v.blocked = v.keys
+				if v.waiting {
+					r.setLineLocked(v, true, true)
+				}
 			}
 			v.signal()
 		}
