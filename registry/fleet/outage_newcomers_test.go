@@ -282,3 +282,67 @@ func (h onLog) Handle(_ context.Context, rec slog.Record) error {
 }
 func (h onLog) WithAttrs([]slog.Attr) slog.Handler { return h }
 func (h onLog) WithGroup(string) slog.Handler      { return h }
+
+// A waiter put back in line by the breaker's opening (backInLine) is not
+// in line for a key full under the local registry, even if an earlier
+// outage told it one was: a waiter behind it, on a key free here, waits
+// its turn within WithMaxQueue(1) rather than being refused ErrQueueFull
+// at once, as it was while the flag of the earlier outage was kept.
+func TestAWaiterPutBackInLineDoesNotFillTheLocalQueue(t *testing.T) {
+	for _, earlier := range []bool{false, true} {
+		t.Run(map[bool]string{false: "fresh", true: "afterAnEarlierOutage"}[earlier], func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+				r := New[string](st, 1, WithLogger(quiet()), WithBreaker(1, time.Second), WithUnavailable(FallbackLocal),
+					WithLocalOptions(slots.WithMaxQueue(1)))
+				defer r.Close()
+				h, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				if earlier {
+					st.fail.Store(true)
+				}
+				got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+				synctest.Wait()
+				if earlier {
+					require.True(t, r.Stats().BreakerOpen)
+					st.fail.Store(false)
+					time.Sleep(3 * time.Second) // past the breaker's probe interval: it closes, and v asks again
+					synctest.Wait()
+					require.False(t, r.Stats().BreakerOpen)
+				}
+				require.Equal(t, 1, st.Queued("k"), "v is queued in the fleet's queue")
+				st.hold.Store(true)
+				<-st.arrived // v asks again within its claim window: held
+				st.fail.Store(true)
+				o, err := r.TryAcquire("other")
+				require.NoError(t, err)
+				defer o.Release()
+				require.True(t, r.Stats().BreakerOpen)
+				h.Release()
+				require.Zero(t, r.Local().InFlight("k"))
+				ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+				defer cancel()
+				berr := make(chan error, 1)
+				go func() {
+					s, err := r.Acquire(ctx, "k")
+					if err == nil {
+						s.Release()
+					}
+					berr <- err
+				}()
+				synctest.Wait()
+				select {
+				case err := <-berr:
+					t.Errorf("B, a waiter behind v on a key free under the local registry, refused at once: %v", err)
+				default:
+				}
+				close(st.gate)
+				w := <-got
+				require.NotNil(t, w)
+				w.Release()
+				cancel()
+				synctest.Wait()
+			})
+		})
+	}
+}

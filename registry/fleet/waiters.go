@@ -36,7 +36,10 @@ type waiter struct {
 	// inLine: it waits in this process's order for its blocked keys, told
 	// a key was full (or held back by an earlier waiter), until its next
 	// try begins; not one that has not been told yet, which may be taking
-	// the room now. Guarded by r.waits.mu.
+	// the room now. Also, from the breaker's opening until its next try,
+	// one that held a place in the fleet's queue (backInLine), even if its
+	// call to the store is still out: newcomers leave it the room until
+	// that call ends (within a call timeout). Guarded by r.waits.mu.
 	inLine bool
 	// local: in line (see inLine) for a key full under the local registry
 	// (the store unreachable), or behind a waiter that is: its place
@@ -409,6 +412,7 @@ func (r *Registry[K]) backInLine() {
 				v.blocked = v.keys
 				if v.waiting {
 					r.setLineLocked(v, true, true)
+					v.local = false // not told full here yet: see local
 				}
 			}
 			v.signal()
