@@ -211,27 +211,14 @@ func run26(t *testing.T, p interface {
 			continue
 		}
 		fmt.Fprintf(&out, "%s\n -> %v\n", c, res)
-		if os.Getenv("ADMITDIFF_LOG") != "" {
-			fmt.Printf("ANSWER %v\n", res)
-		}
 	}
-	for _, q := range []string{
+	writeRows(t, tx, &out,
 		`SELECT key, ticket, passed, urgent, passed_units, expires, limits::text, arrival FROM inflight_ticket WHERE fleet = 'sd' ORDER BY 1, 2`,
 		`SELECT key, lease, expires, units, granted, graced FROM inflight_lease WHERE fleet = 'sd' ORDER BY 1, 2`,
 		`SELECT key, vt::text, seq FROM inflight_key WHERE fleet = 'sd' ORDER BY 1`,
 		`SELECT key, rank, flow, finish, base, n FROM inflight_flow WHERE fleet = 'sd' ORDER BY 1, 2, 3`,
 		`SELECT proc, alive_until FROM inflight_proc WHERE fleet = 'sd' ORDER BY 1`,
 		`SELECT epoch, pause_until, last_pause, last_ttl, heard, grace_from, grace_until FROM inflight_fleet WHERE fleet = 'sd'`,
-		`SELECT coalesce(current_setting('inflight.looked', true), ''), coalesce(current_setting('inflight.pass', true), '')`,
-	} {
-		rows, err := tx.Query(ctx, q)
-		require.NoError(t, err)
-		for rows.Next() {
-			v, err := rows.Values()
-			require.NoError(t, err)
-			fmt.Fprintln(&out, v...)
-		}
-		require.NoError(t, rows.Err())
-	}
+		`SELECT coalesce(current_setting('inflight.looked', true), ''), coalesce(current_setting('inflight.pass', true), '')`)
 	return out.String()
 }

@@ -3,6 +3,7 @@ package pgstore_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"os"
 	"strconv"
@@ -205,21 +206,27 @@ func run25(t *testing.T, p interface {
 	var room int64
 	require.NoError(t, tx.QueryRow(ctx, `SELECT inflight_room('sd', 'o', $1, NULL, NULL, $2, 1000)`, st.olim, sdNow).Scan(&room))
 	fmt.Fprintf(&out, "room o %d\n", room)
-	for _, q := range []string{
+	writeRows(t, tx, &out,
 		`SELECT key, ticket, passed, urgent, passed_units, expires FROM inflight_ticket WHERE fleet = 'sd' ORDER BY 1, 2`,
 		`SELECT key, lease, expires, units, granted FROM inflight_lease WHERE fleet = 'sd' ORDER BY 1, 2`,
 		`SELECT key, vt::text, seq FROM inflight_key WHERE fleet = 'sd' ORDER BY 1`,
 		`SELECT key, rank, flow, finish, base, n FROM inflight_flow WHERE fleet = 'sd' ORDER BY 1, 2, 3`,
-		`SELECT coalesce(current_setting('inflight.looked', true), '')`,
-	} {
-		rows, err := tx.Query(ctx, q)
+		`SELECT coalesce(current_setting('inflight.looked', true), '')`)
+	return out.String()
+}
+
+// writeRows writes to out the rows each of queries reads in tx, a line a
+// row: what a differential test compares of the tables a call writes.
+func writeRows(t *testing.T, tx pgx.Tx, out io.Writer, queries ...string) {
+	t.Helper()
+	for _, q := range queries {
+		rows, err := tx.Query(context.Background(), q)
 		require.NoError(t, err)
 		for rows.Next() {
 			v, err := rows.Values()
 			require.NoError(t, err)
-			fmt.Fprintln(&out, v...)
+			fmt.Fprintln(out, v...)
 		}
 		require.NoError(t, rows.Err())
 	}
-	return out.String()
 }
