@@ -471,6 +471,12 @@ func TestLimitErrorFormat(t *testing.T) {
 	assert.Equal(t, `slots: queue full (key "org-a", cap "provider": 4 in flight, limit unlimited, 9 queued; retry after 2s)`, err.Error())
 	err.Key = ""
 	assert.Equal(t, `slots: queue full (cap "provider": 4 in flight, limit unlimited, 9 queued; retry after 2s)`, err.Error())
+	err.Key, err.Cap = "", ""
+	assert.Equal(t, `slots: queue full (4 in flight, limit unlimited, 9 queued; retry after 2s)`, err.Error())
+	// A budget per minute (its Cap ends so) counts what started in the
+	// last minute, not what is in flight.
+	err = &slots.LimitError{Err: slots.ErrLimitReached, Key: "openai", Cap: "tokens_per_minute", InFlight: 9000, Limit: 10000, RetryAfter: time.Second}
+	assert.Equal(t, `slots: limit reached (key "openai", cap "tokens_per_minute": 9000 started in the last minute, limit 10000, 0 queued; retry after 1s)`, err.Error())
 }
 
 // logSink collects log records for assertions.

@@ -74,9 +74,7 @@ func WithPriority(ctx context.Context, p Priority) context.Context {
 func PriorityFrom(ctx context.Context) Priority { return priorities[core.PlaceOf(ctx).Class] }
 
 // WithFlow returns ctx whose waits belong to flow id (an org, an API key).
-func WithFlow(ctx context.Context, id string) context.Context {
-	return WithFlowWeight(ctx, id, 1)
-}
+func WithFlow(ctx context.Context, id string) context.Context { return WithFlowWeight(ctx, id, 1) }
 
 // WithFlowWeight is WithFlow weighted (1 to 1<<20): flows of 3 and 1 go 3:1.
 func WithFlowWeight(ctx context.Context, id string, weight int) context.Context {

@@ -40,16 +40,20 @@ type LimitError struct {
 	Err        error         // ErrLimitReached, ErrQueueFull, ErrWaitTimeout, ErrExceedsLimit or another package's reason
 	Key        string        // the key refused (a Gate's "provider/model", whichever Cap refused); empty for a Limiter
 	Cap        string        // which of an owner's caps refused (a Gate's "model"); no tenant
-	InFlight   int           // units held at the decision: holders, when each weighs one
+	InFlight   int           // units held at the decision (holders, when each weighs one); a budget's: started in its last minute
 	Limit      int           // the limit at the decision
 	Queued     int           // waiters at the decision
 	RetryAfter time.Duration // when the units it needs should free, after those told before it
 }
 
 func (e *LimitError) Error() string {
-	var key string // `key "k", cap "c": ` less an empty one's part; a Gate's key names its provider and model whichever cap refused
-	if e.Key != "" || e.Cap != "" {
-		key = strings.TrimPrefix(strings.Replace(fmt.Sprintf("key %q, cap %q: ", e.Key, e.Cap), `, cap "": `, ": ", 1), `key "", `)
+	// `key "k", cap "c": ` less an empty one's part (both: nothing); a
+	// Gate's key names its provider and model whichever cap refused.
+	key := strings.Replace(fmt.Sprintf("key %q, cap %q: ", e.Key, e.Cap), `, cap "": `, ": ", 1)
+	key = strings.TrimPrefix(strings.TrimPrefix(key, `key "": `), `key "", `)
+	what := "in flight"
+	if strings.HasSuffix(e.Cap, "_per_minute") { // a budget's (pacing's and a fleet's Caps end so)
+		what = "started in the last minute"
 	}
 	limit := fmt.Sprint(e.Limit)
 	if e.Limit == Unlimited {
@@ -59,7 +63,7 @@ func (e *LimitError) Error() string {
 	if e.RetryAfter > 0 {
 		retry = fmt.Sprintf("; retry after %v", e.RetryAfter)
 	}
-	return fmt.Sprintf("%v (%s%d in flight, limit %s, %d queued%s)", e.Err, key, e.InFlight, limit, e.Queued, retry)
+	return fmt.Sprintf("%v (%s%d %s, limit %s, %d queued%s)", e.Err, key, e.InFlight, what, limit, e.Queued, retry)
 }
 
 func (e *LimitError) Unwrap() error { return e.Err }
