@@ -74,6 +74,7 @@ type outcome struct {
 	retry   bool          // a waiter's call timed out, the breaker closed: it asks again
 	local   bool          // with full: full under the local registry (FallbackLocal, the store unreachable)
 	outside bool          // with full: given back for a lease admitted outside the store (see outsideMeanwhile)
+	seen    uint64        // with outside: heldLeases.wentIn as the store decided (see givenBack)
 	overCut bool          // admitted over a learned cap cut meanwhile: see attempt
 	// gone: the store admitted l, given back (see giveBack): its id is on
 	// its way out of the store, its place in the queue with it (a waiter

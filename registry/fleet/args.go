@@ -119,6 +119,7 @@ func (r *Registry[K]) inStoreLocked(l *lease[K], epoch int64) {
 		r.held.degraded = remade(r.held.degraded, &r.held.degradedPeak)
 		r.held.admittedOutside(l, -1)
 		r.held.wentIn++
+		r.wentIn(l)
 	}
 	l.epoch, l.reported = epoch, false
 }

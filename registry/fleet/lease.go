@@ -141,7 +141,8 @@ func (l *lease[K]) releasing() (out *lease[K], wake bool, limitPanic any) {
 	// which its removal serves, wakes none of them; nor, while this
 	// process holds or is admitting a lease outside the store, a waiter the
 	// store admitted and that gave its lease back for that one
-	// (outsideMeanwhile).
+	// (outsideMeanwhile; that lease's going into the store wakes it: see
+	// givenBack).
 	wake = l.degraded || r.brk.open() || len(r.held.outside) > 0
 	// A degraded lease is not in the store: nothing to remove. After Close
 	// nothing is sent: the lease expires after the TTL.

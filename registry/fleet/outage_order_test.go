@@ -433,3 +433,76 @@ func admittedAtOnce(t *testing.T, got chan *slots.Slot, since time.Time) *slots.
 	require.NotNil(t, s, "the waiter is admitted")
 	return s
 }
+
+// A waiter given back for a lease admitted outside the store (see
+// TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere) is not in
+// the fleet's queue. Once that lease has gone into the store, carried in
+// by another call or put in by the heartbeat, a release here no longer
+// wakes it (nothing is outside the store), and the fleet's queue, which
+// the release serves, does not know it: it slept out its backoff (here an
+// hour) after the release of the other lease on the key. The lease's
+// going in wakes it, to ask again, queued in the fleet's queue then; and
+// a lease that goes in before the waiter has recorded the key (here while
+// its reply is on its way) makes it ask again at once.
+func TestGivenBackForALeaseOutsideTheStoreAsksAgainOnceItGoesIn(t *testing.T) {
+	for _, how := range []string{"carried in", "renewed", "carried in before the waiter was given back"} {
+		t.Run(how, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+				r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour),
+					WithLeaseTTL(30*time.Second))
+				defer r.Close()
+				s, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				s.Release()
+				synctest.Wait()
+				x, err := r.TryAcquire("k")
+				require.NoError(t, err)
+				require.False(t, x.Degraded())
+				st.hold.Store(true)
+				looks := 0
+				r.fullHook = func() { looks++ }
+				got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+				<-st.arrived // the store admitted the waiter: 2 of 2
+				st.fail.Store(true)
+				d, err := r.TryAcquire("k") // outside the store: x and d, 2 of 2 here
+				require.NoError(t, err)
+				require.True(t, d.Degraded())
+				st.fail.Store(false)
+				goIn := func() {
+					switch how {
+					case "renewed":
+						time.Sleep(10*time.Second + time.Millisecond) // the heartbeat's renewal, at LeaseTTL/3
+					default:
+						_, err := r.TryAcquire("k") // its call carries d in: x and d, refused
+						require.ErrorIs(t, err, slots.ErrLimitReached)
+					}
+					synctest.Wait()
+					require.False(t, r.hasDegraded(), "d is in the store")
+				}
+				if how == "carried in before the waiter was given back" {
+					goIn()
+				}
+				close(st.gate)
+				synctest.Wait() // the waiter, given back, sleeps (or asks again, queued)
+				require.Equal(t, 1, looks, "given back once")
+				if how != "carried in before the waiter was given back" {
+					goIn()
+				}
+				r.mu.Lock()
+				no := len(r.held.outside)
+				r.mu.Unlock()
+				require.Zero(t, no, "no lease outside the store: a release here wakes no waiter of its own")
+				assert.Equal(t, 1, st.Queued("k"), "the waiter is queued in the fleet's queue")
+				released := time.Now()
+				x.Release()
+				s = admittedAtOnce(t, got, released)
+				require.False(t, s.Degraded())
+				_, err = r.TryAcquire("k")
+				require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter and d hold the key")
+				s.Release()
+				d.Release()
+			})
+		})
+	}
+}

@@ -126,7 +126,7 @@ func (r *Registry[K]) outsideMeanwhile(l *lease[K], local *slots.Slot, le *slots
 		} else {
 			err.RetryAfter = r.refusalRetryAfter(l, i, err, 0, 0, 0, true) // from the key's holds, as the store's refusals
 		}
-		return outcome{err: err, full: i, inFlight: n, outside: true}, true
+		return outcome{err: err, full: i, inFlight: n, outside: true, seen: seen}, true
 	}
 	return outcome{}, false
 }

@@ -204,6 +204,9 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 				r.fullHook()
 			}
 			r.blockedOn(w, l.names[o.full], o.local)
+			if o.outside && r.givenBack(w, o.seen) {
+				continue // the lease outside went in: it asks the store again
+			}
 			if (o.local || o.outside) && r.localHeld(l.keys[o.full]) < o.inFlight {
 				// A release freed room on the key since the try counted its
 				// holders, before w recorded the key: its wake-up (wokenBy)
@@ -211,10 +214,10 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 				// place in line (see placed). Once recorded, a later release
 				// wakes w while the breaker is open or this process holds or
 				// admits a lease outside the store (see releasing); one before
-				// is seen now. (Once the lease outside was put into the store,
-				// by a renewal or a call that carried it, a release wakes the
-				// fleet's queue, which w, given back, is not in: w looks again
-				// after its backoff.)
+				// is seen now. (Once the lease outside is put into the store,
+				// by a renewal or a call that carried it, the fleet's queue,
+				// which w, given back, is not in, serves the releases: its
+				// going in wakes w to queue there, see givenBack.)
 				continue
 			}
 			sleep = jitter(backoff)

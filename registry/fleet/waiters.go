@@ -47,7 +47,10 @@ type waiter struct {
 	// a pause, which waits through it whatever the bounds, as it would
 	// in the store. Guarded by r.waits.mu.
 	local bool
-	wake  chan struct{} // buffered 1
+	// outside: given back for a lease admitted outside the store (see
+	// givenBack), until its next try. Guarded by r.waits.mu.
+	outside bool
+	wake    chan struct{} // buffered 1
 	// granted is the ticket whose grant's wake-up it was sent ("": none);
 	// guarded by r.waits.mu. Its calls under that ticket, claims, go in
 	// the claims' lane (see Registry.call), again after one that failed or
@@ -110,6 +113,7 @@ func (r *Registry[K]) dequeue(w *waiter) {
 		return
 	}
 	r.setLineLocked(w, false, w.waiting)
+	r.setOutsideLocked(w, false)
 	w.queued = false
 	r.waits.waiting--
 	if w.ticket != "" && r.waits.tickets[w.ticket] == w {
@@ -169,6 +173,18 @@ func (r *Registry[K]) setLineLocked(w *waiter, inLine, waiting bool) {
 	case after && !before:
 		r.waits.unlined++
 	}
+}
+
+// setOutsideLocked sets w's outside, and keeps count of the waiters
+// given back (r.waits.outside).
+func (r *Registry[K]) setOutsideLocked(w *waiter, outside bool) {
+	switch {
+	case outside && !w.outside:
+		r.waits.outside++
+	case !outside && w.outside:
+		r.waits.outside--
+	}
+	w.outside = outside
 }
 
 // reblockLocked makes blocked the keys on which w holds back later waiters,
@@ -303,6 +319,7 @@ func (r *Registry[K]) expect(w *waiter, ticket string) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	r.setLineLocked(w, false, w.waiting) // trying: it may take the room itself
+	r.setOutsideLocked(w, false)
 	if !w.queued || w.ticket == ticket {
 		return
 	}
@@ -327,6 +344,44 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 	r.setLineLocked(w, w.inLine, true)
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
+	}
+}
+
+// givenBack records that w, which the store admitted, gave its lease back
+// for a lease this process admitted outside the store (outsideMeanwhile),
+// and waits outside the fleet's queue until its next try. A release here
+// wakes it while that lease is outside the store (see releasing); once the
+// lease goes in (a renewal, a call that carried it), the releases that
+// free its room may wake no one here, and the fleet's queue does not know
+// w: the lease's going in wakes it (wentIn), to ask again and queue there.
+// It reports whether a lease went in since seen (heldLeases.wentIn as the
+// store decided): that wake-up came before w was recorded, and passed it by.
+func (r *Registry[K]) givenBack(w *waiter, seen uint64) bool {
+	r.waits.mu.Lock()
+	if w.queued {
+		r.setOutsideLocked(w, true)
+	}
+	r.waits.mu.Unlock()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.held.wentIn != seen
+}
+
+// wentIn wakes the waiters given back (see givenBack) on the keys of l, a
+// lease admitted outside the store that is in it now. Called with r.mu
+// held.
+func (r *Registry[K]) wentIn(l *lease[K]) {
+	r.waits.mu.Lock()
+	defer r.waits.mu.Unlock()
+	if r.waits.outside == 0 {
+		return
+	}
+	for _, name := range l.names {
+		for _, v := range r.waits.queues[name] {
+			if v.outside {
+				v.signal()
+			}
+		}
 	}
 }
 
