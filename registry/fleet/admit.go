@@ -242,6 +242,7 @@ func (r *Registry[K]) attemptOnce(ctx, callCtx context.Context, l *lease[K], w *
 		}
 		l.start = st
 	}
+	r.leftFleet(w) // before it takes its local slot
 	return r.hold(ctx, l, false, epoch, seen)
 }
 

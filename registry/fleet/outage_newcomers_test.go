@@ -346,3 +346,102 @@ func TestAWaiterPutBackInLineDoesNotFillTheLocalQueue(t *testing.T) {
 		})
 	}
 }
+
+// A newcomer whose own call to the store fails while the breaker stays
+// closed (WithBreaker's threshold above one) is decided under the local
+// registry, and leaves the room to this process's waiter queued in the
+// fleet's queue on its key, as it does once the breaker opens (see
+// TestOutageNewcomerLeavesTheRoomToAWaiterPutBackInLine): nothing put
+// that waiter in line here before the breaker opened, and the newcomer
+// took the unit free here ahead of it (the key's unit in the fleet held by
+// another process). The waiter, woken by the newcomer's refusal, asks
+// again: its call fails too, and it takes the unit.
+func TestNewcomerWhoseCallFailedLeavesTheRoomToAWaiterQueuedInTheStore(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+		r := New[string](st, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
+		defer r.Close()
+		other := New[string](st.Store, 1, WithLogger(quiet())) // another process, which holds the key's unit
+		defer other.Close()
+		held, err := other.TryAcquire("k")
+		require.NoError(t, err)
+		defer held.Release()
+		got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+		synctest.Wait()
+		require.Equal(t, 1, st.Queued("k"), "the waiter is queued in the fleet's queue")
+		st.fail.Store(true)
+		refused := time.Now()
+		s, err := r.TryAcquire("k") // its call fails: decided under the local registry
+		require.False(t, r.Stats().BreakerOpen)
+		if err == nil {
+			t.Errorf("a newcomer whose call failed took the room ahead of the waiter queued in the store")
+			s.Release()
+		} else {
+			assert.ErrorIs(t, err, slots.ErrLimitReached)
+		}
+		w := admittedAtOnce(t, got, refused)
+		assert.Less(t, time.Since(refused), 100*time.Millisecond, "woken by the refusal, not at its next ask")
+		require.True(t, w.Degraded(), "admitted under the local registry")
+		_, err = r.TryAcquire("k")
+		require.ErrorIs(t, err, slots.ErrLimitReached, "the waiter holds the one unit")
+		require.False(t, r.Stats().BreakerOpen)
+		w.Release()
+		st.fail.Store(false)
+	})
+}
+
+// A waiter that held a place in the fleet's queue and is being admitted,
+// by the store (its grant claimed) or under the local registry (its call
+// failed), holds its local unit already: a newcomer whose call fails then
+// has room beside it (one unit of two), and is not refused for it, as
+// for a waiter not told a key is full (see
+// TestOutageNewcomerNotRefusedByAWaiterBeingAdmitted). holdHook keeps the
+// waiter between its local admission and its record while the newcomer is
+// decided.
+func TestNewcomerWhoseCallFailedNotRefusedByAQueuedWaiterBeingAdmitted(t *testing.T) {
+	for _, how := range []string{"by the store", "under the local registry"} {
+		t.Run(how, func(t *testing.T) {
+			testrig.Bubble(t, func(t *testing.T) {
+				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+				r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
+				defer r.Close()
+				other := New[string](st.Store, 2, WithLogger(quiet())) // another process, which holds the key's units
+				defer other.Close()
+				a, err := other.TryAcquire("k")
+				require.NoError(t, err)
+				b, err := other.TryAcquire("k")
+				require.NoError(t, err)
+				defer b.Release()
+				got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+				synctest.Wait()
+				require.Equal(t, 1, st.Queued("k"), "the waiter is queued in the fleet's queue")
+				inHold, letGo := make(chan struct{}), make(chan struct{})
+				r.holdHook = func() {
+					r.holdHook = nil
+					close(inHold)
+					<-letGo
+				}
+				if how == "by the store" {
+					a.Release() // the fleet's queue grants the waiter the unit
+				} else {
+					defer a.Release()
+					st.fail.Store(true) // the waiter's next ask, within a claim window, fails
+				}
+				<-inHold
+				require.Equal(t, 1, r.localHeld("k"), "the waiter holds one unit of two")
+				st.fail.Store(true)
+				s, err := r.TryAcquire("k")
+				close(letGo)
+				if assert.NoError(t, err, "room for both: the waiter took one unit of two") {
+					assert.True(t, s.Degraded())
+					s.Release()
+				}
+				if w := <-got; assert.NotNil(t, w) {
+					assert.Equal(t, how != "by the store", w.Degraded())
+					w.Release()
+				}
+				st.fail.Store(false)
+			})
+		})
+	}
+}

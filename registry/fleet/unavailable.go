@@ -37,14 +37,29 @@ func (r *Registry[K]) unqueued(ctx context.Context, l *lease[K], w *waiter) outc
 	if r.leaveQueue(l, w) {
 		l.id = newLeaseID() // l is not shared yet
 	}
+	r.leftFleet(w)
 	if w == nil && r.cfg.onUnavailable == FallbackLocal {
 		// A newcomer does not pass this process's waiters, which wait
-		// in its own order while the store cannot be reached.
+		// in its own order while the store cannot be reached, nor, its
+		// own call failed, those waiting in the fleet's queue.
 		if o, ok := r.waitedFor(l); ok {
 			return o
 		}
 	}
 	return r.unavailable(ctx, l)
+}
+
+// leftFleet records that w, if not nil, no longer waits in the fleet's
+// queue: the store admitted it, or it is decided outside the store, and
+// it may be taking its room here now. Called by w's own goroutine, the
+// only one that sets w.fleet: it reads it without the lock.
+func (r *Registry[K]) leftFleet(w *waiter) {
+	if w == nil || !w.fleet {
+		return
+	}
+	r.waits.mu.Lock()
+	w.fleet = false
+	r.waits.mu.Unlock()
 }
 
 // waitedFor returns the refusal of newcomer l if, on one of its keys, the

@@ -47,6 +47,12 @@ type waiter struct {
 	// a pause, which waits through it whatever the bounds, as it would
 	// in the store. Guarded by r.waits.mu.
 	local bool
+	// fleet: it holds a place in the fleet's queue (queuedIn), or held one
+	// and asks again (its call out, or timed out: see wait), until the
+	// store admits it or it is decided outside the store (see leftFleet): a
+	// newcomer whose call failed leaves it the room (waitedOn). Guarded by
+	// r.waits.mu; set by its own goroutine alone.
+	fleet bool
 	// outside: given back for a lease admitted outside the store (see
 	// givenBack), until its next try. Guarded by r.waits.mu.
 	outside bool
@@ -342,6 +348,7 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	r.setLineLocked(w, w.inLine, true)
+	w.fleet = true
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
 	}
@@ -401,18 +408,21 @@ func (r *Registry[K]) wokenBy(key string) {
 
 // waitedOn reports whether a newcomer of units, which finds free units of
 // key under the local registry (at least its units), is to leave them to
-// this process's waiters in line for key (see inLine): they take them
-// first, in turn; a heavy one (its units more than what is left) keeps
-// them, as a newcomer that does not wait passes no heavy waiter
-// (PROTOCOL.md, Waiting). It wakes the first that fits, so that it takes
-// the room now (a release the store admitted before the breaker opened
-// woke none), and returns how many waiters it counted.
+// this process's waiters in line for key (see inLine), or waiting in the
+// fleet's queue, holding back no key here (see fleet; the breaker still
+// closed, the newcomer's own call failed): they take them first, in turn;
+// a heavy one (its units more than what is left) keeps them, as a
+// newcomer that does not wait passes no heavy waiter (PROTOCOL.md,
+// Waiting). It wakes the first that fits, so that it takes the room now
+// (a release the store admitted before the breaker opened woke none; one
+// in the fleet's queue asks the store again, and takes the room here if
+// that call fails too), and returns how many waiters it counted.
 func (r *Registry[K]) waitedOn(key string, free, units int) (n int, ok bool) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	woke := false
 	for _, v := range r.waits.queues[key] {
-		if !v.inLine || !slices.Contains(v.blocked, key) {
+		if !(v.inLine && slices.Contains(v.blocked, key)) && !(v.fleet && len(v.blocked) == 0) {
 			continue
 		}
 		n++
