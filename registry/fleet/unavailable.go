@@ -54,11 +54,11 @@ func (r *Registry[K]) unqueued(ctx context.Context, l *lease[K], w *waiter) outc
 // it may be taking its room here now. Called by w's own goroutine, the
 // only one that sets w.fleet: it reads it without the lock.
 func (r *Registry[K]) leftFleet(w *waiter) {
-	if w == nil || !w.fleet {
+	if w == nil || w.fleet == "" {
 		return
 	}
 	r.waits.mu.Lock()
-	w.fleet = false
+	w.fleet = ""
 	r.waits.mu.Unlock()
 }
 

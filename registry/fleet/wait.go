@@ -164,7 +164,11 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			// case a wake-up was lost, and when the key's earliest lease
 			// expires (a grant nobody claims, a holder that died): nothing
 			// else serves the queue then.
-			r.queuedIn(w, l.id)
+			full := l.names[0] // the store names the full key, as a rule
+			if o.full >= 0 && o.full < len(l.names) {
+				full = l.names[o.full]
+			}
+			r.queuedIn(w, l.id, full)
 			sleep = jitter(r.claim)
 			if o.retryIn > 0 {
 				sleep = min(sleep, o.retryIn+jitter(r.cfg.pollMin))

@@ -47,12 +47,15 @@ type waiter struct {
 	// a pause, which waits through it whatever the bounds, as it would
 	// in the store. Guarded by r.waits.mu.
 	local bool
-	// fleet: it holds a place in the fleet's queue (queuedIn), or held one
-	// and asks again (its call out, or timed out: see wait), until the
-	// store admits it or it is decided outside the store (see leftFleet): a
-	// newcomer whose call failed leaves it the room (waitedOn). Guarded by
-	// r.waits.mu; set by its own goroutine alone.
-	fleet bool
+	// fleet: the key the store last told it full as it holds a place in
+	// the fleet's queue (queuedIn; "": none), or held one and asks again
+	// (its call out, or timed out: see wait), until the store admits it or
+	// it is decided outside the store (see leftFleet): a newcomer whose call
+	// failed leaves it the room of that key (waitedOn), which it could
+	// take; not of its other keys, on which a newcomer in the store passes
+	// a waiter that cannot take the room. Guarded by r.waits.mu; set by its
+	// own goroutine alone.
+	fleet string
 	// outside: given back for a lease admitted outside the store (see
 	// givenBack), until its next try. Guarded by r.waits.mu.
 	outside bool
@@ -343,12 +346,12 @@ func (r *Registry[K]) expect(w *waiter, ticket string) {
 // queuedIn records that w waits in the fleet's queue as ticket: it holds
 // back no later waiter of this process, since the fleet's queue orders
 // them, and withdraws its place if it gives up.
-func (r *Registry[K]) queuedIn(w *waiter, ticket string) {
+func (r *Registry[K]) queuedIn(w *waiter, ticket, full string) {
 	w.queuedAs = ticket
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	r.setLineLocked(w, w.inLine, true)
-	w.fleet = true
+	w.fleet = full
 	if w.queued && len(w.blocked) > 0 {
 		r.reblockLocked(w, nil)
 	}
@@ -422,7 +425,7 @@ func (r *Registry[K]) waitedOn(key string, free, units int) (n int, ok bool) {
 	defer r.waits.mu.Unlock()
 	woke := false
 	for _, v := range r.waits.queues[key] {
-		if !(v.inLine && slices.Contains(v.blocked, key)) && !(v.fleet && len(v.blocked) == 0) {
+		if !(v.inLine && slices.Contains(v.blocked, key)) && !(v.fleet == key && len(v.blocked) == 0) {
 			continue
 		}
 		n++
