@@ -49,12 +49,12 @@ type waiter struct {
 	local bool
 	// fleet: the key the store last told it full as it holds a place in
 	// the fleet's queue (queuedIn; "": none), or held one and asks again
-	// (its call out, or timed out: see wait), until the store admits it or
-	// it is decided outside the store (see leftFleet): a newcomer whose call
-	// failed leaves it the room of that key (waitedOn), which it could
-	// take; not of its other keys, on which a newcomer in the store passes
-	// a waiter that cannot take the room. Guarded by r.waits.mu; set by its
-	// own goroutine alone.
+	// (its call out), until the store admits it, it is decided outside the
+	// store, or its call times out, which gives its place back (see
+	// leftFleet): a newcomer whose call failed leaves it the room of that
+	// key (waitedOn), which it could take; not of its other keys, on which
+	// a newcomer in the store passes a waiter that cannot take the room.
+	// Guarded by r.waits.mu; set by its own goroutine alone.
 	fleet string
 	// outside: given back for a lease admitted outside the store (see
 	// givenBack), until its next try. Guarded by r.waits.mu.

@@ -1,0 +1,120 @@
+package fleet
+
+import (
+	"context"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/inflight-go/inflight/internal/testrig"
+	"github.com/inflight-go/inflight/registry/fleet/driver"
+	"github.com/inflight-go/inflight/registry/fleet/memstore"
+	"github.com/inflight-go/inflight/slots"
+)
+
+// slowKey makes the admission calls on key k hang until their deadline
+// (a store slow on one key: its row locked, say) while hang is set; the
+// other calls are answered.
+type slowKey struct {
+	*memstore.Store
+	hang atomic.Bool
+	k    string
+}
+
+func (s *slowKey) slow(calls ...*driver.AdmitCall) bool {
+	if !s.hang.Load() {
+		return false
+	}
+	for _, c := range calls {
+		if slices.Contains(c.Keys, s.k) {
+			return true
+		}
+	}
+	return false
+}
+
+func (s *slowKey) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.slow(c) {
+		<-ctx.Done()
+		return driver.AdmitResult{Err: ctx.Err()}, ctx.Err()
+	}
+	return s.Store.AdmitOne(ctx, c)
+}
+
+func (s *slowKey) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]driver.AdmitResult, error) {
+	if s.slow(calls...) {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return s.Store.Admit(ctx, calls)
+}
+
+// A waiter that held a place in the fleet's queue keeps waiter.fleet while
+// its calls time out with the breaker closed (o.retry), though each such
+// call gives its place back (it asks again under a new id). Its woken try
+// does not "take the room here if that call fails too" (59da857): a call
+// that times out is made again, never decided under the local registry.
+// So while the store is slow on the key (its calls there time out, its
+// other calls answered, so the breaker stays closed), every newcomer whose
+// call times out is refused for the waiter, the waiter is never admitted,
+// and the key's room stands idle here though the fleet has room on it (the
+// other process released). Before 59da857 those newcomers were admitted
+// under the local registry, as WithUnavailable(FallbackLocal) says of a
+// call that fails.
+func TestReviewRoomIdleWhileAQueuedWaiterTimesOut(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		st := &slowKey{Store: memstore.New(), k: "k"}
+		r := New[string](st, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Second, 4*time.Second))
+		defer r.Close()
+		other := New[string](st.Store, 1, WithLogger(quiet())) // another process, which holds the key's unit
+		defer other.Close()
+		held, err := other.TryAcquire("k")
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(ctx, "k") })
+		synctest.Wait()
+		require.Equal(t, 1, st.Queued("k"), "the waiter is queued in the fleet's queue")
+		st.hang.Store(true)
+		held.Release() // the fleet has room on k now
+		synctest.Wait()
+		start := time.Now()
+		admitted, refused := 0, 0
+		var w *slots.Slot
+		for range 12 {
+			x, err := r.TryAcquire("x") // the store answers: the breaker stays closed
+			require.NoError(t, err)
+			x.Release()
+			s, err := r.TryAcquire("k") // its call times out: decided under the local registry
+			require.False(t, r.Stats().BreakerOpen)
+			if err == nil {
+				admitted++
+				s.Release()
+			} else {
+				refused++
+			}
+			synctest.Wait()
+			select {
+			case w = <-got:
+			default:
+			}
+			if w != nil {
+				break
+			}
+			time.Sleep(5 * time.Second)
+		}
+		if w != nil {
+			w.Release()
+		}
+		assert.True(t, admitted > 0 || w != nil,
+			"for %v nobody was admitted on k (%d newcomers refused for a waiter whose calls time out)", time.Since(start), refused)
+		st.hang.Store(false)
+		cancel()
+		<-got
+	})
+}
