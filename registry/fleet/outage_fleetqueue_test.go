@@ -60,14 +60,13 @@ func (s *keyFailing) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]dr
 // A waiter of several keys (AcquireAll "a", "b") queued in the fleet's
 // queue because "b" is full (another process holds it) cannot take the
 // room of "a": the store admits a newcomer on "a" beside it (a newcomer
-// passes no waiter that could take the room, PROTOCOL.md "Waiting"). A
-// newcomer on "a" whose own call fails, the breaker closed, is refused
-// for that waiter (waitedOn counts it on "a" as a waiter in the fleet's
-// queue), every time, for as long as "b" stays full: the waiter, woken by
-// each refusal, asks the store again and is queued again, and the room of
-// "a" stands idle. Before 59da857 such a newcomer was admitted (Degraded),
-// as the store would have admitted it.
-func TestReviewNewcomerNotRefusedForAWaiterOfSeveralKeysHeldBackElsewhere(t *testing.T) {
+// passes no waiter that could take the room, PROTOCOL.md "Waiting"). So
+// a newcomer on "a" whose own call fails, the breaker closed, is admitted
+// (Degraded), as the store would have admitted it: the waiter is left the
+// room only of the key the store told it full. (Counted on every key, it
+// had the newcomers refused for as long as "b" stayed full, each refusal
+// waking it to be queued again, and the room of "a" stood idle.)
+func TestNewcomerNotRefusedForAWaiterOfSeveralKeysHeldBackElsewhere(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		st := &keyFailing{Store: memstore.New(), failKeys: []string{"a"}}
 		r := New[string](st, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))

@@ -54,19 +54,17 @@ func (s *slowKey) Admit(ctx context.Context, calls []*driver.AdmitCall) ([]drive
 	return s.Store.Admit(ctx, calls)
 }
 
-// A waiter that held a place in the fleet's queue keeps waiter.fleet while
-// its calls time out with the breaker closed (o.retry), though each such
-// call gives its place back (it asks again under a new id). Its woken try
-// does not "take the room here if that call fails too" (59da857): a call
-// that times out is made again, never decided under the local registry.
-// So while the store is slow on the key (its calls there time out, its
-// other calls answered, so the breaker stays closed), every newcomer whose
-// call times out is refused for the waiter, the waiter is never admitted,
-// and the key's room stands idle here though the fleet has room on it (the
-// other process released). Before 59da857 those newcomers were admitted
-// under the local registry, as WithUnavailable(FallbackLocal) says of a
-// call that fails.
-func TestReviewRoomIdleWhileAQueuedWaiterTimesOut(t *testing.T) {
+// A waiter whose call times out with the breaker closed (o.retry) gives
+// its place in the fleet's queue back (it asks again under a new id), and
+// a call that times out is made again, never decided under the local
+// registry: so a newcomer does not leave it the room meanwhile. While the
+// store is slow on the key (its calls there time out, its other calls
+// answered, so the breaker stays closed), newcomers whose calls time out
+// are admitted under the local registry, as WithUnavailable(FallbackLocal)
+// says of a call that fails. (Left to such a waiter, they were all
+// refused, the waiter was never admitted, and the key's room stood idle
+// here though the fleet had room on it.)
+func TestRoomNotIdleWhileAQueuedWaiterTimesOut(t *testing.T) {
 	testrig.Bubble(t, func(t *testing.T) {
 		st := &slowKey{Store: memstore.New(), k: "k"}
 		r := New[string](st, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Second, 4*time.Second))
