@@ -116,3 +116,63 @@ func TestRoomNotIdleWhileAQueuedWaiterTimesOut(t *testing.T) {
 		<-got
 	})
 }
+
+// hangX holds the admission calls on "x" until release is closed, their
+// deadline ignored, while hang is set: with one call on its way at a time
+// (calls.max), the calls queued behind it are dropped, never sent
+// (errQueueTimeout).
+type hangX struct {
+	*memstore.Store
+	hang    atomic.Bool
+	release chan struct{}
+}
+
+func (s *hangX) AdmitOne(ctx context.Context, c *driver.AdmitCall) (driver.AdmitResult, error) {
+	if s.hang.Load() && slices.Contains(c.Keys, "x") {
+		<-s.release
+	}
+	return s.Store.AdmitOne(ctx, c)
+}
+
+// A waiter's call dropped before it was sent (errQueueTimeout: the one
+// call on its way at a time, calls.max, hangs) times out, the breaker
+// closed, but gives nothing back: the waiter keeps its place in the
+// fleet's queue under the same id, and a newcomer whose own call fails
+// the same way leaves it the room, as the store would. (Only a call sent
+// gives the place back; see TestRoomNotIdleWhileAQueuedWaiterTimesOut.)
+func TestAWaiterWhoseCallWasNotSentKeepsItsPlaceBeforeNewcomers(t *testing.T) {
+	testrig.Bubble(t, func(t *testing.T) {
+		st := &hangX{Store: memstore.New(), release: make(chan struct{})}
+		r := New[string](st, 1, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
+		defer r.Close()
+		r.calls.max = 1
+		other := New[string](st.Store, 1, WithLogger(quiet())) // another process, which holds the key's unit
+		defer other.Close()
+		held, err := other.TryAcquire("k")
+		require.NoError(t, err)
+		defer held.Release()
+		ctx, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(ctx, "k") })
+		synctest.Wait()
+		require.Equal(t, 1, st.Queued("k"), "the waiter is queued in the fleet's queue")
+		st.hang.Store(true)
+		x := acquireIn(func() (*slots.Slot, error) { return r.TryAcquire("x") }) // the one call on its way
+		synctest.Wait()
+		time.Sleep(3 * time.Second) // the waiter asks again within a claim window: its call is dropped
+		synctest.Wait()
+		require.Equal(t, 1, st.Queued("k"), "the waiter keeps its place in the fleet's queue")
+		s, err := r.TryAcquire("k") // its call is dropped too
+		require.False(t, r.Stats().BreakerOpen)
+		if err == nil {
+			t.Errorf("a newcomer whose call failed was admitted (Degraded %v) ahead of the waiter holding its place in the fleet's queue", s.Degraded())
+			s.Release()
+		}
+		close(st.release)
+		if s := <-x; s != nil {
+			s.Release()
+		}
+		cancel()
+		<-got
+	})
+}

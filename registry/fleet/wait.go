@@ -177,9 +177,13 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			// Its call timed out, the store still reachable: it asks
 			// again (under a new id, at the back of the queue: the call
 			// may have run), after a backoff. Its place in the fleet's
-			// queue went back with the call: a newcomer does not leave it
-			// the room meanwhile (see fleet), which nobody would take.
-			r.leftFleet(w)
+			// queue went back with a call sent (takeBack): a newcomer does
+			// not leave it the room meanwhile (see fleet), which nobody
+			// would take. A call dropped before it was sent
+			// (errQueueTimeout) gave nothing back: it keeps its place.
+			if w.queuedAs != l.id {
+				r.leftFleet(w)
+			}
 			sleep = jitter(backoff)
 			backoff = min(2*backoff, r.cfg.pollMax)
 		case o.full < 0:

@@ -50,8 +50,8 @@ type waiter struct {
 	// fleet: the key the store last told it full as it holds a place in
 	// the fleet's queue (queuedIn; "": none), or held one and asks again
 	// (its call out), until the store admits it, it is decided outside the
-	// store, or its call times out, which gives its place back (see
-	// leftFleet): a newcomer whose call failed leaves it the room of that
+	// store, or its call times out once sent, which gives its place back
+	// (see leftFleet): a newcomer whose call failed leaves it the room of that
 	// key (waitedOn), which it could take; not of its other keys, on which
 	// a newcomer in the store passes a waiter that cannot take the room.
 	// Guarded by r.waits.mu; set by its own goroutine alone.
