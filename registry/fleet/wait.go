@@ -164,9 +164,13 @@ func (r *Registry[K]) wait(ctx, wctx context.Context, l *lease[K], w *waiter) (o
 			// case a wake-up was lost, and when the key's earliest lease
 			// expires (a grant nobody claims, a holder that died): nothing
 			// else serves the queue then.
-			full := l.names[0] // the store names the full key, as a rule
+			// The key the store names full (a driver may name none: then
+			// the only key, or none of several, which it may not wait on).
+			full := ""
 			if o.full >= 0 && o.full < len(l.names) {
 				full = l.names[o.full]
+			} else if len(l.names) == 1 {
+				full = l.names[0]
 			}
 			r.queuedIn(w, l.id, full)
 			sleep = jitter(r.claim)
