@@ -353,22 +353,10 @@ func TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere(t *testing.T) {
 	}{{"outside", false, false}, {"in the store", true, false}, {"in the store, the outside one being admitted", true, true}} {
 		t.Run(c.name, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
-				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
-				r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour))
+				st, r, x, got, looks := storeAdmitsAWaiter(t)
 				defer r.Close()
-				s, err := r.TryAcquire("k")
-				require.NoError(t, err)
-				s.Release()
-				synctest.Wait()
-				x, err := r.TryAcquire("k")
-				require.NoError(t, err)
-				require.False(t, x.Degraded())
-				st.hold.Store(true)
-				looks := 0
-				r.fullHook = func() { looks++ }
-				got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
-				<-st.arrived
-				st.fail.Store(true)
+				var s *slots.Slot
+				var err error
 				var d *slots.Slot
 				dc, inHold, letGo := make(chan *slots.Slot, 1), make(chan struct{}), make(chan struct{})
 				if c.recording {
@@ -397,7 +385,7 @@ func TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere(t *testing.T) {
 				st.fail.Store(false)
 				close(st.gate)
 				synctest.Wait() // the waiter, given back, sleeps
-				require.Equal(t, 1, looks)
+				require.Equal(t, 1, *looks)
 				released := time.Now()
 				if c.inStore {
 					x.Release()
@@ -419,6 +407,33 @@ func TestGivenBackForALeaseOutsideTheStoreIsWokenByAReleaseHere(t *testing.T) {
 			})
 		})
 	}
+}
+
+// storeAdmitsAWaiter makes a Registry of limit 2 on a store whose
+// admissions can be made to fail (failingAdmits), holds x, admitted in
+// the store, and starts a waiter (got) whose admission the store has
+// made (2 of 2) and whose reply it holds back; from then on the store's
+// admissions fail. looks counts the waiter's records of a full key
+// (fullHook). WithPoll of an hour: a wake-up missed shows as a backoff
+// of an hour.
+func storeAdmitsAWaiter(t *testing.T, opts ...Option) (st *failingAdmits, r *Registry[string], x *slots.Slot, got chan *slots.Slot, looks *int) {
+	t.Helper()
+	st = &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
+	r = New[string](st, 2, append([]Option{WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour)}, opts...)...)
+	s, err := r.TryAcquire("k")
+	require.NoError(t, err)
+	s.Release()
+	synctest.Wait()
+	x, err = r.TryAcquire("k")
+	require.NoError(t, err)
+	require.False(t, x.Degraded())
+	st.hold.Store(true)
+	looks = new(int)
+	r.fullHook = func() { *looks++ }
+	got = acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
+	<-st.arrived // the store admitted the waiter: 2 of 2
+	st.fail.Store(true)
+	return st, r, x, got, looks
 }
 
 // admittedAtOnce returns the Slot of the waiter behind got (acquireIn),
@@ -448,23 +463,9 @@ func TestGivenBackForALeaseOutsideTheStoreAsksAgainOnceItGoesIn(t *testing.T) {
 	for _, how := range []string{"carried in", "renewed", "carried in before the waiter was given back"} {
 		t.Run(how, func(t *testing.T) {
 			testrig.Bubble(t, func(t *testing.T) {
-				st := &failingAdmits{Store: memstore.New(), arrived: make(chan struct{}), gate: make(chan struct{})}
-				r := New[string](st, 2, WithLogger(quiet()), WithBreaker(5, time.Hour), WithPoll(time.Hour, time.Hour),
-					WithLeaseTTL(30*time.Second))
+				st, r, x, got, looks := storeAdmitsAWaiter(t, WithLeaseTTL(30*time.Second))
 				defer r.Close()
-				s, err := r.TryAcquire("k")
-				require.NoError(t, err)
-				s.Release()
-				synctest.Wait()
-				x, err := r.TryAcquire("k")
-				require.NoError(t, err)
-				require.False(t, x.Degraded())
-				st.hold.Store(true)
-				looks := 0
-				r.fullHook = func() { looks++ }
-				got := acquireIn(func() (*slots.Slot, error) { return r.Acquire(context.Background(), "k") })
-				<-st.arrived // the store admitted the waiter: 2 of 2
-				st.fail.Store(true)
+				var s *slots.Slot
 				d, err := r.TryAcquire("k") // outside the store: x and d, 2 of 2 here
 				require.NoError(t, err)
 				require.True(t, d.Degraded())
@@ -485,7 +486,7 @@ func TestGivenBackForALeaseOutsideTheStoreAsksAgainOnceItGoesIn(t *testing.T) {
 				}
 				close(st.gate)
 				synctest.Wait() // the waiter, given back, sleeps (or asks again, queued)
-				require.Equal(t, 1, looks, "given back once")
+				require.Equal(t, 1, *looks, "given back once")
 				if how != "carried in before the waiter was given back" {
 					goIn()
 				}
