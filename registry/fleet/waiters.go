@@ -411,15 +411,17 @@ func (r *Registry[K]) wokenBy(key string) {
 
 // waitedOn reports whether a newcomer of units, which finds free units of
 // key under the local registry (at least its units), is to leave them to
-// this process's waiters in line for key (see inLine), or waiting in the
-// fleet's queue, holding back no key here (see fleet; the breaker still
-// closed, the newcomer's own call failed): they take them first, in turn;
+// this process's waiters in line for key (see inLine), or holding a place
+// in the fleet's queue on key, the key the store told them full, and
+// holding back no key here (see fleet; the breaker still closed, the
+// newcomer's own call failed): they take them first, in turn;
 // a heavy one (its units more than what is left) keeps them, as a
 // newcomer that does not wait passes no heavy waiter (PROTOCOL.md,
 // Waiting). It wakes the first that fits, so that it takes the room now
 // (a release the store admitted before the breaker opened woke none; one
 // in the fleet's queue asks the store again, and takes the room here if
-// that call fails too), and returns how many waiters it counted.
+// that call fails otherwise than by a timeout), and returns how many
+// waiters it counted.
 func (r *Registry[K]) waitedOn(key string, free, units int) (n int, ok bool) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
