@@ -163,10 +163,6 @@ type waitQueues struct {
 	// that have not taken a place (waiter.waiting): while there are none,
 	// blockedOn has none to wake.
 	unlined int
-	// outside counts the waiters in the queues given back for a lease
-	// outside the store (waiter.outside): while there are none, wentIn
-	// has none to wake.
-	outside int
 }
 
 // learnedCaps are the keys whose caps a Registry learns (see learn.go),

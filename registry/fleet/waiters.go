@@ -122,7 +122,6 @@ func (r *Registry[K]) dequeue(w *waiter) {
 		return
 	}
 	r.setLineLocked(w, false, w.waiting)
-	r.setOutsideLocked(w, false)
 	w.queued = false
 	r.waits.waiting--
 	if w.ticket != "" && r.waits.tickets[w.ticket] == w {
@@ -182,18 +181,6 @@ func (r *Registry[K]) setLineLocked(w *waiter, inLine, waiting bool) {
 	case after && !before:
 		r.waits.unlined++
 	}
-}
-
-// setOutsideLocked sets w's outside, and keeps count of the waiters
-// given back (r.waits.outside).
-func (r *Registry[K]) setOutsideLocked(w *waiter, outside bool) {
-	switch {
-	case outside && !w.outside:
-		r.waits.outside++
-	case !outside && w.outside:
-		r.waits.outside--
-	}
-	w.outside = outside
 }
 
 // reblockLocked makes blocked the keys on which w holds back later waiters,
@@ -328,7 +315,7 @@ func (r *Registry[K]) expect(w *waiter, ticket string) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
 	r.setLineLocked(w, false, w.waiting) // trying: it may take the room itself
-	r.setOutsideLocked(w, false)
+	w.outside = false
 	if !w.queued || w.ticket == ticket {
 		return
 	}
@@ -368,9 +355,7 @@ func (r *Registry[K]) queuedIn(w *waiter, ticket, full string) {
 // store decided): that wake-up came before w was recorded, and passed it by.
 func (r *Registry[K]) givenBack(w *waiter, seen uint64) bool {
 	r.waits.mu.Lock()
-	if w.queued {
-		r.setOutsideLocked(w, true)
-	}
+	w.outside = true
 	r.waits.mu.Unlock()
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -378,14 +363,12 @@ func (r *Registry[K]) givenBack(w *waiter, seen uint64) bool {
 }
 
 // wentIn wakes the waiters given back (see givenBack) on the keys of l, a
-// lease admitted outside the store that is in it now. Called with r.mu
-// held.
+// lease admitted outside the store that is in it now: a look at the
+// waiters of l's keys, once per lease put in after an outage. Called with
+// r.mu held.
 func (r *Registry[K]) wentIn(l *lease[K]) {
 	r.waits.mu.Lock()
 	defer r.waits.mu.Unlock()
-	if r.waits.outside == 0 {
-		return
-	}
 	for _, name := range l.names {
 		for _, v := range r.waits.queues[name] {
 			if v.outside {
